@@ -1,0 +1,58 @@
+# train_vla: `make train_vla_cpu` builds the CPU reference trainer, `make test` builds and runs
+# every test this machine can run. The PyTorch oracle runs under $(PYTHON) (Debian's
+# python3-torch; `make setup` installs it).
+
+CC ?= gcc
+CFLAGS ?= -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation
+LDLIBS = -lm
+PYTHON ?= /usr/bin/python3
+TEST_DIR = build/test
+DEFAULT_DATA = data/default/synthetic_000.bin
+
+.PHONY: all test setup clean data
+
+all: train_vla_cpu $(DEFAULT_DATA)
+
+train_vla_cpu: train_vla.c vla.h $(DEFAULT_DATA)
+	$(CC) $(CFLAGS) train_vla.c $(LDLIBS) -o $@
+
+test_vla: test_vla.c train_vla.c vla.h
+	$(CC) $(CFLAGS) test_vla.c $(LDLIBS) -o $@
+
+data/synthetic: data/synthetic.c vla.h
+	$(CC) $(CFLAGS) data/synthetic.c $(LDLIBS) -o $@
+
+# The data `./train_vla_cpu` trains on when given no -i: a toy reaching task (data/synthetic.c).
+data: $(DEFAULT_DATA)
+$(DEFAULT_DATA): data/synthetic
+	@mkdir -p data/default
+	./data/synthetic -o $@ --cams 2 --img 32 --state 4 --action 4 --episodes 64 --seed 1
+
+# ---- test fixtures: two small datasets and the oracle's debug state for each
+# a: the tiny preset on one camera. b: two cameras, state_dim != action_dim, short episodes so
+# chunks run past their end, instructions both shorter and longer than max_text, other head sizes.
+$(TEST_DIR)/a.bin: data/synthetic
+	@mkdir -p $(TEST_DIR)
+	./data/synthetic -o $@ --cams 1 --img 32 --state 4 --action 4 --episodes 6 --min-len 6 --max-len 12 --seed 3
+
+$(TEST_DIR)/b.bin: data/synthetic
+	@mkdir -p $(TEST_DIR)
+	./data/synthetic -o $@ --cams 2 --img 24 --state 3 --action 2 --episodes 5 --min-len 3 --max-len 7 --seed 4
+
+$(TEST_DIR)/a_state.bin: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefile
+	$(PYTHON) dev/model.py -i $< --preset tiny --dtype float64 -b 4 --seed 1337 --debug-state $@
+
+$(TEST_DIR)/b_state.bin: $(TEST_DIR)/b.bin dev/model.py data/vla_shard.py Makefile
+	$(PYTHON) dev/model.py -i $< --preset tiny --set max_text=24 --set chunk=6 --set n_head=3 --set head_dim=8 \
+		--set d_expert=40 --dtype float64 -b 5 --seed 7 --debug-state $@
+
+test: train_vla_cpu test_vla $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin
+	./test_vla $(TEST_DIR)
+
+# What the tests need on a fresh Debian machine: PyTorch and numpy for the oracle.
+setup:
+	@$(PYTHON) -c "import torch, numpy" 2>/dev/null || { apt-get update && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-torch python3-numpy; }
+
+clean:
+	rm -rf train_vla_cpu test_vla data/synthetic build

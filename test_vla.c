@@ -1,0 +1,678 @@
+/*
+test_vla.c: checks train_vla.c against the PyTorch oracle (dev/model.py) and tests the plumbing.
+Includes the production code, so what is tested is what runs.
+
+  make test     builds everything, writes fixtures and the oracle's debug states into build/test,
+                then runs ./test_vla build/test
+
+Per debug state (one per fixture config): init from the seed, batch assembly, velocities, loss,
+every parameter gradient by name, finite differences (the oracle's, in double precision, and our
+own in fp32), 10-step sampling, the losses of 10 optimizer steps. Then: simulated ranks,
+checkpoints and bit-exact resume, the sampler, and bad input through the real binary.
+Exits non-zero on any failure; the last line is `N passed, M failed`.
+*/
+#define TESTING
+#include "train_vla.c"
+#include <sys/wait.h>
+
+// ----------------------------------------------------------------------------
+// check bookkeeping
+
+static int n_passed = 0, n_failed = 0;
+
+static void check(int ok, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(int ok, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "  ok  " : " FAIL ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    if (ok) { n_passed++; } else { n_failed++; }
+}
+
+// ||x - ref|| / ||ref|| in double; NaN anywhere in x gives +inf so it can never pass
+static double rel_error(const float* x, const float* ref, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(x[i])) { return INFINITY; }
+        double dlt = (double)x[i] - (double)ref[i];
+        num += dlt * dlt;
+        den += (double)ref[i] * ref[i];
+    }
+    if (den == 0.0) { return num == 0.0 ? 0.0 : INFINITY; }
+    return sqrt(num / den);
+}
+
+// ----------------------------------------------------------------------------
+// the oracle's debug state: a "VLAT" container of named tensors (format in dev/model.py)
+
+#define VLAT_MAGIC 0x54414C56u
+enum { DT_F32 = 0, DT_U8 = 1, DT_I32 = 2 };
+
+typedef struct {
+    char name[64];
+    uint32_t dtype, ndim;
+    uint64_t shape[4];
+    uint64_t numel;
+    void* data;
+} Record;
+
+typedef struct {
+    int n;
+    Record* recs;
+    uint8_t* file;
+} DebugState;
+
+static void debug_state_read(DebugState* ds, const char* path) {
+    FILE* f = fopenCheck(path, "rb");
+    fseeko(f, 0, SEEK_END);
+    uint64_t len = (uint64_t)ftello(f);
+    fseeko(f, 0, SEEK_SET);
+    ds->file = (uint8_t*)mallocCheck(len);
+    if (fread(ds->file, 1, len, f) != len) { vla_fail("%s: short read", path); }
+    fclose(f);
+    uint32_t head[4];
+    if (len < 16) { vla_fail("%s: too short for a debug state: rerun make test", path); }
+    memcpy(head, ds->file, 16);
+    if (head[0] != VLAT_MAGIC || head[1] != 1) { vla_fail("%s: not a version-1 debug state: rerun make test", path); }
+    ds->n = (int)head[2];
+    ds->recs = (Record*)callocCheck(ds->n, sizeof(Record));
+    uint64_t pos = 16;
+    for (int i = 0; i < ds->n; i++) {
+        Record* r = &ds->recs[i];
+        if (pos + 64 + 8 + 32 > len) { vla_fail("%s: truncated at record %d", path, i); }
+        memcpy(r->name, ds->file + pos, 64);
+        r->name[63] = 0;
+        memcpy(&r->dtype, ds->file + pos + 64, 4);
+        memcpy(&r->ndim, ds->file + pos + 68, 4);
+        memcpy(r->shape, ds->file + pos + 72, 32);
+        pos += 104;
+        r->numel = 1;
+        for (int k = 0; k < 4; k++) { r->numel = mul_check(r->numel, r->shape[k], path, r->name); }
+        uint64_t bytes = r->numel * (r->dtype == DT_U8 ? 1 : 4);
+        if (r->dtype > DT_I32 || pos + bytes > len) { vla_fail("%s: record %s is corrupt or truncated", path, r->name); }
+        r->data = ds->file + pos;  // fine to alias: the records are 4-byte aligned reads via memcpy below
+        pos += bytes;
+    }
+    if (pos != len) { vla_fail("%s: %llu trailing bytes", path, (unsigned long long)(len - pos)); }
+}
+
+static const Record* debug_find(const DebugState* ds, const char* name) {
+    for (int i = 0; i < ds->n; i++) {
+        if (strcmp(ds->recs[i].name, name) == 0) { return &ds->recs[i]; }
+    }
+    vla_fail("debug state has no record %s: regenerate it with this version of dev/model.py", name);
+}
+
+// Copies a record into fresh aligned memory, checking its element count.
+static void* debug_get(const DebugState* ds, const char* name, uint64_t numel) {
+    const Record* r = debug_find(ds, name);
+    if (r->numel != numel) {
+        vla_fail("debug state record %s has %llu elements, expected %llu", name, (unsigned long long)r->numel,
+                 (unsigned long long)numel);
+    }
+    size_t bytes = numel * (r->dtype == DT_U8 ? 1 : 4);
+    void* out = mallocCheck(bytes);
+    memcpy(out, r->data, bytes);
+    return out;
+}
+
+// ----------------------------------------------------------------------------
+// tests against the oracle
+
+typedef struct {
+    VLAConfig config;
+    int B;
+    uint64_t seed;
+    float hp[6];  // lr, min_lr_frac, warmup, steps, weight_decay, clip
+} OracleSetup;
+
+static void test_against_oracle(const char* dir, const char* name) {
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s_state.bin", dir, name);
+    printf("\n== %s: %s\n", name, path);
+    DebugState st;
+    debug_state_read(&st, path);
+    OracleSetup o;
+    int32_t* cfg = (int32_t*)debug_get(&st, "config", 15);
+    memcpy(&o.config, cfg, sizeof(VLAConfig));
+    free(cfg);
+    const VLAConfig* c = &o.config;
+    int32_t* seed = (int32_t*)debug_get(&st, "seed", 1);
+    o.seed = (uint64_t)seed[0];
+    free(seed);
+    float* hp = (float*)debug_get(&st, "hparams", 6);
+    memcpy(o.hp, hp, sizeof(o.hp));
+    free(hp);
+    o.B = (int)debug_find(&st, "batch/t")->numel;
+    int B = o.B, H = c->chunk, A = c->action_dim, S = c->state_dim;
+    size_t HA = (size_t)H * A;
+
+    Model m;
+    model_build(&m, c);
+    // 1. init from the seed matches the oracle's numpy RNG
+    param_init(m.params_memory, &m.table, c, o.seed);
+    double worst = 0.0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        char key[96];
+        snprintf(key, sizeof(key), "param/%s", m.table.spec[i].name);
+        float* ref = (float*)debug_get(&st, key, m.table.spec[i].numel);
+        double e = rel_error(m.params_memory + m.table.spec[i].offset, ref, m.table.spec[i].numel);
+        if (e > worst) { worst = e; }
+        memcpy(m.params_memory + m.table.spec[i].offset, ref, m.table.spec[i].numel * sizeof(float));  // use the oracle's
+        free(ref);
+    }
+    // same RNG stream, float rounding of Box-Muller in double is the only difference: 1e-6
+    check(worst < 1e-6, "%s init from seed %llu: worst tensor rel err %.2e (tol 1e-6)", name, (unsigned long long)o.seed, worst);
+
+    // 2. the batch: sampler + assembly + flow noise reproduce the oracle's step-0 batch
+    Dataset ds;
+    snprintf(path, sizeof(path), "%s/%s.bin", dir, name);
+    dataset_open(&ds, path);
+    Sampler sampler;
+    sampler_init(&sampler, ds.n_samples, o.seed);
+    Batch batch;
+    batch_alloc(&batch, c, B);
+    build_rank_batch(&batch, &ds, c, &sampler, o.seed, 0, 0);
+    int32_t* ref_idx = (int32_t*)debug_get(&st, "batch/indices", B);
+    uint64_t idx[B];
+    sampler_rank_indices(&sampler, B, 0, idx);
+    int same_idx = 1;
+    for (int i = 0; i < B; i++) { same_idx &= idx[i] == (uint64_t)ref_idx[i]; }
+    free(ref_idx);
+    check(same_idx, "%s sampler picks the oracle's step-0 samples", name);
+    size_t img_bytes = (size_t)B * c->n_cam * c->img * c->img * 3;
+    uint8_t* ref_images = (uint8_t*)debug_get(&st, "batch/images", img_bytes);
+    uint8_t* ref_text = (uint8_t*)debug_get(&st, "batch/text", (size_t)B * c->max_text);
+    check(memcmp(ref_images, batch.images, img_bytes) == 0 && memcmp(ref_text, batch.text, (size_t)B * c->max_text) == 0,
+          "%s images and text bytes identical", name);
+    free(ref_images); free(ref_text);
+    struct { const char* key; float* ours; size_t n; double tol; } fields[] = {
+        {"batch/text_mask", batch.text_mask, (size_t)B * c->max_text, 0.0},
+        {"batch/action_mask", batch.action_mask, (size_t)B * H, 0.0},
+        {"batch/state", batch.state, (size_t)B * S, 0.0},
+        {"batch/actions", batch.actions, (size_t)B * HA, 0.0},
+        {"batch/t", batch.t, (size_t)B, 1e-7},      // pow/log/cos in double, then rounded to float:
+        {"batch/eps", batch.eps, (size_t)B * HA, 1e-7},  // libm and numpy may differ in the last bit
+    };
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        float* ref = (float*)debug_get(&st, fields[i].key, fields[i].n);
+        double e = rel_error(fields[i].ours, ref, fields[i].n);
+        check(e <= fields[i].tol, "%s %s rel err %.2e (tol %.0e)", name, fields[i].key, e, fields[i].tol);
+        memcpy(fields[i].ours, ref, fields[i].n * sizeof(float));  // continue on the oracle's exact batch
+        free(ref);
+    }
+    float masked = 0.0f, text_pads = 0.0f;
+    for (int i = 0; i < B * H; i++) { masked += batch.action_mask[i] == 0.0f; }
+    for (int i = 0; i < B * c->max_text; i++) { text_pads += batch.text_mask[i] == 0.0f; }
+    printf("        (batch: %d samples, %.0f masked action slots, %.0f text pads)\n", B, masked, text_pads);
+    if (strcmp(name, "b") == 0) {  // fixture b exists to cover these: make sure it does
+        check(masked > 0 && text_pads > 0, "%s batch has chunks past an episode's end and padded instructions", name);
+    }
+
+    // 3. forward and backward against the oracle. fp32 against the float64 oracle: the error is
+    // our fp32 rounding, ~1e-7 per op growing over a few hundred sequential ops: 1e-5.
+    const double tol = 1e-5;
+    float loss = model_forward(&m, &batch);
+    model_backward(&m, &batch);
+    float* ref_v = (float*)debug_get(&st, "expect/v", (size_t)B * HA);
+    float* ref_loss = (float*)debug_get(&st, "expect/loss", 1);
+    double ev = rel_error(m.acts.v_pred, ref_v, (size_t)B * HA), el = rel_error(&loss, ref_loss, 1);
+    check(ev < tol, "%s velocities rel err %.2e (tol %.0e)", name, ev, tol);
+    check(el < tol, "%s loss %.7f vs %.7f rel err %.2e (tol %.0e)", name, loss, ref_loss[0], el, tol);
+    free(ref_v); free(ref_loss);
+    double worst_grad = 0.0;
+    const char* worst_name = "";
+    int grads_ok = 1;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const ParamSpec* s = &m.table.spec[i];
+        char key[96];
+        snprintf(key, sizeof(key), "grad/%s", s->name);
+        float* ref = (float*)debug_get(&st, key, s->numel);
+        double e = rel_error(m.grads_memory + s->offset, ref, s->numel);
+        if (e > worst_grad) { worst_grad = e; worst_name = s->name; }
+        if (!(e < tol)) {
+            grads_ok = 0;
+            check(0, "%s grad %s rel err %.2e (tol %.0e)", name, s->name, e, tol);
+        }
+        free(ref);
+    }
+    check(grads_ok, "%s all %d parameter gradients: worst rel err %.2e (%s) (tol %.0e)", name, NUM_PARAM_TENSORS,
+          worst_grad, worst_name, tol);
+    // the VLM's last layer beyond k/v feeds nothing: its gradients are exactly zero
+    int L = c->n_layer;
+    size_t dq = (size_t)vla_d_attn(c) * c->d_model, dff = (size_t)c->d_ff * c->d_model;
+    float zero_norm = global_norm(m.grads.vlm_wq + (L - 1) * dq, dq) + global_norm(m.grads.vlm_wo + (L - 1) * dq, dq) +
+                      global_norm(m.grads.vlm_wgate + (L - 1) * dff, dff) + global_norm(m.grads.vlm_wdown + (L - 1) * dff, dff);
+    check(zero_norm == 0.0f, "%s unused last-layer VLM tensors have zero gradient", name);
+
+    // 4. finite differences of selected entries: the oracle's central differences in float64
+    // (tol 1e-4: its O(h^2) error), and ours on the fp32 forward (tol 3e-2: fp32 loss rounding / h)
+    const Record* fd_names = debug_find(&st, "fd/index");
+    int n_fd = (int)fd_names->numel / 2;
+    int32_t* fd_idx = (int32_t*)debug_get(&st, "fd/index", (size_t)n_fd * 2);
+    float* fd_val = (float*)debug_get(&st, "fd/value", (size_t)n_fd);
+    double worst_fd64 = 0.0, worst_fd32 = 0.0;
+    float* saved_grads = (float*)mallocCheck(m.table.total * sizeof(float));
+    memcpy(saved_grads, m.grads_memory, m.table.total * sizeof(float));
+    for (int k = 0; k < n_fd; k++) {
+        size_t at = m.table.spec[fd_idx[2 * k]].offset + (size_t)fd_idx[2 * k + 1];
+        float g = saved_grads[at];
+        double e64 = fabs((double)g - fd_val[k]) / fmax(fabs((double)fd_val[k]), 1e-3);
+        if (e64 > worst_fd64) { worst_fd64 = e64; }
+        float p0 = m.params_memory[at], h = 1e-2f * fmaxf(fabsf(p0), 0.05f);
+        m.params_memory[at] = p0 + h;
+        double lp = model_forward(&m, &batch);
+        m.params_memory[at] = p0 - h;
+        double lm = model_forward(&m, &batch);
+        m.params_memory[at] = p0;
+        double fd32 = (lp - lm) / (2.0 * h);
+        double e32 = fabs((double)g - fd32) / fmax(fabs((double)g), 1e-2);
+        if (e32 > worst_fd32) { worst_fd32 = e32; }
+    }
+    check(n_fd > 0 && worst_fd64 < 1e-4, "%s %d gradient entries vs float64 finite differences: worst rel err %.2e (tol 1e-4)",
+          name, n_fd, worst_fd64);
+    check(n_fd > 0 && worst_fd32 < 3e-2, "%s same entries vs fp32 finite differences of this code: worst rel err %.2e (tol 3e-2)",
+          name, worst_fd32);
+    free(fd_idx); free(fd_val); free(saved_grads);
+
+    // 5. inference: 10 Euler steps from the batch's noise, un-normalized with the dataset stats
+    float* stats = (float*)debug_get(&st, "stats", 2 * (size_t)(S + A));
+    float* sampled = (float*)mallocCheck((size_t)B * HA * sizeof(float));
+    model_sample_actions(&m, &batch, batch.eps, stats + 2 * S, stats + 2 * S + A, sampled);
+    float* ref_sample = (float*)debug_get(&st, "expect/sample", (size_t)B * HA);
+    double es = rel_error(sampled, ref_sample, (size_t)B * HA);
+    check(es < 1e-5, "%s 10-step sampled actions rel err %.2e (tol 1e-5)", name, es);
+    float stats_err = (float)rel_error(ds.state_mean, stats, S) + (float)rel_error(ds.action_std, stats + 2 * S + A, A);
+    check(stats_err == 0.0f, "%s normalization statistics identical", name);
+    free(stats); free(sampled); free(ref_sample);
+
+    // 6. ten AdamW steps on the same batch: losses before each update. Tolerance 1e-5 relative:
+    // Adam divides by sqrt(v), which amplifies fp32 noise in near-zero gradients a little.
+    TrainArgs args;
+    train_args_defaults(&args);
+    args.lr = o.hp[0]; args.min_lr_frac = o.hp[1]; args.warmup = (int)o.hp[2]; args.steps = (int)o.hp[3];
+    args.weight_decay = o.hp[4]; args.grad_clip = o.hp[5];
+    float* ref_losses = (float*)debug_get(&st, "expect/losses", 10);
+    float* ref_norms = (float*)debug_get(&st, "expect/norms", 10);
+    float losses[10], norms[10];
+    for (int step = 0; step < 10; step++) {
+        losses[step] = model_forward(&m, &batch);
+        model_backward(&m, &batch);
+        norms[step] = model_update(&m, lr_at_step(&args, step), args.weight_decay, args.grad_clip, step);
+    }
+    double e_losses = rel_error(losses, ref_losses, 10), e_norms = rel_error(norms, ref_norms, 10);
+    check(e_losses < 1e-5, "%s 10 optimizer steps: losses %.6f -> %.6f, rel err %.2e (tol 1e-5)", name, losses[0], losses[9],
+          e_losses);
+    check(e_norms < 1e-5, "%s 10 optimizer steps: grad norms rel err %.2e (tol 1e-5)", name, e_norms);
+    check(losses[9] < losses[0], "%s loss decreases over 10 steps on one batch", name);
+    free(ref_losses); free(ref_norms);
+
+    batch_free(&batch);
+    sampler_free(&sampler);
+    dataset_close(&ds);
+    model_free(&m);
+    free(st.recs); free(st.file);
+}
+
+// ----------------------------------------------------------------------------
+// simulated ranks: -g 4 -b 2 takes the same samples and noise as -g 1 -b 8, so after 3 steps
+// the parameters agree up to the order of fp32 summation
+
+static void test_simulated_ranks(const char* dir) {
+    printf("\n== simulated ranks\n");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/a.bin", dir);
+    Dataset ds;
+    dataset_open(&ds, path);
+    VLAConfig c = config_for_data("tiny", &ds);
+    float losses[2][3];
+    float* final_params[2];
+    int ranks[2] = {1, 4}, batches[2] = {8, 2};
+    for (int run = 0; run < 2; run++) {
+        TrainArgs args;
+        train_args_defaults(&args);
+        args.ranks = ranks[run]; args.batch = batches[run]; args.steps = 3; args.warmup = 1; args.lr = 1e-3f;
+        Model m;
+        model_build(&m, &c);
+        param_init(m.params_memory, &m.table, &c, args.seed);
+        Sampler s;
+        sampler_init(&s, ds.n_samples, args.seed);
+        Batch batch;
+        batch_alloc(&batch, &c, args.batch);
+        float* grad_sum = (float*)mallocCheck(m.table.total * sizeof(float));
+        for (int step = 0; step < 3; step++) {
+            float norm;
+            losses[run][step] = train_step(&m, grad_sum, &batch, &ds, &s, &args, step, &norm);
+        }
+        final_params[run] = (float*)mallocCheck(m.table.total * sizeof(float));
+        memcpy(final_params[run], m.params_memory, m.table.total * sizeof(float));
+        free(grad_sum);
+        batch_free(&batch);
+        sampler_free(&s);
+        model_free(&m);
+    }
+    ParamTable t;
+    param_table_build(&c, &t);
+    double el = rel_error(losses[1], losses[0], 3), ep = rel_error(final_params[1], final_params[0], t.total);
+    check(el < 1e-5, "-g 4 -b 2 vs -g 1 -b 8: 3 losses rel err %.2e (tol 1e-5)", el);
+    check(ep < 1e-5, "-g 4 -b 2 vs -g 1 -b 8: parameters after 3 steps rel err %.2e (tol 1e-5)", ep);
+    free(final_params[0]); free(final_params[1]);
+    dataset_close(&ds);
+}
+
+// ----------------------------------------------------------------------------
+// the sampler
+
+static void test_sampler(void) {
+    printf("\n== sampler\n");
+    const uint64_t n = 103;
+    const int W = 4, B = 5;
+    Sampler s;
+    sampler_init(&s, n, 42);
+    // one epoch of global batches: ranks disjoint, every sample exactly once
+    int seen[103] = {0}, overlap = 0;
+    uint64_t steps_per_epoch = n / (uint64_t)(W * B);
+    for (uint64_t step = 0; step < steps_per_epoch; step++) {
+        int mine[103] = {0};
+        for (int r = 0; r < W; r++) {
+            uint64_t idx[B];
+            sampler_rank_indices(&s, B, r, idx);
+            for (int i = 0; i < B; i++) { overlap += mine[idx[i]]++ > 0; seen[idx[i]]++; }
+        }
+        sampler_advance(&s, B, W);
+    }
+    for (uint64_t pos = s.pos; pos < n; pos++) { seen[sampler_at(&s, pos)]++; }  // the epoch's tail
+    int all_once = 1;
+    for (uint64_t i = 0; i < n; i++) { all_once &= seen[i] == 1; }
+    check(overlap == 0, "ranks take disjoint samples in every global batch");
+    check(all_once, "an epoch covers every sample exactly once");
+    // same (seed, epoch) -> same order; another epoch or seed -> another order
+    uint32_t* p1 = (uint32_t*)mallocCheck(n * 4);
+    uint32_t* p2 = (uint32_t*)mallocCheck(n * 4);
+    uint32_t* p3 = (uint32_t*)mallocCheck(n * 4);
+    uint32_t* p4 = (uint32_t*)mallocCheck(n * 4);
+    sampler_permutation(p1, n, 42, 3);
+    sampler_permutation(p2, n, 42, 3);
+    sampler_permutation(p3, n, 42, 4);
+    sampler_permutation(p4, n, 43, 3);
+    check(memcmp(p1, p2, n * 4) == 0, "same (seed, epoch) gives the same order");
+    check(memcmp(p1, p3, n * 4) != 0 && memcmp(p1, p4, n * 4) != 0, "another epoch or seed gives another order");
+    // resume mid-epoch: a fresh sampler with the saved position continues identically
+    Sampler a, b;
+    sampler_init(&a, n, 42);
+    for (int k = 0; k < 7; k++) { sampler_advance(&a, B, W); }
+    sampler_init(&b, n, 42);
+    b.pos = a.pos;
+    int same = 1;
+    for (int k = 0; k < 10; k++) {
+        uint64_t ia[B], ib[B];
+        sampler_rank_indices(&a, B, 1, ia);
+        sampler_rank_indices(&b, B, 1, ib);
+        for (int i = 0; i < B; i++) { same &= ia[i] == ib[i]; }
+        sampler_advance(&a, B, W);
+        sampler_advance(&b, B, W);
+    }
+    check(same, "a sampler restored from its position continues identically (across an epoch boundary)");
+    free(p1); free(p2); free(p3); free(p4);
+    sampler_free(&s); sampler_free(&a); sampler_free(&b);
+}
+
+// ----------------------------------------------------------------------------
+// the real binary: checkpoints, bit-exact resume, bad input
+
+// Runs a shell command; returns its exit status, or -1 if a signal ended it.
+static int run_command(const char* cmd) {
+    int status = system(cmd);
+    if (status == -1 || !WIFEXITED(status)) { return -1; }
+    return WEXITSTATUS(status);
+}
+
+static char* read_text(const char* path) {
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) { return strdup(""); }
+    fseeko(f, 0, SEEK_END);
+    long len = (long)ftello(f);
+    fseeko(f, 0, SEEK_SET);
+    char* s = (char*)mallocCheck(len + 1);
+    s[fread(s, 1, len, f)] = 0;
+    fclose(f);
+    return s;
+}
+
+// The loss column of a log.jsonl, for steps first..last (1-based).
+static int read_losses(const char* log, int first, int last, float* out) {
+    char* text = read_text(log);
+    int n = 0;
+    for (char* line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        int step;
+        float loss;
+        if (sscanf(line, "{\"step\": %d, \"loss\": %f", &step, &loss) == 2 && step >= first && step <= last) {
+            out[step - first] = loss;
+            n++;
+        }
+    }
+    free(text);
+    return n;
+}
+
+static int files_equal(const char* a, const char* b) {
+    char cmd[2200];
+    snprintf(cmd, sizeof(cmd), "cmp -s %s %s", a, b);
+    return run_command(cmd) == 0;
+}
+
+static void test_checkpoints(const char* dir) {
+    printf("\n== checkpoints and resume\n");
+    char cmd[4096], p1[1024], p2[1024];
+    const char* common = "./train_vla_cpu -p tiny -b 4 -u 3 -t 1 --log-every 100";
+    // in-process round trip
+    {
+        snprintf(p1, sizeof(p1), "%s/a.bin", dir);
+        Dataset ds;
+        dataset_open(&ds, p1);
+        VLAConfig c = config_for_data("tiny", &ds);
+        Model m;
+        model_build(&m, &c);
+        param_init(m.params_memory, &m.table, &c, 7);
+        for (size_t i = 0; i < m.table.total; i++) { m.m_memory[i] = 0.5f * m.params_memory[i]; m.v_memory[i] = (float)i; }
+        TrainArgs args;
+        train_args_defaults(&args);
+        snprintf(p2, sizeof(p2), "%s/ckpt_roundtrip", dir);
+        args.output = p2; args.seed = 7; args.keep = 2;
+        for (int step = 1; step <= 3; step++) { model_save(&m, &ds, &args, step, 1000 + step); }
+        Model m2;
+        model_build(&m2, &c);
+        int step;
+        uint64_t seed, pos;
+        char path[1100];
+        checkpoint_path(path, sizeof(path), p2, 3);
+        model_load(&m2, path, &step, &seed, &pos);
+        size_t bytes = m.table.total * sizeof(float);
+        check(step == 3 && seed == 7 && pos == 1003 && memcmp(m.params_memory, m2.params_memory, bytes) == 0 &&
+              memcmp(m.m_memory, m2.m_memory, bytes) == 0 && memcmp(m.v_memory, m2.v_memory, bytes) == 0,
+              "checkpoint round trip restores params, moments, step, seed, sampler position bit for bit");
+        uint64_t steps[8];
+        int n = checkpoint_list(p2, steps, 8);
+        check(n == 2 && steps[0] == 3 && steps[1] == 2, "only the newest --keep 2 checkpoints remain (found %d)", n);
+        // an incomplete newest file is skipped by resume
+        checkpoint_path(path, sizeof(path), p2, 9);
+        snprintf(cmd, sizeof(cmd), "head -c 1000 %s/ckpt_00000003.bin > %s", p2, path);
+        run_command(cmd);
+        n = checkpoint_list(p2, steps, 8);
+        check(n == 2 && steps[0] == 3, "a truncated newest checkpoint is skipped when picking one to resume");
+        model_free(&m); model_free(&m2);
+        dataset_close(&ds);
+    }
+    // bit-exact resume through the binary: 6 steps straight vs 3 steps, then -y 1 up to 6. The
+    // first leg is all warmup (-u 3), so its learning rates do not depend on -n.
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/run_full %s/run_resumed && %s -n 6 -i %s/a.bin -o %s/run_full -k 3 > %s/run_full.txt 2>&1",
+             dir, dir, common, dir, dir, dir);
+    int rc1 = run_command(cmd);
+    snprintf(cmd, sizeof(cmd), "%s -n 3 -i %s/a.bin -o %s/run_resumed > %s/run_r1.txt 2>&1", common, dir, dir, dir);
+    int rc2 = run_command(cmd);
+    snprintf(cmd, sizeof(cmd), "%s -n 6 -i %s/a.bin -o %s/run_resumed -y 1 > %s/run_r2.txt 2>&1", common, dir, dir, dir);
+    int rc3 = run_command(cmd);
+    float full[6] = {0}, resumed[3] = {0};
+    snprintf(p1, sizeof(p1), "%s/run_full/log.jsonl", dir);
+    snprintf(p2, sizeof(p2), "%s/run_resumed/log.jsonl", dir);
+    int nf = read_losses(p1, 1, 6, full), nr = read_losses(p2, 4, 6, resumed);
+    check(rc1 == 0 && rc2 == 0 && rc3 == 0 && nf == 6 && nr == 3, "train_vla_cpu runs: straight, first leg, resumed leg");
+    check(nf == 6 && nr == 3 && memcmp(full + 3, resumed, sizeof(resumed)) == 0,
+          "resumed losses equal the uninterrupted run bit for bit (steps 4-6: %.7f %.7f %.7f)", resumed[0], resumed[1], resumed[2]);
+    snprintf(p1, sizeof(p1), "%s/run_full/ckpt_00000006.bin", dir);
+    snprintf(p2, sizeof(p2), "%s/run_resumed/ckpt_00000006.bin", dir);
+    check(files_equal(p1, p2), "final checkpoints of the straight and resumed runs are identical files");
+}
+
+// Runs the binary with bad input: it must exit 1 (not crash) with a one-line message naming
+// the problem.
+static void expect_error(const char* dir, const char* what, const char* args, const char* needle) {
+    char cmd[4096], errpath[1100];
+    snprintf(errpath, sizeof(errpath), "%s/stderr.txt", dir);
+    snprintf(cmd, sizeof(cmd), "./train_vla_cpu %s > /dev/null 2> %s", args, errpath);
+    int rc = run_command(cmd);
+    char* err = read_text(errpath);
+    int lines = 0;
+    for (char* p = err; *p; p++) { lines += *p == '\n'; }
+    int ok = rc == 1 && lines == 1 && strstr(err, needle) != NULL && strncmp(err, "error: ", 7) == 0;
+    char* nl = strchr(err, '\n');
+    if (nl) { *nl = 0; }
+    check(ok, "%s: exit %d, %d line(s): %s", what, rc, lines, err);
+    free(err);
+}
+
+// Copies the fixture and patches bytes at an offset (or truncates when data is NULL).
+static void corrupt_copy(const char* src, const char* dst, long offset, const void* data, size_t n, long truncate_to) {
+    char cmd[2300];
+    snprintf(cmd, sizeof(cmd), "cp %s %s", src, dst);
+    run_command(cmd);
+    if (data != NULL) {
+        FILE* f = fopenCheck(dst, "r+b");
+        fseek(f, offset, SEEK_SET);
+        fwrite(data, 1, n, f);
+        fclose(f);
+    }
+    if (truncate_to >= 0 && truncate(dst, truncate_to) != 0) { vla_fail("truncate %s failed", dst); }
+}
+
+static void test_bad_input(const char* dir) {
+    printf("\n== bad input\n");
+    char src[1024], bad[1024], args[3000];
+    snprintf(src, sizeof(src), "%s/a.bin", dir);
+    snprintf(bad, sizeof(bad), "%s/bad.bin", dir);
+    const char* run = "-p tiny -b 2 -n 1 -t 1";
+    uint32_t u32;
+    uint64_t u64;
+    ShardHeader h;
+    FILE* f = fopenCheck(src, "rb");
+    if (fread(&h, sizeof(h), 1, f) != 1) { vla_fail("cannot read %s", src); }
+    fclose(f);
+
+    u32 = 0x12345678u;
+    corrupt_copy(src, bad, offsetof(ShardHeader, magic), &u32, 4, -1);
+    snprintf(args, sizeof(args), "%s -i %s -o %s/bad_out", run, bad, dir);
+    expect_error(dir, "wrong magic", args, "bad magic");
+    u32 = 99;
+    corrupt_copy(src, bad, offsetof(ShardHeader, version), &u32, 4, -1);
+    expect_error(dir, "wrong version", args, "version 99");
+    corrupt_copy(src, bad, 0, NULL, 0, (long)h.file_size - 100);
+    expect_error(dir, "truncated shard", args, "truncated");
+    corrupt_copy(src, bad, 0, NULL, 0, 100);
+    expect_error(dir, "shard shorter than its header", args, "shorter than a shard header");
+    u64 = h.n_frames * 2;  // more frames than the file holds, file_size consistent with the length
+    corrupt_copy(src, bad, offsetof(ShardHeader, n_frames), &u64, 8, -1);
+    expect_error(dir, "sizes that disagree with the file length", args, "does not fit");
+    u64 = h.off_stats + 4096;
+    corrupt_copy(src, bad, offsetof(ShardHeader, off_stats), &u64, 8, -1);
+    expect_error(dir, "section offset past the end", args, "does not fit");
+    u32 = 0;
+    corrupt_copy(src, bad, offsetof(ShardHeader, n_cam), &u32, 4, -1);
+    expect_error(dir, "zero cameras", args, "out of range");
+    u32 = 1u << 30;  // an episode pointing at another task
+    corrupt_copy(src, bad, (long)h.off_episodes + 12, &u32, 4, -1);
+    expect_error(dir, "episode with a task out of range", args, "out of range");
+    snprintf(args, sizeof(args), "%s -i %s/does_not_exist.bin", run, dir);
+    expect_error(dir, "missing dataset", args, "does_not_exist.bin");
+
+    // checkpoints: another config, truncated
+    char out[1100];
+    snprintf(out, sizeof(out), "%s/bad_ckpt", dir);
+    snprintf(args, sizeof(args), "rm -rf %s && ./train_vla_cpu -p tiny -b 2 -n 1 -t 1 -i %s -o %s > /dev/null", out, src, out);
+    run_command(args);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -t 1 -i %s/b.bin --init %s/ckpt_00000001.bin -o %s/bad_out", dir, out, dir);
+    expect_error(dir, "checkpoint for another config", args, "written for another model");
+    snprintf(bad, sizeof(bad), "%s/ckpt_00000001.bin", out);
+    snprintf(src, sizeof(src), "%s/truncated.bin", dir);
+    corrupt_copy(bad, src, 0, NULL, 0, 5000);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -t 1 -i %s/a.bin --init %s -o %s/bad_out", dir, src, dir);
+    expect_error(dir, "truncated checkpoint", args, "truncated");
+
+    // flags
+    snprintf(args, sizeof(args), "-i %s/a.bin --frobnicate 3", dir);
+    expect_error(dir, "unknown long flag", args, "unknown option --frobnicate");
+    snprintf(args, sizeof(args), "-i %s/a.bin -Q", dir);
+    expect_error(dir, "unknown short flag", args, "unknown option -Q");
+    snprintf(args, sizeof(args), "-i %s/a.bin -b 0", dir);
+    expect_error(dir, "-b 0", args, "--batch 0");
+    snprintf(args, sizeof(args), "-i %s/a.bin -b eight", dir);
+    expect_error(dir, "-b eight", args, "--batch eight");
+    snprintf(args, sizeof(args), "-i %s/a.bin -p huge", dir);
+    expect_error(dir, "unknown preset", args, "unknown preset 'huge'");
+    snprintf(args, sizeof(args), "-i %s/a.bin -b", dir);
+    expect_error(dir, "flag without its value", args, "needs a value");
+    snprintf(args, sizeof(args), "-i %s/a.bin -y 1 --init x.bin", dir);
+    expect_error(dir, "-y 1 with --init", args, "use one of them");
+    char help[1100];
+    snprintf(help, sizeof(help), "./train_vla_cpu -h > %s/help.txt", dir);
+    int rc = run_command(help);
+    snprintf(help, sizeof(help), "%s/help.txt", dir);
+    char* text = read_text(help);
+    check(rc == 0 && strstr(text, "--batch") && strstr(text, "--resume") && strstr(text, "--preset"),
+          "-h lists the options and exits 0");
+    free(text);
+}
+
+// ----------------------------------------------------------------------------
+// the parameter table
+
+static void test_param_table(void) {
+    printf("\n== parameter table\n");
+    for (int i = 0; i < VLA_N_PRESETS; i++) {
+        const VLAConfig* c = &VLA_PRESETS[i].config;
+        ParamTable t;
+        param_table_build(c, &t);
+        size_t sum = 0, expected = 0;
+        int contiguous = 1;
+        for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+            contiguous &= t.spec[k].offset == sum;
+            sum += t.spec[k].numel;
+        }
+        // closed form of the SPEC model's parameter count
+        size_t d = c->d_model, da = c->d_expert, D = (size_t)vla_d_attn(c), L = c->n_layer;
+        expected = d * vla_patch_dim(c) + d + (size_t)vla_n_image_tokens(c) * d + 256 * d +
+                   da * c->state_dim + da + da * c->action_dim + da + 2 * da * da + da + da * da + da +
+                   L * (2 * d + 4 * D * d + 3 * (size_t)c->d_ff * d) + L * (2 * da + 4 * D * da + 3 * (size_t)c->d_expert_ff * da) +
+                   da + (size_t)c->action_dim * da + c->action_dim;
+        check(vla_config_problem(c) == NULL && contiguous && sum == t.total && t.total == expected,
+              "preset %-5s: %zu parameters, table contiguous and equal to the closed form", VLA_PRESETS[i].name, t.total);
+    }
+}
+
+int main(int argc, char** argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s FIXTURE_DIR   (make test writes the fixtures and runs this)\n", argv[0]);
+        return 2;
+    }
+    const char* dir = argv[1];
+    test_param_table();
+    test_against_oracle(dir, "a");
+    test_against_oracle(dir, "b");
+    test_simulated_ranks(dir);
+    test_sampler();
+    test_checkpoints(dir);
+    test_bad_input(dir);
+    printf("\n%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,1160 @@
+/*
+vla.h: the plumbing shared by train_vla.c (CPU reference), train_vla.cu (GPU trainer) and
+test_vla.c. The model math lives in the trainers; everything here is written once:
+
+  config and presets           VLAConfig, vla_preset()
+  the parameter table          VLA_PARAMETERS: name, shape, group, decay, init of every tensor
+  a counter-based RNG          splitmix64 keyed by (seed, stream); uniform, normal, Beta(1.5,1)
+  dataset shards               mmap'd reader, every size checked against the file length
+  sample assembly              images, text bytes + pad mask, normalized state, action chunk
+  distributed sampler          per-epoch permutation from (seed, epoch), disjoint rank slices
+  checkpoints                  atomic write (temp + rename), keep last N, resume newest
+  command line                 getopt_long, -h lists every option with its default
+  logging                      rank-0 step lines on stdout, JSON lines in the output folder
+
+Errors in user input end the process with one line on stderr that names the problem and how
+to fix it, and exit status 1. Nothing here calls abort() on bad input.
+*/
+#ifndef VLA_H
+#define VLA_H
+
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+// ----------------------------------------------------------------------------
+// utilities: errors that say what to do, checked allocation and file calls
+
+// One line on stderr, exit status 1. Used for every user-facing failure.
+static inline void vla_fail(const char* fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static inline void vla_fail(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fflush(stderr);
+    exit(1);
+}
+
+static inline void* malloc_check_(size_t size, const char* file, int line) {
+    void* p = malloc(size > 0 ? size : 1);
+    if (p == NULL) {
+        vla_fail("out of memory allocating %zu bytes at %s:%d: use a smaller batch (-b) or preset",
+                 size, file, line);
+    }
+    return p;
+}
+#define mallocCheck(size) malloc_check_((size), __FILE__, __LINE__)
+
+static inline void* calloc_check_(size_t n, size_t size, const char* file, int line) {
+    void* p = calloc(n > 0 ? n : 1, size > 0 ? size : 1);
+    if (p == NULL) {
+        vla_fail("out of memory allocating %zu x %zu bytes at %s:%d: use a smaller batch (-b) or preset",
+                 n, size, file, line);
+    }
+    return p;
+}
+#define callocCheck(n, size) calloc_check_((n), (size), __FILE__, __LINE__)
+
+static inline FILE* fopen_check_(const char* path, const char* mode, const char* file, int line) {
+    FILE* f = fopen(path, mode);
+    if (f == NULL) {
+        vla_fail("cannot open %s (mode %s): %s (at %s:%d)", path, mode, strerror(errno), file, line);
+    }
+    return f;
+}
+#define fopenCheck(path, mode) fopen_check_((path), (mode), __FILE__, __LINE__)
+
+static inline void fwrite_check_(const void* p, size_t size, size_t n, FILE* f, const char* what,
+                          const char* file, int line) {
+    if (n > 0 && fwrite(p, size, n, f) != n) {
+        vla_fail("write failed for %s: %s (disk full?) (at %s:%d)", what, strerror(errno), file, line);
+    }
+}
+#define fwriteCheck(p, size, n, f, what) fwrite_check_((p), (size), (n), (f), (what), __FILE__, __LINE__)
+
+static inline double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// a*b for sizes read from files: overflow is a corrupt file, not a crash
+static inline uint64_t mul_check(uint64_t a, uint64_t b, const char* path, const char* what) {
+    uint64_t r;
+    if (__builtin_mul_overflow(a, b, &r)) {
+        vla_fail("%s: size of %s overflows 64 bits: the file is corrupt, regenerate it", path, what);
+    }
+    return r;
+}
+
+// ----------------------------------------------------------------------------
+// config: every size of the model (SPEC section 2); stored in checkpoints
+
+typedef struct {
+    int32_t n_cam;        // cameras
+    int32_t img;          // square image side, pixels
+    int32_t patch;        // patch side p, pixels
+    int32_t max_text;     // instruction bytes (vocabulary 256), shorter ones padded
+    int32_t state_dim;    // S
+    int32_t action_dim;   // A
+    int32_t chunk;        // H, actions per chunk
+    int32_t d_model;      // d, VLM width
+    int32_t d_ff;         // f, VLM MLP width
+    int32_t d_expert;     // d_a, action expert width
+    int32_t d_expert_ff;  // f_a, action expert MLP width
+    int32_t n_layer;      // L, both stacks
+    int32_t n_head;       // NH, both stacks
+    int32_t head_dim;     // HS
+    int32_t rope_theta;   // 10000
+} VLAConfig;
+
+#define VLA_CONFIG_FIELDS(X) \
+    X(n_cam) X(img) X(patch) X(max_text) X(state_dim) X(action_dim) X(chunk) X(d_model) X(d_ff) \
+    X(d_expert) X(d_expert_ff) X(n_layer) X(n_head) X(head_dim) X(rope_theta)
+
+static inline int vla_patches_per_cam(const VLAConfig* c) { return (c->img / c->patch) * (c->img / c->patch); }
+static inline int vla_patch_dim(const VLAConfig* c) { return 3 * c->patch * c->patch; }
+static inline int vla_n_image_tokens(const VLAConfig* c) { return c->n_cam * vla_patches_per_cam(c); }
+static inline int vla_n_prefix(const VLAConfig* c) { return vla_n_image_tokens(c) + c->max_text; }
+static inline int vla_n_suffix(const VLAConfig* c) { return 1 + c->chunk; }
+static inline int vla_n_tokens(const VLAConfig* c) { return vla_n_prefix(c) + vla_n_suffix(c); }
+static inline int vla_d_attn(const VLAConfig* c) { return c->n_head * c->head_dim; }
+
+typedef struct {
+    const char* name;
+    const char* what;
+    VLAConfig config;
+} VLAPreset;
+
+// Observation fields (n_cam, img, state_dim, action_dim) are replaced by the dataset's.
+static const VLAPreset VLA_PRESETS[] = {
+    // name    what                                  cam img  p  text S  A  H   d    f     d_a  f_a   L   NH  HS  theta
+    {"tiny",  "tests: runs in seconds on one core", {1, 32,  8, 16,  4, 4, 8,  48,  128,  32,  96,   2,  4,  12, 10000}},
+    {"small", "Meta-World default, CPU-trainable",  {2, 64,  8, 48,  4, 4, 16, 256, 1024, 192, 512,  6,  4,  64, 10000}},
+    {"base",  "benchmark size, SmolVLA-like widths", {2, 224, 16, 48, 32, 32, 50, 960, 2560, 720, 2048, 16, 15, 64, 10000}},
+};
+#define VLA_N_PRESETS ((int)(sizeof(VLA_PRESETS) / sizeof(VLA_PRESETS[0])))
+
+static inline const VLAPreset* vla_preset(const char* name) {
+    for (int i = 0; i < VLA_N_PRESETS; i++) {
+        if (strcmp(VLA_PRESETS[i].name, name) == 0) { return &VLA_PRESETS[i]; }
+    }
+    return NULL;
+}
+
+// Returns NULL if the config is usable, else a message naming the bad field.
+static inline const char* vla_config_problem(const VLAConfig* c) {
+    static char msg[256];
+#define POSITIVE(f) if (c->f <= 0) { snprintf(msg, sizeof(msg), #f " must be positive (got %d)", c->f); return msg; }
+    VLA_CONFIG_FIELDS(POSITIVE)
+#undef POSITIVE
+    if (c->img % c->patch != 0) {
+        snprintf(msg, sizeof(msg), "img %d is not a multiple of patch %d", c->img, c->patch);
+        return msg;
+    }
+    if (c->head_dim % 2 != 0) {
+        snprintf(msg, sizeof(msg), "head_dim %d must be even for RoPE", c->head_dim);
+        return msg;
+    }
+    if (c->d_expert % 2 != 0) {
+        snprintf(msg, sizeof(msg), "d_expert %d must be even for the time embedding", c->d_expert);
+        return msg;
+    }
+    return NULL;
+}
+
+// Names the first field where two configs differ, or returns NULL when they agree.
+static inline const char* vla_config_diff(const VLAConfig* a, const VLAConfig* b) {
+    static char msg[160];
+#define DIFF(f) if (a->f != b->f) { snprintf(msg, sizeof(msg), #f " %d vs %d", a->f, b->f); return msg; }
+    VLA_CONFIG_FIELDS(DIFF)
+#undef DIFF
+    return NULL;
+}
+
+static inline void vla_config_print(const VLAConfig* c) {
+#define PRINT(f) printf("| %-22s | %-10d |\n", #f, c->f);
+    VLA_CONFIG_FIELDS(PRINT)
+#undef PRINT
+    printf("| %-22s | %-10d |\n", "tokens (prefix+suffix)", vla_n_tokens(c));
+}
+
+// ----------------------------------------------------------------------------
+// the parameter table: the one place that says which tensors exist.
+// Linear weights are (out, in), as torch.nn.Linear stores them. Per-layer tensors are stacked
+// with a leading L. Sizes, offsets, decay, init, checkpoint layout and gradient buckets are all
+// derived from this list. The VLM's last layer only needs ln1/wk/wv (the prefix's output after
+// the last layer feeds nothing); its wq/wo/ln2/MLP exist for a uniform stack and get zero grads.
+
+enum { GROUP_VLM = 0, GROUP_EXPERT = 1 };
+enum { INIT_NORMAL = 0, INIT_NORMAL_OUT = 1, INIT_ZERO = 2, INIT_ONE = 3 };
+
+//  X(name,          group,        decay, init,           ndim, dim0, dim1, dim2)
+#define VLA_PARAMETERS(X, c) \
+    X(patch_w,        GROUP_VLM,    1, INIT_NORMAL,     2, (c)->d_model, vla_patch_dim(c), 1) \
+    X(patch_b,        GROUP_VLM,    0, INIT_ZERO,       1, (c)->d_model, 1, 1) \
+    X(pos_emb,        GROUP_VLM,    1, INIT_NORMAL,     2, vla_n_image_tokens(c), (c)->d_model, 1) \
+    X(text_emb,       GROUP_VLM,    1, INIT_NORMAL,     2, 256, (c)->d_model, 1) \
+    X(state_w,        GROUP_EXPERT, 1, INIT_NORMAL,     2, (c)->d_expert, (c)->state_dim, 1) \
+    X(state_b,        GROUP_EXPERT, 0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
+    X(action_in_w,    GROUP_EXPERT, 1, INIT_NORMAL,     2, (c)->d_expert, (c)->action_dim, 1) \
+    X(action_in_b,    GROUP_EXPERT, 0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
+    X(time_in_w,      GROUP_EXPERT, 1, INIT_NORMAL,     2, (c)->d_expert, 2 * (c)->d_expert, 1) \
+    X(time_in_b,      GROUP_EXPERT, 0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
+    X(time_out_w,     GROUP_EXPERT, 1, INIT_NORMAL,     2, (c)->d_expert, (c)->d_expert, 1) \
+    X(time_out_b,     GROUP_EXPERT, 0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
+    X(vlm_ln1,        GROUP_VLM,    0, INIT_ONE,        2, (c)->n_layer, (c)->d_model, 1) \
+    X(vlm_wq,         GROUP_VLM,    1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_model) \
+    X(vlm_wk,         GROUP_VLM,    1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_model) \
+    X(vlm_wv,         GROUP_VLM,    1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_model) \
+    X(vlm_wo,         GROUP_VLM,    1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_model, vla_d_attn(c)) \
+    X(vlm_ln2,        GROUP_VLM,    0, INIT_ONE,        2, (c)->n_layer, (c)->d_model, 1) \
+    X(vlm_wgate,      GROUP_VLM,    1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
+    X(vlm_wup,        GROUP_VLM,    1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
+    X(vlm_wdown,      GROUP_VLM,    1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_model, (c)->d_ff) \
+    X(exp_ln1,        GROUP_EXPERT, 0, INIT_ONE,        2, (c)->n_layer, (c)->d_expert, 1) \
+    X(exp_wq,         GROUP_EXPERT, 1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_expert) \
+    X(exp_wk,         GROUP_EXPERT, 1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_expert) \
+    X(exp_wv,         GROUP_EXPERT, 1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_expert) \
+    X(exp_wo,         GROUP_EXPERT, 1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_expert, vla_d_attn(c)) \
+    X(exp_ln2,        GROUP_EXPERT, 0, INIT_ONE,        2, (c)->n_layer, (c)->d_expert, 1) \
+    X(exp_wgate,      GROUP_EXPERT, 1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
+    X(exp_wup,        GROUP_EXPERT, 1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
+    X(exp_wdown,      GROUP_EXPERT, 1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_expert, (c)->d_expert_ff) \
+    X(final_norm,     GROUP_EXPERT, 0, INIT_ONE,        1, (c)->d_expert, 1, 1) \
+    X(action_out_w,   GROUP_EXPERT, 1, INIT_NORMAL,     2, (c)->action_dim, (c)->d_expert, 1) \
+    X(action_out_b,   GROUP_EXPERT, 0, INIT_ZERO,       1, (c)->action_dim, 1, 1)
+
+#define VLA_COUNT_(...) +1
+enum { NUM_PARAM_TENSORS = 0 VLA_PARAMETERS(VLA_COUNT_, c) };
+
+typedef struct {
+    const char* name;
+    int group, decay, init, ndim;
+    int64_t shape[3];
+    size_t numel;
+    size_t offset;  // in elements, into the one flat allocation
+} ParamSpec;
+
+typedef struct {
+    ParamSpec spec[NUM_PARAM_TENSORS];
+    size_t total;  // elements in all tensors
+} ParamTable;
+
+static inline void param_table_build(const VLAConfig* c, ParamTable* t) {
+    int i = 0;
+    size_t offset = 0;
+#define VLA_SPEC_(nm, grp, dec, ini, nd, d0, d1, d2) \
+    t->spec[i] = (ParamSpec){#nm, grp, dec, ini, nd, {d0, d1, d2}, (size_t)(d0) * (size_t)(d1) * (size_t)(d2), offset}; \
+    offset += t->spec[i].numel; \
+    i++;
+    VLA_PARAMETERS(VLA_SPEC_, c)
+#undef VLA_SPEC_
+    t->total = offset;
+}
+
+// One float* per tensor, carved from a flat buffer in table order.
+typedef struct {
+#define VLA_FIELD_(nm, ...) float* nm;
+    VLA_PARAMETERS(VLA_FIELD_, c)
+#undef VLA_FIELD_
+} ParameterTensors;
+
+static inline void param_tensors_point(ParameterTensors* p, float* base, const ParamTable* t) {
+    int i = 0;
+#define VLA_POINT_(nm, ...) p->nm = base + t->spec[i++].offset;
+    VLA_PARAMETERS(VLA_POINT_, c)
+#undef VLA_POINT_
+}
+
+static inline int param_table_find(const ParamTable* t, const char* name) {
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        if (strcmp(t->spec[i].name, name) == 0) { return i; }
+    }
+    return -1;
+}
+
+// ----------------------------------------------------------------------------
+// RNG: counter-based (splitmix64 of key + counter * golden ratio). A stream is keyed by
+// (seed, stream id), and any draw can be reached by seeking, so the oracle reproduces it with
+// vectorized numpy and every rank derives its own samples' noise without talking to the others.
+
+#define RNG_GOLDEN 0x9E3779B97F4A7C15ULL
+#define RNG_STREAM_INIT 1ULL                 // parameter init: normal i uses draws 2i, 2i+1
+#define RNG_STREAM_EPOCH(e) ((2ULL << 56) + (uint64_t)(e))  // sampler permutation of epoch e
+#define RNG_STREAM_NOISE(s) ((3ULL << 56) + (uint64_t)(s))  // t and eps of optimizer step s
+
+static inline uint64_t rng_mix64(uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+typedef struct {
+    uint64_t key;
+    uint64_t counter;
+} Rng;
+
+static inline void rng_init(Rng* r, uint64_t seed, uint64_t stream) {
+    r->key = rng_mix64(seed + RNG_GOLDEN) ^ rng_mix64(stream * RNG_GOLDEN + 1);
+    r->counter = 0;
+}
+static inline uint64_t rng_u64(Rng* r) {
+    r->counter++;
+    return rng_mix64(r->key + r->counter * RNG_GOLDEN);
+}
+// uniform in [0, 1), 53 bits
+static inline double rng_uniform(Rng* r) { return (double)(rng_u64(r) >> 11) * 0x1.0p-53; }
+// standard normal by Box-Muller (cosine branch); always two draws
+static inline double rng_normal(Rng* r) {
+    double u1 = ((double)(rng_u64(r) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]: log is finite
+    double u2 = (double)(rng_u64(r) >> 11) * 0x1.0p-53;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+// flow time t = 0.999 * Beta(1.5, 1) + 0.001, with Beta(1.5, 1) = U^(1/1.5)
+static inline double rng_flow_time(Rng* r) { return 0.999 * pow(rng_uniform(r), 1.0 / 1.5) + 0.001; }
+
+// Parameters from the seed: normal(0, 0.02), output projections / sqrt(2L), biases 0, norms 1.
+static inline void param_init(float* params, const ParamTable* t, const VLAConfig* c, uint64_t seed) {
+    float out_scale = 1.0f / sqrtf(2.0f * (float)c->n_layer);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const ParamSpec* s = &t->spec[i];
+        float* p = params + s->offset;
+        if (s->init == INIT_ZERO || s->init == INIT_ONE) {
+            float v = s->init == INIT_ONE ? 1.0f : 0.0f;
+            for (size_t j = 0; j < s->numel; j++) { p[j] = v; }
+            continue;
+        }
+        float std = s->init == INIT_NORMAL_OUT ? 0.02f * out_scale : 0.02f;
+        Rng r;
+        rng_init(&r, seed, RNG_STREAM_INIT);
+        r.counter = 2 * (uint64_t)s->offset;
+        for (size_t j = 0; j < s->numel; j++) { p[j] = (float)rng_normal(&r) * std; }
+    }
+}
+
+// Number of RNG draws one sample's flow noise uses: 1 for t, 2 per eps entry.
+static inline uint64_t flow_noise_draws(const VLAConfig* c) { return 1 + 2 * (uint64_t)c->chunk * c->action_dim; }
+
+// t and eps of global sample g at optimizer step s: identical whatever rank computes them.
+static inline void flow_noise(const VLAConfig* c, uint64_t seed, uint64_t step, uint64_t g, float* t, float* eps) {
+    Rng r;
+    rng_init(&r, seed, RNG_STREAM_NOISE(step));
+    r.counter = g * flow_noise_draws(c);
+    *t = (float)rng_flow_time(&r);
+    for (int i = 0; i < c->chunk * c->action_dim; i++) { eps[i] = (float)rng_normal(&r); }
+}
+
+// ----------------------------------------------------------------------------
+// dataset shards (SPEC section 3). One file:
+//   header (256 bytes)
+//   images         u8  (n_frames, n_cam, img, img, 3)
+//   state          f32 (n_frames, state_dim)
+//   action         f32 (n_frames, action_dim)
+//   frame_episode  u32 (n_frames)                    episode of each frame, shard-local
+//   episodes       ShardEpisode (n_episodes)
+//   task_offsets   u64 (n_tasks + 1)                 into task_text
+//   task_text      u8  (task_bytes)                  UTF-8, not NUL-terminated
+//   stats          f32 state_mean(S) state_std(S) action_mean(A) action_std(A)
+// Sections start at 64-byte aligned offsets recorded in the header.
+
+#define SHARD_MAGIC 0x44414C56u  // "VLAD"
+#define SHARD_VERSION 1u
+#define SHARD_ALIGN 64
+
+typedef struct {
+    uint32_t magic, version;
+    uint32_t n_cam, img, state_dim, action_dim;
+    uint64_t n_frames, n_episodes, n_tasks, task_bytes;
+    uint64_t off_images, off_state, off_action, off_frame_episode;
+    uint64_t off_episodes, off_task_offsets, off_task_text, off_stats;
+    uint64_t file_size;
+    uint64_t reserved[16];
+} ShardHeader;
+_Static_assert(sizeof(ShardHeader) == 256, "shard header is 256 bytes");
+
+typedef struct {
+    uint64_t first_frame;
+    uint32_t length;
+    uint32_t task;
+} ShardEpisode;
+_Static_assert(sizeof(ShardEpisode) == 16, "episode record is 16 bytes");
+
+typedef struct {
+    char path[512];
+    ShardHeader h;
+    uint8_t* map;
+    size_t map_size;
+    const uint8_t* images;
+    const float* state;
+    const float* action;
+    const uint32_t* frame_episode;
+    const ShardEpisode* episodes;
+    const uint64_t* task_offsets;
+    const uint8_t* task_text;
+    const float* stats;
+} Shard;
+
+static inline uint64_t align_up(uint64_t x) { return (x + SHARD_ALIGN - 1) / SHARD_ALIGN * SHARD_ALIGN; }
+
+// Byte sizes of the sections, in file order. Returns the number of sections.
+static inline int shard_section_sizes(const ShardHeader* h, const char* path, uint64_t sizes[8]) {
+    uint64_t frame_pixels = mul_check(mul_check((uint64_t)h->img, h->img, path, "image"), 3ULL * h->n_cam, path, "image");
+    sizes[0] = mul_check(h->n_frames, frame_pixels, path, "images");
+    sizes[1] = mul_check(mul_check(h->n_frames, h->state_dim, path, "state"), 4, path, "state");
+    sizes[2] = mul_check(mul_check(h->n_frames, h->action_dim, path, "action"), 4, path, "action");
+    sizes[3] = mul_check(h->n_frames, 4, path, "frame_episode");
+    sizes[4] = mul_check(h->n_episodes, sizeof(ShardEpisode), path, "episodes");
+    if (h->n_tasks == UINT64_MAX) { vla_fail("%s: n_tasks is corrupt: regenerate the shard", path); }
+    sizes[5] = mul_check(h->n_tasks + 1, 8, path, "task offsets");
+    sizes[6] = h->task_bytes;
+    sizes[7] = 8ULL * ((uint64_t)h->state_dim + h->action_dim);
+    return 8;
+}
+
+// Fills the offsets and file_size of a header whose counts are set.
+static inline void shard_header_layout(ShardHeader* h) {
+    uint64_t sizes[8];
+    shard_section_sizes(h, "(new shard)", sizes);
+    uint64_t* offs[8] = {&h->off_images, &h->off_state, &h->off_action, &h->off_frame_episode,
+                         &h->off_episodes, &h->off_task_offsets, &h->off_task_text, &h->off_stats};
+    uint64_t pos = sizeof(ShardHeader);
+    for (int i = 0; i < 8; i++) {
+        pos = align_up(pos);
+        *offs[i] = pos;
+        pos += sizes[i];
+    }
+    h->file_size = pos;
+}
+
+static inline void shard_open(Shard* s, const char* path) {
+    memset(s, 0, sizeof(*s));
+    snprintf(s->path, sizeof(s->path), "%s", path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) { vla_fail("cannot open dataset shard %s: %s: check the -i path", path, strerror(errno)); }
+    struct stat st;
+    if (fstat(fd, &st) != 0) { vla_fail("cannot stat %s: %s", path, strerror(errno)); }
+    uint64_t len = (uint64_t)st.st_size;
+    if (len < sizeof(ShardHeader)) {
+        vla_fail("%s: %llu bytes is shorter than a shard header (256): the file is truncated, regenerate it",
+                 path, (unsigned long long)len);
+    }
+    if (pread(fd, &s->h, sizeof(ShardHeader), 0) != (ssize_t)sizeof(ShardHeader)) {
+        vla_fail("%s: cannot read the header: %s", path, strerror(errno));
+    }
+    const ShardHeader* h = &s->h;
+    if (h->magic != SHARD_MAGIC) {
+        vla_fail("%s: bad magic 0x%08x (want 0x%08x): not a train_vla dataset shard; convert it with the tools in data/",
+                 path, h->magic, SHARD_MAGIC);
+    }
+    if (h->version != SHARD_VERSION) {
+        vla_fail("%s: shard version %u, this build reads version %u: regenerate the shard with this version's data/ tools",
+                 path, h->version, SHARD_VERSION);
+    }
+    if (h->n_cam < 1 || h->n_cam > 16 || h->img < 1 || h->img > 4096 || h->state_dim < 1 || h->state_dim > 4096 ||
+        h->action_dim < 1 || h->action_dim > 4096 || h->n_frames < 1 || h->n_episodes < 1 || h->n_tasks < 1) {
+        vla_fail("%s: header sizes out of range (n_cam %u, img %u, state %u, action %u, frames %llu, episodes %llu, "
+                 "tasks %llu): the file is corrupt, regenerate it", path, h->n_cam, h->img, h->state_dim,
+                 h->action_dim, (unsigned long long)h->n_frames, (unsigned long long)h->n_episodes,
+                 (unsigned long long)h->n_tasks);
+    }
+    if (h->file_size != len) {
+        vla_fail("%s: header says %llu bytes but the file has %llu: the file is truncated or padded, regenerate it",
+                 path, (unsigned long long)h->file_size, (unsigned long long)len);
+    }
+    uint64_t sizes[8];
+    int n = shard_section_sizes(h, path, sizes);
+    const uint64_t offs[8] = {h->off_images, h->off_state, h->off_action, h->off_frame_episode,
+                              h->off_episodes, h->off_task_offsets, h->off_task_text, h->off_stats};
+    static const char* names[8] = {"images", "state", "action", "frame_episode", "episodes", "task_offsets",
+                                    "task_text", "stats"};
+    for (int i = 0; i < n; i++) {
+        uint64_t end;
+        if (offs[i] < sizeof(ShardHeader) || offs[i] % 4 != 0 || __builtin_add_overflow(offs[i], sizes[i], &end) || end > len) {
+            vla_fail("%s: section %s (offset %llu, %llu bytes) does not fit in the %llu-byte file: the sizes disagree "
+                     "with the file length, regenerate it", path, names[i], (unsigned long long)offs[i],
+                     (unsigned long long)sizes[i], (unsigned long long)len);
+        }
+    }
+    s->map = (uint8_t*)mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (s->map == MAP_FAILED) { vla_fail("%s: mmap failed: %s", path, strerror(errno)); }
+    s->map_size = len;
+    s->images = s->map + h->off_images;
+    s->state = (const float*)(s->map + h->off_state);
+    s->action = (const float*)(s->map + h->off_action);
+    s->frame_episode = (const uint32_t*)(s->map + h->off_frame_episode);
+    s->episodes = (const ShardEpisode*)(s->map + h->off_episodes);
+    s->task_offsets = (const uint64_t*)(s->map + h->off_task_offsets);
+    s->task_text = s->map + h->off_task_text;
+    s->stats = (const float*)(s->map + h->off_stats);
+    // the tables that index into other sections: every index in range
+    for (uint64_t e = 0; e < h->n_episodes; e++) {
+        const ShardEpisode* ep = &s->episodes[e];
+        if (ep->length == 0 || ep->first_frame >= h->n_frames || ep->length > h->n_frames - ep->first_frame ||
+            ep->task >= h->n_tasks) {
+            vla_fail("%s: episode %llu (first frame %llu, length %u, task %u) is out of range: the file is corrupt, "
+                     "regenerate it", path, (unsigned long long)e, (unsigned long long)ep->first_frame, ep->length, ep->task);
+        }
+        for (uint64_t f = ep->first_frame; f < ep->first_frame + ep->length; f++) {
+            if (s->frame_episode[f] != e) {
+                vla_fail("%s: frame %llu belongs to episode %u but episode %llu claims it: the file is corrupt, "
+                         "regenerate it", path, (unsigned long long)f, s->frame_episode[f], (unsigned long long)e);
+            }
+        }
+    }
+    for (uint64_t f = 0; f < h->n_frames; f++) {
+        if (s->frame_episode[f] >= h->n_episodes) {
+            vla_fail("%s: frame %llu names episode %u of %llu: the file is corrupt, regenerate it",
+                     path, (unsigned long long)f, s->frame_episode[f], (unsigned long long)h->n_episodes);
+        }
+    }
+    if (s->task_offsets[0] != 0 || s->task_offsets[h->n_tasks] != h->task_bytes) {
+        vla_fail("%s: task string table does not span task_text: the file is corrupt, regenerate it", path);
+    }
+    for (uint64_t k = 0; k < h->n_tasks; k++) {
+        if (s->task_offsets[k + 1] < s->task_offsets[k]) {
+            vla_fail("%s: task offsets are not increasing at task %llu: the file is corrupt, regenerate it",
+                     path, (unsigned long long)k);
+        }
+    }
+}
+
+static inline void shard_close(Shard* s) {
+    if (s->map != NULL) { munmap(s->map, s->map_size); }
+    s->map = NULL;
+}
+
+// Writes a shard from in-memory arrays (tests and the synthetic data generator).
+static inline void shard_write(const char* path, uint32_t n_cam, uint32_t img, uint32_t state_dim, uint32_t action_dim,
+                        uint64_t n_frames, const uint8_t* images, const float* state, const float* action,
+                        uint64_t n_episodes, const ShardEpisode* episodes, uint64_t n_tasks,
+                        const char* const* tasks, const float* stats) {
+    ShardHeader h;
+    memset(&h, 0, sizeof(h));
+    h.magic = SHARD_MAGIC;
+    h.version = SHARD_VERSION;
+    h.n_cam = n_cam; h.img = img; h.state_dim = state_dim; h.action_dim = action_dim;
+    h.n_frames = n_frames; h.n_episodes = n_episodes; h.n_tasks = n_tasks;
+    uint64_t* task_offsets = (uint64_t*)mallocCheck((n_tasks + 1) * sizeof(uint64_t));
+    task_offsets[0] = 0;
+    for (uint64_t k = 0; k < n_tasks; k++) { task_offsets[k + 1] = task_offsets[k] + strlen(tasks[k]); }
+    h.task_bytes = task_offsets[n_tasks];
+    shard_header_layout(&h);
+    uint32_t* frame_episode = (uint32_t*)mallocCheck(n_frames * sizeof(uint32_t));
+    for (uint64_t e = 0; e < n_episodes; e++) {
+        for (uint32_t f = 0; f < episodes[e].length; f++) { frame_episode[episodes[e].first_frame + f] = (uint32_t)e; }
+    }
+    char tmp[1100];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE* f = fopenCheck(tmp, "wb");
+    uint8_t zeros[SHARD_ALIGN] = {0};
+    fwriteCheck(&h, sizeof(h), 1, f, tmp);
+    const void* data[8] = {images, state, action, frame_episode, episodes, task_offsets, NULL, stats};
+    const uint64_t offs[8] = {h.off_images, h.off_state, h.off_action, h.off_frame_episode,
+                              h.off_episodes, h.off_task_offsets, h.off_task_text, h.off_stats};
+    uint64_t sizes[8];
+    shard_section_sizes(&h, path, sizes);
+    uint64_t pos = sizeof(h);
+    for (int i = 0; i < 8; i++) {
+        fwriteCheck(zeros, 1, offs[i] - pos, f, tmp);
+        if (i == 6) {
+            for (uint64_t k = 0; k < n_tasks; k++) { fwriteCheck(tasks[k], 1, strlen(tasks[k]), f, tmp); }
+        } else {
+            fwriteCheck(data[i], 1, sizes[i], f, tmp);
+        }
+        pos = offs[i] + sizes[i];
+    }
+    if (fclose(f) != 0) { vla_fail("closing %s failed: %s", tmp, strerror(errno)); }
+    if (rename(tmp, path) != 0) { vla_fail("cannot rename %s to %s: %s", tmp, path, strerror(errno)); }
+    free(task_offsets);
+    free(frame_episode);
+}
+
+// Mean/std over frames, as the writers store them (population std).
+static inline void shard_compute_stats(uint64_t n_frames, const float* state, int S, const float* action, int A, float* stats) {
+    const float* src[2] = {state, action};
+    int dims[2] = {S, A};
+    float* out = stats;
+    for (int which = 0; which < 2; which++) {
+        int D = dims[which];
+        for (int d = 0; d < D; d++) {
+            double sum = 0.0, sq = 0.0;
+            for (uint64_t i = 0; i < n_frames; i++) {
+                double x = src[which][i * D + d];
+                sum += x;
+                sq += x * x;
+            }
+            double mean = sum / (double)n_frames;
+            double var = sq / (double)n_frames - mean * mean;
+            out[d] = (float)mean;
+            out[D + d] = (float)sqrt(var > 0.0 ? var : 0.0);
+        }
+        out += 2 * D;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// dataset: one or more shards read as one, with pooled normalization statistics
+
+typedef struct {
+    int n_shards;
+    Shard* shards;
+    uint64_t* first_sample;  // (n_shards + 1) cumulative frame counts
+    uint64_t n_samples;      // every frame starts a sample
+    int n_cam, img, state_dim, action_dim;
+    float* state_mean;   // (S)
+    float* state_std;    // (S) zero std replaced by 1 so normalization never divides by 0
+    float* action_mean;  // (A)
+    float* action_std;   // (A)
+} Dataset;
+
+// A std below this counts as zero: the dimension is constant and is only centered.
+#define VLA_MIN_STD 1e-6f
+
+static inline int compare_strings(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
+
+// Expands a comma-separated list of files and folders (every *.bin inside, sorted).
+static inline int dataset_list_files(const char* spec, char*** out) {
+    int n = 0, cap = 16;
+    char** files = (char**)mallocCheck(cap * sizeof(char*));
+    char* copy = strdup(spec);
+    for (char* tok = strtok(copy, ","); tok != NULL; tok = strtok(NULL, ",")) {
+        struct stat st;
+        if (stat(tok, &st) != 0) { vla_fail("dataset path %s: %s: check -i", tok, strerror(errno)); }
+        if (S_ISDIR(st.st_mode)) {
+            DIR* dir = opendir(tok);
+            if (dir == NULL) { vla_fail("cannot list %s: %s", tok, strerror(errno)); }
+            int before = n;
+            for (struct dirent* de = readdir(dir); de != NULL; de = readdir(dir)) {
+                size_t len = strlen(de->d_name);
+                if (len < 5 || strcmp(de->d_name + len - 4, ".bin") != 0) { continue; }
+                if (n == cap) { cap *= 2; files = (char**)realloc(files, cap * sizeof(char*)); }
+                files[n] = (char*)mallocCheck(strlen(tok) + len + 2);
+                sprintf(files[n], "%s/%s", tok, de->d_name);
+                n++;
+            }
+            closedir(dir);
+            qsort(files + before, n - before, sizeof(char*), compare_strings);
+            if (n == before) { vla_fail("folder %s holds no *.bin shards: generate data first (see README)", tok); }
+        } else {
+            if (n == cap) { cap *= 2; files = (char**)realloc(files, cap * sizeof(char*)); }
+            files[n++] = strdup(tok);
+        }
+    }
+    free(copy);
+    if (n == 0) { vla_fail("no dataset shards given: pass -i FILE[,FILE|DIR...]"); }
+    *out = files;
+    return n;
+}
+
+static inline void dataset_open(Dataset* ds, const char* spec) {
+    memset(ds, 0, sizeof(*ds));
+    char** files;
+    ds->n_shards = dataset_list_files(spec, &files);
+    ds->shards = (Shard*)callocCheck(ds->n_shards, sizeof(Shard));
+    ds->first_sample = (uint64_t*)callocCheck(ds->n_shards + 1, sizeof(uint64_t));
+    for (int i = 0; i < ds->n_shards; i++) {
+        Shard* s = &ds->shards[i];
+        shard_open(s, files[i]);
+        if (i == 0) {
+            ds->n_cam = s->h.n_cam; ds->img = s->h.img; ds->state_dim = s->h.state_dim; ds->action_dim = s->h.action_dim;
+        } else if ((int)s->h.n_cam != ds->n_cam || (int)s->h.img != ds->img || (int)s->h.state_dim != ds->state_dim ||
+                   (int)s->h.action_dim != ds->action_dim) {
+            vla_fail("%s has cameras/img/state/action %u/%u/%u/%u but %s has %d/%d/%d/%d: shards of one dataset must agree",
+                     files[i], s->h.n_cam, s->h.img, s->h.state_dim, s->h.action_dim, files[0], ds->n_cam, ds->img,
+                     ds->state_dim, ds->action_dim);
+        }
+        ds->first_sample[i + 1] = ds->first_sample[i] + s->h.n_frames;
+        free(files[i]);
+    }
+    free(files);
+    ds->n_samples = ds->first_sample[ds->n_shards];
+    // pooled statistics: shard means and variances weighted by frame counts
+    int S = ds->state_dim, A = ds->action_dim;
+    float* means[2] = {ds->state_mean = (float*)callocCheck(S, 4), ds->action_mean = (float*)callocCheck(A, 4)};
+    float* stds[2] = {ds->state_std = (float*)callocCheck(S, 4), ds->action_std = (float*)callocCheck(A, 4)};
+    int dims[2] = {S, A};
+    for (int which = 0; which < 2; which++) {
+        for (int d = 0; d < dims[which]; d++) {
+            double sum = 0.0, sq = 0.0;
+            for (int i = 0; i < ds->n_shards; i++) {
+                const float* st = ds->shards[i].stats + (which == 0 ? 0 : 2 * S);
+                double n = (double)ds->shards[i].h.n_frames, m = st[d], sd = st[dims[which] + d];
+                if (!isfinite(m) || !isfinite(sd) || sd < 0.0) {
+                    vla_fail("%s: normalization statistics hold NaN, Inf or a negative std: regenerate the shard",
+                             ds->shards[i].path);
+                }
+                sum += n * m;
+                sq += n * (sd * sd + m * m);
+            }
+            double mean = sum / (double)ds->n_samples, var = sq / (double)ds->n_samples - mean * mean;
+            double sd = sqrt(var > 0.0 ? var : 0.0);
+            means[which][d] = (float)mean;
+            stds[which][d] = ds->n_shards == 1 ? ds->shards[0].stats[(which == 0 ? 0 : 2 * S) + dims[which] + d] : (float)sd;
+            if (!(stds[which][d] >= VLA_MIN_STD)) { stds[which][d] = 1.0f; }
+        }
+    }
+}
+
+static inline void dataset_close(Dataset* ds) {
+    for (int i = 0; i < ds->n_shards; i++) { shard_close(&ds->shards[i]); }
+    free(ds->shards); free(ds->first_sample);
+    free(ds->state_mean); free(ds->state_std); free(ds->action_mean); free(ds->action_std);
+}
+
+// ----------------------------------------------------------------------------
+// a batch: what the model reads, assembled from the shards
+
+typedef struct {
+    int B;
+    uint8_t* images;     // (B, n_cam, img, img, 3)
+    uint8_t* text;       // (B, max_text) bytes, 0 past the instruction
+    float* text_mask;    // (B, max_text) 1 for instruction bytes, 0 for pads
+    float* state;        // (B, S) normalized
+    float* actions;      // (B, H, A) normalized; slots past the episode repeat its last action
+    float* action_mask;  // (B, H) 1 inside the episode, 0 past its end
+    float* t;            // (B) flow time
+    float* eps;          // (B, H, A) flow noise
+} Batch;
+
+static inline void batch_alloc(Batch* b, const VLAConfig* c, int B) {
+    b->B = B;
+    size_t img_bytes = (size_t)c->n_cam * c->img * c->img * 3;
+    b->images = (uint8_t*)mallocCheck((size_t)B * img_bytes);
+    b->text = (uint8_t*)mallocCheck((size_t)B * c->max_text);
+    b->text_mask = (float*)mallocCheck((size_t)B * c->max_text * sizeof(float));
+    b->state = (float*)mallocCheck((size_t)B * c->state_dim * sizeof(float));
+    b->actions = (float*)mallocCheck((size_t)B * c->chunk * c->action_dim * sizeof(float));
+    b->action_mask = (float*)mallocCheck((size_t)B * c->chunk * sizeof(float));
+    b->t = (float*)mallocCheck((size_t)B * sizeof(float));
+    b->eps = (float*)mallocCheck((size_t)B * c->chunk * c->action_dim * sizeof(float));
+}
+
+static inline void batch_free(Batch* b) {
+    free(b->images); free(b->text); free(b->text_mask); free(b->state);
+    free(b->actions); free(b->action_mask); free(b->t); free(b->eps);
+}
+
+// Sample `index` (a global frame number) into row i of the batch.
+static inline void dataset_assemble(const Dataset* ds, const VLAConfig* c, uint64_t index, Batch* b, int i) {
+    int shard = 0;
+    while (index >= ds->first_sample[shard + 1]) { shard++; }
+    const Shard* s = &ds->shards[shard];
+    uint64_t f = index - ds->first_sample[shard];
+    const ShardEpisode* ep = &s->episodes[s->frame_episode[f]];
+    size_t img_bytes = (size_t)c->n_cam * c->img * c->img * 3;
+    memcpy(b->images + (size_t)i * img_bytes, s->images + f * img_bytes, img_bytes);
+    uint64_t t0 = s->task_offsets[ep->task], len = s->task_offsets[ep->task + 1] - t0;
+    if (len > (uint64_t)c->max_text) { len = (uint64_t)c->max_text; }
+    for (int k = 0; k < c->max_text; k++) {
+        int valid = (uint64_t)k < len;
+        b->text[(size_t)i * c->max_text + k] = valid ? s->task_text[t0 + k] : 0;
+        b->text_mask[(size_t)i * c->max_text + k] = valid ? 1.0f : 0.0f;
+    }
+    int S = c->state_dim, A = c->action_dim;
+    for (int d = 0; d < S; d++) {
+        b->state[(size_t)i * S + d] = (s->state[f * S + d] - ds->state_mean[d]) / ds->state_std[d];
+    }
+    uint64_t last = ep->first_frame + ep->length - 1;
+    for (int h = 0; h < c->chunk; h++) {
+        uint64_t g = f + h;
+        int inside = g <= last;
+        if (!inside) { g = last; }
+        for (int d = 0; d < A; d++) {
+            b->actions[((size_t)i * c->chunk + h) * A + d] = (s->action[g * A + d] - ds->action_mean[d]) / ds->action_std[d];
+        }
+        b->action_mask[(size_t)i * c->chunk + h] = inside ? 1.0f : 0.0f;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// distributed sampler: position `pos` counts samples consumed by all ranks together.
+// Sample at position pos is perm_e[pos % N] with e = pos / N, a fresh permutation per epoch
+// from (seed, epoch). Step s covers positions [s*G, (s+1)*G) of the global batch G = B*W; rank r
+// takes [s*G + r*B, s*G + (r+1)*B): disjoint across ranks, an epoch fully covered, resumable
+// from pos alone, and the same samples whatever the world size.
+
+typedef struct {
+    uint64_t n;        // samples per epoch
+    uint64_t seed;
+    uint64_t pos;      // global position of the next step's first sample
+    int64_t epoch;     // epoch whose permutation is in perm, -1 if none
+    uint32_t* perm;    // (n)
+} Sampler;
+
+static inline void sampler_init(Sampler* s, uint64_t n, uint64_t seed) {
+    if (n > UINT32_MAX) { vla_fail("dataset has %llu samples; the sampler supports up to 2^32", (unsigned long long)n); }
+    s->n = n; s->seed = seed; s->pos = 0; s->epoch = -1;
+    s->perm = (uint32_t*)mallocCheck(n * sizeof(uint32_t));
+}
+
+static inline void sampler_free(Sampler* s) { free(s->perm); }
+
+// Fisher-Yates from the epoch's stream; the modulo bias (< n / 2^64) is negligible.
+static inline void sampler_permutation(uint32_t* perm, uint64_t n, uint64_t seed, uint64_t epoch) {
+    for (uint64_t i = 0; i < n; i++) { perm[i] = (uint32_t)i; }
+    Rng r;
+    rng_init(&r, seed, RNG_STREAM_EPOCH(epoch));
+    for (uint64_t i = n - 1; i > 0; i--) {
+        uint64_t j = rng_u64(&r) % (i + 1);
+        uint32_t tmp = perm[i]; perm[i] = perm[j]; perm[j] = tmp;
+    }
+}
+
+static inline uint64_t sampler_at(Sampler* s, uint64_t pos) {
+    int64_t e = (int64_t)(pos / s->n);
+    if (e != s->epoch) { sampler_permutation(s->perm, s->n, s->seed, (uint64_t)e); s->epoch = e; }
+    return s->perm[pos % s->n];
+}
+
+// The B sample indices of rank r (of W) for the step starting at s->pos. Does not advance.
+static inline void sampler_rank_indices(Sampler* s, int B, int r, uint64_t* out) {
+    for (int i = 0; i < B; i++) { out[i] = sampler_at(s, s->pos + (uint64_t)r * B + i); }
+}
+
+static inline void sampler_advance(Sampler* s, int B, int W) { s->pos += (uint64_t)B * W; }
+
+// ----------------------------------------------------------------------------
+// checkpoints (SPEC section 4): header, normalization stats, fp32 master params, AdamW m and v.
+// Independent of precision and world size. The RNG is counter-based, so (seed, step) is its state.
+
+#define CKPT_MAGIC 0x43414C56u  // "VLAC"
+#define CKPT_VERSION 1u
+
+typedef struct {
+    uint32_t magic, version;
+    VLAConfig config;      // 15 x int32
+    uint32_t pad0;
+    uint64_t step;         // optimizer steps done
+    uint64_t seed;
+    uint64_t sampler_pos;  // global samples consumed
+    uint64_t n_params;     // elements per state kind
+    uint64_t file_size;
+    uint64_t reserved[18];
+} CheckpointHeader;
+_Static_assert(sizeof(CheckpointHeader) == 256, "checkpoint header is 256 bytes");
+
+typedef struct {
+    VLAConfig config;
+    uint64_t step, seed, sampler_pos;
+    float* stats;   // state_mean(S) state_std(S) action_mean(A) action_std(A)
+    float* params;  // (n_params)
+    float* m;       // (n_params)
+    float* v;       // (n_params)
+} Checkpoint;
+
+static inline uint64_t ckpt_file_size(const VLAConfig* c, uint64_t n_params) {
+    return sizeof(CheckpointHeader) + 8ULL * (c->state_dim + c->action_dim) + 3ULL * 4ULL * n_params;
+}
+
+// Atomic: written to a temporary file, flushed to disk, then renamed over the final name.
+static inline void checkpoint_write(const char* path, const Checkpoint* ck, uint64_t n_params) {
+    CheckpointHeader h;
+    memset(&h, 0, sizeof(h));
+    h.magic = CKPT_MAGIC; h.version = CKPT_VERSION; h.config = ck->config;
+    h.step = ck->step; h.seed = ck->seed; h.sampler_pos = ck->sampler_pos; h.n_params = n_params;
+    h.file_size = ckpt_file_size(&ck->config, n_params);
+    char tmp[1100];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE* f = fopenCheck(tmp, "wb");
+    fwriteCheck(&h, sizeof(h), 1, f, tmp);
+    fwriteCheck(ck->stats, sizeof(float), 2 * (size_t)(ck->config.state_dim + ck->config.action_dim), f, tmp);
+    fwriteCheck(ck->params, sizeof(float), n_params, f, tmp);
+    fwriteCheck(ck->m, sizeof(float), n_params, f, tmp);
+    fwriteCheck(ck->v, sizeof(float), n_params, f, tmp);
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0) { vla_fail("flushing %s failed: %s (disk full?)", tmp, strerror(errno)); }
+    if (fclose(f) != 0) { vla_fail("closing %s failed: %s", tmp, strerror(errno)); }
+    if (rename(tmp, path) != 0) { vla_fail("cannot rename %s to %s: %s", tmp, path, strerror(errno)); }
+}
+
+// Reads the header and checks it against the file. Returns 0 on success; on failure writes a
+// message into err (so callers can skip an incomplete file or fail with it).
+static inline int checkpoint_read_header(const char* path, CheckpointHeader* h, char* err, size_t err_size) {
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) { snprintf(err, err_size, "cannot open checkpoint %s: %s", path, strerror(errno)); return 1; }
+    struct stat st;
+    fstat(fileno(f), &st);
+    size_t got = fread(h, 1, sizeof(*h), f);
+    fclose(f);
+    if (got != sizeof(*h)) {
+        snprintf(err, err_size, "checkpoint %s is %lld bytes, shorter than its header: it is truncated", path, (long long)st.st_size);
+        return 1;
+    }
+    if (h->magic != CKPT_MAGIC) { snprintf(err, err_size, "%s is not a train_vla checkpoint (bad magic 0x%08x)", path, h->magic); return 1; }
+    if (h->version != CKPT_VERSION) {
+        snprintf(err, err_size, "checkpoint %s has version %u, this build reads %u", path, h->version, CKPT_VERSION);
+        return 1;
+    }
+    const char* problem = vla_config_problem(&h->config);
+    if (problem != NULL) { snprintf(err, err_size, "checkpoint %s holds a bad config (%s): it is corrupt", path, problem); return 1; }
+    ParamTable t;
+    param_table_build(&h->config, &t);
+    if (h->n_params != t.total || h->file_size != ckpt_file_size(&h->config, h->n_params) ||
+        (uint64_t)st.st_size != h->file_size) {
+        snprintf(err, err_size, "checkpoint %s is %lld bytes, its header implies %llu: it is truncated or corrupt",
+                 path, (long long)st.st_size, (unsigned long long)ckpt_file_size(&h->config, t.total));
+        return 1;
+    }
+    return 0;
+}
+
+// Loads a whole checkpoint, allocating its arrays. Fails with one line on any problem.
+static inline void checkpoint_read(const char* path, Checkpoint* ck) {
+    CheckpointHeader h;
+    char err[1024];
+    if (checkpoint_read_header(path, &h, err, sizeof(err)) != 0) { vla_fail("%s: delete it or pick another with --init", err); }
+    ck->config = h.config; ck->step = h.step; ck->seed = h.seed; ck->sampler_pos = h.sampler_pos;
+    size_t n_stats = 2 * (size_t)(h.config.state_dim + h.config.action_dim);
+    ck->stats = (float*)mallocCheck(n_stats * sizeof(float));
+    ck->params = (float*)mallocCheck(h.n_params * sizeof(float));
+    ck->m = (float*)mallocCheck(h.n_params * sizeof(float));
+    ck->v = (float*)mallocCheck(h.n_params * sizeof(float));
+    FILE* f = fopenCheck(path, "rb");
+    fseeko(f, (off_t)sizeof(h), SEEK_SET);
+    if (fread(ck->stats, sizeof(float), n_stats, f) != n_stats || fread(ck->params, 4, h.n_params, f) != h.n_params ||
+        fread(ck->m, 4, h.n_params, f) != h.n_params || fread(ck->v, 4, h.n_params, f) != h.n_params) {
+        vla_fail("checkpoint %s: short read: the file changed while loading or is truncated", path);
+    }
+    fclose(f);
+}
+
+static inline void checkpoint_free(Checkpoint* ck) { free(ck->stats); free(ck->params); free(ck->m); free(ck->v); }
+
+static inline void checkpoint_path(char* out, size_t size, const char* dir, uint64_t step) {
+    snprintf(out, size, "%s/ckpt_%08llu.bin", dir, (unsigned long long)step);
+}
+
+// Steps of the complete checkpoints in dir, newest first. Incomplete files are reported and skipped.
+static inline int checkpoint_list(const char* dir, uint64_t* steps, int max) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { return 0; }
+    int n = 0;
+    for (struct dirent* de = readdir(d); de != NULL; de = readdir(d)) {
+        unsigned long long step;
+        char tail[8];
+        if (sscanf(de->d_name, "ckpt_%llu.%7s", &step, tail) != 2 || strcmp(tail, "bin") != 0) { continue; }
+        char path[1024], err[1024];
+        CheckpointHeader h;
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        if (checkpoint_read_header(path, &h, err, sizeof(err)) != 0) {
+            fprintf(stderr, "warning: skipping %s\n", err);
+            continue;
+        }
+        if (n < max) { steps[n++] = step; }
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) {  // newest first
+        for (int j = i; j > 0 && steps[j] > steps[j - 1]; j--) { uint64_t t = steps[j]; steps[j] = steps[j - 1]; steps[j - 1] = t; }
+    }
+    return n;
+}
+
+// Deletes all but the newest `keep` complete checkpoints.
+static inline void checkpoint_prune(const char* dir, int keep) {
+    uint64_t steps[4096];
+    int n = checkpoint_list(dir, steps, 4096);
+    for (int i = keep; i < n; i++) {
+        char path[1024];
+        checkpoint_path(path, sizeof(path), dir, steps[i]);
+        unlink(path);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// command line
+
+typedef struct {
+    const char* input;      // shards: files and folders, comma-separated
+    const char* output;     // output folder: checkpoints and the log
+    const char* preset;
+    const char* init;       // checkpoint to start from (weights, optimizer, step)
+    int batch;              // per-rank micro-batch
+    int ranks;              // GPUs (CUDA) or simulated ranks (CPU)
+    int steps;              // optimizer steps in total
+    float lr, min_lr_frac, weight_decay, grad_clip;
+    int warmup;
+    uint64_t seed;
+    int resume;             // -y 1: continue from the newest complete checkpoint in output
+    int ckpt_every, keep;
+    int log_every;
+    int threads;            // OpenMP threads, 0: the runtime's default
+} TrainArgs;
+
+static inline void train_args_defaults(TrainArgs* a) {
+    a->input = "data/default";
+    a->output = "out";
+    a->preset = "small";
+    a->init = NULL;
+    a->batch = 8; a->ranks = 1; a->steps = 1000;
+    a->lr = 3e-4f; a->min_lr_frac = 0.1f; a->weight_decay = 0.01f; a->grad_clip = 1.0f;
+    a->warmup = 100;
+    a->seed = 1337;
+    a->resume = 0; a->ckpt_every = 200; a->keep = 3; a->log_every = 1; a->threads = 0;
+}
+
+static inline void train_args_usage(const char* prog) {
+    TrainArgs d;
+    train_args_defaults(&d);
+    printf("usage: %s [options]\n", prog);
+    printf("  -i, --input LIST       dataset shards: files or folders of *.bin, comma-separated (%s)\n", d.input);
+    printf("  -o, --output DIR       folder for checkpoints and log.jsonl (%s)\n", d.output);
+    printf("  -p, --preset NAME      model size:");
+    for (int i = 0; i < VLA_N_PRESETS; i++) { printf(" %s", VLA_PRESETS[i].name); }
+    printf(" (%s)\n", d.preset);
+    printf("  -b, --batch N          samples per rank per step (%d)\n", d.batch);
+    printf("  -g, --gpus N           ranks: GPUs for train_vla, simulated ranks for train_vla_cpu (%d)\n", d.ranks);
+    printf("  -n, --steps N          optimizer steps in total (%d)\n", d.steps);
+    printf("  -l, --lr X             peak learning rate (%g)\n", d.lr);
+    printf("      --min-lr-frac X    cosine floor as a fraction of the peak (%g)\n", d.min_lr_frac);
+    printf("  -u, --warmup N         linear warmup steps (%d)\n", d.warmup);
+    printf("  -w, --weight-decay X   AdamW decay on matrices (%g)\n", d.weight_decay);
+    printf("  -c, --clip X           global gradient-norm clip, 0 disables (%g)\n", d.grad_clip);
+    printf("  -s, --seed N           seed for init, sampler and flow noise (%llu)\n", (unsigned long long)d.seed);
+    printf("  -y, --resume 0|1       1: continue from the newest complete checkpoint in the output folder (%d)\n", d.resume);
+    printf("      --init FILE        start from this checkpoint (weights, optimizer, step)\n");
+    printf("  -k, --ckpt-every N     checkpoint every N steps and at the end, 0: only at the end (%d)\n", d.ckpt_every);
+    printf("      --keep N           checkpoints kept in the output folder (%d)\n", d.keep);
+    printf("      --log-every N      print a step line every N steps (%d)\n", d.log_every);
+    printf("  -t, --threads N        OpenMP threads, 0: runtime default (%d)\n", d.threads);
+    printf("  -h, --help             this message\n");
+}
+
+static inline long parse_int_arg(const char* name, const char* s, long lo, long hi) {
+    char* end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
+        vla_fail("--%s %s: expected an integer in [%ld, %ld]", name, s, lo, hi);
+    }
+    return v;
+}
+
+static inline float parse_float_arg(const char* name, const char* s, float lo, float hi) {
+    char* end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !(v >= lo && v <= hi)) {
+        vla_fail("--%s %s: expected a number in [%g, %g]", name, s, lo, hi);
+    }
+    return v;
+}
+
+static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
+    train_args_defaults(a);
+    enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY };
+    static const struct option longs[] = {
+        {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
+        {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
+        {"gpus", required_argument, 0, 'g'},         {"steps", required_argument, 0, 'n'},
+        {"lr", required_argument, 0, 'l'},           {"min-lr-frac", required_argument, 0, OPT_MIN_LR},
+        {"warmup", required_argument, 0, 'u'},       {"weight-decay", required_argument, 0, 'w'},
+        {"clip", required_argument, 0, 'c'},         {"seed", required_argument, 0, 's'},
+        {"resume", required_argument, 0, 'y'},       {"init", required_argument, 0, OPT_INIT},
+        {"ckpt-every", required_argument, 0, 'k'},   {"keep", required_argument, 0, OPT_KEEP},
+        {"log-every", required_argument, 0, OPT_LOG_EVERY}, {"threads", required_argument, 0, 't'},
+        {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
+    opterr = 0;
+    optind = 1;
+    int opt;
+    while ((opt = getopt_long(argc, argv, ":i:o:p:b:g:n:l:u:w:c:s:y:k:t:h", longs, NULL)) != -1) {
+        switch (opt) {
+            case 'i': a->input = optarg; break;
+            case 'o': a->output = optarg; break;
+            case 'p':
+                if (vla_preset(optarg) == NULL) { vla_fail("unknown preset '%s': use tiny, small or base", optarg); }
+                a->preset = optarg;
+                break;
+            case 'b': a->batch = (int)parse_int_arg("batch", optarg, 1, 1 << 20); break;
+            case 'g': a->ranks = (int)parse_int_arg("gpus", optarg, 1, 1024); break;
+            case 'n': a->steps = (int)parse_int_arg("steps", optarg, 1, 1L << 30); break;
+            case 'l': a->lr = parse_float_arg("lr", optarg, 0.0f, 10.0f); break;
+            case OPT_MIN_LR: a->min_lr_frac = parse_float_arg("min-lr-frac", optarg, 0.0f, 1.0f); break;
+            case 'u': a->warmup = (int)parse_int_arg("warmup", optarg, 0, 1L << 30); break;
+            case 'w': a->weight_decay = parse_float_arg("weight-decay", optarg, 0.0f, 10.0f); break;
+            case 'c': a->grad_clip = parse_float_arg("clip", optarg, 0.0f, 1e9f); break;
+            case 's': a->seed = (uint64_t)parse_int_arg("seed", optarg, 0, 0x7fffffffffffffffL); break;
+            case 'y': a->resume = (int)parse_int_arg("resume", optarg, 0, 1); break;
+            case OPT_INIT: a->init = optarg; break;
+            case 'k': a->ckpt_every = (int)parse_int_arg("ckpt-every", optarg, 0, 1L << 30); break;
+            case OPT_KEEP: a->keep = (int)parse_int_arg("keep", optarg, 1, 4096); break;
+            case OPT_LOG_EVERY: a->log_every = (int)parse_int_arg("log-every", optarg, 1, 1L << 30); break;
+            case 't': a->threads = (int)parse_int_arg("threads", optarg, 0, 4096); break;
+            case 'h': train_args_usage(argv[0]); exit(0);
+            case ':': vla_fail("option %s needs a value: see %s -h", argv[optind - 1], argv[0]);
+            default: vla_fail("unknown option %s: see %s -h", argv[optind - 1], argv[0]);
+        }
+    }
+    if (optind < argc) { vla_fail("unexpected argument '%s': options take the form -x VALUE, see %s -h", argv[optind], argv[0]); }
+    if (a->resume && a->init != NULL) { vla_fail("-y 1 and --init both pick a checkpoint: use one of them"); }
+}
+
+// ----------------------------------------------------------------------------
+// learning-rate schedule: linear warmup to the peak, then cosine down to min_lr_frac * peak
+
+static inline float lr_at_step(const TrainArgs* a, int step) {
+    if (step < a->warmup) { return a->lr * (float)(step + 1) / (float)a->warmup; }
+    int decay_steps = a->steps - a->warmup;
+    float progress = decay_steps > 0 ? (float)(step - a->warmup) / (float)decay_steps : 1.0f;
+    if (progress > 1.0f) { progress = 1.0f; }
+    float floor_lr = a->lr * a->min_lr_frac;
+    return floor_lr + 0.5f * (a->lr - floor_lr) * (1.0f + cosf(3.14159265358979f * progress));
+}
+
+// ----------------------------------------------------------------------------
+// logging: rank 0 prints; every step also goes to <output>/log.jsonl
+
+typedef struct {
+    FILE* jsonl;
+    double t_start;
+} Logger;
+
+static inline void make_dir(const char* dir) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        vla_fail("cannot create output folder %s: %s: pick another with -o", dir, strerror(errno));
+    }
+}
+
+static inline void logger_open(Logger* lg, const char* dir) {
+    char path[1024];
+    make_dir(dir);
+    snprintf(path, sizeof(path), "%s/log.jsonl", dir);
+    lg->jsonl = fopenCheck(path, "a");
+    lg->t_start = wall_seconds();
+}
+
+static inline void logger_step(Logger* lg, int step, int steps, float loss, float lr, float norm, double ms,
+                        double samples_per_s, int print) {
+    if (print) {
+        double eta = ms * (steps - step - 1) / 1000.0;
+        printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %7.1f samples/s | ETA %dm%02ds\n",
+               step + 1, steps, loss, lr, norm, ms, samples_per_s, (int)(eta / 60), (int)eta % 60);
+        fflush(stdout);
+    }
+    fprintf(lg->jsonl, "{\"step\": %d, \"loss\": %.8g, \"lr\": %.6g, \"grad_norm\": %.6g, \"ms\": %.3f, \"samples_per_s\": %.3f}\n",
+            step + 1, loss, lr, norm, ms, samples_per_s);
+    fflush(lg->jsonl);
+}
+
+static inline void logger_close(Logger* lg) {
+    if (lg->jsonl != NULL) { fclose(lg->jsonl); }
+}
+
+#endif  // VLA_H
