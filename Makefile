@@ -49,10 +49,13 @@ $(TEST_DIR)/b_state.bin: $(TEST_DIR)/b.bin dev/model.py data/vla_shard.py Makefi
 test: train_vla_cpu test_vla $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin
 	./test_vla $(TEST_DIR)
 
-# What the tests need on a fresh Debian machine: PyTorch and numpy for the oracle.
+# What the tests need on a fresh Debian machine: PyTorch and numpy for the oracle, and OpenBLAS
+# (Debian's torch calls whichever BLAS provides libblas.so.3; the reference BLAS is ~50x slower).
+SETUP_PACKAGES = python3-torch python3-numpy libopenblas0-pthread
 setup:
-	@$(PYTHON) -c "import torch, numpy" 2>/dev/null || { apt-get update && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-torch python3-numpy; }
+	@dpkg -s $(SETUP_PACKAGES) > /dev/null 2>&1 || { apt-get update && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(SETUP_PACKAGES); }
+	@$(PYTHON) -c "import torch, numpy" || { echo "error: $(PYTHON) cannot import torch and numpy: install $(SETUP_PACKAGES)"; exit 1; }
 
 clean:
 	rm -rf train_vla_cpu test_vla data/synthetic build
