@@ -39,10 +39,15 @@ $(TEST_DIR)/b.bin: data/synthetic
 	@mkdir -p $(TEST_DIR)
 	./data/synthetic -o $@ --cams 2 --img 24 --state 3 --action 2 --episodes 5 --min-len 3 --max-len 7 --seed 4
 
+oracle_check = @$(PYTHON) -c "import torch, numpy" 2>/dev/null || { \
+	echo "error: the oracle needs torch and numpy under $(PYTHON): run 'make setup' (as root) first"; exit 1; }
+
 $(TEST_DIR)/a_state.bin: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefile
+	$(oracle_check)
 	$(PYTHON) dev/model.py -i $< --preset tiny --dtype float64 -b 4 --seed 1337 --debug-state $@
 
 $(TEST_DIR)/b_state.bin: $(TEST_DIR)/b.bin dev/model.py data/vla_shard.py Makefile
+	$(oracle_check)
 	$(PYTHON) dev/model.py -i $< --preset tiny --set max_text=24 --set chunk=6 --set n_head=3 --set head_dim=8 \
 		--set d_expert=40 --dtype float64 -b 5 --seed 7 --debug-state $@
 
