@@ -480,6 +480,8 @@ static void test_checkpoints(const char* dir) {
         TrainArgs args;
         train_args_defaults(&args);
         snprintf(p2, sizeof(p2), "%s/ckpt_roundtrip", dir);
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", p2);
+        run_command(cmd);
         args.output = p2; args.seed = 7; args.keep = 2;
         for (int step = 1; step <= 3; step++) { model_save(&m, &ds, &args, step, 1000 + step); }
         Model m2;

@@ -464,13 +464,83 @@ static void model_free(Model* m) {
     free(m->acts_memory); free(m->rope_cos); free(m->rope_sin);
 }
 
+// One stack's tensors at one layer: weights (or their gradients) and the widths.
+typedef struct {
+    float *ln1, *wq, *wk, *wv, *wo, *ln2, *wgate, *wup, *wdown;
+    int C, F;  // width, MLP width
+} LayerParams;
+
+static LayerParams layer_params(const ParameterTensors* p, const VLAConfig* c, int expert, int l) {
+    int C = expert ? c->d_expert : c->d_model, F = expert ? c->d_expert_ff : c->d_ff;
+    size_t D = (size_t)vla_d_attn(c);
+    LayerParams w = {expert ? p->exp_ln1 : p->vlm_ln1, expert ? p->exp_wq : p->vlm_wq, expert ? p->exp_wk : p->vlm_wk,
+                     expert ? p->exp_wv : p->vlm_wv, expert ? p->exp_wo : p->vlm_wo, expert ? p->exp_ln2 : p->vlm_ln2,
+                     expert ? p->exp_wgate : p->vlm_wgate, expert ? p->exp_wup : p->vlm_wup,
+                     expert ? p->exp_wdown : p->vlm_wdown, C, F};
+    w.ln1 += (size_t)l * C; w.ln2 += (size_t)l * C;
+    w.wq += l * D * C; w.wk += l * D * C; w.wv += l * D * C; w.wo += l * C * D;
+    w.wgate += (size_t)l * F * C; w.wup += (size_t)l * F * C; w.wdown += (size_t)l * C * F;
+    return w;
+}
+
+// One stack's activations at one layer, for N = B * Tg rows.
+typedef struct {
+    float *res, *ln1, *rstd1, *q, *k, *v, *att, *lse, *mid, *ln2, *rstd2, *gate, *up, *act, *out;
+} LayerActs;
+
+static LayerActs layer_acts(Activations* a, const VLAConfig* c, int B, int expert, int l) {
+    int Tg = expert ? vla_n_suffix(c) : vla_n_prefix(c);
+    size_t N = (size_t)B * Tg, C = expert ? c->d_expert : c->d_model, F = expert ? c->d_expert_ff : c->d_ff;
+    size_t D = (size_t)vla_d_attn(c);
+    LayerActs x;
+    if (expert) {
+        x = (LayerActs){a->s_res, a->s_ln1, a->s_rstd1, a->s_q, a->s_k, a->s_v, a->s_att, a->s_lse, a->s_mid,
+                        a->s_ln2, a->s_rstd2, a->s_gate, a->s_up, a->s_act, a->s_res};
+    } else {
+        x = (LayerActs){a->p_res, a->p_ln1, a->p_rstd1, a->p_q, a->p_k, a->p_v, a->p_att, a->p_lse, a->p_mid,
+                        a->p_ln2, a->p_rstd2, a->p_gate, a->p_up, a->p_act, a->p_res};
+    }
+    x.res += l * N * C; x.ln1 += l * N * C; x.rstd1 += l * N;
+    x.q += l * N * D; x.k += l * N * D; x.v += l * N * D; x.att += l * N * D; x.lse += l * N * c->n_head;
+    x.mid += l * N * C; x.ln2 += l * N * C; x.rstd2 += l * N;
+    x.gate += l * N * F; x.up += l * N * F; x.act += l * N * F;
+    x.out += (l + 1) * N * C;  // the next layer's input (the prefix's last layer has none: never written)
+    return x;
+}
+
+// ln1, then q (unless x->q is NULL), k, v with RoPE at sequence positions pos0 ...
+static void layer_qkv_forward(const Model* m, const LayerParams* w, const LayerActs* x, int B, int Tg, int pos0, int with_q) {
+    const VLAConfig* c = &m->config;
+    int N = B * Tg, D = vla_d_attn(c);
+    rmsnorm_forward(x->ln1, x->rstd1, x->res, w->ln1, N, w->C);
+    matmul_forward(x->k, x->ln1, w->wk, NULL, N, w->C, D);
+    matmul_forward(x->v, x->ln1, w->wv, NULL, N, w->C, D);
+    rope_rotate(x->k, m->rope_cos, m->rope_sin, B, Tg, pos0, c->n_head, c->head_dim, 1.0f);
+    if (with_q) {
+        matmul_forward(x->q, x->ln1, w->wq, NULL, N, w->C, D);
+        rope_rotate(x->q, m->rope_cos, m->rope_sin, B, Tg, pos0, c->n_head, c->head_dim, 1.0f);
+    }
+}
+
+// attention output -> wo, residual -> ln2 -> GeGLU MLP, residual: x->out
+static void layer_out_forward(const LayerParams* w, const LayerActs* x, int N, int D) {
+    matmul_forward(x->mid, x->att, w->wo, NULL, N, D, w->C);
+    for (size_t i = 0; i < (size_t)N * w->C; i++) { x->mid[i] += x->res[i]; }
+    rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C);
+    matmul_forward(x->gate, x->ln2, w->wgate, NULL, N, w->C, w->F);
+    matmul_forward(x->up, x->ln2, w->wup, NULL, N, w->C, w->F);
+    geglu_forward(x->act, x->gate, x->up, (size_t)N * w->F);
+    matmul_forward(x->out, x->act, w->wdown, NULL, N, w->F, w->C);
+    for (size_t i = 0; i < (size_t)N * w->C; i++) { x->out[i] += x->mid[i]; }
+}
+
 // Prefix stack: images and text through all L VLM layers; leaves K/V of every layer in acts.
 static void prefix_forward(Model* m, const Batch* batch) {
     const VLAConfig* c = &m->config;
     const ParameterTensors* w = &m->params;
     Activations* a = &m->acts;
-    int B = batch->B, L = c->n_layer, d = c->d_model, f = c->d_ff, D = vla_d_attn(c);
-    int NI = vla_n_image_tokens(c), Np = vla_n_prefix(c), P = B * Np;
+    int B = batch->B, L = c->n_layer, d = c->d_model, D = vla_d_attn(c);
+    int NI = vla_n_image_tokens(c), Np = vla_n_prefix(c);
     // embeddings: patches through patch_w plus position, text bytes through text_emb
     patchify(a->patches, batch->images, B, c->n_cam, c->img, c->patch);
     for (int b = 0; b < B; b++) {
@@ -487,35 +557,14 @@ static void prefix_forward(Model* m, const Batch* batch) {
     }
     AttnKeys keys = {B, c->n_head, c->head_dim, Np, vla_n_suffix(c), NULL, NULL, a->key_valid, NULL, NULL};
     for (int l = 0; l < L; l++) {
-        float* res = a->p_res + (size_t)l * P * d;
-        float* ln1 = a->p_ln1 + (size_t)l * P * d;
-        float* q = a->p_q + (size_t)l * P * D;
-        float* k = a->p_k + (size_t)l * P * D;
-        float* v = a->p_v + (size_t)l * P * D;
-        rmsnorm_forward(ln1, a->p_rstd1 + (size_t)l * P, res, w->vlm_ln1 + (size_t)l * d, P, d);
-        matmul_forward(k, ln1, w->vlm_wk + (size_t)l * D * d, NULL, P, d, D);
-        matmul_forward(v, ln1, w->vlm_wv + (size_t)l * D * d, NULL, P, d, D);
-        rope_rotate(k, m->rope_cos, m->rope_sin, B, Np, 0, c->n_head, c->head_dim, 1.0f);
-        if (l == L - 1) { break; }  // the last layer's prefix output feeds nothing
-        matmul_forward(q, ln1, w->vlm_wq + (size_t)l * D * d, NULL, P, d, D);
-        rope_rotate(q, m->rope_cos, m->rope_sin, B, Np, 0, c->n_head, c->head_dim, 1.0f);
-        keys.kp = k; keys.vp = v;
-        float* att = a->p_att + (size_t)l * P * D;
-        attention_forward(att, a->p_lse + (size_t)l * B * c->n_head * Np, q, Np, &keys);
-        float* mid = a->p_mid + (size_t)l * P * d;
-        matmul_forward(mid, att, w->vlm_wo + (size_t)l * d * D, NULL, P, D, d);
-        for (size_t i = 0; i < (size_t)P * d; i++) { mid[i] += res[i]; }
-        float* ln2 = a->p_ln2 + (size_t)l * P * d;
-        rmsnorm_forward(ln2, a->p_rstd2 + (size_t)l * P, mid, w->vlm_ln2 + (size_t)l * d, P, d);
-        float* gate = a->p_gate + (size_t)l * P * f;
-        float* up = a->p_up + (size_t)l * P * f;
-        float* act = a->p_act + (size_t)l * P * f;
-        matmul_forward(gate, ln2, w->vlm_wgate + (size_t)l * f * d, NULL, P, d, f);
-        matmul_forward(up, ln2, w->vlm_wup + (size_t)l * f * d, NULL, P, d, f);
-        geglu_forward(act, gate, up, (size_t)P * f);
-        float* next = a->p_res + (size_t)(l + 1) * P * d;
-        matmul_forward(next, act, w->vlm_wdown + (size_t)l * d * f, NULL, P, f, d);
-        for (size_t i = 0; i < (size_t)P * d; i++) { next[i] += mid[i]; }
+        LayerParams lw = layer_params(w, c, 0, l);
+        LayerActs x = layer_acts(a, c, B, 0, l);
+        int last = l == L - 1;  // the last layer's prefix output feeds nothing: only k and v
+        layer_qkv_forward(m, &lw, &x, B, Np, 0, !last);
+        if (last) { break; }
+        keys.kp = x.k; keys.vp = x.v;
+        attention_forward(x.att, x.lse, x.q, Np, &keys);
+        layer_out_forward(&lw, &x, B * Np, D);
     }
 }
 
@@ -525,7 +574,7 @@ static void suffix_forward(Model* m, const float* state, const float* t, int B) 
     const VLAConfig* c = &m->config;
     const ParameterTensors* w = &m->params;
     Activations* a = &m->acts;
-    int L = c->n_layer, da = c->d_expert, fa = c->d_expert_ff, D = vla_d_attn(c), H = c->chunk;
+    int L = c->n_layer, da = c->d_expert, D = vla_d_attn(c), H = c->chunk;
     int Np = vla_n_prefix(c), Ns = vla_n_suffix(c), Q = B * Ns, R = B * H;
     // action tokens: [action_in(x_t), time embedding] -> time_in -> SiLU -> time_out
     matmul_forward(a->a_in, a->x_t, w->action_in_w, w->action_in_b, R, c->action_dim, da);
@@ -547,35 +596,13 @@ static void suffix_forward(Model* m, const float* state, const float* t, int B) 
     }
     AttnKeys keys = {B, c->n_head, c->head_dim, Np, Ns, NULL, NULL, a->key_valid, NULL, NULL};
     for (int l = 0; l < L; l++) {
-        float* res = a->s_res + (size_t)l * Q * da;
-        float* ln1 = a->s_ln1 + (size_t)l * Q * da;
-        float* q = a->s_q + (size_t)l * Q * D;
-        float* k = a->s_k + (size_t)l * Q * D;
-        float* v = a->s_v + (size_t)l * Q * D;
-        rmsnorm_forward(ln1, a->s_rstd1 + (size_t)l * Q, res, w->exp_ln1 + (size_t)l * da, Q, da);
-        matmul_forward(q, ln1, w->exp_wq + (size_t)l * D * da, NULL, Q, da, D);
-        matmul_forward(k, ln1, w->exp_wk + (size_t)l * D * da, NULL, Q, da, D);
-        matmul_forward(v, ln1, w->exp_wv + (size_t)l * D * da, NULL, Q, da, D);
-        rope_rotate(q, m->rope_cos, m->rope_sin, B, Ns, Np, c->n_head, c->head_dim, 1.0f);
-        rope_rotate(k, m->rope_cos, m->rope_sin, B, Ns, Np, c->n_head, c->head_dim, 1.0f);
-        keys.kp = a->p_k + (size_t)l * B * Np * D; keys.vp = a->p_v + (size_t)l * B * Np * D;
-        keys.ks = k; keys.vs = v;
-        float* att = a->s_att + (size_t)l * Q * D;
-        attention_forward(att, a->s_lse + (size_t)l * B * c->n_head * Ns, q, Ns, &keys);
-        float* mid = a->s_mid + (size_t)l * Q * da;
-        matmul_forward(mid, att, w->exp_wo + (size_t)l * da * D, NULL, Q, D, da);
-        for (size_t i = 0; i < (size_t)Q * da; i++) { mid[i] += res[i]; }
-        float* ln2 = a->s_ln2 + (size_t)l * Q * da;
-        rmsnorm_forward(ln2, a->s_rstd2 + (size_t)l * Q, mid, w->exp_ln2 + (size_t)l * da, Q, da);
-        float* gate = a->s_gate + (size_t)l * Q * fa;
-        float* up = a->s_up + (size_t)l * Q * fa;
-        float* act = a->s_act + (size_t)l * Q * fa;
-        matmul_forward(gate, ln2, w->exp_wgate + (size_t)l * fa * da, NULL, Q, da, fa);
-        matmul_forward(up, ln2, w->exp_wup + (size_t)l * fa * da, NULL, Q, da, fa);
-        geglu_forward(act, gate, up, (size_t)Q * fa);
-        float* next = a->s_res + (size_t)(l + 1) * Q * da;
-        matmul_forward(next, act, w->exp_wdown + (size_t)l * da * fa, NULL, Q, fa, da);
-        for (size_t i = 0; i < (size_t)Q * da; i++) { next[i] += mid[i]; }
+        LayerParams lw = layer_params(w, c, 1, l);
+        LayerActs x = layer_acts(a, c, B, 1, l);
+        layer_qkv_forward(m, &lw, &x, B, Ns, Np, 1);
+        LayerActs px = layer_acts(a, c, B, 0, l);
+        keys.kp = px.k; keys.vp = px.v; keys.ks = x.k; keys.vs = x.v;
+        attention_forward(x.att, x.lse, x.q, Ns, &keys);
+        layer_out_forward(&lw, &x, Q, D);
     }
     // velocities from the action tokens (the state token's output is not used)
     const float* last = a->s_res + (size_t)L * Q * da;
@@ -616,6 +643,39 @@ static float model_forward(Model* m, const Batch* batch) {
     return m->loss;
 }
 
+// Backward of layer_out_forward. dres holds d(out) (N, C); on return it holds d(res) through the
+// residual and ln2 only (the attention path is added by layer_qkv_backward), and a->d_att holds
+// d(att).
+static void layer_out_backward(Activations* a, const LayerParams* w, const LayerParams* g, const LayerActs* x,
+                               float* dres, int N, int D) {
+    memset(a->d_act, 0, (size_t)N * w->F * sizeof(float));
+    matmul_backward(a->d_act, g->wdown, NULL, dres, x->act, w->wdown, N, w->F, w->C);
+    geglu_backward(a->d_gate, a->d_up, a->d_act, x->gate, x->up, (size_t)N * w->F);
+    memset(a->d_ln, 0, (size_t)N * w->C * sizeof(float));
+    matmul_backward(a->d_ln, g->wgate, NULL, a->d_gate, x->ln2, w->wgate, N, w->C, w->F);
+    matmul_backward(a->d_ln, g->wup, NULL, a->d_up, x->ln2, w->wup, N, w->C, w->F);
+    rmsnorm_backward(dres, g->ln2, a->d_ln, x->mid, w->ln2, x->rstd2, N, w->C);  // dres is now d(mid)
+    memset(a->d_att, 0, (size_t)N * D * sizeof(float));
+    matmul_backward(a->d_att, g->wo, NULL, dres, x->att, w->wo, N, D, w->C);
+}
+
+// Backward of layer_qkv_forward: dq (NULL when q was not computed), dk, dv are gradients of the
+// roped q/k and of v; they are rotated back in place, then d(res) through ln1 is added to dres.
+static void layer_qkv_backward(const Model* m, Activations* a, const LayerParams* w, const LayerParams* g,
+                               const LayerActs* x, float* dres, float* dq, float* dk, float* dv, int B, int Tg, int pos0) {
+    const VLAConfig* c = &m->config;
+    int N = B * Tg, D = vla_d_attn(c);
+    memset(a->d_ln, 0, (size_t)N * w->C * sizeof(float));
+    if (dq != NULL) {
+        rope_rotate(dq, m->rope_cos, m->rope_sin, B, Tg, pos0, c->n_head, c->head_dim, -1.0f);
+        matmul_backward(a->d_ln, g->wq, NULL, dq, x->ln1, w->wq, N, w->C, D);
+    }
+    rope_rotate(dk, m->rope_cos, m->rope_sin, B, Tg, pos0, c->n_head, c->head_dim, -1.0f);
+    matmul_backward(a->d_ln, g->wk, NULL, dk, x->ln1, w->wk, N, w->C, D);
+    matmul_backward(a->d_ln, g->wv, NULL, dv, x->ln1, w->wv, N, w->C, D);
+    rmsnorm_backward(dres, g->ln1, a->d_ln, x->res, w->ln1, x->rstd1, N, w->C);
+}
+
 // Gradients of the last model_forward's loss into m->grads (overwritten).
 static void model_backward(Model* m, const Batch* batch) {
     const VLAConfig* c = &m->config;
@@ -623,7 +683,7 @@ static void model_backward(Model* m, const Batch* batch) {
     ParameterTensors* g = &m->grads;
     Activations* a = &m->acts;
     int B = batch->B, L = c->n_layer, H = c->chunk, A = c->action_dim, D = vla_d_attn(c);
-    int d = c->d_model, f = c->d_ff, da = c->d_expert, fa = c->d_expert_ff;
+    int d = c->d_model, da = c->d_expert;
     int NI = vla_n_image_tokens(c), Np = vla_n_prefix(c), Ns = vla_n_suffix(c);
     int P = B * Np, Q = B * Ns, R = B * H;
     memset(m->grads_memory, 0, m->table.total * sizeof(float));
@@ -650,37 +710,16 @@ static void model_backward(Model* m, const Batch* batch) {
     }
     AttnKeys keys = {B, c->n_head, c->head_dim, Np, Ns, NULL, NULL, a->key_valid, NULL, NULL};
     for (int l = L - 1; l >= 0; l--) {
-        // MLP: dres is d(output of layer l) = d(mid) through the residual
-        float* ln2 = a->s_ln2 + (size_t)l * Q * da;
-        memset(a->d_act, 0, (size_t)Q * fa * sizeof(float));
-        matmul_backward(a->d_act, g->exp_wdown + (size_t)l * da * fa, NULL, dres, a->s_act + (size_t)l * Q * fa,
-                        w->exp_wdown + (size_t)l * da * fa, Q, fa, da);
-        geglu_backward(a->d_gate, a->d_up, a->d_act, a->s_gate + (size_t)l * Q * fa, a->s_up + (size_t)l * Q * fa, (size_t)Q * fa);
-        memset(a->d_ln, 0, (size_t)Q * da * sizeof(float));
-        matmul_backward(a->d_ln, g->exp_wgate + (size_t)l * fa * da, NULL, a->d_gate, ln2, w->exp_wgate + (size_t)l * fa * da, Q, da, fa);
-        matmul_backward(a->d_ln, g->exp_wup + (size_t)l * fa * da, NULL, a->d_up, ln2, w->exp_wup + (size_t)l * fa * da, Q, da, fa);
-        rmsnorm_backward(dres, g->exp_ln2 + (size_t)l * da, a->d_ln, a->s_mid + (size_t)l * Q * da,
-                         w->exp_ln2 + (size_t)l * da, a->s_rstd2 + (size_t)l * Q, Q, da);
-        // attention
-        memset(a->d_att, 0, (size_t)Q * D * sizeof(float));
-        matmul_backward(a->d_att, g->exp_wo + (size_t)l * da * D, NULL, dres, a->s_att + (size_t)l * Q * D,
-                        w->exp_wo + (size_t)l * da * D, Q, D, da);
-        keys.kp = a->p_k + (size_t)l * P * D; keys.vp = a->p_v + (size_t)l * P * D;
-        keys.ks = a->s_k + (size_t)l * Q * D; keys.vs = a->s_v + (size_t)l * Q * D;
+        LayerParams lw = layer_params(w, c, 1, l), lg = layer_params(g, c, 1, l);
+        LayerActs x = layer_acts(a, c, B, 1, l), px = layer_acts(a, c, B, 0, l);
+        layer_out_backward(a, &lw, &lg, &x, dres, Q, D);
+        keys.kp = px.k; keys.vp = px.v; keys.ks = x.k; keys.vs = x.v;
         memset(a->d_k, 0, (size_t)Q * D * sizeof(float));
         memset(a->d_v, 0, (size_t)Q * D * sizeof(float));
+        // the suffix attends to the prefix: its key/value gradients land in dp_k/dp_v of layer l
         attention_backward(a->d_q, a->dp_k + (size_t)l * P * D, a->dp_v + (size_t)l * P * D, a->d_k, a->d_v, a->d_att,
-                           a->s_q + (size_t)l * Q * D, a->s_att + (size_t)l * Q * D, a->s_lse + (size_t)l * B * c->n_head * Ns,
-                           Ns, &keys);
-        rope_rotate(a->d_q, m->rope_cos, m->rope_sin, B, Ns, Np, c->n_head, c->head_dim, -1.0f);
-        rope_rotate(a->d_k, m->rope_cos, m->rope_sin, B, Ns, Np, c->n_head, c->head_dim, -1.0f);
-        float* ln1 = a->s_ln1 + (size_t)l * Q * da;
-        memset(a->d_ln, 0, (size_t)Q * da * sizeof(float));
-        matmul_backward(a->d_ln, g->exp_wq + (size_t)l * D * da, NULL, a->d_q, ln1, w->exp_wq + (size_t)l * D * da, Q, da, D);
-        matmul_backward(a->d_ln, g->exp_wk + (size_t)l * D * da, NULL, a->d_k, ln1, w->exp_wk + (size_t)l * D * da, Q, da, D);
-        matmul_backward(a->d_ln, g->exp_wv + (size_t)l * D * da, NULL, a->d_v, ln1, w->exp_wv + (size_t)l * D * da, Q, da, D);
-        rmsnorm_backward(dres, g->exp_ln1 + (size_t)l * da, a->d_ln, a->s_res + (size_t)l * Q * da,
-                         w->exp_ln1 + (size_t)l * da, a->s_rstd1 + (size_t)l * Q, Q, da);
+                           x.q, x.att, x.lse, Ns, &keys);
+        layer_qkv_backward(m, a, &lw, &lg, &x, dres, a->d_q, a->d_k, a->d_v, B, Ns, Np);
     }
     // suffix embeddings: row 0 of each sample is the state token, rows 1..H the action tokens
     float* dtok = a->d_tmp;  // (R, da) action-token gradients
@@ -709,35 +748,18 @@ static void model_backward(Model* m, const Batch* batch) {
     memset(dres, 0, (size_t)P * d * sizeof(float));
     keys.ks = NULL; keys.vs = NULL;
     for (int l = L - 1; l >= 0; l--) {
+        LayerParams lw = layer_params(w, c, 0, l), lg = layer_params(g, c, 0, l);
+        LayerActs x = layer_acts(a, c, B, 0, l);
         float* dk = a->dp_k + (size_t)l * P * D;
         float* dvv = a->dp_v + (size_t)l * P * D;
-        float* ln1 = a->p_ln1 + (size_t)l * P * d;
-        memset(a->d_ln, 0, (size_t)P * d * sizeof(float));
+        float* dq = NULL;
         if (l < L - 1) {
-            float* ln2 = a->p_ln2 + (size_t)l * P * d;
-            memset(a->d_act, 0, (size_t)P * f * sizeof(float));
-            matmul_backward(a->d_act, g->vlm_wdown + (size_t)l * d * f, NULL, dres, a->p_act + (size_t)l * P * f,
-                            w->vlm_wdown + (size_t)l * d * f, P, f, d);
-            geglu_backward(a->d_gate, a->d_up, a->d_act, a->p_gate + (size_t)l * P * f, a->p_up + (size_t)l * P * f, (size_t)P * f);
-            matmul_backward(a->d_ln, g->vlm_wgate + (size_t)l * f * d, NULL, a->d_gate, ln2, w->vlm_wgate + (size_t)l * f * d, P, d, f);
-            matmul_backward(a->d_ln, g->vlm_wup + (size_t)l * f * d, NULL, a->d_up, ln2, w->vlm_wup + (size_t)l * f * d, P, d, f);
-            rmsnorm_backward(dres, g->vlm_ln2 + (size_t)l * d, a->d_ln, a->p_mid + (size_t)l * P * d,
-                             w->vlm_ln2 + (size_t)l * d, a->p_rstd2 + (size_t)l * P, P, d);
-            memset(a->d_att, 0, (size_t)P * D * sizeof(float));
-            matmul_backward(a->d_att, g->vlm_wo + (size_t)l * d * D, NULL, dres, a->p_att + (size_t)l * P * D,
-                            w->vlm_wo + (size_t)l * d * D, P, D, d);
-            keys.kp = a->p_k + (size_t)l * P * D; keys.vp = a->p_v + (size_t)l * P * D;
-            attention_backward(a->d_q, dk, dvv, NULL, NULL, a->d_att, a->p_q + (size_t)l * P * D, a->p_att + (size_t)l * P * D,
-                               a->p_lse + (size_t)l * B * c->n_head * Np, Np, &keys);
-            rope_rotate(a->d_q, m->rope_cos, m->rope_sin, B, Np, 0, c->n_head, c->head_dim, -1.0f);
-            memset(a->d_ln, 0, (size_t)P * d * sizeof(float));
-            matmul_backward(a->d_ln, g->vlm_wq + (size_t)l * D * d, NULL, a->d_q, ln1, w->vlm_wq + (size_t)l * D * d, P, d, D);
+            layer_out_backward(a, &lw, &lg, &x, dres, P, D);
+            keys.kp = x.k; keys.vp = x.v;
+            attention_backward(a->d_q, dk, dvv, NULL, NULL, a->d_att, x.q, x.att, x.lse, Np, &keys);
+            dq = a->d_q;
         }
-        rope_rotate(dk, m->rope_cos, m->rope_sin, B, Np, 0, c->n_head, c->head_dim, -1.0f);
-        matmul_backward(a->d_ln, g->vlm_wk + (size_t)l * D * d, NULL, dk, ln1, w->vlm_wk + (size_t)l * D * d, P, d, D);
-        matmul_backward(a->d_ln, g->vlm_wv + (size_t)l * D * d, NULL, dvv, ln1, w->vlm_wv + (size_t)l * D * d, P, d, D);
-        rmsnorm_backward(dres, g->vlm_ln1 + (size_t)l * d, a->d_ln, a->p_res + (size_t)l * P * d,
-                         w->vlm_ln1 + (size_t)l * d, a->p_rstd1 + (size_t)l * P, P, d);
+        layer_qkv_backward(m, a, &lw, &lg, &x, dres, dq, dk, dvv, B, Np, 0);
     }
     // prefix embeddings
     for (int b = 0; b < B; b++) {
