@@ -51,7 +51,13 @@ $(TEST_DIR)/b_state.bin: $(TEST_DIR)/b.bin dev/model.py data/vla_shard.py Makefi
 	$(PYTHON) dev/model.py -i $< --preset tiny --set max_text=24 --set chunk=6 --set n_head=3 --set head_dim=8 \
 		--set d_expert=40 --dtype float64 -b 5 --seed 7 --debug-state $@
 
-test: train_vla_cpu test_vla $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin
+# five training steps of the oracle on shard data (sampler, noise and schedule of every step)
+$(TEST_DIR)/a_train.txt: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefile
+	$(oracle_check)
+	$(PYTHON) dev/model.py -i $< --preset tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
+		-l 1e-3 -u 2 -w 0.1 -c 0.5 > $@
+
+test: train_vla_cpu test_vla $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt
 	./test_vla $(TEST_DIR)
 
 # What the tests need on a fresh Debian machine: PyTorch and numpy for the oracle, and OpenBLAS

@@ -317,6 +317,37 @@ static void test_against_oracle(const char* dir, const char* name) {
 }
 
 // ----------------------------------------------------------------------------
+// the whole training loop against the oracle: 5 steps on shard data, each with its own samples,
+// noise and learning rate. The C run uses 2 simulated ranks of 2 for the oracle's one rank of 4.
+
+static int read_losses(const char* log, int first, int last, float* out);
+static int run_command(const char* cmd);
+
+static void test_training_loop(const char* dir) {
+    printf("\n== training loop against the oracle\n");
+    char cmd[2048], path[1100];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/run_loop && ./train_vla_cpu -p tiny -g 2 -b 2 -n 5 -u 2 -l 1e-3 -w 0.1 -c 0.5 "
+             "-s 1337 -t 1 -i %s/a.bin -o %s/run_loop > %s/run_loop.txt 2>&1", dir, dir, dir, dir);
+    int rc = run_command(cmd);
+    float ours[5] = {0}, ref[5] = {0};
+    snprintf(path, sizeof(path), "%s/run_loop/log.jsonl", dir);
+    int n = read_losses(path, 1, 5, ours);
+    snprintf(path, sizeof(path), "%s/a_train.txt", dir);
+    FILE* f = fopenCheck(path, "r");
+    char line[256];
+    int m = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        int step;
+        float loss;
+        if (sscanf(line, "step %d loss %f", &step, &loss) == 2 && step >= 1 && step <= 5) { ref[step - 1] = loss; m++; }
+    }
+    fclose(f);
+    double e = rel_error(ours, ref, 5);
+    check(rc == 0 && n == 5 && m == 5 && e < 1e-5, "train_vla_cpu -g 2 -b 2 vs the oracle's -b 4, 5 steps on shard data: "
+          "losses %.6f .. %.6f, rel err %.2e (tol 1e-5)", ours[0], ours[4], e);
+}
+
+// ----------------------------------------------------------------------------
 // simulated ranks: -g 4 -b 2 takes the same samples and noise as -g 1 -b 8, so after 3 steps
 // the parameters agree up to the order of fp32 summation
 
@@ -671,6 +702,7 @@ int main(int argc, char** argv) {
     test_param_table();
     test_against_oracle(dir, "a");
     test_against_oracle(dir, "b");
+    test_training_loop(dir);
     test_simulated_ranks(dir);
     test_sampler();
     test_checkpoints(dir);
