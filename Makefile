@@ -4,7 +4,7 @@
 
 CC ?= gcc
 CFLAGS ?= -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation
-LDLIBS = -lm
+LDLIBS = -lm -lpthread
 PYTHON ?= /usr/bin/python3
 TEST_DIR = build/test
 DEFAULT_DATA = data/default/synthetic_000.bin

@@ -174,13 +174,14 @@ static void test_against_oracle(const char* dir, const char* name) {
     sampler_init(&sampler, ds.n_samples, o.seed);
     Batch batch;
     batch_alloc(&batch, c, B);
-    build_rank_batch(&batch, &ds, c, &sampler, o.seed, 0, 0);
+    uint64_t* idx = (uint64_t*)callocCheck(B, sizeof(uint64_t));
+    batch_fill_indices(idx, &sampler, 0, 0, 0, B, 1, 0);
+    batch_fill(&batch, &ds, c, idx, o.seed, 0, 0, 0);
     int32_t* ref_idx = (int32_t*)debug_get(&st, "batch/indices", B);
-    uint64_t idx[B];
-    sampler_rank_indices(&sampler, B, 0, idx);
     int same_idx = 1;
     for (int i = 0; i < B; i++) { same_idx &= idx[i] == (uint64_t)ref_idx[i]; }
     free(ref_idx);
+    free(idx);
     check(same_idx, "%s sampler picks the oracle's step-0 samples", name);
     size_t img_bytes = (size_t)B * c->n_cam * c->img * c->img * 3;
     uint8_t* ref_images = (uint8_t*)debug_get(&st, "batch/images", img_bytes);
@@ -368,20 +369,17 @@ static void test_simulated_ranks(const char* dir) {
         Model m;
         model_build(&m, &c);
         param_init(m.params_memory, &m.table, &c, args.seed);
-        Sampler s;
-        sampler_init(&s, ds.n_samples, args.seed);
-        Batch batch;
-        batch_alloc(&batch, &c, args.batch);
+        Loader loader;
+        loader_start(&loader, &ds, &c, args.seed, 0, 0, args.batch, args.ranks, 0, 2, 3);
         float* grad_sum = (float*)mallocCheck(m.table.total * sizeof(float));
         for (int step = 0; step < 3; step++) {
             float norm;
-            losses[run][step] = train_step(&m, grad_sum, &batch, &ds, &s, &args, step, &norm);
+            losses[run][step] = train_step(&m, grad_sum, &loader, &args, step, &norm);
         }
+        loader_stop(&loader);
         final_params[run] = (float*)mallocCheck(m.table.total * sizeof(float));
         memcpy(final_params[run], m.params_memory, m.table.total * sizeof(float));
         free(grad_sum);
-        batch_free(&batch);
-        sampler_free(&s);
         model_free(&m);
     }
     ParamTable t;
@@ -448,6 +446,93 @@ static void test_sampler(void) {
     check(same, "a sampler restored from its position continues identically (across an epoch boundary)");
     free(p1); free(p2); free(p3); free(p4);
     sampler_free(&s); sampler_free(&a); sampler_free(&b);
+}
+
+// ----------------------------------------------------------------------------
+// the prefetching loader and the augmentation
+
+static int batches_equal(const Batch* a, const Batch* b, const VLAConfig* c) {
+    size_t B = (size_t)a->B, HA = (size_t)c->chunk * c->action_dim;
+    return memcmp(a->images, b->images, B * c->n_cam * c->img * c->img * 3) == 0 &&
+           memcmp(a->text, b->text, B * c->max_text) == 0 &&
+           memcmp(a->text_mask, b->text_mask, B * c->max_text * 4) == 0 &&
+           memcmp(a->state, b->state, B * c->state_dim * 4) == 0 && memcmp(a->actions, b->actions, B * HA * 4) == 0 &&
+           memcmp(a->action_mask, b->action_mask, B * c->chunk * 4) == 0 && memcmp(a->t, b->t, B * 4) == 0 &&
+           memcmp(a->eps, b->eps, B * HA * 4) == 0;
+}
+
+static void test_loader(const char* dir) {
+    printf("\n== loader\n");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/b.bin", dir);
+    Dataset ds;
+    dataset_open(&ds, path);
+    VLAConfig c = config_for_data("tiny", &ds);
+    const int B = 3, W = 2, steps = 12;  // 72 samples: more than 3 epochs of the 22-frame fixture
+    const uint64_t seed = 5, first_pos = 17, first_step = 40;
+    Sampler s;
+    sampler_init(&s, ds.n_samples, seed);
+    Batch ref;
+    batch_alloc(&ref, &c, B);
+    int threads_list[3] = {0, 1, 3}, all_same = 1;
+    for (int k = 0; k < 3; k++) {
+        Loader L;
+        loader_start(&L, &ds, &c, seed, first_pos, first_step, B, W, 2, threads_list[k], 3);
+        for (int step = 0; step < steps; step++) {
+            for (int r = 0; r < W; r++) {
+                uint64_t idx[B];
+                batch_fill_indices(idx, &s, first_pos, first_step, first_step + step, B, W, r);
+                batch_fill(&ref, &ds, &c, idx, seed, first_step + step, r, 2);
+                Batch* got = loader_next(&L);
+                all_same &= batches_equal(got, &ref, &c);
+                loader_release(&L);
+            }
+        }
+        loader_stop(&L);
+    }
+    check(all_same, "loader with 0, 1 and 3 worker threads gives the batches of direct assembly, bit for bit, "
+          "over %d steps x %d ranks across epoch ends", steps, W);
+
+    // augmentation: off is the identity; on is a shift of every camera by at most k pixels
+    uint64_t idx[B];
+    batch_fill_indices(idx, &s, 0, 0, 0, B, 1, 0);
+    Batch plain, shifted, again;
+    batch_alloc(&plain, &c, B); batch_alloc(&shifted, &c, B); batch_alloc(&again, &c, B);
+    batch_fill(&plain, &ds, &c, idx, seed, 3, 0, 0);
+    batch_fill(&shifted, &ds, &c, idx, seed, 3, 0, 2);
+    batch_fill(&again, &ds, &c, idx, seed, 3, 0, 2);
+    size_t img_bytes = (size_t)c.n_cam * c.img * c.img * 3;
+    check(batches_equal(&shifted, &again, &c), "augmentation is deterministic in (seed, step, sample)");
+    int n = c.img, all_shifts = 1, moved = 0;
+    for (int i = 0; i < B; i++) {
+        for (int cam = 0; cam < c.n_cam; cam++) {
+            const uint8_t* src = plain.images + i * img_bytes + (size_t)cam * n * n * 3;
+            const uint8_t* dst = shifted.images + i * img_bytes + (size_t)cam * n * n * 3;
+            int found = 0;
+            for (int dy = -2; dy <= 2 && !found; dy++) {
+                for (int dx = -2; dx <= 2 && !found; dx++) {
+                    int match = 1;
+                    for (int y = 0; y < n && match; y++) {
+                        for (int x = 0; x < n && match; x++) {
+                            int sy = y + dy < 0 ? 0 : (y + dy >= n ? n - 1 : y + dy);
+                            int sx = x + dx < 0 ? 0 : (x + dx >= n ? n - 1 : x + dx);
+                            match = memcmp(dst + ((size_t)y * n + x) * 3, src + ((size_t)sy * n + sx) * 3, 3) == 0;
+                        }
+                    }
+                    if (match) { found = 1; moved += dx != 0 || dy != 0; }
+                }
+            }
+            all_shifts &= found;
+        }
+    }
+    check(all_shifts && moved > 0, "--augment-shift 2 shifts each camera image by at most 2 pixels (%d of %d moved)",
+          moved, B * c.n_cam);
+    check(memcmp(plain.state, shifted.state, B * c.state_dim * 4) == 0 &&
+          memcmp(plain.eps, shifted.eps, (size_t)B * c.chunk * c.action_dim * 4) == 0,
+          "augmentation changes only the images");
+    batch_free(&plain); batch_free(&shifted); batch_free(&again); batch_free(&ref);
+    sampler_free(&s);
+    dataset_close(&ds);
 }
 
 // ----------------------------------------------------------------------------
@@ -705,6 +790,7 @@ int main(int argc, char** argv) {
     test_training_loop(dir);
     test_simulated_ranks(dir);
     test_sampler();
+    test_loader(dir);
     test_checkpoints(dir);
     test_bad_input(dir);
     printf("\n%d passed, %d failed\n", n_passed, n_failed);

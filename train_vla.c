@@ -835,30 +835,18 @@ static float model_update(Model* m, float lr, float weight_decay, float clip, in
 // ----------------------------------------------------------------------------
 // data: the batches of simulated ranks
 
-// Fills the batch of rank r (of W) for optimizer step `step`: samples from the sampler,
-// flow noise keyed by the sample's place in the global batch (so it does not depend on W).
-static void build_rank_batch(Batch* batch, const Dataset* ds, const VLAConfig* c, Sampler* sampler, uint64_t seed,
-                             int step, int r) {
-    int B = batch->B, HA = c->chunk * c->action_dim;
-    uint64_t idx[B];
-    sampler_rank_indices(sampler, B, r, idx);
-    for (int i = 0; i < B; i++) {
-        dataset_assemble(ds, c, idx[i], batch, i);
-        flow_noise(c, seed, (uint64_t)step, (uint64_t)r * B + i, &batch->t[i], batch->eps + (size_t)i * HA);
-    }
-}
-
-// One optimizer step over W simulated ranks of B samples each: every rank's gradients are
-// computed separately and averaged, as DDP's all-reduce would. Returns the mean loss.
-static float train_step(Model* m, float* grad_sum, Batch* batch, const Dataset* ds, Sampler* sampler,
-                        const TrainArgs* args, int step, float* norm_out) {
+// One optimizer step over W simulated ranks of B samples each, their batches taken from the
+// loader in rank order: every rank's gradients are computed separately and averaged, as DDP's
+// all-reduce would. Returns the mean loss.
+static float train_step(Model* m, float* grad_sum, Loader* loader, const TrainArgs* args, int step, float* norm_out) {
     int W = args->ranks;
     size_t n = m->table.total;
     double loss_sum = 0.0;
     for (int r = 0; r < W; r++) {
-        build_rank_batch(batch, ds, &m->config, sampler, args->seed, step, r);
+        Batch* batch = loader_next(loader);
         loss_sum += model_forward(m, batch);
         model_backward(m, batch);
+        loader_release(loader);
         if (W > 1) {
             if (r == 0) { memcpy(grad_sum, m->grads_memory, n * sizeof(float)); }
             else { for (size_t i = 0; i < n; i++) { grad_sum[i] += m->grads_memory[i]; } }
@@ -868,7 +856,6 @@ static float train_step(Model* m, float* grad_sum, Batch* batch, const Dataset* 
         float inv = 1.0f / (float)W;
         for (size_t i = 0; i < n; i++) { m->grads_memory[i] = grad_sum[i] * inv; }
     }
-    sampler_advance(sampler, batch->B, W);
     *norm_out = model_update(m, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
     return (float)(loss_sum / W);
 }
@@ -925,10 +912,15 @@ static VLAConfig config_for_data(const char* preset, const Dataset* ds) {
 #ifndef TESTING
 // How well the policy acts: 10-step sampling on one batch, mean squared error against the
 // dataset's actions over the unmasked slots, in the data's own (un-normalized) units.
-static float eval_action_mse(Model* m, Batch* batch, const Dataset* ds, Sampler* sampler, uint64_t seed, int step) {
+static float eval_action_mse(Model* m, Batch* batch, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
     const VLAConfig* c = &m->config;
     int B = batch->B, H = c->chunk, A = c->action_dim;
-    build_rank_batch(batch, ds, c, sampler, seed, step, 0);
+    Sampler sampler;
+    sampler_init(&sampler, ds->n_samples, seed);
+    uint64_t idx[B];
+    batch_fill_indices(idx, &sampler, pos, 0, 0, B, 1, 0);
+    batch_fill(batch, ds, c, idx, seed, (uint64_t)step, 0, 0);
+    sampler_free(&sampler);
     float* sampled = (float*)mallocCheck((size_t)B * H * A * sizeof(float));
     model_sample_actions(m, batch, batch->eps, ds->action_mean, ds->action_std, sampled);
     double se = 0.0;
@@ -983,11 +975,10 @@ int main(int argc, char** argv) {
         printf("already at step %d of %d: nothing to do (raise -n to train further)\n", start, args.steps);
         return 0;
     }
-    Sampler sampler;
-    sampler_init(&sampler, ds.n_samples, args.seed);
-    sampler.pos = sampler_pos;
-    Batch batch;
-    batch_alloc(&batch, &c, args.batch);
+    uint64_t global_batch = (uint64_t)args.batch * args.ranks;
+    Loader loader;
+    loader_start(&loader, &ds, &c, args.seed, sampler_pos, (uint64_t)start, args.batch, args.ranks, args.augment,
+                 args.workers, 2 * args.ranks + 2);
     float* grad_sum = args.ranks > 1 ? (float*)mallocCheck(model.table.total * sizeof(float)) : NULL;
     Logger logger;
     logger_open(&logger, args.output);
@@ -1000,6 +991,8 @@ int main(int argc, char** argv) {
     printf("| dataset samples        | %-10llu |\n", (unsigned long long)ds.n_samples);
     printf("| shards                 | %-10d |\n", ds.n_shards);
     printf("| ranks x batch          | %d x %-6d |\n", args.ranks, args.batch);
+    printf("| loader threads         | %-10d |\n", args.workers);
+    printf("| augment shift (px)     | %-10d |\n", args.augment);
     printf("| OpenMP threads         | %-10d |\n", omp_get_max_threads());
     printf("+------------------------+------------+\n");
 
@@ -1011,7 +1004,7 @@ int main(int argc, char** argv) {
     for (; step < args.steps && !stop_requested; step++) {
         double t0 = wall_seconds();
         float norm;
-        float loss = train_step(&model, grad_sum, &batch, &ds, &sampler, &args, step, &norm);
+        float loss = train_step(&model, grad_sum, &loader, &args, step, &norm);
         double ms = 1000.0 * (wall_seconds() - t0);
         if (!isfinite(loss) || !isfinite(norm)) {
             vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; "
@@ -1023,15 +1016,21 @@ int main(int argc, char** argv) {
                     (step + 1) % args.log_every == 0 || step + 1 == args.steps);
         int done = step + 1;
         if ((args.ckpt_every > 0 && done % args.ckpt_every == 0) || done == args.steps) {
-            model_save(&model, &ds, &args, done, sampler.pos);
+            model_save(&model, &ds, &args, done, sampler_pos + (uint64_t)(done - start) * global_batch);
         }
     }
     if (stop_requested) {
-        model_save(&model, &ds, &args, step, sampler.pos);
+        model_save(&model, &ds, &args, step, sampler_pos + (uint64_t)(step - start) * global_batch);
         printf("interrupted: saved step %d to %s; continue with -y 1\n", step, args.output);
     }
+    loader_stop(&loader);
+    printf("data loader: %d worker thread(s), the trainer waited %.1f ms for batches in %d steps\n", args.workers,
+           1000.0 * loader.wait_seconds, step - start);
+    Batch batch;
+    batch_alloc(&batch, &c, args.batch);
     printf("eval: 10-step sampled actions vs the data, MSE %.6f (data units) on %d samples\n",
-           eval_action_mse(&model, &batch, &ds, &sampler, args.seed, step), args.batch);
+           eval_action_mse(&model, &batch, &ds, args.seed, sampler_pos + (uint64_t)(step - start) * global_batch, step),
+           args.batch);
     if (timed_steps > 0) {
         printf("mean step time %.1f ms over %d steps (first excluded), %.1f samples/s\n", timed_ms / timed_steps,
                timed_steps, args.batch * args.ranks / (timed_ms / timed_steps / 1000.0));
@@ -1039,7 +1038,6 @@ int main(int argc, char** argv) {
     logger_close(&logger);
     free(grad_sum);
     batch_free(&batch);
-    sampler_free(&sampler);
     model_free(&model);
     dataset_close(&ds);
     return stop_requested ? 130 : 0;

@@ -24,6 +24,7 @@ to fix it, and exit status 1. Nothing here calls abort() on bad input.
 #include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -793,20 +794,23 @@ static inline void dataset_assemble(const Dataset* ds, const VLAConfig* c, uint6
 // from pos alone, and the same samples whatever the world size.
 
 typedef struct {
-    uint64_t n;        // samples per epoch
+    uint64_t n;          // samples per epoch
     uint64_t seed;
-    uint64_t pos;      // global position of the next step's first sample
-    int64_t epoch;     // epoch whose permutation is in perm, -1 if none
-    uint32_t* perm;    // (n)
+    uint64_t pos;        // global position of the next step's first sample
+    int64_t epoch[2];    // epochs whose permutations are cached (epoch e in slot e % 2), -1 if none
+    uint32_t* perm[2];   // (n) each: two slots so a prefetcher straddling an epoch end never thrashes
 } Sampler;
 
 static inline void sampler_init(Sampler* s, uint64_t n, uint64_t seed) {
     if (n > UINT32_MAX) { vla_fail("dataset has %llu samples; the sampler supports up to 2^32", (unsigned long long)n); }
-    s->n = n; s->seed = seed; s->pos = 0; s->epoch = -1;
-    s->perm = (uint32_t*)mallocCheck(n * sizeof(uint32_t));
+    s->n = n; s->seed = seed; s->pos = 0;
+    for (int k = 0; k < 2; k++) {
+        s->epoch[k] = -1;
+        s->perm[k] = (uint32_t*)mallocCheck(n * sizeof(uint32_t));
+    }
 }
 
-static inline void sampler_free(Sampler* s) { free(s->perm); }
+static inline void sampler_free(Sampler* s) { free(s->perm[0]); free(s->perm[1]); }
 
 // Fisher-Yates from the epoch's stream; the modulo bias (< n / 2^64) is negligible.
 static inline void sampler_permutation(uint32_t* perm, uint64_t n, uint64_t seed, uint64_t epoch) {
@@ -821,8 +825,9 @@ static inline void sampler_permutation(uint32_t* perm, uint64_t n, uint64_t seed
 
 static inline uint64_t sampler_at(Sampler* s, uint64_t pos) {
     int64_t e = (int64_t)(pos / s->n);
-    if (e != s->epoch) { sampler_permutation(s->perm, s->n, s->seed, (uint64_t)e); s->epoch = e; }
-    return s->perm[pos % s->n];
+    int slot = (int)(e % 2);
+    if (s->epoch[slot] != e) { sampler_permutation(s->perm[slot], s->n, s->seed, (uint64_t)e); s->epoch[slot] = e; }
+    return s->perm[slot][pos % s->n];
 }
 
 // The B sample indices of rank r (of W) for the step starting at s->pos. Does not advance.
@@ -831,6 +836,175 @@ static inline void sampler_rank_indices(Sampler* s, int B, int r, uint64_t* out)
 }
 
 static inline void sampler_advance(Sampler* s, int B, int W) { s->pos += (uint64_t)B * W; }
+
+// ----------------------------------------------------------------------------
+// batches of ranks, augmentation, and the prefetching loader
+
+#define RNG_STREAM_AUGMENT(s) ((4ULL << 56) + (uint64_t)(s))  // image shifts of optimizer step s
+
+// Random shift (pad by replicating the border, crop back) of every camera image of a sample, by
+// up to `shift` pixels in x and y: the augmentation DrQ and many VLA recipes use. Drawn from
+// (seed, step, global sample), so it is the same whatever rank or thread assembles the sample.
+static inline void augment_shift(uint8_t* images, const VLAConfig* c, int shift, uint64_t seed, uint64_t step, uint64_t g) {
+    Rng r;
+    rng_init(&r, seed, RNG_STREAM_AUGMENT(step));
+    r.counter = g * 2 * (uint64_t)c->n_cam;
+    int n = c->img, span = 2 * shift + 1;
+    uint8_t* tmp = (uint8_t*)mallocCheck((size_t)n * n * 3);
+    for (int cam = 0; cam < c->n_cam; cam++) {
+        int dx = (int)(rng_u64(&r) % (uint64_t)span) - shift, dy = (int)(rng_u64(&r) % (uint64_t)span) - shift;
+        uint8_t* im = images + (size_t)cam * n * n * 3;
+        memcpy(tmp, im, (size_t)n * n * 3);
+        for (int y = 0; y < n; y++) {
+            int sy = y + dy < 0 ? 0 : (y + dy >= n ? n - 1 : y + dy);
+            for (int x = 0; x < n; x++) {
+                int sx = x + dx < 0 ? 0 : (x + dx >= n ? n - 1 : x + dx);
+                memcpy(im + ((size_t)y * n + x) * 3, tmp + ((size_t)sy * n + sx) * 3, 3);
+            }
+        }
+    }
+    free(tmp);
+}
+
+// The batch of rank r (of W, B samples each) for optimizer step `step` of a run whose step
+// `first_step` started at sampler position `first_pos`: samples, flow noise keyed by the
+// sample's place in the global batch (so neither depends on W), optional shift augmentation.
+// `sampler` is only read through sampler_at (callers serialize access to it).
+static inline void batch_fill_indices(uint64_t* idx, Sampler* sampler, uint64_t first_pos, uint64_t first_step,
+                                      uint64_t step, int B, int W, int r) {
+    uint64_t pos = first_pos + (step - first_step) * (uint64_t)B * W + (uint64_t)r * B;
+    for (int i = 0; i < B; i++) { idx[i] = sampler_at(sampler, pos + i); }
+}
+
+static inline void batch_fill(Batch* batch, const Dataset* ds, const VLAConfig* c, const uint64_t* idx, uint64_t seed,
+                              uint64_t step, int r, int augment) {
+    int B = batch->B, HA = c->chunk * c->action_dim;
+    size_t img_bytes = (size_t)c->n_cam * c->img * c->img * 3;
+    for (int i = 0; i < B; i++) {
+        uint64_t g = (uint64_t)r * B + i;
+        dataset_assemble(ds, c, idx[i], batch, i);
+        flow_noise(c, seed, step, g, &batch->t[i], batch->eps + (size_t)i * HA);
+        if (augment > 0) { augment_shift(batch->images + (size_t)i * img_bytes, c, augment, seed, step, g); }
+    }
+}
+
+// Worker threads assemble the batches of upcoming (step, rank) jobs into a ring of slots, so
+// the trainer's step does not wait on assembly. Job j is step first_step + j / W, rank j % W;
+// slot j % n_slots holds it. Content depends only on (step, rank): bit-exact whatever the timing.
+enum { SLOT_FREE = 0, SLOT_FILLING = 1, SLOT_READY = 2 };
+
+typedef struct {
+    const Dataset* ds;
+    VLAConfig config;
+    Sampler sampler;       // guarded by mu
+    uint64_t seed, first_pos, first_step;
+    int B, W, augment;
+    int n_slots;
+    Batch* slots;
+    int64_t* slot_job;     // job a slot holds
+    int* slot_state;
+    int64_t next_job;      // the next job a worker takes
+    int64_t consume_job;   // the job the trainer takes next
+    int n_threads;
+    pthread_t* threads;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;
+    double wait_seconds;   // time the trainer spent waiting for a batch
+} Loader;
+
+static inline void* loader_worker(void* arg) {
+    Loader* L = (Loader*)arg;
+    uint64_t* idx = (uint64_t*)mallocCheck((size_t)L->B * sizeof(uint64_t));
+    pthread_mutex_lock(&L->mu);
+    while (!L->stop) {
+        int64_t j = L->next_job;
+        int slot = (int)(j % L->n_slots);
+        if (L->slot_state[slot] != SLOT_FREE) {  // the ring is full: wait for the trainer
+            pthread_cond_wait(&L->cv, &L->mu);
+            continue;
+        }
+        L->next_job++;
+        L->slot_job[slot] = j;
+        L->slot_state[slot] = SLOT_FILLING;
+        uint64_t step = L->first_step + (uint64_t)(j / L->W);
+        int r = (int)(j % L->W);
+        batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, r);
+        pthread_mutex_unlock(&L->mu);
+        batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, r, L->augment);
+        pthread_mutex_lock(&L->mu);
+        L->slot_state[slot] = SLOT_READY;
+        pthread_cond_broadcast(&L->cv);
+    }
+    pthread_mutex_unlock(&L->mu);
+    free(idx);
+    return NULL;
+}
+
+// Starts n_threads workers (0: none; loader_next then assembles in the caller's thread).
+static inline void loader_start(Loader* L, const Dataset* ds, const VLAConfig* c, uint64_t seed, uint64_t first_pos,
+                                uint64_t first_step, int B, int W, int augment, int n_threads, int n_slots) {
+    memset(L, 0, sizeof(*L));
+    L->ds = ds; L->config = *c; L->seed = seed; L->first_pos = first_pos; L->first_step = first_step;
+    L->B = B; L->W = W; L->augment = augment; L->n_threads = n_threads;
+    L->n_slots = n_slots < 1 ? 1 : n_slots;
+    sampler_init(&L->sampler, ds->n_samples, seed);
+    L->slots = (Batch*)callocCheck(L->n_slots, sizeof(Batch));
+    L->slot_job = (int64_t*)callocCheck(L->n_slots, sizeof(int64_t));
+    L->slot_state = (int*)callocCheck(L->n_slots, sizeof(int));
+    for (int k = 0; k < L->n_slots; k++) { batch_alloc(&L->slots[k], c, B); }
+    pthread_mutex_init(&L->mu, NULL);
+    pthread_cond_init(&L->cv, NULL);
+    L->threads = (pthread_t*)callocCheck(n_threads > 0 ? n_threads : 1, sizeof(pthread_t));
+    for (int t = 0; t < n_threads; t++) {
+        if (pthread_create(&L->threads[t], NULL, loader_worker, L) != 0) {
+            vla_fail("cannot start data loader thread %d: %s: use fewer --workers", t, strerror(errno));
+        }
+    }
+}
+
+// The batch of the next job in order (steps ascending, ranks within a step). Valid until loader_release.
+static inline Batch* loader_next(Loader* L) {
+    int64_t j = L->consume_job;
+    int slot = (int)(j % L->n_slots);
+    if (L->n_threads == 0) {  // synchronous: assemble here
+        uint64_t* idx = (uint64_t*)mallocCheck((size_t)L->B * sizeof(uint64_t));
+        uint64_t step = L->first_step + (uint64_t)(j / L->W);
+        batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, (int)(j % L->W));
+        batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, (int)(j % L->W), L->augment);
+        free(idx);
+        return &L->slots[slot];
+    }
+    double t0 = wall_seconds();
+    pthread_mutex_lock(&L->mu);
+    while (!(L->slot_state[slot] == SLOT_READY && L->slot_job[slot] == j)) { pthread_cond_wait(&L->cv, &L->mu); }
+    pthread_mutex_unlock(&L->mu);
+    L->wait_seconds += wall_seconds() - t0;
+    return &L->slots[slot];
+}
+
+// Hands the slot of the current job back to the workers.
+static inline void loader_release(Loader* L) {
+    int slot = (int)(L->consume_job % L->n_slots);
+    pthread_mutex_lock(&L->mu);
+    L->slot_state[slot] = SLOT_FREE;
+    L->consume_job++;
+    pthread_cond_broadcast(&L->cv);
+    pthread_mutex_unlock(&L->mu);
+}
+
+static inline void loader_stop(Loader* L) {
+    pthread_mutex_lock(&L->mu);
+    L->stop = 1;
+    pthread_cond_broadcast(&L->cv);
+    pthread_mutex_unlock(&L->mu);
+    for (int t = 0; t < L->n_threads; t++) { pthread_join(L->threads[t], NULL); }
+    for (int k = 0; k < L->n_slots; k++) { batch_free(&L->slots[k]); }
+    free(L->slots); free(L->slot_job); free(L->slot_state); free(L->threads);
+    sampler_free(&L->sampler);
+    pthread_mutex_destroy(&L->mu);
+    pthread_cond_destroy(&L->cv);
+}
 
 // ----------------------------------------------------------------------------
 // checkpoints (SPEC section 4): header, normalization stats, fp32 master params, AdamW m and v.
@@ -996,6 +1170,8 @@ typedef struct {
     int ckpt_every, keep;
     int log_every;
     int threads;            // OpenMP threads, 0: the runtime's default
+    int workers;            // data loader threads, 0: assemble in the training thread
+    int augment;            // random image shift in pixels, 0: off
 } TrainArgs;
 
 static inline void train_args_defaults(TrainArgs* a) {
@@ -1008,6 +1184,7 @@ static inline void train_args_defaults(TrainArgs* a) {
     a->warmup = 100;
     a->seed = 1337;
     a->resume = 0; a->ckpt_every = 200; a->keep = 3; a->log_every = 1; a->threads = 0;
+    a->workers = 2; a->augment = 0;
 }
 
 static inline void train_args_usage(const char* prog) {
@@ -1034,6 +1211,8 @@ static inline void train_args_usage(const char* prog) {
     printf("      --keep N           checkpoints kept in the output folder (%d)\n", d.keep);
     printf("      --log-every N      print a step line every N steps (%d)\n", d.log_every);
     printf("  -t, --threads N        OpenMP threads, 0: runtime default (%d)\n", d.threads);
+    printf("      --workers N        data loader threads filling a ring of batches ahead of the trainer (%d)\n", d.workers);
+    printf("      --augment-shift N  random image shift of up to N pixels per camera, 0: off (%d)\n", d.augment);
     printf("  -h, --help             this message\n");
 }
 
@@ -1059,7 +1238,7 @@ static inline float parse_float_arg(const char* name, const char* s, float lo, f
 
 static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     train_args_defaults(a);
-    enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY };
+    enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -1070,6 +1249,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"resume", required_argument, 0, 'y'},       {"init", required_argument, 0, OPT_INIT},
         {"ckpt-every", required_argument, 0, 'k'},   {"keep", required_argument, 0, OPT_KEEP},
         {"log-every", required_argument, 0, OPT_LOG_EVERY}, {"threads", required_argument, 0, 't'},
+        {"workers", required_argument, 0, OPT_WORKERS}, {"augment-shift", required_argument, 0, OPT_AUGMENT},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     opterr = 0;
     optind = 1;
@@ -1097,6 +1277,8 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case OPT_KEEP: a->keep = (int)parse_int_arg("keep", optarg, 1, 4096); break;
             case OPT_LOG_EVERY: a->log_every = (int)parse_int_arg("log-every", optarg, 1, 1L << 30); break;
             case 't': a->threads = (int)parse_int_arg("threads", optarg, 0, 4096); break;
+            case OPT_WORKERS: a->workers = (int)parse_int_arg("workers", optarg, 0, 256); break;
+            case OPT_AUGMENT: a->augment = (int)parse_int_arg("augment-shift", optarg, 0, 1024); break;
             case 'h': train_args_usage(argv[0]); exit(0);
             case ':': vla_fail("option %s needs a value: see %s -h", argv[optind - 1], argv[0]);
             default: vla_fail("unknown option %s: see %s -h", argv[optind - 1], argv[0]);

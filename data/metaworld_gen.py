@@ -1,0 +1,268 @@
+"""
+metaworld_gen.py: Meta-World expert demonstrations as train_vla shards.
+
+Runs Meta-World's scripted expert policy of each task (PyPI metaworld 3.x ships one for all 50),
+renders headless with MuJoCo (MUJOCO_GL=egl or osmesa, CPU rendering through Mesa works), and
+keeps only successful episodes, stopped a few steps after the success flag first rises.
+
+    build/venv/bin/python data/metaworld_gen.py -o data/mt10 --tasks MT10 --episodes 50 --img 96
+    build/venv/bin/python data/metaworld_gen.py -o /tmp/one --tasks reach-v3 --episodes 1 --img 32
+
+Every episode gets its own random layout (object and goal positions) from a seed derived from
+(--seed, task, episode, attempt), so the dataset does not depend on the number of workers.
+A frame holds the images of each camera before the step, the state (hand xyz and gripper
+opening, or the full 39-dim observation with --state full) and the 4-dim expert action
+(xyz delta and gripper, clipped to [-1, 1] as the environment does).
+"""
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from vla_shard import write_shard  # noqa: E402
+
+# Instructions for each task, written for this project. The robot is a Sawyer arm on a table.
+INSTRUCTIONS = {
+    "assembly-v3": "put the ring onto the peg",
+    "basketball-v3": "dunk the ball into the basket",
+    "bin-picking-v3": "move the cube from one bin to the other",
+    "box-close-v3": "put the lid on the box",
+    "button-press-topdown-v3": "press the button from the top",
+    "button-press-topdown-wall-v3": "press the button from the top behind the wall",
+    "button-press-v3": "press the button from the front",
+    "button-press-wall-v3": "press the button behind the wall",
+    "coffee-button-v3": "push the button on the coffee machine",
+    "coffee-pull-v3": "pull the mug away from the coffee machine",
+    "coffee-push-v3": "push the mug under the coffee machine",
+    "dial-turn-v3": "turn the dial",
+    "disassemble-v3": "take the ring off the peg",
+    "door-close-v3": "close the door",
+    "door-lock-v3": "turn the lock to lock the door",
+    "door-open-v3": "open the door",
+    "door-unlock-v3": "turn the lock to unlock the door",
+    "hand-insert-v3": "put the hand into the hole",
+    "drawer-close-v3": "push the drawer closed",
+    "drawer-open-v3": "pull the drawer open",
+    "faucet-open-v3": "turn the faucet handle to open it",
+    "faucet-close-v3": "turn the faucet handle to close it",
+    "hammer-v3": "hammer the nail into the wall",
+    "handle-press-side-v3": "press the handle down from the side",
+    "handle-press-v3": "press the handle down",
+    "handle-pull-side-v3": "pull the handle up from the side",
+    "handle-pull-v3": "pull the handle up",
+    "lever-pull-v3": "pull the lever up",
+    "pick-place-wall-v3": "pick up the puck and place it at the goal behind the wall",
+    "pick-out-of-hole-v3": "pick the peg out of the hole",
+    "pick-place-v3": "pick up the puck and place it at the goal",
+    "plate-slide-v3": "slide the plate into the goal",
+    "plate-slide-side-v3": "slide the plate sideways into the goal",
+    "plate-slide-back-v3": "slide the plate back out of the goal",
+    "plate-slide-back-side-v3": "slide the plate back sideways out of the goal",
+    "peg-insert-side-v3": "insert the peg into the hole from the side",
+    "peg-unplug-side-v3": "unplug the peg sideways",
+    "soccer-v3": "kick the ball into the goal",
+    "stick-push-v3": "grab the stick and push the box with it",
+    "stick-pull-v3": "grab the stick and pull the box with it",
+    "push-v3": "push the puck to the goal",
+    "push-wall-v3": "push the puck around the wall to the goal",
+    "push-back-v3": "pull the puck back to the goal",
+    "reach-v3": "reach the goal position",
+    "reach-wall-v3": "reach the goal position over the wall",
+    "shelf-place-v3": "put the puck on the shelf",
+    "sweep-into-v3": "sweep the puck into the hole",
+    "sweep-v3": "sweep the puck off the table",
+    "window-open-v3": "slide the window open",
+    "window-close-v3": "slide the window closed",
+}
+
+# Cameras whose images MuJoCo renders upside down in Meta-World's scene: turned 180 degrees.
+FLIPPED_CAMERAS = {"corner", "corner2", "corner3", "corner4"}
+
+
+def task_list(spec):
+    import metaworld.env_dict as envs
+    if spec == "MT10":
+        return list(envs.MT10_V3.keys())
+    if spec == "MT50":
+        return list(envs.ALL_V3_ENVIRONMENTS.keys())
+    names = [t.strip() for t in spec.split(",") if t.strip()]
+    for n in names:
+        if n not in envs.ALL_V3_ENVIRONMENTS:
+            sys.exit(f"error: unknown Meta-World task '{n}': use MT10, MT50 or names like reach-v3,push-v3")
+    return names
+
+
+def expert_policy(task):
+    """Meta-World's scripted expert for a task: Sawyer<CamelName>V3Policy."""
+    import metaworld.policies as policies
+    stem = task[:-len("-v3")]
+    camel = "".join(part.capitalize() for part in stem.split("-"))
+    camel = {"PegInsertSide": "PegInsertionSide"}.get(camel, camel)  # the one name that differs
+    return getattr(policies, f"Sawyer{camel}V3Policy")()
+
+
+def episode_seed(seed, task_index, episode, attempt):
+    """A seed per (dataset seed, task, episode, attempt), independent of worker scheduling."""
+    return int(np.random.SeedSequence([seed, task_index, episode, attempt]).generate_state(1)[0])
+
+
+class Worker:
+    """One environment and renderer per task, reused across episodes in this process."""
+
+    def __init__(self, args):
+        self.args, self.task, self.env = args, None, None
+
+    def setup(self, task):
+        import metaworld
+        import mujoco
+        if self.task == task:
+            return
+        bench = metaworld.MT1(task, seed=self.args.seed)
+        self.env = bench.train_classes[task]()
+        self.env.set_task(bench.train_tasks[0])  # required once; layouts then come from our seeds
+        self.env._freeze_rand_vec = False
+        self.env.seeded_rand_vec = True
+        # a 1024 shadow map and no multisampling: 2x faster CPU rendering, still lit and shadowed
+        self.env.model.vis.quality.shadowsize = 1024
+        self.env.model.vis.quality.offsamples = 0
+        self.renderer = mujoco.Renderer(self.env.model, self.args.img, self.args.img)
+        self.policy = expert_policy(task)
+        self.task = task
+
+    def render(self):
+        images = []
+        for cam in self.args.cameras:
+            self.renderer.update_scene(self.env.data, camera=cam)
+            img = self.renderer.render()
+            images.append(img[::-1, ::-1] if cam in FLIPPED_CAMERAS else img)
+        return np.stack(images)
+
+    def episode(self, task, task_index, episode):
+        """Runs attempts until one succeeds; returns (images, state, action, attempts)."""
+        self.setup(task)
+        a = self.args
+        for attempt in range(a.max_attempts):
+            self.env.seed(episode_seed(a.seed, task_index, episode, attempt))
+            obs, _ = self.env.reset()
+            images, states, actions, success_at = [], [], [], None
+            for step in range(a.max_steps):
+                action = np.clip(self.policy.get_action(obs), -1.0, 1.0).astype(np.float32)
+                images.append(self.render())
+                states.append(obs[:4] if a.state == "hand_gripper" else obs)
+                actions.append(action)
+                obs, _, _, _, info = self.env.step(action)
+                if success_at is None and info["success"]:
+                    success_at = step
+                if success_at is not None and step >= success_at + a.extra_steps:
+                    break
+            if success_at is not None:
+                return np.stack(images), np.asarray(states, np.float32), np.stack(actions), attempt + 1
+        raise RuntimeError(f"{task} episode {episode}: the expert failed {a.max_attempts} layouts in a row")
+
+
+_worker = None
+
+
+def run_job(job):
+    global _worker
+    if _worker is None:
+        warnings.filterwarnings("ignore")  # gymnasium's space checks: noise on the progress bar
+        _worker = Worker(job[0])
+    _, task, task_index, episode = job
+    return (task_index, episode) + _worker.episode(task, task_index, episode)
+
+
+def progress(done, total, frames, t0):
+    elapsed = time.time() - t0
+    eta = elapsed / done * (total - done) if done else 0.0
+    bar = "#" * int(30 * done / total)
+    sys.stderr.write(f"\r[{bar:<30}] {done}/{total} episodes, {frames} frames, "
+                     f"{frames / max(elapsed, 1e-9):.0f} frames/s, ETA {int(eta) // 60}m{int(eta) % 60:02d}s ")
+    sys.stderr.flush()
+
+
+class ShardWriter:
+    """Collects episodes in order and writes a shard whenever --frames-per-shard is reached."""
+
+    def __init__(self, out, name, limit):
+        self.out, self.name, self.limit, self.count = out, name, limit, 0
+        self.episodes, self.frames, self.paths = [], 0, []
+
+    def add(self, task, images, state, action):
+        self.episodes.append((task, images, state, action))
+        self.frames += len(action)
+        if self.frames >= self.limit:
+            self.flush()
+
+    def flush(self):
+        if not self.episodes:
+            return
+        tasks = sorted({e[0] for e in self.episodes}, key=list(INSTRUCTIONS).index)
+        table, first = [], 0
+        for task, _, _, action in self.episodes:
+            table.append((first, len(action), tasks.index(task)))
+            first += len(action)
+        path = os.path.join(self.out, f"{self.name}_{self.count:03d}.bin")
+        write_shard(path, np.concatenate([e[1] for e in self.episodes]), np.concatenate([e[2] for e in self.episodes]),
+                    np.concatenate([e[3] for e in self.episodes]), table, [INSTRUCTIONS[t] for t in tasks])
+        self.paths.append(path)
+        self.count += 1
+        self.episodes, self.frames = [], 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Meta-World expert demonstrations as train_vla shards")
+    ap.add_argument("-o", "--output", required=True, help="output folder for the shards")
+    ap.add_argument("--tasks", default="MT10", help="MT10, MT50 or task names, comma-separated (MT10)")
+    ap.add_argument("--episodes", type=int, default=50, help="successful episodes per task (50)")
+    ap.add_argument("--img", type=int, default=96, help="square image side in pixels (96)")
+    ap.add_argument("--cameras", default="corner", help="MuJoCo cameras, comma-separated, e.g. corner,corner2 (corner)")
+    ap.add_argument("--state", choices=["hand_gripper", "full"], default="hand_gripper",
+                    help="hand xyz + gripper opening (4 dims) or the full 39-dim observation (hand_gripper)")
+    ap.add_argument("--extra-steps", type=int, default=5, help="steps kept after the first success (5)")
+    ap.add_argument("--max-steps", type=int, default=500, help="episode horizon (500)")
+    ap.add_argument("--max-attempts", type=int, default=5, help="layouts tried per episode before giving up (5)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count(), help="worker processes (all cores)")
+    ap.add_argument("--seed", type=int, default=0, help="dataset seed (0)")
+    ap.add_argument("--frames-per-shard", type=int, default=20000, help="frames per shard file (20000)")
+    ap.add_argument("--name", default="metaworld", help="shard file name prefix (metaworld)")
+    args = ap.parse_args()
+    args.cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]
+    if args.episodes < 1 or args.img < 8 or args.workers < 1 or not args.cameras:
+        sys.exit("error: --episodes and --workers must be at least 1, --img at least 8, and --cameras non-empty")
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    try:
+        import metaworld  # noqa: F401
+        import mujoco  # noqa: F401
+    except ImportError as e:
+        sys.exit(f"error: {e}: install the data tools' packages with `make setup`")
+    tasks = task_list(args.tasks)
+    os.makedirs(args.output, exist_ok=True)
+
+    jobs = [(args, task, list(INSTRUCTIONS).index(task), e) for task in tasks for e in range(args.episodes)]
+    writer = ShardWriter(args.output, args.name, args.frames_per_shard)
+    t0, frames, attempts = time.time(), 0, 0
+    ctx = multiprocessing.get_context("spawn")  # fresh GL contexts per worker
+    with ctx.Pool(min(args.workers, len(jobs))) as pool:
+        # ordered results: shards come out the same whatever the worker count
+        for done, (task_index, _, images, state, action, tries) in enumerate(pool.imap(run_job, jobs, chunksize=1), 1):
+            writer.add(list(INSTRUCTIONS)[task_index], images, state, action)
+            frames += len(action)
+            attempts += tries
+            progress(done, len(jobs), frames, t0)
+    writer.flush()
+    elapsed = time.time() - t0
+    sys.stderr.write("\n")
+    print(f"wrote {len(writer.paths)} shard(s) to {args.output}: {len(jobs)} episodes of {len(tasks)} task(s), "
+          f"{frames} frames, {len(args.cameras)} camera(s) at {args.img}px; {attempts - len(jobs)} failed layouts "
+          f"retried; {elapsed:.1f} s, {frames / elapsed:.1f} frames/s")
+
+
+if __name__ == "__main__":
+    main()
