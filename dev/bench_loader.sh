@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Loader throughput at the small and base preset shapes: samples/s assembled from memory-mapped
+# shards by one loader thread (one core), and by the taking thread itself, with and without the
+# shift augmentation. Writes its shards to build/bench (about 250 MB) on first use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-3}
+make -s dev/bench_loader data/synthetic
+mkdir -p build/bench
+[ -f build/bench/small.bin ] || ./data/synthetic -o build/bench/small.bin --cams 2 --img 64 --state 4 --action 4 \
+    --episodes 200 --min-len 20 --max-len 40 > /dev/null
+[ -f build/bench/base.bin ] || ./data/synthetic -o build/bench/base.bin --cams 2 --img 224 --state 32 --action 32 \
+    --episodes 30 --min-len 20 --max-len 40 > /dev/null
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//') ($(nproc) cores), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+for preset in small base; do
+    for workers in 1 0; do
+        dev/bench_loader build/bench/$preset.bin $preset 16 $workers "$SECONDS_PER_RUN" 0
+    done
+    dev/bench_loader build/bench/$preset.bin $preset 16 1 "$SECONDS_PER_RUN" 4
+done

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs every test suite this machine can run (what `make test` calls once everything is built),
+# shows each suite's output, and closes with the total as `N passed, M failed`.
+# Each suite ends with its own `N passed, M failed` line and exits non-zero on a failure.
+set -u
+cd "$(dirname "$0")/.."
+VENV_PY=${VENV_PY:-build/venv/bin/python}
+total_passed=0
+total_failed=0
+failed_suites=""
+
+run_suite() {
+    local name=$1
+    shift
+    echo
+    echo "######## $name: $*"
+    local log
+    log=$(mktemp)
+    "$@" 2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    local line
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    rm -f "$log"
+    if [ -z "$line" ]; then
+        echo "######## $name: ended (exit $rc) without its summary line: counted as one failure"
+        total_failed=$((total_failed + 1))
+        failed_suites="$failed_suites $name"
+        return
+    fi
+    local p f
+    p=$(echo "$line" | awk '{print $1}')
+    f=$(echo "$line" | awk '{print $3}')
+    total_passed=$((total_passed + p))
+    total_failed=$((total_failed + f))
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then total_failed=$((total_failed + 1)); fi
+    if [ "$rc" -ne 0 ] || [ "$f" -ne 0 ]; then failed_suites="$failed_suites $name"; fi
+}
+
+run_suite test_vla ./test_vla build/test
+run_suite metaworld "$VENV_PY" data/test_metaworld.py
+run_suite lerobot "$VENV_PY" data/test_lerobot.py
+run_suite inspect "$VENV_PY" data/test_inspect.py
+
+echo
+if [ -n "$failed_suites" ]; then echo "failed suites:$failed_suites"; fi
+echo "$total_passed passed, $total_failed failed"
+[ "$total_failed" -eq 0 ]
