@@ -1,15 +1,18 @@
 # train_vla: `make train_vla_cpu` builds the CPU reference trainer, `make test` builds and runs
 # every test this machine can run. The PyTorch oracle runs under $(PYTHON) (Debian's
-# python3-torch; `make setup` installs it).
+# python3-torch); the data tools under $(VENV_PY), a venv with data/requirements.txt.
+# `make setup` installs both (and the Mesa libraries MuJoCo renders with).
 
 CC ?= gcc
 CFLAGS ?= -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation
 LDLIBS = -lm -lpthread
 PYTHON ?= /usr/bin/python3
+VENV = build/venv
+VENV_PY = $(VENV)/bin/python
 TEST_DIR = build/test
-DEFAULT_DATA = data/default/synthetic_000.bin
+DEFAULT_DATA = data/default/metaworld_mt10_000.bin
 
-.PHONY: all test setup clean data
+.PHONY: all test setup clean data venv_check
 
 all: train_vla_cpu $(DEFAULT_DATA)
 
@@ -22,11 +25,15 @@ test_vla: test_vla.c train_vla.c vla.h
 data/synthetic: data/synthetic.c vla.h
 	$(CC) $(CFLAGS) data/synthetic.c $(LDLIBS) -o $@
 
-# The data `./train_vla_cpu` trains on when given no -i: a toy reaching task (data/synthetic.c).
+dev/bench_loader: dev/bench_loader.c vla.h
+	$(CC) $(CFLAGS) dev/bench_loader.c $(LDLIBS) -o $@
+
+# The data `./train_vla_cpu` trains on when given no -i: Meta-World MT10 expert demonstrations,
+# shipped xz-compressed (data/metaworld_mt10.bin.xz, made by the command in data/README.md).
 data: $(DEFAULT_DATA)
-$(DEFAULT_DATA): data/synthetic
+$(DEFAULT_DATA): data/metaworld_mt10.bin.xz
 	@mkdir -p data/default
-	./data/synthetic -o $@ --cams 2 --img 32 --state 4 --action 4 --episodes 64 --seed 1
+	xz -dc $< > $@.tmp && mv $@.tmp $@
 
 # ---- test fixtures: two small datasets and the oracle's debug state for each
 # a: the tiny preset on one camera. b: two cameras, state_dim != action_dim, short episodes so
@@ -57,16 +64,24 @@ $(TEST_DIR)/a_train.txt: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefi
 	$(PYTHON) dev/model.py -i $< --preset tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
 		-l 1e-3 -u 2 -w 0.1 -c 0.5 > $@
 
-test: train_vla_cpu test_vla $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt
-	./test_vla $(TEST_DIR)
+test: train_vla_cpu test_vla $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt venv_check
+	dev/run_tests.sh
 
-# What the tests need on a fresh Debian machine: PyTorch and numpy for the oracle, and OpenBLAS
-# (Debian's torch calls whichever BLAS provides libblas.so.3; the reference BLAS is ~50x slower).
-SETUP_PACKAGES = python3-torch python3-numpy libopenblas0-pthread
+venv_check:
+	@$(VENV_PY) -c "import metaworld, mujoco, av, pyarrow, PIL" 2>/dev/null || { \
+		echo "error: the data tools need $(VENV) with data/requirements.txt: run 'make setup' (as root) first"; exit 1; }
+
+# What the tests need on a fresh Debian machine: PyTorch and numpy for the oracle, OpenBLAS
+# (Debian's torch calls whichever BLAS provides libblas.so.3; the reference BLAS is ~50x slower),
+# Mesa's EGL/OSMesa for headless MuJoCo rendering, and the venv of the data tools.
+SETUP_PACKAGES = python3-torch python3-numpy libopenblas0-pthread python3-venv xz-utils \
+	libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libosmesa6
 setup:
 	@dpkg -s $(SETUP_PACKAGES) > /dev/null 2>&1 || { apt-get update && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(SETUP_PACKAGES); }
 	@$(PYTHON) -c "import torch, numpy" || { echo "error: $(PYTHON) cannot import torch and numpy: install $(SETUP_PACKAGES)"; exit 1; }
+	@$(VENV_PY) -c "import sys" 2>/dev/null || $(PYTHON) -m venv $(VENV)
+	$(VENV_PY) -m pip install --quiet --disable-pip-version-check -r data/requirements.txt
 
 clean:
-	rm -rf train_vla_cpu test_vla data/synthetic build
+	rm -rf train_vla_cpu test_vla data/synthetic dev/bench_loader build/test build/bench data/default

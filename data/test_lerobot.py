@@ -1,0 +1,451 @@
+"""
+test_lerobot.py: checks data/lerobot_to_shards.py on LeRobot datasets it builds itself.
+
+    build/venv/bin/python data/test_lerobot.py
+
+In a temporary folder it writes one small dataset in both LeRobot layouts: v2.1 (one parquet
+and one mp4 per episode) and v3.0 (all episodes in one parquet and one mp4 per camera, found
+through meta/episodes). 3 episodes of 5, 7 and 4 frames at 10 fps, 2 tasks, state dim 3,
+action dim 2, and two cameras of 32x24 pixels (wider than tall, so the center crop matters):
+  front  a "video" feature, H.264 (or MPEG-4 where libx264 is missing) in yuv420p
+  wrist  an "image" feature, PNG bytes in the parquet
+Every frame is a solid colour that encodes (episode, frame), with 4-pixel bands of another
+colour at the left and right edges: the crop must cut the bands off exactly, and the colour
+must come out of the lossy codec within TOL levels. The converter runs as a subprocess, as a
+user runs it, and the shards are read back with vla_shard.Dataset.
+Prints one line per check and `N passed, M failed`; exits 1 on any failure.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+from io import BytesIO
+
+import av
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from vla_shard import Dataset  # noqa: E402
+
+CONVERTER = os.path.join(HERE, "lerobot_to_shards.py")
+FPS = 10
+LENGTHS = [5, 7, 4]
+TASKS = ["pick up the red cube", "open the top drawer"]
+EPISODE_TASK = [0, 1, 0]
+W, H = 32, 24  # camera frames; the square crop keeps columns 4..27
+BAND = 4
+FRONT, WRIST = "observation.images.front", "observation.images.wrist"
+IMG = 16  # shard image side: the 24-pixel crop is resized down
+TOL = 12  # colour levels allowed after lossy video coding and resizing
+PROGRESS = re.compile(r"\d+/\d+ episodes, .*ETA \S+")  # the converter's per-episode stderr line
+
+passed, failed = 0, 0
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print(f"ok    {name}")
+    else:
+        failed += 1
+        print(f"FAIL  {name}" + (f": {detail}" if detail else ""))
+    return ok
+
+
+# --------------------------------------------------------------------------------------------
+# the fixture
+
+def front_colour(e, i):
+    return (10 * i, 40 * e, 128)
+
+
+def wrist_colour(e, i):
+    return (200 - 10 * i, 40 * e + 20, 30)
+
+
+def frame(colour, band):
+    a = np.empty((H, W, 3), np.uint8)
+    a[:] = colour
+    a[:, :BAND] = band
+    a[:, W - BAND:] = band
+    return a
+
+
+def state_of(e, i):
+    return [float(e), float(i), 0.5 * i + 0.125]  # exact in float32
+
+
+def action_of(e, i):
+    return [10.0 * e + i, -0.25 * i]
+
+
+def png(a):
+    buf = BytesIO()
+    Image.fromarray(a).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def pick_codec():
+    """libx264 as LeRobot datasets often use; MPEG-4 part 2 where this FFmpeg build lacks it."""
+    try:
+        av.codec.Codec("libx264", "w")
+        return "libx264"
+    except Exception:
+        return "mpeg4"
+
+
+def write_video(path, frames, codec):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with av.open(path, "w") as out:
+        s = out.add_stream(codec, rate=FPS)
+        s.width, s.height, s.pix_fmt = W, H, "yuv420p"
+        if codec == "libx264":
+            s.options = {"crf": "10", "preset": "veryfast"}  # near-lossless: colours survive within a few levels
+        else:
+            s.bit_rate = 4_000_000
+        for i, rgb in enumerate(frames):
+            f = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            f.pts, f.time_base = i, Fraction(1, FPS)  # frame i at i / FPS seconds
+            for p in s.encode(f):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+
+
+def features(version):
+    video_info = {"video.height": H, "video.width": W, "video.codec": "h264", "video.pix_fmt": "yuv420p",
+                  "video.fps": FPS, "video.channels": 3, "has_audio": False}
+    return {  # cameras first on purpose in a different order than their data columns
+        FRONT: {"dtype": "video", "shape": [H, W, 3], "names": ["height", "width", "channels"],
+                ("info" if version == "v3.0" else "video_info"): video_info},
+        "observation.state": {"dtype": "float32", "shape": [3], "names": ["x", "y", "z"]},
+        WRIST: {"dtype": "image", "shape": [H, W, 3], "names": ["height", "width", "channels"]},
+        "action": {"dtype": "float32", "shape": [2], "names": ["a", "b"]},
+        "timestamp": {"dtype": "float32", "shape": [1], "names": None},
+        "frame_index": {"dtype": "int64", "shape": [1], "names": None},
+        "episode_index": {"dtype": "int64", "shape": [1], "names": None},
+        "index": {"dtype": "int64", "shape": [1], "names": None},
+        "task_index": {"dtype": "int64", "shape": [1], "names": None},
+    }
+
+
+def data_table(episodes, fixed_size):
+    """The parquet rows of the given episodes, LeRobot's columns (global `index` counts from 0
+    over all episodes)."""
+    cols = {k: [] for k in ["observation.state", "action", WRIST, "timestamp", "frame_index", "episode_index",
+                            "index", "task_index"]}
+    for e in episodes:
+        for i in range(LENGTHS[e]):
+            cols["observation.state"].append(state_of(e, i))
+            cols["action"].append(action_of(e, i))
+            cols[WRIST].append({"bytes": png(frame(wrist_colour(e, i), (0, 0, 0))), "path": None})
+            cols["timestamp"].append(i / FPS)  # episode-local in both versions
+            cols["frame_index"].append(i)
+            cols["episode_index"].append(e)
+            cols["index"].append(sum(LENGTHS[:e]) + i)
+            cols["task_index"].append(EPISODE_TASK[e])
+    f32 = pa.float32()
+    return pa.table({
+        # v2.1 as a variable list, v3.0 as a fixed-size list: the converter must read both
+        "observation.state": pa.array(cols["observation.state"], pa.list_(f32, 3) if fixed_size else pa.list_(f32)),
+        "action": pa.array(cols["action"], pa.list_(f32, 2) if fixed_size else pa.list_(f32)),
+        WRIST: pa.array(cols[WRIST], pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+        "timestamp": pa.array(cols["timestamp"], f32),
+        "frame_index": pa.array(cols["frame_index"], pa.int64()),
+        "episode_index": pa.array(cols["episode_index"], pa.int64()),
+        "index": pa.array(cols["index"], pa.int64()),
+        "task_index": pa.array(cols["task_index"], pa.int64()),
+    })
+
+
+def front_frames(e):
+    return [frame(front_colour(e, i), (250, 250, 250)) for i in range(LENGTHS[e])]
+
+
+def write_json(path, obj):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+
+
+def build_v21(root, codec):
+    info = {"codebase_version": "v2.1", "robot_type": None, "total_episodes": 3, "total_frames": sum(LENGTHS),
+            "total_tasks": 2, "total_videos": 3, "total_chunks": 1, "chunks_size": 1000, "fps": FPS,
+            "splits": {"train": "0:3"},
+            "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
+            "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
+            "features": features("v2.1")}
+    write_json(f"{root}/meta/info.json", info)
+    with open(f"{root}/meta/tasks.jsonl", "w") as f:
+        for k, t in enumerate(TASKS):
+            f.write(json.dumps({"task_index": k, "task": t}) + "\n")
+    with open(f"{root}/meta/episodes.jsonl", "w") as f:
+        for e, n in enumerate(LENGTHS):
+            f.write(json.dumps({"episode_index": e, "tasks": [TASKS[EPISODE_TASK[e]]], "length": n}) + "\n")
+    os.makedirs(f"{root}/data/chunk-000")
+    for e in range(len(LENGTHS)):
+        pq.write_table(data_table([e], False), f"{root}/data/chunk-000/episode_{e:06d}.parquet")
+        write_video(f"{root}/videos/chunk-000/{FRONT}/episode_{e:06d}.mp4", front_frames(e), codec)
+
+
+def build_v30(root, codec):
+    info = {"codebase_version": "v3.0", "robot_type": None, "total_episodes": 3, "total_frames": sum(LENGTHS),
+            "total_tasks": 2, "chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 500,
+            "fps": FPS, "splits": {"train": "0:3"},
+            "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+            "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
+            "features": features("v3.0")}
+    write_json(f"{root}/meta/info.json", info)
+    # tasks.parquet as pandas writes a frame indexed by the task string (what LeRobot does)
+    tasks = pa.table({"task_index": pa.array(range(len(TASKS)), pa.int64()), "__index_level_0__": TASKS})
+    pandas_meta = {"index_columns": ["__index_level_0__"], "column_indexes": [], "columns": []}
+    tasks = tasks.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
+    pq.write_table(tasks, f"{root}/meta/tasks.parquet")
+    eps = len(LENGTHS)
+    starts = [sum(LENGTHS[:e]) for e in range(eps)]
+    meta = {
+        "episode_index": list(range(eps)), "tasks": [[TASKS[EPISODE_TASK[e]]] for e in range(eps)],
+        "length": LENGTHS, "data/chunk_index": [0] * eps, "data/file_index": [0] * eps,
+        "dataset_from_index": starts, "dataset_to_index": [s + n for s, n in zip(starts, LENGTHS)],
+        f"videos/{FRONT}/chunk_index": [0] * eps, f"videos/{FRONT}/file_index": [0] * eps,
+        f"videos/{FRONT}/from_timestamp": [s / FPS for s in starts],
+        f"videos/{FRONT}/to_timestamp": [(s + n) / FPS for s, n in zip(starts, LENGTHS)],
+        "meta/episodes/chunk_index": [0] * eps, "meta/episodes/file_index": [0] * eps,
+        "stats/action/mean": [[0.0, 0.0]] * eps,  # a per-episode stats column, as LeRobot writes: ignored
+    }
+    os.makedirs(f"{root}/meta/episodes/chunk-000")
+    pq.write_table(pa.table(meta), f"{root}/meta/episodes/chunk-000/file-000.parquet")
+    os.makedirs(f"{root}/data/chunk-000")
+    pq.write_table(data_table(range(eps), True), f"{root}/data/chunk-000/file-000.parquet")
+    write_video(f"{root}/videos/{FRONT}/chunk-000/file-000.mp4",
+                [f for e in range(eps) for f in front_frames(e)], codec)
+
+
+# --------------------------------------------------------------------------------------------
+# running the converter and checking its shards
+
+def convert(src, out, *extra):
+    r = subprocess.run([sys.executable, CONVERTER, src, "-o", out, "--img", str(IMG), *extra],
+                       capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stdout, r.stderr
+
+
+def check_run(name, rc, stdout, stderr):
+    return check(f"{name}: converter exits 0", rc == 0, f"rc {rc}, stderr: {stderr.strip()[-400:]}")
+
+
+def expected_episodes(episodes):
+    return [(e, LENGTHS[e]) for e in episodes]
+
+
+def check_dataset(name, out, episodes=(0, 1, 2), cams=(FRONT, WRIST)):
+    """Every property of the converted dataset against what the fixture holds."""
+    try:
+        ds = Dataset(out)
+    except ValueError as e:
+        check(f"{name}: shards open with vla_shard.Dataset", False, str(e))
+        return None
+    s = ds.shards[0]
+    n = sum(LENGTHS[e] for e in episodes)
+    check(f"{name}: sizes (cameras {len(cams)}, img {IMG}, state 3, action 2)",
+          (ds.n_cam, ds.img, ds.state_dim, ds.action_dim) == (len(cams), IMG, 3, 2),
+          f"got {(ds.n_cam, ds.img, ds.state_dim, ds.action_dim)}")
+    check(f"{name}: {len(episodes)} episodes, {n} frames",
+          (sum(x.n_episodes for x in ds.shards), ds.n_samples) == (len(episodes), n),
+          f"got {sum(x.n_episodes for x in ds.shards)} episodes, {ds.n_samples} frames")
+    # episodes in order with their lengths and task strings, back to back in each shard
+    got = [(int(ep["length"]), x.task(int(ep["task"])).decode()) for x in ds.shards for ep in x.episodes]
+    want = [(LENGTHS[e], TASKS[EPISODE_TASK[e]]) for e in episodes]
+    packed = all(np.array_equal(x.episodes["first_frame"], np.cumsum(x.episodes["length"]) - x.episodes["length"])
+                 and int(x.episodes["length"].sum()) == x.n_frames for x in ds.shards)
+    check(f"{name}: episode table (lengths {[LENGTHS[e] for e in episodes]}, tasks, first frames)",
+          got == want and packed, f"got {got}, want {want}, packed {packed}")
+    used = sorted({EPISODE_TASK[e] for e in episodes})
+    check(f"{name}: task table holds the tasks used", len(ds.shards) > 1 or
+          [s.task(k).decode() for k in range(s.n_tasks)] == [TASKS[t] for t in used],
+          f"got {[s.task(k) for k in range(s.n_tasks)]}")
+    rows = [(e, i) for e in episodes for i in range(LENGTHS[e])]
+    state = np.concatenate([x.state for x in ds.shards])
+    action = np.concatenate([x.action for x in ds.shards])
+    check(f"{name}: state values exact", np.array_equal(state, np.array([state_of(e, i) for e, i in rows], np.float32)))
+    check(f"{name}: action values exact",
+          np.array_equal(action, np.array([action_of(e, i) for e, i in rows], np.float32)))
+    images = np.concatenate([x.images for x in ds.shards]).astype(np.int64)
+    colour = {FRONT: front_colour, WRIST: wrist_colour}
+    for c, cam in enumerate(cams):
+        want_img = np.array([colour[cam](e, i) for e, i in rows])[:, None, None, :]
+        err = np.abs(images[:, c] - want_img)
+        worst = int(err.max())
+        lossless = cam == WRIST  # PNG: the crop and the resize of a solid square are exact
+        limit = 0 if lossless else TOL
+        check(f"{name}: camera {c} is {cam.split('.')[-1]}, every pixel its frame's colour "
+              f"({'exact' if lossless else f'within {TOL}'}; worst {worst})", worst <= limit,
+              f"worst pixel off by {worst} at frame {int(err.reshape(len(rows), -1).max(1).argmax())}")
+    st = np.concatenate([x.stats for x in ds.shards])
+    check(f"{name}: normalization statistics finite", bool(np.isfinite(st).all()))
+    ref = np.concatenate([state.astype(np.float64), action.astype(np.float64)], 1)
+    mean, std = ref.mean(0), ref.std(0)
+    got_mean = np.concatenate([ds.state_mean, ds.action_mean])
+    got_std = np.concatenate([ds.state_std, ds.action_std])
+    std_want = np.where(std < 1e-6, 1.0, std)  # constant dims read back as std 1 (centered only)
+    check(f"{name}: pooled statistics are the frames' mean and std",
+          np.allclose(got_mean, mean, rtol=1e-5, atol=1e-5) and np.allclose(got_std, std_want, rtol=1e-4, atol=1e-5),
+          f"mean {got_mean} vs {mean}, std {got_std} vs {std_want}")
+    return ds
+
+
+def check_error(name, result, expect):
+    """A bad input: exit status 1 and, besides progress lines, one stderr line `error: ...` that
+    names the problem."""
+    rc, stdout, stderr = result
+    lines = [x for x in stderr.strip().splitlines() if not PROGRESS.fullmatch(x)]
+    ok = rc == 1 and len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0] \
+        and "Traceback" not in stderr
+    check(f"{name}: exit 1 with one `error:` line naming {expect!r}", ok, f"rc {rc}, stderr {stderr.strip()!r}")
+
+
+def build_bad(tmp, v21, v30, codec):
+    """Broken copies of the fixture: {name: folder}."""
+    bad = {}
+
+    def copy(name, src):
+        bad[name] = f"{tmp}/bad_{name}"
+        shutil.copytree(src, bad[name])
+        return bad[name]
+
+    os.remove(f"{copy('noinfo', v21)}/meta/info.json")
+    p = f"{copy('noaction', v21)}/data/chunk-000/episode_000000.parquet"
+    pq.write_table(pq.read_table(p).drop_columns(["action"]), p)
+    p = f"{copy('version', v30)}/meta/info.json"
+    with open(p) as f:
+        info = json.load(f)
+    info["codebase_version"] = "v1.6"
+    write_json(p, info)
+    with open(f"{copy('video', v21)}/videos/chunk-000/{FRONT}/episode_000001.mp4", "wb") as f:
+        f.write(b"\0not a video" * 100)
+    # episode 1's video one frame short of its data
+    write_video(f"{copy('short', v21)}/videos/chunk-000/{FRONT}/episode_000001.mp4", front_frames(1)[:-1], codec)
+    # the episode list says 8 frames where the data holds 7
+    p = f"{copy('length', v30)}/meta/episodes/chunk-000/file-000.parquet"
+    t = pq.read_table(p)
+    pq.write_table(t.set_column(t.schema.get_field_index("length"), "length", pa.array([5, 8, 4], pa.int64())), p)
+    return bad
+
+
+def main():
+    codec = pick_codec()
+    tmp = tempfile.mkdtemp(prefix="test_lerobot_")
+    try:
+        v21, v30 = f"{tmp}/pusht_v21", f"{tmp}/pusht_v30"
+        build_v21(v21, codec)
+        build_v30(v30, codec)
+        bad = build_bad(tmp, v21, v30, codec)
+        print(f"fixture: LeRobot v2.1 and v3.0, episodes {LENGTHS}, video codec {codec} yuv420p {W}x{H}, in {tmp}")
+
+        # every conversion at once (each is mostly Python start-up), checked below in order
+        runs = {
+            "v2.1": (v21,), "v3.0": (v30,),
+            "swapped": (v30, "--cameras", f"{WRIST},{FRONT}"), "one": (v21, "--cameras", FRONT),
+            "split": (v30, "--frames-per-shard", "12"), "long": (v21, "--frames-per-shard", "6"),
+            "range3": (v30, "--episodes", "1:3"), "range2": (v21, "--episodes", "1:"),
+            "noinfo": (bad["noinfo"],), "noaction": (bad["noaction"],), "statekey": (v30, "--state-key", "joints"),
+            "version": (bad["version"],), "video": (bad["video"],),
+            # episode 0 is already written as a shard when episode 1 fails
+            "short": (bad["short"], "--frames-per-shard", "5"), "length": (bad["length"],),
+            "cameras": (v30, "--cameras", "observation.images.top"), "episodes": (v30, "--episodes", "7:9"),
+        }
+        with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
+            jobs = {k: pool.submit(convert, a[0], f"{tmp}/out_{k}", *a[1:]) for k, a in runs.items()}
+            res = {k: j.result() for k, j in jobs.items()}
+
+        results = {}
+        for name in ("v2.1", "v3.0"):
+            out, src = f"{tmp}/out_{name}", runs[name][0]
+            rc, stdout, stderr = res[name]
+            if check_run(name, rc, stdout, stderr):
+                check(f"{name}: summary names episodes, frames, tasks, cameras, shards",
+                      "3 episodes, 16 frames, 2 task(s), 2 camera(s)" in stdout and "1 shard(s)" in stdout,
+                      stdout.strip())
+                check(f"{name}: shard named after the dataset folder",
+                      sorted(os.listdir(out)) == [f"{os.path.basename(src)}_000.bin"], str(os.listdir(out)))
+                check(f"{name}: a progress line per episode on stderr",
+                      [x for x in stderr.splitlines() if PROGRESS.fullmatch(x)] != [] and
+                      stderr.count(" episodes, ") == 3, stderr.strip())
+                results[name] = check_dataset(name, out)
+
+        if results.get("v2.1") and results.get("v3.0"):
+            a, b = results["v2.1"].shards[0], results["v3.0"].shards[0]
+            same = (np.array_equal(a.state, b.state) and np.array_equal(a.action, b.action)
+                    and np.array_equal(a.episodes, b.episodes) and bytes(a.task_text) == bytes(b.task_text)
+                    and np.array_equal(a.stats, b.stats) and np.array_equal(a.images[:, 1], b.images[:, 1]))
+            noise = int(np.abs(a.images[:, 0].astype(int) - b.images[:, 0].astype(int)).max())
+            check(f"v2.1 and v3.0 give the same shard (video pixels differ by {noise} <= {TOL}: codec noise)",
+                  same and noise <= TOL)
+
+        # cameras in the order --cameras gives
+        if check_run("--cameras wrist,front", *res["swapped"]):
+            check_dataset("--cameras wrist,front", f"{tmp}/out_swapped", cams=(WRIST, FRONT))
+        if check_run("--cameras front", *res["one"]):
+            check_dataset("--cameras front", f"{tmp}/out_one", cams=(FRONT,))
+
+        # whole episodes per shard: 5 + 7 fill 12 frames, the episode of 4 starts the next shard
+        if check_run("--frames-per-shard 12", *res["split"]):
+            ds = check_dataset("--frames-per-shard 12", f"{tmp}/out_split")
+            if ds:
+                check("--frames-per-shard 12: shards of 12 and 4 frames, each with its own task table",
+                      [x.n_frames for x in ds.shards] == [12, 4] and
+                      [x.task(k).decode() for x in ds.shards for k in range(x.n_tasks)] == TASKS + [TASKS[0]],
+                      f"{[x.n_frames for x in ds.shards]}")
+        # an episode longer than the limit gets a shard of its own
+        out = f"{tmp}/out_long"
+        if check_run("--frames-per-shard 6", *res["long"]):
+            ds = Dataset(out)
+            check("--frames-per-shard 6: one shard per episode (5, 7, 4 frames)",
+                  [x.n_frames for x in ds.shards] == LENGTHS, f"{[x.n_frames for x in ds.shards]}")
+            # a new conversion into the same folder with fewer shards removes the old extra ones
+            rc, stdout, stderr = convert(v21, out)
+            check("rerun into the same folder leaves only the new shard",
+                  rc == 0 and sorted(os.listdir(out)) == ["pusht_v21_000.bin"], str(sorted(os.listdir(out))))
+            # a failing conversion under the same name leaves that dataset as it was
+            rc, stdout, stderr = convert(bad["short"], out, "--name", "pusht_v21", "--frames-per-shard", "5")
+            check("failed rerun into the same folder keeps the earlier shard whole",
+                  rc == 1 and sorted(os.listdir(out)) == ["pusht_v21_000.bin"] and Dataset(out).n_samples == 16,
+                  f"rc {rc}, {sorted(os.listdir(out))}")
+
+        # a range of episodes: in v3.0 this starts inside the shared video (at 0.5 s)
+        for key, name in (("range3", "v3.0 --episodes 1:3"), ("range2", "v2.1 --episodes 1:")):
+            if check_run(name, *res[key]):
+                check_dataset(name, f"{tmp}/out_{key}", episodes=(1, 2))
+
+        # bad inputs: one line each, exit 1, nothing left behind
+        check_error("missing meta/info.json", res["noinfo"], "meta/info.json")
+        check_error("data without an action column", res["noaction"], "--action-key")
+        check_error("--state-key naming no column", res["statekey"], "'joints'")
+        check_error("unknown codebase_version", res["version"], "v1.6")
+        check_error("unreadable video", res["video"], "episode_000001.mp4")
+        check_error("video one frame shorter than the data", res["short"], "frame count mismatch")
+        out = f"{tmp}/out_short"
+        check("failed conversion leaves no file behind",
+              not os.path.exists(out) or not os.listdir(out), str(os.listdir(out)) if os.path.exists(out) else "")
+        check_error("episode list length differs from the data", res["length"], "frame count mismatch")
+        check_error("--cameras naming no camera", res["cameras"], "observation.images.top")
+        check_error("bad --episodes", res["episodes"], "--episodes")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
