@@ -728,20 +728,20 @@ static void test_bad_input(const char* dir) {
     expect_error(dir, "truncated checkpoint", args, "truncated");
 
     // flags
-    snprintf(args, sizeof(args), "-i %s/a.bin --frobnicate 3", dir);
-    expect_error(dir, "unknown long flag", args, "unknown option --frobnicate");
-    snprintf(args, sizeof(args), "-i %s/a.bin -Q", dir);
-    expect_error(dir, "unknown short flag", args, "unknown option -Q");
-    snprintf(args, sizeof(args), "-i %s/a.bin -b 0", dir);
-    expect_error(dir, "-b 0", args, "--batch 0");
-    snprintf(args, sizeof(args), "-i %s/a.bin -b eight", dir);
-    expect_error(dir, "-b eight", args, "--batch eight");
-    snprintf(args, sizeof(args), "-i %s/a.bin -p huge", dir);
-    expect_error(dir, "unknown preset", args, "unknown preset 'huge'");
-    snprintf(args, sizeof(args), "-i %s/a.bin -b", dir);
-    expect_error(dir, "flag without its value", args, "needs a value");
-    snprintf(args, sizeof(args), "-i %s/a.bin -y 1 --init x.bin", dir);
-    expect_error(dir, "-y 1 with --init", args, "use one of them");
+    static const struct { const char *what, *flags, *needle; } flag_cases[] = {
+        {"unknown long flag", "--frobnicate 3", "unknown option --frobnicate"},
+        {"unknown short flag", "-Q", "unknown option -Q"},
+        {"-b 0", "-b 0", "--batch 0"},
+        {"-b eight", "-b eight", "--batch eight"},
+        {"unknown preset", "-p huge", "unknown preset 'huge'"},
+        {"flag without its value", "-b", "needs a value"},
+        {"-y 1 with --init", "-y 1 --init x.bin", "use one of them"},
+        {"negative loader threads", "--workers -1", "--workers -1"},
+    };
+    for (size_t k = 0; k < sizeof(flag_cases) / sizeof(flag_cases[0]); k++) {
+        snprintf(args, sizeof(args), "-i %s/a.bin %s", dir, flag_cases[k].flags);
+        expect_error(dir, flag_cases[k].what, args, flag_cases[k].needle);
+    }
     char help[1100];
     snprintf(help, sizeof(help), "./train_vla_cpu -h > %s/help.txt", dir);
     int rc = run_command(help);
