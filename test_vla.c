@@ -598,7 +598,12 @@ static void test_checkpoints(const char* dir) {
         snprintf(p2, sizeof(p2), "%s/ckpt_roundtrip", dir);
         snprintf(cmd, sizeof(cmd), "rm -rf %s", p2);
         run_command(cmd);
-        args.output = p2; args.seed = 7; args.keep = 2;
+        args.output = p2; args.seed = 7; args.keep = 6;
+        for (int step = 1; step <= 6; step++) { model_save(&m, &ds, &args, step, 1000 + step); }
+        uint64_t newest[1];
+        check(checkpoint_list(p2, newest, 1) == 1 && newest[0] == 6, "asked for one, the checkpoint list gives the newest");
+        run_command(cmd);  // empty the folder again
+        args.keep = 2;
         for (int step = 1; step <= 3; step++) { model_save(&m, &ds, &args, step, 1000 + step); }
         Model m2;
         model_build(&m2, &c);

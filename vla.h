@@ -1116,7 +1116,8 @@ static inline void checkpoint_path(char* out, size_t size, const char* dir, uint
     snprintf(out, size, "%s/ckpt_%08llu.bin", dir, (unsigned long long)step);
 }
 
-// Steps of the complete checkpoints in dir, newest first. Incomplete files are reported and skipped.
+// Steps of the (at most max) newest complete checkpoints in dir, newest first. Incomplete files
+// are reported and skipped.
 static inline int checkpoint_list(const char* dir, uint64_t* steps, int max) {
     DIR* d = opendir(dir);
     if (d == NULL) { return 0; }
@@ -1132,12 +1133,14 @@ static inline int checkpoint_list(const char* dir, uint64_t* steps, int max) {
             fprintf(stderr, "warning: skipping %s\n", err);
             continue;
         }
-        if (n < max) { steps[n++] = step; }
+        // keep the `max` newest, newest first: insert into the sorted list, dropping the oldest
+        int at = n < max ? n++ : max;
+        if (at == max && (max == 0 || step <= steps[max - 1])) { continue; }
+        if (at == max) { at = max - 1; }
+        for (; at > 0 && steps[at - 1] < step; at--) { steps[at] = steps[at - 1]; }
+        steps[at] = step;
     }
     closedir(d);
-    for (int i = 1; i < n; i++) {  // newest first
-        for (int j = i; j > 0 && steps[j] > steps[j - 1]; j--) { uint64_t t = steps[j]; steps[j] = steps[j - 1]; steps[j - 1] = t; }
-    }
     return n;
 }
 
