@@ -15,14 +15,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import vla_shard  # noqa: E402
+from checks import Checks  # noqa: E402
 
-passed = failed = 0
-
-
-def check(ok, what):
-    global passed, failed
-    print(("  ok   " if ok else " FAIL  ") + what, flush=True)
-    passed, failed = passed + bool(ok), failed + (not ok)
+check = Checks()
 
 
 def inspect(*args):
@@ -108,5 +103,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    check.finish()
