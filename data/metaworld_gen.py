@@ -112,18 +112,14 @@ def episode_seed(seed, task_index, episode, attempt):
     return int(np.random.SeedSequence([seed, task_index, episode, attempt]).generate_state(1)[0])
 
 
-class Worker:
-    """One environment and renderer per task, reused across episodes in this process."""
+class Scene:
+    """One Meta-World task ready to roll out: environment, renderer and scripted expert. Layouts
+    (object and goal positions) come from the seed given to reset. Shared with the evaluator."""
 
-    def __init__(self, args):
-        self.args, self.task, self.env = args, None, None
-
-    def setup(self, task):
+    def __init__(self, task, img, cameras, state="hand_gripper", bench_seed=0):
         import metaworld
         import mujoco
-        if self.task == task:
-            return
-        bench = metaworld.MT1(task, seed=self.args.seed)
+        bench = metaworld.MT1(task, seed=bench_seed)
         self.env = bench.train_classes[task]()
         self.env.set_task(bench.train_tasks[0])  # required once; layouts then come from our seeds
         self.env._freeze_rand_vec = False
@@ -131,38 +127,63 @@ class Worker:
         # a 1024 shadow map and no multisampling: 2x faster CPU rendering, still lit and shadowed
         self.env.model.vis.quality.shadowsize = 1024
         self.env.model.vis.quality.offsamples = 0
-        self.renderer = mujoco.Renderer(self.env.model, self.args.img, self.args.img)
+        self.renderer = mujoco.Renderer(self.env.model, img, img)
+        self.task, self.cameras, self.state_kind = task, list(cameras), state
         self.policy = expert_policy(task)
-        self.task = task
+        self.obs = None
 
-    def render(self):
+    def reset(self, seed):
+        self.env.seed(seed)
+        self.obs, _ = self.env.reset()
+
+    def images(self):
+        """(n_cam, img, img, 3) u8 of the current state, corner cameras turned upright."""
         images = []
-        for cam in self.args.cameras:
+        for cam in self.cameras:
             self.renderer.update_scene(self.env.data, camera=cam)
             img = self.renderer.render()
             images.append(img[::-1, ::-1] if cam in FLIPPED_CAMERAS else img)
         return np.stack(images)
 
+    def state(self):
+        return np.asarray(self.obs[:4] if self.state_kind == "hand_gripper" else self.obs, np.float32)
+
+    def expert_action(self):
+        return np.clip(self.policy.get_action(self.obs), -1.0, 1.0).astype(np.float32)
+
+    def step(self, action):
+        """Applies a 4-dim action (clipped to [-1, 1]); returns the success flag after it."""
+        self.obs, _, _, _, info = self.env.step(np.clip(action, -1.0, 1.0).astype(np.float32))
+        return bool(info["success"])
+
+
+class Worker:
+    """One Scene per task, reused across episodes in this process."""
+
+    def __init__(self, args):
+        self.args, self.scene = args, None
+
     def episode(self, task, task_index, episode):
         """Runs attempts until one succeeds; returns (images, state, action, attempts)."""
-        self.setup(task)
         a = self.args
+        if self.scene is None or self.scene.task != task:
+            self.scene = Scene(task, a.img, a.cameras, a.state, a.seed)
+        scene = self.scene
         for attempt in range(a.max_attempts):
-            self.env.seed(episode_seed(a.seed, task_index, episode, attempt))
-            obs, _ = self.env.reset()
+            scene.reset(episode_seed(a.seed, task_index, episode, attempt))
             images, states, actions, success_at = [], [], [], None
             for step in range(a.max_steps):
-                action = np.clip(self.policy.get_action(obs), -1.0, 1.0).astype(np.float32)
-                images.append(self.render())
-                states.append(obs[:4] if a.state == "hand_gripper" else obs)
+                action = scene.expert_action()
+                images.append(scene.images())
+                states.append(scene.state())
                 actions.append(action)
-                obs, _, _, _, info = self.env.step(action)
-                if success_at is None and info["success"]:
+                success = scene.step(action)
+                if success_at is None and success:
                     success_at = step
                 if success_at is not None and step >= success_at + a.extra_steps:
                     break
             if success_at is not None:
-                return np.stack(images), np.asarray(states, np.float32), np.stack(actions), attempt + 1
+                return np.stack(images), np.stack(states), np.stack(actions), attempt + 1
         raise RuntimeError(f"{task} episode {episode}: the expert failed {a.max_attempts} layouts in a row")
 
 
