@@ -19,6 +19,10 @@ all: train_vla_cpu $(DEFAULT_DATA)
 train_vla_cpu: train_vla.c vla.h $(DEFAULT_DATA)
 	$(CC) $(CFLAGS) train_vla.c $(LDLIBS) -o $@
 
+# the policy interface for Python (ctypes): scripts/vla_policy.py
+libvla.so: train_vla.c vla.h
+	$(CC) $(CFLAGS) -Wno-unused-function -fPIC -shared -DVLA_LIBRARY train_vla.c $(LDLIBS) -o $@
+
 test_vla: test_vla.c train_vla.c vla.h
 	$(CC) $(CFLAGS) test_vla.c $(LDLIBS) -o $@
 
@@ -64,7 +68,7 @@ $(TEST_DIR)/a_train.txt: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefi
 	$(PYTHON) dev/model.py -i $< --preset tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
 		-l 1e-3 -u 2 -w 0.1 -c 0.5 > $@
 
-test: train_vla_cpu test_vla $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt venv_check
+test: train_vla_cpu test_vla libvla.so $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt venv_check
 	dev/run_tests.sh
 
 venv_check:
@@ -84,4 +88,4 @@ setup:
 	$(VENV_PY) -m pip install --quiet --disable-pip-version-check -r data/requirements.txt
 
 clean:
-	rm -rf train_vla_cpu test_vla data/synthetic dev/bench_loader build/test build/bench data/default
+	rm -rf train_vla_cpu test_vla libvla.so data/synthetic dev/bench_loader build/test build/bench data/default

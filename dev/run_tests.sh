@@ -5,6 +5,7 @@
 set -u
 cd "$(dirname "$0")/.."
 VENV_PY=${VENV_PY:-build/venv/bin/python}
+ORACLE_PY=${ORACLE_PY:-/usr/bin/python3}
 total_passed=0
 total_failed=0
 failed_suites=""
@@ -40,6 +41,8 @@ run_suite test_vla ./test_vla build/test
 run_suite metaworld "$VENV_PY" data/test_metaworld.py
 run_suite lerobot "$VENV_PY" data/test_lerobot.py
 run_suite inspect "$VENV_PY" data/test_inspect.py
+run_suite policy "$ORACLE_PY" scripts/test_policy.py
+run_suite eval "$VENV_PY" scripts/test_eval.py
 
 echo
 if [ -n "$failed_suites" ]; then echo "failed suites:$failed_suites"; fi

@@ -1,0 +1,94 @@
+"""
+test_policy.py: the policy interface (libvla.so through scripts/vla_policy.py) against the PyTorch
+oracle's inference on the same checkpoint and observations. Run by `make test` with Debian's
+python3 (torch). Exits non-zero on any failure; the last line is `N passed, M failed`.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "data"))
+sys.path.insert(0, os.path.join(ROOT, "dev"))
+import model as oracle  # noqa: E402
+import vla_shard  # noqa: E402
+from checks import Checks  # noqa: E402
+from vla_policy import VLAPolicy  # noqa: E402
+
+check = Checks()
+
+
+def oracle_actions(ckpt, images, instructions, state, noise):
+    """The oracle's 10-step sampling in float64 from the same checkpoint and noise."""
+    cfg, stats = ckpt["config"], ckpt["stats"]
+    S, A = cfg.state_dim, cfg.action_dim
+    model = oracle.VLA(cfg, torch.float64)
+    model.load(ckpt["params"])
+    text = np.zeros((len(instructions), cfg.max_text), np.uint8)
+    mask = np.zeros((len(instructions), cfg.max_text), np.float32)
+    for b, s in enumerate(instructions):
+        raw = s.encode()[:cfg.max_text]
+        text[b, :len(raw)] = np.frombuffer(raw, np.uint8)
+        mask[b, :len(raw)] = 1.0
+    norm_state = (state - stats[:S]) / stats[S:2 * S]  # float32, as the C code normalizes
+    batch = {"images": torch.from_numpy(images), "text": torch.from_numpy(text),
+             "text_mask": torch.tensor(mask, dtype=torch.float64),
+             "state": torch.tensor(norm_state, dtype=torch.float64), "eps": torch.tensor(noise, dtype=torch.float64)}
+    out = model.sample_actions(batch, stats[2 * S:2 * S + A], stats[2 * S + A:])
+    return out.numpy()
+
+
+def main():
+    shard_path = os.path.join(ROOT, "build", "test", "b.bin")  # 2 cameras, state 3, action 2
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run([os.path.join(ROOT, "train_vla_cpu"), "-p", "tiny", "-i", shard_path, "-n", "4", "-b", "4",
+                            "-u", "1", "-l", "1e-2", "-t", "1", "-o", tmp], capture_output=True, text=True)
+        ckpt_path = os.path.join(tmp, "ckpt_00000004.bin")
+        check(r.returncode == 0 and os.path.exists(ckpt_path), "train_vla_cpu writes a checkpoint to serve")
+        if r.returncode != 0:
+            return
+        policy = VLAPolicy(ckpt_path, threads=1)
+        c = policy.config
+        check((c["n_cam"], c["state_dim"], c["action_dim"], c["chunk"]) == (2, 3, 2, 8),
+              f"the policy reports the checkpoint's config ({c['n_cam']} cameras, S {c['state_dim']}, "
+              f"A {c['action_dim']}, H {c['chunk']})")
+        shard = vla_shard.Shard(shard_path)
+        frames = [0, 7, 15]
+        images = np.ascontiguousarray(shard.images[frames])
+        state = np.ascontiguousarray(shard.state[frames])
+        instructions = ["go to blue", "move to the red square",
+                        "touch the yellow square with the gripper, then stop"]  # shorter and longer than max_text
+        noise = np.random.default_rng(0).normal(size=(3, c["chunk"], c["action_dim"])).astype(np.float32)
+        ours = policy.act(images, instructions, state, noise=noise)
+        ref = oracle_actions(oracle.read_checkpoint(ckpt_path), images, instructions, state, noise)
+        err = float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
+        # fp32 against the float64 oracle: 10 Euler steps through the whole model, as test_vla
+        check(err < 1e-5, f"actions of 3 observations match the oracle's sampling: rel err {err:.2e} (tol 1e-5)")
+        a1, a2 = policy.act(images, instructions, state, seed=5), policy.act(images, instructions, state, seed=5)
+        a3 = policy.act(images, instructions, state, seed=6)
+        check(np.array_equal(a1, a2) and not np.array_equal(a1, a3), "seeded noise: same seed same actions, another differs")
+        single = policy.act(images[1:2], instructions[1:2], state[1:2], noise=noise[1:2])
+        check(np.allclose(single[0], ours[1], rtol=1e-5, atol=1e-6), "a batch of one gives that observation's actions")
+        try:
+            policy.act(images[:, :1], instructions, state)
+            check(False, "images with the wrong camera count are refused")
+        except ValueError as e:
+            check("this checkpoint reads" in str(e), f"images with the wrong camera count are refused: {e}")
+        try:
+            VLAPolicy(os.path.join(tmp, "missing.bin"))
+            check(False, "a missing checkpoint is refused")
+        except ValueError as e:
+            check("cannot open checkpoint" in str(e), f"a missing checkpoint is refused: {e}")
+        policy.close()
+
+
+if __name__ == "__main__":
+    main()
+    check.finish()
