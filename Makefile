@@ -1,7 +1,7 @@
-# train_vla: `make train_vla_cpu` builds the CPU reference trainer, `make test` builds and runs
-# every test this machine can run. The PyTorch oracle runs under $(PYTHON) (Debian's
-# python3-torch); the data tools under $(VENV_PY), a venv with data/requirements.txt.
-# `make setup` installs both (and the Mesa libraries MuJoCo renders with).
+# train_vla: `make train_vla` builds the GPU trainer, `make train_vla_cpu` the CPU reference,
+# `make test` builds and runs every test this machine can run. The PyTorch oracle runs under
+# $(PYTHON) (Debian's python3-torch); the data tools under $(VENV_PY), a venv with
+# data/requirements.txt. `make setup` installs both (and the Mesa libraries MuJoCo renders with).
 
 CC ?= gcc
 CFLAGS ?= -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation
@@ -12,9 +12,76 @@ VENV_PY = $(VENV)/bin/python
 TEST_DIR = build/test
 DEFAULT_DATA = data/default/metaworld_mt10_000.bin
 
-.PHONY: all test setup clean data venv_check
+.PHONY: all test setup clean data venv_check nvcc_check dev_cuda
 
 all: train_vla_cpu $(DEFAULT_DATA)
+
+# ---- the GPU trainer. PRECISION=BF16 (default) or FP32; the architecture as dev/gpu_arch.mk says
+include dev/gpu_arch.mk
+PRECISION ?= BF16
+ifeq ($(PRECISION),FP32)
+  PRECISION_FLAG = -DENABLE_FP32
+else ifeq ($(PRECISION),BF16)
+  PRECISION_FLAG =
+else
+  $(error PRECISION=$(PRECISION): use BF16 or FP32)
+endif
+GPU_SOURCES = train_vla.cu vla.h
+
+nvcc_check:
+	@command -v $(NVCC) > /dev/null || { echo "error: $(NVCC) not found: install the CUDA Toolkit or set NVCC=/path/to/nvcc"; exit 1; }
+
+train_vla: $(GPU_SOURCES) $(DEFAULT_DATA) | nvcc_check
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) train_vla.cu $(NVCC_LDLIBS) -o $@
+
+# both precisions for the GPU tests
+build/gpu/train_vla_bf16 build/gpu/test_vla_gpu_bf16: PRECISION_FLAG =
+build/gpu/train_vla_fp32 build/gpu/test_vla_gpu_fp32: PRECISION_FLAG = -DENABLE_FP32
+build/gpu/train_vla_%: $(GPU_SOURCES) | nvcc_check
+	@mkdir -p build/gpu
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) train_vla.cu $(NVCC_LDLIBS) -o $@
+build/gpu/test_vla_gpu_%: test_vla_gpu.cu dev/test_util.h $(GPU_SOURCES) | nvcc_check
+	@mkdir -p build/gpu
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) test_vla_gpu.cu $(NVCC_LDLIBS) -o $@
+
+# ---- the same CUDA sources on the CPU, through the emulation in dev/cuda/emu (what make test
+# runs where there is no GPU): launch.sed rewrites the launches, g++ compiles the result
+EMU_DIR = build/emu
+.SECONDARY: $(EMU_DIR)/train_vla.cu $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/dev/cuda/emu/test_emulate.cu \
+	$(addprefix $(EMU_DIR)/dev/cuda/,$(addsuffix .cu,$(basename $(notdir $(wildcard dev/cuda/*.cu)))))
+EMU_HEADERS = $(wildcard dev/cuda/emu/*.h) dev/cuda/emu/launch.sed
+EMU_CXX = g++ -std=c++17 -O2 -g -Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas \
+	-Wno-format-truncation -I dev/cuda/emu -I .
+$(EMU_DIR)/%.cu: %.cu dev/cuda/emu/launch.sed
+	@mkdir -p $(dir $@)
+	sed -f dev/cuda/emu/launch.sed $< > $@
+$(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/test_vla_gpu_bf16: EMU_PRECISION =
+$(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/test_vla_gpu_fp32: EMU_PRECISION = -DENABLE_FP32
+$(EMU_DIR)/train_vla_%: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
+	$(EMU_CXX) $(EMU_PRECISION) -x c++ $< -lm -lpthread -o $@
+$(EMU_DIR)/test_vla_gpu_%: $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/train_vla.cu dev/test_util.h vla.h $(EMU_HEADERS)
+	$(EMU_CXX) $(EMU_PRECISION) -x c++ $< -lm -lpthread -o $@
+$(EMU_DIR)/dev/cuda/emu/test_emulate: $(EMU_DIR)/dev/cuda/emu/test_emulate.cu $(EMU_HEADERS)
+	$(EMU_CXX) -x c++ $< -o $@
+$(EMU_DIR)/dev/cuda/common.h: dev/cuda/common.h
+	@mkdir -p $(dir $@)
+	cp $< $@
+$(EMU_DIR)/dev/cuda/%: $(EMU_DIR)/dev/cuda/%.cu $(EMU_DIR)/dev/cuda/common.h $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
+	$(EMU_CXX) -x c++ $< -lm -lpthread -o $@
+
+# dev/cuda: one program per kernel (dev/cuda/README.md); compiled for the GPU by its own Makefile
+DEV_CUDA = $(basename $(notdir $(wildcard dev/cuda/*.cu)))
+dev_cuda: | nvcc_check
+	$(MAKE) -C dev/cuda
+
+ifeq ($(HAS_GPU),1)
+GPU_TEST_BINARIES = build/gpu/train_vla_bf16 build/gpu/train_vla_fp32 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32
+GPU_TEST_RUNNER = build/gpu
+else
+GPU_TEST_BINARIES = $(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/test_vla_gpu_bf16 \
+	$(EMU_DIR)/test_vla_gpu_fp32 $(EMU_DIR)/dev/cuda/emu/test_emulate $(addprefix $(EMU_DIR)/dev/cuda/,$(DEV_CUDA))
+GPU_TEST_RUNNER = $(EMU_DIR)
+endif
 
 train_vla_cpu: train_vla.c vla.h $(DEFAULT_DATA)
 	$(CC) $(CFLAGS) train_vla.c $(LDLIBS) -o $@
@@ -68,8 +135,11 @@ $(TEST_DIR)/a_train.txt: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefi
 	$(PYTHON) dev/model.py -i $< --preset tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
 		-l 1e-3 -u 2 -w 0.1 -c 0.5 > $@
 
-test: train_vla_cpu test_vla libvla.so $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt venv_check
-	dev/run_tests.sh
+# make test compiles train_vla for the GPU everywhere; its tests run on the GPU if there is one,
+# otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries)
+test: train_vla_cpu test_vla libvla.so train_vla dev_cuda $(GPU_TEST_BINARIES) \
+		$(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt venv_check
+	GPU_TESTS=$(GPU_TEST_RUNNER) dev/run_tests.sh
 
 venv_check:
 	@$(VENV_PY) -c "import metaworld, mujoco, av, pyarrow, PIL" 2>/dev/null || { \
@@ -88,4 +158,6 @@ setup:
 	$(VENV_PY) -m pip install --quiet --disable-pip-version-check -r data/requirements.txt
 
 clean:
-	rm -rf train_vla_cpu test_vla libvla.so data/synthetic dev/bench_loader build/test build/bench data/default
+	rm -rf train_vla_cpu test_vla libvla.so train_vla data/synthetic dev/bench_loader build/test build/bench build/gpu \
+		build/emu data/default
+	$(MAKE) -C dev/cuda clean

@@ -864,29 +864,13 @@ static float train_step(Model* m, float* grad_sum, Loader* loader, const TrainAr
 // checkpoints of the model
 
 static void model_save(const Model* m, const Dataset* ds, const TrainArgs* args, int step, uint64_t sampler_pos) {
-    int S = m->config.state_dim, A = m->config.action_dim;
-    float stats[2 * (S + A)];
-    memcpy(stats, ds->state_mean, S * sizeof(float));
-    memcpy(stats + S, ds->state_std, S * sizeof(float));
-    memcpy(stats + 2 * S, ds->action_mean, A * sizeof(float));
-    memcpy(stats + 2 * S + A, ds->action_std, A * sizeof(float));
-    Checkpoint ck = {m->config, (uint64_t)step, args->seed, sampler_pos, stats, m->params_memory, m->m_memory, m->v_memory};
-    char path[1024];
-    make_dir(args->output);
-    checkpoint_path(path, sizeof(path), args->output, (uint64_t)step);
-    checkpoint_write(path, &ck, m->table.total);
-    checkpoint_prune(args->output, args->keep);
+    run_checkpoint_save(args, ds, &m->config, step, sampler_pos, m->params_memory, m->m_memory, m->v_memory, m->table.total);
 }
 
 // Loads weights, moments, step, seed and sampler position; the config must match the model's.
 static void model_load(Model* m, const char* path, int* step, uint64_t* seed, uint64_t* sampler_pos) {
     Checkpoint ck;
-    checkpoint_read(path, &ck);
-    const char* diff = vla_config_diff(&ck.config, &m->config);
-    if (diff != NULL) {
-        vla_fail("checkpoint %s was written for another model (%s, checkpoint vs this run): use the same preset and "
-                 "dataset, or another output folder (-o)", path, diff);
-    }
+    run_checkpoint_load(path, &m->config, &ck);
     size_t n = m->table.total;
     memcpy(m->params_memory, ck.params, n * sizeof(float));
     memcpy(m->m_memory, ck.m, n * sizeof(float));
@@ -978,40 +962,17 @@ void vla_policy_free(VLAPolicy* p) {
 // ----------------------------------------------------------------------------
 // CLI and main
 
-// The model config: the preset's widths with the dataset's observation shapes.
-static VLAConfig config_for_data(const char* preset, const Dataset* ds) {
-    VLAConfig c = vla_preset(preset)->config;
-    c.n_cam = ds->n_cam; c.img = ds->img; c.state_dim = ds->state_dim; c.action_dim = ds->action_dim;
-    const char* problem = vla_config_problem(&c);
-    if (problem != NULL) { vla_fail("preset %s does not fit the dataset: %s: pick another preset", preset, problem); }
-    return c;
-}
-
 #if !defined(TESTING) && !defined(VLA_LIBRARY)
 // How well the policy acts: 10-step sampling on one batch, mean squared error against the
 // dataset's actions over the unmasked slots, in the data's own (un-normalized) units.
 static float eval_action_mse(Model* m, Batch* batch, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
     const VLAConfig* c = &m->config;
-    int B = batch->B, H = c->chunk, A = c->action_dim;
-    Sampler sampler;
-    sampler_init(&sampler, ds->n_samples, seed);
-    uint64_t idx[B];
-    batch_fill_indices(idx, &sampler, pos, 0, 0, B, 1, 0);
-    batch_fill(batch, ds, c, idx, seed, (uint64_t)step, 0, 0);
-    sampler_free(&sampler);
-    float* sampled = (float*)mallocCheck((size_t)B * H * A * sizeof(float));
+    eval_batch(batch, ds, c, seed, pos, step);
+    float* sampled = (float*)mallocCheck((size_t)batch->B * c->chunk * c->action_dim * sizeof(float));
     model_sample_actions(m, batch, batch->eps, ds->action_mean, ds->action_std, sampled);
-    double se = 0.0;
-    size_t n = 0;
-    for (size_t k = 0; k < (size_t)B * H * A; k++) {
-        if (batch->action_mask[k / A] == 0.0f) { continue; }
-        int dim = (int)(k % A);
-        double truth = (double)batch->actions[k] * ds->action_std[dim] + ds->action_mean[dim];
-        se += (sampled[k] - truth) * (sampled[k] - truth);
-        n++;
-    }
+    float mse = action_mse(batch, ds, c, sampled);
     free(sampled);
-    return (float)(se / (double)(n > 0 ? n : 1));
+    return mse;
 }
 
 static volatile sig_atomic_t stop_requested = 0;
@@ -1029,17 +990,8 @@ int main(int argc, char** argv) {
 
     int start = 0;
     uint64_t sampler_pos = 0;
-    const char* from = args.init;
     char resume_path[1024];
-    if (args.resume) {
-        uint64_t steps[1] = {0};
-        if (checkpoint_list(args.output, steps, 1) == 1) {
-            checkpoint_path(resume_path, sizeof(resume_path), args.output, steps[0]);
-            from = resume_path;
-        } else {
-            printf("no complete checkpoint in %s: starting from scratch\n", args.output);
-        }
-    }
+    const char* from = run_start_checkpoint(&args, resume_path, sizeof(resume_path));
     if (from != NULL) {
         uint64_t seed;
         model_load(&model, from, &start, &seed, &sampler_pos);
@@ -1090,7 +1042,7 @@ int main(int argc, char** argv) {
         }
         if (step > start) { timed_ms += ms; timed_steps++; }  // the first step warms caches
         double sps = (double)args.batch * args.ranks / (ms / 1000.0);
-        logger_step(&logger, step, args.steps, loss, lr_at_step(&args, step), norm, ms, sps,
+        logger_step(&logger, step, args.steps, loss, lr_at_step(&args, step), norm, ms, sps, NAN, NAN,
                     (step + 1) % args.log_every == 0 || step + 1 == args.steps);
         int done = step + 1;
         if ((args.ckpt_every > 0 && done % args.ckpt_every == 0) || done == args.steps) {

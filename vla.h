@@ -18,7 +18,9 @@ to fix it, and exit status 1. Nothing here calls abort() on bad input.
 #ifndef VLA_H
 #define VLA_H
 
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -39,6 +41,13 @@ to fix it, and exit status 1. Nothing here calls abort() on bad input.
 
 // ----------------------------------------------------------------------------
 // utilities: errors that say what to do, checked allocation and file calls
+
+// train_vla.cu compiles this header as C++
+#ifdef __cplusplus
+#define VLA_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define VLA_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
 
 // One line on stderr, exit status 1. Used for every user-facing failure.
 static inline void vla_fail(const char* fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
@@ -389,14 +398,14 @@ typedef struct {
     uint64_t file_size;
     uint64_t reserved[16];
 } ShardHeader;
-_Static_assert(sizeof(ShardHeader) == 256, "shard header is 256 bytes");
+VLA_STATIC_ASSERT(sizeof(ShardHeader) == 256, "shard header is 256 bytes");
 
 typedef struct {
     uint64_t first_frame;
     uint32_t length;
     uint32_t task;
 } ShardEpisode;
-_Static_assert(sizeof(ShardEpisode) == 16, "episode record is 16 bytes");
+VLA_STATIC_ASSERT(sizeof(ShardEpisode) == 16, "episode record is 16 bytes");
 
 typedef struct {
     char path[512];
@@ -734,25 +743,38 @@ typedef struct {
     float* action_mask;  // (B, H) 1 inside the episode, 0 past its end
     float* t;            // (B) flow time
     float* eps;          // (B, H, A) flow noise
+    void* memory;        // one block holding all of the above, so a GPU trainer pins and copies it at once
+    size_t bytes;
 } Batch;
 
-static inline void batch_alloc(Batch* b, const VLAConfig* c, int B) {
+// Points the arrays of a batch of B samples into `base` (NULL: only measures), each at a 64-byte
+// boundary. Returns the bytes the batch needs. The same layout serves host and device copies.
+static inline size_t batch_layout(Batch* b, uint8_t* base, const VLAConfig* c, int B) {
+    size_t off = 0, HA = (size_t)c->chunk * c->action_dim;
+#define VLA_CARVE_(field, type, count) \
+    b->field = base != NULL ? (type*)(base + off) : NULL; \
+    off += ((size_t)(count) * sizeof(type) + 63) / 64 * 64;
+    VLA_CARVE_(images, uint8_t, (size_t)B * c->n_cam * c->img * c->img * 3)
+    VLA_CARVE_(text, uint8_t, (size_t)B * c->max_text)
+    VLA_CARVE_(text_mask, float, (size_t)B * c->max_text)
+    VLA_CARVE_(state, float, (size_t)B * c->state_dim)
+    VLA_CARVE_(actions, float, (size_t)B * HA)
+    VLA_CARVE_(action_mask, float, (size_t)B * c->chunk)
+    VLA_CARVE_(t, float, (size_t)B)
+    VLA_CARVE_(eps, float, (size_t)B * HA)
+#undef VLA_CARVE_
     b->B = B;
-    size_t img_bytes = (size_t)c->n_cam * c->img * c->img * 3;
-    b->images = (uint8_t*)mallocCheck((size_t)B * img_bytes);
-    b->text = (uint8_t*)mallocCheck((size_t)B * c->max_text);
-    b->text_mask = (float*)mallocCheck((size_t)B * c->max_text * sizeof(float));
-    b->state = (float*)mallocCheck((size_t)B * c->state_dim * sizeof(float));
-    b->actions = (float*)mallocCheck((size_t)B * c->chunk * c->action_dim * sizeof(float));
-    b->action_mask = (float*)mallocCheck((size_t)B * c->chunk * sizeof(float));
-    b->t = (float*)mallocCheck((size_t)B * sizeof(float));
-    b->eps = (float*)mallocCheck((size_t)B * c->chunk * c->action_dim * sizeof(float));
+    b->memory = base;
+    b->bytes = off;
+    return off;
 }
 
-static inline void batch_free(Batch* b) {
-    free(b->images); free(b->text); free(b->text_mask); free(b->state);
-    free(b->actions); free(b->action_mask); free(b->t); free(b->eps);
+static inline void batch_alloc(Batch* b, const VLAConfig* c, int B) {
+    size_t bytes = batch_layout(b, NULL, c, B);
+    batch_layout(b, (uint8_t*)mallocCheck(bytes), c, B);
 }
+
+static inline void batch_free(Batch* b) { free(b->memory); }
 
 // Sample `index` (a global frame number) into row i of the batch.
 static inline void dataset_assemble(const Dataset* ds, const VLAConfig* c, uint64_t index, Batch* b, int i) {
@@ -1024,7 +1046,7 @@ typedef struct {
     uint64_t file_size;
     uint64_t reserved[18];
 } CheckpointHeader;
-_Static_assert(sizeof(CheckpointHeader) == 256, "checkpoint header is 256 bytes");
+VLA_STATIC_ASSERT(sizeof(CheckpointHeader) == 256, "checkpoint header is 256 bytes");
 
 typedef struct {
     VLAConfig config;
@@ -1325,21 +1347,108 @@ static inline void logger_open(Logger* lg, const char* dir) {
     lg->t_start = wall_seconds();
 }
 
+// One step's line. mfu and mem_gib are NAN where they mean nothing (the CPU trainer).
 static inline void logger_step(Logger* lg, int step, int steps, float loss, float lr, float norm, double ms,
-                        double samples_per_s, int print) {
+                        double samples_per_s, double mfu, double mem_gib, int print) {
     if (print) {
         double eta = ms * (steps - step - 1) / 1000.0;
-        printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %7.1f samples/s | ETA %dm%02ds\n",
-               step + 1, steps, loss, lr, norm, ms, samples_per_s, (int)(eta / 60), (int)eta % 60);
+        char extra[96] = "";
+        if (!isnan(mfu)) { snprintf(extra, sizeof(extra), " | MFU %5.1f%% | %5.2f GiB", 100.0 * mfu, mem_gib); }
+        printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %7.1f samples/s%s | ETA %dm%02ds\n",
+               step + 1, steps, loss, lr, norm, ms, samples_per_s, extra, (int)(eta / 60), (int)eta % 60);
         fflush(stdout);
     }
-    fprintf(lg->jsonl, "{\"step\": %d, \"loss\": %.8g, \"lr\": %.6g, \"grad_norm\": %.6g, \"ms\": %.3f, \"samples_per_s\": %.3f}\n",
+    fprintf(lg->jsonl, "{\"step\": %d, \"loss\": %.8g, \"lr\": %.6g, \"grad_norm\": %.6g, \"ms\": %.3f, \"samples_per_s\": %.3f",
             step + 1, loss, lr, norm, ms, samples_per_s);
+    if (!isnan(mfu)) { fprintf(lg->jsonl, ", \"mfu\": %.5f, \"gpu_mem_gib\": %.4f", mfu, mem_gib); }
+    fprintf(lg->jsonl, "}\n");
     fflush(lg->jsonl);
 }
 
 static inline void logger_close(Logger* lg) {
     if (lg->jsonl != NULL) { fclose(lg->jsonl); }
+}
+
+// ----------------------------------------------------------------------------
+// runs: what both trainers do around their model (config, where to start, checkpoints)
+
+// The model config: the preset's widths with the dataset's observation shapes.
+static inline VLAConfig config_for_data(const char* preset, const Dataset* ds) {
+    VLAConfig c = vla_preset(preset)->config;
+    c.n_cam = ds->n_cam; c.img = ds->img; c.state_dim = ds->state_dim; c.action_dim = ds->action_dim;
+    const char* problem = vla_config_problem(&c);
+    if (problem != NULL) { vla_fail("preset %s does not fit the dataset: %s: pick another preset", preset, problem); }
+    return c;
+}
+
+// The checkpoint a run starts from: --init, or with -y 1 the newest complete one in the output
+// folder (written into buf), or NULL to start from the seed.
+static inline const char* run_start_checkpoint(const TrainArgs* args, char* buf, size_t size) {
+    if (!args->resume) { return args->init; }
+    uint64_t steps[1] = {0};
+    if (checkpoint_list(args->output, steps, 1) == 1) {
+        checkpoint_path(buf, size, args->output, steps[0]);
+        return buf;
+    }
+    printf("no complete checkpoint in %s: starting from scratch\n", args->output);
+    return NULL;
+}
+
+// Writes step `step` of a run (host copies of the fp32 master weights and AdamW moments, n each,
+// with the dataset's normalization statistics) and keeps the newest args->keep checkpoints.
+static inline void run_checkpoint_save(const TrainArgs* args, const Dataset* ds, const VLAConfig* c, int step,
+                                       uint64_t sampler_pos, float* params, float* m, float* v, size_t n) {
+    int S = c->state_dim, A = c->action_dim;
+    float* stats = (float*)mallocCheck(2 * (size_t)(S + A) * sizeof(float));
+    memcpy(stats, ds->state_mean, S * sizeof(float));
+    memcpy(stats + S, ds->state_std, S * sizeof(float));
+    memcpy(stats + 2 * S, ds->action_mean, A * sizeof(float));
+    memcpy(stats + 2 * S + A, ds->action_std, A * sizeof(float));
+    Checkpoint ck = {*c, (uint64_t)step, args->seed, sampler_pos, stats, params, m, v};
+    char path[1024];
+    make_dir(args->output);
+    checkpoint_path(path, sizeof(path), args->output, (uint64_t)step);
+    checkpoint_write(path, &ck, n);
+    checkpoint_prune(args->output, args->keep);
+    free(stats);
+}
+
+// Reads a checkpoint to continue the model of config c; fails if it was written for another model.
+static inline void run_checkpoint_load(const char* path, const VLAConfig* c, Checkpoint* ck) {
+    checkpoint_read(path, ck);
+    const char* diff = vla_config_diff(&ck->config, c);
+    if (diff != NULL) {
+        vla_fail("checkpoint %s was written for another model (%s, checkpoint vs this run): use the same preset and "
+                 "dataset, or another output folder (-o)", path, diff);
+    }
+}
+
+// The batch the end-of-run evaluation samples actions for: B samples from sampler position pos,
+// with the flow noise of step `step` (its eps is the starting noise).
+static inline void eval_batch(Batch* batch, const Dataset* ds, const VLAConfig* c, uint64_t seed, uint64_t pos, int step) {
+    Sampler sampler;
+    sampler_init(&sampler, ds->n_samples, seed);
+    uint64_t* idx = (uint64_t*)mallocCheck((size_t)batch->B * sizeof(uint64_t));
+    batch_fill_indices(idx, &sampler, pos, 0, 0, batch->B, 1, 0);
+    batch_fill(batch, ds, c, idx, seed, (uint64_t)step, 0, 0);
+    free(idx);
+    sampler_free(&sampler);
+}
+
+// Mean squared error of sampled actions (B, H, A, data units) against the batch's, over the
+// unmasked slots, in the data's own units.
+static inline float action_mse(const Batch* batch, const Dataset* ds, const VLAConfig* c, const float* sampled) {
+    int A = c->action_dim;
+    double se = 0.0;
+    size_t n = 0;
+    for (size_t k = 0; k < (size_t)batch->B * c->chunk * A; k++) {
+        if (batch->action_mask[k / A] == 0.0f) { continue; }
+        int dim = (int)(k % A);
+        double truth = (double)batch->actions[k] * ds->action_std[dim] + ds->action_mean[dim];
+        se += (sampled[k] - truth) * (sampled[k] - truth);
+        n++;
+    }
+    return (float)(se / (double)(n > 0 ? n : 1));
 }
 
 #endif  // VLA_H

@@ -294,12 +294,13 @@ def rmsnorm(x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
-def rope_tables(positions, head_dim, theta, dtype):
+def rope_tables(positions, head_dim, theta, dtype, device="cpu"):
     """cos, sin (T, HS/2) of RoPE at the given sequence positions, computed in float64."""
     k = np.arange(head_dim // 2, dtype=np.float64)
     inv_freq = float(theta) ** (-2.0 * k / head_dim)
     angle = np.asarray(positions, np.float64)[:, None] * inv_freq[None, :]
-    return torch.tensor(np.cos(angle), dtype=dtype), torch.tensor(np.sin(angle), dtype=dtype)
+    return (torch.tensor(np.cos(angle), dtype=dtype, device=device),
+            torch.tensor(np.sin(angle), dtype=dtype, device=device))
 
 
 def apply_rope(x, cos, sin):
@@ -311,20 +312,24 @@ def apply_rope(x, cos, sin):
 
 def time_embedding(t, dim, dtype):
     """Sinusoidal embedding (B, dim) of the flow time: half sin, half cos, periods geometric
-    from 4e-3 to 4.0. Computed in float64 from the float32 t, then cast."""
+    from 4e-3 to 4.0. Computed in float64 from the float32 t (a tensor), then cast."""
     half = dim // 2
-    fraction = np.arange(half, dtype=np.float64) / max(half - 1, 1)
+    fraction = torch.arange(half, dtype=torch.float64, device=t.device) / max(half - 1, 1)
     period = 4e-3 * (4.0 / 4e-3) ** fraction
-    angle = 2.0 * math.pi * np.asarray(t, np.float64)[:, None] / period[None, :]
-    return torch.tensor(np.concatenate([np.sin(angle), np.cos(angle)], 1), dtype=dtype)
+    angle = 2.0 * math.pi * t.to(torch.float64)[:, None] / period[None, :]
+    return torch.cat([torch.sin(angle), torch.cos(angle)], 1).to(dtype)
 
 
-def attention(q, k, v, visible):
+def attention(q, k, v, visible, sdpa=False):
     """Joint attention: q (B, NH, Tq, HS), k and v (B, NH, Tk, HS), visible (B or 1, 1, Tq, Tk)
-    bool. Softmax in float32 or better. Returns (B, Tq, NH*HS), head n in columns n*HS.."""
-    scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-    scores = scores.masked_fill(~visible, float("-inf"))  # every row sees at least one key
-    y = torch.softmax(scores, -1) @ v
+    bool. Softmax in float32 or better. Returns (B, Tq, NH*HS), head n in columns n*HS..
+    sdpa: PyTorch's fused scaled_dot_product_attention instead (what the GPU benchmark runs)."""
+    if sdpa:
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+    else:
+        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+        scores = scores.masked_fill(~visible, float("-inf"))  # every row sees at least one key
+        y = torch.softmax(scores, -1) @ v
     B, NH, T, HS = y.shape
     return y.transpose(1, 2).reshape(B, T, NH * HS)
 
@@ -333,9 +338,10 @@ class VLA(nn.Module):
     """pi0-style VLA: a VLM stack over the prefix (image patches, text bytes) and an action
     expert stack over the suffix (state, H noisy actions), joined in every attention."""
 
-    def __init__(self, cfg, dtype=torch.float32):
+    def __init__(self, cfg, dtype=torch.float32, sdpa=False):
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
+        self.sdpa = sdpa and hasattr(F, "scaled_dot_product_attention")  # PyTorch 2.0 and later
         self.table = param_table(cfg)
         for s in self.table:  # registered in table order: named_parameters() walks the table
             self.register_parameter(s.name, nn.Parameter(torch.zeros(s.shape, dtype=dtype)))
@@ -358,7 +364,7 @@ class VLA(nn.Module):
         """Image patches and text bytes -> prefix tokens (B, Np, d)."""
         c = self.cfg
         B, p, n = images.shape[0], c.patch, c.img // c.patch
-        x = images.to(self.dtype) / 127.5 - 1.0  # (B, cam, img, img, 3) in [-1, 1]
+        x = images.to(self.patch_w.dtype) / 127.5 - 1.0  # (B, cam, img, img, 3) in [-1, 1]
         # patches row-major per camera, each flattened as (pixel row, pixel col, channel)
         x = x.reshape(B, c.n_cam, n, p, n, p, 3).permute(0, 1, 2, 4, 3, 5, 6)
         x = x.reshape(B, c.n_cam * n * n, p * p * 3)
@@ -371,9 +377,9 @@ class VLA(nn.Module):
         c = self.cfg
         x = self.embed_prefix(images, text)
         B, Np = x.shape[0], x.shape[1]
-        valid = torch.cat([torch.ones(B, c.n_image_tokens, dtype=torch.bool), text_mask > 0], 1)  # (B, Np)
-        visible = valid[:, None, None, :]  # bidirectional over the valid prefix
-        cos, sin = rope_tables(np.arange(Np), c.head_dim, c.rope_theta, self.dtype)
+        valid = torch.cat([torch.ones(B, c.n_image_tokens, dtype=torch.bool, device=x.device), text_mask > 0], 1)
+        visible = valid[:, None, None, :]  # (B, 1, 1, Np): bidirectional over the valid prefix
+        cos, sin = rope_tables(np.arange(Np), c.head_dim, c.rope_theta, self.patch_w.dtype, x.device)
         kv = []
         for l in range(c.n_layer):
             h = rmsnorm(x, self.vlm_ln1[l])
@@ -383,26 +389,27 @@ class VLA(nn.Module):
             if l == c.n_layer - 1:
                 break  # the prefix's output after the last layer feeds nothing: only its k, v
             q = apply_rope(self.heads(h @ self.vlm_wq[l].T), cos, sin)
-            x = x + attention(q, k, v, visible) @ self.vlm_wo[l].T
+            x = x + attention(q, k, v, visible, self.sdpa) @ self.vlm_wo[l].T
             x = x + self.mlp(rmsnorm(x, self.vlm_ln2[l]), self.vlm_wgate[l], self.vlm_wup[l], self.vlm_wdown[l])
         return kv, valid
 
     def suffix_forward(self, kv, valid, state, x_t, t):
         """The action expert over [state, H action tokens] attending to the cached prefix.
-        state (B, S), x_t (B, H, A) noisy actions, t (B,) float32 numpy. Returns v (B, H, A)."""
+        state (B, S), x_t (B, H, A) noisy actions, t (B,) float32 (numpy or tensor). Returns v (B, H, A)."""
         c = self.cfg
         B, H, Np = x_t.shape[0], c.chunk, valid.shape[1]
         state_tok = (state @ self.state_w.T + self.state_b)[:, None, :]  # (B, 1, d_a)
         a = x_t @ self.action_in_w.T + self.action_in_b  # (B, H, d_a)
-        temb = time_embedding(t, c.d_expert, self.dtype)[:, None, :].expand(B, H, c.d_expert)
+        t = torch.as_tensor(t, device=x_t.device)
+        temb = time_embedding(t, c.d_expert, a.dtype)[:, None, :].expand(B, H, c.d_expert)
         a = F.silu(torch.cat([a, temb], -1) @ self.time_in_w.T + self.time_in_b) @ self.time_out_w.T + self.time_out_b
         x = torch.cat([state_tok, a], 1)  # (B, Ns, d_a)
         # mask: valid prefix for all; the state token for all; action tokens for action queries only
         Ns = 1 + H
-        suffix_vis = torch.ones(Ns, Ns, dtype=torch.bool)
+        suffix_vis = torch.ones(Ns, Ns, dtype=torch.bool, device=x.device)
         suffix_vis[0, 1:] = False
         visible = torch.cat([valid[:, None, :].expand(B, Ns, Np), suffix_vis.expand(B, Ns, Ns)], 2)[:, None]
-        cos, sin = rope_tables(Np + np.arange(Ns), c.head_dim, c.rope_theta, self.dtype)
+        cos, sin = rope_tables(Np + np.arange(Ns), c.head_dim, c.rope_theta, self.patch_w.dtype, x.device)
         for l in range(c.n_layer):
             h = rmsnorm(x, self.exp_ln1[l])
             q = apply_rope(self.heads(h @ self.exp_wq[l].T), cos, sin)
@@ -410,15 +417,15 @@ class VLA(nn.Module):
             v = self.heads(h @ self.exp_wv[l].T)
             k = torch.cat([kv[l][0], k], 2)
             v = torch.cat([kv[l][1], v], 2)
-            x = x + attention(q, k, v, visible) @ self.exp_wo[l].T
+            x = x + attention(q, k, v, visible, self.sdpa) @ self.exp_wo[l].T
             x = x + self.mlp(rmsnorm(x, self.exp_ln2[l]), self.exp_wgate[l], self.exp_wup[l], self.exp_wdown[l])
         return rmsnorm(x[:, 1:], self.final_norm) @ self.action_out_w.T + self.action_out_b
 
     def forward(self, batch):
-        """Flow-matching velocity and loss of one batch (dict of tensors; t as float32 numpy).
+        """Flow-matching velocity and loss of one batch (dict of tensors; t float32, numpy or tensor).
         x_t = t*eps + (1-t)*a, target u = eps - a; masked slots count zero in the mean."""
         a, eps = batch["actions"], batch["eps"]
-        t = torch.tensor(batch["t"], dtype=self.dtype)[:, None, None]
+        t = torch.as_tensor(batch["t"], device=eps.device).to(eps.dtype)[:, None, None]
         x_t = t * eps + (1 - t) * a
         kv, valid = self.prefix_forward(batch["images"], batch["text"], batch["text_mask"])
         v = self.suffix_forward(kv, valid, batch["state"], x_t, batch["t"])
@@ -436,7 +443,8 @@ class VLA(nn.Module):
             t = np.float32(1.0) - np.float32(dt) * np.float32(k)  # float32 as the C loop computes it
             v = self.suffix_forward(kv, valid, batch["state"], x, np.full(B, t, np.float32))
             x = x - dt * v
-        return x * torch.tensor(action_std, dtype=self.dtype) + torch.tensor(action_mean, dtype=self.dtype)
+        return x * torch.tensor(action_std, dtype=x.dtype, device=x.device) + \
+            torch.tensor(action_mean, dtype=x.dtype, device=x.device)
 
 
 # ----------------------------------------------------------------------------
@@ -712,6 +720,57 @@ def train(args, ds, cfg, model, ckpt):
     print(f"ms_per_step {1000.0 * sum(timed) / len(timed):.3f}")
 
 
+def bench(args, ds, cfg, model):
+    """Training-step time on one batch kept on the device (loading excluded): forward, backward,
+    global-norm clipping and PyTorch's fused AdamW (decay on the table's matrices), optionally under
+    bf16 autocast and torch.compile, attention through scaled_dot_product_attention: what a tuned
+    PyTorch trainer of this model does per step. dev/gpu_check.sh compares train_vla with it."""
+    device = torch.device(args.device)
+    model.to(device)
+    indices = Sampler(ds.n_samples, args.seed).indices(0, args.batch)
+    _, batch = build_batch(ds, cfg, indices, args.seed, 0, torch.float32)
+    batch = {k: torch.as_tensor(v).to(device) for k, v in batch.items()}
+    decay = [getattr(model, s.name) for s in model.table if s.decay]
+    no_decay = [getattr(model, s.name) for s in model.table if not s.decay]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+                            **({"fused": True} if device.type == "cuda" else {}))
+    forward = torch.compile(model) if args.compile else model
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+            _, loss = forward(batch)
+        loss.backward()
+        if args.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        opt.step()
+        return loss
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(5):  # warm-up: allocator, cuDNN/cuBLAS heuristics, torch.compile's compilation
+        loss = step()
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(args.bench):
+        t0 = time.perf_counter()
+        loss = step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    ms = 1000.0 * times[len(times) // 2]
+    print(f"loss {float(loss):.6f}")
+    print(f"ms_per_step {ms:.3f}")
+    print(f"samples_per_s {args.batch / (ms / 1000.0):.2f}")
+    if device.type == "cuda":
+        print(f"peak_mem_gib {torch.cuda.max_memory_allocated() / 2**30:.3f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description="PyTorch oracle of train_vla: debug state and reference training")
     ap.add_argument("-i", "--input", required=True, help="dataset shards: files or folders of *.bin, comma-separated")
@@ -734,6 +793,11 @@ def main():
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--debug-state", metavar="OUT", help="write the debug-state file the C tests compare with")
     mode.add_argument("--train", type=int, metavar="N", help="train N steps, print losses and ms_per_step")
+    mode.add_argument("--bench", type=int, metavar="N", help="time N training steps on one batch on --device "
+                      "(median; parameters drawn by torch, not the seed's table: values do not change the timing)")
+    ap.add_argument("--device", default="cpu", help="torch device for --bench: cpu or cuda (cpu)")
+    ap.add_argument("--amp", choices=["none", "bf16"], default="none", help="--bench under bf16 autocast (none)")
+    ap.add_argument("--compile", action="store_true", help="--bench through torch.compile")
     args = ap.parse_args()
     for name in ("lr", "min_lr_frac", "wd", "clip"):  # float32 values, as the C trainer parses them
         setattr(args, name, float(np.float32(getattr(args, name))))
@@ -741,6 +805,8 @@ def main():
         torch.set_num_threads(args.threads)
     dtype = {"float32": torch.float32, "float64": torch.float64}[
         args.dtype or ("float64" if args.debug_state else "float32")]
+    if (args.amp != "none" or args.compile or args.device != "cpu") and not args.bench:
+        sys.exit("error: --device, --amp and --compile go with --bench")
     if args.batch < 1 or not 0 <= args.seed < 2**63:
         sys.exit("error: -b must be at least 1 and the seed in [0, 2^63)")
 
@@ -751,8 +817,17 @@ def main():
         sys.exit(f"error: {e}")
     cfg = make_config(args, ds, ckpt)
     if args.steps is None:  # the schedule ends with the run (after the checkpoint's steps, if any)
-        args.steps = 10 if args.debug_state else args.train + (ckpt["step"] if ckpt else 0)
-    model = VLA(cfg, dtype)
+        args.steps = 10 if args.debug_state else (args.train or args.bench) + (ckpt["step"] if ckpt else 0)
+    model = VLA(cfg, dtype, sdpa=args.bench is not None)
+    if args.bench:
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            sys.exit("error: --device cuda but torch sees no GPU: run on a GPU machine or use --device cpu")
+        with torch.no_grad():  # table-shaped values without the seed's slow numpy draw
+            for spec in model.table:
+                p = getattr(model, spec.name)
+                p.fill_(1.0) if spec.init == ONE else p.zero_() if spec.init == ZERO else p.normal_(0.0, 0.02)
+        bench(args, ds, cfg, model)
+        return
     if ckpt is not None:
         # as the C trainer: weights, moments, step and seed from the checkpoint; normalization
         # statistics from the training data (the checkpoint's copy serves inference)

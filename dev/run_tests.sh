@@ -38,6 +38,13 @@ run_suite() {
 }
 
 run_suite test_vla ./test_vla build/test
+# the GPU trainer's tests: binaries in build/gpu (on a GPU) or build/emu (CPU emulation of CUDA)
+GPU_TESTS=${GPU_TESTS:-build/emu}
+if [ "$GPU_TESTS" = build/emu ]; then
+    run_suite cuda_emulation build/emu/dev/cuda/emu/test_emulate
+fi
+run_suite test_vla_gpu_fp32 "$GPU_TESTS/test_vla_gpu_fp32" build/test "$GPU_TESTS/train_vla_fp32"
+run_suite test_vla_gpu_bf16 "$GPU_TESTS/test_vla_gpu_bf16" build/test "$GPU_TESTS/train_vla_bf16"
 run_suite metaworld "$VENV_PY" data/test_metaworld.py
 run_suite lerobot "$VENV_PY" data/test_lerobot.py
 run_suite inspect "$VENV_PY" data/test_inspect.py

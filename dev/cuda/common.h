@@ -1,0 +1,144 @@
+/*
+common.h: what every dev/cuda program shares. The production kernels come from train_vla.cu
+itself (included whole, without its main), so the version a program names after train_vla.cu
+is the code that trains; earlier versions live in the program that compares them.
+
+Each program: a CPU reference in double precision, every kernel version checked against it at
+several block sizes and shapes on fresh random inputs (outputs poisoned with NaN beforehand, so
+an element nobody wrote fails), then a benchmark at the base preset's shapes printing time and
+achieved bandwidth or FLOP/s. Under the CPU emulation (make -C dev/cuda emu) the benchmarks are
+skipped: their timings would mean nothing. The last line is `N passed, M failed`.
+*/
+#ifndef DEV_CUDA_COMMON_H
+#define DEV_CUDA_COMMON_H
+
+#define TESTING
+#include "../../train_vla.cu"
+
+static int n_passed = 0, n_failed = 0;
+
+static void dev_init(const char* what) {
+    TrainArgs args;
+    train_args_defaults(&args);
+    cudaDeviceProp prop;
+    gpu_init(&args, &prop);
+    printf("%s on %s, floatX %s\n", what, prop.name, PRECISION_NAME);
+}
+
+static int dev_finish(void) {
+    printf("\n%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed == 0 ? 0 : 1;
+}
+
+#if defined(CUDA_EMULATION)
+static const int BENCHMARKS = 0;
+#else
+static const int BENCHMARKS = 1;
+#endif
+
+// n uniform values in [-scale, scale), from the project's counter-based RNG
+static float* random_floats(size_t n, float scale, uint64_t seed) {
+    Rng r;
+    rng_init(&r, seed, 99);
+    float* x = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) { x[i] = (float)(2.0 * rng_uniform(&r) - 1.0) * scale; }
+    return x;
+}
+
+// the value a floatX holds for x (what the GPU computes with)
+static float round_x(float x) {
+#if defined(ENABLE_FP32)
+    return x;
+#else
+    return __bfloat162float(__float2bfloat16(x));
+#endif
+}
+
+// host floats -> device floatX (rounding the host copy too, so references see what the GPU sees)
+static floatX* to_device_x(float* h, size_t n) {
+    floatX* tmp = (floatX*)mallocCheck(n * sizeof(floatX));
+    for (size_t i = 0; i < n; i++) {
+        h[i] = round_x(h[i]);
+        tmp[i] = fx(h[i]);
+    }
+    floatX* d;
+    cudaCheck(cudaMalloc(&d, n * sizeof(floatX)));
+    cudaCheck(cudaMemcpy(d, tmp, n * sizeof(floatX), cudaMemcpyHostToDevice));
+    free(tmp);
+    return d;
+}
+
+static float* to_device_f(const float* h, size_t n) {
+    float* d;
+    cudaCheck(cudaMalloc(&d, n * sizeof(float)));
+    cudaCheck(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static float* from_device_x(const floatX* d, size_t n) {
+    floatX* tmp = (floatX*)mallocCheck(n * sizeof(floatX));
+    cudaCheck(cudaMemcpy(tmp, d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    float* h = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+#if defined(ENABLE_FP32)
+        h[i] = tmp[i];
+#else
+        h[i] = __bfloat162float(tmp[i]);
+#endif
+    }
+    free(tmp);
+    return h;
+}
+
+static float* from_device_f(const float* d, size_t n) {
+    float* h = (float*)mallocCheck(n * sizeof(float));
+    cudaCheck(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// NaN in every byte pattern of floatX and float: an output element nobody writes fails its check
+static void poison(void* d, size_t bytes) { cudaCheck(cudaMemset(d, 0xFF, bytes)); }
+
+// ||got - ref|| / ||ref|| against a double reference; NaN or Inf anywhere fails
+static void check_close(const char* what, const float* got, const double* ref, size_t n, double tol) {
+    double num = 0.0, den = 0.0;
+    int finite = 1;
+    for (size_t i = 0; i < n; i++) {
+        finite &= isfinite(got[i]) != 0;
+        num += (got[i] - ref[i]) * (got[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    double e = finite ? (den > 0.0 ? sqrt(num / den) : sqrt(num)) : INFINITY;
+    int ok = e <= tol;
+    printf("%s %s: rel err %.2e (tol %.1e)\n", ok ? "  ok  " : " FAIL ", what, e, tol);
+    if (ok) { n_passed++; } else { n_failed++; }
+}
+
+// median of `reps` timed runs of fn (after 3 warm-ups), in ms, with CUDA events on main_stream
+template <typename F>
+static double time_ms(F fn, int reps) {
+    cudaEvent_t t0, t1;
+    cudaCheck(cudaEventCreate(&t0));
+    cudaCheck(cudaEventCreate(&t1));
+    for (int i = 0; i < 3; i++) { fn(); }
+    double* times = (double*)mallocCheck(reps * sizeof(double));
+    for (int i = 0; i < reps; i++) {
+        cudaCheck(cudaEventRecord(t0, main_stream));
+        fn();
+        cudaCheck(cudaEventRecord(t1, main_stream));
+        cudaCheck(cudaEventSynchronize(t1));
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, t0, t1));
+        times[i] = ms;
+    }
+    for (int i = 1; i < reps; i++) {  // insertion sort: reps is small
+        for (int j = i; j > 0 && times[j] < times[j - 1]; j--) { double t = times[j]; times[j] = times[j - 1]; times[j - 1] = t; }
+    }
+    double med = times[reps / 2];
+    free(times);
+    cudaCheck(cudaEventDestroy(t0));
+    cudaCheck(cudaEventDestroy(t1));
+    return med;
+}
+
+#endif  // DEV_CUDA_COMMON_H

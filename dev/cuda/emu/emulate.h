@@ -1,0 +1,1124 @@
+/*
+emulate.h: runs this project's CUDA C++ on the CPU, so the kernels of train_vla.cu and dev/cuda
+are exercised by `make test` on machines without a GPU.
+
+It implements the subset of the CUDA runtime, cuda_bf16, WMMA (nvcuda::wmma) and cuBLASLt that
+the project uses, on the host:
+- A launch runs the blocks of the grid one after another. The threads of a block are fibers
+  (each its own stack, switched by a few lines of x86-64 assembly), so __syncthreads, __syncwarp
+  and the warp shuffles mean what they mean on a GPU: a thread waits until every live thread of
+  its block (or lane of its warp) has arrived.
+- WMMA fragments hold the whole tile in every lane (the real layout is unspecified, so code that
+  is correct on a GPU only touches fragment elements uniformly); mma_sync multiplies in fp32.
+- cublasLtMatmul computes D = alpha op(A) op(B) + beta C (+ bias) in column-major order with
+  fp32 accumulation, checking the layouts it is given.
+
+It also checks what a GPU reports less plainly, and stops with one line when it finds it:
+- a barrier or shuffle that not every live thread reaches (the deadlock is reported),
+- host code touching device memory (device memory is inaccessible outside kernels and copies),
+- a kernel reading or writing past the end of a device allocation (each allocation ends at a
+  guard page),
+- reads of memory nothing wrote: cudaMalloc and dynamic shared memory are filled with 0xFF bytes,
+  a NaN in both fp32 and bf16,
+- cudaMemcpy directions that do not match where the pointers live, blocks over 1024 threads.
+What it cannot show: races between threads (fibers run one at a time), performance.
+
+Build: dev/cuda/emu/launch.sed turns `kernel<<<grid, block, smem, stream>>>(args)` into
+`emu_launch(kernel, grid, block, smem, stream)(args)` and `extern __shared__ T name[];` into a
+pointer to the launch's dynamic shared memory; then g++ -x c++ compiles the result with this
+folder first on the include path, where cuda_runtime.h, cuda_bf16.h, mma.h and cublasLt.h are
+shims that include this file. See the Makefile's emu targets.
+*/
+#ifndef CUDA_EMULATE_H
+#define CUDA_EMULATE_H
+
+#if !defined(__x86_64__)
+#error "the CUDA emulation switches fibers with x86-64 assembly: build it on an x86-64 machine"
+#endif
+
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#define CUDA_EMULATION 1
+
+// ----------------------------------------------------------------------------
+// qualifiers and built-in types
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __grid_constant__
+// one copy per block: blocks run one after another on one host thread
+#define __shared__ static
+
+struct uint3 { unsigned int x, y, z; };
+struct dim3 {
+    unsigned int x, y, z;
+    dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct __align__(8) int2 { int x, y; };
+struct __align__(16) int4 { int x, y, z, w; };
+struct __align__(16) uint4 { unsigned int x, y, z, w; };
+struct __align__(8) float2 { float x, y; };
+struct __align__(16) float4 { float x, y, z, w; };
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+static inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
+
+inline thread_local uint3 emu_thread_idx;
+inline thread_local uint3 emu_block_idx;
+inline thread_local dim3 emu_block_dim;
+inline thread_local dim3 emu_grid_dim;
+#define threadIdx emu_thread_idx
+#define blockIdx emu_block_idx
+#define blockDim emu_block_dim
+#define gridDim emu_grid_dim
+static constexpr int warpSize = 32;
+
+// device math the kernels use, with the host's libm behind them
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+// __expf and __logf: glibc declares both
+static inline float __fdividef(float a, float b) { return a / b; }
+static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline unsigned int min(unsigned int a, unsigned int b) { return a < b ? a : b; }
+static inline unsigned int max(unsigned int a, unsigned int b) { return a > b ? a : b; }
+static inline long long min(long long a, long long b) { return a < b ? a : b; }
+static inline long long max(long long a, long long b) { return a > b ? a : b; }
+static inline float min(float a, float b) { return fminf(a, b); }
+static inline float max(float a, float b) { return fmaxf(a, b); }
+template <typename T> static inline T __ldg(const T* p) { return *p; }
+static inline void __threadfence(void) { __asm__ __volatile__("" ::: "memory"); }
+
+// ----------------------------------------------------------------------------
+// errors
+
+typedef enum {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorNoDevice = 100,
+} cudaError_t;
+typedef cudaError_t cudaError;
+
+static inline const char* cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+        case cudaSuccess: return "no error";
+        case cudaErrorInvalidValue: return "invalid argument";
+        case cudaErrorMemoryAllocation: return "out of memory";
+        case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+        case cudaErrorInvalidDevice: return "invalid device ordinal";
+        case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    }
+    return "unknown error";
+}
+static inline const char* cudaGetErrorName(cudaError_t e) { return cudaGetErrorString(e); }
+
+namespace emu {
+
+// A misuse the GPU would turn into a crash, a hang or garbage: say what, then stop.
+[[noreturn]] static inline void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+[[noreturn]] static inline void fail(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "CUDA emulation: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(3);
+}
+
+// ----------------------------------------------------------------------------
+// device memory: every allocation is its own mapping that ends at a guard page, inaccessible
+// (PROT_NONE) except while a kernel, a copy or a matrix product runs
+
+struct Allocation {
+    uint8_t* map;      // first byte of the mapping
+    size_t map_bytes;  // usable pages (the guard page follows)
+    uint8_t* ptr;      // what cudaMalloc returned
+    size_t bytes;
+};
+
+struct State {
+    std::vector<Allocation> allocs;
+    size_t used = 0, peak = 0;
+    int open_depth = 0;  // > 0 while device code runs
+    bool handler_installed = false;
+    uint8_t* dynamic_shared = nullptr;
+};
+inline State state;
+
+static inline size_t page_size(void) {
+    static size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+    return ps;
+}
+
+static inline const Allocation* find_alloc(const void* p) {
+    const uint8_t* q = (const uint8_t*)p;
+    for (const Allocation& a : state.allocs) {
+        if (q >= a.map && q < a.map + a.map_bytes + page_size()) { return &a; }
+    }
+    return nullptr;
+}
+
+static inline bool is_device(const void* p) { return find_alloc(p) != nullptr; }
+
+static inline void protect_all(int prot) {
+    for (const Allocation& a : state.allocs) {
+        if (mprotect(a.map, a.map_bytes, prot) != 0) { fail("mprotect failed"); }
+    }
+}
+
+// device memory opens for the duration of device work (kernels, copies, cuBLASLt)
+static inline void device_open(void) {
+    if (state.open_depth++ == 0) { protect_all(PROT_READ | PROT_WRITE); }
+}
+static inline void device_close(void) {
+    if (--state.open_depth == 0) { protect_all(PROT_NONE); }
+}
+
+static inline void on_segv(int sig, siginfo_t* info, void* ctx) {
+    (void)ctx;
+    const Allocation* a = find_alloc(info->si_addr);
+    if (a != nullptr) {
+        const uint8_t* q = (const uint8_t*)info->si_addr;
+        if (q >= a->ptr + a->bytes) {
+            fprintf(stderr, "CUDA emulation: access %zu bytes past the end of a %zu-byte device allocation at %p\n",
+                    (size_t)(q - (a->ptr + a->bytes)), a->bytes, (void*)a->ptr);
+        } else {
+            fprintf(stderr, "CUDA emulation: host code touched device memory at %p (byte %zu of a %zu-byte "
+                    "cudaMalloc): copy it with cudaMemcpy first\n", info->si_addr, (size_t)(q - a->ptr), a->bytes);
+        }
+        _exit(3);
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static inline void install_handler(void) {
+    if (state.handler_installed) { return; }
+    state.handler_installed = true;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    // the fault may come from a fiber's small stack: handle it on a stack of its own
+    static uint8_t alt_stack[64 * 1024];
+    stack_t ss;
+    ss.ss_sp = alt_stack;
+    ss.ss_size = sizeof(alt_stack);
+    ss.ss_flags = 0;
+    sigaltstack(&ss, nullptr);
+    sigaction(SIGSEGV, &sa, nullptr);
+    sigaction(SIGBUS, &sa, nullptr);
+}
+
+static inline void* device_alloc(size_t bytes) {
+    install_handler();
+    size_t ps = page_size();
+    size_t rounded = (bytes + 255) / 256 * 256;
+    size_t map_bytes = (rounded + ps - 1) / ps * ps;
+    if (map_bytes == 0) { map_bytes = ps; }
+    uint8_t* map = (uint8_t*)mmap(nullptr, map_bytes + ps, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (map == MAP_FAILED) { return nullptr; }
+    Allocation a = {map, map_bytes, map + map_bytes - rounded, bytes};
+    // poison: whatever a kernel reads before something wrote it is NaN
+    mprotect(map, map_bytes, PROT_READ | PROT_WRITE);
+    memset(map, 0xFF, map_bytes);
+    if (state.open_depth == 0) { mprotect(map, map_bytes, PROT_NONE); }
+    state.allocs.push_back(a);
+    state.used += bytes;
+    if (state.used > state.peak) { state.peak = state.used; }
+    return a.ptr;
+}
+
+static inline bool device_free(void* p) {
+    for (size_t i = 0; i < state.allocs.size(); i++) {
+        if (state.allocs[i].ptr == p) {
+            munmap(state.allocs[i].map, state.allocs[i].map_bytes + page_size());
+            state.used -= state.allocs[i].bytes;
+            state.allocs.erase(state.allocs.begin() + (long)i);
+            return true;
+        }
+    }
+    return false;
+}
+
+// ----------------------------------------------------------------------------
+// fibers: the threads of one block. emu_switch saves the callee-saved registers on the current
+// stack, stores its stack pointer in *save, loads `next` and returns into whatever it saved.
+
+extern "C" void emu_switch(void** save, void* next);
+__asm__(
+    ".text\n"
+    ".globl emu_switch\n"
+    ".type emu_switch,@function\n"
+    "emu_switch:\n"
+    "    pushq %rbp\n"
+    "    pushq %rbx\n"
+    "    pushq %r12\n"
+    "    pushq %r13\n"
+    "    pushq %r14\n"
+    "    pushq %r15\n"
+    "    movq %rsp, (%rdi)\n"
+    "    movq %rsi, %rsp\n"
+    "    popq %r15\n"
+    "    popq %r14\n"
+    "    popq %r13\n"
+    "    popq %r12\n"
+    "    popq %rbx\n"
+    "    popq %rbp\n"
+    "    ret\n"
+    ".size emu_switch, .-emu_switch\n");
+
+enum { RUNNABLE = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3 };
+enum { MAX_THREADS = 1024, STACK_BYTES = 256 * 1024 };
+enum { WARP_SYNC = 0, WARP_SHFL = 1, WARP_BALLOT = 2 };
+
+struct Fiber {
+    void* sp;
+    int state;
+    uint3 idx;
+    int warp_op;       // what the lane waits for in WAIT_WARP
+    int shfl_src;      // lane to read from (WARP_SHFL)
+    uint64_t posted;   // the lane's value (shuffle bits or ballot predicate)
+    uint64_t result;   // what the exchange gives back
+};
+
+struct Block {
+    Fiber fibers[MAX_THREADS];
+    int n;
+    int current;
+    void* scheduler_sp;
+    void (*body)(void*);
+    void* body_arg;
+    uint8_t* stacks;  // MAX_THREADS stacks, each followed by a guard page
+};
+inline Block block;
+
+static inline size_t stack_stride(void) { return STACK_BYTES + page_size(); }
+
+static inline void fiber_entry(void) {
+    Block& b = block;
+    b.body(b.body_arg);
+    b.fibers[b.current].state = DONE;
+    emu_switch(&b.fibers[b.current].sp, b.scheduler_sp);
+    fail("a finished thread was resumed");
+}
+
+// The running thread yields to the scheduler until its wait is over.
+static inline void yield(int wait_state) {
+    Block& b = block;
+    b.fibers[b.current].state = wait_state;
+    __asm__ __volatile__("" ::: "memory");
+    emu_switch(&b.fibers[b.current].sp, b.scheduler_sp);
+    __asm__ __volatile__("" ::: "memory");
+}
+
+static inline void fiber_prepare(Fiber* f, int k) {
+    // the stack grows down from the top of slot k: six saved registers, then the address
+    // emu_switch returns to, then a slot that keeps the entry's stack 16-byte aligned
+    uint8_t* top = block.stacks + (size_t)k * stack_stride() + page_size() + STACK_BYTES;
+    uint64_t* sp = (uint64_t*)((uintptr_t)top & ~(uintptr_t)15) - 2;
+    sp[0] = (uint64_t)(uintptr_t)&fiber_entry;
+    sp[1] = 0;
+    sp -= 6;
+    for (int i = 0; i < 6; i++) { sp[i] = 0; }
+    f->sp = sp;
+    f->state = RUNNABLE;
+}
+
+// If every live lane of warp [w0, w1) waits at a warp operation, performs it (a shuffle's
+// exchange, a ballot, or just the meeting of __syncwarp) and lets the lanes run again.
+static inline bool resolve_warp(int w0, int w1) {
+    Block& b = block;
+    int live = 0, waiting = 0;
+    for (int t = w0; t < w1; t++) {
+        live += b.fibers[t].state != DONE;
+        waiting += b.fibers[t].state == WAIT_WARP;
+    }
+    if (live == 0 || waiting != live) { return false; }
+    int op = -1;
+    uint64_t ballot = 0;
+    for (int t = w0; t < w1; t++) {
+        if (b.fibers[t].state != WAIT_WARP) { continue; }
+        if (op >= 0 && b.fibers[t].warp_op != op) {
+            fail("block (%u,%u,%u): lanes of warp %d wait at different warp operations (shuffle, ballot, "
+                 "__syncwarp): a divergent warp-level call", emu_block_idx.x, emu_block_idx.y, emu_block_idx.z, w0 / 32);
+        }
+        op = b.fibers[t].warp_op;
+        if (b.fibers[t].posted != 0) { ballot |= 1ull << (t - w0); }
+    }
+    for (int t = w0; t < w1; t++) {
+        Fiber& f = b.fibers[t];
+        if (f.state != WAIT_WARP) { continue; }
+        if (op == WARP_SHFL) {
+            int src = w0 + f.shfl_src;
+            f.result = (src >= w0 && src < w1 && b.fibers[src].state == WAIT_WARP) ? b.fibers[src].posted : f.posted;
+        } else if (op == WARP_BALLOT) {
+            f.result = ballot;
+        }
+    }
+    for (int t = w0; t < w1; t++) {
+        if (b.fibers[t].state == WAIT_WARP) { b.fibers[t].state = RUNNABLE; }
+    }
+    return true;
+}
+
+static inline void report_deadlock(void) {
+    Block& b = block;
+    int counts[4] = {0, 0, 0, 0};
+    for (int t = 0; t < b.n; t++) { counts[b.fibers[t].state]++; }
+    fail("block (%u,%u,%u) of %d threads cannot go on: %d wait at __syncthreads, %d at a warp operation, %d "
+         "finished: a barrier or shuffle that not every live thread reaches",
+         emu_block_idx.x, emu_block_idx.y, emu_block_idx.z, b.n, counts[WAIT_BLOCK], counts[WAIT_WARP], counts[DONE]);
+}
+
+static inline void run_block(void (*body)(void*), void* arg) {
+    Block& b = block;
+    if (b.stacks == nullptr) {
+        b.stacks = (uint8_t*)mmap(nullptr, MAX_THREADS * stack_stride(), PROT_READ | PROT_WRITE,
+                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (b.stacks == MAP_FAILED) { fail("cannot map fiber stacks"); }
+        for (int k = 0; k < MAX_THREADS; k++) { mprotect(b.stacks + (size_t)k * stack_stride(), page_size(), PROT_NONE); }
+    }
+    dim3 bd = emu_block_dim;
+    b.n = (int)(bd.x * bd.y * bd.z);
+    b.body = body;
+    b.body_arg = arg;
+    for (int t = 0; t < b.n; t++) {
+        b.fibers[t].idx = uint3{(unsigned)t % bd.x, ((unsigned)t / bd.x) % bd.y, (unsigned)t / (bd.x * bd.y)};
+        fiber_prepare(&b.fibers[t], t);
+    }
+    // warp by warp: a warp's lanes run until each waits, and warp operations are resolved on the
+    // spot, so shuffles cost a pass over 32 lanes, not over the block
+    for (;;) {
+        bool progressed = false, all_done = true;
+        for (int w0 = 0; w0 < b.n; w0 += 32) {
+            int w1 = w0 + 32 < b.n ? w0 + 32 : b.n;
+            for (;;) {
+                for (int t = w0; t < w1; t++) {
+                    if (b.fibers[t].state == RUNNABLE) {
+                        b.current = t;
+                        emu_thread_idx = b.fibers[t].idx;
+                        emu_switch(&b.scheduler_sp, b.fibers[t].sp);
+                        progressed = true;
+                    }
+                }
+                if (!resolve_warp(w0, w1)) { break; }
+                progressed = true;
+            }
+            for (int t = w0; t < w1; t++) { all_done &= b.fibers[t].state == DONE; }
+        }
+        if (all_done) { break; }
+        int live = 0, at_barrier = 0;
+        for (int t = 0; t < b.n; t++) {
+            live += b.fibers[t].state != DONE;
+            at_barrier += b.fibers[t].state == WAIT_BLOCK;
+        }
+        if (live > 0 && at_barrier == live) {
+            if (live < b.n) {
+                fail("block (%u,%u,%u): __syncthreads reached by %d of %d threads, the others returned: a barrier "
+                     "must be reached by the whole block", emu_block_idx.x, emu_block_idx.y, emu_block_idx.z, live, b.n);
+            }
+            for (int t = 0; t < b.n; t++) { b.fibers[t].state = RUNNABLE; }
+            progressed = true;
+        }
+        if (!progressed) { report_deadlock(); }
+    }
+}
+
+template <typename F>
+static inline void call_body(void* f) { (*(F*)f)(); }
+
+// Runs body() once per thread of every block of the grid.
+template <typename F>
+static inline void run_grid(dim3 grid, dim3 blk, size_t dynamic_smem, F& body) {
+    size_t threads = (size_t)blk.x * blk.y * blk.z;
+    if (threads == 0 || threads > MAX_THREADS || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
+        grid.z > 65535 || blk.z > 64) {
+        fail("invalid launch: grid (%u,%u,%u), block (%u,%u,%u): a block holds 1 to 1024 threads and no grid "
+             "dimension may be 0", grid.x, grid.y, grid.z, blk.x, blk.y, blk.z);
+    }
+    if (dynamic_smem > 227 * 1024) { fail("invalid launch: %zu bytes of dynamic shared memory (at most 227 KiB)", dynamic_smem); }
+    // dynamic shared memory starts 128-byte aligned, as on a GPU whose kernel has no static share
+    size_t smem_bytes = (dynamic_smem + 127) / 128 * 128 + 128;
+    uint8_t* smem = (uint8_t*)aligned_alloc(128, smem_bytes);
+    device_open();
+    emu_grid_dim = grid;
+    emu_block_dim = blk;
+    for (unsigned z = 0; z < grid.z; z++) {
+        for (unsigned y = 0; y < grid.y; y++) {
+            for (unsigned x = 0; x < grid.x; x++) {
+                memset(smem, 0xFF, smem_bytes);  // shared memory starts as garbage: NaN here
+                state.dynamic_shared = smem;
+                emu_block_idx = uint3{x, y, z};
+                run_block(&call_body<F>, &body);
+            }
+        }
+    }
+    state.dynamic_shared = nullptr;
+    free(smem);
+    device_close();
+}
+
+}  // namespace emu
+
+static inline void* emu_dynamic_shared(void) { return emu::state.dynamic_shared; }
+
+// ----------------------------------------------------------------------------
+// synchronization inside a block
+
+static inline void __syncthreads(void) { emu::yield(emu::WAIT_BLOCK); }
+
+static inline uint64_t emu_warp_op(int op, uint64_t value, int src_lane) {
+    emu::Fiber& f = emu::block.fibers[emu::block.current];
+    f.warp_op = op;
+    f.posted = value;
+    f.shfl_src = src_lane;
+    emu::yield(emu::WAIT_WARP);
+    return f.result;
+}
+
+static inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)mask; emu_warp_op(emu::WARP_SYNC, 0, 0); }
+static inline unsigned __activemask(void) { return 0xffffffffu; }
+static inline int emu_lane(void) { return emu::block.current % 32; }
+
+template <typename T>
+static inline uint64_t emu_bits(T v) {
+    static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
+    uint64_t u = 0;
+    memcpy(&u, &v, sizeof(T));
+    return u;
+}
+template <typename T>
+static inline T emu_from_bits(uint64_t u) {
+    T v;
+    memcpy(&v, &u, sizeof(T));
+    return v;
+}
+
+template <typename T>
+static inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
+    (void)mask;
+    int lane = emu_lane();
+    int src = ((lane ^ lane_mask) / width == lane / width) ? (lane ^ lane_mask) : lane;
+    return emu_from_bits<T>(emu_warp_op(emu::WARP_SHFL, emu_bits(var), src));
+}
+template <typename T>
+static inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+    (void)mask;
+    int lane = emu_lane();
+    int src = (lane % width) + (int)delta < width ? lane + (int)delta : lane;
+    return emu_from_bits<T>(emu_warp_op(emu::WARP_SHFL, emu_bits(var), src));
+}
+template <typename T>
+static inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+    (void)mask;
+    int lane = emu_lane();
+    int src = (lane % width) >= (int)delta ? lane - (int)delta : lane;
+    return emu_from_bits<T>(emu_warp_op(emu::WARP_SHFL, emu_bits(var), src));
+}
+template <typename T>
+static inline T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32) {
+    (void)mask;
+    int lane = emu_lane();
+    int src = (lane / width) * width + (src_lane % width);
+    return emu_from_bits<T>(emu_warp_op(emu::WARP_SHFL, emu_bits(var), src));
+}
+static inline unsigned __ballot_sync(unsigned mask, int predicate) {
+    (void)mask;
+    return (unsigned)emu_warp_op(emu::WARP_BALLOT, predicate != 0, 0);
+}
+
+// fibers of a grid run on one host thread, one at a time: atomics are plain read-modify-writes
+template <typename T>
+static inline T atomicAdd(T* address, T val) {
+    T old = *address;
+    *address = old + val;
+    return old;
+}
+template <typename T>
+static inline T atomicMax(T* address, T val) {
+    T old = *address;
+    if (val > old) { *address = val; }
+    return old;
+}
+
+// ----------------------------------------------------------------------------
+// bf16: conversions only (round to nearest even); arithmetic goes through float, explicitly
+
+struct __align__(2) __nv_bfloat16 {
+    unsigned short __x;
+    __nv_bfloat16() = default;
+};
+struct __align__(4) __nv_bfloat162 {
+    __nv_bfloat16 x, y;
+};
+typedef __nv_bfloat16 nv_bfloat16;
+typedef __nv_bfloat162 nv_bfloat162;
+
+static inline __nv_bfloat16 __float2bfloat16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    __nv_bfloat16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays a (quiet) NaN
+        r.__x = (unsigned short)((u >> 16) | 0x40u);
+        return r;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    r.__x = (unsigned short)(u >> 16);
+    return r;
+}
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }
+static inline float __bfloat162float(__nv_bfloat16 h) {
+    uint32_t u = (uint32_t)h.__x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
+    return __nv_bfloat162{__float2bfloat16(a), __float2bfloat16(b)};
+}
+static inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{__bfloat162float(h.x), __bfloat162float(h.y)}; }
+
+// ----------------------------------------------------------------------------
+// WMMA: every lane holds the whole tile. Loads and stores are collective, as on the GPU: no lane
+// stores until every lane of the warp has loaded (each meets the others before and after), so a
+// tile loaded, updated and stored back in place is read once, not once per lane.
+
+// WMMA wants 256-bit aligned tile pointers
+static inline void emu_check_aligned(const void* p, const char* what) {
+    if ((uintptr_t)p % 32 != 0) { emu::fail("wmma::%s on %p, which is not 32-byte aligned", what, p); }
+}
+
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K> struct tile_shape;
+template <int M, int N, int K> struct tile_shape<matrix_a, M, N, K> { enum { rows = M, cols = K }; };
+template <int M, int N, int K> struct tile_shape<matrix_b, M, N, K> { enum { rows = K, cols = N }; };
+template <int M, int N, int K> struct tile_shape<accumulator, M, N, K> { enum { rows = M, cols = N }; };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+    enum { rows = tile_shape<Use, M, N, K>::rows, cols = tile_shape<Use, M, N, K>::cols };
+    enum { num_elements = rows * cols };
+    T x[rows * cols];
+};
+
+template <typename T> static inline float emu_to_float(T v);
+template <> inline float emu_to_float<float>(float v) { return v; }
+template <> inline float emu_to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename Use, int M, int N, int K, typename T, typename Layout>
+static inline void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, T v) {
+    for (int i = 0; i < f.num_elements; i++) { f.x[i] = v; }
+}
+
+template <typename Use, int M, int N, int K, typename T, typename Layout>
+static inline void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* p, unsigned ldm) {
+    emu_check_aligned(p, "load_matrix_sync");
+    __syncwarp();
+    bool row = std::is_same<Layout, row_major>::value;
+    for (int r = 0; r < f.rows; r++) {
+        for (int c = 0; c < f.cols; c++) { f.x[r * f.cols + c] = row ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]; }
+    }
+    __syncwarp();
+}
+
+template <int M, int N, int K, typename T>
+static inline void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, unsigned ldm, layout_t layout) {
+    emu_check_aligned(p, "load_matrix_sync");
+    __syncwarp();
+    for (int r = 0; r < f.rows; r++) {
+        for (int c = 0; c < f.cols; c++) {
+            f.x[r * f.cols + c] = layout == mem_row_major ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
+        }
+    }
+    __syncwarp();
+}
+
+template <int M, int N, int K, typename T>
+static inline void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm, layout_t layout) {
+    emu_check_aligned(p, "store_matrix_sync");
+    __syncwarp();
+    for (int r = 0; r < f.rows; r++) {
+        for (int c = 0; c < f.cols; c++) {
+            if (layout == mem_row_major) { p[(size_t)r * ldm + c] = f.x[r * f.cols + c]; }
+            else { p[(size_t)c * ldm + r] = f.x[r * f.cols + c]; }
+        }
+    }
+    __syncwarp();
+}
+
+template <int M, int N, int K, typename Tab, typename LA, typename LB>
+static inline void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, Tab, LA>& a,
+                            const fragment<matrix_b, M, N, K, Tab, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
+    float out[M * N];
+    for (int i = 0; i < M; i++) {
+        for (int j = 0; j < N; j++) {
+            float s = c.x[i * N + j];
+            for (int k = 0; k < K; k++) { s += emu_to_float(a.x[i * K + k]) * emu_to_float(b.x[k * N + j]); }
+            out[i * N + j] = s;
+        }
+    }
+    memcpy(d.x, out, sizeof(out));
+}
+}  // namespace wmma
+}  // namespace nvcuda
+
+// ----------------------------------------------------------------------------
+// the runtime API: one device, synchronous streams
+
+typedef struct EmuStream* cudaStream_t;
+typedef struct EmuEvent { double t; }* cudaEvent_t;
+typedef enum { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
+               cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 } cudaMemcpyKind;
+enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
+enum { cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2 };
+enum { cudaHostRegisterDefault = 0, cudaHostRegisterPortable = 1 };
+enum { cudaHostAllocDefault = 0 };
+typedef enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 } cudaFuncAttribute;
+typedef enum { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+               cudaDevAttrComputeCapabilityMajor = 75, cudaDevAttrComputeCapabilityMinor = 76 } cudaDeviceAttr;
+
+struct cudaDeviceProp {
+    char name[256];
+    size_t totalGlobalMem;
+    size_t sharedMemPerBlock;
+    size_t sharedMemPerBlockOptin;
+    int multiProcessorCount;
+    int major, minor;
+    int warpSize;
+    int maxThreadsPerBlock;
+    int l2CacheSize;
+    int clockRate;
+};
+
+#define EMU_DEVICE_MEMORY (16ull << 30)  // what the emulated device reports as its memory
+
+static inline cudaError_t cudaGetDeviceCount(int* n) { *n = 1; return cudaSuccess; }
+static inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+static inline cudaError_t cudaGetDevice(int* d) { *d = 0; return cudaSuccess; }
+static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+    if (d != 0) { return cudaErrorInvalidDevice; }
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "CPU emulation of CUDA (dev/cuda/emu)");
+    p->totalGlobalMem = EMU_DEVICE_MEMORY;
+    p->sharedMemPerBlock = 48 * 1024;
+    p->sharedMemPerBlockOptin = 227 * 1024;
+    p->multiProcessorCount = 4;
+    p->major = 9; p->minor = 0;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->l2CacheSize = 4 << 20;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr attr, int d) {
+    cudaDeviceProp p;
+    cudaGetDeviceProperties(&p, d);
+    switch (attr) {
+        case cudaDevAttrMultiProcessorCount: *v = p.multiProcessorCount; break;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = (int)p.sharedMemPerBlockOptin; break;
+        case cudaDevAttrComputeCapabilityMajor: *v = p.major; break;
+        case cudaDevAttrComputeCapabilityMinor: *v = p.minor; break;
+    }
+    return cudaSuccess;
+}
+static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+static inline cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
+static inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+static inline cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
+
+static inline cudaError_t cudaMalloc(void** p, size_t bytes) {
+    *p = nullptr;
+    if (emu::state.used + bytes > EMU_DEVICE_MEMORY) { return cudaErrorMemoryAllocation; }
+    *p = emu::device_alloc(bytes);
+    return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+template <typename T>
+static inline cudaError_t cudaMalloc(T** p, size_t bytes) { return cudaMalloc((void**)p, bytes); }
+static inline cudaError_t cudaFree(void* p) {
+    if (p == nullptr) { return cudaSuccess; }
+    return emu::device_free(p) ? cudaSuccess : cudaErrorInvalidValue;
+}
+static inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+    *total = EMU_DEVICE_MEMORY;
+    *free_bytes = EMU_DEVICE_MEMORY - emu::state.used;
+    return cudaSuccess;
+}
+
+static inline cudaError_t cudaMallocHost(void** p, size_t bytes) {
+    *p = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+template <typename T>
+static inline cudaError_t cudaMallocHost(T** p, size_t bytes) { return cudaMallocHost((void**)p, bytes); }
+static inline cudaError_t cudaFreeHost(void* p) { free(p); return cudaSuccess; }
+static inline cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned flags) {
+    (void)flags;
+    if (emu::is_device(p) || bytes == 0) { return cudaErrorInvalidValue; }
+    return cudaSuccess;
+}
+static inline cudaError_t cudaHostUnregister(void* p) { (void)p; return cudaSuccess; }
+
+static inline cudaError_t emu_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    bool dd = emu::is_device(dst), sd = emu::is_device(src);
+    bool want_dd = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool want_sd = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (kind != cudaMemcpyDefault && (dd != want_dd || sd != want_sd)) {
+        emu::fail("cudaMemcpy of %zu bytes with kind %d, but the destination is %s memory and the source %s memory",
+                  bytes, (int)kind, dd ? "device" : "host", sd ? "device" : "host");
+    }
+    emu::device_open();
+    memmove(dst, src, bytes);
+    emu::device_close();
+    return cudaSuccess;
+}
+static inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    return emu_copy(dst, src, bytes, kind);
+}
+static inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                          cudaStream_t s = nullptr) {
+    (void)s;
+    return emu_copy(dst, src, bytes, kind);
+}
+static inline cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+    if (!emu::is_device(p)) { emu::fail("cudaMemset on host memory at %p", p); }
+    emu::device_open();
+    memset(p, value, bytes);
+    emu::device_close();
+    return cudaSuccess;
+}
+static inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s = nullptr) {
+    (void)s;
+    return cudaMemset(p, value, bytes);
+}
+
+static inline double emu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static inline cudaError_t cudaStreamCreate(cudaStream_t* s) { *s = (cudaStream_t)malloc(1); return cudaSuccess; }
+static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) { (void)flags; return cudaStreamCreate(s); }
+static inline cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
+static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0) {
+    (void)s; (void)e; (void)flags;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaEventCreate(cudaEvent_t* e) { *e = (cudaEvent_t)calloc(1, sizeof(**e)); return cudaSuccess; }
+static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) { (void)flags; return cudaEventCreate(e); }
+static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
+static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) { (void)s; e->t = emu_now(); return cudaSuccess; }
+static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
+static inline cudaError_t cudaEventQuery(cudaEvent_t e) { (void)e; return cudaSuccess; }
+static inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+    *ms = (float)(1000.0 * (b->t - a->t));
+    return cudaSuccess;
+}
+template <typename K>
+static inline cudaError_t cudaFuncSetAttribute(K kernel, cudaFuncAttribute attr, int value) {
+    (void)kernel; (void)attr;
+    return value >= 0 && value <= 227 * 1024 ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// ----------------------------------------------------------------------------
+// kernel launches: emu_launch(kernel, grid, block, smem, stream)(args...) is what launch.sed
+// makes of kernel<<<grid, block, smem, stream>>>(args...)
+
+template <typename... P>
+struct EmuLaunch {
+    void (*kernel)(P...);
+    dim3 grid, block;
+    size_t smem;
+    template <typename... A>
+    void operator()(A&&... a) const {
+        static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
+        std::tuple<P...> args(std::forward<A>(a)...);  // converted to the parameter types, as a launch does
+        void (*k)(P...) = kernel;
+        auto body = [&]() { std::apply(k, args); };
+        emu::run_grid(grid, block, smem, body);
+    }
+};
+
+template <typename... P>
+static inline EmuLaunch<P...> emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem = 0,
+                                         cudaStream_t stream = nullptr) {
+    (void)stream;
+    return EmuLaunch<P...>{kernel, grid, block, smem};
+}
+
+// ----------------------------------------------------------------------------
+// cuBLASLt: the matrix products, column-major, checked
+
+typedef enum {
+    CUBLAS_STATUS_SUCCESS = 0,
+    CUBLAS_STATUS_NOT_INITIALIZED = 1,
+    CUBLAS_STATUS_ALLOC_FAILED = 3,
+    CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15,
+} cublasStatus_t;
+typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
+typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType_t;
+typedef cudaDataType_t cudaDataType;
+typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum {
+    CUBLASLT_MATMUL_DESC_TRANSA = 3,
+    CUBLASLT_MATMUL_DESC_TRANSB = 4,
+    CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
+    CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+    CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,
+} cublasLtMatmulDescAttributes_t;
+typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 } cublasLtEpilogue_t;
+typedef enum {
+    CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,
+    CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6,
+} cublasLtMatrixLayoutAttribute_t;
+typedef enum {
+    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+} cublasLtMatmulPreferenceAttributes_t;
+
+struct EmuLtHandle { int unused; };
+struct EmuLtDesc {
+    cublasComputeType_t compute;
+    cudaDataType_t scale;
+    cublasOperation_t transa, transb;
+    cublasLtEpilogue_t epilogue;
+    const void* bias;
+    int bias_type;  // -1: the type of D
+};
+struct EmuLtLayout {
+    cudaDataType_t type;
+    uint64_t rows, cols;
+    int64_t ld;
+    int32_t batch;
+    int64_t stride;
+};
+struct EmuLtPref { size_t workspace; uint32_t min_align[4]; };  // A, B, C, D
+typedef EmuLtHandle* cublasLtHandle_t;
+typedef EmuLtDesc* cublasLtMatmulDesc_t;
+typedef EmuLtLayout* cublasLtMatrixLayout_t;
+typedef EmuLtPref* cublasLtMatmulPreference_t;
+typedef struct { uint64_t data[8]; } cublasLtMatmulAlgo_t;
+typedef struct {
+    cublasLtMatmulAlgo_t algo;
+    size_t workspaceSize;
+    cublasStatus_t state;
+    float wavesCount;
+    int reserved[4];
+} cublasLtMatmulHeuristicResult_t;
+
+static inline const char* cublasGetStatusString(cublasStatus_t s) {
+    switch (s) {
+        case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+        case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+        case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+        case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+        case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    }
+    return "unknown cuBLAS status";
+}
+
+static inline cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) { *h = new EmuLtHandle{0}; return CUBLAS_STATUS_SUCCESS; }
+static inline cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) { delete h; return CUBLAS_STATUS_SUCCESS; }
+static inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute, cudaDataType_t scale) {
+    if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) { return CUBLAS_STATUS_NOT_SUPPORTED; }
+    *d = new EmuLtDesc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, nullptr, -1};
+    return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete d; return CUBLAS_STATUS_SUCCESS; }
+static inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                                            const void* buf, size_t size) {
+    switch (attr) {
+        case CUBLASLT_MATMUL_DESC_TRANSA:
+            if (size != sizeof(int32_t)) { return CUBLAS_STATUS_INVALID_VALUE; }
+            d->transa = (cublasOperation_t)*(const int32_t*)buf;
+            break;
+        case CUBLASLT_MATMUL_DESC_TRANSB:
+            if (size != sizeof(int32_t)) { return CUBLAS_STATUS_INVALID_VALUE; }
+            d->transb = (cublasOperation_t)*(const int32_t*)buf;
+            break;
+        case CUBLASLT_MATMUL_DESC_EPILOGUE:
+            if (size != sizeof(uint32_t)) { return CUBLAS_STATUS_INVALID_VALUE; }
+            d->epilogue = (cublasLtEpilogue_t)*(const uint32_t*)buf;
+            break;
+        case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+            if (size != sizeof(void*)) { return CUBLAS_STATUS_INVALID_VALUE; }
+            memcpy(&d->bias, buf, sizeof(void*));
+            break;
+        case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+            if (size != sizeof(int32_t)) { return CUBLAS_STATUS_INVALID_VALUE; }
+            d->bias_type = *(const int32_t*)buf;
+            break;
+        default: return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType_t type, uint64_t rows,
+                                                        uint64_t cols, int64_t ld) {
+    if (ld < (int64_t)rows || ld < 1) { return CUBLAS_STATUS_INVALID_VALUE; }
+    *l = new EmuLtLayout{type, rows, cols, ld, 1, 0};
+    return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return CUBLAS_STATUS_SUCCESS; }
+static inline cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
+                                                              const void* buf, size_t size) {
+    if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT && size == sizeof(int32_t)) { l->batch = *(const int32_t*)buf; }
+    else if (attr == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET && size == sizeof(int64_t)) { l->stride = *(const int64_t*)buf; }
+    else { return CUBLAS_STATUS_INVALID_VALUE; }
+    return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
+    *p = new EmuLtPref{0, {256, 256, 256, 256}};  // cuBLASLt's default: 256-byte aligned matrices
+    return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { delete p; return CUBLAS_STATUS_SUCCESS; }
+static inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                                  cublasLtMatmulPreferenceAttributes_t attr,
+                                                                  const void* buf, size_t size) {
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && size == sizeof(size_t)) {
+        p->workspace = *(const size_t*)buf;
+    } else if (attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES &&
+               size == sizeof(uint32_t)) {
+        p->min_align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES] = *(const uint32_t*)buf;
+    } else {
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// Shapes and types must fit together as cuBLASLt requires: op(A) m x k, op(B) k x n, C and D m x n.
+static inline cublasStatus_t emu_lt_check(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+                                          cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D) {
+    uint64_t m = d->transa == CUBLAS_OP_N ? A->rows : A->cols, ka = d->transa == CUBLAS_OP_N ? A->cols : A->rows;
+    uint64_t kb = d->transb == CUBLAS_OP_N ? B->rows : B->cols, n = d->transb == CUBLAS_OP_N ? B->cols : B->rows;
+    if (ka != kb || C->rows != m || C->cols != n || D->rows != m || D->cols != n) {
+        emu::fail("cublasLtMatmul: shapes do not fit: op(A) %llux%llu, op(B) %llux%llu, C %llux%llu, D %llux%llu",
+                  (unsigned long long)m, (unsigned long long)ka, (unsigned long long)kb, (unsigned long long)n,
+                  (unsigned long long)C->rows, (unsigned long long)C->cols, (unsigned long long)D->rows,
+                  (unsigned long long)D->cols);
+    }
+    if (A->type != B->type || C->type != D->type || (A->type == CUDA_R_32F && D->type != CUDA_R_32F)) {
+        emu::fail("cublasLtMatmul: unsupported types A %d, B %d, C %d, D %d", A->type, B->type, C->type, D->type);
+    }
+    int32_t batch = D->batch;
+    if (A->batch != batch || B->batch != batch || C->batch != batch) {
+        emu::fail("cublasLtMatmul: batch counts differ (A %d, B %d, C %d, D %d)", A->batch, B->batch, C->batch, D->batch);
+    }
+    if (d->epilogue != CUBLASLT_EPILOGUE_BIAS && d->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+        emu::fail("cublasLtMatmul: epilogue %d is not emulated", (int)d->epilogue);
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A,
+                                                            cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C,
+                                                            cublasLtMatrixLayout_t D, cublasLtMatmulPreference_t p,
+                                                            int requested, cublasLtMatmulHeuristicResult_t* results,
+                                                            int* returned) {
+    (void)h;
+    emu_lt_check(d, A, B, C, D);
+    if (requested < 1) { return CUBLAS_STATUS_INVALID_VALUE; }
+    memset(results, 0, sizeof(*results));
+    // the algorithm remembers the alignment it was chosen for: cublasLtMatmul checks the pointers
+    for (int i = 0; i < 4; i++) { results[0].algo.data[i] = p->min_align[i]; }
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    results[0].wavesCount = 1.0f;
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static inline float emu_load(const void* p, cudaDataType_t t, size_t i) {
+    return t == CUDA_R_32F ? ((const float*)p)[i] : __bfloat162float(((const __nv_bfloat16*)p)[i]);
+}
+static inline void emu_store(void* p, cudaDataType_t t, size_t i, float v) {
+    if (t == CUDA_R_32F) { ((float*)p)[i] = v; } else { ((__nv_bfloat16*)p)[i] = __float2bfloat16(v); }
+}
+
+static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void* alpha, const void* a,
+                                            cublasLtMatrixLayout_t A, const void* b, cublasLtMatrixLayout_t B,
+                                            const void* beta, const void* c, cublasLtMatrixLayout_t C, void* out,
+                                            cublasLtMatrixLayout_t D, const cublasLtMatmulAlgo_t* algo, void* workspace,
+                                            size_t workspace_bytes, cudaStream_t stream) {
+    (void)h; (void)workspace; (void)workspace_bytes; (void)stream;
+    emu_lt_check(d, A, B, C, D);
+    const void* ptrs[4] = {a, b, c != nullptr ? c : out, out};
+    for (int i = 0; i < 4; i++) {
+        if (algo != nullptr && (uintptr_t)ptrs[i] % algo->data[i] != 0) {
+            emu::fail("cublasLtMatmul: matrix %c at %p is not aligned to the %llu bytes its algorithm was chosen for "
+                      "(set CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%c_BYTES)", "ABCD"[i], ptrs[i],
+                      (unsigned long long)algo->data[i], "ABCD"[i]);
+        }
+    }
+    if (!emu::is_device(a) || !emu::is_device(b) || !emu::is_device(out) || (c != nullptr && !emu::is_device(c)) ||
+        (d->bias != nullptr && d->epilogue == CUBLASLT_EPILOGUE_BIAS && !emu::is_device(d->bias))) {
+        emu::fail("cublasLtMatmul given a host pointer: A, B, C, D and the bias must be device memory");
+    }
+    if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && d->bias == nullptr) { emu::fail("cublasLtMatmul: bias epilogue without a bias pointer"); }
+    float al = *(const float*)alpha, be = *(const float*)beta;
+    if (be != 0.0f && c == nullptr) { emu::fail("cublasLtMatmul: beta != 0 without C"); }
+    if (c == out && (C->ld != D->ld || C->stride != D->stride)) { emu::fail("cublasLtMatmul: in place (C == D) needs equal layouts"); }
+    uint64_t m = D->rows, n = D->cols, k = d->transa == CUBLAS_OP_N ? A->cols : A->rows;
+    cudaDataType_t bias_type = d->bias_type >= 0 ? (cudaDataType_t)d->bias_type : D->type;
+    emu::device_open();
+    std::vector<float> col(m);
+    for (int32_t bt = 0; bt < D->batch; bt++) {
+        size_t oa = (size_t)(bt * A->stride), ob = (size_t)(bt * B->stride);
+        size_t oc = (size_t)(bt * C->stride), od = (size_t)(bt * D->stride);
+        for (uint64_t j = 0; j < n; j++) {
+            for (uint64_t i = 0; i < m; i++) {
+                float s = 0.0f;
+                for (uint64_t p = 0; p < k; p++) {
+                    size_t ia = d->transa == CUBLAS_OP_N ? i + p * A->ld : p + i * A->ld;
+                    size_t ib = d->transb == CUBLAS_OP_N ? p + j * B->ld : j + p * B->ld;
+                    s += emu_load(a, A->type, oa + ia) * emu_load(b, B->type, ob + ib);
+                }
+                float r = al * s;
+                if (be != 0.0f) { r += be * emu_load(c, C->type, oc + i + j * C->ld); }
+                if (d->epilogue == CUBLASLT_EPILOGUE_BIAS) { r += emu_load(d->bias, bias_type, i); }
+                col[i] = r;
+            }
+            for (uint64_t i = 0; i < m; i++) { emu_store(out, D->type, od + i + j * D->ld, col[i]); }
+        }
+    }
+    emu::device_close();
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+#endif  // CUDA_EMULATE_H

@@ -1,0 +1,409 @@
+/*
+test_emulate.cu: tests of the CPU emulation of CUDA (emulate.h), written as ordinary CUDA C++.
+Barriers, shuffles and shared memory must mean what they mean on a GPU, the matrix products
+must follow cuBLASLt's column-major conventions, and every misuse emulate.h promises to catch
+must end the program with its one-line message (checked in a child process).
+
+  make build/emu/test_emulate && build/emu/test_emulate
+
+It also compiles with nvcc (make dev/cuda/emu/test_emulate), where the misuse checks are skipped.
+*/
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublasLt.h>
+#include <mma.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int n_passed = 0, n_failed = 0;
+static void check(int ok, const char* what) {
+    printf("%s %s\n", ok ? "  ok  " : " FAIL ", what);
+    if (ok) { n_passed++; } else { n_failed++; }
+}
+
+#define cudaCheck(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
+    printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(1); } } while (0)
+#define cublasCheck(call) do { cublasStatus_t s_ = (call); if (s_ != CUBLAS_STATUS_SUCCESS) { \
+    printf("cuBLAS error %d at %s:%d\n", (int)s_, __FILE__, __LINE__); exit(1); } } while (0)
+
+// ----------------------------------------------------------------------------
+// kernels
+
+// sum of the block's inputs through shared memory, halving with a barrier at each level
+__global__ void block_sum_kernel(float* out, const float* in, int n) {
+    __shared__ float buf[1024];
+    int t = threadIdx.x;
+    buf[t] = t < n ? in[blockIdx.x * n + t] : 0.0f;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+        if (t < stride) { buf[t] += buf[t + stride]; }
+        __syncthreads();
+    }
+    if (t == 0) { out[blockIdx.x] = buf[0]; }
+}
+
+// every lane: the warp's sum by xor shuffles, by down shuffles (lane 0), lane 5's value, a ballot
+__global__ void warp_ops_kernel(float* xor_sum, float* down_sum, float* bcast, unsigned* ballot, const float* in) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    float v = in[i], s = v, d = v;
+    for (int off = 16; off > 0; off /= 2) { s += __shfl_xor_sync(0xffffffffu, s, off); }
+    for (int off = 16; off > 0; off /= 2) { d += __shfl_down_sync(0xffffffffu, d, off); }
+    xor_sum[i] = s;
+    down_sum[i] = d;
+    bcast[i] = __shfl_sync(0xffffffffu, v, 5);
+    ballot[i] = __ballot_sync(0xffffffffu, v > 0.0f);
+}
+
+// reverses each block's slice through dynamic shared memory
+__global__ void reverse_kernel(int* out, const int* in) {
+    extern __shared__ int tile[];
+    int t = threadIdx.x, n = blockDim.x;
+    tile[t] = in[blockIdx.x * n + t];
+    __syncthreads();
+    out[blockIdx.x * n + t] = tile[n - 1 - t];
+}
+
+// 2D blocks and a 2D grid: every thread writes its own coordinates
+__global__ void coords_kernel(int* out, int width) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+    out[y * width + x] = y * 1000 + x;
+}
+
+// one warp: 16x16 (bf16) @ 16x16 (bf16, column-major) into fp32, through WMMA
+__global__ void wmma_kernel(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.5f);
+    wmma::load_matrix_sync(fa, a, 16);
+    wmma::load_matrix_sync(fb, b, 16);
+    wmma::mma_sync(acc, fa, fb, acc);
+    for (int i = 0; i < acc.num_elements; i++) { acc.x[i] *= 2.0f; }
+    wmma::store_matrix_sync(c, acc, 16, wmma::mem_row_major);
+}
+
+// misuse: half the block returns before the barrier
+__global__ void divergent_barrier_kernel(float* out) {
+    if (threadIdx.x >= 16) { return; }
+    __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+
+// misuse: a barrier inside a branch that part of a warp takes while the rest shuffles
+__global__ void divergent_shuffle_kernel(float* out) {
+    float v = 1.0f;
+    if (threadIdx.x < 8) { __syncthreads(); } else { v = __shfl_xor_sync(0xffffffffu, v, 1); }
+    out[threadIdx.x] = v;
+}
+
+__global__ void write_kernel(float* out, int i) { out[i] = 1.0f; }
+
+// ----------------------------------------------------------------------------
+// misuse checks: run the bad thing in a child, expect exit 3 and the message
+
+#ifdef CUDA_EMULATION
+static void expect_death(const char* what, void (*bad)(void), const char* needle) {
+    int fds[2];
+    if (pipe(fds) != 0) { perror("pipe"); exit(1); }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        bad();
+        _exit(0);
+    }
+    close(fds[1]);
+    char msg[2048] = {0};
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof(msg) - 1 && (r = read(fds[0], msg + got, sizeof(msg) - 1 - got)) > 0) { got += (size_t)r; }
+    close(fds[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    int ok = WIFEXITED(status) && WEXITSTATUS(status) == 3 && strstr(msg, needle) != NULL;
+    char line[2300];
+    char* nl = strchr(msg, '\n');
+    if (nl) { *nl = 0; }
+    snprintf(line, sizeof(line), "%s: %s", what, msg);
+    check(ok, line);
+}
+
+static void bad_barrier(void) {
+    float* d;
+    cudaMalloc(&d, 32 * sizeof(float));
+    divergent_barrier_kernel<<<1, 32>>>(d);
+}
+static void bad_shuffle(void) {
+    float* d;
+    cudaMalloc(&d, 32 * sizeof(float));
+    divergent_shuffle_kernel<<<1, 32>>>(d);
+}
+static void bad_host_read(void) {
+    float* d;
+    cudaMalloc(&d, 64 * sizeof(float));
+    volatile float x = d[3];
+    (void)x;
+}
+static void bad_out_of_bounds(void) {
+    float* d;
+    cudaMalloc(&d, 100 * sizeof(float));
+    write_kernel<<<1, 1>>>(d, 144);  // in the guard page after the allocation
+}
+static void bad_copy_kind(void) {
+    float* d;
+    float h[4];
+    cudaMalloc(&d, sizeof(h));
+    cudaMemcpy(d, h, sizeof(h), cudaMemcpyDeviceToHost);
+}
+static void bad_block(void) {
+    float* d;
+    cudaMalloc(&d, 4);
+    write_kernel<<<1, 2048>>>(d, 0);
+}
+#endif
+
+// ----------------------------------------------------------------------------
+// cuBLASLt: D = alpha op(A) op(B) + beta C + bias, checked against loops
+
+static float bf16_round(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+static void test_matmul(cublasLtHandle_t lt, int transa, int transb, int bf16_inputs, int with_bias, float beta) {
+    const int m = 7, n = 5, k = 9, lda_pad = 3, ldb_pad = 2;
+    int a_rows = transa ? k : m, a_cols = transa ? m : k, b_rows = transb ? n : k, b_cols = transb ? k : n;
+    int lda = a_rows + lda_pad, ldb = b_rows + ldb_pad, ldc = m + 1;
+    size_t esz = bf16_inputs ? 2 : 4;
+    float* ha = (float*)malloc((size_t)lda * a_cols * 4);
+    float* hb = (float*)malloc((size_t)ldb * b_cols * 4);
+    float* hc = (float*)malloc((size_t)ldc * n * 4);
+    float* bias = (float*)malloc(m * 4);
+    for (int i = 0; i < lda * a_cols; i++) { ha[i] = bf16_round(sinf(0.7f * i) * 0.5f); }
+    for (int i = 0; i < ldb * b_cols; i++) { hb[i] = bf16_round(cosf(0.3f * i) * 0.5f); }
+    for (int i = 0; i < ldc * n; i++) { hc[i] = bf16_round(0.01f * i - 0.2f); }
+    for (int i = 0; i < m; i++) { bias[i] = bf16_round(0.1f * i); }
+    void *da, *db, *dc, *dbias;
+    cudaCheck(cudaMalloc(&da, (size_t)lda * a_cols * esz));
+    cudaCheck(cudaMalloc(&db, (size_t)ldb * b_cols * esz));
+    cudaCheck(cudaMalloc(&dc, (size_t)ldc * n * 4));
+    cudaCheck(cudaMalloc(&dbias, (size_t)m * 4));
+    if (bf16_inputs) {
+        __nv_bfloat16* t = (__nv_bfloat16*)malloc((size_t)(lda * a_cols + ldb * b_cols) * 2);
+        for (int i = 0; i < lda * a_cols; i++) { t[i] = __float2bfloat16(ha[i]); }
+        for (int i = 0; i < ldb * b_cols; i++) { t[lda * a_cols + i] = __float2bfloat16(hb[i]); }
+        cudaCheck(cudaMemcpy(da, t, (size_t)lda * a_cols * 2, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(db, t + lda * a_cols, (size_t)ldb * b_cols * 2, cudaMemcpyHostToDevice));
+        free(t);
+    } else {
+        cudaCheck(cudaMemcpy(da, ha, (size_t)lda * a_cols * 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(db, hb, (size_t)ldb * b_cols * 4, cudaMemcpyHostToDevice));
+    }
+    cudaCheck(cudaMemcpy(dc, hc, (size_t)ldc * n * 4, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(dbias, bias, (size_t)m * 4, cudaMemcpyHostToDevice));
+
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    int32_t ta = transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (with_bias) {
+        uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias, sizeof(dbias)));
+    }
+    cudaDataType_t in_type = bf16_inputs ? CUDA_R_16BF : CUDA_R_32F;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, in_type, a_rows, a_cols, lda));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, in_type, b_rows, b_cols, ldb));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc));
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws_bytes = 1 << 20;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes)));
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &heur, &found));
+    void* ws;
+    cudaCheck(cudaMalloc(&ws, ws_bytes));
+    float alpha = 1.5f;
+    cublasCheck(cublasLtMatmul(lt, desc, &alpha, da, la, db, lb, &beta, dc, lc, dc, lc, &heur.algo, ws, ws_bytes, 0));
+    float* got = (float*)malloc((size_t)ldc * n * 4);
+    cudaCheck(cudaMemcpy(got, dc, (size_t)ldc * n * 4, cudaMemcpyDeviceToHost));
+    double worst = 0.0;
+    for (int j = 0; j < n; j++) {
+        for (int i = 0; i < m; i++) {
+            double s = 0.0;
+            for (int p = 0; p < k; p++) {
+                double av = transa ? ha[p + i * lda] : ha[i + p * lda];
+                double bv = transb ? hb[j + p * ldb] : hb[p + j * ldb];
+                s += av * bv;
+            }
+            double want = alpha * s + beta * hc[i + j * ldc] + (with_bias ? bias[i] : 0.0);
+            double e = fabs(got[i + j * ldc] - want);
+            if (e > worst) { worst = e; }
+        }
+    }
+    char what[200];
+    snprintf(what, sizeof(what), "cublasLtMatmul op(A)=%s op(B)=%s %s inputs, bias %d, beta %.0f: max abs err %.1e (tol 1e-5)",
+             transa ? "T" : "N", transb ? "T" : "N", bf16_inputs ? "bf16" : "fp32", with_bias, beta, worst);
+    check(found == 1 && worst < 1e-5, what);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    cudaFree(da); cudaFree(db); cudaFree(dc); cudaFree(dbias); cudaFree(ws);
+    free(ha); free(hb); free(hc); free(bias); free(got);
+}
+
+int main(void) {
+    // barriers and shared memory, at several block sizes
+    for (int threads = 32; threads <= 1024; threads *= 4) {
+        const int blocks = 3;
+        float* h = (float*)malloc((size_t)blocks * threads * 4);
+        for (int i = 0; i < blocks * threads; i++) { h[i] = (float)(i % 17); }
+        float *d_in, *d_out, out[3];
+        cudaCheck(cudaMalloc(&d_in, (size_t)blocks * threads * 4));
+        cudaCheck(cudaMalloc(&d_out, blocks * 4));
+        cudaCheck(cudaMemcpy(d_in, h, (size_t)blocks * threads * 4, cudaMemcpyHostToDevice));
+        block_sum_kernel<<<blocks, threads>>>(d_out, d_in, threads);
+        cudaCheck(cudaGetLastError());
+        cudaCheck(cudaMemcpy(out, d_out, sizeof(out), cudaMemcpyDeviceToHost));
+        int ok = 1;
+        for (int b = 0; b < blocks; b++) {
+            double s = 0.0;
+            for (int i = 0; i < threads; i++) { s += h[b * threads + i]; }
+            ok &= out[b] == (float)s;
+        }
+        char what[100];
+        snprintf(what, sizeof(what), "block reduction through shared memory and __syncthreads, %d threads", threads);
+        check(ok, what);
+        cudaFree(d_in); cudaFree(d_out); free(h);
+    }
+    // warp shuffles and ballot
+    {
+        const int n = 64;
+        float h[n];
+        for (int i = 0; i < n; i++) { h[i] = (float)((i * 7) % 11) - 5.0f; }
+        float *d_in, *d_xor, *d_down, *d_b;
+        unsigned* d_ballot;
+        cudaCheck(cudaMalloc(&d_in, n * 4)); cudaCheck(cudaMalloc(&d_xor, n * 4)); cudaCheck(cudaMalloc(&d_down, n * 4));
+        cudaCheck(cudaMalloc(&d_b, n * 4)); cudaCheck(cudaMalloc(&d_ballot, n * 4));
+        cudaCheck(cudaMemcpy(d_in, h, sizeof(h), cudaMemcpyHostToDevice));
+        warp_ops_kernel<<<1, n>>>(d_xor, d_down, d_b, d_ballot, d_in);
+        float x[n], dn[n], bc[n];
+        unsigned bal[n];
+        cudaCheck(cudaMemcpy(x, d_xor, sizeof(x), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(dn, d_down, sizeof(dn), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(bc, d_b, sizeof(bc), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(bal, d_ballot, sizeof(bal), cudaMemcpyDeviceToHost));
+        int ok_xor = 1, ok_down = 1, ok_b = 1, ok_bal = 1;
+        for (int w = 0; w < n / 32; w++) {
+            float s = 0.0f;
+            unsigned want = 0;
+            for (int l = 0; l < 32; l++) { s += h[w * 32 + l]; want |= (h[w * 32 + l] > 0.0f ? 1u : 0u) << l; }
+            for (int l = 0; l < 32; l++) {
+                ok_xor &= x[w * 32 + l] == s;
+                ok_b &= bc[w * 32 + l] == h[w * 32 + 5];
+                ok_bal &= bal[w * 32 + l] == want;
+            }
+            ok_down &= dn[w * 32] == s;
+        }
+        check(ok_xor, "__shfl_xor_sync butterfly: every lane holds its warp's sum");
+        check(ok_down, "__shfl_down_sync tree: lane 0 holds its warp's sum");
+        check(ok_b && ok_bal, "__shfl_sync broadcast and __ballot_sync");
+        cudaFree(d_in); cudaFree(d_xor); cudaFree(d_down); cudaFree(d_b); cudaFree(d_ballot);
+    }
+    // dynamic shared memory, 2D grids
+    {
+        int h[256], out[256];
+        for (int i = 0; i < 256; i++) { h[i] = i; }
+        int *d_in, *d_out;
+        cudaCheck(cudaMalloc(&d_in, sizeof(h))); cudaCheck(cudaMalloc(&d_out, sizeof(out)));
+        cudaCheck(cudaMemcpy(d_in, h, sizeof(h), cudaMemcpyHostToDevice));
+        reverse_kernel<<<4, 64, 64 * sizeof(int)>>>(d_out, d_in);
+        cudaCheck(cudaMemcpy(out, d_out, sizeof(out), cudaMemcpyDeviceToHost));
+        int ok = 1;
+        for (int b = 0; b < 4; b++) { for (int t = 0; t < 64; t++) { ok &= out[b * 64 + t] == h[b * 64 + 63 - t]; } }
+        check(ok, "dynamic shared memory (extern __shared__)");
+        int* d_xy;
+        cudaCheck(cudaMalloc(&d_xy, 24 * 10 * sizeof(int)));
+        coords_kernel<<<dim3(3, 2), dim3(8, 5)>>>(d_xy, 24);
+        int xy[240];
+        cudaCheck(cudaMemcpy(xy, d_xy, sizeof(xy), cudaMemcpyDeviceToHost));
+        ok = 1;
+        for (int y = 0; y < 10; y++) { for (int x = 0; x < 24; x++) { ok &= xy[y * 24 + x] == y * 1000 + x; } }
+        check(ok, "2D grid of 2D blocks: every thread sees its own indices");
+        cudaFree(d_in); cudaFree(d_out); cudaFree(d_xy);
+    }
+    // WMMA
+    {
+        __nv_bfloat16 a[256], b[256];
+        float fa[256], fb[256], c[256];
+        for (int i = 0; i < 256; i++) {
+            fa[i] = bf16_round(sinf((float)i)); fb[i] = bf16_round(cosf(0.5f * i));
+            a[i] = __float2bfloat16(fa[i]); b[i] = __float2bfloat16(fb[i]);
+        }
+        __nv_bfloat16 *d_a, *d_b;
+        float* d_c;
+        cudaCheck(cudaMalloc(&d_a, sizeof(a))); cudaCheck(cudaMalloc(&d_b, sizeof(b))); cudaCheck(cudaMalloc(&d_c, sizeof(c)));
+        cudaCheck(cudaMemcpy(d_a, a, sizeof(a), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d_b, b, sizeof(b), cudaMemcpyHostToDevice));
+        wmma_kernel<<<1, 32>>>(d_c, d_a, d_b);
+        cudaCheck(cudaMemcpy(c, d_c, sizeof(c), cudaMemcpyDeviceToHost));
+        double worst = 0.0;
+        for (int i = 0; i < 16; i++) {
+            for (int j = 0; j < 16; j++) {
+                double s = 0.5;
+                for (int p = 0; p < 16; p++) { s += (double)fa[i * 16 + p] * fb[j * 16 + p]; }  // b is column-major
+                worst = fmax(worst, fabs(c[i * 16 + j] - 2.0 * s));
+            }
+        }
+        char what[120];
+        snprintf(what, sizeof(what), "WMMA 16x16x16 bf16 (row-major A, column-major B) into fp32: max abs err %.1e (tol 1e-4)", worst);
+        check(worst < 1e-4, what);
+        cudaFree(d_a); cudaFree(d_b); cudaFree(d_c);
+    }
+    // bf16 conversions: round to nearest even, NaN kept
+    {
+        float half_ulp_up = 1.0f + 1.0f / 256.0f;         // a tie between 1 and 1 + 2^-7: to even (1)
+        float above_tie = 1.0f + 1.0f / 256.0f + 1.0f / 65536.0f;
+        float three_half = 1.0f + 3.0f / 256.0f;          // a tie between 1+2^-7 and 1+2^-6: to even (1+2^-6)
+        int ok = __bfloat162float(__float2bfloat16(half_ulp_up)) == 1.0f &&
+                 __bfloat162float(__float2bfloat16(above_tie)) == 1.0f + 1.0f / 128.0f &&
+                 __bfloat162float(__float2bfloat16(three_half)) == 1.0f + 2.0f / 128.0f &&
+                 isnan(__bfloat162float(__float2bfloat16(NAN)));
+        check(ok, "bf16 conversion rounds to nearest even and keeps NaN");
+    }
+    // cuBLASLt conventions
+    cublasLtHandle_t lt;
+    cublasCheck(cublasLtCreate(&lt));
+    test_matmul(lt, 1, 0, 0, 1, 0.0f);
+    test_matmul(lt, 0, 0, 0, 0, 1.0f);
+    test_matmul(lt, 0, 1, 1, 0, 1.0f);
+    test_matmul(lt, 1, 1, 1, 1, 0.0f);
+    cublasLtDestroy(lt);
+#ifdef CUDA_EMULATION
+    // fresh device memory reads as NaN
+    {
+        float* d;
+        float h[8];
+        cudaCheck(cudaMalloc(&d, sizeof(h)));
+        cudaCheck(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+        int all_nan = 1;
+        for (int i = 0; i < 8; i++) { all_nan &= isnan(h[i]); }
+        check(all_nan, "cudaMalloc'd memory reads as NaN until written");
+        cudaFree(d);
+    }
+    expect_death("half a block returns before __syncthreads", bad_barrier, "reached by 16 of 32 threads");
+    expect_death("part of a warp at a barrier, the rest at a shuffle", bad_shuffle, "cannot go on");
+    expect_death("host code reads device memory", bad_host_read, "host code touched device memory");
+    expect_death("kernel writes past an allocation", bad_out_of_bounds, "past the end of a 400-byte device allocation");
+    expect_death("cudaMemcpy with the wrong direction", bad_copy_kind, "the destination is device memory");
+    expect_death("block of 2048 threads", bad_block, "a block holds 1 to 1024 threads");
+#endif
+    printf("\n%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed == 0 ? 0 : 1;
+}

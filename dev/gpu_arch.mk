@@ -1,0 +1,17 @@
+# The GPU architecture to build for, shared by the Makefile and dev/cuda/Makefile: the GPU's own
+# when nvidia-smi finds one, sm_90 (H100/H200) otherwise or with CI=true. GPU_ARCH=sm_XX overrides.
+# HAS_GPU is 1 when a GPU is there to run on.
+HAS_GPU := $(if $(filter true,$(CI)),0,$(shell nvidia-smi -L > /dev/null 2>&1 && echo 1 || echo 0))
+ifndef GPU_ARCH
+  ifeq ($(HAS_GPU),1)
+    GPU_ARCH := sm_$(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '. ')
+    $(info train_vla: building for the GPU found by nvidia-smi: $(GPU_ARCH) (set GPU_ARCH=sm_XX to override))
+  else
+    GPU_ARCH := sm_90
+    $(info train_vla: no GPU found$(if $(filter true,$(CI)), (CI=true),): building for $(GPU_ARCH), H100/H200 (set GPU_ARCH=sm_XX for another GPU))
+  endif
+  export GPU_ARCH
+endif
+NVCC ?= nvcc
+NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -Xcompiler -Wall,-Wno-unused-function,-Wno-format-truncation
+NVCC_LDLIBS = -lcublasLt -lm -lpthread

@@ -1,0 +1,228 @@
+/*
+test_util.h: what test_vla.c (the CPU reference) and test_vla_gpu.cu (the GPU trainer) share:
+check bookkeeping, relative errors, the oracle's debug-state reader, and running a trainer
+binary (bit-exact resume, bad input). Include after the trainer under test.
+*/
+#ifndef VLA_TEST_UTIL_H
+#define VLA_TEST_UTIL_H
+
+#include <sys/wait.h>
+
+// ----------------------------------------------------------------------------
+// check bookkeeping
+
+static int n_passed = 0, n_failed = 0;
+
+static void check(int ok, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(int ok, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "  ok  " : " FAIL ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    if (ok) { n_passed++; } else { n_failed++; }
+}
+
+// ||x - ref|| / ||ref|| in double; NaN anywhere in x gives +inf so it can never pass
+static double rel_error(const float* x, const float* ref, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(x[i])) { return INFINITY; }
+        double dlt = (double)x[i] - (double)ref[i];
+        num += dlt * dlt;
+        den += (double)ref[i] * ref[i];
+    }
+    if (den == 0.0) { return num == 0.0 ? 0.0 : INFINITY; }
+    return sqrt(num / den);
+}
+
+// ----------------------------------------------------------------------------
+// the oracle's debug state: a "VLAT" container of named tensors (format in dev/model.py)
+
+#define VLAT_MAGIC 0x54414C56u
+enum { DT_F32 = 0, DT_U8 = 1, DT_I32 = 2 };
+
+typedef struct {
+    char name[64];
+    uint32_t dtype, ndim;
+    uint64_t shape[4];
+    uint64_t numel;
+    void* data;
+} Record;
+
+typedef struct {
+    int n;
+    Record* recs;
+    uint8_t* file;
+} DebugState;
+
+static void debug_state_read(DebugState* ds, const char* path) {
+    FILE* f = fopenCheck(path, "rb");
+    fseeko(f, 0, SEEK_END);
+    uint64_t len = (uint64_t)ftello(f);
+    fseeko(f, 0, SEEK_SET);
+    ds->file = (uint8_t*)mallocCheck(len);
+    if (fread(ds->file, 1, len, f) != len) { vla_fail("%s: short read", path); }
+    fclose(f);
+    uint32_t head[4];
+    if (len < 16) { vla_fail("%s: too short for a debug state: rerun make test", path); }
+    memcpy(head, ds->file, 16);
+    if (head[0] != VLAT_MAGIC || head[1] != 1) { vla_fail("%s: not a version-1 debug state: rerun make test", path); }
+    ds->n = (int)head[2];
+    ds->recs = (Record*)callocCheck(ds->n, sizeof(Record));
+    uint64_t pos = 16;
+    for (int i = 0; i < ds->n; i++) {
+        Record* r = &ds->recs[i];
+        if (pos + 64 + 8 + 32 > len) { vla_fail("%s: truncated at record %d", path, i); }
+        memcpy(r->name, ds->file + pos, 64);
+        r->name[63] = 0;
+        memcpy(&r->dtype, ds->file + pos + 64, 4);
+        memcpy(&r->ndim, ds->file + pos + 68, 4);
+        memcpy(r->shape, ds->file + pos + 72, 32);
+        pos += 104;
+        r->numel = 1;
+        for (int k = 0; k < 4; k++) { r->numel = mul_check(r->numel, r->shape[k], path, r->name); }
+        uint64_t bytes = r->numel * (r->dtype == DT_U8 ? 1 : 4);
+        if (r->dtype > DT_I32 || pos + bytes > len) { vla_fail("%s: record %s is corrupt or truncated", path, r->name); }
+        r->data = ds->file + pos;  // fine to alias: the records are 4-byte aligned reads via memcpy below
+        pos += bytes;
+    }
+    if (pos != len) { vla_fail("%s: %llu trailing bytes", path, (unsigned long long)(len - pos)); }
+}
+
+static const Record* debug_find(const DebugState* ds, const char* name) {
+    for (int i = 0; i < ds->n; i++) {
+        if (strcmp(ds->recs[i].name, name) == 0) { return &ds->recs[i]; }
+    }
+    vla_fail("debug state has no record %s: regenerate it with this version of dev/model.py", name);
+}
+
+// Copies a record into fresh aligned memory, checking its element count.
+static void* debug_get(const DebugState* ds, const char* name, uint64_t numel) {
+    const Record* r = debug_find(ds, name);
+    if (r->numel != numel) {
+        vla_fail("debug state record %s has %llu elements, expected %llu", name, (unsigned long long)r->numel,
+                 (unsigned long long)numel);
+    }
+    size_t bytes = numel * (r->dtype == DT_U8 ? 1 : 4);
+    void* out = mallocCheck(bytes);
+    memcpy(out, r->data, bytes);
+    return out;
+}
+
+// ----------------------------------------------------------------------------
+// trainer binaries
+
+// Runs a shell command; returns its exit status, or -1 if a signal ended it.
+static int run_command(const char* cmd) {
+    int status = system(cmd);
+    if (status == -1 || !WIFEXITED(status)) { return -1; }
+    return WEXITSTATUS(status);
+}
+
+static char* read_text(const char* path) {
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) { return strdup(""); }
+    fseeko(f, 0, SEEK_END);
+    long len = (long)ftello(f);
+    fseeko(f, 0, SEEK_SET);
+    char* s = (char*)mallocCheck(len + 1);
+    s[fread(s, 1, len, f)] = 0;
+    fclose(f);
+    return s;
+}
+
+// The loss column of a log.jsonl, for steps first..last (1-based).
+static int read_losses(const char* log, int first, int last, float* out) {
+    char* text = read_text(log);
+    int n = 0;
+    for (char* line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        int step;
+        float loss;
+        if (sscanf(line, "{\"step\": %d, \"loss\": %f", &step, &loss) == 2 && step >= first && step <= last) {
+            out[step - first] = loss;
+            n++;
+        }
+    }
+    free(text);
+    return n;
+}
+
+static int files_equal(const char* a, const char* b) {
+    char cmd[2200];
+    snprintf(cmd, sizeof(cmd), "cmp -s %s %s", a, b);
+    return run_command(cmd) == 0;
+}
+
+// Bit-exact resume through a trainer binary (`trainer` is its command with the common flags):
+// 6 steps straight vs 3 steps, then -y 1 up to 6. The first leg is all warmup (-u 3 in the
+// flags), so its learning rates do not depend on -n.
+static void check_resume_bit_exact(const char* dir, const char* trainer, const char* tag) {
+    char cmd[4096], p1[1024], p2[1024];
+    const char* common = trainer;
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/run_full %s/run_resumed && %s -n 6 -i %s/a.bin -o %s/run_full -k 3 > %s/run_full.txt 2>&1",
+             dir, dir, common, dir, dir, dir);
+    int rc1 = run_command(cmd);
+    snprintf(cmd, sizeof(cmd), "%s -n 3 -i %s/a.bin -o %s/run_resumed > %s/run_r1.txt 2>&1", common, dir, dir, dir);
+    int rc2 = run_command(cmd);
+    snprintf(cmd, sizeof(cmd), "%s -n 6 -i %s/a.bin -o %s/run_resumed -y 1 > %s/run_r2.txt 2>&1", common, dir, dir, dir);
+    int rc3 = run_command(cmd);
+    float full[6] = {0}, resumed[3] = {0};
+    snprintf(p1, sizeof(p1), "%s/run_full/log.jsonl", dir);
+    snprintf(p2, sizeof(p2), "%s/run_resumed/log.jsonl", dir);
+    int nf = read_losses(p1, 1, 6, full), nr = read_losses(p2, 4, 6, resumed);
+    check(rc1 == 0 && rc2 == 0 && rc3 == 0 && nf == 6 && nr == 3, "%s runs: straight, first leg, resumed leg", tag);
+    check(nf == 6 && nr == 3 && memcmp(full + 3, resumed, sizeof(resumed)) == 0,
+          "%s: resumed losses equal the uninterrupted run bit for bit (steps 4-6: %.7f %.7f %.7f)", tag, resumed[0], resumed[1], resumed[2]);
+    snprintf(p1, sizeof(p1), "%s/run_full/ckpt_00000006.bin", dir);
+    snprintf(p2, sizeof(p2), "%s/run_resumed/ckpt_00000006.bin", dir);
+    check(files_equal(p1, p2), "%s: final checkpoints of the straight and resumed runs are identical files", tag);
+}
+
+// Runs `binary` with bad input: it must exit 1 (not crash) with a one-line message naming
+// the problem.
+static void expect_error_from(const char* dir, const char* binary, const char* what, const char* args, const char* needle) {
+    char cmd[4096], errpath[1100];
+    snprintf(errpath, sizeof(errpath), "%s/stderr.txt", dir);
+    snprintf(cmd, sizeof(cmd), "%s %s > /dev/null 2> %s", binary, args, errpath);
+    int rc = run_command(cmd);
+    char* err = read_text(errpath);
+    int lines = 0;
+    for (char* p = err; *p; p++) { lines += *p == '\n'; }
+    int ok = rc == 1 && lines == 1 && strstr(err, needle) != NULL && strncmp(err, "error: ", 7) == 0;
+    char* nl = strchr(err, '\n');
+    if (nl) { *nl = 0; }
+    check(ok, "%s: exit %d, %d line(s): %s", what, rc, lines, err);
+    free(err);
+}
+
+// Copies the fixture and patches bytes at an offset (or truncates when data is NULL).
+static void corrupt_copy(const char* src, const char* dst, long offset, const void* data, size_t n, long truncate_to) {
+    char cmd[2300];
+    snprintf(cmd, sizeof(cmd), "cp %s %s", src, dst);
+    run_command(cmd);
+    if (data != NULL) {
+        FILE* f = fopenCheck(dst, "r+b");
+        fseek(f, offset, SEEK_SET);
+        fwrite(data, 1, n, f);
+        fclose(f);
+    }
+    if (truncate_to >= 0 && truncate(dst, truncate_to) != 0) { vla_fail("truncate %s failed", dst); }
+}
+
+// The losses of the oracle's --train run (lines "step N loss X ..."), steps 1..n.
+static int read_oracle_losses(const char* path, float* out, int n) {
+    FILE* f = fopenCheck(path, "r");
+    char line[256];
+    int m = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        int step;
+        float loss;
+        if (sscanf(line, "step %d loss %f", &step, &loss) == 2 && step >= 1 && step <= n) { out[step - 1] = loss; m++; }
+    }
+    fclose(f);
+    return m;
+}
+
+#endif  // VLA_TEST_UTIL_H

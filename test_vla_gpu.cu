@@ -1,0 +1,309 @@
+/*
+test_vla_gpu.cu: checks train_vla.cu against the PyTorch oracle (dev/model.py) and against the
+CPU trainer. Includes the production code, so what is tested is what runs.
+
+  ./test_vla_gpu FIXTURE_DIR TRAINER          e.g. ./test_vla_gpu build/test ./train_vla
+
+TRAINER is the train_vla binary of the same precision as this test. make test builds and runs
+it in both precisions: on the GPU when one is present, otherwise under the CPU emulation of
+CUDA in dev/cuda/emu (same source, same checks).
+
+Per debug state (fixtures a and b): velocities, loss and every parameter gradient by name from
+the oracle's parameters and batch, the VLM's unused last-layer tensors at exactly zero, 10-step
+sampling, the losses and gradient norms of 10 AdamW steps. Then through the binary: 5 training
+steps on shard data against the oracle's, determinism (two runs, identical losses and
+checkpoints), bit-exact resume, checkpoints that continue on train_vla_cpu and back, bad input.
+
+Tolerances, relative error ||x - ref|| / ||ref|| against the float64 oracle:
+- FP32: 1e-4 per tensor (SPEC section 5); fp32 rounding alone gives about 1e-6.
+- BF16: bf16 keeps 8 significant bits, so every stored activation and weight is off by up to
+  u = 2^-8 = 3.9e-3 of itself (u / sqrt(3) rms for round-to-nearest). Those errors are
+  independent from stage to stage and add up like a random walk: a forward output that passes
+  through k rounded stages is off by about sqrt(k) u / sqrt(3). The deepest forward path of the
+  test configs has about 40 stages (embeddings, 2 layers of norm, q/k/v, attention, projection
+  and MLP in two stacks, the head), hence sqrt(40) u / sqrt(3) = 1.4e-2: velocities and the loss
+  pass at 2.5e-2, about twice that. Gradients run the backward pass on top (about 3x the stages
+  and the products of two rounded factors): 8e-2. Sampling integrates 10 velocity evaluations
+  with errors of the same size, which average over the Euler steps: 2.5e-2.
+*/
+#define TESTING
+#include "train_vla.cu"
+#include "dev/test_util.h"
+
+#if defined(ENABLE_FP32)
+static const double TOL_FWD = 1e-4, TOL_GRAD = 1e-4, TOL_SAMPLE = 1e-4, TOL_STEPS = 1e-4;
+#else
+static const double TOL_FWD = 2.5e-2, TOL_GRAD = 8e-2, TOL_SAMPLE = 2.5e-2, TOL_STEPS = 2.5e-2;
+#endif
+
+static const char* TRAINER = "./train_vla";
+
+// A host batch from the oracle's step-0 batch records.
+static void oracle_batch(const DebugState* st, const VLAConfig* c, int B, Batch* batch) {
+    batch_alloc(batch, c, B);
+    size_t HA = (size_t)c->chunk * c->action_dim;
+    struct { const char* key; void* dst; size_t n, size; } fields[] = {
+        {"batch/images", batch->images, (size_t)B * c->n_cam * c->img * c->img * 3, 1},
+        {"batch/text", batch->text, (size_t)B * c->max_text, 1},
+        {"batch/text_mask", batch->text_mask, (size_t)B * c->max_text, 4},
+        {"batch/state", batch->state, (size_t)B * c->state_dim, 4},
+        {"batch/actions", batch->actions, (size_t)B * HA, 4},
+        {"batch/action_mask", batch->action_mask, (size_t)B * c->chunk, 4},
+        {"batch/t", batch->t, (size_t)B, 4},
+        {"batch/eps", batch->eps, (size_t)B * HA, 4},
+    };
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        void* rec = debug_get(st, fields[i].key, fields[i].n);
+        memcpy(fields[i].dst, rec, fields[i].n * fields[i].size);
+        free(rec);
+    }
+}
+
+// Every gradient tensor, copied to the host in checkpoint layout (n_params).
+static float* read_grads(const Model* m) {
+    float* g = (float*)mallocCheck(m->table.total * sizeof(float));
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        cudaCheck(cudaMemcpy(g + m->offsets[i], m->grads_memory + m->aligned[i], m->table.spec[i].numel * sizeof(float),
+                             cudaMemcpyDeviceToHost));
+    }
+    return g;
+}
+
+// floatX device array (n) to host floats
+static float* read_floatx(const floatX* d, size_t n) {
+    floatX* tmp = (floatX*)mallocCheck(n * sizeof(floatX));
+    cudaCheck(cudaMemcpy(tmp, d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    float* out = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+#if defined(ENABLE_FP32)
+        out[i] = tmp[i];
+#else
+        out[i] = __bfloat162float(tmp[i]);
+#endif
+    }
+    free(tmp);
+    return out;
+}
+
+static double host_norm(const float* x, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) { s += (double)x[i] * x[i]; }
+    return sqrt(s);
+}
+
+static void test_against_oracle(const char* dir, const char* name) {
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s_state.bin", dir, name);
+    printf("\n== %s (%s): %s\n", name, PRECISION_NAME, path);
+    DebugState st;
+    debug_state_read(&st, path);
+    VLAConfig cfg;
+    int32_t* raw = (int32_t*)debug_get(&st, "config", 15);
+    memcpy(&cfg, raw, sizeof(VLAConfig));
+    free(raw);
+    const VLAConfig* c = &cfg;
+    float* hp = (float*)debug_get(&st, "hparams", 6);  // lr, min_lr_frac, warmup, steps, weight_decay, clip
+    int B = (int)debug_find(&st, "batch/t")->numel, HA = c->chunk * c->action_dim, S = c->state_dim, A = c->action_dim;
+
+    Model m;
+    model_build(&m, c);
+    float* params = (float*)mallocCheck(m.table.total * sizeof(float));
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        char key[96];
+        snprintf(key, sizeof(key), "param/%s", m.table.spec[i].name);
+        float* ref = (float*)debug_get(&st, key, m.table.spec[i].numel);
+        memcpy(params + m.table.spec[i].offset, ref, m.table.spec[i].numel * sizeof(float));
+        free(ref);
+    }
+    model_set_params(&m, params, NULL, NULL);
+    Batch host, dev;
+    oracle_batch(&st, c, B, &host);
+    device_batch_alloc(&m, &dev, c, B);
+    cudaCheck(cudaMemcpy(dev.memory, host.memory, host.bytes, cudaMemcpyHostToDevice));
+
+    // forward and backward
+    model_forward(&m, &dev);
+    model_backward(&m, &dev);
+    float loss;
+    model_read_scalars(&m, &loss, NULL);
+    float* v = read_floatx(m.acts.v_pred, (size_t)B * HA);
+    float* ref_v = (float*)debug_get(&st, "expect/v", (size_t)B * HA);
+    float* ref_loss = (float*)debug_get(&st, "expect/loss", 1);
+    double ev = rel_error(v, ref_v, (size_t)B * HA), el = rel_error(&loss, ref_loss, 1);
+    check(ev < TOL_FWD, "%s velocities rel err %.2e (tol %.1e)", name, ev, TOL_FWD);
+    check(el < TOL_FWD, "%s loss %.7f vs %.7f rel err %.2e (tol %.1e)", name, loss, ref_loss[0], el, TOL_FWD);
+    free(v); free(ref_v); free(ref_loss);
+    float* grads = read_grads(&m);
+    double worst = 0.0;
+    const char* worst_name = "";
+    int grads_ok = 1;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const ParamSpec* s = &m.table.spec[i];
+        char key[96];
+        snprintf(key, sizeof(key), "grad/%s", s->name);
+        float* ref = (float*)debug_get(&st, key, s->numel);
+        double e = rel_error(grads + s->offset, ref, s->numel);
+        if (e > worst) { worst = e; worst_name = s->name; }
+        if (!(e < TOL_GRAD)) {
+            grads_ok = 0;
+            check(0, "%s grad %s rel err %.2e (tol %.1e)", name, s->name, e, TOL_GRAD);
+        }
+        free(ref);
+    }
+    check(grads_ok, "%s all %d parameter gradients: worst rel err %.2e (%s) (tol %.1e)", name, NUM_PARAM_TENSORS, worst,
+          worst_name, TOL_GRAD);
+    int L = c->n_layer;
+    size_t dq = (size_t)vla_d_attn(c) * c->d_model, dff = (size_t)c->d_ff * c->d_model;
+    ParameterTensors hg;
+    param_tensors_point(&hg, grads, &m.table);
+    double zero = host_norm(hg.vlm_wq + (L - 1) * dq, dq) + host_norm(hg.vlm_wo + (L - 1) * dq, dq) +
+                  host_norm(hg.vlm_wgate + (L - 1) * dff, dff) + host_norm(hg.vlm_wdown + (L - 1) * dff, dff);
+    check(zero == 0.0, "%s unused last-layer VLM tensors have exactly zero gradient", name);
+    free(grads);
+
+    // inference: 10 Euler steps from the batch's noise, un-normalized with the oracle's statistics
+    float* stats = (float*)debug_get(&st, "stats", 2 * (size_t)(S + A));
+    float* sampled = (float*)mallocCheck((size_t)B * HA * sizeof(float));
+    model_sample_actions(&m, &dev, dev.eps, stats + 2 * S, stats + 2 * S + A, sampled);
+    float* ref_sample = (float*)debug_get(&st, "expect/sample", (size_t)B * HA);
+    double es = rel_error(sampled, ref_sample, (size_t)B * HA);
+    check(es < TOL_SAMPLE, "%s 10-step sampled actions rel err %.2e (tol %.1e)", name, es, TOL_SAMPLE);
+    free(stats); free(sampled); free(ref_sample);
+
+    // ten AdamW steps on the same batch: the loss before each update and the gradient norm
+    TrainArgs args;
+    train_args_defaults(&args);
+    args.lr = hp[0]; args.min_lr_frac = hp[1]; args.warmup = (int)hp[2]; args.steps = (int)hp[3];
+    args.weight_decay = hp[4]; args.grad_clip = hp[5];
+    float* ref_losses = (float*)debug_get(&st, "expect/losses", 10);
+    float* ref_norms = (float*)debug_get(&st, "expect/norms", 10);
+    float losses[10], norms[10];
+    for (int step = 0; step < 10; step++) {
+        model_forward(&m, &dev);
+        model_backward(&m, &dev);
+        model_update(&m, lr_at_step(&args, step), args.weight_decay, args.grad_clip, step);
+        model_read_scalars(&m, &losses[step], &norms[step]);
+    }
+    double e_losses = rel_error(losses, ref_losses, 10), e_norms = rel_error(norms, ref_norms, 10);
+    check(e_losses < TOL_STEPS, "%s 10 optimizer steps: losses %.6f -> %.6f, rel err %.2e (tol %.1e)", name, losses[0],
+          losses[9], e_losses, TOL_STEPS);
+    check(e_norms < TOL_GRAD, "%s 10 optimizer steps: grad norms rel err %.2e (tol %.1e)", name, e_norms, TOL_GRAD);
+    check(losses[9] < losses[0], "%s loss decreases over 10 steps on one batch", name);
+    free(ref_losses); free(ref_norms); free(hp);
+
+    cudaCheck(cudaFree(dev.memory));
+    batch_free(&host);
+    free(params);
+    model_free(&m);
+    free(st.recs); free(st.file);
+}
+
+// The whole loop through the binary: 5 steps on shard data, each its own samples, noise and
+// learning rate, against the oracle's --train run.
+static void test_training_loop(const char* dir) {
+    printf("\n== training loop against the oracle\n");
+    char cmd[4096], path[1100];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_loop && %s -p tiny -b 4 -n 5 -u 2 -l 1e-3 -w 0.1 -c 0.5 -s 1337 -i %s/a.bin "
+             "-o %s/gpu_loop > %s/gpu_loop.txt 2>&1", dir, TRAINER, dir, dir, dir);
+    int rc = run_command(cmd);
+    float ours[5] = {0}, ref[5] = {0};
+    snprintf(path, sizeof(path), "%s/gpu_loop/log.jsonl", dir);
+    int n = read_losses(path, 1, 5, ours);
+    snprintf(path, sizeof(path), "%s/a_train.txt", dir);
+    int m = read_oracle_losses(path, ref, 5);
+    double e = rel_error(ours, ref, 5);
+    check(rc == 0 && n == 5 && m == 5 && e < TOL_STEPS, "%s -b 4 vs the oracle's -b 4, 5 steps on shard data: losses "
+          "%.6f .. %.6f, rel err %.2e (tol %.1e)", TRAINER, ours[0], ours[4], e, TOL_STEPS);
+}
+
+// Two identical runs give identical losses and checkpoints: no atomics, fixed reduction orders.
+static void test_determinism(const char* dir) {
+    printf("\n== determinism\n");
+    char cmd[4096], p1[1100], p2[1100];
+    float l1[4] = {0}, l2[4] = {0};
+    for (int run = 0; run < 2; run++) {
+        snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_det%d && %s -p tiny -b 3 -n 4 -u 2 -i %s/b.bin -o %s/gpu_det%d "
+                 "> %s/gpu_det%d.txt 2>&1", dir, run, TRAINER, dir, dir, run, dir, run);
+        run_command(cmd);
+    }
+    snprintf(p1, sizeof(p1), "%s/gpu_det0/log.jsonl", dir);
+    snprintf(p2, sizeof(p2), "%s/gpu_det1/log.jsonl", dir);
+    int n1 = read_losses(p1, 1, 4, l1), n2 = read_losses(p2, 1, 4, l2);
+    check(n1 == 4 && n2 == 4 && memcmp(l1, l2, sizeof(l1)) == 0, "two runs, identical losses bit for bit (%.7f .. %.7f)",
+          l1[0], l1[3]);
+    snprintf(p1, sizeof(p1), "%s/gpu_det0/ckpt_00000004.bin", dir);
+    snprintf(p2, sizeof(p2), "%s/gpu_det1/ckpt_00000004.bin", dir);
+    check(files_equal(p1, p2), "two runs, identical checkpoints");
+}
+
+// A run that starts on one trainer and continues on the other (-y 1 on the other's checkpoint)
+// follows the run that stayed on the first within the precision's tolerance.
+static void test_cross_trainer(const char* dir) {
+    printf("\n== checkpoints across train_vla and train_vla_cpu\n");
+    const char* flags = "-p tiny -b 4 -u 2 -l 1e-3 --log-every 100";
+    const char* trainers[2] = {TRAINER, "./train_vla_cpu -t 1"};
+    for (int first = 0; first < 2; first++) {
+        const char* a = trainers[first];
+        const char* b = trainers[1 - first];
+        char cmd[4096], path[1100];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s/x_full %s/x_split && %s %s -n 6 -i %s/a.bin -o %s/x_full > %s/x_full.txt 2>&1 && "
+                 "%s %s -n 3 -i %s/a.bin -o %s/x_split > %s/x_1.txt 2>&1 && "
+                 "%s %s -n 6 -i %s/a.bin -o %s/x_split -y 1 > %s/x_2.txt 2>&1",
+                 dir, dir, a, flags, dir, dir, dir, a, flags, dir, dir, dir, b, flags, dir, dir, dir);
+        int rc = run_command(cmd);
+        float full[6] = {0}, split[6] = {0};
+        snprintf(path, sizeof(path), "%s/x_full/log.jsonl", dir);
+        int nf = read_losses(path, 1, 6, full);
+        snprintf(path, sizeof(path), "%s/x_split/log.jsonl", dir);
+        int ns = read_losses(path, 1, 6, split);
+        double e = rel_error(split + 3, full + 3, 3);
+        check(rc == 0 && nf == 6 && ns == 6 && e < TOL_STEPS, "3 steps on %s, 3 more on %s from its checkpoint: steps 4-6 "
+              "losses %.6f %.6f %.6f vs %.6f %.6f %.6f straight, rel err %.2e (tol %.1e)", a, b, split[3], split[4],
+              split[5], full[3], full[4], full[5], e, TOL_STEPS);
+    }
+}
+
+static void test_bad_input(const char* dir) {
+    printf("\n== bad input\n");
+    char args[2048];
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s/a.bin -o %s/bad_out -g 64", dir, dir);
+    expect_error_from(dir, TRAINER, "more GPUs asked than visible", args, "more GPUs than the");
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s/missing.bin -o %s/bad_out", dir, dir);
+    expect_error_from(dir, TRAINER, "missing dataset", args, "missing.bin");
+    snprintf(args, sizeof(args), "-p tiny -b 0 -i %s/a.bin", dir);
+    expect_error_from(dir, TRAINER, "-b 0", args, "--batch 0");
+    // a truncated checkpoint given to --init
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_trunc && %s -p tiny -b 2 -n 1 -i %s/a.bin -o %s/gpu_trunc > /dev/null 2>&1 && "
+             "head -c 3000 %s/gpu_trunc/ckpt_00000001.bin > %s/gpu_trunc/short.bin", dir, TRAINER, dir, dir, dir, dir);
+    run_command(cmd);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -i %s/a.bin -o %s/bad_out --init %s/gpu_trunc/short.bin", dir, dir, dir);
+    expect_error_from(dir, TRAINER, "truncated checkpoint", args, "truncated");
+}
+
+int main(int argc, char** argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s FIXTURE_DIR TRAINER   (make test writes the fixtures and runs this)\n", argv[0]);
+        return 2;
+    }
+    const char* dir = argv[1];
+    TRAINER = argv[2];
+    TrainArgs args;
+    train_args_defaults(&args);
+    cudaDeviceProp prop;
+    gpu_init(&args, &prop);
+    printf("device: %s, precision %s, trainer %s\n", prop.name, PRECISION_NAME, TRAINER);
+    test_against_oracle(dir, "a");
+    test_against_oracle(dir, "b");
+    test_training_loop(dir);
+    test_determinism(dir);
+    char trainer[1100];
+    snprintf(trainer, sizeof(trainer), "%s -p tiny -b 4 -u 3 --log-every 100", TRAINER);
+    printf("\n== bit-exact resume\n");
+    check_resume_bit_exact(dir, trainer, TRAINER);
+    test_cross_trainer(dir);
+    test_bad_input(dir);
+    gpu_shutdown();
+    printf("\n%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed == 0 ? 0 : 1;
+}

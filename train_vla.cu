@@ -1,0 +1,2108 @@
+/*
+train_vla.cu: the GPU trainer of a pi0-style Vision-Language-Action policy, in CUDA C++. Same
+model, same sections and same checkpoints as train_vla.c (the CPU reference); the PyTorch oracle
+(dev/model.py) is the independent copy that test_vla_gpu.cu checks this file against.
+
+Tensor-shape legend:
+  B   samples                       L   layers (both stacks)
+  Np  prefix tokens                 Ns  suffix tokens = 1 + H (state, H actions)
+  P   B*Np prefix rows              Q   B*Ns suffix rows        R   B*H action rows
+  d / da   VLM / expert width       f / fa  MLP widths
+  NH, HS  heads, head size          D = NH*HS, HSP = HS padded to a multiple of 16
+  H   chunk length                  A / S   action / state dims
+  PD  3*p*p pixels per patch        NI  image tokens (cameras x patches per camera)
+
+Precision (PRECISION=BF16, the default): weights and activations in bf16 (floatX); fp32 master
+weights, AdamW moments, gradients, residual-stream gradients, norm statistics, softmax and every
+accumulation. PRECISION=FP32 makes floatX float, for testing against the oracle at 1e-4.
+
+Invariants worth knowing before reading:
+- As in train_vla.c: the prefix stack runs first over all layers and keeps its keys/values; the
+  suffix stack attends to [prefix K/V, its own K/V]. Backward runs the suffix first, which
+  deposits gradients into the prefix K/V of every layer (dp_k, dp_v), then the prefix.
+- The prefix's output after the last layer feeds nothing: its last layer computes ln1, k, v only.
+- Linear weights are (out, in), row-major; y = x W^T + b. cuBLASLt is column-major, so a
+  row-major (N, C) activation is a column-major (C, N) matrix: see matmul_forward.
+- Every reduction runs in a fixed order (no floating-point atomics): two runs give the same bits.
+- The compute copy of the weights and the gradients use the parameter table with every tensor
+  start rounded to 32 bytes (cuBLASLt wants aligned matrices); master weights and moments keep
+  the checkpoint layout, so a checkpoint is one copy of each.
+
+Reproduce the oracle's numbers (what test_vla_gpu checks):
+  make test     (on a GPU: ./test_vla_gpu build/test ./train_vla; without one, the same tests
+                 run under the CPU emulation in dev/cuda/emu)
+*/
+#include "vla.h"
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+#include <signal.h>
+
+// ----------------------------------------------------------------------------
+// utilities
+
+#if defined(ENABLE_FP32)
+typedef float floatX;
+#define PRECISION_NAME "fp32"
+#else
+typedef __nv_bfloat16 floatX;
+#define PRECISION_NAME "bf16"
+#endif
+
+static void cuda_check_(cudaError_t err, const char* file, int line) {
+    if (err == cudaSuccess) { return; }
+    if (err == cudaErrorMemoryAllocation) {
+        vla_fail("out of GPU memory at %s:%d: use a smaller batch (-b) or preset", file, line);
+    }
+    vla_fail("CUDA error %s at %s:%d", cudaGetErrorString(err), file, line);
+}
+#define cudaCheck(call) cuda_check_((call), __FILE__, __LINE__)
+
+static void cublas_check_(cublasStatus_t status, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) { vla_fail("cuBLAS error %d at %s:%d", (int)status, file, line); }
+}
+#define cublasCheck(call) cublas_check_((call), __FILE__, __LINE__)
+
+static __device__ __forceinline__ float f32(float x) { return x; }
+static __device__ __forceinline__ float f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+static __device__ __host__ __forceinline__ floatX fx(float x) {
+#if defined(ENABLE_FP32)
+    return x;
+#else
+    return __float2bfloat16(x);
+#endif
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) { v += __shfl_xor_sync(0xffffffffu, v, offset); }
+    return v;
+}
+
+// Sum over a block whose size is a multiple of 32; every thread gets it. `shared` holds 32
+// floats; the leading barrier lets back-to-back calls reuse it.
+static __device__ float block_sum(float v, float* shared) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) { shared[warp] = v; }
+    __syncthreads();
+    return warp_sum(lane < n_warps ? shared[lane] : 0.0f);
+}
+
+static __device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f;  // sqrt(2/pi)
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+static __device__ __forceinline__ float gelu_tanh_grad(float x) {
+    const float k = 0.7978845608028654f;
+    float th = tanhf(k * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+static inline int ceil_div(size_t a, size_t b) { return (int)((a + b - 1) / b); }
+
+// 16 bytes of T, moved with one 128-bit load or store: 8 bf16 or 4 fp32 values
+template <typename T>
+struct __align__(16) Packed128 {
+    static constexpr int size = 16 / sizeof(T);
+    T v[16 / sizeof(T)];
+};
+typedef Packed128<floatX> x128;
+template <typename T>
+static __device__ __forceinline__ Packed128<T> load128(const T* p) { return *reinterpret_cast<const Packed128<T>*>(p); }
+template <typename T>
+static __device__ __forceinline__ void store128(T* p, const Packed128<T>& x) { *reinterpret_cast<Packed128<T>*>(p) = x; }
+
+// Whether n elements from each pointer can be moved 16 bytes at a time
+static bool packable(size_t n, int size, const void* a, const void* b = NULL, const void* c = NULL) {
+    return n % size == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 && (uintptr_t)c % 16 == 0;
+}
+
+// ----------------------------------------------------------------------------
+// kernels: forward and backward of every operation
+
+// x_t = t eps + (1 - t) a, the model's input; u = eps - a, the target. (B, H, A) each.
+__global__ void flow_inputs_kernel(floatX* x_t, float* target, const float* actions, const float* eps,
+                                   const float* t, int HA, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float tb = t[i / HA];
+    x_t[i] = fx(tb * eps[i] + (1.0f - tb) * actions[i]);
+    target[i] = eps[i] - actions[i];
+}
+
+// pixels u8 (n_img, img, img, 3) -> patches (n_img * g*g, p*p*3) as x/127.5 - 1, g = img/p: patches
+// row-major per image, each flattened as (pixel row, pixel column, channel). One thread per value.
+__global__ void patchify_kernel(floatX* patches, const uint8_t* images, int n_img, int img, int p) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int g = img / p, row = 3 * p;
+    if (idx >= (size_t)n_img * g * g * p * row) { return; }
+    int k = (int)(idx % row);
+    int y = (int)(idx / row % p);
+    int patch = (int)(idx / ((size_t)row * p) % (g * g));
+    size_t im = idx / ((size_t)row * p * g * g);
+    size_t src = ((im * img + (size_t)(patch / g) * p + y) * img + (size_t)(patch % g) * p) * 3 + k;
+    patches[idx] = fx((float)images[src] / 127.5f - 1.0f);
+}
+
+// prefix tokens x (B, Np, d): image rows are patch_out + pos_emb, text rows text_emb[byte];
+// key_valid (B, Np): 1 for image tokens and instruction bytes, 0 for pads.
+__global__ void prefix_embed_kernel(floatX* x, float* key_valid, const floatX* patch_out, const floatX* pos_emb,
+                                    const floatX* text_emb, const uint8_t* text, const float* text_mask,
+                                    int B, int NI, int T, int d) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int Np = NI + T;
+    if (idx >= (size_t)B * Np * d) { return; }
+    int k = (int)(idx % d);
+    size_t row = idx / d;
+    int i = (int)(row % Np), b = (int)(row / Np);
+    if (i < NI) {
+        x[idx] = fx(f32(patch_out[((size_t)b * NI + i) * d + k]) + f32(pos_emb[(size_t)i * d + k]));
+    } else {
+        x[idx] = text_emb[(size_t)text[b * T + (i - NI)] * d + k];
+    }
+    if (k == 0) { key_valid[row] = i < NI ? 1.0f : text_mask[b * T + (i - NI)]; }
+}
+
+// out = x / sqrt(mean(x^2) + eps) * w, rstd = 1 / sqrt(mean(x^2) + eps). One warp per row of C.
+__global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C) {
+    int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (row >= N) { return; }  // whole warps leave together
+    const floatX* x = inp + (size_t)row * C;
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float v = f32(x[c]);
+        ss += v * v;
+    }
+    float r = rsqrtf(warp_sum(ss) / (float)C + 1e-6f);
+    if (lane == 0) { rstd[row] = r; }
+    floatX* y = out + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) { y[c] = fx(f32(x[c]) * r * f32(w[c])); }
+}
+
+// Version 2: the same with 128-bit loads and stores (C a multiple of x128::size, rows aligned)
+__global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C) {
+    int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (row >= N) { return; }
+    const floatX* x = inp + (size_t)row * C;
+    float ss = 0.0f;
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+        x128 v = load128(x + c);
+        #pragma unroll
+        for (int k = 0; k < x128::size; k++) { ss += f32(v.v[k]) * f32(v.v[k]); }
+    }
+    float r = rsqrtf(warp_sum(ss) / (float)C + 1e-6f);
+    if (lane == 0) { rstd[row] = r; }
+    floatX* y = out + (size_t)row * C;
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+        x128 v = load128(x + c), wv = load128(w + c), o;
+        #pragma unroll
+        for (int k = 0; k < x128::size; k++) { o.v[k] = fx(f32(v.v[k]) * r * f32(wv.v[k])); }
+        store128(y + c, o);
+    }
+}
+
+// y_c = x_c r w_c with r = (mean x^2 + eps)^-1/2, so
+// dx_c = r w_c dy_c - x_c r^3 / C * sum_j dy_j w_j x_j   and   dw_c = sum_rows dy_c x_c r.
+// dx is added to dres (fp32) and written to dres_x (its floatX copy, which the matrix products
+// read); partial sums of dw over this block's rows go to dw_partial (gridDim.x, C), summed in
+// order by column_sum_kernel. Thread t owns columns t + j * blockDim.x.
+#define RMSNORM_BWD_COLS 8  // columns per thread: C <= RMSNORM_BWD_COLS * blockDim.x
+__global__ void rmsnorm_backward_kernel(float* dres, floatX* dres_x, float* dw_partial, const floatX* dout,
+                                        const floatX* inp, const floatX* w, const float* rstd, int N, int C,
+                                        int rows_per_block) {
+    __shared__ float shared[32];
+    float dw_acc[RMSNORM_BWD_COLS];
+    #pragma unroll
+    for (int j = 0; j < RMSNORM_BWD_COLS; j++) { dw_acc[j] = 0.0f; }
+    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    for (int n = r0; n < r1; n++) {
+        const floatX* x = inp + (size_t)n * C;
+        const floatX* dy = dout + (size_t)n * C;
+        float r = rstd[n], dot = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < RMSNORM_BWD_COLS; j++) {
+            int c = threadIdx.x + j * blockDim.x;
+            if (c < C) { dot += f32(dy[c]) * f32(w[c]) * f32(x[c]); }
+        }
+        float k = block_sum(dot, shared) * r * r * r / (float)C;
+        #pragma unroll
+        for (int j = 0; j < RMSNORM_BWD_COLS; j++) {
+            int c = threadIdx.x + j * blockDim.x;
+            if (c < C) {
+                float xv = f32(x[c]), dyv = f32(dy[c]);
+                float g = dres[(size_t)n * C + c] + r * f32(w[c]) * dyv - k * xv;
+                dres[(size_t)n * C + c] = g;
+                dres_x[(size_t)n * C + c] = fx(g);
+                dw_acc[j] += dyv * xv * r;
+            }
+        }
+    }
+    #pragma unroll
+    for (int j = 0; j < RMSNORM_BWD_COLS; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        if (c < C) { dw_partial[(size_t)blockIdx.x * C + c] = dw_acc[j]; }
+    }
+}
+
+// partial (gridDim.y, C): column sums of rows [blockIdx.y * rows_per_block, ...) of x (N rows of
+// stride ld). With column_sum_kernel: the bias gradient, in a fixed order.
+__global__ void column_partial_kernel(float* partial, const floatX* x, int N, int C, int ld, int rows_per_block) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) { return; }
+    int r0 = blockIdx.y * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    float s = 0.0f;
+    for (int n = r0; n < r1; n++) { s += f32(x[(size_t)n * ld + c]); }
+    partial[(size_t)blockIdx.y * C + c] = s;
+}
+
+// out (C) += the sum of partial (n_chunks, C) over its chunks, in chunk order
+__global__ void column_sum_kernel(float* out, const float* partial, int n_chunks, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) { return; }
+    float s = 0.0f;
+    for (int j = 0; j < n_chunks; j++) { s += partial[(size_t)j * C + c]; }
+    out[c] += s;
+}
+
+// RoPE (rotate-half) of x (B*Tg rows of NH*HS) whose row i of a sample sits at position pos0 + i;
+// sign -1 rotates back, which is the backward pass. Reads `in` (float or floatX), writes `out`
+// (may be `in`). One thread per (row, head, k < HS/2).
+template <typename Tin>
+__global__ void rope_kernel(floatX* out, const Tin* in, const float* cos_t, const float* sin_t, int rows, int Tg,
+                            int pos0, int NH, int HS, float sign) {
+    int half = HS / 2;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)rows * NH * half) { return; }
+    int k = (int)(idx % half), h = (int)(idx / half % NH);
+    size_t row = idx / ((size_t)half * NH);
+    int pos = pos0 + (int)(row % Tg);
+    size_t at = row * NH * HS + (size_t)h * HS + k;
+    float c = cos_t[pos * half + k], s = sign * sin_t[pos * half + k];
+    float x1 = f32(in[at]), x2 = f32(in[at + half]);
+    out[at] = fx(x1 * c - x2 * s);
+    out[at + half] = fx(x2 * c + x1 * s);
+}
+
+// Version 2: 128-bit loads and stores, x128::size consecutive k per thread (HS/2 a multiple of
+// it); the input is floatX (the forward pass and the backward of q).
+__global__ void rope_kernel2(floatX* out, const floatX* in, const float* cos_t, const float* sin_t, int rows, int Tg,
+                             int pos0, int NH, int HS, float sign) {
+    int half = HS / 2, packs = half / x128::size;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)rows * NH * packs) { return; }
+    int k0 = (int)(idx % packs) * x128::size, h = (int)(idx / packs % NH);
+    size_t row = idx / ((size_t)packs * NH);
+    int pos = pos0 + (int)(row % Tg);
+    size_t at = row * NH * HS + (size_t)h * HS + k0;
+    x128 a = load128(in + at), b = load128(in + at + half), ra, rb;
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) {
+        float c = cos_t[pos * half + k0 + k], s = sign * sin_t[pos * half + k0 + k];
+        float x1 = f32(a.v[k]), x2 = f32(b.v[k]);
+        ra.v[k] = fx(x1 * c - x2 * s);
+        rb.v[k] = fx(x2 * c + x1 * s);
+    }
+    store128(out + at, ra);
+    store128(out + at + half, rb);
+}
+
+// ---- attention under the block mask (see attention_forward in train_vla.c)
+
+// The keys of one pass: the prefix pass has the prefix keys only; the suffix pass adds the
+// suffix keys, of which the state query (i = 0) sees only the state key (j = Np).
+typedef struct {
+    const floatX* kp; const floatX* vp;  // (B, Np, D) prefix keys and values
+    const floatX* ks; const floatX* vs;  // (B, Ns, D) suffix keys and values, NULL in the prefix pass
+    const float* key_valid;              // (B, Np)
+    int B, NH, HS, Np, Ns, Tq;           // Tq: queries per sample (Np or Ns)
+} AttnKeys;
+
+static __device__ __forceinline__ int attn_n_keys(const AttnKeys& a) { return a.Np + (a.ks != nullptr ? a.Ns : 0); }
+
+static __device__ __forceinline__ bool attn_visible(const AttnKeys& a, int b, int i, int j) {
+    if (j < a.Np) { return a.key_valid[(size_t)b * a.Np + j] != 0.0f; }
+    return i > 0 || j == a.Np;
+}
+
+// Row of key (or value) j of sample b: from the prefix tensor or, past Np, the suffix one.
+static __device__ __forceinline__ size_t attn_key_row(const AttnKeys& a, int b, int j) {
+    return j < a.Np ? (size_t)b * a.Np + j : (size_t)b * a.Ns + (j - a.Np);
+}
+
+// delta (B, NH, Tq) = rowsum(dO * O) per head: the softmax backward's correction term.
+// One warp per (row, head).
+__global__ void attention_delta_kernel(float* delta, const floatX* dout, const floatX* out, int rows, int Tq,
+                                       int NH, int HS) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= rows * NH) { return; }
+    int h = warp % NH, row = warp / NH;
+    size_t at = (size_t)row * NH * HS + (size_t)h * HS;
+    float s = 0.0f;
+    for (int c = lane; c < HS; c += 32) { s += f32(dout[at + c]) * f32(out[at + c]); }
+    s = warp_sum(s);
+    if (lane == 0) { delta[((size_t)(row / Tq) * NH + h) * Tq + row % Tq] = s; }
+}
+
+// Version 1 (fp32 builds): one warp per (sample, head, query); key by key with an online
+// softmax, lanes splitting the head dims (HS <= 128). out (B, Tq, D), lse (B, NH, Tq).
+__global__ void attention_forward_kernel1(floatX* out, float* lse, const floatX* q, AttnKeys a) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= a.B * a.NH * a.Tq) { return; }
+    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
+    int D = a.NH * a.HS, nk = attn_n_keys(a);
+    float scale = 1.0f / sqrtf((float)a.HS);
+    const floatX* qi = q + ((size_t)b * a.Tq + i) * D + h * a.HS;
+    float qv[4], acc[4];
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = lane + 32 * u;
+        qv[u] = c < a.HS ? f32(qi[c]) : 0.0f;
+        acc[u] = 0.0f;
+    }
+    float mx = -INFINITY, sum = 0.0f;
+    for (int j = 0; j < nk; j++) {
+        if (!attn_visible(a, b, i, j)) { continue; }  // the same for the whole warp
+        const floatX* kj = (j < a.Np ? a.kp : a.ks) + attn_key_row(a, b, j) * D + h * a.HS;
+        const floatX* vj = (j < a.Np ? a.vp : a.vs) + attn_key_row(a, b, j) * D + h * a.HS;
+        float s = 0.0f;
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = lane + 32 * u;
+            if (c < a.HS) { s += qv[u] * f32(kj[c]); }
+        }
+        s = warp_sum(s) * scale;
+        float m_new = fmaxf(mx, s), corr = expf(mx - m_new), p = expf(s - m_new);
+        sum = sum * corr + p;
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = lane + 32 * u;
+            acc[u] = acc[u] * corr + (c < a.HS ? p * f32(vj[c]) : 0.0f);
+        }
+        mx = m_new;
+    }
+    floatX* oi = out + ((size_t)b * a.Tq + i) * D + h * a.HS;
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = lane + 32 * u;
+        if (c < a.HS) { oi[c] = fx(acc[u] / sum); }
+    }
+    if (lane == 0) { lse[((size_t)b * a.NH + h) * a.Tq + i] = mx + logf(sum); }
+}
+
+// Version 1 backward, query side: with P = softmax(S) recomputed from lse, dP = dO V^T,
+// dS = P * (dP - delta), dq = scale * dS K. One warp per query; dq (B, Tq, D) is overwritten.
+__global__ void attention_backward_dq_kernel1(floatX* dq, const floatX* dout, const floatX* q, const float* lse,
+                                              const float* delta, AttnKeys a) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= a.B * a.NH * a.Tq) { return; }
+    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
+    int D = a.NH * a.HS, nk = attn_n_keys(a);
+    float scale = 1.0f / sqrtf((float)a.HS);
+    size_t row = ((size_t)b * a.Tq + i) * D + h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
+    float l = lse[stat], dl = delta[stat];
+    float qv[4], dov[4], acc[4];
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = lane + 32 * u;
+        qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
+        dov[u] = c < a.HS ? f32(dout[row + c]) : 0.0f;
+        acc[u] = 0.0f;
+    }
+    for (int j = 0; j < nk; j++) {
+        if (!attn_visible(a, b, i, j)) { continue; }
+        const floatX* kj = (j < a.Np ? a.kp : a.ks) + attn_key_row(a, b, j) * D + h * a.HS;
+        const floatX* vj = (j < a.Np ? a.vp : a.vs) + attn_key_row(a, b, j) * D + h * a.HS;
+        float s = 0.0f, dp = 0.0f;
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = lane + 32 * u;
+            if (c < a.HS) { s += qv[u] * f32(kj[c]); dp += dov[u] * f32(vj[c]); }
+        }
+        s = warp_sum(s);
+        dp = warp_sum(dp);
+        float p = expf(s * scale - l);
+        float ds = p * (dp - dl) * scale;
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = lane + 32 * u;
+            if (c < a.HS) { acc[u] += ds * f32(kj[c]); }
+        }
+    }
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = lane + 32 * u;
+        if (c < a.HS) { dq[row + c] = fx(acc[u]); }
+    }
+}
+
+// Version 1 backward, key side: dv += P^T dO, dk += scale * dS^T Q, for one key per warp over
+// every query that sees it. Keys j < Np land in dkp/dvp (B, Np, D), the others in dks/dvs
+// (B, Ns, D); all fp32 and accumulated, each row by one warp only.
+__global__ void attention_backward_dkdv_kernel1(float* dkp, float* dvp, float* dks, float* dvs, const floatX* dout,
+                                                const floatX* q, const float* lse, const float* delta, AttnKeys a) {
+    int nk = attn_n_keys(a);
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= a.B * a.NH * nk) { return; }
+    int j = warp % nk, h = warp / nk % a.NH, b = warp / (nk * a.NH);
+    int D = a.NH * a.HS;
+    float scale = 1.0f / sqrtf((float)a.HS);
+    size_t krow = attn_key_row(a, b, j) * D + h * a.HS;
+    const floatX* kj = (j < a.Np ? a.kp : a.ks) + krow;
+    const floatX* vj = (j < a.Np ? a.vp : a.vs) + krow;
+    float kv[4], vv[4], dk[4], dv[4];
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = lane + 32 * u;
+        kv[u] = c < a.HS ? f32(kj[c]) : 0.0f;
+        vv[u] = c < a.HS ? f32(vj[c]) : 0.0f;
+        dk[u] = 0.0f;
+        dv[u] = 0.0f;
+    }
+    for (int i = 0; i < a.Tq; i++) {
+        if (!attn_visible(a, b, i, j)) { continue; }
+        size_t row = ((size_t)b * a.Tq + i) * D + h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
+        float s = 0.0f, dp = 0.0f;
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = lane + 32 * u;
+            if (c < a.HS) { s += f32(q[row + c]) * kv[u]; dp += f32(dout[row + c]) * vv[u]; }
+        }
+        s = warp_sum(s);
+        dp = warp_sum(dp);
+        float p = expf(s * scale - lse[stat]);
+        float ds = p * (dp - delta[stat]) * scale;
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = lane + 32 * u;
+            if (c < a.HS) { dv[u] += p * f32(dout[row + c]); dk[u] += ds * f32(q[row + c]); }
+        }
+    }
+    float* dkj = (j < a.Np ? dkp : dks) + krow;
+    float* dvj = (j < a.Np ? dvp : dvs) + krow;
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = lane + 32 * u;
+        if (c < a.HS) { dkj[c] += dk[u]; dvj[c] += dv[u]; }
+    }
+}
+
+#if !defined(ENABLE_FP32)
+// Version 2 (bf16 builds): tensor cores through WMMA. A block takes 64 queries (4 warps of 16
+// rows) of one (sample, head) and walks the keys 64 at a time; head dims are padded with zeros to
+// HSP. Scores go through shared memory, where row and column are known (the layout of a WMMA
+// fragment is not), for the mask and the online softmax; the output accumulates there in fp32.
+#define ATT_TILE 64
+#define ATT_THREADS 128
+using namespace nvcuda;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragB;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragBt;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
+
+// tile (ATT_TILE, HSP) <- rows first.. of one head of a (rows, D) tensor: zeros past n_rows and HS
+template <int HSP>
+static __device__ void load_query_tile(__nv_bfloat16* tile, const floatX* x, int b, int h, int first, int n_rows,
+                                       int HS, int D) {
+    for (int e = threadIdx.x; e < ATT_TILE * HSP; e += blockDim.x) {
+        int r = e / HSP, c = e % HSP;
+        tile[e] = (first + r < n_rows && c < HS) ? x[((size_t)b * n_rows + first + r) * D + (size_t)h * HS + c]
+                                                 : __float2bfloat16(0.0f);
+    }
+}
+
+// tile (ATT_TILE, HSP) <- keys (or values) first.. of one head, from the prefix or suffix tensor
+template <int HSP>
+static __device__ void load_key_tile(__nv_bfloat16* tile, const AttnKeys& a, const floatX* pfx, const floatX* sfx,
+                                     int b, int h, int first) {
+    int nk = attn_n_keys(a), D = a.NH * a.HS;
+    for (int e = threadIdx.x; e < ATT_TILE * HSP; e += blockDim.x) {
+        int r = e / HSP, c = e % HSP, j = first + r;
+        tile[e] = (j < nk && c < a.HS) ? (j < a.Np ? pfx : sfx)[attn_key_row(a, b, j) * D + (size_t)h * a.HS + c]
+                                       : __float2bfloat16(0.0f);
+    }
+}
+
+// out (16, 64) of this warp = A rows (16, HSP) times B rows (64, HSP) transposed: scores
+template <int HSP>
+static __device__ void warp_scores(float* out, const __nv_bfloat16* a_rows, const __nv_bfloat16* b_rows) {
+    #pragma unroll
+    for (int n = 0; n < ATT_TILE / 16; n++) {
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        #pragma unroll
+        for (int k = 0; k < HSP / 16; k++) {
+            FragA fa;
+            FragBt fb;
+            wmma::load_matrix_sync(fa, a_rows + k * 16, HSP);
+            wmma::load_matrix_sync(fb, b_rows + (size_t)n * 16 * HSP + k * 16, HSP);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(out + n * 16, acc, ATT_TILE, wmma::mem_row_major);
+    }
+}
+
+// acc[n] += P (16, 64) of this warp times V (64, HSP), column block n
+template <int HSP>
+static __device__ void warp_accumulate(FragC* acc, const __nv_bfloat16* p_rows, const __nv_bfloat16* v) {
+    #pragma unroll
+    for (int n = 0; n < HSP / 16; n++) {
+        #pragma unroll
+        for (int k = 0; k < ATT_TILE / 16; k++) {
+            FragA fa;
+            FragB fb;
+            wmma::load_matrix_sync(fa, p_rows + k * 16, ATT_TILE);
+            wmma::load_matrix_sync(fb, v + (size_t)k * 16 * HSP + n * 16, HSP);
+            wmma::mma_sync(acc[n], fa, fb, acc[n]);
+        }
+    }
+}
+
+template <int HSP>
+static size_t attention_forward_smem2(void) {
+    return 3 * (size_t)ATT_TILE * HSP * 2 + (size_t)ATT_TILE * ATT_TILE * 2 + (size_t)ATT_TILE * ATT_TILE * 4 +
+           (size_t)ATT_TILE * HSP * 4 + 2 * ATT_TILE * 4;
+}
+
+template <int HSP>
+__global__ void __launch_bounds__(ATT_THREADS) attention_forward_kernel2(floatX* out, float* lse, const floatX* q,
+                                                                          AttnKeys a) {
+    extern __shared__ __align__(128) float att_smem[];
+    __nv_bfloat16* Qs = (__nv_bfloat16*)att_smem;  // (64, HSP)
+    __nv_bfloat16* Ks = Qs + ATT_TILE * HSP;         // (64, HSP)
+    __nv_bfloat16* Vs = Ks + ATT_TILE * HSP;         // (64, HSP)
+    __nv_bfloat16* Ps = Vs + ATT_TILE * HSP;         // (64, 64) probabilities
+    float* S = (float*)(Ps + ATT_TILE * ATT_TILE);   // (64, 64) scores
+    float* O = S + ATT_TILE * ATT_TILE;              // (64, HSP) unnormalized output
+    float* row_m = O + ATT_TILE * HSP;               // (64) running max
+    float* row_l = row_m + ATT_TILE;                 // (64) running sum
+    int i0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int nk = attn_n_keys(a), D = a.NH * a.HS;
+    float scale = 1.0f / sqrtf((float)a.HS);
+    load_query_tile<HSP>(Qs, q, b, h, i0, a.Tq, a.HS, D);
+    for (int e = threadIdx.x; e < ATT_TILE * HSP; e += blockDim.x) { O[e] = 0.0f; }
+    for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x) { row_m[r] = -INFINITY; row_l[r] = 0.0f; }
+    // each warp owns rows 16w..16w+15 of S, P, O; a lane pair owns one row, a half of it each
+    int r = warp * 16 + lane / 2, i = i0 + r, half = lane % 2;
+    for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
+        __syncthreads();  // the previous tile's K and V are no longer read
+        load_key_tile<HSP>(Ks, a, a.kp, a.ks, b, h, j0);
+        load_key_tile<HSP>(Vs, a, a.vp, a.vs, b, h, j0);
+        __syncthreads();
+        warp_scores<HSP>(S + warp * 16 * ATT_TILE, Qs + warp * 16 * HSP, Ks);
+        __syncwarp();
+        float* srow = S + r * ATT_TILE;
+        float tile_max = -INFINITY;
+        for (int c = half * 32; c < half * 32 + 32; c++) {
+            int j = j0 + c;
+            float s = (i < a.Tq && j < nk && attn_visible(a, b, i, j)) ? srow[c] * scale : -INFINITY;
+            srow[c] = s;
+            tile_max = fmaxf(tile_max, s);
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        float m_old = row_m[r], m_new = fmaxf(m_old, tile_max);
+        float m_ref = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: exp gives 0, not NaN
+        float psum = 0.0f;
+        for (int c = half * 32; c < half * 32 + 32; c++) {
+            float p = expf(srow[c] - m_ref);
+            Ps[r * ATT_TILE + c] = __float2bfloat16(p);
+            psum += p;
+        }
+        psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+        float corr = expf(m_old - m_ref);
+        for (int c = half * (HSP / 2); c < (half + 1) * (HSP / 2); c++) { O[r * HSP + c] *= corr; }
+        __syncwarp();  // both lanes of the pair have read row_m, row_l
+        if (half == 0) {
+            row_m[r] = m_new;
+            row_l[r] = row_l[r] * corr + psum;
+        }
+        __syncwarp();
+        FragC acc[HSP / 16];
+        #pragma unroll
+        for (int n = 0; n < HSP / 16; n++) {
+            wmma::load_matrix_sync(acc[n], O + warp * 16 * HSP + n * 16, HSP, wmma::mem_row_major);
+        }
+        warp_accumulate<HSP>(acc, Ps + warp * 16 * ATT_TILE, Vs);
+        #pragma unroll
+        for (int n = 0; n < HSP / 16; n++) {
+            wmma::store_matrix_sync(O + warp * 16 * HSP + n * 16, acc[n], HSP, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < ATT_TILE * a.HS; e += blockDim.x) {
+        int rr = e / a.HS, c = e % a.HS;
+        if (i0 + rr < a.Tq) { out[((size_t)b * a.Tq + i0 + rr) * D + (size_t)h * a.HS + c] = fx(O[rr * HSP + c] / row_l[rr]); }
+    }
+    for (int rr = threadIdx.x; rr < ATT_TILE; rr += blockDim.x) {
+        if (i0 + rr < a.Tq) { lse[((size_t)b * a.NH + h) * a.Tq + i0 + rr] = row_m[rr] + logf(row_l[rr]); }
+    }
+}
+
+// both backward kernels: four (64, HSP) bf16 tiles, two (64, 64) bf16 and two (64, 64) fp32, two rows
+template <int HSP>
+static size_t attention_backward_smem2(void) {
+    return 4 * (size_t)ATT_TILE * HSP * 2 + 2 * (size_t)ATT_TILE * ATT_TILE * 2 + 2 * (size_t)ATT_TILE * ATT_TILE * 4 +
+           2 * ATT_TILE * 4;
+}
+
+// Query side: dq = scale dS K for 64 queries per block, key tile by key tile; dq overwritten.
+template <int HSP>
+__global__ void __launch_bounds__(ATT_THREADS) attention_backward_dq_kernel2(floatX* dq, const floatX* dout,
+                                                                              const floatX* q, const float* lse,
+                                                                              const float* delta, AttnKeys a) {
+    extern __shared__ __align__(128) float att_smem[];
+    __nv_bfloat16* Qs = (__nv_bfloat16*)att_smem;  // (64, HSP)
+    __nv_bfloat16* dOs = Qs + ATT_TILE * HSP;        // (64, HSP)
+    __nv_bfloat16* Ks = dOs + ATT_TILE * HSP;        // (64, HSP)
+    __nv_bfloat16* Vs = Ks + ATT_TILE * HSP;         // (64, HSP)
+    __nv_bfloat16* dSs = Vs + ATT_TILE * HSP;        // (64, 64)
+    float* S = (float*)(dSs + ATT_TILE * ATT_TILE);  // (64, 64), then dP (64, 64)
+    float* dP = S + ATT_TILE * ATT_TILE;
+    float* row_lse = dP + ATT_TILE * ATT_TILE;
+    float* row_delta = row_lse + ATT_TILE;
+    int i0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int nk = attn_n_keys(a), D = a.NH * a.HS;
+    float scale = 1.0f / sqrtf((float)a.HS);
+    load_query_tile<HSP>(Qs, q, b, h, i0, a.Tq, a.HS, D);
+    load_query_tile<HSP>(dOs, dout, b, h, i0, a.Tq, a.HS, D);
+    for (int rr = threadIdx.x; rr < ATT_TILE; rr += blockDim.x) {
+        size_t stat = ((size_t)b * a.NH + h) * a.Tq + i0 + rr;
+        row_lse[rr] = i0 + rr < a.Tq ? lse[stat] : 0.0f;
+        row_delta[rr] = i0 + rr < a.Tq ? delta[stat] : 0.0f;
+    }
+    FragC acc[HSP / 16];
+    #pragma unroll
+    for (int n = 0; n < HSP / 16; n++) { wmma::fill_fragment(acc[n], 0.0f); }
+    int r = warp * 16 + lane / 2, i = i0 + r, half = lane % 2;
+    for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
+        __syncthreads();
+        load_key_tile<HSP>(Ks, a, a.kp, a.ks, b, h, j0);
+        load_key_tile<HSP>(Vs, a, a.vp, a.vs, b, h, j0);
+        __syncthreads();
+        warp_scores<HSP>(S + warp * 16 * ATT_TILE, Qs + warp * 16 * HSP, Ks);
+        warp_scores<HSP>(dP + warp * 16 * ATT_TILE, dOs + warp * 16 * HSP, Vs);
+        __syncwarp();
+        for (int c = half * 32; c < half * 32 + 32; c++) {
+            int j = j0 + c;
+            bool vis = i < a.Tq && j < nk && attn_visible(a, b, i, j);
+            float p = vis ? expf(S[r * ATT_TILE + c] * scale - row_lse[r]) : 0.0f;
+            dSs[r * ATT_TILE + c] = __float2bfloat16(p * (dP[r * ATT_TILE + c] - row_delta[r]) * scale);
+        }
+        __syncwarp();
+        warp_accumulate<HSP>(acc, dSs + warp * 16 * ATT_TILE, Ks);
+    }
+    __syncthreads();
+    float* stage = S;  // (64, HSP) fp32: S and dP are free now
+    #pragma unroll
+    for (int n = 0; n < HSP / 16; n++) {
+        wmma::store_matrix_sync(stage + warp * 16 * HSP + n * 16, acc[n], HSP, wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < ATT_TILE * a.HS; e += blockDim.x) {
+        int rr = e / a.HS, c = e % a.HS;
+        if (i0 + rr < a.Tq) { dq[((size_t)b * a.Tq + i0 + rr) * D + (size_t)h * a.HS + c] = fx(stage[rr * HSP + c]); }
+    }
+}
+
+// Key side: dv += P^T dO and dk += scale dS^T Q for 64 keys per block (4 warps of 16 keys), query
+// tile by query tile; every key row is written by one block only, accumulating into fp32.
+template <int HSP>
+__global__ void __launch_bounds__(ATT_THREADS) attention_backward_dkdv_kernel2(float* dkp, float* dvp, float* dks,
+                                                                                float* dvs, const floatX* dout,
+                                                                                const floatX* q, const float* lse,
+                                                                                const float* delta, AttnKeys a) {
+    extern __shared__ __align__(128) float att_smem[];
+    __nv_bfloat16* Ks = (__nv_bfloat16*)att_smem;  // (64 keys, HSP)
+    __nv_bfloat16* Vs = Ks + ATT_TILE * HSP;
+    __nv_bfloat16* Qs = Vs + ATT_TILE * HSP;         // (64 queries, HSP)
+    __nv_bfloat16* dOs = Qs + ATT_TILE * HSP;
+    __nv_bfloat16* Pt = dOs + ATT_TILE * HSP;        // (64 keys, 64 queries)
+    __nv_bfloat16* dSt = Pt + ATT_TILE * ATT_TILE;
+    float* St = (float*)(dSt + ATT_TILE * ATT_TILE);  // (64 keys, 64 queries), then dP^T
+    float* dPt = St + ATT_TILE * ATT_TILE;
+    float* q_lse = dPt + ATT_TILE * ATT_TILE;
+    float* q_delta = q_lse + ATT_TILE;
+    int j0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int nk = attn_n_keys(a), D = a.NH * a.HS;
+    float scale = 1.0f / sqrtf((float)a.HS);
+    load_key_tile<HSP>(Ks, a, a.kp, a.ks, b, h, j0);
+    load_key_tile<HSP>(Vs, a, a.vp, a.vs, b, h, j0);
+    FragC acc_dk[HSP / 16], acc_dv[HSP / 16];
+    #pragma unroll
+    for (int n = 0; n < HSP / 16; n++) { wmma::fill_fragment(acc_dk[n], 0.0f); wmma::fill_fragment(acc_dv[n], 0.0f); }
+    int r = warp * 16 + lane / 2, j = j0 + r, half = lane % 2;
+    for (int i0 = 0; i0 < a.Tq; i0 += ATT_TILE) {
+        __syncthreads();
+        load_query_tile<HSP>(Qs, q, b, h, i0, a.Tq, a.HS, D);
+        load_query_tile<HSP>(dOs, dout, b, h, i0, a.Tq, a.HS, D);
+        for (int cc = threadIdx.x; cc < ATT_TILE; cc += blockDim.x) {
+            size_t stat = ((size_t)b * a.NH + h) * a.Tq + i0 + cc;
+            q_lse[cc] = i0 + cc < a.Tq ? lse[stat] : 0.0f;
+            q_delta[cc] = i0 + cc < a.Tq ? delta[stat] : 0.0f;
+        }
+        __syncthreads();
+        warp_scores<HSP>(St + warp * 16 * ATT_TILE, Ks + warp * 16 * HSP, Qs);
+        warp_scores<HSP>(dPt + warp * 16 * ATT_TILE, Vs + warp * 16 * HSP, dOs);
+        __syncwarp();
+        for (int c = half * 32; c < half * 32 + 32; c++) {
+            int i = i0 + c;
+            bool vis = i < a.Tq && j < nk && attn_visible(a, b, i, j);
+            float p = vis ? expf(St[r * ATT_TILE + c] * scale - q_lse[c]) : 0.0f;
+            Pt[r * ATT_TILE + c] = __float2bfloat16(p);
+            dSt[r * ATT_TILE + c] = __float2bfloat16(p * (dPt[r * ATT_TILE + c] - q_delta[c]) * scale);
+        }
+        __syncwarp();
+        warp_accumulate<HSP>(acc_dv, Pt + warp * 16 * ATT_TILE, dOs);
+        warp_accumulate<HSP>(acc_dk, dSt + warp * 16 * ATT_TILE, Qs);
+    }
+    float* stage = St;  // (64, HSP) fp32 over St and dP^T
+    for (int which = 0; which < 2; which++) {
+        __syncthreads();
+        #pragma unroll
+        for (int n = 0; n < HSP / 16; n++) {
+            wmma::store_matrix_sync(stage + warp * 16 * HSP + n * 16, which == 0 ? acc_dk[n] : acc_dv[n], HSP,
+                                    wmma::mem_row_major);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < ATT_TILE * a.HS; e += blockDim.x) {
+            int rr = e / a.HS, c = e % a.HS, jj = j0 + rr;
+            if (jj >= nk) { continue; }
+            float* dst = which == 0 ? (jj < a.Np ? dkp : dks) : (jj < a.Np ? dvp : dvs);
+            dst[attn_key_row(a, b, jj) * D + (size_t)h * a.HS + c] += stage[rr * HSP + c];
+        }
+    }
+}
+#endif  // !ENABLE_FP32
+
+// act = gelu_tanh(gate) * up
+__global__ void geglu_forward_kernel(floatX* act, const floatX* gate, const floatX* up, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { act[i] = fx(gelu_tanh(f32(gate[i])) * f32(up[i])); }
+}
+
+// dgate, dup are overwritten
+__global__ void geglu_backward_kernel(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
+                                      const floatX* up, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float g = f32(gate[i]), da = f32(dact[i]);
+    dgate[i] = fx(da * f32(up[i]) * gelu_tanh_grad(g));
+    dup[i] = fx(da * gelu_tanh(g));
+}
+
+// Version 2 of both: 128-bit loads and stores, x128::size values per thread (n a multiple of it)
+__global__ void geglu_forward_kernel2(floatX* act, const floatX* gate, const floatX* up, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) { return; }
+    x128 g = load128(gate + i), u = load128(up + i), o;
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) { o.v[k] = fx(gelu_tanh(f32(g.v[k])) * f32(u.v[k])); }
+    store128(act + i, o);
+}
+
+__global__ void geglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
+                                       const floatX* up, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) { return; }
+    x128 g = load128(gate + i), u = load128(up + i), d = load128(dact + i), dg, du;
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) {
+        float gk = f32(g.v[k]), dk = f32(d.v[k]);
+        dg.v[k] = fx(dk * f32(u.v[k]) * gelu_tanh_grad(gk));
+        du.v[k] = fx(dk * gelu_tanh(gk));
+    }
+    store128(dgate + i, dg);
+    store128(dup + i, du);
+}
+
+__global__ void silu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float x = f32(inp[i]);
+        out[i] = fx(x / (1.0f + expf(-x)));
+    }
+}
+
+// d = dy silu'(x), silu'(x) = s (1 + x (1 - s)) with s = sigmoid(x); d may be dy (in place)
+__global__ void silu_backward_kernel(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float x = f32(inp[i]), s = 1.0f / (1.0f + expf(-x));
+        d[i] = fx(f32(dy[i]) * s * (1.0f + x * (1.0f - s)));
+    }
+}
+
+// a_emb (R, 2da) = [a_in (R, da), sinusoidal embedding of the sample's flow time (da)]: half sin,
+// half cos, periods geometric from 4e-3 to 4.0, computed in double from the float t as the CPU does
+__global__ void action_embed_kernel(floatX* a_emb, const floatX* a_in, const float* t, int B, int H, int da) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * H * 2 * da) { return; }
+    int col = (int)(idx % (2 * da));
+    size_t row = idx / (2 * da);
+    if (col < da) {
+        a_emb[idx] = a_in[row * da + col];
+        return;
+    }
+    int half = da / 2, k = (col - da) % half;
+    double fraction = half > 1 ? (double)k / (double)(half - 1) : 0.0;
+    double period = 4e-3 * pow(4.0 / 4e-3, fraction);
+    double angle = 2.0 * 3.141592653589793 * (double)t[row / H] / period;
+    a_emb[idx] = fx((float)(col - da < half ? sin(angle) : cos(angle)));
+}
+
+// suffix tokens x (B, Ns, da): row 0 the state token, rows 1..H the action tokens
+__global__ void suffix_embed_kernel(floatX* x, const floatX* state_tok, const floatX* act_tok, int B, int H, int da) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int Ns = 1 + H;
+    if (idx >= (size_t)B * Ns * da) { return; }
+    int k = (int)(idx % da), s = (int)(idx / da % Ns), b = (int)(idx / ((size_t)da * Ns));
+    x[idx] = s == 0 ? state_tok[(size_t)b * da + k] : act_tok[((size_t)b * H + s - 1) * da + k];
+}
+
+// out (B * count, C) = rows first .. first+count-1 of every sample of x (B, T, C)
+__global__ void gather_rows_kernel(floatX* out, const floatX* x, int B, int T, int first, int count, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * count * C) { return; }
+    size_t row = idx / C;
+    out[idx] = x[((row / count) * T + first + row % count) * C + idx % C];
+}
+
+// The velocity head's input gradient into the suffix residual stream (B, Ns, C): action rows from
+// dfin (B*H, C), the state row zero (the state token's output feeds nothing). fp32 and floatX.
+__global__ void scatter_action_grad_kernel(float* dres, floatX* dres_x, const float* dfin, int B, int H, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int Ns = 1 + H;
+    if (idx >= (size_t)B * Ns * C) { return; }
+    int k = (int)(idx % C), s = (int)(idx / C % Ns), b = (int)(idx / ((size_t)C * Ns));
+    float g = s == 0 ? 0.0f : dfin[((size_t)b * H + s - 1) * C + k];
+    dres[idx] = g;
+    dres_x[idx] = fx(g);
+}
+
+// dpos (NI, d) += the image rows of dx (B, Np, d), summed over samples in order
+__global__ void pos_emb_backward_kernel(float* dpos, const float* dx, int B, int NI, int Np, int d) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)NI * d) { return; }
+    float s = 0.0f;
+    for (int b = 0; b < B; b++) { s += dx[(size_t)b * Np * d + idx]; }
+    dpos[idx] += s;
+}
+
+// dtext (256, d) += the text rows of dx (B, Np, d) by byte: block v sums, in order, the rows
+// whose byte is v
+__global__ void text_emb_backward_kernel(float* dtext, const float* dx, const uint8_t* text, int B, int NI, int T, int d) {
+    int v = blockIdx.x, Np = NI + T;
+    for (int k = threadIdx.x; k < d; k += blockDim.x) {
+        float s = 0.0f;
+        for (int pos = 0; pos < B * T; pos++) {
+            if (text[pos] == v) { s += dx[((size_t)(pos / T) * Np + NI + pos % T) * d + k]; }
+        }
+        dtext[(size_t)v * d + k] += s;
+    }
+}
+
+// Flow-matching loss: dv = mask * norm * (v - u) for the backward pass, and per-block sums of
+// mask (v - u)^2 into partial (summed in order by loss_finalize_kernel).
+__global__ void flow_loss_kernel(floatX* dv, float* partial, const floatX* v, const float* target,
+                                 const float* action_mask, int A, int n, float norm) {
+    __shared__ float shared[32];
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    float sq = 0.0f;
+    if (i < n) {
+        float mask = action_mask[i / A], diff = f32(v[i]) - target[i];
+        dv[i] = fx(mask * norm * diff);
+        sq = mask * diff * diff;
+    }
+    sq = block_sum(sq, shared);
+    if (threadIdx.x == 0) { partial[blockIdx.x] = sq; }
+}
+
+// out = (sum of partial, in order, in double) * scale; one thread. Optionally its square root.
+__global__ void sum_finalize_kernel(float* out, const float* partial, int n, double scale, int take_sqrt) {
+    double s = 0.0;
+    for (int j = 0; j < n; j++) { s += (double)partial[j]; }
+    s *= scale;
+    *out = (float)(take_sqrt ? sqrt(s) : s);
+}
+
+// per-block sums of squares of g (n) into partial (gridDim.x): the global norm's first stage
+__global__ void norm_squares_kernel(float* partial, const float* g, size_t n) {
+    __shared__ float shared[32];
+    float s = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        s += g[i] * g[i];
+    }
+    s = block_sum(s, shared);
+    if (threadIdx.x == 0) { partial[blockIdx.x] = s; }
+}
+
+// AdamW on fp32 master weights, gradients clipped to global norm `clip` (read from the device:
+// no host round trip), then the compute copy in floatX.
+__global__ void adamw_kernel(float* master, floatX* params, const float* grads, float* m, float* v, size_t n,
+                             float lr, float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2,
+                             const float* grad_norm, float clip) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float norm = *grad_norm, scale = (clip > 0.0f && norm > clip) ? clip / norm : 1.0f;
+    float g = grads[i] * scale;
+    float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float p = master[i];
+    p -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + weight_decay * p);
+    master[i] = p;
+    params[i] = fx(p);
+}
+
+__global__ void convert_kernel(floatX* out, const float* inp, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] = fx(inp[i]); }
+}
+
+// Version 2: x128::size values per thread (n a multiple of it), 128-bit stores
+__global__ void convert_kernel2(floatX* out, const float* inp, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) { return; }
+    x128 o;
+    #pragma unroll
+    for (int k = 0; k < x128::size; k += Packed128<float>::size) {
+        Packed128<float> f = load128(inp + i + k);
+        #pragma unroll
+        for (int j = 0; j < Packed128<float>::size; j++) { o.v[k + j] = fx(f.v[j]); }
+    }
+    store128(out + i, o);
+}
+
+// One Euler step of sampling: x (fp32) -= dt v, and the model's floatX copy of it
+__global__ void euler_step_kernel(float* x, floatX* x_model, const floatX* v, float dt, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float y = x[i] - dt * f32(v[i]);
+        x[i] = y;
+        x_model[i] = fx(y);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// launchers: grid arithmetic and the error check after every launch
+
+static cudaStream_t main_stream;   // all compute
+static cudaStream_t copy_stream;   // host-to-device batch copies, ordered by events
+static cublasLtHandle_t cublaslt;
+static void* cublaslt_workspace;
+static const size_t CUBLASLT_WORKSPACE_BYTES = 32 << 20;
+static cudaDataType_t CUBLAS_FLOATX = sizeof(floatX) == 4 ? CUDA_R_32F : CUDA_R_16BF;
+
+#define launchCheck() cudaCheck(cudaGetLastError())
+static const int BLOCK = 256;
+static const int CHUNK_ROWS = 32;  // rows per block of the two-stage column sums
+
+// Largest power of two (at most 256) that divides the address: what cuBLASLt may assume.
+static uint32_t pointer_alignment(const void* p) {
+    uint32_t a = 256;
+    while (a > 1 && ((uintptr_t)p % a) != 0) { a /= 2; }
+    return a;
+}
+
+// cuBLASLt descriptors and the algorithm chosen for one product shape. Made once per shape: the
+// heuristic query costs tens of microseconds of host time and a step has hundreds of products.
+typedef struct {
+    int m, n, k, lda, ldb, ldd, transa, transb, bias;
+    cudaDataType_t d_type;
+    uint32_t align[4];  // of A, B, C, D: what the algorithm may assume
+} MatmulKey;
+
+typedef struct {
+    MatmulKey key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lcd;  // C and D share a layout
+    cublasLtMatmulAlgo_t algo;
+} MatmulPlan;
+
+static MatmulPlan* matmul_plans = NULL;
+static int n_matmul_plans = 0, cap_matmul_plans = 0;
+
+static MatmulPlan* matmul_plan(const MatmulKey* key) {
+    for (int i = 0; i < n_matmul_plans; i++) {
+        if (memcmp(&matmul_plans[i].key, key, sizeof(*key)) == 0) { return &matmul_plans[i]; }
+    }
+    if (n_matmul_plans == cap_matmul_plans) {
+        cap_matmul_plans = cap_matmul_plans > 0 ? 2 * cap_matmul_plans : 64;
+        matmul_plans = (MatmulPlan*)realloc(matmul_plans, cap_matmul_plans * sizeof(MatmulPlan));
+        if (matmul_plans == NULL) { vla_fail("out of memory for matrix product plans"); }
+    }
+    MatmulPlan* p = &matmul_plans[n_matmul_plans];
+    p->key = *key;
+    cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    int32_t ta = key->transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (key->bias) {
+        uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    }
+    int m = key->m, n = key->n, k = key->k;
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->la, CUBLAS_FLOATX, key->transa ? k : m, key->transa ? m : k, key->lda));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->lb, CUBLAS_FLOATX, key->transb ? n : k, key->transb ? k : n, key->ldb));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->lcd, key->d_type, m, n, key->ldd));
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = CUBLASLT_WORKSPACE_BYTES;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++) {
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &key->align[i], sizeof(key->align[i])));
+    }
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt, p->desc, p->la, p->lb, p->lcd, p->lcd, pref, 1, &heuristic, &found));
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    if (found == 0) {
+        vla_fail("cuBLASLt has no algorithm for a %d x %d x %d product (transa %d, transb %d)", m, n, k, key->transa,
+                 key->transb);
+    }
+    p->algo = heuristic.algo;
+    n_matmul_plans++;
+    return p;
+}
+
+static void matmul_plans_free(void) {
+    for (int i = 0; i < n_matmul_plans; i++) {
+        MatmulPlan* p = &matmul_plans[i];
+        cublasCheck(cublasLtMatrixLayoutDestroy(p->la));
+        cublasCheck(cublasLtMatrixLayoutDestroy(p->lb));
+        cublasCheck(cublasLtMatrixLayoutDestroy(p->lcd));
+        cublasCheck(cublasLtMatmulDescDestroy(p->desc));
+    }
+    free(matmul_plans);
+    matmul_plans = NULL;
+    n_matmul_plans = cap_matmul_plans = 0;
+}
+
+// D (m, n) = op(A) op(B) + beta C (+ bias (m)) in cuBLASLt's column-major terms; A, B are floatX,
+// C and D of d_type (floatX or fp32); C is D unless `c` is given (then with D's layout). The
+// wrappers below speak row-major.
+static void matmul_cublaslt(void* d, cudaDataType_t d_type, int ldd, const void* c, const floatX* a, int lda,
+                            bool transa, const floatX* b, int ldb, bool transb, int m, int n, int k, float beta,
+                            const floatX* bias) {
+    const void* c_ptr = c != NULL ? c : d;
+    MatmulKey key;
+    memset(&key, 0, sizeof(key));  // padding too: keys are compared bytewise
+    key.m = m; key.n = n; key.k = k; key.lda = lda; key.ldb = ldb; key.ldd = ldd;
+    key.transa = transa; key.transb = transb; key.bias = bias != NULL; key.d_type = d_type;
+    key.align[0] = pointer_alignment(a); key.align[1] = pointer_alignment(b);
+    key.align[2] = pointer_alignment(c_ptr); key.align[3] = pointer_alignment(d);
+    MatmulPlan* p = matmul_plan(&key);
+    if (bias != NULL) {
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    float alpha = 1.0f;
+    cublasCheck(cublasLtMatmul(cublaslt, p->desc, &alpha, a, p->la, b, p->lb, &beta, c_ptr, p->lcd, d, p->lcd, &p->algo,
+                               cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, main_stream));
+}
+
+// out (N, OC) = inp (N, C) @ w (OC, C)^T [+ bias (OC)] [+ res (N, OC)]; row strides ld_out, ld_inp
+// (0: dense). Column-major: out^T (OC, N) = W (stored as (C, OC), transposed) times inp^T (C, N).
+static void matmul_forward(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, const floatX* res,
+                           int N, int C, int OC, int ld_out = 0, int ld_inp = 0) {
+    matmul_cublaslt(out, CUBLAS_FLOATX, ld_out > 0 ? ld_out : OC, res, w, C, true, inp, ld_inp > 0 ? ld_inp : C, false,
+                    OC, N, C, res != NULL ? 1.0f : 0.0f, bias);
+}
+
+// dinp (N, C) = dout (N, OC) @ w (OC, C) [+ beta * dinp]; dout row stride ld_dout (0: dense).
+// Column-major: dinp^T (C, N) = W (C, OC) times dout^T (OC, N).
+static void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* w, int N, int C, int OC, float beta,
+                                  int ld_dout = 0) {
+    matmul_cublaslt(dinp, CUBLAS_FLOATX, C, NULL, w, C, false, dout, ld_dout > 0 ? ld_dout : OC, false, C, N, OC,
+                    beta, NULL);
+}
+
+// dw (OC, C) += dout (N, OC)^T @ inp (N, C) into fp32 gradients; row strides ld_dout, ld_inp.
+// Column-major: dw^T (C, OC) = inp^T (C, N) times dout (N, OC).
+static void matmul_backward_weight(float* dw, const floatX* dout, const floatX* inp, int N, int C, int OC,
+                                   int ld_dout = 0, int ld_inp = 0) {
+    matmul_cublaslt(dw, CUDA_R_32F, C, NULL, inp, ld_inp > 0 ? ld_inp : C, false, dout, ld_dout > 0 ? ld_dout : OC,
+                    true, C, OC, N, 1.0f, NULL);
+}
+
+static void patchify(floatX* patches, const uint8_t* images, int n_img, int img, int p) {
+    size_t n = (size_t)n_img * img * img * 3;
+    patchify_kernel<<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(patches, images, n_img, img, p);
+    launchCheck();
+}
+
+static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C) {
+    if (packable(C, x128::size, out, inp, w)) {
+        rmsnorm_forward_kernel2<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C);
+    } else {
+        rmsnorm_forward_kernel<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C);
+    }
+    launchCheck();
+}
+
+// partial: scratch of (ceil(N / CHUNK_ROWS), C) floats
+static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* partial, const floatX* dout,
+                             const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
+    if (C > RMSNORM_BWD_COLS * BLOCK) { vla_fail("rmsnorm_backward: width %d over %d", C, RMSNORM_BWD_COLS * BLOCK); }
+    int chunks = ceil_div(N, CHUNK_ROWS);
+    rmsnorm_backward_kernel<<<chunks, BLOCK, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C, CHUNK_ROWS);
+    launchCheck();
+    column_sum_kernel<<<ceil_div(C, BLOCK), BLOCK, 0, main_stream>>>(dw, partial, chunks, C);
+    launchCheck();
+}
+
+// db (OC) += column sums of dout (N rows of stride ld)
+static void bias_backward(float* db, float* partial, const floatX* dout, int N, int OC, int ld = 0) {
+    int chunks = ceil_div(N, CHUNK_ROWS);
+    column_partial_kernel<<<dim3(ceil_div(OC, BLOCK), chunks), BLOCK, 0, main_stream>>>(partial, dout, N, OC,
+                                                                                        ld > 0 ? ld : OC, CHUNK_ROWS);
+    launchCheck();
+    column_sum_kernel<<<ceil_div(OC, BLOCK), BLOCK, 0, main_stream>>>(db, partial, chunks, OC);
+    launchCheck();
+}
+
+template <typename Tin>
+static void rope(floatX* out, const Tin* in, const float* cos_t, const float* sin_t, int B, int Tg, int pos0, int NH,
+                 int HS, float sign) {
+    size_t n = (size_t)B * Tg * NH * (HS / 2);
+    if (sizeof(Tin) == sizeof(floatX) && packable(HS / 2, x128::size, out, in)) {
+        rope_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(out, (const floatX*)in, cos_t, sin_t,
+                                                                                 B * Tg, Tg, pos0, NH, HS, sign);
+    } else {
+        rope_kernel<Tin><<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(out, in, cos_t, sin_t, B * Tg, Tg, pos0, NH, HS, sign);
+    }
+    launchCheck();
+}
+
+static void geglu_forward(floatX* act, const floatX* gate, const floatX* up, size_t n) {
+    if (packable(n, x128::size, act, gate, up)) {
+        geglu_forward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(act, gate, up, n);
+    } else {
+        geglu_forward_kernel<<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(act, gate, up, n);
+    }
+    launchCheck();
+}
+
+static void geglu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up, size_t n) {
+    if (packable(n, x128::size, dgate, dup, dact) && packable(n, x128::size, gate, up)) {
+        geglu_backward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
+    } else {
+        geglu_backward_kernel<<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
+    }
+    launchCheck();
+}
+
+static void convert(floatX* out, const float* inp, size_t n) {
+    if (packable(n, x128::size, out, inp)) {
+        convert_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(out, inp, n);
+    } else {
+        convert_kernel<<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(out, inp, n);
+    }
+    launchCheck();
+}
+
+#if !defined(ENABLE_FP32)
+template <int HSP>
+static void attention_forward2(floatX* out, float* lse, const floatX* q, const AttnKeys& a) {
+    size_t smem = attention_forward_smem2<HSP>();
+    cudaCheck(cudaFuncSetAttribute(attention_forward_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid(ceil_div(a.Tq, ATT_TILE), a.NH, a.B);
+    attention_forward_kernel2<HSP><<<grid, ATT_THREADS, smem, main_stream>>>(out, lse, q, a);
+    launchCheck();
+}
+
+template <int HSP>
+static void attention_backward2(floatX* dq, float* dkp, float* dvp, float* dks, float* dvs, const floatX* dout,
+                                const floatX* q, const float* lse, const float* delta, const AttnKeys& a, int nk) {
+    size_t smem = attention_backward_smem2<HSP>();
+    cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attention_backward_dq_kernel2<HSP><<<dim3(ceil_div(a.Tq, ATT_TILE), a.NH, a.B), ATT_THREADS, smem, main_stream>>>(dq, dout, q, lse, delta, a);
+    launchCheck();
+    attention_backward_dkdv_kernel2<HSP><<<dim3(ceil_div(nk, ATT_TILE), a.NH, a.B), ATT_THREADS, smem, main_stream>>>(dkp, dvp, dks, dvs, dout, q, lse, delta, a);
+    launchCheck();
+}
+#endif
+
+// head size padded for the tensor-core kernels
+static int padded_head_dim(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : 128; }
+
+static void attention_forward(floatX* out, float* lse, const floatX* q, const AttnKeys& a) {
+#if defined(ENABLE_FP32)
+    attention_forward_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, BLOCK), BLOCK, 0, main_stream>>>(out, lse, q, a);
+    launchCheck();
+#else
+    switch (padded_head_dim(a.HS)) {
+        case 16: attention_forward2<16>(out, lse, q, a); break;
+        case 32: attention_forward2<32>(out, lse, q, a); break;
+        case 64: attention_forward2<64>(out, lse, q, a); break;
+        default: attention_forward2<128>(out, lse, q, a); break;
+    }
+#endif
+}
+
+// dq (floatX) overwritten; dkp/dvp (prefix keys) and dks/dvs (suffix keys, NULL in the prefix
+// pass) accumulate in fp32. delta: scratch of B*NH*Tq floats.
+static void attention_backward(floatX* dq, float* dkp, float* dvp, float* dks, float* dvs, const floatX* dout,
+                               const floatX* q, const floatX* out, const float* lse, float* delta, const AttnKeys& a) {
+    int nk = a.Np + (a.ks != NULL ? a.Ns : 0);
+    attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, a.B * a.Tq, a.Tq, a.NH, a.HS);
+    launchCheck();
+#if defined(ENABLE_FP32)
+    attention_backward_dq_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, BLOCK), BLOCK, 0, main_stream>>>(dq, dout, q, lse, delta, a);
+    launchCheck();
+    attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NH * nk * 32, BLOCK), BLOCK, 0, main_stream>>>(dkp, dvp, dks, dvs, dout, q, lse, delta, a);
+    launchCheck();
+#else
+    switch (padded_head_dim(a.HS)) {
+        case 16: attention_backward2<16>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a, nk); break;
+        case 32: attention_backward2<32>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a, nk); break;
+        case 64: attention_backward2<64>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a, nk); break;
+        default: attention_backward2<128>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a, nk); break;
+    }
+#endif
+}
+
+// grid for n independent elements
+#define LAUNCH_1D(kernel, n, ...) \
+    do { kernel<<<ceil_div((n), BLOCK), BLOCK, 0, main_stream>>>(__VA_ARGS__); launchCheck(); } while (0)
+
+// ----------------------------------------------------------------------------
+// model
+
+// The compute copy of the parameters (floatX), one pointer per tensor, like ParameterTensors.
+typedef struct {
+#define PARAMX_FIELD_(nm, ...) floatX* nm;
+    VLA_PARAMETERS(PARAMX_FIELD_, c)
+#undef PARAMX_FIELD_
+} ParameterTensorsX;
+
+// Both are carved from a flat buffer, tensor i at offsets[i].
+template <typename Tensors, typename T>
+static void tensors_point(Tensors* p, T* base, const size_t* offsets) {
+    int i = 0;
+#define POINT_(nm, ...) p->nm = base + offsets[i++];
+    VLA_PARAMETERS(POINT_, c)
+#undef POINT_
+}
+
+// Activations: a table (type, name, elements) carved from one allocation per type, as in train_vla.c.
+// Prefix rows P = B*Np, suffix rows Q = B*Ns, action rows R = B*H; X = floatX, F = fp32.
+#define GPU_ACTIVATIONS(X, F, c, B) \
+    F(key_valid, (size_t)(B) * vla_n_prefix(c))                                       /* (B, Np) */ \
+    X(patches,   (size_t)(B) * vla_n_image_tokens(c) * vla_patch_dim(c))              /* (B, NI, PD) */ \
+    X(patch_out, (size_t)(B) * vla_n_image_tokens(c) * (c)->d_model)                  /* (B*NI, d) */ \
+    X(p_res,     (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_model)         /* (L, P, d) layer inputs */ \
+    X(p_mid,     (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_model)         /* (L, P, d) after attention */ \
+    X(p_ln1,     (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_model)         /* (L, P, d) */ \
+    F(p_rstd1,   (size_t)(c)->n_layer * (B) * vla_n_prefix(c))                        /* (L, P) */ \
+    X(p_q,       (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * vla_d_attn(c))        /* (L, P, D) after RoPE */ \
+    X(p_k,       (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * vla_d_attn(c))        /* (L, P, D) after RoPE */ \
+    X(p_v,       (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * vla_d_attn(c))        /* (L, P, D) */ \
+    X(p_att,     (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * vla_d_attn(c))        /* (L, P, D) */ \
+    F(p_lse,     (size_t)(c)->n_layer * (B) * (c)->n_head * vla_n_prefix(c))          /* (L, B, NH, Np) */ \
+    X(p_ln2,     (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_model)         /* (L, P, d) */ \
+    F(p_rstd2,   (size_t)(c)->n_layer * (B) * vla_n_prefix(c))                        /* (L, P) */ \
+    X(p_gate,    (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_ff)            /* (L, P, f) */ \
+    X(p_up,      (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_ff)            /* (L, P, f) */ \
+    X(p_act,     (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_ff)            /* (L, P, f) */ \
+    X(x_t,       (size_t)(B) * (c)->chunk * (c)->action_dim)                          /* (B, H, A) */ \
+    F(target,    (size_t)(B) * (c)->chunk * (c)->action_dim)                          /* (B, H, A) u = eps - a */ \
+    F(x_sample,  (size_t)(B) * (c)->chunk * (c)->action_dim)                          /* (B, H, A) Euler state */ \
+    F(t_sample,  (size_t)(B))                                                         /* (B) Euler time */ \
+    X(state_x,   (size_t)(B) * (c)->state_dim)                                        /* (B, S) */ \
+    X(a_in,      (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) action_in(x_t) */ \
+    X(a_emb,     (size_t)(B) * (c)->chunk * 2 * (c)->d_expert)                        /* (R, 2da) */ \
+    X(t_pre,     (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) before SiLU */ \
+    X(t_act,     (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) after SiLU */ \
+    X(state_tok, (size_t)(B) * (c)->d_expert)                                         /* (B, da) */ \
+    X(act_tok,   (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) */ \
+    X(s_res,     (size_t)((c)->n_layer + 1) * (B) * vla_n_suffix(c) * (c)->d_expert)  /* (L+1, Q, da) */ \
+    X(s_mid,     (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * (c)->d_expert)        /* (L, Q, da) */ \
+    X(s_ln1,     (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * (c)->d_expert)        /* (L, Q, da) */ \
+    F(s_rstd1,   (size_t)(c)->n_layer * (B) * vla_n_suffix(c))                        /* (L, Q) */ \
+    X(s_q,       (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * vla_d_attn(c))        /* (L, Q, D) */ \
+    X(s_k,       (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * vla_d_attn(c))        /* (L, Q, D) */ \
+    X(s_v,       (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * vla_d_attn(c))        /* (L, Q, D) */ \
+    X(s_att,     (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * vla_d_attn(c))        /* (L, Q, D) */ \
+    F(s_lse,     (size_t)(c)->n_layer * (B) * (c)->n_head * vla_n_suffix(c))          /* (L, B, NH, Ns) */ \
+    X(s_ln2,     (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * (c)->d_expert)        /* (L, Q, da) */ \
+    F(s_rstd2,   (size_t)(c)->n_layer * (B) * vla_n_suffix(c))                        /* (L, Q) */ \
+    X(s_gate,    (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * (c)->d_expert_ff)     /* (L, Q, fa) */ \
+    X(s_up,      (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * (c)->d_expert_ff)     /* (L, Q, fa) */ \
+    X(s_act,     (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * (c)->d_expert_ff)     /* (L, Q, fa) */ \
+    X(f_in,      (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) action rows of the last layer */ \
+    X(f_ln,      (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) */ \
+    F(f_rstd,    (size_t)(B) * (c)->chunk)                                            /* (R) */ \
+    X(v_pred,    (size_t)(B) * (c)->chunk * (c)->action_dim)                          /* (B, H, A) */ \
+    /* backward scratch */ \
+    F(dp_k,      (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * vla_d_attn(c))        /* (L, P, D) from both passes */ \
+    F(dp_v,      (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * vla_d_attn(c))        /* (L, P, D) */ \
+    X(d_vpred,   (size_t)(B) * (c)->chunk * (c)->action_dim)                          /* (B, H, A) */ \
+    F(d_res,     (size_t)(B) * max_rows(c) * max_width(c))                            /* residual stream of either stack */ \
+    X(d_res_x,   (size_t)(B) * max_rows(c) * max_width(c))                            /* its floatX copy */ \
+    X(d_ln,      (size_t)(B) * max_rows(c) * max_width(c))                            \
+    F(d_fin,     (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) */ \
+    X(d_att,     (size_t)(B) * max_rows(c) * vla_d_attn(c))                           \
+    X(d_q,       (size_t)(B) * max_rows(c) * vla_d_attn(c))                           \
+    F(d_k,       (size_t)(B) * vla_n_suffix(c) * vla_d_attn(c))                       /* (Q, D) suffix keys */ \
+    F(d_v,       (size_t)(B) * vla_n_suffix(c) * vla_d_attn(c))                       \
+    X(d_kx,      (size_t)(B) * max_rows(c) * vla_d_attn(c))                           /* floatX k/v grads */ \
+    X(d_vx,      (size_t)(B) * max_rows(c) * vla_d_attn(c))                           \
+    F(delta,     (size_t)(B) * (c)->n_head * max_rows(c))                             \
+    X(d_act,     (size_t)(B) * max_rows(c) * max_ff(c))                               \
+    X(d_gate,    (size_t)(B) * max_rows(c) * max_ff(c))                               \
+    X(d_up,      (size_t)(B) * max_rows(c) * max_ff(c))                               \
+    X(d_patch,   (size_t)(B) * vla_n_image_tokens(c) * (c)->d_model)                  /* (B*NI, d) */ \
+    X(d_tok,     (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) */ \
+    X(d_emb,     (size_t)(B) * (c)->chunk * 2 * (c)->d_expert)                        /* (R, 2da) */ \
+    F(partial,   (size_t)(max_chunks(c, B)) * max_width(c))                           /* column-sum partials */ \
+    F(loss_partial, (size_t)ceil_div((size_t)(B) * (c)->chunk * (c)->action_dim, BLOCK)) \
+    F(scalars,   4)                                                                   /* loss, grad norm */
+
+static inline size_t imax3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+// rows per sample of the longest stack or head: backward scratch serves all of them
+static inline size_t max_rows(const VLAConfig* c) { return imax3((size_t)vla_n_prefix(c), (size_t)vla_n_suffix(c), (size_t)c->chunk); }
+static inline size_t max_width(const VLAConfig* c) { return imax3((size_t)c->d_model, (size_t)c->d_expert, (size_t)c->action_dim); }
+static inline size_t max_ff(const VLAConfig* c) { return c->d_ff > c->d_expert_ff ? c->d_ff : c->d_expert_ff; }
+static inline size_t max_chunks(const VLAConfig* c, int B) { return (size_t)ceil_div((size_t)B * max_rows(c), CHUNK_ROWS); }
+
+#define NORM_BLOCKS 256  // fixed, so the global norm sums in the same order on every GPU
+
+typedef struct {
+#define ACT_FIELD_X_(nm, n) floatX* nm;
+#define ACT_FIELD_F_(nm, n) float* nm;
+    GPU_ACTIVATIONS(ACT_FIELD_X_, ACT_FIELD_F_, c, B)
+#undef ACT_FIELD_X_
+#undef ACT_FIELD_F_
+} Activations;
+
+typedef struct {
+    VLAConfig config;
+    ParamTable table;
+    size_t offsets[NUM_PARAM_TENSORS];  // checkpoint layout: the table's
+    size_t aligned[NUM_PARAM_TENSORS];  // compute copy and gradients: every tensor at 32 bytes
+    size_t aligned_total;
+    float* master;         // (n_params) fp32 master weights, device
+    float* m_memory;       // (n_params) AdamW first moment, device
+    float* v_memory;       // (n_params) AdamW second moment, device
+    floatX* params_memory; // (aligned_total) compute copy, device
+    float* grads_memory;   // (aligned_total) fp32 gradients, device
+    ParameterTensorsX params;
+    ParameterTensors grads;
+    int B;                 // batch the activations are sized for
+    floatX* acts_x;        // one allocation per activation type
+    float* acts_f;
+    Activations acts;
+    float* rope_cos;       // (T, HS/2) device
+    float* rope_sin;
+    float* norm_partial;   // (NORM_BLOCKS) device
+    size_t device_bytes;   // what this model holds on the GPU
+} Model;
+
+static void* device_malloc(Model* m, size_t bytes) {
+    void* p;
+    cudaCheck(cudaMalloc(&p, bytes > 0 ? bytes : 1));
+    m->device_bytes += bytes;
+    return p;
+}
+
+static void model_build(Model* m, const VLAConfig* c) {
+    memset(m, 0, sizeof(*m));
+    const char* problem = vla_config_problem(c);
+    if (problem != NULL) { vla_fail("bad model config: %s", problem); }
+    if (c->head_dim > 128) { vla_fail("head_dim %d: the GPU attention kernels take head sizes up to 128", c->head_dim); }
+    if (c->d_model > RMSNORM_BWD_COLS * BLOCK || c->d_expert > RMSNORM_BWD_COLS * BLOCK) {
+        vla_fail("widths up to %d are supported by the GPU trainer", RMSNORM_BWD_COLS * BLOCK);
+    }
+    m->config = *c;
+    param_table_build(c, &m->table);
+    size_t at = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        m->offsets[i] = m->table.spec[i].offset;
+        m->aligned[i] = at;
+        at += (m->table.spec[i].numel + 7) / 8 * 8;
+    }
+    m->aligned_total = at;
+    size_t n = m->table.total;
+    m->master = (float*)device_malloc(m, n * sizeof(float));
+    m->m_memory = (float*)device_malloc(m, n * sizeof(float));
+    m->v_memory = (float*)device_malloc(m, n * sizeof(float));
+    m->params_memory = (floatX*)device_malloc(m, at * sizeof(floatX));
+    m->grads_memory = (float*)device_malloc(m, at * sizeof(float));
+    cudaCheck(cudaMemset(m->params_memory, 0, at * sizeof(floatX)));  // the alignment gaps stay zero
+    cudaCheck(cudaMemset(m->grads_memory, 0, at * sizeof(float)));
+    cudaCheck(cudaMemset(m->m_memory, 0, n * sizeof(float)));
+    cudaCheck(cudaMemset(m->v_memory, 0, n * sizeof(float)));
+    tensors_point(&m->params, m->params_memory, m->aligned);
+    tensors_point(&m->grads, m->grads_memory, m->aligned);
+    int T = vla_n_tokens(c), half = c->head_dim / 2;
+    float* cs = (float*)mallocCheck((size_t)T * half * 2 * sizeof(float));
+    for (int pos = 0; pos < T; pos++) {
+        for (int k = 0; k < half; k++) {
+            double angle = pos * pow((double)c->rope_theta, -2.0 * k / (double)c->head_dim);
+            cs[pos * half + k] = (float)cos(angle);
+            cs[(size_t)T * half + pos * half + k] = (float)sin(angle);
+        }
+    }
+    m->rope_cos = (float*)device_malloc(m, (size_t)T * half * 2 * sizeof(float));
+    m->rope_sin = m->rope_cos + (size_t)T * half;
+    cudaCheck(cudaMemcpy(m->rope_cos, cs, (size_t)T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
+    free(cs);
+    m->norm_partial = (float*)device_malloc(m, NORM_BLOCKS * sizeof(float));
+}
+
+// (Re)sizes the activations for B samples.
+static void model_set_batch(Model* m, int B) {
+    if (m->B == B) { return; }
+    if (m->acts_x != NULL) {
+        cudaCheck(cudaFree(m->acts_x));
+        cudaCheck(cudaFree(m->acts_f));
+    }
+    const VLAConfig* c = &m->config;
+    size_t nx = 0, nf = 0;  // in elements, every tensor rounded up to 64 bytes
+#define SIZE_X_(nm, n) nx += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
+#define SIZE_F_(nm, n) nf += ((n) + 15) / 16 * 16;
+    GPU_ACTIVATIONS(SIZE_X_, SIZE_F_, c, B)
+#undef SIZE_X_
+#undef SIZE_F_
+    m->acts_x = (floatX*)device_malloc(m, nx * sizeof(floatX));
+    m->acts_f = (float*)device_malloc(m, nf * sizeof(float));
+    floatX* px = m->acts_x;
+    float* pf = m->acts_f;
+#define POINT_X_(nm, n) m->acts.nm = px; px += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
+#define POINT_F_(nm, n) m->acts.nm = pf; pf += ((n) + 15) / 16 * 16;
+    GPU_ACTIVATIONS(POINT_X_, POINT_F_, c, B)
+#undef POINT_X_
+#undef POINT_F_
+    m->B = B;
+}
+
+static void model_free(Model* m) {
+    cudaCheck(cudaFree(m->master)); cudaCheck(cudaFree(m->m_memory)); cudaCheck(cudaFree(m->v_memory));
+    cudaCheck(cudaFree(m->params_memory)); cudaCheck(cudaFree(m->grads_memory));
+    cudaCheck(cudaFree(m->acts_x)); cudaCheck(cudaFree(m->acts_f));
+    cudaCheck(cudaFree(m->rope_cos)); cudaCheck(cudaFree(m->norm_partial));
+}
+
+// Master weights (and moments, when given) from host arrays in checkpoint layout; the compute
+// copy follows.
+static void model_set_params(Model* m, const float* params, const float* moment1, const float* moment2) {
+    size_t n = m->table.total;
+    cudaCheck(cudaMemcpy(m->master, params, n * sizeof(float), cudaMemcpyHostToDevice));
+    if (moment1 != NULL) { cudaCheck(cudaMemcpy(m->m_memory, moment1, n * sizeof(float), cudaMemcpyHostToDevice)); }
+    if (moment2 != NULL) { cudaCheck(cudaMemcpy(m->v_memory, moment2, n * sizeof(float), cudaMemcpyHostToDevice)); }
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        convert(m->params_memory + m->aligned[i], m->master + m->offsets[i], m->table.spec[i].numel);
+    }
+}
+
+// One stack's tensors at one layer (weights as floatX, or their fp32 gradients) and the widths.
+template <typename T>
+struct LayerParams {
+    T *ln1, *wq, *wk, *wv, *wo, *ln2, *wgate, *wup, *wdown;
+    int C, F;
+};
+
+template <typename T, typename Tensors>
+static LayerParams<T> layer_params(const Tensors* p, const VLAConfig* c, int expert, int l) {
+    int C = expert ? c->d_expert : c->d_model, F = expert ? c->d_expert_ff : c->d_ff;
+    size_t D = (size_t)vla_d_attn(c);
+    LayerParams<T> w = {expert ? p->exp_ln1 : p->vlm_ln1, expert ? p->exp_wq : p->vlm_wq,
+                        expert ? p->exp_wk : p->vlm_wk, expert ? p->exp_wv : p->vlm_wv,
+                        expert ? p->exp_wo : p->vlm_wo, expert ? p->exp_ln2 : p->vlm_ln2,
+                        expert ? p->exp_wgate : p->vlm_wgate, expert ? p->exp_wup : p->vlm_wup,
+                        expert ? p->exp_wdown : p->vlm_wdown, C, F};
+    w.ln1 += (size_t)l * C; w.ln2 += (size_t)l * C;
+    w.wq += l * D * C; w.wk += l * D * C; w.wv += l * D * C; w.wo += l * C * D;
+    w.wgate += (size_t)l * F * C; w.wup += (size_t)l * F * C; w.wdown += (size_t)l * C * F;
+    return w;
+}
+
+// One stack's activations at one layer, for N = B * Tg rows.
+typedef struct {
+    floatX *res, *ln1, *q, *k, *v, *att, *mid, *ln2, *gate, *up, *act, *out;
+    float *rstd1, *lse, *rstd2;
+} LayerActs;
+
+static LayerActs layer_acts(Activations* a, const VLAConfig* c, int B, int expert, int l) {
+    int Tg = expert ? vla_n_suffix(c) : vla_n_prefix(c);
+    size_t N = (size_t)B * Tg, C = expert ? c->d_expert : c->d_model, F = expert ? c->d_expert_ff : c->d_ff;
+    size_t D = (size_t)vla_d_attn(c);
+    LayerActs x;
+    if (expert) {
+        x = LayerActs{a->s_res, a->s_ln1, a->s_q, a->s_k, a->s_v, a->s_att, a->s_mid, a->s_ln2, a->s_gate, a->s_up,
+                        a->s_act, a->s_res, a->s_rstd1, a->s_lse, a->s_rstd2};
+    } else {
+        x = LayerActs{a->p_res, a->p_ln1, a->p_q, a->p_k, a->p_v, a->p_att, a->p_mid, a->p_ln2, a->p_gate, a->p_up,
+                        a->p_act, a->p_res, a->p_rstd1, a->p_lse, a->p_rstd2};
+    }
+    x.res += l * N * C; x.ln1 += l * N * C; x.rstd1 += l * N;
+    x.q += l * N * D; x.k += l * N * D; x.v += l * N * D; x.att += l * N * D; x.lse += l * N * c->n_head;
+    x.mid += l * N * C; x.ln2 += l * N * C; x.rstd2 += l * N;
+    x.gate += l * N * F; x.up += l * N * F; x.act += l * N * F;
+    x.out += (l + 1) * N * C;  // the next layer's input (the prefix's last layer has none: never written)
+    return x;
+}
+
+static AttnKeys attn_keys(const Model* m, const LayerActs* px, const LayerActs* sx, int B, int Tq) {
+    const VLAConfig* c = &m->config;
+    AttnKeys k = {px->k, px->v, sx != NULL ? sx->k : NULL, sx != NULL ? sx->v : NULL, m->acts.key_valid,
+                  B, c->n_head, c->head_dim, vla_n_prefix(c), vla_n_suffix(c), Tq};
+    return k;
+}
+
+// ln1, then q (if with_q), k, v with RoPE at sequence positions pos0 ...
+static void layer_qkv_forward(Model* m, const LayerParams<floatX>* w, const LayerActs* x, int B, int Tg, int pos0,
+                              int with_q) {
+    const VLAConfig* c = &m->config;
+    int N = B * Tg, D = vla_d_attn(c);
+    rmsnorm_forward(x->ln1, x->rstd1, x->res, w->ln1, N, w->C);
+    matmul_forward(x->k, x->ln1, w->wk, NULL, NULL, N, w->C, D);
+    matmul_forward(x->v, x->ln1, w->wv, NULL, NULL, N, w->C, D);
+    rope(x->k, x->k, m->rope_cos, m->rope_sin, B, Tg, pos0, c->n_head, c->head_dim, 1.0f);
+    if (with_q) {
+        matmul_forward(x->q, x->ln1, w->wq, NULL, NULL, N, w->C, D);
+        rope(x->q, x->q, m->rope_cos, m->rope_sin, B, Tg, pos0, c->n_head, c->head_dim, 1.0f);
+    }
+}
+
+// attention output -> wo, residual -> ln2 -> GeGLU MLP, residual: x->out. The residual adds ride
+// on the matrix products (beta = 1 with C = the residual).
+static void layer_out_forward(const LayerParams<floatX>* w, const LayerActs* x, int N, int D) {
+    matmul_forward(x->mid, x->att, w->wo, NULL, x->res, N, D, w->C);
+    rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C);
+    matmul_forward(x->gate, x->ln2, w->wgate, NULL, NULL, N, w->C, w->F);
+    matmul_forward(x->up, x->ln2, w->wup, NULL, NULL, N, w->C, w->F);
+    geglu_forward(x->act, x->gate, x->up, (size_t)N * w->F);
+    matmul_forward(x->out, x->act, w->wdown, NULL, x->mid, N, w->F, w->C);
+}
+
+// Prefix stack: images and text of the device batch through all L VLM layers.
+static void prefix_forward(Model* m, const Batch* batch) {
+    const VLAConfig* c = &m->config;
+    const ParameterTensorsX* w = &m->params;
+    Activations* a = &m->acts;
+    int B = batch->B, L = c->n_layer, d = c->d_model, D = vla_d_attn(c);
+    int NI = vla_n_image_tokens(c), Np = vla_n_prefix(c);
+    patchify(a->patches, batch->images, B * c->n_cam, c->img, c->patch);
+    matmul_forward(a->patch_out, a->patches, w->patch_w, w->patch_b, NULL, B * NI, vla_patch_dim(c), d);
+    LAUNCH_1D(prefix_embed_kernel, (size_t)B * Np * d, a->p_res, a->key_valid, a->patch_out, w->pos_emb, w->text_emb,
+              batch->text, batch->text_mask, B, NI, c->max_text, d);
+    for (int l = 0; l < L; l++) {
+        LayerParams<floatX> lw = layer_params<floatX>(w, c, 0, l);
+        LayerActs x = layer_acts(a, c, B, 0, l);
+        int last = l == L - 1;  // the last layer's prefix output feeds nothing: only k and v
+        layer_qkv_forward(m, &lw, &x, B, Np, 0, !last);
+        if (last) { break; }
+        AttnKeys keys = attn_keys(m, &x, NULL, B, Np);
+        attention_forward(x.att, x.lse, x.q, keys);
+        layer_out_forward(&lw, &x, B * Np, D);
+    }
+}
+
+// Suffix stack: the state (B, S, fp32, device) and noisy actions in acts.x_t at flow times t (B,
+// device), attending to the prefix. Velocities into acts.v_pred (B, H, A).
+static void suffix_forward(Model* m, const float* state, const float* t, int B) {
+    const VLAConfig* c = &m->config;
+    const ParameterTensorsX* w = &m->params;
+    Activations* a = &m->acts;
+    int L = c->n_layer, da = c->d_expert, D = vla_d_attn(c), H = c->chunk, S = c->state_dim;
+    int Np = vla_n_prefix(c), Ns = vla_n_suffix(c), Q = B * Ns, R = B * H;
+    // action tokens: [action_in(x_t), time embedding] -> time_in -> SiLU -> time_out
+    matmul_forward(a->a_in, a->x_t, w->action_in_w, w->action_in_b, NULL, R, c->action_dim, da);
+    LAUNCH_1D(action_embed_kernel, (size_t)R * 2 * da, a->a_emb, a->a_in, t, B, H, da);
+    matmul_forward(a->t_pre, a->a_emb, w->time_in_w, w->time_in_b, NULL, R, 2 * da, da);
+    LAUNCH_1D(silu_forward_kernel, (size_t)R * da, a->t_act, a->t_pre, (size_t)R * da);
+    matmul_forward(a->act_tok, a->t_act, w->time_out_w, w->time_out_b, NULL, R, da, da);
+    convert(a->state_x, state, (size_t)B * S);
+    matmul_forward(a->state_tok, a->state_x, w->state_w, w->state_b, NULL, B, S, da);
+    LAUNCH_1D(suffix_embed_kernel, (size_t)Q * da, a->s_res, a->state_tok, a->act_tok, B, H, da);
+    for (int l = 0; l < L; l++) {
+        LayerParams<floatX> lw = layer_params<floatX>(w, c, 1, l);
+        LayerActs x = layer_acts(a, c, B, 1, l), px = layer_acts(a, c, B, 0, l);
+        layer_qkv_forward(m, &lw, &x, B, Ns, Np, 1);
+        AttnKeys keys = attn_keys(m, &px, &x, B, Ns);
+        attention_forward(x.att, x.lse, x.q, keys);
+        layer_out_forward(&lw, &x, Q, D);
+    }
+    // velocities from the action tokens (the state token's output is not used)
+    LAUNCH_1D(gather_rows_kernel, (size_t)R * da, a->f_in, a->s_res + (size_t)L * Q * da, B, Ns, 1, H, da);
+    rmsnorm_forward(a->f_ln, a->f_rstd, a->f_in, w->final_norm, R, da);
+    matmul_forward(a->v_pred, a->f_ln, w->action_out_w, w->action_out_b, NULL, R, da, c->action_dim);
+}
+
+// Flow-matching loss of a device batch: x_t = t eps + (1 - t) a, target u = eps - a,
+// loss = sum over unmasked slots of (v - u)^2 / (B H A), left on the device in acts.scalars[0];
+// the loss's gradient with respect to v goes to acts.d_vpred.
+static void model_forward(Model* m, const Batch* batch) {
+    const VLAConfig* c = &m->config;
+    int B = batch->B, HA = c->chunk * c->action_dim, n = B * HA;
+    model_set_batch(m, B);
+    Activations* a = &m->acts;
+    LAUNCH_1D(flow_inputs_kernel, n, a->x_t, a->target, batch->actions, batch->eps, batch->t, HA, n);
+    prefix_forward(m, batch);
+    suffix_forward(m, batch->state, batch->t, B);
+    int blocks = ceil_div(n, BLOCK);
+    flow_loss_kernel<<<blocks, BLOCK, 0, main_stream>>>(a->d_vpred, a->loss_partial, a->v_pred, a->target, batch->action_mask,
+                                                         c->action_dim, n, 2.0f / (float)n);
+    launchCheck();
+    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(a->scalars, a->loss_partial, blocks, 1.0 / (double)n, 0);
+    launchCheck();
+}
+
+// Backward of layer_out_forward. dres (fp32) and dres_x (floatX) hold d(out) (N, C); on return
+// d(res) through the residual and ln2 only (layer_qkv_backward adds the attention path), and
+// acts.d_att holds d(att).
+static void layer_out_backward(Model* m, const LayerParams<floatX>* w, const LayerParams<float>* g, const LayerActs* x,
+                               float* dres, floatX* dres_x, int N, int D) {
+    Activations* a = &m->acts;
+    int C = w->C, F = w->F;
+    matmul_backward_input(a->d_act, dres_x, w->wdown, N, F, C, 0.0f);
+    matmul_backward_weight(g->wdown, dres_x, x->act, N, F, C);
+    geglu_backward(a->d_gate, a->d_up, a->d_act, x->gate, x->up, (size_t)N * F);
+    matmul_backward_input(a->d_ln, a->d_gate, w->wgate, N, C, F, 0.0f);
+    matmul_backward_input(a->d_ln, a->d_up, w->wup, N, C, F, 1.0f);
+    matmul_backward_weight(g->wgate, a->d_gate, x->ln2, N, C, F);
+    matmul_backward_weight(g->wup, a->d_up, x->ln2, N, C, F);
+    rmsnorm_backward(dres, dres_x, g->ln2, a->partial, a->d_ln, x->mid, w->ln2, x->rstd2, N, C);
+    matmul_backward_input(a->d_att, dres_x, w->wo, N, D, C, 0.0f);
+    matmul_backward_weight(g->wo, dres_x, x->att, N, D, C);
+}
+
+// Backward of layer_qkv_forward: dq (floatX, NULL when q was not computed), dk and dv (fp32) are
+// the gradients of the roped q/k and of v; they are rotated back, then d(res) through ln1 is
+// added to dres.
+static void layer_qkv_backward(Model* m, const LayerParams<floatX>* w, const LayerParams<float>* g, const LayerActs* x,
+                               float* dres, floatX* dres_x, floatX* dq, const float* dk, const float* dv, int B, int Tg,
+                               int pos0) {
+    const VLAConfig* c = &m->config;
+    Activations* a = &m->acts;
+    int N = B * Tg, D = vla_d_attn(c), C = w->C;
+    float beta = 0.0f;
+    if (dq != NULL) {
+        rope(dq, dq, m->rope_cos, m->rope_sin, B, Tg, pos0, c->n_head, c->head_dim, -1.0f);
+        matmul_backward_input(a->d_ln, dq, w->wq, N, C, D, 0.0f);
+        matmul_backward_weight(g->wq, dq, x->ln1, N, C, D);
+        beta = 1.0f;
+    }
+    rope(a->d_kx, dk, m->rope_cos, m->rope_sin, B, Tg, pos0, c->n_head, c->head_dim, -1.0f);
+    matmul_backward_input(a->d_ln, a->d_kx, w->wk, N, C, D, beta);
+    matmul_backward_weight(g->wk, a->d_kx, x->ln1, N, C, D);
+    convert(a->d_vx, dv, (size_t)N * D);
+    matmul_backward_input(a->d_ln, a->d_vx, w->wv, N, C, D, 1.0f);
+    matmul_backward_weight(g->wv, a->d_vx, x->ln1, N, C, D);
+    rmsnorm_backward(dres, dres_x, g->ln1, a->partial, a->d_ln, x->res, w->ln1, x->rstd1, N, C);
+}
+
+// Gradients of the last model_forward's loss into m->grads (overwritten).
+static void model_backward(Model* m, const Batch* batch) {
+    const VLAConfig* c = &m->config;
+    const ParameterTensorsX* w = &m->params;
+    ParameterTensors* g = &m->grads;
+    Activations* a = &m->acts;
+    int B = batch->B, L = c->n_layer, H = c->chunk, A = c->action_dim, D = vla_d_attn(c), S = c->state_dim;
+    int d = c->d_model, da = c->d_expert;
+    int NI = vla_n_image_tokens(c), Np = vla_n_prefix(c), Ns = vla_n_suffix(c);
+    int P = B * Np, Q = B * Ns, R = B * H;
+    cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->aligned_total * sizeof(float), main_stream));
+    cudaCheck(cudaMemsetAsync(a->dp_k, 0, (size_t)L * P * D * sizeof(float), main_stream));
+    cudaCheck(cudaMemsetAsync(a->dp_v, 0, (size_t)L * P * D * sizeof(float), main_stream));
+
+    // ---- suffix: velocities -> final norm -> expert stack
+    matmul_backward_input(a->d_ln, a->d_vpred, w->action_out_w, R, da, A, 0.0f);
+    matmul_backward_weight(g->action_out_w, a->d_vpred, a->f_ln, R, da, A);
+    bias_backward(g->action_out_b, a->partial, a->d_vpred, R, A);
+    cudaCheck(cudaMemsetAsync(a->d_fin, 0, (size_t)R * da * sizeof(float), main_stream));
+    rmsnorm_backward(a->d_fin, a->d_tok, g->final_norm, a->partial, a->d_ln, a->f_in, w->final_norm, a->f_rstd, R, da);
+    float* dres = a->d_res;  // (Q, da)
+    floatX* dres_x = a->d_res_x;
+    LAUNCH_1D(scatter_action_grad_kernel, (size_t)Q * da, dres, dres_x, a->d_fin, B, H, da);
+    for (int l = L - 1; l >= 0; l--) {
+        LayerParams<floatX> lw = layer_params<floatX>(w, c, 1, l);
+        LayerParams<float> lg = layer_params<float>(g, c, 1, l);
+        LayerActs x = layer_acts(a, c, B, 1, l), px = layer_acts(a, c, B, 0, l);
+        layer_out_backward(m, &lw, &lg, &x, dres, dres_x, Q, D);
+        cudaCheck(cudaMemsetAsync(a->d_k, 0, (size_t)Q * D * sizeof(float), main_stream));
+        cudaCheck(cudaMemsetAsync(a->d_v, 0, (size_t)Q * D * sizeof(float), main_stream));
+        // the suffix attends to the prefix: its key/value gradients land in dp_k/dp_v of layer l
+        AttnKeys keys = attn_keys(m, &px, &x, B, Ns);
+        attention_backward(a->d_q, a->dp_k + (size_t)l * P * D, a->dp_v + (size_t)l * P * D, a->d_k, a->d_v, a->d_att,
+                           x.q, x.att, x.lse, a->delta, keys);
+        layer_qkv_backward(m, &lw, &lg, &x, dres, dres_x, a->d_q, a->d_k, a->d_v, B, Ns, Np);
+    }
+    // suffix embeddings: row 0 of each sample is the state token, rows 1..H the action tokens
+    matmul_backward_weight(g->state_w, dres_x, a->state_x, B, S, da, Ns * da);
+    bias_backward(g->state_b, a->partial, dres_x, B, da, Ns * da);
+    LAUNCH_1D(gather_rows_kernel, (size_t)R * da, a->d_tok, dres_x, B, Ns, 1, H, da);
+    floatX* dtact = a->d_ln;
+    matmul_backward_input(dtact, a->d_tok, w->time_out_w, R, da, da, 0.0f);
+    matmul_backward_weight(g->time_out_w, a->d_tok, a->t_act, R, da, da);
+    bias_backward(g->time_out_b, a->partial, a->d_tok, R, da);
+    LAUNCH_1D(silu_backward_kernel, (size_t)R * da, dtact, dtact, a->t_pre, (size_t)R * da);
+    matmul_backward_input(a->d_emb, dtact, w->time_in_w, R, 2 * da, da, 0.0f);
+    matmul_backward_weight(g->time_in_w, dtact, a->a_emb, R, 2 * da, da);
+    bias_backward(g->time_in_b, a->partial, dtact, R, da);
+    // only the action_in half of d_emb has parameters behind it: read it with row stride 2 da
+    matmul_backward_weight(g->action_in_w, a->d_emb, a->x_t, R, A, da, 2 * da);
+    bias_backward(g->action_in_b, a->partial, a->d_emb, R, da, 2 * da);
+
+    // ---- prefix: the suffix left gradients in dp_k/dp_v of every layer; the last layer's
+    // prefix output is unused, so the residual gradient starts at zero
+    cudaCheck(cudaMemsetAsync(dres, 0, (size_t)P * d * sizeof(float), main_stream));
+    for (int l = L - 1; l >= 0; l--) {
+        LayerParams<floatX> lw = layer_params<floatX>(w, c, 0, l);
+        LayerParams<float> lg = layer_params<float>(g, c, 0, l);
+        LayerActs x = layer_acts(a, c, B, 0, l);
+        float* dk = a->dp_k + (size_t)l * P * D;
+        float* dv = a->dp_v + (size_t)l * P * D;
+        floatX* dq = NULL;
+        if (l < L - 1) {
+            layer_out_backward(m, &lw, &lg, &x, dres, dres_x, P, D);
+            AttnKeys keys = attn_keys(m, &x, NULL, B, Np);
+            attention_backward(a->d_q, dk, dv, NULL, NULL, a->d_att, x.q, x.att, x.lse, a->delta, keys);
+            dq = a->d_q;
+        }
+        layer_qkv_backward(m, &lw, &lg, &x, dres, dres_x, dq, dk, dv, B, Np, 0);
+    }
+    // prefix embeddings: patch rows through patch_w, plus positions; text rows by byte
+    LAUNCH_1D(gather_rows_kernel, (size_t)B * NI * d, a->d_patch, dres_x, B, Np, 0, NI, d);
+    matmul_backward_weight(g->patch_w, a->d_patch, a->patches, B * NI, vla_patch_dim(c), d);
+    bias_backward(g->patch_b, a->partial, a->d_patch, B * NI, d);
+    LAUNCH_1D(pos_emb_backward_kernel, (size_t)NI * d, g->pos_emb, dres, B, NI, Np, d);
+    text_emb_backward_kernel<<<256, BLOCK, 0, main_stream>>>(g->text_emb, dres, batch->text, B, NI, c->max_text, d);
+    launchCheck();
+}
+
+// sqrt of the sum of squares of every gradient into acts.scalars[1], on the device
+static void global_norm(Model* m) {
+    norm_squares_kernel<<<NORM_BLOCKS, BLOCK, 0, main_stream>>>(m->norm_partial, m->grads_memory, m->aligned_total);
+    launchCheck();
+    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->norm_partial, NORM_BLOCKS, 1.0, 1);
+    launchCheck();
+}
+
+// AdamW (0.9, 0.95, 1e-8) on the fp32 master weights, decoupled decay on the tensors the table
+// marks, gradients clipped to global norm `clip` first (0 disables). All on the device.
+static void model_update(Model* m, float lr, float weight_decay, float clip, int step) {
+    const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+    global_norm(m);
+    float bc1 = 1.0f - powf(beta1, (float)(step + 1)), bc2 = 1.0f - powf(beta2, (float)(step + 1));
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const ParamSpec* s = &m->table.spec[i];
+        LAUNCH_1D(adamw_kernel, s->numel, m->master + m->offsets[i], m->params_memory + m->aligned[i],
+                  m->grads_memory + m->aligned[i], m->m_memory + m->offsets[i], m->v_memory + m->offsets[i], s->numel,
+                  lr, beta1, beta2, eps, s->decay ? weight_decay : 0.0f, bc1, bc2, m->acts.scalars + 1, clip);
+    }
+}
+
+// Loss and gradient norm of the last step, waiting for the device.
+static void model_read_scalars(Model* m, float* loss, float* norm) {
+    float s[2];
+    cudaCheck(cudaMemcpyAsync(s, m->acts.scalars, sizeof(s), cudaMemcpyDeviceToHost, main_stream));
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    if (loss != NULL) { *loss = s[0]; }
+    if (norm != NULL) { *norm = s[1]; }
+}
+
+// Euler integration of the velocity from noise (t = 1) to actions (t = 0), 10 steps, the prefix
+// computed once. obs: a device batch; eps (B, H, A): device starting noise. out (B, H, A, host):
+// un-normalized with the statistics (host arrays).
+static void model_sample_actions(Model* m, const Batch* obs, const float* eps, const float* action_mean,
+                                 const float* action_std, float* out) {
+    const VLAConfig* c = &m->config;
+    int B = obs->B, HA = c->chunk * c->action_dim, n_steps = 10;
+    model_set_batch(m, B);
+    Activations* a = &m->acts;
+    prefix_forward(m, obs);
+    cudaCheck(cudaMemcpyAsync(a->x_sample, eps, (size_t)B * HA * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
+    convert(a->x_t, a->x_sample, (size_t)B * HA);
+    float* t = (float*)mallocCheck((size_t)B * n_steps * sizeof(float));
+    for (int k = 0; k < n_steps; k++) {
+        for (int b = 0; b < B; b++) { t[k * B + b] = 1.0f - 0.1f * (float)k; }
+        cudaCheck(cudaMemcpyAsync(a->t_sample, t + k * B, (size_t)B * sizeof(float), cudaMemcpyHostToDevice, main_stream));
+        suffix_forward(m, obs->state, a->t_sample, B);
+        LAUNCH_1D(euler_step_kernel, B * HA, a->x_sample, a->x_t, a->v_pred, 0.1f, B * HA);
+    }
+    cudaCheck(cudaMemcpyAsync(out, a->x_sample, (size_t)B * HA * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
+    cudaCheck(cudaStreamSynchronize(main_stream));  // also keeps t alive until its copies are done
+    free(t);
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < HA; i++) {
+            int dim = i % c->action_dim;
+            out[(size_t)b * HA + i] = out[(size_t)b * HA + i] * action_std[dim] + action_mean[dim];
+        }
+    }
+}
+
+// Model FLOPs of one training sample (forward and backward, 3x the forward's matrix products
+// and attention), for MFU: what the model needs, not what the kernels happen to do.
+static double model_flops_per_sample(const VLAConfig* c) {
+    double d = c->d_model, da = c->d_expert, D = vla_d_attn(c), L = c->n_layer;
+    double NI = vla_n_image_tokens(c), Np = vla_n_prefix(c), Ns = vla_n_suffix(c), H = c->chunk;
+    double fwd = 2.0 * NI * vla_patch_dim(c) * d;
+    fwd += (L - 1) * 2.0 * Np * (4.0 * d * D + 3.0 * d * c->d_ff) + 2.0 * Np * 2.0 * d * D;  // prefix layers
+    fwd += (L - 1) * 4.0 * Np * Np * D;                                                     // prefix attention
+    fwd += 2.0 * H * (c->action_dim * da + 3.0 * da * da) + 2.0 * c->state_dim * da;       // suffix embeddings
+    fwd += L * (2.0 * Ns * (4.0 * da * D + 3.0 * da * c->d_expert_ff) + 4.0 * Ns * (Np + Ns) * D);
+    fwd += 2.0 * H * da * c->action_dim;
+    return 3.0 * fwd;
+}
+
+// bf16 dense tensor-core peak of the GPUs we know, in FLOP/s; 0 for the others
+static double device_peak_flops(const char* name) {
+    static const struct { const char* match; double tflops; } peaks[] = {
+        {"H200", 989.4}, {"GH200", 989.4}, {"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H100", 989.4},
+        {"A100", 312.0}, {"L40S", 362.0}, {"A10G", 70.0}, {"RTX 4090", 165.2},
+    };
+    for (size_t i = 0; i < sizeof(peaks) / sizeof(peaks[0]); i++) {
+        if (strstr(name, peaks[i].match) != NULL) { return peaks[i].tflops * 1e12; }
+    }
+    return 0.0;
+}
+
+// ----------------------------------------------------------------------------
+// data: device batches fed from the loader's pinned ring
+
+// Device copy of a host batch's layout; the host slot and this buffer are copied in one go.
+static void device_batch_alloc(Model* m, Batch* dev, const VLAConfig* c, int B) {
+    size_t bytes = batch_layout(dev, NULL, c, B);
+    batch_layout(dev, (uint8_t*)device_malloc(m, bytes), c, B);
+}
+
+// Pins the loader's ring of host batches so copies from them are asynchronous.
+static void loader_pin(Loader* L, int pin) {
+    for (int k = 0; k < L->n_slots; k++) {
+        if (pin) { cudaCheck(cudaHostRegister(L->slots[k].memory, L->slots[k].bytes, cudaHostRegisterDefault)); }
+        else { cudaCheck(cudaHostUnregister(L->slots[k].memory)); }
+    }
+}
+
+// Starts copying the loader's next batch into dev on the copy stream; `done` fires when it lands.
+static void batch_upload(Loader* L, Batch* dev, cudaEvent_t done) {
+    Batch* host = loader_next(L);
+    cudaCheck(cudaMemcpyAsync(dev->memory, host->memory, host->bytes, cudaMemcpyHostToDevice, copy_stream));
+    cudaCheck(cudaEventRecord(done, copy_stream));
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints of the model
+
+static void model_save(Model* m, const Dataset* ds, const TrainArgs* args, int step, uint64_t sampler_pos) {
+    size_t n = m->table.total;
+    float* host = (float*)mallocCheck(3 * n * sizeof(float));
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    cudaCheck(cudaMemcpy(host, m->master, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(host + n, m->m_memory, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(host + 2 * n, m->v_memory, n * sizeof(float), cudaMemcpyDeviceToHost));
+    run_checkpoint_save(args, ds, &m->config, step, sampler_pos, host, host + n, host + 2 * n, n);
+    free(host);
+}
+
+// Loads weights, moments, step, seed and sampler position; the config must match the model's.
+static void model_load(Model* m, const char* path, int* step, uint64_t* seed, uint64_t* sampler_pos) {
+    Checkpoint ck;
+    run_checkpoint_load(path, &m->config, &ck);
+    model_set_params(m, ck.params, ck.m, ck.v);
+    *step = (int)ck.step;
+    *seed = ck.seed;
+    *sampler_pos = ck.sampler_pos;
+    checkpoint_free(&ck);
+}
+
+// ----------------------------------------------------------------------------
+// CLI and main
+
+// The GPU, its streams and cuBLASLt. Fails with a hint when there is no usable GPU.
+static void gpu_init(const TrainArgs* args, cudaDeviceProp* prop) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        vla_fail("no CUDA GPU is visible (%s): train on the CPU with train_vla_cpu, or check the driver and "
+                 "CUDA_VISIBLE_DEVICES", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    }
+    if (args->ranks > count) {
+        vla_fail("-g %d asks for more GPUs than the %d visible: lower -g or check CUDA_VISIBLE_DEVICES", args->ranks, count);
+    }
+    if (args->ranks > 1) {
+        vla_fail("-g %d: this train_vla trains on one GPU; run -g 1, or simulate ranks on the CPU with train_vla_cpu -g %d",
+                 args->ranks, args->ranks);
+    }
+    cudaCheck(cudaSetDevice(0));
+    cudaCheck(cudaGetDeviceProperties(prop, 0));
+    cudaCheck(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+    cublasCheck(cublasLtCreate(&cublaslt));
+    cudaCheck(cudaMalloc(&cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES));
+}
+
+static void gpu_shutdown(void) {
+    matmul_plans_free();
+    cudaCheck(cudaFree(cublaslt_workspace));
+    cublasCheck(cublasLtDestroy(cublaslt));
+    cudaCheck(cudaStreamDestroy(main_stream));
+    cudaCheck(cudaStreamDestroy(copy_stream));
+}
+
+#if !defined(TESTING)
+// How well the policy acts: 10-step sampling on one batch, mean squared error against the
+// dataset's actions over the unmasked slots, in the data's own units.
+static float eval_action_mse(Model* m, const Dataset* ds, uint64_t seed, uint64_t pos, int step, int B) {
+    const VLAConfig* c = &m->config;
+    Batch host, dev;
+    batch_alloc(&host, c, B);
+    eval_batch(&host, ds, c, seed, pos, step);
+    device_batch_alloc(m, &dev, c, B);
+    cudaCheck(cudaMemcpy(dev.memory, host.memory, host.bytes, cudaMemcpyHostToDevice));
+    float* sampled = (float*)mallocCheck((size_t)B * c->chunk * c->action_dim * sizeof(float));
+    model_sample_actions(m, &dev, dev.eps, ds->action_mean, ds->action_std, sampled);
+    float mse = action_mse(&host, ds, c, sampled);
+    free(sampled);
+    cudaCheck(cudaFree(dev.memory));
+    batch_free(&host);
+    return mse;
+}
+
+static volatile sig_atomic_t stop_requested = 0;
+static void on_signal(int sig) { (void)sig; stop_requested = 1; }
+
+int main(int argc, char** argv) {
+    TrainArgs args;
+    train_args_parse(&args, argc, argv);
+    cudaDeviceProp prop;
+    gpu_init(&args, &prop);
+    Dataset ds;
+    dataset_open(&ds, args.input);
+    VLAConfig c = config_for_data(args.preset, &ds);
+    Model model;
+    model_build(&model, &c);
+
+    int start = 0;
+    uint64_t sampler_pos = 0;
+    char resume_path[1024];
+    const char* from = run_start_checkpoint(&args, resume_path, sizeof(resume_path));
+    if (from != NULL) {
+        uint64_t seed;
+        model_load(&model, from, &start, &seed, &sampler_pos);
+        if (seed != args.seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)seed); }
+        args.seed = seed;
+        printf("resumed from %s at step %d\n", from, start);
+    } else {
+        float* init = (float*)mallocCheck(model.table.total * sizeof(float));
+        param_init(init, &model.table, &c, args.seed);
+        model_set_params(&model, init, NULL, NULL);
+        free(init);
+    }
+    if (start >= args.steps) {
+        printf("already at step %d of %d: nothing to do (raise -n to train further)\n", start, args.steps);
+        return 0;
+    }
+    uint64_t global_batch = (uint64_t)args.batch;
+    Loader loader;
+    loader_start(&loader, &ds, &c, args.seed, sampler_pos, (uint64_t)start, args.batch, 1, args.augment, args.workers,
+                 4);
+    loader_pin(&loader, 1);
+    Batch dev[2];
+    cudaEvent_t uploaded[2];
+    for (int k = 0; k < 2; k++) {
+        device_batch_alloc(&model, &dev[k], &c, args.batch);
+        cudaCheck(cudaEventCreateWithFlags(&uploaded[k], cudaEventDisableTiming));
+    }
+    model_set_batch(&model, args.batch);
+    Logger logger;
+    logger_open(&logger, args.output);
+    double peak = device_peak_flops(prop.name), flops = model_flops_per_sample(&c);
+
+    printf("+------------------------+--------------------------------------+\n");
+    printf("| train_vla              | %-36s |\n", args.preset);
+    printf("+------------------------+--------------------------------------+\n");
+    vla_config_print(&c);
+    printf("| parameters             | %-36zu |\n", model.table.total);
+    printf("| dataset samples        | %-36llu |\n", (unsigned long long)ds.n_samples);
+    printf("| shards                 | %-36d |\n", ds.n_shards);
+    printf("| GPUs x batch           | 1 x %-32d |\n", args.batch);
+    printf("| device                 | %-36.36s |\n", prop.name);
+    printf("| precision              | %-36s |\n", PRECISION_NAME);
+    printf("| model GFLOP per sample | %-36.2f |\n", flops / 1e9);
+    if (peak > 0.0) { printf("| peak bf16 TFLOP/s      | %-36.1f |\n", peak / 1e12); }
+    else { printf("| peak bf16 TFLOP/s      | %-36s |\n", "unknown for this device: no MFU"); }
+    printf("| loader threads         | %-36d |\n", args.workers);
+    printf("| augment shift (px)     | %-36d |\n", args.augment);
+    printf("+------------------------+--------------------------------------+\n");
+
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    double timed_ms = 0.0, peak_mem = 0.0;
+    int timed_steps = 0, step = start;
+    batch_upload(&loader, &dev[start % 2], uploaded[start % 2]);
+    for (; step < args.steps && !stop_requested; step++) {
+        double t0 = wall_seconds();
+        Batch* batch = &dev[step % 2];
+        cudaCheck(cudaStreamWaitEvent(main_stream, uploaded[step % 2], 0));
+        model_forward(&model, batch);
+        model_backward(&model, batch);
+        model_update(&model, lr_at_step(&args, step), args.weight_decay, args.grad_clip, step);
+        // while the GPU computes: hand the host slot back once copied, start the next batch's copy
+        cudaCheck(cudaEventSynchronize(uploaded[step % 2]));
+        loader_release(&loader);
+        if (step + 1 < args.steps) { batch_upload(&loader, &dev[(step + 1) % 2], uploaded[(step + 1) % 2]); }
+        float loss, norm;
+        model_read_scalars(&model, &loss, &norm);
+        double ms = 1000.0 * (wall_seconds() - t0);
+        if (!isfinite(loss) || !isfinite(norm)) {
+            vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; "
+                     "the last checkpoint in %s is intact", step + 1, loss, norm, args.output);
+        }
+        size_t free_b, total_b;
+        cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+        double mem_gib = (double)(total_b - free_b) / (1024.0 * 1024.0 * 1024.0);
+        if (mem_gib > peak_mem) { peak_mem = mem_gib; }
+        if (step > start) { timed_ms += ms; timed_steps++; }  // the first step warms up
+        double sps = (double)args.batch / (ms / 1000.0);
+        logger_step(&logger, step, args.steps, loss, lr_at_step(&args, step), norm, ms, sps,
+                    peak > 0.0 ? flops * sps / peak : NAN, mem_gib,
+                    (step + 1) % args.log_every == 0 || step + 1 == args.steps);
+        int done = step + 1;
+        if ((args.ckpt_every > 0 && done % args.ckpt_every == 0) || done == args.steps) {
+            model_save(&model, &ds, &args, done, sampler_pos + (uint64_t)(done - start) * global_batch);
+        }
+    }
+    if (stop_requested) {
+        model_save(&model, &ds, &args, step, sampler_pos + (uint64_t)(step - start) * global_batch);
+        printf("interrupted: saved step %d to %s; continue with -y 1\n", step, args.output);
+    }
+    cudaCheck(cudaStreamSynchronize(copy_stream));
+    loader_pin(&loader, 0);
+    loader_stop(&loader);
+    printf("data loader: %d worker thread(s), the trainer waited %.1f ms for batches in %d steps\n", args.workers,
+           1000.0 * loader.wait_seconds, step - start);
+    printf("eval: 10-step sampled actions vs the data, MSE %.6f (data units) on %d samples\n",
+           eval_action_mse(&model, &ds, args.seed, sampler_pos + (uint64_t)(step - start) * global_batch, step, args.batch),
+           args.batch);
+    if (timed_steps > 0) {
+        double ms = timed_ms / timed_steps, sps = args.batch / (ms / 1000.0);
+        printf("mean step time %.1f ms over %d steps (first excluded), %.1f samples/s", ms, timed_steps, sps);
+        if (peak > 0.0) { printf(", MFU %.1f%%", 100.0 * flops * sps / peak); }
+        printf(", peak GPU memory %.2f GiB (%.2f GiB held by the model)\n", peak_mem,
+               (double)model.device_bytes / (1024.0 * 1024.0 * 1024.0));
+    }
+    logger_close(&logger);
+    for (int k = 0; k < 2; k++) {
+        cudaCheck(cudaFree(dev[k].memory));
+        cudaCheck(cudaEventDestroy(uploaded[k]));
+    }
+    model_free(&model);
+    dataset_close(&ds);
+    gpu_shutdown();
+    return stop_requested ? 130 : 0;
+}
+#endif
