@@ -29,7 +29,8 @@ endif
 GPU_SOURCES = train_vla.cu vla.h
 
 nvcc_check:
-	@command -v $(NVCC) > /dev/null || { echo "error: $(NVCC) not found: install the CUDA Toolkit or set NVCC=/path/to/nvcc"; exit 1; }
+	@test -x "$(NVCC)" || command -v "$(NVCC)" > /dev/null || { \
+		echo "error: nvcc not found ($(NVCC)): install the CUDA Toolkit or set NVCC=/path/to/nvcc"; exit 1; }
 
 train_vla: $(GPU_SOURCES) $(DEFAULT_DATA) | nvcc_check
 	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) train_vla.cu $(NVCC_LDLIBS) -o $@
@@ -47,8 +48,9 @@ build/gpu/test_vla_gpu_%: test_vla_gpu.cu dev/test_util.h $(GPU_SOURCES) | nvcc_
 # ---- the same CUDA sources on the CPU, through the emulation in dev/cuda/emu (what make test
 # runs where there is no GPU): launch.sed rewrites the launches, g++ compiles the result
 EMU_DIR = build/emu
+# the rewritten sources stay: make would otherwise delete them as intermediates and rebuild
 .SECONDARY: $(EMU_DIR)/train_vla.cu $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/dev/cuda/emu/test_emulate.cu \
-	$(addprefix $(EMU_DIR)/dev/cuda/,$(addsuffix .cu,$(basename $(notdir $(wildcard dev/cuda/*.cu)))))
+	$(addprefix $(EMU_DIR)/,$(wildcard dev/cuda/*.cu dev/cuda/*.h))
 EMU_HEADERS = $(wildcard dev/cuda/emu/*.h) dev/cuda/emu/launch.sed
 EMU_CXX = g++ -std=c++17 -O2 -g -Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas \
 	-Wno-format-truncation -I dev/cuda/emu -I .
@@ -63,10 +65,11 @@ $(EMU_DIR)/test_vla_gpu_%: $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/train_vla.cu de
 	$(EMU_CXX) $(EMU_PRECISION) -x c++ $< -lm -lpthread -o $@
 $(EMU_DIR)/dev/cuda/emu/test_emulate: $(EMU_DIR)/dev/cuda/emu/test_emulate.cu $(EMU_HEADERS)
 	$(EMU_CXX) -x c++ $< -o $@
-$(EMU_DIR)/dev/cuda/common.h: dev/cuda/common.h
+$(EMU_DIR)/dev/cuda/%.h: dev/cuda/%.h
 	@mkdir -p $(dir $@)
 	cp $< $@
-$(EMU_DIR)/dev/cuda/%: $(EMU_DIR)/dev/cuda/%.cu $(EMU_DIR)/dev/cuda/common.h $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
+$(EMU_DIR)/dev/cuda/%: $(EMU_DIR)/dev/cuda/%.cu $(addprefix $(EMU_DIR)/,$(wildcard dev/cuda/*.h)) $(EMU_DIR)/train_vla.cu vla.h \
+		$(EMU_HEADERS)
 	$(EMU_CXX) -x c++ $< -lm -lpthread -o $@
 
 # dev/cuda: one program per kernel (dev/cuda/README.md); compiled for the GPU by its own Makefile

@@ -114,36 +114,8 @@ static void test_against_oracle(const char* dir, const char* name) {
     const double tol = 1e-5;
     float loss = model_forward(&m, &batch);
     model_backward(&m, &batch);
-    float* ref_v = (float*)debug_get(&st, "expect/v", (size_t)B * HA);
-    float* ref_loss = (float*)debug_get(&st, "expect/loss", 1);
-    double ev = rel_error(m.acts.v_pred, ref_v, (size_t)B * HA), el = rel_error(&loss, ref_loss, 1);
-    check(ev < tol, "%s velocities rel err %.2e (tol %.0e)", name, ev, tol);
-    check(el < tol, "%s loss %.7f vs %.7f rel err %.2e (tol %.0e)", name, loss, ref_loss[0], el, tol);
-    free(ref_v); free(ref_loss);
-    double worst_grad = 0.0;
-    const char* worst_name = "";
-    int grads_ok = 1;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        const ParamSpec* s = &m.table.spec[i];
-        char key[96];
-        snprintf(key, sizeof(key), "grad/%s", s->name);
-        float* ref = (float*)debug_get(&st, key, s->numel);
-        double e = rel_error(m.grads_memory + s->offset, ref, s->numel);
-        if (e > worst_grad) { worst_grad = e; worst_name = s->name; }
-        if (!(e < tol)) {
-            grads_ok = 0;
-            check(0, "%s grad %s rel err %.2e (tol %.0e)", name, s->name, e, tol);
-        }
-        free(ref);
-    }
-    check(grads_ok, "%s all %d parameter gradients: worst rel err %.2e (%s) (tol %.0e)", name, NUM_PARAM_TENSORS,
-          worst_grad, worst_name, tol);
-    // the VLM's last layer beyond k/v feeds nothing: its gradients are exactly zero
-    int L = c->n_layer;
-    size_t dq = (size_t)vla_d_attn(c) * c->d_model, dff = (size_t)c->d_ff * c->d_model;
-    float zero_norm = global_norm(m.grads.vlm_wq + (L - 1) * dq, dq) + global_norm(m.grads.vlm_wo + (L - 1) * dq, dq) +
-                      global_norm(m.grads.vlm_wgate + (L - 1) * dff, dff) + global_norm(m.grads.vlm_wdown + (L - 1) * dff, dff);
-    check(zero_norm == 0.0f, "%s unused last-layer VLM tensors have zero gradient", name);
+    check_forward_against(&st, name, m.acts.v_pred, (size_t)B * HA, loss, tol);
+    check_grads_against(&st, name, c, &m.table, m.grads_memory, tol);
 
     // 4. finite differences of selected entries: the oracle's central differences in float64
     // (tol 1e-4: its O(h^2) error), and ours on the fp32 forward (tol 3e-2: fp32 loss rounding / h)
@@ -220,18 +192,7 @@ static void test_against_oracle(const char* dir, const char* name) {
 
 static void test_training_loop(const char* dir) {
     printf("\n== training loop against the oracle\n");
-    char cmd[2048], path[1100];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/run_loop && ./train_vla_cpu -p tiny -g 2 -b 2 -n 5 -u 2 -l 1e-3 -w 0.1 -c 0.5 "
-             "-s 1337 -t 1 -i %s/a.bin -o %s/run_loop > %s/run_loop.txt 2>&1", dir, dir, dir, dir);
-    int rc = run_command(cmd);
-    float ours[5] = {0}, ref[5] = {0};
-    snprintf(path, sizeof(path), "%s/run_loop/log.jsonl", dir);
-    int n = read_losses(path, 1, 5, ours);
-    snprintf(path, sizeof(path), "%s/a_train.txt", dir);
-    int m = read_oracle_losses(path, ref, 5);
-    double e = rel_error(ours, ref, 5);
-    check(rc == 0 && n == 5 && m == 5 && e < 1e-5, "train_vla_cpu -g 2 -b 2 vs the oracle's -b 4, 5 steps on shard data: "
-          "losses %.6f .. %.6f, rel err %.2e (tol 1e-5)", ours[0], ours[4], e);
+    check_training_loop(dir, "./train_vla_cpu -g 2 -b 2 -t 1", 1e-5);
 }
 
 // ----------------------------------------------------------------------------

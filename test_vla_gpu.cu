@@ -85,12 +85,6 @@ static float* read_floatx(const floatX* d, size_t n) {
     return out;
 }
 
-static double host_norm(const float* x, size_t n) {
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++) { s += (double)x[i] * x[i]; }
-    return sqrt(s);
-}
-
 static void test_against_oracle(const char* dir, const char* name) {
     char path[1024];
     snprintf(path, sizeof(path), "%s/%s_state.bin", dir, name);
@@ -127,38 +121,10 @@ static void test_against_oracle(const char* dir, const char* name) {
     float loss;
     model_read_scalars(&m, &loss, NULL);
     float* v = read_floatx(m.acts.v_pred, (size_t)B * HA);
-    float* ref_v = (float*)debug_get(&st, "expect/v", (size_t)B * HA);
-    float* ref_loss = (float*)debug_get(&st, "expect/loss", 1);
-    double ev = rel_error(v, ref_v, (size_t)B * HA), el = rel_error(&loss, ref_loss, 1);
-    check(ev < TOL_FWD, "%s velocities rel err %.2e (tol %.1e)", name, ev, TOL_FWD);
-    check(el < TOL_FWD, "%s loss %.7f vs %.7f rel err %.2e (tol %.1e)", name, loss, ref_loss[0], el, TOL_FWD);
-    free(v); free(ref_v); free(ref_loss);
+    check_forward_against(&st, name, v, (size_t)B * HA, loss, TOL_FWD);
+    free(v);
     float* grads = read_grads(&m);
-    double worst = 0.0;
-    const char* worst_name = "";
-    int grads_ok = 1;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        const ParamSpec* s = &m.table.spec[i];
-        char key[96];
-        snprintf(key, sizeof(key), "grad/%s", s->name);
-        float* ref = (float*)debug_get(&st, key, s->numel);
-        double e = rel_error(grads + s->offset, ref, s->numel);
-        if (e > worst) { worst = e; worst_name = s->name; }
-        if (!(e < TOL_GRAD)) {
-            grads_ok = 0;
-            check(0, "%s grad %s rel err %.2e (tol %.1e)", name, s->name, e, TOL_GRAD);
-        }
-        free(ref);
-    }
-    check(grads_ok, "%s all %d parameter gradients: worst rel err %.2e (%s) (tol %.1e)", name, NUM_PARAM_TENSORS, worst,
-          worst_name, TOL_GRAD);
-    int L = c->n_layer;
-    size_t dq = (size_t)vla_d_attn(c) * c->d_model, dff = (size_t)c->d_ff * c->d_model;
-    ParameterTensors hg;
-    param_tensors_point(&hg, grads, &m.table);
-    double zero = host_norm(hg.vlm_wq + (L - 1) * dq, dq) + host_norm(hg.vlm_wo + (L - 1) * dq, dq) +
-                  host_norm(hg.vlm_wgate + (L - 1) * dff, dff) + host_norm(hg.vlm_wdown + (L - 1) * dff, dff);
-    check(zero == 0.0, "%s unused last-layer VLM tensors have exactly zero gradient", name);
+    check_grads_against(&st, name, c, &m.table, grads, TOL_GRAD);
     free(grads);
 
     // inference: 10 Euler steps from the batch's noise, un-normalized with the oracle's statistics
@@ -202,18 +168,9 @@ static void test_against_oracle(const char* dir, const char* name) {
 // learning rate, against the oracle's --train run.
 static void test_training_loop(const char* dir) {
     printf("\n== training loop against the oracle\n");
-    char cmd[4096], path[1100];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_loop && %s -p tiny -b 4 -n 5 -u 2 -l 1e-3 -w 0.1 -c 0.5 -s 1337 -i %s/a.bin "
-             "-o %s/gpu_loop > %s/gpu_loop.txt 2>&1", dir, TRAINER, dir, dir, dir);
-    int rc = run_command(cmd);
-    float ours[5] = {0}, ref[5] = {0};
-    snprintf(path, sizeof(path), "%s/gpu_loop/log.jsonl", dir);
-    int n = read_losses(path, 1, 5, ours);
-    snprintf(path, sizeof(path), "%s/a_train.txt", dir);
-    int m = read_oracle_losses(path, ref, 5);
-    double e = rel_error(ours, ref, 5);
-    check(rc == 0 && n == 5 && m == 5 && e < TOL_STEPS, "%s -b 4 vs the oracle's -b 4, 5 steps on shard data: losses "
-          "%.6f .. %.6f, rel err %.2e (tol %.1e)", TRAINER, ours[0], ours[4], e, TOL_STEPS);
+    char trainer[1100];
+    snprintf(trainer, sizeof(trainer), "%s -b 4", TRAINER);
+    check_training_loop(dir, trainer, TOL_STEPS);
 }
 
 // Two identical runs give identical losses and checkpoints: no atomics, fixed reduction orders.

@@ -25,7 +25,7 @@ Invariants worth knowing before reading:
   row-major (N, C) activation is a column-major (C, N) matrix: see matmul_forward.
 - Every reduction runs in a fixed order (no floating-point atomics): two runs give the same bits.
 - The compute copy of the weights and the gradients use the parameter table with every tensor
-  start rounded to 32 bytes (cuBLASLt wants aligned matrices); master weights and moments keep
+  start rounded to 16 elements (cuBLASLt wants aligned matrices); master weights and moments keep
   the checkpoint layout, so a checkpoint is one copy of each.
 
 Reproduce the oracle's numbers (what test_vla_gpu checks):
@@ -244,6 +244,54 @@ __global__ void rmsnorm_backward_kernel(float* dres, floatX* dres_x, float* dw_p
     for (int j = 0; j < RMSNORM_BWD_COLS; j++) {
         int c = threadIdx.x + j * blockDim.x;
         if (c < C) { dw_partial[(size_t)blockIdx.x * C + c] = dw_acc[j]; }
+    }
+}
+
+// Version 2: one warp per row, so a row needs warp reductions only (no block barrier); the warps
+// of a block split its rows, each lane keeps the dw partial sums of its columns in registers, and
+// the warps' sums meet in shared memory, added in warp order. C <= 32 * RMSNORM_BWD2_COLS.
+#define RMSNORM_BWD2_COLS 32
+__global__ void rmsnorm_backward_kernel2(float* dres, floatX* dres_x, float* dw_partial, const floatX* dout,
+                                         const floatX* inp, const floatX* w, const float* rstd, int N, int C,
+                                         int rows_per_block) {
+    extern __shared__ float warp_dw[];  // (warps, C)
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    float acc[RMSNORM_BWD2_COLS];
+    #pragma unroll
+    for (int j = 0; j < RMSNORM_BWD2_COLS; j++) { acc[j] = 0.0f; }
+    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    for (int n = r0 + warp; n < r1; n += n_warps) {
+        const floatX* x = inp + (size_t)n * C;
+        const floatX* dy = dout + (size_t)n * C;
+        float r = rstd[n], dot = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < RMSNORM_BWD2_COLS; j++) {
+            int c = lane + 32 * j;
+            if (c < C) { dot += f32(dy[c]) * f32(w[c]) * f32(x[c]); }
+        }
+        float k = warp_sum(dot) * r * r * r / (float)C;
+        #pragma unroll
+        for (int j = 0; j < RMSNORM_BWD2_COLS; j++) {
+            int c = lane + 32 * j;
+            if (c < C) {
+                float xv = f32(x[c]), dyv = f32(dy[c]);
+                float g = dres[(size_t)n * C + c] + r * f32(w[c]) * dyv - k * xv;
+                dres[(size_t)n * C + c] = g;
+                dres_x[(size_t)n * C + c] = fx(g);
+                acc[j] += dyv * xv * r;
+            }
+        }
+    }
+    #pragma unroll
+    for (int j = 0; j < RMSNORM_BWD2_COLS; j++) {
+        int c = lane + 32 * j;
+        if (c < C) { warp_dw[warp * C + c] = acc[j]; }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < n_warps; k++) { s += warp_dw[k * C + c]; }
+        dw_partial[(size_t)blockIdx.x * C + c] = s;
     }
 }
 
@@ -502,14 +550,37 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_majo
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragBt;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
 
+// One tile row's slice of a head, x128::size columns at a time when the head size allows it
+// (HS a multiple of x128::size: every 16 bytes of a row are aligned), else one by one; zeros
+// past HS, or for the whole row when there is no source row (src NULL).
+template <int HSP>
+static __device__ __forceinline__ void load_tile_slice(__nv_bfloat16* dst, const floatX* src, int HS, int c) {
+    if (HS % x128::size == 0) {
+        x128 v;
+        if (src != nullptr && c < HS) {
+            v = load128(src + c);
+        } else {
+            #pragma unroll
+            for (int k = 0; k < x128::size; k++) { v.v[k] = __float2bfloat16(0.0f); }
+        }
+        store128(dst + c, v);
+    } else {
+        #pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            dst[c + k] = (src != nullptr && c + k < HS) ? src[c + k] : __float2bfloat16(0.0f);
+        }
+    }
+}
+
 // tile (ATT_TILE, HSP) <- rows first.. of one head of a (rows, D) tensor: zeros past n_rows and HS
 template <int HSP>
 static __device__ void load_query_tile(__nv_bfloat16* tile, const floatX* x, int b, int h, int first, int n_rows,
                                        int HS, int D) {
-    for (int e = threadIdx.x; e < ATT_TILE * HSP; e += blockDim.x) {
-        int r = e / HSP, c = e % HSP;
-        tile[e] = (first + r < n_rows && c < HS) ? x[((size_t)b * n_rows + first + r) * D + (size_t)h * HS + c]
-                                                 : __float2bfloat16(0.0f);
+    const int packs = HSP / x128::size;
+    for (int e = threadIdx.x; e < ATT_TILE * packs; e += blockDim.x) {
+        int r = e / packs, c = e % packs * x128::size;
+        const floatX* src = first + r < n_rows ? x + ((size_t)b * n_rows + first + r) * D + (size_t)h * HS : nullptr;
+        load_tile_slice<HSP>(tile + r * HSP, src, HS, c);
     }
 }
 
@@ -517,11 +588,12 @@ static __device__ void load_query_tile(__nv_bfloat16* tile, const floatX* x, int
 template <int HSP>
 static __device__ void load_key_tile(__nv_bfloat16* tile, const AttnKeys& a, const floatX* pfx, const floatX* sfx,
                                      int b, int h, int first) {
+    const int packs = HSP / x128::size;
     int nk = attn_n_keys(a), D = a.NH * a.HS;
-    for (int e = threadIdx.x; e < ATT_TILE * HSP; e += blockDim.x) {
-        int r = e / HSP, c = e % HSP, j = first + r;
-        tile[e] = (j < nk && c < a.HS) ? (j < a.Np ? pfx : sfx)[attn_key_row(a, b, j) * D + (size_t)h * a.HS + c]
-                                       : __float2bfloat16(0.0f);
+    for (int e = threadIdx.x; e < ATT_TILE * packs; e += blockDim.x) {
+        int r = e / packs, c = e % packs * x128::size, j = first + r;
+        const floatX* src = j < nk ? (j < a.Np ? pfx : sfx) + attn_key_row(a, b, j) * D + (size_t)h * a.HS : nullptr;
+        load_tile_slice<HSP>(tile + r * HSP, src, a.HS, c);
     }
 }
 
@@ -908,7 +980,7 @@ __global__ void text_emb_backward_kernel(float* dtext, const float* dx, const ui
 }
 
 // Flow-matching loss: dv = mask * norm * (v - u) for the backward pass, and per-block sums of
-// mask (v - u)^2 into partial (summed in order by loss_finalize_kernel).
+// mask (v - u)^2 into partial (summed in order by sum_finalize_kernel).
 __global__ void flow_loss_kernel(floatX* dv, float* partial, const floatX* v, const float* target,
                                  const float* action_mask, int A, int n, float norm) {
     __shared__ float shared[32];
@@ -1154,7 +1226,12 @@ static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* part
                              const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
     if (C > RMSNORM_BWD_COLS * BLOCK) { vla_fail("rmsnorm_backward: width %d over %d", C, RMSNORM_BWD_COLS * BLOCK); }
     int chunks = ceil_div(N, CHUNK_ROWS);
-    rmsnorm_backward_kernel<<<chunks, BLOCK, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C, CHUNK_ROWS);
+    if (C <= 32 * RMSNORM_BWD2_COLS) {
+        size_t smem = (size_t)(BLOCK / 32) * C * sizeof(float);
+        rmsnorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C, CHUNK_ROWS);
+    } else {
+        rmsnorm_backward_kernel<<<chunks, BLOCK, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C, CHUNK_ROWS);
+    }
     launchCheck();
     column_sum_kernel<<<ceil_div(C, BLOCK), BLOCK, 0, main_stream>>>(dw, partial, chunks, C);
     launchCheck();
@@ -1390,7 +1467,7 @@ typedef struct {
     VLAConfig config;
     ParamTable table;
     size_t offsets[NUM_PARAM_TENSORS];  // checkpoint layout: the table's
-    size_t aligned[NUM_PARAM_TENSORS];  // compute copy and gradients: every tensor at 32 bytes
+    size_t aligned[NUM_PARAM_TENSORS];  // compute copy and gradients: tensors start at multiples of 16 elements
     size_t aligned_total;
     float* master;         // (n_params) fp32 master weights, device
     float* m_memory;       // (n_params) AdamW first moment, device
@@ -1430,7 +1507,7 @@ static void model_build(Model* m, const VLAConfig* c) {
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         m->offsets[i] = m->table.spec[i].offset;
         m->aligned[i] = at;
-        at += (m->table.spec[i].numel + 7) / 8 * 8;
+        at += (m->table.spec[i].numel + 15) / 16 * 16;  // 32 bytes of bf16, 64 of fp32
     }
     m->aligned_total = at;
     size_t n = m->table.total;
@@ -1939,8 +2016,10 @@ static void gpu_init(const TrainArgs* args, cudaDeviceProp* prop) {
     }
     cudaCheck(cudaSetDevice(0));
     cudaCheck(cudaGetDeviceProperties(prop, 0));
-    cudaCheck(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
-    cudaCheck(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+    // blocking streams: the synchronous cudaMemcpy/cudaMemset of setup and checkpoints (legacy
+    // default stream) stay ordered with the kernels; the two streams still overlap each other
+    cudaCheck(cudaStreamCreate(&main_stream));
+    cudaCheck(cudaStreamCreate(&copy_stream));
     cublasCheck(cublasLtCreate(&cublaslt));
     cudaCheck(cudaMalloc(&cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES));
 }

@@ -12,6 +12,6 @@ ifndef GPU_ARCH
   endif
   export GPU_ARCH
 endif
-NVCC ?= nvcc
+NVCC ?= $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -Xcompiler -Wall,-Wno-unused-function,-Wno-format-truncation
 NVCC_LDLIBS = -lcublasLt -lm -lpthread

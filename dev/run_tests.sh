@@ -38,13 +38,22 @@ run_suite() {
 }
 
 run_suite test_vla ./test_vla build/test
-# the GPU trainer's tests: binaries in build/gpu (on a GPU) or build/emu (CPU emulation of CUDA)
+# the GPU trainer's tests and the dev/cuda kernel checks: on the GPU (GPU_TESTS=build/gpu, the
+# dev/cuda programs built by dev/cuda/Makefile, benchmarks included) or under the CPU emulation
+# of CUDA (GPU_TESTS=build/emu, where the emulation's own tests run first)
 GPU_TESTS=${GPU_TESTS:-build/emu}
 if [ "$GPU_TESTS" = build/emu ]; then
     run_suite cuda_emulation build/emu/dev/cuda/emu/test_emulate
+    dev_cuda_dir=build/emu/dev/cuda
+else
+    dev_cuda_dir=dev/cuda
 fi
 run_suite test_vla_gpu_fp32 "$GPU_TESTS/test_vla_gpu_fp32" build/test "$GPU_TESTS/train_vla_fp32"
 run_suite test_vla_gpu_bf16 "$GPU_TESTS/test_vla_gpu_bf16" build/test "$GPU_TESTS/train_vla_bf16"
+for src in dev/cuda/*.cu; do
+    name=$(basename "$src" .cu)
+    run_suite "dev/cuda/$name" "$dev_cuda_dir/$name"
+done
 run_suite metaworld "$VENV_PY" data/test_metaworld.py
 run_suite lerobot "$VENV_PY" data/test_lerobot.py
 run_suite inspect "$VENV_PY" data/test_inspect.py

@@ -25,16 +25,23 @@ static void dev_init(const char* what) {
     printf("%s on %s, floatX %s\n", what, prop.name, PRECISION_NAME);
 }
 
-static int dev_finish(void) {
-    printf("\n%d passed, %d failed\n", n_passed, n_failed);
-    return n_failed == 0 ? 0 : 1;
-}
-
 #if defined(CUDA_EMULATION)
 static const int BENCHMARKS = 0;
 #else
 static const int BENCHMARKS = 1;
 #endif
+
+// Runs the benchmarks (not under the emulation, where timings mean nothing) and prints the
+// closing line; returns the program's exit status.
+static int dev_finish(void (*benchmarks)(void)) {
+    if (BENCHMARKS) {
+        benchmarks();
+    } else {
+        printf("benchmarks skipped: timings under the CPU emulation mean nothing\n");
+    }
+    printf("\n%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed == 0 ? 0 : 1;
+}
 
 // n uniform values in [-scale, scale), from the project's counter-based RNG
 static float* random_floats(size_t n, float scale, uint64_t seed) {
@@ -112,6 +119,32 @@ static void check_close(const char* what, const float* got, const double* ref, s
     int ok = e <= tol;
     printf("%s %s: rel err %.2e (tol %.1e)\n", ok ? "  ok  " : " FAIL ", what, e, tol);
     if (ok) { n_passed++; } else { n_failed++; }
+}
+
+// a check without a tolerance: it holds or not
+static void check_true(const char* what, int ok) {
+    printf("%s %s\n", ok ? "  ok  " : " FAIL ", what);
+    if (ok) { n_passed++; } else { n_failed++; }
+}
+
+// got must hold exactly want's values (NaN never matches)
+static void check_exact(const char* what, const float* got, const float* want, size_t n) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) { bad += !(got[i] == want[i]); }
+    char msg[300];
+    snprintf(msg, sizeof(msg), "%s: %zu of %zu differ", what, bad, n);
+    check_true(msg, bad == 0);
+}
+
+// What an accumulating kernel added to a device buffer that held `before` (after - before, exact
+// to fp32's rounding of the sum) against the reference: a kernel that overwrote instead of
+// adding leaves -before in the difference.
+static void check_accumulated(const char* what, const float* d_after, const float* before, const double* ref, size_t n,
+                              double tol) {
+    float* after = from_device_f(d_after, n);
+    for (size_t e = 0; e < n; e++) { after[e] -= before[e]; }
+    check_close(what, after, ref, n, tol);
+    free(after);
 }
 
 // median of `reps` timed runs of fn (after 3 warm-ups), in ms, with CUDA events on main_stream
