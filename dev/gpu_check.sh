@@ -63,14 +63,14 @@ stage train_default ./train_vla -b 32 -n 300 -u 30 -l 1e-3 --log-every 50 -o bui
 
 # base preset against the oracle: synthetic data of the base shapes (2 cameras at 224 px, S = A = 32)
 mkdir -p build/bench
-[ -f build/bench/base_gpu.bin ] || ./data/synthetic -o build/bench/base_gpu.bin --cams 2 --img 224 --state 32 \
-    --action 32 --episodes 24 --min-len 20 --max-len 40 > /dev/null
+[ -f build/bench/base.bin ] || ./data/synthetic -o build/bench/base.bin --cams 2 --img 224 --state 32 \
+    --action 32 --episodes 30 --min-len 20 --max-len 40 > /dev/null  # as dev/bench_loader.sh
 rm -rf build/gpu_check_base
-stage bench_train_vla ./train_vla -p base -b "$B" -n "$STEPS" -u 10 -i build/bench/base_gpu.bin -o build/gpu_check_base \
+stage bench_train_vla ./train_vla -p base -b "$B" -n "$STEPS" -u 10 -i build/bench/base.bin -o build/gpu_check_base \
     -k 0 --keep 1 --log-every 10
-stage bench_torch_eager "$PYTHON" dev/model.py -i build/bench/base_gpu.bin -p base -b "$B" --bench "$STEPS" \
+stage bench_torch_eager "$PYTHON" dev/model.py -i build/bench/base.bin -p base -b "$B" --bench "$STEPS" \
     --device cuda --amp bf16
-stage bench_torch_compile "$PYTHON" dev/model.py -i build/bench/base_gpu.bin -p base -b "$B" --bench "$STEPS" \
+stage bench_torch_compile "$PYTHON" dev/model.py -i build/bench/base.bin -p base -b "$B" --bench "$STEPS" \
     --device cuda --amp bf16 --compile
 
 echo
