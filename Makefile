@@ -35,6 +35,11 @@ nvcc_check:
 train_vla: $(GPU_SOURCES) $(DEFAULT_DATA) | nvcc_check
 	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) train_vla.cu $(NVCC_LDLIBS) -o $@
 
+# the policy interface on the GPU (scripts/vla_policy.py, device="cuda"): libvla.so's functions
+libvla_gpu.so: $(GPU_SOURCES) | nvcc_check
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -Xcompiler -fPIC,-fvisibility=hidden -diag-suppress 177 -shared -DVLA_LIBRARY train_vla.cu \
+		$(NVCC_LDLIBS) -o $@
+
 # both precisions for the GPU tests
 build/gpu/train_vla_bf16 build/gpu/test_vla_gpu_bf16: PRECISION_FLAG =
 build/gpu/train_vla_fp32 build/gpu/test_vla_gpu_fp32: PRECISION_FLAG = -DENABLE_FP32
@@ -63,6 +68,9 @@ $(EMU_DIR)/train_vla_%: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
 	$(EMU_CXX) $(EMU_PRECISION) -x c++ $< -lm -lpthread -o $@
 $(EMU_DIR)/test_vla_gpu_%: $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/train_vla.cu dev/test_util.h vla.h $(EMU_HEADERS)
 	$(EMU_CXX) $(EMU_PRECISION) -x c++ $< -lm -lpthread -o $@
+$(EMU_DIR)/libvla_gpu_bf16.so $(EMU_DIR)/libvla_gpu_fp32.so: $(EMU_DIR)/libvla_gpu_%.so: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
+	$(EMU_CXX) $(if $(filter fp32,$*),-DENABLE_FP32,) -fPIC -fvisibility=hidden -shared -DVLA_LIBRARY -x c++ $< \
+		-lm -lpthread -o $@
 $(EMU_DIR)/dev/cuda/emu/test_emulate: $(EMU_DIR)/dev/cuda/emu/test_emulate.cu $(EMU_HEADERS)
 	$(EMU_CXX) -x c++ $< -o $@
 $(EMU_DIR)/dev/cuda/%.h: dev/cuda/%.h
@@ -80,10 +88,13 @@ dev_cuda: | nvcc_check
 ifeq ($(HAS_GPU),1)
 GPU_TEST_BINARIES = build/gpu/train_vla_bf16 build/gpu/train_vla_fp32 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32
 GPU_TEST_RUNNER = build/gpu
+GPU_POLICY_LIBRARY = libvla_gpu.so
 else
 GPU_TEST_BINARIES = $(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/test_vla_gpu_bf16 \
-	$(EMU_DIR)/test_vla_gpu_fp32 $(EMU_DIR)/dev/cuda/emu/test_emulate $(addprefix $(EMU_DIR)/dev/cuda/,$(DEV_CUDA))
+	$(EMU_DIR)/test_vla_gpu_fp32 $(EMU_DIR)/dev/cuda/emu/test_emulate $(addprefix $(EMU_DIR)/dev/cuda/,$(DEV_CUDA)) \
+	$(EMU_DIR)/libvla_gpu_bf16.so $(EMU_DIR)/libvla_gpu_fp32.so
 GPU_TEST_RUNNER = $(EMU_DIR)
+GPU_POLICY_LIBRARY = $(EMU_DIR)/libvla_gpu_bf16.so:$(EMU_DIR)/libvla_gpu_fp32.so
 endif
 
 train_vla_cpu: train_vla.c vla.h $(DEFAULT_DATA)
@@ -140,9 +151,9 @@ $(TEST_DIR)/a_train.txt: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefi
 
 # make test compiles train_vla for the GPU everywhere; its tests run on the GPU if there is one,
 # otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries)
-test: train_vla_cpu test_vla libvla.so train_vla dev_cuda $(GPU_TEST_BINARIES) \
+test: train_vla_cpu test_vla libvla.so train_vla libvla_gpu.so dev_cuda $(GPU_TEST_BINARIES) \
 		$(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt venv_check
-	GPU_TESTS=$(GPU_TEST_RUNNER) dev/run_tests.sh
+	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 
 venv_check:
 	@$(VENV_PY) -c "import metaworld, mujoco, av, pyarrow, PIL" 2>/dev/null || { \
@@ -161,6 +172,6 @@ setup:
 	$(VENV_PY) -m pip install --quiet --disable-pip-version-check -r data/requirements.txt
 
 clean:
-	rm -rf train_vla_cpu test_vla libvla.so train_vla data/synthetic dev/bench_loader build/test build/bench build/gpu \
+	rm -rf train_vla_cpu test_vla libvla.so libvla_gpu.so train_vla data/synthetic dev/bench_loader build/test build/bench build/gpu \
 		build/emu data/default
 	$(MAKE) -C dev/cuda clean

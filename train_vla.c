@@ -890,11 +890,10 @@ typedef struct {
     float* stats;  // state_mean(S) state_std(S) action_mean(A) action_std(A), as trained with
     Batch obs;     // room for `capacity` observations
     int capacity;
-    float* eps;    // (capacity, H, A) starting noise
 } VLAPolicy;
 
 // Loads a checkpoint; NULL and a message in err if it cannot be used. threads: OpenMP threads (0: default).
-VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_size) {
+VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_size) {
     CheckpointHeader h;
     if (checkpoint_read_header(path, &h, err, (size_t)err_size) != 0) { return NULL; }
     if (threads > 0) { omp_set_num_threads(threads); }
@@ -910,50 +909,28 @@ VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_siz
 }
 
 // The checkpoint's config, the 15 fields of VLAConfig in order.
-void vla_policy_config(const VLAPolicy* p, int32_t* out) { memcpy(out, &p->model.config, sizeof(VLAConfig)); }
+VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) { memcpy(out, &p->model.config, sizeof(VLAConfig)); }
+
+// Where the policy computes, and in which precision.
+VLA_API const char* vla_policy_device(const VLAPolicy* p) { (void)p; return "CPU (fp32)"; }
 
 // Action chunks (B, H, A) in the data's units for B observations: images u8 (B, n_cam, img, img, 3),
 // instructions (B strings, UTF-8, cut to max_text bytes), raw state (B, S). The starting noise
 // is `noise` (B, H, A) if given, else drawn from `seed`. Returns 0, or 1 for a bad B.
-int vla_policy_act(VLAPolicy* p, int B, const uint8_t* images, const char* const* instructions, const float* state,
-                   const float* noise, uint64_t seed, float* actions) {
+VLA_API int vla_policy_act(VLAPolicy* p, int B, const uint8_t* images, const char* const* instructions, const float* state,
+                           const float* noise, uint64_t seed, float* actions) {
     const VLAConfig* c = &p->model.config;
-    int S = c->state_dim, A = c->action_dim, HA = c->chunk * A;
+    int S = c->state_dim, A = c->action_dim;
     if (B < 1) { return 1; }
-    if (B > p->capacity) {
-        if (p->capacity > 0) { batch_free(&p->obs); free(p->eps); }
-        batch_alloc(&p->obs, c, B);
-        p->eps = (float*)mallocCheck((size_t)B * HA * sizeof(float));
-        p->capacity = B;
-    }
-    Batch* obs = &p->obs;
-    obs->B = B;
-    memcpy(obs->images, images, (size_t)B * c->n_cam * c->img * c->img * 3);
-    const float *state_mean = p->stats, *state_std = p->stats + S;
-    for (int b = 0; b < B; b++) {
-        size_t len = strlen(instructions[b]);
-        for (int k = 0; k < c->max_text; k++) {
-            int valid = (size_t)k < len;
-            obs->text[(size_t)b * c->max_text + k] = valid ? (uint8_t)instructions[b][k] : 0;
-            obs->text_mask[(size_t)b * c->max_text + k] = valid ? 1.0f : 0.0f;
-        }
-        for (int d = 0; d < S; d++) {
-            obs->state[(size_t)b * S + d] = (state[(size_t)b * S + d] - state_mean[d]) / state_std[d];
-        }
-        if (noise != NULL) {
-            memcpy(p->eps + (size_t)b * HA, noise + (size_t)b * HA, (size_t)HA * sizeof(float));
-        } else {
-            float t;
-            flow_noise(c, seed, 0, (uint64_t)b, &t, p->eps + (size_t)b * HA);
-        }
-    }
-    model_sample_actions(&p->model, obs, p->eps, p->stats + 2 * S, p->stats + 2 * S + A, actions);
+    policy_reserve(&p->obs, &p->capacity, c, B);
+    policy_observations(&p->obs, c, p->stats, B, images, instructions, state, noise, seed);
+    model_sample_actions(&p->model, &p->obs, p->obs.eps, p->stats + 2 * S, p->stats + 2 * S + A, actions);
     return 0;
 }
 
-void vla_policy_free(VLAPolicy* p) {
+VLA_API void vla_policy_free(VLAPolicy* p) {
     if (p == NULL) { return; }
-    if (p->capacity > 0) { batch_free(&p->obs); free(p->eps); }
+    if (p->capacity > 0) { batch_free(&p->obs); }
     free(p->stats);
     model_free(&p->model);
     free(p);

@@ -1353,6 +1353,39 @@ static void attention_backward(floatX* dq, float* dkp, float* dvp, float* dks, f
 #define LAUNCH_1D(kernel, n, ...) \
     do { kernel<<<ceil_div((n), BLOCK), BLOCK, 0, main_stream>>>(__VA_ARGS__); launchCheck(); } while (0)
 
+// The GPU, its streams and cuBLASLt. Fails with a hint when there is no usable GPU.
+static void gpu_init(const TrainArgs* args, cudaDeviceProp* prop) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        vla_fail("no CUDA GPU is visible (%s): train on the CPU with train_vla_cpu, or check the driver and "
+                 "CUDA_VISIBLE_DEVICES", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    }
+    if (args->ranks > count) {
+        vla_fail("-g %d asks for more GPUs than the %d visible: lower -g or check CUDA_VISIBLE_DEVICES", args->ranks, count);
+    }
+    if (args->ranks > 1) {
+        vla_fail("-g %d: this train_vla trains on one GPU; run -g 1, or simulate ranks on the CPU with train_vla_cpu -g %d",
+                 args->ranks, args->ranks);
+    }
+    cudaCheck(cudaSetDevice(0));
+    cudaCheck(cudaGetDeviceProperties(prop, 0));
+    // blocking streams: the synchronous cudaMemcpy/cudaMemset of setup and checkpoints (legacy
+    // default stream) stay ordered with the kernels; the two streams still overlap each other
+    cudaCheck(cudaStreamCreate(&main_stream));
+    cudaCheck(cudaStreamCreate(&copy_stream));
+    cublasCheck(cublasLtCreate(&cublaslt));
+    cudaCheck(cudaMalloc(&cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES));
+}
+
+static void gpu_shutdown(void) {
+    matmul_plans_free();
+    cudaCheck(cudaFree(cublaslt_workspace));
+    cublasCheck(cublasLtDestroy(cublaslt));
+    cudaCheck(cudaStreamDestroy(main_stream));
+    cudaCheck(cudaStreamDestroy(copy_stream));
+}
+
 // ----------------------------------------------------------------------------
 // model
 
@@ -1997,42 +2030,93 @@ static void model_load(Model* m, const char* path, int* step, uint64_t* seed, ui
 }
 
 // ----------------------------------------------------------------------------
+// policy interface: a checkpoint served on the GPU, for Python through ctypes
+// (scripts/vla_policy.py, device="cuda"). Built into libvla_gpu.so (make libvla_gpu.so) with the
+// same functions as libvla.so from train_vla.c.
+
+#if defined(VLA_LIBRARY)
+typedef struct {
+    Model model;
+    float* stats;   // state_mean(S) state_std(S) action_mean(A) action_std(A), as trained with (host)
+    Batch obs;      // host observations, room for `capacity`
+    Batch dev;      // their device copy, the same layout
+    int capacity;
+    char device[320];
+} VLAPolicy;
+
+static int policy_gpu_ready = 0;  // one set of streams and cuBLASLt for every policy of the process
+
+// Loads a checkpoint onto the GPU; NULL and a message in err if it cannot be used. threads: unused.
+VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_size) {
+    (void)threads;
+    CheckpointHeader h;
+    if (checkpoint_read_header(path, &h, err, (size_t)err_size) != 0) { return NULL; }
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        snprintf(err, (size_t)err_size, "no CUDA GPU is visible: serve the checkpoint on the CPU (device=\"cpu\", libvla.so)");
+        return NULL;
+    }
+    cudaDeviceProp prop;
+    if (!policy_gpu_ready) {
+        TrainArgs args;
+        train_args_defaults(&args);
+        gpu_init(&args, &prop);
+        policy_gpu_ready = 1;
+    } else {
+        cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    }
+    VLAPolicy* p = (VLAPolicy*)callocCheck(1, sizeof(VLAPolicy));
+    snprintf(p->device, sizeof(p->device), "%s (%s)", prop.name, PRECISION_NAME);
+    Checkpoint ck;
+    checkpoint_read(path, &ck);
+    model_build(&p->model, &ck.config);
+    model_set_params(&p->model, ck.params, NULL, NULL);
+    p->stats = ck.stats;
+    ck.stats = NULL;
+    checkpoint_free(&ck);
+    return p;
+}
+
+// The checkpoint's config, the 15 fields of VLAConfig in order.
+VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) { memcpy(out, &p->model.config, sizeof(VLAConfig)); }
+
+// Where the policy computes, and in which precision.
+VLA_API const char* vla_policy_device(const VLAPolicy* p) { return p->device; }
+
+// Action chunks (B, H, A) in the data's units, as libvla.so's: the observations are assembled on
+// the host, copied to the GPU in one go, and sampled there (the prefix once, 10 Euler steps).
+VLA_API int vla_policy_act(VLAPolicy* p, int B, const uint8_t* images, const char* const* instructions,
+                           const float* state, const float* noise, uint64_t seed, float* actions) {
+    const VLAConfig* c = &p->model.config;
+    int S = c->state_dim, A = c->action_dim;
+    if (B < 1) { return 1; }
+    if (B > p->capacity && p->capacity > 0) { cudaCheck(cudaFree(p->dev.memory)); }
+    int grew = B > p->capacity;
+    policy_reserve(&p->obs, &p->capacity, c, B);
+    if (grew) { device_batch_alloc(&p->model, &p->dev, c, p->capacity); }
+    policy_observations(&p->obs, c, p->stats, B, images, instructions, state, noise, seed);
+    cudaCheck(cudaMemcpy(p->dev.memory, p->obs.memory, p->obs.bytes, cudaMemcpyHostToDevice));
+    p->dev.B = B;
+    model_sample_actions(&p->model, &p->dev, p->dev.eps, p->stats + 2 * S, p->stats + 2 * S + A, actions);
+    return 0;
+}
+
+VLA_API void vla_policy_free(VLAPolicy* p) {
+    if (p == NULL) { return; }
+    if (p->capacity > 0) {
+        batch_free(&p->obs);
+        cudaCheck(cudaFree(p->dev.memory));
+    }
+    free(p->stats);
+    model_free(&p->model);
+    free(p);
+}
+#endif  // VLA_LIBRARY
+
+// ----------------------------------------------------------------------------
 // CLI and main
 
-// The GPU, its streams and cuBLASLt. Fails with a hint when there is no usable GPU.
-static void gpu_init(const TrainArgs* args, cudaDeviceProp* prop) {
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-        vla_fail("no CUDA GPU is visible (%s): train on the CPU with train_vla_cpu, or check the driver and "
-                 "CUDA_VISIBLE_DEVICES", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-    }
-    if (args->ranks > count) {
-        vla_fail("-g %d asks for more GPUs than the %d visible: lower -g or check CUDA_VISIBLE_DEVICES", args->ranks, count);
-    }
-    if (args->ranks > 1) {
-        vla_fail("-g %d: this train_vla trains on one GPU; run -g 1, or simulate ranks on the CPU with train_vla_cpu -g %d",
-                 args->ranks, args->ranks);
-    }
-    cudaCheck(cudaSetDevice(0));
-    cudaCheck(cudaGetDeviceProperties(prop, 0));
-    // blocking streams: the synchronous cudaMemcpy/cudaMemset of setup and checkpoints (legacy
-    // default stream) stay ordered with the kernels; the two streams still overlap each other
-    cudaCheck(cudaStreamCreate(&main_stream));
-    cudaCheck(cudaStreamCreate(&copy_stream));
-    cublasCheck(cublasLtCreate(&cublaslt));
-    cudaCheck(cudaMalloc(&cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES));
-}
-
-static void gpu_shutdown(void) {
-    matmul_plans_free();
-    cudaCheck(cudaFree(cublaslt_workspace));
-    cublasCheck(cublasLtDestroy(cublaslt));
-    cudaCheck(cudaStreamDestroy(main_stream));
-    cudaCheck(cudaStreamDestroy(copy_stream));
-}
-
-#if !defined(TESTING)
+#if !defined(TESTING) && !defined(VLA_LIBRARY)
 // How well the policy acts: 10-step sampling on one batch, mean squared error against the
 // dataset's actions over the unmasked slots, in the data's own units.
 static float eval_action_mse(Model* m, const Dataset* ds, uint64_t seed, uint64_t pos, int step, int B) {

@@ -1451,4 +1451,52 @@ static inline float action_mse(const Batch* batch, const Dataset* ds, const VLAC
     return (float)(se / (double)(n > 0 ? n : 1));
 }
 
+// ----------------------------------------------------------------------------
+// policies: a checkpoint serving raw observations (libvla.so from train_vla.c, libvla_gpu.so from
+// train_vla.cu, both behind scripts/vla_policy.py)
+
+#ifdef __cplusplus
+#define VLA_API extern "C" __attribute__((visibility("default")))
+#else
+#define VLA_API __attribute__((visibility("default")))
+#endif
+
+// Makes room in obs for B observations; *capacity is what it holds (0 before the first call).
+static inline void policy_reserve(Batch* obs, int* capacity, const VLAConfig* c, int B) {
+    if (B <= *capacity) { return; }
+    if (*capacity > 0) { batch_free(obs); }
+    batch_alloc(obs, c, B);
+    *capacity = B;
+}
+
+// The model's batch for B raw observations: images u8 (B, n_cam, img, img, 3), instructions (B
+// UTF-8 strings, cut to max_text bytes), raw state (B, S) normalized with the checkpoint's
+// statistics (state_mean(S) state_std(S) ...), and the starting noise in obs->eps: `noise`
+// (B, H, A) if given, else drawn from `seed`.
+static inline void policy_observations(Batch* obs, const VLAConfig* c, const float* stats, int B, const uint8_t* images,
+                                       const char* const* instructions, const float* state, const float* noise,
+                                       uint64_t seed) {
+    int S = c->state_dim, HA = c->chunk * c->action_dim;
+    obs->B = B;
+    memcpy(obs->images, images, (size_t)B * c->n_cam * c->img * c->img * 3);
+    const float *state_mean = stats, *state_std = stats + S;
+    for (int b = 0; b < B; b++) {
+        size_t len = strlen(instructions[b]);
+        for (int k = 0; k < c->max_text; k++) {
+            int valid = (size_t)k < len;
+            obs->text[(size_t)b * c->max_text + k] = valid ? (uint8_t)instructions[b][k] : 0;
+            obs->text_mask[(size_t)b * c->max_text + k] = valid ? 1.0f : 0.0f;
+        }
+        for (int d = 0; d < S; d++) {
+            obs->state[(size_t)b * S + d] = (state[(size_t)b * S + d] - state_mean[d]) / state_std[d];
+        }
+        if (noise != NULL) {
+            memcpy(obs->eps + (size_t)b * HA, noise + (size_t)b * HA, (size_t)HA * sizeof(float));
+        } else {
+            float t;
+            flow_noise(c, seed, 0, (uint64_t)b, &t, obs->eps + (size_t)b * HA);
+        }
+    }
+}
+
 #endif  // VLA_H

@@ -6,16 +6,16 @@ eval_metaworld.py: closed-loop success rate of a policy in Meta-World.
     build/venv/bin/python scripts/eval_metaworld.py --policy random --tasks easy --episodes 5
 
 --policy is a train_vla checkpoint (served by libvla.so through scripts/vla_policy.py; `make
-libvla.so` first), `expert` (Meta-World's scripted policies: a sanity check that should succeed
-about always) or `random` (uniform actions: should about never succeed). Every episode draws its
-layout from (--seed, task, episode); the default seed 1000 differs from the data generator's, so
-evaluation layouts are not the training ones. An episode runs up to --max-steps (500, Meta-World's
-horizon) and succeeds if the task's success flag is ever set (it stops there). A checkpoint
-policy predicts a chunk of H actions from each observation and the first --replan of them are
-executed before it looks again. Results per task, per difficulty group (easy, medium, hard,
-very hard: the split of Seo et al. 2022, "Masked World Models") and overall are printed as a
-table and written as JSON with --out; --video-dir saves GIFs of the episodes listed in
---video-episodes.
+libvla.so` first; with --device cuda by libvla_gpu.so on a GPU, `make libvla_gpu.so`), `expert`
+(Meta-World's scripted policies: a sanity check that should succeed about always) or `random`
+(uniform actions: should about never succeed). Every episode draws its layout from (--seed, task,
+episode); the default seed 1000 differs from the data generator's, so evaluation layouts are not
+the training ones. An episode runs up to --max-steps (500, Meta-World's horizon) and succeeds if
+the task's success flag is ever set (it stops there). A checkpoint policy predicts a chunk of H
+actions from each observation and the first --replan of them are executed before it looks again.
+Results per task, per difficulty group (easy, medium, hard, very hard: the split of Seo et al.
+2022, "Masked World Models") and overall are printed as a table and written as JSON with --out;
+--video-dir saves GIFs of the episodes listed in --video-episodes.
 """
 
 import argparse
@@ -59,9 +59,9 @@ def resolve_tasks(spec):
 class CheckpointPolicy:
     """Replans every `replan` steps from the current observation; executes the chunk in between."""
 
-    def __init__(self, path, replan, seed):
+    def __init__(self, path, replan, seed, device):
         from vla_policy import VLAPolicy
-        self.policy = VLAPolicy(path)
+        self.policy = VLAPolicy(path, device=device)
         self.replan, self.seed, self.calls = replan, seed, 0
         c = self.policy.config
         if not 1 <= replan <= c["chunk"]:
@@ -130,6 +130,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1000, help="layout and noise seed (1000; the generator's default is 0)")
     ap.add_argument("--max-steps", type=int, default=500, help="episode horizon (500)")
     ap.add_argument("--replan", type=int, default=8, help="actions executed from each predicted chunk (8)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where a checkpoint policy runs (cpu)")
     ap.add_argument("--cameras", default="corner", help="cameras the checkpoint was trained on, in order (corner)")
     ap.add_argument("--img", type=int, default=64, help="image side for expert/random videos (64; a checkpoint sets its own)")
     ap.add_argument("--out", help="write the results as JSON here")
@@ -150,7 +151,7 @@ def main():
         policy = RandomPolicy(args.seed)
     else:
         try:
-            policy = CheckpointPolicy(args.policy, args.replan, args.seed)
+            policy = CheckpointPolicy(args.policy, args.replan, args.seed, args.device)
         except (ValueError, FileNotFoundError) as e:
             sys.exit(f"error: {e}")
         c = policy.policy.config

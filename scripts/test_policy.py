@@ -1,7 +1,9 @@
 """
 test_policy.py: the policy interface (libvla.so through scripts/vla_policy.py) against the PyTorch
-oracle's inference on the same checkpoint and observations. Run by `make test` with Debian's
-python3 (torch). Exits non-zero on any failure; the last line is `N passed, M failed`.
+oracle's inference on the same checkpoint and observations; then the GPU library (libvla_gpu.so)
+the same way, for each build named in $VLA_GPU_LIBRARY (colon-separated; make test names the GPU
+build on a GPU machine, else the CPU emulation's bf16 and fp32 builds). Run by `make test` with
+Debian's python3 (torch). Exits non-zero on any failure; the last line is `N passed, M failed`.
 """
 
 import os
@@ -87,6 +89,24 @@ def main():
         except ValueError as e:
             check("cannot open checkpoint" in str(e), f"a missing checkpoint is refused: {e}")
         policy.close()
+
+        # the GPU library: same checkpoint, observations and noise. Tolerance: fp32 builds 1e-4 (the
+        # GPU's fp32 against the float64 oracle, as test_vla_gpu); bf16 builds 2.5e-2, test_vla_gpu's
+        # for sampling (8 significant bits per stored value over ~40 rounded stages per velocity)
+        libraries = [p for p in os.environ.get("VLA_GPU_LIBRARY", "").split(":") if p]
+        if not libraries:
+            print("(VLA_GPU_LIBRARY not set: the GPU library is not checked here)")
+        for library in libraries:
+            gpu = VLAPolicy(ckpt_path, library=library, device="cuda")
+            tol = 2.5e-2 if "bf16" in gpu.device else 1e-4
+            got = gpu.act(images, instructions, state, noise=noise)
+            err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+            check(err < tol, f"{os.path.basename(library)} on {gpu.device}: actions match the oracle's sampling: "
+                  f"rel err {err:.2e} (tol {tol:.1e})")
+            g1, g2 = gpu.act(images, instructions, state, seed=5), gpu.act(images, instructions, state, seed=5)
+            check(np.array_equal(g1, g2) and np.linalg.norm(g1 - a1) / np.linalg.norm(a1) < tol,
+                  f"{os.path.basename(library)}: seeded noise gives the same actions twice, and the CPU policy's")
+            gpu.close()
 
 
 if __name__ == "__main__":

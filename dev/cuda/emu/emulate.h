@@ -275,6 +275,7 @@ extern "C" void emu_switch(void** save, void* next);
 __asm__(
     ".text\n"
     ".globl emu_switch\n"
+    ".hidden emu_switch\n"
     ".type emu_switch,@function\n"
     "emu_switch:\n"
     "    pushq %rbp\n"
