@@ -196,28 +196,32 @@ static void test_training_loop(const char* dir) {
 }
 
 // ----------------------------------------------------------------------------
-// simulated ranks: -g 4 -b 2 takes the same samples and noise as -g 1 -b 8, so after 3 steps
-// the parameters agree up to the order of fp32 summation
+// simulated ranks: -g 4 -b 2 takes the same samples and noise as -g 1 -b 8, and so does
+// -g 2 -b 2 -d 8 (2 ranks, 2 micro-steps each): after 3 steps the parameters agree up to the
+// order of fp32 summation
 
 static void test_simulated_ranks(const char* dir) {
-    printf("\n== simulated ranks\n");
+    printf("\n== simulated ranks and gradient accumulation\n");
     char path[1024];
     snprintf(path, sizeof(path), "%s/a.bin", dir);
     Dataset ds;
     dataset_open(&ds, path);
     VLAConfig c = config_for_data("tiny", &ds);
-    float losses[2][3];
-    float* final_params[2];
-    int ranks[2] = {1, 4}, batches[2] = {8, 2};
-    for (int run = 0; run < 2; run++) {
+    enum { RUNS = 3 };
+    float losses[RUNS][3];
+    float* final_params[RUNS];
+    int ranks[RUNS] = {1, 4, 2}, batches[RUNS] = {8, 2, 2}, totals[RUNS] = {0, 0, 8};
+    for (int run = 0; run < RUNS; run++) {
         TrainArgs args;
         train_args_defaults(&args);
-        args.ranks = ranks[run]; args.batch = batches[run]; args.steps = 3; args.warmup = 1; args.lr = 1e-3f;
+        args.ranks = ranks[run]; args.batch = batches[run]; args.total_batch = totals[run];
+        args.steps = 3; args.warmup = 1; args.lr_base = 1e-3f;
+        train_args_for_world(&args, args.ranks);
         Model m;
         model_build(&m, &c);
         param_init(m.params_memory, &m.table, &c, args.seed);
         Loader loader;
-        loader_start(&loader, &ds, &c, args.seed, 0, 0, args.batch, args.ranks, 0, 2, 3);
+        loader_start(&loader, &ds, &c, args.seed, 0, 0, args.batch, args.ranks * args.accum, 0, 2, 3);
         float* grad_sum = (float*)mallocCheck(m.table.total * sizeof(float));
         for (int step = 0; step < 3; step++) {
             float norm;
@@ -231,11 +235,31 @@ static void test_simulated_ranks(const char* dir) {
     }
     ParamTable t;
     param_table_build(&c, &t);
-    double el = rel_error(losses[1], losses[0], 3), ep = rel_error(final_params[1], final_params[0], t.total);
-    check(el < 1e-5, "-g 4 -b 2 vs -g 1 -b 8: 3 losses rel err %.2e (tol 1e-5)", el);
-    check(ep < 1e-5, "-g 4 -b 2 vs -g 1 -b 8: parameters after 3 steps rel err %.2e (tol 1e-5)", ep);
-    free(final_params[0]); free(final_params[1]);
+    const char* names[RUNS] = {"", "-g 4 -b 2", "-g 2 -b 2 -d 8"};
+    for (int run = 1; run < RUNS; run++) {
+        double el = rel_error(losses[run], losses[0], 3), ep = rel_error(final_params[run], final_params[0], t.total);
+        check(el < 1e-5, "%s vs -g 1 -b 8: 3 losses rel err %.2e (tol 1e-5)", names[run], el);
+        check(ep < 1e-5, "%s vs -g 1 -b 8: parameters after 3 steps rel err %.2e (tol 1e-5)", names[run], ep);
+    }
+    for (int run = 0; run < RUNS; run++) { free(final_params[run]); }
     dataset_close(&ds);
+}
+
+// -d and --lr-scale: what a world size does to the micro-steps and the learning rate
+static void test_world_args(void) {
+    printf("\n== total batch and learning-rate scaling\n");
+    TrainArgs a;
+    train_args_defaults(&a);
+    a.batch = 4; a.total_batch = 64; a.lr_base = 1e-3f; a.lr_scale = LR_SCALE_LINEAR;
+    train_args_for_world(&a, 4);
+    check(a.accum == 4 && train_global_batch(&a, 4) == 64 && fabsf(a.lr - 4e-3f) < 1e-9f,
+          "-b 4 -d 64 on 4 ranks: 4 micro-steps, effective batch 64, linear scaling lr x4 (lr %g)", a.lr);
+    a.lr_scale = LR_SCALE_SQRT;
+    train_args_for_world(&a, 4);
+    check(fabsf(a.lr - 2e-3f) < 1e-9f, "--lr-scale sqrt on 4 ranks: lr x2 (lr %g)", a.lr);
+    a.total_batch = 0; a.lr_scale = LR_SCALE_NONE;
+    train_args_for_world(&a, 4);
+    check(a.accum == 1 && a.lr == a.lr_base, "no -d, no scaling: one micro-step, the lr as given");
 }
 
 // ----------------------------------------------------------------------------
@@ -502,6 +526,8 @@ static void test_bad_input(const char* dir) {
         {"flag without its value", "-b", "needs a value"},
         {"-y 1 with --init", "-y 1 --init x.bin", "use one of them"},
         {"negative loader threads", "--workers -1", "--workers -1"},
+        {"-d not a multiple of -b x ranks", "-b 3 -g 2 -d 8", "not a multiple of -b 3 x 2"},
+        {"unknown --lr-scale", "--lr-scale cubic", "--lr-scale cubic"},
     };
     for (size_t k = 0; k < sizeof(flag_cases) / sizeof(flag_cases[0]); k++) {
         snprintf(args, sizeof(args), "-i %s/a.bin %s", dir, flag_cases[k].flags);
@@ -554,6 +580,7 @@ int main(int argc, char** argv) {
     test_against_oracle(dir, "b");
     test_training_loop(dir);
     test_simulated_ranks(dir);
+    test_world_args();
     test_sampler();
     test_loader(dir);
     test_checkpoints(dir);

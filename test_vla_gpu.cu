@@ -116,8 +116,8 @@ static void test_against_oracle(const char* dir, const char* name) {
     cudaCheck(cudaMemcpy(dev.memory, host.memory, host.bytes, cudaMemcpyHostToDevice));
 
     // forward and backward
-    model_forward(&m, &dev);
-    model_backward(&m, &dev);
+    model_forward(&m, &dev, 0, 1);
+    model_backward(&m, &dev, 1);
     float loss;
     model_read_scalars(&m, &loss, NULL);
     float* v = read_floatx(m.acts.v_pred, (size_t)B * HA);
@@ -145,8 +145,8 @@ static void test_against_oracle(const char* dir, const char* name) {
     float* ref_norms = (float*)debug_get(&st, "expect/norms", 10);
     float losses[10], norms[10];
     for (int step = 0; step < 10; step++) {
-        model_forward(&m, &dev);
-        model_backward(&m, &dev);
+        model_forward(&m, &dev, 0, 1);
+        model_backward(&m, &dev, 1);
         model_update(&m, lr_at_step(&args, step), args.weight_decay, args.grad_clip, step);
         model_read_scalars(&m, &losses[step], &norms[step]);
     }
@@ -191,6 +191,26 @@ static void test_determinism(const char* dir) {
     snprintf(p1, sizeof(p1), "%s/gpu_det0/ckpt_00000004.bin", dir);
     snprintf(p2, sizeof(p2), "%s/gpu_det1/ckpt_00000004.bin", dir);
     check(files_equal(p1, p2), "two runs, identical checkpoints");
+}
+
+// Gradient accumulation: -b 2 -d 4 takes the samples and noise of -b 4 in two micro-steps, so its
+// losses follow -b 4's within the precision's tolerance (the sums run in another order)
+static void test_accumulation(const char* dir) {
+    printf("\n== gradient accumulation\n");
+    const char* splits[2] = {"-b 4", "-b 2 -d 4"};
+    float losses[2][4] = {{0}};
+    int n[2];
+    for (int k = 0; k < 2; k++) {
+        char cmd[4096], path[1100];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_acc%d && %s -p tiny %s -n 4 -u 2 -l 1e-3 -i %s/b.bin -o %s/gpu_acc%d "
+                 "> %s/gpu_acc%d.txt 2>&1", dir, k, TRAINER, splits[k], dir, dir, k, dir, k);
+        run_command(cmd);
+        snprintf(path, sizeof(path), "%s/gpu_acc%d/log.jsonl", dir, k);
+        n[k] = read_losses(path, 1, 4, losses[k]);
+    }
+    double e = rel_error(losses[1], losses[0], 4);
+    check(n[0] == 4 && n[1] == 4 && e < TOL_STEPS, "-b 2 -d 4 (2 micro-steps) vs -b 4: 4 losses rel err %.2e (tol %.1e)",
+          e, TOL_STEPS);
 }
 
 // A run that starts on one trainer and continues on the other (-y 1 on the other's checkpoint)
@@ -254,6 +274,7 @@ int main(int argc, char** argv) {
     test_against_oracle(dir, "b");
     test_training_loop(dir);
     test_determinism(dir);
+    test_accumulation(dir);
     char trainer[1100];
     snprintf(trainer, sizeof(trainer), "%s -p tiny -b 4 -u 3 --log-every 100", TRAINER);
     printf("\n== bit-exact resume\n");

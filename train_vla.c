@@ -835,11 +835,12 @@ static float model_update(Model* m, float lr, float weight_decay, float clip, in
 // ----------------------------------------------------------------------------
 // data: the batches of simulated ranks
 
-// One optimizer step over W simulated ranks of B samples each, their batches taken from the
-// loader in rank order: every rank's gradients are computed separately and averaged, as DDP's
-// all-reduce would. Returns the mean loss.
+// One optimizer step over W simulated ranks of B samples each, accum micro-steps of them, their
+// batches taken from the loader in order: every batch's gradients are computed separately and
+// averaged, as DDP's all-reduce over ranks and gradient accumulation over micro-steps would.
+// Returns the mean loss.
 static float train_step(Model* m, float* grad_sum, Loader* loader, const TrainArgs* args, int step, float* norm_out) {
-    int W = args->ranks;
+    int W = args->ranks * args->accum;
     size_t n = m->table.total;
     double loss_sum = 0.0;
     for (int r = 0; r < W; r++) {
@@ -958,6 +959,7 @@ static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 int main(int argc, char** argv) {
     TrainArgs args;
     train_args_parse(&args, argc, argv);
+    train_args_for_world(&args, args.ranks);  // simulated ranks scale the learning rate as GPUs would
     if (args.threads > 0) { omp_set_num_threads(args.threads); }
     Dataset ds;
     dataset_open(&ds, args.input);
@@ -982,11 +984,12 @@ int main(int argc, char** argv) {
         printf("already at step %d of %d: nothing to do (raise -n to train further)\n", start, args.steps);
         return 0;
     }
-    uint64_t global_batch = (uint64_t)args.batch * args.ranks;
+    uint64_t global_batch = (uint64_t)train_global_batch(&args, args.ranks);
+    int batches = args.ranks * args.accum;  // per optimizer step: every rank's micro-steps
     Loader loader;
-    loader_start(&loader, &ds, &c, args.seed, sampler_pos, (uint64_t)start, args.batch, args.ranks, args.augment,
-                 args.workers, 2 * args.ranks + 2);
-    float* grad_sum = args.ranks > 1 ? (float*)mallocCheck(model.table.total * sizeof(float)) : NULL;
+    loader_start(&loader, &ds, &c, args.seed, sampler_pos, (uint64_t)start, args.batch, batches, args.augment,
+                 args.workers, 2 * batches + 2);
+    float* grad_sum = batches > 1 ? (float*)mallocCheck(model.table.total * sizeof(float)) : NULL;
     Logger logger;
     logger_open(&logger, args.output);
 
@@ -997,7 +1000,11 @@ int main(int argc, char** argv) {
     printf("| parameters             | %-10zu |\n", model.table.total);
     printf("| dataset samples        | %-10llu |\n", (unsigned long long)ds.n_samples);
     printf("| shards                 | %-10d |\n", ds.n_shards);
-    printf("| ranks x batch          | %d x %-6d |\n", args.ranks, args.batch);
+    char split[64];
+    snprintf(split, sizeof(split), "%d x %d x %d", args.ranks, args.batch, args.accum);
+    printf("| ranks x batch x accum  | %-10s |\n", split);
+    printf("| effective batch        | %-10llu |\n", (unsigned long long)global_batch);
+    printf("| peak learning rate     | %-10.4g |\n", args.lr);
     printf("| loader threads         | %-10d |\n", args.workers);
     printf("| augment shift (px)     | %-10d |\n", args.augment);
     printf("| OpenMP threads         | %-10d |\n", omp_get_max_threads());
@@ -1018,7 +1025,7 @@ int main(int argc, char** argv) {
                      "the last checkpoint in %s is intact", step + 1, loss, norm, args.output);
         }
         if (step > start) { timed_ms += ms; timed_steps++; }  // the first step warms caches
-        double sps = (double)args.batch * args.ranks / (ms / 1000.0);
+        double sps = (double)global_batch / (ms / 1000.0);
         logger_step(&logger, step, args.steps, loss, lr_at_step(&args, step), norm, ms, sps, NAN, NAN,
                     (step + 1) % args.log_every == 0 || step + 1 == args.steps);
         int done = step + 1;
@@ -1040,7 +1047,7 @@ int main(int argc, char** argv) {
            args.batch);
     if (timed_steps > 0) {
         printf("mean step time %.1f ms over %d steps (first excluded), %.1f samples/s\n", timed_ms / timed_steps,
-               timed_steps, args.batch * args.ranks / (timed_ms / timed_steps / 1000.0));
+               timed_steps, global_batch / (timed_ms / timed_steps / 1000.0));
     }
     logger_close(&logger);
     free(grad_sum);

@@ -995,12 +995,14 @@ __global__ void flow_loss_kernel(floatX* dv, float* partial, const floatX* v, co
     if (threadIdx.x == 0) { partial[blockIdx.x] = sq; }
 }
 
-// out = (sum of partial, in order, in double) * scale; one thread. Optionally its square root.
-__global__ void sum_finalize_kernel(float* out, const float* partial, int n, double scale, int take_sqrt) {
+// out = (sum of partial, in order, in double) * scale, or its square root; added to what out
+// holds when `accumulate` (the loss over micro-steps). One thread.
+__global__ void sum_finalize_kernel(float* out, const float* partial, int n, double scale, int take_sqrt, int accumulate) {
     double s = 0.0;
     for (int j = 0; j < n; j++) { s += (double)partial[j]; }
     s *= scale;
-    *out = (float)(take_sqrt ? sqrt(s) : s);
+    float v = (float)(take_sqrt ? sqrt(s) : s);
+    *out = accumulate ? *out + v : v;
 }
 
 // per-block sums of squares of g (n) into partial (gridDim.x): the global norm's first stage
@@ -1752,9 +1754,10 @@ static void suffix_forward(Model* m, const float* state, const float* t, int B) 
 }
 
 // Flow-matching loss of a device batch: x_t = t eps + (1 - t) a, target u = eps - a,
-// loss = sum over unmasked slots of (v - u)^2 / (B H A), left on the device in acts.scalars[0];
-// the loss's gradient with respect to v goes to acts.d_vpred.
-static void model_forward(Model* m, const Batch* batch) {
+// loss = sum over unmasked slots of (v - u)^2 / (B H A). Micro-step `micro` of n_micro that make
+// one optimizer step: the loss is averaged over them in acts.scalars[0] (on the device), and its
+// gradient with respect to v (acts.d_vpred) carries the 1/n_micro of that average.
+static void model_forward(Model* m, const Batch* batch, int micro, int n_micro) {
     const VLAConfig* c = &m->config;
     int B = batch->B, HA = c->chunk * c->action_dim, n = B * HA;
     model_set_batch(m, B);
@@ -1764,9 +1767,9 @@ static void model_forward(Model* m, const Batch* batch) {
     suffix_forward(m, batch->state, batch->t, B);
     int blocks = ceil_div(n, BLOCK);
     flow_loss_kernel<<<blocks, BLOCK, 0, main_stream>>>(a->d_vpred, a->loss_partial, a->v_pred, a->target, batch->action_mask,
-                                                         c->action_dim, n, 2.0f / (float)n);
+                                                         c->action_dim, n, 2.0f / ((float)n * (float)n_micro));
     launchCheck();
-    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(a->scalars, a->loss_partial, blocks, 1.0 / (double)n, 0);
+    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(a->scalars, a->loss_partial, blocks, 1.0 / ((double)n * n_micro), 0, micro > 0);
     launchCheck();
 }
 
@@ -1814,8 +1817,9 @@ static void layer_qkv_backward(Model* m, const LayerParams<floatX>* w, const Lay
     rmsnorm_backward(dres, dres_x, g->ln1, a->partial, a->d_ln, x->res, w->ln1, x->rstd1, N, C);
 }
 
-// Gradients of the last model_forward's loss into m->grads (overwritten).
-static void model_backward(Model* m, const Batch* batch) {
+// Gradients of the last model_forward's loss into m->grads: overwritten when zero_grads (the
+// first micro-step), added to them otherwise.
+static void model_backward(Model* m, const Batch* batch, int zero_grads) {
     const VLAConfig* c = &m->config;
     const ParameterTensorsX* w = &m->params;
     ParameterTensors* g = &m->grads;
@@ -1824,7 +1828,7 @@ static void model_backward(Model* m, const Batch* batch) {
     int d = c->d_model, da = c->d_expert;
     int NI = vla_n_image_tokens(c), Np = vla_n_prefix(c), Ns = vla_n_suffix(c);
     int P = B * Np, Q = B * Ns, R = B * H;
-    cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->aligned_total * sizeof(float), main_stream));
+    if (zero_grads) { cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->aligned_total * sizeof(float), main_stream)); }
     cudaCheck(cudaMemsetAsync(a->dp_k, 0, (size_t)L * P * D * sizeof(float), main_stream));
     cudaCheck(cudaMemsetAsync(a->dp_v, 0, (size_t)L * P * D * sizeof(float), main_stream));
 
@@ -1897,7 +1901,7 @@ static void model_backward(Model* m, const Batch* batch) {
 static void global_norm(Model* m) {
     norm_squares_kernel<<<NORM_BLOCKS, BLOCK, 0, main_stream>>>(m->norm_partial, m->grads_memory, m->aligned_total);
     launchCheck();
-    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->norm_partial, NORM_BLOCKS, 1.0, 1);
+    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->norm_partial, NORM_BLOCKS, 1.0, 1, 0);
     launchCheck();
 }
 
@@ -1997,11 +2001,14 @@ static void loader_pin(Loader* L, int pin) {
     }
 }
 
-// Starts copying the loader's next batch into dev on the copy stream; `done` fires when it lands.
-static void batch_upload(Loader* L, Batch* dev, cudaEvent_t done) {
+// Starts copying the loader's next batch into dev on the copy stream, once the compute that last
+// read dev is done (`consumed`, recorded on the main stream; a fresh event is no wait); `uploaded`
+// fires when the batch has landed.
+static void batch_upload(Loader* L, Batch* dev, cudaEvent_t consumed, cudaEvent_t uploaded) {
     Batch* host = loader_next(L);
+    cudaCheck(cudaStreamWaitEvent(copy_stream, consumed, 0));
     cudaCheck(cudaMemcpyAsync(dev->memory, host->memory, host->bytes, cudaMemcpyHostToDevice, copy_stream));
-    cudaCheck(cudaEventRecord(done, copy_stream));
+    cudaCheck(cudaEventRecord(uploaded, copy_stream));
 }
 
 // ----------------------------------------------------------------------------
@@ -2143,6 +2150,7 @@ int main(int argc, char** argv) {
     train_args_parse(&args, argc, argv);
     cudaDeviceProp prop;
     gpu_init(&args, &prop);
+    train_args_for_world(&args, args.ranks);
     Dataset ds;
     dataset_open(&ds, args.input);
     VLAConfig c = config_for_data(args.preset, &ds);
@@ -2169,16 +2177,17 @@ int main(int argc, char** argv) {
         printf("already at step %d of %d: nothing to do (raise -n to train further)\n", start, args.steps);
         return 0;
     }
-    uint64_t global_batch = (uint64_t)args.batch;
-    Loader loader;
-    loader_start(&loader, &ds, &c, args.seed, sampler_pos, (uint64_t)start, args.batch, 1, args.augment, args.workers,
-                 4);
+    uint64_t global_batch = (uint64_t)train_global_batch(&args, 1);
+    Loader loader;  // the micro-batches of a step are consecutive jobs of its one rank
+    loader_start(&loader, &ds, &c, args.seed, sampler_pos, (uint64_t)start, args.batch, args.accum, args.augment,
+                 args.workers, 4);
     loader_pin(&loader, 1);
-    Batch dev[2];
-    cudaEvent_t uploaded[2];
+    Batch dev[2];                             // micro-batch j lands in dev[j % 2]
+    cudaEvent_t uploaded[2], consumed[2];     // its copy landed; the compute that read it is done
     for (int k = 0; k < 2; k++) {
         device_batch_alloc(&model, &dev[k], &c, args.batch);
         cudaCheck(cudaEventCreateWithFlags(&uploaded[k], cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&consumed[k], cudaEventDisableTiming));
     }
     model_set_batch(&model, args.batch);
     Logger logger;
@@ -2192,7 +2201,11 @@ int main(int argc, char** argv) {
     printf("| parameters             | %-36zu |\n", model.table.total);
     printf("| dataset samples        | %-36llu |\n", (unsigned long long)ds.n_samples);
     printf("| shards                 | %-36d |\n", ds.n_shards);
-    printf("| GPUs x batch           | 1 x %-32d |\n", args.batch);
+    char split[64];
+    snprintf(split, sizeof(split), "1 x %d x %d", args.batch, args.accum);
+    printf("| GPUs x batch x accum   | %-36s |\n", split);
+    printf("| effective batch        | %-36llu |\n", (unsigned long long)global_batch);
+    printf("| peak learning rate     | %-36g |\n", args.lr);
     printf("| device                 | %-36.36s |\n", prop.name);
     printf("| precision              | %-36s |\n", PRECISION_NAME);
     printf("| model GFLOP per sample | %-36.2f |\n", flops / 1e9);
@@ -2206,18 +2219,22 @@ int main(int argc, char** argv) {
     signal(SIGTERM, on_signal);
     double timed_ms = 0.0, peak_mem = 0.0;
     int timed_steps = 0, step = start;
-    batch_upload(&loader, &dev[start % 2], uploaded[start % 2]);
+    int64_t job = 0, jobs = (int64_t)(args.steps - start) * args.accum;
+    batch_upload(&loader, &dev[0], consumed[0], uploaded[0]);
     for (; step < args.steps && !stop_requested; step++) {
         double t0 = wall_seconds();
-        Batch* batch = &dev[step % 2];
-        cudaCheck(cudaStreamWaitEvent(main_stream, uploaded[step % 2], 0));
-        model_forward(&model, batch);
-        model_backward(&model, batch);
+        for (int micro = 0; micro < args.accum; micro++, job++) {
+            Batch* batch = &dev[job % 2];
+            cudaCheck(cudaStreamWaitEvent(main_stream, uploaded[job % 2], 0));
+            model_forward(&model, batch, micro, args.accum);
+            model_backward(&model, batch, micro == 0);
+            cudaCheck(cudaEventRecord(consumed[job % 2], main_stream));
+            // while the GPU computes: hand the host slot back once copied, start the next batch's copy
+            cudaCheck(cudaEventSynchronize(uploaded[job % 2]));
+            loader_release(&loader);
+            if (job + 1 < jobs) { batch_upload(&loader, &dev[(job + 1) % 2], consumed[(job + 1) % 2], uploaded[(job + 1) % 2]); }
+        }
         model_update(&model, lr_at_step(&args, step), args.weight_decay, args.grad_clip, step);
-        // while the GPU computes: hand the host slot back once copied, start the next batch's copy
-        cudaCheck(cudaEventSynchronize(uploaded[step % 2]));
-        loader_release(&loader);
-        if (step + 1 < args.steps) { batch_upload(&loader, &dev[(step + 1) % 2], uploaded[(step + 1) % 2]); }
         float loss, norm;
         model_read_scalars(&model, &loss, &norm);
         double ms = 1000.0 * (wall_seconds() - t0);
@@ -2230,7 +2247,7 @@ int main(int argc, char** argv) {
         double mem_gib = (double)(total_b - free_b) / (1024.0 * 1024.0 * 1024.0);
         if (mem_gib > peak_mem) { peak_mem = mem_gib; }
         if (step > start) { timed_ms += ms; timed_steps++; }  // the first step warms up
-        double sps = (double)args.batch / (ms / 1000.0);
+        double sps = (double)global_batch / (ms / 1000.0);
         logger_step(&logger, step, args.steps, loss, lr_at_step(&args, step), norm, ms, sps,
                     peak > 0.0 ? flops * sps / peak : NAN, mem_gib,
                     (step + 1) % args.log_every == 0 || step + 1 == args.steps);
@@ -2252,7 +2269,7 @@ int main(int argc, char** argv) {
            eval_action_mse(&model, &ds, args.seed, sampler_pos + (uint64_t)(step - start) * global_batch, step, args.batch),
            args.batch);
     if (timed_steps > 0) {
-        double ms = timed_ms / timed_steps, sps = args.batch / (ms / 1000.0);
+        double ms = timed_ms / timed_steps, sps = global_batch / (ms / 1000.0);
         printf("mean step time %.1f ms over %d steps (first excluded), %.1f samples/s", ms, timed_steps, sps);
         if (peak > 0.0) { printf(", MFU %.1f%%", 100.0 * flops * sps / peak); }
         printf(", peak GPU memory %.2f GiB (%.2f GiB held by the model)\n", peak_mem,
@@ -2262,6 +2279,7 @@ int main(int argc, char** argv) {
     for (int k = 0; k < 2; k++) {
         cudaCheck(cudaFree(dev[k].memory));
         cudaCheck(cudaEventDestroy(uploaded[k]));
+        cudaCheck(cudaEventDestroy(consumed[k]));
     }
     model_free(&model);
     dataset_close(&ds);

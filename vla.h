@@ -1187,6 +1187,10 @@ typedef struct {
     const char* init;       // checkpoint to start from (weights, optimizer, step)
     int batch;              // per-rank micro-batch
     int ranks;              // GPUs (CUDA) or simulated ranks (CPU)
+    int total_batch;        // -d: samples per optimizer step over all ranks and micro-steps, 0: batch x ranks
+    int lr_scale;           // LR_SCALE_*: how the peak learning rate grows with the world size
+    int accum;              // micro-steps per optimizer step, from -d (train_args_for_world)
+    float lr_base;          // -l as given; lr is it scaled by --lr-scale (train_args_for_world)
     int steps;              // optimizer steps in total
     float lr, min_lr_frac, weight_decay, grad_clip;
     int warmup;
@@ -1199,13 +1203,18 @@ typedef struct {
     int augment;            // random image shift in pixels, 0: off
 } TrainArgs;
 
+enum { LR_SCALE_NONE = 0, LR_SCALE_LINEAR = 1, LR_SCALE_SQRT = 2 };
+static const char* const LR_SCALE_NAMES[] = {"none", "linear", "sqrt"};
+
 static inline void train_args_defaults(TrainArgs* a) {
     a->input = "data/default";
     a->output = "out";
     a->preset = "small";
     a->init = NULL;
     a->batch = 8; a->ranks = 1; a->steps = 1000;
+    a->total_batch = 0; a->lr_scale = LR_SCALE_NONE; a->accum = 1;
     a->lr = 3e-4f; a->min_lr_frac = 0.1f; a->weight_decay = 0.01f; a->grad_clip = 1.0f;
+    a->lr_base = a->lr;
     a->warmup = 100;
     a->seed = 1337;
     a->resume = 0; a->ckpt_every = 200; a->keep = 3; a->log_every = 1; a->threads = 0;
@@ -1223,8 +1232,12 @@ static inline void train_args_usage(const char* prog) {
     printf(" (%s)\n", d.preset);
     printf("  -b, --batch N          samples per rank per step (%d)\n", d.batch);
     printf("  -g, --gpus N           ranks: GPUs for train_vla, simulated ranks for train_vla_cpu (%d)\n", d.ranks);
+    printf("  -d, --total-batch N    samples per optimizer step over all ranks; a multiple of -b x ranks, the rest\n"
+           "                         accumulated over micro-steps; 0: -b x ranks (%d)\n", d.total_batch);
     printf("  -n, --steps N          optimizer steps in total (%d)\n", d.steps);
     printf("  -l, --lr X             peak learning rate (%g)\n", d.lr);
+    printf("      --lr-scale MODE    grow the peak learning rate with the world size: none, linear, sqrt (%s)\n",
+           LR_SCALE_NAMES[d.lr_scale]);
     printf("      --min-lr-frac X    cosine floor as a fraction of the peak (%g)\n", d.min_lr_frac);
     printf("  -u, --warmup N         linear warmup steps (%d)\n", d.warmup);
     printf("  -w, --weight-decay X   AdamW decay on matrices (%g)\n", d.weight_decay);
@@ -1263,7 +1276,7 @@ static inline float parse_float_arg(const char* name, const char* s, float lo, f
 
 static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     train_args_defaults(a);
-    enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT };
+    enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -1275,11 +1288,12 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"ckpt-every", required_argument, 0, 'k'},   {"keep", required_argument, 0, OPT_KEEP},
         {"log-every", required_argument, 0, OPT_LOG_EVERY}, {"threads", required_argument, 0, 't'},
         {"workers", required_argument, 0, OPT_WORKERS}, {"augment-shift", required_argument, 0, OPT_AUGMENT},
+        {"total-batch", required_argument, 0, 'd'},  {"lr-scale", required_argument, 0, OPT_LR_SCALE},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     opterr = 0;
     optind = 1;
     int opt;
-    while ((opt = getopt_long(argc, argv, ":i:o:p:b:g:n:l:u:w:c:s:y:k:t:h", longs, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":i:o:p:b:g:d:n:l:u:w:c:s:y:k:t:h", longs, NULL)) != -1) {
         switch (opt) {
             case 'i': a->input = optarg; break;
             case 'o': a->output = optarg; break;
@@ -1289,6 +1303,11 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
                 break;
             case 'b': a->batch = (int)parse_int_arg("batch", optarg, 1, 1 << 20); break;
             case 'g': a->ranks = (int)parse_int_arg("gpus", optarg, 1, 1024); break;
+            case 'd': a->total_batch = (int)parse_int_arg("total-batch", optarg, 0, 1 << 30); break;
+            case OPT_LR_SCALE:
+                for (a->lr_scale = 0; a->lr_scale < 3 && strcmp(optarg, LR_SCALE_NAMES[a->lr_scale]) != 0; a->lr_scale++) {}
+                if (a->lr_scale == 3) { vla_fail("--lr-scale %s: use none, linear or sqrt", optarg); }
+                break;
             case 'n': a->steps = (int)parse_int_arg("steps", optarg, 1, 1L << 30); break;
             case 'l': a->lr = parse_float_arg("lr", optarg, 0.0f, 10.0f); break;
             case OPT_MIN_LR: a->min_lr_frac = parse_float_arg("min-lr-frac", optarg, 0.0f, 1.0f); break;
@@ -1311,7 +1330,27 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     }
     if (optind < argc) { vla_fail("unexpected argument '%s': options take the form -x VALUE, see %s -h", argv[optind], argv[0]); }
     if (a->resume && a->init != NULL) { vla_fail("-y 1 and --init both pick a checkpoint: use one of them"); }
+    a->lr_base = a->lr;
 }
+
+// For a run of `world` ranks (GPUs over all nodes, or simulated ranks): the micro-steps per
+// optimizer step that -d asks for, and the peak learning rate scaled by --lr-scale.
+static inline void train_args_for_world(TrainArgs* a, int world) {
+    int64_t per_micro = (int64_t)a->batch * world;
+    if (a->total_batch == 0) {
+        a->accum = 1;
+    } else if (a->total_batch % per_micro != 0) {
+        vla_fail("-d %d is not a multiple of -b %d x %d rank(s) = %lld: make the total batch one", a->total_batch,
+                 a->batch, world, (long long)per_micro);
+    } else {
+        a->accum = (int)(a->total_batch / per_micro);
+    }
+    float factor = a->lr_scale == LR_SCALE_LINEAR ? (float)world : a->lr_scale == LR_SCALE_SQRT ? sqrtf((float)world) : 1.0f;
+    a->lr = a->lr_base * factor;
+}
+
+// Samples per optimizer step: the effective batch
+static inline int64_t train_global_batch(const TrainArgs* a, int world) { return (int64_t)a->batch * world * a->accum; }
 
 // ----------------------------------------------------------------------------
 // learning-rate schedule: linear warmup to the peak, then cosine down to min_lr_frac * peak

@@ -24,7 +24,7 @@ static double norm_reference(const float* g, size_t n) {
 static void global_norm_kernels(float* norm, float* partial, const float* g, size_t n, int grid, int block) {
     norm_squares_kernel<<<grid, block, 0, main_stream>>>(partial, g, n);
     launchCheck();
-    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(norm, partial, grid, 1.0, 1);
+    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(norm, partial, grid, 1.0, 1, 0);
     launchCheck();
 }
 

@@ -70,7 +70,7 @@ static void run_loss(int block, const Case* k, floatX* dv, float* partial, float
     int blocks = ceil_div(k->n, block);
     flow_loss_kernel<<<blocks, block, 0, main_stream>>>(dv, partial, k->d_v, target, k->d_mask, k->A, k->n, 2.0f / (float)k->n);
     launchCheck();
-    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(loss, partial, blocks, 1.0 / (double)k->n, 0);
+    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(loss, partial, blocks, 1.0 / (double)k->n, 0, 0);
     launchCheck();
 }
 
