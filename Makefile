@@ -33,7 +33,12 @@ nvcc_check:
 		echo "error: nvcc not found ($(NVCC)): install the CUDA Toolkit or set NVCC=/path/to/nvcc"; exit 1; }
 
 train_vla: $(GPU_SOURCES) $(DEFAULT_DATA) | nvcc_check
-	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) train_vla.cu $(NVCC_LDLIBS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) $(MULTI_GPU_FLAGS) train_vla.cu $(NVCC_LDLIBS) $(MULTI_GPU_LIBS) -o $@
+
+# the trainer without NCCL compiles too (make test builds both)
+build/gpu/train_vla_single_gpu: $(GPU_SOURCES) | nvcc_check
+	@mkdir -p build/gpu
+	$(NVCC) $(NVCC_FLAGS) train_vla.cu $(NVCC_LDLIBS) -o $@
 
 # the policy interface on the GPU (scripts/vla_policy.py, device="cuda"): libvla.so's functions
 libvla_gpu.so: $(GPU_SOURCES) | nvcc_check
@@ -43,12 +48,12 @@ libvla_gpu.so: $(GPU_SOURCES) | nvcc_check
 # both precisions for the GPU tests
 build/gpu/train_vla_bf16 build/gpu/test_vla_gpu_bf16: PRECISION_FLAG =
 build/gpu/train_vla_fp32 build/gpu/test_vla_gpu_fp32: PRECISION_FLAG = -DENABLE_FP32
-build/gpu/train_vla_%: $(GPU_SOURCES) | nvcc_check
+build/gpu/train_vla_bf16 build/gpu/train_vla_fp32: build/gpu/train_vla_%: $(GPU_SOURCES) | nvcc_check
 	@mkdir -p build/gpu
-	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) train_vla.cu $(NVCC_LDLIBS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) $(MULTI_GPU_FLAGS) train_vla.cu $(NVCC_LDLIBS) $(MULTI_GPU_LIBS) -o $@
 build/gpu/test_vla_gpu_%: test_vla_gpu.cu dev/test_util.h $(GPU_SOURCES) | nvcc_check
 	@mkdir -p build/gpu
-	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) test_vla_gpu.cu $(NVCC_LDLIBS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) $(MULTI_GPU_FLAGS) test_vla_gpu.cu $(NVCC_LDLIBS) $(MULTI_GPU_LIBS) -o $@
 
 # ---- the same CUDA sources on the CPU, through the emulation in dev/cuda/emu (what make test
 # runs where there is no GPU): launch.sed rewrites the launches, g++ compiles the result
@@ -59,15 +64,17 @@ EMU_DIR = build/emu
 EMU_HEADERS = $(wildcard dev/cuda/emu/*.h) dev/cuda/emu/launch.sed
 EMU_CXX = g++ -std=c++17 -O2 -g -Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas \
 	-Wno-format-truncation -I dev/cuda/emu -I .
+# the emulated trainer is the MULTI_GPU one: CUDA_EMU_DEVICES=N gives it N GPUs and NCCL among them
+EMU_MULTI_GPU = -DMULTI_GPU -fopenmp
 $(EMU_DIR)/%.cu: %.cu dev/cuda/emu/launch.sed
 	@mkdir -p $(dir $@)
 	sed -f dev/cuda/emu/launch.sed $< > $@
 $(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/test_vla_gpu_bf16: EMU_PRECISION =
 $(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/test_vla_gpu_fp32: EMU_PRECISION = -DENABLE_FP32
 $(EMU_DIR)/train_vla_%: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
-	$(EMU_CXX) $(EMU_PRECISION) -x c++ $< -lm -lpthread -o $@
+	$(EMU_CXX) $(EMU_PRECISION) $(EMU_MULTI_GPU) -x c++ $< -lm -lpthread -o $@
 $(EMU_DIR)/test_vla_gpu_%: $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/train_vla.cu dev/test_util.h vla.h $(EMU_HEADERS)
-	$(EMU_CXX) $(EMU_PRECISION) -x c++ $< -lm -lpthread -o $@
+	$(EMU_CXX) $(EMU_PRECISION) $(EMU_MULTI_GPU) -x c++ $< -lm -lpthread -o $@
 $(EMU_DIR)/libvla_gpu_bf16.so $(EMU_DIR)/libvla_gpu_fp32.so: $(EMU_DIR)/libvla_gpu_%.so: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
 	$(EMU_CXX) $(if $(filter fp32,$*),-DENABLE_FP32,) -fPIC -fvisibility=hidden -shared -DVLA_LIBRARY -x c++ $< \
 		-lm -lpthread -o $@
@@ -151,7 +158,7 @@ $(TEST_DIR)/a_train.txt: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefi
 
 # make test compiles train_vla for the GPU everywhere; its tests run on the GPU if there is one,
 # otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries)
-test: train_vla_cpu test_vla libvla.so train_vla libvla_gpu.so dev_cuda $(GPU_TEST_BINARIES) \
+test: train_vla_cpu test_vla libvla.so train_vla build/gpu/train_vla_single_gpu libvla_gpu.so dev_cuda $(GPU_TEST_BINARIES) \
 		$(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt venv_check
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 

@@ -363,6 +363,22 @@ static void test_loader(const char* dir) {
     }
     check(all_same, "loader with 0, 1 and 3 worker threads gives the batches of direct assembly, bit for bit, "
           "over %d steps x %d ranks across epoch ends", steps, W);
+    // a rank's own loader (every W-th job from its rank) gives that rank's batches
+    int rank_same = 1;
+    for (int r = 0; r < W; r++) {
+        Loader L;
+        loader_start_strided(&L, &ds, &c, seed, first_pos, first_step, B, W, 2, 1, 3, W, r);
+        for (int step = 0; step < steps; step++) {
+            uint64_t idx[B];
+            batch_fill_indices(idx, &s, first_pos, first_step, first_step + step, B, W, r);
+            batch_fill(&ref, &ds, &c, idx, seed, first_step + step, r, 2);
+            Batch* got = loader_next(&L);
+            rank_same &= batches_equal(got, &ref, &c);
+            loader_release(&L);
+        }
+        loader_stop(&L);
+    }
+    check(rank_same, "a rank's strided loader (every %d-th job from its rank) gives that rank's batches, bit for bit", W);
 
     // augmentation: off is the identity; on is a shift of every camera by at most k pixels
     uint64_t idx[B];
@@ -566,6 +582,21 @@ static void test_param_table(void) {
                    da + (size_t)c->action_dim * da + c->action_dim;
         check(vla_config_problem(c) == NULL && contiguous && sum == t.total && t.total == expected,
               "preset %-5s: %zu parameters, table contiguous and equal to the closed form", VLA_PRESETS[i].name, t.total);
+        // the gradient buckets cover every parameter exactly once
+        unsigned char* seen = (unsigned char*)callocCheck(t.total, 1);
+        size_t offsets[NUM_PARAM_TENSORS], off[NUM_PARAM_TENSORS], cnt[NUM_PARAM_TENSORS];
+        for (int k = 0; k < NUM_PARAM_TENSORS; k++) { offsets[k] = t.spec[k].offset; }
+        for (int b = 0; b < param_bucket_count(c); b++) {
+            int n = param_bucket_slices(&t, c, offsets, b, off, cnt);
+            for (int k = 0; k < n; k++) {
+                for (size_t e = 0; e < cnt[k]; e++) { seen[off[k] + e]++; }
+            }
+        }
+        int once = 1;
+        for (size_t e = 0; e < t.total; e++) { once &= seen[e] == 1; }
+        check(once, "preset %-5s: its %d gradient buckets hold every parameter exactly once", VLA_PRESETS[i].name,
+              param_bucket_count(c));
+        free(seen);
     }
 }
 

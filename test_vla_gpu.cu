@@ -213,6 +213,47 @@ static void test_accumulation(const char* dir) {
           e, TOL_STEPS);
 }
 
+// Several GPUs (MULTI_GPU): -g 2 -b 2 takes the samples and noise of -g 1 -b 4, its gradients
+// averaged by NCCL, so its losses follow -g 1's; so does -g 2 -b 1 -d 4 (two micro-steps per rank).
+// A -g 2 checkpoint continues on one GPU. Under the emulation CUDA_EMU_DEVICES=2 provides the GPUs;
+// on a machine with one GPU these checks are skipped (and said so).
+static void test_multi_gpu(const char* dir) {
+    printf("\n== several GPUs\n");
+    int visible = 0;
+    cudaGetDeviceCount(&visible);
+    if (visible < 2) {
+        printf("(skipped: %d GPU visible, the data-parallel checks need 2)\n", visible);
+        return;
+    }
+    const char* runs[4] = {"-g 1 -b 4 -n 4", "-g 2 -b 2 -n 4", "-g 2 -b 1 -d 4 -n 4", "-g 2 -b 2 -n 2"};
+    float losses[4][4] = {{0}};
+    int n[4], rc[4];
+    for (int k = 0; k < 4; k++) {
+        char cmd[4096], path[1100];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_dp%d && %s -p tiny %s -u 2 -l 1e-3 -i %s/b.bin -o %s/gpu_dp%d "
+                 "> %s/gpu_dp%d.txt 2>&1", dir, k, TRAINER, runs[k], dir, dir, k, dir, k);
+        rc[k] = run_command(cmd);
+        snprintf(path, sizeof(path), "%s/gpu_dp%d/log.jsonl", dir, k);
+        n[k] = read_losses(path, 1, 4, losses[k]);
+    }
+    for (int k = 1; k < 3; k++) {
+        double e = rel_error(losses[k], losses[0], 4);
+        check(rc[k] == 0 && n[k] == 4 && e < TOL_STEPS, "%s vs -g 1 -b 4: 4 losses rel err %.2e (tol %.1e)", runs[k], e,
+              TOL_STEPS);
+    }
+    // the 2-step -g 2 run's checkpoint, continued on one GPU with -b 4
+    char cmd[4096], path[1100];
+    snprintf(cmd, sizeof(cmd), "%s -p tiny -g 1 -b 4 -n 4 -u 2 -l 1e-3 -i %s/b.bin -o %s/gpu_dp3 -y 1 > %s/gpu_dp3b.txt 2>&1",
+             TRAINER, dir, dir, dir);
+    int rc2 = run_command(cmd);
+    float resumed[4] = {0};
+    snprintf(path, sizeof(path), "%s/gpu_dp3/log.jsonl", dir);
+    int nr = read_losses(path, 1, 4, resumed);
+    double e = rel_error(resumed + 2, losses[1] + 2, 2);
+    check(rc[3] == 0 && rc2 == 0 && nr == 4 && e < TOL_STEPS, "a -g 2 checkpoint continues on -g 1 (-b 4): steps 3-4 "
+          "follow the -g 2 run, rel err %.2e (tol %.1e)", e, TOL_STEPS);
+}
+
 // A run that starts on one trainer and continues on the other (-y 1 on the other's checkpoint)
 // follows the run that stayed on the first within the precision's tolerance.
 static void test_cross_trainer(const char* dir) {
@@ -265,16 +306,17 @@ int main(int argc, char** argv) {
     }
     const char* dir = argv[1];
     TRAINER = argv[2];
-    TrainArgs args;
-    train_args_defaults(&args);
+    setenv("CUDA_EMU_DEVICES", "2", 0);  // under the CPU emulation: two GPUs (a real machine ignores it)
     cudaDeviceProp prop;
-    gpu_init(&args, &prop);
+    gpu_check_visible(1);
+    gpu_init(0, &prop);
     printf("device: %s, precision %s, trainer %s\n", prop.name, PRECISION_NAME, TRAINER);
     test_against_oracle(dir, "a");
     test_against_oracle(dir, "b");
     test_training_loop(dir);
     test_determinism(dir);
     test_accumulation(dir);
+    test_multi_gpu(dir);
     char trainer[1100];
     snprintf(trainer, sizeof(trainer), "%s -p tiny -b 4 -u 3 --log-every 100", TRAINER);
     printf("\n== bit-exact resume\n");

@@ -38,6 +38,10 @@ Reproduce the oracle's numbers (what test_vla_gpu checks):
 #include <cuda_runtime.h>
 #include <mma.h>
 #include <signal.h>
+#if defined(MULTI_GPU)
+#include <nccl.h>
+#include <omp.h>
+#endif
 
 // ----------------------------------------------------------------------------
 // utilities
@@ -63,6 +67,15 @@ static void cublas_check_(cublasStatus_t status, const char* file, int line) {
     if (status != CUBLAS_STATUS_SUCCESS) { vla_fail("cuBLAS error %d at %s:%d", (int)status, file, line); }
 }
 #define cublasCheck(call) cublas_check_((call), __FILE__, __LINE__)
+
+#if defined(MULTI_GPU)
+static void nccl_check_(ncclResult_t r, const char* file, int line) {
+    if (r != ncclSuccess) {
+        vla_fail("NCCL error '%s' at %s:%d: rerun with NCCL_DEBUG=INFO to see why", ncclGetErrorString(r), file, line);
+    }
+}
+#define ncclCheck(call) nccl_check_((call), __FILE__, __LINE__)
+#endif
 
 static __device__ __forceinline__ float f32(float x) { return x; }
 static __device__ __forceinline__ float f32(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -1054,6 +1067,8 @@ __global__ void convert_kernel2(floatX* out, const float* inp, size_t n) {
     store128(out + i, o);
 }
 
+__global__ void set_scalar_kernel(float* p, float v) { *p = v; }
+
 // One Euler step of sampling: x (fp32) -= dt v, and the model's floatX copy of it
 __global__ void euler_step_kernel(float* x, floatX* x_model, const floatX* v, float dt, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1067,10 +1082,11 @@ __global__ void euler_step_kernel(float* x, floatX* x_model, const floatX* v, fl
 // ----------------------------------------------------------------------------
 // launchers: grid arithmetic and the error check after every launch
 
-static cudaStream_t main_stream;   // all compute
-static cudaStream_t copy_stream;   // host-to-device batch copies, ordered by events
-static cublasLtHandle_t cublaslt;
-static void* cublaslt_workspace;
+// Per GPU, so per host thread: with MULTI_GPU each rank's thread drives its own device
+static thread_local cudaStream_t main_stream;   // all compute
+static thread_local cudaStream_t copy_stream;   // host-to-device batch copies, ordered by events
+static thread_local cublasLtHandle_t cublaslt;
+static thread_local void* cublaslt_workspace;
 static const size_t CUBLASLT_WORKSPACE_BYTES = 32 << 20;
 static cudaDataType_t CUBLAS_FLOATX = sizeof(floatX) == 4 ? CUDA_R_32F : CUDA_R_16BF;
 
@@ -1100,8 +1116,8 @@ typedef struct {
     cublasLtMatmulAlgo_t algo;
 } MatmulPlan;
 
-static MatmulPlan* matmul_plans = NULL;
-static int n_matmul_plans = 0, cap_matmul_plans = 0;
+static thread_local MatmulPlan* matmul_plans = NULL;  // plans belong to a device's cuBLASLt handle
+static thread_local int n_matmul_plans = 0, cap_matmul_plans = 0;
 
 static MatmulPlan* matmul_plan(const MatmulKey* key) {
     for (int i = 0; i < n_matmul_plans; i++) {
@@ -1355,23 +1371,30 @@ static void attention_backward(floatX* dq, float* dkp, float* dvp, float* dks, f
 #define LAUNCH_1D(kernel, n, ...) \
     do { kernel<<<ceil_div((n), BLOCK), BLOCK, 0, main_stream>>>(__VA_ARGS__); launchCheck(); } while (0)
 
-// The GPU, its streams and cuBLASLt. Fails with a hint when there is no usable GPU.
-static void gpu_init(const TrainArgs* args, cudaDeviceProp* prop) {
+// The GPUs a run asks for are there: fails with a hint otherwise. Returns how many are visible.
+static int gpu_check_visible(int wanted) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0) {
         vla_fail("no CUDA GPU is visible (%s): train on the CPU with train_vla_cpu, or check the driver and "
                  "CUDA_VISIBLE_DEVICES", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
     }
-    if (args->ranks > count) {
-        vla_fail("-g %d asks for more GPUs than the %d visible: lower -g or check CUDA_VISIBLE_DEVICES", args->ranks, count);
+    if (wanted > count) {
+        vla_fail("-g %d asks for more GPUs than the %d visible: lower -g or check CUDA_VISIBLE_DEVICES", wanted, count);
     }
-    if (args->ranks > 1) {
-        vla_fail("-g %d: this train_vla trains on one GPU; run -g 1, or simulate ranks on the CPU with train_vla_cpu -g %d",
-                 args->ranks, args->ranks);
+#if !defined(MULTI_GPU)
+    if (wanted > 1) {
+        vla_fail("-g %d: this train_vla was built without NCCL and trains on one GPU; run -g 1, or rebuild where NCCL "
+                 "is installed (make train_vla finds it)", wanted);
     }
-    cudaCheck(cudaSetDevice(0));
-    cudaCheck(cudaGetDeviceProperties(prop, 0));
+#endif
+    return count;
+}
+
+// This thread's GPU: device `device`, its streams, cuBLASLt and workspace.
+static void gpu_init(int device, cudaDeviceProp* prop) {
+    cudaCheck(cudaSetDevice(device));
+    cudaCheck(cudaGetDeviceProperties(prop, device));
     // blocking streams: the synchronous cudaMemcpy/cudaMemset of setup and checkpoints (legacy
     // default stream) stay ordered with the kernels; the two streams still overlap each other
     cudaCheck(cudaStreamCreate(&main_stream));
@@ -1519,6 +1542,7 @@ typedef struct {
     float* rope_sin;
     float* norm_partial;   // (NORM_BLOCKS) device
     size_t device_bytes;   // what this model holds on the GPU
+    struct Dist* dist;     // the data-parallel ranks it trains with (MULTI_GPU), NULL: alone
 } Model;
 
 static void* device_malloc(Model* m, size_t bytes) {
@@ -1604,6 +1628,60 @@ static void model_free(Model* m) {
     cudaCheck(cudaFree(m->params_memory)); cudaCheck(cudaFree(m->grads_memory));
     cudaCheck(cudaFree(m->acts_x)); cudaCheck(cudaFree(m->acts_f));
     cudaCheck(cudaFree(m->rope_cos)); cudaCheck(cudaFree(m->norm_partial));
+}
+
+// ---- data parallelism: every rank holds a replica and averages its gradients with the others
+
+// One rank's side (MULTI_GPU): its place, the communicator, the communication stream and the
+// events that order it after the compute.
+typedef struct Dist {
+    int rank, world;
+    int sync;  // the backward pass averages its buckets as they finish (an optimizer step's last micro-step)
+#if defined(MULTI_GPU)
+    ncclComm_t comm;
+    cudaStream_t comm_stream;
+    cudaEvent_t* bucket_ready;  // (param_bucket_count) their gradients are final on the main stream
+    cudaEvent_t scalars_ready, comm_done;
+#endif
+} Dist;
+
+// Bucket b's gradients are final: average them over the ranks on the communication stream, after
+// the compute that wrote them, while the backward pass goes on (param_bucket_slices says which
+// gradients; the gradient buffer uses the aligned layout).
+static void grads_bucket_done(Model* m, int b) {
+#if defined(MULTI_GPU)
+    Dist* d = m->dist;
+    if (d == NULL || d->world == 1 || !d->sync) { return; }
+    size_t off[NUM_PARAM_TENSORS], count[NUM_PARAM_TENSORS];
+    int n = param_bucket_slices(&m->table, &m->config, m->aligned, b, off, count);
+    cudaCheck(cudaEventRecord(d->bucket_ready[b], main_stream));
+    cudaCheck(cudaStreamWaitEvent(d->comm_stream, d->bucket_ready[b], 0));
+    ncclCheck(ncclGroupStart());
+    for (int k = 0; k < n; k++) {
+        ncclCheck(ncclAllReduce(m->grads_memory + off[k], m->grads_memory + off[k], count[k], ncclFloat, ncclAvg, d->comm,
+                                d->comm_stream));
+    }
+    ncclCheck(ncclGroupEnd());
+#else
+    (void)m; (void)b;
+#endif
+}
+
+// After an optimizer step's last backward pass: the loss and the stop flag (acts.scalars[0] and
+// [2]) averaged over the ranks too, and the main stream waits for every average before the norm
+// and the update. `stop`: this rank saw a stop request; any rank's stops them all.
+static void grads_sync_finish(Model* m, int stop) {
+    set_scalar_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 2, stop ? 1.0f : 0.0f);
+    launchCheck();
+#if defined(MULTI_GPU)
+    Dist* d = m->dist;
+    if (d == NULL || d->world == 1) { return; }
+    cudaCheck(cudaEventRecord(d->scalars_ready, main_stream));
+    cudaCheck(cudaStreamWaitEvent(d->comm_stream, d->scalars_ready, 0));
+    ncclCheck(ncclAllReduce(m->acts.scalars, m->acts.scalars, 3, ncclFloat, ncclAvg, d->comm, d->comm_stream));
+    cudaCheck(cudaEventRecord(d->comm_done, d->comm_stream));
+    cudaCheck(cudaStreamWaitEvent(main_stream, d->comm_done, 0));
+#endif
 }
 
 // Master weights (and moments, when given) from host arrays in checkpoint layout; the compute
@@ -1838,6 +1916,7 @@ static void model_backward(Model* m, const Batch* batch, int zero_grads) {
     bias_backward(g->action_out_b, a->partial, a->d_vpred, R, A);
     cudaCheck(cudaMemsetAsync(a->d_fin, 0, (size_t)R * da * sizeof(float), main_stream));
     rmsnorm_backward(a->d_fin, a->d_tok, g->final_norm, a->partial, a->d_ln, a->f_in, w->final_norm, a->f_rstd, R, da);
+    grads_bucket_done(m, 0);  // the head
     float* dres = a->d_res;  // (Q, da)
     floatX* dres_x = a->d_res_x;
     LAUNCH_1D(scatter_action_grad_kernel, (size_t)Q * da, dres, dres_x, a->d_fin, B, H, da);
@@ -1853,6 +1932,7 @@ static void model_backward(Model* m, const Batch* batch, int zero_grads) {
         attention_backward(a->d_q, a->dp_k + (size_t)l * P * D, a->dp_v + (size_t)l * P * D, a->d_k, a->d_v, a->d_att,
                            x.q, x.att, x.lse, a->delta, keys);
         layer_qkv_backward(m, &lw, &lg, &x, dres, dres_x, a->d_q, a->d_k, a->d_v, B, Ns, Np);
+        grads_bucket_done(m, 1 + (L - 1 - l));  // the expert's layer l
     }
     // suffix embeddings: row 0 of each sample is the state token, rows 1..H the action tokens
     matmul_backward_weight(g->state_w, dres_x, a->state_x, B, S, da, Ns * da);
@@ -1869,6 +1949,7 @@ static void model_backward(Model* m, const Batch* batch, int zero_grads) {
     // only the action_in half of d_emb has parameters behind it: read it with row stride 2 da
     matmul_backward_weight(g->action_in_w, a->d_emb, a->x_t, R, A, da, 2 * da);
     bias_backward(g->action_in_b, a->partial, a->d_emb, R, da, 2 * da);
+    grads_bucket_done(m, L + 1);  // the expert's inputs
 
     // ---- prefix: the suffix left gradients in dp_k/dp_v of every layer; the last layer's
     // prefix output is unused, so the residual gradient starts at zero
@@ -1887,6 +1968,7 @@ static void model_backward(Model* m, const Batch* batch, int zero_grads) {
             dq = a->d_q;
         }
         layer_qkv_backward(m, &lw, &lg, &x, dres, dres_x, dq, dk, dv, B, Np, 0);
+        grads_bucket_done(m, L + 2 + (L - 1 - l));  // the VLM's layer l
     }
     // prefix embeddings: patch rows through patch_w, plus positions; text rows by byte
     LAUNCH_1D(gather_rows_kernel, (size_t)B * NI * d, a->d_patch, dres_x, B, Np, 0, NI, d);
@@ -1895,6 +1977,7 @@ static void model_backward(Model* m, const Batch* batch, int zero_grads) {
     LAUNCH_1D(pos_emb_backward_kernel, (size_t)NI * d, g->pos_emb, dres, B, NI, Np, d);
     text_emb_backward_kernel<<<256, BLOCK, 0, main_stream>>>(g->text_emb, dres, batch->text, B, NI, c->max_text, d);
     launchCheck();
+    grads_bucket_done(m, 2 * L + 2);  // the VLM's inputs
 }
 
 // sqrt of the sum of squares of every gradient into acts.scalars[1], on the device
@@ -1919,13 +2002,14 @@ static void model_update(Model* m, float lr, float weight_decay, float clip, int
     }
 }
 
-// Loss and gradient norm of the last step, waiting for the device.
-static void model_read_scalars(Model* m, float* loss, float* norm) {
-    float s[2];
+// Loss, gradient norm and the stop flag of the last step (over every rank), waiting for the device.
+static void model_read_scalars(Model* m, float* loss, float* norm, int* stop = NULL) {
+    float s[3];
     cudaCheck(cudaMemcpyAsync(s, m->acts.scalars, sizeof(s), cudaMemcpyDeviceToHost, main_stream));
     cudaCheck(cudaStreamSynchronize(main_stream));
     if (loss != NULL) { *loss = s[0]; }
     if (norm != NULL) { *norm = s[1]; }
+    if (stop != NULL) { *stop = s[2] > 0.0f; }
 }
 
 // Euler integration of the velocity from noise (t = 1) to actions (t = 0), 10 steps, the prefix
@@ -2051,7 +2135,7 @@ typedef struct {
     char device[320];
 } VLAPolicy;
 
-static int policy_gpu_ready = 0;  // one set of streams and cuBLASLt for every policy of the process
+static thread_local int policy_gpu_ready = 0;  // streams and cuBLASLt of the calling thread, once
 
 // Loads a checkpoint onto the GPU; NULL and a message in err if it cannot be used. threads: unused.
 VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_size) {
@@ -2065,9 +2149,7 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
     }
     cudaDeviceProp prop;
     if (!policy_gpu_ready) {
-        TrainArgs args;
-        train_args_defaults(&args);
-        gpu_init(&args, &prop);
+        gpu_init(0, &prop);
         policy_gpu_ready = 1;
     } else {
         cudaCheck(cudaGetDeviceProperties(&prop, 0));
@@ -2145,88 +2227,119 @@ static float eval_action_mse(Model* m, const Dataset* ds, uint64_t seed, uint64_
 static volatile sig_atomic_t stop_requested = 0;
 static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 
-int main(int argc, char** argv) {
+// What the ranks of a run share, read-only once they train
+typedef struct {
     TrainArgs args;
-    train_args_parse(&args, argc, argv);
-    cudaDeviceProp prop;
-    gpu_init(&args, &prop);
-    train_args_for_world(&args, args.ranks);
     Dataset ds;
-    dataset_open(&ds, args.input);
-    VLAConfig c = config_for_data(args.preset, &ds);
-    Model model;
-    model_build(&model, &c);
+    VLAConfig config;
+    const char* from;      // checkpoint to start from, or NULL: from the seed
+    int start;             // optimizer steps already done
+    uint64_t sampler_pos;  // global samples consumed before `start`
+    int world;             // ranks over all nodes
+    int local_ranks;       // GPUs of this process, one thread each
+    int node;              // this process's place among the nodes
+#if defined(MULTI_GPU)
+    ncclUniqueId nccl_id;
+#endif
+} Run;
 
-    int start = 0;
-    uint64_t sampler_pos = 0;
-    char resume_path[1024];
-    const char* from = run_start_checkpoint(&args, resume_path, sizeof(resume_path));
-    if (from != NULL) {
-        uint64_t seed;
-        model_load(&model, from, &start, &seed, &sampler_pos);
-        if (seed != args.seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)seed); }
-        args.seed = seed;
-        printf("resumed from %s at step %d\n", from, start);
-    } else {
-        float* init = (float*)mallocCheck(model.table.total * sizeof(float));
-        param_init(init, &model.table, &c, args.seed);
-        model_set_params(&model, init, NULL, NULL);
-        free(init);
-    }
-    if (start >= args.steps) {
-        printf("already at step %d of %d: nothing to do (raise -n to train further)\n", start, args.steps);
-        return 0;
-    }
-    uint64_t global_batch = (uint64_t)train_global_batch(&args, 1);
-    Loader loader;  // the micro-batches of a step are consecutive jobs of its one rank
-    loader_start(&loader, &ds, &c, args.seed, sampler_pos, (uint64_t)start, args.batch, args.accum, args.augment,
-                 args.workers, 4);
-    loader_pin(&loader, 1);
-    Batch dev[2];                             // micro-batch j lands in dev[j % 2]
-    cudaEvent_t uploaded[2], consumed[2];     // its copy landed; the compute that read it is done
-    for (int k = 0; k < 2; k++) {
-        device_batch_alloc(&model, &dev[k], &c, args.batch);
-        cudaCheck(cudaEventCreateWithFlags(&uploaded[k], cudaEventDisableTiming));
-        cudaCheck(cudaEventCreateWithFlags(&consumed[k], cudaEventDisableTiming));
-    }
-    model_set_batch(&model, args.batch);
-    Logger logger;
-    logger_open(&logger, args.output);
-    double peak = device_peak_flops(prop.name), flops = model_flops_per_sample(&c);
-
+static void print_config(const Run* run, const cudaDeviceProp* prop, double flops, double peak) {
+    const TrainArgs* args = &run->args;
+    const VLAConfig* c = &run->config;
+    ParamTable t;
+    param_table_build(c, &t);
+    char split[96];
     printf("+------------------------+--------------------------------------+\n");
-    printf("| train_vla              | %-36s |\n", args.preset);
+    printf("| train_vla              | %-36s |\n", args->preset);
     printf("+------------------------+--------------------------------------+\n");
-    vla_config_print(&c);
-    printf("| parameters             | %-36zu |\n", model.table.total);
-    printf("| dataset samples        | %-36llu |\n", (unsigned long long)ds.n_samples);
-    printf("| shards                 | %-36d |\n", ds.n_shards);
-    char split[64];
-    snprintf(split, sizeof(split), "1 x %d x %d", args.batch, args.accum);
+    vla_config_print(c);
+    printf("| parameters             | %-36zu |\n", t.total);
+    printf("| dataset samples        | %-36llu |\n", (unsigned long long)run->ds.n_samples);
+    printf("| shards                 | %-36d |\n", run->ds.n_shards);
+    snprintf(split, sizeof(split), "%d x %d x %d", run->world, args->batch, args->accum);
     printf("| GPUs x batch x accum   | %-36s |\n", split);
-    printf("| effective batch        | %-36llu |\n", (unsigned long long)global_batch);
-    printf("| peak learning rate     | %-36g |\n", args.lr);
-    printf("| device                 | %-36.36s |\n", prop.name);
+    printf("| effective batch        | %-36lld |\n", (long long)train_global_batch(args, run->world));
+    snprintf(split, sizeof(split), "%g (--lr-scale %s)", args->lr, LR_SCALE_NAMES[args->lr_scale]);
+    printf("| peak learning rate     | %-36s |\n", split);
+    printf("| device                 | %-36.36s |\n", prop->name);
     printf("| precision              | %-36s |\n", PRECISION_NAME);
     printf("| model GFLOP per sample | %-36.2f |\n", flops / 1e9);
     if (peak > 0.0) { printf("| peak bf16 TFLOP/s      | %-36.1f |\n", peak / 1e12); }
     else { printf("| peak bf16 TFLOP/s      | %-36s |\n", "unknown for this device: no MFU"); }
-    printf("| loader threads         | %-36d |\n", args.workers);
-    printf("| augment shift (px)     | %-36d |\n", args.augment);
+    printf("| loader threads         | %-36d |\n", args->workers);
+    printf("| augment shift (px)     | %-36d |\n", args->augment);
     printf("+------------------------+--------------------------------------+\n");
+    fflush(stdout);
+}
 
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+// One GPU's training: rank node * local_ranks + local of run->world, on local device `local`.
+// Every rank holds a replica, takes its own share of every global batch, and averages its
+// gradients with the others; rank 0 logs, saves checkpoints and evaluates. Returns 1 if a stop
+// request ended the run early.
+static int train_rank(Run* run, int local) {
+    const TrainArgs* args = &run->args;
+    const VLAConfig* c = &run->config;
+    int rank = run->node * run->local_ranks + local, world = run->world, lead = rank == 0;
+    cudaDeviceProp prop;
+    gpu_init(local, &prop);
+    Model model;
+    model_build(&model, c);
+    if (run->from != NULL) {
+        int step;
+        uint64_t seed, pos;
+        model_load(&model, run->from, &step, &seed, &pos);
+    } else {
+        float* init = (float*)mallocCheck(model.table.total * sizeof(float));
+        param_init(init, &model.table, c, args->seed);  // the same on every rank
+        model_set_params(&model, init, NULL, NULL);
+        free(init);
+    }
+    Dist dist;
+    memset(&dist, 0, sizeof(dist));
+    dist.rank = rank;
+    dist.world = world;
+#if defined(MULTI_GPU)
+    ncclCheck(ncclCommInitRank(&dist.comm, world, run->nccl_id, rank));
+    cudaCheck(cudaStreamCreate(&dist.comm_stream));
+    dist.bucket_ready = (cudaEvent_t*)mallocCheck(param_bucket_count(c) * sizeof(cudaEvent_t));
+    for (int b = 0; b < param_bucket_count(c); b++) {
+        cudaCheck(cudaEventCreateWithFlags(&dist.bucket_ready[b], cudaEventDisableTiming));
+    }
+    cudaCheck(cudaEventCreateWithFlags(&dist.scalars_ready, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&dist.comm_done, cudaEventDisableTiming));
+#endif
+    model.dist = &dist;
+
+    int64_t global_batch = train_global_batch(args, world);
+    // every rank's micro-batches are its own jobs of the global sequence: W = world x accum
+    // batches per step, this rank's are every world-th from `rank`
+    Loader loader;
+    loader_start_strided(&loader, &run->ds, c, args->seed, run->sampler_pos, (uint64_t)run->start, args->batch,
+                         world * args->accum, args->augment, args->workers, 4, world, rank);
+    loader_pin(&loader, 1);
+    Batch dev[2];                             // micro-batch j lands in dev[j % 2]
+    cudaEvent_t uploaded[2], consumed[2];     // its copy landed; the compute that read it is done
+    for (int k = 0; k < 2; k++) {
+        device_batch_alloc(&model, &dev[k], c, args->batch);
+        cudaCheck(cudaEventCreateWithFlags(&uploaded[k], cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&consumed[k], cudaEventDisableTiming));
+    }
+    model_set_batch(&model, args->batch);
+    Logger logger = {NULL, 0.0};
+    if (lead) { logger_open(&logger, args->output); }
+    double peak = device_peak_flops(prop.name), flops = model_flops_per_sample(c);
+
     double timed_ms = 0.0, peak_mem = 0.0;
-    int timed_steps = 0, step = start;
-    int64_t job = 0, jobs = (int64_t)(args.steps - start) * args.accum;
+    int timed_steps = 0, step = run->start, stopped = 0;
+    int64_t job = 0, jobs = (int64_t)(args->steps - run->start) * args->accum;
     batch_upload(&loader, &dev[0], consumed[0], uploaded[0]);
-    for (; step < args.steps && !stop_requested; step++) {
+    for (; step < args->steps && !stopped; step++) {
         double t0 = wall_seconds();
-        for (int micro = 0; micro < args.accum; micro++, job++) {
+        for (int micro = 0; micro < args->accum; micro++, job++) {
             Batch* batch = &dev[job % 2];
             cudaCheck(cudaStreamWaitEvent(main_stream, uploaded[job % 2], 0));
-            model_forward(&model, batch, micro, args.accum);
+            dist.sync = micro == args->accum - 1;  // communicate on the last micro-step only
+            model_forward(&model, batch, micro, args->accum);
             model_backward(&model, batch, micro == 0);
             cudaCheck(cudaEventRecord(consumed[job % 2], main_stream));
             // while the GPU computes: hand the host slot back once copied, start the next batch's copy
@@ -2234,56 +2347,112 @@ int main(int argc, char** argv) {
             loader_release(&loader);
             if (job + 1 < jobs) { batch_upload(&loader, &dev[(job + 1) % 2], consumed[(job + 1) % 2], uploaded[(job + 1) % 2]); }
         }
-        model_update(&model, lr_at_step(&args, step), args.weight_decay, args.grad_clip, step);
+        grads_sync_finish(&model, stop_requested);
+        model_update(&model, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
         float loss, norm;
-        model_read_scalars(&model, &loss, &norm);
+        model_read_scalars(&model, &loss, &norm, &stopped);
         double ms = 1000.0 * (wall_seconds() - t0);
+        if (step > run->start) { timed_ms += ms; timed_steps++; }  // the first step warms up
+        int done = step + 1;
+        if (!lead) { continue; }
         if (!isfinite(loss) || !isfinite(norm)) {
             vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; "
-                     "the last checkpoint in %s is intact", step + 1, loss, norm, args.output);
+                     "the last checkpoint in %s is intact", done, loss, norm, args->output);
         }
         size_t free_b, total_b;
         cudaCheck(cudaMemGetInfo(&free_b, &total_b));
         double mem_gib = (double)(total_b - free_b) / (1024.0 * 1024.0 * 1024.0);
         if (mem_gib > peak_mem) { peak_mem = mem_gib; }
-        if (step > start) { timed_ms += ms; timed_steps++; }  // the first step warms up
         double sps = (double)global_batch / (ms / 1000.0);
-        logger_step(&logger, step, args.steps, loss, lr_at_step(&args, step), norm, ms, sps,
-                    peak > 0.0 ? flops * sps / peak : NAN, mem_gib,
-                    (step + 1) % args.log_every == 0 || step + 1 == args.steps);
-        int done = step + 1;
-        if ((args.ckpt_every > 0 && done % args.ckpt_every == 0) || done == args.steps) {
-            model_save(&model, &ds, &args, done, sampler_pos + (uint64_t)(done - start) * global_batch);
+        logger_step(&logger, step, args->steps, loss, lr_at_step(args, step), norm, ms, sps,
+                    peak > 0.0 ? flops * sps / (peak * world) : NAN, mem_gib,
+                    done % args->log_every == 0 || done == args->steps);
+        if ((args->ckpt_every > 0 && done % args->ckpt_every == 0) || done == args->steps || stopped) {
+            model_save(&model, &run->ds, args, done, run->sampler_pos + (uint64_t)(done - run->start) * global_batch);
         }
-    }
-    if (stop_requested) {
-        model_save(&model, &ds, &args, step, sampler_pos + (uint64_t)(step - start) * global_batch);
-        printf("interrupted: saved step %d to %s; continue with -y 1\n", step, args.output);
     }
     cudaCheck(cudaStreamSynchronize(copy_stream));
     loader_pin(&loader, 0);
     loader_stop(&loader);
-    printf("data loader: %d worker thread(s), the trainer waited %.1f ms for batches in %d steps\n", args.workers,
-           1000.0 * loader.wait_seconds, step - start);
-    printf("eval: 10-step sampled actions vs the data, MSE %.6f (data units) on %d samples\n",
-           eval_action_mse(&model, &ds, args.seed, sampler_pos + (uint64_t)(step - start) * global_batch, step, args.batch),
-           args.batch);
-    if (timed_steps > 0) {
-        double ms = timed_ms / timed_steps, sps = global_batch / (ms / 1000.0);
-        printf("mean step time %.1f ms over %d steps (first excluded), %.1f samples/s", ms, timed_steps, sps);
-        if (peak > 0.0) { printf(", MFU %.1f%%", 100.0 * flops * sps / peak); }
-        printf(", peak GPU memory %.2f GiB (%.2f GiB held by the model)\n", peak_mem,
-               (double)model.device_bytes / (1024.0 * 1024.0 * 1024.0));
+    if (lead) {
+        if (stopped) { printf("interrupted: saved step %d to %s; continue with -y 1\n", step, args->output); }
+        printf("data loader: %d worker thread(s) per GPU, rank 0 waited %.1f ms for batches in %d steps\n", args->workers,
+               1000.0 * loader.wait_seconds, step - run->start);
+        printf("eval: 10-step sampled actions vs the data, MSE %.6f (data units) on %d samples\n",
+               eval_action_mse(&model, &run->ds, args->seed,
+                               run->sampler_pos + (uint64_t)(step - run->start) * global_batch, step, args->batch),
+               args->batch);
+        if (timed_steps > 0) {
+            double ms = timed_ms / timed_steps, sps = global_batch / (ms / 1000.0);
+            printf("mean step time %.1f ms over %d steps (first excluded), %.1f samples/s", ms, timed_steps, sps);
+            if (peak > 0.0) { printf(", MFU %.1f%%", 100.0 * flops * sps / (peak * world)); }
+            printf(", peak GPU memory %.2f GiB (%.2f GiB held by the model)\n", peak_mem,
+                   (double)model.device_bytes / (1024.0 * 1024.0 * 1024.0));
+        }
+        logger_close(&logger);
     }
-    logger_close(&logger);
     for (int k = 0; k < 2; k++) {
         cudaCheck(cudaFree(dev[k].memory));
         cudaCheck(cudaEventDestroy(uploaded[k]));
         cudaCheck(cudaEventDestroy(consumed[k]));
     }
+#if defined(MULTI_GPU)
+    for (int b = 0; b < param_bucket_count(c); b++) { cudaCheck(cudaEventDestroy(dist.bucket_ready[b])); }
+    free(dist.bucket_ready);
+    cudaCheck(cudaEventDestroy(dist.scalars_ready));
+    cudaCheck(cudaEventDestroy(dist.comm_done));
+    cudaCheck(cudaStreamDestroy(dist.comm_stream));
+    ncclCheck(ncclCommDestroy(dist.comm));
+#endif
     model_free(&model);
-    dataset_close(&ds);
     gpu_shutdown();
-    return stop_requested ? 130 : 0;
+    return stopped;
+}
+
+int main(int argc, char** argv) {
+    Run run;
+    memset(&run, 0, sizeof(run));
+    TrainArgs* args = &run.args;
+    train_args_parse(args, argc, argv);
+    gpu_check_visible(args->ranks);
+    run.local_ranks = args->ranks;
+    run.world = run.local_ranks;
+    train_args_for_world(args, run.world);
+    dataset_open(&run.ds, args->input);
+    run.config = config_for_data(args->preset, &run.ds);
+
+    char resume_path[1024];
+    run.from = run_start_checkpoint(args, resume_path, sizeof(resume_path));
+    if (run.from != NULL) {
+        Checkpoint ck;  // every rank loads the weights; here the step, seed and sampler position
+        run_checkpoint_load(run.from, &run.config, &ck);
+        run.start = (int)ck.step;
+        run.sampler_pos = ck.sampler_pos;
+        if (ck.seed != args->seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)ck.seed); }
+        args->seed = ck.seed;
+        checkpoint_free(&ck);
+        printf("resumed from %s at step %d\n", run.from, run.start);
+    }
+    if (run.start >= args->steps) {
+        printf("already at step %d of %d: nothing to do (raise -n to train further)\n", run.start, args->steps);
+        return 0;
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    print_config(&run, &prop, model_flops_per_sample(&run.config), device_peak_flops(prop.name));
+#if defined(MULTI_GPU)
+    ncclCheck(ncclGetUniqueId(&run.nccl_id));
+#endif
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    int stopped = 0;
+#if defined(MULTI_GPU)
+    #pragma omp parallel num_threads(run.local_ranks) reduction(| : stopped)
+    stopped |= train_rank(&run, omp_get_thread_num());
+#else
+    stopped = train_rank(&run, 0);
+#endif
+    dataset_close(&run.ds);
+    return stopped ? 130 : 0;
 }
 #endif

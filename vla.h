@@ -214,50 +214,53 @@ static inline void vla_config_print(const VLAConfig* c) {
 // the last layer feeds nothing); its wq/wo/ln2/MLP exist for a uniform stack and get zero grads.
 
 enum { GROUP_VLM = 0, GROUP_EXPERT = 1 };
+// where a tensor sits in the network: a stack's inputs (embeddings), a per-layer tensor with a
+// leading L, or the head; with the group this orders the gradient buckets of the backward pass
+enum { KIND_INPUT = 0, KIND_LAYER = 1, KIND_HEAD = 2 };
 enum { INIT_NORMAL = 0, INIT_NORMAL_OUT = 1, INIT_ZERO = 2, INIT_ONE = 3 };
 
-//  X(name,          group,        decay, init,           ndim, dim0, dim1, dim2)
+//  X(name,          group,        kind,        decay, init,           ndim, dim0, dim1, dim2)
 #define VLA_PARAMETERS(X, c) \
-    X(patch_w,        GROUP_VLM,    1, INIT_NORMAL,     2, (c)->d_model, vla_patch_dim(c), 1) \
-    X(patch_b,        GROUP_VLM,    0, INIT_ZERO,       1, (c)->d_model, 1, 1) \
-    X(pos_emb,        GROUP_VLM,    1, INIT_NORMAL,     2, vla_n_image_tokens(c), (c)->d_model, 1) \
-    X(text_emb,       GROUP_VLM,    1, INIT_NORMAL,     2, 256, (c)->d_model, 1) \
-    X(state_w,        GROUP_EXPERT, 1, INIT_NORMAL,     2, (c)->d_expert, (c)->state_dim, 1) \
-    X(state_b,        GROUP_EXPERT, 0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
-    X(action_in_w,    GROUP_EXPERT, 1, INIT_NORMAL,     2, (c)->d_expert, (c)->action_dim, 1) \
-    X(action_in_b,    GROUP_EXPERT, 0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
-    X(time_in_w,      GROUP_EXPERT, 1, INIT_NORMAL,     2, (c)->d_expert, 2 * (c)->d_expert, 1) \
-    X(time_in_b,      GROUP_EXPERT, 0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
-    X(time_out_w,     GROUP_EXPERT, 1, INIT_NORMAL,     2, (c)->d_expert, (c)->d_expert, 1) \
-    X(time_out_b,     GROUP_EXPERT, 0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
-    X(vlm_ln1,        GROUP_VLM,    0, INIT_ONE,        2, (c)->n_layer, (c)->d_model, 1) \
-    X(vlm_wq,         GROUP_VLM,    1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_model) \
-    X(vlm_wk,         GROUP_VLM,    1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_model) \
-    X(vlm_wv,         GROUP_VLM,    1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_model) \
-    X(vlm_wo,         GROUP_VLM,    1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_model, vla_d_attn(c)) \
-    X(vlm_ln2,        GROUP_VLM,    0, INIT_ONE,        2, (c)->n_layer, (c)->d_model, 1) \
-    X(vlm_wgate,      GROUP_VLM,    1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
-    X(vlm_wup,        GROUP_VLM,    1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
-    X(vlm_wdown,      GROUP_VLM,    1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_model, (c)->d_ff) \
-    X(exp_ln1,        GROUP_EXPERT, 0, INIT_ONE,        2, (c)->n_layer, (c)->d_expert, 1) \
-    X(exp_wq,         GROUP_EXPERT, 1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_expert) \
-    X(exp_wk,         GROUP_EXPERT, 1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_expert) \
-    X(exp_wv,         GROUP_EXPERT, 1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_expert) \
-    X(exp_wo,         GROUP_EXPERT, 1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_expert, vla_d_attn(c)) \
-    X(exp_ln2,        GROUP_EXPERT, 0, INIT_ONE,        2, (c)->n_layer, (c)->d_expert, 1) \
-    X(exp_wgate,      GROUP_EXPERT, 1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
-    X(exp_wup,        GROUP_EXPERT, 1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
-    X(exp_wdown,      GROUP_EXPERT, 1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_expert, (c)->d_expert_ff) \
-    X(final_norm,     GROUP_EXPERT, 0, INIT_ONE,        1, (c)->d_expert, 1, 1) \
-    X(action_out_w,   GROUP_EXPERT, 1, INIT_NORMAL,     2, (c)->action_dim, (c)->d_expert, 1) \
-    X(action_out_b,   GROUP_EXPERT, 0, INIT_ZERO,       1, (c)->action_dim, 1, 1)
+    X(patch_w,        GROUP_VLM,    KIND_INPUT,  1, INIT_NORMAL,     2, (c)->d_model, vla_patch_dim(c), 1) \
+    X(patch_b,        GROUP_VLM,    KIND_INPUT,  0, INIT_ZERO,       1, (c)->d_model, 1, 1) \
+    X(pos_emb,        GROUP_VLM,    KIND_INPUT,  1, INIT_NORMAL,     2, vla_n_image_tokens(c), (c)->d_model, 1) \
+    X(text_emb,       GROUP_VLM,    KIND_INPUT,  1, INIT_NORMAL,     2, 256, (c)->d_model, 1) \
+    X(state_w,        GROUP_EXPERT, KIND_INPUT,  1, INIT_NORMAL,     2, (c)->d_expert, (c)->state_dim, 1) \
+    X(state_b,        GROUP_EXPERT, KIND_INPUT,  0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
+    X(action_in_w,    GROUP_EXPERT, KIND_INPUT,  1, INIT_NORMAL,     2, (c)->d_expert, (c)->action_dim, 1) \
+    X(action_in_b,    GROUP_EXPERT, KIND_INPUT,  0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
+    X(time_in_w,      GROUP_EXPERT, KIND_INPUT,  1, INIT_NORMAL,     2, (c)->d_expert, 2 * (c)->d_expert, 1) \
+    X(time_in_b,      GROUP_EXPERT, KIND_INPUT,  0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
+    X(time_out_w,     GROUP_EXPERT, KIND_INPUT,  1, INIT_NORMAL,     2, (c)->d_expert, (c)->d_expert, 1) \
+    X(time_out_b,     GROUP_EXPERT, KIND_INPUT,  0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
+    X(vlm_ln1,        GROUP_VLM,    KIND_LAYER,  0, INIT_ONE,        2, (c)->n_layer, (c)->d_model, 1) \
+    X(vlm_wq,         GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_model) \
+    X(vlm_wk,         GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_model) \
+    X(vlm_wv,         GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_model) \
+    X(vlm_wo,         GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_model, vla_d_attn(c)) \
+    X(vlm_ln2,        GROUP_VLM,    KIND_LAYER,  0, INIT_ONE,        2, (c)->n_layer, (c)->d_model, 1) \
+    X(vlm_wgate,      GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
+    X(vlm_wup,        GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
+    X(vlm_wdown,      GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_model, (c)->d_ff) \
+    X(exp_ln1,        GROUP_EXPERT, KIND_LAYER,  0, INIT_ONE,        2, (c)->n_layer, (c)->d_expert, 1) \
+    X(exp_wq,         GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_expert) \
+    X(exp_wk,         GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_expert) \
+    X(exp_wv,         GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_expert) \
+    X(exp_wo,         GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_expert, vla_d_attn(c)) \
+    X(exp_ln2,        GROUP_EXPERT, KIND_LAYER,  0, INIT_ONE,        2, (c)->n_layer, (c)->d_expert, 1) \
+    X(exp_wgate,      GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
+    X(exp_wup,        GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
+    X(exp_wdown,      GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_expert, (c)->d_expert_ff) \
+    X(final_norm,     GROUP_EXPERT, KIND_HEAD,   0, INIT_ONE,        1, (c)->d_expert, 1, 1) \
+    X(action_out_w,   GROUP_EXPERT, KIND_HEAD,   1, INIT_NORMAL,     2, (c)->action_dim, (c)->d_expert, 1) \
+    X(action_out_b,   GROUP_EXPERT, KIND_HEAD,   0, INIT_ZERO,       1, (c)->action_dim, 1, 1)
 
 #define VLA_COUNT_(...) +1
 enum { NUM_PARAM_TENSORS = 0 VLA_PARAMETERS(VLA_COUNT_, c) };
 
 typedef struct {
     const char* name;
-    int group, decay, init, ndim;
+    int group, kind, decay, init, ndim;
     int64_t shape[3];
     size_t numel;
     size_t offset;  // in elements, into the one flat allocation
@@ -271,8 +274,8 @@ typedef struct {
 static inline void param_table_build(const VLAConfig* c, ParamTable* t) {
     int i = 0;
     size_t offset = 0;
-#define VLA_SPEC_(nm, grp, dec, ini, nd, d0, d1, d2) \
-    t->spec[i] = (ParamSpec){#nm, grp, dec, ini, nd, {d0, d1, d2}, (size_t)(d0) * (size_t)(d1) * (size_t)(d2), offset}; \
+#define VLA_SPEC_(nm, grp, knd, dec, ini, nd, d0, d1, d2) \
+    t->spec[i] = (ParamSpec){#nm, grp, knd, dec, ini, nd, {d0, d1, d2}, (size_t)(d0) * (size_t)(d1) * (size_t)(d2), offset}; \
     offset += t->spec[i].numel; \
     i++;
     VLA_PARAMETERS(VLA_SPEC_, c)
@@ -299,6 +302,33 @@ static inline int param_table_find(const ParamTable* t, const char* name) {
         if (strcmp(t->spec[i].name, name) == 0) { return i; }
     }
     return -1;
+}
+
+// Gradient buckets: the tensors (or layer slices of them) whose gradients the backward pass
+// finishes together, in the order it finishes them: the head, the expert's layers from the last,
+// the expert's inputs, the VLM's layers from the last, the VLM's inputs. 2L + 3 buckets.
+static inline int param_bucket_count(const VLAConfig* c) { return 2 * c->n_layer + 3; }
+
+// The slices of bucket b as (element offset, count) pairs, tensor i at offsets[i] (the table's, or
+// any layout with the same tensor order). Returns the number of slices (at most NUM_PARAM_TENSORS).
+static inline int param_bucket_slices(const ParamTable* t, const VLAConfig* c, const size_t* offsets, int b,
+                                      size_t* off, size_t* count) {
+    int L = c->n_layer, group, kind, layer = 0;
+    if (b == 0) { group = GROUP_EXPERT; kind = KIND_HEAD; }
+    else if (b <= L) { group = GROUP_EXPERT; kind = KIND_LAYER; layer = L - b; }
+    else if (b == L + 1) { group = GROUP_EXPERT; kind = KIND_INPUT; }
+    else if (b <= 2 * L + 1) { group = GROUP_VLM; kind = KIND_LAYER; layer = L - (b - L - 1); }
+    else { group = GROUP_VLM; kind = KIND_INPUT; }
+    int n = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const ParamSpec* s = &t->spec[i];
+        if (s->group != group || s->kind != kind) { continue; }
+        size_t per = kind == KIND_LAYER ? s->numel / (size_t)L : s->numel;
+        off[n] = offsets[i] + (kind == KIND_LAYER ? (size_t)layer * per : 0);
+        count[n] = per;
+        n++;
+    }
+    return n;
 }
 
 // ----------------------------------------------------------------------------
@@ -911,8 +941,11 @@ static inline void batch_fill(Batch* batch, const Dataset* ds, const VLAConfig* 
 }
 
 // Worker threads assemble the batches of upcoming (step, rank) jobs into a ring of slots, so
-// the trainer's step does not wait on assembly. Job j is step first_step + j / W, rank j % W;
-// slot j % n_slots holds it. Content depends only on (step, rank): bit-exact whatever the timing.
+// the trainer's step does not wait on assembly. The loader's job j is the global job
+// g = j * stride + offset, which is step first_step + g / W, rank g % W (W batches per step: ranks
+// times micro-steps); slot j % n_slots holds it. A GPU rank takes every `stride`-th job from its
+// `offset`; one loader for all takes them all. Content depends only on (step, rank): bit-exact
+// whatever the timing.
 enum { SLOT_FREE = 0, SLOT_FILLING = 1, SLOT_READY = 2 };
 
 typedef struct {
@@ -921,6 +954,7 @@ typedef struct {
     Sampler sampler;       // guarded by mu
     uint64_t seed, first_pos, first_step;
     int B, W, augment;
+    int stride, offset;    // the global jobs this loader takes
     int n_slots;
     Batch* slots;
     int64_t* slot_job;     // job a slot holds
@@ -949,8 +983,9 @@ static inline void* loader_worker(void* arg) {
         L->next_job++;
         L->slot_job[slot] = j;
         L->slot_state[slot] = SLOT_FILLING;
-        uint64_t step = L->first_step + (uint64_t)(j / L->W);
-        int r = (int)(j % L->W);
+        int64_t g = j * L->stride + L->offset;
+        uint64_t step = L->first_step + (uint64_t)(g / L->W);
+        int r = (int)(g % L->W);
         batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, r);
         pthread_mutex_unlock(&L->mu);
         batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, r, L->augment);
@@ -963,12 +998,15 @@ static inline void* loader_worker(void* arg) {
     return NULL;
 }
 
-// Starts n_threads workers (0: none; loader_next then assembles in the caller's thread).
-static inline void loader_start(Loader* L, const Dataset* ds, const VLAConfig* c, uint64_t seed, uint64_t first_pos,
-                                uint64_t first_step, int B, int W, int augment, int n_threads, int n_slots) {
+// Starts n_threads workers (0: none; loader_next then assembles in the caller's thread), taking
+// the global jobs offset, offset + stride, ... (every job: stride 1, offset 0).
+static inline void loader_start_strided(Loader* L, const Dataset* ds, const VLAConfig* c, uint64_t seed,
+                                        uint64_t first_pos, uint64_t first_step, int B, int W, int augment,
+                                        int n_threads, int n_slots, int stride, int offset) {
     memset(L, 0, sizeof(*L));
     L->ds = ds; L->config = *c; L->seed = seed; L->first_pos = first_pos; L->first_step = first_step;
     L->B = B; L->W = W; L->augment = augment; L->n_threads = n_threads;
+    L->stride = stride; L->offset = offset;
     L->n_slots = n_slots < 1 ? 1 : n_slots;
     sampler_init(&L->sampler, ds->n_samples, seed);
     L->slots = (Batch*)callocCheck(L->n_slots, sizeof(Batch));
@@ -985,15 +1023,21 @@ static inline void loader_start(Loader* L, const Dataset* ds, const VLAConfig* c
     }
 }
 
+static inline void loader_start(Loader* L, const Dataset* ds, const VLAConfig* c, uint64_t seed, uint64_t first_pos,
+                                uint64_t first_step, int B, int W, int augment, int n_threads, int n_slots) {
+    loader_start_strided(L, ds, c, seed, first_pos, first_step, B, W, augment, n_threads, n_slots, 1, 0);
+}
+
 // The batch of the next job in order (steps ascending, ranks within a step). Valid until loader_release.
 static inline Batch* loader_next(Loader* L) {
     int64_t j = L->consume_job;
     int slot = (int)(j % L->n_slots);
     if (L->n_threads == 0) {  // synchronous: assemble here
         uint64_t* idx = (uint64_t*)mallocCheck((size_t)L->B * sizeof(uint64_t));
-        uint64_t step = L->first_step + (uint64_t)(j / L->W);
-        batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, (int)(j % L->W));
-        batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, (int)(j % L->W), L->augment);
+        int64_t g = j * L->stride + L->offset;
+        uint64_t step = L->first_step + (uint64_t)(g / L->W);
+        batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, (int)(g % L->W));
+        batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, (int)(g % L->W), L->augment);
         free(idx);
         return &L->slots[slot];
     }

@@ -15,3 +15,14 @@ endif
 NVCC ?= $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -Xcompiler -Wall,-Wno-unused-function,-Wno-format-truncation
 NVCC_LDLIBS = -lcublasLt -lm -lpthread
+
+# NCCL: MULTI_GPU builds (one process, several GPUs, more nodes) where nccl.h is found next to nvcc
+# or in the system's include folders; MULTI_GPU=0 builds the single-GPU trainer anyway.
+ifndef MULTI_GPU
+  MULTI_GPU := $(if $(wildcard $(dir $(NVCC))../include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h),1,0)
+  ifeq ($(MULTI_GPU),0)
+    $(info train_vla: nccl.h not found: building the single-GPU trainer (install NCCL for -g above 1))
+  endif
+endif
+MULTI_GPU_FLAGS = $(if $(filter 1,$(MULTI_GPU)),-DMULTI_GPU -Xcompiler -fopenmp,)
+MULTI_GPU_LIBS = $(if $(filter 1,$(MULTI_GPU)),-lnccl -lgomp,)

@@ -18,10 +18,9 @@ skipped: their timings would mean nothing. The last line is `N passed, M failed`
 static int n_passed = 0, n_failed = 0;
 
 static void dev_init(const char* what) {
-    TrainArgs args;
-    train_args_defaults(&args);
     cudaDeviceProp prop;
-    gpu_init(&args, &prop);
+    gpu_check_visible(1);
+    gpu_init(0, &prop);
     printf("%s on %s, floatX %s\n", what, prop.name, PRECISION_NAME);
 }
 

@@ -23,6 +23,12 @@ It also checks what a GPU reports less plainly, and stops with one line when it 
 - cudaMemcpy directions that do not match where the pointers live, blocks over 1024 threads.
 What it cannot show: races between threads (fibers run one at a time), performance.
 
+Several GPUs: CUDA_EMU_DEVICES=N emulates N devices (CUDA_VISIBLE_DEVICES narrows them as on a real
+machine); host threads may drive them at once, their device work taking turns. NCCL's collectives
+among the ranks of one process are emulated too (nccl.h): each call waits for every rank, then the
+last to arrive reduces in rank order for all. CUDA_EMU_NCCL_FAULT=rank:call:error|hang makes that
+rank's call-th collective fail (an asynchronous error) or hang, to test a trainer's fault handling.
+
 Build: dev/cuda/emu/launch.sed turns `kernel<<<grid, block, smem, stream>>>(args)` into
 `emu_launch(kernel, grid, block, smem, stream)(args)` and `extern __shared__ T name[];` into a
 pointer to the launch's dynamic shared memory; then g++ -x c++ compiles the result with this
@@ -47,6 +53,10 @@ shims that include this file. See the Makefile's emu targets.
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -161,6 +171,10 @@ struct Allocation {
     size_t bytes;
 };
 
+// Device work (kernels, copies, products, allocations) takes turns under this lock, so host threads
+// driving different emulated GPUs never run two grids at once.
+inline std::recursive_mutex device_mutex;
+
 struct State {
     std::vector<Allocation> allocs;
     size_t used = 0, peak = 0;
@@ -237,6 +251,7 @@ static inline void install_handler(void) {
 }
 
 static inline void* device_alloc(size_t bytes) {
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
     install_handler();
     size_t ps = page_size();
     size_t rounded = (bytes + 255) / 256 * 256;
@@ -256,6 +271,7 @@ static inline void* device_alloc(size_t bytes) {
 }
 
 static inline bool device_free(void* p) {
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
     for (size_t i = 0; i < state.allocs.size(); i++) {
         if (state.allocs[i].ptr == p) {
             munmap(state.allocs[i].map, state.allocs[i].map_bytes + page_size());
@@ -465,6 +481,7 @@ static inline void run_grid(dim3 grid, dim3 blk, size_t dynamic_smem, F& body) {
              "dimension may be 0", grid.x, grid.y, grid.z, blk.x, blk.y, blk.z);
     }
     if (dynamic_smem > 227 * 1024) { fail("invalid launch: %zu bytes of dynamic shared memory (at most 227 KiB)", dynamic_smem); }
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
     // dynamic shared memory starts 128-byte aligned, as on a GPU whose kernel has no static share
     size_t smem_bytes = (dynamic_smem + 127) / 128 * 128 + 128;
     uint8_t* smem = (uint8_t*)aligned_alloc(128, smem_bytes);
@@ -728,11 +745,36 @@ struct cudaDeviceProp {
 
 #define EMU_DEVICE_MEMORY (16ull << 30)  // what the emulated device reports as its memory
 
-static inline cudaError_t cudaGetDeviceCount(int* n) { *n = 1; return cudaSuccess; }
-static inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
-static inline cudaError_t cudaGetDevice(int* d) { *d = 0; return cudaSuccess; }
+// CUDA_EMU_DEVICES emulated GPUs (1 by default), of which CUDA_VISIBLE_DEVICES lists the visible ones
+static inline int emu_device_count(void) {
+    const char* e = getenv("CUDA_EMU_DEVICES");
+    int n = e != nullptr ? atoi(e) : 1;
+    n = n < 0 ? 0 : (n > 64 ? 64 : n);
+    const char* vis = getenv("CUDA_VISIBLE_DEVICES");
+    if (vis == nullptr) { return n; }
+    int visible = 0;
+    for (const char* p = vis; *p;) {
+        char* end;
+        long d = strtol(p, &end, 10);
+        if (end == p) { break; }  // CUDA stops at the first entry it cannot read
+        visible += d >= 0 && d < n;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return visible;
+}
+inline thread_local int emu_current_device = 0;
+static inline cudaError_t cudaGetDeviceCount(int* n) {
+    *n = emu_device_count();
+    return *n > 0 ? cudaSuccess : cudaErrorNoDevice;
+}
+static inline cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= emu_device_count()) { return cudaErrorInvalidDevice; }
+    emu_current_device = d;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaGetDevice(int* d) { *d = emu_current_device; return cudaSuccess; }
 static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
-    if (d != 0) { return cudaErrorInvalidDevice; }
+    if (d < 0 || d >= emu_device_count()) { return cudaErrorInvalidDevice; }
     memset(p, 0, sizeof(*p));
     snprintf(p->name, sizeof(p->name), "CPU emulation of CUDA (dev/cuda/emu)");
     p->totalGlobalMem = EMU_DEVICE_MEMORY;
@@ -801,6 +843,7 @@ static inline cudaError_t emu_copy(void* dst, const void* src, size_t bytes, cud
         emu::fail("cudaMemcpy of %zu bytes with kind %d, but the destination is %s memory and the source %s memory",
                   bytes, (int)kind, dd ? "device" : "host", sd ? "device" : "host");
     }
+    std::lock_guard<std::recursive_mutex> lock(emu::device_mutex);
     emu::device_open();
     memmove(dst, src, bytes);
     emu::device_close();
@@ -816,6 +859,7 @@ static inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t byt
 }
 static inline cudaError_t cudaMemset(void* p, int value, size_t bytes) {
     if (!emu::is_device(p)) { emu::fail("cudaMemset on host memory at %p", p); }
+    std::lock_guard<std::recursive_mutex> lock(emu::device_mutex);
     emu::device_open();
     memset(p, value, bytes);
     emu::device_close();
@@ -826,6 +870,11 @@ static inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cuda
     return cudaMemset(p, value, bytes);
 }
 
+static inline long long emu_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 static inline double emu_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1097,6 +1146,7 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDe
     if (c == out && (C->ld != D->ld || C->stride != D->stride)) { emu::fail("cublasLtMatmul: in place (C == D) needs equal layouts"); }
     uint64_t m = D->rows, n = D->cols, k = d->transa == CUBLAS_OP_N ? A->cols : A->rows;
     cudaDataType_t bias_type = d->bias_type >= 0 ? (cudaDataType_t)d->bias_type : D->type;
+    std::lock_guard<std::recursive_mutex> lock(emu::device_mutex);
     emu::device_open();
     std::vector<float> col(m);
     for (int32_t bt = 0; bt < D->batch; bt++) {
@@ -1120,6 +1170,239 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDe
     }
     emu::device_close();
     return CUBLAS_STATUS_SUCCESS;
+}
+
+// ----------------------------------------------------------------------------
+// NCCL: the collectives among the ranks of one process. A call posts its buffers and waits until
+// every rank has posted the same collective; the last to arrive moves the data for all, reducing
+// in rank order (so every rank gets the same bits). Calls are synchronous: the stream is ignored.
+
+typedef enum {
+    ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2, ncclInternalError = 3,
+    ncclInvalidArgument = 4, ncclInvalidUsage = 5, ncclRemoteError = 6, ncclInProgress = 7,
+} ncclResult_t;
+typedef enum { ncclFloat32 = 7, ncclFloat = 7, ncclBfloat16 = 9 } ncclDataType_t;
+typedef enum { ncclSum = 0, ncclMax = 2, ncclAvg = 4 } ncclRedOp_t;
+#define NCCL_UNIQUE_ID_BYTES 128
+typedef struct { char internal[NCCL_UNIQUE_ID_BYTES]; } ncclUniqueId;
+#define NCCL_MAJOR 2
+#define NCCL_MINOR 99
+
+namespace emu {
+enum { COLL_ALLREDUCE = 0, COLL_REDUCESCATTER = 1, COLL_ALLGATHER = 2, COLL_BROADCAST = 3 };
+static const char* const COLL_NAMES[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast"};
+
+struct Posted {
+    int kind;
+    const void* send;
+    void* recv;
+    size_t count;  // per rank for reduce-scatter (its share) and all-gather (its contribution)
+    ncclDataType_t type;
+    ncclRedOp_t op;
+    int root;
+};
+
+struct Clique {  // the ranks that share one ncclUniqueId
+    ncclUniqueId id;
+    int nranks, joined = 0, arrived = 0;
+    uint64_t generation = 0;
+    bool aborted = false;
+    std::vector<Posted> posted;
+    std::mutex mu;
+    std::condition_variable cv;
+};
+
+inline std::mutex cliques_mu;
+inline std::vector<Clique*> cliques;
+
+static inline float nccl_load(const void* p, ncclDataType_t t, size_t i) {
+    return t == ncclFloat ? ((const float*)p)[i] : __bfloat162float(((const __nv_bfloat16*)p)[i]);
+}
+static inline void nccl_store(void* p, ncclDataType_t t, size_t i, float v) {
+    if (t == ncclFloat) { ((float*)p)[i] = v; } else { ((__nv_bfloat16*)p)[i] = __float2bfloat16(v); }
+}
+static inline size_t nccl_size(ncclDataType_t t) { return t == ncclFloat ? 4 : 2; }
+
+// Every rank has posted: move the data (under the device lock, device memory open)
+static inline void nccl_perform(Clique* c) {
+    const Posted& p0 = c->posted[0];
+    for (int r = 1; r < c->nranks; r++) {
+        const Posted& p = c->posted[r];
+        if (p.kind != p0.kind || p.count != p0.count || p.type != p0.type || p.op != p0.op || p.root != p0.root) {
+            fail("NCCL: rank 0 called %s of %zu elements, rank %d %s of %zu: ranks must call the same collectives in "
+                 "the same order", COLL_NAMES[p0.kind], p0.count, r, COLL_NAMES[p.kind], p.count);
+        }
+    }
+    int n = c->nranks;
+    size_t count = p0.count, total = p0.kind == COLL_ALLGATHER || p0.kind == COLL_REDUCESCATTER ? count * n : count;
+    std::lock_guard<std::recursive_mutex> lock(device_mutex);
+    device_open();
+    std::vector<float> result(total);
+    if (p0.kind == COLL_ALLREDUCE || p0.kind == COLL_REDUCESCATTER) {
+        for (size_t i = 0; i < total; i++) {
+            float acc = nccl_load(c->posted[0].send, p0.type, i);
+            for (int r = 1; r < n; r++) {
+                float v = nccl_load(c->posted[r].send, p0.type, i);
+                acc = p0.op == ncclMax ? (v > acc ? v : acc) : acc + v;
+            }
+            result[i] = p0.op == ncclAvg ? acc / (float)n : acc;
+        }
+    } else if (p0.kind == COLL_ALLGATHER) {
+        for (int r = 0; r < n; r++) {
+            for (size_t i = 0; i < count; i++) { result[(size_t)r * count + i] = nccl_load(c->posted[r].send, p0.type, i); }
+        }
+    } else {
+        for (size_t i = 0; i < total; i++) { result[i] = nccl_load(c->posted[p0.root].send, p0.type, i); }
+    }
+    for (int r = 0; r < n; r++) {
+        if (p0.kind == COLL_REDUCESCATTER) {
+            for (size_t i = 0; i < count; i++) { nccl_store(c->posted[r].recv, p0.type, i, result[(size_t)r * count + i]); }
+        } else {
+            for (size_t i = 0; i < total; i++) { nccl_store(c->posted[r].recv, p0.type, i, result[i]); }
+        }
+    }
+    device_close();
+}
+
+// CUDA_EMU_NCCL_FAULT=rank:call:error|hang: what rank `rank` does at its call-th collective
+static inline int nccl_fault(int rank, uint64_t call) {
+    const char* f = getenv("CUDA_EMU_NCCL_FAULT");
+    int fr;
+    unsigned long long fc;
+    char kind[16];
+    if (f == nullptr || sscanf(f, "%d:%llu:%15s", &fr, &fc, kind) != 3 || fr != rank || fc != call) { return 0; }
+    return strcmp(kind, "hang") == 0 ? 2 : 1;
+}
+}  // namespace emu
+
+struct EmuComm {
+    emu::Clique* clique;
+    int rank;
+    int device;
+    uint64_t calls = 0;
+    ncclResult_t async_error = ncclSuccess;
+};
+typedef EmuComm* ncclComm_t;
+
+static inline const char* ncclGetErrorString(ncclResult_t r) {
+    switch (r) {
+        case ncclSuccess: return "no error";
+        case ncclUnhandledCudaError: return "unhandled cuda error";
+        case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+        case ncclInternalError: return "internal error";
+        case ncclInvalidArgument: return "invalid argument";
+        case ncclInvalidUsage: return "invalid usage";
+        case ncclRemoteError: return "remote process exited or there was a network error";
+        case ncclInProgress: return "NCCL operation in progress";
+    }
+    return "unknown result code";
+}
+
+static inline ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+    static std::atomic<uint64_t> counter{0};
+    memset(id, 0, sizeof(*id));
+    uint64_t words[3] = {(uint64_t)getpid(), (uint64_t)emu_now_ns(), ++counter};
+    memcpy(id->internal, words, sizeof(words));
+    return ncclSuccess;
+}
+
+static inline ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+    if (nranks < 1 || rank < 0 || rank >= nranks) { return ncclInvalidArgument; }
+    emu::Clique* c = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(emu::cliques_mu);
+        for (emu::Clique* k : emu::cliques) {
+            if (memcmp(&k->id, &id, sizeof(id)) == 0) { c = k; }
+        }
+        if (c == nullptr) {
+            c = new emu::Clique();
+            c->id = id;
+            c->nranks = nranks;
+            c->posted.resize(nranks);
+            emu::cliques.push_back(c);
+        }
+    }
+    if (c->nranks != nranks) { return ncclInvalidArgument; }
+    std::unique_lock<std::mutex> lock(c->mu);
+    c->joined++;
+    c->cv.notify_all();
+    // as NCCL: the call returns once every rank has joined
+    while (c->joined < c->nranks && !c->aborted) { c->cv.wait_for(lock, std::chrono::milliseconds(50)); }
+    if (c->aborted) { return ncclInvalidUsage; }
+    *comm = new EmuComm{c, rank, emu_current_device};
+    return ncclSuccess;
+}
+
+static inline ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) { *count = comm->clique->nranks; return ncclSuccess; }
+static inline ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) { *rank = comm->rank; return ncclSuccess; }
+static inline ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) { *device = comm->device; return ncclSuccess; }
+static inline ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
+static inline ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
+static inline ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* err) {
+    std::lock_guard<std::mutex> lock(comm->clique->mu);
+    *err = comm->async_error;
+    return ncclSuccess;
+}
+
+// Wakes every rank waiting in a collective of the clique; their calls return an error
+static inline ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    if (comm == nullptr) { return ncclSuccess; }
+    {
+        std::lock_guard<std::mutex> lock(comm->clique->mu);
+        comm->clique->aborted = true;
+        comm->clique->cv.notify_all();
+    }
+    return ncclSuccess;
+}
+static inline ncclResult_t ncclCommDestroy(ncclComm_t comm) { delete comm; return ncclSuccess; }
+
+static inline ncclResult_t emu_collective(ncclComm_t comm, int kind, const void* send, void* recv, size_t count,
+                                          ncclDataType_t type, ncclRedOp_t op, int root) {
+    if (!emu::is_device(send) || !emu::is_device(recv)) { emu::fail("%s given host memory", emu::COLL_NAMES[kind]); }
+    emu::Clique* c = comm->clique;
+    std::unique_lock<std::mutex> lock(c->mu);
+    if (c->aborted) { return ncclInvalidUsage; }
+    int fault = emu::nccl_fault(comm->rank, comm->calls++);
+    if (fault == 1) {  // an asynchronous error: the call returns, the data never moves
+        comm->async_error = ncclSystemError;
+        return ncclSuccess;
+    }
+    if (fault == 2) {  // a hang: wait until someone aborts the communicator
+        while (!c->aborted) { c->cv.wait_for(lock, std::chrono::milliseconds(50)); }
+        return ncclInvalidUsage;
+    }
+    c->posted[comm->rank] = emu::Posted{kind, send, recv, count, type, op, root};
+    uint64_t gen = c->generation;
+    if (++c->arrived == c->nranks) {
+        emu::nccl_perform(c);
+        c->arrived = 0;
+        c->generation++;
+        c->cv.notify_all();
+        return ncclSuccess;
+    }
+    while (c->generation == gen && !c->aborted) { c->cv.wait_for(lock, std::chrono::milliseconds(50)); }
+    return c->aborted && c->generation == gen ? ncclInvalidUsage : ncclSuccess;
+}
+
+static inline ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                                         ncclComm_t comm, cudaStream_t stream) {
+    (void)stream;
+    return emu_collective(comm, emu::COLL_ALLREDUCE, send, recv, count, type, op, 0);
+}
+static inline ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t type,
+                                             ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+    (void)stream;
+    return emu_collective(comm, emu::COLL_REDUCESCATTER, send, recv, recv_count, type, op, 0);
+}
+static inline ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type,
+                                         ncclComm_t comm, cudaStream_t stream) {
+    (void)stream;
+    return emu_collective(comm, emu::COLL_ALLGATHER, send, recv, send_count, type, ncclSum, 0);
+}
+static inline ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                                         ncclComm_t comm, cudaStream_t stream) {
+    (void)stream;
+    return emu_collective(comm, emu::COLL_BROADCAST, send, recv, count, type, ncclSum, root);
 }
 
 #endif  // CUDA_EMULATE_H

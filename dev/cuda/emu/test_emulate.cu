@@ -18,6 +18,11 @@ It also compiles with nvcc (make dev/cuda/emu/test_emulate), where the misuse ch
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#ifdef CUDA_EMULATION
+#include <nccl.h>
+#include <thread>
+#include <vector>
+#endif
 
 static int n_passed = 0, n_failed = 0;
 static void check(int ok, const char* what) {
@@ -165,6 +170,113 @@ static void bad_block(void) {
     float* d;
     cudaMalloc(&d, 4);
     write_kernel<<<1, 2048>>>(d, 0);
+}
+#endif
+
+#ifdef CUDA_EMULATION
+// ----------------------------------------------------------------------------
+// several devices and NCCL: ranks on their own threads, as a trainer drives them
+
+static void test_devices(void) {
+    int n = 0;
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    setenv("CUDA_EMU_DEVICES", "3", 1);
+    cudaGetDeviceCount(&n);
+    int ok3 = n == 3 && cudaSetDevice(2) == cudaSuccess && cudaSetDevice(3) != cudaSuccess;
+    setenv("CUDA_VISIBLE_DEVICES", "1,7", 1);  // device 7 does not exist: one visible
+    cudaGetDeviceCount(&n);
+    int ok_vis = n == 1;
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    cudaSetDevice(0);
+    check(ok3 && ok_vis, "CUDA_EMU_DEVICES=3 gives 3 devices; CUDA_VISIBLE_DEVICES keeps the existing ones it lists");
+}
+
+// Each of R ranks, on its own thread and device: all-reduce (average) of rank-dependent values,
+// reduce-scatter (sum), all-gather, broadcast from rank 1. Returns the mismatches.
+static void nccl_rank(int rank, int R, ncclUniqueId id, int* bad, int* init_rc) {
+    cudaSetDevice(rank);
+    ncclComm_t comm;
+    *init_rc = ncclCommInitRank(&comm, R, id, rank);
+    if (*init_rc != ncclSuccess) { return; }
+    const int n = 6;
+    float h[n * 3], got[n * 3];
+    for (int i = 0; i < n * R; i++) { h[i] = (float)(rank * 100 + i); }
+    float *d_send, *d_recv;
+    cudaMalloc(&d_send, sizeof(h));
+    cudaMalloc(&d_recv, sizeof(h));
+    cudaMemcpy(d_send, h, sizeof(h), cudaMemcpyHostToDevice);
+    ncclAllReduce(d_send, d_recv, n, ncclFloat, ncclAvg, comm, 0);
+    cudaMemcpy(got, d_recv, n * sizeof(float), cudaMemcpyDeviceToHost);
+    for (int i = 0; i < n; i++) { *bad += got[i] != (float)(100.0 * (R - 1) / 2.0 + i); }
+    ncclReduceScatter(d_send, d_recv, n, ncclFloat, ncclSum, comm, 0);  // my share: elements rank*n ..
+    cudaMemcpy(got, d_recv, n * sizeof(float), cudaMemcpyDeviceToHost);
+    for (int i = 0; i < n; i++) { *bad += got[i] != (float)(100 * (R * (R - 1) / 2) + R * (rank * n + i)); }
+    ncclAllGather(d_send, d_recv, n, ncclFloat, comm, 0);
+    cudaMemcpy(got, d_recv, n * R * sizeof(float), cudaMemcpyDeviceToHost);
+    for (int r = 0; r < R; r++) {
+        for (int i = 0; i < n; i++) { *bad += got[r * n + i] != (float)(r * 100 + i); }
+    }
+    ncclBroadcast(d_send, d_recv, n, ncclFloat, 1, comm, 0);
+    cudaMemcpy(got, d_recv, n * sizeof(float), cudaMemcpyDeviceToHost);
+    for (int i = 0; i < n; i++) { *bad += got[i] != (float)(100 + i); }
+    cudaFree(d_send);
+    cudaFree(d_recv);
+    ncclCommDestroy(comm);
+}
+
+static void test_nccl(void) {
+    const int R = 3;
+    setenv("CUDA_EMU_DEVICES", "3", 1);
+    ncclUniqueId id;
+    ncclGetUniqueId(&id);
+    int bad[R] = {0}, rc[R] = {0};
+    std::vector<std::thread> threads;
+    for (int r = 0; r < R; r++) { threads.emplace_back(nccl_rank, r, R, id, &bad[r], &rc[r]); }
+    for (auto& t : threads) { t.join(); }
+    int ok = 1;
+    for (int r = 0; r < R; r++) { ok &= bad[r] == 0 && rc[r] == ncclSuccess; }
+    check(ok, "NCCL over 3 ranks on 3 threads: all-reduce (avg), reduce-scatter, all-gather, broadcast");
+}
+
+// A hang (CUDA_EMU_NCCL_FAULT=1:0:hang): rank 0 waits in its all-reduce until ncclCommAbort
+static void nccl_waiter(ncclComm_t comm, float* d, ncclResult_t* rc) { *rc = ncclAllReduce(d, d, 4, ncclFloat, ncclSum, comm, 0); }
+static void nccl_init(int rank, ncclUniqueId id, ncclComm_t* comm) {
+    cudaSetDevice(rank);
+    ncclCommInitRank(comm, 2, id, rank);
+}
+
+static void test_nccl_faults(void) {
+    setenv("CUDA_EMU_DEVICES", "2", 1);
+    for (int kind = 0; kind < 2; kind++) {
+        setenv("CUDA_EMU_NCCL_FAULT", kind == 0 ? "1:0:error" : "1:0:hang", 1);
+        ncclUniqueId id;
+        ncclGetUniqueId(&id);
+        ncclComm_t comms[2];
+        std::thread t0(nccl_init, 0, id, &comms[0]), t1(nccl_init, 1, id, &comms[1]);
+        t0.join();
+        t1.join();
+        float* d;
+        cudaMalloc(&d, 16);
+        cudaMemset(d, 0, 16);
+        ncclResult_t rc0 = ncclSuccess, rc1 = ncclSuccess;
+        std::thread w0(nccl_waiter, comms[0], d, &rc0), w1(nccl_waiter, comms[1], d, &rc1);
+        usleep(200000);  // both are in their call by now: rank 0 waits for rank 1, which failed or hangs
+        ncclResult_t async1 = ncclSuccess;
+        ncclCommGetAsyncError(comms[1], &async1);
+        ncclCommAbort(comms[0]);
+        w0.join();
+        w1.join();
+        if (kind == 0) {
+            check(async1 == ncclSystemError && rc0 != ncclSuccess,
+                  "an injected NCCL error shows as the failing rank's asynchronous error; abort frees the waiting rank");
+        } else {
+            check(async1 == ncclSuccess && rc0 != ncclSuccess && rc1 != ncclSuccess,
+                  "an injected NCCL hang holds every rank until ncclCommAbort, which makes their calls fail");
+        }
+        cudaFree(d);
+    }
+    unsetenv("CUDA_EMU_NCCL_FAULT");
+    setenv("CUDA_EMU_DEVICES", "1", 1);
 }
 #endif
 
@@ -403,6 +515,9 @@ int main(void) {
     expect_death("kernel writes past an allocation", bad_out_of_bounds, "past the end of a 400-byte device allocation");
     expect_death("cudaMemcpy with the wrong direction", bad_copy_kind, "the destination is device memory");
     expect_death("block of 2048 threads", bad_block, "a block holds 1 to 1024 threads");
+    test_devices();
+    test_nccl();
+    test_nccl_faults();
 #endif
     printf("\n%d passed, %d failed\n", n_passed, n_failed);
     return n_failed == 0 ? 0 : 1;
