@@ -14,6 +14,8 @@ Exits non-zero on any failure; the last line is `N passed, M failed`.
 #define TESTING
 #include "train_vla.c"
 #include "dev/test_util.h"
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 // ----------------------------------------------------------------------------
 // tests against the oracle
@@ -170,7 +172,7 @@ static void test_against_oracle(const char* dir, const char* name) {
     for (int step = 0; step < 10; step++) {
         losses[step] = model_forward(&m, &batch);
         model_backward(&m, &batch);
-        norms[step] = model_update(&m, lr_at_step(&args, step), args.weight_decay, args.grad_clip, step);
+        norms[step] = model_update(&m, lr_at_step(&args, step), args.weight_decay, args.grad_clip, step, 1);
     }
     double e_losses = rel_error(losses, ref_losses, 10), e_norms = rel_error(norms, ref_norms, 10);
     check(e_losses < 1e-5, "%s 10 optimizer steps: losses %.6f -> %.6f, rel err %.2e (tol 1e-5)", name, losses[0], losses[9],
@@ -242,6 +244,181 @@ static void test_simulated_ranks(const char* dir) {
         check(ep < 1e-5, "%s vs -g 1 -b 8: parameters after 3 steps rel err %.2e (tol 1e-5)", names[run], ep);
     }
     for (int run = 0; run < RUNS; run++) { free(final_params[run]); }
+    dataset_close(&ds);
+}
+
+// ZeRO-1 simulated: -z 1 -g 3 updates each rank's shard on its own (tensors split where the shards
+// fall) and follows -z 0 -g 3 up to the order of the norm's sums; the shards cover every
+// parameter exactly once
+static void test_zero(const char* dir) {
+    printf("\n== ZeRO-1 over simulated ranks\n");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/b.bin", dir);
+    Dataset ds;
+    dataset_open(&ds, path);
+    VLAConfig c = config_for_data("tiny", &ds);
+    ParamTable t;
+    param_table_build(&c, &t);
+    const int W = 3;
+    size_t S = zero_shard_size(t.total, W, 1);
+    unsigned char* seen = (unsigned char*)callocCheck(t.total, 1);
+    int split = 0;
+    for (int r = 0; r < W; r++) {
+        for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+            size_t first, n = zero_part(t.spec[k].offset, t.spec[k].numel, (size_t)r * S, (size_t)(r + 1) * S, &first);
+            for (size_t e = 0; e < n; e++) { seen[t.spec[k].offset + first + e]++; }
+            split += n > 0 && n < t.spec[k].numel;
+        }
+    }
+    int once = 1;
+    for (size_t e = 0; e < t.total; e++) { once &= seen[e] == 1; }
+    free(seen);
+    check(once && split > 0 && S * W >= t.total, "%d shards of %zu cover the %zu parameters exactly once, %d tensor "
+          "part(s) cut at a shard boundary", W, S, t.total, split);
+    float* params[2];
+    float losses[2][3];
+    for (int z = 0; z < 2; z++) {
+        TrainArgs args;
+        train_args_defaults(&args);
+        args.ranks = W; args.batch = 2; args.zero = z; args.steps = 3; args.warmup = 1; args.lr_base = 1e-3f;
+        train_args_for_world(&args, W);
+        Model m;
+        model_build(&m, &c);
+        param_init(m.params_memory, &m.table, &c, args.seed);
+        Loader loader;
+        loader_start(&loader, &ds, &c, args.seed, 0, 0, args.batch, W, 0, 2, 4);
+        float* grad_sum = (float*)mallocCheck(m.table.total * sizeof(float));
+        for (int step = 0; step < 3; step++) {
+            float norm;
+            losses[z][step] = train_step(&m, grad_sum, &loader, &args, step, &norm);
+        }
+        loader_stop(&loader);
+        params[z] = (float*)mallocCheck(m.table.total * sizeof(float));
+        memcpy(params[z], m.params_memory, m.table.total * sizeof(float));
+        free(grad_sum);
+        model_free(&m);
+    }
+    double ep = rel_error(params[1], params[0], t.total);
+    check(rel_error(losses[1], losses[0], 3) < 1e-6 && ep < 1e-6, "-z 1 -g 3 vs -z 0 -g 3: parameters after 3 steps rel "
+          "err %.2e (tol 1e-6)", ep);
+    free(params[0]); free(params[1]);
+    dataset_close(&ds);
+}
+
+// ----------------------------------------------------------------------------
+// the multi-node bootstrap, between two processes on loopback
+
+// A port nothing listens on right now (the kernel's pick)
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    bind(fd, (struct sockaddr*)&a, sizeof(a));
+    getsockname(fd, (struct sockaddr*)&a, &len);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+typedef struct {
+    int rc;
+    char err[512];
+    uint8_t payload[128];
+} BootResult;
+
+// Node `node` of 2 in a child process; its result comes back through a pipe
+static pid_t boot_child(const char* master, BootIdentity id, int node, double timeout, int pipe_fd) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        BootResult r;
+        memset(&r, 0, sizeof(r));
+        id.node_rank = node;
+        r.rc = bootstrap_exchange(master, &id, r.payload, sizeof(r.payload), timeout, r.err, sizeof(r.err));
+        if (write(pipe_fd, &r, sizeof(r)) != (ssize_t)sizeof(r)) { _exit(2); }
+        _exit(0);
+    }
+    return pid;
+}
+
+static BootResult boot_collect(pid_t pid, int pipe_fd) {
+    BootResult r;
+    memset(&r, 0, sizeof(r));
+    r.rc = -1;
+    if (read(pipe_fd, &r, sizeof(r)) != (ssize_t)sizeof(r)) { r.rc = -1; }
+    waitpid(pid, NULL, 0);
+    return r;
+}
+
+static void test_bootstrap(const char* dir) {
+    printf("\n== multi-node bootstrap over loopback\n");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/a.bin", dir);
+    Dataset ds;
+    dataset_open(&ds, path);
+    VLAConfig c = config_for_data("tiny", &ds);
+    TrainArgs args;
+    train_args_defaults(&args);
+    args.ranks = 2;
+    BootIdentity id = boot_identity(&args, &c, 0, 2, 0, ds.n_samples);
+    char master[64];
+    uint8_t secret[128];
+    for (int i = 0; i < 128; i++) { secret[i] = (uint8_t)(i * 37 + 11); }
+    for (int scenario = 0; scenario < 2; scenario++) {  // the same configuration; node 1 with another batch
+        snprintf(master, sizeof(master), "127.0.0.1:%d", free_port());
+        int fds[2][2];
+        if (pipe(fds[0]) != 0 || pipe(fds[1]) != 0) { vla_fail("pipe failed"); }
+        BootIdentity other = id;
+        if (scenario == 1) { other.batch = 5; }
+        pid_t p1 = boot_child(master, other, 1, 10.0, fds[1][1]);  // node 1 first: it retries until node 0 listens
+        usleep(300000);
+        BootIdentity self = id;
+        pid_t p0 = fork();
+        if (p0 == 0) {
+            BootResult r;
+            memset(&r, 0, sizeof(r));
+            memcpy(r.payload, secret, sizeof(secret));
+            r.rc = bootstrap_exchange(master, &self, r.payload, sizeof(r.payload), 10.0, r.err, sizeof(r.err));
+            if (write(fds[0][1], &r, sizeof(r)) != (ssize_t)sizeof(r)) { _exit(2); }
+            _exit(0);
+        }
+        BootResult r0 = boot_collect(p0, fds[0][0]), r1 = boot_collect(p1, fds[1][0]);
+        for (int k = 0; k < 2; k++) { close(fds[k][0]); close(fds[k][1]); }
+        if (scenario == 0) {
+            check(r0.rc == 0 && r1.rc == 0 && memcmp(r1.payload, secret, sizeof(secret)) == 0,
+                  "node 1 (started first) receives node 0's 128-byte id over TCP (%s)", master);
+        } else {
+            check(r0.rc == 1 && strstr(r0.err, "node 1 disagrees with node 0 on batch 8 vs 5") != NULL && r1.rc == 1 &&
+                  strstr(r1.err, "refused node 1") != NULL, "nodes that disagree both stop: node 0 says '%s'; node 1 '%s'",
+                  r0.err, r1.err);
+        }
+    }
+    // the port in use: someone else listens on it
+    int port = free_port(), busy = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    int bound = bind(busy, (struct sockaddr*)&a, sizeof(a)) == 0 && listen(busy, 1) == 0;
+    snprintf(master, sizeof(master), "127.0.0.1:%d", port);
+    char err[512] = "";
+    uint8_t payload[128];
+    int rc = bootstrap_exchange(master, &id, payload, sizeof(payload), 2.0, err, sizeof(err));
+    check(bound && rc == 1 && strstr(err, "the port is in use, pick another") != NULL, "node 0 on a port in use: '%s'", err);
+    close(busy);
+    // the master unreachable within the timeout
+    snprintf(master, sizeof(master), "127.0.0.1:%d", free_port());
+    BootIdentity node1 = id;
+    node1.node_rank = 1;
+    double t0 = wall_seconds();
+    rc = bootstrap_exchange(master, &node1, payload, sizeof(payload), 1.0, err, sizeof(err));
+    double waited = wall_seconds() - t0;
+    check(rc == 1 && strstr(err, "could not reach the master") != NULL && waited >= 0.9 && waited < 5.0,
+          "node 1 gives up on an unreachable master after its timeout (%.1f s): '%s'", waited, err);
+    rc = bootstrap_exchange("nohost", &id, payload, sizeof(payload), 1.0, err, sizeof(err));
+    check(rc == 1 && strstr(err, "expected host:port") != NULL, "a --master without a port: '%s'", err);
     dataset_close(&ds);
 }
 
@@ -544,6 +721,10 @@ static void test_bad_input(const char* dir) {
         {"negative loader threads", "--workers -1", "--workers -1"},
         {"-d not a multiple of -b x ranks", "-b 3 -g 2 -d 8", "not a multiple of -b 3 x 2"},
         {"unknown --lr-scale", "--lr-scale cubic", "--lr-scale cubic"},
+        {"-z 2", "-z 2", "--zero 2"},
+        {"--nodes without --master", "--nodes 2 --node-rank 1", "needs --master"},
+        {"--node-rank past --nodes", "--nodes 2 --node-rank 2 --master h:1", "node ranks go from 0 to 1"},
+        {"several nodes on the CPU trainer", "--nodes 2 --node-rank 0 --master h:1", "runs on one machine"},
     };
     for (size_t k = 0; k < sizeof(flag_cases) / sizeof(flag_cases[0]); k++) {
         snprintf(args, sizeof(args), "-i %s/a.bin %s", dir, flag_cases[k].flags);
@@ -612,6 +793,8 @@ int main(int argc, char** argv) {
     test_training_loop(dir);
     test_simulated_ranks(dir);
     test_world_args();
+    test_zero(dir);
+    test_bootstrap(dir);
     test_sampler();
     test_loader(dir);
     test_checkpoints(dir);

@@ -61,11 +61,11 @@ static void oracle_batch(const DebugState* st, const VLAConfig* c, int B, Batch*
 
 // Every gradient tensor, copied to the host in checkpoint layout (n_params).
 static float* read_grads(const Model* m) {
+    float* device_layout = (float*)mallocCheck(m->padded_total * sizeof(float));
+    cudaCheck(cudaMemcpy(device_layout, m->grads_memory, m->padded_total * sizeof(float), cudaMemcpyDeviceToHost));
     float* g = (float*)mallocCheck(m->table.total * sizeof(float));
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        cudaCheck(cudaMemcpy(g + m->offsets[i], m->grads_memory + m->aligned[i], m->table.spec[i].numel * sizeof(float),
-                             cudaMemcpyDeviceToHost));
-    }
+    layout_to_checkpoint(m, g, device_layout);
+    free(device_layout);
     return g;
 }
 
@@ -214,8 +214,9 @@ static void test_accumulation(const char* dir) {
 }
 
 // Several GPUs (MULTI_GPU): -g 2 -b 2 takes the samples and noise of -g 1 -b 4, its gradients
-// averaged by NCCL, so its losses follow -g 1's; so does -g 2 -b 1 -d 4 (two micro-steps per rank).
-// A -g 2 checkpoint continues on one GPU. Under the emulation CUDA_EMU_DEVICES=2 provides the GPUs;
+// averaged by NCCL, so its losses follow -g 1's; so do -g 2 -b 1 -d 4 (two micro-steps per rank)
+// and -g 2 -z 1 (ZeRO-1: reduce-scatter, sharded AdamW, all-gather). Checkpoints continue on
+// another world size or without ZeRO. Under the emulation CUDA_EMU_DEVICES=2 provides the GPUs;
 // on a machine with one GPU these checks are skipped (and said so).
 static void test_multi_gpu(const char* dir) {
     printf("\n== several GPUs\n");
@@ -225,10 +226,12 @@ static void test_multi_gpu(const char* dir) {
         printf("(skipped: %d GPU visible, the data-parallel checks need 2)\n", visible);
         return;
     }
-    const char* runs[4] = {"-g 1 -b 4 -n 4", "-g 2 -b 2 -n 4", "-g 2 -b 1 -d 4 -n 4", "-g 2 -b 2 -n 2"};
-    float losses[4][4] = {{0}};
-    int n[4], rc[4];
-    for (int k = 0; k < 4; k++) {
+    enum { RUNS = 6 };
+    const char* runs[RUNS] = {"-g 1 -b 4 -n 4", "-g 2 -b 2 -n 4", "-g 2 -b 1 -d 4 -n 4", "-g 2 -b 2 -n 4 -z 1",
+                              "-g 2 -b 2 -n 2", "-g 2 -b 2 -n 2 -z 1"};
+    float losses[RUNS][4] = {{0}};
+    int n[RUNS], rc[RUNS];
+    for (int k = 0; k < RUNS; k++) {
         char cmd[4096], path[1100];
         snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_dp%d && %s -p tiny %s -u 2 -l 1e-3 -i %s/b.bin -o %s/gpu_dp%d "
                  "> %s/gpu_dp%d.txt 2>&1", dir, k, TRAINER, runs[k], dir, dir, k, dir, k);
@@ -236,22 +239,68 @@ static void test_multi_gpu(const char* dir) {
         snprintf(path, sizeof(path), "%s/gpu_dp%d/log.jsonl", dir, k);
         n[k] = read_losses(path, 1, 4, losses[k]);
     }
-    for (int k = 1; k < 3; k++) {
+    for (int k = 1; k < 4; k++) {
         double e = rel_error(losses[k], losses[0], 4);
         check(rc[k] == 0 && n[k] == 4 && e < TOL_STEPS, "%s vs -g 1 -b 4: 4 losses rel err %.2e (tol %.1e)", runs[k], e,
               TOL_STEPS);
     }
-    // the 2-step -g 2 run's checkpoint, continued on one GPU with -b 4
-    char cmd[4096], path[1100];
-    snprintf(cmd, sizeof(cmd), "%s -p tiny -g 1 -b 4 -n 4 -u 2 -l 1e-3 -i %s/b.bin -o %s/gpu_dp3 -y 1 > %s/gpu_dp3b.txt 2>&1",
-             TRAINER, dir, dir, dir);
-    int rc2 = run_command(cmd);
-    float resumed[4] = {0};
-    snprintf(path, sizeof(path), "%s/gpu_dp3/log.jsonl", dir);
-    int nr = read_losses(path, 1, 4, resumed);
-    double e = rel_error(resumed + 2, losses[1] + 2, 2);
-    check(rc[3] == 0 && rc2 == 0 && nr == 4 && e < TOL_STEPS, "a -g 2 checkpoint continues on -g 1 (-b 4): steps 3-4 "
-          "follow the -g 2 run, rel err %.2e (tol %.1e)", e, TOL_STEPS);
+    // checkpoints do not depend on the world size nor on ZeRO: the 2-step -g 2 run continues on one
+    // GPU (-b 4), the 2-step -g 2 -z 1 run on -g 2 without ZeRO
+    const char* continuations[2] = {"-g 1 -b 4", "-g 2 -b 2 -z 0"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[4096], path[1100];
+        snprintf(cmd, sizeof(cmd), "%s -p tiny %s -n 4 -u 2 -l 1e-3 -i %s/b.bin -o %s/gpu_dp%d -y 1 > %s/gpu_dp%db.txt 2>&1",
+                 TRAINER, continuations[k], dir, dir, 4 + k, dir, 4 + k);
+        int rc2 = run_command(cmd);
+        float resumed[4] = {0};
+        snprintf(path, sizeof(path), "%s/gpu_dp%d/log.jsonl", dir, 4 + k);
+        int nr = read_losses(path, 1, 4, resumed);
+        double e = rel_error(resumed + 2, losses[1] + 2, 2);
+        check(rc[4 + k] == 0 && rc2 == 0 && nr == 4 && e < TOL_STEPS, "a %s checkpoint continues on %s: steps 3-4 follow "
+              "the -g 2 run, rel err %.2e (tol %.1e)", runs[4 + k], continuations[k], e, TOL_STEPS);
+    }
+}
+
+// Faults (MULTI_GPU): an NCCL error on one rank, or a rank that hangs in a collective, ends the run
+// with one line naming the rank and exit status 1; the checkpoints written before stay whole and
+// -y 1 continues. The emulation injects them (CUDA_EMU_NCCL_FAULT=rank:call:kind; a tiny step
+// makes 52 collective calls, so call 114 falls in step 3, after checkpoints 1 and 2).
+static void test_faults(const char* dir) {
+    printf("\n== faults between GPUs\n");
+    int visible = 0;
+    cudaGetDeviceCount(&visible);
+    if (visible < 2 || strstr(TRAINER, "emu") == NULL) {
+        printf("(skipped: faults are injected through the CPU emulation of NCCL)\n");
+        return;
+    }
+    const char* kinds[2] = {"error", "hang"};
+    const char* needles[2] = {"NCCL reported", "made no progress"};
+    for (int k = 0; k < 2; k++) {
+        char out[1100], cmd[4096], errpath[1100];
+        snprintf(out, sizeof(out), "%s/gpu_fault%d", dir, k);
+        snprintf(errpath, sizeof(errpath), "%s/gpu_fault%d.err", dir, k);
+        snprintf(cmd, sizeof(cmd), "rm -rf %s && CUDA_EMU_NCCL_FAULT=1:114:%s %s -p tiny -g 2 -b 2 -n 6 -k 1 --nccl-timeout 3 "
+                 "-i %s/b.bin -o %s > /dev/null 2> %s", out, kinds[k], TRAINER, dir, out, errpath);
+        double t0 = wall_seconds();
+        int rc = run_command(cmd);
+        double took = wall_seconds() - t0;
+        char* err = read_text(errpath);
+        int lines = 0;
+        for (char* p = err; *p; p++) { lines += *p == '\n'; }
+        uint64_t steps[4];
+        int n = checkpoint_list(out, steps, 4);
+        char* nl = strchr(err, '\n');
+        if (nl) { *nl = 0; }
+        check(rc == 1 && lines == 1 && strstr(err, needles[k]) != NULL && strstr(err, "rank") != NULL && n >= 1 &&
+              steps[0] == 2 && took < 60.0, "an injected NCCL %s: exit %d after %.0f s, newest checkpoint step %d, '%s'",
+              kinds[k], rc, took, n >= 1 ? (int)steps[0] : -1, err);
+        free(err);
+        snprintf(cmd, sizeof(cmd), "%s -p tiny -g 2 -b 2 -n 6 -k 1 -i %s/b.bin -o %s -y 1 > %s/gpu_fault%d.txt 2>&1", TRAINER,
+                 dir, out, dir, k);
+        rc = run_command(cmd);
+        n = checkpoint_list(out, steps, 4);
+        check(rc == 0 && n >= 1 && steps[0] == 6, "-y 1 after the %s continues from step 2 to the end", kinds[k]);
+    }
 }
 
 // A run that starts on one trainer and continues on the other (-y 1 on the other's checkpoint)
@@ -317,6 +366,7 @@ int main(int argc, char** argv) {
     test_determinism(dir);
     test_accumulation(dir);
     test_multi_gpu(dir);
+    test_faults(dir);
     char trainer[1100];
     snprintf(trainer, sizeof(trainer), "%s -p tiny -b 4 -u 3 --log-every 100", TRAINER);
     printf("\n== bit-exact resume\n");

@@ -798,35 +798,53 @@ static void model_sample_actions(Model* m, const Batch* obs, const float* eps, c
     }
 }
 
-// sqrt of the sum of squares of every gradient (in double: order-stable and exact enough)
-static float global_norm(const float* g, size_t n) {
+// sum of squares in double: order-stable and exact enough
+static double sum_squares(const float* g, size_t n) {
     double s = 0.0;
     for (size_t i = 0; i < n; i++) { s += (double)g[i] * g[i]; }
-    return (float)sqrt(s);
+    return s;
+}
+
+// AdamW (0.9, 0.95, 1e-8) on elements [first, first + n) of tensor t, gradients scaled by `scale`
+static void adamw_range(Model* m, int t, size_t first, size_t n, float lr, float weight_decay, float scale, int step) {
+    const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+    const ParamSpec* s = &m->table.spec[t];
+    float wd = s->decay ? weight_decay : 0.0f;
+    float bc1 = 1.0f - powf(beta1, (float)(step + 1));
+    float bc2 = 1.0f - powf(beta2, (float)(step + 1));
+    float* p = m->params_memory + s->offset + first;
+    const float* g = m->grads_memory + s->offset + first;
+    float* mm = m->m_memory + s->offset + first;
+    float* vv = m->v_memory + s->offset + first;
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] * scale;
+        mm[i] = beta1 * mm[i] + (1.0f - beta1) * gi;
+        vv[i] = beta2 * vv[i] + (1.0f - beta2) * gi * gi;
+        float mhat = mm[i] / bc1, vhat = vv[i] / bc2;
+        p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+    }
 }
 
 // AdamW (0.9, 0.95, 1e-8) on fp32 master weights, decoupled decay on the tensors the table marks.
 // Gradients are clipped to global norm `clip` first (0 disables). Returns the pre-clip norm.
-static float model_update(Model* m, float lr, float weight_decay, float clip, int step) {
-    const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-    float norm = global_norm(m->grads_memory, m->table.total);
+// shards > 1 simulates ZeRO-1 over that many ranks as train_vla runs it: every rank updates only
+// its shard of the flat buffer (zero_shard_size; a tensor may be split between ranks), and the
+// global norm adds up the ranks' partial sums of squares.
+static float model_update(Model* m, float lr, float weight_decay, float clip, int step, int shards) {
+    size_t total = m->table.total, S = zero_shard_size(total, shards, 1);
+    double squares = 0.0;  // with shards, each rank's sum added up as the all-reduce does
+    for (int r = 0; r < shards; r++) {
+        size_t lo = (size_t)r * S, hi = lo + S < total ? lo + S : total;
+        if (lo < hi) { squares += sum_squares(m->grads_memory + lo, hi - lo); }
+    }
+    float norm = (float)sqrt(squares);
     float scale = (clip > 0.0f && norm > clip) ? clip / norm : 1.0f;
-    float bc1 = 1.0f - powf(beta1, (float)(step + 1));
-    float bc2 = 1.0f - powf(beta2, (float)(step + 1));
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        const ParamSpec* s = &m->table.spec[t];
-        float wd = s->decay ? weight_decay : 0.0f;
-        float* p = m->params_memory + s->offset;
-        const float* g = m->grads_memory + s->offset;
-        float* mm = m->m_memory + s->offset;
-        float* vv = m->v_memory + s->offset;
-        #pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < s->numel; i++) {
-            float gi = g[i] * scale;
-            mm[i] = beta1 * mm[i] + (1.0f - beta1) * gi;
-            vv[i] = beta2 * vv[i] + (1.0f - beta2) * gi * gi;
-            float mhat = mm[i] / bc1, vhat = vv[i] / bc2;
-            p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+    for (int r = 0; r < shards; r++) {
+        size_t lo = (size_t)r * S, hi = lo + S;
+        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+            size_t first, n = zero_part(m->table.spec[t].offset, m->table.spec[t].numel, lo, hi, &first);
+            if (n > 0) { adamw_range(m, t, first, n, lr, weight_decay, scale, step); }
         }
     }
     return norm;
@@ -857,7 +875,8 @@ static float train_step(Model* m, float* grad_sum, Loader* loader, const TrainAr
         float inv = 1.0f / (float)W;
         for (size_t i = 0; i < n; i++) { m->grads_memory[i] = grad_sum[i] * inv; }
     }
-    *norm_out = model_update(m, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
+    *norm_out = model_update(m, lr_at_step(args, step), args->weight_decay, args->grad_clip, step,
+                             args->zero ? args->ranks : 1);
     return (float)(loss_sum / W);
 }
 
@@ -959,6 +978,7 @@ static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 int main(int argc, char** argv) {
     TrainArgs args;
     train_args_parse(&args, argc, argv);
+    if (args.nodes > 1) { vla_fail("--nodes %d: train_vla_cpu runs on one machine; several machines train with train_vla", args.nodes); }
     train_args_for_world(&args, args.ranks);  // simulated ranks scale the learning rate as GPUs would
     if (args.threads > 0) { omp_set_num_threads(args.threads); }
     Dataset ds;
@@ -1005,6 +1025,7 @@ int main(int argc, char** argv) {
     printf("| ranks x batch x accum  | %-10s |\n", split);
     printf("| effective batch        | %-10llu |\n", (unsigned long long)global_batch);
     printf("| peak learning rate     | %-10.4g |\n", args.lr);
+    printf("| ZeRO-1 (simulated)     | %-10s |\n", args.zero && args.ranks > 1 ? "on" : "off");
     printf("| loader threads         | %-10d |\n", args.workers);
     printf("| augment shift (px)     | %-10d |\n", args.augment);
     printf("| OpenMP threads         | %-10d |\n", omp_get_max_threads());

@@ -54,8 +54,16 @@ typedef __nv_bfloat16 floatX;
 #define PRECISION_NAME "bf16"
 #endif
 
+// Set once the NCCL watchdog aborts the run: the errors the abort causes in the ranks' threads
+// are its consequence, not news, and the watchdog's one line stays the only one
+static volatile int run_aborting = 0;
+static void wait_for_abort(void) {
+    for (;;) { pause(); }
+}
+
 static void cuda_check_(cudaError_t err, const char* file, int line) {
     if (err == cudaSuccess) { return; }
+    if (run_aborting) { wait_for_abort(); }
     if (err == cudaErrorMemoryAllocation) {
         vla_fail("out of GPU memory at %s:%d: use a smaller batch (-b) or preset", file, line);
     }
@@ -70,6 +78,7 @@ static void cublas_check_(cublasStatus_t status, const char* file, int line) {
 
 #if defined(MULTI_GPU)
 static void nccl_check_(ncclResult_t r, const char* file, int line) {
+    if (r != ncclSuccess && run_aborting) { wait_for_abort(); }
     if (r != ncclSuccess) {
         vla_fail("NCCL error '%s' at %s:%d: rerun with NCCL_DEBUG=INFO to see why", ncclGetErrorString(r), file, line);
     }
@@ -1524,14 +1533,15 @@ typedef struct {
 typedef struct {
     VLAConfig config;
     ParamTable table;
-    size_t offsets[NUM_PARAM_TENSORS];  // checkpoint layout: the table's
-    size_t aligned[NUM_PARAM_TENSORS];  // compute copy and gradients: tensors start at multiples of 16 elements
-    size_t aligned_total;
-    float* master;         // (n_params) fp32 master weights, device
-    float* m_memory;       // (n_params) AdamW first moment, device
-    float* v_memory;       // (n_params) AdamW second moment, device
-    floatX* params_memory; // (aligned_total) compute copy, device
-    float* grads_memory;   // (aligned_total) fp32 gradients, device
+    size_t aligned[NUM_PARAM_TENSORS];  // the device layout: the table with tensors at multiples of 16 elements
+    size_t aligned_total;               // elements in that layout
+    size_t padded_total;                // ... padded to a whole number of ZeRO shards
+    size_t shard_lo, shard_hi;          // the elements whose optimizer state this model keeps (all: 0, padded_total)
+    float* master;         // (shard) fp32 master weights, device
+    float* m_memory;       // (shard) AdamW first moment, device
+    float* v_memory;       // (shard) AdamW second moment, device
+    floatX* params_memory; // (padded_total) compute copy, device
+    float* grads_memory;   // (padded_total) fp32 gradients, device
     ParameterTensorsX params;
     ParameterTensors grads;
     int B;                 // batch the activations are sized for
@@ -1552,7 +1562,9 @@ static void* device_malloc(Model* m, size_t bytes) {
     return p;
 }
 
-static void model_build(Model* m, const VLAConfig* c) {
+// The model for config c. ZeRO-1 (shard_world > 1): this model keeps the optimizer state of shard
+// `shard_rank` only (zero_shard_size of the device layout); the compute copy and gradients are whole.
+static void model_build(Model* m, const VLAConfig* c, int shard_rank = 0, int shard_world = 1) {
     memset(m, 0, sizeof(*m));
     const char* problem = vla_config_problem(c);
     if (problem != NULL) { vla_fail("bad model config: %s", problem); }
@@ -1564,19 +1576,23 @@ static void model_build(Model* m, const VLAConfig* c) {
     param_table_build(c, &m->table);
     size_t at = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        m->offsets[i] = m->table.spec[i].offset;
         m->aligned[i] = at;
         at += (m->table.spec[i].numel + 15) / 16 * 16;  // 32 bytes of bf16, 64 of fp32
     }
     m->aligned_total = at;
-    size_t n = m->table.total;
+    size_t S = zero_shard_size(at, shard_world, 16);
+    m->padded_total = S * shard_world;
+    m->shard_lo = shard_world > 1 ? (size_t)shard_rank * S : 0;
+    m->shard_hi = shard_world > 1 ? m->shard_lo + S : m->padded_total;
+    size_t n = m->shard_hi - m->shard_lo, total = m->padded_total;
     m->master = (float*)device_malloc(m, n * sizeof(float));
     m->m_memory = (float*)device_malloc(m, n * sizeof(float));
     m->v_memory = (float*)device_malloc(m, n * sizeof(float));
-    m->params_memory = (floatX*)device_malloc(m, at * sizeof(floatX));
-    m->grads_memory = (float*)device_malloc(m, at * sizeof(float));
-    cudaCheck(cudaMemset(m->params_memory, 0, at * sizeof(floatX)));  // the alignment gaps stay zero
-    cudaCheck(cudaMemset(m->grads_memory, 0, at * sizeof(float)));
+    m->params_memory = (floatX*)device_malloc(m, total * sizeof(floatX));
+    m->grads_memory = (float*)device_malloc(m, total * sizeof(float));
+    cudaCheck(cudaMemset(m->params_memory, 0, total * sizeof(floatX)));  // the gaps and padding stay zero
+    cudaCheck(cudaMemset(m->grads_memory, 0, total * sizeof(float)));
+    cudaCheck(cudaMemset(m->master, 0, n * sizeof(float)));
     cudaCheck(cudaMemset(m->m_memory, 0, n * sizeof(float)));
     cudaCheck(cudaMemset(m->v_memory, 0, n * sizeof(float)));
     tensors_point(&m->params, m->params_memory, m->aligned);
@@ -1623,7 +1639,7 @@ static void model_set_batch(Model* m, int B) {
     m->B = B;
 }
 
-static void model_free(Model* m) {
+static void model_free(Model* m) {  // (the Dist is its owner's)
     cudaCheck(cudaFree(m->master)); cudaCheck(cudaFree(m->m_memory)); cudaCheck(cudaFree(m->v_memory));
     cudaCheck(cudaFree(m->params_memory)); cudaCheck(cudaFree(m->grads_memory));
     cudaCheck(cudaFree(m->acts_x)); cudaCheck(cudaFree(m->acts_f));
@@ -1637,6 +1653,7 @@ static void model_free(Model* m) {
 typedef struct Dist {
     int rank, world;
     int sync;  // the backward pass averages its buckets as they finish (an optimizer step's last micro-step)
+    int zero;  // ZeRO-1: gradients reduce-scattered to the shards, parameters all-gathered after the update
 #if defined(MULTI_GPU)
     ncclComm_t comm;
     cudaStream_t comm_stream;
@@ -1651,7 +1668,7 @@ typedef struct Dist {
 static void grads_bucket_done(Model* m, int b) {
 #if defined(MULTI_GPU)
     Dist* d = m->dist;
-    if (d == NULL || d->world == 1 || !d->sync) { return; }
+    if (d == NULL || d->world == 1 || !d->sync || d->zero) { return; }  // ZeRO-1 reduce-scatters at the end
     size_t off[NUM_PARAM_TENSORS], count[NUM_PARAM_TENSORS];
     int n = param_bucket_slices(&m->table, &m->config, m->aligned, b, off, count);
     cudaCheck(cudaEventRecord(d->bucket_ready[b], main_stream));
@@ -1667,33 +1684,121 @@ static void grads_bucket_done(Model* m, int b) {
 #endif
 }
 
+#if defined(MULTI_GPU)
+static const ncclDataType_t NCCL_FLOATX = sizeof(floatX) == 4 ? ncclFloat : ncclBfloat16;
+
+// Work on the communication stream ordered after the main stream's so far (`ready`), ...
+static void comm_after_main(Dist* d, cudaEvent_t ready) {
+    cudaCheck(cudaEventRecord(ready, main_stream));
+    cudaCheck(cudaStreamWaitEvent(d->comm_stream, ready, 0));
+}
+// ... and the main stream's next work after the communication stream's so far
+static void main_after_comm(Dist* d) {
+    cudaCheck(cudaEventRecord(d->comm_done, d->comm_stream));
+    cudaCheck(cudaStreamWaitEvent(main_stream, d->comm_done, 0));
+}
+#endif
+
+// Whether the model's optimizer state is sharded over ranks it must talk to
+static int model_sharded(const Model* m) { return m->dist != NULL && m->dist->zero && m->dist->world > 1; }
+
 // After an optimizer step's last backward pass: the loss and the stop flag (acts.scalars[0] and
-// [2]) averaged over the ranks too, and the main stream waits for every average before the norm
-// and the update. `stop`: this rank saw a stop request; any rank's stops them all.
+// [2]) averaged over the ranks too (with ZeRO-1 the gradients reduce-scattered to their shards),
+// and the main stream waits for all of it before the norm and the update. `stop`: this rank saw a
+// stop request; any rank's stops them all.
 static void grads_sync_finish(Model* m, int stop) {
     set_scalar_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 2, stop ? 1.0f : 0.0f);
     launchCheck();
 #if defined(MULTI_GPU)
     Dist* d = m->dist;
     if (d == NULL || d->world == 1) { return; }
-    cudaCheck(cudaEventRecord(d->scalars_ready, main_stream));
-    cudaCheck(cudaStreamWaitEvent(d->comm_stream, d->scalars_ready, 0));
+    comm_after_main(d, d->scalars_ready);
+    if (d->zero) {
+        size_t S = m->shard_hi - m->shard_lo;
+        ncclCheck(ncclReduceScatter(m->grads_memory, m->grads_memory + m->shard_lo, S, ncclFloat, ncclAvg, d->comm,
+                                    d->comm_stream));
+    }
     ncclCheck(ncclAllReduce(m->acts.scalars, m->acts.scalars, 3, ncclFloat, ncclAvg, d->comm, d->comm_stream));
-    cudaCheck(cudaEventRecord(d->comm_done, d->comm_stream));
-    cudaCheck(cudaStreamWaitEvent(main_stream, d->comm_done, 0));
+    main_after_comm(d);
 #endif
 }
 
-// Master weights (and moments, when given) from host arrays in checkpoint layout; the compute
-// copy follows.
-static void model_set_params(Model* m, const float* params, const float* moment1, const float* moment2) {
-    size_t n = m->table.total;
-    cudaCheck(cudaMemcpy(m->master, params, n * sizeof(float), cudaMemcpyHostToDevice));
-    if (moment1 != NULL) { cudaCheck(cudaMemcpy(m->m_memory, moment1, n * sizeof(float), cudaMemcpyHostToDevice)); }
-    if (moment2 != NULL) { cudaCheck(cudaMemcpy(m->v_memory, moment2, n * sizeof(float), cudaMemcpyHostToDevice)); }
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        convert(m->params_memory + m->aligned[i], m->master + m->offsets[i], m->table.spec[i].numel);
+// ZeRO-1: the sum of squares of the shard's gradients (acts.scalars[1]) added over the ranks
+static void zero_sum_squares(Model* m) {
+#if defined(MULTI_GPU)
+    if (!model_sharded(m)) { return; }
+    comm_after_main(m->dist, m->dist->scalars_ready);
+    ncclCheck(ncclAllReduce(m->acts.scalars + 1, m->acts.scalars + 1, 1, ncclFloat, ncclSum, m->dist->comm,
+                            m->dist->comm_stream));
+    main_after_comm(m->dist);
+#else
+    (void)m;
+#endif
+}
+
+// ZeRO-1: every rank's updated shard of the compute copy, to every rank
+static void zero_gather_params(Model* m) {
+#if defined(MULTI_GPU)
+    if (!model_sharded(m)) { return; }
+    comm_after_main(m->dist, m->dist->scalars_ready);
+    ncclCheck(ncclAllGather(m->params_memory + m->shard_lo, m->params_memory, m->shard_hi - m->shard_lo, NCCL_FLOATX,
+                            m->dist->comm, m->dist->comm_stream));
+    main_after_comm(m->dist);
+#else
+    (void)m;
+#endif
+}
+
+// A device array of the model's optimizer state (shard-sized) made whole (padded_total) into
+// `whole`: a copy alone, an all-gather over the ranks with ZeRO-1 (every rank must call it)
+static void zero_gather_state(Model* m, float* whole, const float* shard) {
+    size_t n = m->shard_hi - m->shard_lo;
+#if defined(MULTI_GPU)
+    if (model_sharded(m)) {
+        comm_after_main(m->dist, m->dist->scalars_ready);
+        ncclCheck(ncclAllGather(shard, whole, n, ncclFloat, m->dist->comm, m->dist->comm_stream));
+        main_after_comm(m->dist);
+        return;
     }
+#endif
+    cudaCheck(cudaMemcpyAsync(whole, shard, n * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
+}
+
+// Between the checkpoint's layout (the table, n_params) and the device's (aligned, padded_total;
+// the gaps zero), on the host
+static void layout_to_device(const Model* m, float* dst, const float* src) {
+    memset(dst, 0, m->padded_total * sizeof(float));
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        memcpy(dst + m->aligned[i], src + m->table.spec[i].offset, m->table.spec[i].numel * sizeof(float));
+    }
+}
+static void layout_to_checkpoint(const Model* m, float* dst, const float* src) {
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        memcpy(dst + m->table.spec[i].offset, src + m->aligned[i], m->table.spec[i].numel * sizeof(float));
+    }
+}
+
+// Master weights (and moments, when given) from host arrays in checkpoint layout, each model
+// keeping its shard; the whole compute copy follows.
+static void model_set_params(Model* m, const float* params, const float* moment1, const float* moment2) {
+    size_t total = m->padded_total, lo = m->shard_lo, n = m->shard_hi - m->shard_lo;
+    float* host = (float*)mallocCheck(total * sizeof(float));
+    float* whole;
+    cudaCheck(cudaMalloc(&whole, total * sizeof(float)));
+    layout_to_device(m, host, params);
+    cudaCheck(cudaMemcpy(whole, host, total * sizeof(float), cudaMemcpyHostToDevice));
+    convert(m->params_memory, whole, total);
+    cudaCheck(cudaMemcpy(m->master, whole + lo, n * sizeof(float), cudaMemcpyDeviceToDevice));
+    float* moments[2] = {m->m_memory, m->v_memory};
+    const float* given[2] = {moment1, moment2};
+    for (int k = 0; k < 2; k++) {
+        if (given[k] == NULL) { continue; }
+        layout_to_device(m, host, given[k]);
+        cudaCheck(cudaMemcpy(moments[k], host + lo, n * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    cudaCheck(cudaFree(whole));
+    free(host);
 }
 
 // One stack's tensors at one layer (weights as floatX, or their fp32 gradients) and the widths.
@@ -1980,26 +2085,40 @@ static void model_backward(Model* m, const Batch* batch, int zero_grads) {
     grads_bucket_done(m, 2 * L + 2);  // the VLM's inputs
 }
 
-// sqrt of the sum of squares of every gradient into acts.scalars[1], on the device
+// sqrt of the sum of squares of every gradient into acts.scalars[1], on the device (with ZeRO-1
+// each rank sums its shard, the ranks add their sums)
 static void global_norm(Model* m) {
-    norm_squares_kernel<<<NORM_BLOCKS, BLOCK, 0, main_stream>>>(m->norm_partial, m->grads_memory, m->aligned_total);
+    int sharded = model_sharded(m);
+    norm_squares_kernel<<<NORM_BLOCKS, BLOCK, 0, main_stream>>>(m->norm_partial, m->grads_memory + m->shard_lo,
+                                                                 m->shard_hi - m->shard_lo);
     launchCheck();
-    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->norm_partial, NORM_BLOCKS, 1.0, 1, 0);
+    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->norm_partial, NORM_BLOCKS, 1.0, !sharded, 0);
     launchCheck();
+    if (sharded) {
+        zero_sum_squares(m);
+        sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->acts.scalars + 1, 1, 1.0, 1, 0);
+        launchCheck();
+    }
 }
 
-// AdamW (0.9, 0.95, 1e-8) on the fp32 master weights, decoupled decay on the tensors the table
-// marks, gradients clipped to global norm `clip` first (0 disables). All on the device.
+// AdamW (0.9, 0.95, 1e-8) on the fp32 master weights of the model's shard (all of them alone),
+// decoupled decay on the tensors the table marks, gradients clipped to global norm `clip` first
+// (0 disables); a tensor cut by the shard's ends is updated in part (zero_part). All on the device.
 static void model_update(Model* m, float lr, float weight_decay, float clip, int step) {
     const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
     global_norm(m);
     float bc1 = 1.0f - powf(beta1, (float)(step + 1)), bc2 = 1.0f - powf(beta2, (float)(step + 1));
+    size_t lo = m->shard_lo;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         const ParamSpec* s = &m->table.spec[i];
-        LAUNCH_1D(adamw_kernel, s->numel, m->master + m->offsets[i], m->params_memory + m->aligned[i],
-                  m->grads_memory + m->aligned[i], m->m_memory + m->offsets[i], m->v_memory + m->offsets[i], s->numel,
-                  lr, beta1, beta2, eps, s->decay ? weight_decay : 0.0f, bc1, bc2, m->acts.scalars + 1, clip);
+        size_t first, n = zero_part(m->aligned[i], s->numel, lo, m->shard_hi, &first);
+        if (n == 0) { continue; }
+        size_t a = m->aligned[i] + first;  // in the device layout; the state arrays start at lo
+        LAUNCH_1D(adamw_kernel, n, m->master + (a - lo), m->params_memory + a, m->grads_memory + a, m->m_memory + (a - lo),
+                  m->v_memory + (a - lo), n, lr, beta1, beta2, eps, s->decay ? weight_decay : 0.0f, bc1, bc2,
+                  m->acts.scalars + 1, clip);
     }
+    zero_gather_params(m);
 }
 
 // Loss, gradient norm and the stop flag of the last step (over every rank), waiting for the device.
@@ -2098,15 +2217,26 @@ static void batch_upload(Loader* L, Batch* dev, cudaEvent_t consumed, cudaEvent_
 // ----------------------------------------------------------------------------
 // checkpoints of the model
 
-static void model_save(Model* m, const Dataset* ds, const TrainArgs* args, int step, uint64_t sampler_pos) {
-    size_t n = m->table.total;
+// Writes a checkpoint (by `write`: rank 0) of the master weights and moments in the table's
+// layout. With ZeRO-1 the shards are gathered first, so every rank must call it.
+static void model_save(Model* m, const Dataset* ds, const TrainArgs* args, int step, uint64_t sampler_pos, int write) {
+    if (!write && !model_sharded(m)) { return; }
+    size_t n = m->table.total, total = m->padded_total;
+    float* whole;
+    cudaCheck(cudaMalloc(&whole, total * sizeof(float)));
+    float* device_layout = (float*)mallocCheck(total * sizeof(float));
     float* host = (float*)mallocCheck(3 * n * sizeof(float));
-    cudaCheck(cudaStreamSynchronize(main_stream));
-    cudaCheck(cudaMemcpy(host, m->master, n * sizeof(float), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(host + n, m->m_memory, n * sizeof(float), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(host + 2 * n, m->v_memory, n * sizeof(float), cudaMemcpyDeviceToHost));
-    run_checkpoint_save(args, ds, &m->config, step, sampler_pos, host, host + n, host + 2 * n, n);
+    const float* state[3] = {m->master, m->m_memory, m->v_memory};
+    for (int k = 0; k < 3; k++) {
+        zero_gather_state(m, whole, state[k]);
+        cudaCheck(cudaMemcpyAsync(device_layout, whole, total * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
+        cudaCheck(cudaStreamSynchronize(main_stream));
+        layout_to_checkpoint(m, host + k * n, device_layout);
+    }
+    if (write) { run_checkpoint_save(args, ds, &m->config, step, sampler_pos, host, host + n, host + 2 * n, n); }
     free(host);
+    free(device_layout);
+    cudaCheck(cudaFree(whole));
 }
 
 // Loads weights, moments, step, seed and sampler position; the config must match the model's.
@@ -2237,7 +2367,7 @@ typedef struct {
     uint64_t sampler_pos;  // global samples consumed before `start`
     int world;             // ranks over all nodes
     int local_ranks;       // GPUs of this process, one thread each
-    int node;              // this process's place among the nodes
+    int node, nodes;       // this process's place among the nodes, and how many
 #if defined(MULTI_GPU)
     ncclUniqueId nccl_id;
 #endif
@@ -2261,6 +2391,7 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     printf("| effective batch        | %-36lld |\n", (long long)train_global_batch(args, run->world));
     snprintf(split, sizeof(split), "%g (--lr-scale %s)", args->lr, LR_SCALE_NAMES[args->lr_scale]);
     printf("| peak learning rate     | %-36s |\n", split);
+    printf("| optimizer state        | %-36s |\n", args->zero && run->world > 1 ? "sharded over the GPUs (ZeRO-1)" : "on every GPU");
     printf("| device                 | %-36.36s |\n", prop->name);
     printf("| precision              | %-36s |\n", PRECISION_NAME);
     printf("| model GFLOP per sample | %-36.2f |\n", flops / 1e9);
@@ -2272,18 +2403,109 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     fflush(stdout);
 }
 
+// ---- faults (MULTI_GPU). NCCL reports failures asynchronously, and a rank that hangs or dies
+// makes the others wait in their collectives forever. So a watchdog thread per process polls every
+// local communicator's asynchronous error and how long each rank has been in its current step; on
+// an error, or a step longer than --nccl-timeout, it aborts the communicators, names the rank and
+// ends the process with exit status 1. Checkpoints are written to a temporary file and renamed,
+// so the last one is intact, and -y 1 continues from it.
+typedef struct {
+    const Run* run;
+#if defined(MULTI_GPU)
+    ncclComm_t* comms;           // (local_ranks) each rank's, once it has one
+#endif
+    volatile double* busy_since; // (local_ranks) when its current step started, 0 between steps
+    volatile int* step;          // (local_ranks) the step it is in
+    volatile int done;
+    pthread_t thread;
+} Watchdog;
+
+#if defined(MULTI_GPU)
+static void watchdog_fault(Watchdog* w, const char* what) {
+    run_aborting = 1;
+    fprintf(stderr, "error: %s: aborting NCCL; the last checkpoint in %s is intact, continue with -y 1 (NCCL_DEBUG=INFO "
+            "says more)\n", what, w->run->args.output);
+    fflush(stderr);
+    for (int r = 0; r < w->run->local_ranks; r++) {
+        if (w->comms[r] != NULL) { ncclCommAbort(w->comms[r]); }
+    }
+    _exit(1);  // not exit(): the ranks' threads may still be waiting inside CUDA
+}
+
+static void* watchdog_main(void* arg) {
+    Watchdog* w = (Watchdog*)arg;
+    const Run* run = w->run;
+    while (!w->done) {
+        usleep(100000);
+        double now = wall_seconds();
+        char what[400];
+        for (int r = 0; r < run->local_ranks; r++) {
+            int rank = run->node * run->local_ranks + r;
+            ncclResult_t err = ncclSuccess;
+            if (w->comms[r] != NULL) { ncclCommGetAsyncError(w->comms[r], &err); }
+            if (err != ncclSuccess && err != ncclInProgress) {
+                snprintf(what, sizeof(what), "NCCL reported '%s' on rank %d (node %d, GPU %d) in step %d",
+                         ncclGetErrorString(err), rank, run->node, r, w->step[r] + 1);
+                watchdog_fault(w, what);
+            }
+        }
+        // every rank of this node stuck past the timeout, named together with its step
+        char stuck[300] = "";
+        double longest = 0.0;
+        for (int r = 0; r < run->local_ranks; r++) {
+            double since = w->busy_since[r];
+            if (since > 0.0 && now - since > run->args.nccl_timeout) {
+                size_t len = strlen(stuck);
+                snprintf(stuck + len, sizeof(stuck) - len, "%s%d (GPU %d, step %d)", len > 0 ? ", " : "",
+                         run->node * run->local_ranks + r, r, w->step[r] + 1);
+                if (now - since > longest) { longest = now - since; }
+            }
+        }
+        if (stuck[0] != '\0') {
+            snprintf(what, sizeof(what), "rank(s) %s of node %d made no progress for %.0f s (--nccl-timeout): a rank of "
+                     "the run is hung or gone", stuck, run->node, longest);
+            watchdog_fault(w, what);
+        }
+    }
+    return NULL;
+}
+#endif
+
+static void watchdog_start(Watchdog* w, const Run* run) {
+    memset(w, 0, sizeof(*w));
+    w->run = run;
+    w->busy_since = (volatile double*)callocCheck(run->local_ranks, sizeof(double));
+    w->step = (volatile int*)callocCheck(run->local_ranks, sizeof(int));
+#if defined(MULTI_GPU)
+    w->comms = (ncclComm_t*)callocCheck(run->local_ranks, sizeof(ncclComm_t));
+    if (run->world > 1 && pthread_create(&w->thread, NULL, watchdog_main, w) != 0) {
+        vla_fail("cannot start the NCCL watchdog thread: %s", strerror(errno));
+    }
+#endif
+}
+
+static void watchdog_stop(Watchdog* w) {
+    w->done = 1;
+#if defined(MULTI_GPU)
+    if (w->run->world > 1) { pthread_join(w->thread, NULL); }
+    free(w->comms);
+#endif
+    free((void*)w->busy_since);
+    free((void*)w->step);
+}
+
 // One GPU's training: rank node * local_ranks + local of run->world, on local device `local`.
 // Every rank holds a replica, takes its own share of every global batch, and averages its
 // gradients with the others; rank 0 logs, saves checkpoints and evaluates. Returns 1 if a stop
 // request ended the run early.
-static int train_rank(Run* run, int local) {
+static int train_rank(Run* run, Watchdog* watchdog, int local) {
     const TrainArgs* args = &run->args;
     const VLAConfig* c = &run->config;
     int rank = run->node * run->local_ranks + local, world = run->world, lead = rank == 0;
     cudaDeviceProp prop;
     gpu_init(local, &prop);
     Model model;
-    model_build(&model, c);
+    model_build(&model, c, args->zero ? rank : 0, args->zero ? world : 1);
     if (run->from != NULL) {
         int step;
         uint64_t seed, pos;
@@ -2298,8 +2520,10 @@ static int train_rank(Run* run, int local) {
     memset(&dist, 0, sizeof(dist));
     dist.rank = rank;
     dist.world = world;
+    dist.zero = args->zero;
 #if defined(MULTI_GPU)
     ncclCheck(ncclCommInitRank(&dist.comm, world, run->nccl_id, rank));
+    watchdog->comms[local] = dist.comm;
     cudaCheck(cudaStreamCreate(&dist.comm_stream));
     dist.bucket_ready = (cudaEvent_t*)mallocCheck(param_bucket_count(c) * sizeof(cudaEvent_t));
     for (int b = 0; b < param_bucket_count(c); b++) {
@@ -2335,6 +2559,8 @@ static int train_rank(Run* run, int local) {
     batch_upload(&loader, &dev[0], consumed[0], uploaded[0]);
     for (; step < args->steps && !stopped; step++) {
         double t0 = wall_seconds();
+        watchdog->step[local] = step;
+        watchdog->busy_since[local] = t0;
         for (int micro = 0; micro < args->accum; micro++, job++) {
             Batch* batch = &dev[job % 2];
             cudaCheck(cudaStreamWaitEvent(main_stream, uploaded[job % 2], 0));
@@ -2351,14 +2577,19 @@ static int train_rank(Run* run, int local) {
         model_update(&model, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
         float loss, norm;
         model_read_scalars(&model, &loss, &norm, &stopped);
+        watchdog->busy_since[local] = 0.0;
         double ms = 1000.0 * (wall_seconds() - t0);
         if (step > run->start) { timed_ms += ms; timed_steps++; }  // the first step warms up
         int done = step + 1;
-        if (!lead) { continue; }
-        if (!isfinite(loss) || !isfinite(norm)) {
+        if (!isfinite(loss) || !isfinite(norm)) {  // every rank sees the same values: rank 0 reports and exits
+            if (!lead) { break; }
             vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; "
                      "the last checkpoint in %s is intact", done, loss, norm, args->output);
         }
+        if ((args->ckpt_every > 0 && done % args->ckpt_every == 0) || done == args->steps || stopped) {
+            model_save(&model, &run->ds, args, done, run->sampler_pos + (uint64_t)(done - run->start) * global_batch, lead);
+        }
+        if (!lead) { continue; }
         size_t free_b, total_b;
         cudaCheck(cudaMemGetInfo(&free_b, &total_b));
         double mem_gib = (double)(total_b - free_b) / (1024.0 * 1024.0 * 1024.0);
@@ -2367,9 +2598,6 @@ static int train_rank(Run* run, int local) {
         logger_step(&logger, step, args->steps, loss, lr_at_step(args, step), norm, ms, sps,
                     peak > 0.0 ? flops * sps / (peak * world) : NAN, mem_gib,
                     done % args->log_every == 0 || done == args->steps);
-        if ((args->ckpt_every > 0 && done % args->ckpt_every == 0) || done == args->steps || stopped) {
-            model_save(&model, &run->ds, args, done, run->sampler_pos + (uint64_t)(done - run->start) * global_batch);
-        }
     }
     cudaCheck(cudaStreamSynchronize(copy_stream));
     loader_pin(&loader, 0);
@@ -2397,6 +2625,7 @@ static int train_rank(Run* run, int local) {
         cudaCheck(cudaEventDestroy(consumed[k]));
     }
 #if defined(MULTI_GPU)
+    watchdog->comms[local] = NULL;  // (every rank has finished its collectives before it gets here)
     for (int b = 0; b < param_bucket_count(c); b++) { cudaCheck(cudaEventDestroy(dist.bucket_ready[b])); }
     free(dist.bucket_ready);
     cudaCheck(cudaEventDestroy(dist.scalars_ready));
@@ -2415,8 +2644,13 @@ int main(int argc, char** argv) {
     TrainArgs* args = &run.args;
     train_args_parse(args, argc, argv);
     gpu_check_visible(args->ranks);
+#if !defined(MULTI_GPU)
+    if (args->nodes > 1) { vla_fail("--nodes %d: this train_vla was built without NCCL: rebuild where NCCL is installed", args->nodes); }
+#endif
     run.local_ranks = args->ranks;
-    run.world = run.local_ranks;
+    run.node = args->node_rank;
+    run.nodes = args->nodes;
+    run.world = run.nodes * run.local_ranks;
     train_args_for_world(args, run.world);
     dataset_open(&run.ds, args->input);
     run.config = config_for_data(args->preset, &run.ds);
@@ -2439,19 +2673,31 @@ int main(int argc, char** argv) {
     }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    print_config(&run, &prop, model_flops_per_sample(&run.config), device_peak_flops(prop.name));
+    if (run.node == 0) { print_config(&run, &prop, model_flops_per_sample(&run.config), device_peak_flops(prop.name)); }
 #if defined(MULTI_GPU)
-    ncclCheck(ncclGetUniqueId(&run.nccl_id));
+    if (run.node == 0) { ncclCheck(ncclGetUniqueId(&run.nccl_id)); }
+    if (run.nodes > 1) {  // node 0 hands its id to the others, once they prove they run the same thing
+        printf("node %d of %d: %d GPU(s), meeting at %s\n", run.node, run.nodes, run.local_ranks, args->master);
+        BootIdentity me = boot_identity(args, &run.config, run.node, run.nodes, run.start, run.ds.n_samples);
+        char err[1024];
+        if (bootstrap_exchange(args->master, &me, &run.nccl_id, sizeof(run.nccl_id), args->bootstrap_timeout, err,
+                               sizeof(err)) != 0) {
+            vla_fail("%s", err);
+        }
+    }
 #endif
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
+    Watchdog watchdog;
+    watchdog_start(&watchdog, &run);
     int stopped = 0;
 #if defined(MULTI_GPU)
     #pragma omp parallel num_threads(run.local_ranks) reduction(| : stopped)
-    stopped |= train_rank(&run, omp_get_thread_num());
+    stopped |= train_rank(&run, &watchdog, omp_get_thread_num());
 #else
-    stopped = train_rank(&run, 0);
+    stopped = train_rank(&run, &watchdog, 0);
 #endif
+    watchdog_stop(&watchdog);
     dataset_close(&run.ds);
     return stopped ? 130 : 0;
 }

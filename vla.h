@@ -26,6 +26,8 @@ to fix it, and exit status 1. Nothing here calls abort() on bad input.
 #include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
+#include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,6 +36,7 @@ to fix it, and exit status 1. Nothing here calls abort() on bad input.
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
@@ -329,6 +332,22 @@ static inline int param_bucket_slices(const ParamTable* t, const VLAConfig* c, c
         n++;
     }
     return n;
+}
+
+// ZeRO-1: rank r of W keeps the optimizer state (master weights, AdamW moments) of the elements
+// [r S, (r+1) S) of a flat parameter buffer of `total` elements padded to W S, with S a multiple
+// of `align`. Shards do not follow tensor boundaries: a tensor may be split between ranks.
+static inline size_t zero_shard_size(size_t total, int world, size_t align) {
+    size_t unit = (size_t)world * align;
+    return (total + unit - 1) / unit * align;
+}
+
+// The part of a tensor (elements [offset, offset + numel) of the flat buffer) inside the shard
+// [lo, hi): returns how many elements, and in *first where they start, relative to the tensor.
+static inline size_t zero_part(size_t offset, size_t numel, size_t lo, size_t hi, size_t* first) {
+    size_t a = offset > lo ? offset : lo, b = offset + numel < hi ? offset + numel : hi;
+    *first = a > offset ? a - offset : 0;
+    return b > a ? b - a : 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -1234,6 +1253,11 @@ typedef struct {
     int total_batch;        // -d: samples per optimizer step over all ranks and micro-steps, 0: batch x ranks
     int lr_scale;           // LR_SCALE_*: how the peak learning rate grows with the world size
     int accum;              // micro-steps per optimizer step, from -d (train_args_for_world)
+    int zero;               // -z 1: ZeRO-1, the optimizer state sharded over the ranks
+    int nodes, node_rank;   // machines of the run and this one's place (Slurm's environment by default)
+    const char* master;     // host:port of node 0, where the other nodes fetch NCCL's unique id
+    float bootstrap_timeout;  // seconds the nodes wait for each other at the start
+    float nccl_timeout;       // seconds a rank may wait in a collective before the run is aborted
     float lr_base;          // -l as given; lr is it scaled by --lr-scale (train_args_for_world)
     int steps;              // optimizer steps in total
     float lr, min_lr_frac, weight_decay, grad_clip;
@@ -1256,7 +1280,8 @@ static inline void train_args_defaults(TrainArgs* a) {
     a->preset = "small";
     a->init = NULL;
     a->batch = 8; a->ranks = 1; a->steps = 1000;
-    a->total_batch = 0; a->lr_scale = LR_SCALE_NONE; a->accum = 1;
+    a->total_batch = 0; a->lr_scale = LR_SCALE_NONE; a->accum = 1; a->zero = 0;
+    a->nodes = 1; a->node_rank = 0; a->master = NULL; a->bootstrap_timeout = 120.0f; a->nccl_timeout = 600.0f;
     a->lr = 3e-4f; a->min_lr_frac = 0.1f; a->weight_decay = 0.01f; a->grad_clip = 1.0f;
     a->lr_base = a->lr;
     a->warmup = 100;
@@ -1282,6 +1307,12 @@ static inline void train_args_usage(const char* prog) {
     printf("  -l, --lr X             peak learning rate (%g)\n", d.lr);
     printf("      --lr-scale MODE    grow the peak learning rate with the world size: none, linear, sqrt (%s)\n",
            LR_SCALE_NAMES[d.lr_scale]);
+    printf("  -z, --zero 0|1         1: ZeRO-1, AdamW state and master weights sharded over the ranks (%d)\n", d.zero);
+    printf("      --nodes N          machines of a multi-node run; -g GPUs on each (%d; Slurm's SLURM_NNODES when set)\n", d.nodes);
+    printf("      --node-rank R      this machine's place, 0 .. N-1 (%d; Slurm's SLURM_NODEID when set)\n", d.node_rank);
+    printf("      --master HOST:PORT node 0's address and a free port (VLA_MASTER, or MASTER_ADDR and MASTER_PORT)\n");
+    printf("      --bootstrap-timeout S  seconds the nodes wait for each other at the start (%g)\n", d.bootstrap_timeout);
+    printf("      --nccl-timeout S   seconds a GPU may wait in a collective before the run is aborted (%g)\n", d.nccl_timeout);
     printf("      --min-lr-frac X    cosine floor as a fraction of the peak (%g)\n", d.min_lr_frac);
     printf("  -u, --warmup N         linear warmup steps (%d)\n", d.warmup);
     printf("  -w, --weight-decay X   AdamW decay on matrices (%g)\n", d.weight_decay);
@@ -1320,7 +1351,8 @@ static inline float parse_float_arg(const char* name, const char* s, float lo, f
 
 static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     train_args_defaults(a);
-    enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE };
+    enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
+           OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -1333,11 +1365,15 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"log-every", required_argument, 0, OPT_LOG_EVERY}, {"threads", required_argument, 0, 't'},
         {"workers", required_argument, 0, OPT_WORKERS}, {"augment-shift", required_argument, 0, OPT_AUGMENT},
         {"total-batch", required_argument, 0, 'd'},  {"lr-scale", required_argument, 0, OPT_LR_SCALE},
+        {"zero", required_argument, 0, 'z'},         {"nodes", required_argument, 0, OPT_NODES},
+        {"node-rank", required_argument, 0, OPT_NODE_RANK}, {"master", required_argument, 0, OPT_MASTER},
+        {"bootstrap-timeout", required_argument, 0, OPT_BOOT_TIMEOUT},
+        {"nccl-timeout", required_argument, 0, OPT_NCCL_TIMEOUT},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     opterr = 0;
     optind = 1;
-    int opt;
-    while ((opt = getopt_long(argc, argv, ":i:o:p:b:g:d:n:l:u:w:c:s:y:k:t:h", longs, NULL)) != -1) {
+    int opt, nodes_given = 0, rank_given = 0;
+    while ((opt = getopt_long(argc, argv, ":i:o:p:b:g:d:n:l:u:w:c:s:y:k:t:z:h", longs, NULL)) != -1) {
         switch (opt) {
             case 'i': a->input = optarg; break;
             case 'o': a->output = optarg; break;
@@ -1348,6 +1384,12 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case 'b': a->batch = (int)parse_int_arg("batch", optarg, 1, 1 << 20); break;
             case 'g': a->ranks = (int)parse_int_arg("gpus", optarg, 1, 1024); break;
             case 'd': a->total_batch = (int)parse_int_arg("total-batch", optarg, 0, 1 << 30); break;
+            case 'z': a->zero = (int)parse_int_arg("zero", optarg, 0, 1); break;
+            case OPT_NODES: a->nodes = (int)parse_int_arg("nodes", optarg, 1, 4096); nodes_given = 1; break;
+            case OPT_NODE_RANK: a->node_rank = (int)parse_int_arg("node-rank", optarg, 0, 4095); rank_given = 1; break;
+            case OPT_MASTER: a->master = optarg; break;
+            case OPT_BOOT_TIMEOUT: a->bootstrap_timeout = parse_float_arg("bootstrap-timeout", optarg, 0.1f, 1e6f); break;
+            case OPT_NCCL_TIMEOUT: a->nccl_timeout = parse_float_arg("nccl-timeout", optarg, 0.1f, 1e7f); break;
             case OPT_LR_SCALE:
                 for (a->lr_scale = 0; a->lr_scale < 3 && strcmp(optarg, LR_SCALE_NAMES[a->lr_scale]) != 0; a->lr_scale++) {}
                 if (a->lr_scale == 3) { vla_fail("--lr-scale %s: use none, linear or sqrt", optarg); }
@@ -1375,6 +1417,26 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     if (optind < argc) { vla_fail("unexpected argument '%s': options take the form -x VALUE, see %s -h", argv[optind], argv[0]); }
     if (a->resume && a->init != NULL) { vla_fail("-y 1 and --init both pick a checkpoint: use one of them"); }
     a->lr_base = a->lr;
+    // a Slurm allocation of several nodes: its node count, this node's place, the master from the
+    // environment (the sbatch script in scripts/ sets VLA_MASTER); flags override it
+    const char* slurm_nodes = getenv("SLURM_NNODES");
+    const char* slurm_id = getenv("SLURM_NODEID");
+    if (!nodes_given && slurm_nodes != NULL) { a->nodes = (int)parse_int_arg("nodes (SLURM_NNODES)", slurm_nodes, 1, 4096); }
+    if (!rank_given && slurm_id != NULL && a->nodes > 1) {
+        a->node_rank = (int)parse_int_arg("node-rank (SLURM_NODEID)", slurm_id, 0, 4095);
+    }
+    static char master_env[300];
+    if (a->master == NULL && getenv("VLA_MASTER") != NULL) { a->master = getenv("VLA_MASTER"); }
+    if (a->master == NULL && getenv("MASTER_ADDR") != NULL && getenv("MASTER_PORT") != NULL) {
+        snprintf(master_env, sizeof(master_env), "%s:%s", getenv("MASTER_ADDR"), getenv("MASTER_PORT"));
+        a->master = master_env;
+    }
+    if (a->node_rank >= a->nodes) {
+        vla_fail("--node-rank %d with --nodes %d: node ranks go from 0 to %d", a->node_rank, a->nodes, a->nodes - 1);
+    }
+    if (a->nodes > 1 && a->master == NULL) {
+        vla_fail("--nodes %d needs --master HOST:PORT (node 0's address and a free port), or VLA_MASTER", a->nodes);
+    }
 }
 
 // For a run of `world` ranks (GPUs over all nodes, or simulated ranks): the micro-steps per
@@ -1532,6 +1594,238 @@ static inline float action_mse(const Batch* batch, const Dataset* ds, const VLAC
         n++;
     }
     return (float)(se / (double)(n > 0 ? n : 1));
+}
+
+// ----------------------------------------------------------------------------
+// multi-node bootstrap: node 0 hands a small payload (NCCL's unique id) to the other nodes over one
+// TCP exchange, after checking that every node runs the same configuration
+
+#define BOOT_MAGIC 0x544f4f42u  // "BOOT"
+#define BOOT_VERSION 1u
+#define BOOT_MAX_PAYLOAD 1024
+
+// What every node of a run must agree on; floats go as their bits so they compare exactly
+#define BOOT_FIELDS(X) \
+    X(gpus_per_node) X(nodes) X(batch) X(accum) X(zero) X(steps) X(warmup) X(start_step) X(seed) X(samples) \
+    X(lr_bits) X(weight_decay_bits) X(clip_bits) X(lr_scale)
+
+typedef struct {
+    uint32_t magic, version;
+    int32_t node_rank, pad;
+    VLAConfig config;
+    int32_t pad2;
+#define BOOT_FIELD_(f) int64_t f;
+    BOOT_FIELDS(BOOT_FIELD_)
+#undef BOOT_FIELD_
+} BootIdentity;
+
+typedef struct {
+    uint32_t status;  // 0: welcome, the payload follows; 1: refused, a message follows
+    uint32_t length;
+} BootReply;
+
+static inline int64_t boot_float_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (int64_t)u;
+}
+
+// This node's identity for a run of `gpus_per_node` x `nodes` GPUs starting at `start_step` on
+// `samples` samples
+static inline BootIdentity boot_identity(const TrainArgs* a, const VLAConfig* c, int node_rank, int nodes,
+                                         int start_step, uint64_t samples) {
+    BootIdentity id;
+    memset(&id, 0, sizeof(id));
+    id.magic = BOOT_MAGIC; id.version = BOOT_VERSION; id.node_rank = node_rank; id.config = *c;
+    id.gpus_per_node = a->ranks; id.nodes = nodes; id.batch = a->batch; id.accum = a->accum; id.zero = a->zero;
+    id.steps = a->steps; id.warmup = a->warmup; id.start_step = start_step; id.seed = (int64_t)a->seed;
+    id.samples = (int64_t)samples; id.lr_bits = boot_float_bits(a->lr_base);
+    id.weight_decay_bits = boot_float_bits(a->weight_decay); id.clip_bits = boot_float_bits(a->grad_clip);
+    id.lr_scale = a->lr_scale;
+    return id;
+}
+
+// Names the first field where two identities differ (into msg), or returns 0 when they agree
+static inline int boot_identity_diff(const BootIdentity* a, const BootIdentity* b, char* msg, size_t size) {
+    const char* cfg = vla_config_diff(&a->config, &b->config);
+    if (cfg != NULL) { snprintf(msg, size, "model %s", cfg); return 1; }
+#define BOOT_DIFF_(f) \
+    if (a->f != b->f) { snprintf(msg, size, #f " %lld vs %lld", (long long)a->f, (long long)b->f); return 1; }
+    BOOT_FIELDS(BOOT_DIFF_)
+#undef BOOT_DIFF_
+    return 0;
+}
+
+// "host:port" or "[ipv6]:port" into host and port; 0 on success
+static inline int boot_parse_master(const char* master, char* host, size_t size, char* port, size_t port_size) {
+    const char* colon = strrchr(master, ':');
+    if (colon == NULL || colon == master || colon[1] == '\0') { return 1; }
+    const char* h = master;
+    size_t n = (size_t)(colon - master);
+    if (h[0] == '[' && n >= 2 && h[n - 1] == ']') { h++; n -= 2; }
+    if (n == 0 || n >= size || strlen(colon + 1) >= port_size) { return 1; }
+    memcpy(host, h, n);
+    host[n] = '\0';
+    snprintf(port, port_size, "%s", colon + 1);
+    for (const char* p = port; *p; p++) {
+        if (*p < '0' || *p > '9') { return 1; }
+    }
+    return 0;
+}
+
+// All of buf over fd, before the deadline (wall_seconds); 0 on success
+static inline int boot_io(int fd, void* buf, size_t n, int sending, double deadline) {
+    uint8_t* p = (uint8_t*)buf;
+    while (n > 0) {
+        double left = deadline - wall_seconds();
+        if (left <= 0.0) { return 1; }
+        struct pollfd pfd = {fd, (short)(sending ? POLLOUT : POLLIN), 0};
+        if (poll(&pfd, 1, (int)(left * 1000.0) + 1) <= 0) { continue; }
+        ssize_t r = sending ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+        if (r <= 0) {
+            if (r < 0 && (errno == EINTR || errno == EAGAIN)) { continue; }
+            return 1;
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+// Node 0: listens on the master's port, takes one hello from each of the other nodes within
+// timeout_s, checks that they agree with its own identity, and sends them the payload.
+// Other nodes: connect to the master (retrying until timeout_s, node 0 may start later), send
+// their identity and receive the payload. 0 on success; else 1 and a one-line reason in err.
+static inline int bootstrap_exchange(const char* master, const BootIdentity* self, void* payload, size_t payload_bytes,
+                                     double timeout_s, char* err, size_t err_size) {
+    char host[256], port[16];
+    if (boot_parse_master(master, host, sizeof(host), port, sizeof(port)) != 0) {
+        snprintf(err, err_size, "--master %s: expected host:port (node 0's address and a free port)", master);
+        return 1;
+    }
+    if (payload_bytes > BOOT_MAX_PAYLOAD) { snprintf(err, err_size, "bootstrap payload too large"); return 1; }
+    double deadline = wall_seconds() + timeout_s;
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    int nodes = (int)self->nodes;
+    if (self->node_rank == 0) {
+        hints.ai_flags = AI_PASSIVE;
+        if (getaddrinfo(NULL, port, &hints, &res) != 0 || res == NULL) {
+            snprintf(err, err_size, "--master %s: cannot listen on port %s", master, port);
+            return 1;
+        }
+        int lfd = socket(res->ai_family, SOCK_STREAM, 0), one = 1;
+        setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (lfd < 0 || bind(lfd, res->ai_addr, res->ai_addrlen) != 0 || listen(lfd, nodes) != 0) {
+            int e = errno;
+            snprintf(err, err_size, "--master %s: cannot listen on port %s of this machine (%s)%s", master, port,
+                     strerror(e), e == EADDRINUSE ? ": the port is in use, pick another" : "");
+            if (lfd >= 0) { close(lfd); }
+            freeaddrinfo(res);
+            return 1;
+        }
+        freeaddrinfo(res);
+        int* fds = (int*)callocCheck(nodes, sizeof(int));
+        int joined = 0, failed = 0;
+        for (int k = 1; k < nodes; k++) { fds[k] = -1; }
+        while (joined < nodes - 1 && !failed) {
+            double left = deadline - wall_seconds();
+            struct pollfd pfd = {lfd, POLLIN, 0};
+            if (left <= 0.0 || poll(&pfd, 1, (int)(left * 1000.0) + 1) <= 0) {
+                if (wall_seconds() < deadline) { continue; }
+                snprintf(err, err_size, "only %d of the %d other node(s) reached the master %s within %.0f s: start every "
+                         "node with --nodes %d and this --master", joined, nodes - 1, master, timeout_s, nodes);
+                failed = 1;
+                break;
+            }
+            int fd = accept(lfd, NULL, NULL);
+            if (fd < 0) { continue; }
+            BootIdentity other;
+            char why[256];
+            if (boot_io(fd, &other, sizeof(other), 0, deadline) != 0 || other.magic != BOOT_MAGIC ||
+                other.version != BOOT_VERSION) {
+                close(fd);  // not one of ours, or too slow: keep waiting for the real nodes
+                continue;
+            }
+            if (other.node_rank < 1 || other.node_rank >= nodes || fds[other.node_rank] >= 0) {
+                snprintf(why, sizeof(why), "node rank %d is out of range or taken twice (--nodes %d)", other.node_rank, nodes);
+            } else if (boot_identity_diff(self, &other, why, sizeof(why))) {
+                char detail[300];
+                snprintf(detail, sizeof(detail), "node %d disagrees with node 0 on %s (node 0 vs node %d)", other.node_rank,
+                         why, other.node_rank);
+                snprintf(why, sizeof(why), "%s", detail);
+            } else {
+                fds[other.node_rank] = fd;
+                joined++;
+                continue;
+            }
+            BootReply reply = {1, (uint32_t)strlen(why)};
+            boot_io(fd, &reply, sizeof(reply), 1, deadline);
+            boot_io(fd, why, reply.length, 1, deadline);
+            close(fd);
+            snprintf(err, err_size, "%s: start every node with the same flags and data", why);
+            failed = 1;
+        }
+        for (int k = 1; k < nodes; k++) {
+            if (fds[k] < 0) { continue; }
+            BootReply reply = {(uint32_t)failed, 0};
+            const char* refusal = "another node disagrees with node 0: see node 0's error";
+            reply.length = failed ? (uint32_t)strlen(refusal) : (uint32_t)payload_bytes;
+            boot_io(fds[k], &reply, sizeof(reply), 1, deadline + 5.0);
+            boot_io(fds[k], failed ? (void*)refusal : payload, reply.length, 1, deadline + 5.0);
+            close(fds[k]);
+        }
+        free(fds);
+        close(lfd);
+        return failed;
+    }
+    if (getaddrinfo(host, port, &hints, &res) != 0 || res == NULL) {
+        snprintf(err, err_size, "--master %s: cannot resolve host %s: give node 0's name or address", master, host);
+        return 1;
+    }
+    int fd = -1;
+    while (fd < 0 && wall_seconds() < deadline) {  // node 0 may not listen yet: retry until the deadline
+        for (struct addrinfo* ai = res; ai != NULL && fd < 0; ai = ai->ai_next) {
+            int s = socket(ai->ai_family, SOCK_STREAM, 0);
+            if (s < 0) { continue; }
+            fcntl(s, F_SETFL, O_NONBLOCK);
+            int rc = connect(s, ai->ai_addr, ai->ai_addrlen);
+            if (rc != 0 && errno == EINPROGRESS) {
+                struct pollfd pfd = {s, POLLOUT, 0};
+                int soerr = 1;
+                socklen_t len = sizeof(soerr);
+                if (poll(&pfd, 1, 1000) > 0 && getsockopt(s, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0 && soerr == 0) { rc = 0; }
+            }
+            if (rc == 0) { fd = s; } else { close(s); }
+        }
+        if (fd < 0) { usleep(200000); }
+    }
+    freeaddrinfo(res);
+    if (fd < 0) {
+        snprintf(err, err_size, "could not reach the master %s within %.0f s: start node 0 with the same --master, and "
+                 "check the address, the port and the firewall", master, timeout_s);
+        return 1;
+    }
+    BootReply reply;
+    char text[512] = "";
+    int bad = boot_io(fd, (void*)self, sizeof(*self), 1, deadline) != 0 || boot_io(fd, &reply, sizeof(reply), 0, deadline) != 0;
+    if (!bad && reply.status == 0 && reply.length == payload_bytes) {
+        bad = boot_io(fd, payload, payload_bytes, 0, deadline) != 0;
+        close(fd);
+        if (!bad) { return 0; }
+    } else if (!bad && reply.status == 1 && reply.length < sizeof(text)) {
+        boot_io(fd, text, reply.length, 0, deadline);
+        close(fd);
+        snprintf(err, err_size, "the master %s refused node %d: %s", master, self->node_rank, text);
+        return 1;
+    } else {
+        close(fd);
+    }
+    snprintf(err, err_size, "the master %s did not answer node %d within %.0f s: check that node 0 runs the same "
+             "train_vla", master, self->node_rank, timeout_s);
+    return 1;
 }
 
 // ----------------------------------------------------------------------------

@@ -18,8 +18,8 @@ It also checks what a GPU reports less plainly, and stops with one line when it 
 - host code touching device memory (device memory is inaccessible outside kernels and copies),
 - a kernel reading or writing past the end of a device allocation (each allocation ends at a
   guard page),
-- reads of memory nothing wrote: cudaMalloc and dynamic shared memory are filled with 0xFF bytes,
-  a NaN in both fp32 and bf16,
+- reads of memory nothing wrote: cudaMalloc (up to 16 MB; larger buffers read as zero) and
+  dynamic shared memory are filled with 0xFF bytes, a NaN in both fp32 and bf16,
 - cudaMemcpy directions that do not match where the pointers live, blocks over 1024 threads.
 What it cannot show: races between threads (fibers run one at a time), performance.
 
@@ -250,6 +250,8 @@ static inline void install_handler(void) {
     sigaction(SIGBUS, &sa, nullptr);
 }
 
+enum : size_t { POISON_BYTES = 16u << 20 };
+
 static inline void* device_alloc(size_t bytes) {
     std::lock_guard<std::recursive_mutex> lock(device_mutex);
     install_handler();
@@ -260,10 +262,14 @@ static inline void* device_alloc(size_t bytes) {
     uint8_t* map = (uint8_t*)mmap(nullptr, map_bytes + ps, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (map == MAP_FAILED) { return nullptr; }
     Allocation a = {map, map_bytes, map + map_bytes - rounded, bytes};
-    // poison: whatever a kernel reads before something wrote it is NaN
-    mprotect(map, map_bytes, PROT_READ | PROT_WRITE);
-    memset(map, 0xFF, map_bytes);
-    if (state.open_depth == 0) { mprotect(map, map_bytes, PROT_NONE); }
+    // poison: whatever a kernel reads before something wrote it is NaN. Large buffers (cuBLASLt's
+    // workspace, say) stay untouched instead, reading as zero: their page tables would make every
+    // launch's change of protection slow.
+    if (bytes <= POISON_BYTES) {
+        mprotect(map, map_bytes, PROT_READ | PROT_WRITE);
+        memset(map, 0xFF, map_bytes);
+    }
+    mprotect(map, map_bytes, state.open_depth > 0 ? PROT_READ | PROT_WRITE : PROT_NONE);
     state.allocs.push_back(a);
     state.used += bytes;
     if (state.used > state.peak) { state.peak = state.used; }
@@ -1326,8 +1332,15 @@ static inline ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUn
     std::unique_lock<std::mutex> lock(c->mu);
     c->joined++;
     c->cv.notify_all();
-    // as NCCL: the call returns once every rank has joined
-    while (c->joined < c->nranks && !c->aborted) { c->cv.wait_for(lock, std::chrono::milliseconds(50)); }
+    // as NCCL: the call returns once every rank has joined (here: ranks of this process only)
+    double give_up = emu_now() + 20.0;
+    while (c->joined < c->nranks && !c->aborted) {
+        c->cv.wait_for(lock, std::chrono::milliseconds(50));
+        if (emu_now() > give_up) {
+            emu::fail("NCCL: %d of %d ranks joined in 20 s; the emulation links the ranks of one process only "
+                      "(several nodes need real GPUs)", c->joined, c->nranks);
+        }
+    }
     if (c->aborted) { return ncclInvalidUsage; }
     *comm = new EmuComm{c, rank, emu_current_device};
     return ncclSuccess;
@@ -1362,6 +1375,7 @@ static inline ncclResult_t emu_collective(ncclComm_t comm, int kind, const void*
     emu::Clique* c = comm->clique;
     std::unique_lock<std::mutex> lock(c->mu);
     if (c->aborted) { return ncclInvalidUsage; }
+    if (comm->async_error != ncclSuccess) { return ncclSuccess; }  // a broken communicator moves nothing
     int fault = emu::nccl_fault(comm->rank, comm->calls++);
     if (fault == 1) {  // an asynchronous error: the call returns, the data never moves
         comm->async_error = ncclSystemError;
