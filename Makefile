@@ -35,8 +35,8 @@ nvcc_check:
 train_vla: $(GPU_SOURCES) $(DEFAULT_DATA) | nvcc_check
 	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) $(MULTI_GPU_FLAGS) train_vla.cu $(NVCC_LDLIBS) $(MULTI_GPU_LIBS) -o $@
 
-# the trainer without NCCL compiles too (make test builds both)
-build/gpu/train_vla_single_gpu: $(GPU_SOURCES) | nvcc_check
+# the trainer without NCCL compiles too (make test builds both, and compares their losses)
+build/gpu/train_vla_single_gpu_bf16: $(GPU_SOURCES) | nvcc_check
 	@mkdir -p build/gpu
 	$(NVCC) $(NVCC_FLAGS) train_vla.cu $(NVCC_LDLIBS) -o $@
 
@@ -71,8 +71,10 @@ $(EMU_DIR)/%.cu: %.cu dev/cuda/emu/launch.sed
 	sed -f dev/cuda/emu/launch.sed $< > $@
 $(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/test_vla_gpu_bf16: EMU_PRECISION =
 $(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/test_vla_gpu_fp32: EMU_PRECISION = -DENABLE_FP32
-$(EMU_DIR)/train_vla_%: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
+$(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/train_vla_fp32: $(EMU_DIR)/train_vla_%: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
 	$(EMU_CXX) $(EMU_PRECISION) $(EMU_MULTI_GPU) -x c++ $< -lm -lpthread -o $@
+$(EMU_DIR)/train_vla_single_gpu_bf16: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
+	$(EMU_CXX) -x c++ $< -lm -lpthread -o $@
 $(EMU_DIR)/test_vla_gpu_%: $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/train_vla.cu dev/test_util.h vla.h $(EMU_HEADERS)
 	$(EMU_CXX) $(EMU_PRECISION) $(EMU_MULTI_GPU) -x c++ $< -lm -lpthread -o $@
 $(EMU_DIR)/libvla_gpu_bf16.so $(EMU_DIR)/libvla_gpu_fp32.so: $(EMU_DIR)/libvla_gpu_%.so: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
@@ -99,7 +101,7 @@ GPU_POLICY_LIBRARY = libvla_gpu.so
 else
 GPU_TEST_BINARIES = $(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/test_vla_gpu_bf16 \
 	$(EMU_DIR)/test_vla_gpu_fp32 $(EMU_DIR)/dev/cuda/emu/test_emulate $(addprefix $(EMU_DIR)/dev/cuda/,$(DEV_CUDA)) \
-	$(EMU_DIR)/libvla_gpu_bf16.so $(EMU_DIR)/libvla_gpu_fp32.so
+	$(EMU_DIR)/libvla_gpu_bf16.so $(EMU_DIR)/libvla_gpu_fp32.so $(EMU_DIR)/train_vla_single_gpu_bf16
 GPU_TEST_RUNNER = $(EMU_DIR)
 GPU_POLICY_LIBRARY = $(EMU_DIR)/libvla_gpu_bf16.so:$(EMU_DIR)/libvla_gpu_fp32.so
 endif
@@ -158,7 +160,7 @@ $(TEST_DIR)/a_train.txt: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefi
 
 # make test compiles train_vla for the GPU everywhere; its tests run on the GPU if there is one,
 # otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries)
-test: train_vla_cpu test_vla libvla.so train_vla build/gpu/train_vla_single_gpu libvla_gpu.so dev_cuda $(GPU_TEST_BINARIES) \
+test: train_vla_cpu test_vla libvla.so train_vla build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so dev_cuda $(GPU_TEST_BINARIES) \
 		$(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt venv_check
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 

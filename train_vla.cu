@@ -1648,6 +1648,8 @@ static void model_free(Model* m) {  // (the Dist is its owner's)
 
 // ---- data parallelism: every rank holds a replica and averages its gradients with the others
 
+#define DIST_TIMED_WAITS 4  // a step waits on NCCL once (ZeRO-1: three times)
+
 // One rank's side (MULTI_GPU): its place, the communicator, the communication stream and the
 // events that order it after the compute.
 typedef struct Dist {
@@ -1659,6 +1661,10 @@ typedef struct Dist {
     cudaStream_t comm_stream;
     cudaEvent_t* bucket_ready;  // (param_bucket_count) their gradients are final on the main stream
     cudaEvent_t scalars_ready, comm_done;
+    // timing of the main stream's waits on the communication stream in one step: wait_begin[i]
+    // where the compute reaches wait i, wait_end[i] where the communication it waits for ends
+    cudaEvent_t wait_begin[DIST_TIMED_WAITS], wait_end[DIST_TIMED_WAITS];
+    int waits;  // recorded this step
 #endif
 } Dist;
 
@@ -1668,7 +1674,8 @@ typedef struct Dist {
 static void grads_bucket_done(Model* m, int b) {
 #if defined(MULTI_GPU)
     Dist* d = m->dist;
-    if (d == NULL || d->world == 1 || !d->sync || d->zero) { return; }  // ZeRO-1 reduce-scatters at the end
+    // (at world size 1 too: NCCL's one-rank path runs, as in DDP, and its cost is measured)
+    if (d == NULL || !d->sync || d->zero) { return; }  // ZeRO-1 reduce-scatters at the end
     size_t off[NUM_PARAM_TENSORS], count[NUM_PARAM_TENSORS];
     int n = param_bucket_slices(&m->table, &m->config, m->aligned, b, off, count);
     cudaCheck(cudaEventRecord(d->bucket_ready[b], main_stream));
@@ -1692,10 +1699,30 @@ static void comm_after_main(Dist* d, cudaEvent_t ready) {
     cudaCheck(cudaEventRecord(ready, main_stream));
     cudaCheck(cudaStreamWaitEvent(d->comm_stream, ready, 0));
 }
-// ... and the main stream's next work after the communication stream's so far
+// ... and the main stream's next work after the communication stream's so far (the first
+// DIST_TIMED_WAITS waits of a step timed: how long the compute stood still for NCCL)
 static void main_after_comm(Dist* d) {
-    cudaCheck(cudaEventRecord(d->comm_done, d->comm_stream));
-    cudaCheck(cudaStreamWaitEvent(main_stream, d->comm_done, 0));
+    cudaEvent_t done = d->comm_done;
+    if (d->waits < DIST_TIMED_WAITS) {
+        cudaCheck(cudaEventRecord(d->wait_begin[d->waits], main_stream));
+        done = d->wait_end[d->waits++];
+    }
+    cudaCheck(cudaEventRecord(done, d->comm_stream));
+    cudaCheck(cudaStreamWaitEvent(main_stream, done, 0));
+}
+
+// The time the main stream spent waiting on the communication stream since the last call (after
+// the step's work has finished): per wait, how far the communication ended after the compute
+// reached it, nothing where it had ended before
+static double dist_wait_ms(Dist* d) {
+    double total = 0.0;
+    for (int i = 0; i < d->waits; i++) {
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, d->wait_begin[i], d->wait_end[i]));
+        if (ms > 0.0f) { total += ms; }
+    }
+    d->waits = 0;
+    return total;
 }
 #endif
 
@@ -1711,7 +1738,7 @@ static void grads_sync_finish(Model* m, int stop) {
     launchCheck();
 #if defined(MULTI_GPU)
     Dist* d = m->dist;
-    if (d == NULL || d->world == 1) { return; }
+    if (d == NULL) { return; }
     comm_after_main(d, d->scalars_ready);
     if (d->zero) {
         size_t S = m->shard_hi - m->shard_lo;
@@ -2531,6 +2558,10 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     }
     cudaCheck(cudaEventCreateWithFlags(&dist.scalars_ready, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&dist.comm_done, cudaEventDisableTiming));
+    for (int i = 0; i < DIST_TIMED_WAITS; i++) {
+        cudaCheck(cudaEventCreate(&dist.wait_begin[i]));
+        cudaCheck(cudaEventCreate(&dist.wait_end[i]));
+    }
 #endif
     model.dist = &dist;
 
@@ -2553,7 +2584,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     if (lead) { logger_open(&logger, args->output); }
     double peak = device_peak_flops(prop.name), flops = model_flops_per_sample(c);
 
-    double timed_ms = 0.0, peak_mem = 0.0;
+    double timed_ms = 0.0, peak_mem = 0.0, comm_wait_ms = 0.0;
     int timed_steps = 0, step = run->start, stopped = 0;
     int64_t job = 0, jobs = (int64_t)(args->steps - run->start) * args->accum;
     batch_upload(&loader, &dev[0], consumed[0], uploaded[0]);
@@ -2561,6 +2592,9 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         double t0 = wall_seconds();
         watchdog->step[local] = step;
         watchdog->busy_since[local] = t0;
+#if defined(MULTI_GPU)
+        dist.waits = 0;  // (a checkpoint's gathers are not the step's)
+#endif
         for (int micro = 0; micro < args->accum; micro++, job++) {
             Batch* batch = &dev[job % 2];
             cudaCheck(cudaStreamWaitEvent(main_stream, uploaded[job % 2], 0));
@@ -2579,7 +2613,12 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         model_read_scalars(&model, &loss, &norm, &stopped);
         watchdog->busy_since[local] = 0.0;
         double ms = 1000.0 * (wall_seconds() - t0);
-        if (step > run->start) { timed_ms += ms; timed_steps++; }  // the first step warms up
+#if defined(MULTI_GPU)
+        double wait_ms = dist_wait_ms(&dist);
+#else
+        double wait_ms = 0.0;
+#endif
+        if (step > run->start) { timed_ms += ms; comm_wait_ms += wait_ms; timed_steps++; }  // the first step warms up
         int done = step + 1;
         if (!isfinite(loss) || !isfinite(norm)) {  // every rank sees the same values: rank 0 reports and exits
             if (!lead) { break; }
@@ -2616,6 +2655,10 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
             if (peak > 0.0) { printf(", MFU %.1f%%", 100.0 * flops * sps / (peak * world)); }
             printf(", peak GPU memory %.2f GiB (%.2f GiB held by the model)\n", peak_mem,
                    (double)model.device_bytes / (1024.0 * 1024.0 * 1024.0));
+#if defined(MULTI_GPU)
+            printf("communication: rank 0's compute waited %.2f ms per step for NCCL, %.1f%% of the step time "
+                   "(world size %d)\n", comm_wait_ms / timed_steps, 100.0 * comm_wait_ms / timed_ms, world);
+#endif
         }
         logger_close(&logger);
     }
@@ -2630,6 +2673,10 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     free(dist.bucket_ready);
     cudaCheck(cudaEventDestroy(dist.scalars_ready));
     cudaCheck(cudaEventDestroy(dist.comm_done));
+    for (int i = 0; i < DIST_TIMED_WAITS; i++) {
+        cudaCheck(cudaEventDestroy(dist.wait_begin[i]));
+        cudaCheck(cudaEventDestroy(dist.wait_end[i]));
+    }
     cudaCheck(cudaStreamDestroy(dist.comm_stream));
     ncclCheck(ncclCommDestroy(dist.comm));
 #endif

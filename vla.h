@@ -1257,7 +1257,7 @@ typedef struct {
     int nodes, node_rank;   // machines of the run and this one's place (Slurm's environment by default)
     const char* master;     // host:port of node 0, where the other nodes fetch NCCL's unique id
     float bootstrap_timeout;  // seconds the nodes wait for each other at the start
-    float nccl_timeout;       // seconds a rank may wait in a collective before the run is aborted
+    float nccl_timeout;       // seconds one step may take (collectives included) before the run is aborted as hung
     float lr_base;          // -l as given; lr is it scaled by --lr-scale (train_args_for_world)
     int steps;              // optimizer steps in total
     float lr, min_lr_frac, weight_decay, grad_clip;
@@ -1312,7 +1312,7 @@ static inline void train_args_usage(const char* prog) {
     printf("      --node-rank R      this machine's place, 0 .. N-1 (%d; Slurm's SLURM_NODEID when set)\n", d.node_rank);
     printf("      --master HOST:PORT node 0's address and a free port (VLA_MASTER, or MASTER_ADDR and MASTER_PORT)\n");
     printf("      --bootstrap-timeout S  seconds the nodes wait for each other at the start (%g)\n", d.bootstrap_timeout);
-    printf("      --nccl-timeout S   seconds a GPU may wait in a collective before the run is aborted (%g)\n", d.nccl_timeout);
+    printf("      --nccl-timeout S   seconds one step may take (collectives included) before the run is aborted (%g)\n", d.nccl_timeout);
     printf("      --min-lr-frac X    cosine floor as a fraction of the peak (%g)\n", d.min_lr_frac);
     printf("  -u, --warmup N         linear warmup steps (%d)\n", d.warmup);
     printf("  -w, --weight-decay X   AdamW decay on matrices (%g)\n", d.weight_decay);

@@ -11,7 +11,7 @@
 # PYTHON must import torch with CUDA (the oracle). A failing stage is reported and the others
 # still run; the exit status is non-zero if any failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUTDIR=${1:-${OUT:-build/gpu_check}}
 PYTHON=${PYTHON:-python3}
 B=${B:-16}
@@ -48,11 +48,11 @@ stage() {
 } 2>&1 | tee "$OUTDIR/device.txt"
 
 stage build make -j"$JOBS" PYTHON="$PYTHON" train_vla train_vla_cpu data/synthetic build/gpu/train_vla_bf16 \
-    build/gpu/train_vla_fp32 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32 dev_cuda \
+    build/gpu/train_vla_fp32 build/gpu/train_vla_single_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32 dev_cuda \
     build/test/a_state.bin build/test/b_state.bin build/test/a_train.txt
 
 stage test_gpu_fp32 build/gpu/test_vla_gpu_fp32 build/test build/gpu/train_vla_fp32
-stage test_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/test build/gpu/train_vla_bf16
+stage test_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/test build/gpu/train_vla_bf16 build/gpu/train_vla_single_gpu_bf16
 for prog in dev/cuda/*.cu; do
     name=$(basename "$prog" .cu)
     stage "cuda_$name" "dev/cuda/$name"
@@ -60,8 +60,10 @@ done
 
 # a short run on the shipped data (small preset): the loss must fall
 stage train_default ./train_vla -b 32 -n 300 -u 30 -l 1e-3 --log-every 50 -o build/gpu_check_run
+# the launch scripts on this GPU (the template at 1 GPU, the resume loop's give-up path)
+stage launchers env GPU_TESTS=build/gpu scripts/test_launchers.sh
 
-# base preset against the oracle: synthetic data of the base shapes (2 cameras at 224 px, S = A = 32)
+# base preset against the oracle (train_vla at world size 1 through NCCL): synthetic data of the base shapes (2 cameras at 224 px, S = A = 32)
 mkdir -p build/bench
 [ -f build/bench/base.bin ] || ./data/synthetic -o build/bench/base.bin --cams 2 --img 224 --state 32 \
     --action 32 --episodes 30 --min-len 20 --max-len 40 > /dev/null  # as dev/bench_loader.sh
@@ -72,6 +74,9 @@ stage bench_torch_eager "$PYTHON" dev/model.py -i build/bench/base.bin -p base -
     --device cuda --amp bf16
 stage bench_torch_compile "$PYTHON" dev/model.py -i build/bench/base.bin -p base -b "$B" --bench "$STEPS" \
     --device cuda --amp bf16 --compile
+
+# the scaling model (README, "Multi-GPU and multi-node") from this GPU's measured base step time
+stage scaling_model "$PYTHON" dev/scaling_model.py -p base -b "$B" --from-log "$OUTDIR/bench_train_vla.log"
 
 echo
 echo "######## summary"
@@ -103,5 +108,6 @@ ours_mem=$(sed -n 's/.*peak GPU memory \([0-9.]*\) GiB.*/\1/p' "$log" 2>/dev/nul
             "$ratio" "$(mfu "$tsps")" "${tmem:-?}"
     done
     echo "(vs ours: PyTorch samples/s over train_vla's; below 1 means train_vla is faster)"
+    echo "train_vla at world size 1 through NCCL: $(sed -n 's/^communication: //p' "$log" 2>/dev/null)"
 } | tee "$OUTDIR/table.txt"
 exit $failed

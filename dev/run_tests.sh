@@ -49,11 +49,14 @@ else
     dev_cuda_dir=dev/cuda
 fi
 run_suite test_vla_gpu_fp32 "$GPU_TESTS/test_vla_gpu_fp32" build/test "$GPU_TESTS/train_vla_fp32"
-run_suite test_vla_gpu_bf16 "$GPU_TESTS/test_vla_gpu_bf16" build/test "$GPU_TESTS/train_vla_bf16"
+# (the bf16 suite also compares -g 1 through NCCL with the trainer built without NCCL)
+run_suite test_vla_gpu_bf16 "$GPU_TESTS/test_vla_gpu_bf16" build/test "$GPU_TESTS/train_vla_bf16" \
+    "$GPU_TESTS/train_vla_single_gpu_bf16"
 for src in dev/cuda/*.cu; do
     name=$(basename "$src" .cu)
     run_suite "dev/cuda/$name" "$dev_cuda_dir/$name"
 done
+run_suite launchers env GPU_TESTS="$GPU_TESTS" scripts/test_launchers.sh
 run_suite metaworld "$VENV_PY" data/test_metaworld.py
 run_suite lerobot "$VENV_PY" data/test_lerobot.py
 run_suite inspect "$VENV_PY" data/test_inspect.py
