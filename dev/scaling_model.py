@@ -133,10 +133,11 @@ def main():
     print(f"# scaling model (a model, not a measurement): preset {a.preset}, batch {a.batch} per GPU, "
           f"{n_params / 1e6:.1f}M parameters, {len(buckets)} gradient buckets of {4 * n_params / 1e6:.0f} MB in all")
     print(f"# one-GPU step {t1_ms:.1f} ms ({source}); ring bus bandwidth {a.bus_gbps:g} GB/s, "
-          f"{a.latency_us:g} us per collective; HBM {a.hbm_tbps:g} TB/s")
+          f"{a.latency_us:g} us per collective; HBM {a.hbm_tbps:g} TB/s; optimizer state (master weights, "
+          f"AdamW m and v) {12 * n_params / 1e9:.2f} GB per GPU without ZeRO-1")
     print()
     print("| GPUs | all-reduce, all buckets | exposed | DDP step | DDP samples/s | DDP efficiency "
-          "| ZeRO-1 step | ZeRO-1 efficiency | optimizer state per GPU |")
+          "| ZeRO-1 step | ZeRO-1 efficiency | ZeRO-1 optimizer state per GPU |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in [int(x) for x in a.gpus.split(",")]:
         ddp, exposed, zero = model_step(t1, buckets, n_params, n, a)
@@ -144,7 +145,7 @@ def main():
         state_gb = 12 * n_params / (n if n > 1 else 1) / 1e9
         print(f"| {n} | {1000 * comm:.1f} ms | {1000 * exposed:.1f} ms | {1000 * ddp:.1f} ms | "
               f"{n * a.batch / ddp:.0f} | {100 * t1 / ddp:.0f}% | {1000 * zero:.1f} ms | {100 * t1 / zero:.0f}% | "
-              f"{state_gb:.2f} GB (ZeRO-1; {12 * n_params / 1e9:.2f} GB without) |")
+              f"{state_gb:.2f} GB |")
 
 
 if __name__ == "__main__":
