@@ -202,6 +202,27 @@ static void test_training_loop(const char* dir) {
 // -g 2 -b 2 -d 8 (2 ranks, 2 micro-steps each): after 3 steps the parameters agree up to the
 // order of fp32 summation
 
+// Three optimizer steps of train_vla_cpu's loop on `ds` with `args` (from train_args_defaults and
+// train_args_for_world): the losses into losses[3], the final parameters into a new array
+static float* train_three_steps(Dataset* ds, const VLAConfig* c, const TrainArgs* args, float* losses) {
+    Model m;
+    model_build(&m, c);
+    param_init(m.params_memory, &m.table, c, args->seed);
+    Loader loader;
+    loader_start(&loader, ds, c, args->seed, 0, 0, args->batch, args->ranks * args->accum, 0, 2, 3);
+    float* grad_sum = (float*)mallocCheck(m.table.total * sizeof(float));
+    for (int step = 0; step < 3; step++) {
+        float norm;
+        losses[step] = train_step(&m, grad_sum, &loader, args, step, &norm);
+    }
+    loader_stop(&loader);
+    float* params = (float*)mallocCheck(m.table.total * sizeof(float));
+    memcpy(params, m.params_memory, m.table.total * sizeof(float));
+    free(grad_sum);
+    model_free(&m);
+    return params;
+}
+
 static void test_simulated_ranks(const char* dir) {
     printf("\n== simulated ranks and gradient accumulation\n");
     char path[1024];
@@ -219,21 +240,7 @@ static void test_simulated_ranks(const char* dir) {
         args.ranks = ranks[run]; args.batch = batches[run]; args.total_batch = totals[run];
         args.steps = 3; args.warmup = 1; args.lr_base = 1e-3f;
         train_args_for_world(&args, args.ranks);
-        Model m;
-        model_build(&m, &c);
-        param_init(m.params_memory, &m.table, &c, args.seed);
-        Loader loader;
-        loader_start(&loader, &ds, &c, args.seed, 0, 0, args.batch, args.ranks * args.accum, 0, 2, 3);
-        float* grad_sum = (float*)mallocCheck(m.table.total * sizeof(float));
-        for (int step = 0; step < 3; step++) {
-            float norm;
-            losses[run][step] = train_step(&m, grad_sum, &loader, &args, step, &norm);
-        }
-        loader_stop(&loader);
-        final_params[run] = (float*)mallocCheck(m.table.total * sizeof(float));
-        memcpy(final_params[run], m.params_memory, m.table.total * sizeof(float));
-        free(grad_sum);
-        model_free(&m);
+        final_params[run] = train_three_steps(&ds, &c, &args, losses[run]);
     }
     ParamTable t;
     param_table_build(&c, &t);
@@ -283,21 +290,7 @@ static void test_zero(const char* dir) {
         train_args_defaults(&args);
         args.ranks = W; args.batch = 2; args.zero = z; args.steps = 3; args.warmup = 1; args.lr_base = 1e-3f;
         train_args_for_world(&args, W);
-        Model m;
-        model_build(&m, &c);
-        param_init(m.params_memory, &m.table, &c, args.seed);
-        Loader loader;
-        loader_start(&loader, &ds, &c, args.seed, 0, 0, args.batch, W, 0, 2, 4);
-        float* grad_sum = (float*)mallocCheck(m.table.total * sizeof(float));
-        for (int step = 0; step < 3; step++) {
-            float norm;
-            losses[z][step] = train_step(&m, grad_sum, &loader, &args, step, &norm);
-        }
-        loader_stop(&loader);
-        params[z] = (float*)mallocCheck(m.table.total * sizeof(float));
-        memcpy(params[z], m.params_memory, m.table.total * sizeof(float));
-        free(grad_sum);
-        model_free(&m);
+        params[z] = train_three_steps(&ds, &c, &args, losses[z]);
     }
     double ep = rel_error(params[1], params[0], t.total);
     check(rel_error(losses[1], losses[0], 3) < 1e-6 && ep < 1e-6, "-z 1 -g 3 vs -z 0 -g 3: parameters after 3 steps rel "
