@@ -12,7 +12,7 @@ VENV_PY = $(VENV)/bin/python
 TEST_DIR = build/test
 DEFAULT_DATA = data/default/metaworld_mt10_000.bin
 
-.PHONY: all test setup clean data venv_check nvcc_check dev_cuda
+.PHONY: all test setup clean data venv_check dev_cuda FORCE
 
 all: train_vla_cpu $(DEFAULT_DATA)
 
@@ -21,39 +21,46 @@ include dev/gpu_arch.mk
 PRECISION ?= BF16
 ifeq ($(PRECISION),FP32)
   PRECISION_FLAG = -DENABLE_FP32
+  PRECISION_SUFFIX = fp32
 else ifeq ($(PRECISION),BF16)
   PRECISION_FLAG =
+  PRECISION_SUFFIX = bf16
 else
   $(error PRECISION=$(PRECISION): use BF16 or FP32)
 endif
 GPU_SOURCES = train_vla.cu vla.h
 
-nvcc_check:
-	@test -x "$(NVCC)" || command -v "$(NVCC)" > /dev/null || { \
-		echo "error: nvcc not found ($(NVCC)): install the CUDA Toolkit or set NVCC=/path/to/nvcc"; exit 1; }
-
-train_vla: $(GPU_SOURCES) $(DEFAULT_DATA) | nvcc_check
+# both precisions for the GPU tests; ./train_vla is a copy of PRECISION's
+build/gpu/train_vla_bf16 build/gpu/test_vla_gpu_bf16: PRECISION_FLAG =
+build/gpu/train_vla_fp32 build/gpu/test_vla_gpu_fp32: PRECISION_FLAG = -DENABLE_FP32
+build/gpu/train_vla_bf16 build/gpu/train_vla_fp32: build/gpu/train_vla_%: $(GPU_SOURCES)
+	$(nvcc_check)
+	@mkdir -p build/gpu
 	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) $(MULTI_GPU_FLAGS) train_vla.cu $(NVCC_LDLIBS) $(MULTI_GPU_LIBS) -o $@
+build/gpu/test_vla_gpu_%: test_vla_gpu.cu dev/test_util.h $(GPU_SOURCES)
+	$(nvcc_check)
+	@mkdir -p build/gpu
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) $(MULTI_GPU_FLAGS) test_vla_gpu.cu $(NVCC_LDLIBS) $(MULTI_GPU_LIBS) -o $@
+
+# build/gpu/precision holds the PRECISION ./train_vla was copied from; it changes only when
+# PRECISION does, so `make PRECISION=FP32 train_vla` after a BF16 build copies again
+build/gpu/precision: FORCE
+	@mkdir -p build/gpu
+	@echo $(PRECISION) | cmp -s - $@ || echo $(PRECISION) > $@
+train_vla: build/gpu/train_vla_$(PRECISION_SUFFIX) build/gpu/precision $(DEFAULT_DATA)
+	cp $< $@
 
 # the trainer without NCCL compiles too (make test builds both, and compares their losses)
-build/gpu/train_vla_single_gpu_bf16: $(GPU_SOURCES) | nvcc_check
+build/gpu/train_vla_single_gpu_bf16: $(GPU_SOURCES)
+	$(nvcc_check)
 	@mkdir -p build/gpu
 	$(NVCC) $(NVCC_FLAGS) train_vla.cu $(NVCC_LDLIBS) -o $@
 
 # the policy interface on the GPU (scripts/vla_policy.py, device="cuda"): libvla.so's functions
-libvla_gpu.so: $(GPU_SOURCES) | nvcc_check
+libvla_gpu.so: $(GPU_SOURCES)
+	$(nvcc_check)
 	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -Xcompiler -fPIC,-fvisibility=hidden -diag-suppress 177 -shared -DVLA_LIBRARY train_vla.cu \
 		$(NVCC_LDLIBS) -o $@
-
-# both precisions for the GPU tests
-build/gpu/train_vla_bf16 build/gpu/test_vla_gpu_bf16: PRECISION_FLAG =
-build/gpu/train_vla_fp32 build/gpu/test_vla_gpu_fp32: PRECISION_FLAG = -DENABLE_FP32
-build/gpu/train_vla_bf16 build/gpu/train_vla_fp32: build/gpu/train_vla_%: $(GPU_SOURCES) | nvcc_check
-	@mkdir -p build/gpu
-	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) $(MULTI_GPU_FLAGS) train_vla.cu $(NVCC_LDLIBS) $(MULTI_GPU_LIBS) -o $@
-build/gpu/test_vla_gpu_%: test_vla_gpu.cu dev/test_util.h $(GPU_SOURCES) | nvcc_check
-	@mkdir -p build/gpu
-	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) $(MULTI_GPU_FLAGS) test_vla_gpu.cu $(NVCC_LDLIBS) $(MULTI_GPU_LIBS) -o $@
 
 # ---- the same CUDA sources on the CPU, through the emulation in dev/cuda/emu (what make test
 # runs where there is no GPU): launch.sed rewrites the launches, g++ compiles the result
@@ -69,8 +76,8 @@ EMU_MULTI_GPU = -DMULTI_GPU -fopenmp
 $(EMU_DIR)/%.cu: %.cu dev/cuda/emu/launch.sed
 	@mkdir -p $(dir $@)
 	sed -f dev/cuda/emu/launch.sed $< > $@
-$(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/test_vla_gpu_bf16: EMU_PRECISION =
-$(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/test_vla_gpu_fp32: EMU_PRECISION = -DENABLE_FP32
+$(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/test_vla_gpu_bf16 $(EMU_DIR)/libvla_gpu_bf16.so: EMU_PRECISION =
+$(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/test_vla_gpu_fp32 $(EMU_DIR)/libvla_gpu_fp32.so: EMU_PRECISION = -DENABLE_FP32
 $(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/train_vla_fp32: $(EMU_DIR)/train_vla_%: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
 	$(EMU_CXX) $(EMU_PRECISION) $(EMU_MULTI_GPU) -x c++ $< -lm -lpthread -o $@
 $(EMU_DIR)/train_vla_single_gpu_bf16: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
@@ -78,8 +85,7 @@ $(EMU_DIR)/train_vla_single_gpu_bf16: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADER
 $(EMU_DIR)/test_vla_gpu_%: $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/train_vla.cu dev/test_util.h vla.h $(EMU_HEADERS)
 	$(EMU_CXX) $(EMU_PRECISION) $(EMU_MULTI_GPU) -x c++ $< -lm -lpthread -o $@
 $(EMU_DIR)/libvla_gpu_bf16.so $(EMU_DIR)/libvla_gpu_fp32.so: $(EMU_DIR)/libvla_gpu_%.so: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
-	$(EMU_CXX) $(if $(filter fp32,$*),-DENABLE_FP32,) -fPIC -fvisibility=hidden -shared -DVLA_LIBRARY -x c++ $< \
-		-lm -lpthread -o $@
+	$(EMU_CXX) $(EMU_PRECISION) -fPIC -fvisibility=hidden -shared -DVLA_LIBRARY -x c++ $< -lm -lpthread -o $@
 $(EMU_DIR)/dev/cuda/emu/test_emulate: $(EMU_DIR)/dev/cuda/emu/test_emulate.cu $(EMU_HEADERS)
 	$(EMU_CXX) -x c++ $< -o $@
 $(EMU_DIR)/dev/cuda/%.h: dev/cuda/%.h
@@ -91,7 +97,7 @@ $(EMU_DIR)/dev/cuda/%: $(EMU_DIR)/dev/cuda/%.cu $(addprefix $(EMU_DIR)/,$(wildca
 
 # dev/cuda: one program per kernel (dev/cuda/README.md); compiled for the GPU by its own Makefile
 DEV_CUDA = $(basename $(notdir $(wildcard dev/cuda/*.cu)))
-dev_cuda: | nvcc_check
+dev_cuda:
 	$(MAKE) -C dev/cuda
 
 ifeq ($(HAS_GPU),1)
@@ -113,7 +119,7 @@ train_vla_cpu: train_vla.c vla.h $(DEFAULT_DATA)
 libvla.so: train_vla.c vla.h
 	$(CC) $(CFLAGS) -Wno-unused-function -fPIC -shared -DVLA_LIBRARY train_vla.c $(LDLIBS) -o $@
 
-test_vla: test_vla.c train_vla.c vla.h
+test_vla: test_vla.c train_vla.c vla.h dev/test_util.h
 	$(CC) $(CFLAGS) test_vla.c $(LDLIBS) -o $@
 
 data/synthetic: data/synthetic.c vla.h
@@ -121,6 +127,12 @@ data/synthetic: data/synthetic.c vla.h
 
 dev/bench_loader: dev/bench_loader.c vla.h
 	$(CC) $(CFLAGS) dev/bench_loader.c $(LDLIBS) -o $@
+
+# synthetic data of the base preset's shapes (2 cameras at 224 px, S = A = 32): the benchmarks'
+# (dev/bench_loader.sh, dev/gpu_check.sh)
+build/bench/base.bin: data/synthetic
+	@mkdir -p build/bench
+	./data/synthetic -o $@ --cams 2 --img 224 --state 32 --action 32 --episodes 30 --min-len 20 --max-len 40
 
 # The data `./train_vla_cpu` trains on when given no -i: Meta-World MT10 expert demonstrations,
 # shipped xz-compressed (data/metaworld_mt10.bin.xz, made by the command in data/README.md).

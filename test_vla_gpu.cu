@@ -69,22 +69,6 @@ static float* read_grads(const Model* m) {
     return g;
 }
 
-// floatX device array (n) to host floats
-static float* read_floatx(const floatX* d, size_t n) {
-    floatX* tmp = (floatX*)mallocCheck(n * sizeof(floatX));
-    cudaCheck(cudaMemcpy(tmp, d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    float* out = (float*)mallocCheck(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) {
-#if defined(ENABLE_FP32)
-        out[i] = tmp[i];
-#else
-        out[i] = __bfloat162float(tmp[i]);
-#endif
-    }
-    free(tmp);
-    return out;
-}
-
 static void test_against_oracle(const char* dir, const char* name) {
     char path[1024];
     snprintf(path, sizeof(path), "%s/%s_state.bin", dir, name);
@@ -120,7 +104,7 @@ static void test_against_oracle(const char* dir, const char* name) {
     model_backward(&m, &dev, 1);
     float loss;
     model_read_scalars(&m, &loss, NULL);
-    float* v = read_floatx(m.acts.v_pred, (size_t)B * HA);
+    float* v = from_device_x(m.acts.v_pred, (size_t)B * HA);
     check_forward_against(&st, name, v, (size_t)B * HA, loss, TOL_FWD);
     free(v);
     float* grads = read_grads(&m);
@@ -173,19 +157,26 @@ static void test_training_loop(const char* dir) {
     check_training_loop(dir, trainer, TOL_STEPS);
 }
 
+// Runs `command -o dir/out` into an empty output folder (what it prints in dir/out.txt) and reads
+// the losses of its steps 1-4 from the log; returns its exit status, *n how many losses it read
+static int run_four_steps(const char* dir, const char* out, const char* command, float* losses, int* n) {
+    char cmd[4096], path[1100];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/%s && %s -o %s/%s > %s/%s.txt 2>&1", dir, out, command, dir, out, dir, out);
+    int rc = run_command(cmd);
+    snprintf(path, sizeof(path), "%s/%s/log.jsonl", dir, out);
+    *n = read_losses(path, 1, 4, losses);
+    return rc;
+}
+
 // Two identical runs give identical losses and checkpoints: no atomics, fixed reduction orders.
 static void test_determinism(const char* dir) {
     printf("\n== determinism\n");
-    char cmd[4096], p1[1100], p2[1100];
+    char command[2048], p1[1100], p2[1100];
     float l1[4] = {0}, l2[4] = {0};
-    for (int run = 0; run < 2; run++) {
-        snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_det%d && %s -p tiny -b 3 -n 4 -u 2 -i %s/b.bin -o %s/gpu_det%d "
-                 "> %s/gpu_det%d.txt 2>&1", dir, run, TRAINER, dir, dir, run, dir, run);
-        run_command(cmd);
-    }
-    snprintf(p1, sizeof(p1), "%s/gpu_det0/log.jsonl", dir);
-    snprintf(p2, sizeof(p2), "%s/gpu_det1/log.jsonl", dir);
-    int n1 = read_losses(p1, 1, 4, l1), n2 = read_losses(p2, 1, 4, l2);
+    int n1, n2;
+    snprintf(command, sizeof(command), "%s -p tiny -b 3 -n 4 -u 2 -i %s/b.bin", TRAINER, dir);
+    run_four_steps(dir, "gpu_det0", command, l1, &n1);
+    run_four_steps(dir, "gpu_det1", command, l2, &n2);
     check(n1 == 4 && n2 == 4 && memcmp(l1, l2, sizeof(l1)) == 0, "two runs, identical losses bit for bit (%.7f .. %.7f)",
           l1[0], l1[3]);
     snprintf(p1, sizeof(p1), "%s/gpu_det0/ckpt_00000004.bin", dir);
@@ -201,12 +192,10 @@ static void test_accumulation(const char* dir) {
     float losses[2][4] = {{0}};
     int n[2];
     for (int k = 0; k < 2; k++) {
-        char cmd[4096], path[1100];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_acc%d && %s -p tiny %s -n 4 -u 2 -l 1e-3 -i %s/b.bin -o %s/gpu_acc%d "
-                 "> %s/gpu_acc%d.txt 2>&1", dir, k, TRAINER, splits[k], dir, dir, k, dir, k);
-        run_command(cmd);
-        snprintf(path, sizeof(path), "%s/gpu_acc%d/log.jsonl", dir, k);
-        n[k] = read_losses(path, 1, 4, losses[k]);
+        char command[2048], out[32];
+        snprintf(command, sizeof(command), "%s -p tiny %s -n 4 -u 2 -l 1e-3 -i %s/b.bin", TRAINER, splits[k], dir);
+        snprintf(out, sizeof(out), "gpu_acc%d", k);
+        run_four_steps(dir, out, command, losses[k], &n[k]);
     }
     double e = rel_error(losses[1], losses[0], 4);
     check(n[0] == 4 && n[1] == 4 && e < TOL_STEPS, "-b 8 -d 16 (2 micro-steps) vs -b 16: 4 losses rel err %.2e (tol %.1e)",
@@ -222,12 +211,10 @@ static void test_single_gpu_build(const char* dir, const char* single) {
     float losses[2][4] = {{0}};
     int n[2], rc[2];
     for (int k = 0; k < 2; k++) {
-        char cmd[4096], path[1100];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_one%d && %s -p tiny -g 1 -b 4 -n 4 -u 2 -l 1e-3 -i %s/b.bin "
-                 "-o %s/gpu_one%d > %s/gpu_one%d.txt 2>&1", dir, k, trainers[k], dir, dir, k, dir, k);
-        rc[k] = run_command(cmd);
-        snprintf(path, sizeof(path), "%s/gpu_one%d/log.jsonl", dir, k);
-        n[k] = read_losses(path, 1, 4, losses[k]);
+        char command[2048], out[32];
+        snprintf(command, sizeof(command), "%s -p tiny -g 1 -b 4 -n 4 -u 2 -l 1e-3 -i %s/b.bin", trainers[k], dir);
+        snprintf(out, sizeof(out), "gpu_one%d", k);
+        rc[k] = run_four_steps(dir, out, command, losses[k], &n[k]);
     }
     char path[1100];
     snprintf(path, sizeof(path), "%s/gpu_one0.txt", dir);
@@ -261,12 +248,10 @@ static void test_multi_gpu(const char* dir) {
     float losses[RUNS][4] = {{0}};
     int n[RUNS], rc[RUNS];
     for (int k = 0; k < RUNS; k++) {
-        char cmd[4096], path[1100];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_dp%d && %s -p tiny %s -u 2 -l 1e-3 -i %s/b.bin -o %s/gpu_dp%d "
-                 "> %s/gpu_dp%d.txt 2>&1", dir, k, TRAINER, runs[k], dir, dir, k, dir, k);
-        rc[k] = run_command(cmd);
-        snprintf(path, sizeof(path), "%s/gpu_dp%d/log.jsonl", dir, k);
-        n[k] = read_losses(path, 1, 4, losses[k]);
+        char command[2048], out[32];
+        snprintf(command, sizeof(command), "%s -p tiny %s -u 2 -l 1e-3 -i %s/b.bin", TRAINER, runs[k], dir);
+        snprintf(out, sizeof(out), "gpu_dp%d", k);
+        rc[k] = run_four_steps(dir, out, command, losses[k], &n[k]);
     }
     for (int k = 1; k < 4; k++) {
         double e = rel_error(losses[k], losses[0], 4);

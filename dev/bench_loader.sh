@@ -5,12 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-3}
-make -s dev/bench_loader data/synthetic
-mkdir -p build/bench
+make -s dev/bench_loader data/synthetic build/bench/base.bin > /dev/null
 [ -f build/bench/small.bin ] || ./data/synthetic -o build/bench/small.bin --cams 2 --img 64 --state 4 --action 4 \
     --episodes 200 --min-len 20 --max-len 40 > /dev/null
-[ -f build/bench/base.bin ] || ./data/synthetic -o build/bench/base.bin --cams 2 --img 224 --state 32 --action 32 \
-    --episodes 30 --min-len 20 --max-len 40 > /dev/null
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//') ($(nproc) cores), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 for preset in small base; do
     for workers in 1 0; do

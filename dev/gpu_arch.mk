@@ -12,7 +12,13 @@ ifndef GPU_ARCH
   endif
   export GPU_ARCH
 endif
-NVCC ?= $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+ifndef NVCC
+  NVCC := $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+endif
+# the first line of every nvcc recipe, in both Makefiles (a variable, not a rule: a rule here would
+# become dev/cuda's default goal)
+nvcc_check = @test -x "$(NVCC)" || command -v "$(NVCC)" > /dev/null || { \
+	echo "error: nvcc not found ($(NVCC)): install the CUDA Toolkit or set NVCC=/path/to/nvcc"; exit 1; }
 NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -Xcompiler -Wall,-Wno-unused-function,-Wno-format-truncation
 NVCC_LDLIBS = -lcublasLt -lm -lpthread
 

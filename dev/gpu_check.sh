@@ -49,7 +49,7 @@ stage() {
 
 stage build make -j"$JOBS" PYTHON="$PYTHON" train_vla train_vla_cpu data/synthetic build/gpu/train_vla_bf16 \
     build/gpu/train_vla_fp32 build/gpu/train_vla_single_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32 dev_cuda \
-    build/test/a_state.bin build/test/b_state.bin build/test/a_train.txt
+    build/test/a_state.bin build/test/b_state.bin build/test/a_train.txt build/bench/base.bin
 
 stage test_gpu_fp32 build/gpu/test_vla_gpu_fp32 build/test build/gpu/train_vla_fp32
 stage test_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/test build/gpu/train_vla_bf16 build/gpu/train_vla_single_gpu_bf16
@@ -63,10 +63,8 @@ stage train_default ./train_vla -b 32 -n 300 -u 30 -l 1e-3 --log-every 50 -o bui
 # the launch scripts on this GPU (the template at 1 GPU, the resume loop's give-up path)
 stage launchers env GPU_TESTS=build/gpu scripts/test_launchers.sh
 
-# base preset against the oracle (train_vla at world size 1 through NCCL): synthetic data of the base shapes (2 cameras at 224 px, S = A = 32)
-mkdir -p build/bench
-[ -f build/bench/base.bin ] || ./data/synthetic -o build/bench/base.bin --cams 2 --img 224 --state 32 \
-    --action 32 --episodes 30 --min-len 20 --max-len 40 > /dev/null  # as dev/bench_loader.sh
+# base preset against the oracle (train_vla at world size 1 through NCCL) on build/bench/base.bin, synthetic data
+# of the base shapes (the build stage makes it)
 rm -rf build/gpu_check_base
 stage bench_train_vla ./train_vla -p base -b "$B" -n "$STEPS" -u 10 -i build/bench/base.bin -o build/gpu_check_base \
     -k 0 --keep 1 --log-every 10

@@ -19,7 +19,11 @@ if [ -z "${GPUS:-}" ]; then
     if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
         GPUS=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
     elif command -v nvidia-smi > /dev/null; then
-        GPUS=$(nvidia-smi -L | grep -c '^GPU')
+        GPUS=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
+        if [ "$GPUS" = 0 ]; then
+            echo "error: nvidia-smi lists no GPU: check the driver (nvidia-smi -L), or set GPUS" >&2
+            exit 1
+        fi
     else
         GPUS=1
     fi

@@ -64,7 +64,7 @@ static void benchmark(int suffix) {
     const int B = 16, NH = 15, HS = 64, NI = 392, T = 48, H = 50;  // the base preset, batch 16
     Case k = make_case(B, NH, HS, NI, T, H, suffix, FORWARD_NONE, 7);
     const AttnKeys& a = k.keys;
-    int nk = a.Np + (suffix ? a.Ns : 0);
+    int nk = attn_n_keys(a);
     floatX* out;
     float* lse;
     cudaCheck(cudaMalloc(&out, (size_t)B * a.Tq * NH * HS * sizeof(floatX)));

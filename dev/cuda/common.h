@@ -52,13 +52,7 @@ static float* random_floats(size_t n, float scale, uint64_t seed) {
 }
 
 // the value a floatX holds for x (what the GPU computes with)
-static float round_x(float x) {
-#if defined(ENABLE_FP32)
-    return x;
-#else
-    return __bfloat162float(__float2bfloat16(x));
-#endif
-}
+static float round_x(float x) { return f32(fx(x)); }
 
 // host floats -> device floatX (rounding the host copy too, so references see what the GPU sees)
 static floatX* to_device_x(float* h, size_t n) {
@@ -79,21 +73,6 @@ static float* to_device_f(const float* h, size_t n) {
     cudaCheck(cudaMalloc(&d, n * sizeof(float)));
     cudaCheck(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
     return d;
-}
-
-static float* from_device_x(const floatX* d, size_t n) {
-    floatX* tmp = (floatX*)mallocCheck(n * sizeof(floatX));
-    cudaCheck(cudaMemcpy(tmp, d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    float* h = (float*)mallocCheck(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) {
-#if defined(ENABLE_FP32)
-        h[i] = tmp[i];
-#else
-        h[i] = __bfloat162float(tmp[i]);
-#endif
-    }
-    free(tmp);
-    return h;
 }
 
 static float* from_device_f(const float* d, size_t n) {

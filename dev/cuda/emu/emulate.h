@@ -88,9 +88,6 @@ struct __align__(16) int4 { int x, y, z, w; };
 struct __align__(16) uint4 { unsigned int x, y, z, w; };
 struct __align__(8) float2 { float x, y; };
 struct __align__(16) float4 { float x, y, z, w; };
-static inline float2 make_float2(float x, float y) { return float2{x, y}; }
-static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
-static inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
 
 inline thread_local uint3 emu_thread_idx;
 inline thread_local uint3 emu_block_idx;
@@ -105,8 +102,6 @@ static constexpr int warpSize = 32;
 // device math the kernels use, with the host's libm behind them
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 // __expf and __logf: glibc declares both
-static inline float __fdividef(float a, float b) { return a / b; }
-static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 static inline unsigned int min(unsigned int a, unsigned int b) { return a < b ? a : b; }
@@ -115,8 +110,6 @@ static inline long long min(long long a, long long b) { return a < b ? a : b; }
 static inline long long max(long long a, long long b) { return a > b ? a : b; }
 static inline float min(float a, float b) { return fminf(a, b); }
 static inline float max(float a, float b) { return fmaxf(a, b); }
-template <typename T> static inline T __ldg(const T* p) { return *p; }
-static inline void __threadfence(void) { __asm__ __volatile__("" ::: "memory"); }
 
 // ----------------------------------------------------------------------------
 // errors
@@ -142,7 +135,6 @@ static inline const char* cudaGetErrorString(cudaError_t e) {
     }
     return "unknown error";
 }
-static inline const char* cudaGetErrorName(cudaError_t e) { return cudaGetErrorString(e); }
 
 namespace emu {
 
@@ -528,7 +520,6 @@ static inline uint64_t emu_warp_op(int op, uint64_t value, int src_lane) {
 }
 
 static inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)mask; emu_warp_op(emu::WARP_SYNC, 0, 0); }
-static inline unsigned __activemask(void) { return 0xffffffffu; }
 static inline int emu_lane(void) { return emu::block.current % 32; }
 
 template <typename T>
@@ -560,13 +551,6 @@ static inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width
     return emu_from_bits<T>(emu_warp_op(emu::WARP_SHFL, emu_bits(var), src));
 }
 template <typename T>
-static inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32) {
-    (void)mask;
-    int lane = emu_lane();
-    int src = (lane % width) >= (int)delta ? lane - (int)delta : lane;
-    return emu_from_bits<T>(emu_warp_op(emu::WARP_SHFL, emu_bits(var), src));
-}
-template <typename T>
 static inline T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32) {
     (void)mask;
     int lane = emu_lane();
@@ -578,20 +562,6 @@ static inline unsigned __ballot_sync(unsigned mask, int predicate) {
     return (unsigned)emu_warp_op(emu::WARP_BALLOT, predicate != 0, 0);
 }
 
-// fibers of a grid run on one host thread, one at a time: atomics are plain read-modify-writes
-template <typename T>
-static inline T atomicAdd(T* address, T val) {
-    T old = *address;
-    *address = old + val;
-    return old;
-}
-template <typename T>
-static inline T atomicMax(T* address, T val) {
-    T old = *address;
-    if (val > old) { *address = val; }
-    return old;
-}
-
 // ----------------------------------------------------------------------------
 // bf16: conversions only (round to nearest even); arithmetic goes through float, explicitly
 
@@ -599,11 +569,7 @@ struct __align__(2) __nv_bfloat16 {
     unsigned short __x;
     __nv_bfloat16() = default;
 };
-struct __align__(4) __nv_bfloat162 {
-    __nv_bfloat16 x, y;
-};
 typedef __nv_bfloat16 nv_bfloat16;
-typedef __nv_bfloat162 nv_bfloat162;
 
 static inline __nv_bfloat16 __float2bfloat16(float f) {
     uint32_t u;
@@ -624,10 +590,6 @@ static inline float __bfloat162float(__nv_bfloat16 h) {
     memcpy(&f, &u, 4);
     return f;
 }
-static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
-    return __nv_bfloat162{__float2bfloat16(a), __float2bfloat16(b)};
-}
-static inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{__bfloat162float(h.x), __bfloat162float(h.y)}; }
 
 // ----------------------------------------------------------------------------
 // WMMA: every lane holds the whole tile. Loads and stores are collective, as on the GPU: no lane
@@ -722,19 +684,15 @@ static inline void mma_sync(fragment<accumulator, M, N, K, float>& d, const frag
 }  // namespace nvcuda
 
 // ----------------------------------------------------------------------------
-// the runtime API: one device, synchronous streams
+// the runtime API: synchronous streams; the devices emu_device_count says
 
 typedef struct EmuStream* cudaStream_t;
 typedef struct EmuEvent { double t; }* cudaEvent_t;
 typedef enum { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
                cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 } cudaMemcpyKind;
-enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
 enum { cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2 };
 enum { cudaHostRegisterDefault = 0, cudaHostRegisterPortable = 1 };
-enum { cudaHostAllocDefault = 0 };
 typedef enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 } cudaFuncAttribute;
-typedef enum { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
-               cudaDevAttrComputeCapabilityMajor = 75, cudaDevAttrComputeCapabilityMinor = 76 } cudaDeviceAttr;
 
 struct cudaDeviceProp {
     char name[256];
@@ -778,7 +736,6 @@ static inline cudaError_t cudaSetDevice(int d) {
     emu_current_device = d;
     return cudaSuccess;
 }
-static inline cudaError_t cudaGetDevice(int* d) { *d = emu_current_device; return cudaSuccess; }
 static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
     if (d < 0 || d >= emu_device_count()) { return cudaErrorInvalidDevice; }
     memset(p, 0, sizeof(*p));
@@ -793,21 +750,7 @@ static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
     p->l2CacheSize = 4 << 20;
     return cudaSuccess;
 }
-static inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr attr, int d) {
-    cudaDeviceProp p;
-    cudaGetDeviceProperties(&p, d);
-    switch (attr) {
-        case cudaDevAttrMultiProcessorCount: *v = p.multiProcessorCount; break;
-        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = (int)p.sharedMemPerBlockOptin; break;
-        case cudaDevAttrComputeCapabilityMajor: *v = p.major; break;
-        case cudaDevAttrComputeCapabilityMinor: *v = p.minor; break;
-    }
-    return cudaSuccess;
-}
 static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
-static inline cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
-static inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-static inline cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
 
 static inline cudaError_t cudaMalloc(void** p, size_t bytes) {
     *p = nullptr;
@@ -827,13 +770,6 @@ static inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
     return cudaSuccess;
 }
 
-static inline cudaError_t cudaMallocHost(void** p, size_t bytes) {
-    *p = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-    return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-template <typename T>
-static inline cudaError_t cudaMallocHost(T** p, size_t bytes) { return cudaMallocHost((void**)p, bytes); }
-static inline cudaError_t cudaFreeHost(void* p) { free(p); return cudaSuccess; }
 static inline cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned flags) {
     (void)flags;
     if (emu::is_device(p) || bytes == 0) { return cudaErrorInvalidValue; }
@@ -876,18 +812,12 @@ static inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cuda
     return cudaMemset(p, value, bytes);
 }
 
-static inline long long emu_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 static inline double emu_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 static inline cudaError_t cudaStreamCreate(cudaStream_t* s) { *s = (cudaStream_t)malloc(1); return cudaSuccess; }
-static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) { (void)flags; return cudaStreamCreate(s); }
 static inline cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
 static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0) {
@@ -899,7 +829,6 @@ static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flag
 static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
 static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) { (void)s; e->t = emu_now(); return cudaSuccess; }
 static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
-static inline cudaError_t cudaEventQuery(cudaEvent_t e) { (void)e; return cudaSuccess; }
 static inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
     *ms = (float)(1000.0 * (b->t - a->t));
     return cudaSuccess;
@@ -955,13 +884,8 @@ typedef enum {
     CUBLASLT_MATMUL_DESC_TRANSB = 4,
     CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
     CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
-    CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,
 } cublasLtMatmulDescAttributes_t;
 typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 } cublasLtEpilogue_t;
-typedef enum {
-    CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,
-    CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6,
-} cublasLtMatrixLayoutAttribute_t;
 typedef enum {
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
@@ -976,15 +900,12 @@ struct EmuLtDesc {
     cudaDataType_t scale;
     cublasOperation_t transa, transb;
     cublasLtEpilogue_t epilogue;
-    const void* bias;
-    int bias_type;  // -1: the type of D
+    const void* bias;  // of D's type
 };
 struct EmuLtLayout {
     cudaDataType_t type;
     uint64_t rows, cols;
     int64_t ld;
-    int32_t batch;
-    int64_t stride;
 };
 struct EmuLtPref { size_t workspace; uint32_t min_align[4]; };  // A, B, C, D
 typedef EmuLtHandle* cublasLtHandle_t;
@@ -1000,22 +921,11 @@ typedef struct {
     int reserved[4];
 } cublasLtMatmulHeuristicResult_t;
 
-static inline const char* cublasGetStatusString(cublasStatus_t s) {
-    switch (s) {
-        case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-        case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-        case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-        case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-        case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    }
-    return "unknown cuBLAS status";
-}
-
 static inline cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) { *h = new EmuLtHandle{0}; return CUBLAS_STATUS_SUCCESS; }
 static inline cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) { delete h; return CUBLAS_STATUS_SUCCESS; }
 static inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute, cudaDataType_t scale) {
     if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) { return CUBLAS_STATUS_NOT_SUPPORTED; }
-    *d = new EmuLtDesc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, nullptr, -1};
+    *d = new EmuLtDesc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, nullptr};
     return CUBLAS_STATUS_SUCCESS;
 }
 static inline cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete d; return CUBLAS_STATUS_SUCCESS; }
@@ -1038,10 +948,6 @@ static inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t
             if (size != sizeof(void*)) { return CUBLAS_STATUS_INVALID_VALUE; }
             memcpy(&d->bias, buf, sizeof(void*));
             break;
-        case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
-            if (size != sizeof(int32_t)) { return CUBLAS_STATUS_INVALID_VALUE; }
-            d->bias_type = *(const int32_t*)buf;
-            break;
         default: return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     return CUBLAS_STATUS_SUCCESS;
@@ -1049,17 +955,10 @@ static inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t
 static inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType_t type, uint64_t rows,
                                                         uint64_t cols, int64_t ld) {
     if (ld < (int64_t)rows || ld < 1) { return CUBLAS_STATUS_INVALID_VALUE; }
-    *l = new EmuLtLayout{type, rows, cols, ld, 1, 0};
+    *l = new EmuLtLayout{type, rows, cols, ld};
     return CUBLAS_STATUS_SUCCESS;
 }
 static inline cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return CUBLAS_STATUS_SUCCESS; }
-static inline cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
-                                                              const void* buf, size_t size) {
-    if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT && size == sizeof(int32_t)) { l->batch = *(const int32_t*)buf; }
-    else if (attr == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET && size == sizeof(int64_t)) { l->stride = *(const int64_t*)buf; }
-    else { return CUBLAS_STATUS_INVALID_VALUE; }
-    return CUBLAS_STATUS_SUCCESS;
-}
 static inline cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
     *p = new EmuLtPref{0, {256, 256, 256, 256}};  // cuBLASLt's default: 256-byte aligned matrices
     return CUBLAS_STATUS_SUCCESS;
@@ -1092,10 +991,6 @@ static inline cublasStatus_t emu_lt_check(cublasLtMatmulDesc_t d, cublasLtMatrix
     }
     if (A->type != B->type || C->type != D->type || (A->type == CUDA_R_32F && D->type != CUDA_R_32F)) {
         emu::fail("cublasLtMatmul: unsupported types A %d, B %d, C %d, D %d", A->type, B->type, C->type, D->type);
-    }
-    int32_t batch = D->batch;
-    if (A->batch != batch || B->batch != batch || C->batch != batch) {
-        emu::fail("cublasLtMatmul: batch counts differ (A %d, B %d, C %d, D %d)", A->batch, B->batch, C->batch, D->batch);
     }
     if (d->epilogue != CUBLASLT_EPILOGUE_BIAS && d->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
         emu::fail("cublasLtMatmul: epilogue %d is not emulated", (int)d->epilogue);
@@ -1149,30 +1044,25 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDe
     if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && d->bias == nullptr) { emu::fail("cublasLtMatmul: bias epilogue without a bias pointer"); }
     float al = *(const float*)alpha, be = *(const float*)beta;
     if (be != 0.0f && c == nullptr) { emu::fail("cublasLtMatmul: beta != 0 without C"); }
-    if (c == out && (C->ld != D->ld || C->stride != D->stride)) { emu::fail("cublasLtMatmul: in place (C == D) needs equal layouts"); }
+    if (c == out && C->ld != D->ld) { emu::fail("cublasLtMatmul: in place (C == D) needs equal layouts"); }
     uint64_t m = D->rows, n = D->cols, k = d->transa == CUBLAS_OP_N ? A->cols : A->rows;
-    cudaDataType_t bias_type = d->bias_type >= 0 ? (cudaDataType_t)d->bias_type : D->type;
     std::lock_guard<std::recursive_mutex> lock(emu::device_mutex);
     emu::device_open();
     std::vector<float> col(m);
-    for (int32_t bt = 0; bt < D->batch; bt++) {
-        size_t oa = (size_t)(bt * A->stride), ob = (size_t)(bt * B->stride);
-        size_t oc = (size_t)(bt * C->stride), od = (size_t)(bt * D->stride);
-        for (uint64_t j = 0; j < n; j++) {
-            for (uint64_t i = 0; i < m; i++) {
-                float s = 0.0f;
-                for (uint64_t p = 0; p < k; p++) {
-                    size_t ia = d->transa == CUBLAS_OP_N ? i + p * A->ld : p + i * A->ld;
-                    size_t ib = d->transb == CUBLAS_OP_N ? p + j * B->ld : j + p * B->ld;
-                    s += emu_load(a, A->type, oa + ia) * emu_load(b, B->type, ob + ib);
-                }
-                float r = al * s;
-                if (be != 0.0f) { r += be * emu_load(c, C->type, oc + i + j * C->ld); }
-                if (d->epilogue == CUBLASLT_EPILOGUE_BIAS) { r += emu_load(d->bias, bias_type, i); }
-                col[i] = r;
+    for (uint64_t j = 0; j < n; j++) {
+        for (uint64_t i = 0; i < m; i++) {
+            float s = 0.0f;
+            for (uint64_t p = 0; p < k; p++) {
+                size_t ia = d->transa == CUBLAS_OP_N ? i + p * A->ld : p + i * A->ld;
+                size_t ib = d->transb == CUBLAS_OP_N ? p + j * B->ld : j + p * B->ld;
+                s += emu_load(a, A->type, ia) * emu_load(b, B->type, ib);
             }
-            for (uint64_t i = 0; i < m; i++) { emu_store(out, D->type, od + i + j * D->ld, col[i]); }
+            float r = al * s;
+            if (be != 0.0f) { r += be * emu_load(c, C->type, i + j * C->ld); }
+            if (d->epilogue == CUBLASLT_EPILOGUE_BIAS) { r += emu_load(d->bias, D->type, i); }
+            col[i] = r;
         }
+        for (uint64_t i = 0; i < m; i++) { emu_store(out, D->type, i + j * D->ld, col[i]); }
     }
     emu::device_close();
     return CUBLAS_STATUS_SUCCESS;
@@ -1188,7 +1078,7 @@ typedef enum {
     ncclInvalidArgument = 4, ncclInvalidUsage = 5, ncclRemoteError = 6, ncclInProgress = 7,
 } ncclResult_t;
 typedef enum { ncclFloat32 = 7, ncclFloat = 7, ncclBfloat16 = 9 } ncclDataType_t;
-typedef enum { ncclSum = 0, ncclMax = 2, ncclAvg = 4 } ncclRedOp_t;
+typedef enum { ncclSum = 0, ncclAvg = 4 } ncclRedOp_t;
 #define NCCL_UNIQUE_ID_BYTES 128
 typedef struct { char internal[NCCL_UNIQUE_ID_BYTES]; } ncclUniqueId;
 #define NCCL_MAJOR 2
@@ -1227,7 +1117,6 @@ static inline float nccl_load(const void* p, ncclDataType_t t, size_t i) {
 static inline void nccl_store(void* p, ncclDataType_t t, size_t i, float v) {
     if (t == ncclFloat) { ((float*)p)[i] = v; } else { ((__nv_bfloat16*)p)[i] = __float2bfloat16(v); }
 }
-static inline size_t nccl_size(ncclDataType_t t) { return t == ncclFloat ? 4 : 2; }
 
 // Every rank has posted: move the data (under the device lock, device memory open)
 static inline void nccl_perform(Clique* c) {
@@ -1247,10 +1136,7 @@ static inline void nccl_perform(Clique* c) {
     if (p0.kind == COLL_ALLREDUCE || p0.kind == COLL_REDUCESCATTER) {
         for (size_t i = 0; i < total; i++) {
             float acc = nccl_load(c->posted[0].send, p0.type, i);
-            for (int r = 1; r < n; r++) {
-                float v = nccl_load(c->posted[r].send, p0.type, i);
-                acc = p0.op == ncclMax ? (v > acc ? v : acc) : acc + v;
-            }
+            for (int r = 1; r < n; r++) { acc += nccl_load(c->posted[r].send, p0.type, i); }
             result[i] = p0.op == ncclAvg ? acc / (float)n : acc;
         }
     } else if (p0.kind == COLL_ALLGATHER) {
@@ -1284,7 +1170,6 @@ static inline int nccl_fault(int rank, uint64_t call) {
 struct EmuComm {
     emu::Clique* clique;
     int rank;
-    int device;
     uint64_t calls = 0;
     ncclResult_t async_error = ncclSuccess;
 };
@@ -1307,7 +1192,7 @@ static inline const char* ncclGetErrorString(ncclResult_t r) {
 static inline ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
     static std::atomic<uint64_t> counter{0};
     memset(id, 0, sizeof(*id));
-    uint64_t words[3] = {(uint64_t)getpid(), (uint64_t)emu_now_ns(), ++counter};
+    uint64_t words[3] = {(uint64_t)getpid(), (uint64_t)(emu_now() * 1e9), ++counter};
     memcpy(id->internal, words, sizeof(words));
     return ncclSuccess;
 }
@@ -1342,13 +1227,10 @@ static inline ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUn
         }
     }
     if (c->aborted) { return ncclInvalidUsage; }
-    *comm = new EmuComm{c, rank, emu_current_device};
+    *comm = new EmuComm{c, rank};
     return ncclSuccess;
 }
 
-static inline ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) { *count = comm->clique->nranks; return ncclSuccess; }
-static inline ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) { *rank = comm->rank; return ncclSuccess; }
-static inline ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) { *device = comm->device; return ncclSuccess; }
 static inline ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
 static inline ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
 static inline ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* err) {

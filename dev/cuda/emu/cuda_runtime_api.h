@@ -1,2 +1,0 @@
-// cuda_runtime_api.h: shim of the CUDA header for the CPU emulation (emulate.h says what is emulated)
-#include "emulate.h"
