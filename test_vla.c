@@ -17,6 +17,13 @@ Exits non-zero on any failure; the last line is `N passed, M failed`.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+// Whether each of the n counters is exactly 1: a partition covered every element once
+static int covered_once(const unsigned char* seen, size_t n) {
+    int once = 1;
+    for (size_t e = 0; e < n; e++) { once &= seen[e] == 1; }
+    return once;
+}
+
 // ----------------------------------------------------------------------------
 // tests against the oracle
 
@@ -229,7 +236,7 @@ static void test_simulated_ranks(const char* dir) {
     snprintf(path, sizeof(path), "%s/a.bin", dir);
     Dataset ds;
     dataset_open(&ds, path);
-    VLAConfig c = config_for_data("tiny", &ds);
+    VLAConfig c = config_for_data("tiny", 0, &ds);
     enum { RUNS = 3 };
     float losses[RUNS][3];
     float* final_params[RUNS];
@@ -263,7 +270,7 @@ static void test_zero(const char* dir) {
     snprintf(path, sizeof(path), "%s/b.bin", dir);
     Dataset ds;
     dataset_open(&ds, path);
-    VLAConfig c = config_for_data("tiny", &ds);
+    VLAConfig c = config_for_data("tiny", 0, &ds);
     ParamTable t;
     param_table_build(&c, &t);
     const int W = 3;
@@ -277,8 +284,7 @@ static void test_zero(const char* dir) {
             split += n > 0 && n < t.spec[k].numel;
         }
     }
-    int once = 1;
-    for (size_t e = 0; e < t.total; e++) { once &= seen[e] == 1; }
+    int once = covered_once(seen, t.total);
     free(seen);
     check(once && split > 0 && S * W >= t.total && t.total % (size_t)W != 0, "%d shards of %zu cover the %zu parameters "
           "exactly once (%zu of padding in the last), %d tensor part(s) cut at a shard boundary", W, S, t.total,
@@ -322,25 +328,35 @@ typedef struct {
     uint8_t payload[128];
 } BootResult;
 
-// Node `node` of 2 in a child process; its result comes back through a pipe
-static pid_t boot_child(const char* master, BootIdentity id, int node, double timeout, int pipe_fd) {
+// Node `node` of 2 in a child process: node 0 hands out payload_in, node 1 (payload_in NULL)
+// receives into its result. The result comes back through a pipe whose read end goes to
+// *result_fd; only the child holds the write end, so a child that dies reads as end of file.
+static pid_t boot_child(const char* master, BootIdentity id, int node, const uint8_t* payload_in, double timeout,
+                        int* result_fd) {
+    int fds[2];
+    if (pipe(fds) != 0) { vla_fail("pipe failed: %s", strerror(errno)); }
     pid_t pid = fork();
     if (pid == 0) {
+        close(fds[0]);
         BootResult r;
         memset(&r, 0, sizeof(r));
+        if (payload_in != NULL) { memcpy(r.payload, payload_in, sizeof(r.payload)); }
         id.node_rank = node;
         r.rc = bootstrap_exchange(master, &id, r.payload, sizeof(r.payload), timeout, r.err, sizeof(r.err));
-        if (write(pipe_fd, &r, sizeof(r)) != (ssize_t)sizeof(r)) { _exit(2); }
+        if (write(fds[1], &r, sizeof(r)) != (ssize_t)sizeof(r)) { _exit(2); }
         _exit(0);
     }
+    close(fds[1]);
+    *result_fd = fds[0];
     return pid;
 }
 
-static BootResult boot_collect(pid_t pid, int pipe_fd) {
+// The result of a boot_child (rc -1 if it died without one); closes the pipe
+static BootResult boot_collect(pid_t pid, int result_fd) {
     BootResult r;
     memset(&r, 0, sizeof(r));
-    r.rc = -1;
-    if (read(pipe_fd, &r, sizeof(r)) != (ssize_t)sizeof(r)) { r.rc = -1; }
+    if (read(result_fd, &r, sizeof(r)) != (ssize_t)sizeof(r)) { r.rc = -1; }
+    close(result_fd);
     waitpid(pid, NULL, 0);
     return r;
 }
@@ -351,7 +367,7 @@ static void test_bootstrap(const char* dir) {
     snprintf(path, sizeof(path), "%s/a.bin", dir);
     Dataset ds;
     dataset_open(&ds, path);
-    VLAConfig c = config_for_data("tiny", &ds);
+    VLAConfig c = config_for_data("tiny", 0, &ds);
     TrainArgs args;
     train_args_defaults(&args);
     args.ranks = 2;
@@ -361,24 +377,13 @@ static void test_bootstrap(const char* dir) {
     for (int i = 0; i < 128; i++) { secret[i] = (uint8_t)(i * 37 + 11); }
     for (int scenario = 0; scenario < 2; scenario++) {  // the same configuration; node 1 with another batch
         snprintf(master, sizeof(master), "127.0.0.1:%d", free_port());
-        int fds[2][2];
-        if (pipe(fds[0]) != 0 || pipe(fds[1]) != 0) { vla_fail("pipe failed"); }
         BootIdentity other = id;
         if (scenario == 1) { other.batch = 5; }
-        pid_t p1 = boot_child(master, other, 1, 10.0, fds[1][1]);  // node 1 first: it retries until node 0 listens
+        int fd0, fd1;
+        pid_t p1 = boot_child(master, other, 1, NULL, 10.0, &fd1);  // node 1 first: it retries until node 0 listens
         usleep(300000);
-        BootIdentity self = id;
-        pid_t p0 = fork();
-        if (p0 == 0) {
-            BootResult r;
-            memset(&r, 0, sizeof(r));
-            memcpy(r.payload, secret, sizeof(secret));
-            r.rc = bootstrap_exchange(master, &self, r.payload, sizeof(r.payload), 10.0, r.err, sizeof(r.err));
-            if (write(fds[0][1], &r, sizeof(r)) != (ssize_t)sizeof(r)) { _exit(2); }
-            _exit(0);
-        }
-        BootResult r0 = boot_collect(p0, fds[0][0]), r1 = boot_collect(p1, fds[1][0]);
-        for (int k = 0; k < 2; k++) { close(fds[k][0]); close(fds[k][1]); }
+        pid_t p0 = boot_child(master, id, 0, secret, 10.0, &fd0);
+        BootResult r0 = boot_collect(p0, fd0), r1 = boot_collect(p1, fd1);
         if (scenario == 0) {
             check(r0.rc == 0 && r1.rc == 0 && memcmp(r1.payload, secret, sizeof(secret)) == 0,
                   "node 1 (started first) receives node 0's 128-byte id over TCP (%s)", master);
@@ -388,6 +393,26 @@ static void test_bootstrap(const char* dir) {
                   r0.err, r1.err);
         }
     }
+    // a connection that never says hello reaches node 0 before node 1: node 0 drops it after a few
+    // seconds and takes node 1 within the timeout
+    snprintf(master, sizeof(master), "127.0.0.1:%d", free_port());
+    int fd0, fd1, silent = -1;
+    pid_t p0 = boot_child(master, id, 0, secret, 10.0, &fd0);
+    struct sockaddr_in to;
+    memset(&to, 0, sizeof(to));
+    to.sin_family = AF_INET;
+    to.sin_port = htons((uint16_t)atoi(strchr(master, ':') + 1));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (double give_up = wall_seconds() + 5.0; silent < 0 && wall_seconds() < give_up;) {  // until node 0 listens
+        silent = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(silent, (struct sockaddr*)&to, sizeof(to)) != 0) { close(silent); silent = -1; usleep(50000); }
+    }
+    pid_t p1 = boot_child(master, id, 1, NULL, 10.0, &fd1);
+    BootResult r0 = boot_collect(p0, fd0), r1 = boot_collect(p1, fd1);
+    if (silent >= 0) { close(silent); }
+    check(silent >= 0 && r0.rc == 0 && r1.rc == 0 && memcmp(r1.payload, secret, sizeof(secret)) == 0,
+          "a silent connection ahead of node 1 does not hold node 0 up: node 1 joins (node 0 '%s'; node 1 '%s')",
+          r0.err, r1.err);
     // the port in use: someone else listens on it
     int port = free_port(), busy = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a;
@@ -413,6 +438,24 @@ static void test_bootstrap(const char* dir) {
           "node 1 gives up on an unreachable master after its timeout (%.1f s): '%s'", waited, err);
     rc = bootstrap_exchange("nohost", &id, payload, sizeof(payload), 1.0, err, sizeof(err));
     check(rc == 1 && strstr(err, "expected host:port") != NULL, "a --master without a port: '%s'", err);
+    static const char* const bad_ports[] = {"127.0.0.1:0", "127.0.0.1:70000"};
+    for (int k = 0; k < 2; k++) {
+        rc = bootstrap_exchange(bad_ports[k], &id, payload, sizeof(payload), 1.0, err, sizeof(err));
+        check(rc == 1 && strstr(err, "port is out of range: pick one from 1 to 65535") != NULL,
+              "a --master port outside 1..65535: '%s'", err);
+    }
+    // --min-lr-frac and --augment-shift are part of the identity: nodes that differ in them disagree
+    TrainArgs changed = args;
+    changed.min_lr_frac = 0.5f;
+    BootIdentity a_id = boot_identity(&changed, &c, 1, 2, 0, ds.n_samples);
+    changed = args;
+    changed.augment = 4;
+    BootIdentity b_id = boot_identity(&changed, &c, 1, 2, 0, ds.n_samples);
+    char diff_a[192], diff_b[192];
+    int differ_a = boot_identity_diff(&id, &a_id, diff_a, sizeof(diff_a));
+    int differ_b = boot_identity_diff(&id, &b_id, diff_b, sizeof(diff_b));
+    check(differ_a && strstr(diff_a, "min_lr_frac_bits") != NULL && differ_b && strstr(diff_b, "augment 0 vs 4") != NULL,
+          "nodes that differ in --min-lr-frac or --augment-shift disagree: '%s'; '%s'", diff_a, diff_b);
     dataset_close(&ds);
 }
 
@@ -509,7 +552,7 @@ static void test_loader(const char* dir) {
     snprintf(path, sizeof(path), "%s/b.bin", dir);
     Dataset ds;
     dataset_open(&ds, path);
-    VLAConfig c = config_for_data("tiny", &ds);
+    VLAConfig c = config_for_data("tiny", 0, &ds);
     const int B = 3, W = 2, steps = 12;  // 72 samples: more than 3 epochs of the 22-frame fixture
     const uint64_t seed = 5, first_pos = 17, first_step = 40;
     Sampler s;
@@ -604,7 +647,7 @@ static void test_checkpoints(const char* dir) {
         snprintf(p1, sizeof(p1), "%s/a.bin", dir);
         Dataset ds;
         dataset_open(&ds, p1);
-        VLAConfig c = config_for_data("tiny", &ds);
+        VLAConfig c = config_for_data("tiny", 0, &ds);
         Model m;
         model_build(&m, &c);
         param_init(m.params_memory, &m.table, &c, 7);
@@ -719,6 +762,9 @@ static void test_bad_input(const char* dir) {
         {"--nodes without --master", "--nodes 2 --node-rank 1", "needs --master"},
         {"--node-rank past --nodes", "--nodes 2 --node-rank 2 --master h:1", "node ranks go from 0 to 1"},
         {"several nodes on the CPU trainer", "--nodes 2 --node-rank 0 --master h:1", "runs on one machine"},
+        {"--master port 0", "--nodes 2 --node-rank 1 --master h:0", "--master h:0: the port is out of range: pick one"},
+        {"--master port 70000", "--nodes 2 --node-rank 1 --master h:70000", "from 1 to 65535"},
+        {"--master without a port", "--nodes 2 --node-rank 1 --master h", "--master h: expected host:port"},
     };
     for (size_t k = 0; k < sizeof(flag_cases) / sizeof(flag_cases[0]); k++) {
         snprintf(args, sizeof(args), "-i %s/a.bin %s", dir, flag_cases[k].flags);
@@ -767,9 +813,7 @@ static void test_param_table(void) {
                 for (size_t e = 0; e < cnt[k]; e++) { seen[off[k] + e]++; }
             }
         }
-        int once = 1;
-        for (size_t e = 0; e < t.total; e++) { once &= seen[e] == 1; }
-        check(once, "preset %-5s: its %d gradient buckets hold every parameter exactly once", VLA_PRESETS[i].name,
+        check(covered_once(seen, t.total), "preset %-5s: its %d gradient buckets hold every parameter exactly once", VLA_PRESETS[i].name,
               param_bucket_count(c));
         free(seen);
     }

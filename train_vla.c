@@ -983,7 +983,7 @@ int main(int argc, char** argv) {
     if (args.threads > 0) { omp_set_num_threads(args.threads); }
     Dataset ds;
     dataset_open(&ds, args.input);
-    VLAConfig c = config_for_data(args.preset, &ds);
+    VLAConfig c = config_for_data(args.preset, args.max_text, &ds);
     Model model;
     model_build(&model, &c);
 

@@ -86,8 +86,8 @@ static void nccl_check_(ncclResult_t r, const char* file, int line) {
 #define ncclCheck(call) nccl_check_((call), __FILE__, __LINE__)
 #endif
 
-static __device__ __forceinline__ float f32(float x) { return x; }
-static __device__ __forceinline__ float f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+static __device__ __host__ __forceinline__ float f32(float x) { return x; }
+static __device__ __host__ __forceinline__ float f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 static __device__ __host__ __forceinline__ floatX fx(float x) {
 #if defined(ENABLE_FP32)
     return x;
@@ -390,7 +390,7 @@ typedef struct {
     int B, NH, HS, Np, Ns, Tq;           // Tq: queries per sample (Np or Ns)
 } AttnKeys;
 
-static __device__ __forceinline__ int attn_n_keys(const AttnKeys& a) { return a.Np + (a.ks != nullptr ? a.Ns : 0); }
+static __host__ __device__ __forceinline__ int attn_n_keys(const AttnKeys& a) { return a.Np + (a.ks != nullptr ? a.Ns : 0); }
 
 static __device__ __forceinline__ bool attn_visible(const AttnKeys& a, int b, int i, int j) {
     if (j < a.Np) { return a.key_valid[(size_t)b * a.Np + j] != 0.0f; }
@@ -575,7 +575,6 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
 // One tile row's slice of a head, x128::size columns at a time when the head size allows it
 // (HS a multiple of x128::size: every 16 bytes of a row are aligned), else one by one; zeros
 // past HS, or for the whole row when there is no source row (src NULL).
-template <int HSP>
 static __device__ __forceinline__ void load_tile_slice(__nv_bfloat16* dst, const floatX* src, int HS, int c) {
     if (HS % x128::size == 0) {
         x128 v;
@@ -602,7 +601,7 @@ static __device__ void load_query_tile(__nv_bfloat16* tile, const floatX* x, int
     for (int e = threadIdx.x; e < ATT_TILE * packs; e += blockDim.x) {
         int r = e / packs, c = e % packs * x128::size;
         const floatX* src = first + r < n_rows ? x + ((size_t)b * n_rows + first + r) * D + (size_t)h * HS : nullptr;
-        load_tile_slice<HSP>(tile + r * HSP, src, HS, c);
+        load_tile_slice(tile + r * HSP, src, HS, c);
     }
 }
 
@@ -615,7 +614,7 @@ static __device__ void load_key_tile(__nv_bfloat16* tile, const AttnKeys& a, con
     for (int e = threadIdx.x; e < ATT_TILE * packs; e += blockDim.x) {
         int r = e / packs, c = e % packs * x128::size, j = first + r;
         const floatX* src = j < nk ? (j < a.Np ? pfx : sfx) + attn_key_row(a, b, j) * D + (size_t)h * a.HS : nullptr;
-        load_tile_slice<HSP>(tile + r * HSP, src, a.HS, c);
+        load_tile_slice(tile + r * HSP, src, a.HS, c);
     }
 }
 
@@ -1076,7 +1075,11 @@ __global__ void convert_kernel2(floatX* out, const float* inp, size_t n) {
     store128(out + i, o);
 }
 
-__global__ void set_scalar_kernel(float* p, float v) { *p = v; }
+// p[0 .. n) = v
+__global__ void fill_kernel(float* p, float v, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { p[i] = v; }
+}
 
 // One Euler step of sampling: x (fp32) -= dt v, and the model's floatX copy of it
 __global__ void euler_step_kernel(float* x, floatX* x_model, const floatX* v, float dt, int n) {
@@ -1315,10 +1318,15 @@ static void convert(floatX* out, const float* inp, size_t n) {
 }
 
 #if !defined(ENABLE_FP32)
+// The tensor-core kernels' dynamic shared memory is set once per GPU (each rank's thread drives one)
 template <int HSP>
 static void attention_forward2(floatX* out, float* lse, const floatX* q, const AttnKeys& a) {
     size_t smem = attention_forward_smem2<HSP>();
-    cudaCheck(cudaFuncSetAttribute(attention_forward_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    static thread_local bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(attention_forward_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        configured = true;
+    }
     dim3 grid(ceil_div(a.Tq, ATT_TILE), a.NH, a.B);
     attention_forward_kernel2<HSP><<<grid, ATT_THREADS, smem, main_stream>>>(out, lse, q, a);
     launchCheck();
@@ -1326,13 +1334,17 @@ static void attention_forward2(floatX* out, float* lse, const floatX* q, const A
 
 template <int HSP>
 static void attention_backward2(floatX* dq, float* dkp, float* dvp, float* dks, float* dvs, const floatX* dout,
-                                const floatX* q, const float* lse, const float* delta, const AttnKeys& a, int nk) {
+                                const floatX* q, const float* lse, const float* delta, const AttnKeys& a) {
     size_t smem = attention_backward_smem2<HSP>();
-    cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    static thread_local bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        configured = true;
+    }
     attention_backward_dq_kernel2<HSP><<<dim3(ceil_div(a.Tq, ATT_TILE), a.NH, a.B), ATT_THREADS, smem, main_stream>>>(dq, dout, q, lse, delta, a);
     launchCheck();
-    attention_backward_dkdv_kernel2<HSP><<<dim3(ceil_div(nk, ATT_TILE), a.NH, a.B), ATT_THREADS, smem, main_stream>>>(dkp, dvp, dks, dvs, dout, q, lse, delta, a);
+    attention_backward_dkdv_kernel2<HSP><<<dim3(ceil_div(attn_n_keys(a), ATT_TILE), a.NH, a.B), ATT_THREADS, smem, main_stream>>>(dkp, dvp, dks, dvs, dout, q, lse, delta, a);
     launchCheck();
 }
 #endif
@@ -1358,23 +1370,34 @@ static void attention_forward(floatX* out, float* lse, const floatX* q, const At
 // pass) accumulate in fp32. delta: scratch of B*NH*Tq floats.
 static void attention_backward(floatX* dq, float* dkp, float* dvp, float* dks, float* dvs, const floatX* dout,
                                const floatX* q, const floatX* out, const float* lse, float* delta, const AttnKeys& a) {
-    int nk = a.Np + (a.ks != NULL ? a.Ns : 0);
     attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, a.B * a.Tq, a.Tq, a.NH, a.HS);
     launchCheck();
 #if defined(ENABLE_FP32)
     attention_backward_dq_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, BLOCK), BLOCK, 0, main_stream>>>(dq, dout, q, lse, delta, a);
     launchCheck();
-    attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NH * nk * 32, BLOCK), BLOCK, 0, main_stream>>>(dkp, dvp, dks, dvs, dout, q, lse, delta, a);
+    attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NH * attn_n_keys(a) * 32, BLOCK), BLOCK, 0, main_stream>>>(dkp, dvp, dks, dvs, dout, q, lse, delta, a);
     launchCheck();
 #else
     switch (padded_head_dim(a.HS)) {
-        case 16: attention_backward2<16>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a, nk); break;
-        case 32: attention_backward2<32>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a, nk); break;
-        case 64: attention_backward2<64>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a, nk); break;
-        default: attention_backward2<128>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a, nk); break;
+        case 16: attention_backward2<16>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a); break;
+        case 32: attention_backward2<32>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a); break;
+        case 64: attention_backward2<64>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a); break;
+        default: attention_backward2<128>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a); break;
     }
 #endif
 }
+
+#if defined(TESTING)
+// For the tests (test_vla_gpu.cu, dev/cuda): a floatX device array (n) as host floats
+static float* from_device_x(const floatX* d, size_t n) {
+    floatX* tmp = (floatX*)mallocCheck(n * sizeof(floatX));
+    cudaCheck(cudaMemcpy(tmp, d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    float* h = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) { h[i] = f32(tmp[i]); }
+    free(tmp);
+    return h;
+}
+#endif
 
 // grid for n independent elements
 #define LAUNCH_1D(kernel, n, ...) \
@@ -1534,8 +1557,7 @@ typedef struct {
     VLAConfig config;
     ParamTable table;
     size_t aligned[NUM_PARAM_TENSORS];  // the device layout: the table with tensors at multiples of 16 elements
-    size_t aligned_total;               // elements in that layout
-    size_t padded_total;                // ... padded to a whole number of ZeRO shards
+    size_t padded_total;                // elements in that layout, padded to a whole number of ZeRO shards
     size_t shard_lo, shard_hi;          // the elements whose optimizer state this model keeps (all: 0, padded_total)
     float* master;         // (shard) fp32 master weights, device
     float* m_memory;       // (shard) AdamW first moment, device
@@ -1579,11 +1601,10 @@ static void model_build(Model* m, const VLAConfig* c, int shard_rank = 0, int sh
         m->aligned[i] = at;
         at += (m->table.spec[i].numel + 15) / 16 * 16;  // 32 bytes of bf16, 64 of fp32
     }
-    m->aligned_total = at;
     size_t S = zero_shard_size(at, shard_world, 16);
     m->padded_total = S * shard_world;
-    m->shard_lo = shard_world > 1 ? (size_t)shard_rank * S : 0;
-    m->shard_hi = shard_world > 1 ? m->shard_lo + S : m->padded_total;
+    m->shard_lo = (size_t)shard_rank * S;
+    m->shard_hi = m->shard_lo + S;
     size_t n = m->shard_hi - m->shard_lo, total = m->padded_total;
     m->master = (float*)device_malloc(m, n * sizeof(float));
     m->m_memory = (float*)device_malloc(m, n * sizeof(float));
@@ -1650,12 +1671,14 @@ static void model_free(Model* m) {  // (the Dist is its owner's)
 
 #define DIST_TIMED_WAITS 4  // a step waits on NCCL once (ZeRO-1: three times)
 
-// One rank's side (MULTI_GPU): its place, the communicator, the communication stream and the
-// events that order it after the compute.
+// Whether the model keeps the optimizer state of one shard only (ZeRO-1 over several ranks): its
+// gradients are reduce-scattered to the shards, its parameters all-gathered after the update
+static int model_sharded(const Model* m) { return m->shard_hi - m->shard_lo < m->padded_total; }
+
+// One rank's side (MULTI_GPU): the communicator, the communication stream and the events that
+// order it after the compute.
 typedef struct Dist {
-    int rank, world;
     int sync;  // the backward pass averages its buckets as they finish (an optimizer step's last micro-step)
-    int zero;  // ZeRO-1: gradients reduce-scattered to the shards, parameters all-gathered after the update
 #if defined(MULTI_GPU)
     ncclComm_t comm;
     cudaStream_t comm_stream;
@@ -1675,7 +1698,7 @@ static void grads_bucket_done(Model* m, int b) {
 #if defined(MULTI_GPU)
     Dist* d = m->dist;
     // (at world size 1 too: NCCL's one-rank path runs, as in DDP, and its cost is measured)
-    if (d == NULL || !d->sync || d->zero) { return; }  // ZeRO-1 reduce-scatters at the end
+    if (d == NULL || !d->sync || model_sharded(m)) { return; }  // ZeRO-1 reduce-scatters at the end
     size_t off[NUM_PARAM_TENSORS], count[NUM_PARAM_TENSORS];
     int n = param_bucket_slices(&m->table, &m->config, m->aligned, b, off, count);
     cudaCheck(cudaEventRecord(d->bucket_ready[b], main_stream));
@@ -1711,7 +1734,7 @@ static void main_after_comm(Dist* d) {
     cudaCheck(cudaStreamWaitEvent(main_stream, done, 0));
 }
 
-// The time the main stream spent waiting on the communication stream since the last call (after
+// The time the main stream spent waiting on the communication stream in this step (after
 // the step's work has finished): per wait, how far the communication ended after the compute
 // reached it, nothing where it had ended before
 static double dist_wait_ms(Dist* d) {
@@ -1721,26 +1744,22 @@ static double dist_wait_ms(Dist* d) {
         cudaCheck(cudaEventElapsedTime(&ms, d->wait_begin[i], d->wait_end[i]));
         if (ms > 0.0f) { total += ms; }
     }
-    d->waits = 0;
     return total;
 }
 #endif
 
-// Whether the model's optimizer state is sharded over ranks it must talk to
-static int model_sharded(const Model* m) { return m->dist != NULL && m->dist->zero && m->dist->world > 1; }
 
 // After an optimizer step's last backward pass: the loss and the stop flag (acts.scalars[0] and
 // [2]) averaged over the ranks too (with ZeRO-1 the gradients reduce-scattered to their shards),
 // and the main stream waits for all of it before the norm and the update. `stop`: this rank saw a
 // stop request; any rank's stops them all.
 static void grads_sync_finish(Model* m, int stop) {
-    set_scalar_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 2, stop ? 1.0f : 0.0f);
-    launchCheck();
+    LAUNCH_1D(fill_kernel, 1, m->acts.scalars + 2, stop ? 1.0f : 0.0f, 1);
 #if defined(MULTI_GPU)
     Dist* d = m->dist;
     if (d == NULL) { return; }
     comm_after_main(d, d->scalars_ready);
-    if (d->zero) {
+    if (model_sharded(m)) {
         size_t S = m->shard_hi - m->shard_lo;
         ncclCheck(ncclReduceScatter(m->grads_memory, m->grads_memory + m->shard_lo, S, ncclFloat, ncclAvg, d->comm,
                                     d->comm_stream));
@@ -1776,19 +1795,20 @@ static void zero_gather_params(Model* m) {
 #endif
 }
 
-// A device array of the model's optimizer state (shard-sized) made whole (padded_total) into
-// `whole`: a copy alone, an all-gather over the ranks with ZeRO-1 (every rank must call it)
-static void zero_gather_state(Model* m, float* whole, const float* shard) {
-    size_t n = m->shard_hi - m->shard_lo;
+// A device array of the model's optimizer state (shard-sized) made whole (padded_total): itself
+// when it is not sharded, else all-gathered over the ranks into `gathered` (every rank must call it)
+static const float* zero_gather_state(Model* m, float* gathered, const float* shard) {
 #if defined(MULTI_GPU)
     if (model_sharded(m)) {
         comm_after_main(m->dist, m->dist->scalars_ready);
-        ncclCheck(ncclAllGather(shard, whole, n, ncclFloat, m->dist->comm, m->dist->comm_stream));
+        ncclCheck(ncclAllGather(shard, gathered, m->shard_hi - m->shard_lo, ncclFloat, m->dist->comm,
+                                m->dist->comm_stream));
         main_after_comm(m->dist);
-        return;
+        return gathered;
     }
 #endif
-    cudaCheck(cudaMemcpyAsync(whole, shard, n * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
+    (void)gathered;
+    return shard;
 }
 
 // Between the checkpoint's layout (the table, n_params) and the device's (aligned, padded_total;
@@ -2038,7 +2058,7 @@ static void model_backward(Model* m, const Batch* batch, int zero_grads) {
     int d = c->d_model, da = c->d_expert;
     int NI = vla_n_image_tokens(c), Np = vla_n_prefix(c), Ns = vla_n_suffix(c);
     int P = B * Np, Q = B * Ns, R = B * H;
-    if (zero_grads) { cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->aligned_total * sizeof(float), main_stream)); }
+    if (zero_grads) { cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->padded_total * sizeof(float), main_stream)); }
     cudaCheck(cudaMemsetAsync(a->dp_k, 0, (size_t)L * P * D * sizeof(float), main_stream));
     cudaCheck(cudaMemsetAsync(a->dp_v, 0, (size_t)L * P * D * sizeof(float), main_stream));
 
@@ -2170,16 +2190,13 @@ static void model_sample_actions(Model* m, const Batch* obs, const float* eps, c
     prefix_forward(m, obs);
     cudaCheck(cudaMemcpyAsync(a->x_sample, eps, (size_t)B * HA * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
     convert(a->x_t, a->x_sample, (size_t)B * HA);
-    float* t = (float*)mallocCheck((size_t)B * n_steps * sizeof(float));
     for (int k = 0; k < n_steps; k++) {
-        for (int b = 0; b < B; b++) { t[k * B + b] = 1.0f - 0.1f * (float)k; }
-        cudaCheck(cudaMemcpyAsync(a->t_sample, t + k * B, (size_t)B * sizeof(float), cudaMemcpyHostToDevice, main_stream));
+        LAUNCH_1D(fill_kernel, B, a->t_sample, 1.0f - 0.1f * (float)k, B);
         suffix_forward(m, obs->state, a->t_sample, B);
         LAUNCH_1D(euler_step_kernel, B * HA, a->x_sample, a->x_t, a->v_pred, 0.1f, B * HA);
     }
     cudaCheck(cudaMemcpyAsync(out, a->x_sample, (size_t)B * HA * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
-    cudaCheck(cudaStreamSynchronize(main_stream));  // also keeps t alive until its copies are done
-    free(t);
+    cudaCheck(cudaStreamSynchronize(main_stream));
     for (int b = 0; b < B; b++) {
         for (int i = 0; i < HA; i++) {
             int dim = i % c->action_dim;
@@ -2249,32 +2266,23 @@ static void batch_upload(Loader* L, Batch* dev, cudaEvent_t consumed, cudaEvent_
 static void model_save(Model* m, const Dataset* ds, const TrainArgs* args, int step, uint64_t sampler_pos, int write) {
     if (!write && !model_sharded(m)) { return; }
     size_t n = m->table.total, total = m->padded_total;
-    float* whole;
-    cudaCheck(cudaMalloc(&whole, total * sizeof(float)));
-    float* device_layout = (float*)mallocCheck(total * sizeof(float));
-    float* host = (float*)mallocCheck(3 * n * sizeof(float));
+    float* gathered = NULL;  // ZeRO-1: room for one state array's shards, gathered
+    if (model_sharded(m)) { cudaCheck(cudaMalloc(&gathered, total * sizeof(float))); }
+    float* device_layout = write ? (float*)mallocCheck(total * sizeof(float)) : NULL;
+    float* host = write ? (float*)mallocCheck(3 * n * sizeof(float)) : NULL;
     const float* state[3] = {m->master, m->m_memory, m->v_memory};
     for (int k = 0; k < 3; k++) {
-        zero_gather_state(m, whole, state[k]);
+        const float* whole = zero_gather_state(m, gathered, state[k]);
+        if (!write) { continue; }
         cudaCheck(cudaMemcpyAsync(device_layout, whole, total * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
         cudaCheck(cudaStreamSynchronize(main_stream));
         layout_to_checkpoint(m, host + k * n, device_layout);
     }
+    cudaCheck(cudaStreamSynchronize(main_stream));  // (the gathers are done before their buffer goes)
     if (write) { run_checkpoint_save(args, ds, &m->config, step, sampler_pos, host, host + n, host + 2 * n, n); }
     free(host);
     free(device_layout);
-    cudaCheck(cudaFree(whole));
-}
-
-// Loads weights, moments, step, seed and sampler position; the config must match the model's.
-static void model_load(Model* m, const char* path, int* step, uint64_t* seed, uint64_t* sampler_pos) {
-    Checkpoint ck;
-    run_checkpoint_load(path, &m->config, &ck);
-    model_set_params(m, ck.params, ck.m, ck.v);
-    *step = (int)ck.step;
-    *seed = ck.seed;
-    *sampler_pos = ck.sampler_pos;
-    checkpoint_free(&ck);
+    if (gathered != NULL) { cudaCheck(cudaFree(gathered)); }
 }
 
 // ----------------------------------------------------------------------------
@@ -2364,19 +2372,18 @@ VLA_API void vla_policy_free(VLAPolicy* p) {
 
 #if !defined(TESTING) && !defined(VLA_LIBRARY)
 // How well the policy acts: 10-step sampling on one batch, mean squared error against the
-// dataset's actions over the unmasked slots, in the data's own units.
-static float eval_action_mse(Model* m, const Dataset* ds, uint64_t seed, uint64_t pos, int step, int B) {
+// dataset's actions over the unmasked slots, in the data's own units. `dev`: a device batch the
+// training no longer uses, whose size is the batch evaluated.
+static float eval_action_mse(Model* m, Batch* dev, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
     const VLAConfig* c = &m->config;
-    Batch host, dev;
-    batch_alloc(&host, c, B);
+    Batch host;
+    batch_alloc(&host, c, dev->B);
     eval_batch(&host, ds, c, seed, pos, step);
-    device_batch_alloc(m, &dev, c, B);
-    cudaCheck(cudaMemcpy(dev.memory, host.memory, host.bytes, cudaMemcpyHostToDevice));
-    float* sampled = (float*)mallocCheck((size_t)B * c->chunk * c->action_dim * sizeof(float));
-    model_sample_actions(m, &dev, dev.eps, ds->action_mean, ds->action_std, sampled);
+    cudaCheck(cudaMemcpy(dev->memory, host.memory, host.bytes, cudaMemcpyHostToDevice));
+    float* sampled = (float*)mallocCheck((size_t)dev->B * c->chunk * c->action_dim * sizeof(float));
+    model_sample_actions(m, dev, dev->eps, ds->action_mean, ds->action_std, sampled);
     float mse = action_mse(&host, ds, c, sampled);
     free(sampled);
-    cudaCheck(cudaFree(dev.memory));
     batch_free(&host);
     return mse;
 }
@@ -2390,6 +2397,8 @@ typedef struct {
     Dataset ds;
     VLAConfig config;
     const char* from;      // checkpoint to start from, or NULL: from the seed
+    Checkpoint initial;    // the weights (and moments) the ranks start from, read or drawn once;
+                           // freed by rank 0 once every rank has its copy on its GPU
     int start;             // optimizer steps already done
     uint64_t sampler_pos;  // global samples consumed before `start`
     int world;             // ranks over all nodes
@@ -2533,21 +2542,13 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     gpu_init(local, &prop);
     Model model;
     model_build(&model, c, args->zero ? rank : 0, args->zero ? world : 1);
-    if (run->from != NULL) {
-        int step;
-        uint64_t seed, pos;
-        model_load(&model, run->from, &step, &seed, &pos);
-    } else {
-        float* init = (float*)mallocCheck(model.table.total * sizeof(float));
-        param_init(init, &model.table, c, args->seed);  // the same on every rank
-        model_set_params(&model, init, NULL, NULL);
-        free(init);
-    }
+    model_set_params(&model, run->initial.params, run->initial.m, run->initial.v);
+#if defined(MULTI_GPU)
+    #pragma omp barrier
+#endif
+    if (local == 0) { checkpoint_free(&run->initial); }
     Dist dist;
     memset(&dist, 0, sizeof(dist));
-    dist.rank = rank;
-    dist.world = world;
-    dist.zero = args->zero;
 #if defined(MULTI_GPU)
     ncclCheck(ncclCommInitRank(&dist.comm, world, run->nccl_id, rank));
     watchdog->comms[local] = dist.comm;
@@ -2646,8 +2647,8 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         printf("data loader: %d worker thread(s) per GPU, rank 0 waited %.1f ms for batches in %d steps\n", args->workers,
                1000.0 * loader.wait_seconds, step - run->start);
         printf("eval: 10-step sampled actions vs the data, MSE %.6f (data units) on %d samples\n",
-               eval_action_mse(&model, &run->ds, args->seed,
-                               run->sampler_pos + (uint64_t)(step - run->start) * global_batch, step, args->batch),
+               eval_action_mse(&model, &dev[0], &run->ds, args->seed,
+                               run->sampler_pos + (uint64_t)(step - run->start) * global_batch, step),
                args->batch);
         if (timed_steps > 0) {
             double ms = timed_ms / timed_steps, sps = global_batch / (ms / 1000.0);
@@ -2700,19 +2701,23 @@ int main(int argc, char** argv) {
     run.world = run.nodes * run.local_ranks;
     train_args_for_world(args, run.world);
     dataset_open(&run.ds, args->input);
-    run.config = config_for_data(args->preset, &run.ds);
+    run.config = config_for_data(args->preset, args->max_text, &run.ds);
 
     char resume_path[1024];
     run.from = run_start_checkpoint(args, resume_path, sizeof(resume_path));
     if (run.from != NULL) {
-        Checkpoint ck;  // every rank loads the weights; here the step, seed and sampler position
-        run_checkpoint_load(run.from, &run.config, &ck);
-        run.start = (int)ck.step;
-        run.sampler_pos = ck.sampler_pos;
-        if (ck.seed != args->seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)ck.seed); }
-        args->seed = ck.seed;
-        checkpoint_free(&ck);
+        Checkpoint* ck = &run.initial;
+        run_checkpoint_load(run.from, &run.config, ck);
+        run.start = (int)ck->step;
+        run.sampler_pos = ck->sampler_pos;
+        if (ck->seed != args->seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)ck->seed); }
+        args->seed = ck->seed;
         printf("resumed from %s at step %d\n", run.from, run.start);
+    } else {  // the same init for every rank
+        ParamTable t;
+        param_table_build(&run.config, &t);
+        run.initial.params = (float*)mallocCheck(t.total * sizeof(float));
+        param_init(run.initial.params, &t, &run.config, args->seed);
     }
     if (run.start >= args->steps) {
         printf("already at step %d of %d: nothing to do (raise -n to train further)\n", run.start, args->steps);

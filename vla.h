@@ -471,7 +471,7 @@ typedef struct {
     const float* stats;
 } Shard;
 
-static inline uint64_t align_up(uint64_t x) { return (x + SHARD_ALIGN - 1) / SHARD_ALIGN * SHARD_ALIGN; }
+static inline uint64_t align_up(uint64_t x, uint64_t align) { return (x + align - 1) / align * align; }
 
 // Byte sizes of the sections, in file order. Returns the number of sections.
 static inline int shard_section_sizes(const ShardHeader* h, const char* path, uint64_t sizes[8]) {
@@ -496,7 +496,7 @@ static inline void shard_header_layout(ShardHeader* h) {
                          &h->off_episodes, &h->off_task_offsets, &h->off_task_text, &h->off_stats};
     uint64_t pos = sizeof(ShardHeader);
     for (int i = 0; i < 8; i++) {
-        pos = align_up(pos);
+        pos = align_up(pos, SHARD_ALIGN);
         *offs[i] = pos;
         pos += sizes[i];
     }
@@ -802,7 +802,7 @@ static inline size_t batch_layout(Batch* b, uint8_t* base, const VLAConfig* c, i
     size_t off = 0, HA = (size_t)c->chunk * c->action_dim;
 #define VLA_CARVE_(field, type, count) \
     b->field = base != NULL ? (type*)(base + off) : NULL; \
-    off += ((size_t)(count) * sizeof(type) + 63) / 64 * 64;
+    off += align_up((size_t)(count) * sizeof(type), 64);
     VLA_CARVE_(images, uint8_t, (size_t)B * c->n_cam * c->img * c->img * 3)
     VLA_CARVE_(text, uint8_t, (size_t)B * c->max_text)
     VLA_CARVE_(text_mask, float, (size_t)B * c->max_text)
@@ -988,6 +988,13 @@ typedef struct {
     double wait_seconds;   // time the trainer spent waiting for a batch
 } Loader;
 
+// The step and rank (into *rank) of the loader's job j
+static inline uint64_t loader_job(const Loader* L, int64_t j, int* rank) {
+    int64_t g = j * L->stride + L->offset;
+    *rank = (int)(g % L->W);
+    return L->first_step + (uint64_t)(g / L->W);
+}
+
 static inline void* loader_worker(void* arg) {
     Loader* L = (Loader*)arg;
     uint64_t* idx = (uint64_t*)mallocCheck((size_t)L->B * sizeof(uint64_t));
@@ -1002,9 +1009,8 @@ static inline void* loader_worker(void* arg) {
         L->next_job++;
         L->slot_job[slot] = j;
         L->slot_state[slot] = SLOT_FILLING;
-        int64_t g = j * L->stride + L->offset;
-        uint64_t step = L->first_step + (uint64_t)(g / L->W);
-        int r = (int)(g % L->W);
+        int r;
+        uint64_t step = loader_job(L, j, &r);
         batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, r);
         pthread_mutex_unlock(&L->mu);
         batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, r, L->augment);
@@ -1053,10 +1059,10 @@ static inline Batch* loader_next(Loader* L) {
     int slot = (int)(j % L->n_slots);
     if (L->n_threads == 0) {  // synchronous: assemble here
         uint64_t* idx = (uint64_t*)mallocCheck((size_t)L->B * sizeof(uint64_t));
-        int64_t g = j * L->stride + L->offset;
-        uint64_t step = L->first_step + (uint64_t)(g / L->W);
-        batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, (int)(g % L->W));
-        batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, (int)(g % L->W), L->augment);
+        int r;
+        uint64_t step = loader_job(L, j, &r);
+        batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, r);
+        batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, r, L->augment);
         free(idx);
         return &L->slots[slot];
     }
@@ -1247,6 +1253,7 @@ typedef struct {
     const char* input;      // shards: files and folders, comma-separated
     const char* output;     // output folder: checkpoints and the log
     const char* preset;
+    int max_text;           // --max-text: instruction bytes the model reads, 0: the preset's
     const char* init;       // checkpoint to start from (weights, optimizer, step)
     int batch;              // per-rank micro-batch
     int ranks;              // GPUs (CUDA) or simulated ranks (CPU)
@@ -1273,11 +1280,13 @@ typedef struct {
 
 enum { LR_SCALE_NONE = 0, LR_SCALE_LINEAR = 1, LR_SCALE_SQRT = 2 };
 static const char* const LR_SCALE_NAMES[] = {"none", "linear", "sqrt"};
+#define LR_SCALE_COUNT ((int)(sizeof(LR_SCALE_NAMES) / sizeof(LR_SCALE_NAMES[0])))
 
 static inline void train_args_defaults(TrainArgs* a) {
     a->input = "data/default";
     a->output = "out";
     a->preset = "small";
+    a->max_text = 0;
     a->init = NULL;
     a->batch = 8; a->ranks = 1; a->steps = 1000;
     a->total_batch = 0; a->lr_scale = LR_SCALE_NONE; a->accum = 1; a->zero = 0;
@@ -1299,6 +1308,8 @@ static inline void train_args_usage(const char* prog) {
     printf("  -p, --preset NAME      model size:");
     for (int i = 0; i < VLA_N_PRESETS; i++) { printf(" %s", VLA_PRESETS[i].name); }
     printf(" (%s)\n", d.preset);
+    printf("      --max-text N       instruction bytes the model reads (longer ones are cut), 0: the preset's (%d)\n",
+           d.max_text);
     printf("  -b, --batch N          samples per rank per step (%d)\n", d.batch);
     printf("  -g, --gpus N           ranks: GPUs for train_vla, simulated ranks for train_vla_cpu (%d)\n", d.ranks);
     printf("  -d, --total-batch N    samples per optimizer step over all ranks; a multiple of -b x ranks, the rest\n"
@@ -1349,10 +1360,32 @@ static inline float parse_float_arg(const char* name, const char* s, float lo, f
     return v;
 }
 
+// --master "host:port" or "[ipv6]:port" into host and port; NULL on success, else what is wrong with it.
+// train_args_parse checks it early, bootstrap_exchange splits it.
+static inline const char* boot_parse_master(const char* master, char* host, size_t size, char* port, size_t port_size) {
+    const char* bad_form = "expected host:port (node 0's address and a free port)";
+    const char* colon = strrchr(master, ':');
+    if (colon == NULL || colon == master || colon[1] == '\0') { return bad_form; }
+    const char* h = master;
+    size_t n = (size_t)(colon - master);
+    if (h[0] == '[' && n >= 2 && h[n - 1] == ']') { h++; n -= 2; }
+    if (n == 0 || n >= size || strlen(colon + 1) >= port_size) { return bad_form; }
+    memcpy(host, h, n);
+    host[n] = '\0';
+    snprintf(port, port_size, "%s", colon + 1);
+    for (const char* p = port; *p; p++) {
+        if (*p < '0' || *p > '9') { return bad_form; }
+    }
+    // getaddrinfo would take 0 as "any port" and wrap 65536 and up: refuse them here
+    long number = strtol(port, NULL, 10);
+    if (number < 1 || number > 65535) { return "the port is out of range: pick one from 1 to 65535"; }
+    return NULL;
+}
+
 static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     train_args_defaults(a);
     enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
-           OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT };
+           OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -1369,6 +1402,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"node-rank", required_argument, 0, OPT_NODE_RANK}, {"master", required_argument, 0, OPT_MASTER},
         {"bootstrap-timeout", required_argument, 0, OPT_BOOT_TIMEOUT},
         {"nccl-timeout", required_argument, 0, OPT_NCCL_TIMEOUT},
+        {"max-text", required_argument, 0, OPT_MAX_TEXT},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     opterr = 0;
     optind = 1;
@@ -1390,9 +1424,11 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case OPT_MASTER: a->master = optarg; break;
             case OPT_BOOT_TIMEOUT: a->bootstrap_timeout = parse_float_arg("bootstrap-timeout", optarg, 0.1f, 1e6f); break;
             case OPT_NCCL_TIMEOUT: a->nccl_timeout = parse_float_arg("nccl-timeout", optarg, 0.1f, 1e7f); break;
+            case OPT_MAX_TEXT: a->max_text = (int)parse_int_arg("max-text", optarg, 0, 1024); break;
             case OPT_LR_SCALE:
-                for (a->lr_scale = 0; a->lr_scale < 3 && strcmp(optarg, LR_SCALE_NAMES[a->lr_scale]) != 0; a->lr_scale++) {}
-                if (a->lr_scale == 3) { vla_fail("--lr-scale %s: use none, linear or sqrt", optarg); }
+                for (a->lr_scale = 0; a->lr_scale < LR_SCALE_COUNT && strcmp(optarg, LR_SCALE_NAMES[a->lr_scale]) != 0;
+                     a->lr_scale++) {}
+                if (a->lr_scale == LR_SCALE_COUNT) { vla_fail("--lr-scale %s: use none, linear or sqrt", optarg); }
                 break;
             case 'n': a->steps = (int)parse_int_arg("steps", optarg, 1, 1L << 30); break;
             case 'l': a->lr = parse_float_arg("lr", optarg, 0.0f, 10.0f); break;
@@ -1437,6 +1473,9 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     if (a->nodes > 1 && a->master == NULL) {
         vla_fail("--nodes %d needs --master HOST:PORT (node 0's address and a free port), or VLA_MASTER", a->nodes);
     }
+    char host[256], port[16];
+    const char* problem = a->nodes > 1 ? boot_parse_master(a->master, host, sizeof(host), port, sizeof(port)) : NULL;
+    if (problem != NULL) { vla_fail("--master %s: %s", a->master, problem); }
 }
 
 // For a run of `world` ranks (GPUs over all nodes, or simulated ranks): the micro-steps per
@@ -1517,12 +1556,66 @@ static inline void logger_close(Logger* lg) {
 // ----------------------------------------------------------------------------
 // runs: what both trainers do around their model (config, where to start, checkpoints)
 
-// The model config: the preset's widths with the dataset's observation shapes.
-static inline VLAConfig config_for_data(const char* preset, const Dataset* ds) {
+// Warns (one line per group, naming the instructions) when distinct instructions of the dataset
+// read the same once cut to max_text bytes: the model could not tell those tasks apart.
+// Returns the number of instructions that collide with an earlier one.
+static inline int dataset_warn_text_collisions(const Dataset* ds, int max_text) {
+    // the distinct instructions over all shards (each shard has its own table)
+    size_t n = 0, cap = 0;
+    for (int s = 0; s < ds->n_shards; s++) { cap += ds->shards[s].h.n_tasks; }
+    const uint8_t** text = (const uint8_t**)mallocCheck(cap * sizeof(*text));
+    uint64_t* len = (uint64_t*)mallocCheck(cap * sizeof(*len));
+    for (int s = 0; s < ds->n_shards; s++) {
+        const Shard* sh = &ds->shards[s];
+        for (uint64_t k = 0; k < sh->h.n_tasks; k++) {
+            const uint8_t* t = sh->task_text + sh->task_offsets[k];
+            uint64_t l = sh->task_offsets[k + 1] - sh->task_offsets[k];
+            int known = 0;
+            for (size_t i = 0; i < n && !known; i++) { known = len[i] == l && memcmp(text[i], t, l) == 0; }
+            if (!known) { text[n] = t; len[n] = l; n++; }
+        }
+    }
+    // the fewest bytes that keep every pair apart: one past their longest common prefix
+    uint64_t need = 1;
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = i + 1; j < n; j++) {
+            uint64_t p = 0, m = len[i] < len[j] ? len[i] : len[j];
+            while (p < m && text[i][p] == text[j][p]) { p++; }
+            if (p + 1 > need) { need = p + 1; }
+        }
+    }
+    int collisions = 0;
+    uint8_t* reported = (uint8_t*)callocCheck(n + 1, 1);
+    for (size_t i = 0; i < n; i++) {
+        if (reported[i]) { continue; }
+        uint64_t li = len[i] < (uint64_t)max_text ? len[i] : (uint64_t)max_text;
+        int group = 0;
+        for (size_t j = i + 1; j < n; j++) {
+            uint64_t lj = len[j] < (uint64_t)max_text ? len[j] : (uint64_t)max_text;
+            if (reported[j] || li != lj || memcmp(text[i], text[j], li) != 0) { continue; }
+            if (group++ == 0) {
+                printf("warning: these instructions are the same in their first %d bytes, so the model reads them as one "
+                       "task: \"%.*s\"", max_text, (int)len[i], (const char*)text[i]);
+            }
+            printf(", \"%.*s\"", (int)len[j], (const char*)text[j]);
+            reported[j] = 1;
+            collisions++;
+        }
+        if (group > 0) { printf(" (--max-text %llu keeps every instruction distinct)\n", (unsigned long long)need); }
+    }
+    free(reported); free(text); free(len);
+    return collisions;
+}
+
+// The model config: the preset's widths with the dataset's observation shapes, and max_text
+// bytes of instruction (0: the preset's). Warns when instructions become identical once cut.
+static inline VLAConfig config_for_data(const char* preset, int max_text, const Dataset* ds) {
     VLAConfig c = vla_preset(preset)->config;
     c.n_cam = ds->n_cam; c.img = ds->img; c.state_dim = ds->state_dim; c.action_dim = ds->action_dim;
+    if (max_text > 0) { c.max_text = max_text; }
     const char* problem = vla_config_problem(&c);
     if (problem != NULL) { vla_fail("preset %s does not fit the dataset: %s: pick another preset", preset, problem); }
+    dataset_warn_text_collisions(ds, c.max_text);
     return c;
 }
 
@@ -1563,8 +1656,8 @@ static inline void run_checkpoint_load(const char* path, const VLAConfig* c, Che
     checkpoint_read(path, ck);
     const char* diff = vla_config_diff(&ck->config, c);
     if (diff != NULL) {
-        vla_fail("checkpoint %s was written for another model (%s, checkpoint vs this run): use the same preset and "
-                 "dataset, or another output folder (-o)", path, diff);
+        vla_fail("checkpoint %s was written for another model (%s, checkpoint vs this run): use the same preset, "
+                 "--max-text and dataset, or another output folder (-o)", path, diff);
     }
 }
 
@@ -1601,13 +1694,13 @@ static inline float action_mse(const Batch* batch, const Dataset* ds, const VLAC
 // TCP exchange, after checking that every node runs the same configuration
 
 #define BOOT_MAGIC 0x544f4f42u  // "BOOT"
-#define BOOT_VERSION 1u
+#define BOOT_VERSION 2u  // 2: min_lr_frac and augment joined the fields
 #define BOOT_MAX_PAYLOAD 1024
 
 // What every node of a run must agree on; floats go as their bits so they compare exactly
 #define BOOT_FIELDS(X) \
     X(gpus_per_node) X(nodes) X(batch) X(accum) X(zero) X(steps) X(warmup) X(start_step) X(seed) X(samples) \
-    X(lr_bits) X(weight_decay_bits) X(clip_bits) X(lr_scale)
+    X(lr_bits) X(min_lr_frac_bits) X(weight_decay_bits) X(clip_bits) X(lr_scale) X(augment)
 
 typedef struct {
     uint32_t magic, version;
@@ -1640,8 +1733,8 @@ static inline BootIdentity boot_identity(const TrainArgs* a, const VLAConfig* c,
     id.gpus_per_node = a->ranks; id.nodes = nodes; id.batch = a->batch; id.accum = a->accum; id.zero = a->zero;
     id.steps = a->steps; id.warmup = a->warmup; id.start_step = start_step; id.seed = (int64_t)a->seed;
     id.samples = (int64_t)samples; id.lr_bits = boot_float_bits(a->lr_base);
-    id.weight_decay_bits = boot_float_bits(a->weight_decay); id.clip_bits = boot_float_bits(a->grad_clip);
-    id.lr_scale = a->lr_scale;
+    id.min_lr_frac_bits = boot_float_bits(a->min_lr_frac); id.weight_decay_bits = boot_float_bits(a->weight_decay);
+    id.clip_bits = boot_float_bits(a->grad_clip); id.lr_scale = a->lr_scale; id.augment = a->augment;
     return id;
 }
 
@@ -1653,23 +1746,6 @@ static inline int boot_identity_diff(const BootIdentity* a, const BootIdentity* 
     if (a->f != b->f) { snprintf(msg, size, #f " %lld vs %lld", (long long)a->f, (long long)b->f); return 1; }
     BOOT_FIELDS(BOOT_DIFF_)
 #undef BOOT_DIFF_
-    return 0;
-}
-
-// "host:port" or "[ipv6]:port" into host and port; 0 on success
-static inline int boot_parse_master(const char* master, char* host, size_t size, char* port, size_t port_size) {
-    const char* colon = strrchr(master, ':');
-    if (colon == NULL || colon == master || colon[1] == '\0') { return 1; }
-    const char* h = master;
-    size_t n = (size_t)(colon - master);
-    if (h[0] == '[' && n >= 2 && h[n - 1] == ']') { h++; n -= 2; }
-    if (n == 0 || n >= size || strlen(colon + 1) >= port_size) { return 1; }
-    memcpy(host, h, n);
-    host[n] = '\0';
-    snprintf(port, port_size, "%s", colon + 1);
-    for (const char* p = port; *p; p++) {
-        if (*p < '0' || *p > '9') { return 1; }
-    }
     return 0;
 }
 
@@ -1699,10 +1775,8 @@ static inline int boot_io(int fd, void* buf, size_t n, int sending, double deadl
 static inline int bootstrap_exchange(const char* master, const BootIdentity* self, void* payload, size_t payload_bytes,
                                      double timeout_s, char* err, size_t err_size) {
     char host[256], port[16];
-    if (boot_parse_master(master, host, sizeof(host), port, sizeof(port)) != 0) {
-        snprintf(err, err_size, "--master %s: expected host:port (node 0's address and a free port)", master);
-        return 1;
-    }
+    const char* problem = boot_parse_master(master, host, sizeof(host), port, sizeof(port));
+    if (problem != NULL) { snprintf(err, err_size, "--master %s: %s", master, problem); return 1; }
     if (payload_bytes > BOOT_MAX_PAYLOAD) { snprintf(err, err_size, "bootstrap payload too large"); return 1; }
     double deadline = wall_seconds() + timeout_s;
     struct addrinfo hints, *res = NULL;
@@ -1717,8 +1791,8 @@ static inline int bootstrap_exchange(const char* master, const BootIdentity* sel
             return 1;
         }
         int lfd = socket(res->ai_family, SOCK_STREAM, 0), one = 1;
-        setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (lfd < 0 || bind(lfd, res->ai_addr, res->ai_addrlen) != 0 || listen(lfd, nodes) != 0) {
+        if (lfd < 0 || setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+            bind(lfd, res->ai_addr, res->ai_addrlen) != 0 || listen(lfd, nodes) != 0) {
             int e = errno;
             snprintf(err, err_size, "--master %s: cannot listen on port %s of this machine (%s)%s", master, port,
                      strerror(e), e == EADDRINUSE ? ": the port is in use, pick another" : "");
@@ -1742,20 +1816,20 @@ static inline int bootstrap_exchange(const char* master, const BootIdentity* sel
             }
             int fd = accept(lfd, NULL, NULL);
             if (fd < 0) { continue; }
+            // each hello gets a few seconds of its own, so a connection that stays silent (a port
+            // scanner) cannot hold up the real nodes
             BootIdentity other;
-            char why[256];
-            if (boot_io(fd, &other, sizeof(other), 0, deadline) != 0 || other.magic != BOOT_MAGIC ||
-                other.version != BOOT_VERSION) {
+            if (boot_io(fd, &other, sizeof(other), 0, fmin(deadline, wall_seconds() + 5.0)) != 0 ||
+                other.magic != BOOT_MAGIC || other.version != BOOT_VERSION) {
                 close(fd);  // not one of ours, or too slow: keep waiting for the real nodes
                 continue;
             }
+            char why[320], diff[192];
             if (other.node_rank < 1 || other.node_rank >= nodes || fds[other.node_rank] >= 0) {
                 snprintf(why, sizeof(why), "node rank %d is out of range or taken twice (--nodes %d)", other.node_rank, nodes);
-            } else if (boot_identity_diff(self, &other, why, sizeof(why))) {
-                char detail[300];
-                snprintf(detail, sizeof(detail), "node %d disagrees with node 0 on %s (node 0 vs node %d)", other.node_rank,
-                         why, other.node_rank);
-                snprintf(why, sizeof(why), "%s", detail);
+            } else if (boot_identity_diff(self, &other, diff, sizeof(diff))) {
+                snprintf(why, sizeof(why), "node %d disagrees with node 0 on %s (node 0 vs node %d)", other.node_rank, diff,
+                         other.node_rank);
             } else {
                 fds[other.node_rank] = fd;
                 joined++;

@@ -62,7 +62,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vla_shard import write_shard  # noqa: E402
+from console import end_progress, progress_line  # noqa: E402
+from vla_shard import text_collision_warnings, write_shard  # noqa: E402
 
 
 class ConvertError(Exception):
@@ -505,28 +506,12 @@ class ShardWriter:
         self.episodes, self.frames = [], 0
 
 
-_bar_on_screen = False  # a progress bar line not yet ended with a newline
-
-
-def end_progress():
-    global _bar_on_screen
-    if _bar_on_screen:
-        sys.stderr.write("\n")
-        _bar_on_screen = False
-
-
 def progress(done, total, frames, t0):
-    global _bar_on_screen
     elapsed = time.time() - t0
     eta = elapsed / done * (total - done)
     rate = f"{frames / elapsed:.0f} frames/s, " if elapsed > 0 else ""
-    line = f"{done}/{total} episodes, {frames} frames, {rate}ETA {int(eta) // 60}m{int(eta) % 60:02d}s"
-    if sys.stderr.isatty():
-        sys.stderr.write(f"\r[{'#' * int(30 * done / total):<30}] {line} ")
-        _bar_on_screen = True
-    else:  # a log file gets one line per episode
-        sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+    progress_line(f"{done}/{total} episodes, {frames} frames, {rate}ETA {int(eta) // 60}m{int(eta) % 60:02d}s",
+                  done / total)
 
 
 def convert(args):
@@ -633,6 +618,8 @@ def convert(args):
           f"state {dims[0]} / action {dims[1]} dims; LeRobot {info['codebase_version']}; "
           f"{elapsed:.1f} s, {frames / max(elapsed, 1e-9):.0f} frames/s"
           + (f"; removed {len(stale)} stale shard(s)" if stale else ""))
+    for line in text_collision_warnings([tasks[t] for t in sorted(used_tasks)]):
+        sys.stderr.write(line + "\n")
 
 
 class Parser(argparse.ArgumentParser):

@@ -25,7 +25,8 @@ import warnings
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vla_shard import write_shard  # noqa: E402
+from console import end_progress, progress_line  # noqa: E402
+from vla_shard import text_collision_warnings, write_shard  # noqa: E402
 
 # Instructions for each task, written for this project. The robot is a Sawyer arm on a table.
 INSTRUCTIONS = {
@@ -202,10 +203,9 @@ def run_job(job):
 def progress(done, total, frames, t0):
     elapsed = time.time() - t0
     eta = elapsed / done * (total - done) if done else 0.0
-    bar = "#" * int(30 * done / total)
-    sys.stderr.write(f"\r[{bar:<30}] {done}/{total} episodes, {frames} frames, "
-                     f"{frames / max(elapsed, 1e-9):.0f} frames/s, ETA {int(eta) // 60}m{int(eta) % 60:02d}s ")
-    sys.stderr.flush()
+    line = (f"{done}/{total} episodes, {frames} frames, {frames / max(elapsed, 1e-9):.0f} frames/s, "
+            f"ETA {int(eta) // 60}m{int(eta) % 60:02d}s")
+    progress_line(line, done / total)
 
 
 class ShardWriter:
@@ -264,6 +264,8 @@ def main():
     except ImportError as e:
         sys.exit(f"error: {e}: install the data tools' packages with `make setup`")
     tasks = task_list(args.tasks)
+    for line in text_collision_warnings([INSTRUCTIONS[t] for t in tasks]):
+        sys.stderr.write(line + "\n")
     os.makedirs(args.output, exist_ok=True)
 
     jobs = [(args, task, list(INSTRUCTIONS).index(task), e) for task in tasks for e in range(args.episodes)]
@@ -279,7 +281,7 @@ def main():
             progress(done, len(jobs), frames, t0)
     writer.flush()
     elapsed = time.time() - t0
-    sys.stderr.write("\n")
+    end_progress()
     print(f"wrote {len(writer.paths)} shard(s) to {args.output}: {len(jobs)} episodes of {len(tasks)} task(s), "
           f"{frames} frames, {len(args.cameras)} camera(s) at {args.img}px; {attempts - len(jobs)} failed layouts "
           f"retried; {elapsed:.1f} s, {frames / elapsed:.1f} frames/s")

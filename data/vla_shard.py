@@ -41,6 +41,45 @@ assert HEADER_DTYPE.itemsize == 256
 EPISODE_DTYPE = np.dtype([("first_frame", "<u8"), ("length", "<u4"), ("task", "<u4")])
 assert EPISODE_DTYPE.itemsize == 16
 
+# instruction bytes each preset of vla.h reads (the text column of VLA_PRESETS; data/test_inspect.py
+# checks these against vla.h). train_vla's --max-text overrides them.
+PRESET_MAX_TEXT = {"tiny": 16, "small": 48, "base": 48}
+
+
+def distinct_text_bytes(instructions):
+    """The fewest bytes that keep every distinct instruction distinct once cut (UTF-8): one past
+    the longest prefix two of them share (a shorter one that is a prefix of a longer counts whole)."""
+    texts = sorted({t.encode("utf-8") for t in instructions})
+    need = 1
+    for a, b in zip(texts, texts[1:]):  # sorted: the longest shared prefix is between neighbours
+        p = 0
+        while p < min(len(a), len(b)) and a[p] == b[p]:
+            p += 1
+        need = max(need, p + 1)
+    return need
+
+
+def text_collisions(instructions, max_text):
+    """Groups of distinct instructions (lists, in first-seen order) that read the same once cut
+    to max_text bytes, as the trainers cut them."""
+    groups = {}
+    for t in dict.fromkeys(instructions):
+        groups.setdefault(t.encode("utf-8")[:max_text], []).append(t)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def text_collision_warnings(instructions):
+    """One warning line per preset of vla.h whose text length makes instructions identical."""
+    lines, need = [], distinct_text_bytes(instructions)
+    for preset, max_text in PRESET_MAX_TEXT.items():
+        groups = text_collisions(instructions, max_text)
+        if groups:
+            same = "; ".join(", ".join(f'"{t}"' for t in g) for g in groups)
+            lines.append(f"warning: cut to the {max_text} bytes preset {preset} reads, these instructions become the "
+                         f"same task: {same}; train with --max-text {need} or more to keep every instruction distinct")
+    return lines
+
+
 # sections in file order: (name, header offset field)
 SECTIONS = ["images", "state", "action", "frame_episode", "episodes", "task_offsets", "task_text", "stats"]
 

@@ -38,6 +38,7 @@ run_suite() {
 }
 
 run_suite test_vla ./test_vla build/test
+run_suite learning dev/test_learning.sh
 # the GPU trainer's tests and the dev/cuda kernel checks: on the GPU (GPU_TESTS=build/gpu, the
 # dev/cuda programs built by dev/cuda/Makefile, benchmarks included) or under the CPU emulation
 # of CUDA (GPU_TESTS=build/emu, where the emulation's own tests run first)

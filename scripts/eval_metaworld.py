@@ -15,7 +15,10 @@ the task's success flag is ever set (it stops there). A checkpoint policy predic
 actions from each observation and the first --replan of them are executed before it looks again.
 Results per task, per difficulty group (easy, medium, hard, very hard: the split of Seo et al.
 2022, "Masked World Models") and overall are printed as a table and written as JSON with --out;
---video-dir saves GIFs of the episodes listed in --video-episodes.
+--video-dir saves GIFs of the episodes listed in --video-episodes. The JSON lists every episode with its
+outcome, steps and layout seed; --only TASK:EPISODE replays chosen episodes exactly (same layout,
+same noise), e.g. to film a failure alone. --workers runs episodes in parallel processes; every
+episode's layout and noise depend only on (--seed, task, episode), so results do not depend on it.
 """
 
 import argparse
@@ -57,23 +60,26 @@ def resolve_tasks(spec):
 
 
 class CheckpointPolicy:
-    """Replans every `replan` steps from the current observation; executes the chunk in between."""
+    """Replans every `replan` steps from the current observation; executes the chunk in between.
+    The starting noise of each prediction comes from the episode's noise seed and the prediction's
+    number in the episode, so an episode replays alone exactly as it ran among the others."""
 
-    def __init__(self, path, replan, seed, device):
+    def __init__(self, path, replan, device, threads=0):
         from vla_policy import VLAPolicy
-        self.policy = VLAPolicy(path, device=device)
-        self.replan, self.seed, self.calls = replan, seed, 0
+        self.policy = VLAPolicy(path, threads=threads, device=device)
+        self.replan = replan
         c = self.policy.config
         if not 1 <= replan <= c["chunk"]:
             sys.exit(f"error: --replan {replan} must be between 1 and the checkpoint's chunk {c['chunk']}")
 
-    def reset(self):
-        self.chunk, self.k = None, 0
+    def reset(self, noise_seed):
+        self.chunk, self.k, self.noise_seed, self.calls = None, 0, noise_seed, 0
 
     def act(self, scene, instruction):
         if self.chunk is None or self.k >= self.replan:
             images = scene.images()[None]
-            self.chunk = self.policy.act(images, [instruction], scene.state()[None], seed=self.seed + self.calls)[0]
+            seed = (self.noise_seed + self.calls) % 2**64
+            self.chunk = self.policy.act(images, [instruction], scene.state()[None], seed=seed)[0]
             self.calls += 1
             self.k = 0
         self.k += 1
@@ -81,7 +87,7 @@ class CheckpointPolicy:
 
 
 class ExpertPolicy:
-    def reset(self):
+    def reset(self, noise_seed):
         pass
 
     def act(self, scene, instruction):
@@ -89,11 +95,10 @@ class ExpertPolicy:
 
 
 class RandomPolicy:
-    def __init__(self, seed):
-        self.rng = np.random.default_rng(seed)
+    """Uniform actions in [-1, 1], drawn from the episode's noise seed."""
 
-    def reset(self):
-        pass
+    def reset(self, noise_seed):
+        self.rng = np.random.default_rng(noise_seed)
 
     def act(self, scene, instruction):
         return self.rng.uniform(-1.0, 1.0, 4).astype(np.float32)
@@ -105,21 +110,122 @@ def save_gif(path, frames):
     images[0].save(path, save_all=True, append_images=images[1:], duration=40, loop=0)
 
 
-def summarize(results, tasks):
-    """Per-task, per-group and overall success rates (groups and overall weight tasks equally)."""
+def summarize(episodes, tasks, max_steps):
+    """Per-task, per-group and overall success rates (groups and overall weight tasks equally).
+    mean_steps is over the successful episodes only (None when there are none);
+    mean_steps_all counts every failure as the horizon."""
     table = {}
     for task in tasks:
-        r = results[task]
-        table[task] = {"group": GROUP_OF[task], "episodes": len(r), "successes": int(sum(s for s, _ in r)),
-                       "success_rate": float(np.mean([s for s, _ in r])),
-                       "mean_steps": float(np.mean([n for _, n in r]))}
+        r = [e for e in episodes if e["task"] == task]
+        wins = [e["steps"] for e in r if e["success"]]
+        table[task] = {"group": GROUP_OF[task], "episodes": len(r), "successes": len(wins),
+                       "success_rate": len(wins) / len(r),
+                       "mean_steps": float(np.mean(wins)) if wins else None,
+                       "mean_steps_all": float(np.mean([e["steps"] if e["success"] else max_steps for e in r]))}
     groups = {}
     for group in DIFFICULTY:
-        rates = [table[t]["success_rate"] for t in tasks if GROUP_OF[t] == group]
-        if rates:
-            groups[group] = {"tasks": len(rates), "success_rate": float(np.mean(rates))}
-    overall = float(np.mean([table[t]["success_rate"] for t in tasks]))
+        rows = [table[t] for t in tasks if GROUP_OF[t] == group]
+        if rows:
+            groups[group] = {"tasks": len(rows), "successes": sum(x["successes"] for x in rows),
+                             "episodes": sum(x["episodes"] for x in rows),
+                             "success_rate": float(np.mean([x["success_rate"] for x in rows]))}
+    overall = {"tasks": len(tasks), "successes": sum(x["successes"] for x in table.values()),
+               "episodes": sum(x["episodes"] for x in table.values()),
+               "success_rate": float(np.mean([x["success_rate"] for x in table.values()]))}
     return table, groups, overall
+
+
+def format_table(table, groups, overall):
+    """The printed table: successes/episodes beside the rate, mean steps defined in the header."""
+    lines = ["mean steps: steps to the success flag, averaged over the successful episodes only (- when none)",
+             f"| {'task':<30} | {'group':<9} | {'successes':>9} | {'rate':>6} | {'mean steps':>10} |",
+             f"|{'-' * 32}|{'-' * 11}|{'-' * 11}|{'-' * 8}|{'-' * 12}|"]
+    for task, row in table.items():
+        steps = f"{row['mean_steps']:10.1f}" if row["mean_steps"] is not None else f"{'-':>10}"
+        lines.append(f"| {task:<30} | {row['group']:<9} | {row['successes']:>4}/{row['episodes']:<4} | "
+                     f"{100 * row['success_rate']:5.1f}% | {steps} |")
+    for group, row in groups.items():
+        name = f"group {group} ({row['tasks']} task{'s' if row['tasks'] > 1 else ''})"
+        lines.append(f"| {name:<30} | {'':<9} | {row['successes']:>4}/{row['episodes']:<4} | "
+                     f"{100 * row['success_rate']:5.1f}% | {'':>10} |")
+    lines.append(f"| {'mean over tasks':<30} | {'':<9} | {overall['successes']:>4}/{overall['episodes']:<4} | "
+                 f"{100 * overall['success_rate']:5.1f}% | {'':>10} |")
+    return "\n".join(lines)
+
+
+# ---- episodes, run in this process or in a pool of workers
+
+_state = {}  # per process: the policy and one Scene per task
+
+
+def make_policy(args, threads):
+    if args.policy == "expert":
+        return ExpertPolicy()
+    if args.policy == "random":
+        return RandomPolicy()
+    return CheckpointPolicy(args.policy, args.replan, args.device, threads)
+
+
+def init_worker(args, img, state_kind, threads):
+    warnings.filterwarnings("ignore")  # gymnasium's space checks
+    _state.update(args=args, img=img, state_kind=state_kind, scenes={},
+                  policy=make_policy(args, threads))
+
+
+def run_episode(job):
+    """job: (task, episode number, film?) -> the episode's record."""
+    from metaworld_gen import INSTRUCTIONS, Scene, episode_seed
+    task, e, film = job
+    args, policy = _state["args"], _state["policy"]
+    if task not in _state["scenes"]:
+        _state["scenes"][task] = Scene(task, _state["img"], args.cameras, _state["state_kind"])
+    scene = _state["scenes"][task]
+    task_index = list(INSTRUCTIONS).index(task)
+    layout_seed = episode_seed(args.seed, task_index, e, 0)
+    noise_seed = episode_seed(args.seed, task_index, e, 1)
+    scene.reset(layout_seed)
+    policy.reset(noise_seed)
+    frames, success, steps = [], False, 0
+    for steps in range(1, args.max_steps + 1):
+        if film:
+            frames.append(scene.images())
+        if scene.step(policy.act(scene, INSTRUCTIONS[task])):
+            success = True
+            break
+    video = None
+    if frames:
+        video = os.path.join(args.video_dir, f"{task}_ep{e:03d}_{'success' if success else 'fail'}.gif")
+        save_gif(video, frames)
+    return {"task": task, "episode": e, "layout_seed": layout_seed, "noise_seed": noise_seed, "success": success,
+            "steps": steps, "video": video}
+
+
+def parse_only(spec, tasks_known):
+    """--only "task:3,task:7" -> [(task, 3), (task, 7)]"""
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        task, _, ep = part.rpartition(":")
+        if not task or not ep.isdigit():
+            sys.exit(f"error: --only {part}: expected TASK:EPISODE, e.g. push-v3:7 (episode numbers as in the JSON)")
+        if task not in tasks_known:
+            sys.exit(f"error: --only {part}: unknown task {task}")
+        out.append((task, int(ep)))
+    return out
+
+
+def settings_of(args):
+    """The settings that apply to this policy, for the JSON."""
+    keep = ["policy", "tasks", "episodes", "seed", "max_steps", "workers"]
+    if args.only:
+        keep.append("only")
+    if args.policy not in ("expert", "random"):
+        keep += ["replan", "device", "cameras"]
+    if args.video_dir:
+        keep += ["video_dir", "video_episodes", "cameras"] + (["img"] if args.policy in ("expert", "random") else [])
+    return {k: getattr(args, k) for k in dict.fromkeys(keep)}
 
 
 def main():
@@ -133,79 +239,81 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where a checkpoint policy runs (cpu)")
     ap.add_argument("--cameras", default="corner", help="cameras the checkpoint was trained on, in order (corner)")
     ap.add_argument("--img", type=int, default=64, help="image side for expert/random videos (64; a checkpoint sets its own)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="processes running episodes in parallel, one CPU thread each (1); results do not depend on it")
+    ap.add_argument("--only", default="",
+                    help="run just these episodes, TASK:EPISODE comma-separated (e.g. a failure from the JSON, to film it)")
     ap.add_argument("--out", help="write the results as JSON here")
-    ap.add_argument("--video-dir", help="save GIFs of the episodes in --video-episodes here")
+    ap.add_argument("--video-dir", help="save GIFs of the episodes in --video-episodes (or all of --only) here")
     ap.add_argument("--video-episodes", default="0", help="episode numbers to film per task, comma-separated (0)")
     args = ap.parse_args()
-    if args.episodes < 1 or args.max_steps < 1:
-        sys.exit("error: --episodes and --max-steps must be at least 1")
+    if args.episodes < 1 or args.max_steps < 1 or args.workers < 1:
+        sys.exit("error: --episodes, --max-steps and --workers must be at least 1")
     os.environ.setdefault("MUJOCO_GL", "egl")
     warnings.filterwarnings("ignore")  # gymnasium's space checks
-    from metaworld_gen import INSTRUCTIONS, Scene, episode_seed
-    cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]
+    from console import end_progress, progress_line
+    args.cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]
     tasks = resolve_tasks(args.tasks)
     state_kind, img = "hand_gripper", args.img
-    if args.policy == "expert":
-        policy = ExpertPolicy()
-    elif args.policy == "random":
-        policy = RandomPolicy(args.seed)
-    else:
+    threads = 1 if args.workers > 1 else 0
+    if args.policy not in ("expert", "random"):
         try:
-            policy = CheckpointPolicy(args.policy, args.replan, args.seed, args.device)
+            probe = CheckpointPolicy(args.policy, args.replan, args.device, threads)
         except (ValueError, FileNotFoundError) as e:
             sys.exit(f"error: {e}")
-        c = policy.policy.config
-        if c["n_cam"] != len(cameras):
-            sys.exit(f"error: the checkpoint reads {c['n_cam']} camera(s) but --cameras names {len(cameras)}: "
+        c = probe.policy.config
+        probe.policy.close()
+        if c["n_cam"] != len(args.cameras):
+            sys.exit(f"error: the checkpoint reads {c['n_cam']} camera(s) but --cameras names {len(args.cameras)}: "
                      "pass the cameras it was trained on")
         if c["state_dim"] not in (4, 39):
             sys.exit(f"error: the checkpoint's state_dim {c['state_dim']} is neither Meta-World's hand_gripper (4) "
                      "nor full (39) state")
         state_kind, img = ("hand_gripper" if c["state_dim"] == 4 else "full"), c["img"]
-    film = {int(e) for e in args.video_episodes.split(",") if e.strip()} if args.video_dir else set()
+    if args.only:
+        episodes = parse_only(args.only, GROUP_OF)
+        tasks = list(dict.fromkeys(t for t, _ in episodes))
+        film = set(episodes) if args.video_dir else set()
+    else:
+        episodes = [(t, e) for t in tasks for e in range(args.episodes)]
+        film_eps = {int(e) for e in args.video_episodes.split(",") if e.strip()} if args.video_dir else set()
+        film = {(t, e) for t, e in episodes if e in film_eps}
     if args.video_dir:
         os.makedirs(args.video_dir, exist_ok=True)
+    jobs = [(t, e, (t, e) in film) for t, e in episodes]
 
-    results, total, done, t0 = {}, len(tasks) * args.episodes, 0, time.time()
-    for task in tasks:
-        scene = Scene(task, img, cameras, state_kind)
-        task_index = list(INSTRUCTIONS).index(task)
-        results[task] = []
-        for e in range(args.episodes):
-            scene.reset(episode_seed(args.seed, task_index, e, 0))
-            policy.reset()
-            frames, success, steps = [], False, 0
-            for steps in range(1, args.max_steps + 1):
-                if e in film:
-                    frames.append(scene.images())
-                if scene.step(policy.act(scene, INSTRUCTIONS[task])):
-                    success = True
-                    break
-            results[task].append((success, steps))
-            if frames:
-                save_gif(os.path.join(args.video_dir, f"{task}_ep{e:03d}_{'success' if success else 'fail'}.gif"), frames)
-            done += 1
-            elapsed = time.time() - t0
-            eta = elapsed / done * (total - done)
-            wins = sum(s for r in results.values() for s, _ in r)
-            sys.stderr.write(f"\r[{'#' * int(30 * done / total):<30}] {done}/{total} episodes, {wins} successes, "
-                             f"ETA {int(eta) // 60}m{int(eta) % 60:02d}s ")
-            sys.stderr.flush()
-    sys.stderr.write("\n")
-    table, groups, overall = summarize(results, tasks)
-    print(f"policy {args.policy}: {len(tasks)} task(s) x {args.episodes} episode(s), seed {args.seed}, "
-          f"horizon {args.max_steps}" + (f", replan every {args.replan}" if isinstance(policy, CheckpointPolicy) else ""))
-    print(f"| {'task':<30} | {'group':<9} | success | mean steps |")
-    for task, row in table.items():
-        print(f"| {task:<30} | {row['group']:<9} | {100 * row['success_rate']:6.1f}% | {row['mean_steps']:10.1f} |")
-    for group, row in groups.items():
-        print(f"| {'group ' + group + ' (' + str(row['tasks']) + ' tasks)':<30} | {'':<9} | {100 * row['success_rate']:6.1f}% | {'':>10} |")
-    print(f"| {'overall':<30} | {'':<9} | {100 * overall:6.1f}% | {'':>10} |")
-    print(f"{time.time() - t0:.1f} s")
+    records, t0 = [], time.time()
+
+    def report(rec):
+        records.append(rec)
+        done, elapsed = len(records), time.time() - t0
+        eta = elapsed / done * (len(jobs) - done)
+        wins = sum(r["success"] for r in records)
+        progress_line(f"{done}/{len(jobs)} episodes, {wins} successes, {rec['task']} episode {rec['episode']}: "
+                      f"{'success' if rec['success'] else 'failure'} in {rec['steps']} steps, "
+                      f"ETA {int(eta) // 60}m{int(eta) % 60:02d}s", done / len(jobs))
+
+    if args.workers == 1:
+        init_worker(args, img, state_kind, threads)
+        for job in jobs:
+            report(run_episode(job))
+    else:
+        import multiprocessing
+        ctx = multiprocessing.get_context("spawn")  # fresh GL contexts per worker
+        with ctx.Pool(args.workers, initializer=init_worker, initargs=(args, img, state_kind, threads)) as pool:
+            for rec in pool.imap(run_episode, jobs, chunksize=1):  # in job order: the JSON is the same for any count
+                report(rec)
+    end_progress()
+    table, groups, overall = summarize(records, tasks, args.max_steps)
+    print(f"policy {args.policy}: {len(tasks)} task(s), {len(jobs)} episode(s), seed {args.seed}, "
+          f"horizon {args.max_steps}" + (f", replan every {args.replan}"
+                                        if args.policy not in ("expert", "random") else ""))
+    print(format_table(table, groups, overall))
+    print(f"{time.time() - t0:.1f} s with {args.workers} worker(s)")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"policy": args.policy, "tasks": table, "groups": groups, "overall": overall,
-                       "settings": {k: v for k, v in vars(args).items()}}, f, indent=2)
+            json.dump({"policy": args.policy, "settings": settings_of(args), "tasks": table, "groups": groups,
+                       "overall": overall, "episodes": records}, f, indent=2)
 
 
 if __name__ == "__main__":
