@@ -690,6 +690,58 @@ static void test_checkpoints(const char* dir) {
     check_resume_bit_exact(dir, "./train_vla_cpu -p tiny -b 4 -u 3 -t 1 --log-every 100", "train_vla_cpu");
 }
 
+// --max-text and the warning for instructions that read the same once cut: a shard of two tasks whose
+// instructions share their first 17 bytes (MT10's window-open and window-close), 8 frames each
+static void test_max_text(const char* dir) {
+    printf("\n== instructions and --max-text\n");
+    enum { FRAMES = 16, IMG = 8 };
+    static const char* const tasks[] = {"slide the window open", "slide the window closed"};
+    uint8_t* images = (uint8_t*)callocCheck((size_t)FRAMES * IMG * IMG * 3, 1);
+    float state[FRAMES * 4], action[FRAMES * 4], stats[16];
+    for (int i = 0; i < FRAMES * 4; i++) { state[i] = 0.01f * (float)i; action[i] = 0.02f * (float)(i % 7); }
+    for (int i = 0; i < FRAMES * IMG * IMG * 3; i++) { images[i] = (uint8_t)(i * 13); }
+    ShardEpisode eps[2] = {{0, 8, 0}, {8, 8, 1}};
+    shard_compute_stats(FRAMES, state, 4, action, 4, stats);
+    char path[1024], cmd[4096], out[1100];
+    snprintf(path, sizeof(path), "%s/window.bin", dir);
+    shard_write(path, 1, IMG, 4, 4, FRAMES, images, state, action, 2, eps, 2, tasks, stats);
+    free(images);
+    Dataset ds;
+    dataset_open(&ds, path);
+    int cut = dataset_warn_text_collisions(&ds, 16), full = dataset_warn_text_collisions(&ds, 18);
+    int prefix = dataset_warn_text_collisions(&ds, 17);  // "slide the window " both: still one text
+    check(cut == 1 && prefix == 1 && full == 0, "two instructions equal in their first 17 bytes collide at 16 and 17 "
+          "bytes, not at 18 (%d, %d, %d)", cut, prefix, full);
+    VLAConfig c = config_for_data("tiny", 18, &ds);
+    check(c.max_text == 18 && vla_preset("tiny")->config.max_text == 16, "--max-text 18 overrides the preset's 16");
+    dataset_close(&ds);
+    // through the binary: the warning names both and the --max-text that separates them
+    const char* base = "./train_vla_cpu -p tiny -b 2 -n 1 -u 1 -t 1 --workers 0";
+    snprintf(out, sizeof(out), "%s/window_run.txt", dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/window_run && %s -i %s -o %s/window_run > %s 2>&1", dir, base, path, dir, out);
+    int rc = run_command(cmd);
+    char* text = read_text(out);
+    check(rc == 0 && strstr(text, "warning: these instructions are the same in their first 16 bytes") != NULL &&
+          strstr(text, "\"slide the window open\", \"slide the window closed\"") != NULL &&
+          strstr(text, "--max-text 18 keeps every instruction distinct") != NULL,
+          "the trainer warns, naming both instructions and --max-text 18");
+    free(text);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/window_run && %s --max-text 18 -i %s -o %s/window_run > %s 2>&1", dir, base,
+             path, dir, out);
+    rc = run_command(cmd);
+    text = read_text(out);
+    check(rc == 0 && strstr(text, "warning") == NULL && strstr(text, "| max_text               | 18") != NULL,
+          "with --max-text 18 it trains without a warning and reads 18 bytes");
+    free(text);
+    // the checkpoint carries max_text: resuming without the flag is a one-line error that says so
+    snprintf(cmd, sizeof(cmd), "%s -n 2 -y 1 -i %s -o %s/window_run > %s 2>&1", base, path, dir, out);
+    rc = run_command(cmd);
+    text = read_text(out);
+    check(rc == 1 && strstr(text, "max_text 18 vs 16") != NULL && strstr(text, "--max-text") != NULL,
+          "resuming it without --max-text 18 names the field: %s", strstr(text, "error:") ? strstr(text, "error:") : text);
+    free(text);
+}
+
 static void expect_error(const char* dir, const char* what, const char* args, const char* needle) {
     expect_error_from(dir, "./train_vla_cpu", what, args, needle);
 }
@@ -836,6 +888,7 @@ int main(int argc, char** argv) {
     test_sampler();
     test_loader(dir);
     test_checkpoints(dir);
+    test_max_text(dir);
     test_bad_input(dir);
     printf("\n%d passed, %d failed\n", n_passed, n_failed);
     return n_failed == 0 ? 0 : 1;
