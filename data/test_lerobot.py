@@ -40,7 +40,9 @@ from vla_shard import Dataset  # noqa: E402
 CONVERTER = os.path.join(HERE, "lerobot_to_shards.py")
 FPS = 10
 LENGTHS = [5, 7, 4]
-TASKS = ["pick up the red cube", "open the top drawer"]
+# the two instructions share their first 16 bytes: the converter must warn that the tiny preset
+# (16 bytes) reads them as one task
+TASKS = ["pick up the red cube", "pick up the red block and stack it"]
 EPISODE_TASK = [0, 1, 0]
 W, H = 32, 24  # camera frames; the square crop keeps columns 4..27
 BAND = 4
@@ -382,6 +384,10 @@ def main():
                 check(f"{name}: a progress line per episode on stderr",
                       [x for x in stderr.splitlines() if PROGRESS.fullmatch(x)] != [] and
                       stderr.count(" episodes, ") == 3, stderr.strip())
+                warned = [x for x in stderr.splitlines() if x.startswith("warning: cut to the 16 bytes preset tiny")]
+                check(f"{name}: a warning names the two instructions that the tiny preset reads as one",
+                      len(warned) == 1 and all(f'"{t}"' in warned[0] for t in TASKS) and "--max-text 17" in warned[0],
+                      stderr.strip()[-400:])
                 results[name] = check_dataset(name, out)
 
         if results.get("v2.1") and results.get("v3.0"):

@@ -30,6 +30,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         out1, out2 = os.path.join(tmp, "one"), os.path.join(tmp, "two")
         r = generate(out1, 1, "--cameras", "corner,corner2")
+        r1_err = r.stderr
         check(r.returncode == 0, f"generator runs: {r.stdout.strip() or r.stderr.strip()[-300:]}")
         if r.returncode != 0:
             return
@@ -65,6 +66,32 @@ def main():
         lines = r.stderr.strip().splitlines()
         check(r.returncode == 1 and len(lines) == 1 and "unknown Meta-World task 'fly-v3'" in lines[0],
               f"an unknown task is a one-line error: {lines[-1] if lines else ''}")
+        # progress into a pipe: plain lines, one per episode, no carriage returns
+        progress = [ln for ln in r1_err.splitlines() if "episodes" in ln and "ETA" in ln]
+        check("\r" not in r1_err and len(progress) == 2 and progress[-1].startswith("2/2 episodes"),
+              f"redirected, the progress is {len(progress)} plain line(s) without carriage returns")
+        instructions(tmp)
+
+
+def instructions(tmp):
+    """Instructions that collide once cut: the presets' text lengths, the warning of the generator."""
+    import re
+    header = open(os.path.join(ROOT, "vla.h")).read()
+    rows = dict(re.findall(r'\{"(\w+)",\s*"[^"]*",\s*\{\s*\d+,\s*\d+,\s*\d+,\s*(\d+),', header))
+    check(rows and {k: int(v) for k, v in rows.items()} == vla_shard.PRESET_MAX_TEXT,
+          f"vla_shard.PRESET_MAX_TEXT matches the text column of vla.h's presets {rows}")
+    window = ["slide the window open", "slide the window closed"]
+    check(vla_shard.distinct_text_bytes(window) == 18 and vla_shard.text_collisions(window, 17) == [window]
+          and vla_shard.text_collisions(window, 18) == [], "the two window instructions need 18 bytes")
+    check(vla_shard.distinct_text_bytes(["open the door", "open the door slowly"]) == 14,
+          "an instruction that begins another needs its length + 1 (the mask tells them apart)")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", os.path.join(tmp, "window"),
+                        "--tasks", "window-open-v3,window-close-v3", "--episodes", "1", "--img", "16", "--workers", "1"],
+                       capture_output=True, text=True)
+    warned = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    check(r.returncode == 0 and len(warned) == 1 and "preset tiny" in warned[0] and '"slide the window open"' in warned[0]
+          and '"slide the window closed"' in warned[0] and "--max-text 18" in warned[0],
+          f"the generator warns about MT10's window tasks at the tiny preset: {warned}")
 
 
 if __name__ == "__main__":

@@ -110,7 +110,8 @@ def main():
     except ImportError:
         sys.exit("error: matplotlib is missing: run `make setup` (it installs data/requirements.txt into build/venv)")
     plot(runs, args.output, args.title, span)
-    print(f"wrote {args.output}: {len(runs)} run(s), {', '.join(f'{n} {len(r['step'])} steps' for n, r in runs)}")
+    counts = ", ".join(f"{n} {len(r['step'])} steps" for n, r in runs)
+    print(f"wrote {args.output}: {len(runs)} run(s), {counts}")
 
 
 if __name__ == "__main__":

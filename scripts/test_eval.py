@@ -43,24 +43,82 @@ def main():
 
         r, res = evaluate(tmp, "policy", "--policy", ckpt, "--max-steps", "20", "--replan", "4",
                           "--video-dir", os.path.join(tmp, "videos"))
-        ok = res is not None and res["tasks"]["reach-v3"]["episodes"] == 1 and 0.0 <= res["overall"] <= 1.0
+        ok = res is not None and res["tasks"]["reach-v3"]["episodes"] == 1 and 0.0 <= res["overall"]["success_rate"] <= 1.0
         check(ok, "the checkpoint policy runs one 20-step episode and writes JSON"
               + ("" if r.returncode == 0 else f": {r.stderr.strip()[-300:]}"))
-        check(ok and "group easy" in r.stdout and "overall" in r.stdout, "the table has the task, its group and overall")
+        check(ok and "group easy" in r.stdout and "mean over tasks" in r.stdout, "the table has the task, its group and the mean")
         videos = os.listdir(os.path.join(tmp, "videos")) if os.path.isdir(os.path.join(tmp, "videos")) else []
         check(len(videos) == 1 and videos[0].startswith("reach-v3_ep000") and videos[0].endswith(".gif"),
               f"a GIF of episode 0: {videos}")
 
+        check(ok and "\r" not in r.stderr and "1/1 episodes" in r.stderr,
+              "redirected, the progress is plain lines without carriage returns")
+        check(ok and ("|    0/1    |" in r.stdout or "|    1/1    |" in r.stdout),
+              "the table shows successes/episodes beside the rate")
+        check(ok and "averaged over the successful episodes only" in r.stdout,
+              "the table's header defines mean steps")
+        ep = res["episodes"][0] if ok else {}
+        check(ok and ep.get("task") == "reach-v3" and ep.get("episode") == 0 and isinstance(ep.get("layout_seed"), int)
+              and ep.get("steps", 0) >= 1 and isinstance(ep.get("success"), bool),
+              f"the JSON lists each episode with its outcome, steps and layout seed: {ep}")
+        check(ok and set(res["settings"]) >= {"replan", "device", "cameras", "seed"}, "a checkpoint's settings")
+
+        # the first episode again alone, among others, and in two worker processes: the same outcome
+        r, alone = evaluate(tmp, "alone", "--policy", ckpt, "--max-steps", "20", "--replan", "4",
+                            "--only", "reach-v3:0", "--video-dir", os.path.join(tmp, "replay"))
+        same = alone is not None and ok and {k: alone["episodes"][0][k] for k in ("success", "steps", "layout_seed")} == \
+            {k: ep[k] for k in ("success", "steps", "layout_seed")}
+        check(same and len(os.listdir(os.path.join(tmp, "replay"))) == 1,
+              "--only reach-v3:0 replays the episode exactly (same layout, steps and outcome) and films it")
+        r, one = evaluate(tmp, "w1", "--policy", ckpt, "--max-steps", "20", "--replan", "4", "--episodes", "3")
+        r2, two = evaluate(tmp, "w2", "--policy", ckpt, "--max-steps", "20", "--replan", "4", "--episodes", "3",
+                           "--workers", "2")
+        check(one is not None and two is not None and one["episodes"] == two["episodes"] and
+              one["episodes"][0]["steps"] == ep.get("steps"),
+              "3 episodes with 1 and with 2 worker processes: the same records, episode 0 as before"
+              + ("" if r2.returncode == 0 else f": {r2.stderr.strip()[-300:]}"))
+
         r, res = evaluate(tmp, "expert", "--policy", "expert")
-        check(res is not None and res["overall"] == 1.0, "the scripted expert succeeds")
+        check(res is not None and res["overall"]["success_rate"] == 1.0, "the scripted expert succeeds")
+        check(res is not None and not {"replan", "device", "cameras", "img"} & set(res["settings"]),
+              f"the expert's JSON records only settings that apply to it: {res and sorted(res['settings'])}")
         r, res = evaluate(tmp, "random", "--policy", "random", "--max-steps", "50")
-        check(res is not None and res["overall"] == 0.0, "random actions do not succeed in 50 steps")
+        check(res is not None and res["overall"]["success_rate"] == 0.0, "random actions do not succeed in 50 steps")
+        check(res is not None and res["tasks"]["reach-v3"]["mean_steps"] is None and "|          - |" in r.stdout,
+              "with no success, mean steps is empty (-), not the horizon")
+        plot_checks(tmp, run_dir)
 
         r = run(sys.executable, os.path.join(HERE, "eval_metaworld.py"), "--policy", ckpt, "--tasks", "reach-v3",
                 "--cameras", "corner,corner2", "--episodes", "1")
         lines = r.stderr.strip().splitlines()
         check(r.returncode == 1 and lines and lines[-1].startswith("error:") and "camera" in lines[-1],
               f"a camera list that disagrees with the checkpoint is a one-line error: {lines[-1] if lines else ''}")
+
+
+def plot_checks(tmp, run_dir):
+    """scripts/plot_log.py on the 2-step run's log and on a log that a resume appended to."""
+    from PIL import Image
+    log = os.path.join(run_dir, "log.jsonl")
+    resumed = os.path.join(tmp, "resumed.jsonl")
+    lines = open(log).read().splitlines()
+    with open(resumed, "w") as f:  # steps 1, 2, then 2 again (killed before its checkpoint), 3
+        f.write("\n".join(lines + [lines[-1].replace('"loss": ', '"loss": 1') , lines[-1].replace('"step": 2', '"step": 3')])
+                + "\n")
+    png = os.path.join(tmp, "curves.png")
+    r = run(sys.executable, os.path.join(HERE, "plot_log.py"), log, resumed, "--names", "straight,resumed", "-o", png)
+    try:
+        im = Image.open(png)
+        size = im.size
+        colours = len(set(im.convert("RGB").getdata()))
+    except OSError:
+        size, colours = (0, 0), 0
+    check(r.returncode == 0 and size[0] >= 600 and size[1] >= 400 and colours > 20
+          and "straight 2 steps, resumed 3 steps" in r.stdout,
+          f"plot_log.py draws two runs into a PNG {size}, a repeated step counted once: {r.stdout.strip() or r.stderr.strip()}")
+    r = run(sys.executable, os.path.join(HERE, "plot_log.py"), os.path.join(tmp, "nothing.jsonl"), "-o", png)
+    lines = r.stderr.strip().splitlines()
+    check(r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:") and "no such log" in lines[0],
+          f"a missing log is a one-line error: {lines}")
 
 
 if __name__ == "__main__":
