@@ -177,7 +177,7 @@ test: train_vla_cpu test_vla libvla.so train_vla build/gpu/train_vla_single_gpu_
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 
 venv_check:
-	@$(VENV_PY) -c "import metaworld, mujoco, av, pyarrow, PIL" 2>/dev/null || { \
+	@$(VENV_PY) -c "import metaworld, mujoco, av, pyarrow, PIL, matplotlib" 2>/dev/null || { \
 		echo "error: the data tools need $(VENV) with data/requirements.txt: run 'make setup' (as root) first"; exit 1; }
 
 # What the tests need on a fresh Debian machine: PyTorch and numpy for the oracle, OpenBLAS

@@ -22,6 +22,7 @@ OUT=${OUT:-build/mt10_$TRAINER}          # the folder every result goes to
 DATA=${DATA:-}                           # shards to train on (folder or files, or a .bin.xz); empty: generate
 EPISODES_PER_TASK=${EPISODES_PER_TASK:-50}   # demonstrations generated per task
 GEN_WORKERS=${GEN_WORKERS:-$(nproc)}     # generator processes
+IMG=${IMG:-64}                           # camera image side in pixels (at 64, reach's goal is a dot of 1-2 pixels)
 PRESET=${PRESET:-small}                  # model size (README: presets)
 MAX_TEXT=${MAX_TEXT:-0}                  # instruction bytes the model reads, 0: the preset's (MT10 needs 18 or more)
 BATCH=${BATCH:-64}                       # samples per step
@@ -53,7 +54,7 @@ if [ -z "$DATA" ]; then
     DATA=$OUT/data
     if ! ls "$DATA"/*.bin > /dev/null 2>&1; then
         log "generating $EPISODES_PER_TASK demonstrations per task with $GEN_WORKERS workers"
-        "$PY" data/metaworld_gen.py -o "$DATA" --tasks MT10 --episodes "$EPISODES_PER_TASK" --img 64 \
+        "$PY" data/metaworld_gen.py -o "$DATA" --tasks MT10 --episodes "$EPISODES_PER_TASK" --img "$IMG" \
             --cameras corner --workers "$GEN_WORKERS" --seed 0 --name mt10 2>&1 | tee "$OUT/generate.log"
     fi
 elif [[ "$DATA" == *.xz ]]; then
