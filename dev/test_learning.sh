@@ -12,7 +12,7 @@
 # 0.17 (23%) above the worst seed and 0.77 below the untrained loss. The lr-0 run is part of the
 # check: it must stay above the threshold, so the threshold does separate learning from none.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 THRESHOLD=${THRESHOLD:-0.90}
 SEED=${SEED:-1}
 dir=$(mktemp -d)

@@ -16,7 +16,7 @@ check() {  # check CONDITION-EXIT-STATUS MESSAGE
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 scripts=(scripts/train_1gpu.sh scripts/train_multi_gpu.sh scripts/train_two_nodes.sh scripts/train_slurm.sbatch
-         scripts/train_until_done.sh scripts/test_launchers.sh)
+         scripts/train_until_done.sh scripts/test_launchers.sh scripts/mt10_recipe.sh dev/test_learning.sh)
 
 echo "== the scripts parse"
 for s in "${scripts[@]}"; do
@@ -49,6 +49,10 @@ err=$(PRECISION=FP16 scripts/train_multi_gpu.sh 2>&1 > /dev/null)
 rc=$?
 [ "$rc" -ne 0 ] && [[ "$err" == *"PRECISION=FP16"* ]]
 check $? "an unknown PRECISION stops: '$err'"
+err=$(TRAINER=tpu OUT=$tmp/recipe scripts/mt10_recipe.sh 2>&1 > /dev/null)
+rc=$?
+[ "$rc" -eq 1 ] && [ "$(echo "$err" | wc -l)" -eq 1 ] && [[ "$err" == "error: TRAINER=tpu: use gpu or cpu" ]]
+check $? "the MT10 recipe stops on an unknown TRAINER with one line: '$err'"
 
 echo "== the template trains"
 if [ "$GPU_TESTS" = build/emu ]; then gpus=2; export CUDA_EMU_DEVICES=2; else gpus=1; fi
