@@ -817,6 +817,7 @@ static void test_bad_input(const char* dir) {
         {"--master port 0", "--nodes 2 --node-rank 1 --master h:0", "--master h:0: the port is out of range: pick one"},
         {"--master port 70000", "--nodes 2 --node-rank 1 --master h:70000", "from 1 to 65535"},
         {"--master without a port", "--nodes 2 --node-rank 1 --master h", "--master h: expected host:port"},
+        {"--max-text past 1024", "--max-text 5000", "--max-text 5000: expected an integer in [0, 1024]"},
     };
     for (size_t k = 0; k < sizeof(flag_cases) / sizeof(flag_cases[0]); k++) {
         snprintf(args, sizeof(args), "-i %s/a.bin %s", dir, flag_cases[k].flags);

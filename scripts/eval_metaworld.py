@@ -166,10 +166,11 @@ def make_policy(args, threads):
     return CheckpointPolicy(args.policy, args.replan, args.device, threads)
 
 
-def init_worker(args, img, state_kind, threads):
+def init_worker(args, img, state_kind, threads, policy=None):
+    """policy: one already loaded in this process (else it is loaded here)"""
     warnings.filterwarnings("ignore")  # gymnasium's space checks
     _state.update(args=args, img=img, state_kind=state_kind, scenes={},
-                  policy=make_policy(args, threads))
+                  policy=policy or make_policy(args, threads))
 
 
 def run_episode(job):
@@ -256,13 +257,13 @@ def main():
     tasks = resolve_tasks(args.tasks)
     state_kind, img = "hand_gripper", args.img
     threads = 1 if args.workers > 1 else 0
+    loaded = None  # the checkpoint policy, loaded here to read its config (and used here with one worker)
     if args.policy not in ("expert", "random"):
         try:
-            probe = CheckpointPolicy(args.policy, args.replan, args.device, threads)
+            loaded = CheckpointPolicy(args.policy, args.replan, args.device, threads)
         except (ValueError, FileNotFoundError) as e:
             sys.exit(f"error: {e}")
-        c = probe.policy.config
-        probe.policy.close()
+        c = loaded.policy.config
         if c["n_cam"] != len(args.cameras):
             sys.exit(f"error: the checkpoint reads {c['n_cam']} camera(s) but --cameras names {len(args.cameras)}: "
                      "pass the cameras it was trained on")
@@ -294,10 +295,12 @@ def main():
                       f"ETA {int(eta) // 60}m{int(eta) % 60:02d}s", done / len(jobs))
 
     if args.workers == 1:
-        init_worker(args, img, state_kind, threads)
+        init_worker(args, img, state_kind, threads, loaded)
         for job in jobs:
             report(run_episode(job))
     else:
+        if loaded is not None:
+            loaded.policy.close()  # each worker loads its own
         import multiprocessing
         ctx = multiprocessing.get_context("spawn")  # fresh GL contexts per worker
         with ctx.Pool(args.workers, initializer=init_worker, initargs=(args, img, state_kind, threads)) as pool:

@@ -88,6 +88,11 @@ def main():
               "with no success, mean steps is empty (-), not the horizon")
         plot_checks(tmp, run_dir)
 
+        for spec, needle in (("reach-v3", "expected TASK:EPISODE"), ("fly-v3:0", "unknown task fly-v3")):
+            r = run(sys.executable, os.path.join(HERE, "eval_metaworld.py"), "--policy", "expert", "--only", spec)
+            lines = r.stderr.strip().splitlines()
+            check(r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0],
+                  f"--only {spec} is a one-line error: {lines}")
         r = run(sys.executable, os.path.join(HERE, "eval_metaworld.py"), "--policy", ckpt, "--tasks", "reach-v3",
                 "--cameras", "corner,corner2", "--episodes", "1")
         lines = r.stderr.strip().splitlines()
@@ -119,6 +124,13 @@ def plot_checks(tmp, run_dir):
     lines = r.stderr.strip().splitlines()
     check(r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:") and "no such log" in lines[0],
           f"a missing log is a one-line error: {lines}")
+    garbled = os.path.join(tmp, "garbled.jsonl")
+    with open(garbled, "w") as f:
+        f.write(open(log).read() + "step 3 loss 0.5\n")
+    r = run(sys.executable, os.path.join(HERE, "plot_log.py"), garbled, "-o", png)
+    lines = r.stderr.strip().splitlines()
+    check(r.returncode == 1 and len(lines) == 1 and "line 3 is not a train_vla log line" in lines[0],
+          f"a line that is not a log line is a one-line error naming it: {lines}")
 
 
 if __name__ == "__main__":
