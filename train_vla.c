@@ -914,12 +914,16 @@ typedef struct {
 
 // Loads a checkpoint; NULL and a message in err if it cannot be used. threads: OpenMP threads (0: default).
 VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_size) {
-    CheckpointHeader h;
-    if (checkpoint_read_header(path, &h, err, (size_t)err_size) != 0) { return NULL; }
+    Checkpoint ck;
+    if (checkpoint_read_checked(path, &ck, err, (size_t)err_size) != 0) { return NULL; }
+    if (threads > 0 && threads_startable(threads) < threads - 1) {
+        snprintf(err, (size_t)err_size, "threads=%d: this machine cannot start that many threads: pass fewer, or 0 for "
+                 "OpenMP's default", threads);
+        checkpoint_free(&ck);
+        return NULL;
+    }
     if (threads > 0) { omp_set_num_threads(threads); }
     VLAPolicy* p = (VLAPolicy*)callocCheck(1, sizeof(VLAPolicy));
-    Checkpoint ck;
-    checkpoint_read(path, &ck);
     model_build(&p->model, &ck.config);
     memcpy(p->model.params_memory, ck.params, p->model.table.total * sizeof(float));
     p->stats = ck.stats;
@@ -980,7 +984,14 @@ int main(int argc, char** argv) {
     train_args_parse(&args, argc, argv);
     if (args.nodes > 1) { vla_fail("--nodes %d: train_vla_cpu runs on one machine; several machines train with train_vla", args.nodes); }
     train_args_for_world(&args, args.ranks);  // simulated ranks scale the learning rate as GPUs would
-    if (args.threads > 0) { omp_set_num_threads(args.threads); }
+    if (args.threads > 0) {
+        int started = threads_startable(args.threads);
+        if (started < args.threads - 1) {
+            vla_fail("-t %d: this machine could start only %d threads besides the main one: use a smaller -t, such as the "
+                     "%d cores here", args.threads, started, omp_get_num_procs());
+        }
+        omp_set_num_threads(args.threads);
+    }
     Dataset ds;
     dataset_open(&ds, args.input);
     VLAConfig c = config_for_data(args.preset, args.max_text, &ds);
@@ -989,7 +1000,7 @@ int main(int argc, char** argv) {
 
     int start = 0;
     uint64_t sampler_pos = 0;
-    char resume_path[1024];
+    char resume_path[VLA_PATH_MAX];
     const char* from = run_start_checkpoint(&args, resume_path, sizeof(resume_path));
     if (from != NULL) {
         uint64_t seed;
@@ -1000,10 +1011,7 @@ int main(int argc, char** argv) {
     } else {
         param_init(model.params_memory, &model.table, &c, args.seed);
     }
-    if (start >= args.steps) {
-        printf("already at step %d of %d: nothing to do (raise -n to train further)\n", start, args.steps);
-        return 0;
-    }
+    if (!run_has_steps_left(from, start, args.steps)) { return 0; }
     uint64_t global_batch = (uint64_t)train_global_batch(&args, args.ranks);
     int batches = args.ranks * args.accum;  // per optimizer step: every rank's micro-steps
     Loader loader;
@@ -1011,7 +1019,7 @@ int main(int argc, char** argv) {
                  args.workers, 2 * batches + 2);
     float* grad_sum = batches > 1 ? (float*)mallocCheck(model.table.total * sizeof(float)) : NULL;
     Logger logger;
-    logger_open(&logger, args.output);
+    logger_open(&logger, args.output, start);
 
     printf("+------------------------+------------+\n");
     printf("| train_vla_cpu          | %-10s |\n", args.preset);

@@ -2305,11 +2305,12 @@ static thread_local int policy_gpu_ready = 0;  // streams and cuBLASLt of the ca
 // Loads a checkpoint onto the GPU; NULL and a message in err if it cannot be used. threads: unused.
 VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_size) {
     (void)threads;
-    CheckpointHeader h;
-    if (checkpoint_read_header(path, &h, err, (size_t)err_size) != 0) { return NULL; }
+    Checkpoint ck;
+    if (checkpoint_read_checked(path, &ck, err, (size_t)err_size) != 0) { return NULL; }
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         snprintf(err, (size_t)err_size, "no CUDA GPU is visible: serve the checkpoint on the CPU (device=\"cpu\", libvla.so)");
+        checkpoint_free(&ck);
         return NULL;
     }
     cudaDeviceProp prop;
@@ -2321,8 +2322,6 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
     }
     VLAPolicy* p = (VLAPolicy*)callocCheck(1, sizeof(VLAPolicy));
     snprintf(p->device, sizeof(p->device), "%s (%s)", prop.name, PRECISION_NAME);
-    Checkpoint ck;
-    checkpoint_read(path, &ck);
     model_build(&p->model, &ck.config);
     model_set_params(&p->model, ck.params, NULL, NULL);
     p->stats = ck.stats;
@@ -2581,8 +2580,8 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         cudaCheck(cudaEventCreateWithFlags(&consumed[k], cudaEventDisableTiming));
     }
     model_set_batch(&model, args->batch);
-    Logger logger = {NULL, 0.0};
-    if (lead) { logger_open(&logger, args->output); }
+    Logger logger = {};
+    if (lead) { logger_open(&logger, args->output, run->start); }
     double peak = device_peak_flops(prop.name), flops = model_flops_per_sample(c);
 
     double timed_ms = 0.0, peak_mem = 0.0, comm_wait_ms = 0.0;
@@ -2703,7 +2702,7 @@ int main(int argc, char** argv) {
     dataset_open(&run.ds, args->input);
     run.config = config_for_data(args->preset, args->max_text, &run.ds);
 
-    char resume_path[1024];
+    char resume_path[VLA_PATH_MAX];
     run.from = run_start_checkpoint(args, resume_path, sizeof(resume_path));
     if (run.from != NULL) {
         Checkpoint* ck = &run.initial;
@@ -2719,10 +2718,7 @@ int main(int argc, char** argv) {
         run.initial.params = (float*)mallocCheck(t.total * sizeof(float));
         param_init(run.initial.params, &t, &run.config, args->seed);
     }
-    if (run.start >= args->steps) {
-        printf("already at step %d of %d: nothing to do (raise -n to train further)\n", run.start, args->steps);
-        return 0;
-    }
+    if (!run_has_steps_left(run.from, run.start, args->steps)) { return 0; }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     if (run.node == 0) { print_config(&run, &prop, model_flops_per_sample(&run.config), device_peak_flops(prop.name)); }

@@ -37,6 +37,7 @@ to fix it, and exit status 1. Nothing here calls abort() on bad input.
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
@@ -94,14 +95,6 @@ static inline FILE* fopen_check_(const char* path, const char* mode, const char*
 }
 #define fopenCheck(path, mode) fopen_check_((path), (mode), __FILE__, __LINE__)
 
-static inline void fwrite_check_(const void* p, size_t size, size_t n, FILE* f, const char* what,
-                          const char* file, int line) {
-    if (n > 0 && fwrite(p, size, n, f) != n) {
-        vla_fail("write failed for %s: %s (disk full?) (at %s:%d)", what, strerror(errno), file, line);
-    }
-}
-#define fwriteCheck(p, size, n, f, what) fwrite_check_((p), (size), (n), (f), (what), __FILE__, __LINE__)
-
 static inline double wall_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -115,6 +108,96 @@ static inline uint64_t mul_check(uint64_t a, uint64_t b, const char* path, const
         vla_fail("%s: size of %s overflows 64 bits: the file is corrupt, regenerate it", path, what);
     }
     return r;
+}
+
+// Paths the trainers build (checkpoints, the log, temporary files) fit buffers of this size;
+// longer ones are refused where they come in (-o, -i), never cut.
+#define VLA_PATH_MAX 4096
+
+// "1.25 GiB": a byte count for messages
+static inline const char* human_bytes(uint64_t n, char* buf, size_t size) {
+    const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    double x = (double)n;
+    int u = 0;
+    while (x >= 1024.0 && u < 4) { x /= 1024.0; u++; }
+    snprintf(buf, size, u == 0 ? "%.0f %s" : "%.2f %s", x, units[u]);
+    return buf;
+}
+
+// A file written whole or not at all: into path.tmp, flushed to disk, renamed over path. A failed
+// write (a full disk) removes the temporary file and says how much space the file needed.
+typedef struct {
+    FILE* f;
+    const char* path;
+    char tmp[VLA_PATH_MAX + 8];
+    uint64_t bytes;  // the whole file's size, for the message when a write fails
+} AtomicFile;
+
+static inline void atomic_file_fail(AtomicFile* a, const char* what, int err) __attribute__((noreturn));
+static inline void atomic_file_fail(AtomicFile* a, const char* what, int err) {
+    if (a->f != NULL) { fclose(a->f); }
+    a->f = NULL;
+    unlink(a->tmp);
+    char dir[VLA_PATH_MAX + 8], need[32], free_text[48] = "";
+    snprintf(dir, sizeof(dir), "%s", a->tmp);
+    char* slash = strrchr(dir, '/');
+    if (slash == NULL) { snprintf(dir, sizeof(dir), "."); } else if (slash == dir) { dir[1] = '\0'; } else { *slash = '\0'; }
+    struct statvfs vfs;
+    if (statvfs(dir, &vfs) == 0) {
+        char avail[32];
+        snprintf(free_text, sizeof(free_text), ", %s free there", human_bytes((uint64_t)vfs.f_bavail * vfs.f_frsize, avail,
+                                                                              sizeof(avail)));
+    }
+    vla_fail("%s %s failed: %s: the file needs %s%s; the partial file was removed, free space or write elsewhere (-o)",
+             what, a->path, strerror(err), human_bytes(a->bytes, need, sizeof(need)), free_text);
+}
+
+static inline void atomic_file_open(AtomicFile* a, const char* path, uint64_t bytes) {
+    a->path = path;
+    a->bytes = bytes;
+    a->f = NULL;
+    if (snprintf(a->tmp, sizeof(a->tmp), "%s.tmp", path) >= (int)sizeof(a->tmp)) {
+        vla_fail("path %.80s... is longer than %d bytes: use a shorter output folder (-o)", path, VLA_PATH_MAX - 1);
+    }
+    a->f = fopen(a->tmp, "wb");
+    if (a->f == NULL) { atomic_file_fail(a, "creating", errno); }
+}
+
+static inline void atomic_file_write(AtomicFile* a, const void* p, size_t size, size_t n) {
+    if (n > 0 && fwrite(p, size, n, a->f) != n) { atomic_file_fail(a, "writing", errno); }
+}
+
+static inline void atomic_file_commit(AtomicFile* a) {
+    if (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0) { atomic_file_fail(a, "writing", errno); }
+    int rc = fclose(a->f);
+    a->f = NULL;
+    if (rc != 0) { atomic_file_fail(a, "writing", errno); }
+    if (rename(a->tmp, a->path) != 0) { atomic_file_fail(a, "renaming the temporary file to", errno); }
+}
+
+// Whether n threads can run at once here (OpenMP's runtime ends the process with its own lines
+// when it cannot start the threads -t asks for): starts n - 1 threads that wait, then joins them.
+// Returns the number that started besides the caller, n - 1 when all did.
+typedef struct { pthread_mutex_t lock; pthread_cond_t go; int released; } ThreadProbe;
+static inline void* thread_probe_wait(void* arg) {
+    ThreadProbe* p = (ThreadProbe*)arg;
+    pthread_mutex_lock(&p->lock);
+    while (!p->released) { pthread_cond_wait(&p->go, &p->lock); }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+static inline int threads_startable(int n) {
+    ThreadProbe probe = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    pthread_t* ids = (pthread_t*)mallocCheck((size_t)(n > 1 ? n : 1) * sizeof(pthread_t));
+    int started = 0;
+    while (started < n - 1 && pthread_create(&ids[started], NULL, thread_probe_wait, &probe) == 0) { started++; }
+    pthread_mutex_lock(&probe.lock);
+    probe.released = 1;
+    pthread_cond_broadcast(&probe.go);
+    pthread_mutex_unlock(&probe.lock);
+    for (int i = 0; i < started; i++) { pthread_join(ids[i], NULL); }
+    free(ids);
+    return started;
 }
 
 // ----------------------------------------------------------------------------
@@ -168,27 +251,6 @@ static const VLAPreset VLA_PRESETS[] = {
 static inline const VLAPreset* vla_preset(const char* name) {
     for (int i = 0; i < VLA_N_PRESETS; i++) {
         if (strcmp(VLA_PRESETS[i].name, name) == 0) { return &VLA_PRESETS[i]; }
-    }
-    return NULL;
-}
-
-// Returns NULL if the config is usable, else a message naming the bad field.
-static inline const char* vla_config_problem(const VLAConfig* c) {
-    static char msg[256];
-#define POSITIVE(f) if (c->f <= 0) { snprintf(msg, sizeof(msg), #f " must be positive (got %d)", c->f); return msg; }
-    VLA_CONFIG_FIELDS(POSITIVE)
-#undef POSITIVE
-    if (c->img % c->patch != 0) {
-        snprintf(msg, sizeof(msg), "img %d is not a multiple of patch %d", c->img, c->patch);
-        return msg;
-    }
-    if (c->head_dim % 2 != 0) {
-        snprintf(msg, sizeof(msg), "head_dim %d must be even for RoPE", c->head_dim);
-        return msg;
-    }
-    if (c->d_expert % 2 != 0) {
-        snprintf(msg, sizeof(msg), "d_expert %d must be even for the time embedding", c->d_expert);
-        return msg;
     }
     return NULL;
 }
@@ -284,6 +346,90 @@ static inline void param_table_build(const VLAConfig* c, ParamTable* t) {
     VLA_PARAMETERS(VLA_SPEC_, c)
 #undef VLA_SPEC_
     t->total = offset;
+}
+
+// Bounds on every size a file can carry (checkpoint headers, shard headers): generous for real
+// models, and small enough that every size derived from them fits an int (token counts, patch
+// size, attention width, state + action) and the parameter count fits 64 bits with room to spare.
+#define VLA_MAX_CAM 16
+#define VLA_MAX_IMG 4096
+#define VLA_MAX_DIM 4096          // state_dim, action_dim
+#define VLA_MAX_TEXT 1024         // max_text (also --max-text's bound)
+#define VLA_MAX_CHUNK 1024        // chunk
+#define VLA_MAX_WIDTH 65536       // d_model, d_ff, d_expert, d_expert_ff, n_head x head_dim
+#define VLA_MAX_LAYER 1024
+#define VLA_MAX_HEAD 1024         // n_head, head_dim
+#define VLA_MAX_TOKENS 16384      // image tokens + text + 1 + chunk
+#define VLA_MAX_PARAMS (1ULL << 36)  // 256 GiB of fp32 weights
+#define VLA_MAX_STEPS (1 << 30)   // optimizer steps of a run (-n's bound)
+
+// The parameter count of config c in checked 64-bit arithmetic: 0 if it overflows or passes
+// VLA_MAX_PARAMS. Call it on a config whose fields are in bounds (vla_config_problem does).
+static inline uint64_t vla_param_count_checked(const VLAConfig* c) {
+    uint64_t total = 0, numel;
+    int bad = 0;
+#define VLA_COUNT_CHECKED_(nm, grp, knd, dec, ini, nd, d0, d1, d2) \
+    bad |= __builtin_mul_overflow((uint64_t)(d0), (uint64_t)(d1), &numel); \
+    bad |= __builtin_mul_overflow(numel, (uint64_t)(d2), &numel); \
+    bad |= __builtin_add_overflow(total, numel, &total);
+    VLA_PARAMETERS(VLA_COUNT_CHECKED_, c)
+#undef VLA_COUNT_CHECKED_
+    return bad || total > VLA_MAX_PARAMS ? 0 : total;
+}
+
+// The one validation of a config, wherever it comes from (a preset and a dataset, a checkpoint
+// header, the policy library): every field in its bounds, every derived size computed in 64 bits
+// and bounded, the parameter count checked. Returns NULL if the config is usable, else a message
+// naming the bad field.
+static inline const char* vla_config_problem(const VLAConfig* c) {
+    static char msg[256];
+#define POSITIVE(f) if (c->f <= 0) { snprintf(msg, sizeof(msg), #f " must be positive (got %d)", c->f); return msg; }
+    VLA_CONFIG_FIELDS(POSITIVE)
+#undef POSITIVE
+    const struct { const char* name; int32_t value, max; } bounds[] = {
+        {"n_cam", c->n_cam, VLA_MAX_CAM}, {"img", c->img, VLA_MAX_IMG}, {"patch", c->patch, c->img},
+        {"max_text", c->max_text, VLA_MAX_TEXT}, {"state_dim", c->state_dim, VLA_MAX_DIM},
+        {"action_dim", c->action_dim, VLA_MAX_DIM}, {"chunk", c->chunk, VLA_MAX_CHUNK},
+        {"d_model", c->d_model, VLA_MAX_WIDTH}, {"d_ff", c->d_ff, VLA_MAX_WIDTH}, {"d_expert", c->d_expert, VLA_MAX_WIDTH},
+        {"d_expert_ff", c->d_expert_ff, VLA_MAX_WIDTH}, {"n_layer", c->n_layer, VLA_MAX_LAYER},
+        {"n_head", c->n_head, VLA_MAX_HEAD}, {"head_dim", c->head_dim, VLA_MAX_HEAD}};
+    for (size_t i = 0; i < sizeof(bounds) / sizeof(bounds[0]); i++) {
+        if (bounds[i].value > bounds[i].max) {
+            snprintf(msg, sizeof(msg), "%s %d is past its bound %d", bounds[i].name, bounds[i].value, bounds[i].max);
+            return msg;
+        }
+    }
+    if (c->img % c->patch != 0) {
+        snprintf(msg, sizeof(msg), "img %d is not a multiple of patch %d", c->img, c->patch);
+        return msg;
+    }
+    if (c->head_dim % 2 != 0) {
+        snprintf(msg, sizeof(msg), "head_dim %d must be even for RoPE", c->head_dim);
+        return msg;
+    }
+    if (c->d_expert % 2 != 0) {
+        snprintf(msg, sizeof(msg), "d_expert %d must be even for the time embedding", c->d_expert);
+        return msg;
+    }
+    // the derived sizes, in 64 bits (the fields are bounded, so none of these products wraps)
+    uint64_t side = (uint64_t)(c->img / c->patch);
+    uint64_t tokens = (uint64_t)c->n_cam * side * side + (uint64_t)c->max_text + 1 + (uint64_t)c->chunk;
+    if (tokens > VLA_MAX_TOKENS) {
+        snprintf(msg, sizeof(msg), "%llu tokens (%d camera(s) of %llu patches, %d text, 1 + %d suffix) is past the "
+                 "bound %d", (unsigned long long)tokens, c->n_cam, (unsigned long long)(side * side), c->max_text,
+                 c->chunk, VLA_MAX_TOKENS);
+        return msg;
+    }
+    if ((uint64_t)c->n_head * (uint64_t)c->head_dim > VLA_MAX_WIDTH) {
+        snprintf(msg, sizeof(msg), "attention width n_head %d x head_dim %d is past the bound %d", c->n_head,
+                 c->head_dim, VLA_MAX_WIDTH);
+        return msg;
+    }
+    if (vla_param_count_checked(c) == 0) {
+        snprintf(msg, sizeof(msg), "the parameter count is past the bound 2^36");
+        return msg;
+    }
+    return NULL;
 }
 
 // One float* per tensor, carved from a flat buffer in table order.
@@ -457,7 +603,7 @@ typedef struct {
 VLA_STATIC_ASSERT(sizeof(ShardEpisode) == 16, "episode record is 16 bytes");
 
 typedef struct {
-    char path[512];
+    char path[VLA_PATH_MAX];
     ShardHeader h;
     uint8_t* map;
     size_t map_size;
@@ -503,59 +649,83 @@ static inline void shard_header_layout(ShardHeader* h) {
     h->file_size = pos;
 }
 
-static inline void shard_open(Shard* s, const char* path) {
+static inline void shard_close(Shard* s) {
+    if (s->map != NULL) { munmap(s->map, s->map_size); }
+    s->map = NULL;
+}
+
+// Opens and checks a shard: every size against the file, every index in range, every state and
+// action value finite. Returns 0, or 1 with the reason in err and nothing left open.
+static inline int shard_open_checked(Shard* s, const char* path, char* err, size_t err_size) {
     memset(s, 0, sizeof(*s));
-    snprintf(s->path, sizeof(s->path), "%s", path);
+#define SHARD_REJECT_(...) do { snprintf(err, err_size, __VA_ARGS__); shard_close(s); return 1; } while (0)
+    if (snprintf(s->path, sizeof(s->path), "%s", path) >= (int)sizeof(s->path)) {
+        SHARD_REJECT_("dataset path %.80s... is longer than %d bytes: use a shorter path", path, VLA_PATH_MAX - 1);
+    }
     int fd = open(path, O_RDONLY);
-    if (fd < 0) { vla_fail("cannot open dataset shard %s: %s: check the -i path", path, strerror(errno)); }
+    if (fd < 0) { SHARD_REJECT_("cannot open dataset shard %s: %s: check the -i path", path, strerror(errno)); }
     struct stat st;
-    if (fstat(fd, &st) != 0) { vla_fail("cannot stat %s: %s", path, strerror(errno)); }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        int e = errno;
+        close(fd);
+        SHARD_REJECT_("dataset shard %s is not a regular file (%s): pass shard files or folders of them with -i", path,
+                      e != 0 ? strerror(e) : "a device, pipe or socket");
+    }
     uint64_t len = (uint64_t)st.st_size;
     if (len < sizeof(ShardHeader)) {
-        vla_fail("%s: %llu bytes is shorter than a shard header (256): the file is truncated, regenerate it",
-                 path, (unsigned long long)len);
+        close(fd);
+        SHARD_REJECT_("%s: %llu bytes is shorter than a shard header (256): the file is truncated, regenerate it",
+                      path, (unsigned long long)len);
     }
-    if (pread(fd, &s->h, sizeof(ShardHeader), 0) != (ssize_t)sizeof(ShardHeader)) {
-        vla_fail("%s: cannot read the header: %s", path, strerror(errno));
+    s->map = (uint8_t*)mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    int map_errno = errno;
+    close(fd);
+    if (s->map == MAP_FAILED) {
+        s->map = NULL;
+        SHARD_REJECT_("%s: mmap failed: %s", path, strerror(map_errno));
     }
+    s->map_size = len;
+    memcpy(&s->h, s->map, sizeof(ShardHeader));
     const ShardHeader* h = &s->h;
     if (h->magic != SHARD_MAGIC) {
-        vla_fail("%s: bad magic 0x%08x (want 0x%08x): not a train_vla dataset shard; convert it with the tools in data/",
-                 path, h->magic, SHARD_MAGIC);
+        SHARD_REJECT_("%s: bad magic 0x%08x (want 0x%08x): not a train_vla dataset shard; convert it with the tools in data/",
+                      path, h->magic, SHARD_MAGIC);
     }
     if (h->version != SHARD_VERSION) {
-        vla_fail("%s: shard version %u, this build reads version %u: regenerate the shard with this version's data/ tools",
-                 path, h->version, SHARD_VERSION);
+        SHARD_REJECT_("%s: shard version %u, this build reads version %u: regenerate the shard with this version's data/ "
+                      "tools", path, h->version, SHARD_VERSION);
     }
-    if (h->n_cam < 1 || h->n_cam > 16 || h->img < 1 || h->img > 4096 || h->state_dim < 1 || h->state_dim > 4096 ||
-        h->action_dim < 1 || h->action_dim > 4096 || h->n_frames < 1 || h->n_episodes < 1 || h->n_tasks < 1) {
-        vla_fail("%s: header sizes out of range (n_cam %u, img %u, state %u, action %u, frames %llu, episodes %llu, "
-                 "tasks %llu): the file is corrupt, regenerate it", path, h->n_cam, h->img, h->state_dim,
-                 h->action_dim, (unsigned long long)h->n_frames, (unsigned long long)h->n_episodes,
-                 (unsigned long long)h->n_tasks);
+    if (h->n_cam < 1 || h->n_cam > VLA_MAX_CAM || h->img < 1 || h->img > VLA_MAX_IMG || h->state_dim < 1 ||
+        h->state_dim > VLA_MAX_DIM || h->action_dim < 1 || h->action_dim > VLA_MAX_DIM || h->n_frames < 1 ||
+        h->n_frames > UINT32_MAX || h->n_episodes < 1 || h->n_episodes > h->n_frames || h->n_tasks < 1 ||
+        h->n_tasks > UINT32_MAX) {
+        SHARD_REJECT_("%s: header sizes out of range (n_cam %u, img %u, state %u, action %u, frames %llu, episodes %llu, "
+                      "tasks %llu): the file is corrupt, regenerate it", path, h->n_cam, h->img, h->state_dim,
+                      h->action_dim, (unsigned long long)h->n_frames, (unsigned long long)h->n_episodes,
+                      (unsigned long long)h->n_tasks);
     }
     if (h->file_size != len) {
-        vla_fail("%s: header says %llu bytes but the file has %llu: the file is truncated or padded, regenerate it",
-                 path, (unsigned long long)h->file_size, (unsigned long long)len);
+        SHARD_REJECT_("%s: header says %llu bytes but the file has %llu: the file is truncated or padded, regenerate it",
+                      path, (unsigned long long)h->file_size, (unsigned long long)len);
     }
     uint64_t sizes[8];
-    int n = shard_section_sizes(h, path, sizes);
+    shard_section_sizes(h, path, sizes);  // the counts are bounded, so none of these products overflows
     const uint64_t offs[8] = {h->off_images, h->off_state, h->off_action, h->off_frame_episode,
                               h->off_episodes, h->off_task_offsets, h->off_task_text, h->off_stats};
     static const char* names[8] = {"images", "state", "action", "frame_episode", "episodes", "task_offsets",
                                     "task_text", "stats"};
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < 8; i++) {
         uint64_t end;
-        if (offs[i] < sizeof(ShardHeader) || offs[i] % 4 != 0 || __builtin_add_overflow(offs[i], sizes[i], &end) || end > len) {
-            vla_fail("%s: section %s (offset %llu, %llu bytes) does not fit in the %llu-byte file: the sizes disagree "
-                     "with the file length, regenerate it", path, names[i], (unsigned long long)offs[i],
-                     (unsigned long long)sizes[i], (unsigned long long)len);
+        if (offs[i] % SHARD_ALIGN != 0) {
+            SHARD_REJECT_("%s: section %s starts at offset %llu, not a multiple of %d as the format requires: the file "
+                          "is corrupt, regenerate it", path, names[i], (unsigned long long)offs[i], SHARD_ALIGN);
+        }
+        if (offs[i] < sizeof(ShardHeader) || __builtin_add_overflow(offs[i], sizes[i], &end) || end > len) {
+            SHARD_REJECT_("%s: section %s (offset %llu, %llu bytes) does not fit in the %llu-byte file: the sizes disagree "
+                          "with the file length, regenerate it", path, names[i], (unsigned long long)offs[i],
+                          (unsigned long long)sizes[i], (unsigned long long)len);
         }
     }
-    s->map = (uint8_t*)mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (s->map == MAP_FAILED) { vla_fail("%s: mmap failed: %s", path, strerror(errno)); }
-    s->map_size = len;
     s->images = s->map + h->off_images;
     s->state = (const float*)(s->map + h->off_state);
     s->action = (const float*)(s->map + h->off_action);
@@ -569,36 +739,52 @@ static inline void shard_open(Shard* s, const char* path) {
         const ShardEpisode* ep = &s->episodes[e];
         if (ep->length == 0 || ep->first_frame >= h->n_frames || ep->length > h->n_frames - ep->first_frame ||
             ep->task >= h->n_tasks) {
-            vla_fail("%s: episode %llu (first frame %llu, length %u, task %u) is out of range: the file is corrupt, "
-                     "regenerate it", path, (unsigned long long)e, (unsigned long long)ep->first_frame, ep->length, ep->task);
+            SHARD_REJECT_("%s: episode %llu (first frame %llu, length %u, task %u) is out of range: the file is corrupt, "
+                          "regenerate it", path, (unsigned long long)e, (unsigned long long)ep->first_frame, ep->length,
+                          ep->task);
         }
         for (uint64_t f = ep->first_frame; f < ep->first_frame + ep->length; f++) {
             if (s->frame_episode[f] != e) {
-                vla_fail("%s: frame %llu belongs to episode %u but episode %llu claims it: the file is corrupt, "
-                         "regenerate it", path, (unsigned long long)f, s->frame_episode[f], (unsigned long long)e);
+                SHARD_REJECT_("%s: frame %llu belongs to episode %u but episode %llu claims it: the file is corrupt, "
+                              "regenerate it", path, (unsigned long long)f, s->frame_episode[f], (unsigned long long)e);
             }
         }
     }
     for (uint64_t f = 0; f < h->n_frames; f++) {
         if (s->frame_episode[f] >= h->n_episodes) {
-            vla_fail("%s: frame %llu names episode %u of %llu: the file is corrupt, regenerate it",
-                     path, (unsigned long long)f, s->frame_episode[f], (unsigned long long)h->n_episodes);
+            SHARD_REJECT_("%s: frame %llu names episode %u of %llu: the file is corrupt, regenerate it",
+                          path, (unsigned long long)f, s->frame_episode[f], (unsigned long long)h->n_episodes);
         }
     }
     if (s->task_offsets[0] != 0 || s->task_offsets[h->n_tasks] != h->task_bytes) {
-        vla_fail("%s: task string table does not span task_text: the file is corrupt, regenerate it", path);
+        SHARD_REJECT_("%s: task string table does not span task_text: the file is corrupt, regenerate it", path);
     }
     for (uint64_t k = 0; k < h->n_tasks; k++) {
         if (s->task_offsets[k + 1] < s->task_offsets[k]) {
-            vla_fail("%s: task offsets are not increasing at task %llu: the file is corrupt, regenerate it",
-                     path, (unsigned long long)k);
+            SHARD_REJECT_("%s: task offsets are not increasing at task %llu: the file is corrupt, regenerate it",
+                          path, (unsigned long long)k);
         }
     }
+    // the values the model reads: a NaN or Inf here would end training as a non-finite loss
+    const float* values[2] = {s->state, s->action};
+    const uint32_t dims[2] = {h->state_dim, h->action_dim};
+    for (int which = 0; which < 2; which++) {
+        for (uint64_t i = 0; i < h->n_frames * dims[which]; i++) {
+            float x = values[which][i];
+            if (!isfinite(x)) {
+                SHARD_REJECT_("%s: frame %llu, %s column %llu is %s: the data is corrupt; fix or drop that episode and "
+                              "convert again", path, (unsigned long long)(i / dims[which]), which == 0 ? "state" : "action",
+                              (unsigned long long)(i % dims[which]), isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf");
+            }
+        }
+    }
+    return 0;
+#undef SHARD_REJECT_
 }
 
-static inline void shard_close(Shard* s) {
-    if (s->map != NULL) { munmap(s->map, s->map_size); }
-    s->map = NULL;
+static inline void shard_open(Shard* s, const char* path) {
+    char err[VLA_PATH_MAX + 512];
+    if (shard_open_checked(s, path, err, sizeof(err)) != 0) { vla_fail("%s", err); }
 }
 
 // Writes a shard from in-memory arrays (tests and the synthetic data generator).
@@ -621,11 +807,10 @@ static inline void shard_write(const char* path, uint32_t n_cam, uint32_t img, u
     for (uint64_t e = 0; e < n_episodes; e++) {
         for (uint32_t f = 0; f < episodes[e].length; f++) { frame_episode[episodes[e].first_frame + f] = (uint32_t)e; }
     }
-    char tmp[1100];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE* f = fopenCheck(tmp, "wb");
+    AtomicFile out;
+    atomic_file_open(&out, path, h.file_size);
     uint8_t zeros[SHARD_ALIGN] = {0};
-    fwriteCheck(&h, sizeof(h), 1, f, tmp);
+    atomic_file_write(&out, &h, sizeof(h), 1);
     const void* data[8] = {images, state, action, frame_episode, episodes, task_offsets, NULL, stats};
     const uint64_t offs[8] = {h.off_images, h.off_state, h.off_action, h.off_frame_episode,
                               h.off_episodes, h.off_task_offsets, h.off_task_text, h.off_stats};
@@ -633,16 +818,15 @@ static inline void shard_write(const char* path, uint32_t n_cam, uint32_t img, u
     shard_section_sizes(&h, path, sizes);
     uint64_t pos = sizeof(h);
     for (int i = 0; i < 8; i++) {
-        fwriteCheck(zeros, 1, offs[i] - pos, f, tmp);
+        atomic_file_write(&out, zeros, 1, offs[i] - pos);
         if (i == 6) {
-            for (uint64_t k = 0; k < n_tasks; k++) { fwriteCheck(tasks[k], 1, strlen(tasks[k]), f, tmp); }
+            for (uint64_t k = 0; k < n_tasks; k++) { atomic_file_write(&out, tasks[k], 1, strlen(tasks[k])); }
         } else {
-            fwriteCheck(data[i], 1, sizes[i], f, tmp);
+            atomic_file_write(&out, data[i], 1, sizes[i]);
         }
         pos = offs[i] + sizes[i];
     }
-    if (fclose(f) != 0) { vla_fail("closing %s failed: %s", tmp, strerror(errno)); }
-    if (rename(tmp, path) != 0) { vla_fail("cannot rename %s to %s: %s", tmp, path, strerror(errno)); }
+    atomic_file_commit(&out);
     free(task_offsets);
     free(frame_episode);
 }
@@ -724,27 +908,40 @@ static inline int dataset_list_files(const char* spec, char*** out) {
     return n;
 }
 
-static inline void dataset_open(Dataset* ds, const char* spec) {
+static inline void dataset_close(Dataset* ds) {
+    for (int i = 0; i < ds->n_shards; i++) { shard_close(&ds->shards[i]); }
+    free(ds->shards); free(ds->first_sample);
+    free(ds->state_mean); free(ds->state_std); free(ds->action_mean); free(ds->action_std);
+    memset(ds, 0, sizeof(*ds));
+}
+
+// Opens the shards of spec as one dataset. Returns 0, or 1 with the reason in err and nothing
+// left open.
+static inline int dataset_open_checked(Dataset* ds, const char* spec, char* err, size_t err_size) {
     memset(ds, 0, sizeof(*ds));
     char** files;
-    ds->n_shards = dataset_list_files(spec, &files);
-    ds->shards = (Shard*)callocCheck(ds->n_shards, sizeof(Shard));
-    ds->first_sample = (uint64_t*)callocCheck(ds->n_shards + 1, sizeof(uint64_t));
-    for (int i = 0; i < ds->n_shards; i++) {
+    int n_files = dataset_list_files(spec, &files);
+    ds->shards = (Shard*)callocCheck(n_files, sizeof(Shard));
+    ds->first_sample = (uint64_t*)callocCheck(n_files + 1, sizeof(uint64_t));
+    int failed = 0;
+    for (int i = 0; i < n_files && !failed; i++) {
         Shard* s = &ds->shards[i];
-        shard_open(s, files[i]);
+        if (shard_open_checked(s, files[i], err, err_size) != 0) { failed = 1; break; }
+        ds->n_shards = i + 1;
         if (i == 0) {
             ds->n_cam = s->h.n_cam; ds->img = s->h.img; ds->state_dim = s->h.state_dim; ds->action_dim = s->h.action_dim;
         } else if ((int)s->h.n_cam != ds->n_cam || (int)s->h.img != ds->img || (int)s->h.state_dim != ds->state_dim ||
                    (int)s->h.action_dim != ds->action_dim) {
-            vla_fail("%s has cameras/img/state/action %u/%u/%u/%u but %s has %d/%d/%d/%d: shards of one dataset must agree",
-                     files[i], s->h.n_cam, s->h.img, s->h.state_dim, s->h.action_dim, files[0], ds->n_cam, ds->img,
-                     ds->state_dim, ds->action_dim);
+            snprintf(err, err_size, "%s has cameras/img/state/action %u/%u/%u/%u but %s has %d/%d/%d/%d: shards of one "
+                     "dataset must agree", files[i], s->h.n_cam, s->h.img, s->h.state_dim, s->h.action_dim, files[0],
+                     ds->n_cam, ds->img, ds->state_dim, ds->action_dim);
+            failed = 1;
         }
         ds->first_sample[i + 1] = ds->first_sample[i] + s->h.n_frames;
-        free(files[i]);
     }
+    for (int i = 0; i < n_files; i++) { free(files[i]); }
     free(files);
+    if (failed) { dataset_close(ds); return 1; }
     ds->n_samples = ds->first_sample[ds->n_shards];
     // pooled statistics: shard means and variances weighted by frame counts
     int S = ds->state_dim, A = ds->action_dim;
@@ -758,8 +955,10 @@ static inline void dataset_open(Dataset* ds, const char* spec) {
                 const float* st = ds->shards[i].stats + (which == 0 ? 0 : 2 * S);
                 double n = (double)ds->shards[i].h.n_frames, m = st[d], sd = st[dims[which] + d];
                 if (!isfinite(m) || !isfinite(sd) || sd < 0.0) {
-                    vla_fail("%s: normalization statistics hold NaN, Inf or a negative std: regenerate the shard",
-                             ds->shards[i].path);
+                    snprintf(err, err_size, "%s: normalization statistics hold NaN, Inf or a negative std: regenerate the "
+                             "shard", ds->shards[i].path);
+                    dataset_close(ds);
+                    return 1;
                 }
                 sum += n * m;
                 sq += n * (sd * sd + m * m);
@@ -771,12 +970,12 @@ static inline void dataset_open(Dataset* ds, const char* spec) {
             if (!(stds[which][d] >= VLA_MIN_STD)) { stds[which][d] = 1.0f; }
         }
     }
+    return 0;
 }
 
-static inline void dataset_close(Dataset* ds) {
-    for (int i = 0; i < ds->n_shards; i++) { shard_close(&ds->shards[i]); }
-    free(ds->shards); free(ds->first_sample);
-    free(ds->state_mean); free(ds->state_std); free(ds->action_mean); free(ds->action_std);
+static inline void dataset_open(Dataset* ds, const char* spec) {
+    char err[2 * VLA_PATH_MAX + 512];
+    if (dataset_open_checked(ds, spec, err, sizeof(err)) != 0) { vla_fail("%s", err); }
 }
 
 // ----------------------------------------------------------------------------
@@ -1137,26 +1336,33 @@ static inline void checkpoint_write(const char* path, const Checkpoint* ck, uint
     h.magic = CKPT_MAGIC; h.version = CKPT_VERSION; h.config = ck->config;
     h.step = ck->step; h.seed = ck->seed; h.sampler_pos = ck->sampler_pos; h.n_params = n_params;
     h.file_size = ckpt_file_size(&ck->config, n_params);
-    char tmp[1100];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE* f = fopenCheck(tmp, "wb");
-    fwriteCheck(&h, sizeof(h), 1, f, tmp);
-    fwriteCheck(ck->stats, sizeof(float), 2 * (size_t)(ck->config.state_dim + ck->config.action_dim), f, tmp);
-    fwriteCheck(ck->params, sizeof(float), n_params, f, tmp);
-    fwriteCheck(ck->m, sizeof(float), n_params, f, tmp);
-    fwriteCheck(ck->v, sizeof(float), n_params, f, tmp);
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) { vla_fail("flushing %s failed: %s (disk full?)", tmp, strerror(errno)); }
-    if (fclose(f) != 0) { vla_fail("closing %s failed: %s", tmp, strerror(errno)); }
-    if (rename(tmp, path) != 0) { vla_fail("cannot rename %s to %s: %s", tmp, path, strerror(errno)); }
+    AtomicFile out;
+    atomic_file_open(&out, path, h.file_size);
+    atomic_file_write(&out, &h, sizeof(h), 1);
+    atomic_file_write(&out, ck->stats, sizeof(float), 2 * (size_t)(ck->config.state_dim + ck->config.action_dim));
+    atomic_file_write(&out, ck->params, sizeof(float), n_params);
+    atomic_file_write(&out, ck->m, sizeof(float), n_params);
+    atomic_file_write(&out, ck->v, sizeof(float), n_params);
+    atomic_file_commit(&out);
 }
 
-// Reads the header and checks it against the file. Returns 0 on success; on failure writes a
-// message into err (so callers can skip an incomplete file or fail with it).
+// Reads the header and checks it against the file: the config by vla_config_problem, the sizes
+// in checked arithmetic, the step and sampler position in range. Returns 0 on success; on failure
+// writes a message into err (so callers can skip an incomplete file or fail with it).
 static inline int checkpoint_read_header(const char* path, CheckpointHeader* h, char* err, size_t err_size) {
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {  // (checked before opening: a pipe would block)
+        snprintf(err, err_size, "%s is %s, not a checkpoint file: pass a ckpt_*.bin file", path,
+                 S_ISDIR(st.st_mode) ? "a folder" : "a device, pipe or socket");
+        return 1;
+    }
     FILE* f = fopen(path, "rb");
     if (f == NULL) { snprintf(err, err_size, "cannot open checkpoint %s: %s", path, strerror(errno)); return 1; }
-    struct stat st;
-    fstat(fileno(f), &st);
+    if (fstat(fileno(f), &st) != 0) {
+        snprintf(err, err_size, "cannot stat checkpoint %s: %s", path, strerror(errno));
+        fclose(f);
+        return 1;
+    }
     size_t got = fread(h, 1, sizeof(*h), f);
     fclose(f);
     if (got != sizeof(*h)) {
@@ -1170,41 +1376,78 @@ static inline int checkpoint_read_header(const char* path, CheckpointHeader* h, 
     }
     const char* problem = vla_config_problem(&h->config);
     if (problem != NULL) { snprintf(err, err_size, "checkpoint %s holds a bad config (%s): it is corrupt", path, problem); return 1; }
-    ParamTable t;
-    param_table_build(&h->config, &t);
-    if (h->n_params != t.total || h->file_size != ckpt_file_size(&h->config, h->n_params) ||
+    uint64_t n_params = vla_param_count_checked(&h->config);  // nonzero: vla_config_problem checked it
+    if (h->n_params != n_params || h->file_size != ckpt_file_size(&h->config, n_params) ||
         (uint64_t)st.st_size != h->file_size) {
         snprintf(err, err_size, "checkpoint %s is %lld bytes, its header implies %llu: it is truncated or corrupt",
-                 path, (long long)st.st_size, (unsigned long long)ckpt_file_size(&h->config, t.total));
+                 path, (long long)st.st_size, (unsigned long long)ckpt_file_size(&h->config, n_params));
+        return 1;
+    }
+    // every optimizer step consumes at least one sample, and fewer than 2^33
+    if (h->step > VLA_MAX_STEPS || h->sampler_pos < h->step || h->sampler_pos > (h->step << 33)) {
+        snprintf(err, err_size, "checkpoint %s says step %llu after %llu samples, out of range (steps 0 to %d, at least "
+                 "one sample each): it is corrupt", path, (unsigned long long)h->step,
+                 (unsigned long long)h->sampler_pos, VLA_MAX_STEPS);
         return 1;
     }
     return 0;
 }
 
-// Loads a whole checkpoint, allocating its arrays. Fails with one line on any problem.
-static inline void checkpoint_read(const char* path, Checkpoint* ck) {
+// Loads a whole checkpoint, allocating its arrays. Returns 0, or 1 with the reason in err and
+// nothing allocated.
+static inline int checkpoint_read_checked(const char* path, Checkpoint* ck, char* err, size_t err_size) {
+    memset(ck, 0, sizeof(*ck));
     CheckpointHeader h;
-    char err[1024];
-    if (checkpoint_read_header(path, &h, err, sizeof(err)) != 0) { vla_fail("%s: delete it or pick another with --init", err); }
+    if (checkpoint_read_header(path, &h, err, err_size) != 0) { return 1; }
     ck->config = h.config; ck->step = h.step; ck->seed = h.seed; ck->sampler_pos = h.sampler_pos;
-    size_t n_stats = 2 * (size_t)(h.config.state_dim + h.config.action_dim);
+    int S = h.config.state_dim, A = h.config.action_dim;
+    size_t n_stats = 2 * (size_t)(S + A);
     ck->stats = (float*)mallocCheck(n_stats * sizeof(float));
     ck->params = (float*)mallocCheck(h.n_params * sizeof(float));
     ck->m = (float*)mallocCheck(h.n_params * sizeof(float));
     ck->v = (float*)mallocCheck(h.n_params * sizeof(float));
-    FILE* f = fopenCheck(path, "rb");
-    fseeko(f, (off_t)sizeof(h), SEEK_SET);
-    if (fread(ck->stats, sizeof(float), n_stats, f) != n_stats || fread(ck->params, 4, h.n_params, f) != h.n_params ||
-        fread(ck->m, 4, h.n_params, f) != h.n_params || fread(ck->v, 4, h.n_params, f) != h.n_params) {
-        vla_fail("checkpoint %s: short read: the file changed while loading or is truncated", path);
+    FILE* f = fopen(path, "rb");
+    int bad = f == NULL || fseeko(f, (off_t)sizeof(h), SEEK_SET) != 0 || fread(ck->stats, sizeof(float), n_stats, f) != n_stats ||
+              fread(ck->params, 4, h.n_params, f) != h.n_params || fread(ck->m, 4, h.n_params, f) != h.n_params ||
+              fread(ck->v, 4, h.n_params, f) != h.n_params;
+    if (f != NULL) { fclose(f); }
+    if (bad) { snprintf(err, err_size, "checkpoint %s: short read: the file changed while loading or is truncated", path); }
+    // the statistics as trainers write them: finite means, stds of at least VLA_MIN_STD
+    for (int i = 0; i < 2 * (S + A) && !bad; i++) {
+        int is_std = i < 2 * S ? i >= S : i >= 2 * S + A;
+        if (!isfinite(ck->stats[i]) || (is_std && !(ck->stats[i] >= VLA_MIN_STD))) {
+            snprintf(err, err_size, "checkpoint %s: normalization statistic %d is %g (NaN, Inf or a std below %g): it is "
+                     "corrupt", path, i, (double)ck->stats[i], (double)VLA_MIN_STD);
+            bad = 1;
+        }
     }
-    fclose(f);
+    if (bad) {
+        free(ck->stats); free(ck->params); free(ck->m); free(ck->v);
+        memset(ck, 0, sizeof(*ck));
+        return 1;
+    }
+    return 0;
+}
+
+// Loads a whole checkpoint; fails with one line on any problem.
+static inline void checkpoint_read(const char* path, Checkpoint* ck) {
+    char err[VLA_PATH_MAX + 512];
+    if (checkpoint_read_checked(path, ck, err, sizeof(err)) != 0) {
+        struct stat st;
+        int regular = stat(path, &st) == 0 && S_ISREG(st.st_mode);
+        vla_fail("%s%s", err, regular ? ": delete it or pick another with --init" : "");
+    }
 }
 
 static inline void checkpoint_free(Checkpoint* ck) { free(ck->stats); free(ck->params); free(ck->m); free(ck->v); }
 
+// The output folder's name has room for these (train_args_parse checks -o against it).
+#define VLA_CKPT_NAME_MAX 32  // "/ckpt_0123456789.bin.tmp" and "/log.jsonl.tmp"
+
 static inline void checkpoint_path(char* out, size_t size, const char* dir, uint64_t step) {
-    snprintf(out, size, "%s/ckpt_%08llu.bin", dir, (unsigned long long)step);
+    if (snprintf(out, size, "%s/ckpt_%08llu.bin", dir, (unsigned long long)step) >= (int)size) {
+        vla_fail("checkpoint path in %.80s... is longer than %zu bytes: use a shorter output folder (-o)", dir, size - 1);
+    }
 }
 
 // Steps of the (at most max) newest complete checkpoints in dir, newest first. Incomplete files
@@ -1217,7 +1460,7 @@ static inline int checkpoint_list(const char* dir, uint64_t* steps, int max) {
         unsigned long long step;
         char tail[8];
         if (sscanf(de->d_name, "ckpt_%llu.%7s", &step, tail) != 2 || strcmp(tail, "bin") != 0) { continue; }
-        char path[1024], err[1024];
+        char path[VLA_PATH_MAX + 300], err[VLA_PATH_MAX + 1024];
         CheckpointHeader h;
         snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
         if (checkpoint_read_header(path, &h, err, sizeof(err)) != 0) {
@@ -1240,7 +1483,7 @@ static inline void checkpoint_prune(const char* dir, int keep) {
     uint64_t steps[4096];
     int n = checkpoint_list(dir, steps, 4096);
     for (int i = keep; i < n; i++) {
-        char path[1024];
+        char path[VLA_PATH_MAX];
         checkpoint_path(path, sizeof(path), dir, steps[i]);
         unlink(path);
     }
@@ -1424,13 +1667,13 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case OPT_MASTER: a->master = optarg; break;
             case OPT_BOOT_TIMEOUT: a->bootstrap_timeout = parse_float_arg("bootstrap-timeout", optarg, 0.1f, 1e6f); break;
             case OPT_NCCL_TIMEOUT: a->nccl_timeout = parse_float_arg("nccl-timeout", optarg, 0.1f, 1e7f); break;
-            case OPT_MAX_TEXT: a->max_text = (int)parse_int_arg("max-text", optarg, 0, 1024); break;
+            case OPT_MAX_TEXT: a->max_text = (int)parse_int_arg("max-text", optarg, 0, VLA_MAX_TEXT); break;
             case OPT_LR_SCALE:
                 for (a->lr_scale = 0; a->lr_scale < LR_SCALE_COUNT && strcmp(optarg, LR_SCALE_NAMES[a->lr_scale]) != 0;
                      a->lr_scale++) {}
                 if (a->lr_scale == LR_SCALE_COUNT) { vla_fail("--lr-scale %s: use none, linear or sqrt", optarg); }
                 break;
-            case 'n': a->steps = (int)parse_int_arg("steps", optarg, 1, 1L << 30); break;
+            case 'n': a->steps = (int)parse_int_arg("steps", optarg, 1, VLA_MAX_STEPS); break;
             case 'l': a->lr = parse_float_arg("lr", optarg, 0.0f, 10.0f); break;
             case OPT_MIN_LR: a->min_lr_frac = parse_float_arg("min-lr-frac", optarg, 0.0f, 1.0f); break;
             case 'u': a->warmup = (int)parse_int_arg("warmup", optarg, 0, 1L << 30); break;
@@ -1452,6 +1695,11 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     }
     if (optind < argc) { vla_fail("unexpected argument '%s': options take the form -x VALUE, see %s -h", argv[optind], argv[0]); }
     if (a->resume && a->init != NULL) { vla_fail("-y 1 and --init both pick a checkpoint: use one of them"); }
+    size_t out_len = strlen(a->output);
+    if (out_len == 0 || out_len + VLA_CKPT_NAME_MAX >= VLA_PATH_MAX) {
+        vla_fail("-o of %zu bytes: the output folder's path must be 1 to %d bytes long (checkpoint names follow it): use a "
+                 "shorter one", out_len, VLA_PATH_MAX - 1 - VLA_CKPT_NAME_MAX);
+    }
     a->lr_base = a->lr;
     // a Slurm allocation of several nodes: its node count, this node's place, the master from the
     // environment (the sbatch script in scripts/ sets VLA_MASTER); flags override it
@@ -1482,6 +1730,10 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
 // optimizer step that -d asks for, and the peak learning rate scaled by --lr-scale.
 static inline void train_args_for_world(TrainArgs* a, int world) {
     int64_t per_micro = (int64_t)a->batch * world;
+    if (per_micro > (1 << 30)) {
+        vla_fail("-b %d x %d rank(s) is %lld samples per step, past the bound 2^30: use a smaller batch", a->batch, world,
+                 (long long)per_micro);
+    }
     if (a->total_batch == 0) {
         a->accum = 1;
     } else if (a->total_batch % per_micro != 0) {
@@ -1514,6 +1766,7 @@ static inline float lr_at_step(const TrainArgs* a, int step) {
 
 typedef struct {
     FILE* jsonl;
+    char path[VLA_PATH_MAX];
     double t_start;
 } Logger;
 
@@ -1523,11 +1776,44 @@ static inline void make_dir(const char* dir) {
     }
 }
 
-static inline void logger_open(Logger* lg, const char* dir) {
-    char path[1024];
+// Opens <dir>/log.jsonl for a run that continues after step `start` (0: from scratch). Lines of
+// later steps are dropped, so that every step is there once: a run killed after logging a step
+// and before checkpointing it logs that step again when it resumes. So is a partial last line.
+static inline void logger_open(Logger* lg, const char* dir, int start) {
     make_dir(dir);
-    snprintf(path, sizeof(path), "%s/log.jsonl", dir);
-    lg->jsonl = fopenCheck(path, "a");
+    snprintf(lg->path, sizeof(lg->path), "%s/log.jsonl", dir);
+    FILE* old = fopen(lg->path, "r");
+    if (old != NULL) {
+        char* line = NULL;
+        size_t cap = 0, kept_bytes = 0, kept_cap = 0;
+        char* kept = NULL;
+        int dropped = 0;
+        ssize_t n;
+        while ((n = getline(&line, &cap, old)) > 0) {
+            int step;
+            int complete = line[n - 1] == '\n';
+            if (!complete || (sscanf(line, "{\"step\": %d", &step) == 1 && step > start)) { dropped++; continue; }
+            if (kept_bytes + (size_t)n > kept_cap) {
+                kept_cap = 2 * (kept_bytes + (size_t)n);
+                kept = (char*)realloc(kept, kept_cap);
+                if (kept == NULL) { vla_fail("out of memory reading %s", lg->path); }
+            }
+            memcpy(kept + kept_bytes, line, (size_t)n);
+            kept_bytes += (size_t)n;
+        }
+        fclose(old);
+        free(line);
+        if (dropped > 0) {
+            AtomicFile out;
+            atomic_file_open(&out, lg->path, kept_bytes);
+            atomic_file_write(&out, kept, 1, kept_bytes);
+            atomic_file_commit(&out);
+            printf("%s: dropped %d line(s) past step %d, logged by a run that stopped before checkpointing them\n",
+                   lg->path, dropped, start);
+        }
+        free(kept);
+    }
+    lg->jsonl = fopenCheck(lg->path, "a");
     lg->t_start = wall_seconds();
 }
 
@@ -1546,7 +1832,9 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
             step + 1, loss, lr, norm, ms, samples_per_s);
     if (!isnan(mfu)) { fprintf(lg->jsonl, ", \"mfu\": %.5f, \"gpu_mem_gib\": %.4f", mfu, mem_gib); }
     fprintf(lg->jsonl, "}\n");
-    fflush(lg->jsonl);
+    if (fflush(lg->jsonl) != 0 || ferror(lg->jsonl)) {
+        vla_fail("writing %s failed: %s (disk full?): free space and continue with -y 1", lg->path, strerror(errno));
+    }
 }
 
 static inline void logger_close(Logger* lg) {
@@ -1643,7 +1931,7 @@ static inline void run_checkpoint_save(const TrainArgs* args, const Dataset* ds,
     memcpy(stats + 2 * S, ds->action_mean, A * sizeof(float));
     memcpy(stats + 2 * S + A, ds->action_std, A * sizeof(float));
     Checkpoint ck = {*c, (uint64_t)step, args->seed, sampler_pos, stats, params, m, v};
-    char path[1024];
+    char path[VLA_PATH_MAX];
     make_dir(args->output);
     checkpoint_path(path, sizeof(path), args->output, (uint64_t)step);
     checkpoint_write(path, &ck, n);
@@ -1659,6 +1947,17 @@ static inline void run_checkpoint_load(const char* path, const VLAConfig* c, Che
         vla_fail("checkpoint %s was written for another model (%s, checkpoint vs this run): use the same preset, "
                  "--max-text and dataset, or another output folder (-o)", path, diff);
     }
+}
+
+// Whether a run that continues from checkpoint `from` at step `start` has steps left to take
+// (1), or is done (0, said on stdout). A checkpoint past the run's end is refused.
+static inline int run_has_steps_left(const char* from, int start, int steps) {
+    if (start > steps) {
+        vla_fail("checkpoint %s is at step %d, past this run's end (-n %d): pass -n above %d to train further, or "
+                 "another output folder (-o) for a new run", from, start, steps, start);
+    }
+    if (start == steps) { printf("already at step %d of %d: nothing to do (raise -n to train further)\n", start, steps); }
+    return start < steps;
 }
 
 // The batch the end-of-run evaluation samples actions for: B samples from sampler position pos,
