@@ -12,7 +12,7 @@ VENV_PY = $(VENV)/bin/python
 TEST_DIR = build/test
 DEFAULT_DATA = data/default/metaworld_mt10_000.bin
 
-.PHONY: all test setup clean data venv_check dev_cuda FORCE
+.PHONY: all test setup clean data venv_check dev_cuda fuzz fuzz_build FORCE
 
 all: train_vla_cpu $(DEFAULT_DATA)
 
@@ -140,6 +140,33 @@ data: $(DEFAULT_DATA)
 $(DEFAULT_DATA): data/metaworld_mt10.bin.xz
 	@mkdir -p data/default
 	xz -dc $< > $@.tmp && mv $@.tmp $@
+
+# ---- fuzzing (dev/fuzz): libFuzzer harnesses of the shard reader, the checkpoint reader and the
+# policy library's load, built by clang with AddressSanitizer and UndefinedBehaviorSanitizer.
+# `make fuzz` runs each for FUZZ_SECONDS and keeps the corpora in build/fuzz/corpus; make test
+# runs each for 60 s from the seeds alone.
+FUZZ_CC ?= clang-14
+FUZZ_SECONDS ?= 600
+FUZZ_FLAGS = -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	-Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-pass-failed
+FUZZ_BINARIES = build/fuzz/fuzz_shard build/fuzz/fuzz_checkpoint build/fuzz/fuzz_policy build/fuzz/make_seeds
+fuzz_check = @command -v $(FUZZ_CC) > /dev/null || { \
+	echo "error: $(FUZZ_CC) not found: the fuzzers need clang and its runtimes: run 'make setup' (as root) first"; exit 1; }
+build/fuzz/fuzz_shard build/fuzz/fuzz_checkpoint: build/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz_util.h vla.h
+	$(fuzz_check)
+	@mkdir -p build/fuzz
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< -lm -lpthread -o $@
+build/fuzz/fuzz_policy: dev/fuzz/fuzz_policy.c dev/fuzz/fuzz_util.h vla.h train_vla.c
+	$(fuzz_check)
+	@mkdir -p build/fuzz
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fopenmp $< -lm -lpthread -o $@
+build/fuzz/make_seeds: dev/fuzz/make_seeds.c vla.h
+	@mkdir -p build/fuzz
+	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
+	rm -rf build/fuzz/seeds
+fuzz_build: $(FUZZ_BINARIES) data/synthetic
+fuzz: fuzz_build
+	FUZZ_CORPUS=build/fuzz/corpus dev/fuzz/run_fuzz.sh $(FUZZ_SECONDS)
 
 # ---- test fixtures: two small datasets and the oracle's debug state for each
 # a: the tiny preset on one camera. b: two cameras, state_dim != action_dim, short episodes so
