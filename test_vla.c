@@ -872,6 +872,114 @@ static void test_param_table(void) {
     }
 }
 
+// Issue 11's defects that a file or a flag can provoke in the reader (dev/test_hardening.sh runs
+// the ones that need a full disk, a kill, a long path or a sanitizer).
+static void test_untrusted_files(const char* dir) {
+    printf("\n== untrusted files\n");
+    char src[1024], bad[1024], args[3000], ck[1024];
+    snprintf(src, sizeof(src), "%s/a.bin", dir);
+    snprintf(bad, sizeof(bad), "%s/bad.bin", dir);
+    const char* run = "-p tiny -b 2 -n 1 -t 1";
+    ShardHeader h;
+    FILE* f = fopenCheck(src, "rb");
+    if (fread(&h, sizeof(h), 1, f) != 1) { vla_fail("cannot read %s", src); }
+    fclose(f);
+
+    // shards that disagree in shape: the message names both files (it printed a freed name)
+    snprintf(args, sizeof(args), "%s -i %s,%s/b.bin -o %s/bad_out", run, src, dir, dir);
+    char needle[2100];
+    snprintf(needle, sizeof(needle), "%s/b.bin has cameras/img/state/action 2/24/3/2 but %s has 1/32/4/4", dir, src);
+    expect_error(dir, "shards of two shapes name both files", args, needle);
+
+    // non-finite values in the data, and sections at offsets the format does not allow
+    float x = NAN;
+    corrupt_copy(src, bad, (long)(h.off_state + (3 * h.state_dim + 1) * 4), &x, 4, -1);
+    snprintf(args, sizeof(args), "%s -i %s -o %s/bad_out", run, bad, dir);
+    expect_error(dir, "NaN in the state", args, "bad.bin: frame 3, state column 1 is NaN");
+    x = -INFINITY;
+    corrupt_copy(src, bad, (long)(h.off_action + (7 * h.action_dim + 2) * 4), &x, 4, -1);
+    expect_error(dir, "-Inf in an action", args, "bad.bin: frame 7, action column 2 is -Inf");
+    uint64_t u64 = h.off_episodes + 4;
+    corrupt_copy(src, bad, offsetof(ShardHeader, off_episodes), &u64, 8, -1);
+    expect_error(dir, "an unaligned section offset", args, "section episodes starts at offset");
+    Shard shard;
+    char err[VLA_PATH_MAX + 512];
+    int rc = shard_open_checked(&shard, bad, err, sizeof(err));
+    check(rc == 1 && shard.map == NULL && strstr(err, "not a multiple of 64") != NULL,
+          "the reader returns the error and keeps nothing mapped: %s", err);
+
+    // configs: every field bounded, sizes computed in checked 64-bit arithmetic
+    VLAConfig c = vla_preset("tiny")->config;
+    check(vla_config_problem(&c) == NULL && vla_param_count_checked(&c) > 0, "the tiny preset is a valid config");
+    VLAConfig wrap = c;
+    wrap.n_layer = 1 << 21; wrap.d_ff = 1 << 21; wrap.d_model = 1 << 22;  // vlm_wgate: 2^64 elements
+    check(vla_param_count_checked(&wrap) == 0, "a parameter count that wraps 64 bits is caught (old count: %zu)",
+          (size_t)wrap.n_layer * (size_t)wrap.d_ff * (size_t)wrap.d_model);
+    const char* problem = vla_config_problem(&wrap);
+    check(problem != NULL && strstr(problem, "d_model 4194304 is past its bound") != NULL, "and refused by its bound: %s",
+          problem ? problem : "(accepted)");
+    static const struct { int field; int32_t value; const char* needle; } cases[] = {
+        {6, 5000, "chunk 5000 is past its bound 1024"},      {3, 1 << 30, "max_text 1073741824 is past its bound"},
+        {2, 64, "patch 64 is past its bound 32"},           {12, 70000, "n_head 70000 is past its bound"},
+        {0, 17, "n_cam 17 is past its bound 16"},           {1, 1 << 20, "img 1048576 is past its bound"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        VLAConfig b = c;
+        ((int32_t*)&b)[cases[k].field] = cases[k].value;
+        problem = vla_config_problem(&b);
+        check(problem != NULL && strstr(problem, cases[k].needle) != NULL, "config field %d = %d: %s", cases[k].field,
+              cases[k].value, problem ? problem : "(accepted)");
+    }
+    VLAConfig many = c;
+    many.n_cam = 16; many.img = 1024; many.patch = 8;  // 262144 image tokens
+    problem = vla_config_problem(&many);
+    check(problem != NULL && strstr(problem, "tokens") != NULL, "too many tokens: %s", problem ? problem : "(accepted)");
+
+    // checkpoints: fields that do not change the file's size, a step out of range
+    snprintf(ck, sizeof(ck), "%s/bad_ckpt/ckpt_00000001.bin", dir);  // test_bad_input's run wrote it
+    struct { long offset; uint64_t value; int bytes; const char* what; const char* needle; } fields[] = {
+        {offsetof(CheckpointHeader, config) + offsetof(VLAConfig, chunk), 5000, 4, "chunk 5000", "chunk 5000 is past its bound"},
+        {offsetof(CheckpointHeader, config) + offsetof(VLAConfig, max_text), 100000, 4, "max_text 100000",
+         "max_text 100000 is past its bound"},
+        {offsetof(CheckpointHeader, config) + offsetof(VLAConfig, n_layer), 0x7fffffff, 4, "n_layer 2^31 - 1",
+         "n_layer 2147483647 is past its bound"},
+        {offsetof(CheckpointHeader, step), UINT64_MAX, 8, "step -1 as signed", "says step 18446744073709551615"},
+        {offsetof(CheckpointHeader, step), (1ULL << 32) + 1, 8, "step past 32 bits", "says step 4294967297"},
+        {offsetof(CheckpointHeader, sampler_pos), 0, 8, "fewer samples than steps", "after 0 samples, out of range"},
+        {256, 0x7fc00000, 4, "a NaN mean in the statistics", "normalization statistic 0 is nan"},
+        {256 + 4 * 4, 0, 4, "a zero std in the statistics", "normalization statistic 4 is 0"},
+    };
+    for (size_t k = 0; k < sizeof(fields) / sizeof(fields[0]); k++) {
+        corrupt_copy(ck, bad, fields[k].offset, &fields[k].value, (size_t)fields[k].bytes, -1);
+        snprintf(args, sizeof(args), "%s -i %s --init %s -n 5 -o %s/bad_out", run, src, bad, dir);
+        expect_error(dir, fields[k].what, args, fields[k].needle);
+        Checkpoint loaded;
+        rc = checkpoint_read_checked(bad, &loaded, err, sizeof(err));
+        check(rc == 1 && loaded.params == NULL && loaded.stats == NULL, "  and the reader returns it, holding nothing");
+    }
+    snprintf(args, sizeof(args), "%s -i %s -y 1 -n 1 -o %s/bad_ckpt", run, src, dir);
+    rc = run_command(strcat(strcpy(needle, "./train_vla_cpu "), args));  // step 1 of 1: done, not an error
+    check(rc == 0, "a checkpoint at the run's last step: nothing to do, exit %d", rc);
+    corrupt_copy(ck, bad, 0, NULL, 0, -1);
+    u64 = 7;  // step 7 after 56 samples: a run of -n 7 or more wrote it
+    corrupt_copy(ck, bad, offsetof(CheckpointHeader, step), &u64, 8, -1);
+    u64 = 56;
+    f = fopenCheck(bad, "r+b");
+    fseek(f, offsetof(CheckpointHeader, sampler_pos), SEEK_SET);
+    fwrite(&u64, 8, 1, f);
+    fclose(f);
+    snprintf(args, sizeof(args), "%s -i %s --init %s -n 5 -o %s/bad_out", run, src, bad, dir);
+    expect_error(dir, "a checkpoint past the run's end", args, "is at step 7, past this run's end (-n 5): pass -n above 7");
+
+    // --init of something that is not a checkpoint file
+    snprintf(args, sizeof(args), "%s -i %s --init %s -o %s/bad_out", run, src, dir, dir);
+    expect_error(dir, "--init of a folder", args, "is a folder, not a checkpoint file: pass a ckpt_*.bin file");
+    snprintf(args, sizeof(args), "%s -i %s --init /dev/zero -o %s/bad_out", run, src, dir);
+    expect_error(dir, "--init of a device", args, "/dev/zero is a device, pipe or socket, not a checkpoint file");
+    snprintf(args, sizeof(args), "%s -i /dev/zero -o %s/bad_out", run, dir);
+    expect_error(dir, "-i of a device", args, "dataset shard /dev/zero is not a regular file");
+}
+
 int main(int argc, char** argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s FIXTURE_DIR   (make test writes the fixtures and runs this)\n", argv[0]);
@@ -891,6 +999,7 @@ int main(int argc, char** argv) {
     test_checkpoints(dir);
     test_max_text(dir);
     test_bad_input(dir);
+    test_untrusted_files(dir);
     printf("\n%d passed, %d failed\n", n_passed, n_failed);
     return n_failed == 0 ? 0 : 1;
 }

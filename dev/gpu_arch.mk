@@ -2,22 +2,26 @@
 # when nvidia-smi finds one, sm_90 (H100/H200) otherwise or with CI=true. GPU_ARCH=sm_XX overrides.
 # HAS_GPU is 1 when a GPU is there to run on.
 HAS_GPU := $(if $(filter true,$(CI)),0,$(shell nvidia-smi -L > /dev/null 2>&1 && echo 1 || echo 0))
+# The line saying which architecture is printed once, by the first nvcc recipe that runs (so
+# `make setup` or `make train_vla_cpu` say nothing of GPUs).
 ifndef GPU_ARCH
   ifeq ($(HAS_GPU),1)
     GPU_ARCH := sm_$(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '. ')
-    $(info train_vla: building for the GPU found by nvidia-smi: $(GPU_ARCH) (set GPU_ARCH=sm_XX to override))
+    gpu_arch_line = train_vla: building for the GPU found by nvidia-smi: $(GPU_ARCH) (set GPU_ARCH=sm_XX to override)
   else
     GPU_ARCH := sm_90
-    $(info train_vla: no GPU found$(if $(filter true,$(CI)), (CI=true),): building for $(GPU_ARCH), H100/H200 (set GPU_ARCH=sm_XX for another GPU))
+    gpu_arch_line = train_vla: no GPU found$(if $(filter true,$(CI)), (CI=true),): building for $(GPU_ARCH), H100/H200 (set GPU_ARCH=sm_XX for another GPU)
   endif
   export GPU_ARCH
 endif
+gpu_arch_note = $(if $(gpu_arch_noted),,$(eval gpu_arch_noted := 1)$(if $(gpu_arch_line),$(info $(gpu_arch_line)))$(if \
+	$(gpu_nccl_line),$(info $(gpu_nccl_line))))
 ifndef NVCC
   NVCC := $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 endif
 # the first line of every nvcc recipe, in both Makefiles (a variable, not a rule: a rule here would
 # become dev/cuda's default goal)
-nvcc_check = @test -x "$(NVCC)" || command -v "$(NVCC)" > /dev/null || { \
+nvcc_check = $(gpu_arch_note)@test -x "$(NVCC)" || command -v "$(NVCC)" > /dev/null || { \
 	echo "error: nvcc not found ($(NVCC)): install the CUDA Toolkit or set NVCC=/path/to/nvcc"; exit 1; }
 NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -Xcompiler -Wall,-Wno-unused-function,-Wno-format-truncation
 NVCC_LDLIBS = -lcublasLt -lm -lpthread
@@ -27,7 +31,7 @@ NVCC_LDLIBS = -lcublasLt -lm -lpthread
 ifndef MULTI_GPU
   MULTI_GPU := $(if $(wildcard $(dir $(NVCC))../include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h),1,0)
   ifeq ($(MULTI_GPU),0)
-    $(info train_vla: nccl.h not found: building the single-GPU trainer (install NCCL for -g above 1))
+    gpu_nccl_line = train_vla: nccl.h not found: building the single-GPU trainer (install NCCL for -g above 1)
   endif
 endif
 MULTI_GPU_FLAGS = $(if $(filter 1,$(MULTI_GPU)),-DMULTI_GPU -Xcompiler -fopenmp,)

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(ROOT, "dev"))
 import model as oracle  # noqa: E402
 import vla_shard  # noqa: E402
 from checks import Checks  # noqa: E402
-from vla_policy import VLAPolicy  # noqa: E402
+from vla_policy import CONFIG_FIELDS, VLAPolicy  # noqa: E402
 
 check = Checks()
 
@@ -88,6 +88,30 @@ def main():
             check(False, "a missing checkpoint is refused")
         except ValueError as e:
             check("cannot open checkpoint" in str(e), f"a missing checkpoint is refused: {e}")
+        # corrupt checkpoints: refused with the reader's message, and this process goes on (sizes
+        # from the header are bounded and checked before any buffer is sized from them)
+        raw = open(ckpt_path, "rb").read()
+        config_at = 8  # after magic and version; VLAConfig's 15 int32 in CONFIG_FIELDS order
+        corrupt = [("n_layer", 2**31 - 1, "n_layer 2147483647 is past its bound"),
+                   ("d_model", 2**22, "d_model 4194304 is past its bound"),
+                   ("chunk", 5000, "chunk 5000 is past its bound"),
+                   ("max_text", 100000, "max_text 100000 is past its bound")]
+        for field, value, needle in corrupt:
+            at = config_at + 4 * CONFIG_FIELDS.index(field)
+            path = os.path.join(tmp, f"corrupt_{field}.bin")
+            open(path, "wb").write(raw[:at] + np.int32(value).tobytes() + raw[at + 4:])
+            try:
+                VLAPolicy(path)
+                check(False, f"a checkpoint with {field} {value} is refused")
+            except ValueError as e:
+                check(needle in str(e), f"a checkpoint with {field} {value} is refused: {e}")
+        path = os.path.join(tmp, "corrupt_stats.bin")
+        open(path, "wb").write(raw[:256] + np.float32(np.nan).tobytes() + raw[260:])
+        try:
+            VLAPolicy(path)
+            check(False, "a checkpoint with NaN statistics is refused")
+        except ValueError as e:
+            check("normalization statistic 0 is nan" in str(e), f"a checkpoint with NaN statistics is refused: {e}")
         policy.close()
 
         # the GPU library: same checkpoint, observations and noise. Tolerance: fp32 builds 1e-4 (the
