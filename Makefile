@@ -141,6 +141,13 @@ $(DEFAULT_DATA): data/metaworld_mt10.bin.xz
 	@mkdir -p data/default
 	xz -dc $< > $@.tmp && mv $@.tmp $@
 
+# the CPU trainer built with AddressSanitizer and UndefinedBehaviorSanitizer: dev/test_hardening.sh
+# trains it a few steps (2 simulated ranks, ZeRO-1, augmentation) and feeds it bad input
+build/sanitize/train_vla_cpu: train_vla.c vla.h
+	@mkdir -p build/sanitize
+	$(CC) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -fopenmp -Wall -Wextra \
+		-Wno-unused-parameter -Wno-format-truncation train_vla.c $(LDLIBS) -o $@
+
 # ---- fuzzing (dev/fuzz): libFuzzer harnesses of the shard reader, the checkpoint reader and the
 # policy library's load, built by clang with AddressSanitizer and UndefinedBehaviorSanitizer.
 # `make fuzz` runs each for FUZZ_SECONDS and keeps the corpora in build/fuzz/corpus; make test
@@ -200,7 +207,7 @@ $(TEST_DIR)/a_train.txt: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefi
 # make test compiles train_vla for the GPU everywhere; its tests run on the GPU if there is one,
 # otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries)
 test: train_vla_cpu test_vla libvla.so train_vla build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so dev_cuda $(GPU_TEST_BINARIES) \
-		$(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt venv_check
+		build/sanitize/train_vla_cpu fuzz_build $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt venv_check
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 
 venv_check:
@@ -209,9 +216,10 @@ venv_check:
 
 # What the tests need on a fresh Debian machine: PyTorch and numpy for the oracle, OpenBLAS
 # (Debian's torch calls whichever BLAS provides libblas.so.3; the reference BLAS is ~50x slower),
-# Mesa's EGL/OSMesa for headless MuJoCo rendering, and the venv of the data tools.
+# Mesa's EGL/OSMesa for headless MuJoCo rendering, clang with its sanitizer, libFuzzer and OpenMP
+# runtimes for the fuzzers (dev/fuzz), and the venv of the data tools.
 SETUP_PACKAGES = python3-torch python3-numpy libopenblas0-pthread python3-venv xz-utils \
-	libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libosmesa6
+	libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libosmesa6 clang-14 libclang-rt-14-dev libomp-14-dev
 setup:
 	@dpkg -s $(SETUP_PACKAGES) > /dev/null 2>&1 || { apt-get update && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(SETUP_PACKAGES); }

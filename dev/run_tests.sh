@@ -39,6 +39,9 @@ run_suite() {
 
 run_suite test_vla ./test_vla build/test
 run_suite learning dev/test_learning.sh
+run_suite hardening dev/test_hardening.sh
+# each fuzz harness for 60 s from the seeds (make fuzz runs them longer; FUZZ_TEST_SECONDS overrides)
+run_suite fuzz dev/fuzz/run_fuzz.sh "${FUZZ_TEST_SECONDS:-60}"
 # the GPU trainer's tests and the dev/cuda kernel checks: on the GPU (GPU_TESTS=build/gpu, the
 # dev/cuda programs built by dev/cuda/Makefile, benchmarks included) or under the CPU emulation
 # of CUDA (GPU_TESTS=build/emu, where the emulation's own tests run first)

@@ -7,7 +7,7 @@
 # The seeds are made by the project's own tools: data/synthetic's shards and dev/fuzz/make_seeds's
 # checkpoints. A crashing input is kept in build/fuzz/crashes/ for `build/fuzz/fuzz_NAME FILE`.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 seconds=${1:?usage: dev/fuzz/run_fuzz.sh SECONDS [shard|checkpoint|policy ...]}
 shift
 targets=("$@")

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Hardening tests that need more than a corrupt file (test_vla covers those): a full disk, a long
+# output path, a thread count the machine cannot start, a log left by a kill, random SIGKILLs of a
+# run that checkpoints every step, the sanitized CPU trainer, and which make targets speak of GPUs.
+# Run by `make test` after the binaries are built. Ends with `N passed, M failed`.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+DATA=build/test/a.bin
+TRAINER=./train_vla_cpu
+SANITIZED=build/sanitize/train_vla_cpu
+KILLS=${KILLS:-10}
+passed=0
+failed=0
+check() {  # check CONDITION-EXIT-STATUS MESSAGE
+    if [ "$1" -eq 0 ]; then echo "  ok   $2"; passed=$((passed + 1)); else echo "  FAIL $2"; failed=$((failed + 1)); fi
+}
+tmp=$(mktemp -d)
+mounted=""
+cleanup() {
+    if [ -n "$mounted" ]; then umount "$mounted" 2> /dev/null; fi
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+run=(-i "$DATA" -p tiny -b 2 -t 1 --workers 1)
+
+# one_line_error FILE NEEDLE: FILE holds exactly one line, an error naming NEEDLE
+one_line_error() {
+    [ "$(wc -l < "$1")" -eq 1 ] && grep -q '^error: ' "$1" && grep -qF -- "$2" "$1"
+}
+# steps_once LOG N: the log has steps 1..N, each exactly once, in order
+steps_once() {
+    [ "$(grep -o '"step": [0-9]*' "$1" | awk '{print $2}' | tr '\n' ' ')" = "$(seq -s ' ' 1 "$2") " ]
+}
+
+echo "== a full disk: the checkpoint's temporary file is removed, the space it needed is said"
+out=$tmp/fsize
+# RLIMIT_FSIZE caps every file at 1000 KiB: the 1.3 MiB checkpoint cannot be written (SIGXFSZ is
+# ignored, so the write fails with EFBIG instead of killing the process)
+(trap '' XFSZ; ulimit -f 1000; $TRAINER "${run[@]}" -n 1 -o "$out" > /dev/null 2> "$tmp/err")
+rc=$?
+one_line_error "$tmp/err" "ckpt_00000001.bin failed: File too large: the file needs 1.29 MiB" &&
+    grep -qF "the partial file was removed" "$tmp/err" && [ "$rc" -eq 1 ] && [ -z "$(ls "$out"/*.tmp 2> /dev/null)" ]
+check $? "a file size limit: exit $rc, no .tmp left: $(head -c 300 "$tmp/err")"
+mkdir -p "$tmp/disk"
+if mount -t tmpfs -o size=3m tmpfs "$tmp/disk" 2> /dev/null; then
+    mounted=$tmp/disk
+    # two kept checkpoints fit; the third does not while they are there
+    $TRAINER "${run[@]}" -n 4 -k 1 --keep 2 -o "$tmp/disk/run" > /dev/null 2> "$tmp/err"
+    rc=$?
+    used=$(df --output=used -k "$tmp/disk" | tail -n 1 | tr -d ' ')
+    one_line_error "$tmp/err" "ckpt_00000003.bin failed: No space left on device: the file needs 1.29 MiB" &&
+        [ "$rc" -eq 1 ] && [ -z "$(ls "$tmp/disk/run"/*.tmp 2> /dev/null)" ] && [ "$used" -lt 2700 ]
+    check $? "a 3 MiB disk that fills at the third checkpoint: exit $rc, no .tmp, ${used} KiB used: $(head -c 300 "$tmp/err")"
+    $TRAINER "${run[@]}" -n 3 -y 1 -o "$tmp/disk/run" > "$tmp/out" 2>&1
+    rc=$?
+    grep -qF "resumed from $tmp/disk/run/ckpt_00000002.bin" "$tmp/out" && [ "$rc" -eq 1 ]
+    check $? "the checkpoint before it is intact: -y 1 resumes from step 2 (and fails again on the full disk, exit $rc)"
+    umount "$tmp/disk" && mounted=""
+else
+    echo "  (tmpfs cannot be mounted here: the full-disk case runs under the file size limit above only)"
+fi
+
+echo "== output paths: a long one works whole, one past the limit is refused"
+long=$tmp
+for i in 1 2 3 4 5 6; do long=$long/$(printf 'd%.0s' $(seq 250))$i; done  # 6 folders of 251 bytes: > 1500 bytes
+mkdir -p "$long"
+$TRAINER "${run[@]}" -n 2 -k 1 -o "$long" > /dev/null 2>&1 && $TRAINER "${run[@]}" -n 3 -k 1 -y 1 -o "$long" > "$tmp/out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && [ -f "$long/ckpt_00000003.bin" ] && grep -qF "resumed from $long/ckpt_00000002.bin" "$tmp/out" &&
+    steps_once "$long/log.jsonl" 3
+check $? "-o of ${#long} bytes: checkpoints and log.jsonl under their whole names, and -y 1 resumes there (exit $rc)"
+too_long=$(printf 'x%.0s' $(seq 4090))
+$TRAINER "${run[@]}" -n 1 -o "$too_long" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "-o of 4090 bytes: the output folder's path must be 1 to 4063 bytes long" && [ "$rc" -eq 1 ]
+check $? "-o of 4090 bytes is refused: $(head -c 200 "$tmp/err")"
+
+echo "== -t past what the machine can start"
+# a 4 GiB address space holds a few hundred thread stacks, not 1000
+(ulimit -v 4000000; $TRAINER "${run[@]}" -n 1 -t 1000 -o "$tmp/threads" > /dev/null 2> "$tmp/err")
+rc=$?
+one_line_error "$tmp/err" "-t 1000: this machine could start only" && [ "$rc" -eq 1 ]
+check $? "-t 1000 under a 4 GiB address space: exit $rc: $(head -c 200 "$tmp/err")"
+
+echo "== log.jsonl after a kill between a step's line and its checkpoint"
+out=$tmp/log
+$TRAINER "${run[@]}" -n 3 -k 3 -o "$out" > /dev/null 2>&1
+# what a run killed after logging steps 4 and 5 (and half of 6) but before checkpointing them leaves
+printf '{"step": 4, "loss": 1}\n{"step": 5, "loss": 1}\n{"step": 6, "lo' >> "$out/log.jsonl"
+$TRAINER "${run[@]}" -n 5 -k 5 -y 1 -o "$out" > "$tmp/out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && steps_once "$out/log.jsonl" 5 && grep -q "dropped 3 line(s) past step 3" "$tmp/out"
+check $? "resumed at step 3: steps 1-5 once each in log.jsonl, the 3 stale lines dropped (exit $rc)"
+
+echo "== random SIGKILLs of a run that checkpoints every step"
+steps=400
+last=$(printf 'ckpt_%08d.bin' $steps)
+kill_run=("${run[@]}" -n "$steps" -k 1 --keep 2 -s 5)
+$TRAINER "${kill_run[@]}" -o "$tmp/straight" > /dev/null 2>&1
+check $? "the uninterrupted run ($steps steps of a few ms, a checkpoint after each)"
+out=$tmp/killed
+kills=0
+attempts=0
+delays=""
+# each attempt resumes with -y 1 and gets SIGKILL after a random 0-60 ms: in its startup, in a
+# step or in a checkpoint's write; until KILLS of them died by the signal. Then one runs to the end.
+while [ "$kills" -lt "$KILLS" ] && [ "$attempts" -lt $((KILLS * 5)) ]; do
+    attempts=$((attempts + 1))
+    $TRAINER "${kill_run[@]}" -y 1 -o "$out" > /dev/null 2>&1 &
+    pid=$!
+    delay=$((RANDOM % 60))
+    sleep "$(printf '0.%03d' "$delay")"
+    kill -9 "$pid" 2> /dev/null
+    wait "$pid" 2> /dev/null
+    if [ $? -eq 137 ]; then kills=$((kills + 1)); delays="$delays $delay"; fi
+done
+$TRAINER "${kill_run[@]}" -y 1 -o "$out" > /dev/null 2>&1
+rc=$?
+check $(( kills >= KILLS ? 0 : 1 )) "$kills of $attempts attempts died by SIGKILL (after ms:$delays)"
+cmp -s "$tmp/straight/$last" "$out/$last"
+check $? "resumed with -y 1 after every kill, the final checkpoint equals the uninterrupted run's byte for byte (exit $rc)"
+losses() { grep -o '"loss": [^,]*' "$1"; }
+steps_once "$out/log.jsonl" "$steps" && [ "$(losses "$out/log.jsonl")" = "$(losses "$tmp/straight/log.jsonl")" ]
+check $? "its log.jsonl holds steps 1-$steps once each, with the uninterrupted run's losses"
+[ -z "$(ls "$out"/*.tmp 2> /dev/null)" ] && [ "$(find "$out" -name "ckpt_*.bin" | wc -l)" -eq 2 ]
+check $? "no temporary file is left, and --keep 2 holds"
+
+echo "== the CPU trainer under AddressSanitizer and UndefinedBehaviorSanitizer"
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
+out=$tmp/sanitized
+$SANITIZED -i $DATA -p tiny -b 2 -g 2 -z 1 --augment-shift 2 -n 3 -k 2 -t 2 --workers 2 -o "$out" > /dev/null 2> "$tmp/err" &&
+    $SANITIZED -i $DATA -p tiny -b 2 -g 2 -z 1 --augment-shift 2 -n 4 -k 2 -t 2 --workers 2 -y 1 -o "$out" > /dev/null 2>> "$tmp/err"
+rc=$?
+[ "$rc" -eq 0 ] && [ ! -s "$tmp/err" ] && [ -f "$out/ckpt_00000004.bin" ]
+check $? "3 steps, then 1 more resumed: 2 simulated ranks, ZeRO-1, image shifts, 2 loader threads: exit $rc, nothing reported$(head -c 300 "$tmp/err")"
+cp $DATA "$tmp/nan.bin"
+python3 - "$tmp/nan.bin" << 'EOF'
+import struct, sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+off_state = struct.unpack_from("<Q", raw, 64)[0]  # ShardHeader.off_state
+struct.pack_into("<f", raw, off_state + 8, float("nan"))
+open(sys.argv[1], "wb").write(raw)
+EOF
+truncated=$tmp/truncated.bin
+head -c 5000 "$tmp/straight/$last" > "$truncated"
+bad_cases=(
+    "shards of two shapes|-i $DATA,build/test/b.bin -p tiny -n 1|shards of one dataset must agree"
+    "NaN in a shard|-i $tmp/nan.bin -p tiny -n 1|frame 0, state column 2 is NaN"
+    "a truncated checkpoint|-i $DATA -p tiny -n 1 --init $truncated|it is truncated or corrupt"
+    "a folder as --init|-i $DATA -p tiny -n 1 --init $tmp|is a folder, not a checkpoint file"
+)
+for c in "${bad_cases[@]}"; do
+    IFS='|' read -r what flags needle <<< "$c"
+    # shellcheck disable=SC2086
+    $SANITIZED $flags -o "$tmp/bad" > /dev/null 2> "$tmp/err"
+    rc=$?
+    one_line_error "$tmp/err" "$needle" && [ "$rc" -eq 1 ]
+    check $? "$what: exit $rc, one line and no sanitizer report: $(head -c 300 "$tmp/err")"
+done
+
+echo "== only GPU builds speak of GPUs"
+make -n setup train_vla_cpu test_vla 2>&1 | grep -iE 'GPU found|building for|nccl.h' > "$tmp/out"
+check $(( $(wc -l < "$tmp/out") == 0 ? 0 : 1 )) "make setup, train_vla_cpu and test_vla say nothing of a GPU: $(head -c 200 "$tmp/out")"
+CI=true make -n -B train_vla 2>&1 | grep -c 'building for sm_90' > "$tmp/out"
+check $(( $(cat "$tmp/out") == 1 ? 0 : 1 )) "make train_vla names the architecture it builds for, once ($(cat "$tmp/out") line)"
+
+echo
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
