@@ -217,9 +217,11 @@ venv_check:
 # What the tests need on a fresh Debian machine: PyTorch and numpy for the oracle, OpenBLAS
 # (Debian's torch calls whichever BLAS provides libblas.so.3; the reference BLAS is ~50x slower),
 # Mesa's EGL/OSMesa for headless MuJoCo rendering, clang with its sanitizer, libFuzzer and OpenMP
-# runtimes for the fuzzers (dev/fuzz), and the venv of the data tools.
+# runtimes for the fuzzers (dev/fuzz), fonts with Latin, CJK and emoji glyphs for the inspector's
+# contact sheet, and the venv of the data tools.
 SETUP_PACKAGES = python3-torch python3-numpy libopenblas0-pthread python3-venv xz-utils \
-	libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libosmesa6 clang-14 libclang-rt-14-dev libomp-14-dev
+	libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libosmesa6 clang-14 libclang-rt-14-dev libomp-14-dev \
+	fonts-dejavu-core fonts-wqy-microhei fonts-symbola
 setup:
 	@dpkg -s $(SETUP_PACKAGES) > /dev/null 2>&1 || { apt-get update && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(SETUP_PACKAGES); }

@@ -15,6 +15,9 @@ instructions longer than --max-text, stored stats that disagree with the data) a
 --sheet writes a PNG contact sheet of --samples frames drawn at random (--seed): each
 camera's image enlarged, the instruction as the model gets it (--max-text bytes), the episode
 and frame, the state and action values, and how much of the --chunk action chunk is valid.
+Text is drawn with DejaVu Sans, WenQuanYi Micro Hei and Symbola (SHEET_FONTS), each character
+with the first of them that has it, so German, Chinese or emoji instructions are legible; a
+character none of the fonts found has is drawn as a box and named in a `warning:` line.
 """
 
 import argparse
@@ -22,6 +25,7 @@ import math
 import os
 import sys
 import types
+import unicodedata
 
 import numpy as np
 
@@ -280,19 +284,123 @@ def summarize(spec, reports, dataset, chunk, max_text):
 # ---------------------------------------------------------------------------
 # contact sheet
 
-def wrap(draw, font, text, width):
+# Fonts of the contact sheet, tried in this order for each character: the first that has a glyph
+# for it draws it. (file, Debian package that installs it, what it is there for)
+SHEET_FONTS = [
+    ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "fonts-dejavu-core", "Latin, Greek, Cyrillic"),
+    ("/usr/share/fonts/truetype/wqy/wqy-microhei.ttc", "fonts-wqy-microhei", "Chinese, Japanese, Korean"),
+    ("/usr/share/fonts/truetype/ancient-scripts/Symbola_hint.ttf", "fonts-symbola", "emoji and symbols"),
+]
+DEFAULT_FONT_CHARS = set(range(0x20, 0x7F))  # what PIL's built-in font is trusted to draw: printable ASCII
+
+
+_charmaps = {}  # font file -> codepoints: read once per file, shared by the sizes
+
+
+def font_charmap(path):
+    """The codepoints a font file has glyphs for (its first face, as PIL opens it)."""
+    if path not in _charmaps:
+        from matplotlib.ft2font import FT2Font  # PIL does not tell which characters a font has
+        _charmaps[path] = frozenset(FT2Font(path).get_charmap())
+    return _charmaps[path]
+
+
+class SheetFont:
+    """The fonts of SHEET_FONTS at one pixel size, used as one font: each character is drawn with the
+    first font that has a glyph for it, so instructions in any script, and emoji, are legible. PIL
+    has no font fallback of its own. Fonts whose file is missing are left out (`missing` lists them);
+    with none found, PIL's built-in font draws everything. Characters that no font has are drawn by
+    the first font (as its missing-glyph box) and collected in `uncovered`."""
+
+    def __init__(self, size, fonts=SHEET_FONTS):
+        from PIL import ImageFont
+        self.faces, self.missing, self.uncovered = [], [], set()  # faces: (PIL font, codepoints)
+        for path, package, what in fonts:
+            try:
+                if not os.path.isfile(path):  # (PIL would look for a file of that name elsewhere)
+                    raise FileNotFoundError(path)
+                self.faces.append((ImageFont.truetype(path, size), font_charmap(path)))
+            except (OSError, RuntimeError):  # no such file, or not a font FreeType reads: as if not installed
+                self.missing.append((path, package, what))
+        if not self.faces:
+            try:
+                default = ImageFont.load_default(size=size)  # FreeType build: a scalable font
+            except (TypeError, OSError, ImportError):
+                default = ImageFont.load_default()  # no FreeType: the fixed bitmap font
+            self.faces.append((default, DEFAULT_FONT_CHARS))
+        # one baseline for all faces: each is drawn lowered by how much less it rises above it
+        self.ascent = max(ascent(f) for f, _ in self.faces)
+        self.height = self.ascent + max(descent(f) for f, _ in self.faces)
+
+    def font_for(self, ch):
+        cp = ord(ch)
+        for font, chars in self.faces:
+            if cp in chars:
+                return font
+        if ch != " " and unicodedata.category(ch) not in ("Mn", "Me", "Cf"):  # marks, joiners: invisible
+            self.uncovered.add(ch)
+        return self.faces[0][0]
+
+    def runs(self, text):
+        """text as (substring, font) runs of characters that share their font."""
+        out = []
+        for ch in text:
+            font = self.font_for(ch)
+            if out and out[-1][1] is font:
+                out[-1][0] += ch
+            else:
+                out.append([ch, font])
+        return [(run, font) for run, font in out]
+
+    def length(self, text):
+        """Advance width of text in pixels, as draw() lays it out."""
+        return sum(font.getlength(run) for run, font in self.runs(text))
+
+    def draw(self, draw, xy, text, fill):
+        x, y = xy
+        for run, font in self.runs(text):
+            draw.text((x, y + self.ascent - ascent(font)), run, fill=fill, font=font)
+            x += font.getlength(run)
+
+    def warnings(self):
+        """One line (or none): font files that are missing and what installs them, or characters
+        that no font has."""
+        chars = sorted(self.uncovered)
+        shown = " ".join((f"'{c}' " if c.isprintable() else "") + f"U+{ord(c):04X}" for c in chars[:5]) \
+            + (" ..." if len(chars) > 5 else "")
+        if self.missing:
+            files = ", ".join(f"{path} ({what})" for path, _, what in self.missing)
+            drawn = f"; this sheet has {len(chars)}: {shown}" if chars else ""
+            packages = " ".join(package for _, package, _ in self.missing)
+            return [f"contact sheet font(s) missing: {files}: characters only they have are drawn as boxes{drawn}; "
+                    f"install them with `apt-get install {packages}` (`make setup` does)"]
+        if chars:
+            return [f"the contact sheet draws {len(chars)} character(s) as boxes: {shown}: none of its fonts has "
+                    "them (SHEET_FONTS in data/inspect_shards.py lists the fonts)"]
+        return []
+
+
+def ascent(font):
+    return font.getmetrics()[0] if hasattr(font, "getmetrics") else 0
+
+
+def descent(font):
+    return font.getmetrics()[1] if hasattr(font, "getmetrics") else 11  # the bitmap font's cell is 11 px
+
+
+def wrap(font, text, width):
     """Greedy word wrap to a pixel width; a word longer than the width is split by characters."""
     lines, line = [], ""
     for word in text.split(" "):
         candidate = word if not line else line + " " + word
-        if draw.textlength(candidate, font=font) <= width:
+        if font.length(candidate) <= width:
             line = candidate
             continue
         if line:
             lines.append(line)
-        while draw.textlength(word, font=font) > width and len(word) > 1:
+        while font.length(word) > width and len(word) > 1:
             k = len(word)
-            while k > 1 and draw.textlength(word[:k], font=font) > width:
+            while k > 1 and font.length(word[:k]) > width:
                 k -= 1
             lines.append(word[:k])
             word = word[k:]
@@ -303,14 +411,6 @@ def wrap(draw, font, text, width):
 
 def values_text(label, v):
     return label + "  " + " ".join(f"{x:+.3f}" for x in v)
-
-
-def load_font(size):
-    from PIL import ImageFont
-    try:
-        return ImageFont.load_default(size=size)  # FreeType build: a scalable font
-    except (TypeError, OSError, ImportError):
-        return ImageFont.load_default()  # no FreeType: the fixed bitmap font
 
 
 def write_sheet(path, spec, dataset, n_samples, seed, max_text, chunk):
@@ -324,9 +424,8 @@ def write_sheet(path, spec, dataset, n_samples, seed, max_text, chunk):
     scale = max(1, math.ceil(96 / dataset.img))  # nearest neighbour to at least 96 px: pixels stay visible
     side = dataset.img * scale
     pad, gap = 10, 6
-    font, small = load_font(14), load_font(12)
-    scratch = ImageDraw.Draw(Image.new("RGB", (1, 1)))
-    line_h = int(font.getbbox("Ag")[3]) + 4
+    font, small = SheetFont(14), SheetFont(12)
+    line_h = font.height + 2
     tile_w = max(dataset.n_cam * (side + gap) - gap, 360)
     text_w = tile_w
 
@@ -342,11 +441,11 @@ def write_sheet(path, spec, dataset, n_samples, seed, max_text, chunk):
         seen = bytes(text[:int(text_mask.sum())]).decode("utf-8", "replace")  # the bytes the model gets
         lines = [(f"sample {int(index)}   shard {k}   episode {e}   frame {f - int(ep['first_frame'])}"
                   f" of {int(ep['length'])}", "black", font)]
-        for part in wrap(scratch, font, f"\"{seen}\"" + (f"  [+{len(full) - max_text} bytes cut]"
-                                                         if len(full) > max_text else ""), text_w):
+        cut = f"  [+{len(full) - max_text} bytes cut]" if len(full) > max_text else ""
+        for part in wrap(font, f"\"{seen}\"" + cut, text_w):
             lines.append((part, "navy", font))
         for label, v, color in (("state", shard.state[f], "darkgreen"), ("action", shard.action[f], "darkred")):
-            for part in wrap(scratch, small, values_text(label, v), text_w):
+            for part in wrap(small, values_text(label, v), text_w):
                 lines.append((part, color, small))
         lines.append((f"chunk: {int(action_mask.sum())} of {chunk} actions inside the episode",
                       "dimgray", small))
@@ -358,10 +457,10 @@ def write_sheet(path, spec, dataset, n_samples, seed, max_text, chunk):
     title_h = 2 * line_h + pad
     sheet = Image.new("RGB", (pad + cols * (tile_w + 2 * pad), title_h + pad + rows * (tile_h + 2 * pad)), "white")
     draw = ImageDraw.Draw(sheet)
-    draw.text((pad, pad), f"{spec}: {dataset.n_samples} frames, {dataset.n_cam} camera(s) {dataset.img}x"
-              f"{dataset.img} shown x{scale}", fill="black", font=font)
-    draw.text((pad, pad + line_h), f"{len(tiles)} random samples (seed {seed}), instruction as the model reads "
-              f"it (max {max_text} bytes), raw state and action of the frame", fill="dimgray", font=small)
+    font.draw(draw, (pad, pad), f"{spec}: {dataset.n_samples} frames, {dataset.n_cam} camera(s) "
+              f"{dataset.img}x{dataset.img} shown x{scale}", fill="black")
+    small.draw(draw, (pad, pad + line_h), f"{len(tiles)} random samples (seed {seed}), instruction as the model "
+               f"reads it (max {max_text} bytes), raw state and action of the frame", fill="dimgray")
 
     for i, (images, lines) in enumerate(tiles):
         x0 = pad + (i % cols) * (tile_w + 2 * pad) + pad // 2
@@ -373,10 +472,11 @@ def write_sheet(path, spec, dataset, n_samples, seed, max_text, chunk):
             sheet.paste(im, (x0 + c * (side + gap), y0))
         y = y0 + side + 4
         for text, color, fnt in lines:
-            draw.text((x0, y), text, fill=color, font=fnt)
+            fnt.draw(draw, (x0, y), text, fill=color)
             y += line_h
     sheet.save(path)
-    return sheet.size
+    font.uncovered |= small.uncovered
+    return sheet.size, font.warnings()
 
 
 # ---------------------------------------------------------------------------
@@ -411,10 +511,17 @@ def main():
     print(summarize(args.shards, reports, dataset, args.chunk, args.max_text))
     if args.sheet:
         try:
-            w, h = write_sheet(args.sheet, args.shards, dataset, args.samples, args.seed, args.max_text, args.chunk)
+            (w, h), sheet_warnings = write_sheet(args.sheet, args.shards, dataset, args.samples, args.seed,
+                                                 args.max_text, args.chunk)
         except OSError as e:
             print(f"error: cannot write the contact sheet {args.sheet}: {e}", file=sys.stderr)
             return 1
+        except ImportError as e:
+            print(f"error: {e}: the contact sheet needs Pillow and matplotlib, install the data tools' packages "
+                  "with `make setup`", file=sys.stderr)
+            return 1
+        for line in sheet_warnings:
+            print(f"warning: {line}", file=sys.stderr)
         print(f"contact sheet {args.sheet} ({w}x{h} px)")
     return 0
 

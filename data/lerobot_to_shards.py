@@ -10,7 +10,8 @@ frames (an episode longer than that gets a shard of its own), its own table of t
 its episodes use, and the mean and population std of its state and action. Shards are named
 <name>_000.bin, _001.bin ... (--name, default: the dataset folder's name); they are written
 aside and moved into the output folder only once the whole conversion succeeded, replacing the
-shards of an earlier conversion under the same name.
+shards of an earlier conversion under the same name. A failed or interrupted run leaves the
+output folder as it was, and removes it if the run created it.
 
 Images: every camera frame is center-cropped to a square (the shorter side is kept whole) and
 resized to --img pixels with PIL's bilinear filter, so a wide image keeps its aspect ratio and
@@ -63,7 +64,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from console import end_progress, progress_line  # noqa: E402
-from vla_shard import text_collision_warnings, write_shard  # noqa: E402
+from vla_shard import img_side_error, outermost_missing, text_collision_warnings, write_shard  # noqa: E402
 
 
 class ConvertError(Exception):
@@ -105,7 +106,15 @@ def read_info(src):
     """meta/info.json, with its major format version checked: returns (info, "v2" or "v3")."""
     path = os.path.join(src, "meta", "info.json")
     info = load_json(path, "not a LeRobot dataset folder (pass the folder that holds meta/, data/ and videos/)")
-    version = str(info.get("codebase_version", ""))
+    if not isinstance(info, dict):
+        fail(f"{path} holds a JSON {json_kind(info)}, not an object: the dataset's metadata is corrupt, re-download it")
+    # the version first: an old format lacks the other fields and wants the conversion advice
+    need = ["codebase_version", "fps", "features", "data_path"]
+    missing = [k for k in need if k not in info]
+    if "codebase_version" in missing:
+        fail(f"{path} lacks the field(s) {', '.join(missing)}: the file is corrupt or the folder is not a LeRobot "
+             "dataset; download the dataset again")
+    version = str(info["codebase_version"])
     if version in ("v2.0", "v2.1"):
         fmt = "v2"
     elif version == "v3.0":
@@ -113,10 +122,26 @@ def read_info(src):
     else:
         fail(f"{path}: codebase_version '{version}' is not supported (v2.0, v2.1 and v3.0 are): "
              "convert the dataset to v3.0 with LeRobot's conversion script first")
-    for key in ("fps", "features", "data_path"):
-        if key not in info:
-            fail(f"{path} has no '{key}' entry: the file is damaged or not LeRobot's, download the dataset again")
+    if missing:
+        fail(f"{path} lacks the field(s) {', '.join(missing)}: the file is corrupt or the folder is not a LeRobot "
+             "dataset; download the dataset again")
+    kinds = [("fps", (int, float)), ("features", dict), ("data_path", str), ("video_path", (str, type(None))),
+             ("chunks_size", int)]
+    for key, kind in kinds:
+        if key in info and (not isinstance(info[key], kind) or isinstance(info[key], bool)):
+            fail(f"{path}: '{key}' is a JSON {json_kind(info[key])}, which LeRobot never writes there: "
+                 "the dataset's metadata is corrupt, re-download it")
     return info, fmt
+
+
+def json_kind(value):
+    """The JSON name of a parsed value's type, for messages."""
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    kinds = {dict: "object", list: "list", str: "string", int: "number", float: "number"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def camera_keys(info, requested):
@@ -531,16 +556,17 @@ def convert(args):
     episodes = select_episodes(read_episodes(src, fmt, info, cams), args.episodes)
     tol = 0.5 / args.fps  # half a frame period
 
-    # shards are written to a staging folder and moved into place at the end, so that a failed
-    # run leaves the output folder as it was (an earlier conversion stays whole)
-    staging = os.path.join(args.output, f".{args.name}.converting")
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
-    writer = ShardWriter(staging, args.name, args.frames_per_shard, tasks)
     data = DataFiles(args, [k for k in cams if kinds[k] == "image"])
     readers = {k: VideoReader(k) for k in cams if kinds[k] == "video"}
+    # shards are written to a staging folder and moved into place at the end, so that a failed
+    # run leaves the output folder as it was (an earlier conversion stays whole; a folder the run
+    # created is removed by main)
+    staging = os.path.join(args.output, f".{args.name}.converting")
+    shutil.rmtree(staging, ignore_errors=True)
+    writer = ShardWriter(staging, args.name, args.frames_per_shard, tasks)
     frames, written, dims, used_tasks = 0, 0, None, set()
     try:
+        os.makedirs(staging)
         for done, ep in enumerate(episodes, 1):
             e = ep["index"]
             rows = data.episode(ep)
@@ -650,14 +676,19 @@ def main():
             ap.error("--cameras: a shard holds at most 16 cameras")
     if not 8 <= args.img <= 4096:
         ap.error("--img must be between 8 and 4096")
+    if img_side_error(args.img):
+        error_exit(img_side_error(args.img))
     if args.frames_per_shard < 1:
         ap.error("--frames-per-shard must be at least 1")
     if args.name is None:
         args.name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(os.path.normpath(os.path.abspath(args.src))))
     elif not re.fullmatch(r"[A-Za-z0-9._-]+", args.name):
         ap.error("--name may hold only letters, digits, '.', '_' and '-'")
+    created = outermost_missing(args.output)  # what the run makes (os.makedirs), so what a failure removes
+    finished = False
     try:
         convert(args)
+        finished = True
     except ConvertError as e:
         error_exit(str(e))
     except ImportError as e:
@@ -669,6 +700,9 @@ def main():
     except Exception as e:  # a case this script did not foresee: still one line, no traceback
         msg = str(e).splitlines()[0] if str(e) else ""
         error_exit(f"unexpected {type(e).__name__}: {msg}: please report it with the dataset's meta/info.json")
+    finally:
+        if not finished and created is not None:
+            shutil.rmtree(created, ignore_errors=True)
 
 
 def error_exit(msg):

@@ -13,11 +13,16 @@ Every episode gets its own random layout (object and goal positions) from a seed
 A frame holds the images of each camera before the step, the state (hand xyz and gripper
 opening, or the full 39-dim observation with --state full) and the 4-dim expert action
 (xyz delta and gripper, clipped to [-1, 1] as the environment does).
+Shards are written aside and moved into the output folder once every episode is done: a failed
+or interrupted run (one `error:` line, exit status 1) leaves the folder as it was, and removes
+it if the run created it.
 """
 
 import argparse
 import multiprocessing
 import os
+import shutil
+import signal
 import sys
 import time
 import warnings
@@ -26,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from console import end_progress, progress_line  # noqa: E402
-from vla_shard import text_collision_warnings, write_shard  # noqa: E402
+from vla_shard import img_side_error, outermost_missing, text_collision_warnings, write_shard  # noqa: E402
 
 # Instructions for each task, written for this project. The robot is a Sawyer arm on a table.
 INSTRUCTIONS = {
@@ -185,10 +190,17 @@ class Worker:
                     break
             if success_at is not None:
                 return np.stack(images), np.stack(states), np.stack(actions), attempt + 1
-        raise RuntimeError(f"{task} episode {episode}: the expert failed {a.max_attempts} layouts in a row")
+        raise RuntimeError(f"{task} episode {episode}: the expert failed {a.max_attempts} layout(s) in a row: "
+                           "raise --max-steps or --max-attempts")
 
 
 _worker = None
+
+
+def ignore_interrupt():
+    """Pool initializer: Ctrl-C is the main process's to handle (it ends the pool), so the
+    workers print no tracebacks of their own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run_job(job):
@@ -257,6 +269,8 @@ def main():
     args.cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]
     if args.episodes < 1 or args.img < 8 or args.workers < 1 or not args.cameras:
         sys.exit("error: --episodes and --workers must be at least 1, --img at least 8, and --cameras non-empty")
+    if img_side_error(args.img):
+        sys.exit(f"error: {img_side_error(args.img)}")
     os.environ.setdefault("MUJOCO_GL", "egl")
     try:
         import metaworld  # noqa: F401
@@ -266,25 +280,63 @@ def main():
     tasks = task_list(args.tasks)
     for line in text_collision_warnings([INSTRUCTIONS[t] for t in tasks]):
         sys.stderr.write(line + "\n")
-    os.makedirs(args.output, exist_ok=True)
 
+    created = outermost_missing(args.output)  # what the run makes, so what a failure removes
+    finished = False
+    try:
+        generate(args, tasks)
+        finished = True
+    except RuntimeError as e:  # the expert failed every layout of an episode
+        error_exit(str(e))
+    except KeyboardInterrupt:
+        error_exit("interrupted: the output folder is as it was, run the generator again")
+    except OSError as e:
+        error_exit(f"{e}: check the -o path and the free disk space")
+    except Exception as e:  # e.g. MuJoCo cannot render: still one line, no traceback
+        msg = str(e).splitlines()[0] if str(e) else ""
+        error_exit(f"unexpected {type(e).__name__}: {msg}: if MuJoCo cannot render, run `make setup` (Mesa's EGL) "
+                   "or try MUJOCO_GL=osmesa; otherwise please report it")
+    finally:
+        if not finished and created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+
+
+def generate(args, tasks):
+    """Runs the episodes and writes the shards. They are written to a staging folder and moved into
+    the output folder once every episode succeeded: a failed run leaves the output folder as it was."""
+    staging = os.path.join(args.output, f".{args.name}.generating")
+    shutil.rmtree(staging, ignore_errors=True)
     jobs = [(args, task, list(INSTRUCTIONS).index(task), e) for task in tasks for e in range(args.episodes)]
-    writer = ShardWriter(args.output, args.name, args.frames_per_shard)
+    writer = ShardWriter(staging, args.name, args.frames_per_shard)
     t0, frames, attempts = time.time(), 0, 0
     ctx = multiprocessing.get_context("spawn")  # fresh GL contexts per worker
-    with ctx.Pool(min(args.workers, len(jobs))) as pool:
-        # ordered results: shards come out the same whatever the worker count
-        for done, (task_index, _, images, state, action, tries) in enumerate(pool.imap(run_job, jobs, chunksize=1), 1):
-            writer.add(list(INSTRUCTIONS)[task_index], images, state, action)
-            frames += len(action)
-            attempts += tries
-            progress(done, len(jobs), frames, t0)
-    writer.flush()
+    try:
+        os.makedirs(staging)
+        with ctx.Pool(min(args.workers, len(jobs)), initializer=ignore_interrupt) as pool:
+            results = pool.imap(run_job, jobs, chunksize=1)  # in order: the same shards whatever the worker count
+            for done, (task_index, _, images, state, action, tries) in enumerate(results, 1):
+                writer.add(list(INSTRUCTIONS)[task_index], images, state, action)
+                frames += len(action)
+                attempts += tries
+                progress(done, len(jobs), frames, t0)
+        writer.flush()
+        shards = []
+        for p in writer.paths:
+            shards.append(os.path.join(args.output, os.path.basename(p)))
+            os.replace(p, shards[-1])
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     elapsed = time.time() - t0
     end_progress()
-    print(f"wrote {len(writer.paths)} shard(s) to {args.output}: {len(jobs)} episodes of {len(tasks)} task(s), "
+    print(f"wrote {len(shards)} shard(s) to {args.output}: {len(jobs)} episodes of {len(tasks)} task(s), "
           f"{frames} frames, {len(args.cameras)} camera(s) at {args.img}px; {attempts - len(jobs)} failed layouts "
           f"retried; {elapsed:.1f} s, {frames / elapsed:.1f} frames/s")
+
+
+def error_exit(msg):
+    end_progress()  # the error goes on a line of its own
+    sys.stderr.write(f"error: {msg}\n")
+    sys.exit(1)
 
 
 if __name__ == "__main__":

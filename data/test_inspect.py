@@ -21,18 +21,19 @@ check = Checks()
 
 
 def inspect(*args):
-    return subprocess.run([sys.executable, os.path.join(HERE, "inspect_shards.py"), *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, os.path.join(HERE, "inspect_shards.py"), *args], capture_output=True,
+                          text=True, encoding="utf-8")
 
 
-def make_shard(path, img=16, n_cam=2):
-    """3 episodes (5, 7, 4 frames), 2 tasks, state 3, action 2 with a constant second dim."""
+def make_shard(path, img=16, n_cam=2, tasks=("stack the red block", "open the drawer")):
+    """3 episodes (5, 7, 4 frames) of tasks 0, 1 and 2 (0 again when there are 2), state 3,
+    action 2 with a constant second dim."""
     rng = np.random.default_rng(1)
     n = 16
     images = rng.integers(0, 256, (n, n_cam, img, img, 3), dtype=np.uint8)
     state = rng.normal(size=(n, 3)).astype(np.float32)
     action = np.stack([rng.normal(size=n), np.full(n, 0.25)], 1).astype(np.float32)
-    vla_shard.write_shard(path, images, state, action, [(0, 5, 0), (5, 7, 1), (12, 4, 0)],
-                          ["stack the red block", "open the drawer"])
+    vla_shard.write_shard(path, images, state, action, [(0, 5, 0), (5, 7, 1), (12, 4, 2 % len(tasks))], list(tasks))
 
 
 def patched(src, dst, section, offset_in_section, values):
@@ -99,6 +100,82 @@ def main():
         r = inspect(os.path.join(tmp, "missing.bin"))
         check(r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr,
               "a missing path is a one-line error")
+        multilingual(tmp)
+        missing_fonts()
+
+
+MULTILINGUAL = ["Schublade öffnen", "打开抽屉", "🚪 open the door"]
+UNASSIGNED = "\u0378"  # no character: every font draws it as its missing-glyph box (.notdef)
+
+
+def pixels(draw_text, text):
+    """Grey pixels of `text` drawn by draw_text(draw, xy, text) on a black 64x32 image."""
+    from PIL import Image, ImageDraw
+    im = Image.new("L", (64, 32), 0)
+    draw_text(ImageDraw.Draw(im), (2, 2), text)
+    return np.asarray(im)
+
+
+def multilingual(tmp):
+    """German, Chinese and emoji instructions: the contact sheet draws each character with a font
+    that has it, not as the missing-glyph box of PIL's default font."""
+    import inspect_shards
+    path, sheet = os.path.join(tmp, "multilingual.bin"), os.path.join(tmp, "multilingual.png")
+    make_shard(path, tasks=MULTILINGUAL)
+    r = inspect(path, "--sheet", sheet, "--samples", "16")
+    check(r.returncode == 0 and r.stderr.strip() == "" and all(f'"{t}"' in r.stdout for t in MULTILINGUAL),
+          f"German, Chinese and emoji instructions: exit 0, named in the summary, no box drawn on the sheet "
+          f"(no warning) ({r.returncode}: {r.stderr.strip()[-300:]})")
+    font = inspect_shards.SheetFont(14)
+    chars = sorted({c for t in MULTILINGUAL for c in t if c != " "})
+    wrong, boxes = [], []
+    for ch in chars:
+        chosen = font.font_for(ch)
+        if not any(chosen is f and ord(ch) in codepoints for f, codepoints in font.faces):
+            wrong.append(f"'{ch}' U+{ord(ch):04X} ({chosen.getname()[0]})")
+        # the glyph drawn is not the chosen font's .notdef box
+        glyph = pixels(lambda d, xy, t: d.text(xy, t, fill=255, font=chosen), ch)
+        box = pixels(lambda d, xy, t: d.text(xy, t, fill=255, font=chosen), UNASSIGNED)
+        if not glyph.any() or np.array_equal(glyph, box):
+            boxes.append(ch)
+    check(not wrong, f"each of the {len(chars)} characters is drawn with a font whose charmap has it; not: {wrong}")
+    check(not boxes, f"no character is drawn as its font's missing-glyph box; boxes: {boxes}")
+    names = {ch: font.font_for(ch).getname()[0] for ch in "ö打🚪"}
+    check(names == {"ö": "DejaVu Sans", "打": "WenQuanYi Micro Hei", "🚪": "Symbola"},
+          f"'ö', '打', '🚪' are drawn with DejaVu Sans, WenQuanYi Micro Hei, Symbola: {names}")
+    drawn = {ch: pixels(lambda d, xy, t: font.draw(d, xy, t, fill=255), ch) for ch in ("打", "🚪", UNASSIGNED)}
+    primary = font.faces[0][0]
+    box = pixels(lambda d, xy, t: d.text(xy, t, fill=255, font=primary), UNASSIGNED)
+    check(not np.array_equal(drawn["打"], drawn[UNASSIGNED]) and not np.array_equal(drawn["打"], box)
+          and not np.array_equal(drawn["🚪"], box), "the sheet's text drawing: '打' and '🚪' differ from the "
+          "missing-glyph box of U+0378")
+    cjk = font.font_for("打")
+    width = font.length("打开抽屉")
+    check(width == cjk.getlength("打开抽屉") and width != primary.getlength("打开抽屉"),
+          f"text is measured with the fonts that draw it: '打开抽屉' is {width} px, not the {primary.getlength('打开抽屉')} "
+          "px of the first font's boxes")
+    text = "打开抽屉" * 5 + " Schublade öffnen"
+    lines = inspect_shards.wrap(font, text, 100)
+    check(len(lines) >= 3 and all(font.length(line) <= 100 for line in lines)
+          and "".join(lines) == text.replace(" ", ""),
+          f"mixed text wraps within 100 px as drawn: {lines}")
+
+
+def missing_fonts():
+    """A font file that is missing: the sheet's text still draws, and a one-line warning names the
+    Debian package that installs it."""
+    import inspect_shards
+    gone = ("/nonexistent/NoSuchFont.ttf", "fonts-nosuch", "tests")
+    font = inspect_shards.SheetFont(14, [gone, inspect_shards.SHEET_FONTS[0]])
+    text = pixels(lambda d, xy, t: font.draw(d, xy, t, fill=255), "öffnen")
+    lines = font.warnings()
+    check(text.any() and len(lines) == 1 and "\n" not in lines[0] and "/nonexistent/NoSuchFont.ttf" in lines[0]
+          and "apt-get install fonts-nosuch" in lines[0], f"a missing font file: text still drawn, warning {lines}")
+    alone = inspect_shards.SheetFont(14, [gone])
+    text = pixels(lambda d, xy, t: alone.draw(d, xy, t, fill=255), "open 打")
+    lines = alone.warnings()
+    check(text.any() and len(lines) == 1 and "this sheet has 1: '打' U+6253" in lines[0],
+          f"no font file at all: PIL's own font draws, and the warning counts the boxes: {lines}")
 
 
 if __name__ == "__main__":

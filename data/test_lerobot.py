@@ -342,7 +342,35 @@ def build_bad(tmp, v21, v30, codec):
     p = f"{copy('length', v30)}/meta/episodes/chunk-000/file-000.parquet"
     t = pq.read_table(p)
     pq.write_table(t.set_column(t.schema.get_field_index("length"), "length", pa.array([5, 8, 4], pa.int64())), p)
+    # meta/info.json valid JSON but not LeRobot's: a list, a string, an empty object
+    for name, info in (("infolist", [1, 2]), ("infostring", "x"), ("infoempty", {})):
+        bad[name] = f"{tmp}/bad_{name}"
+        write_json(f"{bad[name]}/meta/info.json", info)
     return bad
+
+
+# Runs the converter with Ctrl-C arriving while the second episode's video is decoded (Python
+# raises KeyboardInterrupt there), after the staging folder and episode 0's shard exist.
+INTERRUPTED = """
+import sys
+sys.path.insert(0, {here!r})
+import lerobot_to_shards as tool
+decode, calls = tool.VideoReader.frames_at, []
+def frames_at(self, *args):
+    calls.append(1)
+    if len(calls) == 2:
+        raise KeyboardInterrupt
+    return decode(self, *args)
+tool.VideoReader.frames_at = frames_at
+sys.argv = ["lerobot_to_shards.py", {src!r}, "-o", {out!r}, "--img", "16", "--frames-per-shard", "5"]
+tool.main()
+"""
+
+
+def convert_interrupted(src, out):
+    r = subprocess.run([sys.executable, "-c", INTERRUPTED.format(here=HERE, src=src, out=out)],
+                       capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stdout, r.stderr
 
 
 def main():
@@ -355,6 +383,12 @@ def main():
         bad = build_bad(tmp, v21, v30, codec)
         print(f"fixture: LeRobot v2.1 and v3.0, episodes {LENGTHS}, video codec {codec} yuv420p {W}x{H}, in {tmp}")
 
+        # a folder that exists before a failing conversion, with a file of its own
+        keep = f"{tmp}/out_keep"
+        os.makedirs(keep)
+        with open(f"{keep}/notes.txt", "w") as f:
+            f.write("not a shard\n")
+
         # every conversion at once (each is mostly Python start-up), checked below in order
         runs = {
             "v2.1": (v21,), "v3.0": (v30,),
@@ -366,9 +400,15 @@ def main():
             # episode 0 is already written as a shard when episode 1 fails
             "short": (bad["short"], "--frames-per-shard", "5"), "length": (bad["length"],),
             "cameras": (v30, "--cameras", "observation.images.top"), "episodes": (v30, "--episodes", "7:9"),
+            "infolist": (bad["infolist"],), "infostring": (bad["infostring"],), "infoempty": (bad["infoempty"],),
+            "img": (v30, "--img", "50"),
+            # fails after episode 0's shard: into new nested folders, and into a folder that was there
+            "nested": (bad["short"], "--frames-per-shard", "5"), "keep": (bad["short"], "--frames-per-shard", "5"),
         }
+        outs = {"nested": f"{tmp}/out_nested/a/b", "keep": keep}
         with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
-            jobs = {k: pool.submit(convert, a[0], f"{tmp}/out_{k}", *a[1:]) for k, a in runs.items()}
+            jobs = {k: pool.submit(convert, a[0], outs.get(k, f"{tmp}/out_{k}"), *a[1:]) for k, a in runs.items()}
+            jobs["interrupted"] = pool.submit(convert_interrupted, v21, f"{tmp}/out_interrupted/a")
             res = {k: j.result() for k, j in jobs.items()}
 
         results = {}
@@ -442,8 +482,31 @@ def main():
         check_error("unreadable video", res["video"], "episode_000001.mp4")
         check_error("video one frame shorter than the data", res["short"], "frame count mismatch")
         out = f"{tmp}/out_short"
-        check("failed conversion leaves no file behind",
-              not os.path.exists(out) or not os.listdir(out), str(os.listdir(out)) if os.path.exists(out) else "")
+        check("failed conversion into a new folder removes the folder it created",
+              not os.path.exists(out), str(os.listdir(out)) if os.path.exists(out) else "")
+        check_error("failed conversion into new nested folders", res["nested"], "frame count mismatch")
+        check("failed conversion removes the nested folders it created (out_nested/a/b)",
+              not os.path.exists(f"{tmp}/out_nested"), str(list(os.walk(f"{tmp}/out_nested"))))
+        check_error("failed conversion into an existing folder", res["keep"], "frame count mismatch")
+        check("failed conversion into an existing folder keeps the folder and its file, adds nothing",
+              os.path.isdir(keep) and os.listdir(keep) == ["notes.txt"]
+              and open(f"{keep}/notes.txt").read() == "not a shard\n",
+              str(os.listdir(keep)) if os.path.isdir(keep) else "the folder is gone")
+        check_error("Ctrl-C during the conversion", res["interrupted"], "interrupted")
+        check("Ctrl-C removes the folders the conversion created",
+              not os.path.exists(f"{tmp}/out_interrupted"), str(list(os.walk(f"{tmp}/out_interrupted"))))
+        for key, kind in (("infolist", "list"), ("infostring", "string")):
+            check_error(f"meta/info.json holding a JSON {kind}", res[key],
+                        f"{bad[key]}/meta/info.json holds a JSON {kind}, not an object")
+        check_error("meta/info.json holding an empty object", res["infoempty"], "lacks the field(s) codebase_version")
+        check("the empty meta/info.json is called corrupt or not LeRobot's, not a version to convert",
+              "not a LeRobot dataset" in res["infoempty"][2] and "conversion script" not in res["infoempty"][2],
+              res["infoempty"][2].strip())
+        check_error("--img 50, which no preset's patch divides", res["img"],
+                    "--img 50: no preset's patch divides it (patch 8 for tiny/small, 16 for base): use a multiple "
+                    "of 8, e.g. 48 or 56")
+        for key in ("infolist", "infostring", "infoempty", "img"):
+            check(f"{key}: no output folder is left behind", not os.path.exists(f"{tmp}/out_{key}"))
         check_error("episode list length differs from the data", res["length"], "frame count mismatch")
         check_error("--cameras naming no camera", res["cameras"], "observation.images.top")
         check_error("bad --episodes", res["episodes"], "--episodes")

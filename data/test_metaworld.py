@@ -5,6 +5,7 @@ Exits non-zero on any failure; the last line is `N passed, M failed`.
 """
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -71,11 +72,11 @@ def main():
         check("\r" not in r1_err and len(progress) == 2 and progress[-1].startswith("2/2 episodes"),
               f"redirected, the progress is {len(progress)} plain line(s) without carriage returns")
         instructions(tmp)
+        failures(tmp)
 
 
 def instructions(tmp):
     """Instructions that collide once cut: the presets' text lengths, the warning of the generator."""
-    import re
     header = open(os.path.join(ROOT, "vla.h")).read()
     rows = dict(re.findall(r'\{"(\w+)",\s*"[^"]*",\s*\{\s*\d+,\s*\d+,\s*\d+,\s*(\d+),', header))
     check(rows and {k: int(v) for k, v in rows.items()} == vla_shard.PRESET_MAX_TEXT,
@@ -92,6 +93,43 @@ def instructions(tmp):
     check(r.returncode == 0 and len(warned) == 1 and "preset tiny" in warned[0] and '"slide the window open"' in warned[0]
           and '"slide the window closed"' in warned[0] and "--max-text 18" in warned[0],
           f"the generator warns about MT10's window tasks at the tiny preset: {warned}")
+
+
+def one_error_line(r, needle):
+    lines = r.stderr.strip().splitlines()
+    return r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0] \
+        and "Traceback" not in r.stderr
+
+
+def failures(tmp):
+    """Bad options and failed runs: one `error:` line, exit 1, and nothing left behind."""
+    header = open(os.path.join(ROOT, "vla.h")).read()
+    rows = dict(re.findall(r'\{"(\w+)",\s*"[^"]*",\s*\{\s*\d+,\s*\d+,\s*(\d+),', header))
+    check(rows and {k: int(v) for k, v in rows.items()} == vla_shard.PRESET_PATCH,
+          f"vla_shard.PRESET_PATCH matches the patch column of vla.h's presets {rows}")
+    out = os.path.join(tmp, "img50")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", out, "--img", "50"],
+                       capture_output=True, text=True)
+    check(one_error_line(r, "--img 50: no preset's patch divides it (patch 8 for tiny/small, 16 for base): use a "
+                         "multiple of 8, e.g. 48 or 56") and not os.path.exists(out),
+          f"--img 50 is a one-line error and creates no folder: {r.stderr.strip()}")
+    # an expert that cannot succeed in 1 step fails the run: into new nested folders and into a
+    # folder that was there (with a file of its own), at the same time
+    nested, keep = os.path.join(tmp, "new", "a", "b"), os.path.join(tmp, "keep")
+    os.makedirs(keep)
+    with open(os.path.join(keep, "notes.txt"), "w") as f:
+        f.write("not a shard\n")
+    runs = [subprocess.Popen([sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", out, "--tasks",
+                              "reach-v3", "--episodes", "1", "--img", "16", "--workers", "1", "--max-steps", "1",
+                              "--max-attempts", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for out in (nested, keep)]
+    for (stdout, stderr), p, what in zip((p.communicate() for p in runs), runs, ("a new", "an existing")):
+        r = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
+        check(one_error_line(r, "the expert failed 1 layout(s) in a row: raise --max-steps or --max-attempts"),
+              f"a failed run into {what} folder is a one-line error: {stderr.strip()[-300:]}")
+    check(not os.path.exists(os.path.join(tmp, "new")), "a failed run removes the nested folders it created")
+    check(os.listdir(keep) == ["notes.txt"] and open(os.path.join(keep, "notes.txt")).read() == "not a shard\n",
+          f"a failed run into an existing folder keeps it and its file, adds nothing: {os.listdir(keep)}")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,24 @@ assert EPISODE_DTYPE.itemsize == 16
 # instruction bytes each preset of vla.h reads (the text column of VLA_PRESETS; data/test_inspect.py
 # checks these against vla.h). train_vla's --max-text overrides them.
 PRESET_MAX_TEXT = {"tiny": 16, "small": 48, "base": 48}
+# patch side of each preset's vision encoder (the p column of VLA_PRESETS, also checked against
+# vla.h by data/test_metaworld.py): the trainer takes a dataset only if img is a multiple of it
+PRESET_PATCH = {"tiny": 8, "small": 8, "base": 16}
+
+
+def img_side_error(img):
+    """None when the patch of some preset divides the image side `img`, else the one-line reason
+    and fix, for the generators to reject an --img that no preset could train on."""
+    if any(img % p == 0 for p in PRESET_PATCH.values()):
+        return None
+    by_patch = {}
+    for preset, p in PRESET_PATCH.items():
+        by_patch.setdefault(p, []).append(preset)
+    patches = ", ".join(f"{p} for {'/'.join(names)}" for p, names in sorted(by_patch.items()))
+    step = min(PRESET_PATCH.values())
+    below = max(img // step * step, step)
+    return (f"--img {img}: no preset's patch divides it (patch {patches}): use a multiple of {step}, "
+            f"e.g. {below} or {below + step}")
 
 
 def distinct_text_bytes(instructions):
@@ -278,6 +296,17 @@ class Dataset:
         action_mask = (frames <= last).astype(np.float32)
         actions = (s.action[np.minimum(frames, last)] - self.action_mean) / self.action_std  # pads repeat the last
         return images, text, text_mask, state.astype(np.float32), actions.astype(np.float32), action_mask
+
+
+def outermost_missing(path):
+    """The outermost folder of `path` that does not exist yet (os.makedirs creates it and all
+    below it), or None when `path` exists: what a generator that fails must remove, and no more."""
+    path = os.path.abspath(path)
+    if os.path.lexists(path):
+        return None
+    while not os.path.lexists(os.path.dirname(path)):
+        path = os.path.dirname(path)
+    return path
 
 
 def write_shard(path, images, state, action, episodes, tasks, stats=None):

@@ -159,9 +159,11 @@ for c in "${bad_cases[@]}"; do
 done
 
 echo "== only GPU builds speak of GPUs"
-make -n setup train_vla_cpu test_vla 2>&1 | grep -iE 'GPU found|building for|nccl.h' > "$tmp/out"
+# (as from a shell: make test's own make exports GPU_ARCH, which would silence the line)
+fresh_make() { env -u GPU_ARCH -u MAKEFLAGS -u MFLAGS -u MAKELEVEL CI=true make "$@"; }
+fresh_make -n setup train_vla_cpu test_vla 2>&1 | grep -iE 'GPU found|building for|nccl.h' > "$tmp/out"
 check $(( $(wc -l < "$tmp/out") == 0 ? 0 : 1 )) "make setup, train_vla_cpu and test_vla say nothing of a GPU: $(head -c 200 "$tmp/out")"
-CI=true make -n -B train_vla 2>&1 | grep -c 'building for sm_90' > "$tmp/out"
+fresh_make -n -B train_vla 2>&1 | grep -c 'building for sm_90' > "$tmp/out"
 check $(( $(cat "$tmp/out") == 1 ? 0 : 1 )) "make train_vla names the architecture it builds for, once ($(cat "$tmp/out") line)"
 
 echo
