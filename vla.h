@@ -13,7 +13,10 @@ test_vla.c. The model math lives in the trainers; everything here is written onc
   logging                      rank-0 step lines on stdout, JSON lines in the output folder
 
 Errors in user input end the process with one line on stderr that names the problem and how
-to fix it, and exit status 1. Nothing here calls abort() on bad input.
+to fix it, and exit status 1. Nothing here calls abort() on bad input. The readers of files
+(shard_open_checked, dataset_open_checked, checkpoint_read_checked) return their error instead,
+leaving nothing open or allocated, for the policy library and the fuzzers (dev/fuzz); the
+trainers call the wrappers that fail with it.
 */
 #ifndef VLA_H
 #define VLA_H

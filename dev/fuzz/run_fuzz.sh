@@ -43,7 +43,9 @@ for name in "${targets[@]}"; do
     else
         corpus=$(mktemp -d)
     fi
-    log=build/fuzz/logs/$name.log
+    # make fuzz's logs stay in build/fuzz/logs; a test run's only when it fails (a test run
+    # beside a long one must not write over the long one's log)
+    if [ -n "${FUZZ_CORPUS:-}" ]; then log=build/fuzz/logs/$name.log; else log=$(mktemp); fi
     # -max_len: the seeds are 1-20 KB, inputs may grow to 64 KB; the outer timeout catches a
     # harness that stops answering altogether
     timeout $((seconds + 300)) "build/fuzz/fuzz_$name" "$corpus" "$seed_dir" -max_total_time="$seconds" -timeout=10 \
@@ -59,7 +61,9 @@ for name in "${targets[@]}"; do
     if [ "$rc" -eq 0 ] && [ -n "$execs" ]; then
         echo "  ok   fuzz_$name: $summary"
         passed=$((passed + 1))
+        if [ -z "${FUZZ_CORPUS:-}" ]; then rm -f "$log"; fi
     else
+        if [ -z "${FUZZ_CORPUS:-}" ]; then mv "$log" "build/fuzz/logs/test_$name.log"; log=build/fuzz/logs/test_$name.log; fi
         echo "  FAIL fuzz_$name: exit $rc after $summary; its log: $log"
         grep -E 'ERROR|SUMMARY|runtime error|Test unit written|ALARM' "$log" | head -n 8 | sed 's/^/       /'
         failed=$((failed + 1))
