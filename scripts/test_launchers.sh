@@ -17,7 +17,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 scripts=(scripts/train_1gpu.sh scripts/train_multi_gpu.sh scripts/train_two_nodes.sh scripts/train_slurm.sbatch
          scripts/train_until_done.sh scripts/test_launchers.sh scripts/mt10_recipe.sh dev/test_learning.sh
-         dev/test_hardening.sh dev/fuzz/run_fuzz.sh)
+         dev/test_hardening.sh dev/fuzz/run_fuzz.sh dev/fuzz/coverage.sh)
 
 echo "== the scripts parse"
 for s in "${scripts[@]}"; do

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Which lines of the readers a fuzz corpus reaches: builds each harness with clang's source-based
+# coverage (no sanitizers), replays its corpus once (build/fuzz/corpus/NAME from `make fuzz`, or
+# the seeds when there is none), and prints the line and branch coverage of the functions that
+# harness exists to test. The fuzzers' own "cov:" counts every edge of the binary, the sanitizers'
+# check branches (never taken while nothing is wrong) included; this is the figure per function.
+#   dev/fuzz/coverage.sh [shard|checkpoint|policy ...]      (needs llvm-14: llvm-cov, llvm-profdata)
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=(shard checkpoint policy)
+for tool in clang-14 llvm-profdata-14 llvm-cov-14; do
+    command -v $tool > /dev/null || { echo "error: $tool not found: apt-get install clang-14 llvm-14"; exit 1; }
+done
+mkdir -p build/fuzz/coverage
+for name in "${targets[@]}"; do
+    case $name in
+        shard) functions="shard_open_checked dataset_open_checked shard_section_sizes dataset_assemble batch_fill augment_shift dataset_warn_text_collisions" ;;
+        checkpoint) functions="checkpoint_read_header checkpoint_read_checked vla_config_problem vla_param_count_checked param_table_build" ;;
+        policy) functions="vla_policy_load checkpoint_read_checked checkpoint_read_header vla_config_problem model_build vla_policy_act policy_observations" ;;
+        *) echo "error: unknown fuzz target '$name': use shard, checkpoint or policy"; exit 2 ;;
+    esac
+    corpus=build/fuzz/corpus/$name
+    [ -d "$corpus" ] || corpus=build/fuzz/seeds/$([ "$name" = shard ] && echo shard || echo checkpoint)
+    [ -d "$corpus" ] || { echo "error: no corpus or seeds for $name: run make fuzz (or make test) first"; exit 1; }
+    bin=build/fuzz/coverage/fuzz_$name
+    extra=""
+    [ "$name" = policy ] && extra=-fopenmp
+    # shellcheck disable=SC2086
+    clang-14 -O1 -g -fsanitize=fuzzer -fprofile-instr-generate -fcoverage-mapping -Wno-pass-failed $extra \
+        "dev/fuzz/fuzz_$name.c" -lm -lpthread -o "$bin" || exit 1
+    LLVM_PROFILE_FILE=$bin.profraw "$bin" -runs=0 "$corpus" > /dev/null 2>&1
+    llvm-profdata-14 merge -sparse "$bin.profraw" -o "$bin.profdata" || exit 1
+    echo "== fuzz_$name over $(find "$corpus" -type f | wc -l) inputs of $corpus"
+    llvm-cov-14 report "$bin" -instr-profile="$bin.profdata" -show-functions vla.h train_vla.c > "$bin.txt" 2>&1
+    printf '%-28s %14s %14s\n' function "lines" "branches"
+    for f in $functions; do
+        awk -v f="$f" '$1 ~ (":" f "$") {printf "%-28s %6s of %-5s %6s of %-5s\n", f, $5 - $6, $5, $8 - $9, $8; exit}' "$bin.txt"
+    done
+done
