@@ -35,6 +35,6 @@ for name in "${targets[@]}"; do
     llvm-cov-14 report "$bin" -instr-profile="$bin.profdata" -show-functions vla.h train_vla.c > "$bin.txt" 2>&1
     printf '%-28s %14s %14s\n' function "lines" "branches"
     for f in $functions; do
-        awk -v f="$f" '$1 ~ (":" f "$") {printf "%-28s %6s of %-5s %6s of %-5s\n", f, $5 - $6, $5, $8 - $9, $8; exit}' "$bin.txt"
+        awk -v f="$f" '$1 == f || $1 ~ (":" f "$") {printf "%-28s %6s of %-5s %6s of %-5s\n", f, $5 - $6, $5, $8 - $9, $8; exit}' "$bin.txt"
     done
 done
