@@ -622,8 +622,8 @@ typedef struct {
 
 static inline uint64_t align_up(uint64_t x, uint64_t align) { return (x + align - 1) / align * align; }
 
-// Byte sizes of the sections, in file order. Returns the number of sections.
-static inline int shard_section_sizes(const ShardHeader* h, const char* path, uint64_t sizes[8]) {
+// Byte sizes of the sections, in file order.
+static inline void shard_section_sizes(const ShardHeader* h, const char* path, uint64_t sizes[8]) {
     uint64_t frame_pixels = mul_check(mul_check((uint64_t)h->img, h->img, path, "image"), 3ULL * h->n_cam, path, "image");
     sizes[0] = mul_check(h->n_frames, frame_pixels, path, "images");
     sizes[1] = mul_check(mul_check(h->n_frames, h->state_dim, path, "state"), 4, path, "state");
@@ -634,7 +634,6 @@ static inline int shard_section_sizes(const ShardHeader* h, const char* path, ui
     sizes[5] = mul_check(h->n_tasks + 1, 8, path, "task offsets");
     sizes[6] = h->task_bytes;
     sizes[7] = 8ULL * ((uint64_t)h->state_dim + h->action_dim);
-    return 8;
 }
 
 // Fills the offsets and file_size of a header whose counts are set.
@@ -929,7 +928,7 @@ static inline int dataset_open_checked(Dataset* ds, const char* spec, char* err,
     int failed = 0;
     for (int i = 0; i < n_files && !failed; i++) {
         Shard* s = &ds->shards[i];
-        if (shard_open_checked(s, files[i], err, err_size) != 0) { failed = 1; break; }
+        if (shard_open_checked(s, files[i], err, err_size) != 0) { failed = 1; continue; }
         ds->n_shards = i + 1;
         if (i == 0) {
             ds->n_cam = s->h.n_cam; ds->img = s->h.img; ds->state_dim = s->h.state_dim; ds->action_dim = s->h.action_dim;
@@ -1349,6 +1348,8 @@ static inline void checkpoint_write(const char* path, const Checkpoint* ck, uint
     atomic_file_commit(&out);
 }
 
+static inline void checkpoint_free(Checkpoint* ck) { free(ck->stats); free(ck->params); free(ck->m); free(ck->v); }
+
 // Reads the header and checks it against the file: the config by vla_config_problem, the sizes
 // in checked arithmetic, the step and sampler position in range. Returns 0 on success; on failure
 // writes a message into err (so callers can skip an incomplete file or fail with it).
@@ -1425,7 +1426,7 @@ static inline int checkpoint_read_checked(const char* path, Checkpoint* ck, char
         }
     }
     if (bad) {
-        free(ck->stats); free(ck->params); free(ck->m); free(ck->v);
+        checkpoint_free(ck);
         memset(ck, 0, sizeof(*ck));
         return 1;
     }
@@ -1441,8 +1442,6 @@ static inline void checkpoint_read(const char* path, Checkpoint* ck) {
         vla_fail("%s%s", err, regular ? ": delete it or pick another with --init" : "");
     }
 }
-
-static inline void checkpoint_free(Checkpoint* ck) { free(ck->stats); free(ck->params); free(ck->m); free(ck->v); }
 
 // The output folder's name has room for these (train_args_parse checks -o against it).
 #define VLA_CKPT_NAME_MAX 32  // "/ckpt_0123456789.bin.tmp" and "/log.jsonl.tmp"

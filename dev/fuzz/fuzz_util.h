@@ -3,8 +3,7 @@
 #ifndef FUZZ_UTIL_H
 #define FUZZ_UTIL_H
 
-#include "../../vla.h"
-#include <sys/mman.h>
+#include "../../vla.h"  // (with sys/mman.h, for memfd_create)
 
 static int fuzz_fd = -1;
 static char fuzz_path[64];
