@@ -231,5 +231,5 @@ setup:
 
 clean:
 	rm -rf train_vla_cpu test_vla libvla.so libvla_gpu.so train_vla data/synthetic dev/bench_loader build/test build/bench build/gpu \
-		build/emu data/default
+		build/emu data/default build/sanitize $(FUZZ_BINARIES) build/fuzz/seeds build/fuzz/coverage
 	$(MAKE) -C dev/cuda clean
