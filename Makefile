@@ -9,6 +9,12 @@ LDLIBS = -lm -lpthread
 PYTHON ?= /usr/bin/python3
 VENV = build/venv
 VENV_PY = $(VENV)/bin/python
+# LeRobot 0.6.1 (the SmolVLA parity reference, dev/lerobot) needs Python 3.12 or newer: its own
+# venv, made by `make setup` from the first such interpreter found (LEROBOT_BASE_PY overrides)
+LEROBOT_BASE_PY ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 \
+	/usr/bin/python3.12 /root/.pyenv/versions/3.13*/bin/python3.13 /usr/local/bin/python3.13 /usr/bin/python3.13))
+LEROBOT_VENV = build/lerobot-venv
+LEROBOT_PY = $(LEROBOT_VENV)/bin/python
 TEST_DIR = build/test
 DEFAULT_DATA = data/default/metaworld_mt10_000.bin
 
@@ -204,10 +210,20 @@ $(TEST_DIR)/a_train.txt: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefi
 	$(PYTHON) dev/model.py -i $< --preset tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
 		-l 1e-3 -u 2 -w 0.1 -c 0.5 > $@
 
+# LeRobot's own SmolVLA on a tiny random model (dev/lerobot): the ground truth of the SmolVLA
+# parity checks. Runs under the LeRobot venv that `make setup` makes (Python 3.12, pinned).
+LEROBOT_REF = build/lerobot_ref
+lerobot_check = @$(LEROBOT_PY) -c "import lerobot" 2>/dev/null || { \
+	echo "error: the SmolVLA references need LeRobot 0.6.1 in $(LEROBOT_VENV): run 'make setup' (as root) first"; exit 1; }
+$(LEROBOT_REF)/all/ref.safetensors: dev/lerobot/make_ref.py dev/lerobot/requirements.txt
+	$(lerobot_check)
+	rm -rf $(LEROBOT_REF)
+	$(LEROBOT_PY) dev/lerobot/make_ref.py -o $(LEROBOT_REF)
+
 # make test compiles train_vla for the GPU everywhere; its tests run on the GPU if there is one,
 # otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries)
 test: train_vla_cpu test_vla libvla.so train_vla build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so dev_cuda $(GPU_TEST_BINARIES) \
-		build/sanitize/train_vla_cpu fuzz_build $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt venv_check
+		build/sanitize/train_vla_cpu fuzz_build $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt $(LEROBOT_REF)/all/ref.safetensors venv_check
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 
 venv_check:
@@ -228,8 +244,13 @@ setup:
 	@$(PYTHON) -c "import torch, numpy" || { echo "error: $(PYTHON) cannot import torch and numpy: install $(SETUP_PACKAGES)"; exit 1; }
 	@$(VENV_PY) -c "import sys" 2>/dev/null || $(PYTHON) -m venv $(VENV)
 	$(VENV_PY) -m pip install --quiet --disable-pip-version-check -r data/requirements.txt
+	@$(LEROBOT_PY) -c "import lerobot" 2>/dev/null || { \
+		test -n "$(LEROBOT_BASE_PY)" || { echo "error: LeRobot 0.6.1 needs Python 3.12 or newer and none was found: \
+install one and pass LEROBOT_BASE_PY=/path/to/python3.12"; exit 1; }; \
+		$(LEROBOT_BASE_PY) -m venv $(LEROBOT_VENV) && \
+		$(LEROBOT_PY) -m pip install --quiet --disable-pip-version-check -r dev/lerobot/requirements.txt; }
 
 clean:
 	rm -rf train_vla_cpu test_vla libvla.so libvla_gpu.so train_vla data/synthetic dev/bench_loader build/test build/bench build/gpu \
-		build/emu data/default build/sanitize $(FUZZ_BINARIES) build/fuzz/seeds build/fuzz/coverage
+		build/emu data/default build/sanitize $(FUZZ_BINARIES) build/fuzz/seeds build/fuzz/coverage $(LEROBOT_REF)
 	$(MAKE) -C dev/cuda clean

@@ -6,6 +6,7 @@ set -u
 cd "$(dirname "$0")/.."
 VENV_PY=${VENV_PY:-build/venv/bin/python}
 ORACLE_PY=${ORACLE_PY:-/usr/bin/python3}
+LEROBOT_PY=${LEROBOT_PY:-build/lerobot-venv/bin/python}
 total_passed=0
 total_failed=0
 failed_suites=""
@@ -65,6 +66,8 @@ run_suite metaworld "$VENV_PY" data/test_metaworld.py
 run_suite lerobot "$VENV_PY" data/test_lerobot.py
 run_suite inspect "$VENV_PY" data/test_inspect.py
 run_suite policy "$ORACLE_PY" scripts/test_policy.py
+# SmolVLA: LeRobot's own references re-checked through LeRobot
+run_suite lerobot_ref "$LEROBOT_PY" dev/lerobot/check_ref.py -d build/lerobot_ref
 run_suite eval "$VENV_PY" scripts/test_eval.py
 
 echo
