@@ -68,6 +68,8 @@ run_suite inspect "$VENV_PY" data/test_inspect.py
 run_suite policy "$ORACLE_PY" scripts/test_policy.py
 # SmolVLA: LeRobot's own references re-checked through LeRobot
 run_suite lerobot_ref "$LEROBOT_PY" dev/lerobot/check_ref.py -d build/lerobot_ref
+# SmolVLA: the independent PyTorch oracle (dev/smolvla.py) against those references
+run_suite smolvla_oracle "$ORACLE_PY" dev/test_smolvla.py build/lerobot_ref
 run_suite eval "$VENV_PY" scripts/test_eval.py
 
 echo

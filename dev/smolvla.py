@@ -1,0 +1,888 @@
+"""
+smolvla.py: the PyTorch oracle of SmolVLA, computed exactly as LeRobot 0.6.1 computes it.
+
+An independent, from-scratch copy of LeRobot's SmolVLAPolicy in plain torch (no lerobot, no
+transformers): it loads a LeRobot policy folder (config.json + model.safetensors + the
+pre-processor's normalization statistics) and reproduces LeRobot's preprocessing, training
+loss, velocities, gradients and the 10-step sampled action chunk. The C and CUDA trainers are
+written to match this file; dev/test_smolvla.py checks it against LeRobot itself.
+
+The model, in the order the data meets it:
+  images (uint8) -> resize with padding, x*2-1 -> SigLIP vision encoder -> pixel shuffle +
+  Linear (the connector) -> prefix = [image tokens * sqrt(C), language tokens * sqrt(C),
+  state token] -> the VLM's Llama layers over the prefix (their post-RoPE K/V are all the
+  expert ever sees of it) -> the action expert's layers over the chunk of noisy actions,
+  alternating joint self-attention and cross-attention (layer_kind) -> final RMSNorm ->
+  action_out_proj = the flow-matching velocity -> masked mean squared error.
+
+Shapes: B batch, S model image size, P patch, G = S/P patch grid, Cv vision width,
+Np prefix tokens (n_cam*G^2/s^2 image + L language + 1 state), H chunk (action tokens),
+C VLM width, Ce expert width, NH query heads, NKV key/value heads, HS head size,
+A real action dims, Amax = max_action_dim (32), Smax = max_state_dim (32).
+
+    /usr/bin/python3 dev/smolvla.py build/lerobot_ref/expert                 # loss, grad norm, chunk
+    /usr/bin/python3 dev/smolvla.py build/lerobot_ref/vlm --dtype float32 -o out.safetensors
+    /usr/bin/python3 dev/test_smolvla.py build/lerobot_ref                   # parity with LeRobot
+
+Runs on torch 1.13 (Debian's python3-torch) and newer; numpy and safetensors not needed.
+"""
+
+import argparse
+import dataclasses
+import glob
+import json
+import math
+import os
+import struct
+import sys
+import time
+
+import torch
+
+# ----------------------------------------------------------------------------
+# safetensors I/O: 8-byte little-endian header length, a JSON header
+# {name: {dtype, shape, data_offsets}}, then the raw little-endian bytes
+
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+SAFETENSORS_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+
+
+def load_safetensors(path):
+    assert sys.byteorder == "little", "safetensors data is little-endian"
+    with open(path, "rb") as f:
+        data = f.read()
+    (header_len,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + header_len].decode("utf-8"))
+    base = 8 + header_len
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        dtype = SAFETENSORS_DTYPES[info["dtype"]]
+        raw = bytearray(data[base + begin:base + end])  # a private, writable copy
+        if dtype == torch.bfloat16:  # frombuffer on old torch knows no bfloat16: go through int16
+            t = torch.frombuffer(raw, dtype=torch.int16).view(torch.bfloat16) if raw else torch.empty(0, dtype=dtype)
+        elif dtype == torch.bool:
+            t = torch.frombuffer(raw, dtype=torch.uint8).bool() if raw else torch.empty(0, dtype=dtype)
+        else:
+            t = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        tensors[name] = t.reshape(info["shape"])
+    return tensors
+
+
+def save_safetensors(path, tensors, metadata=None):
+    header, chunks, offset = {}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous().cpu()
+        flat = t.reshape(-1)
+        raw = flat.to(torch.uint8) if t.dtype == torch.bool else flat.view(torch.uint8)
+        blob = raw.numpy().tobytes() if raw.numel() >= 4096 else bytes(raw.tolist())
+        header[name] = {"dtype": SAFETENSORS_NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        chunks.append(blob)
+        offset += len(blob)
+    if metadata:
+        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # the data section starts 8-byte aligned
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for blob in chunks:
+            f.write(blob)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------
+# config: every size, read from the policy's config.json and the VLM config it points to
+
+
+@dataclasses.dataclass
+class SmolVLAConfig:
+    # vision encoder (SigLIP as SmolVLM uses it)
+    vis_image_size: int  # the size its position table was trained for (table side = this / vis_patch)
+    vis_patch: int
+    vis_width: int
+    vis_layers: int
+    vis_heads: int
+    vis_mlp: int
+    vis_eps: float
+    scale_factor: int  # pixel shuffle: s x s neighbouring patches become one token
+    # language model (SmolLM2's Llama layers); SmolVLA keeps the first n_layer
+    width: int
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    mlp: int
+    rms_eps: float
+    vocab: int
+    pad_token_id: object  # int, or None when the VLM config is unknown
+    # action expert: the text config at a smaller width, same heads and head size
+    expert_width: int
+    expert_mlp: int
+    # SmolVLA
+    chunk: int
+    max_state_dim: int
+    max_action_dim: int
+    state_dim: int
+    action_dim: int
+    cameras: tuple  # observation keys, in the order the prefix holds them
+    resize_hw: object  # (height, width) of resize-with-padding, or None
+    num_steps: int
+    min_period: float
+    max_period: float
+    attention_mode: str
+    self_attn_every_n_layers: int
+    prefix_length: int
+    train_expert_only: bool
+    freeze_vision_encoder: bool
+    train_state_proj: bool
+    rope_base: float = 10000.0  # LeRobot's apply_rope default; the text config's rope_theta is never read
+    norm_eps: float = 1e-8  # the normalizer's (x - mean) / (std + eps)
+
+
+def expert_intermediate_size(width):
+    # LeRobot sizes the expert MLP like Llama's 2/3 * 4 * width rounded up to 256
+    hidden = int(2 * width / 3)
+    hidden = int(4 * hidden)
+    return 256 * ((hidden + 255) // 256)
+
+
+# the VLM that lerobot/smolvla_base embeds, as SMOLVLA.md lists it, for when no config is found
+KNOWN_VLMS = {
+    "HuggingFaceTB/SmolVLM2-500M-Video-Instruct": {
+        "scale_factor": 4,
+        "vision_config": dict(image_size=512, patch_size=16, hidden_size=768, num_hidden_layers=12,
+                              num_attention_heads=12, intermediate_size=3072, layer_norm_eps=1e-6,
+                              hidden_act="gelu_pytorch_tanh"),
+        "text_config": dict(hidden_size=960, num_attention_heads=15, num_key_value_heads=5, head_dim=64,
+                            intermediate_size=2560, num_hidden_layers=32, rms_norm_eps=1e-5,
+                            vocab_size=49280, pad_token_id=None, hidden_act="silu"),
+    },
+}
+
+
+def find_vlm_config(name, policy_dir):
+    """The VLM's config.json: vlm_model_name as a path, next to the policy, or in the HF cache."""
+    base = os.path.basename(os.path.normpath(name))
+    places = [name, os.path.join(policy_dir, base), os.path.join(policy_dir, "..", base),
+              os.path.join(policy_dir, "..", "..", base)]
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
+    places += sorted(glob.glob(os.path.join(hub, "models--" + name.replace("/", "--"), "snapshots", "*")))
+    for place in places:
+        path = os.path.join(place, "config.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                return json.load(f)
+    if name in KNOWN_VLMS:
+        return KNOWN_VLMS[name]
+    raise FileNotFoundError(f"no config.json for the VLM '{name}' (looked in {places})")
+
+
+def load_config(policy_dir):
+    with open(os.path.join(policy_dir, "config.json")) as f:
+        pc = json.load(f)
+    vlm = find_vlm_config(pc["vlm_model_name"], policy_dir)
+    vc, tc = vlm["vision_config"], vlm["text_config"]
+    # features this oracle does not implement must be off, as they are by default
+    assert not pc.get("add_image_special_tokens", False), "add_image_special_tokens is not implemented"
+    assert pc.get("empty_cameras", 0) == 0, "empty_cameras is not implemented"
+    assert not pc.get("adapt_to_pi_aloha", False), "adapt_to_pi_aloha is not implemented"
+    assert vc.get("hidden_act", "gelu_pytorch_tanh") == "gelu_pytorch_tanh"
+    assert tc.get("hidden_act", "silu") == "silu"
+    assert not tc.get("attention_bias", False) and not tc.get("mlp_bias", False)
+
+    n_layer = tc["num_hidden_layers"]
+    if pc.get("num_vlm_layers", -1) > 0:
+        n_layer = min(n_layer, pc["num_vlm_layers"])  # LeRobot slices layers[:num_vlm_layers]
+    n_expert_layers = pc.get("num_expert_layers", -1)
+    assert n_expert_layers <= 0 or n_expert_layers == n_layer, "an expert shallower than the VLM is not implemented"
+    width = tc["hidden_size"]
+    expert_width = int(width * pc["expert_width_multiplier"])
+    head_dim = tc.get("head_dim") or width // tc["num_attention_heads"]
+
+    cameras = tuple(k for k, v in pc["input_features"].items() if v["type"] == "VISUAL")
+    resize = pc.get("resize_imgs_with_padding")
+    return SmolVLAConfig(
+        vis_image_size=vc["image_size"], vis_patch=vc["patch_size"], vis_width=vc["hidden_size"],
+        vis_layers=vc["num_hidden_layers"], vis_heads=vc["num_attention_heads"],
+        vis_mlp=vc["intermediate_size"], vis_eps=vc.get("layer_norm_eps", 1e-6),
+        scale_factor=vlm.get("scale_factor", 2),
+        width=width, n_layer=n_layer, n_head=tc["num_attention_heads"],
+        n_kv_head=tc["num_key_value_heads"], head_dim=head_dim, mlp=tc["intermediate_size"],
+        rms_eps=tc["rms_norm_eps"], vocab=tc["vocab_size"], pad_token_id=tc.get("pad_token_id"),
+        expert_width=expert_width, expert_mlp=expert_intermediate_size(expert_width),
+        chunk=pc["chunk_size"], max_state_dim=pc["max_state_dim"], max_action_dim=pc["max_action_dim"],
+        state_dim=pc["input_features"]["observation.state"]["shape"][0],
+        action_dim=pc["output_features"]["action"]["shape"][0],
+        cameras=cameras,
+        # config.json stores (width, height): LeRobot passes [1] as the height
+        resize_hw=(resize[1], resize[0]) if resize else None,
+        num_steps=pc["num_steps"], min_period=pc["min_period"], max_period=pc["max_period"],
+        attention_mode=pc["attention_mode"], self_attn_every_n_layers=pc["self_attn_every_n_layers"],
+        prefix_length=pc.get("prefix_length", -1),
+        train_expert_only=pc["train_expert_only"], freeze_vision_encoder=pc["freeze_vision_encoder"],
+        train_state_proj=pc.get("train_state_proj", True),
+    )
+
+
+def layer_kind(cfg, i):
+    """SmolVLA's layer schedule: 'joint' or 'cross' for layer i of the VLM/expert stacks.
+
+    Every self_attn_every_n_layers-th layer (i % n == 0: layers 0, 2, 4, ...) is joint
+    self-attention over [prefix; actions]; the others are cross-attention, where the actions
+    attend only to the VLM's keys and values of that layer. attention_mode 'self_attn' makes
+    every layer joint. The expert's k_proj/v_proj shapes follow the same schedule.
+    """
+    if "cross" not in cfg.attention_mode:
+        return "joint"
+    n = cfg.self_attn_every_n_layers
+    return "joint" if n > 0 and i % n == 0 else "cross"
+
+
+# ----------------------------------------------------------------------------
+# the parameter table: every tensor of model.safetensors, by LeRobot's names
+
+VISION = "model.vlm_with_expert.vlm.model.vision_model."
+CONNECTOR = "model.vlm_with_expert.vlm.model.connector.modality_projection.proj"
+TEXT = "model.vlm_with_expert.vlm.model.text_model."
+LM_HEAD = "model.vlm_with_expert.vlm.lm_head."
+EXPERT = "model.vlm_with_expert.lm_expert."
+HEADS = "model."
+
+
+def parameter_table(cfg):
+    """[(name, shape, tower)] in data-flow order; tower is vision/connector/vlm/expert/heads."""
+    t = []
+    Cv, P, D, KV = cfg.vis_width, cfg.vis_patch, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+    G = cfg.vis_image_size // cfg.vis_patch
+    t += [(VISION + "embeddings.patch_embedding.weight", (Cv, 3, P, P), "vision"),
+          (VISION + "embeddings.patch_embedding.bias", (Cv,), "vision"),
+          (VISION + "embeddings.position_embedding.weight", (G * G, Cv), "vision")]
+    for i in range(cfg.vis_layers):
+        pre = VISION + f"encoder.layers.{i}."
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            t += [(pre + f"self_attn.{proj}.weight", (Cv, Cv), "vision"), (pre + f"self_attn.{proj}.bias", (Cv,), "vision")]
+        for norm in ("layer_norm1", "layer_norm2"):
+            t += [(pre + f"{norm}.weight", (Cv,), "vision"), (pre + f"{norm}.bias", (Cv,), "vision")]
+        t += [(pre + "mlp.fc1.weight", (cfg.vis_mlp, Cv), "vision"), (pre + "mlp.fc1.bias", (cfg.vis_mlp,), "vision"),
+              (pre + "mlp.fc2.weight", (Cv, cfg.vis_mlp), "vision"), (pre + "mlp.fc2.bias", (Cv,), "vision")]
+    t += [(VISION + "post_layernorm.weight", (Cv,), "vision"), (VISION + "post_layernorm.bias", (Cv,), "vision")]
+    t += [(CONNECTOR + ".weight", (cfg.width, Cv * cfg.scale_factor ** 2), "connector")]
+    t += [(TEXT + "embed_tokens.weight", (cfg.vocab, cfg.width), "vlm")]
+
+    def llama_layer(pre, C, F, kv_in, tower):
+        return [(pre + "self_attn.q_proj.weight", (D, C), tower), (pre + "self_attn.k_proj.weight", (KV, kv_in), tower),
+                (pre + "self_attn.v_proj.weight", (KV, kv_in), tower), (pre + "self_attn.o_proj.weight", (C, D), tower),
+                (pre + "mlp.gate_proj.weight", (F, C), tower), (pre + "mlp.up_proj.weight", (F, C), tower),
+                (pre + "mlp.down_proj.weight", (C, F), tower),
+                (pre + "input_layernorm.weight", (C,), tower), (pre + "post_attention_layernorm.weight", (C,), tower)]
+
+    for i in range(cfg.n_layer):
+        t += llama_layer(TEXT + f"layers.{i}.", cfg.width, cfg.mlp, cfg.width, "vlm")
+    t += [(TEXT + "norm.weight", (cfg.width,), "vlm"), (LM_HEAD + "weight", (cfg.vocab, cfg.width), "vlm")]
+    for i in range(cfg.n_layer):
+        # cross-attention layers re-project the VLM's K/V (KV wide), joint ones project the expert stream
+        kv_in = KV if layer_kind(cfg, i) == "cross" else cfg.expert_width
+        t += llama_layer(EXPERT + f"layers.{i}.", cfg.expert_width, cfg.expert_mlp, kv_in, "expert")
+    t += [(EXPERT + "norm.weight", (cfg.expert_width,), "expert")]
+    Ce = cfg.expert_width
+    for name, (n_out, n_in) in {"state_proj": (cfg.width, cfg.max_state_dim),
+                                "action_in_proj": (Ce, cfg.max_action_dim),
+                                "action_out_proj": (cfg.max_action_dim, Ce),
+                                "action_time_mlp_in": (Ce, 2 * Ce),
+                                "action_time_mlp_out": (Ce, Ce)}.items():
+        t += [(HEADS + name + ".weight", (n_out, n_in), "heads"), (HEADS + name + ".bias", (n_out,), "heads")]
+    return t
+
+
+# LeRobot's training modes as the two flags that select them (train_expert_only, freeze_vision_encoder)
+TRAIN_MODES = {"expert": (True, True), "vlm": (False, True), "all": (False, False)}
+
+
+def with_train_mode(cfg, mode):
+    expert_only, freeze_vision = TRAIN_MODES[mode]
+    return dataclasses.replace(cfg, train_expert_only=expert_only, freeze_vision_encoder=freeze_vision)
+
+
+def is_trainable(cfg, name):
+    """Whether LeRobot's requires_grad is True for this tensor (its set_requires_grad rules).
+
+    expert mode (train_expert_only): only the expert, the heads (state_proj if train_state_proj).
+    Otherwise the VLM trains too, except the vision tower when freeze_vision_encoder, and always
+    except lm_head, the text model's final norm and its last layer (they feed nothing, so LeRobot
+    freezes them for DDP's unused-parameter check; the last layer's K/V do feed the expert, yet
+    stay frozen).
+    """
+    if name.startswith(EXPERT):
+        return True
+    if name.startswith(HEADS + "state_proj."):
+        return cfg.train_state_proj
+    if name.startswith(HEADS + "action_"):
+        return True
+    if cfg.train_expert_only:
+        return False
+    if name.startswith(VISION):
+        return not cfg.freeze_vision_encoder
+    if name.startswith(LM_HEAD) or name == TEXT + "norm.weight":
+        return False
+    if name.startswith(TEXT + f"layers.{cfg.n_layer - 1}."):
+        return False
+    return True
+
+
+def load_parameters(policy_dir, cfg, dtype=torch.float64):
+    """model.safetensors (fp32 or bf16) -> {name: tensor in dtype}, checked against the table."""
+    raw = load_safetensors(os.path.join(policy_dir, "model.safetensors"))
+    table = parameter_table(cfg)
+    expected = {name for name, _, _ in table}
+    missing, unexpected = sorted(expected - set(raw)), sorted(set(raw) - expected)
+    assert not missing and not unexpected, f"model.safetensors: missing {missing[:4]}, unexpected {unexpected[:4]}"
+    params = {}
+    for name, shape, _ in table:
+        assert tuple(raw[name].shape) == tuple(shape), f"{name}: {tuple(raw[name].shape)} != {shape}"
+        params[name] = raw[name].to(dtype).requires_grad_(is_trainable(cfg, name))
+    return params
+
+
+def load_normalization(policy_dir):
+    """mean/std of observation.state and action, from the pre-processor's normalizer step."""
+    for path in sorted(glob.glob(os.path.join(policy_dir, "policy_preprocessor_step_*normalizer*.safetensors"))):
+        stats = load_safetensors(path)
+        return {f"{key}.{s}": stats[f"{key}.{s}"].to(torch.float64)
+                for key in ("observation.state", "action") for s in ("mean", "std")}
+    raise FileNotFoundError(f"no normalizer statistics in {policy_dir}")
+
+
+# ----------------------------------------------------------------------------
+# inputs: images, state, actions as LeRobot's pre-processor and prepare_* leave them
+
+
+def bilinear_resize(img, out_h, out_w):
+    """F.interpolate(mode='bilinear', align_corners=False, antialias=False), written out.
+
+    Output pixel i samples the input at src = (i + 0.5) * scale - 0.5, scale = in / out,
+    clamped below at 0; it blends rows/columns floor(src) and floor(src) + 1 (the last one
+    repeated at the edge) with weights 1 - frac and frac. No antialiasing even when shrinking.
+    PyTorch (2.x, the build LeRobot runs) evaluates it in float32 for float32 images, as
+    src = fmaf(scale, i + 0.5f, -0.5f) with scale = (float)in / (float)out: one rounding of
+    the exact product minus 0.5 (emulated here by computing that in float64). A plain
+    float32 multiply-then-subtract moves src by an ulp, i.e. pixels by up to ~3e-6.
+    """
+    def taps(n_in, n_out):
+        f32, f64 = torch.float32, torch.float64
+        scale = torch.tensor(n_in, dtype=f32) / torch.tensor(n_out, dtype=f32)
+        src = ((torch.arange(n_out, dtype=f64) + 0.5) * scale.to(f64) - 0.5).to(f32).clamp(min=0)
+        i0 = src.floor().long()
+        i1 = torch.clamp(i0 + 1, max=n_in - 1)
+        w1 = src - i0.to(f32)
+        return i0, i1, (1 - w1).to(img.dtype), w1.to(img.dtype)
+    y0, y1, wy0, wy1 = taps(img.shape[2], out_h)
+    x0, x1, wx0, wx1 = taps(img.shape[3], out_w)
+    rows = img[:, :, y0, :] * wy0[:, None] + img[:, :, y1, :] * wy1[:, None]
+    return rows[:, :, :, x0] * wx0 + rows[:, :, :, x1] * wx1
+
+
+def prepare_image(cfg, img):
+    """(B, 3, h, w) in [0, 1] -> (B, 3, S, S) in [-1, 1]: LeRobot's resize_with_pad then x*2-1.
+
+    The aspect ratio is kept (ratio = max(w/W, h/H), size int(h/ratio) x int(w/ratio)) and the
+    image is padded with zeros on the LEFT and TOP (so padding reads -1 after x*2-1). An image
+    already at the target size is not touched.
+    """
+    if cfg.resize_hw is not None and tuple(img.shape[2:]) != tuple(cfg.resize_hw):
+        H, W = cfg.resize_hw
+        h, w = img.shape[2:]
+        ratio = max(w / W, h / H)
+        rh, rw = int(h / ratio), int(w / ratio)
+        out = img.new_zeros(img.shape[0], img.shape[1], H, W)
+        out[:, :, max(0, H - rh):, max(0, W - rw):] = bilinear_resize(img, rh, rw)
+        img = out
+    return img * 2.0 - 1.0
+
+
+def images_from_u8(frames_u8, dtype):
+    """(B, h, w, 3) uint8 frames -> (B, 3, h, w) floats in [0, 1] (LeRobot datasets' x / 255)."""
+    return frames_u8.permute(0, 3, 1, 2).to(dtype) / 255.0
+
+
+def normalize(x, mean, std, eps=1e-8):
+    return (x - mean) / (std + eps)
+
+
+def unnormalize(x, mean, std):
+    return x * std + mean
+
+
+def pad_last_dim(x, n):
+    return torch.cat([x, x.new_zeros(*x.shape[:-1], n - x.shape[-1])], -1) if x.shape[-1] < n else x
+
+
+# ----------------------------------------------------------------------------
+# building blocks
+
+# masked scores are filled with float32's most negative value (not -inf), as openpi does: a
+# query that sees no key at all (a pad) then gets a uniform row instead of NaN
+MASKED_SCORE = torch.finfo(torch.float32).min
+
+
+def linear(x, P, name, bias=True):
+    y = x @ P[name + ".weight"].t()
+    return y + P[name + ".bias"] if bias else y
+
+
+def layer_norm(x, P, name, eps):
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)  # biased variance
+    return (x - mean) / torch.sqrt(var + eps) * P[name + ".weight"] + P[name + ".bias"]
+
+
+def rms_norm(x, weight, eps):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def silu(x):
+    return x * torch.sigmoid(x)
+
+
+def rope(x, positions, base):
+    """Rotary embedding, rotate-half layout, on x (B, T, heads, HS) at integer positions (B, T).
+
+    Dimension j < HS/2 pairs with j + HS/2 and turns by angle pos / base^(2j/HS). LeRobot
+    builds the timescale base^(2j/HS) in float32 and divides (not multiplies by an inverse
+    frequency); the same float32 table is used here, then the math runs in x's dtype.
+    """
+    half = x.shape[-1] // 2
+    timescale = base ** ((2.0 / x.shape[-1]) * torch.arange(half, dtype=torch.float32))
+    angle = positions.to(x.dtype)[..., None] / timescale.to(x.dtype)  # (B, T, HS/2)
+    sin, cos = torch.sin(angle)[:, :, None, :], torch.cos(angle)[:, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def attention(q, k, v, mask=None):
+    """Softmax attention with grouped-query heads.
+
+    q (B, Tq, NH, HS), k/v (B, Tk, NKV, HS), mask (B, Tq, Tk) bool (True = may attend) or None.
+    GQA: key/value head j serves the NH/NKV consecutive query heads j*g .. j*g+g-1 (LeRobot
+    expands each K/V head g times in place, which is repeat_interleave on the head axis).
+    Scores are scaled by 1/sqrt(HS) after the product; masked ones get MASKED_SCORE.
+    Returns (B, Tq, NH*HS), heads concatenated in order.
+    """
+    B, Tq, NH, HS = q.shape
+    group = NH // k.shape[2]
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * HS ** -0.5
+    if mask is not None:
+        scores = torch.where(mask[:, None], scores, torch.full_like(scores, MASKED_SCORE))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("bhqk,bkhd->bqhd", probs, v).reshape(B, Tq, NH * HS)
+
+
+def swiglu_mlp(P, pre, x):
+    return linear(silu(linear(x, P, pre + "gate_proj", bias=False)) * linear(x, P, pre + "up_proj", bias=False),
+                  P, pre + "down_proj", bias=False)
+
+
+def make_attention_mask(valid, block_start):
+    """openpi's block mask: token i may see token j iff block(j) <= block(i) and both are valid.
+
+    valid (B, T) bool: False for pads (language padding). block_start (B, T) int: 1 where a new
+    block begins, 0 where a token joins the previous token's block. block = cumsum(block_start):
+    images + language are block 0 (bidirectional), the state token block 1 (sees the prefix, is
+    not seen by it), and each action token its own block (causal among actions). A pad is
+    masked both as a key and as a query (its row is all False).
+    """
+    block = torch.cumsum(block_start, dim=1)
+    sees = block[:, None, :] <= block[:, :, None]  # (B, query, key)
+    return sees & valid[:, None, :] & valid[:, :, None]
+
+
+def positions_from_valid(valid):
+    """RoPE positions = cumsum(valid) - 1: pads repeat the previous position, they do not advance it."""
+    return torch.cumsum(valid.long(), dim=1) - 1
+
+
+def time_embedding(t, dim, min_period, max_period):
+    """Sinusoidal embedding of the flow time t (B,), always computed in float64 like LeRobot.
+
+    Periods are geometric from min_period to max_period over dim/2 frequencies; the embedding
+    is [sin(2 pi t / period), cos(2 pi t / period)] (all sines first). LeRobot evaluates the
+    angle as t * ((1 / period) * 2 * pi) in float64 and only then casts to the model dtype.
+    """
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = (1.0 / period * 2 * math.pi)[None, :] * t.to(torch.float64)[:, None]
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)
+
+
+# ----------------------------------------------------------------------------
+# vision encoder -> connector
+
+
+def vision_position_ids(cfg, grid_h, grid_w):
+    """Which row of the position table each patch of a grid_h x grid_w image reads.
+
+    SmolVLM maps patch (r, c) to the table through fractional coordinates: with n = table side
+    (vis_image_size / patch), frac_r = r * float32(1/grid_h) in float32, clamped to 1 - 1e-6,
+    row = bucketize(frac_r, torch.arange(1/n, 1.0, 1/n) in float32, right=True), likewise
+    for c, and id = row * n + col. Mathematically row = r when grid == n, but torch.arange's
+    float32 boundaries are not always the correctly rounded k/n (its vectorized kernel adds
+    steps to a rounded base), which makes rows skip and repeat for some n (19, 25, 29, ...). For n = 32 (the released model) and 8 (the tests) it is
+    the identity, which the C trainers assume (dev/test_smolvla.py checks it).
+    """
+    n = cfg.vis_image_size // cfg.vis_patch
+    boundaries = torch.arange(1 / n, 1.0, 1 / n, dtype=torch.float32)
+
+    def bucket(g):
+        frac = torch.arange(g, dtype=torch.float32) * (torch.tensor(1.0, dtype=torch.float32) / g)
+        frac = torch.clamp(frac, max=1.0 - 1e-6)
+        return torch.bucketize(frac, boundaries, right=True)
+    return (bucket(grid_h)[:, None] * n + bucket(grid_w)[None, :]).reshape(-1)
+
+
+def vision_encoder(P, cfg, pixels):
+    """(B, 3, S, S) pixels in [-1, 1] -> (B, G*G, Cv): SigLIP with pre-LayerNorm and no mask."""
+    B, _, S_h, S_w = pixels.shape
+    p, Cv = cfg.vis_patch, cfg.vis_width
+    gh, gw = S_h // p, S_w // p
+    # the patch embedding is a stride-p convolution = a Linear on each patch flattened in
+    # (channel, row, column) order, the conv weight's (Cv, 3, p, p) layout; patches are taken
+    # row-major over the grid, the way the conv output is flattened
+    patches = pixels[:, :, :gh * p, :gw * p].reshape(B, 3, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5)
+    patches = patches.reshape(B, gh * gw, 3 * p * p)
+    w = P[VISION + "embeddings.patch_embedding.weight"].reshape(Cv, 3 * p * p)
+    x = patches @ w.t() + P[VISION + "embeddings.patch_embedding.bias"]
+    x = x + P[VISION + "embeddings.position_embedding.weight"][vision_position_ids(cfg, gh, gw)]
+
+    NH = cfg.vis_heads
+    HS = Cv // NH
+    for i in range(cfg.vis_layers):
+        pre = VISION + f"encoder.layers.{i}."
+        h = layer_norm(x, P, pre + "layer_norm1", cfg.vis_eps)
+        q = linear(h, P, pre + "self_attn.q_proj").reshape(B, gh * gw, NH, HS)
+        k = linear(h, P, pre + "self_attn.k_proj").reshape(B, gh * gw, NH, HS)
+        v = linear(h, P, pre + "self_attn.v_proj").reshape(B, gh * gw, NH, HS)
+        x = x + linear(attention(q, k, v), P, pre + "self_attn.out_proj")
+        h = layer_norm(x, P, pre + "layer_norm2", cfg.vis_eps)
+        x = x + linear(gelu_tanh(linear(h, P, pre + "mlp.fc1")), P, pre + "mlp.fc2")
+    return layer_norm(x, P, VISION + "post_layernorm", cfg.vis_eps)
+
+
+def pixel_shuffle(x, s):
+    """(B, G*G, Cv) -> (B, (G/s)^2, s*s*Cv): each s x s block of patches becomes one token.
+
+    Output token (I, J) (row-major over the G/s x G/s grid) holds the block's patches
+    (I*s + m, J*s + k) concatenated in row-major (m, k) order: feature (m*s + k)*Cv + d is
+    channel d of patch (I*s + m, J*s + k). This is what SmolVLM's view/permute sequence does.
+    """
+    B, T, Cv = x.shape
+    G = int(T ** 0.5)
+    assert G * G == T and G % s == 0, f"pixel shuffle needs a square grid divisible by {s}, got {T} patches"
+    x = x.reshape(B, G // s, s, G // s, s, Cv)  # (B, I, m, J, k, d)
+    x = x.permute(0, 1, 3, 2, 4, 5)  # (B, I, J, m, k, d)
+    return x.reshape(B, (G // s) ** 2, s * s * Cv)
+
+
+def embed_image(P, cfg, pixels):
+    """(B, 3, S, S) -> (B, (G/s)^2, C) image tokens (before the sqrt(C) scale)."""
+    x = pixel_shuffle(vision_encoder(P, cfg, pixels), cfg.scale_factor)
+    return linear(x, P, CONNECTOR, bias=False)
+
+
+def embed_tokens(P, cfg, tokens):
+    """Language tokens -> rows of embed_tokens. nn.Embedding(padding_idx=pad) never sends a
+    gradient to the pad id's row, so looked-up pad rows are detached here."""
+    table = P[TEXT + "embed_tokens.weight"]
+    x = table[tokens]
+    if cfg.pad_token_id is not None and table.requires_grad:
+        x = torch.where((tokens == cfg.pad_token_id)[..., None], x.detach(), x)
+    return x
+
+
+# ----------------------------------------------------------------------------
+# prefix and suffix
+
+
+def embed_prefix(P, cfg, images, lang_tokens, lang_masks, state):
+    """[camera 0 tokens][camera 1 tokens]...[language tokens][state token].
+
+    images: list of (B, 3, S, S) prepared pixels, in cfg.cameras order; lang_tokens (B, L)
+    int64; lang_masks (B, L) bool; state (B, Smax) normalized and zero-padded.
+    Returns embeddings (B, Np, C), valid (B, Np) bool, block_start (B, Np) int.
+    Image and language embeddings are scaled by sqrt(C); the state token is not.
+    """
+    B = state.shape[0]
+    scale = math.sqrt(cfg.width)
+    embs, valid, block_start = [], [], []
+    for img in images:
+        e = embed_image(P, cfg, img) * scale
+        embs.append(e)
+        valid.append(torch.ones(B, e.shape[1], dtype=torch.bool))  # every camera is present
+        block_start.append(torch.zeros(B, e.shape[1], dtype=torch.long))
+    embs.append(embed_tokens(P, cfg, lang_tokens) * scale)
+    valid.append(lang_masks.bool())
+    block_start.append(torch.zeros(B, lang_tokens.shape[1], dtype=torch.long))
+    embs.append(linear(state, P, HEADS + "state_proj")[:, None, :])
+    valid.append(torch.ones(B, 1, dtype=torch.bool))
+    block_start.append(torch.ones(B, 1, dtype=torch.long))  # its own block: the prefix does not see it
+    embs, valid, block_start = torch.cat(embs, 1), torch.cat(valid, 1), torch.cat(block_start, 1)
+    if embs.shape[1] < cfg.prefix_length:  # optional fixed prefix length: invisible zero tokens
+        n = cfg.prefix_length - embs.shape[1]
+        embs = torch.cat([embs, embs.new_zeros(B, n, embs.shape[2])], 1)
+        valid = torch.cat([valid, torch.zeros(B, n, dtype=torch.bool)], 1)
+        block_start = torch.cat([block_start, torch.zeros(B, n, dtype=torch.long)], 1)
+    return embs, valid, block_start
+
+
+def embed_suffix(P, cfg, x_t, t):
+    """The chunk of noisy actions x_t (B, H, Amax) at flow time t (B,) -> (B, H, Ce) tokens."""
+    a = linear(x_t, P, HEADS + "action_in_proj")
+    te = time_embedding(t, cfg.expert_width, cfg.min_period, cfg.max_period).to(a.dtype)
+    h = torch.cat([a, te[:, None, :].expand_as(a)], dim=-1)
+    h = silu(linear(h, P, HEADS + "action_time_mlp_in"))
+    return linear(h, P, HEADS + "action_time_mlp_out")
+
+
+def suffix_blocks(cfg, B):
+    """Every action token is valid and starts its own block."""
+    return torch.ones(B, cfg.chunk, dtype=torch.bool), torch.ones(B, cfg.chunk, dtype=torch.long)
+
+
+# ----------------------------------------------------------------------------
+# the two language stacks
+
+
+def vlm_forward(P, cfg, x, mask, positions):
+    """The VLM's layers over the prefix x (B, Np, C) -> [(K, V)] per layer, post-RoPE,
+    each (B, Np, NKV, HS). These K/V are all that the action expert reads of the prefix.
+
+    The prefix never attends to the actions (their blocks come later), so its stream is the
+    same in training and in sampling: this is the K/V cache. In the joint layers LeRobot runs
+    the prefix queries over [prefix; suffix] keys, but the suffix columns are masked to exact
+    zeros, so prefix-only attention is the same computation. The last layer's attention
+    output, MLP and the final norm feed nothing (LeRobot computes and drops them): only its
+    K/V are computed here.
+    """
+    B, Np, _ = x.shape
+    NH, NKV, HS = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+    kv = []
+    for i in range(cfg.n_layer):
+        pre = TEXT + f"layers.{i}."
+        h = rms_norm(x, P[pre + "input_layernorm.weight"], cfg.rms_eps)
+        k = rope(linear(h, P, pre + "self_attn.k_proj", bias=False).reshape(B, Np, NKV, HS), positions, cfg.rope_base)
+        v = linear(h, P, pre + "self_attn.v_proj", bias=False).reshape(B, Np, NKV, HS)
+        kv.append((k, v))
+        if i == cfg.n_layer - 1:
+            break
+        q = rope(linear(h, P, pre + "self_attn.q_proj", bias=False).reshape(B, Np, NH, HS), positions, cfg.rope_base)
+        x = x + linear(attention(q, k, v, mask), P, pre + "self_attn.o_proj", bias=False)
+        x = x + swiglu_mlp(P, pre + "mlp.", rms_norm(x, P[pre + "post_attention_layernorm.weight"], cfg.rms_eps))
+    return kv
+
+
+def expert_forward(P, cfg, x, prefix_kv, mask, positions):
+    """The action expert's layers over the action tokens x (B, H, Ce) -> (B, H, Ce) after its norm.
+
+    prefix_kv: vlm_forward's per-layer (K, V); mask (B, H, Np + H): the action rows of the full
+    block mask; positions (B, H): the actions' RoPE positions, continuing after the last valid
+    prefix token (n_valid_prefix + j).
+
+    joint layer: the actions' own q/k/v (k/v: Ce -> NKV*HS) with RoPE at their positions;
+      keys/values = [VLM prefix K/V ; action K/V], so actions see the valid prefix, the state
+      and the earlier actions.
+    cross layer: only the actions' queries, RoPE'd at positions restarted from 0 (LeRobot
+      subtracts the row minimum); keys/values are the VLM's K/V of this layer -- the keys
+      already rotated by the VLM's RoPE -- flattened to NKV*HS and re-projected by the
+      expert's own k_proj/v_proj (NKV*HS -> NKV*HS, no bias, no second RoPE). Actions see
+      only the valid prefix (mask columns :Np), not each other.
+    """
+    B, H, _ = x.shape
+    NH, NKV, HS = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+    for i in range(cfg.n_layer):
+        pre = EXPERT + f"layers.{i}."
+        prefix_k, prefix_v = prefix_kv[i]
+        Np = prefix_k.shape[1]
+        h = rms_norm(x, P[pre + "input_layernorm.weight"], cfg.rms_eps)
+        q = linear(h, P, pre + "self_attn.q_proj", bias=False).reshape(B, H, NH, HS)
+        if layer_kind(cfg, i) == "joint":
+            q = rope(q, positions, cfg.rope_base)
+            k = rope(linear(h, P, pre + "self_attn.k_proj", bias=False).reshape(B, H, NKV, HS), positions, cfg.rope_base)
+            v = linear(h, P, pre + "self_attn.v_proj", bias=False).reshape(B, H, NKV, HS)
+            att = attention(q, torch.cat([prefix_k, k], 1), torch.cat([prefix_v, v], 1), mask)
+        else:
+            q = rope(q, positions - positions.min(dim=1, keepdim=True).values, cfg.rope_base)
+            k = linear(prefix_k.reshape(B, Np, NKV * HS), P, pre + "self_attn.k_proj", bias=False).reshape(B, Np, NKV, HS)
+            v = linear(prefix_v.reshape(B, Np, NKV * HS), P, pre + "self_attn.v_proj", bias=False).reshape(B, Np, NKV, HS)
+            att = attention(q, k, v, mask[:, :, :Np])
+        x = x + linear(att, P, pre + "self_attn.o_proj", bias=False)
+        x = x + swiglu_mlp(P, pre + "mlp.", rms_norm(x, P[pre + "post_attention_layernorm.weight"], cfg.rms_eps))
+    return rms_norm(x, P[EXPERT + "norm.weight"], cfg.rms_eps)
+
+
+# ----------------------------------------------------------------------------
+# the policy: training forward, loss, sampling
+
+
+def encode_prefix(P, cfg, images, lang_tokens, lang_masks, state):
+    """Prefix embeddings -> the VLM K/V cache, plus the actions' mask rows and positions."""
+    prefix, p_valid, p_block = embed_prefix(P, cfg, images, lang_tokens, lang_masks, state)
+    s_valid, s_block = suffix_blocks(cfg, prefix.shape[0])
+    valid, block_start = torch.cat([p_valid, s_valid], 1), torch.cat([p_block, s_block], 1)
+    mask = make_attention_mask(valid, block_start)  # (B, Np+H, Np+H)
+    positions = positions_from_valid(valid)
+    Np = prefix.shape[1]
+    kv = vlm_forward(P, cfg, prefix, mask[:, :Np, :Np], positions[:, :Np])
+    return kv, mask[:, Np:, :], positions[:, Np:]
+
+
+def velocity(P, cfg, kv, suffix_mask, suffix_positions, x_t, t):
+    """v(x_t, t) (B, H, Amax): the expert's output through action_out_proj."""
+    out = expert_forward(P, cfg, embed_suffix(P, cfg, x_t, t), kv, suffix_mask, suffix_positions)
+    return linear(out, P, HEADS + "action_out_proj")
+
+
+def forward(P, cfg, images, lang_tokens, lang_masks, state, actions, noise, t):
+    """Training forward: flow-matching velocity v_t and target u_t, both (B, H, Amax).
+
+    x_t = t * noise + (1 - t) * actions moves from the data (t=0) to noise (t=1); its time
+    derivative, the target velocity, is u_t = noise - actions.
+    """
+    tt = t.to(actions.dtype)[:, None, None]
+    x_t = tt * noise + (1 - tt) * actions
+    u_t = noise - actions
+    kv, suffix_mask, suffix_positions = encode_prefix(P, cfg, images, lang_tokens, lang_masks, state)
+    return velocity(P, cfg, kv, suffix_mask, suffix_positions, x_t, t), u_t
+
+
+def flow_matching_loss(cfg, v_t, u_t, action_is_pad):
+    """Squared error on the real action dims of the valid chunk slots, over their count.
+
+    LeRobot slices to the dataset's A dims, zeroes slots past the episode's end
+    (action_is_pad), then divides the sum by (number of valid slots in the batch) * A
+    (at least 1) -- not by B * H * A.
+    """
+    err = (u_t - v_t)[:, :, :cfg.action_dim] ** 2
+    in_episode = (~action_is_pad.bool()).to(err.dtype)
+    err = err * in_episode[:, :, None]
+    n_valid = max(int((~action_is_pad.bool()).sum()) * cfg.action_dim, 1)
+    return err.sum() / n_valid
+
+
+@torch.no_grad()
+def sample_actions(P, cfg, images, lang_tokens, lang_masks, state, noise):
+    """num_steps Euler steps of dx/dt = v from t = 1 (noise) to t = 0 -> (B, H, Amax), normalized.
+
+    The prefix runs once: its per-layer post-RoPE K/V are the cache every step reads. The
+    time is LeRobot's float32 tensor of 1 + step * dt (1.0, 0.9, ..., 0.1 as float32),
+    dt = -1/num_steps applied as a Python double.
+    """
+    kv, suffix_mask, suffix_positions = encode_prefix(P, cfg, images, lang_tokens, lang_masks, state)
+    dt = -1.0 / cfg.num_steps
+    x = noise
+    B = noise.shape[0]
+    for step in range(cfg.num_steps):
+        t = torch.tensor(1.0 + step * dt, dtype=torch.float32).expand(B)
+        x = x + dt * velocity(P, cfg, kv, suffix_mask, suffix_positions, x, t)
+    return x
+
+
+# ----------------------------------------------------------------------------
+# a batch as LeRobot's pre-processor + prepare_* leave it, from raw dataset values
+
+
+def prepare_batch(cfg, stats, raw, dtype):
+    """raw: images_u8.<cam> (B,h,w,3) uint8 keyed by the camera's last name component,
+    observation.state (B,S), action (B,H,A), action_is_pad (B,H), lang_tokens, lang_masks."""
+    images = [prepare_image(cfg, images_from_u8(raw["images_u8." + key.split(".")[-1]], dtype)) for key in cfg.cameras]
+    state = normalize(raw["observation.state"].to(dtype), stats["observation.state.mean"].to(dtype),
+                      stats["observation.state.std"].to(dtype), cfg.norm_eps)
+    batch = {"images": images, "lang_tokens": raw["lang_tokens"].long(), "lang_masks": raw["lang_masks"].bool(),
+             "state": pad_last_dim(state, cfg.max_state_dim)}
+    if "action" in raw:
+        actions = normalize(raw["action"].to(dtype), stats["action.mean"].to(dtype), stats["action.std"].to(dtype),
+                            cfg.norm_eps)
+        batch["actions"] = pad_last_dim(actions, cfg.max_action_dim)
+        batch["action_is_pad"] = raw["action_is_pad"].bool()
+    return batch
+
+
+def run(policy_dir, raw, dtype=torch.float64):
+    """Loss, velocities, gradients and the sampled chunk for one batch (raw as in prepare_batch,
+    plus noise, time and sample_noise). Returns a dict named like the reference file."""
+    cfg = load_config(policy_dir)
+    stats = load_normalization(policy_dir)
+    P = load_parameters(policy_dir, cfg, dtype)
+    batch = prepare_batch(cfg, stats, raw, dtype)
+    out = {f"images_prepped.{key.split('.')[-1]}": img for key, img in zip(cfg.cameras, batch["images"])}
+    out["state_norm"], out["actions_norm"] = batch["state"], batch["actions"]
+
+    v_t, u_t = forward(P, cfg, batch["images"], batch["lang_tokens"], batch["lang_masks"], batch["state"],
+                       batch["actions"], raw["noise"].to(dtype), raw["time"])
+    loss = flow_matching_loss(cfg, v_t, u_t, batch["action_is_pad"])
+    trainable = [name for name, t in P.items() if t.requires_grad]
+    grads = torch.autograd.grad(loss, [P[n] for n in trainable], allow_unused=True)
+    out["loss"], out["v_t"] = loss.detach(), v_t.detach()
+    for name, g in zip(trainable, grads):
+        if g is not None:  # None: the tensor feeds nothing (LeRobot leaves its .grad None too)
+            out["grad." + name] = g
+
+    chunk_norm = sample_actions(P, cfg, batch["images"], batch["lang_tokens"], batch["lang_masks"], batch["state"],
+                                raw["sample_noise"].to(dtype))
+    out["chunk_norm"] = chunk_norm
+    out["chunk"] = unnormalize(chunk_norm[:, :, :cfg.action_dim], stats["action.mean"].to(dtype),
+                               stats["action.std"].to(dtype))
+    return cfg, P, out
+
+
+def count_parameters(cfg, P):
+    total = sum(t.numel() for t in P.values())
+    return total, sum(t.numel() for name, t in P.items() if is_trainable(cfg, name))
+
+
+def main():
+    ap = argparse.ArgumentParser(description="SmolVLA oracle: loss, gradients and a sampled chunk for a LeRobot policy")
+    ap.add_argument("case", help="folder with policy/ (LeRobot's save_pretrained) and ref.safetensors (the batch)")
+    ap.add_argument("--batch", help="safetensors file with the batch (default: CASE/ref.safetensors)")
+    ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    ap.add_argument("-o", "--out", help="write the oracle's tensors (names as in ref.safetensors) here")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--table", action="store_true", help="print the parameter table (trainable per mode) and exit")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.table:
+        cfg = load_config(os.path.join(args.case, "policy"))
+        modes = {m: with_train_mode(cfg, m) for m in TRAIN_MODES}
+        print(f"{'name':<92} {'shape':<18} {'tower':<9} " + " ".join(f"{m:>6}" for m in modes))
+        for name, shape, tower in parameter_table(cfg):
+            flags = " ".join(f"{'train' if is_trainable(c, name) else '-':>6}" for c in modes.values())
+            print(f"{name:<92} {str(tuple(shape)):<18} {tower:<9} {flags}")
+        return
+    t0 = time.time()
+    raw = load_safetensors(args.batch or os.path.join(args.case, "ref.safetensors"))
+    cfg, P, out = run(os.path.join(args.case, "policy"), raw, getattr(torch, args.dtype))
+    total, trainable = count_parameters(cfg, P)
+    grad_norm = math.sqrt(sum(float((v.double() ** 2).sum()) for k, v in out.items() if k.startswith("grad.")))
+    print(f"parameters {total} ({trainable} trainable), layers {[layer_kind(cfg, i) for i in range(cfg.n_layer)]}")
+    print(f"loss {out['loss'].item():.10g}  grad norm {grad_norm:.10g}  |chunk| {out['chunk'].norm().item():.10g}"
+          f"  ({args.dtype}, {time.time() - t0:.2f} s)")
+    if args.out:
+        save_safetensors(args.out, out, {"dtype": args.dtype})
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

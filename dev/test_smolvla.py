@@ -1,0 +1,155 @@
+"""
+test_smolvla.py: the SmolVLA oracle (dev/smolvla.py) against LeRobot 0.6.1 itself.
+
+For every case folder under REF_DIR (expert, vlm, all: LeRobot's three training modes), made
+by dev/lerobot/make_ref.py with LeRobot's own SmolVLAPolicy and pre-processor, it loads the
+policy folder and ref.safetensors, runs the oracle in float64 from the raw uint8 frames, raw
+state/actions and LeRobot's language tokens, and checks each tensor as its own named check:
+relative error ||x - ref|| / ||ref||.
+
+    /usr/bin/python3 dev/test_smolvla.py build/lerobot_ref
+
+Tolerance: LeRobot computes in float32 (about 6e-8 relative rounding per operation); the
+oracle in float64 is exact by comparison, so every difference is LeRobot's accumulated fp32
+rounding through a few hundred dependent operations: 1e-5 relative bounds it with margin.
+Closing line `N passed, M failed`; exit status 1 on any failure.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import smolvla  # noqa: E402
+
+TOL_FP32_REF = 1e-5  # float64 oracle vs LeRobot's float32: its rounding, ~1e-7 per op, accumulated
+TOL_FP32_ORACLE = 1e-4  # float32 oracle vs float32 LeRobot: two independent fp32 roundings, op orders differ
+
+passed, failed = 0, 0
+T_START = time.time()
+
+
+def rel_error(x, ref):
+    x, ref = x.detach().to(torch.float64), ref.detach().to(torch.float64)
+    if x.shape != ref.shape:
+        return math.inf
+    denom = ref.norm().item()
+    diff = (x - ref).norm().item()
+    return diff / denom if denom > 0 else diff  # an all-zero reference: the absolute error
+
+
+def check(name, ok, detail):
+    global passed, failed
+    passed, failed = passed + bool(ok), failed + (not ok)
+    print(f"{'ok  ' if ok else 'FAIL'} {name:<96} {detail}")
+
+
+def check_close(name, x, ref, tol):
+    err = rel_error(x, ref)
+    check(name, err <= tol and not torch.isnan(x).any(), f"rel {err:.2e} (tol {tol:.0e})")
+    return err
+
+
+def check_zero_by_symmetry(name, out, ref, pname):
+    """The vision tower's key biases have an exactly zero gradient: adding b to every key adds
+    the same q.b to all scores of a query row, and softmax ignores a shift (the vision
+    attention has no mask, so every row sees every key). LeRobot's fp32 value is rounding
+    noise (~1e-7 of its neighbours), so a relative error to it means nothing; both are
+    measured against the same layer's q_proj.bias gradient instead: the oracle must be zero
+    to float64 rounding, LeRobot's noise below the 1e-5 fp32 tolerance."""
+    scale = ref["grad." + pname.replace("k_proj.bias", "q_proj.bias")].double().norm().item()
+    ours = out["grad." + pname].double().norm().item() / scale
+    theirs = ref["grad." + pname].double().norm().item() / scale
+    check(name, ours <= 1e-12 and theirs <= TOL_FP32_REF,
+          f"zero by symmetry: |oracle| {ours:.1e}, |LeRobot| {theirs:.1e} of |grad q_proj.bias|")
+
+
+def test_case(case_dir):
+    name = os.path.basename(os.path.normpath(case_dir))
+    policy_dir = os.path.join(case_dir, "policy")
+    ref = smolvla.load_safetensors(os.path.join(case_dir, "ref.safetensors"))
+    with open(os.path.join(case_dir, "case.json")) as f:
+        info = json.load(f)
+
+    cfg, P, out = smolvla.run(policy_dir, ref, torch.float64)
+
+    # parameter table and the training mode's frozen set
+    if name in smolvla.TRAIN_MODES:
+        mode_cfg = smolvla.with_train_mode(cfg, name)
+        check(f"{name}: config.json flags are LeRobot's '{name}' mode", mode_cfg == cfg,
+              f"train_expert_only={cfg.train_expert_only} freeze_vision_encoder={cfg.freeze_vision_encoder}")
+    total, trainable = smolvla.count_parameters(cfg, P)
+    check(f"{name}: parameter count", total == info["params_total"], f"{total} vs LeRobot {info['params_total']}")
+    check(f"{name}: trainable parameter count", trainable == info["params_trainable"],
+          f"{trainable} vs LeRobot {info['params_trainable']}")
+    ours = sorted(n for n in P if smolvla.is_trainable(cfg, n))
+    check(f"{name}: trainable tensors are LeRobot's requires_grad set", ours == sorted(info["trainable_names"]),
+          f"{len(ours)} vs {len(info['trainable_names'])}")
+
+    G = cfg.resize_hw[0] // cfg.vis_patch if cfg.resize_hw else cfg.vis_image_size // cfg.vis_patch
+    ids = smolvla.vision_position_ids(cfg, G, G)
+    check(f"{name}: vision position ids are the identity (the C trainers assume it)",
+          torch.equal(ids, torch.arange(G * G)), f"{G}x{G} patches on a {cfg.vis_image_size // cfg.vis_patch}-wide table")
+
+    # inputs: the raw frames, the resize-with-padding rule, normalization
+    for key in cfg.cameras:
+        cam = key.split(".")[-1]
+        floats = smolvla.images_from_u8(ref[f"images_u8.{cam}"], torch.float64)
+        check_close(f"{name}: {key} = u8 / 255", floats, ref[key], TOL_FP32_REF)
+        check_close(f"{name}: images_prepped.{cam} (resize with padding, x*2-1)", out[f"images_prepped.{cam}"],
+                    ref[f"images_prepped.{cam}"], TOL_FP32_REF)
+    check_close(f"{name}: state_norm", out["state_norm"], ref["state_norm"], TOL_FP32_REF)
+    check_close(f"{name}: actions_norm", out["actions_norm"], ref["actions_norm"], TOL_FP32_REF)
+
+    # training forward and backward
+    check_close(f"{name}: loss", out["loss"], ref["loss"], TOL_FP32_REF)
+    check_close(f"{name}: v_t", out["v_t"], ref["v_t"], TOL_FP32_REF)
+    grad_names = sorted(k[len("grad."):] for k in ref if k.startswith("grad."))
+    for pname in grad_names:
+        if pname.startswith(smolvla.VISION) and pname.endswith("self_attn.k_proj.bias"):
+            check_zero_by_symmetry(f"{name}: grad.{pname}", out, ref, pname)
+        elif "grad." + pname in out:
+            check_close(f"{name}: grad.{pname}", out["grad." + pname], ref["grad." + pname], TOL_FP32_REF)
+        else:
+            check(f"{name}: grad.{pname}", False, "LeRobot has a gradient, the oracle's tensor is frozen")
+    frozen = [n for n in P if not smolvla.is_trainable(cfg, n)]
+    leaked = [n for n in frozen if "grad." + n in ref or P[n].requires_grad]
+    missing = [n for n in P if smolvla.is_trainable(cfg, n) and "grad." + n not in ref]
+    check(f"{name}: no gradient for the {len(frozen)} frozen tensors (and one for every trainable one)",
+          not leaked and not missing, f"leaked {leaked[:3]} missing {missing[:3]}")
+
+    # sampling: 10 Euler steps with the prefix K/V cached
+    check_close(f"{name}: chunk_norm (10 Euler steps)", out["chunk_norm"][..., :ref["chunk_norm"].shape[-1]],
+                ref["chunk_norm"], TOL_FP32_REF)
+    check_close(f"{name}: chunk (un-normalized)", out["chunk"], ref["chunk"], TOL_FP32_REF)
+
+    # the oracle in float32 (what the C trainers compute) stays close too
+    _, _, out32 = smolvla.run(policy_dir, {k: v for k, v in ref.items() if not k.startswith("grad.")}, torch.float32)
+    check_close(f"{name}: float32 oracle loss", out32["loss"], ref["loss"], TOL_FP32_ORACLE)
+    check_close(f"{name}: float32 oracle v_t", out32["v_t"], ref["v_t"], TOL_FP32_ORACLE)
+    check_close(f"{name}: float32 oracle chunk", out32["chunk"], ref["chunk"], TOL_FP32_ORACLE)
+
+
+def main():
+    torch.set_num_threads(1)
+    if len(sys.argv) != 2:
+        print(__doc__.strip().splitlines()[0])
+        print("usage: /usr/bin/python3 dev/test_smolvla.py REF_DIR   (made by dev/lerobot/make_ref.py)")
+        sys.exit(2)
+    root = sys.argv[1]
+    cases = sorted(d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "ref.safetensors"))) \
+        if os.path.isdir(root) else []
+    check(f"reference cases in {root}", len(cases) > 0, f"{cases} (make them with dev/lerobot/make_ref.py)")
+    for case in cases:
+        test_case(os.path.join(root, case))
+    print(f"({time.time() - T_START:.1f} s, torch {torch.__version__})")
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
