@@ -61,6 +61,9 @@ for src in dev/cuda/*.cu; do
     name=$(basename "$src" .cu)
     run_suite "dev/cuda/$name" "$dev_cuda_dir/$name"
 done
+# the device resize (dev/cuda/resize_pad.cu) against LeRobot's own resize_with_pad, through torch
+run_suite dev/cuda/resize_pad_check bash -c "$dev_cuda_dir/resize_pad --dump build/resize_pad.dump && \
+    $LEROBOT_PY dev/cuda/resize_pad_check.py build/resize_pad.dump"
 run_suite launchers env GPU_TESTS="$GPU_TESTS" scripts/test_launchers.sh
 run_suite metaworld "$VENV_PY" data/test_metaworld.py
 run_suite lerobot "$VENV_PY" data/test_lerobot.py
