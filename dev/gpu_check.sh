@@ -76,6 +76,24 @@ stage bench_torch_compile "$PYTHON" dev/model.py -i build/bench/base.bin -p base
 # the scaling model (README, "Multi-GPU and multi-node") from this GPU's measured base step time
 stage scaling_model "$PYTHON" dev/scaling_model.py -p base -b "$B" --from-log "$OUTDIR/bench_train_vla.log"
 
+# LeRobot's own SmolVLA training step and inference on this GPU at the released sizes (random
+# weights): the peer of the smolvla comparison. lerobot and its pure-Python dependencies travel as
+# wheels (dev/lerobot/wheels.sh, carried as .whl); without them these stages are skipped.
+if [ -d .whl ] && ls .whl/lerobot-*.whl > /dev/null 2>&1; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lerobot_site \
+        .whl/*.whl && export PYTHONPATH=/tmp/lerobot_site${PYTHONPATH:+:$PYTHONPATH}
+    for train in expert all; do
+        for amp in none bf16; do
+            stage "lerobot_${train}_${amp}" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --train "$train" \
+                --amp "$amp" --batch 32 --steps 20 --warmup 5 --device cuda --json "$OUTDIR/lerobot_${train}_${amp}.json"
+        done
+    done
+    stage lerobot_infer "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --amp bf16 --infer --steps 50 \
+        --device cuda --json "$OUTDIR/lerobot_infer.json"
+else
+    summary+=("$(printf '%-22s skipped: no .whl/lerobot-*.whl (run dev/lerobot/wheels.sh here, carry .whl)' lerobot)")
+fi
+
 echo
 echo "######## summary"
 printf '%s\n' "${summary[@]}" | tee "$OUTDIR/summary.txt"

@@ -73,6 +73,8 @@ run_suite policy "$ORACLE_PY" scripts/test_policy.py
 run_suite lerobot_ref "$LEROBOT_PY" dev/lerobot/check_ref.py -d build/lerobot_ref
 # SmolVLA: the independent PyTorch oracle (dev/smolvla.py) against those references
 run_suite smolvla_oracle "$ORACLE_PY" dev/test_smolvla.py build/lerobot_ref
+# LeRobot's own SmolVLA training step and inference, timed (the GPU comparison's peer; here a smoke run)
+run_suite lerobot_bench env LEROBOT_PYTHON="$LEROBOT_PY" dev/lerobot/test_bench.sh
 run_suite eval "$VENV_PY" scripts/test_eval.py
 
 echo
