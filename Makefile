@@ -219,11 +219,16 @@ $(LEROBOT_REF)/all/ref.safetensors: dev/lerobot/make_ref.py dev/lerobot/requirem
 	$(lerobot_check)
 	rm -rf $(LEROBOT_REF)
 	$(LEROBOT_PY) dev/lerobot/make_ref.py -o $(LEROBOT_REF)
+# each case's config for the C trainers (dev/smolvla.py --c-config): test_vla's SmolVLA checks read it
+SMOLVLA_C_CONFIGS = $(foreach case,expert vlm all,$(LEROBOT_REF)/$(case)/c_config.txt)
+$(SMOLVLA_C_CONFIGS): $(LEROBOT_REF)/%/c_config.txt: $(LEROBOT_REF)/all/ref.safetensors dev/smolvla.py
+	$(oracle_check)
+	$(PYTHON) dev/smolvla.py $(LEROBOT_REF)/$* --c-config $@
 
 # make test compiles train_vla for the GPU everywhere; its tests run on the GPU if there is one,
 # otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries)
 test: train_vla_cpu test_vla libvla.so train_vla build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so dev_cuda $(GPU_TEST_BINARIES) \
-		build/sanitize/train_vla_cpu fuzz_build $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt $(LEROBOT_REF)/all/ref.safetensors venv_check
+		build/sanitize/train_vla_cpu fuzz_build $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt $(LEROBOT_REF)/all/ref.safetensors $(SMOLVLA_C_CONFIGS) venv_check
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 
 venv_check:

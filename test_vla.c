@@ -91,10 +91,11 @@ static void test_against_oracle(const char* dir, const char* name) {
     check(same_idx, "%s sampler picks the oracle's step-0 samples", name);
     size_t img_bytes = (size_t)B * c->n_cam * c->img * c->img * 3;
     uint8_t* ref_images = (uint8_t*)debug_get(&st, "batch/images", img_bytes);
-    uint8_t* ref_text = (uint8_t*)debug_get(&st, "batch/text", (size_t)B * c->max_text);
-    check(memcmp(ref_images, batch.images, img_bytes) == 0 && memcmp(ref_text, batch.text, (size_t)B * c->max_text) == 0,
-          "%s images and text bytes identical", name);
-    free(ref_images); free(ref_text);
+    int32_t* ref_tokens = (int32_t*)debug_get(&st, "batch/tokens", (size_t)B * c->max_text);
+    check(memcmp(ref_images, batch.images, img_bytes) == 0 &&
+          memcmp(ref_tokens, batch.tokens, (size_t)B * c->max_text * sizeof(int32_t)) == 0,
+          "%s images and instruction token ids identical", name);
+    free(ref_images); free(ref_tokens);
     struct { const char* key; float* ours; size_t n; double tol; } fields[] = {
         {"batch/text_mask", batch.text_mask, (size_t)B * c->max_text, 0.0},
         {"batch/action_mask", batch.action_mask, (size_t)B * H, 0.0},
@@ -538,8 +539,8 @@ static void test_sampler(void) {
 
 static int batches_equal(const Batch* a, const Batch* b, const VLAConfig* c) {
     size_t B = (size_t)a->B, HA = (size_t)c->chunk * c->action_dim;
-    return memcmp(a->images, b->images, B * c->n_cam * c->img * c->img * 3) == 0 &&
-           memcmp(a->text, b->text, B * c->max_text) == 0 &&
+    return cameras_equal(&a->cams, &b->cams) && memcmp(a->images, b->images, B * cameras_frame_bytes(&a->cams)) == 0 &&
+           memcmp(a->tokens, b->tokens, B * c->max_text * sizeof(int32_t)) == 0 &&
            memcmp(a->text_mask, b->text_mask, B * c->max_text * 4) == 0 &&
            memcmp(a->state, b->state, B * c->state_dim * 4) == 0 && memcmp(a->actions, b->actions, B * HA * 4) == 0 &&
            memcmp(a->action_mask, b->action_mask, B * c->chunk * 4) == 0 && memcmp(a->t, b->t, B * 4) == 0 &&
@@ -704,7 +705,8 @@ static void test_max_text(const char* dir) {
     shard_compute_stats(FRAMES, state, 4, action, 4, stats);
     char path[1024], cmd[4096], out[1100];
     snprintf(path, sizeof(path), "%s/window.bin", dir);
-    shard_write(path, 1, IMG, 4, 4, FRAMES, images, state, action, 2, eps, 2, tasks, stats);
+    Cameras cams = cameras_square(1, IMG);
+    shard_write(path, &cams, 4, 4, FRAMES, images, state, action, 2, eps, 2, tasks, stats);
     free(images);
     Dataset ds;
     dataset_open(&ds, path);
@@ -980,15 +982,505 @@ static void test_untrusted_files(const char* dir) {
     expect_error(dir, "-i of a device", args, "dataset shard /dev/zero is not a regular file");
 }
 
+// ----------------------------------------------------------------------------
+// shard format version 2 (token ids, cameras of their own sizes) and version 1 read as the same
+
+// Writes n bytes at offset into an existing file
+static void patch_file(const char* path, long offset, const void* data, size_t n) {
+    FILE* f = fopenCheck(path, "r+b");
+    fseek(f, offset, SEEK_SET);
+    if (fwrite(data, 1, n, f) != n) { vla_fail("cannot patch %s", path); }
+    fclose(f);
+}
+
+// Whether each camera of dst is camera of src shifted by at most k pixels (border replicated)
+static int cameras_shifted(const uint8_t* src, const uint8_t* dst, const Cameras* cams, int k, int* moved) {
+    int all = 1;
+    for (int cam = 0; cam < cams->n; cam++) {
+        int h = (int)cams->height[cam], w = (int)cams->width[cam], found = 0;
+        const uint8_t* a = src + camera_offset(cams, cam);
+        const uint8_t* b = dst + camera_offset(cams, cam);
+        for (int dy = -k; dy <= k && !found; dy++) {
+            for (int dx = -k; dx <= k && !found; dx++) {
+                int match = 1;
+                for (int y = 0; y < h && match; y++) {
+                    for (int x = 0; x < w && match; x++) {
+                        int sy = y + dy < 0 ? 0 : (y + dy >= h ? h - 1 : y + dy);
+                        int sx = x + dx < 0 ? 0 : (x + dx >= w ? w - 1 : x + dx);
+                        match = memcmp(b + ((size_t)y * w + x) * 3, a + ((size_t)sy * w + sx) * 3, 3) == 0;
+                    }
+                }
+                if (match) { found = 1; *moved += dx != 0 || dy != 0; }
+            }
+        }
+        all &= found;
+    }
+    return all;
+}
+
+static void test_shard_versions(const char* dir) {
+    printf("\n== shard versions: 1 and 2 read the same, token ids, cameras of their own sizes\n");
+    char v2[1024], v1[1024], bad[1024], path[1024], args[3000], cmd[4096], err[VLA_PATH_MAX + 512];
+    snprintf(v2, sizeof(v2), "%s/b.bin", dir);  // data/synthetic writes version 2: 2 cameras of 24 px
+    snprintf(v1, sizeof(v1), "%s/b_v1.bin", dir);
+    Shard s2, s1;
+    shard_open(&s2, v2);
+    shard_write_v1(v1, &s2);
+    shard_open(&s1, v1);
+    uint64_t sizes[SHARD_SECTIONS];
+    shard_section_sizes(&s2.h, v2, sizes);
+    int same = s1.h.n_cam == s2.h.n_cam && s1.h.img == s2.h.img && s1.h.n_tasks == s2.h.n_tasks &&
+               s1.h.n_tokens == s2.h.n_tokens && s1.h.vocab == s2.h.vocab && strcmp(s1.h.tokenizer, s2.h.tokenizer) == 0 &&
+               memcmp(s1.h.cam_height, s2.h.cam_height, sizeof(s1.h.cam_height)) == 0 &&
+               memcmp(s1.h.cam_width, s2.h.cam_width, sizeof(s1.h.cam_width)) == 0 &&
+               memcmp(s1.token_offsets, s2.token_offsets, (s2.h.n_tasks + 1) * 8) == 0 &&
+               memcmp(s1.tokens, s2.tokens, s2.h.n_tokens * 4) == 0 && memcmp(s1.images, s2.images, sizes[0]) == 0;
+    check(s2.h.version == 2 && s1.h.version == 1 && strcmp(s2.h.tokenizer, "bytes") == 0 && s2.h.vocab == 256 && same,
+          "a version-1 copy of b.bin reads as the same view: cameras %ux%u, tokenizer \"%s\" (vocabulary %u), %llu token "
+          "ids, images", s1.h.cam_height[0], s1.h.cam_width[0], s1.h.tokenizer, s1.h.vocab,
+          (unsigned long long)s1.h.n_tokens);
+    check(s1.images >= s1.map && s1.images + sizes[0] <= s1.map + s1.map_size && s1.owned_tokens != NULL &&
+          s2.owned_tokens == NULL, "version 1's frames are read in place from the mapped file (only its tokens are made)");
+    shard_close(&s1);
+    shard_close(&s2);
+    Dataset d1, d2;
+    dataset_open(&d1, v1);
+    dataset_open(&d2, v2);
+    VLAConfig c = config_for_data("tiny", 0, &d2);
+    const int B = 4, steps = 6;
+    Batch b1, b2;
+    batch_alloc(&b1, &c, B);
+    batch_alloc(&b2, &c, B);
+    Sampler s;
+    sampler_init(&s, d2.n_samples, 9);
+    int batches_same = 1;
+    for (int step = 0; step < steps; step++) {
+        uint64_t idx[B];
+        batch_fill_indices(idx, &s, 0, 0, (uint64_t)step, B, 1, 0);
+        batch_fill(&b1, &d1, &c, idx, 9, (uint64_t)step, 0, 2);
+        batch_fill(&b2, &d2, &c, idx, 9, (uint64_t)step, 0, 2);
+        batches_same &= batches_equal(&b1, &b2, &c);
+    }
+    check(batches_same, "versions 1 and 2 of the same data give identical batches (%d steps of %d, shifted images)", steps, B);
+    batch_free(&b1); batch_free(&b2);
+    sampler_free(&s);
+    dataset_close(&d1); dataset_close(&d2);
+    // and identical training through the binary: the losses and the checkpoint
+    const char* base = "./train_vla_cpu -p tiny -b 4 -n 3 -k 3 -t 1 --workers 1 --augment-shift 2";
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/run_v1 %s/run_v2 && %s -i %s -o %s/run_v1 > /dev/null 2>&1 && %s -i %s -o %s/run_v2 "
+             "> /dev/null 2>&1", dir, dir, base, v1, dir, base, v2, dir);
+    int rc = run_command(cmd);
+    float l1[3] = {0}, l2[3] = {0};
+    snprintf(path, sizeof(path), "%s/run_v1/log.jsonl", dir);
+    int n1 = read_losses(path, 1, 3, l1);
+    snprintf(path, sizeof(path), "%s/run_v2/log.jsonl", dir);
+    int n2 = read_losses(path, 1, 3, l2);
+    char p1[1100], p2[1100];
+    snprintf(p1, sizeof(p1), "%s/run_v1/ckpt_00000003.bin", dir);
+    snprintf(p2, sizeof(p2), "%s/run_v2/ckpt_00000003.bin", dir);
+    check(rc == 0 && n1 == 3 && n2 == 3 && memcmp(l1, l2, sizeof(l1)) == 0 && files_equal(p1, p2),
+          "train_vla_cpu on versions 1 and 2: identical losses (%.6f %.6f %.6f) and identical checkpoints", l2[0], l2[1], l2[2]);
+    // the shipped data (data/metaworld_mt10.bin.xz) is version 1
+    Shard mt10;
+    rc = shard_open_checked(&mt10, "data/default/metaworld_mt10_000.bin", err, sizeof(err));
+    check(rc == 0 && mt10.h.version == 1 && mt10.h.n_cam == 1 && mt10.h.cam_height[0] == 64 && mt10.h.cam_width[0] == 64 &&
+          mt10.h.n_tasks == 10 && mt10.h.n_tokens == mt10.h.task_bytes && strcmp(mt10.h.tokenizer, "bytes") == 0,
+          "the shipped MT10 shard (version 1) reads: one 64x64 camera, 10 tasks as byte tokens%s%s", rc ? ": " : "",
+          rc ? err : "");
+    if (rc == 0) { shard_close(&mt10); }
+
+    // a round trip through the writer: two cameras of different sizes, non-ASCII instructions
+    enum { FRAMES = 6 };
+    Cameras cams = {2, {16, 8}, {16, 12}};
+    size_t frame = cameras_frame_bytes(&cams);
+    uint8_t* images = (uint8_t*)mallocCheck(FRAMES * frame);
+    for (size_t i = 0; i < FRAMES * frame; i++) { images[i] = (uint8_t)(i * 7 + i / 97); }
+    float state[FRAMES * 3], action[FRAMES * 2], stats[10];
+    for (int i = 0; i < FRAMES * 3; i++) { state[i] = 0.1f * (float)i; }
+    for (int i = 0; i < FRAMES * 2; i++) { action[i] = 0.3f * (float)(i % 5); }
+    shard_compute_stats(FRAMES, state, 3, action, 2, stats);
+    ShardEpisode eps[2] = {{0, 4, 1}, {4, 2, 0}};
+    static const char* const tasks[] = {"Schublade öffnen", "打开抽屉"};
+    snprintf(path, sizeof(path), "%s/two_sizes.bin", dir);
+    shard_write(path, &cams, 3, 2, FRAMES, images, state, action, 2, eps, 2, tasks, stats);
+    Shard t;
+    rc = shard_open_checked(&t, path, err, sizeof(err));
+    int text_ok = rc == 0, images_ok = rc == 0;
+    for (int k = 0; k < 2 && text_ok; k++) {
+        uint64_t t0 = t.token_offsets[k], n = t.token_offsets[k + 1] - t0, len = strlen(tasks[k]);
+        text_ok = n == len && t.task_offsets[k + 1] - t.task_offsets[k] == len &&
+                  memcmp(t.task_text + t.task_offsets[k], tasks[k], len) == 0;
+        for (uint64_t j = 0; j < n && text_ok; j++) { text_ok = t.tokens[t0 + j] == (int32_t)(uint8_t)tasks[k][j]; }
+    }
+    for (int f = 0; f < FRAMES && images_ok; f++) {  // camera by camera, where the helper says they are
+        for (int cam = 0; cam < 2; cam++) {
+            size_t at = (size_t)f * frame + camera_offset(&cams, cam), bytes = (size_t)cams.height[cam] * cams.width[cam] * 3;
+            images_ok &= memcmp(t.images + at, images + at, bytes) == 0;
+        }
+    }
+    check(rc == 0 && t.h.version == 2 && t.h.img == 0 && t.h.cam_height[1] == 8 && t.h.cam_width[1] == 12 &&
+          camera_offset(&cams, 1) == 16 * 16 * 3 && frame == 16 * 16 * 3 + 8 * 12 * 3 && images_ok && text_ok &&
+          memcmp(t.state, state, sizeof(state)) == 0 && memcmp(t.action, action, sizeof(action)) == 0 &&
+          memcmp(t.stats, stats, sizeof(stats)) == 0 && t.episodes[0].task == 1 && t.episodes[1].length == 2,
+          "C writer and reader: two cameras of 16x16 and 8x12 read back byte for byte, the instructions' UTF-8 as byte "
+          "tokens%s%s", rc ? ": " : "", rc ? err : "");
+    if (rc == 0) { shard_close(&t); }
+    // the loader and the image shifts lay the batch out by the same helper
+    Dataset ds;
+    dataset_open(&ds, path);
+    VLAConfig any = vla_preset("tiny")->config;  // (a model of other cameras: the loader reads only its text and chunk)
+    any.state_dim = 3; any.action_dim = 2;
+    Batch plain, shifted;
+    batch_alloc_cameras(&plain, &any, &ds.cams, FRAMES);
+    batch_alloc_cameras(&shifted, &any, &ds.cams, FRAMES);
+    uint64_t idx[FRAMES] = {0, 1, 2, 3, 4, 5};
+    batch_fill(&plain, &ds, &any, idx, 3, 1, 0, 0);
+    batch_fill(&shifted, &ds, &any, idx, 3, 1, 0, 2);
+    int all_shifted = 1, moved = 0;
+    for (int i = 0; i < FRAMES; i++) {
+        all_shifted &= cameras_shifted(plain.images + i * frame, shifted.images + i * frame, &cams, 2, &moved);
+    }
+    check(memcmp(plain.images, images, FRAMES * frame) == 0 && plain.tokens[0] == (int32_t)(uint8_t)tasks[1][0] &&
+          plain.text_mask[11] == 1.0f && plain.text_mask[12] == 0.0f && plain.tokens[12] == 0 &&
+          plain.tokens[4 * any.max_text] == 'S' && plain.text_mask[5 * any.max_text - 1] == 1.0f && all_shifted && moved > 0,
+          "its batches hold the frames as written, the tokens of each task, and --augment-shift 2 shifts each camera "
+          "within its own size (%d of %d moved)", moved, FRAMES * 2);
+    batch_free(&plain); batch_free(&shifted);
+    dataset_close(&ds);
+    free(images);
+    // today's model refuses cameras that are not square and of one size, naming the camera
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -t 1 -i %s -o %s/bad_out", path, dir);
+    expect_error(dir, "two cameras of different sizes, one not square", args, "camera 1 of the dataset is 8x12 pixels "
+                 "(height x width), but this model needs square cameras of one size");
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -t 1 -i %s/square_sizes.bin -o %s/bad_out", dir, dir);
+    snprintf(cmd, sizeof(cmd), "./data/synthetic -o %s/square_sizes.bin --cam-size 16x16 --cam-size 8x8 --episodes 2 "
+             "--min-len 2 --max-len 3 > /dev/null", dir);
+    rc = run_command(cmd);
+    check(rc == 0, "data/synthetic --cam-size 16x16 --cam-size 8x8 writes cameras of two sizes");
+    expect_error(dir, "two square cameras of different sizes", args, "camera 1 of the dataset is 8x8 pixels but camera 0 "
+                 "is 16x16: this model needs square cameras of one size");
+
+    // corrupt version-2 fields: each a one-line error naming the problem
+    ShardHeader h;
+    FILE* f = fopenCheck(v2, "rb");
+    if (fread(&h, sizeof(h), 1, f) != 1) { vla_fail("cannot read %s", v2); }
+    fclose(f);
+    snprintf(bad, sizeof(bad), "%s/bad_v2.bin", dir);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -t 1 -i %s -o %s/bad_out", bad, dir);
+    uint32_t u32 = 0;
+    corrupt_copy(v2, bad, offsetof(ShardHeader, vocab), &u32, 4, -1);
+    expect_error(dir, "vocabulary 0", args, "vocabulary size 0 of tokenizer bytes is outside 1 to 16777216");
+    int32_t id = 256;
+    corrupt_copy(v2, bad, (long)h.off_tokens + 4, &id, 4, -1);
+    expect_error(dir, "a token id past the vocabulary", args, "has token id 256, outside the vocabulary [0, 256)");
+    id = -1;
+    corrupt_copy(v2, bad, (long)h.off_tokens, &id, 4, -1);
+    expect_error(dir, "a negative token id", args, "has token id -1, outside the vocabulary");
+    id = 'x';
+    corrupt_copy(v2, bad, (long)h.off_tokens, &id, 4, -1);
+    expect_error(dir, "byte tokens that are not the text's bytes", args, "are not the bytes of its text");
+    char name[64];
+    memset(name, 'x', sizeof(name));
+    corrupt_copy(v2, bad, offsetof(ShardHeader, tokenizer), name, sizeof(name), -1);
+    expect_error(dir, "a tokenizer name without its NUL", args, "the tokenizer name is not NUL-terminated within its 64 bytes");
+    u32 = 23;  // camera 0 of 23x24 and img 0: the cameras no longer add up to the images section
+    corrupt_copy(v2, bad, offsetof(ShardHeader, cam_height), &u32, 4, -1);
+    u32 = 0;
+    patch_file(bad, offsetof(ShardHeader, img), &u32, 4);
+    char needle[256];
+    snprintf(needle, sizeof(needle), "the camera sizes (23x24, 24x24, height x width) make %llu frames %llu bytes of images",
+             (unsigned long long)h.n_frames, (unsigned long long)h.n_frames * (23 * 24 + 24 * 24) * 3);
+    expect_error(dir, "camera sizes that do not add up to the images section", args, needle);
+    u32 = 25;
+    corrupt_copy(v2, bad, offsetof(ShardHeader, cam_height), &u32, 4, -1);
+    expect_error(dir, "img that disagrees with the camera sizes", args, "img 24 disagrees with the camera sizes (25x24, 24x24");
+    u32 = 0;
+    corrupt_copy(v2, bad, offsetof(ShardHeader, cam_width) + 4, &u32, 4, -1);
+    expect_error(dir, "a camera 0 pixels wide", args, "camera 1 is 24x0 pixels (height x width), outside 1 to 4096");
+    u32 = 24;
+    corrupt_copy(v2, bad, offsetof(ShardHeader, cam_width) + 8, &u32, 4, -1);
+    expect_error(dir, "a size for a camera the shard does not have", args, "camera 2 has a size (0x24) but the shard has 2");
+    corrupt_copy(v2, bad, 0, NULL, 0, 400);
+    expect_error(dir, "a version-2 header cut short", args, "shorter than a version-2 shard header (512)");
+    // another tokenizer: the reader takes it, today's model refuses a vocabulary past its 256-row table
+    char other[64] = "tokenizer.json:0123456789abcdef";
+    corrupt_copy(v2, bad, offsetof(ShardHeader, tokenizer), other, sizeof(other), -1);
+    u32 = 49280;
+    patch_file(bad, offsetof(ShardHeader, vocab), &u32, 4);
+    Dataset big;
+    rc = dataset_open_checked(&big, bad, err, sizeof(err));
+    check(rc == 0 && big.vocab == 49280 && strcmp(big.tokenizer, other) == 0, "a shard of another tokenizer reads (%s, "
+          "vocabulary %u)%s%s", rc == 0 ? big.tokenizer : "-", rc == 0 ? big.vocab : 0, rc ? ": " : "", rc ? err : "");
+    if (rc == 0) { dataset_close(&big); }
+    expect_error(dir, "a vocabulary past the model's text table", args, "a vocabulary of 49280, but this model's text "
+                 "table has 256 rows");
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -t 1 -i %s,%s -o %s/bad_out", v2, bad, dir);
+    expect_error(dir, "shards of two tokenizers", args, "has the token ids of tokenizer tokenizer.json:0123456789abcdef "
+                 "(vocabulary 49280) but");
+}
+
+// ----------------------------------------------------------------------------
+// SmolVLA against LeRobot 0.6.1 itself (dev/lerobot): for each training mode's case folder
+// (expert, vlm, all), LeRobot's weights load by name, its batch runs through train_vla.c's
+// SmolVLA section from the raw uint8 frames and token ids, and the prepared images, velocities,
+// loss, every trainable gradient and the 10-step sampled chunk are checked against what LeRobot
+// computed. The config comes from CASE/c_config.txt (dev/smolvla.py --c-config, made by make test).
+
+// The number after "key": in a JSON text (the case's case.json), or -1 when absent
+static long long json_int(const char* text, const char* key) {
+    char pattern[128];
+    snprintf(pattern, sizeof(pattern), "\"%s\":", key);
+    const char* p = strstr(text, pattern);
+    return p != NULL ? strtoll(p + strlen(pattern), NULL, 10) : -1;
+}
+
+// The strings of the JSON array after "key": (at most max, each cut to 63 bytes); returns the count
+static int json_strings(const char* text, const char* key, char out[][64], int max) {
+    char pattern[128];
+    snprintf(pattern, sizeof(pattern), "\"%s\":", key);
+    const char* p = strstr(text, pattern);
+    const char* end = p != NULL ? strchr(p, ']') : NULL;
+    int n = 0;
+    for (p = p != NULL ? strchr(p, '[') : NULL; p != NULL && end != NULL && n < max; n++) {
+        const char* open = strchr(p, '"');
+        const char* close = open != NULL ? strchr(open + 1, '"') : NULL;
+        if (open == NULL || close == NULL || open > end) { break; }
+        snprintf(out[n], 64, "%.*s", (int)(close - open - 1), open + 1);
+        p = close + 1;
+    }
+    return n;
+}
+
+// A reference tensor by name, whatever its dtype (floats widened or rounded to float32, integers
+// and bools converted), checking its element count; NULL when the file lacks it or the count differs.
+static float* ref_tensor(const SafeTensors* st, const char* name, size_t numel) {
+    const SafeTensorInfo* t = safetensors_find(st, name);
+    if (t == NULL || t->numel != numel) { return NULL; }
+    float* out = (float*)mallocCheck((numel > 0 ? numel : 1) * sizeof(float));
+    if (safetensors_read_f32(st, t, out) == 0) { return out; }
+    const uint8_t* p = st->data + t->begin;
+    for (size_t i = 0; i < numel; i++) {
+        if (t->dtype == ST_I64) { int64_t v; memcpy(&v, p + 8 * i, 8); out[i] = (float)v; }
+        else if (t->dtype == ST_I32) { int32_t v; memcpy(&v, p + 4 * i, 4); out[i] = (float)v; }
+        else { out[i] = (float)p[i]; }  // U8, BOOL
+    }
+    return out;
+}
+
+// An integer tensor (token ids: I64 in LeRobot's files) as int32, checking that every value fits
+static int32_t* ref_ints(const SafeTensors* st, const char* name, size_t numel) {
+    const SafeTensorInfo* t = safetensors_find(st, name);
+    if (t == NULL || t->numel != numel || (t->dtype != ST_I64 && t->dtype != ST_I32)) { return NULL; }
+    int32_t* out = (int32_t*)mallocCheck((numel > 0 ? numel : 1) * sizeof(int32_t));
+    for (size_t i = 0; i < numel; i++) {
+        int64_t v = 0;
+        if (t->dtype == ST_I64) { memcpy(&v, st->data + t->begin + 8 * i, 8); }
+        else { int32_t v32; memcpy(&v32, st->data + t->begin + 4 * i, 4); v = v32; }
+        if (v < INT32_MIN || v > INT32_MAX) { free(out); return NULL; }
+        out[i] = (int32_t)v;
+    }
+    return out;
+}
+
+static double norm2(const float* x, size_t n) { return sqrt(sum_squares(x, n)); }
+
+static void test_smolvla_case(const char* ref_dir, int mode) {
+    const char* name = TRAIN_MODE_NAMES[mode];
+    char path[1024], err[512];
+    double t0 = wall_seconds();
+    printf("\n== SmolVLA vs LeRobot 0.6.1: %s/%s (train mode %s)\n", ref_dir, name, name);
+    // fp32 against LeRobot's fp32: two roundings of the same few hundred dependent operations in
+    // different orders (~1e-7 each); 1e-5 relative bounds their accumulated difference with margin
+    const double tol = 1e-5;
+    SmolVLAConfig c;
+    snprintf(path, sizeof(path), "%s/%s/c_config.txt", ref_dir, name);
+    int rc = smolvla_config_read(path, &c, err, sizeof(err));
+    check(rc == 0, "%s: config from %s%s%s", name, path, rc ? ": " : "", rc ? err : "");
+    if (rc != 0) { return; }
+    SmolVLA m;
+    smolvla_build(&m, &c);
+    SafeTensors weights, ref;
+    snprintf(path, sizeof(path), "%s/%s/policy/model.safetensors", ref_dir, name);
+    rc = safetensors_open(&weights, path, err, sizeof(err)) || smolvla_load_safetensors(&weights, &c, &m.table, m.params_memory,
+                                                                                         err, sizeof(err));
+    check(rc == 0, "%s: LeRobot's weights load by name from %s%s%s", name, path, rc ? ": " : "", rc ? err : "");
+    safetensors_close(&weights);
+    snprintf(path, sizeof(path), "%s/%s/ref.safetensors", ref_dir, name);
+    int rc_ref = safetensors_open(&ref, path, err, sizeof(err));
+    check(rc_ref == 0, "%s: reference batch %s%s%s", name, path, rc_ref ? ": " : "", rc_ref ? err : "");
+    if (rc != 0 || rc_ref != 0) { smolvla_free(&m); return; }
+
+    // parameter counts: LeRobot's include lm_head (vocab x C), which the table leaves out (it feeds nothing)
+    snprintf(path, sizeof(path), "%s/%s/case.json", ref_dir, name);
+    char* info = read_text(path);
+    long long total = json_int(info, "params_total"), trainable = json_int(info, "params_trainable");
+    size_t lm_head = (size_t)c.vocab * c.d_model, ours = smolvla_trainable_count(&m.table, mode);
+    check(total > 0 && m.table.total + lm_head == (size_t)total, "%s: %zu parameters + lm_head %zu = LeRobot's %lld", name,
+          m.table.total, lm_head, total);
+    check(trainable > 0 && ours == (size_t)trainable, "%s: %zu trainable, LeRobot's %lld", name, ours, trainable);
+
+    // the batch, as LeRobot's pre-processor left it: raw frames, token ids, normalized state/actions
+    char cams[VLA_MAX_CAM][64];
+    int n_cams = json_strings(info, "camera_order", cams, VLA_MAX_CAM);
+    int B = (int)json_int(info, "batch_size"), H = c.chunk, Am = c.max_action_dim;
+    free(info);
+    SmolInputs in;
+    memset(&in, 0, sizeof(in));
+    in.B = B;
+    int have = n_cams == c.n_cam && B > 0;
+    uint8_t* frames[VLA_MAX_CAM] = {NULL};
+    for (int k = 0; k < n_cams && have; k++) {
+        char key[128];
+        snprintf(key, sizeof(key), "images_u8.%s", cams[k]);
+        const SafeTensorInfo* t = safetensors_find(&ref, key);
+        have = t != NULL && t->dtype == ST_U8 && t->ndim == 4 && t->shape[0] == B && t->shape[3] == 3;
+        if (!have) { break; }
+        frames[k] = (uint8_t*)mallocCheck(t->numel);
+        memcpy(frames[k], ref.data + t->begin, t->numel);
+        in.frames[k] = frames[k];
+        in.frame_h[k] = (int)t->shape[1];
+        in.frame_w[k] = (int)t->shape[2];
+    }
+    int32_t* tokens = ref_ints(&ref, "lang_tokens", (size_t)B * c.max_text);
+    float* token_mask = ref_tensor(&ref, "lang_masks", (size_t)B * c.max_text);
+    float* state = ref_tensor(&ref, "state_norm", (size_t)B * c.max_state_dim);
+    float* actions = ref_tensor(&ref, "actions_norm", (size_t)B * H * Am);
+    float* action_is_pad = ref_tensor(&ref, "action_is_pad", (size_t)B * H);
+    float* t = ref_tensor(&ref, "time", (size_t)B);
+    float* noise = ref_tensor(&ref, "noise", (size_t)B * H * Am);
+    float* sample_noise = ref_tensor(&ref, "sample_noise", (size_t)B * H * Am);
+    float* ref_v = ref_tensor(&ref, "v_t", (size_t)B * H * Am);
+    float* ref_loss = ref_tensor(&ref, "loss", 1);
+    float* ref_chunk = ref_tensor(&ref, "chunk_norm", (size_t)B * H * Am);
+    have = have && tokens && token_mask && state && actions && action_is_pad && t && noise && sample_noise && ref_v &&
+           ref_loss && ref_chunk;
+    check(have, "%s: the batch (%d cameras, B %d, %d tokens) is in the reference file with the config's shapes", name, n_cams,
+          B, c.max_text);
+    if (have) {
+        in.tokens = tokens; in.token_mask = token_mask; in.state = state; in.actions = actions;
+        in.action_is_pad = action_is_pad; in.t = t; in.noise = noise;
+
+        // forward: prepared images, velocities, loss
+        float loss = smolvla_forward(&m, &in);
+        size_t per_cam = (size_t)B * 3 * c.img * c.img;
+        for (int k = 0; k < n_cams; k++) {
+            char key[128];
+            snprintf(key, sizeof(key), "images_prepped.%s", cams[k]);
+            float* prepped = ref_tensor(&ref, key, per_cam);
+            double e = prepped != NULL ? rel_error(m.acts.pixels + k * per_cam, prepped, per_cam) : INFINITY;
+            check(e <= tol, "%s: %s (%dx%d frames resized with padding to %d) rel err %.2e (tol %.0e)", name, key,
+                  in.frame_h[k], in.frame_w[k], c.img, e, tol);
+            free(prepped);
+        }
+        double ev = rel_error(m.acts.v_t, ref_v, (size_t)B * H * Am), el = rel_error(&loss, ref_loss, 1);
+        check(ev <= tol, "%s: v_t rel err %.2e (tol %.0e)", name, ev, tol);
+        check(el <= tol, "%s: loss %.7f vs LeRobot %.7f rel err %.2e (tol %.0e)", name, loss, ref_loss[0], el, tol);
+
+        // backward: every slice that trains in this mode against grad.<LeRobot name>, worst per tower;
+        // frozen ones: LeRobot has no gradient, and ours is never written
+        double t_bwd = wall_seconds();
+        smolvla_backward(&m, mode);
+        t_bwd = wall_seconds() - t_bwd;
+        const char* tower_names[3] = {"vision", "vlm", "expert"};
+        double worst[3] = {0, 0, 0};
+        char worst_name[3][256] = {"", "", ""};
+        int n_slices[3] = {0, 0, 0}, n_frozen = 0, frozen_ok = 1, n_ref_grads = 0;
+        for (int i = 0; i < ref.n; i++) { n_ref_grads += strncmp(ref.tensors[i].name, "grad.", 5) == 0; }
+        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+            const SmolParamSpec* s = &m.table.spec[i];
+            size_t n = smolvla_slices(s), per = s->numel / n;
+            for (size_t k = 0; k < n; k++) {
+                char lname[256], key[300];
+                if (s->slices == SLICES_NONE) { snprintf(lname, sizeof(lname), "%s", s->lerobot); }
+                else { snprintf(lname, sizeof(lname), s->lerobot, smolvla_slice_layer(&c, s, (int)k)); }
+                snprintf(key, sizeof(key), "grad.%s", lname);
+                const float* ours_g = m.grads_memory + s->offset + k * per;
+                float* ref_g = ref_tensor(&ref, key, per);
+                if (smol_grad(&m, mode, i, (int)k) == NULL) {
+                    int zero = 1;
+                    for (size_t e = 0; e < per; e++) { zero &= ours_g[e] == 0.0f; }
+                    if (ref_g != NULL || !zero) {
+                        frozen_ok = 0;
+                        check(0, "%s: %s is frozen here: LeRobot has %s gradient, ours is %s", name, lname,
+                              ref_g != NULL ? "a" : "no", zero ? "zero" : "NOT zero");
+                    }
+                    n_frozen++;
+                    free(ref_g);
+                    continue;
+                }
+                n_slices[s->tower]++;
+                double e;
+                if (ref_g == NULL) {
+                    e = INFINITY;
+                } else if (s->tower == TOWER_VISION && strstr(lname, "k_proj.bias") != NULL) {
+                    // The key bias's gradient is exactly zero: adding b to every key adds q.b to every
+                    // score of a query's row, and softmax ignores a shift (SigLIP has no mask). Both
+                    // fp32 values are rounding noise, so each is measured against the same layer's
+                    // q_proj.bias gradient instead of against the other.
+                    char qkey[300];
+                    snprintf(qkey, sizeof(qkey), "%s", key);
+                    memcpy(strstr(qkey, "k_proj.bias"), "q", 1);
+                    float* ref_q = ref_tensor(&ref, qkey, per);
+                    double scale = ref_q != NULL ? norm2(ref_q, per) : 0.0;
+                    double e_ours = norm2(ours_g, per) / scale, e_ref = norm2(ref_g, per) / scale;
+                    check(e_ours <= tol && e_ref <= tol, "%s: %s is zero by symmetry: |ours| %.1e, |LeRobot| %.1e of "
+                          "|grad q_proj.bias| (tol %.0e)", name, key, e_ours, e_ref, tol);
+                    e = 0.0;
+                    free(ref_q);
+                } else {
+                    e = rel_error(ours_g, ref_g, per);
+                }
+                if (!(e <= tol)) {
+                    check(0, "%s: %s rel err %.2e (tol %.0e)%s", name, key, e, tol, ref_g == NULL ? ": LeRobot has none" : "");
+                }
+                if (!(e <= worst[s->tower])) { worst[s->tower] = e; snprintf(worst_name[s->tower], 256, "%s", lname); }
+                free(ref_g);
+            }
+        }
+        for (int tw = 0; tw < 3; tw++) {
+            if (n_slices[tw] == 0) { continue; }
+            check(worst[tw] <= tol, "%s: %s gradients, %d tensors: worst rel err %.2e (%s) (tol %.0e)", name,
+                  tower_names[tw], n_slices[tw], worst[tw], worst_name[tw], tol);
+        }
+        int n_trained = n_slices[0] + n_slices[1] + n_slices[2];
+        check(frozen_ok && n_trained == n_ref_grads, "%s: %d frozen tensors have no gradient, in LeRobot and here (zero); "
+              "LeRobot's %d gradients are the %d trained here", name, n_frozen, n_ref_grads, n_trained);
+
+        // sampling: 10 Euler steps from sample_noise, the prefix computed once
+        float* chunk = (float*)mallocCheck((size_t)B * H * Am * sizeof(float));
+        double t_smp = wall_seconds();
+        smolvla_sample(&m, &in, sample_noise, chunk);
+        t_smp = wall_seconds() - t_smp;
+        double ec = rel_error(chunk, ref_chunk, (size_t)B * H * Am);
+        check(ec <= tol, "%s: chunk_norm (%d Euler steps) rel err %.2e (tol %.0e)", name, SMOLVLA_NUM_STEPS, ec, tol);
+        free(chunk);
+        printf("        (%s: %.0f ms in all, backward %.1f ms, sampling %.1f ms)\n", name, 1000.0 * (wall_seconds() - t0),
+               1000.0 * t_bwd, 1000.0 * t_smp);
+    }
+    for (int k = 0; k < n_cams; k++) { free(frames[k]); }
+    free(tokens); free(token_mask); free(state); free(actions); free(action_is_pad); free(t); free(noise);
+    free(sample_noise); free(ref_v); free(ref_loss); free(ref_chunk);
+    safetensors_close(&ref);
+    smolvla_free(&m);
+}
+
+static void test_smolvla_lerobot(const char* ref_dir) {
+    double t0 = wall_seconds();
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_case(ref_dir, mode); }
+    printf("        (SmolVLA vs LeRobot: %.2f s)\n", wall_seconds() - t0);
+}
+
 int main(int argc, char** argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s FIXTURE_DIR   (make test writes the fixtures and runs this)\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s FIXTURE_DIR [LEROBOT_REF_DIR]   (make test writes both and runs this; the second adds "
+                "the SmolVLA checks against LeRobot)\n", argv[0]);
         return 2;
     }
     const char* dir = argv[1];
     test_param_table();
     test_against_oracle(dir, "a");
     test_against_oracle(dir, "b");
+    if (argc == 3) { test_smolvla_lerobot(argv[2]); }
     test_training_loop(dir);
     test_simulated_ranks(dir);
     test_world_args();
@@ -1000,6 +1492,7 @@ int main(int argc, char** argv) {
     test_max_text(dir);
     test_bad_input(dir);
     test_untrusted_files(dir);
+    test_shard_versions(dir);
     printf("\n%d passed, %d failed\n", n_passed, n_failed);
     return n_failed == 0 ? 0 : 1;
 }

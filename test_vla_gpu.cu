@@ -2,7 +2,8 @@
 test_vla_gpu.cu: checks train_vla.cu against the PyTorch oracle (dev/model.py) and against the
 CPU trainer. Includes the production code, so what is tested is what runs.
 
-  ./test_vla_gpu FIXTURE_DIR TRAINER          e.g. ./test_vla_gpu build/test ./train_vla
+  ./test_vla_gpu FIXTURE_DIR TRAINER [TRAINER_WITHOUT_NCCL] [--smolvla LEROBOT_REF_DIR]
+  e.g. ./test_vla_gpu build/test ./train_vla --smolvla build/lerobot_ref
 
 TRAINER is the train_vla binary of the same precision as this test. make test builds and runs
 it in both precisions: on the GPU when one is present, otherwise under the CPU emulation of
@@ -13,6 +14,10 @@ the oracle's parameters and batch, the VLM's unused last-layer tensors at exactl
 sampling, the losses and gradient norms of 10 AdamW steps. Then through the binary: 5 training
 steps on shard data against the oracle's, determinism (two runs, identical losses and
 checkpoints), bit-exact resume, checkpoints that continue on train_vla_cpu and back, bad input.
+With --smolvla: the SmolVLA section against LeRobot 0.6.1's own references (dev/lerobot), per
+training mode (expert, vlm, all): prepared images, velocities, loss, every trainable gradient by
+LeRobot's name, none for the frozen tensors, the 10-step sampled chunk (tolerances stated at
+test_smolvla_case, derived the same way as below).
 
 Tolerances, relative error ||x - ref|| / ||ref|| against the float64 oracle:
 - FP32: 1e-4 per tensor (SPEC section 5); fp32 rounding alone gives about 1e-6.
@@ -44,7 +49,7 @@ static void oracle_batch(const DebugState* st, const VLAConfig* c, int B, Batch*
     size_t HA = (size_t)c->chunk * c->action_dim;
     struct { const char* key; void* dst; size_t n, size; } fields[] = {
         {"batch/images", batch->images, (size_t)B * c->n_cam * c->img * c->img * 3, 1},
-        {"batch/text", batch->text, (size_t)B * c->max_text, 1},
+        {"batch/tokens", batch->tokens, (size_t)B * c->max_text, 4},
         {"batch/text_mask", batch->text_mask, (size_t)B * c->max_text, 4},
         {"batch/state", batch->state, (size_t)B * c->state_dim, 4},
         {"batch/actions", batch->actions, (size_t)B * HA, 4},
@@ -364,14 +369,349 @@ static void test_bad_input(const char* dir) {
     expect_error_from(dir, TRAINER, "truncated checkpoint", args, "truncated");
 }
 
+// ----------------------------------------------------------------------------
+// SmolVLA against LeRobot 0.6.1 itself (dev/lerobot's references, --smolvla REF_DIR): per
+// training mode's case folder (expert, vlm, all), the config dev/smolvla.py --c-config wrote
+// (CASE/c_config.txt), LeRobot's weights loaded by name, LeRobot's batch on the device (raw uint8
+// frames of three sizes, token ids, normalized state and actions, noise, time) through the
+// SmolVLA section of train_vla.cu: the prepared images, v_t, the loss, every trainable tensor's
+// gradient per layer slice by LeRobot's name, no gradient for the frozen ones, and the 10-step
+// sampled chunk from sample_noise.
+
+// The text after "key": in a JSON document (case.json), or NULL
+static const char* json_value(const char* text, const char* key) {
+    char pattern[128];
+    snprintf(pattern, sizeof(pattern), "\"%s\":", key);
+    const char* p = strstr(text, pattern);
+    return p != NULL ? p + strlen(pattern) : NULL;
+}
+
+// The strings of the JSON array under "key" (each cut to 63 bytes, at most max); their count
+static int json_string_list(const char* text, const char* key, char out[][64], int max) {
+    const char* p = json_value(text, key);
+    const char* end = p != NULL ? strchr(p, ']') : NULL;
+    int n = 0;
+    while (p != NULL && end != NULL && n < max) {
+        const char* q0 = strchr(p, '"');
+        if (q0 == NULL || q0 > end) { break; }
+        const char* q1 = strchr(q0 + 1, '"');
+        if (q1 == NULL || q1 > end) { break; }
+        snprintf(out[n++], 64, "%.*s", (int)(q1 - q0 - 1), q0 + 1);
+        p = q1 + 1;
+    }
+    return n;
+}
+
+// A tensor of a reference file as floats (floating-point types as safetensors_read_f32 reads
+// them, integers and bools converted), NULL when it is missing or does not hold numel values
+static float* st_floats(const SafeTensors* st, const char* name, size_t numel) {
+    const SafeTensorInfo* t = safetensors_find(st, name);
+    if (t == NULL || t->numel != numel) { return NULL; }
+    float* out = (float*)mallocCheck((numel > 0 ? numel : 1) * sizeof(float));
+    if (safetensors_read_f32(st, t, out) == 0) { return out; }
+    const uint8_t* p = st->data + t->begin;
+    for (size_t i = 0; i < numel; i++) {
+        switch (t->dtype) {
+            case ST_I64: { int64_t v; memcpy(&v, p + 8 * i, 8); out[i] = (float)v; break; }
+            case ST_I32: { int32_t v; memcpy(&v, p + 4 * i, 4); out[i] = (float)v; break; }
+            default: out[i] = (float)p[i]; break;  // U8, BOOL
+        }
+    }
+    return out;
+}
+
+// Token ids (LeRobot writes int64) as int32, NULL when missing, of another count or out of range
+static int32_t* st_ids(const SafeTensors* st, const char* name, size_t numel) {
+    const SafeTensorInfo* t = safetensors_find(st, name);
+    if (t == NULL || t->numel != numel || (t->dtype != ST_I64 && t->dtype != ST_I32)) { return NULL; }
+    int32_t* out = (int32_t*)mallocCheck((numel > 0 ? numel : 1) * sizeof(int32_t));
+    for (size_t i = 0; i < numel; i++) {
+        int64_t v;
+        if (t->dtype == ST_I64) {
+            memcpy(&v, st->data + t->begin + 8 * i, 8);
+        } else {
+            int32_t v32;
+            memcpy(&v32, st->data + t->begin + 4 * i, 4);
+            v = v32;
+        }
+        if (v < INT32_MIN || v > INT32_MAX) { free(out); return NULL; }
+        out[i] = (int32_t)v;
+    }
+    return out;
+}
+
+// n bytes of host memory in a fresh device allocation (freed with cudaFree)
+static void* upload(const void* host, size_t bytes) {
+    void* d;
+    cudaCheck(cudaMalloc(&d, bytes > 0 ? bytes : 1));
+    cudaCheck(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static double l2(const float* x, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) { s += (double)x[i] * x[i]; }
+    return sqrt(s);
+}
+
+// Tolerances against LeRobot's float32 (the references are fp32; the oracle's float32 run meets
+// them to 1e-5, so the precision of this build is what the tolerance measures):
+// - FP32: 1e-4 per tensor (SPEC section 5), as the tests above.
+// - BF16: u = 2^-8 per stored value, u / sqrt(3) = 2.3e-3 rms (round to nearest), independent
+//   from stage to stage, so k rounded stages leave about sqrt(k) u / sqrt(3) (the header's
+//   random walk). The prepared images are one rounding: 1e-2. SmolVLA's deepest forward path has
+//   about 100 stages (the tiny case's 2 SigLIP layers of 8, patch and position embedding, post
+//   norm, connector, prefix; 4 VLM and 4 expert layers of 9-10; the cross re-projection, the time
+//   MLP, the final norm and the head): sqrt(100) u / sqrt(3) = 2.3e-2, so v_t, the loss and the
+//   sampled chunk pass at 5e-2, twice that. Gradients run the backward on top (about 3x the
+//   stages, products of two rounded factors, P and dS rounded to bf16 inside attention): as the
+//   header's 8e-2 is 5.7x its forward estimate, 5.7 x 2.3e-2 = 1.3e-1 here. The vision key bias's
+//   gradient, exactly zero in exact arithmetic, is bf16 rounding of dS summed over a row: measured
+//   against the q_proj.bias gradient it is of the order of u, so 2u = 7.8e-3 in bf16 builds.
+#if defined(ENABLE_FP32)
+static const double SMOL_TOL_IMAGES = 1e-4, SMOL_TOL_FWD = 1e-4, SMOL_TOL_GRAD = 1e-4, SMOL_TOL_ZERO = 1e-4;
+#else
+static const double SMOL_TOL_IMAGES = 1e-2, SMOL_TOL_FWD = 5e-2, SMOL_TOL_GRAD = 1.3e-1, SMOL_TOL_ZERO = 7.8e-3;
+#endif
+
+static void test_smolvla_case(const char* ref_dir, int mode) {
+    const char* name = TRAIN_MODE_NAMES[mode];
+    char path[1200], err[512];
+    double t0 = wall_seconds();
+    printf("\n== SmolVLA vs LeRobot 0.6.1 (%s): %s/%s (train mode %s)\n", PRECISION_NAME, ref_dir, name, name);
+    SmolVLAConfig c;
+    snprintf(path, sizeof(path), "%s/%s/c_config.txt", ref_dir, name);
+    int rc = smolvla_config_read(path, &c, err, sizeof(err));
+    check(rc == 0, "%s: config from %s%s%s", name, path, rc ? ": " : "", rc ? err : "");
+    if (rc != 0) { return; }
+    SmolParamTable table;
+    smolvla_table_build(&c, &table);
+    float* params = (float*)mallocCheck(table.total * sizeof(float));
+    SafeTensors weights, ref;
+    snprintf(path, sizeof(path), "%s/%s/policy/model.safetensors", ref_dir, name);
+    rc = safetensors_open(&weights, path, err, sizeof(err)) ||
+         smolvla_load_safetensors(&weights, &c, &table, params, err, sizeof(err));
+    check(rc == 0, "%s: LeRobot's weights load by name from %s%s%s", name, path, rc ? ": " : "", rc ? err : "");
+    safetensors_close(&weights);
+    snprintf(path, sizeof(path), "%s/%s/ref.safetensors", ref_dir, name);
+    int rc_ref = safetensors_open(&ref, path, err, sizeof(err));
+    check(rc_ref == 0, "%s: reference batch %s%s%s", name, path, rc_ref ? ": " : "", rc_ref ? err : "");
+    snprintf(path, sizeof(path), "%s/%s/case.json", ref_dir, name);
+    char* info = rc_ref == 0 ? read_text(path) : NULL;
+    if (rc != 0 || rc_ref != 0 || info == NULL) {
+        free(params);
+        free(info);
+        if (rc_ref == 0) { safetensors_close(&ref); }
+        return;
+    }
+    SmolVLA m;
+    smolvla_build(&m, &c, mode);
+    smolvla_set_params(&m, params);
+    free(params);
+
+    // the batch as LeRobot's pre-processor left it (raw frames, token ids, normalized state and
+    // actions), each in its own device allocation
+    char cams[VLA_MAX_CAM][64];
+    int n_cams = json_string_list(info, "camera_order", cams, VLA_MAX_CAM);
+    const char* bs = json_value(info, "batch_size");
+    int B = bs != NULL ? atoi(bs) : 0, H = c.chunk, Am = c.max_action_dim;
+    free(info);
+    size_t n_act = (size_t)B * H * Am;
+    SmolInputs in;
+    memset(&in, 0, sizeof(in));
+    in.B = B;
+    int have = n_cams == c.n_cam && B > 0;
+    for (int k = 0; k < n_cams && have; k++) {
+        char key[128];
+        snprintf(key, sizeof(key), "images_u8.%s", cams[k]);
+        const SafeTensorInfo* t = safetensors_find(&ref, key);
+        have = t != NULL && t->dtype == ST_U8 && t->ndim == 4 && t->shape[0] == B && t->shape[3] == 3;
+        if (!have) { break; }
+        in.frames[k] = (const uint8_t*)upload(ref.data + t->begin, t->numel);
+        in.frame_h[k] = (int)t->shape[1];
+        in.frame_w[k] = (int)t->shape[2];
+    }
+    int32_t* tokens = st_ids(&ref, "lang_tokens", (size_t)B * c.max_text);
+    float* token_mask = st_floats(&ref, "lang_masks", (size_t)B * c.max_text);
+    float* state = st_floats(&ref, "state_norm", (size_t)B * c.max_state_dim);
+    float* actions = st_floats(&ref, "actions_norm", n_act);
+    float* action_is_pad = st_floats(&ref, "action_is_pad", (size_t)B * H);
+    float* t = st_floats(&ref, "time", (size_t)B);
+    float* noise = st_floats(&ref, "noise", n_act);
+    float* sample_noise = st_floats(&ref, "sample_noise", n_act);
+    float* ref_v = st_floats(&ref, "v_t", n_act);
+    float* ref_loss = st_floats(&ref, "loss", 1);
+    float* ref_chunk = st_floats(&ref, "chunk_norm", n_act);
+    have = have && tokens && token_mask && state && actions && action_is_pad && t && noise && sample_noise && ref_v &&
+           ref_loss && ref_chunk;
+    check(have, "%s: the batch (%d cameras, B %d, %d tokens) is in the reference file with the config's shapes", name,
+          n_cams, B, c.max_text);
+    float* d_sample_noise = NULL;
+    if (have) {
+        in.tokens = (const int32_t*)upload(tokens, (size_t)B * c.max_text * sizeof(int32_t));
+        in.token_mask = (const float*)upload(token_mask, (size_t)B * c.max_text * sizeof(float));
+        in.state = (const float*)upload(state, (size_t)B * c.max_state_dim * sizeof(float));
+        in.actions = (const float*)upload(actions, n_act * sizeof(float));
+        in.action_is_pad = (const float*)upload(action_is_pad, (size_t)B * H * sizeof(float));
+        in.t = (const float*)upload(t, B * sizeof(float));
+        in.noise = (const float*)upload(noise, n_act * sizeof(float));
+        d_sample_noise = (float*)upload(sample_noise, n_act * sizeof(float));
+
+        // forward and backward, as one training micro-step
+        double t_step = wall_seconds();
+        smolvla_forward(&m, &in, 0, 1);
+        smolvla_backward(&m, 1);
+        float loss = smolvla_read_loss(&m);
+        t_step = wall_seconds() - t_step;
+
+        // the prepared images (camera-major: camera k's B images in a row), v_t, the loss
+        size_t per_cam = (size_t)B * 3 * c.img * c.img;
+        for (int k = 0; k < n_cams; k++) {
+            char key[128];
+            snprintf(key, sizeof(key), "images_prepped.%s", cams[k]);
+            float* prepped = st_floats(&ref, key, per_cam);
+            float* ours = from_device_x(m.acts.pixels + k * per_cam, per_cam);
+            double e = prepped != NULL ? rel_error(ours, prepped, per_cam) : INFINITY;
+            check(e <= SMOL_TOL_IMAGES, "%s: %s (%dx%d frames resized with padding to %d) rel err %.2e (tol %.0e)", name, key,
+                  in.frame_h[k], in.frame_w[k], c.img, e, SMOL_TOL_IMAGES);
+            free(prepped);
+            free(ours);
+        }
+        float* v = (float*)mallocCheck(n_act * sizeof(float));
+        cudaCheck(cudaMemcpy(v, m.acts.v_t, n_act * sizeof(float), cudaMemcpyDeviceToHost));
+        double ev = rel_error(v, ref_v, n_act), el = rel_error(&loss, ref_loss, 1);
+        check(ev <= SMOL_TOL_FWD, "%s: v_t rel err %.2e (tol %.0e)", name, ev, SMOL_TOL_FWD);
+        check(el <= SMOL_TOL_FWD, "%s: loss %.7f vs LeRobot %.7f rel err %.2e (tol %.0e)", name, loss, ref_loss[0], el,
+              SMOL_TOL_FWD);
+        free(v);
+
+        // gradients: every slice that trains in this mode against grad.<LeRobot name>, worst per
+        // tower; a frozen slice has no gradient memory here, and LeRobot has no gradient for it
+        float* grads = (float*)mallocCheck(m.n_grads * sizeof(float));
+        cudaCheck(cudaMemcpy(grads, m.grads_memory, m.n_grads * sizeof(float), cudaMemcpyDeviceToHost));
+        const char* tower_names[3] = {"vision", "vlm", "expert"};
+        double worst[3] = {0.0, 0.0, 0.0};
+        char worst_name[3][256] = {"", "", ""};
+        int n_trained[3] = {0, 0, 0}, n_frozen = 0, n_ref_grads = 0, frozen_ok = 1;
+        size_t trainable = 0;
+        for (int i = 0; i < ref.n; i++) { n_ref_grads += strncmp(ref.tensors[i].name, "grad.", 5) == 0; }
+        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+            const SmolParamSpec* s = &m.table.spec[i];
+            size_t n_slices = smolvla_slices(s), per = s->numel / n_slices;
+            trainable += smolvla_trainable_numel(s, mode);
+            for (size_t k = 0; k < n_slices; k++) {
+                char lname[256], key[300];
+                if (s->slices == SLICES_NONE) { snprintf(lname, sizeof(lname), "%s", s->lerobot); }
+                else { snprintf(lname, sizeof(lname), s->lerobot, smolvla_slice_layer(&c, s, (int)k)); }
+                snprintf(key, sizeof(key), "grad.%s", lname);
+                float* ref_g = st_floats(&ref, key, per);
+                if (smol_grad(&m, i, (int)k) == NULL) {
+                    n_frozen++;
+                    if (ref_g != NULL) {
+                        frozen_ok = 0;
+                        check(0, "%s: %s is frozen here, but LeRobot has a gradient for it", name, lname);
+                    }
+                    free(ref_g);
+                    continue;
+                }
+                n_trained[s->tower]++;
+                const float* ours = grads + m.grad_at[i] + k * per;
+                double e;
+                if (ref_g == NULL) {
+                    e = INFINITY;
+                } else if (s->tower == TOWER_VISION && strstr(lname, "self_attn.k_proj.bias") != NULL) {
+                    // Zero in exact arithmetic: adding b to every key adds q.b to every score of a
+                    // query's row, which softmax ignores (SigLIP has no mask). LeRobot's value and
+                    // ours are rounding noise, so both are measured against the same layer's
+                    // q_proj.bias gradient (dev/test_smolvla.py does the same).
+                    char qkey[300];
+                    snprintf(qkey, sizeof(qkey), "%s", key);
+                    memcpy(strstr(qkey, "k_proj.bias"), "q", 1);
+                    float* ref_q = st_floats(&ref, qkey, per);
+                    double scale = ref_q != NULL ? l2(ref_q, per) : 0.0;
+                    double e_ours = l2(ours, per) / scale, e_ref = l2(ref_g, per) / scale;
+                    check(e_ours <= SMOL_TOL_ZERO && e_ref <= 1e-5, "%s: %s is zero by symmetry: |ours| %.1e, |LeRobot| "
+                          "%.1e of |grad q_proj.bias| (tol %.1e, LeRobot's 1e-5)", name, key, e_ours, e_ref,
+                          SMOL_TOL_ZERO);
+                    e = 0.0;
+                    free(ref_q);
+                } else {
+                    e = rel_error(ours, ref_g, per);
+                }
+                if (!(e <= SMOL_TOL_GRAD)) {
+                    check(0, "%s: %s rel err %.2e (tol %.1e)%s", name, key, e, SMOL_TOL_GRAD,
+                          ref_g == NULL ? ": LeRobot has none" : "");
+                }
+                if (!(e <= worst[s->tower])) {
+                    worst[s->tower] = e;
+                    snprintf(worst_name[s->tower], sizeof(worst_name[s->tower]), "%s", lname);
+                }
+                free(ref_g);
+            }
+        }
+        for (int tw = 0; tw < 3; tw++) {
+            if (n_trained[tw] == 0) { continue; }
+            check(worst[tw] <= SMOL_TOL_GRAD, "%s: %s gradients, %d tensors: worst rel err %.2e (%s) (tol %.1e)", name,
+                  tower_names[tw], n_trained[tw], worst[tw], worst_name[tw], SMOL_TOL_GRAD);
+        }
+        int trained = n_trained[0] + n_trained[1] + n_trained[2];
+        check(frozen_ok && trained == n_ref_grads && trainable == smolvla_trainable_count(&m.table, mode),
+              "%s: LeRobot's %d gradients are the %d tensors trained here (%zu values); the %d frozen have none", name,
+              n_ref_grads, trained, trainable, n_frozen);
+
+        // a second step on the same batch gives the same bits (no atomics, fixed reduction orders)
+        smolvla_forward(&m, &in, 0, 1);
+        smolvla_backward(&m, 1);
+        float loss2 = smolvla_read_loss(&m);
+        float* grads2 = (float*)mallocCheck(m.n_grads * sizeof(float));
+        cudaCheck(cudaMemcpy(grads2, m.grads_memory, m.n_grads * sizeof(float), cudaMemcpyDeviceToHost));
+        check(memcmp(&loss, &loss2, sizeof(loss)) == 0 && memcmp(grads, grads2, m.n_grads * sizeof(float)) == 0,
+              "%s: a second forward and backward: the same loss and gradients, bit for bit", name);
+        free(grads);
+        free(grads2);
+
+        // sampling: 10 Euler steps from sample_noise, the prefix computed once
+        float* chunk = (float*)mallocCheck(n_act * sizeof(float));
+        double t_sample = wall_seconds();
+        smolvla_sample(&m, &in, d_sample_noise, chunk);
+        t_sample = wall_seconds() - t_sample;
+        double ec = rel_error(chunk, ref_chunk, n_act);
+        check(ec <= SMOL_TOL_FWD, "%s: chunk_norm (10 Euler steps) rel err %.2e (tol %.0e)", name, ec, SMOL_TOL_FWD);
+        free(chunk);
+        printf("        (%s: forward and backward %.0f ms, sampling %.0f ms, %.1f s in all)\n", name, 1000.0 * t_step,
+               1000.0 * t_sample, wall_seconds() - t0);
+    }
+    for (int k = 0; k < n_cams; k++) { cudaCheck(cudaFree((void*)in.frames[k])); }
+    cudaCheck(cudaFree((void*)in.tokens)); cudaCheck(cudaFree((void*)in.token_mask)); cudaCheck(cudaFree((void*)in.state));
+    cudaCheck(cudaFree((void*)in.actions)); cudaCheck(cudaFree((void*)in.action_is_pad)); cudaCheck(cudaFree((void*)in.t));
+    cudaCheck(cudaFree((void*)in.noise)); cudaCheck(cudaFree(d_sample_noise));
+    free(tokens); free(token_mask); free(state); free(actions); free(action_is_pad); free(t); free(noise);
+    free(sample_noise); free(ref_v); free(ref_loss); free(ref_chunk);
+    safetensors_close(&ref);
+    smolvla_free(&m);
+}
+
+static void test_smolvla_lerobot(const char* ref_dir) {
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_case(ref_dir, mode); }
+}
+
 int main(int argc, char** argv) {
-    if (argc != 3 && argc != 4) {
-        fprintf(stderr, "usage: %s FIXTURE_DIR TRAINER [TRAINER_WITHOUT_NCCL]   (make test writes the fixtures and "
-                "runs this)\n", argv[0]);
+    // positional arguments, and --smolvla LEROBOT_REF_DIR anywhere
+    const char* args[3] = {NULL, NULL, NULL};
+    const char* smolvla_refs = NULL;
+    int n_args = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--smolvla") == 0 && i + 1 < argc) { smolvla_refs = argv[++i]; }
+        else if (n_args < 3) { args[n_args++] = argv[i]; }
+        else { n_args++; }
+    }
+    if (n_args != 2 && n_args != 3) {
+        fprintf(stderr, "usage: %s FIXTURE_DIR TRAINER [TRAINER_WITHOUT_NCCL] [--smolvla LEROBOT_REF_DIR]   (make test "
+                "writes the fixtures and the references and runs this)\n", argv[0]);
         return 2;
     }
-    const char* dir = argv[1];
-    TRAINER = argv[2];
+    const char* dir = args[0];
+    TRAINER = args[1];
     setenv("CUDA_EMU_DEVICES", "2", 0);  // under the CPU emulation: two GPUs (a real machine ignores it)
     cudaDeviceProp prop;
     gpu_check_visible(1);
@@ -379,11 +719,13 @@ int main(int argc, char** argv) {
     printf("device: %s, precision %s, trainer %s\n", prop.name, PRECISION_NAME, TRAINER);
     test_against_oracle(dir, "a");
     test_against_oracle(dir, "b");
+    if (smolvla_refs != NULL) { test_smolvla_lerobot(smolvla_refs); }
+    else { printf("\n(SmolVLA against LeRobot: skipped, no --smolvla LEROBOT_REF_DIR)\n"); }
     test_training_loop(dir);
     test_determinism(dir);
     test_accumulation(dir);
 #if defined(MULTI_GPU)
-    if (argc == 4) { test_single_gpu_build(dir, argv[3]); }
+    if (n_args == 3) { test_single_gpu_build(dir, args[2]); }
 #else
     printf("\n(world size 1 through NCCL: skipped, this build has no NCCL)\n");
 #endif

@@ -541,7 +541,7 @@ static void prefix_forward(Model* m, const Batch* batch) {
     Activations* a = &m->acts;
     int B = batch->B, L = c->n_layer, d = c->d_model, D = vla_d_attn(c);
     int NI = vla_n_image_tokens(c), Np = vla_n_prefix(c);
-    // embeddings: patches through patch_w plus position, text bytes through text_emb
+    // embeddings: patches through patch_w plus position, text token ids (bytes) through text_emb
     patchify(a->patches, batch->images, B, c->n_cam, c->img, c->patch);
     for (int b = 0; b < B; b++) {
         float* x = a->p_res + (size_t)b * Np * d;
@@ -551,7 +551,7 @@ static void prefix_forward(Model* m, const Batch* batch) {
             a->key_valid[(size_t)b * Np + i] = 1.0f;
         }
         for (int i = 0; i < c->max_text; i++) {
-            memcpy(x + (size_t)(NI + i) * d, w->text_emb + (size_t)batch->text[(size_t)b * c->max_text + i] * d, d * sizeof(float));
+            memcpy(x + (size_t)(NI + i) * d, w->text_emb + (size_t)batch->tokens[(size_t)b * c->max_text + i] * d, d * sizeof(float));
             a->key_valid[(size_t)b * Np + NI + i] = batch->text_mask[(size_t)b * c->max_text + i];
         }
     }
@@ -768,7 +768,7 @@ static void model_backward(Model* m, const Batch* batch) {
                         NI, vla_patch_dim(c), d);
         for (size_t i = 0; i < (size_t)NI * d; i++) { g->pos_emb[i] += dx[i]; }
         for (int i = 0; i < c->max_text; i++) {
-            float* row = g->text_emb + (size_t)batch->text[(size_t)b * c->max_text + i] * d;
+            float* row = g->text_emb + (size_t)batch->tokens[(size_t)b * c->max_text + i] * d;
             for (int k = 0; k < d; k++) { row[k] += dx[(size_t)(NI + i) * d + k]; }
         }
     }
@@ -849,6 +849,1363 @@ static float model_update(Model* m, float lr, float weight_decay, float clip, in
     }
     return norm;
 }
+
+// ----------------------------------------------------------------------------
+// SmolVLA kernels: the operations SmolVLA adds to the model above (LayerNorm with bias, RMSNorm
+// at SmolLM2's eps, RoPE at given positions, GQA attention under a block mask, SwiGLU, pixel
+// shuffle, resize with padding), forward and backward, each as LeRobot 0.6.1 computes it
+// (dev/smolvla.py is the PyTorch oracle they follow where the rounding matters). Conventions as
+// above: backward kernels accumulate (+=) into input and parameter gradients unless said
+// otherwise, and a NULL gradient pointer means nobody needs that gradient (a frozen tensor, an
+// input below the trained part): its product is skipped, not computed and dropped.
+//
+// Shapes: NV images (cameras x samples, camera-major), S image side, p patch, G = S/p, Nv = G*G
+// patches per image, Cv vision width, s pixel-shuffle factor, NI = Nv/s^2 image tokens per
+// camera, C VLM width, Ce expert width, Np prefix tokens, H chunk, T = Np + H sequence,
+// D = NH*HS query width, KV = NKV*HS key/value width (GQA), Smax/Amax padded state/action dims.
+
+// The training loops do not call this section yet (both trainers switch to it together): its
+// functions are unused in train_vla_cpu until then.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+
+#define SMOLVLA_MIN_PERIOD 4e-3  // the time embedding's shortest period (LeRobot's min_period)
+#define SMOLVLA_MAX_PERIOD 4.0   // and its longest (max_period)
+#define SMOLVLA_NUM_STEPS 10     // Euler steps of sampling (num_steps)
+
+// The backward of matmul_forward (a Linear with or without bias) with every output optional:
+// dinp (N, C) += dout @ w, dw (OC, C) += dout^T @ inp, db (OC) += column sums of dout.
+static void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                            int N, int C, int OC) {
+    if (dinp != NULL) { gemm_acc(dinp, dout, w, N, OC, C); }
+    if (dw != NULL) { gemm_acc(dw, transpose_scratch(dout, N, OC), inp, OC, N, C); }
+    if (db != NULL) {
+        #pragma omp parallel for schedule(static)
+        for (int o = 0; o < OC; o++) {
+            float s = 0.0f;
+            for (int n = 0; n < N; n++) { s += dout[(size_t)n * OC + o]; }
+            db[o] += s;
+        }
+    }
+}
+
+// SigLIP's LayerNorm: y = (x - mean) / sqrt(var + eps) * w + b per row of C (biased variance).
+// mean, rstd (N) are kept for the backward.
+static void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                              int N, int C, float eps) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++) { m += x[c]; }
+        m /= (float)C;
+        float var = 0.0f;
+        for (int c = 0; c < C; c++) { var += (x[c] - m) * (x[c] - m); }
+        float r = 1.0f / sqrtf(var / (float)C + eps);
+        mean[n] = m;
+        rstd[n] = r;
+        float* y = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) { y[c] = (x[c] - m) * r * w[c] + b[c]; }
+    }
+}
+
+// With xh = (x - mean) rstd and g = dy w: dx = rstd (g - mean(g) - xh mean(g xh)), since mean and
+// rstd depend on every x of the row; dw += dy xh, db += dy, summed over rows (parallel over columns).
+static void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* mean,
+                               const float* rstd, const float* w, int N, int C) {
+    if (dinp != NULL) {
+        #pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float* x = inp + (size_t)n * C;
+            const float* dy = dout + (size_t)n * C;
+            float m = mean[n], r = rstd[n], sum_g = 0.0f, sum_gx = 0.0f;
+            for (int c = 0; c < C; c++) {
+                float g = dy[c] * w[c];
+                sum_g += g;
+                sum_gx += g * (x[c] - m) * r;
+            }
+            sum_g /= (float)C;
+            sum_gx /= (float)C;
+            float* dx = dinp + (size_t)n * C;
+            for (int c = 0; c < C; c++) { dx[c] += r * (dy[c] * w[c] - sum_g - (x[c] - m) * r * sum_gx); }
+        }
+    }
+    if (dw != NULL || db != NULL) {
+        #pragma omp parallel for schedule(static)
+        for (int c = 0; c < C; c++) {
+            float sw = 0.0f, sb = 0.0f;
+            for (int n = 0; n < N; n++) {
+                float dy = dout[(size_t)n * C + c];
+                sw += dy * (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+                sb += dy;
+            }
+            if (dw != NULL) { dw[c] += sw; }
+            if (db != NULL) { db[c] += sb; }
+        }
+    }
+}
+
+// SmolLM2's RMSNorm, LlamaRMSNorm: y = x / sqrt(mean(x^2) + eps) * w. rmsnorm_forward at the
+// model's eps (1e-5; the model above uses 1e-6).
+static void smol_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C, float eps) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        float ss = 0.0f;
+        for (int c = 0; c < C; c++) { ss += x[c] * x[c]; }
+        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        rstd[n] = r;
+        float* y = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) { y[c] = x[c] * r * w[c]; }
+    }
+}
+
+// rmsnorm_backward with the weight's gradient optional (dw NULL: frozen; SmolVLA's last VLM layer
+// passes its gradient through a frozen norm). dx_c = r w_c dy_c - x_c r^3 / C sum_j dy_j w_j x_j.
+static void smol_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                                  const float* rstd, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        const float* dy = dout + (size_t)n * C;
+        float r = rstd[n], dot = 0.0f;
+        for (int c = 0; c < C; c++) { dot += dy[c] * w[c] * x[c]; }
+        float k = dot * r * r * r / (float)C;
+        float* dx = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) { dx[c] += r * w[c] * dy[c] - k * x[c]; }
+    }
+    if (dw != NULL) {
+        #pragma omp parallel for schedule(static)
+        for (int c = 0; c < C; c++) {
+            float s = 0.0f;
+            for (int n = 0; n < N; n++) { s += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n]; }
+            dw[c] += s;
+        }
+    }
+}
+
+// cos/sin (n_pos, HS/2) of RoPE's angles as LeRobot's apply_rope computes them: the timescale
+// theta^e with e = float32(2/HS) * k in float32 (torch's float pow is the correctly rounded one,
+// which pow in double then rounding gives), the angle as a float32 DIVISION pos / timescale (not
+// a product with an inverse frequency: that rounds differently), then sin and cos of that float.
+static void rope_table(float* cos_t, float* sin_t, int n_pos, int HS, int theta) {
+    int half = HS / 2;
+    float step = (float)(2.0 / HS);
+    for (int k = 0; k < half; k++) {
+        float timescale = (float)pow((double)theta, (double)(step * (float)k));
+        for (int pos = 0; pos < n_pos; pos++) {
+            float angle = (float)pos / timescale;
+            cos_t[(size_t)pos * half + k] = (float)cos((double)angle);
+            sin_t[(size_t)pos * half + k] = (float)sin((double)angle);
+        }
+    }
+}
+
+// RoPE (rotate-half) in place on x (N, n_heads*HS), row n at position pos[n]: dimension k < HS/2
+// pairs with k + HS/2. The backward is the rotation by the negative angle (sign = -1).
+static void rope_at(float* x, const int* pos, int N, int n_heads, int HS, const float* cos_t, const float* sin_t,
+                    float sign) {
+    int half = HS / 2;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* cs = cos_t + (size_t)pos[n] * half;
+        const float* sn = sin_t + (size_t)pos[n] * half;
+        for (int h = 0; h < n_heads; h++) {
+            float* v = x + ((size_t)n * n_heads + h) * HS;
+            for (int k = 0; k < half; k++) {
+                float x1 = v[k], x2 = v[k + half], s = sign * sn[k];
+                v[k] = x1 * cs[k] - x2 * s;
+                v[k + half] = x2 * cs[k] + x1 * s;
+            }
+        }
+    }
+}
+
+// Softmax attention with grouped-query heads under openpi's block mask. Per sample, queries are
+// Tq consecutive tokens of a sequence of T, starting at sequence index q0; keys/values are the
+// sequence's first nk1 tokens (buffer 1) followed by nk2 more (buffer 2), so the expert's joint
+// layers read [the VLM's prefix K/V ; their own] without a copy. GQA: key/value head j serves
+// query heads j*g .. j*g + g - 1, g = NH / NKV (LeRobot's repeat_interleave).
+// Mask: query i sees key j iff both are valid and block[j] <= block[i] (cumulative block ids:
+// images and language 0, the state 1, action k 2 + k). valid NULL: no mask (the vision tower).
+typedef struct {
+    int B, NH, NKV, HS;
+    int Tq, q0, T;          // queries per sample, sequence index of the first, the mask's row length
+    int nk1, nk2;           // keys per sample in buffer 1 (sequence 0 ..) and buffer 2 (sequence nk1 ..)
+    const float *k1, *v1;   // (B, nk1, KV)
+    const float *k2, *v2;   // (B, nk2, KV), NULL when nk2 = 0
+    const float* valid;     // (B, T) 1 = a real token, or NULL
+    const int* block;       // (B, T)
+} SmolAttn;
+
+static inline int smol_attn_sees(const SmolAttn* a, int b, int i, int j) {
+    if (a->valid == NULL) { return 1; }
+    const float* valid = a->valid + (size_t)b * a->T;
+    const int* block = a->block + (size_t)b * a->T;
+    int qi = a->q0 + i;
+    return valid[qi] != 0.0f && valid[j] != 0.0f && block[j] <= block[qi];
+}
+// Row j of sample b in buffer 1 or 2 (base1/base2: keys, values or their gradients), at key head kvh
+static inline float* smol_attn_row(const SmolAttn* a, const float* base1, const float* base2, int b, int j, int kvh) {
+    int KV = a->NKV * a->HS;
+    const float* row = j < a->nk1 ? base1 + ((size_t)b * a->nk1 + j) * KV : base2 + ((size_t)b * a->nk2 + j - a->nk1) * KV;
+    return (float*)row + kvh * a->HS;
+}
+
+// out (B, Tq, D), lse (B, NH, Tq) for the backward. Scores q.k are scaled by HS^-0.5 after the
+// product, as LeRobot. A query that sees no key at all (a language pad) gets LeRobot's row: its
+// masked scores all equal float32's most negative value, so its softmax is uniform over every
+// key; lse = +inf marks such a row.
+static void gqa_attention_forward(float* out, float* lse, const float* q, const SmolAttn* a) {
+    int NH = a->NH, HS = a->HS, D = NH * HS, group = NH / a->NKV, nk = a->nk1 + a->nk2;
+    float scale = (float)pow((double)HS, -0.5);
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int b = 0; b < a->B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int i = 0; i < a->Tq; i++) {
+                float scores[nk];
+                const float* qi = q + ((size_t)b * a->Tq + i) * D + h * HS;
+                float* oi = out + ((size_t)b * a->Tq + i) * D + h * HS;
+                int kvh = h / group, seen = 0;
+                float mx = -INFINITY;
+                for (int j = 0; j < nk; j++) {
+                    if (!smol_attn_sees(a, b, i, j)) { scores[j] = -INFINITY; continue; }
+                    const float* kj = smol_attn_row(a, a->k1, a->k2, b, j, kvh);
+                    float s = 0.0f;
+                    for (int c = 0; c < HS; c++) { s += qi[c] * kj[c]; }
+                    scores[j] = s * scale;
+                    mx = fmaxf(mx, scores[j]);
+                    seen++;
+                }
+                for (int c = 0; c < HS; c++) { oi[c] = 0.0f; }
+                float* l = lse + ((size_t)b * NH + h) * a->Tq + i;
+                if (seen == 0) {
+                    float p = 1.0f / (float)nk;
+                    for (int j = 0; j < nk; j++) {
+                        const float* vj = smol_attn_row(a, a->v1, a->v2, b, j, kvh);
+                        for (int c = 0; c < HS; c++) { oi[c] += p * vj[c]; }
+                    }
+                    *l = INFINITY;
+                    continue;
+                }
+                float sum = 0.0f;
+                for (int j = 0; j < nk; j++) {
+                    scores[j] = expf(scores[j] - mx);  // masked: exp(-inf) = 0, as LeRobot's exp(finfo.min - max)
+                    sum += scores[j];
+                }
+                for (int j = 0; j < nk; j++) {
+                    if (scores[j] == 0.0f) { continue; }
+                    const float* vj = smol_attn_row(a, a->v1, a->v2, b, j, kvh);
+                    float p = scores[j] / sum;
+                    for (int c = 0; c < HS; c++) { oi[c] += p * vj[c]; }
+                }
+                *l = mx + logf(sum);
+            }
+        }
+    }
+}
+
+// Recomputes P from lse. With O = P V: dV += P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO O)),
+// dQ = dS K scale, dK += dS^T Q scale. A uniform (fully masked) row's scores are constants: only
+// its values get a gradient, dO / nk each.
+// dq (B, Tq, D) is overwritten for queries i >= q_first, the others are left alone. Key gradients
+// accumulate into dk1/dv1 (buffer 1; NULL: not needed, or only for keys j >= k1_first) and
+// dk2/dv2 (buffer 2; NULL: not needed). Parallel over (sample, key head): each thread owns the
+// key rows of its head and the query rows of the heads that head serves, so no two threads add
+// into one float and the sums keep their order.
+static void gqa_attention_backward(float* dq, float* dk1, float* dv1, int k1_first, float* dk2, float* dv2, int q_first,
+                                   const float* dout, const float* q, const float* out, const float* lse,
+                                   const SmolAttn* a) {
+    int NH = a->NH, HS = a->HS, D = NH * HS, group = NH / a->NKV, nk = a->nk1 + a->nk2;
+    float scale = (float)pow((double)HS, -0.5);
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < a->B; b++) {
+        for (int kvh = 0; kvh < a->NKV; kvh++) {
+            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+                for (int i = q_first; i < a->Tq; i++) {
+                    size_t row = ((size_t)b * a->Tq + i) * D + h * HS;
+                    const float* qi = q + row;
+                    const float* doi = dout + row;
+                    const float* oi = out + row;
+                    float* dqi = dq + row;
+                    float l = lse[((size_t)b * NH + h) * a->Tq + i], delta = 0.0f;
+                    for (int c = 0; c < HS; c++) { delta += doi[c] * oi[c]; dqi[c] = 0.0f; }
+                    int uniform = isinf(l);
+                    for (int j = 0; j < nk; j++) {
+                        if (!uniform && !smol_attn_sees(a, b, i, j)) { continue; }
+                        int in1 = j < a->nk1;
+                        float* dkj = in1 ? (dk1 != NULL && j >= k1_first ? smol_attn_row(a, dk1, NULL, b, j, kvh) : NULL)
+                                         : (dk2 != NULL ? smol_attn_row(a, NULL, dk2, b, j, kvh) : NULL);
+                        float* dvj = in1 ? (dv1 != NULL && j >= k1_first ? smol_attn_row(a, dv1, NULL, b, j, kvh) : NULL)
+                                         : (dv2 != NULL ? smol_attn_row(a, NULL, dv2, b, j, kvh) : NULL);
+                        if (uniform) {
+                            float p = 1.0f / (float)nk;
+                            if (dvj != NULL) { for (int c = 0; c < HS; c++) { dvj[c] += p * doi[c]; } }
+                            continue;
+                        }
+                        const float* kj = smol_attn_row(a, a->k1, a->k2, b, j, kvh);
+                        const float* vj = smol_attn_row(a, a->v1, a->v2, b, j, kvh);
+                        float s = 0.0f, dp = 0.0f;
+                        for (int c = 0; c < HS; c++) { s += qi[c] * kj[c]; dp += doi[c] * vj[c]; }
+                        float p = expf(s * scale - l);
+                        float ds = p * (dp - delta) * scale;
+                        for (int c = 0; c < HS; c++) { dqi[c] += ds * kj[c]; }
+                        if (dkj != NULL) { for (int c = 0; c < HS; c++) { dkj[c] += ds * qi[c]; } }
+                        if (dvj != NULL) { for (int c = 0; c < HS; c++) { dvj[c] += p * doi[c]; } }
+                    }
+                }
+            }
+        }
+    }
+}
+
+static inline float silu_grad(float x) {  // d/dx x sigmoid(x) = s (1 + x (1 - s))
+    float s = 1.0f / (1.0f + expf(-x));
+    return s * (1.0f + x * (1.0f - s));
+}
+
+// SmolLM2's MLP activation: act = silu(gate) * up
+static void swiglu_forward(float* act, const float* gate, const float* up, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) { act[i] = silu(gate[i]) * up[i]; }
+}
+
+// dgate, dup are overwritten
+static void swiglu_backward(float* dgate, float* dup, const float* dact, const float* gate, const float* up, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        dgate[i] = dact[i] * up[i] * silu_grad(gate[i]);
+        dup[i] = dact[i] * silu(gate[i]);
+    }
+}
+
+// SigLIP's MLP activation (gelu_pytorch_tanh)
+static void gelu_forward(float* out, const float* inp, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) { out[i] = gelu_tanh(inp[i]); }
+}
+
+// dinp is overwritten
+static void gelu_backward(float* dinp, const float* dout, const float* inp, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) { dinp[i] = dout[i] * gelu_tanh_grad(inp[i]); }
+}
+
+// SmolVLM's pixel shuffle: (NV, G*G, Cv) patches -> (NV, (G/s)^2, s*s*Cv) tokens. Token (I, J)
+// (row-major over the G/s grid) holds the s x s block of patches (I s + m, J s + k) in row-major
+// (m, k) order: feature (m s + k) Cv + d is channel d of patch (I s + m, J s + k).
+static void pixel_shuffle_forward(float* out, const float* inp, int NV, int G, int s, int Cv) {
+    int g = G / s;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int n = 0; n < NV; n++) {
+        for (int I = 0; I < g; I++) {
+            for (int J = 0; J < g; J++) {
+                for (int m = 0; m < s; m++) {
+                    for (int k = 0; k < s; k++) {
+                        const float* src = inp + ((size_t)n * G * G + (size_t)(I * s + m) * G + J * s + k) * Cv;
+                        float* dst = out + (((size_t)n * g + I) * g + J) * s * s * Cv + (size_t)(m * s + k) * Cv;
+                        memcpy(dst, src, Cv * sizeof(float));
+                    }
+                }
+            }
+        }
+    }
+}
+
+// A permutation: its backward moves each gradient back (dinp is overwritten)
+static void pixel_shuffle_backward(float* dinp, const float* dout, int NV, int G, int s, int Cv) {
+    int g = G / s;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int n = 0; n < NV; n++) {
+        for (int I = 0; I < g; I++) {
+            for (int J = 0; J < g; J++) {
+                for (int m = 0; m < s; m++) {
+                    for (int k = 0; k < s; k++) {
+                        float* dst = dinp + ((size_t)n * G * G + (size_t)(I * s + m) * G + J * s + k) * Cv;
+                        const float* src = dout + (((size_t)n * g + I) * g + J) * s * s * Cv + (size_t)(m * s + k) * Cv;
+                        memcpy(dst, src, Cv * sizeof(float));
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Bilinear taps of one axis as torch 2.x's upsample_bilinear2d (align_corners=False, no
+// antialias) computes them for float32: output i samples the input at
+// src = fmaf(in/out, i + 0.5, -0.5) (one rounding: torch's compiled expression is contracted),
+// clamped below at 0, blending floor(src) and the next one (the last repeated at the edge).
+static void bilinear_taps(int* i0, int* i1, float* w1, int n_in, int n_out) {
+    float scale = (float)n_in / (float)n_out;
+    for (int i = 0; i < n_out; i++) {
+        float src = fmaf(scale, (float)i + 0.5f, -0.5f);
+        if (src < 0.0f) { src = 0.0f; }
+        int lo = (int)src;  // src >= 0: truncation is floor
+        i0[i] = lo;
+        i1[i] = lo + 1 < n_in ? lo + 1 : n_in - 1;
+        w1[i] = src - (float)lo;
+    }
+}
+
+// Channel ch of pixel (r, c) of a (h, w, 3) uint8 frame in [0, 1], as LeRobot's datasets give it
+static inline float u8_unit(const uint8_t* frame, int w, int r, int c, int ch) {
+    return (float)frame[((size_t)r * w + c) * 3 + ch] / 255.0f;
+}
+
+// One stored frame (h, w, 3) uint8 -> (3, S, S) floats in [-1, 1], as LeRobot prepares images:
+// x / 255, resize with padding to S x S keeping the aspect ratio (ratio = max(w/S, h/S), size
+// int(h/ratio) x int(w/ratio), bilinear; skipped when already S x S), zeros padded on the LEFT
+// and TOP, then x*2-1 (so padding reads -1). Rows are blended first, then columns, as the oracle.
+static void resize_with_pad(float* out, const uint8_t* frame, int h, int w, int S) {
+    int rh = h, rw = w;
+    if (h != S || w != S) {
+        double ratio = fmax((double)w / (double)S, (double)h / (double)S);
+        rh = (int)((double)h / ratio);
+        rw = (int)((double)w / ratio);
+        if (rh < 1 || rw < 1) { vla_fail("a %dx%d camera frame resizes to %dx%d at %d px: nothing left of it", h, w, rh, rw, S); }
+    }
+    int y0[rh], y1[rh], x0[rw], x1[rw];
+    float wy[rh], wx[rw];
+    bilinear_taps(y0, y1, wy, h, rh);
+    bilinear_taps(x0, x1, wx, w, rw);
+    int pad_h = S - rh, pad_w = S - rw, resized = h != S || w != S;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int ch = 0; ch < 3; ch++) {
+        for (int y = 0; y < S; y++) {
+            float* dst = out + ((size_t)ch * S + y) * S;
+            for (int x = 0; x < S; x++) {
+                float v = 0.0f;
+                if (y >= pad_h && x >= pad_w) {
+                    int yy = y - pad_h, xx = x - pad_w;
+                    if (!resized) {
+                        v = u8_unit(frame, w, yy, xx, ch);
+                    } else {
+                        float c0 = u8_unit(frame, w, y0[yy], x0[xx], ch) * (1.0f - wy[yy]) +
+                                   u8_unit(frame, w, y1[yy], x0[xx], ch) * wy[yy];
+                        float c1 = u8_unit(frame, w, y0[yy], x1[xx], ch) * (1.0f - wy[yy]) +
+                                   u8_unit(frame, w, y1[yy], x1[xx], ch) * wy[yy];
+                        v = c0 * (1.0f - wx[xx]) + c1 * wx[xx];
+                    }
+                }
+                dst[x] = v * 2.0f - 1.0f;
+            }
+        }
+    }
+}
+
+// pixels (NV, 3, S, S) -> patches (NV*G*G, 3*p*p), each flattened in (channel, row, column) order:
+// the patch embedding's stride-p convolution with weight (Cv, 3, p, p) is then a Linear.
+static void patchify_chw(float* patches, const float* pixels, int NV, int S, int p) {
+    int G = S / p, pd = 3 * p * p;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int n = 0; n < NV; n++) {
+        for (int gr = 0; gr < G; gr++) {
+            for (int gc = 0; gc < G; gc++) {
+                float* dst = patches + ((size_t)n * G * G + (size_t)gr * G + gc) * pd;
+                for (int ch = 0; ch < 3; ch++) {
+                    for (int y = 0; y < p; y++) {
+                        const float* src = pixels + (((size_t)n * 3 + ch) * S + (size_t)gr * p + y) * S + (size_t)gc * p;
+                        memcpy(dst + (ch * p + y) * p, src, p * sizeof(float));
+                    }
+                }
+            }
+        }
+    }
+}
+
+// LeRobot's create_sinusoidal_pos_embedding of the flow time t, in float64 then cast: dim values,
+// [sin | cos] of t * (1 / period * 2 pi), period = min_period * (max_period / min_period)^fraction,
+// fraction = torch.linspace(0, 1, dim/2) (which counts the second half down from the end).
+static void smol_time_embedding(float* out, float t, int dim) {
+    int half = dim / 2;
+    double step = half > 1 ? 1.0 / (double)(half - 1) : 0.0;
+    for (int k = 0; k < half; k++) {
+        double fraction = k < half / 2 ? step * (double)k : 1.0 - step * (double)(half - 1 - k);
+        double period = SMOLVLA_MIN_PERIOD * pow(SMOLVLA_MAX_PERIOD / SMOLVLA_MIN_PERIOD, fraction);
+        double angle = 1.0 / period * 2.0 * 3.141592653589793 * (double)t;
+        out[k] = (float)sin(angle);
+        out[half + k] = (float)cos(angle);
+    }
+}
+
+// The language tokens' rows: out (N, C) = table[tokens] * scale (LeRobot scales them by sqrt(C))
+static void embedding_forward(float* out, const int* tokens, const float* table, int N, int C, float scale) {
+    for (int n = 0; n < N; n++) {
+        const float* row = table + (size_t)tokens[n] * C;
+        for (int k = 0; k < C; k++) { out[(size_t)n * C + k] = row[k] * scale; }
+    }
+}
+
+// dtable[tokens[n]] += dout[n] * scale, except the pad id's row: nn.Embedding(padding_idx) never
+// sends it a gradient. Serial: two tokens may share a row, and its sum keeps its order.
+static void embedding_backward(float* dtable, const float* dout, const int* tokens, int N, int C, float scale, int pad) {
+    for (int n = 0; n < N; n++) {
+        if (tokens[n] == pad) { continue; }
+        float* row = dtable + (size_t)tokens[n] * C;
+        for (int k = 0; k < C; k++) { row[k] += dout[(size_t)n * C + k] * scale; }
+    }
+}
+
+// x (NV, Nv, C) += pos (Nv, C): SigLIP's learned position of each patch, the same for every image
+static void position_forward(float* x, const float* pos, int NV, int Nv, int C) {
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int n = 0; n < NV; n++) {
+        for (int i = 0; i < Nv; i++) {
+            float* row = x + ((size_t)n * Nv + i) * C;
+            for (int k = 0; k < C; k++) { row[k] += pos[(size_t)i * C + k]; }
+        }
+    }
+}
+
+// dpos (Nv, C) += the sum over images of dx (NV, Nv, C); parallel over patches, each sum in order
+static void position_backward(float* dpos, const float* dx, int NV, int Nv, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < Nv; i++) {
+        for (int n = 0; n < NV; n++) {
+            const float* d = dx + ((size_t)n * Nv + i) * C;
+            for (int k = 0; k < C; k++) { dpos[(size_t)i * C + k] += d[k]; }
+        }
+    }
+}
+
+// The time MLP's activation: out = silu(inp)
+static void silu_forward(float* out, const float* inp, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) { out[i] = silu(inp[i]); }
+}
+
+// dinp is overwritten (it may be dout itself)
+static void silu_backward(float* dinp, const float* dout, const float* inp, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) { dinp[i] = dout[i] * silu_grad(inp[i]); }
+}
+
+// The flow-matching loss of velocities v (R, Amax) against the target u = noise - actions: the sum
+// of (u - v)^2 over the first A dims of the slots in the episode (is_pad (R) == 0), divided by
+// max(1, those slots x A): LeRobot slices to the dataset's action dims, masks action_is_pad and
+// takes the mean over valid entries (not over B H A). dv (R, Amax) gets d loss / d v (overwritten).
+static float flow_matching_loss(float* dv, const float* v, const float* noise, const float* actions, const float* is_pad,
+                                int R, int Am, int A) {
+    int slots = 0;
+    for (int r = 0; r < R; r++) { slots += is_pad[r] == 0.0f; }
+    float n = (float)(slots * A > 1 ? slots * A : 1);
+    double sum = 0.0;
+    for (int r = 0; r < R; r++) {
+        for (int i = 0; i < Am; i++) {
+            size_t k = (size_t)r * Am + i;
+            float diff = v[k] - (noise[k] - actions[k]);
+            int counts = is_pad[r] == 0.0f && i < A;
+            if (counts) { sum += (double)diff * diff; }
+            dv[k] = counts ? 2.0f * diff / n : 0.0f;
+        }
+    }
+    return (float)(sum / n);
+}
+
+// ----------------------------------------------------------------------------
+// SmolVLA model: LeRobot's SmolVLA, as dev/smolvla.py computes it. Data flow of the forward:
+//   frames (uint8, any size) -> resize with padding, x*2-1 -> SigLIP (patch embedding, position,
+//   pre-LayerNorm layers, post-LayerNorm) -> pixel shuffle -> connector -> prefix = [image tokens
+//   * sqrt(C) per camera, language * sqrt(C), state_proj(state)] -> the VLM's Llama layers over
+//   the prefix (the last one computes only its keys and values) -> the expert's layers over the
+//   H action tokens: joint self-attention over [prefix ; actions] in even layers, cross-attention
+//   to the VLM's keys/values re-projected by the expert in odd ones -> final RMSNorm ->
+//   action_out_proj = the velocity -> masked squared error on the real action dims.
+// The prefix never sees the actions, so the VLM runs first and alone (it is sampling's cache).
+// Backward runs the expert first: it leaves gradients on the VLM's keys and values of every
+// layer, which the VLM's backward then takes down its stack, as far as something trains.
+
+// Parameter tensor indices, in table order: SMOLP_vis_wq, ...
+enum {
+#define SMOL_INDEX_(nm, ...) SMOLP_##nm,
+    SMOLVLA_PARAMETERS(SMOL_INDEX_, c)
+#undef SMOL_INDEX_
+};
+
+// The inputs of one batch. Frames keep each camera's stored size; they are resized on the way in.
+typedef struct {
+    int B;
+    const uint8_t* frames[VLA_MAX_CAM];  // per camera (B, frame_h, frame_w, 3), in the prefix's camera order
+    int frame_h[VLA_MAX_CAM], frame_w[VLA_MAX_CAM];
+    const int32_t* tokens;       // (B, max_text) token ids, right-padded (LeRobot pads to the batch's longest)
+    const float* token_mask;     // (B, max_text) 1 = a real token, 0 = padding
+    const float* state;          // (B, max_state_dim) normalized, zero-padded
+    // training only:
+    const float* actions;        // (B, H, max_action_dim) normalized, zero-padded
+    const float* action_is_pad;  // (B, H) 1 = a chunk slot past the episode's end (no loss)
+    const float* t;              // (B) flow time
+    const float* noise;          // (B, H, max_action_dim)
+} SmolInputs;
+
+// Row counts: V vision rows (images x patches), P prefix rows, R action rows
+static inline size_t smol_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
+static inline size_t smol_vrows(const SmolVLAConfig* c, int B) { return smol_images(c, B) * smolvla_grid(c) * smolvla_grid(c); }
+static inline size_t smol_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
+static inline size_t smol_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
+static inline size_t smol_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+// Activations: one table (name, elements) carved from one allocation. Vision V rows, prefix
+// P rows, actions R rows; per-layer tensors are stacked layer-major. The g_* are backward scratch,
+// shared by the three towers (their backward passes run one after the other), row-aligned with
+// the activations they are the gradients of.
+#define SMOLVLA_ACTIVATIONS(X, c, B) \
+    X(pixels,   smol_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
+    X(patches,  smol_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
+    X(v_res,    ((c)->vis_layers + 1) * smol_vrows(c, B) * (c)->vis_width)            /* (Lv+1, V, Cv) layer inputs, then the last output */ \
+    X(v_ln1,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
+    X(v_mean1,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
+    X(v_rstd1,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
+    X(v_q,      (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
+    X(v_k,      (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
+    X(v_v,      (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
+    X(v_att,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
+    X(v_lse,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_heads)          /* (Lv, NV, NHv, Nv) */ \
+    X(v_mid,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) after attention */ \
+    X(v_ln2,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
+    X(v_mean2,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
+    X(v_rstd2,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
+    X(v_fc1,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_ff)             /* (Lv, V, Fv) before GELU */ \
+    X(v_gelu,   (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_ff)             /* (Lv, V, Fv) */ \
+    X(v_out,    smol_vrows(c, B) * (c)->vis_width)                                    /* (V, Cv) after post_layernorm */ \
+    X(v_omean,  smol_vrows(c, B))                                                     /* (V) */ \
+    X(v_orstd,  smol_vrows(c, B))                                                     /* (V) */ \
+    X(shuffled, smol_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */ \
+    X(img_tok,  smol_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) connector output */ \
+    X(state,    (size_t)(B) * (c)->max_state_dim)                                     /* (B, Smax) the batch's, for the backward */ \
+    X(valid,    (size_t)(B) * (smolvla_n_prefix(c) + (c)->chunk))                     /* (B, T) 1 = a real token */ \
+    X(p_res,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) layer inputs */ \
+    X(p_ln1,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
+    X(p_rstd1,  (size_t)(c)->n_layer * smol_prows(c, B))                              /* (L, P) */ \
+    X(p_q,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_attn(c))          /* (L, P, D) after RoPE */ \
+    X(p_k,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) after RoPE: what the expert reads */ \
+    X(p_v,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) */ \
+    X(p_att,    (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_attn(c))          /* (L, P, D) */ \
+    X(p_lse,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->n_head)                /* (L, B, NH, Np) */ \
+    X(p_mid,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) after attention */ \
+    X(p_ln2,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
+    X(p_rstd2,  (size_t)(c)->n_layer * smol_prows(c, B))                              /* (L, P) */ \
+    X(p_gate,   (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
+    X(p_up,     (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
+    X(p_act,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
+    X(x_t,      smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
+    X(a_in,     smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) action_in_proj(x_t) */ \
+    X(a_emb,    smol_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) [action_in, time embedding] */ \
+    X(t_pre,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) before SiLU */ \
+    X(t_act,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after SiLU */ \
+    X(s_res,    ((c)->n_layer + 1) * smol_rrows(c, B) * (c)->d_expert)                /* (L+1, R, Ce) layer inputs, then the last output */ \
+    X(s_ln1,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
+    X(s_rstd1,  (size_t)(c)->n_layer * smol_rrows(c, B))                              /* (L, R) */ \
+    X(s_q,      (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_attn(c))          /* (L, R, D) after RoPE */ \
+    X(s_k,      (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_kv(c))            /* (L, R, KV) after RoPE (joint layers) */ \
+    X(s_v,      (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_kv(c))            /* (L, R, KV) (joint layers) */ \
+    X(c_k,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_k re-projected (cross layers) */ \
+    X(c_v,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_v re-projected (cross layers) */ \
+    X(s_att,    (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_attn(c))          /* (L, R, D) */ \
+    X(s_lse,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->n_head)                /* (L, B, NH, H) */ \
+    X(s_mid,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) after attention */ \
+    X(s_ln2,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
+    X(s_rstd2,  (size_t)(c)->n_layer * smol_rrows(c, B))                              /* (L, R) */ \
+    X(s_gate,   (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
+    X(s_up,     (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
+    X(s_act,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
+    X(f_ln,     smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after the expert's norm */ \
+    X(f_rstd,   smol_rrows(c, B))                                                     /* (R) */ \
+    X(v_t,      smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities */ \
+    X(d_vt,     smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
+    /* backward scratch */ \
+    X(dp_k,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
+    X(dp_v,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_v */ \
+    X(g_res,    smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vrows(c, B) * (c)->vis_width)) /* d residual: (P, C), (R, Ce), (V, Cv) */ \
+    X(g_ln,     smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vrows(c, B) * (c)->vis_width)) /* d of a norm's output, same shapes */ \
+    X(g_att,    smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vrows(c, B) * (c)->vis_width)) /* (P, D), (R, D), (V, Cv) */ \
+    X(g_q,      smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vrows(c, B) * (c)->vis_width)) /* same */ \
+    X(g_k,      smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) /* (P, KV) cross, (R, KV), (V, Cv) */ \
+    X(g_v,      smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) /* same */ \
+    X(g_gate,   smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) /* (P, F), (R, Fe), (V, Fv) */ \
+    X(g_up,     smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) /* same */ \
+    X(g_act,    smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) /* same */ \
+    X(g_emb,    smol_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) d a_emb */ \
+    X(g_tok,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) */ \
+    X(g_img,    smol_max3(smol_images(c, B) * smolvla_image_tokens(c) * (c)->d_model, (size_t)(B) * (c)->d_model, 1)) /* (NV*NI, C) or (B, C) state rows */ \
+    X(g_shuf,   smol_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */
+
+typedef struct {
+#define SMOL_ACT_FIELD_(nm, n) float* nm;
+    SMOLVLA_ACTIVATIONS(SMOL_ACT_FIELD_, c, B)
+#undef SMOL_ACT_FIELD_
+} SmolActivations;
+
+typedef struct {
+    SmolVLAConfig config;
+    SmolParamTable table;
+    float* params_memory;  // (table.total) fp32 weights
+    float* grads_memory;   // (table.total); a backward writes only the part of each tensor that trains
+    SmolParameters params, grads;
+    int B;                 // the batch the activations are sized for
+    float* acts_memory;
+    SmolActivations acts;
+    int* ints_memory;
+    int* block;            // (B, T) cumulative block ids: images and language 0, state 1, action k 2 + k
+    int* p_pos;            // (B, Np) RoPE positions of the prefix: cumsum(valid) - 1
+    int* s_pos;            // (B, H) of the actions in joint layers: they continue after the valid prefix
+    int* x_pos;            // (B, H) of the actions in cross layers: restarted at 0 (LeRobot subtracts the row's min)
+    int* tokens;           // (B, max_text) the batch's, for the backward
+    float* rope_cos;       // (T, HS/2)
+    float* rope_sin;       // (T, HS/2)
+    float loss;
+} SmolVLA;
+
+static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c) {
+    memset(m, 0, sizeof(*m));
+    const char* problem = smolvla_config_problem(c);
+    if (problem != NULL) { vla_fail("bad SmolVLA config: %s", problem); }
+    m->config = *c;
+    smolvla_table_build(c, &m->table);
+    m->params_memory = (float*)callocCheck(m->table.total, sizeof(float));
+    m->grads_memory = (float*)callocCheck(m->table.total, sizeof(float));
+    smolvla_point(&m->params, m->params_memory, &m->table);
+    smolvla_point(&m->grads, m->grads_memory, &m->table);
+    int T = smolvla_n_prefix(c) + c->chunk;  // every position is below T
+    m->rope_cos = (float*)mallocCheck((size_t)T * (c->head_dim / 2) * sizeof(float));
+    m->rope_sin = (float*)mallocCheck((size_t)T * (c->head_dim / 2) * sizeof(float));
+    rope_table(m->rope_cos, m->rope_sin, T, c->head_dim, c->rope_theta);
+}
+
+// (Re)sizes the activations for B samples.
+static void smolvla_set_batch(SmolVLA* m, int B) {
+    if (m->B == B) { return; }
+    free(m->acts_memory);
+    free(m->ints_memory);
+    const SmolVLAConfig* c = &m->config;
+    size_t total = 0;
+#define SMOL_ACT_SIZE_(nm, n) total += (n);
+    SMOLVLA_ACTIVATIONS(SMOL_ACT_SIZE_, c, B)
+#undef SMOL_ACT_SIZE_
+    m->acts_memory = (float*)callocCheck(total, sizeof(float));
+    float* p = m->acts_memory;
+#define SMOL_ACT_POINT_(nm, n) m->acts.nm = p; p += (n);
+    SMOLVLA_ACTIVATIONS(SMOL_ACT_POINT_, c, B)
+#undef SMOL_ACT_POINT_
+    size_t Np = (size_t)smolvla_n_prefix(c), H = (size_t)c->chunk;
+    m->ints_memory = (int*)callocCheck((size_t)B * (2 * Np + 3 * H + c->max_text), sizeof(int));
+    m->block = m->ints_memory;
+    m->p_pos = m->block + (size_t)B * (Np + H);
+    m->s_pos = m->p_pos + (size_t)B * Np;
+    m->x_pos = m->s_pos + (size_t)B * H;
+    m->tokens = m->x_pos + (size_t)B * H;
+    m->B = B;
+}
+
+static void smolvla_free(SmolVLA* m) {
+    free(m->params_memory); free(m->grads_memory); free(m->acts_memory); free(m->ints_memory);
+    free(m->rope_cos); free(m->rope_sin);
+}
+
+// Slice k of parameter tensor i (layer k's part of a stacked tensor; 0 for the others)
+static inline float* smol_param(const SmolVLA* m, int i, int k) {
+    const SmolParamSpec* s = &m->table.spec[i];
+    return m->params_memory + s->offset + (size_t)k * (s->numel / smolvla_slices(s));
+}
+
+// Its gradient when that slice trains in `mode`, else NULL (the train column: the trainable part
+// of a tensor is a prefix of it, so a slice trains iff it ends within that prefix)
+static inline float* smol_grad(const SmolVLA* m, int mode, int i, int k) {
+    const SmolParamSpec* s = &m->table.spec[i];
+    size_t per = s->numel / smolvla_slices(s);
+    if ((size_t)(k + 1) * per > smolvla_trainable_numel(s, mode)) { return NULL; }
+    return m->grads_memory + s->offset + (size_t)k * per;
+}
+
+// One Llama layer of the VLM or the expert: its weights (or their gradients, NULL = frozen).
+typedef struct {
+    float *ln1, *wq, *wk, *wv, *wo, *ln2, *gate, *up, *down;
+    int C, F;   // stream width, MLP width
+    int cross;  // an expert layer attending to the VLM's re-projected keys/values
+} SmolLayer;
+
+// Layer l of the VLM (expert = 0) or of the expert (expert = 1); grads: its gradients in `mode`.
+// The expert's k/v are the joint or cross stacks' slice that layer owns (smolvla_kind_index).
+static SmolLayer smol_layer(const SmolVLA* m, int expert, int l, int grads, int mode) {
+    const SmolVLAConfig* c = &m->config;
+    int cross = expert && smolvla_layer_is_cross(c, l), kind = smolvla_kind_index(c, l);
+    int wk = expert ? (cross ? SMOLP_exp_wk_cross : SMOLP_exp_wk_joint) : SMOLP_vlm_wk;
+    int wv = expert ? (cross ? SMOLP_exp_wv_cross : SMOLP_exp_wv_joint) : SMOLP_vlm_wv;
+    int idx[9] = {expert ? SMOLP_exp_ln1 : SMOLP_vlm_ln1, expert ? SMOLP_exp_wq : SMOLP_vlm_wq, wk, wv,
+                  expert ? SMOLP_exp_wo : SMOLP_vlm_wo, expert ? SMOLP_exp_ln2 : SMOLP_vlm_ln2,
+                  expert ? SMOLP_exp_gate : SMOLP_vlm_gate, expert ? SMOLP_exp_up : SMOLP_vlm_up,
+                  expert ? SMOLP_exp_down : SMOLP_vlm_down};
+    float* t[9];
+    for (int i = 0; i < 9; i++) {
+        int k = expert && (i == 2 || i == 3) ? kind : l;
+        t[i] = grads ? smol_grad(m, mode, idx[i], k) : smol_param(m, idx[i], k);
+    }
+    SmolLayer w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], expert ? c->d_expert : c->d_model,
+                   expert ? c->d_expert_ff : c->d_ff, cross};
+    return w;
+}
+
+// One stack's activations at layer l (N rows), and `out`, the next layer's input.
+typedef struct {
+    float *res, *ln1, *rstd1, *q, *k, *v, *att, *lse, *mid, *ln2, *rstd2, *gate, *up, *act, *out;
+} SmolLayerActs;
+
+static SmolLayerActs smol_layer_acts(const SmolVLA* m, int expert, int l) {
+    const SmolVLAConfig* c = &m->config;
+    const SmolActivations* a = &m->acts;
+    size_t N = expert ? smol_rrows(c, m->B) : smol_prows(c, m->B), L = (size_t)l;
+    size_t C = expert ? c->d_expert : c->d_model, F = expert ? c->d_expert_ff : c->d_ff;
+    size_t D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+    SmolLayerActs x;
+    if (expert) {
+        x = (SmolLayerActs){a->s_res, a->s_ln1, a->s_rstd1, a->s_q, a->s_k, a->s_v, a->s_att, a->s_lse, a->s_mid, a->s_ln2,
+                            a->s_rstd2, a->s_gate, a->s_up, a->s_act, a->s_res};
+    } else {
+        x = (SmolLayerActs){a->p_res, a->p_ln1, a->p_rstd1, a->p_q, a->p_k, a->p_v, a->p_att, a->p_lse, a->p_mid, a->p_ln2,
+                            a->p_rstd2, a->p_gate, a->p_up, a->p_act, a->p_res};
+    }
+    x.res += L * N * C; x.ln1 += L * N * C; x.rstd1 += L * N;
+    x.q += L * N * D; x.k += L * N * KV; x.v += L * N * KV; x.att += L * N * D; x.lse += L * N * c->n_head;
+    x.mid += L * N * C; x.ln2 += L * N * C; x.rstd2 += L * N;
+    x.gate += L * N * F; x.up += L * N * F; x.act += L * N * F;
+    x.out += (L + 1) * N * C;  // the VLM's last layer has no output (never written: p_res has L slices)
+    return x;
+}
+
+// Rows a backward pass works on: `count` blocks of `rows` consecutive rows, block k starting at
+// row first + k * stride. All rows: one block. The expert mode's VLM pass: the state row of each
+// sample (see smolvla_backward).
+typedef struct {
+    int count, rows;
+    size_t first, stride;
+} RowBlocks;
+
+static inline size_t rb_row(const RowBlocks* rb, int k) { return rb->first + (size_t)k * rb->stride; }
+
+// attention output -> o_proj, residual -> post_attention_layernorm -> SwiGLU MLP, residual: x->out
+static void smol_layer_out_forward(const SmolLayer* w, const SmolLayerActs* x, int N, int D) {
+    size_t NC = (size_t)N * w->C;
+    matmul_forward(x->mid, x->att, w->wo, NULL, N, D, w->C);
+    for (size_t i = 0; i < NC; i++) { x->mid[i] += x->res[i]; }
+    smol_rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, SMOLVLA_RMS_EPS);
+    matmul_forward(x->gate, x->ln2, w->gate, NULL, N, w->C, w->F);
+    matmul_forward(x->up, x->ln2, w->up, NULL, N, w->C, w->F);
+    swiglu_forward(x->act, x->gate, x->up, (size_t)N * w->F);
+    matmul_forward(x->out, x->act, w->down, NULL, N, w->F, w->C);
+    for (size_t i = 0; i < NC; i++) { x->out[i] += x->mid[i]; }
+}
+
+// Backward of smol_layer_out_forward on the rows of rb. dres (N, C) holds d(out) and is left
+// holding d(mid) (the residual plus the path through ln2 and the MLP); datt gets d(att), overwritten.
+static void smol_layer_out_backward(const SmolVLA* m, const RowBlocks* rb, const SmolLayer* w, const SmolLayer* g,
+                                    const SmolLayerActs* x, float* dres, float* datt, int D) {
+    const SmolActivations* a = &m->acts;
+    size_t C = w->C, F = w->F;
+    for (int k = 0; k < rb->count; k++) {
+        size_t r = rb_row(rb, k);
+        int n = rb->rows;
+        memset(a->g_act + r * F, 0, n * F * sizeof(float));
+        linear_backward(a->g_act + r * F, g->down, NULL, dres + r * C, x->act + r * F, w->down, n, F, C);
+        swiglu_backward(a->g_gate + r * F, a->g_up + r * F, a->g_act + r * F, x->gate + r * F, x->up + r * F, n * F);
+        memset(a->g_ln + r * C, 0, n * C * sizeof(float));
+        linear_backward(a->g_ln + r * C, g->gate, NULL, a->g_gate + r * F, x->ln2 + r * C, w->gate, n, C, F);
+        linear_backward(a->g_ln + r * C, g->up, NULL, a->g_up + r * F, x->ln2 + r * C, w->up, n, C, F);
+        smol_rmsnorm_backward(dres + r * C, g->ln2, a->g_ln + r * C, x->mid + r * C, w->ln2, x->rstd2 + r, n, C);
+        memset(datt + r * D, 0, n * D * sizeof(float));
+        linear_backward(datt + r * D, g->wo, NULL, dres + r * C, x->att + r * D, w->wo, n, D, C);
+    }
+}
+
+// Backward of ln1 and the q/k/v projections on the rows of rb: dq, dk, dv are the gradients of
+// the projections' outputs, already rotated back from RoPE (dq NULL: the VLM's last layer has no
+// query; dk, dv NULL: an expert cross layer's keys/values are not its own). d(res) through ln1 is
+// added to dres.
+static void smol_layer_qkv_backward(const SmolVLA* m, const RowBlocks* rb, const SmolLayer* w, const SmolLayer* g,
+                                    const SmolLayerActs* x, float* dres, const float* dq, const float* dk, const float* dv) {
+    const SmolActivations* a = &m->acts;
+    size_t C = w->C, D = smolvla_d_attn(&m->config), KV = smolvla_d_kv(&m->config);
+    for (int k = 0; k < rb->count; k++) {
+        size_t r = rb_row(rb, k);
+        int n = rb->rows;
+        memset(a->g_ln + r * C, 0, n * C * sizeof(float));
+        if (dq != NULL) { linear_backward(a->g_ln + r * C, g->wq, NULL, dq + r * D, x->ln1 + r * C, w->wq, n, C, D); }
+        if (dk != NULL) { linear_backward(a->g_ln + r * C, g->wk, NULL, dk + r * KV, x->ln1 + r * C, w->wk, n, C, KV); }
+        if (dv != NULL) { linear_backward(a->g_ln + r * C, g->wv, NULL, dv + r * KV, x->ln1 + r * C, w->wv, n, C, KV); }
+        smol_rmsnorm_backward(dres + r * C, g->ln1, a->g_ln + r * C, x->res + r * C, w->ln1, x->rstd1 + r, n, C);
+    }
+}
+
+// RoPE of rows of rb (x: (N, n_heads*HS), pos: (N)); sign -1 rotates back
+static void smol_rope_rows(const SmolVLA* m, const RowBlocks* rb, float* x, const int* pos, int n_heads, float sign) {
+    int HS = m->config.head_dim;
+    for (int k = 0; k < rb->count; k++) {
+        size_t r = rb_row(rb, k);
+        rope_at(x + r * n_heads * HS, pos + r, rb->rows, n_heads, HS, m->rope_cos, m->rope_sin, sign);
+    }
+}
+
+// ---- forward
+
+// Every camera's frames -> acts.pixels (NV, 3, S, S), camera-major (image n = cam * B + b)
+static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
+    const SmolVLAConfig* c = &m->config;
+    size_t per = (size_t)3 * c->img * c->img;
+    for (int cam = 0; cam < c->n_cam; cam++) {
+        size_t frame = (size_t)in->frame_h[cam] * in->frame_w[cam] * 3;
+        for (int b = 0; b < in->B; b++) {
+            resize_with_pad(m->acts.pixels + ((size_t)cam * in->B + b) * per, in->frames[cam] + b * frame,
+                            in->frame_h[cam], in->frame_w[cam], c->img);
+        }
+    }
+}
+
+// SigLIP over every image: pixels -> acts.v_out (V, Cv). Position i of the table is patch i (the
+// bucketed position ids of SmolVLM are the identity at the trained image size).
+static void smolvla_vision_forward(SmolVLA* m) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int NV = (int)smol_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smol_vrows(c, m->B);
+    int Cv = c->vis_width, Fv = c->vis_ff, HSv = Cv / c->vis_heads;
+    size_t VC = (size_t)V * Cv;
+    patchify_chw(a->patches, a->pixels, NV, c->img, c->patch);
+    matmul_forward(a->v_res, a->patches, m->params.vis_patch_w, m->params.vis_patch_b, V, smolvla_patch_dim(c), Cv);
+    position_forward(a->v_res, m->params.vis_pos, NV, Nv, Cv);
+    SmolAttn keys = {NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, Nv, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+    for (int l = 0; l < c->vis_layers; l++) {
+        size_t L = (size_t)l;
+        float *x = a->v_res + L * VC, *ln1 = a->v_ln1 + L * VC, *q = a->v_q + L * VC, *k = a->v_k + L * VC;
+        float *v = a->v_v + L * VC, *att = a->v_att + L * VC, *mid = a->v_mid + L * VC, *ln2 = a->v_ln2 + L * VC;
+        float *fc1 = a->v_fc1 + L * V * Fv, *gelu = a->v_gelu + L * V * Fv, *out = a->v_res + (L + 1) * VC;
+        layernorm_forward(ln1, a->v_mean1 + L * V, a->v_rstd1 + L * V, x, smol_param(m, SMOLP_vis_ln1_w, l),
+                          smol_param(m, SMOLP_vis_ln1_b, l), V, Cv, SMOLVLA_VISION_EPS);
+        matmul_forward(q, ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), V, Cv, Cv);
+        matmul_forward(k, ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), V, Cv, Cv);
+        matmul_forward(v, ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), V, Cv, Cv);
+        keys.k1 = k; keys.v1 = v;
+        gqa_attention_forward(att, a->v_lse + L * V * c->vis_heads, q, &keys);
+        matmul_forward(mid, att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), V, Cv, Cv);
+        for (size_t i = 0; i < VC; i++) { mid[i] += x[i]; }
+        layernorm_forward(ln2, a->v_mean2 + L * V, a->v_rstd2 + L * V, mid, smol_param(m, SMOLP_vis_ln2_w, l),
+                          smol_param(m, SMOLP_vis_ln2_b, l), V, Cv, SMOLVLA_VISION_EPS);
+        matmul_forward(fc1, ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), V, Cv, Fv);
+        gelu_forward(gelu, fc1, (size_t)V * Fv);
+        matmul_forward(out, gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), V, Fv, Cv);
+        for (size_t i = 0; i < VC; i++) { out[i] += mid[i]; }
+    }
+    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, a->v_res + (size_t)c->vis_layers * VC, m->params.vis_post_w,
+                      m->params.vis_post_b, V, Cv, SMOLVLA_VISION_EPS);
+}
+
+// The prefix's embeddings p_res[0] = [camera 0 tokens]...[language][state] per sample, and the
+// sequence's mask (valid, block) and RoPE positions. Image and language embeddings are scaled by
+// sqrt(C) (float32's, as LeRobot), the state token is not.
+static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), H = c->chunk, T = Np + H;
+    int NV = (int)smol_images(c, B), Lt = c->max_text, S2C = c->scale_factor * c->scale_factor * c->vis_width;
+    float scale = (float)sqrt((double)C);
+    pixel_shuffle_forward(a->shuffled, a->v_out, NV, smolvla_grid(c), c->scale_factor, c->vis_width);
+    matmul_forward(a->img_tok, a->shuffled, m->params.connector_w, NULL, NV * NI, S2C, C);
+    for (int b = 0; b < B; b++) {
+        float* x = a->p_res + (size_t)b * Np * C;
+        for (int cam = 0; cam < c->n_cam; cam++) {
+            const float* src = a->img_tok + ((size_t)cam * B + b) * NI * C;
+            float* dst = x + (size_t)cam * NI * C;
+            for (size_t i = 0; i < (size_t)NI * C; i++) { dst[i] = src[i] * scale; }
+        }
+        for (int i = 0; i < Lt; i++) {
+            int tok = in->tokens[(size_t)b * Lt + i];
+            if (tok < 0 || tok >= c->vocab) { vla_fail("token id %d of sample %d is outside the vocabulary of %d", tok, b, c->vocab); }
+            m->tokens[(size_t)b * Lt + i] = tok;
+        }
+        embedding_forward(x + (size_t)c->n_cam * NI * C, m->tokens + (size_t)b * Lt, m->params.embed_tokens, Lt, C, scale);
+        memcpy(a->state + (size_t)b * c->max_state_dim, in->state + (size_t)b * c->max_state_dim,
+               c->max_state_dim * sizeof(float));
+        // mask and positions over the whole sequence [prefix ; actions]
+        float* valid = a->valid + (size_t)b * T;
+        int* block = m->block + (size_t)b * T;
+        int n_valid = 0;
+        for (int j = 0; j < T; j++) {
+            int text = j - c->n_cam * NI;
+            valid[j] = text >= 0 && text < Lt ? (in->token_mask[(size_t)b * Lt + text] != 0.0f) : 1.0f;
+            block[j] = j < Np - 1 ? 0 : j - (Np - 1) + 1;  // state 1, action k 2 + k
+            n_valid += valid[j] != 0.0f;
+            if (j < Np) { m->p_pos[(size_t)b * Np + j] = n_valid - 1; }
+            else { m->s_pos[(size_t)b * H + j - Np] = n_valid - 1; m->x_pos[(size_t)b * H + j - Np] = j - Np; }
+        }
+    }
+    float* states = a->g_img;  // (B, C) state_proj of every sample at once, then into place
+    matmul_forward(states, a->state, m->params.state_w, m->params.state_b, B, c->max_state_dim, C);
+    for (int b = 0; b < B; b++) {
+        memcpy(a->p_res + ((size_t)b * Np + Np - 1) * C, states + (size_t)b * C, C * sizeof(float));
+    }
+}
+
+// The VLM's layers over the prefix. Its last layer computes only ln1 and the keys and values: its
+// output and the final norm feed nothing (LeRobot computes and drops them).
+static void smolvla_vlm_forward(SmolVLA* m) {
+    const SmolVLAConfig* c = &m->config;
+    int P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+    SmolAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + c->chunk, Np, 0,
+                     NULL, NULL, NULL, NULL, m->acts.valid, m->block};
+    for (int l = 0; l < c->n_layer; l++) {
+        SmolLayer w = smol_layer(m, 0, l, 0, 0);
+        SmolLayerActs x = smol_layer_acts(m, 0, l);
+        smol_rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, SMOLVLA_RMS_EPS);
+        matmul_forward(x.k, x.ln1, w.wk, NULL, P, w.C, KV);
+        rope_at(x.k, m->p_pos, P, c->n_kv_head, c->head_dim, m->rope_cos, m->rope_sin, 1.0f);
+        matmul_forward(x.v, x.ln1, w.wv, NULL, P, w.C, KV);
+        if (l == c->n_layer - 1) { break; }
+        matmul_forward(x.q, x.ln1, w.wq, NULL, P, w.C, D);
+        rope_at(x.q, m->p_pos, P, c->n_head, c->head_dim, m->rope_cos, m->rope_sin, 1.0f);
+        keys.k1 = x.k; keys.v1 = x.v;
+        gqa_attention_forward(x.att, x.lse, x.q, &keys);
+        smol_layer_out_forward(&w, &x, P, D);
+    }
+}
+
+// The H action tokens of the noisy chunk acts.x_t at flow time t (B): s_res[0] =
+// action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time embedding])))
+static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int B = m->B, H = c->chunk, Ce = c->d_expert, R = (int)smol_rrows(c, B);
+    matmul_forward(a->a_in, a->x_t, m->params.action_in_w, m->params.action_in_b, R, c->max_action_dim, Ce);
+    for (int b = 0; b < B; b++) {
+        float temb[Ce];
+        smol_time_embedding(temb, t[b], Ce);
+        for (int j = 0; j < H; j++) {
+            float* row = a->a_emb + ((size_t)b * H + j) * 2 * Ce;
+            memcpy(row, a->a_in + ((size_t)b * H + j) * Ce, Ce * sizeof(float));
+            memcpy(row + Ce, temb, Ce * sizeof(float));
+        }
+    }
+    matmul_forward(a->t_pre, a->a_emb, m->params.time_in_w, m->params.time_in_b, R, 2 * Ce, Ce);
+    silu_forward(a->t_act, a->t_pre, (size_t)R * Ce);
+    matmul_forward(a->s_res, a->t_act, m->params.time_out_w, m->params.time_out_b, R, Ce, Ce);
+}
+
+// The expert's layers over the action tokens s_res[0] -> final norm -> action_out_proj: acts.v_t.
+// Joint layer: the actions' q/k/v with RoPE at their positions (after the valid prefix), keys =
+// [the VLM's prefix K/V of this layer ; the actions' own], under the block mask (actions see the
+// valid prefix, the state and earlier actions). Cross layer: q with RoPE at positions 0.., keys
+// and values = the VLM's post-RoPE K/V of this layer re-projected by the expert's k_proj/v_proj
+// (no second RoPE), the valid prefix only. reuse_cross_kv: the re-projections from the previous
+// call are still valid (sampling: the prefix does not change between Euler steps).
+static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int R = (int)smol_rrows(c, m->B), P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), H = c->chunk;
+    int D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert;
+    for (int l = 0; l < c->n_layer; l++) {
+        SmolLayer w = smol_layer(m, 1, l, 0, 0);
+        SmolLayerActs x = smol_layer_acts(m, 1, l), px = smol_layer_acts(m, 0, l);
+        smol_rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, SMOLVLA_RMS_EPS);
+        matmul_forward(x.q, x.ln1, w.wq, NULL, R, Ce, D);
+        SmolAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, H, Np, Np + H, Np, 0,
+                         px.k, px.v, NULL, NULL, a->valid, m->block};
+        if (!w.cross) {
+            rope_at(x.q, m->s_pos, R, c->n_head, c->head_dim, m->rope_cos, m->rope_sin, 1.0f);
+            matmul_forward(x.k, x.ln1, w.wk, NULL, R, Ce, KV);
+            rope_at(x.k, m->s_pos, R, c->n_kv_head, c->head_dim, m->rope_cos, m->rope_sin, 1.0f);
+            matmul_forward(x.v, x.ln1, w.wv, NULL, R, Ce, KV);
+            keys.nk2 = H; keys.k2 = x.k; keys.v2 = x.v;
+        } else {
+            rope_at(x.q, m->x_pos, R, c->n_head, c->head_dim, m->rope_cos, m->rope_sin, 1.0f);
+            float* ck = a->c_k + (size_t)l * P * KV;
+            float* cv = a->c_v + (size_t)l * P * KV;
+            if (!reuse_cross_kv) {
+                matmul_forward(ck, px.k, w.wk, NULL, P, KV, KV);
+                matmul_forward(cv, px.v, w.wv, NULL, P, KV, KV);
+            }
+            keys.k1 = ck; keys.v1 = cv;
+        }
+        gqa_attention_forward(x.att, x.lse, x.q, &keys);
+        smol_layer_out_forward(&w, &x, R, D);
+    }
+    smol_rmsnorm_forward(a->f_ln, a->f_rstd, a->s_res + (size_t)c->n_layer * R * Ce, m->params.exp_norm, R, Ce,
+                         SMOLVLA_RMS_EPS);
+    matmul_forward(a->v_t, a->f_ln, m->params.action_out_w, m->params.action_out_b, R, Ce, c->max_action_dim);
+}
+
+// Images, vision tower, prefix embeddings and the VLM: everything the actions attend to.
+static void smolvla_encode_prefix(SmolVLA* m, const SmolInputs* in) {
+    smolvla_set_batch(m, in->B);
+    smolvla_prepare_images(m, in);
+    smolvla_vision_forward(m);
+    smolvla_prefix_embed(m, in);
+    smolvla_vlm_forward(m);
+}
+
+// Training forward: x_t = t noise + (1 - t) actions, velocity v_t (acts.v_t), target
+// u = noise - actions; loss = sum of (u - v)^2 over the real action dims of the chunk slots in
+// the episode, divided by max(1, those slots x A) (LeRobot's mean over valid entries, not over
+// B H A). Also leaves d loss / d v_t in acts.d_vt for the backward. Returns the loss.
+static float smolvla_forward(SmolVLA* m, const SmolInputs* in) {
+    const SmolVLAConfig* c = &m->config;
+    smolvla_encode_prefix(m, in);
+    SmolActivations* a = &m->acts;
+    int B = in->B, H = c->chunk, Am = c->max_action_dim;
+    for (int b = 0; b < B; b++) {
+        float t = in->t[b];
+        for (int i = 0; i < H * Am; i++) {
+            size_t k = (size_t)b * H * Am + i;
+            a->x_t[k] = t * in->noise[k] + (1.0f - t) * in->actions[k];
+        }
+    }
+    smolvla_suffix_embed(m, in->t);
+    smolvla_expert_forward(m, 0);
+    m->loss = flow_matching_loss(a->d_vt, a->v_t, in->noise, in->actions, in->action_is_pad, B * H, Am, c->action_dim);
+    return m->loss;
+}
+
+// ---- backward
+
+// d acts.d_vt -> action_out_proj -> the expert's norm and layers -> d s_res[0] in g_res (R, Ce).
+// Gradients into the VLM's keys/values of each layer are added to dp_k/dp_v, for prefix rows
+// p >= r0 of each sample (smolvla_backward says why not the others).
+static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int B = m->B, R = (int)smol_rrows(c, B), P = (int)smol_prows(c, B), Np = smolvla_n_prefix(c), H = c->chunk;
+    int D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert, L = c->n_layer;
+    float* dres = a->g_res;
+    memset(a->g_ln, 0, (size_t)R * Ce * sizeof(float));
+    linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_action_out_w, 0), smol_grad(m, mode, SMOLP_action_out_b, 0),
+                    a->d_vt, a->f_ln, m->params.action_out_w, R, Ce, c->max_action_dim);
+    memset(dres, 0, (size_t)R * Ce * sizeof(float));
+    smol_rmsnorm_backward(dres, smol_grad(m, mode, SMOLP_exp_norm, 0), a->g_ln, a->s_res + (size_t)L * R * Ce,
+                          m->params.exp_norm, a->f_rstd, R, Ce);
+    RowBlocks all = {1, R, 0, 0};
+    RowBlocks prefix = r0 == 0 ? (RowBlocks){1, P, 0, 0} : (RowBlocks){B, Np - r0, (size_t)r0, (size_t)Np};
+    for (int l = L - 1; l >= 0; l--) {
+        SmolLayer w = smol_layer(m, 1, l, 0, mode), g = smol_layer(m, 1, l, 1, mode);
+        SmolLayerActs x = smol_layer_acts(m, 1, l), px = smol_layer_acts(m, 0, l);
+        float* dpk = a->dp_k + (size_t)l * P * KV;
+        float* dpv = a->dp_v + (size_t)l * P * KV;
+        smol_layer_out_backward(m, &all, &w, &g, &x, dres, a->g_att, D);
+        SmolAttn keys = {B, c->n_head, c->n_kv_head, c->head_dim, H, Np, Np + H, Np, 0,
+                         px.k, px.v, NULL, NULL, a->valid, m->block};
+        if (!w.cross) {
+            keys.nk2 = H; keys.k2 = x.k; keys.v2 = x.v;
+            memset(a->g_k, 0, (size_t)R * KV * sizeof(float));
+            memset(a->g_v, 0, (size_t)R * KV * sizeof(float));
+            gqa_attention_backward(a->g_q, dpk, dpv, r0, a->g_k, a->g_v, 0, a->g_att, x.q, x.att, x.lse, &keys);
+            rope_at(a->g_q, m->s_pos, R, c->n_head, c->head_dim, m->rope_cos, m->rope_sin, -1.0f);
+            rope_at(a->g_k, m->s_pos, R, c->n_kv_head, c->head_dim, m->rope_cos, m->rope_sin, -1.0f);
+            smol_layer_qkv_backward(m, &all, &w, &g, &x, dres, a->g_q, a->g_k, a->g_v);
+        } else {
+            float* ck = a->c_k + (size_t)l * P * KV;
+            float* cv = a->c_v + (size_t)l * P * KV;
+            keys.k1 = ck; keys.v1 = cv;
+            memset(a->g_k, 0, (size_t)P * KV * sizeof(float));
+            memset(a->g_v, 0, (size_t)P * KV * sizeof(float));
+            // every prefix row's re-projected K/V gradient: the cross k_proj/v_proj weights need them all
+            gqa_attention_backward(a->g_q, a->g_k, a->g_v, 0, NULL, NULL, 0, a->g_att, x.q, x.att, x.lse, &keys);
+            linear_backward(NULL, g.wk, NULL, a->g_k, px.k, w.wk, P, KV, KV);
+            linear_backward(NULL, g.wv, NULL, a->g_v, px.v, w.wv, P, KV, KV);
+            for (int k = 0; k < prefix.count; k++) {  // through the re-projection into the VLM's post-RoPE K/V
+                size_t r = rb_row(&prefix, k);
+                linear_backward(dpk + r * KV, NULL, NULL, a->g_k + r * KV, NULL, w.wk, prefix.rows, KV, KV);
+                linear_backward(dpv + r * KV, NULL, NULL, a->g_v + r * KV, NULL, w.wv, prefix.rows, KV, KV);
+            }
+            rope_at(a->g_q, m->x_pos, R, c->n_head, c->head_dim, m->rope_cos, m->rope_sin, -1.0f);
+            smol_layer_qkv_backward(m, &all, &w, &g, &x, dres, a->g_q, NULL, NULL);
+        }
+    }
+}
+
+// d s_res[0] (g_res) -> action_time_mlp_out, SiLU, action_time_mlp_in -> action_in_proj. The time
+// embedding half of action_time_mlp_in's input has no parameters behind it.
+static void smolvla_suffix_embed_backward(SmolVLA* m, int mode) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int R = (int)smol_rrows(c, m->B), Ce = c->d_expert;
+    float* dtact = a->g_tok;  // (R, Ce)
+    memset(dtact, 0, (size_t)R * Ce * sizeof(float));
+    linear_backward(dtact, smol_grad(m, mode, SMOLP_time_out_w, 0), smol_grad(m, mode, SMOLP_time_out_b, 0), a->g_res,
+                    a->t_act, m->params.time_out_w, R, Ce, Ce);
+    silu_backward(dtact, dtact, a->t_pre, (size_t)R * Ce);
+    float* demb = a->g_emb;  // (R, 2Ce)
+    memset(demb, 0, (size_t)R * 2 * Ce * sizeof(float));
+    linear_backward(demb, smol_grad(m, mode, SMOLP_time_in_w, 0), smol_grad(m, mode, SMOLP_time_in_b, 0), dtact,
+                    a->a_emb, m->params.time_in_w, R, 2 * Ce, Ce);
+    float* dain = a->g_tok;  // (R, Ce): the action_in_proj half (dtact is spent)
+    for (int r = 0; r < R; r++) { memcpy(dain + (size_t)r * Ce, demb + (size_t)r * 2 * Ce, Ce * sizeof(float)); }
+    linear_backward(NULL, smol_grad(m, mode, SMOLP_action_in_w, 0), smol_grad(m, mode, SMOLP_action_in_b, 0), dain,
+                    a->x_t, m->params.action_in_w, R, c->max_action_dim, Ce);
+}
+
+// The VLM's layers backward, from the expert's gradients on their keys/values (dp_k, dp_v), down
+// to d p_res[0] in g_res (P, C), on the prefix rows p >= r0 of each sample. Its last layer is only
+// ln1 -> k/v: frozen in every mode, yet the gradient passes through it into the layers below.
+static void smolvla_vlm_backward(SmolVLA* m, int mode, int r0) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int B = m->B, P = (int)smol_prows(c, B), Np = smolvla_n_prefix(c), D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+    RowBlocks rows = r0 == 0 ? (RowBlocks){1, P, 0, 0} : (RowBlocks){B, Np - r0, (size_t)r0, (size_t)Np};
+    float* dres = a->g_res;
+    memset(dres, 0, (size_t)P * c->d_model * sizeof(float));
+    SmolAttn keys = {B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + c->chunk, Np, 0,
+                     NULL, NULL, NULL, NULL, a->valid, m->block};
+    for (int l = c->n_layer - 1; l >= 0; l--) {
+        SmolLayer w = smol_layer(m, 0, l, 0, mode), g = smol_layer(m, 0, l, 1, mode);
+        SmolLayerActs x = smol_layer_acts(m, 0, l);
+        float* dk = a->dp_k + (size_t)l * P * KV;
+        float* dv = a->dp_v + (size_t)l * P * KV;
+        const float* dq = NULL;
+        if (l < c->n_layer - 1) {
+            smol_layer_out_backward(m, &rows, &w, &g, &x, dres, a->g_att, D);
+            keys.k1 = x.k; keys.v1 = x.v;
+            gqa_attention_backward(a->g_q, dk, dv, r0, NULL, NULL, r0, a->g_att, x.q, x.att, x.lse, &keys);
+            smol_rope_rows(m, &rows, a->g_q, m->p_pos, c->n_head, -1.0f);
+            dq = a->g_q;
+        }
+        smol_rope_rows(m, &rows, dk, m->p_pos, c->n_kv_head, -1.0f);
+        smol_layer_qkv_backward(m, &rows, &w, &g, &x, dres, dq, dk, dv);
+    }
+}
+
+// d p_res[0] (g_res) -> state_proj (every mode); embed_tokens and the connector (vlm, all: the
+// pad id's row gets nothing, as nn.Embedding's padding_idx); into the vision tower's output
+// (all: g_shuf holds d shuffled on return).
+static void smolvla_prefix_embed_backward(SmolVLA* m, int mode) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Lt = c->max_text;
+    int NV = (int)smol_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width;
+    float scale = (float)sqrt((double)C);
+    const float* dx = a->g_res;
+    float* dstate = a->g_img;  // (B, C) the state rows
+    for (int b = 0; b < B; b++) { memcpy(dstate + (size_t)b * C, dx + ((size_t)b * Np + Np - 1) * C, C * sizeof(float)); }
+    linear_backward(NULL, smol_grad(m, mode, SMOLP_state_w, 0), smol_grad(m, mode, SMOLP_state_b, 0), dstate, a->state,
+                    m->params.state_w, B, c->max_state_dim, C);
+    float* demb = smol_grad(m, mode, SMOLP_embed_tokens, 0);
+    for (int b = 0; b < B && demb != NULL; b++) {
+        embedding_backward(demb, dx + ((size_t)b * Np + (size_t)c->n_cam * NI) * C, m->tokens + (size_t)b * Lt, Lt, C, scale,
+                           c->pad_token);
+    }
+    float* dconn = smol_grad(m, mode, SMOLP_connector_w, 0);
+    int into_vision = smol_grad(m, mode, SMOLP_vis_post_w, 0) != NULL;
+    if (dconn == NULL && !into_vision) { return; }
+    float* dimg = a->g_img;  // (NV*NI, C) image rows, camera-major like img_tok
+    for (int b = 0; b < B; b++) {
+        for (int cam = 0; cam < c->n_cam; cam++) {
+            const float* src = dx + ((size_t)b * Np + (size_t)cam * NI) * C;
+            float* dst = dimg + ((size_t)cam * B + b) * NI * C;
+            for (size_t i = 0; i < (size_t)NI * C; i++) { dst[i] = src[i] * scale; }
+        }
+    }
+    if (into_vision) { memset(a->g_shuf, 0, smol_vrows(c, B) * c->vis_width * sizeof(float)); }
+    linear_backward(into_vision ? a->g_shuf : NULL, dconn, NULL, dimg, a->shuffled, m->params.connector_w, NV * NI, S2C, C);
+}
+
+// d shuffled (g_shuf) -> pixel shuffle -> post_layernorm -> SigLIP layers -> position and patch
+// embeddings. Nothing flows into the pixels.
+static void smolvla_vision_backward(SmolVLA* m, int mode) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int NV = (int)smol_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smol_vrows(c, m->B);
+    int Cv = c->vis_width, Fv = c->vis_ff, HSv = Cv / c->vis_heads;
+    size_t VC = (size_t)V * Cv;
+    float* dres = a->g_res;
+    pixel_shuffle_backward(a->g_ln, a->g_shuf, NV, smolvla_grid(c), c->scale_factor, Cv);  // d v_out
+    memset(dres, 0, VC * sizeof(float));
+    layernorm_backward(dres, smol_grad(m, mode, SMOLP_vis_post_w, 0), smol_grad(m, mode, SMOLP_vis_post_b, 0), a->g_ln,
+                       a->v_res + (size_t)c->vis_layers * VC, a->v_omean, a->v_orstd, m->params.vis_post_w, V, Cv);
+    SmolAttn keys = {NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, Nv, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+    for (int l = c->vis_layers - 1; l >= 0; l--) {
+        size_t L = (size_t)l;
+        float *x = a->v_res + L * VC, *ln1 = a->v_ln1 + L * VC, *q = a->v_q + L * VC, *k = a->v_k + L * VC;
+        float *v = a->v_v + L * VC, *att = a->v_att + L * VC, *mid = a->v_mid + L * VC, *ln2 = a->v_ln2 + L * VC;
+        float *fc1 = a->v_fc1 + L * V * Fv, *gelu = a->v_gelu + L * V * Fv;
+        // MLP: out = mid + fc2(gelu(fc1(ln2(mid))))
+        memset(a->g_act, 0, (size_t)V * Fv * sizeof(float));
+        linear_backward(a->g_act, smol_grad(m, mode, SMOLP_vis_fc2_w, l), smol_grad(m, mode, SMOLP_vis_fc2_b, l), dres,
+                        gelu, smol_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv);
+        gelu_backward(a->g_gate, a->g_act, fc1, (size_t)V * Fv);
+        memset(a->g_ln, 0, VC * sizeof(float));
+        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_fc1_w, l), smol_grad(m, mode, SMOLP_vis_fc1_b, l), a->g_gate,
+                        ln2, smol_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv);
+        layernorm_backward(dres, smol_grad(m, mode, SMOLP_vis_ln2_w, l), smol_grad(m, mode, SMOLP_vis_ln2_b, l), a->g_ln,
+                           mid, a->v_mean2 + L * V, a->v_rstd2 + L * V, smol_param(m, SMOLP_vis_ln2_w, l), V, Cv);
+        // attention: mid = x + out_proj(attention(q, k, v))
+        memset(a->g_att, 0, VC * sizeof(float));
+        linear_backward(a->g_att, smol_grad(m, mode, SMOLP_vis_wo, l), smol_grad(m, mode, SMOLP_vis_bo, l), dres, att,
+                        smol_param(m, SMOLP_vis_wo, l), V, Cv, Cv);
+        keys.k1 = k; keys.v1 = v;
+        memset(a->g_k, 0, VC * sizeof(float));
+        memset(a->g_v, 0, VC * sizeof(float));
+        gqa_attention_backward(a->g_q, a->g_k, a->g_v, 0, NULL, NULL, 0, a->g_att, q, att,
+                               a->v_lse + L * V * c->vis_heads, &keys);
+        memset(a->g_ln, 0, VC * sizeof(float));
+        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wq, l), smol_grad(m, mode, SMOLP_vis_bq, l), a->g_q, ln1,
+                        smol_param(m, SMOLP_vis_wq, l), V, Cv, Cv);
+        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wk, l), smol_grad(m, mode, SMOLP_vis_bk, l), a->g_k, ln1,
+                        smol_param(m, SMOLP_vis_wk, l), V, Cv, Cv);
+        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wv, l), smol_grad(m, mode, SMOLP_vis_bv, l), a->g_v, ln1,
+                        smol_param(m, SMOLP_vis_wv, l), V, Cv, Cv);
+        layernorm_backward(dres, smol_grad(m, mode, SMOLP_vis_ln1_w, l), smol_grad(m, mode, SMOLP_vis_ln1_b, l), a->g_ln,
+                           x, a->v_mean1 + L * V, a->v_rstd1 + L * V, smol_param(m, SMOLP_vis_ln1_w, l), V, Cv);
+    }
+    float* dpos = smol_grad(m, mode, SMOLP_vis_pos, 0);
+    if (dpos != NULL) { position_backward(dpos, dres, NV, Nv, Cv); }
+    linear_backward(NULL, smol_grad(m, mode, SMOLP_vis_patch_w, 0), smol_grad(m, mode, SMOLP_vis_patch_b, 0), dres,
+                    a->patches, m->params.vis_patch_w, V, smolvla_patch_dim(c), Cv);
+}
+
+// Gradients of the last smolvla_forward's loss for the tensors that train in `mode`
+// (TRAIN_MODE_EXPERT, _VLM, _ALL: LeRobot's train_expert_only / freeze_vision_encoder), into
+// grads_memory: the trainable part of every tensor is overwritten, the rest is never touched.
+// No work is done for gradients nothing trainable needs:
+//   expert: the expert, its heads and state_proj train. state_proj's token is the prefix's last
+//     row (block 1): the rows before it (images and language, block 0) never see it, so only that
+//     row is taken back through the (frozen) VLM: r0 = Np - 1. Nothing reaches the vision tower.
+//   vlm:    the whole prefix goes back through the VLM (all but its last layer train, and the last
+//     one passes the gradient of its keys/values down), into embed_tokens and the connector; the
+//     vision tower gets nothing.
+//   all:    and on through the vision tower.
+static void smolvla_backward(SmolVLA* m, int mode) {
+    const SmolVLAConfig* c = &m->config;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &m->table.spec[i];
+        memset(m->grads_memory + s->offset, 0, smolvla_trainable_numel(s, mode) * sizeof(float));
+    }
+    int r0 = mode == TRAIN_MODE_EXPERT ? smolvla_n_prefix(c) - 1 : 0;
+    size_t kv = (size_t)c->n_layer * smol_prows(c, m->B) * smolvla_d_kv(c);
+    memset(m->acts.dp_k, 0, kv * sizeof(float));
+    memset(m->acts.dp_v, 0, kv * sizeof(float));
+    smolvla_expert_backward(m, mode, r0);
+    smolvla_suffix_embed_backward(m, mode);
+    smolvla_vlm_backward(m, mode, r0);
+    smolvla_prefix_embed_backward(m, mode);
+    if (smol_grad(m, mode, SMOLP_vis_post_w, 0) != NULL) { smolvla_vision_backward(m, mode); }
+}
+
+// ---- sampling
+
+// num_steps Euler steps of dx/dt = v(x, t) from t = 1 (noise (B, H, Amax)) to t = 0 -> out
+// (B, H, Amax), normalized units (un-normalizing is the caller's). The prefix runs once, and so do
+// the cross layers' re-projections of its keys/values. t = float(1 + k dt) with dt = -1/num_steps
+// in double, x += float(dt) v: LeRobot's euler_integrate.
+static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise, float* out) {
+    const SmolVLAConfig* c = &m->config;
+    smolvla_encode_prefix(m, in);
+    int B = in->B;
+    size_t n = smol_rrows(c, B) * c->max_action_dim;
+    memcpy(m->acts.x_t, noise, n * sizeof(float));
+    double dt = -1.0 / SMOLVLA_NUM_STEPS;
+    float t[B];
+    for (int k = 0; k < SMOLVLA_NUM_STEPS; k++) {
+        for (int b = 0; b < B; b++) { t[b] = (float)(1.0 + k * dt); }
+        smolvla_suffix_embed(m, t);
+        smolvla_expert_forward(m, k > 0);
+        for (size_t i = 0; i < n; i++) { m->acts.x_t[i] += (float)dt * m->acts.v_t[i]; }
+    }
+    memcpy(out, m->acts.x_t, n * sizeof(float));
+}
+
+#pragma GCC diagnostic pop
 
 // ----------------------------------------------------------------------------
 // data: the batches of simulated ranks

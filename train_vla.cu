@@ -28,14 +28,20 @@ Invariants worth knowing before reading:
   start rounded to 16 elements (cuBLASLt wants aligned matrices); master weights and moments keep
   the checkpoint layout, so a checkpoint is one copy of each.
 
+The SmolVLA model section, after the model above, is the model train_vla is moving to: LeRobot
+0.6.1's SmolVLA (shared/SMOLVLA.md; dev/smolvla.py is its oracle), with its own shape legend. The
+training loops still run the model above until both trainers switch.
+
 Reproduce the oracle's numbers (what test_vla_gpu checks):
-  make test     (on a GPU: ./test_vla_gpu build/test ./train_vla; without one, the same tests
-                 run under the CPU emulation in dev/cuda/emu)
+  make test     (on a GPU: ./test_vla_gpu build/test ./train_vla --smolvla build/lerobot_ref;
+                 without one, the same tests run under the CPU emulation in dev/cuda/emu)
 */
 #include "vla.h"
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <float.h>
+#include <limits.h>
 #include <mma.h>
 #include <signal.h>
 #if defined(MULTI_GPU)
@@ -169,10 +175,10 @@ __global__ void patchify_kernel(floatX* patches, const uint8_t* images, int n_im
     patches[idx] = fx((float)images[src] / 127.5f - 1.0f);
 }
 
-// prefix tokens x (B, Np, d): image rows are patch_out + pos_emb, text rows text_emb[byte];
-// key_valid (B, Np): 1 for image tokens and instruction bytes, 0 for pads.
+// prefix tokens x (B, Np, d): image rows are patch_out + pos_emb, text rows text_emb[token id];
+// key_valid (B, Np): 1 for image tokens and instruction tokens, 0 for pads.
 __global__ void prefix_embed_kernel(floatX* x, float* key_valid, const floatX* patch_out, const floatX* pos_emb,
-                                    const floatX* text_emb, const uint8_t* text, const float* text_mask,
+                                    const floatX* text_emb, const int32_t* tokens, const float* text_mask,
                                     int B, int NI, int T, int d) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int Np = NI + T;
@@ -183,13 +189,16 @@ __global__ void prefix_embed_kernel(floatX* x, float* key_valid, const floatX* p
     if (i < NI) {
         x[idx] = fx(f32(patch_out[((size_t)b * NI + i) * d + k]) + f32(pos_emb[(size_t)i * d + k]));
     } else {
-        x[idx] = text_emb[(size_t)text[b * T + (i - NI)] * d + k];
+        x[idx] = text_emb[(size_t)tokens[b * T + (i - NI)] * d + k];
     }
     if (k == 0) { key_valid[row] = i < NI ? 1.0f : text_mask[b * T + (i - NI)]; }
 }
 
 // out = x / sqrt(mean(x^2) + eps) * w, rstd = 1 / sqrt(mean(x^2) + eps). One warp per row of C.
-__global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C) {
+// eps: RMSNORM_EPS for the pi0-style model, SMOLVLA_RMS_EPS (vla.h) for SmolVLA's stacks.
+#define RMSNORM_EPS 1e-6f
+__global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
+                                       float eps) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (row >= N) { return; }  // whole warps leave together
     const floatX* x = inp + (size_t)row * C;
@@ -198,14 +207,15 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* i
         float v = f32(x[c]);
         ss += v * v;
     }
-    float r = rsqrtf(warp_sum(ss) / (float)C + 1e-6f);
+    float r = rsqrtf(warp_sum(ss) / (float)C + eps);
     if (lane == 0) { rstd[row] = r; }
     floatX* y = out + (size_t)row * C;
     for (int c = lane; c < C; c += 32) { y[c] = fx(f32(x[c]) * r * f32(w[c])); }
 }
 
 // Version 2: the same with 128-bit loads and stores (C a multiple of x128::size, rows aligned)
-__global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C) {
+__global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
+                                        float eps) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (row >= N) { return; }
     const floatX* x = inp + (size_t)row * C;
@@ -215,7 +225,7 @@ __global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* 
         #pragma unroll
         for (int k = 0; k < x128::size; k++) { ss += f32(v.v[k]) * f32(v.v[k]); }
     }
-    float r = rsqrtf(warp_sum(ss) / (float)C + 1e-6f);
+    float r = rsqrtf(warp_sum(ss) / (float)C + eps);
     if (lane == 0) { rstd[row] = r; }
     floatX* y = out + (size_t)row * C;
     for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
@@ -987,14 +997,14 @@ __global__ void pos_emb_backward_kernel(float* dpos, const float* dx, int B, int
     dpos[idx] += s;
 }
 
-// dtext (256, d) += the text rows of dx (B, Np, d) by byte: block v sums, in order, the rows
-// whose byte is v
-__global__ void text_emb_backward_kernel(float* dtext, const float* dx, const uint8_t* text, int B, int NI, int T, int d) {
+// dtext (256, d) += the text rows of dx (B, Np, d) by token id: block v sums, in order, the rows
+// whose id is v
+__global__ void text_emb_backward_kernel(float* dtext, const float* dx, const int32_t* tokens, int B, int NI, int T, int d) {
     int v = blockIdx.x, Np = NI + T;
     for (int k = threadIdx.x; k < d; k += blockDim.x) {
         float s = 0.0f;
         for (int pos = 0; pos < B * T; pos++) {
-            if (text[pos] == v) { s += dx[((size_t)(pos / T) * Np + NI + pos % T) * d + k]; }
+            if (tokens[pos] == v) { s += dx[((size_t)(pos / T) * Np + NI + pos % T) * d + k]; }
         }
         dtext[(size_t)v * d + k] += s;
     }
@@ -1089,6 +1099,1160 @@ __global__ void euler_step_kernel(float* x, floatX* x_model, const floatX* v, fl
         x[i] = y;
         x_model[i] = fx(y);
     }
+}
+
+// ---- SmolVLA: LayerNorm with weight and bias (SigLIP's layer_norm1/2 and post_layernorm), born in
+// dev/cuda/layernorm.cu
+
+#define LAYERNORM_EPS 1e-6f  // SigLIP's layer_norm_eps
+// Version 2 of the forward pass and both backward versions keep a row's values or their columns'
+// sums in registers (90 to 120 per thread on sm_90): a block gets at most 65536 registers, so 512
+// threads, not 1024. __launch_bounds__ holds the compiler to it; a larger block fails to launch.
+#define LAYERNORM_MAX_BLOCK 512
+
+// out = (x - mean) rstd w + b per row of C; mean and rstd kept. One warp per row.
+__global__ void layernorm_forward_kernel1(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
+                                          const floatX* b, int N, int C) {
+    int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (row >= N) { return; }  // whole warps leave together
+    const floatX* x = inp + (size_t)row * C;
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) { s += f32(x[c]); }
+    float m = warp_sum(s) / (float)C;
+    float v = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float d = f32(x[c]) - m;
+        v += d * d;
+    }
+    float r = rsqrtf(warp_sum(v) / (float)C + LAYERNORM_EPS);
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+    floatX* y = out + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) { y[c] = fx((f32(x[c]) - m) * r * f32(w[c]) + f32(b[c])); }
+}
+
+// Version 2: 128-bit loads and stores, the row read once into registers (C a multiple of
+// x128::size, at most 32 * LAYERNORM_FWD2_VALS; rows 16-byte aligned)
+#define LAYERNORM_FWD2_VALS 64  // values of a row per lane
+__global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_forward_kernel2(floatX* out, float* mean, float* rstd,
+                                                                                  const floatX* inp, const floatX* w,
+                                                                                  const floatX* b, int N, int C) {
+    const int PACKS = LAYERNORM_FWD2_VALS / x128::size;  // lane l holds packs l, l + 32, ...
+    int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (row >= N) { return; }
+    const floatX* x = inp + (size_t)row * C;
+    x128 xv[PACKS];
+    float s = 0.0f;
+    #pragma unroll
+    for (int j = 0; j < PACKS; j++) {
+        int c = (lane + 32 * j) * x128::size;
+        if (c < C) {
+            xv[j] = load128(x + c);
+            #pragma unroll
+            for (int k = 0; k < x128::size; k++) { s += f32(xv[j].v[k]); }
+        }
+    }
+    float m = warp_sum(s) / (float)C;
+    float v = 0.0f;
+    #pragma unroll
+    for (int j = 0; j < PACKS; j++) {
+        if ((lane + 32 * j) * x128::size < C) {
+            #pragma unroll
+            for (int k = 0; k < x128::size; k++) {
+                float d = f32(xv[j].v[k]) - m;
+                v += d * d;
+            }
+        }
+    }
+    float r = rsqrtf(warp_sum(v) / (float)C + LAYERNORM_EPS);
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+    floatX* y = out + (size_t)row * C;
+    #pragma unroll
+    for (int j = 0; j < PACKS; j++) {
+        int c = (lane + 32 * j) * x128::size;
+        if (c < C) {
+            x128 wv = load128(w + c), bv = load128(b + c), o;
+            #pragma unroll
+            for (int k = 0; k < x128::size; k++) { o.v[k] = fx((f32(xv[j].v[k]) - m) * r * f32(wv.v[k]) + f32(bv.v[k])); }
+            store128(y + c, o);
+        }
+    }
+}
+
+// y = xh w + b with xh = (x - m) r, so with g = dy w (the gradient reaching xh):
+//   dx_c = r (g_c - 1/C sum_j g_j - xh_c 1/C sum_j g_j xh_j),  dw_c = sum_rows dy_c xh_c,  db_c = sum_rows dy_c.
+// dx is added to dres (fp32) and written to dres_x (its floatX copy, which the matrix products
+// read). partial (2, gridDim.x, C): this block's sums of dw over its rows, then those of db; summed
+// in order by column_sum_kernel. Thread t owns columns t + j * blockDim.x.
+#define LAYERNORM_BWD1_COLS 8  // columns per thread: C <= LAYERNORM_BWD1_COLS * blockDim.x
+__global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel1(float* dres, floatX* dres_x,
+                                                                                   float* partial, const floatX* dout,
+                                                                                   const floatX* inp, const floatX* w,
+                                                                                   const float* mean, const float* rstd,
+                                                                                   int N, int C, int rows_per_block) {
+    __shared__ float shared[32];
+    float dw_acc[LAYERNORM_BWD1_COLS], db_acc[LAYERNORM_BWD1_COLS];
+    #pragma unroll
+    for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) { dw_acc[j] = 0.0f; db_acc[j] = 0.0f; }
+    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    for (int n = r0; n < r1; n++) {
+        const floatX* x = inp + (size_t)n * C;
+        const floatX* dy = dout + (size_t)n * C;
+        float m = mean[n], r = rstd[n], sum_g = 0.0f, sum_gxh = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) {
+            int c = threadIdx.x + j * blockDim.x;
+            if (c < C) {
+                float g = f32(dy[c]) * f32(w[c]), xh = (f32(x[c]) - m) * r;
+                sum_g += g;
+                sum_gxh += g * xh;
+            }
+        }
+        float mean_g = block_sum(sum_g, shared) / (float)C;
+        float mean_gxh = block_sum(sum_gxh, shared) / (float)C;
+        #pragma unroll
+        for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) {
+            int c = threadIdx.x + j * blockDim.x;
+            if (c < C) {
+                float dyv = f32(dy[c]), xh = (f32(x[c]) - m) * r;
+                float d = dres[(size_t)n * C + c] + r * (dyv * f32(w[c]) - mean_g - xh * mean_gxh);
+                dres[(size_t)n * C + c] = d;
+                dres_x[(size_t)n * C + c] = fx(d);
+                dw_acc[j] += dyv * xh;
+                db_acc[j] += dyv;
+            }
+        }
+    }
+    float* dw_partial = partial + (size_t)blockIdx.x * C;
+    float* db_partial = partial + ((size_t)gridDim.x + blockIdx.x) * C;
+    #pragma unroll
+    for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        if (c < C) {
+            dw_partial[c] = dw_acc[j];
+            db_partial[c] = db_acc[j];
+        }
+    }
+}
+
+// Version 2: one warp per row (warp reductions only), 128-bit loads and stores; lane l owns the
+// packs l, l + 32, ... of a row and keeps their dw and db sums in registers. The warps' sums meet
+// in shared memory (warps, C), dw first and then db, added in warp order. C a multiple of
+// x128::size, at most 32 * LAYERNORM_BWD2_VALS.
+#define LAYERNORM_BWD2_VALS 32  // columns per lane
+__global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel2(float* dres, floatX* dres_x,
+                                                                                   float* partial, const floatX* dout,
+                                                                                   const floatX* inp, const floatX* w,
+                                                                                   const float* mean, const float* rstd,
+                                                                                   int N, int C, int rows_per_block) {
+    typedef Packed128<float> f128;
+    const int PACKS = LAYERNORM_BWD2_VALS / x128::size;
+    extern __shared__ float warp_sums[];  // (warps, C)
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    float dw_acc[LAYERNORM_BWD2_VALS], db_acc[LAYERNORM_BWD2_VALS];
+    #pragma unroll
+    for (int j = 0; j < LAYERNORM_BWD2_VALS; j++) { dw_acc[j] = 0.0f; db_acc[j] = 0.0f; }
+    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    for (int n = r0 + warp; n < r1; n += n_warps) {
+        const floatX* x = inp + (size_t)n * C;
+        const floatX* dy = dout + (size_t)n * C;
+        float m = mean[n], r = rstd[n], sum_g = 0.0f, sum_gxh = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < PACKS; j++) {
+            int c = (lane + 32 * j) * x128::size;
+            if (c < C) {
+                x128 xv = load128(x + c), dyv = load128(dy + c), wv = load128(w + c);
+                #pragma unroll
+                for (int k = 0; k < x128::size; k++) {
+                    float g = f32(dyv.v[k]) * f32(wv.v[k]), xh = (f32(xv.v[k]) - m) * r;
+                    sum_g += g;
+                    sum_gxh += g * xh;
+                }
+            }
+        }
+        float mean_g = warp_sum(sum_g) / (float)C, mean_gxh = warp_sum(sum_gxh) / (float)C;
+        #pragma unroll
+        for (int j = 0; j < PACKS; j++) {
+            int c = (lane + 32 * j) * x128::size;
+            if (c < C) {
+                x128 xv = load128(x + c), dyv = load128(dy + c), wv = load128(w + c), o;
+                float* d = dres + (size_t)n * C + c;
+                #pragma unroll
+                for (int k0 = 0; k0 < x128::size; k0 += f128::size) {
+                    f128 dv = load128(d + k0);
+                    #pragma unroll
+                    for (int i = 0; i < f128::size; i++) {
+                        int k = k0 + i;
+                        float dyk = f32(dyv.v[k]), xh = (f32(xv.v[k]) - m) * r;
+                        dv.v[i] += r * (dyk * f32(wv.v[k]) - mean_g - xh * mean_gxh);
+                        o.v[k] = fx(dv.v[i]);
+                        dw_acc[j * x128::size + k] += dyk * xh;
+                        db_acc[j * x128::size + k] += dyk;
+                    }
+                    store128(d + k0, dv);
+                }
+                store128(dres_x + (size_t)n * C + c, o);
+            }
+        }
+    }
+    for (int part = 0; part < 2; part++) {  // dw, then db through the same shared memory
+        #pragma unroll
+        for (int j = 0; j < PACKS; j++) {
+            int c = (lane + 32 * j) * x128::size;
+            if (c < C) {
+                #pragma unroll
+                for (int k = 0; k < x128::size; k++) {
+                    warp_sums[warp * C + c + k] = part == 0 ? dw_acc[j * x128::size + k] : db_acc[j * x128::size + k];
+                }
+            }
+        }
+        __syncthreads();
+        float* out = partial + ((size_t)part * gridDim.x + blockIdx.x) * C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            float s = 0.0f;
+            for (int k = 0; k < n_warps; k++) { s += warp_sums[k * C + c]; }
+            out[c] = s;
+        }
+        __syncthreads();  // every warp has read the dw sums before db overwrites them
+    }
+}
+
+// ---- SmolVLA: SwiGLU, silu(gate) * up (the Llama MLP of the VLM and the expert), born in dev/cuda/swiglu.cu
+
+// For gates far below zero e^-x overflows to inf and both give 0 (not NaN): x / inf and 0 (1 + x).
+static __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static __device__ __forceinline__ float silu_grad(float x) {
+    float s = 1.0f / (1.0f + expf(-x));
+    return s * (1.0f + x * (1.0f - s));
+}
+
+// act = silu(gate) * up
+__global__ void swiglu_forward_kernel1(floatX* act, const floatX* gate, const floatX* up, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { act[i] = fx(silu(f32(gate[i])) * f32(up[i])); }
+}
+
+// dgate, dup are overwritten
+__global__ void swiglu_backward_kernel1(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
+                                        const floatX* up, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float g = f32(gate[i]), da = f32(dact[i]);
+    dgate[i] = fx(da * f32(up[i]) * silu_grad(g));
+    dup[i] = fx(da * silu(g));
+}
+
+// Version 2 of both: 128-bit loads and stores, x128::size values per thread (n a multiple of it)
+__global__ void swiglu_forward_kernel2(floatX* act, const floatX* gate, const floatX* up, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) { return; }
+    x128 g = load128(gate + i), u = load128(up + i), o;
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) { o.v[k] = fx(silu(f32(g.v[k])) * f32(u.v[k])); }
+    store128(act + i, o);
+}
+
+__global__ void swiglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
+                                        const floatX* up, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) { return; }
+    x128 g = load128(gate + i), u = load128(up + i), d = load128(dact + i), dg, du;
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) {
+        float gk = f32(g.v[k]), dk = f32(d.v[k]);
+        dg.v[k] = fx(dk * f32(u.v[k]) * silu_grad(gk));
+        du.v[k] = fx(dk * silu(gk));
+    }
+    store128(dgate + i, dg);
+    store128(dup + i, du);
+}
+
+// ---- SmolVLA: the connector's pixel shuffle and its inverse, born in dev/cuda/pixel_shuffle.cu
+
+// Offset in x (N, h*w, C) of the value at channel (a s + b) C + e of token i2 (w/s) + j2 of image
+// n of the shuffled tensor (N, (h/s)(w/s), C s^2): the formula above.
+static __device__ __forceinline__ size_t pixel_shuffle_source(size_t n, int t, int m, int h, int w, int C, int s) {
+    int ws = w / s;
+    int i2 = t / ws, j2 = t % ws;
+    int a = m / (s * C), b = m / C % s, e = m % C;
+    return (n * h * w + (size_t)(i2 * s + a) * w + j2 * s + b) * C + e;
+}
+
+// out (N, (h/s)(w/s), C s^2) from x (N, h*w, C). One thread per value of out.
+__global__ void pixel_shuffle_forward_kernel1(floatX* out, const floatX* inp, int N, int h, int w, int C, int s) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t Cs = (size_t)C * s * s, tokens = (size_t)(h / s) * (w / s);
+    if (idx >= N * tokens * Cs) { return; }
+    int m = (int)(idx % Cs);
+    size_t row = idx / Cs;
+    out[idx] = inp[pixel_shuffle_source(row / tokens, (int)(row % tokens), m, h, w, C, s)];
+}
+
+// dinp (N, h*w, C) overwritten from dout (N, (h/s)(w/s), C s^2): the inverse permutation. One
+// thread per value of dinp.
+__global__ void pixel_shuffle_backward_kernel1(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)N * h * w * C) { return; }
+    int e = (int)(idx % C);
+    size_t p = idx / C;
+    int j = (int)(p % w), i = (int)(p / w % h);
+    size_t n = p / ((size_t)w * h);
+    size_t t = n * (h / s) * (w / s) + (size_t)(i / s) * (w / s) + j / s;
+    dinp[idx] = dout[t * C * s * s + (size_t)((i % s) * s + j % s) * C + e];
+}
+
+// Version 2 of both: x128::size consecutive channels per thread (C a multiple of x128::size, so
+// a pack never straddles two patches)
+__global__ void pixel_shuffle_forward_kernel2(floatX* out, const floatX* inp, int N, int h, int w, int C, int s) {
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    size_t Cs = (size_t)C * s * s, tokens = (size_t)(h / s) * (w / s);
+    if (idx >= N * tokens * Cs) { return; }
+    int m = (int)(idx % Cs);
+    size_t row = idx / Cs;
+    store128(out + idx, load128(inp + pixel_shuffle_source(row / tokens, (int)(row % tokens), m, h, w, C, s)));
+}
+
+__global__ void pixel_shuffle_backward_kernel2(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s) {
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (idx >= (size_t)N * h * w * C) { return; }
+    int e = (int)(idx % C);
+    size_t p = idx / C;
+    int j = (int)(p % w), i = (int)(p / w % h);
+    size_t n = p / ((size_t)w * h);
+    size_t t = n * (h / s) * (w / s) + (size_t)(i / s) * (w / s) + j / s;
+    store128(dinp + idx, load128(dout + t * C * s * s + (size_t)((i % s) * s + j % s) * C + e));
+}
+
+// ---- SmolVLA: stored frames of any size resized with padding (LeRobot's resize_with_pad), born in
+// dev/cuda/resize_pad.cu
+
+// What resize_with_pad does to one camera's h x w frames at the model's size S: the resized size,
+// the padding and the scales torch's interpolate uses. Made on the host by resize_pad_plan.
+typedef struct {
+    int h, w;                 // stored frame
+    int S;                    // the model's square image size
+    int rh, rw;               // resized (keeping the aspect ratio), at most S
+    int pad_top, pad_left;    // S - rh rows above, S - rw columns to the left
+    float scale_h, scale_w;   // source pixels per resized pixel: h / rh and w / rw in float, as torch
+} ResizePad;
+
+// torch's source index for bilinear, align_corners=False (area_pixel_compute_source_index): output
+// pixel d of a dimension resized from `in` reads i0 and i1 with weight l on i1. One fused
+// multiply-add, as torch's compiled kernels do (CPU and CUDA): rounding the product first moves
+// src by up to an ulp of `in` (8e-6 at 100 pixels), which l and the image inherit. src < in - 0.5,
+// so i0 <= in - 1 always; the min only keeps the read inside the frame.
+static __device__ __forceinline__ void resize_source(int d, float scale, int in, int* i0, int* i1, float* l) {
+    float src = fmaxf(fmaf(scale, (float)d + 0.5f, -0.5f), 0.0f);
+    int i = min((int)src, in - 1);  // src >= 0: truncation is floor
+    *i0 = i;
+    *i1 = i + (i < in - 1 ? 1 : 0);
+    *l = src - (float)i;
+}
+
+// Channel c of the bilinear blend of four taps of an (h, w, 3) u8 frame, in [0, 1], in torch's order
+static __device__ __forceinline__ float bilinear_u8(const uint8_t* f, int w, int c, int y0, int y1, float ly, int x0,
+                                                    int x1, float lx) {
+    float p00 = (float)f[((size_t)y0 * w + x0) * 3 + c] / 255.0f, p01 = (float)f[((size_t)y0 * w + x1) * 3 + c] / 255.0f;
+    float p10 = (float)f[((size_t)y1 * w + x0) * 3 + c] / 255.0f, p11 = (float)f[((size_t)y1 * w + x1) * 3 + c] / 255.0f;
+    return (1.0f - ly) * ((1.0f - lx) * p00 + lx * p01) + ly * ((1.0f - lx) * p10 + lx * p11);
+}
+
+// out: n_img images (3, S, S), image i at out + i out_stride; frames: n_img (h, w, 3) u8 frames,
+// frame i at frames + i in_stride. One thread per output value.
+__global__ void resize_pad_kernel1(floatX* out, const uint8_t* frames, ResizePad r, int n_img, size_t in_stride,
+                                   size_t out_stride) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t plane = (size_t)r.S * r.S;
+    if (idx >= (size_t)n_img * 3 * plane) { return; }
+    int x = (int)(idx % r.S), y = (int)(idx / r.S % r.S), c = (int)(idx / plane % 3);
+    size_t img = idx / (3 * plane);
+    const uint8_t* f = frames + img * in_stride;
+    float v = 0.0f;  // the padding, in [0, 1] units
+    if (y >= r.pad_top && x >= r.pad_left) {
+        int yr = y - r.pad_top, xr = x - r.pad_left;
+        if (r.rh == r.h && r.rw == r.w) {  // nothing to resize (a frame already at size)
+            v = (float)f[((size_t)yr * r.w + xr) * 3 + c] / 255.0f;
+        } else {
+            int y0, y1, x0, x1;
+            float ly, lx;
+            resize_source(yr, r.scale_h, r.h, &y0, &y1, &ly);
+            resize_source(xr, r.scale_w, r.w, &x0, &x1, &lx);
+            v = bilinear_u8(f, r.w, c, y0, y1, ly, x0, x1, lx);
+        }
+    }
+    out[img * out_stride + (size_t)c * plane + (size_t)y * r.S + x] = fx(v * 2.0f - 1.0f);
+}
+
+// Version 2: x128::size consecutive pixels of one row per thread, all three channels (S and
+// out_stride multiples of x128::size, out 16-byte aligned)
+__global__ void resize_pad_kernel2(floatX* out, const uint8_t* frames, ResizePad r, int n_img, size_t in_stride,
+                                   size_t out_stride) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int packs = r.S / x128::size;
+    if (idx >= (size_t)n_img * r.S * packs) { return; }
+    int xs = (int)(idx % packs) * x128::size, y = (int)(idx / packs % r.S);
+    size_t img = idx / ((size_t)packs * r.S);
+    const uint8_t* f = frames + img * in_stride;
+    bool copy = r.rh == r.h && r.rw == r.w, row_padded = y < r.pad_top;
+    int yr = y - r.pad_top, y0 = 0, y1 = 0;
+    float ly = 0.0f;
+    if (!row_padded && !copy) { resize_source(yr, r.scale_h, r.h, &y0, &y1, &ly); }
+    x128 o[3];
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) {
+        int x = xs + k, xr = x - r.pad_left;
+        float v[3] = {0.0f, 0.0f, 0.0f};
+        if (!row_padded && x >= r.pad_left) {
+            if (copy) {
+                const uint8_t* p = f + ((size_t)yr * r.w + xr) * 3;
+                #pragma unroll
+                for (int c = 0; c < 3; c++) { v[c] = (float)p[c] / 255.0f; }
+            } else {
+                int x0, x1;
+                float lx;
+                resize_source(xr, r.scale_w, r.w, &x0, &x1, &lx);
+                #pragma unroll
+                for (int c = 0; c < 3; c++) { v[c] = bilinear_u8(f, r.w, c, y0, y1, ly, x0, x1, lx); }
+            }
+        }
+        #pragma unroll
+        for (int c = 0; c < 3; c++) { o[c].v[k] = fx(v[c] * 2.0f - 1.0f); }
+    }
+    size_t plane = (size_t)r.S * r.S;
+    #pragma unroll
+    for (int c = 0; c < 3; c++) { store128(out + img * out_stride + c * plane + (size_t)y * r.S + xs, o[c]); }
+}
+
+// ---- SmolVLA: attention as LeRobot computes it (GQA, the block mask as one int per token, the finfo.min
+// fill), born in dev/cuda/attention_smolvla.cu
+
+// One attention call of SmolVLA. Tq queries per sample, of NH heads, against nk = Nk0 + Nk1 keys and
+// values of NKV heads: the first Nk0 from k0/v0, the rest from k1/v1 (the joint layer's prefix and
+// suffix live in different tensors). GQA: query head h reads kv head h / (NH / NKV), the order of
+// repeat_kv's expand(B, L, NKV, NH / NKV, HS).reshape(B, L, NH, HS).
+// The mask, per token as make_att_2d_masks derives it: block[t] is token t's cumulative block id
+// (the cumsum of the block flags) or -1 for a pad; key j is token j, query i is token q0 + i, and
+// key j is visible to query i iff 0 <= block[j] <= block[q0 + i]. block NULL: no mask (vision).
+typedef struct {
+    const floatX* k0; const floatX* v0;  // (B, Nk0, NKV*HS) keys and values 0 .. Nk0-1
+    const floatX* k1; const floatX* v1;  // (B, Nk1, NKV*HS) keys Nk0 .. nk-1, NULL when Nk1 = 0
+    const int* block;                    // (B, Nt) per-token block ids, -1 for pads; NULL: no mask
+    int B, NH, NKV, HS;
+    int Tq, q0;                          // queries per sample; the token of query 0 in block
+    int Nk0, Nk1, Nt;                    // Nt: tokens per sample in block (q0 + Tq and nk at most Nt)
+} GqaAttn;
+
+// LeRobot fills masked scores with torch.finfo(float32).min, not -inf. Where a query sees some key,
+// a masked one gets exp(-FLT_MAX - max) = 0: exactly as if it were skipped. Where it sees none (a
+// padded query) every score is -FLT_MAX and the softmax is uniform: its output is the mean of all
+// nk values. Such a row's lse is stored as -FLT_MAX (what fp32 makes of -FLT_MAX + log nk), and the
+// backward reads that mark: dv gets dO / nk at every key, while q and k get nothing (torch.where
+// routes no gradient to the fill).
+#define ATTN_NO_KEY_LSE (-FLT_MAX)
+
+static __host__ __device__ __forceinline__ int gqa_n_keys(const GqaAttn& a) { return a.Nk0 + a.Nk1; }
+
+// offset of head g of key (or value, or their gradient) j of sample b in its tensor: the first one
+// below Nk0, the second past it
+static __host__ __device__ __forceinline__ size_t gqa_key_at(const GqaAttn& a, int b, int j, int g) {
+    size_t row = j < a.Nk0 ? (size_t)b * a.Nk0 + j : (size_t)b * a.Nk1 + (j - a.Nk0);
+    return row * a.NKV * a.HS + (size_t)g * a.HS;
+}
+
+// block ids of query i and key j of sample b; without a mask every query sees every key
+static __device__ __forceinline__ int gqa_query_block(const GqaAttn& a, int b, int i) {
+    return a.block != nullptr ? a.block[(size_t)b * a.Nt + a.q0 + i] : INT_MAX;
+}
+static __device__ __forceinline__ int gqa_key_block(const GqaAttn& a, int b, int j) {
+    return a.block != nullptr ? a.block[(size_t)b * a.Nt + j] : 0;
+}
+static __device__ __forceinline__ bool gqa_sees(int query_block, int key_block) {
+    return key_block >= 0 && key_block <= query_block;
+}
+
+// Version 1: one warp per (sample, head, query), key by key with an online softmax, lanes
+// splitting the head dims (HS <= 128). out (B, Tq, NH*HS) and lse (B, NH, Tq) overwritten.
+__global__ void gqa_attention_forward_kernel1(floatX* out, float* lse, const floatX* q, GqaAttn a) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= a.B * a.NH * a.Tq) { return; }
+    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
+    int g = h / (a.NH / a.NKV), nk = gqa_n_keys(a), qb = gqa_query_block(a, b, i);
+    float scale = 1.0f / sqrtf((float)a.HS);
+    size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS;
+    float qv[4], acc[4];
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = lane + 32 * u;
+        qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
+        acc[u] = 0.0f;
+    }
+    float mx = -INFINITY, sum = 0.0f;
+    for (int j = 0; j < nk; j++) {
+        if (!gqa_sees(qb, gqa_key_block(a, b, j))) { continue; }  // the same for the whole warp
+        const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + gqa_key_at(a, b, j, g);
+        const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
+        float s = 0.0f;
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = lane + 32 * u;
+            if (c < a.HS) { s += qv[u] * f32(kj[c]); }
+        }
+        s = warp_sum(s) * scale;
+        float m_new = fmaxf(mx, s), corr = expf(mx - m_new), p = expf(s - m_new);
+        sum = sum * corr + p;
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = lane + 32 * u;
+            acc[u] = acc[u] * corr + (c < a.HS ? p * f32(vj[c]) : 0.0f);
+        }
+        mx = m_new;
+    }
+    bool seen = sum > 0.0f;  // sum >= 1 once a key is visible: the maximum's own term
+    if (!seen) {  // no key visible: the uniform softmax of the fills, the mean of every value
+        for (int j = 0; j < nk; j++) {
+            const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
+            #pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int c = lane + 32 * u;
+                if (c < a.HS) { acc[u] += f32(vj[c]); }
+            }
+        }
+        sum = (float)nk;
+    }
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = lane + 32 * u;
+        if (c < a.HS) { out[row + c] = fx(acc[u] / sum); }
+    }
+    if (lane == 0) { lse[((size_t)b * a.NH + h) * a.Tq + i] = seen ? mx + logf(sum) : ATTN_NO_KEY_LSE; }
+}
+
+// Version 1 backward, query side: with P recomputed from lse, dP = dO V^T, dS = P * (dP - delta),
+// dq = scale dS K. One warp per (sample, head, query); dq (B, Tq, NH*HS) overwritten. A query that
+// sees no key gets dq = 0: its scores are all fills, which pass no gradient.
+__global__ void gqa_attention_backward_dq_kernel1(floatX* dq, const floatX* dout, const floatX* q, const float* lse,
+                                                  const float* delta, GqaAttn a) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= a.B * a.NH * a.Tq) { return; }
+    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
+    int g = h / (a.NH / a.NKV), nk = gqa_n_keys(a), qb = gqa_query_block(a, b, i);
+    float scale = 1.0f / sqrtf((float)a.HS);
+    size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
+    float l = lse[stat], dl = delta[stat];
+    float qv[4], dov[4], acc[4];
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = lane + 32 * u;
+        qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
+        dov[u] = c < a.HS ? f32(dout[row + c]) : 0.0f;
+        acc[u] = 0.0f;
+    }
+    for (int j = 0; j < nk; j++) {
+        if (!gqa_sees(qb, gqa_key_block(a, b, j))) { continue; }
+        const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + gqa_key_at(a, b, j, g);
+        const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
+        float s = 0.0f, dp = 0.0f;
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = lane + 32 * u;
+            if (c < a.HS) { s += qv[u] * f32(kj[c]); dp += dov[u] * f32(vj[c]); }
+        }
+        s = warp_sum(s);
+        dp = warp_sum(dp);
+        float p = expf(s * scale - l);
+        float ds = p * (dp - dl) * scale;
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = lane + 32 * u;
+            if (c < a.HS) { acc[u] += ds * f32(kj[c]); }
+        }
+    }
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = lane + 32 * u;
+        if (c < a.HS) { dq[row + c] = fx(acc[u]); }
+    }
+}
+
+// Version 1 backward, key side: one warp per (sample, kv head, key), over the NH / NKV query heads
+// that read it and all their queries in a fixed order: dv += P^T dO, dk += scale dS^T Q. Keys
+// j < Nk0 land in dk0/dv0 (B, Nk0, NKV*HS), the others in dk1/dv1 (B, Nk1, NKV*HS): fp32,
+// accumulated, each row by one warp only.
+__global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
+                                                    const floatX* q, const float* lse, const float* delta, GqaAttn a) {
+    int nk = gqa_n_keys(a);
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= a.B * a.NKV * nk) { return; }
+    int j = warp % nk, g = warp / nk % a.NKV, b = warp / (nk * a.NKV);
+    int G = a.NH / a.NKV, kb = gqa_key_block(a, b, j);
+    float scale = 1.0f / sqrtf((float)a.HS), uniform = 1.0f / (float)nk;
+    size_t at = gqa_key_at(a, b, j, g);
+    const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + at;
+    const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + at;
+    float kv[4], vv[4], dk[4], dv[4];
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = lane + 32 * u;
+        kv[u] = c < a.HS ? f32(kj[c]) : 0.0f;
+        vv[u] = c < a.HS ? f32(vj[c]) : 0.0f;
+        dk[u] = 0.0f;
+        dv[u] = 0.0f;
+    }
+    for (int h = g * G; h < (g + 1) * G; h++) {
+        for (int i = 0; i < a.Tq; i++) {
+            size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
+            float l = lse[stat];
+            if (l == ATTN_NO_KEY_LSE) {  // a query that sees no key: P = 1/nk everywhere, no dS
+                #pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    int c = lane + 32 * u;
+                    if (c < a.HS) { dv[u] += uniform * f32(dout[row + c]); }
+                }
+                continue;
+            }
+            if (!gqa_sees(gqa_query_block(a, b, i), kb)) { continue; }
+            float s = 0.0f, dp = 0.0f;
+            #pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int c = lane + 32 * u;
+                if (c < a.HS) { s += f32(q[row + c]) * kv[u]; dp += f32(dout[row + c]) * vv[u]; }
+            }
+            s = warp_sum(s);
+            dp = warp_sum(dp);
+            float p = expf(s * scale - l);
+            float ds = p * (dp - delta[stat]) * scale;
+            #pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int c = lane + 32 * u;
+                if (c < a.HS) { dv[u] += p * f32(dout[row + c]); dk[u] += ds * f32(q[row + c]); }
+            }
+        }
+    }
+    float* dkj = (j < a.Nk0 ? dk0 : dk1) + at;
+    float* dvj = (j < a.Nk0 ? dv0 : dv1) + at;
+    #pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = lane + 32 * u;
+        if (c < a.HS) { dkj[c] += dk[u]; dvj[c] += dv[u]; }
+    }
+}
+
+#if !defined(ENABLE_FP32)
+// Version 2 (bf16 builds): tensor cores through WMMA, on train_vla.cu's tiles (ATT_TILE = 64 rows,
+// 4 warps of 16, head dims padded with zeros to HSP): scores through shared memory, where row and
+// column are known for the mask and the online softmax.
+
+// tile (ATT_TILE, HSP) <- head g of keys (or values) first.. of sample b: zeros past nk and HS
+template <int HSP>
+static __device__ void gqa_load_key_tile(__nv_bfloat16* tile, const GqaAttn& a, const floatX* x0, const floatX* x1,
+                                         int b, int g, int first) {
+    const int packs = HSP / x128::size;
+    int nk = gqa_n_keys(a);
+    for (int e = threadIdx.x; e < ATT_TILE * packs; e += blockDim.x) {
+        int r = e / packs, c = e % packs * x128::size, j = first + r;
+        const floatX* src = j < nk ? (j < a.Nk0 ? x0 : x1) + gqa_key_at(a, b, j, g) : nullptr;
+        load_tile_slice(tile + r * HSP, src, a.HS, c);
+    }
+}
+
+// blk (ATT_TILE) <- the block ids of keys first.. (key_side) or queries first.. of sample b; -1
+// past the end, so that rows and columns that are not there see and are seen by nothing
+static __device__ void gqa_load_blocks(int* blk, const GqaAttn& a, int b, int first, bool key_side) {
+    for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x) {
+        int t = first + r;
+        if (key_side) {
+            blk[r] = t < gqa_n_keys(a) ? gqa_key_block(a, b, t) : -1;
+        } else {
+            blk[r] = t < a.Tq ? gqa_query_block(a, b, t) : -1;
+        }
+    }
+}
+
+// the largest v over the block, to every thread (blockDim.x a multiple of 32); shared: 32 ints
+static __device__ int block_max_int(int v, int* shared) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    for (int offset = 16; offset > 0; offset /= 2) { int o = __shfl_xor_sync(0xffffffffu, v, offset); v = o > v ? o : v; }
+    __syncthreads();  // the previous call's readers are done with shared
+    if (lane == 0) { shared[warp] = v; }
+    __syncthreads();
+    v = lane < n_warps ? shared[lane] : INT_MIN;
+    for (int offset = 16; offset > 0; offset /= 2) { int o = __shfl_xor_sync(0xffffffffu, v, offset); v = o > v ? o : v; }
+    return v;
+}
+
+// How many keys the query tile (block ids qblk, in shared memory) needs: one past the last key
+// that any of its queries sees. The keys after it are skipped: the joint layer's prefix rows stop
+// before the suffix, which they never see.
+static __device__ int gqa_key_end(const GqaAttn& a, int b, const int* qblk, int* shared) {
+    if (a.block == nullptr) { return gqa_n_keys(a); }
+    int qmax = -1, end = 0;
+    for (int r = 0; r < ATT_TILE; r++) { qmax = qblk[r] > qmax ? qblk[r] : qmax; }
+    for (int j = threadIdx.x; j < gqa_n_keys(a); j += blockDim.x) {
+        if (gqa_sees(qmax, gqa_key_block(a, b, j))) { end = j + 1; }
+    }
+    return block_max_int(end, shared);
+}
+
+// Q, K, V (64, HSP) bf16, P (64, 64) bf16, S (64, 64) and O (64, HSP) fp32, row max and sum, the
+// query and key block ids, 32 ints for block_max_int
+template <int HSP>
+static size_t gqa_attention_forward_smem2(void) {
+    return 3 * (size_t)ATT_TILE * HSP * 2 + (size_t)ATT_TILE * ATT_TILE * 2 + (size_t)ATT_TILE * ATT_TILE * 4 +
+           (size_t)ATT_TILE * HSP * 4 + 4 * ATT_TILE * 4 + 32 * 4;
+}
+
+// Version 2 forward: a block takes 64 queries of one (sample, head) and walks the keys of its kv
+// head 64 at a time, up to the last one the tile sees.
+template <int HSP>
+__global__ void __launch_bounds__(ATT_THREADS) gqa_attention_forward_kernel2(floatX* out, float* lse, const floatX* q,
+                                                                              GqaAttn a) {
+    extern __shared__ __align__(128) float att_smem[];
+    __nv_bfloat16* Qs = (__nv_bfloat16*)att_smem;  // (64, HSP)
+    __nv_bfloat16* Ks = Qs + ATT_TILE * HSP;         // (64, HSP)
+    __nv_bfloat16* Vs = Ks + ATT_TILE * HSP;         // (64, HSP)
+    __nv_bfloat16* Ps = Vs + ATT_TILE * HSP;         // (64, 64) probabilities
+    float* S = (float*)(Ps + ATT_TILE * ATT_TILE);   // (64, 64) scores
+    float* O = S + ATT_TILE * ATT_TILE;              // (64, HSP) unnormalized output
+    float* row_m = O + ATT_TILE * HSP;               // (64) running max
+    float* row_l = row_m + ATT_TILE;                 // (64) running sum
+    int* qblk = (int*)(row_l + ATT_TILE);            // (64) block ids of the queries
+    int* kblk = qblk + ATT_TILE;                     // (64) block ids of the key tile
+    int* scratch = kblk + ATT_TILE;                  // (32)
+    int i0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z;
+    int g = h / (a.NH / a.NKV), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int nk = gqa_n_keys(a), D = a.NH * a.HS;
+    float scale = 1.0f / sqrtf((float)a.HS);
+    load_query_tile<HSP>(Qs, q, b, h, i0, a.Tq, a.HS, D);
+    gqa_load_blocks(qblk, a, b, i0, false);
+    for (int e = threadIdx.x; e < ATT_TILE * HSP; e += blockDim.x) { O[e] = 0.0f; }
+    for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x) { row_m[r] = -INFINITY; row_l[r] = 0.0f; }
+    __syncthreads();
+    int key_end = gqa_key_end(a, b, qblk, scratch);
+    // each warp owns rows 16w..16w+15 of S, P, O; a lane pair owns one row, a half of it each
+    int r = warp * 16 + lane / 2, half = lane % 2, qb = qblk[r];
+    for (int j0 = 0; j0 < key_end; j0 += ATT_TILE) {
+        __syncthreads();  // the previous tile's K, V and block ids are no longer read
+        gqa_load_key_tile<HSP>(Ks, a, a.k0, a.k1, b, g, j0);
+        gqa_load_key_tile<HSP>(Vs, a, a.v0, a.v1, b, g, j0);
+        gqa_load_blocks(kblk, a, b, j0, true);
+        __syncthreads();
+        warp_scores<HSP>(S + warp * 16 * ATT_TILE, Qs + warp * 16 * HSP, Ks);
+        __syncwarp();
+        float* srow = S + r * ATT_TILE;
+        float tile_max = -INFINITY;
+        for (int c = half * 32; c < half * 32 + 32; c++) {
+            float s = gqa_sees(qb, kblk[c]) ? srow[c] * scale : -INFINITY;  // masked: exactly 0 below
+            srow[c] = s;
+            tile_max = fmaxf(tile_max, s);
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        float m_old = row_m[r], m_new = fmaxf(m_old, tile_max);
+        float m_ref = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: exp gives 0, not NaN
+        float psum = 0.0f;
+        for (int c = half * 32; c < half * 32 + 32; c++) {
+            float p = expf(srow[c] - m_ref);
+            Ps[r * ATT_TILE + c] = __float2bfloat16(p);
+            psum += p;
+        }
+        psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+        float corr = expf(m_old - m_ref);
+        for (int c = half * (HSP / 2); c < (half + 1) * (HSP / 2); c++) { O[r * HSP + c] *= corr; }
+        __syncwarp();  // both lanes of the pair have read row_m, row_l
+        if (half == 0) {
+            row_m[r] = m_new;
+            row_l[r] = row_l[r] * corr + psum;
+        }
+        __syncwarp();
+        FragC acc[HSP / 16];
+        #pragma unroll
+        for (int n = 0; n < HSP / 16; n++) {
+            wmma::load_matrix_sync(acc[n], O + warp * 16 * HSP + n * 16, HSP, wmma::mem_row_major);
+        }
+        warp_accumulate<HSP>(acc, Ps + warp * 16 * ATT_TILE, Vs);
+        #pragma unroll
+        for (int n = 0; n < HSP / 16; n++) {
+            wmma::store_matrix_sync(O + warp * 16 * HSP + n * 16, acc[n], HSP, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < ATT_TILE * a.HS; e += blockDim.x) {
+        int rr = e / a.HS, c = e % a.HS;
+        if (i0 + rr >= a.Tq) { continue; }
+        float o;
+        if (row_l[rr] > 0.0f) {
+            o = O[rr * HSP + c] / row_l[rr];
+        } else {  // no key visible: the uniform softmax of the fills, the mean of every value
+            o = 0.0f;
+            for (int j = 0; j < nk; j++) { o += f32(((j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g))[c]); }
+            o /= (float)nk;
+        }
+        out[((size_t)b * a.Tq + i0 + rr) * D + (size_t)h * a.HS + c] = fx(o);
+    }
+    for (int rr = threadIdx.x; rr < ATT_TILE; rr += blockDim.x) {
+        if (i0 + rr < a.Tq) {
+            lse[((size_t)b * a.NH + h) * a.Tq + i0 + rr] = row_l[rr] > 0.0f ? row_m[rr] + logf(row_l[rr]) : ATTN_NO_KEY_LSE;
+        }
+    }
+}
+
+// both backward kernels: four (64, HSP) bf16 tiles, two (64, 64) bf16 and two (64, 64) fp32,
+// two rows of statistics, two of block ids, 32 ints for block_max_int
+template <int HSP>
+static size_t gqa_attention_backward_smem2(void) {
+    return 4 * (size_t)ATT_TILE * HSP * 2 + 2 * (size_t)ATT_TILE * ATT_TILE * 2 + 2 * (size_t)ATT_TILE * ATT_TILE * 4 +
+           4 * ATT_TILE * 4 + 32 * 4;
+}
+
+// Version 2 backward, query side: dq = scale dS K for 64 queries per block, key tile by key tile
+// up to the last key the tile sees; dq overwritten (0 for a query that sees no key).
+template <int HSP>
+__global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dq_kernel2(floatX* dq, const floatX* dout,
+                                                                                  const floatX* q, const float* lse,
+                                                                                  const float* delta, GqaAttn a) {
+    extern __shared__ __align__(128) float att_smem[];
+    __nv_bfloat16* Qs = (__nv_bfloat16*)att_smem;  // (64, HSP)
+    __nv_bfloat16* dOs = Qs + ATT_TILE * HSP;        // (64, HSP)
+    __nv_bfloat16* Ks = dOs + ATT_TILE * HSP;        // (64, HSP)
+    __nv_bfloat16* Vs = Ks + ATT_TILE * HSP;         // (64, HSP)
+    __nv_bfloat16* dSs = Vs + ATT_TILE * HSP;        // (64, 64)
+    float* S = (float*)(dSs + ATT_TILE * ATT_TILE);  // (64, 64)
+    float* dP = S + ATT_TILE * ATT_TILE;             // (64, 64)
+    float* row_lse = dP + ATT_TILE * ATT_TILE;
+    float* row_delta = row_lse + ATT_TILE;
+    int* qblk = (int*)(row_delta + ATT_TILE);
+    int* kblk = qblk + ATT_TILE;
+    int* scratch = kblk + ATT_TILE;
+    int i0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z;
+    int g = h / (a.NH / a.NKV), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int D = a.NH * a.HS;
+    float scale = 1.0f / sqrtf((float)a.HS);
+    load_query_tile<HSP>(Qs, q, b, h, i0, a.Tq, a.HS, D);
+    load_query_tile<HSP>(dOs, dout, b, h, i0, a.Tq, a.HS, D);
+    gqa_load_blocks(qblk, a, b, i0, false);
+    for (int rr = threadIdx.x; rr < ATT_TILE; rr += blockDim.x) {
+        size_t stat = ((size_t)b * a.NH + h) * a.Tq + i0 + rr;
+        row_lse[rr] = i0 + rr < a.Tq ? lse[stat] : 0.0f;
+        row_delta[rr] = i0 + rr < a.Tq ? delta[stat] : 0.0f;
+    }
+    __syncthreads();
+    int key_end = gqa_key_end(a, b, qblk, scratch);
+    FragC acc[HSP / 16];
+    #pragma unroll
+    for (int n = 0; n < HSP / 16; n++) { wmma::fill_fragment(acc[n], 0.0f); }
+    int r = warp * 16 + lane / 2, half = lane % 2, qb = qblk[r];
+    for (int j0 = 0; j0 < key_end; j0 += ATT_TILE) {
+        __syncthreads();
+        gqa_load_key_tile<HSP>(Ks, a, a.k0, a.k1, b, g, j0);
+        gqa_load_key_tile<HSP>(Vs, a, a.v0, a.v1, b, g, j0);
+        gqa_load_blocks(kblk, a, b, j0, true);
+        __syncthreads();
+        warp_scores<HSP>(S + warp * 16 * ATT_TILE, Qs + warp * 16 * HSP, Ks);
+        warp_scores<HSP>(dP + warp * 16 * ATT_TILE, dOs + warp * 16 * HSP, Vs);
+        __syncwarp();
+        for (int c = half * 32; c < half * 32 + 32; c++) {
+            float ds = 0.0f;
+            if (gqa_sees(qb, kblk[c])) {
+                float p = expf(S[r * ATT_TILE + c] * scale - row_lse[r]);
+                ds = p * (dP[r * ATT_TILE + c] - row_delta[r]) * scale;
+            }
+            dSs[r * ATT_TILE + c] = __float2bfloat16(ds);
+        }
+        __syncwarp();
+        warp_accumulate<HSP>(acc, dSs + warp * 16 * ATT_TILE, Ks);
+    }
+    __syncthreads();
+    float* stage = S;  // (64, HSP) fp32 over S and dP, free now
+    #pragma unroll
+    for (int n = 0; n < HSP / 16; n++) {
+        wmma::store_matrix_sync(stage + warp * 16 * HSP + n * 16, acc[n], HSP, wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < ATT_TILE * a.HS; e += blockDim.x) {
+        int rr = e / a.HS, c = e % a.HS;
+        if (i0 + rr < a.Tq) { dq[((size_t)b * a.Tq + i0 + rr) * D + (size_t)h * a.HS + c] = fx(stage[rr * HSP + c]); }
+    }
+}
+
+// Version 2 backward, key side: dv += P^T dO and dk += scale dS^T Q for 64 keys of one kv head
+// per block (4 warps of 16 keys), over the NH / NKV query heads that read it, query tile by query
+// tile in a fixed order; every key row is written by one block only, accumulating into fp32.
+template <int HSP>
+__global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kernel2(float* dk0, float* dv0, float* dk1,
+                                                                                    float* dv1, const floatX* dout,
+                                                                                    const floatX* q, const float* lse,
+                                                                                    const float* delta, GqaAttn a) {
+    extern __shared__ __align__(128) float att_smem[];
+    __nv_bfloat16* Ks = (__nv_bfloat16*)att_smem;  // (64 keys, HSP)
+    __nv_bfloat16* Vs = Ks + ATT_TILE * HSP;
+    __nv_bfloat16* Qs = Vs + ATT_TILE * HSP;         // (64 queries, HSP)
+    __nv_bfloat16* dOs = Qs + ATT_TILE * HSP;
+    __nv_bfloat16* Pt = dOs + ATT_TILE * HSP;        // (64 keys, 64 queries)
+    __nv_bfloat16* dSt = Pt + ATT_TILE * ATT_TILE;
+    float* St = (float*)(dSt + ATT_TILE * ATT_TILE);  // (64 keys, 64 queries)
+    float* dPt = St + ATT_TILE * ATT_TILE;
+    float* q_lse = dPt + ATT_TILE * ATT_TILE;
+    float* q_delta = q_lse + ATT_TILE;
+    int* qblk = (int*)(q_delta + ATT_TILE);
+    int* kblk = qblk + ATT_TILE;
+    int j0 = blockIdx.x * ATT_TILE, g = blockIdx.y, b = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int nk = gqa_n_keys(a), D = a.NH * a.HS, G = a.NH / a.NKV;
+    float scale = 1.0f / sqrtf((float)a.HS), uniform = 1.0f / (float)nk;
+    gqa_load_key_tile<HSP>(Ks, a, a.k0, a.k1, b, g, j0);
+    gqa_load_key_tile<HSP>(Vs, a, a.v0, a.v1, b, g, j0);
+    gqa_load_blocks(kblk, a, b, j0, true);
+    FragC acc_dk[HSP / 16], acc_dv[HSP / 16];
+    #pragma unroll
+    for (int n = 0; n < HSP / 16; n++) { wmma::fill_fragment(acc_dk[n], 0.0f); wmma::fill_fragment(acc_dv[n], 0.0f); }
+    int r = warp * 16 + lane / 2, j = j0 + r, half = lane % 2;
+    for (int h = g * G; h < (g + 1) * G; h++) {
+        for (int i0 = 0; i0 < a.Tq; i0 += ATT_TILE) {
+            __syncthreads();  // the previous tile's Q, dO and statistics are no longer read
+            load_query_tile<HSP>(Qs, q, b, h, i0, a.Tq, a.HS, D);
+            load_query_tile<HSP>(dOs, dout, b, h, i0, a.Tq, a.HS, D);
+            gqa_load_blocks(qblk, a, b, i0, false);
+            for (int cc = threadIdx.x; cc < ATT_TILE; cc += blockDim.x) {
+                size_t stat = ((size_t)b * a.NH + h) * a.Tq + i0 + cc;
+                q_lse[cc] = i0 + cc < a.Tq ? lse[stat] : 0.0f;
+                q_delta[cc] = i0 + cc < a.Tq ? delta[stat] : 0.0f;
+            }
+            __syncthreads();
+            int kb = kblk[r];
+            warp_scores<HSP>(St + warp * 16 * ATT_TILE, Ks + warp * 16 * HSP, Qs);
+            warp_scores<HSP>(dPt + warp * 16 * ATT_TILE, Vs + warp * 16 * HSP, dOs);
+            __syncwarp();
+            for (int c = half * 32; c < half * 32 + 32; c++) {
+                float p = 0.0f, ds = 0.0f;
+                if (j < nk && i0 + c < a.Tq) {
+                    if (q_lse[c] == ATTN_NO_KEY_LSE) {  // a query that sees no key: P = 1/nk, no dS
+                        p = uniform;
+                    } else if (gqa_sees(qblk[c], kb)) {
+                        p = expf(St[r * ATT_TILE + c] * scale - q_lse[c]);
+                        ds = p * (dPt[r * ATT_TILE + c] - q_delta[c]) * scale;
+                    }
+                }
+                Pt[r * ATT_TILE + c] = __float2bfloat16(p);
+                dSt[r * ATT_TILE + c] = __float2bfloat16(ds);
+            }
+            __syncwarp();
+            warp_accumulate<HSP>(acc_dv, Pt + warp * 16 * ATT_TILE, dOs);
+            warp_accumulate<HSP>(acc_dk, dSt + warp * 16 * ATT_TILE, Qs);
+        }
+    }
+    float* stage = St;  // (64, HSP) fp32 over St and dP^T
+    for (int which = 0; which < 2; which++) {
+        __syncthreads();
+        #pragma unroll
+        for (int n = 0; n < HSP / 16; n++) {
+            wmma::store_matrix_sync(stage + warp * 16 * HSP + n * 16, which == 0 ? acc_dk[n] : acc_dv[n], HSP,
+                                    wmma::mem_row_major);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < ATT_TILE * a.HS; e += blockDim.x) {
+            int rr = e / a.HS, c = e % a.HS, jj = j0 + rr;
+            if (jj >= nk) { continue; }
+            float* dst = which == 0 ? (jj < a.Nk0 ? dk0 : dk1) : (jj < a.Nk0 ? dv0 : dv1);
+            dst[gqa_key_at(a, b, jj, g) + c] += stage[rr * HSP + c];
+        }
+    }
+}
+#endif  // !ENABLE_FP32
+
+// ---- SmolVLA: the model's glue between the operations above (patches in conv-weight order, the
+// prefix and its mask, RoPE at given positions, GELU, the fp32 velocity head and its loss)
+
+// images (n_img, 3, S, S) -> patches (n_img * g*g, 3*p*p), g = S/p: patches row-major per image,
+// each flattened in (channel, row, column) order, the patch embedding's conv weight (Cv, 3, p, p)
+// layout, so that the stride-p convolution is a Linear. One thread per value.
+__global__ void patchify_chw_kernel(floatX* patches, const floatX* images, int n_img, int S, int p) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int g = S / p, PD = 3 * p * p;
+    if (idx >= (size_t)n_img * g * g * PD) { return; }
+    int e = (int)(idx % PD), kx = e % p, ky = e / p % p, ch = e / (p * p);
+    size_t patch = idx / PD;
+    int gx = (int)(patch % g), gy = (int)(patch / g % g);
+    size_t img = patch / ((size_t)g * g);
+    patches[idx] = images[((img * 3 + ch) * S + (size_t)gy * p + ky) * S + (size_t)gx * p + kx];
+}
+
+// x (n) += table broadcast with period `period`: element i gets table[i % period] (the vision
+// tower's position embedding, one row per patch, added to every image's patches)
+__global__ void add_periodic_kernel(floatX* x, const floatX* table, size_t n, size_t period) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { x[i] = fx(f32(x[i]) + f32(table[i % period])); }
+}
+
+// The sequence's mask and RoPE positions, one thread per sample, from the tokens' valid and
+// block-start flags as LeRobot's embed_prefix / embed_suffix set them: NI image tokens (valid),
+// T language tokens (valid where token_mask), the state (starts a block), then H actions (each
+// starts a block). block (B, Np + H): the cumulative block id (make_att_2d_masks' cumsum), -1 for
+// a pad; pos (B, Np + H) = cumsum(valid) - 1 (pads do not advance it); x_pos (B, H): the actions'
+// positions minus their smallest, the positions of the expert's cross-attention layers.
+__global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const float* token_mask, int B, int NI, int T,
+                                        int H) {
+    int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= B) { return; }
+    int Np = NI + T + 1, n = Np + H, cum = 0, n_valid = 0;
+    for (int j = 0; j < n; j++) {
+        int valid = j < NI || j >= NI + T || token_mask[(size_t)b * T + (j - NI)] != 0.0f;
+        cum += j >= NI + T;  // the state and every action start a block
+        n_valid += valid;
+        block[(size_t)b * n + j] = valid ? cum : -1;
+        pos[(size_t)b * n + j] = n_valid - 1;
+    }
+    int lowest = pos[(size_t)b * n + Np];
+    for (int j = 1; j < H; j++) { lowest = min(lowest, pos[(size_t)b * n + Np + j]); }
+    for (int j = 0; j < H; j++) { x_pos[(size_t)b * H + j] = pos[(size_t)b * n + Np + j] - lowest; }
+}
+
+// The prefix's embeddings x (B, Np, C): per sample the image tokens of every camera (img_tok,
+// camera-major: image cam * B + b, NI tokens each) and the language tokens' rows of embed_tokens,
+// both times scale = sqrt(C), then the state token (state_tok (B, C)) as it is. Token ids are in
+// [0, vocab) (the data path checks them). One thread per value.
+__global__ void smolvla_prefix_embed_kernel(floatX* x, const floatX* img_tok, const floatX* embed, const int32_t* tokens,
+                                            const floatX* state_tok, int B, int n_cam, int NI, int T, int C, float scale) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int n_img = n_cam * NI, Np = n_img + T + 1;
+    if (idx >= (size_t)B * Np * C) { return; }
+    int k = (int)(idx % C), i = (int)(idx / C % Np), b = (int)(idx / ((size_t)C * Np));
+    float v;
+    if (i < n_img) {
+        v = f32(img_tok[(((size_t)(i / NI) * B + b) * NI + i % NI) * C + k]) * scale;
+    } else if (i < n_img + T) {
+        v = f32(embed[(size_t)tokens[(size_t)b * T + (i - n_img)] * C + k]) * scale;
+    } else {
+        v = f32(state_tok[(size_t)b * C + k]);
+    }
+    x[idx] = fx(v);
+}
+
+// RoPE (rotate-half) of x (rows of NH heads of HS) at per-row positions: row r is token r % Tg of
+// sample r / Tg and sits at position pos[(r / Tg) * pos_stride + r % Tg]; dimension k < HS/2 pairs
+// with k + HS/2 and turns by the table's angle for that position. sign -1 rotates back, which is
+// the backward. Reads `in` (float or floatX), writes `out` (may be `in`). One thread per (row,
+// head, k < HS/2).
+template <typename Tin>
+__global__ void rope_at_kernel(floatX* out, const Tin* in, const float* cos_t, const float* sin_t, const int* pos,
+                               int rows, int Tg, int pos_stride, int NH, int HS, float sign) {
+    int half = HS / 2;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)rows * NH * half) { return; }
+    int k = (int)(idx % half), h = (int)(idx / half % NH);
+    size_t row = idx / ((size_t)half * NH);
+    int at_pos = pos[(row / Tg) * pos_stride + row % Tg];
+    size_t at = row * NH * HS + (size_t)h * HS + k;
+    float c = cos_t[(size_t)at_pos * half + k], s = sign * sin_t[(size_t)at_pos * half + k];
+    float x1 = f32(in[at]), x2 = f32(in[at + half]);
+    out[at] = fx(x1 * c - x2 * s);
+    out[at + half] = fx(x2 * c + x1 * s);
+}
+
+// out (B * count, C) fp32 = rows first .. first+count-1 of every sample of x (B, T, C): the fp32
+// twin of gather_rows_kernel (norm statistics, softmax log-sums, key/value gradients)
+__global__ void gather_rows_f32_kernel(float* out, const float* x, int B, int T, int first, int count, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * count * C) { return; }
+    size_t row = idx / C;
+    out[idx] = x[((row / count) * T + first + row % count) * C + idx % C];
+}
+
+// SigLIP's MLP activation (gelu_pytorch_tanh)
+__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] = fx(gelu_tanh(f32(inp[i]))); }
+}
+
+// d = dy gelu'(x); d may be dy (in place)
+__global__ void gelu_backward_kernel(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { d[i] = fx(f32(dy[i]) * gelu_tanh_grad(f32(inp[i]))); }
+}
+
+// out (rows, n) fp32 = bias (n) in every row: what the velocity head's fp32 product adds onto
+__global__ void bias_rows_kernel(float* out, const floatX* bias, int rows, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows * n) { out[i] = f32(bias[i % n]); }
+}
+
+// *inv = 1 / max(1, valid slots * A): the denominator of SmolVLA's loss, LeRobot's mean over the
+// real action dims of the chunk slots inside the episode (not over B H A). One block, a fixed order.
+__global__ void valid_slots_kernel(float* inv, const float* action_is_pad, int n_slots, int A) {
+    __shared__ float shared[32];
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n_slots; i += blockDim.x) { s += action_is_pad[i] == 0.0f ? 1.0f : 0.0f; }
+    s = block_sum(s, shared);
+    if (threadIdx.x == 0) { *inv = 1.0f / fmaxf(1.0f, s * (float)A); }
+}
+
+// SmolVLA's flow-matching loss on the velocities v (B, H, Amax) fp32 against target u: (v - u)^2
+// over the first A dims of the slots inside the episode, times *inv (valid_slots_kernel); per-block
+// sums into partial (summed in order by sum_finalize_kernel). dv (floatX) = its gradient times
+// grad_scale (1 / micro-steps), zero on the padded dims and slots.
+__global__ void smolvla_loss_kernel(floatX* dv, float* partial, const float* v, const float* target,
+                                    const float* action_is_pad, const float* inv, int A, int Amax, int n,
+                                    float grad_scale) {
+    __shared__ float shared[32];
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    float sq = 0.0f;
+    if (i < n) {
+        float mask = (i % Amax < A && action_is_pad[i / Amax] == 0.0f) ? 1.0f : 0.0f;
+        float diff = v[i] - target[i], scale = *inv;
+        dv[i] = fx(mask * 2.0f * diff * scale * grad_scale);
+        sq = mask * diff * diff * scale;
+    }
+    sq = block_sum(sq, shared);
+    if (threadIdx.x == 0) { partial[blockIdx.x] = sq; }
+}
+
+// One Euler step of SmolVLA's sampling, x (fp32) += dt v (fp32 velocities), and the model's
+// floatX copy of x
+__global__ void euler_step_f32_kernel(float* x, floatX* x_model, const float* v, float dt, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float y = x[i] + dt * v[i];
+        x[i] = y;
+        x_model[i] = fx(y);
+    }
+}
+
+// dtable (vocab, C) += scale * the language rows of dx (B, Np, C), fp32, by token id; the pad id's
+// row gets nothing (nn.Embedding's padding_idx). Language position q of the (B, T) ids is row
+// first + q % T of sample q / T. Block p takes position p when it is the first position with its
+// id, and sums every row with that id in position order: rows that share an id add up in a fixed
+// order, no two blocks write one row, no atomics.
+__global__ void embed_tokens_backward_kernel(float* dtable, const float* dx, const int32_t* tokens, int B, int first,
+                                             int T, int Np, int C, int pad, float scale) {
+    int p = blockIdx.x, tok = tokens[p];
+    if (tok == pad) { return; }
+    for (int q = 0; q < p; q++) {
+        if (tokens[q] == tok) { return; }  // the same for the whole block
+    }
+    for (int k = threadIdx.x; k < C; k += blockDim.x) {
+        float s = 0.0f;
+        for (int q = p; q < B * T; q++) {
+            if (tokens[q] == tok) { s += dx[((size_t)(q / T) * Np + first + q % T) * C + k]; }
+        }
+        dtable[(size_t)tok * C + k] += scale * s;
+    }
+}
+
+// dimg (n_cam * B * NI, C) floatX, camera-major like the connector's output = scale * the image
+// rows of dx (B, Np, C), fp32: the gradient reaching the connector through the sqrt(C) scale
+__global__ void prefix_image_grad_kernel(floatX* dimg, const float* dx, int B, int n_cam, int NI, int Np, int C,
+                                         float scale) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)n_cam * B * NI * C) { return; }
+    int k = (int)(idx % C), i = (int)(idx / C % NI);
+    size_t img = idx / ((size_t)C * NI);
+    int b = (int)(img % B), cam = (int)(img / B);
+    dimg[idx] = fx(scale * dx[((size_t)b * Np + (size_t)cam * NI + i) * C + k]);
 }
 
 // ----------------------------------------------------------------------------
@@ -1242,11 +2406,12 @@ static void patchify(floatX* patches, const uint8_t* images, int n_img, int img,
     launchCheck();
 }
 
-static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C) {
+static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
+                            float eps = RMSNORM_EPS) {
     if (packable(C, x128::size, out, inp, w)) {
-        rmsnorm_forward_kernel2<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C);
+        rmsnorm_forward_kernel2<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps);
     } else {
-        rmsnorm_forward_kernel<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C);
+        rmsnorm_forward_kernel<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps);
     }
     launchCheck();
 }
@@ -1385,6 +2550,369 @@ static void attention_backward(floatX* dq, float* dkp, float* dvp, float* dks, f
         default: attention_backward2<128>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a); break;
     }
 #endif
+}
+
+// ---- SmolVLA: LayerNorm, a launcher per version with its block size and the trainer's (dev/cuda/layernorm.cu)
+
+static void layernorm_forward1(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
+                               const floatX* b, int N, int C, int block) {
+    layernorm_forward_kernel1<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C);
+    launchCheck();
+}
+
+static void layernorm_forward2(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
+                               const floatX* b, int N, int C, int block) {
+    layernorm_forward_kernel2<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C);
+    launchCheck();
+}
+
+// Whether version 2 of the forward pass takes these pointers, this width and this block size
+static bool layernorm_forward2_fits(const floatX* out, const floatX* inp, const floatX* w, const floatX* b, int C,
+                                    int block) {
+    return packable(C, x128::size, out, inp, w) && packable(C, x128::size, b) && C <= 32 * LAYERNORM_FWD2_VALS &&
+           block <= LAYERNORM_MAX_BLOCK;
+}
+
+static void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
+                              const floatX* b, int N, int C) {
+    if (layernorm_forward2_fits(out, inp, w, b, C, BLOCK)) {
+        layernorm_forward2(out, mean, rstd, inp, w, b, N, C, BLOCK);
+    } else {
+        layernorm_forward1(out, mean, rstd, inp, w, b, N, C, BLOCK);
+    }
+}
+
+// Whether version 1 of the backward pass takes this width and this block size
+static bool layernorm_backward1_fits(int C, int block) {
+    return C <= LAYERNORM_BWD1_COLS * block && block <= LAYERNORM_MAX_BLOCK;
+}
+
+// partial: scratch of 2 * ceil(N / rows_per_block) * C floats
+static void layernorm_backward1(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
+                                const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C,
+                                int block, int rows_per_block) {
+    int chunks = ceil_div(N, rows_per_block);
+    layernorm_backward_kernel1<<<chunks, block, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd, N, C,
+                                                                  rows_per_block);
+    launchCheck();
+    column_sum_kernel<<<ceil_div(C, block), block, 0, main_stream>>>(dw, partial, chunks, C);
+    launchCheck();
+    column_sum_kernel<<<ceil_div(C, block), block, 0, main_stream>>>(db, partial + (size_t)chunks * C, chunks, C);
+    launchCheck();
+}
+
+static void layernorm_backward2(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
+                                const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C,
+                                int block, int rows_per_block) {
+    int chunks = ceil_div(N, rows_per_block);
+    size_t smem = (size_t)(block / 32) * C * sizeof(float);
+    layernorm_backward_kernel2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd, N,
+                                                                     C, rows_per_block);
+    launchCheck();
+    column_sum_kernel<<<ceil_div(C, block), block, 0, main_stream>>>(dw, partial, chunks, C);
+    launchCheck();
+    column_sum_kernel<<<ceil_div(C, block), block, 0, main_stream>>>(db, partial + (size_t)chunks * C, chunks, C);
+    launchCheck();
+}
+
+// Whether version 2 of the backward pass takes these pointers, this width and this block size
+// (the warps' sums must fit in the default 48 KB of shared memory)
+static bool layernorm_backward2_fits(const float* dres, const floatX* dres_x, const floatX* dout, const floatX* inp,
+                                     const floatX* w, int C, int block) {
+    return packable(C, x128::size, dres, dres_x, dout) && packable(C, x128::size, inp, w) &&
+           C <= 32 * LAYERNORM_BWD2_VALS && (size_t)(block / 32) * C * sizeof(float) <= 48 * 1024 &&
+           block <= LAYERNORM_MAX_BLOCK;
+}
+
+// dres += dx (and dres_x = its floatX copy), dw += sum dy xh, db += sum dy.
+// partial: scratch of 2 * ceil(N / CHUNK_ROWS) * C floats
+static void layernorm_backward(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
+                               const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C) {
+    if (layernorm_backward2_fits(dres, dres_x, dout, inp, w, C, BLOCK)) {
+        layernorm_backward2(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, BLOCK, CHUNK_ROWS);
+    } else {
+        if (!layernorm_backward1_fits(C, BLOCK)) {
+            vla_fail("layernorm_backward: width %d over %d", C, LAYERNORM_BWD1_COLS * BLOCK);
+        }
+        layernorm_backward1(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, BLOCK, CHUNK_ROWS);
+    }
+}
+
+// ---- SmolVLA: SwiGLU, a launcher per version with its block size and the trainer's (dev/cuda/swiglu.cu)
+
+static void swiglu_forward1(floatX* act, const floatX* gate, const floatX* up, size_t n, int block) {
+    swiglu_forward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(act, gate, up, n);
+    launchCheck();
+}
+
+static void swiglu_forward2(floatX* act, const floatX* gate, const floatX* up, size_t n, int block) {
+    swiglu_forward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(act, gate, up, n);
+    launchCheck();
+}
+
+static void swiglu_backward1(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
+                             size_t n, int block) {
+    swiglu_backward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
+    launchCheck();
+}
+
+static void swiglu_backward2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
+                             size_t n, int block) {
+    swiglu_backward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
+    launchCheck();
+}
+
+static void swiglu_forward(floatX* act, const floatX* gate, const floatX* up, size_t n) {
+    if (packable(n, x128::size, act, gate, up)) {
+        swiglu_forward2(act, gate, up, n, BLOCK);
+    } else {
+        swiglu_forward1(act, gate, up, n, BLOCK);
+    }
+}
+
+static void swiglu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up, size_t n) {
+    if (packable(n, x128::size, dgate, dup, dact) && packable(n, x128::size, gate, up)) {
+        swiglu_backward2(dgate, dup, dact, gate, up, n, BLOCK);
+    } else {
+        swiglu_backward1(dgate, dup, dact, gate, up, n, BLOCK);
+    }
+}
+
+// ---- SmolVLA: pixel shuffle, a launcher per version with its block size and the trainer's
+// (dev/cuda/pixel_shuffle.cu)
+
+static void pixel_shuffle_forward1(floatX* out, const floatX* inp, int N, int h, int w, int C, int s, int block) {
+    size_t n = (size_t)N * h * w * C;
+    pixel_shuffle_forward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(out, inp, N, h, w, C, s);
+    launchCheck();
+}
+
+static void pixel_shuffle_forward2(floatX* out, const floatX* inp, int N, int h, int w, int C, int s, int block) {
+    size_t n = (size_t)N * h * w * C;
+    pixel_shuffle_forward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(out, inp, N, h, w, C, s);
+    launchCheck();
+}
+
+static void pixel_shuffle_backward1(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s, int block) {
+    size_t n = (size_t)N * h * w * C;
+    pixel_shuffle_backward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(dinp, dout, N, h, w, C, s);
+    launchCheck();
+}
+
+static void pixel_shuffle_backward2(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s, int block) {
+    size_t n = (size_t)N * h * w * C;
+    pixel_shuffle_backward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(dinp, dout, N, h, w, C, s);
+    launchCheck();
+}
+
+static void pixel_shuffle_check_grid(int h, int w, int s) {
+    if (s < 1 || h % s != 0 || w % s != 0) {
+        vla_fail("pixel_shuffle: scale factor %d does not divide the %d x %d patch grid: pick a scale factor (or an "
+                 "image and patch size) that does", s, h, w);
+    }
+}
+
+// out (N, (h/s)(w/s), C s^2) from x (N, h*w, C)
+static void pixel_shuffle_forward(floatX* out, const floatX* inp, int N, int h, int w, int C, int s) {
+    pixel_shuffle_check_grid(h, w, s);
+    if (packable(C, x128::size, out, inp)) {
+        pixel_shuffle_forward2(out, inp, N, h, w, C, s, BLOCK);
+    } else {
+        pixel_shuffle_forward1(out, inp, N, h, w, C, s, BLOCK);
+    }
+}
+
+// dinp (N, h*w, C) overwritten from dout (N, (h/s)(w/s), C s^2)
+static void pixel_shuffle_backward(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s) {
+    pixel_shuffle_check_grid(h, w, s);
+    if (packable(C, x128::size, dinp, dout)) {
+        pixel_shuffle_backward2(dinp, dout, N, h, w, C, s, BLOCK);
+    } else {
+        pixel_shuffle_backward1(dinp, dout, N, h, w, C, s, BLOCK);
+    }
+}
+
+// ---- SmolVLA: resize with padding, the plan, a launcher per version with its block size and the
+// trainer's (dev/cuda/resize_pad.cu)
+
+// resize_with_pad's sizes for an h x w frame at S x S, with Python's arithmetic: the same doubles
+// (int / int and int / float are correctly rounded divisions in both), int() truncating
+static ResizePad resize_pad_plan(int h, int w, int S) {
+    ResizePad r;
+    r.h = h; r.w = w; r.S = S;
+    if (h == S && w == S) {  // resize_with_pad returns the frame untouched
+        r.rh = h;
+        r.rw = w;
+    } else {
+        double ratio = fmax((double)w / S, (double)h / S);
+        r.rh = (int)(h / ratio);
+        r.rw = (int)(w / ratio);
+    }
+    if (r.rh < 1 || r.rw < 1 || r.rh > S || r.rw > S) {
+        vla_fail("resize_pad: a %d x %d frame resizes to %d x %d at image size %d: the frame's aspect ratio is too "
+                 "extreme for this image size (crop the frames, or use a larger image size)", h, w, r.rh, r.rw, S);
+    }
+    r.pad_top = S - r.rh;
+    r.pad_left = S - r.rw;
+    r.scale_h = (float)h / (float)r.rh;  // torch: static_cast<float>(input_size) / output_size
+    r.scale_w = (float)w / (float)r.rw;
+    return r;
+}
+
+static void resize_pad1(floatX* out, const uint8_t* frames, const ResizePad& r, int n_img, size_t in_stride,
+                        size_t out_stride, int block) {
+    size_t n = (size_t)n_img * 3 * r.S * r.S;
+    resize_pad_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(out, frames, r, n_img, in_stride, out_stride);
+    launchCheck();
+}
+
+static void resize_pad2(floatX* out, const uint8_t* frames, const ResizePad& r, int n_img, size_t in_stride,
+                        size_t out_stride, int block) {
+    size_t n = (size_t)n_img * r.S * (r.S / x128::size);
+    resize_pad_kernel2<<<ceil_div(n, block), block, 0, main_stream>>>(out, frames, r, n_img, in_stride, out_stride);
+    launchCheck();
+}
+
+// Whether version 2 takes this size and this output
+static bool resize_pad2_fits(const floatX* out, int S, size_t out_stride) {
+    return packable(S, x128::size, out) && out_stride % x128::size == 0;
+}
+
+// out (n_img, 3, S, S) from frames (n_img, h, w, 3) u8. Strides (in elements) let one camera's
+// frames and images sit among the other cameras': 0 means packed (h w 3 and 3 S S).
+static void resize_pad(floatX* out, const uint8_t* frames, int n_img, int h, int w, int S, size_t in_stride = 0,
+                       size_t out_stride = 0) {
+    ResizePad r = resize_pad_plan(h, w, S);
+    in_stride = in_stride > 0 ? in_stride : (size_t)h * w * 3;
+    out_stride = out_stride > 0 ? out_stride : (size_t)3 * S * S;
+    if (resize_pad2_fits(out, S, out_stride)) {
+        resize_pad2(out, frames, r, n_img, in_stride, out_stride, BLOCK);
+    } else {
+        resize_pad1(out, frames, r, n_img, in_stride, out_stride, BLOCK);
+    }
+}
+
+// ---- SmolVLA: attention, the call's checks, version 1 at a block size, version 2, the trainer's
+// (dev/cuda/attention_smolvla.cu)
+
+// What the kernels assume of a call; a mistake here is the caller's, said in one line
+static void gqa_attention_check(const GqaAttn& a) {
+    if (a.NKV <= 0 || a.NH % a.NKV != 0) { vla_fail("attention: %d query heads are not a multiple of %d kv heads", a.NH, a.NKV); }
+    if (a.HS > 128) { vla_fail("attention: head size %d: the kernels take head sizes up to 128", a.HS); }
+    if (a.Nk0 + a.Nk1 <= 0) { vla_fail("attention: %d + %d keys: a call needs at least one", a.Nk0, a.Nk1); }
+    if (a.Nk1 > 0 && (a.k1 == nullptr || a.v1 == nullptr)) { vla_fail("attention: %d second keys but no k1/v1 tensors", a.Nk1); }
+    if (a.block != nullptr && (a.q0 + a.Tq > a.Nt || a.Nk0 + a.Nk1 > a.Nt)) {
+        vla_fail("attention: queries %d.. (%d) or %d keys past the mask's %d tokens", a.q0, a.Tq, a.Nk0 + a.Nk1, a.Nt);
+    }
+}
+
+#if defined(ENABLE_FP32) || defined(TESTING)  // version 1 at a block size: fp32 builds' path, and dev/cuda's
+static void gqa_attention_forward1(floatX* out, float* lse, const floatX* q, const GqaAttn& a, int block) {
+    gqa_attention_forward_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(out, lse, q, a);
+    launchCheck();
+}
+
+static void gqa_attention_backward1(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
+                                    const floatX* q, const float* lse, const float* delta, const GqaAttn& a, int block) {
+    gqa_attention_backward_dq_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(dq, dout, q, lse, delta, a);
+    launchCheck();
+    gqa_attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, block), block, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    launchCheck();
+}
+#endif
+
+#if !defined(ENABLE_FP32)
+// The tensor-core kernels' dynamic shared memory is set once per GPU (each rank's thread drives one)
+template <int HSP>
+static void gqa_attention_forward2(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    size_t smem = gqa_attention_forward_smem2<HSP>();
+    static thread_local bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(gqa_attention_forward_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        configured = true;
+    }
+    gqa_attention_forward_kernel2<HSP><<<dim3(ceil_div(a.Tq, ATT_TILE), a.NH, a.B), ATT_THREADS, smem, main_stream>>>(out, lse, q, a);
+    launchCheck();
+}
+
+template <int HSP>
+static void gqa_attention_backward2(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
+                                    const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
+    size_t smem = gqa_attention_backward_smem2<HSP>();
+    static thread_local bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dq_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dkdv_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        configured = true;
+    }
+    gqa_attention_backward_dq_kernel2<HSP><<<dim3(ceil_div(a.Tq, ATT_TILE), a.NH, a.B), ATT_THREADS, smem, main_stream>>>(dq, dout, q, lse, delta, a);
+    launchCheck();
+    gqa_attention_backward_dkdv_kernel2<HSP><<<dim3(ceil_div(gqa_n_keys(a), ATT_TILE), a.NKV, a.B), ATT_THREADS, smem, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    launchCheck();
+}
+#endif
+
+// out (B, Tq, NH*HS) floatX and lse (B, NH, Tq) fp32, both overwritten
+static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    gqa_attention_check(a);
+#if defined(ENABLE_FP32)
+    gqa_attention_forward1(out, lse, q, a, BLOCK);
+#else
+    switch (padded_head_dim(a.HS)) {
+        case 16: gqa_attention_forward2<16>(out, lse, q, a); break;
+        case 32: gqa_attention_forward2<32>(out, lse, q, a); break;
+        case 64: gqa_attention_forward2<64>(out, lse, q, a); break;
+        default: gqa_attention_forward2<128>(out, lse, q, a); break;
+    }
+#endif
+}
+
+// dq (B, Tq, NH*HS) floatX overwritten; dk0/dv0 (B, Nk0, NKV*HS) and dk1/dv1 (B, Nk1, NKV*HS), NULL
+// when Nk1 = 0, accumulate in fp32 (the joint layer's two calls deposit into the same key
+// gradients, one after the other). delta: scratch of B*NH*Tq floats.
+static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
+                                   const floatX* q, const floatX* out, const float* lse, float* delta, const GqaAttn& a) {
+    gqa_attention_check(a);
+    attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, a.B * a.Tq, a.Tq, a.NH, a.HS);
+    launchCheck();
+#if defined(ENABLE_FP32)
+    gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, BLOCK);
+#else
+    switch (padded_head_dim(a.HS)) {
+        case 16: gqa_attention_backward2<16>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        case 32: gqa_attention_backward2<32>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        case 64: gqa_attention_backward2<64>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        default: gqa_attention_backward2<128>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+    }
+#endif
+}
+
+// ---- SmolVLA: the model's own launchers
+
+// RoPE at per-row positions (rope_at_kernel): rows of Tg per sample, row r at position
+// pos[(r / Tg) * pos_stride + r % Tg]
+template <typename Tin>
+static void rope_at(floatX* out, const Tin* in, const float* cos_t, const float* sin_t, const int* pos, int rows, int Tg,
+                    int pos_stride, int NH, int HS, float sign) {
+    size_t n = (size_t)rows * NH * (HS / 2);
+    rope_at_kernel<Tin><<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(out, in, cos_t, sin_t, pos, rows, Tg, pos_stride,
+                                                                       NH, HS, sign);
+    launchCheck();
+}
+
+// out (N, OC) fp32 += inp (N, C) @ w (OC, C)^T: a product kept in fp32 (SmolVLA's velocity head,
+// whose output LeRobot takes in float32). Column-major as matmul_forward.
+static void matmul_forward_accumulate_f32(float* out, const floatX* inp, const floatX* w, int N, int C, int OC) {
+    matmul_cublaslt(out, CUDA_R_32F, OC, NULL, w, C, true, inp, C, false, OC, N, C, 1.0f, NULL);
+}
+
+// dinp (N, C) fp32 += dout (N, OC) @ w (OC, C): an input gradient added into fp32 (the expert's
+// cross layers add theirs into the VLM's key/value gradients); row strides ld_dinp, ld_dout (0:
+// dense). Column-major as matmul_backward_input.
+static void matmul_backward_input_accumulate_f32(float* dinp, const floatX* dout, const floatX* w, int N, int C, int OC,
+                                                 int ld_dinp = 0, int ld_dout = 0) {
+    matmul_cublaslt(dinp, CUDA_R_32F, ld_dinp > 0 ? ld_dinp : C, NULL, w, C, false, dout, ld_dout > 0 ? ld_dout : OC,
+                    false, C, N, OC, 1.0f, NULL);
 }
 
 #if defined(TESTING)
@@ -1939,7 +3467,7 @@ static void prefix_forward(Model* m, const Batch* batch) {
     patchify(a->patches, batch->images, B * c->n_cam, c->img, c->patch);
     matmul_forward(a->patch_out, a->patches, w->patch_w, w->patch_b, NULL, B * NI, vla_patch_dim(c), d);
     LAUNCH_1D(prefix_embed_kernel, (size_t)B * Np * d, a->p_res, a->key_valid, a->patch_out, w->pos_emb, w->text_emb,
-              batch->text, batch->text_mask, B, NI, c->max_text, d);
+              batch->tokens, batch->text_mask, B, NI, c->max_text, d);
     for (int l = 0; l < L; l++) {
         LayerParams<floatX> lw = layer_params<floatX>(w, c, 0, l);
         LayerActs x = layer_acts(a, c, B, 0, l);
@@ -2122,12 +3650,12 @@ static void model_backward(Model* m, const Batch* batch, int zero_grads) {
         layer_qkv_backward(m, &lw, &lg, &x, dres, dres_x, dq, dk, dv, B, Np, 0);
         grads_bucket_done(m, L + 2 + (L - 1 - l));  // the VLM's layer l
     }
-    // prefix embeddings: patch rows through patch_w, plus positions; text rows by byte
+    // prefix embeddings: patch rows through patch_w, plus positions; text rows by token id
     LAUNCH_1D(gather_rows_kernel, (size_t)B * NI * d, a->d_patch, dres_x, B, Np, 0, NI, d);
     matmul_backward_weight(g->patch_w, a->d_patch, a->patches, B * NI, vla_patch_dim(c), d);
     bias_backward(g->patch_b, a->partial, a->d_patch, B * NI, d);
     LAUNCH_1D(pos_emb_backward_kernel, (size_t)NI * d, g->pos_emb, dres, B, NI, Np, d);
-    text_emb_backward_kernel<<<256, BLOCK, 0, main_stream>>>(g->text_emb, dres, batch->text, B, NI, c->max_text, d);
+    text_emb_backward_kernel<<<256, BLOCK, 0, main_stream>>>(g->text_emb, dres, batch->tokens, B, NI, c->max_text, d);
     launchCheck();
     grads_bucket_done(m, 2 * L + 2);  // the VLM's inputs
 }
@@ -2230,6 +3758,962 @@ static double device_peak_flops(const char* name) {
     }
     return 0.0;
 }
+
+// ----------------------------------------------------------------------------
+// SmolVLA model: LeRobot's SmolVLA, as dev/smolvla.py computes it and as train_vla.c's SmolVLA
+// section does on the CPU (same functions, same order). Data flow of the forward:
+//   frames (uint8, any size) -> resize with padding, x*2-1 -> SigLIP (patch embedding, position,
+//   pre-LayerNorm layers, post-LayerNorm) -> pixel shuffle -> connector -> prefix = [image tokens
+//   * sqrt(C) per camera, language * sqrt(C), state_proj(state)] -> the VLM's Llama layers over
+//   the prefix (the last one computes only its keys and values) -> the expert's layers over the
+//   H action tokens: joint self-attention over [prefix ; actions] in even layers, cross-attention
+//   to the VLM's keys/values re-projected by the expert in odd ones -> final RMSNorm ->
+//   action_out_proj = the velocity (fp32) -> masked squared error on the real action dims.
+// The prefix never sees the actions, so the VLM runs first and alone (it is sampling's cache).
+// Backward runs the expert first: it leaves gradients on the VLM's keys and values of every
+// layer, which the VLM's backward then takes down its stack, as far as something trains.
+//
+// Shapes: NV = n_cam * B images (camera-major: image cam * B + b), S image side, p patch,
+// G = S/p, Nv = G*G patches per image, V = NV * Nv vision rows, Cv / Fv vision widths, NI image
+// tokens per camera, C / F VLM widths, Ce / Fe expert widths, Np prefix tokens, H chunk,
+// T = Np + H sequence, P = B * Np prefix rows, R = B * H action rows, D = NH*HS query width,
+// KV = NKV*HS key/value width (GQA), Smax / Amax padded state / action dims.
+// Precision as the model above: floatX weights and activations, fp32 master weights, gradients,
+// residual-stream gradients, norm statistics, softmax and every accumulation; the velocity, its
+// target and the loss in fp32. Only the tensors that train in the model's mode have gradients.
+//
+// The training loops do not call this section yet (both trainers switch to it together): nvcc's
+// "declared but never referenced" (177) is off for its functions until then.
+#pragma nv_diag_suppress 177
+
+// Parameter tensor indices, in table order: SMOLP_vis_wq, ...
+enum {
+#define SMOL_INDEX_(nm, ...) SMOLP_##nm,
+    SMOLVLA_PARAMETERS(SMOL_INDEX_, c)
+#undef SMOL_INDEX_
+};
+
+// The compute copy of the parameters (floatX), one pointer per tensor
+typedef struct {
+#define SMOL_FIELD_X_(nm, ...) floatX* nm;
+    SMOLVLA_PARAMETERS(SMOL_FIELD_X_, c)
+#undef SMOL_FIELD_X_
+} SmolParametersX;
+
+// The inputs of one batch, in device memory. Frames keep each camera's stored size; they are
+// resized on the way in.
+typedef struct {
+    int B;
+    const uint8_t* frames[VLA_MAX_CAM];  // camera k (the prefix's order): sample b's (frame_h[k], frame_w[k], 3)
+                                         // u8 frame at frames[k] + b * frame_stride
+    int frame_h[VLA_MAX_CAM], frame_w[VLA_MAX_CAM];
+    size_t frame_stride;         // bytes from a sample's frames to the next's (0: each camera's frames packed)
+    const int32_t* tokens;       // (B, max_text) token ids in [0, vocab), right-padded
+    const float* token_mask;     // (B, max_text) 1 = a real token, 0 = padding
+    const float* state;          // (B, max_state_dim) normalized, zero-padded
+    // training only:
+    const float* actions;        // (B, H, max_action_dim) normalized, zero-padded
+    const float* action_is_pad;  // (B, H) 1 = a chunk slot past the episode's end (no loss)
+    const float* t;              // (B) flow time
+    const float* noise;          // (B, H, max_action_dim)
+} SmolInputs;
+
+// Row counts: V vision rows (images x patches), P prefix rows, R action rows
+static inline size_t smol_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
+static inline size_t smol_vrows(const SmolVLAConfig* c, int B) { return smol_images(c, B) * smolvla_grid(c) * smolvla_grid(c); }
+static inline size_t smol_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
+static inline size_t smol_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
+static inline size_t smol_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+// Column-sum partials of the widest (rows, columns) product of the backward: LayerNorm's dw and
+// db (two per chunk of CHUNK_ROWS rows), the biases', RMSNorm's dw
+static size_t smol_partial_size(const SmolVLAConfig* c, int B) {
+    size_t V = ceil_div(smol_vrows(c, B), CHUNK_ROWS), P = ceil_div(smol_prows(c, B), CHUNK_ROWS);
+    size_t R = ceil_div(smol_rrows(c, B), CHUNK_ROWS), S = ceil_div((size_t)B, CHUNK_ROWS);
+    size_t vision = V * (2 * (size_t)c->vis_width > (size_t)c->vis_ff ? 2 * (size_t)c->vis_width : (size_t)c->vis_ff);
+    size_t actions = R * (c->d_expert > c->max_action_dim ? c->d_expert : c->max_action_dim);
+    return smol_max3(vision, smol_max3(P * c->d_model, S * c->d_model, 1), actions);
+}
+
+// Activations: a table (type, name, elements) carved from one allocation per type: X floatX,
+// F fp32, I int. Per-layer tensors are stacked layer-major. The g_* are backward scratch, shared
+// by the three towers (their backward passes run one after the other); the r_* hold the state
+// rows of one VLM layer for the expert mode's backward (smolvla_vlm_backward).
+#define SMOLVLA_GPU_ACTIVATIONS(X, F, I, c, B) \
+    X(pixels,   smol_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
+    X(patches,  smol_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
+    X(v_res,    ((c)->vis_layers + 1) * smol_vrows(c, B) * (c)->vis_width)            /* (Lv+1, V, Cv) layer inputs, then the last output */ \
+    X(v_ln1,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
+    F(v_mean1,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
+    F(v_rstd1,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
+    X(v_q,      (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
+    X(v_k,      (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
+    X(v_v,      (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
+    X(v_att,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
+    F(v_lse,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_heads)          /* (Lv, NV, NHv, Nv) */ \
+    X(v_mid,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) after attention */ \
+    X(v_ln2,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
+    F(v_mean2,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
+    F(v_rstd2,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
+    X(v_fc1,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_ff)             /* (Lv, V, Fv) before GELU */ \
+    X(v_gelu,   (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_ff)             /* (Lv, V, Fv) */ \
+    X(v_out,    smol_vrows(c, B) * (c)->vis_width)                                    /* (V, Cv) after post_layernorm */ \
+    F(v_omean,  smol_vrows(c, B))                                                     /* (V) */ \
+    F(v_orstd,  smol_vrows(c, B))                                                     /* (V) */ \
+    X(shuffled, smol_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */ \
+    X(img_tok,  smol_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) connector output */ \
+    X(state_x,  (size_t)(B) * (c)->max_state_dim)                                     /* (B, Smax) the batch's state */ \
+    X(state_tok, (size_t)(B) * (c)->d_model)                                          /* (B, C) state_proj(state) */ \
+    I(tokens,   (size_t)(B) * (c)->max_text)                                          /* (B, Lt) the batch's ids, for the backward */ \
+    I(block,    (size_t)(B) * (smolvla_n_prefix(c) + (c)->chunk))                     /* (B, T) block ids, -1 = a pad */ \
+    I(pos,      (size_t)(B) * (smolvla_n_prefix(c) + (c)->chunk))                     /* (B, T) RoPE positions */ \
+    I(x_pos,    smol_rrows(c, B))                                                     /* (B, H) the cross layers' positions */ \
+    X(p_res,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) layer inputs */ \
+    X(p_ln1,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
+    F(p_rstd1,  (size_t)(c)->n_layer * smol_prows(c, B))                              /* (L, P) */ \
+    X(p_q,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_attn(c))          /* (L, P, D) after RoPE */ \
+    X(p_k,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) after RoPE: what the expert reads */ \
+    X(p_v,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) */ \
+    X(p_att,    (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_attn(c))          /* (L, P, D) */ \
+    F(p_lse,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->n_head)                /* (L, B, NH, Np) */ \
+    X(p_mid,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) after attention */ \
+    X(p_ln2,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
+    F(p_rstd2,  (size_t)(c)->n_layer * smol_prows(c, B))                              /* (L, P) */ \
+    X(p_gate,   (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
+    X(p_up,     (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
+    X(p_act,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
+    X(x_t,      smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
+    F(target,   smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) u = noise - actions */ \
+    F(x_sample, smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) Euler state */ \
+    F(t_sample, (size_t)(B))                                                          /* (B) Euler time */ \
+    X(a_in,     smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) action_in_proj(x_t) */ \
+    X(a_emb,    smol_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) [action_in, time embedding] */ \
+    X(t_pre,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) before SiLU */ \
+    X(t_act,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after SiLU */ \
+    X(s_res,    ((c)->n_layer + 1) * smol_rrows(c, B) * (c)->d_expert)                /* (L+1, R, Ce) layer inputs, then the last output */ \
+    X(s_ln1,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
+    F(s_rstd1,  (size_t)(c)->n_layer * smol_rrows(c, B))                              /* (L, R) */ \
+    X(s_q,      (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_attn(c))          /* (L, R, D) after RoPE */ \
+    X(s_k,      (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_kv(c))            /* (L, R, KV) after RoPE (joint layers) */ \
+    X(s_v,      (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_kv(c))            /* (L, R, KV) (joint layers) */ \
+    X(c_k,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_k re-projected (cross layers) */ \
+    X(c_v,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_v re-projected (cross layers) */ \
+    X(s_att,    (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_attn(c))          /* (L, R, D) */ \
+    F(s_lse,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->n_head)                /* (L, B, NH, H) */ \
+    X(s_mid,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) after attention */ \
+    X(s_ln2,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
+    F(s_rstd2,  (size_t)(c)->n_layer * smol_rrows(c, B))                              /* (L, R) */ \
+    X(s_gate,   (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
+    X(s_up,     (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
+    X(s_act,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
+    X(f_ln,     smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after the expert's norm */ \
+    F(f_rstd,   smol_rrows(c, B))                                                     /* (R) */ \
+    F(v_t,      smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities, fp32 */ \
+    X(d_vt,     smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
+    F(loss_partial, (size_t)ceil_div(smol_rrows(c, B) * (c)->max_action_dim, BLOCK))  /* the loss's per-block sums */ \
+    F(scalars,  4)                                                                    /* loss, -, -, 1 / loss denominator */ \
+    /* backward scratch */ \
+    F(dp_k,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
+    F(dp_v,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_v */ \
+    F(g_res,    smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vrows(c, B) * (c)->vis_width)) \
+    X(g_res_x,  smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vrows(c, B) * (c)->vis_width)) \
+    X(g_ln,     smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vrows(c, B) * (c)->vis_width)) \
+    X(g_att,    smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vrows(c, B) * (c)->vis_width)) \
+    X(g_q,      smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vrows(c, B) * (c)->vis_width)) \
+    F(g_kf,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) \
+    F(g_vf,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) \
+    X(g_kx,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) \
+    X(g_vx,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) \
+    X(g_gate,   smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) \
+    X(g_up,     smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) \
+    X(g_act,    smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) \
+    F(delta,    smol_max3(smol_prows(c, B) * (c)->n_head, smol_rrows(c, B) * (c)->n_head, smol_vrows(c, B) * (c)->vis_heads)) \
+    F(g_dw,     smol_max3((c)->d_model, (c)->d_expert, (c)->vis_width))               /* a frozen norm's dw, dropped */ \
+    F(partial,  smol_partial_size(c, B))                                              /* column-sum partials */ \
+    X(g_emb,    smol_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) d a_emb */ \
+    X(g_tok,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) */ \
+    X(g_img,    smol_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) d img_tok */ \
+    X(g_shuf,   smol_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) d shuffled */ \
+    X(r_res,    (size_t)(B) * (c)->d_model)                                           /* (B, C) one VLM layer's state rows */ \
+    X(r_ln1,    (size_t)(B) * (c)->d_model)                                           /* (B, C) */ \
+    F(r_rstd1,  (size_t)(B))                                                          /* (B) */ \
+    X(r_q,      (size_t)(B) * smolvla_d_attn(c))                                      /* (B, D) */ \
+    X(r_att,    (size_t)(B) * smolvla_d_attn(c))                                      /* (B, D) */ \
+    F(r_lse,    (size_t)(B) * (c)->n_head)                                            /* (B, NH) */ \
+    X(r_mid,    (size_t)(B) * (c)->d_model)                                           /* (B, C) */ \
+    X(r_ln2,    (size_t)(B) * (c)->d_model)                                           /* (B, C) */ \
+    F(r_rstd2,  (size_t)(B))                                                          /* (B) */ \
+    X(r_gate,   (size_t)(B) * (c)->d_ff)                                              /* (B, F) */ \
+    X(r_up,     (size_t)(B) * (c)->d_ff)                                              /* (B, F) */ \
+    X(r_act,    (size_t)(B) * (c)->d_ff)                                              /* (B, F) */ \
+    F(r_dk,     (size_t)(B) * smolvla_d_kv(c))                                        /* (B, KV) their key gradients */ \
+    F(r_dv,     (size_t)(B) * smolvla_d_kv(c))                                        /* (B, KV) */
+
+typedef struct {
+#define SMOL_ACT_X_(nm, n) floatX* nm;
+#define SMOL_ACT_F_(nm, n) float* nm;
+#define SMOL_ACT_I_(nm, n) int* nm;
+    SMOLVLA_GPU_ACTIVATIONS(SMOL_ACT_X_, SMOL_ACT_F_, SMOL_ACT_I_, c, B)
+#undef SMOL_ACT_X_
+#undef SMOL_ACT_F_
+#undef SMOL_ACT_I_
+} SmolActivations;
+
+typedef struct {
+    SmolVLAConfig config;
+    int mode;                              // TRAIN_MODE_*: what trains, so what has a gradient
+    SmolParamTable table;
+    size_t aligned[SMOLVLA_NUM_TENSORS];   // the device layout: tensor i at a multiple of 16 elements
+    size_t grad_at[SMOLVLA_NUM_TENSORS];   // the gradients' layout: each tensor's trainable part, aligned alike
+    size_t n_params, n_grads;              // elements of the two layouts
+    float* master;          // (n_params) fp32 master weights, device
+    floatX* params_memory;  // (n_params) their compute copy
+    float* grads_memory;    // (n_grads) fp32 gradients of what trains in `mode`
+    SmolParametersX params;
+    SmolParameters grads;   // NULL for a tensor with no trainable part (smol_grad says which slices train)
+    int B;                  // batch the activations are sized for
+    floatX* acts_x;         // one allocation per activation type
+    float* acts_f;
+    int* acts_i;
+    SmolActivations acts;
+    float* rope_cos;        // (T, HS/2) device: LeRobot's angles at positions 0 .. T-1
+    float* rope_sin;
+    size_t device_bytes;    // what this model holds on the GPU
+} SmolVLA;
+
+static void* smol_device_malloc(SmolVLA* m, size_t bytes) {
+    void* p;
+    cudaCheck(cudaMalloc(&p, bytes > 0 ? bytes : 1));
+    m->device_bytes += bytes;
+    return p;
+}
+
+// The model for config c, training in `mode`: the parameter and gradient memory (zero until
+// smolvla_set_params) and the RoPE table; the activations follow the batch (smolvla_set_batch).
+static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode) {
+    memset(m, 0, sizeof(*m));
+    const char* problem = smolvla_config_problem(c);
+    if (problem != NULL) { vla_fail("bad SmolVLA config: %s", problem); }
+    if (c->head_dim > 128 || c->vis_width / c->vis_heads > 128) {
+        vla_fail("head sizes %d and %d: the GPU attention kernels take head sizes up to 128", c->head_dim,
+                 c->vis_width / c->vis_heads);
+    }
+    if (c->d_model > RMSNORM_BWD_COLS * BLOCK || c->d_expert > RMSNORM_BWD_COLS * BLOCK ||
+        c->vis_width > LAYERNORM_BWD1_COLS * BLOCK) {
+        vla_fail("widths up to %d are supported by the GPU trainer", RMSNORM_BWD_COLS * BLOCK);
+    }
+    if (mode < TRAIN_MODE_EXPERT || mode > TRAIN_MODE_ALL) { vla_fail("SmolVLA train mode %d is not one of 0-2", mode); }
+    m->config = *c;
+    m->mode = mode;
+    smolvla_table_build(c, &m->table);
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &m->table.spec[i];
+        m->aligned[i] = m->n_params;
+        m->n_params += (s->numel + 15) / 16 * 16;  // 32 bytes of bf16, 64 of fp32
+        m->grad_at[i] = m->n_grads;
+        m->n_grads += (smolvla_trainable_numel(s, mode) + 15) / 16 * 16;
+    }
+    m->master = (float*)smol_device_malloc(m, m->n_params * sizeof(float));
+    m->params_memory = (floatX*)smol_device_malloc(m, m->n_params * sizeof(floatX));
+    m->grads_memory = (float*)smol_device_malloc(m, m->n_grads * sizeof(float));
+    cudaCheck(cudaMemset(m->master, 0, m->n_params * sizeof(float)));  // the gaps stay zero
+    cudaCheck(cudaMemset(m->params_memory, 0, m->n_params * sizeof(floatX)));
+    cudaCheck(cudaMemset(m->grads_memory, 0, m->n_grads * sizeof(float)));
+    int i = 0;
+#define SMOL_POINT_X_(nm, ...) \
+    m->params.nm = m->params_memory + m->aligned[i]; \
+    m->grads.nm = smolvla_trainable_numel(&m->table.spec[i], mode) > 0 ? m->grads_memory + m->grad_at[i] : NULL; \
+    i++;
+    SMOLVLA_PARAMETERS(SMOL_POINT_X_, c)
+#undef SMOL_POINT_X_
+    // RoPE as LeRobot's apply_rope computes it: timescale theta^e with e = float32(2/HS) * k in
+    // float32 (torch's float pow is the correctly rounded one, as pow in double then rounding), the
+    // angle as a float32 division pos / timescale, then sin and cos of that float
+    int T = smolvla_n_prefix(c) + c->chunk, half = c->head_dim / 2;
+    float* cs = (float*)mallocCheck((size_t)T * half * 2 * sizeof(float));
+    for (int k = 0; k < half; k++) {
+        float e = (float)(2.0 / c->head_dim) * (float)k;
+        float timescale = (float)pow((double)c->rope_theta, (double)e);
+        for (int pos = 0; pos < T; pos++) {
+            float angle = (float)pos / timescale;
+            cs[(size_t)pos * half + k] = (float)cos((double)angle);
+            cs[(size_t)T * half + (size_t)pos * half + k] = (float)sin((double)angle);
+        }
+    }
+    m->rope_cos = (float*)smol_device_malloc(m, (size_t)T * half * 2 * sizeof(float));
+    m->rope_sin = m->rope_cos + (size_t)T * half;
+    cudaCheck(cudaMemcpy(m->rope_cos, cs, (size_t)T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
+    free(cs);
+}
+
+// Master weights from a host array in the table's layout (smolvla_load_safetensors', or
+// smolvla_param_init's); the compute copy follows.
+static void smolvla_set_params(SmolVLA* m, const float* params) {
+    float* host = (float*)callocCheck(m->n_params, sizeof(float));
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &m->table.spec[i];
+        memcpy(host + m->aligned[i], params + s->offset, s->numel * sizeof(float));
+    }
+    cudaCheck(cudaMemcpy(m->master, host, m->n_params * sizeof(float), cudaMemcpyHostToDevice));
+    convert(m->params_memory, m->master, m->n_params);
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    free(host);
+}
+
+// (Re)sizes the activations for B samples.
+static void smolvla_set_batch(SmolVLA* m, int B) {
+    if (m->B == B) { return; }
+    if (m->acts_x != NULL) {
+        cudaCheck(cudaFree(m->acts_x));
+        cudaCheck(cudaFree(m->acts_f));
+        cudaCheck(cudaFree(m->acts_i));
+    }
+    const SmolVLAConfig* c = &m->config;
+    size_t nx = 0, nf = 0, ni = 0;  // in elements, every tensor rounded up to 64 bytes
+#define SMOL_SIZE_X_(nm, n) nx += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
+#define SMOL_SIZE_F_(nm, n) nf += ((n) + 15) / 16 * 16;
+#define SMOL_SIZE_I_(nm, n) ni += ((n) + 15) / 16 * 16;
+    SMOLVLA_GPU_ACTIVATIONS(SMOL_SIZE_X_, SMOL_SIZE_F_, SMOL_SIZE_I_, c, B)
+#undef SMOL_SIZE_X_
+#undef SMOL_SIZE_F_
+#undef SMOL_SIZE_I_
+    m->acts_x = (floatX*)smol_device_malloc(m, nx * sizeof(floatX));
+    m->acts_f = (float*)smol_device_malloc(m, nf * sizeof(float));
+    m->acts_i = (int*)smol_device_malloc(m, ni * sizeof(int));
+    floatX* px = m->acts_x;
+    float* pf = m->acts_f;
+    int* pi = m->acts_i;
+#define SMOL_POINT_X_(nm, n) m->acts.nm = px; px += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
+#define SMOL_POINT_F_(nm, n) m->acts.nm = pf; pf += ((n) + 15) / 16 * 16;
+#define SMOL_POINT_I_(nm, n) m->acts.nm = pi; pi += ((n) + 15) / 16 * 16;
+    SMOLVLA_GPU_ACTIVATIONS(SMOL_POINT_X_, SMOL_POINT_F_, SMOL_POINT_I_, c, B)
+#undef SMOL_POINT_X_
+#undef SMOL_POINT_F_
+#undef SMOL_POINT_I_
+    m->B = B;
+}
+
+static void smolvla_free(SmolVLA* m) {
+    cudaCheck(cudaFree(m->master)); cudaCheck(cudaFree(m->params_memory)); cudaCheck(cudaFree(m->grads_memory));
+    cudaCheck(cudaFree(m->acts_x)); cudaCheck(cudaFree(m->acts_f)); cudaCheck(cudaFree(m->acts_i));
+    cudaCheck(cudaFree(m->rope_cos));
+}
+
+// Slice k of parameter tensor i (layer k's part of a stacked tensor; 0 for the others)
+static inline floatX* smol_param(const SmolVLA* m, int i, int k) {
+    const SmolParamSpec* s = &m->table.spec[i];
+    return m->params_memory + m->aligned[i] + (size_t)k * (s->numel / smolvla_slices(s));
+}
+
+// Its gradient when that slice trains in the model's mode, else NULL (the train column: the
+// trainable part of a tensor is a prefix of it, so a slice trains iff it ends within that prefix)
+static inline float* smol_grad(const SmolVLA* m, int i, int k) {
+    const SmolParamSpec* s = &m->table.spec[i];
+    size_t per = s->numel / smolvla_slices(s);
+    if ((size_t)(k + 1) * per > smolvla_trainable_numel(s, m->mode)) { return NULL; }
+    return m->grads_memory + m->grad_at[i] + (size_t)k * per;
+}
+
+// One Llama layer of the VLM or the expert: its weights (floatX) or their gradients (float, NULL =
+// frozen).
+template <typename T>
+struct SmolLayer {
+    T *ln1, *wq, *wk, *wv, *wo, *ln2, *gate, *up, *down;
+    int C, F;   // stream width, MLP width
+    int cross;  // an expert layer attending to the VLM's re-projected keys/values
+};
+
+// Layer l of the VLM (expert = 0) or of the expert (expert = 1): weights, or gradients (grads).
+// The expert's k/v are the joint or cross stacks' slice that layer owns (smolvla_kind_index).
+template <typename T>
+static SmolLayer<T> smol_layer(const SmolVLA* m, int expert, int l, int grads) {
+    const SmolVLAConfig* c = &m->config;
+    int cross = expert && smolvla_layer_is_cross(c, l), kind = smolvla_kind_index(c, l);
+    int wk = expert ? (cross ? SMOLP_exp_wk_cross : SMOLP_exp_wk_joint) : SMOLP_vlm_wk;
+    int wv = expert ? (cross ? SMOLP_exp_wv_cross : SMOLP_exp_wv_joint) : SMOLP_vlm_wv;
+    int idx[9] = {expert ? SMOLP_exp_ln1 : SMOLP_vlm_ln1, expert ? SMOLP_exp_wq : SMOLP_vlm_wq, wk, wv,
+                  expert ? SMOLP_exp_wo : SMOLP_vlm_wo, expert ? SMOLP_exp_ln2 : SMOLP_vlm_ln2,
+                  expert ? SMOLP_exp_gate : SMOLP_vlm_gate, expert ? SMOLP_exp_up : SMOLP_vlm_up,
+                  expert ? SMOLP_exp_down : SMOLP_vlm_down};
+    T* t[9];
+    for (int i = 0; i < 9; i++) {
+        int k = expert && (i == 2 || i == 3) ? kind : l;
+        t[i] = grads ? (T*)(void*)smol_grad(m, idx[i], k) : (T*)(void*)smol_param(m, idx[i], k);
+    }
+    SmolLayer<T> w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], expert ? c->d_expert : c->d_model,
+                      expert ? c->d_expert_ff : c->d_ff, cross};
+    return w;
+}
+
+// One stack's activations at layer l (N rows), and `out`, the next layer's input.
+typedef struct {
+    floatX *res, *ln1, *q, *k, *v, *att, *mid, *ln2, *gate, *up, *act, *out;
+    float *rstd1, *lse, *rstd2;
+} SmolLayerActs;
+
+static SmolLayerActs smol_layer_acts(const SmolVLA* m, int expert, int l) {
+    const SmolVLAConfig* c = &m->config;
+    const SmolActivations* a = &m->acts;
+    size_t N = expert ? smol_rrows(c, m->B) : smol_prows(c, m->B), L = (size_t)l;
+    size_t C = expert ? c->d_expert : c->d_model, F = expert ? c->d_expert_ff : c->d_ff;
+    size_t D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+    SmolLayerActs x;
+    if (expert) {
+        x = SmolLayerActs{a->s_res, a->s_ln1, a->s_q, a->s_k, a->s_v, a->s_att, a->s_mid, a->s_ln2, a->s_gate, a->s_up,
+                          a->s_act, a->s_res, a->s_rstd1, a->s_lse, a->s_rstd2};
+    } else {
+        x = SmolLayerActs{a->p_res, a->p_ln1, a->p_q, a->p_k, a->p_v, a->p_att, a->p_mid, a->p_ln2, a->p_gate, a->p_up,
+                          a->p_act, a->p_res, a->p_rstd1, a->p_lse, a->p_rstd2};
+    }
+    x.res += L * N * C; x.ln1 += L * N * C; x.rstd1 += L * N;
+    x.q += L * N * D; x.k += L * N * KV; x.v += L * N * KV; x.att += L * N * D; x.lse += L * N * c->n_head;
+    x.mid += L * N * C; x.ln2 += L * N * C; x.rstd2 += L * N;
+    x.gate += L * N * F; x.up += L * N * F; x.act += L * N * F;
+    x.out += (L + 1) * N * C;  // the VLM's last layer has no output (never written: p_res has L slices)
+    return x;
+}
+
+// An attention call of the VLM or the expert over the sequence's mask: Tq queries per sample from
+// token q0 on, keys k0/v0 (Nk0 per sample) then k1/v1 (Nk1, may be 0)
+static GqaAttn smol_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, const floatX* v0, int Nk0, const floatX* k1,
+                         const floatX* v1, int Nk1) {
+    const SmolVLAConfig* c = &m->config;
+    GqaAttn a = {k0, v0, k1, v1, m->acts.block, m->B, c->n_head, c->n_kv_head, c->head_dim,
+                 Tq, q0, Nk0, Nk1, smolvla_n_prefix(c) + c->chunk};
+    return a;
+}
+
+// RMSNorm backward at SmolVLA's widths: dw NULL (a frozen norm, such as the VLM's last layer's,
+// which the gradient still passes through) lands in scratch that nobody reads
+static void smol_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, float* dw, const floatX* dout,
+                                  const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
+    if (dw == NULL) {
+        dw = m->acts.g_dw;
+        cudaCheck(cudaMemsetAsync(dw, 0, C * sizeof(float), main_stream));
+    }
+    rmsnorm_backward(dres, dres_x, dw, m->acts.partial, dout, inp, w, rstd, N, C);
+}
+
+// attention output -> o_proj, residual -> post_attention_layernorm -> SwiGLU MLP, residual: x->out.
+// The residual adds ride on the matrix products (beta = 1 with C = the residual).
+static void smol_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerActs* x, int N, int D) {
+    matmul_forward(x->mid, x->att, w->wo, NULL, x->res, N, D, w->C);
+    rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, SMOLVLA_RMS_EPS);
+    matmul_forward(x->gate, x->ln2, w->gate, NULL, NULL, N, w->C, w->F);
+    matmul_forward(x->up, x->ln2, w->up, NULL, NULL, N, w->C, w->F);
+    swiglu_forward(x->act, x->gate, x->up, (size_t)N * w->F);
+    matmul_forward(x->out, x->act, w->down, NULL, x->mid, N, w->F, w->C);
+}
+
+// Backward of smol_layer_out_forward. dres (fp32) and dres_x (its floatX copy) hold d(out) (N, C)
+// and are left holding d(mid) (the residual plus the path through ln2 and the MLP); acts.g_att
+// gets d(att). Frozen weights (g's NULL) get no product.
+static void smol_layer_out_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
+                                    const SmolLayerActs* x, float* dres, floatX* dres_x, int N, int D) {
+    SmolActivations* a = &m->acts;
+    int C = w->C, F = w->F;
+    matmul_backward_input(a->g_act, dres_x, w->down, N, F, C, 0.0f);
+    if (g->down != NULL) { matmul_backward_weight(g->down, dres_x, x->act, N, F, C); }
+    swiglu_backward(a->g_gate, a->g_up, a->g_act, x->gate, x->up, (size_t)N * F);
+    matmul_backward_input(a->g_ln, a->g_gate, w->gate, N, C, F, 0.0f);
+    matmul_backward_input(a->g_ln, a->g_up, w->up, N, C, F, 1.0f);
+    if (g->gate != NULL) { matmul_backward_weight(g->gate, a->g_gate, x->ln2, N, C, F); }
+    if (g->up != NULL) { matmul_backward_weight(g->up, a->g_up, x->ln2, N, C, F); }
+    smol_rmsnorm_backward(m, dres, dres_x, g->ln2, a->g_ln, x->mid, w->ln2, x->rstd2, N, C);
+    matmul_backward_input(a->g_att, dres_x, w->wo, N, D, C, 0.0f);
+    if (g->wo != NULL) { matmul_backward_weight(g->wo, dres_x, x->att, N, D, C); }
+}
+
+// Backward of ln1 and the q/k/v projections: dq, dk, dv (floatX) are the gradients of the
+// projections' outputs, already rotated back from RoPE (dq NULL: the VLM's last layer has no
+// query; dk, dv NULL: an expert cross layer's keys/values are not its own). d(res) through ln1 is
+// added to dres (and dres_x is its floatX copy).
+static void smol_layer_qkv_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
+                                    const SmolLayerActs* x, float* dres, floatX* dres_x, const floatX* dq,
+                                    const floatX* dk, const floatX* dv, int N) {
+    SmolActivations* a = &m->acts;
+    int C = w->C, D = smolvla_d_attn(&m->config), KV = smolvla_d_kv(&m->config);
+    float beta = 0.0f;
+    if (dq != NULL) {
+        matmul_backward_input(a->g_ln, dq, w->wq, N, C, D, beta);
+        if (g->wq != NULL) { matmul_backward_weight(g->wq, dq, x->ln1, N, C, D); }
+        beta = 1.0f;
+    }
+    if (dk != NULL) {
+        matmul_backward_input(a->g_ln, dk, w->wk, N, C, KV, beta);
+        if (g->wk != NULL) { matmul_backward_weight(g->wk, dk, x->ln1, N, C, KV); }
+        matmul_backward_input(a->g_ln, dv, w->wv, N, C, KV, 1.0f);
+        if (g->wv != NULL) { matmul_backward_weight(g->wv, dv, x->ln1, N, C, KV); }
+    }
+    smol_rmsnorm_backward(m, dres, dres_x, g->ln1, a->g_ln, x->res, w->ln1, x->rstd1, N, C);
+}
+
+// ---- forward
+
+// Every camera's frames -> acts.pixels (NV, 3, S, S), camera-major (image n = cam * B + b)
+static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
+    const SmolVLAConfig* c = &m->config;
+    size_t per = (size_t)3 * c->img * c->img;
+    for (int cam = 0; cam < c->n_cam; cam++) {
+        resize_pad(m->acts.pixels + (size_t)cam * in->B * per, in->frames[cam], in->B, in->frame_h[cam], in->frame_w[cam],
+                   c->img, in->frame_stride);
+    }
+}
+
+// SigLIP over every image: pixels -> acts.v_out (V, Cv). Position i of the table is patch i (the
+// bucketed position ids of SmolVLM are the identity at the trained image size).
+static void smolvla_vision_forward(SmolVLA* m) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int NV = (int)smol_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smol_vrows(c, m->B);
+    int Cv = c->vis_width, Fv = c->vis_ff, HSv = Cv / c->vis_heads;
+    size_t VC = (size_t)V * Cv;
+    LAUNCH_1D(patchify_chw_kernel, (size_t)V * smolvla_patch_dim(c), a->patches, a->pixels, NV, c->img, c->patch);
+    matmul_forward(a->v_res, a->patches, m->params.vis_patch_w, m->params.vis_patch_b, NULL, V, smolvla_patch_dim(c), Cv);
+    LAUNCH_1D(add_periodic_kernel, VC, a->v_res, m->params.vis_pos, VC, (size_t)Nv * Cv);
+    for (int l = 0; l < c->vis_layers; l++) {
+        size_t L = (size_t)l;
+        floatX *x = a->v_res + L * VC, *ln1 = a->v_ln1 + L * VC, *q = a->v_q + L * VC, *k = a->v_k + L * VC;
+        floatX *v = a->v_v + L * VC, *att = a->v_att + L * VC, *mid = a->v_mid + L * VC, *ln2 = a->v_ln2 + L * VC;
+        floatX *fc1 = a->v_fc1 + L * V * Fv, *gelu = a->v_gelu + L * V * Fv, *out = a->v_res + (L + 1) * VC;
+        layernorm_forward(ln1, a->v_mean1 + L * V, a->v_rstd1 + L * V, x, smol_param(m, SMOLP_vis_ln1_w, l),
+                          smol_param(m, SMOLP_vis_ln1_b, l), V, Cv);
+        matmul_forward(q, ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), NULL, V, Cv, Cv);
+        matmul_forward(k, ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), NULL, V, Cv, Cv);
+        matmul_forward(v, ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), NULL, V, Cv, Cv);
+        GqaAttn keys = {k, v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv};
+        gqa_attention_forward(att, a->v_lse + L * V * c->vis_heads, q, keys);
+        matmul_forward(mid, att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), x, V, Cv, Cv);
+        layernorm_forward(ln2, a->v_mean2 + L * V, a->v_rstd2 + L * V, mid, smol_param(m, SMOLP_vis_ln2_w, l),
+                          smol_param(m, SMOLP_vis_ln2_b, l), V, Cv);
+        matmul_forward(fc1, ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), NULL, V, Cv, Fv);
+        LAUNCH_1D(gelu_forward_kernel, (size_t)V * Fv, gelu, fc1, (size_t)V * Fv);
+        matmul_forward(out, gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), mid, V, Fv, Cv);
+    }
+    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, a->v_res + (size_t)c->vis_layers * VC, m->params.vis_post_w,
+                      m->params.vis_post_b, V, Cv);
+}
+
+// The prefix's embeddings p_res[0] = [camera 0 tokens]...[language][state] per sample, and the
+// sequence's mask (block ids) and RoPE positions. Image and language embeddings are scaled by
+// sqrt(C) (float32's, as LeRobot), the state token is not.
+static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Lt = c->max_text;
+    int NV = (int)smol_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width, G = smolvla_grid(c);
+    pixel_shuffle_forward(a->shuffled, a->v_out, NV, G, G, c->vis_width, c->scale_factor);
+    matmul_forward(a->img_tok, a->shuffled, m->params.connector_w, NULL, NULL, NV * NI, S2C, C);
+    convert(a->state_x, in->state, (size_t)B * c->max_state_dim);
+    matmul_forward(a->state_tok, a->state_x, m->params.state_w, m->params.state_b, NULL, B, c->max_state_dim, C);
+    cudaCheck(cudaMemcpyAsync(a->tokens, in->tokens, (size_t)B * Lt * sizeof(int32_t), cudaMemcpyDeviceToDevice,
+                              main_stream));
+    LAUNCH_1D(smolvla_prefix_embed_kernel, (size_t)B * Np * C, a->p_res, a->img_tok, m->params.embed_tokens, a->tokens,
+              a->state_tok, B, c->n_cam, NI, Lt, C, sqrtf((float)C));
+    LAUNCH_1D(smolvla_sequence_kernel, B, a->block, a->pos, a->x_pos, in->token_mask, B, c->n_cam * NI, Lt, c->chunk);
+}
+
+// The VLM's layers over the prefix. Its last layer computes only ln1 and the keys and values: its
+// output and the final norm feed nothing (LeRobot computes and drops them).
+static void smolvla_vlm_forward(SmolVLA* m) {
+    const SmolVLAConfig* c = &m->config;
+    int P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), T = Np + c->chunk;
+    int D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+    for (int l = 0; l < c->n_layer; l++) {
+        SmolLayer<floatX> w = smol_layer<floatX>(m, 0, l, 0);
+        SmolLayerActs x = smol_layer_acts(m, 0, l);
+        rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, SMOLVLA_RMS_EPS);
+        matmul_forward(x.k, x.ln1, w.wk, NULL, NULL, P, w.C, KV);
+        rope_at(x.k, x.k, m->rope_cos, m->rope_sin, m->acts.pos, P, Np, T, c->n_kv_head, c->head_dim, 1.0f);
+        matmul_forward(x.v, x.ln1, w.wv, NULL, NULL, P, w.C, KV);
+        if (l == c->n_layer - 1) { break; }
+        matmul_forward(x.q, x.ln1, w.wq, NULL, NULL, P, w.C, D);
+        rope_at(x.q, x.q, m->rope_cos, m->rope_sin, m->acts.pos, P, Np, T, c->n_head, c->head_dim, 1.0f);
+        gqa_attention_forward(x.att, x.lse, x.q, smol_attn(m, Np, 0, x.k, x.v, Np, NULL, NULL, 0));
+        smol_layer_out_forward(&w, &x, P, D);
+    }
+}
+
+// The H action tokens of the noisy chunk acts.x_t at flow times t (B, device): s_res[0] =
+// action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time embedding]))). The time
+// embedding is action_embed_kernel's (the model above's): [sin, cos] of 2 pi t / period, periods
+// geometric from 4e-3 to 4.0 over Ce/2 frequencies, in double, LeRobot's min/max_period.
+static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int B = m->B, H = c->chunk, Ce = c->d_expert, R = (int)smol_rrows(c, B);
+    matmul_forward(a->a_in, a->x_t, m->params.action_in_w, m->params.action_in_b, NULL, R, c->max_action_dim, Ce);
+    LAUNCH_1D(action_embed_kernel, (size_t)R * 2 * Ce, a->a_emb, a->a_in, t, B, H, Ce);
+    matmul_forward(a->t_pre, a->a_emb, m->params.time_in_w, m->params.time_in_b, NULL, R, 2 * Ce, Ce);
+    LAUNCH_1D(silu_forward_kernel, (size_t)R * Ce, a->t_act, a->t_pre, (size_t)R * Ce);
+    matmul_forward(a->s_res, a->t_act, m->params.time_out_w, m->params.time_out_b, NULL, R, Ce, Ce);
+}
+
+// The expert's layers over the action tokens s_res[0] -> final norm -> action_out_proj: acts.v_t
+// (fp32). Joint layer: the actions' q/k/v with RoPE at their positions (after the valid prefix),
+// keys = [the VLM's prefix K/V of this layer ; the actions' own], under the block mask (actions
+// see the valid prefix, the state and earlier actions). Cross layer: q with RoPE at positions 0..,
+// keys and values = the VLM's post-RoPE K/V of this layer re-projected by the expert's
+// k_proj/v_proj (no second RoPE), the valid prefix only. reuse_cross_kv: the re-projections from
+// the previous call are still valid (sampling: the prefix does not change between Euler steps).
+static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int R = (int)smol_rrows(c, m->B), P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), H = c->chunk, T = Np + H;
+    int D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert;
+    for (int l = 0; l < c->n_layer; l++) {
+        SmolLayer<floatX> w = smol_layer<floatX>(m, 1, l, 0);
+        SmolLayerActs x = smol_layer_acts(m, 1, l), px = smol_layer_acts(m, 0, l);
+        rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, SMOLVLA_RMS_EPS);
+        matmul_forward(x.q, x.ln1, w.wq, NULL, NULL, R, Ce, D);
+        GqaAttn keys;
+        if (!w.cross) {
+            rope_at(x.q, x.q, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_head, c->head_dim, 1.0f);
+            matmul_forward(x.k, x.ln1, w.wk, NULL, NULL, R, Ce, KV);
+            rope_at(x.k, x.k, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_kv_head, c->head_dim, 1.0f);
+            matmul_forward(x.v, x.ln1, w.wv, NULL, NULL, R, Ce, KV);
+            keys = smol_attn(m, H, Np, px.k, px.v, Np, x.k, x.v, H);
+        } else {
+            rope_at(x.q, x.q, m->rope_cos, m->rope_sin, a->x_pos, R, H, H, c->n_head, c->head_dim, 1.0f);
+            floatX* ck = a->c_k + (size_t)l * P * KV;
+            floatX* cv = a->c_v + (size_t)l * P * KV;
+            if (!reuse_cross_kv) {
+                matmul_forward(ck, px.k, w.wk, NULL, NULL, P, KV, KV);
+                matmul_forward(cv, px.v, w.wv, NULL, NULL, P, KV, KV);
+            }
+            keys = smol_attn(m, H, Np, ck, cv, Np, NULL, NULL, 0);
+        }
+        gqa_attention_forward(x.att, x.lse, x.q, keys);
+        smol_layer_out_forward(&w, &x, R, D);
+    }
+    rmsnorm_forward(a->f_ln, a->f_rstd, a->s_res + (size_t)c->n_layer * R * Ce, m->params.exp_norm, R, Ce,
+                    SMOLVLA_RMS_EPS);
+    // the velocity in fp32: the bias in every row, the product added on it (beta = 1)
+    LAUNCH_1D(bias_rows_kernel, (size_t)R * c->max_action_dim, a->v_t, m->params.action_out_b, R, c->max_action_dim);
+    matmul_forward_accumulate_f32(a->v_t, a->f_ln, m->params.action_out_w, R, Ce, c->max_action_dim);
+}
+
+// Images, vision tower, prefix embeddings and the VLM: everything the actions attend to.
+static void smolvla_encode_prefix(SmolVLA* m, const SmolInputs* in) {
+    smolvla_set_batch(m, in->B);
+    smolvla_prepare_images(m, in);
+    smolvla_vision_forward(m);
+    smolvla_prefix_embed(m, in);
+    smolvla_vlm_forward(m);
+}
+
+// Training forward: x_t = t noise + (1 - t) actions, velocity v_t (acts.v_t), target
+// u = noise - actions; loss = sum of (u - v)^2 over the real action dims of the chunk slots in
+// the episode, divided by max(1, those slots x A) (LeRobot's mean over valid entries, not over
+// B H A). Micro-step `micro` of n_micro that make one optimizer step: the loss is averaged over
+// them in acts.scalars[0] (on the device), and d loss / d v_t (acts.d_vt, for the backward)
+// carries the 1/n_micro of that average.
+static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro, int n_micro) {
+    const SmolVLAConfig* c = &m->config;
+    smolvla_encode_prefix(m, in);
+    SmolActivations* a = &m->acts;
+    int B = in->B, HA = c->chunk * c->max_action_dim, n = B * HA;
+    LAUNCH_1D(flow_inputs_kernel, n, a->x_t, a->target, in->actions, in->noise, in->t, HA, n);
+    smolvla_suffix_embed(m, in->t);
+    smolvla_expert_forward(m, 0);
+    valid_slots_kernel<<<1, BLOCK, 0, main_stream>>>(a->scalars + 3, in->action_is_pad, B * c->chunk, c->action_dim);
+    launchCheck();
+    int blocks = ceil_div(n, BLOCK);
+    smolvla_loss_kernel<<<blocks, BLOCK, 0, main_stream>>>(a->d_vt, a->loss_partial, a->v_t, a->target, in->action_is_pad,
+                                                           a->scalars + 3, c->action_dim, c->max_action_dim, n,
+                                                           1.0f / (float)n_micro);
+    launchCheck();
+    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(a->scalars, a->loss_partial, blocks, 1.0 / n_micro, 0, micro > 0);
+    launchCheck();
+}
+
+// The loss of the last smolvla_forward (averaged over its micro-steps), waiting for the device.
+static float smolvla_read_loss(SmolVLA* m) {
+    float loss;
+    cudaCheck(cudaMemcpyAsync(&loss, m->acts.scalars, sizeof(float), cudaMemcpyDeviceToHost, main_stream));
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    return loss;
+}
+
+// ---- backward
+
+// d acts.d_vt -> action_out_proj -> the expert's norm and layers -> d s_res[0] in g_res / g_res_x
+// (R, Ce). Gradients into the VLM's keys/values of each layer are added to dp_k/dp_v: for every
+// prefix row, or only for the state rows (state_only, the expert mode: smolvla_backward says why).
+static void smolvla_expert_backward(SmolVLA* m, int state_only) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int B = m->B, R = (int)smol_rrows(c, B), P = (int)smol_prows(c, B), Np = smolvla_n_prefix(c), H = c->chunk;
+    int T = Np + H, D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert, L = c->n_layer;
+    float* dres = a->g_res;
+    floatX* dres_x = a->g_res_x;
+    matmul_backward_input(a->g_ln, a->d_vt, m->params.action_out_w, R, Ce, c->max_action_dim, 0.0f);
+    matmul_backward_weight(m->grads.action_out_w, a->d_vt, a->f_ln, R, Ce, c->max_action_dim);
+    bias_backward(m->grads.action_out_b, a->partial, a->d_vt, R, c->max_action_dim);
+    cudaCheck(cudaMemsetAsync(dres, 0, (size_t)R * Ce * sizeof(float), main_stream));
+    smol_rmsnorm_backward(m, dres, dres_x, m->grads.exp_norm, a->g_ln, a->s_res + (size_t)L * R * Ce, m->params.exp_norm,
+                          a->f_rstd, R, Ce);
+    for (int l = L - 1; l >= 0; l--) {
+        SmolLayer<floatX> w = smol_layer<floatX>(m, 1, l, 0);
+        SmolLayer<float> g = smol_layer<float>(m, 1, l, 1);
+        SmolLayerActs x = smol_layer_acts(m, 1, l), px = smol_layer_acts(m, 0, l);
+        float* dpk = a->dp_k + (size_t)l * P * KV;
+        float* dpv = a->dp_v + (size_t)l * P * KV;
+        smol_layer_out_backward(m, &w, &g, &x, dres, dres_x, R, D);
+        if (!w.cross) {
+            cudaCheck(cudaMemsetAsync(a->g_kf, 0, (size_t)R * KV * sizeof(float), main_stream));
+            cudaCheck(cudaMemsetAsync(a->g_vf, 0, (size_t)R * KV * sizeof(float), main_stream));
+            gqa_attention_backward(a->g_q, dpk, dpv, a->g_kf, a->g_vf, a->g_att, x.q, x.att, x.lse, a->delta,
+                                   smol_attn(m, H, Np, px.k, px.v, Np, x.k, x.v, H));
+            rope_at(a->g_q, a->g_q, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_head, c->head_dim, -1.0f);
+            rope_at(a->g_kx, a->g_kf, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_kv_head, c->head_dim, -1.0f);
+            convert(a->g_vx, a->g_vf, (size_t)R * KV);
+            smol_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, a->g_q, a->g_kx, a->g_vx, R);
+        } else {
+            floatX* ck = a->c_k + (size_t)l * P * KV;
+            floatX* cv = a->c_v + (size_t)l * P * KV;
+            cudaCheck(cudaMemsetAsync(a->g_kf, 0, (size_t)P * KV * sizeof(float), main_stream));
+            cudaCheck(cudaMemsetAsync(a->g_vf, 0, (size_t)P * KV * sizeof(float), main_stream));
+            // every prefix row's re-projected K/V gradient: the cross k_proj/v_proj weights need them all
+            gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta,
+                                   smol_attn(m, H, Np, ck, cv, Np, NULL, NULL, 0));
+            convert(a->g_kx, a->g_kf, (size_t)P * KV);
+            convert(a->g_vx, a->g_vf, (size_t)P * KV);
+            matmul_backward_weight(g.wk, a->g_kx, px.k, P, KV, KV);
+            matmul_backward_weight(g.wv, a->g_vx, px.v, P, KV, KV);
+            // through the re-projection into the VLM's post-RoPE K/V (fp32, accumulated)
+            size_t first = state_only ? (size_t)(Np - 1) * KV : 0;
+            int rows = state_only ? B : P, ld = state_only ? Np * KV : KV;
+            matmul_backward_input_accumulate_f32(dpk + first, a->g_kx + first, w.wk, rows, KV, KV, ld, ld);
+            matmul_backward_input_accumulate_f32(dpv + first, a->g_vx + first, w.wv, rows, KV, KV, ld, ld);
+            rope_at(a->g_q, a->g_q, m->rope_cos, m->rope_sin, a->x_pos, R, H, H, c->n_head, c->head_dim, -1.0f);
+            smol_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, a->g_q, NULL, NULL, R);
+        }
+    }
+}
+
+// d s_res[0] (g_res_x) -> action_time_mlp_out, SiLU, action_time_mlp_in -> action_in_proj. The time
+// embedding half of action_time_mlp_in's input has no parameters behind it.
+static void smolvla_suffix_embed_backward(SmolVLA* m) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int R = (int)smol_rrows(c, m->B), Ce = c->d_expert;
+    floatX* dtact = a->g_tok;  // (R, Ce)
+    matmul_backward_input(dtact, a->g_res_x, m->params.time_out_w, R, Ce, Ce, 0.0f);
+    matmul_backward_weight(m->grads.time_out_w, a->g_res_x, a->t_act, R, Ce, Ce);
+    bias_backward(m->grads.time_out_b, a->partial, a->g_res_x, R, Ce);
+    LAUNCH_1D(silu_backward_kernel, (size_t)R * Ce, dtact, dtact, a->t_pre, (size_t)R * Ce);
+    matmul_backward_input(a->g_emb, dtact, m->params.time_in_w, R, 2 * Ce, Ce, 0.0f);
+    matmul_backward_weight(m->grads.time_in_w, dtact, a->a_emb, R, 2 * Ce, Ce);
+    bias_backward(m->grads.time_in_b, a->partial, dtact, R, Ce);
+    // only the action_in half of g_emb has parameters behind it: read it with row stride 2 Ce
+    matmul_backward_weight(m->grads.action_in_w, a->g_emb, a->x_t, R, c->max_action_dim, Ce, 2 * Ce);
+    bias_backward(m->grads.action_in_b, a->partial, a->g_emb, R, Ce, 2 * Ce);
+}
+
+// The state rows (row Np - 1 of every sample) of the VLM's layer-l activations x, gathered into
+// the r_* scratch: the layer as the expert mode's backward sees it, B rows of one query each
+static SmolLayerActs smol_state_rows(SmolVLA* m, const SmolLayerActs* x, int last) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int B = m->B, Np = smolvla_n_prefix(c), C = c->d_model, F = c->d_ff, D = smolvla_d_attn(c);
+    SmolLayerActs r = {a->r_res, a->r_ln1, a->r_q, NULL, NULL, a->r_att, a->r_mid, a->r_ln2, a->r_gate, a->r_up, a->r_act,
+                       NULL, a->r_rstd1, a->r_lse, a->r_rstd2};
+    LAUNCH_1D(gather_rows_kernel, (size_t)B * C, r.res, x->res, B, Np, Np - 1, 1, C);
+    LAUNCH_1D(gather_rows_kernel, (size_t)B * C, r.ln1, x->ln1, B, Np, Np - 1, 1, C);
+    LAUNCH_1D(gather_rows_f32_kernel, (size_t)B, r.rstd1, x->rstd1, B, Np, Np - 1, 1, 1);
+    if (last) { return r; }  // the last layer: ln1, k and v only
+    LAUNCH_1D(gather_rows_kernel, (size_t)B * D, r.q, x->q, B, Np, Np - 1, 1, D);
+    LAUNCH_1D(gather_rows_kernel, (size_t)B * D, r.att, x->att, B, Np, Np - 1, 1, D);
+    LAUNCH_1D(gather_rows_f32_kernel, (size_t)B * c->n_head, r.lse, x->lse, B * c->n_head, Np, Np - 1, 1, 1);
+    LAUNCH_1D(gather_rows_kernel, (size_t)B * C, r.mid, x->mid, B, Np, Np - 1, 1, C);
+    LAUNCH_1D(gather_rows_kernel, (size_t)B * C, r.ln2, x->ln2, B, Np, Np - 1, 1, C);
+    LAUNCH_1D(gather_rows_f32_kernel, (size_t)B, r.rstd2, x->rstd2, B, Np, Np - 1, 1, 1);
+    LAUNCH_1D(gather_rows_kernel, (size_t)B * F, r.gate, x->gate, B, Np, Np - 1, 1, F);
+    LAUNCH_1D(gather_rows_kernel, (size_t)B * F, r.up, x->up, B, Np, Np - 1, 1, F);
+    LAUNCH_1D(gather_rows_kernel, (size_t)B * F, r.act, x->act, B, Np, Np - 1, 1, F);
+    return r;
+}
+
+// The VLM's layers backward, from the expert's gradients on their keys/values (dp_k, dp_v), down
+// to d p_res[0] in g_res / g_res_x. Its last layer is only ln1 -> k/v: frozen in every mode, yet
+// the gradient passes through it into the layers below. state_only (the expert mode): only the
+// state rows are taken down, B rows of g_res (smolvla_backward says why); else all P rows.
+static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int B = m->B, P = (int)smol_prows(c, B), Np = smolvla_n_prefix(c), T = Np + c->chunk;
+    int D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+    int N = state_only ? B : P;  // rows taken down
+    float* dres = a->g_res;
+    floatX* dres_x = a->g_res_x;
+    cudaCheck(cudaMemsetAsync(dres, 0, (size_t)N * c->d_model * sizeof(float), main_stream));
+    for (int l = c->n_layer - 1; l >= 0; l--) {
+        int last = l == c->n_layer - 1;
+        SmolLayer<floatX> w = smol_layer<floatX>(m, 0, l, 0);
+        SmolLayer<float> g = smol_layer<float>(m, 0, l, 1);
+        SmolLayerActs all = smol_layer_acts(m, 0, l);
+        SmolLayerActs x = state_only ? smol_state_rows(m, &all, last) : all;
+        float* dk = a->dp_k + (size_t)l * P * KV;
+        float* dv = a->dp_v + (size_t)l * P * KV;
+        const floatX* dq = NULL;
+        if (!last) {
+            smol_layer_out_backward(m, &w, &g, &x, dres, dres_x, N, D);
+            // the queries of the taken rows over every prefix key: the state query (token Np - 1)
+            // alone, or all of them
+            GqaAttn keys = smol_attn(m, state_only ? 1 : Np, state_only ? Np - 1 : 0, all.k, all.v, Np, NULL, NULL, 0);
+            gqa_attention_backward(a->g_q, dk, dv, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta, keys);
+            rope_at(a->g_q, a->g_q, m->rope_cos, m->rope_sin, a->pos + (state_only ? Np - 1 : 0), N, N / B, T,
+                    c->n_head, c->head_dim, -1.0f);
+            dq = a->g_q;
+        }
+        if (state_only) {  // the state rows of this layer's key/value gradients
+            LAUNCH_1D(gather_rows_f32_kernel, (size_t)B * KV, a->r_dk, dk, B, Np, Np - 1, 1, KV);
+            LAUNCH_1D(gather_rows_f32_kernel, (size_t)B * KV, a->r_dv, dv, B, Np, Np - 1, 1, KV);
+            dk = a->r_dk;
+            dv = a->r_dv;
+        }
+        rope_at(a->g_kx, dk, m->rope_cos, m->rope_sin, a->pos + (state_only ? Np - 1 : 0), N, N / B, T, c->n_kv_head,
+                c->head_dim, -1.0f);
+        convert(a->g_vx, dv, (size_t)N * KV);
+        smol_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, dq, a->g_kx, a->g_vx, N);
+    }
+}
+
+// d p_res[0] (g_res / g_res_x) -> state_proj (every mode); embed_tokens and the connector (vlm,
+// all: the pad id's row gets nothing, as nn.Embedding's padding_idx); into the vision tower's
+// output (all: g_shuf holds d shuffled on return). state_only: g_res holds the state rows alone.
+static void smolvla_prefix_embed_backward(SmolVLA* m, int state_only) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Lt = c->max_text;
+    int NV = (int)smol_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width;
+    float scale = sqrtf((float)C);
+    // the state rows: row Np - 1 of each sample, or the B rows of state_only
+    const floatX* dstate = state_only ? a->g_res_x : a->g_res_x + (size_t)(Np - 1) * C;
+    int ld = state_only ? C : Np * C;
+    matmul_backward_weight(m->grads.state_w, dstate, a->state_x, B, c->max_state_dim, C, ld);
+    bias_backward(m->grads.state_b, a->partial, dstate, B, C, ld);
+    if (state_only) { return; }
+    if (m->grads.embed_tokens != NULL) {
+        embed_tokens_backward_kernel<<<B * Lt, BLOCK, 0, main_stream>>>(m->grads.embed_tokens, a->g_res, a->tokens, B,
+                                                                        c->n_cam * NI, Lt, Np, C, c->pad_token, scale);
+        launchCheck();
+    }
+    if (m->grads.connector_w == NULL) { return; }
+    LAUNCH_1D(prefix_image_grad_kernel, (size_t)NV * NI * C, a->g_img, a->g_res, B, c->n_cam, NI, Np, C, scale);
+    matmul_backward_weight(m->grads.connector_w, a->g_img, a->shuffled, NV * NI, S2C, C);
+    if (m->grads.vis_post_w != NULL) {
+        matmul_backward_input(a->g_shuf, a->g_img, m->params.connector_w, NV * NI, S2C, C, 0.0f);
+    }
+}
+
+// d shuffled (g_shuf) -> pixel shuffle -> post_layernorm -> SigLIP layers -> position and patch
+// embeddings. Nothing flows into the pixels.
+static void smolvla_vision_backward(SmolVLA* m) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int NV = (int)smol_images(c, m->B), G = smolvla_grid(c), Nv = G * G, V = (int)smol_vrows(c, m->B);
+    int Cv = c->vis_width, Fv = c->vis_ff, HSv = Cv / c->vis_heads;
+    size_t VC = (size_t)V * Cv;
+    float* dres = a->g_res;
+    floatX* dres_x = a->g_res_x;
+    pixel_shuffle_backward(a->g_ln, a->g_shuf, NV, G, G, Cv, c->scale_factor);  // d v_out
+    cudaCheck(cudaMemsetAsync(dres, 0, VC * sizeof(float), main_stream));
+    layernorm_backward(dres, dres_x, m->grads.vis_post_w, m->grads.vis_post_b, a->partial, a->g_ln,
+                       a->v_res + (size_t)c->vis_layers * VC, m->params.vis_post_w, a->v_omean, a->v_orstd, V, Cv);
+    for (int l = c->vis_layers - 1; l >= 0; l--) {
+        size_t L = (size_t)l;
+        floatX *x = a->v_res + L * VC, *ln1 = a->v_ln1 + L * VC, *q = a->v_q + L * VC, *k = a->v_k + L * VC;
+        floatX *v = a->v_v + L * VC, *att = a->v_att + L * VC, *mid = a->v_mid + L * VC, *ln2 = a->v_ln2 + L * VC;
+        floatX *fc1 = a->v_fc1 + L * V * Fv, *gelu = a->v_gelu + L * V * Fv;
+        // MLP: out = mid + fc2(gelu(fc1(ln2(mid))))
+        matmul_backward_input(a->g_act, dres_x, smol_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv, 0.0f);
+        matmul_backward_weight(smol_grad(m, SMOLP_vis_fc2_w, l), dres_x, gelu, V, Fv, Cv);
+        bias_backward(smol_grad(m, SMOLP_vis_fc2_b, l), a->partial, dres_x, V, Cv);
+        LAUNCH_1D(gelu_backward_kernel, (size_t)V * Fv, a->g_gate, a->g_act, fc1, (size_t)V * Fv);
+        matmul_backward_input(a->g_ln, a->g_gate, smol_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv, 0.0f);
+        matmul_backward_weight(smol_grad(m, SMOLP_vis_fc1_w, l), a->g_gate, ln2, V, Cv, Fv);
+        bias_backward(smol_grad(m, SMOLP_vis_fc1_b, l), a->partial, a->g_gate, V, Fv);
+        layernorm_backward(dres, dres_x, smol_grad(m, SMOLP_vis_ln2_w, l), smol_grad(m, SMOLP_vis_ln2_b, l), a->partial,
+                           a->g_ln, mid, smol_param(m, SMOLP_vis_ln2_w, l), a->v_mean2 + L * V, a->v_rstd2 + L * V, V, Cv);
+        // attention: mid = x + out_proj(attention(q, k, v))
+        matmul_backward_input(a->g_att, dres_x, smol_param(m, SMOLP_vis_wo, l), V, Cv, Cv, 0.0f);
+        matmul_backward_weight(smol_grad(m, SMOLP_vis_wo, l), dres_x, att, V, Cv, Cv);
+        bias_backward(smol_grad(m, SMOLP_vis_bo, l), a->partial, dres_x, V, Cv);
+        cudaCheck(cudaMemsetAsync(a->g_kf, 0, VC * sizeof(float), main_stream));
+        cudaCheck(cudaMemsetAsync(a->g_vf, 0, VC * sizeof(float), main_stream));
+        GqaAttn keys = {k, v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv};
+        gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, q, att, a->v_lse + L * V * c->vis_heads,
+                               a->delta, keys);
+        convert(a->g_kx, a->g_kf, VC);
+        convert(a->g_vx, a->g_vf, VC);
+        const floatX* dqkv[3] = {a->g_q, a->g_kx, a->g_vx};
+        const int wi[3] = {SMOLP_vis_wq, SMOLP_vis_wk, SMOLP_vis_wv}, bi[3] = {SMOLP_vis_bq, SMOLP_vis_bk, SMOLP_vis_bv};
+        for (int j = 0; j < 3; j++) {
+            matmul_backward_input(a->g_ln, dqkv[j], smol_param(m, wi[j], l), V, Cv, Cv, j > 0 ? 1.0f : 0.0f);
+            matmul_backward_weight(smol_grad(m, wi[j], l), dqkv[j], ln1, V, Cv, Cv);
+            bias_backward(smol_grad(m, bi[j], l), a->partial, dqkv[j], V, Cv);
+        }
+        layernorm_backward(dres, dres_x, smol_grad(m, SMOLP_vis_ln1_w, l), smol_grad(m, SMOLP_vis_ln1_b, l), a->partial,
+                           a->g_ln, x, smol_param(m, SMOLP_vis_ln1_w, l), a->v_mean1 + L * V, a->v_rstd1 + L * V, V, Cv);
+    }
+    // patch i's position row, summed over the images in order; the patch embedding
+    LAUNCH_1D(pos_emb_backward_kernel, (size_t)Nv * Cv, m->grads.vis_pos, dres, NV, Nv, Nv, Cv);
+    matmul_backward_weight(m->grads.vis_patch_w, dres_x, a->patches, V, smolvla_patch_dim(c), Cv);
+    bias_backward(m->grads.vis_patch_b, a->partial, dres_x, V, Cv);
+}
+
+// Gradients of the last smolvla_forward's loss for the tensors that train in the model's mode
+// (TRAIN_MODE_EXPERT, _VLM, _ALL: LeRobot's train_expert_only / freeze_vision_encoder) into
+// grads_memory: overwritten when zero_grads (the first micro-step), added to otherwise. No work
+// is done for gradients nothing trainable needs:
+//   expert: the expert, its heads and state_proj train. state_proj's token is the prefix's last
+//     row (block 1): the rows before it (images and language, block 0) never see it, so only that
+//     row is taken back through the (frozen) VLM. Nothing reaches the vision tower.
+//   vlm:    the whole prefix goes back through the VLM (all but its last layer train, and the last
+//     one passes the gradient of its keys/values down), into embed_tokens and the connector; the
+//     vision tower gets nothing.
+//   all:    and on through the vision tower.
+static void smolvla_backward(SmolVLA* m, int zero_grads) {
+    const SmolVLAConfig* c = &m->config;
+    int state_only = m->mode == TRAIN_MODE_EXPERT;
+    if (zero_grads) { cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->n_grads * sizeof(float), main_stream)); }
+    size_t kv = (size_t)c->n_layer * smol_prows(c, m->B) * smolvla_d_kv(c);
+    cudaCheck(cudaMemsetAsync(m->acts.dp_k, 0, kv * sizeof(float), main_stream));
+    cudaCheck(cudaMemsetAsync(m->acts.dp_v, 0, kv * sizeof(float), main_stream));
+    smolvla_expert_backward(m, state_only);
+    smolvla_suffix_embed_backward(m);
+    smolvla_vlm_backward(m, state_only);
+    smolvla_prefix_embed_backward(m, state_only);
+    if (m->mode == TRAIN_MODE_ALL) { smolvla_vision_backward(m); }
+}
+
+// ---- sampling
+
+// num_steps Euler steps of dx/dt = v(x, t) from t = 1 (noise (B, H, Amax), device) to t = 0 ->
+// out (B, H, Amax, host), normalized units (un-normalizing is the caller's). The prefix runs once,
+// and so do the cross layers' re-projections of its keys/values. t = float(1 + k dt) with
+// dt = -1/num_steps in double, x += float(dt) v: LeRobot's euler_integrate.
+static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise, float* out) {
+    const SmolVLAConfig* c = &m->config;
+    smolvla_encode_prefix(m, in);
+    SmolActivations* a = &m->acts;
+    int B = in->B, n = (int)smol_rrows(c, B) * c->max_action_dim, n_steps = 10;
+    cudaCheck(cudaMemcpyAsync(a->x_sample, noise, n * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
+    convert(a->x_t, a->x_sample, n);
+    double dt = -1.0 / n_steps;
+    for (int k = 0; k < n_steps; k++) {
+        LAUNCH_1D(fill_kernel, B, a->t_sample, (float)(1.0 + k * dt), B);
+        smolvla_suffix_embed(m, a->t_sample);
+        smolvla_expert_forward(m, k > 0);
+        LAUNCH_1D(euler_step_f32_kernel, n, a->x_sample, a->x_t, a->v_t, (float)dt, n);
+    }
+    cudaCheck(cudaMemcpyAsync(out, a->x_sample, n * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
+    cudaCheck(cudaStreamSynchronize(main_stream));
+}
+
+#pragma nv_diag_default 177
 
 // ----------------------------------------------------------------------------
 // data: device batches fed from the loader's pinned ring

@@ -6,7 +6,7 @@ test_vla.c. The model math lives in the trainers; everything here is written onc
   the parameter table          VLA_PARAMETERS: name, shape, group, decay, init of every tensor
   a counter-based RNG          splitmix64 keyed by (seed, stream); uniform, normal, Beta(1.5,1)
   dataset shards               mmap'd reader, every size checked against the file length
-  sample assembly              images, text bytes + pad mask, normalized state, action chunk
+  sample assembly              images, instruction token ids + pad mask, normalized state, action chunk
   distributed sampler          per-epoch permutation from (seed, epoch), disjoint rank slices
   checkpoints                  atomic write (temp + rename), keep last N, resume newest
   command line                 getopt_long, -h lists every option with its default
@@ -1221,9 +1221,10 @@ static inline int smolvla_load_safetensors(const SafeTensors* st, const SmolVLAC
 }
 
 // ----------------------------------------------------------------------------
-// dataset shards (SPEC section 3). One file:
-//   header (256 bytes)
-//   images         u8  (n_frames, n_cam, img, img, 3)
+// dataset shards (SPEC section 3). One file, version 2:
+//   header (512 bytes)
+//   images         u8  (n_frames, frame bytes)        each frame: its cameras one after another,
+//                                                     camera k cam_height[k] x cam_width[k] x 3 (HWC)
 //   state          f32 (n_frames, state_dim)
 //   action         f32 (n_frames, action_dim)
 //   frame_episode  u32 (n_frames)                    episode of each frame, shard-local
@@ -1231,22 +1232,45 @@ static inline int smolvla_load_safetensors(const SafeTensors* st, const SmolVLAC
 //   task_offsets   u64 (n_tasks + 1)                 into task_text
 //   task_text      u8  (task_bytes)                  UTF-8, not NUL-terminated
 //   stats          f32 state_mean(S) state_std(S) action_mean(A) action_std(A)
-// Sections start at 64-byte aligned offsets recorded in the header.
+//   token_offsets  u64 (n_tasks + 1)                 into tokens
+//   tokens         i32 (n_tokens)                    each task's instruction as ids in [0, vocab)
+// Sections follow each other in this order, each at the first 64-byte boundary after the one
+// before; the header records the offsets and the reader checks that they are exactly there.
+// The header names the tokenizer of the ids: "bytes" (id = UTF-8 byte, vocab 256: the presets
+// trained from scratch) or a tokenizer.json as "<its basename>:<first 16 hex digits of its
+// sha256>". Version 1 (256-byte header: the first 128 bytes of this one, then zeros; the first
+// 8 sections; every camera img x img) still reads: the reader maps it to the same view, camera
+// sizes img x img, tokenizer "bytes", tokens made from the task text (the frames are not copied).
 
 #define SHARD_MAGIC 0x44414C56u  // "VLAD"
-#define SHARD_VERSION 1u
+#define SHARD_VERSION 2u
 #define SHARD_ALIGN 64
+#define SHARD_HEADER_V1 256             // bytes of version 1's header
+#define SHARD_TOKENIZER_BYTES "bytes"   // token id = UTF-8 byte
+#define SHARD_MAX_VOCAB (1u << 24)
+#define VLA_TEXT_VOCAB 256              // rows of the text table of the model in train_vla.c/.cu
 
 typedef struct {
     uint32_t magic, version;
-    uint32_t n_cam, img, state_dim, action_dim;
+    uint32_t n_cam;
+    uint32_t img;                       // side of every camera when all are img x img, else 0
+    uint32_t state_dim, action_dim;
     uint64_t n_frames, n_episodes, n_tasks, task_bytes;
     uint64_t off_images, off_state, off_action, off_frame_episode;
     uint64_t off_episodes, off_task_offsets, off_task_text, off_stats;
     uint64_t file_size;
-    uint64_t reserved[16];
+    // version 2 from here on
+    uint64_t n_tokens;                  // token ids of all tasks
+    uint64_t off_token_offsets, off_tokens;
+    uint32_t vocab;                     // every id is in [0, vocab)
+    uint32_t reserved0;
+    char tokenizer[64];                 // NUL-terminated: "bytes" or "<tokenizer.json basename>:<16 hex>"
+    uint32_t cam_height[VLA_MAX_CAM];   // camera k's pixels (0 past n_cam)
+    uint32_t cam_width[VLA_MAX_CAM];
+    uint64_t reserved[20];
 } ShardHeader;
-VLA_STATIC_ASSERT(sizeof(ShardHeader) == 256, "shard header is 256 bytes");
+VLA_STATIC_ASSERT(sizeof(ShardHeader) == 512 && VLA_MAX_CAM == 16, "shard header is 512 bytes");
+VLA_STATIC_ASSERT(offsetof(ShardHeader, n_tokens) == 128, "version 1's fields come first, where they were");
 
 typedef struct {
     uint64_t first_frame;
@@ -1255,9 +1279,71 @@ typedef struct {
 } ShardEpisode;
 VLA_STATIC_ASSERT(sizeof(ShardEpisode) == 16, "episode record is 16 bytes");
 
+// The cameras of a frame: camera k is height[k] x width[k] pixels, u8 HWC, the cameras one after
+// another. A shard's come from its header (shard_cameras); a batch's images are laid out the same.
+typedef struct {
+    int n;
+    uint32_t height[VLA_MAX_CAM], width[VLA_MAX_CAM];
+} Cameras;
+
+// Byte offset of camera k in a frame's images; k = n gives the bytes of a whole frame.
+static inline size_t camera_offset(const Cameras* cams, int k) {
+    size_t off = 0;
+    for (int j = 0; j < k; j++) { off += (size_t)cams->height[j] * cams->width[j] * 3; }
+    return off;
+}
+
+static inline size_t cameras_frame_bytes(const Cameras* cams) { return camera_offset(cams, cams->n); }
+
+static inline Cameras cameras_square(int n, int img) {
+    Cameras cams;
+    memset(&cams, 0, sizeof(cams));
+    cams.n = n;
+    for (int k = 0; k < n && k < VLA_MAX_CAM; k++) { cams.height[k] = cams.width[k] = (uint32_t)img; }
+    return cams;
+}
+
+static inline int cameras_equal(const Cameras* a, const Cameras* b) {
+    int same = a->n == b->n;
+    for (int k = 0; same && k < a->n; k++) { same = a->height[k] == b->height[k] && a->width[k] == b->width[k]; }
+    return same;
+}
+
+// The side when every camera is img x img, else 0.
+static inline uint32_t cameras_square_side(const Cameras* cams) {
+    for (int k = 0; k < cams->n; k++) {
+        if (cams->height[k] != cams->width[k] || cams->height[k] != cams->height[0]) { return 0; }
+    }
+    return cams->n > 0 ? cams->height[0] : 0;
+}
+
+// "8x12, 16x16" (height x width of each camera), for messages
+static inline const char* cameras_describe(const Cameras* cams, char* buf, size_t size) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < cams->n && at < size; k++) {
+        at += (size_t)snprintf(buf + at, size - at, "%s%ux%u", k > 0 ? ", " : "", cams->height[k], cams->width[k]);
+    }
+    return buf;
+}
+
+static inline Cameras shard_cameras(const ShardHeader* h) {
+    if (h->version == 1) { return cameras_square((int)h->n_cam, (int)h->img); }
+    Cameras cams;
+    memset(&cams, 0, sizeof(cams));
+    cams.n = (int)h->n_cam;
+    for (int k = 0; k < cams.n && k < VLA_MAX_CAM; k++) { cams.height[k] = h->cam_height[k]; cams.width[k] = h->cam_width[k]; }
+    return cams;
+}
+
+// Token ids of UTF-8 text under the "bytes" tokenizer: one id per byte, its value.
+static inline void tokens_from_bytes(int32_t* ids, const uint8_t* text, size_t n) {
+    for (size_t k = 0; k < n; k++) { ids[k] = (int32_t)text[k]; }
+}
+
 typedef struct {
     char path[VLA_PATH_MAX];
-    ShardHeader h;
+    ShardHeader h;       // a version-1 file's as version 2 would say it (cameras, tokenizer, n_tokens)
     uint8_t* map;
     size_t map_size;
     const uint8_t* images;
@@ -1268,14 +1354,34 @@ typedef struct {
     const uint64_t* task_offsets;
     const uint8_t* task_text;
     const float* stats;
+    const uint64_t* token_offsets;  // (n_tasks + 1) into tokens
+    const int32_t* tokens;          // (n_tokens)
+    int32_t* owned_tokens;          // version 1: the tokens made from task_text at open (else NULL)
 } Shard;
 
 static inline uint64_t align_up(uint64_t x, uint64_t align) { return (x + align - 1) / align * align; }
 
-// Byte sizes of the sections, in file order.
-static inline void shard_section_sizes(const ShardHeader* h, const char* path, uint64_t sizes[8]) {
-    uint64_t frame_pixels = mul_check(mul_check((uint64_t)h->img, h->img, path, "image"), 3ULL * h->n_cam, path, "image");
-    sizes[0] = mul_check(h->n_frames, frame_pixels, path, "images");
+// The sections in file order; version 1 has the first SHARD_SECTIONS_V1.
+enum { SHARD_SECTIONS_V1 = 8, SHARD_SECTIONS = 10 };
+static const char* const SHARD_SECTION_NAMES[SHARD_SECTIONS] = {
+    "images", "state", "action", "frame_episode", "episodes", "task_offsets", "task_text", "stats",
+    "token_offsets", "tokens"};
+
+static inline int shard_n_sections(const ShardHeader* h) { return h->version == 1 ? SHARD_SECTIONS_V1 : SHARD_SECTIONS; }
+static inline uint64_t shard_header_bytes(const ShardHeader* h) { return h->version == 1 ? SHARD_HEADER_V1 : sizeof(ShardHeader); }
+
+// The header's offset fields, in file order.
+static inline void shard_section_offsets(ShardHeader* h, uint64_t* offs[SHARD_SECTIONS]) {
+    uint64_t* all[SHARD_SECTIONS] = {&h->off_images, &h->off_state, &h->off_action, &h->off_frame_episode,
+                                     &h->off_episodes, &h->off_task_offsets, &h->off_task_text, &h->off_stats,
+                                     &h->off_token_offsets, &h->off_tokens};
+    memcpy(offs, all, sizeof(all));
+}
+
+// Byte sizes of the sections, in file order (the counts must be bounded first: see the reader).
+static inline void shard_section_sizes(const ShardHeader* h, const char* path, uint64_t sizes[SHARD_SECTIONS]) {
+    Cameras cams = shard_cameras(h);
+    sizes[0] = mul_check(h->n_frames, cameras_frame_bytes(&cams), path, "images");
     sizes[1] = mul_check(mul_check(h->n_frames, h->state_dim, path, "state"), 4, path, "state");
     sizes[2] = mul_check(mul_check(h->n_frames, h->action_dim, path, "action"), 4, path, "action");
     sizes[3] = mul_check(h->n_frames, 4, path, "frame_episode");
@@ -1284,16 +1390,17 @@ static inline void shard_section_sizes(const ShardHeader* h, const char* path, u
     sizes[5] = mul_check(h->n_tasks + 1, 8, path, "task offsets");
     sizes[6] = h->task_bytes;
     sizes[7] = 8ULL * ((uint64_t)h->state_dim + h->action_dim);
+    sizes[8] = h->version == 1 ? 0 : sizes[5];
+    sizes[9] = h->version == 1 ? 0 : mul_check(h->n_tokens, 4, path, "tokens");
 }
 
-// Fills the offsets and file_size of a header whose counts are set.
+// Fills the offsets and file_size of a header whose version and counts are set.
 static inline void shard_header_layout(ShardHeader* h) {
-    uint64_t sizes[8];
+    uint64_t sizes[SHARD_SECTIONS], *offs[SHARD_SECTIONS];
     shard_section_sizes(h, "(new shard)", sizes);
-    uint64_t* offs[8] = {&h->off_images, &h->off_state, &h->off_action, &h->off_frame_episode,
-                         &h->off_episodes, &h->off_task_offsets, &h->off_task_text, &h->off_stats};
-    uint64_t pos = sizeof(ShardHeader);
-    for (int i = 0; i < 8; i++) {
+    shard_section_offsets(h, offs);
+    uint64_t pos = shard_header_bytes(h);
+    for (int i = 0; i < shard_n_sections(h); i++) {
         pos = align_up(pos, SHARD_ALIGN);
         *offs[i] = pos;
         pos += sizes[i];
@@ -1304,10 +1411,13 @@ static inline void shard_header_layout(ShardHeader* h) {
 static inline void shard_close(Shard* s) {
     if (s->map != NULL) { munmap(s->map, s->map_size); }
     s->map = NULL;
+    free(s->owned_tokens);
+    s->owned_tokens = NULL;
 }
 
-// Opens and checks a shard: every size against the file, every index in range, every state and
-// action value finite. Returns 0, or 1 with the reason in err and nothing left open.
+// Opens and checks a shard of version 1 or 2: every size against the file, every index in range,
+// every token id in its vocabulary, every state and action value finite. Returns 0, or 1 with the
+// reason in err and nothing left open.
 static inline int shard_open_checked(Shard* s, const char* path, char* err, size_t err_size) {
     memset(s, 0, sizeof(*s));
 #define SHARD_REJECT_(...) do { snprintf(err, err_size, __VA_ARGS__); shard_close(s); return 1; } while (0)
@@ -1324,7 +1434,7 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
                       e != 0 ? strerror(e) : "a device, pipe or socket");
     }
     uint64_t len = (uint64_t)st.st_size;
-    if (len < sizeof(ShardHeader)) {
+    if (len < SHARD_HEADER_V1) {
         close(fd);
         SHARD_REJECT_("%s: %llu bytes is shorter than a shard header (256): the file is truncated, regenerate it",
                       path, (unsigned long long)len);
@@ -1337,46 +1447,125 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
         SHARD_REJECT_("%s: mmap failed: %s", path, strerror(map_errno));
     }
     s->map_size = len;
-    memcpy(&s->h, s->map, sizeof(ShardHeader));
-    const ShardHeader* h = &s->h;
+    ShardHeader* h = &s->h;
+    memcpy(h, s->map, offsetof(ShardHeader, n_tokens));  // version 1's fields; the rest stays zero for now
     if (h->magic != SHARD_MAGIC) {
         SHARD_REJECT_("%s: bad magic 0x%08x (want 0x%08x): not a train_vla dataset shard; convert it with the tools in data/",
                       path, h->magic, SHARD_MAGIC);
     }
-    if (h->version != SHARD_VERSION) {
-        SHARD_REJECT_("%s: shard version %u, this build reads version %u: regenerate the shard with this version's data/ "
-                      "tools", path, h->version, SHARD_VERSION);
+    if (h->version != 1 && h->version != SHARD_VERSION) {
+        SHARD_REJECT_("%s: shard version %u, this build reads versions 1 and %u: regenerate the shard with this version's "
+                      "data/ tools", path, h->version, SHARD_VERSION);
     }
-    if (h->n_cam < 1 || h->n_cam > VLA_MAX_CAM || h->img < 1 || h->img > VLA_MAX_IMG || h->state_dim < 1 ||
-        h->state_dim > VLA_MAX_DIM || h->action_dim < 1 || h->action_dim > VLA_MAX_DIM || h->n_frames < 1 ||
-        h->n_frames > UINT32_MAX || h->n_episodes < 1 || h->n_episodes > h->n_frames || h->n_tasks < 1 ||
-        h->n_tasks > UINT32_MAX) {
+    if (h->version != 1) {
+        if (len < sizeof(ShardHeader)) {
+            SHARD_REJECT_("%s: %llu bytes is shorter than a version-2 shard header (512): the file is truncated, "
+                          "regenerate it", path, (unsigned long long)len);
+        }
+        memcpy(h, s->map, sizeof(ShardHeader));
+    }
+    if (h->n_cam < 1 || h->n_cam > VLA_MAX_CAM || (h->version == 1 && (h->img < 1 || h->img > VLA_MAX_IMG)) ||
+        h->state_dim < 1 || h->state_dim > VLA_MAX_DIM || h->action_dim < 1 || h->action_dim > VLA_MAX_DIM ||
+        h->n_frames < 1 || h->n_frames > UINT32_MAX || h->n_episodes < 1 || h->n_episodes > h->n_frames ||
+        h->n_tasks < 1 || h->n_tasks > UINT32_MAX) {
         SHARD_REJECT_("%s: header sizes out of range (n_cam %u, img %u, state %u, action %u, frames %llu, episodes %llu, "
                       "tasks %llu): the file is corrupt, regenerate it", path, h->n_cam, h->img, h->state_dim,
                       h->action_dim, (unsigned long long)h->n_frames, (unsigned long long)h->n_episodes,
                       (unsigned long long)h->n_tasks);
     }
+    if (h->version == 1) {  // the same view as version 2: its cameras, byte tokens (made below)
+        for (uint32_t k = 0; k < h->n_cam; k++) { h->cam_height[k] = h->cam_width[k] = h->img; }
+        snprintf(h->tokenizer, sizeof(h->tokenizer), "%s", SHARD_TOKENIZER_BYTES);
+        h->vocab = VLA_TEXT_VOCAB;
+        h->n_tokens = h->task_bytes;
+    } else {
+        for (int k = 0; k < VLA_MAX_CAM; k++) {
+            uint32_t ch = h->cam_height[k], cw = h->cam_width[k];
+            int inside = k < (int)h->n_cam;
+            if (inside && (ch < 1 || ch > VLA_MAX_IMG || cw < 1 || cw > VLA_MAX_IMG)) {
+                SHARD_REJECT_("%s: camera %d is %ux%u pixels (height x width), outside 1 to %d: the file is corrupt, "
+                              "regenerate it", path, k, ch, cw, VLA_MAX_IMG);
+            }
+            if (!inside && (ch != 0 || cw != 0)) {
+                SHARD_REJECT_("%s: camera %d has a size (%ux%u) but the shard has %u camera(s): the file is corrupt, "
+                              "regenerate it", path, k, ch, cw, h->n_cam);
+            }
+        }
+        Cameras cams = shard_cameras(h);
+        if (h->img != cameras_square_side(&cams)) {
+            char sizes[256];
+            SHARD_REJECT_("%s: img %u disagrees with the camera sizes (%s, height x width; img is their side when all are "
+                          "square and equal, else 0): the file is corrupt, regenerate it", path, h->img,
+                          cameras_describe(&cams, sizes, sizeof(sizes)));
+        }
+        if (memchr(h->tokenizer, '\0', sizeof(h->tokenizer)) == NULL) {
+            SHARD_REJECT_("%s: the tokenizer name is not NUL-terminated within its %d bytes: the file is corrupt, "
+                          "regenerate it", path, (int)sizeof(h->tokenizer));
+        }
+        int printable = h->tokenizer[0] != '\0';
+        for (const char* p = h->tokenizer; *p != '\0'; p++) { printable &= *p >= 0x20 && *p < 0x7f; }
+        if (!printable) {
+            SHARD_REJECT_("%s: the tokenizer name is empty or not printable ASCII: the file is corrupt, regenerate it",
+                          path);
+        }
+        if (h->vocab < 1 || h->vocab > SHARD_MAX_VOCAB) {
+            SHARD_REJECT_("%s: vocabulary size %u of tokenizer %s is outside 1 to %u: the file is corrupt, regenerate it",
+                          path, h->vocab, h->tokenizer, SHARD_MAX_VOCAB);
+        }
+        if (strcmp(h->tokenizer, SHARD_TOKENIZER_BYTES) == 0 && h->vocab != VLA_TEXT_VOCAB) {
+            SHARD_REJECT_("%s: tokenizer \"bytes\" with a vocabulary of %u, not %d: the file is corrupt, regenerate it",
+                          path, h->vocab, VLA_TEXT_VOCAB);
+        }
+        if (h->n_tokens > len / 4) {
+            SHARD_REJECT_("%s: %llu tokens cannot fit in the %llu-byte file: the file is corrupt, regenerate it", path,
+                          (unsigned long long)h->n_tokens, (unsigned long long)len);
+        }
+    }
     if (h->file_size != len) {
         SHARD_REJECT_("%s: header says %llu bytes but the file has %llu: the file is truncated or padded, regenerate it",
                       path, (unsigned long long)h->file_size, (unsigned long long)len);
     }
-    uint64_t sizes[8];
+    // every section where the writers put it: in order, each at the first 64-byte boundary after the
+    // one before, the last ending the file. So sizes computed from the header (the cameras') are the
+    // sizes of the sections in the file.
+    uint64_t sizes[SHARD_SECTIONS], *off_fields[SHARD_SECTIONS], offs[SHARD_SECTIONS];
     shard_section_sizes(h, path, sizes);  // the counts are bounded, so none of these products overflows
-    const uint64_t offs[8] = {h->off_images, h->off_state, h->off_action, h->off_frame_episode,
-                              h->off_episodes, h->off_task_offsets, h->off_task_text, h->off_stats};
-    static const char* names[8] = {"images", "state", "action", "frame_episode", "episodes", "task_offsets",
-                                    "task_text", "stats"};
-    for (int i = 0; i < 8; i++) {
-        uint64_t end;
+    shard_section_offsets(h, off_fields);
+    uint64_t end = shard_header_bytes(h);
+    for (int i = 0; i < shard_n_sections(h); i++) {
+        offs[i] = *off_fields[i];
+        const char* name = SHARD_SECTION_NAMES[i];
         if (offs[i] % SHARD_ALIGN != 0) {
             SHARD_REJECT_("%s: section %s starts at offset %llu, not a multiple of %d as the format requires: the file "
-                          "is corrupt, regenerate it", path, names[i], (unsigned long long)offs[i], SHARD_ALIGN);
+                          "is corrupt, regenerate it", path, name, (unsigned long long)offs[i], SHARD_ALIGN);
         }
-        if (offs[i] < sizeof(ShardHeader) || __builtin_add_overflow(offs[i], sizes[i], &end) || end > len) {
+        uint64_t next;
+        if (offs[i] < shard_header_bytes(h) || __builtin_add_overflow(offs[i], sizes[i], &next) || next > len) {
             SHARD_REJECT_("%s: section %s (offset %llu, %llu bytes) does not fit in the %llu-byte file: the sizes disagree "
-                          "with the file length, regenerate it", path, names[i], (unsigned long long)offs[i],
+                          "with the file length, regenerate it", path, name, (unsigned long long)offs[i],
                           (unsigned long long)sizes[i], (unsigned long long)len);
         }
+        if (offs[i] != align_up(end, SHARD_ALIGN)) {
+            if (i == 1) {  // the images section's size is the cameras'
+                Cameras cams = shard_cameras(h);
+                char sizes_text[256];
+                SHARD_REJECT_("%s: the camera sizes (%s, height x width) make %llu frames %llu bytes of images, ending at "
+                              "offset %llu, but the next section starts at %llu: the camera sizes disagree with the "
+                              "file; it is corrupt, regenerate it", path, cameras_describe(&cams, sizes_text,
+                              sizeof(sizes_text)), (unsigned long long)h->n_frames, (unsigned long long)sizes[0],
+                              (unsigned long long)end, (unsigned long long)offs[i]);
+            }
+            SHARD_REJECT_("%s: section %s starts at offset %llu, but what comes before it ends at %llu (next boundary "
+                          "%llu): the header's sizes disagree with the layout; the file is corrupt, regenerate it", path,
+                          name, (unsigned long long)offs[i], (unsigned long long)end,
+                          (unsigned long long)align_up(end, SHARD_ALIGN));
+        }
+        end = next;
+    }
+    if (end != len) {
+        SHARD_REJECT_("%s: the last section ends at offset %llu but the file has %llu bytes: the header's sizes disagree "
+                      "with the layout; the file is corrupt, regenerate it", path, (unsigned long long)end,
+                      (unsigned long long)len);
     }
     s->images = s->map + h->off_images;
     s->state = (const float*)(s->map + h->off_state);
@@ -1386,6 +1575,10 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
     s->task_offsets = (const uint64_t*)(s->map + h->off_task_offsets);
     s->task_text = s->map + h->off_task_text;
     s->stats = (const float*)(s->map + h->off_stats);
+    if (h->version != 1) {
+        s->token_offsets = (const uint64_t*)(s->map + h->off_token_offsets);
+        s->tokens = (const int32_t*)(s->map + h->off_tokens);
+    }
     // the tables that index into other sections: every index in range
     for (uint64_t e = 0; e < h->n_episodes; e++) {
         const ShardEpisode* ep = &s->episodes[e];
@@ -1417,6 +1610,38 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
                           path, (unsigned long long)k);
         }
     }
+    if (h->version == 1) {  // byte tokens of the task text: the one copy a version-1 shard needs
+        s->owned_tokens = (int32_t*)mallocCheck((h->task_bytes > 0 ? h->task_bytes : 1) * sizeof(int32_t));
+        tokens_from_bytes(s->owned_tokens, s->task_text, h->task_bytes);
+        s->token_offsets = s->task_offsets;
+        s->tokens = s->owned_tokens;
+    }
+    // the token ids: a table that spans them, every id in the vocabulary, "bytes" ids the text's bytes
+    if (s->token_offsets[0] != 0 || s->token_offsets[h->n_tasks] != h->n_tokens) {
+        SHARD_REJECT_("%s: token offsets do not span the %llu tokens: the file is corrupt, regenerate it", path,
+                      (unsigned long long)h->n_tokens);
+    }
+    int bytes = strcmp(h->tokenizer, SHARD_TOKENIZER_BYTES) == 0;
+    for (uint64_t k = 0; k < h->n_tasks; k++) {
+        uint64_t t0 = s->token_offsets[k], t1 = s->token_offsets[k + 1];
+        if (t1 < t0) {
+            SHARD_REJECT_("%s: token offsets are not increasing at task %llu: the file is corrupt, regenerate it",
+                          path, (unsigned long long)k);
+        }
+        for (uint64_t t = t0; t < t1; t++) {
+            if (s->tokens[t] < 0 || (uint32_t)s->tokens[t] >= h->vocab) {
+                SHARD_REJECT_("%s: task %llu has token id %d, outside the vocabulary [0, %u) of tokenizer %s: the file is "
+                              "corrupt, regenerate it", path, (unsigned long long)k, s->tokens[t], h->vocab, h->tokenizer);
+            }
+        }
+        uint64_t b0 = s->task_offsets[k], n_text = s->task_offsets[k + 1] - b0;
+        int same = n_text == t1 - t0;
+        for (uint64_t t = 0; bytes && same && t < n_text; t++) { same = s->tokens[t0 + t] == (int32_t)s->task_text[b0 + t]; }
+        if (bytes && !same) {
+            SHARD_REJECT_("%s: the tokens of task %llu are not the bytes of its text, as tokenizer \"bytes\" says: the "
+                          "file is corrupt, regenerate it", path, (unsigned long long)k);
+        }
+    }
     // the values the model reads: a NaN or Inf here would end training as a non-finite loss
     const float* values[2] = {s->state, s->action};
     const uint32_t dims[2] = {h->state_dim, h->action_dim};
@@ -1439,48 +1664,73 @@ static inline void shard_open(Shard* s, const char* path) {
     if (shard_open_checked(s, path, err, sizeof(err)) != 0) { vla_fail("%s", err); }
 }
 
-// Writes a shard from in-memory arrays (tests and the synthetic data generator).
-static inline void shard_write(const char* path, uint32_t n_cam, uint32_t img, uint32_t state_dim, uint32_t action_dim,
-                        uint64_t n_frames, const uint8_t* images, const float* state, const float* action,
-                        uint64_t n_episodes, const ShardEpisode* episodes, uint64_t n_tasks,
-                        const char* const* tasks, const float* stats) {
+// Writes a header (its version and counts set) and its sections (data: one array per section, in
+// file order), each at its offset with zeros between.
+static inline void shard_write_sections(const char* path, ShardHeader* h, const void* const data[SHARD_SECTIONS]) {
+    shard_header_layout(h);
+    uint64_t sizes[SHARD_SECTIONS], *offs[SHARD_SECTIONS];
+    shard_section_sizes(h, path, sizes);
+    shard_section_offsets(h, offs);
+    AtomicFile out;
+    atomic_file_open(&out, path, h->file_size);
+    uint8_t zeros[SHARD_ALIGN] = {0};
+    uint64_t pos = shard_header_bytes(h);
+    atomic_file_write(&out, h, 1, pos);
+    for (int i = 0; i < shard_n_sections(h); i++) {
+        atomic_file_write(&out, zeros, 1, *offs[i] - pos);
+        atomic_file_write(&out, data[i], 1, sizes[i]);
+        pos = *offs[i] + sizes[i];
+    }
+    atomic_file_commit(&out);
+}
+
+// Writes a shard from in-memory arrays (tests, data/synthetic, the fuzz seeds): images (n_frames,
+// frame bytes of cams), each frame its cameras one after another; instructions as byte tokens.
+static inline void shard_write(const char* path, const Cameras* cams, uint32_t state_dim, uint32_t action_dim,
+                               uint64_t n_frames, const uint8_t* images, const float* state, const float* action,
+                               uint64_t n_episodes, const ShardEpisode* episodes, uint64_t n_tasks,
+                               const char* const* tasks, const float* stats) {
     ShardHeader h;
     memset(&h, 0, sizeof(h));
     h.magic = SHARD_MAGIC;
     h.version = SHARD_VERSION;
-    h.n_cam = n_cam; h.img = img; h.state_dim = state_dim; h.action_dim = action_dim;
+    h.n_cam = (uint32_t)cams->n; h.img = cameras_square_side(cams); h.state_dim = state_dim; h.action_dim = action_dim;
+    for (int k = 0; k < cams->n; k++) { h.cam_height[k] = cams->height[k]; h.cam_width[k] = cams->width[k]; }
     h.n_frames = n_frames; h.n_episodes = n_episodes; h.n_tasks = n_tasks;
+    snprintf(h.tokenizer, sizeof(h.tokenizer), "%s", SHARD_TOKENIZER_BYTES);
+    h.vocab = VLA_TEXT_VOCAB;
     uint64_t* task_offsets = (uint64_t*)mallocCheck((n_tasks + 1) * sizeof(uint64_t));
     task_offsets[0] = 0;
     for (uint64_t k = 0; k < n_tasks; k++) { task_offsets[k + 1] = task_offsets[k] + strlen(tasks[k]); }
-    h.task_bytes = task_offsets[n_tasks];
-    shard_header_layout(&h);
+    h.task_bytes = h.n_tokens = task_offsets[n_tasks];
+    uint8_t* text = (uint8_t*)mallocCheck(h.task_bytes + 1);
+    for (uint64_t k = 0; k < n_tasks; k++) { memcpy(text + task_offsets[k], tasks[k], strlen(tasks[k])); }
+    int32_t* tokens = (int32_t*)mallocCheck((h.n_tokens + 1) * sizeof(int32_t));
+    tokens_from_bytes(tokens, text, h.task_bytes);  // where another tokenizer would plug in
     uint32_t* frame_episode = (uint32_t*)mallocCheck(n_frames * sizeof(uint32_t));
     for (uint64_t e = 0; e < n_episodes; e++) {
         for (uint32_t f = 0; f < episodes[e].length; f++) { frame_episode[episodes[e].first_frame + f] = (uint32_t)e; }
     }
-    AtomicFile out;
-    atomic_file_open(&out, path, h.file_size);
-    uint8_t zeros[SHARD_ALIGN] = {0};
-    atomic_file_write(&out, &h, sizeof(h), 1);
-    const void* data[8] = {images, state, action, frame_episode, episodes, task_offsets, NULL, stats};
-    const uint64_t offs[8] = {h.off_images, h.off_state, h.off_action, h.off_frame_episode,
-                              h.off_episodes, h.off_task_offsets, h.off_task_text, h.off_stats};
-    uint64_t sizes[8];
-    shard_section_sizes(&h, path, sizes);
-    uint64_t pos = sizeof(h);
-    for (int i = 0; i < 8; i++) {
-        atomic_file_write(&out, zeros, 1, offs[i] - pos);
-        if (i == 6) {
-            for (uint64_t k = 0; k < n_tasks; k++) { atomic_file_write(&out, tasks[k], 1, strlen(tasks[k])); }
-        } else {
-            atomic_file_write(&out, data[i], 1, sizes[i]);
-        }
-        pos = offs[i] + sizes[i];
+    const void* data[SHARD_SECTIONS] = {images, state, action, frame_episode, episodes, task_offsets, text, stats,
+                                        task_offsets, tokens};
+    shard_write_sections(path, &h, data);
+    free(task_offsets); free(text); free(tokens); free(frame_episode);
+}
+
+// Writes an open shard again in version 1's layout: the format of data/metaworld_mt10.bin.xz and
+// of older tools, for the tests and fuzz seeds of the reader's version-1 path. Needs every camera
+// img x img and byte tokens, all version 1 can say.
+static inline void shard_write_v1(const char* path, const Shard* s) {
+    if (s->h.img == 0 || strcmp(s->h.tokenizer, SHARD_TOKENIZER_BYTES) != 0) {
+        vla_fail("%s: version 1 holds only square cameras of one size and byte tokens", s->path);
     }
-    atomic_file_commit(&out);
-    free(task_offsets);
-    free(frame_episode);
+    ShardHeader h;
+    memset(&h, 0, sizeof(h));
+    memcpy(&h, &s->h, offsetof(ShardHeader, n_tokens));
+    h.version = 1;
+    const void* data[SHARD_SECTIONS] = {s->images, s->state, s->action, s->frame_episode, s->episodes,
+                                        s->task_offsets, s->task_text, s->stats, NULL, NULL};
+    shard_write_sections(path, &h, data);
 }
 
 // Mean/std over frames, as the writers store them (population std).
@@ -1514,7 +1764,10 @@ typedef struct {
     Shard* shards;
     uint64_t* first_sample;  // (n_shards + 1) cumulative frame counts
     uint64_t n_samples;      // every frame starts a sample
-    int n_cam, img, state_dim, action_dim;
+    int n_cam, img, state_dim, action_dim;  // img: the side when every camera is img x img, else 0
+    Cameras cams;            // every shard's cameras (they agree)
+    char tokenizer[64];      // of every shard's token ids (they agree)
+    uint32_t vocab;
     float* state_mean;   // (S)
     float* state_std;    // (S) zero std replaced by 1 so normalization never divides by 0
     float* action_mean;  // (A)
@@ -1582,12 +1835,29 @@ static inline int dataset_open_checked(Dataset* ds, const char* spec, char* err,
         ds->n_shards = i + 1;
         if (i == 0) {
             ds->n_cam = s->h.n_cam; ds->img = s->h.img; ds->state_dim = s->h.state_dim; ds->action_dim = s->h.action_dim;
+            ds->cams = shard_cameras(&s->h);
+            snprintf(ds->tokenizer, sizeof(ds->tokenizer), "%s", s->h.tokenizer);
+            ds->vocab = s->h.vocab;
         } else if ((int)s->h.n_cam != ds->n_cam || (int)s->h.img != ds->img || (int)s->h.state_dim != ds->state_dim ||
                    (int)s->h.action_dim != ds->action_dim) {
             snprintf(err, err_size, "%s has cameras/img/state/action %u/%u/%u/%u but %s has %d/%d/%d/%d: shards of one "
                      "dataset must agree", files[i], s->h.n_cam, s->h.img, s->h.state_dim, s->h.action_dim, files[0],
                      ds->n_cam, ds->img, ds->state_dim, ds->action_dim);
             failed = 1;
+        } else {
+            Cameras cams = shard_cameras(&s->h);
+            char mine[256], first[256];
+            if (!cameras_equal(&cams, &ds->cams)) {
+                snprintf(err, err_size, "%s has cameras of %s pixels but %s has %s (height x width): shards of one dataset "
+                         "must agree", files[i], cameras_describe(&cams, mine, sizeof(mine)), files[0],
+                         cameras_describe(&ds->cams, first, sizeof(first)));
+                failed = 1;
+            } else if (strcmp(s->h.tokenizer, ds->tokenizer) != 0 || s->h.vocab != ds->vocab) {
+                snprintf(err, err_size, "%s has the token ids of tokenizer %s (vocabulary %u) but %s has %s (%u): shards of "
+                         "one dataset must agree: convert them with one tokenizer", files[i], s->h.tokenizer, s->h.vocab,
+                         files[0], ds->tokenizer, ds->vocab);
+                failed = 1;
+            }
         }
         ds->first_sample[i + 1] = ds->first_sample[i] + s->h.n_frames;
     }
@@ -1635,9 +1905,10 @@ static inline void dataset_open(Dataset* ds, const char* spec) {
 
 typedef struct {
     int B;
-    uint8_t* images;     // (B, n_cam, img, img, 3)
-    uint8_t* text;       // (B, max_text) bytes, 0 past the instruction
-    float* text_mask;    // (B, max_text) 1 for instruction bytes, 0 for pads
+    Cameras cams;        // of each sample's images: camera k at cameras_frame_bytes * i + camera_offset(k)
+    uint8_t* images;     // (B, frame bytes) each sample's cameras one after another, HWC
+    int32_t* tokens;     // (B, max_text) token ids of the instruction, 0 past it
+    float* text_mask;    // (B, max_text) 1 for instruction tokens, 0 for pads
     float* state;        // (B, S) normalized
     float* actions;      // (B, H, A) normalized; slots past the episode repeat its last action
     float* action_mask;  // (B, H) 1 inside the episode, 0 past its end
@@ -1647,15 +1918,17 @@ typedef struct {
     size_t bytes;
 } Batch;
 
-// Points the arrays of a batch of B samples into `base` (NULL: only measures), each at a 64-byte
-// boundary. Returns the bytes the batch needs. The same layout serves host and device copies.
-static inline size_t batch_layout(Batch* b, uint8_t* base, const VLAConfig* c, int B) {
+// Points the arrays of a batch of B samples whose frames hold `cams` into `base` (NULL: only
+// measures), each at a 64-byte boundary. Returns the bytes the batch needs. The same layout
+// serves host and device copies.
+static inline size_t batch_layout_cameras(Batch* b, uint8_t* base, const VLAConfig* c, const Cameras* cams, int B) {
     size_t off = 0, HA = (size_t)c->chunk * c->action_dim;
+    b->cams = *cams;
 #define VLA_CARVE_(field, type, count) \
     b->field = base != NULL ? (type*)(base + off) : NULL; \
     off += align_up((size_t)(count) * sizeof(type), 64);
-    VLA_CARVE_(images, uint8_t, (size_t)B * c->n_cam * c->img * c->img * 3)
-    VLA_CARVE_(text, uint8_t, (size_t)B * c->max_text)
+    VLA_CARVE_(images, uint8_t, (size_t)B * cameras_frame_bytes(cams))
+    VLA_CARVE_(tokens, int32_t, (size_t)B * c->max_text)
     VLA_CARVE_(text_mask, float, (size_t)B * c->max_text)
     VLA_CARVE_(state, float, (size_t)B * c->state_dim)
     VLA_CARVE_(actions, float, (size_t)B * HA)
@@ -1669,9 +1942,20 @@ static inline size_t batch_layout(Batch* b, uint8_t* base, const VLAConfig* c, i
     return off;
 }
 
+// The batch of the model of config c: n_cam cameras of img x img.
+static inline size_t batch_layout(Batch* b, uint8_t* base, const VLAConfig* c, int B) {
+    Cameras cams = cameras_square(c->n_cam, c->img);
+    return batch_layout_cameras(b, base, c, &cams, B);
+}
+
+static inline void batch_alloc_cameras(Batch* b, const VLAConfig* c, const Cameras* cams, int B) {
+    size_t bytes = batch_layout_cameras(b, NULL, c, cams, B);
+    batch_layout_cameras(b, (uint8_t*)mallocCheck(bytes), c, cams, B);
+}
+
 static inline void batch_alloc(Batch* b, const VLAConfig* c, int B) {
-    size_t bytes = batch_layout(b, NULL, c, B);
-    batch_layout(b, (uint8_t*)mallocCheck(bytes), c, B);
+    Cameras cams = cameras_square(c->n_cam, c->img);
+    batch_alloc_cameras(b, c, &cams, B);
 }
 
 static inline void batch_free(Batch* b) { free(b->memory); }
@@ -1683,13 +1967,16 @@ static inline void dataset_assemble(const Dataset* ds, const VLAConfig* c, uint6
     const Shard* s = &ds->shards[shard];
     uint64_t f = index - ds->first_sample[shard];
     const ShardEpisode* ep = &s->episodes[s->frame_episode[f]];
-    size_t img_bytes = (size_t)c->n_cam * c->img * c->img * 3;
+    if (!cameras_equal(&b->cams, &ds->cams)) {
+        vla_fail("a batch laid out for other cameras than the dataset's: allocate it with batch_alloc_cameras(ds->cams)");
+    }
+    size_t img_bytes = cameras_frame_bytes(&ds->cams);
     memcpy(b->images + (size_t)i * img_bytes, s->images + f * img_bytes, img_bytes);
-    uint64_t t0 = s->task_offsets[ep->task], len = s->task_offsets[ep->task + 1] - t0;
+    uint64_t t0 = s->token_offsets[ep->task], len = s->token_offsets[ep->task + 1] - t0;
     if (len > (uint64_t)c->max_text) { len = (uint64_t)c->max_text; }
     for (int k = 0; k < c->max_text; k++) {
         int valid = (uint64_t)k < len;
-        b->text[(size_t)i * c->max_text + k] = valid ? s->task_text[t0 + k] : 0;
+        b->tokens[(size_t)i * c->max_text + k] = valid ? s->tokens[t0 + k] : 0;
         b->text_mask[(size_t)i * c->max_text + k] = valid ? 1.0f : 0.0f;
     }
     int S = c->state_dim, A = c->action_dim;
@@ -1767,21 +2054,28 @@ static inline void sampler_advance(Sampler* s, int B, int W) { s->pos += (uint64
 // Random shift (pad by replicating the border, crop back) of every camera image of a sample, by
 // up to `shift` pixels in x and y: the augmentation DrQ and many VLA recipes use. Drawn from
 // (seed, step, global sample), so it is the same whatever rank or thread assembles the sample.
-static inline void augment_shift(uint8_t* images, const VLAConfig* c, int shift, uint64_t seed, uint64_t step, uint64_t g) {
+static inline void augment_shift(uint8_t* images, const Cameras* cams, int shift, uint64_t seed, uint64_t step,
+                                 uint64_t g) {
     Rng r;
     rng_init(&r, seed, RNG_STREAM_AUGMENT(step));
-    r.counter = g * 2 * (uint64_t)c->n_cam;
-    int n = c->img, span = 2 * shift + 1;
-    uint8_t* tmp = (uint8_t*)mallocCheck((size_t)n * n * 3);
-    for (int cam = 0; cam < c->n_cam; cam++) {
+    r.counter = g * 2 * (uint64_t)cams->n;
+    int span = 2 * shift + 1;
+    size_t largest = 0;
+    for (int cam = 0; cam < cams->n; cam++) {
+        size_t bytes = camera_offset(cams, cam + 1) - camera_offset(cams, cam);
+        if (bytes > largest) { largest = bytes; }
+    }
+    uint8_t* tmp = (uint8_t*)mallocCheck(largest);
+    for (int cam = 0; cam < cams->n; cam++) {
         int dx = (int)(rng_u64(&r) % (uint64_t)span) - shift, dy = (int)(rng_u64(&r) % (uint64_t)span) - shift;
-        uint8_t* im = images + (size_t)cam * n * n * 3;
-        memcpy(tmp, im, (size_t)n * n * 3);
-        for (int y = 0; y < n; y++) {
-            int sy = y + dy < 0 ? 0 : (y + dy >= n ? n - 1 : y + dy);
-            for (int x = 0; x < n; x++) {
-                int sx = x + dx < 0 ? 0 : (x + dx >= n ? n - 1 : x + dx);
-                memcpy(im + ((size_t)y * n + x) * 3, tmp + ((size_t)sy * n + sx) * 3, 3);
+        int h = (int)cams->height[cam], w = (int)cams->width[cam];
+        uint8_t* im = images + camera_offset(cams, cam);
+        memcpy(tmp, im, (size_t)h * w * 3);
+        for (int y = 0; y < h; y++) {
+            int sy = y + dy < 0 ? 0 : (y + dy >= h ? h - 1 : y + dy);
+            for (int x = 0; x < w; x++) {
+                int sx = x + dx < 0 ? 0 : (x + dx >= w ? w - 1 : x + dx);
+                memcpy(im + ((size_t)y * w + x) * 3, tmp + ((size_t)sy * w + sx) * 3, 3);
             }
         }
     }
@@ -1801,12 +2095,12 @@ static inline void batch_fill_indices(uint64_t* idx, Sampler* sampler, uint64_t 
 static inline void batch_fill(Batch* batch, const Dataset* ds, const VLAConfig* c, const uint64_t* idx, uint64_t seed,
                               uint64_t step, int r, int augment) {
     int B = batch->B, HA = c->chunk * c->action_dim;
-    size_t img_bytes = (size_t)c->n_cam * c->img * c->img * 3;
+    size_t img_bytes = cameras_frame_bytes(&batch->cams);
     for (int i = 0; i < B; i++) {
         uint64_t g = (uint64_t)r * B + i;
         dataset_assemble(ds, c, idx[i], batch, i);
         flow_noise(c, seed, step, g, &batch->t[i], batch->eps + (size_t)i * HA);
-        if (augment > 0) { augment_shift(batch->images + (size_t)i * img_bytes, c, augment, seed, step, g); }
+        if (augment > 0) { augment_shift(batch->images + (size_t)i * img_bytes, &batch->cams, augment, seed, step, g); }
     }
 }
 
@@ -1888,7 +2182,7 @@ static inline void loader_start_strided(Loader* L, const Dataset* ds, const VLAC
     L->slots = (Batch*)callocCheck(L->n_slots, sizeof(Batch));
     L->slot_job = (int64_t*)callocCheck(L->n_slots, sizeof(int64_t));
     L->slot_state = (int*)callocCheck(L->n_slots, sizeof(int));
-    for (int k = 0; k < L->n_slots; k++) { batch_alloc(&L->slots[k], c, B); }
+    for (int k = 0; k < L->n_slots; k++) { batch_alloc_cameras(&L->slots[k], c, &ds->cams, B); }
     pthread_mutex_init(&L->mu, NULL);
     pthread_cond_init(&L->cv, NULL);
     L->threads = (pthread_t*)callocCheck(n_threads > 0 ? n_threads : 1, sizeof(pthread_t));
@@ -2497,60 +2791,84 @@ static inline void logger_close(Logger* lg) {
 // runs: what both trainers do around their model (config, where to start, checkpoints)
 
 // Warns (one line per group, naming the instructions) when distinct instructions of the dataset
-// read the same once cut to max_text bytes: the model could not tell those tasks apart.
-// Returns the number of instructions that collide with an earlier one.
+// read the same once their token ids are cut to max_text: the model could not tell those tasks
+// apart. Returns the number of instructions that collide with an earlier one.
 static inline int dataset_warn_text_collisions(const Dataset* ds, int max_text) {
-    // the distinct instructions over all shards (each shard has its own table)
+    // the distinct instructions over all shards (each shard has its own table), with their tokens
+    typedef struct { const uint8_t* text; uint64_t len; const int32_t* ids; uint64_t n_ids; } Instruction;
     size_t n = 0, cap = 0;
     for (int s = 0; s < ds->n_shards; s++) { cap += ds->shards[s].h.n_tasks; }
-    const uint8_t** text = (const uint8_t**)mallocCheck(cap * sizeof(*text));
-    uint64_t* len = (uint64_t*)mallocCheck(cap * sizeof(*len));
+    Instruction* ins = (Instruction*)mallocCheck((cap > 0 ? cap : 1) * sizeof(Instruction));
     for (int s = 0; s < ds->n_shards; s++) {
         const Shard* sh = &ds->shards[s];
         for (uint64_t k = 0; k < sh->h.n_tasks; k++) {
-            const uint8_t* t = sh->task_text + sh->task_offsets[k];
-            uint64_t l = sh->task_offsets[k + 1] - sh->task_offsets[k];
+            Instruction t = {sh->task_text + sh->task_offsets[k], sh->task_offsets[k + 1] - sh->task_offsets[k],
+                             sh->tokens + sh->token_offsets[k], sh->token_offsets[k + 1] - sh->token_offsets[k]};
             int known = 0;
-            for (size_t i = 0; i < n && !known; i++) { known = len[i] == l && memcmp(text[i], t, l) == 0; }
-            if (!known) { text[n] = t; len[n] = l; n++; }
+            for (size_t i = 0; i < n && !known; i++) { known = ins[i].len == t.len && memcmp(ins[i].text, t.text, t.len) == 0; }
+            if (!known) { ins[n++] = t; }
         }
     }
-    // the fewest bytes that keep every pair apart: one past their longest common prefix
+    // the fewest tokens that keep every pair apart: one past their longest common prefix
     uint64_t need = 1;
     for (size_t i = 0; i < n; i++) {
         for (size_t j = i + 1; j < n; j++) {
-            uint64_t p = 0, m = len[i] < len[j] ? len[i] : len[j];
-            while (p < m && text[i][p] == text[j][p]) { p++; }
+            uint64_t p = 0, m = ins[i].n_ids < ins[j].n_ids ? ins[i].n_ids : ins[j].n_ids;
+            while (p < m && ins[i].ids[p] == ins[j].ids[p]) { p++; }
             if (p + 1 > need) { need = p + 1; }
         }
     }
+    const char* unit = strcmp(ds->tokenizer, SHARD_TOKENIZER_BYTES) == 0 ? "bytes" : "tokens";
     int collisions = 0;
     uint8_t* reported = (uint8_t*)callocCheck(n + 1, 1);
     for (size_t i = 0; i < n; i++) {
         if (reported[i]) { continue; }
-        uint64_t li = len[i] < (uint64_t)max_text ? len[i] : (uint64_t)max_text;
+        uint64_t li = ins[i].n_ids < (uint64_t)max_text ? ins[i].n_ids : (uint64_t)max_text;
         int group = 0;
         for (size_t j = i + 1; j < n; j++) {
-            uint64_t lj = len[j] < (uint64_t)max_text ? len[j] : (uint64_t)max_text;
-            if (reported[j] || li != lj || memcmp(text[i], text[j], li) != 0) { continue; }
+            uint64_t lj = ins[j].n_ids < (uint64_t)max_text ? ins[j].n_ids : (uint64_t)max_text;
+            if (reported[j] || li != lj || memcmp(ins[i].ids, ins[j].ids, li * sizeof(int32_t)) != 0) { continue; }
             if (group++ == 0) {
-                printf("warning: these instructions are the same in their first %d bytes, so the model reads them as one "
-                       "task: \"%.*s\"", max_text, (int)len[i], (const char*)text[i]);
+                printf("warning: these instructions are the same in their first %d %s, so the model reads them as one "
+                       "task: \"%.*s\"", max_text, unit, (int)ins[i].len, (const char*)ins[i].text);
             }
-            printf(", \"%.*s\"", (int)len[j], (const char*)text[j]);
+            printf(", \"%.*s\"", (int)ins[j].len, (const char*)ins[j].text);
             reported[j] = 1;
             collisions++;
         }
         if (group > 0) { printf(" (--max-text %llu keeps every instruction distinct)\n", (unsigned long long)need); }
     }
-    free(reported); free(text); free(len);
+    free(reported); free(ins);
     return collisions;
 }
 
 // The model config: the preset's widths with the dataset's observation shapes, and max_text
-// bytes of instruction (0: the preset's). Warns when instructions become identical once cut.
+// tokens of instruction (0: the preset's). Refuses data this model cannot read (cameras that are
+// not square and of one size, a vocabulary past its text table); warns when instructions become
+// identical once cut.
 static inline VLAConfig config_for_data(const char* preset, int max_text, const Dataset* ds) {
     VLAConfig c = vla_preset(preset)->config;
+    for (int k = 0; k < ds->cams.n; k++) {
+        uint32_t h = ds->cams.height[k], w = ds->cams.width[k];
+        if (h != w) {
+            vla_fail("camera %d of the dataset is %ux%u pixels (height x width), but this model needs square cameras of "
+                     "one size: convert the data with square images (data/ tools' --img)", k, h, w);
+        }
+        if (h != ds->cams.height[0]) {
+            vla_fail("camera %d of the dataset is %ux%u pixels but camera 0 is %ux%u: this model needs square cameras of "
+                     "one size: convert the data with images of one size (data/ tools' --img)", k, h, w,
+                     ds->cams.height[0], ds->cams.width[0]);
+        }
+    }
+    if (ds->vocab > VLA_TEXT_VOCAB) {
+        vla_fail("the dataset's instructions are token ids of tokenizer %s, a vocabulary of %u, but this model's text "
+                 "table has %d rows (byte tokens): convert the data with byte tokens (the data/ tools' default)",
+                 ds->tokenizer, ds->vocab, VLA_TEXT_VOCAB);
+    }
+    if (strcmp(ds->tokenizer, SHARD_TOKENIZER_BYTES) != 0) {
+        printf("warning: the dataset's instructions are token ids of tokenizer %s; this model trains on them, but the "
+               "policy library (libvla.so) gives it the bytes of an instruction\n", ds->tokenizer);
+    }
     c.n_cam = ds->n_cam; c.img = ds->img; c.state_dim = ds->state_dim; c.action_dim = ds->action_dim;
     if (max_text > 0) { c.max_text = max_text; }
     const char* problem = vla_config_problem(&c);
@@ -2871,22 +3189,26 @@ static inline void policy_reserve(Batch* obs, int* capacity, const VLAConfig* c,
     *capacity = B;
 }
 
-// The model's batch for B raw observations: images u8 (B, n_cam, img, img, 3), instructions (B
-// UTF-8 strings, cut to max_text bytes), raw state (B, S) normalized with the checkpoint's
-// statistics (state_mean(S) state_std(S) ...), and the starting noise in obs->eps: `noise`
-// (B, H, A) if given, else drawn from `seed`.
+// The model's batch for B raw observations: images u8 (B, frame bytes of obs->cams: each
+// observation's cameras one after another, HWC), instructions (B UTF-8 strings, their bytes the
+// token ids, cut to max_text), raw state (B, S) normalized with the checkpoint's statistics
+// (state_mean(S) state_std(S) ...), and the starting noise in obs->eps: `noise` (B, H, A) if
+// given, else drawn from `seed`.
 static inline void policy_observations(Batch* obs, const VLAConfig* c, const float* stats, int B, const uint8_t* images,
                                        const char* const* instructions, const float* state, const float* noise,
                                        uint64_t seed) {
     int S = c->state_dim, HA = c->chunk * c->action_dim;
     obs->B = B;
-    memcpy(obs->images, images, (size_t)B * c->n_cam * c->img * c->img * 3);
+    memcpy(obs->images, images, (size_t)B * cameras_frame_bytes(&obs->cams));
     const float *state_mean = stats, *state_std = stats + S;
     for (int b = 0; b < B; b++) {
         size_t len = strlen(instructions[b]);
+        if (len > (size_t)c->max_text) { len = (size_t)c->max_text; }
+        int32_t* ids = obs->tokens + (size_t)b * c->max_text;
+        tokens_from_bytes(ids, (const uint8_t*)instructions[b], len);
         for (int k = 0; k < c->max_text; k++) {
             int valid = (size_t)k < len;
-            obs->text[(size_t)b * c->max_text + k] = valid ? (uint8_t)instructions[b][k] : 0;
+            if (!valid) { ids[k] = 0; }
             obs->text_mask[(size_t)b * c->max_text + k] = valid ? 1.0f : 0.0f;
         }
         for (int d = 0; d < S; d++) {

@@ -7,14 +7,17 @@ inspect_shards.py: validate a train_vla shard set and summarize what the trainer
 SHARDS is a comma-separated list of files and folders, as the trainer's -i.
 Every shard gets the reader's checks (vla_shard.Shard, the same as vla.h's shard_open) and more:
 NaN/Inf in state or action, NaN/Inf or negative std in the stored statistics, episodes that
-cover every frame exactly once, shards that disagree on cameras/img/state/action.
+cover every frame exactly once, shards that disagree on cameras, state, action or tokenizer.
 Each problem is one `error: ...` line on stderr and the exit status is 1; a valid set exits 0
-and prints a summary. Oddities that do not stop training (empty or non-UTF-8 task strings,
-instructions longer than --max-text, stored stats that disagree with the data) are `warning:` lines.
+and prints a summary: the shard format version, the cameras and their sizes, the tokenizer of
+the instructions and its vocabulary, and each task with its token ids. Oddities that do not stop
+training (empty or non-UTF-8 task strings, instructions longer than --max-text tokens, stored
+stats that disagree with the data) are `warning:` lines.
 
 --sheet writes a PNG contact sheet of --samples frames drawn at random (--seed): each
-camera's image enlarged, the instruction as the model gets it (--max-text bytes), the episode
-and frame, the state and action values, and how much of the --chunk action chunk is valid.
+camera's image enlarged (at its own size), the instruction as the model gets it (--max-text
+tokens), the episode and frame, the state and action values, and how much of the --chunk action
+chunk is valid.
 Text is drawn with DejaVu Sans, WenQuanYi Micro Hei and Symbola (SHEET_FONTS), each character
 with the first of them that has it, so German, Chinese or emoji instructions are legible; a
 character none of the fonts found has is drawn as a box and named in a `warning:` line.
@@ -138,7 +141,7 @@ def check_coverage(shard, report):
 
 
 def check_tasks(shard, max_text, report):
-    """Task strings the model would read badly: empty, not UTF-8, or cut at max_text bytes."""
+    """Task strings the model would read badly: empty, not UTF-8, or cut at max_text tokens."""
     used = np.zeros(shard.n_tasks, bool)
     used[shard.episodes["task"]] = True
     for k in range(shard.n_tasks):
@@ -152,9 +155,11 @@ def check_tasks(shard, max_text, report):
         except UnicodeDecodeError as e:
             report.warnings.append(f"{shard.path}: task {k} is not valid UTF-8 (byte {e.start}: {e.reason}): "
                                    f"{text!r}")
-        if len(text) > max_text:
-            seen = text[:max_text].decode("utf-8", "replace")
-            report.warnings.append(f"{shard.path}: task {k} is {len(text)} bytes, over --max-text {max_text}: "
+        n_tokens = len(shard.task_tokens(k))
+        if n_tokens > max_text:
+            seen = text[:max_text].decode("utf-8", "replace") if shard.tokenizer == vla_shard.BYTES.name else \
+                f"its first {max_text} tokens"
+            report.warnings.append(f"{shard.path}: task {k} is {n_tokens} tokens, over --max-text {max_text}: "
                                    f"the model reads only \"{seen}\"")
         if not used[k]:
             report.warnings.append(f"{shard.path}: task {k} is used by no episode")
@@ -204,6 +209,14 @@ def validate(files, max_text):
                 errors.append(f"{s.path} has cameras/img/state/action {s.n_cam}/{s.img}/{s.state_dim}/"
                               f"{s.action_dim} but {s0.path} has {'/'.join(map(str, ref))}: shards of one dataset "
                               "must agree")
+            elif (s.cam_height, s.cam_width) != (s0.cam_height, s0.cam_width):
+                errors.append(f"{s.path} has cameras of {vla_shard.describe_cameras(s.cam_height, s.cam_width)} pixels "
+                              f"but {s0.path} has {vla_shard.describe_cameras(s0.cam_height, s0.cam_width)} (height x "
+                              "width): shards of one dataset must agree")
+            elif (s.tokenizer, s.vocab) != (s0.tokenizer, s0.vocab):
+                errors.append(f"{s.path} has the token ids of tokenizer {s.tokenizer} (vocabulary {s.vocab}) but "
+                              f"{s0.path} has {s0.tokenizer} ({s0.vocab}): shards of one dataset must agree: convert "
+                              "them with one tokenizer")
     for r in reports:
         errors += r.errors
     warnings = [w for r in reports for w in r.warnings]
@@ -240,13 +253,14 @@ def summarize(spec, reports, dataset, chunk, max_text):
     size = sum(os.path.getsize(s.path) for s in shards)
 
     # tasks are shard-local tables: merge them by their text
-    tasks = {}
+    tasks, task_tokens = {}, {}
     for s in shards:
         ep_task = s.episodes["task"]
         for k in range(s.n_tasks):
             mine = ep_task == k
             eps, frames = tasks.get(s.task(k), (0, 0))
             tasks[s.task(k)] = (eps + int(mine.sum()), frames + int(s.episodes["length"][mine].sum()))
+            task_tokens[s.task(k)] = s.task_tokens(k)
 
     # samples whose action chunk runs past the episode end: the last chunk-1 frames of each episode
     padded = int(np.minimum(lengths, chunk - 1).sum())
@@ -255,7 +269,9 @@ def summarize(spec, reports, dataset, chunk, max_text):
            f"shards     {len(shards)}",
            f"episodes   {len(lengths)}",
            f"frames     {n_frames}",
-           f"cameras    {s0.n_cam} x {s0.img}x{s0.img} RGB",
+           f"format     version {', '.join(sorted({str(s.version) for s in shards}))}",
+           f"cameras    {s0.n_cam}: {vla_shard.describe_cameras(s0.cam_height, s0.cam_width)} RGB (height x width)",
+           f"tokenizer  {s0.tokenizer} (vocabulary {s0.vocab})",
            f"state      {s0.state_dim} dims",
            f"action     {s0.action_dim} dims",
            f"episode length  min {lengths.min()}  mean {lengths.mean():.1f}  max {lengths.max()} frames",
@@ -265,8 +281,10 @@ def summarize(spec, reports, dataset, chunk, max_text):
            f"tasks      {len(tasks)}",
            f"  {'episodes':>8} {'frames':>8}  task"]
     for text, (eps, frames) in sorted(tasks.items(), key=lambda kv: -kv[1][1]):
-        cut = f"  (cut to {max_text} bytes)" if len(text) > max_text else ""
+        ids = task_tokens[text]
+        cut = f"  (cut to {max_text} tokens)" if len(ids) > max_text else ""
         out.append(f"  {eps:>8} {frames:>8}  \"{text.decode('utf-8', 'replace')}\"{cut}")
+        out.append(f"  {'':>8} {'':>8}  tokens ({len(ids)}): {' '.join(str(int(t)) for t in ids)}")
 
     total_state, total_action = Moments(s0.state_dim), Moments(s0.action_dim)
     for r in reports:
@@ -421,27 +439,33 @@ def write_sheet(path, spec, dataset, n_samples, seed, max_text, chunk):
     rng = np.random.default_rng(seed)
     picks = np.sort(rng.choice(dataset.n_samples, size=min(n_samples, dataset.n_samples), replace=False))
 
-    scale = max(1, math.ceil(96 / dataset.img))  # nearest neighbour to at least 96 px: pixels stay visible
-    side = dataset.img * scale
+    # nearest neighbour to at least 96 px on the smallest side: pixels stay visible; every camera by
+    # the same factor, at its own size
+    heights, widths = dataset.cam_height, dataset.cam_width
+    scale = max(1, math.ceil(96 / min(heights + widths)))
+    side = max(heights) * scale  # the tallest camera
     pad, gap = 10, 6
     font, small = SheetFont(14), SheetFont(12)
     line_h = font.height + 2
-    tile_w = max(dataset.n_cam * (side + gap) - gap, 360)
+    tile_w = max(sum(w * scale + gap for w in widths) - gap, 360)
     text_w = tile_w
+    bytes_tokens = dataset.tokenizer == vla_shard.BYTES.name
 
     tiles = []
     for index in picks:
-        images, text, text_mask, state, actions, action_mask = dataset.assemble(int(index), cfg)
+        images, tokens, text_mask, state, actions, action_mask = dataset.assemble(int(index), cfg)
         k = int(np.searchsorted(dataset.first_sample, index, side="right")) - 1
         shard = dataset.shards[k]
         f = int(index) - int(dataset.first_sample[k])
         e = int(shard.frame_episode[f])
         ep = shard.episodes[e]
-        full = shard.task(int(ep["task"]))
-        seen = bytes(text[:int(text_mask.sum())]).decode("utf-8", "replace")  # the bytes the model gets
+        full, n_ids = shard.task(int(ep["task"])), len(shard.task_tokens(int(ep["task"])))
+        n_seen = int(text_mask.sum())
+        # the bytes the model gets; the whole text for another tokenizer (its ids are not decoded here)
+        seen = (bytes(tokens[:n_seen].astype(np.uint8)) if bytes_tokens else full).decode("utf-8", "replace")
         lines = [(f"sample {int(index)}   shard {k}   episode {e}   frame {f - int(ep['first_frame'])}"
                   f" of {int(ep['length'])}", "black", font)]
-        cut = f"  [+{len(full) - max_text} bytes cut]" if len(full) > max_text else ""
+        cut = f"  [+{n_ids - max_text} tokens cut]" if n_ids > max_text else ""
         for part in wrap(font, f"\"{seen}\"" + cut, text_w):
             lines.append((part, "navy", font))
         for label, v, color in (("state", shard.state[f], "darkgreen"), ("action", shard.action[f], "darkred")):
@@ -449,7 +473,7 @@ def write_sheet(path, spec, dataset, n_samples, seed, max_text, chunk):
                 lines.append((part, color, small))
         lines.append((f"chunk: {int(action_mask.sum())} of {chunk} actions inside the episode",
                       "dimgray", small))
-        tiles.append((images, lines))
+        tiles.append((dataset.split_cameras(images), lines))
 
     tile_h = side + 4 + max(len(lines) for _, lines in tiles) * line_h
     cols = max(1, min(len(tiles), math.ceil(math.sqrt(len(tiles)))))
@@ -458,18 +482,21 @@ def write_sheet(path, spec, dataset, n_samples, seed, max_text, chunk):
     sheet = Image.new("RGB", (pad + cols * (tile_w + 2 * pad), title_h + pad + rows * (tile_h + 2 * pad)), "white")
     draw = ImageDraw.Draw(sheet)
     font.draw(draw, (pad, pad), f"{spec}: {dataset.n_samples} frames, {dataset.n_cam} camera(s) "
-              f"{dataset.img}x{dataset.img} shown x{scale}", fill="black")
+              f"{vla_shard.describe_cameras(heights, widths)} shown x{scale}", fill="black")
     small.draw(draw, (pad, pad + line_h), f"{len(tiles)} random samples (seed {seed}), instruction as the model "
-               f"reads it (max {max_text} bytes), raw state and action of the frame", fill="dimgray")
+               f"reads it (max {max_text} tokens of {dataset.tokenizer}), raw state and action of the frame",
+               fill="dimgray")
 
     for i, (images, lines) in enumerate(tiles):
         x0 = pad + (i % cols) * (tile_w + 2 * pad) + pad // 2
         y0 = title_h + pad + (i // cols) * (tile_h + 2 * pad)
         draw.rectangle([x0 - pad // 2, y0 - pad // 2, x0 + tile_w + pad // 2, y0 + tile_h + pad // 2],
                        fill=(244, 244, 244), outline=(200, 200, 200))
-        for c in range(images.shape[0]):
-            im = Image.fromarray(images[c]).resize((side, side), Image.NEAREST)
-            sheet.paste(im, (x0 + c * (side + gap), y0))
+        x = x0
+        for camera in images:
+            im = Image.fromarray(camera).resize((camera.shape[1] * scale, camera.shape[0] * scale), Image.NEAREST)
+            sheet.paste(im, (x, y0))
+            x += camera.shape[1] * scale + gap
         y = y0 + side + 4
         for text, color, fnt in lines:
             fnt.draw(draw, (x0, y), text, fill=color)
@@ -487,7 +514,7 @@ def main():
     p.add_argument("--sheet", metavar="PNG", help="write a contact sheet of random samples to this PNG")
     p.add_argument("--samples", type=int, default=16, help="frames on the contact sheet (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sample draw (default 0)")
-    p.add_argument("--max-text", type=int, default=48, help="instruction bytes the model reads (default 48)")
+    p.add_argument("--max-text", type=int, default=48, help="instruction tokens the model reads (default 48)")
     p.add_argument("--chunk", type=int, default=16, help="actions per chunk, H (default 16)")
     args = p.parse_args()
     for name in ("samples", "max_text", "chunk"):

@@ -17,6 +17,10 @@ Images: every camera frame is center-cropped to a square (the shorter side is ke
 resized to --img pixels with PIL's bilinear filter, so a wide image keeps its aspect ratio and
 loses its left and right edges instead of being squashed.
 
+Instructions: each task string is stored with its token ids (shard format version 2); this
+converter writes byte tokens (tokenizer "bytes", what the presets trained from scratch read).
+`instruction_tokenizer` is the one place another tokenizer (a tokenizer.json) will plug in.
+
 What this reads from a LeRobot dataset (the fields relied on, nothing else):
   meta/info.json  codebase_version; fps; features (dtype "video" or "image" marks a camera,
                   cameras are taken in the order of this dict); data_path and video_path
@@ -64,7 +68,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from console import end_progress, progress_line  # noqa: E402
-from vla_shard import img_side_error, outermost_missing, text_collision_warnings, write_shard  # noqa: E402
+from vla_shard import BYTES, img_side_error, outermost_missing, text_collision_warnings, write_shard  # noqa: E402
 
 
 class ConvertError(Exception):
@@ -503,11 +507,18 @@ class VideoReader:
 # --------------------------------------------------------------------------------------------
 # shards
 
+def instruction_tokenizer(args):
+    """The tokenizer of the instructions' token ids: an object with name (what the shard header
+    records), vocab and encode(text) -> ids, as vla_shard.BYTES. Byte tokens for now; an option
+    for a tokenizer.json (named by vla_shard.tokenizer_json_id) will choose another here."""
+    return BYTES
+
+
 class ShardWriter:
     """Collects whole episodes and writes a shard before the next episode would pass the limit."""
 
-    def __init__(self, out, name, limit, tasks):
-        self.out, self.name, self.limit, self.tasks = out, name, limit, tasks
+    def __init__(self, out, name, limit, tasks, tokenizer=BYTES):
+        self.out, self.name, self.limit, self.tasks, self.tokenizer = out, name, limit, tasks, tokenizer
         self.episodes, self.frames, self.paths = [], 0, []
 
     def add(self, task, images, state, action):
@@ -527,7 +538,8 @@ class ShardWriter:
         path = os.path.join(self.out, f"{self.name}_{len(self.paths):03d}.bin")
         self.paths.append(path)  # listed before writing: a failed write is cleaned up too
         write_shard(path, np.concatenate([e[1] for e in self.episodes]), np.concatenate([e[2] for e in self.episodes]),
-                    np.concatenate([e[3] for e in self.episodes]), table, [self.tasks[t] for t in used])
+                    np.concatenate([e[3] for e in self.episodes]), table, [self.tasks[t] for t in used],
+                    tokenizer=self.tokenizer)
         self.episodes, self.frames = [], 0
 
 
@@ -563,7 +575,8 @@ def convert(args):
     # created is removed by main)
     staging = os.path.join(args.output, f".{args.name}.converting")
     shutil.rmtree(staging, ignore_errors=True)
-    writer = ShardWriter(staging, args.name, args.frames_per_shard, tasks)
+    tokenizer = instruction_tokenizer(args)
+    writer = ShardWriter(staging, args.name, args.frames_per_shard, tasks, tokenizer)
     frames, written, dims, used_tasks = 0, 0, None, set()
     try:
         os.makedirs(staging)
@@ -644,7 +657,7 @@ def convert(args):
           f"state {dims[0]} / action {dims[1]} dims; LeRobot {info['codebase_version']}; "
           f"{elapsed:.1f} s, {frames / max(elapsed, 1e-9):.0f} frames/s"
           + (f"; removed {len(stale)} stale shard(s)" if stale else ""))
-    for line in text_collision_warnings([tasks[t] for t in sorted(used_tasks)]):
+    for line in text_collision_warnings([tasks[t] for t in sorted(used_tasks)], tokenizer):
         sys.stderr.write(line + "\n")
 
 

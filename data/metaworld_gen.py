@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from console import end_progress, progress_line  # noqa: E402
-from vla_shard import img_side_error, outermost_missing, text_collision_warnings, write_shard  # noqa: E402
+from vla_shard import BYTES, img_side_error, outermost_missing, text_collision_warnings, write_shard  # noqa: E402
 
 # Instructions for each task, written for this project. The robot is a Sawyer arm on a table.
 INSTRUCTIONS = {
@@ -243,7 +243,8 @@ class ShardWriter:
             first += len(action)
         path = os.path.join(self.out, f"{self.name}_{self.count:03d}.bin")
         write_shard(path, np.concatenate([e[1] for e in self.episodes]), np.concatenate([e[2] for e in self.episodes]),
-                    np.concatenate([e[3] for e in self.episodes]), table, [INSTRUCTIONS[t] for t in tasks])
+                    np.concatenate([e[3] for e in self.episodes]), table, [INSTRUCTIONS[t] for t in tasks],
+                    tokenizer=BYTES)  # instructions as byte tokens: what the presets trained from scratch read
         self.paths.append(path)
         self.count += 1
         self.episodes, self.frames = [], 0

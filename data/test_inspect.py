@@ -9,10 +9,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import vla_shard  # noqa: E402
 from checks import Checks  # noqa: E402
@@ -102,6 +104,111 @@ def main():
               "a missing path is a one-line error")
         multilingual(tmp)
         missing_fonts()
+        shard_format(tmp)
+
+
+def one_line_value_error(fn):
+    """The ValueError's message of fn() (the reader's one line), or None when it does not raise."""
+    try:
+        fn()
+    except ValueError as e:
+        return str(e) if "\n" not in str(e) else "(several lines) " + str(e)
+    return None
+
+
+def shard_format(tmp):
+    """Shard format version 2 in Python: writer and reader round trip, cameras of their own sizes,
+    token ids; version 1 of the same data reads as the same dataset; the C writer's bytes; corrupt
+    version-2 fields refused in one line."""
+    rng = np.random.default_rng(7)
+    n = 9
+    cams = [rng.integers(0, 256, (n, 16, 16, 3), dtype=np.uint8), rng.integers(0, 256, (n, 8, 12, 3), dtype=np.uint8)]
+    state, action = rng.normal(size=(n, 3)).astype(np.float32), rng.normal(size=(n, 2)).astype(np.float32)
+    episodes, tasks = [(0, 4, 1), (4, 5, 0)], ["open the drawer", "打开抽屉"]
+    path = os.path.join(tmp, "sizes.bin")
+    vla_shard.write_shard(path, cams, state, action, episodes, tasks)
+    s = vla_shard.Shard(path)
+    same = all(np.array_equal(s.camera_images(k), cams[k]) for k in range(2)) and s.images is None \
+        and np.array_equal(s.state, state) and np.array_equal(s.action, action)
+    check(s.version == 2 and (s.cam_height, s.cam_width) == ((16, 8), (16, 12)) and s.img == 0 and same,
+          f"Python writer and reader: cameras of 16x16 and 8x12 read back exactly (version {s.version}, img {s.img})")
+    check(s.tokenizer == "bytes" and s.vocab == 256 and [s.task_tokens(k).tolist() for k in range(2)]
+          == [list(t.encode()) for t in tasks], "each task's token ids are the bytes of its UTF-8 text (tokenizer bytes)")
+    ds = vla_shard.Dataset(path)
+    cfg = types.SimpleNamespace(n_cam=2, img=0, state_dim=3, action_dim=2, max_text=8, chunk=3)
+    images, tokens, mask, _, _, _ = ds.assemble(2, cfg)
+    parts = ds.split_cameras(images)
+    check(np.array_equal(parts[0], cams[0][2]) and np.array_equal(parts[1], cams[1][2])
+          and tokens.tolist() == list("打开抽屉".encode()[:8]) and mask.sum() == 8,
+          "assemble: a sample's cameras one after another at their own sizes, its first max_text token ids")
+
+    # version 1 and version 2 of the same (square) data: the same dataset, sample by sample
+    square = rng.integers(0, 256, (n, 2, 16, 16, 3), dtype=np.uint8)
+    v1, v2 = os.path.join(tmp, "square_v1.bin"), os.path.join(tmp, "square_v2.bin")
+    vla_shard.write_shard(v1, square, state, action, episodes, tasks, version=1)
+    vla_shard.write_shard(v2, square, state, action, episodes, tasks)
+    d1, d2 = vla_shard.Dataset(v1), vla_shard.Dataset(v2)
+    cfg = types.SimpleNamespace(n_cam=2, img=16, state_dim=3, action_dim=2, max_text=8, chunk=3)
+    equal = all(all(np.array_equal(a, b) for a, b in zip(d1.assemble(i, cfg), d2.assemble(i, cfg))) for i in range(n))
+    check(d1.shards[0].version == 1 and d2.shards[0].version == 2 and os.path.getsize(v1) < os.path.getsize(v2)
+          and equal and np.array_equal(d1.shards[0].images, square) and (d1.cam_height, d1.tokenizer) == ((16, 16), "bytes"),
+          "versions 1 and 2 of the same data: identical samples (images, token ids, masks, state, actions)")
+    check(one_line_value_error(lambda: vla_shard.write_shard(os.path.join(tmp, "x.bin"), cams, state, action,
+                                                             episodes, tasks, version=1)) is not None,
+          "the writer refuses version 1 for cameras of two sizes")
+
+    # the C writer (data/synthetic) and this writer give the same bytes for the same content
+    c_path, py_path = os.path.join(tmp, "synthetic_sizes.bin"), os.path.join(tmp, "rewritten.bin")
+    r = subprocess.run([os.path.join(ROOT, "data", "synthetic"), "-o", c_path, "--cam-size", "8x12", "--cam-size", "6x6",
+                        "--episodes", "3", "--min-len", "2", "--max-len", "4", "--state", "3", "--action", "2"],
+                       capture_output=True, text=True)
+    if r.returncode == 0:
+        c = vla_shard.Shard(c_path)
+        vla_shard.write_shard(py_path, [c.camera_images(k) for k in range(c.n_cam)], c.state, c.action,
+                              [tuple(int(x) for x in ep) for ep in c.episodes],
+                              [c.task(k).decode() for k in range(c.n_tasks)], stats=c.stats)
+        same = open(c_path, "rb").read() == open(py_path, "rb").read()
+    check(r.returncode == 0 and same, "data/synthetic --cam-size 8x12 --cam-size 6x6 and write_shard of what the "
+          f"reader read give byte-identical files{': ' + r.stderr.strip() if r.returncode else ''}")
+
+    # corrupt version-2 fields: one line each, from the reader and from the inspector
+    h = np.fromfile(path, vla_shard.HEADER_DTYPE, 1)[0]
+
+    def field(name, index=0):
+        return vla_shard.HEADER_DTYPE.fields[name][1] + index
+    bad = os.path.join(tmp, "bad_v2.bin")
+    cases = [
+        ("vocabulary 0", field("vocab"), np.uint32(0), "vocabulary size 0 of tokenizer bytes is outside 1 to"),
+        ("a token id past the vocabulary", int(h["off_tokens"]), np.int32(300), "has token id 300, outside the vocabulary [0, 256)"),
+        ("byte tokens that are not the text's bytes", int(h["off_tokens"]), np.int32(ord("x")), "are not the bytes of its text"),
+        ("a tokenizer name without its NUL", field("tokenizer"), np.full(64, ord("x"), np.uint8),
+         "the tokenizer name is not NUL-terminated within its 64 bytes"),
+        ("camera sizes that do not add up to the images section", field("cam_height", 4), np.uint32(4),
+         "the camera sizes (16x16, 4x4, height x width) make 9 frames"),
+        ("a camera 0 pixels high", field("cam_height", 4), np.uint32(0), "camera 1 is 0x12 pixels (height x width)"),
+    ]
+    for what, offset, value, needle in cases:
+        shutil.copy(path, bad)
+        with open(bad, "r+b") as f:
+            f.seek(offset)
+            f.write(np.asarray(value).tobytes())
+        if what.startswith("camera sizes"):  # camera 1 of 4x4: the header's img (0) stays consistent
+            with open(bad, "r+b") as f:
+                f.seek(field("cam_width", 4))
+                f.write(np.uint32(4).tobytes())
+        msg = one_line_value_error(lambda: vla_shard.Shard(bad))
+        check(msg is not None and needle in msg, f"{what}: {msg}")
+    expect_error("the inspector on a camera 0 pixels high", bad, "camera 1 is 0x12 pixels")
+
+    # the inspector shows the format, the cameras' sizes, the tokenizer and each task's tokens
+    r = inspect(path)
+    check(r.returncode == 0 and "format     version 2" in r.stdout and "cameras    2: 16x16, 8x12 RGB" in r.stdout
+          and "tokenizer  bytes (vocabulary 256)" in r.stdout
+          and "tokens (15): 111 112 101 110 32 116 104 101 32 100 114 97 119 101 114" in r.stdout,
+          f"the inspector shows the version, cameras, tokenizer and token ids: exit {r.returncode} {r.stderr.strip()[-200:]}")
+    sheet = os.path.join(tmp, "sizes.png")
+    r = inspect(path, "--sheet", sheet, "--samples", "4")
+    check(r.returncode == 0 and os.path.exists(sheet), f"a contact sheet of cameras of two sizes: exit {r.returncode}")
 
 
 MULTILINGUAL = ["Schublade öffnen", "打开抽屉", "🚪 open the door"]

@@ -75,9 +75,17 @@ def main():
         failures(tmp)
 
 
+def vla_presets_table():
+    """The text of vla.h's VLA_PRESETS table (the model of train_vla.c/.cu; vla.h has other tables
+    of presets, such as SmolVLA's, with other columns)."""
+    header = open(os.path.join(ROOT, "vla.h")).read()
+    start = header.index("VLA_PRESETS[] = {")
+    return header[start:header.index("};", start)]
+
+
 def instructions(tmp):
     """Instructions that collide once cut: the presets' text lengths, the warning of the generator."""
-    header = open(os.path.join(ROOT, "vla.h")).read()
+    header = vla_presets_table()
     rows = dict(re.findall(r'\{"(\w+)",\s*"[^"]*",\s*\{\s*\d+,\s*\d+,\s*\d+,\s*(\d+),', header))
     check(rows and {k: int(v) for k, v in rows.items()} == vla_shard.PRESET_MAX_TEXT,
           f"vla_shard.PRESET_MAX_TEXT matches the text column of vla.h's presets {rows}")
@@ -103,7 +111,7 @@ def one_error_line(r, needle):
 
 def failures(tmp):
     """Bad options and failed runs: one `error:` line, exit 1, and nothing left behind."""
-    header = open(os.path.join(ROOT, "vla.h")).read()
+    header = vla_presets_table()
     rows = dict(re.findall(r'\{"(\w+)",\s*"[^"]*",\s*\{\s*\d+,\s*\d+,\s*(\d+),', header))
     check(rows and {k: int(v) for k, v in rows.items()} == vla_shard.PRESET_PATCH,
           f"vla_shard.PRESET_PATCH matches the patch column of vla.h's presets {rows}")

@@ -335,7 +335,7 @@ def attention(q, k, v, visible, sdpa=False):
 
 
 class VLA(nn.Module):
-    """pi0-style VLA: a VLM stack over the prefix (image patches, text bytes) and an action
+    """pi0-style VLA: a VLM stack over the prefix (image patches, text token ids) and an action
     expert stack over the suffix (state, H noisy actions), joined in every attention."""
 
     def __init__(self, cfg, dtype=torch.float32, sdpa=False):
@@ -360,8 +360,8 @@ class VLA(nn.Module):
     def mlp(self, x, wgate, wup, wdown):
         return (F.gelu(x @ wgate.T, approximate="tanh") * (x @ wup.T)) @ wdown.T
 
-    def embed_prefix(self, images, text):
-        """Image patches and text bytes -> prefix tokens (B, Np, d)."""
+    def embed_prefix(self, images, tokens):
+        """Image patches and text token ids (bytes) -> prefix tokens (B, Np, d)."""
         c = self.cfg
         B, p, n = images.shape[0], c.patch, c.img // c.patch
         x = images.to(self.patch_w.dtype) / 127.5 - 1.0  # (B, cam, img, img, 3) in [-1, 1]
@@ -369,13 +369,13 @@ class VLA(nn.Module):
         x = x.reshape(B, c.n_cam, n, p, n, p, 3).permute(0, 1, 2, 4, 3, 5, 6)
         x = x.reshape(B, c.n_cam * n * n, p * p * 3)
         patches = x @ self.patch_w.T + self.patch_b + self.pos_emb
-        return torch.cat([patches, self.text_emb[text.long()]], 1)
+        return torch.cat([patches, self.text_emb[tokens.long()]], 1)
 
-    def prefix_forward(self, images, text, text_mask):
+    def prefix_forward(self, images, tokens, text_mask):
         """The VLM stack over the prefix. Prefix queries never see the suffix, so the prefix runs
         alone first; returns each layer's keys and values (for the suffix) and the valid keys."""
         c = self.cfg
-        x = self.embed_prefix(images, text)
+        x = self.embed_prefix(images, tokens)
         B, Np = x.shape[0], x.shape[1]
         valid = torch.cat([torch.ones(B, c.n_image_tokens, dtype=torch.bool, device=x.device), text_mask > 0], 1)
         visible = valid[:, None, None, :]  # (B, 1, 1, Np): bidirectional over the valid prefix
@@ -427,7 +427,7 @@ class VLA(nn.Module):
         a, eps = batch["actions"], batch["eps"]
         t = torch.as_tensor(batch["t"], device=eps.device).to(eps.dtype)[:, None, None]
         x_t = t * eps + (1 - t) * a
-        kv, valid = self.prefix_forward(batch["images"], batch["text"], batch["text_mask"])
+        kv, valid = self.prefix_forward(batch["images"], batch["tokens"], batch["text_mask"])
         v = self.suffix_forward(kv, valid, batch["state"], x_t, batch["t"])
         loss = (batch["action_mask"][:, :, None] * (v - (eps - a)) ** 2).sum() / v.numel()
         return v, loss
@@ -436,7 +436,7 @@ class VLA(nn.Module):
     def sample_actions(self, batch, action_mean, action_std, steps=10):
         """Inference: the prefix once, then Euler steps from x = eps at t = 1 to t = 0.
         Returns un-normalized actions (B, H, A)."""
-        kv, valid = self.prefix_forward(batch["images"], batch["text"], batch["text_mask"])
+        kv, valid = self.prefix_forward(batch["images"], batch["tokens"], batch["text_mask"])
         x = batch["eps"].clone()
         B, dt = x.shape[0], 1.0 / steps
         for k in range(steps):
@@ -503,12 +503,13 @@ def build_batch(ds, cfg, indices, seed, step, dtype):
     """Assembles the samples and draws their flow noise (global sample g = i, one rank).
     Returns (numpy arrays as assembled, the same as tensors in `dtype`)."""
     parts = [ds.assemble(i, cfg) for i in indices]
-    names = ["images", "text", "text_mask", "state", "actions", "action_mask"]
+    names = ["images", "tokens", "text_mask", "state", "actions", "action_mask"]
     arrays = {n: np.stack([p[k] for p in parts]) for k, n in enumerate(names)}
+    arrays["images"] = arrays["images"].reshape(len(indices), cfg.n_cam, cfg.img, cfg.img, 3)  # (square cameras)
     noise = [flow_noise(cfg, seed, step, g) for g in range(len(indices))]
     arrays["t"] = np.array([t for t, _ in noise], np.float32)
     arrays["eps"] = np.stack([e for _, e in noise])
-    tensors = {n: torch.from_numpy(x) if x.dtype == np.uint8 else torch.tensor(x, dtype=dtype)
+    tensors = {n: torch.from_numpy(x) if x.dtype in (np.uint8, np.int32) else torch.tensor(x, dtype=dtype)
                for n, x in arrays.items() if n != "t"}
     tensors["t"] = arrays["t"]  # t stays float32 numpy: the time embedding is computed in float64
     return arrays, tensors
@@ -603,6 +604,9 @@ def make_config(args, ds, ckpt):
         if args.set:
             sys.exit("error: --set with --init: the checkpoint fixes the config, drop --set")
         cfg = dataclasses.replace(ckpt["config"])
+    elif ds.img == 0 or ds.vocab > 256:
+        sys.exit(f"error: this model reads square cameras of one size and byte tokens; the dataset has cameras "
+                 f"{ds.cam_height} x {ds.cam_width} and tokenizer {ds.tokenizer}: convert it with the data/ tools' --img")
     else:
         cfg = dataclasses.replace(PRESETS[args.preset], n_cam=ds.n_cam, img=ds.img,
                                   state_dim=ds.state_dim, action_dim=ds.action_dim)
@@ -685,7 +689,7 @@ def debug_state(args, ds, cfg, model, dtype):
     records += [("batch/indices", np.array(indices, np.int32))]
     # a record holds at most 4 dims: images go as a stack of (B*n_cam) HWC images
     records += [("batch/images", arrays["images"].reshape(-1, cfg.img, cfg.img, 3))]
-    records += [("batch/" + n, arrays[n]) for n in ("text", "text_mask", "state", "actions", "action_mask", "t", "eps")]
+    records += [("batch/" + n, arrays[n]) for n in ("tokens", "text_mask", "state", "actions", "action_mask", "t", "eps")]
     records += [("expect/v", f32(v)), ("expect/loss", f32([float(loss)]))]
     records += [("grad/" + name, f32(g)) for name, g in grads]
     records += [("fd/index", np.array(fd_index, np.int32)), ("fd/value", f32(fd_value))]

@@ -38,7 +38,7 @@ run_suite() {
     if [ "$rc" -ne 0 ] || [ "$f" -ne 0 ]; then failed_suites="$failed_suites $name"; fi
 }
 
-run_suite test_vla ./test_vla build/test
+run_suite test_vla ./test_vla build/test build/lerobot_ref
 run_suite learning dev/test_learning.sh
 run_suite hardening dev/test_hardening.sh
 # each fuzz harness for 60 s from the seeds (make fuzz runs them longer; FUZZ_TEST_SECONDS overrides)
@@ -53,10 +53,11 @@ if [ "$GPU_TESTS" = build/emu ]; then
 else
     dev_cuda_dir=dev/cuda
 fi
-run_suite test_vla_gpu_fp32 "$GPU_TESTS/test_vla_gpu_fp32" build/test "$GPU_TESTS/train_vla_fp32"
-# (the bf16 suite also compares -g 1 through NCCL with the trainer built without NCCL)
+# (--smolvla: the SmolVLA section against LeRobot's own references; the bf16 suite also compares
+# -g 1 through NCCL with the trainer built without NCCL)
+run_suite test_vla_gpu_fp32 "$GPU_TESTS/test_vla_gpu_fp32" build/test "$GPU_TESTS/train_vla_fp32" --smolvla build/lerobot_ref
 run_suite test_vla_gpu_bf16 "$GPU_TESTS/test_vla_gpu_bf16" build/test "$GPU_TESTS/train_vla_bf16" \
-    "$GPU_TESTS/train_vla_single_gpu_bf16"
+    "$GPU_TESTS/train_vla_single_gpu_bf16" --smolvla build/lerobot_ref
 for src in dev/cuda/*.cu; do
     name=$(basename "$src" .cu)
     run_suite "dev/cuda/$name" "$dev_cuda_dir/$name"
@@ -73,6 +74,8 @@ run_suite policy "$ORACLE_PY" scripts/test_policy.py
 run_suite lerobot_ref "$LEROBOT_PY" dev/lerobot/check_ref.py -d build/lerobot_ref
 # SmolVLA: the independent PyTorch oracle (dev/smolvla.py) against those references
 run_suite smolvla_oracle "$ORACLE_PY" dev/test_smolvla.py build/lerobot_ref
+# the SmolVLA oracle's training harness (the next dev/model.py): vla.h's table, init and noise, LeRobot
+run_suite model_smolvla "$ORACLE_PY" dev/test_model_smolvla.py build/lerobot_ref
 # LeRobot's own SmolVLA training step and inference, timed (the GPU comparison's peer; here a smoke run)
 run_suite lerobot_bench env LEROBOT_PYTHON="$LEROBOT_PY" dev/lerobot/test_bench.sh
 run_suite eval "$VENV_PY" scripts/test_eval.py

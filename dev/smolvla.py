@@ -23,6 +23,8 @@ A real action dims, Amax = max_action_dim (32), Smax = max_state_dim (32).
     /usr/bin/python3 dev/smolvla.py build/lerobot_ref/expert                 # loss, grad norm, chunk
     /usr/bin/python3 dev/smolvla.py build/lerobot_ref/vlm --dtype float32 -o out.safetensors
     /usr/bin/python3 dev/test_smolvla.py build/lerobot_ref                   # parity with LeRobot
+    /usr/bin/python3 dev/smolvla.py build/lerobot_ref/all --c-config build/lerobot_ref/all/c_config.txt
+                                                         # the C trainers' config (test_vla reads it)
 
 Runs on torch 1.13 (Debian's python3-torch) and newer; numpy and safetensors not needed.
 """
@@ -848,6 +850,66 @@ def run(policy_dir, raw, dtype=torch.float64):
     return cfg, P, out
 
 
+def tokenizer_pad_id(name, policy_dir):
+    """The pad token's id from the VLM's saved tokenizer (tokenizer_config.json's pad_token looked
+    up in tokenizer.json), for a VLM config that does not state pad_token_id. Searched where
+    find_vlm_config looks."""
+    base = os.path.basename(os.path.normpath(name))
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
+    places = [name] + [os.path.join(policy_dir, *up, base) for up in ([], [".."], ["..", ".."])]
+    places += sorted(glob.glob(os.path.join(hub, "models--" + name.replace("/", "--"), "snapshots", "*")))
+    for place in places:
+        if not os.path.isfile(os.path.join(place, "tokenizer.json")):
+            continue
+        with open(os.path.join(place, "tokenizer_config.json")) as f:
+            pad = json.load(f).get("pad_token")
+        pad = pad.get("content") if isinstance(pad, dict) else pad
+        with open(os.path.join(place, "tokenizer.json")) as f:
+            tok = json.load(f)
+        for added in tok.get("added_tokens", []):
+            if added["content"] == pad:
+                return added["id"]
+        return tok["model"]["vocab"][pad]
+    raise FileNotFoundError(f"the VLM config states no pad_token_id and no tokenizer of '{name}' was found in {places}")
+
+
+def c_config_lines(case_dir, batch_path=None):
+    """The C trainers' SmolVLAConfig (vla.h's SMOLVLA_CONFIG_FIELDS) of a LeRobot policy folder, as
+    "name value" lines, and checks that the policy uses nothing the C model does not implement."""
+    policy_dir = os.path.join(case_dir, "policy")
+    cfg = load_config(policy_dir)
+    with open(os.path.join(policy_dir, "config.json")) as f:
+        pc = json.load(f)
+    batch = load_safetensors(batch_path or os.path.join(case_dir, "ref.safetensors"))
+    assert cfg.resize_hw is not None and cfg.resize_hw[0] == cfg.resize_hw[1], \
+        f"the C model resizes to a square image: resize_imgs_with_padding is {cfg.resize_hw}"
+    img = cfg.resize_hw[0]
+    # the C model reads patch position i as row i of the table (vision_position_ids is the identity)
+    assert img == cfg.vis_image_size, f"resize size {img} != the vision tower's image_size {cfg.vis_image_size}"
+    assert cfg.self_attn_every_n_layers > 0 or "cross" not in cfg.attention_mode
+    every = cfg.self_attn_every_n_layers if "cross" in cfg.attention_mode else 1  # 1: every layer joint
+    # constants of the C model (train_vla.c's SmolVLA section)
+    assert (cfg.vis_eps, cfg.rms_eps, cfg.num_steps) == (1e-6, 1e-5, 10), (cfg.vis_eps, cfg.rms_eps, cfg.num_steps)
+    assert (cfg.min_period, cfg.max_period) == (4e-3, 4.0), (cfg.min_period, cfg.max_period)
+    assert cfg.train_state_proj, "train_state_proj=False is not implemented"
+    pad = cfg.pad_token_id
+    if pad is None:  # the VLM config does not say: ask its tokenizer
+        pad = tokenizer_pad_id(pc["vlm_model_name"], policy_dir)
+    n_image_tokens = (img // cfg.vis_patch // cfg.scale_factor) ** 2
+    # LeRobot pads the language tokens to the longest in the batch: max_text is this batch's length
+    max_text = batch["lang_tokens"].shape[1]
+    assert cfg.prefix_length <= len(cfg.cameras) * n_image_tokens + max_text + 1, "a padded prefix is not implemented"
+    fields = dict(
+        n_cam=len(cfg.cameras), state_dim=cfg.state_dim, action_dim=cfg.action_dim, img=img, patch=cfg.vis_patch,
+        vis_width=cfg.vis_width, vis_ff=cfg.vis_mlp, vis_layers=cfg.vis_layers, vis_heads=cfg.vis_heads,
+        scale_factor=cfg.scale_factor, vocab=cfg.vocab, pad_token=pad, max_text=max_text, d_model=cfg.width,
+        d_ff=cfg.mlp, n_layer=cfg.n_layer, n_head=cfg.n_head, n_kv_head=cfg.n_kv_head, head_dim=cfg.head_dim,
+        d_expert=cfg.expert_width, d_expert_ff=cfg.expert_mlp, self_attn_every=every, chunk=cfg.chunk,
+        max_state_dim=cfg.max_state_dim, max_action_dim=cfg.max_action_dim, rope_theta=int(cfg.rope_base))
+    return [f"{name} {int(value)}" for name, value in fields.items()]
+
+
 def count_parameters(cfg, P):
     total = sum(t.numel() for t in P.values())
     return total, sum(t.numel() for name, t in P.items() if is_trainable(cfg, name))
@@ -861,8 +923,17 @@ def main():
     ap.add_argument("-o", "--out", help="write the oracle's tensors (names as in ref.safetensors) here")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--table", action="store_true", help="print the parameter table (trainable per mode) and exit")
+    ap.add_argument("--c-config", metavar="FILE", help="write the C trainers' config (vla.h's SMOLVLA_CONFIG_FIELDS as "
+                    "'name value' lines) of CASE/policy and the batch's token length, and exit")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.c_config:
+        lines = c_config_lines(args.case, args.batch)
+        with open(args.c_config + ".tmp", "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(args.c_config + ".tmp", args.c_config)
+        print(f"wrote {args.c_config}: {', '.join(lines)}")
+        return
     if args.table:
         cfg = load_config(os.path.join(args.case, "policy"))
         modes = {m: with_train_mode(cfg, m) for m in TRAIN_MODES}

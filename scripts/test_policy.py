@@ -33,14 +33,14 @@ def oracle_actions(ckpt, images, instructions, state, noise):
     S, A = cfg.state_dim, cfg.action_dim
     model = oracle.VLA(cfg, torch.float64)
     model.load(ckpt["params"])
-    text = np.zeros((len(instructions), cfg.max_text), np.uint8)
+    tokens = np.zeros((len(instructions), cfg.max_text), np.int32)  # byte tokens, as the library makes them
     mask = np.zeros((len(instructions), cfg.max_text), np.float32)
     for b, s in enumerate(instructions):
-        raw = s.encode()[:cfg.max_text]
-        text[b, :len(raw)] = np.frombuffer(raw, np.uint8)
-        mask[b, :len(raw)] = 1.0
+        ids = vla_shard.BYTES.encode(s)[:cfg.max_text]
+        tokens[b, :len(ids)] = ids
+        mask[b, :len(ids)] = 1.0
     norm_state = (state - stats[:S]) / stats[S:2 * S]  # float32, as the C code normalizes
-    batch = {"images": torch.from_numpy(images), "text": torch.from_numpy(text),
+    batch = {"images": torch.from_numpy(images), "tokens": torch.from_numpy(tokens),
              "text_mask": torch.tensor(mask, dtype=torch.float64),
              "state": torch.tensor(norm_state, dtype=torch.float64), "eps": torch.tensor(noise, dtype=torch.float64)}
     out = model.sample_actions(batch, stats[2 * S:2 * S + A], stats[2 * S + A:])

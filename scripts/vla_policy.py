@@ -10,7 +10,9 @@ the precision of the one that computes.
     chunk = policy.act(images, ["open the door"], state)        # (B, H, A) actions in the data's units
 
 images: uint8 (B, n_cam, img, img, 3), the cameras the model was trained on, in order;
-instructions: B strings; state: float32 (B, S) raw (the checkpoint's statistics normalize it).
+instructions: B strings (the library gives the model their UTF-8 bytes as token ids, the "bytes"
+tokenizer of the shards it trains on); state: float32 (B, S) raw (the checkpoint's statistics
+normalize it).
 The 10-step flow-matching sampling starts from noise drawn from `seed`, or from `noise` (B, H, A).
 """
 

@@ -4,16 +4,16 @@ stacks' residual streams.
 
   prefix:  images u8 (n_img, img, img, 3) -> patches (n_img * g*g, p*p*3) as x/127.5 - 1, g = img/p
            (patch_out, the patches through patch_w, is a matmul: not here); tokens x (B, Np, d):
-           image rows patch_out + pos_emb, text rows text_emb[byte]; key_valid (B, Np)
+           image rows patch_out + pos_emb, text rows text_emb[token id]; key_valid (B, Np)
   backward: dpos_emb (NI, d) += image rows of dx summed over samples; dtext_emb (256, d) += the
-           text rows of dx by byte (both fp32, accumulated)
+           text rows of dx by token id (both fp32, accumulated)
   suffix:  tokens x (B, Ns, da) = [state token, H action tokens]; gather_rows copies a run of
            rows per sample (the action rows out of the suffix, the image rows out of dx);
            scatter_action_grad puts the velocity head's input gradient back in the suffix's
            rows (fp32 and floatX, the state row zero)
 
   version 1  one thread per value for every kernel but text_emb_backward_kernel, which has one
-             block per byte value summing its rows in order (train_vla.cu: patchify_kernel,
+             block per token id summing its rows in order (train_vla.cu: patchify_kernel,
              prefix_embed_kernel, pos_emb_backward_kernel, text_emb_backward_kernel,
              gather_rows_kernel, suffix_embed_kernel, scatter_action_grad_kernel)
 
@@ -24,12 +24,14 @@ stacks' residual streams.
 typedef struct {
     int B, n_cam, img, p, T, d, H, da;
     int g, NI, Np, Ns, n_img;
-    uint8_t *images, *text;  // (n_img, img, img, 3), (B, T): bytes, 0 past the instruction
+    uint8_t* images;         // (n_img, img, img, 3)
+    int32_t* tokens;         // (B, T): token ids (bytes), 0 past the instruction
     float* text_mask;        // (B, T)
     float *patch_out, *pos_emb, *text_emb;  // (B*NI, d), (NI, d), (256, d), rounded to floatX
     float* dx;                              // (B, Np, d) fp32: the prefix's residual gradient
     float *state_tok, *act_tok, *dfin;      // (B, da), (B*H, da) rounded to floatX; (B*H, da) fp32
-    uint8_t *d_images, *d_text;
+    uint8_t* d_images;
+    int32_t* d_tokens;
     float *d_text_mask, *d_dx, *d_dfin;
     floatX *d_patch_out, *d_pos_emb, *d_text_emb, *d_state_tok, *d_act_tok;
 } Case;
@@ -38,6 +40,13 @@ static uint8_t* to_device_u8(const uint8_t* h, size_t n) {
     uint8_t* d;
     cudaCheck(cudaMalloc(&d, n));
     cudaCheck(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static int32_t* to_device_i32(const int32_t* h, size_t n) {
+    int32_t* d;
+    cudaCheck(cudaMalloc(&d, n * sizeof(int32_t)));
+    cudaCheck(cudaMemcpy(d, h, n * sizeof(int32_t), cudaMemcpyHostToDevice));
     return d;
 }
 
@@ -53,13 +62,13 @@ static Case make_case(int B, int n_cam, int img, int p, int T, int d, int H, int
     for (size_t e = 0; e < n_pix; e++) { k.images[e] = (uint8_t)(rng_uniform(&r) * 256.0); }
     // instructions of different lengths over a small alphabet, so bytes repeat within and across
     // samples (text_emb_backward sums them); byte 0 pads the rest, masked
-    k.text = (uint8_t*)mallocCheck((size_t)B * T);
+    k.tokens = (int32_t*)mallocCheck((size_t)B * T * sizeof(int32_t));
     k.text_mask = (float*)mallocCheck((size_t)B * T * sizeof(float));
     const uint8_t alphabet[6] = {'a', 'e', 't', ' ', 1, 255};
     for (int b = 0; b < B; b++) {
         int len = 1 + (b * 5 + 2) % T;
         for (int i = 0; i < T; i++) {
-            k.text[b * T + i] = i < len ? alphabet[(int)(rng_uniform(&r) * 6.0) % 6] : 0;
+            k.tokens[b * T + i] = i < len ? alphabet[(int)(rng_uniform(&r) * 6.0) % 6] : 0;
             k.text_mask[b * T + i] = i < len ? 1.0f : 0.0f;
         }
     }
@@ -71,7 +80,7 @@ static Case make_case(int B, int n_cam, int img, int p, int T, int d, int H, int
     k.act_tok = random_floats((size_t)B * H * da, 1.0f, seed + 6);
     k.dfin = random_floats((size_t)B * H * da, 1.0f, seed + 7);
     k.d_images = to_device_u8(k.images, n_pix);
-    k.d_text = to_device_u8(k.text, (size_t)B * T);
+    k.d_tokens = to_device_i32(k.tokens, (size_t)B * T);
     k.d_text_mask = to_device_f(k.text_mask, (size_t)B * T);
     k.d_patch_out = to_device_x(k.patch_out, (size_t)B * k.NI * d);
     k.d_pos_emb = to_device_x(k.pos_emb, (size_t)k.NI * d);
@@ -84,9 +93,9 @@ static Case make_case(int B, int n_cam, int img, int p, int T, int d, int H, int
 }
 
 static void free_case(Case* k) {
-    free(k->images); free(k->text); free(k->text_mask); free(k->patch_out); free(k->pos_emb); free(k->text_emb);
+    free(k->images); free(k->tokens); free(k->text_mask); free(k->patch_out); free(k->pos_emb); free(k->text_emb);
     free(k->dx); free(k->state_tok); free(k->act_tok); free(k->dfin);
-    cudaCheck(cudaFree(k->d_images)); cudaCheck(cudaFree(k->d_text)); cudaCheck(cudaFree(k->d_text_mask));
+    cudaCheck(cudaFree(k->d_images)); cudaCheck(cudaFree(k->d_tokens)); cudaCheck(cudaFree(k->d_text_mask));
     cudaCheck(cudaFree(k->d_patch_out)); cudaCheck(cudaFree(k->d_pos_emb)); cudaCheck(cudaFree(k->d_text_emb));
     cudaCheck(cudaFree(k->d_dx)); cudaCheck(cudaFree(k->d_state_tok)); cudaCheck(cudaFree(k->d_act_tok));
     cudaCheck(cudaFree(k->d_dfin));
@@ -144,7 +153,7 @@ static void check_prefix(const Case* k, int block) {
         for (int i = 0; i < Np; i++) {
             for (int c = 0; c < d; c++) {
                 double v = i < NI ? (double)k->patch_out[((size_t)b * NI + i) * d + c] + k->pos_emb[(size_t)i * d + c]
-                                  : (double)k->text_emb[(size_t)k->text[b * T + i - NI] * d + c];
+                                  : (double)k->text_emb[(size_t)k->tokens[b * T + i - NI] * d + c];
                 ref[((size_t)b * Np + i) * d + c] = v;
             }
             ref_valid[b * Np + i] = i < NI ? 1.0 : k->text_mask[b * T + i - NI];
@@ -156,7 +165,7 @@ static void check_prefix(const Case* k, int block) {
     cudaCheck(cudaMalloc(&valid, (size_t)B * Np * sizeof(float)));
     poison(x, n_x * sizeof(floatX));
     poison(valid, (size_t)B * Np * sizeof(float));
-    prefix_embed_kernel<<<ceil_div(n_x, block), block, 0, main_stream>>>(x, valid, k->d_patch_out, k->d_pos_emb, k->d_text_emb, k->d_text, k->d_text_mask, B, NI, T, d);
+    prefix_embed_kernel<<<ceil_div(n_x, block), block, 0, main_stream>>>(x, valid, k->d_patch_out, k->d_pos_emb, k->d_text_emb, k->d_tokens, k->d_text_mask, B, NI, T, d);
     launchCheck();
     got = from_device_x(x, n_x);
     float* got_valid = from_device_f(valid, (size_t)B * Np);
@@ -188,12 +197,12 @@ static void check_prefix(const Case* k, int block) {
     ref = alloc_ref(n_text);
     for (int b = 0; b < B; b++) {
         for (int i = 0; i < T; i++) {
-            for (int c = 0; c < d; c++) { ref[(size_t)k->text[b * T + i] * d + c] += k->dx[((size_t)b * Np + NI + i) * d + c]; }
+            for (int c = 0; c < d; c++) { ref[(size_t)k->tokens[b * T + i] * d + c] += k->dx[((size_t)b * Np + NI + i) * d + c]; }
         }
     }
     float* dtext0 = random_floats(n_text, 1.0f, 950 + block);
     float* dtext = to_device_f(dtext0, n_text);
-    text_emb_backward_kernel<<<256, block, 0, main_stream>>>(dtext, k->d_dx, k->d_text, B, NI, T, d);
+    text_emb_backward_kernel<<<256, block, 0, main_stream>>>(dtext, k->d_dx, k->d_tokens, B, NI, T, d);
     launchCheck();
     snprintf(what, sizeof(what), "v1 text_emb_backward %s: dtext (+=)", shape);
     check_accumulated(what, dtext, dtext0, ref, n_text, 1e-5);
@@ -313,7 +322,7 @@ static void bench(const char* name, double bytes, F fn) {
 
 static void benchmark(void) {
     // the base preset, batch 16: 2 cameras of 224x224 in 16x16 patches (392 image tokens), 48
-    // text bytes, d 960; chunk 50, d_expert 720
+    // text tokens, d 960; chunk 50, d_expert 720
     const int B = 16, n_cam = 2, img = 224, p = 16, T = 48, d = 960, H = 50, da = 720;
     Case k = make_case(B, n_cam, img, p, T, d, H, da, 7);
     int NI = k.NI, Np = k.Np, Ns = k.Ns;
@@ -339,7 +348,7 @@ static void benchmark(void) {
         launchCheck();
     });
     bench("prefix_embed", (double)B * NI * d * 3 * X + (double)B * T * d * 2 * X + (double)B * Np * 4, [&]() {
-        prefix_embed_kernel<<<ceil_div(n_x, bl), bl, 0, main_stream>>>(x, valid, k.d_patch_out, k.d_pos_emb, k.d_text_emb, k.d_text, k.d_text_mask, B, NI, T, d);
+        prefix_embed_kernel<<<ceil_div(n_x, bl), bl, 0, main_stream>>>(x, valid, k.d_patch_out, k.d_pos_emb, k.d_text_emb, k.d_tokens, k.d_text_mask, B, NI, T, d);
         launchCheck();
     });
     bench("pos_emb_backward", (double)B * NI * d * 4 + 2.0 * NI * d * 4, [&]() {
@@ -347,7 +356,7 @@ static void benchmark(void) {
         launchCheck();
     });
     bench("text_emb_backward", (double)B * T * d * 4 + 2.0 * 256 * d * 4, [&]() {
-        text_emb_backward_kernel<<<256, bl, 0, main_stream>>>(dtext, k.d_dx, k.d_text, B, NI, T, d);
+        text_emb_backward_kernel<<<256, bl, 0, main_stream>>>(dtext, k.d_dx, k.d_tokens, B, NI, T, d);
         launchCheck();
     });
     bench("gather_rows (images)", 2.0 * B * NI * d * X, [&]() {

@@ -1,6 +1,7 @@
 /*
 rmsnorm.cu: RMSNorm, forward and backward (ln1 and ln2 of every layer, the final norm).
-  forward:  out = x r w with r = (mean x^2 + 1e-6)^-1/2 per row; rstd = r kept for the backward
+  forward:  out = x r w with r = (mean x^2 + eps)^-1/2 per row; rstd = r kept for the backward (eps a
+            parameter: checked at the pi0-style model's RMSNORM_EPS = 1e-6; SmolVLA's 1e-5 in test_vla_gpu)
   backward: dx = r w dy - x r^3 / C sum_j dy_j w_j x_j, added into the fp32 residual gradient dres
             and written as its floatX copy dres_x; dw += sum over rows of dy x r
 
@@ -78,10 +79,12 @@ static void run_forward(int version, int block, floatX* out, float* rstd, const 
     if (version == 0) {
         rmsnorm_forward(out, rstd, inp, w, N, C);
     } else if (version == 1) {
-        rmsnorm_forward_kernel<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, rstd, inp, w, N, C);
+        rmsnorm_forward_kernel<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, rstd, inp, w, N, C,
+                                                                                           RMSNORM_EPS);
         launchCheck();
     } else {
-        rmsnorm_forward_kernel2<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, rstd, inp, w, N, C);
+        rmsnorm_forward_kernel2<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, rstd, inp, w, N, C,
+                                                                                            RMSNORM_EPS);
         launchCheck();
     }
 }

@@ -5,7 +5,8 @@
 # FUZZ_CORPUS=DIR keeps each harness's corpus in DIR/NAME and grows it run after run (make fuzz);
 # unset, every run starts from the seeds alone (make test), so the test is the same each time.
 # The seeds are made by the project's own tools: data/synthetic's shards and dev/fuzz/make_seeds's
-# checkpoints. A crashing input is kept in build/fuzz/crashes/ for `build/fuzz/fuzz_NAME FILE`.
+# checkpoints and shards (both format versions). A crashing input is kept in build/fuzz/crashes/
+# for `build/fuzz/fuzz_NAME FILE`.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 seconds=${1:?usage: dev/fuzz/run_fuzz.sh SECONDS [shard|checkpoint|policy ...]}
@@ -26,7 +27,9 @@ if [ ! -f $seeds/done ]; then
         ./data/synthetic -o $seeds/shard/synthetic_$s.bin --cams "$cams" --img "$img" --state "$state" \
             --action "$action" --episodes "$episodes" --min-len "$min" --max-len "$max" --seed $s > /dev/null || exit 1
     done
-    build/fuzz/make_seeds $seeds/checkpoint || exit 1
+    ./data/synthetic -o $seeds/shard/synthetic_sizes.bin --cam-size 8x12 --cam-size 6x6 --state 2 --action 2 \
+        --episodes 2 --min-len 2 --max-len 3 --seed 5 > /dev/null || exit 1
+    build/fuzz/make_seeds $seeds/checkpoint $seeds/shard || exit 1
     touch $seeds/done
 fi
 

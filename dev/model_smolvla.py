@@ -1,0 +1,967 @@
+"""
+model_smolvla.py: the PyTorch oracle of train_vla's SmolVLA model, with vla.h's plumbing.
+
+dev/smolvla.py computes SmolVLA exactly as LeRobot 0.6.1 does (forward, loss, sampling, the
+resize with padding), from LeRobot's tensor names. This file adds what the C trainers add around
+that math, reproduced bit for bit so they can be compared with it tensor by tensor: vla.h's
+SmolVLAConfig, presets and parameter table (our names, stacked per-layer tensors) with the mapping
+to LeRobot's names both ways, smolvla_param_init's seeded weights, the training modes as the
+table's train column, batches from the dataset shards, the flow noise, AdamW on the trainable
+elements, and the debug-state file that test_vla.c / test_vla_gpu.cu read. The math itself is
+imported from dev/smolvla.py, never copied; the RNG, sampler, learning-rate schedule and the VLAT
+container come from dev/model.py (the oracle of the model this one replaces), also imported.
+
+Shapes: B batch, H chunk, A the dataset's action dims, Amax = max_action_dim, Smax = max_state_dim,
+Lt = max_text tokens, S = img (the vision tower's square input), h_k x w_k camera k's stored frames.
+
+    /usr/bin/python3 dev/model_smolvla.py -i x.bin -p tiny --debug-state smolvla_debug.bin
+    /usr/bin/python3 dev/model_smolvla.py -i x.bin -p tiny --train-mode all -b 8 --train 20
+    /usr/bin/python3 dev/model_smolvla.py -i x.bin --policy build/lerobot_ref/vlm/policy --debug-state out.bin
+    python dev/model_smolvla.py -i x.bin -p smolvla -b 8 --bench 20 --device cuda --amp bf16 --compile
+
+Training modes (--train-mode, LeRobot's flags; vla.h's train column, smolvla_trainable_numel):
+  expert  train_expert_only=True:  the expert, state_proj, action_in/out_proj, the time MLP
+  vlm     train_expert_only=False, freeze_vision_encoder=True: also the connector, embed_tokens
+          and the VLM's layers but its last (the last layer, its final norm and lm_head never train)
+  all     also the vision tower
+A tensor's trainable elements are a prefix of it (stacked tensors are layer-major): gradients,
+AdamW moments, decay, clipping and the gradient norm cover that prefix only; the rest is frozen.
+
+Flow noise (flow_noise_smolvla; the C side must draw the same): the counter-based stream
+(seed, RNG_STREAM_NOISE(step)) as vla.h's flow_noise, but eps covers all max_action_dim dims, as
+LeRobot's noise (B, H, 32) does. Global sample g of the step owns draws g * (1 + 2 H Amax) + 1 ...:
+the first is t = 0.999 * U^(1/1.5) + 0.001 (rng_flow_time, then float), then 2 per eps entry
+(rng_normal's Box-Muller, then float) in (slot, dim) order: eps[h][d] for h < H, d < Amax, d fastest.
+That is exactly vla.h's flow_noise run with action_dim = max_action_dim.
+
+Debug state (--debug-state OUT, the VLAT container of dev/model.py: magic "VLAT", version 1, then
+per record a 104-byte header (name[64], dtype 0=f32 1=u8 2=i32, ndim, 4 x u64 dims) and the data).
+Everything is computed in float64 (--dtype) and stored as float32:
+  config             i32 (26)              SmolVLAConfig in SMOLVLA_CONFIG_FIELDS order
+  hparams            f32 (6)               lr, min_lr_frac, warmup, steps, weight decay, clip
+  seed               i32 (1)               init (unless --policy/--init), sampler and flow-noise seed
+  train_mode         i32 (1)               0 expert, 1 vlm, 2 all (TRAIN_MODE_*)
+  stats              f32 (2(S+A))          state mean, std, action mean, std (the dataset's, std
+                                           floored to 1 as dataset_open does)
+  param/<name>       f32 table shape       every tensor of SMOLVLA_PARAMETERS, in table order
+  batch/indices      i32 (B)               the sampler's samples of step 0
+  batch/image<k>     u8  (B, h_k, w_k, 3)  camera k's frames at their stored size, k < n_cam
+  batch/tokens       i32 (B, Lt)           token ids, cut to Lt, 0 past the instruction
+  batch/token_mask   f32 (B, Lt)           1 = instruction token, 0 = pad
+  batch/state        f32 (B, Smax)         (x - mean) / std, zero-padded
+  batch/actions      f32 (B, H, Amax)      normalized chunk (slots past the episode repeat its last
+                                           action), zero-padded
+  batch/action_is_pad f32 (B, H)           1 = slot past the episode's end (no loss)
+  batch/t            f32 (B)               flow time of step 0
+  batch/eps          f32 (B, H, Amax)      flow noise of step 0
+  expect/pixels      f32 (n_cam B, 3, S, S) frames resized with padding, x*2-1 (camera-major)
+  expect/v           f32 (B, H, Amax)      velocities v_t (action_out_proj's output)
+  expect/loss        f32 (1)               sum over valid slots and the first A dims of (u - v)^2,
+                                           / max(1, valid slots * A)
+  grad/<name>        f32 table shape       d loss / d param of every tensor with trainable elements in
+                                           this mode, the whole tensor, its frozen part zero (tensors
+                                           with none have no record). grad/vis_bk is zero by symmetry
+                                           (softmax ignores a shift): rounding noise, to be compared
+                                           against grad/vis_bq's scale, not relatively
+  fd/index           i32 (n, 2)            (table index, flat element) of the largest |grad| of every
+                                           tensor whose gradient is not zero (to 1e-12 of the largest)
+  fd/value           f32 (n)               central finite differences of the loss there
+  expect/sample      f32 (B, H, Amax)      10 Euler steps from batch/eps (t = 1, 0.9, ..., 0.1),
+                                           normalized units
+  expect/sample_actions f32 (B, H, A)      the same, first A dims, un-normalized (x * std + mean)
+  expect/losses      f32 (10)              losses of 10 AdamW steps on this batch (same t, eps)
+  expect/norms       f32 (10)              their gradient norms before clipping
+
+What the C side must implement to match (besides the math of dev/smolvla.py): flow_noise_smolvla
+above; the batch of dataset_assemble with state/actions zero-padded to Smax/Amax and action_is_pad
+= 1 - action_mask; the loss's divisor max(1, valid slots * A); AdamW exactly as dev/model.py's
+(m = 0.9 m + 0.1 g, v = 0.95 v + 0.05 g^2, bias corrections 1 - 0.9^(s+1) and 1 - 0.95^(s+1),
+update = m_hat / (sqrt(v_hat) + 1e-8) + wd p on decay tensors, p -= lr update) on the first
+smolvla_trainable_numel elements of each tensor only, clipping by the global norm of those
+gradients; lr_at_step as today. Token pads are 0, as dataset_assemble writes them (LeRobot's
+tokenizer writes its pad id there): pads are masked as keys and as queries, so no number depends
+on their value.
+
+When this file replaces dev/model.py, what it imports from there moves with it: the RNG
+(rng_key, rng_draws, rng_normals, rng_flow_time, STREAM_INIT, STREAM_NOISE, flow_noise), Sampler,
+lr_at_step and the VLAT reader/writer.
+"""
+
+import argparse
+import collections
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+import types
+
+import numpy as np
+import torch
+
+DEV = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, DEV)
+sys.path.insert(0, os.path.join(DEV, "..", "data"))
+import model as vla_model  # noqa: E402  dev/model.py: RNG, sampler, lr schedule, VLAT files
+import smolvla  # noqa: E402  dev/smolvla.py: SmolVLA's math as LeRobot computes it
+from vla_shard import Dataset  # noqa: E402
+
+# ----------------------------------------------------------------------------
+# config and presets (vla.h: SmolVLAConfig, SMOLVLA_CONFIG_FIELDS, SMOLVLA_PRESETS)
+
+
+@dataclasses.dataclass
+class SmolVLAConfig:  # field order is SMOLVLA_CONFIG_FIELDS' and the debug state's
+    n_cam: int
+    state_dim: int
+    action_dim: int
+    img: int
+    patch: int
+    vis_width: int
+    vis_ff: int
+    vis_layers: int
+    vis_heads: int
+    scale_factor: int
+    vocab: int
+    pad_token: int
+    max_text: int
+    d_model: int
+    d_ff: int
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    d_expert: int
+    d_expert_ff: int
+    self_attn_every: int
+    chunk: int
+    max_state_dim: int
+    max_action_dim: int
+    rope_theta: int
+
+    def values(self):
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+    @property
+    def grid(self):  # patches per image side
+        return self.img // self.patch
+
+    @property
+    def patch_dim(self):
+        return 3 * self.patch * self.patch
+
+    @property
+    def d_attn(self):
+        return self.n_head * self.head_dim
+
+    @property
+    def d_kv(self):
+        return self.n_kv_head * self.head_dim
+
+    def layer_is_cross(self, l):  # smolvla_layer_is_cross: the one statement of the layer schedule
+        return l % self.self_attn_every != 0
+
+    @property
+    def n_joint(self):
+        return (self.n_layer + self.self_attn_every - 1) // self.self_attn_every
+
+    @property
+    def n_cross(self):
+        return self.n_layer - self.n_joint
+
+
+CONFIG_FIELDS = [f.name for f in dataclasses.fields(SmolVLAConfig)]
+
+# n_cam, state_dim and action_dim are replaced by the dataset's
+PRESETS = {  # cam S A img p Cv Cv_ff Lv NHv s vocab pad text C C_ff L NH NKV HS Ce Ce_ff n H Smax Amax theta
+    "tiny": SmolVLAConfig(1, 4, 4, 32, 8, 32, 64, 1, 2, 2, 256, 0, 16, 48, 96, 2, 4, 2, 12, 36, 256, 2, 8, 32, 32, 10000),
+    "small": SmolVLAConfig(2, 4, 4, 64, 8, 128, 256, 2, 4, 2, 256, 0, 48, 256, 640, 6, 4, 2, 64, 192, 512, 2, 16, 32,
+                           32, 10000),
+    "smolvla": SmolVLAConfig(2, 32, 32, 512, 16, 768, 3072, 12, 12, 4, 49280, 2, 48, 960, 2560, 16, 15, 5, 64, 720,
+                             2048, 2, 50, 32, 32, 10000),
+}
+
+# vla.h's bounds on the sizes a config may hold
+MAX_CAM, MAX_IMG, MAX_DIM, MAX_TEXT, MAX_CHUNK = 16, 4096, 4096, 1024, 1024
+MAX_WIDTH, MAX_LAYER, MAX_HEAD, MAX_TOKENS, MAX_PARAMS = 65536, 1024, 1024, 16384, 1 << 36
+
+
+def config_problem(c):
+    """None if the config is usable, else what is wrong (smolvla_config_problem)."""
+    for name in CONFIG_FIELDS:
+        if getattr(c, name) <= 0 and name != "pad_token":
+            return f"{name} must be positive (got {getattr(c, name)})"
+    bounds = dict(n_cam=MAX_CAM, img=MAX_IMG, patch=c.img, vis_width=MAX_WIDTH, vis_ff=MAX_WIDTH,
+                  vis_layers=MAX_LAYER, vis_heads=c.vis_width, scale_factor=c.img // c.patch, vocab=1 << 24,
+                  pad_token=c.vocab - 1, max_text=MAX_TEXT, d_model=MAX_WIDTH, d_ff=MAX_WIDTH, n_layer=MAX_LAYER,
+                  n_head=MAX_HEAD, n_kv_head=c.n_head, head_dim=MAX_HEAD, d_expert=MAX_WIDTH, d_expert_ff=MAX_WIDTH,
+                  self_attn_every=c.n_layer, chunk=MAX_CHUNK, max_state_dim=MAX_DIM, max_action_dim=MAX_DIM,
+                  state_dim=c.max_state_dim, action_dim=c.max_action_dim)
+    for name, bound in bounds.items():
+        if getattr(c, name) > bound:
+            return f"{name} {getattr(c, name)} is past its bound {bound}"
+    if c.pad_token < 0:
+        return f"pad_token must not be negative (got {c.pad_token})"
+    if c.img % c.patch != 0 or (c.img // c.patch) % c.scale_factor != 0:
+        return f"img {c.img} / patch {c.patch} must be a whole grid that scale_factor {c.scale_factor} divides"
+    if c.vis_width % c.vis_heads != 0:
+        return f"vis_width {c.vis_width} is not a multiple of vis_heads {c.vis_heads}"
+    if c.n_head % c.n_kv_head != 0:
+        return f"n_head {c.n_head} is not a multiple of n_kv_head {c.n_kv_head} (GQA)"
+    if c.head_dim % 2 != 0 or c.d_expert % 2 != 0:
+        return f"head_dim {c.head_dim} (RoPE) and d_expert {c.d_expert} (time embedding) must be even"
+    tokens = c.n_cam * (c.grid // c.scale_factor) ** 2 + c.max_text + 1 + c.chunk
+    if tokens > MAX_TOKENS or c.grid * c.grid > MAX_TOKENS:
+        return f"{tokens} tokens ({c.grid * c.grid} per image in the vision tower) are past the bound {MAX_TOKENS}"
+    if param_count(c) > MAX_PARAMS:
+        return "the parameter count is past the bound 2^36"
+    return None
+
+
+# ----------------------------------------------------------------------------
+# the parameter table (vla.h: SMOLVLA_PARAMETERS), and its mapping to LeRobot's names
+
+TOWER_VISION, TOWER_VLM, TOWER_EXPERT = 0, 1, 2
+KIND_INPUT, KIND_LAYER, KIND_HEAD = 0, 1, 2
+TRAIN_ALWAYS, TRAIN_VLM, TRAIN_VLM_BUT_LAST, TRAIN_VISION, TRAIN_NEVER = 0, 1, 2, 3, 4
+SLICES_NONE, SLICES_VISION, SLICES_ALL, SLICES_JOINT, SLICES_CROSS = 0, 1, 2, 3, 4
+INIT_NORMAL, INIT_NORMAL_OUT, INIT_ZERO, INIT_ONE = 0, 1, 2, 3
+TRAIN_MODES = ["expert", "vlm", "all"]  # TRAIN_MODE_EXPERT, _VLM, _ALL: the index is the mode
+LM_HEAD = smolvla.LM_HEAD + "weight"  # LeRobot's lm_head feeds nothing: the table leaves it out
+
+ParamSpec = collections.namedtuple("ParamSpec", "name lerobot tower kind train decay init slices shape offset")
+
+
+def param_rows(c):
+    """SMOLVLA_PARAMETERS' rows: name, LeRobot name (%d = layer), tower, kind, train, decay, init,
+    slices, shape. Linear weights are (out, in); per-layer tensors are stacked layer-major."""
+    V, T, E, Hd = smolvla.VISION, smolvla.TEXT, smolvla.EXPERT, smolvla.HEADS
+    Cv, Fv, Lv = c.vis_width, c.vis_ff, c.vis_layers
+    C, L, D, KV, Ce, Am = c.d_model, c.n_layer, c.d_attn, c.d_kv, c.d_expert, c.max_action_dim
+    # (tower, kind, train) of each group of rows, and (decay, init) of each kind of tensor
+    vis_in, vis_layer = (TOWER_VISION, KIND_INPUT, TRAIN_VISION), (TOWER_VISION, KIND_LAYER, TRAIN_VISION)
+    vis_head = (TOWER_VISION, KIND_HEAD, TRAIN_VISION)
+    vlm_in, state = (TOWER_VLM, KIND_INPUT, TRAIN_VLM), (TOWER_VLM, KIND_INPUT, TRAIN_ALWAYS)
+    vlm_layer, vlm_head = (TOWER_VLM, KIND_LAYER, TRAIN_VLM_BUT_LAST), (TOWER_VLM, KIND_HEAD, TRAIN_NEVER)
+    exp_in, exp_layer = (TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS), (TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS)
+    exp_head = (TOWER_EXPERT, KIND_HEAD, TRAIN_ALWAYS)
+    matrix, out, bias, scale = (1, INIT_NORMAL), (1, INIT_NORMAL_OUT), (0, INIT_ZERO), (0, INIT_ONE)
+    VL, ALL, NONE = SLICES_VISION, SLICES_ALL, SLICES_NONE
+    return [
+        ("vis_patch_w", V + "embeddings.patch_embedding.weight", *vis_in, *matrix, NONE, (Cv, c.patch_dim)),
+        ("vis_patch_b", V + "embeddings.patch_embedding.bias", *vis_in, *bias, NONE, (Cv,)),
+        ("vis_pos", V + "embeddings.position_embedding.weight", *vis_in, *matrix, NONE, (c.grid * c.grid, Cv)),
+        ("vis_ln1_w", V + "encoder.layers.%d.layer_norm1.weight", *vis_layer, *scale, VL, (Lv, Cv)),
+        ("vis_ln1_b", V + "encoder.layers.%d.layer_norm1.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_wq", V + "encoder.layers.%d.self_attn.q_proj.weight", *vis_layer, *matrix, VL, (Lv, Cv, Cv)),
+        ("vis_bq", V + "encoder.layers.%d.self_attn.q_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_wk", V + "encoder.layers.%d.self_attn.k_proj.weight", *vis_layer, *matrix, VL, (Lv, Cv, Cv)),
+        ("vis_bk", V + "encoder.layers.%d.self_attn.k_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_wv", V + "encoder.layers.%d.self_attn.v_proj.weight", *vis_layer, *matrix, VL, (Lv, Cv, Cv)),
+        ("vis_bv", V + "encoder.layers.%d.self_attn.v_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_wo", V + "encoder.layers.%d.self_attn.out_proj.weight", *vis_layer, *out, VL, (Lv, Cv, Cv)),
+        ("vis_bo", V + "encoder.layers.%d.self_attn.out_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_ln2_w", V + "encoder.layers.%d.layer_norm2.weight", *vis_layer, *scale, VL, (Lv, Cv)),
+        ("vis_ln2_b", V + "encoder.layers.%d.layer_norm2.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_fc1_w", V + "encoder.layers.%d.mlp.fc1.weight", *vis_layer, *matrix, VL, (Lv, Fv, Cv)),
+        ("vis_fc1_b", V + "encoder.layers.%d.mlp.fc1.bias", *vis_layer, *bias, VL, (Lv, Fv)),
+        ("vis_fc2_w", V + "encoder.layers.%d.mlp.fc2.weight", *vis_layer, *out, VL, (Lv, Cv, Fv)),
+        ("vis_fc2_b", V + "encoder.layers.%d.mlp.fc2.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_post_w", V + "post_layernorm.weight", *vis_head, *scale, NONE, (Cv,)),
+        ("vis_post_b", V + "post_layernorm.bias", *vis_head, *bias, NONE, (Cv,)),
+        ("connector_w", smolvla.CONNECTOR + ".weight", *vlm_in, *matrix, NONE, (C, Cv * c.scale_factor ** 2)),
+        ("embed_tokens", T + "embed_tokens.weight", *vlm_in, *matrix, NONE, (c.vocab, C)),
+        ("state_w", Hd + "state_proj.weight", *state, *matrix, NONE, (C, c.max_state_dim)),
+        ("state_b", Hd + "state_proj.bias", *state, *bias, NONE, (C,)),
+        ("vlm_ln1", T + "layers.%d.input_layernorm.weight", *vlm_layer, *scale, ALL, (L, C)),
+        ("vlm_wq", T + "layers.%d.self_attn.q_proj.weight", *vlm_layer, *matrix, ALL, (L, D, C)),
+        ("vlm_wk", T + "layers.%d.self_attn.k_proj.weight", *vlm_layer, *matrix, ALL, (L, KV, C)),
+        ("vlm_wv", T + "layers.%d.self_attn.v_proj.weight", *vlm_layer, *matrix, ALL, (L, KV, C)),
+        ("vlm_wo", T + "layers.%d.self_attn.o_proj.weight", *vlm_layer, *out, ALL, (L, C, D)),
+        ("vlm_ln2", T + "layers.%d.post_attention_layernorm.weight", *vlm_layer, *scale, ALL, (L, C)),
+        ("vlm_gate", T + "layers.%d.mlp.gate_proj.weight", *vlm_layer, *matrix, ALL, (L, c.d_ff, C)),
+        ("vlm_up", T + "layers.%d.mlp.up_proj.weight", *vlm_layer, *matrix, ALL, (L, c.d_ff, C)),
+        ("vlm_down", T + "layers.%d.mlp.down_proj.weight", *vlm_layer, *out, ALL, (L, C, c.d_ff)),
+        ("vlm_norm", T + "norm.weight", *vlm_head, *scale, NONE, (C,)),
+        ("action_in_w", Hd + "action_in_proj.weight", *exp_in, *matrix, NONE, (Ce, Am)),
+        ("action_in_b", Hd + "action_in_proj.bias", *exp_in, *bias, NONE, (Ce,)),
+        ("time_in_w", Hd + "action_time_mlp_in.weight", *exp_in, *matrix, NONE, (Ce, 2 * Ce)),
+        ("time_in_b", Hd + "action_time_mlp_in.bias", *exp_in, *bias, NONE, (Ce,)),
+        ("time_out_w", Hd + "action_time_mlp_out.weight", *exp_in, *matrix, NONE, (Ce, Ce)),
+        ("time_out_b", Hd + "action_time_mlp_out.bias", *exp_in, *bias, NONE, (Ce,)),
+        ("exp_ln1", E + "layers.%d.input_layernorm.weight", *exp_layer, *scale, ALL, (L, Ce)),
+        ("exp_wq", E + "layers.%d.self_attn.q_proj.weight", *exp_layer, *matrix, ALL, (L, D, Ce)),
+        # k/v read the expert's stream (Ce wide) in joint layers, the VLM's K/V (KV wide) in cross layers
+        ("exp_wk_joint", E + "layers.%d.self_attn.k_proj.weight", *exp_layer, *matrix, SLICES_JOINT, (c.n_joint, KV, Ce)),
+        ("exp_wv_joint", E + "layers.%d.self_attn.v_proj.weight", *exp_layer, *matrix, SLICES_JOINT, (c.n_joint, KV, Ce)),
+        ("exp_wk_cross", E + "layers.%d.self_attn.k_proj.weight", *exp_layer, *matrix, SLICES_CROSS, (c.n_cross, KV, KV)),
+        ("exp_wv_cross", E + "layers.%d.self_attn.v_proj.weight", *exp_layer, *matrix, SLICES_CROSS, (c.n_cross, KV, KV)),
+        ("exp_wo", E + "layers.%d.self_attn.o_proj.weight", *exp_layer, *out, ALL, (L, Ce, D)),
+        ("exp_ln2", E + "layers.%d.post_attention_layernorm.weight", *exp_layer, *scale, ALL, (L, Ce)),
+        ("exp_gate", E + "layers.%d.mlp.gate_proj.weight", *exp_layer, *matrix, ALL, (L, c.d_expert_ff, Ce)),
+        ("exp_up", E + "layers.%d.mlp.up_proj.weight", *exp_layer, *matrix, ALL, (L, c.d_expert_ff, Ce)),
+        ("exp_down", E + "layers.%d.mlp.down_proj.weight", *exp_layer, *out, ALL, (L, Ce, c.d_expert_ff)),
+        ("exp_norm", E + "norm.weight", *exp_head, *scale, NONE, (Ce,)),
+        ("action_out_w", Hd + "action_out_proj.weight", *exp_head, *matrix, NONE, (Am, Ce)),
+        ("action_out_b", Hd + "action_out_proj.bias", *exp_head, *bias, NONE, (Am,)),
+    ]
+
+
+def param_table(c):
+    """Every tensor in table order with its element offset into the flat buffer (smolvla_table_build)."""
+    table, offset = [], 0
+    for row in param_rows(c):
+        table.append(ParamSpec(*row, offset))
+        offset += math.prod(row[-1])
+    return table
+
+
+def param_count(c):
+    return sum(math.prod(row[-1]) for row in param_rows(c))
+
+
+def n_slices(s):  # smolvla_slices: a stacked tensor's leading dimension, else 1
+    return 1 if s.slices == SLICES_NONE else s.shape[0]
+
+
+def trainable_numel(s, mode):
+    """The elements of tensor s that train in `mode` (0 expert, 1 vlm, 2 all): a prefix of it
+    (smolvla_trainable_numel). 'Every layer but the last' is the first numel - numel/L elements."""
+    numel = math.prod(s.shape)
+    if s.train == TRAIN_ALWAYS:
+        return numel
+    if s.train == TRAIN_VLM:
+        return numel if mode >= 1 else 0
+    if s.train == TRAIN_VLM_BUT_LAST:
+        return numel - numel // n_slices(s) if mode >= 1 else 0
+    if s.train == TRAIN_VISION:
+        return numel if mode == 2 else 0
+    return 0
+
+
+def slice_layer(c, s, i):
+    """LeRobot's layer number of slice i of a stacked tensor (smolvla_slice_layer)."""
+    if s.slices == SLICES_JOINT:
+        return i * c.self_attn_every
+    if s.slices == SLICES_CROSS:
+        return [l for l in range(c.n_layer) if c.layer_is_cross(l)][i]
+    return i
+
+
+def lerobot_names(c, s):
+    """LeRobot's name of each slice of tensor s (one name for an unstacked tensor)."""
+    if s.slices == SLICES_NONE:
+        return [s.lerobot]
+    return [s.lerobot % slice_layer(c, s, i) for i in range(n_slices(s))]
+
+
+def lerobot_shape(c, s):
+    """The shape LeRobot stores one slice of s in: the patch embedding is a convolution weight."""
+    if s.name == "vis_patch_w":
+        return (c.vis_width, 3, c.patch, c.patch)
+    return tuple(s.shape[1:]) if s.slices != SLICES_NONE else tuple(s.shape)
+
+
+def to_lerobot(c, params):
+    """Our tensors (name -> tensor, table shapes) -> LeRobot's (name -> view of ours, no copy), so
+    gradients of dev/smolvla.py's math land in our tensors. lm_head is not among them."""
+    out = {}
+    for s in param_table(c):
+        p = params[s.name]
+        shape = lerobot_shape(c, s)
+        if s.slices == SLICES_NONE:
+            out[s.lerobot] = p.reshape(shape)
+        else:
+            for i, name in enumerate(lerobot_names(c, s)):
+                out[name] = p[i].reshape(shape)
+    return out
+
+
+def from_lerobot(c, tensors):
+    """LeRobot's tensors (name -> tensor) -> ours (name -> new tensor in table shape). Every tensor
+    of the table must be there with LeRobot's shape; lm_head, if present, is dropped."""
+    expected = {n for s in param_table(c) for n in lerobot_names(c, s)}
+    missing = sorted(expected - set(tensors))
+    unexpected = sorted(set(tensors) - expected - {LM_HEAD})
+    if missing or unexpected:
+        raise ValueError(f"LeRobot tensors do not match the table: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    out = collections.OrderedDict()
+    for s in param_table(c):
+        slices = []
+        for name in lerobot_names(c, s):
+            t = tensors[name]
+            if tuple(t.shape) != lerobot_shape(c, s):
+                raise ValueError(f"{name}: shape {tuple(t.shape)}, the table says {lerobot_shape(c, s)}")
+            slices.append(t.reshape(s.shape[1:] if s.slices != SLICES_NONE else s.shape))
+        out[s.name] = slices[0].clone() if s.slices == SLICES_NONE else torch.stack(slices)
+    return out
+
+
+# ----------------------------------------------------------------------------
+# seeded init and flow noise: vla.h's counter-based RNG (dev/model.py reproduces it bit for bit)
+
+
+def param_init(c, seed):
+    """smolvla_param_init: normal(0, 0.02) from the counter at 2 * offset (element j of the tensor
+    at offset o uses draws 2(o+j)+1, 2(o+j)+2), output projections 0.02 / sqrt(2 depth) with depth
+    vis_layers in the vision tower and n_layer elsewhere (float math as C), zeros, ones.
+    Returns name -> float32 numpy array."""
+    key = vla_model.rng_key(seed, vla_model.STREAM_INIT)
+    params = collections.OrderedDict()
+    for s in param_table(c):
+        numel = math.prod(s.shape)
+        if s.init in (INIT_ZERO, INIT_ONE):
+            params[s.name] = np.full(s.shape, 1.0 if s.init == INIT_ONE else 0.0, np.float32)
+            continue
+        depth = c.vis_layers if s.tower == TOWER_VISION else c.n_layer
+        std = np.float32(0.02)
+        if s.init == INIT_NORMAL_OUT:
+            std = np.float32(0.02) / np.sqrt(np.float32(2.0) * np.float32(depth))  # 0.02f / sqrtf(2.0f * depth)
+        x = np.empty(numel, np.float32)
+        for j in range(0, numel, 1 << 22):  # chunks keep the uint64 temporaries small
+            m = min(1 << 22, numel - j)
+            x[j:j + m] = vla_model.rng_normals(key, 2 * (s.offset + j) + 1, m) * std
+        params[s.name] = x.reshape(s.shape)
+    return params
+
+
+def flow_noise_smolvla(c, seed, step, g):
+    """t (float32) and eps (float32, (H, Amax)) of global sample g at optimizer step `step`.
+
+    Stream (seed, RNG_STREAM_NOISE(step)); sample g owns the 1 + 2 H Amax draws after counter
+    g (1 + 2 H Amax): one for t = 0.999 U^(1/1.5) + 0.001, then two per eps entry (Box-Muller) in
+    (slot, dim) order over all Amax dims, LeRobot's noise width. This is vla.h's flow_noise with
+    action_dim = max_action_dim, so that function is called with such a config."""
+    return vla_model.flow_noise(types.SimpleNamespace(chunk=c.chunk, action_dim=c.max_action_dim), seed, step, g)
+
+
+# ----------------------------------------------------------------------------
+# the model: our table's tensors, dev/smolvla.py's math on LeRobot-named views of them
+
+
+def lerobot_config(c, mode, cameras=None):
+    """dev/smolvla.py's config of our config in training mode `mode` (the C model's constants:
+    LayerNorm eps 1e-6, RMSNorm eps 1e-5, 10 sampling steps, periods 4e-3 .. 4, square resize to img)."""
+    expert_only, freeze_vision = smolvla.TRAIN_MODES[TRAIN_MODES[mode]]
+    return smolvla.SmolVLAConfig(
+        vis_image_size=c.img, vis_patch=c.patch, vis_width=c.vis_width, vis_layers=c.vis_layers,
+        vis_heads=c.vis_heads, vis_mlp=c.vis_ff, vis_eps=1e-6, scale_factor=c.scale_factor,
+        width=c.d_model, n_layer=c.n_layer, n_head=c.n_head, n_kv_head=c.n_kv_head, head_dim=c.head_dim,
+        mlp=c.d_ff, rms_eps=1e-5, vocab=c.vocab, pad_token_id=c.pad_token,
+        expert_width=c.d_expert, expert_mlp=c.d_expert_ff, chunk=c.chunk, max_state_dim=c.max_state_dim,
+        max_action_dim=c.max_action_dim, state_dim=c.state_dim, action_dim=c.action_dim,
+        cameras=tuple(cameras or (f"observation.images.cam{k}" for k in range(c.n_cam))),
+        resize_hw=(c.img, c.img), num_steps=10, min_period=4e-3, max_period=4.0, attention_mode="cross_attn",
+        self_attn_every_n_layers=c.self_attn_every, prefix_length=-1, train_expert_only=expert_only,
+        freeze_vision_encoder=freeze_vision, train_state_proj=True, rope_base=float(c.rope_theta))
+
+
+class SmolVLA(torch.nn.Module):
+    """The table's tensors as parameters (registered in table order). A tensor requires grad when
+    some of it trains in `mode`; after backward its frozen part's gradient is zeroed (LeRobot
+    freezes the last VLM layer's tensors, which share stacks with trained layers here)."""
+
+    def __init__(self, cfg, mode, dtype=torch.float64, cameras=None):
+        super().__init__()
+        self.cfg, self.mode, self.dtype = cfg, mode, dtype
+        self.lcfg = lerobot_config(cfg, mode, cameras)
+        self.table = param_table(cfg)
+        self.n_train = {s.name: trainable_numel(s, mode) for s in self.table}
+        for s in self.table:
+            self.register_parameter(s.name, torch.nn.Parameter(torch.zeros(s.shape, dtype=dtype),
+                                                               requires_grad=self.n_train[s.name] > 0))
+
+    def tensors(self):
+        return collections.OrderedDict((s.name, getattr(self, s.name)) for s in self.table)
+
+    def load(self, params):
+        """Copies arrays or tensors (our name -> value) into the parameters, in this dtype."""
+        with torch.no_grad():
+            for s in self.table:
+                value = params[s.name]
+                if not torch.is_tensor(value):
+                    value = torch.from_numpy(np.asarray(value, np.float32))
+                getattr(self, s.name).copy_(value)
+
+    def prepare(self, arrays, device="cpu"):
+        """A batch as recorded (numpy) -> dev/smolvla.py's inputs: each camera's frames resized with
+        padding to img, x*2-1 (B, 3, S, S); tokens int64 and mask bool; t float32."""
+        dt = self.dtype
+        images = [smolvla.prepare_image(self.lcfg, smolvla.images_from_u8(torch.from_numpy(im), dt))
+                  for im in arrays["images"]]
+        x = dict(images=images, lang_tokens=torch.from_numpy(arrays["tokens"]).long(),
+                 lang_masks=torch.from_numpy(arrays["token_mask"]) > 0,
+                 state=torch.tensor(arrays["state"], dtype=dt), actions=torch.tensor(arrays["actions"], dtype=dt),
+                 action_is_pad=torch.from_numpy(arrays["action_is_pad"]) > 0,
+                 noise=torch.tensor(arrays["eps"], dtype=dt), t=torch.from_numpy(arrays["t"]))
+        if device != "cpu":
+            x = {k: [v.to(device) for v in x[k]] if k == "images" else x[k].to(device) for k in x}
+        return x
+
+    def forward(self, x):
+        """Velocities v_t (B, H, Amax) and LeRobot's loss of a prepared batch."""
+        P = to_lerobot(self.cfg, self.tensors())
+        v, u = smolvla.forward(P, self.lcfg, x["images"], x["lang_tokens"], x["lang_masks"], x["state"],
+                               x["actions"], x["noise"], x["t"])
+        return v, smolvla.flow_matching_loss(self.lcfg, v, u, x["action_is_pad"])
+
+    def finish_grads(self):
+        """After backward: every tensor gets a .grad, zero outside its trainable prefix."""
+        for s in self.table:
+            p = getattr(self, s.name)
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            else:
+                p.grad.view(-1)[self.n_train[s.name]:] = 0
+
+    @torch.no_grad()
+    def sample(self, x, noise):
+        """10 Euler steps from `noise` (B, H, Amax) with the prefix's K/V cached -> normalized chunk."""
+        P = to_lerobot(self.cfg, self.tensors())
+        return smolvla.sample_actions(P, self.lcfg, x["images"], x["lang_tokens"], x["lang_masks"], x["state"], noise)
+
+
+# ----------------------------------------------------------------------------
+# optimizer: AdamW by hand on the trainable elements, every operation the one the trainers do
+
+
+def grad_norm(model):
+    """Global L2 norm of the trainable gradients (accumulated in float64)."""
+    return math.sqrt(sum(float((getattr(model, s.name).grad.view(-1)[:model.n_train[s.name]].double() ** 2).sum())
+                         for s in model.table))
+
+
+class AdamW:
+    """dev/model.py's AdamW (0.9, 0.95, eps 1e-8, decoupled decay on the table's decay tensors,
+    global-norm clipping first), on the first trainable_numel elements of each tensor only:
+    frozen elements have no moments and neither move nor decay."""
+
+    def __init__(self, model, lr, warmup, steps, min_lr_frac, weight_decay, clip):
+        self.model = model
+        self.lr, self.warmup, self.steps, self.min_lr_frac = lr, warmup, steps, min_lr_frac
+        self.weight_decay, self.clip = weight_decay, clip
+        trained = [s.name for s in model.table if model.n_train[s.name] > 0]
+        self.m = {name: torch.zeros(model.n_train[name], dtype=model.dtype) for name in trained}
+        self.v = {name: torch.zeros(model.n_train[name], dtype=model.dtype) for name in trained}
+
+    @torch.no_grad()
+    def step(self, step):
+        """Update with the gradients in .grad at 0-based optimizer step `step`.
+        Returns (lr, grad norm before clipping)."""
+        lr = vla_model.lr_at_step(step, self.lr, self.warmup, self.steps, self.min_lr_frac)
+        norm = grad_norm(self.model)
+        scale = self.clip / norm if self.clip > 0 and norm > self.clip else 1.0
+        b1, b2 = 1.0 - 0.9 ** (step + 1), 1.0 - 0.95 ** (step + 1)  # bias corrections
+        for s in self.model.table:
+            if s.name not in self.m:
+                continue
+            n = self.model.n_train[s.name]
+            param = getattr(self.model, s.name)
+            p = param.data.view(-1)[:n]
+            g = param.grad.view(-1)[:n] * scale
+            m, v = self.m[s.name], self.v[s.name]
+            m.mul_(0.9).add_(0.1 * g)
+            v.mul_(0.95).add_(0.05 * g * g)
+            update = (m / b1) / (torch.sqrt(v / b2) + 1e-8)
+            if s.decay:
+                update = update + self.weight_decay * p
+            p.sub_(lr * update)
+        return lr, norm
+
+
+# ----------------------------------------------------------------------------
+# data: batches as the C trainers assemble them
+
+
+def build_batch(ds, cfg, indices, seed, step):
+    """The samples (dataset_assemble) padded to Smax/Amax, and their flow noise (global sample
+    g = i, one rank). Returns numpy arrays named as the debug state's batch/ records; images is a
+    list with camera k's (B, h_k, w_k, 3) frames."""
+    view = types.SimpleNamespace(n_cam=ds.n_cam, img=ds.img, state_dim=ds.state_dim, action_dim=ds.action_dim,
+                                 max_text=cfg.max_text, chunk=cfg.chunk)
+    parts = [ds.assemble(i, view) for i in indices]
+    B, H = len(indices), cfg.chunk
+    cams = [ds.split_cameras(p[0]) for p in parts]
+    a = dict(images=[np.stack([c[k] for c in cams]) for k in range(ds.n_cam)],
+             tokens=np.stack([p[1] for p in parts]).astype(np.int32),
+             token_mask=np.stack([p[2] for p in parts]).astype(np.float32))
+    a["state"] = np.zeros((B, cfg.max_state_dim), np.float32)
+    a["state"][:, :cfg.state_dim] = np.stack([p[3] for p in parts])
+    a["actions"] = np.zeros((B, H, cfg.max_action_dim), np.float32)
+    a["actions"][:, :, :cfg.action_dim] = np.stack([p[4] for p in parts])
+    a["action_is_pad"] = 1.0 - np.stack([p[5] for p in parts]).astype(np.float32)
+    noise = [flow_noise_smolvla(cfg, seed, step, g) for g in range(B)]
+    a["t"] = np.array([t for t, _ in noise], np.float32)
+    a["eps"] = np.stack([e for _, e in noise])
+    return a
+
+
+# ----------------------------------------------------------------------------
+# config from a LeRobot policy folder, or from a file of ours
+
+
+def mode_of_policy(lcfg):
+    """LeRobot's flags as a training mode (train_expert_only wins over freeze_vision_encoder)."""
+    return 0 if lcfg.train_expert_only else (1 if lcfg.freeze_vision_encoder else 2)
+
+
+def config_from_policy(policy_dir, max_text=None):
+    """Our config of a LeRobot policy folder (dev/smolvla.py's load_config), checking that it uses
+    nothing the C model does not implement. max_text: the language tokens a batch holds (default:
+    the policy's tokenizer_max_length; LeRobot pads to the batch's longest, which masks the rest).
+    Returns (our config, dev/smolvla.py's config)."""
+    lc = smolvla.load_config(policy_dir)
+    with open(os.path.join(policy_dir, "config.json")) as f:
+        pc = json.load(f)
+
+    def need(ok, what):
+        if not ok:
+            raise ValueError(f"{policy_dir}: {what}: the C model does not implement this")
+    need(lc.resize_hw is not None and lc.resize_hw[0] == lc.resize_hw[1] == lc.vis_image_size,
+         f"resize_imgs_with_padding {lc.resize_hw} must be square and the vision tower's {lc.vis_image_size}")
+    need((lc.vis_eps, lc.rms_eps, lc.num_steps) == (1e-6, 1e-5, 10), "norm eps other than 1e-6/1e-5 or num_steps != 10")
+    need((lc.min_period, lc.max_period) == (4e-3, 4.0), "time-embedding periods other than 4e-3 .. 4")
+    need(lc.train_state_proj, "train_state_proj=False")
+    need(lc.self_attn_every_n_layers > 0 or "cross" not in lc.attention_mode, "self_attn_every_n_layers <= 0")
+    pad = lc.pad_token_id
+    if pad is None:  # the VLM config does not say: its tokenizer does
+        pad = smolvla.tokenizer_pad_id(pc["vlm_model_name"], policy_dir)
+    cfg = SmolVLAConfig(
+        n_cam=len(lc.cameras), state_dim=lc.state_dim, action_dim=lc.action_dim, img=lc.resize_hw[0],
+        patch=lc.vis_patch, vis_width=lc.vis_width, vis_ff=lc.vis_mlp, vis_layers=lc.vis_layers,
+        vis_heads=lc.vis_heads, scale_factor=lc.scale_factor, vocab=lc.vocab, pad_token=pad,
+        max_text=max_text or pc.get("tokenizer_max_length", 48), d_model=lc.width, d_ff=lc.mlp,
+        n_layer=lc.n_layer, n_head=lc.n_head, n_kv_head=lc.n_kv_head, head_dim=lc.head_dim,
+        d_expert=lc.expert_width, d_expert_ff=lc.expert_mlp,
+        self_attn_every=lc.self_attn_every_n_layers if "cross" in lc.attention_mode else 1,
+        chunk=lc.chunk, max_state_dim=lc.max_state_dim, max_action_dim=lc.max_action_dim,
+        rope_theta=int(lc.rope_base))
+    need(lc.prefix_length <= cfg.n_cam * (cfg.grid // cfg.scale_factor) ** 2 + cfg.max_text + 1, "a padded prefix")
+    return cfg, lc
+
+
+def load_policy_weights(policy_dir, cfg, lc):
+    """LeRobot's model.safetensors -> our tensors (float32), through dev/smolvla.py's loader."""
+    return from_lerobot(cfg, smolvla.load_parameters(policy_dir, lc, torch.float32))
+
+
+def read_init(path):
+    """A VLAT file with a `config` record and every `param/<name>` (a debug state of this oracle
+    or of the C trainers): (config, name -> float32 array)."""
+    rec = vla_model.read_vlat(path)
+    values = rec.get("config")
+    if values is None or values.shape != (len(CONFIG_FIELDS),):
+        raise ValueError(f"{path}: no SmolVLA config record of {len(CONFIG_FIELDS)} ints: not a SmolVLA state file")
+    cfg = SmolVLAConfig(*[int(v) for v in values])
+    if config_problem(cfg):
+        raise ValueError(f"{path}: holds a bad config ({config_problem(cfg)})")
+    params = collections.OrderedDict()
+    for s in param_table(cfg):
+        x = rec.get("param/" + s.name)
+        if x is None or x.shape != tuple(s.shape) or x.dtype != np.float32:
+            raise ValueError(f"{path}: record param/{s.name} is missing or not float32 {tuple(s.shape)}")
+        params[s.name] = x
+    return cfg, params
+
+
+# ----------------------------------------------------------------------------
+# CLI
+
+
+def make_config(args, ds):
+    """(config, LeRobot config or None, weights or None): from --policy, --init or the preset with
+    the dataset's observation sizes, then --set."""
+    lc, params = None, None
+    if args.policy:
+        max_text = None
+        for item in args.set:
+            field, _, value = item.partition("=")
+            if field != "max_text" or not value.isdigit():
+                sys.exit(f"error: --set {item} with --policy: the policy fixes every size but max_text=N")
+            max_text = int(value)
+        try:
+            cfg, lc = config_from_policy(args.policy, max_text)
+        except (ValueError, FileNotFoundError, KeyError, AssertionError) as e:
+            sys.exit(f"error: --policy {args.policy}: {e}")
+    elif args.init:
+        if args.set:
+            sys.exit("error: --set with --init: the file fixes the config, drop --set")
+        try:
+            cfg, params = read_init(args.init)
+        except ValueError as e:
+            sys.exit(f"error: --init: {e}")
+    else:
+        cfg = dataclasses.replace(PRESETS[args.preset], n_cam=ds.n_cam, state_dim=ds.state_dim,
+                                  action_dim=ds.action_dim)
+        for item in args.set:
+            field, _, value = item.partition("=")
+            if field not in CONFIG_FIELDS:
+                sys.exit(f"error: --set {item}: unknown field; fields are {', '.join(CONFIG_FIELDS)}")
+            try:
+                setattr(cfg, field, int(value))
+            except ValueError:
+                sys.exit(f"error: --set {item}: expected an integer value")
+    if config_problem(cfg):
+        sys.exit(f"error: bad config: {config_problem(cfg)}: fix the preset or --set")
+    got, want = (cfg.n_cam, cfg.state_dim, cfg.action_dim), (ds.n_cam, ds.state_dim, ds.action_dim)
+    if got != want:
+        sys.exit(f"error: the model's n_cam/state_dim/action_dim {got} differ from the dataset's {want}: "
+                 "use data with the same cameras and dims")
+    if ds.vocab > cfg.vocab:
+        sys.exit(f"error: the dataset's token ids (tokenizer {ds.tokenizer}, vocabulary {ds.vocab}) do not fit the "
+                 f"model's vocabulary of {cfg.vocab}: convert the data with the model's tokenizer")
+    if (ds.tokenizer == "bytes") != (cfg.vocab == 256):
+        print(f"warning: the dataset's instructions are token ids of tokenizer {ds.tokenizer} (vocabulary {ds.vocab}), "
+              f"the model's vocabulary is {cfg.vocab}: it reads them, but they may not be its tokenizer's ids")
+    for k, (h, w) in enumerate(zip(ds.cam_height, ds.cam_width)):
+        ratio = max(w / cfg.img, h / cfg.img)
+        if int(h / ratio) < 1 or int(w / ratio) < 1:
+            sys.exit(f"error: camera {k} ({h}x{w}) resizes to nothing at {cfg.img} px")
+    if lc is not None:
+        params = load_policy_weights(args.policy, cfg, lc)
+    return cfg, lc, params
+
+
+@torch.no_grad()
+def finite_differences(model, x, h=1e-5):
+    """Central differences of the loss, in the model's dtype (float64 for the debug state), at the
+    largest-|grad| entry of every tensor whose gradient is not zero (to rounding: the vision key
+    bias's is exactly zero by symmetry, its float64 value noise 1e-12 below the rest). Independent
+    of autograd: the C test checks its gradients against these. Returns ([(table index, flat)], [value])."""
+    index, value = [], []
+    largest = max(float(getattr(model, s.name).grad.abs().max()) for s in model.table)
+    for k, s in enumerate(model.table):
+        p = getattr(model, s.name)
+        g = p.grad.view(-1)
+        if not float(g.abs().max()) > 1e-12 * largest:
+            continue
+        j = int(g.abs().argmax())
+        flat = p.data.view(-1)
+        p0 = float(flat[j])
+        step = h * max(1.0, abs(p0))
+        flat[j] = p0 + step
+        up = float(model(x)[1])
+        flat[j] = p0 - step
+        down = float(model(x)[1])
+        flat[j] = p0
+        index.append((k, j))
+        value.append((up - down) / (2 * step))
+    return index, value
+
+
+def train_step(model, opt, x, step):
+    model.zero_grad(set_to_none=True)
+    _, loss = model(x)
+    loss.backward()
+    model.finish_grads()
+    lr, norm = opt.step(step)
+    return float(loss), lr, norm
+
+
+def debug_state(args, ds, cfg, model):
+    """One batch of step 0, its velocities, loss, gradients and samples, then 10 AdamW steps."""
+    seed = args.seed
+    if not 0 <= seed < 2**31:
+        sys.exit("error: --debug-state records the seed as int32: use a seed below 2^31")
+    indices = vla_model.Sampler(ds.n_samples, seed).indices(0, args.batch)
+    arrays = build_batch(ds, cfg, indices, seed, 0)
+    x = model.prepare(arrays)
+    v, loss = model(x)
+    loss.backward()
+    model.finish_grads()
+    trained = [s for s in model.table if model.n_train[s.name] > 0]
+    grads = [(s.name, getattr(model, s.name).grad.detach().clone()) for s in trained]
+    params0 = [(s.name, getattr(model, s.name).detach().clone()) for s in model.table]
+    sample = model.sample(x, x["noise"])
+    std = torch.tensor(ds.action_std, dtype=model.dtype)
+    mean = torch.tensor(ds.action_mean, dtype=model.dtype)
+    sample_actions = sample[:, :, :cfg.action_dim] * std + mean
+    fd_index, fd_value = finite_differences(model, x)
+
+    opt = AdamW(model, args.lr, args.warmup, args.steps, args.min_lr_frac, args.wd, args.clip)
+    losses, norms = [], []
+    for step in range(10):
+        step_loss, _, norm = train_step(model, opt, x, step)
+        losses.append(step_loss)
+        norms.append(norm)
+        print(f"debug step {step} loss {step_loss:.6f} norm {norm:.6f}")
+
+    def f32(t):  # every float record is float32, whatever the compute dtype
+        return t.detach().numpy().astype(np.float32) if torch.is_tensor(t) else np.asarray(t, np.float32)
+
+    hparams = [args.lr, args.min_lr_frac, args.warmup, args.steps, args.wd, args.clip]
+    records = [("config", np.array(cfg.values(), np.int32)), ("hparams", np.array(hparams, np.float32)),
+               ("seed", np.array([seed], np.int32)), ("train_mode", np.array([model.mode], np.int32)),
+               ("stats", ds.stats())]
+    records += [("param/" + name, f32(p)) for name, p in params0]
+    records += [("batch/indices", np.array(indices, np.int32))]
+    records += [(f"batch/image{k}", im) for k, im in enumerate(arrays["images"])]
+    names = ("tokens", "token_mask", "state", "actions", "action_is_pad", "t", "eps")
+    records += [("batch/" + n, arrays[n]) for n in names]
+    records += [("expect/pixels", f32(torch.cat(x["images"], 0))), ("expect/v", f32(v)),
+                ("expect/loss", f32([float(loss)]))]
+    records += [("grad/" + name, f32(g)) for name, g in grads]
+    records += [("fd/index", np.array(fd_index, np.int32).reshape(-1, 2)), ("fd/value", f32(fd_value))]
+    records += [("expect/sample", f32(sample)), ("expect/sample_actions", f32(sample_actions)),
+                ("expect/losses", f32(losses)), ("expect/norms", f32(norms))]
+    vla_model.write_vlat(args.debug_state, records)
+    print(f"loss {float(loss):.6f}; wrote {len(records)} records to {args.debug_state}")
+
+
+def train(args, ds, cfg, model):
+    """N optimizer steps as the C trainer takes them (one rank of B samples per step)."""
+    opt = AdamW(model, args.lr, args.warmup, args.steps, args.min_lr_frac, args.wd, args.clip)
+    sampler = vla_model.Sampler(ds.n_samples, args.seed)
+    times = []
+    for step in range(args.train):
+        t0 = time.perf_counter()
+        x = model.prepare(build_batch(ds, cfg, sampler.indices(step * args.batch, args.batch), args.seed, step))
+        loss, lr, norm = train_step(model, opt, x, step)
+        times.append(time.perf_counter() - t0)
+        print(f"step {step + 1} loss {loss:.6f} lr {lr:.4e} norm {norm:.4f}", flush=True)
+    timed = times[1:] if len(times) > 1 else times  # the first step warms up allocators and caches
+    print(f"ms_per_step {1000.0 * sum(timed) / len(timed):.3f}")
+
+
+def bench(args, ds, cfg, model):
+    """Training-step time on one batch kept on the device (loading and the resize excluded): forward,
+    backward, global-norm clipping and PyTorch's fused AdamW over the tensors that train (decay on
+    the table's decay tensors; a stack with a frozen last layer is updated whole: the same work),
+    optionally under bf16 autocast and torch.compile: what a tuned PyTorch trainer of this model
+    does per step. Parameters are drawn by torch, not the seed: values do not change the timing."""
+    device = torch.device(args.device)
+    indices = vla_model.Sampler(ds.n_samples, args.seed).indices(0, args.batch)
+    x = model.prepare(build_batch(ds, cfg, indices, args.seed, 0), device)
+    model.to(device)
+    if device.type != "cpu":
+        # dev/smolvla.py makes its masks, positions and tables without a device argument
+        if not hasattr(torch, "set_default_device"):
+            sys.exit("error: --device other than cpu needs torch 2.0 or newer (torch.set_default_device)")
+        torch.set_default_device(device)
+    trained = [s for s in model.table if model.n_train[s.name] > 0]
+    groups = [{"params": [getattr(model, s.name) for s in trained if s.decay], "weight_decay": args.wd},
+              {"params": [getattr(model, s.name) for s in trained if not s.decay], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+                            **({"fused": True} if device.type == "cuda" else {}))
+    if args.amp == "bf16":
+        # autocast makes the attention scores bfloat16, which cannot hold dev/smolvla.py's masked
+        # score (float32's minimum): fill with bfloat16's, as far below any real score
+        smolvla.MASKED_SCORE = torch.finfo(torch.bfloat16).min
+    forward = torch.compile(model) if args.compile else model
+    params = [p for g in groups for p in g["params"]]
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+            _, loss = forward(x)
+        loss.backward()
+        if args.clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, args.clip)
+        opt.step()
+        return loss
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(5):  # warm-up: allocator, cuBLAS heuristics, torch.compile's compilation
+        loss = step()
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(args.bench):
+        t0 = time.perf_counter()
+        loss = step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    ms = 1000.0 * times[len(times) // 2]
+    n_train = sum(model.n_train.values())
+    print(f"loss {float(loss):.6f}")
+    print(f"params {sum(p.numel() for p in model.parameters())} trainable {n_train} ({TRAIN_MODES[model.mode]})")
+    print(f"ms_per_step {ms:.3f}")
+    print(f"samples_per_s {args.batch / (ms / 1000.0):.2f}")
+    if device.type == "cuda":
+        print(f"peak_mem_gib {torch.cuda.max_memory_allocated() / 2**30:.3f}")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description="PyTorch oracle of train_vla's SmolVLA: debug state, reference training")
+    ap.add_argument("-i", "--input", required=True, help="dataset shards: files or folders of *.bin, comma-separated")
+    ap.add_argument("-p", "--preset", default="tiny", choices=sorted(PRESETS), help="model size (tiny)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a config field after the preset and the dataset (repeatable; with --policy only "
+                    "max_text)")
+    ap.add_argument("--policy", metavar="DIR", help="config and weights from a LeRobot policy folder (config.json, "
+                    "model.safetensors) instead of the preset and the seed; normalization still from the data (-i)")
+    ap.add_argument("--train-mode", choices=TRAIN_MODES, default=None,
+                    help="what trains, as LeRobot's flags (expert; with --policy: the policy's own flags)")
+    ap.add_argument("-s", "--seed", type=int, default=1337, help="init, sampler and flow-noise seed (1337)")
+    ap.add_argument("-b", "--batch", type=int, default=4, help="samples per step (4)")
+    ap.add_argument("--dtype", choices=["float32", "float64"], default=None,
+                    help="compute precision (float64 for --debug-state, float32 for --train)")
+    ap.add_argument("--init", help="config and weights from a VLAT file with `config` and `param/<name>` records "
+                    "(a --debug-state file)")
+    ap.add_argument("-l", "--lr", type=float, default=1e-3, help="peak learning rate (1e-3)")
+    ap.add_argument("-u", "--warmup", type=int, default=3, help="linear warmup steps (3)")
+    ap.add_argument("-n", "--steps", type=int, default=None, help="schedule length (--debug-state: 10, --train N: N)")
+    ap.add_argument("--min-lr-frac", type=float, default=0.1, help="cosine floor as a fraction of the peak (0.1)")
+    ap.add_argument("-w", "--wd", "--weight-decay", type=float, default=0.1, help="AdamW decay on matrices (0.1)")
+    ap.add_argument("-c", "--clip", type=float, default=0.5, help="global gradient-norm clip, 0 disables (0.5)")
+    ap.add_argument("-t", "--threads", type=int, default=0, help="torch threads, 0: torch's default")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--debug-state", metavar="OUT", help="write the debug-state file the C tests compare with")
+    mode.add_argument("--train", type=int, metavar="N", help="train N steps, print losses and ms_per_step")
+    mode.add_argument("--bench", type=int, metavar="N", help="time N training steps on one batch on --device (median)")
+    ap.add_argument("--device", default="cpu", help="torch device for --bench: cpu or cuda (cpu)")
+    ap.add_argument("--amp", choices=["none", "bf16"], default="none", help="--bench under bf16 autocast (none)")
+    ap.add_argument("--compile", action="store_true", help="--bench through torch.compile")
+    args = ap.parse_args(argv)
+    for name in ("lr", "min_lr_frac", "wd", "clip"):  # float32 values, as the C trainer parses them
+        setattr(args, name, float(np.float32(getattr(args, name))))
+    if (args.amp != "none" or args.compile or args.device != "cpu") and not args.bench:
+        sys.exit("error: --device, --amp and --compile go with --bench")
+    if args.compile and not hasattr(torch, "compile"):
+        sys.exit(f"error: --compile needs torch 2.0 or newer (this is {torch.__version__})")
+    if args.policy and args.init:
+        sys.exit("error: --policy and --init both give the weights: pick one")
+    if args.batch < 1 or not 0 <= args.seed < 2**63:
+        sys.exit("error: -b must be at least 1 and the seed in [0, 2^63)")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    dtype = {"float32": torch.float32, "float64": torch.float64}[
+        args.dtype or ("float64" if args.debug_state else "float32")]
+    try:
+        ds = Dataset(args.input)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    cfg, lc, params = make_config(args, ds)
+    if args.steps is None:  # the schedule ends with the run
+        args.steps = 10 if args.debug_state else (args.train or args.bench)
+    mode = TRAIN_MODES.index(args.train_mode) if args.train_mode else (mode_of_policy(lc) if lc else 0)
+    model = SmolVLA(cfg, mode, dtype, cameras=lc.cameras if lc else None)
+    if args.bench:
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            sys.exit("error: --device cuda but torch sees no GPU: run on a GPU machine or use --device cpu")
+        with torch.no_grad():  # table-shaped values without the seed's slow numpy draw
+            for s in model.table:
+                p = getattr(model, s.name)
+                p.fill_(1.0) if s.init == INIT_ONE else p.zero_() if s.init == INIT_ZERO else p.normal_(0.0, 0.02)
+        bench(args, ds, cfg, model)
+        return
+    model.load(params if params is not None else param_init(cfg, args.seed))
+    if args.debug_state:
+        debug_state(args, ds, cfg, model)
+    else:
+        train(args, ds, cfg, model)
+
+
+if __name__ == "__main__":
+    main()

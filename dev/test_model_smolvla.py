@@ -1,0 +1,413 @@
+"""
+test_model_smolvla.py: dev/model_smolvla.py (the SmolVLA oracle with vla.h's plumbing) against
+vla.h itself, against LeRobot's references, and end to end on a synthetic shard.
+
+  (a) LeRobot: for each case of REF_DIR (dev/lerobot/make_ref.py: expert, vlm, all) the config
+      taken from the policy folder is dev/smolvla.py --c-config's, the weights map LeRobot ->
+      ours -> LeRobot and ours -> LeRobot -> ours exactly, and on the reference batch the
+      velocities, loss, every trainable gradient and the sampled chunk equal dev/smolvla.py's
+      (same math: 1e-6, the batch's float32 normalized inputs) and LeRobot's (1e-5, its fp32
+      rounding); the trained set is LeRobot's. Then --policy runs on a shard of the same shapes.
+  (b) the table: dev/smolvla_table.c, compiled with gcc against vla.h, prints every preset's
+      config and each tensor's name, LeRobot name, tower, kind, train column, decay, init,
+      slices, shape, offset, trainable elements per mode and slice layers; all must be equal.
+  (c) the seeded init of tiny and small equals smolvla_param_init bit for bit, and the flow
+      noise equals vla.h's flow_noise over max_action_dim dims.
+  (d) --debug-state and --train 3 in each --train-mode on data/synthetic's shard: the records,
+      their shapes, frozen gradients, finite differences, the init and noise they hold; and the
+      loss falls over 20 steps at lr 1e-3 (tiny).
+
+    /usr/bin/python3 dev/test_model_smolvla.py [REF_DIR]     (default build/lerobot_ref)
+
+Closing line `N passed, M failed`; exit status 1 on any failure.
+"""
+
+import dataclasses
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+DEV = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(DEV)
+sys.path.insert(0, DEV)
+import model as vla_model  # noqa: E402
+import model_smolvla as M  # noqa: E402
+import smolvla  # noqa: E402
+
+TOL_SAME_MATH = 1e-6  # float64 both sides; the only difference is the batch's float32 normalized state/actions
+TOL_LEROBOT = 1e-5  # float64 oracle vs LeRobot's float32: its rounding accumulated over a few hundred ops
+TOL_FD = 1e-5  # float64 central differences (h = 1e-5: truncation ~1e-10) stored as float32 (~6e-8)
+FD_ROUNDOFF = 1e-9  # absolute: the loss's float64 rounding (~3e-16) over 2h, with margin
+
+passed, failed = 0, 0
+T_START = time.time()
+PY = sys.executable
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    passed, failed = passed + bool(ok), failed + (not ok)
+    print(f"{'ok  ' if ok else 'FAIL'} {name:<88} {detail}", flush=True)
+    return ok
+
+
+def rel_error(x, ref):
+    x, ref = torch.as_tensor(x).double(), torch.as_tensor(ref).double()
+    if x.shape != ref.shape:
+        return math.inf
+    denom = ref.norm().item()
+    return (x - ref).norm().item() / denom if denom > 0 else (x - ref).norm().item()
+
+
+def run(args, timeout=300):
+    """The oracle's CLI in a fresh process; returns (exit status, stdout + stderr)."""
+    p = subprocess.run([PY, os.path.join(DEV, "model_smolvla.py")] + args, capture_output=True, text=True,
+                       timeout=timeout, cwd=ROOT)
+    return p.returncode, p.stdout + p.stderr
+
+
+def step_losses(text):
+    """The losses of --train's "step N loss X ..." lines."""
+    return [float(line.split()[3]) for line in text.splitlines() if line.startswith("step ")]
+
+
+def last_line(text):
+    return text.strip().splitlines()[-1] if text.strip() else ""
+
+
+def synthetic(path, *args):
+    """A shard from data/synthetic (built by make when missing)."""
+    exe = os.path.join(ROOT, "data", "synthetic")
+    if not os.path.exists(exe):
+        subprocess.run(["make", "-s", "data/synthetic"], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run([exe, "-o", path] + list(args), check=True, capture_output=True)
+    return path
+
+
+# ----------------------------------------------------------------------------
+# (b), (c): the C plumbing itself
+
+
+def build_table_tool(tmp):
+    exe = os.path.join(tmp, "smolvla_table")
+    p = subprocess.run(["gcc", "-O2", "-Wall", "-o", exe, os.path.join(DEV, "smolvla_table.c"), "-lm", "-lpthread"],
+                       capture_output=True, text=True)
+    check("dev/smolvla_table.c compiles against vla.h (gcc)", p.returncode == 0, p.stderr.strip()[-300:])
+    return exe if p.returncode == 0 else None
+
+
+def c_table(exe, preset, obs, seed=None, out=None):
+    """(config values, [spec fields], total, trainable per mode) as vla.h prints them."""
+    extra = [str(seed), out] if out else []
+    text = subprocess.run([exe, "table", preset] + [str(v) for v in obs] + extra, check=True, capture_output=True,
+                          text=True).stdout
+    config, specs, total, trainable = None, [], None, None
+    for line in text.splitlines():
+        f = line.split()
+        if f[0] == "config":
+            config = [int(v) for v in f[1:]]
+        elif f[0] == "spec":
+            layers = [int(v) for v in f[f.index("layers") + 1].split(",")]
+            specs.append((f[1], f[2], *[int(v) for v in f[3:f.index("layers")]], layers))
+        elif f[0] == "total":
+            total = int(f[1])
+        elif f[0] == "trainable":
+            trainable = [int(v) for v in f[1:]]
+    return config, specs, total, trainable
+
+
+def test_table(exe):
+    for preset, obs in (("tiny", (1, 4, 4)), ("tiny", (2, 6, 5)), ("small", (2, 6, 5)), ("smolvla", (3, 32, 7))):
+        cfg = dataclasses.replace(M.PRESETS[preset], n_cam=obs[0], state_dim=obs[1], action_dim=obs[2])
+        config, specs, total, trainable = c_table(exe, preset, obs)
+        tag = f"{preset} {obs}"
+        check(f"{tag}: config = SMOLVLA_PRESETS' in SMOLVLA_CONFIG_FIELDS order", config == cfg.values(),
+              f"{len(config)} fields")
+        check(f"{tag}: config_problem agrees (usable)", M.config_problem(cfg) is None, str(M.config_problem(cfg)))
+        ours = []
+        for s in M.param_table(cfg):
+            shape = list(s.shape) + [1] * (3 - len(s.shape))
+            numel = math.prod(s.shape)
+            ours.append((s.name, s.lerobot, s.tower, s.kind, s.train, s.decay, s.init, s.slices, len(s.shape), *shape,
+                         numel, s.offset, *[M.trainable_numel(s, m) for m in range(3)],
+                         [M.slice_layer(cfg, s, i) for i in range(M.n_slices(s))]))
+        bad = [o[0] for o, c in zip(ours, specs) if o != c]
+        check(f"{tag}: {len(specs)} tensors: names, LeRobot names, columns, shapes, offsets, trainable, layers",
+              len(ours) == len(specs) and not bad, f"differ: {bad[:4]}" if bad else "")
+        ours_trainable = [sum(M.trainable_numel(s, m) for s in M.param_table(cfg)) for m in range(3)]
+        check(f"{tag}: total {total} and trainable {trainable} per mode", M.param_count(cfg) == total and
+              ours_trainable == trainable, f"ours {M.param_count(cfg)} {ours_trainable}")
+        # the table is LeRobot's tensor list (but lm_head), and its train column LeRobot's requires_grad
+        for mode, name in enumerate(M.TRAIN_MODES):
+            lc = M.lerobot_config(cfg, mode)
+            lerobot = {n: tuple(shape) for n, shape, _ in smolvla.parameter_table(lc)}
+            mapped, disagree = {}, []
+            for s in M.param_table(cfg):
+                per = math.prod(s.shape) // M.n_slices(s)
+                for i, n in enumerate(M.lerobot_names(cfg, s)):
+                    mapped[n] = M.lerobot_shape(cfg, s)
+                    if ((i + 1) * per <= M.trainable_numel(s, mode)) != smolvla.is_trainable(lc, n):
+                        disagree.append(n)
+            if mode == 0:
+                check(f"{tag}: the table's slices are dev/smolvla.py's LeRobot tensors but lm_head",
+                      mapped == {n: v for n, v in lerobot.items() if n != M.LM_HEAD}, f"{len(mapped)} tensors")
+            check(f"{tag}: train column in mode {name} = dev/smolvla.py's is_trainable, per slice", not disagree,
+                  f"differ: {disagree[:3]}" if disagree else "")
+
+
+def test_init_and_noise(exe, tmp):
+    for preset, obs, seed in (("tiny", (1, 4, 4), 1337), ("small", (2, 6, 5), 7)):
+        cfg = dataclasses.replace(M.PRESETS[preset], n_cam=obs[0], state_dim=obs[1], action_dim=obs[2])
+        path = os.path.join(tmp, f"init_{preset}.bin")
+        c_table(exe, preset, obs, seed, path)
+        c_init = np.fromfile(path, np.float32)
+        ours = np.concatenate([p.reshape(-1) for p in M.param_init(cfg, seed).values()])
+        same = c_init.shape == ours.shape and np.array_equal(c_init.view(np.uint32), ours.view(np.uint32))
+        check(f"{preset} seed {seed}: param_init = smolvla_param_init bit for bit", same, f"{ours.size} floats")
+    cfg = dataclasses.replace(M.PRESETS["tiny"], n_cam=1, state_dim=4, action_dim=4)
+    for seed, step, g in ((1337, 0, 0), (1337, 3, 2), (99, 12, 7)):
+        text = subprocess.run([exe, "noise", str(seed), str(step), str(g), str(cfg.chunk), str(cfg.max_action_dim)],
+                              check=True, capture_output=True, text=True).stdout.split()
+        c_t = np.float32(float.fromhex(text[1]))
+        c_eps = np.array([float.fromhex(v) for v in text[3:]], np.float32)
+        t, eps = M.flow_noise_smolvla(cfg, seed, step, g)
+        check(f"flow_noise_smolvla(seed {seed}, step {step}, g {g}) = flow_noise over {cfg.max_action_dim} dims",
+              t == c_t and eps.shape == (cfg.chunk, cfg.max_action_dim) and np.array_equal(eps.reshape(-1), c_eps),
+              f"t {t:.6f}")
+
+
+# ----------------------------------------------------------------------------
+# (a): LeRobot's references
+
+
+def ref_arrays(ref, cameras):
+    """A reference batch as the oracle's batch arrays (normalized inputs as LeRobot's pre-processor made them)."""
+    return dict(images=[ref["images_u8." + key.split(".")[-1]].numpy() for key in cameras],
+                tokens=ref["lang_tokens"].numpy().astype(np.int32),
+                token_mask=ref["lang_masks"].numpy().astype(np.float32),
+                state=ref["state_norm"].numpy(), actions=ref["actions_norm"].numpy(),
+                action_is_pad=ref["action_is_pad"].numpy().astype(np.float32), t=ref["time"].numpy(),
+                eps=ref["noise"].numpy())
+
+
+def test_lerobot_case(case_dir, tmp):
+    name = os.path.basename(case_dir)
+    policy = os.path.join(case_dir, "policy")
+    ref = smolvla.load_safetensors(os.path.join(case_dir, "ref.safetensors"))
+    cfg, lc = M.config_from_policy(policy, ref["lang_tokens"].shape[1])
+    lines = [f"{k} {v}" for k, v in zip(M.CONFIG_FIELDS, cfg.values())]
+    check(f"{name}: config from the policy = dev/smolvla.py --c-config's", lines == smolvla.c_config_lines(case_dir),
+          f"{cfg.n_cam} cameras, {cfg.n_layer} layers, pad {cfg.pad_token}")
+    check(f"{name}: dev/smolvla.py's config of ours is load_config's (but the pad id)",
+          dataclasses.replace(M.lerobot_config(cfg, M.mode_of_policy(lc), lc.cameras), pad_token_id=lc.pad_token_id)
+          == dataclasses.replace(lc, prefix_length=-1), "")
+    mode = M.mode_of_policy(lc)
+    check(f"{name}: the policy's flags are train mode {name}", M.TRAIN_MODES[mode] == name, M.TRAIN_MODES[mode])
+
+    raw = smolvla.load_safetensors(os.path.join(policy, "model.safetensors"))
+    ours = M.from_lerobot(cfg, raw)
+    back = M.to_lerobot(cfg, ours)
+    same = set(back) == set(raw) - {M.LM_HEAD} and all(torch.equal(back[n], raw[n]) for n in back)
+    check(f"{name}: LeRobot -> ours -> LeRobot is exact ({len(back)} tensors; lm_head is not in the table)", same)
+    again = M.from_lerobot(cfg, back)
+    check(f"{name}: ours -> LeRobot -> ours is exact ({len(again)} tensors)",
+          list(again) == list(ours) and all(torch.equal(again[n], ours[n]) for n in ours))
+    loaded = M.load_policy_weights(policy, cfg, lc)
+    check(f"{name}: load_policy_weights (dev/smolvla.py's loader) = the mapping",
+          all(torch.equal(loaded[n], ours[n]) for n in ours))
+
+    model = M.SmolVLA(cfg, mode, torch.float64, cameras=lc.cameras)
+    model.load(ours)
+    x = model.prepare(ref_arrays(ref, lc.cameras))
+    v, loss = model(x)
+    loss.backward()
+    model.finish_grads()
+    _, _, out = smolvla.run(policy, ref, torch.float64)
+    for k, key in enumerate(lc.cameras):
+        cam = key.split(".")[-1]
+        check(f"{name}: {cam} frames resized with padding", rel_error(x["images"][k], ref["images_prepped." + cam])
+              <= TOL_LEROBOT, f"rel {rel_error(x['images'][k], ref['images_prepped.' + cam]):.1e}")
+    for what, ours_x, theirs, ref_x in (("v_t", v, out["v_t"], ref["v_t"]), ("loss", loss, out["loss"], ref["loss"])):
+        e1, e2 = rel_error(ours_x, theirs), rel_error(ours_x, ref_x)
+        check(f"{name}: {what} = dev/smolvla.py's and LeRobot's", e1 <= TOL_SAME_MATH and e2 <= TOL_LEROBOT,
+              f"rel {e1:.1e} / {e2:.1e}")
+
+    grads = M.to_lerobot(cfg, {s.name: getattr(model, s.name).grad for s in model.table})
+    ref_names = sorted(k[5:] for k in ref if k.startswith("grad."))
+    trained = []
+    for s in model.table:
+        per = math.prod(s.shape) // M.n_slices(s)
+        trained += [n for i, n in enumerate(M.lerobot_names(cfg, s)) if (i + 1) * per <= model.n_train[s.name]]
+    frozen_zero = all(not bool(g.any()) for n, g in grads.items() if n not in trained)
+    check(f"{name}: the {len(trained)} trained slices are LeRobot's gradients; the frozen ones are zero",
+          sorted(trained) == ref_names and frozen_zero, f"{len(ref_names)} in the reference")
+    worst_same, worst_ref, symmetric = (0.0, ""), (0.0, ""), 0.0
+    for n in ref_names:
+        if n.startswith(smolvla.VISION) and n.endswith("k_proj.bias"):
+            # zero by symmetry (softmax ignores a shift): measured against the layer's q_proj.bias gradient
+            scale = ref["grad." + n.replace("k_proj.bias", "q_proj.bias")].double().norm().item()
+            symmetric = max(symmetric, grads[n].double().norm().item() / scale)
+            continue
+        worst_same = max(worst_same, (rel_error(grads[n], out["grad." + n]), n))
+        worst_ref = max(worst_ref, (rel_error(grads[n], ref["grad." + n]), n))
+    check(f"{name}: gradients = dev/smolvla.py's (worst {worst_same[1].split('model.')[-1]})",
+          worst_same[0] <= TOL_SAME_MATH, f"rel {worst_same[0]:.1e}")
+    check(f"{name}: gradients = LeRobot's (worst {worst_ref[1].split('model.')[-1]})", worst_ref[0] <= TOL_LEROBOT,
+          f"rel {worst_ref[0]:.1e}")
+    check(f"{name}: vision key-bias gradients are zero by symmetry", symmetric <= 1e-10, f"{symmetric:.1e}")
+    chunk = model.sample(x, ref["sample_noise"].double())
+    e1, e2 = rel_error(chunk, out["chunk_norm"]), rel_error(chunk, ref["chunk_norm"])
+    check(f"{name}: 10-step sample = dev/smolvla.py's and LeRobot's", e1 <= TOL_SAME_MATH and e2 <= TOL_LEROBOT,
+          f"rel {e1:.1e} / {e2:.1e}")
+    return cfg, lc
+
+
+def test_policy_cli(case_dir, cfg, tmp):
+    """--policy on a shard with the policy's cameras (three sizes, resized), state and action dims."""
+    sizes = [a for h, w in ((36, 60), (96, 80), (64, 64)) for a in ("--cam-size", f"{h}x{w}")]
+    shard = synthetic(os.path.join(tmp, "policy_shape.bin"), *sizes, "--state", str(cfg.state_dim), "--action",
+                      str(cfg.action_dim), "--episodes", "3", "--min-len", "4", "--max-len", "9")
+    out = os.path.join(tmp, "policy_state.bin")
+    rc, text = run(["-i", shard, "--policy", os.path.join(case_dir, "policy"), "--set", "max_text=20", "-b", "2",
+                    "-t", "1", "--debug-state", out])
+    if not check(f"--policy {os.path.basename(case_dir)}: --debug-state on a shard of 36x60, 96x80, 64x64 cameras",
+                 rc == 0, last_line(text)):
+        print(text)
+        return
+    rec = vla_model.read_vlat(out)
+    weights = M.from_lerobot(cfg, smolvla.load_safetensors(os.path.join(case_dir, "policy", "model.safetensors")))
+    check("--policy: param/ records are the policy's weights",
+          all(np.array_equal(rec["param/" + n], w.numpy()) for n, w in weights.items()))
+    shapes = [rec[f"batch/image{k}"].shape for k in range(3)]
+    check("--policy: cameras recorded at their stored sizes, resized to img",
+          shapes == [(2, 36, 60, 3), (2, 96, 80, 3), (2, 64, 64, 3)] and rec["expect/pixels"].shape == (6, 3, 64, 64),
+          str(shapes))
+    check("--policy: config is the policy's with max_text 20",
+          list(rec["config"]) == dataclasses.replace(cfg, max_text=20).values() and int(rec["train_mode"][0]) == 0)
+
+
+# ----------------------------------------------------------------------------
+# (d): the CLI end to end on a synthetic shard
+
+
+def test_cli(shard, tmp):
+    cfg = dataclasses.replace(M.PRESETS["tiny"], n_cam=1, state_dim=4, action_dim=4)
+    table = M.param_table(cfg)
+    init = M.param_init(cfg, 1337)
+    losses = {}
+    for mode, mode_name in enumerate(M.TRAIN_MODES):
+        out = os.path.join(tmp, f"debug_{mode_name}.bin")
+        common = ["-i", shard, "-p", "tiny", "-t", "1", "-b", "3", "--train-mode", mode_name]
+        rc, text = run(common + ["--debug-state", out])
+        if not check(f"{mode_name}: --debug-state runs", rc == 0, last_line(text)):
+            print(text)
+            continue
+        rec = vla_model.read_vlat(out)
+        B, H, Am, S = 3, cfg.chunk, cfg.max_action_dim, cfg.img
+        trained = [s for s in table if M.trainable_numel(s, mode) > 0]
+        expect = {"config": (26,), "hparams": (6,), "seed": (1,), "train_mode": (1,), "stats": (16,),
+                  "batch/indices": (B,), "batch/image0": (B, 32, 32, 3), "batch/tokens": (B, 16),
+                  "batch/token_mask": (B, 16), "batch/state": (B, 32), "batch/actions": (B, H, Am),
+                  "batch/action_is_pad": (B, H), "batch/t": (B,), "batch/eps": (B, H, Am),
+                  "expect/pixels": (B, 3, S, S), "expect/v": (B, H, Am), "expect/loss": (1,),
+                  "expect/sample": (B, H, Am), "expect/sample_actions": (B, H, 4), "expect/losses": (10,),
+                  "expect/norms": (10,)}
+        expect.update({"param/" + s.name: tuple(s.shape) for s in table})
+        expect.update({"grad/" + s.name: tuple(s.shape) for s in trained})
+        names = [n for n in rec if not n.startswith("fd/")]
+        bad = [n for n in expect if n not in rec or rec[n].shape != expect[n]]
+        extra = sorted(set(names) - set(expect))
+        check(f"{mode_name}: records and shapes ({len(rec)}; grads of the {len(trained)} tensors that train)",
+              not bad and not extra, f"bad {bad[:3]}, extra {extra[:3]}")
+        if bad:
+            continue
+        check(f"{mode_name}: config, seed, train mode", list(rec["config"]) == cfg.values() and
+              int(rec["seed"][0]) == 1337 and int(rec["train_mode"][0]) == mode)
+        check(f"{mode_name}: param/ records = param_init(1337)",
+              all(np.array_equal(rec["param/" + n], p) for n, p in init.items()))
+        noise = [M.flow_noise_smolvla(cfg, 1337, 0, g) for g in range(B)]
+        check(f"{mode_name}: batch t and eps = flow_noise_smolvla of step 0",
+              np.array_equal(rec["batch/t"], [t for t, _ in noise]) and
+              np.array_equal(rec["batch/eps"], np.stack([e for _, e in noise])))
+        pads = rec["batch/state"][:, 4:], rec["batch/actions"][:, :, 4:]
+        check(f"{mode_name}: state and actions zero-padded to 32", not any(p.any() for p in pads))
+        frozen_ok = all(not rec["grad/" + s.name].reshape(-1)[M.trainable_numel(s, mode):].any() for s in trained)
+        partial = [s.name for s in trained if M.trainable_numel(s, mode) < math.prod(s.shape)]
+        check(f"{mode_name}: frozen parts of trained tensors have zero gradient ({len(partial)} partly frozen)",
+              frozen_ok, ", ".join(partial[:3]))
+        idx, fd = rec["fd/index"], rec["fd/value"]
+        errs = []
+        for (k, j), value in zip(idx, fd):
+            g = float(rec["grad/" + table[k].name].reshape(-1)[j])
+            errs.append(abs(value - g) / (TOL_FD * abs(g) + FD_ROUNDOFF))
+        missed = {s.name for s in trained} - {table[k].name for k in idx[:, 0]} - {"vis_bk"}  # vis_bk: zero by symmetry
+        check(f"{mode_name}: {len(fd)} finite differences (every trained tensor) = the gradients",
+              len(fd) > 0 and not missed and max(errs) <= 1.0,
+              f"worst {max(errs):.2f} of the tolerance" if errs else "none")
+        L = rec["expect/losses"]
+        check(f"{mode_name}: 10 AdamW steps on one batch: finite, loss falls", np.isfinite(L).all() and
+              np.isfinite(rec["expect/norms"]).all() and L[-1] < L[0] and float(L[0]) == float(rec["expect/loss"][0]),
+              f"{L[0]:.4f} -> {L[-1]:.4f}")
+        losses[mode_name] = float(rec["expect/loss"][0])
+
+        rc, text = run(common + ["--train", "3"])
+        steps = step_losses(text)
+        ok = rc == 0 and len(steps) == 3 and all(math.isfinite(v) for v in steps)
+        # step 1 of --train is the debug state's batch, in float32
+        e = abs(steps[0] - losses[mode_name]) / losses[mode_name] if ok else math.inf
+        check(f"{mode_name}: --train 3 (float32): step 1's loss is the debug state's", ok and e <= 1e-5,
+              f"{steps}, rel {e:.1e}")
+    check("the step-0 loss is the same in every train mode (same weights, batch)",
+          len(set(losses.values())) == 1 and len(losses) == 3, str(losses))
+
+    rc, text = run(["-i", shard, "-p", "tiny", "-t", "1", "-b", "8", "-l", "1e-3", "--train-mode", "all",
+                    "--train", "20"])
+    L = step_losses(text)
+    ok = rc == 0 and len(L) == 20
+    first, last = (np.mean(L[:5]), np.mean(L[-5:])) if ok else (math.nan, math.nan)
+    check("tiny, 20 steps at lr 1e-3: the loss falls (mean of the last 5 < 0.8 x the first 5)",
+          ok and last < 0.8 * first, f"{first:.4f} -> {last:.4f}")
+
+    rc, text = run(["-i", shard, "-p", "tiny", "-t", "1", "--train-mode", "vlm", "--bench", "2", "--amp", "bf16"])
+    loss = float(text.split("loss ")[1].split()[0]) if rc == 0 and "loss " in text else math.nan
+    check("--bench 2 --amp bf16 (CPU autocast) runs and reports a finite loss",
+          math.isfinite(loss) and "ms_per_step" in text, last_line(text))
+    rc, text = run(["-i", shard, "-p", "tiny", "-t", "1", "--set", "nope=3", "--train", "1"])
+    check("a bad --set fails with one line naming the field", rc == 1 and "unknown field" in text, text.strip()[-80:])
+    rc, text = run(["-i", shard, "-p", "tiny", "-t", "1", "-b", "3", "--init", os.path.join(tmp, "debug_all.bin"),
+                    "--train", "1", "--train-mode", "all"])
+    steps = step_losses(text)
+    e = abs(steps[0] - losses["all"]) / losses["all"] if rc == 0 and steps and "all" in losses else math.inf
+    check("--init from a debug state starts from its weights (its step-0 loss)", e <= 1e-5, f"rel {e:.1e}")
+
+
+def main():
+    torch.set_num_threads(1)
+    ref_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "lerobot_ref")
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build_table_tool(tmp)
+        if exe:
+            test_table(exe)
+            test_init_and_noise(exe, tmp)
+        cases = [os.path.join(ref_dir, c) for c in M.TRAIN_MODES
+                 if os.path.isfile(os.path.join(ref_dir, c, "ref.safetensors"))]
+        if check(f"LeRobot reference cases in {ref_dir}", len(cases) == 3,
+                 f"{len(cases)} of 3 (make them with dev/lerobot/make_ref.py, see dev/lerobot/README.md)"):
+            configs = [test_lerobot_case(case, tmp)[0] for case in cases]
+            test_policy_cli(cases[0], configs[0], tmp)
+        shard = synthetic(os.path.join(tmp, "x.bin"), "--cams", "1", "--img", "32", "--state", "4", "--action", "4",
+                          "--episodes", "4", "--min-len", "6", "--max-len", "12")
+        test_cli(shard, tmp)
+    print(f"({time.time() - T_START:.1f} s, torch {torch.__version__})")
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
