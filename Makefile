@@ -210,6 +210,19 @@ $(TEST_DIR)/a_train.txt: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefi
 	$(PYTHON) dev/model.py -i $< --preset tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
 		-l 1e-3 -u 2 -w 0.1 -c 0.5 > $@
 
+# SmolVLA's fixture: two cameras of different sizes (both resized with padding to the tiny preset's
+# 32 px), state_dim != action_dim, chunks past episode ends; the oracle's debug state per train mode
+$(TEST_DIR)/s.bin: data/synthetic
+	@mkdir -p $(TEST_DIR)
+	./data/synthetic -o $@ --cams 2 --cam-size 24x32 --cam-size 20x20 --state 3 --action 2 --episodes 5 --min-len 3 \
+		--max-len 7 --seed 5
+
+SMOLVLA_STATES = $(foreach mode,expert vlm all,$(TEST_DIR)/s_$(mode)_state.bin)
+$(SMOLVLA_STATES): $(TEST_DIR)/s_%_state.bin: $(TEST_DIR)/s.bin dev/model_smolvla.py dev/smolvla.py dev/model.py data/vla_shard.py Makefile
+	$(oracle_check)
+	$(PYTHON) dev/model_smolvla.py -i $< -p tiny --set max_text=24 --dtype float64 -b 3 --seed 11 --train-mode $* \
+		--debug-state $@
+
 # LeRobot's own SmolVLA on a tiny random model (dev/lerobot): the ground truth of the SmolVLA
 # parity checks. Runs under the LeRobot venv that `make setup` makes (Python 3.12, pinned).
 LEROBOT_REF = build/lerobot_ref
@@ -228,7 +241,7 @@ $(SMOLVLA_C_CONFIGS): $(LEROBOT_REF)/%/c_config.txt: $(LEROBOT_REF)/all/ref.safe
 # make test compiles train_vla for the GPU everywhere; its tests run on the GPU if there is one,
 # otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries)
 test: train_vla_cpu test_vla libvla.so train_vla build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so dev_cuda $(GPU_TEST_BINARIES) \
-		build/sanitize/train_vla_cpu fuzz_build $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt $(LEROBOT_REF)/all/ref.safetensors $(SMOLVLA_C_CONFIGS) venv_check
+		build/sanitize/train_vla_cpu fuzz_build $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt $(SMOLVLA_STATES) $(LEROBOT_REF)/all/ref.safetensors $(SMOLVLA_C_CONFIGS) venv_check
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 
 venv_check:

@@ -1226,63 +1226,6 @@ static void test_shard_versions(const char* dir) {
 // loss, every trainable gradient and the 10-step sampled chunk are checked against what LeRobot
 // computed. The config comes from CASE/c_config.txt (dev/smolvla.py --c-config, made by make test).
 
-// The number after "key": in a JSON text (the case's case.json), or -1 when absent
-static long long json_int(const char* text, const char* key) {
-    char pattern[128];
-    snprintf(pattern, sizeof(pattern), "\"%s\":", key);
-    const char* p = strstr(text, pattern);
-    return p != NULL ? strtoll(p + strlen(pattern), NULL, 10) : -1;
-}
-
-// The strings of the JSON array after "key": (at most max, each cut to 63 bytes); returns the count
-static int json_strings(const char* text, const char* key, char out[][64], int max) {
-    char pattern[128];
-    snprintf(pattern, sizeof(pattern), "\"%s\":", key);
-    const char* p = strstr(text, pattern);
-    const char* end = p != NULL ? strchr(p, ']') : NULL;
-    int n = 0;
-    for (p = p != NULL ? strchr(p, '[') : NULL; p != NULL && end != NULL && n < max; n++) {
-        const char* open = strchr(p, '"');
-        const char* close = open != NULL ? strchr(open + 1, '"') : NULL;
-        if (open == NULL || close == NULL || open > end) { break; }
-        snprintf(out[n], 64, "%.*s", (int)(close - open - 1), open + 1);
-        p = close + 1;
-    }
-    return n;
-}
-
-// A reference tensor by name, whatever its dtype (floats widened or rounded to float32, integers
-// and bools converted), checking its element count; NULL when the file lacks it or the count differs.
-static float* ref_tensor(const SafeTensors* st, const char* name, size_t numel) {
-    const SafeTensorInfo* t = safetensors_find(st, name);
-    if (t == NULL || t->numel != numel) { return NULL; }
-    float* out = (float*)mallocCheck((numel > 0 ? numel : 1) * sizeof(float));
-    if (safetensors_read_f32(st, t, out) == 0) { return out; }
-    const uint8_t* p = st->data + t->begin;
-    for (size_t i = 0; i < numel; i++) {
-        if (t->dtype == ST_I64) { int64_t v; memcpy(&v, p + 8 * i, 8); out[i] = (float)v; }
-        else if (t->dtype == ST_I32) { int32_t v; memcpy(&v, p + 4 * i, 4); out[i] = (float)v; }
-        else { out[i] = (float)p[i]; }  // U8, BOOL
-    }
-    return out;
-}
-
-// An integer tensor (token ids: I64 in LeRobot's files) as int32, checking that every value fits
-static int32_t* ref_ints(const SafeTensors* st, const char* name, size_t numel) {
-    const SafeTensorInfo* t = safetensors_find(st, name);
-    if (t == NULL || t->numel != numel || (t->dtype != ST_I64 && t->dtype != ST_I32)) { return NULL; }
-    int32_t* out = (int32_t*)mallocCheck((numel > 0 ? numel : 1) * sizeof(int32_t));
-    for (size_t i = 0; i < numel; i++) {
-        int64_t v = 0;
-        if (t->dtype == ST_I64) { memcpy(&v, st->data + t->begin + 8 * i, 8); }
-        else { int32_t v32; memcpy(&v32, st->data + t->begin + 4 * i, 4); v = v32; }
-        if (v < INT32_MIN || v > INT32_MAX) { free(out); return NULL; }
-        out[i] = (int32_t)v;
-    }
-    return out;
-}
-
-static double norm2(const float* x, size_t n) { return sqrt(sum_squares(x, n)); }
 
 static void test_smolvla_case(const char* ref_dir, int mode) {
     const char* name = TRAIN_MODE_NAMES[mode];
@@ -1470,6 +1413,276 @@ static void test_smolvla_lerobot(const char* ref_dir) {
     printf("        (SmolVLA vs LeRobot: %.2f s)\n", wall_seconds() - t0);
 }
 
+// ----------------------------------------------------------------------------
+// SmolVLA against its oracle dev/model_smolvla.py (float64), on shard data: for each training mode,
+// the batch assembled from build/test/s.bin (two cameras of different sizes), the seeded init,
+// velocities, loss, every trainable gradient, finite differences, sampling and 10 AdamW steps.
+
+// A record by name, or NULL (debug_find fails on a missing one; frozen tensors have no grad/ record)
+static const Record* debug_lookup(const DebugState* st, const char* name) {
+    for (int i = 0; i < st->n; i++) {
+        if (strcmp(st->recs[i].name, name) == 0) { return &st->recs[i]; }
+    }
+    return NULL;
+}
+
+// max |x - ref| over n floats (NaN counts as infinite)
+static double max_abs_diff(const float* x, const float* ref, size_t n) {
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)x[i] - (double)ref[i]);
+        if (!(d <= worst)) { worst = isnan(d) ? INFINITY : d; }
+    }
+    return worst;
+}
+
+static void test_smolvla_oracle_mode(const char* dir, int mode) {
+    const char* name = TRAIN_MODE_NAMES[mode];
+    char path[1024];
+    double t0 = wall_seconds();
+    snprintf(path, sizeof(path), "%s/s_%s_state.bin", dir, name);
+    printf("\n== SmolVLA vs dev/model_smolvla.py: %s (train mode %s)\n", path, name);
+    DebugState st;
+    debug_state_read(&st, path);
+
+    // the config, hyperparameters and seed of the oracle's run
+    SmolVLAConfig c;
+    int32_t* values = (int32_t*)debug_get(&st, "config", 26);
+    int f = 0;
+#define SMOL_FROM_RECORD_(field) c.field = values[f++];
+    SMOLVLA_CONFIG_FIELDS(SMOL_FROM_RECORD_)
+#undef SMOL_FROM_RECORD_
+    free(values);
+    const char* problem = smolvla_config_problem(&c);
+    check(problem == NULL && f == 26, "%s: config record (%d fields) %s", name, f, problem != NULL ? problem : "is valid");
+    if (problem != NULL) { free(st.recs); free(st.file); return; }
+    float* hp = (float*)debug_get(&st, "hparams", 6);
+    int32_t* seed_rec = (int32_t*)debug_get(&st, "seed", 1);
+    int32_t* mode_rec = (int32_t*)debug_get(&st, "train_mode", 1);
+    check(mode_rec[0] == mode, "%s: the state's train mode is %d", name, mode_rec[0]);
+    TrainArgs args;
+    memset(&args, 0, sizeof(args));
+    args.lr = hp[0]; args.min_lr_frac = hp[1]; args.warmup = (int)hp[2]; args.steps = (int)hp[3];
+    args.weight_decay = hp[4]; args.grad_clip = hp[5];
+    uint64_t seed = (uint64_t)seed_rec[0];
+    free(hp); free(seed_rec); free(mode_rec);
+
+    // the batch: the sampler's samples of step 0 through smolvla_batch_fill
+    Dataset ds;
+    snprintf(path, sizeof(path), "%s/s.bin", dir);
+    dataset_open(&ds, path);
+    int B = (int)debug_find(&st, "batch/indices")->numel, H = c.chunk, Am = c.max_action_dim, A = c.action_dim;
+    int S = c.state_dim;
+    float* stats = (float*)debug_get(&st, "stats", (size_t)2 * (S + A));
+    int stats_ok = ds.state_dim == S && ds.action_dim == A;
+    for (int d = 0; d < S && stats_ok; d++) {
+        stats_ok &= ds.state_mean[d] == stats[d] && ds.state_std[d] == stats[S + d];
+    }
+    for (int d = 0; d < A && stats_ok; d++) {
+        stats_ok &= ds.action_mean[d] == stats[2 * S + d] && ds.action_std[d] == stats[2 * S + A + d];
+    }
+    check(stats_ok, "%s: the dataset's normalization statistics equal the oracle's", name);
+    free(stats);
+    int32_t* ref_idx = (int32_t*)debug_get(&st, "batch/indices", B);
+    Sampler sampler;
+    sampler_init(&sampler, ds.n_samples, seed);
+    uint64_t idx[B];
+    sampler_rank_indices(&sampler, B, 0, idx);
+    int idx_ok = 1;
+    for (int i = 0; i < B; i++) { idx_ok &= idx[i] == (uint64_t)ref_idx[i]; }
+    check(idx_ok, "%s: the sampler's %d samples of step 0 are the oracle's", name, B);
+    SmolBatch batch;
+    smolvla_batch_alloc(&batch, &c, &ds.cams, B);
+    smolvla_batch_fill(&batch, &ds, &c, idx, seed, 0, 0);
+    int frames_ok = 1;
+    for (int k = 0; k < c.n_cam; k++) {
+        char key[64];
+        snprintf(key, sizeof(key), "batch/image%d", k);
+        size_t n = (size_t)B * ds.cams.height[k] * ds.cams.width[k] * 3;
+        uint8_t* ref = (uint8_t*)debug_get(&st, key, n);
+        frames_ok &= memcmp(ref, batch.images[k], n) == 0;
+        free(ref);
+    }
+    check(frames_ok, "%s: frames of %d cameras (%ux%u, %ux%u) equal the oracle's", name, c.n_cam, ds.cams.height[0],
+          ds.cams.width[0], ds.cams.height[c.n_cam > 1], ds.cams.width[c.n_cam > 1]);
+    int32_t* ref_tokens = (int32_t*)debug_get(&st, "batch/tokens", (size_t)B * c.max_text);
+    check(memcmp(ref_tokens, batch.tokens, (size_t)B * c.max_text * sizeof(int32_t)) == 0, "%s: token ids (%d per sample) "
+          "equal the oracle's", name, c.max_text);
+    free(ref_tokens);
+    // the float records are float32 computations of the same expressions (t and eps: doubles
+    // rounded once): bit-equal in practice; 1e-7 absolute allows a different rounding of a normalization
+    const double tol_batch = 1e-7;
+    struct { const char* key; const float* ours; size_t n; } floats[] = {
+        {"batch/token_mask", batch.token_mask, (size_t)B * c.max_text}, {"batch/state", batch.state, (size_t)B * c.max_state_dim},
+        {"batch/actions", batch.actions, (size_t)B * H * Am}, {"batch/action_is_pad", batch.action_is_pad, (size_t)B * H},
+        {"batch/t", batch.t, (size_t)B}, {"batch/eps", batch.eps, (size_t)B * H * Am},
+    };
+    for (size_t k = 0; k < sizeof(floats) / sizeof(floats[0]); k++) {
+        float* ref = (float*)debug_get(&st, floats[k].key, floats[k].n);
+        double e = max_abs_diff(floats[k].ours, ref, floats[k].n);
+        check(e <= tol_batch, "%s: %s max abs diff %.1e%s (tol %.0e)", name, floats[k].key, e, e == 0.0 ? " (exact)" : "",
+              tol_batch);
+        free(ref);
+    }
+
+    // init from the seed: the same draws, rounded to float32 the same way: exact
+    SmolVLA m;
+    smolvla_build(&m, &c);
+    smolvla_param_init(m.params_memory, &m.table, &c, seed);
+    int init_ok = 1;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &m.table.spec[i];
+        char key[96];
+        snprintf(key, sizeof(key), "param/%s", s->name);
+        float* ref = (float*)debug_get(&st, key, s->numel);
+        if (memcmp(ref, m.params_memory + s->offset, s->numel * sizeof(float)) != 0) {
+            init_ok = 0;
+            check(0, "%s: %s differs from the oracle's init", name, key);
+        }
+        free(ref);
+    }
+    check(init_ok, "%s: init from seed %llu equals the oracle's, all %d tensors bit for bit", name,
+          (unsigned long long)seed, SMOLVLA_NUM_TENSORS);
+
+    // forward and backward: fp32 against float64, a few hundred dependent roundings of ~6e-8 each
+    const double tol = 1e-5;
+    SmolInputs in = smolvla_inputs(&batch);
+    float loss = smolvla_forward(&m, &in);
+    size_t n_out = (size_t)B * H * Am, n_pix = (size_t)c.n_cam * B * 3 * c.img * c.img;
+    float* ref_pix = (float*)debug_get(&st, "expect/pixels", n_pix);
+    double ep = rel_error(m.acts.pixels, ref_pix, n_pix);
+    check(ep <= tol, "%s: frames resized with padding to %d px rel err %.2e (tol %.0e)", name, c.img, ep, tol);
+    free(ref_pix);
+    float* ref_v = (float*)debug_get(&st, "expect/v", n_out);
+    float* ref_loss = (float*)debug_get(&st, "expect/loss", 1);
+    double ev = rel_error(m.acts.v_t, ref_v, n_out), el = rel_error(&loss, ref_loss, 1);
+    check(ev <= tol, "%s: velocities rel err %.2e (tol %.0e)", name, ev, tol);
+    check(el <= tol, "%s: loss %.7f vs %.7f rel err %.2e (tol %.0e)", name, loss, ref_loss[0], el, tol);
+    free(ref_v); free(ref_loss);
+    smolvla_backward(&m, mode);
+    double worst = 0.0;
+    const char* worst_name = "";
+    int n_trained = 0, grads_ok = 1;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &m.table.spec[i];
+        char key[96];
+        snprintf(key, sizeof(key), "grad/%s", s->name);
+        const Record* r = debug_lookup(&st, key);
+        const float* ours = m.grads_memory + s->offset;
+        if (smolvla_trainable_numel(s, mode) == 0) {
+            int zero = 1;
+            for (size_t j = 0; j < s->numel; j++) { zero &= ours[j] == 0.0f; }
+            if (r != NULL || !zero) {
+                grads_ok = 0;
+                check(0, "%s: %s is frozen: the oracle has %s record, ours is %s", name, key, r ? "a" : "no", zero ? "zero" : "NOT zero");
+            }
+            continue;
+        }
+        n_trained++;
+        double e = INFINITY;
+        if (r != NULL && r->numel == s->numel) {
+            float* ref = (float*)debug_get(&st, key, s->numel);
+            if (i == SMOLP_vis_bk) {
+                // zero by symmetry (softmax ignores a shift of a row's scores): both are rounding
+                // noise, each measured against the query bias's gradient instead of the other
+                float* ref_q = (float*)debug_get(&st, "grad/vis_bq", s->numel);
+                double scale = norm2(ref_q, s->numel), e_ours = norm2(ours, s->numel) / scale;
+                double e_ref = norm2(ref, s->numel) / scale;
+                check(e_ours <= tol && e_ref <= tol, "%s: grad/vis_bk is zero by symmetry: |ours| %.1e, |oracle| %.1e of "
+                      "|grad/vis_bq| (tol %.0e)", name, e_ours, e_ref, tol);
+                e = 0.0;
+                free(ref_q);
+            } else {
+                e = rel_error(ours, ref, s->numel);
+            }
+            free(ref);
+        }
+        if (!(e <= tol)) {
+            grads_ok = 0;
+            check(0, "%s: %s rel err %.2e (tol %.0e)%s", name, key, e, tol, r == NULL ? ": the oracle has none" : "");
+        }
+        if (!(e <= worst)) { worst = e; worst_name = s->name; }
+    }
+    check(grads_ok, "%s: %d trainable gradients (%zu elements): worst rel err %.2e (%s) (tol %.0e); the frozen ones zero",
+          name, n_trained, smolvla_trainable_count(&m.table, mode), worst, worst_name, tol);
+
+    // finite differences of the float64 loss at each tensor's largest gradient: independent of the
+    // oracle's autograd. Central differences with h = 1e-5 are exact to ~1e-9 relative there; the
+    // fp32 gradient to ~1e-6: 1e-5 bounds both
+    const double tol_fd = 1e-5;
+    int n_fd = (int)debug_find(&st, "fd/value")->numel;
+    int32_t* fd_index = (int32_t*)debug_get(&st, "fd/index", (size_t)2 * n_fd);
+    float* fd_value = (float*)debug_get(&st, "fd/value", n_fd);
+    double worst_fd = 0.0;
+    int fd_ok = n_fd > 0;
+    for (int k = 0; k < n_fd; k++) {
+        int i = fd_index[2 * k];
+        const SmolParamSpec* s = i >= 0 && i < SMOLVLA_NUM_TENSORS ? &m.table.spec[i] : NULL;
+        double e = INFINITY;
+        if (s != NULL && fd_index[2 * k + 1] >= 0 && (size_t)fd_index[2 * k + 1] < s->numel) {
+            float g = m.grads_memory[s->offset + (size_t)fd_index[2 * k + 1]];
+            e = fabs((double)g - fd_value[k]) / fabs((double)fd_value[k]);
+        }
+        if (!(e <= tol_fd)) { fd_ok = 0; check(0, "%s: finite difference %d (%s) rel err %.2e (tol %.0e)", name, k, s ? s->name : "?", e, tol_fd); }
+        if (!(e <= worst_fd)) { worst_fd = e; }
+    }
+    check(fd_ok, "%s: %d finite differences agree with our gradients: worst rel err %.2e (tol %.0e)", name, n_fd, worst_fd,
+          tol_fd);
+    free(fd_index); free(fd_value);
+
+    // sampling: 10 Euler steps from the batch's eps, then un-normalized
+    float* chunk = (float*)mallocCheck(n_out * sizeof(float));
+    float* actions = (float*)mallocCheck((size_t)B * H * A * sizeof(float));
+    smolvla_sample(&m, &in, batch.eps, chunk);
+    for (size_t r = 0; r < (size_t)B * H; r++) {
+        for (int d = 0; d < A; d++) { actions[r * A + d] = chunk[r * Am + d] * ds.action_std[d] + ds.action_mean[d]; }
+    }
+    float* ref_sample = (float*)debug_get(&st, "expect/sample", n_out);
+    float* ref_actions = (float*)debug_get(&st, "expect/sample_actions", (size_t)B * H * A);
+    double es = rel_error(chunk, ref_sample, n_out), ea = rel_error(actions, ref_actions, (size_t)B * H * A);
+    check(es <= tol, "%s: sampled chunk (%d Euler steps) rel err %.2e (tol %.0e)", name, SMOLVLA_NUM_STEPS, es, tol);
+    check(ea <= tol, "%s: sampled actions un-normalized rel err %.2e (tol %.0e)", name, ea, tol);
+    free(chunk); free(actions); free(ref_sample); free(ref_actions);
+
+    // 10 AdamW steps on this batch: the schedule, clipping and the moments of the trainable prefix
+    float losses[10], norms[10];
+    for (int step = 0; step < 10; step++) { losses[step] = smolvla_train_step(&m, &in, mode, step, &args, &norms[step]); }
+    float* ref_losses = (float*)debug_get(&st, "expect/losses", 10);
+    float* ref_norms = (float*)debug_get(&st, "expect/norms", 10);
+    double els = rel_error(losses, ref_losses, 10), ens = rel_error(norms, ref_norms, 10);
+    check(els <= tol, "%s: 10 AdamW steps' losses %.6f .. %.6f rel err %.2e (tol %.0e)", name, losses[0], losses[9], els, tol);
+    check(ens <= tol, "%s: their gradient norms %.6f .. %.6f rel err %.2e (tol %.0e)", name, norms[0], norms[9], ens, tol);
+    check(m.opt.total == smolvla_trainable_count(&m.table, mode), "%s: AdamW's moments cover the %zu trainable elements "
+          "only (of %zu)", name, m.opt.total, m.table.total);
+    int frozen_still = 1;  // the frozen part of every tensor (past its trainable prefix) never moved
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &m.table.spec[i];
+        size_t first = smolvla_trainable_numel(s, mode);
+        char key[96];
+        snprintf(key, sizeof(key), "param/%s", s->name);
+        float* init = (float*)debug_get(&st, key, s->numel);
+        frozen_still &= memcmp(init + first, m.params_memory + s->offset + first, (s->numel - first) * sizeof(float)) == 0;
+        free(init);
+    }
+    check(frozen_still, "%s: the %zu frozen elements are bit for bit their init after the 10 steps", name,
+          m.table.total - m.opt.total);
+    free(ref_losses); free(ref_norms);
+    printf("        (%s: %.0f ms)\n", name, 1000.0 * (wall_seconds() - t0));
+
+    smolvla_free(&m);
+    smolvla_batch_free(&batch);
+    sampler_free(&sampler);
+    dataset_close(&ds);
+    free(ref_idx);
+    free(st.recs); free(st.file);
+}
+
+static void test_smolvla_oracle(const char* dir) {
+    double t0 = wall_seconds();
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_oracle_mode(dir, mode); }
+    printf("        (SmolVLA vs its oracle: %.2f s)\n", wall_seconds() - t0);
+}
+
 int main(int argc, char** argv) {
     if (argc != 2 && argc != 3) {
         fprintf(stderr, "usage: %s FIXTURE_DIR [LEROBOT_REF_DIR]   (make test writes both and runs this; the second adds "
@@ -1480,6 +1693,7 @@ int main(int argc, char** argv) {
     test_param_table();
     test_against_oracle(dir, "a");
     test_against_oracle(dir, "b");
+    test_smolvla_oracle(dir);
     if (argc == 3) { test_smolvla_lerobot(argv[2]); }
     test_training_loop(dir);
     test_simulated_ranks(dir);

@@ -17,7 +17,9 @@ checkpoints), bit-exact resume, checkpoints that continue on train_vla_cpu and b
 With --smolvla: the SmolVLA section against LeRobot 0.6.1's own references (dev/lerobot), per
 training mode (expert, vlm, all): prepared images, velocities, loss, every trainable gradient by
 LeRobot's name, none for the frozen tensors, the 10-step sampled chunk (tolerances stated at
-test_smolvla_case, derived the same way as below).
+test_smolvla_case, derived the same way as below). When FIXTURE_DIR holds the SmolVLA oracle's
+debug states (s_<mode>_state.bin, dev/model_smolvla.py --debug-state per training mode): the same
+checks from its config, parameters and batch, and 10 AdamW steps on the trainable elements alone.
 
 Tolerances, relative error ||x - ref|| / ||ref|| against the float64 oracle:
 - FP32: 1e-4 per tensor (SPEC section 5); fp32 rounding alone gives about 1e-6.
@@ -378,80 +380,12 @@ static void test_bad_input(const char* dir) {
 // gradient per layer slice by LeRobot's name, no gradient for the frozen ones, and the 10-step
 // sampled chunk from sample_noise.
 
-// The text after "key": in a JSON document (case.json), or NULL
-static const char* json_value(const char* text, const char* key) {
-    char pattern[128];
-    snprintf(pattern, sizeof(pattern), "\"%s\":", key);
-    const char* p = strstr(text, pattern);
-    return p != NULL ? p + strlen(pattern) : NULL;
-}
-
-// The strings of the JSON array under "key" (each cut to 63 bytes, at most max); their count
-static int json_string_list(const char* text, const char* key, char out[][64], int max) {
-    const char* p = json_value(text, key);
-    const char* end = p != NULL ? strchr(p, ']') : NULL;
-    int n = 0;
-    while (p != NULL && end != NULL && n < max) {
-        const char* q0 = strchr(p, '"');
-        if (q0 == NULL || q0 > end) { break; }
-        const char* q1 = strchr(q0 + 1, '"');
-        if (q1 == NULL || q1 > end) { break; }
-        snprintf(out[n++], 64, "%.*s", (int)(q1 - q0 - 1), q0 + 1);
-        p = q1 + 1;
-    }
-    return n;
-}
-
-// A tensor of a reference file as floats (floating-point types as safetensors_read_f32 reads
-// them, integers and bools converted), NULL when it is missing or does not hold numel values
-static float* st_floats(const SafeTensors* st, const char* name, size_t numel) {
-    const SafeTensorInfo* t = safetensors_find(st, name);
-    if (t == NULL || t->numel != numel) { return NULL; }
-    float* out = (float*)mallocCheck((numel > 0 ? numel : 1) * sizeof(float));
-    if (safetensors_read_f32(st, t, out) == 0) { return out; }
-    const uint8_t* p = st->data + t->begin;
-    for (size_t i = 0; i < numel; i++) {
-        switch (t->dtype) {
-            case ST_I64: { int64_t v; memcpy(&v, p + 8 * i, 8); out[i] = (float)v; break; }
-            case ST_I32: { int32_t v; memcpy(&v, p + 4 * i, 4); out[i] = (float)v; break; }
-            default: out[i] = (float)p[i]; break;  // U8, BOOL
-        }
-    }
-    return out;
-}
-
-// Token ids (LeRobot writes int64) as int32, NULL when missing, of another count or out of range
-static int32_t* st_ids(const SafeTensors* st, const char* name, size_t numel) {
-    const SafeTensorInfo* t = safetensors_find(st, name);
-    if (t == NULL || t->numel != numel || (t->dtype != ST_I64 && t->dtype != ST_I32)) { return NULL; }
-    int32_t* out = (int32_t*)mallocCheck((numel > 0 ? numel : 1) * sizeof(int32_t));
-    for (size_t i = 0; i < numel; i++) {
-        int64_t v;
-        if (t->dtype == ST_I64) {
-            memcpy(&v, st->data + t->begin + 8 * i, 8);
-        } else {
-            int32_t v32;
-            memcpy(&v32, st->data + t->begin + 4 * i, 4);
-            v = v32;
-        }
-        if (v < INT32_MIN || v > INT32_MAX) { free(out); return NULL; }
-        out[i] = (int32_t)v;
-    }
-    return out;
-}
-
 // n bytes of host memory in a fresh device allocation (freed with cudaFree)
 static void* upload(const void* host, size_t bytes) {
     void* d;
     cudaCheck(cudaMalloc(&d, bytes > 0 ? bytes : 1));
     cudaCheck(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
     return d;
-}
-
-static double l2(const float* x, size_t n) {
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++) { s += (double)x[i] * x[i]; }
-    return sqrt(s);
 }
 
 // Tolerances against LeRobot's float32 (the references are fp32; the oracle's float32 run meets
@@ -512,9 +446,8 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
     // the batch as LeRobot's pre-processor left it (raw frames, token ids, normalized state and
     // actions), each in its own device allocation
     char cams[VLA_MAX_CAM][64];
-    int n_cams = json_string_list(info, "camera_order", cams, VLA_MAX_CAM);
-    const char* bs = json_value(info, "batch_size");
-    int B = bs != NULL ? atoi(bs) : 0, H = c.chunk, Am = c.max_action_dim;
+    int n_cams = json_strings(info, "camera_order", cams, VLA_MAX_CAM);
+    int B = (int)json_int(info, "batch_size"), H = c.chunk, Am = c.max_action_dim;
     free(info);
     size_t n_act = (size_t)B * H * Am;
     SmolInputs in;
@@ -531,17 +464,17 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
         in.frame_h[k] = (int)t->shape[1];
         in.frame_w[k] = (int)t->shape[2];
     }
-    int32_t* tokens = st_ids(&ref, "lang_tokens", (size_t)B * c.max_text);
-    float* token_mask = st_floats(&ref, "lang_masks", (size_t)B * c.max_text);
-    float* state = st_floats(&ref, "state_norm", (size_t)B * c.max_state_dim);
-    float* actions = st_floats(&ref, "actions_norm", n_act);
-    float* action_is_pad = st_floats(&ref, "action_is_pad", (size_t)B * H);
-    float* t = st_floats(&ref, "time", (size_t)B);
-    float* noise = st_floats(&ref, "noise", n_act);
-    float* sample_noise = st_floats(&ref, "sample_noise", n_act);
-    float* ref_v = st_floats(&ref, "v_t", n_act);
-    float* ref_loss = st_floats(&ref, "loss", 1);
-    float* ref_chunk = st_floats(&ref, "chunk_norm", n_act);
+    int32_t* tokens = ref_ints(&ref, "lang_tokens", (size_t)B * c.max_text);
+    float* token_mask = ref_tensor(&ref, "lang_masks", (size_t)B * c.max_text);
+    float* state = ref_tensor(&ref, "state_norm", (size_t)B * c.max_state_dim);
+    float* actions = ref_tensor(&ref, "actions_norm", n_act);
+    float* action_is_pad = ref_tensor(&ref, "action_is_pad", (size_t)B * H);
+    float* t = ref_tensor(&ref, "time", (size_t)B);
+    float* noise = ref_tensor(&ref, "noise", n_act);
+    float* sample_noise = ref_tensor(&ref, "sample_noise", n_act);
+    float* ref_v = ref_tensor(&ref, "v_t", n_act);
+    float* ref_loss = ref_tensor(&ref, "loss", 1);
+    float* ref_chunk = ref_tensor(&ref, "chunk_norm", n_act);
     have = have && tokens && token_mask && state && actions && action_is_pad && t && noise && sample_noise && ref_v &&
            ref_loss && ref_chunk;
     check(have, "%s: the batch (%d cameras, B %d, %d tokens) is in the reference file with the config's shapes", name,
@@ -569,7 +502,7 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
         for (int k = 0; k < n_cams; k++) {
             char key[128];
             snprintf(key, sizeof(key), "images_prepped.%s", cams[k]);
-            float* prepped = st_floats(&ref, key, per_cam);
+            float* prepped = ref_tensor(&ref, key, per_cam);
             float* ours = from_device_x(m.acts.pixels + k * per_cam, per_cam);
             double e = prepped != NULL ? rel_error(ours, prepped, per_cam) : INFINITY;
             check(e <= SMOL_TOL_IMAGES, "%s: %s (%dx%d frames resized with padding to %d) rel err %.2e (tol %.0e)", name, key,
@@ -604,7 +537,7 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
                 if (s->slices == SLICES_NONE) { snprintf(lname, sizeof(lname), "%s", s->lerobot); }
                 else { snprintf(lname, sizeof(lname), s->lerobot, smolvla_slice_layer(&c, s, (int)k)); }
                 snprintf(key, sizeof(key), "grad.%s", lname);
-                float* ref_g = st_floats(&ref, key, per);
+                float* ref_g = ref_tensor(&ref, key, per);
                 if (smol_grad(&m, i, (int)k) == NULL) {
                     n_frozen++;
                     if (ref_g != NULL) {
@@ -627,9 +560,9 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
                     char qkey[300];
                     snprintf(qkey, sizeof(qkey), "%s", key);
                     memcpy(strstr(qkey, "k_proj.bias"), "q", 1);
-                    float* ref_q = st_floats(&ref, qkey, per);
-                    double scale = ref_q != NULL ? l2(ref_q, per) : 0.0;
-                    double e_ours = l2(ours, per) / scale, e_ref = l2(ref_g, per) / scale;
+                    float* ref_q = ref_tensor(&ref, qkey, per);
+                    double scale = ref_q != NULL ? norm2(ref_q, per) : 0.0;
+                    double e_ours = norm2(ours, per) / scale, e_ref = norm2(ref_g, per) / scale;
                     check(e_ours <= SMOL_TOL_ZERO && e_ref <= 1e-5, "%s: %s is zero by symmetry: |ours| %.1e, |LeRobot| "
                           "%.1e of |grad q_proj.bias| (tol %.1e, LeRobot's 1e-5)", name, key, e_ours, e_ref,
                           SMOL_TOL_ZERO);
@@ -695,6 +628,229 @@ static void test_smolvla_lerobot(const char* ref_dir) {
     for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_case(ref_dir, mode); }
 }
 
+// ----------------------------------------------------------------------------
+// SmolVLA against its own oracle (dev/model_smolvla.py --debug-state, one file per training mode:
+// FIXTURE_DIR/s_<mode>_state.bin, checked when present): the oracle's config, parameters and batch
+// (frames of two stored sizes, tokens, state, actions, pads, t, eps) through the SmolVLA section:
+// velocities, loss, every trainable gradient slice, the 10-step sample from eps, then 10 AdamW
+// steps on the same batch (the loss and gradient norm of each), the optimizer state allocated for
+// the trainable elements alone, and the frozen elements unmoved by the steps. Tolerances: the
+// SMOL_TOL_* above (the oracle is float64, so the margin only grows); the losses of the steps as
+// the forward, their gradient norms as the gradients.
+
+// A record of a debug state, NULL when it has none of that name
+static const Record* debug_lookup(const DebugState* st, const char* name) {
+    for (int i = 0; i < st->n; i++) {
+        if (strcmp(st->recs[i].name, name) == 0) { return &st->recs[i]; }
+    }
+    return NULL;
+}
+
+static void test_smolvla_oracle(const char* dir, int mode) {
+    const char* name = TRAIN_MODE_NAMES[mode];
+    char path[1200], key[160];
+    snprintf(path, sizeof(path), "%s/s_%s_state.bin", dir, name);
+    if (access(path, R_OK) != 0) {
+        printf("\n(SmolVLA %s against its oracle: skipped, no %s: make test writes it)\n", name, path);
+        return;
+    }
+    double t0 = wall_seconds();
+    printf("\n== SmolVLA vs its oracle (%s): %s (train mode %s)\n", PRECISION_NAME, path, name);
+    DebugState st;
+    debug_state_read(&st, path);
+    SmolVLAConfig c;
+    int32_t* raw = (int32_t*)debug_get(&st, "config", sizeof(SmolVLAConfig) / sizeof(int32_t));
+    memcpy(&c, raw, sizeof(c));
+    free(raw);
+    int32_t* st_mode = (int32_t*)debug_get(&st, "train_mode", 1);
+    check(*st_mode == mode, "%s: the debug state was written for train mode %d", name, *st_mode);
+    free(st_mode);
+    float* hp = (float*)debug_get(&st, "hparams", 6);  // lr, min_lr_frac, warmup, steps, weight_decay, clip
+    int B = (int)debug_find(&st, "batch/t")->numel, H = c.chunk, Am = c.max_action_dim;
+    size_t n_act = (size_t)B * H * Am;
+
+    SmolVLA m;
+    smolvla_build(&m, &c, mode);
+    float* params = (float*)mallocCheck(m.table.total * sizeof(float));
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &m.table.spec[i];
+        snprintf(key, sizeof(key), "param/%s", s->name);
+        float* p = (float*)debug_get(&st, key, s->numel);
+        memcpy(params + s->offset, p, s->numel * sizeof(float));
+        free(p);
+    }
+    smolvla_set_params(&m, params);
+    free(params);
+
+    // optimizer state: fp32 master weights and two moments for exactly the trainable elements
+    size_t count = smolvla_trainable_count(&m.table, mode);
+    check(m.n_opt == count && m.opt_bytes == 3 * count * sizeof(float) && count < m.table.total,
+          "%s: fp32 master weights and moments for the %zu trainable elements alone (%.1f%% of %zu), %zu bytes", name,
+          m.n_opt, 100.0 * count / m.table.total, m.table.total, m.opt_bytes);
+
+    // the batch, each field in its own device allocation; frames at their stored sizes
+    SmolInputs in;
+    memset(&in, 0, sizeof(in));
+    in.B = B;
+    int frames_ok = 1;
+    for (int k = 0; k < c.n_cam; k++) {
+        snprintf(key, sizeof(key), "batch/image%d", k);
+        const Record* r = debug_find(&st, key);
+        frames_ok = frames_ok && r->dtype == DT_U8 && r->ndim == 4 && r->shape[0] == (uint64_t)B && r->shape[3] == 3;
+        in.frames[k] = (const uint8_t*)upload(r->data, r->numel);
+        in.frame_h[k] = (int)r->shape[1];
+        in.frame_w[k] = (int)r->shape[2];
+    }
+    check(frames_ok, "%s: batch/image<k> are (B, h, w, 3) uint8 frames", name);
+    int32_t* tokens = (int32_t*)debug_get(&st, "batch/tokens", (size_t)B * c.max_text);
+    float* token_mask = (float*)debug_get(&st, "batch/token_mask", (size_t)B * c.max_text);
+    float* state = (float*)debug_get(&st, "batch/state", (size_t)B * c.max_state_dim);
+    float* actions = (float*)debug_get(&st, "batch/actions", n_act);
+    float* action_is_pad = (float*)debug_get(&st, "batch/action_is_pad", (size_t)B * H);
+    float* t = (float*)debug_get(&st, "batch/t", B);
+    float* eps = (float*)debug_get(&st, "batch/eps", n_act);
+    in.tokens = (const int32_t*)upload(tokens, (size_t)B * c.max_text * sizeof(int32_t));
+    in.token_mask = (const float*)upload(token_mask, (size_t)B * c.max_text * sizeof(float));
+    in.state = (const float*)upload(state, (size_t)B * c.max_state_dim * sizeof(float));
+    in.actions = (const float*)upload(actions, n_act * sizeof(float));
+    in.action_is_pad = (const float*)upload(action_is_pad, (size_t)B * H * sizeof(float));
+    in.t = (const float*)upload(t, B * sizeof(float));
+    in.noise = (const float*)upload(eps, n_act * sizeof(float));
+    free(tokens); free(token_mask); free(state); free(actions); free(action_is_pad); free(t); free(eps);
+
+    // velocities and loss
+    smolvla_forward(&m, &in, 0, 1);
+    smolvla_backward(&m, 1);
+    float loss = smolvla_read_loss(&m);
+    float* v = (float*)mallocCheck(n_act * sizeof(float));
+    cudaCheck(cudaMemcpy(v, m.acts.v_t, n_act * sizeof(float), cudaMemcpyDeviceToHost));
+    float* ref_v = (float*)debug_get(&st, "expect/v", n_act);
+    float* ref_loss = (float*)debug_get(&st, "expect/loss", 1);
+    double ev = rel_error(v, ref_v, n_act), el = rel_error(&loss, ref_loss, 1);
+    check(ev <= SMOL_TOL_FWD, "%s: velocities rel err %.2e (tol %.0e)", name, ev, SMOL_TOL_FWD);
+    check(el <= SMOL_TOL_FWD, "%s: loss %.7f vs %.7f rel err %.2e (tol %.0e)", name, loss, ref_loss[0], el, SMOL_TOL_FWD);
+    free(v); free(ref_v); free(ref_loss);
+
+    // gradients: every trainable slice against grad/<name>, whose frozen part must be zero; a
+    // tensor with nothing trainable has no record (and no gradient memory here)
+    float* grads = (float*)mallocCheck(m.n_grads * sizeof(float));
+    cudaCheck(cudaMemcpy(grads, m.grads_memory, m.n_grads * sizeof(float), cudaMemcpyDeviceToHost));
+    const char* tower_names[3] = {"vision", "vlm", "expert"};
+    double worst[3] = {0.0, 0.0, 0.0};
+    char worst_name[3][96] = {"", "", ""};
+    int n_slices_checked[3] = {0, 0, 0}, records_ok = 1;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &m.table.spec[i];
+        size_t n_train = smolvla_trainable_numel(s, mode), per = s->numel / smolvla_slices(s);
+        snprintf(key, sizeof(key), "grad/%s", s->name);
+        const Record* r = debug_lookup(&st, key);
+        if (n_train == 0 || r == NULL) {
+            if ((n_train == 0) != (r == NULL)) {
+                records_ok = 0;
+                check(0, "%s: %s trains %zu elements here, the oracle %s a gradient", name, s->name, n_train,
+                      r == NULL ? "has no" : "has");
+            }
+            continue;
+        }
+        float* ref = (float*)debug_get(&st, key, s->numel);
+        for (size_t j = n_train; j < s->numel; j++) { records_ok = records_ok && ref[j] == 0.0f; }
+        for (size_t k = 0; (k + 1) * per <= n_train; k++) {
+            const float* ours = grads + m.grad_at[i] + k * per;
+            double e;
+            if (strcmp(s->name, "vis_bk") == 0) {
+                // zero in exact arithmetic (softmax ignores a shift of a row's scores): both sides
+                // are rounding noise, so the error is measured against the same layer's q bias
+                // gradient, at the gradients' tolerance. (Not SMOL_TOL_ZERO: that ratio depends on
+                // the config, as |grad vis_bq| does; 16 patches per image here, 64 in LeRobot's
+                // case, and bf16 measures 1.5e-2 here.)
+                float* ref_q = (float*)debug_get(&st, "grad/vis_bq", s->numel);
+                double scale = norm2(ref_q + k * per, per);
+                double e_ours = norm2(ours, per) / scale, e_ref = norm2(ref + k * per, per) / scale;
+                check(e_ours <= SMOL_TOL_GRAD && e_ref <= 1e-5, "%s: vis_bk[%zu] is zero by symmetry: |ours| %.1e, "
+                      "|oracle| %.1e of |grad vis_bq| (tol %.1e, the oracle's 1e-5)", name, k, e_ours, e_ref,
+                      SMOL_TOL_GRAD);
+                free(ref_q);
+                e = 0.0;
+            } else {
+                e = rel_error(ours, ref + k * per, per);
+            }
+            if (!(e <= SMOL_TOL_GRAD)) { check(0, "%s: grad %s[%zu] rel err %.2e (tol %.1e)", name, s->name, k, e, SMOL_TOL_GRAD); }
+            if (!(e <= worst[s->tower])) {
+                worst[s->tower] = e;
+                snprintf(worst_name[s->tower], sizeof(worst_name[s->tower]), "%s[%zu]", s->name, k);
+            }
+            n_slices_checked[s->tower]++;
+        }
+        free(ref);
+    }
+    for (int tw = 0; tw < 3; tw++) {
+        if (n_slices_checked[tw] == 0) { continue; }
+        check(worst[tw] <= SMOL_TOL_GRAD, "%s: %s gradients, %d slices: worst rel err %.2e (%s) (tol %.1e)", name,
+              tower_names[tw], n_slices_checked[tw], worst[tw], worst_name[tw], SMOL_TOL_GRAD);
+    }
+    check(records_ok, "%s: the oracle has a gradient exactly for the tensors that train here, zero past their "
+          "trainable prefix", name);
+    free(grads);
+
+    // 10 Euler steps from eps
+    float* sample = (float*)mallocCheck(n_act * sizeof(float));
+    smolvla_sample(&m, &in, in.noise, sample);
+    float* ref_sample = (float*)debug_get(&st, "expect/sample", n_act);
+    double es = rel_error(sample, ref_sample, n_act);
+    check(es <= SMOL_TOL_FWD, "%s: 10-step sample rel err %.2e (tol %.0e)", name, es, SMOL_TOL_FWD);
+    free(sample); free(ref_sample);
+
+    // ten AdamW steps on the same batch: the loss before each update and the gradient norm
+    // before clipping; the frozen elements' floatX copy keeps its bits, the trainable ones move
+    floatX* before = (floatX*)mallocCheck(m.n_params * sizeof(floatX));
+    floatX* after = (floatX*)mallocCheck(m.n_params * sizeof(floatX));
+    cudaCheck(cudaMemcpy(before, m.params_memory, m.n_params * sizeof(floatX), cudaMemcpyDeviceToHost));
+    TrainArgs args;
+    train_args_defaults(&args);
+    args.lr = hp[0]; args.min_lr_frac = hp[1]; args.warmup = (int)hp[2]; args.steps = (int)hp[3];
+    args.weight_decay = hp[4]; args.grad_clip = hp[5];
+    float losses[10], norms[10];
+    double t_steps = wall_seconds();
+    for (int step = 0; step < 10; step++) {
+        smolvla_train_step(&m, &in, 1, step, &args);
+        smolvla_read_scalars(&m, &losses[step], &norms[step]);
+    }
+    t_steps = wall_seconds() - t_steps;
+    float* ref_losses = (float*)debug_get(&st, "expect/losses", 10);
+    float* ref_norms = (float*)debug_get(&st, "expect/norms", 10);
+    double e_losses = rel_error(losses, ref_losses, 10), e_norms = rel_error(norms, ref_norms, 10);
+    check(e_losses <= SMOL_TOL_FWD, "%s: 10 AdamW steps: losses %.6f -> %.6f (oracle %.6f -> %.6f), rel err %.2e "
+          "(tol %.0e)", name, losses[0], losses[9], ref_losses[0], ref_losses[9], e_losses, SMOL_TOL_FWD);
+    check(e_norms <= SMOL_TOL_GRAD, "%s: 10 AdamW steps: gradient norms %.4f -> %.4f, rel err %.2e (tol %.1e)", name,
+          norms[0], norms[9], e_norms, SMOL_TOL_GRAD);
+    check(losses[9] < losses[0], "%s: the loss decreases over 10 steps on one batch", name);
+    free(ref_losses); free(ref_norms);
+    cudaCheck(cudaMemcpy(after, m.params_memory, m.n_params * sizeof(floatX), cudaMemcpyDeviceToHost));
+    size_t frozen_moved = 0, trained_moved = 0;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &m.table.spec[i];
+        size_t n_train = smolvla_trainable_numel(s, mode);
+        const floatX* b = before + m.aligned[i];
+        const floatX* a = after + m.aligned[i];
+        for (size_t j = 0; j < s->numel; j++) {
+            int moved = memcmp(&a[j], &b[j], sizeof(floatX)) != 0;
+            if (j < n_train) { trained_moved += moved; } else { frozen_moved += moved; }
+        }
+    }
+    check(frozen_moved == 0 && trained_moved > 0, "%s: after the steps %zu of %zu trainable values moved, "
+          "%zu frozen ones", name, trained_moved, count, frozen_moved);
+    free(before); free(after);
+    printf("        (%s: 10 AdamW steps %.0f ms, %.1f s in all)\n", name, 1000.0 * t_steps, wall_seconds() - t0);
+
+    for (int k = 0; k < c.n_cam; k++) { cudaCheck(cudaFree((void*)in.frames[k])); }
+    cudaCheck(cudaFree((void*)in.tokens)); cudaCheck(cudaFree((void*)in.token_mask)); cudaCheck(cudaFree((void*)in.state));
+    cudaCheck(cudaFree((void*)in.actions)); cudaCheck(cudaFree((void*)in.action_is_pad)); cudaCheck(cudaFree((void*)in.t));
+    cudaCheck(cudaFree((void*)in.noise));
+    free(hp);
+    smolvla_free(&m);
+    free(st.recs); free(st.file);
+}
+
 int main(int argc, char** argv) {
     // positional arguments, and --smolvla LEROBOT_REF_DIR anywhere
     const char* args[3] = {NULL, NULL, NULL};
@@ -719,6 +875,7 @@ int main(int argc, char** argv) {
     printf("device: %s, precision %s, trainer %s\n", prop.name, PRECISION_NAME, TRAINER);
     test_against_oracle(dir, "a");
     test_against_oracle(dir, "b");
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_oracle(dir, mode); }
     if (smolvla_refs != NULL) { test_smolvla_lerobot(smolvla_refs); }
     else { printf("\n(SmolVLA against LeRobot: skipped, no --smolvla LEROBOT_REF_DIR)\n"); }
     test_training_loop(dir);

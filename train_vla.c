@@ -1553,6 +1553,10 @@ typedef struct {
     float* rope_cos;       // (T, HS/2)
     float* rope_sin;       // (T, HS/2)
     float loss;
+    // AdamW's state, made by its first step: moments of the trainable elements only, packed
+    SmolOptDomain opt;     // the trainable prefix of each tensor in the mode the moments were made for
+    float* m_memory;       // (opt.total) first moments
+    float* v_memory;       // (opt.total) second moments
 } SmolVLA;
 
 static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c) {
@@ -1598,7 +1602,7 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
 
 static void smolvla_free(SmolVLA* m) {
     free(m->params_memory); free(m->grads_memory); free(m->acts_memory); free(m->ints_memory);
-    free(m->rope_cos); free(m->rope_sin);
+    free(m->rope_cos); free(m->rope_sin); free(m->m_memory); free(m->v_memory);
 }
 
 // Slice k of parameter tensor i (layer k's part of a stacked tensor; 0 for the others)
@@ -2203,6 +2207,77 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
         for (size_t i = 0; i < n; i++) { m->acts.x_t[i] += (float)dt * m->acts.v_t[i]; }
     }
     memcpy(out, m->acts.x_t, n * sizeof(float));
+}
+
+// ---- training
+
+// A batch of the data (vla.h's SmolBatch, host memory) as the model's inputs.
+static SmolInputs smolvla_inputs(const SmolBatch* b) {
+    SmolInputs in;
+    memset(&in, 0, sizeof(in));
+    in.B = b->B;
+    for (int k = 0; k < b->cams.n; k++) {
+        in.frames[k] = b->images[k];
+        in.frame_h[k] = (int)b->cams.height[k];
+        in.frame_w[k] = (int)b->cams.width[k];
+    }
+    in.tokens = b->tokens; in.token_mask = b->token_mask; in.state = b->state;
+    in.actions = b->actions; in.action_is_pad = b->action_is_pad; in.t = b->t; in.noise = b->eps;
+    return in;
+}
+
+// AdamW (0.9, 0.95, 1e-8) on the fp32 weights (they are the master copy), over the optimizer's
+// domain in `mode` only (smolvla_opt_domain: the trainable prefix of each tensor; frozen elements
+// have no moments and neither move nor decay), decoupled decay on the tensors the table marks.
+// Gradients are clipped to global norm `clip` first (0 disables), the norm taken over the trainable
+// gradients. The first call makes the moments, for its mode; a later call in another mode fails.
+// Returns the norm before clipping.
+static float smolvla_adamw_step(SmolVLA* m, int mode, float lr, float weight_decay, float clip, int step) {
+    if (m->m_memory == NULL) {
+        smolvla_opt_domain(&m->table, mode, &m->opt);
+        m->m_memory = (float*)callocCheck(m->opt.total > 0 ? m->opt.total : 1, sizeof(float));
+        m->v_memory = (float*)callocCheck(m->opt.total > 0 ? m->opt.total : 1, sizeof(float));
+    } else if (m->opt.mode != mode) {
+        vla_fail("AdamW's moments were made for train mode %s, not %s: the mode is fixed for a run",
+                 TRAIN_MODE_NAMES[m->opt.mode], TRAIN_MODE_NAMES[mode]);
+    }
+    double squares = 0.0;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        squares += sum_squares(m->grads_memory + m->table.spec[i].offset, m->opt.numel[i]);
+    }
+    float norm = (float)sqrt(squares);
+    float scale = (clip > 0.0f && norm > clip) ? clip / norm : 1.0f;
+    const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+    float bc1 = 1.0f - powf(beta1, (float)(step + 1)), bc2 = 1.0f - powf(beta2, (float)(step + 1));
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &m->table.spec[i];
+        size_t n = m->opt.numel[i];
+        float wd = smolvla_decay(s, weight_decay);
+        float* p = m->params_memory + s->offset;
+        const float* g = m->grads_memory + s->offset;
+        float* mm = m->m_memory + m->opt.offset[i];
+        float* vv = m->v_memory + m->opt.offset[i];
+        #pragma omp parallel for schedule(static)
+        for (size_t j = 0; j < n; j++) {
+            float gj = g[j] * scale;
+            mm[j] = beta1 * mm[j] + (1.0f - beta1) * gj;
+            vv[j] = beta2 * vv[j] + (1.0f - beta2) * gj * gj;
+            float mhat = mm[j] / bc1, vhat = vv[j] / bc2;
+            p[j] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[j]);
+        }
+    }
+    return norm;
+}
+
+// One optimizer step on one batch: forward, backward in `mode`, AdamW at the schedule's learning
+// rate for 0-based step `step` (lr_at_step), weight decay and clipping from args. Returns the
+// loss; the gradient norm before clipping goes to *norm_out.
+static float smolvla_train_step(SmolVLA* m, const SmolInputs* in, int mode, int step, const TrainArgs* args,
+                                float* norm_out) {
+    float loss = smolvla_forward(m, in);
+    smolvla_backward(m, mode);
+    *norm_out = smolvla_adamw_step(m, mode, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
+    return loss;
 }
 
 #pragma GCC diagnostic pop

@@ -3780,7 +3780,9 @@ static double device_peak_flops(const char* name) {
 // KV = NKV*HS key/value width (GQA), Smax / Amax padded state / action dims.
 // Precision as the model above: floatX weights and activations, fp32 master weights, gradients,
 // residual-stream gradients, norm statistics, softmax and every accumulation; the velocity, its
-// target and the loss in fp32. Only the tensors that train in the model's mode have gradients.
+// target and the loss in fp32. Only the tensors that train in the model's mode have gradients,
+// and only their trainable elements have fp32 master weights and AdamW moments: a frozen tensor
+// lives on the device as its floatX copy alone, rounded once when the weights load.
 //
 // The training loops do not call this section yet (both trainers switch to it together): nvcc's
 // "declared but never referenced" (177) is off for its functions until then.
@@ -3965,10 +3967,16 @@ typedef struct {
     SmolParamTable table;
     size_t aligned[SMOLVLA_NUM_TENSORS];   // the device layout: tensor i at a multiple of 16 elements
     size_t grad_at[SMOLVLA_NUM_TENSORS];   // the gradients' layout: each tensor's trainable part, aligned alike
-    size_t n_params, n_grads;              // elements of the two layouts
-    float* master;          // (n_params) fp32 master weights, device
-    floatX* params_memory;  // (n_params) their compute copy
+    size_t opt_at[SMOLVLA_NUM_TENSORS];    // the optimizer state's layout: each tensor's trainable part, packed
+    size_t n_params, n_grads;              // elements of the first two layouts
+    size_t n_opt;                          // elements of the third: smolvla_trainable_count(mode), nothing frozen
+    floatX* params_memory;  // (n_params) the compute copy of every tensor, the only copy of a frozen one
     float* grads_memory;    // (n_grads) fp32 gradients of what trains in `mode`
+    float* master;          // (n_opt) fp32 master weights of what trains
+    float* m_memory;        // (n_opt) AdamW's first moments
+    float* v_memory;        // (n_opt) AdamW's second moments
+    size_t opt_bytes;       // device bytes of the three above (what the tests assert)
+    float* norm_partial;    // (NORM_BLOCKS) the gradient norm's per-block sums
     SmolParametersX params;
     SmolParameters grads;   // NULL for a tensor with no trainable part (smol_grad says which slices train)
     int B;                  // batch the activations are sized for
@@ -4012,13 +4020,23 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode) {
         m->n_params += (s->numel + 15) / 16 * 16;  // 32 bytes of bf16, 64 of fp32
         m->grad_at[i] = m->n_grads;
         m->n_grads += (smolvla_trainable_numel(s, mode) + 15) / 16 * 16;
+        m->opt_at[i] = m->n_opt;
+        m->n_opt += smolvla_trainable_numel(s, mode);
     }
-    m->master = (float*)smol_device_malloc(m, m->n_params * sizeof(float));
     m->params_memory = (floatX*)smol_device_malloc(m, m->n_params * sizeof(floatX));
     m->grads_memory = (float*)smol_device_malloc(m, m->n_grads * sizeof(float));
-    cudaCheck(cudaMemset(m->master, 0, m->n_params * sizeof(float)));  // the gaps stay zero
     cudaCheck(cudaMemset(m->params_memory, 0, m->n_params * sizeof(floatX)));
-    cudaCheck(cudaMemset(m->grads_memory, 0, m->n_grads * sizeof(float)));
+    cudaCheck(cudaMemset(m->grads_memory, 0, m->n_grads * sizeof(float)));  // the gaps stay zero (the norm adds them)
+    // optimizer state for the trainable elements only: a frozen tensor has its floatX copy and nothing else
+    size_t before = m->device_bytes;
+    m->master = (float*)smol_device_malloc(m, m->n_opt * sizeof(float));
+    m->m_memory = (float*)smol_device_malloc(m, m->n_opt * sizeof(float));
+    m->v_memory = (float*)smol_device_malloc(m, m->n_opt * sizeof(float));
+    m->opt_bytes = m->device_bytes - before;
+    cudaCheck(cudaMemset(m->master, 0, m->n_opt * sizeof(float)));
+    cudaCheck(cudaMemset(m->m_memory, 0, m->n_opt * sizeof(float)));
+    cudaCheck(cudaMemset(m->v_memory, 0, m->n_opt * sizeof(float)));
+    m->norm_partial = (float*)smol_device_malloc(m, NORM_BLOCKS * sizeof(float));
     int i = 0;
 #define SMOL_POINT_X_(nm, ...) \
     m->params.nm = m->params_memory + m->aligned[i]; \
@@ -4046,18 +4064,31 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode) {
     free(cs);
 }
 
-// Master weights from a host array in the table's layout (smolvla_load_safetensors', or
-// smolvla_param_init's); the compute copy follows.
+// The weights from a host array in the table's layout (smolvla_load_safetensors', or
+// smolvla_param_init's): every tensor's compute copy, rounded once from fp32 on the device, and the
+// fp32 master weights of its trainable part. The fp32 values pass through a scratch buffer of the
+// largest tensor's size, freed at the end: nothing fp32 of a frozen tensor stays on the device.
+// The AdamW moments restart at zero.
 static void smolvla_set_params(SmolVLA* m, const float* params) {
-    float* host = (float*)callocCheck(m->n_params, sizeof(float));
+    size_t widest = 0;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        if (m->table.spec[i].numel > widest) { widest = m->table.spec[i].numel; }
+    }
+    float* scratch;
+    cudaCheck(cudaMalloc(&scratch, widest * sizeof(float)));
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
         const SmolParamSpec* s = &m->table.spec[i];
-        memcpy(host + m->aligned[i], params + s->offset, s->numel * sizeof(float));
+        size_t n_train = smolvla_trainable_numel(s, m->mode);
+        cudaCheck(cudaMemcpyAsync(scratch, params + s->offset, s->numel * sizeof(float), cudaMemcpyHostToDevice,
+                                  main_stream));
+        convert(m->params_memory + m->aligned[i], scratch, s->numel);
+        cudaCheck(cudaMemcpyAsync(m->master + m->opt_at[i], scratch, n_train * sizeof(float), cudaMemcpyDeviceToDevice,
+                                  main_stream));
+        cudaCheck(cudaStreamSynchronize(main_stream));  // the scratch is reused by the next tensor
     }
-    cudaCheck(cudaMemcpy(m->master, host, m->n_params * sizeof(float), cudaMemcpyHostToDevice));
-    convert(m->params_memory, m->master, m->n_params);
-    cudaCheck(cudaStreamSynchronize(main_stream));
-    free(host);
+    cudaCheck(cudaFree(scratch));
+    cudaCheck(cudaMemset(m->m_memory, 0, m->n_opt * sizeof(float)));
+    cudaCheck(cudaMemset(m->v_memory, 0, m->n_opt * sizeof(float)));
 }
 
 // (Re)sizes the activations for B samples.
@@ -4094,7 +4125,9 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
 }
 
 static void smolvla_free(SmolVLA* m) {
-    cudaCheck(cudaFree(m->master)); cudaCheck(cudaFree(m->params_memory)); cudaCheck(cudaFree(m->grads_memory));
+    cudaCheck(cudaFree(m->params_memory)); cudaCheck(cudaFree(m->grads_memory));
+    cudaCheck(cudaFree(m->master)); cudaCheck(cudaFree(m->m_memory)); cudaCheck(cudaFree(m->v_memory));
+    cudaCheck(cudaFree(m->norm_partial));
     cudaCheck(cudaFree(m->acts_x)); cudaCheck(cudaFree(m->acts_f)); cudaCheck(cudaFree(m->acts_i));
     cudaCheck(cudaFree(m->rope_cos));
 }
@@ -4711,6 +4744,56 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
     }
     cudaCheck(cudaMemcpyAsync(out, a->x_sample, n * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
     cudaCheck(cudaStreamSynchronize(main_stream));
+}
+
+// ---- optimizer: AdamW on the trainable elements only (the model above's kernels, over their ranges)
+
+// sqrt of the sum of squares of the trainable gradients into acts.scalars[1], on the device: one
+// launch over the gradients' layout, whose alignment gaps hold zeros, at a fixed grid (the same
+// order every run)
+static void smolvla_global_norm(SmolVLA* m) {
+    norm_squares_kernel<<<NORM_BLOCKS, BLOCK, 0, main_stream>>>(m->norm_partial, m->grads_memory, m->n_grads);
+    launchCheck();
+    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->norm_partial, NORM_BLOCKS, 1.0, 1, 0);
+    launchCheck();
+}
+
+// AdamW (0.9, 0.95, 1e-8) on the fp32 master weights of each tensor's trainable prefix, one launch
+// per tensor that trains: gradients clipped to global norm `clip` first (0 disables), decoupled
+// decay where the table's decay column says, the floatX copy refreshed. Frozen elements neither
+// move nor decay. All on the device.
+static void smolvla_update(SmolVLA* m, float lr, float weight_decay, float clip, int step) {
+    const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+    smolvla_global_norm(m);
+    float bc1 = 1.0f - powf(beta1, (float)(step + 1)), bc2 = 1.0f - powf(beta2, (float)(step + 1));
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &m->table.spec[i];
+        size_t n = smolvla_trainable_numel(s, m->mode), o = m->opt_at[i];
+        if (n == 0) { continue; }
+        LAUNCH_1D(adamw_kernel, n, m->master + o, m->params_memory + m->aligned[i], m->grads_memory + m->grad_at[i],
+                  m->m_memory + o, m->v_memory + o, n, lr, beta1, beta2, eps, s->decay ? weight_decay : 0.0f, bc1, bc2,
+                  m->acts.scalars + 1, clip);
+    }
+}
+
+// Loss and gradient norm (before clipping) of the last step, waiting for the device.
+static void smolvla_read_scalars(SmolVLA* m, float* loss, float* norm) {
+    float s[2];
+    cudaCheck(cudaMemcpyAsync(s, m->acts.scalars, 2 * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    *loss = s[0];
+    *norm = s[1];
+}
+
+// One optimizer step (0-based `step`) over n_micro micro-batches in[0 .. n_micro-1]: their
+// forward and backward passes accumulate the averaged loss and gradients, then AdamW at the
+// schedule's learning rate. Nothing waits for the device: smolvla_read_scalars does.
+static void smolvla_train_step(SmolVLA* m, const SmolInputs* in, int n_micro, int step, const TrainArgs* args) {
+    for (int micro = 0; micro < n_micro; micro++) {
+        smolvla_forward(m, &in[micro], micro, n_micro);
+        smolvla_backward(m, micro == 0);
+    }
+    smolvla_update(m, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
 }
 
 #pragma nv_diag_default 177

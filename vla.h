@@ -558,16 +558,23 @@ static inline void param_init(float* params, const ParamTable* t, const VLAConfi
     }
 }
 
-// Number of RNG draws one sample's flow noise uses: 1 for t, 2 per eps entry.
-static inline uint64_t flow_noise_draws(const VLAConfig* c) { return 1 + 2 * (uint64_t)c->chunk * c->action_dim; }
+// Number of RNG draws one sample's flow noise of `width` dims uses: 1 for t, 2 per eps entry.
+static inline uint64_t flow_noise_draws_width(int chunk, int width) { return 1 + 2 * (uint64_t)chunk * width; }
+static inline uint64_t flow_noise_draws(const VLAConfig* c) { return flow_noise_draws_width(c->chunk, c->action_dim); }
 
-// t and eps of global sample g at optimizer step s: identical whatever rank computes them.
-static inline void flow_noise(const VLAConfig* c, uint64_t seed, uint64_t step, uint64_t g, float* t, float* eps) {
+// t and eps (chunk, width) of global sample g at optimizer step s: identical whatever rank
+// computes them. The model above draws action_dim dims; SmolVLA all max_action_dim (LeRobot's
+// noise is (B, H, 32)), so the same stream gives either.
+static inline void flow_noise_width(int chunk, int width, uint64_t seed, uint64_t step, uint64_t g, float* t, float* eps) {
     Rng r;
     rng_init(&r, seed, RNG_STREAM_NOISE(step));
-    r.counter = g * flow_noise_draws(c);
+    r.counter = g * flow_noise_draws_width(chunk, width);
     *t = (float)rng_flow_time(&r);
-    for (int i = 0; i < c->chunk * c->action_dim; i++) { eps[i] = (float)rng_normal(&r); }
+    for (int i = 0; i < chunk * width; i++) { eps[i] = (float)rng_normal(&r); }
+}
+
+static inline void flow_noise(const VLAConfig* c, uint64_t seed, uint64_t step, uint64_t g, float* t, float* eps) {
+    flow_noise_width(c->chunk, c->action_dim, seed, step, g, t, eps);
 }
 
 // ----------------------------------------------------------------------------
@@ -809,6 +816,29 @@ static inline size_t smolvla_trainable_count(const SmolParamTable* t, int mode) 
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { n += smolvla_trainable_numel(&t->spec[i], mode); }
     return n;
 }
+
+// The optimizer's domain in a mode: the trainable prefix of every tensor, packed in table order.
+// AdamW's moments exist for these elements only (tensor i's at offset[i], numel[i] of them); its
+// weight decay applies where the table's decay column says (smolvla_decay).
+typedef struct {
+    int mode;
+    size_t offset[SMOLVLA_NUM_TENSORS];  // tensor i's first moment in the packed m and v
+    size_t numel[SMOLVLA_NUM_TENSORS];   // its trainable elements: the first numel[i] (0 = frozen)
+    size_t total;                        // elements of m and of v: smolvla_trainable_count
+} SmolOptDomain;
+
+static inline void smolvla_opt_domain(const SmolParamTable* t, int mode, SmolOptDomain* d) {
+    d->mode = mode;
+    d->total = 0;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        d->offset[i] = d->total;
+        d->numel[i] = smolvla_trainable_numel(&t->spec[i], mode);
+        d->total += d->numel[i];
+    }
+}
+
+// The decoupled weight decay of tensor s: `weight_decay` on the tensors the table marks, else 0.
+static inline float smolvla_decay(const SmolParamSpec* s, float weight_decay) { return s->decay ? weight_decay : 0.0f; }
 
 // LeRobot's layer number of slice i of a stacked tensor.
 static inline int smolvla_slice_layer(const SmolVLAConfig* c, const SmolParamSpec* s, int i) {
@@ -2102,6 +2132,118 @@ static inline void batch_fill(Batch* batch, const Dataset* ds, const VLAConfig* 
         flow_noise(c, seed, step, g, &batch->t[i], batch->eps + (size_t)i * HA);
         if (augment > 0) { augment_shift(batch->images + (size_t)i * img_bytes, &batch->cams, augment, seed, step, g); }
     }
+}
+
+// ----------------------------------------------------------------------------
+// SmolVLA batches: the samples of dataset_assemble, shaped as SmolVLA reads them (dev/model_smolvla.py's
+// build_batch): each camera's frames apart at their stored size (the model resizes them), state
+// and actions zero-padded to max_state_dim / max_action_dim, action_is_pad = 1 - action_mask, and
+// flow noise over all max_action_dim dims.
+
+typedef struct {
+    int B;
+    Cameras cams;            // the dataset's: camera k is cams.height[k] x cams.width[k]
+    uint8_t* images[VLA_MAX_CAM];  // per camera (B, h_k, w_k, 3) uint8 HWC
+    int32_t* tokens;         // (B, max_text) token ids, 0 past the instruction
+    float* token_mask;       // (B, max_text) 1 = instruction token, 0 = pad
+    float* state;            // (B, Smax) normalized, zero-padded
+    float* actions;          // (B, H, Amax) normalized (slots past the episode repeat its last action), zero-padded
+    float* action_is_pad;    // (B, H) 1 = a slot past the episode's end (no loss)
+    float* t;                // (B) flow time
+    float* eps;              // (B, H, Amax) flow noise
+    void* memory;            // one block holding all of the above, so a GPU trainer copies it at once
+    size_t bytes;
+} SmolBatch;
+
+// The fields of the model above that dataset_assemble reads, from a SmolVLA config: the dataset's
+// dims, unpadded (its other fields stay zero).
+static inline VLAConfig smolvla_data_view(const SmolVLAConfig* c) {
+    VLAConfig v;
+    memset(&v, 0, sizeof(v));
+    v.n_cam = c->n_cam; v.state_dim = c->state_dim; v.action_dim = c->action_dim;
+    v.max_text = c->max_text; v.chunk = c->chunk;
+    return v;
+}
+
+// Why the model of config c cannot read dataset ds, or NULL when it can.
+static inline const char* smolvla_data_problem(const SmolVLAConfig* c, const Dataset* ds) {
+    static char msg[256];
+    if (c->n_cam != ds->cams.n || c->state_dim != (int)ds->state_dim || c->action_dim != (int)ds->action_dim) {
+        snprintf(msg, sizeof(msg), "the model's n_cam/state_dim/action_dim (%d, %d, %d) differ from the dataset's (%d, %d, %d): "
+                 "use data with the same cameras and dims", c->n_cam, c->state_dim, c->action_dim, ds->cams.n,
+                 ds->state_dim, ds->action_dim);
+        return msg;
+    }
+    return NULL;
+}
+
+// Points the arrays of a SmolVLA batch of B samples whose frames hold `cams` into `base` (NULL:
+// only measures), each at a 64-byte boundary. Returns the bytes it needs; the same layout serves
+// host and device copies.
+static inline size_t smolvla_batch_layout(SmolBatch* b, uint8_t* base, const SmolVLAConfig* c, const Cameras* cams, int B) {
+    size_t off = 0, HA = (size_t)c->chunk * c->max_action_dim;
+    if (cams->n != c->n_cam) { vla_fail("a SmolVLA batch of %d cameras for a model of %d", cams->n, c->n_cam); }
+    memset(b, 0, sizeof(*b));
+    b->cams = *cams;
+#define SMOL_CARVE_(field, type, count) \
+    field = base != NULL ? (type*)(base + off) : NULL; \
+    off += align_up((size_t)(count) * sizeof(type), 64);
+    for (int k = 0; k < cams->n; k++) {
+        SMOL_CARVE_(b->images[k], uint8_t, (size_t)B * (camera_offset(cams, k + 1) - camera_offset(cams, k)))
+    }
+    SMOL_CARVE_(b->tokens, int32_t, (size_t)B * c->max_text)
+    SMOL_CARVE_(b->token_mask, float, (size_t)B * c->max_text)
+    SMOL_CARVE_(b->state, float, (size_t)B * c->max_state_dim)
+    SMOL_CARVE_(b->actions, float, (size_t)B * HA)
+    SMOL_CARVE_(b->action_is_pad, float, (size_t)B * c->chunk)
+    SMOL_CARVE_(b->t, float, (size_t)B)
+    SMOL_CARVE_(b->eps, float, (size_t)B * HA)
+#undef SMOL_CARVE_
+    b->B = B;
+    b->memory = base;
+    b->bytes = off;
+    return off;
+}
+
+static inline void smolvla_batch_alloc(SmolBatch* b, const SmolVLAConfig* c, const Cameras* cams, int B) {
+    size_t bytes = smolvla_batch_layout(b, NULL, c, cams, B);
+    smolvla_batch_layout(b, (uint8_t*)callocCheck(bytes, 1), c, cams, B);
+}
+
+static inline void smolvla_batch_free(SmolBatch* b) { free(b->memory); }
+
+// The batch of rank r (B samples: global samples r B .. r B + B - 1 of the step) for optimizer
+// step `step`: samples idx (sampler positions, see batch_fill_indices) through dataset_assemble,
+// padded, and their flow noise keyed by the global sample, so neither depends on the world size.
+static inline void smolvla_batch_fill(SmolBatch* b, const Dataset* ds, const SmolVLAConfig* c, const uint64_t* idx,
+                                      uint64_t seed, uint64_t step, int r) {
+    const char* problem = smolvla_data_problem(c, ds);
+    if (problem != NULL) { vla_fail("%s", problem); }
+    if (!cameras_equal(&b->cams, &ds->cams)) {
+        vla_fail("a SmolVLA batch laid out for other cameras than the dataset's: allocate it with ds->cams");
+    }
+    VLAConfig view = smolvla_data_view(c);
+    Batch row;  // one sample as the model above reads it, then spread into the padded layout
+    batch_alloc_cameras(&row, &view, &ds->cams, 1);
+    int B = b->B, H = c->chunk, S = c->state_dim, A = c->action_dim, Smax = c->max_state_dim, Amax = c->max_action_dim;
+    for (int i = 0; i < B; i++) {
+        dataset_assemble(ds, &view, idx[i], &row, 0);
+        for (int k = 0; k < c->n_cam; k++) {
+            size_t bytes = camera_offset(&ds->cams, k + 1) - camera_offset(&ds->cams, k);
+            memcpy(b->images[k] + (size_t)i * bytes, row.images + camera_offset(&ds->cams, k), bytes);
+        }
+        memcpy(b->tokens + (size_t)i * c->max_text, row.tokens, (size_t)c->max_text * sizeof(int32_t));
+        memcpy(b->token_mask + (size_t)i * c->max_text, row.text_mask, (size_t)c->max_text * sizeof(float));
+        for (int d = 0; d < Smax; d++) { b->state[(size_t)i * Smax + d] = d < S ? row.state[d] : 0.0f; }
+        for (int h = 0; h < H; h++) {
+            float* a = b->actions + ((size_t)i * H + h) * Amax;
+            for (int d = 0; d < Amax; d++) { a[d] = d < A ? row.actions[(size_t)h * A + d] : 0.0f; }
+            b->action_is_pad[(size_t)i * H + h] = 1.0f - row.action_mask[h];
+        }
+        uint64_t g = (uint64_t)r * B + i;
+        flow_noise_width(H, Amax, seed, step, g, &b->t[i], b->eps + (size_t)i * H * Amax);
+    }
+    batch_free(&row);
 }
 
 // Worker threads assemble the batches of upcoming (step, rank) jobs into a ring of slots, so

@@ -53,8 +53,9 @@ if [ "$GPU_TESTS" = build/emu ]; then
 else
     dev_cuda_dir=dev/cuda
 fi
-# (--smolvla: the SmolVLA section against LeRobot's own references; the bf16 suite also compares
-# -g 1 through NCCL with the trainer built without NCCL)
+# (--smolvla: the SmolVLA section against LeRobot's own references; build/test/s_<mode>_state.bin,
+# the SmolVLA oracle's debug states, are checked when present, AdamW steps included; the bf16 suite
+# also compares -g 1 through NCCL with the trainer built without NCCL)
 run_suite test_vla_gpu_fp32 "$GPU_TESTS/test_vla_gpu_fp32" build/test "$GPU_TESTS/train_vla_fp32" --smolvla build/lerobot_ref
 run_suite test_vla_gpu_bf16 "$GPU_TESTS/test_vla_gpu_bf16" build/test "$GPU_TESTS/train_vla_bf16" \
     "$GPU_TESTS/train_vla_single_gpu_bf16" --smolvla build/lerobot_ref

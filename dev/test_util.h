@@ -293,4 +293,70 @@ static void check_training_loop(const char* dir, const char* trainer, double tol
           "rel err %.2e (tol %.1e)", trainer, ours[0], ours[4], e, tol);
 }
 
+// ----------------------------------------------------------------------------
+// LeRobot's reference files (dev/lerobot): case.json's few fields and ref.safetensors' tensors
+
+// The number after "key": in a JSON text (a LeRobot reference's case.json), or -1 when absent
+static long long json_int(const char* text, const char* key) {
+    char pattern[128];
+    snprintf(pattern, sizeof(pattern), "\"%s\":", key);
+    const char* p = strstr(text, pattern);
+    return p != NULL ? strtoll(p + strlen(pattern), NULL, 10) : -1;
+}
+
+// The strings of the JSON array after "key": (at most max, each cut to 63 bytes); returns the count
+static int json_strings(const char* text, const char* key, char out[][64], int max) {
+    char pattern[128];
+    snprintf(pattern, sizeof(pattern), "\"%s\":", key);
+    const char* p = strstr(text, pattern);
+    const char* end = p != NULL ? strchr(p, ']') : NULL;
+    int n = 0;
+    for (p = p != NULL ? strchr(p, '[') : NULL; p != NULL && end != NULL && n < max; n++) {
+        const char* open = strchr(p, '"');
+        const char* close = open != NULL ? strchr(open + 1, '"') : NULL;
+        if (open == NULL || close == NULL || open > end) { break; }
+        snprintf(out[n], 64, "%.*s", (int)(close - open - 1), open + 1);
+        p = close + 1;
+    }
+    return n;
+}
+
+// A reference tensor by name, whatever its dtype (floats widened or rounded to float32, integers
+// and bools converted), checking its element count; NULL when the file lacks it or the count differs.
+static float* ref_tensor(const SafeTensors* st, const char* name, size_t numel) {
+    const SafeTensorInfo* t = safetensors_find(st, name);
+    if (t == NULL || t->numel != numel) { return NULL; }
+    float* out = (float*)mallocCheck((numel > 0 ? numel : 1) * sizeof(float));
+    if (safetensors_read_f32(st, t, out) == 0) { return out; }
+    const uint8_t* p = st->data + t->begin;
+    for (size_t i = 0; i < numel; i++) {
+        if (t->dtype == ST_I64) { int64_t v; memcpy(&v, p + 8 * i, 8); out[i] = (float)v; }
+        else if (t->dtype == ST_I32) { int32_t v; memcpy(&v, p + 4 * i, 4); out[i] = (float)v; }
+        else { out[i] = (float)p[i]; }  // U8, BOOL
+    }
+    return out;
+}
+
+// An integer tensor (token ids: I64 in LeRobot's files) as int32, checking that every value fits
+static int32_t* ref_ints(const SafeTensors* st, const char* name, size_t numel) {
+    const SafeTensorInfo* t = safetensors_find(st, name);
+    if (t == NULL || t->numel != numel || (t->dtype != ST_I64 && t->dtype != ST_I32)) { return NULL; }
+    int32_t* out = (int32_t*)mallocCheck((numel > 0 ? numel : 1) * sizeof(int32_t));
+    for (size_t i = 0; i < numel; i++) {
+        int64_t v = 0;
+        if (t->dtype == ST_I64) { memcpy(&v, st->data + t->begin + 8 * i, 8); }
+        else { int32_t v32; memcpy(&v32, st->data + t->begin + 4 * i, 4); v = v32; }
+        if (v < INT32_MIN || v > INT32_MAX) { free(out); return NULL; }
+        out[i] = (int32_t)v;
+    }
+    return out;
+}
+
+// ||x|| in double
+static double norm2(const float* x, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) { s += (double)x[i] * x[i]; }
+    return sqrt(s);
+}
+
 #endif  // VLA_TEST_UTIL_H
