@@ -125,13 +125,13 @@ static void matmul_backward(float* dinp, float* dw, float* db, const float* dout
 }
 
 // out = x / sqrt(mean(x^2) + eps) * w, per row of C
-static void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C) {
+static void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C, float eps) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* x = inp + (size_t)n * C;
         float ss = 0.0f;
         for (int c = 0; c < C; c++) { ss += x[c] * x[c]; }
-        float r = 1.0f / sqrtf(ss / (float)C + 1e-6f);
+        float r = 1.0f / sqrtf(ss / (float)C + eps);
         rstd[n] = r;
         float* y = out + (size_t)n * C;
         for (int c = 0; c < C; c++) { y[c] = x[c] * r * w[c]; }
@@ -140,6 +140,7 @@ static void rmsnorm_forward(float* out, float* rstd, const float* inp, const flo
 
 // y_c = x_c r w_c with r = (mean x^2 + eps)^-1/2, so
 // dx_c = r w_c dy_c - x_c r^3 / C * sum_j dy_j w_j x_j  and  dw_c = sum_rows dy_c x_c r.
+// dw may be NULL: a frozen norm (SmolVLA's last VLM layer) passes its gradient through only.
 static void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                              const float* rstd, int N, int C) {
     #pragma omp parallel for schedule(static)
@@ -153,6 +154,7 @@ static void rmsnorm_backward(float* dinp, float* dw, const float* dout, const fl
         float* dx = dinp + (size_t)n * C;
         for (int c = 0; c < C; c++) { dx[c] += r * w[c] * dy[c] - k * x[c]; }
     }
+    if (dw == NULL) { return; }
     #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
         float s = 0.0f;
@@ -512,7 +514,7 @@ static LayerActs layer_acts(Activations* a, const VLAConfig* c, int B, int exper
 static void layer_qkv_forward(const Model* m, const LayerParams* w, const LayerActs* x, int B, int Tg, int pos0, int with_q) {
     const VLAConfig* c = &m->config;
     int N = B * Tg, D = vla_d_attn(c);
-    rmsnorm_forward(x->ln1, x->rstd1, x->res, w->ln1, N, w->C);
+    rmsnorm_forward(x->ln1, x->rstd1, x->res, w->ln1, N, w->C, 1e-6f);
     matmul_forward(x->k, x->ln1, w->wk, NULL, N, w->C, D);
     matmul_forward(x->v, x->ln1, w->wv, NULL, N, w->C, D);
     rope_rotate(x->k, m->rope_cos, m->rope_sin, B, Tg, pos0, c->n_head, c->head_dim, 1.0f);
@@ -526,7 +528,7 @@ static void layer_qkv_forward(const Model* m, const LayerParams* w, const LayerA
 static void layer_out_forward(const LayerParams* w, const LayerActs* x, int N, int D) {
     matmul_forward(x->mid, x->att, w->wo, NULL, N, D, w->C);
     for (size_t i = 0; i < (size_t)N * w->C; i++) { x->mid[i] += x->res[i]; }
-    rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C);
+    rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, 1e-6f);
     matmul_forward(x->gate, x->ln2, w->wgate, NULL, N, w->C, w->F);
     matmul_forward(x->up, x->ln2, w->wup, NULL, N, w->C, w->F);
     geglu_forward(x->act, x->gate, x->up, (size_t)N * w->F);
@@ -609,7 +611,7 @@ static void suffix_forward(Model* m, const float* state, const float* t, int B) 
     for (int b = 0; b < B; b++) {
         memcpy(a->f_in + (size_t)b * H * da, last + ((size_t)b * Ns + 1) * da, (size_t)H * da * sizeof(float));
     }
-    rmsnorm_forward(a->f_ln, a->f_rstd, a->f_in, w->final_norm, R, da);
+    rmsnorm_forward(a->f_ln, a->f_rstd, a->f_in, w->final_norm, R, da, 1e-6f);
     matmul_forward(a->v_pred, a->f_ln, w->action_out_w, w->action_out_b, R, da, c->action_dim);
 }
 
@@ -941,45 +943,6 @@ static void layernorm_backward(float* dinp, float* dw, float* db, const float* d
             }
             if (dw != NULL) { dw[c] += sw; }
             if (db != NULL) { db[c] += sb; }
-        }
-    }
-}
-
-// SmolLM2's RMSNorm, LlamaRMSNorm: y = x / sqrt(mean(x^2) + eps) * w. rmsnorm_forward at the
-// model's eps (1e-5; the model above uses 1e-6).
-static void smol_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C, float eps) {
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float* x = inp + (size_t)n * C;
-        float ss = 0.0f;
-        for (int c = 0; c < C; c++) { ss += x[c] * x[c]; }
-        float r = 1.0f / sqrtf(ss / (float)C + eps);
-        rstd[n] = r;
-        float* y = out + (size_t)n * C;
-        for (int c = 0; c < C; c++) { y[c] = x[c] * r * w[c]; }
-    }
-}
-
-// rmsnorm_backward with the weight's gradient optional (dw NULL: frozen; SmolVLA's last VLM layer
-// passes its gradient through a frozen norm). dx_c = r w_c dy_c - x_c r^3 / C sum_j dy_j w_j x_j.
-static void smol_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                                  const float* rstd, int N, int C) {
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float* x = inp + (size_t)n * C;
-        const float* dy = dout + (size_t)n * C;
-        float r = rstd[n], dot = 0.0f;
-        for (int c = 0; c < C; c++) { dot += dy[c] * w[c] * x[c]; }
-        float k = dot * r * r * r / (float)C;
-        float* dx = dinp + (size_t)n * C;
-        for (int c = 0; c < C; c++) { dx[c] += r * w[c] * dy[c] - k * x[c]; }
-    }
-    if (dw != NULL) {
-        #pragma omp parallel for schedule(static)
-        for (int c = 0; c < C; c++) {
-            float s = 0.0f;
-            for (int n = 0; n < N; n++) { s += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n]; }
-            dw[c] += s;
         }
     }
 }
@@ -1690,7 +1653,7 @@ static void smol_layer_out_forward(const SmolLayer* w, const SmolLayerActs* x, i
     size_t NC = (size_t)N * w->C;
     matmul_forward(x->mid, x->att, w->wo, NULL, N, D, w->C);
     for (size_t i = 0; i < NC; i++) { x->mid[i] += x->res[i]; }
-    smol_rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, SMOLVLA_RMS_EPS);
+    rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, SMOLVLA_RMS_EPS);
     matmul_forward(x->gate, x->ln2, w->gate, NULL, N, w->C, w->F);
     matmul_forward(x->up, x->ln2, w->up, NULL, N, w->C, w->F);
     swiglu_forward(x->act, x->gate, x->up, (size_t)N * w->F);
@@ -1713,7 +1676,7 @@ static void smol_layer_out_backward(const SmolVLA* m, const RowBlocks* rb, const
         memset(a->g_ln + r * C, 0, n * C * sizeof(float));
         linear_backward(a->g_ln + r * C, g->gate, NULL, a->g_gate + r * F, x->ln2 + r * C, w->gate, n, C, F);
         linear_backward(a->g_ln + r * C, g->up, NULL, a->g_up + r * F, x->ln2 + r * C, w->up, n, C, F);
-        smol_rmsnorm_backward(dres + r * C, g->ln2, a->g_ln + r * C, x->mid + r * C, w->ln2, x->rstd2 + r, n, C);
+        rmsnorm_backward(dres + r * C, g->ln2, a->g_ln + r * C, x->mid + r * C, w->ln2, x->rstd2 + r, n, C);
         memset(datt + r * D, 0, n * D * sizeof(float));
         linear_backward(datt + r * D, g->wo, NULL, dres + r * C, x->att + r * D, w->wo, n, D, C);
     }
@@ -1734,7 +1697,7 @@ static void smol_layer_qkv_backward(const SmolVLA* m, const RowBlocks* rb, const
         if (dq != NULL) { linear_backward(a->g_ln + r * C, g->wq, NULL, dq + r * D, x->ln1 + r * C, w->wq, n, C, D); }
         if (dk != NULL) { linear_backward(a->g_ln + r * C, g->wk, NULL, dk + r * KV, x->ln1 + r * C, w->wk, n, C, KV); }
         if (dv != NULL) { linear_backward(a->g_ln + r * C, g->wv, NULL, dv + r * KV, x->ln1 + r * C, w->wv, n, C, KV); }
-        smol_rmsnorm_backward(dres + r * C, g->ln1, a->g_ln + r * C, x->res + r * C, w->ln1, x->rstd1 + r, n, C);
+        rmsnorm_backward(dres + r * C, g->ln1, a->g_ln + r * C, x->res + r * C, w->ln1, x->rstd1 + r, n, C);
     }
 }
 
@@ -1855,7 +1818,7 @@ static void smolvla_vlm_forward(SmolVLA* m) {
     for (int l = 0; l < c->n_layer; l++) {
         SmolLayer w = smol_layer(m, 0, l, 0, 0);
         SmolLayerActs x = smol_layer_acts(m, 0, l);
-        smol_rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, SMOLVLA_RMS_EPS);
+        rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, SMOLVLA_RMS_EPS);
         matmul_forward(x.k, x.ln1, w.wk, NULL, P, w.C, KV);
         rope_at(x.k, m->p_pos, P, c->n_kv_head, c->head_dim, m->rope_cos, m->rope_sin, 1.0f);
         matmul_forward(x.v, x.ln1, w.wv, NULL, P, w.C, KV);
@@ -1904,7 +1867,7 @@ static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
     for (int l = 0; l < c->n_layer; l++) {
         SmolLayer w = smol_layer(m, 1, l, 0, 0);
         SmolLayerActs x = smol_layer_acts(m, 1, l), px = smol_layer_acts(m, 0, l);
-        smol_rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, SMOLVLA_RMS_EPS);
+        rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, SMOLVLA_RMS_EPS);
         matmul_forward(x.q, x.ln1, w.wq, NULL, R, Ce, D);
         SmolAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, H, Np, Np + H, Np, 0,
                          px.k, px.v, NULL, NULL, a->valid, m->block};
@@ -1927,8 +1890,8 @@ static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
         gqa_attention_forward(x.att, x.lse, x.q, &keys);
         smol_layer_out_forward(&w, &x, R, D);
     }
-    smol_rmsnorm_forward(a->f_ln, a->f_rstd, a->s_res + (size_t)c->n_layer * R * Ce, m->params.exp_norm, R, Ce,
-                         SMOLVLA_RMS_EPS);
+    rmsnorm_forward(a->f_ln, a->f_rstd, a->s_res + (size_t)c->n_layer * R * Ce, m->params.exp_norm, R, Ce,
+                    SMOLVLA_RMS_EPS);
     matmul_forward(a->v_t, a->f_ln, m->params.action_out_w, m->params.action_out_b, R, Ce, c->max_action_dim);
 }
 
@@ -1978,7 +1941,7 @@ static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
     linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_action_out_w, 0), smol_grad(m, mode, SMOLP_action_out_b, 0),
                     a->d_vt, a->f_ln, m->params.action_out_w, R, Ce, c->max_action_dim);
     memset(dres, 0, (size_t)R * Ce * sizeof(float));
-    smol_rmsnorm_backward(dres, smol_grad(m, mode, SMOLP_exp_norm, 0), a->g_ln, a->s_res + (size_t)L * R * Ce,
+    rmsnorm_backward(dres, smol_grad(m, mode, SMOLP_exp_norm, 0), a->g_ln, a->s_res + (size_t)L * R * Ce,
                           m->params.exp_norm, a->f_rstd, R, Ce);
     RowBlocks all = {1, R, 0, 0};
     RowBlocks prefix = r0 == 0 ? (RowBlocks){1, P, 0, 0} : (RowBlocks){B, Np - r0, (size_t)r0, (size_t)Np};
