@@ -2,8 +2,10 @@
 vla.h: the plumbing shared by train_vla.c (CPU reference), train_vla.cu (GPU trainer) and
 test_vla.c. The model math lives in the trainers; everything here is written once:
 
-  config and presets           VLAConfig, vla_preset()
-  the parameter table          VLA_PARAMETERS: name, shape, group, decay, init of every tensor
+  the model: SmolVLA           SmolVLAConfig, SMOLVLA_PRESETS, smolvla_preset(), train modes
+  the parameter table          SMOLVLA_PARAMETERS: our name, LeRobot's name, tower, shape, what
+                               trains in which mode, decay, init of every tensor
+  safetensors                  LeRobot's model.safetensors read by name, shape-checked
   a counter-based RNG          splitmix64 keyed by (seed, stream); uniform, normal, Beta(1.5,1)
   dataset shards               mmap'd reader, every size checked against the file length
   sample assembly              images, instruction token ids + pad mask, normalized state, action chunk
@@ -204,152 +206,13 @@ static inline int threads_startable(int n) {
 }
 
 // ----------------------------------------------------------------------------
-// config: every size of the model (SPEC section 2); stored in checkpoints
+// the parameter table's columns (the table itself is SMOLVLA_PARAMETERS below)
 
-typedef struct {
-    int32_t n_cam;        // cameras
-    int32_t img;          // square image side, pixels
-    int32_t patch;        // patch side p, pixels
-    int32_t max_text;     // instruction bytes (vocabulary 256), shorter ones padded
-    int32_t state_dim;    // S
-    int32_t action_dim;   // A
-    int32_t chunk;        // H, actions per chunk
-    int32_t d_model;      // d, VLM width
-    int32_t d_ff;         // f, VLM MLP width
-    int32_t d_expert;     // d_a, action expert width
-    int32_t d_expert_ff;  // f_a, action expert MLP width
-    int32_t n_layer;      // L, both stacks
-    int32_t n_head;       // NH, both stacks
-    int32_t head_dim;     // HS
-    int32_t rope_theta;   // 10000
-} VLAConfig;
-
-#define VLA_CONFIG_FIELDS(X) \
-    X(n_cam) X(img) X(patch) X(max_text) X(state_dim) X(action_dim) X(chunk) X(d_model) X(d_ff) \
-    X(d_expert) X(d_expert_ff) X(n_layer) X(n_head) X(head_dim) X(rope_theta)
-
-static inline int vla_patches_per_cam(const VLAConfig* c) { return (c->img / c->patch) * (c->img / c->patch); }
-static inline int vla_patch_dim(const VLAConfig* c) { return 3 * c->patch * c->patch; }
-static inline int vla_n_image_tokens(const VLAConfig* c) { return c->n_cam * vla_patches_per_cam(c); }
-static inline int vla_n_prefix(const VLAConfig* c) { return vla_n_image_tokens(c) + c->max_text; }
-static inline int vla_n_suffix(const VLAConfig* c) { return 1 + c->chunk; }
-static inline int vla_n_tokens(const VLAConfig* c) { return vla_n_prefix(c) + vla_n_suffix(c); }
-static inline int vla_d_attn(const VLAConfig* c) { return c->n_head * c->head_dim; }
-
-typedef struct {
-    const char* name;
-    const char* what;
-    VLAConfig config;
-} VLAPreset;
-
-// Observation fields (n_cam, img, state_dim, action_dim) are replaced by the dataset's.
-static const VLAPreset VLA_PRESETS[] = {
-    // name    what                                  cam img  p  text S  A  H   d    f     d_a  f_a   L   NH  HS  theta
-    {"tiny",  "tests: runs in seconds on one core", {1, 32,  8, 16,  4, 4, 8,  48,  128,  32,  96,   2,  4,  12, 10000}},
-    {"small", "Meta-World default, CPU-trainable",  {2, 64,  8, 48,  4, 4, 16, 256, 1024, 192, 512,  6,  4,  64, 10000}},
-    {"base",  "benchmark size, SmolVLA-like widths", {2, 224, 16, 48, 32, 32, 50, 960, 2560, 720, 2048, 16, 15, 64, 10000}},
-};
-#define VLA_N_PRESETS ((int)(sizeof(VLA_PRESETS) / sizeof(VLA_PRESETS[0])))
-
-static inline const VLAPreset* vla_preset(const char* name) {
-    for (int i = 0; i < VLA_N_PRESETS; i++) {
-        if (strcmp(VLA_PRESETS[i].name, name) == 0) { return &VLA_PRESETS[i]; }
-    }
-    return NULL;
-}
-
-// Names the first field where two configs differ, or returns NULL when they agree.
-static inline const char* vla_config_diff(const VLAConfig* a, const VLAConfig* b) {
-    static char msg[160];
-#define DIFF(f) if (a->f != b->f) { snprintf(msg, sizeof(msg), #f " %d vs %d", a->f, b->f); return msg; }
-    VLA_CONFIG_FIELDS(DIFF)
-#undef DIFF
-    return NULL;
-}
-
-static inline void vla_config_print(const VLAConfig* c) {
-#define PRINT(f) printf("| %-22s | %-10d |\n", #f, c->f);
-    VLA_CONFIG_FIELDS(PRINT)
-#undef PRINT
-    printf("| %-22s | %-10d |\n", "tokens (prefix+suffix)", vla_n_tokens(c));
-}
-
-// ----------------------------------------------------------------------------
-// the parameter table: the one place that says which tensors exist.
-// Linear weights are (out, in), as torch.nn.Linear stores them. Per-layer tensors are stacked
-// with a leading L. Sizes, offsets, decay, init, checkpoint layout and gradient buckets are all
-// derived from this list. The VLM's last layer only needs ln1/wk/wv (the prefix's output after
-// the last layer feeds nothing); its wq/wo/ln2/MLP exist for a uniform stack and get zero grads.
-
-enum { GROUP_VLM = 0, GROUP_EXPERT = 1 };
-// where a tensor sits in the network: a stack's inputs (embeddings), a per-layer tensor with a
-// leading L, or the head; with the group this orders the gradient buckets of the backward pass
+// where a tensor sits in its tower: the tower's inputs (embeddings), a per-layer tensor with a
+// leading layer count, or the head
 enum { KIND_INPUT = 0, KIND_LAYER = 1, KIND_HEAD = 2 };
 enum { INIT_NORMAL = 0, INIT_NORMAL_OUT = 1, INIT_ZERO = 2, INIT_ONE = 3 };
-
-//  X(name,          group,        kind,        decay, init,           ndim, dim0, dim1, dim2)
-#define VLA_PARAMETERS(X, c) \
-    X(patch_w,        GROUP_VLM,    KIND_INPUT,  1, INIT_NORMAL,     2, (c)->d_model, vla_patch_dim(c), 1) \
-    X(patch_b,        GROUP_VLM,    KIND_INPUT,  0, INIT_ZERO,       1, (c)->d_model, 1, 1) \
-    X(pos_emb,        GROUP_VLM,    KIND_INPUT,  1, INIT_NORMAL,     2, vla_n_image_tokens(c), (c)->d_model, 1) \
-    X(text_emb,       GROUP_VLM,    KIND_INPUT,  1, INIT_NORMAL,     2, 256, (c)->d_model, 1) \
-    X(state_w,        GROUP_EXPERT, KIND_INPUT,  1, INIT_NORMAL,     2, (c)->d_expert, (c)->state_dim, 1) \
-    X(state_b,        GROUP_EXPERT, KIND_INPUT,  0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
-    X(action_in_w,    GROUP_EXPERT, KIND_INPUT,  1, INIT_NORMAL,     2, (c)->d_expert, (c)->action_dim, 1) \
-    X(action_in_b,    GROUP_EXPERT, KIND_INPUT,  0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
-    X(time_in_w,      GROUP_EXPERT, KIND_INPUT,  1, INIT_NORMAL,     2, (c)->d_expert, 2 * (c)->d_expert, 1) \
-    X(time_in_b,      GROUP_EXPERT, KIND_INPUT,  0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
-    X(time_out_w,     GROUP_EXPERT, KIND_INPUT,  1, INIT_NORMAL,     2, (c)->d_expert, (c)->d_expert, 1) \
-    X(time_out_b,     GROUP_EXPERT, KIND_INPUT,  0, INIT_ZERO,       1, (c)->d_expert, 1, 1) \
-    X(vlm_ln1,        GROUP_VLM,    KIND_LAYER,  0, INIT_ONE,        2, (c)->n_layer, (c)->d_model, 1) \
-    X(vlm_wq,         GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_model) \
-    X(vlm_wk,         GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_model) \
-    X(vlm_wv,         GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_model) \
-    X(vlm_wo,         GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_model, vla_d_attn(c)) \
-    X(vlm_ln2,        GROUP_VLM,    KIND_LAYER,  0, INIT_ONE,        2, (c)->n_layer, (c)->d_model, 1) \
-    X(vlm_wgate,      GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
-    X(vlm_wup,        GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
-    X(vlm_wdown,      GROUP_VLM,    KIND_LAYER,  1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_model, (c)->d_ff) \
-    X(exp_ln1,        GROUP_EXPERT, KIND_LAYER,  0, INIT_ONE,        2, (c)->n_layer, (c)->d_expert, 1) \
-    X(exp_wq,         GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_expert) \
-    X(exp_wk,         GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_expert) \
-    X(exp_wv,         GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, vla_d_attn(c), (c)->d_expert) \
-    X(exp_wo,         GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_expert, vla_d_attn(c)) \
-    X(exp_ln2,        GROUP_EXPERT, KIND_LAYER,  0, INIT_ONE,        2, (c)->n_layer, (c)->d_expert, 1) \
-    X(exp_wgate,      GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
-    X(exp_wup,        GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL,     3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
-    X(exp_wdown,      GROUP_EXPERT, KIND_LAYER,  1, INIT_NORMAL_OUT, 3, (c)->n_layer, (c)->d_expert, (c)->d_expert_ff) \
-    X(final_norm,     GROUP_EXPERT, KIND_HEAD,   0, INIT_ONE,        1, (c)->d_expert, 1, 1) \
-    X(action_out_w,   GROUP_EXPERT, KIND_HEAD,   1, INIT_NORMAL,     2, (c)->action_dim, (c)->d_expert, 1) \
-    X(action_out_b,   GROUP_EXPERT, KIND_HEAD,   0, INIT_ZERO,       1, (c)->action_dim, 1, 1)
-
 #define VLA_COUNT_(...) +1
-enum { NUM_PARAM_TENSORS = 0 VLA_PARAMETERS(VLA_COUNT_, c) };
-
-typedef struct {
-    const char* name;
-    int group, kind, decay, init, ndim;
-    int64_t shape[3];
-    size_t numel;
-    size_t offset;  // in elements, into the one flat allocation
-} ParamSpec;
-
-typedef struct {
-    ParamSpec spec[NUM_PARAM_TENSORS];
-    size_t total;  // elements in all tensors
-} ParamTable;
-
-static inline void param_table_build(const VLAConfig* c, ParamTable* t) {
-    int i = 0;
-    size_t offset = 0;
-#define VLA_SPEC_(nm, grp, knd, dec, ini, nd, d0, d1, d2) \
-    t->spec[i] = (ParamSpec){#nm, grp, knd, dec, ini, nd, {d0, d1, d2}, (size_t)(d0) * (size_t)(d1) * (size_t)(d2), offset}; \
-    offset += t->spec[i].numel; \
-    i++;
-    VLA_PARAMETERS(VLA_SPEC_, c)
-#undef VLA_SPEC_
-    t->total = offset;
-}
 
 // Bounds on every size a file can carry (checkpoint headers, shard headers): generous for real
 // models, and small enough that every size derived from them fits an int (token counts, patch
@@ -365,123 +228,6 @@ static inline void param_table_build(const VLAConfig* c, ParamTable* t) {
 #define VLA_MAX_TOKENS 16384      // image tokens + text + 1 + chunk
 #define VLA_MAX_PARAMS (1ULL << 36)  // 256 GiB of fp32 weights
 #define VLA_MAX_STEPS (1 << 30)   // optimizer steps of a run (-n's bound)
-
-// The parameter count of config c in checked 64-bit arithmetic: 0 if it overflows or passes
-// VLA_MAX_PARAMS. Call it on a config whose fields are in bounds (vla_config_problem does).
-static inline uint64_t vla_param_count_checked(const VLAConfig* c) {
-    uint64_t total = 0, numel;
-    int bad = 0;
-#define VLA_COUNT_CHECKED_(nm, grp, knd, dec, ini, nd, d0, d1, d2) \
-    bad |= __builtin_mul_overflow((uint64_t)(d0), (uint64_t)(d1), &numel); \
-    bad |= __builtin_mul_overflow(numel, (uint64_t)(d2), &numel); \
-    bad |= __builtin_add_overflow(total, numel, &total);
-    VLA_PARAMETERS(VLA_COUNT_CHECKED_, c)
-#undef VLA_COUNT_CHECKED_
-    return bad || total > VLA_MAX_PARAMS ? 0 : total;
-}
-
-// The one validation of a config, wherever it comes from (a preset and a dataset, a checkpoint
-// header, the policy library): every field in its bounds, every derived size computed in 64 bits
-// and bounded, the parameter count checked. Returns NULL if the config is usable, else a message
-// naming the bad field.
-static inline const char* vla_config_problem(const VLAConfig* c) {
-    static char msg[256];
-#define POSITIVE(f) if (c->f <= 0) { snprintf(msg, sizeof(msg), #f " must be positive (got %d)", c->f); return msg; }
-    VLA_CONFIG_FIELDS(POSITIVE)
-#undef POSITIVE
-    const struct { const char* name; int32_t value, max; } bounds[] = {
-        {"n_cam", c->n_cam, VLA_MAX_CAM}, {"img", c->img, VLA_MAX_IMG}, {"patch", c->patch, c->img},
-        {"max_text", c->max_text, VLA_MAX_TEXT}, {"state_dim", c->state_dim, VLA_MAX_DIM},
-        {"action_dim", c->action_dim, VLA_MAX_DIM}, {"chunk", c->chunk, VLA_MAX_CHUNK},
-        {"d_model", c->d_model, VLA_MAX_WIDTH}, {"d_ff", c->d_ff, VLA_MAX_WIDTH}, {"d_expert", c->d_expert, VLA_MAX_WIDTH},
-        {"d_expert_ff", c->d_expert_ff, VLA_MAX_WIDTH}, {"n_layer", c->n_layer, VLA_MAX_LAYER},
-        {"n_head", c->n_head, VLA_MAX_HEAD}, {"head_dim", c->head_dim, VLA_MAX_HEAD}};
-    for (size_t i = 0; i < sizeof(bounds) / sizeof(bounds[0]); i++) {
-        if (bounds[i].value > bounds[i].max) {
-            snprintf(msg, sizeof(msg), "%s %d is past its bound %d", bounds[i].name, bounds[i].value, bounds[i].max);
-            return msg;
-        }
-    }
-    if (c->img % c->patch != 0) {
-        snprintf(msg, sizeof(msg), "img %d is not a multiple of patch %d", c->img, c->patch);
-        return msg;
-    }
-    if (c->head_dim % 2 != 0) {
-        snprintf(msg, sizeof(msg), "head_dim %d must be even for RoPE", c->head_dim);
-        return msg;
-    }
-    if (c->d_expert % 2 != 0) {
-        snprintf(msg, sizeof(msg), "d_expert %d must be even for the time embedding", c->d_expert);
-        return msg;
-    }
-    // the derived sizes, in 64 bits (the fields are bounded, so none of these products wraps)
-    uint64_t side = (uint64_t)(c->img / c->patch);
-    uint64_t tokens = (uint64_t)c->n_cam * side * side + (uint64_t)c->max_text + 1 + (uint64_t)c->chunk;
-    if (tokens > VLA_MAX_TOKENS) {
-        snprintf(msg, sizeof(msg), "%llu tokens (%d camera(s) of %llu patches, %d text, 1 + %d suffix) is past the "
-                 "bound %d", (unsigned long long)tokens, c->n_cam, (unsigned long long)(side * side), c->max_text,
-                 c->chunk, VLA_MAX_TOKENS);
-        return msg;
-    }
-    if ((uint64_t)c->n_head * (uint64_t)c->head_dim > VLA_MAX_WIDTH) {
-        snprintf(msg, sizeof(msg), "attention width n_head %d x head_dim %d is past the bound %d", c->n_head,
-                 c->head_dim, VLA_MAX_WIDTH);
-        return msg;
-    }
-    if (vla_param_count_checked(c) == 0) {
-        snprintf(msg, sizeof(msg), "the parameter count is past the bound 2^36");
-        return msg;
-    }
-    return NULL;
-}
-
-// One float* per tensor, carved from a flat buffer in table order.
-typedef struct {
-#define VLA_FIELD_(nm, ...) float* nm;
-    VLA_PARAMETERS(VLA_FIELD_, c)
-#undef VLA_FIELD_
-} ParameterTensors;
-
-static inline void param_tensors_point(ParameterTensors* p, float* base, const ParamTable* t) {
-    int i = 0;
-#define VLA_POINT_(nm, ...) p->nm = base + t->spec[i++].offset;
-    VLA_PARAMETERS(VLA_POINT_, c)
-#undef VLA_POINT_
-}
-
-static inline int param_table_find(const ParamTable* t, const char* name) {
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        if (strcmp(t->spec[i].name, name) == 0) { return i; }
-    }
-    return -1;
-}
-
-// Gradient buckets: the tensors (or layer slices of them) whose gradients the backward pass
-// finishes together, in the order it finishes them: the head, the expert's layers from the last,
-// the expert's inputs, the VLM's layers from the last, the VLM's inputs. 2L + 3 buckets.
-static inline int param_bucket_count(const VLAConfig* c) { return 2 * c->n_layer + 3; }
-
-// The slices of bucket b as (element offset, count) pairs, tensor i at offsets[i] (the table's, or
-// any layout with the same tensor order). Returns the number of slices (at most NUM_PARAM_TENSORS).
-static inline int param_bucket_slices(const ParamTable* t, const VLAConfig* c, const size_t* offsets, int b,
-                                      size_t* off, size_t* count) {
-    int L = c->n_layer, group, kind, layer = 0;
-    if (b == 0) { group = GROUP_EXPERT; kind = KIND_HEAD; }
-    else if (b <= L) { group = GROUP_EXPERT; kind = KIND_LAYER; layer = L - b; }
-    else if (b == L + 1) { group = GROUP_EXPERT; kind = KIND_INPUT; }
-    else if (b <= 2 * L + 1) { group = GROUP_VLM; kind = KIND_LAYER; layer = L - (b - L - 1); }
-    else { group = GROUP_VLM; kind = KIND_INPUT; }
-    int n = 0;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        const ParamSpec* s = &t->spec[i];
-        if (s->group != group || s->kind != kind) { continue; }
-        size_t per = kind == KIND_LAYER ? s->numel / (size_t)L : s->numel;
-        off[n] = offsets[i] + (kind == KIND_LAYER ? (size_t)layer * per : 0);
-        count[n] = per;
-        n++;
-    }
-    return n;
-}
 
 // ZeRO-1: rank r of W keeps the optimizer state (master weights, AdamW moments) of the elements
 // [r S, (r+1) S) of a flat parameter buffer of `total` elements padded to W S, with S a multiple
@@ -539,28 +285,8 @@ static inline double rng_normal(Rng* r) {
 // flow time t = 0.999 * Beta(1.5, 1) + 0.001, with Beta(1.5, 1) = U^(1/1.5)
 static inline double rng_flow_time(Rng* r) { return 0.999 * pow(rng_uniform(r), 1.0 / 1.5) + 0.001; }
 
-// Parameters from the seed: normal(0, 0.02), output projections / sqrt(2L), biases 0, norms 1.
-static inline void param_init(float* params, const ParamTable* t, const VLAConfig* c, uint64_t seed) {
-    float out_scale = 1.0f / sqrtf(2.0f * (float)c->n_layer);
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        const ParamSpec* s = &t->spec[i];
-        float* p = params + s->offset;
-        if (s->init == INIT_ZERO || s->init == INIT_ONE) {
-            float v = s->init == INIT_ONE ? 1.0f : 0.0f;
-            for (size_t j = 0; j < s->numel; j++) { p[j] = v; }
-            continue;
-        }
-        float std = s->init == INIT_NORMAL_OUT ? 0.02f * out_scale : 0.02f;
-        Rng r;
-        rng_init(&r, seed, RNG_STREAM_INIT);
-        r.counter = 2 * (uint64_t)s->offset;
-        for (size_t j = 0; j < s->numel; j++) { p[j] = (float)rng_normal(&r) * std; }
-    }
-}
-
 // Number of RNG draws one sample's flow noise of `width` dims uses: 1 for t, 2 per eps entry.
 static inline uint64_t flow_noise_draws_width(int chunk, int width) { return 1 + 2 * (uint64_t)chunk * width; }
-static inline uint64_t flow_noise_draws(const VLAConfig* c) { return flow_noise_draws_width(c->chunk, c->action_dim); }
 
 // t and eps (chunk, width) of global sample g at optimizer step s: identical whatever rank
 // computes them. The model above draws action_dim dims; SmolVLA all max_action_dim (LeRobot's
@@ -573,17 +299,12 @@ static inline void flow_noise_width(int chunk, int width, uint64_t seed, uint64_
     for (int i = 0; i < chunk * width; i++) { eps[i] = (float)rng_normal(&r); }
 }
 
-static inline void flow_noise(const VLAConfig* c, uint64_t seed, uint64_t step, uint64_t g, float* t, float* eps) {
-    flow_noise_width(c->chunk, c->action_dim, seed, step, g, t, eps);
-}
-
 // ----------------------------------------------------------------------------
-// SmolVLA: the model both trainers are moving to, exactly as LeRobot 0.6.1 computes it
-// (shared/SMOLVLA.md; dev/smolvla.py is its PyTorch oracle). Its config, presets and parameter
-// table, whose rows carry LeRobot's tensor names so that a LeRobot model.safetensors loads by
-// name. The SmolVLA section of train_vla.c computes it and test_vla checks that section against
-// LeRobot's own references (dev/lerobot); the trainers' training loops still run the model above
-// until both trainers switch together.
+// the model: SmolVLA, exactly as LeRobot 0.6.1 computes it (shared/SMOLVLA.md; dev/smolvla.py is
+// its PyTorch oracle, dev/model.py the oracle with this file's plumbing). Its config, presets and
+// parameter table, whose rows carry LeRobot's tensor names so that a LeRobot model.safetensors
+// loads by name. test_vla and test_vla_gpu check both trainers against LeRobot's own references
+// (dev/lerobot) and against dev/model.py.
 //
 // Tokens: prefix = [camera 0 | camera 1 | ... (img/patch/scale)^2 each][max_text language][state],
 // suffix = [chunk action tokens]. Layer l is joint self-attention over [prefix; suffix] when
@@ -674,9 +395,41 @@ static inline const SmolVLAPreset* smolvla_preset(const char* name) {
     return NULL;
 }
 
+// The first field where two configs differ ("name a vs b"), or NULL when they agree.
+static inline const char* smolvla_config_diff(const SmolVLAConfig* a, const SmolVLAConfig* b) {
+    static char msg[96];
+#define SMOL_DIFF_(f) if (a->f != b->f) { snprintf(msg, sizeof(msg), #f " %d vs %d", a->f, b->f); return msg; }
+    SMOLVLA_CONFIG_FIELDS(SMOL_DIFF_)
+#undef SMOL_DIFF_
+    return NULL;
+}
+
+static inline void smolvla_config_print(const SmolVLAConfig* c) {
+#define SMOL_PRINT_(f) printf("| %-22s | %-10d |\n", #f, c->f);
+    SMOLVLA_CONFIG_FIELDS(SMOL_PRINT_)
+#undef SMOL_PRINT_
+}
+
 // What trains: LeRobot's train_expert_only / freeze_vision_encoder as one mode (--train).
+// expert: the action expert and the state/action/time projections (LeRobot's default, and the
+// smolvla preset's); vlm: also the VLM but its frozen vision tower, last layer and final norm;
+// all: everything. The presets trained from scratch (tiny, small) default to all.
 enum { TRAIN_MODE_EXPERT = 0, TRAIN_MODE_VLM = 1, TRAIN_MODE_ALL = 2 };
 static const char* const TRAIN_MODE_NAMES[] = {"expert", "vlm", "all"};
+#define TRAIN_MODE_COUNT 3
+
+// The mode named `name`, or -1.
+static inline int train_mode_parse(const char* name) {
+    for (int m = 0; m < TRAIN_MODE_COUNT; m++) {
+        if (strcmp(name, TRAIN_MODE_NAMES[m]) == 0) { return m; }
+    }
+    return -1;
+}
+
+// A preset's default mode: the released model fine-tunes its expert, the others train from scratch.
+static inline int smolvla_default_train_mode(const char* preset) {
+    return strcmp(preset, "smolvla") == 0 ? TRAIN_MODE_EXPERT : TRAIN_MODE_ALL;
+}
 
 // The towers, in the order the data meets them.
 enum { TOWER_VISION = 0, TOWER_VLM = 1, TOWER_EXPERT = 2 };
@@ -942,7 +695,7 @@ static inline int smolvla_config_read(const char* path, SmolVLAConfig* c, char* 
     return status;
 }
 
-// Parameters from the seed, as the model above: normal(0, 0.02), output projections / sqrt(2L)
+// Parameters from the seed: normal(0, 0.02), output projections / sqrt(2L)
 // of their tower's depth, biases 0, norm scales 1. (Imported weights replace them.)
 static inline void smolvla_param_init(float* params, const SmolParamTable* t, const SmolVLAConfig* c, uint64_t seed) {
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
@@ -1278,7 +1031,7 @@ static inline int smolvla_load_safetensors(const SafeTensors* st, const SmolVLAC
 #define SHARD_HEADER_V1 256             // bytes of version 1's header
 #define SHARD_TOKENIZER_BYTES "bytes"   // token id = UTF-8 byte
 #define SHARD_MAX_VOCAB (1u << 24)
-#define VLA_TEXT_VOCAB 256              // rows of the text table of the model in train_vla.c/.cu
+#define VLA_TEXT_VOCAB 256              // the byte tokenizer's vocabulary (the tiny and small presets' text table)
 
 typedef struct {
     uint32_t magic, version;
@@ -1931,97 +1684,116 @@ static inline void dataset_open(Dataset* ds, const char* spec) {
 }
 
 // ----------------------------------------------------------------------------
-// a batch: what the model reads, assembled from the shards
+// a batch: what the model reads, assembled from the shards (dev/model.py's build_batch): each
+// camera's frames apart at their stored size (the model resizes them with padding), state and
+// actions normalized and zero-padded to max_state_dim / max_action_dim, action_is_pad = 1 past
+// the episode's end, and flow noise over all max_action_dim dims (LeRobot's noise is (B, H, 32)).
 
 typedef struct {
     int B;
-    Cameras cams;        // of each sample's images: camera k at cameras_frame_bytes * i + camera_offset(k)
-    uint8_t* images;     // (B, frame bytes) each sample's cameras one after another, HWC
-    int32_t* tokens;     // (B, max_text) token ids of the instruction, 0 past it
-    float* text_mask;    // (B, max_text) 1 for instruction tokens, 0 for pads
-    float* state;        // (B, S) normalized
-    float* actions;      // (B, H, A) normalized; slots past the episode repeat its last action
-    float* action_mask;  // (B, H) 1 inside the episode, 0 past its end
-    float* t;            // (B) flow time
-    float* eps;          // (B, H, A) flow noise
-    void* memory;        // one block holding all of the above, so a GPU trainer pins and copies it at once
+    Cameras cams;            // the dataset's: camera k is cams.height[k] x cams.width[k]
+    uint8_t* images[VLA_MAX_CAM];  // per camera (B, h_k, w_k, 3) uint8 HWC
+    int32_t* tokens;         // (B, max_text) token ids, 0 past the instruction
+    float* token_mask;       // (B, max_text) 1 = instruction token, 0 = pad
+    float* state;            // (B, Smax) normalized, zero-padded
+    float* actions;          // (B, H, Amax) normalized (slots past the episode repeat its last action), zero-padded
+    float* action_is_pad;    // (B, H) 1 = a slot past the episode's end (no loss)
+    float* t;                // (B) flow time
+    float* eps;              // (B, H, Amax) flow noise
+    void* memory;            // one block holding all of the above, so a GPU trainer pins and copies it at once
     size_t bytes;
-} Batch;
+} SmolBatch;
+
+// Why the model of config c cannot read dataset ds, or NULL when it can.
+static inline const char* smolvla_data_problem(const SmolVLAConfig* c, const Dataset* ds) {
+    static char msg[256];
+    if (c->n_cam != ds->cams.n || c->state_dim != (int)ds->state_dim || c->action_dim != (int)ds->action_dim) {
+        snprintf(msg, sizeof(msg), "the model's n_cam/state_dim/action_dim (%d, %d, %d) differ from the dataset's (%d, %d, %d): "
+                 "use data with the same cameras and dims", c->n_cam, c->state_dim, c->action_dim, ds->cams.n,
+                 ds->state_dim, ds->action_dim);
+        return msg;
+    }
+    return NULL;
+}
 
 // Points the arrays of a batch of B samples whose frames hold `cams` into `base` (NULL: only
-// measures), each at a 64-byte boundary. Returns the bytes the batch needs. The same layout
-// serves host and device copies.
-static inline size_t batch_layout_cameras(Batch* b, uint8_t* base, const VLAConfig* c, const Cameras* cams, int B) {
-    size_t off = 0, HA = (size_t)c->chunk * c->action_dim;
+// measures), each at a 64-byte boundary. Returns the bytes it needs; the same layout serves host
+// and device copies.
+static inline size_t smolvla_batch_layout(SmolBatch* b, uint8_t* base, const SmolVLAConfig* c, const Cameras* cams, int B) {
+    size_t off = 0, HA = (size_t)c->chunk * c->max_action_dim;
+    if (cams->n != c->n_cam) { vla_fail("a batch of %d cameras for a model of %d", cams->n, c->n_cam); }
+    memset(b, 0, sizeof(*b));
     b->cams = *cams;
-#define VLA_CARVE_(field, type, count) \
-    b->field = base != NULL ? (type*)(base + off) : NULL; \
+#define SMOL_CARVE_(field, type, count) \
+    field = base != NULL ? (type*)(base + off) : NULL; \
     off += align_up((size_t)(count) * sizeof(type), 64);
-    VLA_CARVE_(images, uint8_t, (size_t)B * cameras_frame_bytes(cams))
-    VLA_CARVE_(tokens, int32_t, (size_t)B * c->max_text)
-    VLA_CARVE_(text_mask, float, (size_t)B * c->max_text)
-    VLA_CARVE_(state, float, (size_t)B * c->state_dim)
-    VLA_CARVE_(actions, float, (size_t)B * HA)
-    VLA_CARVE_(action_mask, float, (size_t)B * c->chunk)
-    VLA_CARVE_(t, float, (size_t)B)
-    VLA_CARVE_(eps, float, (size_t)B * HA)
-#undef VLA_CARVE_
+    for (int k = 0; k < cams->n; k++) {
+        SMOL_CARVE_(b->images[k], uint8_t, (size_t)B * (camera_offset(cams, k + 1) - camera_offset(cams, k)))
+    }
+    SMOL_CARVE_(b->tokens, int32_t, (size_t)B * c->max_text)
+    SMOL_CARVE_(b->token_mask, float, (size_t)B * c->max_text)
+    SMOL_CARVE_(b->state, float, (size_t)B * c->max_state_dim)
+    SMOL_CARVE_(b->actions, float, (size_t)B * HA)
+    SMOL_CARVE_(b->action_is_pad, float, (size_t)B * c->chunk)
+    SMOL_CARVE_(b->t, float, (size_t)B)
+    SMOL_CARVE_(b->eps, float, (size_t)B * HA)
+#undef SMOL_CARVE_
     b->B = B;
     b->memory = base;
     b->bytes = off;
     return off;
 }
 
-// The batch of the model of config c: n_cam cameras of img x img.
-static inline size_t batch_layout(Batch* b, uint8_t* base, const VLAConfig* c, int B) {
-    Cameras cams = cameras_square(c->n_cam, c->img);
-    return batch_layout_cameras(b, base, c, &cams, B);
+static inline void smolvla_batch_alloc(SmolBatch* b, const SmolVLAConfig* c, const Cameras* cams, int B) {
+    size_t bytes = smolvla_batch_layout(b, NULL, c, cams, B);
+    smolvla_batch_layout(b, (uint8_t*)callocCheck(bytes, 1), c, cams, B);
 }
 
-static inline void batch_alloc_cameras(Batch* b, const VLAConfig* c, const Cameras* cams, int B) {
-    size_t bytes = batch_layout_cameras(b, NULL, c, cams, B);
-    batch_layout_cameras(b, (uint8_t*)mallocCheck(bytes), c, cams, B);
+static inline void smolvla_batch_free(SmolBatch* b) { free(b->memory); }
+
+// Camera k's image of sample i of the batch.
+static inline uint8_t* smolvla_batch_image(const SmolBatch* b, int k, int i) {
+    return b->images[k] + (size_t)i * (camera_offset(&b->cams, k + 1) - camera_offset(&b->cams, k));
 }
 
-static inline void batch_alloc(Batch* b, const VLAConfig* c, int B) {
-    Cameras cams = cameras_square(c->n_cam, c->img);
-    batch_alloc_cameras(b, c, &cams, B);
-}
-
-static inline void batch_free(Batch* b) { free(b->memory); }
-
-// Sample `index` (a global frame number) into row i of the batch.
-static inline void dataset_assemble(const Dataset* ds, const VLAConfig* c, uint64_t index, Batch* b, int i) {
+// Sample `index` (a global frame number) into row i of the batch: images, tokens and their mask,
+// normalized padded state, the action chunk (slots past the episode repeat its last action and
+// are marked as pads). The flow noise is batch_fill's.
+static inline void dataset_assemble(const Dataset* ds, const SmolVLAConfig* c, uint64_t index, SmolBatch* b, int i) {
     int shard = 0;
     while (index >= ds->first_sample[shard + 1]) { shard++; }
     const Shard* s = &ds->shards[shard];
     uint64_t f = index - ds->first_sample[shard];
     const ShardEpisode* ep = &s->episodes[s->frame_episode[f]];
     if (!cameras_equal(&b->cams, &ds->cams)) {
-        vla_fail("a batch laid out for other cameras than the dataset's: allocate it with batch_alloc_cameras(ds->cams)");
+        vla_fail("a batch laid out for other cameras than the dataset's: allocate it with the dataset's cameras");
     }
-    size_t img_bytes = cameras_frame_bytes(&ds->cams);
-    memcpy(b->images + (size_t)i * img_bytes, s->images + f * img_bytes, img_bytes);
+    const char* problem = smolvla_data_problem(c, ds);
+    if (problem != NULL) { vla_fail("%s", problem); }
+    const uint8_t* frame = s->images + f * cameras_frame_bytes(&ds->cams);
+    for (int k = 0; k < c->n_cam; k++) {
+        size_t bytes = camera_offset(&ds->cams, k + 1) - camera_offset(&ds->cams, k);
+        memcpy(smolvla_batch_image(b, k, i), frame + camera_offset(&ds->cams, k), bytes);
+    }
     uint64_t t0 = s->token_offsets[ep->task], len = s->token_offsets[ep->task + 1] - t0;
     if (len > (uint64_t)c->max_text) { len = (uint64_t)c->max_text; }
     for (int k = 0; k < c->max_text; k++) {
         int valid = (uint64_t)k < len;
         b->tokens[(size_t)i * c->max_text + k] = valid ? s->tokens[t0 + k] : 0;
-        b->text_mask[(size_t)i * c->max_text + k] = valid ? 1.0f : 0.0f;
+        b->token_mask[(size_t)i * c->max_text + k] = valid ? 1.0f : 0.0f;
     }
-    int S = c->state_dim, A = c->action_dim;
-    for (int d = 0; d < S; d++) {
-        b->state[(size_t)i * S + d] = (s->state[f * S + d] - ds->state_mean[d]) / ds->state_std[d];
+    int S = c->state_dim, A = c->action_dim, Smax = c->max_state_dim, Amax = c->max_action_dim, H = c->chunk;
+    for (int d = 0; d < Smax; d++) {
+        b->state[(size_t)i * Smax + d] = d < S ? (s->state[f * S + d] - ds->state_mean[d]) / ds->state_std[d] : 0.0f;
     }
     uint64_t last = ep->first_frame + ep->length - 1;
-    for (int h = 0; h < c->chunk; h++) {
+    for (int h = 0; h < H; h++) {
         uint64_t g = f + h;
         int inside = g <= last;
         if (!inside) { g = last; }
-        for (int d = 0; d < A; d++) {
-            b->actions[((size_t)i * c->chunk + h) * A + d] = (s->action[g * A + d] - ds->action_mean[d]) / ds->action_std[d];
-        }
-        b->action_mask[(size_t)i * c->chunk + h] = inside ? 1.0f : 0.0f;
+        float* a = b->actions + ((size_t)i * H + h) * Amax;
+        for (int d = 0; d < Amax; d++) { a[d] = d < A ? (s->action[g * A + d] - ds->action_mean[d]) / ds->action_std[d] : 0.0f; }
+        b->action_is_pad[(size_t)i * H + h] = inside ? 0.0f : 1.0f;
     }
 }
 
@@ -2084,8 +1856,9 @@ static inline void sampler_advance(Sampler* s, int B, int W) { s->pos += (uint64
 // Random shift (pad by replicating the border, crop back) of every camera image of a sample, by
 // up to `shift` pixels in x and y: the augmentation DrQ and many VLA recipes use. Drawn from
 // (seed, step, global sample), so it is the same whatever rank or thread assembles the sample.
-static inline void augment_shift(uint8_t* images, const Cameras* cams, int shift, uint64_t seed, uint64_t step,
-                                 uint64_t g) {
+// Sample i of the batch is global sample g of the step.
+static inline void augment_shift(SmolBatch* b, int i, int shift, uint64_t seed, uint64_t step, uint64_t g) {
+    const Cameras* cams = &b->cams;
     Rng r;
     rng_init(&r, seed, RNG_STREAM_AUGMENT(step));
     r.counter = g * 2 * (uint64_t)cams->n;
@@ -2099,7 +1872,7 @@ static inline void augment_shift(uint8_t* images, const Cameras* cams, int shift
     for (int cam = 0; cam < cams->n; cam++) {
         int dx = (int)(rng_u64(&r) % (uint64_t)span) - shift, dy = (int)(rng_u64(&r) % (uint64_t)span) - shift;
         int h = (int)cams->height[cam], w = (int)cams->width[cam];
-        uint8_t* im = images + camera_offset(cams, cam);
+        uint8_t* im = smolvla_batch_image(b, cam, i);
         memcpy(tmp, im, (size_t)h * w * 3);
         for (int y = 0; y < h; y++) {
             int sy = y + dy < 0 ? 0 : (y + dy >= h ? h - 1 : y + dy);
@@ -2122,128 +1895,15 @@ static inline void batch_fill_indices(uint64_t* idx, Sampler* sampler, uint64_t 
     for (int i = 0; i < B; i++) { idx[i] = sampler_at(sampler, pos + i); }
 }
 
-static inline void batch_fill(Batch* batch, const Dataset* ds, const VLAConfig* c, const uint64_t* idx, uint64_t seed,
-                              uint64_t step, int r, int augment) {
-    int B = batch->B, HA = c->chunk * c->action_dim;
-    size_t img_bytes = cameras_frame_bytes(&batch->cams);
+static inline void batch_fill(SmolBatch* batch, const Dataset* ds, const SmolVLAConfig* c, const uint64_t* idx,
+                              uint64_t seed, uint64_t step, int r, int augment) {
+    int B = batch->B, H = c->chunk, Amax = c->max_action_dim;
     for (int i = 0; i < B; i++) {
         uint64_t g = (uint64_t)r * B + i;
         dataset_assemble(ds, c, idx[i], batch, i);
-        flow_noise(c, seed, step, g, &batch->t[i], batch->eps + (size_t)i * HA);
-        if (augment > 0) { augment_shift(batch->images + (size_t)i * img_bytes, &batch->cams, augment, seed, step, g); }
+        flow_noise_width(H, Amax, seed, step, g, &batch->t[i], batch->eps + (size_t)i * H * Amax);
+        if (augment > 0) { augment_shift(batch, i, augment, seed, step, g); }
     }
-}
-
-// ----------------------------------------------------------------------------
-// SmolVLA batches: the samples of dataset_assemble, shaped as SmolVLA reads them (dev/model_smolvla.py's
-// build_batch): each camera's frames apart at their stored size (the model resizes them), state
-// and actions zero-padded to max_state_dim / max_action_dim, action_is_pad = 1 - action_mask, and
-// flow noise over all max_action_dim dims.
-
-typedef struct {
-    int B;
-    Cameras cams;            // the dataset's: camera k is cams.height[k] x cams.width[k]
-    uint8_t* images[VLA_MAX_CAM];  // per camera (B, h_k, w_k, 3) uint8 HWC
-    int32_t* tokens;         // (B, max_text) token ids, 0 past the instruction
-    float* token_mask;       // (B, max_text) 1 = instruction token, 0 = pad
-    float* state;            // (B, Smax) normalized, zero-padded
-    float* actions;          // (B, H, Amax) normalized (slots past the episode repeat its last action), zero-padded
-    float* action_is_pad;    // (B, H) 1 = a slot past the episode's end (no loss)
-    float* t;                // (B) flow time
-    float* eps;              // (B, H, Amax) flow noise
-    void* memory;            // one block holding all of the above, so a GPU trainer copies it at once
-    size_t bytes;
-} SmolBatch;
-
-// The fields of the model above that dataset_assemble reads, from a SmolVLA config: the dataset's
-// dims, unpadded (its other fields stay zero).
-static inline VLAConfig smolvla_data_view(const SmolVLAConfig* c) {
-    VLAConfig v;
-    memset(&v, 0, sizeof(v));
-    v.n_cam = c->n_cam; v.state_dim = c->state_dim; v.action_dim = c->action_dim;
-    v.max_text = c->max_text; v.chunk = c->chunk;
-    return v;
-}
-
-// Why the model of config c cannot read dataset ds, or NULL when it can.
-static inline const char* smolvla_data_problem(const SmolVLAConfig* c, const Dataset* ds) {
-    static char msg[256];
-    if (c->n_cam != ds->cams.n || c->state_dim != (int)ds->state_dim || c->action_dim != (int)ds->action_dim) {
-        snprintf(msg, sizeof(msg), "the model's n_cam/state_dim/action_dim (%d, %d, %d) differ from the dataset's (%d, %d, %d): "
-                 "use data with the same cameras and dims", c->n_cam, c->state_dim, c->action_dim, ds->cams.n,
-                 ds->state_dim, ds->action_dim);
-        return msg;
-    }
-    return NULL;
-}
-
-// Points the arrays of a SmolVLA batch of B samples whose frames hold `cams` into `base` (NULL:
-// only measures), each at a 64-byte boundary. Returns the bytes it needs; the same layout serves
-// host and device copies.
-static inline size_t smolvla_batch_layout(SmolBatch* b, uint8_t* base, const SmolVLAConfig* c, const Cameras* cams, int B) {
-    size_t off = 0, HA = (size_t)c->chunk * c->max_action_dim;
-    if (cams->n != c->n_cam) { vla_fail("a SmolVLA batch of %d cameras for a model of %d", cams->n, c->n_cam); }
-    memset(b, 0, sizeof(*b));
-    b->cams = *cams;
-#define SMOL_CARVE_(field, type, count) \
-    field = base != NULL ? (type*)(base + off) : NULL; \
-    off += align_up((size_t)(count) * sizeof(type), 64);
-    for (int k = 0; k < cams->n; k++) {
-        SMOL_CARVE_(b->images[k], uint8_t, (size_t)B * (camera_offset(cams, k + 1) - camera_offset(cams, k)))
-    }
-    SMOL_CARVE_(b->tokens, int32_t, (size_t)B * c->max_text)
-    SMOL_CARVE_(b->token_mask, float, (size_t)B * c->max_text)
-    SMOL_CARVE_(b->state, float, (size_t)B * c->max_state_dim)
-    SMOL_CARVE_(b->actions, float, (size_t)B * HA)
-    SMOL_CARVE_(b->action_is_pad, float, (size_t)B * c->chunk)
-    SMOL_CARVE_(b->t, float, (size_t)B)
-    SMOL_CARVE_(b->eps, float, (size_t)B * HA)
-#undef SMOL_CARVE_
-    b->B = B;
-    b->memory = base;
-    b->bytes = off;
-    return off;
-}
-
-static inline void smolvla_batch_alloc(SmolBatch* b, const SmolVLAConfig* c, const Cameras* cams, int B) {
-    size_t bytes = smolvla_batch_layout(b, NULL, c, cams, B);
-    smolvla_batch_layout(b, (uint8_t*)callocCheck(bytes, 1), c, cams, B);
-}
-
-static inline void smolvla_batch_free(SmolBatch* b) { free(b->memory); }
-
-// The batch of rank r (B samples: global samples r B .. r B + B - 1 of the step) for optimizer
-// step `step`: samples idx (sampler positions, see batch_fill_indices) through dataset_assemble,
-// padded, and their flow noise keyed by the global sample, so neither depends on the world size.
-static inline void smolvla_batch_fill(SmolBatch* b, const Dataset* ds, const SmolVLAConfig* c, const uint64_t* idx,
-                                      uint64_t seed, uint64_t step, int r) {
-    const char* problem = smolvla_data_problem(c, ds);
-    if (problem != NULL) { vla_fail("%s", problem); }
-    if (!cameras_equal(&b->cams, &ds->cams)) {
-        vla_fail("a SmolVLA batch laid out for other cameras than the dataset's: allocate it with ds->cams");
-    }
-    VLAConfig view = smolvla_data_view(c);
-    Batch row;  // one sample as the model above reads it, then spread into the padded layout
-    batch_alloc_cameras(&row, &view, &ds->cams, 1);
-    int B = b->B, H = c->chunk, S = c->state_dim, A = c->action_dim, Smax = c->max_state_dim, Amax = c->max_action_dim;
-    for (int i = 0; i < B; i++) {
-        dataset_assemble(ds, &view, idx[i], &row, 0);
-        for (int k = 0; k < c->n_cam; k++) {
-            size_t bytes = camera_offset(&ds->cams, k + 1) - camera_offset(&ds->cams, k);
-            memcpy(b->images[k] + (size_t)i * bytes, row.images + camera_offset(&ds->cams, k), bytes);
-        }
-        memcpy(b->tokens + (size_t)i * c->max_text, row.tokens, (size_t)c->max_text * sizeof(int32_t));
-        memcpy(b->token_mask + (size_t)i * c->max_text, row.text_mask, (size_t)c->max_text * sizeof(float));
-        for (int d = 0; d < Smax; d++) { b->state[(size_t)i * Smax + d] = d < S ? row.state[d] : 0.0f; }
-        for (int h = 0; h < H; h++) {
-            float* a = b->actions + ((size_t)i * H + h) * Amax;
-            for (int d = 0; d < Amax; d++) { a[d] = d < A ? row.actions[(size_t)h * A + d] : 0.0f; }
-            b->action_is_pad[(size_t)i * H + h] = 1.0f - row.action_mask[h];
-        }
-        uint64_t g = (uint64_t)r * B + i;
-        flow_noise_width(H, Amax, seed, step, g, &b->t[i], b->eps + (size_t)i * H * Amax);
-    }
-    batch_free(&row);
 }
 
 // Worker threads assemble the batches of upcoming (step, rank) jobs into a ring of slots, so
@@ -2256,13 +1916,13 @@ enum { SLOT_FREE = 0, SLOT_FILLING = 1, SLOT_READY = 2 };
 
 typedef struct {
     const Dataset* ds;
-    VLAConfig config;
+    SmolVLAConfig config;
     Sampler sampler;       // guarded by mu
     uint64_t seed, first_pos, first_step;
     int B, W, augment;
     int stride, offset;    // the global jobs this loader takes
     int n_slots;
-    Batch* slots;
+    SmolBatch* slots;
     int64_t* slot_job;     // job a slot holds
     int* slot_state;
     int64_t next_job;      // the next job a worker takes
@@ -2312,7 +1972,7 @@ static inline void* loader_worker(void* arg) {
 
 // Starts n_threads workers (0: none; loader_next then assembles in the caller's thread), taking
 // the global jobs offset, offset + stride, ... (every job: stride 1, offset 0).
-static inline void loader_start_strided(Loader* L, const Dataset* ds, const VLAConfig* c, uint64_t seed,
+static inline void loader_start_strided(Loader* L, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed,
                                         uint64_t first_pos, uint64_t first_step, int B, int W, int augment,
                                         int n_threads, int n_slots, int stride, int offset) {
     memset(L, 0, sizeof(*L));
@@ -2321,10 +1981,10 @@ static inline void loader_start_strided(Loader* L, const Dataset* ds, const VLAC
     L->stride = stride; L->offset = offset;
     L->n_slots = n_slots < 1 ? 1 : n_slots;
     sampler_init(&L->sampler, ds->n_samples, seed);
-    L->slots = (Batch*)callocCheck(L->n_slots, sizeof(Batch));
+    L->slots = (SmolBatch*)callocCheck(L->n_slots, sizeof(SmolBatch));
     L->slot_job = (int64_t*)callocCheck(L->n_slots, sizeof(int64_t));
     L->slot_state = (int*)callocCheck(L->n_slots, sizeof(int));
-    for (int k = 0; k < L->n_slots; k++) { batch_alloc_cameras(&L->slots[k], c, &ds->cams, B); }
+    for (int k = 0; k < L->n_slots; k++) { smolvla_batch_alloc(&L->slots[k], c, &ds->cams, B); }
     pthread_mutex_init(&L->mu, NULL);
     pthread_cond_init(&L->cv, NULL);
     L->threads = (pthread_t*)callocCheck(n_threads > 0 ? n_threads : 1, sizeof(pthread_t));
@@ -2335,13 +1995,13 @@ static inline void loader_start_strided(Loader* L, const Dataset* ds, const VLAC
     }
 }
 
-static inline void loader_start(Loader* L, const Dataset* ds, const VLAConfig* c, uint64_t seed, uint64_t first_pos,
+static inline void loader_start(Loader* L, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed, uint64_t first_pos,
                                 uint64_t first_step, int B, int W, int augment, int n_threads, int n_slots) {
     loader_start_strided(L, ds, c, seed, first_pos, first_step, B, W, augment, n_threads, n_slots, 1, 0);
 }
 
 // The batch of the next job in order (steps ascending, ranks within a step). Valid until loader_release.
-static inline Batch* loader_next(Loader* L) {
+static inline SmolBatch* loader_next(Loader* L) {
     int64_t j = L->consume_job;
     int slot = (int)(j % L->n_slots);
     if (L->n_threads == 0) {  // synchronous: assemble here
@@ -2377,7 +2037,7 @@ static inline void loader_stop(Loader* L) {
     pthread_cond_broadcast(&L->cv);
     pthread_mutex_unlock(&L->mu);
     for (int t = 0; t < L->n_threads; t++) { pthread_join(L->threads[t], NULL); }
-    for (int k = 0; k < L->n_slots; k++) { batch_free(&L->slots[k]); }
+    for (int k = 0; k < L->n_slots; k++) { smolvla_batch_free(&L->slots[k]); }
     free(L->slots); free(L->slot_job); free(L->slot_state); free(L->threads);
     sampler_free(&L->sampler);
     pthread_mutex_destroy(&L->mu);
@@ -2385,60 +2045,93 @@ static inline void loader_stop(Loader* L) {
 }
 
 // ----------------------------------------------------------------------------
-// checkpoints (SPEC section 4): header, normalization stats, fp32 master params, AdamW m and v.
-// Independent of precision and world size. The RNG is counter-based, so (seed, step) is its state.
+// checkpoints, version 2 (SPEC section 4): header (512 bytes), the dataset's normalization
+// statistics state_mean(S) state_std(S) action_mean(A) action_std(A), every fp32 master weight
+// in table order (n_params, frozen ones included, so a checkpoint is the whole model), then AdamW's
+// m and v for the elements that train in the header's train mode only (n_trainable each, packed
+// as SmolOptDomain packs them: each tensor's trainable prefix, in table order). Independent of
+// precision and world size. The RNG is counter-based, so (seed, step) is its state. Version 1
+// held the model train_vla trained before SmolVLA; it is refused with that said.
 
 #define CKPT_MAGIC 0x43414C56u  // "VLAC"
-#define CKPT_VERSION 1u
+#define CKPT_VERSION 2u
+#define CKPT_HEADER_BYTES 512
 
 typedef struct {
     uint32_t magic, version;
-    VLAConfig config;      // 15 x int32
+    SmolVLAConfig config;  // 26 x int32
+    int32_t train_mode;    // TRAIN_MODE_*: which elements have moments
     uint32_t pad0;
     uint64_t step;         // optimizer steps done
     uint64_t seed;
     uint64_t sampler_pos;  // global samples consumed
-    uint64_t n_params;     // elements per state kind
+    uint64_t n_params;     // weights: every element of the table
+    uint64_t n_trainable;  // elements of m and of v
     uint64_t file_size;
-    uint64_t reserved[18];
+    char tokenizer[64];    // NUL-terminated: the token ids the model was trained on (the shards' tokenizer)
+    uint64_t reserved[35];
 } CheckpointHeader;
-VLA_STATIC_ASSERT(sizeof(CheckpointHeader) == 256, "checkpoint header is 256 bytes");
+VLA_STATIC_ASSERT(sizeof(CheckpointHeader) == CKPT_HEADER_BYTES, "checkpoint header is 512 bytes");
+VLA_STATIC_ASSERT(offsetof(CheckpointHeader, step) == 120 && offsetof(CheckpointHeader, tokenizer) == 168,
+                  "checkpoint header fields are where SPEC says");
 
 typedef struct {
-    VLAConfig config;
+    SmolVLAConfig config;
+    int train_mode;
+    char tokenizer[64];
     uint64_t step, seed, sampler_pos;
-    float* stats;   // state_mean(S) state_std(S) action_mean(A) action_std(A)
+    uint64_t n_params, n_trainable;
+    float* stats;   // state_mean(S) state_std(S) action_mean(A) action_std(A), S and A the dataset's
     float* params;  // (n_params)
-    float* m;       // (n_params)
-    float* v;       // (n_params)
+    float* m;       // (n_trainable)
+    float* v;       // (n_trainable)
 } Checkpoint;
 
-static inline uint64_t ckpt_file_size(const VLAConfig* c, uint64_t n_params) {
-    return sizeof(CheckpointHeader) + 8ULL * (c->state_dim + c->action_dim) + 3ULL * 4ULL * n_params;
+static inline uint64_t ckpt_file_size(const SmolVLAConfig* c, uint64_t n_params, uint64_t n_trainable) {
+    return CKPT_HEADER_BYTES + 8ULL * (uint64_t)(c->state_dim + c->action_dim) + 4ULL * n_params + 8ULL * n_trainable;
 }
 
-// Atomic: written to a temporary file, flushed to disk, then renamed over the final name.
-static inline void checkpoint_write(const char* path, const Checkpoint* ck, uint64_t n_params) {
+// The element counts a config and mode imply: (all weights, those with moments).
+static inline void ckpt_counts(const SmolVLAConfig* c, int mode, uint64_t* n_params, uint64_t* n_trainable) {
+    SmolParamTable t;
+    smolvla_table_build(c, &t);
+    *n_params = t.total;
+    *n_trainable = smolvla_trainable_count(&t, mode);
+}
+
+// Atomic: written to a temporary file, flushed to disk, then renamed over the final name. The
+// counts are the checkpoint's n_params and n_trainable, which must be those its config implies.
+static inline void checkpoint_write(const char* path, const Checkpoint* ck) {
     CheckpointHeader h;
     memset(&h, 0, sizeof(h));
-    h.magic = CKPT_MAGIC; h.version = CKPT_VERSION; h.config = ck->config;
-    h.step = ck->step; h.seed = ck->seed; h.sampler_pos = ck->sampler_pos; h.n_params = n_params;
-    h.file_size = ckpt_file_size(&ck->config, n_params);
+    uint64_t n_params, n_trainable;
+    ckpt_counts(&ck->config, ck->train_mode, &n_params, &n_trainable);
+    if (n_params != ck->n_params || n_trainable != ck->n_trainable) {
+        vla_fail("checkpoint %s: %llu weights and %llu moments for a model of %llu and %llu (a trainer's bug)", path,
+                 (unsigned long long)ck->n_params, (unsigned long long)ck->n_trainable, (unsigned long long)n_params,
+                 (unsigned long long)n_trainable);
+    }
+    h.magic = CKPT_MAGIC; h.version = CKPT_VERSION; h.config = ck->config; h.train_mode = ck->train_mode;
+    h.step = ck->step; h.seed = ck->seed; h.sampler_pos = ck->sampler_pos;
+    h.n_params = n_params; h.n_trainable = n_trainable;
+    h.file_size = ckpt_file_size(&ck->config, n_params, n_trainable);
+    snprintf(h.tokenizer, sizeof(h.tokenizer), "%s", ck->tokenizer);
     AtomicFile out;
     atomic_file_open(&out, path, h.file_size);
     atomic_file_write(&out, &h, sizeof(h), 1);
     atomic_file_write(&out, ck->stats, sizeof(float), 2 * (size_t)(ck->config.state_dim + ck->config.action_dim));
     atomic_file_write(&out, ck->params, sizeof(float), n_params);
-    atomic_file_write(&out, ck->m, sizeof(float), n_params);
-    atomic_file_write(&out, ck->v, sizeof(float), n_params);
+    atomic_file_write(&out, ck->m, sizeof(float), n_trainable);
+    atomic_file_write(&out, ck->v, sizeof(float), n_trainable);
     atomic_file_commit(&out);
 }
 
 static inline void checkpoint_free(Checkpoint* ck) { free(ck->stats); free(ck->params); free(ck->m); free(ck->v); }
 
-// Reads the header and checks it against the file: the config by vla_config_problem, the sizes
-// in checked arithmetic, the step and sampler position in range. Returns 0 on success; on failure
-// writes a message into err (so callers can skip an incomplete file or fail with it).
+// Reads the header and checks it against the file: the config by smolvla_config_problem, the
+// train mode, the counts and sizes in checked arithmetic, the step and sampler position in range.
+// Returns 0 on success; on failure writes a message into err (so callers can skip an incomplete
+// file or fail with it).
 static inline int checkpoint_read_header(const char* path, CheckpointHeader* h, char* err, size_t err_size) {
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {  // (checked before opening: a pipe would block)
@@ -2453,8 +2146,14 @@ static inline int checkpoint_read_header(const char* path, CheckpointHeader* h, 
         fclose(f);
         return 1;
     }
+    memset(h, 0, sizeof(*h));
     size_t got = fread(h, 1, sizeof(*h), f);
     fclose(f);
+    if (got >= 8 && h->magic == CKPT_MAGIC && h->version == 1) {
+        snprintf(err, err_size, "checkpoint %s has version 1: it holds the model train_vla trained before SmolVLA, which "
+                 "this build no longer reads: start a new run", path);
+        return 1;
+    }
     if (got != sizeof(*h)) {
         snprintf(err, err_size, "checkpoint %s is %lld bytes, shorter than its header: it is truncated", path, (long long)st.st_size);
         return 1;
@@ -2464,13 +2163,23 @@ static inline int checkpoint_read_header(const char* path, CheckpointHeader* h, 
         snprintf(err, err_size, "checkpoint %s has version %u, this build reads %u", path, h->version, CKPT_VERSION);
         return 1;
     }
-    const char* problem = vla_config_problem(&h->config);
+    const char* problem = smolvla_config_problem(&h->config);
     if (problem != NULL) { snprintf(err, err_size, "checkpoint %s holds a bad config (%s): it is corrupt", path, problem); return 1; }
-    uint64_t n_params = vla_param_count_checked(&h->config);  // nonzero: vla_config_problem checked it
-    if (h->n_params != n_params || h->file_size != ckpt_file_size(&h->config, n_params) ||
-        (uint64_t)st.st_size != h->file_size) {
+    if (h->train_mode < 0 || h->train_mode >= TRAIN_MODE_COUNT) {
+        snprintf(err, err_size, "checkpoint %s holds train mode %d, not one of 0 (expert), 1 (vlm), 2 (all): it is corrupt",
+                 path, h->train_mode);
+        return 1;
+    }
+    if (memchr(h->tokenizer, '\0', sizeof(h->tokenizer)) == NULL || h->tokenizer[0] == '\0') {
+        snprintf(err, err_size, "checkpoint %s names no tokenizer (or an unterminated one): it is corrupt", path);
+        return 1;
+    }
+    uint64_t n_params, n_trainable;  // bounded: smolvla_config_problem checked the count
+    ckpt_counts(&h->config, h->train_mode, &n_params, &n_trainable);
+    uint64_t size = ckpt_file_size(&h->config, n_params, n_trainable);
+    if (h->n_params != n_params || h->n_trainable != n_trainable || h->file_size != size || (uint64_t)st.st_size != size) {
         snprintf(err, err_size, "checkpoint %s is %lld bytes, its header implies %llu: it is truncated or corrupt",
-                 path, (long long)st.st_size, (unsigned long long)ckpt_file_size(&h->config, n_params));
+                 path, (long long)st.st_size, (unsigned long long)size);
         return 1;
     }
     // every optimizer step consumes at least one sample, and fewer than 2^33
@@ -2489,17 +2198,19 @@ static inline int checkpoint_read_checked(const char* path, Checkpoint* ck, char
     memset(ck, 0, sizeof(*ck));
     CheckpointHeader h;
     if (checkpoint_read_header(path, &h, err, err_size) != 0) { return 1; }
-    ck->config = h.config; ck->step = h.step; ck->seed = h.seed; ck->sampler_pos = h.sampler_pos;
+    ck->config = h.config; ck->train_mode = h.train_mode; ck->step = h.step; ck->seed = h.seed;
+    ck->sampler_pos = h.sampler_pos; ck->n_params = h.n_params; ck->n_trainable = h.n_trainable;
+    memcpy(ck->tokenizer, h.tokenizer, sizeof(ck->tokenizer));
     int S = h.config.state_dim, A = h.config.action_dim;
-    size_t n_stats = 2 * (size_t)(S + A);
+    size_t n_stats = 2 * (size_t)(S + A), nt = (size_t)h.n_trainable;
     ck->stats = (float*)mallocCheck(n_stats * sizeof(float));
     ck->params = (float*)mallocCheck(h.n_params * sizeof(float));
-    ck->m = (float*)mallocCheck(h.n_params * sizeof(float));
-    ck->v = (float*)mallocCheck(h.n_params * sizeof(float));
+    ck->m = (float*)mallocCheck((nt > 0 ? nt : 1) * sizeof(float));
+    ck->v = (float*)mallocCheck((nt > 0 ? nt : 1) * sizeof(float));
     FILE* f = fopen(path, "rb");
     int bad = f == NULL || fseeko(f, (off_t)sizeof(h), SEEK_SET) != 0 || fread(ck->stats, sizeof(float), n_stats, f) != n_stats ||
-              fread(ck->params, 4, h.n_params, f) != h.n_params || fread(ck->m, 4, h.n_params, f) != h.n_params ||
-              fread(ck->v, 4, h.n_params, f) != h.n_params;
+              fread(ck->params, 4, h.n_params, f) != h.n_params || fread(ck->m, 4, nt, f) != nt ||
+              fread(ck->v, 4, nt, f) != nt;
     if (f != NULL) { fclose(f); }
     if (bad) { snprintf(err, err_size, "checkpoint %s: short read: the file changed while loading or is truncated", path); }
     // the statistics as trainers write them: finite means, stds of at least VLA_MIN_STD
@@ -2584,7 +2295,8 @@ typedef struct {
     const char* input;      // shards: files and folders, comma-separated
     const char* output;     // output folder: checkpoints and the log
     const char* preset;
-    int max_text;           // --max-text: instruction bytes the model reads, 0: the preset's
+    int train_mode;         // --train: TRAIN_MODE_*, what trains (unless given: the preset's default)
+    int max_text;           // --max-text: instruction tokens the model reads, 0: the preset's
     const char* init;       // checkpoint to start from (weights, optimizer, step)
     int batch;              // per-rank micro-batch
     int ranks;              // GPUs (CUDA) or simulated ranks (CPU)
@@ -2617,6 +2329,7 @@ static inline void train_args_defaults(TrainArgs* a) {
     a->input = "data/default";
     a->output = "out";
     a->preset = "small";
+    a->train_mode = TRAIN_MODE_ALL;  // the default preset's
     a->max_text = 0;
     a->init = NULL;
     a->batch = 8; a->ranks = 1; a->steps = 1000;
@@ -2637,9 +2350,12 @@ static inline void train_args_usage(const char* prog) {
     printf("  -i, --input LIST       dataset shards: files or folders of *.bin, comma-separated (%s)\n", d.input);
     printf("  -o, --output DIR       folder for checkpoints and log.jsonl (%s)\n", d.output);
     printf("  -p, --preset NAME      model size:");
-    for (int i = 0; i < VLA_N_PRESETS; i++) { printf(" %s", VLA_PRESETS[i].name); }
+    for (int i = 0; i < SMOLVLA_N_PRESETS; i++) { printf(" %s", SMOLVLA_PRESETS[i].name); }
     printf(" (%s)\n", d.preset);
-    printf("      --max-text N       instruction bytes the model reads (longer ones are cut), 0: the preset's (%d)\n",
+    printf("      --train MODE       what trains: expert (the action expert), vlm (also the VLM but its vision tower,\n"
+           "                         last layer and final norm), all (everything); default: expert for smolvla, all\n"
+           "                         for the presets trained from scratch\n");
+    printf("      --max-text N       instruction tokens the model reads (longer ones are cut), 0: the preset's (%d)\n",
            d.max_text);
     printf("  -b, --batch N          samples per rank per step (%d)\n", d.batch);
     printf("  -g, --gpus N           ranks: GPUs for train_vla, simulated ranks for train_vla_cpu (%d)\n", d.ranks);
@@ -2716,7 +2432,7 @@ static inline const char* boot_parse_master(const char* master, char* host, size
 static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     train_args_defaults(a);
     enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
-           OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT };
+           OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -2733,17 +2449,17 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"node-rank", required_argument, 0, OPT_NODE_RANK}, {"master", required_argument, 0, OPT_MASTER},
         {"bootstrap-timeout", required_argument, 0, OPT_BOOT_TIMEOUT},
         {"nccl-timeout", required_argument, 0, OPT_NCCL_TIMEOUT},
-        {"max-text", required_argument, 0, OPT_MAX_TEXT},
+        {"max-text", required_argument, 0, OPT_MAX_TEXT}, {"train", required_argument, 0, OPT_TRAIN},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     opterr = 0;
     optind = 1;
-    int opt, nodes_given = 0, rank_given = 0;
+    int opt, nodes_given = 0, rank_given = 0, train_given = 0;
     while ((opt = getopt_long(argc, argv, ":i:o:p:b:g:d:n:l:u:w:c:s:y:k:t:z:h", longs, NULL)) != -1) {
         switch (opt) {
             case 'i': a->input = optarg; break;
             case 'o': a->output = optarg; break;
             case 'p':
-                if (vla_preset(optarg) == NULL) { vla_fail("unknown preset '%s': use tiny, small or base", optarg); }
+                if (smolvla_preset(optarg) == NULL) { vla_fail("unknown preset '%s': use tiny, small or smolvla", optarg); }
                 a->preset = optarg;
                 break;
             case 'b': a->batch = (int)parse_int_arg("batch", optarg, 1, 1 << 20); break;
@@ -2755,6 +2471,11 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case OPT_MASTER: a->master = optarg; break;
             case OPT_BOOT_TIMEOUT: a->bootstrap_timeout = parse_float_arg("bootstrap-timeout", optarg, 0.1f, 1e6f); break;
             case OPT_NCCL_TIMEOUT: a->nccl_timeout = parse_float_arg("nccl-timeout", optarg, 0.1f, 1e7f); break;
+            case OPT_TRAIN:
+                a->train_mode = train_mode_parse(optarg);
+                if (a->train_mode < 0) { vla_fail("--train %s: use expert, vlm or all", optarg); }
+                train_given = 1;
+                break;
             case OPT_MAX_TEXT: a->max_text = (int)parse_int_arg("max-text", optarg, 0, VLA_MAX_TEXT); break;
             case OPT_LR_SCALE:
                 for (a->lr_scale = 0; a->lr_scale < LR_SCALE_COUNT && strcmp(optarg, LR_SCALE_NAMES[a->lr_scale]) != 0;
@@ -2783,6 +2504,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     }
     if (optind < argc) { vla_fail("unexpected argument '%s': options take the form -x VALUE, see %s -h", argv[optind], argv[0]); }
     if (a->resume && a->init != NULL) { vla_fail("-y 1 and --init both pick a checkpoint: use one of them"); }
+    if (!train_given) { a->train_mode = smolvla_default_train_mode(a->preset); }
     size_t out_len = strlen(a->output);
     if (out_len == 0 || out_len + VLA_CKPT_NAME_MAX >= VLA_PATH_MAX) {
         vla_fail("-o of %zu bytes: the output folder's path must be 1 to %d bytes long (checkpoint names follow it): use a "
@@ -2984,36 +2706,25 @@ static inline int dataset_warn_text_collisions(const Dataset* ds, int max_text) 
     return collisions;
 }
 
-// The model config: the preset's widths with the dataset's observation shapes, and max_text
-// tokens of instruction (0: the preset's). Refuses data this model cannot read (cameras that are
-// not square and of one size, a vocabulary past its text table); warns when instructions become
-// identical once cut.
-static inline VLAConfig config_for_data(const char* preset, int max_text, const Dataset* ds) {
-    VLAConfig c = vla_preset(preset)->config;
-    for (int k = 0; k < ds->cams.n; k++) {
-        uint32_t h = ds->cams.height[k], w = ds->cams.width[k];
-        if (h != w) {
-            vla_fail("camera %d of the dataset is %ux%u pixels (height x width), but this model needs square cameras of "
-                     "one size: convert the data with square images (data/ tools' --img)", k, h, w);
-        }
-        if (h != ds->cams.height[0]) {
-            vla_fail("camera %d of the dataset is %ux%u pixels but camera 0 is %ux%u: this model needs square cameras of "
-                     "one size: convert the data with images of one size (data/ tools' --img)", k, h, w,
-                     ds->cams.height[0], ds->cams.width[0]);
-        }
+// The model config: the preset's sizes with the dataset's cameras, state and action dims, and
+// max_text tokens of instruction (0: the preset's). Cameras may have any size (the model resizes
+// them with padding); state and action dims must fit the preset's max_state_dim / max_action_dim,
+// the token ids its vocabulary. Warns when instructions become identical once cut.
+static inline SmolVLAConfig config_for_data(const char* preset, int max_text, const Dataset* ds) {
+    SmolVLAConfig c = smolvla_preset(preset)->config;
+    if (ds->cams.n > VLA_MAX_CAM) { vla_fail("the dataset has %d cameras, past the bound %d", ds->cams.n, VLA_MAX_CAM); }
+    if (ds->state_dim > c.max_state_dim || ds->action_dim > c.max_action_dim) {
+        vla_fail("the dataset's state and action have %d and %d dims, but preset %s pads them to %d and %d: pick data "
+                 "with at most that many dims", ds->state_dim, ds->action_dim, preset, c.max_state_dim, c.max_action_dim);
     }
-    if (ds->vocab > VLA_TEXT_VOCAB) {
-        vla_fail("the dataset's instructions are token ids of tokenizer %s, a vocabulary of %u, but this model's text "
-                 "table has %d rows (byte tokens): convert the data with byte tokens (the data/ tools' default)",
-                 ds->tokenizer, ds->vocab, VLA_TEXT_VOCAB);
+    if (ds->vocab > (uint32_t)c.vocab) {
+        vla_fail("the dataset's instructions are token ids of tokenizer %s, a vocabulary of %u, but preset %s's text "
+                 "table has %d rows: convert the data with the model's tokenizer, or with byte tokens (the data/ tools' "
+                 "default) for the presets trained from scratch", ds->tokenizer, ds->vocab, preset, c.vocab);
     }
-    if (strcmp(ds->tokenizer, SHARD_TOKENIZER_BYTES) != 0) {
-        printf("warning: the dataset's instructions are token ids of tokenizer %s; this model trains on them, but the "
-               "policy library (libvla.so) gives it the bytes of an instruction\n", ds->tokenizer);
-    }
-    c.n_cam = ds->n_cam; c.img = ds->img; c.state_dim = ds->state_dim; c.action_dim = ds->action_dim;
+    c.n_cam = ds->cams.n; c.state_dim = ds->state_dim; c.action_dim = ds->action_dim;
     if (max_text > 0) { c.max_text = max_text; }
-    const char* problem = vla_config_problem(&c);
+    const char* problem = smolvla_config_problem(&c);
     if (problem != NULL) { vla_fail("preset %s does not fit the dataset: %s: pick another preset", preset, problem); }
     dataset_warn_text_collisions(ds, c.max_text);
     return c;
@@ -3032,32 +2743,50 @@ static inline const char* run_start_checkpoint(const TrainArgs* args, char* buf,
     return NULL;
 }
 
-// Writes step `step` of a run (host copies of the fp32 master weights and AdamW moments, n each,
-// with the dataset's normalization statistics) and keeps the newest args->keep checkpoints.
-static inline void run_checkpoint_save(const TrainArgs* args, const Dataset* ds, const VLAConfig* c, int step,
-                                       uint64_t sampler_pos, float* params, float* m, float* v, size_t n) {
+// Writes step `step` of a run: host copies of every fp32 master weight (n_params, table order)
+// and the AdamW moments of the elements trainable in args->train_mode (n_trainable each, packed as
+// SmolOptDomain), with the dataset's normalization statistics and tokenizer; keeps the newest
+// args->keep checkpoints.
+static inline void run_checkpoint_save(const TrainArgs* args, const Dataset* ds, const SmolVLAConfig* c, int step,
+                                       uint64_t sampler_pos, float* params, size_t n_params, float* m, float* v,
+                                       size_t n_trainable) {
     int S = c->state_dim, A = c->action_dim;
     float* stats = (float*)mallocCheck(2 * (size_t)(S + A) * sizeof(float));
     memcpy(stats, ds->state_mean, S * sizeof(float));
     memcpy(stats + S, ds->state_std, S * sizeof(float));
     memcpy(stats + 2 * S, ds->action_mean, A * sizeof(float));
     memcpy(stats + 2 * S + A, ds->action_std, A * sizeof(float));
-    Checkpoint ck = {*c, (uint64_t)step, args->seed, sampler_pos, stats, params, m, v};
+    Checkpoint ck;
+    memset(&ck, 0, sizeof(ck));
+    ck.config = *c; ck.train_mode = args->train_mode; ck.step = (uint64_t)step; ck.seed = args->seed;
+    ck.sampler_pos = sampler_pos; ck.n_params = n_params; ck.n_trainable = n_trainable;
+    ck.stats = stats; ck.params = params; ck.m = m; ck.v = v;
+    snprintf(ck.tokenizer, sizeof(ck.tokenizer), "%s", ds->tokenizer);
     char path[VLA_PATH_MAX];
     make_dir(args->output);
     checkpoint_path(path, sizeof(path), args->output, (uint64_t)step);
-    checkpoint_write(path, &ck, n);
+    checkpoint_write(path, &ck);
     checkpoint_prune(args->output, args->keep);
     free(stats);
 }
 
-// Reads a checkpoint to continue the model of config c; fails if it was written for another model.
-static inline void run_checkpoint_load(const char* path, const VLAConfig* c, Checkpoint* ck) {
+// Reads a checkpoint to continue the model of config c in train mode `mode` on dataset ds; fails
+// if it was written for another model, mode or tokenizer.
+static inline void run_checkpoint_load(const char* path, const SmolVLAConfig* c, int mode, const Dataset* ds,
+                                       Checkpoint* ck) {
     checkpoint_read(path, ck);
-    const char* diff = vla_config_diff(&ck->config, c);
+    const char* diff = smolvla_config_diff(&ck->config, c);
     if (diff != NULL) {
         vla_fail("checkpoint %s was written for another model (%s, checkpoint vs this run): use the same preset, "
                  "--max-text and dataset, or another output folder (-o)", path, diff);
+    }
+    if (ck->train_mode != mode) {
+        vla_fail("checkpoint %s trained with --train %s, this run with --train %s: pass --train %s to continue it",
+                 path, TRAIN_MODE_NAMES[ck->train_mode], TRAIN_MODE_NAMES[mode], TRAIN_MODE_NAMES[ck->train_mode]);
+    }
+    if (strcmp(ck->tokenizer, ds->tokenizer) != 0) {
+        vla_fail("checkpoint %s was trained on token ids of tokenizer %s, the dataset's are of %s: convert the data with "
+                 "the checkpoint's tokenizer", path, ck->tokenizer, ds->tokenizer);
     }
 }
 
@@ -3074,7 +2803,8 @@ static inline int run_has_steps_left(const char* from, int start, int steps) {
 
 // The batch the end-of-run evaluation samples actions for: B samples from sampler position pos,
 // with the flow noise of step `step` (its eps is the starting noise).
-static inline void eval_batch(Batch* batch, const Dataset* ds, const VLAConfig* c, uint64_t seed, uint64_t pos, int step) {
+static inline void eval_batch(SmolBatch* batch, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed, uint64_t pos,
+                              int step) {
     Sampler sampler;
     sampler_init(&sampler, ds->n_samples, seed);
     uint64_t* idx = (uint64_t*)mallocCheck((size_t)batch->B * sizeof(uint64_t));
@@ -3084,16 +2814,17 @@ static inline void eval_batch(Batch* batch, const Dataset* ds, const VLAConfig* 
     sampler_free(&sampler);
 }
 
-// Mean squared error of sampled actions (B, H, A, data units) against the batch's, over the
-// unmasked slots, in the data's own units.
-static inline float action_mse(const Batch* batch, const Dataset* ds, const VLAConfig* c, const float* sampled) {
-    int A = c->action_dim;
+// Mean squared error of sampled actions (B, H, A: the dataset's dims, data units) against the
+// batch's over the slots inside the episode, in the data's own units.
+static inline float action_mse(const SmolBatch* batch, const Dataset* ds, const SmolVLAConfig* c, const float* sampled) {
+    int A = c->action_dim, Amax = c->max_action_dim, H = c->chunk;
     double se = 0.0;
     size_t n = 0;
-    for (size_t k = 0; k < (size_t)batch->B * c->chunk * A; k++) {
-        if (batch->action_mask[k / A] == 0.0f) { continue; }
+    for (size_t k = 0; k < (size_t)batch->B * H * A; k++) {
+        size_t slot = k / A;
         int dim = (int)(k % A);
-        double truth = (double)batch->actions[k] * ds->action_std[dim] + ds->action_mean[dim];
+        if (batch->action_is_pad[slot] != 0.0f) { continue; }
+        double truth = (double)batch->actions[slot * Amax + dim] * ds->action_std[dim] + ds->action_mean[dim];
         se += (sampled[k] - truth) * (sampled[k] - truth);
         n++;
     }
@@ -3105,19 +2836,18 @@ static inline float action_mse(const Batch* batch, const Dataset* ds, const VLAC
 // TCP exchange, after checking that every node runs the same configuration
 
 #define BOOT_MAGIC 0x544f4f42u  // "BOOT"
-#define BOOT_VERSION 2u  // 2: min_lr_frac and augment joined the fields
+#define BOOT_VERSION 3u  // 2: min_lr_frac and augment joined the fields; 3: SmolVLA's config and train mode
 #define BOOT_MAX_PAYLOAD 1024
 
 // What every node of a run must agree on; floats go as their bits so they compare exactly
 #define BOOT_FIELDS(X) \
     X(gpus_per_node) X(nodes) X(batch) X(accum) X(zero) X(steps) X(warmup) X(start_step) X(seed) X(samples) \
-    X(lr_bits) X(min_lr_frac_bits) X(weight_decay_bits) X(clip_bits) X(lr_scale) X(augment)
+    X(lr_bits) X(min_lr_frac_bits) X(weight_decay_bits) X(clip_bits) X(lr_scale) X(augment) X(train_mode)
 
 typedef struct {
     uint32_t magic, version;
     int32_t node_rank, pad;
-    VLAConfig config;
-    int32_t pad2;
+    SmolVLAConfig config;
 #define BOOT_FIELD_(f) int64_t f;
     BOOT_FIELDS(BOOT_FIELD_)
 #undef BOOT_FIELD_
@@ -3136,7 +2866,7 @@ static inline int64_t boot_float_bits(float x) {
 
 // This node's identity for a run of `gpus_per_node` x `nodes` GPUs starting at `start_step` on
 // `samples` samples
-static inline BootIdentity boot_identity(const TrainArgs* a, const VLAConfig* c, int node_rank, int nodes,
+static inline BootIdentity boot_identity(const TrainArgs* a, const SmolVLAConfig* c, int node_rank, int nodes,
                                          int start_step, uint64_t samples) {
     BootIdentity id;
     memset(&id, 0, sizeof(id));
@@ -3146,12 +2876,13 @@ static inline BootIdentity boot_identity(const TrainArgs* a, const VLAConfig* c,
     id.samples = (int64_t)samples; id.lr_bits = boot_float_bits(a->lr_base);
     id.min_lr_frac_bits = boot_float_bits(a->min_lr_frac); id.weight_decay_bits = boot_float_bits(a->weight_decay);
     id.clip_bits = boot_float_bits(a->grad_clip); id.lr_scale = a->lr_scale; id.augment = a->augment;
+    id.train_mode = a->train_mode;
     return id;
 }
 
 // Names the first field where two identities differ (into msg), or returns 0 when they agree
 static inline int boot_identity_diff(const BootIdentity* a, const BootIdentity* b, char* msg, size_t size) {
-    const char* cfg = vla_config_diff(&a->config, &b->config);
+    const char* cfg = smolvla_config_diff(&a->config, &b->config);
     if (cfg != NULL) { snprintf(msg, size, "model %s", cfg); return 1; }
 #define BOOT_DIFF_(f) \
     if (a->f != b->f) { snprintf(msg, size, #f " %lld vs %lld", (long long)a->f, (long long)b->f); return 1; }
@@ -3323,25 +3054,28 @@ static inline int bootstrap_exchange(const char* master, const BootIdentity* sel
 #define VLA_API __attribute__((visibility("default")))
 #endif
 
-// Makes room in obs for B observations; *capacity is what it holds (0 before the first call).
-static inline void policy_reserve(Batch* obs, int* capacity, const VLAConfig* c, int B) {
-    if (B <= *capacity) { return; }
-    if (*capacity > 0) { batch_free(obs); }
-    batch_alloc(obs, c, B);
+// Makes room in obs for B observations of cameras `cams`; *capacity is what it holds (0 before
+// the first call). Frames of other sizes than last time re-lay the batch out.
+static inline void policy_reserve(SmolBatch* obs, int* capacity, const SmolVLAConfig* c, const Cameras* cams, int B) {
+    if (B <= *capacity && cameras_equal(&obs->cams, cams)) { return; }
+    if (*capacity > 0) { smolvla_batch_free(obs); }
+    smolvla_batch_alloc(obs, c, cams, B);
     *capacity = B;
 }
 
-// The model's batch for B raw observations: images u8 (B, frame bytes of obs->cams: each
-// observation's cameras one after another, HWC), instructions (B UTF-8 strings, their bytes the
+// The model's batch for B raw observations: images[k] camera k's frames u8 (B, h_k, w_k, 3) HWC of
+// any size (obs->cams, the model resizes them), instructions (B UTF-8 strings, their bytes the
 // token ids, cut to max_text), raw state (B, S) normalized with the checkpoint's statistics
-// (state_mean(S) state_std(S) ...), and the starting noise in obs->eps: `noise` (B, H, A) if
-// given, else drawn from `seed`.
-static inline void policy_observations(Batch* obs, const VLAConfig* c, const float* stats, int B, const uint8_t* images,
-                                       const char* const* instructions, const float* state, const float* noise,
-                                       uint64_t seed) {
-    int S = c->state_dim, HA = c->chunk * c->action_dim;
+// (state_mean(S) state_std(S) ...) and zero-padded, and the starting noise in obs->eps: `noise`
+// (B, H, max_action_dim) if given, else drawn from `seed`.
+static inline void policy_observations(SmolBatch* obs, const SmolVLAConfig* c, const float* stats, int B,
+                                       const uint8_t* const* images, const char* const* instructions, const float* state,
+                                       const float* noise, uint64_t seed) {
+    int S = c->state_dim, Smax = c->max_state_dim, HA = c->chunk * c->max_action_dim;
     obs->B = B;
-    memcpy(obs->images, images, (size_t)B * cameras_frame_bytes(&obs->cams));
+    for (int k = 0; k < c->n_cam; k++) {
+        memcpy(obs->images[k], images[k], (size_t)B * (camera_offset(&obs->cams, k + 1) - camera_offset(&obs->cams, k)));
+    }
     const float *state_mean = stats, *state_std = stats + S;
     for (int b = 0; b < B; b++) {
         size_t len = strlen(instructions[b]);
@@ -3351,16 +3085,15 @@ static inline void policy_observations(Batch* obs, const VLAConfig* c, const flo
         for (int k = 0; k < c->max_text; k++) {
             int valid = (size_t)k < len;
             if (!valid) { ids[k] = 0; }
-            obs->text_mask[(size_t)b * c->max_text + k] = valid ? 1.0f : 0.0f;
+            obs->token_mask[(size_t)b * c->max_text + k] = valid ? 1.0f : 0.0f;
         }
-        for (int d = 0; d < S; d++) {
-            obs->state[(size_t)b * S + d] = (state[(size_t)b * S + d] - state_mean[d]) / state_std[d];
+        for (int d = 0; d < Smax; d++) {
+            obs->state[(size_t)b * Smax + d] = d < S ? (state[(size_t)b * S + d] - state_mean[d]) / state_std[d] : 0.0f;
         }
         if (noise != NULL) {
             memcpy(obs->eps + (size_t)b * HA, noise + (size_t)b * HA, (size_t)HA * sizeof(float));
         } else {
-            float t;
-            flow_noise(c, seed, 0, (uint64_t)b, &t, obs->eps + (size_t)b * HA);
+            flow_noise_width(c->chunk, c->max_action_dim, seed, 0, (uint64_t)b, &obs->t[b], obs->eps + (size_t)b * HA);
         }
     }
 }
