@@ -112,56 +112,6 @@ static void* debug_get(const DebugState* ds, const char* name, uint64_t numel) {
 }
 
 // ----------------------------------------------------------------------------
-// comparisons with the oracle's debug state, shared by the CPU and GPU tests
-
-// Velocities (B*H*A) and loss of one forward pass against expect/v and expect/loss.
-static void check_forward_against(const DebugState* st, const char* name, const float* v, size_t n, float loss, double tol) {
-    float* ref_v = (float*)debug_get(st, "expect/v", n);
-    float* ref_loss = (float*)debug_get(st, "expect/loss", 1);
-    double ev = rel_error(v, ref_v, n), el = rel_error(&loss, ref_loss, 1);
-    check(ev < tol, "%s velocities rel err %.2e (tol %.1e)", name, ev, tol);
-    check(el < tol, "%s loss %.7f vs %.7f rel err %.2e (tol %.1e)", name, loss, ref_loss[0], el, tol);
-    free(ref_v); free(ref_loss);
-}
-
-// Every parameter gradient by name (grads: host, table layout) against grad/<name>: a line for each
-// tensor over the tolerance, and one for all of them with the worst. Then the VLM's last layer
-// beyond k/v, which feeds nothing: its gradients must be exactly zero.
-static void check_grads_against(const DebugState* st, const char* name, const VLAConfig* c, const ParamTable* t,
-                                float* grads, double tol) {
-    double worst = 0.0;
-    const char* worst_name = "";
-    int grads_ok = 1;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        const ParamSpec* s = &t->spec[i];
-        char key[96];
-        snprintf(key, sizeof(key), "grad/%s", s->name);
-        float* ref = (float*)debug_get(st, key, s->numel);
-        double e = rel_error(grads + s->offset, ref, s->numel);
-        if (e > worst) { worst = e; worst_name = s->name; }
-        if (!(e < tol)) {
-            grads_ok = 0;
-            check(0, "%s grad %s rel err %.2e (tol %.1e)", name, s->name, e, tol);
-        }
-        free(ref);
-    }
-    check(grads_ok, "%s all %d parameter gradients: worst rel err %.2e (%s) (tol %.1e)", name, NUM_PARAM_TENSORS, worst,
-          worst_name, tol);
-    ParameterTensors g;
-    param_tensors_point(&g, grads, t);
-    int L = c->n_layer;
-    size_t dq = (size_t)vla_d_attn(c) * c->d_model, dff = (size_t)c->d_ff * c->d_model;
-    const float* unused[4] = {g.vlm_wq + (L - 1) * dq, g.vlm_wo + (L - 1) * dq, g.vlm_wgate + (L - 1) * dff,
-                              g.vlm_wdown + (L - 1) * dff};
-    size_t sizes[4] = {dq, dq, dff, dff};
-    int zero = 1;
-    for (int k = 0; k < 4; k++) {
-        for (size_t i = 0; i < sizes[k]; i++) { zero &= unused[k][i] == 0.0f; }
-    }
-    check(zero, "%s unused last-layer VLM tensors have exactly zero gradient", name);
-}
-
-// ----------------------------------------------------------------------------
 // trainer binaries
 
 // Runs a shell command; returns its exit status, or -1 if a signal ended it.

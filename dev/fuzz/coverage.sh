@@ -16,8 +16,8 @@ mkdir -p build/fuzz/coverage
 for name in "${targets[@]}"; do
     case $name in
         shard) functions="shard_open_checked dataset_open_checked shard_section_sizes dataset_assemble batch_fill augment_shift dataset_warn_text_collisions" ;;
-        checkpoint) functions="checkpoint_read_header checkpoint_read_checked vla_config_problem vla_param_count_checked param_table_build" ;;
-        policy) functions="vla_policy_load checkpoint_read_checked checkpoint_read_header vla_config_problem model_build vla_policy_act policy_observations" ;;
+        checkpoint) functions="checkpoint_read_header checkpoint_read_checked smolvla_config_problem smolvla_table_build smolvla_opt_domain" ;;
+        policy) functions="vla_policy_load checkpoint_read_checked checkpoint_read_header smolvla_config_problem smolvla_build vla_policy_act policy_observations resize_with_pad" ;;
         *) echo "error: unknown fuzz target '$name': use shard, checkpoint or policy"; exit 2 ;;
     esac
     corpus=build/fuzz/corpus/$name

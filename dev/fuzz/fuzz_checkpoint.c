@@ -1,7 +1,9 @@
-// fuzz_checkpoint.c: the checkpoint reader on arbitrary bytes. Each input is one checkpoint file:
+// fuzz_checkpoint.c: the checkpoint reader on arbitrary bytes. Each input is one checkpoint file
+// (version 2: SmolVLA's config, the train mode, every weight, the moments of the trainable domain):
 // its header is checked (checkpoint_read_header, what -y 1 runs over every ckpt_*.bin of a folder),
 // then it is read whole (checkpoint_read_checked, what --init, -y 1 and the policy library run),
-// and an accepted checkpoint's parameter table is laid over its weights as the trainers lay it.
+// and an accepted checkpoint's parameter table and optimizer domain are laid over its weights and
+// moments as the trainers lay them.
 #include "fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -17,14 +19,20 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         return 0;
     }
-    if (!header_ok || vla_config_diff(&ck.config, &h.config) != NULL) { abort(); }  // the two readers disagree
-    ParamTable t;
-    param_table_build(&ck.config, &t);
-    ParameterTensors p;
-    param_tensors_point(&p, ck.params, &t);
-    double sum = 0.0;  // the last element of every tensor, read through the table
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { sum += ck.params[t.spec[i].offset + t.spec[i].numel - 1]; }
-    sum += p.action_out_b[ck.config.action_dim - 1] + ck.m[t.total - 1] + ck.v[t.total - 1];
+    if (!header_ok || smolvla_config_diff(&ck.config, &h.config) != NULL || ck.train_mode != h.train_mode) { abort(); }
+    SmolParamTable t;
+    smolvla_table_build(&ck.config, &t);
+    SmolOptDomain d;
+    smolvla_opt_domain(&t, ck.train_mode, &d);
+    if (ck.n_params != t.total || ck.n_trainable != d.total) { abort(); }  // the counts the trainers lay out
+    SmolParameters p;
+    smolvla_point(&p, ck.params, &t);
+    double sum = 0.0;  // the last weight of every tensor and the last moment of every trainable one, through the table
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        sum += ck.params[t.spec[i].offset + t.spec[i].numel - 1];
+        if (d.numel[i] > 0) { sum += ck.m[d.offset[i] + d.numel[i] - 1] + ck.v[d.offset[i] + d.numel[i] - 1]; }
+    }
+    sum += p.action_out_b[ck.config.max_action_dim - 1] + ck.stats[2 * (ck.config.state_dim + ck.config.action_dim) - 1];
     if (isnan(sum) && t.total == 0) { abort(); }
     checkpoint_free(&ck);
     return 0;

@@ -1,6 +1,7 @@
 // fuzz_policy.c: the policy library's checkpoint load (libvla.so's vla_policy_load, what
 // scripts/vla_policy.py calls) on arbitrary bytes. An accepted checkpoint also answers one
-// observation (vla_policy_act) when its model is small enough to run thousands of times a second.
+// observation (vla_policy_act, 8x8 frames of every camera) when its model is small enough to run
+// thousands of times a second.
 #define VLA_LIBRARY
 #include "fuzz_util.h"
 #include "../../train_vla.c"
@@ -13,15 +14,23 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (err[0] == '\0') { abort(); }  // a refusal always says why
         return 0;
     }
-    const VLAConfig* c = &p->model.config;
-    if (vla_n_tokens(c) <= 96 && p->model.table.total <= (1u << 16) && (size_t)c->n_cam * c->img * c->img <= 4096) {
-        size_t img_bytes = (size_t)c->n_cam * c->img * c->img * 3;
-        uint8_t* images = (uint8_t*)callocCheck(img_bytes, 1);
+    const SmolVLAConfig* c = &p->model.config;
+    int32_t config[27];
+    vla_policy_config(p, config);
+    if (config[0] != c->n_cam || config[26] != p->train_mode || vla_policy_tokenizer(p)[0] == '\0') { abort(); }
+    size_t vision_tokens = (size_t)c->n_cam * smolvla_grid(c) * smolvla_grid(c);
+    if (smolvla_n_prefix(c) + c->chunk <= 96 && vision_tokens <= 64 && c->img <= 64 && p->model.table.total <= (1u << 16) &&
+        (size_t)c->vis_layers + c->n_layer <= 8) {
+        enum { SIDE = 8 };
+        int32_t cam_hw[2 * VLA_MAX_CAM];
+        const uint8_t* images[VLA_MAX_CAM];
+        uint8_t* frame = (uint8_t*)callocCheck(SIDE * SIDE * 3, 1);
+        for (int k = 0; k < c->n_cam; k++) { cam_hw[2 * k] = SIDE; cam_hw[2 * k + 1] = SIDE; images[k] = frame; }
         float* state = (float*)callocCheck((size_t)c->state_dim, sizeof(float));
         float* actions = (float*)mallocCheck((size_t)c->chunk * c->action_dim * sizeof(float));
         const char* text[1] = {"open the drawer"};
-        if (vla_policy_act(p, 1, images, text, state, NULL, 7, actions) != 0) { abort(); }
-        free(images); free(state); free(actions);
+        if (vla_policy_act(p, 1, cam_hw, images, text, state, NULL, 7, actions) != 0) { abort(); }  // square frames always fit
+        free(frame); free(state); free(actions);
     }
     vla_policy_free(p);
     return 0;

@@ -1,8 +1,8 @@
 // make_seeds.c: seeds of the fuzz corpora written by the project's own writers, small enough (a
-// few kilobytes) that the fuzzers' mutations land in every section: checkpoints of small configs
-// (checkpoint_write) into CKPT_DIR, and shards of both format versions into SHARD_DIR (shard_write:
-// version 2 with cameras of different and non-square sizes, and another tokenizer's ids;
-// shard_write_v1: version 1). More shard seeds come from data/synthetic (dev/fuzz/run_fuzz.sh).
+// few to 30 kilobytes) that the fuzzers' mutations land in every section: version-2 checkpoints
+// of small SmolVLA configs, one per train mode (checkpoint_write), into CKPT_DIR, and shards of
+// both format versions into SHARD_DIR (shard_write: version 2 with cameras of different and
+// non-square sizes, and another tokenizer's ids; shard_write_v1: version 1). More shard seeds come from data/synthetic (dev/fuzz/run_fuzz.sh).
 //   make_seeds CKPT_DIR SHARD_DIR
 #include "../../vla.h"
 
@@ -51,33 +51,43 @@ int main(int argc, char** argv) {
     fseek(f, 0, SEEK_SET);
     if (fwrite(&h, sizeof(h), 1, f) != 1) { vla_fail("cannot write %s", path); }
     fclose(f);
-    // n_cam img patch text S A  H  d  f  d_a f_a L NH HS theta
-    const VLAConfig configs[] = {
-        {1, 4, 2, 4, 2, 2, 2, 4, 8, 4, 8, 1, 1, 4, 10000},
-        {2, 8, 4, 6, 3, 2, 3, 6, 4, 4, 6, 2, 2, 2, 100},
-        {1, 8, 8, 8, 4, 4, 4, 8, 16, 8, 16, 1, 2, 4, 10000},
+    // checkpoints (version 2) of three small SmolVLA configs, one per train mode: every weight, and
+    // the moments of that mode's trainable elements only (the third's 20-row text table: one the
+    // policy library refuses, byte ids needing 256)
+    //  cam S  A  img p  Cv Fv Lv NHv s  vocab pad text C   F   L  NH NKV HS Ce Fe  n  H  Smax Amax theta
+    const SmolVLAConfig configs[] = {
+        {1, 2, 2, 8,  4, 4, 8, 1, 2,  1, 256, 0,  4,   8,  8,  2, 2, 1,  4, 4, 8,  2, 2, 4,   4,   10000},
+        {2, 3, 2, 8,  2, 4, 4, 1, 1,  2, 256, 1,  3,   4,  8,  3, 2, 2,  2, 6, 4,  2, 3, 3,   2,   100},
+        {1, 1, 3, 16, 4, 8, 8, 2, 2,  2, 20,  3,  2,   8,  4,  1, 4, 2,  2, 4, 4,  1, 2, 2,   3,   10000},
     };
+    const int modes[] = {TRAIN_MODE_EXPERT, TRAIN_MODE_VLM, TRAIN_MODE_ALL};
     const uint64_t steps[] = {0, 5, 1000};
     for (int k = 0; k < (int)(sizeof(configs) / sizeof(configs[0])); k++) {
-        const VLAConfig* c = &configs[k];
-        const char* problem = vla_config_problem(c);
+        const SmolVLAConfig* c = &configs[k];
+        const char* problem = smolvla_config_problem(c);
         if (problem != NULL) { vla_fail("seed config %d: %s", k, problem); }
-        ParamTable t;
-        param_table_build(c, &t);
+        SmolParamTable t;
+        smolvla_table_build(c, &t);
+        size_t nt = smolvla_trainable_count(&t, modes[k]);
         int S = c->state_dim, A = c->action_dim;
         float* stats = (float*)mallocCheck(2 * (size_t)(S + A) * sizeof(float));
         for (int i = 0; i < 2 * (S + A); i++) { stats[i] = 0.5f + 0.25f * (float)(i % 3); }
-        float* state = (float*)callocCheck(3 * t.total, sizeof(float));
-        param_init(state, &t, c, 1337 + (uint64_t)k);
-        for (size_t i = 0; i < t.total; i++) {  // moments as a run leaves them: small, v positive
-            state[t.total + i] = 1e-3f * state[i];
-            state[2 * t.total + i] = 1e-6f * state[i] * state[i];
+        float* params = (float*)mallocCheck(t.total * sizeof(float));
+        float* moments = (float*)callocCheck(2 * (nt > 0 ? nt : 1), sizeof(float));
+        smolvla_param_init(params, &t, c, 1337 + (uint64_t)k);
+        for (size_t i = 0; i < nt; i++) {  // moments as a run leaves them: small, v positive
+            moments[i] = 1e-3f * params[i];
+            moments[nt + i] = 1e-6f * params[i] * params[i];
         }
-        Checkpoint ck = {*c, steps[k], 1337, steps[k] * 8, stats, state, state + t.total, state + 2 * t.total};
+        Checkpoint ck;
+        memset(&ck, 0, sizeof(ck));
+        ck.config = *c; ck.train_mode = modes[k]; ck.step = steps[k]; ck.seed = 1337; ck.sampler_pos = steps[k] * 8;
+        ck.n_params = t.total; ck.n_trainable = nt; ck.stats = stats; ck.params = params; ck.m = moments;
+        ck.v = moments + nt;
+        snprintf(ck.tokenizer, sizeof(ck.tokenizer), "%s", SHARD_TOKENIZER_BYTES);
         snprintf(path, sizeof(path), "%s/ckpt_seed_%d.bin", argv[1], k);
-        checkpoint_write(path, &ck, t.total);
-        free(stats);
-        free(state);
+        checkpoint_write(path, &ck);
+        free(stats); free(params); free(moments);
     }
     return 0;
 }
