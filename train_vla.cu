@@ -1,40 +1,34 @@
 /*
-train_vla.cu: the GPU trainer of a pi0-style Vision-Language-Action policy, in CUDA C++. Same
-model, same sections and same checkpoints as train_vla.c (the CPU reference); the PyTorch oracle
-(dev/model.py) is the independent copy that test_vla_gpu.cu checks this file against.
-
-Tensor-shape legend:
-  B   samples                       L   layers (both stacks)
-  Np  prefix tokens                 Ns  suffix tokens = 1 + H (state, H actions)
-  P   B*Np prefix rows              Q   B*Ns suffix rows        R   B*H action rows
-  d / da   VLM / expert width       f / fa  MLP widths
-  NH, HS  heads, head size          D = NH*HS, HSP = HS padded to a multiple of 16
-  H   chunk length                  A / S   action / state dims
-  PD  3*p*p pixels per patch        NI  image tokens (cameras x patches per camera)
+train_vla.cu: the GPU trainer of SmolVLA (LeRobot 0.6.1's Vision-Language-Action policy), in CUDA
+C++. Same model, same sections and same checkpoints as train_vla.c (the CPU reference); the
+PyTorch oracle (dev/model.py) and LeRobot's own references (dev/lerobot) are the independent
+copies that test_vla_gpu.cu checks this file against. The model section's comment has the shape
+legend: NV images, V vision rows, P = B*Np prefix rows, R = B*H action rows, C / Ce / Cv widths,
+D = NH*HS, KV = NKV*HS (GQA), Smax / Amax padded state / action dims.
 
 Precision (PRECISION=BF16, the default): weights and activations in bf16 (floatX); fp32 master
 weights, AdamW moments, gradients, residual-stream gradients, norm statistics, softmax and every
 accumulation. PRECISION=FP32 makes floatX float, for testing against the oracle at 1e-4.
 
 Invariants worth knowing before reading:
-- As in train_vla.c: the prefix stack runs first over all layers and keeps its keys/values; the
-  suffix stack attends to [prefix K/V, its own K/V]. Backward runs the suffix first, which
-  deposits gradients into the prefix K/V of every layer (dp_k, dp_v), then the prefix.
-- The prefix's output after the last layer feeds nothing: its last layer computes ln1, k, v only.
+- What trains is --train (expert, vlm, all: TRAIN_MODE_*): each tensor's trainable elements are
+  a prefix of it, packed in table order into one domain (SmolOptDomain), which holds the floatX
+  weights that train, the gradients, the master weights, the moments, the checkpoint's m and v,
+  the gradient buckets and the ZeRO-1 shards. Frozen weights live on the device as floatX only.
+- The VLM runs first over the prefix and keeps its keys/values per layer; the expert attends to
+  them. Backward runs the expert first, which deposits gradients into the VLM's keys/values
+  (dp_k, dp_v), then the VLM, as far down as something trains.
+- The loss is LeRobot's mean over valid entries, taken over the whole optimizer step (every
+  micro-step and rank): the passes compute sums, divided once every rank's are in.
 - Linear weights are (out, in), row-major; y = x W^T + b. cuBLASLt is column-major, so a
   row-major (N, C) activation is a column-major (C, N) matrix: see matmul_forward.
 - Every reduction runs in a fixed order (no floating-point atomics): two runs give the same bits.
-- The compute copy of the weights and the gradients use the parameter table with every tensor
-  start rounded to 16 elements (cuBLASLt wants aligned matrices); master weights and moments keep
-  the checkpoint layout, so a checkpoint is one copy of each.
-
-The SmolVLA model section, after the model above, is the model train_vla is moving to: LeRobot
-0.6.1's SmolVLA (shared/SMOLVLA.md; dev/smolvla.py is its oracle), with its own shape legend. The
-training loops still run the model above until both trainers switch.
 
 Reproduce the oracle's numbers (what test_vla_gpu checks):
   make test     (on a GPU: ./test_vla_gpu build/test ./train_vla --smolvla build/lerobot_ref;
                  without one, the same tests run under the CPU emulation in dev/cuda/emu)
+  python3 dev/model.py -i build/test/a.bin -p tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
+      -l 1e-3 -u 2 -w 0.1 -c 0.5 --train-mode all     (the losses of ./train_vla -p tiny -b 4 ...)
 */
 #include "vla.h"
 #include <cublasLt.h>
@@ -161,42 +155,8 @@ __global__ void flow_inputs_kernel(floatX* x_t, float* target, const float* acti
     target[i] = eps[i] - actions[i];
 }
 
-// pixels u8 (n_img, img, img, 3) -> patches (n_img * g*g, p*p*3) as x/127.5 - 1, g = img/p: patches
-// row-major per image, each flattened as (pixel row, pixel column, channel). One thread per value.
-__global__ void patchify_kernel(floatX* patches, const uint8_t* images, int n_img, int img, int p) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int g = img / p, row = 3 * p;
-    if (idx >= (size_t)n_img * g * g * p * row) { return; }
-    int k = (int)(idx % row);
-    int y = (int)(idx / row % p);
-    int patch = (int)(idx / ((size_t)row * p) % (g * g));
-    size_t im = idx / ((size_t)row * p * g * g);
-    size_t src = ((im * img + (size_t)(patch / g) * p + y) * img + (size_t)(patch % g) * p) * 3 + k;
-    patches[idx] = fx((float)images[src] / 127.5f - 1.0f);
-}
-
-// prefix tokens x (B, Np, d): image rows are patch_out + pos_emb, text rows text_emb[token id];
-// key_valid (B, Np): 1 for image tokens and instruction tokens, 0 for pads.
-__global__ void prefix_embed_kernel(floatX* x, float* key_valid, const floatX* patch_out, const floatX* pos_emb,
-                                    const floatX* text_emb, const int32_t* tokens, const float* text_mask,
-                                    int B, int NI, int T, int d) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int Np = NI + T;
-    if (idx >= (size_t)B * Np * d) { return; }
-    int k = (int)(idx % d);
-    size_t row = idx / d;
-    int i = (int)(row % Np), b = (int)(row / Np);
-    if (i < NI) {
-        x[idx] = fx(f32(patch_out[((size_t)b * NI + i) * d + k]) + f32(pos_emb[(size_t)i * d + k]));
-    } else {
-        x[idx] = text_emb[(size_t)tokens[b * T + (i - NI)] * d + k];
-    }
-    if (k == 0) { key_valid[row] = i < NI ? 1.0f : text_mask[b * T + (i - NI)]; }
-}
-
 // out = x / sqrt(mean(x^2) + eps) * w, rstd = 1 / sqrt(mean(x^2) + eps). One warp per row of C.
-// eps: RMSNORM_EPS for the pi0-style model, SMOLVLA_RMS_EPS (vla.h) for SmolVLA's stacks.
-#define RMSNORM_EPS 1e-6f
+// eps: SMOLVLA_RMS_EPS (vla.h) for the Llama stacks.
 __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
                                        float eps) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
@@ -347,70 +307,7 @@ __global__ void column_sum_kernel(float* out, const float* partial, int n_chunks
     out[c] += s;
 }
 
-// RoPE (rotate-half) of x (B*Tg rows of NH*HS) whose row i of a sample sits at position pos0 + i;
-// sign -1 rotates back, which is the backward pass. Reads `in` (float or floatX), writes `out`
-// (may be `in`). One thread per (row, head, k < HS/2).
-template <typename Tin>
-__global__ void rope_kernel(floatX* out, const Tin* in, const float* cos_t, const float* sin_t, int rows, int Tg,
-                            int pos0, int NH, int HS, float sign) {
-    int half = HS / 2;
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)rows * NH * half) { return; }
-    int k = (int)(idx % half), h = (int)(idx / half % NH);
-    size_t row = idx / ((size_t)half * NH);
-    int pos = pos0 + (int)(row % Tg);
-    size_t at = row * NH * HS + (size_t)h * HS + k;
-    float c = cos_t[pos * half + k], s = sign * sin_t[pos * half + k];
-    float x1 = f32(in[at]), x2 = f32(in[at + half]);
-    out[at] = fx(x1 * c - x2 * s);
-    out[at + half] = fx(x2 * c + x1 * s);
-}
-
-// Version 2: 128-bit loads and stores, x128::size consecutive k per thread (HS/2 a multiple of
-// it); the input is floatX (the forward pass and the backward of q).
-__global__ void rope_kernel2(floatX* out, const floatX* in, const float* cos_t, const float* sin_t, int rows, int Tg,
-                             int pos0, int NH, int HS, float sign) {
-    int half = HS / 2, packs = half / x128::size;
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)rows * NH * packs) { return; }
-    int k0 = (int)(idx % packs) * x128::size, h = (int)(idx / packs % NH);
-    size_t row = idx / ((size_t)packs * NH);
-    int pos = pos0 + (int)(row % Tg);
-    size_t at = row * NH * HS + (size_t)h * HS + k0;
-    x128 a = load128(in + at), b = load128(in + at + half), ra, rb;
-    #pragma unroll
-    for (int k = 0; k < x128::size; k++) {
-        float c = cos_t[pos * half + k0 + k], s = sign * sin_t[pos * half + k0 + k];
-        float x1 = f32(a.v[k]), x2 = f32(b.v[k]);
-        ra.v[k] = fx(x1 * c - x2 * s);
-        rb.v[k] = fx(x2 * c + x1 * s);
-    }
-    store128(out + at, ra);
-    store128(out + at + half, rb);
-}
-
-// ---- attention under the block mask (see attention_forward in train_vla.c)
-
-// The keys of one pass: the prefix pass has the prefix keys only; the suffix pass adds the
-// suffix keys, of which the state query (i = 0) sees only the state key (j = Np).
-typedef struct {
-    const floatX* kp; const floatX* vp;  // (B, Np, D) prefix keys and values
-    const floatX* ks; const floatX* vs;  // (B, Ns, D) suffix keys and values, NULL in the prefix pass
-    const float* key_valid;              // (B, Np)
-    int B, NH, HS, Np, Ns, Tq;           // Tq: queries per sample (Np or Ns)
-} AttnKeys;
-
-static __host__ __device__ __forceinline__ int attn_n_keys(const AttnKeys& a) { return a.Np + (a.ks != nullptr ? a.Ns : 0); }
-
-static __device__ __forceinline__ bool attn_visible(const AttnKeys& a, int b, int i, int j) {
-    if (j < a.Np) { return a.key_valid[(size_t)b * a.Np + j] != 0.0f; }
-    return i > 0 || j == a.Np;
-}
-
-// Row of key (or value) j of sample b: from the prefix tensor or, past Np, the suffix one.
-static __device__ __forceinline__ size_t attn_key_row(const AttnKeys& a, int b, int j) {
-    return j < a.Np ? (size_t)b * a.Np + j : (size_t)b * a.Ns + (j - a.Np);
-}
+// ---- attention: the softmax backward's shared term and the tensor-core tiles (SmolVLA's GQA kernels below)
 
 // delta (B, NH, Tq) = rowsum(dO * O) per head: the softmax backward's correction term.
 // One warp per (row, head).
@@ -424,149 +321,6 @@ __global__ void attention_delta_kernel(float* delta, const floatX* dout, const f
     for (int c = lane; c < HS; c += 32) { s += f32(dout[at + c]) * f32(out[at + c]); }
     s = warp_sum(s);
     if (lane == 0) { delta[((size_t)(row / Tq) * NH + h) * Tq + row % Tq] = s; }
-}
-
-// Version 1 (fp32 builds): one warp per (sample, head, query); key by key with an online
-// softmax, lanes splitting the head dims (HS <= 128). out (B, Tq, D), lse (B, NH, Tq).
-__global__ void attention_forward_kernel1(floatX* out, float* lse, const floatX* q, AttnKeys a) {
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (warp >= a.B * a.NH * a.Tq) { return; }
-    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
-    int D = a.NH * a.HS, nk = attn_n_keys(a);
-    float scale = 1.0f / sqrtf((float)a.HS);
-    const floatX* qi = q + ((size_t)b * a.Tq + i) * D + h * a.HS;
-    float qv[4], acc[4];
-    #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        int c = lane + 32 * u;
-        qv[u] = c < a.HS ? f32(qi[c]) : 0.0f;
-        acc[u] = 0.0f;
-    }
-    float mx = -INFINITY, sum = 0.0f;
-    for (int j = 0; j < nk; j++) {
-        if (!attn_visible(a, b, i, j)) { continue; }  // the same for the whole warp
-        const floatX* kj = (j < a.Np ? a.kp : a.ks) + attn_key_row(a, b, j) * D + h * a.HS;
-        const floatX* vj = (j < a.Np ? a.vp : a.vs) + attn_key_row(a, b, j) * D + h * a.HS;
-        float s = 0.0f;
-        #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = lane + 32 * u;
-            if (c < a.HS) { s += qv[u] * f32(kj[c]); }
-        }
-        s = warp_sum(s) * scale;
-        float m_new = fmaxf(mx, s), corr = expf(mx - m_new), p = expf(s - m_new);
-        sum = sum * corr + p;
-        #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = lane + 32 * u;
-            acc[u] = acc[u] * corr + (c < a.HS ? p * f32(vj[c]) : 0.0f);
-        }
-        mx = m_new;
-    }
-    floatX* oi = out + ((size_t)b * a.Tq + i) * D + h * a.HS;
-    #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        int c = lane + 32 * u;
-        if (c < a.HS) { oi[c] = fx(acc[u] / sum); }
-    }
-    if (lane == 0) { lse[((size_t)b * a.NH + h) * a.Tq + i] = mx + logf(sum); }
-}
-
-// Version 1 backward, query side: with P = softmax(S) recomputed from lse, dP = dO V^T,
-// dS = P * (dP - delta), dq = scale * dS K. One warp per query; dq (B, Tq, D) is overwritten.
-__global__ void attention_backward_dq_kernel1(floatX* dq, const floatX* dout, const floatX* q, const float* lse,
-                                              const float* delta, AttnKeys a) {
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (warp >= a.B * a.NH * a.Tq) { return; }
-    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
-    int D = a.NH * a.HS, nk = attn_n_keys(a);
-    float scale = 1.0f / sqrtf((float)a.HS);
-    size_t row = ((size_t)b * a.Tq + i) * D + h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
-    float l = lse[stat], dl = delta[stat];
-    float qv[4], dov[4], acc[4];
-    #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        int c = lane + 32 * u;
-        qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
-        dov[u] = c < a.HS ? f32(dout[row + c]) : 0.0f;
-        acc[u] = 0.0f;
-    }
-    for (int j = 0; j < nk; j++) {
-        if (!attn_visible(a, b, i, j)) { continue; }
-        const floatX* kj = (j < a.Np ? a.kp : a.ks) + attn_key_row(a, b, j) * D + h * a.HS;
-        const floatX* vj = (j < a.Np ? a.vp : a.vs) + attn_key_row(a, b, j) * D + h * a.HS;
-        float s = 0.0f, dp = 0.0f;
-        #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = lane + 32 * u;
-            if (c < a.HS) { s += qv[u] * f32(kj[c]); dp += dov[u] * f32(vj[c]); }
-        }
-        s = warp_sum(s);
-        dp = warp_sum(dp);
-        float p = expf(s * scale - l);
-        float ds = p * (dp - dl) * scale;
-        #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = lane + 32 * u;
-            if (c < a.HS) { acc[u] += ds * f32(kj[c]); }
-        }
-    }
-    #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        int c = lane + 32 * u;
-        if (c < a.HS) { dq[row + c] = fx(acc[u]); }
-    }
-}
-
-// Version 1 backward, key side: dv += P^T dO, dk += scale * dS^T Q, for one key per warp over
-// every query that sees it. Keys j < Np land in dkp/dvp (B, Np, D), the others in dks/dvs
-// (B, Ns, D); all fp32 and accumulated, each row by one warp only.
-__global__ void attention_backward_dkdv_kernel1(float* dkp, float* dvp, float* dks, float* dvs, const floatX* dout,
-                                                const floatX* q, const float* lse, const float* delta, AttnKeys a) {
-    int nk = attn_n_keys(a);
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (warp >= a.B * a.NH * nk) { return; }
-    int j = warp % nk, h = warp / nk % a.NH, b = warp / (nk * a.NH);
-    int D = a.NH * a.HS;
-    float scale = 1.0f / sqrtf((float)a.HS);
-    size_t krow = attn_key_row(a, b, j) * D + h * a.HS;
-    const floatX* kj = (j < a.Np ? a.kp : a.ks) + krow;
-    const floatX* vj = (j < a.Np ? a.vp : a.vs) + krow;
-    float kv[4], vv[4], dk[4], dv[4];
-    #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        int c = lane + 32 * u;
-        kv[u] = c < a.HS ? f32(kj[c]) : 0.0f;
-        vv[u] = c < a.HS ? f32(vj[c]) : 0.0f;
-        dk[u] = 0.0f;
-        dv[u] = 0.0f;
-    }
-    for (int i = 0; i < a.Tq; i++) {
-        if (!attn_visible(a, b, i, j)) { continue; }
-        size_t row = ((size_t)b * a.Tq + i) * D + h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
-        float s = 0.0f, dp = 0.0f;
-        #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = lane + 32 * u;
-            if (c < a.HS) { s += f32(q[row + c]) * kv[u]; dp += f32(dout[row + c]) * vv[u]; }
-        }
-        s = warp_sum(s);
-        dp = warp_sum(dp);
-        float p = expf(s * scale - lse[stat]);
-        float ds = p * (dp - delta[stat]) * scale;
-        #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = lane + 32 * u;
-            if (c < a.HS) { dv[u] += p * f32(dout[row + c]); dk[u] += ds * f32(q[row + c]); }
-        }
-    }
-    float* dkj = (j < a.Np ? dkp : dks) + krow;
-    float* dvj = (j < a.Np ? dvp : dvs) + krow;
-    #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        int c = lane + 32 * u;
-        if (c < a.HS) { dkj[c] += dk[u]; dvj[c] += dv[u]; }
-    }
 }
 
 #if !defined(ENABLE_FP32)
@@ -615,19 +369,6 @@ static __device__ void load_query_tile(__nv_bfloat16* tile, const floatX* x, int
     }
 }
 
-// tile (ATT_TILE, HSP) <- keys (or values) first.. of one head, from the prefix or suffix tensor
-template <int HSP>
-static __device__ void load_key_tile(__nv_bfloat16* tile, const AttnKeys& a, const floatX* pfx, const floatX* sfx,
-                                     int b, int h, int first) {
-    const int packs = HSP / x128::size;
-    int nk = attn_n_keys(a), D = a.NH * a.HS;
-    for (int e = threadIdx.x; e < ATT_TILE * packs; e += blockDim.x) {
-        int r = e / packs, c = e % packs * x128::size, j = first + r;
-        const floatX* src = j < nk ? (j < a.Np ? pfx : sfx) + attn_key_row(a, b, j) * D + (size_t)h * a.HS : nullptr;
-        load_tile_slice(tile + r * HSP, src, a.HS, c);
-    }
-}
-
 // out (16, 64) of this warp = A rows (16, HSP) times B rows (64, HSP) transposed: scores
 template <int HSP>
 static __device__ void warp_scores(float* out, const __nv_bfloat16* a_rows, const __nv_bfloat16* b_rows) {
@@ -662,267 +403,7 @@ static __device__ void warp_accumulate(FragC* acc, const __nv_bfloat16* p_rows, 
         }
     }
 }
-
-template <int HSP>
-static size_t attention_forward_smem2(void) {
-    return 3 * (size_t)ATT_TILE * HSP * 2 + (size_t)ATT_TILE * ATT_TILE * 2 + (size_t)ATT_TILE * ATT_TILE * 4 +
-           (size_t)ATT_TILE * HSP * 4 + 2 * ATT_TILE * 4;
-}
-
-template <int HSP>
-__global__ void __launch_bounds__(ATT_THREADS) attention_forward_kernel2(floatX* out, float* lse, const floatX* q,
-                                                                          AttnKeys a) {
-    extern __shared__ __align__(128) float att_smem[];
-    __nv_bfloat16* Qs = (__nv_bfloat16*)att_smem;  // (64, HSP)
-    __nv_bfloat16* Ks = Qs + ATT_TILE * HSP;         // (64, HSP)
-    __nv_bfloat16* Vs = Ks + ATT_TILE * HSP;         // (64, HSP)
-    __nv_bfloat16* Ps = Vs + ATT_TILE * HSP;         // (64, 64) probabilities
-    float* S = (float*)(Ps + ATT_TILE * ATT_TILE);   // (64, 64) scores
-    float* O = S + ATT_TILE * ATT_TILE;              // (64, HSP) unnormalized output
-    float* row_m = O + ATT_TILE * HSP;               // (64) running max
-    float* row_l = row_m + ATT_TILE;                 // (64) running sum
-    int i0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int nk = attn_n_keys(a), D = a.NH * a.HS;
-    float scale = 1.0f / sqrtf((float)a.HS);
-    load_query_tile<HSP>(Qs, q, b, h, i0, a.Tq, a.HS, D);
-    for (int e = threadIdx.x; e < ATT_TILE * HSP; e += blockDim.x) { O[e] = 0.0f; }
-    for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x) { row_m[r] = -INFINITY; row_l[r] = 0.0f; }
-    // each warp owns rows 16w..16w+15 of S, P, O; a lane pair owns one row, a half of it each
-    int r = warp * 16 + lane / 2, i = i0 + r, half = lane % 2;
-    for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
-        __syncthreads();  // the previous tile's K and V are no longer read
-        load_key_tile<HSP>(Ks, a, a.kp, a.ks, b, h, j0);
-        load_key_tile<HSP>(Vs, a, a.vp, a.vs, b, h, j0);
-        __syncthreads();
-        warp_scores<HSP>(S + warp * 16 * ATT_TILE, Qs + warp * 16 * HSP, Ks);
-        __syncwarp();
-        float* srow = S + r * ATT_TILE;
-        float tile_max = -INFINITY;
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            int j = j0 + c;
-            float s = (i < a.Tq && j < nk && attn_visible(a, b, i, j)) ? srow[c] * scale : -INFINITY;
-            srow[c] = s;
-            tile_max = fmaxf(tile_max, s);
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        float m_old = row_m[r], m_new = fmaxf(m_old, tile_max);
-        float m_ref = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: exp gives 0, not NaN
-        float psum = 0.0f;
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            float p = expf(srow[c] - m_ref);
-            Ps[r * ATT_TILE + c] = __float2bfloat16(p);
-            psum += p;
-        }
-        psum += __shfl_xor_sync(0xffffffffu, psum, 1);
-        float corr = expf(m_old - m_ref);
-        for (int c = half * (HSP / 2); c < (half + 1) * (HSP / 2); c++) { O[r * HSP + c] *= corr; }
-        __syncwarp();  // both lanes of the pair have read row_m, row_l
-        if (half == 0) {
-            row_m[r] = m_new;
-            row_l[r] = row_l[r] * corr + psum;
-        }
-        __syncwarp();
-        FragC acc[HSP / 16];
-        #pragma unroll
-        for (int n = 0; n < HSP / 16; n++) {
-            wmma::load_matrix_sync(acc[n], O + warp * 16 * HSP + n * 16, HSP, wmma::mem_row_major);
-        }
-        warp_accumulate<HSP>(acc, Ps + warp * 16 * ATT_TILE, Vs);
-        #pragma unroll
-        for (int n = 0; n < HSP / 16; n++) {
-            wmma::store_matrix_sync(O + warp * 16 * HSP + n * 16, acc[n], HSP, wmma::mem_row_major);
-        }
-        __syncwarp();
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < ATT_TILE * a.HS; e += blockDim.x) {
-        int rr = e / a.HS, c = e % a.HS;
-        if (i0 + rr < a.Tq) { out[((size_t)b * a.Tq + i0 + rr) * D + (size_t)h * a.HS + c] = fx(O[rr * HSP + c] / row_l[rr]); }
-    }
-    for (int rr = threadIdx.x; rr < ATT_TILE; rr += blockDim.x) {
-        if (i0 + rr < a.Tq) { lse[((size_t)b * a.NH + h) * a.Tq + i0 + rr] = row_m[rr] + logf(row_l[rr]); }
-    }
-}
-
-// both backward kernels: four (64, HSP) bf16 tiles, two (64, 64) bf16 and two (64, 64) fp32, two rows
-template <int HSP>
-static size_t attention_backward_smem2(void) {
-    return 4 * (size_t)ATT_TILE * HSP * 2 + 2 * (size_t)ATT_TILE * ATT_TILE * 2 + 2 * (size_t)ATT_TILE * ATT_TILE * 4 +
-           2 * ATT_TILE * 4;
-}
-
-// Query side: dq = scale dS K for 64 queries per block, key tile by key tile; dq overwritten.
-template <int HSP>
-__global__ void __launch_bounds__(ATT_THREADS) attention_backward_dq_kernel2(floatX* dq, const floatX* dout,
-                                                                              const floatX* q, const float* lse,
-                                                                              const float* delta, AttnKeys a) {
-    extern __shared__ __align__(128) float att_smem[];
-    __nv_bfloat16* Qs = (__nv_bfloat16*)att_smem;  // (64, HSP)
-    __nv_bfloat16* dOs = Qs + ATT_TILE * HSP;        // (64, HSP)
-    __nv_bfloat16* Ks = dOs + ATT_TILE * HSP;        // (64, HSP)
-    __nv_bfloat16* Vs = Ks + ATT_TILE * HSP;         // (64, HSP)
-    __nv_bfloat16* dSs = Vs + ATT_TILE * HSP;        // (64, 64)
-    float* S = (float*)(dSs + ATT_TILE * ATT_TILE);  // (64, 64), then dP (64, 64)
-    float* dP = S + ATT_TILE * ATT_TILE;
-    float* row_lse = dP + ATT_TILE * ATT_TILE;
-    float* row_delta = row_lse + ATT_TILE;
-    int i0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int nk = attn_n_keys(a), D = a.NH * a.HS;
-    float scale = 1.0f / sqrtf((float)a.HS);
-    load_query_tile<HSP>(Qs, q, b, h, i0, a.Tq, a.HS, D);
-    load_query_tile<HSP>(dOs, dout, b, h, i0, a.Tq, a.HS, D);
-    for (int rr = threadIdx.x; rr < ATT_TILE; rr += blockDim.x) {
-        size_t stat = ((size_t)b * a.NH + h) * a.Tq + i0 + rr;
-        row_lse[rr] = i0 + rr < a.Tq ? lse[stat] : 0.0f;
-        row_delta[rr] = i0 + rr < a.Tq ? delta[stat] : 0.0f;
-    }
-    FragC acc[HSP / 16];
-    #pragma unroll
-    for (int n = 0; n < HSP / 16; n++) { wmma::fill_fragment(acc[n], 0.0f); }
-    int r = warp * 16 + lane / 2, i = i0 + r, half = lane % 2;
-    for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
-        __syncthreads();
-        load_key_tile<HSP>(Ks, a, a.kp, a.ks, b, h, j0);
-        load_key_tile<HSP>(Vs, a, a.vp, a.vs, b, h, j0);
-        __syncthreads();
-        warp_scores<HSP>(S + warp * 16 * ATT_TILE, Qs + warp * 16 * HSP, Ks);
-        warp_scores<HSP>(dP + warp * 16 * ATT_TILE, dOs + warp * 16 * HSP, Vs);
-        __syncwarp();
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            int j = j0 + c;
-            bool vis = i < a.Tq && j < nk && attn_visible(a, b, i, j);
-            float p = vis ? expf(S[r * ATT_TILE + c] * scale - row_lse[r]) : 0.0f;
-            dSs[r * ATT_TILE + c] = __float2bfloat16(p * (dP[r * ATT_TILE + c] - row_delta[r]) * scale);
-        }
-        __syncwarp();
-        warp_accumulate<HSP>(acc, dSs + warp * 16 * ATT_TILE, Ks);
-    }
-    __syncthreads();
-    float* stage = S;  // (64, HSP) fp32: S and dP are free now
-    #pragma unroll
-    for (int n = 0; n < HSP / 16; n++) {
-        wmma::store_matrix_sync(stage + warp * 16 * HSP + n * 16, acc[n], HSP, wmma::mem_row_major);
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < ATT_TILE * a.HS; e += blockDim.x) {
-        int rr = e / a.HS, c = e % a.HS;
-        if (i0 + rr < a.Tq) { dq[((size_t)b * a.Tq + i0 + rr) * D + (size_t)h * a.HS + c] = fx(stage[rr * HSP + c]); }
-    }
-}
-
-// Key side: dv += P^T dO and dk += scale dS^T Q for 64 keys per block (4 warps of 16 keys), query
-// tile by query tile; every key row is written by one block only, accumulating into fp32.
-template <int HSP>
-__global__ void __launch_bounds__(ATT_THREADS) attention_backward_dkdv_kernel2(float* dkp, float* dvp, float* dks,
-                                                                                float* dvs, const floatX* dout,
-                                                                                const floatX* q, const float* lse,
-                                                                                const float* delta, AttnKeys a) {
-    extern __shared__ __align__(128) float att_smem[];
-    __nv_bfloat16* Ks = (__nv_bfloat16*)att_smem;  // (64 keys, HSP)
-    __nv_bfloat16* Vs = Ks + ATT_TILE * HSP;
-    __nv_bfloat16* Qs = Vs + ATT_TILE * HSP;         // (64 queries, HSP)
-    __nv_bfloat16* dOs = Qs + ATT_TILE * HSP;
-    __nv_bfloat16* Pt = dOs + ATT_TILE * HSP;        // (64 keys, 64 queries)
-    __nv_bfloat16* dSt = Pt + ATT_TILE * ATT_TILE;
-    float* St = (float*)(dSt + ATT_TILE * ATT_TILE);  // (64 keys, 64 queries), then dP^T
-    float* dPt = St + ATT_TILE * ATT_TILE;
-    float* q_lse = dPt + ATT_TILE * ATT_TILE;
-    float* q_delta = q_lse + ATT_TILE;
-    int j0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int nk = attn_n_keys(a), D = a.NH * a.HS;
-    float scale = 1.0f / sqrtf((float)a.HS);
-    load_key_tile<HSP>(Ks, a, a.kp, a.ks, b, h, j0);
-    load_key_tile<HSP>(Vs, a, a.vp, a.vs, b, h, j0);
-    FragC acc_dk[HSP / 16], acc_dv[HSP / 16];
-    #pragma unroll
-    for (int n = 0; n < HSP / 16; n++) { wmma::fill_fragment(acc_dk[n], 0.0f); wmma::fill_fragment(acc_dv[n], 0.0f); }
-    int r = warp * 16 + lane / 2, j = j0 + r, half = lane % 2;
-    for (int i0 = 0; i0 < a.Tq; i0 += ATT_TILE) {
-        __syncthreads();
-        load_query_tile<HSP>(Qs, q, b, h, i0, a.Tq, a.HS, D);
-        load_query_tile<HSP>(dOs, dout, b, h, i0, a.Tq, a.HS, D);
-        for (int cc = threadIdx.x; cc < ATT_TILE; cc += blockDim.x) {
-            size_t stat = ((size_t)b * a.NH + h) * a.Tq + i0 + cc;
-            q_lse[cc] = i0 + cc < a.Tq ? lse[stat] : 0.0f;
-            q_delta[cc] = i0 + cc < a.Tq ? delta[stat] : 0.0f;
-        }
-        __syncthreads();
-        warp_scores<HSP>(St + warp * 16 * ATT_TILE, Ks + warp * 16 * HSP, Qs);
-        warp_scores<HSP>(dPt + warp * 16 * ATT_TILE, Vs + warp * 16 * HSP, dOs);
-        __syncwarp();
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            int i = i0 + c;
-            bool vis = i < a.Tq && j < nk && attn_visible(a, b, i, j);
-            float p = vis ? expf(St[r * ATT_TILE + c] * scale - q_lse[c]) : 0.0f;
-            Pt[r * ATT_TILE + c] = __float2bfloat16(p);
-            dSt[r * ATT_TILE + c] = __float2bfloat16(p * (dPt[r * ATT_TILE + c] - q_delta[c]) * scale);
-        }
-        __syncwarp();
-        warp_accumulate<HSP>(acc_dv, Pt + warp * 16 * ATT_TILE, dOs);
-        warp_accumulate<HSP>(acc_dk, dSt + warp * 16 * ATT_TILE, Qs);
-    }
-    float* stage = St;  // (64, HSP) fp32 over St and dP^T
-    for (int which = 0; which < 2; which++) {
-        __syncthreads();
-        #pragma unroll
-        for (int n = 0; n < HSP / 16; n++) {
-            wmma::store_matrix_sync(stage + warp * 16 * HSP + n * 16, which == 0 ? acc_dk[n] : acc_dv[n], HSP,
-                                    wmma::mem_row_major);
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < ATT_TILE * a.HS; e += blockDim.x) {
-            int rr = e / a.HS, c = e % a.HS, jj = j0 + rr;
-            if (jj >= nk) { continue; }
-            float* dst = which == 0 ? (jj < a.Np ? dkp : dks) : (jj < a.Np ? dvp : dvs);
-            dst[attn_key_row(a, b, jj) * D + (size_t)h * a.HS + c] += stage[rr * HSP + c];
-        }
-    }
-}
 #endif  // !ENABLE_FP32
-
-// act = gelu_tanh(gate) * up
-__global__ void geglu_forward_kernel(floatX* act, const floatX* gate, const floatX* up, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { act[i] = fx(gelu_tanh(f32(gate[i])) * f32(up[i])); }
-}
-
-// dgate, dup are overwritten
-__global__ void geglu_backward_kernel(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
-                                      const floatX* up, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) { return; }
-    float g = f32(gate[i]), da = f32(dact[i]);
-    dgate[i] = fx(da * f32(up[i]) * gelu_tanh_grad(g));
-    dup[i] = fx(da * gelu_tanh(g));
-}
-
-// Version 2 of both: 128-bit loads and stores, x128::size values per thread (n a multiple of it)
-__global__ void geglu_forward_kernel2(floatX* act, const floatX* gate, const floatX* up, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-    if (i >= n) { return; }
-    x128 g = load128(gate + i), u = load128(up + i), o;
-    #pragma unroll
-    for (int k = 0; k < x128::size; k++) { o.v[k] = fx(gelu_tanh(f32(g.v[k])) * f32(u.v[k])); }
-    store128(act + i, o);
-}
-
-__global__ void geglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
-                                       const floatX* up, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-    if (i >= n) { return; }
-    x128 g = load128(gate + i), u = load128(up + i), d = load128(dact + i), dg, du;
-    #pragma unroll
-    for (int k = 0; k < x128::size; k++) {
-        float gk = f32(g.v[k]), dk = f32(d.v[k]);
-        dg.v[k] = fx(dk * f32(u.v[k]) * gelu_tanh_grad(gk));
-        du.v[k] = fx(dk * gelu_tanh(gk));
-    }
-    store128(dgate + i, dg);
-    store128(dup + i, du);
-}
 
 __global__ void silu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -959,33 +440,12 @@ __global__ void action_embed_kernel(floatX* a_emb, const floatX* a_in, const flo
     a_emb[idx] = fx((float)(col - da < half ? sin(angle) : cos(angle)));
 }
 
-// suffix tokens x (B, Ns, da): row 0 the state token, rows 1..H the action tokens
-__global__ void suffix_embed_kernel(floatX* x, const floatX* state_tok, const floatX* act_tok, int B, int H, int da) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int Ns = 1 + H;
-    if (idx >= (size_t)B * Ns * da) { return; }
-    int k = (int)(idx % da), s = (int)(idx / da % Ns), b = (int)(idx / ((size_t)da * Ns));
-    x[idx] = s == 0 ? state_tok[(size_t)b * da + k] : act_tok[((size_t)b * H + s - 1) * da + k];
-}
-
 // out (B * count, C) = rows first .. first+count-1 of every sample of x (B, T, C)
 __global__ void gather_rows_kernel(floatX* out, const floatX* x, int B, int T, int first, int count, int C) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * count * C) { return; }
     size_t row = idx / C;
     out[idx] = x[((row / count) * T + first + row % count) * C + idx % C];
-}
-
-// The velocity head's input gradient into the suffix residual stream (B, Ns, C): action rows from
-// dfin (B*H, C), the state row zero (the state token's output feeds nothing). fp32 and floatX.
-__global__ void scatter_action_grad_kernel(float* dres, floatX* dres_x, const float* dfin, int B, int H, int C) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int Ns = 1 + H;
-    if (idx >= (size_t)B * Ns * C) { return; }
-    int k = (int)(idx % C), s = (int)(idx / C % Ns), b = (int)(idx / ((size_t)C * Ns));
-    float g = s == 0 ? 0.0f : dfin[((size_t)b * H + s - 1) * C + k];
-    dres[idx] = g;
-    dres_x[idx] = fx(g);
 }
 
 // dpos (NI, d) += the image rows of dx (B, Np, d), summed over samples in order
@@ -995,35 +455,6 @@ __global__ void pos_emb_backward_kernel(float* dpos, const float* dx, int B, int
     float s = 0.0f;
     for (int b = 0; b < B; b++) { s += dx[(size_t)b * Np * d + idx]; }
     dpos[idx] += s;
-}
-
-// dtext (256, d) += the text rows of dx (B, Np, d) by token id: block v sums, in order, the rows
-// whose id is v
-__global__ void text_emb_backward_kernel(float* dtext, const float* dx, const int32_t* tokens, int B, int NI, int T, int d) {
-    int v = blockIdx.x, Np = NI + T;
-    for (int k = threadIdx.x; k < d; k += blockDim.x) {
-        float s = 0.0f;
-        for (int pos = 0; pos < B * T; pos++) {
-            if (tokens[pos] == v) { s += dx[((size_t)(pos / T) * Np + NI + pos % T) * d + k]; }
-        }
-        dtext[(size_t)v * d + k] += s;
-    }
-}
-
-// Flow-matching loss: dv = mask * norm * (v - u) for the backward pass, and per-block sums of
-// mask (v - u)^2 into partial (summed in order by sum_finalize_kernel).
-__global__ void flow_loss_kernel(floatX* dv, float* partial, const floatX* v, const float* target,
-                                 const float* action_mask, int A, int n, float norm) {
-    __shared__ float shared[32];
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    float sq = 0.0f;
-    if (i < n) {
-        float mask = action_mask[i / A], diff = f32(v[i]) - target[i];
-        dv[i] = fx(mask * norm * diff);
-        sq = mask * diff * diff;
-    }
-    sq = block_sum(sq, shared);
-    if (threadIdx.x == 0) { partial[blockIdx.x] = sq; }
 }
 
 // out = (sum of partial, in order, in double) * scale, or its square root; added to what out
@@ -1091,17 +522,7 @@ __global__ void fill_kernel(float* p, float v, int n) {
     if (i < n) { p[i] = v; }
 }
 
-// One Euler step of sampling: x (fp32) -= dt v, and the model's floatX copy of it
-__global__ void euler_step_kernel(float* x, floatX* x_model, const floatX* v, float dt, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float y = x[i] - dt * f32(v[i]);
-        x[i] = y;
-        x_model[i] = fx(y);
-    }
-}
-
-// ---- SmolVLA: LayerNorm with weight and bias (SigLIP's layer_norm1/2 and post_layernorm), born in
+// ---- LayerNorm with weight and bias (SigLIP's layer_norm1/2 and post_layernorm), born in
 // dev/cuda/layernorm.cu
 
 #define LAYERNORM_EPS 1e-6f  // SigLIP's layer_norm_eps
@@ -1322,7 +743,7 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel
     }
 }
 
-// ---- SmolVLA: SwiGLU, silu(gate) * up (the Llama MLP of the VLM and the expert), born in dev/cuda/swiglu.cu
+// ---- SwiGLU, silu(gate) * up (the Llama MLP of the VLM and the expert), born in dev/cuda/swiglu.cu
 
 // For gates far below zero e^-x overflows to inf and both give 0 (not NaN): x / inf and 0 (1 + x).
 static __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
@@ -1373,7 +794,7 @@ __global__ void swiglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX
     store128(dup + i, du);
 }
 
-// ---- SmolVLA: the connector's pixel shuffle and its inverse, born in dev/cuda/pixel_shuffle.cu
+// ---- the connector's pixel shuffle and its inverse, born in dev/cuda/pixel_shuffle.cu
 
 // Offset in x (N, h*w, C) of the value at channel (a s + b) C + e of token i2 (w/s) + j2 of image
 // n of the shuffled tensor (N, (h/s)(w/s), C s^2): the formula above.
@@ -1429,7 +850,7 @@ __global__ void pixel_shuffle_backward_kernel2(floatX* dinp, const floatX* dout,
     store128(dinp + idx, load128(dout + t * C * s * s + (size_t)((i % s) * s + j % s) * C + e));
 }
 
-// ---- SmolVLA: stored frames of any size resized with padding (LeRobot's resize_with_pad), born in
+// ---- stored frames of any size resized with padding (LeRobot's resize_with_pad), born in
 // dev/cuda/resize_pad.cu
 
 // What resize_with_pad does to one camera's h x w frames at the model's size S: the resized size,
@@ -1529,7 +950,7 @@ __global__ void resize_pad_kernel2(floatX* out, const uint8_t* frames, ResizePad
     for (int c = 0; c < 3; c++) { store128(out + img * out_stride + c * plane + (size_t)y * r.S + xs, o[c]); }
 }
 
-// ---- SmolVLA: attention as LeRobot computes it (GQA, the block mask as one int per token, the finfo.min
+// ---- attention as LeRobot computes it (GQA, the block mask as one int per token, the finfo.min
 // fill), born in dev/cuda/attention_smolvla.cu
 
 // One attention call of SmolVLA. Tq queries per sample, of NH heads, against nk = Nk0 + Nk1 keys and
@@ -2065,7 +1486,7 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kerne
 }
 #endif  // !ENABLE_FP32
 
-// ---- SmolVLA: the model's glue between the operations above (patches in conv-weight order, the
+// ---- the model's glue between the operations above (patches in conv-weight order, the
 // prefix and its mask, RoPE at given positions, GELU, the fp32 velocity head and its loss)
 
 // images (n_img, 3, S, S) -> patches (n_img * g*g, 3*p*p), g = S/p: patches row-major per image,
@@ -2181,34 +1602,50 @@ __global__ void bias_rows_kernel(float* out, const floatX* bias, int rows, int n
     if (i < rows * n) { out[i] = f32(bias[i % n]); }
 }
 
-// *inv = 1 / max(1, valid slots * A): the denominator of SmolVLA's loss, LeRobot's mean over the
-// real action dims of the chunk slots inside the episode (not over B H A). One block, a fixed order.
-__global__ void valid_slots_kernel(float* inv, const float* action_is_pad, int n_slots, int A) {
+// The loss's valid entries of a micro-batch: A x the chunk slots inside the episode, into *count
+// (added to what it holds when `accumulate`: the step's micro-batches). One block.
+__global__ void valid_entries_kernel(float* count, const float* action_is_pad, int n_slots, int A, int accumulate) {
     __shared__ float shared[32];
     float s = 0.0f;
     for (int i = threadIdx.x; i < n_slots; i += blockDim.x) { s += action_is_pad[i] == 0.0f ? 1.0f : 0.0f; }
     s = block_sum(s, shared);
-    if (threadIdx.x == 0) { *inv = 1.0f / fmaxf(1.0f, s * (float)A); }
+    if (threadIdx.x == 0) { *count = (accumulate ? *count : 0.0f) + s * (float)A; }
 }
 
 // SmolVLA's flow-matching loss on the velocities v (B, H, Amax) fp32 against target u: (v - u)^2
-// over the first A dims of the slots inside the episode, times *inv (valid_slots_kernel); per-block
-// sums into partial (summed in order by sum_finalize_kernel). dv (floatX) = its gradient times
-// grad_scale (1 / micro-steps), zero on the padded dims and slots.
+// over the first A dims of the slots inside the episode, per-block sums into partial (summed in
+// order by sum_finalize_kernel). dv (floatX) = 2 (v - u) there, zero on the padded dims and slots:
+// the gradient of the sum, not of the mean. The mean divides by the valid entries of the whole
+// step (every micro-batch of every rank), known only once they are all in: loss_normalize_kernel
+// divides the summed loss, and the summed gradients are scaled by the same factor before the update.
 __global__ void smolvla_loss_kernel(floatX* dv, float* partial, const float* v, const float* target,
-                                    const float* action_is_pad, const float* inv, int A, int Amax, int n,
-                                    float grad_scale) {
+                                    const float* action_is_pad, int A, int Amax, int n) {
     __shared__ float shared[32];
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     float sq = 0.0f;
     if (i < n) {
         float mask = (i % Amax < A && action_is_pad[i / Amax] == 0.0f) ? 1.0f : 0.0f;
-        float diff = v[i] - target[i], scale = *inv;
-        dv[i] = fx(mask * 2.0f * diff * scale * grad_scale);
-        sq = mask * diff * diff * scale;
+        float diff = v[i] - target[i];
+        dv[i] = fx(mask * 2.0f * diff);
+        sq = mask * diff * diff;
     }
     sq = block_sum(sq, shared);
     if (threadIdx.x == 0) { partial[blockIdx.x] = sq; }
+}
+
+// The step's loss from its sums: scalars[0] (squared errors) and scalars[3] (valid entries), over
+// every micro-batch and rank, become the mean in scalars[0] and its factor 1 / max(1, entries) in
+// scalars[4] (what the summed gradients are scaled by). One thread.
+__global__ void loss_normalize_kernel(float* scalars) {
+    float inv = 1.0f / fmaxf(1.0f, scalars[3]);
+    scalars[0] *= inv;
+    scalars[4] = inv;
+}
+
+// x (n) *= *scale, the factor read on the device
+__global__ void scale_kernel(float* x, size_t n, const float* scale) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { x[i] *= *scale; }
 }
 
 // One Euler step of SmolVLA's sampling, x (fp32) += dt v (fp32 velocities), and the model's
@@ -2400,14 +1837,7 @@ static void matmul_backward_weight(float* dw, const floatX* dout, const floatX* 
                     true, C, OC, N, 1.0f, NULL);
 }
 
-static void patchify(floatX* patches, const uint8_t* images, int n_img, int img, int p) {
-    size_t n = (size_t)n_img * img * img * 3;
-    patchify_kernel<<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(patches, images, n_img, img, p);
-    launchCheck();
-}
-
-static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
-                            float eps = RMSNORM_EPS) {
+static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C, float eps) {
     if (packable(C, x128::size, out, inp, w)) {
         rmsnorm_forward_kernel2<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps);
     } else {
@@ -2442,37 +1872,6 @@ static void bias_backward(float* db, float* partial, const floatX* dout, int N, 
     launchCheck();
 }
 
-template <typename Tin>
-static void rope(floatX* out, const Tin* in, const float* cos_t, const float* sin_t, int B, int Tg, int pos0, int NH,
-                 int HS, float sign) {
-    size_t n = (size_t)B * Tg * NH * (HS / 2);
-    if (sizeof(Tin) == sizeof(floatX) && packable(HS / 2, x128::size, out, in)) {
-        rope_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(out, (const floatX*)in, cos_t, sin_t,
-                                                                                 B * Tg, Tg, pos0, NH, HS, sign);
-    } else {
-        rope_kernel<Tin><<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(out, in, cos_t, sin_t, B * Tg, Tg, pos0, NH, HS, sign);
-    }
-    launchCheck();
-}
-
-static void geglu_forward(floatX* act, const floatX* gate, const floatX* up, size_t n) {
-    if (packable(n, x128::size, act, gate, up)) {
-        geglu_forward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(act, gate, up, n);
-    } else {
-        geglu_forward_kernel<<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(act, gate, up, n);
-    }
-    launchCheck();
-}
-
-static void geglu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up, size_t n) {
-    if (packable(n, x128::size, dgate, dup, dact) && packable(n, x128::size, gate, up)) {
-        geglu_backward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
-    } else {
-        geglu_backward_kernel<<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
-    }
-    launchCheck();
-}
-
 static void convert(floatX* out, const float* inp, size_t n) {
     if (packable(n, x128::size, out, inp)) {
         convert_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(out, inp, n);
@@ -2482,77 +1881,10 @@ static void convert(floatX* out, const float* inp, size_t n) {
     launchCheck();
 }
 
-#if !defined(ENABLE_FP32)
-// The tensor-core kernels' dynamic shared memory is set once per GPU (each rank's thread drives one)
-template <int HSP>
-static void attention_forward2(floatX* out, float* lse, const floatX* q, const AttnKeys& a) {
-    size_t smem = attention_forward_smem2<HSP>();
-    static thread_local bool configured = false;
-    if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(attention_forward_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        configured = true;
-    }
-    dim3 grid(ceil_div(a.Tq, ATT_TILE), a.NH, a.B);
-    attention_forward_kernel2<HSP><<<grid, ATT_THREADS, smem, main_stream>>>(out, lse, q, a);
-    launchCheck();
-}
-
-template <int HSP>
-static void attention_backward2(floatX* dq, float* dkp, float* dvp, float* dks, float* dvs, const floatX* dout,
-                                const floatX* q, const float* lse, const float* delta, const AttnKeys& a) {
-    size_t smem = attention_backward_smem2<HSP>();
-    static thread_local bool configured = false;
-    if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        configured = true;
-    }
-    attention_backward_dq_kernel2<HSP><<<dim3(ceil_div(a.Tq, ATT_TILE), a.NH, a.B), ATT_THREADS, smem, main_stream>>>(dq, dout, q, lse, delta, a);
-    launchCheck();
-    attention_backward_dkdv_kernel2<HSP><<<dim3(ceil_div(attn_n_keys(a), ATT_TILE), a.NH, a.B), ATT_THREADS, smem, main_stream>>>(dkp, dvp, dks, dvs, dout, q, lse, delta, a);
-    launchCheck();
-}
-#endif
-
 // head size padded for the tensor-core kernels
 static int padded_head_dim(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : 128; }
 
-static void attention_forward(floatX* out, float* lse, const floatX* q, const AttnKeys& a) {
-#if defined(ENABLE_FP32)
-    attention_forward_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, BLOCK), BLOCK, 0, main_stream>>>(out, lse, q, a);
-    launchCheck();
-#else
-    switch (padded_head_dim(a.HS)) {
-        case 16: attention_forward2<16>(out, lse, q, a); break;
-        case 32: attention_forward2<32>(out, lse, q, a); break;
-        case 64: attention_forward2<64>(out, lse, q, a); break;
-        default: attention_forward2<128>(out, lse, q, a); break;
-    }
-#endif
-}
-
-// dq (floatX) overwritten; dkp/dvp (prefix keys) and dks/dvs (suffix keys, NULL in the prefix
-// pass) accumulate in fp32. delta: scratch of B*NH*Tq floats.
-static void attention_backward(floatX* dq, float* dkp, float* dvp, float* dks, float* dvs, const floatX* dout,
-                               const floatX* q, const floatX* out, const float* lse, float* delta, const AttnKeys& a) {
-    attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, a.B * a.Tq, a.Tq, a.NH, a.HS);
-    launchCheck();
-#if defined(ENABLE_FP32)
-    attention_backward_dq_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, BLOCK), BLOCK, 0, main_stream>>>(dq, dout, q, lse, delta, a);
-    launchCheck();
-    attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NH * attn_n_keys(a) * 32, BLOCK), BLOCK, 0, main_stream>>>(dkp, dvp, dks, dvs, dout, q, lse, delta, a);
-    launchCheck();
-#else
-    switch (padded_head_dim(a.HS)) {
-        case 16: attention_backward2<16>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a); break;
-        case 32: attention_backward2<32>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a); break;
-        case 64: attention_backward2<64>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a); break;
-        default: attention_backward2<128>(dq, dkp, dvp, dks, dvs, dout, q, lse, delta, a); break;
-    }
-#endif
-}
-
-// ---- SmolVLA: LayerNorm, a launcher per version with its block size and the trainer's (dev/cuda/layernorm.cu)
+// ---- LayerNorm, a launcher per version with its block size and the trainer's (dev/cuda/layernorm.cu)
 
 static void layernorm_forward1(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
                                const floatX* b, int N, int C, int block) {
@@ -2638,7 +1970,7 @@ static void layernorm_backward(float* dres, floatX* dres_x, float* dw, float* db
     }
 }
 
-// ---- SmolVLA: SwiGLU, a launcher per version with its block size and the trainer's (dev/cuda/swiglu.cu)
+// ---- SwiGLU, a launcher per version with its block size and the trainer's (dev/cuda/swiglu.cu)
 
 static void swiglu_forward1(floatX* act, const floatX* gate, const floatX* up, size_t n, int block) {
     swiglu_forward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(act, gate, up, n);
@@ -2678,7 +2010,7 @@ static void swiglu_backward(floatX* dgate, floatX* dup, const floatX* dact, cons
     }
 }
 
-// ---- SmolVLA: pixel shuffle, a launcher per version with its block size and the trainer's
+// ---- pixel shuffle, a launcher per version with its block size and the trainer's
 // (dev/cuda/pixel_shuffle.cu)
 
 static void pixel_shuffle_forward1(floatX* out, const floatX* inp, int N, int h, int w, int C, int s, int block) {
@@ -2732,7 +2064,7 @@ static void pixel_shuffle_backward(floatX* dinp, const floatX* dout, int N, int 
     }
 }
 
-// ---- SmolVLA: resize with padding, the plan, a launcher per version with its block size and the
+// ---- resize with padding, the plan, a launcher per version with its block size and the
 // trainer's (dev/cuda/resize_pad.cu)
 
 // resize_with_pad's sizes for an h x w frame at S x S, with Python's arithmetic: the same doubles
@@ -2792,7 +2124,7 @@ static void resize_pad(floatX* out, const uint8_t* frames, int n_img, int h, int
     }
 }
 
-// ---- SmolVLA: attention, the call's checks, version 1 at a block size, version 2, the trainer's
+// ---- attention, the call's checks, version 1 at a block size, version 2, the trainer's
 // (dev/cuda/attention_smolvla.cu)
 
 // What the kernels assume of a call; a mistake here is the caller's, said in one line
@@ -2887,7 +2219,7 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
 #endif
 }
 
-// ---- SmolVLA: the model's own launchers
+// ---- the model's own launchers
 
 // RoPE at per-row positions (rope_at_kernel): rows of Tg per sample, row r at position
 // pos[(r / Tg) * pos_stride + r % Tg]
@@ -2971,797 +2303,12 @@ static void gpu_shutdown(void) {
     cudaCheck(cudaStreamDestroy(copy_stream));
 }
 
-// ----------------------------------------------------------------------------
-// model
-
-// The compute copy of the parameters (floatX), one pointer per tensor, like ParameterTensors.
-typedef struct {
-#define PARAMX_FIELD_(nm, ...) floatX* nm;
-    VLA_PARAMETERS(PARAMX_FIELD_, c)
-#undef PARAMX_FIELD_
-} ParameterTensorsX;
-
-// Both are carved from a flat buffer, tensor i at offsets[i].
-template <typename Tensors, typename T>
-static void tensors_point(Tensors* p, T* base, const size_t* offsets) {
-    int i = 0;
-#define POINT_(nm, ...) p->nm = base + offsets[i++];
-    VLA_PARAMETERS(POINT_, c)
-#undef POINT_
-}
-
-// Activations: a table (type, name, elements) carved from one allocation per type, as in train_vla.c.
-// Prefix rows P = B*Np, suffix rows Q = B*Ns, action rows R = B*H; X = floatX, F = fp32.
-#define GPU_ACTIVATIONS(X, F, c, B) \
-    F(key_valid, (size_t)(B) * vla_n_prefix(c))                                       /* (B, Np) */ \
-    X(patches,   (size_t)(B) * vla_n_image_tokens(c) * vla_patch_dim(c))              /* (B, NI, PD) */ \
-    X(patch_out, (size_t)(B) * vla_n_image_tokens(c) * (c)->d_model)                  /* (B*NI, d) */ \
-    X(p_res,     (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_model)         /* (L, P, d) layer inputs */ \
-    X(p_mid,     (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_model)         /* (L, P, d) after attention */ \
-    X(p_ln1,     (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_model)         /* (L, P, d) */ \
-    F(p_rstd1,   (size_t)(c)->n_layer * (B) * vla_n_prefix(c))                        /* (L, P) */ \
-    X(p_q,       (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * vla_d_attn(c))        /* (L, P, D) after RoPE */ \
-    X(p_k,       (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * vla_d_attn(c))        /* (L, P, D) after RoPE */ \
-    X(p_v,       (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * vla_d_attn(c))        /* (L, P, D) */ \
-    X(p_att,     (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * vla_d_attn(c))        /* (L, P, D) */ \
-    F(p_lse,     (size_t)(c)->n_layer * (B) * (c)->n_head * vla_n_prefix(c))          /* (L, B, NH, Np) */ \
-    X(p_ln2,     (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_model)         /* (L, P, d) */ \
-    F(p_rstd2,   (size_t)(c)->n_layer * (B) * vla_n_prefix(c))                        /* (L, P) */ \
-    X(p_gate,    (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_ff)            /* (L, P, f) */ \
-    X(p_up,      (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_ff)            /* (L, P, f) */ \
-    X(p_act,     (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * (c)->d_ff)            /* (L, P, f) */ \
-    X(x_t,       (size_t)(B) * (c)->chunk * (c)->action_dim)                          /* (B, H, A) */ \
-    F(target,    (size_t)(B) * (c)->chunk * (c)->action_dim)                          /* (B, H, A) u = eps - a */ \
-    F(x_sample,  (size_t)(B) * (c)->chunk * (c)->action_dim)                          /* (B, H, A) Euler state */ \
-    F(t_sample,  (size_t)(B))                                                         /* (B) Euler time */ \
-    X(state_x,   (size_t)(B) * (c)->state_dim)                                        /* (B, S) */ \
-    X(a_in,      (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) action_in(x_t) */ \
-    X(a_emb,     (size_t)(B) * (c)->chunk * 2 * (c)->d_expert)                        /* (R, 2da) */ \
-    X(t_pre,     (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) before SiLU */ \
-    X(t_act,     (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) after SiLU */ \
-    X(state_tok, (size_t)(B) * (c)->d_expert)                                         /* (B, da) */ \
-    X(act_tok,   (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) */ \
-    X(s_res,     (size_t)((c)->n_layer + 1) * (B) * vla_n_suffix(c) * (c)->d_expert)  /* (L+1, Q, da) */ \
-    X(s_mid,     (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * (c)->d_expert)        /* (L, Q, da) */ \
-    X(s_ln1,     (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * (c)->d_expert)        /* (L, Q, da) */ \
-    F(s_rstd1,   (size_t)(c)->n_layer * (B) * vla_n_suffix(c))                        /* (L, Q) */ \
-    X(s_q,       (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * vla_d_attn(c))        /* (L, Q, D) */ \
-    X(s_k,       (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * vla_d_attn(c))        /* (L, Q, D) */ \
-    X(s_v,       (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * vla_d_attn(c))        /* (L, Q, D) */ \
-    X(s_att,     (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * vla_d_attn(c))        /* (L, Q, D) */ \
-    F(s_lse,     (size_t)(c)->n_layer * (B) * (c)->n_head * vla_n_suffix(c))          /* (L, B, NH, Ns) */ \
-    X(s_ln2,     (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * (c)->d_expert)        /* (L, Q, da) */ \
-    F(s_rstd2,   (size_t)(c)->n_layer * (B) * vla_n_suffix(c))                        /* (L, Q) */ \
-    X(s_gate,    (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * (c)->d_expert_ff)     /* (L, Q, fa) */ \
-    X(s_up,      (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * (c)->d_expert_ff)     /* (L, Q, fa) */ \
-    X(s_act,     (size_t)(c)->n_layer * (B) * vla_n_suffix(c) * (c)->d_expert_ff)     /* (L, Q, fa) */ \
-    X(f_in,      (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) action rows of the last layer */ \
-    X(f_ln,      (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) */ \
-    F(f_rstd,    (size_t)(B) * (c)->chunk)                                            /* (R) */ \
-    X(v_pred,    (size_t)(B) * (c)->chunk * (c)->action_dim)                          /* (B, H, A) */ \
-    /* backward scratch */ \
-    F(dp_k,      (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * vla_d_attn(c))        /* (L, P, D) from both passes */ \
-    F(dp_v,      (size_t)(c)->n_layer * (B) * vla_n_prefix(c) * vla_d_attn(c))        /* (L, P, D) */ \
-    X(d_vpred,   (size_t)(B) * (c)->chunk * (c)->action_dim)                          /* (B, H, A) */ \
-    F(d_res,     (size_t)(B) * max_rows(c) * max_width(c))                            /* residual stream of either stack */ \
-    X(d_res_x,   (size_t)(B) * max_rows(c) * max_width(c))                            /* its floatX copy */ \
-    X(d_ln,      (size_t)(B) * max_rows(c) * max_width(c))                            \
-    F(d_fin,     (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) */ \
-    X(d_att,     (size_t)(B) * max_rows(c) * vla_d_attn(c))                           \
-    X(d_q,       (size_t)(B) * max_rows(c) * vla_d_attn(c))                           \
-    F(d_k,       (size_t)(B) * vla_n_suffix(c) * vla_d_attn(c))                       /* (Q, D) suffix keys */ \
-    F(d_v,       (size_t)(B) * vla_n_suffix(c) * vla_d_attn(c))                       \
-    X(d_kx,      (size_t)(B) * max_rows(c) * vla_d_attn(c))                           /* floatX k/v grads */ \
-    X(d_vx,      (size_t)(B) * max_rows(c) * vla_d_attn(c))                           \
-    F(delta,     (size_t)(B) * (c)->n_head * max_rows(c))                             \
-    X(d_act,     (size_t)(B) * max_rows(c) * max_ff(c))                               \
-    X(d_gate,    (size_t)(B) * max_rows(c) * max_ff(c))                               \
-    X(d_up,      (size_t)(B) * max_rows(c) * max_ff(c))                               \
-    X(d_patch,   (size_t)(B) * vla_n_image_tokens(c) * (c)->d_model)                  /* (B*NI, d) */ \
-    X(d_tok,     (size_t)(B) * (c)->chunk * (c)->d_expert)                            /* (R, da) */ \
-    X(d_emb,     (size_t)(B) * (c)->chunk * 2 * (c)->d_expert)                        /* (R, 2da) */ \
-    F(partial,   (size_t)(max_chunks(c, B)) * max_width(c))                           /* column-sum partials */ \
-    F(loss_partial, (size_t)ceil_div((size_t)(B) * (c)->chunk * (c)->action_dim, BLOCK)) \
-    F(scalars,   4)                                                                   /* loss, grad norm */
-
-static inline size_t imax3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
-// rows per sample of the longest stack or head: backward scratch serves all of them
-static inline size_t max_rows(const VLAConfig* c) { return imax3((size_t)vla_n_prefix(c), (size_t)vla_n_suffix(c), (size_t)c->chunk); }
-static inline size_t max_width(const VLAConfig* c) { return imax3((size_t)c->d_model, (size_t)c->d_expert, (size_t)c->action_dim); }
-static inline size_t max_ff(const VLAConfig* c) { return c->d_ff > c->d_expert_ff ? c->d_ff : c->d_expert_ff; }
-static inline size_t max_chunks(const VLAConfig* c, int B) { return (size_t)ceil_div((size_t)B * max_rows(c), CHUNK_ROWS); }
 
 #define NORM_BLOCKS 256  // fixed, so the global norm sums in the same order on every GPU
 
-typedef struct {
-#define ACT_FIELD_X_(nm, n) floatX* nm;
-#define ACT_FIELD_F_(nm, n) float* nm;
-    GPU_ACTIVATIONS(ACT_FIELD_X_, ACT_FIELD_F_, c, B)
-#undef ACT_FIELD_X_
-#undef ACT_FIELD_F_
-} Activations;
-
-typedef struct {
-    VLAConfig config;
-    ParamTable table;
-    size_t aligned[NUM_PARAM_TENSORS];  // the device layout: the table with tensors at multiples of 16 elements
-    size_t padded_total;                // elements in that layout, padded to a whole number of ZeRO shards
-    size_t shard_lo, shard_hi;          // the elements whose optimizer state this model keeps (all: 0, padded_total)
-    float* master;         // (shard) fp32 master weights, device
-    float* m_memory;       // (shard) AdamW first moment, device
-    float* v_memory;       // (shard) AdamW second moment, device
-    floatX* params_memory; // (padded_total) compute copy, device
-    float* grads_memory;   // (padded_total) fp32 gradients, device
-    ParameterTensorsX params;
-    ParameterTensors grads;
-    int B;                 // batch the activations are sized for
-    floatX* acts_x;        // one allocation per activation type
-    float* acts_f;
-    Activations acts;
-    float* rope_cos;       // (T, HS/2) device
-    float* rope_sin;
-    float* norm_partial;   // (NORM_BLOCKS) device
-    size_t device_bytes;   // what this model holds on the GPU
-    struct Dist* dist;     // the data-parallel ranks it trains with (MULTI_GPU), NULL: alone
-} Model;
-
-static void* device_malloc(Model* m, size_t bytes) {
-    void* p;
-    cudaCheck(cudaMalloc(&p, bytes > 0 ? bytes : 1));
-    m->device_bytes += bytes;
-    return p;
-}
-
-// The model for config c. ZeRO-1 (shard_world > 1): this model keeps the optimizer state of shard
-// `shard_rank` only (zero_shard_size of the device layout); the compute copy and gradients are whole.
-static void model_build(Model* m, const VLAConfig* c, int shard_rank = 0, int shard_world = 1) {
-    memset(m, 0, sizeof(*m));
-    const char* problem = vla_config_problem(c);
-    if (problem != NULL) { vla_fail("bad model config: %s", problem); }
-    if (c->head_dim > 128) { vla_fail("head_dim %d: the GPU attention kernels take head sizes up to 128", c->head_dim); }
-    if (c->d_model > RMSNORM_BWD_COLS * BLOCK || c->d_expert > RMSNORM_BWD_COLS * BLOCK) {
-        vla_fail("widths up to %d are supported by the GPU trainer", RMSNORM_BWD_COLS * BLOCK);
-    }
-    m->config = *c;
-    param_table_build(c, &m->table);
-    size_t at = 0;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        m->aligned[i] = at;
-        at += (m->table.spec[i].numel + 15) / 16 * 16;  // 32 bytes of bf16, 64 of fp32
-    }
-    size_t S = zero_shard_size(at, shard_world, 16);
-    m->padded_total = S * shard_world;
-    m->shard_lo = (size_t)shard_rank * S;
-    m->shard_hi = m->shard_lo + S;
-    size_t n = m->shard_hi - m->shard_lo, total = m->padded_total;
-    m->master = (float*)device_malloc(m, n * sizeof(float));
-    m->m_memory = (float*)device_malloc(m, n * sizeof(float));
-    m->v_memory = (float*)device_malloc(m, n * sizeof(float));
-    m->params_memory = (floatX*)device_malloc(m, total * sizeof(floatX));
-    m->grads_memory = (float*)device_malloc(m, total * sizeof(float));
-    cudaCheck(cudaMemset(m->params_memory, 0, total * sizeof(floatX)));  // the gaps and padding stay zero
-    cudaCheck(cudaMemset(m->grads_memory, 0, total * sizeof(float)));
-    cudaCheck(cudaMemset(m->master, 0, n * sizeof(float)));
-    cudaCheck(cudaMemset(m->m_memory, 0, n * sizeof(float)));
-    cudaCheck(cudaMemset(m->v_memory, 0, n * sizeof(float)));
-    tensors_point(&m->params, m->params_memory, m->aligned);
-    tensors_point(&m->grads, m->grads_memory, m->aligned);
-    int T = vla_n_tokens(c), half = c->head_dim / 2;
-    float* cs = (float*)mallocCheck((size_t)T * half * 2 * sizeof(float));
-    for (int pos = 0; pos < T; pos++) {
-        for (int k = 0; k < half; k++) {
-            double angle = pos * pow((double)c->rope_theta, -2.0 * k / (double)c->head_dim);
-            cs[pos * half + k] = (float)cos(angle);
-            cs[(size_t)T * half + pos * half + k] = (float)sin(angle);
-        }
-    }
-    m->rope_cos = (float*)device_malloc(m, (size_t)T * half * 2 * sizeof(float));
-    m->rope_sin = m->rope_cos + (size_t)T * half;
-    cudaCheck(cudaMemcpy(m->rope_cos, cs, (size_t)T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
-    free(cs);
-    m->norm_partial = (float*)device_malloc(m, NORM_BLOCKS * sizeof(float));
-}
-
-// (Re)sizes the activations for B samples.
-static void model_set_batch(Model* m, int B) {
-    if (m->B == B) { return; }
-    if (m->acts_x != NULL) {
-        cudaCheck(cudaFree(m->acts_x));
-        cudaCheck(cudaFree(m->acts_f));
-    }
-    const VLAConfig* c = &m->config;
-    size_t nx = 0, nf = 0;  // in elements, every tensor rounded up to 64 bytes
-#define SIZE_X_(nm, n) nx += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
-#define SIZE_F_(nm, n) nf += ((n) + 15) / 16 * 16;
-    GPU_ACTIVATIONS(SIZE_X_, SIZE_F_, c, B)
-#undef SIZE_X_
-#undef SIZE_F_
-    m->acts_x = (floatX*)device_malloc(m, nx * sizeof(floatX));
-    m->acts_f = (float*)device_malloc(m, nf * sizeof(float));
-    floatX* px = m->acts_x;
-    float* pf = m->acts_f;
-#define POINT_X_(nm, n) m->acts.nm = px; px += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
-#define POINT_F_(nm, n) m->acts.nm = pf; pf += ((n) + 15) / 16 * 16;
-    GPU_ACTIVATIONS(POINT_X_, POINT_F_, c, B)
-#undef POINT_X_
-#undef POINT_F_
-    m->B = B;
-}
-
-static void model_free(Model* m) {  // (the Dist is its owner's)
-    cudaCheck(cudaFree(m->master)); cudaCheck(cudaFree(m->m_memory)); cudaCheck(cudaFree(m->v_memory));
-    cudaCheck(cudaFree(m->params_memory)); cudaCheck(cudaFree(m->grads_memory));
-    cudaCheck(cudaFree(m->acts_x)); cudaCheck(cudaFree(m->acts_f));
-    cudaCheck(cudaFree(m->rope_cos)); cudaCheck(cudaFree(m->norm_partial));
-}
-
-// ---- data parallelism: every rank holds a replica and averages its gradients with the others
-
-#define DIST_TIMED_WAITS 4  // a step waits on NCCL once (ZeRO-1: three times)
-
-// Whether the model keeps the optimizer state of one shard only (ZeRO-1 over several ranks): its
-// gradients are reduce-scattered to the shards, its parameters all-gathered after the update
-static int model_sharded(const Model* m) { return m->shard_hi - m->shard_lo < m->padded_total; }
-
-// One rank's side (MULTI_GPU): the communicator, the communication stream and the events that
-// order it after the compute.
-typedef struct Dist {
-    int sync;  // the backward pass averages its buckets as they finish (an optimizer step's last micro-step)
-#if defined(MULTI_GPU)
-    ncclComm_t comm;
-    cudaStream_t comm_stream;
-    cudaEvent_t* bucket_ready;  // (param_bucket_count) their gradients are final on the main stream
-    cudaEvent_t scalars_ready, comm_done;
-    // timing of the main stream's waits on the communication stream in one step: wait_begin[i]
-    // where the compute reaches wait i, wait_end[i] where the communication it waits for ends
-    cudaEvent_t wait_begin[DIST_TIMED_WAITS], wait_end[DIST_TIMED_WAITS];
-    int waits;  // recorded this step
-#endif
-} Dist;
-
-// Bucket b's gradients are final: average them over the ranks on the communication stream, after
-// the compute that wrote them, while the backward pass goes on (param_bucket_slices says which
-// gradients; the gradient buffer uses the aligned layout).
-static void grads_bucket_done(Model* m, int b) {
-#if defined(MULTI_GPU)
-    Dist* d = m->dist;
-    // (at world size 1 too: NCCL's one-rank path runs, as in DDP, and its cost is measured)
-    if (d == NULL || !d->sync || model_sharded(m)) { return; }  // ZeRO-1 reduce-scatters at the end
-    size_t off[NUM_PARAM_TENSORS], count[NUM_PARAM_TENSORS];
-    int n = param_bucket_slices(&m->table, &m->config, m->aligned, b, off, count);
-    cudaCheck(cudaEventRecord(d->bucket_ready[b], main_stream));
-    cudaCheck(cudaStreamWaitEvent(d->comm_stream, d->bucket_ready[b], 0));
-    ncclCheck(ncclGroupStart());
-    for (int k = 0; k < n; k++) {
-        ncclCheck(ncclAllReduce(m->grads_memory + off[k], m->grads_memory + off[k], count[k], ncclFloat, ncclAvg, d->comm,
-                                d->comm_stream));
-    }
-    ncclCheck(ncclGroupEnd());
-#else
-    (void)m; (void)b;
-#endif
-}
-
-#if defined(MULTI_GPU)
-static const ncclDataType_t NCCL_FLOATX = sizeof(floatX) == 4 ? ncclFloat : ncclBfloat16;
-
-// Work on the communication stream ordered after the main stream's so far (`ready`), ...
-static void comm_after_main(Dist* d, cudaEvent_t ready) {
-    cudaCheck(cudaEventRecord(ready, main_stream));
-    cudaCheck(cudaStreamWaitEvent(d->comm_stream, ready, 0));
-}
-// ... and the main stream's next work after the communication stream's so far (the first
-// DIST_TIMED_WAITS waits of a step timed: how long the compute stood still for NCCL)
-static void main_after_comm(Dist* d) {
-    cudaEvent_t done = d->comm_done;
-    if (d->waits < DIST_TIMED_WAITS) {
-        cudaCheck(cudaEventRecord(d->wait_begin[d->waits], main_stream));
-        done = d->wait_end[d->waits++];
-    }
-    cudaCheck(cudaEventRecord(done, d->comm_stream));
-    cudaCheck(cudaStreamWaitEvent(main_stream, done, 0));
-}
-
-// The time the main stream spent waiting on the communication stream in this step (after
-// the step's work has finished): per wait, how far the communication ended after the compute
-// reached it, nothing where it had ended before
-static double dist_wait_ms(Dist* d) {
-    double total = 0.0;
-    for (int i = 0; i < d->waits; i++) {
-        float ms;
-        cudaCheck(cudaEventElapsedTime(&ms, d->wait_begin[i], d->wait_end[i]));
-        if (ms > 0.0f) { total += ms; }
-    }
-    return total;
-}
-#endif
-
-
-// After an optimizer step's last backward pass: the loss and the stop flag (acts.scalars[0] and
-// [2]) averaged over the ranks too (with ZeRO-1 the gradients reduce-scattered to their shards),
-// and the main stream waits for all of it before the norm and the update. `stop`: this rank saw a
-// stop request; any rank's stops them all.
-static void grads_sync_finish(Model* m, int stop) {
-    LAUNCH_1D(fill_kernel, 1, m->acts.scalars + 2, stop ? 1.0f : 0.0f, 1);
-#if defined(MULTI_GPU)
-    Dist* d = m->dist;
-    if (d == NULL) { return; }
-    comm_after_main(d, d->scalars_ready);
-    if (model_sharded(m)) {
-        size_t S = m->shard_hi - m->shard_lo;
-        ncclCheck(ncclReduceScatter(m->grads_memory, m->grads_memory + m->shard_lo, S, ncclFloat, ncclAvg, d->comm,
-                                    d->comm_stream));
-    }
-    ncclCheck(ncclAllReduce(m->acts.scalars, m->acts.scalars, 3, ncclFloat, ncclAvg, d->comm, d->comm_stream));
-    main_after_comm(d);
-#endif
-}
-
-// ZeRO-1: the sum of squares of the shard's gradients (acts.scalars[1]) added over the ranks
-static void zero_sum_squares(Model* m) {
-#if defined(MULTI_GPU)
-    if (!model_sharded(m)) { return; }
-    comm_after_main(m->dist, m->dist->scalars_ready);
-    ncclCheck(ncclAllReduce(m->acts.scalars + 1, m->acts.scalars + 1, 1, ncclFloat, ncclSum, m->dist->comm,
-                            m->dist->comm_stream));
-    main_after_comm(m->dist);
-#else
-    (void)m;
-#endif
-}
-
-// ZeRO-1: every rank's updated shard of the compute copy, to every rank
-static void zero_gather_params(Model* m) {
-#if defined(MULTI_GPU)
-    if (!model_sharded(m)) { return; }
-    comm_after_main(m->dist, m->dist->scalars_ready);
-    ncclCheck(ncclAllGather(m->params_memory + m->shard_lo, m->params_memory, m->shard_hi - m->shard_lo, NCCL_FLOATX,
-                            m->dist->comm, m->dist->comm_stream));
-    main_after_comm(m->dist);
-#else
-    (void)m;
-#endif
-}
-
-// A device array of the model's optimizer state (shard-sized) made whole (padded_total): itself
-// when it is not sharded, else all-gathered over the ranks into `gathered` (every rank must call it)
-static const float* zero_gather_state(Model* m, float* gathered, const float* shard) {
-#if defined(MULTI_GPU)
-    if (model_sharded(m)) {
-        comm_after_main(m->dist, m->dist->scalars_ready);
-        ncclCheck(ncclAllGather(shard, gathered, m->shard_hi - m->shard_lo, ncclFloat, m->dist->comm,
-                                m->dist->comm_stream));
-        main_after_comm(m->dist);
-        return gathered;
-    }
-#endif
-    (void)gathered;
-    return shard;
-}
-
-// Between the checkpoint's layout (the table, n_params) and the device's (aligned, padded_total;
-// the gaps zero), on the host
-static void layout_to_device(const Model* m, float* dst, const float* src) {
-    memset(dst, 0, m->padded_total * sizeof(float));
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        memcpy(dst + m->aligned[i], src + m->table.spec[i].offset, m->table.spec[i].numel * sizeof(float));
-    }
-}
-static void layout_to_checkpoint(const Model* m, float* dst, const float* src) {
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        memcpy(dst + m->table.spec[i].offset, src + m->aligned[i], m->table.spec[i].numel * sizeof(float));
-    }
-}
-
-// Master weights (and moments, when given) from host arrays in checkpoint layout, each model
-// keeping its shard; the whole compute copy follows.
-static void model_set_params(Model* m, const float* params, const float* moment1, const float* moment2) {
-    size_t total = m->padded_total, lo = m->shard_lo, n = m->shard_hi - m->shard_lo;
-    float* host = (float*)mallocCheck(total * sizeof(float));
-    float* whole;
-    cudaCheck(cudaMalloc(&whole, total * sizeof(float)));
-    layout_to_device(m, host, params);
-    cudaCheck(cudaMemcpy(whole, host, total * sizeof(float), cudaMemcpyHostToDevice));
-    convert(m->params_memory, whole, total);
-    cudaCheck(cudaMemcpy(m->master, whole + lo, n * sizeof(float), cudaMemcpyDeviceToDevice));
-    float* moments[2] = {m->m_memory, m->v_memory};
-    const float* given[2] = {moment1, moment2};
-    for (int k = 0; k < 2; k++) {
-        if (given[k] == NULL) { continue; }
-        layout_to_device(m, host, given[k]);
-        cudaCheck(cudaMemcpy(moments[k], host + lo, n * sizeof(float), cudaMemcpyHostToDevice));
-    }
-    cudaCheck(cudaStreamSynchronize(main_stream));
-    cudaCheck(cudaFree(whole));
-    free(host);
-}
-
-// One stack's tensors at one layer (weights as floatX, or their fp32 gradients) and the widths.
-template <typename T>
-struct LayerParams {
-    T *ln1, *wq, *wk, *wv, *wo, *ln2, *wgate, *wup, *wdown;
-    int C, F;
-};
-
-template <typename T, typename Tensors>
-static LayerParams<T> layer_params(const Tensors* p, const VLAConfig* c, int expert, int l) {
-    int C = expert ? c->d_expert : c->d_model, F = expert ? c->d_expert_ff : c->d_ff;
-    size_t D = (size_t)vla_d_attn(c);
-    LayerParams<T> w = {expert ? p->exp_ln1 : p->vlm_ln1, expert ? p->exp_wq : p->vlm_wq,
-                        expert ? p->exp_wk : p->vlm_wk, expert ? p->exp_wv : p->vlm_wv,
-                        expert ? p->exp_wo : p->vlm_wo, expert ? p->exp_ln2 : p->vlm_ln2,
-                        expert ? p->exp_wgate : p->vlm_wgate, expert ? p->exp_wup : p->vlm_wup,
-                        expert ? p->exp_wdown : p->vlm_wdown, C, F};
-    w.ln1 += (size_t)l * C; w.ln2 += (size_t)l * C;
-    w.wq += l * D * C; w.wk += l * D * C; w.wv += l * D * C; w.wo += l * C * D;
-    w.wgate += (size_t)l * F * C; w.wup += (size_t)l * F * C; w.wdown += (size_t)l * C * F;
-    return w;
-}
-
-// One stack's activations at one layer, for N = B * Tg rows.
-typedef struct {
-    floatX *res, *ln1, *q, *k, *v, *att, *mid, *ln2, *gate, *up, *act, *out;
-    float *rstd1, *lse, *rstd2;
-} LayerActs;
-
-static LayerActs layer_acts(Activations* a, const VLAConfig* c, int B, int expert, int l) {
-    int Tg = expert ? vla_n_suffix(c) : vla_n_prefix(c);
-    size_t N = (size_t)B * Tg, C = expert ? c->d_expert : c->d_model, F = expert ? c->d_expert_ff : c->d_ff;
-    size_t D = (size_t)vla_d_attn(c);
-    LayerActs x;
-    if (expert) {
-        x = LayerActs{a->s_res, a->s_ln1, a->s_q, a->s_k, a->s_v, a->s_att, a->s_mid, a->s_ln2, a->s_gate, a->s_up,
-                        a->s_act, a->s_res, a->s_rstd1, a->s_lse, a->s_rstd2};
-    } else {
-        x = LayerActs{a->p_res, a->p_ln1, a->p_q, a->p_k, a->p_v, a->p_att, a->p_mid, a->p_ln2, a->p_gate, a->p_up,
-                        a->p_act, a->p_res, a->p_rstd1, a->p_lse, a->p_rstd2};
-    }
-    x.res += l * N * C; x.ln1 += l * N * C; x.rstd1 += l * N;
-    x.q += l * N * D; x.k += l * N * D; x.v += l * N * D; x.att += l * N * D; x.lse += l * N * c->n_head;
-    x.mid += l * N * C; x.ln2 += l * N * C; x.rstd2 += l * N;
-    x.gate += l * N * F; x.up += l * N * F; x.act += l * N * F;
-    x.out += (l + 1) * N * C;  // the next layer's input (the prefix's last layer has none: never written)
-    return x;
-}
-
-static AttnKeys attn_keys(const Model* m, const LayerActs* px, const LayerActs* sx, int B, int Tq) {
-    const VLAConfig* c = &m->config;
-    AttnKeys k = {px->k, px->v, sx != NULL ? sx->k : NULL, sx != NULL ? sx->v : NULL, m->acts.key_valid,
-                  B, c->n_head, c->head_dim, vla_n_prefix(c), vla_n_suffix(c), Tq};
-    return k;
-}
-
-// ln1, then q (if with_q), k, v with RoPE at sequence positions pos0 ...
-static void layer_qkv_forward(Model* m, const LayerParams<floatX>* w, const LayerActs* x, int B, int Tg, int pos0,
-                              int with_q) {
-    const VLAConfig* c = &m->config;
-    int N = B * Tg, D = vla_d_attn(c);
-    rmsnorm_forward(x->ln1, x->rstd1, x->res, w->ln1, N, w->C);
-    matmul_forward(x->k, x->ln1, w->wk, NULL, NULL, N, w->C, D);
-    matmul_forward(x->v, x->ln1, w->wv, NULL, NULL, N, w->C, D);
-    rope(x->k, x->k, m->rope_cos, m->rope_sin, B, Tg, pos0, c->n_head, c->head_dim, 1.0f);
-    if (with_q) {
-        matmul_forward(x->q, x->ln1, w->wq, NULL, NULL, N, w->C, D);
-        rope(x->q, x->q, m->rope_cos, m->rope_sin, B, Tg, pos0, c->n_head, c->head_dim, 1.0f);
-    }
-}
-
-// attention output -> wo, residual -> ln2 -> GeGLU MLP, residual: x->out. The residual adds ride
-// on the matrix products (beta = 1 with C = the residual).
-static void layer_out_forward(const LayerParams<floatX>* w, const LayerActs* x, int N, int D) {
-    matmul_forward(x->mid, x->att, w->wo, NULL, x->res, N, D, w->C);
-    rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C);
-    matmul_forward(x->gate, x->ln2, w->wgate, NULL, NULL, N, w->C, w->F);
-    matmul_forward(x->up, x->ln2, w->wup, NULL, NULL, N, w->C, w->F);
-    geglu_forward(x->act, x->gate, x->up, (size_t)N * w->F);
-    matmul_forward(x->out, x->act, w->wdown, NULL, x->mid, N, w->F, w->C);
-}
-
-// Prefix stack: images and text of the device batch through all L VLM layers.
-static void prefix_forward(Model* m, const Batch* batch) {
-    const VLAConfig* c = &m->config;
-    const ParameterTensorsX* w = &m->params;
-    Activations* a = &m->acts;
-    int B = batch->B, L = c->n_layer, d = c->d_model, D = vla_d_attn(c);
-    int NI = vla_n_image_tokens(c), Np = vla_n_prefix(c);
-    patchify(a->patches, batch->images, B * c->n_cam, c->img, c->patch);
-    matmul_forward(a->patch_out, a->patches, w->patch_w, w->patch_b, NULL, B * NI, vla_patch_dim(c), d);
-    LAUNCH_1D(prefix_embed_kernel, (size_t)B * Np * d, a->p_res, a->key_valid, a->patch_out, w->pos_emb, w->text_emb,
-              batch->tokens, batch->text_mask, B, NI, c->max_text, d);
-    for (int l = 0; l < L; l++) {
-        LayerParams<floatX> lw = layer_params<floatX>(w, c, 0, l);
-        LayerActs x = layer_acts(a, c, B, 0, l);
-        int last = l == L - 1;  // the last layer's prefix output feeds nothing: only k and v
-        layer_qkv_forward(m, &lw, &x, B, Np, 0, !last);
-        if (last) { break; }
-        AttnKeys keys = attn_keys(m, &x, NULL, B, Np);
-        attention_forward(x.att, x.lse, x.q, keys);
-        layer_out_forward(&lw, &x, B * Np, D);
-    }
-}
-
-// Suffix stack: the state (B, S, fp32, device) and noisy actions in acts.x_t at flow times t (B,
-// device), attending to the prefix. Velocities into acts.v_pred (B, H, A).
-static void suffix_forward(Model* m, const float* state, const float* t, int B) {
-    const VLAConfig* c = &m->config;
-    const ParameterTensorsX* w = &m->params;
-    Activations* a = &m->acts;
-    int L = c->n_layer, da = c->d_expert, D = vla_d_attn(c), H = c->chunk, S = c->state_dim;
-    int Np = vla_n_prefix(c), Ns = vla_n_suffix(c), Q = B * Ns, R = B * H;
-    // action tokens: [action_in(x_t), time embedding] -> time_in -> SiLU -> time_out
-    matmul_forward(a->a_in, a->x_t, w->action_in_w, w->action_in_b, NULL, R, c->action_dim, da);
-    LAUNCH_1D(action_embed_kernel, (size_t)R * 2 * da, a->a_emb, a->a_in, t, B, H, da);
-    matmul_forward(a->t_pre, a->a_emb, w->time_in_w, w->time_in_b, NULL, R, 2 * da, da);
-    LAUNCH_1D(silu_forward_kernel, (size_t)R * da, a->t_act, a->t_pre, (size_t)R * da);
-    matmul_forward(a->act_tok, a->t_act, w->time_out_w, w->time_out_b, NULL, R, da, da);
-    convert(a->state_x, state, (size_t)B * S);
-    matmul_forward(a->state_tok, a->state_x, w->state_w, w->state_b, NULL, B, S, da);
-    LAUNCH_1D(suffix_embed_kernel, (size_t)Q * da, a->s_res, a->state_tok, a->act_tok, B, H, da);
-    for (int l = 0; l < L; l++) {
-        LayerParams<floatX> lw = layer_params<floatX>(w, c, 1, l);
-        LayerActs x = layer_acts(a, c, B, 1, l), px = layer_acts(a, c, B, 0, l);
-        layer_qkv_forward(m, &lw, &x, B, Ns, Np, 1);
-        AttnKeys keys = attn_keys(m, &px, &x, B, Ns);
-        attention_forward(x.att, x.lse, x.q, keys);
-        layer_out_forward(&lw, &x, Q, D);
-    }
-    // velocities from the action tokens (the state token's output is not used)
-    LAUNCH_1D(gather_rows_kernel, (size_t)R * da, a->f_in, a->s_res + (size_t)L * Q * da, B, Ns, 1, H, da);
-    rmsnorm_forward(a->f_ln, a->f_rstd, a->f_in, w->final_norm, R, da);
-    matmul_forward(a->v_pred, a->f_ln, w->action_out_w, w->action_out_b, NULL, R, da, c->action_dim);
-}
-
-// Flow-matching loss of a device batch: x_t = t eps + (1 - t) a, target u = eps - a,
-// loss = sum over unmasked slots of (v - u)^2 / (B H A). Micro-step `micro` of n_micro that make
-// one optimizer step: the loss is averaged over them in acts.scalars[0] (on the device), and its
-// gradient with respect to v (acts.d_vpred) carries the 1/n_micro of that average.
-static void model_forward(Model* m, const Batch* batch, int micro, int n_micro) {
-    const VLAConfig* c = &m->config;
-    int B = batch->B, HA = c->chunk * c->action_dim, n = B * HA;
-    model_set_batch(m, B);
-    Activations* a = &m->acts;
-    LAUNCH_1D(flow_inputs_kernel, n, a->x_t, a->target, batch->actions, batch->eps, batch->t, HA, n);
-    prefix_forward(m, batch);
-    suffix_forward(m, batch->state, batch->t, B);
-    int blocks = ceil_div(n, BLOCK);
-    flow_loss_kernel<<<blocks, BLOCK, 0, main_stream>>>(a->d_vpred, a->loss_partial, a->v_pred, a->target, batch->action_mask,
-                                                         c->action_dim, n, 2.0f / ((float)n * (float)n_micro));
-    launchCheck();
-    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(a->scalars, a->loss_partial, blocks, 1.0 / ((double)n * n_micro), 0, micro > 0);
-    launchCheck();
-}
-
-// Backward of layer_out_forward. dres (fp32) and dres_x (floatX) hold d(out) (N, C); on return
-// d(res) through the residual and ln2 only (layer_qkv_backward adds the attention path), and
-// acts.d_att holds d(att).
-static void layer_out_backward(Model* m, const LayerParams<floatX>* w, const LayerParams<float>* g, const LayerActs* x,
-                               float* dres, floatX* dres_x, int N, int D) {
-    Activations* a = &m->acts;
-    int C = w->C, F = w->F;
-    matmul_backward_input(a->d_act, dres_x, w->wdown, N, F, C, 0.0f);
-    matmul_backward_weight(g->wdown, dres_x, x->act, N, F, C);
-    geglu_backward(a->d_gate, a->d_up, a->d_act, x->gate, x->up, (size_t)N * F);
-    matmul_backward_input(a->d_ln, a->d_gate, w->wgate, N, C, F, 0.0f);
-    matmul_backward_input(a->d_ln, a->d_up, w->wup, N, C, F, 1.0f);
-    matmul_backward_weight(g->wgate, a->d_gate, x->ln2, N, C, F);
-    matmul_backward_weight(g->wup, a->d_up, x->ln2, N, C, F);
-    rmsnorm_backward(dres, dres_x, g->ln2, a->partial, a->d_ln, x->mid, w->ln2, x->rstd2, N, C);
-    matmul_backward_input(a->d_att, dres_x, w->wo, N, D, C, 0.0f);
-    matmul_backward_weight(g->wo, dres_x, x->att, N, D, C);
-}
-
-// Backward of layer_qkv_forward: dq (floatX, NULL when q was not computed), dk and dv (fp32) are
-// the gradients of the roped q/k and of v; they are rotated back, then d(res) through ln1 is
-// added to dres.
-static void layer_qkv_backward(Model* m, const LayerParams<floatX>* w, const LayerParams<float>* g, const LayerActs* x,
-                               float* dres, floatX* dres_x, floatX* dq, const float* dk, const float* dv, int B, int Tg,
-                               int pos0) {
-    const VLAConfig* c = &m->config;
-    Activations* a = &m->acts;
-    int N = B * Tg, D = vla_d_attn(c), C = w->C;
-    float beta = 0.0f;
-    if (dq != NULL) {
-        rope(dq, dq, m->rope_cos, m->rope_sin, B, Tg, pos0, c->n_head, c->head_dim, -1.0f);
-        matmul_backward_input(a->d_ln, dq, w->wq, N, C, D, 0.0f);
-        matmul_backward_weight(g->wq, dq, x->ln1, N, C, D);
-        beta = 1.0f;
-    }
-    rope(a->d_kx, dk, m->rope_cos, m->rope_sin, B, Tg, pos0, c->n_head, c->head_dim, -1.0f);
-    matmul_backward_input(a->d_ln, a->d_kx, w->wk, N, C, D, beta);
-    matmul_backward_weight(g->wk, a->d_kx, x->ln1, N, C, D);
-    convert(a->d_vx, dv, (size_t)N * D);
-    matmul_backward_input(a->d_ln, a->d_vx, w->wv, N, C, D, 1.0f);
-    matmul_backward_weight(g->wv, a->d_vx, x->ln1, N, C, D);
-    rmsnorm_backward(dres, dres_x, g->ln1, a->partial, a->d_ln, x->res, w->ln1, x->rstd1, N, C);
-}
-
-// Gradients of the last model_forward's loss into m->grads: overwritten when zero_grads (the
-// first micro-step), added to them otherwise.
-static void model_backward(Model* m, const Batch* batch, int zero_grads) {
-    const VLAConfig* c = &m->config;
-    const ParameterTensorsX* w = &m->params;
-    ParameterTensors* g = &m->grads;
-    Activations* a = &m->acts;
-    int B = batch->B, L = c->n_layer, H = c->chunk, A = c->action_dim, D = vla_d_attn(c), S = c->state_dim;
-    int d = c->d_model, da = c->d_expert;
-    int NI = vla_n_image_tokens(c), Np = vla_n_prefix(c), Ns = vla_n_suffix(c);
-    int P = B * Np, Q = B * Ns, R = B * H;
-    if (zero_grads) { cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->padded_total * sizeof(float), main_stream)); }
-    cudaCheck(cudaMemsetAsync(a->dp_k, 0, (size_t)L * P * D * sizeof(float), main_stream));
-    cudaCheck(cudaMemsetAsync(a->dp_v, 0, (size_t)L * P * D * sizeof(float), main_stream));
-
-    // ---- suffix: velocities -> final norm -> expert stack
-    matmul_backward_input(a->d_ln, a->d_vpred, w->action_out_w, R, da, A, 0.0f);
-    matmul_backward_weight(g->action_out_w, a->d_vpred, a->f_ln, R, da, A);
-    bias_backward(g->action_out_b, a->partial, a->d_vpred, R, A);
-    cudaCheck(cudaMemsetAsync(a->d_fin, 0, (size_t)R * da * sizeof(float), main_stream));
-    rmsnorm_backward(a->d_fin, a->d_tok, g->final_norm, a->partial, a->d_ln, a->f_in, w->final_norm, a->f_rstd, R, da);
-    grads_bucket_done(m, 0);  // the head
-    float* dres = a->d_res;  // (Q, da)
-    floatX* dres_x = a->d_res_x;
-    LAUNCH_1D(scatter_action_grad_kernel, (size_t)Q * da, dres, dres_x, a->d_fin, B, H, da);
-    for (int l = L - 1; l >= 0; l--) {
-        LayerParams<floatX> lw = layer_params<floatX>(w, c, 1, l);
-        LayerParams<float> lg = layer_params<float>(g, c, 1, l);
-        LayerActs x = layer_acts(a, c, B, 1, l), px = layer_acts(a, c, B, 0, l);
-        layer_out_backward(m, &lw, &lg, &x, dres, dres_x, Q, D);
-        cudaCheck(cudaMemsetAsync(a->d_k, 0, (size_t)Q * D * sizeof(float), main_stream));
-        cudaCheck(cudaMemsetAsync(a->d_v, 0, (size_t)Q * D * sizeof(float), main_stream));
-        // the suffix attends to the prefix: its key/value gradients land in dp_k/dp_v of layer l
-        AttnKeys keys = attn_keys(m, &px, &x, B, Ns);
-        attention_backward(a->d_q, a->dp_k + (size_t)l * P * D, a->dp_v + (size_t)l * P * D, a->d_k, a->d_v, a->d_att,
-                           x.q, x.att, x.lse, a->delta, keys);
-        layer_qkv_backward(m, &lw, &lg, &x, dres, dres_x, a->d_q, a->d_k, a->d_v, B, Ns, Np);
-        grads_bucket_done(m, 1 + (L - 1 - l));  // the expert's layer l
-    }
-    // suffix embeddings: row 0 of each sample is the state token, rows 1..H the action tokens
-    matmul_backward_weight(g->state_w, dres_x, a->state_x, B, S, da, Ns * da);
-    bias_backward(g->state_b, a->partial, dres_x, B, da, Ns * da);
-    LAUNCH_1D(gather_rows_kernel, (size_t)R * da, a->d_tok, dres_x, B, Ns, 1, H, da);
-    floatX* dtact = a->d_ln;
-    matmul_backward_input(dtact, a->d_tok, w->time_out_w, R, da, da, 0.0f);
-    matmul_backward_weight(g->time_out_w, a->d_tok, a->t_act, R, da, da);
-    bias_backward(g->time_out_b, a->partial, a->d_tok, R, da);
-    LAUNCH_1D(silu_backward_kernel, (size_t)R * da, dtact, dtact, a->t_pre, (size_t)R * da);
-    matmul_backward_input(a->d_emb, dtact, w->time_in_w, R, 2 * da, da, 0.0f);
-    matmul_backward_weight(g->time_in_w, dtact, a->a_emb, R, 2 * da, da);
-    bias_backward(g->time_in_b, a->partial, dtact, R, da);
-    // only the action_in half of d_emb has parameters behind it: read it with row stride 2 da
-    matmul_backward_weight(g->action_in_w, a->d_emb, a->x_t, R, A, da, 2 * da);
-    bias_backward(g->action_in_b, a->partial, a->d_emb, R, da, 2 * da);
-    grads_bucket_done(m, L + 1);  // the expert's inputs
-
-    // ---- prefix: the suffix left gradients in dp_k/dp_v of every layer; the last layer's
-    // prefix output is unused, so the residual gradient starts at zero
-    cudaCheck(cudaMemsetAsync(dres, 0, (size_t)P * d * sizeof(float), main_stream));
-    for (int l = L - 1; l >= 0; l--) {
-        LayerParams<floatX> lw = layer_params<floatX>(w, c, 0, l);
-        LayerParams<float> lg = layer_params<float>(g, c, 0, l);
-        LayerActs x = layer_acts(a, c, B, 0, l);
-        float* dk = a->dp_k + (size_t)l * P * D;
-        float* dv = a->dp_v + (size_t)l * P * D;
-        floatX* dq = NULL;
-        if (l < L - 1) {
-            layer_out_backward(m, &lw, &lg, &x, dres, dres_x, P, D);
-            AttnKeys keys = attn_keys(m, &x, NULL, B, Np);
-            attention_backward(a->d_q, dk, dv, NULL, NULL, a->d_att, x.q, x.att, x.lse, a->delta, keys);
-            dq = a->d_q;
-        }
-        layer_qkv_backward(m, &lw, &lg, &x, dres, dres_x, dq, dk, dv, B, Np, 0);
-        grads_bucket_done(m, L + 2 + (L - 1 - l));  // the VLM's layer l
-    }
-    // prefix embeddings: patch rows through patch_w, plus positions; text rows by token id
-    LAUNCH_1D(gather_rows_kernel, (size_t)B * NI * d, a->d_patch, dres_x, B, Np, 0, NI, d);
-    matmul_backward_weight(g->patch_w, a->d_patch, a->patches, B * NI, vla_patch_dim(c), d);
-    bias_backward(g->patch_b, a->partial, a->d_patch, B * NI, d);
-    LAUNCH_1D(pos_emb_backward_kernel, (size_t)NI * d, g->pos_emb, dres, B, NI, Np, d);
-    text_emb_backward_kernel<<<256, BLOCK, 0, main_stream>>>(g->text_emb, dres, batch->tokens, B, NI, c->max_text, d);
-    launchCheck();
-    grads_bucket_done(m, 2 * L + 2);  // the VLM's inputs
-}
-
-// sqrt of the sum of squares of every gradient into acts.scalars[1], on the device (with ZeRO-1
-// each rank sums its shard, the ranks add their sums)
-static void global_norm(Model* m) {
-    int sharded = model_sharded(m);
-    norm_squares_kernel<<<NORM_BLOCKS, BLOCK, 0, main_stream>>>(m->norm_partial, m->grads_memory + m->shard_lo,
-                                                                 m->shard_hi - m->shard_lo);
-    launchCheck();
-    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->norm_partial, NORM_BLOCKS, 1.0, !sharded, 0);
-    launchCheck();
-    if (sharded) {
-        zero_sum_squares(m);
-        sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->acts.scalars + 1, 1, 1.0, 1, 0);
-        launchCheck();
-    }
-}
-
-// AdamW (0.9, 0.95, 1e-8) on the fp32 master weights of the model's shard (all of them alone),
-// decoupled decay on the tensors the table marks, gradients clipped to global norm `clip` first
-// (0 disables); a tensor cut by the shard's ends is updated in part (zero_part). All on the device.
-static void model_update(Model* m, float lr, float weight_decay, float clip, int step) {
-    const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-    global_norm(m);
-    float bc1 = 1.0f - powf(beta1, (float)(step + 1)), bc2 = 1.0f - powf(beta2, (float)(step + 1));
-    size_t lo = m->shard_lo;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        const ParamSpec* s = &m->table.spec[i];
-        size_t first, n = zero_part(m->aligned[i], s->numel, lo, m->shard_hi, &first);
-        if (n == 0) { continue; }
-        size_t a = m->aligned[i] + first;  // in the device layout; the state arrays start at lo
-        LAUNCH_1D(adamw_kernel, n, m->master + (a - lo), m->params_memory + a, m->grads_memory + a, m->m_memory + (a - lo),
-                  m->v_memory + (a - lo), n, lr, beta1, beta2, eps, s->decay ? weight_decay : 0.0f, bc1, bc2,
-                  m->acts.scalars + 1, clip);
-    }
-    zero_gather_params(m);
-}
-
-// Loss, gradient norm and the stop flag of the last step (over every rank), waiting for the device.
-static void model_read_scalars(Model* m, float* loss, float* norm, int* stop = NULL) {
-    float s[3];
-    cudaCheck(cudaMemcpyAsync(s, m->acts.scalars, sizeof(s), cudaMemcpyDeviceToHost, main_stream));
-    cudaCheck(cudaStreamSynchronize(main_stream));
-    if (loss != NULL) { *loss = s[0]; }
-    if (norm != NULL) { *norm = s[1]; }
-    if (stop != NULL) { *stop = s[2] > 0.0f; }
-}
-
-// Euler integration of the velocity from noise (t = 1) to actions (t = 0), 10 steps, the prefix
-// computed once. obs: a device batch; eps (B, H, A): device starting noise. out (B, H, A, host):
-// un-normalized with the statistics (host arrays).
-static void model_sample_actions(Model* m, const Batch* obs, const float* eps, const float* action_mean,
-                                 const float* action_std, float* out) {
-    const VLAConfig* c = &m->config;
-    int B = obs->B, HA = c->chunk * c->action_dim, n_steps = 10;
-    model_set_batch(m, B);
-    Activations* a = &m->acts;
-    prefix_forward(m, obs);
-    cudaCheck(cudaMemcpyAsync(a->x_sample, eps, (size_t)B * HA * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
-    convert(a->x_t, a->x_sample, (size_t)B * HA);
-    for (int k = 0; k < n_steps; k++) {
-        LAUNCH_1D(fill_kernel, B, a->t_sample, 1.0f - 0.1f * (float)k, B);
-        suffix_forward(m, obs->state, a->t_sample, B);
-        LAUNCH_1D(euler_step_kernel, B * HA, a->x_sample, a->x_t, a->v_pred, 0.1f, B * HA);
-    }
-    cudaCheck(cudaMemcpyAsync(out, a->x_sample, (size_t)B * HA * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
-    cudaCheck(cudaStreamSynchronize(main_stream));
-    for (int b = 0; b < B; b++) {
-        for (int i = 0; i < HA; i++) {
-            int dim = i % c->action_dim;
-            out[(size_t)b * HA + i] = out[(size_t)b * HA + i] * action_std[dim] + action_mean[dim];
-        }
-    }
-}
-
-// Model FLOPs of one training sample (forward and backward, 3x the forward's matrix products
-// and attention), for MFU: what the model needs, not what the kernels happen to do.
-static double model_flops_per_sample(const VLAConfig* c) {
-    double d = c->d_model, da = c->d_expert, D = vla_d_attn(c), L = c->n_layer;
-    double NI = vla_n_image_tokens(c), Np = vla_n_prefix(c), Ns = vla_n_suffix(c), H = c->chunk;
-    double fwd = 2.0 * NI * vla_patch_dim(c) * d;
-    fwd += (L - 1) * 2.0 * Np * (4.0 * d * D + 3.0 * d * c->d_ff) + 2.0 * Np * 2.0 * d * D;  // prefix layers
-    fwd += (L - 1) * 4.0 * Np * Np * D;                                                     // prefix attention
-    fwd += 2.0 * H * (c->action_dim * da + 3.0 * da * da) + 2.0 * c->state_dim * da;       // suffix embeddings
-    fwd += L * (2.0 * Ns * (4.0 * da * D + 3.0 * da * c->d_expert_ff) + 4.0 * Ns * (Np + Ns) * D);
-    fwd += 2.0 * H * da * c->action_dim;
-    return 3.0 * fwd;
-}
-
-// bf16 dense tensor-core peak of the GPUs we know, in FLOP/s; 0 for the others
-static double device_peak_flops(const char* name) {
-    static const struct { const char* match; double tflops; } peaks[] = {
-        {"H200", 989.4}, {"GH200", 989.4}, {"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H100", 989.4},
-        {"A100", 312.0}, {"L40S", 362.0}, {"A10G", 70.0}, {"RTX 4090", 165.2},
-    };
-    for (size_t i = 0; i < sizeof(peaks) / sizeof(peaks[0]); i++) {
-        if (strstr(name, peaks[i].match) != NULL) { return peaks[i].tflops * 1e12; }
-    }
-    return 0.0;
-}
-
 // ----------------------------------------------------------------------------
-// SmolVLA model: LeRobot's SmolVLA, as dev/smolvla.py computes it and as train_vla.c's SmolVLA
-// section does on the CPU (same functions, same order). Data flow of the forward:
+// model: LeRobot's SmolVLA, as dev/smolvla.py computes it and as train_vla.c does on the CPU (same
+// functions, same order). Data flow of the forward:
 //   frames (uint8, any size) -> resize with padding, x*2-1 -> SigLIP (patch embedding, position,
 //   pre-LayerNorm layers, post-LayerNorm) -> pixel shuffle -> connector -> prefix = [image tokens
 //   * sqrt(C) per camera, language * sqrt(C), state_proj(state)] -> the VLM's Llama layers over
@@ -3778,15 +2325,17 @@ static double device_peak_flops(const char* name) {
 // tokens per camera, C / F VLM widths, Ce / Fe expert widths, Np prefix tokens, H chunk,
 // T = Np + H sequence, P = B * Np prefix rows, R = B * H action rows, D = NH*HS query width,
 // KV = NKV*HS key/value width (GQA), Smax / Amax padded state / action dims.
-// Precision as the model above: floatX weights and activations, fp32 master weights, gradients,
+// Precision: floatX weights and activations, fp32 master weights, gradients,
 // residual-stream gradients, norm statistics, softmax and every accumulation; the velocity, its
 // target and the loss in fp32. Only the tensors that train in the model's mode have gradients,
 // and only their trainable elements have fp32 master weights and AdamW moments: a frozen tensor
 // lives on the device as its floatX copy alone, rounded once when the weights load.
 //
-// The training loops do not call this section yet (both trainers switch to it together): nvcc's
-// "declared but never referenced" (177) is off for its functions until then.
-#pragma nv_diag_suppress 177
+// Memory layout: the trainable elements of every tensor (a prefix of it: smolvla_trainable_numel)
+// packed in table order exactly as SmolOptDomain packs them, so one offset serves the floatX
+// weights, the gradients, the master weights, the moments and the checkpoint's m and v; then the
+// frozen remainders. The gradient buckets, the ZeRO-1 shards and the all-gather of the updated
+// weights are ranges of that one domain.
 
 // Parameter tensor indices, in table order: SMOLP_vis_wq, ...
 enum {
@@ -3913,7 +2462,7 @@ static size_t smol_partial_size(const SmolVLAConfig* c, int B) {
     F(v_t,      smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities, fp32 */ \
     X(d_vt,     smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
     F(loss_partial, (size_t)ceil_div(smol_rrows(c, B) * (c)->max_action_dim, BLOCK))  /* the loss's per-block sums */ \
-    F(scalars,  4)                                                                    /* loss, -, -, 1 / loss denominator */ \
+    F(scalars,  8)                                                                    /* loss (first its sum), grad norm, stop, valid entries, their inverse */ \
     /* backward scratch */ \
     F(dp_k,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
     F(dp_v,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_v */ \
@@ -3961,23 +2510,34 @@ typedef struct {
 #undef SMOL_ACT_I_
 } SmolActivations;
 
+// The gradient buckets (MULTI_GPU): the trainable ranges of one layer of one tower (or of the
+// towers' embeddings and heads), in the order the backward pass finishes them, so each is averaged
+// over the ranks while the backward pass goes on. Bucket b is ranges first[b] .. first[b+1]-1.
+typedef struct {
+    int n;          // buckets: smol_bucket_count
+    int* first;     // (n + 1)
+    size_t* offset; // (ranges) into the trainable domain
+    size_t* count;
+} SmolBuckets;
+
 typedef struct {
     SmolVLAConfig config;
     int mode;                              // TRAIN_MODE_*: what trains, so what has a gradient
     SmolParamTable table;
-    size_t aligned[SMOLVLA_NUM_TENSORS];   // the device layout: tensor i at a multiple of 16 elements
-    size_t grad_at[SMOLVLA_NUM_TENSORS];   // the gradients' layout: each tensor's trainable part, aligned alike
-    size_t opt_at[SMOLVLA_NUM_TENSORS];    // the optimizer state's layout: each tensor's trainable part, packed
-    size_t n_params, n_grads;              // elements of the first two layouts
-    size_t n_opt;                          // elements of the third: smolvla_trainable_count(mode), nothing frozen
-    floatX* params_memory;  // (n_params) the compute copy of every tensor, the only copy of a frozen one
-    float* grads_memory;    // (n_grads) fp32 gradients of what trains in `mode`
-    float* master;          // (n_opt) fp32 master weights of what trains
-    float* m_memory;        // (n_opt) AdamW's first moments
-    float* v_memory;        // (n_opt) AdamW's second moments
+    SmolOptDomain domain;                  // the trainable elements, packed: tensor i's at domain.offset[i]
+    size_t frozen_at[SMOLVLA_NUM_TENSORS]; // where a tensor's frozen remainder starts in params_memory
+    size_t n_opt;                          // trainable elements: domain.total
+    size_t n_train;                        // the domain padded to a whole number of ZeRO shards of 16
+    size_t n_params;                       // params_memory's elements: the domain, then the frozen remainders
+    size_t shard_lo, shard_hi;             // the domain elements whose optimizer state this model keeps
+    floatX* params_memory;  // (n_params) the compute copy of every weight, the only copy of a frozen one
+    float* grads_memory;    // (n_train) fp32 gradients of the trainable domain
+    float* master;          // (shard) fp32 master weights of the trainable elements
+    float* m_memory;        // (shard) AdamW's first moments
+    float* v_memory;        // (shard) AdamW's second moments
     size_t opt_bytes;       // device bytes of the three above (what the tests assert)
     float* norm_partial;    // (NORM_BLOCKS) the gradient norm's per-block sums
-    SmolParametersX params;
+    SmolParametersX params; // each tensor's first slice (stacked tensors: smol_param)
     SmolParameters grads;   // NULL for a tensor with no trainable part (smol_grad says which slices train)
     int B;                  // batch the activations are sized for
     floatX* acts_x;         // one allocation per activation type
@@ -3987,6 +2547,9 @@ typedef struct {
     float* rope_cos;        // (T, HS/2) device: LeRobot's angles at positions 0 .. T-1
     float* rope_sin;
     size_t device_bytes;    // what this model holds on the GPU
+    size_t act_bytes;       // of which the activations
+    SmolBuckets buckets;
+    struct Dist* dist;      // the data-parallel ranks it trains with (MULTI_GPU); NULL: alone
 } SmolVLA;
 
 static void* smol_device_malloc(SmolVLA* m, size_t bytes) {
@@ -3996,9 +2559,30 @@ static void* smol_device_malloc(SmolVLA* m, size_t bytes) {
     return p;
 }
 
+// Slice k of parameter tensor i (layer k's part of a stacked tensor; 0 for the others): in the
+// trainable domain when the slice trains (the trainable part is a prefix of whole slices), else in
+// the frozen remainder
+static inline floatX* smol_param(const SmolVLA* m, int i, int k) {
+    const SmolParamSpec* s = &m->table.spec[i];
+    size_t at = (size_t)k * (s->numel / smolvla_slices(s)), n_train = m->domain.numel[i];
+    return m->params_memory + (at < n_train ? m->domain.offset[i] + at : m->frozen_at[i] + (at - n_train));
+}
+
+// Its gradient when that slice trains in the model's mode, else NULL
+static inline float* smol_grad(const SmolVLA* m, int i, int k) {
+    const SmolParamSpec* s = &m->table.spec[i];
+    size_t per = s->numel / smolvla_slices(s);
+    if ((size_t)(k + 1) * per > m->domain.numel[i]) { return NULL; }
+    return m->grads_memory + m->domain.offset[i] + (size_t)k * per;
+}
+
+static void smol_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d);
+
 // The model for config c, training in `mode`: the parameter and gradient memory (zero until
-// smolvla_set_params) and the RoPE table; the activations follow the batch (smolvla_set_batch).
-static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode) {
+// smolvla_set_params), the RoPE table and the gradient buckets; the activations follow the batch
+// (smolvla_set_batch). ZeRO-1 (shard_world > 1): this model keeps the optimizer state of shard
+// `shard_rank` of the trainable domain only; the compute copy and the gradients are whole.
+static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shard_rank = 0, int shard_world = 1) {
     memset(m, 0, sizeof(*m));
     const char* problem = smolvla_config_problem(c);
     if (problem != NULL) { vla_fail("bad SmolVLA config: %s", problem); }
@@ -4014,36 +2598,40 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode) {
     m->config = *c;
     m->mode = mode;
     smolvla_table_build(c, &m->table);
+    smolvla_opt_domain(&m->table, mode, &m->domain);
+    m->n_opt = m->domain.total;
+    size_t shard = zero_shard_size(m->n_opt, shard_world, 16);
+    m->n_train = shard * shard_world;
+    m->shard_lo = (size_t)shard_rank * shard;
+    m->shard_hi = m->shard_lo + shard;
+    m->n_params = m->n_train;
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &m->table.spec[i];
-        m->aligned[i] = m->n_params;
-        m->n_params += (s->numel + 15) / 16 * 16;  // 32 bytes of bf16, 64 of fp32
-        m->grad_at[i] = m->n_grads;
-        m->n_grads += (smolvla_trainable_numel(s, mode) + 15) / 16 * 16;
-        m->opt_at[i] = m->n_opt;
-        m->n_opt += smolvla_trainable_numel(s, mode);
+        m->frozen_at[i] = m->n_params;
+        m->n_params += (m->table.spec[i].numel - m->domain.numel[i] + 15) / 16 * 16;  // 32 bytes of bf16
     }
     m->params_memory = (floatX*)smol_device_malloc(m, m->n_params * sizeof(floatX));
-    m->grads_memory = (float*)smol_device_malloc(m, m->n_grads * sizeof(float));
+    m->grads_memory = (float*)smol_device_malloc(m, m->n_train * sizeof(float));
     cudaCheck(cudaMemset(m->params_memory, 0, m->n_params * sizeof(floatX)));
-    cudaCheck(cudaMemset(m->grads_memory, 0, m->n_grads * sizeof(float)));  // the gaps stay zero (the norm adds them)
-    // optimizer state for the trainable elements only: a frozen tensor has its floatX copy and nothing else
+    cudaCheck(cudaMemset(m->grads_memory, 0, m->n_train * sizeof(float)));  // the padding stays zero (the norm adds it)
+    // optimizer state for the trainable elements of the shard only: a frozen tensor has its floatX
+    // copy and nothing else
     size_t before = m->device_bytes;
-    m->master = (float*)smol_device_malloc(m, m->n_opt * sizeof(float));
-    m->m_memory = (float*)smol_device_malloc(m, m->n_opt * sizeof(float));
-    m->v_memory = (float*)smol_device_malloc(m, m->n_opt * sizeof(float));
+    m->master = (float*)smol_device_malloc(m, shard * sizeof(float));
+    m->m_memory = (float*)smol_device_malloc(m, shard * sizeof(float));
+    m->v_memory = (float*)smol_device_malloc(m, shard * sizeof(float));
     m->opt_bytes = m->device_bytes - before;
-    cudaCheck(cudaMemset(m->master, 0, m->n_opt * sizeof(float)));
-    cudaCheck(cudaMemset(m->m_memory, 0, m->n_opt * sizeof(float)));
-    cudaCheck(cudaMemset(m->v_memory, 0, m->n_opt * sizeof(float)));
+    cudaCheck(cudaMemset(m->master, 0, shard * sizeof(float)));
+    cudaCheck(cudaMemset(m->m_memory, 0, shard * sizeof(float)));
+    cudaCheck(cudaMemset(m->v_memory, 0, shard * sizeof(float)));
     m->norm_partial = (float*)smol_device_malloc(m, NORM_BLOCKS * sizeof(float));
     int i = 0;
 #define SMOL_POINT_X_(nm, ...) \
-    m->params.nm = m->params_memory + m->aligned[i]; \
-    m->grads.nm = smolvla_trainable_numel(&m->table.spec[i], mode) > 0 ? m->grads_memory + m->grad_at[i] : NULL; \
+    m->params.nm = smol_param(m, i, 0); \
+    m->grads.nm = m->domain.numel[i] > 0 ? m->grads_memory + m->domain.offset[i] : NULL; \
     i++;
     SMOLVLA_PARAMETERS(SMOL_POINT_X_, c)
 #undef SMOL_POINT_X_
+    smol_buckets_build(&m->buckets, c, &m->table, &m->domain);
     // RoPE as LeRobot's apply_rope computes it: timescale theta^e with e = float32(2/HS) * k in
     // float32 (torch's float pow is the correctly rounded one, as pow in double then rounding), the
     // angle as a float32 division pos / timescale, then sin and cos of that float
@@ -4064,13 +2652,15 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode) {
     free(cs);
 }
 
-// The weights from a host array in the table's layout (smolvla_load_safetensors', or
-// smolvla_param_init's): every tensor's compute copy, rounded once from fp32 on the device, and the
-// fp32 master weights of its trainable part. The fp32 values pass through a scratch buffer of the
-// largest tensor's size, freed at the end: nothing fp32 of a frozen tensor stays on the device.
-// The AdamW moments restart at zero.
-static void smolvla_set_params(SmolVLA* m, const float* params) {
-    size_t widest = 0;
+// The weights from a host array in the table's layout (smolvla_load_safetensors', smolvla_param_init's
+// or a checkpoint's): every tensor's compute copy, rounded once from fp32 on the device, and the fp32
+// master weights of this model's shard of the trainable domain. The fp32 values pass through a
+// scratch buffer of the largest tensor's size, freed at the end: nothing fp32 of a frozen tensor
+// stays on the device. The AdamW moments: moment1 and moment2 (host, the packed domain of n_opt
+// elements, a checkpoint's m and v) when given, else zero.
+static void smolvla_set_params(SmolVLA* m, const float* params, const float* moment1 = NULL,
+                               const float* moment2 = NULL) {
+    size_t widest = 0, lo = m->shard_lo, hi = m->shard_hi;
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
         if (m->table.spec[i].numel > widest) { widest = m->table.spec[i].numel; }
     }
@@ -4078,23 +2668,33 @@ static void smolvla_set_params(SmolVLA* m, const float* params) {
     cudaCheck(cudaMalloc(&scratch, widest * sizeof(float)));
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
         const SmolParamSpec* s = &m->table.spec[i];
-        size_t n_train = smolvla_trainable_numel(s, m->mode);
+        size_t n_train = m->domain.numel[i], o = m->domain.offset[i], first;
         cudaCheck(cudaMemcpyAsync(scratch, params + s->offset, s->numel * sizeof(float), cudaMemcpyHostToDevice,
                                   main_stream));
-        convert(m->params_memory + m->aligned[i], scratch, s->numel);
-        cudaCheck(cudaMemcpyAsync(m->master + m->opt_at[i], scratch, n_train * sizeof(float), cudaMemcpyDeviceToDevice,
-                                  main_stream));
+        if (n_train > 0) { convert(m->params_memory + o, scratch, n_train); }
+        if (n_train < s->numel) { convert(m->params_memory + m->frozen_at[i], scratch + n_train, s->numel - n_train); }
+        size_t n = zero_part(o, n_train, lo, hi, &first);
+        if (n > 0) {
+            cudaCheck(cudaMemcpyAsync(m->master + (o + first - lo), scratch + first, n * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, main_stream));
+        }
         cudaCheck(cudaStreamSynchronize(main_stream));  // the scratch is reused by the next tensor
     }
     cudaCheck(cudaFree(scratch));
-    cudaCheck(cudaMemset(m->m_memory, 0, m->n_opt * sizeof(float)));
-    cudaCheck(cudaMemset(m->v_memory, 0, m->n_opt * sizeof(float)));
+    float* moments[2] = {m->m_memory, m->v_memory};
+    const float* given[2] = {moment1, moment2};
+    size_t n = (m->n_opt > lo ? (m->n_opt < hi ? m->n_opt : hi) - lo : 0);  // the shard's real elements
+    for (int k = 0; k < 2; k++) {
+        cudaCheck(cudaMemset(moments[k], 0, (hi - lo) * sizeof(float)));
+        if (given[k] != NULL && n > 0) { cudaCheck(cudaMemcpy(moments[k], given[k] + lo, n * sizeof(float), cudaMemcpyHostToDevice)); }
+    }
 }
 
 // (Re)sizes the activations for B samples.
 static void smolvla_set_batch(SmolVLA* m, int B) {
     if (m->B == B) { return; }
     if (m->acts_x != NULL) {
+        m->device_bytes -= m->act_bytes;
         cudaCheck(cudaFree(m->acts_x));
         cudaCheck(cudaFree(m->acts_f));
         cudaCheck(cudaFree(m->acts_i));
@@ -4111,6 +2711,7 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
     m->acts_x = (floatX*)smol_device_malloc(m, nx * sizeof(floatX));
     m->acts_f = (float*)smol_device_malloc(m, nf * sizeof(float));
     m->acts_i = (int*)smol_device_malloc(m, ni * sizeof(int));
+    m->act_bytes = nx * sizeof(floatX) + nf * sizeof(float) + ni * sizeof(int);
     floatX* px = m->acts_x;
     float* pf = m->acts_f;
     int* pi = m->acts_i;
@@ -4130,21 +2731,7 @@ static void smolvla_free(SmolVLA* m) {
     cudaCheck(cudaFree(m->norm_partial));
     cudaCheck(cudaFree(m->acts_x)); cudaCheck(cudaFree(m->acts_f)); cudaCheck(cudaFree(m->acts_i));
     cudaCheck(cudaFree(m->rope_cos));
-}
-
-// Slice k of parameter tensor i (layer k's part of a stacked tensor; 0 for the others)
-static inline floatX* smol_param(const SmolVLA* m, int i, int k) {
-    const SmolParamSpec* s = &m->table.spec[i];
-    return m->params_memory + m->aligned[i] + (size_t)k * (s->numel / smolvla_slices(s));
-}
-
-// Its gradient when that slice trains in the model's mode, else NULL (the train column: the
-// trainable part of a tensor is a prefix of it, so a slice trains iff it ends within that prefix)
-static inline float* smol_grad(const SmolVLA* m, int i, int k) {
-    const SmolParamSpec* s = &m->table.spec[i];
-    size_t per = s->numel / smolvla_slices(s);
-    if ((size_t)(k + 1) * per > smolvla_trainable_numel(s, m->mode)) { return NULL; }
-    return m->grads_memory + m->grad_at[i] + (size_t)k * per;
+    free(m->buckets.first); free(m->buckets.offset); free(m->buckets.count);
 }
 
 // One Llama layer of the VLM or the expert: its weights (floatX) or their gradients (float, NULL =
@@ -4369,7 +2956,7 @@ static void smolvla_vlm_forward(SmolVLA* m) {
 
 // The H action tokens of the noisy chunk acts.x_t at flow times t (B, device): s_res[0] =
 // action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time embedding]))). The time
-// embedding is action_embed_kernel's (the model above's): [sin, cos] of 2 pi t / period, periods
+// embedding is action_embed_kernel's: [sin, cos] of 2 pi t / period, periods
 // geometric from 4e-3 to 4.0 over Ce/2 frequencies, in double, LeRobot's min/max_period.
 static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
     const SmolVLAConfig* c = &m->config;
@@ -4437,11 +3024,12 @@ static void smolvla_encode_prefix(SmolVLA* m, const SmolInputs* in) {
 
 // Training forward: x_t = t noise + (1 - t) actions, velocity v_t (acts.v_t), target
 // u = noise - actions; loss = sum of (u - v)^2 over the real action dims of the chunk slots in
-// the episode, divided by max(1, those slots x A) (LeRobot's mean over valid entries, not over
-// B H A). Micro-step `micro` of n_micro that make one optimizer step: the loss is averaged over
-// them in acts.scalars[0] (on the device), and d loss / d v_t (acts.d_vt, for the backward)
-// carries the 1/n_micro of that average.
-static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro, int n_micro) {
+// the episode, divided by max(1, those entries) (LeRobot's mean over valid entries, not over
+// B H A) of the whole optimizer step: every micro-step (`micro` of the step's) and every rank. So
+// the forward sums: the squared errors into acts.scalars[0], the valid entries into scalars[3]
+// (added to from the second micro-step on), and acts.d_vt is the gradient of the sum;
+// smolvla_loss_finish divides once the sums are complete (after the ranks' all-reduce).
+static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro) {
     const SmolVLAConfig* c = &m->config;
     smolvla_encode_prefix(m, in);
     SmolActivations* a = &m->acts;
@@ -4449,23 +3037,231 @@ static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro, int n_m
     LAUNCH_1D(flow_inputs_kernel, n, a->x_t, a->target, in->actions, in->noise, in->t, HA, n);
     smolvla_suffix_embed(m, in->t);
     smolvla_expert_forward(m, 0);
-    valid_slots_kernel<<<1, BLOCK, 0, main_stream>>>(a->scalars + 3, in->action_is_pad, B * c->chunk, c->action_dim);
+    valid_entries_kernel<<<1, BLOCK, 0, main_stream>>>(a->scalars + 3, in->action_is_pad, B * c->chunk, c->action_dim,
+                                                       micro > 0);
     launchCheck();
     int blocks = ceil_div(n, BLOCK);
     smolvla_loss_kernel<<<blocks, BLOCK, 0, main_stream>>>(a->d_vt, a->loss_partial, a->v_t, a->target, in->action_is_pad,
-                                                           a->scalars + 3, c->action_dim, c->max_action_dim, n,
-                                                           1.0f / (float)n_micro);
+                                                           c->action_dim, c->max_action_dim, n);
     launchCheck();
-    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(a->scalars, a->loss_partial, blocks, 1.0 / n_micro, 0, micro > 0);
+    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(a->scalars, a->loss_partial, blocks, 1.0, 0, micro > 0);
     launchCheck();
 }
 
-// The loss of the last smolvla_forward (averaged over its micro-steps), waiting for the device.
+// The step's mean loss into acts.scalars[0], and its gradients scaled from the sum's to the mean's
+// (the part of them this model updates: its ZeRO-1 shard, or all), once the forward passes' sums
+// hold every micro-step and rank.
+static void smolvla_loss_finish(SmolVLA* m) {
+    loss_normalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars);
+    launchCheck();
+    size_t n = m->shard_hi - m->shard_lo;
+    LAUNCH_1D(scale_kernel, n, m->grads_memory + m->shard_lo, n, m->acts.scalars + 4);
+}
+
+#if defined(TESTING)
+// The loss of the last step (after smolvla_loss_finish), waiting for the device (the tests';
+// train_rank reads every scalar at once: smolvla_read_scalars).
 static float smolvla_read_loss(SmolVLA* m) {
     float loss;
     cudaCheck(cudaMemcpyAsync(&loss, m->acts.scalars, sizeof(float), cudaMemcpyDeviceToHost, main_stream));
     cudaCheck(cudaStreamSynchronize(main_stream));
     return loss;
+}
+#endif
+
+// ---- data parallel (MULTI_GPU): gradient buckets, NCCL, ZeRO-1
+
+// The gradient bucket of layer `layer` of `tower` (-1: the tower's embeddings), numbered in the
+// order the backward pass finishes them: the expert's layers top down (its head with the top
+// layer), its input projections, the VLM's layers top down, the prefix's embeddings, the vision
+// layers top down (the post-LayerNorm with the top one), the patch and position embeddings.
+static int smol_bucket(const SmolVLAConfig* c, int tower, int layer) {
+    int L = c->n_layer, Lv = c->vis_layers;
+    if (tower == TOWER_EXPERT) { return layer >= 0 ? L - 1 - layer : L; }
+    if (tower == TOWER_VLM) { return layer >= 0 ? 2 * L - layer : 2 * L + 1; }
+    return layer >= 0 ? 2 * L + 1 + Lv - layer : 2 * L + 2 + Lv;
+}
+
+static int smol_bucket_count(const SmolVLAConfig* c) { return 2 * c->n_layer + 3 + c->vis_layers; }
+
+// The bucket of slice k of tensor s: a layer's slice with its layer, a head with its tower's top
+// layer (its gradient is final before that layer's), an input with its tower's embeddings
+static int smol_slice_bucket(const SmolVLAConfig* c, const SmolParamSpec* s, int k) {
+    if (s->kind == KIND_LAYER) { return smol_bucket(c, s->tower, smolvla_slice_layer(c, s, k)); }
+    if (s->kind == KIND_HEAD) { return smol_bucket(c, s->tower, (s->tower == TOWER_VISION ? c->vis_layers : c->n_layer) - 1); }
+    return smol_bucket(c, s->tower, -1);
+}
+
+// Each bucket's ranges of the trainable domain d of table t: its trainable slices, neighbours
+// merged. A frozen slice is in no bucket, so it is never communicated. (Host only: the banner
+// counts them too.)
+static void smol_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d) {
+    b->n = smol_bucket_count(c);
+    size_t max_ranges = 0;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { max_ranges += smolvla_slices(&t->spec[i]); }
+    b->first = (int*)callocCheck(b->n + 1, sizeof(int));
+    b->offset = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
+    b->count = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
+    int r = 0;
+    for (int q = 0; q < b->n; q++) {
+        b->first[q] = r;
+        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+            const SmolParamSpec* s = &t->spec[i];
+            size_t per = s->numel / smolvla_slices(s);
+            for (size_t k = 0; (k + 1) * per <= d->numel[i]; k++) {
+                if (smol_slice_bucket(c, s, (int)k) != q) { continue; }
+                size_t at = d->offset[i] + k * per;
+                if (r > b->first[q] && b->offset[r - 1] + b->count[r - 1] == at) {
+                    b->count[r - 1] += per;
+                } else {
+                    b->offset[r] = at;
+                    b->count[r] = per;
+                    r++;
+                }
+            }
+        }
+    }
+    b->first[b->n] = r;
+}
+
+#define DIST_TIMED_WAITS 4  // a step waits on NCCL once (ZeRO-1: three times)
+
+// One rank's side (MULTI_GPU): the communicator, the communication stream and the events that
+// order it after the compute.
+typedef struct Dist {
+    int sync;  // the backward pass sums its buckets over the ranks as they finish (a step's last micro-step)
+#if defined(MULTI_GPU)
+    ncclComm_t comm;
+    cudaStream_t comm_stream;
+    cudaEvent_t* bucket_ready;  // (smol_bucket_count) their gradients are final on the main stream
+    cudaEvent_t scalars_ready, comm_done;
+    // timing of the main stream's waits on the communication stream in one step: wait_begin[i]
+    // where the compute reaches wait i, wait_end[i] where the communication it waits for ends
+    cudaEvent_t wait_begin[DIST_TIMED_WAITS], wait_end[DIST_TIMED_WAITS];
+    int waits;  // recorded this step
+#endif
+} Dist;
+
+// Whether the model keeps the optimizer state of one shard only (ZeRO-1 over several ranks): its
+// gradients are reduce-scattered to the shards, its trainable weights all-gathered after the update
+static int smol_sharded(const SmolVLA* m) { return m->shard_hi - m->shard_lo < m->n_train; }
+
+#if defined(MULTI_GPU)
+static const ncclDataType_t NCCL_FLOATX = sizeof(floatX) == 4 ? ncclFloat : ncclBfloat16;
+
+// Work on the communication stream ordered after the main stream's so far (`ready`), ...
+static void comm_after_main(Dist* d, cudaEvent_t ready) {
+    cudaCheck(cudaEventRecord(ready, main_stream));
+    cudaCheck(cudaStreamWaitEvent(d->comm_stream, ready, 0));
+}
+// ... and the main stream's next work after the communication stream's so far (the first
+// DIST_TIMED_WAITS waits of a step timed: how long the compute stood still for NCCL)
+static void main_after_comm(Dist* d) {
+    cudaEvent_t done = d->comm_done;
+    if (d->waits < DIST_TIMED_WAITS) {
+        cudaCheck(cudaEventRecord(d->wait_begin[d->waits], main_stream));
+        done = d->wait_end[d->waits++];
+    }
+    cudaCheck(cudaEventRecord(done, d->comm_stream));
+    cudaCheck(cudaStreamWaitEvent(main_stream, done, 0));
+}
+
+// The time the main stream spent waiting on the communication stream in this step (after the
+// step's work has finished): per wait, how far the communication ended after the compute reached
+// it, nothing where it had ended before
+static double dist_wait_ms(Dist* d) {
+    double total = 0.0;
+    for (int i = 0; i < d->waits; i++) {
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, d->wait_begin[i], d->wait_end[i]));
+        if (ms > 0.0f) { total += ms; }
+    }
+    return total;
+}
+#endif
+
+// Bucket b's gradients are final: sum them over the ranks on the communication stream, after the
+// compute that wrote them, while the backward pass goes on (at world size 1 too: NCCL's one-rank
+// path runs, as in DDP, and its cost is measured). The sums are the loss's (smolvla_forward), so
+// summing is averaging once smolvla_loss_finish divides by the step's valid entries.
+static void smol_bucket_done(SmolVLA* m, int b) {
+#if defined(MULTI_GPU)
+    Dist* d = m->dist;
+    const SmolBuckets* k = &m->buckets;
+    if (d == NULL || !d->sync || smol_sharded(m) || k->first[b] == k->first[b + 1]) { return; }  // ZeRO-1: at the end
+    cudaCheck(cudaEventRecord(d->bucket_ready[b], main_stream));
+    cudaCheck(cudaStreamWaitEvent(d->comm_stream, d->bucket_ready[b], 0));
+    ncclCheck(ncclGroupStart());
+    for (int r = k->first[b]; r < k->first[b + 1]; r++) {
+        ncclCheck(ncclAllReduce(m->grads_memory + k->offset[r], m->grads_memory + k->offset[r], k->count[r], ncclFloat,
+                                ncclSum, d->comm, d->comm_stream));
+    }
+    ncclCheck(ncclGroupEnd());
+#else
+    (void)m; (void)b;
+#endif
+}
+
+// After an optimizer step's last backward pass: the loss's sums, the valid entries and the stop
+// flag (acts.scalars[0], [3], [2]) summed over the ranks too (with ZeRO-1 the gradients
+// reduce-scattered to their shards), the main stream waiting for all of it; then the mean loss and
+// the gradients of the mean (smolvla_loss_finish). `stop`: this rank saw a stop request; any
+// rank's stops them all.
+static void smolvla_grads_finish(SmolVLA* m, int stop) {
+    LAUNCH_1D(fill_kernel, 1, m->acts.scalars + 2, stop ? 1.0f : 0.0f, 1);
+#if defined(MULTI_GPU)
+    Dist* d = m->dist;
+    if (d != NULL) {
+        comm_after_main(d, d->scalars_ready);
+        if (smol_sharded(m)) {
+            size_t S = m->shard_hi - m->shard_lo;
+            ncclCheck(ncclReduceScatter(m->grads_memory, m->grads_memory + m->shard_lo, S, ncclFloat, ncclSum, d->comm,
+                                        d->comm_stream));
+        }
+        ncclCheck(ncclAllReduce(m->acts.scalars, m->acts.scalars, 4, ncclFloat, ncclSum, d->comm, d->comm_stream));
+        main_after_comm(d);
+    }
+#endif
+    smolvla_loss_finish(m);
+}
+
+// ZeRO-1: the sum of squares of the shard's gradients (acts.scalars[1]) added over the ranks
+static void zero_sum_squares(SmolVLA* m) {
+#if defined(MULTI_GPU)
+    comm_after_main(m->dist, m->dist->scalars_ready);
+    ncclCheck(ncclAllReduce(m->acts.scalars + 1, m->acts.scalars + 1, 1, ncclFloat, ncclSum, m->dist->comm,
+                            m->dist->comm_stream));
+    main_after_comm(m->dist);
+#else
+    (void)m;
+#endif
+}
+
+// ZeRO-1: every rank's updated shard of the trainable weights' compute copy, to every rank
+static void zero_gather_params(SmolVLA* m) {
+#if defined(MULTI_GPU)
+    comm_after_main(m->dist, m->dist->scalars_ready);
+    ncclCheck(ncclAllGather(m->params_memory + m->shard_lo, m->params_memory, m->shard_hi - m->shard_lo, NCCL_FLOATX,
+                            m->dist->comm, m->dist->comm_stream));
+    main_after_comm(m->dist);
+#else
+    (void)m;
+#endif
+}
+
+// A device array of the optimizer state (shard-sized) made whole (n_train): itself when it is not
+// sharded, else all-gathered over the ranks into `gathered` (every rank must call it)
+static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* shard) {
+#if defined(MULTI_GPU)
+    if (smol_sharded(m)) {
+        comm_after_main(m->dist, m->dist->scalars_ready);
+        ncclCheck(ncclAllGather(shard, gathered, m->shard_hi - m->shard_lo, ncclFloat, m->dist->comm, m->dist->comm_stream));
+        main_after_comm(m->dist);
+        return gathered;
+    }
+#endif
+    (void)gathered;
+    return shard;
 }
 
 // ---- backward
@@ -4522,6 +3318,7 @@ static void smolvla_expert_backward(SmolVLA* m, int state_only) {
             rope_at(a->g_q, a->g_q, m->rope_cos, m->rope_sin, a->x_pos, R, H, H, c->n_head, c->head_dim, -1.0f);
             smol_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, a->g_q, NULL, NULL, R);
         }
+        smol_bucket_done(m, smol_bucket(c, TOWER_EXPERT, l));
     }
 }
 
@@ -4610,6 +3407,7 @@ static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
                 c->head_dim, -1.0f);
         convert(a->g_vx, dv, (size_t)N * KV);
         smol_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, dq, a->g_kx, a->g_vx, N);
+        smol_bucket_done(m, smol_bucket(c, TOWER_VLM, l));
     }
 }
 
@@ -4690,6 +3488,7 @@ static void smolvla_vision_backward(SmolVLA* m) {
         }
         layernorm_backward(dres, dres_x, smol_grad(m, SMOLP_vis_ln1_w, l), smol_grad(m, SMOLP_vis_ln1_b, l), a->partial,
                            a->g_ln, x, smol_param(m, SMOLP_vis_ln1_w, l), a->v_mean1 + L * V, a->v_rstd1 + L * V, V, Cv);
+        smol_bucket_done(m, smol_bucket(c, TOWER_VISION, l));
     }
     // patch i's position row, summed over the images in order; the patch embedding
     LAUNCH_1D(pos_emb_backward_kernel, (size_t)Nv * Cv, m->grads.vis_pos, dres, NV, Nv, Nv, Cv);
@@ -4699,7 +3498,8 @@ static void smolvla_vision_backward(SmolVLA* m) {
 
 // Gradients of the last smolvla_forward's loss for the tensors that train in the model's mode
 // (TRAIN_MODE_EXPERT, _VLM, _ALL: LeRobot's train_expert_only / freeze_vision_encoder) into
-// grads_memory: overwritten when zero_grads (the first micro-step), added to otherwise. No work
+// grads_memory (of the loss's sum: smolvla_forward): overwritten when zero_grads (the first
+// micro-step), added to otherwise; each bucket handed to the ranks' average as it is final. No work
 // is done for gradients nothing trainable needs:
 //   expert: the expert, its heads and state_proj train. state_proj's token is the prefix's last
 //     row (block 1): the rows before it (images and language, block 0) never see it, so only that
@@ -4711,15 +3511,20 @@ static void smolvla_vision_backward(SmolVLA* m) {
 static void smolvla_backward(SmolVLA* m, int zero_grads) {
     const SmolVLAConfig* c = &m->config;
     int state_only = m->mode == TRAIN_MODE_EXPERT;
-    if (zero_grads) { cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->n_grads * sizeof(float), main_stream)); }
+    if (zero_grads) { cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->n_train * sizeof(float), main_stream)); }
     size_t kv = (size_t)c->n_layer * smol_prows(c, m->B) * smolvla_d_kv(c);
     cudaCheck(cudaMemsetAsync(m->acts.dp_k, 0, kv * sizeof(float), main_stream));
     cudaCheck(cudaMemsetAsync(m->acts.dp_v, 0, kv * sizeof(float), main_stream));
     smolvla_expert_backward(m, state_only);
     smolvla_suffix_embed_backward(m);
+    smol_bucket_done(m, smol_bucket(c, TOWER_EXPERT, -1));
     smolvla_vlm_backward(m, state_only);
     smolvla_prefix_embed_backward(m, state_only);
-    if (m->mode == TRAIN_MODE_ALL) { smolvla_vision_backward(m); }
+    smol_bucket_done(m, smol_bucket(c, TOWER_VLM, -1));
+    if (m->mode == TRAIN_MODE_ALL) {
+        smolvla_vision_backward(m);
+        smol_bucket_done(m, smol_bucket(c, TOWER_VISION, -1));
+    }
 }
 
 // ---- sampling
@@ -4746,65 +3551,142 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
     cudaCheck(cudaStreamSynchronize(main_stream));
 }
 
-// ---- optimizer: AdamW on the trainable elements only (the model above's kernels, over their ranges)
+// ---- optimizer: AdamW on the trainable elements only
 
 // sqrt of the sum of squares of the trainable gradients into acts.scalars[1], on the device: one
-// launch over the gradients' layout, whose alignment gaps hold zeros, at a fixed grid (the same
-// order every run)
+// launch over the model's part of the domain, whose padding holds zeros, at a fixed grid (the same
+// order every run); with ZeRO-1 each rank sums its shard and the ranks add their sums
 static void smolvla_global_norm(SmolVLA* m) {
-    norm_squares_kernel<<<NORM_BLOCKS, BLOCK, 0, main_stream>>>(m->norm_partial, m->grads_memory, m->n_grads);
+    int sharded = smol_sharded(m);
+    norm_squares_kernel<<<NORM_BLOCKS, BLOCK, 0, main_stream>>>(m->norm_partial, m->grads_memory + m->shard_lo,
+                                                                 m->shard_hi - m->shard_lo);
     launchCheck();
-    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->norm_partial, NORM_BLOCKS, 1.0, 1, 0);
+    sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->norm_partial, NORM_BLOCKS, 1.0, !sharded, 0);
     launchCheck();
+    if (sharded) {
+        zero_sum_squares(m);
+        sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->acts.scalars + 1, 1, 1.0, 1, 0);
+        launchCheck();
+    }
 }
 
-// AdamW (0.9, 0.95, 1e-8) on the fp32 master weights of each tensor's trainable prefix, one launch
-// per tensor that trains: gradients clipped to global norm `clip` first (0 disables), decoupled
-// decay where the table's decay column says, the floatX copy refreshed. Frozen elements neither
-// move nor decay. All on the device.
+// AdamW (0.9, 0.95, 1e-8) on the fp32 master weights of each tensor's trainable prefix inside the
+// model's shard (all of them alone), one launch per tensor that trains: gradients clipped to global
+// norm `clip` first (0 disables), decoupled decay where the table's decay column says, the floatX
+// copy refreshed (ZeRO-1: then all-gathered). Frozen elements neither move nor decay. All on the
+// device.
 static void smolvla_update(SmolVLA* m, float lr, float weight_decay, float clip, int step) {
     const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
     smolvla_global_norm(m);
     float bc1 = 1.0f - powf(beta1, (float)(step + 1)), bc2 = 1.0f - powf(beta2, (float)(step + 1));
+    size_t lo = m->shard_lo;
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &m->table.spec[i];
-        size_t n = smolvla_trainable_numel(s, m->mode), o = m->opt_at[i];
+        size_t first, n = zero_part(m->domain.offset[i], m->domain.numel[i], lo, m->shard_hi, &first);
         if (n == 0) { continue; }
-        LAUNCH_1D(adamw_kernel, n, m->master + o, m->params_memory + m->aligned[i], m->grads_memory + m->grad_at[i],
-                  m->m_memory + o, m->v_memory + o, n, lr, beta1, beta2, eps, s->decay ? weight_decay : 0.0f, bc1, bc2,
-                  m->acts.scalars + 1, clip);
+        size_t a = m->domain.offset[i] + first;  // in the domain; the state arrays start at lo
+        LAUNCH_1D(adamw_kernel, n, m->master + (a - lo), m->params_memory + a, m->grads_memory + a, m->m_memory + (a - lo),
+                  m->v_memory + (a - lo), n, lr, beta1, beta2, eps, smolvla_decay(&m->table.spec[i], weight_decay), bc1,
+                  bc2, m->acts.scalars + 1, clip);
     }
+    if (smol_sharded(m)) { zero_gather_params(m); }
 }
 
-// Loss and gradient norm (before clipping) of the last step, waiting for the device.
-static void smolvla_read_scalars(SmolVLA* m, float* loss, float* norm) {
-    float s[2];
-    cudaCheck(cudaMemcpyAsync(s, m->acts.scalars, 2 * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
+// Loss, gradient norm (before clipping) and the stop flag of the last step (over every rank),
+// waiting for the device.
+static void smolvla_read_scalars(SmolVLA* m, float* loss, float* norm, int* stop = NULL) {
+    float s[3];
+    cudaCheck(cudaMemcpyAsync(s, m->acts.scalars, sizeof(s), cudaMemcpyDeviceToHost, main_stream));
     cudaCheck(cudaStreamSynchronize(main_stream));
-    *loss = s[0];
-    *norm = s[1];
+    if (loss != NULL) { *loss = s[0]; }
+    if (norm != NULL) { *norm = s[1]; }
+    if (stop != NULL) { *stop = s[2] > 0.0f; }
 }
 
-// One optimizer step (0-based `step`) over n_micro micro-batches in[0 .. n_micro-1]: their
-// forward and backward passes accumulate the averaged loss and gradients, then AdamW at the
-// schedule's learning rate. Nothing waits for the device: smolvla_read_scalars does.
+#if defined(TESTING)
+// One optimizer step (0-based `step`) over n_micro micro-batches in[0 .. n_micro-1] of one rank
+// alone: their forward and backward passes accumulate the loss's sums and gradients, then the mean
+// and AdamW at the schedule's learning rate. Nothing waits for the device: smolvla_read_scalars does.
+// (The tests' step: train_rank interleaves the same calls with the batches' uploads and NCCL.)
 static void smolvla_train_step(SmolVLA* m, const SmolInputs* in, int n_micro, int step, const TrainArgs* args) {
     for (int micro = 0; micro < n_micro; micro++) {
-        smolvla_forward(m, &in[micro], micro, n_micro);
+        smolvla_forward(m, &in[micro], micro);
         smolvla_backward(m, micro == 0);
     }
+    smolvla_grads_finish(m, 0);
     smolvla_update(m, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
 }
+#endif
 
-#pragma nv_diag_default 177
+// ---- FLOPs, for MFU
+
+// Model FLOPs of one training sample in train mode `mode`: the forward everywhere (matrix products
+// and attention), and the backward (2x the forward: input and weight gradients) only where
+// gradients flow: the expert and its projections always; in expert mode the VLM's state rows alone
+// (1/Np of its forward); in vlm mode the VLM and the connector; in all mode the vision tower too.
+// What the model needs, not what the kernels happen to do; sampling's passes are not counted.
+static double smolvla_flops_per_sample(const SmolVLAConfig* c, int mode) {
+    double cams = c->n_cam, G = smolvla_grid(c), Nv = G * G, Cv = c->vis_width, Fv = c->vis_ff, Lv = c->vis_layers;
+    double NI = smolvla_image_tokens(c), s2 = (double)c->scale_factor * c->scale_factor;
+    double Np = smolvla_n_prefix(c), C = c->d_model, F = c->d_ff, D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+    double L = c->n_layer, H = c->chunk, Ce = c->d_expert, Fe = c->d_expert_ff;
+    double vision = cams * (2.0 * Nv * smolvla_patch_dim(c) * Cv +
+                            Lv * (2.0 * Nv * (4.0 * Cv * Cv + 2.0 * Cv * Fv) + 4.0 * Nv * Nv * Cv));
+    double connector = cams * 2.0 * NI * s2 * Cv * C + 2.0 * c->max_state_dim * C;
+    double vlm = (L - 1.0) * (2.0 * Np * (2.0 * C * D + 2.0 * C * KV + 3.0 * C * F) + 4.0 * Np * Np * D) +
+                 2.0 * Np * 2.0 * C * KV;  // the last layer: its keys and values
+    double expert = 2.0 * H * (c->max_action_dim * Ce + 3.0 * Ce * Ce) + 2.0 * H * Ce * c->max_action_dim;
+    for (int l = 0; l < c->n_layer; l++) {
+        expert += 2.0 * H * (2.0 * Ce * D + 3.0 * Ce * Fe);
+        if (smolvla_layer_is_cross(c, l)) {
+            expert += 2.0 * Np * 2.0 * KV * KV + 4.0 * H * Np * D;  // the prefix's K/V re-projected, attended
+        } else {
+            expert += 2.0 * H * 2.0 * Ce * KV + 4.0 * H * (Np + H) * D;
+        }
+    }
+    double forward = vision + connector + vlm + expert;
+    double backward = 2.0 * expert;
+    if (mode == TRAIN_MODE_EXPERT) { backward += 2.0 * vlm / Np; }
+    if (mode >= TRAIN_MODE_VLM) { backward += 2.0 * (vlm + connector); }
+    if (mode == TRAIN_MODE_ALL) { backward += 2.0 * vision; }
+    return forward + backward;
+}
+
+// bf16 dense tensor-core peak of the GPUs we know, in FLOP/s; 0 for the others
+static double device_peak_flops(const char* name) {
+    static const struct { const char* match; double tflops; } peaks[] = {
+        {"H200", 989.4}, {"GH200", 989.4}, {"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H100", 989.4},
+        {"A100", 312.0}, {"L40S", 362.0}, {"A10G", 70.0}, {"RTX 4090", 165.2},
+    };
+    for (size_t i = 0; i < sizeof(peaks) / sizeof(peaks[0]); i++) {
+        if (strstr(name, peaks[i].match) != NULL) { return peaks[i].tflops * 1e12; }
+    }
+    return 0.0;
+}
 
 // ----------------------------------------------------------------------------
 // data: device batches fed from the loader's pinned ring
 
-// Device copy of a host batch's layout; the host slot and this buffer are copied in one go.
-static void device_batch_alloc(Model* m, Batch* dev, const VLAConfig* c, int B) {
-    size_t bytes = batch_layout(dev, NULL, c, B);
-    batch_layout(dev, (uint8_t*)device_malloc(m, bytes), c, B);
+// Device copy of a host batch's layout (smolvla_batch_layout: each camera's frames at their stored
+// size, tokens, state, actions, pads, t, noise); the host slot and this buffer are copied in one go.
+static void device_batch_alloc(SmolVLA* m, SmolBatch* dev, const Cameras* cams, int B) {
+    size_t bytes = smolvla_batch_layout(dev, NULL, &m->config, cams, B);
+    smolvla_batch_layout(dev, (uint8_t*)smol_device_malloc(m, bytes), &m->config, cams, B);
+}
+
+// The model's inputs from a device batch (the first b->B samples of its layout)
+static SmolInputs smol_inputs(const SmolBatch* b) {
+    SmolInputs in;
+    memset(&in, 0, sizeof(in));
+    in.B = b->B;
+    for (int k = 0; k < b->cams.n; k++) {
+        in.frames[k] = b->images[k];
+        in.frame_h[k] = (int)b->cams.height[k];
+        in.frame_w[k] = (int)b->cams.width[k];
+    }
+    in.frame_stride = 0;  // each camera's frames packed
+    in.tokens = b->tokens; in.token_mask = b->token_mask; in.state = b->state;
+    in.actions = b->actions; in.action_is_pad = b->action_is_pad; in.t = b->t; in.noise = b->eps;
+    return in;
 }
 
 // Pins the loader's ring of host batches so copies from them are asynchronous.
@@ -4818,37 +3700,62 @@ static void loader_pin(Loader* L, int pin) {
 // Starts copying the loader's next batch into dev on the copy stream, once the compute that last
 // read dev is done (`consumed`, recorded on the main stream; a fresh event is no wait); `uploaded`
 // fires when the batch has landed.
-static void batch_upload(Loader* L, Batch* dev, cudaEvent_t consumed, cudaEvent_t uploaded) {
-    Batch* host = loader_next(L);
+static void batch_upload(Loader* L, SmolBatch* dev, cudaEvent_t consumed, cudaEvent_t uploaded) {
+    SmolBatch* host = loader_next(L);
     cudaCheck(cudaStreamWaitEvent(copy_stream, consumed, 0));
     cudaCheck(cudaMemcpyAsync(dev->memory, host->memory, host->bytes, cudaMemcpyHostToDevice, copy_stream));
     cudaCheck(cudaEventRecord(uploaded, copy_stream));
 }
 
+// 10 Euler steps from the batch's noise (dev, a device batch) -> sampled (B, H, A) in the data's
+// units (host): the model's (B, H, Amax) normalized chunk sliced to the action dims, un-normalized
+// with action_mean / action_std (A each).
+static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* dev, const float* action_mean, const float* action_std,
+                                   float* sampled) {
+    const SmolVLAConfig* c = &m->config;
+    int B = dev->B, H = c->chunk, A = c->action_dim, Amax = c->max_action_dim;
+    float* normalized = (float*)mallocCheck((size_t)B * H * Amax * sizeof(float));
+    SmolInputs in = smol_inputs(dev);
+    smolvla_sample(m, &in, dev->eps, normalized);
+    for (size_t slot = 0; slot < (size_t)B * H; slot++) {
+        for (int d = 0; d < A; d++) {
+            sampled[slot * A + d] = normalized[slot * Amax + d] * action_std[d] + action_mean[d];
+        }
+    }
+    free(normalized);
+}
+
 // ----------------------------------------------------------------------------
 // checkpoints of the model
 
-// Writes a checkpoint (by `write`: rank 0) of the master weights and moments in the table's
-// layout. With ZeRO-1 the shards are gathered first, so every rank must call it.
-static void model_save(Model* m, const Dataset* ds, const TrainArgs* args, int step, uint64_t sampler_pos, int write) {
-    if (!write && !model_sharded(m)) { return; }
-    size_t n = m->table.total, total = m->padded_total;
+// Writes a checkpoint (by `write`: rank 0): every weight in fp32, the trainable ones from the
+// master weights, the frozen ones from `params` (host, table layout: the run's starting weights,
+// whose frozen values never change, while their floatX copy on the device is rounded), which
+// receives the trainable ones; the moments of the trainable domain. With ZeRO-1 the shards are
+// gathered first, so every rank must call it.
+static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const TrainArgs* args, int step,
+                         uint64_t sampler_pos, int write) {
+    if (!write && !smol_sharded(m)) { return; }
+    size_t total = m->n_train;
     float* gathered = NULL;  // ZeRO-1: room for one state array's shards, gathered
-    if (model_sharded(m)) { cudaCheck(cudaMalloc(&gathered, total * sizeof(float))); }
-    float* device_layout = write ? (float*)mallocCheck(total * sizeof(float)) : NULL;
-    float* host = write ? (float*)mallocCheck(3 * n * sizeof(float)) : NULL;
+    if (smol_sharded(m)) { cudaCheck(cudaMalloc(&gathered, total * sizeof(float))); }
+    float* host = write ? (float*)mallocCheck(3 * total * sizeof(float)) : NULL;
     const float* state[3] = {m->master, m->m_memory, m->v_memory};
     for (int k = 0; k < 3; k++) {
         const float* whole = zero_gather_state(m, gathered, state[k]);
         if (!write) { continue; }
-        cudaCheck(cudaMemcpyAsync(device_layout, whole, total * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
+        cudaCheck(cudaMemcpyAsync(host + k * total, whole, total * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
         cudaCheck(cudaStreamSynchronize(main_stream));
-        layout_to_checkpoint(m, host + k * n, device_layout);
     }
     cudaCheck(cudaStreamSynchronize(main_stream));  // (the gathers are done before their buffer goes)
-    if (write) { run_checkpoint_save(args, ds, &m->config, step, sampler_pos, host, host + n, host + 2 * n, n); }
+    if (write) {
+        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+            memcpy(params + m->table.spec[i].offset, host + m->domain.offset[i], m->domain.numel[i] * sizeof(float));
+        }
+        run_checkpoint_save(args, ds, &m->config, step, sampler_pos, params, m->table.total, host + total,
+                            host + 2 * total, m->n_opt);
+    }
     free(host);
-    free(device_layout);
     if (gathered != NULL) { cudaCheck(cudaFree(gathered)); }
 }
 
@@ -4859,10 +3766,14 @@ static void model_save(Model* m, const Dataset* ds, const TrainArgs* args, int s
 
 #if defined(VLA_LIBRARY)
 typedef struct {
-    Model model;
-    float* stats;   // state_mean(S) state_std(S) action_mean(A) action_std(A), as trained with (host)
-    Batch obs;      // host observations, room for `capacity`
-    Batch dev;      // their device copy, the same layout
+    SmolVLA model;
+    int train_mode;      // the checkpoint's
+    char tokenizer[64];  // the checkpoint's
+    float* stats;        // state_mean(S) state_std(S) action_mean(A) action_std(A), as trained with (host)
+    SmolBatch obs;       // host observations, room for `capacity`
+    SmolBatch dev;       // their device copy, the same layout
+    void* dev_memory;    // (dev_bytes)
+    size_t dev_bytes;
     int capacity;
     char device[320];
 } VLAPolicy;
@@ -4889,46 +3800,74 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
     }
     VLAPolicy* p = (VLAPolicy*)callocCheck(1, sizeof(VLAPolicy));
     snprintf(p->device, sizeof(p->device), "%s (%s)", prop.name, PRECISION_NAME);
-    model_build(&p->model, &ck.config);
-    model_set_params(&p->model, ck.params, NULL, NULL);
+    p->train_mode = ck.train_mode;
+    snprintf(p->tokenizer, sizeof(p->tokenizer), "%s", ck.tokenizer);
+    smolvla_build(&p->model, &ck.config, ck.train_mode);
+    smolvla_set_params(&p->model, ck.params);
+    // serving trains nothing: the gradients and the optimizer state go
+    SmolVLA* m = &p->model;
+    float* training[4] = {m->grads_memory, m->master, m->m_memory, m->v_memory};
+    for (int k = 0; k < 4; k++) { cudaCheck(cudaFree(training[k])); }
+    m->device_bytes -= m->n_train * sizeof(float) + m->opt_bytes;
+    m->grads_memory = m->master = m->m_memory = m->v_memory = NULL;
     p->stats = ck.stats;
     ck.stats = NULL;
     checkpoint_free(&ck);
     return p;
 }
 
-// The checkpoint's config, the 15 fields of VLAConfig in order.
-VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) { memcpy(out, &p->model.config, sizeof(VLAConfig)); }
+// The checkpoint's config: the 26 fields of SmolVLAConfig in order, then its train mode.
+VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) {
+    memcpy(out, &p->model.config, sizeof(SmolVLAConfig));
+    out[sizeof(SmolVLAConfig) / sizeof(int32_t)] = p->train_mode;
+}
 
 // Where the policy computes, and in which precision.
 VLA_API const char* vla_policy_device(const VLAPolicy* p) { return p->device; }
 
-// Action chunks (B, H, A) in the data's units, as libvla.so's: the observations are assembled on
-// the host, copied to the GPU in one go, and sampled there (the prefix once, 10 Euler steps).
-VLA_API int vla_policy_act(VLAPolicy* p, int B, const uint8_t* images, const char* const* instructions,
-                           const float* state, const float* noise, uint64_t seed, float* actions) {
-    const VLAConfig* c = &p->model.config;
-    int S = c->state_dim, A = c->action_dim;
+// The token ids the checkpoint was trained on ("bytes" for the data/ tools' shards).
+VLA_API const char* vla_policy_tokenizer(const VLAPolicy* p) { return p->tokenizer; }
+
+// Action chunks (B, H, A) in the data's units, as libvla.so's: cam_hw the (height, width) of each
+// camera's frames in this call, images[k] camera k's B frames; the observations are assembled on
+// the host, copied to the GPU in one go and sampled there (the prefix once, 10 Euler steps).
+// Returns 0; 1 for B < 1; 2 for a camera size out of range.
+VLA_API int vla_policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
+                           const char* const* instructions, const float* state, const float* noise, uint64_t seed,
+                           float* actions) {
+    const SmolVLAConfig* c = &p->model.config;
     if (B < 1) { return 1; }
-    if (B > p->capacity && p->capacity > 0) { cudaCheck(cudaFree(p->dev.memory)); }
-    int grew = B > p->capacity;
-    policy_reserve(&p->obs, &p->capacity, c, B);
-    if (grew) { device_batch_alloc(&p->model, &p->dev, c, p->capacity); }
+    Cameras cams;
+    memset(&cams, 0, sizeof(cams));
+    cams.n = c->n_cam;
+    for (int k = 0; k < c->n_cam; k++) {
+        if (cam_hw[2 * k] < 1 || cam_hw[2 * k] > VLA_MAX_IMG || cam_hw[2 * k + 1] < 1 || cam_hw[2 * k + 1] > VLA_MAX_IMG) {
+            return 2;
+        }
+        cams.height[k] = (uint32_t)cam_hw[2 * k];
+        cams.width[k] = (uint32_t)cam_hw[2 * k + 1];
+    }
+    policy_reserve(&p->obs, &p->capacity, c, &cams, B);
+    if (p->obs.bytes > p->dev_bytes) {  // a larger batch or larger frames than before
+        cudaCheck(cudaFree(p->dev_memory));
+        cudaCheck(cudaMalloc(&p->dev_memory, p->obs.bytes));
+        p->dev_bytes = p->obs.bytes;
+    }
+    smolvla_batch_layout(&p->dev, (uint8_t*)p->dev_memory, c, &cams, p->capacity);  // the host's layout
     policy_observations(&p->obs, c, p->stats, B, images, instructions, state, noise, seed);
-    cudaCheck(cudaMemcpy(p->dev.memory, p->obs.memory, p->obs.bytes, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(p->dev_memory, p->obs.memory, p->obs.bytes, cudaMemcpyHostToDevice));
     p->dev.B = B;
-    model_sample_actions(&p->model, &p->dev, p->dev.eps, p->stats + 2 * S, p->stats + 2 * S + A, actions);
+    int S = c->state_dim, A = c->action_dim;
+    smolvla_sample_actions(&p->model, &p->dev, p->stats + 2 * S, p->stats + 2 * S + A, actions);
     return 0;
 }
 
 VLA_API void vla_policy_free(VLAPolicy* p) {
     if (p == NULL) { return; }
-    if (p->capacity > 0) {
-        batch_free(&p->obs);
-        cudaCheck(cudaFree(p->dev.memory));
-    }
+    if (p->capacity > 0) { smolvla_batch_free(&p->obs); }
+    cudaCheck(cudaFree(p->dev_memory));
     free(p->stats);
-    model_free(&p->model);
+    smolvla_free(&p->model);
     free(p);
 }
 #endif  // VLA_LIBRARY
@@ -4940,17 +3879,17 @@ VLA_API void vla_policy_free(VLAPolicy* p) {
 // How well the policy acts: 10-step sampling on one batch, mean squared error against the
 // dataset's actions over the unmasked slots, in the data's own units. `dev`: a device batch the
 // training no longer uses, whose size is the batch evaluated.
-static float eval_action_mse(Model* m, Batch* dev, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
-    const VLAConfig* c = &m->config;
-    Batch host;
-    batch_alloc(&host, c, dev->B);
+static float eval_action_mse(SmolVLA* m, SmolBatch* dev, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
+    const SmolVLAConfig* c = &m->config;
+    SmolBatch host;
+    smolvla_batch_alloc(&host, c, &ds->cams, dev->B);
     eval_batch(&host, ds, c, seed, pos, step);
     cudaCheck(cudaMemcpy(dev->memory, host.memory, host.bytes, cudaMemcpyHostToDevice));
     float* sampled = (float*)mallocCheck((size_t)dev->B * c->chunk * c->action_dim * sizeof(float));
-    model_sample_actions(m, dev, dev->eps, ds->action_mean, ds->action_std, sampled);
+    smolvla_sample_actions(m, dev, ds->action_mean, ds->action_std, sampled);
     float mse = action_mse(&host, ds, c, sampled);
     free(sampled);
-    batch_free(&host);
+    smolvla_batch_free(&host);
     return mse;
 }
 
@@ -4961,10 +3900,11 @@ static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 typedef struct {
     TrainArgs args;
     Dataset ds;
-    VLAConfig config;
+    SmolVLAConfig config;
     const char* from;      // checkpoint to start from, or NULL: from the seed
-    Checkpoint initial;    // the weights (and moments) the ranks start from, read or drawn once;
-                           // freed by rank 0 once every rank has its copy on its GPU
+    Checkpoint initial;    // the weights (and moments) the ranks start from, read or drawn once; the
+                           // moments are freed once every rank has its copy on its GPU, the weights
+                           // stay: rank 0's checkpoints take the frozen ones from them
     int start;             // optimizer steps already done
     uint64_t sampler_pos;  // global samples consumed before `start`
     int world;             // ranks over all nodes
@@ -4977,15 +3917,26 @@ typedef struct {
 
 static void print_config(const Run* run, const cudaDeviceProp* prop, double flops, double peak) {
     const TrainArgs* args = &run->args;
-    const VLAConfig* c = &run->config;
-    ParamTable t;
-    param_table_build(c, &t);
+    const SmolVLAConfig* c = &run->config;
+    SmolParamTable t;
+    smolvla_table_build(c, &t);
+    size_t trainable = smolvla_trainable_count(&t, args->train_mode);
     char split[96];
     printf("+------------------------+--------------------------------------+\n");
     printf("| train_vla              | %-36s |\n", args->preset);
     printf("+------------------------+--------------------------------------+\n");
-    vla_config_print(c);
+    smolvla_config_print(c);
     printf("| parameters             | %-36zu |\n", t.total);
+    snprintf(split, sizeof(split), "%zu (%.1f%%)", trainable, 100.0 * (double)trainable / (double)t.total);
+    printf("| trainable              | %-36s |\n", split);
+    printf("| train mode (--train)   | %-36s |\n", TRAIN_MODE_NAMES[args->train_mode]);
+    SmolOptDomain domain;
+    SmolBuckets buckets;
+    smolvla_opt_domain(&t, args->train_mode, &domain);
+    smol_buckets_build(&buckets, c, &t, &domain);
+    snprintf(split, sizeof(split), "%d buckets, %d ranges", buckets.n, buckets.first[buckets.n]);
+    printf("| gradient all-reduce    | %-36s |\n", split);
+    free(buckets.first); free(buckets.offset); free(buckets.count);
     printf("| dataset samples        | %-36llu |\n", (unsigned long long)run->ds.n_samples);
     printf("| shards                 | %-36d |\n", run->ds.n_shards);
     snprintf(split, sizeof(split), "%d x %d x %d", run->world, args->batch, args->accum);
@@ -5097,40 +4048,43 @@ static void watchdog_stop(Watchdog* w) {
 }
 
 // One GPU's training: rank node * local_ranks + local of run->world, on local device `local`.
-// Every rank holds a replica, takes its own share of every global batch, and averages its
-// gradients with the others; rank 0 logs, saves checkpoints and evaluates. Returns 1 if a stop
-// request ended the run early.
+// Every rank holds a replica, takes its own share of every global batch, and sums its gradients
+// with the others; rank 0 logs, saves checkpoints and evaluates. Returns 1 if a stop request
+// ended the run early.
 static int train_rank(Run* run, Watchdog* watchdog, int local) {
     const TrainArgs* args = &run->args;
-    const VLAConfig* c = &run->config;
+    const SmolVLAConfig* c = &run->config;
     int rank = run->node * run->local_ranks + local, world = run->world, lead = rank == 0;
     cudaDeviceProp prop;
     gpu_init(local, &prop);
-    Model model;
-    model_build(&model, c, args->zero ? rank : 0, args->zero ? world : 1);
-    model_set_params(&model, run->initial.params, run->initial.m, run->initial.v);
+    SmolVLA model;
+    smolvla_build(&model, c, args->train_mode, args->zero ? rank : 0, args->zero ? world : 1);
+    smolvla_set_params(&model, run->initial.params, run->initial.m, run->initial.v);
 #if defined(MULTI_GPU)
     #pragma omp barrier
 #endif
-    if (local == 0) { checkpoint_free(&run->initial); }
+    if (local == 0) {  // the weights stay for the checkpoints' frozen values
+        free(run->initial.m);
+        free(run->initial.v);
+        run->initial.m = run->initial.v = NULL;
+    }
     Dist dist;
     memset(&dist, 0, sizeof(dist));
 #if defined(MULTI_GPU)
+    int n_buckets = model.buckets.n;
     ncclCheck(ncclCommInitRank(&dist.comm, world, run->nccl_id, rank));
     watchdog->comms[local] = dist.comm;
     cudaCheck(cudaStreamCreate(&dist.comm_stream));
-    dist.bucket_ready = (cudaEvent_t*)mallocCheck(param_bucket_count(c) * sizeof(cudaEvent_t));
-    for (int b = 0; b < param_bucket_count(c); b++) {
-        cudaCheck(cudaEventCreateWithFlags(&dist.bucket_ready[b], cudaEventDisableTiming));
-    }
+    dist.bucket_ready = (cudaEvent_t*)mallocCheck(n_buckets * sizeof(cudaEvent_t));
+    for (int b = 0; b < n_buckets; b++) { cudaCheck(cudaEventCreateWithFlags(&dist.bucket_ready[b], cudaEventDisableTiming)); }
     cudaCheck(cudaEventCreateWithFlags(&dist.scalars_ready, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&dist.comm_done, cudaEventDisableTiming));
     for (int i = 0; i < DIST_TIMED_WAITS; i++) {
         cudaCheck(cudaEventCreate(&dist.wait_begin[i]));
         cudaCheck(cudaEventCreate(&dist.wait_end[i]));
     }
-#endif
     model.dist = &dist;
+#endif
 
     int64_t global_batch = train_global_batch(args, world);
     // every rank's micro-batches are its own jobs of the global sequence: W = world x accum
@@ -5139,17 +4093,17 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     loader_start_strided(&loader, &run->ds, c, args->seed, run->sampler_pos, (uint64_t)run->start, args->batch,
                          world * args->accum, args->augment, args->workers, 4, world, rank);
     loader_pin(&loader, 1);
-    Batch dev[2];                             // micro-batch j lands in dev[j % 2]
+    SmolBatch dev[2];                         // micro-batch j lands in dev[j % 2]
     cudaEvent_t uploaded[2], consumed[2];     // its copy landed; the compute that read it is done
     for (int k = 0; k < 2; k++) {
-        device_batch_alloc(&model, &dev[k], c, args->batch);
+        device_batch_alloc(&model, &dev[k], &run->ds.cams, args->batch);
         cudaCheck(cudaEventCreateWithFlags(&uploaded[k], cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&consumed[k], cudaEventDisableTiming));
     }
-    model_set_batch(&model, args->batch);
+    smolvla_set_batch(&model, args->batch);
     Logger logger = {};
     if (lead) { logger_open(&logger, args->output, run->start); }
-    double peak = device_peak_flops(prop.name), flops = model_flops_per_sample(c);
+    double peak = device_peak_flops(prop.name), flops = smolvla_flops_per_sample(c, args->train_mode);
 
     double timed_ms = 0.0, peak_mem = 0.0, comm_wait_ms = 0.0;
     int timed_steps = 0, step = run->start, stopped = 0;
@@ -5163,21 +4117,22 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         dist.waits = 0;  // (a checkpoint's gathers are not the step's)
 #endif
         for (int micro = 0; micro < args->accum; micro++, job++) {
-            Batch* batch = &dev[job % 2];
+            SmolBatch* batch = &dev[job % 2];
             cudaCheck(cudaStreamWaitEvent(main_stream, uploaded[job % 2], 0));
             dist.sync = micro == args->accum - 1;  // communicate on the last micro-step only
-            model_forward(&model, batch, micro, args->accum);
-            model_backward(&model, batch, micro == 0);
+            SmolInputs in = smol_inputs(batch);
+            smolvla_forward(&model, &in, micro);
+            smolvla_backward(&model, micro == 0);
             cudaCheck(cudaEventRecord(consumed[job % 2], main_stream));
             // while the GPU computes: hand the host slot back once copied, start the next batch's copy
             cudaCheck(cudaEventSynchronize(uploaded[job % 2]));
             loader_release(&loader);
             if (job + 1 < jobs) { batch_upload(&loader, &dev[(job + 1) % 2], consumed[(job + 1) % 2], uploaded[(job + 1) % 2]); }
         }
-        grads_sync_finish(&model, stop_requested);
-        model_update(&model, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
+        smolvla_grads_finish(&model, stop_requested);
+        smolvla_update(&model, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
         float loss, norm;
-        model_read_scalars(&model, &loss, &norm, &stopped);
+        smolvla_read_scalars(&model, &loss, &norm, &stopped);
         watchdog->busy_since[local] = 0.0;
         double ms = 1000.0 * (wall_seconds() - t0);
 #if defined(MULTI_GPU)
@@ -5193,7 +4148,8 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
                      "the last checkpoint in %s is intact", done, loss, norm, args->output);
         }
         if ((args->ckpt_every > 0 && done % args->ckpt_every == 0) || done == args->steps || stopped) {
-            model_save(&model, &run->ds, args, done, run->sampler_pos + (uint64_t)(done - run->start) * global_batch, lead);
+            smolvla_save(&model, run->initial.params, &run->ds, args, done,
+                         run->sampler_pos + (uint64_t)(done - run->start) * global_batch, lead);
         }
         if (!lead) { continue; }
         size_t free_b, total_b;
@@ -5216,12 +4172,13 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
                eval_action_mse(&model, &dev[0], &run->ds, args->seed,
                                run->sampler_pos + (uint64_t)(step - run->start) * global_batch, step),
                args->batch);
+        double gib = 1024.0 * 1024.0 * 1024.0;
         if (timed_steps > 0) {
             double ms = timed_ms / timed_steps, sps = global_batch / (ms / 1000.0);
             printf("mean step time %.1f ms over %d steps (first excluded), %.1f samples/s", ms, timed_steps, sps);
             if (peak > 0.0) { printf(", MFU %.1f%%", 100.0 * flops * sps / (peak * world)); }
-            printf(", peak GPU memory %.2f GiB (%.2f GiB held by the model)\n", peak_mem,
-                   (double)model.device_bytes / (1024.0 * 1024.0 * 1024.0));
+            printf(", peak GPU memory %.2f GiB (%.2f GiB held by the model, %.2f GiB of it activations)\n", peak_mem,
+                   (double)model.device_bytes / gib, (double)model.act_bytes / gib);
 #if defined(MULTI_GPU)
             printf("communication: rank 0's compute waited %.2f ms per step for NCCL, %.1f%% of the step time "
                    "(world size %d)\n", comm_wait_ms / timed_steps, 100.0 * comm_wait_ms / timed_ms, world);
@@ -5236,7 +4193,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     }
 #if defined(MULTI_GPU)
     watchdog->comms[local] = NULL;  // (every rank has finished its collectives before it gets here)
-    for (int b = 0; b < param_bucket_count(c); b++) { cudaCheck(cudaEventDestroy(dist.bucket_ready[b])); }
+    for (int b = 0; b < n_buckets; b++) { cudaCheck(cudaEventDestroy(dist.bucket_ready[b])); }
     free(dist.bucket_ready);
     cudaCheck(cudaEventDestroy(dist.scalars_ready));
     cudaCheck(cudaEventDestroy(dist.comm_done));
@@ -5247,7 +4204,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     cudaCheck(cudaStreamDestroy(dist.comm_stream));
     ncclCheck(ncclCommDestroy(dist.comm));
 #endif
-    model_free(&model);
+    smolvla_free(&model);
     gpu_shutdown();
     return stopped;
 }
@@ -5273,22 +4230,24 @@ int main(int argc, char** argv) {
     run.from = run_start_checkpoint(args, resume_path, sizeof(resume_path));
     if (run.from != NULL) {
         Checkpoint* ck = &run.initial;
-        run_checkpoint_load(run.from, &run.config, ck);
+        run_checkpoint_load(run.from, &run.config, args->train_mode, &run.ds, ck);
         run.start = (int)ck->step;
         run.sampler_pos = ck->sampler_pos;
         if (ck->seed != args->seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)ck->seed); }
         args->seed = ck->seed;
         printf("resumed from %s at step %d\n", run.from, run.start);
     } else {  // the same init for every rank
-        ParamTable t;
-        param_table_build(&run.config, &t);
+        SmolParamTable t;
+        smolvla_table_build(&run.config, &t);
         run.initial.params = (float*)mallocCheck(t.total * sizeof(float));
-        param_init(run.initial.params, &t, &run.config, args->seed);
+        smolvla_param_init(run.initial.params, &t, &run.config, args->seed);
     }
     if (!run_has_steps_left(run.from, run.start, args->steps)) { return 0; }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    if (run.node == 0) { print_config(&run, &prop, model_flops_per_sample(&run.config), device_peak_flops(prop.name)); }
+    if (run.node == 0) {
+        print_config(&run, &prop, smolvla_flops_per_sample(&run.config, args->train_mode), device_peak_flops(prop.name));
+    }
 #if defined(MULTI_GPU)
     if (run.node == 0) { ncclCheck(ncclGetUniqueId(&run.nccl_id)); }
     if (run.nodes > 1) {  // node 0 hands its id to the others, once they prove they run the same thing
@@ -5313,6 +4272,7 @@ int main(int argc, char** argv) {
     stopped = train_rank(&run, &watchdog, 0);
 #endif
     watchdog_stop(&watchdog);
+    checkpoint_free(&run.initial);
     dataset_close(&run.ds);
     return stopped ? 130 : 0;
 }

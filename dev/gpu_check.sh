@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Everything train_vla checks on a GPU, in one call: build for the GPU found, run the GPU tests
-# (fp32 and bf16 against the PyTorch oracle, determinism, resume, checkpoints across trainers),
-# the dev/cuda kernel checks and benchmarks, a short training run on the default data, and the
-# base preset against the PyTorch oracle on the same config, batch and GPU (bf16 autocast,
-# eager and torch.compile). Ends with a table; every log stays in the output folder.
+# (fp32 and bf16 against LeRobot's references and the PyTorch oracle, world sizes, ZeRO-1,
+# resume, checkpoints across trainers), the dev/cuda kernel checks and benchmarks, a short
+# training run on the default data, the launch scripts, and the benchmark of issue 12: the
+# smolvla preset in bf16, two cameras stored at 224 px (resized to 512 on the device), batch B,
+# --train expert and --train all, against dev/model.py --bench under torch.compile and against
+# LeRobot's own training step (dev/lerobot/bench_lerobot.py: its defaults, and bf16 mixed
+# precision). Ends with a table of samples/s, MFU and peak memory; every log stays in the output
+# folder.
 #
 #   dev/gpu_check.sh [OUTDIR]        (default: $OUT if set, else build/gpu_check)
-#   B=16 STEPS=30 PYTHON=python3 dev/gpu_check.sh
+#   B=32 STEPS=30 PYTHON=python3 dev/gpu_check.sh
 #
 # PYTHON must import torch with CUDA (the oracle). A failing stage is reported and the others
 # still run; the exit status is non-zero if any failed.
@@ -14,9 +18,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUTDIR=${1:-${OUT:-build/gpu_check}}
 PYTHON=${PYTHON:-python3}
-B=${B:-16}
+B=${B:-32}
 STEPS=${STEPS:-30}
 JOBS=${JOBS:-$(nproc)}
+BENCH_DATA=build/bench/smolvla.bin  # 2 cameras at 224 px, state 6, action 5 (the Makefile's rule)
 mkdir -p "$OUTDIR"
 summary=()
 failed=0
@@ -47,12 +52,18 @@ stage() {
     echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
 } 2>&1 | tee "$OUTDIR/device.txt"
 
-stage build make -j"$JOBS" PYTHON="$PYTHON" train_vla train_vla_cpu data/synthetic build/gpu/train_vla_bf16 \
-    build/gpu/train_vla_fp32 build/gpu/train_vla_single_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32 dev_cuda \
-    build/test/a_state.bin build/test/b_state.bin build/test/a_train.txt build/bench/base.bin
+fixtures=(build/test/a.bin build/test/b.bin build/test/s.bin build/test/a_train.txt build/test/s_expert_state.bin
+          build/test/s_vlm_state.bin build/test/s_all_state.bin)
+stage build make -j"$JOBS" PYTHON="$PYTHON" train_vla train_vla_cpu libvla_gpu.so data/synthetic build/gpu/train_vla_bf16 \
+    build/gpu/train_vla_fp32 build/gpu/train_vla_single_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32 \
+    dev_cuda "${fixtures[@]}" "$BENCH_DATA"
+# LeRobot's references need its venv (make setup); without them the tests say what they skip
+refs=()
+if make build/lerobot_ref/all/ref.safetensors > "$OUTDIR/lerobot_ref.log" 2>&1; then refs=(--smolvla build/lerobot_ref); fi
 
-stage test_gpu_fp32 build/gpu/test_vla_gpu_fp32 build/test build/gpu/train_vla_fp32
-stage test_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/test build/gpu/train_vla_bf16 build/gpu/train_vla_single_gpu_bf16
+stage test_gpu_fp32 build/gpu/test_vla_gpu_fp32 build/test build/gpu/train_vla_fp32 "${refs[@]}"
+stage test_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/test build/gpu/train_vla_bf16 build/gpu/train_vla_single_gpu_bf16 \
+    "${refs[@]}"
 for prog in dev/cuda/*.cu; do
     name=$(basename "$prog" .cu)
     stage "cuda_$name" "dev/cuda/$name"
@@ -63,33 +74,29 @@ stage train_default ./train_vla -b 32 -n 300 -u 30 -l 1e-3 --log-every 50 -o bui
 # the launch scripts on this GPU (the template at 1 GPU, the resume loop's give-up path)
 stage launchers env GPU_TESTS=build/gpu scripts/test_launchers.sh
 
-# base preset against the oracle (train_vla at world size 1 through NCCL) on build/bench/base.bin, synthetic data
-# of the base shapes (the build stage makes it)
-rm -rf build/gpu_check_base
-stage bench_train_vla ./train_vla -p base -b "$B" -n "$STEPS" -u 10 -i build/bench/base.bin -o build/gpu_check_base \
-    -k 0 --keep 1 --log-every 10
-stage bench_torch_eager "$PYTHON" dev/model.py -i build/bench/base.bin -p base -b "$B" --bench "$STEPS" \
-    --device cuda --amp bf16
-stage bench_torch_compile "$PYTHON" dev/model.py -i build/bench/base.bin -p base -b "$B" --bench "$STEPS" \
-    --device cuda --amp bf16 --compile
+# issue 12's benchmark: the smolvla preset (random weights) on $BENCH_DATA, batch B, bf16, per
+# train mode: train_vla (world size 1 through NCCL), the oracle under torch.compile with bf16
+# autocast, LeRobot's own step with its defaults (fp32) and with bf16 mixed precision
+for train in expert all; do
+    rm -rf "build/gpu_check_$train"
+    stage "bench_train_vla_$train" ./train_vla -p smolvla --train "$train" -b "$B" -n "$STEPS" -u 10 -i "$BENCH_DATA" \
+        -o "build/gpu_check_$train" -k 0 --keep 1 --log-every 10
+    stage "bench_torch_compile_$train" "$PYTHON" dev/model.py -i "$BENCH_DATA" -p smolvla --train-mode "$train" -b "$B" \
+        --bench "$STEPS" --device cuda --amp bf16 --compile
+done
 
-# the scaling model (README, "Multi-GPU and multi-node") from this GPU's measured base step time
-stage scaling_model "$PYTHON" dev/scaling_model.py -p base -b "$B" --from-log "$OUTDIR/bench_train_vla.log"
-
-# LeRobot's own SmolVLA training step and inference on this GPU at the released sizes (random
-# weights): the peer of the smolvla comparison. lerobot and its pure-Python dependencies travel as
-# wheels (dev/lerobot/wheels.sh, carried as .whl); without them these stages are skipped.
+# LeRobot's own SmolVLA training step on this GPU at the released sizes (random weights): the
+# peer of the comparison. lerobot and its pure-Python dependencies travel as wheels
+# (dev/lerobot/wheels.sh, carried as .whl); without them these stages are skipped.
 if [ -d .whl ] && ls .whl/lerobot-*.whl > /dev/null 2>&1; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lerobot_site \
         .whl/*.whl && export PYTHONPATH=/tmp/lerobot_site${PYTHONPATH:+:$PYTHONPATH}
     for train in expert all; do
         for amp in none bf16; do
             stage "lerobot_${train}_${amp}" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --train "$train" \
-                --amp "$amp" --batch 32 --steps 20 --warmup 5 --device cuda --json "$OUTDIR/lerobot_${train}_${amp}.json"
+                --amp "$amp" --batch "$B" --steps "$STEPS" --warmup 5 --device cuda --json "$OUTDIR/lerobot_${train}_${amp}.json"
         done
     done
-    stage lerobot_infer "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --amp bf16 --infer --steps 50 \
-        --device cuda --json "$OUTDIR/lerobot_infer.json"
 else
     summary+=("$(printf '%-22s skipped: no .whl/lerobot-*.whl (run dev/lerobot/wheels.sh here, carry .whl)' lerobot)")
 fi
@@ -98,32 +105,45 @@ echo
 echo "######## summary"
 printf '%s\n' "${summary[@]}" | tee "$OUTDIR/summary.txt"
 
-# the table: samples/s of each, the ratio to train_vla, MFU on the same FLOP count, peak memory
-log=$OUTDIR/bench_train_vla.log
-gflop=$(awk -F'|' '/model GFLOP per sample/ {gsub(/ /, "", $3); print $3}' "$log" 2>/dev/null)
-peak=$(awk -F'|' '/peak bf16 TFLOP\/s/ {gsub(/ /, "", $3); print $3}' "$log" 2>/dev/null)
-ours=$(awk '/^mean step time/ {print $4, $11}' "$log" 2>/dev/null)      # ms, samples/s
-ours_mem=$(sed -n 's/.*peak GPU memory \([0-9.]*\) GiB.*/\1/p' "$log" 2>/dev/null)
+# the table: samples/s of each, the ratio to train_vla, MFU on train_vla's FLOP count of the mode
+# (forward everywhere, backward where gradients flow), peak memory
+json_field() { "$PYTHON" -c "import json,sys; d=json.load(open(sys.argv[1])); t=d.get('train', d); v=t.get(sys.argv[2]); print('?' if v is None else v)" "$1" "$2" 2>/dev/null || echo '?'; }
+row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
 {
     echo
-    echo "base preset, batch $B, bf16, $STEPS timed steps (train_vla: mean after the first; PyTorch: median after 5 warm-up)"
+    echo "smolvla preset, batch $B, 2 cameras at 224 px resized to 512, $STEPS timed steps"
     echo "device: $(head -n 2 "$OUTDIR/device.txt" | tail -n 1)"
-    echo "model FLOPs per sample: ${gflop:-?} GFLOP; peak: ${peak:-?} TFLOP/s (bf16 dense)"
-    printf '| %-34s | %10s | %11s | %8s | %7s | %10s |\n' "trainer" "ms/step" "samples/s" "vs ours" "MFU" "memory GiB"
-    printf '| %-34s | %10s | %11s | %8s | %7s | %10s |\n' "----" "---" "---" "---" "---" "---"
-    read -r ms sps <<< "${ours:-? ?}"
-    mfu() { awk -v s="$1" -v g="$gflop" -v p="$peak" 'BEGIN { if (s+0 > 0 && g+0 > 0 && p+0 > 0) printf "%.1f%%", 100 * s * g / (p * 1000); else printf "?" }'; }
-    printf '| %-34s | %10s | %11s | %8s | %7s | %10s |\n' "train_vla (bf16)" "$ms" "$sps" "1.00x" "$(mfu "$sps")" "${ours_mem:-?}"
-    for kind in eager compile; do
-        f=$OUTDIR/bench_torch_$kind.log
+    for train in expert all; do
+        log=$OUTDIR/bench_train_vla_$train.log
+        gflop=$(awk -F'|' '/model GFLOP per sample/ {gsub(/ /, "", $3); print $3}' "$log" 2>/dev/null)
+        peak=$(awk -F'|' '/peak bf16 TFLOP\/s/ {gsub(/ /, "", $3); print $3}' "$log" 2>/dev/null)
+        ours=$(awk '/^mean step time/ {print $4, $11}' "$log" 2>/dev/null)      # ms, samples/s
+        ours_mem=$(sed -n 's/.*peak GPU memory \([0-9.]*\) GiB.*/\1/p' "$log" 2>/dev/null)
+        mfu() { awk -v s="$1" -v g="$gflop" -v p="$peak" 'BEGIN { if (s+0 > 0 && g+0 > 0 && p+0 > 0) printf "%.1f%%", 100 * s * g / (p * 1000); else printf "?" }'; }
+        ratio() { awk -v a="$sps" -v b="$1" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2fx", b / a; else printf "?" }'; }
+        echo
+        echo "--train $train: ${gflop:-?} GFLOP per sample (train_vla's count); peak ${peak:-?} TFLOP/s (bf16 dense)"
+        row "trainer" "ms/step" "samples/s" "vs ours" "MFU" "memory GiB"
+        row "----" "---" "---" "---" "---" "---"
+        read -r ms sps <<< "${ours:-? ?}"
+        row "train_vla (bf16)" "$ms" "$sps" "1.00x" "$(mfu "$sps")" "${ours_mem:-?}"
+        f=$OUTDIR/bench_torch_compile_$train.log
         tms=$(awk '/^ms_per_step/ {print $2}' "$f" 2>/dev/null)
         tsps=$(awk '/^samples_per_s/ {print $2}' "$f" 2>/dev/null)
         tmem=$(awk '/^peak_mem_gib/ {print $2}' "$f" 2>/dev/null)
-        ratio=$(awk -v a="$sps" -v b="$tsps" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2fx", b / a; else printf "?" }')
-        printf '| %-34s | %10s | %11s | %8s | %7s | %10s |\n' "PyTorch $kind, bf16 autocast" "${tms:-?}" "${tsps:-?}" \
-            "$ratio" "$(mfu "$tsps")" "${tmem:-?}"
+        row "dev/model.py, torch.compile, bf16" "${tms:-?}" "${tsps:-?}" "$(ratio "$tsps")" "$(mfu "$tsps")" "${tmem:-?}"
+        for amp in none bf16; do
+            j=$OUTDIR/lerobot_${train}_${amp}.json
+            lms=$(json_field "$j" ms_per_step)
+            lsps=$(json_field "$j" samples_per_s)
+            lmem=$(json_field "$j" peak_memory_bytes)
+            lmem=$(awk -v b="$lmem" 'BEGIN { if (b+0 > 0) printf "%.2f", b / 2^30; else printf "?" }')
+            if [ "$amp" = none ]; then what="defaults, fp32"; else what="bf16 mixed precision"; fi
+            row "LeRobot 0.6.1 ($what)" "$lms" "$lsps" "$(ratio "$lsps")" \
+                "$(mfu "$lsps")" "$lmem"
+        done
+        echo "train_vla at world size 1 through NCCL: $(sed -n 's/^communication: //p' "$log" 2>/dev/null)"
     done
-    echo "(vs ours: PyTorch samples/s over train_vla's; below 1 means train_vla is faster)"
-    echo "train_vla at world size 1 through NCCL: $(sed -n 's/^communication: //p' "$log" 2>/dev/null)"
+    echo "(vs ours: their samples/s over train_vla's; below 1 means train_vla is faster)"
 } | tee "$OUTDIR/table.txt"
 exit $failed

@@ -4,7 +4,7 @@
 # to the trainer (./train_vla -h lists them) and win over the ones here.
 #
 #   scripts/train_1gpu.sh                          # the small preset on data/default
-#   scripts/train_1gpu.sh -p base -b 32 -n 20000   # another size, batch and length
+#   scripts/train_1gpu.sh -p smolvla -b 32 -n 20000   # another size, batch and length
 #   CUDA_VISIBLE_DEVICES=3 scripts/train_1gpu.sh   # on GPU 3 of this machine
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -5,7 +5,7 @@
 # them all).
 #
 #   scripts/train_multi_gpu.sh                              # every visible GPU, defaults below
-#   GPUS=4 BATCH=16 TOTAL_BATCH=256 scripts/train_multi_gpu.sh -p base -n 20000
+#   GPUS=4 BATCH=32 TOTAL_BATCH=256 PRESET=smolvla scripts/train_multi_gpu.sh -n 20000
 #   CUDA_VISIBLE_DEVICES=2,3 scripts/train_multi_gpu.sh     # GPUs 2 and 3 only
 #   DRY_RUN=1 scripts/train_multi_gpu.sh                    # print the command, run nothing
 set -euo pipefail
@@ -51,7 +51,8 @@ LR_SCALE=${LR_SCALE:-none}
 ZERO=${ZERO:-0}
 
 # --- what to train, for how long, where to -----------------------------------------------------
-PRESET=${PRESET:-small}                # tiny, small, base
+PRESET=${PRESET:-small}                # tiny, small, smolvla (lerobot/smolvla_base's sizes)
+TRAIN=${TRAIN:-}                       # what trains: expert, vlm, all; empty: the preset's (expert for smolvla, all otherwise)
 DATA=${DATA:-data/default}             # shard files or folders, comma-separated
 STEPS=${STEPS:-1000}                   # optimizer steps in total
 WARMUP=${WARMUP:-100}                  # linear warmup steps
@@ -77,6 +78,7 @@ fi
 cmd=("$TRAINER" -p "$PRESET" -i "$DATA" -o "$OUT" -g "$GPUS" -b "$BATCH" -d "$TOTAL_BATCH"
      -l "$LR" --lr-scale "$LR_SCALE" -z "$ZERO" -n "$STEPS" -u "$WARMUP" -k "$CKPT_EVERY"
      -y "$RESUME" --workers "$WORKERS" --nccl-timeout "$NCCL_TIMEOUT")
+if [ -n "$TRAIN" ]; then cmd+=(--train "$TRAIN"); fi
 if [ "$NODES" != 1 ]; then
     cmd+=(--nodes "$NODES" --node-rank "$NODE_RANK")
     if [ -n "$MASTER" ]; then cmd+=(--master "$MASTER"); fi

@@ -5,8 +5,8 @@
 # same configuration (the bootstrap refuses a mismatch, naming the field) and see OUT on shared
 # storage: rank 0 writes the checkpoints and every node resumes from them.
 #
-#   node0$ MASTER=node0:29500 NODE_RANK=0 scripts/train_two_nodes.sh -p base -n 20000
-#   node1$ MASTER=node0:29500 NODE_RANK=1 scripts/train_two_nodes.sh -p base -n 20000
+#   node0$ MASTER=node0:29500 NODE_RANK=0 scripts/train_two_nodes.sh -p smolvla -n 20000
+#   node1$ MASTER=node0:29500 NODE_RANK=1 scripts/train_two_nodes.sh -p smolvla -n 20000
 #
 # The other knobs of scripts/train_multi_gpu.sh apply (BATCH, TOTAL_BATCH, LR_SCALE, ZERO, OUT...).
 # Troubleshooting: NCCL_DEBUG=INFO prints how NCCL connects; NCCL_SOCKET_IFNAME=eth0 picks the

@@ -4,7 +4,7 @@
 # checkpoint in the output folder. It gives up after MAX_FAILURES attempts in a row that saved
 # no new checkpoint (a failure that repeats, such as a bad flag), returning the last exit status.
 #
-#   scripts/train_until_done.sh ./train_vla -g 8 -p base -n 20000 -o out/base
+#   scripts/train_until_done.sh ./train_vla -g 8 -p smolvla -n 20000 -o out/smolvla
 #   scripts/train_until_done.sh scripts/train_multi_gpu.sh -n 20000
 #
 # Ctrl-C or SIGTERM (Slurm's end of the time limit) is passed to the trainer, which saves a

@@ -5,7 +5,7 @@ is the code that trains; earlier versions live in the program that compares them
 
 Each program: a CPU reference in double precision, every kernel version checked against it at
 several block sizes and shapes on fresh random inputs (outputs poisoned with NaN beforehand, so
-an element nobody wrote fails), then a benchmark at the base preset's shapes printing time and
+an element nobody wrote fails), then a benchmark at the smolvla preset's shapes printing time and
 achieved bandwidth or FLOP/s. Under the CPU emulation (make -C dev/cuda emu) the benchmarks are
 skipped: their timings would mean nothing. The last line is `N passed, M failed`.
 */

@@ -287,7 +287,7 @@ static void check_plans(void) {
     cudaCheck(cudaFree(out));
 }
 
-// ---- benchmark at the base preset's shapes
+// ---- benchmark at the smolvla preset's shapes
 
 static void benchmark(void) {
     const int P = 7040, d = 960, D = 960, f = 2560;  // 16 samples x 440 prefix tokens; D = 15 heads x 64

@@ -1,7 +1,8 @@
 /*
-rmsnorm.cu: RMSNorm, forward and backward (ln1 and ln2 of every layer, the final norm).
+rmsnorm.cu: RMSNorm, forward and backward (input_layernorm and post_attention_layernorm of every
+  VLM and expert layer, the expert's final norm).
   forward:  out = x r w with r = (mean x^2 + eps)^-1/2 per row; rstd = r kept for the backward (eps a
-            parameter: checked at the pi0-style model's RMSNORM_EPS = 1e-6; SmolVLA's 1e-5 in test_vla_gpu)
+            parameter: SmolLM2's SMOLVLA_RMS_EPS = 1e-5)
   backward: dx = r w dy - x r^3 / C sum_j dy_j w_j x_j, added into the fp32 residual gradient dres
             and written as its floatX copy dres_x; dw += sum over rows of dy x r
 
@@ -48,7 +49,7 @@ static void rmsnorm_forward_reference(double* out, double* rstd, const float* x,
         const float* xn = x + (size_t)n * C;
         double ss = 0.0;
         for (int c = 0; c < C; c++) { ss += (double)xn[c] * xn[c]; }
-        double r = 1.0 / sqrt(ss / C + 1e-6);
+        double r = 1.0 / sqrt(ss / C + (double)SMOLVLA_RMS_EPS);
         rstd[n] = r;
         for (int c = 0; c < C; c++) { out[(size_t)n * C + c] = xn[c] * r * w[c]; }
     }
@@ -77,14 +78,14 @@ static void rmsnorm_backward_reference(double* dres, double* dw, const float* do
 static void run_forward(int version, int block, floatX* out, float* rstd, const floatX* inp, const floatX* w, int N,
                         int C) {
     if (version == 0) {
-        rmsnorm_forward(out, rstd, inp, w, N, C);
+        rmsnorm_forward(out, rstd, inp, w, N, C, SMOLVLA_RMS_EPS);
     } else if (version == 1) {
         rmsnorm_forward_kernel<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, rstd, inp, w, N, C,
-                                                                                           RMSNORM_EPS);
+                                                                                           SMOLVLA_RMS_EPS);
         launchCheck();
     } else {
         rmsnorm_forward_kernel2<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, rstd, inp, w, N, C,
-                                                                                            RMSNORM_EPS);
+                                                                                            SMOLVLA_RMS_EPS);
         launchCheck();
     }
 }
@@ -234,7 +235,7 @@ static void benchmark(void) {
     float* dres = to_device_f(h, n);
     float* dw = to_device_f(h, C);
     float* partial = alloc_f((size_t)ceil_div(N, CHUNK_ROWS) * C);
-    rmsnorm_forward(out, rstd, x, w, N, C);  // a real rstd for the backward
+    rmsnorm_forward(out, rstd, x, w, N, C, SMOLVLA_RMS_EPS);  // a real rstd for the backward
 
     double fwd_bytes = 2.0 * n * sizeof(floatX) + C * sizeof(floatX) + N * sizeof(float);
     for (int version = 1; version <= 2; version++) {

@@ -1,13 +1,14 @@
 /*
 time_mlp.cu: the elementwise kernels of the action tokens' time MLP and of sampling: the action
-embedding with the flow time, SiLU forward and backward, the Euler step, fp32 -> floatX.
+embedding with the flow time, SiLU forward and backward, SmolVLA's Euler step, fp32 -> floatX.
 
   action embedding, version 1  action_embed_kernel: one thread per value of a_emb (R, 2da),
                                a copy of a_in or the sinusoidal embedding of the sample's flow time
                                (half sin, half cos, periods 4e-3 .. 4), computed in double
   SiLU,             version 1  silu_forward_kernel and silu_backward_kernel (d = dy s (1 + x (1 - s)),
                                in place or not): one thread per value
-  Euler step,       version 1  euler_step_kernel: x -= dt v in fp32, and x's floatX copy
+  Euler step,       version 1  euler_step_f32_kernel: x += dt v in fp32 (v fp32, dt = -1/steps), and
+                               x's floatX copy
   convert,          version 1  convert_kernel: one value per thread
                     version 2  convert_kernel2: x128::size values per thread, 128-bit loads and stores
                                (n a multiple of x128::size, 16-byte aligned pointers)
@@ -121,23 +122,23 @@ static void check_silu(size_t n, uint64_t seed) {
     cudaCheck(cudaFree(d_x)); cudaCheck(cudaFree(d_dy)); cudaCheck(cudaFree(out));
 }
 
-// ---- Euler step: x (fp32) -= dt v, x_model = floatX(x)
+// ---- Euler step: x (fp32) += dt v (fp32 velocities, LeRobot's euler_integrate), x_model = floatX(x)
 
 static void check_euler(int n, uint64_t seed) {
-    const float dt = 0.1f;
+    const float dt = -0.1f;
     float* x0 = random_floats(n, 2.0f, seed);
     float* v = random_floats(n, 3.0f, seed + 1);
-    floatX* d_v = to_device_x(v, n);
+    float* d_v = to_device_f(v, n);
     float* x = to_device_f(x0, n);
     double* ref = (double*)mallocCheck(n * sizeof(double));
-    for (int i = 0; i < n; i++) { ref[i] = (double)x0[i] - (double)dt * v[i]; }
+    for (int i = 0; i < n; i++) { ref[i] = (double)x0[i] + (double)dt * v[i]; }
     floatX* x_model = device_x(n);
     float* want_model = (float*)mallocCheck(n * sizeof(float));
     for (int bi = 0; bi < 4; bi++) {
         int block = BLOCKS[bi];
         cudaCheck(cudaMemcpy(x, x0, n * sizeof(float), cudaMemcpyHostToDevice));
         poison(x_model, n * sizeof(floatX));
-        euler_step_kernel<<<ceil_div(n, block), block, 0, main_stream>>>(x, x_model, d_v, dt, n);
+        euler_step_f32_kernel<<<ceil_div(n, block), block, 0, main_stream>>>(x, x_model, d_v, dt, n);
         launchCheck();
         float* got_x = from_device_f(x, n);
         float* got_model = from_device_x(x_model, n);
@@ -206,11 +207,11 @@ static void check_convert(size_t n, uint64_t seed) {
     cudaCheck(cudaFree(d)); cudaCheck(cudaFree(out));
 }
 
-// ---- benchmark: the base preset's action tokens (16 samples x 50 actions, da 720); convert on
-// 64M values (a weight-sized conversion). The Euler step (16 x 50 x A values) is launch-bound.
+// ---- benchmark: the smolvla preset's action tokens (32 samples x 50 actions, Ce 720); convert on
+// 64M values (a weight-sized conversion). The Euler step (32 x 50 x Amax values) is launch-bound.
 
 static void benchmark(void) {
-    const int B = 16, H = 50, da = 720;
+    const int B = 32, H = 50, da = 720;
     const size_t R = (size_t)B * H, n_conv = (size_t)64 << 20;
     float* h = random_floats(n_conv, 3.0f, 900);
     floatX* a = to_device_x(h, R * 2 * da);
