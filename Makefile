@@ -134,11 +134,13 @@ data/synthetic: data/synthetic.c vla.h
 dev/bench_loader: dev/bench_loader.c vla.h
 	$(CC) $(CFLAGS) dev/bench_loader.c $(LDLIBS) -o $@
 
-# synthetic data of the base preset's shapes (2 cameras at 224 px, S = A = 32): the benchmarks'
-# (dev/bench_loader.sh, dev/gpu_check.sh)
-build/bench/base.bin: data/synthetic
+# synthetic data of the smolvla benchmark's shapes: 2 cameras stored at 224 px (the model resizes
+# them with padding to its 512), state 6 and action 5 dims (padded to 32 inside the model), as
+# dev/lerobot/bench_lerobot.py hands LeRobot its batch: the benchmarks' (dev/bench_loader.sh,
+# dev/gpu_check.sh)
+build/bench/smolvla.bin: data/synthetic
 	@mkdir -p build/bench
-	./data/synthetic -o $@ --cams 2 --img 224 --state 32 --action 32 --episodes 30 --min-len 20 --max-len 40
+	./data/synthetic -o $@ --cams 2 --img 224 --state 6 --action 5 --episodes 30 --min-len 20 --max-len 40
 
 # The data `./train_vla_cpu` trains on when given no -i: Meta-World MT10 expert demonstrations,
 # shipped xz-compressed (data/metaworld_mt10.bin.xz, made by the command in data/README.md).
@@ -181,9 +183,10 @@ fuzz_build: $(FUZZ_BINARIES) data/synthetic
 fuzz: fuzz_build
 	FUZZ_CORPUS=build/fuzz/corpus dev/fuzz/run_fuzz.sh $(FUZZ_SECONDS)
 
-# ---- test fixtures: two small datasets and the oracle's debug state for each
-# a: the tiny preset on one camera. b: two cameras, state_dim != action_dim, short episodes so
-# chunks run past their end, instructions both shorter and longer than max_text, other head sizes.
+# ---- test fixtures: small datasets from data/synthetic and the oracle's (dev/model.py) files
+# a: one 32 px camera, S = A = 4 (the tiny preset's own shapes). b: two 24 px cameras, state_dim !=
+# action_dim, short episodes so chunks run past their end, instructions both shorter and longer
+# than max_text.
 $(TEST_DIR)/a.bin: data/synthetic
 	@mkdir -p $(TEST_DIR)
 	./data/synthetic -o $@ --cams 1 --img 32 --state 4 --action 4 --episodes 6 --min-len 6 --max-len 12 --seed 3
@@ -194,33 +197,26 @@ $(TEST_DIR)/b.bin: data/synthetic
 
 oracle_check = @$(PYTHON) -c "import torch, numpy" 2>/dev/null || { \
 	echo "error: the oracle needs torch and numpy under $(PYTHON): run 'make setup' (as root) first"; exit 1; }
+ORACLE_SOURCES = dev/model.py dev/smolvla.py data/vla_shard.py Makefile
 
-$(TEST_DIR)/a_state.bin: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefile
+# five training steps of the oracle on shard data (sampler, noise and schedule of every step),
+# everything training
+$(TEST_DIR)/a_train.txt: $(TEST_DIR)/a.bin $(ORACLE_SOURCES)
 	$(oracle_check)
-	$(PYTHON) dev/model.py -i $< --preset tiny --dtype float64 -b 4 --seed 1337 --debug-state $@
+	$(PYTHON) dev/model.py -i $< -p tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 -l 1e-3 -u 2 -w 0.1 -c 0.5 \
+		--train-mode all > $@
 
-$(TEST_DIR)/b_state.bin: $(TEST_DIR)/b.bin dev/model.py data/vla_shard.py Makefile
-	$(oracle_check)
-	$(PYTHON) dev/model.py -i $< --preset tiny --set max_text=24 --set chunk=6 --set n_head=3 --set head_dim=8 \
-		--set d_expert=40 --dtype float64 -b 5 --seed 7 --debug-state $@
-
-# five training steps of the oracle on shard data (sampler, noise and schedule of every step)
-$(TEST_DIR)/a_train.txt: $(TEST_DIR)/a.bin dev/model.py data/vla_shard.py Makefile
-	$(oracle_check)
-	$(PYTHON) dev/model.py -i $< --preset tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
-		-l 1e-3 -u 2 -w 0.1 -c 0.5 > $@
-
-# SmolVLA's fixture: two cameras of different sizes (both resized with padding to the tiny preset's
-# 32 px), state_dim != action_dim, chunks past episode ends; the oracle's debug state per train mode
+# s: two cameras of different sizes (both resized with padding to the tiny preset's 32 px),
+# state_dim != action_dim, chunks past episode ends; the oracle's debug state per train mode
 $(TEST_DIR)/s.bin: data/synthetic
 	@mkdir -p $(TEST_DIR)
 	./data/synthetic -o $@ --cams 2 --cam-size 24x32 --cam-size 20x20 --state 3 --action 2 --episodes 5 --min-len 3 \
 		--max-len 7 --seed 5
 
 SMOLVLA_STATES = $(foreach mode,expert vlm all,$(TEST_DIR)/s_$(mode)_state.bin)
-$(SMOLVLA_STATES): $(TEST_DIR)/s_%_state.bin: $(TEST_DIR)/s.bin dev/model_smolvla.py dev/smolvla.py dev/model.py data/vla_shard.py Makefile
+$(SMOLVLA_STATES): $(TEST_DIR)/s_%_state.bin: $(TEST_DIR)/s.bin $(ORACLE_SOURCES)
 	$(oracle_check)
-	$(PYTHON) dev/model_smolvla.py -i $< -p tiny --set max_text=24 --dtype float64 -b 3 --seed 11 --train-mode $* \
+	$(PYTHON) dev/model.py -i $< -p tiny --set max_text=24 --dtype float64 -b 3 --seed 11 --train-mode $* \
 		--debug-state $@
 
 # LeRobot's own SmolVLA on a tiny random model (dev/lerobot): the ground truth of the SmolVLA
@@ -241,7 +237,7 @@ $(SMOLVLA_C_CONFIGS): $(LEROBOT_REF)/%/c_config.txt: $(LEROBOT_REF)/all/ref.safe
 # make test compiles train_vla for the GPU everywhere; its tests run on the GPU if there is one,
 # otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries)
 test: train_vla_cpu test_vla libvla.so train_vla build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so dev_cuda $(GPU_TEST_BINARIES) \
-		build/sanitize/train_vla_cpu fuzz_build $(TEST_DIR)/a_state.bin $(TEST_DIR)/b_state.bin $(TEST_DIR)/a_train.txt $(SMOLVLA_STATES) $(LEROBOT_REF)/all/ref.safetensors $(SMOLVLA_C_CONFIGS) venv_check
+		build/sanitize/train_vla_cpu fuzz_build $(TEST_DIR)/a.bin $(TEST_DIR)/b.bin $(TEST_DIR)/s.bin $(TEST_DIR)/a_train.txt $(SMOLVLA_STATES) $(LEROBOT_REF)/all/ref.safetensors $(SMOLVLA_C_CONFIGS) venv_check
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 
 venv_check:

@@ -503,7 +503,7 @@ def main():
               "not a LeRobot dataset" in res["infoempty"][2] and "conversion script" not in res["infoempty"][2],
               res["infoempty"][2].strip())
         check_error("--img 50, which no preset's patch divides", res["img"],
-                    "--img 50: no preset's patch divides it (patch 8 for tiny/small, 16 for base): use a multiple "
+                    "--img 50: no preset's patch divides it (patch 8 for tiny/small, 16 for smolvla): use a multiple "
                     "of 8, e.g. 48 or 56")
         for key in ("infolist", "infostring", "infoempty", "img"):
             check(f"{key}: no output folder is left behind", not os.path.exists(f"{tmp}/out_{key}"))

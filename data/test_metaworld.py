@@ -75,20 +75,23 @@ def main():
         failures(tmp)
 
 
-def vla_presets_table():
-    """The text of vla.h's VLA_PRESETS table (the model of train_vla.c/.cu; vla.h has other tables
-    of presets, such as SmolVLA's, with other columns)."""
+def vla_presets_column(field):
+    """{preset: value} of one field of vla.h's SMOLVLA_PRESETS table, the field's column found from
+    the order of SMOLVLA_CONFIG_FIELDS."""
     header = open(os.path.join(ROOT, "vla.h")).read()
-    start = header.index("VLA_PRESETS[] = {")
-    return header[start:header.index("};", start)]
+    start = header.index("#define SMOLVLA_CONFIG_FIELDS(X)")
+    fields = re.findall(r"X\((\w+)\)", header[start:header.index("\n\n", start)])
+    start = header.index("SMOLVLA_PRESETS[] = {")
+    table = header[start:header.index("};", start)]
+    rows = re.findall(r'\{"(\w+)",\s*"[^"]*",\s*\{([^}]*)\}', table)
+    return {name: int(values.split(",")[fields.index(field)]) for name, values in rows}
 
 
 def instructions(tmp):
     """Instructions that collide once cut: the presets' text lengths, the warning of the generator."""
-    header = vla_presets_table()
-    rows = dict(re.findall(r'\{"(\w+)",\s*"[^"]*",\s*\{\s*\d+,\s*\d+,\s*\d+,\s*(\d+),', header))
-    check(rows and {k: int(v) for k, v in rows.items()} == vla_shard.PRESET_MAX_TEXT,
-          f"vla_shard.PRESET_MAX_TEXT matches the text column of vla.h's presets {rows}")
+    rows = vla_presets_column("max_text")
+    check(rows and rows == vla_shard.PRESET_MAX_TEXT,
+          f"vla_shard.PRESET_MAX_TEXT matches the max_text column of vla.h's SMOLVLA_PRESETS {rows}")
     window = ["slide the window open", "slide the window closed"]
     check(vla_shard.distinct_text_bytes(window) == 18 and vla_shard.text_collisions(window, 17) == [window]
           and vla_shard.text_collisions(window, 18) == [], "the two window instructions need 18 bytes")
@@ -111,14 +114,13 @@ def one_error_line(r, needle):
 
 def failures(tmp):
     """Bad options and failed runs: one `error:` line, exit 1, and nothing left behind."""
-    header = vla_presets_table()
-    rows = dict(re.findall(r'\{"(\w+)",\s*"[^"]*",\s*\{\s*\d+,\s*\d+,\s*(\d+),', header))
-    check(rows and {k: int(v) for k, v in rows.items()} == vla_shard.PRESET_PATCH,
-          f"vla_shard.PRESET_PATCH matches the patch column of vla.h's presets {rows}")
+    rows = vla_presets_column("patch")
+    check(rows and rows == vla_shard.PRESET_PATCH,
+          f"vla_shard.PRESET_PATCH matches the patch column of vla.h's SMOLVLA_PRESETS {rows}")
     out = os.path.join(tmp, "img50")
     r = subprocess.run([sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", out, "--img", "50"],
                        capture_output=True, text=True)
-    check(one_error_line(r, "--img 50: no preset's patch divides it (patch 8 for tiny/small, 16 for base): use a "
+    check(one_error_line(r, "--img 50: no preset's patch divides it (patch 8 for tiny/small, 16 for smolvla): use a "
                          "multiple of 8, e.g. 48 or 56") and not os.path.exists(out),
           f"--img 50 is a one-line error and creates no folder: {r.stderr.strip()}")
     # an expert that cannot succeed in 1 step fails the run: into new nested folders and into a

@@ -57,12 +57,12 @@ assert HEADER_DTYPE.itemsize == 512 and HEADER_DTYPE.fields["n_tokens"][1] == 12
 EPISODE_DTYPE = np.dtype([("first_frame", "<u8"), ("length", "<u4"), ("task", "<u4")])
 assert EPISODE_DTYPE.itemsize == 16
 
-# instruction tokens each preset of vla.h reads (the text column of VLA_PRESETS; data/test_metaworld.py
-# checks these against vla.h). train_vla's --max-text overrides them.
-PRESET_MAX_TEXT = {"tiny": 16, "small": 48, "base": 48}
-# patch side of each preset's vision encoder (the p column of VLA_PRESETS, also checked against
-# vla.h by data/test_metaworld.py): the trainer takes a dataset only if img is a multiple of it
-PRESET_PATCH = {"tiny": 8, "small": 8, "base": 16}
+# instruction tokens each preset of vla.h reads (the max_text column of SMOLVLA_PRESETS;
+# data/test_metaworld.py checks these against vla.h). train_vla's --max-text overrides them.
+PRESET_MAX_TEXT = {"tiny": 16, "small": 48, "smolvla": 48}
+# patch side of each preset's vision tower (the patch column of SMOLVLA_PRESETS, also checked
+# against vla.h by data/test_metaworld.py): the generators keep image sides a multiple of one
+PRESET_PATCH = {"tiny": 8, "small": 8, "smolvla": 16}
 
 
 class BytesTokenizer:

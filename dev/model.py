@@ -1,146 +1,406 @@
 """
-model.py: the PyTorch oracle of train_vla, a pi0-style vision-language-action policy.
+model.py: the PyTorch oracle of train_vla: LeRobot's SmolVLA, with vla.h's plumbing.
 
-The third, independent copy of the model (SPEC sections 2 and 5). It reproduces vla.h's
-conventions exactly: the parameter table, the counter-based RNG (parameter init, sampler,
-flow noise), the batch assembly and the learning-rate schedule, so the C and CUDA trainers
-can be compared with it tensor by tensor through the debug-state file it writes.
+The third, independent copy of the model (SPEC section 5). dev/smolvla.py computes SmolVLA exactly
+as LeRobot 0.6.1 does (forward, loss, sampling, the resize with padding), from LeRobot's tensor
+names. This file adds what the C trainers add around that math, reproduced bit for bit so they can
+be compared with it tensor by tensor: vla.h's SmolVLAConfig, presets and parameter table (our
+names, stacked per-layer tensors) with the mapping to LeRobot's names both ways, the counter-based
+RNG (smolvla_param_init's seeded weights, the sampler's permutations, the flow noise), the training
+modes as the table's train column, batches from the dataset shards, the learning-rate schedule,
+AdamW on the trainable elements, the debug-state file that test_vla.c / test_vla_gpu.cu read, and
+the trainers' checkpoints (version 2), which --init reads to continue their run. The math itself
+is imported from dev/smolvla.py, never copied.
 
-Shapes: B batch, Np prefix tokens (n_cam*n_patch image + max_text text), Ns = 1+H suffix
-tokens (state, H actions), C width of a group (d_model or d_expert), NH heads, HS head size,
-D = NH*HS attention width, H chunk, A action dims, S state dims, L layers.
+Shapes: B batch, H chunk, A the dataset's action dims, Amax = max_action_dim, Smax = max_state_dim,
+Lt = max_text tokens, S = img (the vision tower's square input), h_k x w_k camera k's stored frames.
 
-    /usr/bin/python3 dev/model.py -i data/x.bin --preset tiny --dtype float64 --debug-state vla_debug.bin
-    /usr/bin/python3 dev/model.py -i data/x.bin --preset tiny -b 8 --train 20
+    /usr/bin/python3 dev/model.py -i x.bin -p tiny --debug-state smolvla_debug.bin
+    /usr/bin/python3 dev/model.py -i x.bin -p tiny --train-mode all -b 8 --train 20
+    /usr/bin/python3 dev/model.py -i x.bin --init out/ckpt_00000100.bin -b 8 --train 20   # continue a C run
+    /usr/bin/python3 dev/model.py -i x.bin --policy build/lerobot_ref/vlm/policy --debug-state out.bin
+    python dev/model.py -i x.bin -p smolvla -b 8 --bench 20 --device cuda --amp bf16 --compile
+
+Training modes (--train-mode, LeRobot's flags; vla.h's train column, smolvla_trainable_numel):
+  expert  train_expert_only=True:  the expert, state_proj, action_in/out_proj, the time MLP
+  vlm     train_expert_only=False, freeze_vision_encoder=True: also the connector, embed_tokens
+          and the VLM's layers but its last (the last layer, its final norm and lm_head never train)
+  all     also the vision tower
+A tensor's trainable elements are a prefix of it (stacked tensors are layer-major): gradients,
+AdamW moments, decay, clipping and the gradient norm cover that prefix only; the rest is frozen.
+Without --train-mode: the preset's default (smolvla_default_train_mode: expert for smolvla, all for
+tiny and small), the policy's flags with --policy, the checkpoint's mode with --init.
+
+RNG (vla.h): draw c of stream (seed, s) is splitmix64(key + c * GOLDEN), so any draw is reached by
+seeking. Flow noise (flow_noise_width with width max_action_dim, LeRobot's noise (B, H, 32)): global
+sample g of step s owns draws g * (1 + 2 H Amax) + 1 ... of stream (seed, RNG_STREAM_NOISE(s)): the
+first is t = 0.999 * U^(1/1.5) + 0.001 (then float), then 2 per eps entry (rng_normal's Box-Muller,
+then float) in (slot, dim) order: eps[h][d] for h < H, d < Amax, d fastest.
+
+Debug state (--debug-state OUT, a "VLAT" container: magic "VLAT", version 1, then per record a
+104-byte header (name[64], dtype 0=f32 1=u8 2=i32, ndim, 4 x u64 dims) and the data).
+Everything is computed in float64 (--dtype) and stored as float32:
+  config             i32 (26)              SmolVLAConfig in SMOLVLA_CONFIG_FIELDS order
+  hparams            f32 (6)               lr, min_lr_frac, warmup, steps, weight decay, clip
+  seed               i32 (1)               init (unless --policy/--init), sampler and flow-noise seed
+  train_mode         i32 (1)               0 expert, 1 vlm, 2 all (TRAIN_MODE_*)
+  stats              f32 (2(S+A))          state mean, std, action mean, std (the dataset's, std
+                                           floored to 1 as dataset_open does)
+  param/<name>       f32 table shape       every tensor of SMOLVLA_PARAMETERS, in table order
+  batch/indices      i32 (B)               the sampler's samples of step 0
+  batch/image<k>     u8  (B, h_k, w_k, 3)  camera k's frames at their stored size, k < n_cam
+  batch/tokens       i32 (B, Lt)           token ids, cut to Lt, 0 past the instruction
+  batch/token_mask   f32 (B, Lt)           1 = instruction token, 0 = pad
+  batch/state        f32 (B, Smax)         (x - mean) / std, zero-padded
+  batch/actions      f32 (B, H, Amax)      normalized chunk (slots past the episode repeat its last
+                                           action), zero-padded
+  batch/action_is_pad f32 (B, H)           1 = slot past the episode's end (no loss)
+  batch/t            f32 (B)               flow time of step 0
+  batch/eps          f32 (B, H, Amax)      flow noise of step 0
+  expect/pixels      f32 (n_cam B, 3, S, S) frames resized with padding, x*2-1 (camera-major)
+  expect/v           f32 (B, H, Amax)      velocities v_t (action_out_proj's output)
+  expect/loss        f32 (1)               sum over valid slots and the first A dims of (u - v)^2,
+                                           / max(1, valid slots * A)
+  grad/<name>        f32 table shape       d loss / d param of every tensor with trainable elements in
+                                           this mode, the whole tensor, its frozen part zero (tensors
+                                           with none have no record). grad/vis_bk is zero by symmetry
+                                           (softmax ignores a shift): rounding noise, to be compared
+                                           against grad/vis_bq's scale, not relatively
+  fd/index           i32 (n, 2)            (table index, flat element) of the largest |grad| of every
+                                           tensor whose gradient is not zero (to 1e-12 of the largest)
+  fd/value           f32 (n)               central finite differences of the loss there
+  expect/sample      f32 (B, H, Amax)      10 Euler steps from batch/eps (t = 1, 0.9, ..., 0.1),
+                                           normalized units
+  expect/sample_actions f32 (B, H, A)      the same, first A dims, un-normalized (x * std + mean)
+  expect/losses      f32 (10)              losses of 10 AdamW steps on this batch (same t, eps)
+  expect/norms       f32 (10)              their gradient norms before clipping
+
+What the C side does to match (besides the math of dev/smolvla.py): the flow noise above; the
+batch of dataset_assemble with state/actions zero-padded to Smax/Amax and action_is_pad = 1 -
+action_mask; the loss's divisor max(1, valid slots * A); AdamW (m = 0.9 m + 0.1 g, v = 0.95 v +
+0.05 g^2, bias corrections 1 - 0.9^(s+1) and 1 - 0.95^(s+1), update = m_hat / (sqrt(v_hat) + 1e-8)
++ wd p on decay tensors, p -= lr update) on the first smolvla_trainable_numel elements of each
+tensor only, clipping by the global norm of those gradients; lr_at_step's schedule. Token pads are
+0, as dataset_assemble writes them (LeRobot's tokenizer writes its pad id there): pads are masked
+as keys and as queries, so no number depends on their value.
 """
 
 import argparse
 import collections
 import dataclasses
+import json
 import math
 import os
 import struct
 import sys
 import time
+import types
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
+DEV = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, DEV)
+sys.path.insert(0, os.path.join(DEV, "..", "data"))
+import smolvla  # noqa: E402  dev/smolvla.py: SmolVLA's math as LeRobot computes it
 from vla_shard import Dataset  # noqa: E402
 
 # ----------------------------------------------------------------------------
-# config and the parameter table (vla.h: VLAConfig, VLA_PRESETS, VLA_PARAMETERS)
+# config and presets (vla.h: SmolVLAConfig, SMOLVLA_CONFIG_FIELDS, SMOLVLA_PRESETS)
 
 
 @dataclasses.dataclass
-class VLAConfig:  # field order is the checkpoint's and the debug state's
+class SmolVLAConfig:  # field order is SMOLVLA_CONFIG_FIELDS' and the debug state's
     n_cam: int
-    img: int
-    patch: int
-    max_text: int
     state_dim: int
     action_dim: int
-    chunk: int
+    img: int
+    patch: int
+    vis_width: int
+    vis_ff: int
+    vis_layers: int
+    vis_heads: int
+    scale_factor: int
+    vocab: int
+    pad_token: int
+    max_text: int
     d_model: int
     d_ff: int
-    d_expert: int
-    d_expert_ff: int
     n_layer: int
     n_head: int
+    n_kv_head: int
     head_dim: int
+    d_expert: int
+    d_expert_ff: int
+    self_attn_every: int
+    chunk: int
+    max_state_dim: int
+    max_action_dim: int
     rope_theta: int
 
     def values(self):
         return [getattr(self, f.name) for f in dataclasses.fields(self)]
 
     @property
-    def n_patch(self):  # patches per camera
-        return (self.img // self.patch) ** 2
+    def grid(self):  # patches per image side
+        return self.img // self.patch
 
     @property
-    def n_image_tokens(self):
-        return self.n_cam * self.n_patch
-
-    @property
-    def n_prefix(self):
-        return self.n_image_tokens + self.max_text
+    def patch_dim(self):
+        return 3 * self.patch * self.patch
 
     @property
     def d_attn(self):
         return self.n_head * self.head_dim
 
+    @property
+    def d_kv(self):
+        return self.n_kv_head * self.head_dim
 
-CONFIG_FIELDS = [f.name for f in dataclasses.fields(VLAConfig)]
+    def layer_is_cross(self, l):  # smolvla_layer_is_cross: the one statement of the layer schedule
+        return l % self.self_attn_every != 0
 
-# observation fields (n_cam, img, state_dim, action_dim) are replaced by the dataset's
-PRESETS = {  # cam img p text S A H d f d_a f_a L NH HS theta
-    "tiny": VLAConfig(1, 32, 8, 16, 4, 4, 8, 48, 128, 32, 96, 2, 4, 12, 10000),
-    "small": VLAConfig(2, 64, 8, 48, 4, 4, 16, 256, 1024, 192, 512, 6, 4, 64, 10000),
-    "base": VLAConfig(2, 224, 16, 48, 32, 32, 50, 960, 2560, 720, 2048, 16, 15, 64, 10000),
+    @property
+    def n_joint(self):
+        return (self.n_layer + self.self_attn_every - 1) // self.self_attn_every
+
+    @property
+    def n_cross(self):
+        return self.n_layer - self.n_joint
+
+
+CONFIG_FIELDS = [f.name for f in dataclasses.fields(SmolVLAConfig)]
+
+# n_cam, state_dim and action_dim are replaced by the dataset's
+PRESETS = {  # cam S A img p Cv Cv_ff Lv NHv s vocab pad text C C_ff L NH NKV HS Ce Ce_ff n H Smax Amax theta
+    "tiny": SmolVLAConfig(1, 4, 4, 32, 8, 32, 64, 1, 2, 2, 256, 0, 16, 48, 96, 2, 4, 2, 12, 36, 256, 2, 8, 32, 32, 10000),
+    "small": SmolVLAConfig(2, 4, 4, 64, 8, 128, 256, 2, 4, 2, 256, 0, 48, 256, 640, 6, 4, 2, 64, 192, 512, 2, 16, 32,
+                           32, 10000),
+    "smolvla": SmolVLAConfig(2, 32, 32, 512, 16, 768, 3072, 12, 12, 4, 49280, 2, 48, 960, 2560, 16, 15, 5, 64, 720,
+                             2048, 2, 50, 32, 32, 10000),
 }
+
+# vla.h's bounds on the sizes a config may hold
+MAX_CAM, MAX_IMG, MAX_DIM, MAX_TEXT, MAX_CHUNK = 16, 4096, 4096, 1024, 1024
+MAX_WIDTH, MAX_LAYER, MAX_HEAD, MAX_TOKENS, MAX_PARAMS = 65536, 1024, 1024, 16384, 1 << 36
 
 
 def config_problem(c):
-    """None if the config is usable, else what is wrong (vla_config_problem)."""
+    """None if the config is usable, else what is wrong (smolvla_config_problem)."""
     for name in CONFIG_FIELDS:
-        if getattr(c, name) <= 0:
+        if getattr(c, name) <= 0 and name != "pad_token":
             return f"{name} must be positive (got {getattr(c, name)})"
-    if c.img % c.patch != 0:
-        return f"img {c.img} is not a multiple of patch {c.patch}"
-    if c.head_dim % 2 != 0:
-        return f"head_dim {c.head_dim} must be even for RoPE"
-    if c.d_expert % 2 != 0:
-        return f"d_expert {c.d_expert} must be even for the time embedding"
+    bounds = dict(n_cam=MAX_CAM, img=MAX_IMG, patch=c.img, vis_width=MAX_WIDTH, vis_ff=MAX_WIDTH,
+                  vis_layers=MAX_LAYER, vis_heads=c.vis_width, scale_factor=c.img // c.patch, vocab=1 << 24,
+                  pad_token=c.vocab - 1, max_text=MAX_TEXT, d_model=MAX_WIDTH, d_ff=MAX_WIDTH, n_layer=MAX_LAYER,
+                  n_head=MAX_HEAD, n_kv_head=c.n_head, head_dim=MAX_HEAD, d_expert=MAX_WIDTH, d_expert_ff=MAX_WIDTH,
+                  self_attn_every=c.n_layer, chunk=MAX_CHUNK, max_state_dim=MAX_DIM, max_action_dim=MAX_DIM,
+                  state_dim=c.max_state_dim, action_dim=c.max_action_dim)
+    for name, bound in bounds.items():
+        if getattr(c, name) > bound:
+            return f"{name} {getattr(c, name)} is past its bound {bound}"
+    if c.pad_token < 0:
+        return f"pad_token must not be negative (got {c.pad_token})"
+    if c.img % c.patch != 0 or (c.img // c.patch) % c.scale_factor != 0:
+        return f"img {c.img} / patch {c.patch} must be a whole grid that scale_factor {c.scale_factor} divides"
+    if c.vis_width % c.vis_heads != 0:
+        return f"vis_width {c.vis_width} is not a multiple of vis_heads {c.vis_heads}"
+    if c.n_head % c.n_kv_head != 0:
+        return f"n_head {c.n_head} is not a multiple of n_kv_head {c.n_kv_head} (GQA)"
+    if c.head_dim % 2 != 0 or c.d_expert % 2 != 0:
+        return f"head_dim {c.head_dim} (RoPE) and d_expert {c.d_expert} (time embedding) must be even"
+    tokens = c.n_cam * (c.grid // c.scale_factor) ** 2 + c.max_text + 1 + c.chunk
+    if tokens > MAX_TOKENS or c.grid * c.grid > MAX_TOKENS:
+        return f"{tokens} tokens ({c.grid * c.grid} per image in the vision tower) are past the bound {MAX_TOKENS}"
+    if param_count(c) > MAX_PARAMS:
+        return "the parameter count is past the bound 2^36"
     return None
 
 
-VLM, EXPERT = 0, 1
-NORMAL, NORMAL_OUT, ZERO, ONE = 0, 1, 2, 3
-ParamSpec = collections.namedtuple("ParamSpec", "name group decay init shape offset")
+# ----------------------------------------------------------------------------
+# the parameter table (vla.h: SMOLVLA_PARAMETERS), and its mapping to LeRobot's names
+
+TOWER_VISION, TOWER_VLM, TOWER_EXPERT = 0, 1, 2
+KIND_INPUT, KIND_LAYER, KIND_HEAD = 0, 1, 2
+TRAIN_ALWAYS, TRAIN_VLM, TRAIN_VLM_BUT_LAST, TRAIN_VISION, TRAIN_NEVER = 0, 1, 2, 3, 4
+SLICES_NONE, SLICES_VISION, SLICES_ALL, SLICES_JOINT, SLICES_CROSS = 0, 1, 2, 3, 4
+INIT_NORMAL, INIT_NORMAL_OUT, INIT_ZERO, INIT_ONE = 0, 1, 2, 3
+TRAIN_MODES = ["expert", "vlm", "all"]  # TRAIN_MODE_EXPERT, _VLM, _ALL: the index is the mode
+
+
+def default_train_mode(preset):
+    """smolvla_default_train_mode: LeRobot's fine-tuning of the released model trains the expert;
+    the presets trained from scratch train everything."""
+    return TRAIN_MODES.index("expert") if preset == "smolvla" else TRAIN_MODES.index("all")
+
+LM_HEAD = smolvla.LM_HEAD + "weight"  # LeRobot's lm_head feeds nothing: the table leaves it out
+
+ParamSpec = collections.namedtuple("ParamSpec", "name lerobot tower kind train decay init slices shape offset")
+
+
+def param_rows(c):
+    """SMOLVLA_PARAMETERS' rows: name, LeRobot name (%d = layer), tower, kind, train, decay, init,
+    slices, shape. Linear weights are (out, in); per-layer tensors are stacked layer-major."""
+    V, T, E, Hd = smolvla.VISION, smolvla.TEXT, smolvla.EXPERT, smolvla.HEADS
+    Cv, Fv, Lv = c.vis_width, c.vis_ff, c.vis_layers
+    C, L, D, KV, Ce, Am = c.d_model, c.n_layer, c.d_attn, c.d_kv, c.d_expert, c.max_action_dim
+    # (tower, kind, train) of each group of rows, and (decay, init) of each kind of tensor
+    vis_in, vis_layer = (TOWER_VISION, KIND_INPUT, TRAIN_VISION), (TOWER_VISION, KIND_LAYER, TRAIN_VISION)
+    vis_head = (TOWER_VISION, KIND_HEAD, TRAIN_VISION)
+    vlm_in, state = (TOWER_VLM, KIND_INPUT, TRAIN_VLM), (TOWER_VLM, KIND_INPUT, TRAIN_ALWAYS)
+    vlm_layer, vlm_head = (TOWER_VLM, KIND_LAYER, TRAIN_VLM_BUT_LAST), (TOWER_VLM, KIND_HEAD, TRAIN_NEVER)
+    exp_in, exp_layer = (TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS), (TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS)
+    exp_head = (TOWER_EXPERT, KIND_HEAD, TRAIN_ALWAYS)
+    matrix, out, bias, scale = (1, INIT_NORMAL), (1, INIT_NORMAL_OUT), (0, INIT_ZERO), (0, INIT_ONE)
+    VL, ALL, NONE = SLICES_VISION, SLICES_ALL, SLICES_NONE
+    return [
+        ("vis_patch_w", V + "embeddings.patch_embedding.weight", *vis_in, *matrix, NONE, (Cv, c.patch_dim)),
+        ("vis_patch_b", V + "embeddings.patch_embedding.bias", *vis_in, *bias, NONE, (Cv,)),
+        ("vis_pos", V + "embeddings.position_embedding.weight", *vis_in, *matrix, NONE, (c.grid * c.grid, Cv)),
+        ("vis_ln1_w", V + "encoder.layers.%d.layer_norm1.weight", *vis_layer, *scale, VL, (Lv, Cv)),
+        ("vis_ln1_b", V + "encoder.layers.%d.layer_norm1.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_wq", V + "encoder.layers.%d.self_attn.q_proj.weight", *vis_layer, *matrix, VL, (Lv, Cv, Cv)),
+        ("vis_bq", V + "encoder.layers.%d.self_attn.q_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_wk", V + "encoder.layers.%d.self_attn.k_proj.weight", *vis_layer, *matrix, VL, (Lv, Cv, Cv)),
+        ("vis_bk", V + "encoder.layers.%d.self_attn.k_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_wv", V + "encoder.layers.%d.self_attn.v_proj.weight", *vis_layer, *matrix, VL, (Lv, Cv, Cv)),
+        ("vis_bv", V + "encoder.layers.%d.self_attn.v_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_wo", V + "encoder.layers.%d.self_attn.out_proj.weight", *vis_layer, *out, VL, (Lv, Cv, Cv)),
+        ("vis_bo", V + "encoder.layers.%d.self_attn.out_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_ln2_w", V + "encoder.layers.%d.layer_norm2.weight", *vis_layer, *scale, VL, (Lv, Cv)),
+        ("vis_ln2_b", V + "encoder.layers.%d.layer_norm2.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_fc1_w", V + "encoder.layers.%d.mlp.fc1.weight", *vis_layer, *matrix, VL, (Lv, Fv, Cv)),
+        ("vis_fc1_b", V + "encoder.layers.%d.mlp.fc1.bias", *vis_layer, *bias, VL, (Lv, Fv)),
+        ("vis_fc2_w", V + "encoder.layers.%d.mlp.fc2.weight", *vis_layer, *out, VL, (Lv, Cv, Fv)),
+        ("vis_fc2_b", V + "encoder.layers.%d.mlp.fc2.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_post_w", V + "post_layernorm.weight", *vis_head, *scale, NONE, (Cv,)),
+        ("vis_post_b", V + "post_layernorm.bias", *vis_head, *bias, NONE, (Cv,)),
+        ("connector_w", smolvla.CONNECTOR + ".weight", *vlm_in, *matrix, NONE, (C, Cv * c.scale_factor ** 2)),
+        ("embed_tokens", T + "embed_tokens.weight", *vlm_in, *matrix, NONE, (c.vocab, C)),
+        ("state_w", Hd + "state_proj.weight", *state, *matrix, NONE, (C, c.max_state_dim)),
+        ("state_b", Hd + "state_proj.bias", *state, *bias, NONE, (C,)),
+        ("vlm_ln1", T + "layers.%d.input_layernorm.weight", *vlm_layer, *scale, ALL, (L, C)),
+        ("vlm_wq", T + "layers.%d.self_attn.q_proj.weight", *vlm_layer, *matrix, ALL, (L, D, C)),
+        ("vlm_wk", T + "layers.%d.self_attn.k_proj.weight", *vlm_layer, *matrix, ALL, (L, KV, C)),
+        ("vlm_wv", T + "layers.%d.self_attn.v_proj.weight", *vlm_layer, *matrix, ALL, (L, KV, C)),
+        ("vlm_wo", T + "layers.%d.self_attn.o_proj.weight", *vlm_layer, *out, ALL, (L, C, D)),
+        ("vlm_ln2", T + "layers.%d.post_attention_layernorm.weight", *vlm_layer, *scale, ALL, (L, C)),
+        ("vlm_gate", T + "layers.%d.mlp.gate_proj.weight", *vlm_layer, *matrix, ALL, (L, c.d_ff, C)),
+        ("vlm_up", T + "layers.%d.mlp.up_proj.weight", *vlm_layer, *matrix, ALL, (L, c.d_ff, C)),
+        ("vlm_down", T + "layers.%d.mlp.down_proj.weight", *vlm_layer, *out, ALL, (L, C, c.d_ff)),
+        ("vlm_norm", T + "norm.weight", *vlm_head, *scale, NONE, (C,)),
+        ("action_in_w", Hd + "action_in_proj.weight", *exp_in, *matrix, NONE, (Ce, Am)),
+        ("action_in_b", Hd + "action_in_proj.bias", *exp_in, *bias, NONE, (Ce,)),
+        ("time_in_w", Hd + "action_time_mlp_in.weight", *exp_in, *matrix, NONE, (Ce, 2 * Ce)),
+        ("time_in_b", Hd + "action_time_mlp_in.bias", *exp_in, *bias, NONE, (Ce,)),
+        ("time_out_w", Hd + "action_time_mlp_out.weight", *exp_in, *matrix, NONE, (Ce, Ce)),
+        ("time_out_b", Hd + "action_time_mlp_out.bias", *exp_in, *bias, NONE, (Ce,)),
+        ("exp_ln1", E + "layers.%d.input_layernorm.weight", *exp_layer, *scale, ALL, (L, Ce)),
+        ("exp_wq", E + "layers.%d.self_attn.q_proj.weight", *exp_layer, *matrix, ALL, (L, D, Ce)),
+        # k/v read the expert's stream (Ce wide) in joint layers, the VLM's K/V (KV wide) in cross layers
+        ("exp_wk_joint", E + "layers.%d.self_attn.k_proj.weight", *exp_layer, *matrix, SLICES_JOINT, (c.n_joint, KV, Ce)),
+        ("exp_wv_joint", E + "layers.%d.self_attn.v_proj.weight", *exp_layer, *matrix, SLICES_JOINT, (c.n_joint, KV, Ce)),
+        ("exp_wk_cross", E + "layers.%d.self_attn.k_proj.weight", *exp_layer, *matrix, SLICES_CROSS, (c.n_cross, KV, KV)),
+        ("exp_wv_cross", E + "layers.%d.self_attn.v_proj.weight", *exp_layer, *matrix, SLICES_CROSS, (c.n_cross, KV, KV)),
+        ("exp_wo", E + "layers.%d.self_attn.o_proj.weight", *exp_layer, *out, ALL, (L, Ce, D)),
+        ("exp_ln2", E + "layers.%d.post_attention_layernorm.weight", *exp_layer, *scale, ALL, (L, Ce)),
+        ("exp_gate", E + "layers.%d.mlp.gate_proj.weight", *exp_layer, *matrix, ALL, (L, c.d_expert_ff, Ce)),
+        ("exp_up", E + "layers.%d.mlp.up_proj.weight", *exp_layer, *matrix, ALL, (L, c.d_expert_ff, Ce)),
+        ("exp_down", E + "layers.%d.mlp.down_proj.weight", *exp_layer, *out, ALL, (L, Ce, c.d_expert_ff)),
+        ("exp_norm", E + "norm.weight", *exp_head, *scale, NONE, (Ce,)),
+        ("action_out_w", Hd + "action_out_proj.weight", *exp_head, *matrix, NONE, (Am, Ce)),
+        ("action_out_b", Hd + "action_out_proj.bias", *exp_head, *bias, NONE, (Am,)),
+    ]
 
 
 def param_table(c):
-    """Every parameter tensor in table order, with its element offset into the flat buffer."""
-    L, d, da, D = c.n_layer, c.d_model, c.d_expert, c.d_attn
-    rows = [  # name, group, decay, init, shape; linear weights are (out, in), layers stacked first
-        ("patch_w", VLM, 1, NORMAL, (d, 3 * c.patch * c.patch)),
-        ("patch_b", VLM, 0, ZERO, (d,)),
-        ("pos_emb", VLM, 1, NORMAL, (c.n_image_tokens, d)),
-        ("text_emb", VLM, 1, NORMAL, (256, d)),
-        ("state_w", EXPERT, 1, NORMAL, (da, c.state_dim)),
-        ("state_b", EXPERT, 0, ZERO, (da,)),
-        ("action_in_w", EXPERT, 1, NORMAL, (da, c.action_dim)),
-        ("action_in_b", EXPERT, 0, ZERO, (da,)),
-        ("time_in_w", EXPERT, 1, NORMAL, (da, 2 * da)),
-        ("time_in_b", EXPERT, 0, ZERO, (da,)),
-        ("time_out_w", EXPERT, 1, NORMAL, (da, da)),
-        ("time_out_b", EXPERT, 0, ZERO, (da,)),
-    ]
-    for prefix, group, C, Cff in (("vlm", VLM, d, c.d_ff), ("exp", EXPERT, da, c.d_expert_ff)):
-        rows += [
-            (prefix + "_ln1", group, 0, ONE, (L, C)),
-            (prefix + "_wq", group, 1, NORMAL, (L, D, C)),
-            (prefix + "_wk", group, 1, NORMAL, (L, D, C)),
-            (prefix + "_wv", group, 1, NORMAL, (L, D, C)),
-            (prefix + "_wo", group, 1, NORMAL_OUT, (L, C, D)),
-            (prefix + "_ln2", group, 0, ONE, (L, C)),
-            (prefix + "_wgate", group, 1, NORMAL, (L, Cff, C)),
-            (prefix + "_wup", group, 1, NORMAL, (L, Cff, C)),
-            (prefix + "_wdown", group, 1, NORMAL_OUT, (L, C, Cff)),
-        ]
-    rows += [
-        ("final_norm", EXPERT, 0, ONE, (da,)),
-        ("action_out_w", EXPERT, 1, NORMAL, (c.action_dim, da)),
-        ("action_out_b", EXPERT, 0, ZERO, (c.action_dim,)),
-    ]
+    """Every tensor in table order with its element offset into the flat buffer (smolvla_table_build)."""
     table, offset = [], 0
-    for name, group, decay, init, shape in rows:
-        table.append(ParamSpec(name, group, decay, init, shape, offset))
-        offset += math.prod(shape)
+    for row in param_rows(c):
+        table.append(ParamSpec(*row, offset))
+        offset += math.prod(row[-1])
     return table
+
+
+def param_count(c):
+    return sum(math.prod(row[-1]) for row in param_rows(c))
+
+
+def n_slices(s):  # smolvla_slices: a stacked tensor's leading dimension, else 1
+    return 1 if s.slices == SLICES_NONE else s.shape[0]
+
+
+def trainable_numel(s, mode):
+    """The elements of tensor s that train in `mode` (0 expert, 1 vlm, 2 all): a prefix of it
+    (smolvla_trainable_numel). 'Every layer but the last' is the first numel - numel/L elements."""
+    numel = math.prod(s.shape)
+    if s.train == TRAIN_ALWAYS:
+        return numel
+    if s.train == TRAIN_VLM:
+        return numel if mode >= 1 else 0
+    if s.train == TRAIN_VLM_BUT_LAST:
+        return numel - numel // n_slices(s) if mode >= 1 else 0
+    if s.train == TRAIN_VISION:
+        return numel if mode == 2 else 0
+    return 0
+
+
+def slice_layer(c, s, i):
+    """LeRobot's layer number of slice i of a stacked tensor (smolvla_slice_layer)."""
+    if s.slices == SLICES_JOINT:
+        return i * c.self_attn_every
+    if s.slices == SLICES_CROSS:
+        return [l for l in range(c.n_layer) if c.layer_is_cross(l)][i]
+    return i
+
+
+def lerobot_names(c, s):
+    """LeRobot's name of each slice of tensor s (one name for an unstacked tensor)."""
+    if s.slices == SLICES_NONE:
+        return [s.lerobot]
+    return [s.lerobot % slice_layer(c, s, i) for i in range(n_slices(s))]
+
+
+def lerobot_shape(c, s):
+    """The shape LeRobot stores one slice of s in: the patch embedding is a convolution weight."""
+    if s.name == "vis_patch_w":
+        return (c.vis_width, 3, c.patch, c.patch)
+    return tuple(s.shape[1:]) if s.slices != SLICES_NONE else tuple(s.shape)
+
+
+def to_lerobot(c, params):
+    """Our tensors (name -> tensor, table shapes) -> LeRobot's (name -> view of ours, no copy), so
+    gradients of dev/smolvla.py's math land in our tensors. lm_head is not among them."""
+    out = {}
+    for s in param_table(c):
+        p = params[s.name]
+        shape = lerobot_shape(c, s)
+        if s.slices == SLICES_NONE:
+            out[s.lerobot] = p.reshape(shape)
+        else:
+            for i, name in enumerate(lerobot_names(c, s)):
+                out[name] = p[i].reshape(shape)
+    return out
+
+
+def from_lerobot(c, tensors):
+    """LeRobot's tensors (name -> tensor) -> ours (name -> new tensor in table shape). Every tensor
+    of the table must be there with LeRobot's shape; lm_head, if present, is dropped."""
+    expected = {n for s in param_table(c) for n in lerobot_names(c, s)}
+    missing = sorted(expected - set(tensors))
+    unexpected = sorted(set(tensors) - expected - {LM_HEAD})
+    if missing or unexpected:
+        raise ValueError(f"LeRobot tensors do not match the table: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    out = collections.OrderedDict()
+    for s in param_table(c):
+        slices = []
+        for name in lerobot_names(c, s):
+            t = tensors[name]
+            if tuple(t.shape) != lerobot_shape(c, s):
+                raise ValueError(f"{name}: shape {tuple(t.shape)}, the table says {lerobot_shape(c, s)}")
+            slices.append(t.reshape(s.shape[1:] if s.slices != SLICES_NONE else s.shape))
+        out[s.name] = slices[0].clone() if s.slices == SLICES_NONE else torch.stack(slices)
+    return out
 
 
 # ----------------------------------------------------------------------------
@@ -212,18 +472,22 @@ def rng_flow_time(u):
     return np.float32(0.999 * math.pow(float(u), 1.0 / 1.5) + 0.001)
 
 
-def param_init(cfg, seed):
-    """Parameters from the seed (param_init): normal(0, 0.02), output projections / sqrt(2L),
-    biases 0, norm scales 1. Element j of the tensor at offset o uses draws 2(o+j)+1, 2(o+j)+2."""
+def param_init(c, seed):
+    """smolvla_param_init: normal(0, 0.02) from the counter at 2 * offset (element j of the tensor
+    at offset o uses draws 2(o+j)+1, 2(o+j)+2), output projections 0.02 / sqrt(2 depth) with depth
+    vis_layers in the vision tower and n_layer elsewhere (float math as C), zeros, ones.
+    Returns name -> float32 numpy array."""
     key = rng_key(seed, STREAM_INIT)
-    out_scale = np.float32(1.0) / np.sqrt(np.float32(2.0) * np.float32(cfg.n_layer))  # float math as C
     params = collections.OrderedDict()
-    for s in param_table(cfg):
+    for s in param_table(c):
         numel = math.prod(s.shape)
-        if s.init in (ZERO, ONE):
-            params[s.name] = np.full(s.shape, 1.0 if s.init == ONE else 0.0, np.float32)
+        if s.init in (INIT_ZERO, INIT_ONE):
+            params[s.name] = np.full(s.shape, 1.0 if s.init == INIT_ONE else 0.0, np.float32)
             continue
-        std = np.float32(0.02) * out_scale if s.init == NORMAL_OUT else np.float32(0.02)
+        depth = c.vis_layers if s.tower == TOWER_VISION else c.n_layer
+        std = np.float32(0.02)
+        if s.init == INIT_NORMAL_OUT:
+            std = np.float32(0.02) / np.sqrt(np.float32(2.0) * np.float32(depth))  # 0.02f / sqrtf(2.0f * depth)
         x = np.empty(numel, np.float32)
         for j in range(0, numel, 1 << 22):  # chunks keep the uint64 temporaries small
             m = min(1 << 22, numel - j)
@@ -232,14 +496,22 @@ def param_init(cfg, seed):
     return params
 
 
-def flow_noise(cfg, seed, step, g):
-    """t (float32) and eps (float32, (H, A)) of global sample g at optimizer step `step`."""
+def flow_noise_width(chunk, width, seed, step, g):
+    """t (float32) and eps (float32, (chunk, width)) of global sample g at optimizer step `step`
+    (vla.h's flow_noise_width). Stream (seed, RNG_STREAM_NOISE(step)); sample g owns the
+    1 + 2 chunk width draws after counter g (1 + 2 chunk width): one for t, then two per eps entry
+    (Box-Muller) in (slot, dim) order. SmolVLA draws eps over max_action_dim dims, LeRobot's width."""
     key = rng_key(seed, STREAM_NOISE(step))
-    HA = cfg.chunk * cfg.action_dim
-    base = g * (1 + 2 * HA)  # each sample owns 1 + 2*H*A draws
+    n = chunk * width
+    base = g * (1 + 2 * n)
     t = rng_flow_time(u53(rng_draws(key, base + 1, 1))[0])
-    eps = rng_normals(key, base + 2, HA).reshape(cfg.chunk, cfg.action_dim)
+    eps = rng_normals(key, base + 2, n).reshape(chunk, width)
     return t, eps
+
+
+def flow_noise(c, seed, step, g):
+    """The flow noise of config c's model: t and eps (H, Amax)."""
+    return flow_noise_width(c.chunk, c.max_action_dim, seed, step, g)
 
 
 def sampler_permutation(n, seed, epoch):
@@ -287,192 +559,114 @@ def lr_at_step(step, lr, warmup, steps, min_lr_frac):
 
 
 # ----------------------------------------------------------------------------
-# the model
+# the model: our table's tensors, dev/smolvla.py's math on LeRobot-named views of them
 
 
-def rmsnorm(x, w):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+def lerobot_config(c, mode, cameras=None):
+    """dev/smolvla.py's config of our config in training mode `mode` (the C model's constants:
+    LayerNorm eps 1e-6, RMSNorm eps 1e-5, 10 sampling steps, periods 4e-3 .. 4, square resize to img)."""
+    expert_only, freeze_vision = smolvla.TRAIN_MODES[TRAIN_MODES[mode]]
+    return smolvla.SmolVLAConfig(
+        vis_image_size=c.img, vis_patch=c.patch, vis_width=c.vis_width, vis_layers=c.vis_layers,
+        vis_heads=c.vis_heads, vis_mlp=c.vis_ff, vis_eps=1e-6, scale_factor=c.scale_factor,
+        width=c.d_model, n_layer=c.n_layer, n_head=c.n_head, n_kv_head=c.n_kv_head, head_dim=c.head_dim,
+        mlp=c.d_ff, rms_eps=1e-5, vocab=c.vocab, pad_token_id=c.pad_token,
+        expert_width=c.d_expert, expert_mlp=c.d_expert_ff, chunk=c.chunk, max_state_dim=c.max_state_dim,
+        max_action_dim=c.max_action_dim, state_dim=c.state_dim, action_dim=c.action_dim,
+        cameras=tuple(cameras or (f"observation.images.cam{k}" for k in range(c.n_cam))),
+        resize_hw=(c.img, c.img), num_steps=10, min_period=4e-3, max_period=4.0, attention_mode="cross_attn",
+        self_attn_every_n_layers=c.self_attn_every, prefix_length=-1, train_expert_only=expert_only,
+        freeze_vision_encoder=freeze_vision, train_state_proj=True, rope_base=float(c.rope_theta))
 
 
-def rope_tables(positions, head_dim, theta, dtype, device="cpu"):
-    """cos, sin (T, HS/2) of RoPE at the given sequence positions, computed in float64."""
-    k = np.arange(head_dim // 2, dtype=np.float64)
-    inv_freq = float(theta) ** (-2.0 * k / head_dim)
-    angle = np.asarray(positions, np.float64)[:, None] * inv_freq[None, :]
-    return (torch.tensor(np.cos(angle), dtype=dtype, device=device),
-            torch.tensor(np.sin(angle), dtype=dtype, device=device))
+class SmolVLA(torch.nn.Module):
+    """The table's tensors as parameters (registered in table order). A tensor requires grad when
+    some of it trains in `mode`; after backward its frozen part's gradient is zeroed (LeRobot
+    freezes the last VLM layer's tensors, which share stacks with trained layers here)."""
 
-
-def apply_rope(x, cos, sin):
-    """Rotate-half RoPE on (B, NH, T, HS): pairs (i, i + HS/2) turn by position * inv_freq_i."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
-
-
-def time_embedding(t, dim, dtype):
-    """Sinusoidal embedding (B, dim) of the flow time: half sin, half cos, periods geometric
-    from 4e-3 to 4.0. Computed in float64 from the float32 t (a tensor), then cast."""
-    half = dim // 2
-    fraction = torch.arange(half, dtype=torch.float64, device=t.device) / max(half - 1, 1)
-    period = 4e-3 * (4.0 / 4e-3) ** fraction
-    angle = 2.0 * math.pi * t.to(torch.float64)[:, None] / period[None, :]
-    return torch.cat([torch.sin(angle), torch.cos(angle)], 1).to(dtype)
-
-
-def attention(q, k, v, visible, sdpa=False):
-    """Joint attention: q (B, NH, Tq, HS), k and v (B, NH, Tk, HS), visible (B or 1, 1, Tq, Tk)
-    bool. Softmax in float32 or better. Returns (B, Tq, NH*HS), head n in columns n*HS..
-    sdpa: PyTorch's fused scaled_dot_product_attention instead (what the GPU benchmark runs)."""
-    if sdpa:
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
-    else:
-        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-        scores = scores.masked_fill(~visible, float("-inf"))  # every row sees at least one key
-        y = torch.softmax(scores, -1) @ v
-    B, NH, T, HS = y.shape
-    return y.transpose(1, 2).reshape(B, T, NH * HS)
-
-
-class VLA(nn.Module):
-    """pi0-style VLA: a VLM stack over the prefix (image patches, text token ids) and an action
-    expert stack over the suffix (state, H noisy actions), joined in every attention."""
-
-    def __init__(self, cfg, dtype=torch.float32, sdpa=False):
+    def __init__(self, cfg, mode, dtype=torch.float64, cameras=None):
         super().__init__()
-        self.cfg, self.dtype = cfg, dtype
-        self.sdpa = sdpa and hasattr(F, "scaled_dot_product_attention")  # PyTorch 2.0 and later
+        self.cfg, self.mode, self.dtype = cfg, mode, dtype
+        self.lcfg = lerobot_config(cfg, mode, cameras)
         self.table = param_table(cfg)
-        for s in self.table:  # registered in table order: named_parameters() walks the table
-            self.register_parameter(s.name, nn.Parameter(torch.zeros(s.shape, dtype=dtype)))
+        self.n_train = {s.name: trainable_numel(s, mode) for s in self.table}
+        for s in self.table:
+            self.register_parameter(s.name, torch.nn.Parameter(torch.zeros(s.shape, dtype=dtype),
+                                                               requires_grad=self.n_train[s.name] > 0))
+
+    def tensors(self):
+        return collections.OrderedDict((s.name, getattr(self, s.name)) for s in self.table)
 
     def load(self, params):
-        """Copies float32 numpy arrays (name -> array) into the parameters, in this dtype."""
+        """Copies arrays or tensors (our name -> value) into the parameters, in this dtype."""
         with torch.no_grad():
             for s in self.table:
-                getattr(self, s.name).copy_(torch.from_numpy(np.asarray(params[s.name], np.float32)))
+                value = params[s.name]
+                if not torch.is_tensor(value):
+                    value = torch.from_numpy(np.asarray(value, np.float32))
+                getattr(self, s.name).copy_(value)
 
-    def heads(self, x):
-        """(B, T, NH*HS) -> (B, NH, T, HS)."""
-        B, T, _ = x.shape
-        return x.view(B, T, self.cfg.n_head, self.cfg.head_dim).transpose(1, 2)
+    def prepare(self, arrays, device="cpu"):
+        """A batch as recorded (numpy) -> dev/smolvla.py's inputs: each camera's frames resized with
+        padding to img, x*2-1 (B, 3, S, S); tokens int64 and mask bool; t float32."""
+        dt = self.dtype
+        images = [smolvla.prepare_image(self.lcfg, smolvla.images_from_u8(torch.from_numpy(im), dt))
+                  for im in arrays["images"]]
+        x = dict(images=images, lang_tokens=torch.from_numpy(arrays["tokens"]).long(),
+                 lang_masks=torch.from_numpy(arrays["token_mask"]) > 0,
+                 state=torch.tensor(arrays["state"], dtype=dt), actions=torch.tensor(arrays["actions"], dtype=dt),
+                 action_is_pad=torch.from_numpy(arrays["action_is_pad"]) > 0,
+                 noise=torch.tensor(arrays["eps"], dtype=dt), t=torch.from_numpy(arrays["t"]))
+        if device != "cpu":
+            x = {k: [v.to(device) for v in x[k]] if k == "images" else x[k].to(device) for k in x}
+        return x
 
-    def mlp(self, x, wgate, wup, wdown):
-        return (F.gelu(x @ wgate.T, approximate="tanh") * (x @ wup.T)) @ wdown.T
+    def forward(self, x):
+        """Velocities v_t (B, H, Amax) and LeRobot's loss of a prepared batch."""
+        P = to_lerobot(self.cfg, self.tensors())
+        v, u = smolvla.forward(P, self.lcfg, x["images"], x["lang_tokens"], x["lang_masks"], x["state"],
+                               x["actions"], x["noise"], x["t"])
+        return v, smolvla.flow_matching_loss(self.lcfg, v, u, x["action_is_pad"])
 
-    def embed_prefix(self, images, tokens):
-        """Image patches and text token ids (bytes) -> prefix tokens (B, Np, d)."""
-        c = self.cfg
-        B, p, n = images.shape[0], c.patch, c.img // c.patch
-        x = images.to(self.patch_w.dtype) / 127.5 - 1.0  # (B, cam, img, img, 3) in [-1, 1]
-        # patches row-major per camera, each flattened as (pixel row, pixel col, channel)
-        x = x.reshape(B, c.n_cam, n, p, n, p, 3).permute(0, 1, 2, 4, 3, 5, 6)
-        x = x.reshape(B, c.n_cam * n * n, p * p * 3)
-        patches = x @ self.patch_w.T + self.patch_b + self.pos_emb
-        return torch.cat([patches, self.text_emb[tokens.long()]], 1)
-
-    def prefix_forward(self, images, tokens, text_mask):
-        """The VLM stack over the prefix. Prefix queries never see the suffix, so the prefix runs
-        alone first; returns each layer's keys and values (for the suffix) and the valid keys."""
-        c = self.cfg
-        x = self.embed_prefix(images, tokens)
-        B, Np = x.shape[0], x.shape[1]
-        valid = torch.cat([torch.ones(B, c.n_image_tokens, dtype=torch.bool, device=x.device), text_mask > 0], 1)
-        visible = valid[:, None, None, :]  # (B, 1, 1, Np): bidirectional over the valid prefix
-        cos, sin = rope_tables(np.arange(Np), c.head_dim, c.rope_theta, self.patch_w.dtype, x.device)
-        kv = []
-        for l in range(c.n_layer):
-            h = rmsnorm(x, self.vlm_ln1[l])
-            k = apply_rope(self.heads(h @ self.vlm_wk[l].T), cos, sin)
-            v = self.heads(h @ self.vlm_wv[l].T)
-            kv.append((k, v))
-            if l == c.n_layer - 1:
-                break  # the prefix's output after the last layer feeds nothing: only its k, v
-            q = apply_rope(self.heads(h @ self.vlm_wq[l].T), cos, sin)
-            x = x + attention(q, k, v, visible, self.sdpa) @ self.vlm_wo[l].T
-            x = x + self.mlp(rmsnorm(x, self.vlm_ln2[l]), self.vlm_wgate[l], self.vlm_wup[l], self.vlm_wdown[l])
-        return kv, valid
-
-    def suffix_forward(self, kv, valid, state, x_t, t):
-        """The action expert over [state, H action tokens] attending to the cached prefix.
-        state (B, S), x_t (B, H, A) noisy actions, t (B,) float32 (numpy or tensor). Returns v (B, H, A)."""
-        c = self.cfg
-        B, H, Np = x_t.shape[0], c.chunk, valid.shape[1]
-        state_tok = (state @ self.state_w.T + self.state_b)[:, None, :]  # (B, 1, d_a)
-        a = x_t @ self.action_in_w.T + self.action_in_b  # (B, H, d_a)
-        t = torch.as_tensor(t, device=x_t.device)
-        temb = time_embedding(t, c.d_expert, a.dtype)[:, None, :].expand(B, H, c.d_expert)
-        a = F.silu(torch.cat([a, temb], -1) @ self.time_in_w.T + self.time_in_b) @ self.time_out_w.T + self.time_out_b
-        x = torch.cat([state_tok, a], 1)  # (B, Ns, d_a)
-        # mask: valid prefix for all; the state token for all; action tokens for action queries only
-        Ns = 1 + H
-        suffix_vis = torch.ones(Ns, Ns, dtype=torch.bool, device=x.device)
-        suffix_vis[0, 1:] = False
-        visible = torch.cat([valid[:, None, :].expand(B, Ns, Np), suffix_vis.expand(B, Ns, Ns)], 2)[:, None]
-        cos, sin = rope_tables(Np + np.arange(Ns), c.head_dim, c.rope_theta, self.patch_w.dtype, x.device)
-        for l in range(c.n_layer):
-            h = rmsnorm(x, self.exp_ln1[l])
-            q = apply_rope(self.heads(h @ self.exp_wq[l].T), cos, sin)
-            k = apply_rope(self.heads(h @ self.exp_wk[l].T), cos, sin)
-            v = self.heads(h @ self.exp_wv[l].T)
-            k = torch.cat([kv[l][0], k], 2)
-            v = torch.cat([kv[l][1], v], 2)
-            x = x + attention(q, k, v, visible, self.sdpa) @ self.exp_wo[l].T
-            x = x + self.mlp(rmsnorm(x, self.exp_ln2[l]), self.exp_wgate[l], self.exp_wup[l], self.exp_wdown[l])
-        return rmsnorm(x[:, 1:], self.final_norm) @ self.action_out_w.T + self.action_out_b
-
-    def forward(self, batch):
-        """Flow-matching velocity and loss of one batch (dict of tensors; t float32, numpy or tensor).
-        x_t = t*eps + (1-t)*a, target u = eps - a; masked slots count zero in the mean."""
-        a, eps = batch["actions"], batch["eps"]
-        t = torch.as_tensor(batch["t"], device=eps.device).to(eps.dtype)[:, None, None]
-        x_t = t * eps + (1 - t) * a
-        kv, valid = self.prefix_forward(batch["images"], batch["tokens"], batch["text_mask"])
-        v = self.suffix_forward(kv, valid, batch["state"], x_t, batch["t"])
-        loss = (batch["action_mask"][:, :, None] * (v - (eps - a)) ** 2).sum() / v.numel()
-        return v, loss
+    def finish_grads(self):
+        """After backward: every tensor gets a .grad, zero outside its trainable prefix."""
+        for s in self.table:
+            p = getattr(self, s.name)
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            else:
+                p.grad.view(-1)[self.n_train[s.name]:] = 0
 
     @torch.no_grad()
-    def sample_actions(self, batch, action_mean, action_std, steps=10):
-        """Inference: the prefix once, then Euler steps from x = eps at t = 1 to t = 0.
-        Returns un-normalized actions (B, H, A)."""
-        kv, valid = self.prefix_forward(batch["images"], batch["tokens"], batch["text_mask"])
-        x = batch["eps"].clone()
-        B, dt = x.shape[0], 1.0 / steps
-        for k in range(steps):
-            t = np.float32(1.0) - np.float32(dt) * np.float32(k)  # float32 as the C loop computes it
-            v = self.suffix_forward(kv, valid, batch["state"], x, np.full(B, t, np.float32))
-            x = x - dt * v
-        return x * torch.tensor(action_std, dtype=x.dtype, device=x.device) + \
-            torch.tensor(action_mean, dtype=x.dtype, device=x.device)
+    def sample(self, x, noise):
+        """10 Euler steps from `noise` (B, H, Amax) with the prefix's K/V cached -> normalized chunk."""
+        P = to_lerobot(self.cfg, self.tensors())
+        return smolvla.sample_actions(P, self.lcfg, x["images"], x["lang_tokens"], x["lang_masks"], x["state"], noise)
 
 
 # ----------------------------------------------------------------------------
-# optimizer: AdamW by hand, so every operation is the one the trainers do
+# optimizer: AdamW by hand on the trainable elements, every operation the one the trainers do
 
 
 def grad_norm(model):
-    """Global L2 norm of all gradients (accumulated in float64)."""
-    return math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in model.parameters()))
-
-
-def fill_missing_grads(model):
-    """Tensors the loss does not reach (the VLM's last layer when L = 1) get zeros, never None."""
-    for p in model.parameters():
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
+    """Global L2 norm of the trainable gradients (accumulated in float64)."""
+    return math.sqrt(sum(float((getattr(model, s.name).grad.view(-1)[:model.n_train[s.name]].double() ** 2).sum())
+                         for s in model.table))
 
 
 class AdamW:
-    """AdamW (0.9, 0.95, eps 1e-8), decoupled decay on the table's decay tensors,
-    global-norm clipping before the update."""
+    """AdamW (0.9, 0.95, eps 1e-8, decoupled decay on the table's decay tensors, global-norm
+    clipping first), on the first trainable_numel elements of each tensor only: frozen elements
+    have no moments and neither move nor decay. m and v are per tensor here, packed in table order
+    in checkpoints (SmolOptDomain)."""
 
     def __init__(self, model, lr, warmup, steps, min_lr_frac, weight_decay, clip):
         self.model = model
         self.lr, self.warmup, self.steps, self.min_lr_frac = lr, warmup, steps, min_lr_frac
         self.weight_decay, self.clip = weight_decay, clip
-        self.m = {s.name: torch.zeros(s.shape, dtype=model.dtype) for s in model.table}
-        self.v = {s.name: torch.zeros(s.shape, dtype=model.dtype) for s in model.table}
+        trained = [s.name for s in model.table if model.n_train[s.name] > 0]
+        self.m = {name: torch.zeros(model.n_train[name], dtype=model.dtype) for name in trained}
+        self.v = {name: torch.zeros(model.n_train[name], dtype=model.dtype) for name in trained}
 
     @torch.no_grad()
     def step(self, step):
@@ -483,8 +677,12 @@ class AdamW:
         scale = self.clip / norm if self.clip > 0 and norm > self.clip else 1.0
         b1, b2 = 1.0 - 0.9 ** (step + 1), 1.0 - 0.95 ** (step + 1)  # bias corrections
         for s in self.model.table:
-            p = getattr(self.model, s.name)
-            g = p.grad * scale
+            if s.name not in self.m:
+                continue
+            n = self.model.n_train[s.name]
+            param = getattr(self.model, s.name)
+            p = param.data.view(-1)[:n]
+            g = param.grad.view(-1)[:n] * scale
             m, v = self.m[s.name], self.v[s.name]
             m.mul_(0.9).add_(0.1 * g)
             v.mul_(0.95).add_(0.05 * g * g)
@@ -496,72 +694,93 @@ class AdamW:
 
 
 # ----------------------------------------------------------------------------
-# data: batches exactly as the C trainer builds them
+# data: batches as the C trainers assemble them
 
 
-def build_batch(ds, cfg, indices, seed, step, dtype):
-    """Assembles the samples and draws their flow noise (global sample g = i, one rank).
-    Returns (numpy arrays as assembled, the same as tensors in `dtype`)."""
-    parts = [ds.assemble(i, cfg) for i in indices]
-    names = ["images", "tokens", "text_mask", "state", "actions", "action_mask"]
-    arrays = {n: np.stack([p[k] for p in parts]) for k, n in enumerate(names)}
-    arrays["images"] = arrays["images"].reshape(len(indices), cfg.n_cam, cfg.img, cfg.img, 3)  # (square cameras)
-    noise = [flow_noise(cfg, seed, step, g) for g in range(len(indices))]
-    arrays["t"] = np.array([t for t, _ in noise], np.float32)
-    arrays["eps"] = np.stack([e for _, e in noise])
-    tensors = {n: torch.from_numpy(x) if x.dtype in (np.uint8, np.int32) else torch.tensor(x, dtype=dtype)
-               for n, x in arrays.items() if n != "t"}
-    tensors["t"] = arrays["t"]  # t stays float32 numpy: the time embedding is computed in float64
-    return arrays, tensors
+def build_batch(ds, cfg, indices, seed, step):
+    """The samples (dataset_assemble) padded to Smax/Amax, and their flow noise (global sample
+    g = i, one rank). Returns numpy arrays named as the debug state's batch/ records; images is a
+    list with camera k's (B, h_k, w_k, 3) frames."""
+    view = types.SimpleNamespace(n_cam=ds.n_cam, img=ds.img, state_dim=ds.state_dim, action_dim=ds.action_dim,
+                                 max_text=cfg.max_text, chunk=cfg.chunk)
+    parts = [ds.assemble(i, view) for i in indices]
+    B, H = len(indices), cfg.chunk
+    cams = [ds.split_cameras(p[0]) for p in parts]
+    a = dict(images=[np.stack([c[k] for c in cams]) for k in range(ds.n_cam)],
+             tokens=np.stack([p[1] for p in parts]).astype(np.int32),
+             token_mask=np.stack([p[2] for p in parts]).astype(np.float32))
+    a["state"] = np.zeros((B, cfg.max_state_dim), np.float32)
+    a["state"][:, :cfg.state_dim] = np.stack([p[3] for p in parts])
+    a["actions"] = np.zeros((B, H, cfg.max_action_dim), np.float32)
+    a["actions"][:, :, :cfg.action_dim] = np.stack([p[4] for p in parts])
+    a["action_is_pad"] = 1.0 - np.stack([p[5] for p in parts]).astype(np.float32)
+    noise = [flow_noise(cfg, seed, step, g) for g in range(B)]
+    a["t"] = np.array([t for t, _ in noise], np.float32)
+    a["eps"] = np.stack([e for _, e in noise])
+    return a
 
 
 # ----------------------------------------------------------------------------
-# files: checkpoints (read) and the debug state ("VLAT" tensor container)
+# config from a LeRobot policy folder, or from a file of ours
 
-CKPT_MAGIC, CKPT_VERSION = 0x43414C56, 1
+
+def mode_of_policy(lcfg):
+    """LeRobot's flags as a training mode (train_expert_only wins over freeze_vision_encoder)."""
+    return 0 if lcfg.train_expert_only else (1 if lcfg.freeze_vision_encoder else 2)
+
+
+def config_from_policy(policy_dir, max_text=None):
+    """Our config of a LeRobot policy folder (dev/smolvla.py's load_config), checking that it uses
+    nothing the C model does not implement. max_text: the language tokens a batch holds (default:
+    the policy's tokenizer_max_length; LeRobot pads to the batch's longest, which masks the rest).
+    Returns (our config, dev/smolvla.py's config)."""
+    lc = smolvla.load_config(policy_dir)
+    with open(os.path.join(policy_dir, "config.json")) as f:
+        pc = json.load(f)
+
+    def need(ok, what):
+        if not ok:
+            raise ValueError(f"{policy_dir}: {what}: the C model does not implement this")
+    need(lc.resize_hw is not None and lc.resize_hw[0] == lc.resize_hw[1] == lc.vis_image_size,
+         f"resize_imgs_with_padding {lc.resize_hw} must be square and the vision tower's {lc.vis_image_size}")
+    need((lc.vis_eps, lc.rms_eps, lc.num_steps) == (1e-6, 1e-5, 10), "norm eps other than 1e-6/1e-5 or num_steps != 10")
+    need((lc.min_period, lc.max_period) == (4e-3, 4.0), "time-embedding periods other than 4e-3 .. 4")
+    need(lc.train_state_proj, "train_state_proj=False")
+    need(lc.self_attn_every_n_layers > 0 or "cross" not in lc.attention_mode, "self_attn_every_n_layers <= 0")
+    pad = lc.pad_token_id
+    if pad is None:  # the VLM config does not say: its tokenizer does
+        pad = smolvla.tokenizer_pad_id(pc["vlm_model_name"], policy_dir)
+    cfg = SmolVLAConfig(
+        n_cam=len(lc.cameras), state_dim=lc.state_dim, action_dim=lc.action_dim, img=lc.resize_hw[0],
+        patch=lc.vis_patch, vis_width=lc.vis_width, vis_ff=lc.vis_mlp, vis_layers=lc.vis_layers,
+        vis_heads=lc.vis_heads, scale_factor=lc.scale_factor, vocab=lc.vocab, pad_token=pad,
+        max_text=max_text or pc.get("tokenizer_max_length", 48), d_model=lc.width, d_ff=lc.mlp,
+        n_layer=lc.n_layer, n_head=lc.n_head, n_kv_head=lc.n_kv_head, head_dim=lc.head_dim,
+        d_expert=lc.expert_width, d_expert_ff=lc.expert_mlp,
+        self_attn_every=lc.self_attn_every_n_layers if "cross" in lc.attention_mode else 1,
+        chunk=lc.chunk, max_state_dim=lc.max_state_dim, max_action_dim=lc.max_action_dim,
+        rope_theta=int(lc.rope_base))
+    need(lc.prefix_length <= cfg.n_cam * (cfg.grid // cfg.scale_factor) ** 2 + cfg.max_text + 1, "a padded prefix")
+    return cfg, lc
+
+
+def load_policy_weights(policy_dir, cfg, lc):
+    """LeRobot's model.safetensors -> our tensors (float32), through dev/smolvla.py's loader."""
+    return from_lerobot(cfg, smolvla.load_parameters(policy_dir, lc, torch.float32))
+
+
+# ----------------------------------------------------------------------------
+# files: the debug state ("VLAT" tensor container, written and read) and the trainers' checkpoints
+# (version 2, read)
+
 VLAT_MAGIC, VLAT_VERSION = 0x54414C56, 1
 VLAT_DTYPES = {0: np.float32, 1: np.uint8, 2: np.int32}
-
-
-def read_checkpoint(path):
-    """A checkpoint of vla.h: header (256 bytes), stats, params, m, v (all float32).
-    Returns a dict with config, step, seed, sampler_pos, stats, params/m/v (name -> array)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-
-    def fail(why):
-        return ValueError(f"checkpoint {path}: {why}: delete it or pick another with --init")
-
-    if len(raw) < 256:
-        raise fail(f"{len(raw)} bytes, shorter than its header: it is truncated")
-    magic, version = struct.unpack_from("<II", raw, 0)
-    if magic != CKPT_MAGIC:
-        raise fail(f"not a train_vla checkpoint (bad magic 0x{magic:08x})")
-    if version != CKPT_VERSION:
-        raise fail(f"version {version}, this oracle reads {CKPT_VERSION}")
-    cfg = VLAConfig(*struct.unpack_from("<15i", raw, 8))
-    step, seed, sampler_pos, n_params, file_size = struct.unpack_from("<5Q", raw, 72)
-    if config_problem(cfg):
-        raise fail(f"holds a bad config ({config_problem(cfg)}): it is corrupt")
-    table = param_table(cfg)
-    total = table[-1].offset + math.prod(table[-1].shape)
-    n_stats = 2 * (cfg.state_dim + cfg.action_dim)
-    if n_params != total or file_size != 256 + 4 * n_stats + 12 * total or len(raw) != file_size:
-        raise fail(f"{len(raw)} bytes, its header implies {256 + 4 * n_stats + 12 * total}: truncated or corrupt")
-    flat = np.frombuffer(raw, "<f4", n_stats + 3 * total, 256)
-    stats, rest = flat[:n_stats].copy(), flat[n_stats:]
-
-    def tensors(k):
-        base = rest[k * total:(k + 1) * total]
-        return collections.OrderedDict(
-            (s.name, base[s.offset:s.offset + math.prod(s.shape)].reshape(s.shape).copy()) for s in table)
-
-    return dict(config=cfg, step=step, seed=seed, sampler_pos=sampler_pos, stats=stats,
-                params=tensors(0), m=tensors(1), v=tensors(2))
+CKPT_MAGIC, CKPT_VERSION, CKPT_HEADER_BYTES = 0x43414C56, 2, 512
+MAX_STEPS, MIN_STD = 1 << 30, np.float32(1e-6)  # VLA_MAX_STEPS, VLA_MIN_STD
 
 
 def write_vlat(path, records):
-    """records: list of (name, numpy array of float32, uint8 or int32)."""
+    """records: list of (name, numpy array of float32, uint8 or int32); written atomically."""
     codes = {np.dtype(v): k for k, v in VLAT_DTYPES.items()}
     with open(path + ".tmp", "wb") as f:
         f.write(struct.pack("<4I", VLAT_MAGIC, VLAT_VERSION, len(records), 0))
@@ -578,15 +797,24 @@ def read_vlat(path):
     """A debug-state file -> OrderedDict name -> numpy array."""
     with open(path, "rb") as f:
         raw = f.read()
+    if len(raw) < 16:
+        raise ValueError(f"{path}: {len(raw)} bytes, shorter than a debug-state header: regenerate it with dev/model.py")
     magic, version, n, _ = struct.unpack_from("<4I", raw, 0)
     if magic != VLAT_MAGIC or version != VLAT_VERSION:
         raise ValueError(f"{path}: not a version-{VLAT_VERSION} debug-state file: regenerate it with dev/model.py")
     out, pos = collections.OrderedDict(), 16
     for _ in range(n):
+        if pos + 104 > len(raw):
+            raise ValueError(f"{path}: truncated in record {len(out)}: the file is corrupt, regenerate it")
         name, code, ndim, *shape = struct.unpack_from("<64sII4Q", raw, pos)
         pos += 104
+        if code not in VLAT_DTYPES or not 1 <= ndim <= 4:
+            raise ValueError(f"{path}: record {len(out)} has dtype {code} and {ndim} dims: the file is corrupt, "
+                             "regenerate it")
         dtype = np.dtype(VLAT_DTYPES[code]).newbyteorder("<")
         numel = math.prod(shape)
+        if pos + numel * dtype.itemsize > len(raw):
+            raise ValueError(f"{path}: truncated in record {len(out)}: the file is corrupt, regenerate it")
         out[name.rstrip(b"\0").decode()] = np.frombuffer(raw, dtype, numel, pos).reshape(shape[:ndim]).copy()
         pos += numel * dtype.itemsize
     if pos != len(raw):
@@ -594,160 +822,340 @@ def read_vlat(path):
     return out
 
 
+def opt_domain(table, mode):
+    """SmolOptDomain: (offset, trainable elements) of each tensor's moments in the packed m and v,
+    and their total."""
+    offsets, numels, total = [], [], 0
+    for s in table:
+        n = trainable_numel(s, mode)
+        offsets.append(total)
+        numels.append(n)
+        total += n
+    return offsets, numels, total
+
+
+def read_checkpoint(path):
+    """A checkpoint of vla.h, version 2, checked as checkpoint_read_checked checks it: header (512
+    bytes: magic, version, SmolVLAConfig, train_mode, step, seed, sampler_pos, n_params,
+    n_trainable, file_size, tokenizer[64]), stats (state mean, std, action mean, std), every weight
+    (n_params, table order), then m and v (n_trainable each, the trainable prefix of each tensor in
+    the checkpoint's train mode, packed in table order). Returns a dict: config, train_mode,
+    tokenizer, step, seed, sampler_pos, stats, params (name -> array of the table's shape), m and v
+    (name -> flat array of the tensor's trainable elements, for tensors that have some). Raises
+    ValueError with the reason."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ValueError(f"cannot open checkpoint {path}: {e.strerror}")
+
+    def fail(why):
+        return ValueError(f"checkpoint {path} {why}: delete it or pick another with --init")
+
+    if len(raw) >= 8 and struct.unpack_from("<II", raw, 0) == (CKPT_MAGIC, 1):
+        raise ValueError(f"checkpoint {path} has version 1: it holds the model train_vla trained before SmolVLA, "
+                         "which this oracle no longer reads: start a new run")
+    if len(raw) < CKPT_HEADER_BYTES:
+        raise fail(f"is {len(raw)} bytes, shorter than its header: it is truncated")
+    magic, version = struct.unpack_from("<II", raw, 0)
+    if magic != CKPT_MAGIC:
+        raise ValueError(f"{path} is not a train_vla checkpoint (bad magic 0x{magic:08x})")
+    if version != CKPT_VERSION:
+        raise fail(f"has version {version}, this oracle reads {CKPT_VERSION}")
+    cfg = SmolVLAConfig(*struct.unpack_from(f"<{len(CONFIG_FIELDS)}i", raw, 8))
+    mode, = struct.unpack_from("<i", raw, 112)
+    step, seed, sampler_pos, n_params, n_trainable, file_size = struct.unpack_from("<6Q", raw, 120)
+    tokenizer = raw[168:232]
+    if config_problem(cfg):
+        raise fail(f"holds a bad config ({config_problem(cfg)}): it is corrupt")
+    if not 0 <= mode < len(TRAIN_MODES):
+        raise fail(f"holds train mode {mode}, not one of 0 (expert), 1 (vlm), 2 (all): it is corrupt")
+    if b"\0" not in tokenizer or tokenizer[0] == 0:
+        raise fail("names no tokenizer (or an unterminated one): it is corrupt")
+    tokenizer = tokenizer[:tokenizer.index(b"\0")].decode("utf-8", "replace")
+    table = param_table(cfg)
+    offsets, numels, total_trainable = opt_domain(table, mode)
+    total = param_count(cfg)
+    S, A = cfg.state_dim, cfg.action_dim
+    n_stats = 2 * (S + A)
+    size = CKPT_HEADER_BYTES + 4 * n_stats + 4 * total + 8 * total_trainable
+    if (n_params, n_trainable, file_size, len(raw)) != (total, total_trainable, size, size):
+        raise fail(f"is {len(raw)} bytes, its header implies {size}: it is truncated or corrupt")
+    if step > MAX_STEPS or sampler_pos < step or sampler_pos > step << 33:
+        raise fail(f"says step {step} after {sampler_pos} samples, out of range (steps 0 to {MAX_STEPS}, at least one "
+                   "sample each): it is corrupt")
+    flat = np.frombuffer(raw, "<f4", n_stats + total + 2 * total_trainable, CKPT_HEADER_BYTES).astype(np.float32)
+    stats = flat[:n_stats].copy()
+    is_std = np.r_[np.zeros(S, bool), np.ones(S, bool), np.zeros(A, bool), np.ones(A, bool)]
+    bad = ~np.isfinite(stats) | (is_std & ~(stats >= MIN_STD))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise fail(f"has normalization statistic {i} = {stats[i]} (NaN, Inf or a std below {float(MIN_STD):g}): it is "
+                   "corrupt")
+    weights = flat[n_stats:n_stats + total]
+    m_flat = flat[n_stats + total:n_stats + total + total_trainable]
+    v_flat = flat[n_stats + total + total_trainable:]
+    params, m, v = collections.OrderedDict(), collections.OrderedDict(), collections.OrderedDict()
+    for s, off, n in zip(table, offsets, numels):
+        params[s.name] = weights[s.offset:s.offset + math.prod(s.shape)].reshape(s.shape).copy()
+        if n > 0:
+            m[s.name], v[s.name] = m_flat[off:off + n].copy(), v_flat[off:off + n].copy()
+    return dict(config=cfg, train_mode=mode, tokenizer=tokenizer, step=step, seed=seed, sampler_pos=sampler_pos,
+                stats=stats, params=params, m=m, v=v)
+
+
+def read_init(path):
+    """--init's file: a train_vla checkpoint (read_checkpoint's dict), or a VLAT file with a `config`
+    record and every `param/<name>` (a debug state of this oracle or of the C trainers): a dict
+    with config, params and, when the file has it, train_mode."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ValueError(f"cannot open {path}: {e.strerror}")
+    if magic == struct.pack("<I", CKPT_MAGIC):
+        return read_checkpoint(path)
+    if magic != struct.pack("<I", VLAT_MAGIC):
+        raise ValueError(f"{path} is neither a train_vla checkpoint nor a debug-state file (magic {magic!r})")
+    rec = read_vlat(path)
+    values = rec.get("config")
+    if values is None or values.shape != (len(CONFIG_FIELDS),):
+        raise ValueError(f"{path}: no SmolVLA config record of {len(CONFIG_FIELDS)} ints: not a SmolVLA state file")
+    cfg = SmolVLAConfig(*[int(v) for v in values])
+    if config_problem(cfg):
+        raise ValueError(f"{path}: holds a bad config ({config_problem(cfg)})")
+    params = collections.OrderedDict()
+    for s in param_table(cfg):
+        x = rec.get("param/" + s.name)
+        if x is None or x.shape != tuple(s.shape) or x.dtype != np.float32:
+            raise ValueError(f"{path}: record param/{s.name} is missing or not float32 {tuple(s.shape)}")
+        params[s.name] = x
+    out = dict(config=cfg, params=params)
+    if "train_mode" in rec and rec["train_mode"].shape == (1,) and 0 <= int(rec["train_mode"][0]) < len(TRAIN_MODES):
+        out["train_mode"] = int(rec["train_mode"][0])
+    return out
+
+
 # ----------------------------------------------------------------------------
 # CLI
 
 
-def make_config(args, ds, ckpt):
-    """Preset (or the checkpoint's config), observation fields from the dataset, then --set."""
-    if ckpt is not None:
-        if args.set:
-            sys.exit("error: --set with --init: the checkpoint fixes the config, drop --set")
-        cfg = dataclasses.replace(ckpt["config"])
-    elif ds.img == 0 or ds.vocab > 256:
-        sys.exit(f"error: this model reads square cameras of one size and byte tokens; the dataset has cameras "
-                 f"{ds.cam_height} x {ds.cam_width} and tokenizer {ds.tokenizer}: convert it with the data/ tools' --img")
-    else:
-        cfg = dataclasses.replace(PRESETS[args.preset], n_cam=ds.n_cam, img=ds.img,
-                                  state_dim=ds.state_dim, action_dim=ds.action_dim)
-    for item in args.set:
-        field, _, value = item.partition("=")
-        if field not in CONFIG_FIELDS:
-            sys.exit(f"error: --set {item}: unknown field; fields are {', '.join(CONFIG_FIELDS)}")
+def make_config(args, ds):
+    """(config, LeRobot config or None, weights or None, --init's file or None): from --policy,
+    --init or the preset with the dataset's observation sizes, then --set."""
+    lc, params, init = None, None, None
+    if args.policy:
+        max_text = None
+        for item in args.set:
+            field, _, value = item.partition("=")
+            if field != "max_text" or not value.isdigit():
+                sys.exit(f"error: --set {item} with --policy: the policy fixes every size but max_text=N")
+            max_text = int(value)
         try:
-            setattr(cfg, field, int(value))
-        except ValueError:
-            sys.exit(f"error: --set {item}: expected an integer value")
+            cfg, lc = config_from_policy(args.policy, max_text)
+        except (ValueError, FileNotFoundError, KeyError, AssertionError) as e:
+            sys.exit(f"error: --policy {args.policy}: {e}")
+    elif args.init:
+        if args.set:
+            sys.exit("error: --set with --init: the file fixes the config, drop --set")
+        try:
+            init = read_init(args.init)
+        except ValueError as e:
+            sys.exit(f"error: --init: {e}")
+        cfg, params = init["config"], init["params"]
+        if "tokenizer" in init and init["tokenizer"] != ds.tokenizer:
+            sys.exit(f"error: checkpoint {args.init} was trained on token ids of tokenizer {init['tokenizer']}, the "
+                     f"dataset's are of {ds.tokenizer}: convert the data with the checkpoint's tokenizer")
+    else:
+        cfg = dataclasses.replace(PRESETS[args.preset], n_cam=ds.n_cam, state_dim=ds.state_dim,
+                                  action_dim=ds.action_dim)
+        for item in args.set:
+            field, _, value = item.partition("=")
+            if field not in CONFIG_FIELDS:
+                sys.exit(f"error: --set {item}: unknown field; fields are {', '.join(CONFIG_FIELDS)}")
+            try:
+                setattr(cfg, field, int(value))
+            except ValueError:
+                sys.exit(f"error: --set {item}: expected an integer value")
     if config_problem(cfg):
         sys.exit(f"error: bad config: {config_problem(cfg)}: fix the preset or --set")
-    got, want = (cfg.n_cam, cfg.img, cfg.state_dim, cfg.action_dim), (ds.n_cam, ds.img, ds.state_dim, ds.action_dim)
+    got, want = (cfg.n_cam, cfg.state_dim, cfg.action_dim), (ds.n_cam, ds.state_dim, ds.action_dim)
     if got != want:
-        sys.exit(f"error: config n_cam/img/state_dim/action_dim {got} differ from the dataset's {want}: "
-                 "use data with the same observation sizes")
-    return cfg
+        sys.exit(f"error: the model's n_cam/state_dim/action_dim {got} differ from the dataset's {want}: "
+                 "use data with the same cameras and dims")
+    if ds.vocab > cfg.vocab:
+        sys.exit(f"error: the dataset's token ids (tokenizer {ds.tokenizer}, vocabulary {ds.vocab}) do not fit the "
+                 f"model's vocabulary of {cfg.vocab}: convert the data with the model's tokenizer")
+    if (ds.tokenizer == "bytes") != (cfg.vocab == 256):
+        print(f"warning: the dataset's instructions are token ids of tokenizer {ds.tokenizer} (vocabulary {ds.vocab}), "
+              f"the model's vocabulary is {cfg.vocab}: it reads them, but they may not be its tokenizer's ids")
+    for k, (h, w) in enumerate(zip(ds.cam_height, ds.cam_width)):
+        ratio = max(w / cfg.img, h / cfg.img)
+        if int(h / ratio) < 1 or int(w / ratio) < 1:
+            sys.exit(f"error: camera {k} ({h}x{w}) resizes to nothing at {cfg.img} px")
+    if lc is not None:
+        params = load_policy_weights(args.policy, cfg, lc)
+    return cfg, lc, params, init
+
+
+def pick_train_mode(args, lc, init):
+    """--train-mode, else the checkpoint's or debug state's mode, the policy's flags, the preset's
+    default. Continuing a checkpoint's training needs its mode: its moments are that mode's."""
+    own = init.get("train_mode") if init else None
+    if args.train_mode is None:
+        if own is not None:
+            return own
+        return mode_of_policy(lc) if lc else default_train_mode(args.preset)
+    mode = TRAIN_MODES.index(args.train_mode)
+    if init is not None and "m" in init and args.train and mode != own:
+        sys.exit(f"error: checkpoint {args.init} trained with --train-mode {TRAIN_MODES[own]}, this run with "
+                 f"--train-mode {args.train_mode}: pass --train-mode {TRAIN_MODES[own]} (or none) to continue it")
+    return mode
 
 
 @torch.no_grad()
-def finite_differences(model, batch, grads, h=1e-5):
+def finite_differences(model, x, h=1e-5):
     """Central differences of the loss, in the model's dtype (float64 for the debug state), at the
-    largest-gradient entry of every tensor the loss reaches. Independent of autograd: the C test
-    checks its gradients against these. Returns ([(tensor index, flat index)], [value])."""
+    largest-|grad| entry of every tensor whose gradient is not zero (to rounding: the vision key
+    bias's is exactly zero by symmetry, its float64 value noise 1e-12 below the rest). Independent
+    of autograd: the C test checks its gradients against these. Returns ([(table index, flat)], [value])."""
     index, value = [], []
-    for k, (name, g) in enumerate(grads):
-        if not bool((g != 0).any()):
+    largest = max(float(getattr(model, s.name).grad.abs().max()) for s in model.table)
+    for k, s in enumerate(model.table):
+        p = getattr(model, s.name)
+        g = p.grad.view(-1)
+        if not float(g.abs().max()) > 1e-12 * largest:
             continue
-        j = int(g.abs().flatten().argmax())
-        p = getattr(model, name).view(-1)
-        p0 = float(p[j])
+        j = int(g.abs().argmax())
+        flat = p.data.view(-1)
+        p0 = float(flat[j])
         step = h * max(1.0, abs(p0))
-        p[j] = p0 + step
-        up = float(model(batch)[1])
-        p[j] = p0 - step
-        down = float(model(batch)[1])
-        p[j] = p0
+        flat[j] = p0 + step
+        up = float(model(x)[1])
+        flat[j] = p0 - step
+        down = float(model(x)[1])
+        flat[j] = p0
         index.append((k, j))
         value.append((up - down) / (2 * step))
     return index, value
 
 
-def debug_state(args, ds, cfg, model, dtype):
+def train_step(model, opt, x, step):
+    model.zero_grad(set_to_none=True)
+    _, loss = model(x)
+    loss.backward()
+    model.finish_grads()
+    lr, norm = opt.step(step)
+    return float(loss), lr, norm
+
+
+def debug_state(args, ds, cfg, model):
     """One batch of step 0, its velocities, loss, gradients and samples, then 10 AdamW steps."""
     seed = args.seed
     if not 0 <= seed < 2**31:
         sys.exit("error: --debug-state records the seed as int32: use a seed below 2^31")
     indices = Sampler(ds.n_samples, seed).indices(0, args.batch)
-    arrays, batch = build_batch(ds, cfg, indices, seed, 0, dtype)
-    v, loss = model(batch)
+    arrays = build_batch(ds, cfg, indices, seed, 0)
+    x = model.prepare(arrays)
+    v, loss = model(x)
     loss.backward()
-    fill_missing_grads(model)
-    grads = [(s.name, getattr(model, s.name).grad.detach().clone()) for s in model.table]
-    sample = model.sample_actions(batch, ds.action_mean, ds.action_std)
+    model.finish_grads()
+    trained = [s for s in model.table if model.n_train[s.name] > 0]
+    grads = [(s.name, getattr(model, s.name).grad.detach().clone()) for s in trained]
     params0 = [(s.name, getattr(model, s.name).detach().clone()) for s in model.table]
-    fd_index, fd_value = finite_differences(model, batch, grads)
+    sample = model.sample(x, x["noise"])
+    std = torch.tensor(ds.action_std, dtype=model.dtype)
+    mean = torch.tensor(ds.action_mean, dtype=model.dtype)
+    sample_actions = sample[:, :, :cfg.action_dim] * std + mean
+    fd_index, fd_value = finite_differences(model, x)
 
     opt = AdamW(model, args.lr, args.warmup, args.steps, args.min_lr_frac, args.wd, args.clip)
     losses, norms = [], []
     for step in range(10):
-        model.zero_grad(set_to_none=True)
-        _, step_loss = model(batch)
-        step_loss.backward()
-        fill_missing_grads(model)
-        _, norm = opt.step(step)
-        losses.append(float(step_loss))
+        step_loss, _, norm = train_step(model, opt, x, step)
+        losses.append(step_loss)
         norms.append(norm)
-        print(f"debug step {step} loss {float(step_loss):.6f} norm {norm:.6f}")
+        print(f"debug step {step} loss {step_loss:.6f} norm {norm:.6f}")
 
-    def f32(x):  # every float record is float32, whatever the compute dtype
-        return x.detach().numpy().astype(np.float32) if torch.is_tensor(x) else np.asarray(x, np.float32)
+    def f32(t):  # every float record is float32, whatever the compute dtype
+        return t.detach().numpy().astype(np.float32) if torch.is_tensor(t) else np.asarray(t, np.float32)
 
     hparams = [args.lr, args.min_lr_frac, args.warmup, args.steps, args.wd, args.clip]
-    records = [("config", np.array(cfg.values(), np.int32)),
-               ("hparams", np.array(hparams, np.float32)),
-               ("seed", np.array([seed], np.int32)),
+    records = [("config", np.array(cfg.values(), np.int32)), ("hparams", np.array(hparams, np.float32)),
+               ("seed", np.array([seed], np.int32)), ("train_mode", np.array([model.mode], np.int32)),
                ("stats", ds.stats())]
     records += [("param/" + name, f32(p)) for name, p in params0]
     records += [("batch/indices", np.array(indices, np.int32))]
-    # a record holds at most 4 dims: images go as a stack of (B*n_cam) HWC images
-    records += [("batch/images", arrays["images"].reshape(-1, cfg.img, cfg.img, 3))]
-    records += [("batch/" + n, arrays[n]) for n in ("tokens", "text_mask", "state", "actions", "action_mask", "t", "eps")]
-    records += [("expect/v", f32(v)), ("expect/loss", f32([float(loss)]))]
+    records += [(f"batch/image{k}", im) for k, im in enumerate(arrays["images"])]
+    names = ("tokens", "token_mask", "state", "actions", "action_is_pad", "t", "eps")
+    records += [("batch/" + n, arrays[n]) for n in names]
+    records += [("expect/pixels", f32(torch.cat(x["images"], 0))), ("expect/v", f32(v)),
+                ("expect/loss", f32([float(loss)]))]
     records += [("grad/" + name, f32(g)) for name, g in grads]
-    records += [("fd/index", np.array(fd_index, np.int32)), ("fd/value", f32(fd_value))]
-    records += [("expect/sample", f32(sample)), ("expect/losses", f32(losses)), ("expect/norms", f32(norms))]
+    records += [("fd/index", np.array(fd_index, np.int32).reshape(-1, 2)), ("fd/value", f32(fd_value))]
+    records += [("expect/sample", f32(sample)), ("expect/sample_actions", f32(sample_actions)),
+                ("expect/losses", f32(losses)), ("expect/norms", f32(norms))]
     write_vlat(args.debug_state, records)
     print(f"loss {float(loss):.6f}; wrote {len(records)} records to {args.debug_state}")
 
 
-def train(args, ds, cfg, model, ckpt):
-    """N optimizer steps as the C trainer takes them (one rank of B samples per step)."""
+def train(args, ds, cfg, model, ckpt=None):
+    """N optimizer steps as the C trainer takes them (one rank of B samples per step); from a
+    checkpoint, its run continued: its step, sampler position and AdamW moments."""
     opt = AdamW(model, args.lr, args.warmup, args.steps, args.min_lr_frac, args.wd, args.clip)
     step0, pos = 0, 0
-    if ckpt is not None:  # continue the checkpoint's run: its step, sampler position and moments
+    if ckpt is not None:
         step0, pos = ckpt["step"], ckpt["sampler_pos"]
-        for s in model.table:
-            opt.m[s.name].copy_(torch.from_numpy(ckpt["m"][s.name]))
-            opt.v[s.name].copy_(torch.from_numpy(ckpt["v"][s.name]))
+        for name in opt.m:  # the checkpoint's mode is the model's (pick_train_mode): the same tensors
+            opt.m[name].copy_(torch.from_numpy(ckpt["m"][name]))
+            opt.v[name].copy_(torch.from_numpy(ckpt["v"][name]))
     sampler = Sampler(ds.n_samples, args.seed)
     times = []
     for step in range(step0, step0 + args.train):
         t0 = time.perf_counter()
-        _, batch = build_batch(ds, cfg, sampler.indices(pos, args.batch), args.seed, step, model.dtype)
-        model.zero_grad(set_to_none=True)
-        _, loss = model(batch)
-        loss.backward()
-        fill_missing_grads(model)
-        lr, norm = opt.step(step)
+        x = model.prepare(build_batch(ds, cfg, sampler.indices(pos, args.batch), args.seed, step))
+        loss, lr, norm = train_step(model, opt, x, step)
         pos += args.batch
         times.append(time.perf_counter() - t0)
-        print(f"step {step + 1} loss {float(loss):.6f} lr {lr:.4e} norm {norm:.4f}", flush=True)
+        print(f"step {step + 1} loss {loss:.6f} lr {lr:.4e} norm {norm:.4f}", flush=True)
     timed = times[1:] if len(times) > 1 else times  # the first step warms up allocators and caches
     print(f"ms_per_step {1000.0 * sum(timed) / len(timed):.3f}")
 
 
 def bench(args, ds, cfg, model):
-    """Training-step time on one batch kept on the device (loading excluded): forward, backward,
-    global-norm clipping and PyTorch's fused AdamW (decay on the table's matrices), optionally under
-    bf16 autocast and torch.compile, attention through scaled_dot_product_attention: what a tuned
-    PyTorch trainer of this model does per step. dev/gpu_check.sh compares train_vla with it."""
+    """Training-step time on one batch kept on the device (loading and the resize excluded): forward,
+    backward, global-norm clipping and PyTorch's fused AdamW over the tensors that train (decay on
+    the table's decay tensors; a stack with a frozen last layer is updated whole: the same work),
+    optionally under bf16 autocast and torch.compile: what a tuned PyTorch trainer of this model
+    does per step. Parameters are drawn by torch, not the seed: values do not change the timing."""
     device = torch.device(args.device)
-    model.to(device)
     indices = Sampler(ds.n_samples, args.seed).indices(0, args.batch)
-    _, batch = build_batch(ds, cfg, indices, args.seed, 0, torch.float32)
-    batch = {k: torch.as_tensor(v).to(device) for k, v in batch.items()}
-    decay = [getattr(model, s.name) for s in model.table if s.decay]
-    no_decay = [getattr(model, s.name) for s in model.table if not s.decay]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+    x = model.prepare(build_batch(ds, cfg, indices, args.seed, 0), device)
+    model.to(device)
+    if device.type != "cpu":
+        # dev/smolvla.py makes its masks, positions and tables without a device argument
+        if not hasattr(torch, "set_default_device"):
+            sys.exit("error: --device other than cpu needs torch 2.0 or newer (torch.set_default_device)")
+        torch.set_default_device(device)
+    trained = [s for s in model.table if model.n_train[s.name] > 0]
+    groups = [{"params": [getattr(model, s.name) for s in trained if s.decay], "weight_decay": args.wd},
+              {"params": [getattr(model, s.name) for s in trained if not s.decay], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
                             **({"fused": True} if device.type == "cuda" else {}))
+    if args.amp == "bf16":
+        # autocast makes the attention scores bfloat16, which cannot hold dev/smolvla.py's masked
+        # score (float32's minimum): fill with bfloat16's, as far below any real score
+        smolvla.MASKED_SCORE = torch.finfo(torch.bfloat16).min
     forward = torch.compile(model) if args.compile else model
+    params = [p for g in groups for p in g["params"]]
 
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
-            _, loss = forward(batch)
+            _, loss = forward(x)
         loss.backward()
         if args.clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            torch.nn.utils.clip_grad_norm_(params, args.clip)
         opt.step()
         return loss
 
@@ -755,7 +1163,7 @@ def bench(args, ds, cfg, model):
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    for _ in range(5):  # warm-up: allocator, cuDNN/cuBLAS heuristics, torch.compile's compilation
+    for _ in range(5):  # warm-up: allocator, cuBLAS heuristics, torch.compile's compilation
         loss = step()
     sync()
     if device.type == "cuda":
@@ -768,24 +1176,34 @@ def bench(args, ds, cfg, model):
         times.append(time.perf_counter() - t0)
     times.sort()
     ms = 1000.0 * times[len(times) // 2]
+    n_train = sum(model.n_train.values())
     print(f"loss {float(loss):.6f}")
+    print(f"params {sum(p.numel() for p in model.parameters())} trainable {n_train} ({TRAIN_MODES[model.mode]})")
     print(f"ms_per_step {ms:.3f}")
     print(f"samples_per_s {args.batch / (ms / 1000.0):.2f}")
     if device.type == "cuda":
         print(f"peak_mem_gib {torch.cuda.max_memory_allocated() / 2**30:.3f}")
 
 
-def main():
-    ap = argparse.ArgumentParser(description="PyTorch oracle of train_vla: debug state and reference training")
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description="PyTorch oracle of train_vla's SmolVLA: debug state, reference training")
     ap.add_argument("-i", "--input", required=True, help="dataset shards: files or folders of *.bin, comma-separated")
     ap.add_argument("-p", "--preset", default="tiny", choices=sorted(PRESETS), help="model size (tiny)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override a config field after the preset and the dataset (repeatable)")
+                    help="override a config field after the preset and the dataset (repeatable; with --policy only "
+                    "max_text)")
+    ap.add_argument("--policy", metavar="DIR", help="config and weights from a LeRobot policy folder (config.json, "
+                    "model.safetensors) instead of the preset and the seed; normalization still from the data (-i)")
+    ap.add_argument("--train-mode", choices=TRAIN_MODES, default=None,
+                    help="what trains, as LeRobot's flags (the preset's default: expert for smolvla, all for tiny and "
+                    "small; with --policy the policy's own flags, with --init the file's mode)")
     ap.add_argument("-s", "--seed", type=int, default=1337, help="init, sampler and flow-noise seed (1337)")
     ap.add_argument("-b", "--batch", type=int, default=4, help="samples per step (4)")
     ap.add_argument("--dtype", choices=["float32", "float64"], default=None,
                     help="compute precision (float64 for --debug-state, float32 for --train)")
-    ap.add_argument("--init", help="start from this checkpoint: config, weights, seed (and moments, step, sampler position for --train)")
+    ap.add_argument("--init", metavar="FILE", help="config and weights from a train_vla checkpoint (version 2; with "
+                    "--train its run continues: step, sampler position, moments, seed) or from a VLAT file with "
+                    "`config` and `param/<name>` records (a --debug-state file)")
     ap.add_argument("-l", "--lr", type=float, default=1e-3, help="peak learning rate (1e-3)")
     ap.add_argument("-u", "--warmup", type=int, default=3, help="linear warmup steps (3)")
     ap.add_argument("-n", "--steps", type=int, default=None,
@@ -797,50 +1215,56 @@ def main():
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--debug-state", metavar="OUT", help="write the debug-state file the C tests compare with")
     mode.add_argument("--train", type=int, metavar="N", help="train N steps, print losses and ms_per_step")
-    mode.add_argument("--bench", type=int, metavar="N", help="time N training steps on one batch on --device "
-                      "(median; parameters drawn by torch, not the seed's table: values do not change the timing)")
+    mode.add_argument("--bench", type=int, metavar="N", help="time N training steps on one batch on --device (median)")
     ap.add_argument("--device", default="cpu", help="torch device for --bench: cpu or cuda (cpu)")
     ap.add_argument("--amp", choices=["none", "bf16"], default="none", help="--bench under bf16 autocast (none)")
     ap.add_argument("--compile", action="store_true", help="--bench through torch.compile")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     for name in ("lr", "min_lr_frac", "wd", "clip"):  # float32 values, as the C trainer parses them
         setattr(args, name, float(np.float32(getattr(args, name))))
+    if (args.amp != "none" or args.compile or args.device != "cpu") and not args.bench:
+        sys.exit("error: --device, --amp and --compile go with --bench")
+    if args.compile and not hasattr(torch, "compile"):
+        sys.exit(f"error: --compile needs torch 2.0 or newer (this is {torch.__version__})")
+    if args.policy and args.init:
+        sys.exit("error: --policy and --init both give the weights: pick one")
+    if args.batch < 1 or not 0 <= args.seed < 2**63:
+        sys.exit("error: -b must be at least 1 and the seed in [0, 2^63)")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     dtype = {"float32": torch.float32, "float64": torch.float64}[
         args.dtype or ("float64" if args.debug_state else "float32")]
-    if (args.amp != "none" or args.compile or args.device != "cpu") and not args.bench:
-        sys.exit("error: --device, --amp and --compile go with --bench")
-    if args.batch < 1 or not 0 <= args.seed < 2**63:
-        sys.exit("error: -b must be at least 1 and the seed in [0, 2^63)")
-
     try:
         ds = Dataset(args.input)
-        ckpt = read_checkpoint(args.init) if args.init else None
     except ValueError as e:
         sys.exit(f"error: {e}")
-    cfg = make_config(args, ds, ckpt)
+    cfg, lc, params, init = make_config(args, ds)
+    ckpt = init if init is not None and "m" in init else None
     if args.steps is None:  # the schedule ends with the run (after the checkpoint's steps, if any)
         args.steps = 10 if args.debug_state else (args.train or args.bench) + (ckpt["step"] if ckpt else 0)
-    model = VLA(cfg, dtype, sdpa=args.bench is not None)
-    if args.bench:
-        if args.device.startswith("cuda") and not torch.cuda.is_available():
-            sys.exit("error: --device cuda but torch sees no GPU: run on a GPU machine or use --device cpu")
-        with torch.no_grad():  # table-shaped values without the seed's slow numpy draw
-            for spec in model.table:
-                p = getattr(model, spec.name)
-                p.fill_(1.0) if spec.init == ONE else p.zero_() if spec.init == ZERO else p.normal_(0.0, 0.02)
-        bench(args, ds, cfg, model)
-        return
+    mode = pick_train_mode(args, lc, init)
     if ckpt is not None:
         # as the C trainer: weights, moments, step and seed from the checkpoint; normalization
         # statistics from the training data (the checkpoint's copy serves inference)
         args.seed = ckpt["seed"]
-        model.load(ckpt["params"])
-    else:
-        model.load(param_init(cfg, args.seed))
+    model = SmolVLA(cfg, mode, dtype, cameras=lc.cameras if lc else None)
+    if args.bench:
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            sys.exit("error: --device cuda but torch sees no GPU: run on a GPU machine or use --device cpu")
+        with torch.no_grad():  # table-shaped values without the seed's slow numpy draw
+            for s in model.table:
+                p = getattr(model, s.name)
+                p.fill_(1.0) if s.init == INIT_ONE else p.zero_() if s.init == INIT_ZERO else p.normal_(0.0, 0.02)
+        bench(args, ds, cfg, model)
+        return
+    model.load(params if params is not None else param_init(cfg, args.seed))
     if args.debug_state:
-        debug_state(args, ds, cfg, model, dtype)
+        debug_state(args, ds, cfg, model)
     else:
         train(args, ds, cfg, model, ckpt)
 

@@ -53,9 +53,9 @@ if [ "$GPU_TESTS" = build/emu ]; then
 else
     dev_cuda_dir=dev/cuda
 fi
-# (--smolvla: the SmolVLA section against LeRobot's own references; build/test/s_<mode>_state.bin,
-# the SmolVLA oracle's debug states, are checked when present, AdamW steps included; the bf16 suite
-# also compares -g 1 through NCCL with the trainer built without NCCL)
+# (--smolvla: the model against LeRobot's own references; build/test/s_<mode>_state.bin, the
+# oracle's debug states, are checked when present, AdamW steps included; the bf16 suite also
+# compares -g 1 through NCCL with the trainer built without NCCL)
 run_suite test_vla_gpu_fp32 "$GPU_TESTS/test_vla_gpu_fp32" build/test "$GPU_TESTS/train_vla_fp32" --smolvla build/lerobot_ref
 run_suite test_vla_gpu_bf16 "$GPU_TESTS/test_vla_gpu_bf16" build/test "$GPU_TESTS/train_vla_bf16" \
     "$GPU_TESTS/train_vla_single_gpu_bf16" --smolvla build/lerobot_ref
@@ -71,12 +71,13 @@ run_suite metaworld "$VENV_PY" data/test_metaworld.py
 run_suite lerobot "$VENV_PY" data/test_lerobot.py
 run_suite inspect "$VENV_PY" data/test_inspect.py
 run_suite policy "$ORACLE_PY" scripts/test_policy.py
-# SmolVLA: LeRobot's own references re-checked through LeRobot
+# LeRobot's own references re-checked through LeRobot
 run_suite lerobot_ref "$LEROBOT_PY" dev/lerobot/check_ref.py -d build/lerobot_ref
-# SmolVLA: the independent PyTorch oracle (dev/smolvla.py) against those references
+# the plain LeRobot-faithful oracle of the math (dev/smolvla.py) against those references
 run_suite smolvla_oracle "$ORACLE_PY" dev/test_smolvla.py build/lerobot_ref
-# the SmolVLA oracle's training harness (the next dev/model.py): vla.h's table, init and noise, LeRobot
-run_suite model_smolvla "$ORACLE_PY" dev/test_model_smolvla.py build/lerobot_ref
+# the PyTorch oracle with vla.h's plumbing (dev/model.py): vla.h's table, init and noise, LeRobot's
+# references, the C trainer's checkpoints continued
+run_suite model "$ORACLE_PY" dev/test_model.py build/lerobot_ref
 # LeRobot's own SmolVLA training step and inference, timed (the GPU comparison's peer; here a smoke run)
 run_suite lerobot_bench env LEROBOT_PYTHON="$LEROBOT_PY" dev/lerobot/test_bench.sh
 run_suite eval "$VENV_PY" scripts/test_eval.py

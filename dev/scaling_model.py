@@ -1,63 +1,126 @@
 """A model, not a measurement: step time and samples/s of train_vla on 1, 2, 4 and 8 GPUs of one
 NVLink machine, from the one-GPU step time and the cost of NCCL's ring all-reduce.
 
-    python3 dev/scaling_model.py --from-log build/gpu_check/bench_train_vla.log   # a measured step
-    python3 dev/scaling_model.py --step-ms 120                                     # a step time you have
-    python3 dev/scaling_model.py                                                   # no measurement: assumed MFU
+    python3 dev/scaling_model.py -p smolvla --from-log build/gpu_check/bench_train_vla.log   # a measured step
+    python3 dev/scaling_model.py -p smolvla --train all --step-ms 120                        # a step time you have
+    python3 dev/scaling_model.py                                        # no measurement: assumed MFU
 
-How a step is modelled (train_vla.cu, MULTI_GPU):
-- One GPU's step T1 = forward + backward + optimizer. The optimizer (AdamW over fp32 master
-  weights, moments and gradients) is memory-bound: T_opt = bytes it moves / HBM bandwidth. The
-  rest is split 1:2 between forward and backward (the backward does twice the matrix FLOPs).
-- Data parallel (-z 0): the gradients (fp32) are averaged in buckets (vla.h's
-  param_bucket_slices: the expert's head, its layers from the last, its input layers, then the
-  VLM's layers from the last and its input layers), each launched when the backward pass has
-  produced it, one after another on the communication stream. Bucket b is ready when the
-  backward has done the share of its FLOPs up to b. A ring all-reduce of n bytes over N GPUs
-  takes latency + 2 (N-1)/N n / bus bandwidth (the "bus bandwidth" of nccl-tests). What is still
+How a step is modelled (train_vla.cu, MULTI_GPU), for the preset and train mode (--train: what
+trains, as the trainer's --train; the preset's default when not given):
+- Sizes come from dev/model.py's parameter table: every weight is held (bf16 for the compute), but
+  gradients, fp32 master weights and AdamW's moments exist only for the elements that train in the
+  mode (smolvla_trainable_numel), so gradient bytes are 4 x the trainable count.
+- One GPU's step T1 = forward + backward + optimizer. The optimizer (AdamW over the trainable fp32
+  master weights, moments and gradients) is memory-bound: T_opt = bytes it moves / HBM bandwidth.
+  The rest is split 1:2 between forward and backward (the backward does about twice the matrix
+  FLOPs of what it passes through).
+- Data parallel (-z 0): the gradients (fp32) are summed in train_vla.cu's buckets, in the order
+  the backward finishes them: the expert's layers from the last (its head with the last), its
+  input projections; the VLM's layers from the last, the prefix's embeddings (connector, token
+  embeddings, state projection); the vision tower's layers from the last (its post-norm with the
+  last), its patch and position embeddings. A bucket holds the trainable elements of its layer;
+  one with none is not sent. Bucket b is ready when the backward has done the share of its FLOPs
+  up to b (forward FLOPs of what the backward passes through: in expert mode the VLM's state
+  rows only and no vision tower, in vlm mode the VLM but not the vision tower).
+  A ring all-reduce of n bytes over N GPUs takes latency + 2 (N-1)/N n / bus bandwidth (the "bus
+  bandwidth" of nccl-tests), one bucket after another on the communication stream. What is still
   running when the backward ends, plus the loss's all-reduce, is exposed: step = T1 + exposed.
-- ZeRO-1 (-z 1): a reduce-scatter of the gradients after the backward ((N-1)/N n / bus bandwidth),
-  the optimizer on 1/N of the state, an all-gather of the bf16 parameters; none of it overlapped.
+- ZeRO-1 (-z 1): a reduce-scatter of the trainable gradients after the backward ((N-1)/N n / bus
+  bandwidth), the optimizer on 1/N of the state, an all-gather of the bf16 trainable weights; none
+  of it overlapped.
+- Without a measurement, T1 comes from an assumed MFU and the training FLOPs per sample of
+  dev/lerobot/bench_lerobot.py's smolvla_train_flops (count "model", the language padded to max_text).
 The data loader is assumed to keep up (train_vla's does: README, "The loader"); compute per GPU
 does not change with N (the per-GPU batch is fixed).
 """
 import argparse
+import math
 import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import model as vla  # noqa: E402  (dev/model.py: the presets and the parameter table)
+DEV = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, DEV)
+sys.path.insert(0, os.path.join(DEV, "lerobot"))
+import bench_lerobot  # noqa: E402  (its FLOP formulas need only the standard library)
+import model as vla  # noqa: E402  (dev/model.py: the presets, the parameter table, the train modes)
 
 
-def bucket_tensors(cfg):
-    """Each gradient bucket's element count and forward FLOPs per sample, in the order the
-    backward pass finishes them (vla.h: param_bucket_slices; model_flops_per_sample's terms)."""
-    L, d, da, D = cfg.n_layer, cfg.d_model, cfg.d_expert, cfg.d_attn
-    NI, Np, H = cfg.n_image_tokens, cfg.n_prefix, cfg.chunk
-    Ns = 1 + H
-    numel = {"head": 0, "exp_layer": 0, "exp_input": 0, "vlm_layer": 0, "vlm_input": 0}
-    for p in vla.param_table(cfg):
-        n = 1
-        for s in p.shape:
-            n *= s
-        if p.name.startswith(("vlm_", "exp_")):
-            numel[("vlm" if p.group == vla.VLM else "exp") + "_layer"] += n // L
-        elif p.name in ("final_norm", "action_out_w", "action_out_b"):
-            numel["head"] += n
+def layer_flops(c, l, P):
+    """Forward FLOPs per sample of layer l: (the VLM's part, the expert's part), matrix products
+    and attention (P prefix tokens, C = chunk action tokens), as train_vla.cu splits them: the
+    prefix's own attention is the VLM's, the action queries' attention (over the prefix and the
+    actions, or over the prefix alone in a cross layer) the expert's."""
+    C, d, de, q, kv = c.chunk, c.d_model, c.d_expert, c.d_attn, c.d_kv
+    last = l == c.n_layer - 1
+    vlm = 2 * P * d * 2 * kv  # k and v: the expert reads them in every layer
+    if not last:  # the last layer's queries, attention, output and MLP feed nothing
+        vlm += 2 * P * d * q + 2 * P * q * d + 2 * P * 3 * d * c.d_ff + 4 * P * P * q
+    expert = 2 * C * de * q + 2 * C * q * de + 2 * C * 3 * de * c.d_expert_ff
+    if c.layer_is_cross(l):
+        expert += 2 * P * kv * 2 * kv + 4 * C * P * q  # the VLM's K/V re-projected, action queries on them
+    else:
+        expert += 2 * C * de * 2 * kv + 4 * C * (P + C) * q
+    return vlm, expert
+
+
+def buckets_of(c, mode):
+    """Each gradient bucket of train_vla.cu (smol_bucket): (name, trainable elements, backward
+    weight = forward FLOPs per sample of what the backward passes through before the bucket is
+    final), in the order the backward pass finishes them: the expert's layers from the top (its
+    head with the top one), its input projections, the VLM's layers from the top (its final norm
+    with the top one), the prefix's embeddings (connector, token embeddings, state projection), the
+    vision tower's layers from the top (its post-LayerNorm with the top one), its patch and
+    position embeddings. In expert mode the VLM's backward carries only the state token's rows
+    (1/P of its forward); the vision tower is passed through in all mode only."""
+    P = c.n_cam * (c.grid // c.scale_factor) ** 2 + c.max_text + 1
+    C, de, N, L, Lv = c.chunk, c.d_expert, c.grid * c.grid, c.n_layer, c.vis_layers
+    vision_layer = c.n_cam * (2 * N * c.vis_width * 4 * c.vis_width + 2 * N * 2 * c.vis_width * c.vis_ff +
+                              4 * N * N * c.vis_width)
+    through_vision = mode == 2
+    vlm_share = 1.0 if mode >= 1 else 1.0 / P
+    numel = {}  # bucket name -> trainable elements
+
+    def add(name, n):
+        numel[name] = numel.get(name, 0) + n
+
+    towers = {vla.TOWER_EXPERT: ("expert", L), vla.TOWER_VLM: ("VLM", L), vla.TOWER_VISION: ("vision", Lv)}
+    for s in vla.param_table(c):
+        tower, depth = towers[s.tower]
+        n_train = vla.trainable_numel(s, mode)
+        per = math.prod(s.shape) // vla.n_slices(s)
+        if s.kind == vla.KIND_LAYER:
+            for i in range(vla.n_slices(s)):
+                layer = i if s.tower == vla.TOWER_VISION else vla.slice_layer(c, s, i)
+                add(f"{tower} layer {layer}", max(0, min(per, n_train - i * per)))
+        elif s.kind == vla.KIND_HEAD:
+            add(f"{tower} layer {depth - 1}", n_train)
         else:
-            numel[("vlm" if p.group == vla.VLM else "exp") + "_input"] += n
-    exp_layer_flops = 2 * Ns * (4 * da * D + 3 * da * cfg.d_expert_ff) + 4 * Ns * (Np + Ns) * D
-    vlm_layer_flops = 2 * Np * (4 * d * D + 3 * d * cfg.d_ff) + 4 * Np * Np * D
-    vlm_last_flops = 2 * Np * 2 * d * D  # the prefix's last layer computes only k and v
-    buckets = [("expert head", numel["head"], 2 * H * da * cfg.action_dim)]
-    buckets += [(f"expert layer {l}", numel["exp_layer"], exp_layer_flops) for l in reversed(range(L))]
-    buckets += [("expert input", numel["exp_input"],
-                 2 * H * (cfg.action_dim * da + 3 * da * da) + 2 * cfg.state_dim * da)]
-    buckets += [(f"VLM layer {l}", numel["vlm_layer"], vlm_last_flops if l == L - 1 else vlm_layer_flops)
-                for l in reversed(range(L))]
-    buckets += [("VLM input", numel["vlm_input"], 2 * NI * 3 * cfg.patch * cfg.patch * d)]
-    return buckets
+            add(f"{tower} inputs", n_train)
+    flops = {"expert inputs": 2 * C * (c.max_action_dim * de + 3 * de * de),
+             "VLM inputs": 2 * c.max_state_dim * c.d_model +
+             (c.n_cam * 2 * (N // c.scale_factor ** 2) * c.vis_width * c.scale_factor ** 2 * c.d_model if mode >= 1 else 0),
+             "vision inputs": c.n_cam * 2 * N * c.patch_dim * c.vis_width if through_vision else 0}
+    for l in range(L):
+        vlm, expert = layer_flops(c, l, P)
+        flops[f"expert layer {l}"] = expert + (2 * C * de * c.max_action_dim if l == L - 1 else 0)
+        flops[f"VLM layer {l}"] = vlm * vlm_share
+    for i in range(Lv):
+        flops[f"vision layer {i}"] = vision_layer if through_vision else 0
+    order = [f"expert layer {l}" for l in reversed(range(L))] + ["expert inputs"]
+    order += [f"VLM layer {l}" for l in reversed(range(L))] + ["VLM inputs"]
+    order += [f"vision layer {i}" for i in reversed(range(Lv))] + ["vision inputs"]
+    return [(name, numel.get(name, 0), flops[name]) for name in order if numel.get(name, 0) > 0]
+
+
+def train_flops_per_sample(c, mode):
+    """dev/lerobot/bench_lerobot.py's count of a training step's FLOPs per sample (model count)."""
+    sz = dict(image=c.img, patch=c.patch, v_width=c.vis_width, v_layers=c.vis_layers, v_mlp=c.vis_ff,
+              scale_factor=c.scale_factor, width=c.d_model, heads=c.n_head, kv_heads=c.n_kv_head,
+              head_dim=c.head_dim, mlp=c.d_ff, vlm_layers=c.n_layer, vocab=c.vocab, e_width=c.d_expert,
+              e_mlp=c.d_expert_ff, sa_every=c.self_attn_every, chunk=c.chunk, state_max=c.max_state_dim,
+              action_max=c.max_action_dim, num_steps=10, n_cams=c.n_cam)
+    return bench_lerobot.smolvla_train_flops(sz, 1, c.max_text, vla.TRAIN_MODES[mode], "model")["total"]
 
 
 def ring_seconds(nbytes, n, bus_bw, latency, factor):
@@ -67,11 +130,11 @@ def ring_seconds(nbytes, n, bus_bw, latency, factor):
     return latency + factor * (n - 1) / n * nbytes / bus_bw
 
 
-def model_step(t1, buckets, n_params, n, a):
+def model_step(t1, buckets, n_trainable, n, a):
     """(DDP step seconds, its exposed communication, ZeRO-1 step seconds) on n GPUs."""
-    t_opt = n_params * a.opt_bytes_per_param / a.hbm_bw
+    t_opt = n_trainable * a.opt_bytes_per_param / a.hbm_bw
     t_bwd = (t1 - t_opt) * 2.0 / 3.0
-    total_flops = sum(f for _, _, f in buckets)
+    total_flops = sum(f for _, _, f in buckets) or 1.0
     # DDP: buckets in backward order on one communication stream
     done_flops, comm_free = 0.0, 0.0
     for _, numel, flops in buckets:
@@ -82,17 +145,19 @@ def model_step(t1, buckets, n_params, n, a):
     exposed = max(0.0, comm_free - t_bwd)
     ddp = t1 + exposed
     # ZeRO-1: reduce-scatter (fp32), the scalars, the norm's sum, AdamW on a shard, all-gather (bf16)
-    zero_comm = (ring_seconds(4 * n_params, n, a.bus_bw, a.latency, 1) + 2 * ring_seconds(12, n, a.bus_bw, a.latency, 2)
-                 + ring_seconds(2 * n_params, n, a.bus_bw, a.latency, 1))
+    zero_comm = (ring_seconds(4 * n_trainable, n, a.bus_bw, a.latency, 1) + 2 * ring_seconds(12, n, a.bus_bw, a.latency, 2)
+                 + ring_seconds(2 * n_trainable, n, a.bus_bw, a.latency, 1))
     zero = t1 - t_opt + t_opt / n + zero_comm
     return ddp, exposed, zero
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-p", "--preset", default="base", choices=sorted(vla.PRESETS))
+    ap.add_argument("-p", "--preset", default="smolvla", choices=sorted(vla.PRESETS), help="model size (smolvla)")
+    ap.add_argument("--train", choices=vla.TRAIN_MODES, default=None,
+                    help="what trains, as train_vla's --train (the preset's default: expert for smolvla, all otherwise)")
     ap.add_argument("-b", "--batch", type=int, default=16, help="samples per GPU per step")
-    ap.add_argument("--step-ms", type=float, help="one GPU's measured step time (ms) at this preset and batch")
+    ap.add_argument("--step-ms", type=float, help="one GPU's measured step time (ms) at this preset, mode and batch")
     ap.add_argument("--from-log", help="a train_vla log: its 'mean step time' line gives --step-ms")
     ap.add_argument("--mfu", type=float, default=0.40, help="without a measurement: the MFU assumed for one GPU")
     ap.add_argument("--peak-tflops", type=float, default=989.4, help="bf16 dense peak (H100 SXM, H200)")
@@ -105,21 +170,24 @@ def main():
     a.bus_bw = a.bus_gbps * 1e9
     a.latency = a.latency_us * 1e-6
     a.hbm_bw = a.hbm_tbps * 1e12
-    # AdamW per parameter: read master, gradient, m, v (16 B), write master, m, v (12 B) and the bf16 copy (2 B)
+    # AdamW per trainable element: read master, gradient, m, v (16 B), write master, m, v (12 B) and the bf16 copy (2 B)
     a.opt_bytes_per_param = 30
 
     cfg = vla.PRESETS[a.preset]
-    buckets = bucket_tensors(cfg)
-    n_params = sum(n for _, n, _ in buckets)
+    mode = vla.TRAIN_MODES.index(a.train) if a.train else vla.default_train_mode(a.preset)
+    buckets = buckets_of(cfg, mode)
+    n_trainable = sum(n for _, n, _ in buckets)
     table = vla.param_table(cfg)
-    table_total = table[-1].offset
-    for n in table[-1].shape:
-        table_total += n
-    assert n_params == table_total, f"the buckets hold {n_params} parameters, the table {table_total}"
-    flops_per_sample = 3 * sum(f for _, _, f in buckets)
+    table_trainable = sum(vla.trainable_numel(s, mode) for s in table)
+    assert n_trainable == table_trainable, f"the buckets hold {n_trainable} elements, the table trains {table_trainable}"
+    n_params = vla.param_count(cfg)
+    flops_per_sample = train_flops_per_sample(cfg, mode)
     if a.from_log:
-        with open(a.from_log) as f:
-            m = re.search(r"^mean step time ([0-9.]+) ms", f.read(), re.M)
+        try:
+            with open(a.from_log) as f:
+                m = re.search(r"^mean step time ([0-9.]+) ms", f.read(), re.M)
+        except OSError as e:
+            sys.exit(f"error: cannot read {a.from_log}: {e.strerror}")
         if m is None:
             sys.exit(f"error: {a.from_log} has no 'mean step time' line: give a finished train_vla run's log")
         t1_ms, source = float(m.group(1)), f"measured: {a.from_log}"
@@ -130,19 +198,21 @@ def main():
         source = f"NOT MEASURED: assumed from {100 * a.mfu:.0f}% MFU of {a.peak_tflops:g} TFLOP/s"
     t1 = t1_ms / 1000.0
 
-    print(f"# scaling model (a model, not a measurement): preset {a.preset}, batch {a.batch} per GPU, "
-          f"{n_params / 1e6:.1f}M parameters, {len(buckets)} gradient buckets of {4 * n_params / 1e6:.0f} MB in all")
+    print(f"# scaling model (a model, not a measurement): preset {a.preset}, --train {vla.TRAIN_MODES[mode]}, batch "
+          f"{a.batch} per GPU, {n_params / 1e6:.1f}M parameters of which {n_trainable / 1e6:.1f}M train, "
+          f"{len(buckets)} gradient buckets of {4 * n_trainable / 1e6:.0f} MB in all, "
+          f"{flops_per_sample / 1e9:.1f} GFLOP per sample")
     print(f"# one-GPU step {t1_ms:.1f} ms ({source}); ring bus bandwidth {a.bus_gbps:g} GB/s, "
           f"{a.latency_us:g} us per collective; HBM {a.hbm_tbps:g} TB/s; optimizer state (master weights, "
-          f"AdamW m and v) {12 * n_params / 1e9:.2f} GB per GPU without ZeRO-1")
+          f"AdamW m and v of the trainable elements) {12 * n_trainable / 1e9:.2f} GB per GPU without ZeRO-1")
     print()
     print("| GPUs | all-reduce, all buckets | exposed | DDP step | DDP samples/s | DDP efficiency "
           "| ZeRO-1 step | ZeRO-1 efficiency | ZeRO-1 optimizer state per GPU |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in [int(x) for x in a.gpus.split(",")]:
-        ddp, exposed, zero = model_step(t1, buckets, n_params, n, a)
+        ddp, exposed, zero = model_step(t1, buckets, n_trainable, n, a)
         comm = sum(ring_seconds(4 * numel, n, a.bus_bw, a.latency, 2) for _, numel, _ in buckets)
-        state_gb = 12 * n_params / (n if n > 1 else 1) / 1e9
+        state_gb = 12 * n_trainable / (n if n > 1 else 1) / 1e9
         print(f"| {n} | {1000 * comm:.1f} ms | {1000 * exposed:.1f} ms | {1000 * ddp:.1f} ms | "
               f"{n * a.batch / ddp:.0f} | {100 * t1 / ddp:.0f}% | {1000 * zero:.1f} ms | {100 * t1 / zero:.0f}% | "
               f"{state_gb:.2f} GB |")

@@ -1,7 +1,7 @@
 /*
-smolvla_table.c: vla.h's SmolVLA parameter table, seeded init and flow-noise stream, printed, so
-the PyTorch oracle (dev/model_smolvla.py) is checked against the C plumbing itself rather than
-against a copy of it (dev/test_model_smolvla.py builds and runs this).
+smolvla_table.c: vla.h's SmolVLA parameter table, seeded init and flow-noise stream printed, and
+its checkpoint writer run, so the PyTorch oracle (dev/model.py) is checked against the C plumbing
+itself rather than against a copy of it (dev/test_model.py builds and runs this).
 
   gcc -O2 -o /tmp/smolvla_table dev/smolvla_table.c -lm -lpthread
   /tmp/smolvla_table table PRESET N_CAM STATE_DIM ACTION_DIM [SEED INIT.bin]
@@ -12,7 +12,12 @@ against a copy of it (dev/test_model_smolvla.py builds and runs this).
       parameters, flat in table order, written there.
   /tmp/smolvla_table noise SEED STEP G CHUNK WIDTH
       t and the CHUNK x WIDTH eps of global sample G at optimizer step STEP, from vla.h's
-      flow_noise with action_dim = WIDTH (as %a): SmolVLA draws eps over max_action_dim dims.
+      flow_noise_width (as %a): SmolVLA draws eps over max_action_dim dims.
+  /tmp/smolvla_table ckpt PRESET N_CAM STATE_DIM ACTION_DIM MODE SEED STEP SAMPLER_POS OUT.bin
+      a checkpoint written by vla.h's checkpoint_write, tokenizer "bytes": the weights of
+      smolvla_param_init(SEED); statistics 0.5 + i (means) and 1 + i (stds) for entry i; moments
+      packed by smolvla_opt_domain in train mode MODE (0 expert, 1 vlm, 2 all), m = the element's
+      index in the packed domain, v = its tensor's table index + 0.5: every element names its place.
 */
 #include "../vla.h"
 
@@ -65,24 +70,73 @@ static int print_table(int argc, char** argv) {
 
 static int print_noise(int argc, char** argv) {
     if (argc != 7) { vla_fail("usage: %s noise SEED STEP G CHUNK WIDTH", argv[0]); }
-    VLAConfig c;
-    memset(&c, 0, sizeof(c));
-    c.chunk = (int32_t)arg_int(argv[5]);
-    c.action_dim = (int32_t)arg_int(argv[6]);
-    if (c.chunk < 1 || c.action_dim < 1) { vla_fail("CHUNK and WIDTH must be positive"); }
-    float t, *eps = (float*)mallocCheck((size_t)c.chunk * c.action_dim * sizeof(float));
-    flow_noise(&c, (uint64_t)arg_int(argv[2]), (uint64_t)arg_int(argv[3]), (uint64_t)arg_int(argv[4]), &t, eps);
+    long long chunk = arg_int(argv[5]), width = arg_int(argv[6]);
+    if (chunk < 1 || width < 1 || chunk > VLA_MAX_CHUNK || width > VLA_MAX_DIM) {
+        vla_fail("CHUNK and WIDTH must be in [1, %d] and [1, %d]", VLA_MAX_CHUNK, VLA_MAX_DIM);
+    }
+    float t, *eps = (float*)mallocCheck((size_t)(chunk * width) * sizeof(float));
+    flow_noise_width((int)chunk, (int)width, (uint64_t)arg_int(argv[2]), (uint64_t)arg_int(argv[3]),
+                     (uint64_t)arg_int(argv[4]), &t, eps);
     printf("t %a\neps", t);
-    for (int i = 0; i < c.chunk * c.action_dim; i++) { printf(" %a", eps[i]); }
+    for (long long i = 0; i < chunk * width; i++) { printf(" %a", eps[i]); }
     printf("\n");
     free(eps);
+    return 0;
+}
+
+static int write_checkpoint(int argc, char** argv) {
+    if (argc != 11) {
+        vla_fail("usage: %s ckpt PRESET N_CAM STATE_DIM ACTION_DIM MODE SEED STEP SAMPLER_POS OUT.bin", argv[0]);
+    }
+    const SmolVLAPreset* p = smolvla_preset(argv[2]);
+    if (p == NULL) { vla_fail("no SmolVLA preset %s", argv[2]); }
+    Checkpoint ck;
+    memset(&ck, 0, sizeof(ck));
+    ck.config = p->config;
+    ck.config.n_cam = (int32_t)arg_int(argv[3]);
+    ck.config.state_dim = (int32_t)arg_int(argv[4]);
+    ck.config.action_dim = (int32_t)arg_int(argv[5]);
+    const char* problem = smolvla_config_problem(&ck.config);
+    if (problem != NULL) { vla_fail("bad config: %s", problem); }
+    ck.train_mode = (int)arg_int(argv[6]);
+    if (ck.train_mode < 0 || ck.train_mode >= TRAIN_MODE_COUNT) { vla_fail("MODE must be 0, 1 or 2"); }
+    ck.seed = (uint64_t)arg_int(argv[7]);
+    ck.step = (uint64_t)arg_int(argv[8]);
+    ck.sampler_pos = (uint64_t)arg_int(argv[9]);
+    snprintf(ck.tokenizer, sizeof(ck.tokenizer), "bytes");
+    SmolParamTable t;
+    smolvla_table_build(&ck.config, &t);
+    SmolOptDomain d;
+    smolvla_opt_domain(&t, ck.train_mode, &d);
+    ckpt_counts(&ck.config, ck.train_mode, &ck.n_params, &ck.n_trainable);
+    int n_stats = 2 * (ck.config.state_dim + ck.config.action_dim);
+    ck.stats = (float*)mallocCheck((size_t)n_stats * sizeof(float));
+    for (int i = 0; i < n_stats; i++) {
+        int is_std = i < 2 * ck.config.state_dim ? i >= ck.config.state_dim : i >= 2 * ck.config.state_dim + ck.config.action_dim;
+        ck.stats[i] = is_std ? 1.0f + (float)i : 0.5f + (float)i;
+    }
+    ck.params = (float*)mallocCheck(t.total * sizeof(float));
+    smolvla_param_init(ck.params, &t, &ck.config, ck.seed);
+    ck.m = (float*)mallocCheck((d.total > 0 ? d.total : 1) * sizeof(float));
+    ck.v = (float*)mallocCheck((d.total > 0 ? d.total : 1) * sizeof(float));
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        for (size_t j = 0; j < d.numel[i]; j++) {
+            ck.m[d.offset[i] + j] = (float)(d.offset[i] + j);
+            ck.v[d.offset[i] + j] = (float)i + 0.5f;
+        }
+    }
+    checkpoint_write(argv[10], &ck);
+    printf("wrote %s: %llu weights, %llu moments each\n", argv[10], (unsigned long long)ck.n_params,
+           (unsigned long long)ck.n_trainable);
+    checkpoint_free(&ck);
     return 0;
 }
 
 int main(int argc, char** argv) {
     if (argc >= 2 && strcmp(argv[1], "table") == 0) { return print_table(argc, argv); }
     if (argc >= 2 && strcmp(argv[1], "noise") == 0) { return print_noise(argc, argv); }
-    fprintf(stderr, "usage: %s table PRESET N_CAM STATE_DIM ACTION_DIM [SEED INIT.bin] | noise SEED STEP G CHUNK WIDTH\n",
-            argv[0]);
+    if (argc >= 2 && strcmp(argv[1], "ckpt") == 0) { return write_checkpoint(argc, argv); }
+    fprintf(stderr, "usage: %s table PRESET N_CAM STATE_DIM ACTION_DIM [SEED INIT.bin] | noise SEED STEP G CHUNK WIDTH | "
+            "ckpt PRESET N_CAM STATE_DIM ACTION_DIM MODE SEED STEP SAMPLER_POS OUT.bin\n", argv[0]);
     return 2;
 }

@@ -5,14 +5,18 @@ eval_metaworld.py: closed-loop success rate of a policy in Meta-World.
     build/venv/bin/python scripts/eval_metaworld.py --policy expert --tasks MT50 --episodes 5 --out expert.json
     build/venv/bin/python scripts/eval_metaworld.py --policy random --tasks easy --episodes 5
 
---policy is a train_vla checkpoint (served by libvla.so through scripts/vla_policy.py; `make
-libvla.so` first; with --device cuda by libvla_gpu.so on a GPU, `make libvla_gpu.so`), `expert`
+--policy is a train_vla checkpoint of any preset (tiny, small or smolvla; served by libvla.so
+through scripts/vla_policy.py, `make libvla.so` first; with --device cuda by libvla_gpu.so on a
+GPU, `make libvla_gpu.so`), `expert`
 (Meta-World's scripted policies: a sanity check that should succeed about always) or `random`
 (uniform actions: should about never succeed). Every episode draws its layout from (--seed, task,
 episode); the default seed 1000 differs from the data generator's, so evaluation layouts are not
 the training ones. An episode runs up to --max-steps (500, Meta-World's horizon) and succeeds if
 the task's success flag is ever set (it stops there). A checkpoint policy predicts a chunk of H
 actions from each observation and the first --replan of them are executed before it looks again.
+Cameras are rendered at --img pixels: the side the training data was generated at (data/metaworld_gen.py
+--img; the model resizes any frame with padding to its own input, so by default they are rendered
+at that input's side, which is the MT10 recipe's 64 for the small preset).
 Results per task, per difficulty group (easy, medium, hard, very hard: the split of Seo et al.
 2022, "Masked World Models") and overall are printed as a table and written as JSON with --out;
 --video-dir saves GIFs of the episodes listed in --video-episodes. The JSON lists every episode with its
@@ -77,7 +81,7 @@ class CheckpointPolicy:
 
     def act(self, scene, instruction):
         if self.chunk is None or self.k >= self.replan:
-            images = scene.images()[None]
+            images = [im[None] for im in scene.images()]  # one (1, img, img, 3) array per camera
             seed = (self.noise_seed + self.calls) % 2**64
             self.chunk = self.policy.act(images, [instruction], scene.state()[None], seed=seed)[0]
             self.calls += 1
@@ -223,9 +227,9 @@ def settings_of(args):
     if args.only:
         keep.append("only")
     if args.policy not in ("expert", "random"):
-        keep += ["replan", "device", "cameras"]
+        keep += ["replan", "device", "cameras", "img"]
     if args.video_dir:
-        keep += ["video_dir", "video_episodes", "cameras"] + (["img"] if args.policy in ("expert", "random") else [])
+        keep += ["video_dir", "video_episodes", "cameras", "img"]
     return {k: getattr(args, k) for k in dict.fromkeys(keep)}
 
 
@@ -239,7 +243,9 @@ def main():
     ap.add_argument("--replan", type=int, default=8, help="actions executed from each predicted chunk (8)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where a checkpoint policy runs (cpu)")
     ap.add_argument("--cameras", default="corner", help="cameras the checkpoint was trained on, in order (corner)")
-    ap.add_argument("--img", type=int, default=64, help="image side for expert/random videos (64; a checkpoint sets its own)")
+    ap.add_argument("--img", type=int, default=None,
+                    help="rendered camera side: the training data's (a checkpoint: its model's input side; expert and "
+                    "random: 64)")
     ap.add_argument("--workers", type=int, default=1,
                     help="processes running episodes in parallel, one CPU thread each (1); results do not depend on it")
     ap.add_argument("--only", default="",
@@ -250,12 +256,14 @@ def main():
     args = ap.parse_args()
     if args.episodes < 1 or args.max_steps < 1 or args.workers < 1:
         sys.exit("error: --episodes, --max-steps and --workers must be at least 1")
+    if args.img is not None and not 1 <= args.img <= 4096:
+        sys.exit(f"error: --img {args.img}: render cameras of 1 to 4096 pixels (the training data's side)")
     os.environ.setdefault("MUJOCO_GL", "egl")
     warnings.filterwarnings("ignore")  # gymnasium's space checks
     from console import end_progress, progress_line
     args.cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]
     tasks = resolve_tasks(args.tasks)
-    state_kind, img = "hand_gripper", args.img
+    state_kind, img = "hand_gripper", args.img or 64
     threads = 1 if args.workers > 1 else 0
     loaded = None  # the checkpoint policy, loaded here to read its config (and used here with one worker)
     if args.policy not in ("expert", "random"):
@@ -270,7 +278,11 @@ def main():
         if c["state_dim"] not in (4, 39):
             sys.exit(f"error: the checkpoint's state_dim {c['state_dim']} is neither Meta-World's hand_gripper (4) "
                      "nor full (39) state")
-        state_kind, img = ("hand_gripper" if c["state_dim"] == 4 else "full"), c["img"]
+        if c["action_dim"] != 4:
+            sys.exit(f"error: the checkpoint's action_dim {c['action_dim']} is not Meta-World's 4: pass a checkpoint "
+                     "trained on Meta-World data")
+        state_kind, img = ("hand_gripper" if c["state_dim"] == 4 else "full"), args.img or c["img"]
+        args.img = img
     if args.only:
         episodes = parse_only(args.only, GROUP_OF)
         tasks = list(dict.fromkeys(t for t, _ in episodes))

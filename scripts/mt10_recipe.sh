@@ -2,7 +2,8 @@
 # The MT10 recipe end to end, every figure written to one folder:
 #   1. data: 50 expert demonstrations per MT10 task (data/metaworld_gen.py, one 64 px corner camera),
 #      or the shards (or an .xz of one shard) given in DATA;
-#   2. training: train_vla on a GPU (default: the small preset), or train_vla_cpu (TRAINER=cpu);
+#   2. training: train_vla on a GPU (default: the small preset, everything training: --train all,
+#      issue 12's acceptance run), or train_vla_cpu (TRAINER=cpu);
 #   3. evaluation: the final checkpoint on all 10 tasks, EPISODES per task, on layouts from
 #      EVAL_SEED (never used in training), and the expert and random baselines on the same layouts;
 #   4. figures: curves.png (scripts/plot_log.py), results.md (the tables, device, commit, times).
@@ -10,6 +11,7 @@
 #   scripts/mt10_recipe.sh                        # on a GPU machine: generate, train, evaluate, plot
 #   OUT=build/mt10_gpu DATA=build/mt10/data scripts/mt10_recipe.sh          # reuse generated shards
 #   TRAINER=cpu PRESET=tiny MAX_TEXT=24 BATCH=64 STEPS=30000 LR=1e-3 scripts/mt10_recipe.sh   # the CPU run
+#   PRESET=smolvla TRAIN=expert IMG=224 scripts/mt10_recipe.sh    # SmolVLA's sizes, the expert fine-tuned
 #
 # Every stage is skipped when its output is already there (the shards, the final checkpoint,
 # each evaluation's JSON), and an interrupted training resumes from its newest checkpoint, so
@@ -22,8 +24,10 @@ OUT=${OUT:-build/mt10_$TRAINER}          # the folder every result goes to
 DATA=${DATA:-}                           # shards to train on (folder or files, or a .bin.xz); empty: generate
 EPISODES_PER_TASK=${EPISODES_PER_TASK:-50}   # demonstrations generated per task
 GEN_WORKERS=${GEN_WORKERS:-$(nproc)}     # generator processes
-IMG=${IMG:-64}                           # camera image side in pixels (at 64, reach's goal is a dot of 1-2 pixels)
-PRESET=${PRESET:-small}                  # model size (README: presets)
+IMG=${IMG:-64}                           # camera side in pixels, generated and rendered in evaluation (the model
+                                         # resizes it to its input; at 64, reach's goal is a dot of 1-2 pixels)
+PRESET=${PRESET:-small}                  # model size: tiny, small or smolvla (README: presets)
+TRAIN=${TRAIN:-all}                      # what trains: expert, vlm or all (train_vla --train)
 MAX_TEXT=${MAX_TEXT:-0}                  # instruction bytes the model reads, 0: the preset's (MT10 needs 18 or more)
 BATCH=${BATCH:-64}                       # samples per step
 STEPS=${STEPS:-20000}                    # optimizer steps
@@ -47,7 +51,7 @@ esac
 mkdir -p "$OUT"
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/recipe.log"; }
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo +changes)
-log "MT10 recipe: trainer $TRAINER, preset $PRESET, batch $BATCH, $STEPS steps, lr $LR, commit $commit -> $OUT"
+log "MT10 recipe: trainer $TRAINER, preset $PRESET, --train $TRAIN, batch $BATCH, $STEPS steps, lr $LR, commit $commit -> $OUT"
 
 # 1. data
 if [ -z "$DATA" ]; then
@@ -68,9 +72,9 @@ fi
 make -s "$(basename "$trainer")" "$library" > /dev/null
 final=$(printf "%s/run/ckpt_%08d.bin" "$OUT" "$STEPS")
 if [ ! -f "$final" ]; then
-    log "training: $trainer -p $PRESET -b $BATCH -n $STEPS on $DATA (log: $OUT/train.log)"
+    log "training: $trainer -p $PRESET --train $TRAIN -b $BATCH -n $STEPS on $DATA (log: $OUT/train.log)"
     start=$(date +%s)
-    "$trainer" -p "$PRESET" --max-text "$MAX_TEXT" -i "$DATA" -b "$BATCH" -n "$STEPS" -u "$WARMUP" -l "$LR" \
+    "$trainer" -p "$PRESET" --train "$TRAIN" --max-text "$MAX_TEXT" -i "$DATA" -b "$BATCH" -n "$STEPS" -u "$WARMUP" -l "$LR" \
         --augment-shift "$AUGMENT" -s "$SEED" -k "$CKPT_EVERY" --keep 20 --log-every 100 -y 1 -o "$OUT/run" \
         >> "$OUT/train.log" 2>&1
     echo $(( $(date +%s) - start )) >> "$OUT/train_seconds"
@@ -90,24 +94,24 @@ evaluate() {  # evaluate NAME POLICY [ARGS...]
     fi
     cat "$OUT/eval_$name.txt"
 }
-evaluate policy "$final" --replan "$REPLAN" --device "$device" --video-dir "$OUT/videos" --video-episodes 0
+evaluate policy "$final" --replan "$REPLAN" --device "$device" --img "$IMG" --video-dir "$OUT/videos" --video-episodes 0
 evaluate expert expert
 evaluate random random
 
 # 4. figures
 "$PY" scripts/plot_log.py "$OUT/run/log.jsonl" --names "MT10 $PRESET ($TRAINER)" -o "$OUT/curves.png" \
-    --title "MT10, preset $PRESET, batch $BATCH, lr $LR, $STEPS steps" > /dev/null
+    --title "MT10, preset $PRESET (--train $TRAIN), batch $BATCH, lr $LR, $STEPS steps" > /dev/null
 if [ "$TRAINER" = gpu ]; then
     machine=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n 1 || echo "GPU")
 else
     machine="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//') ($(nproc) cores)"
 fi
 {
-    echo "# MT10: $PRESET preset, $STEPS steps of $BATCH, trained with $trainer"
+    echo "# MT10: $PRESET preset (--train $TRAIN), $STEPS steps of $BATCH, trained with $trainer"
     echo
     echo "device: $machine; commit $commit; training wall clock $((train_s / 60)) min $((train_s % 60)) s"
     echo "data: $DATA ($(grep -h -m1 -o '[0-9]* episodes of [0-9]* task(s), [0-9]* frames' "$OUT/generate.log" 2> /dev/null || echo "given"))"
-    echo "training: -p $PRESET --max-text $MAX_TEXT -b $BATCH -n $STEPS -u $WARMUP -l $LR --augment-shift $AUGMENT -s $SEED"
+    echo "training: -p $PRESET --train $TRAIN --max-text $MAX_TEXT -b $BATCH -n $STEPS -u $WARMUP -l $LR --augment-shift $AUGMENT -s $SEED"
     echo "evaluation: $EPISODES episodes per task, layouts from seed $EVAL_SEED, replanning every $REPLAN actions"
     for name in policy expert random; do
         echo

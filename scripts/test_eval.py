@@ -1,6 +1,8 @@
 """
-test_eval.py: a one-episode closed-loop evaluation smoke test, with a checkpoint trained for two
-steps on a tiny generated dataset, and the expert and random baselines through the same harness.
+test_eval.py: a one-episode closed-loop evaluation smoke test, with a checkpoint of the MT10
+recipe's model (the small preset, --train all) trained for two steps on a tiny generated dataset
+(16 px frames, resized by the model to its 64), and the expert and random baselines through the
+same harness.
 Run by `make test` with the data tools' Python (build/venv). Exits non-zero on any failure; the
 last line is `N passed, M failed`.
 """
@@ -36,12 +38,14 @@ def main():
         data, run_dir = os.path.join(tmp, "data"), os.path.join(tmp, "run")
         r = run(sys.executable, os.path.join(ROOT, "data", "metaworld_gen.py"), "-o", data, "--tasks", "reach-v3",
                 "--episodes", "1", "--img", "16", "--workers", "1")
-        r2 = run(os.path.join(ROOT, "train_vla_cpu"), "-p", "tiny", "-i", data, "-n", "2", "-b", "2", "-t", "1",
-                 "-o", run_dir)
+        r2 = run(os.path.join(ROOT, "train_vla_cpu"), "-p", "small", "--train", "all", "-i", data, "-n", "2", "-b", "2",
+                 "-t", "1", "-o", run_dir)
         ckpt = os.path.join(run_dir, "ckpt_00000002.bin")
-        check(r.returncode == 0 and r2.returncode == 0 and os.path.exists(ckpt), "a 2-step checkpoint on generated data")
+        check(r.returncode == 0 and r2.returncode == 0 and os.path.exists(ckpt),
+              "a 2-step checkpoint of the small preset (--train all) on generated data"
+              + ("" if r2.returncode == 0 else f": {(r2.stdout + r2.stderr).strip()[-300:]}"))
 
-        r, res = evaluate(tmp, "policy", "--policy", ckpt, "--max-steps", "20", "--replan", "4",
+        r, res = evaluate(tmp, "policy", "--policy", ckpt, "--max-steps", "20", "--replan", "4", "--img", "16",
                           "--video-dir", os.path.join(tmp, "videos"))
         ok = res is not None and res["tasks"]["reach-v3"]["episodes"] == 1 and 0.0 <= res["overall"]["success_rate"] <= 1.0
         check(ok, "the checkpoint policy runs one 20-step episode and writes JSON"
@@ -61,18 +65,20 @@ def main():
         check(ok and ep.get("task") == "reach-v3" and ep.get("episode") == 0 and isinstance(ep.get("layout_seed"), int)
               and ep.get("steps", 0) >= 1 and isinstance(ep.get("success"), bool),
               f"the JSON lists each episode with its outcome, steps and layout seed: {ep}")
-        check(ok and set(res["settings"]) >= {"replan", "device", "cameras", "seed"}, "a checkpoint's settings")
+        check(ok and set(res["settings"]) >= {"replan", "device", "cameras", "seed", "img"} and res["settings"]["img"] == 16,
+              "a checkpoint's settings, the rendered side among them")
 
         # the first episode again alone, among others, and in two worker processes: the same outcome
-        r, alone = evaluate(tmp, "alone", "--policy", ckpt, "--max-steps", "20", "--replan", "4",
+        r, alone = evaluate(tmp, "alone", "--policy", ckpt, "--max-steps", "20", "--replan", "4", "--img", "16",
                             "--only", "reach-v3:0", "--video-dir", os.path.join(tmp, "replay"))
         same = alone is not None and ok and {k: alone["episodes"][0][k] for k in ("success", "steps", "layout_seed")} == \
             {k: ep[k] for k in ("success", "steps", "layout_seed")}
         check(same and len(os.listdir(os.path.join(tmp, "replay"))) == 1,
               "--only reach-v3:0 replays the episode exactly (same layout, steps and outcome) and films it")
-        r, one = evaluate(tmp, "w1", "--policy", ckpt, "--max-steps", "20", "--replan", "4", "--episodes", "3")
-        r2, two = evaluate(tmp, "w2", "--policy", ckpt, "--max-steps", "20", "--replan", "4", "--episodes", "3",
-                           "--workers", "2")
+        r, one = evaluate(tmp, "w1", "--policy", ckpt, "--max-steps", "20", "--replan", "4", "--img", "16",
+                          "--episodes", "3")
+        r2, two = evaluate(tmp, "w2", "--policy", ckpt, "--max-steps", "20", "--replan", "4", "--img", "16",
+                           "--episodes", "3", "--workers", "2")
         check(one is not None and two is not None and one["episodes"] == two["episodes"] and
               one["episodes"][0]["steps"] == ep.get("steps"),
               "3 episodes with 1 and with 2 worker processes: the same records, episode 0 as before"

@@ -1,12 +1,17 @@
 """
 test_policy.py: the policy interface (libvla.so through scripts/vla_policy.py) against the PyTorch
-oracle's inference on the same checkpoint and observations; then the GPU library (libvla_gpu.so)
-the same way, for each build named in $VLA_GPU_LIBRARY (colon-separated; make test names the GPU
-build on a GPU machine, else the CPU emulation's bf16 and fp32 builds). Run by `make test` with
-Debian's python3 (torch). Exits non-zero on any failure; the last line is `N passed, M failed`.
+oracle's sampling (dev/model.py) on the same checkpoint, observations and noise, and against the
+trainer's own end-of-run evaluation; then the GPU library (libvla_gpu.so) the same way, for each
+build named in $VLA_GPU_LIBRARY (colon-separated; make test names the GPU build on a GPU machine,
+else the CPU emulation's bf16 and fp32 builds), against the oracle and the CPU library. The
+checkpoint is ./train_vla_cpu's, 4 steps of the tiny preset on build/test/s.bin (two cameras of
+different sizes, 24x32 and 20x20; state 3, action 2). Run by `make test` with Debian's python3
+(torch). Exits non-zero on any failure; the last line is `N passed, M failed`.
 """
 
+import ctypes
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,96 +27,186 @@ sys.path.insert(0, os.path.join(ROOT, "dev"))
 import model as oracle  # noqa: E402
 import vla_shard  # noqa: E402
 from checks import Checks  # noqa: E402
-from vla_policy import CONFIG_FIELDS, VLAPolicy  # noqa: E402
+from vla_policy import CONFIG_FIELDS, MAX_IMG, VLAPolicy  # noqa: E402
 
 check = Checks()
+SHARD = os.path.join(ROOT, "build", "test", "s.bin")
+STEPS, BATCH, SEED = 4, 4, 1337
 
 
-def oracle_actions(ckpt, images, instructions, state, noise):
-    """The oracle's 10-step sampling in float64 from the same checkpoint and noise."""
-    cfg, stats = ckpt["config"], ckpt["stats"]
-    S, A = cfg.state_dim, cfg.action_dim
-    model = oracle.VLA(cfg, torch.float64)
-    model.load(ckpt["params"])
-    tokens = np.zeros((len(instructions), cfg.max_text), np.int32)  # byte tokens, as the library makes them
-    mask = np.zeros((len(instructions), cfg.max_text), np.float32)
+def resize_nearest(im, h, w):
+    """Frames (B, H, W, 3) at another size (nearest pixel): the same scene at a size never trained on."""
+    rows = np.arange(h) * im.shape[1] // h
+    cols = np.arange(w) * im.shape[2] // w
+    return np.ascontiguousarray(im[:, rows][:, :, cols])
+
+
+def oracle_actions(ck, images, instructions, state, noise):
+    """The oracle's 10-step sampling in float64 from the same checkpoint and noise (B, H, Amax):
+    (B, H, action_dim) in data units."""
+    cfg, stats = ck["config"], ck["stats"]
+    S, A, B = cfg.state_dim, cfg.action_dim, len(instructions)
+    model = oracle.SmolVLA(cfg, ck["train_mode"], torch.float64)
+    model.load(ck["params"])
+    tokens = np.zeros((B, cfg.max_text), np.int32)  # byte tokens, as the library makes them
+    mask = np.zeros((B, cfg.max_text), np.float32)
     for b, s in enumerate(instructions):
         ids = vla_shard.BYTES.encode(s)[:cfg.max_text]
         tokens[b, :len(ids)] = ids
         mask[b, :len(ids)] = 1.0
-    norm_state = (state - stats[:S]) / stats[S:2 * S]  # float32, as the C code normalizes
-    batch = {"images": torch.from_numpy(images), "tokens": torch.from_numpy(tokens),
-             "text_mask": torch.tensor(mask, dtype=torch.float64),
-             "state": torch.tensor(norm_state, dtype=torch.float64), "eps": torch.tensor(noise, dtype=torch.float64)}
-    out = model.sample_actions(batch, stats[2 * S:2 * S + A], stats[2 * S + A:])
-    return out.numpy()
+    norm_state = np.zeros((B, cfg.max_state_dim), np.float32)
+    norm_state[:, :S] = (state - stats[:S]) / stats[S:2 * S]  # float32, as the C code normalizes
+    arrays = dict(images=images, tokens=tokens, token_mask=mask, state=norm_state,
+                  actions=np.zeros((B, cfg.chunk, cfg.max_action_dim), np.float32),
+                  action_is_pad=np.zeros((B, cfg.chunk), np.float32), eps=noise, t=np.ones(B, np.float32))
+    x = model.prepare(arrays)
+    out = model.sample(x, torch.tensor(noise, dtype=torch.float64))[:, :, :A].numpy()
+    return out * stats[2 * S + A:] + stats[2 * S:2 * S + A]
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def expect_error(what, fn, needle):
+    try:
+        fn()
+        check(False, f"{what}: accepted")
+    except ValueError as e:
+        check(needle in str(e), f"{what}: {e}")
+
+
+def eval_check(policy, ck, shard, text):
+    """The trainer's end-of-run evaluation (eval_batch, action_mse): BATCH samples from the sampler's
+    position after the run, started from the flow noise of step STEPS. The library on the same
+    observations and noise gives the same MSE."""
+    m = re.search(r"MSE ([0-9.eE+-]+)[^\n]* on (\d+) samples", text)
+    check(m is not None, "the trainer prints its end-of-run evaluation (sampled actions' MSE)")
+    if m is None:
+        return
+    mse_c, n = float(m.group(1)), int(m.group(2))
+    cfg = ck["config"]
+    idx = oracle.Sampler(shard.n_frames, ck["seed"]).indices(ck["sampler_pos"], n)
+    noise = np.stack([oracle.flow_noise(cfg, ck["seed"], ck["step"], g)[1] for g in range(n)])
+    images = [np.stack([shard.camera_images(k)[i] for i in idx]) for k in range(cfg.n_cam)]
+    tasks = [shard.task(int(shard.episodes[shard.frame_episode[i]]["task"])).decode() for i in idx]
+    got = policy.act(images, tasks, shard.state[idx], noise=noise)
+    se, count = 0.0, 0
+    for b, i in enumerate(idx):
+        ep = shard.episodes[shard.frame_episode[i]]
+        last = int(ep["first_frame"]) + int(ep["length"]) - 1
+        for h in range(cfg.chunk):
+            if i + h <= last:
+                se += float(((got[b, h].astype(np.float64) - shard.action[i + h]) ** 2).sum())
+                count += cfg.action_dim
+    mse = se / count
+    # the trainer prints 6 decimals; both are the same fp32 code on the same inputs
+    check(abs(mse - mse_c) <= 1e-6 + 1e-4 * mse_c,
+          f"the library's actions on the trainer's evaluation batch give its MSE: {mse:.6f} vs {mse_c:.6f}")
 
 
 def main():
-    shard_path = os.path.join(ROOT, "build", "test", "b.bin")  # 2 cameras, state 3, action 2
+    exe = os.path.join(ROOT, "train_vla_cpu")
+    for target, path in (("train_vla_cpu", exe), ("build/test/s.bin", SHARD), ("libvla.so", os.path.join(ROOT, "libvla.so"))):
+        if not os.path.exists(path):
+            subprocess.run(["make", "-s", target], cwd=ROOT, capture_output=True)
     with tempfile.TemporaryDirectory() as tmp:
-        r = subprocess.run([os.path.join(ROOT, "train_vla_cpu"), "-p", "tiny", "-i", shard_path, "-n", "4", "-b", "4",
-                            "-u", "1", "-l", "1e-2", "-t", "1", "-o", tmp], capture_output=True, text=True)
-        ckpt_path = os.path.join(tmp, "ckpt_00000004.bin")
-        check(r.returncode == 0 and os.path.exists(ckpt_path), "train_vla_cpu writes a checkpoint to serve")
-        if r.returncode != 0:
+        r = subprocess.run([exe, "-p", "tiny", "-i", SHARD, "-n", str(STEPS), "-b", str(BATCH), "-u", "1", "-l", "1e-2",
+                            "-t", "1", "-s", str(SEED), "-o", tmp], capture_output=True, text=True, cwd=ROOT)
+        ckpt_path = os.path.join(tmp, f"ckpt_{STEPS:08d}.bin")
+        ok = r.returncode == 0 and os.path.exists(ckpt_path)
+        check(ok, "train_vla_cpu writes a checkpoint to serve")
+        if not ok:
+            print((r.stdout + r.stderr)[-2000:])
             return
+        ck = oracle.read_checkpoint(ckpt_path)
         policy = VLAPolicy(ckpt_path, threads=1)
         c = policy.config
-        check((c["n_cam"], c["state_dim"], c["action_dim"], c["chunk"]) == (2, 3, 2, 8),
-              f"the policy reports the checkpoint's config ({c['n_cam']} cameras, S {c['state_dim']}, "
-              f"A {c['action_dim']}, H {c['chunk']})")
-        shard = vla_shard.Shard(shard_path)
+        check([c[f] for f in CONFIG_FIELDS] == ck["config"].values() + [ck["train_mode"]],
+              f"the policy reports the checkpoint's 26 config fields and train mode ({c['n_cam']} cameras, "
+              f"S {c['state_dim']}, A {c['action_dim']}, H {c['chunk']}, --train {policy.train_mode})")
+        check(policy.tokenizer == "bytes" and policy.train_mode == "all" and "fp32" in policy.device,
+              f"tokenizer {policy.tokenizer}, train mode {policy.train_mode}, device {policy.device}")
+
+        shard = vla_shard.Shard(SHARD)
         frames = [0, 7, 15]
-        images = np.ascontiguousarray(shard.images[frames])
+        images = [np.ascontiguousarray(shard.camera_images(k)[frames]) for k in range(c["n_cam"])]
         state = np.ascontiguousarray(shard.state[frames])
         instructions = ["go to blue", "move to the red square",
                         "touch the yellow square with the gripper, then stop"]  # shorter and longer than max_text
-        noise = np.random.default_rng(0).normal(size=(3, c["chunk"], c["action_dim"])).astype(np.float32)
+        noise = np.random.default_rng(0).normal(size=(3, c["chunk"], c["max_action_dim"])).astype(np.float32)
         ours = policy.act(images, instructions, state, noise=noise)
-        ref = oracle_actions(oracle.read_checkpoint(ckpt_path), images, instructions, state, noise)
-        err = float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
+        ref = oracle_actions(ck, images, instructions, state, noise)
         # fp32 against the float64 oracle: 10 Euler steps through the whole model, as test_vla
-        check(err < 1e-5, f"actions of 3 observations match the oracle's sampling: rel err {err:.2e} (tol 1e-5)")
+        err = rel(ours, ref)
+        check(ours.shape == (3, c["chunk"], c["action_dim"]) and err < 1e-5,
+              f"actions of 3 observations (cameras 24x32 and 20x20) match the oracle's sampling: rel err {err:.2e} "
+              "(tol 1e-5)")
+        big = [resize_nearest(images[0], 60, 80), resize_nearest(images[1], 37, 53)]
+        err = rel(policy.act(big, instructions, state, noise=noise), oracle_actions(ck, big, instructions, state, noise))
+        check(err < 1e-5, f"frames of other sizes (60x80, 37x53) are resized by the model as by the oracle: rel err "
+              f"{err:.2e}")
+        same = [images[1], images[1]]
+        stacked = np.stack(same, axis=1)
+        check(np.array_equal(policy.act(stacked, instructions, state, noise=noise),
+                             policy.act(same, instructions, state, noise=noise)),
+              "a (B, n_cam, h, w, 3) array gives the actions of the same frames as a list per camera")
+
         a1, a2 = policy.act(images, instructions, state, seed=5), policy.act(images, instructions, state, seed=5)
         a3 = policy.act(images, instructions, state, seed=6)
         check(np.array_equal(a1, a2) and not np.array_equal(a1, a3), "seeded noise: same seed same actions, another differs")
-        single = policy.act(images[1:2], instructions[1:2], state[1:2], noise=noise[1:2])
+        drawn = np.stack([oracle.flow_noise_width(c["chunk"], c["max_action_dim"], 5, 0, b)[1] for b in range(3)])
+        check(np.array_equal(a1, policy.act(images, instructions, state, noise=drawn)),
+              "seed 5's noise is flow_noise_width(chunk, max_action_dim, 5, 0, b) for observation b")
+        single = policy.act([im[1:2] for im in images], instructions[1:2], state[1:2], noise=noise[1:2])
         check(np.allclose(single[0], ours[1], rtol=1e-5, atol=1e-6), "a batch of one gives that observation's actions")
-        try:
-            policy.act(images[:, :1], instructions, state)
-            check(False, "images with the wrong camera count are refused")
-        except ValueError as e:
-            check("this checkpoint reads" in str(e), f"images with the wrong camera count are refused: {e}")
-        try:
-            VLAPolicy(os.path.join(tmp, "missing.bin"))
-            check(False, "a missing checkpoint is refused")
-        except ValueError as e:
-            check("cannot open checkpoint" in str(e), f"a missing checkpoint is refused: {e}")
+        eval_check(policy, ck, shard, r.stdout + r.stderr)
+
+        # bad input: refused before the library sees it, or by the library's return code
+        expect_error("one camera for a two-camera checkpoint", lambda: policy.act(images[:1], instructions, state),
+                     "this checkpoint reads 2")
+        expect_error("frames without 3 channels", lambda: policy.act([images[0][..., :2], images[1]], instructions,
+                                                                     state), "expected (B, h, w, 3)")
+        expect_error("noise of action_dim wide slots", lambda: policy.act(images, instructions, state,
+                                                                          noise=noise[:, :, :2]), "max_action_dim")
+        expect_error("a state of the wrong width", lambda: policy.act(images, instructions, state[:, :2]),
+                     "state_dim 3")
+        lib = policy.lib
+        out = np.empty((3, c["chunk"], c["action_dim"]), np.float32)
+        text = (ctypes.c_char_p * 3)(*[s.encode() for s in instructions])
+        for what, B, hw, want in (("B = 0", 0, [[24, 32], [20, 20]], 1),
+                                  (f"a camera of {MAX_IMG + 1} rows", 3, [[MAX_IMG + 1, 32], [20, 20]], 2),
+                                  ("a camera of 0 columns", 3, [[24, 0], [20, 20]], 2)):
+            cam_hw = np.ascontiguousarray(hw, np.int32)
+            frames_p = (ctypes.c_void_p * 2)(*[im.ctypes.data for im in images])
+            rc = lib.vla_policy_act(policy.handle, B, cam_hw.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), frames_p,
+                                    text, state.ctypes.data, None, 0, out.ctypes.data)
+            check(rc == want, f"vla_policy_act with {what} returns {want} (got {rc})")
+
+        expect_error("a missing checkpoint", lambda: VLAPolicy(os.path.join(tmp, "missing.bin")), "cannot open checkpoint")
         # corrupt checkpoints: refused with the reader's message, and this process goes on (sizes
         # from the header are bounded and checked before any buffer is sized from them)
         raw = open(ckpt_path, "rb").read()
-        config_at = 8  # after magic and version; VLAConfig's 15 int32 in CONFIG_FIELDS order
+        config_at = 8  # after magic and version: SmolVLAConfig's 26 int32 in SMOLVLA_CONFIG_FIELDS order
         corrupt = [("n_layer", 2**31 - 1, "n_layer 2147483647 is past its bound"),
                    ("d_model", 2**22, "d_model 4194304 is past its bound"),
                    ("chunk", 5000, "chunk 5000 is past its bound"),
-                   ("max_text", 100000, "max_text 100000 is past its bound")]
+                   ("max_text", 100000, "max_text 100000 is past its bound"),
+                   ("train_mode", 9, "train mode 9")]
         for field, value, needle in corrupt:
-            at = config_at + 4 * CONFIG_FIELDS.index(field)
+            at = config_at + 4 * CONFIG_FIELDS.index(field)  # train_mode follows the config
             path = os.path.join(tmp, f"corrupt_{field}.bin")
             open(path, "wb").write(raw[:at] + np.int32(value).tobytes() + raw[at + 4:])
-            try:
-                VLAPolicy(path)
-                check(False, f"a checkpoint with {field} {value} is refused")
-            except ValueError as e:
-                check(needle in str(e), f"a checkpoint with {field} {value} is refused: {e}")
+            expect_error(f"a checkpoint with {field} {value}", lambda: VLAPolicy(path), needle)
         path = os.path.join(tmp, "corrupt_stats.bin")
-        open(path, "wb").write(raw[:256] + np.float32(np.nan).tobytes() + raw[260:])
-        try:
-            VLAPolicy(path)
-            check(False, "a checkpoint with NaN statistics is refused")
-        except ValueError as e:
-            check("normalization statistic 0 is nan" in str(e), f"a checkpoint with NaN statistics is refused: {e}")
+        open(path, "wb").write(raw[:512] + np.float32(np.nan).tobytes() + raw[516:])
+        expect_error("a checkpoint with NaN statistics", lambda: VLAPolicy(path), "normalization statistic 0 is nan")
+        path = os.path.join(tmp, "version1.bin")
+        open(path, "wb").write(raw[:4] + np.uint32(1).tobytes() + raw[8:])
+        expect_error("a version-1 checkpoint (the model before SmolVLA)", lambda: VLAPolicy(path), "version 1")
+        path = os.path.join(tmp, "truncated.bin")
+        open(path, "wb").write(raw[:-8])
+        expect_error("a truncated checkpoint", lambda: VLAPolicy(path), "truncated")
         policy.close()
 
         # the GPU library: same checkpoint, observations and noise. Tolerance: fp32 builds 1e-4 (the
@@ -121,15 +216,25 @@ def main():
         if not libraries:
             print("(VLA_GPU_LIBRARY not set: the GPU library is not checked here)")
         for library in libraries:
-            gpu = VLAPolicy(ckpt_path, library=library, device="cuda")
+            name = os.path.basename(library)
+            try:
+                gpu = VLAPolicy(ckpt_path, library=library, device="cuda")
+            except (ValueError, FileNotFoundError, OSError) as e:
+                check(False, f"{name} loads the checkpoint: {e}")
+                continue
+            check(gpu.config == c and gpu.tokenizer == policy.tokenizer, f"{name} on {gpu.device}: the same config")
             tol = 2.5e-2 if "bf16" in gpu.device else 1e-4
             got = gpu.act(images, instructions, state, noise=noise)
-            err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-            check(err < tol, f"{os.path.basename(library)} on {gpu.device}: actions match the oracle's sampling: "
-                  f"rel err {err:.2e} (tol {tol:.1e})")
+            check(rel(got, ref) < tol and rel(got, ours) < tol,
+                  f"{name}: actions match the oracle's sampling and the CPU library's: rel err {rel(got, ref):.2e} / "
+                  f"{rel(got, ours):.2e} (tol {tol:.1e})")
+            got = gpu.act(big, instructions, state, noise=noise)
+            check(rel(got, oracle_actions(ck, big, instructions, state, noise)) < tol,
+                  f"{name}: frames of other sizes resized on the device as by the oracle")
             g1, g2 = gpu.act(images, instructions, state, seed=5), gpu.act(images, instructions, state, seed=5)
-            check(np.array_equal(g1, g2) and np.linalg.norm(g1 - a1) / np.linalg.norm(a1) < tol,
-                  f"{os.path.basename(library)}: seeded noise gives the same actions twice, and the CPU policy's")
+            check(np.array_equal(g1, g2) and rel(g1, a1) < tol,
+                  f"{name}: seeded noise gives the same actions twice, and the CPU policy's")
+            expect_error(f"{name}: one camera for two", lambda: gpu.act(images[:1], instructions, state), "reads 2")
             gpu.close()
 
 

@@ -7,13 +7,16 @@ the precision of the one that computes.
     from vla_policy import VLAPolicy
     policy = VLAPolicy("out/ckpt_00001000.bin")                 # make libvla.so first
     policy = VLAPolicy("out/ckpt_00001000.bin", device="cuda")  # make libvla_gpu.so first
-    chunk = policy.act(images, ["open the door"], state)        # (B, H, A) actions in the data's units
+    chunk = policy.act([top, wrist], ["open the door"], state)  # (B, H, A) actions in the data's units
 
-images: uint8 (B, n_cam, img, img, 3), the cameras the model was trained on, in order;
-instructions: B strings (the library gives the model their UTF-8 bytes as token ids, the "bytes"
-tokenizer of the shards it trains on); state: float32 (B, S) raw (the checkpoint's statistics
-normalize it).
-The 10-step flow-matching sampling starts from noise drawn from `seed`, or from `noise` (B, H, A).
+images: one uint8 array (B, h_k, w_k, 3) per camera the model was trained on, in order, of any
+size (the model resizes each frame with padding to its square input), or one (B, n_cam, h, w, 3)
+array when the cameras share a size; instructions: B strings (their UTF-8 bytes are the token ids,
+cut to max_text: the "bytes" tokenizer of the shards the presets train on from scratch); state:
+float32 (B, state_dim) raw (the checkpoint's statistics normalize it).
+The 10-step flow-matching sampling starts from noise drawn from `seed`, or from `noise`
+(B, chunk, max_action_dim): the model's action slots are max_action_dim wide; the first
+action_dim of them are the data's.
 """
 
 import ctypes
@@ -22,9 +25,13 @@ import os
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_FIELDS = ["n_cam", "img", "patch", "max_text", "state_dim", "action_dim", "chunk", "d_model", "d_ff",
-                 "d_expert", "d_expert_ff", "n_layer", "n_head", "head_dim", "rope_theta"]
-
+# vla_policy_config's 27 int32: SMOLVLA_CONFIG_FIELDS in order, then the checkpoint's train mode
+CONFIG_FIELDS = ["n_cam", "state_dim", "action_dim", "img", "patch", "vis_width", "vis_ff", "vis_layers", "vis_heads",
+                 "scale_factor", "vocab", "pad_token", "max_text", "d_model", "d_ff", "n_layer", "n_head", "n_kv_head",
+                 "head_dim", "d_expert", "d_expert_ff", "self_attn_every", "chunk", "max_state_dim", "max_action_dim",
+                 "rope_theta", "train_mode"]
+TRAIN_MODES = ["expert", "vlm", "all"]  # TRAIN_MODE_NAMES
+MAX_IMG = 4096  # VLA_MAX_IMG: a camera's height and width
 
 LIBRARIES = {"cpu": "libvla.so", "cuda": "libvla_gpu.so"}
 
@@ -38,21 +45,28 @@ def load_library(path=None, device="cpu"):
     lib = ctypes.CDLL(path)
     lib.vla_policy_load.restype = ctypes.c_void_p
     lib.vla_policy_load.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    lib.vla_policy_config.restype = None
     lib.vla_policy_config.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32)]
     lib.vla_policy_device.restype = ctypes.c_char_p
     lib.vla_policy_device.argtypes = [ctypes.c_void_p]
+    lib.vla_policy_tokenizer.restype = ctypes.c_char_p
+    lib.vla_policy_tokenizer.argtypes = [ctypes.c_void_p]
     lib.vla_policy_act.restype = ctypes.c_int
-    lib.vla_policy_act.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p),
-                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p]
+    lib.vla_policy_act.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int32),
+                                   ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_char_p), ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p]
+    lib.vla_policy_free.restype = None
     lib.vla_policy_free.argtypes = [ctypes.c_void_p]
     return lib
 
 
 class VLAPolicy:
-    """checkpoint: a train_vla checkpoint; device: "cpu" or "cuda"; threads: OpenMP threads on the
-    CPU (0: the runtime's default); library: another build of the library to load."""
+    """checkpoint: a train_vla checkpoint (version 2); device: "cpu" or "cuda"; threads: OpenMP
+    threads on the CPU (0: the runtime's default); library: another build of the library to load.
+    After loading: config (the 26 SmolVLAConfig fields and train_mode, by name), train_mode (its
+    name), tokenizer (the checkpoint's) and device (what computes, e.g. "CPU (fp32)")."""
 
-    def __init__(self, checkpoint, threads=0, library=None, device="cpu"):
+    def __init__(self, checkpoint, device="cpu", threads=0, library=None):
         self.handle = None
         self.lib = load_library(library, device)
         err = ctypes.create_string_buffer(1024)
@@ -62,29 +76,53 @@ class VLAPolicy:
         values = (ctypes.c_int32 * len(CONFIG_FIELDS))()
         self.lib.vla_policy_config(self.handle, values)
         self.config = dict(zip(CONFIG_FIELDS, list(values)))
-        self.device = self.lib.vla_policy_device(self.handle).decode()  # e.g. "CPU (fp32)", "NVIDIA H100 ... (bf16)"
+        self.train_mode = TRAIN_MODES[self.config["train_mode"]]
+        self.tokenizer = self.lib.vla_policy_tokenizer(self.handle).decode(errors="replace")
+        self.device = self.lib.vla_policy_device(self.handle).decode(errors="replace")
 
-    def act(self, images, instructions, state, seed=0, noise=None):
+    def cameras(self, images):
+        """images as one C-contiguous uint8 (B, h, w, 3) array per camera."""
+        n_cam = self.config["n_cam"]
+        if isinstance(images, np.ndarray) and images.ndim == 5:
+            images = [images[:, k] for k in range(images.shape[1])]
+        images = [np.ascontiguousarray(im, np.uint8) for im in images]
+        if len(images) != n_cam:
+            raise ValueError(f"{len(images)} camera(s) given, this checkpoint reads {n_cam}: pass one (B, h, w, 3) array "
+                             "per camera it was trained on, in order")
+        for k, im in enumerate(images):
+            if im.ndim != 4 or im.shape[3] != 3 or im.shape[0] != images[0].shape[0]:
+                raise ValueError(f"camera {k}: frames of shape {im.shape}, expected (B, h, w, 3) uint8 with the same B "
+                                 "for every camera")
+            if not (1 <= im.shape[1] <= MAX_IMG and 1 <= im.shape[2] <= MAX_IMG):
+                raise ValueError(f"camera {k}: frames of {im.shape[1]}x{im.shape[2]} pixels, outside 1..{MAX_IMG}")
+        return images
+
+    def act(self, images, instructions, state, noise=None, seed=0):
+        """The action chunk (B, chunk, action_dim), float32, in the data's units."""
         c = self.config
-        images = np.ascontiguousarray(images, np.uint8)
+        images = self.cameras(images)
+        B = images[0].shape[0]
         state = np.ascontiguousarray(state, np.float32)
-        B = images.shape[0]
-        want = (B, c["n_cam"], c["img"], c["img"], 3)
-        if images.shape != want:
-            raise ValueError(f"images have shape {images.shape}, this checkpoint reads {want}")
+        if B < 1:
+            raise ValueError("an empty batch: pass at least one observation")
         if state.shape != (B, c["state_dim"]) or len(instructions) != B:
             raise ValueError(f"state {state.shape} and {len(instructions)} instruction(s) must match "
                              f"{B} observations of state_dim {c['state_dim']}")
         if noise is not None:
             noise = np.ascontiguousarray(noise, np.float32)
-            if noise.shape != (B, c["chunk"], c["action_dim"]):
-                raise ValueError(f"noise has shape {noise.shape}, expected {(B, c['chunk'], c['action_dim'])}")
-        text = (ctypes.c_char_p * B)(*[s.encode() for s in instructions])
+            want = (B, c["chunk"], c["max_action_dim"])
+            if noise.shape != want:
+                raise ValueError(f"noise has shape {noise.shape}, expected {want} (B, chunk, max_action_dim)")
+        cam_hw = np.ascontiguousarray([[im.shape[1], im.shape[2]] for im in images], np.int32)
+        frames = (ctypes.c_void_p * len(images))(*[im.ctypes.data for im in images])
+        text = (ctypes.c_char_p * B)(*[s.encode("utf-8") for s in instructions])
         out = np.empty((B, c["chunk"], c["action_dim"]), np.float32)
-        rc = self.lib.vla_policy_act(self.handle, B, images.ctypes.data, text, state.ctypes.data,
-                                     None if noise is None else noise.ctypes.data, seed, out.ctypes.data)
+        rc = self.lib.vla_policy_act(self.handle, B, cam_hw.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), frames,
+                                     text, state.ctypes.data, None if noise is None else noise.ctypes.data,
+                                     seed % 2**64, out.ctypes.data)
         if rc != 0:
-            raise ValueError("vla_policy_act rejected the batch")
+            why = {1: "a batch of fewer than 1 observation", 2: f"a camera size outside 1..{MAX_IMG}"}.get(rc, f"code {rc}")
+            raise ValueError(f"vla_policy_act rejected the batch: {why}")
         return out
 
     def close(self):

@@ -1,6 +1,7 @@
 """
-test_model_smolvla.py: dev/model_smolvla.py (the SmolVLA oracle with vla.h's plumbing) against
-vla.h itself, against LeRobot's references, and end to end on a synthetic shard.
+test_model.py: dev/model.py (the SmolVLA oracle with vla.h's plumbing) against vla.h itself,
+against LeRobot's references, against the C trainer's checkpoints, and end to end on a synthetic
+shard.
 
   (a) LeRobot: for each case of REF_DIR (dev/lerobot/make_ref.py: expert, vlm, all) the config
       taken from the policy folder is dev/smolvla.py --c-config's, the weights map LeRobot ->
@@ -12,12 +13,18 @@ vla.h itself, against LeRobot's references, and end to end on a synthetic shard.
       config and each tensor's name, LeRobot name, tower, kind, train column, decay, init,
       slices, shape, offset, trainable elements per mode and slice layers; all must be equal.
   (c) the seeded init of tiny and small equals smolvla_param_init bit for bit, and the flow
-      noise equals vla.h's flow_noise over max_action_dim dims.
+      noise equals vla.h's flow_noise_width over max_action_dim dims.
   (d) --debug-state and --train 3 in each --train-mode on data/synthetic's shard: the records,
       their shapes, frozen gradients, finite differences, the init and noise they hold; and the
       loss falls over 20 steps at lr 1e-3 (tiny).
+  (e) checkpoints (version 2): files of vla.h's checkpoint_write (through dev/smolvla_table.c) in
+      each train mode read back exactly (header, weights, moments packed as SmolOptDomain), and
+      version-1, truncated, foreign, corrupt and mode-mismatched files are one-line errors of
+      --init; then ./train_vla_cpu's own (skipped, said so, when the binary is absent): its
+      weights and moments after 3 steps equal the oracle's own 3 steps (modes all and vlm), and
+      --init CKPT --train 3 continues the C run with its losses.
 
-    /usr/bin/python3 dev/test_model_smolvla.py [REF_DIR]     (default build/lerobot_ref)
+    /usr/bin/python3 dev/test_model.py [REF_DIR]     (default build/lerobot_ref)
 
 Closing line `N passed, M failed`; exit status 1 on any failure.
 """
@@ -36,8 +43,7 @@ import torch
 DEV = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(DEV)
 sys.path.insert(0, DEV)
-import model as vla_model  # noqa: E402
-import model_smolvla as M  # noqa: E402
+import model as M  # noqa: E402
 import smolvla  # noqa: E402
 
 TOL_SAME_MATH = 1e-6  # float64 both sides; the only difference is the batch's float32 normalized state/actions
@@ -67,7 +73,7 @@ def rel_error(x, ref):
 
 def run(args, timeout=300):
     """The oracle's CLI in a fresh process; returns (exit status, stdout + stderr)."""
-    p = subprocess.run([PY, os.path.join(DEV, "model_smolvla.py")] + args, capture_output=True, text=True,
+    p = subprocess.run([PY, os.path.join(DEV, "model.py")] + args, capture_output=True, text=True,
                        timeout=timeout, cwd=ROOT)
     return p.returncode, p.stdout + p.stderr
 
@@ -176,8 +182,8 @@ def test_init_and_noise(exe, tmp):
                               check=True, capture_output=True, text=True).stdout.split()
         c_t = np.float32(float.fromhex(text[1]))
         c_eps = np.array([float.fromhex(v) for v in text[3:]], np.float32)
-        t, eps = M.flow_noise_smolvla(cfg, seed, step, g)
-        check(f"flow_noise_smolvla(seed {seed}, step {step}, g {g}) = flow_noise over {cfg.max_action_dim} dims",
+        t, eps = M.flow_noise(cfg, seed, step, g)
+        check(f"flow_noise(seed {seed}, step {step}, g {g}) = flow_noise_width over {cfg.max_action_dim} dims",
               t == c_t and eps.shape == (cfg.chunk, cfg.max_action_dim) and np.array_equal(eps.reshape(-1), c_eps),
               f"t {t:.6f}")
 
@@ -280,7 +286,7 @@ def test_policy_cli(case_dir, cfg, tmp):
                  rc == 0, last_line(text)):
         print(text)
         return
-    rec = vla_model.read_vlat(out)
+    rec = M.read_vlat(out)
     weights = M.from_lerobot(cfg, smolvla.load_safetensors(os.path.join(case_dir, "policy", "model.safetensors")))
     check("--policy: param/ records are the policy's weights",
           all(np.array_equal(rec["param/" + n], w.numpy()) for n, w in weights.items()))
@@ -308,7 +314,7 @@ def test_cli(shard, tmp):
         if not check(f"{mode_name}: --debug-state runs", rc == 0, last_line(text)):
             print(text)
             continue
-        rec = vla_model.read_vlat(out)
+        rec = M.read_vlat(out)
         B, H, Am, S = 3, cfg.chunk, cfg.max_action_dim, cfg.img
         trained = [s for s in table if M.trainable_numel(s, mode) > 0]
         expect = {"config": (26,), "hparams": (6,), "seed": (1,), "train_mode": (1,), "stats": (16,),
@@ -331,8 +337,8 @@ def test_cli(shard, tmp):
               int(rec["seed"][0]) == 1337 and int(rec["train_mode"][0]) == mode)
         check(f"{mode_name}: param/ records = param_init(1337)",
               all(np.array_equal(rec["param/" + n], p) for n, p in init.items()))
-        noise = [M.flow_noise_smolvla(cfg, 1337, 0, g) for g in range(B)]
-        check(f"{mode_name}: batch t and eps = flow_noise_smolvla of step 0",
+        noise = [M.flow_noise(cfg, 1337, 0, g) for g in range(B)]
+        check(f"{mode_name}: batch t and eps = flow_noise of step 0",
               np.array_equal(rec["batch/t"], [t for t, _ in noise]) and
               np.array_equal(rec["batch/eps"], np.stack([e for _, e in noise])))
         pads = rec["batch/state"][:, 4:], rec["batch/actions"][:, :, 4:]
@@ -387,6 +393,149 @@ def test_cli(shard, tmp):
     check("--init from a debug state starts from its weights (its step-0 loss)", e <= 1e-5, f"rel {e:.1e}")
 
 
+# ----------------------------------------------------------------------------
+# (e): the C trainer's checkpoints
+
+TOL_CKPT = 1e-5  # C fp32 against the float64 oracle after 3 AdamW steps: the gradients' fp32 rounding
+# through m_hat / sqrt(v_hat) (measured: weights 1.3e-7, moments 7e-7)
+TOL_CONTINUE = 1e-5  # losses of 3 more steps, fp32 C run against the float64 oracle continuing it (measured 2.4e-7)
+
+
+def c_run(shard, out, mode, steps, every, extra=()):
+    """./train_vla_cpu on the shard (tiny, 4 samples a step); returns (exit status, output, losses by step)."""
+    cmd = [os.path.join(ROOT, "train_vla_cpu"), "-p", "tiny", "-i", shard, "-b", "4", "-n", str(steps), "-u", "2",
+           "-l", "1e-3", "-w", "0.1", "-c", "0.5", "-s", "1234", "-t", "1", "-k", str(every), "--keep", "10",
+           "--train", mode, "-o", out] + list(extra)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    losses = {}
+    log = os.path.join(out, "log.jsonl")
+    if os.path.exists(log):
+        import json
+        for line in open(log):
+            rec = json.loads(line)
+            if "loss" in rec:
+                losses[int(rec["step"])] = float(rec["loss"])
+    return p.returncode, p.stdout + p.stderr, losses
+
+
+def oracle_steps(shard, cfg, mode, steps, seed):
+    """The oracle's first `steps` steps in-process (float64), as --train takes them: (model, AdamW)."""
+    ds = M.Dataset(shard)
+    model = M.SmolVLA(cfg, mode, torch.float64)
+    model.load(M.param_init(cfg, seed))
+    opt = M.AdamW(model, float(np.float32(1e-3)), 2, 6, float(np.float32(0.1)), float(np.float32(0.1)),
+                  float(np.float32(0.5)))
+    sampler = M.Sampler(ds.n_samples, seed)
+    for step in range(steps):
+        x = model.prepare(M.build_batch(ds, cfg, sampler.indices(4 * step, 4), seed, step))
+        M.train_step(model, opt, x, step)
+    return model, opt
+
+
+def test_checkpoint_files(exe, shard, tmp):
+    """vla.h's checkpoint_write -> read_checkpoint, every mode; bad files -> one-line errors."""
+    cfg = dataclasses.replace(M.PRESETS["tiny"], n_cam=1, state_dim=4, action_dim=4)
+    table = M.param_table(cfg)
+    init = M.param_init(cfg, 7)
+    for mode, mode_name in enumerate(M.TRAIN_MODES):
+        path = os.path.join(tmp, f"vla_h_{mode_name}.bin")
+        subprocess.run([exe, "ckpt", "tiny", "1", "4", "4", str(mode), "7", "3", "12", path], check=True,
+                       capture_output=True)
+        ck = M.read_checkpoint(path)
+        stats = np.array([1.0 + i if (i // 4) % 2 else 0.5 + i for i in range(16)], np.float32)
+        check(f"checkpoint_write ({mode_name}) -> read_checkpoint: config, mode, step, seed, position, tokenizer, stats",
+              ck["config"] == cfg and ck["train_mode"] == mode and (ck["step"], ck["seed"], ck["sampler_pos"]) ==
+              (3, 7, 12) and ck["tokenizer"] == "bytes" and np.array_equal(ck["stats"], stats))
+        check(f"checkpoint_write ({mode_name}): every weight, frozen ones too, in table order",
+              all(np.array_equal(ck["params"][n], w) for n, w in init.items()))
+        offsets, numels, total = M.opt_domain(table, mode)
+        packed = [k for k, s in enumerate(table) if numels[k] > 0]
+        ok = list(ck["m"]) == [table[k].name for k in packed] and all(
+            np.array_equal(ck["m"][table[k].name], np.arange(offsets[k], offsets[k] + numels[k], dtype=np.float32)) and
+            np.all(ck["v"][table[k].name] == k + 0.5) for k in packed)
+        check(f"checkpoint_write ({mode_name}): m and v packed as smolvla_opt_domain ({len(packed)} tensors, "
+              f"{total} elements)", ok)
+    path = os.path.join(tmp, "vla_h_all.bin")
+    raw = open(path, "rb").read()
+    bad = {"version 1": (raw[:4] + np.uint32(1).tobytes() + raw[8:], "has version 1: it holds the model"),
+           "version 3": (raw[:4] + np.uint32(3).tobytes() + raw[8:], "has version 3, this oracle reads 2"),
+           "truncated": (raw[:-4], "truncated or corrupt"), "short": (raw[:100], "shorter than its header"),
+           "foreign": (b"XXXX" + raw[4:], "is neither a train_vla checkpoint nor a debug-state file"),
+           "of a bad config": (raw[:8 + 4 * 15] + np.int32(2**30).tobytes() + raw[8 + 4 * 16:], "n_layer"),
+           "of train mode 7": (raw[:112] + np.int32(7).tobytes() + raw[116:], "train mode 7"),
+           "without a tokenizer": (raw[:168] + bytes(64) + raw[232:], "names no tokenizer"),
+           "at step 5 of 4 samples": (raw[:120] + np.uint64(5).tobytes() + raw[128:136] + np.uint64(4).tobytes() +
+                                      raw[144:], "out of range"),
+           "with a NaN statistic": (raw[:512] + np.float32(np.nan).tobytes() + raw[516:], "normalization statistic 0")}
+    for what, (data, needle) in bad.items():
+        bad_path = os.path.join(tmp, "bad.bin")
+        open(bad_path, "wb").write(data)
+        rc, text = run(["-i", shard, "--init", bad_path, "-t", "1", "--train", "1"])
+        lines = text.strip().splitlines()
+        check(f"--init a checkpoint {what}: a one-line error", rc == 1 and len(lines) == 1 and
+              lines[0].startswith("error:") and needle in lines[0], lines[-1][:150] if lines else "")
+    rc, text = run(["-i", shard, "--init", path, "--train-mode", "expert", "-t", "1", "--train", "1"])
+    lines = text.strip().splitlines()
+    check("--init a checkpoint of --train-mode all, --train-mode expert: a one-line error naming its mode",
+          rc == 1 and len(lines) == 1 and "pass --train-mode all" in lines[0], lines[-1][:150] if lines else "")
+    rc, text = run(["-i", shard, "--init", path, "-b", "4", "-t", "1", "--train", "1"])
+    check("--init a checkpoint at step 3 --train 1: takes step 4 with its mode and seed", rc == 0 and
+          "step 4 loss" in text, last_line(text))
+
+
+def test_checkpoints(shard, tmp):
+    exe = os.path.join(ROOT, "train_vla_cpu")
+    if not os.path.exists(exe):
+        print(f"SKIP (e) checkpoints: {exe} is absent: build it with `make train_vla_cpu` to check that the oracle "
+              "reads and continues the C trainer's checkpoints")
+        return
+    cfg = dataclasses.replace(M.PRESETS["tiny"], n_cam=1, state_dim=4, action_dim=4)
+    for mode_name in ("all", "vlm"):
+        mode = M.TRAIN_MODES.index(mode_name)
+        out = os.path.join(tmp, f"c_run_{mode_name}")
+        rc, text, losses = c_run(shard, out, mode_name, 6, 3)
+        path = os.path.join(out, "ckpt_00000003.bin")
+        if not check(f"./train_vla_cpu --train {mode_name} writes a checkpoint at step 3", rc == 0 and
+                     os.path.exists(path), last_line(text)):
+            print(text[-2000:])
+            continue
+        try:
+            ck = M.read_checkpoint(path)
+        except ValueError as e:
+            check(f"{mode_name}: read_checkpoint reads it", False, str(e))
+            continue
+        ds = M.Dataset(shard)
+        table = M.param_table(cfg)
+        _, _, n_trainable = M.opt_domain(table, mode)
+        check(f"{mode_name}: header: config, train mode, step 3, 12 samples, seed, tokenizer, stats",
+              ck["config"] == cfg and ck["train_mode"] == mode and ck["step"] == 3 and ck["sampler_pos"] == 12 and
+              ck["seed"] == 1234 and ck["tokenizer"] == ds.tokenizer and np.array_equal(ck["stats"], ds.stats()),
+              f"{M.param_count(cfg)} weights, {n_trainable} moments each")
+        model, opt = oracle_steps(shard, cfg, mode, 3, 1234)
+        init = M.param_init(cfg, 1234)
+        frozen_same = all(np.array_equal(ck["params"][s.name].reshape(-1)[M.trainable_numel(s, mode):],
+                                         init[s.name].reshape(-1)[M.trainable_numel(s, mode):]) for s in table)
+        check(f"{mode_name}: frozen weights are the seed's, bit for bit", frozen_same)
+        e_w = rel_error(np.concatenate([ck["params"][s.name].reshape(-1) for s in table]),
+                        torch.cat([getattr(model, s.name).detach().reshape(-1) for s in table]))
+        check(f"{mode_name}: weights after 3 steps = the oracle's", e_w <= TOL_CKPT, f"rel {e_w:.1e}")
+        names = [s.name for s in table if M.trainable_numel(s, mode) > 0]
+        check(f"{mode_name}: moments of the {len(names)} tensors that train, packed as SmolOptDomain",
+              list(ck["m"]) == names and all(ck["m"][n].size == M.trainable_numel(s, mode) for n, s in
+                                            zip(names, [s for s in table if s.name in ck["m"]])))
+        for k in ("m", "v"):
+            e = rel_error(np.concatenate([ck[k][n] for n in names]),
+                          torch.cat([getattr(opt, k)[n] for n in names]))
+            check(f"{mode_name}: AdamW {k} after 3 steps = the oracle's", e <= TOL_CKPT, f"rel {e:.1e}")
+        rc, text = run(["-i", shard, "--init", path, "-b", "4", "-u", "2", "-l", "1e-3", "-n", "6", "--dtype",
+                        "float64", "-t", "1", "--train", "3"])
+        steps = {int(line.split()[1]): float(line.split()[3]) for line in text.splitlines() if line.startswith("step ")}
+        errs = [abs(steps[s] - losses[s]) / losses[s] for s in (4, 5, 6) if s in steps and s in losses]
+        check(f"{mode_name}: --init CKPT --train 3 continues the C run: steps 4-6 have its losses",
+              rc == 0 and len(errs) == 3 and max(errs) <= TOL_CONTINUE,
+              f"rel {max(errs):.1e}" if len(errs) == 3 else last_line(text))
+
+
 def main():
     torch.set_num_threads(1)
     ref_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "lerobot_ref")
@@ -404,6 +553,9 @@ def main():
         shard = synthetic(os.path.join(tmp, "x.bin"), "--cams", "1", "--img", "32", "--state", "4", "--action", "4",
                           "--episodes", "4", "--min-len", "6", "--max-len", "12")
         test_cli(shard, tmp)
+        if exe:
+            test_checkpoint_files(exe, shard, tmp)
+        test_checkpoints(shard, tmp)
     print(f"({time.time() - T_START:.1f} s, torch {torch.__version__})")
     print(f"{passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
