@@ -83,6 +83,8 @@ for train in expert all; do
         -o "build/gpu_check_$train" -k 0 --keep 1 --log-every 10
     stage "bench_torch_compile_$train" "$PYTHON" dev/model.py -i "$BENCH_DATA" -p smolvla --train-mode "$train" -b "$B" \
         --bench "$STEPS" --device cuda --amp bf16 --compile
+    # the scaling model (README) from this GPU's measured step
+    stage "scaling_model_$train" "$PYTHON" dev/scaling_model.py --from-log "$OUTDIR/bench_train_vla_$train.log"
 done
 
 # LeRobot's own SmolVLA training step on this GPU at the released sizes (random weights): the

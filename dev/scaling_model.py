@@ -1,7 +1,7 @@
 """A model, not a measurement: step time and samples/s of train_vla on 1, 2, 4 and 8 GPUs of one
 NVLink machine, from the one-GPU step time and the cost of NCCL's ring all-reduce.
 
-    python3 dev/scaling_model.py -p smolvla --from-log build/gpu_check/bench_train_vla.log   # a measured step
+    python3 dev/scaling_model.py --from-log build/gpu_check/bench_train_vla_expert.log   # a measured step (its preset, mode, batch)
     python3 dev/scaling_model.py -p smolvla --train all --step-ms 120                        # a step time you have
     python3 dev/scaling_model.py                                        # no measurement: assumed MFU
 
@@ -156,7 +156,7 @@ def main():
     ap.add_argument("-p", "--preset", default="smolvla", choices=sorted(vla.PRESETS), help="model size (smolvla)")
     ap.add_argument("--train", choices=vla.TRAIN_MODES, default=None,
                     help="what trains, as train_vla's --train (the preset's default: expert for smolvla, all otherwise)")
-    ap.add_argument("-b", "--batch", type=int, default=16, help="samples per GPU per step")
+    ap.add_argument("-b", "--batch", type=int, default=None, help="samples per GPU per step (16; --from-log: the run's)")
     ap.add_argument("--step-ms", type=float, help="one GPU's measured step time (ms) at this preset, mode and batch")
     ap.add_argument("--from-log", help="a train_vla log: its 'mean step time' line gives --step-ms")
     ap.add_argument("--mfu", type=float, default=0.40, help="without a measurement: the MFU assumed for one GPU")
@@ -167,6 +167,26 @@ def main():
     ap.add_argument("--hbm-tbps", type=float, default=3.35, help="HBM bandwidth, TB/s (H100 SXM)")
     ap.add_argument("--gpus", default="1,2,4,8")
     a = ap.parse_args()
+    log = None
+    if a.from_log:
+        try:
+            with open(a.from_log) as f:
+                log = f.read()
+        except OSError as e:
+            sys.exit(f"error: cannot read {a.from_log}: {e.strerror}")
+        # the run's own preset, mode and batch (its config table), unless given, and then they must agree
+        for key, row, cast in (("preset", r"^\| train_vla\s+\| (\S+)", str), ("train", r"^\| train mode \(--train\)\s+\| (\S+)", str),
+                               ("batch", r"^\| GPUs x batch x accum\s+\| \d+ x (\d+) x", int)):
+            m = re.search(row, log, re.M)
+            if m is None:
+                continue
+            if key == "preset" and "-p" not in sys.argv and "--preset" not in sys.argv:
+                a.preset = m.group(1)
+            elif getattr(a, key) is None:
+                setattr(a, key, cast(m.group(1)))
+            elif getattr(a, key) != cast(m.group(1)):
+                sys.exit(f"error: --{key} {getattr(a, key)} but {a.from_log} ran with {m.group(1)}: drop the flag or give that log")
+    a.batch = a.batch or 16
     a.bus_bw = a.bus_gbps * 1e9
     a.latency = a.latency_us * 1e-6
     a.hbm_bw = a.hbm_tbps * 1e12
@@ -182,12 +202,8 @@ def main():
     assert n_trainable == table_trainable, f"the buckets hold {n_trainable} elements, the table trains {table_trainable}"
     n_params = vla.param_count(cfg)
     flops_per_sample = train_flops_per_sample(cfg, mode)
-    if a.from_log:
-        try:
-            with open(a.from_log) as f:
-                m = re.search(r"^mean step time ([0-9.]+) ms", f.read(), re.M)
-        except OSError as e:
-            sys.exit(f"error: cannot read {a.from_log}: {e.strerror}")
+    if log is not None:
+        m = re.search(r"^mean step time ([0-9.]+) ms", log, re.M)
         if m is None:
             sys.exit(f"error: {a.from_log} has no 'mean step time' line: give a finished train_vla run's log")
         t1_ms, source = float(m.group(1)), f"measured: {a.from_log}"
