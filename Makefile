@@ -235,8 +235,10 @@ $(SMOLVLA_C_CONFIGS): $(LEROBOT_REF)/%/c_config.txt: $(LEROBOT_REF)/all/ref.safe
 	$(PYTHON) dev/smolvla.py $(LEROBOT_REF)/$* --c-config $@
 
 # make test compiles train_vla for the GPU everywhere; its tests run on the GPU if there is one,
-# otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries)
-test: train_vla_cpu test_vla libvla.so train_vla build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so dev_cuda $(GPU_TEST_BINARIES) \
+# otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries).
+# scripts/test_lerobot_io.py (LeRobot import/export) needs train_vla_cpu, libvla.so, data/synthetic
+# and the LeRobot references
+test: train_vla_cpu test_vla libvla.so data/synthetic train_vla build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so dev_cuda $(GPU_TEST_BINARIES) \
 		build/sanitize/train_vla_cpu fuzz_build $(TEST_DIR)/a.bin $(TEST_DIR)/b.bin $(TEST_DIR)/s.bin $(TEST_DIR)/a_train.txt $(SMOLVLA_STATES) $(LEROBOT_REF)/all/ref.safetensors $(SMOLVLA_C_CONFIGS) venv_check
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 

@@ -729,12 +729,13 @@ def mode_of_policy(lcfg):
     return 0 if lcfg.train_expert_only else (1 if lcfg.freeze_vision_encoder else 2)
 
 
-def config_from_policy(policy_dir, max_text=None):
+def config_from_policy(policy_dir, max_text=None, vlm_name=None):
     """Our config of a LeRobot policy folder (dev/smolvla.py's load_config), checking that it uses
     nothing the C model does not implement. max_text: the language tokens a batch holds (default:
     the policy's tokenizer_max_length; LeRobot pads to the batch's longest, which masks the rest).
+    vlm_name: where the VLM's config and tokenizer are, instead of the policy's vlm_model_name.
     Returns (our config, dev/smolvla.py's config)."""
-    lc = smolvla.load_config(policy_dir)
+    lc = smolvla.load_config(policy_dir, vlm_name)
     with open(os.path.join(policy_dir, "config.json")) as f:
         pc = json.load(f)
 
@@ -749,7 +750,7 @@ def config_from_policy(policy_dir, max_text=None):
     need(lc.self_attn_every_n_layers > 0 or "cross" not in lc.attention_mode, "self_attn_every_n_layers <= 0")
     pad = lc.pad_token_id
     if pad is None:  # the VLM config does not say: its tokenizer does
-        pad = smolvla.tokenizer_pad_id(pc["vlm_model_name"], policy_dir)
+        pad = smolvla.tokenizer_pad_id(vlm_name or pc["vlm_model_name"], policy_dir)
     cfg = SmolVLAConfig(
         n_cam=len(lc.cameras), state_dim=lc.state_dim, action_dim=lc.action_dim, img=lc.resize_hw[0],
         patch=lc.vis_patch, vis_width=lc.vis_width, vis_ff=lc.vis_mlp, vis_layers=lc.vis_layers,
@@ -902,6 +903,61 @@ def read_checkpoint(path):
             m[s.name], v[s.name] = m_flat[off:off + n].copy(), v_flat[off:off + n].copy()
     return dict(config=cfg, train_mode=mode, tokenizer=tokenizer, step=step, seed=seed, sampler_pos=sampler_pos,
                 stats=stats, params=params, m=m, v=v)
+
+
+DEFAULT_SEED = 1337  # vla.h's TrainArgs default (-s)
+
+
+def write_checkpoint(path, cfg, train_mode, stats, params, m=None, v=None, step=0, seed=DEFAULT_SEED, sampler_pos=0,
+                     tokenizer="bytes"):
+    """A checkpoint of vla.h, version 2, with the bytes checkpoint_write writes (read_checkpoint's
+    layout): params name -> array of the table's shape (every tensor); m and v name -> flat array of
+    the tensor's trainable elements in train_mode (read_checkpoint's form), or None for AdamW's
+    state before its first step (zeros). Written to PATH.tmp, flushed, then renamed."""
+    problem = config_problem(cfg)
+    if problem:
+        raise ValueError(f"checkpoint {path}: bad config: {problem}")
+    table = param_table(cfg)
+    offsets, numels, n_trainable = opt_domain(table, train_mode)
+    n_params = param_count(cfg)
+    S, A = cfg.state_dim, cfg.action_dim
+    stats = np.asarray(stats, np.float32).reshape(-1)
+    name = tokenizer.encode()
+    if stats.size != 2 * (S + A) or not 0 < len(name) < 64 or b"\0" in name:
+        raise ValueError(f"checkpoint {path}: {stats.size} statistics for S={S}, A={A}, or tokenizer {tokenizer!r} "
+                         "not 1 to 63 bytes")
+    size = CKPT_HEADER_BYTES + 4 * stats.size + 4 * n_params + 8 * n_trainable
+    header = struct.pack(f"<II{len(CONFIG_FIELDS)}iiI6Q64s", CKPT_MAGIC, CKPT_VERSION, *cfg.values(), train_mode, 0,
+                         step, seed, sampler_pos, n_params, n_trainable, size, name)
+    header += b"\0" * (CKPT_HEADER_BYTES - len(header))  # reserved
+
+    def moments(mv):
+        flat = np.zeros(n_trainable, np.float32)
+        for s, off, n in zip(table, offsets, numels):
+            if mv is not None and n > 0:
+                flat[off:off + n] = np.asarray(mv[s.name], np.float32).reshape(n)
+        return flat
+
+    for s in table:
+        if tuple(np.shape(params[s.name])) != tuple(s.shape):
+            raise ValueError(f"checkpoint {path}: {s.name} has shape {np.shape(params[s.name])}, the table says "
+                             f"{tuple(s.shape)}")
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(header)
+            f.write(stats.astype("<f4").tobytes())
+            for s in table:
+                f.write(np.asarray(params[s.name], np.float32).astype("<f4").tobytes())
+            f.write(moments(m).astype("<f4").tobytes())
+            f.write(moments(v).astype("<f4").tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+    except BaseException:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+        raise
+    return size
 
 
 def read_init(path):

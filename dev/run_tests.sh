@@ -73,6 +73,9 @@ run_suite inspect "$VENV_PY" data/test_inspect.py
 run_suite policy "$ORACLE_PY" scripts/test_policy.py
 # LeRobot's own references re-checked through LeRobot
 run_suite lerobot_ref "$LEROBOT_PY" dev/lerobot/check_ref.py -d build/lerobot_ref
+# LeRobot policies into train_vla checkpoints and back (scripts/import_lerobot.py, export_lerobot.py):
+# weights, header, LeRobot's and train_vla's actions after a round trip and after --init fine-tuning
+run_suite lerobot_io "$LEROBOT_PY" scripts/test_lerobot_io.py
 # the plain LeRobot-faithful oracle of the math (dev/smolvla.py) against those references
 run_suite smolvla_oracle "$ORACLE_PY" dev/test_smolvla.py build/lerobot_ref
 # the PyTorch oracle with vla.h's plumbing (dev/model.py): vla.h's table, init and noise, LeRobot's

@@ -171,14 +171,20 @@ KNOWN_VLMS = {
 }
 
 
-def find_vlm_config(name, policy_dir):
-    """The VLM's config.json: vlm_model_name as a path, next to the policy, or in the HF cache."""
+def vlm_places(name, policy_dir):
+    """Where the VLM's files may be: vlm_model_name as a path, a folder of its basename next to the
+    policy (or one or two levels up), or its snapshots in the HF cache."""
     base = os.path.basename(os.path.normpath(name))
     places = [name, os.path.join(policy_dir, base), os.path.join(policy_dir, "..", base),
               os.path.join(policy_dir, "..", "..", base)]
     hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
         os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
-    places += sorted(glob.glob(os.path.join(hub, "models--" + name.replace("/", "--"), "snapshots", "*")))
+    return places + sorted(glob.glob(os.path.join(hub, "models--" + name.replace("/", "--"), "snapshots", "*")))
+
+
+def find_vlm_config(name, policy_dir):
+    """The VLM's config.json: vlm_model_name as a path, next to the policy, or in the HF cache."""
+    places = vlm_places(name, policy_dir)
     for place in places:
         path = os.path.join(place, "config.json")
         if os.path.isfile(path):
@@ -189,10 +195,11 @@ def find_vlm_config(name, policy_dir):
     raise FileNotFoundError(f"no config.json for the VLM '{name}' (looked in {places})")
 
 
-def load_config(policy_dir):
+def load_config(policy_dir, vlm_name=None):
+    """The sizes of a policy folder; vlm_name: where to find the VLM instead of its vlm_model_name."""
     with open(os.path.join(policy_dir, "config.json")) as f:
         pc = json.load(f)
-    vlm = find_vlm_config(pc["vlm_model_name"], policy_dir)
+    vlm = find_vlm_config(vlm_name or pc["vlm_model_name"], policy_dir)
     vc, tc = vlm["vision_config"], vlm["text_config"]
     # features this oracle does not implement must be off, as they are by default
     assert not pc.get("add_image_special_tokens", False), "add_image_special_tokens is not implemented"
@@ -854,11 +861,7 @@ def tokenizer_pad_id(name, policy_dir):
     """The pad token's id from the VLM's saved tokenizer (tokenizer_config.json's pad_token looked
     up in tokenizer.json), for a VLM config that does not state pad_token_id. Searched where
     find_vlm_config looks."""
-    base = os.path.basename(os.path.normpath(name))
-    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
-    places = [name] + [os.path.join(policy_dir, *up, base) for up in ([], [".."], ["..", ".."])]
-    places += sorted(glob.glob(os.path.join(hub, "models--" + name.replace("/", "--"), "snapshots", "*")))
+    places = vlm_places(name, policy_dir)
     for place in places:
         if not os.path.isfile(os.path.join(place, "tokenizer.json")):
             continue

@@ -127,11 +127,14 @@ def build_tokenizer(out_dir):
     return tok
 
 
-def build_vlm_folder(vlm_dir):
+def build_vlm_folder(vlm_dir, vision_sizes=VISION, text_sizes=TEXT, scale_factor=SCALE_FACTOR,
+                     tokenizer_builder=build_tokenizer, vocab_size=None):
     """The local stand-in for HuggingFaceTB/SmolVLM2-500M-Video-Instruct that LeRobot loads.
 
     SmolVLMWithExpertModel calls AutoConfig.from_pretrained and AutoProcessor.from_pretrained
     on vlm_model_name, and reads the image special-token ids from the processor's tokenizer.
+    The sizes, the tokenizer and the text vocabulary (default: the tokenizer's size) can be
+    replaced (scripts/test_lerobot_io.py builds one at the tiny preset's sizes).
     """
     from transformers import (AutoTokenizer, SmolVLMConfig, SmolVLMImageProcessor,
                               SmolVLMProcessor, SmolVLMVideoProcessor)
@@ -139,26 +142,26 @@ def build_vlm_folder(vlm_dir):
     if vlm_dir.exists():
         shutil.rmtree(vlm_dir)
     vlm_dir.mkdir(parents=True)
-    build_tokenizer(vlm_dir)
+    tokenizer_builder(vlm_dir)
     tok = AutoTokenizer.from_pretrained(vlm_dir)
-    edge = {"longest_edge": VISION["image_size"]}
+    edge = {"longest_edge": vision_sizes["image_size"]}
     processor = SmolVLMProcessor(
         image_processor=SmolVLMImageProcessor(size=edge, max_image_size=edge, do_image_splitting=False),
         tokenizer=tok,
         video_processor=SmolVLMVideoProcessor(size=edge, max_image_size=edge),
-        image_seq_len=IMAGE_SEQ_LEN,
+        image_seq_len=(vision_sizes["image_size"] // vision_sizes["patch_size"]) ** 2 // scale_factor**2,
     )
     processor.save_pretrained(vlm_dir)
 
-    text = dict(TEXT, model_type="llama", vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+    text = dict(text_sizes, model_type="llama", vocab_size=vocab_size or len(tok), pad_token_id=tok.pad_token_id,
                 bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                 attention_dropout=0.0, attention_bias=False, mlp_bias=False,
                 tie_word_embeddings=False)
-    vision = dict(VISION, attention_dropout=0.0, num_channels=3)
+    vision = dict(vision_sizes, attention_dropout=0.0, num_channels=3)
     config = SmolVLMConfig(
         vision_config=vision,
         text_config=text,
-        scale_factor=SCALE_FACTOR,
+        scale_factor=scale_factor,
         image_token_id=tok.convert_tokens_to_ids(SPECIAL_TOKENS["image_token"]),
         pad_token_id=tok.pad_token_id,
         tie_word_embeddings=False,
@@ -167,14 +170,15 @@ def build_vlm_folder(vlm_dir):
     return tok
 
 
-def make_policy_config(vlm_dir, train_expert_only, freeze_vision_encoder):
+def make_policy_config(vlm_dir, train_expert_only, freeze_vision_encoder, cameras=CAMERAS, state_dim=STATE_DIM,
+                       action_dim=ACTION_DIM, policy=POLICY):
     from lerobot.configs import FeatureType, PolicyFeature
     from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
 
     inputs = {cam_key(c): PolicyFeature(type=FeatureType.VISUAL, shape=(3, h, w))
-              for c, (h, w) in CAMERAS.items()}
-    inputs["observation.state"] = PolicyFeature(type=FeatureType.STATE, shape=(STATE_DIM,))
-    outputs = {"action": PolicyFeature(type=FeatureType.ACTION, shape=(ACTION_DIM,))}
+              for c, (h, w) in cameras.items()}
+    inputs["observation.state"] = PolicyFeature(type=FeatureType.STATE, shape=(state_dim,))
+    outputs = {"action": PolicyFeature(type=FeatureType.ACTION, shape=(action_dim,))}
     return SmolVLAConfig(
         input_features=inputs,
         output_features=outputs,
@@ -184,7 +188,7 @@ def make_policy_config(vlm_dir, train_expert_only, freeze_vision_encoder):
         load_vlm_weights=False,
         train_expert_only=train_expert_only,
         freeze_vision_encoder=freeze_vision_encoder,
-        **POLICY,
+        **policy,
     )
 
 

@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""
+export_lerobot.py: a train_vla checkpoint (version 2) -> a LeRobot SmolVLA policy folder.
+
+    /usr/bin/python3 scripts/export_lerobot.py CKPT -o POLICY_DIR [--vlm NAME_OR_DIR]
+        [--cameras top,wrist] [--device cpu]
+    policy = SmolVLAPolicy.from_pretrained(POLICY_DIR)                     # LeRobot 0.6.1
+    pre = PolicyProcessorPipeline.from_pretrained(POLICY_DIR, "policy_preprocessor.json")
+    post = PolicyProcessorPipeline.from_pretrained(POLICY_DIR, "policy_postprocessor.json")
+
+Writes what LeRobot 0.6.1's save_pretrained writes for SmolVLA, so that the policy acts as the
+checkpoint does on the same observation and noise:
+  config.json        type smolvla with the checkpoint's sizes (chunk, max dims, resize to img,
+                     tokenizer_max_length = max_text, num_vlm_layers = n_layer, ...), the train
+                     flags of its train mode, vlm_model_name = --vlm, load_vlm_weights false
+                     (every weight is in model.safetensors)
+  model.safetensors  every table tensor under its LeRobot name (vla.h's table, dev/model.py's
+                     to_lerobot), fp32; lm_head (which feeds nothing and train_vla does not keep)
+                     as zeros, so that strict loading finds every tensor
+  policy_preprocessor.json / policy_postprocessor.json and their normalizer state files:
+                     LeRobot's pipelines (rename, batch, "\\n", tokenizer of --vlm, device,
+                     normalizer; unnormalizer, device) with the checkpoint's state and action
+                     mean/std (MEAN_STD; images IDENTITY, as SmolVLA's default)
+--vlm's tokenizer must make the ids the checkpoint names ("bytes": every byte its own id;
+"tokenizer.json:<sha>": that file), else the export is refused; unchecked (said) when its
+tokenizer.json is not found here.
+--vlm is the SmolVLM the sizes come from (LeRobot builds the model from its config.json and
+tokenizes with its tokenizer): a local folder or a hub name; default, for the smolvla preset's
+sizes, HuggingFaceTB/SmolVLM2-500M-Video-Instruct. Its config is checked against the checkpoint
+when it can be found (locally, in the HF cache, or the released SmolVLM2's sizes). Cameras are
+named observation.images.<name>, camera1 .. cameraN unless --cameras says (their order is the
+checkpoint's); their feature shape is (3, img, img). config.json's device is --device (none: LeRobot
+picks one); the pre-processor's device step says --device or cpu (LeRobot's scripts override it
+with the policy's device). Any problem is one line, exit status 1,
+and nothing is left in POLICY_DIR (the folder is written beside it, then renamed).
+
+Runs under Debian's python3 (torch + numpy) or build/lerobot-venv; needs neither lerobot nor
+the safetensors package.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "dev"))
+sys.path.insert(0, os.path.join(ROOT, "data"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import import_lerobot  # noqa: E402  the tokenizer names a checkpoint records
+import model as vla  # noqa: E402  dev/model.py: vla.h's config, table, LeRobot names, checkpoints
+import smolvla  # noqa: E402  dev/smolvla.py: safetensors I/O, the VLM's config
+import vla_shard  # noqa: E402  data/vla_shard.py: tokenizer names
+
+RELEASED_VLM = "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"  # what lerobot/smolvla_base embeds
+PREPROCESSOR_STATE = "policy_preprocessor_step_5_normalizer_processor.safetensors"
+POSTPROCESSOR_STATE = "policy_postprocessor_step_0_unnormalizer_processor.safetensors"
+NORM_MAP = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+TRAIN_FLAGS = {"expert": (True, True), "vlm": (False, True), "all": (False, False)}  # (expert only, freeze vision)
+
+
+class UserError(Exception):
+    """A user-facing problem: printed as one `error:` line."""
+
+
+def fail(msg):
+    raise UserError(msg)
+
+
+def is_released_sizes(cfg):
+    p = vla.PRESETS["smolvla"]
+    return all(getattr(p, f) == getattr(cfg, f) for f in vla.CONFIG_FIELDS
+               if f not in ("n_cam", "state_dim", "action_dim", "max_text"))
+
+
+def check_vlm(cfg, vlm, ckpt):
+    """The VLM's config against the checkpoint's sizes, when the config can be found."""
+    try:
+        vc = smolvla.find_vlm_config(vlm, os.path.dirname(os.path.abspath(ckpt)))
+    except FileNotFoundError:
+        fail(f"--vlm {vlm}: no config.json found for it (as a folder, next to the checkpoint, or in the HF cache): "
+             "pass the folder of the SmolVLM these weights were trained with")
+    v, t = vc.get("vision_config", {}), vc.get("text_config", {})
+    heads = t.get("num_attention_heads", 0)
+    pairs = [
+        ("vision image_size", v.get("image_size"), "img", cfg.img),
+        ("vision patch_size", v.get("patch_size"), "patch", cfg.patch),
+        ("vision hidden_size", v.get("hidden_size"), "vis_width", cfg.vis_width),
+        ("vision intermediate_size", v.get("intermediate_size"), "vis_ff", cfg.vis_ff),
+        ("vision num_hidden_layers", v.get("num_hidden_layers"), "vis_layers", cfg.vis_layers),
+        ("vision num_attention_heads", v.get("num_attention_heads"), "vis_heads", cfg.vis_heads),
+        ("scale_factor", vc.get("scale_factor", 2), "scale_factor", cfg.scale_factor),
+        ("text hidden_size", t.get("hidden_size"), "d_model", cfg.d_model),
+        ("text intermediate_size", t.get("intermediate_size"), "d_ff", cfg.d_ff),
+        ("text num_attention_heads", heads, "n_head", cfg.n_head),
+        ("text num_key_value_heads", t.get("num_key_value_heads"), "n_kv_head", cfg.n_kv_head),
+        ("text head_dim", t.get("head_dim") or t.get("hidden_size", 0) // max(heads, 1), "head_dim", cfg.head_dim),
+        ("text vocab_size", t.get("vocab_size"), "vocab", cfg.vocab),
+    ]
+    if t.get("pad_token_id") is not None:
+        pairs.append(("text pad_token_id", t.get("pad_token_id"), "pad_token", cfg.pad_token))
+    for theirs, value, ours, want in pairs:
+        if value != want:
+            fail(f"--vlm {vlm}: its config says {theirs} {value}, the checkpoint's {ours} is {want}: pass the SmolVLM "
+                 "these weights were trained with")
+    if t.get("num_hidden_layers", 0) < cfg.n_layer:
+        fail(f"--vlm {vlm}: its text model has {t.get('num_hidden_layers')} layers, the checkpoint {cfg.n_layer}: pass "
+             "the SmolVLM these weights were trained with")
+
+
+def check_tokenizer(ck, vlm):
+    """The VLM's tokenizer must make the token ids the checkpoint was trained on: LeRobot's
+    pre-processor tokenizes with it. Returns a line when it cannot be checked."""
+    ckpt_dir = os.path.dirname(os.path.abspath(ck["path"]))
+    for place in smolvla.vlm_places(vlm, ckpt_dir):
+        path = os.path.join(place, "tokenizer.json")
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            theirs = "bytes" if import_lerobot.is_byte_identity(json.load(f)) else vla_shard.tokenizer_json_id(path)
+        if theirs != ck["tokenizer"]:
+            fail(f"--vlm {vlm}: its tokenizer.json makes the token ids of {theirs}, the checkpoint was trained on "
+                 f"{ck['tokenizer']}: LeRobot would feed the model other ids: pass the SmolVLM folder whose tokenizer "
+                 "the training data used")
+        return None
+    return (f"note: no tokenizer.json of {vlm} found here: not checked that it makes the checkpoint's token ids "
+            f"({ck['tokenizer']})")
+
+
+def expert_multiplier(cfg):
+    """expert_width_multiplier such that LeRobot's int(d_model * m) is d_expert, with its MLP width
+    and rope base the ones LeRobot derives; fails when LeRobot cannot build these sizes."""
+    m = cfg.d_expert / cfg.d_model
+    if int(cfg.d_model * m) != cfg.d_expert:
+        m = (cfg.d_expert + 0.5) / cfg.d_model
+    if int(cfg.d_model * m) != cfg.d_expert or smolvla.expert_intermediate_size(cfg.d_expert) != cfg.d_expert_ff \
+            or cfg.rope_theta != 10000:
+        fail(f"the checkpoint's expert (width {cfg.d_expert}, MLP {cfg.d_expert_ff}, rope {cfg.rope_theta}) is not one "
+             f"LeRobot's SmolVLA builds from a VLM of width {cfg.d_model}: only SmolVLA-shaped checkpoints export")
+    return m
+
+
+def policy_config(cfg, mode, vlm, cameras, device, multiplier):
+    """config.json as LeRobot 0.6.1 writes a SmolVLAConfig (its fields, in its order)."""
+    expert_only, freeze_vision = TRAIN_FLAGS[vla.TRAIN_MODES[mode]]
+    inputs = {cam: {"type": "VISUAL", "shape": [3, cfg.img, cfg.img]} for cam in cameras}
+    inputs["observation.state"] = {"type": "STATE", "shape": [cfg.state_dim]}
+    return {
+        "type": "smolvla", "n_obs_steps": 1, "input_features": inputs,
+        "output_features": {"action": {"type": "ACTION", "shape": [cfg.action_dim]}},
+        "device": device, "use_amp": False, "use_peft": False, "push_to_hub": False, "repo_id": None,
+        "private": None, "tags": None, "license": None, "pretrained_path": None, "pretrained_revision": None,
+        "chunk_size": cfg.chunk, "n_action_steps": cfg.chunk, "normalization_mapping": NORM_MAP,
+        "max_state_dim": cfg.max_state_dim, "max_action_dim": cfg.max_action_dim,
+        "resize_imgs_with_padding": [cfg.img, cfg.img], "empty_cameras": 0, "adapt_to_pi_aloha": False,
+        "use_delta_joint_actions_aloha": False, "tokenizer_max_length": cfg.max_text, "num_steps": 10,
+        "use_cache": True, "freeze_vision_encoder": freeze_vision, "train_expert_only": expert_only,
+        "train_state_proj": True, "optimizer_lr": 1e-4, "optimizer_betas": [0.9, 0.95], "optimizer_eps": 1e-8,
+        "optimizer_weight_decay": 1e-10, "optimizer_grad_clip_norm": 10, "scheduler_warmup_steps": 1000,
+        "scheduler_decay_steps": 30000, "scheduler_decay_lr": 2.5e-6, "vlm_model_name": vlm,
+        "load_vlm_weights": False, "add_image_special_tokens": False, "attention_mode": "cross_attn",
+        "prefix_length": -1, "pad_language_to": "longest", "num_expert_layers": -1, "num_vlm_layers": cfg.n_layer,
+        "self_attn_every_n_layers": cfg.self_attn_every, "expert_width_multiplier": multiplier,
+        "min_period": 4e-3, "max_period": 4.0, "rtc_config": None, "compile_model": False,
+        "compile_mode": "max-autotune",
+    }
+
+
+def processors(cfg, vlm, cameras, device):
+    """(policy_preprocessor.json, policy_postprocessor.json) as LeRobot 0.6.1 saves SmolVLA's."""
+    features = {cam: {"type": "VISUAL", "shape": [3, cfg.img, cfg.img]} for cam in cameras}
+    features["observation.state"] = {"type": "STATE", "shape": [cfg.state_dim]}
+    features["action"] = {"type": "ACTION", "shape": [cfg.action_dim]}
+    pre = {"name": "policy_preprocessor", "steps": [
+        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+        {"registry_name": "to_batch_processor", "config": {}},
+        {"registry_name": "smolvla_new_line_processor", "config": {}},
+        {"registry_name": "tokenizer_processor", "config": {
+            "max_length": cfg.max_text, "task_key": "task", "padding_side": "right", "padding": "longest",
+            "truncation": True, "tokenizer_name": vlm}},
+        {"registry_name": "device_processor", "config": {"device": device or "cpu", "float_dtype": None}},
+        {"registry_name": "normalizer_processor", "config": {"eps": 1e-8, "features": features, "norm_map": NORM_MAP},
+         "state_file": PREPROCESSOR_STATE},
+    ]}
+    post = {"name": "policy_postprocessor", "steps": [
+        {"registry_name": "unnormalizer_processor",
+         "config": {"eps": 1e-8, "features": {"action": features["action"]}, "norm_map": NORM_MAP},
+         "state_file": POSTPROCESSOR_STATE},
+        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
+    ]}
+    return pre, post
+
+
+def camera_keys(names, n_cam):
+    names = [n.strip() for n in names.split(",")] if names else [f"camera{k + 1}" for k in range(n_cam)]
+    keys = [n if n.startswith("observation.images.") else "observation.images." + n for n in names]
+    if len(keys) != n_cam or len(set(keys)) != n_cam or any(k == "observation.images." for k in keys):
+        fail(f"--cameras {names}: the checkpoint reads {n_cam} camera(s): pass {n_cam} distinct comma-separated names, "
+             "in the order it was trained on")
+    return keys
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description="a train_vla checkpoint -> a LeRobot SmolVLA policy folder")
+    ap.add_argument("checkpoint", help="a train_vla checkpoint (version 2)")
+    ap.add_argument("-o", "--output", required=True, help="policy folder to write (new, or empty)")
+    ap.add_argument("--vlm", help=f"the SmolVLM of these sizes: folder or hub name (default for the smolvla preset's "
+                                  f"sizes: {RELEASED_VLM})")
+    ap.add_argument("--cameras", help="comma-separated camera names, in the checkpoint's order (camera1,camera2,...)")
+    ap.add_argument("--device", help="config.json's device (default: none, LeRobot picks)")
+    return ap.parse_args(argv)
+
+
+def run(args):
+    try:
+        ck = vla.read_checkpoint(args.checkpoint)
+    except ValueError as e:
+        fail(f"{e}")
+    cfg, mode = ck["config"], ck["train_mode"]
+    out = os.path.abspath(args.output)
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        fail(f"-o {args.output} exists and is not an empty folder: pass a new folder")
+    if not os.path.isdir(os.path.dirname(out)):
+        fail(f"-o {args.output}: folder {os.path.dirname(out)} does not exist: create it first")
+    if args.vlm:
+        vlm = os.path.abspath(args.vlm) if os.path.isdir(args.vlm) else args.vlm
+    elif is_released_sizes(cfg):
+        vlm = RELEASED_VLM
+    else:
+        fail(f"{args.checkpoint} has sizes other than lerobot/smolvla_base's: pass --vlm DIR, the SmolVLM folder "
+             "(config.json, tokenizer, processor) these sizes come from")
+    check_vlm(cfg, vlm, args.checkpoint)
+    ck["path"] = args.checkpoint
+    tokenizer_note = check_tokenizer(ck, vlm)
+    multiplier = expert_multiplier(cfg)
+    cameras = camera_keys(args.cameras, cfg.n_cam)
+
+    params = {name: torch.from_numpy(x) for name, x in ck["params"].items()}
+    tensors = dict(vla.to_lerobot(cfg, params))
+    tensors[vla.LM_HEAD] = torch.zeros(cfg.vocab, cfg.d_model)
+    S, A, stats = cfg.state_dim, cfg.action_dim, torch.from_numpy(ck["stats"])
+    state = {"observation.state.mean": stats[:S], "observation.state.std": stats[S:2 * S]}
+    action = {"action.mean": stats[2 * S:2 * S + A], "action.std": stats[2 * S + A:]}
+    pre, post = processors(cfg, vlm, cameras, args.device)
+
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(policy_config(cfg, mode, vlm, cameras, args.device, multiplier), f, indent=4)
+        smolvla.save_safetensors(os.path.join(tmp, "model.safetensors"), tensors)
+        for name, spec in (("policy_preprocessor.json", pre), ("policy_postprocessor.json", post)):
+            with open(os.path.join(tmp, name), "w") as f:
+                json.dump(spec, f, indent=2)
+        smolvla.save_safetensors(os.path.join(tmp, PREPROCESSOR_STATE), {**state, **action})
+        smolvla.save_safetensors(os.path.join(tmp, POSTPROCESSOR_STATE), action)
+        if os.path.isdir(out):
+            os.rmdir(out)  # empty, checked above
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"export_lerobot: {args.checkpoint} (step {ck['step']}, train mode {vla.TRAIN_MODES[mode]}, "
+          f"tokenizer {ck['tokenizer']}) -> {args.output}")
+    print(f"  vlm_model_name {vlm}; cameras {', '.join(cameras)}; state {S}, action {A} dims; "
+          f"{len(tensors)} tensors (lm_head zeros), fp32")
+    if tokenizer_note:
+        print(f"  {tokenizer_note}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        run(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

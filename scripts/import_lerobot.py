@@ -1,0 +1,402 @@
+#!/usr/bin/env python3
+"""
+import_lerobot.py: a LeRobot SmolVLA policy folder -> a train_vla checkpoint (version 2).
+
+    /usr/bin/python3 scripts/import_lerobot.py POLICY_DIR -o CKPT [--vlm DIR] [--train-mode MODE]
+        [--max-text N] [--tokenizer NAME] [--seed N]
+    ./train_vla_cpu -i data.bin -p tiny --train expert --init CKPT ...   # when the sizes are a preset's
+    VLAPolicy(CKPT)                                                      # scripts/vla_policy.py
+
+POLICY_DIR is what LeRobot 0.6.1's save_pretrained writes: config.json (type smolvla),
+model.safetensors (fp32, bf16 or fp16) and, when the processors were saved next to it,
+policy_preprocessor.json / policy_postprocessor.json with their normalizer state files. The
+sizes come from config.json and the VLM config its vlm_model_name names (a local folder, a
+folder of that name next to the policy, or the HF cache; --vlm DIR points elsewhere). Every
+tensor of vla.h's table (SMOLVLA_PARAMETERS, as dev/model.py states it) is read by its LeRobot
+name and shape-checked; tensors of the file the table lacks (lm_head, which feeds nothing) are
+listed as skipped. Any problem is one line, `error: ...: <fix>`, exit status 1, nothing written.
+
+The checkpoint holds what checkpoint_write in vla.h writes (dev/model.py's write_checkpoint):
+  config       the sizes above; max_text = tokenizer_max_length (--max-text overrides)
+  train_mode   from train_expert_only / freeze_vision_encoder (expert / vlm / all; --train-mode)
+  step 0, sampler_pos 0, seed 1337 (the trainers' default -s; --seed): a run that starts from it
+               is a fresh run, and --init adopts the checkpoint's seed
+  stats        observation.state mean/std from the pre-processor's normalizer, action mean/std
+               from the post-processor's unnormalizer (else the pre-processor's); none saved:
+               mean 0, std 1 (said); stds below 1e-6 become 1, as dataset_open floors them
+  weights      every table tensor, fp32 (bf16 and fp16 widen exactly)
+  m, v         zeros, one per element trainable in train_mode: AdamW's state before its first
+               step (version 2 always carries them; a file without them is refused as truncated)
+  tokenizer    what the shards' token ids must be: "bytes" when the VLM's tokenizer.json maps
+               every byte to its own id and nothing else (the ids the data tools write and the
+               policy library makes), else "tokenizer.json:<first 16 hex of its sha256>" (the name
+               data/vla_shard.py gives a tokenizer.json); no tokenizer.json found: "vlm:<name>"
+               (said; --tokenizer NAME records NAME instead)
+
+Runs under Debian's python3 (torch + numpy, the oracle's) or build/lerobot-venv: the safetensors
+and JSON files are read here, without the safetensors or lerobot packages.
+"""
+
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "dev"))
+sys.path.insert(0, os.path.join(ROOT, "data"))
+import model as vla  # noqa: E402  dev/model.py: vla.h's config, table, LeRobot names, checkpoints
+import smolvla  # noqa: E402  dev/smolvla.py: where a policy's VLM is found
+import vla_shard  # noqa: E402  data/vla_shard.py: tokenizer names
+
+SUPPORTED_NORMS = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+FLOAT_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8")}
+
+
+class UserError(Exception):
+    """A user-facing problem: printed as one `error:` line."""
+
+
+def fail(msg):
+    raise UserError(msg)
+
+
+# ----------------------------------------------------------------------------
+# safetensors, read lazily (a 450M-parameter model is not loaded twice)
+
+
+def safetensors_index(path):
+    """name -> (dtype, shape, begin, end) of a safetensors file, the offsets absolute and checked."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                fail(f"{path} is {size} bytes, not a safetensors file: re-save the policy with LeRobot")
+            n, = struct.unpack("<Q", head)
+            if n > min(size - 8, 100 << 20):
+                fail(f"{path}: header length {n} does not fit the file of {size} bytes: the file is truncated, "
+                     "download or save it again")
+            header = json.loads(f.read(n).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        fail(f"cannot read {path}: {e}: pass a LeRobot policy folder with a readable model.safetensors")
+    index = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        if not 0 <= begin <= end <= size - 8 - n:
+            fail(f"{path}: tensor {name} lies outside the file: the file is truncated, download or save it again")
+        index[name] = (info["dtype"], tuple(info["shape"]), 8 + n + begin, 8 + n + end)
+    return index
+
+
+def read_float32(path, entry, name):
+    """One tensor as float32: bf16 and fp16 widen exactly, fp64 rounds."""
+    dtype, shape, begin, end = entry
+    if dtype not in FLOAT_DTYPES:
+        fail(f"{path}: {name} has dtype {dtype}, not a floating-point type: the file is not SmolVLA's weights")
+    count = int(np.prod(shape, dtype=np.int64))
+    if (end - begin) != count * FLOAT_DTYPES[dtype].itemsize:
+        fail(f"{path}: {name} holds {end - begin} bytes, its shape {shape} needs "
+             f"{count * FLOAT_DTYPES[dtype].itemsize}: the file is corrupt, save it again")
+    raw = np.memmap(path, FLOAT_DTYPES[dtype], "r", begin, (count,))
+    if dtype == "BF16":  # bf16 is the top half of a float32
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw.astype(np.float32)
+
+
+# ----------------------------------------------------------------------------
+# the policy folder
+
+
+def read_json(path, what):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        fail(f"cannot read {what} {path}: {e}: save the policy again with LeRobot's save_pretrained")
+
+
+def check_policy_config(policy_dir):
+    """config.json, checked for what train_vla's SmolVLA implements; returns it."""
+    if not os.path.isdir(policy_dir):
+        fail(f"{policy_dir} is not a folder: pass the folder LeRobot's save_pretrained wrote (config.json, "
+             "model.safetensors)")
+    path = os.path.join(policy_dir, "config.json")
+    if not os.path.isfile(path):
+        fail(f"{policy_dir} has no config.json, so it is not a LeRobot policy folder: pass the folder LeRobot's "
+             "save_pretrained wrote (config.json, model.safetensors)")
+    pc = read_json(path, "the policy config")
+    kind = pc.get("type") if isinstance(pc, dict) else None
+    if kind != "smolvla":
+        fail(f"{path} describes a LeRobot policy of type {kind!r}, not 'smolvla': train_vla imports SmolVLA policies "
+             "only")
+    if not os.path.isfile(os.path.join(policy_dir, "model.safetensors")):
+        fail(f"{policy_dir} has no model.safetensors: save the policy with LeRobot's save_pretrained, which writes it")
+    inputs, outputs = pc.get("input_features") or {}, pc.get("output_features") or {}
+    if inputs.get("observation.state", {}).get("type") != "STATE" or outputs.get("action", {}).get("type") != "ACTION":
+        fail(f"{path}: input_features lacks observation.state (STATE) or output_features lacks action (ACTION): "
+             "SmolVLA needs both; save the policy with its dataset's features")
+    if not any(f.get("type") == "VISUAL" for f in inputs.values()):
+        fail(f"{path}: no VISUAL input feature: train_vla's SmolVLA reads at least one camera")
+    norms = pc.get("normalization_mapping", SUPPORTED_NORMS)
+    for kind, mode in SUPPORTED_NORMS.items():
+        if norms.get(kind, mode) != mode:
+            fail(f"{path}: normalization_mapping {kind} is {norms.get(kind)}: train_vla normalizes {kind} with "
+                 f"{mode} only (SmolVLA's default)")
+    unsupported = [("n_obs_steps", 1), ("empty_cameras", 0), ("add_image_special_tokens", False),
+                   ("adapt_to_pi_aloha", False), ("use_delta_joint_actions_aloha", False)]
+    for key, default in unsupported:
+        if pc.get(key, default) != default:
+            fail(f"{path}: {key} is {pc[key]}: train_vla's SmolVLA implements {key} = {default} only (LeRobot's "
+                 "default)")
+    return pc
+
+
+def policy_sizes(policy_dir, max_text, vlm_name):
+    """Our SmolVLAConfig of the folder (config.json and its VLM's config)."""
+    try:
+        cfg, lc = vla.config_from_policy(policy_dir, max_text, vlm_name)
+    except FileNotFoundError as e:
+        fail(f"{policy_dir}: {e}: pass --vlm DIR, a folder with the VLM's config.json and tokenizer")
+    except (ValueError, KeyError, AssertionError, TypeError) as e:
+        fail(f"{policy_dir}: config.json or its VLM config: {type(e).__name__} {e}: train_vla's SmolVLA does not "
+             "implement this policy")
+    problem = vla.config_problem(cfg)
+    if problem:
+        fail(f"{policy_dir}: its sizes make a config train_vla refuses ({problem})")
+    return cfg, lc
+
+
+def read_weights(policy_dir, cfg):
+    """Every table tensor from model.safetensors into one float32 buffer in table order.
+    Returns (name -> array view of table shape, file dtypes, skipped LeRobot names)."""
+    path = os.path.join(policy_dir, "model.safetensors")
+    index = safetensors_index(path)
+    flat = np.empty(vla.param_count(cfg), np.float32)
+    params, used = {}, set()
+    for s in vla.param_table(cfg):
+        numel = int(np.prod(s.shape))
+        view = flat[s.offset:s.offset + numel].reshape(s.shape)
+        names = vla.lerobot_names(cfg, s)
+        want = vla.lerobot_shape(cfg, s)
+        for i, name in enumerate(names):
+            where = s.name if len(names) == 1 else f"{s.name}[{i}]"
+            if name not in index:
+                fail(f"{path} lacks {name} (train_vla's {where}): the file is not a complete SmolVLA policy of "
+                     "config.json's sizes: save it again with LeRobot's save_pretrained")
+            if index[name][1] != want:
+                fail(f"{path}: {name} has shape {list(index[name][1])}, config.json and its VLM config say "
+                     f"{list(want)} (train_vla's {where}): the weights belong to another config: pass the policy "
+                     "folder they were saved with, or --vlm with the VLM they were trained on")
+            x = read_float32(path, index[name], name)
+            if not np.isfinite(x).all():
+                fail(f"{path}: {name} holds NaN or Inf values: the weights are corrupt, save them again")
+            (view if len(names) == 1 else view[i]).reshape(-1)[:] = x
+            used.add(name)
+        params[s.name] = view
+    dtypes = sorted({index[n][0] for n in used})
+    return params, dtypes, sorted(set(index) - used)
+
+
+def normalizer_stats(policy_dir, pipeline, registry_name):
+    """(the state file's path, its tensors) of a saved processor pipeline's normalizer step, or None."""
+    path = os.path.join(policy_dir, pipeline)
+    if not os.path.isfile(path):
+        return None
+    spec = read_json(path, "the processor")
+    for step in spec.get("steps", []):
+        if step.get("registry_name") != registry_name:
+            continue
+        norms = step.get("config", {}).get("norm_map", SUPPORTED_NORMS)
+        for kind in ("STATE", "ACTION"):
+            if norms.get(kind, "MEAN_STD") != "MEAN_STD":
+                fail(f"{path}: the {registry_name} maps {kind} to {norms[kind]}: train_vla normalizes with MEAN_STD "
+                     "only")
+        state_file = step.get("state_file")
+        if not state_file:
+            return None
+        st_path = os.path.join(policy_dir, state_file)
+        if not os.path.isfile(st_path):
+            fail(f"{path} names {state_file}, which is not in {policy_dir}: copy the processor's state files with it")
+        index = safetensors_index(st_path)
+        return st_path, {k: read_float32(st_path, e, k) for k, e in index.items()}
+    return None
+
+
+def read_stats(policy_dir, cfg):
+    """state mean(S) std(S) action mean(A) std(A), and lines saying where they came from."""
+    S, A = cfg.state_dim, cfg.action_dim
+    pre = normalizer_stats(policy_dir, "policy_preprocessor.json", "normalizer_processor")
+    post = normalizer_stats(policy_dir, "policy_postprocessor.json", "unnormalizer_processor")
+    parts, notes = [], []
+    for key, dim, sources in (("observation.state", S, [pre]), ("action", A, [post, pre])):
+        found = None
+        for src in sources:
+            if src is not None and f"{key}.mean" in src[1] and f"{key}.std" in src[1]:
+                found = src
+                break
+        if found is None:
+            parts += [np.zeros(dim, np.float32), np.ones(dim, np.float32)]
+            notes.append(f"{key}: no mean/std saved with the policy: wrote mean 0, std 1 (no normalization)")
+            continue
+        mean, std = found[1][f"{key}.mean"].reshape(-1), found[1][f"{key}.std"].reshape(-1)
+        if mean.size != dim or std.size != dim:
+            fail(f"{found[0]}: {key} statistics have {mean.size} and {std.size} values, config.json says {dim} dims: "
+                 "the processors belong to another dataset: save them again with the policy")
+        if not (np.isfinite(mean).all() and np.isfinite(std).all()):
+            fail(f"{found[0]}: {key} statistics hold NaN or Inf: recompute the dataset statistics")
+        low = std < vla.MIN_STD
+        if low.any():
+            std = np.where(low, np.float32(1), std)
+            notes.append(f"{key}: std below {float(vla.MIN_STD):g} in dims {np.flatnonzero(low).tolist()}: set to 1, "
+                         "as the trainers' dataset_open does")
+        parts += [mean, std]
+        notes.append(f"{key}: mean/std from {os.path.basename(found[0])}")
+    return np.concatenate(parts).astype(np.float32), notes
+
+
+# ----------------------------------------------------------------------------
+# the tokenizer the checkpoint names
+
+
+def byte_level_chars():
+    """The byte-level alphabet: byte b is the character byte-level BPE writes for it (printable
+    Latin-1 bytes stand for themselves; the others, in order, for 256, 257, ...)."""
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    chars, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+def is_byte_identity(tok):
+    """Whether a tokenizer.json turns any text into its UTF-8 bytes as ids (the "bytes" tokenizer
+    of the shards): byte-level BPE without merges whose byte character b has id b, no normalizer,
+    and no post-processor that adds tokens. (Its special tokens, if a text spells one, would differ.)"""
+    model = tok.get("model") or {}
+    if model.get("type") != "BPE" or model.get("merges") or tok.get("normalizer") is not None:
+        return False
+    if (tok.get("pre_tokenizer") or {}).get("type") != "ByteLevel":
+        return False
+    post = tok.get("post_processor")
+    if post is not None and post.get("type") not in ("ByteLevel", "TemplateProcessing"):
+        return False
+    if post is not None and post.get("type") == "TemplateProcessing" and \
+            any("Sequence" not in piece for piece in post.get("single", [])):
+        return False
+    vocab, chars = model.get("vocab") or {}, byte_level_chars()
+    if any(vocab.get(chars[b]) != b for b in range(256)):
+        return False
+    return all(t["content"] == chars[t["id"]] for t in tok.get("added_tokens", []) if t["id"] < 256)
+
+
+def tokenizer_name(policy_dir, pc, vlm_name):
+    """(the checkpoint's tokenizer name, a line saying why)."""
+    name = vlm_name or pc.get("vlm_model_name", "")
+    for place in [policy_dir] + smolvla.vlm_places(name, policy_dir):
+        path = os.path.join(place, "tokenizer.json")
+        if os.path.isfile(path):
+            if is_byte_identity(read_json(path, "the tokenizer")):
+                return "bytes", f"bytes ({os.path.normpath(path)} maps every byte to its own id)"
+            tid = vla_shard.tokenizer_json_id(path)
+            return tid, f"{tid} (of {os.path.normpath(path)})"
+    tid = ("vlm:" + os.path.basename(os.path.normpath(name)))[:63]
+    return tid, (f"{tid}: no tokenizer.json of VLM '{name}' was found: shards must name this tokenizer (pass --vlm "
+                 "DIR with its tokenizer.json, or --tokenizer NAME, to record another)")
+
+
+def matching_preset(cfg):
+    """The preset whose sizes these are (the dataset fixes n_cam, state_dim and action_dim), or None."""
+    for name, p in vla.PRESETS.items():
+        same = [f for f in vla.CONFIG_FIELDS if f not in ("n_cam", "state_dim", "action_dim", "max_text")]
+        if all(getattr(p, f) == getattr(cfg, f) for f in same):
+            return name
+    return None
+
+
+# ----------------------------------------------------------------------------
+# main
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description="a LeRobot SmolVLA policy folder -> a train_vla checkpoint (version 2)")
+    ap.add_argument("policy", help="the folder LeRobot's save_pretrained wrote")
+    ap.add_argument("-o", "--output", required=True, help="checkpoint file to write")
+    ap.add_argument("--vlm", help="folder (or HF cache name) of the VLM's config.json and tokenizer.json, instead of "
+                                  "config.json's vlm_model_name")
+    ap.add_argument("--train-mode", choices=vla.TRAIN_MODES,
+                    help="the checkpoint's train mode (default: from train_expert_only / freeze_vision_encoder)")
+    ap.add_argument("--max-text", type=int, help="instruction tokens (default: tokenizer_max_length)")
+    ap.add_argument("--tokenizer", help="tokenizer name to record (default: from the VLM's tokenizer.json)")
+    ap.add_argument("--seed", type=int, default=vla.DEFAULT_SEED, help="the checkpoint's seed (%(default)s)")
+    return ap.parse_args(argv)
+
+
+def run(args):
+    policy_dir = args.policy
+    pc = check_policy_config(policy_dir)
+    if args.max_text is not None and not 1 <= args.max_text <= vla.MAX_TEXT:
+        fail(f"--max-text {args.max_text}: pass 1 to {vla.MAX_TEXT}")
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir):
+        fail(f"-o {args.output}: folder {out_dir} does not exist: create it first")
+    if os.path.isdir(args.output):
+        fail(f"-o {args.output} is a folder: pass a checkpoint file name")
+    cfg, lc = policy_sizes(policy_dir, args.max_text, args.vlm)
+    mode = vla.TRAIN_MODES.index(args.train_mode) if args.train_mode else vla.mode_of_policy(lc)
+    params, dtypes, skipped = read_weights(policy_dir, cfg)
+    stats, stat_notes = read_stats(policy_dir, cfg)
+    legacy = [n for n in skipped if n.startswith(("normalize_inputs.", "normalize_targets.", "unnormalize_outputs."))]
+    if legacy and any("no mean/std saved" in line for line in stat_notes):
+        fail(f"{policy_dir}: the statistics are buffers of model.safetensors ({legacy[0]}, ...), as LeRobot before 0.4 "
+             "saved them: convert the folder with LeRobot's lerobot/processor/migrate_policy_normalization.py first")
+    if args.tokenizer:
+        t = args.tokenizer
+        if not 0 < len(t.encode()) < 64 or not t.isprintable() or not t.isascii():
+            fail(f"--tokenizer {args.tokenizer!r}: pass 1 to 63 printable ASCII characters")
+        tok, tok_line = args.tokenizer, f"{args.tokenizer} (--tokenizer)"
+    else:
+        tok, tok_line = tokenizer_name(policy_dir, pc, args.vlm)
+    if not 0 <= args.seed < 2**63:
+        fail(f"--seed {args.seed}: pass 0 to 2^63 - 1")
+
+    size = vla.write_checkpoint(args.output, cfg, mode, stats, params, step=0, seed=args.seed, sampler_pos=0,
+                                tokenizer=tok)
+    n_trainable = vla.opt_domain(vla.param_table(cfg), mode)[2]
+    preset = matching_preset(cfg)
+    print(f"import_lerobot: {policy_dir} (SmolVLA, {'/'.join(dtypes)} weights) -> {args.output}")
+    print("  config: " + ", ".join(f"{f} {v}" for f, v in zip(vla.CONFIG_FIELDS, cfg.values())))
+    print("  sizes: " + (f"preset {preset}'s (train with -p {preset} --max-text {cfg.max_text})" if preset else
+                          "no preset's (the trainers build their model from -p)"))
+    print(f"  train mode {vla.TRAIN_MODES[mode]} ({'--train-mode' if args.train_mode else 'from config.json'}); "
+          f"step 0, sampler position 0, seed {args.seed}; AdamW moments zero ({n_trainable} elements)")
+    print(f"  tokenizer: {tok_line}")
+    for line in stat_notes:
+        print(f"  statistics: {line}")
+    n_names = sum(len(vla.lerobot_names(cfg, s)) for s in vla.param_table(cfg))
+    print(f"  weights: {n_names} LeRobot tensors into the table's {len(params)} ({vla.param_count(cfg)} values)")
+    for name in skipped:
+        print(f"  skipped: {name} (not in train_vla's table" + (": it feeds nothing)" if name == vla.LM_HEAD else ")"))
+    print(f"wrote {args.output} ({size} bytes)")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        run(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

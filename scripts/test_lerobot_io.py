@@ -1,0 +1,463 @@
+"""
+test_lerobot_io.py: scripts/import_lerobot.py and scripts/export_lerobot.py against LeRobot 0.6.1
+itself. Run by `make test` under build/lerobot-venv (Python 3.12, lerobot, torch, safetensors):
+
+    build/lerobot-venv/bin/python scripts/test_lerobot_io.py     # needs train_vla_cpu, libvla.so,
+                                                                 # data/synthetic, build/lerobot_ref
+
+Fixtures, made here with dev/lerobot/make_ref.py's machinery: a tiny SmolVLM folder at the tiny
+preset's sizes whose tokenizer gives every byte its own id (so LeRobot's token ids are the ones
+the shards and the policy library use), and LeRobot's own SmolVLAPolicy on it (random seeded
+weights, norms jittered; two cameras of 24x32 and 20x20, state 3, action 2, LeRobot's default
+train flags), saved with save_pretrained and its processors, once in fp32 and once in bf16.
+Checks:
+  - import: every weight equal to LeRobot's tensor by tensor (fp32 exactly; bf16 widened
+    exactly), the header (config, train mode, step 0, seed, tokenizer, zero moments), the
+    processors' statistics, lm_head named as skipped; the file loads in the policy library
+  - LeRobot -> train_vla -> LeRobot: the exported folder loads with from_pretrained(strict=True)
+    and its processors; its actions equal the original policy's and train_vla's (libvla.so) on
+    the same raw observation and noise; LeRobot's own reference policy (build/lerobot_ref/all:
+    BPE tokenizer, three cameras) round-trips to its recorded chunk, its tokenizer.json named
+  - train_vla fine-tuned -> LeRobot: ./train_vla_cpu --init <import> trains a few steps on a
+    synthetic shard of the policy's shapes; the export acts as libvla.so does on that checkpoint;
+    dev/model.py's checkpoint writer reproduces the trainer's file byte for byte
+  - bad input (not a SmolVLA folder, no config.json, a missing tensor, a shape mismatch): one
+    `error:` line naming the problem, exit status 1, no file written; exports LeRobot could not
+    run as the checkpoint does (a VLM of other sizes or another tokenizer, no --vlm, wrong
+    camera count, a non-empty output folder) refused the same way
+Exits non-zero on any failure; the last line is `N passed, M failed`.
+"""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may be fetched
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for sub in ("scripts", "dev", "data", "dev/lerobot"):
+    sys.path.insert(0, os.path.join(ROOT, sub))
+import export_lerobot  # noqa: E402
+import import_lerobot  # noqa: E402
+import make_ref  # noqa: E402  dev/lerobot: the tiny SmolVLM folder and LeRobot policy builders
+import model as vla  # noqa: E402  dev/model.py: the table, LeRobot names, checkpoints
+import vla_shard  # noqa: E402
+from checks import Checks  # noqa: E402
+from vla_policy import VLAPolicy  # noqa: E402
+
+check = Checks()
+SEED = 2024
+CAMERAS = {"top": (24, 32), "wrist": (20, 20)}  # (h, w) as the shard stores them
+STATE_DIM, ACTION_DIM, BATCH = 3, 2, 3
+TINY = vla.PRESETS["tiny"]
+# the tiny preset's sizes as a SmolVLM config and LeRobot policy (vocabulary: the 256 byte ids)
+VISION = dict(image_size=TINY.img, patch_size=TINY.patch, hidden_size=TINY.vis_width,
+              num_hidden_layers=TINY.vis_layers, num_attention_heads=TINY.vis_heads, intermediate_size=TINY.vis_ff,
+              layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh")
+TEXT = dict(hidden_size=TINY.d_model, num_attention_heads=TINY.n_head, num_key_value_heads=TINY.n_kv_head,
+            head_dim=TINY.head_dim, intermediate_size=TINY.d_ff, num_hidden_layers=TINY.n_layer, rms_norm_eps=1e-5,
+            rope_theta=100000.0, max_position_embeddings=512, hidden_act="silu")
+POLICY = dict(chunk_size=TINY.chunk, n_action_steps=TINY.chunk, max_state_dim=TINY.max_state_dim,
+              max_action_dim=TINY.max_action_dim, resize_imgs_with_padding=(TINY.img, TINY.img), num_steps=10,
+              num_vlm_layers=TINY.n_layer, tokenizer_max_length=TINY.max_text)
+# one shorter than max_text, one cut by it, one that spells a digit and punctuation
+TASKS = ["pick it up", "open the top drawer and put the spoon inside", "stack 3 blocks!"]
+# train_vla's fp32 sampling against LeRobot's fp32 sampling: 10 Euler steps through the whole
+# model, summed in other orders; the parity suites measure below 1e-6 on these sizes (test_vla's
+# chunk check uses 1e-5, as here)
+ACTION_TOL = 1e-5
+
+
+# ----------------------------------------------------------------------------
+# fixtures
+
+
+def build_byte_tokenizer(out_dir):
+    """A byte-level BPE without merges whose byte b has id b, pad = byte 0 (the tiny preset's pad
+    id), and SmolVLM's special tokens after the 256 bytes (LeRobot reads their ids)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = import_lerobot.byte_level_chars()
+    bpe = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    sp = make_ref.SPECIAL_TOKENS
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token=sp["unk"], bos_token=sp["bos"],
+                                  eos_token=sp["end_of_utterance_token"], pad_token=chars[0],
+                                  extra_special_tokens={k: v for k, v in sp.items() if k.endswith("_token")})
+    tok.save_pretrained(out_dir)
+
+
+def make_stats(g):
+    mean_s, std_s = torch.randn(STATE_DIM, generator=g), torch.rand(STATE_DIM, generator=g) + 0.3
+    mean_a, std_a = torch.randn(ACTION_DIM, generator=g), torch.rand(ACTION_DIM, generator=g) + 0.3
+    stats = {"observation.state": {"mean": mean_s.numpy(), "std": std_s.numpy()},
+             "action": {"mean": mean_a.numpy(), "std": std_a.numpy()}}
+    for cam in CAMERAS:  # datasets ship image stats too; SmolVLA leaves images un-normalized
+        stats[make_ref.cam_key(cam)] = {"mean": np.full((3, 1, 1), 0.5, np.float32),
+                                        "std": np.full((3, 1, 1), 0.25, np.float32)}
+    return stats
+
+
+def save_policy(policy, cfg, stats, folder):
+    from lerobot.policies.factory import make_pre_post_processors
+
+    folder.mkdir(parents=True)
+    policy.save_pretrained(folder)
+    pre, post = make_pre_post_processors(cfg, dataset_stats=stats)
+    pre.save_pretrained(folder)
+    post.save_pretrained(folder)
+
+
+def build_fixtures(tmp):
+    """The byte-tokenizer SmolVLM folder and the policy saved in fp32 and bf16: (vlm, fp32 dir,
+    bf16 dir, the policy's fp32 state dict, its bf16 state dict)."""
+    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+
+    vlm = tmp / "vlm_bytes"
+    with contextlib.redirect_stdout(io.StringIO()):
+        make_ref.build_vlm_folder(vlm, VISION, TEXT, TINY.scale_factor, build_byte_tokenizer, vocab_size=TINY.vocab)
+        cfg = make_ref.make_policy_config(vlm, True, True, cameras=CAMERAS, state_dim=STATE_DIM,
+                                          action_dim=ACTION_DIM, policy=POLICY)
+        torch.manual_seed(SEED)
+        policy = SmolVLAPolicy(cfg)
+    make_ref.perturb_constant_params(policy, SEED + 3)
+    stats = make_stats(torch.Generator().manual_seed(SEED + 1))
+    save_policy(policy, cfg, stats, tmp / "fp32")
+    state32 = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    policy.to(torch.bfloat16)
+    save_policy(policy, cfg, stats, tmp / "bf16")
+    state16 = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    return vlm, tmp / "fp32", tmp / "bf16", state32, state16, stats
+
+
+def make_observation(g):
+    """A raw batch: uint8 frames per camera, raw state, task strings, and the starting noise."""
+    frames = {cam: torch.randint(0, 256, (BATCH, h, w, 3), generator=g, dtype=torch.uint8)
+              for cam, (h, w) in CAMERAS.items()}
+    state = torch.randn(BATCH, STATE_DIM, generator=g) * 2
+    noise = torch.randn(BATCH, TINY.chunk, TINY.max_action_dim, generator=g)
+    return frames, state, noise
+
+
+# ----------------------------------------------------------------------------
+# running the scripts and the policies
+
+
+def run_script(module, argv):
+    """A script's main() in this process: (exit status, stdout + stderr)."""
+    out = io.StringIO()
+    rc = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            module.main(argv)
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 1
+    return rc, out.getvalue()
+
+
+def lerobot_actions(policy_dir, frames, state, tasks, noise):
+    """LeRobot's own path: from_pretrained (strict), its saved pre-processor, predict_action_chunk
+    from the given noise, its post-processor. Returns (actions (B, H, A) float64, the policy)."""
+    from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        policy = SmolVLAPolicy.from_pretrained(str(policy_dir), strict=True)
+        pre, post = make_pre_post_processors(policy.config, pretrained_path=str(policy_dir))
+    batch = {make_ref.cam_key(c): make_ref.images_as_fed(f) for c, f in frames.items()}
+    batch["observation.state"] = state.clone()
+    batch["task"] = list(tasks)
+    with torch.no_grad():
+        chunk = policy.predict_action_chunk(pre(batch), noise=noise.clone())
+    return post(chunk).to(torch.float64).numpy(), policy
+
+
+def vla_actions(ckpt, frames, state, tasks, noise):
+    """train_vla's own path: libvla.so on the raw observation (LeRobot appends "\\n" to a task)."""
+    policy = VLAPolicy(str(ckpt), threads=1)
+    images = [np.ascontiguousarray(f.numpy()) for f in frames.values()]
+    out = policy.act(images, [t + "\n" for t in tasks], state.numpy(), noise=noise.numpy())
+    policy.close()
+    return out.astype(np.float64)
+
+
+def errors(got, want):
+    """(max absolute error, max relative error = max |got - want| / max |want|)."""
+    diff = float(np.abs(got - want).max())
+    return diff, diff / max(float(np.abs(want).max()), 1e-30)
+
+
+def same_tensors(ck, state, skip=(vla.LM_HEAD,)):
+    """Names of LeRobot tensors whose value differs from the checkpoint's (after widening to fp32)."""
+    params = {n: torch.from_numpy(x) for n, x in ck["params"].items()}
+    ours = vla.to_lerobot(ck["config"], params)
+    theirs = {k: v for k, v in state.items() if k not in skip}
+    bad = sorted(set(ours) ^ set(theirs))
+    bad += [k for k in ours if k in theirs and not torch.equal(ours[k], theirs[k].to(torch.float32))]
+    return bad
+
+
+def safetensors_dtypes(path):
+    """The dtype names (F32, BF16, ...) a safetensors file stores."""
+    from safetensors import safe_open
+    with safe_open(str(path), framework="pt") as f:
+        return {f.get_slice(k).get_dtype() for k in f.keys()}
+
+
+# ----------------------------------------------------------------------------
+# the checks
+
+
+def check_import(policy_dir, ckpt, state, stats, dtype):
+    rc, out = run_script(import_lerobot, [str(policy_dir), "-o", str(ckpt)])
+    check(rc == 0 and ckpt.exists(), f"import of the {dtype} policy succeeds" + ("" if rc == 0 else f": {out}"))
+    if rc != 0:
+        return None
+    print("    | " + out.rstrip().replace("\n", "\n    | "))
+    ck = vla.read_checkpoint(str(ckpt))
+    want_cfg = vla.SmolVLAConfig(**{**vars(TINY), "n_cam": len(CAMERAS), "state_dim": STATE_DIM,
+                                    "action_dim": ACTION_DIM})
+    check(ck["config"] == want_cfg, f"{dtype}: the config is the tiny preset's with the policy's 2 cameras, S 3, A 2")
+    n_trainable = vla.opt_domain(vla.param_table(ck["config"]), 0)[2]
+    zero = all(not x.any() for x in list(ck["m"].values()) + list(ck["v"].values()))
+    check((ck["train_mode"], ck["step"], ck["seed"], ck["sampler_pos"], ck["tokenizer"]) == (0, 0, 1337, 0, "bytes")
+          and zero and sum(x.size for x in ck["m"].values()) == n_trainable,
+          f"{dtype}: header: train mode expert (LeRobot's default flags), step 0, seed 1337, sampler 0, tokenizer "
+          f"bytes, zero moments for the {n_trainable} trainable elements")
+    want = np.concatenate([stats["observation.state"]["mean"], stats["observation.state"]["std"],
+                           stats["action"]["mean"], stats["action"]["std"]]).astype(np.float32)
+    check(np.array_equal(ck["stats"], want), f"{dtype}: the processors' state and action mean/std")
+    bad = same_tensors(ck, state)
+    check(not bad, f"{dtype}: all {len(state) - 1} LeRobot tensors but lm_head equal the checkpoint's exactly"
+          + (f" (differ: {bad[:4]})" if bad else ""))
+    check(f"skipped: {vla.LM_HEAD}" in out, f"{dtype}: lm_head is named as skipped")
+    return ck
+
+
+def check_errors(tmp, good):
+    """Bad folders: one `error:` line naming the problem, exit 1, nothing written."""
+    from safetensors.torch import load_file, save_file
+
+    cases = []
+    notsmol = tmp / "bad_type"
+    notsmol.mkdir()
+    pc = json.loads((good / "config.json").read_text())
+    (notsmol / "config.json").write_text(json.dumps({**pc, "type": "act"}))
+    shutil.copy(good / "model.safetensors", notsmol)
+    cases.append(("a LeRobot folder of another policy type", notsmol, "'act', not 'smolvla'"))
+    empty = tmp / "bad_empty"
+    empty.mkdir()
+    cases.append(("a folder without config.json", empty, "has no config.json"))
+    weights = load_file(str(good / "model.safetensors"))
+    for label, name, edit in (("a missing tensor", "model.action_out_proj.bias", None),
+                              ("a shape mismatch", "model.state_proj.weight", torch.zeros(TINY.d_model, 31))):
+        folder = tmp / ("bad_" + label.split()[-1])
+        shutil.copytree(good, folder)
+        changed = dict(weights)
+        if edit is None:
+            del changed[name]
+        else:
+            changed[name] = edit
+        save_file(changed, str(folder / "model.safetensors"))
+        cases.append((label, folder, name + (" has shape [48, 31]" if edit is not None else "")))
+    procs = []
+    for label, folder, needle in cases:
+        out = tmp / (folder.name + ".bin")
+        procs.append((label, needle, out, subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "import_lerobot.py"), str(folder), "-o", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    for label, needle, out, p in procs:
+        text = p.communicate()[0]
+        lines = text.splitlines()
+        ok = p.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+        written = out.exists() or Path(str(out) + ".tmp").exists()
+        check(ok and not written, f"{label}: exit {p.returncode}, {len(lines)} line(s), nothing written: "
+              f"{text.strip()[:300]}")
+
+
+def check_export_errors(tmp, ckpt, vlm):
+    """Exports LeRobot could not run as the checkpoint does: one `error:` line, exit 1, no folder."""
+    bpe = tmp / "vlm_bpe"  # the tiny sizes, but a BPE tokenizer: other token ids than the checkpoint's bytes
+    with contextlib.redirect_stdout(io.StringIO()):
+        make_ref.build_vlm_folder(bpe, VISION, TEXT, TINY.scale_factor, make_ref.build_tokenizer, vocab_size=TINY.vocab)
+    vc = json.loads((bpe / "config.json").read_text())
+    vc["text_config"]["pad_token_id"] = TINY.pad_token  # every size the checkpoint's: only the tokenizer differs
+    (bpe / "config.json").write_text(json.dumps(vc))
+    wide = dict(TEXT, hidden_size=64)
+    other = tmp / "vlm_wide"
+    with contextlib.redirect_stdout(io.StringIO()):
+        make_ref.build_vlm_folder(other, VISION, wide, TINY.scale_factor, build_byte_tokenizer, vocab_size=TINY.vocab)
+    taken = tmp / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("x")
+    for label, argv, needle in (
+            ("a VLM whose tokenizer makes other ids", ["--vlm", str(bpe)], "the checkpoint was trained on bytes"),
+            ("a VLM of other sizes", ["--vlm", str(other)], "text hidden_size 64, the checkpoint's d_model is 48"),
+            ("no --vlm for sizes other than smolvla_base's", [], "pass --vlm DIR"),
+            ("a camera list of the wrong length", ["--vlm", str(vlm), "--cameras", "top"], "reads 2 camera(s)")):
+        out = tmp / "export_refused"
+        rc, text = run_script(export_lerobot, [str(ckpt), "-o", str(out)] + argv)
+        lines = text.splitlines()
+        ok = rc == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+        check(ok and not out.exists() and not Path(str(out) + ".tmp").exists(),
+              f"export with {label}: exit {rc}, {len(lines)} line(s), no folder: {text.strip()[:300]}")
+    rc, text = run_script(export_lerobot, [str(ckpt), "-o", str(taken), "--vlm", str(vlm)])
+    check(rc == 1 and "exists and is not an empty folder" in text and os.listdir(taken) == ["keep.txt"],
+          f"export into a non-empty folder: refused, the folder untouched: {text.strip()[:200]}")
+
+
+def check_reference(tmp):
+    """LeRobot's own reference policy (dev/lerobot/make_ref.py) through import and export: its
+    recorded chunk, from its recorded batch and noise."""
+    from safetensors.torch import load_file
+
+    case = Path(ROOT) / "build" / "lerobot_ref" / "all"
+    if not (case / "ref.safetensors").exists():
+        check(False, f"{case} is missing: make build/lerobot_ref/all/ref.safetensors first")
+        return
+    info = json.loads((case / "case.json").read_text())
+    ref = load_file(str(case / "ref.safetensors"))
+    vlm = case.parent / make_ref.VLM_FOLDER
+    ckpt, out = tmp / "ref_all.bin", tmp / "ref_all_policy"
+    rc, text = run_script(import_lerobot, [str(case / "policy"), "-o", str(ckpt), "--vlm", str(vlm)])
+    check(rc == 0, "import of build/lerobot_ref/all/policy (BPE tokenizer, 3 cameras, train mode all)"
+          + ("" if rc == 0 else f": {text}"))
+    if rc != 0:
+        return
+    ck = vla.read_checkpoint(str(ckpt))
+    tid = vla_shard.tokenizer_json_id(str(vlm / "tokenizer.json"))
+    check(ck["tokenizer"] == tid and ck["config"].pad_token == info["pad_token_id"] and ck["train_mode"] == 2,
+          f"it records tokenizer {ck['tokenizer']} (its tokenizer.json), pad id {ck['config'].pad_token}, mode all")
+    rc, text = run_script(export_lerobot, [str(ckpt), "-o", str(out), "--vlm", str(vlm), "--cameras",
+                                           ",".join(info["camera_order"]), "--device", "cpu"])
+    check(rc == 0, "its export" + ("" if rc == 0 else f": {text}"))
+    if rc != 0:
+        return
+    frames = {c: ref[f"images_u8.{c}"] for c in info["camera_order"]}
+    got, _ = lerobot_actions(out, frames, ref["observation.state"], info["tasks"], ref["sample_noise"])
+    want = ref["chunk"].to(torch.float64).numpy()
+    check(np.array_equal(got, want), f"the round-tripped reference policy samples LeRobot's recorded chunk exactly "
+          f"(max abs err {errors(got, want)[0]:.3g})")
+
+
+def main():
+    t0 = time.time()
+    for target in ("train_vla_cpu", "libvla.so", "data/synthetic"):
+        if not os.path.exists(os.path.join(ROOT, target)):
+            check(False, f"{target} is missing: make {target} first")
+            check.finish()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        vlm, fp32_dir, bf16_dir, state32, state16, stats = build_fixtures(tmp)
+        tok_ids = __import__("transformers").AutoTokenizer.from_pretrained(vlm)(TASKS[2] + "\n")["input_ids"]
+        check(tok_ids == list((TASKS[2] + "\n").encode()), "the fixture's tokenizer gives every byte its own id")
+        check(safetensors_dtypes(fp32_dir / "model.safetensors") == {"F32"}
+              and safetensors_dtypes(bf16_dir / "model.safetensors") == {"BF16"},
+              "fixtures: LeRobot saved one policy with fp32 weights and one with bf16 weights")
+
+        print("import (LeRobot -> train_vla)")
+        a_ckpt, a16_ckpt = tmp / "a.bin", tmp / "a16.bin"
+        ck = check_import(fp32_dir, a_ckpt, state32, stats, "fp32")
+        ck16 = check_import(bf16_dir, a16_ckpt, state16, stats, "bf16")
+        if ck is None or ck16 is None:
+            check.finish()
+        rounded = all(torch.equal(torch.from_numpy(ck["params"][n]).to(torch.bfloat16).float(),
+                                  torch.from_numpy(ck16["params"][n])) for n in ck["params"])
+        differs = any(not np.array_equal(ck["params"][n], ck16["params"][n]) for n in ck["params"])
+        check(rounded and differs, "bf16: the weights are the fp32 policy's rounded to bf16 (and not the fp32 values)")
+
+        print("round trip LeRobot -> train_vla -> LeRobot")
+        b_dir = tmp / "exported"
+        rc, out = run_script(export_lerobot, [str(a_ckpt), "-o", str(b_dir), "--vlm", str(vlm),
+                                              "--cameras", ",".join(CAMERAS), "--device", "cpu"])
+        check(rc == 0, "export of the imported checkpoint" + ("" if rc == 0 else f": {out}"))
+        if rc != 0:
+            check.finish()
+        print("    | " + out.rstrip().replace("\n", "\n    | "))
+        theirs, ours = (json.loads((d / "config.json").read_text()) for d in (fp32_dir, b_dir))
+        differ = [k for k in theirs if k != "input_features" and theirs[k] != ours.get(k)]
+        check(list(theirs) == list(ours) and not differ,
+              "config.json: LeRobot's fields in LeRobot's order, the same values (camera shapes aside)"
+              + (f"; differ: {differ}" if differ else ""))
+        frames, state, noise = make_observation(torch.Generator().manual_seed(SEED + 5))
+        want, _ = lerobot_actions(fp32_dir, frames, state, TASKS, noise)
+        got, policy_b = lerobot_actions(b_dir, frames, state, TASKS, noise)
+        bad = same_tensors(ck, policy_b.state_dict())
+        lm_zero = not policy_b.state_dict()[vla.LM_HEAD].any()
+        check(not bad and lm_zero, "from_pretrained(strict=True) loads every tensor, equal to the original's "
+              "(lm_head zeros)" + (f"; differ: {bad[:4]}" if bad else ""))
+        e_abs, e_rel = errors(got, want)
+        check(e_abs == 0.0, f"exported vs original LeRobot policy, same observation and noise: max abs err "
+              f"{e_abs:.3g}, max rel err {e_rel:.3g} (exact)")
+        c_act = vla_actions(a_ckpt, frames, state, TASKS, noise)
+        e_abs, e_rel = errors(c_act, want)
+        check(e_rel <= ACTION_TOL, f"train_vla (libvla.so) vs LeRobot on the imported weights: max abs err "
+              f"{e_abs:.3g}, max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
+        check_reference(tmp)
+
+        print("fine-tuned train_vla -> LeRobot")
+        shard, run_dir = tmp / "s.bin", tmp / "run"
+        args = ["--episodes", "6", "--min-len", "4", "--max-len", "9", "--seed", "7", "--state", str(STATE_DIM),
+                "--action", str(ACTION_DIM)]
+        for h, w in CAMERAS.values():
+            args += ["--cam-size", f"{h}x{w}"]
+        r = subprocess.run([os.path.join(ROOT, "data", "synthetic"), "-o", str(shard)] + args,
+                           capture_output=True, text=True)
+        steps = 3
+        if r.returncode == 0:
+            r = subprocess.run([os.path.join(ROOT, "train_vla_cpu"), "-i", str(shard), "-p", "tiny", "--train",
+                                "expert", "--init", str(a_ckpt), "-n", str(steps), "-b", "2", "-u", "1", "-l", "1e-2",
+                                "-t", "1", "--workers", "1", "-o", str(run_dir)], capture_output=True, text=True)
+        tuned = run_dir / f"ckpt_{steps:08d}.bin"
+        check(r.returncode == 0 and tuned.exists(), f"./train_vla_cpu --init <imported> trains {steps} steps on a "
+              "shard of the policy's shapes" + ("" if r.returncode == 0 else ": " + (r.stdout + r.stderr)[-600:]))
+        if not tuned.exists():
+            check.finish()
+        ft = vla.read_checkpoint(str(tuned))
+        again = tmp / "rewritten.bin"
+        vla.write_checkpoint(str(again), ft["config"], ft["train_mode"], ft["stats"], ft["params"], ft["m"], ft["v"],
+                             ft["step"], ft["seed"], ft["sampler_pos"], ft["tokenizer"])
+        check(again.read_bytes() == tuned.read_bytes(), "dev/model.py's write_checkpoint reproduces the trainer's "
+              "checkpoint byte for byte (the writer the import uses)")
+        frozen = [s.name for s in vla.param_table(ft["config"]) if vla.trainable_numel(s, 0) == 0]
+        moved = [n for n in ft["params"] if n not in frozen and not np.array_equal(ft["params"][n], ck["params"][n])]
+        kept = all(np.array_equal(ft["params"][n], ck["params"][n]) for n in frozen)
+        check(kept and len(moved) == len(ft["params"]) - len(frozen),
+              f"--train expert from the import: the {len(frozen)} frozen tensors kept, the {len(moved)} trainable ones "
+              "moved")
+        c_dir = tmp / "finetuned"
+        rc, out = run_script(export_lerobot, [str(tuned), "-o", str(c_dir), "--vlm", str(vlm),
+                                              "--cameras", ",".join(CAMERAS), "--device", "cpu"])
+        check(rc == 0, "export of the fine-tuned checkpoint" + ("" if rc == 0 else f": {out}"))
+        if rc == 0:
+            want = vla_actions(tuned, frames, state, TASKS, noise)
+            got, _ = lerobot_actions(c_dir, frames, state, TASKS, noise)
+            e_abs, e_rel = errors(got, want)
+            check(e_rel <= ACTION_TOL, f"LeRobot on the exported fine-tuned checkpoint vs train_vla (libvla.so) on it: "
+                  f"max abs err {e_abs:.3g}, max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
+
+        print("bad input")
+        check_errors(tmp, fp32_dir)
+        check_export_errors(tmp, a_ckpt, vlm)
+    print(f"({time.time() - t0:.1f} s)")
+    check.finish()
+
+
+if __name__ == "__main__":
+    main()
