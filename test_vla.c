@@ -1157,6 +1157,90 @@ static int read_checkpoint_file(const char* path, Checkpoint* ck) {
     return rc == 0;
 }
 
+// --init FILE --weights-only (fine-tuning): a checkpoint's weights at step 0 with fresh moments,
+// this run's seed and the dataset's statistics, its sizes on data of other cameras and dims, and
+// resumable with -y 1 without -p (the sizes come from the checkpoint)
+static void test_weights_only(const char* dir) {
+    printf("\n== --init --weights-only: fine-tuning from a checkpoint's weights\n");
+    char cmd[4096], a[1024], b[1024], p1[1200], p2[1200], args[3000];
+    snprintf(a, sizeof(a), "%s/a.bin", dir);
+    snprintf(b, sizeof(b), "%s/b.bin", dir);
+    const char* trainer = "./train_vla_cpu -b 4 -u 3 -t 1 --log-every 100";
+    // step 1 at learning rate 0 leaves the weights at the init of seed 21: a checkpoint of that init
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/wo_zero %s/wo_seed %s/wo_init && %s -p tiny -n 1 -l 0 -s 21 -i %s -o %s/wo_zero "
+             "> /dev/null 2>&1 && %s -p tiny -n 3 -l 1e-3 -s 21 -i %s -o %s/wo_seed > /dev/null 2>&1 && %s -n 3 -l 1e-3 -s 21 "
+             "-i %s --init %s/wo_zero/ckpt_00000001.bin --weights-only -o %s/wo_init > %s/wo_init.txt 2>&1",
+             dir, dir, dir, trainer, a, dir, trainer, a, dir, trainer, a, dir, dir, dir);
+    int rc = run_command(cmd);
+    snprintf(p1, sizeof(p1), "%s/wo_seed/ckpt_00000003.bin", dir);
+    snprintf(p2, sizeof(p2), "%s/wo_init/ckpt_00000003.bin", dir);
+    check(rc == 0 && files_equal(p1, p2), "--weights-only from a checkpoint of seed 21's init (no -p: its sizes) trains "
+          "as the run from seed 21 itself: step 0, fresh moments, the same checkpoint at step 3 byte for byte (exit %d)", rc);
+    snprintf(p1, sizeof(p1), "%s/wo_init.txt", dir);
+    char* text = read_text(p1);
+    check(text != NULL && strstr(text, "| start                  | weights    |") != NULL &&
+          strstr(text, "fine-tuning the weights of") != NULL, "the config table says the run starts from the checkpoint's weights");
+    free(text);
+
+    // on other data (2 cameras, state 3, action 2): the checkpoint's sizes, the dataset's dims and
+    // statistics; --train expert leaves everything else at the checkpoint's weights
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/wo_b %s/wo_b2 && %s -n 3 -s 5 --train expert -i %s --init %s/wo_zero/ckpt_00000001.bin "
+             "--weights-only -o %s/wo_b > /dev/null 2>&1 && %s -n 2 -k 1 -s 5 --train expert -i %s --init "
+             "%s/wo_zero/ckpt_00000001.bin --weights-only -o %s/wo_b2 > /dev/null 2>&1 && %s -n 3 -s 5 -y 1 --train expert "
+             "-i %s -o %s/wo_b2 > /dev/null 2>&1", dir, dir, trainer, b, dir, dir, trainer, b, dir, dir, trainer, b, dir);
+    rc = run_command(cmd);
+    Checkpoint from, tuned;
+    Dataset ds;
+    dataset_open(&ds, b);
+    snprintf(p1, sizeof(p1), "%s/wo_zero/ckpt_00000001.bin", dir);
+    snprintf(p2, sizeof(p2), "%s/wo_b/ckpt_00000003.bin", dir);
+    if (rc == 0 && read_checkpoint_file(p1, &from) && read_checkpoint_file(p2, &tuned)) {
+        const SmolVLAConfig* c = &tuned.config;
+        SmolVLAConfig sizes = from.config;
+        sizes.n_cam = c->n_cam; sizes.state_dim = c->state_dim; sizes.action_dim = c->action_dim;
+        int S = c->state_dim, A = c->action_dim;
+        int stats_ok = memcmp(tuned.stats, ds.state_mean, S * 4) == 0 && memcmp(tuned.stats + S, ds.state_std, S * 4) == 0 &&
+                       memcmp(tuned.stats + 2 * S, ds.action_mean, A * 4) == 0 &&
+                       memcmp(tuned.stats + 2 * S + A, ds.action_std, A * 4) == 0;
+        check(smolvla_config_diff(&sizes, c) == NULL && c->n_cam == 2 && S == 3 && A == 2 && tuned.step == 3 &&
+              tuned.seed == 5 && tuned.train_mode == TRAIN_MODE_EXPERT && stats_ok,
+              "a tiny checkpoint of 1 camera and 4/4 dims fine-tunes on 2 cameras and 3/2 dims: its sizes, the data's dims "
+              "and statistics, step 3, this run's seed and --train expert in the header");
+        SmolParamTable t;
+        smolvla_table_build(c, &t);
+        int frozen_same = 1, trained_moved = 1;
+        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+            const SmolParamSpec* s = &t.spec[i];
+            size_t n = smolvla_trainable_numel(s, TRAIN_MODE_EXPERT);
+            frozen_same &= memcmp(tuned.params + s->offset + n, from.params + s->offset + n, (s->numel - n) * 4) == 0;
+            if (n > 0) { trained_moved &= memcmp(tuned.params + s->offset, from.params + s->offset, n * 4) != 0; }
+        }
+        check(frozen_same && trained_moved, "--train expert: every frozen weight is the checkpoint's bit for bit, every "
+              "trainable tensor moved");
+        checkpoint_free(&from);
+        checkpoint_free(&tuned);
+    } else {
+        check(0, "fine-tuning on other data ran and wrote its checkpoints (exit %d)", rc);
+    }
+    dataset_close(&ds);
+    snprintf(p1, sizeof(p1), "%s/wo_b2/ckpt_00000003.bin", dir);
+    check(rc == 0 && files_equal(p1, p2), "-y 1 (no -p, no --init) continues the fine-tuning run from its step 2 to the "
+          "straight run's step 3, byte for byte");
+
+    // refusals, each one line
+    expect_error(dir, "--weights-only without --init", "--weights-only -n 1", "--weights-only takes the weights of --init FILE");
+    snprintf(args, sizeof(args), "-p small -n 1 -i %s --init %s/wo_zero/ckpt_00000001.bin --weights-only -o %s/bad_out", a, dir,
+             dir);
+    expect_error(dir, "--weights-only with -p of other sizes", args, "has other sizes than preset small (img 32 vs 64");
+    char bad[1200], tokenizer[64] = "tokenizer.json:0123456789abcdef";
+    snprintf(bad, sizeof(bad), "%s/ckpt_wo_bad.bin", dir);
+    snprintf(p1, sizeof(p1), "%s/wo_zero/ckpt_00000001.bin", dir);
+    corrupt_copy(p1, bad, offsetof(CheckpointHeader, tokenizer), tokenizer, sizeof(tokenizer), -1);
+    snprintf(args, sizeof(args), "-n 1 -i %s --init %s --weights-only -o %s/bad_out", b, bad, dir);
+    expect_error(dir, "--weights-only of another tokenizer", args, "was trained on token ids of tokenizer "
+                 "tokenizer.json:0123456789abcdef, the dataset's are of bytes");
+}
+
 static void test_checkpoints(const char* dir) {
     printf("\n== checkpoints and resume\n");
     char cmd[4096], p1[1024], p2[1024], path[1100];
@@ -1922,6 +2006,7 @@ int main(int argc, char** argv) {
     test_sampler();
     test_loader(dir);
     test_checkpoints(dir);
+    test_weights_only(dir);
     test_max_text(dir);
     test_bad_input(dir);
     test_untrusted_files(dir);

@@ -804,6 +804,38 @@ static void test_cross_trainer(const char* dir) {
     }
 }
 
+// --init FILE --weights-only on the GPU: from a train_vla_cpu checkpoint of seed 21's init (step 1
+// at learning rate 0), the run equals the GPU's own run from seed 21 (the same weights, step 0,
+// fresh moments); and it fine-tunes on data of other cameras and dims with --train expert
+static void test_weights_only(const char* dir) {
+    printf("\n== --init --weights-only\n");
+    if (access("./train_vla_cpu", X_OK) != 0) {
+        check(0, "./train_vla_cpu is there to write the checkpoint to fine-tune (make train_vla_cpu)");
+        return;
+    }
+    char cmd[4096], p1[1100], p2[1100];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/gw_zero %s/gw_seed %s/gw_init %s/gw_b && ./train_vla_cpu -p tiny -b 4 -t 1 -n 1 -l 0 "
+             "-s 21 -i %s/a.bin -o %s/gw_zero > /dev/null 2>&1 && %s -p tiny -b 4 -n 3 -u 2 -s 21 -i %s/a.bin -o %s/gw_seed "
+             "> /dev/null 2>&1 && %s -b 4 -n 3 -u 2 -s 21 -i %s/a.bin --init %s/gw_zero/ckpt_00000001.bin --weights-only -o "
+             "%s/gw_init > /dev/null 2>&1", dir, dir, dir, dir, dir, dir, TRAINER, dir, dir, TRAINER, dir, dir, dir);
+    int rc = run_command(cmd);
+    snprintf(p1, sizeof(p1), "%s/gw_seed/ckpt_00000003.bin", dir);
+    snprintf(p2, sizeof(p2), "%s/gw_init/ckpt_00000003.bin", dir);
+    check(rc == 0 && files_equal(p1, p2), "--weights-only from train_vla_cpu's checkpoint of seed 21's init trains as the "
+          "GPU's run from seed 21: the same checkpoint at step 3, byte for byte (exit %d)", rc);
+    snprintf(cmd, sizeof(cmd), "%s -b 2 -n 2 --train expert -i %s/b.bin --init %s/gw_zero/ckpt_00000001.bin --weights-only "
+             "-o %s/gw_b > /dev/null 2>&1", TRAINER, dir, dir, dir);
+    rc = run_command(cmd);
+    snprintf(p1, sizeof(p1), "%s/gw_b/ckpt_00000002.bin", dir);
+    Checkpoint ck;
+    char err[2048];
+    int ok = rc == 0 && checkpoint_read_checked(p1, &ck, err, sizeof(err)) == 0;
+    check(ok && ck.config.n_cam == 2 && ck.config.state_dim == 3 && ck.config.action_dim == 2 && ck.step == 2 &&
+          ck.train_mode == TRAIN_MODE_EXPERT, "a 1-camera tiny checkpoint fine-tunes with --train expert on 2 cameras and "
+          "3/2 dims (exit %d)", rc);
+    if (ok) { checkpoint_free(&ck); }
+}
+
 static void test_bad_input(const char* dir) {
     printf("\n== bad input\n");
     char args[2048];
@@ -867,6 +899,7 @@ int main(int argc, char** argv) {
     printf("\n== bit-exact resume\n");
     check_resume_bit_exact(dir, trainer, TRAINER);
     test_cross_trainer(dir);
+    test_weights_only(dir);
     test_bad_input(dir);
     gpu_shutdown();
     printf("\n%d passed, %d failed\n", n_passed, n_failed);

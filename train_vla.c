@@ -1793,16 +1793,22 @@ int main(int argc, char** argv) {
     }
     Dataset ds;
     dataset_open(&ds, args.input);
-    SmolVLAConfig c = config_for_data(args.preset, args.max_text, &ds);
+    char resume_path[VLA_PATH_MAX];
+    const char* from = run_start_checkpoint(&args, resume_path, sizeof(resume_path));
+    SmolVLAConfig c = run_config(&args, from, &ds);
     SmolVLA model;
     smolvla_build(&model, &c);
     smolvla_opt_init(&model, args.train_mode);
 
     int start = 0;
     uint64_t sampler_pos = 0;
-    char resume_path[VLA_PATH_MAX];
-    const char* from = run_start_checkpoint(&args, resume_path, sizeof(resume_path));
-    if (from != NULL) {
+    if (from != NULL && args.weights_only) {  // fine-tuning: the weights alone, fresh moments (zero), step 0
+        Checkpoint ck;
+        run_weights_load(from, &c, &ds, &ck);
+        memcpy(model.params_memory, ck.params, model.table.total * sizeof(float));
+        checkpoint_free(&ck);
+        printf("fine-tuning the weights of %s\n", from);
+    } else if (from != NULL) {
         uint64_t seed;
         smolvla_load(&model, from, args.train_mode, &ds, &start, &seed, &sampler_pos);
         if (seed != args.seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)seed); }
@@ -1829,6 +1835,8 @@ int main(int argc, char** argv) {
     printf("| parameters             | %-10zu |\n", model.table.total);
     printf("| trainable (--train)    | %-10zu |\n", model.opt.total);
     printf("| train mode             | %-10s |\n", TRAIN_MODE_NAMES[args.train_mode]);
+    printf("| start                  | %-10s |\n", run_start_kind(&args, from));
+    if (from != NULL) { printf("| from                   | %s |\n", from); }
     printf("| dataset samples        | %-10llu |\n", (unsigned long long)ds.n_samples);
     printf("| shards                 | %-10d |\n", ds.n_shards);
     printf("| cameras (h x w)        | %-10s |\n", cameras_describe(&ds.cams, cams, sizeof(cams)));

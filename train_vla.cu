@@ -3930,6 +3930,8 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     snprintf(split, sizeof(split), "%zu (%.1f%%)", trainable, 100.0 * (double)trainable / (double)t.total);
     printf("| trainable              | %-36s |\n", split);
     printf("| train mode (--train)   | %-36s |\n", TRAIN_MODE_NAMES[args->train_mode]);
+    printf("| start                  | %-36s |\n", run_start_kind(args, run->from));
+    if (run->from != NULL) { printf("| from                   | %-36s |\n", run->from); }
     SmolOptDomain domain;
     SmolBuckets buckets;
     smolvla_opt_domain(&t, args->train_mode, &domain);
@@ -4224,11 +4226,13 @@ int main(int argc, char** argv) {
     run.world = run.nodes * run.local_ranks;
     train_args_for_world(args, run.world);
     dataset_open(&run.ds, args->input);
-    run.config = config_for_data(args->preset, args->max_text, &run.ds);
-
     char resume_path[VLA_PATH_MAX];
     run.from = run_start_checkpoint(args, resume_path, sizeof(resume_path));
-    if (run.from != NULL) {
+    run.config = run_config(args, run.from, &run.ds);
+    if (run.from != NULL && args->weights_only) {  // fine-tuning: the weights alone, fresh moments, step 0
+        run_weights_load(run.from, &run.config, &run.ds, &run.initial);
+        printf("fine-tuning the weights of %s\n", run.from);
+    } else if (run.from != NULL) {
         Checkpoint* ck = &run.initial;
         run_checkpoint_load(run.from, &run.config, args->train_mode, &run.ds, ck);
         run.start = (int)ck->step;

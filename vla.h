@@ -2294,10 +2294,13 @@ static inline void checkpoint_prune(const char* dir, int keep) {
 typedef struct {
     const char* input;      // shards: files and folders, comma-separated
     const char* output;     // output folder: checkpoints and the log
-    const char* preset;
-    int train_mode;         // --train: TRAIN_MODE_*, what trains (unless given: the preset's default)
-    int max_text;           // --max-text: instruction tokens the model reads, 0: the preset's
-    const char* init;       // checkpoint to start from (weights, optimizer, step)
+    const char* preset;     // -p: the model's sizes (a run from a checkpoint without -p takes the checkpoint's)
+    int preset_given;       // -p was given
+    int train_mode;         // --train: TRAIN_MODE_*, what trains (unless given: the checkpoint's, else the preset's default)
+    int train_given;        // --train was given
+    int max_text;           // --max-text: instruction tokens the model reads, 0: the checkpoint's or the preset's
+    const char* init;       // checkpoint to start from (weights, optimizer, step; weights alone with weights_only)
+    int weights_only;       // --weights-only: from --init's weights alone (fine-tuning: step 0, fresh optimizer)
     int batch;              // per-rank micro-batch
     int ranks;              // GPUs (CUDA) or simulated ranks (CPU)
     int total_batch;        // -d: samples per optimizer step over all ranks and micro-steps, 0: batch x ranks
@@ -2326,6 +2329,7 @@ static const char* const LR_SCALE_NAMES[] = {"none", "linear", "sqrt"};
 #define LR_SCALE_COUNT ((int)(sizeof(LR_SCALE_NAMES) / sizeof(LR_SCALE_NAMES[0])))
 
 static inline void train_args_defaults(TrainArgs* a) {
+    memset(a, 0, sizeof(*a));
     a->input = "data/default";
     a->output = "out";
     a->preset = "small";
@@ -2377,7 +2381,9 @@ static inline void train_args_usage(const char* prog) {
     printf("  -c, --clip X           global gradient-norm clip, 0 disables (%g)\n", d.grad_clip);
     printf("  -s, --seed N           seed for init, sampler and flow noise (%llu)\n", (unsigned long long)d.seed);
     printf("  -y, --resume 0|1       1: continue from the newest complete checkpoint in the output folder (%d)\n", d.resume);
-    printf("      --init FILE        start from this checkpoint (weights, optimizer, step)\n");
+    printf("      --init FILE        start from this checkpoint (weights, optimizer, step, sampler, seed: it continues)\n");
+    printf("      --weights-only     with --init: its weights alone (fine-tuning: step 0, fresh optimizer, this run's seed\n"
+           "                         and the dataset's statistics; its sizes, and cameras and dims from the dataset)\n");
     printf("  -k, --ckpt-every N     checkpoint every N steps and at the end, 0: only at the end (%d)\n", d.ckpt_every);
     printf("      --keep N           checkpoints kept in the output folder (%d)\n", d.keep);
     printf("      --log-every N      print a step line every N steps (%d)\n", d.log_every);
@@ -2432,7 +2438,7 @@ static inline const char* boot_parse_master(const char* master, char* host, size
 static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     train_args_defaults(a);
     enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
-           OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN };
+           OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -2441,6 +2447,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"warmup", required_argument, 0, 'u'},       {"weight-decay", required_argument, 0, 'w'},
         {"clip", required_argument, 0, 'c'},         {"seed", required_argument, 0, 's'},
         {"resume", required_argument, 0, 'y'},       {"init", required_argument, 0, OPT_INIT},
+        {"weights-only", no_argument, 0, OPT_WEIGHTS_ONLY},
         {"ckpt-every", required_argument, 0, 'k'},   {"keep", required_argument, 0, OPT_KEEP},
         {"log-every", required_argument, 0, OPT_LOG_EVERY}, {"threads", required_argument, 0, 't'},
         {"workers", required_argument, 0, OPT_WORKERS}, {"augment-shift", required_argument, 0, OPT_AUGMENT},
@@ -2453,7 +2460,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     opterr = 0;
     optind = 1;
-    int opt, nodes_given = 0, rank_given = 0, train_given = 0;
+    int opt, nodes_given = 0, rank_given = 0;
     while ((opt = getopt_long(argc, argv, ":i:o:p:b:g:d:n:l:u:w:c:s:y:k:t:z:h", longs, NULL)) != -1) {
         switch (opt) {
             case 'i': a->input = optarg; break;
@@ -2461,6 +2468,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case 'p':
                 if (smolvla_preset(optarg) == NULL) { vla_fail("unknown preset '%s': use tiny, small or smolvla", optarg); }
                 a->preset = optarg;
+                a->preset_given = 1;
                 break;
             case 'b': a->batch = (int)parse_int_arg("batch", optarg, 1, 1 << 20); break;
             case 'g': a->ranks = (int)parse_int_arg("gpus", optarg, 1, 1024); break;
@@ -2474,7 +2482,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case OPT_TRAIN:
                 a->train_mode = train_mode_parse(optarg);
                 if (a->train_mode < 0) { vla_fail("--train %s: use expert, vlm or all", optarg); }
-                train_given = 1;
+                a->train_given = 1;
                 break;
             case OPT_MAX_TEXT: a->max_text = (int)parse_int_arg("max-text", optarg, 0, VLA_MAX_TEXT); break;
             case OPT_LR_SCALE:
@@ -2491,6 +2499,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case 's': a->seed = (uint64_t)parse_int_arg("seed", optarg, 0, 0x7fffffffffffffffL); break;
             case 'y': a->resume = (int)parse_int_arg("resume", optarg, 0, 1); break;
             case OPT_INIT: a->init = optarg; break;
+            case OPT_WEIGHTS_ONLY: a->weights_only = 1; break;
             case 'k': a->ckpt_every = (int)parse_int_arg("ckpt-every", optarg, 0, 1L << 30); break;
             case OPT_KEEP: a->keep = (int)parse_int_arg("keep", optarg, 1, 4096); break;
             case OPT_LOG_EVERY: a->log_every = (int)parse_int_arg("log-every", optarg, 1, 1L << 30); break;
@@ -2504,7 +2513,10 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     }
     if (optind < argc) { vla_fail("unexpected argument '%s': options take the form -x VALUE, see %s -h", argv[optind], argv[0]); }
     if (a->resume && a->init != NULL) { vla_fail("-y 1 and --init both pick a checkpoint: use one of them"); }
-    if (!train_given) { a->train_mode = smolvla_default_train_mode(a->preset); }
+    if (a->weights_only && a->init == NULL) {
+        vla_fail("--weights-only takes the weights of --init FILE: give the checkpoint to fine-tune from with --init");
+    }
+    if (!a->train_given) { a->train_mode = smolvla_default_train_mode(a->preset); }
     size_t out_len = strlen(a->output);
     if (out_len == 0 || out_len + VLA_CKPT_NAME_MAX >= VLA_PATH_MAX) {
         vla_fail("-o of %zu bytes: the output folder's path must be 1 to %d bytes long (checkpoint names follow it): use a "
@@ -2706,28 +2718,45 @@ static inline int dataset_warn_text_collisions(const Dataset* ds, int max_text) 
     return collisions;
 }
 
-// The model config: the preset's sizes with the dataset's cameras, state and action dims, and
-// max_text tokens of instruction (0: the preset's). Cameras may have any size (the model resizes
-// them with padding); state and action dims must fit the preset's max_state_dim / max_action_dim,
-// the token ids its vocabulary. Warns when instructions become identical once cut.
-static inline SmolVLAConfig config_for_data(const char* preset, int max_text, const Dataset* ds) {
-    SmolVLAConfig c = smolvla_preset(preset)->config;
+// A model's sizes (`what`: "preset NAME" or the checkpoint they come from) with the dataset's
+// cameras, state and action dims, and max_text tokens of instruction (0: the sizes' own). Cameras
+// may have any size (the model resizes them with padding); state and action dims must fit
+// max_state_dim / max_action_dim, the token ids the vocabulary. Warns when instructions become
+// identical once cut.
+static inline SmolVLAConfig config_with_data(SmolVLAConfig c, const char* what, int max_text, const Dataset* ds) {
     if (ds->cams.n > VLA_MAX_CAM) { vla_fail("the dataset has %d cameras, past the bound %d", ds->cams.n, VLA_MAX_CAM); }
     if (ds->state_dim > c.max_state_dim || ds->action_dim > c.max_action_dim) {
-        vla_fail("the dataset's state and action have %d and %d dims, but preset %s pads them to %d and %d: pick data "
-                 "with at most that many dims", ds->state_dim, ds->action_dim, preset, c.max_state_dim, c.max_action_dim);
+        vla_fail("the dataset's state and action have %d and %d dims, but %s pads them to %d and %d: pick data "
+                 "with at most that many dims", ds->state_dim, ds->action_dim, what, c.max_state_dim, c.max_action_dim);
     }
     if (ds->vocab > (uint32_t)c.vocab) {
-        vla_fail("the dataset's instructions are token ids of tokenizer %s, a vocabulary of %u, but preset %s's text "
+        vla_fail("the dataset's instructions are token ids of tokenizer %s, a vocabulary of %u, but %s's text "
                  "table has %d rows: convert the data with the model's tokenizer, or with byte tokens (the data/ tools' "
-                 "default) for the presets trained from scratch", ds->tokenizer, ds->vocab, preset, c.vocab);
+                 "default) for the presets trained from scratch", ds->tokenizer, ds->vocab, what, c.vocab);
     }
     c.n_cam = ds->cams.n; c.state_dim = ds->state_dim; c.action_dim = ds->action_dim;
     if (max_text > 0) { c.max_text = max_text; }
     const char* problem = smolvla_config_problem(&c);
-    if (problem != NULL) { vla_fail("preset %s does not fit the dataset: %s: pick another preset", preset, problem); }
+    if (problem != NULL) { vla_fail("%s does not fit the dataset: %s: pick another preset", what, problem); }
     dataset_warn_text_collisions(ds, c.max_text);
     return c;
+}
+
+// The model config of preset `preset` on dataset ds (max_text 0: the preset's).
+static inline SmolVLAConfig config_for_data(const char* preset, int max_text, const Dataset* ds) {
+    char what[80];
+    snprintf(what, sizeof(what), "preset %s", preset);
+    return config_with_data(smolvla_preset(preset)->config, what, max_text, ds);
+}
+
+// The preset whose sizes c has (every field but those the data and --max-text set), or NULL.
+static inline const char* smolvla_preset_of(const SmolVLAConfig* c) {
+    for (int i = 0; i < SMOLVLA_N_PRESETS; i++) {
+        SmolVLAConfig p = SMOLVLA_PRESETS[i].config;
+        p.n_cam = c->n_cam; p.state_dim = c->state_dim; p.action_dim = c->action_dim; p.max_text = c->max_text;
+        if (smolvla_config_diff(&p, c) == NULL) { return SMOLVLA_PRESETS[i].name; }
+    }
+    return NULL;
 }
 
 // The checkpoint a run starts from: --init, or with -y 1 the newest complete one in the output
@@ -2741,6 +2770,63 @@ static inline const char* run_start_checkpoint(const TrainArgs* args, char* buf,
     }
     printf("no complete checkpoint in %s: starting from scratch\n", args->output);
     return NULL;
+}
+
+// The model a run trains. From the seed: -p's sizes. From a checkpoint `from` (-y 1, --init): its
+// sizes unless -p is given, and its --train mode unless --train is given. Cameras, state and action
+// dims come from the dataset and the text length from --max-text, else from the checkpoint or
+// the preset. Continuing a checkpoint then needs all of them unchanged (run_checkpoint_load says
+// which differs); a weights-only start (--weights-only) does not, since no tensor depends on them:
+// a model imported from LeRobot, or trained on other data, fine-tunes on this dataset as it is.
+// With -p too, a weights-only start checks that the checkpoint has the preset's sizes.
+static inline SmolVLAConfig run_config(TrainArgs* a, const char* from, const Dataset* ds) {
+    if (from == NULL) { return config_for_data(a->preset, a->max_text, ds); }
+    CheckpointHeader h;
+    char err[VLA_PATH_MAX + 512];
+    if (checkpoint_read_header(from, &h, err, sizeof(err)) != 0) { vla_fail("%s", err); }
+    if (!a->train_given) { a->train_mode = h.train_mode; }
+    if (a->preset_given && !a->weights_only) { return config_for_data(a->preset, a->max_text, ds); }
+    char what[VLA_PATH_MAX + 32];
+    snprintf(what, sizeof(what), "the model of %s", from);
+    SmolVLAConfig c = config_with_data(h.config, what, a->max_text > 0 ? a->max_text : h.config.max_text, ds);
+    const char* preset = smolvla_preset_of(&c);
+    if (a->preset_given && (preset == NULL || strcmp(preset, a->preset) != 0)) {
+        SmolVLAConfig p = smolvla_preset(a->preset)->config;
+        p.n_cam = c.n_cam; p.state_dim = c.state_dim; p.action_dim = c.action_dim; p.max_text = c.max_text;
+        vla_fail("checkpoint %s has other sizes than preset %s (%s, checkpoint vs preset): drop -p to fine-tune the "
+                 "checkpoint's model", from, a->preset, smolvla_config_diff(&c, &p));
+    }
+    a->preset = preset != NULL ? preset : "(checkpoint's)";
+    return c;
+}
+
+// --init FILE --weights-only: the checkpoint's weights (all of them, frozen ones too) as the start
+// of a new run of model c on dataset ds: the sizes must be c's (run_config made c from them) and the
+// token ids of the same tokenizer; its moments, step, sampler position, seed and statistics are not
+// used (the run starts at step 0 with fresh moments, its own seed and the dataset's statistics).
+static inline void run_weights_load(const char* path, const SmolVLAConfig* c, const Dataset* ds, Checkpoint* ck) {
+    checkpoint_read(path, ck);
+    SmolVLAConfig sizes = ck->config;
+    sizes.n_cam = c->n_cam; sizes.state_dim = c->state_dim; sizes.action_dim = c->action_dim; sizes.max_text = c->max_text;
+    const char* diff = smolvla_config_diff(&sizes, c);
+    if (diff != NULL) {
+        vla_fail("checkpoint %s has other sizes than this run's model (%s, checkpoint vs this run): drop -p to "
+                 "fine-tune the checkpoint's model", path, diff);
+    }
+    if (strcmp(ck->tokenizer, ds->tokenizer) != 0) {
+        vla_fail("checkpoint %s was trained on token ids of tokenizer %s, the dataset's are of %s: convert the data with "
+                 "the checkpoint's tokenizer", path, ck->tokenizer, ds->tokenizer);
+    }
+    free(ck->m); free(ck->v);
+    ck->m = ck->v = NULL;
+    ck->step = 0;
+    ck->sampler_pos = 0;
+}
+
+// How a run starts, for its config table's "start" row (the "from" row names the checkpoint):
+// from the seed, continuing a checkpoint, or from a checkpoint's weights alone (fine-tuning).
+static inline const char* run_start_kind(const TrainArgs* a, const char* from) {
+    return from == NULL ? "seed" : a->weights_only ? "weights" : "continue";
 }
 
 // Writes step `step` of a run: host copies of every fp32 master weight (n_params, table order)

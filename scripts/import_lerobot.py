@@ -4,7 +4,7 @@ import_lerobot.py: a LeRobot SmolVLA policy folder -> a train_vla checkpoint (ve
 
     /usr/bin/python3 scripts/import_lerobot.py POLICY_DIR -o CKPT [--vlm DIR] [--train-mode MODE]
         [--max-text N] [--tokenizer NAME] [--seed N]
-    ./train_vla_cpu -i data.bin -p tiny --train expert --init CKPT ...   # when the sizes are a preset's
+    ./train_vla_cpu -i data.bin --init CKPT --weights-only ...         # fine-tune it (its sizes, this data)
     VLAPolicy(CKPT)                                                      # scripts/vla_policy.py
 
 POLICY_DIR is what LeRobot 0.6.1's save_pretrained writes: config.json (type smolvla),
@@ -19,8 +19,8 @@ listed as skipped. Any problem is one line, `error: ...: <fix>`, exit status 1, 
 The checkpoint holds what checkpoint_write in vla.h writes (dev/model.py's write_checkpoint):
   config       the sizes above; max_text = tokenizer_max_length (--max-text overrides)
   train_mode   from train_expert_only / freeze_vision_encoder (expert / vlm / all; --train-mode)
-  step 0, sampler_pos 0, seed 1337 (the trainers' default -s; --seed): a run that starts from it
-               is a fresh run, and --init adopts the checkpoint's seed
+  step 0, sampler_pos 0, seed 1337 (the trainers' default -s; --seed): --init CKPT --weights-only
+               (fine-tuning) uses the weights alone; plain --init continues it as a run at step 0
   stats        observation.state mean/std from the pre-processor's normalizer, action mean/std
                from the post-processor's unnormalizer (else the pre-processor's); none saved:
                mean 0, std 1 (said); stds below 1e-6 become 1, as dataset_open floors them

@@ -421,11 +421,11 @@ def main():
                            capture_output=True, text=True)
         steps = 3
         if r.returncode == 0:
-            r = subprocess.run([os.path.join(ROOT, "train_vla_cpu"), "-i", str(shard), "-p", "tiny", "--train",
-                                "expert", "--init", str(a_ckpt), "-n", str(steps), "-b", "2", "-u", "1", "-l", "1e-2",
+            r = subprocess.run([os.path.join(ROOT, "train_vla_cpu"), "-i", str(shard), "--train", "expert",
+                                "--init", str(a_ckpt), "--weights-only", "-n", str(steps), "-b", "2", "-u", "1", "-l", "1e-2",
                                 "-t", "1", "--workers", "1", "-o", str(run_dir)], capture_output=True, text=True)
         tuned = run_dir / f"ckpt_{steps:08d}.bin"
-        check(r.returncode == 0 and tuned.exists(), f"./train_vla_cpu --init <imported> trains {steps} steps on a "
+        check(r.returncode == 0 and tuned.exists(), f"./train_vla_cpu --init <imported> --weights-only trains {steps} steps on a "
               "shard of the policy's shapes" + ("" if r.returncode == 0 else ": " + (r.stdout + r.stderr)[-600:]))
         if not tuned.exists():
             check.finish()
