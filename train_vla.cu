@@ -1584,16 +1584,37 @@ __global__ void gather_rows_f32_kernel(float* out, const float* x, int B, int T,
     out[idx] = x[((row / count) * T + first + row % count) * C + idx % C];
 }
 
-// SigLIP's MLP activation (gelu_pytorch_tanh)
-__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
+// SigLIP's MLP activation (gelu_pytorch_tanh), born in dev/cuda/gelu.cu. Version 1: one thread
+// per value
+__global__ void gelu_forward_kernel1(floatX* out, const floatX* inp, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { out[i] = fx(gelu_tanh(f32(inp[i]))); }
 }
 
 // d = dy gelu'(x); d may be dy (in place)
-__global__ void gelu_backward_kernel(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
+__global__ void gelu_backward_kernel1(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { d[i] = fx(f32(dy[i]) * gelu_tanh_grad(f32(inp[i]))); }
+}
+
+// Version 2 of both: 128-bit loads and stores, x128::size values per thread (n a multiple of it).
+// In place still holds: a thread reads its dy before it writes the same 16 bytes of d.
+__global__ void gelu_forward_kernel2(floatX* out, const floatX* inp, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) { return; }
+    x128 x = load128(inp + i), o;
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) { o.v[k] = fx(gelu_tanh(f32(x.v[k]))); }
+    store128(out + i, o);
+}
+
+__global__ void gelu_backward_kernel2(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) { return; }
+    x128 x = load128(inp + i), g = load128(dy + i), o;
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) { o.v[k] = fx(f32(g.v[k]) * gelu_tanh_grad(f32(x.v[k]))); }
+    store128(d + i, o);
 }
 
 // out (rows, n) fp32 = bias (n) in every row: what the velocity head's fp32 product adds onto
@@ -2007,6 +2028,44 @@ static void swiglu_backward(floatX* dgate, floatX* dup, const floatX* dact, cons
         swiglu_backward2(dgate, dup, dact, gate, up, n, BLOCK);
     } else {
         swiglu_backward1(dgate, dup, dact, gate, up, n, BLOCK);
+    }
+}
+
+// ---- GELU-tanh, a launcher per version with its block size and the trainer's (dev/cuda/gelu.cu)
+
+static void gelu_forward1(floatX* out, const floatX* inp, size_t n, int block) {
+    gelu_forward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(out, inp, n);
+    launchCheck();
+}
+
+static void gelu_forward2(floatX* out, const floatX* inp, size_t n, int block) {
+    gelu_forward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(out, inp, n);
+    launchCheck();
+}
+
+static void gelu_backward1(floatX* d, const floatX* dy, const floatX* inp, size_t n, int block) {
+    gelu_backward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(d, dy, inp, n);
+    launchCheck();
+}
+
+static void gelu_backward2(floatX* d, const floatX* dy, const floatX* inp, size_t n, int block) {
+    gelu_backward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(d, dy, inp, n);
+    launchCheck();
+}
+
+static void gelu_forward(floatX* out, const floatX* inp, size_t n) {
+    if (packable(n, x128::size, out, inp)) {
+        gelu_forward2(out, inp, n, BLOCK);
+    } else {
+        gelu_forward1(out, inp, n, BLOCK);
+    }
+}
+
+static void gelu_backward(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
+    if (packable(n, x128::size, d, dy, inp)) {
+        gelu_backward2(d, dy, inp, n, BLOCK);
+    } else {
+        gelu_backward1(d, dy, inp, n, BLOCK);
     }
 }
 
@@ -2907,7 +2966,7 @@ static void smolvla_vision_forward(SmolVLA* m) {
         layernorm_forward(ln2, a->v_mean2 + L * V, a->v_rstd2 + L * V, mid, smol_param(m, SMOLP_vis_ln2_w, l),
                           smol_param(m, SMOLP_vis_ln2_b, l), V, Cv);
         matmul_forward(fc1, ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), NULL, V, Cv, Fv);
-        LAUNCH_1D(gelu_forward_kernel, (size_t)V * Fv, gelu, fc1, (size_t)V * Fv);
+        gelu_forward(gelu, fc1, (size_t)V * Fv);
         matmul_forward(out, gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), mid, V, Fv, Cv);
     }
     layernorm_forward(a->v_out, a->v_omean, a->v_orstd, a->v_res + (size_t)c->vis_layers * VC, m->params.vis_post_w,
@@ -3462,7 +3521,7 @@ static void smolvla_vision_backward(SmolVLA* m) {
         matmul_backward_input(a->g_act, dres_x, smol_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv, 0.0f);
         matmul_backward_weight(smol_grad(m, SMOLP_vis_fc2_w, l), dres_x, gelu, V, Fv, Cv);
         bias_backward(smol_grad(m, SMOLP_vis_fc2_b, l), a->partial, dres_x, V, Cv);
-        LAUNCH_1D(gelu_backward_kernel, (size_t)V * Fv, a->g_gate, a->g_act, fc1, (size_t)V * Fv);
+        gelu_backward(a->g_gate, a->g_act, fc1, (size_t)V * Fv);
         matmul_backward_input(a->g_ln, a->g_gate, smol_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv, 0.0f);
         matmul_backward_weight(smol_grad(m, SMOLP_vis_fc1_w, l), a->g_gate, ln2, V, Cv, Fv);
         bias_backward(smol_grad(m, SMOLP_vis_fc1_b, l), a->partial, a->g_gate, V, Fv);
