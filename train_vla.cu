@@ -1491,7 +1491,8 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kerne
 
 // images (n_img, 3, S, S) -> patches (n_img * g*g, 3*p*p), g = S/p: patches row-major per image,
 // each flattened in (channel, row, column) order, the patch embedding's conv weight (Cv, 3, p, p)
-// layout, so that the stride-p convolution is a Linear. One thread per value.
+// layout, so that the stride-p convolution is a Linear. One thread per value; born in
+// dev/cuda/patchify.cu.
 __global__ void patchify_chw_kernel(floatX* patches, const floatX* images, int n_img, int S, int p) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int g = S / p, PD = 3 * p * p;
