@@ -1516,7 +1516,8 @@ __global__ void add_periodic_kernel(floatX* x, const floatX* table, size_t n, si
 // T language tokens (valid where token_mask), the state (starts a block), then H actions (each
 // starts a block). block (B, Np + H): the cumulative block id (make_att_2d_masks' cumsum), -1 for
 // a pad; pos (B, Np + H) = cumsum(valid) - 1 (pads do not advance it); x_pos (B, H): the actions'
-// positions minus their smallest, the positions of the expert's cross-attention layers.
+// positions minus their smallest, the positions of the expert's cross-attention layers
+// (dev/cuda/prefix.cu).
 __global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const float* token_mask, int B, int NI, int T,
                                         int H) {
     int b = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1537,7 +1538,7 @@ __global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const 
 // The prefix's embeddings x (B, Np, C): per sample the image tokens of every camera (img_tok,
 // camera-major: image cam * B + b, NI tokens each) and the language tokens' rows of embed_tokens,
 // both times scale = sqrt(C), then the state token (state_tok (B, C)) as it is. Token ids are in
-// [0, vocab) (the data path checks them). One thread per value.
+// [0, vocab) (the data path checks them). One thread per value (dev/cuda/prefix.cu).
 __global__ void smolvla_prefix_embed_kernel(floatX* x, const floatX* img_tok, const floatX* embed, const int32_t* tokens,
                                             const floatX* state_tok, int B, int n_cam, int NI, int T, int C, float scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1685,7 +1686,7 @@ __global__ void euler_step_f32_kernel(float* x, floatX* x_model, const float* v,
 // row gets nothing (nn.Embedding's padding_idx). Language position q of the (B, T) ids is row
 // first + q % T of sample q / T. Block p takes position p when it is the first position with its
 // id, and sums every row with that id in position order: rows that share an id add up in a fixed
-// order, no two blocks write one row, no atomics.
+// order, no two blocks write one row, no atomics (dev/cuda/prefix.cu).
 __global__ void embed_tokens_backward_kernel(float* dtable, const float* dx, const int32_t* tokens, int B, int first,
                                              int T, int Np, int C, int pad, float scale) {
     int p = blockIdx.x, tok = tokens[p];
@@ -1704,6 +1705,7 @@ __global__ void embed_tokens_backward_kernel(float* dtable, const float* dx, con
 
 // dimg (n_cam * B * NI, C) floatX, camera-major like the connector's output = scale * the image
 // rows of dx (B, Np, C), fp32: the gradient reaching the connector through the sqrt(C) scale
+// (dev/cuda/prefix.cu)
 __global__ void prefix_image_grad_kernel(floatX* dimg, const float* dx, int B, int n_cam, int NI, int Np, int C,
                                          float scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
