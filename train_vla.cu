@@ -516,7 +516,7 @@ __global__ void convert_kernel2(floatX* out, const float* inp, size_t n) {
     store128(out + i, o);
 }
 
-// p[0 .. n) = v
+// p[0 .. n) = v (dev/cuda/fill.cu)
 __global__ void fill_kernel(float* p, float v, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { p[i] = v; }
@@ -1620,6 +1620,7 @@ __global__ void gelu_backward_kernel2(floatX* d, const floatX* dy, const floatX*
 }
 
 // out (rows, n) fp32 = bias (n) in every row: what the velocity head's fp32 product adds onto
+// (dev/cuda/fill.cu)
 __global__ void bias_rows_kernel(float* out, const floatX* bias, int rows, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < rows * n) { out[i] = f32(bias[i % n]); }
