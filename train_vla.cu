@@ -516,7 +516,7 @@ __global__ void convert_kernel2(floatX* out, const float* inp, size_t n) {
     store128(out + i, o);
 }
 
-// p[0 .. n) = v
+// p[0 .. n) = v (dev/cuda/fill.cu)
 __global__ void fill_kernel(float* p, float v, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { p[i] = v; }
@@ -1491,7 +1491,8 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kerne
 
 // images (n_img, 3, S, S) -> patches (n_img * g*g, 3*p*p), g = S/p: patches row-major per image,
 // each flattened in (channel, row, column) order, the patch embedding's conv weight (Cv, 3, p, p)
-// layout, so that the stride-p convolution is a Linear. One thread per value.
+// layout, so that the stride-p convolution is a Linear. One thread per value; born in
+// dev/cuda/patchify.cu.
 __global__ void patchify_chw_kernel(floatX* patches, const floatX* images, int n_img, int S, int p) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int g = S / p, PD = 3 * p * p;
@@ -1515,7 +1516,8 @@ __global__ void add_periodic_kernel(floatX* x, const floatX* table, size_t n, si
 // T language tokens (valid where token_mask), the state (starts a block), then H actions (each
 // starts a block). block (B, Np + H): the cumulative block id (make_att_2d_masks' cumsum), -1 for
 // a pad; pos (B, Np + H) = cumsum(valid) - 1 (pads do not advance it); x_pos (B, H): the actions'
-// positions minus their smallest, the positions of the expert's cross-attention layers.
+// positions minus their smallest, the positions of the expert's cross-attention layers
+// (dev/cuda/prefix.cu).
 __global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const float* token_mask, int B, int NI, int T,
                                         int H) {
     int b = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1536,7 +1538,7 @@ __global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const 
 // The prefix's embeddings x (B, Np, C): per sample the image tokens of every camera (img_tok,
 // camera-major: image cam * B + b, NI tokens each) and the language tokens' rows of embed_tokens,
 // both times scale = sqrt(C), then the state token (state_tok (B, C)) as it is. Token ids are in
-// [0, vocab) (the data path checks them). One thread per value.
+// [0, vocab) (the data path checks them). One thread per value (dev/cuda/prefix.cu).
 __global__ void smolvla_prefix_embed_kernel(floatX* x, const floatX* img_tok, const floatX* embed, const int32_t* tokens,
                                             const floatX* state_tok, int B, int n_cam, int NI, int T, int C, float scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1584,19 +1586,41 @@ __global__ void gather_rows_f32_kernel(float* out, const float* x, int B, int T,
     out[idx] = x[((row / count) * T + first + row % count) * C + idx % C];
 }
 
-// SigLIP's MLP activation (gelu_pytorch_tanh)
-__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
+// SigLIP's MLP activation (gelu_pytorch_tanh), born in dev/cuda/gelu.cu. Version 1: one thread
+// per value
+__global__ void gelu_forward_kernel1(floatX* out, const floatX* inp, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { out[i] = fx(gelu_tanh(f32(inp[i]))); }
 }
 
 // d = dy gelu'(x); d may be dy (in place)
-__global__ void gelu_backward_kernel(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
+__global__ void gelu_backward_kernel1(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { d[i] = fx(f32(dy[i]) * gelu_tanh_grad(f32(inp[i]))); }
 }
 
+// Version 2 of both: 128-bit loads and stores, x128::size values per thread (n a multiple of it).
+// In place still holds: a thread reads its dy before it writes the same 16 bytes of d.
+__global__ void gelu_forward_kernel2(floatX* out, const floatX* inp, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) { return; }
+    x128 x = load128(inp + i), o;
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) { o.v[k] = fx(gelu_tanh(f32(x.v[k]))); }
+    store128(out + i, o);
+}
+
+__global__ void gelu_backward_kernel2(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) { return; }
+    x128 x = load128(inp + i), g = load128(dy + i), o;
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) { o.v[k] = fx(f32(g.v[k]) * gelu_tanh_grad(f32(x.v[k]))); }
+    store128(d + i, o);
+}
+
 // out (rows, n) fp32 = bias (n) in every row: what the velocity head's fp32 product adds onto
+// (dev/cuda/fill.cu)
 __global__ void bias_rows_kernel(float* out, const floatX* bias, int rows, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < rows * n) { out[i] = f32(bias[i % n]); }
@@ -1663,7 +1687,7 @@ __global__ void euler_step_f32_kernel(float* x, floatX* x_model, const float* v,
 // row gets nothing (nn.Embedding's padding_idx). Language position q of the (B, T) ids is row
 // first + q % T of sample q / T. Block p takes position p when it is the first position with its
 // id, and sums every row with that id in position order: rows that share an id add up in a fixed
-// order, no two blocks write one row, no atomics.
+// order, no two blocks write one row, no atomics (dev/cuda/prefix.cu).
 __global__ void embed_tokens_backward_kernel(float* dtable, const float* dx, const int32_t* tokens, int B, int first,
                                              int T, int Np, int C, int pad, float scale) {
     int p = blockIdx.x, tok = tokens[p];
@@ -1682,6 +1706,7 @@ __global__ void embed_tokens_backward_kernel(float* dtable, const float* dx, con
 
 // dimg (n_cam * B * NI, C) floatX, camera-major like the connector's output = scale * the image
 // rows of dx (B, Np, C), fp32: the gradient reaching the connector through the sqrt(C) scale
+// (dev/cuda/prefix.cu)
 __global__ void prefix_image_grad_kernel(floatX* dimg, const float* dx, int B, int n_cam, int NI, int Np, int C,
                                          float scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2007,6 +2032,44 @@ static void swiglu_backward(floatX* dgate, floatX* dup, const floatX* dact, cons
         swiglu_backward2(dgate, dup, dact, gate, up, n, BLOCK);
     } else {
         swiglu_backward1(dgate, dup, dact, gate, up, n, BLOCK);
+    }
+}
+
+// ---- GELU-tanh, a launcher per version with its block size and the trainer's (dev/cuda/gelu.cu)
+
+static void gelu_forward1(floatX* out, const floatX* inp, size_t n, int block) {
+    gelu_forward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(out, inp, n);
+    launchCheck();
+}
+
+static void gelu_forward2(floatX* out, const floatX* inp, size_t n, int block) {
+    gelu_forward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(out, inp, n);
+    launchCheck();
+}
+
+static void gelu_backward1(floatX* d, const floatX* dy, const floatX* inp, size_t n, int block) {
+    gelu_backward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(d, dy, inp, n);
+    launchCheck();
+}
+
+static void gelu_backward2(floatX* d, const floatX* dy, const floatX* inp, size_t n, int block) {
+    gelu_backward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(d, dy, inp, n);
+    launchCheck();
+}
+
+static void gelu_forward(floatX* out, const floatX* inp, size_t n) {
+    if (packable(n, x128::size, out, inp)) {
+        gelu_forward2(out, inp, n, BLOCK);
+    } else {
+        gelu_forward1(out, inp, n, BLOCK);
+    }
+}
+
+static void gelu_backward(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
+    if (packable(n, x128::size, d, dy, inp)) {
+        gelu_backward2(d, dy, inp, n, BLOCK);
+    } else {
+        gelu_backward1(d, dy, inp, n, BLOCK);
     }
 }
 
@@ -2907,7 +2970,7 @@ static void smolvla_vision_forward(SmolVLA* m) {
         layernorm_forward(ln2, a->v_mean2 + L * V, a->v_rstd2 + L * V, mid, smol_param(m, SMOLP_vis_ln2_w, l),
                           smol_param(m, SMOLP_vis_ln2_b, l), V, Cv);
         matmul_forward(fc1, ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), NULL, V, Cv, Fv);
-        LAUNCH_1D(gelu_forward_kernel, (size_t)V * Fv, gelu, fc1, (size_t)V * Fv);
+        gelu_forward(gelu, fc1, (size_t)V * Fv);
         matmul_forward(out, gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), mid, V, Fv, Cv);
     }
     layernorm_forward(a->v_out, a->v_omean, a->v_orstd, a->v_res + (size_t)c->vis_layers * VC, m->params.vis_post_w,
@@ -3462,7 +3525,7 @@ static void smolvla_vision_backward(SmolVLA* m) {
         matmul_backward_input(a->g_act, dres_x, smol_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv, 0.0f);
         matmul_backward_weight(smol_grad(m, SMOLP_vis_fc2_w, l), dres_x, gelu, V, Fv, Cv);
         bias_backward(smol_grad(m, SMOLP_vis_fc2_b, l), a->partial, dres_x, V, Cv);
-        LAUNCH_1D(gelu_backward_kernel, (size_t)V * Fv, a->g_gate, a->g_act, fc1, (size_t)V * Fv);
+        gelu_backward(a->g_gate, a->g_act, fc1, (size_t)V * Fv);
         matmul_backward_input(a->g_ln, a->g_gate, smol_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv, 0.0f);
         matmul_backward_weight(smol_grad(m, SMOLP_vis_fc1_w, l), a->g_gate, ln2, V, Cv, Fv);
         bias_backward(smol_grad(m, SMOLP_vis_fc1_b, l), a->partial, a->g_gate, V, Fv);

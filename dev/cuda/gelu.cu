@@ -1,0 +1,196 @@
+/*
+gelu.cu: the activation of SigLIP's MLP (the vision tower's fc1 -> act -> fc2), forward and
+backward, elementwise over the (V, Fv) output of fc1. SigLIP's hidden_act is gelu_pytorch_tanh,
+the tanh approximation of GELU, not the erf form:
+  forward:  gelu(x) = x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
+  backward: d = dy gelu'(x) (overwritten; d may be dy), with
+            gelu'(x) = (1 + tanh(u))/2 + x/2 (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 0.044715 x^2)
+
+  version 1  one thread per element, scalar loads (gelu_forward_kernel1, gelu_backward_kernel1)
+  version 2  x128::size elements per thread, 128-bit loads and stores (gelu_forward_kernel2,
+             gelu_backward_kernel2; n a multiple of x128::size, 16-byte aligned pointers)
+
+  make -C dev/cuda gelu && dev/cuda/gelu
+*/
+#include "common.h"
+
+// floatX outputs carry its rounding: bf16 keeps 8 significant bits (2^-8 = 3.9e-3 per value);
+// in fp32 builds only fp32 arithmetic (tanhf, the cube) separates kernel and reference
+static const double TOL_X = sizeof(floatX) == 4 ? 1e-5 : 1e-2;
+
+static const int BLOCKS[] = {32, 64, 128, 256, 512, 1024};
+static const int N_BLOCKS = sizeof(BLOCKS) / sizeof(BLOCKS[0]);
+
+// ----------------------------------------------------------------------------
+// kernels and launchers: train_vla.cu's (common.h includes it whole): gelu_forward_kernel1/2,
+// gelu_backward_kernel1/2, a launcher per version with its block size (gelu_forward1/2,
+// gelu_backward1/2) and the trainer's gelu_forward / gelu_backward
+
+// ----------------------------------------------------------------------------
+// references, in double
+
+static const double SQRT_2_OVER_PI = 0.79788456080286535588;  // sqrt(2 / pi)
+
+static double gelu_reference(double x) {
+    return 0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)));
+}
+
+// d/dx of x/2 (1 + tanh u): the product rule, with tanh' = 1 - tanh^2 and du/dx above
+static double gelu_grad_reference(double x) {
+    double t = tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x));
+    double du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
+}
+
+static void gelu_forward_reference(double* out, const float* x, size_t n) {
+    for (size_t i = 0; i < n; i++) { out[i] = gelu_reference(x[i]); }
+}
+
+static void gelu_backward_reference(double* d, const float* dy, const float* x, size_t n) {
+    for (size_t i = 0; i < n; i++) { d[i] = (double)dy[i] * gelu_grad_reference(x[i]); }
+}
+
+// the derivative above against central differences of gelu_reference, so a slip in the
+// derivative cannot hide in both the kernel and the reference
+static void check_gelu_grad_reference(void) {
+    const int n = 101;
+    float got[n];
+    double ref[n];
+    for (int i = 0; i < n; i++) {
+        double x = -8.0 + 16.0 * i / (n - 1), h = 1e-5;
+        got[i] = (float)gelu_grad_reference(x);
+        ref[i] = (gelu_reference(x + h) - gelu_reference(x - h)) / (2.0 * h);
+    }
+    // central differences err by h^2 f''' ~ 1e-10, the float of the result by 6e-8
+    check_close("reference gelu' against central differences on [-8, 8]", got, ref, n, 1e-6);
+}
+
+// the tanh form is not the erf form, but it stays within 1e-3 of it (4.7e-4 at worst,
+// near |x| = 2.7): the reference is the function SigLIP names, not a different GELU
+static void check_gelu_reference_near_erf(void) {
+    double worst = 0.0;
+    for (int i = 0; i <= 2000; i++) {
+        double x = -10.0 + 20.0 * i / 2000;
+        double err = fabs(gelu_reference(x) - 0.5 * x * (1.0 + erf(x / sqrt(2.0))));
+        worst = err > worst ? err : worst;
+    }
+    char what[120];
+    snprintf(what, sizeof(what), "reference gelu (tanh) within 1e-3 of x Phi(x) on [-10, 10] (worst %.1e)", worst);
+    check_true(what, worst < 1e-3 && worst > 1e-4);
+}
+
+// ----------------------------------------------------------------------------
+// checks
+
+static void run_forward(int version, int block, floatX* out, const floatX* inp, size_t n) {
+    if (version == 0) {
+        gelu_forward(out, inp, n);
+    } else if (version == 1) {
+        gelu_forward1(out, inp, n, block);
+    } else {
+        gelu_forward2(out, inp, n, block);
+    }
+}
+
+static void run_backward(int version, int block, floatX* d, const floatX* dy, const floatX* inp, size_t n) {
+    if (version == 0) {
+        gelu_backward(d, dy, inp, n);
+    } else if (version == 1) {
+        gelu_backward1(d, dy, inp, n, block);
+    } else {
+        gelu_backward2(d, dy, inp, n, block);
+    }
+}
+
+static void check_size(size_t n, uint64_t seed) {
+    float* x = random_floats(n, 6.0f, seed);  // both saturated tails and the dip near -0.75
+    float* dy = random_floats(n, 1.0f, seed + 1);
+    // where tanh saturates to +-1 in fp32 (gelu = x or 0, gelu' = 1 or 0) and the cube is large:
+    // both must stay finite
+    if (n >= 4) { x[0] = -100.0f; x[1] = 100.0f; x[2] = -12.0f; x[3] = 0.0f; }
+    floatX* d_x = to_device_x(x, n);
+    floatX* d_dy = to_device_x(dy, n);
+    double* ref_out = (double*)mallocCheck(n * sizeof(double));
+    double* ref_d = (double*)mallocCheck(n * sizeof(double));
+    gelu_forward_reference(ref_out, x, n);
+    gelu_backward_reference(ref_d, dy, x, n);
+    floatX *out, *d;
+    cudaCheck(cudaMalloc(&out, n * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d, n * sizeof(floatX)));
+    int v2 = n % x128::size == 0;
+    for (int version = 0; version <= 2; version++) {
+        if (version == 2 && !v2) { continue; }
+        for (int bi = 0; bi < (version == 0 ? 1 : N_BLOCKS); bi++) {
+            char what[120], item[160];
+            if (version == 0) {
+                snprintf(what, sizeof(what), "launcher (n %zu)", n);
+            } else {
+                snprintf(what, sizeof(what), "v%d (n %zu) block %d", version, n, BLOCKS[bi]);
+            }
+            poison(out, n * sizeof(floatX));
+            run_forward(version, BLOCKS[bi], out, d_x, n);
+            float* got = from_device_x(out, n);
+            snprintf(item, sizeof(item), "%s forward", what);
+            check_close(item, got, ref_out, n, TOL_X);
+            free(got);
+
+            poison(d, n * sizeof(floatX));
+            run_backward(version, BLOCKS[bi], d, d_dy, d_x, n);
+            got = from_device_x(d, n);
+            snprintf(item, sizeof(item), "%s backward", what);
+            check_close(item, got, ref_d, n, TOL_X);
+            free(got);
+
+            // in place (d = dy), on a copy of dy
+            cudaCheck(cudaMemcpy(d, d_dy, n * sizeof(floatX), cudaMemcpyDeviceToDevice));
+            run_backward(version, BLOCKS[bi], d, d, d_x, n);
+            got = from_device_x(d, n);
+            snprintf(item, sizeof(item), "%s backward in place", what);
+            check_close(item, got, ref_d, n, TOL_X);
+            free(got);
+        }
+    }
+    cudaCheck(cudaFree(out)); cudaCheck(cudaFree(d)); cudaCheck(cudaFree(d_x)); cudaCheck(cudaFree(d_dy));
+    free(x); free(dy); free(ref_out); free(ref_d);
+}
+
+// ----------------------------------------------------------------------------
+// benchmark at the smolvla shapes: SigLIP's MLP over 32 samples of 2 cameras, 1024 patches each,
+// width 3072
+
+static void benchmark(void) {
+    const int V = 32 * 2 * 1024, Fv = 3072;
+    size_t n = (size_t)V * Fv;
+    float* h = random_floats(n, 3.0f, 7);
+    floatX* x = to_device_x(h, n);
+    floatX* dy = to_device_x(h, n);
+    floatX *out, *d;
+    cudaCheck(cudaMalloc(&out, n * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d, n * sizeof(floatX)));
+    for (int version = 1; version <= 2; version++) {
+        for (int block = 64; block <= 1024; block *= 2) {
+            double ms = time_ms([&]() { run_forward(version, block, out, x, n); }, 20);
+            printf("bench v%d forward  (V %d, Fv %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, V, Fv, block, ms,
+                   2.0 * n * sizeof(floatX) / (ms * 1e-3) / 1e9);  // x read, out written
+        }
+        for (int block = 64; block <= 1024; block *= 2) {
+            double ms = time_ms([&]() { run_backward(version, block, d, dy, x, n); }, 20);
+            printf("bench v%d backward (V %d, Fv %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, V, Fv, block, ms,
+                   3.0 * n * sizeof(floatX) / (ms * 1e-3) / 1e9);  // dy, x read; d written
+        }
+    }
+    cudaCheck(cudaFree(x)); cudaCheck(cudaFree(dy)); cudaCheck(cudaFree(out)); cudaCheck(cudaFree(d));
+    free(h);
+}
+
+int main(void) {
+    dev_init("gelu");
+    check_gelu_grad_reference();
+    check_gelu_reference_near_erf();
+    // one element; odd sizes that leave the last block partly empty (version 1 only); a size
+    // that is a multiple of x128::size in fp32 only (2052) and ones that are in both precisions:
+    // two rows of the vision MLP's width (3072) among them
+    size_t sizes[] = {1, 37, 1000, 2052, 4099, 2 * 3072, 16 * 1000};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) { check_size(sizes[i], 100 + 10 * i); }
+    return dev_finish(benchmark);
+}
