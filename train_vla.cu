@@ -2376,16 +2376,6 @@ static inline size_t smol_prows(const SmolVLAConfig* c, int B) { return (size_t)
 static inline size_t smol_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
 static inline size_t smol_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
-// Column-sum partials of the widest (rows, columns) product of the backward: LayerNorm's dw and
-// db (two per chunk of CHUNK_ROWS rows), the biases', RMSNorm's dw
-static size_t smol_partial_size(const SmolVLAConfig* c, int B) {
-    size_t V = ceil_div(smol_vrows(c, B), CHUNK_ROWS), P = ceil_div(smol_prows(c, B), CHUNK_ROWS);
-    size_t R = ceil_div(smol_rrows(c, B), CHUNK_ROWS), S = ceil_div((size_t)B, CHUNK_ROWS);
-    size_t vision = V * (2 * (size_t)c->vis_width > (size_t)c->vis_ff ? 2 * (size_t)c->vis_width : (size_t)c->vis_ff);
-    size_t actions = R * (c->d_expert > c->max_action_dim ? c->d_expert : c->max_action_dim);
-    return smol_max3(vision, smol_max3(P * c->d_model, S * c->d_model, 1), actions);
-}
-
 // The vision layers whose activations are kept in `mode`: every one when the tower trains (its
 // backward reads them all), else one, which each layer's forward overwrites in turn: nothing reads
 // them again (the backward stops at the connector), only the tower's output persists.
@@ -2393,11 +2383,27 @@ static inline size_t smol_vis_kept(const SmolVLAConfig* c, int mode) {
     return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1;
 }
 
+// Vision rows of the backward scratch in `mode`: none unless the tower trains (only its backward
+// works on V rows)
+static inline size_t smol_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) {
+    return mode == TRAIN_MODE_ALL ? smol_vrows(c, B) : 0;
+}
+
+// Column-sum partials of the widest (rows, columns) product of the backward in `mode`: LayerNorm's
+// dw and db (two per chunk of CHUNK_ROWS rows), the biases', RMSNorm's dw
+static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
+    size_t V = ceil_div(smol_vis_grad_rows(c, B, mode), CHUNK_ROWS), P = ceil_div(smol_prows(c, B), CHUNK_ROWS);
+    size_t R = ceil_div(smol_rrows(c, B), CHUNK_ROWS), S = ceil_div((size_t)B, CHUNK_ROWS);
+    size_t vision = V * (2 * (size_t)c->vis_width > (size_t)c->vis_ff ? 2 * (size_t)c->vis_width : (size_t)c->vis_ff);
+    size_t actions = R * (c->d_expert > c->max_action_dim ? c->d_expert : c->max_action_dim);
+    return smol_max3(vision, smol_max3(P * c->d_model, S * c->d_model, 1), actions);
+}
+
 // Activations: a table (type, name, elements) carved from one allocation per type: X floatX,
-// F fp32, I int. Per-layer tensors are stacked layer-major; the vision tower's keep Kv layers
-// (smol_vis_kept). The g_* are backward scratch, shared by the three towers (their backward passes
-// run one after the other); the r_* hold the state rows of one VLM layer for the expert mode's
-// backward (smolvla_vlm_backward).
+// F fp32, I int. Per-layer tensors are stacked layer-major, the vision tower's for Kv layers
+// (smol_vis_kept). The g_* are backward scratch, shared by the towers whose backward runs (one
+// after the other; the vision tower's only when it trains: smol_vis_grad_rows); the r_* hold the
+// state rows of one VLM layer for the expert mode's backward (smolvla_vlm_backward).
 #define SMOLVLA_GPU_ACTIVATIONS(X, F, I, c, B, mode) \
     X(pixels,   smol_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
     X(patches,  smol_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
@@ -2474,25 +2480,25 @@ static inline size_t smol_vis_kept(const SmolVLAConfig* c, int mode) {
     /* backward scratch */ \
     F(dp_k,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
     F(dp_v,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_v */ \
-    F(g_res,    smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_res_x,  smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_ln,     smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_att,    smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_q,      smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vrows(c, B) * (c)->vis_width)) \
-    F(g_kf,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) \
-    F(g_vf,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_kx,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_vx,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_gate,   smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) \
-    X(g_up,     smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) \
-    X(g_act,    smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) \
-    F(delta,    smol_max3(smol_prows(c, B) * (c)->n_head, smol_rrows(c, B) * (c)->n_head, smol_vrows(c, B) * (c)->vis_heads)) \
+    F(g_res,    smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_res_x,  smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_ln,     smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_att,    smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_q,      smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    F(g_kf,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    F(g_vf,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_kx,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_vx,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_gate,   smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
+    X(g_up,     smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
+    X(g_act,    smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
+    F(delta,    smol_max3(smol_prows(c, B) * (c)->n_head, smol_rrows(c, B) * (c)->n_head, smol_vis_grad_rows(c, B, mode) * (c)->vis_heads)) \
     F(g_dw,     smol_max3((c)->d_model, (c)->d_expert, (c)->vis_width))               /* a frozen norm's dw, dropped */ \
-    F(partial,  smol_partial_size(c, B))                                              /* column-sum partials */ \
+    F(partial,  smol_partial_size(c, B, mode))                                        /* column-sum partials */ \
     X(g_emb,    smol_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) d a_emb */ \
     X(g_tok,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) */ \
     X(g_img,    smol_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) d img_tok */ \
-    X(g_shuf,   smol_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) d shuffled */ \
+    X(g_shuf,   smol_vis_grad_rows(c, B, mode) * (c)->vis_width)                      /* (NV*NI, s*s*Cv) d shuffled */ \
     X(r_res,    (size_t)(B) * (c)->d_model)                                           /* (B, C) one VLM layer's state rows */ \
     X(r_ln1,    (size_t)(B) * (c)->d_model)                                           /* (B, C) */ \
     F(r_rstd1,  (size_t)(B))                                                          /* (B) */ \
