@@ -3989,6 +3989,9 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     snprintf(split, sizeof(split), "%g (--lr-scale %s)", args->lr, LR_SCALE_NAMES[args->lr_scale]);
     printf("| peak learning rate     | %-36s |\n", split);
     printf("| optimizer state        | %-36s |\n", args->zero && run->world > 1 ? "sharded over the GPUs (ZeRO-1)" : "on every GPU");
+    // per GPU, for its micro-batch: a frozen vision tower keeps one layer's (smol_vis_kept)
+    printf("| activations (GiB)      | %-36.2f |\n",
+           (double)smolvla_act_bytes(c, args->train_mode, args->batch) / (1024.0 * 1024.0 * 1024.0));
     printf("| device                 | %-36.36s |\n", prop->name);
     printf("| precision              | %-36s |\n", PRECISION_NAME);
     printf("| model GFLOP per sample | %-36.2f |\n", flops / 1e9);
