@@ -290,7 +290,7 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
 
     // init from the seed: the same draws, rounded to float32 the same way: exact
     SmolVLA m;
-    smolvla_build(&m, &c);
+    smolvla_build(&m, &c, mode);
     smolvla_param_init(m.params_memory, &m.table, &c, seed);
     int init_ok = 1;
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
@@ -468,7 +468,7 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
     check(rc == 0, "%s: config from %s%s%s", name, path, rc ? ": " : "", rc ? err : "");
     if (rc != 0) { return; }
     SmolVLA m;
-    smolvla_build(&m, &c);
+    smolvla_build(&m, &c, mode);
     SafeTensors weights, ref;
     snprintf(path, sizeof(path), "%s/%s/policy/model.safetensors", ref_dir, name);
     rc = safetensors_open(&weights, path, err, sizeof(err)) || smolvla_load_safetensors(&weights, &c, &m.table, m.params_memory,
@@ -662,7 +662,7 @@ static void test_training_loop(const char* dir) {
 // train_args_for_world): the losses into losses[3], the final parameters into a new array
 static float* train_three_steps(Dataset* ds, const SmolVLAConfig* c, const TrainArgs* args, float* losses) {
     SmolVLA m;
-    smolvla_build(&m, c);
+    smolvla_build(&m, c, args->train_mode);
     smolvla_param_init(m.params_memory, &m.table, c, args->seed);
     smolvla_opt_init(&m, args->train_mode);
     Loader loader;
@@ -1251,7 +1251,7 @@ static void test_checkpoints(const char* dir) {
     // in-process round trip, in the vlm mode (its moments a packed subset of the weights)
     {
         SmolVLA m;
-        smolvla_build(&m, &c);
+        smolvla_build(&m, &c, TRAIN_MODE_VLM);
         smolvla_param_init(m.params_memory, &m.table, &c, 7);
         smolvla_opt_init(&m, TRAIN_MODE_VLM);
         for (size_t i = 0; i < m.opt.total; i++) { m.m_memory[i] = 0.5f * m.params_memory[i]; m.v_memory[i] = (float)i; }
@@ -1268,7 +1268,7 @@ static void test_checkpoints(const char* dir) {
         args.keep = 2;
         for (int step = 1; step <= 3; step++) { smolvla_save(&m, &ds, &args, step, 1000 + step); }
         SmolVLA m2;
-        smolvla_build(&m2, &c);
+        smolvla_build(&m2, &c, TRAIN_MODE_VLM);
         int step;
         uint64_t seed, pos;
         checkpoint_path(path, sizeof(path), p2, 3);
@@ -1315,7 +1315,7 @@ static void test_checkpoints(const char* dir) {
         args.batch = 2; args.steps = 2; args.train_mode = mode;
         train_args_for_world(&args, 1);
         SmolVLA m;
-        smolvla_build(&m, &c);
+        smolvla_build(&m, &c, mode);
         smolvla_param_init(m.params_memory, &m.table, &c, args.seed);
         float* init = (float*)mallocCheck(m.table.total * sizeof(float));
         memcpy(init, m.params_memory, m.table.total * sizeof(float));
@@ -1877,7 +1877,7 @@ static void test_policy(const char* dir) {
     dataset_open(&ds, path);
     SmolVLAConfig c = config_for_data("tiny", 0, &ds);
     SmolVLA m;
-    smolvla_build(&m, &c);
+    smolvla_build(&m, &c, TRAIN_MODE_ALL);
     smolvla_param_init(m.params_memory, &m.table, &c, 21);
     TrainArgs args;
     train_args_defaults(&args);

@@ -720,28 +720,42 @@ static inline size_t smol_prows(const SmolVLAConfig* c, int B) { return (size_t)
 static inline size_t smol_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
 static inline size_t smol_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
+// The vision layers whose activations are kept in `mode`: every one when the tower trains (its
+// backward reads them all), else one, which each layer's forward overwrites in turn: nothing reads
+// them again (the backward stops at the connector), only the tower's output persists.
+static inline size_t smol_vis_kept(const SmolVLAConfig* c, int mode) {
+    return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1;
+}
+
+// Vision rows of the backward scratch in `mode`: none unless the tower trains (only its backward
+// works on V rows)
+static inline size_t smol_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) {
+    return mode == TRAIN_MODE_ALL ? smol_vrows(c, B) : 0;
+}
+
 // Activations: one table (name, elements) carved from one allocation. Vision V rows, prefix
-// P rows, actions R rows; per-layer tensors are stacked layer-major. The g_* are backward scratch,
-// shared by the three towers (their backward passes run one after the other), row-aligned with
-// the activations they are the gradients of.
-#define SMOLVLA_ACTIVATIONS(X, c, B) \
+// P rows, actions R rows; per-layer tensors are stacked layer-major, the vision tower's for Kv
+// layers (smol_vis_kept). The g_* are backward scratch, shared by the towers whose backward runs
+// (one after the other; the vision tower's only when it trains: smol_vis_grad_rows), row-aligned
+// with the activations they are the gradients of.
+#define SMOLVLA_ACTIVATIONS(X, c, B, mode) \
     X(pixels,   smol_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
     X(patches,  smol_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
-    X(v_res,    ((c)->vis_layers + 1) * smol_vrows(c, B) * (c)->vis_width)            /* (Lv+1, V, Cv) layer inputs, then the last output */ \
-    X(v_ln1,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
-    X(v_mean1,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
-    X(v_rstd1,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
-    X(v_q,      (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
-    X(v_k,      (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
-    X(v_v,      (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
-    X(v_att,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
-    X(v_lse,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_heads)          /* (Lv, NV, NHv, Nv) */ \
-    X(v_mid,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) after attention */ \
-    X(v_ln2,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
-    X(v_mean2,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
-    X(v_rstd2,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
-    X(v_fc1,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_ff)             /* (Lv, V, Fv) before GELU */ \
-    X(v_gelu,   (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_ff)             /* (Lv, V, Fv) */ \
+    X(v_res,    (smol_vis_kept(c, mode) + 1) * smol_vrows(c, B) * (c)->vis_width)     /* (Kv+1, V, Cv) layer inputs, then the last output */ \
+    X(v_ln1,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_mean1,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_rstd1,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_q,      smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_k,      smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_v,      smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_att,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_lse,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_heads)           /* (Kv, NV, NHv, Nv) */ \
+    X(v_mid,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) after attention */ \
+    X(v_ln2,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_mean2,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_rstd2,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_fc1,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) before GELU */ \
+    X(v_gelu,   smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) */ \
     X(v_out,    smol_vrows(c, B) * (c)->vis_width)                                    /* (V, Cv) after post_layernorm */ \
     X(v_omean,  smol_vrows(c, B))                                                     /* (V) */ \
     X(v_orstd,  smol_vrows(c, B))                                                     /* (V) */ \
@@ -791,28 +805,29 @@ static inline size_t smol_max3(size_t a, size_t b, size_t c) { return a > b ? (a
     /* backward scratch */ \
     X(dp_k,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
     X(dp_v,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_v */ \
-    X(g_res,    smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vrows(c, B) * (c)->vis_width)) /* d residual: (P, C), (R, Ce), (V, Cv) */ \
-    X(g_ln,     smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vrows(c, B) * (c)->vis_width)) /* d of a norm's output, same shapes */ \
-    X(g_att,    smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vrows(c, B) * (c)->vis_width)) /* (P, D), (R, D), (V, Cv) */ \
-    X(g_q,      smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vrows(c, B) * (c)->vis_width)) /* same */ \
-    X(g_k,      smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) /* (P, KV) cross, (R, KV), (V, Cv) */ \
-    X(g_v,      smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) /* same */ \
-    X(g_gate,   smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) /* (P, F), (R, Fe), (V, Fv) */ \
-    X(g_up,     smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) /* same */ \
-    X(g_act,    smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) /* same */ \
+    X(g_res,    smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* d residual: (P, C), (R, Ce), (V, Cv) */ \
+    X(g_ln,     smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* d of a norm's output, same shapes */ \
+    X(g_att,    smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* (P, D), (R, D), (V, Cv) */ \
+    X(g_q,      smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* same */ \
+    X(g_k,      smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* (P, KV) cross, (R, KV), (V, Cv) */ \
+    X(g_v,      smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* same */ \
+    X(g_gate,   smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* (P, F), (R, Fe), (V, Fv) */ \
+    X(g_up,     smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* same */ \
+    X(g_act,    smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* same */ \
     X(g_emb,    smol_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) d a_emb */ \
     X(g_tok,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) */ \
     X(g_img,    smol_max3(smol_images(c, B) * smolvla_image_tokens(c) * (c)->d_model, (size_t)(B) * (c)->d_model, 1)) /* (NV*NI, C) or (B, C) state rows */ \
-    X(g_shuf,   smol_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */
+    X(g_shuf,   smol_vis_grad_rows(c, B, mode) * (c)->vis_width)                      /* (NV*NI, s*s*Cv) */
 
 typedef struct {
 #define SMOL_ACT_FIELD_(nm, n) float* nm;
-    SMOLVLA_ACTIVATIONS(SMOL_ACT_FIELD_, c, B)
+    SMOLVLA_ACTIVATIONS(SMOL_ACT_FIELD_, c, B, mode)
 #undef SMOL_ACT_FIELD_
 } SmolActivations;
 
 typedef struct {
     SmolVLAConfig config;
+    int mode;              // the TRAIN_MODE_* the activations are laid out for (smol_vis_kept)
     SmolParamTable table;
     float* params_memory;  // (table.total) fp32 weights
     float* grads_memory;   // (table.total); a backward writes only the part of each tensor that trains
@@ -835,11 +850,15 @@ typedef struct {
     float* v_memory;       // (opt.total) second moments
 } SmolVLA;
 
-static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c) {
+// The model for config c, its activations laid out for training in `mode` (in expert or vlm mode
+// one vision layer's, which leaves no way back into the vision tower)
+static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode) {
     memset(m, 0, sizeof(*m));
     const char* problem = smolvla_config_problem(c);
     if (problem != NULL) { vla_fail("bad SmolVLA config: %s", problem); }
+    if (mode < TRAIN_MODE_EXPERT || mode > TRAIN_MODE_ALL) { vla_fail("SmolVLA train mode %d is not one of 0-2", mode); }
     m->config = *c;
+    m->mode = mode;
     smolvla_table_build(c, &m->table);
     m->params_memory = (float*)callocCheck(m->table.total, sizeof(float));
     m->grads_memory = (float*)callocCheck(m->table.total, sizeof(float));
@@ -859,12 +878,12 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
     const SmolVLAConfig* c = &m->config;
     size_t total = 0;
 #define SMOL_ACT_SIZE_(nm, n) total += (n);
-    SMOLVLA_ACTIVATIONS(SMOL_ACT_SIZE_, c, B)
+    SMOLVLA_ACTIVATIONS(SMOL_ACT_SIZE_, c, B, m->mode)
 #undef SMOL_ACT_SIZE_
     m->acts_memory = (float*)callocCheck(total, sizeof(float));
     float* p = m->acts_memory;
 #define SMOL_ACT_POINT_(nm, n) m->acts.nm = p; p += (n);
-    SMOLVLA_ACTIVATIONS(SMOL_ACT_POINT_, c, B)
+    SMOLVLA_ACTIVATIONS(SMOL_ACT_POINT_, c, B, m->mode)
 #undef SMOL_ACT_POINT_
     size_t Np = (size_t)smolvla_n_prefix(c), H = (size_t)c->chunk;
     m->ints_memory = (int*)callocCheck((size_t)B * (2 * Np + 3 * H + c->max_text), sizeof(int));
@@ -948,6 +967,27 @@ static SmolLayerActs smol_layer_acts(const SmolVLA* m, int expert, int l) {
     x.mid += L * N * C; x.ln2 += L * N * C; x.rstd2 += L * N;
     x.gate += L * N * F; x.up += L * N * F; x.act += L * N * F;
     x.out += (L + 1) * N * C;  // the VLM's last layer has no output (never written: p_res has L slices)
+    return x;
+}
+
+// Vision layer l's activations (V rows), and `out`, the next layer's input. With Kv kept layers
+// (smol_vis_kept) layer l's are slot l % Kv of the stacks and its input slot l % (Kv + 1) of v_res:
+// every layer's side by side when the tower trains, else one set that every layer reuses, the
+// residual stream going back and forth between v_res's two slots.
+typedef struct {
+    float *res, *ln1, *mean1, *rstd1, *q, *k, *v, *att, *lse, *mid, *ln2, *mean2, *rstd2, *fc1, *gelu, *out;
+} SmolVisionActs;
+
+static SmolVisionActs smol_vision_acts(const SmolVLA* m, int l) {
+    const SmolVLAConfig* c = &m->config;
+    const SmolActivations* a = &m->acts;
+    size_t kept = smol_vis_kept(c, m->mode), L = (size_t)l % kept, V = smol_vrows(c, m->B);
+    size_t VC = V * c->vis_width, VF = V * c->vis_ff;
+    SmolVisionActs x = {a->v_res + (size_t)l % (kept + 1) * VC, a->v_ln1 + L * VC, a->v_mean1 + L * V,
+                        a->v_rstd1 + L * V, a->v_q + L * VC, a->v_k + L * VC, a->v_v + L * VC, a->v_att + L * VC,
+                        a->v_lse + L * V * c->vis_heads, a->v_mid + L * VC, a->v_ln2 + L * VC, a->v_mean2 + L * V,
+                        a->v_rstd2 + L * V, a->v_fc1 + L * VF, a->v_gelu + L * VF,
+                        a->v_res + (size_t)(l + 1) % (kept + 1) * VC};
     return x;
 }
 
@@ -1051,27 +1091,24 @@ static void smolvla_vision_forward(SmolVLA* m) {
     position_forward(a->v_res, m->params.vis_pos, NV, Nv, Cv);
     SmolAttn keys = {NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, Nv, 0, NULL, NULL, NULL, NULL, NULL, NULL};
     for (int l = 0; l < c->vis_layers; l++) {
-        size_t L = (size_t)l;
-        float *x = a->v_res + L * VC, *ln1 = a->v_ln1 + L * VC, *q = a->v_q + L * VC, *k = a->v_k + L * VC;
-        float *v = a->v_v + L * VC, *att = a->v_att + L * VC, *mid = a->v_mid + L * VC, *ln2 = a->v_ln2 + L * VC;
-        float *fc1 = a->v_fc1 + L * V * Fv, *gelu = a->v_gelu + L * V * Fv, *out = a->v_res + (L + 1) * VC;
-        layernorm_forward(ln1, a->v_mean1 + L * V, a->v_rstd1 + L * V, x, smol_param(m, SMOLP_vis_ln1_w, l),
+        SmolVisionActs x = smol_vision_acts(m, l);
+        layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smol_param(m, SMOLP_vis_ln1_w, l),
                           smol_param(m, SMOLP_vis_ln1_b, l), V, Cv, SMOLVLA_VISION_EPS);
-        matmul_forward(q, ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), V, Cv, Cv);
-        matmul_forward(k, ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), V, Cv, Cv);
-        matmul_forward(v, ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), V, Cv, Cv);
-        keys.k1 = k; keys.v1 = v;
-        gqa_attention_forward(att, a->v_lse + L * V * c->vis_heads, q, &keys);
-        matmul_forward(mid, att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), V, Cv, Cv);
-        for (size_t i = 0; i < VC; i++) { mid[i] += x[i]; }
-        layernorm_forward(ln2, a->v_mean2 + L * V, a->v_rstd2 + L * V, mid, smol_param(m, SMOLP_vis_ln2_w, l),
+        matmul_forward(x.q, x.ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), V, Cv, Cv);
+        matmul_forward(x.k, x.ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), V, Cv, Cv);
+        matmul_forward(x.v, x.ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), V, Cv, Cv);
+        keys.k1 = x.k; keys.v1 = x.v;
+        gqa_attention_forward(x.att, x.lse, x.q, &keys);
+        matmul_forward(x.mid, x.att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), V, Cv, Cv);
+        for (size_t i = 0; i < VC; i++) { x.mid[i] += x.res[i]; }
+        layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smol_param(m, SMOLP_vis_ln2_w, l),
                           smol_param(m, SMOLP_vis_ln2_b, l), V, Cv, SMOLVLA_VISION_EPS);
-        matmul_forward(fc1, ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), V, Cv, Fv);
-        gelu_forward(gelu, fc1, (size_t)V * Fv);
-        matmul_forward(out, gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), V, Fv, Cv);
-        for (size_t i = 0; i < VC; i++) { out[i] += mid[i]; }
+        matmul_forward(x.fc1, x.ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), V, Cv, Fv);
+        gelu_forward(x.gelu, x.fc1, (size_t)V * Fv);
+        matmul_forward(x.out, x.gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), V, Fv, Cv);
+        for (size_t i = 0; i < VC; i++) { x.out[i] += x.mid[i]; }
     }
-    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, a->v_res + (size_t)c->vis_layers * VC, m->params.vis_post_w,
+    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, smol_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w,
                       m->params.vis_post_b, V, Cv, SMOLVLA_VISION_EPS);
 }
 
@@ -1394,41 +1431,37 @@ static void smolvla_vision_backward(SmolVLA* m, int mode) {
     pixel_shuffle_backward(a->g_ln, a->g_shuf, NV, smolvla_grid(c), c->scale_factor, Cv);  // d v_out
     memset(dres, 0, VC * sizeof(float));
     layernorm_backward(dres, smol_grad(m, mode, SMOLP_vis_post_w, 0), smol_grad(m, mode, SMOLP_vis_post_b, 0), a->g_ln,
-                       a->v_res + (size_t)c->vis_layers * VC, a->v_omean, a->v_orstd, m->params.vis_post_w, V, Cv);
+                       smol_vision_acts(m, c->vis_layers - 1).out, a->v_omean, a->v_orstd, m->params.vis_post_w, V, Cv);
     SmolAttn keys = {NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, Nv, 0, NULL, NULL, NULL, NULL, NULL, NULL};
     for (int l = c->vis_layers - 1; l >= 0; l--) {
-        size_t L = (size_t)l;
-        float *x = a->v_res + L * VC, *ln1 = a->v_ln1 + L * VC, *q = a->v_q + L * VC, *k = a->v_k + L * VC;
-        float *v = a->v_v + L * VC, *att = a->v_att + L * VC, *mid = a->v_mid + L * VC, *ln2 = a->v_ln2 + L * VC;
-        float *fc1 = a->v_fc1 + L * V * Fv, *gelu = a->v_gelu + L * V * Fv;
+        SmolVisionActs x = smol_vision_acts(m, l);
         // MLP: out = mid + fc2(gelu(fc1(ln2(mid))))
         memset(a->g_act, 0, (size_t)V * Fv * sizeof(float));
         linear_backward(a->g_act, smol_grad(m, mode, SMOLP_vis_fc2_w, l), smol_grad(m, mode, SMOLP_vis_fc2_b, l), dres,
-                        gelu, smol_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv);
-        gelu_backward(a->g_gate, a->g_act, fc1, (size_t)V * Fv);
+                        x.gelu, smol_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv);
+        gelu_backward(a->g_gate, a->g_act, x.fc1, (size_t)V * Fv);
         memset(a->g_ln, 0, VC * sizeof(float));
         linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_fc1_w, l), smol_grad(m, mode, SMOLP_vis_fc1_b, l), a->g_gate,
-                        ln2, smol_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv);
+                        x.ln2, smol_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv);
         layernorm_backward(dres, smol_grad(m, mode, SMOLP_vis_ln2_w, l), smol_grad(m, mode, SMOLP_vis_ln2_b, l), a->g_ln,
-                           mid, a->v_mean2 + L * V, a->v_rstd2 + L * V, smol_param(m, SMOLP_vis_ln2_w, l), V, Cv);
+                           x.mid, x.mean2, x.rstd2, smol_param(m, SMOLP_vis_ln2_w, l), V, Cv);
         // attention: mid = x + out_proj(attention(q, k, v))
         memset(a->g_att, 0, VC * sizeof(float));
-        linear_backward(a->g_att, smol_grad(m, mode, SMOLP_vis_wo, l), smol_grad(m, mode, SMOLP_vis_bo, l), dres, att,
+        linear_backward(a->g_att, smol_grad(m, mode, SMOLP_vis_wo, l), smol_grad(m, mode, SMOLP_vis_bo, l), dres, x.att,
                         smol_param(m, SMOLP_vis_wo, l), V, Cv, Cv);
-        keys.k1 = k; keys.v1 = v;
+        keys.k1 = x.k; keys.v1 = x.v;
         memset(a->g_k, 0, VC * sizeof(float));
         memset(a->g_v, 0, VC * sizeof(float));
-        gqa_attention_backward(a->g_q, a->g_k, a->g_v, 0, NULL, NULL, 0, a->g_att, q, att,
-                               a->v_lse + L * V * c->vis_heads, &keys);
+        gqa_attention_backward(a->g_q, a->g_k, a->g_v, 0, NULL, NULL, 0, a->g_att, x.q, x.att, x.lse, &keys);
         memset(a->g_ln, 0, VC * sizeof(float));
-        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wq, l), smol_grad(m, mode, SMOLP_vis_bq, l), a->g_q, ln1,
+        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wq, l), smol_grad(m, mode, SMOLP_vis_bq, l), a->g_q, x.ln1,
                         smol_param(m, SMOLP_vis_wq, l), V, Cv, Cv);
-        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wk, l), smol_grad(m, mode, SMOLP_vis_bk, l), a->g_k, ln1,
+        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wk, l), smol_grad(m, mode, SMOLP_vis_bk, l), a->g_k, x.ln1,
                         smol_param(m, SMOLP_vis_wk, l), V, Cv, Cv);
-        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wv, l), smol_grad(m, mode, SMOLP_vis_bv, l), a->g_v, ln1,
+        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wv, l), smol_grad(m, mode, SMOLP_vis_bv, l), a->g_v, x.ln1,
                         smol_param(m, SMOLP_vis_wv, l), V, Cv, Cv);
         layernorm_backward(dres, smol_grad(m, mode, SMOLP_vis_ln1_w, l), smol_grad(m, mode, SMOLP_vis_ln1_b, l), a->g_ln,
-                           x, a->v_mean1 + L * V, a->v_rstd1 + L * V, smol_param(m, SMOLP_vis_ln1_w, l), V, Cv);
+                           x.res, x.mean1, x.rstd1, smol_param(m, SMOLP_vis_ln1_w, l), V, Cv);
     }
     float* dpos = smol_grad(m, mode, SMOLP_vis_pos, 0);
     if (dpos != NULL) { position_backward(dpos, dres, NV, Nv, Cv); }
@@ -1461,7 +1494,12 @@ static void smolvla_backward(SmolVLA* m, int mode) {
     smolvla_suffix_embed_backward(m, mode);
     smolvla_vlm_backward(m, mode, r0);
     smolvla_prefix_embed_backward(m, mode);
-    if (smol_grad(m, mode, SMOLP_vis_post_w, 0) != NULL) { smolvla_vision_backward(m, mode); }
+    if (smol_grad(m, mode, SMOLP_vis_post_w, 0) != NULL) {
+        if (m->mode != TRAIN_MODE_ALL) {  // its forward kept one vision layer's activations
+            vla_fail("a backward into the vision tower on a model built for --train %s", TRAIN_MODE_NAMES[m->mode]);
+        }
+        smolvla_vision_backward(m, mode);
+    }
 }
 
 // ---- sampling
@@ -1698,7 +1736,7 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
     }
     if (threads > 0) { omp_set_num_threads(threads); }
     VLAPolicy* p = (VLAPolicy*)callocCheck(1, sizeof(VLAPolicy));
-    smolvla_build(&p->model, &ck.config);
+    smolvla_build(&p->model, &ck.config, ck.train_mode);
     memcpy(p->model.params_memory, ck.params, p->model.table.total * sizeof(float));
     p->train_mode = ck.train_mode;
     memcpy(p->tokenizer, ck.tokenizer, sizeof(p->tokenizer));
@@ -1797,7 +1835,7 @@ int main(int argc, char** argv) {
     const char* from = run_start_checkpoint(&args, resume_path, sizeof(resume_path));
     SmolVLAConfig c = run_config(&args, from, &ds);
     SmolVLA model;
-    smolvla_build(&model, &c);
+    smolvla_build(&model, &c, args.train_mode);
     smolvla_opt_init(&model, args.train_mode);
 
     int start = 0;

@@ -2439,10 +2439,23 @@ static inline size_t smol_prows(const SmolVLAConfig* c, int B) { return (size_t)
 static inline size_t smol_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
 static inline size_t smol_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
-// Column-sum partials of the widest (rows, columns) product of the backward: LayerNorm's dw and
-// db (two per chunk of CHUNK_ROWS rows), the biases', RMSNorm's dw
-static size_t smol_partial_size(const SmolVLAConfig* c, int B) {
-    size_t V = ceil_div(smol_vrows(c, B), CHUNK_ROWS), P = ceil_div(smol_prows(c, B), CHUNK_ROWS);
+// The vision layers whose activations are kept in `mode`: every one when the tower trains (its
+// backward reads them all), else one, which each layer's forward overwrites in turn: nothing reads
+// them again (the backward stops at the connector), only the tower's output persists.
+static inline size_t smol_vis_kept(const SmolVLAConfig* c, int mode) {
+    return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1;
+}
+
+// Vision rows of the backward scratch in `mode`: none unless the tower trains (only its backward
+// works on V rows)
+static inline size_t smol_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) {
+    return mode == TRAIN_MODE_ALL ? smol_vrows(c, B) : 0;
+}
+
+// Column-sum partials of the widest (rows, columns) product of the backward in `mode`: LayerNorm's
+// dw and db (two per chunk of CHUNK_ROWS rows), the biases', RMSNorm's dw
+static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
+    size_t V = ceil_div(smol_vis_grad_rows(c, B, mode), CHUNK_ROWS), P = ceil_div(smol_prows(c, B), CHUNK_ROWS);
     size_t R = ceil_div(smol_rrows(c, B), CHUNK_ROWS), S = ceil_div((size_t)B, CHUNK_ROWS);
     size_t vision = V * (2 * (size_t)c->vis_width > (size_t)c->vis_ff ? 2 * (size_t)c->vis_width : (size_t)c->vis_ff);
     size_t actions = R * (c->d_expert > c->max_action_dim ? c->d_expert : c->max_action_dim);
@@ -2450,27 +2463,28 @@ static size_t smol_partial_size(const SmolVLAConfig* c, int B) {
 }
 
 // Activations: a table (type, name, elements) carved from one allocation per type: X floatX,
-// F fp32, I int. Per-layer tensors are stacked layer-major. The g_* are backward scratch, shared
-// by the three towers (their backward passes run one after the other); the r_* hold the state
-// rows of one VLM layer for the expert mode's backward (smolvla_vlm_backward).
-#define SMOLVLA_GPU_ACTIVATIONS(X, F, I, c, B) \
+// F fp32, I int. Per-layer tensors are stacked layer-major, the vision tower's for Kv layers
+// (smol_vis_kept). The g_* are backward scratch, shared by the towers whose backward runs (one
+// after the other; the vision tower's only when it trains: smol_vis_grad_rows); the r_* hold the
+// state rows of one VLM layer for the expert mode's backward (smolvla_vlm_backward).
+#define SMOLVLA_GPU_ACTIVATIONS(X, F, I, c, B, mode) \
     X(pixels,   smol_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
     X(patches,  smol_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
-    X(v_res,    ((c)->vis_layers + 1) * smol_vrows(c, B) * (c)->vis_width)            /* (Lv+1, V, Cv) layer inputs, then the last output */ \
-    X(v_ln1,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
-    F(v_mean1,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
-    F(v_rstd1,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
-    X(v_q,      (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
-    X(v_k,      (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
-    X(v_v,      (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
-    X(v_att,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
-    F(v_lse,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_heads)          /* (Lv, NV, NHv, Nv) */ \
-    X(v_mid,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) after attention */ \
-    X(v_ln2,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_width)          /* (Lv, V, Cv) */ \
-    F(v_mean2,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
-    F(v_rstd2,  (size_t)(c)->vis_layers * smol_vrows(c, B))                           /* (Lv, V) */ \
-    X(v_fc1,    (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_ff)             /* (Lv, V, Fv) before GELU */ \
-    X(v_gelu,   (size_t)(c)->vis_layers * smol_vrows(c, B) * (c)->vis_ff)             /* (Lv, V, Fv) */ \
+    X(v_res,    (smol_vis_kept(c, mode) + 1) * smol_vrows(c, B) * (c)->vis_width)     /* (Kv+1, V, Cv) layer inputs, then the last output */ \
+    X(v_ln1,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    F(v_mean1,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
+    F(v_rstd1,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_q,      smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_k,      smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_v,      smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_att,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    F(v_lse,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_heads)           /* (Kv, NV, NHv, Nv) */ \
+    X(v_mid,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) after attention */ \
+    X(v_ln2,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    F(v_mean2,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
+    F(v_rstd2,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_fc1,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) before GELU */ \
+    X(v_gelu,   smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) */ \
     X(v_out,    smol_vrows(c, B) * (c)->vis_width)                                    /* (V, Cv) after post_layernorm */ \
     F(v_omean,  smol_vrows(c, B))                                                     /* (V) */ \
     F(v_orstd,  smol_vrows(c, B))                                                     /* (V) */ \
@@ -2529,25 +2543,25 @@ static size_t smol_partial_size(const SmolVLAConfig* c, int B) {
     /* backward scratch */ \
     F(dp_k,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
     F(dp_v,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_v */ \
-    F(g_res,    smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_res_x,  smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_ln,     smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_att,    smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_q,      smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vrows(c, B) * (c)->vis_width)) \
-    F(g_kf,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) \
-    F(g_vf,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_kx,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_vx,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vrows(c, B) * (c)->vis_width)) \
-    X(g_gate,   smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) \
-    X(g_up,     smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) \
-    X(g_act,    smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vrows(c, B) * (c)->vis_ff)) \
-    F(delta,    smol_max3(smol_prows(c, B) * (c)->n_head, smol_rrows(c, B) * (c)->n_head, smol_vrows(c, B) * (c)->vis_heads)) \
+    F(g_res,    smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_res_x,  smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_ln,     smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_att,    smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_q,      smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    F(g_kf,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    F(g_vf,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_kx,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_vx,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_gate,   smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
+    X(g_up,     smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
+    X(g_act,    smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
+    F(delta,    smol_max3(smol_prows(c, B) * (c)->n_head, smol_rrows(c, B) * (c)->n_head, smol_vis_grad_rows(c, B, mode) * (c)->vis_heads)) \
     F(g_dw,     smol_max3((c)->d_model, (c)->d_expert, (c)->vis_width))               /* a frozen norm's dw, dropped */ \
-    F(partial,  smol_partial_size(c, B))                                              /* column-sum partials */ \
+    F(partial,  smol_partial_size(c, B, mode))                                        /* column-sum partials */ \
     X(g_emb,    smol_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) d a_emb */ \
     X(g_tok,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) */ \
     X(g_img,    smol_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) d img_tok */ \
-    X(g_shuf,   smol_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) d shuffled */ \
+    X(g_shuf,   smol_vis_grad_rows(c, B, mode) * (c)->vis_width)                      /* (NV*NI, s*s*Cv) d shuffled */ \
     X(r_res,    (size_t)(B) * (c)->d_model)                                           /* (B, C) one VLM layer's state rows */ \
     X(r_ln1,    (size_t)(B) * (c)->d_model)                                           /* (B, C) */ \
     F(r_rstd1,  (size_t)(B))                                                          /* (B) */ \
@@ -2567,7 +2581,7 @@ typedef struct {
 #define SMOL_ACT_X_(nm, n) floatX* nm;
 #define SMOL_ACT_F_(nm, n) float* nm;
 #define SMOL_ACT_I_(nm, n) int* nm;
-    SMOLVLA_GPU_ACTIVATIONS(SMOL_ACT_X_, SMOL_ACT_F_, SMOL_ACT_I_, c, B)
+    SMOLVLA_GPU_ACTIVATIONS(SMOL_ACT_X_, SMOL_ACT_F_, SMOL_ACT_I_, c, B, mode)
 #undef SMOL_ACT_X_
 #undef SMOL_ACT_F_
 #undef SMOL_ACT_I_
@@ -2753,6 +2767,25 @@ static void smolvla_set_params(SmolVLA* m, const float* params, const float* mom
     }
 }
 
+// The activations' elements of each type for B samples in `mode`, every tensor rounded up to 64 bytes
+static void smol_act_counts(const SmolVLAConfig* c, int mode, int B, size_t* nx, size_t* nf, size_t* ni) {
+    *nx = *nf = *ni = 0;
+#define SMOL_SIZE_X_(nm, n) *nx += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
+#define SMOL_SIZE_F_(nm, n) *nf += ((n) + 15) / 16 * 16;
+#define SMOL_SIZE_I_(nm, n) *ni += ((n) + 15) / 16 * 16;
+    SMOLVLA_GPU_ACTIVATIONS(SMOL_SIZE_X_, SMOL_SIZE_F_, SMOL_SIZE_I_, c, B, mode)
+#undef SMOL_SIZE_X_
+#undef SMOL_SIZE_F_
+#undef SMOL_SIZE_I_
+}
+
+// Device bytes of the activations for B samples in `mode`: what smolvla_set_batch allocates
+static size_t smolvla_act_bytes(const SmolVLAConfig* c, int mode, int B) {
+    size_t nx, nf, ni;
+    smol_act_counts(c, mode, B, &nx, &nf, &ni);
+    return nx * sizeof(floatX) + nf * sizeof(float) + ni * sizeof(int);
+}
+
 // (Re)sizes the activations for B samples.
 static void smolvla_set_batch(SmolVLA* m, int B) {
     if (m->B == B) { return; }
@@ -2763,25 +2796,20 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
         cudaCheck(cudaFree(m->acts_i));
     }
     const SmolVLAConfig* c = &m->config;
-    size_t nx = 0, nf = 0, ni = 0;  // in elements, every tensor rounded up to 64 bytes
-#define SMOL_SIZE_X_(nm, n) nx += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
-#define SMOL_SIZE_F_(nm, n) nf += ((n) + 15) / 16 * 16;
-#define SMOL_SIZE_I_(nm, n) ni += ((n) + 15) / 16 * 16;
-    SMOLVLA_GPU_ACTIVATIONS(SMOL_SIZE_X_, SMOL_SIZE_F_, SMOL_SIZE_I_, c, B)
-#undef SMOL_SIZE_X_
-#undef SMOL_SIZE_F_
-#undef SMOL_SIZE_I_
+    int mode = m->mode;
+    size_t nx, nf, ni;
+    smol_act_counts(c, mode, B, &nx, &nf, &ni);
     m->acts_x = (floatX*)smol_device_malloc(m, nx * sizeof(floatX));
     m->acts_f = (float*)smol_device_malloc(m, nf * sizeof(float));
     m->acts_i = (int*)smol_device_malloc(m, ni * sizeof(int));
-    m->act_bytes = nx * sizeof(floatX) + nf * sizeof(float) + ni * sizeof(int);
+    m->act_bytes = smolvla_act_bytes(c, mode, B);
     floatX* px = m->acts_x;
     float* pf = m->acts_f;
     int* pi = m->acts_i;
 #define SMOL_POINT_X_(nm, n) m->acts.nm = px; px += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
 #define SMOL_POINT_F_(nm, n) m->acts.nm = pf; pf += ((n) + 15) / 16 * 16;
 #define SMOL_POINT_I_(nm, n) m->acts.nm = pi; pi += ((n) + 15) / 16 * 16;
-    SMOLVLA_GPU_ACTIVATIONS(SMOL_POINT_X_, SMOL_POINT_F_, SMOL_POINT_I_, c, B)
+    SMOLVLA_GPU_ACTIVATIONS(SMOL_POINT_X_, SMOL_POINT_F_, SMOL_POINT_I_, c, B, mode)
 #undef SMOL_POINT_X_
 #undef SMOL_POINT_F_
 #undef SMOL_POINT_I_
@@ -2853,6 +2881,28 @@ static SmolLayerActs smol_layer_acts(const SmolVLA* m, int expert, int l) {
     x.mid += L * N * C; x.ln2 += L * N * C; x.rstd2 += L * N;
     x.gate += L * N * F; x.up += L * N * F; x.act += L * N * F;
     x.out += (L + 1) * N * C;  // the VLM's last layer has no output (never written: p_res has L slices)
+    return x;
+}
+
+// Vision layer l's activations (V rows), and `out`, the next layer's input. With Kv kept layers
+// (smol_vis_kept) layer l's are slot l % Kv of the stacks and its input slot l % (Kv + 1) of v_res:
+// every layer's side by side when the tower trains, else one set that every layer reuses, the
+// residual stream going back and forth between v_res's two slots.
+typedef struct {
+    floatX *res, *ln1, *q, *k, *v, *att, *mid, *ln2, *fc1, *gelu, *out;
+    float *mean1, *rstd1, *lse, *mean2, *rstd2;
+} SmolVisionActs;
+
+static SmolVisionActs smol_vision_acts(const SmolVLA* m, int l) {
+    const SmolVLAConfig* c = &m->config;
+    const SmolActivations* a = &m->acts;
+    size_t kept = smol_vis_kept(c, m->mode), L = (size_t)l % kept, V = smol_vrows(c, m->B);
+    size_t VC = V * c->vis_width, VF = V * c->vis_ff;
+    SmolVisionActs x = {a->v_res + (size_t)l % (kept + 1) * VC, a->v_ln1 + L * VC, a->v_q + L * VC, a->v_k + L * VC,
+                        a->v_v + L * VC, a->v_att + L * VC, a->v_mid + L * VC, a->v_ln2 + L * VC, a->v_fc1 + L * VF,
+                        a->v_gelu + L * VF, a->v_res + (size_t)(l + 1) % (kept + 1) * VC,
+                        a->v_mean1 + L * V, a->v_rstd1 + L * V, a->v_lse + L * V * c->vis_heads, a->v_mean2 + L * V,
+                        a->v_rstd2 + L * V};
     return x;
 }
 
@@ -2955,25 +3005,23 @@ static void smolvla_vision_forward(SmolVLA* m) {
     matmul_forward(a->v_res, a->patches, m->params.vis_patch_w, m->params.vis_patch_b, NULL, V, smolvla_patch_dim(c), Cv);
     LAUNCH_1D(add_periodic_kernel, VC, a->v_res, m->params.vis_pos, VC, (size_t)Nv * Cv);
     for (int l = 0; l < c->vis_layers; l++) {
-        size_t L = (size_t)l;
-        floatX *x = a->v_res + L * VC, *ln1 = a->v_ln1 + L * VC, *q = a->v_q + L * VC, *k = a->v_k + L * VC;
-        floatX *v = a->v_v + L * VC, *att = a->v_att + L * VC, *mid = a->v_mid + L * VC, *ln2 = a->v_ln2 + L * VC;
-        floatX *fc1 = a->v_fc1 + L * V * Fv, *gelu = a->v_gelu + L * V * Fv, *out = a->v_res + (L + 1) * VC;
-        layernorm_forward(ln1, a->v_mean1 + L * V, a->v_rstd1 + L * V, x, smol_param(m, SMOLP_vis_ln1_w, l),
+        SmolVisionActs x = smol_vision_acts(m, l);
+        layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smol_param(m, SMOLP_vis_ln1_w, l),
                           smol_param(m, SMOLP_vis_ln1_b, l), V, Cv);
-        matmul_forward(q, ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), NULL, V, Cv, Cv);
-        matmul_forward(k, ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), NULL, V, Cv, Cv);
-        matmul_forward(v, ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), NULL, V, Cv, Cv);
-        GqaAttn keys = {k, v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv};
-        gqa_attention_forward(att, a->v_lse + L * V * c->vis_heads, q, keys);
-        matmul_forward(mid, att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), x, V, Cv, Cv);
-        layernorm_forward(ln2, a->v_mean2 + L * V, a->v_rstd2 + L * V, mid, smol_param(m, SMOLP_vis_ln2_w, l),
+        matmul_forward(x.q, x.ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), NULL, V, Cv, Cv);
+        matmul_forward(x.k, x.ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), NULL, V, Cv, Cv);
+        matmul_forward(x.v, x.ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), NULL, V, Cv, Cv);
+        GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv};
+        gqa_attention_forward(x.att, x.lse, x.q, keys);
+        matmul_forward(x.mid, x.att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), x.res, V, Cv, Cv);
+        layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smol_param(m, SMOLP_vis_ln2_w, l),
                           smol_param(m, SMOLP_vis_ln2_b, l), V, Cv);
-        matmul_forward(fc1, ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), NULL, V, Cv, Fv);
-        gelu_forward(gelu, fc1, (size_t)V * Fv);
-        matmul_forward(out, gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), mid, V, Fv, Cv);
+        matmul_forward(x.fc1, x.ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), NULL, V, Cv, Fv);
+        gelu_forward(x.gelu, x.fc1, (size_t)V * Fv);
+        matmul_forward(x.out, x.gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), x.mid, V, Fv,
+                       Cv);
     }
-    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, a->v_res + (size_t)c->vis_layers * VC, m->params.vis_post_w,
+    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, smol_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w,
                       m->params.vis_post_b, V, Cv);
 }
 
@@ -3515,42 +3563,38 @@ static void smolvla_vision_backward(SmolVLA* m) {
     pixel_shuffle_backward(a->g_ln, a->g_shuf, NV, G, G, Cv, c->scale_factor);  // d v_out
     cudaCheck(cudaMemsetAsync(dres, 0, VC * sizeof(float), main_stream));
     layernorm_backward(dres, dres_x, m->grads.vis_post_w, m->grads.vis_post_b, a->partial, a->g_ln,
-                       a->v_res + (size_t)c->vis_layers * VC, m->params.vis_post_w, a->v_omean, a->v_orstd, V, Cv);
+                       smol_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean, a->v_orstd, V, Cv);
     for (int l = c->vis_layers - 1; l >= 0; l--) {
-        size_t L = (size_t)l;
-        floatX *x = a->v_res + L * VC, *ln1 = a->v_ln1 + L * VC, *q = a->v_q + L * VC, *k = a->v_k + L * VC;
-        floatX *v = a->v_v + L * VC, *att = a->v_att + L * VC, *mid = a->v_mid + L * VC, *ln2 = a->v_ln2 + L * VC;
-        floatX *fc1 = a->v_fc1 + L * V * Fv, *gelu = a->v_gelu + L * V * Fv;
+        SmolVisionActs x = smol_vision_acts(m, l);
         // MLP: out = mid + fc2(gelu(fc1(ln2(mid))))
         matmul_backward_input(a->g_act, dres_x, smol_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv, 0.0f);
-        matmul_backward_weight(smol_grad(m, SMOLP_vis_fc2_w, l), dres_x, gelu, V, Fv, Cv);
+        matmul_backward_weight(smol_grad(m, SMOLP_vis_fc2_w, l), dres_x, x.gelu, V, Fv, Cv);
         bias_backward(smol_grad(m, SMOLP_vis_fc2_b, l), a->partial, dres_x, V, Cv);
-        gelu_backward(a->g_gate, a->g_act, fc1, (size_t)V * Fv);
+        gelu_backward(a->g_gate, a->g_act, x.fc1, (size_t)V * Fv);
         matmul_backward_input(a->g_ln, a->g_gate, smol_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv, 0.0f);
-        matmul_backward_weight(smol_grad(m, SMOLP_vis_fc1_w, l), a->g_gate, ln2, V, Cv, Fv);
+        matmul_backward_weight(smol_grad(m, SMOLP_vis_fc1_w, l), a->g_gate, x.ln2, V, Cv, Fv);
         bias_backward(smol_grad(m, SMOLP_vis_fc1_b, l), a->partial, a->g_gate, V, Fv);
         layernorm_backward(dres, dres_x, smol_grad(m, SMOLP_vis_ln2_w, l), smol_grad(m, SMOLP_vis_ln2_b, l), a->partial,
-                           a->g_ln, mid, smol_param(m, SMOLP_vis_ln2_w, l), a->v_mean2 + L * V, a->v_rstd2 + L * V, V, Cv);
+                           a->g_ln, x.mid, smol_param(m, SMOLP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
         // attention: mid = x + out_proj(attention(q, k, v))
         matmul_backward_input(a->g_att, dres_x, smol_param(m, SMOLP_vis_wo, l), V, Cv, Cv, 0.0f);
-        matmul_backward_weight(smol_grad(m, SMOLP_vis_wo, l), dres_x, att, V, Cv, Cv);
+        matmul_backward_weight(smol_grad(m, SMOLP_vis_wo, l), dres_x, x.att, V, Cv, Cv);
         bias_backward(smol_grad(m, SMOLP_vis_bo, l), a->partial, dres_x, V, Cv);
         cudaCheck(cudaMemsetAsync(a->g_kf, 0, VC * sizeof(float), main_stream));
         cudaCheck(cudaMemsetAsync(a->g_vf, 0, VC * sizeof(float), main_stream));
-        GqaAttn keys = {k, v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv};
-        gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, q, att, a->v_lse + L * V * c->vis_heads,
-                               a->delta, keys);
+        GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv};
+        gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta, keys);
         convert(a->g_kx, a->g_kf, VC);
         convert(a->g_vx, a->g_vf, VC);
         const floatX* dqkv[3] = {a->g_q, a->g_kx, a->g_vx};
         const int wi[3] = {SMOLP_vis_wq, SMOLP_vis_wk, SMOLP_vis_wv}, bi[3] = {SMOLP_vis_bq, SMOLP_vis_bk, SMOLP_vis_bv};
         for (int j = 0; j < 3; j++) {
             matmul_backward_input(a->g_ln, dqkv[j], smol_param(m, wi[j], l), V, Cv, Cv, j > 0 ? 1.0f : 0.0f);
-            matmul_backward_weight(smol_grad(m, wi[j], l), dqkv[j], ln1, V, Cv, Cv);
+            matmul_backward_weight(smol_grad(m, wi[j], l), dqkv[j], x.ln1, V, Cv, Cv);
             bias_backward(smol_grad(m, bi[j], l), a->partial, dqkv[j], V, Cv);
         }
         layernorm_backward(dres, dres_x, smol_grad(m, SMOLP_vis_ln1_w, l), smol_grad(m, SMOLP_vis_ln1_b, l), a->partial,
-                           a->g_ln, x, smol_param(m, SMOLP_vis_ln1_w, l), a->v_mean1 + L * V, a->v_rstd1 + L * V, V, Cv);
+                           a->g_ln, x.res, smol_param(m, SMOLP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
         smol_bucket_done(m, smol_bucket(c, TOWER_VISION, l));
     }
     // patch i's position row, summed over the images in order; the patch embedding
@@ -4010,6 +4054,9 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     snprintf(split, sizeof(split), "%g (--lr-scale %s)", args->lr, LR_SCALE_NAMES[args->lr_scale]);
     printf("| peak learning rate     | %-36s |\n", split);
     printf("| optimizer state        | %-36s |\n", args->zero && run->world > 1 ? "sharded over the GPUs (ZeRO-1)" : "on every GPU");
+    // per GPU, for its micro-batch: a frozen vision tower keeps one layer's (smol_vis_kept)
+    printf("| activations (GiB)      | %-36.2f |\n",
+           (double)smolvla_act_bytes(c, args->train_mode, args->batch) / (1024.0 * 1024.0 * 1024.0));
     printf("| device                 | %-36.36s |\n", prop->name);
     printf("| precision              | %-36s |\n", PRECISION_NAME);
     printf("| model GFLOP per sample | %-36.2f |\n", flops / 1e9);
