@@ -2597,6 +2597,16 @@ typedef struct {
     size_t* count;
 } SmolBuckets;
 
+// Sampling's state (smolvla_sample): the Euler steps as one CUDA graph, and what the last call took
+typedef struct {
+    int use_graph;          // replay the Euler steps as a CUDA graph (the policy library's default)
+    int warm;               // the steps ran once for these activations (their products' plans exist)
+    cudaGraphExec_t graph;  // captured for these activations; NULL until then (set_batch drops both)
+    cudaEvent_t marks[3];   // before the prefix, before the Euler steps, after them
+    float ms[2];            // device time of the last call: the prefix, the Euler steps
+    long long launches[2];  // what they handed the device, where it is counted (the CPU emulation); else -1
+} SmolSampling;
+
 typedef struct {
     SmolVLAConfig config;
     int mode;                              // TRAIN_MODE_*: what trains, so what has a gradient
@@ -2627,6 +2637,7 @@ typedef struct {
     size_t act_bytes;       // of which the activations
     SmolBuckets buckets;
     struct Dist* dist;      // the data-parallel ranks it trains with (MULTI_GPU); NULL: alone
+    SmolSampling sampling;
 } SmolVLA;
 
 static void* smol_device_malloc(SmolVLA* m, size_t bytes) {
@@ -2789,6 +2800,11 @@ static size_t smolvla_act_bytes(const SmolVLAConfig* c, int mode, int B) {
 // (Re)sizes the activations for B samples.
 static void smolvla_set_batch(SmolVLA* m, int B) {
     if (m->B == B) { return; }
+    if (m->sampling.graph != NULL) {  // it reads the activations that are about to move
+        cudaCheck(cudaGraphExecDestroy(m->sampling.graph));
+        m->sampling.graph = NULL;
+    }
+    m->sampling.warm = 0;
     if (m->acts_x != NULL) {
         m->device_bytes -= m->act_bytes;
         cudaCheck(cudaFree(m->acts_x));
@@ -2823,6 +2839,8 @@ static void smolvla_free(SmolVLA* m) {
     cudaCheck(cudaFree(m->acts_x)); cudaCheck(cudaFree(m->acts_f)); cudaCheck(cudaFree(m->acts_i));
     cudaCheck(cudaFree(m->rope_cos));
     free(m->buckets.first); free(m->buckets.offset); free(m->buckets.count);
+    if (m->sampling.graph != NULL) { cudaCheck(cudaGraphExecDestroy(m->sampling.graph)); }
+    for (int k = 0; k < 3 && m->sampling.marks[0] != NULL; k++) { cudaCheck(cudaEventDestroy(m->sampling.marks[k])); }
 }
 
 // One Llama layer of the VLM or the expert: its weights (floatX) or their gradients (float, NULL =
@@ -3636,16 +3654,14 @@ static void smolvla_backward(SmolVLA* m, int zero_grads) {
 
 // ---- sampling
 
-// num_steps Euler steps of dx/dt = v(x, t) from t = 1 (noise (B, H, Amax), device) to t = 0 ->
-// out (B, H, Amax, host), normalized units (un-normalizing is the caller's). The prefix runs once,
-// and so do the cross layers' re-projections of its keys/values. t = float(1 + k dt) with
-// dt = -1/num_steps in double, x += float(dt) v: LeRobot's euler_integrate.
-static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise, float* out) {
-    const SmolVLAConfig* c = &m->config;
-    smolvla_encode_prefix(m, in);
+// num_steps Euler steps of dx/dt = v(x, t) from t = 1 (acts.x_sample, the noise) to t = 0, in
+// acts.x_sample. t = float(1 + k dt) with dt = -1/num_steps in double, x += float(dt) v: LeRobot's
+// euler_integrate. The first step re-projects the prefix's keys/values for the cross layers, the
+// others reuse them. Reads and writes only the model's memory (weights, activations), so a
+// capture of it replays until the activations move.
+static void smolvla_euler_steps(SmolVLA* m) {
     SmolActivations* a = &m->acts;
-    int B = in->B, n = (int)smol_rrows(c, B) * c->max_action_dim, n_steps = 10;
-    cudaCheck(cudaMemcpyAsync(a->x_sample, noise, n * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
+    int B = m->B, n = (int)smol_rrows(&m->config, B) * m->config.max_action_dim, n_steps = 10;
     convert(a->x_t, a->x_sample, n);
     double dt = -1.0 / n_steps;
     for (int k = 0; k < n_steps; k++) {
@@ -3654,8 +3670,50 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
         smolvla_expert_forward(m, k > 0);
         LAUNCH_1D(euler_step_f32_kernel, n, a->x_sample, a->x_t, a->v_t, (float)dt, n);
     }
+}
+
+// Noise (B, H, Amax, device) -> out (B, H, Amax, host), normalized units (un-normalizing is the
+// caller's): the prefix once, then the Euler steps. With sampling.use_graph the steps are one CUDA
+// graph (1,957 launches at the smolvla sizes, whose host-side cost would dominate at batch 1): the
+// first call at a batch size runs them one by one (cuBLASLt's plans and the kernels' settings
+// are made outside any capture), the second captures them, later calls replay. sampling.ms and
+// .launches get what the prefix and the steps took.
+static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise, float* out) {
+    SmolSampling* s = &m->sampling;
+    if (s->marks[0] == NULL) {
+        for (int k = 0; k < 3; k++) { cudaCheck(cudaEventCreate(&s->marks[k])); }
+    }
+    cudaCheck(cudaEventRecord(s->marks[0], main_stream));
+    smolvla_encode_prefix(m, in);
+    SmolActivations* a = &m->acts;
+    int n = (int)smol_rrows(&m->config, in->B) * m->config.max_action_dim;
+    cudaCheck(cudaMemcpyAsync(a->x_sample, noise, n * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
+    cudaCheck(cudaEventRecord(s->marks[1], main_stream));
+    if (!s->use_graph || !s->warm) {
+        smolvla_euler_steps(m);
+        s->warm = 1;
+    } else {
+        if (s->graph == NULL) {
+            cudaGraph_t graph = NULL;
+            cudaCheck(cudaStreamBeginCapture(main_stream, cudaStreamCaptureModeThreadLocal));
+            smolvla_euler_steps(m);
+            cudaCheck(cudaStreamEndCapture(main_stream, &graph));
+            cudaCheck(cudaGraphInstantiate(&s->graph, graph, 0));
+            cudaCheck(cudaGraphDestroy(graph));
+        }
+        cudaCheck(cudaGraphLaunch(s->graph, main_stream));
+    }
+    cudaCheck(cudaEventRecord(s->marks[2], main_stream));
     cudaCheck(cudaMemcpyAsync(out, a->x_sample, n * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
     cudaCheck(cudaStreamSynchronize(main_stream));
+    for (int k = 0; k < 2; k++) {
+        cudaCheck(cudaEventElapsedTime(&s->ms[k], s->marks[k], s->marks[k + 1]));
+#if defined(CUDA_EMULATION)
+        s->launches[k] = (long long)emu_event_launches(s->marks[k], s->marks[k + 1]);
+#else
+        s->launches[k] = -1;
+#endif
+    }
 }
 
 // ---- optimizer: AdamW on the trainable elements only
@@ -3917,6 +3975,7 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
     for (int k = 0; k < 4; k++) { cudaCheck(cudaFree(training[k])); }
     m->device_bytes -= m->n_train * sizeof(float) + m->opt_bytes;
     m->grads_memory = m->master = m->m_memory = m->v_memory = NULL;
+    m->sampling.use_graph = 1;
     p->stats = ck.stats;
     ck.stats = NULL;
     checkpoint_free(&ck);
@@ -3968,6 +4027,21 @@ VLA_API int vla_policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uin
     smolvla_sample_actions(&p->model, &p->dev, p->stats + 2 * S, p->stats + 2 * S + A, actions);
     return 0;
 }
+
+// What the last vla_policy_act took on the device, in ms: out[0] the prefix (images to the VLM's
+// keys and values; the noise's copy), out[1] the 10 Euler steps; out[2], out[3] the launches of each (kernels,
+// products, copies; a graph's launch counts once) where they are counted (the CPU emulation of
+// CUDA), else -1. Zeros before the first call.
+VLA_API void vla_policy_timing(const VLAPolicy* p, double* out) {
+    const SmolSampling* s = &p->model.sampling;
+    for (int k = 0; k < 2; k++) {
+        out[k] = s->ms[k];
+        out[2 + k] = (double)s->launches[k];
+    }
+}
+
+// Whether the 10 Euler steps replay as one CUDA graph (1, the default) or launch one by one (0).
+VLA_API void vla_policy_set_graphs(VLAPolicy* p, int on) { p->model.sampling.use_graph = on != 0; }
 
 VLA_API void vla_policy_free(VLAPolicy* p) {
     if (p == NULL) { return; }

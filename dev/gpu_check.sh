@@ -6,11 +6,14 @@
 # smolvla preset in bf16, two cameras stored at 224 px (resized to 512 on the device), batch B,
 # --train expert and --train all, against dev/model.py --bench under torch.compile and against
 # LeRobot's own training step (dev/lerobot/bench_lerobot.py: its defaults, and bf16 mixed
-# precision). Ends with a table of samples/s, MFU and peak memory; every log stays in the output
-# folder.
+# precision); and the inference benchmark of issue 13: one action chunk of the smolvla preset at
+# batch 1 from raw observations through libvla_gpu.so (dev/bench_infer.py: bf16, the Euler steps as
+# a CUDA graph and one by one) against LeRobot's select_action / predict_action_chunk (its defaults,
+# and bf16 autocast). Ends with tables of samples/s, MFU and peak memory, and of ms per chunk;
+# every log stays in the output folder.
 #
 #   dev/gpu_check.sh [OUTDIR]        (default: $OUT if set, else build/gpu_check)
-#   B=32 STEPS=30 PYTHON=python3 dev/gpu_check.sh
+#   B=32 STEPS=30 CHUNKS=50 PYTHON=python3 dev/gpu_check.sh
 #
 # PYTHON must import torch with CUDA (the oracle). A failing stage is reported and the others
 # still run; the exit status is non-zero if any failed.
@@ -20,6 +23,7 @@ OUTDIR=${1:-${OUT:-build/gpu_check}}
 PYTHON=${PYTHON:-python3}
 B=${B:-32}
 STEPS=${STEPS:-30}
+CHUNKS=${CHUNKS:-50}  # timed action chunks of the inference benchmark
 JOBS=${JOBS:-$(nproc)}
 BENCH_DATA=build/bench/smolvla.bin  # 2 cameras at 224 px, state 6, action 5 (the Makefile's rule)
 mkdir -p "$OUTDIR"
@@ -87,8 +91,15 @@ for train in expert all; do
     stage "scaling_model_$train" "$PYTHON" dev/scaling_model.py --from-log "$OUTDIR/bench_train_vla_$train.log"
 done
 
-# LeRobot's own SmolVLA training step on this GPU at the released sizes (random weights): the
-# peer of the comparison. lerobot and its pure-Python dependencies travel as wheels
+# issue 13's inference benchmark: one action chunk of the smolvla preset (random weights; the
+# checkpoint is written once under build/bench) at batch 1 from raw observations (2 cameras of
+# 224 px resized to 512 on the device, an instruction, the state), the prefix once and 10 Euler
+# steps, through libvla_gpu.so (bf16): the steps replayed as a CUDA graph, and launched one by one
+stage bench_infer "$PYTHON" dev/bench_infer.py --preset smolvla --chunks "$CHUNKS" --warmup 5 --graphs both \
+    --json "$OUTDIR/bench_infer.json"
+
+# LeRobot's own SmolVLA training step and inference on this GPU at the released sizes (random
+# weights): the peers of the comparisons. lerobot and its pure-Python dependencies travel as wheels
 # (dev/lerobot/wheels.sh, carried as .whl); without them these stages are skipped.
 if [ -d .whl ] && ls .whl/lerobot-*.whl > /dev/null 2>&1; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lerobot_site \
@@ -98,6 +109,11 @@ if [ -d .whl ] && ls .whl/lerobot-*.whl > /dev/null 2>&1; then
             stage "lerobot_${train}_${amp}" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --train "$train" \
                 --amp "$amp" --batch "$B" --steps "$STEPS" --warmup 5 --device cuda --json "$OUTDIR/lerobot_${train}_${amp}.json"
         done
+    done
+    # batch-1 chunks as lerobot_eval.py asks for them: its defaults (fp32), and under bf16 autocast
+    for amp in none bf16; do
+        stage "lerobot_infer_${amp}" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --infer --infer-batch 1 \
+            --amp "$amp" --steps "$CHUNKS" --warmup 5 --device cuda --json "$OUTDIR/lerobot_infer_${amp}.json"
     done
 else
     summary+=("$(printf '%-22s skipped: no .whl/lerobot-*.whl (run dev/lerobot/wheels.sh here, carry .whl)' lerobot)")
@@ -147,5 +163,36 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
         echo "train_vla at world size 1 through NCCL: $(sed -n 's/^communication: //p' "$log" 2>/dev/null)"
     done
     echo "(vs ours: their samples/s over train_vla's; below 1 means train_vla is faster)"
+
+    # inference: ms per chunk of each, the ratio to train_vla's (CUDA graph)
+    jget() { "$PYTHON" -c "import json,sys; r=json.load(open(sys.argv[1])); v=eval(sys.argv[2]); print('?' if v is None else (f'{v:.2f}' if isinstance(v, float) else v))" "$1" "$2" 2>/dev/null || echo '?'; }
+    irow() { printf '| %-64s | %8s | %7s | %7s | %-30s |\n' "$@"; }
+    ours_json=$OUTDIR/bench_infer.json
+    ours_ms=$(jget "$ours_json" 'r["runs"]["graphs"]["ms_per_chunk_median"]')
+    vs() { awk -v a="$ours_ms" -v b="$1" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2fx", b / a; else printf "?" }'; }
+    echo
+    echo "inference: one action chunk of the smolvla preset, batch 1, 2 cameras at 224 px resized to 512, an"
+    echo "instruction, the state; the prefix once and 10 Euler steps; $CHUNKS timed chunks, medians"
+    irow "policy" "ms/chunk" "p90" "vs ours" "on the device"
+    irow "----" "---" "---" "---" "---"
+    for mode in graphs eager; do
+        if [ "$mode" = graphs ]; then what="Euler steps as a CUDA graph"; else what="Euler steps launched one by one"; fi
+        split="prefix $(jget "$ours_json" "r['runs']['$mode']['prefix_ms_median']") + steps $(jget "$ours_json" "r['runs']['$mode']['steps_ms_median']") ms"
+        ms=$(jget "$ours_json" "r['runs']['$mode']['ms_per_chunk_median']")
+        irow "train_vla libvla_gpu.so (bf16, $what)" "$ms" "$(jget "$ours_json" "r['runs']['$mode']['ms_per_chunk_p90']")" \
+            "$(vs "$ms")" "$split"
+    done
+    for amp in none bf16; do
+        j=$OUTDIR/lerobot_infer_${amp}.json
+        if [ "$amp" = none ]; then what="defaults, fp32"; else what="bf16 autocast"; fi
+        sel=$(jget "$j" 'r["infer"]["ms_select_action_with_processors_median"]')
+        pred=$(jget "$j" 'r["infer"]["ms_per_chunk_median"]')
+        irow "LeRobot 0.6.1 select_action + processors ($what)" "$sel" "-" "$(vs "$sel")" ""
+        irow "LeRobot 0.6.1 predict_action_chunk ($what)" "$pred" "-" "$(vs "$pred")" ""
+    done
+    echo "(vs ours: their ms per chunk over train_vla's with the CUDA graph; above 1 means train_vla is faster;"
+    echo " train_vla's figure is the whole act() call from raw observations, as select_action + processors is)"
+    verdict=$(awk -v a="$ours_ms" 'BEGIN { if (a+0 <= 0) print "not measured"; else if (a <= 15) print "met"; else print "NOT met" }')
+    echo "issue 13's target, at most 15 ms per chunk on an H100: $verdict (${ours_ms} ms on $(head -n 2 "$OUTDIR/device.txt" | tail -n 1 | cut -d, -f1))"
 } | tee "$OUTDIR/table.txt"
 exit $failed

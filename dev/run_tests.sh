@@ -83,6 +83,9 @@ run_suite smolvla_oracle "$ORACLE_PY" dev/test_smolvla.py build/lerobot_ref
 run_suite model "$ORACLE_PY" dev/test_model.py build/lerobot_ref
 # LeRobot's own SmolVLA training step and inference, timed (the GPU comparison's peer; here a smoke run)
 run_suite lerobot_bench env LEROBOT_PYTHON="$LEROBOT_PY" dev/lerobot/test_bench.sh
+# train_vla's own inference benchmark (dev/bench_infer.py, the comparison's other side): a smoke run
+# on the CPU library and the GPU library ($VLA_GPU_LIBRARY's first: the emulated build without a GPU)
+run_suite infer_bench env PYTHON="$ORACLE_PY" dev/test_bench_infer.sh
 run_suite eval "$VENV_PY" scripts/test_eval.py
 
 echo

@@ -105,6 +105,33 @@ def eval_check(policy, ck, shard, text):
           f"the library's actions on the trainer's evaluation batch give its MSE: {mse:.6f} vs {mse_c:.6f}")
 
 
+def graph_check(name, graphs, eager, images, instructions, state, noise):
+    """The Euler steps replayed as a CUDA graph (`graphs`, the default) and launched one by one
+    (`eager`) give the same bits: at batch 3 (its graph captured at the second call since `graphs`
+    was made, replayed at the third), at batch 1 (the activations move: run once, captured,
+    replayed) and back at 3. Under the CPU emulation the library counts the launches too: the
+    replay is one, the steps one by one are hundreds."""
+    same, counts = True, []
+    for B in (3, 1, 1, 1, 3, 3):
+        obs = ([im[:B] for im in images], instructions[:B], state[:B])
+        a, b = graphs.act(*obs, noise=noise[:B]), eager.act(*obs, noise=noise[:B])
+        same &= np.array_equal(a, b)
+        counts.append((graphs.timing()["steps_launches"], eager.timing()["steps_launches"]))
+    check(same, f"{name}: the Euler steps as a CUDA graph and launched one by one give the same actions (6 chunks, "
+          "batch 3 -> 1 -> 3)")
+    t = graphs.timing()
+    check(t["prefix_ms"] > 0 and t["steps_ms"] > 0, f"{name}: timing of the last chunk: prefix {t['prefix_ms']:.2f} ms, "
+          f"Euler steps {t['steps_ms']:.2f} ms")
+    if counts[0][1] is not None:  # counted: the CPU emulation
+        E = counts[0][1]
+        # graphs: a replay (captured before), then at each new batch size one by one, a capture and
+        # its launch, a replay
+        want = [(1, E), (E, E), (1, E), (1, E), (E, E), (1, E)]
+        check(counts == want and E > 100, f"{name}: launches of the Euler steps per chunk, graph / one by one: "
+              f"{counts} (want {want})")
+    eager.close()
+
+
 def main():
     exe = os.path.join(ROOT, "train_vla_cpu")
     for target, path in (("train_vla_cpu", exe), ("build/test/s.bin", SHARD), ("libvla.so", os.path.join(ROOT, "libvla.so"))):
@@ -235,6 +262,8 @@ def main():
             check(np.array_equal(g1, g2) and rel(g1, a1) < tol,
                   f"{name}: seeded noise gives the same actions twice, and the CPU policy's")
             expect_error(f"{name}: one camera for two", lambda: gpu.act(images[:1], instructions, state), "reads 2")
+            graph_check(name, gpu, VLAPolicy(ckpt_path, library=library, device="cuda", graphs=False), images,
+                        instructions, state, noise)
             gpu.close()
 
 

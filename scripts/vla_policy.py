@@ -57,16 +57,23 @@ def load_library(path=None, device="cpu"):
                                    ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p]
     lib.vla_policy_free.restype = None
     lib.vla_policy_free.argtypes = [ctypes.c_void_p]
+    if hasattr(lib, "vla_policy_timing"):  # the GPU library's: the device time of the last chunk, its parts
+        lib.vla_policy_timing.restype = None
+        lib.vla_policy_timing.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double)]
+        lib.vla_policy_set_graphs.restype = None
+        lib.vla_policy_set_graphs.argtypes = [ctypes.c_void_p, ctypes.c_int]
     return lib
 
 
 class VLAPolicy:
     """checkpoint: a train_vla checkpoint (version 2); device: "cpu" or "cuda"; threads: OpenMP
-    threads on the CPU (0: the runtime's default); library: another build of the library to load.
-    After loading: config (the 26 SmolVLAConfig fields and train_mode, by name), train_mode (its
-    name), tokenizer (the checkpoint's) and device (what computes, e.g. "CPU (fp32)")."""
+    threads on the CPU (0: the runtime's default); library: another build of the library to load;
+    graphs: on a GPU, replay the 10 Euler steps as one CUDA graph (the default; False launches them
+    one by one, the same numbers). After loading: config (the 26 SmolVLAConfig fields and
+    train_mode, by name), train_mode (its name), tokenizer (the checkpoint's) and device (what
+    computes, e.g. "CPU (fp32)")."""
 
-    def __init__(self, checkpoint, device="cpu", threads=0, library=None):
+    def __init__(self, checkpoint, device="cpu", threads=0, library=None, graphs=True):
         self.handle = None
         self.lib = load_library(library, device)
         err = ctypes.create_string_buffer(1024)
@@ -79,6 +86,8 @@ class VLAPolicy:
         self.train_mode = TRAIN_MODES[self.config["train_mode"]]
         self.tokenizer = self.lib.vla_policy_tokenizer(self.handle).decode(errors="replace")
         self.device = self.lib.vla_policy_device(self.handle).decode(errors="replace")
+        if hasattr(self.lib, "vla_policy_set_graphs"):
+            self.lib.vla_policy_set_graphs(self.handle, int(bool(graphs)))
 
     def cameras(self, images):
         """images as one C-contiguous uint8 (B, h, w, 3) array per camera."""
@@ -124,6 +133,18 @@ class VLAPolicy:
             why = {1: "a batch of fewer than 1 observation", 2: f"a camera size outside 1..{MAX_IMG}"}.get(rc, f"code {rc}")
             raise ValueError(f"vla_policy_act rejected the batch: {why}")
         return out
+
+    def timing(self):
+        """What the last act() took on the device, where the library says (the GPU library; None for
+        the CPU's): {"prefix_ms", "steps_ms"} (the prefix once; the 10 Euler steps) and
+        {"prefix_launches", "steps_launches"} where the library counts them (the CPU emulation of
+        CUDA), else None."""
+        if not hasattr(self.lib, "vla_policy_timing"):
+            return None
+        out = (ctypes.c_double * 4)()
+        self.lib.vla_policy_timing(self.handle, out)
+        launches = [int(x) if x >= 0 else None for x in out[2:]]
+        return {"prefix_ms": out[0], "steps_ms": out[1], "prefix_launches": launches[0], "steps_launches": launches[1]}
 
     def close(self):
         if self.handle:

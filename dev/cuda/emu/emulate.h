@@ -23,6 +23,16 @@ It also checks what a GPU reports less plainly, and stops with one line when it 
 - cudaMemcpy directions that do not match where the pointers live, blocks over 1024 threads.
 What it cannot show: races between threads (fibers run one at a time), performance.
 
+Streams are synchronous: work runs when it is issued, in issue order. CUDA graphs are emulated by
+stream capture (cudaStreamBeginCapture .. cudaStreamEndCapture): work issued to the capturing stream
+by the capturing host thread is recorded with its arguments as they were at the call (a product's
+descriptors and bias, a kernel's parameters), not run, and cudaGraphLaunch replays it; what a GPU
+refuses during a capture (synchronous copies and memsets, work on the legacy default stream, a
+synchronize of the capturing stream) stops the program. emu_launch_count() counts the work handed
+to the device (kernel launches, cuBLASLt products, copies, memsets; a graph's launch counts once),
+and each event remembers the count at its record (emu_event_launches), to count what a piece of
+code launches.
+
 Several GPUs: CUDA_EMU_DEVICES=N emulates N devices (CUDA_VISIBLE_DEVICES narrows them as on a real
 machine); host threads may drive them at once, their device work taking turns. NCCL's collectives
 among the ranks of one process are emulated too (nccl.h): each call waits for every rank, then the
@@ -56,6 +66,7 @@ shims that include this file. See the Makefile's emu targets.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <tuple>
 #include <type_traits>
@@ -121,6 +132,8 @@ typedef enum {
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidDevice = 101,
     cudaErrorNoDevice = 100,
+    cudaErrorIllegalState = 401,
+    cudaErrorStreamCaptureUnsupported = 900,
 } cudaError_t;
 typedef cudaError_t cudaError;
 
@@ -132,6 +145,8 @@ static inline const char* cudaGetErrorString(cudaError_t e) {
         case cudaErrorInvalidConfiguration: return "invalid configuration argument";
         case cudaErrorInvalidDevice: return "invalid device ordinal";
         case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+        case cudaErrorIllegalState: return "the operation is not permitted in the current state";
+        case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     }
     return "unknown error";
 }
@@ -687,7 +702,7 @@ static inline void mma_sync(fragment<accumulator, M, N, K, float>& d, const frag
 // the runtime API: synchronous streams; the devices emu_device_count says
 
 typedef struct EmuStream* cudaStream_t;
-typedef struct EmuEvent { double t; }* cudaEvent_t;
+typedef struct EmuEvent { double t; uint64_t launches; }* cudaEvent_t;  // when, and emu_launch_count() then
 typedef enum { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
                cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 } cudaMemcpyKind;
 enum { cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2 };
@@ -777,7 +792,39 @@ static inline cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned flags
 }
 static inline cudaError_t cudaHostUnregister(void* p) { (void)p; return cudaSuccess; }
 
-static inline cudaError_t emu_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+// ---- work for a stream: run now (streams are synchronous), or recorded while the stream captures
+
+namespace emu {
+typedef std::function<void()> Work;  // a kernel launch, a product, a copy, a memset, a graph
+struct Capture {
+    cudaStream_t stream;
+    std::vector<Work> work;
+};
+inline thread_local Capture* capture = nullptr;  // this host thread's capture, if one is open
+inline std::atomic<uint64_t> launches{0};        // work handed to the device, every thread's
+
+// Hands `work` to stream s: recorded if this thread captures s, else counted and run now.
+static inline void submit(cudaStream_t s, const char* what, Work work) {
+    if (capture != nullptr && s == capture->stream) {
+        capture->work.push_back(std::move(work));
+        return;
+    }
+    if (capture != nullptr && s == nullptr) {
+        fail("%s on the legacy default stream (a synchronous call, or stream 0) while stream %p captures a graph: a "
+             "GPU refuses it (cudaErrorStreamCaptureImplicit); issue it on the capturing stream, or after the capture",
+             what, (void*)capture->stream);
+    }
+    launches++;
+    work();
+}
+}  // namespace emu
+
+// Work handed to the device so far (kernel launches, cuBLASLt products, copies, memsets; a graph's
+// launch once): emulation only, for counting what a piece of code launches.
+static inline uint64_t emu_launch_count(void) { return emu::launches.load(); }
+
+static inline cudaError_t emu_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                   cudaStream_t s = nullptr) {
     bool dd = emu::is_device(dst), sd = emu::is_device(src);
     bool want_dd = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
     bool want_sd = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
@@ -785,10 +832,12 @@ static inline cudaError_t emu_copy(void* dst, const void* src, size_t bytes, cud
         emu::fail("cudaMemcpy of %zu bytes with kind %d, but the destination is %s memory and the source %s memory",
                   bytes, (int)kind, dd ? "device" : "host", sd ? "device" : "host");
     }
-    std::lock_guard<std::recursive_mutex> lock(emu::device_mutex);
-    emu::device_open();
-    memmove(dst, src, bytes);
-    emu::device_close();
+    emu::submit(s, "cudaMemcpy", [=]() {
+        std::lock_guard<std::recursive_mutex> lock(emu::device_mutex);
+        emu::device_open();
+        memmove(dst, src, bytes);
+        emu::device_close();
+    });
     return cudaSuccess;
 }
 static inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
@@ -796,21 +845,19 @@ static inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, c
 }
 static inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                                           cudaStream_t s = nullptr) {
-    (void)s;
-    return emu_copy(dst, src, bytes, kind);
-}
-static inline cudaError_t cudaMemset(void* p, int value, size_t bytes) {
-    if (!emu::is_device(p)) { emu::fail("cudaMemset on host memory at %p", p); }
-    std::lock_guard<std::recursive_mutex> lock(emu::device_mutex);
-    emu::device_open();
-    memset(p, value, bytes);
-    emu::device_close();
-    return cudaSuccess;
+    return emu_copy(dst, src, bytes, kind, s);
 }
 static inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s = nullptr) {
-    (void)s;
-    return cudaMemset(p, value, bytes);
+    if (!emu::is_device(p)) { emu::fail("cudaMemset on host memory at %p", p); }
+    emu::submit(s, "cudaMemset", [=]() {
+        std::lock_guard<std::recursive_mutex> lock(emu::device_mutex);
+        emu::device_open();
+        memset(p, value, bytes);
+        emu::device_close();
+    });
+    return cudaSuccess;
 }
+static inline cudaError_t cudaMemset(void* p, int value, size_t bytes) { return cudaMemsetAsync(p, value, bytes); }
 
 static inline double emu_now(void) {
     struct timespec ts;
@@ -819,7 +866,13 @@ static inline double emu_now(void) {
 }
 static inline cudaError_t cudaStreamCreate(cudaStream_t* s) { *s = (cudaStream_t)malloc(1); return cudaSuccess; }
 static inline cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
-static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (emu::capture != nullptr && (s == emu::capture->stream || s == nullptr)) {
+        emu::fail("cudaStreamSynchronize of stream %p while stream %p captures a graph: a GPU refuses it; synchronize "
+                  "after cudaStreamEndCapture", (void*)s, (void*)emu::capture->stream);
+    }
+    return cudaSuccess;
+}
 static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0) {
     (void)s; (void)e; (void)flags;
     return cudaSuccess;
@@ -827,7 +880,17 @@ static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, uns
 static inline cudaError_t cudaEventCreate(cudaEvent_t* e) { *e = (cudaEvent_t)calloc(1, sizeof(**e)); return cudaSuccess; }
 static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) { (void)flags; return cudaEventCreate(e); }
 static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
-static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) { (void)s; e->t = emu_now(); return cudaSuccess; }
+static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
+    if (emu::capture != nullptr && s == emu::capture->stream) {
+        emu::capture->work.push_back([e]() { e->t = emu_now(); e->launches = emu::launches.load(); });
+    } else {
+        e->t = emu_now();
+        e->launches = emu::launches.load();
+    }
+    return cudaSuccess;
+}
+// The work handed to the device between the records of events a and b: emulation only.
+static inline uint64_t emu_event_launches(cudaEvent_t a, cudaEvent_t b) { return b->launches - a->launches; }
 static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
 static inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
     *ms = (float)(1000.0 * (b->t - a->t));
@@ -839,6 +902,46 @@ static inline cudaError_t cudaFuncSetAttribute(K kernel, cudaFuncAttribute attr,
     return value >= 0 && value <= 227 * 1024 ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// ---- CUDA graphs by stream capture: every mode captures the calling thread's work on the stream
+
+typedef enum {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2,
+} cudaStreamCaptureMode;
+struct EmuGraph { std::vector<emu::Work> work; };
+typedef EmuGraph* cudaGraph_t;
+typedef EmuGraph* cudaGraphExec_t;
+
+static inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+    (void)mode;
+    if (s == nullptr) { return cudaErrorStreamCaptureUnsupported; }  // the legacy stream cannot capture
+    if (emu::capture != nullptr) { return cudaErrorIllegalState; }
+    emu::capture = new emu::Capture{s, {}};
+    return cudaSuccess;
+}
+static inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+    *graph = nullptr;
+    if (emu::capture == nullptr || emu::capture->stream != s) { return cudaErrorIllegalState; }
+    *graph = new EmuGraph{std::move(emu::capture->work)};
+    delete emu::capture;
+    emu::capture = nullptr;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0) {
+    (void)flags;
+    *exec = new EmuGraph{graph->work};
+    return cudaSuccess;
+}
+static inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+    emu::submit(s, "cudaGraphLaunch", [exec]() {
+        for (const emu::Work& w : exec->work) { w(); }
+    });
+    return cudaSuccess;
+}
+static inline cudaError_t cudaGraphDestroy(cudaGraph_t graph) { delete graph; return cudaSuccess; }
+static inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) { delete exec; return cudaSuccess; }
+
 // ----------------------------------------------------------------------------
 // kernel launches: emu_launch(kernel, grid, block, smem, stream)(args...) is what launch.sed
 // makes of kernel<<<grid, block, smem, stream>>>(args...)
@@ -848,21 +951,25 @@ struct EmuLaunch {
     void (*kernel)(P...);
     dim3 grid, block;
     size_t smem;
+    cudaStream_t stream;
     template <typename... A>
     void operator()(A&&... a) const {
         static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
         std::tuple<P...> args(std::forward<A>(a)...);  // converted to the parameter types, as a launch does
         void (*k)(P...) = kernel;
-        auto body = [&]() { std::apply(k, args); };
-        emu::run_grid(grid, block, smem, body);
+        dim3 g = grid, b = block;
+        size_t sm = smem;
+        emu::submit(stream, "a kernel launch", [k, g, b, sm, args]() {
+            auto body = [&]() { std::apply(k, args); };
+            emu::run_grid(g, b, sm, body);
+        });
     }
 };
 
 template <typename... P>
 static inline EmuLaunch<P...> emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem = 0,
                                          cudaStream_t stream = nullptr) {
-    (void)stream;
-    return EmuLaunch<P...>{kernel, grid, block, smem};
+    return EmuLaunch<P...>{kernel, grid, block, smem, stream};
 }
 
 // ----------------------------------------------------------------------------
@@ -1027,7 +1134,7 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDe
                                             const void* beta, const void* c, cublasLtMatrixLayout_t C, void* out,
                                             cublasLtMatrixLayout_t D, const cublasLtMatmulAlgo_t* algo, void* workspace,
                                             size_t workspace_bytes, cudaStream_t stream) {
-    (void)h; (void)workspace; (void)workspace_bytes; (void)stream;
+    (void)h; (void)workspace; (void)workspace_bytes;
     emu_lt_check(d, A, B, C, D);
     const void* ptrs[4] = {a, b, c != nullptr ? c : out, out};
     for (int i = 0; i < 4; i++) {
@@ -1045,26 +1152,31 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDe
     float al = *(const float*)alpha, be = *(const float*)beta;
     if (be != 0.0f && c == nullptr) { emu::fail("cublasLtMatmul: beta != 0 without C"); }
     if (c == out && C->ld != D->ld) { emu::fail("cublasLtMatmul: in place (C == D) needs equal layouts"); }
-    uint64_t m = D->rows, n = D->cols, k = d->transa == CUBLAS_OP_N ? A->cols : A->rows;
-    std::lock_guard<std::recursive_mutex> lock(emu::device_mutex);
-    emu::device_open();
-    std::vector<float> col(m);
-    for (uint64_t j = 0; j < n; j++) {
-        for (uint64_t i = 0; i < m; i++) {
-            float s = 0.0f;
-            for (uint64_t p = 0; p < k; p++) {
-                size_t ia = d->transa == CUBLAS_OP_N ? i + p * A->ld : p + i * A->ld;
-                size_t ib = d->transb == CUBLAS_OP_N ? p + j * B->ld : j + p * B->ld;
-                s += emu_load(a, A->type, ia) * emu_load(b, B->type, ib);
+    // the descriptors as they are now: a captured product keeps them (and the bias) as a GPU's does
+    EmuLtDesc dd = *d;
+    EmuLtLayout la = *A, lb = *B, lc = *C, ld = *D;
+    emu::submit(stream, "cublasLtMatmul", [=]() {
+        uint64_t m = ld.rows, n = ld.cols, k = dd.transa == CUBLAS_OP_N ? la.cols : la.rows;
+        std::lock_guard<std::recursive_mutex> lock(emu::device_mutex);
+        emu::device_open();
+        std::vector<float> col(m);
+        for (uint64_t j = 0; j < n; j++) {
+            for (uint64_t i = 0; i < m; i++) {
+                float s = 0.0f;
+                for (uint64_t p = 0; p < k; p++) {
+                    size_t ia = dd.transa == CUBLAS_OP_N ? i + p * la.ld : p + i * la.ld;
+                    size_t ib = dd.transb == CUBLAS_OP_N ? p + j * lb.ld : j + p * lb.ld;
+                    s += emu_load(a, la.type, ia) * emu_load(b, lb.type, ib);
+                }
+                float r = al * s;
+                if (be != 0.0f) { r += be * emu_load(c, lc.type, i + j * lc.ld); }
+                if (dd.epilogue == CUBLASLT_EPILOGUE_BIAS) { r += emu_load(dd.bias, ld.type, i); }
+                col[i] = r;
             }
-            float r = al * s;
-            if (be != 0.0f) { r += be * emu_load(c, C->type, i + j * C->ld); }
-            if (d->epilogue == CUBLASLT_EPILOGUE_BIAS) { r += emu_load(d->bias, D->type, i); }
-            col[i] = r;
+            for (uint64_t i = 0; i < m; i++) { emu_store(out, ld.type, i + j * ld.ld, col[i]); }
         }
-        for (uint64_t i = 0; i < m; i++) { emu_store(out, D->type, i + j * D->ld, col[i]); }
-    }
-    emu::device_close();
+        emu::device_close();
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -108,6 +108,11 @@ __global__ void divergent_shuffle_kernel(float* out) {
 
 __global__ void write_kernel(float* out, int i) { out[i] = 1.0f; }
 
+__global__ void add_kernel(float* x, float v, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { x[i] += v; }
+}
+
 // ----------------------------------------------------------------------------
 // misuse checks: run the bad thing in a child, expect exit 3 and the message
 
@@ -171,7 +176,109 @@ static void bad_block(void) {
     cudaMalloc(&d, 4);
     write_kernel<<<1, 2048>>>(d, 0);
 }
+static void bad_capture_copy(void) {
+    float* d;
+    float h[4] = {0};
+    cudaStream_t s;
+    cudaMalloc(&d, sizeof(h));
+    cudaStreamCreate(&s);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    cudaMemcpy(d, h, sizeof(h), cudaMemcpyHostToDevice);  // synchronous: the legacy stream
+}
+static void bad_capture_sync(void) {
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    cudaStreamSynchronize(s);
+}
 #endif
+
+// ----------------------------------------------------------------------------
+// CUDA graphs by stream capture: a memset, a kernel and a cuBLASLt product with a bias are recorded,
+// not run; each launch of the graph replays them with the arguments of the capture (the product's
+// bias pointer changed afterwards does not reach it)
+
+static void test_graph(cublasLtHandle_t lt) {
+    const int n = 300;
+    float h[n], *x, *a, *b, *bias1, *bias2, *d;
+    cudaCheck(cudaMalloc(&x, n * 4)); cudaCheck(cudaMalloc(&a, 2 * 4)); cudaCheck(cudaMalloc(&b, 4));
+    cudaCheck(cudaMalloc(&bias1, 2 * 4)); cudaCheck(cudaMalloc(&bias2, 2 * 4)); cudaCheck(cudaMalloc(&d, 2 * 4));
+    const float ha[2] = {1.0f, 2.0f}, hb = 3.0f, hb1[2] = {10.0f, 20.0f}, hb2[2] = {100.0f, 200.0f}, zero[2] = {0, 0};
+    cudaCheck(cudaMemcpy(a, ha, sizeof(ha), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(b, &hb, 4, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(bias1, hb1, sizeof(hb1), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(bias2, hb2, sizeof(hb2), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d, zero, sizeof(zero), cudaMemcpyHostToDevice));
+    for (int i = 0; i < n; i++) { h[i] = 7.0f; }
+    cudaCheck(cudaMemcpy(x, h, sizeof(h), cudaMemcpyHostToDevice));
+    // d (2, 1) = a (2, 1) b (1, 1) + bias, column-major
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias1, sizeof(bias1)));
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, 2, 1, 2));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, 1, 1, 1));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, 2, 1, 2));
+    float alpha = 1.0f, beta = 0.0f;
+    cudaStream_t s;
+    cudaCheck(cudaStreamCreate(&s));
+    cudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cudaCheck(cudaMemsetAsync(x, 0, n * 4, s));
+    add_kernel<<<(n + 127) / 128, 128, 0, s>>>(x, 1.5f, n);
+    cudaCheck(cudaGetLastError());
+    cublasCheck(cublasLtMatmul(lt, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, NULL, NULL, 0, s));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cudaCheck(cudaStreamEndCapture(s, &graph));
+    cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
+    cudaCheck(cudaGraphDestroy(graph));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias2, sizeof(bias2)));
+    float got[n], gd[2];
+    cudaCheck(cudaMemcpy(got, x, sizeof(got), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(gd, d, sizeof(gd), cudaMemcpyDeviceToHost));
+    int untouched = gd[0] == 0.0f && gd[1] == 0.0f;
+    for (int i = 0; i < n; i++) { untouched &= got[i] == 7.0f; }
+    check(untouched, "graph capture: the captured memset, kernel and product do not run");
+    int ok = 1;
+    for (int rep = 0; rep < 2; rep++) {
+        cudaCheck(cudaMemcpy(x, h, sizeof(h), cudaMemcpyHostToDevice));
+        cudaCheck(cudaGraphLaunch(exec, s));
+        cudaCheck(cudaStreamSynchronize(s));
+        cudaCheck(cudaMemcpy(got, x, sizeof(got), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(gd, d, sizeof(gd), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < n; i++) { ok &= got[i] == 1.5f; }
+        ok &= gd[0] == 13.0f && gd[1] == 26.0f;
+    }
+    check(ok, "graph launched twice: memset, kernel, and the product with the bias of its capture, each time");
+#ifdef CUDA_EMULATION
+    // what each piece handed to the device: three eager operations, then one graph launch
+    cudaEvent_t e0, e1, e2;
+    cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1)); cudaCheck(cudaEventCreate(&e2));
+    uint64_t before = emu_launch_count();
+    cudaCheck(cudaEventRecord(e0, s));
+    cudaCheck(cudaMemsetAsync(x, 0, n * 4, s));
+    add_kernel<<<(n + 127) / 128, 128, 0, s>>>(x, 1.5f, n);
+    cublasCheck(cublasLtMatmul(lt, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, NULL, NULL, 0, s));
+    cudaCheck(cudaEventRecord(e1, s));
+    cudaCheck(cudaGraphLaunch(exec, s));
+    cudaCheck(cudaEventRecord(e2, s));
+    char what[160];
+    snprintf(what, sizeof(what), "launch count: %llu eager operations (want 3), %llu for a graph of 3 (want 1), %llu in all",
+             (unsigned long long)emu_event_launches(e0, e1), (unsigned long long)emu_event_launches(e1, e2),
+             (unsigned long long)(emu_launch_count() - before));
+    check(emu_event_launches(e0, e1) == 3 && emu_event_launches(e1, e2) == 1 && emu_launch_count() - before == 4, what);
+    check(cudaStreamBeginCapture(0, cudaStreamCaptureModeThreadLocal) == cudaErrorStreamCaptureUnsupported,
+          "the legacy default stream cannot capture");
+    cudaEventDestroy(e0); cudaEventDestroy(e1); cudaEventDestroy(e2);
+#endif
+    cudaCheck(cudaGraphExecDestroy(exec));
+    cudaCheck(cudaStreamDestroy(s));
+    cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+    cudaFree(x); cudaFree(a); cudaFree(b); cudaFree(bias1); cudaFree(bias2); cudaFree(d);
+}
 
 #ifdef CUDA_EMULATION
 // ----------------------------------------------------------------------------
@@ -496,6 +603,7 @@ int main(void) {
     test_matmul(lt, 0, 0, 0, 0, 1.0f);
     test_matmul(lt, 0, 1, 1, 0, 1.0f);
     test_matmul(lt, 1, 1, 1, 1, 0.0f);
+    test_graph(lt);
     cublasLtDestroy(lt);
 #ifdef CUDA_EMULATION
     // fresh device memory reads as NaN
@@ -515,6 +623,8 @@ int main(void) {
     expect_death("kernel writes past an allocation", bad_out_of_bounds, "past the end of a 400-byte device allocation");
     expect_death("cudaMemcpy with the wrong direction", bad_copy_kind, "the destination is device memory");
     expect_death("block of 2048 threads", bad_block, "a block holds 1 to 1024 threads");
+    expect_death("a synchronous copy while a stream captures", bad_capture_copy, "while stream");
+    expect_death("synchronizing the capturing stream", bad_capture_sync, "synchronize after cudaStreamEndCapture");
     test_devices();
     test_nccl();
     test_nccl_faults();
