@@ -117,6 +117,9 @@ def failures(tmp):
     rows = vla_presets_column("patch")
     check(rows and rows == vla_shard.PRESET_PATCH,
           f"vla_shard.PRESET_PATCH matches the patch column of vla.h's SMOLVLA_PRESETS {rows}")
+    rows = vla_presets_column("vocab")
+    check(rows and rows == vla_shard.PRESET_VOCAB,
+          f"vla_shard.PRESET_VOCAB matches the vocab column of vla.h's SMOLVLA_PRESETS {rows}")
     out = os.path.join(tmp, "img50")
     r = subprocess.run([sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", out, "--img", "50"],
                        capture_output=True, text=True)
