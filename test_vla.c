@@ -1414,6 +1414,23 @@ static void test_max_text(const char* dir) {
           "bytes, not at 18 (%d, %d, %d)", cut, prefix, full);
     SmolVLAConfig c = config_for_data("tiny", 18, &ds);
     check(c.max_text == 18 && smolvla_preset("tiny")->config.max_text == 16, "--max-text 18 overrides the preset's 16");
+    // a batch row as LeRobot's tokenizer makes it (padding_side "right", its pad id): the ids, then
+    // pad_token, mask 1 on the ids only; cut at max_text
+    int pad_ok = 1;
+    for (int max_text = 24; max_text >= 16; max_text -= 8) {
+        SmolVLAConfig pc = config_for_data("tiny", max_text, &ds);
+        pc.pad_token = 7;
+        SmolBatch b;
+        smolvla_batch_alloc(&b, &pc, &ds.cams, 1);
+        dataset_assemble(&ds, &pc, 0, &b, 0);  // task 0, 21 bytes
+        for (int k = 0; k < max_text; k++) {
+            int valid = k < 21;
+            pad_ok &= b.tokens[k] == (valid ? (int32_t)(uint8_t)tasks[0][k] : 7) && b.token_mask[k] == (valid ? 1.0f : 0.0f);
+        }
+        smolvla_batch_free(&b);
+    }
+    check(pad_ok, "a batch's text row: the instruction's ids cut to max_text (16, 24), right-padded with pad_token, "
+          "mask 1 on the ids");
     dataset_close(&ds);
     // through the binary: the warning names both and the --max-text that separates them
     const char* base = "./train_vla_cpu -p tiny -b 2 -n 1 -u 1 -t 1 --workers 0";

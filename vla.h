@@ -1693,7 +1693,7 @@ typedef struct {
     int B;
     Cameras cams;            // the dataset's: camera k is cams.height[k] x cams.width[k]
     uint8_t* images[VLA_MAX_CAM];  // per camera (B, h_k, w_k, 3) uint8 HWC
-    int32_t* tokens;         // (B, max_text) token ids, 0 past the instruction
+    int32_t* tokens;         // (B, max_text) token ids, the config's pad_token past the instruction
     float* token_mask;       // (B, max_text) 1 = instruction token, 0 = pad
     float* state;            // (B, Smax) normalized, zero-padded
     float* actions;          // (B, H, Amax) normalized (slots past the episode repeat its last action), zero-padded
@@ -1756,6 +1756,20 @@ static inline uint8_t* smolvla_batch_image(const SmolBatch* b, int k, int i) {
     return b->images[k] + (size_t)i * (camera_offset(&b->cams, k + 1) - camera_offset(&b->cams, k));
 }
 
+// Row i's language input: the instruction's n ids cut to max_text, right-padded with the pad id,
+// mask 1 on the ids: LeRobot's tokenizer call (truncation, padding_side "right", its pad id; the
+// whole rule is written down in data/vla_shard.py). ids may be the row itself.
+static inline void batch_set_text(SmolBatch* b, const SmolVLAConfig* c, int i, const int32_t* ids, size_t n) {
+    int32_t* row = b->tokens + (size_t)i * c->max_text;
+    float* mask = b->token_mask + (size_t)i * c->max_text;
+    if (n > (size_t)c->max_text) { n = (size_t)c->max_text; }
+    memmove(row, ids, n * sizeof(int32_t));
+    for (int k = 0; k < c->max_text; k++) {
+        if ((size_t)k >= n) { row[k] = c->pad_token; }
+        mask[k] = (size_t)k < n ? 1.0f : 0.0f;
+    }
+}
+
 // Sample `index` (a global frame number) into row i of the batch: images, tokens and their mask,
 // normalized padded state, the action chunk (slots past the episode repeat its last action and
 // are marked as pads). The flow noise is batch_fill's.
@@ -1776,12 +1790,7 @@ static inline void dataset_assemble(const Dataset* ds, const SmolVLAConfig* c, u
         memcpy(smolvla_batch_image(b, k, i), frame + camera_offset(&ds->cams, k), bytes);
     }
     uint64_t t0 = s->token_offsets[ep->task], len = s->token_offsets[ep->task + 1] - t0;
-    if (len > (uint64_t)c->max_text) { len = (uint64_t)c->max_text; }
-    for (int k = 0; k < c->max_text; k++) {
-        int valid = (uint64_t)k < len;
-        b->tokens[(size_t)i * c->max_text + k] = valid ? s->tokens[t0 + k] : 0;
-        b->token_mask[(size_t)i * c->max_text + k] = valid ? 1.0f : 0.0f;
-    }
+    batch_set_text(b, c, i, s->tokens + t0, len < (uint64_t)c->max_text ? (size_t)len : (size_t)c->max_text);
     int S = c->state_dim, A = c->action_dim, Smax = c->max_state_dim, Amax = c->max_action_dim, H = c->chunk;
     for (int d = 0; d < Smax; d++) {
         b->state[(size_t)i * Smax + d] = d < S ? (s->state[f * S + d] - ds->state_mean[d]) / ds->state_std[d] : 0.0f;

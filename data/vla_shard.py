@@ -540,7 +540,8 @@ class Dataset:
     def assemble(self, index, cfg):
         """Sample `index` (a global frame number), as dataset_assemble.
         Returns images u8 (frame bytes: the cameras one after another, split_cameras splits them),
-        tokens i32 (max_text), text_mask f32 (max_text), state f32 (S) normalized, actions f32 (H, A)
+        tokens i32 (max_text: the task's ids cut to max_text, then cfg.pad_token, 0 when cfg has none as
+        for the bytes presets), text_mask f32 (max_text), state f32 (S) normalized, actions f32 (H, A)
         normalized, action_mask f32 (H)."""
         if (cfg.n_cam, cfg.img, cfg.state_dim, cfg.action_dim) != \
                 (self.n_cam, self.img, self.state_dim, self.action_dim):
@@ -554,7 +555,7 @@ class Dataset:
         ep = s.episodes[s.frame_episode[f]]
         images = np.array(s.frames[f])
         ids = s.task_tokens(int(ep["task"]))[:cfg.max_text]
-        tokens = np.zeros(cfg.max_text, np.int32)
+        tokens = np.full(cfg.max_text, getattr(cfg, "pad_token", 0), np.int32)  # right-padded, as LeRobot
         tokens[:len(ids)] = ids
         text_mask = (np.arange(cfg.max_text) < len(ids)).astype(np.float32)
         state = (s.state[f] - self.state_mean) / self.state_std  # float32 throughout, as C
