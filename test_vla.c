@@ -1990,6 +1990,45 @@ static void test_policy(const char* dir) {
     check(refused && vla_policy_act(p, 0, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, NULL, 1,
                                     again) == 1,
           "refusals: 2 for a camera of 0 rows, past %d, resizing to nothing (1x4096) or negative; 1 for B = 0", VLA_MAX_IMG);
+    // instructions as token ids: the shard's ids give the strings' actions; bad ids and counts refused
+    int32_t ids[3 * 64], n_ids[B], n_all = 0;
+    for (int b = 0; b < B; b++) {
+        uint32_t task = sh->episodes[sh->frame_episode[frames[b]]].task;
+        uint64_t t0 = sh->token_offsets[task], n = sh->token_offsets[task + 1] - t0;
+        n_ids[b] = (int32_t)n;
+        for (uint64_t k = 0; k < n && n_all < 3 * 64; k++) { ids[n_all++] = sh->tokens[t0 + k]; }
+    }
+    rc = vla_policy_act_tokens(p, B, cam_hw, (const uint8_t* const*)images, ids, n_ids, state, noise, 0, again);
+    vla_policy_act(p, B, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, noise, 0, ours);
+    check(rc == POLICY_OK && memcmp(ours, again, n_out * sizeof(float)) == 0, "vla_policy_act_tokens with the shard's "
+          "token ids gives vla_policy_act's actions on the strings, bit for bit");
+    int32_t saved = ids[0];
+    ids[0] = c.vocab;
+    int bad_id = vla_policy_act_tokens(p, B, cam_hw, (const uint8_t* const*)images, ids, n_ids, state, noise, 0, again);
+    ids[0] = saved;
+    int32_t count1 = n_ids[1];
+    n_ids[1] = -1;
+    int bad_count = vla_policy_act_tokens(p, B, cam_hw, (const uint8_t* const*)images, ids, n_ids, state, noise, 0, again);
+    n_ids[1] = count1;
+    check(bad_id == POLICY_BAD_TOKENS && bad_count == POLICY_BAD_TOKENS, "refusals: %d for an id equal to the vocabulary, "
+          "%d for a negative count", bad_id, bad_count);
+    vla_policy_free(p);
+    // a checkpoint trained on a tokenizer.json's ids: strings are refused, ids act
+    Checkpoint ck;
+    checkpoint_read_checked(path, &ck, err, sizeof(err));
+    snprintf(ck.tokenizer, sizeof(ck.tokenizer), "tokenizer.json:0123456789abcdef");
+    char renamed[1100];
+    snprintf(renamed, sizeof(renamed), "%s/policy_tokenizer_json.bin", dir);
+    checkpoint_write(renamed, &ck);
+    checkpoint_free(&ck);
+    p = vla_policy_load(renamed, 0, err, (int)sizeof(err));
+    int strings = p ? vla_policy_act(p, B, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, noise,
+                                     0, again) : -1;
+    int tokens = p ? vla_policy_act_tokens(p, B, cam_hw, (const uint8_t* const*)images, ids, n_ids, state, noise, 0, again)
+                   : -1;
+    check(p != NULL && strings == POLICY_NOT_BYTES && tokens == POLICY_OK && memcmp(ours, again, n_out * sizeof(float)) == 0,
+          "a checkpoint of tokenizer %s: vla_policy_act refuses strings (%d), not silent byte ids; its ids act (%d)",
+          p ? vla_policy_tokenizer(p) : "?", strings, tokens);
     vla_policy_free(p);
     // a checkpoint it cannot use: NULL and the reason
     char bad[1100];
