@@ -1414,6 +1414,23 @@ static void test_max_text(const char* dir) {
           "bytes, not at 18 (%d, %d, %d)", cut, prefix, full);
     SmolVLAConfig c = config_for_data("tiny", 18, &ds);
     check(c.max_text == 18 && smolvla_preset("tiny")->config.max_text == 16, "--max-text 18 overrides the preset's 16");
+    // a batch row as LeRobot's tokenizer makes it (padding_side "right", its pad id): the ids, then
+    // pad_token, mask 1 on the ids only; cut at max_text
+    int pad_ok = 1;
+    for (int max_text = 24; max_text >= 16; max_text -= 8) {
+        SmolVLAConfig pc = config_for_data("tiny", max_text, &ds);
+        pc.pad_token = 7;
+        SmolBatch b;
+        smolvla_batch_alloc(&b, &pc, &ds.cams, 1);
+        dataset_assemble(&ds, &pc, 0, &b, 0);  // task 0, 21 bytes
+        for (int k = 0; k < max_text; k++) {
+            int valid = k < 21;
+            pad_ok &= b.tokens[k] == (valid ? (int32_t)(uint8_t)tasks[0][k] : 7) && b.token_mask[k] == (valid ? 1.0f : 0.0f);
+        }
+        smolvla_batch_free(&b);
+    }
+    check(pad_ok, "a batch's text row: the instruction's ids cut to max_text (16, 24), right-padded with pad_token, "
+          "mask 1 on the ids");
     dataset_close(&ds);
     // through the binary: the warning names both and the --max-text that separates them
     const char* base = "./train_vla_cpu -p tiny -b 2 -n 1 -u 1 -t 1 --workers 0";
@@ -1973,6 +1990,45 @@ static void test_policy(const char* dir) {
     check(refused && vla_policy_act(p, 0, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, NULL, 1,
                                     again) == 1,
           "refusals: 2 for a camera of 0 rows, past %d, resizing to nothing (1x4096) or negative; 1 for B = 0", VLA_MAX_IMG);
+    // instructions as token ids: the shard's ids give the strings' actions; bad ids and counts refused
+    int32_t ids[3 * 64], n_ids[B], n_all = 0;
+    for (int b = 0; b < B; b++) {
+        uint32_t task = sh->episodes[sh->frame_episode[frames[b]]].task;
+        uint64_t t0 = sh->token_offsets[task], n = sh->token_offsets[task + 1] - t0;
+        n_ids[b] = (int32_t)n;
+        for (uint64_t k = 0; k < n && n_all < 3 * 64; k++) { ids[n_all++] = sh->tokens[t0 + k]; }
+    }
+    rc = vla_policy_act_tokens(p, B, cam_hw, (const uint8_t* const*)images, ids, n_ids, state, noise, 0, again);
+    vla_policy_act(p, B, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, noise, 0, ours);
+    check(rc == POLICY_OK && memcmp(ours, again, n_out * sizeof(float)) == 0, "vla_policy_act_tokens with the shard's "
+          "token ids gives vla_policy_act's actions on the strings, bit for bit");
+    int32_t saved = ids[0];
+    ids[0] = c.vocab;
+    int bad_id = vla_policy_act_tokens(p, B, cam_hw, (const uint8_t* const*)images, ids, n_ids, state, noise, 0, again);
+    ids[0] = saved;
+    int32_t count1 = n_ids[1];
+    n_ids[1] = -1;
+    int bad_count = vla_policy_act_tokens(p, B, cam_hw, (const uint8_t* const*)images, ids, n_ids, state, noise, 0, again);
+    n_ids[1] = count1;
+    check(bad_id == POLICY_BAD_TOKENS && bad_count == POLICY_BAD_TOKENS, "refusals: %d for an id equal to the vocabulary, "
+          "%d for a negative count", bad_id, bad_count);
+    vla_policy_free(p);
+    // a checkpoint trained on a tokenizer.json's ids: strings are refused, ids act
+    Checkpoint ck;
+    checkpoint_read_checked(path, &ck, err, sizeof(err));
+    snprintf(ck.tokenizer, sizeof(ck.tokenizer), "tokenizer.json:0123456789abcdef");
+    char renamed[1100];
+    snprintf(renamed, sizeof(renamed), "%s/policy_tokenizer_json.bin", dir);
+    checkpoint_write(renamed, &ck);
+    checkpoint_free(&ck);
+    p = vla_policy_load(renamed, 0, err, (int)sizeof(err));
+    int strings = p ? vla_policy_act(p, B, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, noise,
+                                     0, again) : -1;
+    int tokens = p ? vla_policy_act_tokens(p, B, cam_hw, (const uint8_t* const*)images, ids, n_ids, state, noise, 0, again)
+                   : -1;
+    check(p != NULL && strings == POLICY_NOT_BYTES && tokens == POLICY_OK && memcmp(ours, again, n_out * sizeof(float)) == 0,
+          "a checkpoint of tokenizer %s: vla_policy_act refuses strings (%d), not silent byte ids; its ids act (%d)",
+          p ? vla_policy_tokenizer(p) : "?", strings, tokens);
     vla_policy_free(p);
     // a checkpoint it cannot use: NULL and the reason
     char bad[1100];

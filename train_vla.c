@@ -1722,7 +1722,7 @@ typedef struct {
 VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_size) {
     Checkpoint ck;
     if (checkpoint_read_checked(path, &ck, err, (size_t)err_size) != 0) { return NULL; }
-    if (ck.config.vocab < VLA_TEXT_VOCAB) {  // (no trainer writes one: every preset's table has 256 rows or more)
+    if (policy_takes_strings(ck.tokenizer) && ck.config.vocab < VLA_TEXT_VOCAB) {  // (no trainer writes one)
         snprintf(err, (size_t)err_size, "checkpoint %s has a text table of %d rows, but the policy's instructions are "
                  "UTF-8 bytes as token ids (up to 255): use a checkpoint of a preset", path, ck.config.vocab);
         checkpoint_free(&ck);
@@ -1763,29 +1763,49 @@ VLA_API const char* vla_policy_tokenizer(const VLAPolicy* p) { return p->tokeniz
 
 // Action chunks (B, H, A) in the data's units for B observations: cam_hw the n_cam (height, width)
 // pairs of this call's frames, images[k] camera k's B frames (B, h_k, w_k, 3) u8 HWC of any size
-// (resized with padding to the model's), instructions B UTF-8 strings (bytes as token ids, cut to
-// max_text), raw state (B, S). The starting noise is `noise` (B, H, max_action_dim) if given, else
-// drawn from `seed`. Returns 0; 1 for B < 1; 2 for a camera size outside [1, VLA_MAX_IMG] (or one
-// whose resize leaves nothing of a side).
-VLA_API int vla_policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
-                           const char* const* instructions, const float* state, const float* noise, uint64_t seed,
-                           float* actions) {
+// (resized with padding to the model's), the instructions as strings or token ids (texts NULL; see
+// policy_observations), raw state (B, S). The starting noise is `noise` (B, H, max_action_dim) if
+// given, else drawn from `seed`. Returns POLICY_OK or why not (vla.h's POLICY_* codes).
+static int policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images, const char* const* texts,
+                      const int32_t* ids, const int32_t* n_ids, const float* state, const float* noise, uint64_t seed,
+                      float* actions) {
     const SmolVLAConfig* c = &p->model.config;
-    if (B < 1) { return 1; }
+    if (B < 1) { return POLICY_BAD_BATCH; }
     Cameras cams;
     memset(&cams, 0, sizeof(cams));
     cams.n = c->n_cam;
     for (int k = 0; k < c->n_cam; k++) {
         int h = cam_hw[2 * k], w = cam_hw[2 * k + 1], rh, rw;
-        if (h < 1 || h > VLA_MAX_IMG || w < 1 || w > VLA_MAX_IMG || !resized_size(h, w, c->img, &rh, &rw)) { return 2; }
+        if (h < 1 || h > VLA_MAX_IMG || w < 1 || w > VLA_MAX_IMG || !resized_size(h, w, c->img, &rh, &rw)) {
+            return POLICY_BAD_CAMERA;
+        }
         cams.height[k] = (uint32_t)h;
         cams.width[k] = (uint32_t)w;
     }
+    if (texts == NULL && policy_check_tokens(c, B, ids, n_ids) != POLICY_OK) { return POLICY_BAD_TOKENS; }
     policy_reserve(&p->obs, &p->capacity, c, &cams, B);
-    policy_observations(&p->obs, c, p->stats, B, images, instructions, state, noise, seed);
+    policy_observations(&p->obs, c, p->stats, B, images, texts, ids, n_ids, state, noise, seed);
     int S = c->state_dim, A = c->action_dim;
     smolvla_sample_actions(&p->model, &p->obs, p->stats + 2 * S, p->stats + 2 * S + A, actions);
-    return 0;
+    return POLICY_OK;
+}
+
+// Instructions as B UTF-8 strings, their bytes the token ids (cut to max_text): for checkpoints of
+// the "bytes" tokenizer only (POLICY_NOT_BYTES otherwise).
+VLA_API int vla_policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
+                           const char* const* instructions, const float* state, const float* noise, uint64_t seed,
+                           float* actions) {
+    if (!policy_takes_strings(p->tokenizer)) { return POLICY_NOT_BYTES; }
+    return policy_act(p, B, cam_hw, images, instructions, NULL, NULL, state, noise, seed, actions);
+}
+
+// Instructions as token ids of the checkpoint's tokenizer (scripts/vla_policy.py makes them as the
+// converters do): tokens the B instructions' ids one after another, n_tokens[b] of them for
+// observation b (any count: the model reads the first max_text).
+VLA_API int vla_policy_act_tokens(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
+                                  const int32_t* tokens, const int32_t* n_tokens, const float* state, const float* noise,
+                                  uint64_t seed, float* actions) {
+    return policy_act(p, B, cam_hw, images, NULL, tokens, n_tokens, state, noise, seed, actions);
 }
 
 VLA_API void vla_policy_free(VLAPolicy* p) {

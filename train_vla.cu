@@ -3995,24 +3995,25 @@ VLA_API const char* vla_policy_device(const VLAPolicy* p) { return p->device; }
 VLA_API const char* vla_policy_tokenizer(const VLAPolicy* p) { return p->tokenizer; }
 
 // Action chunks (B, H, A) in the data's units, as libvla.so's: cam_hw the (height, width) of each
-// camera's frames in this call, images[k] camera k's B frames; the observations are assembled on
-// the host, copied to the GPU in one go and sampled there (the prefix once, 10 Euler steps).
-// Returns 0; 1 for B < 1; 2 for a camera size out of range.
-VLA_API int vla_policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
-                           const char* const* instructions, const float* state, const float* noise, uint64_t seed,
-                           float* actions) {
+// camera's frames in this call, images[k] camera k's B frames, the instructions as strings or token
+// ids (texts NULL; see policy_observations); the observations are assembled on the host, copied to
+// the GPU in one go and sampled there (the prefix once, 10 Euler steps). Returns POLICY_OK or why not.
+static int policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images, const char* const* texts,
+                      const int32_t* ids, const int32_t* n_ids, const float* state, const float* noise, uint64_t seed,
+                      float* actions) {
     const SmolVLAConfig* c = &p->model.config;
-    if (B < 1) { return 1; }
+    if (B < 1) { return POLICY_BAD_BATCH; }
     Cameras cams;
     memset(&cams, 0, sizeof(cams));
     cams.n = c->n_cam;
     for (int k = 0; k < c->n_cam; k++) {
         if (cam_hw[2 * k] < 1 || cam_hw[2 * k] > VLA_MAX_IMG || cam_hw[2 * k + 1] < 1 || cam_hw[2 * k + 1] > VLA_MAX_IMG) {
-            return 2;
+            return POLICY_BAD_CAMERA;
         }
         cams.height[k] = (uint32_t)cam_hw[2 * k];
         cams.width[k] = (uint32_t)cam_hw[2 * k + 1];
     }
+    if (texts == NULL && policy_check_tokens(c, B, ids, n_ids) != POLICY_OK) { return POLICY_BAD_TOKENS; }
     policy_reserve(&p->obs, &p->capacity, c, &cams, B);
     if (p->obs.bytes > p->dev_bytes) {  // a larger batch or larger frames than before
         cudaCheck(cudaFree(p->dev_memory));
@@ -4020,12 +4021,28 @@ VLA_API int vla_policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uin
         p->dev_bytes = p->obs.bytes;
     }
     smolvla_batch_layout(&p->dev, (uint8_t*)p->dev_memory, c, &cams, p->capacity);  // the host's layout
-    policy_observations(&p->obs, c, p->stats, B, images, instructions, state, noise, seed);
+    policy_observations(&p->obs, c, p->stats, B, images, texts, ids, n_ids, state, noise, seed);
     cudaCheck(cudaMemcpy(p->dev_memory, p->obs.memory, p->obs.bytes, cudaMemcpyHostToDevice));
     p->dev.B = B;
     int S = c->state_dim, A = c->action_dim;
     smolvla_sample_actions(&p->model, &p->dev, p->stats + 2 * S, p->stats + 2 * S + A, actions);
-    return 0;
+    return POLICY_OK;
+}
+
+// Instructions as B UTF-8 strings (bytes as token ids): "bytes" checkpoints only, as libvla.so's.
+VLA_API int vla_policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
+                           const char* const* instructions, const float* state, const float* noise, uint64_t seed,
+                           float* actions) {
+    if (!policy_takes_strings(p->tokenizer)) { return POLICY_NOT_BYTES; }
+    return policy_act(p, B, cam_hw, images, instructions, NULL, NULL, state, noise, seed, actions);
+}
+
+// Instructions as token ids of the checkpoint's tokenizer, as libvla.so's: tokens one instruction's
+// ids after another, n_tokens[b] for observation b.
+VLA_API int vla_policy_act_tokens(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
+                                  const int32_t* tokens, const int32_t* n_tokens, const float* state, const float* noise,
+                                  uint64_t seed, float* actions) {
+    return policy_act(p, B, cam_hw, images, NULL, tokens, n_tokens, state, noise, seed, actions);
 }
 
 // What the last vla_policy_act took on the device, in ms: out[0] the prefix (images to the VLM's

@@ -1693,7 +1693,7 @@ typedef struct {
     int B;
     Cameras cams;            // the dataset's: camera k is cams.height[k] x cams.width[k]
     uint8_t* images[VLA_MAX_CAM];  // per camera (B, h_k, w_k, 3) uint8 HWC
-    int32_t* tokens;         // (B, max_text) token ids, 0 past the instruction
+    int32_t* tokens;         // (B, max_text) token ids, the config's pad_token past the instruction
     float* token_mask;       // (B, max_text) 1 = instruction token, 0 = pad
     float* state;            // (B, Smax) normalized, zero-padded
     float* actions;          // (B, H, Amax) normalized (slots past the episode repeat its last action), zero-padded
@@ -1756,6 +1756,20 @@ static inline uint8_t* smolvla_batch_image(const SmolBatch* b, int k, int i) {
     return b->images[k] + (size_t)i * (camera_offset(&b->cams, k + 1) - camera_offset(&b->cams, k));
 }
 
+// Row i's language input: the instruction's n ids cut to max_text, right-padded with the pad id,
+// mask 1 on the ids: LeRobot's tokenizer call (truncation, padding_side "right", its pad id; the
+// whole rule is written down in data/vla_shard.py). ids may be the row itself.
+static inline void batch_set_text(SmolBatch* b, const SmolVLAConfig* c, int i, const int32_t* ids, size_t n) {
+    int32_t* row = b->tokens + (size_t)i * c->max_text;
+    float* mask = b->token_mask + (size_t)i * c->max_text;
+    if (n > (size_t)c->max_text) { n = (size_t)c->max_text; }
+    memmove(row, ids, n * sizeof(int32_t));
+    for (int k = 0; k < c->max_text; k++) {
+        if ((size_t)k >= n) { row[k] = c->pad_token; }
+        mask[k] = (size_t)k < n ? 1.0f : 0.0f;
+    }
+}
+
 // Sample `index` (a global frame number) into row i of the batch: images, tokens and their mask,
 // normalized padded state, the action chunk (slots past the episode repeat its last action and
 // are marked as pads). The flow noise is batch_fill's.
@@ -1776,12 +1790,7 @@ static inline void dataset_assemble(const Dataset* ds, const SmolVLAConfig* c, u
         memcpy(smolvla_batch_image(b, k, i), frame + camera_offset(&ds->cams, k), bytes);
     }
     uint64_t t0 = s->token_offsets[ep->task], len = s->token_offsets[ep->task + 1] - t0;
-    if (len > (uint64_t)c->max_text) { len = (uint64_t)c->max_text; }
-    for (int k = 0; k < c->max_text; k++) {
-        int valid = (uint64_t)k < len;
-        b->tokens[(size_t)i * c->max_text + k] = valid ? s->tokens[t0 + k] : 0;
-        b->token_mask[(size_t)i * c->max_text + k] = valid ? 1.0f : 0.0f;
-    }
+    batch_set_text(b, c, i, s->tokens + t0, len < (uint64_t)c->max_text ? (size_t)len : (size_t)c->max_text);
     int S = c->state_dim, A = c->action_dim, Smax = c->max_state_dim, Amax = c->max_action_dim, H = c->chunk;
     for (int d = 0; d < Smax; d++) {
         b->state[(size_t)i * Smax + d] = d < S ? (s->state[f * S + d] - ds->state_mean[d]) / ds->state_std[d] : 0.0f;
@@ -3149,29 +3158,58 @@ static inline void policy_reserve(SmolBatch* obs, int* capacity, const SmolVLACo
     *capacity = B;
 }
 
+// What vla_policy_act and vla_policy_act_tokens return (libvla.so and libvla_gpu.so alike).
+enum {
+    POLICY_OK = 0,
+    POLICY_BAD_BATCH = 1,   // B < 1
+    POLICY_BAD_CAMERA = 2,  // a camera size outside [1, VLA_MAX_IMG], or one whose resize leaves nothing
+    POLICY_BAD_TOKENS = 3,  // a negative token count, or an id outside [0, vocab)
+    POLICY_NOT_BYTES = 4,   // strings for a checkpoint whose tokenizer is not "bytes": pass its token ids
+};
+
+// Strings are token ids only under the "bytes" tokenizer (an instruction's UTF-8 bytes); a checkpoint
+// trained on another tokenizer's ids takes ids (vla_policy_act_tokens), never silent byte ids.
+static inline int policy_takes_strings(const char* tokenizer) { return strcmp(tokenizer, SHARD_TOKENIZER_BYTES) == 0; }
+
+// B instructions as token ids: ids holds them one after another, n_ids[b] for observation b.
+static inline int policy_check_tokens(const SmolVLAConfig* c, int B, const int32_t* ids, const int32_t* n_ids) {
+    size_t at = 0;
+    for (int b = 0; b < B; b++) {
+        if (n_ids[b] < 0) { return POLICY_BAD_TOKENS; }
+        for (int32_t k = 0; k < n_ids[b]; k++, at++) {
+            if (ids[at] < 0 || ids[at] >= c->vocab) { return POLICY_BAD_TOKENS; }
+        }
+    }
+    return POLICY_OK;
+}
+
 // The model's batch for B raw observations: images[k] camera k's frames u8 (B, h_k, w_k, 3) HWC of
-// any size (obs->cams, the model resizes them), instructions (B UTF-8 strings, their bytes the
-// token ids, cut to max_text), raw state (B, S) normalized with the checkpoint's statistics
-// (state_mean(S) state_std(S) ...) and zero-padded, and the starting noise in obs->eps: `noise`
-// (B, H, max_action_dim) if given, else drawn from `seed`.
+// any size (obs->cams, the model resizes them); the instructions as `texts` (B UTF-8 strings, their
+// bytes the ids: the "bytes" tokenizer) or, texts NULL, as token ids (`ids` and `n_ids` as
+// policy_check_tokens takes them), cut to max_text and right-padded with pad_token as the trainer's
+// batches; raw state (B, S) normalized with the checkpoint's statistics (state_mean(S) state_std(S)
+// ...) and zero-padded; the starting noise in obs->eps: `noise` (B, H, max_action_dim) if given,
+// else drawn from `seed`.
 static inline void policy_observations(SmolBatch* obs, const SmolVLAConfig* c, const float* stats, int B,
-                                       const uint8_t* const* images, const char* const* instructions, const float* state,
-                                       const float* noise, uint64_t seed) {
+                                       const uint8_t* const* images, const char* const* texts, const int32_t* ids,
+                                       const int32_t* n_ids, const float* state, const float* noise, uint64_t seed) {
     int S = c->state_dim, Smax = c->max_state_dim, HA = c->chunk * c->max_action_dim;
     obs->B = B;
     for (int k = 0; k < c->n_cam; k++) {
         memcpy(obs->images[k], images[k], (size_t)B * (camera_offset(&obs->cams, k + 1) - camera_offset(&obs->cams, k)));
     }
     const float *state_mean = stats, *state_std = stats + S;
+    size_t at = 0;
     for (int b = 0; b < B; b++) {
-        size_t len = strlen(instructions[b]);
-        if (len > (size_t)c->max_text) { len = (size_t)c->max_text; }
-        int32_t* ids = obs->tokens + (size_t)b * c->max_text;
-        tokens_from_bytes(ids, (const uint8_t*)instructions[b], len);
-        for (int k = 0; k < c->max_text; k++) {
-            int valid = (size_t)k < len;
-            if (!valid) { ids[k] = 0; }
-            obs->token_mask[(size_t)b * c->max_text + k] = valid ? 1.0f : 0.0f;
+        if (texts != NULL) {
+            size_t len = strlen(texts[b]);
+            if (len > (size_t)c->max_text) { len = (size_t)c->max_text; }
+            int32_t* row = obs->tokens + (size_t)b * c->max_text;
+            tokens_from_bytes(row, (const uint8_t*)texts[b], len);
+            batch_set_text(obs, c, b, row, len);
+        } else {
+            batch_set_text(obs, c, b, ids + at, (size_t)n_ids[b]);
+            at += (size_t)n_ids[b];
         }
         for (int d = 0; d < Smax; d++) {
             obs->state[(size_t)b * Smax + d] = d < S ? (state[(size_t)b * S + d] - state_mean[d]) / state_std[d] : 0.0f;

@@ -17,9 +17,13 @@ Images: every camera frame is center-cropped to a square (the shorter side is ke
 resized to --img pixels with PIL's bilinear filter, so a wide image keeps its aspect ratio and
 loses its left and right edges instead of being squashed.
 
-Instructions: each task string is stored with its token ids (shard format version 2); this
-converter writes byte tokens (tokenizer "bytes", what the presets trained from scratch read).
-`instruction_tokenizer` is the one place another tokenizer (a tokenizer.json) will plug in.
+Instructions: each task string is stored with its token ids (shard format version 2): byte tokens
+by default (tokenizer "bytes", what the presets trained from scratch read), or with --tokenizer
+PATH the ids of a tokenizer.json (or of the model folder that holds one: the VLM of the SmolVLA
+checkpoint to fine-tune), made as LeRobot's SmolVLA pre-processor makes them (the task plus "\\n",
+the tokenizer's own special tokens; no truncation or padding, which are the trainer's: see
+data/vla_shard.py's TokenizerJSON). The shards name that tokenizer ("tokenizer.json:<first 16 hex
+of its sha256>"), and train_vla refuses a checkpoint trained on another's.
 
 What this reads from a LeRobot dataset (the fields relied on, nothing else):
   meta/info.json  codebase_version; fps; features (dtype "video" or "image" marks a camera,
@@ -68,7 +72,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from console import end_progress, progress_line  # noqa: E402
-from vla_shard import BYTES, img_side_error, outermost_missing, text_collision_warnings, write_shard  # noqa: E402
+from vla_shard import (BYTES, img_side_error, load_tokenizer, outermost_missing, text_collision_warnings,  # noqa: E402
+                       write_shard)
 
 
 class ConvertError(Exception):
@@ -509,9 +514,11 @@ class VideoReader:
 
 def instruction_tokenizer(args):
     """The tokenizer of the instructions' token ids: an object with name (what the shard header
-    records), vocab and encode(text) -> ids, as vla_shard.BYTES. Byte tokens for now; an option
-    for a tokenizer.json (named by vla_shard.tokenizer_json_id) will choose another here."""
-    return BYTES
+    records), vocab and encode(text) -> ids: vla_shard.BYTES, or --tokenizer's TokenizerJSON."""
+    try:
+        return load_tokenizer(args.tokenizer)
+    except ValueError as e:
+        fail(f"--tokenizer: {e}")
 
 
 class ShardWriter:
@@ -555,6 +562,7 @@ def convert(args):
     import av  # noqa: F401 (checked here so that a missing package is one clear error)
     from PIL import Image
     t0 = time.time()
+    tokenizer = instruction_tokenizer(args)  # before reading anything: a bad --tokenizer fails at once
     src = args.src
     if not os.path.isdir(src):
         fail(f"{src} is not a folder: pass the LeRobot dataset folder (the one that holds meta/info.json)")
@@ -575,7 +583,6 @@ def convert(args):
     # created is removed by main)
     staging = os.path.join(args.output, f".{args.name}.converting")
     shutil.rmtree(staging, ignore_errors=True)
-    tokenizer = instruction_tokenizer(args)
     writer = ShardWriter(staging, args.name, args.frames_per_shard, tasks, tokenizer)
     frames, written, dims, used_tasks = 0, 0, None, set()
     try:
@@ -680,6 +687,9 @@ def main():
                     help="most frames per shard; an episode is never split (20000)")
     ap.add_argument("--episodes", default=None, help="episode indices START:END, END excluded, e.g. 0:100 (all)")
     ap.add_argument("--name", default=None, help="shard file name prefix (the dataset folder's name)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="token ids of this tokenizer.json, or of the one in this model folder, made as LeRobot's "
+                         "SmolVLA pre-processor makes them (default: bytes, the UTF-8 bytes)")
     args = ap.parse_args()
     if args.cameras is not None:
         args.cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]

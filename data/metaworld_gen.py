@@ -13,6 +13,8 @@ Every episode gets its own random layout (object and goal positions) from a seed
 A frame holds the images of each camera before the step, the state (hand xyz and gripper
 opening, or the full 39-dim observation with --state full) and the 4-dim expert action
 (xyz delta and gripper, clipped to [-1, 1] as the environment does).
+Instructions are stored as byte tokens (tokenizer "bytes"), or with --tokenizer PATH as the ids of
+a tokenizer.json (or of the model folder holding one), made as data/lerobot_to_shards.py makes them.
 Shards are written aside and moved into the output folder once every episode is done: a failed
 or interrupted run (one `error:` line, exit status 1) leaves the folder as it was, and removes
 it if the run created it.
@@ -31,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from console import end_progress, progress_line  # noqa: E402
-from vla_shard import BYTES, img_side_error, outermost_missing, text_collision_warnings, write_shard  # noqa: E402
+from vla_shard import img_side_error, load_tokenizer, outermost_missing, text_collision_warnings, write_shard  # noqa: E402
 
 # Instructions for each task, written for this project. The robot is a Sawyer arm on a table.
 INSTRUCTIONS = {
@@ -223,8 +225,8 @@ def progress(done, total, frames, t0):
 class ShardWriter:
     """Collects episodes in order and writes a shard whenever --frames-per-shard is reached."""
 
-    def __init__(self, out, name, limit):
-        self.out, self.name, self.limit, self.count = out, name, limit, 0
+    def __init__(self, out, name, limit, tokenizer):
+        self.out, self.name, self.limit, self.count, self.tokenizer = out, name, limit, 0, tokenizer
         self.episodes, self.frames, self.paths = [], 0, []
 
     def add(self, task, images, state, action):
@@ -244,7 +246,7 @@ class ShardWriter:
         path = os.path.join(self.out, f"{self.name}_{self.count:03d}.bin")
         write_shard(path, np.concatenate([e[1] for e in self.episodes]), np.concatenate([e[2] for e in self.episodes]),
                     np.concatenate([e[3] for e in self.episodes]), table, [INSTRUCTIONS[t] for t in tasks],
-                    tokenizer=BYTES)  # instructions as byte tokens: what the presets trained from scratch read
+                    tokenizer=self.tokenizer)
         self.paths.append(path)
         self.count += 1
         self.episodes, self.frames = [], 0
@@ -266,6 +268,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0, help="dataset seed (0)")
     ap.add_argument("--frames-per-shard", type=int, default=20000, help="frames per shard file (20000)")
     ap.add_argument("--name", default="metaworld", help="shard file name prefix (metaworld)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="token ids of this tokenizer.json, or of the one in this model folder, made as LeRobot's "
+                         "SmolVLA pre-processor makes them (default: bytes, the UTF-8 bytes)")
     args = ap.parse_args()
     args.cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]
     if args.episodes < 1 or args.img < 8 or args.workers < 1 or not args.cameras:
@@ -278,14 +283,18 @@ def main():
         import mujoco  # noqa: F401
     except ImportError as e:
         sys.exit(f"error: {e}: install the data tools' packages with `make setup`")
+    try:
+        tokenizer = load_tokenizer(args.tokenizer)
+    except ValueError as e:
+        sys.exit(f"error: --tokenizer: {e}")
     tasks = task_list(args.tasks)
-    for line in text_collision_warnings([INSTRUCTIONS[t] for t in tasks]):
+    for line in text_collision_warnings([INSTRUCTIONS[t] for t in tasks], tokenizer):
         sys.stderr.write(line + "\n")
 
     created = outermost_missing(args.output)  # what the run makes, so what a failure removes
     finished = False
     try:
-        generate(args, tasks)
+        generate(args, tasks, tokenizer)
         finished = True
     except RuntimeError as e:  # the expert failed every layout of an episode
         error_exit(str(e))
@@ -302,13 +311,13 @@ def main():
             shutil.rmtree(created, ignore_errors=True)
 
 
-def generate(args, tasks):
+def generate(args, tasks, tokenizer):
     """Runs the episodes and writes the shards. They are written to a staging folder and moved into
     the output folder once every episode succeeded: a failed run leaves the output folder as it was."""
     staging = os.path.join(args.output, f".{args.name}.generating")
     shutil.rmtree(staging, ignore_errors=True)
     jobs = [(args, task, list(INSTRUCTIONS).index(task), e) for task in tasks for e in range(args.episodes)]
-    writer = ShardWriter(staging, args.name, args.frames_per_shard)
+    writer = ShardWriter(staging, args.name, args.frames_per_shard, tokenizer)
     t0, frames, attempts = time.time(), 0, 0
     ctx = multiprocessing.get_context("spawn")  # fresh GL contexts per worker
     try:

@@ -13,6 +13,10 @@ Every frame is a solid colour that encodes (episode, frame), with 4-pixel bands 
 colour at the left and right edges: the crop must cut the bands off exactly, and the colour
 must come out of the lossy codec within TOL levels. The converter runs as a subprocess, as a
 user runs it, and the shards are read back with vla_shard.Dataset.
+--tokenizer: a byte-level BPE tokenizer.json trained here (tokenizers package) on the tasks: the
+shards hold the ids it gives for task + "\\n" (what LeRobot's SmolVLA pre-processor feeds), name it
+"tokenizer.json:<sha256 prefix>", carry its vocabulary; a model folder works as its tokenizer.json;
+a missing file, a file that is no tokenizer.json and a tokenizer that adds an EOS are one-line errors.
 Prints one line per check and `N passed, M failed`; exits 1 on any failure.
 """
 
@@ -35,7 +39,7 @@ from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from vla_shard import Dataset  # noqa: E402
+from vla_shard import Dataset, TokenizerJSON, text_collision_warnings, tokenizer_json_id  # noqa: E402
 
 CONVERTER = os.path.join(HERE, "lerobot_to_shards.py")
 FPS = 10
@@ -237,6 +241,76 @@ def build_v30(root, codec):
 # --------------------------------------------------------------------------------------------
 # running the converter and checking its shards
 
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def build_tokenizer(folder, template=None):
+    """A byte-level BPE like SmolVLM's (no BOS/EOS unless `template`, a TemplateProcessing single
+    string over SPECIALS), trained on the tasks with a small merge budget, saved as
+    folder/tokenizer.json; returns its path."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=SPECIALS[0]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=len(SPECIALS) + 256 + 30, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([t + "\n" for t in TASKS] * 3, trainer=trainer)
+    if template is not None:
+        tok.post_processor = processors.TemplateProcessing(single=template, special_tokens=[
+            (t, tok.token_to_id(t)) for t in SPECIALS if t in template])
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "tokenizer.json")
+    tok.save(path)
+    return path
+
+
+def check_tokenizer_shards(tmp, res, tok_path, bytes_ds):
+    """The --tokenizer conversions: ids, header, vocabulary, the rest as the bytes conversion."""
+    from tokenizers import Tokenizer
+
+    raw = Tokenizer.from_file(tok_path)  # the ids as the tokenizers library gives them, independently
+    want_ids = [raw.encode(t + "\n").ids for t in TASKS]
+    name, vocab = tokenizer_json_id(tok_path), raw.get_vocab_size(with_added_tokens=True)
+    for key, label in (("tok", "--tokenizer FILE"), ("tokdir", "--tokenizer FOLDER")):
+        if not check_run(label, *res[key]):
+            continue
+        ds = check_dataset(label, f"{tmp}/out_{key}")
+        if ds is None:
+            continue
+        s = ds.shards[0]
+        got = [s.task_tokens(k).tolist() for k in range(s.n_tasks)]
+        check(f"{label}: each task's ids are the tokenizer's for task + \"\\n\" (as LeRobot feeds them), not its "
+              f"bytes ({[len(x) for x in got]} ids)",
+              got == want_ids and got != [list(t.encode()) for t in TASKS], f"got {got}, want {want_ids}")
+        check(f"{label}: the header names {name} with its vocabulary of {vocab}",
+              (s.tokenizer, s.vocab) == (name, vocab) and name.startswith("tokenizer.json:"), f"{s.tokenizer}, {s.vocab}")
+        if bytes_ds is not None:
+            b = bytes_ds.shards[0]
+            same = (np.array_equal(s.images, b.images) and np.array_equal(s.state, b.state)
+                    and np.array_equal(s.episodes, b.episodes) and bytes(s.task_text) == bytes(b.task_text))
+            check(f"{label}: images, state, episodes and task text as the bytes conversion's", same)
+    check_error("--tokenizer naming no file", res["tokmissing"], "--tokenizer: tokenizer")
+    check_error("--tokenizer naming a file that is no tokenizer.json", res["toknotjson"], "not a tokenizer.json")
+    check_error("--tokenizer whose post-processor appends an EOS", res["tokeos"], "some after the text")
+    for key in ("tokmissing", "toknotjson", "tokeos"):
+        check(f"{key}: no output folder is left behind", not os.path.exists(f"{tmp}/out_{key}"))
+
+    # the tokenizer object itself: special tokens before the text are LeRobot's too (kept), the
+    # newline is added once, and the collision warnings count tokens for the presets that read them
+    bos = TokenizerJSON(build_tokenizer(f"{tmp}/tok_bos", f"{SPECIALS[1]} $A"))
+    t = TokenizerJSON(tok_path)
+    check("a post-processor's BOS is kept (add_special_tokens, as LeRobot's call); \"\\n\" is added once",
+          bos.encode(TASKS[0]).tolist() == [raw.token_to_id(SPECIALS[1])] + want_ids[0]
+          and t.encode(TASKS[0] + "\n").tolist() == want_ids[0], f"{bos.encode(TASKS[0]).tolist()}")
+    long = [" ".join(["pick up the red cube"] * 12) + tail for tail in (" now", " later")]
+    lines = text_collision_warnings(long, t)
+    check("collision warnings count tokens: two instructions equal in their first 48 ids warn for smolvla "
+          "only (tiny and small read 256 ids, this tokenizer has more)",
+          len(lines) == 1 and "48 tokens preset smolvla" in lines[0] and all(f'"{x}"' in lines[0] for x in long),
+          str(lines))
+
+
 def convert(src, out, *extra):
     r = subprocess.run([sys.executable, CONVERTER, src, "-o", out, "--img", str(IMG), *extra],
                        capture_output=True, text=True, timeout=120)
@@ -381,6 +455,10 @@ def main():
         build_v21(v21, codec)
         build_v30(v30, codec)
         bad = build_bad(tmp, v21, v30, codec)
+        tok_path = build_tokenizer(f"{tmp}/tok_model")
+        tok_eos = build_tokenizer(f"{tmp}/tok_eos", f"$A {SPECIALS[2]}")
+        with open(f"{tmp}/not_a_tokenizer.json", "w") as f:
+            f.write('{"model": 3}')
         print(f"fixture: LeRobot v2.1 and v3.0, episodes {LENGTHS}, video codec {codec} yuv420p {W}x{H}, in {tmp}")
 
         # a folder that exists before a failing conversion, with a file of its own
@@ -404,6 +482,9 @@ def main():
             "img": (v30, "--img", "50"),
             # fails after episode 0's shard: into new nested folders, and into a folder that was there
             "nested": (bad["short"], "--frames-per-shard", "5"), "keep": (bad["short"], "--frames-per-shard", "5"),
+            "tok": (v30, "--tokenizer", tok_path), "tokdir": (v30, "--tokenizer", os.path.dirname(tok_path)),
+            "tokmissing": (v30, "--tokenizer", f"{tmp}/missing/tokenizer.json"),
+            "toknotjson": (v30, "--tokenizer", f"{tmp}/not_a_tokenizer.json"), "tokeos": (v30, "--tokenizer", tok_eos),
         }
         outs = {"nested": f"{tmp}/out_nested/a/b", "keep": keep}
         with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
@@ -438,6 +519,8 @@ def main():
             noise = int(np.abs(a.images[:, 0].astype(int) - b.images[:, 0].astype(int)).max())
             check(f"v2.1 and v3.0 give the same shard (video pixels differ by {noise} <= {TOL}: codec noise)",
                   same and noise <= TOL)
+
+        check_tokenizer_shards(tmp, res, tok_path, results.get("v3.0"))
 
         # cameras in the order --cameras gives
         if check_run("--cameras wrist,front", *res["swapped"]):

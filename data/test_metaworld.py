@@ -71,8 +71,34 @@ def main():
         progress = [ln for ln in r1_err.splitlines() if "episodes" in ln and "ETA" in ln]
         check("\r" not in r1_err and len(progress) == 2 and progress[-1].startswith("2/2 episodes"),
               f"redirected, the progress is {len(progress)} plain line(s) without carriage returns")
+        tokenized(tmp, out1)
         instructions(tmp)
         failures(tmp)
+
+
+def tokenized(tmp, bytes_out):
+    """--tokenizer: the same episodes with the instruction as a tokenizer.json's ids (task + "\\n");
+    a missing file is a one-line error before anything runs."""
+    from test_lerobot import build_tokenizer  # a byte-level BPE trained with the tokenizers package
+
+    tok_path = build_tokenizer(os.path.join(tmp, "tok"))
+    out = os.path.join(tmp, "tokenized")
+    r = generate(out, 1, "--cameras", "corner,corner2", "--tokenizer", tok_path)
+    check(r.returncode == 0, "generator runs with --tokenizer" + ("" if r.returncode == 0 else f": {r.stderr[-300:]}"))
+    if r.returncode != 0:
+        return
+    s, b = vla_shard.Shard(os.path.join(out, "metaworld_000.bin")), vla_shard.Shard(os.path.join(bytes_out,
+                                                                                             "metaworld_000.bin"))
+    tok = vla_shard.TokenizerJSON(tok_path)
+    want = tok.encode(b.task(0).decode()).tolist()
+    check((s.tokenizer, s.vocab) == (tok.name, tok.vocab) and s.task_tokens(0).tolist() == want
+          and np.array_equal(s.images, b.images) and np.array_equal(s.action, b.action) and s.task(0) == b.task(0),
+          f"the same episodes, the instruction as {len(want)} ids of {tok.name} (vocabulary {tok.vocab})")
+    missing = os.path.join(tmp, "tok_missing")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", missing, "--tokenizer",
+                        os.path.join(tmp, "nothing.json")], capture_output=True, text=True)
+    check(one_error_line(r, "--tokenizer: tokenizer") and not os.path.exists(missing),
+          f"a missing --tokenizer is a one-line error, no folder: {r.stderr.strip()}")
 
 
 def vla_presets_column(field):
@@ -117,6 +143,9 @@ def failures(tmp):
     rows = vla_presets_column("patch")
     check(rows and rows == vla_shard.PRESET_PATCH,
           f"vla_shard.PRESET_PATCH matches the patch column of vla.h's SMOLVLA_PRESETS {rows}")
+    rows = vla_presets_column("vocab")
+    check(rows and rows == vla_shard.PRESET_VOCAB,
+          f"vla_shard.PRESET_VOCAB matches the vocab column of vla.h's SMOLVLA_PRESETS {rows}")
     out = os.path.join(tmp, "img50")
     r = subprocess.run([sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", out, "--img", "50"],
                        capture_output=True, text=True)

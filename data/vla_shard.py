@@ -63,6 +63,8 @@ PRESET_MAX_TEXT = {"tiny": 16, "small": 48, "smolvla": 48}
 # patch side of each preset's vision tower (the patch column of SMOLVLA_PRESETS, also checked
 # against vla.h by data/test_metaworld.py): the generators keep image sides a multiple of one
 PRESET_PATCH = {"tiny": 8, "small": 8, "smolvla": 16}
+# rows of each preset's text table (the vocab column, checked the same way): the ids it can read
+PRESET_VOCAB = {"tiny": 256, "small": 256, "smolvla": 49280}
 
 
 class BytesTokenizer:
@@ -79,10 +81,82 @@ BYTES = BytesTokenizer()
 
 def tokenizer_json_id(path):
     """The name a shard gives the tokenizer of a tokenizer.json: its basename and the first 16 hex
-    digits of its sha256 (what a converter option for a real tokenizer will write)."""
+    digits of its sha256 (what the converters' --tokenizer writes and a checkpoint records)."""
     with open(path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     return f"{os.path.basename(path)}:{digest[:16]}"
+
+
+# What LeRobot 0.6.1 feeds SmolVLA for a task string (lerobot/policies/smolvla/processor_smolvla.py,
+# lerobot/processor/newline_task_processor.py and tokenizer_processor.py, with transformers 5.5.4):
+#   1. NewLineTaskProcessorStep: task + "\n", unless the task already ends with "\n".
+#   2. TokenizerProcessorStep(tokenizer_name=vlm_model_name, max_length=tokenizer_max_length (48),
+#      truncation=True, padding=pad_language_to ("longest"), padding_side="right"): the VLM folder's
+#      AutoTokenizer called on the batch's tasks, everything else at its default, so
+#      add_special_tokens=True: tokenizer.json's post-processor adds what it names (SmolVLM2's adds
+#      nothing: no BOS, no EOS). Truncation keeps the first 48 ids (special ones included); padding
+#      appends the tokenizer's pad id (SmolVLM2: <|im_end|>, 2) up to the batch's longest; the
+#      attention mask is 1 on the ids and 0 on pads, cast to bool. The result is
+#      observation.language.tokens (int64) and observation.language.attention_mask (bool), both
+#      (B, L) with L = min(48, the longest task's ids).
+# A shard stores encode(task), the ids before truncation and padding; the trainers and the policy
+# library cut them to max_text (LeRobot's tokenizer_max_length) and right-pad with the config's
+# pad_token (the VLM config's pad id), mask 0 on pads (dataset_assemble, policy_observations in
+# vla.h). LeRobot's tensors are the first L columns of that batch; the other max_text - L columns are
+# what LeRobot writes for a batch whose longest task is longer (pads, masked as keys and queries: no
+# number depends on them). Cutting the ids afterwards equals the tokenizer's truncation as long as
+# the post-processor adds nothing after the text (an EOS would be cut off where LeRobot keeps it):
+# TokenizerJSON refuses a tokenizer that does.
+# Where transformers and tokenizer.json can part: transformers 5 loads a tokenizer whose
+# tokenizer_config.json names a class with its own constructor (SmolVLM2's names GPT2Tokenizer) by
+# rebuilding it from tokenizer.json's vocabulary, merges and post-processor with that class's
+# pre-tokenizer (GPT2Tokenizer: plain ByteLevel); the tokenizers library (and transformers 4, which
+# trained smolvla_base) runs tokenizer.json as written. The ids differ only where the file's
+# pre-tokenizer splits text that ByteLevel keeps in one piece and the merges would join it again;
+# scripts/test_lerobot_io.py checks a Digits + ByteLevel tokenizer whose merges never join digits.
+class TokenizerJSON:
+    """A tokenizer.json (PyPI tokenizers) as the shards use it: name (tokenizer_json_id), vocab (one
+    past its largest id, added tokens included) and encode(text) -> the ids LeRobot's pre-processor
+    feeds for that task before truncation and padding (the comment above). path: a tokenizer.json,
+    or a folder that holds one (a model's or a VLM's). Raises ValueError with one line."""
+
+    def __init__(self, path):
+        if os.path.isdir(path):
+            path = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise ValueError(f"tokenizer {path}: no such file: pass a tokenizer.json, or the model folder that holds it")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ValueError("the tokenizers package is missing: install the data tools' packages (make setup, "
+                             "data/requirements.txt)") from None
+        try:
+            tok = Tokenizer.from_file(path)
+        except Exception as e:  # the Rust parser's message, on one line
+            raise ValueError(f"tokenizer {path}: not a tokenizer.json the tokenizers library reads "
+                             f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        tok.no_truncation()  # the ids whole: truncation is max_text's, in the trainer
+        tok.no_padding()
+        self.path, self.name, self.tokenizer = path, tokenizer_json_id(path), tok
+        self.vocab = 1 + max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
+        probe = tok.encode("a\n")
+        bare = tok.encode("a\n", add_special_tokens=False).ids
+        if probe.ids[len(probe.ids) - len(bare):] != bare:
+            raise ValueError(f"tokenizer {path} adds {len(probe.ids) - len(bare)} special token(s), some after the text "
+                             "(its post-processor): LeRobot's truncation keeps them, train_vla's cut to max_text would "
+                             "drop them; such tokenizers are not supported")
+        if not 1 <= self.vocab <= MAX_VOCAB:
+            raise ValueError(f"tokenizer {path}: a vocabulary of {self.vocab} ids is outside 1 to {MAX_VOCAB}")
+
+    def encode(self, text):
+        if not text.endswith("\n"):
+            text += "\n"  # NewLineTaskProcessorStep
+        return np.asarray(self.tokenizer.encode(text).ids, np.int32)
+
+
+def load_tokenizer(spec):
+    """"bytes" (or None): BYTES; else a tokenizer.json or a folder holding one: TokenizerJSON."""
+    return BYTES if spec in (None, BYTES.name) else TokenizerJSON(spec)
 
 
 def camera_offsets(heights, widths):
@@ -146,10 +220,13 @@ def text_collisions(instructions, max_text, tokenizer=BYTES):
 
 
 def text_collision_warnings(instructions, tokenizer=BYTES):
-    """One warning line per preset of vla.h whose text length makes instructions identical."""
+    """One warning line per preset of vla.h that can read the tokenizer's ids and whose text length
+    makes instructions identical."""
     lines, need = [], distinct_text_bytes(instructions, tokenizer)
     unit = "bytes" if tokenizer.name == BYTES.name else "tokens"
     for preset, max_text in PRESET_MAX_TEXT.items():
+        if PRESET_VOCAB[preset] < tokenizer.vocab:
+            continue
         groups = text_collisions(instructions, max_text, tokenizer)
         if groups:
             same = "; ".join(", ".join(f'"{t}"' for t in g) for g in groups)
@@ -463,7 +540,8 @@ class Dataset:
     def assemble(self, index, cfg):
         """Sample `index` (a global frame number), as dataset_assemble.
         Returns images u8 (frame bytes: the cameras one after another, split_cameras splits them),
-        tokens i32 (max_text), text_mask f32 (max_text), state f32 (S) normalized, actions f32 (H, A)
+        tokens i32 (max_text: the task's ids cut to max_text, then cfg.pad_token, 0 when cfg has none as
+        for the bytes presets), text_mask f32 (max_text), state f32 (S) normalized, actions f32 (H, A)
         normalized, action_mask f32 (H)."""
         if (cfg.n_cam, cfg.img, cfg.state_dim, cfg.action_dim) != \
                 (self.n_cam, self.img, self.state_dim, self.action_dim):
@@ -477,7 +555,7 @@ class Dataset:
         ep = s.episodes[s.frame_episode[f]]
         images = np.array(s.frames[f])
         ids = s.task_tokens(int(ep["task"]))[:cfg.max_text]
-        tokens = np.zeros(cfg.max_text, np.int32)
+        tokens = np.full(cfg.max_text, getattr(cfg, "pad_token", 0), np.int32)  # right-padded, as LeRobot
         tokens[:len(ids)] = ids
         text_mask = (np.arange(cfg.max_text) < len(ids)).astype(np.float32)
         state = (s.state[f] - self.state_mean) / self.state_std  # float32 throughout, as C

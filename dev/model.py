@@ -49,7 +49,7 @@ Everything is computed in float64 (--dtype) and stored as float32:
   param/<name>       f32 table shape       every tensor of SMOLVLA_PARAMETERS, in table order
   batch/indices      i32 (B)               the sampler's samples of step 0
   batch/image<k>     u8  (B, h_k, w_k, 3)  camera k's frames at their stored size, k < n_cam
-  batch/tokens       i32 (B, Lt)           token ids, cut to Lt, 0 past the instruction
+  batch/tokens       i32 (B, Lt)           token ids, cut to Lt, pad_token past the instruction
   batch/token_mask   f32 (B, Lt)           1 = instruction token, 0 = pad
   batch/state        f32 (B, Smax)         (x - mean) / std, zero-padded
   batch/actions      f32 (B, H, Amax)      normalized chunk (slots past the episode repeat its last
@@ -81,8 +81,8 @@ action_mask; the loss's divisor max(1, valid slots * A); AdamW (m = 0.9 m + 0.1 
 0.05 g^2, bias corrections 1 - 0.9^(s+1) and 1 - 0.95^(s+1), update = m_hat / (sqrt(v_hat) + 1e-8)
 + wd p on decay tensors, p -= lr update) on the first smolvla_trainable_numel elements of each
 tensor only, clipping by the global norm of those gradients; lr_at_step's schedule. Token pads are
-0, as dataset_assemble writes them (LeRobot's tokenizer writes its pad id there): pads are masked
-as keys and as queries, so no number depends on their value.
+the config's pad_token, as dataset_assemble writes them and LeRobot's tokenizer pads (its pad id);
+pads are masked as keys and as queries, so no number depends on their value.
 """
 
 import argparse
@@ -702,7 +702,7 @@ def build_batch(ds, cfg, indices, seed, step):
     g = i, one rank). Returns numpy arrays named as the debug state's batch/ records; images is a
     list with camera k's (B, h_k, w_k, 3) frames."""
     view = types.SimpleNamespace(n_cam=ds.n_cam, img=ds.img, state_dim=ds.state_dim, action_dim=ds.action_dim,
-                                 max_text=cfg.max_text, chunk=cfg.chunk)
+                                 max_text=cfg.max_text, pad_token=cfg.pad_token, chunk=cfg.chunk)
     parts = [ds.assemble(i, view) for i in indices]
     B, H = len(indices), cfg.chunk
     cams = [ds.split_cameras(p[0]) for p in parts]

@@ -7,7 +7,8 @@ eval_metaworld.py: closed-loop success rate of a policy in Meta-World.
 
 --policy is a train_vla checkpoint of any preset (tiny, small or smolvla; served by libvla.so
 through scripts/vla_policy.py, `make libvla.so` first; with --device cuda by libvla_gpu.so on a
-GPU, `make libvla_gpu.so`), `expert`
+GPU, `make libvla_gpu.so`; a checkpoint trained on a tokenizer.json's ids, e.g. smolvla fine-tuned on
+shards made with --tokenizer, needs --tokenizer with that file or its folder), `expert`
 (Meta-World's scripted policies: a sanity check that should succeed about always) or `random`
 (uniform actions: should about never succeed). Every episode draws its layout from (--seed, task,
 episode); the default seed 1000 differs from the data generator's, so evaluation layouts are not
@@ -68,9 +69,9 @@ class CheckpointPolicy:
     The starting noise of each prediction comes from the episode's noise seed and the prediction's
     number in the episode, so an episode replays alone exactly as it ran among the others."""
 
-    def __init__(self, path, replan, device, threads=0):
+    def __init__(self, path, replan, device, threads=0, tokenizer=None):
         from vla_policy import VLAPolicy
-        self.policy = VLAPolicy(path, threads=threads, device=device)
+        self.policy = VLAPolicy(path, threads=threads, device=device, tokenizer=tokenizer)
         self.replan = replan
         c = self.policy.config
         if not 1 <= replan <= c["chunk"]:
@@ -167,7 +168,7 @@ def make_policy(args, threads):
         return ExpertPolicy()
     if args.policy == "random":
         return RandomPolicy()
-    return CheckpointPolicy(args.policy, args.replan, args.device, threads)
+    return CheckpointPolicy(args.policy, args.replan, args.device, threads, args.tokenizer)
 
 
 def init_worker(args, img, state_kind, threads, policy=None):
@@ -227,7 +228,7 @@ def settings_of(args):
     if args.only:
         keep.append("only")
     if args.policy not in ("expert", "random"):
-        keep += ["replan", "device", "cameras", "img"]
+        keep += ["replan", "device", "cameras", "img"] + (["tokenizer"] if args.tokenizer else [])
     if args.video_dir:
         keep += ["video_dir", "video_episodes", "cameras", "img"]
     return {k: getattr(args, k) for k in dict.fromkeys(keep)}
@@ -243,6 +244,8 @@ def main():
     ap.add_argument("--replan", type=int, default=8, help="actions executed from each predicted chunk (8)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where a checkpoint policy runs (cpu)")
     ap.add_argument("--cameras", default="corner", help="cameras the checkpoint was trained on, in order (corner)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="the tokenizer.json (or its folder) of a checkpoint trained on its ids (none: bytes)")
     ap.add_argument("--img", type=int, default=None,
                     help="rendered camera side: the training data's (a checkpoint: its model's input side; expert and "
                     "random: 64)")
@@ -268,7 +271,7 @@ def main():
     loaded = None  # the checkpoint policy, loaded here to read its config (and used here with one worker)
     if args.policy not in ("expert", "random"):
         try:
-            loaded = CheckpointPolicy(args.policy, args.replan, args.device, threads)
+            loaded = CheckpointPolicy(args.policy, args.replan, args.device, threads, args.tokenizer)
         except (ValueError, FileNotFoundError) as e:
             sys.exit(f"error: {e}")
         c = loaded.policy.config

@@ -104,6 +104,14 @@ def main():
         lines = r.stderr.strip().splitlines()
         check(r.returncode == 1 and lines and lines[-1].startswith("error:") and "camera" in lines[-1],
               f"a camera list that disagrees with the checkpoint is a one-line error: {lines[-1] if lines else ''}")
+        fake = os.path.join(tmp, "tokenizer.json")
+        with open(fake, "w") as f:
+            f.write("{}")
+        r = run(sys.executable, os.path.join(HERE, "eval_metaworld.py"), "--policy", ckpt, "--tasks", "reach-v3",
+                "--episodes", "1", "--tokenizer", fake)
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 1 and len(lines) == 1 and "reads instructions as UTF-8 bytes" in lines[0],
+              f"--tokenizer for a bytes checkpoint is a one-line error: {lines}")
 
 
 def plot_checks(tmp, run_dir):

@@ -21,6 +21,14 @@ Checks:
   - train_vla fine-tuned -> LeRobot: ./train_vla_cpu --init <import> trains a few steps on a
     synthetic shard of the policy's shapes; the export acts as libvla.so does on that checkpoint;
     dev/model.py's checkpoint writer reproduces the trainer's file byte for byte
+  - a tokenizer.json's ids (a byte-level BPE VLM folder): LeRobot's own pre-processor's
+    observation.language.tokens and attention_mask for tasks short, cut at 48 tokens, unicode,
+    already ending in "\n", are the first columns of the batch a shard written with
+    vla_shard.TokenizerJSON gives (dev/model.py's build_batch, vla.h's dataset_assemble), pads
+    and zero mask after; a GPT2Tokenizer-class folder (transformers 5 rebuilds its pre-tokenizer)
+    gives the same ids. A LeRobot policy on that BPE VLM: imported, VLAPolicy(tokenizer=...) acts
+    as LeRobot on the same observation and noise; fine-tuned on a shard of its tokenizer, exported,
+    LeRobot acts as VLAPolicy; refusals (no tokenizer, another's tokenizer.json, bytes shards)
   - bad input (not a SmolVLA folder, no config.json, a missing tensor, a shape mismatch): one
     `error:` line naming the problem, exit status 1, no file written; exports LeRobot could not
     run as the checkpoint does (a VLM of other sizes or another tokenizer, no --vlm, wrong
@@ -76,6 +84,12 @@ POLICY = dict(chunk_size=TINY.chunk, n_action_steps=TINY.chunk, max_state_dim=TI
               num_vlm_layers=TINY.n_layer, tokenizer_max_length=TINY.max_text)
 # one shorter than max_text, one cut by it, one that spells a digit and punctuation
 TASKS = ["pick it up", "open the top drawer and put the spoon inside", "stack 3 blocks!"]
+# the BPE policy's tasks (max_text 16): one cut by max_text, one beyond ASCII
+BPE_TASKS = ["pick it up", "open the top drawer and put the small spoon inside it, then close it", "stack blocks ✓ über"]
+# LeRobot's tokenizer call at its default 48 tokens: short, cut at 48, unicode, already ending in
+# "\n" (LeRobot adds none then), digits, a single letter
+TOKEN_TASKS = ["pick up the red cube", " ".join(["open the top drawer"] * 14), "stack 3 blocks! ✓ über 日本",
+               "put 12 cups away\n", "x"]
 # train_vla's fp32 sampling against LeRobot's fp32 sampling: 10 Euler steps through the whole
 # model, summed in other orders; the parity suites measure below 1e-6 on these sizes (test_vla's
 # chunk check uses 1e-5, as here)
@@ -356,6 +370,158 @@ def check_reference(tmp):
           f"(max abs err {errors(got, want)[0]:.3g})")
 
 
+def one_line_error(fn, *needles):
+    """(fn raised ValueError with one line holding every needle, the message)."""
+    try:
+        fn()
+    except ValueError as e:
+        msg = str(e)
+        return "\n" not in msg and all(n in msg for n in needles), msg
+    return False, "accepted"
+
+
+def check_tokenization(tmp, vlm):
+    """LeRobot's pre-processor against a shard written with vla_shard.TokenizerJSON and the trainer's
+    batch of it (dev/model.py's build_batch, which test_vla checks against vla.h's), at LeRobot's
+    default tokenizer_max_length 48."""
+    from lerobot.policies.factory import make_pre_post_processors
+    from transformers import AutoTokenizer
+
+    tok = vla_shard.TokenizerJSON(str(vlm))
+    pad = json.loads((vlm / "config.json").read_text())["text_config"]["pad_token_id"]  # what the import records
+    cfg = make_ref.make_policy_config(vlm, True, True, cameras=CAMERAS, state_dim=STATE_DIM, action_dim=ACTION_DIM,
+                                      policy=dict(POLICY, tokenizer_max_length=48))
+    with contextlib.redirect_stdout(io.StringIO()):
+        pre, _ = make_pre_post_processors(cfg, dataset_stats=make_stats(torch.Generator().manual_seed(SEED + 7)))
+    B = len(TOKEN_TASKS)
+    n = 2 * B  # one 2-frame episode per task
+    rng = np.random.default_rng(SEED)
+    cams = [rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8) for h, w in CAMERAS.values()]
+    path = tmp / "tokens.bin"
+    vla_shard.write_shard(str(path), cams, rng.normal(size=(n, STATE_DIM)).astype(np.float32),
+                          rng.normal(size=(n, ACTION_DIM)).astype(np.float32), [(2 * k, 2, k) for k in range(B)],
+                          TOKEN_TASKS, tokenizer=tok)
+    ds = vla_shard.Dataset(str(path))
+    c48 = vla.SmolVLAConfig(**{**vars(TINY), "n_cam": len(CAMERAS), "state_dim": STATE_DIM, "action_dim": ACTION_DIM,
+                               "vocab": tok.vocab, "pad_token": pad, "max_text": 48})
+    lens = [len(tok.encode(t)) for t in TOKEN_TASKS]
+    g = torch.Generator().manual_seed(SEED + 8)
+    # every task (the longest is cut: LeRobot's tensors are 48 wide), then all but the longest
+    # (LeRobot pads to the longest left, narrower than the trainer's 48 columns)
+    for picks in (list(range(B)), [k for k in range(B) if lens[k] < 48]):
+        batch = {make_ref.cam_key(c): make_ref.images_as_fed(torch.randint(0, 256, (len(picks), h, w, 3), generator=g,
+                                                                           dtype=torch.uint8))
+                 for c, (h, w) in CAMERAS.items()}
+        batch["observation.state"] = torch.randn(len(picks), STATE_DIM, generator=g)
+        batch["task"] = [TOKEN_TASKS[k] for k in picks]
+        out = pre(batch)
+        theirs = out["observation.language.tokens"].numpy()
+        their_mask = out["observation.language.attention_mask"].numpy()
+        ours = vla.build_batch(ds, c48, [2 * k for k in picks], SEED, 0)
+        L = theirs.shape[1]
+        same = (L == min(48, max(lens[k] for k in picks)) and np.array_equal(ours["tokens"][:, :L], theirs)
+                and np.array_equal(ours["token_mask"][:, :L] > 0, their_mask))
+        rest = bool((ours["tokens"][:, L:] == pad).all() and not ours["token_mask"][:, L:].any())
+        check(ds.tokenizer == tok.name and same and rest,
+              f"LeRobot's pre-processor (tokens, attention mask: {theirs.shape[0]} x {L}) on tasks of "
+              f"{[lens[k] for k in picks]} ids equals the first {L} columns of the trainer's batch from a {tok.name} "
+              f"shard, then pad id {pad} with mask 0")
+    # transformers 5 rebuilds a GPT2Tokenizer-class tokenizer with plain ByteLevel pre-tokenization
+    gpt2 = tmp / "vlm_gpt2_class"
+    shutil.copytree(vlm, gpt2)
+    tj = json.loads((vlm / "tokenizer.json").read_text())
+    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
+                                                                 tj["pre_tokenizer"]]}
+    (gpt2 / "tokenizer.json").write_text(json.dumps(tj))
+    tc = json.loads((gpt2 / "tokenizer_config.json").read_text())
+    (gpt2 / "tokenizer_config.json").write_text(json.dumps({**tc, "tokenizer_class": "GPT2Tokenizer"}))
+    at = AutoTokenizer.from_pretrained(gpt2)
+    rebuilt = type(at).__name__ == "GPT2Tokenizer" and type(at.backend_tokenizer.pre_tokenizer).__name__ == "ByteLevel"
+    tg = vla_shard.TokenizerJSON(str(gpt2))
+    same = all(at(t if t.endswith("\n") else t + "\n")["input_ids"] == tg.encode(t).tolist() for t in TOKEN_TASKS)
+    check(rebuilt and same, "a GPT2Tokenizer-class folder whose tokenizer.json splits digits first: transformers "
+          f"rebuilds it with ByteLevel alone ({rebuilt}), the ids are tokenizer.json's (no merge joins digits: {same})")
+
+
+def check_bpe_policy(tmp, bytes_vlm):
+    """A LeRobot policy on a BPE VLM through import, VLAPolicy, fine-tuning on its tokenizer's shard and
+    export."""
+    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+
+    vlm = tmp / "vlm_bpe_policy"
+    with contextlib.redirect_stdout(io.StringIO()):
+        tok = make_ref.build_vlm_folder(vlm, VISION, TEXT, TINY.scale_factor, make_ref.build_tokenizer)
+        cfg = make_ref.make_policy_config(vlm, True, True, cameras=CAMERAS, state_dim=STATE_DIM,
+                                          action_dim=ACTION_DIM, policy=POLICY)
+        torch.manual_seed(SEED + 11)
+        policy = SmolVLAPolicy(cfg)
+    make_ref.perturb_constant_params(policy, SEED + 12)
+    stats = make_stats(torch.Generator().manual_seed(SEED + 13))
+    pdir = tmp / "bpe_fp32"
+    save_policy(policy, cfg, stats, pdir)
+    check_tokenization(tmp, vlm)
+
+    ckpt = tmp / "bpe.bin"
+    rc, out = run_script(import_lerobot, [str(pdir), "-o", str(ckpt)])
+    check(rc == 0, "import of a LeRobot policy on a BPE VLM" + ("" if rc == 0 else f": {out}"))
+    if rc != 0:
+        return
+    ck = vla.read_checkpoint(str(ckpt))
+    tid = vla_shard.tokenizer_json_id(str(vlm / "tokenizer.json"))
+    check((ck["tokenizer"], ck["config"].vocab, ck["config"].pad_token) == (tid, len(tok), tok.pad_token_id),
+          f"it records tokenizer {ck['tokenizer']}, a text table of {ck['config'].vocab} rows, pad id "
+          f"{ck['config'].pad_token}")
+    frames, state, noise = make_observation(torch.Generator().manual_seed(SEED + 14))
+    images = [np.ascontiguousarray(f.numpy()) for f in frames.values()]
+    want, _ = lerobot_actions(pdir, frames, state, BPE_TASKS, noise)
+    lens = [len(vla_shard.TokenizerJSON(str(vlm)).encode(t)) for t in BPE_TASKS]
+    for label, spec in (("its folder", vlm), ("its tokenizer.json", vlm / "tokenizer.json")):
+        pol = VLAPolicy(str(ckpt), threads=1, tokenizer=str(spec))
+        got = pol.act(images, BPE_TASKS, state.numpy(), noise=noise.numpy()).astype(np.float64)
+        pol.close()
+        e_abs, e_rel = errors(got, want)
+        check(e_rel <= ACTION_TOL, f"VLAPolicy(tokenizer={label}) vs LeRobot on tasks of {lens} ids (max_text "
+              f"{TINY.max_text}): max abs err {e_abs:.3g}, max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
+    ok, msg = one_line_error(lambda: VLAPolicy(str(ckpt), threads=1), tid, "pass tokenizer=PATH")
+    check(ok, f"VLAPolicy without tokenizer= refuses it: {msg}")
+    other = vla_shard.tokenizer_json_id(str(bytes_vlm / "tokenizer.json"))
+    ok, msg = one_line_error(lambda: VLAPolicy(str(ckpt), threads=1, tokenizer=str(bytes_vlm)), tid, other)
+    check(ok, f"VLAPolicy with another VLM's tokenizer.json names both: {msg}")
+
+    # fine-tuning on a shard of its tokenizer; a bytes shard is refused
+    n, rng = 24, np.random.default_rng(SEED)
+    cams = [rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8) for h, w in CAMERAS.values()]
+    data = (rng.normal(size=(n, STATE_DIM)).astype(np.float32), rng.normal(size=(n, ACTION_DIM)).astype(np.float32),
+            [(0, 9, 0), (9, 8, 1), (17, 7, 2)], BPE_TASKS)
+    shard, bytes_shard, run_dir = tmp / "bpe_shard.bin", tmp / "bytes_shard.bin", tmp / "bpe_run"
+    vla_shard.write_shard(str(shard), cams, *data, tokenizer=vla_shard.TokenizerJSON(str(vlm)))
+    vla_shard.write_shard(str(bytes_shard), cams, *data)
+    base = [os.path.join(ROOT, "train_vla_cpu"), "--train", "expert", "--init", str(ckpt), "--weights-only", "-n", "2",
+            "-b", "2", "-u", "1", "-l", "1e-2", "-t", "1", "--workers", "1"]
+    r = subprocess.run(base + ["-i", str(bytes_shard), "-o", str(tmp / "bytes_run")], capture_output=True, text=True)
+    err = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("error")]
+    check(r.returncode == 1 and len(err) == 1 and tid in err[0] and "bytes" in err[0],
+          f"fine-tuning it on a bytes shard: one-line error naming both tokenizers: {err}")
+    r = subprocess.run(base + ["-i", str(shard), "-o", str(run_dir)], capture_output=True, text=True)
+    tuned = run_dir / "ckpt_00000002.bin"
+    check(r.returncode == 0 and tuned.exists(), "./train_vla_cpu --init <import> --weights-only trains on a shard of its "
+          "tokenizer" + ("" if r.returncode == 0 else ": " + (r.stdout + r.stderr)[-600:]))
+    if not tuned.exists():
+        return
+    edir = tmp / "bpe_finetuned"
+    rc, out = run_script(export_lerobot, [str(tuned), "-o", str(edir), "--vlm", str(vlm), "--cameras",
+                                          ",".join(CAMERAS), "--device", "cpu"])
+    check(rc == 0, "export of the fine-tuned BPE checkpoint" + ("" if rc == 0 else f": {out}"))
+    if rc == 0:
+        pol = VLAPolicy(str(tuned), threads=1, tokenizer=str(vlm))
+        mine = pol.act(images, BPE_TASKS, state.numpy(), noise=noise.numpy()).astype(np.float64)
+        pol.close()
+        got, _ = lerobot_actions(edir, frames, state, BPE_TASKS, noise)
+        e_abs, e_rel = errors(got, mine)
+        check(e_rel <= ACTION_TOL, f"LeRobot on the exported fine-tuned BPE checkpoint vs VLAPolicy on it: max abs err "
+              f"{e_abs:.3g}, max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
+
+
 def main():
     t0 = time.time()
     for target in ("train_vla_cpu", "libvla.so", "data/synthetic"):
@@ -410,6 +576,9 @@ def main():
         check(e_rel <= ACTION_TOL, f"train_vla (libvla.so) vs LeRobot on the imported weights: max abs err "
               f"{e_abs:.3g}, max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
         check_reference(tmp)
+
+        print("a tokenizer.json's ids (byte-level BPE)")
+        check_bpe_policy(tmp, vlm)
 
         print("fine-tuned train_vla -> LeRobot")
         shard, run_dir = tmp / "s.bin", tmp / "run"

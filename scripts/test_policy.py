@@ -5,8 +5,13 @@ trainer's own end-of-run evaluation; then the GPU library (libvla_gpu.so) the sa
 build named in $VLA_GPU_LIBRARY (colon-separated; make test names the GPU build on a GPU machine,
 else the CPU emulation's bf16 and fp32 builds), against the oracle and the CPU library. The
 checkpoint is ./train_vla_cpu's, 4 steps of the tiny preset on build/test/s.bin (two cameras of
-different sizes, 24x32 and 20x20; state 3, action 2). Run by `make test` with Debian's python3
-(torch). Exits non-zero on any failure; the last line is `N passed, M failed`.
+different sizes, 24x32 and 20x20; state 3, action 2). Instructions as token ids
+(vla_policy_act_tokens, VLAPolicy.act_tokens) are checked against the oracle on every build, with
+the refusals: bad ids and counts, strings for a checkpoint trained on a tokenizer.json's ids (the
+same weights renamed), and in VLAPolicy a missing or differently named tokenizer.json. Run by
+`make test` with Debian's python3 (torch; the tokenizers package is not needed: names are compared
+before a tokenizer.json is parsed, and scripts/test_lerobot_io.py serves a real one). Exits
+non-zero on any failure; the last line is `N passed, M failed`.
 """
 
 import ctypes
@@ -43,15 +48,16 @@ def resize_nearest(im, h, w):
 
 def oracle_actions(ck, images, instructions, state, noise):
     """The oracle's 10-step sampling in float64 from the same checkpoint and noise (B, H, Amax):
-    (B, H, action_dim) in data units."""
+    (B, H, action_dim) in data units. instructions: strings (their bytes are the ids, as the
+    library reads strings) or token id sequences; cut to max_text, right-padded with pad_token."""
     cfg, stats = ck["config"], ck["stats"]
     S, A, B = cfg.state_dim, cfg.action_dim, len(instructions)
     model = oracle.SmolVLA(cfg, ck["train_mode"], torch.float64)
     model.load(ck["params"])
-    tokens = np.zeros((B, cfg.max_text), np.int32)  # byte tokens, as the library makes them
+    tokens = np.full((B, cfg.max_text), cfg.pad_token, np.int32)
     mask = np.zeros((B, cfg.max_text), np.float32)
     for b, s in enumerate(instructions):
-        ids = vla_shard.BYTES.encode(s)[:cfg.max_text]
+        ids = (vla_shard.BYTES.encode(s) if isinstance(s, str) else np.asarray(s, np.int32))[:cfg.max_text]
         tokens[b, :len(ids)] = ids
         mask[b, :len(ids)] = 1.0
     norm_state = np.zeros((B, cfg.max_state_dim), np.float32)
@@ -74,6 +80,93 @@ def expect_error(what, fn, needle):
         check(False, f"{what}: accepted")
     except ValueError as e:
         check(needle in str(e), f"{what}: {e}")
+
+
+def act_raw(lib, handle, images, state, texts=None, ids=None, B=None):
+    """One call of vla_policy_act (texts) or vla_policy_act_tokens (ids: sequences), no checks on
+    this side: (return code, actions)."""
+    B = len(texts if texts is not None else ids) if B is None else B
+    cam_hw = np.ascontiguousarray([[im.shape[1], im.shape[2]] for im in images], np.int32)
+    frames = (ctypes.c_void_p * len(images))(*[im.ctypes.data for im in images])
+    out = np.zeros(max(B, 1) * 64 * 32, np.float32)  # room for any tiny chunk, (B, H, A) from the start
+    head = (handle, B, cam_hw.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), frames)
+    tail = (state.ctypes.data, None, 0, out.ctypes.data)
+    if texts is not None:
+        return lib.vla_policy_act(*head, (ctypes.c_char_p * len(texts))(*[t.encode() for t in texts]), *tail), out
+    flat = np.ascontiguousarray(np.concatenate([np.zeros(0, np.int64)] + [np.asarray(t, np.int64) for t in ids]),
+                                np.int32)
+    counts = np.ascontiguousarray([len(t) for t in ids], np.int32)
+    return lib.vla_policy_act_tokens(*head, flat.ctypes.data, counts.ctypes.data, *tail), out
+
+
+def token_checks(policy, ck, ckpt_path, tmp, images, instructions, state, noise, tol):
+    """The token-id entry point and the tokenizer rules, on any build of the library: ids give the
+    oracle's actions (and, as bytes, the strings' actions); bad ids and counts are refused; a
+    checkpoint of another tokenizer refuses strings, and VLAPolicy refuses a tokenizer.json of
+    another name. Returns the checkpoint of the other tokenizer's path (written once)."""
+    name = os.path.basename(policy.lib._name)
+    cfg = ck["config"]
+    as_bytes = [vla_shard.BYTES.encode(s) for s in instructions]
+    check(np.array_equal(policy.act_tokens(images, as_bytes, state, noise=noise),
+                         policy.act(images, instructions, state, noise=noise)),
+          f"{name}: act_tokens with the instructions' bytes gives act's actions exactly (one path)")
+    # any ids of the vocabulary, one instruction cut by max_text, one of a single id
+    rng = np.random.default_rng(3)
+    ids = [rng.integers(0, cfg.vocab, 5), rng.integers(0, cfg.vocab, cfg.max_text + 7), [cfg.vocab - 1]]
+    got, ref = policy.act_tokens(images, ids, state, noise=noise), oracle_actions(ck, images, ids, state, noise)
+    check(rel(got, ref) < tol, f"{name}: vla_policy_act_tokens on ids of 5, max_text + 7 and 1 tokens gives the "
+          f"oracle's actions: rel err {rel(got, ref):.2e} (tol {tol:.1e})")
+    rc_vocab, _ = act_raw(policy.lib, policy.handle, images, state, ids=[[1, 2], [cfg.vocab], [3]])
+    rc_neg, _ = act_raw(policy.lib, policy.handle, images, state, ids=[[1, 2], [], [3]])
+    counts = np.ascontiguousarray([2, -1, 1], np.int32)
+    cam_hw = np.ascontiguousarray([[im.shape[1], im.shape[2]] for im in images], np.int32)
+    frames = (ctypes.c_void_p * len(images))(*[im.ctypes.data for im in images])
+    flat = np.ascontiguousarray([1, 2, 3], np.int32)
+    out = np.zeros((3, cfg.chunk, cfg.action_dim), np.float32)
+    rc_count = policy.lib.vla_policy_act_tokens(policy.handle, 3, cam_hw.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                                                frames, flat.ctypes.data, counts.ctypes.data, state.ctypes.data, None, 0,
+                                                out.ctypes.data)
+    check(rc_vocab == 3 and rc_count == 3 and rc_neg == 0,
+          f"{name}: an id equal to the vocabulary ({cfg.vocab}) and a negative count return 3 (got {rc_vocab}, "
+          f"{rc_count}); an empty instruction is allowed (got {rc_neg})")
+    expect_error(f"{name}: act_tokens with an id outside the vocabulary",
+                 lambda: policy.act_tokens(images, [[1], [-1], [2]], state), "outside the model's vocabulary")
+
+    # a checkpoint trained on a tokenizer.json's ids: the same weights under another tokenizer name
+    other = os.path.join(tmp, "other_tokenizer.bin")
+    if not os.path.exists(other):
+        oracle.write_checkpoint(other, ck["config"], ck["train_mode"], ck["stats"], ck["params"], ck["m"], ck["v"],
+                                ck["step"], ck["seed"], ck["sampler_pos"], "tokenizer.json:0123456789abcdef")
+    err = ctypes.create_string_buffer(1024)
+    handle = policy.lib.vla_policy_load(os.fsencode(other), 1, err, len(err))
+    check(bool(handle), f"{name}: loads a checkpoint of tokenizer tokenizer.json:0123456789abcdef"
+          + ("" if handle else f": {err.value.decode()}"))
+    if handle:
+        rc, _ = act_raw(policy.lib, handle, images, state, texts=instructions)
+        rc_ids, out = act_raw(policy.lib, handle, images, state, ids=as_bytes)
+        want = policy.act_tokens(images, as_bytes, state, seed=0)
+        check(rc == 4 and rc_ids == 0 and np.array_equal(out[:want.size], want.reshape(-1)),
+              f"{name}: vla_policy_act refuses strings for it (4: not byte ids; got {rc}), token ids act (got {rc_ids})")
+        policy.lib.vla_policy_free(handle)
+    return other
+
+
+def tokenizer_refusals(ckpt_path, other):
+    """VLAPolicy and tokenizers: none for a tokenizer.json checkpoint, one of another name, one for a
+    bytes checkpoint: one-line errors naming what is wrong (names compared before any parsing)."""
+    fake = os.path.join(os.path.dirname(other), "tokenizer.json")
+    with open(fake, "w") as f:
+        f.write('{"version": "1.0", "model": {"type": "BPE", "vocab": {}, "merges": []}}')
+    fake_name = vla_shard.tokenizer_json_id(fake)
+    expect_error("VLAPolicy on a tokenizer.json checkpoint without tokenizer=", lambda: VLAPolicy(other, threads=1),
+                 "was trained on token ids of tokenizer tokenizer.json:0123456789abcdef: pass tokenizer=PATH")
+    for label, spec in (("a tokenizer.json of another name", fake), ("a folder holding one", os.path.dirname(fake))):
+        expect_error(f"VLAPolicy with {label}", lambda: VLAPolicy(other, threads=1, tokenizer=spec),
+                     f"is {fake_name}, but checkpoint {other} was trained on token ids of tokenizer.json:0123456789abcdef")
+    expect_error("VLAPolicy with a tokenizer that does not exist",
+                 lambda: VLAPolicy(other, threads=1, tokenizer=fake + ".missing"), "no such file")
+    expect_error("VLAPolicy on a bytes checkpoint with a tokenizer.json",
+                 lambda: VLAPolicy(ckpt_path, threads=1, tokenizer=fake), "reads instructions as UTF-8 bytes")
 
 
 def eval_check(policy, ck, shard, text):
@@ -210,6 +303,9 @@ def main():
                                     text, state.ctypes.data, None, 0, out.ctypes.data)
             check(rc == want, f"vla_policy_act with {what} returns {want} (got {rc})")
 
+        other = token_checks(policy, ck, ckpt_path, tmp, images, instructions, state, noise, 1e-5)
+        tokenizer_refusals(ckpt_path, other)
+
         expect_error("a missing checkpoint", lambda: VLAPolicy(os.path.join(tmp, "missing.bin")), "cannot open checkpoint")
         # corrupt checkpoints: refused with the reader's message, and this process goes on (sizes
         # from the header are bounded and checked before any buffer is sized from them)
@@ -264,6 +360,7 @@ def main():
             expect_error(f"{name}: one camera for two", lambda: gpu.act(images[:1], instructions, state), "reads 2")
             graph_check(name, gpu, VLAPolicy(ckpt_path, library=library, device="cuda", graphs=False), images,
                         instructions, state, noise)
+            token_checks(gpu, ck, ckpt_path, tmp, images, instructions, state, noise, tol)
             gpu.close()
 
 

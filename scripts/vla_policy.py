@@ -7,13 +7,20 @@ the precision of the one that computes.
     from vla_policy import VLAPolicy
     policy = VLAPolicy("out/ckpt_00001000.bin")                 # make libvla.so first
     policy = VLAPolicy("out/ckpt_00001000.bin", device="cuda")  # make libvla_gpu.so first
+    policy = VLAPolicy("smolvla.bin", tokenizer="SmolVLM2-500M-Video-Instruct/")  # a tokenizer.json's ids
     chunk = policy.act([top, wrist], ["open the door"], state)  # (B, H, A) actions in the data's units
 
 images: one uint8 array (B, h_k, w_k, 3) per camera the model was trained on, in order, of any
 size (the model resizes each frame with padding to its square input), or one (B, n_cam, h, w, 3)
-array when the cameras share a size; instructions: B strings (their UTF-8 bytes are the token ids,
-cut to max_text: the "bytes" tokenizer of the shards the presets train on from scratch); state:
-float32 (B, state_dim) raw (the checkpoint's statistics normalize it).
+array when the cameras share a size; instructions: B strings; state: float32 (B, state_dim) raw
+(the checkpoint's statistics normalize it).
+Instructions become the token ids the checkpoint was trained on (its header names the tokenizer):
+under "bytes" (the presets trained from scratch) their UTF-8 bytes, as the library reads strings;
+under a tokenizer.json ("<basename>:<sha256 prefix>", e.g. a model imported from LeRobot) the
+tokenizer= file (or the folder that holds it), whose name must be the checkpoint's, tokenizes them
+as the converters do and as LeRobot's pre-processor does (task + "\\n", data/vla_shard.py's
+TokenizerJSON), and the ids go to the library (vla_policy_act_tokens). Either way the model reads
+the first max_text ids. act_tokens takes ids made elsewhere.
 The 10-step flow-matching sampling starts from noise drawn from `seed`, or from `noise`
 (B, chunk, max_action_dim): the model's action slots are max_action_dim wide; the first
 action_dim of them are the data's.
@@ -21,10 +28,14 @@ action_dim of them are the data's.
 
 import ctypes
 import os
+import sys
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "data"))
+import vla_shard  # noqa: E402  data/vla_shard.py: tokenizer names and TokenizerJSON
+
 # vla_policy_config's 27 int32: SMOLVLA_CONFIG_FIELDS in order, then the checkpoint's train mode
 CONFIG_FIELDS = ["n_cam", "state_dim", "action_dim", "img", "patch", "vis_width", "vis_ff", "vis_layers", "vis_heads",
                  "scale_factor", "vocab", "pad_token", "max_text", "d_model", "d_ff", "n_layer", "n_head", "n_kv_head",
@@ -34,6 +45,15 @@ TRAIN_MODES = ["expert", "vlm", "all"]  # TRAIN_MODE_NAMES
 MAX_IMG = 4096  # VLA_MAX_IMG: a camera's height and width
 
 LIBRARIES = {"cpu": "libvla.so", "cuda": "libvla_gpu.so"}
+
+
+def policy_error(rc, tokenizer):
+    """What a return code of vla_policy_act / vla_policy_act_tokens means (vla.h's POLICY_* codes)."""
+    return {1: "a batch of fewer than 1 observation",
+            2: f"a camera size outside 1..{MAX_IMG}, or one whose resize leaves nothing of a side",
+            3: "a negative token count, or a token id outside the model's vocabulary",
+            4: f"instruction strings for a checkpoint of tokenizer {tokenizer}, whose ids are not the strings' "
+               "bytes: pass its token ids (vla_policy_act_tokens)"}.get(rc, f"code {rc}")
 
 
 def load_library(path=None, device="cpu"):
@@ -55,6 +75,10 @@ def load_library(path=None, device="cpu"):
     lib.vla_policy_act.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int32),
                                    ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_char_p), ctypes.c_void_p,
                                    ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p]
+    lib.vla_policy_act_tokens.restype = ctypes.c_int
+    lib.vla_policy_act_tokens.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int32),
+                                          ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p]
     lib.vla_policy_free.restype = None
     lib.vla_policy_free.argtypes = [ctypes.c_void_p]
     if hasattr(lib, "vla_policy_timing"):  # the GPU library's: the device time of the last chunk, its parts
@@ -65,15 +89,40 @@ def load_library(path=None, device="cpu"):
     return lib
 
 
+def policy_tokenizer(checkpoint, name, spec):
+    """The tokenizer that makes checkpoint's token ids (named `name` in its header) from `spec`: None
+    or "bytes" for a "bytes" checkpoint, else a tokenizer.json (or a folder holding one) of that name.
+    The name is compared before the tokenizers package is needed."""
+    if name == vla_shard.BYTES.name:
+        if spec in (None, vla_shard.BYTES.name):
+            return vla_shard.BYTES
+        raise ValueError(f"checkpoint {checkpoint} reads instructions as UTF-8 bytes (tokenizer bytes): pass no "
+                         f"tokenizer (got {spec})")
+    if spec is None or spec == vla_shard.BYTES.name:
+        raise ValueError(f"checkpoint {checkpoint} was trained on token ids of tokenizer {name}: pass tokenizer=PATH, "
+                         "that tokenizer.json or the model folder that holds it")
+    path = os.path.join(spec, "tokenizer.json") if os.path.isdir(spec) else spec
+    if not os.path.isfile(path):
+        raise ValueError(f"tokenizer {path}: no such file: pass the tokenizer.json of tokenizer {name} (checkpoint "
+                         f"{checkpoint}), or the folder that holds it")
+    got = vla_shard.tokenizer_json_id(path)
+    if got != name:
+        raise ValueError(f"tokenizer {path} is {got}, but checkpoint {checkpoint} was trained on token ids of {name}: "
+                         "pass the tokenizer.json it was trained with")
+    return vla_shard.TokenizerJSON(path)
+
+
 class VLAPolicy:
     """checkpoint: a train_vla checkpoint (version 2); device: "cpu" or "cuda"; threads: OpenMP
     threads on the CPU (0: the runtime's default); library: another build of the library to load;
-    graphs: on a GPU, replay the 10 Euler steps as one CUDA graph (the default; False launches them
-    one by one, the same numbers). After loading: config (the 26 SmolVLAConfig fields and
-    train_mode, by name), train_mode (its name), tokenizer (the checkpoint's) and device (what
-    computes, e.g. "CPU (fp32)")."""
+    tokenizer: for a checkpoint trained on a tokenizer.json's ids, that file or the folder holding
+    it (its name must be the checkpoint's). graphs: on a GPU, replay the 10 Euler steps as one CUDA
+    graph (the default; False launches them one by one, the same numbers). After loading: config
+    (the 26 SmolVLAConfig fields and train_mode, by name), train_mode (its name), tokenizer (the
+    checkpoint's tokenizer name), text_tokenizer (what makes the ids: vla_shard.BYTES or a
+    TokenizerJSON) and device (what computes, e.g. "CPU (fp32)")."""
 
-    def __init__(self, checkpoint, device="cpu", threads=0, library=None, graphs=True):
+    def __init__(self, checkpoint, device="cpu", threads=0, library=None, tokenizer=None, graphs=True):
         self.handle = None
         self.lib = load_library(library, device)
         err = ctypes.create_string_buffer(1024)
@@ -88,6 +137,11 @@ class VLAPolicy:
         self.device = self.lib.vla_policy_device(self.handle).decode(errors="replace")
         if hasattr(self.lib, "vla_policy_set_graphs"):
             self.lib.vla_policy_set_graphs(self.handle, int(bool(graphs)))
+        try:
+            self.text_tokenizer = policy_tokenizer(checkpoint, self.tokenizer, tokenizer)
+        except ValueError:
+            self.close()
+            raise
 
     def cameras(self, images):
         """images as one C-contiguous uint8 (B, h, w, 3) array per camera."""
@@ -107,15 +161,41 @@ class VLAPolicy:
         return images
 
     def act(self, images, instructions, state, noise=None, seed=0):
-        """The action chunk (B, chunk, action_dim), float32, in the data's units."""
+        """The action chunk (B, chunk, action_dim), float32, in the data's units, for B instruction
+        strings (made into the checkpoint's token ids, see the module's comment)."""
+        if isinstance(instructions, str):
+            raise ValueError("instructions: pass a list of B strings, one per observation")
+        if self.text_tokenizer is vla_shard.BYTES:  # the library reads the strings' bytes itself
+            return self.run(images, state, noise, seed, len(instructions),
+                            lambda call: call(self.lib.vla_policy_act, (ctypes.c_char_p * len(instructions))(
+                                *[s.encode("utf-8") for s in instructions])))
+        return self.act_tokens(images, [self.text_tokenizer.encode(s) for s in instructions], state, noise, seed)
+
+    def act_tokens(self, images, token_ids, state, noise=None, seed=0):
+        """act() for instructions given as token ids: B sequences of ids of the checkpoint's tokenizer
+        (any length: the model reads the first max_text)."""
+        ids = [np.asarray(t, np.int64).reshape(-1) for t in token_ids]
+        vocab = self.config["vocab"]
+        for b, t in enumerate(ids):
+            if t.size and (t.min() < 0 or t.max() >= vocab):
+                raise ValueError(f"instruction {b}: token id {int(t.min() if t.min() < 0 else t.max())} is outside the "
+                                 f"model's vocabulary [0, {vocab}) (tokenizer {self.tokenizer})")
+        flat = np.ascontiguousarray(np.concatenate([np.zeros(0, np.int64)] + ids), np.int32)
+        counts = np.ascontiguousarray([t.size for t in ids], np.int32)
+        return self.run(images, state, noise, seed, len(ids),
+                        lambda call: call(self.lib.vla_policy_act_tokens, flat.ctypes.data, counts.ctypes.data))
+
+    def run(self, images, state, noise, seed, n_text, text_call):
+        """Checks the observations, then text_call(call) calls the library's act function with the
+        instructions' arguments; returns the chunk."""
         c = self.config
         images = self.cameras(images)
         B = images[0].shape[0]
         state = np.ascontiguousarray(state, np.float32)
         if B < 1:
             raise ValueError("an empty batch: pass at least one observation")
-        if state.shape != (B, c["state_dim"]) or len(instructions) != B:
-            raise ValueError(f"state {state.shape} and {len(instructions)} instruction(s) must match "
+        if state.shape != (B, c["state_dim"]) or n_text != B:
+            raise ValueError(f"state {state.shape} and {n_text} instruction(s) must match "
                              f"{B} observations of state_dim {c['state_dim']}")
         if noise is not None:
             noise = np.ascontiguousarray(noise, np.float32)
@@ -124,14 +204,15 @@ class VLAPolicy:
                 raise ValueError(f"noise has shape {noise.shape}, expected {want} (B, chunk, max_action_dim)")
         cam_hw = np.ascontiguousarray([[im.shape[1], im.shape[2]] for im in images], np.int32)
         frames = (ctypes.c_void_p * len(images))(*[im.ctypes.data for im in images])
-        text = (ctypes.c_char_p * B)(*[s.encode("utf-8") for s in instructions])
         out = np.empty((B, c["chunk"], c["action_dim"]), np.float32)
-        rc = self.lib.vla_policy_act(self.handle, B, cam_hw.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), frames,
-                                     text, state.ctypes.data, None if noise is None else noise.ctypes.data,
-                                     seed % 2**64, out.ctypes.data)
+
+        def call(fn, *text):
+            return fn(self.handle, B, cam_hw.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), frames, *text,
+                      state.ctypes.data, None if noise is None else noise.ctypes.data, seed % 2**64, out.ctypes.data)
+
+        rc = text_call(call)
         if rc != 0:
-            why = {1: "a batch of fewer than 1 observation", 2: f"a camera size outside 1..{MAX_IMG}"}.get(rc, f"code {rc}")
-            raise ValueError(f"vla_policy_act rejected the batch: {why}")
+            raise ValueError(f"the library rejected the batch: {policy_error(rc, self.tokenizer)}")
         return out
 
     def timing(self):

@@ -15,9 +15,9 @@ done
 mkdir -p build/fuzz/coverage
 for name in "${targets[@]}"; do
     case $name in
-        shard) functions="shard_open_checked dataset_open_checked shard_section_sizes dataset_assemble batch_fill augment_shift dataset_warn_text_collisions" ;;
+        shard) functions="shard_open_checked dataset_open_checked shard_section_sizes dataset_assemble batch_set_text batch_fill augment_shift dataset_warn_text_collisions" ;;
         checkpoint) functions="checkpoint_read_header checkpoint_read_checked smolvla_config_problem smolvla_table_build smolvla_opt_domain" ;;
-        policy) functions="vla_policy_load checkpoint_read_checked checkpoint_read_header smolvla_config_problem smolvla_build vla_policy_act policy_observations resize_with_pad" ;;
+        policy) functions="vla_policy_load checkpoint_read_checked checkpoint_read_header smolvla_config_problem smolvla_build vla_policy_act vla_policy_act_tokens policy_check_tokens policy_observations resize_with_pad" ;;
         *) echo "error: unknown fuzz target '$name': use shard, checkpoint or policy"; exit 2 ;;
     esac
     corpus=build/fuzz/corpus/$name

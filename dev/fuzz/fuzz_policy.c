@@ -1,7 +1,8 @@
 // fuzz_policy.c: the policy library's checkpoint load (libvla.so's vla_policy_load, what
 // scripts/vla_policy.py calls) on arbitrary bytes. An accepted checkpoint also answers one
-// observation (vla_policy_act, 8x8 frames of every camera) when its model is small enough to run
-// thousands of times a second.
+// observation (8x8 frames of every camera) when its model is small enough to run thousands of
+// times a second: as a string (vla_policy_act: acts under the "bytes" tokenizer, refused under any
+// other) and as token ids at both ends of the vocabulary (vla_policy_act_tokens: always acts).
 #define VLA_LIBRARY
 #include "fuzz_util.h"
 #include "../../train_vla.c"
@@ -29,7 +30,10 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         float* state = (float*)callocCheck((size_t)c->state_dim, sizeof(float));
         float* actions = (float*)mallocCheck((size_t)c->chunk * c->action_dim * sizeof(float));
         const char* text[1] = {"open the drawer"};
-        if (vla_policy_act(p, 1, cam_hw, images, text, state, NULL, 7, actions) != 0) { abort(); }  // square frames always fit
+        int want = policy_takes_strings(vla_policy_tokenizer(p)) ? POLICY_OK : POLICY_NOT_BYTES;
+        if (vla_policy_act(p, 1, cam_hw, images, text, state, NULL, 7, actions) != want) { abort(); }  // square frames fit
+        int32_t ids[3] = {0, (c->vocab - 1) / 2, c->vocab - 1}, n_ids[1] = {3};
+        if (vla_policy_act_tokens(p, 1, cam_hw, images, ids, n_ids, state, NULL, 7, actions) != POLICY_OK) { abort(); }
         free(frame); free(state); free(actions);
     }
     vla_policy_free(p);
