@@ -72,7 +72,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from console import end_progress, progress_line  # noqa: E402
-from vla_shard import (BYTES, img_side_error, load_tokenizer, outermost_missing, text_collision_warnings,  # noqa: E402
+from vla_shard import (BYTES, load_tokenizer, outermost_missing, text_collision_warnings,  # noqa: E402
                        write_shard)
 
 
@@ -699,8 +699,6 @@ def main():
             ap.error("--cameras: a shard holds at most 16 cameras")
     if not 8 <= args.img <= 4096:
         ap.error("--img must be between 8 and 4096")
-    if img_side_error(args.img):
-        error_exit(img_side_error(args.img))
     if args.frames_per_shard < 1:
         ap.error("--frames-per-shard must be at least 1")
     if args.name is None:

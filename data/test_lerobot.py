@@ -479,7 +479,7 @@ def main():
             "short": (bad["short"], "--frames-per-shard", "5"), "length": (bad["length"],),
             "cameras": (v30, "--cameras", "observation.images.top"), "episodes": (v30, "--episodes", "7:9"),
             "infolist": (bad["infolist"],), "infostring": (bad["infostring"],), "infoempty": (bad["infoempty"],),
-            "img": (v30, "--img", "50"),
+            "img": (v30, "--img", "4"), "img50": (v30, "--img", "50"),
             # fails after episode 0's shard: into new nested folders, and into a folder that was there
             "nested": (bad["short"], "--frames-per-shard", "5"), "keep": (bad["short"], "--frames-per-shard", "5"),
             "tok": (v30, "--tokenizer", tok_path), "tokdir": (v30, "--tokenizer", os.path.dirname(tok_path)),
@@ -585,9 +585,10 @@ def main():
         check("the empty meta/info.json is called corrupt or not LeRobot's, not a version to convert",
               "not a LeRobot dataset" in res["infoempty"][2] and "conversion script" not in res["infoempty"][2],
               res["infoempty"][2].strip())
-        check_error("--img 50, which no preset's patch divides", res["img"],
-                    "--img 50: no preset's patch divides it (patch 8 for tiny/small, 16 for smolvla): use a multiple "
-                    "of 8, e.g. 48 or 56")
+        check_error("--img 4", res["img"], "--img must be between 8 and 4096")
+        if check_run("--img 50, which no preset's patch divides (the model resizes any size)", *res["img50"]):
+            img = Dataset(f"{tmp}/out_img50").img
+            check("--img 50: frames of 50x50", img == 50, f"img {img}")
         for key in ("infolist", "infostring", "infoempty", "img"):
             check(f"{key}: no output folder is left behind", not os.path.exists(f"{tmp}/out_{key}"))
         check_error("episode list length differs from the data", res["length"], "frame count mismatch")
