@@ -13,9 +13,22 @@ aside and moved into the output folder only once the whole conversion succeeded,
 shards of an earlier conversion under the same name. A failed or interrupted run leaves the
 output folder as it was, and removes it if the run created it.
 
-Images: every camera frame is center-cropped to a square (the shorter side is kept whole) and
-resized to --img pixels with PIL's bilinear filter, so a wide image keeps its aspect ratio and
-loses its left and right edges instead of being squashed.
+Images (--frame): `fit`, the default, scales each camera's frames so that their longer side is
+--img pixels, aspect ratio kept (the shorter side rounded, at least 1): nothing is cut and no
+padding is stored, each camera has its own height x width in the shard (cameras may differ), and
+the model resizes it with padding to its input size as LeRobot does (aspect kept, zeros on the
+left and top), so it trains on the whole frame that LeRobot shows the same policy at deployment.
+A frame whose longer side is --img or less is stored as it is, never scaled up: the model's
+resize scales it up itself, and larger frames would only cost space. `crop`, the behaviour before
+--frame, center-crops every frame to a square (the shorter side kept whole) and resizes it to
+--img x --img: the edges of a wide frame are lost, though LeRobot feeds them to the policy.
+`--img 0` stores the source pixels (fit) or the whole square crop (crop). The resize is PIL's
+bilinear filter, which widens its support when it shrinks (an antialias LeRobot's resize has not);
+the model's resize then runs on the stored frame, and the two resizes are not bit-identical to
+LeRobot's single resize of the raw frame. `--img 0` (with fit) leaves that single resize to the
+model and so gives exactly LeRobot's input (up to the video decoder's colour conversion), at the
+cost of storing full-size frames. All frames of a camera must have one size (a LeRobot feature
+has one shape); a shard holds at most 4096 pixels a side.
 
 Instructions: each task string is stored with its token ids (shard format version 2): byte tokens
 by default (tokenizer "bytes", what the presets trained from scratch read), or with --tokenizer
@@ -72,7 +85,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from console import end_progress, progress_line  # noqa: E402
-from vla_shard import (BYTES, img_side_error, load_tokenizer, outermost_missing, text_collision_warnings,  # noqa: E402
+from vla_shard import (BYTES, MAX_IMG, load_tokenizer, outermost_missing, text_collision_warnings,  # noqa: E402
                        write_shard)
 
 
@@ -392,23 +405,62 @@ def float_matrix(col, name, path, flag):
 # --------------------------------------------------------------------------------------------
 # images
 
-def square(image, size):
-    """PIL image -> u8 (size, size, 3): center crop to a square, then bilinear resize."""
+def stored_size(w, h, img, frame):
+    """(width, height) at which a w x h source frame is stored: --frame fit scales the longer side
+    down to img (aspect kept, never up), crop gives img x img; img 0 keeps the source's pixels."""
+    if frame == "crop":
+        side = min(w, h) if img == 0 else img
+        return side, side
+    longer = max(w, h)
+    if img == 0 or longer <= img:
+        return w, h
+    # the shorter side rounded half up, in integers: the longer side is exactly img
+    shorter = max(1, (min(w, h) * img * 2 + longer) // (2 * longer))
+    return (img, shorter) if w >= h else (shorter, img)
+
+
+def store_frame(image, img, frame):
+    """PIL image -> u8 (height, width, 3) as the shard stores it (stored_size): crop center-crops to
+    a square first; a bilinear resize when the size changes."""
     from PIL import Image
     if image.mode != "RGB":
         image = image.convert("RGB")
     w, h = image.size
-    s = min(w, h)
-    left, top = (w - s) // 2, (h - s) // 2
-    if (w, h) != (s, s):
+    if frame == "crop" and w != h:
+        s = min(w, h)
+        left, top = (w - s) // 2, (h - s) // 2
         image = image.crop((left, top, left + s, top + s))
-    if s != size:
-        image = image.resize((size, size), Image.BILINEAR)
+    size = stored_size(w, h, img, frame)
+    if image.size != size:
+        image = image.resize(size, Image.BILINEAR)
     return np.asarray(image, np.uint8)
 
 
-def decode_image(cell, src, key, ep, i, size):
-    """An "image" camera's parquet cell {bytes, path} as a square u8 image."""
+class CameraFrames:
+    """One camera's frames of an episode, (n, height, width, 3). Every frame of a camera must have
+    the size of the first one converted, which `sizes` (camera -> (height, width), shared by the
+    episodes) records: a shard stores one size per camera."""
+
+    def __init__(self, key, n, episode, sizes):
+        self.key, self.n, self.episode, self.sizes, self.array = key, n, episode, sizes, None
+
+    def put(self, i, frame):
+        hw = frame.shape[:2]
+        if max(hw) > MAX_IMG:
+            fail(f"camera '{self.key}' has frames of {hw[0]}x{hw[1]} pixels (height x width), more than the {MAX_IMG} "
+                 f"a shard holds a side: pass --img {MAX_IMG} or less")
+        first = self.sizes.setdefault(self.key, hw)
+        if hw != first:
+            fail(f"camera '{self.key}' episode {self.episode} frame {i} is stored at {hw[0]}x{hw[1]} but its earlier "
+                 f"frames at {first[0]}x{first[1]} (height x width): the camera's source frames change size, which a "
+                 "shard cannot hold; store them all at N x N with --frame crop --img N")
+        if self.array is None:
+            self.array = np.empty((self.n,) + frame.shape, np.uint8)
+        self.array[i] = frame
+
+
+def decode_image(cell, src, key, ep, i, img, frame):
+    """An "image" camera's parquet cell {bytes, path} as the u8 image the shard stores."""
     import io
     from PIL import Image
     data = cell.get("bytes") if isinstance(cell, dict) else None
@@ -424,7 +476,7 @@ def decode_image(cell, src, key, ep, i, size):
         image.load()
     except OSError as e:
         fail(f"{where}: cannot decode the image ({e}): the data file is damaged, download the dataset again")
-    return square(image, size)
+    return store_frame(image, img, frame)
 
 
 def ffmpeg_reason(e):
@@ -529,6 +581,7 @@ class ShardWriter:
         self.episodes, self.frames, self.paths = [], 0, []
 
     def add(self, task, images, state, action):
+        """images: one (frames, height, width, 3) array per camera."""
         if self.episodes and self.frames + len(action) > self.limit:
             self.flush()
         self.episodes.append((task, images, state, action))
@@ -544,7 +597,8 @@ class ShardWriter:
             first += len(action)
         path = os.path.join(self.out, f"{self.name}_{len(self.paths):03d}.bin")
         self.paths.append(path)  # listed before writing: a failed write is cleaned up too
-        write_shard(path, np.concatenate([e[1] for e in self.episodes]), np.concatenate([e[2] for e in self.episodes]),
+        cams = [np.concatenate([e[1][c] for e in self.episodes]) for c in range(len(self.episodes[0][1]))]
+        write_shard(path, cams, np.concatenate([e[2] for e in self.episodes]),
                     np.concatenate([e[3] for e in self.episodes]), table, [self.tasks[t] for t in used],
                     tokenizer=self.tokenizer)
         self.episodes, self.frames = [], 0
@@ -585,6 +639,7 @@ def convert(args):
     shutil.rmtree(staging, ignore_errors=True)
     writer = ShardWriter(staging, args.name, args.frames_per_shard, tasks, tokenizer)
     frames, written, dims, used_tasks = 0, 0, None, set()
+    sizes = {}  # camera -> the (height, width) its frames are stored at
     try:
         os.makedirs(staging)
         for done, ep in enumerate(episodes, 1):
@@ -615,11 +670,11 @@ def convert(args):
             elif (rows["state"].shape[1], rows["action"].shape[1]) != dims:
                 fail(f"episode {e}: state/action have {rows['state'].shape[1]}/{rows['action'].shape[1]} dims, earlier "
                      f"episodes {dims[0]}/{dims[1]}: every frame needs the same sizes, pick other columns")
-            images = np.zeros((n, len(cams), args.img, args.img, 3), np.uint8)
+            images = [CameraFrames(k, n, e, sizes) for k in cams]
             for c, k in enumerate(cams):
                 if kinds[k] == "image":
                     for i, cell in enumerate(rows["images"][k]):
-                        images[i, c] = decode_image(cell, src, k, e, i, args.img)
+                        images[c].put(i, decode_image(cell, src, k, e, i, args.img, args.frame))
                     continue
                 path, start, end = ep["videos"][k]
                 stamps = start + rows["timestamp"]
@@ -631,8 +686,8 @@ def convert(args):
                          f"at {end:.4f} s: frame count mismatch between the data and the video (or the parquet holds "
                          "absolute instead of episode-local timestamps); download the dataset again")
                 for i, rgb in enumerate(readers[k].frames_at(path, stamps, tol, e)):
-                    images[i, c] = square(Image.fromarray(rgb), args.img)
-            writer.add(task, images, rows["state"], rows["action"])
+                    images[c].put(i, store_frame(Image.fromarray(rgb), args.img, args.frame))
+            writer.add(task, [x.array for x in images], rows["state"], rows["action"])
             used_tasks.add(task)
             frames += n
             written += 1
@@ -659,8 +714,9 @@ def convert(args):
         sys.stderr.write(f"warning: {args.output} also holds {len(others)} other .bin file(s) (e.g. {others[0]}); "
                          "train_vla reads every .bin of a folder\n")
     elapsed = time.time() - t0
+    stored = ", ".join(f"{k} {sizes[k][0]}x{sizes[k][1]}" for k in cams)
     print(f"wrote {len(shards)} shard(s) to {args.output}: {written} episodes, {frames} frames, "
-          f"{len(used_tasks)} task(s), {len(cams)} camera(s) ({', '.join(cams)}) at {args.img}px, "
+          f"{len(used_tasks)} task(s), {len(cams)} camera(s) ({stored}, height x width, --frame {args.frame}), "
           f"state {dims[0]} / action {dims[1]} dims; LeRobot {info['codebase_version']}; "
           f"{elapsed:.1f} s, {frames / max(elapsed, 1e-9):.0f} frames/s"
           + (f"; removed {len(stale)} stale shard(s)" if stale else ""))
@@ -678,7 +734,12 @@ def main():
     ap = Parser(description="Converts a local LeRobot dataset (v2.0, v2.1 or v3.0) into train_vla shards.")
     ap.add_argument("src", help="the LeRobot dataset folder (holds meta/info.json)")
     ap.add_argument("-o", "--output", required=True, help="output folder for the shards")
-    ap.add_argument("--img", type=int, default=96, help="square image side in pixels: center crop, then resize (96)")
+    ap.add_argument("--img", type=int, default=96,
+                    help="image size in pixels: the longer side (fit; smaller frames are kept as they are) or the "
+                         "square's side (crop); 0 keeps the source's size (96)")
+    ap.add_argument("--frame", choices=["fit", "crop"], default="fit",
+                    help="fit: scale to --img, aspect kept, nothing cut or padded (the model pads the whole frame, "
+                         "as LeRobot does); crop: center-crop to a square, then resize to --img x --img (fit)")
     ap.add_argument("--cameras", default=None,
                     help="camera features to keep, comma-separated, in shard order (all video/image features)")
     ap.add_argument("--state-key", default="observation.state", help="state column (observation.state)")
@@ -697,10 +758,8 @@ def main():
             ap.error("--cameras is empty")
         if len(args.cameras) > 16:
             ap.error("--cameras: a shard holds at most 16 cameras")
-    if not 8 <= args.img <= 4096:
-        ap.error("--img must be between 8 and 4096")
-    if img_side_error(args.img):
-        error_exit(img_side_error(args.img))
+    if args.img != 0 and not 8 <= args.img <= MAX_IMG:
+        ap.error(f"--img must be 0 (the source's size) or 8 to {MAX_IMG}")
     if args.frames_per_shard < 1:
         ap.error("--frames-per-shard must be at least 1")
     if args.name is None:

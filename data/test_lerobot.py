@@ -6,13 +6,20 @@ test_lerobot.py: checks data/lerobot_to_shards.py on LeRobot datasets it builds 
 In a temporary folder it writes one small dataset in both LeRobot layouts: v2.1 (one parquet
 and one mp4 per episode) and v3.0 (all episodes in one parquet and one mp4 per camera, found
 through meta/episodes). 3 episodes of 5, 7 and 4 frames at 10 fps, 2 tasks, state dim 3,
-action dim 2, and two cameras of 32x24 pixels (wider than tall, so the center crop matters):
-  front  a "video" feature, H.264 (or MPEG-4 where libx264 is missing) in yuv420p
-  wrist  an "image" feature, PNG bytes in the parquet
-Every frame is a solid colour that encodes (episode, frame), with 4-pixel bands of another
-colour at the left and right edges: the crop must cut the bands off exactly, and the colour
-must come out of the lossy codec within TOL levels. The converter runs as a subprocess, as a
-user runs it, and the shards are read back with vla_shard.Dataset.
+action dim 2, and two cameras of different shapes:
+  front  a "video" feature of 96x64 pixels (width x height), H.264 (or MPEG-4 where libx264 is
+         missing) in yuv420p
+  wrist  an "image" feature of 64x96 (taller than wide), PNG bytes in the parquet
+Every frame is a solid colour that encodes (episode, frame), with 8-pixel bands of another colour
+at both ends of its longer side. --frame fit (the default; --img 48 here) must store each camera
+at its own size with the aspect kept (front 48x32, wrist 32x48: width x height), equal frame by
+frame to PIL's bilinear resize of the source frame, bands included (nothing cut); --img 0 and an
+--img above the source's size must keep the source's size. --frame crop --img 16 must cut the
+bands off exactly (the square center crop) and store 16x16. The lossy codec's colours must come
+out within TOL levels. The converter runs as a subprocess, as a user runs it, and the shards are
+read back with vla_shard.Dataset; train_vla_cpu (built by `make train_vla_cpu`) trains two steps
+on the fit and the --img 0 shards, whose cameras are not square and differ in size. A camera
+whose frames change size is a one-line error under fit and converts under crop.
 --tokenizer: a byte-level BPE tokenizer.json trained here (tokenizers package) on the tasks: the
 shards hold the ids it gives for task + "\\n" (what LeRobot's SmolVLA pre-processor feeds), name it
 "tokenizer.json:<sha256 prefix>", carry its vocabulary; a model folder works as its tokenizer.json;
@@ -48,11 +55,18 @@ LENGTHS = [5, 7, 4]
 # (16 bytes) reads them as one task
 TASKS = ["pick up the red cube", "pick up the red block and stack it"]
 EPISODE_TASK = [0, 1, 0]
-W, H = 32, 24  # camera frames; the square crop keeps columns 4..27
-BAND = 4
 FRONT, WRIST = "observation.images.front", "observation.images.wrist"
-IMG = 16  # shard image side: the 24-pixel crop is resized down
+SOURCE = {FRONT: (64, 96), WRIST: (96, 64)}  # (height, width) of each camera's frames
+BAND = 8  # the square crop cuts 16 pixels off each end of the longer side
+IMG = 48  # --img of the fit conversions: the longer side, 96 -> 48
+CROP_IMG = 16  # --img of the crop conversions: the 64-pixel square is resized down
+STORED = {  # (height, width) stored per camera, written out by hand
+    "fit": {FRONT: (32, 48), WRIST: (48, 32)},
+    "crop": {FRONT: (16, 16), WRIST: (16, 16)},
+    "source": SOURCE,  # --img 0, and an --img larger than the frames (fit never scales up)
+}
 TOL = 12  # colour levels allowed after lossy video coding and resizing
+ROOT = os.path.dirname(HERE)
 PROGRESS = re.compile(r"\d+/\d+ episodes, .*ETA \S+")  # the converter's per-episode stderr line
 
 passed, failed = 0, 0
@@ -80,12 +94,23 @@ def wrist_colour(e, i):
     return (200 - 10 * i, 40 * e + 20, 30)
 
 
-def frame(colour, band):
-    a = np.empty((H, W, 3), np.uint8)
+FRONT_BAND, WRIST_BAND = (250, 250, 250), (0, 0, 0)
+
+
+def frame(cam, colour, band):
+    """A camera's frame: the colour, with bands at both ends of the longer side."""
+    h, w = SOURCE[cam]
+    a = np.empty((h, w, 3), np.uint8)
     a[:] = colour
-    a[:, :BAND] = band
-    a[:, W - BAND:] = band
+    if w >= h:
+        a[:, :BAND], a[:, w - BAND:] = band, band
+    else:
+        a[:BAND], a[h - BAND:] = band, band
     return a
+
+
+def source_frame(cam, e, i):
+    return frame(cam, front_colour(e, i), FRONT_BAND) if cam == FRONT else frame(cam, wrist_colour(e, i), WRIST_BAND)
 
 
 def state_of(e, i):
@@ -115,7 +140,8 @@ def write_video(path, frames, codec):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with av.open(path, "w") as out:
         s = out.add_stream(codec, rate=FPS)
-        s.width, s.height, s.pix_fmt = W, H, "yuv420p"
+        s.height, s.width = SOURCE[FRONT]
+        s.pix_fmt = "yuv420p"
         if codec == "libx264":
             s.options = {"crf": "10", "preset": "veryfast"}  # near-lossless: colours survive within a few levels
         else:
@@ -130,13 +156,14 @@ def write_video(path, frames, codec):
 
 
 def features(version):
-    video_info = {"video.height": H, "video.width": W, "video.codec": "h264", "video.pix_fmt": "yuv420p",
+    (h, w), (wh, ww) = SOURCE[FRONT], SOURCE[WRIST]
+    video_info = {"video.height": h, "video.width": w, "video.codec": "h264", "video.pix_fmt": "yuv420p",
                   "video.fps": FPS, "video.channels": 3, "has_audio": False}
     return {  # cameras first on purpose in a different order than their data columns
-        FRONT: {"dtype": "video", "shape": [H, W, 3], "names": ["height", "width", "channels"],
+        FRONT: {"dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"],
                 ("info" if version == "v3.0" else "video_info"): video_info},
         "observation.state": {"dtype": "float32", "shape": [3], "names": ["x", "y", "z"]},
-        WRIST: {"dtype": "image", "shape": [H, W, 3], "names": ["height", "width", "channels"]},
+        WRIST: {"dtype": "image", "shape": [wh, ww, 3], "names": ["height", "width", "channels"]},
         "action": {"dtype": "float32", "shape": [2], "names": ["a", "b"]},
         "timestamp": {"dtype": "float32", "shape": [1], "names": None},
         "frame_index": {"dtype": "int64", "shape": [1], "names": None},
@@ -155,7 +182,7 @@ def data_table(episodes, fixed_size):
         for i in range(LENGTHS[e]):
             cols["observation.state"].append(state_of(e, i))
             cols["action"].append(action_of(e, i))
-            cols[WRIST].append({"bytes": png(frame(wrist_colour(e, i), (0, 0, 0))), "path": None})
+            cols[WRIST].append({"bytes": png(source_frame(WRIST, e, i)), "path": None})
             cols["timestamp"].append(i / FPS)  # episode-local in both versions
             cols["frame_index"].append(i)
             cols["episode_index"].append(e)
@@ -176,7 +203,7 @@ def data_table(episodes, fixed_size):
 
 
 def front_frames(e):
-    return [frame(front_colour(e, i), (250, 250, 250)) for i in range(LENGTHS[e])]
+    return [source_frame(FRONT, e, i) for i in range(LENGTHS[e])]
 
 
 def write_json(path, obj):
@@ -287,7 +314,8 @@ def check_tokenizer_shards(tmp, res, tok_path, bytes_ds):
               (s.tokenizer, s.vocab) == (name, vocab) and name.startswith("tokenizer.json:"), f"{s.tokenizer}, {s.vocab}")
         if bytes_ds is not None:
             b = bytes_ds.shards[0]
-            same = (np.array_equal(s.images, b.images) and np.array_equal(s.state, b.state)
+            same = (all(np.array_equal(s.camera_images(k), b.camera_images(k)) for k in range(s.n_cam))
+                    and np.array_equal(s.state, b.state)
                     and np.array_equal(s.episodes, b.episodes) and bytes(s.task_text) == bytes(b.task_text))
             check(f"{label}: images, state, episodes and task text as the bytes conversion's", same)
     check_error("--tokenizer naming no file", res["tokmissing"], "--tokenizer: tokenizer")
@@ -312,7 +340,9 @@ def check_tokenizer_shards(tmp, res, tok_path, bytes_ds):
 
 
 def convert(src, out, *extra):
-    r = subprocess.run([sys.executable, CONVERTER, src, "-o", out, "--img", str(IMG), *extra],
+    """The converter on src, at --img IMG unless extra names another --img."""
+    img = [] if "--img" in extra else ["--img", str(IMG)]
+    r = subprocess.run([sys.executable, CONVERTER, src, "-o", out, *img, *extra],
                        capture_output=True, text=True, timeout=120)
     return r.returncode, r.stdout, r.stderr
 
@@ -325,8 +355,9 @@ def expected_episodes(episodes):
     return [(e, LENGTHS[e]) for e in episodes]
 
 
-def check_dataset(name, out, episodes=(0, 1, 2), cams=(FRONT, WRIST)):
-    """Every property of the converted dataset against what the fixture holds."""
+def check_dataset(name, out, episodes=(0, 1, 2), cams=(FRONT, WRIST), stored="fit"):
+    """Every property of the converted dataset against what the fixture holds; `stored` names the
+    camera sizes of STORED that the conversion's --frame and --img give."""
     try:
         ds = Dataset(out)
     except ValueError as e:
@@ -334,9 +365,11 @@ def check_dataset(name, out, episodes=(0, 1, 2), cams=(FRONT, WRIST)):
         return None
     s = ds.shards[0]
     n = sum(LENGTHS[e] for e in episodes)
-    check(f"{name}: sizes (cameras {len(cams)}, img {IMG}, state 3, action 2)",
-          (ds.n_cam, ds.img, ds.state_dim, ds.action_dim) == (len(cams), IMG, 3, 2),
-          f"got {(ds.n_cam, ds.img, ds.state_dim, ds.action_dim)}")
+    sizes = [STORED[stored][c] for c in cams]
+    side = CROP_IMG if stored == "crop" else 0  # the header's img: the side when all are square, else 0
+    got = (ds.n_cam, ds.img, ds.state_dim, ds.action_dim, list(zip(ds.cam_height, ds.cam_width)))
+    check(f"{name}: sizes (cameras {len(cams)} of {sizes} height x width, img {side}, state 3, action 2)",
+          got == (len(cams), side, 3, 2, sizes), f"got {got}")
     check(f"{name}: {len(episodes)} episodes, {n} frames",
           (sum(x.n_episodes for x in ds.shards), ds.n_samples) == (len(episodes), n),
           f"got {sum(x.n_episodes for x in ds.shards)} episodes, {ds.n_samples} frames")
@@ -357,17 +390,34 @@ def check_dataset(name, out, episodes=(0, 1, 2), cams=(FRONT, WRIST)):
     check(f"{name}: state values exact", np.array_equal(state, np.array([state_of(e, i) for e, i in rows], np.float32)))
     check(f"{name}: action values exact",
           np.array_equal(action, np.array([action_of(e, i) for e, i in rows], np.float32)))
-    images = np.concatenate([x.images for x in ds.shards]).astype(np.int64)
     colour = {FRONT: front_colour, WRIST: wrist_colour}
+    band = {FRONT: FRONT_BAND, WRIST: WRIST_BAND}
     for c, cam in enumerate(cams):
-        want_img = np.array([colour[cam](e, i) for e, i in rows])[:, None, None, :]
-        err = np.abs(images[:, c] - want_img)
-        worst = int(err.max())
-        lossless = cam == WRIST  # PNG: the crop and the resize of a solid square are exact
+        if c >= ds.n_cam or (ds.cam_height[c], ds.cam_width[c]) != sizes[c]:
+            continue  # the size check above failed: the pixels cannot be compared
+        images = np.concatenate([x.camera_images(c) for x in ds.shards]).astype(np.int64)
+        lossless = cam == WRIST  # PNG: the only change is the converter's resize
         limit = 0 if lossless else TOL
-        check(f"{name}: camera {c} is {cam.split('.')[-1]}, every pixel its frame's colour "
-              f"({'exact' if lossless else f'within {TOL}'}; worst {worst})", worst <= limit,
+        how = "exact" if lossless else f"within {TOL}"
+        if stored == "crop":  # the bands are cut off: a solid square, whatever the resize
+            want = np.array([colour[cam](e, i) for e, i in rows])[:, None, None, :]
+            what = "every pixel its frame's colour (the bands cut off)"
+        else:  # the whole frame, resized as PIL resizes it (or kept as it is)
+            h, w = sizes[c]
+            want = np.stack([np.asarray(Image.fromarray(source_frame(cam, e, i)).resize((w, h), Image.BILINEAR))
+                             for e, i in rows]).astype(np.int64)
+            what = f"each frame PIL's bilinear resize of its {SOURCE[cam][0]}x{SOURCE[cam][1]} source frame"
+        err = np.abs(images - want)
+        worst = int(err.max())
+        check(f"{name}: camera {c} is {cam.split('.')[-1]}, {what} ({how}; worst {worst})", worst <= limit,
               f"worst pixel off by {worst} at frame {int(err.reshape(len(rows), -1).max(1).argmax())}")
+        if stored != "crop":
+            # nothing cut, independently of PIL: the outermost rows (portrait) or columns (landscape)
+            # of the longer side are pure band (the band is 8 pixels, at most 2x shrunk here)
+            ends = images[:, :, [0, -1]] if sizes[c][1] >= sizes[c][0] else images[:, [0, -1]]
+            off = int(np.abs(ends - np.array(band[cam])).max())
+            check(f"{name}: camera {c} is whole: the bands at both ends of its longer side are kept "
+                  f"({how}; worst {off})", off <= limit)
     st = np.concatenate([x.stats for x in ds.shards])
     check(f"{name}: normalization statistics finite", bool(np.isfinite(st).all()))
     ref = np.concatenate([state.astype(np.float64), action.astype(np.float64)], 1)
@@ -416,6 +466,12 @@ def build_bad(tmp, v21, v30, codec):
     p = f"{copy('length', v30)}/meta/episodes/chunk-000/file-000.parquet"
     t = pq.read_table(p)
     pq.write_table(t.set_column(t.schema.get_field_index("length"), "length", pa.array([5, 8, 4], pa.int64())), p)
+    # episode 1's wrist frame 2 of another size (64x80, width x height: stored at 38x48) than the others
+    p = f"{copy('resized', v21)}/data/chunk-000/episode_000001.parquet"
+    t = pq.read_table(p)
+    cells = t.column(WRIST).to_pylist()
+    cells[2] = {"bytes": png(source_frame(WRIST, 1, 2)[8:88]), "path": None}
+    pq.write_table(t.set_column(t.schema.get_field_index(WRIST), WRIST, pa.array(cells, t.schema.field(WRIST).type)), p)
     # meta/info.json valid JSON but not LeRobot's: a list, a string, an empty object
     for name, info in (("infolist", [1, 2]), ("infostring", "x"), ("infoempty", {})):
         bad[name] = f"{tmp}/bad_{name}"
@@ -459,7 +515,7 @@ def main():
         tok_eos = build_tokenizer(f"{tmp}/tok_eos", f"$A {SPECIALS[2]}")
         with open(f"{tmp}/not_a_tokenizer.json", "w") as f:
             f.write('{"model": 3}')
-        print(f"fixture: LeRobot v2.1 and v3.0, episodes {LENGTHS}, video codec {codec} yuv420p {W}x{H}, in {tmp}")
+        print(f"fixture: LeRobot v2.1 and v3.0, episodes {LENGTHS}, video codec {codec} yuv420p, in {tmp}")
 
         # a folder that exists before a failing conversion, with a file of its own
         keep = f"{tmp}/out_keep"
@@ -470,6 +526,10 @@ def main():
         # every conversion at once (each is mostly Python start-up), checked below in order
         runs = {
             "v2.1": (v21,), "v3.0": (v30,),
+            "v2.1 crop": (v21, "--frame", "crop", "--img", str(CROP_IMG)),
+            "v3.0 crop": (v30, "--frame", "crop", "--img", str(CROP_IMG)),
+            "img0": (v30, "--img", "0"), "img128": (v21, "--img", "128"), "img50": (v30, "--img", "50"),
+            "resized": (bad["resized"],), "resizedcrop": (bad["resized"], "--frame", "crop", "--img", str(CROP_IMG)),
             "swapped": (v30, "--cameras", f"{WRIST},{FRONT}"), "one": (v21, "--cameras", FRONT),
             "split": (v30, "--frames-per-shard", "12"), "long": (v21, "--frames-per-shard", "6"),
             "range3": (v30, "--episodes", "1:3"), "range2": (v21, "--episodes", "1:"),
@@ -479,7 +539,7 @@ def main():
             "short": (bad["short"], "--frames-per-shard", "5"), "length": (bad["length"],),
             "cameras": (v30, "--cameras", "observation.images.top"), "episodes": (v30, "--episodes", "7:9"),
             "infolist": (bad["infolist"],), "infostring": (bad["infostring"],), "infoempty": (bad["infoempty"],),
-            "img": (v30, "--img", "50"),
+            "img": (v30, "--img", "4"),
             # fails after episode 0's shard: into new nested folders, and into a folder that was there
             "nested": (bad["short"], "--frames-per-shard", "5"), "keep": (bad["short"], "--frames-per-shard", "5"),
             "tok": (v30, "--tokenizer", tok_path), "tokdir": (v30, "--tokenizer", os.path.dirname(tok_path)),
@@ -497,9 +557,9 @@ def main():
             out, src = f"{tmp}/out_{name}", runs[name][0]
             rc, stdout, stderr = res[name]
             if check_run(name, rc, stdout, stderr):
-                check(f"{name}: summary names episodes, frames, tasks, cameras, shards",
-                      "3 episodes, 16 frames, 2 task(s), 2 camera(s)" in stdout and "1 shard(s)" in stdout,
-                      stdout.strip())
+                check(f"{name}: summary names episodes, frames, tasks, cameras and their sizes, shards",
+                      f"3 episodes, 16 frames, 2 task(s), 2 camera(s) ({FRONT} 32x48, {WRIST} 48x32, height x width, "
+                      "--frame fit)" in stdout and "1 shard(s)" in stdout, stdout.strip())
                 check(f"{name}: shard named after the dataset folder",
                       sorted(os.listdir(out)) == [f"{os.path.basename(src)}_000.bin"], str(os.listdir(out)))
                 check(f"{name}: a progress line per episode on stderr",
@@ -511,14 +571,56 @@ def main():
                       stderr.strip()[-400:])
                 results[name] = check_dataset(name, out)
 
-        if results.get("v2.1") and results.get("v3.0"):
-            a, b = results["v2.1"].shards[0], results["v3.0"].shards[0]
-            same = (np.array_equal(a.state, b.state) and np.array_equal(a.action, b.action)
-                    and np.array_equal(a.episodes, b.episodes) and bytes(a.task_text) == bytes(b.task_text)
-                    and np.array_equal(a.stats, b.stats) and np.array_equal(a.images[:, 1], b.images[:, 1]))
-            noise = int(np.abs(a.images[:, 0].astype(int) - b.images[:, 0].astype(int)).max())
-            check(f"v2.1 and v3.0 give the same shard (video pixels differ by {noise} <= {TOL}: codec noise)",
-                  same and noise <= TOL)
+        # --frame crop: the old square frames, the bands cut off
+        for name in ("v2.1 crop", "v3.0 crop"):
+            if check_run(f"{name} --img {CROP_IMG}", *res[name]):
+                results[name] = check_dataset(f"{name} --img {CROP_IMG}", f"{tmp}/out_{name}", stored="crop")
+
+        for v21_key, v30_key in (("v2.1", "v3.0"), ("v2.1 crop", "v3.0 crop")):
+            if results.get(v21_key) and results.get(v30_key):
+                a, b = results[v21_key].shards[0], results[v30_key].shards[0]
+                same = (np.array_equal(a.state, b.state) and np.array_equal(a.action, b.action)
+                        and np.array_equal(a.episodes, b.episodes) and bytes(a.task_text) == bytes(b.task_text)
+                        and np.array_equal(a.stats, b.stats) and np.array_equal(a.camera_images(1), b.camera_images(1)))
+                noise = int(np.abs(a.camera_images(0).astype(int) - b.camera_images(0).astype(int)).max())
+                check(f"{v21_key} and {v30_key} give the same shard (video pixels differ by {noise} <= {TOL}: "
+                      "codec noise)", same and noise <= TOL)
+
+        # --img 0 keeps the source's size; so does an --img above it (fit never scales up); an --img
+        # that no preset's patch divides is fine (the model resizes any size)
+        for key, name in (("img0", "--img 0"), ("img128", "--img 128 (above the frames' 96)")):
+            if check_run(name, *res[key]):
+                check_dataset(name, f"{tmp}/out_{key}", stored="source")
+        if check_run("--img 50", *res["img50"]):
+            ds = Dataset(f"{tmp}/out_img50")
+            got = list(zip(ds.cam_height, ds.cam_width))
+            check("--img 50: front 33x50, wrist 50x33 (height x width; 64 * 50 / 96 = 33.3 rounds to 33)",
+                  got == [(33, 50), (50, 33)], str(got))
+
+        # the frames of a camera change size: fit cannot store them, crop can
+        check_error("a camera whose frames change size, under --frame fit", res["resized"],
+                    f"camera '{WRIST}' episode 1 frame 2 is stored at 48x38 but its earlier frames at 48x32")
+        check("a camera whose frames change size: no output folder is left behind",
+              not os.path.exists(f"{tmp}/out_resized"))
+        if check_run("a camera whose frames change size, under --frame crop", *res["resizedcrop"]):
+            ds = Dataset(f"{tmp}/out_resizedcrop")
+            check("--frame crop stores the camera whose frames change size at 16x16",
+                  (ds.img, ds.n_samples) == (CROP_IMG, 16), f"img {ds.img}, {ds.n_samples} frames")
+
+        # train_vla reads the shards: cameras that are not square and differ in size (fit), and at
+        # the source's size
+        trainer = os.path.join(ROOT, "train_vla_cpu")
+        for key in ("v3.0", "img0"):
+            if not os.path.isfile(f"{tmp}/out_{key}/pusht_v30_000.bin"):
+                check(f"train_vla_cpu on the {key} shards", False, "no shards (their conversion failed)")
+                continue
+            if not os.access(trainer, os.X_OK):
+                check(f"train_vla_cpu on the {key} shards", False, f"{trainer} is missing: run `make train_vla_cpu`")
+                continue
+            r = subprocess.run([trainer, "-p", "tiny", "-n", "2", "-b", "2", "-t", "1", "-i", f"{tmp}/out_{key}",
+                                "-o", f"{tmp}/run_{key}"], capture_output=True, text=True, timeout=300)
+            check(f"train_vla_cpu -p tiny trains 2 steps on the {key} shards",
+                  r.returncode == 0 and "step     2/2" in r.stdout, f"rc {r.returncode}: {r.stderr.strip()[-400:]}")
 
         check_tokenizer_shards(tmp, res, tok_path, results.get("v3.0"))
 
@@ -585,9 +687,7 @@ def main():
         check("the empty meta/info.json is called corrupt or not LeRobot's, not a version to convert",
               "not a LeRobot dataset" in res["infoempty"][2] and "conversion script" not in res["infoempty"][2],
               res["infoempty"][2].strip())
-        check_error("--img 50, which no preset's patch divides", res["img"],
-                    "--img 50: no preset's patch divides it (patch 8 for tiny/small, 16 for smolvla): use a multiple "
-                    "of 8, e.g. 48 or 56")
+        check_error("--img 4", res["img"], "--img must be 0 (the source's size) or 8 to 4096")
         for key in ("infolist", "infostring", "infoempty", "img"):
             check(f"{key}: no output folder is left behind", not os.path.exists(f"{tmp}/out_{key}"))
         check_error("episode list length differs from the data", res["length"], "frame count mismatch")

@@ -60,9 +60,6 @@ assert EPISODE_DTYPE.itemsize == 16
 # instruction tokens each preset of vla.h reads (the max_text column of SMOLVLA_PRESETS;
 # data/test_metaworld.py checks these against vla.h). train_vla's --max-text overrides them.
 PRESET_MAX_TEXT = {"tiny": 16, "small": 48, "smolvla": 48}
-# patch side of each preset's vision tower (the patch column of SMOLVLA_PRESETS, also checked
-# against vla.h by data/test_metaworld.py): the generators keep image sides a multiple of one
-PRESET_PATCH = {"tiny": 8, "small": 8, "smolvla": 16}
 # rows of each preset's text table (the vocab column, checked the same way): the ids it can read
 PRESET_VOCAB = {"tiny": 256, "small": 256, "smolvla": 49280}
 
@@ -179,21 +176,6 @@ def square_side(heights, widths):
 def describe_cameras(heights, widths):
     """'8x12, 16x16' (height x width of each camera), as vla.h's messages say it."""
     return ", ".join(f"{int(h)}x{int(w)}" for h, w in zip(heights, widths))
-
-
-def img_side_error(img):
-    """None when the patch of some preset divides the image side `img`, else the one-line reason
-    and fix, for the generators to reject an --img that no preset could train on."""
-    if any(img % p == 0 for p in PRESET_PATCH.values()):
-        return None
-    by_patch = {}
-    for preset, p in PRESET_PATCH.items():
-        by_patch.setdefault(p, []).append(preset)
-    patches = ", ".join(f"{p} for {'/'.join(names)}" for p, names in sorted(by_patch.items()))
-    step = min(PRESET_PATCH.values())
-    below = max(img // step * step, step)
-    return (f"--img {img}: no preset's patch divides it (patch {patches}): use a multiple of {step}, "
-            f"e.g. {below} or {below + step}")
 
 
 def distinct_text_bytes(instructions, tokenizer=BYTES):
