@@ -170,11 +170,13 @@ def random_batch(cfg, batch, frame_px, seed):
                 t=rng.uniform(0.001, 0.999, batch).astype(np.float32))
 
 
-def make_replica(cfg, mode, device):
+def make_replica(cfg, mode, device, amp):
     """dev/model.py's SmolVLA (fp32 weights, torch's init) wrapped to return (v, u): the loss is
     taken where the outputs land (GPU 0 for DataParallel, as its users do)."""
     import torch
     import smolvla
+    if amp:  # autocast's bf16 scores cannot hold float32's minimum (in every process, as model.py's --bench)
+        smolvla.MASKED_SCORE = torch.finfo(torch.bfloat16).min
     model = vla.SmolVLA(cfg, mode, torch.float32)
     with torch.no_grad():
         for p in model.parameters():
@@ -242,7 +244,7 @@ def measure_dp(cfg, mode, n, a):
     """Median seconds per step of torch.nn.DataParallel over GPUs 0..n-1 (or the CPU), n x batch on GPU 0."""
     import torch
     device = torch.device("cuda:0" if a.cuda else "cpu")
-    replica = make_replica(cfg, mode, device)
+    replica = make_replica(cfg, mode, device, a.amp)
     x = replica.vla.prepare(random_batch(cfg, n * a.batch, a.frame_px, 0), device)
     net = torch.nn.DataParallel(replica, device_ids=list(range(n))) if a.cuda else replica
     params, opt = make_optimizer(replica, device)
@@ -261,7 +263,7 @@ def ddp_worker(rank, n, cfg, mode, a, port, results):
     else:
         torch.set_num_threads(1)
         device = torch.device("cpu")
-    replica = make_replica(cfg, mode, device)
+    replica = make_replica(cfg, mode, device, a.amp)
     x = replica.vla.prepare(random_batch(cfg, a.batch, a.frame_px, rank), device)
     net = torch.nn.parallel.DistributedDataParallel(replica, device_ids=[rank] if a.cuda else None)
     params, opt = make_optimizer(replica, device)
@@ -316,12 +318,11 @@ def measured(a):
     if a.cuda and have < 2:
         print(f"--measure: needs at least 2 CUDA GPUs, this machine has {have}: only the MODELLED tables above")
         return
+    if a.cuda and not hasattr(torch, "set_default_device"):
+        sys.exit(f"error: --measure needs torch 2.0 or newer (torch.device as a context; this is {torch.__version__})")
     gpus = [n for n in a.gpus if n <= (have if a.cuda else 8)]
     if a.cuda and have < max(a.gpus):
         print(f"# --gpus past the {have} GPUs here are skipped")
-    if a.amp:  # autocast's bf16 scores cannot hold float32's minimum (as dev/model.py's --bench does)
-        import smolvla
-        smolvla.MASKED_SCORE = torch.finfo(torch.bfloat16).min
     where = f"{have} x {torch.cuda.get_device_name(0)}" if a.cuda else "the CPU (gloo; timings mean nothing)"
     print(f"\n# MEASURED on {where}: preset {a.preset}, batch {a.batch} per GPU, "
           f"{'bf16 autocast' if a.amp else 'fp32'}, median of {a.steps} steps after {a.warmup}")
