@@ -18,7 +18,9 @@ The model (every number a bandwidth or a latency is an assumption, printed with 
   torch.cuda.comm.broadcast_coalesced: NCCL broadcasts of 10 MiB buffers), forward on the N
   replicas, gather the outputs to GPU 0 (their gradients go back in the backward pass), reduce the
   gradients onto GPU 0 once the whole backward has finished (the backward of that one broadcast:
-  NCCL reduces of 10 MiB buffers), AdamW on GPU 0. NCCL pipelines a broadcast and a reduce along a
+  NCCL reduces of 10 MiB buffers; autograd hands that backward zeros for the frozen tensors'
+  outputs and it reduces them too: every weight's gradient, in the weights' dtype, --dp-grads),
+  AdamW on GPU 0. NCCL pipelines a broadcast and a reduce along a
   ring, so GPU 0's link carries the weights and the gradients once each, at the bus bandwidth; but
   nothing overlaps: every transfer is added to the step. Python's GIL over the replicas' threads is
   NOT modelled (it only makes DP slower; --measure shows it).
@@ -72,11 +74,18 @@ def model_sizes(cfg, mode, frame_px):
                                  sample_bytes=sample, output_bytes=H * A * 4)
 
 
-def dp_bytes(sz, n, batch, weight_bytes):
+def dp_grad_bytes(sz, a):
+    """The gradients DataParallel reduces onto GPU 0: torch's reduces one per parameter tensor in
+    the parameters' dtype, zeros for the frozen ones (--dp-grads all); one that skipped frozen
+    tensors would reduce the trainable elements in fp32 (--dp-grads trainable)."""
+    return a.dp_weight_bytes * sz.n_params if a.dp_grads == "all" else 4 * sz.n_trainable
+
+
+def dp_bytes(sz, n, batch, a):
     """(bytes over all links, bytes through GPU 0's link) of one DataParallel step on n GPUs."""
     if n == 1:
         return 0, 0
-    weights, grads = weight_bytes * sz.n_params, 4 * sz.n_trainable
+    weights, grads = a.dp_weight_bytes * sz.n_params, dp_grad_bytes(sz, a)
     io = (n - 1) * batch * (sz.sample_bytes + 2 * sz.output_bytes)  # scatter, gather, outputs' gradients back
     return (n - 1) * (weights + grads) + io, weights + grads + io
 
@@ -99,7 +108,7 @@ def dp_step(t1, sz, n, batch, a):
     parts = dict(scatter=(n - 1) * batch * sz.sample_bytes / a.bus_bw,
                  broadcast=pieces_seconds(a.dp_weight_bytes * sz.n_params, n, a),
                  gather=(n - 1) * batch * 2 * sz.output_bytes / a.bus_bw,
-                 reduce=pieces_seconds(4 * sz.n_trainable, n, a))
+                 reduce=pieces_seconds(dp_grad_bytes(sz, a), n, a))
     parts["step"] = t1 + sum(parts.values())
     return parts
 
@@ -119,9 +128,10 @@ def one_gpu_step(cfg, mode, batch, a):
 
 def modelled(a):
     cfg = vla.PRESETS[a.preset]
-    print(f"# MODELLED, not measured: preset {a.preset}, batch {a.batch} per GPU, DP's weights broadcast in "
-          f"{'fp32' if a.dp_weight_bytes == 4 else 'bf16'}, {a.latency_us:g} us per NCCL call, camera frames "
-          f"{a.frame_px} px u8; GIL not modelled")
+    grads = f"every tensor's gradient in {a.dp_weights}" if a.dp_grads == "all" else "the trainable gradients in fp32"
+    print(f"# MODELLED, not measured: preset {a.preset}, batch {a.batch} per GPU; DP broadcasts the weights in "
+          f"{a.dp_weights} and reduces {grads}; {a.latency_us:g} us per NCCL call, camera frames "
+          f"{a.frame_px} px u8; Python's GIL not modelled")
     for mode in a.modes:
         sz = model_sizes(cfg, mode, a.frame_px)
         t1, source = one_gpu_step(cfg, mode, a.batch, a)
@@ -135,7 +145,7 @@ def modelled(a):
                   "| DP step | DP samples/s | DDP step | DDP samples/s | DDP / DP speed |")
             print("|---|---|---|---|---|---|---|---|---|---|")
             for n in a.gpus:
-                dp_total, dp_gpu0 = dp_bytes(sz, n, a.batch, a.dp_weight_bytes)
+                dp_total, dp_gpu0 = dp_bytes(sz, n, a.batch, a)
                 ddp_gpu, ddp_total = ddp_bytes(sz, n)
                 dp = dp_step(t1, sz, n, a.batch, a)
                 ddp, exposed, _ = sm.model_step(t1, sz.buckets, sz.n_trainable, n, a)
@@ -144,7 +154,8 @@ def modelled(a):
                       f"{1000 * ddp:.1f} ms | {n * a.batch / ddp:.0f} | {dp['step'] / ddp:.2f}x |")
                 if a.rows:  # machine-readable, for dev/test_dp_vs_ddp.sh
                     print(f"row mode={vla.TRAIN_MODES[mode]} link={link} n={n} batch={a.batch} "
-                          f"weights={sz.n_params} trainable={sz.n_trainable} t1_ms={1000 * t1:.6f} "
+                          f"weights={sz.n_params} trainable={sz.n_trainable} dp_grads={dp_grad_bytes(sz, a)} "
+                          f"t1_ms={1000 * t1:.6f} "
                           f"dp_total={dp_total:.0f} dp_gpu0={dp_gpu0:.0f} ddp_gpu={ddp_gpu:.0f} "
                           f"ddp_total={ddp_total:.0f} dp_ms={1000 * dp['step']:.6f} ddp_ms={1000 * ddp:.6f} "
                           f"ddp_exposed_ms={1000 * exposed:.6f} dp_broadcast_ms={1000 * dp['broadcast']:.6f} "
@@ -376,6 +387,9 @@ def parse_args(argv=None):
     ap.add_argument("--links", default="nvlink4,pcie5,pcie4", help=f"machines modelled, of {','.join(LINKS)}")
     ap.add_argument("--dp-weights", choices=["fp32", "bf16"], default="fp32",
                     help="dtype DP broadcasts the weights in: fp32 (torch's parameters under autocast) or bf16")
+    ap.add_argument("--dp-grads", choices=["all", "trainable"], default="all",
+                    help="what DP reduces: all (torch's DataParallel: every tensor's gradient, zeros for the frozen, "
+                    "in the weights' dtype) or trainable (only what trains, fp32)")
     ap.add_argument("--step-ms", action="append", default=[], metavar="MODE=MS",
                     help="one GPU's measured step time at this batch (repeatable, per mode)")
     ap.add_argument("--from-log", action="append", default=[], help="a one-GPU train_vla log: its mode's step time")
