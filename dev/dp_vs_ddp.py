@@ -30,6 +30,7 @@ The model (every number a bandwidth or a latency is an assumption, printed with 
 - The optimizer takes T1's share on GPU 0 in DP and on every GPU at once in DDP: the same wall time.
 """
 import argparse
+import gc
 import math
 import os
 import re
@@ -63,8 +64,8 @@ OPT_BYTES_PER_PARAM = 30  # AdamW's memory traffic per trainable element (scalin
 
 def model_sizes(cfg, mode, frame_px):
     """What one step handles: weights, trainable elements and their buckets, and per sample the
-    inputs (as train_vla uploads them: u8 camera frames of frame_px, int32 tokens, u8 masks, fp32
-    state, actions, noise, t) and the output (the velocity, fp32)."""
+    inputs (u8 camera frames of frame_px, int32 tokens and a u8 mask, fp32 state, actions, noise
+    and t, a u8 padding flag per action) and the output (the velocity, fp32)."""
     buckets = sm.buckets_of(cfg, mode)
     H, A = cfg.chunk, cfg.max_action_dim
     sample = (cfg.n_cam * frame_px * frame_px * 3 + cfg.max_text * (4 + 1) + 4 * cfg.max_state_dim
@@ -310,7 +311,7 @@ def measure_train_vla(mode, n, a):
     out = tempfile.mkdtemp(prefix="dp_vs_ddp_")
     try:
         cmd = ["./train_vla", "-p", a.preset, "--train", vla.TRAIN_MODES[mode], "-g", str(n), "-b", str(a.batch),
-               "-n", str(a.warmup + a.steps), "-u", "10", "-i", a.data, "-o", out, "-k", "0", "--keep", "1"]
+               "-n", str(a.warmup + a.steps), "-u", "1", "-i", a.data, "-o", out, "-k", "0", "--keep", "1"]
         run = subprocess.run(cmd, capture_output=True, text=True)
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -344,6 +345,9 @@ def measured(a):
         print("|---|---|---|---|---|---|---|---|")
         for n in gpus:
             dp = measure_dp(cfg, mode, n, a)
+            if a.cuda:  # hand the DP run's cached memory back before the DDP processes and train_vla start
+                gc.collect()
+                torch.cuda.empty_cache()
             ddp = measure_ddp(cfg, mode, n, a)
             ms, why = measure_train_vla(mode, n, a)
             ours = f"{ms:.1f} ms | {n * a.batch / (ms / 1000):.0f}" if ms else "- | -"
