@@ -30,6 +30,7 @@ The model (every number a bandwidth or a latency is an assumption, printed with 
 - The optimizer takes T1's share on GPU 0 in DP and on every GPU at once in DDP: the same wall time.
 """
 import argparse
+import contextlib
 import gc
 import math
 import os
@@ -202,19 +203,11 @@ def make_replica(cfg, mode, device, amp):
         def forward(self, x):
             # dev/smolvla.py makes masks and tables with no device argument: this replica's device
             dev = x["state"].device
-            with (torch.device(dev) if dev.type == "cuda" else _nothing()):
+            with torch.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
                 P = vla.to_lerobot(self.vla.cfg, self.vla.tensors())
                 return smolvla.forward(P, self.vla.lcfg, x["images"], x["lang_tokens"], x["lang_masks"], x["state"],
                                        x["actions"], x["noise"], x["t"])
     return Replica().to(device)
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def make_optimizer(replica, device):

@@ -48,10 +48,15 @@ check(abs(sizes["expert"][0] - 402.7e6) < 0.05e6 and abs(sizes["expert"][1] - 99
 for r in fp32:
     n, W, G, tag = r["n"], r["weights"], r["trainable"], f"{r['mode']} {r['link']} N={r['n']:.0f}"
     check(close(r["ddp_gpu"], 2 * (n - 1) / n * 4 * G, 1e-6) and close(r["ddp_total"], n * r["ddp_gpu"], 1e-6)
-          and r["ddp_gpu"] < 2 * 4 * G, f"{tag}: DDP sends 2 (N-1)/N x 4 x trainable per GPU ({r['ddp_gpu']:.0f}), under 2 x 4 x trainable")
-    io = r["dp_gpu0"] - 4 * W - r["dp_grads"]
-    check(r["dp_grads"] == 4 * W and (n == 1 or (io > 0 and close(r["dp_total"], (n - 1) * (4 * W + r["dp_grads"]) + io, 1e-6))),
-          f"{tag}: DP moves (N-1) x (fp32 weights + every weight's gradient) + the batch and outputs ({r['dp_total']:.0f})")
+          and r["ddp_gpu"] < 2 * 4 * G,
+          f"{tag}: DDP sends 2 (N-1)/N x 4 x trainable per GPU ({r['ddp_gpu']:.0f}), under 2 x 4 x trainable")
+    # per sample: two 224 px u8 frames, 48 tokens (int32 + u8 mask), state 32, actions and noise
+    # 50 x 32 (fp32), 50 padding flags, t; out: the velocity 50 x 32 fp32, and its gradient back
+    io = (n - 1) * r["batch"] * (2 * 224 * 224 * 3 + 48 * 5 + 4 * 32 + 2 * 4 * 50 * 32 + 50 + 4 + 2 * 4 * 50 * 32)
+    check(r["dp_grads"] == 4 * W and close(r["dp_total"], (n - 1) * (4 * W + 4 * W) + io, 1e-6)
+          and close(r["dp_gpu0"], (4 * W + 4 * W + io) if n > 1 else 0, 1e-6),
+          f"{tag}: DP moves (N-1) x (fp32 weights + every weight's gradient) + the batch and outputs "
+          f"({r['dp_total']:.0f}), GPU 0's link each once + the batch and outputs ({r['dp_gpu0']:.0f})")
     if n == 1:
         check(r["dp_total"] == r["dp_gpu0"] == r["ddp_total"] == 0 and close(r["dp_ms"], r["t1_ms"])
               and close(r["ddp_ms"], r["t1_ms"]), f"{tag}: nothing moves, both steps are the one-GPU step {r['t1_ms']:.1f} ms")
@@ -65,11 +70,13 @@ for mode in ("expert", "all"):
         check(all(a["dp_gpu0"] < b["dp_gpu0"] and a["dp_total"] < b["dp_total"] and a["ddp_gpu"] < b["ddp_gpu"]
                   for a, b in zip(sel, sel[1:])), f"{mode} {link}: DP's bytes (GPU 0's and all) grow with N")
 for a, b in zip(fp32, bf16):
-    check(close(a["dp_total"] - b["dp_total"], (a["n"] - 1) * 2 * 2 * a["weights"], 1e-6) and a["ddp_total"] == b["ddp_total"],
+    check(close(a["dp_total"] - b["dp_total"], (a["n"] - 1) * 2 * 2 * a["weights"], 1e-6)
+          and a["ddp_total"] == b["ddp_total"],
           f"{a['mode']} {a['link']} N={a['n']:.0f}: --dp-weights bf16 halves DP's broadcast and reduce, not DDP's bytes")
 for a, b in zip(fp32, trainable):
-    check(b["dp_grads"] == 4 * b["trainable"] and close(a["dp_total"] - b["dp_total"], (a["n"] - 1) * 4 * (a["weights"] - a["trainable"]), 1e-6)
-          and b["dp_ms"] <= a["dp_ms"], f"{a['mode']} {a['link']} N={a['n']:.0f}: --dp-grads trainable reduces the trainable gradients only")
+    check(b["dp_grads"] == 4 * b["trainable"] and b["dp_ms"] <= a["dp_ms"]
+          and close(a["dp_total"] - b["dp_total"], (a["n"] - 1) * 4 * (a["weights"] - a["trainable"]), 1e-6),
+          f"{a['mode']} {a['link']} N={a['n']:.0f}: --dp-grads trainable reduces the trainable gradients only")
 check(all(close(r["t1_ms"], 42.5 if r["mode"] == "expert" else 120.0) for r in logged) and len(logged) == 16,
       "--from-log takes each log's mode and mean step time (42.5 and 120.0 ms)")
 PY
