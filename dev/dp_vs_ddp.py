@@ -1,6 +1,8 @@
-"""DataParallel (one process, one replica scattered from GPU 0 every step) against DDP (one replica
-per GPU, gradients all-reduced; what train_vla does with a thread per GPU): bytes moved and time per
-step, MODELLED from the model's sizes by default, measured with --measure where >= 2 GPUs exist.
+"""DataParallel against DDP on SmolVLA: bytes and time per step, modelled, or measured on GPUs.
+
+DataParallel: one process, one replica scattered from GPU 0 every step. DDP: one replica per GPU,
+gradients all-reduced (what train_vla does with a thread per GPU). Bytes moved and time per step
+are MODELLED from the model's sizes by default, measured with --measure where >= 2 GPUs exist.
 dev/dp_vs_ddp.md explains the two schemes and the model's assumptions.
 
     python3 dev/dp_vs_ddp.py                                  # the modelled tables (smolvla, expert and all)
@@ -389,7 +391,7 @@ def parse_args(argv=None):
                     "in the weights' dtype) or trainable (only what trains, fp32)")
     ap.add_argument("--step-ms", action="append", default=[], metavar="MODE=MS",
                     help="one GPU's measured step time at this batch (repeatable, per mode)")
-    ap.add_argument("--from-log", action="append", default=[], help="a one-GPU train_vla log: its mode's step time")
+    ap.add_argument("--from-log", action="append", default=[], metavar="LOG", help="a one-GPU train_vla log: its mode's step time")
     ap.add_argument("--mfu", type=float, default=0.40, help="without a measurement: the MFU assumed for one GPU")
     ap.add_argument("--peak-tflops", type=float, default=989.4, help="bf16 dense peak (H100 SXM)")
     ap.add_argument("--latency-us", type=float, default=20.0, help="fixed cost of one NCCL call, microseconds")
