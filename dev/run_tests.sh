@@ -86,6 +86,9 @@ run_suite lerobot_bench env LEROBOT_PYTHON="$LEROBOT_PY" dev/lerobot/test_bench.
 # train_vla's own inference benchmark (dev/bench_infer.py, the comparison's other side): a smoke run
 # on the CPU library and the GPU library ($VLA_GPU_LIBRARY's first: the emulated build without a GPU)
 run_suite infer_bench env PYTHON="$ORACLE_PY" dev/test_bench_infer.sh
+# DataParallel against DDP (dev/dp_vs_ddp.py): the modelled tables' consistency, and the measured
+# code path (torch DP, torch DDP over gloo) on the CPU at the tiny preset
+run_suite dp_vs_ddp env PYTHON="$ORACLE_PY" dev/test_dp_vs_ddp.sh
 run_suite eval "$VENV_PY" scripts/test_eval.py
 
 echo
