@@ -10,7 +10,8 @@ Families: the parameter table (closed-form counts per train mode, the packed opt
 SmolVLA against its oracle per train mode (batch, init, velocities, loss, every trainable
 gradient, finite differences, sampling, 10 AdamW steps) and against LeRobot itself; the training
 loop against the oracle's 5 steps; simulated ranks, gradient accumulation and ZeRO-1; the
-multi-node bootstrap; the sampler, the loader and the augmentation; checkpoints (moments of the
+multi-node bootstrap; the sampler, the loader and the augmentation; task-balanced sampling on a
+1:10 imbalanced dataset (--balance tasks, --task-weights); checkpoints (moments of the
 trainable domain per mode, frozen weights, bit-exact resume, refusals); --max-text; bad input and
 untrusted files; shard versions; the policy library. Exits non-zero on any failure; the last line
 is `N passed, M failed`.
@@ -670,7 +671,7 @@ static float* train_three_steps(Dataset* ds, const SmolVLAConfig* c, const Train
     float* grad_sum = (float*)mallocCheck(m.opt.total * sizeof(float));
     for (int step = 0; step < 3; step++) {
         float norm;
-        losses[step] = train_step(&m, grad_sum, &loader, args, step, &norm);
+        losses[step] = train_step(&m, grad_sum, &loader, args, step, &norm, NULL, NULL, NULL);
     }
     loader_stop(&loader);
     float* params = (float*)mallocCheck(m.table.total * sizeof(float));
@@ -1038,6 +1039,230 @@ static void test_sampler(void) {
 }
 
 // ----------------------------------------------------------------------------
+// task-balanced sampling (--balance tasks) on a 1:10 imbalanced dataset: two shards, task 0
+// ("pick up the cube") in 10 episodes over both, task 1 ("open the drawer") in one; 8 frames each
+
+static int read_checkpoint_file(const char* path, Checkpoint* ck);
+
+// The dataset: bal_a.bin (6 episodes of task 0, 1 of task 1) and bal_b.bin (4 of task 0, its own
+// task table naming only task 0's text). Returns the -i list.
+static const char* write_imbalanced(const char* dir, char* spec, size_t size) {
+    enum { LEN = 8, IMG = 8 };
+    static const char* const tasks_a[] = {"pick up the cube", "open the drawer"};
+    static const char* const tasks_b[] = {"pick up the cube"};
+    for (int part = 0; part < 2; part++) {
+        int n_ep = part == 0 ? 7 : 4, frames = n_ep * LEN;
+        uint8_t* images = (uint8_t*)mallocCheck((size_t)frames * IMG * IMG * 3);
+        float* state = (float*)mallocCheck((size_t)frames * 4 * sizeof(float));
+        float* action = (float*)mallocCheck((size_t)frames * 4 * sizeof(float));
+        float stats[16];
+        for (int i = 0; i < frames * IMG * IMG * 3; i++) { images[i] = (uint8_t)(i * 7 + part * 31); }
+        for (int i = 0; i < frames * 4; i++) { state[i] = 0.03f * (float)(i % 11); action[i] = 0.05f * (float)(i % 5) - 0.1f * part; }
+        ShardEpisode eps[7];
+        for (int e = 0; e < n_ep; e++) {
+            eps[e].first_frame = (uint64_t)e * LEN; eps[e].length = LEN;
+            eps[e].task = part == 0 && e == 3 ? 1u : 0u;
+        }
+        shard_compute_stats((uint64_t)frames, state, 4, action, 4, stats);
+        char path[1100];
+        snprintf(path, sizeof(path), "%s/bal_%c.bin", dir, 'a' + part);
+        Cameras cams = cameras_square(1, IMG);
+        shard_write(path, &cams, 4, 4, (uint64_t)frames, images, state, action, (uint64_t)n_ep, eps, part == 0 ? 2 : 1,
+                    part == 0 ? tasks_a : tasks_b, stats);
+        free(images); free(state); free(action);
+    }
+    snprintf(spec, size, "%s/bal_a.bin,%s/bal_b.bin", dir, dir);
+    return spec;
+}
+
+// Counts the tasks of positions [first, first + G) of a balanced sampler into count (T); returns
+// how many positions repeat a sample of an earlier one in that window.
+static int balanced_window(Sampler* s, const TaskBalance* tb, const Dataset* ds, uint64_t first, int G, int* count) {
+    int repeats = 0;
+    uint64_t idx[64];
+    for (int t = 0; t < tb->n_tasks; t++) { count[t] = 0; }
+    for (int i = 0; i < G; i++) {
+        idx[i] = sampler_at(s, first + (uint64_t)i);
+        count[task_balance_task_of(tb, ds, idx[i])]++;
+        for (int j = 0; j < i; j++) { repeats += idx[j] == idx[i]; }
+    }
+    return repeats;
+}
+
+static void test_balance(const char* dir) {
+    printf("\n== task-balanced sampling (--balance tasks)\n");
+    char spec[2300];
+    write_imbalanced(dir, spec, sizeof(spec));
+    Dataset ds;
+    dataset_open(&ds, spec);
+    TaskBalance tb;
+    task_balance_build(&tb, &ds, NULL);
+    uint64_t n0 = tb.task_first[1] - tb.task_first[0], n1 = tb.task_first[2] - tb.task_first[1];
+    check(tb.n_tasks == 2 && n0 == 80 && n1 == 8 && tb.period == 2,
+          "two shards' task tables make 2 tasks by text, of 80 and 8 samples (1:10), period 2 (%d tasks, %llu, %llu)",
+          tb.n_tasks, (unsigned long long)n0, (unsigned long long)n1);
+    // equal weights, G = 4 (-g 2 -b 2): every global batch 2 + 2, no sample twice in one, 200
+    // steps (task 1 drawn 400 times: 50 passes over its 8 samples)
+    Sampler s;
+    sampler_init(&s, ds.n_samples, 1337);
+    sampler_set_balance(&s, &tb);
+    int exact = 1, repeats = 0, count[2];
+    for (uint64_t step = 0; step < 200; step++) {
+        repeats += balanced_window(&s, &tb, &ds, step * 4, 4, count);
+        exact &= count[0] == 2 && count[1] == 2;
+    }
+    check(exact && repeats == 0, "equal weights, G 4: every one of 200 global batches holds 2 samples of each task, "
+          "none twice (%d repeats)", repeats);
+    // each task's draws go through all its samples once per pass
+    int seen0[200] = {0}, seen1[200] = {0}, passes_ok = 1;
+    for (uint64_t p = 0; p < 160; p++) {
+        uint64_t i = sampler_at(&s, p);
+        if (task_balance_task_of(&tb, &ds, i) == 0) { seen0[i]++; } else if (p < 16) { seen1[i]++; }
+    }
+    for (uint64_t i = 0; i < ds.n_samples; i++) {
+        int task = task_balance_task_of(&tb, &ds, i);
+        passes_ok &= task == 0 ? seen0[i] == 1 : seen1[i] == 1;
+    }
+    check(passes_ok, "task 0's first 80 draws are its 80 samples, task 1's first 8 its 8: each once per pass");
+    // G not a multiple of T: floor or ceil of G / T each
+    int ceil_floor = 1;
+    for (uint64_t step = 0; step < 50; step++) {
+        balanced_window(&s, &tb, &ds, step * 3, 3, count);
+        ceil_floor &= (count[0] == 1 || count[0] == 2) && count[0] + count[1] == 3;
+    }
+    check(ceil_floor, "equal weights, G 3: each task 1 or 2 times in every global batch");
+    // deterministic from (seed, position): a fresh sampler at a mid-run position continues the
+    // sequence; another seed gives another
+    Sampler a, b;
+    sampler_init(&a, ds.n_samples, 1337);
+    sampler_set_balance(&a, &tb);
+    sampler_init(&b, ds.n_samples, 1338);
+    sampler_set_balance(&b, &tb);
+    int same = 1, differ = 0;
+    for (uint64_t p = 0; p < 400; p++) { differ += sampler_at(&b, p) != sampler_at(&s, p); }
+    for (uint64_t p = 357; p < 757; p++) { same &= sampler_at(&a, p) == sampler_at(&s, p); }  // a starts mid-run
+    check(same, "a balanced sampler started at position 357 gives the uninterrupted sequence (resume needs the position)");
+    check(differ > 0, "another seed draws another sequence (%d of 400 positions differ)", differ);
+    // ranks: -g 2 -b 2 slices are disjoint and together the -g 1 -b 4 batch
+    int ranks_ok = 1;
+    for (uint64_t step = 0; step < 20; step++) {
+        uint64_t one[4], two[2][2];
+        batch_fill_indices(one, &s, 100, 0, step, 4, 1, 0);
+        for (int r = 0; r < 2; r++) { batch_fill_indices(two[r], &a, 100, 0, step, 2, 2, r); }
+        ranks_ok &= memcmp(one, two[0], sizeof(two[0])) == 0 && memcmp(one + 2, two[1], sizeof(two[1])) == 0;
+        for (int i = 0; i < 2; i++) {
+            for (int j = 0; j < 2; j++) { ranks_ok &= two[0][i] != two[1][j]; }
+        }
+    }
+    check(ranks_ok, "-g 2 -b 2: the ranks' samples are disjoint and together the -g 1 -b 4 batch, 20 steps");
+    // --task-weights 1,3 (and 2,6, the same after the gcd): 1 + 3 per batch of 4, 2 + 6 of 8
+    TaskBalance w13, w26;
+    task_balance_build(&w13, &ds, "1,3");
+    task_balance_build(&w26, &ds, "2,6");
+    Sampler sw;
+    sampler_init(&sw, ds.n_samples, 1337);
+    sampler_set_balance(&sw, &w13);
+    int ratio = 1;
+    for (uint64_t step = 0; step < 100; step++) {
+        balanced_window(&sw, &w13, &ds, step * 4, 4, count);
+        ratio &= count[0] == 1 && count[1] == 3;
+        balanced_window(&sw, &w13, &ds, step * 8, 8, count);
+        ratio &= count[0] == 2 && count[1] == 6;
+    }
+    check(ratio && w13.period == 4 && w26.period == 4 && w13.fingerprint == w26.fingerprint &&
+          w13.fingerprint != tb.fingerprint, "--task-weights 1,3: every batch of 4 holds 1 + 3, of 8 2 + 6; 2,6 is the "
+          "same schedule, equal weights another");
+    sampler_free(&s); sampler_free(&a); sampler_free(&b); sampler_free(&sw);
+    task_balance_free(&w13); task_balance_free(&w26);
+
+    // through the binary: -g 2 -b 2 balanced, 6 steps straight vs 3 + resumed 3 (-y 1)
+    char cmd[8192], p1[1100], p2[1100];
+    const char* common = "./train_vla_cpu -p tiny -g 2 -b 2 -u 3 -t 1 --workers 1 --balance tasks";
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/bal_full %s/bal_res && %s -n 6 -k 3 -i %s -o %s/bal_full > %s/bal_full.txt 2>&1 && "
+             "%s -n 3 -i %s -o %s/bal_res > %s/bal_r1.txt 2>&1 && %s -n 6 -y 1 -i %s -o %s/bal_res > %s/bal_r2.txt 2>&1",
+             dir, dir, common, spec, dir, dir, common, spec, dir, dir, common, spec, dir, dir);
+    int rc = run_command(cmd);
+    snprintf(p1, sizeof(p1), "%s/bal_full/ckpt_00000006.bin", dir);
+    snprintf(p2, sizeof(p2), "%s/bal_res/ckpt_00000006.bin", dir);
+    check(rc == 0 && files_equal(p1, p2), "--balance tasks -g 2: resumed at step 3 (mid-epoch), step 6's checkpoint is "
+          "the uninterrupted run's byte for byte (rc %d)", rc);
+    Checkpoint ck;
+    int read = read_checkpoint_file(p1, &ck);
+    check(read && ck.balance == BALANCE_TASKS && ck.balance_id == tb.fingerprint && ck.sampler_pos == 24,
+          "the checkpoint records --balance tasks, the weights' fingerprint and sampler position 24");
+    if (read) { checkpoint_free(&ck); }
+    // the log: every step's task_loss holds both tasks, and the step's loss (their mean weighted by
+    // valid entries) lies between them
+    snprintf(p1, sizeof(p1), "%s/bal_full/log.jsonl", dir);
+    char* text = read_text(p1);
+    int lines = 0, between = 0;
+    for (char* line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        float loss, l0, l1;
+        char* at = strstr(line, "\"task_loss\": [");
+        lines++;
+        if (sscanf(line, "{\"step\": %*d, \"loss\": %f", &loss) == 1 && at != NULL &&
+            sscanf(at, "\"task_loss\": [%f, %f]", &l0, &l1) == 2) {
+            between += isfinite(l0) && isfinite(l1) && loss >= fminf(l0, l1) * (1 - 1e-6f) && loss <= fmaxf(l0, l1) * (1 + 1e-6f);
+        }
+    }
+    free(text);
+    check(lines == 6 && between == 6, "log.jsonl: %d of 6 steps hold a task_loss per task with the step's loss between "
+          "them (a mean weighted by valid entries)", between);
+    // plain runs log no task_loss and record no balance
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/bal_plain && ./train_vla_cpu -p tiny -b 4 -n 1 -t 1 -i %s -o %s/bal_plain > "
+             "%s/bal_plain.txt 2>&1", dir, spec, dir, dir);
+    rc = run_command(cmd);
+    snprintf(p1, sizeof(p1), "%s/bal_plain/log.jsonl", dir);
+    text = read_text(p1);
+    snprintf(p2, sizeof(p2), "%s/bal_plain/ckpt_00000001.bin", dir);
+    read = read_checkpoint_file(p2, &ck);
+    check(rc == 0 && strstr(text, "\"step\": 1") != NULL && strstr(text, "task_loss") == NULL && read &&
+          ck.balance == BALANCE_NONE && ck.balance_id == 0, "without --balance: no task_loss in the log, balance 0 in "
+          "the checkpoint (the reserved bytes of before)");
+    free(text);
+    if (read) { checkpoint_free(&ck); }
+    // refusals: another mode or other weights to resume; bad weights
+    char args[4096];
+    snprintf(args, sizeof(args), "-p tiny -g 2 -b 2 -n 8 -t 1 -i %s -o %s/bal_full -y 1", spec, dir);
+    expect_error(dir, "resuming a balanced run without --balance", args, "trained with --balance tasks, this run with --balance none");
+    snprintf(args, sizeof(args), "-p tiny -g 2 -b 2 -n 8 -t 1 -i %s -o %s/bal_full -y 1 --balance tasks --task-weights 1,3",
+             spec, dir);
+    expect_error(dir, "resuming a balanced run with other --task-weights", args, "balanced other task weights");
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 8 -t 1 -i %s -o %s/bal_plain -y 1 --balance tasks", spec, dir);
+    expect_error(dir, "resuming a plain run with --balance tasks", args, "trained with --balance none, this run with --balance tasks");
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bal_bad --balance tasks --task-weights 1,2,3", spec, dir);
+    expect_error(dir, "--task-weights with 3 weights for 2 tasks", args, "3 weights for the dataset's 2 tasks");
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bal_bad --balance tasks --task-weights 1,-1", spec, dir);
+    expect_error(dir, "--task-weights with a negative weight", args, "weights are whole numbers from 0");
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bal_bad --balance tasks --task-weights 0,0", spec, dir);
+    expect_error(dir, "--task-weights summing to 0", args, "the weights sum to 0");
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bal_bad --task-weights 1,3", spec, dir);
+    expect_error(dir, "--task-weights without --balance tasks", args, "add --balance tasks");
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bal_bad --balance episodes", spec, dir);
+    expect_error(dir, "--balance episodes", args, "use none or tasks");
+    // a.bin's task table names 4 instructions, 2 of them in no episode: equal weights skip those,
+    // an explicit weight on one is refused
+    char a_bin[1100];
+    snprintf(a_bin, sizeof(a_bin), "%s/a.bin", dir);
+    Dataset da;
+    dataset_open(&da, a_bin);
+    TaskBalance ta;
+    task_balance_build(&ta, &da, NULL);
+    int skipped = ta.n_tasks == 4 && ta.period == 2;
+    for (int t = 0; t < ta.n_tasks && skipped; t++) {
+        skipped = ta.weight[t] == (ta.task_first[t + 1] > ta.task_first[t] ? 1u : 0u);
+    }
+    check(skipped, "equal weights: weight 1 for each of a.bin's 2 tasks with samples, 0 for its 2 without (%d tasks, "
+          "period %u)", ta.n_tasks, ta.period);
+    task_balance_free(&ta);
+    dataset_close(&da);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bal_bad --balance tasks --task-weights 1,1,1,1", a_bin, dir);
+    expect_error(dir, "--task-weights giving a task without samples a weight", args, "has no samples");
+    task_balance_free(&tb);
+    dataset_close(&ds);
+}
+
+// ----------------------------------------------------------------------------
 // the prefetching loader and the augmentation, on s.bin (two cameras of different sizes)
 
 static void test_loader(const char* dir) {
@@ -1272,7 +1497,7 @@ static void test_checkpoints(const char* dir) {
         int step;
         uint64_t seed, pos;
         checkpoint_path(path, sizeof(path), p2, 3);
-        smolvla_load(&m2, path, TRAIN_MODE_VLM, &ds, &step, &seed, &pos);
+        smolvla_load(&m2, path, &args, &ds, &step, &seed, &pos);
         check(step == 3 && seed == 7 && pos == 1003 && m2.opt.mode == TRAIN_MODE_VLM && m2.opt.total == m.opt.total &&
               memcmp(m.params_memory, m2.params_memory, m.table.total * 4) == 0 &&
               memcmp(m.m_memory, m2.m_memory, m.opt.total * 4) == 0 && memcmp(m.v_memory, m2.v_memory, m.opt.total * 4) == 0,
@@ -1325,7 +1550,7 @@ static void test_checkpoints(const char* dir) {
         float* grad_sum = (float*)mallocCheck(m.opt.total * sizeof(float));
         for (int step = 0; step < 2; step++) {
             float norm;
-            train_step(&m, grad_sum, &loader, &args, step, &norm);
+            train_step(&m, grad_sum, &loader, &args, step, &norm, NULL, NULL, NULL);
         }
         loader_stop(&loader);
         check(memcmp(ck.params, m.params_memory, total * 4) == 0 && memcmp(ck.m, m.m_memory, trainable * 4) == 0 &&
@@ -2061,6 +2286,7 @@ int main(int argc, char** argv) {
     test_bootstrap(dir);
     test_sampler();
     test_loader(dir);
+    test_balance(dir);
     test_checkpoints(dir);
     test_weights_only(dir);
     test_max_text(dir);

@@ -856,6 +856,15 @@ static void test_bad_input(const char* dir) {
     expect_error_from(dir, TRAINER, "truncated checkpoint", args, "truncated");
     snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -i %s/a.bin -o %s/gpu_trunc -y 1 --train expert", dir, dir);
     expect_error_from(dir, TRAINER, "a --train all checkpoint continued with --train expert", args, "--train all");
+    // --balance tasks: train_vla_cpu only for now; refused, never ignored, and so is continuing
+    // a balanced train_vla_cpu checkpoint here
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s/a.bin -o %s/bad_out --balance tasks", dir, dir);
+    expect_error_from(dir, TRAINER, "--balance tasks (not on the GPU yet)", args, "train_vla does not balance tasks yet");
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_bal && ./train_vla_cpu -p tiny -b 2 -n 1 -t 1 --balance tasks -i %s/a.bin -o "
+             "%s/gpu_bal > /dev/null 2>&1", dir, dir, dir);
+    run_command(cmd);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -i %s/a.bin -o %s/gpu_bal -y 1", dir, dir);
+    expect_error_from(dir, TRAINER, "a --balance tasks checkpoint continued without it", args, "trained with --balance tasks");
 }
 
 int main(int argc, char** argv) {

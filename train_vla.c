@@ -678,6 +678,24 @@ static double flow_matching_loss(float* dv, const float* v, const float* noise, 
     return sum;
 }
 
+// Per-task sums of flow_matching_loss's terms for B samples of H slots each: sample b's squared
+// errors and valid entries are added to sq[task[b]] and n[task[b]] (--balance tasks' log).
+static void flow_matching_task_sums(double* sq, double* n, const int* task, const float* v, const float* noise,
+                                    const float* actions, const float* is_pad, int B, int H, int Am, int A) {
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            int r = b * H + h;
+            if (is_pad[r] != 0.0f) { continue; }
+            for (int i = 0; i < A; i++) {
+                size_t k = (size_t)r * Am + i;
+                float diff = v[k] - (noise[k] - actions[k]);
+                sq[task[b]] += (double)diff * diff;
+            }
+            n[task[b]] += A;
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // SmolVLA model: LeRobot's SmolVLA, as dev/smolvla.py computes it. Data flow of the forward:
 //   frames (uint8, any size) -> resize with padding, x*2-1 -> SigLIP (patch embedding, position,
@@ -1628,17 +1646,30 @@ static float smolvla_update(SmolVLA* m, int mode, float lr, float weight_decay, 
 // (the passes compute the gradients of the sums). So -g 4 -b 2, -g 2 -b 2 -d 8 and -g 1 -b 8 take
 // the same step up to the order of fp32 sums, whatever the pads of each micro-batch; the GPU
 // trainer divides the same way. Returns the loss; the gradient norm before clipping in *norm_out.
-static float train_step(SmolVLA* m, float* grad_sum, Loader* loader, const TrainArgs* args, int step, float* norm_out) {
+// With tb (--balance tasks), task_loss (T) gets the step's mean loss of each task over its valid
+// entries in all W micro-batches (NaN for a task with none).
+static float train_step(SmolVLA* m, float* grad_sum, Loader* loader, const TrainArgs* args, int step, float* norm_out,
+                        const TaskBalance* tb, const Dataset* ds, double* task_loss) {
     int W = args->ranks * args->accum, mode = args->train_mode;
     smolvla_opt_init(m, mode);
     const SmolOptDomain* d = &m->opt;
     double squares = 0.0;
     int64_t entries = 0;
+    int T = tb != NULL ? tb->n_tasks : 0;
+    double* task_n = T > 0 ? (double*)callocCheck((size_t)T, sizeof(double)) : NULL;
+    int* task = T > 0 ? (int*)mallocCheck((size_t)args->batch * sizeof(int)) : NULL;
+    for (int t = 0; t < T; t++) { task_loss[t] = 0.0; }
     for (int r = 0; r < W; r++) {
         SmolInputs in = smolvla_inputs(loader_next(loader));
         int n;
         squares += smolvla_forward_loss(m, &in, 0, &n);
         entries += n;
+        if (T > 0) {
+            const uint64_t* idx = loader_indices(loader);
+            for (int b = 0; b < in.B; b++) { task[b] = task_balance_task_of(tb, ds, idx[b]); }
+            flow_matching_task_sums(task_loss, task_n, task, m->acts.v_t, in.noise, in.actions, in.action_is_pad, in.B,
+                                    m->config.chunk, m->config.max_action_dim, m->config.action_dim);
+        }
         smolvla_backward(m, mode);
         loader_release(loader);
         for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
@@ -1657,6 +1688,8 @@ static float train_step(SmolVLA* m, float* grad_sum, Loader* loader, const Train
     }
     *norm_out = smolvla_update(m, mode, lr_at_step(args, step), args->weight_decay, args->grad_clip, step,
                                args->zero ? args->ranks : 1);
+    for (int t = 0; t < T; t++) { task_loss[t] = task_n[t] > 0.0 ? task_loss[t] / task_n[t] : NAN; }
+    free(task_n); free(task);
     return (float)(squares / divisor);
 }
 
@@ -1690,10 +1723,11 @@ static void smolvla_save(SmolVLA* m, const Dataset* ds, const TrainArgs* args, i
 
 // Loads weights, moments, step, seed and sampler position from a checkpoint of this model's config,
 // train mode `mode` and the dataset's tokenizer (run_checkpoint_load refuses any other, in one line).
-static void smolvla_load(SmolVLA* m, const char* path, int mode, const Dataset* ds, int* step, uint64_t* seed,
-                         uint64_t* sampler_pos) {
+static void smolvla_load(SmolVLA* m, const char* path, const TrainArgs* args, const Dataset* ds, int* step,
+                         uint64_t* seed, uint64_t* sampler_pos) {
     Checkpoint ck;
-    run_checkpoint_load(path, &m->config, mode, ds, &ck);
+    int mode = args->train_mode;
+    run_checkpoint_load(path, &m->config, mode, ds, args->balance, args->balance_id, &ck);
     smolvla_opt_init(m, mode);
     memcpy(m->params_memory, ck.params, m->table.total * sizeof(float));
     memcpy(m->m_memory, ck.m, m->opt.total * sizeof(float));
@@ -1858,6 +1892,11 @@ int main(int argc, char** argv) {
     smolvla_build(&model, &c, args.train_mode);
     smolvla_opt_init(&model, args.train_mode);
 
+    TaskBalance balance;
+    if (args.balance == BALANCE_TASKS) {
+        task_balance_build(&balance, &ds, args.task_weights);
+        args.balance_id = balance.fingerprint;
+    }
     int start = 0;
     uint64_t sampler_pos = 0;
     if (from != NULL && args.weights_only) {  // fine-tuning: the weights alone, fresh moments (zero), step 0
@@ -1868,7 +1907,7 @@ int main(int argc, char** argv) {
         printf("fine-tuning the weights of %s\n", from);
     } else if (from != NULL) {
         uint64_t seed;
-        smolvla_load(&model, from, args.train_mode, &ds, &start, &seed, &sampler_pos);
+        smolvla_load(&model, from, &args, &ds, &start, &seed, &sampler_pos);
         if (seed != args.seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)seed); }
         args.seed = seed;
         printf("resumed from %s at step %d\n", from, start);
@@ -1879,11 +1918,14 @@ int main(int argc, char** argv) {
     uint64_t global_batch = (uint64_t)train_global_batch(&args, args.ranks);
     int batches = args.ranks * args.accum;  // per optimizer step: every rank's micro-steps
     Loader loader;
-    loader_start(&loader, &ds, &c, args.seed, sampler_pos, (uint64_t)start, args.batch, batches, args.augment,
-                 args.workers, 2 * batches + 2);
+    const TaskBalance* tb = args.balance == BALANCE_TASKS ? &balance : NULL;
+    loader_start_balanced(&loader, &ds, &c, args.seed, sampler_pos, (uint64_t)start, args.batch, batches, args.augment,
+                          args.workers, 2 * batches + 2, 1, 0, tb);
     float* grad_sum = (float*)mallocCheck((model.opt.total > 0 ? model.opt.total : 1) * sizeof(float));
     Logger logger;
     logger_open(&logger, args.output, start);
+    double* task_loss = tb != NULL ? (double*)callocCheck((size_t)tb->n_tasks, sizeof(double)) : NULL;
+    if (tb != NULL) { logger.n_tasks = tb->n_tasks; logger.task_loss = task_loss; }
 
     char cams[128], split[64];
     printf("+------------------------+------------+\n");
@@ -1905,6 +1947,8 @@ int main(int argc, char** argv) {
     printf("| ZeRO-1 (simulated)     | %-10s |\n", args.zero && args.ranks > 1 ? "on" : "off");
     printf("| loader threads         | %-10d |\n", args.workers);
     printf("| augment shift (px)     | %-10d |\n", args.augment);
+    printf("| balance                | %-10s |\n", BALANCE_NAMES[args.balance]);
+    if (tb != NULL) { task_balance_print(tb, &ds); }
     printf("| OpenMP threads         | %-10d |\n", omp_get_max_threads());
     printf("+------------------------+------------+\n");
 
@@ -1916,7 +1960,7 @@ int main(int argc, char** argv) {
     for (; step < args.steps && !stop_requested; step++) {
         double t0 = wall_seconds();
         float norm;
-        float loss = train_step(&model, grad_sum, &loader, &args, step, &norm);
+        float loss = train_step(&model, grad_sum, &loader, &args, step, &norm, tb, &ds, task_loss);
         double ms = 1000.0 * (wall_seconds() - t0);
         if (!isfinite(loss) || !isfinite(norm)) {
             vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; "
@@ -1948,6 +1992,8 @@ int main(int argc, char** argv) {
                timed_steps, global_batch / (timed_ms / timed_steps / 1000.0));
     }
     logger_close(&logger);
+    free(task_loss);
+    if (tb != NULL) { task_balance_free(&balance); }
     free(grad_sum);
     smolvla_batch_free(&batch);
     smolvla_free(&model);

@@ -4417,6 +4417,10 @@ int main(int argc, char** argv) {
     memset(&run, 0, sizeof(run));
     TrainArgs* args = &run.args;
     train_args_parse(args, argc, argv);
+    if (args->balance != BALANCE_NONE) {
+        vla_fail("--balance %s: train_vla does not balance tasks yet (no per-task losses on the GPU): train with "
+                 "train_vla_cpu, or drop --balance", BALANCE_NAMES[args->balance]);
+    }
     gpu_check_visible(args->ranks);
 #if !defined(MULTI_GPU)
     if (args->nodes > 1) { vla_fail("--nodes %d: this train_vla was built without NCCL: rebuild where NCCL is installed", args->nodes); }
@@ -4435,7 +4439,7 @@ int main(int argc, char** argv) {
         printf("fine-tuning the weights of %s\n", run.from);
     } else if (run.from != NULL) {
         Checkpoint* ck = &run.initial;
-        run_checkpoint_load(run.from, &run.config, args->train_mode, &run.ds, ck);
+        run_checkpoint_load(run.from, &run.config, args->train_mode, &run.ds, args->balance, args->balance_id, ck);
         run.start = (int)ck->step;
         run.sampler_pos = ck->sampler_pos;
         if (ck->seed != args->seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)ck->seed); }

@@ -9,6 +9,8 @@ test_vla.c. The model math lives in the trainers; everything here is written onc
   a counter-based RNG          splitmix64 keyed by (seed, stream); uniform, normal, Beta(1.5,1)
   dataset shards               mmap'd reader, every size checked against the file length
   sample assembly              images, instruction token ids + pad mask, normalized state, action chunk
+  task balance                 --balance tasks: a weighted round robin over the tasks, each task's
+                               samples in per-pass permutations from (seed, task, pass)
   distributed sampler          per-epoch permutation from (seed, epoch), disjoint rank slices
   checkpoints                  atomic write (temp + rename), keep last N, resume newest
   command line                 getopt_long, -h lists every option with its default
@@ -1807,11 +1809,209 @@ static inline void dataset_assemble(const Dataset* ds, const SmolVLAConfig* c, u
 }
 
 // ----------------------------------------------------------------------------
+// task-balanced sampling (--balance tasks): position p of the global sequence picks a task by a
+// fixed schedule of period P, then that task's next sample. A task is an instruction text (the
+// same text in several shards is one task), numbered in order of first appearance over the
+// shards' task tables; its samples are its episodes' frames. With integer weights w_t (default 1
+// for every task with samples, 0 for one without; divided by their gcd) and P = sum w_t, slot j = p % P of the schedule is the smooth
+// weighted round robin's pick (equal weights: 0, 1, ..., T-1), and the draw is task t's
+// k-th with k = (p / P) w_t + (earlier slots of t in the period). Draw k of task t is its
+// permutation of pass k / n_t (from (seed, task, pass)) at k % n_t. So any position's sample
+// follows from (seed, p) alone: resuming needs only the position, ranks taking disjoint slices
+// of [sG, (s+1)G) stay disjoint, and a global batch G that is a multiple of P holds task t exactly
+// G w_t / P times (equal weights, T not dividing G: floor or ceil of G / T times each, since
+// every window of G positions holds each residue mod T that often). Weight-0 tasks are never drawn.
+
+enum { BALANCE_NONE = 0, BALANCE_TASKS = 1 };
+static const char* const BALANCE_NAMES[] = {"none", "tasks"};
+#define BALANCE_COUNT 2
+#define VLA_MAX_TASK_PERIOD (1u << 20)   // sum of the weights after dividing by their gcd
+#define RNG_STREAM_TASK_PASS(t, e) ((5ULL << 56) + ((uint64_t)(t) << 32) + (uint64_t)(e))  // task t's pass e
+
+typedef struct {
+    int n_tasks;               // T
+    uint32_t* weight;          // (T) divided by their gcd
+    uint32_t period;           // P = sum of the weights
+    uint32_t* slot_task;       // (P) the task of each slot of the period
+    uint32_t* slot_draw;       // (P) slots of the same task earlier in the period
+    uint64_t* task_first;      // (T + 1) offsets into samples
+    uint32_t* samples;         // (n) each task's sample indices, ascending
+    uint32_t* shard_task_base; // (n_shards + 1) into local_task
+    uint32_t* local_task;      // a shard's task index (its table) -> the balance's task
+    uint64_t fingerprint;      // of (T, weights): checkpoints record it; 0 never
+} TaskBalance;
+
+// "1,3" into at most max non-negative integer weights; fails with one line on anything else.
+static inline int task_weights_parse(const char* s, uint32_t* out, int max) {
+    int n = 0;
+    uint64_t sum = 0;
+    const char* p = s;
+    while (1) {
+        char* end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno != 0 || v < 0 || v > 1000000 || (*end != ',' && *end != '\0') || (p[0] < '0' || p[0] > '9')) {
+            vla_fail("--task-weights %s: weights are whole numbers from 0 to 1000000, one per task, comma-separated "
+                     "(such as 1,3)", s);
+        }
+        if (n == max) { vla_fail("--task-weights %s: more than %d weights", s, max); }
+        out[n++] = (uint32_t)v;
+        sum += (uint64_t)v;
+        if (*end == '\0') { break; }
+        p = end + 1;
+    }
+    if (sum == 0) { vla_fail("--task-weights %s: the weights sum to 0: give at least one task a positive weight", s); }
+    return n;
+}
+
+static inline uint64_t balance_gcd(uint64_t a, uint64_t b) { while (b != 0) { uint64_t t = a % b; a = b; b = t; } return a; }
+
+// The tasks of dataset ds and the schedule of `weights` (NULL: equal). Fails with one line when
+// the weights are not one per task or their period is too long, or a drawn task has no samples.
+static inline void task_balance_build(TaskBalance* tb, const Dataset* ds, const char* weights) {
+    memset(tb, 0, sizeof(*tb));
+    if (ds->n_samples > UINT32_MAX) { vla_fail("dataset has %llu samples; the sampler supports up to 2^32", (unsigned long long)ds->n_samples); }
+    // tasks by text, in order of first appearance
+    uint64_t n_local = 0;
+    for (int i = 0; i < ds->n_shards; i++) { n_local += ds->shards[i].h.n_tasks; }
+    tb->shard_task_base = (uint32_t*)mallocCheck((size_t)(ds->n_shards + 1) * sizeof(uint32_t));
+    tb->local_task = (uint32_t*)mallocCheck((size_t)(n_local > 0 ? n_local : 1) * sizeof(uint32_t));
+    int* first_shard = (int*)mallocCheck((size_t)(n_local > 0 ? n_local : 1) * sizeof(int));
+    uint64_t* first_local = (uint64_t*)mallocCheck((size_t)(n_local > 0 ? n_local : 1) * sizeof(uint64_t));
+    uint32_t at = 0;
+    int T = 0;
+    for (int i = 0; i < ds->n_shards; i++) {
+        const Shard* s = &ds->shards[i];
+        tb->shard_task_base[i] = at;
+        for (uint64_t k = 0; k < s->h.n_tasks; k++) {
+            const uint8_t* text = s->task_text + s->task_offsets[k];
+            uint64_t len = s->task_offsets[k + 1] - s->task_offsets[k];
+            int found = -1;
+            for (int t = 0; t < T && found < 0; t++) {
+                const Shard* o = &ds->shards[first_shard[t]];
+                uint64_t ol = o->task_offsets[first_local[t] + 1] - o->task_offsets[first_local[t]];
+                if (ol == len && memcmp(o->task_text + o->task_offsets[first_local[t]], text, len) == 0) { found = t; }
+            }
+            if (found < 0) { found = T; first_shard[T] = i; first_local[T] = k; T++; }
+            tb->local_task[at++] = (uint32_t)found;
+        }
+    }
+    tb->shard_task_base[ds->n_shards] = at;
+    free(first_shard); free(first_local);
+    tb->n_tasks = T;
+    // each task's samples
+    tb->task_first = (uint64_t*)callocCheck((size_t)T + 1, sizeof(uint64_t));
+    tb->samples = (uint32_t*)mallocCheck((size_t)(ds->n_samples > 0 ? ds->n_samples : 1) * sizeof(uint32_t));
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t* fill = pass == 0 ? NULL : (uint64_t*)mallocCheck((size_t)(T > 0 ? T : 1) * sizeof(uint64_t));
+        if (pass == 1) {
+            for (int t = 0; t < T; t++) { tb->task_first[t + 1] += tb->task_first[t]; fill[t] = tb->task_first[t]; }
+        }
+        for (int i = 0; i < ds->n_shards; i++) {
+            const Shard* s = &ds->shards[i];
+            for (uint64_t f = 0; f < s->h.n_frames; f++) {
+                uint32_t t = tb->local_task[tb->shard_task_base[i] + s->episodes[s->frame_episode[f]].task];
+                if (pass == 0) { tb->task_first[t + 1]++; }
+                else { tb->samples[fill[t]++] = (uint32_t)(ds->first_sample[i] + f); }
+            }
+        }
+        free(fill);
+    }
+    // weights, divided by their gcd
+    tb->weight = (uint32_t*)mallocCheck((size_t)(T > 0 ? T : 1) * sizeof(uint32_t));
+    if (weights == NULL) {  // equal over the tasks that have samples (a table may name a task no episode has)
+        for (int t = 0; t < T; t++) { tb->weight[t] = tb->task_first[t + 1] > tb->task_first[t] ? 1 : 0; }
+    } else {
+        uint32_t* w = (uint32_t*)mallocCheck((size_t)(T + 1) * sizeof(uint32_t));
+        int n = task_weights_parse(weights, w, T + 1);
+        if (n != T) { vla_fail("--task-weights %s: %d weights for the dataset's %d tasks: give one per task, in the order "
+                               "the config table lists the tasks", weights, n, T); }
+        memcpy(tb->weight, w, (size_t)T * sizeof(uint32_t));
+        free(w);
+    }
+    uint64_t g = 0, period = 0;
+    for (int t = 0; t < T; t++) { g = balance_gcd(g, tb->weight[t]); }
+    for (int t = 0; t < T; t++) {
+        tb->weight[t] = (uint32_t)(tb->weight[t] / g);
+        period += tb->weight[t];
+        if (tb->weight[t] > 0 && tb->task_first[t + 1] == tb->task_first[t]) {
+            vla_fail("--task-weights %s: task %d has no samples (no episode of its instruction) but weight %u: give it "
+                     "weight 0", weights, t, tb->weight[t]);
+        }
+    }
+    if (T == 0 || period == 0) { vla_fail("--balance tasks: the dataset has no task to draw from"); }
+    if (period > VLA_MAX_TASK_PERIOD) {
+        vla_fail("--task-weights %s: the weights (divided by their gcd) sum to %llu, above %u: use smaller weights", weights,
+                 (unsigned long long)period, VLA_MAX_TASK_PERIOD);
+    }
+    tb->period = (uint32_t)period;
+    // smooth weighted round robin over one period: each slot goes to the task furthest behind its
+    // share (ties to the lowest index); task t gets exactly w_t slots, spread out
+    tb->slot_task = (uint32_t*)mallocCheck(period * sizeof(uint32_t));
+    tb->slot_draw = (uint32_t*)mallocCheck(period * sizeof(uint32_t));
+    int64_t* credit = (int64_t*)callocCheck((size_t)T, sizeof(int64_t));
+    uint32_t* drawn = (uint32_t*)callocCheck((size_t)T, sizeof(uint32_t));
+    for (uint32_t j = 0; j < period; j++) {
+        int best = -1;
+        for (int t = 0; t < T; t++) {
+            if (tb->weight[t] == 0) { continue; }
+            credit[t] += tb->weight[t];
+            if (best < 0 || credit[t] > credit[best]) { best = t; }
+        }
+        credit[best] -= (int64_t)period;
+        tb->slot_task[j] = (uint32_t)best;
+        tb->slot_draw[j] = drawn[best]++;
+    }
+    free(credit); free(drawn);
+    uint64_t h = 1469598103934665603ULL;  // FNV-1a over T and the weights
+    for (int t = -1; t < T; t++) {
+        uint32_t v = t < 0 ? (uint32_t)T : tb->weight[t];
+        for (int k = 0; k < 4; k++) { h ^= (v >> (8 * k)) & 0xff; h *= 1099511628211ULL; }
+    }
+    tb->fingerprint = h != 0 ? h : 1;
+}
+
+static inline void task_balance_free(TaskBalance* tb) {
+    free(tb->weight); free(tb->slot_task); free(tb->slot_draw); free(tb->task_first); free(tb->samples);
+    free(tb->shard_task_base); free(tb->local_task);
+}
+
+// Config-table rows: each task's weight, sample count and instruction (cut to 40 bytes).
+static inline void task_balance_print(const TaskBalance* tb, const Dataset* ds) {
+    for (int t = 0; t < tb->n_tasks; t++) {
+        const char* text = "";
+        uint64_t len = 0;
+        for (int i = 0; i < ds->n_shards && len == 0 && text[0] == '\0'; i++) {
+            for (uint32_t k = tb->shard_task_base[i]; k < tb->shard_task_base[i + 1]; k++) {
+                if (tb->local_task[k] != (uint32_t)t) { continue; }
+                const Shard* s = &ds->shards[i];
+                uint64_t local = k - tb->shard_task_base[i];
+                text = (const char*)s->task_text + s->task_offsets[local];
+                len = s->task_offsets[local + 1] - s->task_offsets[local];
+                break;
+            }
+        }
+        printf("| task %-4d w %-4u n %-7llu| %.*s\n", t, tb->weight[t],
+               (unsigned long long)(tb->task_first[t + 1] - tb->task_first[t]), (int)(len < 40 ? len : 40), text);
+    }
+}
+
+// The balance's task of global sample `index`.
+static inline int task_balance_task_of(const TaskBalance* tb, const Dataset* ds, uint64_t index) {
+    int shard = 0;
+    while (index >= ds->first_sample[shard + 1]) { shard++; }
+    const Shard* s = &ds->shards[shard];
+    return (int)tb->local_task[tb->shard_task_base[shard] + s->episodes[s->frame_episode[index - ds->first_sample[shard]]].task];
+}
+
+
+// ----------------------------------------------------------------------------
 // distributed sampler: position `pos` counts samples consumed by all ranks together.
 // Sample at position pos is perm_e[pos % N] with e = pos / N, a fresh permutation per epoch
-// from (seed, epoch). Step s covers positions [s*G, (s+1)*G) of the global batch G = B*W; rank r
-// takes [s*G + r*B, s*G + (r+1)*B): disjoint across ranks, an epoch fully covered, resumable
-// from pos alone, and the same samples whatever the world size.
+// from (seed, epoch); with --balance tasks, sampler_balanced_at's, from (seed, pos) too. Step s
+// covers positions [s*G, (s+1)*G) of the global batch G = B*W; rank r takes
+// [s*G + r*B, s*G + (r+1)*B): disjoint across ranks, an epoch fully covered, resumable from pos
+// alone, and the same samples whatever the world size.
 
 typedef struct {
     uint64_t n;          // samples per epoch
@@ -1819,18 +2019,23 @@ typedef struct {
     uint64_t pos;        // global position of the next step's first sample
     int64_t epoch[2];    // epochs whose permutations are cached (epoch e in slot e % 2), -1 if none
     uint32_t* perm[2];   // (n) each: two slots so a prefetcher straddling an epoch end never thrashes
+    const TaskBalance* balance;  // NULL: the plain sequence; else --balance tasks' (sampler_set_balance)
+    int64_t* task_pass[2];       // (T) each with balance: the pass of each task cached in perm[k], -1 if none
 } Sampler;
 
 static inline void sampler_init(Sampler* s, uint64_t n, uint64_t seed) {
     if (n > UINT32_MAX) { vla_fail("dataset has %llu samples; the sampler supports up to 2^32", (unsigned long long)n); }
     s->n = n; s->seed = seed; s->pos = 0;
+    s->balance = NULL; s->task_pass[0] = s->task_pass[1] = NULL;
     for (int k = 0; k < 2; k++) {
         s->epoch[k] = -1;
         s->perm[k] = (uint32_t*)mallocCheck(n * sizeof(uint32_t));
     }
 }
 
-static inline void sampler_free(Sampler* s) { free(s->perm[0]); free(s->perm[1]); }
+static inline void sampler_free(Sampler* s) {
+    free(s->perm[0]); free(s->perm[1]); free(s->task_pass[0]); free(s->task_pass[1]);
+}
 
 // Fisher-Yates from the epoch's stream; the modulo bias (< n / 2^64) is negligible.
 static inline void sampler_permutation(uint32_t* perm, uint64_t n, uint64_t seed, uint64_t epoch) {
@@ -1843,7 +2048,42 @@ static inline void sampler_permutation(uint32_t* perm, uint64_t n, uint64_t seed
     }
 }
 
+// Switches sampler s to the balanced sequence of tb (which must outlive it). Task t's passes are
+// cached in the sampler's two permutation slots at offset task_first[t] (pass e in slot e % 2).
+static inline void sampler_set_balance(Sampler* s, const TaskBalance* tb) {
+    s->balance = tb;
+    for (int k = 0; k < 2; k++) {
+        free(s->task_pass[k]);
+        s->task_pass[k] = (int64_t*)mallocCheck((size_t)tb->n_tasks * sizeof(int64_t));
+        for (int t = 0; t < tb->n_tasks; t++) { s->task_pass[k][t] = -1; }
+    }
+}
+
+static inline uint64_t sampler_balanced_at(Sampler* s, uint64_t pos) {
+    const TaskBalance* tb = s->balance;
+    uint32_t j = (uint32_t)(pos % tb->period);
+    uint32_t t = tb->slot_task[j];
+    uint64_t nt = tb->task_first[t + 1] - tb->task_first[t];
+    uint64_t k = (pos / tb->period) * tb->weight[t] + tb->slot_draw[j];
+    int64_t e = (int64_t)(k / nt);
+    int slot = (int)(e % 2);
+    uint32_t* perm = s->perm[slot] + tb->task_first[t];
+    if (s->task_pass[slot][t] != e) {
+        const uint32_t* own = tb->samples + tb->task_first[t];
+        for (uint64_t i = 0; i < nt; i++) { perm[i] = own[i]; }
+        Rng r;
+        rng_init(&r, s->seed, RNG_STREAM_TASK_PASS(t, e));
+        for (uint64_t i = nt - 1; i > 0; i--) {
+            uint64_t q = rng_u64(&r) % (i + 1);
+            uint32_t tmp = perm[i]; perm[i] = perm[q]; perm[q] = tmp;
+        }
+        s->task_pass[slot][t] = e;
+    }
+    return perm[k % nt];
+}
+
 static inline uint64_t sampler_at(Sampler* s, uint64_t pos) {
+    if (s->balance != NULL) { return sampler_balanced_at(s, pos); }
     int64_t e = (int64_t)(pos / s->n);
     int slot = (int)(e % 2);
     if (s->epoch[slot] != e) { sampler_permutation(s->perm[slot], s->n, s->seed, (uint64_t)e); s->epoch[slot] = e; }
@@ -1933,6 +2173,7 @@ typedef struct {
     int n_slots;
     SmolBatch* slots;
     int64_t* slot_job;     // job a slot holds
+    uint64_t* slot_idx;    // (n_slots, B) the global sample indices of each slot's batch
     int* slot_state;
     int64_t next_job;      // the next job a worker takes
     int64_t consume_job;   // the job the trainer takes next
@@ -1953,7 +2194,6 @@ static inline uint64_t loader_job(const Loader* L, int64_t j, int* rank) {
 
 static inline void* loader_worker(void* arg) {
     Loader* L = (Loader*)arg;
-    uint64_t* idx = (uint64_t*)mallocCheck((size_t)L->B * sizeof(uint64_t));
     pthread_mutex_lock(&L->mu);
     while (!L->stop) {
         int64_t j = L->next_job;
@@ -1967,6 +2207,7 @@ static inline void* loader_worker(void* arg) {
         L->slot_state[slot] = SLOT_FILLING;
         int r;
         uint64_t step = loader_job(L, j, &r);
+        uint64_t* idx = L->slot_idx + (size_t)slot * L->B;
         batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, r);
         pthread_mutex_unlock(&L->mu);
         batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, r, L->augment);
@@ -1975,23 +2216,25 @@ static inline void* loader_worker(void* arg) {
         pthread_cond_broadcast(&L->cv);
     }
     pthread_mutex_unlock(&L->mu);
-    free(idx);
     return NULL;
 }
 
 // Starts n_threads workers (0: none; loader_next then assembles in the caller's thread), taking
-// the global jobs offset, offset + stride, ... (every job: stride 1, offset 0).
-static inline void loader_start_strided(Loader* L, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed,
-                                        uint64_t first_pos, uint64_t first_step, int B, int W, int augment,
-                                        int n_threads, int n_slots, int stride, int offset) {
+// the global jobs offset, offset + stride, ... (every job: stride 1, offset 0), from the
+// balanced sequence of `balance` (--balance tasks; it must outlive the loader) or, if NULL, the plain one.
+static inline void loader_start_balanced(Loader* L, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed,
+                                         uint64_t first_pos, uint64_t first_step, int B, int W, int augment,
+                                         int n_threads, int n_slots, int stride, int offset, const TaskBalance* balance) {
     memset(L, 0, sizeof(*L));
     L->ds = ds; L->config = *c; L->seed = seed; L->first_pos = first_pos; L->first_step = first_step;
     L->B = B; L->W = W; L->augment = augment; L->n_threads = n_threads;
     L->stride = stride; L->offset = offset;
     L->n_slots = n_slots < 1 ? 1 : n_slots;
     sampler_init(&L->sampler, ds->n_samples, seed);
+    if (balance != NULL) { sampler_set_balance(&L->sampler, balance); }
     L->slots = (SmolBatch*)callocCheck(L->n_slots, sizeof(SmolBatch));
     L->slot_job = (int64_t*)callocCheck(L->n_slots, sizeof(int64_t));
+    L->slot_idx = (uint64_t*)callocCheck((size_t)L->n_slots * B, sizeof(uint64_t));
     L->slot_state = (int*)callocCheck(L->n_slots, sizeof(int));
     for (int k = 0; k < L->n_slots; k++) { smolvla_batch_alloc(&L->slots[k], c, &ds->cams, B); }
     pthread_mutex_init(&L->mu, NULL);
@@ -2004,6 +2247,12 @@ static inline void loader_start_strided(Loader* L, const Dataset* ds, const Smol
     }
 }
 
+static inline void loader_start_strided(Loader* L, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed,
+                                        uint64_t first_pos, uint64_t first_step, int B, int W, int augment,
+                                        int n_threads, int n_slots, int stride, int offset) {
+    loader_start_balanced(L, ds, c, seed, first_pos, first_step, B, W, augment, n_threads, n_slots, stride, offset, NULL);
+}
+
 static inline void loader_start(Loader* L, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed, uint64_t first_pos,
                                 uint64_t first_step, int B, int W, int augment, int n_threads, int n_slots) {
     loader_start_strided(L, ds, c, seed, first_pos, first_step, B, W, augment, n_threads, n_slots, 1, 0);
@@ -2014,12 +2263,11 @@ static inline SmolBatch* loader_next(Loader* L) {
     int64_t j = L->consume_job;
     int slot = (int)(j % L->n_slots);
     if (L->n_threads == 0) {  // synchronous: assemble here
-        uint64_t* idx = (uint64_t*)mallocCheck((size_t)L->B * sizeof(uint64_t));
+        uint64_t* idx = L->slot_idx + (size_t)slot * L->B;
         int r;
         uint64_t step = loader_job(L, j, &r);
         batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, r);
         batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, r, L->augment);
-        free(idx);
         return &L->slots[slot];
     }
     double t0 = wall_seconds();
@@ -2028,6 +2276,11 @@ static inline SmolBatch* loader_next(Loader* L) {
     pthread_mutex_unlock(&L->mu);
     L->wait_seconds += wall_seconds() - t0;
     return &L->slots[slot];
+}
+
+// The global sample indices (B) of the batch loader_next returned last. Valid until loader_release.
+static inline const uint64_t* loader_indices(const Loader* L) {
+    return L->slot_idx + (size_t)(L->consume_job % L->n_slots) * L->B;
 }
 
 // Hands the slot of the current job back to the workers.
@@ -2047,7 +2300,7 @@ static inline void loader_stop(Loader* L) {
     pthread_mutex_unlock(&L->mu);
     for (int t = 0; t < L->n_threads; t++) { pthread_join(L->threads[t], NULL); }
     for (int k = 0; k < L->n_slots; k++) { smolvla_batch_free(&L->slots[k]); }
-    free(L->slots); free(L->slot_job); free(L->slot_state); free(L->threads);
+    free(L->slots); free(L->slot_job); free(L->slot_idx); free(L->slot_state); free(L->threads);
     sampler_free(&L->sampler);
     pthread_mutex_destroy(&L->mu);
     pthread_cond_destroy(&L->cv);
@@ -2078,7 +2331,10 @@ typedef struct {
     uint64_t n_trainable;  // elements of m and of v
     uint64_t file_size;
     char tokenizer[64];    // NUL-terminated: the token ids the model was trained on (the shards' tokenizer)
-    uint64_t reserved[35];
+    uint32_t balance;      // BALANCE_*: the sampler's sequence (files before --balance hold 0 here: none)
+    uint32_t pad1;
+    uint64_t balance_id;   // with balance: TaskBalance's fingerprint of the tasks' count and weights; else 0
+    uint64_t reserved[33];
 } CheckpointHeader;
 VLA_STATIC_ASSERT(sizeof(CheckpointHeader) == CKPT_HEADER_BYTES, "checkpoint header is 512 bytes");
 VLA_STATIC_ASSERT(offsetof(CheckpointHeader, step) == 120 && offsetof(CheckpointHeader, tokenizer) == 168,
@@ -2088,6 +2344,8 @@ typedef struct {
     SmolVLAConfig config;
     int train_mode;
     char tokenizer[64];
+    int balance;           // BALANCE_*
+    uint64_t balance_id;   // TaskBalance's fingerprint, 0 without balance
     uint64_t step, seed, sampler_pos;
     uint64_t n_params, n_trainable;
     float* stats;   // state_mean(S) state_std(S) action_mean(A) action_std(A), S and A the dataset's
@@ -2122,6 +2380,7 @@ static inline void checkpoint_write(const char* path, const Checkpoint* ck) {
     }
     h.magic = CKPT_MAGIC; h.version = CKPT_VERSION; h.config = ck->config; h.train_mode = ck->train_mode;
     h.step = ck->step; h.seed = ck->seed; h.sampler_pos = ck->sampler_pos;
+    h.balance = (uint32_t)ck->balance; h.balance_id = ck->balance_id;
     h.n_params = n_params; h.n_trainable = n_trainable;
     h.file_size = ckpt_file_size(&ck->config, n_params, n_trainable);
     snprintf(h.tokenizer, sizeof(h.tokenizer), "%s", ck->tokenizer);
@@ -2183,6 +2442,11 @@ static inline int checkpoint_read_header(const char* path, CheckpointHeader* h, 
         snprintf(err, err_size, "checkpoint %s names no tokenizer (or an unterminated one): it is corrupt", path);
         return 1;
     }
+    if (h->balance >= BALANCE_COUNT || (h->balance == BALANCE_NONE) != (h->balance_id == 0)) {
+        snprintf(err, err_size, "checkpoint %s holds balance mode %u with weights fingerprint %llu, not a pair a trainer "
+                 "writes: it is corrupt", path, h->balance, (unsigned long long)h->balance_id);
+        return 1;
+    }
     uint64_t n_params, n_trainable;  // bounded: smolvla_config_problem checked the count
     ckpt_counts(&h->config, h->train_mode, &n_params, &n_trainable);
     uint64_t size = ckpt_file_size(&h->config, n_params, n_trainable);
@@ -2209,6 +2473,7 @@ static inline int checkpoint_read_checked(const char* path, Checkpoint* ck, char
     if (checkpoint_read_header(path, &h, err, err_size) != 0) { return 1; }
     ck->config = h.config; ck->train_mode = h.train_mode; ck->step = h.step; ck->seed = h.seed;
     ck->sampler_pos = h.sampler_pos; ck->n_params = h.n_params; ck->n_trainable = h.n_trainable;
+    ck->balance = (int)h.balance; ck->balance_id = h.balance_id;
     memcpy(ck->tokenizer, h.tokenizer, sizeof(ck->tokenizer));
     int S = h.config.state_dim, A = h.config.action_dim;
     size_t n_stats = 2 * (size_t)(S + A), nt = (size_t)h.n_trainable;
@@ -2331,6 +2596,9 @@ typedef struct {
     int threads;            // OpenMP threads, 0: the runtime's default
     int workers;            // data loader threads, 0: assemble in the training thread
     int augment;            // random image shift in pixels, 0: off
+    int balance;            // --balance: BALANCE_*, the sampler's sequence
+    const char* task_weights;  // --task-weights: one whole number per task, NULL: equal
+    uint64_t balance_id;    // the trainer's TaskBalance fingerprint once built (checkpoints record it), 0: none
 } TrainArgs;
 
 enum { LR_SCALE_NONE = 0, LR_SCALE_LINEAR = 1, LR_SCALE_SQRT = 2 };
@@ -2399,6 +2667,11 @@ static inline void train_args_usage(const char* prog) {
     printf("  -t, --threads N        OpenMP threads, 0: runtime default (%d)\n", d.threads);
     printf("      --workers N        data loader threads filling a ring of batches ahead of the trainer (%d)\n", d.workers);
     printf("      --augment-shift N  random image shift of up to N pixels per camera, 0: off (%d)\n", d.augment);
+    printf("      --balance MODE     none: every sample once per epoch; tasks: every global batch draws the tasks\n"
+           "                         in equal proportion (or --task-weights'), each task's samples in turn (%s)\n",
+           BALANCE_NAMES[d.balance]);
+    printf("      --task-weights W   with --balance tasks: one whole number per task, comma-separated (1,3: three\n"
+           "                         samples of task 1 per one of task 0); default equal\n");
     printf("  -h, --help             this message\n");
 }
 
@@ -2447,7 +2720,8 @@ static inline const char* boot_parse_master(const char* master, char* host, size
 static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     train_args_defaults(a);
     enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
-           OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY };
+           OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY, OPT_BALANCE,
+           OPT_TASK_WEIGHTS };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -2466,6 +2740,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"bootstrap-timeout", required_argument, 0, OPT_BOOT_TIMEOUT},
         {"nccl-timeout", required_argument, 0, OPT_NCCL_TIMEOUT},
         {"max-text", required_argument, 0, OPT_MAX_TEXT}, {"train", required_argument, 0, OPT_TRAIN},
+        {"balance", required_argument, 0, OPT_BALANCE}, {"task-weights", required_argument, 0, OPT_TASK_WEIGHTS},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     opterr = 0;
     optind = 1;
@@ -2493,6 +2768,11 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
                 if (a->train_mode < 0) { vla_fail("--train %s: use expert, vlm or all", optarg); }
                 a->train_given = 1;
                 break;
+            case OPT_BALANCE:
+                for (a->balance = 0; a->balance < BALANCE_COUNT && strcmp(optarg, BALANCE_NAMES[a->balance]) != 0; a->balance++) {}
+                if (a->balance == BALANCE_COUNT) { vla_fail("--balance %s: use none or tasks", optarg); }
+                break;
+            case OPT_TASK_WEIGHTS: a->task_weights = optarg; break;
             case OPT_MAX_TEXT: a->max_text = (int)parse_int_arg("max-text", optarg, 0, VLA_MAX_TEXT); break;
             case OPT_LR_SCALE:
                 for (a->lr_scale = 0; a->lr_scale < LR_SCALE_COUNT && strcmp(optarg, LR_SCALE_NAMES[a->lr_scale]) != 0;
@@ -2526,6 +2806,14 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         vla_fail("--weights-only takes the weights of --init FILE: give the checkpoint to fine-tune from with --init");
     }
     if (!a->train_given) { a->train_mode = smolvla_default_train_mode(a->preset); }
+    if (a->task_weights != NULL && a->balance != BALANCE_TASKS) {
+        vla_fail("--task-weights %s weighs the tasks of --balance tasks: add --balance tasks", a->task_weights);
+    }
+    if (a->task_weights != NULL) {  // the form and the sum now, the count once the dataset is open
+        uint32_t* w = (uint32_t*)mallocCheck((strlen(a->task_weights) / 2 + 1) * sizeof(uint32_t));
+        task_weights_parse(a->task_weights, w, (int)(strlen(a->task_weights) / 2 + 1));
+        free(w);
+    }
     size_t out_len = strlen(a->output);
     if (out_len == 0 || out_len + VLA_CKPT_NAME_MAX >= VLA_PATH_MAX) {
         vla_fail("-o of %zu bytes: the output folder's path must be 1 to %d bytes long (checkpoint names follow it): use a "
@@ -2599,6 +2887,8 @@ typedef struct {
     FILE* jsonl;
     char path[VLA_PATH_MAX];
     double t_start;
+    int n_tasks;              // > 0: each line also holds "task_loss", the step's mean loss per task
+    const double* task_loss;  // (n_tasks) set by the trainer before logger_step; NaN: no sample of it this step
 } Logger;
 
 static inline void make_dir(const char* dir) {
@@ -2612,6 +2902,8 @@ static inline void make_dir(const char* dir) {
 // and before checkpointing it logs that step again when it resumes. So is a partial last line.
 static inline void logger_open(Logger* lg, const char* dir, int start) {
     make_dir(dir);
+    lg->n_tasks = 0;
+    lg->task_loss = NULL;
     snprintf(lg->path, sizeof(lg->path), "%s/log.jsonl", dir);
     FILE* old = fopen(lg->path, "r");
     if (old != NULL) {
@@ -2662,6 +2954,14 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
     fprintf(lg->jsonl, "{\"step\": %d, \"loss\": %.8g, \"lr\": %.6g, \"grad_norm\": %.6g, \"ms\": %.3f, \"samples_per_s\": %.3f",
             step + 1, loss, lr, norm, ms, samples_per_s);
     if (!isnan(mfu)) { fprintf(lg->jsonl, ", \"mfu\": %.5f, \"gpu_mem_gib\": %.4f", mfu, mem_gib); }
+    if (lg->n_tasks > 0) {
+        fprintf(lg->jsonl, ", \"task_loss\": [");
+        for (int t = 0; t < lg->n_tasks; t++) {
+            if (isnan(lg->task_loss[t])) { fprintf(lg->jsonl, "%snull", t > 0 ? ", " : ""); }
+            else { fprintf(lg->jsonl, "%s%.8g", t > 0 ? ", " : "", lg->task_loss[t]); }
+        }
+        fprintf(lg->jsonl, "]");
+    }
     fprintf(lg->jsonl, "}\n");
     if (fflush(lg->jsonl) != 0 || ferror(lg->jsonl)) {
         vla_fail("writing %s failed: %s (disk full?): free space and continue with -y 1", lg->path, strerror(errno));
@@ -2855,6 +3155,7 @@ static inline void run_checkpoint_save(const TrainArgs* args, const Dataset* ds,
     memset(&ck, 0, sizeof(ck));
     ck.config = *c; ck.train_mode = args->train_mode; ck.step = (uint64_t)step; ck.seed = args->seed;
     ck.sampler_pos = sampler_pos; ck.n_params = n_params; ck.n_trainable = n_trainable;
+    ck.balance = args->balance; ck.balance_id = args->balance_id;
     ck.stats = stats; ck.params = params; ck.m = m; ck.v = v;
     snprintf(ck.tokenizer, sizeof(ck.tokenizer), "%s", ds->tokenizer);
     char path[VLA_PATH_MAX];
@@ -2865,11 +3166,20 @@ static inline void run_checkpoint_save(const TrainArgs* args, const Dataset* ds,
     free(stats);
 }
 
-// Reads a checkpoint to continue the model of config c in train mode `mode` on dataset ds; fails
-// if it was written for another model, mode or tokenizer.
+// Reads a checkpoint to continue the model of config c in train mode `mode` on dataset ds, the
+// sampler balanced as `balance` (BALANCE_*) with fingerprint balance_id (args' after the trainer
+// built its TaskBalance); fails if it was written for another model, mode, tokenizer or balance.
 static inline void run_checkpoint_load(const char* path, const SmolVLAConfig* c, int mode, const Dataset* ds,
-                                       Checkpoint* ck) {
+                                       int balance, uint64_t balance_id, Checkpoint* ck) {
     checkpoint_read(path, ck);
+    if (ck->balance != balance) {
+        vla_fail("checkpoint %s trained with --balance %s, this run with --balance %s: pass --balance %s to continue it",
+                 path, BALANCE_NAMES[ck->balance], BALANCE_NAMES[balance], BALANCE_NAMES[ck->balance]);
+    }
+    if (ck->balance_id != balance_id) {
+        vla_fail("checkpoint %s balanced other task weights (or another task count) than this run: pass the "
+                 "--task-weights it trained with to continue it", path);
+    }
     const char* diff = smolvla_config_diff(&ck->config, c);
     if (diff != NULL) {
         vla_fail("checkpoint %s was written for another model (%s, checkpoint vs this run): use the same preset, "
