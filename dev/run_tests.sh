@@ -10,16 +10,19 @@ LEROBOT_PY=${LEROBOT_PY:-build/lerobot-venv/bin/python}
 total_passed=0
 total_failed=0
 failed_suites=""
+suite_times=""  # one line per suite: its wall time, for keeping CI within its budget
 
 run_suite() {
     local name=$1
     shift
     echo
     echo "######## $name: $*"
-    local log
+    local log t0=$SECONDS
     log=$(mktemp)
     "$@" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
+    suite_times="$suite_times$(printf '%5d s  %s' $((SECONDS - t0)) "$name")
+"
     local line
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
     rm -f "$log"
@@ -41,8 +44,8 @@ run_suite() {
 run_suite test_vla ./test_vla build/test build/lerobot_ref
 run_suite learning dev/test_learning.sh
 run_suite hardening dev/test_hardening.sh
-# each fuzz harness for 60 s from the seeds (make fuzz runs them longer; FUZZ_TEST_SECONDS overrides)
-run_suite fuzz dev/fuzz/run_fuzz.sh "${FUZZ_TEST_SECONDS:-60}"
+# each fuzz harness for 45 s from the seeds (make fuzz runs them longer; FUZZ_TEST_SECONDS overrides)
+run_suite fuzz dev/fuzz/run_fuzz.sh "${FUZZ_TEST_SECONDS:-45}"
 # the GPU trainer's tests and the dev/cuda kernel checks: on the GPU (GPU_TESTS=build/gpu, the
 # dev/cuda programs built by dev/cuda/Makefile, benchmarks included) or under the CPU emulation
 # of CUDA (GPU_TESTS=build/emu, where the emulation's own tests run first)
@@ -92,6 +95,8 @@ run_suite dp_vs_ddp env PYTHON="$ORACLE_PY" dev/test_dp_vs_ddp.sh
 run_suite eval "$VENV_PY" scripts/test_eval.py
 
 echo
+echo "wall time per suite:"
+printf '%s' "$suite_times"
 if [ -n "$failed_suites" ]; then echo "failed suites:$failed_suites"; fi
 echo "$total_passed passed, $total_failed failed"
 [ "$total_failed" -eq 0 ]
