@@ -3058,12 +3058,17 @@ static inline SmolVLAConfig config_for_data(const char* preset, int max_text, co
     return config_with_data(smolvla_preset(preset)->config, what, max_text, ds);
 }
 
-// The preset whose sizes c has (every field but those the data and --max-text set), or NULL.
+// The first field where model sizes `sizes` and config c differ, the fields the data and
+// --max-text set (cameras, state and action dims, max_text) aside: no tensor depends on them.
+static inline const char* smolvla_sizes_diff(SmolVLAConfig sizes, const SmolVLAConfig* c) {
+    sizes.n_cam = c->n_cam; sizes.state_dim = c->state_dim; sizes.action_dim = c->action_dim; sizes.max_text = c->max_text;
+    return smolvla_config_diff(&sizes, c);
+}
+
+// The preset whose sizes c has, or NULL.
 static inline const char* smolvla_preset_of(const SmolVLAConfig* c) {
     for (int i = 0; i < SMOLVLA_N_PRESETS; i++) {
-        SmolVLAConfig p = SMOLVLA_PRESETS[i].config;
-        p.n_cam = c->n_cam; p.state_dim = c->state_dim; p.action_dim = c->action_dim; p.max_text = c->max_text;
-        if (smolvla_config_diff(&p, c) == NULL) { return SMOLVLA_PRESETS[i].name; }
+        if (smolvla_sizes_diff(SMOLVLA_PRESETS[i].config, c) == NULL) { return SMOLVLA_PRESETS[i].name; }
     }
     return NULL;
 }
@@ -3079,6 +3084,14 @@ static inline const char* run_start_checkpoint(const TrainArgs* args, char* buf,
     }
     printf("no complete checkpoint in %s: starting from scratch\n", args->output);
     return NULL;
+}
+
+// A checkpoint's weights read token ids of its tokenizer: the dataset's must be of the same one.
+static inline void run_check_tokenizer(const char* path, const Checkpoint* ck, const Dataset* ds) {
+    if (strcmp(ck->tokenizer, ds->tokenizer) != 0) {
+        vla_fail("checkpoint %s was trained on token ids of tokenizer %s, the dataset's are of %s: convert the data with "
+                 "the checkpoint's tokenizer", path, ck->tokenizer, ds->tokenizer);
+    }
 }
 
 // The model a run trains. From the seed: -p's sizes. From a checkpoint `from` (-y 1, --init): its
@@ -3098,14 +3111,16 @@ static inline SmolVLAConfig run_config(TrainArgs* a, const char* from, const Dat
     char what[VLA_PATH_MAX + 32];
     snprintf(what, sizeof(what), "the model of %s", from);
     SmolVLAConfig c = config_with_data(h.config, what, a->max_text > 0 ? a->max_text : h.config.max_text, ds);
-    const char* preset = smolvla_preset_of(&c);
-    if (a->preset_given && (preset == NULL || strcmp(preset, a->preset) != 0)) {
-        SmolVLAConfig p = smolvla_preset(a->preset)->config;
-        p.n_cam = c.n_cam; p.state_dim = c.state_dim; p.action_dim = c.action_dim; p.max_text = c.max_text;
-        vla_fail("checkpoint %s has other sizes than preset %s (%s, checkpoint vs preset): drop -p to fine-tune the "
-                 "checkpoint's model", from, a->preset, smolvla_config_diff(&c, &p));
+    if (a->preset_given) {
+        const char* diff = smolvla_sizes_diff(c, &smolvla_preset(a->preset)->config);
+        if (diff != NULL) {
+            vla_fail("checkpoint %s has other sizes than preset %s (%s, checkpoint vs preset): drop -p to fine-tune the "
+                     "checkpoint's model", from, a->preset, diff);
+        }
+    } else {
+        const char* preset = smolvla_preset_of(&c);
+        a->preset = preset != NULL ? preset : "(checkpoint's)";
     }
-    a->preset = preset != NULL ? preset : "(checkpoint's)";
     return c;
 }
 
@@ -3115,17 +3130,12 @@ static inline SmolVLAConfig run_config(TrainArgs* a, const char* from, const Dat
 // used (the run starts at step 0 with fresh moments, its own seed and the dataset's statistics).
 static inline void run_weights_load(const char* path, const SmolVLAConfig* c, const Dataset* ds, Checkpoint* ck) {
     checkpoint_read(path, ck);
-    SmolVLAConfig sizes = ck->config;
-    sizes.n_cam = c->n_cam; sizes.state_dim = c->state_dim; sizes.action_dim = c->action_dim; sizes.max_text = c->max_text;
-    const char* diff = smolvla_config_diff(&sizes, c);
+    const char* diff = smolvla_sizes_diff(ck->config, c);
     if (diff != NULL) {
         vla_fail("checkpoint %s has other sizes than this run's model (%s, checkpoint vs this run): drop -p to "
                  "fine-tune the checkpoint's model", path, diff);
     }
-    if (strcmp(ck->tokenizer, ds->tokenizer) != 0) {
-        vla_fail("checkpoint %s was trained on token ids of tokenizer %s, the dataset's are of %s: convert the data with "
-                 "the checkpoint's tokenizer", path, ck->tokenizer, ds->tokenizer);
-    }
+    run_check_tokenizer(path, ck, ds);
     free(ck->m); free(ck->v);
     ck->m = ck->v = NULL;
     ck->step = 0;
@@ -3189,10 +3199,7 @@ static inline void run_checkpoint_load(const char* path, const SmolVLAConfig* c,
         vla_fail("checkpoint %s trained with --train %s, this run with --train %s: pass --train %s to continue it",
                  path, TRAIN_MODE_NAMES[ck->train_mode], TRAIN_MODE_NAMES[mode], TRAIN_MODE_NAMES[ck->train_mode]);
     }
-    if (strcmp(ck->tokenizer, ds->tokenizer) != 0) {
-        vla_fail("checkpoint %s was trained on token ids of tokenizer %s, the dataset's are of %s: convert the data with "
-                 "the checkpoint's tokenizer", path, ck->tokenizer, ds->tokenizer);
-    }
+    run_check_tokenizer(path, ck, ds);
 }
 
 // Whether a run that continues from checkpoint `from` at step `start` has steps left to take

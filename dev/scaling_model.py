@@ -153,7 +153,8 @@ def model_step(t1, buckets, n_trainable, n, a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-p", "--preset", default="smolvla", choices=sorted(vla.PRESETS), help="model size (smolvla)")
+    ap.add_argument("-p", "--preset", default=None, choices=sorted(vla.PRESETS),
+                    help="model size (smolvla; --from-log: the run's)")
     ap.add_argument("--train", choices=vla.TRAIN_MODES, default=None,
                     help="what trains, as train_vla's --train (the preset's default: expert for smolvla, all otherwise)")
     ap.add_argument("-b", "--batch", type=int, default=None, help="samples per GPU per step (16; --from-log: the run's)")
@@ -180,13 +181,15 @@ def main():
             m = re.search(row, log, re.M)
             if m is None:
                 continue
-            if key == "preset" and "-p" not in sys.argv and "--preset" not in sys.argv:
-                a.preset = m.group(1)
-            elif getattr(a, key) is None:
+            if getattr(a, key) is None:
                 setattr(a, key, cast(m.group(1)))
             elif getattr(a, key) != cast(m.group(1)):
                 sys.exit(f"error: --{key} {getattr(a, key)} but {a.from_log} ran with {m.group(1)}: drop the flag or give that log")
     a.batch = a.batch or 16
+    a.preset = a.preset or "smolvla"
+    if a.preset not in vla.PRESETS:
+        sys.exit(f"error: {a.from_log} trained the sizes of a checkpoint, not a preset: the model covers the presets "
+                 f"({', '.join(sorted(vla.PRESETS))}); give -p with the log of a preset's run")
     a.bus_bw = a.bus_gbps * 1e9
     a.latency = a.latency_us * 1e-6
     a.hbm_bw = a.hbm_tbps * 1e12

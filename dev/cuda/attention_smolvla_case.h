@@ -204,13 +204,6 @@ enum { FORWARD_NONE = 0, FORWARD_HOST = 1 };
 
 static floatX* device_copy_x(float* h, size_t n) { return n > 0 ? to_device_x(h, n) : NULL; }
 
-static int* to_device_i(const int* h, size_t n) {
-    int* d;
-    cudaCheck(cudaMalloc(&d, n * sizeof(int)));
-    cudaCheck(cudaMemcpy(d, h, n * sizeof(int), cudaMemcpyHostToDevice));
-    return d;
-}
-
 static Case make_case(int pass, int B, int NH, int NKV, int HS, int NI, int T, int H, int forward, uint64_t seed) {
     Case k;
     memset(&k, 0, sizeof(k));

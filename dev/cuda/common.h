@@ -81,6 +81,19 @@ static float* from_device_f(const float* d, size_t n) {
     return h;
 }
 
+static int* to_device_i(const int32_t* h, size_t n) {
+    int* d;
+    cudaCheck(cudaMalloc(&d, n * sizeof(int)));
+    cudaCheck(cudaMemcpy(d, h, n * sizeof(int), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static int* from_device_i(const int* d, size_t n) {
+    int* h = (int*)mallocCheck(n * sizeof(int));
+    cudaCheck(cudaMemcpy(h, d, n * sizeof(int), cudaMemcpyDeviceToHost));
+    return h;
+}
+
 // NaN in every byte pattern of floatX and float: an output element nobody writes fails its check
 static void poison(void* d, size_t bytes) { cudaCheck(cudaMemset(d, 0xFF, bytes)); }
 

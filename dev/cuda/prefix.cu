@@ -159,19 +159,6 @@ static int32_t* make_tokens(const float* token_mask, int B, int T, int vocab, in
     return t;
 }
 
-static int* to_device_i(const int32_t* h, size_t n) {
-    int* d;
-    cudaCheck(cudaMalloc(&d, n * sizeof(int)));
-    cudaCheck(cudaMemcpy(d, h, n * sizeof(int), cudaMemcpyHostToDevice));
-    return d;
-}
-
-static int* from_device_i(const int* d, size_t n) {
-    int* h = (int*)mallocCheck(n * sizeof(int));
-    cudaCheck(cudaMemcpy(h, d, n * sizeof(int), cudaMemcpyDeviceToHost));
-    return h;
-}
-
 // 0x7F7F7F7F in every int: no block id, position or offset the kernel could mean (poison's 0xFF
 // would read as -1, a pad's block id)
 static void poison_ints(int* d, size_t n) { cudaCheck(cudaMemset(d, 0x7F, n * sizeof(int))); }
