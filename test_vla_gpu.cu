@@ -867,6 +867,22 @@ static void test_bad_input(const char* dir) {
     expect_error_from(dir, TRAINER, "a --balance tasks checkpoint continued without it", args, "trained with --balance tasks");
 }
 
+// VLA_GPU_TESTS=a,b runs only the groups named (oracle, lerobot, training_loop, determinism,
+// accumulation, single_gpu_build, multi_gpu, faults, resume, cross_trainer, weights_only,
+// bad_input, ...): for working on one feature; make test runs them all
+static int wanted(const char* group) {
+    const char* only = getenv("VLA_GPU_TESTS");
+    if (only == NULL || only[0] == '\0') { return 1; }
+    size_t n = strlen(group);
+    for (const char* p = only; *p != '\0';) {
+        const char* end = strchr(p, ',');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, group, n) == 0) { return 1; }
+        p += len + (end != NULL);
+    }
+    return 0;
+}
+
 int main(int argc, char** argv) {
     // positional arguments, and --smolvla LEROBOT_REF_DIR anywhere
     const char* args[3] = {NULL, NULL, NULL};
@@ -889,27 +905,35 @@ int main(int argc, char** argv) {
     gpu_check_visible(1);
     gpu_init(0, &prop);
     printf("device: %s, precision %s, trainer %s\n", prop.name, PRECISION_NAME, TRAINER);
-    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_oracle(dir, mode); }
-    if (smolvla_refs != NULL) { test_smolvla_lerobot(smolvla_refs); }
-    else { printf("\n(SmolVLA against LeRobot: skipped, no --smolvla LEROBOT_REF_DIR)\n"); }
-    test_training_loop(dir);
-    test_determinism(dir);
-    test_accumulation(dir);
+    if (wanted("oracle")) {
+        for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_oracle(dir, mode); }
+    }
+    if (wanted("lerobot")) {
+        if (smolvla_refs != NULL) { test_smolvla_lerobot(smolvla_refs); }
+        else { printf("\n(SmolVLA against LeRobot: skipped, no --smolvla LEROBOT_REF_DIR)\n"); }
+    }
+    if (wanted("training_loop")) { test_training_loop(dir); }
+    if (wanted("determinism")) { test_determinism(dir); }
+    if (wanted("accumulation")) { test_accumulation(dir); }
 #if defined(MULTI_GPU)
-    if (n_args == 3) { test_single_gpu_build(dir, args[2]); }
-    else { printf("\n(world size 1 through NCCL vs the build without it: skipped, no TRAINER_WITHOUT_NCCL)\n"); }
+    if (wanted("single_gpu_build")) {
+        if (n_args == 3) { test_single_gpu_build(dir, args[2]); }
+        else { printf("\n(world size 1 through NCCL vs the build without it: skipped, no TRAINER_WITHOUT_NCCL)\n"); }
+    }
 #else
     printf("\n(world size 1 through NCCL: skipped, this build has no NCCL)\n");
 #endif
-    test_multi_gpu(dir);
-    test_faults(dir);
-    char trainer[1100];
-    snprintf(trainer, sizeof(trainer), "%s -p tiny -b 4 -u 3 --log-every 100", TRAINER);
-    printf("\n== bit-exact resume\n");
-    check_resume_bit_exact(dir, trainer, TRAINER);
-    test_cross_trainer(dir);
-    test_weights_only(dir);
-    test_bad_input(dir);
+    if (wanted("multi_gpu")) { test_multi_gpu(dir); }
+    if (wanted("faults")) { test_faults(dir); }
+    if (wanted("resume")) {
+        char trainer[1100];
+        snprintf(trainer, sizeof(trainer), "%s -p tiny -b 4 -u 3 --log-every 100", TRAINER);
+        printf("\n== bit-exact resume\n");
+        check_resume_bit_exact(dir, trainer, TRAINER);
+    }
+    if (wanted("cross_trainer")) { test_cross_trainer(dir); }
+    if (wanted("weights_only")) { test_weights_only(dir); }
+    if (wanted("bad_input")) { test_bad_input(dir); }
     gpu_shutdown();
     printf("\n%d passed, %d failed\n", n_passed, n_failed);
     return n_failed == 0 ? 0 : 1;
