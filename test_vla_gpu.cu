@@ -856,10 +856,7 @@ static void test_bad_input(const char* dir) {
     expect_error_from(dir, TRAINER, "truncated checkpoint", args, "truncated");
     snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -i %s/a.bin -o %s/gpu_trunc -y 1 --train expert", dir, dir);
     expect_error_from(dir, TRAINER, "a --train all checkpoint continued with --train expert", args, "--train all");
-    // --balance tasks: train_vla_cpu only for now; refused, never ignored, and so is continuing
-    // a balanced train_vla_cpu checkpoint here
-    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s/a.bin -o %s/bad_out --balance tasks", dir, dir);
-    expect_error_from(dir, TRAINER, "--balance tasks (not on the GPU yet)", args, "train_vla does not balance tasks yet");
+    // a balanced train_vla_cpu checkpoint continued without --balance is refused
     snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_bal && ./train_vla_cpu -p tiny -b 2 -n 1 -t 1 --balance tasks -i %s/a.bin -o "
              "%s/gpu_bal > /dev/null 2>&1", dir, dir, dir);
     run_command(cmd);
@@ -867,9 +864,85 @@ static void test_bad_input(const char* dir) {
     expect_error_from(dir, TRAINER, "a --balance tasks checkpoint continued without it", args, "trained with --balance tasks");
 }
 
+// The task_loss arrays of a 2-task balanced run's log, steps 1..n, into out (2 n); the lines read
+static int read_task_losses(const char* log, int n, float* out) {
+    char* text = read_text(log);
+    int got = 0;
+    for (char* line = text != NULL ? strtok(text, "\n") : NULL; line != NULL && got < n; line = strtok(NULL, "\n")) {
+        char* at = strstr(line, "\"task_loss\": [");
+        if (at != NULL && sscanf(at, "\"task_loss\": [%f, %f]", &out[2 * got], &out[2 * got + 1]) == 2) { got++; }
+    }
+    free(text);
+    return got;
+}
+
+// --balance tasks on the GPU, on the 1:10 imbalanced dataset (write_imbalanced): two GPUs take the
+// samples train_vla_cpu's two simulated ranks take (every step's loss and loss per task as the
+// CPU's, within the precision's tolerance), a run resumed mid-epoch is the straight one byte for
+// byte, the checkpoints record the balance and train_vla_cpu continues them, and bad weights are
+// refused
+static void test_balance(const char* dir) {
+    printf("\n== task-balanced sampling on the GPU (--balance tasks)\n");
+    if (access("./train_vla_cpu", X_OK) != 0) {
+        check(0, "./train_vla_cpu is there to compare with (make train_vla_cpu)");
+        return;
+    }
+    char spec[2300], gpu[1200], cmd[16384], p1[1100], p2[1100];
+    write_imbalanced(dir, spec, sizeof(spec));
+    snprintf(gpu, sizeof(gpu), "%s -p tiny -g 2 -b 2 -u 3 --workers 1 --log-every 100 --balance tasks", TRAINER);
+    const char* cpu = "./train_vla_cpu -p tiny -g 2 -b 2 -u 3 -t 1 --workers 1 --log-every 100 --balance tasks";
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/gbal_full %s/gbal_res %s/gbal_cpu && "
+             "%s -n 6 -k 3 -i %s -o %s/gbal_full > %s/gbal_full.txt 2>&1 && "
+             "%s -n 3 -i %s -o %s/gbal_res > %s/gbal_r1.txt 2>&1 && %s -n 6 -y 1 -i %s -o %s/gbal_res > %s/gbal_r2.txt 2>&1 && "
+             "%s -n 6 -i %s -o %s/gbal_cpu > %s/gbal_cpu.txt 2>&1",
+             dir, dir, dir, gpu, spec, dir, dir, gpu, spec, dir, dir, gpu, spec, dir, dir, cpu, spec, dir, dir);
+    int rc = run_command(cmd);
+    snprintf(p1, sizeof(p1), "%s/gbal_full/ckpt_00000006.bin", dir);
+    snprintf(p2, sizeof(p2), "%s/gbal_res/ckpt_00000006.bin", dir);
+    check(rc == 0 && files_equal(p1, p2), "-g 2 --balance tasks resumed at step 3 (mid-epoch): step 6's checkpoint is the "
+          "uninterrupted run's byte for byte (rc %d)", rc);
+    Dataset ds;
+    dataset_open(&ds, spec);
+    TaskBalance tb;
+    task_balance_build(&tb, &ds, NULL);
+    Checkpoint ck;
+    char err[1200];
+    int read = checkpoint_read_checked(p1, &ck, err, sizeof(err)) == 0;
+    check(read && ck.balance == BALANCE_TASKS && ck.balance_id == tb.fingerprint && ck.sampler_pos == 24,
+          "the checkpoint records --balance tasks, the weights' fingerprint and sampler position 24");
+    if (read) { checkpoint_free(&ck); }
+    task_balance_free(&tb);
+    dataset_close(&ds);
+    snprintf(p1, sizeof(p1), "%s/gbal_full/log.jsonl", dir);
+    check_task_loss_log(p1, 6, "train_vla");
+    // the CPU's two simulated ranks: the same global batches, so the same losses, task by task
+    float gl[6] = {0}, cl[6] = {0}, gt[12] = {0}, ct[12] = {0};
+    snprintf(p2, sizeof(p2), "%s/gbal_cpu/log.jsonl", dir);
+    int ng = read_losses(p1, 1, 6, gl), nc = read_losses(p2, 1, 6, cl);
+    int tg = read_task_losses(p1, 6, gt), tc = read_task_losses(p2, 6, ct);
+    double tol = sizeof(floatX) == 4 ? TOL_RUNS : SMOL_TOL_FWD;
+    double el = rel_error(gl, cl, 6), et = rel_error(gt, ct, 12);
+    check(ng == 6 && nc == 6 && tg == 6 && tc == 6 && el < tol && et < tol, "6 balanced steps on 2 GPUs vs train_vla_cpu "
+          "-g 2: losses rel err %.2e, per-task losses rel err %.2e (tol %.1e); step 6's tasks %.5f %.5f vs %.5f %.5f", el, et,
+          tol, gt[10], gt[11], ct[10], ct[11]);
+    snprintf(p1, sizeof(p1), "%s/gbal_full/ckpt_00000006.bin", dir);
+    snprintf(p2, sizeof(p2), "%s/gbal_cpu/ckpt_00000006.bin", dir);
+    double ec = ckpt_training_error(p2, p1);
+    check(ec < (sizeof(floatX) == 4 ? TOL_RUNS : SMOL_TOL_GRAD), "step 6's checkpoint: the GPU's training vs the CPU's, "
+          "rel err %.2e", ec);
+    // train_vla_cpu continues the GPU's balanced checkpoint (3 more steps)
+    snprintf(cmd, sizeof(cmd), "%s -n 9 -y 1 -i %s -o %s/gbal_full > %s/gbal_cont.txt 2>&1", cpu, spec, dir, dir);
+    rc = run_command(cmd);
+    snprintf(p1, sizeof(p1), "%s/gbal_full/ckpt_00000009.bin", dir);
+    check(rc == 0 && access(p1, R_OK) == 0, "train_vla_cpu --balance tasks continues the GPU's balanced checkpoint to step 9");
+    char args[4096];
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bad_out --balance tasks --task-weights 1,2,3", spec, dir);
+    expect_error_from(dir, TRAINER, "--task-weights of 3 tasks for a dataset of 2", args, "3 weights for the dataset's 2 tasks");
+}
+
 // VLA_GPU_TESTS=a,b runs only the groups named (oracle, lerobot, training_loop, determinism,
 // accumulation, single_gpu_build, multi_gpu, faults, resume, cross_trainer, weights_only,
-// bad_input, ...): for working on one feature; make test runs them all
+// bad_input, balance, ...): for working on one feature; make test runs them all
 static int wanted(const char* group) {
     const char* only = getenv("VLA_GPU_TESTS");
     if (only == NULL || only[0] == '\0') { return 1; }
@@ -934,6 +1007,7 @@ int main(int argc, char** argv) {
     if (wanted("cross_trainer")) { test_cross_trainer(dir); }
     if (wanted("weights_only")) { test_weights_only(dir); }
     if (wanted("bad_input")) { test_bad_input(dir); }
+    if (wanted("balance")) { test_balance(dir); }
     gpu_shutdown();
     printf("\n%d passed, %d failed\n", n_passed, n_failed);
     return n_failed == 0 ? 0 : 1;

@@ -1666,6 +1666,41 @@ __global__ void loss_normalize_kernel(float* scalars) {
     scalars[4] = inv;
 }
 
+// --balance tasks' per-task losses: sample b's share of smolvla_loss_kernel's sums (its squared
+// errors over the first A dims of its slots inside the episode, and those entries' count) into
+// sums[2 b], sums[2 b + 1]. One block per sample.
+__global__ void sample_loss_kernel(float* sums, const float* v, const float* target, const float* action_is_pad, int H,
+                                   int A, int Amax) {
+    __shared__ float shared[32];
+    int b = blockIdx.x;
+    float sq = 0.0f, n = 0.0f;
+    for (int e = threadIdx.x; e < H * A; e += blockDim.x) {
+        int r = b * H + e / A;
+        if (action_is_pad[r] != 0.0f) { continue; }
+        float diff = v[(size_t)r * Amax + e % A] - target[(size_t)r * Amax + e % A];
+        sq += diff * diff;
+        n += 1.0f;
+    }
+    sq = block_sum(sq, shared);
+    n = block_sum(n, shared);
+    if (threadIdx.x == 0) { sums[2 * b] = sq; sums[2 * b + 1] = n; }
+}
+
+// ... and each sample's sums added to its task's (task_sums (T, 2)), sample by sample in order, so
+// the sums are the same on every run; `first` (a step's first micro-batch) starts them from zero.
+// One thread per task.
+__global__ void task_loss_add_kernel(float* task_sums, const float* sample_sums, const int* task, int B, int T,
+                                     int first) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) { return; }
+    float sq = first ? 0.0f : task_sums[2 * t], n = first ? 0.0f : task_sums[2 * t + 1];
+    for (int b = 0; b < B; b++) {
+        if (task[b] == t) { sq += sample_sums[2 * b]; n += sample_sums[2 * b + 1]; }
+    }
+    task_sums[2 * t] = sq;
+    task_sums[2 * t + 1] = n;
+}
+
 // x (n) *= *scale, the factor read on the device
 __global__ void scale_kernel(float* x, size_t n, const float* scale) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3862,13 +3897,97 @@ static void loader_pin(Loader* L, int pin) {
     }
 }
 
-// Starts copying the loader's next batch into dev on the copy stream, once the compute that last
-// read dev is done (`consumed`, recorded on the main stream; a fresh event is no wait); `uploaded`
-// fires when the batch has landed.
-static void batch_upload(Loader* L, SmolBatch* dev, cudaEvent_t consumed, cudaEvent_t uploaded) {
+// --balance tasks' per-task losses of a rank (TaskLosses): the task of each sample goes up with its
+// batch; after each forward the samples' squared errors and valid entries are added to their
+// tasks' sums on the device; at the end of the step the sums are added over the ranks and become
+// each task's mean loss over its valid entries in the whole global batch, as train_vla_cpu logs it.
+typedef struct {
+    const TaskBalance* tb;  // NULL: none kept
+    const Dataset* ds;
+    int T, B;
+    int* host_task;         // (2, B) the tasks of the batch being uploaded into device batch k (host)
+    int* dev_task;          // (2, B) device: device batch k's
+    float* sample_sums;     // (B, 2) device: the last forward's per-sample sums
+    float* task_sums;       // (T, 2) device: the step's per-task sums (squared errors, valid entries)
+    float* host_sums;       // (T, 2)
+    double* task_loss;      // (T) the step's mean per task (NaN: no valid entry), what the log writes
+} TaskLosses;
+
+static void task_losses_init(TaskLosses* tl, const TaskBalance* tb, const Dataset* ds, int B) {
+    memset(tl, 0, sizeof(*tl));
+    if (tb == NULL) { return; }
+    tl->tb = tb; tl->ds = ds; tl->T = tb->n_tasks; tl->B = B;
+    tl->host_task = (int*)mallocCheck(2 * (size_t)B * sizeof(int));
+    tl->host_sums = (float*)mallocCheck(2 * (size_t)tl->T * sizeof(float));
+    tl->task_loss = (double*)mallocCheck((size_t)tl->T * sizeof(double));
+    cudaCheck(cudaMalloc(&tl->dev_task, 2 * (size_t)B * sizeof(int)));
+    cudaCheck(cudaMalloc(&tl->sample_sums, 2 * (size_t)B * sizeof(float)));
+    cudaCheck(cudaMalloc(&tl->task_sums, 2 * (size_t)tl->T * sizeof(float)));
+}
+
+static void task_losses_free(TaskLosses* tl) {
+    if (tl->tb == NULL) { return; }
+    free(tl->host_task); free(tl->host_sums); free(tl->task_loss);
+    cudaCheck(cudaFree(tl->dev_task)); cudaCheck(cudaFree(tl->sample_sums)); cudaCheck(cudaFree(tl->task_sums));
+}
+
+// After the forward of device batch k, micro-step `micro` of the step: its samples' sums into their tasks'
+static void task_losses_add(TaskLosses* tl, const SmolVLA* m, const SmolInputs* in, int k, int micro) {
+    if (tl->tb == NULL) { return; }
+    const SmolVLAConfig* c = &m->config;
+    sample_loss_kernel<<<in->B, BLOCK, 0, main_stream>>>(tl->sample_sums, m->acts.v_t, m->acts.target, in->action_is_pad,
+                                                         c->chunk, c->action_dim, c->max_action_dim);
+    launchCheck();
+    task_loss_add_kernel<<<ceil_div(tl->T, BLOCK), BLOCK, 0, main_stream>>>(tl->task_sums, tl->sample_sums,
+                                                                          tl->dev_task + (size_t)k * tl->B, in->B, tl->T,
+                                                                          micro == 0);
+    launchCheck();
+}
+
+// At the end of the step (after the update): the per-task sums added over the ranks, and copied
+// for task_losses_read once the step's scalars are read (which waits for the main stream)
+static void task_losses_reduce(TaskLosses* tl, SmolVLA* m) {
+    if (tl->tb == NULL) { return; }
+#if defined(MULTI_GPU)
+    Dist* d = m->dist;
+    if (d != NULL) {
+        comm_after_main(d, d->scalars_ready);
+        ncclCheck(ncclAllReduce(tl->task_sums, tl->task_sums, 2 * (size_t)tl->T, ncclFloat, ncclSum, d->comm,
+                                d->comm_stream));
+        main_after_comm(d);
+    }
+#else
+    (void)m;
+#endif
+    cudaCheck(cudaMemcpyAsync(tl->host_sums, tl->task_sums, 2 * (size_t)tl->T * sizeof(float), cudaMemcpyDeviceToHost,
+                              main_stream));
+}
+
+static void task_losses_read(TaskLosses* tl) {
+    if (tl->tb == NULL) { return; }
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    for (int t = 0; t < tl->T; t++) {
+        float n = tl->host_sums[2 * t + 1];
+        tl->task_loss[t] = n > 0.0f ? (double)tl->host_sums[2 * t] / (double)n : NAN;
+    }
+}
+
+// Starts copying the loader's next batch into dev (device batch k) on the copy stream, once the
+// compute that last read dev is done (`consumed`, recorded on the main stream; a fresh event is no
+// wait); `uploaded` fires when the batch has landed, with its samples' tasks when tl keeps them.
+static void batch_upload(Loader* L, SmolBatch* dev, cudaEvent_t consumed, cudaEvent_t uploaded, TaskLosses* tl, int k) {
     SmolBatch* host = loader_next(L);
     cudaCheck(cudaStreamWaitEvent(copy_stream, consumed, 0));
     cudaCheck(cudaMemcpyAsync(dev->memory, host->memory, host->bytes, cudaMemcpyHostToDevice, copy_stream));
+    if (tl->tb != NULL) {
+        // (the previous copy from this slot of host_task landed before dev's last use: the step loop
+        // waits for each upload before starting the next)
+        int* task = tl->host_task + (size_t)k * tl->B;
+        const uint64_t* idx = loader_indices(L);
+        for (int b = 0; b < tl->B; b++) { task[b] = task_balance_task_of(tl->tb, tl->ds, idx[b]); }
+        cudaCheck(cudaMemcpyAsync(tl->dev_task + (size_t)k * tl->B, task, (size_t)tl->B * sizeof(int),
+                                  cudaMemcpyHostToDevice, copy_stream));
+    }
     cudaCheck(cudaEventRecord(uploaded, copy_stream));
 }
 
@@ -4108,6 +4227,8 @@ typedef struct {
     int world;             // ranks over all nodes
     int local_ranks;       // GPUs of this process, one thread each
     int node, nodes;       // this process's place among the nodes, and how many
+    TaskBalance balance_storage;
+    const TaskBalance* balance;  // --balance tasks' sequence (balance_storage), or NULL: the plain one
 #if defined(MULTI_GPU)
     ncclUniqueId nccl_id;
 #endif
@@ -4155,6 +4276,8 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     else { printf("| peak bf16 TFLOP/s      | %-36s |\n", "unknown for this device: no MFU"); }
     printf("| loader threads         | %-36d |\n", args->workers);
     printf("| augment shift (px)     | %-36d |\n", args->augment);
+    printf("| balance                | %-36s |\n", BALANCE_NAMES[args->balance]);
+    if (run->balance != NULL) { task_balance_print(run->balance, &run->ds); }
     printf("+------------------------+--------------------------------------+\n");
     fflush(stdout);
 }
@@ -4293,8 +4416,10 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     // every rank's micro-batches are its own jobs of the global sequence: W = world x accum
     // batches per step, this rank's are every world-th from `rank`
     Loader loader;
-    loader_start_strided(&loader, &run->ds, c, args->seed, run->sampler_pos, (uint64_t)run->start, args->batch,
-                         world * args->accum, args->augment, args->workers, 4, world, rank);
+    loader_start_balanced(&loader, &run->ds, c, args->seed, run->sampler_pos, (uint64_t)run->start, args->batch,
+                          world * args->accum, args->augment, args->workers, 4, world, rank, run->balance);
+    TaskLosses task_losses;  // --balance tasks: the loss of each task, logged
+    task_losses_init(&task_losses, run->balance, &run->ds, args->batch);
     loader_pin(&loader, 1);
     SmolBatch dev[2];                         // micro-batch j lands in dev[j % 2]
     cudaEvent_t uploaded[2], consumed[2];     // its copy landed; the compute that read it is done
@@ -4306,12 +4431,13 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     smolvla_set_batch(&model, args->batch);
     Logger logger = {};
     if (lead) { logger_open(&logger, args->output, run->start); }
+    if (lead && run->balance != NULL) { logger.n_tasks = task_losses.T; logger.task_loss = task_losses.task_loss; }
     double peak = device_peak_flops(prop.name), flops = smolvla_flops_per_sample(c, args->train_mode);
 
     double timed_ms = 0.0, peak_mem = 0.0, comm_wait_ms = 0.0;
     int timed_steps = 0, step = run->start, stopped = 0;
     int64_t job = 0, jobs = (int64_t)(args->steps - run->start) * args->accum;
-    batch_upload(&loader, &dev[0], consumed[0], uploaded[0]);
+    batch_upload(&loader, &dev[0], consumed[0], uploaded[0], &task_losses, 0);
     for (; step < args->steps && !stopped; step++) {
         double t0 = wall_seconds();
         watchdog->step[local] = step;
@@ -4325,17 +4451,23 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
             dist.sync = micro == args->accum - 1;  // communicate on the last micro-step only
             SmolInputs in = smol_inputs(batch);
             smolvla_forward(&model, &in, micro);
+            task_losses_add(&task_losses, &model, &in, (int)(job % 2), micro);
             smolvla_backward(&model, micro == 0);
             cudaCheck(cudaEventRecord(consumed[job % 2], main_stream));
             // while the GPU computes: hand the host slot back once copied, start the next batch's copy
             cudaCheck(cudaEventSynchronize(uploaded[job % 2]));
             loader_release(&loader);
-            if (job + 1 < jobs) { batch_upload(&loader, &dev[(job + 1) % 2], consumed[(job + 1) % 2], uploaded[(job + 1) % 2]); }
+            if (job + 1 < jobs) {
+                int k = (int)((job + 1) % 2);
+                batch_upload(&loader, &dev[k], consumed[k], uploaded[k], &task_losses, k);
+            }
         }
         smolvla_grads_finish(&model, stop_requested);
         smolvla_update(&model, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
+        task_losses_reduce(&task_losses, &model);
         float loss, norm;
         smolvla_read_scalars(&model, &loss, &norm, &stopped);
+        task_losses_read(&task_losses);
         watchdog->busy_since[local] = 0.0;
         double ms = 1000.0 * (wall_seconds() - t0);
 #if defined(MULTI_GPU)
@@ -4389,6 +4521,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         }
         logger_close(&logger);
     }
+    task_losses_free(&task_losses);
     for (int k = 0; k < 2; k++) {
         cudaCheck(cudaFree(dev[k].memory));
         cudaCheck(cudaEventDestroy(uploaded[k]));
@@ -4417,10 +4550,6 @@ int main(int argc, char** argv) {
     memset(&run, 0, sizeof(run));
     TrainArgs* args = &run.args;
     train_args_parse(args, argc, argv);
-    if (args->balance != BALANCE_NONE) {
-        vla_fail("--balance %s: train_vla does not balance tasks yet (no per-task losses on the GPU): train with "
-                 "train_vla_cpu, or drop --balance", BALANCE_NAMES[args->balance]);
-    }
     gpu_check_visible(args->ranks);
 #if !defined(MULTI_GPU)
     if (args->nodes > 1) { vla_fail("--nodes %d: this train_vla was built without NCCL: rebuild where NCCL is installed", args->nodes); }
@@ -4431,6 +4560,11 @@ int main(int argc, char** argv) {
     run.world = run.nodes * run.local_ranks;
     train_args_for_world(args, run.world);
     dataset_open(&run.ds, args->input);
+    if (args->balance == BALANCE_TASKS) {  // before a checkpoint is read: it must have been trained with the same
+        task_balance_build(&run.balance_storage, &run.ds, args->task_weights);
+        args->balance_id = run.balance_storage.fingerprint;
+        run.balance = &run.balance_storage;
+    }
     char resume_path[VLA_PATH_MAX];
     run.from = run_start_checkpoint(args, resume_path, sizeof(resume_path));
     run.config = run_config(args, run.from, &run.ds);
@@ -4481,6 +4615,7 @@ int main(int argc, char** argv) {
     stopped = train_rank(&run, &watchdog, 0);
 #endif
     watchdog_stop(&watchdog);
+    if (run.balance != NULL) { task_balance_free(&run.balance_storage); }
     checkpoint_free(&run.initial);
     dataset_close(&run.ds);
     return stopped ? 130 : 0;

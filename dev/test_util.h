@@ -310,3 +310,55 @@ static double norm2(const float* x, size_t n) {
 }
 
 #endif  // VLA_TEST_UTIL_H
+
+// ---- task-balanced sampling (--balance tasks) on a 1:10 imbalanced dataset: two shards, task 0
+// ("pick up the cube") in 10 episodes over both, task 1 ("open the drawer") in one; 8 frames each.
+// The dataset: bal_a.bin (6 episodes of task 0, 1 of task 1) and bal_b.bin (4 of task 0, its own
+// task table naming only task 0's text). Returns the -i list.
+static const char* write_imbalanced(const char* dir, char* spec, size_t size) {
+    enum { LEN = 8, IMG = 8 };
+    static const char* const tasks_a[] = {"pick up the cube", "open the drawer"};
+    static const char* const tasks_b[] = {"pick up the cube"};
+    for (int part = 0; part < 2; part++) {
+        int n_ep = part == 0 ? 7 : 4, frames = n_ep * LEN;
+        uint8_t* images = (uint8_t*)mallocCheck((size_t)frames * IMG * IMG * 3);
+        float* state = (float*)mallocCheck((size_t)frames * 4 * sizeof(float));
+        float* action = (float*)mallocCheck((size_t)frames * 4 * sizeof(float));
+        float stats[16];
+        for (int i = 0; i < frames * IMG * IMG * 3; i++) { images[i] = (uint8_t)(i * 7 + part * 31); }
+        for (int i = 0; i < frames * 4; i++) { state[i] = 0.03f * (float)(i % 11); action[i] = 0.05f * (float)(i % 5) - 0.1f * part; }
+        ShardEpisode eps[7];
+        for (int e = 0; e < n_ep; e++) {
+            eps[e].first_frame = (uint64_t)e * LEN; eps[e].length = LEN;
+            eps[e].task = part == 0 && e == 3 ? 1u : 0u;
+        }
+        shard_compute_stats((uint64_t)frames, state, 4, action, 4, stats);
+        char path[1100];
+        snprintf(path, sizeof(path), "%s/bal_%c.bin", dir, 'a' + part);
+        Cameras cams = cameras_square(1, IMG);
+        shard_write(path, &cams, 4, 4, (uint64_t)frames, images, state, action, (uint64_t)n_ep, eps, part == 0 ? 2 : 1,
+                    part == 0 ? tasks_a : tasks_b, stats);
+        free(images); free(state); free(action);
+    }
+    snprintf(spec, size, "%s/bal_a.bin,%s/bal_b.bin", dir, dir);
+    return spec;
+}
+
+// A --balance tasks run's log.jsonl of 2 tasks: each of its `steps` lines holds a task_loss per
+// task, and the step's loss (their mean weighted by valid entries) lies between them
+static void check_task_loss_log(const char* path, int steps, const char* tag) {
+    char* text = read_text(path);
+    int lines = 0, between = 0;
+    for (char* line = text != NULL ? strtok(text, "\n") : NULL; line != NULL; line = strtok(NULL, "\n")) {
+        float loss, l0, l1;
+        char* at = strstr(line, "\"task_loss\": [");
+        lines++;
+        if (sscanf(line, "{\"step\": %*d, \"loss\": %f", &loss) == 1 && at != NULL &&
+            sscanf(at, "\"task_loss\": [%f, %f]", &l0, &l1) == 2) {
+            between += isfinite(l0) && isfinite(l1) && loss >= fminf(l0, l1) * (1 - 1e-6f) && loss <= fmaxf(l0, l1) * (1 + 1e-6f);
+        }
+    }
+    free(text);
+    check(lines == steps && between == steps, "%s log.jsonl: %d of %d steps hold a task_loss per task with the step's "
+          "loss between them (a mean weighted by valid entries)", tag, between, steps);
+}
