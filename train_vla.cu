@@ -2476,9 +2476,10 @@ static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
 // Activations: a table (type, name, elements) carved from one allocation per type: X floatX,
 // F fp32, I int. Per-layer tensors are stacked layer-major, the vision tower's for Kv layers
 // (smol_vis_kept); at recompute level rc the halves run again have one slot (smol_attn_slots,
-// smol_mlp_slots: Ka, Km of the vision tower, La, Lm of the VLM and the expert). The g_* are backward
-// scratch, shared by the towers whose backward runs (one after the other; the vision tower's only when it trains: smol_vis_grad_rows); the r_* hold the
-// state rows of one VLM layer for the expert mode's backward (smolvla_vlm_backward).
+// smol_mlp_slots: Ka, Km of the vision tower, La, Lm of the VLM and the expert). The g_* are
+// backward scratch, shared by the towers whose backward runs (one after the other; the vision
+// tower's only when it trains: smol_vis_grad_rows); the r_* hold the state rows of one VLM layer
+// for the expert mode's backward (smolvla_vlm_backward).
 #define SMOLVLA_GPU_ACTIVATIONS(X, F, I, c, B, mode, rc) \
     X(pixels,   smol_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
     X(patches,  smol_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
@@ -2918,7 +2919,8 @@ static SmolLayer<T> smol_layer(const SmolVLA* m, int expert, int l, int grads) {
     return w;
 }
 
-// One stack's activations at layer l (N rows), and `out`, the next layer's input.
+// One stack's activations at layer l (N rows), and `out`, the next layer's input. A half that is
+// recomputed (smol_attn_slots, smol_mlp_slots) is the one slot every layer shares.
 typedef struct {
     floatX *res, *ln1, *q, *k, *v, *att, *mid, *ln2, *gate, *up, *act, *out;
     float *rstd1, *lse, *rstd2;
