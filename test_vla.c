@@ -1712,6 +1712,9 @@ static void test_bad_input(const char* dir) {
         {"--master without a port", "--nodes 2 --node-rank 1 --master h", "--master h: expected host:port"},
         {"--max-text past 1024", "--max-text 5000", "--max-text 5000: expected an integer in [0, 1024]"},
         {"an unknown train mode", "--train everything", "--train everything: use expert, vlm or all"},
+        {"an unknown --recompute", "--recompute sometimes", "--recompute sometimes: use none, attn or layer"},
+        {"--recompute on the CPU trainer (the reference)", "--recompute layer", "train_vla_cpu keeps every activation"},
+        {"--memory on the CPU trainer", "--memory", "--memory prints train_vla's GPU memory"},
         {"the preset of the old model", "-p base", "unknown preset 'base': use tiny, small or smolvla"},
     };
     for (size_t k = 0; k < sizeof(flag_cases) / sizeof(flag_cases[0]); k++) {

@@ -19,7 +19,8 @@ shard data against the oracle's (a_train.txt), determinism, gradient accumulatio
 2 and 4 (plain and ZeRO-1, every train mode) against one GPU with the same global batch, their
 checkpoints continued on other world sizes, the NCCL build at -g 1 against the build without
 NCCL, injected NCCL faults, bit-exact resume, checkpoints continued by train_vla_cpu and back,
-bad input. Tolerances are stated where they are defined.
+bad input, activation recomputation (bit-identical to none in every train mode). Tolerances are
+stated where they are defined.
 */
 #define TESTING
 #include "train_vla.cu"
@@ -836,6 +837,178 @@ static void test_weights_only(const char* dir) {
     if (ok) { checkpoint_free(&ck); }
 }
 
+// ----------------------------------------------------------------------------
+// Activation recomputation (--recompute): the backward runs a layer's forward again into one slot
+// instead of keeping every layer's, with the same kernels on the same inputs, so the values are
+// the same bit for bit (the emulation is deterministic; so is a GPU for the same kernel, launch
+// and pointers' alignment). Per train mode, on the tiny preset grown to 2 SigLIP layers and 4
+// VLM/expert layers (joint and cross layers, a last VLM layer, a tower that keeps per-layer
+// slots): an AdamW step on a batch with text pads and chunk slots past the episode's end, its
+// loss, every gradient and the weights after it (and a 10-step sample with them) compared with
+// memcmp to --recompute none's, and the activations strictly smaller. Then the binary:
+// --recompute layer's checkpoint equals none's, a bad value is refused (test_vla: train_vla_cpu
+// refuses every level but none).
+
+// A random batch of B samples for config c: frames at the model's size, token ids with a few pads
+// at the end, some action slots past the episode's end; every field in its own device allocation
+static SmolInputs recompute_batch(const SmolVLAConfig* c, int B, uint64_t seed) {
+    Rng r;
+    rng_init(&r, seed, 0);
+    SmolInputs in;
+    memset(&in, 0, sizeof(in));
+    in.B = B;
+    size_t frame = (size_t)c->img * c->img * 3, n_act = (size_t)B * c->chunk * c->max_action_dim;
+    uint8_t* px = (uint8_t*)mallocCheck(frame * B);
+    for (int k = 0; k < c->n_cam; k++) {
+        for (size_t i = 0; i < frame * B; i++) { px[i] = (uint8_t)(rng_u64(&r) & 255); }
+        in.frames[k] = (const uint8_t*)upload(px, frame * B);
+        in.frame_h[k] = in.frame_w[k] = c->img;
+    }
+    free(px);
+    int32_t* tokens = (int32_t*)mallocCheck((size_t)B * c->max_text * sizeof(int32_t));
+    float* mask = (float*)mallocCheck((size_t)B * c->max_text * sizeof(float));
+    for (int b = 0; b < B; b++) {
+        int len = c->max_text - 1 - b % 3;  // 1-3 pads
+        for (int j = 0; j < c->max_text; j++) {
+            tokens[b * c->max_text + j] = j < len ? (int32_t)(rng_u64(&r) % (uint64_t)c->vocab) : c->pad_token;
+            mask[b * c->max_text + j] = j < len ? 1.0f : 0.0f;
+        }
+    }
+    float* f = (float*)mallocCheck((n_act > (size_t)B * c->max_state_dim ? n_act : (size_t)B * c->max_state_dim) *
+                                   sizeof(float));
+    in.tokens = (const int32_t*)upload(tokens, (size_t)B * c->max_text * sizeof(int32_t));
+    in.token_mask = (const float*)upload(mask, (size_t)B * c->max_text * sizeof(float));
+    for (size_t i = 0; i < (size_t)B * c->max_state_dim; i++) { f[i] = (float)rng_normal(&r); }
+    in.state = (const float*)upload(f, (size_t)B * c->max_state_dim * sizeof(float));
+    for (size_t i = 0; i < n_act; i++) { f[i] = (float)rng_normal(&r); }
+    in.actions = (const float*)upload(f, n_act * sizeof(float));
+    for (size_t i = 0; i < n_act; i++) { f[i] = (float)rng_normal(&r); }
+    in.noise = (const float*)upload(f, n_act * sizeof(float));
+    for (int i = 0; i < B * c->chunk; i++) { f[i] = i % c->chunk >= c->chunk - 2 * (i / c->chunk) ? 1.0f : 0.0f; }
+    in.action_is_pad = (const float*)upload(f, (size_t)B * c->chunk * sizeof(float));
+    for (int b = 0; b < B; b++) { f[b] = (float)rng_flow_time(&r); }
+    in.t = (const float*)upload(f, B * sizeof(float));
+    free(tokens); free(mask); free(f);
+    return in;
+}
+
+static void recompute_batch_free(SmolInputs* in, int n_cam) {
+    for (int k = 0; k < n_cam; k++) { cudaCheck(cudaFree((void*)in->frames[k])); }
+    cudaCheck(cudaFree((void*)in->tokens)); cudaCheck(cudaFree((void*)in->token_mask));
+    cudaCheck(cudaFree((void*)in->state)); cudaCheck(cudaFree((void*)in->actions));
+    cudaCheck(cudaFree((void*)in->noise)); cudaCheck(cudaFree((void*)in->action_is_pad));
+    cudaCheck(cudaFree((void*)in->t));
+}
+
+// What a run at recompute level rc leaves: one AdamW step's loss, its gradients, the weights after
+// it, a 10-step sample with them (with_sample); its activation bytes
+typedef struct {
+    float loss;
+    float* grads;
+    floatX* params;
+    float* sample;
+    size_t act_bytes, n_train, n_params;
+} RecomputeRun;
+
+static RecomputeRun recompute_run(const SmolVLAConfig* c, int mode, int rc, const float* init, const SmolInputs* in,
+                                  int with_sample) {
+    RecomputeRun r;
+    SmolVLA m;
+    smolvla_build(&m, c, mode);
+    smolvla_set_recompute(&m, rc);
+    smolvla_set_params(&m, init);
+    TrainArgs args;
+    train_args_defaults(&args);
+    args.warmup = 1;
+    args.lr = 1e-2f;  // weights that move: the sample runs on others than the step
+    smolvla_train_step(&m, in, 1, 0, &args);
+    r.loss = smolvla_read_loss(&m);
+    r.n_train = m.n_train;
+    r.n_params = m.n_params;
+    r.grads = (float*)mallocCheck(m.n_train * sizeof(float));
+    r.params = (floatX*)mallocCheck(m.n_params * sizeof(floatX));
+    cudaCheck(cudaMemcpy(r.grads, m.grads_memory, m.n_train * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(r.params, m.params_memory, m.n_params * sizeof(floatX), cudaMemcpyDeviceToHost));
+    size_t n = (size_t)in->B * c->chunk * c->max_action_dim;
+    r.sample = (float*)calloc(n, sizeof(float));
+    if (with_sample) {
+        m.sampling.use_graph = 0;
+        smolvla_sample(&m, in, in->noise, r.sample);
+    }
+    r.act_bytes = m.act_bytes;
+    check(m.device_bytes - m.act_bytes == smolvla_model_bytes(c, mode) &&
+          m.act_bytes == smolvla_act_bytes(c, mode, in->B, rc), "%s, --recompute %s: the model holds what "
+          "smolvla_model_bytes + smolvla_act_bytes say (%zu + %zu bytes: --memory's table)", TRAIN_MODE_NAMES[mode],
+          RECOMPUTE_NAMES[rc], m.device_bytes - m.act_bytes, m.act_bytes);
+    smolvla_free(&m);
+    return r;
+}
+
+static void test_recompute(const char* dir) {
+    printf("\n== activation recomputation (%s)\n", PRECISION_NAME);
+    double t0 = wall_seconds();
+    SmolVLAConfig c = smolvla_preset("tiny")->config;
+    c.vis_layers = 2;
+    c.n_layer = 4;
+    SmolParamTable t;
+    smolvla_table_build(&c, &t);
+    float* init = (float*)mallocCheck(t.total * sizeof(float));
+    smolvla_param_init(init, &t, &c, 5);
+    int B = 2;
+    SmolInputs in = recompute_batch(&c, B, 11);
+    size_t n_sample = (size_t)B * c.chunk * c.max_action_dim;
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
+        // sampling (the forward alone, unchanged by recompute) is the same code in every mode: checked once
+        RecomputeRun none = recompute_run(&c, mode, RECOMPUTE_NONE, init, &in, mode == TRAIN_MODE_ALL);
+        for (int rc = RECOMPUTE_ATTN; rc <= RECOMPUTE_LAYER; rc++) {
+            int sample = mode == TRAIN_MODE_ALL && rc == RECOMPUTE_LAYER;
+            RecomputeRun r = recompute_run(&c, mode, rc, init, &in, sample);
+            int same = memcmp(&r.loss, &none.loss, sizeof(r.loss)) == 0 &&
+                       memcmp(r.grads, none.grads, r.n_train * sizeof(float)) == 0 &&
+                       memcmp(r.params, none.params, r.n_params * sizeof(floatX)) == 0 &&
+                       (!sample || memcmp(r.sample, none.sample, n_sample * sizeof(float)) == 0);
+            check(same && isfinite(r.loss), "%s, --recompute %s: the loss (%.6f), all %zu gradients, the weights after "
+                  "AdamW%s identical to none's bit for bit", TRAIN_MODE_NAMES[mode], RECOMPUTE_NAMES[rc], r.loss,
+                  r.n_train, sample ? " and a 10-step sample with them" : "");
+            check(r.act_bytes < none.act_bytes, "%s, --recompute %s: activations %zu bytes < none's %zu (%.0f%%)",
+                  TRAIN_MODE_NAMES[mode], RECOMPUTE_NAMES[rc], r.act_bytes, none.act_bytes,
+                  100.0 * r.act_bytes / none.act_bytes);
+            free(r.grads); free(r.params); free(r.sample);
+        }
+        free(none.grads); free(none.params); free(none.sample);
+    }
+    recompute_batch_free(&in, c.n_cam);
+    free(init);
+    // the levels in order at the smolvla preset's sizes, from the function the trainer allocates by
+    SmolVLAConfig big = smolvla_preset("smolvla")->config;
+    size_t all[3];
+    for (int rc = 0; rc < 3; rc++) { all[rc] = smolvla_act_bytes(&big, TRAIN_MODE_ALL, 8, rc); }
+    check(all[2] < all[1] && all[1] < all[0] && 3 * all[2] < all[0], "smolvla --train all -b 8: activations %.2f / "
+          "%.2f / %.2f GiB for none / attn / layer", all[0] / 1073741824.0, all[1] / 1073741824.0, all[2] / 1073741824.0);
+
+    // the binary: --train all, 2 steps with --recompute layer leave none's checkpoint
+    char command[2048], p1[1100], p2[1100];
+    float l1[2] = {0}, l2[2] = {0};
+    int n1, n2;
+    snprintf(command, sizeof(command), "%s -p tiny -b 3 -n 2 -u 2 --train all -i %s/b.bin", TRAINER, dir);
+    int rc1 = run_steps(dir, "gpu_rec_none", command, 2, l1, &n1);
+    snprintf(command, sizeof(command), "%s -p tiny -b 3 -n 2 -u 2 --train all -i %s/b.bin --recompute layer", TRAINER, dir);
+    int rc2 = run_steps(dir, "gpu_rec_layer", command, 2, l2, &n2);
+    snprintf(p1, sizeof(p1), "%s/gpu_rec_none/ckpt_00000002.bin", dir);
+    snprintf(p2, sizeof(p2), "%s/gpu_rec_layer/ckpt_00000002.bin", dir);
+    check(rc1 == 0 && rc2 == 0 && n1 == 2 && n2 == 2 && memcmp(l1, l2, sizeof(l1)) == 0 && files_equal(p1, p2),
+          "%s --train all --recompute layer: the same losses (%.6f, %.6f) and checkpoint as --recompute none", TRAINER,
+          l2[0], l2[1]);
+    snprintf(command, sizeof(command), "%s/gpu_rec_layer/log.jsonl", dir);
+    char* log = read_text(command);
+    check(strstr(log, "\"recompute_saved_bytes\": ") != NULL, "its log.jsonl records what --recompute saves");
+    free(log);
+    char args[2048];
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s/a.bin -o %s/bad_out --recompute some", dir, dir);
+    expect_error_from(dir, TRAINER, "--recompute some", args, "--recompute some: use none, attn or layer");
+    printf("(recompute: %.1f s)\n", wall_seconds() - t0);
+}
+
 static void test_bad_input(const char* dir) {
     printf("\n== bad input\n");
     char args[2048];
@@ -942,7 +1115,7 @@ static void test_balance(const char* dir) {
 
 // VLA_GPU_TESTS=a,b runs only the groups named (oracle, lerobot, training_loop, determinism,
 // accumulation, single_gpu_build, multi_gpu, faults, resume, cross_trainer, weights_only,
-// bad_input, balance, ...): for working on one feature; make test runs them all
+// bad_input, balance, recompute, ...): for working on one feature; make test runs them all
 static int wanted(const char* group) {
     const char* only = getenv("VLA_GPU_TESTS");
     if (only == NULL || only[0] == '\0') { return 1; }
@@ -1008,6 +1181,7 @@ int main(int argc, char** argv) {
     if (wanted("weights_only")) { test_weights_only(dir); }
     if (wanted("bad_input")) { test_bad_input(dir); }
     if (wanted("balance")) { test_balance(dir); }
+    if (wanted("recompute")) { test_recompute(dir); }
     gpu_shutdown();
     printf("\n%d passed, %d failed\n", n_passed, n_failed);
     return n_failed == 0 ? 0 : 1;

@@ -1873,6 +1873,12 @@ static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 int main(int argc, char** argv) {
     TrainArgs args;
     train_args_parse(&args, argc, argv);
+    // the CPU reference keeps every activation: the memory options are the GPU trainer's
+    if (args.recompute != RECOMPUTE_NONE) {
+        vla_fail("--recompute %s: train_vla_cpu keeps every activation (the reference): drop it, or train with train_vla",
+                 RECOMPUTE_NAMES[args.recompute]);
+    }
+    if (args.memory) { vla_fail("--memory prints train_vla's GPU memory: run it with train_vla"); }
     if (args.nodes > 1) { vla_fail("--nodes %d: train_vla_cpu runs on one machine; several machines train with train_vla", args.nodes); }
     train_args_for_world(&args, args.ranks);  // simulated ranks scale the learning rate as GPUs would
     if (args.threads > 0) {

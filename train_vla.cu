@@ -2481,6 +2481,17 @@ static inline size_t smol_vis_kept(const SmolVLAConfig* c, int mode) {
     return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1;
 }
 
+// Per-layer slots of a stack of `layers` at recompute level rc (--recompute): of the attention half
+// (input norm, queries, the layer's own keys/values, attention output, log-sum-exp) and of the MLP
+// half (after attention, its norm, the MLP). Every layer's, or one slot that each layer's forward
+// overwrites and the backward fills again from the layer's kept input (smol_*_layer_forward's redo)
+// right before it reads it. What another part reads later keeps its slot per layer whatever rc:
+// the layer inputs, the VLM's keys/values (the expert's), the cross layers' re-projections.
+static inline size_t smol_attn_slots(size_t layers, int rc) { return rc >= RECOMPUTE_ATTN ? 1 : layers; }
+static inline size_t smol_mlp_slots(size_t layers, int rc) { return rc >= RECOMPUTE_LAYER ? 1 : layers; }
+static inline size_t smol_vis_attn(const SmolVLAConfig* c, int mode, int rc) { return smol_attn_slots(smol_vis_kept(c, mode), rc); }
+static inline size_t smol_vis_mlp(const SmolVLAConfig* c, int mode, int rc) { return smol_mlp_slots(smol_vis_kept(c, mode), rc); }
+
 // Vision rows of the backward scratch in `mode`: none unless the tower trains (only its backward
 // works on V rows)
 static inline size_t smol_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) {
@@ -2499,27 +2510,29 @@ static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
 
 // Activations: a table (type, name, elements) carved from one allocation per type: X floatX,
 // F fp32, I int. Per-layer tensors are stacked layer-major, the vision tower's for Kv layers
-// (smol_vis_kept). The g_* are backward scratch, shared by the towers whose backward runs (one
-// after the other; the vision tower's only when it trains: smol_vis_grad_rows); the r_* hold the
-// state rows of one VLM layer for the expert mode's backward (smolvla_vlm_backward).
-#define SMOLVLA_GPU_ACTIVATIONS(X, F, I, c, B, mode) \
+// (smol_vis_kept); at recompute level rc the halves run again have one slot (smol_attn_slots,
+// smol_mlp_slots: Ka, Km of the vision tower, La, Lm of the VLM and the expert). The g_* are
+// backward scratch, shared by the towers whose backward runs (one after the other; the vision
+// tower's only when it trains: smol_vis_grad_rows); the r_* hold the state rows of one VLM layer
+// for the expert mode's backward (smolvla_vlm_backward).
+#define SMOLVLA_GPU_ACTIVATIONS(X, F, I, c, B, mode, rc) \
     X(pixels,   smol_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
     X(patches,  smol_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
     X(v_res,    (smol_vis_kept(c, mode) + 1) * smol_vrows(c, B) * (c)->vis_width)     /* (Kv+1, V, Cv) layer inputs, then the last output */ \
-    X(v_ln1,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    F(v_mean1,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
-    F(v_rstd1,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
-    X(v_q,      smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_k,      smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_v,      smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_att,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    F(v_lse,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_heads)           /* (Kv, NV, NHv, Nv) */ \
-    X(v_mid,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) after attention */ \
-    X(v_ln2,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    F(v_mean2,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
-    F(v_rstd2,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
-    X(v_fc1,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) before GELU */ \
-    X(v_gelu,   smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) */ \
+    X(v_ln1,    smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    F(v_mean1,  smol_vis_attn(c, mode, rc) * smol_vrows(c, B))                                     /* (Ka, V) */ \
+    F(v_rstd1,  smol_vis_attn(c, mode, rc) * smol_vrows(c, B))                                     /* (Ka, V) */ \
+    X(v_q,      smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    X(v_k,      smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    X(v_v,      smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    X(v_att,    smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    F(v_lse,    smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_heads)                    /* (Ka, NV, NHv, Nv) */ \
+    X(v_mid,    smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) after attention */ \
+    X(v_ln2,    smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) */ \
+    F(v_mean2,  smol_vis_mlp(c, mode, rc) * smol_vrows(c, B))                                      /* (Km, V) */ \
+    F(v_rstd2,  smol_vis_mlp(c, mode, rc) * smol_vrows(c, B))                                      /* (Km, V) */ \
+    X(v_fc1,    smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_ff)                        /* (Km, V, Fv) before GELU */ \
+    X(v_gelu,   smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_ff)                        /* (Km, V, Fv) */ \
     X(v_out,    smol_vrows(c, B) * (c)->vis_width)                                    /* (V, Cv) after post_layernorm */ \
     F(v_omean,  smol_vrows(c, B))                                                     /* (V) */ \
     F(v_orstd,  smol_vrows(c, B))                                                     /* (V) */ \
@@ -2532,19 +2545,19 @@ static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
     I(pos,      (size_t)(B) * (smolvla_n_prefix(c) + (c)->chunk))                     /* (B, T) RoPE positions */ \
     I(x_pos,    smol_rrows(c, B))                                                     /* (B, H) the cross layers' positions */ \
     X(p_res,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) layer inputs */ \
-    X(p_ln1,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
-    F(p_rstd1,  (size_t)(c)->n_layer * smol_prows(c, B))                              /* (L, P) */ \
-    X(p_q,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_attn(c))          /* (L, P, D) after RoPE */ \
+    X(p_ln1,    smol_attn_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->d_model)               /* (La, P, C) */ \
+    F(p_rstd1,  smol_attn_slots((c)->n_layer, rc) * smol_prows(c, B))                              /* (La, P) */ \
+    X(p_q,      smol_attn_slots((c)->n_layer, rc) * smol_prows(c, B) * smolvla_d_attn(c))          /* (La, P, D) after RoPE */ \
     X(p_k,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) after RoPE: what the expert reads */ \
     X(p_v,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) */ \
-    X(p_att,    (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_attn(c))          /* (L, P, D) */ \
-    F(p_lse,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->n_head)                /* (L, B, NH, Np) */ \
-    X(p_mid,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) after attention */ \
-    X(p_ln2,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
-    F(p_rstd2,  (size_t)(c)->n_layer * smol_prows(c, B))                              /* (L, P) */ \
-    X(p_gate,   (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
-    X(p_up,     (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
-    X(p_act,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
+    X(p_att,    smol_attn_slots((c)->n_layer, rc) * smol_prows(c, B) * smolvla_d_attn(c))          /* (La, P, D) */ \
+    F(p_lse,    smol_attn_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->n_head)                /* (La, B, NH, Np) */ \
+    X(p_mid,    smol_mlp_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->d_model)                /* (Lm, P, C) after attention */ \
+    X(p_ln2,    smol_mlp_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->d_model)                /* (Lm, P, C) */ \
+    F(p_rstd2,  smol_mlp_slots((c)->n_layer, rc) * smol_prows(c, B))                               /* (Lm, P) */ \
+    X(p_gate,   smol_mlp_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
+    X(p_up,     smol_mlp_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
+    X(p_act,    smol_mlp_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
     X(x_t,      smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
     F(target,   smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) u = noise - actions */ \
     F(x_sample, smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) Euler state */ \
@@ -2554,21 +2567,21 @@ static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
     X(t_pre,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) before SiLU */ \
     X(t_act,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after SiLU */ \
     X(s_res,    ((c)->n_layer + 1) * smol_rrows(c, B) * (c)->d_expert)                /* (L+1, R, Ce) layer inputs, then the last output */ \
-    X(s_ln1,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
-    F(s_rstd1,  (size_t)(c)->n_layer * smol_rrows(c, B))                              /* (L, R) */ \
-    X(s_q,      (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_attn(c))          /* (L, R, D) after RoPE */ \
-    X(s_k,      (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_kv(c))            /* (L, R, KV) after RoPE (joint layers) */ \
-    X(s_v,      (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_kv(c))            /* (L, R, KV) (joint layers) */ \
+    X(s_ln1,    smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->d_expert)              /* (La, R, Ce) */ \
+    F(s_rstd1,  smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B))                              /* (La, R) */ \
+    X(s_q,      smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B) * smolvla_d_attn(c))          /* (La, R, D) after RoPE */ \
+    X(s_k,      smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B) * smolvla_d_kv(c))            /* (La, R, KV) after RoPE (joint layers) */ \
+    X(s_v,      smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B) * smolvla_d_kv(c))            /* (La, R, KV) (joint layers) */ \
     X(c_k,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_k re-projected (cross layers) */ \
     X(c_v,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_v re-projected (cross layers) */ \
-    X(s_att,    (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_attn(c))          /* (L, R, D) */ \
-    F(s_lse,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->n_head)                /* (L, B, NH, H) */ \
-    X(s_mid,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) after attention */ \
-    X(s_ln2,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
-    F(s_rstd2,  (size_t)(c)->n_layer * smol_rrows(c, B))                              /* (L, R) */ \
-    X(s_gate,   (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
-    X(s_up,     (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
-    X(s_act,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
+    X(s_att,    smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B) * smolvla_d_attn(c))          /* (La, R, D) */ \
+    F(s_lse,    smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->n_head)                /* (La, B, NH, H) */ \
+    X(s_mid,    smol_mlp_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->d_expert)               /* (Lm, R, Ce) after attention */ \
+    X(s_ln2,    smol_mlp_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->d_expert)               /* (Lm, R, Ce) */ \
+    F(s_rstd2,  smol_mlp_slots((c)->n_layer, rc) * smol_rrows(c, B))                               /* (Lm, R) */ \
+    X(s_gate,   smol_mlp_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
+    X(s_up,     smol_mlp_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
+    X(s_act,    smol_mlp_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
     X(f_ln,     smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after the expert's norm */ \
     F(f_rstd,   smol_rrows(c, B))                                                     /* (R) */ \
     F(v_t,      smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities, fp32 */ \
@@ -2616,7 +2629,7 @@ typedef struct {
 #define SMOL_ACT_X_(nm, n) floatX* nm;
 #define SMOL_ACT_F_(nm, n) float* nm;
 #define SMOL_ACT_I_(nm, n) int* nm;
-    SMOLVLA_GPU_ACTIVATIONS(SMOL_ACT_X_, SMOL_ACT_F_, SMOL_ACT_I_, c, B, mode)
+    SMOLVLA_GPU_ACTIVATIONS(SMOL_ACT_X_, SMOL_ACT_F_, SMOL_ACT_I_, c, B, mode, rc)
 #undef SMOL_ACT_X_
 #undef SMOL_ACT_F_
 #undef SMOL_ACT_I_
@@ -2645,6 +2658,7 @@ typedef struct {
 typedef struct {
     SmolVLAConfig config;
     int mode;                              // TRAIN_MODE_*: what trains, so what has a gradient
+    int recompute;                         // RECOMPUTE_*: what the backward runs again (smolvla_set_recompute)
     SmolParamTable table;
     SmolOptDomain domain;                  // the trainable elements, packed: tensor i's at domain.offset[i]
     size_t frozen_at[SMOLVLA_NUM_TENSORS]; // where a tensor's frozen remainder starts in params_memory
@@ -2700,6 +2714,20 @@ static inline float* smol_grad(const SmolVLA* m, int i, int k) {
 }
 
 static void smol_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d);
+
+// Device bytes smolvla_build allocates for config c in `mode` on one GPU (no ZeRO-1 sharding): the
+// weights, their gradients, master weights and moments, the norm's partials and the RoPE table; the
+// activations come on top (smolvla_act_bytes). smolvla_build checks that it holds exactly this.
+static size_t smolvla_model_bytes(const SmolVLAConfig* c, int mode) {
+    SmolParamTable t;
+    SmolOptDomain d;
+    smolvla_table_build(c, &t);
+    smolvla_opt_domain(&t, mode, &d);
+    size_t n_train = zero_shard_size(d.total, 1, 16), n_params = n_train;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { n_params += (t.spec[i].numel - d.numel[i] + 15) / 16 * 16; }
+    size_t rope = (size_t)(smolvla_n_prefix(c) + c->chunk) * (c->head_dim / 2) * 2;
+    return n_params * sizeof(floatX) + 4 * n_train * sizeof(float) + (NORM_BLOCKS + rope) * sizeof(float);
+}
 
 // The model for config c, training in `mode`: the parameter and gradient memory (zero until
 // smolvla_set_params), the RoPE table and the gradient buckets; the activations follow the batch
@@ -2773,6 +2801,10 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
     m->rope_sin = m->rope_cos + (size_t)T * half;
     cudaCheck(cudaMemcpy(m->rope_cos, cs, (size_t)T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
     free(cs);
+    if (shard_world == 1 && m->device_bytes != smolvla_model_bytes(c, mode)) {  // what --memory's table adds
+        vla_fail("internal: smolvla_build holds %zu bytes, smolvla_model_bytes says %zu", m->device_bytes,
+                 smolvla_model_bytes(c, mode));
+    }
 }
 
 // The weights from a host array in the table's layout (smolvla_load_safetensors', smolvla_param_init's
@@ -2813,22 +2845,24 @@ static void smolvla_set_params(SmolVLA* m, const float* params, const float* mom
     }
 }
 
-// The activations' elements of each type for B samples in `mode`, every tensor rounded up to 64 bytes
-static void smol_act_counts(const SmolVLAConfig* c, int mode, int B, size_t* nx, size_t* nf, size_t* ni) {
+// The activations' elements of each type for B samples in `mode` at recompute level rc, every tensor
+// rounded up to 64 bytes
+static void smol_act_counts(const SmolVLAConfig* c, int mode, int B, int rc, size_t* nx, size_t* nf, size_t* ni) {
     *nx = *nf = *ni = 0;
 #define SMOL_SIZE_X_(nm, n) *nx += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
 #define SMOL_SIZE_F_(nm, n) *nf += ((n) + 15) / 16 * 16;
 #define SMOL_SIZE_I_(nm, n) *ni += ((n) + 15) / 16 * 16;
-    SMOLVLA_GPU_ACTIVATIONS(SMOL_SIZE_X_, SMOL_SIZE_F_, SMOL_SIZE_I_, c, B, mode)
+    SMOLVLA_GPU_ACTIVATIONS(SMOL_SIZE_X_, SMOL_SIZE_F_, SMOL_SIZE_I_, c, B, mode, rc)
 #undef SMOL_SIZE_X_
 #undef SMOL_SIZE_F_
 #undef SMOL_SIZE_I_
 }
 
-// Device bytes of the activations for B samples in `mode`: what smolvla_set_batch allocates
-static size_t smolvla_act_bytes(const SmolVLAConfig* c, int mode, int B) {
+// Device bytes of the activations for B samples in `mode` at recompute level rc: what
+// smolvla_set_batch allocates
+static size_t smolvla_act_bytes(const SmolVLAConfig* c, int mode, int B, int rc = RECOMPUTE_NONE) {
     size_t nx, nf, ni;
-    smol_act_counts(c, mode, B, &nx, &nf, &ni);
+    smol_act_counts(c, mode, B, rc, &nx, &nf, &ni);
     return nx * sizeof(floatX) + nf * sizeof(float) + ni * sizeof(int);
 }
 
@@ -2847,24 +2881,35 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
         cudaCheck(cudaFree(m->acts_i));
     }
     const SmolVLAConfig* c = &m->config;
-    int mode = m->mode;
+    int mode = m->mode, rc = m->recompute;
     size_t nx, nf, ni;
-    smol_act_counts(c, mode, B, &nx, &nf, &ni);
+    smol_act_counts(c, mode, B, rc, &nx, &nf, &ni);
     m->acts_x = (floatX*)smol_device_malloc(m, nx * sizeof(floatX));
     m->acts_f = (float*)smol_device_malloc(m, nf * sizeof(float));
     m->acts_i = (int*)smol_device_malloc(m, ni * sizeof(int));
-    m->act_bytes = smolvla_act_bytes(c, mode, B);
+    m->act_bytes = smolvla_act_bytes(c, mode, B, rc);
     floatX* px = m->acts_x;
     float* pf = m->acts_f;
     int* pi = m->acts_i;
 #define SMOL_POINT_X_(nm, n) m->acts.nm = px; px += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
 #define SMOL_POINT_F_(nm, n) m->acts.nm = pf; pf += ((n) + 15) / 16 * 16;
 #define SMOL_POINT_I_(nm, n) m->acts.nm = pi; pi += ((n) + 15) / 16 * 16;
-    SMOLVLA_GPU_ACTIVATIONS(SMOL_POINT_X_, SMOL_POINT_F_, SMOL_POINT_I_, c, B, mode)
+    SMOLVLA_GPU_ACTIVATIONS(SMOL_POINT_X_, SMOL_POINT_F_, SMOL_POINT_I_, c, B, mode, rc)
 #undef SMOL_POINT_X_
 #undef SMOL_POINT_F_
 #undef SMOL_POINT_I_
     m->B = B;
+}
+
+// Recompute level rc from now on (RECOMPUTE_*; a built model's is none): the activations are sized
+// again if there are any
+static void smolvla_set_recompute(SmolVLA* m, int rc) {
+    if (rc < RECOMPUTE_NONE || rc > RECOMPUTE_LAYER) { vla_fail("recompute level %d is not one of 0-2", rc); }
+    if (m->recompute == rc) { return; }
+    m->recompute = rc;
+    int B = m->B;
+    m->B = 0;
+    if (m->acts_x != NULL) { smolvla_set_batch(m, B); }
 }
 
 static void smolvla_free(SmolVLA* m) {
@@ -2909,7 +2954,8 @@ static SmolLayer<T> smol_layer(const SmolVLA* m, int expert, int l, int grads) {
     return w;
 }
 
-// One stack's activations at layer l (N rows), and `out`, the next layer's input.
+// One stack's activations at layer l (N rows), and `out`, the next layer's input. A half that is
+// recomputed (smol_attn_slots, smol_mlp_slots) is the one slot every layer shares.
 typedef struct {
     floatX *res, *ln1, *q, *k, *v, *att, *mid, *ln2, *gate, *up, *act, *out;
     float *rstd1, *lse, *rstd2;
@@ -2919,6 +2965,7 @@ static SmolLayerActs smol_layer_acts(const SmolVLA* m, int expert, int l) {
     const SmolVLAConfig* c = &m->config;
     const SmolActivations* a = &m->acts;
     size_t N = expert ? smol_rrows(c, m->B) : smol_prows(c, m->B), L = (size_t)l;
+    size_t La = L % smol_attn_slots(c->n_layer, m->recompute), Lm = L % smol_mlp_slots(c->n_layer, m->recompute);
     size_t C = expert ? c->d_expert : c->d_model, F = expert ? c->d_expert_ff : c->d_ff;
     size_t D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
     SmolLayerActs x;
@@ -2929,10 +2976,11 @@ static SmolLayerActs smol_layer_acts(const SmolVLA* m, int expert, int l) {
         x = SmolLayerActs{a->p_res, a->p_ln1, a->p_q, a->p_k, a->p_v, a->p_att, a->p_mid, a->p_ln2, a->p_gate, a->p_up,
                           a->p_act, a->p_res, a->p_rstd1, a->p_lse, a->p_rstd2};
     }
-    x.res += L * N * C; x.ln1 += L * N * C; x.rstd1 += L * N;
-    x.q += L * N * D; x.k += L * N * KV; x.v += L * N * KV; x.att += L * N * D; x.lse += L * N * c->n_head;
-    x.mid += L * N * C; x.ln2 += L * N * C; x.rstd2 += L * N;
-    x.gate += L * N * F; x.up += L * N * F; x.act += L * N * F;
+    size_t Lkv = expert ? La : L;  // the VLM's keys/values are the expert's too: one slot per layer
+    x.res += L * N * C; x.ln1 += La * N * C; x.rstd1 += La * N;
+    x.q += La * N * D; x.k += Lkv * N * KV; x.v += Lkv * N * KV; x.att += La * N * D; x.lse += La * N * c->n_head;
+    x.mid += Lm * N * C; x.ln2 += Lm * N * C; x.rstd2 += Lm * N;
+    x.gate += Lm * N * F; x.up += Lm * N * F; x.act += Lm * N * F;
     x.out += (L + 1) * N * C;  // the VLM's last layer has no output (never written: p_res has L slices)
     return x;
 }
@@ -2940,7 +2988,8 @@ static SmolLayerActs smol_layer_acts(const SmolVLA* m, int expert, int l) {
 // Vision layer l's activations (V rows), and `out`, the next layer's input. With Kv kept layers
 // (smol_vis_kept) layer l's are slot l % Kv of the stacks and its input slot l % (Kv + 1) of v_res:
 // every layer's side by side when the tower trains, else one set that every layer reuses, the
-// residual stream going back and forth between v_res's two slots.
+// residual stream going back and forth between v_res's two slots. A half that is recomputed has
+// one slot (smol_vis_attn, smol_vis_mlp) whatever Kv.
 typedef struct {
     floatX *res, *ln1, *q, *k, *v, *att, *mid, *ln2, *fc1, *gelu, *out;
     float *mean1, *rstd1, *lse, *mean2, *rstd2;
@@ -2949,13 +2998,14 @@ typedef struct {
 static SmolVisionActs smol_vision_acts(const SmolVLA* m, int l) {
     const SmolVLAConfig* c = &m->config;
     const SmolActivations* a = &m->acts;
-    size_t kept = smol_vis_kept(c, m->mode), L = (size_t)l % kept, V = smol_vrows(c, m->B);
+    size_t kept = smol_vis_kept(c, m->mode), V = smol_vrows(c, m->B);
+    size_t La = (size_t)l % smol_vis_attn(c, m->mode, m->recompute), Lm = (size_t)l % smol_vis_mlp(c, m->mode, m->recompute);
     size_t VC = V * c->vis_width, VF = V * c->vis_ff;
-    SmolVisionActs x = {a->v_res + (size_t)l % (kept + 1) * VC, a->v_ln1 + L * VC, a->v_q + L * VC, a->v_k + L * VC,
-                        a->v_v + L * VC, a->v_att + L * VC, a->v_mid + L * VC, a->v_ln2 + L * VC, a->v_fc1 + L * VF,
-                        a->v_gelu + L * VF, a->v_res + (size_t)(l + 1) % (kept + 1) * VC,
-                        a->v_mean1 + L * V, a->v_rstd1 + L * V, a->v_lse + L * V * c->vis_heads, a->v_mean2 + L * V,
-                        a->v_rstd2 + L * V};
+    SmolVisionActs x = {a->v_res + (size_t)l % (kept + 1) * VC, a->v_ln1 + La * VC, a->v_q + La * VC, a->v_k + La * VC,
+                        a->v_v + La * VC, a->v_att + La * VC, a->v_mid + Lm * VC, a->v_ln2 + Lm * VC, a->v_fc1 + Lm * VF,
+                        a->v_gelu + Lm * VF, a->v_res + (size_t)(l + 1) % (kept + 1) * VC,
+                        a->v_mean1 + La * V, a->v_rstd1 + La * V, a->v_lse + La * V * c->vis_heads, a->v_mean2 + Lm * V,
+                        a->v_rstd2 + Lm * V};
     return x;
 }
 
@@ -2981,14 +3031,15 @@ static void smol_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, float
 }
 
 // attention output -> o_proj, residual -> post_attention_layernorm -> SwiGLU MLP, residual: x->out.
-// The residual adds ride on the matrix products (beta = 1 with C = the residual).
-static void smol_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerActs* x, int N, int D) {
+// The residual adds ride on the matrix products (beta = 1 with C = the residual). with_out 0 (a
+// recomputation) stops before down_proj: its output is the next layer's input, which is kept.
+static void smol_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerActs* x, int N, int D, int with_out = 1) {
     matmul_forward(x->mid, x->att, w->wo, NULL, x->res, N, D, w->C);
     rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, SMOLVLA_RMS_EPS);
     matmul_forward(x->gate, x->ln2, w->gate, NULL, NULL, N, w->C, w->F);
     matmul_forward(x->up, x->ln2, w->up, NULL, NULL, N, w->C, w->F);
     swiglu_forward(x->act, x->gate, x->up, (size_t)N * w->F);
-    matmul_forward(x->out, x->act, w->down, NULL, x->mid, N, w->F, w->C);
+    if (with_out) { matmul_forward(x->out, x->act, w->down, NULL, x->mid, N, w->F, w->C); }
 }
 
 // Backward of smol_layer_out_forward. dres (fp32) and dres_x (its floatX copy) hold d(out) (N, C)
@@ -3046,34 +3097,43 @@ static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
     }
 }
 
+// SigLIP layer l: x.res -> x.out. redo (the backward's recomputation, RECOMPUTE_*): only what that
+// level dropped, into the slots the forward wrote (the same kernels on the same inputs, so the same
+// values): attn the attention half, layer all but fc2 (its output is the next layer's kept input).
+static void smol_vision_layer_forward(SmolVLA* m, int l, int redo) {
+    const SmolVLAConfig* c = &m->config;
+    int NV = (int)smol_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smol_vrows(c, m->B);
+    int Cv = c->vis_width, Fv = c->vis_ff, HSv = Cv / c->vis_heads;
+    SmolVisionActs x = smol_vision_acts(m, l);
+    layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smol_param(m, SMOLP_vis_ln1_w, l), smol_param(m, SMOLP_vis_ln1_b, l),
+                      V, Cv);
+    matmul_forward(x.q, x.ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), NULL, V, Cv, Cv);
+    matmul_forward(x.k, x.ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), NULL, V, Cv, Cv);
+    matmul_forward(x.v, x.ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), NULL, V, Cv, Cv);
+    GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv};
+    gqa_attention_forward(x.att, x.lse, x.q, keys);
+    if (redo == RECOMPUTE_ATTN) { return; }
+    matmul_forward(x.mid, x.att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), x.res, V, Cv, Cv);
+    layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smol_param(m, SMOLP_vis_ln2_w, l), smol_param(m, SMOLP_vis_ln2_b, l),
+                      V, Cv);
+    matmul_forward(x.fc1, x.ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), NULL, V, Cv, Fv);
+    gelu_forward(x.gelu, x.fc1, (size_t)V * Fv);
+    if (redo != RECOMPUTE_NONE) { return; }
+    matmul_forward(x.out, x.gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), x.mid, V, Fv, Cv);
+}
+
 // SigLIP over every image: pixels -> acts.v_out (V, Cv). Position i of the table is patch i (the
 // bucketed position ids of SmolVLM are the identity at the trained image size).
 static void smolvla_vision_forward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
     int NV = (int)smol_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smol_vrows(c, m->B);
-    int Cv = c->vis_width, Fv = c->vis_ff, HSv = Cv / c->vis_heads;
+    int Cv = c->vis_width;
     size_t VC = (size_t)V * Cv;
     LAUNCH_1D(patchify_chw_kernel, (size_t)V * smolvla_patch_dim(c), a->patches, a->pixels, NV, c->img, c->patch);
     matmul_forward(a->v_res, a->patches, m->params.vis_patch_w, m->params.vis_patch_b, NULL, V, smolvla_patch_dim(c), Cv);
     LAUNCH_1D(add_periodic_kernel, VC, a->v_res, m->params.vis_pos, VC, (size_t)Nv * Cv);
-    for (int l = 0; l < c->vis_layers; l++) {
-        SmolVisionActs x = smol_vision_acts(m, l);
-        layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smol_param(m, SMOLP_vis_ln1_w, l),
-                          smol_param(m, SMOLP_vis_ln1_b, l), V, Cv);
-        matmul_forward(x.q, x.ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), NULL, V, Cv, Cv);
-        matmul_forward(x.k, x.ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), NULL, V, Cv, Cv);
-        matmul_forward(x.v, x.ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), NULL, V, Cv, Cv);
-        GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv};
-        gqa_attention_forward(x.att, x.lse, x.q, keys);
-        matmul_forward(x.mid, x.att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), x.res, V, Cv, Cv);
-        layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smol_param(m, SMOLP_vis_ln2_w, l),
-                          smol_param(m, SMOLP_vis_ln2_b, l), V, Cv);
-        matmul_forward(x.fc1, x.ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), NULL, V, Cv, Fv);
-        gelu_forward(x.gelu, x.fc1, (size_t)V * Fv);
-        matmul_forward(x.out, x.gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), x.mid, V, Fv,
-                       Cv);
-    }
+    for (int l = 0; l < c->vis_layers; l++) { smol_vision_layer_forward(m, l, RECOMPUTE_NONE); }
     layernorm_forward(a->v_out, a->v_omean, a->v_orstd, smol_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w,
                       m->params.vis_post_b, V, Cv);
 }
@@ -3099,23 +3159,31 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
 
 // The VLM's layers over the prefix. Its last layer computes only ln1 and the keys and values: its
 // output and the final norm feed nothing (LeRobot computes and drops them).
-static void smolvla_vlm_forward(SmolVLA* m) {
+// VLM layer l over the prefix. The last one computes only ln1 and the keys and values. redo (the
+// backward's recomputation, RECOMPUTE_*): what that level dropped, as smol_vision_layer_forward's;
+// the keys and values are kept whatever the level (the expert reads them).
+static void smol_vlm_layer_forward(SmolVLA* m, int l, int redo) {
     const SmolVLAConfig* c = &m->config;
     int P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), T = Np + c->chunk;
     int D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
-    for (int l = 0; l < c->n_layer; l++) {
-        SmolLayer<floatX> w = smol_layer<floatX>(m, 0, l, 0);
-        SmolLayerActs x = smol_layer_acts(m, 0, l);
-        rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, SMOLVLA_RMS_EPS);
+    SmolLayer<floatX> w = smol_layer<floatX>(m, 0, l, 0);
+    SmolLayerActs x = smol_layer_acts(m, 0, l);
+    rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, SMOLVLA_RMS_EPS);
+    if (redo == RECOMPUTE_NONE) {
         matmul_forward(x.k, x.ln1, w.wk, NULL, NULL, P, w.C, KV);
         rope_at(x.k, x.k, m->rope_cos, m->rope_sin, m->acts.pos, P, Np, T, c->n_kv_head, c->head_dim, 1.0f);
         matmul_forward(x.v, x.ln1, w.wv, NULL, NULL, P, w.C, KV);
-        if (l == c->n_layer - 1) { break; }
-        matmul_forward(x.q, x.ln1, w.wq, NULL, NULL, P, w.C, D);
-        rope_at(x.q, x.q, m->rope_cos, m->rope_sin, m->acts.pos, P, Np, T, c->n_head, c->head_dim, 1.0f);
-        gqa_attention_forward(x.att, x.lse, x.q, smol_attn(m, Np, 0, x.k, x.v, Np, NULL, NULL, 0));
-        smol_layer_out_forward(&w, &x, P, D);
     }
+    if (l == c->n_layer - 1) { return; }
+    matmul_forward(x.q, x.ln1, w.wq, NULL, NULL, P, w.C, D);
+    rope_at(x.q, x.q, m->rope_cos, m->rope_sin, m->acts.pos, P, Np, T, c->n_head, c->head_dim, 1.0f);
+    gqa_attention_forward(x.att, x.lse, x.q, smol_attn(m, Np, 0, x.k, x.v, Np, NULL, NULL, 0));
+    if (redo == RECOMPUTE_ATTN) { return; }
+    smol_layer_out_forward(&w, &x, P, D, redo == RECOMPUTE_NONE);
+}
+
+static void smolvla_vlm_forward(SmolVLA* m) {
+    for (int l = 0; l < m->config.n_layer; l++) { smol_vlm_layer_forward(m, l, RECOMPUTE_NONE); }
 }
 
 // The H action tokens of the noisy chunk acts.x_t at flow times t (B, device): s_res[0] =
@@ -3140,36 +3208,45 @@ static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
 // keys and values = the VLM's post-RoPE K/V of this layer re-projected by the expert's
 // k_proj/v_proj (no second RoPE), the valid prefix only. reuse_cross_kv: the re-projections from
 // the previous call are still valid (sampling: the prefix does not change between Euler steps).
-static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
+// Expert layer l over the action tokens (smolvla_expert_forward says what it computes). redo (the
+// backward's recomputation, RECOMPUTE_*): what that level dropped, as smol_vision_layer_forward's;
+// the cross layers' re-projections are kept whatever the level.
+static void smol_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, int redo) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
     int R = (int)smol_rrows(c, m->B), P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), H = c->chunk, T = Np + H;
     int D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert;
-    for (int l = 0; l < c->n_layer; l++) {
-        SmolLayer<floatX> w = smol_layer<floatX>(m, 1, l, 0);
-        SmolLayerActs x = smol_layer_acts(m, 1, l), px = smol_layer_acts(m, 0, l);
-        rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, SMOLVLA_RMS_EPS);
-        matmul_forward(x.q, x.ln1, w.wq, NULL, NULL, R, Ce, D);
-        GqaAttn keys;
-        if (!w.cross) {
-            rope_at(x.q, x.q, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_head, c->head_dim, 1.0f);
-            matmul_forward(x.k, x.ln1, w.wk, NULL, NULL, R, Ce, KV);
-            rope_at(x.k, x.k, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_kv_head, c->head_dim, 1.0f);
-            matmul_forward(x.v, x.ln1, w.wv, NULL, NULL, R, Ce, KV);
-            keys = smol_attn(m, H, Np, px.k, px.v, Np, x.k, x.v, H);
-        } else {
-            rope_at(x.q, x.q, m->rope_cos, m->rope_sin, a->x_pos, R, H, H, c->n_head, c->head_dim, 1.0f);
-            floatX* ck = a->c_k + (size_t)l * P * KV;
-            floatX* cv = a->c_v + (size_t)l * P * KV;
-            if (!reuse_cross_kv) {
-                matmul_forward(ck, px.k, w.wk, NULL, NULL, P, KV, KV);
-                matmul_forward(cv, px.v, w.wv, NULL, NULL, P, KV, KV);
-            }
-            keys = smol_attn(m, H, Np, ck, cv, Np, NULL, NULL, 0);
+    SmolLayer<floatX> w = smol_layer<floatX>(m, 1, l, 0);
+    SmolLayerActs x = smol_layer_acts(m, 1, l), px = smol_layer_acts(m, 0, l);
+    rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, SMOLVLA_RMS_EPS);
+    matmul_forward(x.q, x.ln1, w.wq, NULL, NULL, R, Ce, D);
+    GqaAttn keys;
+    if (!w.cross) {
+        rope_at(x.q, x.q, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_head, c->head_dim, 1.0f);
+        matmul_forward(x.k, x.ln1, w.wk, NULL, NULL, R, Ce, KV);
+        rope_at(x.k, x.k, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_kv_head, c->head_dim, 1.0f);
+        matmul_forward(x.v, x.ln1, w.wv, NULL, NULL, R, Ce, KV);
+        keys = smol_attn(m, H, Np, px.k, px.v, Np, x.k, x.v, H);
+    } else {
+        rope_at(x.q, x.q, m->rope_cos, m->rope_sin, a->x_pos, R, H, H, c->n_head, c->head_dim, 1.0f);
+        floatX* ck = a->c_k + (size_t)l * P * KV;
+        floatX* cv = a->c_v + (size_t)l * P * KV;
+        if (!reuse_cross_kv && redo == RECOMPUTE_NONE) {
+            matmul_forward(ck, px.k, w.wk, NULL, NULL, P, KV, KV);
+            matmul_forward(cv, px.v, w.wv, NULL, NULL, P, KV, KV);
         }
-        gqa_attention_forward(x.att, x.lse, x.q, keys);
-        smol_layer_out_forward(&w, &x, R, D);
+        keys = smol_attn(m, H, Np, ck, cv, Np, NULL, NULL, 0);
     }
+    gqa_attention_forward(x.att, x.lse, x.q, keys);
+    if (redo == RECOMPUTE_ATTN) { return; }
+    smol_layer_out_forward(&w, &x, R, D, redo == RECOMPUTE_NONE);
+}
+
+static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
+    const SmolVLAConfig* c = &m->config;
+    SmolActivations* a = &m->acts;
+    int R = (int)smol_rrows(c, m->B), Ce = c->d_expert;
+    for (int l = 0; l < c->n_layer; l++) { smol_expert_layer_forward(m, l, reuse_cross_kv, RECOMPUTE_NONE); }
     rmsnorm_forward(a->f_ln, a->f_rstd, a->s_res + (size_t)c->n_layer * R * Ce, m->params.exp_norm, R, Ce,
                     SMOLVLA_RMS_EPS);
     // the velocity in fp32: the bias in every row, the product added on it (beta = 1)
@@ -3447,6 +3524,7 @@ static void smolvla_expert_backward(SmolVLA* m, int state_only) {
     smol_rmsnorm_backward(m, dres, dres_x, m->grads.exp_norm, a->g_ln, a->s_res + (size_t)L * R * Ce, m->params.exp_norm,
                           a->f_rstd, R, Ce);
     for (int l = L - 1; l >= 0; l--) {
+        if (m->recompute != RECOMPUTE_NONE) { smol_expert_layer_forward(m, l, 0, m->recompute); }
         SmolLayer<floatX> w = smol_layer<floatX>(m, 1, l, 0);
         SmolLayer<float> g = smol_layer<float>(m, 1, l, 1);
         SmolLayerActs x = smol_layer_acts(m, 1, l), px = smol_layer_acts(m, 0, l);
@@ -3544,6 +3622,7 @@ static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
     cudaCheck(cudaMemsetAsync(dres, 0, (size_t)N * c->d_model * sizeof(float), main_stream));
     for (int l = c->n_layer - 1; l >= 0; l--) {
         int last = l == c->n_layer - 1;
+        if (m->recompute != RECOMPUTE_NONE) { smol_vlm_layer_forward(m, l, m->recompute); }  // every row: same kernels
         SmolLayer<floatX> w = smol_layer<floatX>(m, 0, l, 0);
         SmolLayer<float> g = smol_layer<float>(m, 0, l, 1);
         SmolLayerActs all = smol_layer_acts(m, 0, l);
@@ -3618,6 +3697,7 @@ static void smolvla_vision_backward(SmolVLA* m) {
     layernorm_backward(dres, dres_x, m->grads.vis_post_w, m->grads.vis_post_b, a->partial, a->g_ln,
                        smol_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean, a->v_orstd, V, Cv);
     for (int l = c->vis_layers - 1; l >= 0; l--) {
+        if (m->recompute != RECOMPUTE_NONE) { smol_vision_layer_forward(m, l, m->recompute); }
         SmolVisionActs x = smol_vision_acts(m, l);
         // MLP: out = mid + fc2(gelu(fc1(ln2(mid))))
         matmul_backward_input(a->g_act, dres_x, smol_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv, 0.0f);
@@ -3849,6 +3929,32 @@ static double smolvla_flops_per_sample(const SmolVLAConfig* c, int mode) {
     if (mode >= TRAIN_MODE_VLM) { backward += 2.0 * (vlm + connector); }
     if (mode == TRAIN_MODE_ALL) { backward += 2.0 * vision; }
     return forward + backward;
+}
+
+// FLOPs that recompute level rc adds to one training sample in `mode`: the forward of what it drops,
+// once more in the backward (smol_*_layer_forward's redo), counted as smolvla_flops_per_sample
+// counts: the expert's layers (attn: q, its own k/v, attention; layer: also o_proj and gate/up, not
+// down_proj, whose output is kept), the VLM's on every prefix row (also in expert mode, where only
+// the state rows go back: the recomputation runs the forward's kernels) but its last layer (ln1 alone,
+// no products), and the vision tower's in all mode. Not model FLOPs: MFU leaves them out.
+static double smolvla_recompute_flops_per_sample(const SmolVLAConfig* c, int mode, int rc) {
+    if (rc == RECOMPUTE_NONE) { return 0.0; }
+    double cams = c->n_cam, G = smolvla_grid(c), Nv = G * G, Cv = c->vis_width, Fv = c->vis_ff, Lv = c->vis_layers;
+    double Np = smolvla_n_prefix(c), C = c->d_model, F = c->d_ff, D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+    double L = c->n_layer, H = c->chunk, Ce = c->d_expert, Fe = c->d_expert_ff;
+    int layer = rc == RECOMPUTE_LAYER;
+    double vision = cams * Lv * (2.0 * Nv * 3.0 * Cv * Cv + 4.0 * Nv * Nv * Cv);
+    if (layer) { vision += cams * Lv * 2.0 * Nv * (Cv * Cv + Cv * Fv); }
+    double vlm = (L - 1.0) * (2.0 * Np * C * D + 4.0 * Np * Np * D);
+    if (layer) { vlm += (L - 1.0) * 2.0 * Np * (D * C + 2.0 * C * F); }
+    double expert = 0.0;
+    for (int l = 0; l < c->n_layer; l++) {
+        expert += 2.0 * H * Ce * D;
+        if (smolvla_layer_is_cross(c, l)) { expert += 4.0 * H * Np * D; }
+        else { expert += 2.0 * H * 2.0 * Ce * KV + 4.0 * H * (Np + H) * D; }
+        if (layer) { expert += 2.0 * H * (D * Ce + 2.0 * Ce * Fe); }
+    }
+    return expert + vlm + (mode == TRAIN_MODE_ALL ? vision : 0.0);
 }
 
 // bf16 dense tensor-core peak of the GPUs we know, in FLOP/s; 0 for the others
@@ -4234,6 +4340,60 @@ typedef struct {
 #endif
 } Run;
 
+// The memory an 80 GB H100 leaves to the model and its activations: the 81,559 MiB it reports, less
+// 2 GiB for the CUDA context, cuBLASLt's workspace, the batches' buffers and the allocator's slack
+// (an estimate: none of it is measured here)
+static const double H100_80GB_MODEL_BYTES = (81559.0 - 2048.0) * 1024.0 * 1024.0;
+
+// The largest batch whose model and activations (mode, rc) fit in `budget` bytes; 0: none does
+static int smol_largest_batch(const SmolVLAConfig* c, int mode, int rc, double budget) {
+    double model = (double)smolvla_model_bytes(c, mode);
+    int lo = 0, hi = 1;
+    while (hi < (1 << 20) && model + (double)smolvla_act_bytes(c, mode, hi, rc) <= budget) { lo = hi; hi *= 2; }
+    while (hi - lo > 1) {  // lo fits, hi does not
+        int mid = lo + (hi - lo) / 2;
+        if (model + (double)smolvla_act_bytes(c, mode, mid, rc) <= budget) { lo = mid; } else { hi = mid; }
+    }
+    return lo;
+}
+
+// --memory: the activation memory of config c for every train mode and recompute level at a few
+// batch sizes, the model's other bytes, the largest batch that fits an 80 GB H100 and the FLOPs the
+// recomputation adds; from smolvla_act_bytes and smolvla_model_bytes, what the trainer allocates by.
+// Allocates nothing: it runs where there is no GPU (the emulated build).
+static void print_memory_table(const SmolVLAConfig* c, const char* preset) {
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const int batches[] = {8, 16, 32, 64};
+    printf("activation memory of preset %s (%d cameras at %d px, %s), GiB per GPU, by --recompute\n", preset, c->n_cam,
+           c->img, PRECISION_NAME);
+    printf("| --train | batch | none    | attn    | layer   |\n|---------|-------|---------|---------|---------|\n");
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
+        for (size_t k = 0; k < sizeof(batches) / sizeof(batches[0]); k++) {
+            printf("| %-7s | %5d |", TRAIN_MODE_NAMES[mode], batches[k]);
+            for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
+                printf(" %7.2f |", (double)smolvla_act_bytes(c, mode, batches[k], rc) / gib);
+            }
+            printf("\n");
+        }
+    }
+    printf("\nthe largest batch on an 80 GB H100 (%.1f GiB for the model and its activations), and the cost\n",
+           H100_80GB_MODEL_BYTES / gib);
+    printf("| --train | model GiB | none | attn | layer | GFLOP/sample | +attn | +layer |\n"
+           "|---------|-----------|------|------|-------|--------------|-------|--------|\n");
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
+        double flops = smolvla_flops_per_sample(c, mode);
+        printf("| %-7s | %9.2f |", TRAIN_MODE_NAMES[mode], (double)smolvla_model_bytes(c, mode) / gib);
+        for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
+            printf(" %*d |", rc == RECOMPUTE_LAYER ? 5 : 4, smol_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES));
+        }
+        printf(" %12.1f | %4.1f%% | %5.1f%% |\n", flops / 1e9,
+               100.0 * smolvla_recompute_flops_per_sample(c, mode, RECOMPUTE_ATTN) / flops,
+               100.0 * smolvla_recompute_flops_per_sample(c, mode, RECOMPUTE_LAYER) / flops);
+    }
+    printf("(model: weights, fp32 gradients, master weights and AdamW moments of what trains; estimated from the\n"
+           "allocation sizes, not measured; +attn, +layer: the FLOPs the recomputation adds to the model's)\n");
+}
+
 static void print_config(const Run* run, const cudaDeviceProp* prop, double flops, double peak) {
     const TrainArgs* args = &run->args;
     const SmolVLAConfig* c = &run->config;
@@ -4267,8 +4427,20 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     printf("| peak learning rate     | %-36s |\n", split);
     printf("| optimizer state        | %-36s |\n", args->zero && run->world > 1 ? "sharded over the GPUs (ZeRO-1)" : "on every GPU");
     // per GPU, for its micro-batch: a frozen vision tower keeps one layer's (smol_vis_kept)
-    printf("| activations (GiB)      | %-36.2f |\n",
-           (double)smolvla_act_bytes(c, args->train_mode, args->batch) / (1024.0 * 1024.0 * 1024.0));
+    double gib = 1024.0 * 1024.0 * 1024.0;
+    size_t kept_all = smolvla_act_bytes(c, args->train_mode, args->batch);
+    size_t kept = smolvla_act_bytes(c, args->train_mode, args->batch, args->recompute);
+    printf("| activations (GiB)      | %-36.2f |\n", (double)kept / gib);
+    char saved[32];
+    snprintf(split, sizeof(split), "%s: saves %s", RECOMPUTE_NAMES[args->recompute],
+             format_bytes(saved, sizeof(saved), (double)(kept_all - kept)));
+    printf("| recompute              | %-36s |\n", split);
+    if (args->recompute != RECOMPUTE_NONE) {  // MFU counts the model's FLOPs alone
+        snprintf(split, sizeof(split), "%.2f (+%.1f%%, not in MFU)",
+                 smolvla_recompute_flops_per_sample(c, args->train_mode, args->recompute) / 1e9,
+                 100.0 * smolvla_recompute_flops_per_sample(c, args->train_mode, args->recompute) / flops);
+        printf("| recompute GFLOP/sample | %-36s |\n", split);
+    }
     printf("| device                 | %-36.36s |\n", prop->name);
     printf("| precision              | %-36s |\n", PRECISION_NAME);
     printf("| model GFLOP per sample | %-36.2f |\n", flops / 1e9);
@@ -4385,6 +4557,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     gpu_init(local, &prop);
     SmolVLA model;
     smolvla_build(&model, c, args->train_mode, args->zero ? rank : 0, args->zero ? world : 1);
+    smolvla_set_recompute(&model, args->recompute);
     smolvla_set_params(&model, run->initial.params, run->initial.m, run->initial.v);
 #if defined(MULTI_GPU)
     #pragma omp barrier
@@ -4430,7 +4603,11 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     }
     smolvla_set_batch(&model, args->batch);
     Logger logger = {};
-    if (lead) { logger_open(&logger, args->output, run->start); }
+    if (lead) {
+        logger_open(&logger, args->output, run->start);
+        // what --recompute saves: every step's line says it
+        logger.saved_bytes = (double)(smolvla_act_bytes(c, args->train_mode, args->batch) - model.act_bytes);
+    }
     if (lead && run->balance != NULL) { logger.n_tasks = task_losses.T; logger.task_loss = task_losses.task_loss; }
     double peak = device_peak_flops(prop.name), flops = smolvla_flops_per_sample(c, args->train_mode);
 
@@ -4512,8 +4689,10 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
             double ms = timed_ms / timed_steps, sps = global_batch / (ms / 1000.0);
             printf("mean step time %.1f ms over %d steps (first excluded), %.1f samples/s", ms, timed_steps, sps);
             if (peak > 0.0) { printf(", MFU %.1f%%", 100.0 * flops * sps / (peak * world)); }
-            printf(", peak GPU memory %.2f GiB (%.2f GiB held by the model, %.2f GiB of it activations)\n", peak_mem,
-                   (double)model.device_bytes / gib, (double)model.act_bytes / gib);
+            char saved[32];
+            printf(", peak GPU memory %.2f GiB (%.2f GiB held by the model, %.2f GiB of it activations; --recompute %s "
+                   "saves %s)\n", peak_mem, (double)model.device_bytes / gib, (double)model.act_bytes / gib,
+                   RECOMPUTE_NAMES[model.recompute], format_bytes(saved, sizeof(saved), logger.saved_bytes));
 #if defined(MULTI_GPU)
             printf("communication: rank 0's compute waited %.2f ms per step for NCCL, %.1f%% of the step time "
                    "(world size %d)\n", comm_wait_ms / timed_steps, 100.0 * comm_wait_ms / timed_ms, world);
@@ -4550,6 +4729,12 @@ int main(int argc, char** argv) {
     memset(&run, 0, sizeof(run));
     TrainArgs* args = &run.args;
     train_args_parse(args, argc, argv);
+    if (args->memory) {  // the preset's sizes (its cameras): no dataset, no GPU
+        SmolVLAConfig c = smolvla_preset(args->preset)->config;
+        if (args->max_text > 0) { c.max_text = args->max_text; }
+        print_memory_table(&c, args->preset);
+        return 0;
+    }
     gpu_check_visible(args->ranks);
 #if !defined(MULTI_GPU)
     if (args->nodes > 1) { vla_fail("--nodes %d: this train_vla was built without NCCL: rebuild where NCCL is installed", args->nodes); }

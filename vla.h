@@ -428,6 +428,24 @@ static inline int train_mode_parse(const char* name) {
     return -1;
 }
 
+// Activation recomputation (--recompute, the GPU trainer's): what of each layer the forward keeps
+// for the backward. none: everything; attn: the MLP half, the attention half (input norm, queries,
+// keys/values of the layer's own, attention output and its log-sum-exp) is run again from the
+// layer's input in the backward; layer: the layer's input alone (and what another layer reads: the
+// VLM's keys/values, the cross layers' re-projections), the whole layer run again. Not part of a
+// checkpoint: a run may continue with another setting.
+enum { RECOMPUTE_NONE = 0, RECOMPUTE_ATTN = 1, RECOMPUTE_LAYER = 2 };
+static const char* const RECOMPUTE_NAMES[] = {"none", "attn", "layer"};
+#define RECOMPUTE_COUNT 3
+
+// The recompute level named `name`, or -1.
+static inline int recompute_parse(const char* name) {
+    for (int r = 0; r < RECOMPUTE_COUNT; r++) {
+        if (strcmp(name, RECOMPUTE_NAMES[r]) == 0) { return r; }
+    }
+    return -1;
+}
+
 // A preset's default mode: the released model fine-tunes its expert, the others train from scratch.
 static inline int smolvla_default_train_mode(const char* preset) {
     return strcmp(preset, "smolvla") == 0 ? TRAIN_MODE_EXPERT : TRAIN_MODE_ALL;
@@ -1930,18 +1948,19 @@ static inline void task_balance_build(TaskBalance* tb, const Dataset* ds, const 
         free(w);
     }
     uint64_t g = 0, period = 0;
+    const char* named = weights != NULL ? weights : "(none: equal)";  // what the errors below quote
     for (int t = 0; t < T; t++) { g = balance_gcd(g, tb->weight[t]); }
     for (int t = 0; t < T; t++) {
         tb->weight[t] = (uint32_t)(tb->weight[t] / g);
         period += tb->weight[t];
         if (tb->weight[t] > 0 && tb->task_first[t + 1] == tb->task_first[t]) {
             vla_fail("--task-weights %s: task %d has no samples (no episode of its instruction) but weight %u: give it "
-                     "weight 0", weights, t, tb->weight[t]);
+                     "weight 0", named, t, tb->weight[t]);
         }
     }
     if (T == 0 || period == 0) { vla_fail("--balance tasks: the dataset has no task to draw from"); }
     if (period > VLA_MAX_TASK_PERIOD) {
-        vla_fail("--task-weights %s: the weights (divided by their gcd) sum to %llu, above %u: use smaller weights", weights,
+        vla_fail("--task-weights %s: the weights (divided by their gcd) sum to %llu, above %u: use smaller weights", named,
                  (unsigned long long)period, VLA_MAX_TASK_PERIOD);
     }
     tb->period = (uint32_t)period;
@@ -2572,6 +2591,8 @@ typedef struct {
     int preset_given;       // -p was given
     int train_mode;         // --train: TRAIN_MODE_*, what trains (unless given: the checkpoint's, else the preset's default)
     int train_given;        // --train was given
+    int recompute;          // --recompute: RECOMPUTE_*, what the GPU trainer's backward runs again (none on the CPU)
+    int memory;             // --memory: print the activation memory table and exit (the GPU trainer)
     int max_text;           // --max-text: instruction tokens the model reads, 0: the checkpoint's or the preset's
     const char* init;       // checkpoint to start from (weights, optimizer, step; weights alone with weights_only)
     int weights_only;       // --weights-only: from --init's weights alone (fine-tuning: step 0, fresh optimizer)
@@ -2636,6 +2657,12 @@ static inline void train_args_usage(const char* prog) {
     printf("      --train MODE       what trains: expert (the action expert), vlm (also the VLM but its vision tower,\n"
            "                         last layer and final norm), all (everything); default: expert for smolvla, all\n"
            "                         for the presets trained from scratch\n");
+    printf("      --recompute LEVEL  activation recomputation (train_vla): none (keep every activation), attn (run\n"
+           "                         each layer's attention half again in the backward), layer (keep each layer's\n"
+           "                         input alone, run the layer again): less memory for one more forward (%s)\n",
+           RECOMPUTE_NAMES[d.recompute]);
+    printf("      --memory           train_vla: print the activation memory per --train and --recompute at a few\n"
+           "                         batch sizes for -p's model, and the largest batch that fits, then exit\n");
     printf("      --max-text N       instruction tokens the model reads (longer ones are cut), 0: the preset's (%d)\n",
            d.max_text);
     printf("  -b, --batch N          samples per rank per step (%d)\n", d.batch);
@@ -2721,7 +2748,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     train_args_defaults(a);
     enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
            OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY, OPT_BALANCE,
-           OPT_TASK_WEIGHTS };
+           OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -2741,6 +2768,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"nccl-timeout", required_argument, 0, OPT_NCCL_TIMEOUT},
         {"max-text", required_argument, 0, OPT_MAX_TEXT}, {"train", required_argument, 0, OPT_TRAIN},
         {"balance", required_argument, 0, OPT_BALANCE}, {"task-weights", required_argument, 0, OPT_TASK_WEIGHTS},
+        {"recompute", required_argument, 0, OPT_RECOMPUTE}, {"memory", no_argument, 0, OPT_MEMORY},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     opterr = 0;
     optind = 1;
@@ -2768,6 +2796,11 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
                 if (a->train_mode < 0) { vla_fail("--train %s: use expert, vlm or all", optarg); }
                 a->train_given = 1;
                 break;
+            case OPT_RECOMPUTE:
+                a->recompute = recompute_parse(optarg);
+                if (a->recompute < 0) { vla_fail("--recompute %s: use none, attn or layer", optarg); }
+                break;
+            case OPT_MEMORY: a->memory = 1; break;
             case OPT_BALANCE:
                 for (a->balance = 0; a->balance < BALANCE_COUNT && strcmp(optarg, BALANCE_NAMES[a->balance]) != 0; a->balance++) {}
                 if (a->balance == BALANCE_COUNT) { vla_fail("--balance %s: use none or tasks", optarg); }
@@ -2889,7 +2922,15 @@ typedef struct {
     double t_start;
     int n_tasks;              // > 0: each line also holds "task_loss", the step's mean loss per task
     const double* task_loss;  // (n_tasks) set by the trainer before logger_step; NaN: no sample of it this step
+    double saved_bytes;       // > 0: each line also holds the activation memory --recompute saves (the GPU trainer's)
 } Logger;
+
+// bytes as "12.34 GiB" from 1 GiB up, else "12.3 MiB"
+static inline const char* format_bytes(char* out, size_t size, double bytes) {
+    if (bytes >= 1024.0 * 1024.0 * 1024.0) { snprintf(out, size, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0)); }
+    else { snprintf(out, size, "%.1f MiB", bytes / (1024.0 * 1024.0)); }
+    return out;
+}
 
 static inline void make_dir(const char* dir) {
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
@@ -2904,6 +2945,7 @@ static inline void logger_open(Logger* lg, const char* dir, int start) {
     make_dir(dir);
     lg->n_tasks = 0;
     lg->task_loss = NULL;
+    lg->saved_bytes = 0.0;
     snprintf(lg->path, sizeof(lg->path), "%s/log.jsonl", dir);
     FILE* old = fopen(lg->path, "r");
     if (old != NULL) {
@@ -2945,15 +2987,23 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
                         double samples_per_s, double mfu, double mem_gib, int print) {
     if (print) {
         double eta = ms * (steps - step - 1) / 1000.0;
-        char extra[96] = "";
+        char extra[128] = "";
         if (!isnan(mfu)) { snprintf(extra, sizeof(extra), " | MFU %5.1f%% | %5.2f GiB", 100.0 * mfu, mem_gib); }
+        else if (!isnan(mem_gib)) { snprintf(extra, sizeof(extra), " | %5.2f GiB", mem_gib); }  // a GPU of unknown peak
+        if (lg->saved_bytes > 0.0) {
+            char saved[32];
+            size_t n = strlen(extra);
+            snprintf(extra + n, sizeof(extra) - n, " | recompute saves %s", format_bytes(saved, sizeof(saved), lg->saved_bytes));
+        }
         printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %7.1f samples/s%s | ETA %dm%02ds\n",
                step + 1, steps, loss, lr, norm, ms, samples_per_s, extra, (int)(eta / 60), (int)eta % 60);
         fflush(stdout);
     }
     fprintf(lg->jsonl, "{\"step\": %d, \"loss\": %.8g, \"lr\": %.6g, \"grad_norm\": %.6g, \"ms\": %.3f, \"samples_per_s\": %.3f",
             step + 1, loss, lr, norm, ms, samples_per_s);
-    if (!isnan(mfu)) { fprintf(lg->jsonl, ", \"mfu\": %.5f, \"gpu_mem_gib\": %.4f", mfu, mem_gib); }
+    if (!isnan(mfu)) { fprintf(lg->jsonl, ", \"mfu\": %.5f", mfu); }
+    if (!isnan(mem_gib)) { fprintf(lg->jsonl, ", \"gpu_mem_gib\": %.4f", mem_gib); }
+    if (lg->saved_bytes > 0.0) { fprintf(lg->jsonl, ", \"recompute_saved_bytes\": %.0f", lg->saved_bytes); }
     if (lg->n_tasks > 0) {
         fprintf(lg->jsonl, ", \"task_loss\": [");
         for (int t = 0; t < lg->n_tasks; t++) {
