@@ -816,6 +816,10 @@ static inline cudaError_t cudaSetDevice(int d) {
     emu_current_device = d;
     return cudaSuccess;
 }
+static inline cudaError_t cudaGetDevice(int* d) {
+    *d = emu_current_device;
+    return cudaSuccess;
+}
 static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
     if (d < 0 || d >= emu_device_count()) { return cudaErrorInvalidDevice; }
     memset(p, 0, sizeof(*p));
