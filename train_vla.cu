@@ -4433,6 +4433,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     smolvla_build(&model, c, args->train_mode, args->zero ? rank : 0, args->zero ? world : 1);
     smolvla_set_params(&model, run->initial.params, run->initial.m, run->initial.v);
     LossScaleState scale = run->loss_scale;  // fp16 builds: after each step, read back from the device
+    LossScaleState logged = scale;           // what a step's log line shows: the scale it ran with
     smolvla_set_loss_scale(&model, &scale, args->loss_scale_window);
 #if defined(MULTI_GPU)
     #pragma omp barrier
@@ -4477,7 +4478,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     smolvla_set_batch(&model, args->batch);
     Logger logger = {};
     if (lead) { logger_open(&logger, args->output, run->start); }
-    if (model.scaler != NULL) { logger.loss_scale = &scale; }
+    if (model.scaler != NULL) { logger.loss_scale = &logged; }
     double peak = device_peak_flops(prop.name), flops = smolvla_flops_per_sample(c, args->train_mode);
 
     double timed_ms = 0.0, peak_mem = 0.0, comm_wait_ms = 0.0;
@@ -4509,6 +4510,8 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         float loss, norm, used_scale = 0.0f;
         smolvla_read_scalars(&model, &loss, &norm, &stopped);
         int skipped = model.scaler != NULL && smolvla_read_loss_scale(&model, &scale, &used_scale);
+        logged = scale;
+        logged.scale = used_scale;
         watchdog->busy_since[local] = 0.0;
         double ms = 1000.0 * (wall_seconds() - t0);
 #if defined(MULTI_GPU)

@@ -2944,7 +2944,7 @@ typedef struct {
     double t_start;
     int n_tasks;              // > 0: each line also holds "task_loss", the step's mean loss per task
     const double* task_loss;  // (n_tasks) set by the trainer before logger_step; NaN: no sample of it this step
-    const LossScaleState* loss_scale;  // fp16 builds: set by the trainer, each line holds the scale and the skips
+    const LossScaleState* loss_scale;  // fp16 builds, set by the trainer: the scale the step ran with and the skips so far
 } Logger;
 
 static inline void make_dir(const char* dir) {
