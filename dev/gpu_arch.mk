@@ -35,7 +35,10 @@ endif
 # the first line of every nvcc recipe, in both Makefiles (a variable, not a rule: a rule here would
 # become dev/cuda's default goal)
 nvcc_check = $(gpu_arch_note)@test -x "$(NVCC)" || command -v "$(NVCC)" > /dev/null || { \
-	echo "error: nvcc not found ($(NVCC)): install the CUDA Toolkit or set NVCC=/path/to/nvcc"; exit 1; }
+	echo "error: nvcc not found ($(NVCC)): install the CUDA Toolkit or set NVCC=/path/to/nvcc"; exit 1; }; \
+	"$(NVCC)" --list-gpu-code | grep -qx "$(GPU_ARCH)" || { echo "error: $(NVCC) does not build for $(GPU_ARCH), only \
+	for $$("$(NVCC)" --list-gpu-code | paste -sd ' '): pick one of those with GPU_ARCH, or set NVCC to an nvcc that has \
+	it (CUDA 13 dropped sm_70, the V100: CUDA 12's has it)"; exit 1; }
 NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -Xcompiler -Wall,-Wno-unused-function,-Wno-format-truncation
 NVCC_LDLIBS = -lcublasLt -lm -lpthread
 
