@@ -306,8 +306,12 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
     smolvla_free(&m);
 }
 
+static int wanted_mode(const char* group, int mode);
+
 static void test_smolvla_lerobot(const char* ref_dir) {
-    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_case(ref_dir, mode); }
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
+        if (wanted_mode("lerobot", mode)) { test_smolvla_case(ref_dir, mode); }
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -576,7 +580,8 @@ static void test_smolvla_oracle(const char* dir, int mode) {
           "%zu frozen ones", name, trained_moved, count, frozen_moved);
     free(before); free(after);
     printf("        (%s: 10 AdamW steps %.0f ms, %.1f s in all)\n", name, 1000.0 * t_steps, wall_seconds() - t0);
-    if (LOSS_SCALING && wanted("fp16") && mode == TRAIN_MODE_EXPERT) { check_fp16_skip(&m, &in, &args); }
+    static int skip_checked = 0;  // once, on the first mode that runs
+    if (LOSS_SCALING && wanted("fp16") && !skip_checked) { check_fp16_skip(&m, &in, &args); skip_checked = 1; }
 
     for (int k = 0; k < c.n_cam; k++) { cudaCheck(cudaFree((void*)in.frames[k])); }
     cudaCheck(cudaFree((void*)in.tokens)); cudaCheck(cudaFree((void*)in.token_mask)); cudaCheck(cudaFree((void*)in.state));
@@ -931,9 +936,9 @@ static void test_bad_input(const char* dir) {
     expect_error_from(dir, TRAINER, "a --balance tasks checkpoint continued without it", args, "trained with --balance tasks");
 }
 
-// fp16 builds' dynamic loss scaling through the binary: a run that starts at scale 2^18, where the
-// backward of the tiny model overflows fp16 (measured: from 2^24 every step skips down to 2^18,
-// the default 2^16 trains), with a window of 2 clean steps. 6 steps straight
+// fp16 builds' dynamic loss scaling through the binary: a run of the tiny model at -b 2 that starts
+// at scale 2^18, where its backward overflows fp16 (measured: the steps at 2^18, 2^17 and 2^16
+// skip, 2^15 trains), with a window of 2 clean steps. 6 steps straight
 // against 3, checkpointed, then continued (-y 1) with --loss-scale 1024: the same losses and
 // checkpoint files bit for bit, so the scale, its clean steps and the skip count were restored
 // from the checkpoint. Its log: the first step skipped, every loss finite, and the scale of each
@@ -942,7 +947,7 @@ static void test_bad_input(const char* dir) {
 static void test_fp16_loss_scale(const char* dir) {
     printf("\n== fp16 dynamic loss scaling\n");
     char trainer[1200];
-    snprintf(trainer, sizeof(trainer), "%s -p tiny -b 4 -u 3 --log-every 100 --loss-scale 262144 --loss-scale-window 2",
+    snprintf(trainer, sizeof(trainer), "%s -p tiny -b 2 -u 3 --log-every 100 --loss-scale 262144 --loss-scale-window 2",
              TRAINER);
     // the resumed leg says --loss-scale 1024: only the checkpoint can give it 2^18's descendant
     char cmd[4096], p1[1100], p2[1100];
@@ -951,7 +956,7 @@ static void test_fp16_loss_scale(const char* dir) {
     int rc1 = run_command(cmd);
     snprintf(cmd, sizeof(cmd), "%s -n 3 -i %s/a.bin -o %s/fp16_resumed > %s/fp16_r1.txt 2>&1", trainer, dir, dir, dir);
     int rc2 = run_command(cmd);
-    snprintf(cmd, sizeof(cmd), "%s -p tiny -b 4 -u 3 --log-every 100 --loss-scale 1024 --loss-scale-window 2 -n 6 -i "
+    snprintf(cmd, sizeof(cmd), "%s -p tiny -b 2 -u 3 --log-every 100 --loss-scale 1024 --loss-scale-window 2 -n 6 -i "
              "%s/a.bin -o %s/fp16_resumed -y 1 > %s/fp16_r2.txt 2>&1", TRAINER, dir, dir, dir);
     int rc3 = run_command(cmd);
     float full[6] = {0}, resumed[3] = {0};
@@ -1010,19 +1015,20 @@ static void test_fp16_loss_scale(const char* dir) {
         char args[2400];
         snprintf(p2, sizeof(p2), "%s/fp16_full/bad_scale.bin", dir);
         corrupt_copy(p1, p2, (long)offsetof(CheckpointHeader, loss_scale), &bad[k], sizeof(float), -1);
-        snprintf(args, sizeof(args), "-p tiny -b 4 -n 8 -i %s/a.bin -o %s/bad_out --init %s", dir, dir, p2);
+        snprintf(args, sizeof(args), "-p tiny -b 2 -n 8 -i %s/a.bin -o %s/bad_out --init %s", dir, dir, p2);
         expect_error_from(dir, TRAINER, k == 0 ? "a checkpoint with loss scale NaN" : "a checkpoint with loss scale -2",
                           args, "loss scale");
     }
     char args[2400];
-    snprintf(args, sizeof(args), "-p tiny -b 4 -n 1 -i %s/a.bin -o %s/bad_out --loss-scale 0.5", dir, dir);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s/a.bin -o %s/bad_out --loss-scale 0.5", dir, dir);
     expect_error_from(dir, TRAINER, "--loss-scale 0.5 (below 1)", args, "--loss-scale 0.5");
 }
 
 // VLA_GPU_TESTS=a,b runs only the groups named (oracle, lerobot, training_loop, determinism,
 // accumulation, single_gpu_build, multi_gpu, faults, resume, cross_trainer, weights_only,
 // bad_input, fp16 (fp16 builds: the loss scaling; with oracle, an injected overflow), ...): for
-// working on one feature; make test runs them all
+// working on one feature; make test runs them all. oracle:MODE and lerobot:MODE (expert, vlm,
+// all) run one train mode's case of those groups.
 static int wanted(const char* group) {
     const char* only = getenv("VLA_GPU_TESTS");
     if (only == NULL || only[0] == '\0') { return 1; }
@@ -1034,6 +1040,13 @@ static int wanted(const char* group) {
         p += len + (end != NULL);
     }
     return 0;
+}
+
+// group, or group:<mode's name>, is wanted
+static int wanted_mode(const char* group, int mode) {
+    char one[64];
+    snprintf(one, sizeof(one), "%s:%s", group, TRAIN_MODE_NAMES[mode]);
+    return wanted(group) || wanted(one);
 }
 
 int main(int argc, char** argv) {
@@ -1058,10 +1071,10 @@ int main(int argc, char** argv) {
     gpu_check_visible(1);
     gpu_init(0, &prop);
     printf("device: %s, precision %s, trainer %s\n", prop.name, PRECISION_NAME, TRAINER);
-    if (wanted("oracle")) {
-        for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_oracle(dir, mode); }
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
+        if (wanted_mode("oracle", mode)) { test_smolvla_oracle(dir, mode); }
     }
-    if (wanted("lerobot")) {
+    if (wanted("lerobot") || wanted("lerobot:expert") || wanted("lerobot:vlm") || wanted("lerobot:all")) {
         if (smolvla_refs != NULL) { test_smolvla_lerobot(smolvla_refs); }
         else { printf("\n(SmolVLA against LeRobot: skipped, no --smolvla LEROBOT_REF_DIR)\n"); }
     }
