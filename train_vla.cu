@@ -1283,7 +1283,7 @@ static __device__ int gqa_key_end(const GqaAttn& a, int b, const int* qblk, int*
     return block_max_int(end, shared);
 }
 
-// Q, K, V (64, HSP) bf16, P (64, 64) bf16, S (64, 64) and O (64, HSP) fp32, row max and sum, the
+// Q, K, V (64, HSP) floatX, P (64, 64) floatX, S (64, 64) and O (64, HSP) fp32, row max and sum, the
 // query and key block ids, 32 ints for block_max_int
 template <int HSP>
 static size_t gqa_attention_forward_smem2(void) {
@@ -1297,10 +1297,10 @@ template <int HSP>
 __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_forward_kernel2(floatX* out, float* lse, const floatX* q,
                                                                               GqaAttn a) {
     extern __shared__ __align__(128) float att_smem[];
-    floatX* Qs = (floatX*)att_smem;  // (64, HSP)
-    floatX* Ks = Qs + ATT_TILE * HSP;         // (64, HSP)
-    floatX* Vs = Ks + ATT_TILE * HSP;         // (64, HSP)
-    floatX* Ps = Vs + ATT_TILE * HSP;         // (64, 64) probabilities
+    floatX* Qs = (floatX*)att_smem;    // (64, HSP)
+    floatX* Ks = Qs + ATT_TILE * HSP;  // (64, HSP)
+    floatX* Vs = Ks + ATT_TILE * HSP;  // (64, HSP)
+    floatX* Ps = Vs + ATT_TILE * HSP;  // (64, 64) probabilities
     float* S = (float*)(Ps + ATT_TILE * ATT_TILE);   // (64, 64) scores
     float* O = S + ATT_TILE * ATT_TILE;              // (64, HSP) unnormalized output
     float* row_m = O + ATT_TILE * HSP;               // (64) running max
@@ -1386,7 +1386,7 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_forward_kernel2(flo
     }
 }
 
-// both backward kernels: four (64, HSP) bf16 tiles, two (64, 64) bf16 and two (64, 64) fp32,
+// both backward kernels: four (64, HSP) floatX tiles, two (64, 64) floatX and two (64, 64) fp32,
 // two rows of statistics, two of block ids, 32 ints for block_max_int
 template <int HSP>
 static size_t gqa_attention_backward_smem2(void) {
@@ -1401,11 +1401,11 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dq_kernel2
                                                                                   const floatX* q, const float* lse,
                                                                                   const float* delta, GqaAttn a) {
     extern __shared__ __align__(128) float att_smem[];
-    floatX* Qs = (floatX*)att_smem;  // (64, HSP)
-    floatX* dOs = Qs + ATT_TILE * HSP;        // (64, HSP)
-    floatX* Ks = dOs + ATT_TILE * HSP;        // (64, HSP)
-    floatX* Vs = Ks + ATT_TILE * HSP;         // (64, HSP)
-    floatX* dSs = Vs + ATT_TILE * HSP;        // (64, 64)
+    floatX* Qs = (floatX*)att_smem;     // (64, HSP)
+    floatX* dOs = Qs + ATT_TILE * HSP;  // (64, HSP)
+    floatX* Ks = dOs + ATT_TILE * HSP;  // (64, HSP)
+    floatX* Vs = Ks + ATT_TILE * HSP;   // (64, HSP)
+    floatX* dSs = Vs + ATT_TILE * HSP;  // (64, 64)
     float* S = (float*)(dSs + ATT_TILE * ATT_TILE);  // (64, 64)
     float* dP = S + ATT_TILE * ATT_TILE;             // (64, 64)
     float* row_lse = dP + ATT_TILE * ATT_TILE;
@@ -1473,11 +1473,11 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kerne
                                                                                     const floatX* q, const float* lse,
                                                                                     const float* delta, GqaAttn a) {
     extern __shared__ __align__(128) float att_smem[];
-    floatX* Ks = (floatX*)att_smem;  // (64 keys, HSP)
+    floatX* Ks = (floatX*)att_smem;          // (64 keys, HSP)
     floatX* Vs = Ks + ATT_TILE * HSP;
-    floatX* Qs = Vs + ATT_TILE * HSP;         // (64 queries, HSP)
+    floatX* Qs = Vs + ATT_TILE * HSP;        // (64 queries, HSP)
     floatX* dOs = Qs + ATT_TILE * HSP;
-    floatX* Pt = dOs + ATT_TILE * HSP;        // (64 keys, 64 queries)
+    floatX* Pt = dOs + ATT_TILE * HSP;       // (64 keys, 64 queries)
     floatX* dSt = Pt + ATT_TILE * ATT_TILE;
     float* St = (float*)(dSt + ATT_TILE * ATT_TILE);  // (64 keys, 64 queries)
     float* dPt = St + ATT_TILE * ATT_TILE;

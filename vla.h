@@ -2358,6 +2358,8 @@ typedef struct {
 VLA_STATIC_ASSERT(sizeof(CheckpointHeader) == CKPT_HEADER_BYTES, "checkpoint header is 512 bytes");
 VLA_STATIC_ASSERT(offsetof(CheckpointHeader, step) == 120 && offsetof(CheckpointHeader, tokenizer) == 168,
                   "checkpoint header fields are where SPEC says");
+VLA_STATIC_ASSERT(offsetof(CheckpointHeader, loss_scale) == 248 && offsetof(CheckpointHeader, loss_scale_skipped) == 256,
+                  "the loss scale's fields are where the README says");
 
 typedef struct {
     SmolVLAConfig config;
