@@ -548,9 +548,11 @@ enum { SCALER_NEXT = 0, SCALER_CLEAN = 1, SCALER_SKIPPED = 2, SCALER_USED = 3, S
 #endif
 
 // A step's first micro-step: the factor its loss gradients are scaled by, S * pow2, where pow2 =
-// 2^-ceil(log2(the micro-batch's B*H*A entries)): the gradient of the sum that the backward
-// starts from is then S times that of the micro-batch's mean (as torch's GradScaler scales a mean
-// loss), up to a power of two, so scaling and unscaling round nothing. One thread.
+// 2^-ceil(log2(H*A)): the gradient of the sum that the backward starts from is then S times that
+// of each sample's mean loss (torch's GradScaler scales a mean loss), up to a power of two, so
+// scaling and unscaling round nothing. Per sample, not per batch: a sample's backward sees the
+// same scaled values however the batch is split over ranks and micro-steps, so a run overflows
+// (and skips) at the same steps on any world size. One thread.
 __global__ void loss_scale_begin_kernel(float* scaler, float pow2) {
     scaler[SCALER_USED] = scaler[SCALER_NEXT];
     scaler[SCALER_FACTOR] = scaler[SCALER_NEXT] * pow2;
@@ -3313,7 +3315,7 @@ static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro) {
     if (m->scaler != NULL) {  // fp16: the backward starts from the scaled loss's gradient
         if (micro == 0) {
             int e = 0;
-            while ((1LL << e) < (long long)B * c->chunk * c->action_dim) { e++; }
+            while ((1LL << e) < (long long)c->chunk * c->action_dim) { e++; }
             loss_scale_begin_kernel<<<1, 1, 0, main_stream>>>(m->scaler, ldexpf(1.0f, -e));
             launchCheck();
         }
