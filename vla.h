@@ -3319,13 +3319,15 @@ static inline float action_mse(const SmolBatch* batch, const Dataset* ds, const 
 // TCP exchange, after checking that every node runs the same configuration
 
 #define BOOT_MAGIC 0x544f4f42u  // "BOOT"
-#define BOOT_VERSION 3u  // 2: min_lr_frac and augment joined the fields; 3: SmolVLA's config and train mode
+#define BOOT_VERSION 4u  // 2: min_lr_frac and augment joined the fields; 3: SmolVLA's config and train mode;
+                         // 4: fp16's --loss-scale and --loss-scale-window (ranks scaled apart sum wrong gradients)
 #define BOOT_MAX_PAYLOAD 1024
 
 // What every node of a run must agree on; floats go as their bits so they compare exactly
 #define BOOT_FIELDS(X) \
     X(gpus_per_node) X(nodes) X(batch) X(accum) X(zero) X(steps) X(warmup) X(start_step) X(seed) X(samples) \
-    X(lr_bits) X(min_lr_frac_bits) X(weight_decay_bits) X(clip_bits) X(lr_scale) X(augment) X(train_mode)
+    X(lr_bits) X(min_lr_frac_bits) X(weight_decay_bits) X(clip_bits) X(lr_scale) X(augment) X(train_mode) \
+    X(loss_scale_bits) X(loss_scale_window)
 
 typedef struct {
     uint32_t magic, version;
@@ -3360,6 +3362,7 @@ static inline BootIdentity boot_identity(const TrainArgs* a, const SmolVLAConfig
     id.min_lr_frac_bits = boot_float_bits(a->min_lr_frac); id.weight_decay_bits = boot_float_bits(a->weight_decay);
     id.clip_bits = boot_float_bits(a->grad_clip); id.lr_scale = a->lr_scale; id.augment = a->augment;
     id.train_mode = a->train_mode;
+    id.loss_scale_bits = boot_float_bits(a->loss_scale); id.loss_scale_window = a->loss_scale_window;
     return id;
 }
 
