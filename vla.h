@@ -3015,9 +3015,9 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
                step + 1, steps, loss, lr, norm, ms, samples_per_s, extra, (int)(eta / 60), (int)eta % 60);
         fflush(stdout);
     }
-    fprintf(lg->jsonl, "{\"step\": %d, \"loss\": %.8g, \"lr\": %.6g, ", step + 1, loss, lr);
-    // JSON has no Inf or NaN: an fp16 step skipped for its gradients logs its norm as null
-    if (isfinite(norm)) { fprintf(lg->jsonl, "\"grad_norm\": %.6g", norm); } else { fprintf(lg->jsonl, "\"grad_norm\": null"); }
+    fprintf(lg->jsonl, "{\"step\": %d, \"loss\": %.8g, \"lr\": %.6g", step + 1, loss, lr);
+    // JSON has no Inf or NaN: an fp16 step skipped for its gradients' Inf/NaN logs no norm
+    if (isfinite(norm)) { fprintf(lg->jsonl, ", \"grad_norm\": %.6g", norm); }
     fprintf(lg->jsonl, ", \"ms\": %.3f, \"samples_per_s\": %.3f", ms, samples_per_s);
     if (!isnan(mfu)) { fprintf(lg->jsonl, ", \"mfu\": %.5f, \"gpu_mem_gib\": %.4f", mfu, mem_gib); }
     if (lg->loss_scale != NULL) {
