@@ -95,8 +95,11 @@ static void nccl_check_(ncclResult_t r, const char* file, int line) {
 #endif
 
 static __device__ __host__ __forceinline__ float f32(float x) { return x; }
-static __device__ __host__ __forceinline__ float f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+#if defined(ENABLE_FP16)
 static __device__ __host__ __forceinline__ float f32(__half x) { return __half2float(x); }
+#else
+static __device__ __host__ __forceinline__ float f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+#endif
 static __device__ __host__ __forceinline__ floatX fx(float x) {
 #if defined(ENABLE_FP32)
     return x;
