@@ -7,8 +7,9 @@ is tested is what runs.
   e.g. ./test_vla_gpu build/test ./train_vla build/gpu/train_vla_single_gpu_bf16 --smolvla build/lerobot_ref
 
 TRAINER is the train_vla binary of the same precision as this test. make test builds and runs
-it in both precisions: on the GPU when one is present, otherwise under the CPU emulation of
-CUDA in dev/cuda/emu (same source, same checks; CUDA_EMU_DEVICES=4 gives it four GPUs).
+it in fp32 and bf16, and in fp16 the groups oracle:all and fp16 (its loss scaling): on the GPU
+when one is present, otherwise under the CPU emulation of CUDA in dev/cuda/emu (same source, same
+checks; CUDA_EMU_DEVICES=4 gives it four GPUs).
 
 With --smolvla: the model against LeRobot 0.6.1's own references (dev/lerobot), per training mode
 (expert, vlm, all): prepared images, velocities, loss, every trainable gradient by LeRobot's name,
