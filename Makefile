@@ -22,7 +22,8 @@ DEFAULT_DATA = data/default/metaworld_mt10_000.bin
 
 all: train_vla_cpu $(DEFAULT_DATA)
 
-# ---- the GPU trainer. PRECISION=BF16 (default) or FP32; the architecture as dev/gpu_arch.mk says
+# ---- the GPU trainer. PRECISION=BF16 (default), FP16 (GPUs without bf16: sm_70, sm_75; the default
+# there, see dev/gpu_arch.mk) or FP32; the architecture as dev/gpu_arch.mk says
 include dev/gpu_arch.mk
 PRECISION ?= BF16
 ifeq ($(PRECISION),FP32)
@@ -31,15 +32,19 @@ ifeq ($(PRECISION),FP32)
 else ifeq ($(PRECISION),BF16)
   PRECISION_FLAG =
   PRECISION_SUFFIX = bf16
+else ifeq ($(PRECISION),FP16)
+  PRECISION_FLAG = -DENABLE_FP16
+  PRECISION_SUFFIX = fp16
 else
-  $(error PRECISION=$(PRECISION): use BF16 or FP32)
+  $(error PRECISION=$(PRECISION): use BF16, FP16 or FP32)
 endif
 GPU_SOURCES = train_vla.cu vla.h
 
-# both precisions for the GPU tests; ./train_vla is a copy of PRECISION's
+# every precision for the GPU tests; ./train_vla is a copy of PRECISION's
 build/gpu/train_vla_bf16 build/gpu/test_vla_gpu_bf16: PRECISION_FLAG =
 build/gpu/train_vla_fp32 build/gpu/test_vla_gpu_fp32: PRECISION_FLAG = -DENABLE_FP32
-build/gpu/train_vla_bf16 build/gpu/train_vla_fp32: build/gpu/train_vla_%: $(GPU_SOURCES)
+build/gpu/train_vla_fp16 build/gpu/test_vla_gpu_fp16: PRECISION_FLAG = -DENABLE_FP16
+build/gpu/train_vla_bf16 build/gpu/train_vla_fp32 build/gpu/train_vla_fp16: build/gpu/train_vla_%: $(GPU_SOURCES)
 	$(nvcc_check)
 	@mkdir -p build/gpu
 	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) $(MULTI_GPU_FLAGS) train_vla.cu $(NVCC_LDLIBS) $(MULTI_GPU_LIBS) -o $@
@@ -84,7 +89,8 @@ $(EMU_DIR)/%.cu: %.cu dev/cuda/emu/launch.sed
 	sed -f dev/cuda/emu/launch.sed $< > $@
 $(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/test_vla_gpu_bf16 $(EMU_DIR)/libvla_gpu_bf16.so: EMU_PRECISION =
 $(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/test_vla_gpu_fp32 $(EMU_DIR)/libvla_gpu_fp32.so: EMU_PRECISION = -DENABLE_FP32
-$(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/train_vla_fp32: $(EMU_DIR)/train_vla_%: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
+$(EMU_DIR)/train_vla_fp16 $(EMU_DIR)/test_vla_gpu_fp16: EMU_PRECISION = -DENABLE_FP16
+$(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/train_vla_fp16: $(EMU_DIR)/train_vla_%: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
 	$(EMU_CXX) $(EMU_PRECISION) $(EMU_MULTI_GPU) -x c++ $< -lm -lpthread -o $@
 $(EMU_DIR)/train_vla_single_gpu_bf16: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
 	$(EMU_CXX) -x c++ $< -lm -lpthread -o $@
@@ -107,13 +113,15 @@ dev_cuda:
 	$(MAKE) -C dev/cuda
 
 ifeq ($(HAS_GPU),1)
-GPU_TEST_BINARIES = build/gpu/train_vla_bf16 build/gpu/train_vla_fp32 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32
+GPU_TEST_BINARIES = build/gpu/train_vla_bf16 build/gpu/train_vla_fp32 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32 \
+	build/gpu/train_vla_fp16 build/gpu/test_vla_gpu_fp16
 GPU_TEST_RUNNER = build/gpu
 GPU_POLICY_LIBRARY = libvla_gpu.so
 else
 GPU_TEST_BINARIES = $(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/test_vla_gpu_bf16 \
 	$(EMU_DIR)/test_vla_gpu_fp32 $(EMU_DIR)/dev/cuda/emu/test_emulate $(addprefix $(EMU_DIR)/dev/cuda/,$(DEV_CUDA)) \
-	$(EMU_DIR)/libvla_gpu_bf16.so $(EMU_DIR)/libvla_gpu_fp32.so $(EMU_DIR)/train_vla_single_gpu_bf16
+	$(EMU_DIR)/libvla_gpu_bf16.so $(EMU_DIR)/libvla_gpu_fp32.so $(EMU_DIR)/train_vla_single_gpu_bf16 \
+	$(EMU_DIR)/train_vla_fp16 $(EMU_DIR)/test_vla_gpu_fp16
 GPU_TEST_RUNNER = $(EMU_DIR)
 GPU_POLICY_LIBRARY = $(EMU_DIR)/libvla_gpu_bf16.so:$(EMU_DIR)/libvla_gpu_fp32.so
 endif

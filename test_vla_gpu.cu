@@ -7,8 +7,9 @@ is tested is what runs.
   e.g. ./test_vla_gpu build/test ./train_vla build/gpu/train_vla_single_gpu_bf16 --smolvla build/lerobot_ref
 
 TRAINER is the train_vla binary of the same precision as this test. make test builds and runs
-it in both precisions: on the GPU when one is present, otherwise under the CPU emulation of
-CUDA in dev/cuda/emu (same source, same checks; CUDA_EMU_DEVICES=4 gives it four GPUs).
+it in fp32 and bf16, and in fp16 the groups oracle:all and fp16 (its loss scaling): on the GPU
+when one is present, otherwise under the CPU emulation of CUDA in dev/cuda/emu (same source, same
+checks; CUDA_EMU_DEVICES=4 gives it four GPUs).
 
 With --smolvla: the model against LeRobot 0.6.1's own references (dev/lerobot), per training mode
 (expert, vlm, all): prepared images, velocities, loss, every trainable gradient by LeRobot's name,
@@ -34,8 +35,11 @@ stated where they are defined.
 // the next loss by up to u = 3.9e-3 of that weight's share: 1e-3. Against the CPU trainer (fp32)
 // a bf16 build is a bf16 forward against an fp32 one: the forward's tolerance of the SmolVLA checks
 // below (SMOL_TOL_FWD; measured 1.5e-4), as against the float64 oracle (5 steps on shard data).
+// In fp16 the same argument at its unit roundoff u = 2^-11 = 4.9e-4, 8x finer than bf16's: 1.25e-4.
 #if defined(ENABLE_FP32)
 static const double TOL_RUNS = 1e-4;
+#elif defined(ENABLE_FP16)
+static const double TOL_RUNS = 1.25e-4;
 #else
 static const double TOL_RUNS = 1e-3;
 #endif
@@ -73,11 +77,27 @@ static void* upload(const void* host, size_t bytes) {
 //   forward's estimate, measured on the model train_vla trained before, 5.7 x 2.3e-2 = 1.3e-1. The vision key bias's
 //   gradient, exactly zero in exact arithmetic, is bf16 rounding of dS summed over a row: measured
 //   against the q_proj.bias gradient it is of the order of u, so 2u = 7.8e-3 in bf16 builds.
+// - FP16: the same stages, each rounded to fp16's 10 fraction bits: u = 2^-11 = 4.9e-4, 8x finer
+//   than bf16's 2^-8, so every bf16 tolerance divided by 8 (images 1.25e-3, forward 6.25e-3,
+//   gradients 1.6e-2, the zero gradient 2u = 9.8e-4). Dynamic loss scaling rounds nothing more:
+//   the gradients are scaled and unscaled by powers of two (loss_scale_begin_kernel), and the
+//   scale keeps them inside fp16's range, where its rounding is relative (no subnormals).
 #if defined(ENABLE_FP32)
 static const double SMOL_TOL_IMAGES = 1e-4, SMOL_TOL_FWD = 1e-4, SMOL_TOL_GRAD = 1e-4, SMOL_TOL_ZERO = 1e-4;
+#elif defined(ENABLE_FP16)
+static const double SMOL_TOL_IMAGES = 1.25e-3, SMOL_TOL_FWD = 6.25e-3, SMOL_TOL_GRAD = 1.6e-2, SMOL_TOL_ZERO = 9.8e-4;
 #else
 static const double SMOL_TOL_IMAGES = 1e-2, SMOL_TOL_FWD = 5e-2, SMOL_TOL_GRAD = 1.3e-1, SMOL_TOL_ZERO = 7.8e-3;
 #endif
+
+// fp16 builds: the loss scale the SmolVLA checks run at. A training run starts at --loss-scale
+// (65536) and skips its way down to what the model holds (the tiny models' backward overflows fp16
+// at 65536 times their per-sample gradient, which training would skip and halve: the fp16 group);
+// a single forward and backward compared with a reference cannot skip, so it starts where it fits.
+static void set_test_loss_scale(SmolVLA* m) {
+    LossScaleState st = {1024.0f, 0, 0};
+    smolvla_set_loss_scale(m, &st, VLA_LOSS_SCALE_WINDOW_DEFAULT);
+}
 
 static void test_smolvla_case(const char* ref_dir, int mode) {
     const char* name = TRAIN_MODE_NAMES[mode];
@@ -112,6 +132,7 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
     SmolVLA m;
     smolvla_build(&m, &c, mode);
     smolvla_set_params(&m, params);
+    set_test_loss_scale(&m);
     free(params);
 
     // the batch as LeRobot's pre-processor left it (raw frames, token ids, normalized state and
@@ -297,8 +318,12 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
     smolvla_free(&m);
 }
 
+static int wanted_mode(const char* group, int mode);
+
 static void test_smolvla_lerobot(const char* ref_dir) {
-    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_case(ref_dir, mode); }
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
+        if (wanted_mode("lerobot", mode)) { test_smolvla_case(ref_dir, mode); }
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -317,6 +342,55 @@ static const Record* debug_lookup(const DebugState* st, const char* name) {
         if (strcmp(st->recs[i].name, name) == 0) { return &st->recs[i]; }
     }
     return NULL;
+}
+
+static int wanted(const char* group);
+
+// A device array's bytes, on the host (freed by the caller)
+static void* download(const void* d, size_t bytes) {
+    void* h = mallocCheck(bytes > 0 ? bytes : 1);
+    cudaCheck(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// fp16 builds: an Inf injected into the gradients after the backward. The step is skipped: the
+// compute copy, the master weights and both moments keep every bit; the skip is counted, the scale
+// halved, the clean steps reset. The next step trains again: finite loss and norm, weights moving,
+// the scale kept and one clean step counted.
+static void check_fp16_skip(SmolVLA* m, const SmolInputs* in, const TrainArgs* args) {
+    LossScaleState st = {1024.0f, 5, 0};
+    smolvla_set_loss_scale(m, &st, 2000);
+    size_t shard = m->shard_hi - m->shard_lo;
+    void* p0 = download(m->params_memory, m->n_params * sizeof(floatX));
+    void* w0 = download(m->master, shard * sizeof(float));
+    void* m0 = download(m->m_memory, shard * sizeof(float));
+    void* v0 = download(m->v_memory, shard * sizeof(float));
+    smolvla_forward(m, in, 0);
+    smolvla_backward(m, 1);
+    float inf = INFINITY;
+    cudaCheck(cudaMemcpy(m->grads_memory + m->n_opt / 2, &inf, sizeof(float), cudaMemcpyHostToDevice));
+    smolvla_grads_finish(m, 0);
+    smolvla_update(m, lr_at_step(args, 10), args->weight_decay, args->grad_clip, 10);
+    float loss, norm, used;
+    smolvla_read_scalars(m, &loss, &norm);
+    int skipped = smolvla_read_loss_scale(m, &st, &used);
+    void* p1 = download(m->params_memory, m->n_params * sizeof(floatX));
+    void* w1 = download(m->master, shard * sizeof(float));
+    void* m1 = download(m->m_memory, shard * sizeof(float));
+    void* v1 = download(m->v_memory, shard * sizeof(float));
+    int same = memcmp(p0, p1, m->n_params * sizeof(floatX)) == 0 && memcmp(w0, w1, shard * sizeof(float)) == 0 &&
+               memcmp(m0, m1, shard * sizeof(float)) == 0 && memcmp(v0, v1, shard * sizeof(float)) == 0;
+    check(skipped && !isfinite(norm) && same && st.skipped == 1 && st.scale == 512.0f && st.clean == 0 && used == 1024.0f,
+          "fp16: an Inf in the gradients skips the step: weights, master weights and moments keep every bit, 1 skip "
+          "counted, scale 1024 -> %g, clean steps 5 -> %u (norm %g)", (double)st.scale, st.clean, (double)norm);
+    smolvla_train_step(m, in, 1, 11, args);
+    smolvla_read_scalars(m, &loss, &norm);
+    skipped = smolvla_read_loss_scale(m, &st, &used);
+    void* w2 = download(m->master, shard * sizeof(float));
+    check(!skipped && isfinite(loss) && isfinite(norm) && memcmp(w1, w2, shard * sizeof(float)) != 0 &&
+          st.scale == 512.0f && st.clean == 1 && st.skipped == 1, "fp16: the next step trains (loss %.6f, norm %.4f, "
+          "scale %g, 1 clean step)", loss, norm, (double)st.scale);
+    free(p0); free(w0); free(m0); free(v0); free(p1); free(w1); free(m1); free(v1); free(w2);
 }
 
 static void test_smolvla_oracle(const char* dir, int mode) {
@@ -353,6 +427,7 @@ static void test_smolvla_oracle(const char* dir, int mode) {
         free(p);
     }
     smolvla_set_params(&m, params);
+    set_test_loss_scale(&m);
     free(params);
 
     // optimizer state: fp32 master weights and two moments for exactly the trainable elements
@@ -518,6 +593,8 @@ static void test_smolvla_oracle(const char* dir, int mode) {
           "%zu frozen ones", name, trained_moved, count, frozen_moved);
     free(before); free(after);
     printf("        (%s: 10 AdamW steps %.0f ms, %.1f s in all)\n", name, 1000.0 * t_steps, wall_seconds() - t0);
+    static int skip_checked = 0;  // once, on the first mode that runs
+    if (LOSS_SCALING && wanted("fp16") && !skip_checked) { check_fp16_skip(&m, &in, &args); skip_checked = 1; }
 
     for (int k = 0; k < c.n_cam; k++) { cudaCheck(cudaFree((void*)in.frames[k])); }
     cudaCheck(cudaFree((void*)in.tokens)); cudaCheck(cudaFree((void*)in.token_mask)); cudaCheck(cudaFree((void*)in.state));
@@ -1020,6 +1097,10 @@ static void test_bad_input(const char* dir) {
     expect_error_from(dir, TRAINER, "-b 0", args, "--batch 0");
     snprintf(args, sizeof(args), "-p tiny -b 2 -i %s/a.bin --train everything", dir);
     expect_error_from(dir, TRAINER, "an unknown train mode", args, "everything");
+    if (!LOSS_SCALING) {  // bf16 and fp32 builds refuse fp16's flags rather than ignore them
+        snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s/a.bin -o %s/bad_out --loss-scale 1024", dir, dir);
+        expect_error_from(dir, TRAINER, "--loss-scale in a " PRECISION_NAME " build", args, "does not scale the loss");
+    }
     // a truncated checkpoint given to --init; a checkpoint of another train mode continued
     char cmd[4096];
     snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_trunc && %s -p tiny -b 2 -n 1 -i %s/a.bin -o %s/gpu_trunc > /dev/null 2>&1 && "
@@ -1113,9 +1194,128 @@ static void test_balance(const char* dir) {
     expect_error_from(dir, TRAINER, "--task-weights of 3 tasks for a dataset of 2", args, "3 weights for the dataset's 2 tasks");
 }
 
+// fp16 builds' dynamic loss scaling through the binary: a run of the tiny model at -b 2 that starts
+// at scale 2^18, where its backward overflows fp16 (measured: the steps at 2^18, 2^17 and 2^16
+// skip, 2^15 trains), with a window of 2 clean steps. 6 steps straight
+// against 3, checkpointed, then continued (-y 1) with --loss-scale 1024: the same losses and
+// checkpoint files bit for bit, so the scale, its clean steps and the skip count were restored
+// from the checkpoint. Its log: the first step skipped, every loss finite, and the scale of each
+// step the one the rules give after the step before (halved by a skip, doubled after 2 clean
+// steps). A corrupt scale in a checkpoint's header is refused in one line.
+static void test_fp16_loss_scale(const char* dir) {
+    printf("\n== fp16 dynamic loss scaling\n");
+    char trainer[1200];
+    snprintf(trainer, sizeof(trainer), "%s -p tiny -b 2 -u 3 --log-every 100 --loss-scale 262144 --loss-scale-window 2",
+             TRAINER);
+    // the resumed leg says --loss-scale 1024: only the checkpoint can give it 2^18's descendant
+    char cmd[4096], p1[1100], p2[1100];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/fp16_full %s/fp16_resumed && %s -n 6 -i %s/a.bin -o %s/fp16_full -k 3 > "
+             "%s/fp16_full.txt 2>&1", dir, dir, trainer, dir, dir, dir);
+    int rc1 = run_command(cmd);
+    snprintf(cmd, sizeof(cmd), "%s -n 3 -i %s/a.bin -o %s/fp16_resumed > %s/fp16_r1.txt 2>&1", trainer, dir, dir, dir);
+    int rc2 = run_command(cmd);
+    snprintf(cmd, sizeof(cmd), "%s -p tiny -b 2 -u 3 --log-every 100 --loss-scale 1024 --loss-scale-window 2 -n 6 -i "
+             "%s/a.bin -o %s/fp16_resumed -y 1 > %s/fp16_r2.txt 2>&1", TRAINER, dir, dir, dir);
+    int rc3 = run_command(cmd);
+    float full[6] = {0}, resumed[3] = {0};
+    snprintf(p1, sizeof(p1), "%s/fp16_full/log.jsonl", dir);
+    snprintf(p2, sizeof(p2), "%s/fp16_resumed/log.jsonl", dir);
+    int nf = read_losses(p1, 1, 6, full), nr = read_losses(p2, 4, 6, resumed);
+    check(rc1 == 0 && rc2 == 0 && rc3 == 0 && nf == 6 && nr == 3, "fp16 runs at --loss-scale 2^18: straight, first "
+          "leg, resumed leg (exit %d %d %d)", rc1, rc2, rc3);
+    check(nf == 6 && nr == 3 && memcmp(full + 3, resumed, sizeof(resumed)) == 0, "fp16: resumed with --loss-scale "
+          "1024 (the checkpoint's scale wins), losses equal the uninterrupted run bit for bit (steps 4-6: %.7f %.7f %.7f)", resumed[0],
+          resumed[1], resumed[2]);
+    snprintf(p1, sizeof(p1), "%s/fp16_full/ckpt_00000006.bin", dir);
+    snprintf(p2, sizeof(p2), "%s/fp16_resumed/ckpt_00000006.bin", dir);
+    check(files_equal(p1, p2), "fp16: final checkpoints of the straight and resumed runs are identical files (the "
+          "loss scale's fields included)");
+    // the straight run's log against the rules, and its last checkpoint's header against the log
+    snprintf(p1, sizeof(p1), "%s/fp16_full/log.jsonl", dir);
+    char* text = read_text(p1);
+    double scale[6] = {0};
+    long long skips[6] = {0};
+    int lines = 0, finite = 1;
+    for (char* line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        int step;
+        float loss;
+        const char* at = strstr(line, "\"loss_scale\": ");
+        if (sscanf(line, "{\"step\": %d, \"loss\": %f", &step, &loss) == 2 && step >= 1 && step <= 6 && at != NULL &&
+            sscanf(at, "\"loss_scale\": %lf, \"skipped_steps\": %lld", &scale[step - 1], &skips[step - 1]) == 2) {
+            lines++;
+            finite &= isfinite(loss);
+        }
+    }
+    free(text);
+    double expect = 262144.0;
+    int clean = 0, rules = lines == 6 && scale[0] == expect && skips[0] == 1;
+    for (int k = 0; k < 6 && rules; k++) {
+        rules &= scale[k] == expect;
+        int skipped = skips[k] - (k > 0 ? skips[k - 1] : 0);
+        if (skipped) { expect = fmax(1.0, expect / 2); clean = 0; }
+        else if (++clean == 2) { expect *= 2; clean = 0; }
+    }
+    check(rules && finite && skips[5] < 6, "fp16: at scale 2^18 step 1 overflows and is skipped, the run goes on and "
+          "trains; the scales the steps ran with %g %g %g %g %g %g, skipped so far %lld .. %lld, as the rules say", scale[0], scale[1],
+          scale[2], scale[3], scale[4], scale[5], skips[0], skips[5]);
+    // two GPUs with ZeRO-1, one sample each: the same global batch, so the same steps overflow (the
+    // norm is the ranks' sum; the scale is per sample) and the same scales, losses as -g 1's
+    int visible = 0;
+    cudaGetDeviceCount(&visible);
+    if (visible >= 2) {
+        snprintf(cmd, sizeof(cmd), "%s -p tiny -b 1 -g 2 -z 1 -u 3 --log-every 100 --loss-scale 262144 --loss-scale-window 2",
+                 TRAINER);
+        snprintf(trainer, sizeof(trainer), "%s -n 3 -i %s/a.bin", cmd, dir);
+        float zl[3] = {0};
+        int nz, rcz = run_steps(dir, "fp16_zero", trainer, 3, zl, &nz);
+        snprintf(p2, sizeof(p2), "%s/fp16_zero/log.jsonl", dir);
+        char* zt = read_text(p2);
+        int same = nz == 3;
+        for (int k = 0; k < 3 && same; k++) {
+            char want[96];
+            snprintf(want, sizeof(want), "\"loss_scale\": %.9g, \"skipped_steps\": %lld", scale[k], skips[k]);
+            char* line = zt;
+            for (int j = 0; j < k && line != NULL; j++) { line = strchr(line, '\n'); line = line ? line + 1 : NULL; }
+            char* end = line ? strchr(line, '\n') : NULL;
+            char* hit = line ? strstr(line, want) : NULL;
+            same &= hit != NULL && (end == NULL || hit < end);
+        }
+        free(zt);
+        double e = rel_error(zl, full, 3);
+        check(rcz == 0 && same && e < TOL_RUNS, "fp16: -g 2 -z 1 (one sample per GPU) skips the same steps at the same "
+              "scales as -g 1, losses rel err %.2e (tol %.2e)", e, TOL_RUNS);
+    } else {
+        printf("(fp16 on two GPUs: skipped, %d visible)\n", visible);
+    }
+    Checkpoint ck;
+    char err[1400];
+    snprintf(p1, sizeof(p1), "%s/fp16_full/ckpt_00000006.bin", dir);
+    int ok = checkpoint_read_checked(p1, &ck, err, sizeof(err)) == 0;
+    check(ok && ck.loss_scale.scale == (float)expect && ck.loss_scale.clean == (uint32_t)clean &&
+          ck.loss_scale.skipped == (uint64_t)skips[5], "fp16: the checkpoint at step 6 holds scale %g, %u clean step(s), "
+          "%llu skipped (the log's next: %g, %d, %lld)", ok ? (double)ck.loss_scale.scale : 0.0,
+          ok ? ck.loss_scale.clean : 0, ok ? (unsigned long long)ck.loss_scale.skipped : 0ULL, expect, clean, skips[5]);
+    if (ok) { checkpoint_free(&ck); }
+    // corrupt scales in the header: NaN, negative
+    const float bad[2] = {NAN, -2.0f};
+    for (int k = 0; k < 2; k++) {
+        char args[2400];
+        snprintf(p2, sizeof(p2), "%s/fp16_full/bad_scale.bin", dir);
+        corrupt_copy(p1, p2, (long)offsetof(CheckpointHeader, loss_scale), &bad[k], sizeof(float), -1);
+        snprintf(args, sizeof(args), "-p tiny -b 2 -n 8 -i %s/a.bin -o %s/bad_out --init %s", dir, dir, p2);
+        expect_error_from(dir, TRAINER, k == 0 ? "a checkpoint with loss scale NaN" : "a checkpoint with loss scale -2",
+                          args, "loss scale");
+    }
+    char args[2400];
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s/a.bin -o %s/bad_out --loss-scale 0.5", dir, dir);
+    expect_error_from(dir, TRAINER, "--loss-scale 0.5 (below 1)", args, "--loss-scale 0.5");
+}
+
 // VLA_GPU_TESTS=a,b runs only the groups named (oracle, lerobot, training_loop, determinism,
 // accumulation, single_gpu_build, multi_gpu, faults, resume, cross_trainer, weights_only,
-// bad_input, balance, recompute, ...): for working on one feature; make test runs them all
+// bad_input, balance, recompute, fp16 (fp16 builds: the loss scaling; with oracle, an injected
+// overflow), ...): for working on one feature; make test runs them all. oracle:MODE and
+// lerobot:MODE (expert, vlm, all) run one train mode's case of those groups.
 static int wanted(const char* group) {
     const char* only = getenv("VLA_GPU_TESTS");
     if (only == NULL || only[0] == '\0') { return 1; }
@@ -1127,6 +1327,13 @@ static int wanted(const char* group) {
         p += len + (end != NULL);
     }
     return 0;
+}
+
+// group, or group:<mode's name>, is wanted
+static int wanted_mode(const char* group, int mode) {
+    char one[64];
+    snprintf(one, sizeof(one), "%s:%s", group, TRAIN_MODE_NAMES[mode]);
+    return wanted(group) || wanted(one);
 }
 
 int main(int argc, char** argv) {
@@ -1151,10 +1358,10 @@ int main(int argc, char** argv) {
     gpu_check_visible(1);
     gpu_init(0, &prop);
     printf("device: %s, precision %s, trainer %s\n", prop.name, PRECISION_NAME, TRAINER);
-    if (wanted("oracle")) {
-        for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_oracle(dir, mode); }
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
+        if (wanted_mode("oracle", mode)) { test_smolvla_oracle(dir, mode); }
     }
-    if (wanted("lerobot")) {
+    if (wanted("lerobot") || wanted("lerobot:expert") || wanted("lerobot:vlm") || wanted("lerobot:all")) {
         if (smolvla_refs != NULL) { test_smolvla_lerobot(smolvla_refs); }
         else { printf("\n(SmolVLA against LeRobot: skipped, no --smolvla LEROBOT_REF_DIR)\n"); }
     }
@@ -1182,6 +1389,7 @@ int main(int argc, char** argv) {
     if (wanted("bad_input")) { test_bad_input(dir); }
     if (wanted("balance")) { test_balance(dir); }
     if (wanted("recompute")) { test_recompute(dir); }
+    if (LOSS_SCALING && wanted("fp16")) { test_fp16_loss_scale(dir); }
     gpu_shutdown();
     printf("\n%d passed, %d failed\n", n_passed, n_failed);
     return n_failed == 0 ? 0 : 1;

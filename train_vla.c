@@ -1718,7 +1718,7 @@ static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* batch, const flo
 static void smolvla_save(SmolVLA* m, const Dataset* ds, const TrainArgs* args, int step, uint64_t sampler_pos) {
     smolvla_opt_init(m, args->train_mode);
     run_checkpoint_save(args, ds, &m->config, step, sampler_pos, m->params_memory, m->table.total, m->m_memory,
-                        m->v_memory, m->opt.total);
+                        m->v_memory, m->opt.total, NULL);
 }
 
 // Loads weights, moments, step, seed and sampler position from a checkpoint of this model's config,
@@ -1879,6 +1879,7 @@ int main(int argc, char** argv) {
                  RECOMPUTE_NAMES[args.recompute]);
     }
     if (args.memory) { vla_fail("--memory prints train_vla's GPU memory: run it with train_vla"); }
+    train_args_no_loss_scale(&args, "train_vla_cpu (fp32)");
     if (args.nodes > 1) { vla_fail("--nodes %d: train_vla_cpu runs on one machine; several machines train with train_vla", args.nodes); }
     train_args_for_world(&args, args.ranks);  // simulated ranks scale the learning rate as GPUs would
     if (args.threads > 0) {

@@ -9,6 +9,10 @@ D = NH*HS, KV = NKV*HS (GQA), Smax / Amax padded state / action dims.
 Precision (PRECISION=BF16, the default): weights and activations in bf16 (floatX); fp32 master
 weights, AdamW moments, gradients, residual-stream gradients, norm statistics, softmax and every
 accumulation. PRECISION=FP32 makes floatX float, for testing against the oracle at 1e-4.
+PRECISION=FP16 (GPUs without bf16: sm_70, sm_75) makes floatX IEEE half, the rest as in bf16, with
+dynamic loss scaling: fp16's 5 exponent bits flush small gradients to zero, so the loss gradient is
+scaled by S before the backward, unscaled with the mean's factor, and a step whose gradients hold
+Inf/NaN is skipped and halves S (see "dynamic loss scaling" in the utilities).
 
 Invariants worth knowing before reading:
 - What trains is --train (expert, vlm, all: TRAIN_MODE_*): each tensor's trainable elements are
@@ -33,6 +37,7 @@ Reproduce the oracle's numbers (what test_vla_gpu checks):
 #include "vla.h"
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <float.h>
 #include <limits.h>
@@ -49,6 +54,9 @@ Reproduce the oracle's numbers (what test_vla_gpu checks):
 #if defined(ENABLE_FP32)
 typedef float floatX;
 #define PRECISION_NAME "fp32"
+#elif defined(ENABLE_FP16)
+typedef __half floatX;
+#define PRECISION_NAME "fp16"
 #else
 typedef __nv_bfloat16 floatX;
 #define PRECISION_NAME "bf16"
@@ -87,10 +95,16 @@ static void nccl_check_(ncclResult_t r, const char* file, int line) {
 #endif
 
 static __device__ __host__ __forceinline__ float f32(float x) { return x; }
+#if defined(ENABLE_FP16)
+static __device__ __host__ __forceinline__ float f32(__half x) { return __half2float(x); }
+#else
 static __device__ __host__ __forceinline__ float f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+#endif
 static __device__ __host__ __forceinline__ floatX fx(float x) {
 #if defined(ENABLE_FP32)
     return x;
+#elif defined(ENABLE_FP16)
+    return __float2half(x);
 #else
     return __float2bfloat16(x);
 #endif
@@ -324,42 +338,43 @@ __global__ void attention_delta_kernel(float* delta, const floatX* dout, const f
 }
 
 #if !defined(ENABLE_FP32)
-// Version 2 (bf16 builds): tensor cores through WMMA. A block takes 64 queries (4 warps of 16
+// Version 2 (bf16 and fp16 builds): tensor cores through WMMA, on floatX tiles (bf16 16x16x16
+// needs sm_80, fp16 16x16x16 runs from sm_70). A block takes 64 queries (4 warps of 16
 // rows) of one (sample, head) and walks the keys 64 at a time; head dims are padded with zeros to
 // HSP. Scores go through shared memory, where row and column are known (the layout of a WMMA
 // fragment is not), for the mask and the online softmax; the output accumulates there in fp32.
 #define ATT_TILE 64
 #define ATT_THREADS 128
 using namespace nvcuda;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragB;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragBt;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, floatX, wmma::row_major> FragA;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::row_major> FragB;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::col_major> FragBt;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
 
 // One tile row's slice of a head, x128::size columns at a time when the head size allows it
 // (HS a multiple of x128::size: every 16 bytes of a row are aligned), else one by one; zeros
 // past HS, or for the whole row when there is no source row (src NULL).
-static __device__ __forceinline__ void load_tile_slice(__nv_bfloat16* dst, const floatX* src, int HS, int c) {
+static __device__ __forceinline__ void load_tile_slice(floatX* dst, const floatX* src, int HS, int c) {
     if (HS % x128::size == 0) {
         x128 v;
         if (src != nullptr && c < HS) {
             v = load128(src + c);
         } else {
             #pragma unroll
-            for (int k = 0; k < x128::size; k++) { v.v[k] = __float2bfloat16(0.0f); }
+            for (int k = 0; k < x128::size; k++) { v.v[k] = fx(0.0f); }
         }
         store128(dst + c, v);
     } else {
         #pragma unroll
         for (int k = 0; k < x128::size; k++) {
-            dst[c + k] = (src != nullptr && c + k < HS) ? src[c + k] : __float2bfloat16(0.0f);
+            dst[c + k] = (src != nullptr && c + k < HS) ? src[c + k] : fx(0.0f);
         }
     }
 }
 
 // tile (ATT_TILE, HSP) <- rows first.. of one head of a (rows, D) tensor: zeros past n_rows and HS
 template <int HSP>
-static __device__ void load_query_tile(__nv_bfloat16* tile, const floatX* x, int b, int h, int first, int n_rows,
+static __device__ void load_query_tile(floatX* tile, const floatX* x, int b, int h, int first, int n_rows,
                                        int HS, int D) {
     const int packs = HSP / x128::size;
     for (int e = threadIdx.x; e < ATT_TILE * packs; e += blockDim.x) {
@@ -371,7 +386,7 @@ static __device__ void load_query_tile(__nv_bfloat16* tile, const floatX* x, int
 
 // out (16, 64) of this warp = A rows (16, HSP) times B rows (64, HSP) transposed: scores
 template <int HSP>
-static __device__ void warp_scores(float* out, const __nv_bfloat16* a_rows, const __nv_bfloat16* b_rows) {
+static __device__ void warp_scores(float* out, const floatX* a_rows, const floatX* b_rows) {
     #pragma unroll
     for (int n = 0; n < ATT_TILE / 16; n++) {
         FragC acc;
@@ -390,7 +405,7 @@ static __device__ void warp_scores(float* out, const __nv_bfloat16* a_rows, cons
 
 // acc[n] += P (16, 64) of this warp times V (64, HSP), column block n
 template <int HSP>
-static __device__ void warp_accumulate(FragC* acc, const __nv_bfloat16* p_rows, const __nv_bfloat16* v) {
+static __device__ void warp_accumulate(FragC* acc, const floatX* p_rows, const floatX* v) {
     #pragma unroll
     for (int n = 0; n < HSP / 16; n++) {
         #pragma unroll
@@ -479,12 +494,13 @@ __global__ void norm_squares_kernel(float* partial, const float* g, size_t n) {
 }
 
 // AdamW on fp32 master weights, gradients clipped to global norm `clip` (read from the device:
-// no host round trip), then the compute copy in floatX.
+// no host round trip), then the compute copy in floatX. A non-finite norm (Inf/NaN gradients)
+// leaves everything as it was: fp16 builds skip that step; the others stop the run right after.
 __global__ void adamw_kernel(float* master, floatX* params, const float* grads, float* m, float* v, size_t n,
                              float lr, float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2,
                              const float* grad_norm, float clip) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) { return; }
+    if (i >= n || !isfinite(*grad_norm)) { return; }
     float norm = *grad_norm, scale = (clip > 0.0f && norm > clip) ? clip / norm : 1.0f;
     float g = grads[i] * scale;
     float mi = beta1 * m[i] + (1.0f - beta1) * g;
@@ -520,6 +536,58 @@ __global__ void convert_kernel2(floatX* out, const float* inp, size_t n) {
 __global__ void fill_kernel(float* p, float v, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { p[i] = v; }
+}
+
+// ---- dynamic loss scaling (fp16 builds), all on the device: every rank computes the same global
+// norm after the all-reduce, so every rank takes the same decision with no host round trip.
+// The state, LOSS_SCALER floats: the scale S the next step starts with, clean steps since it last
+// changed, steps skipped so far, the scale the last step ran with, and the step's loss-gradient
+// factor (counts in floats are exact to 2^24, past any window and step count train_vla takes).
+enum { SCALER_NEXT = 0, SCALER_CLEAN = 1, SCALER_SKIPPED = 2, SCALER_USED = 3, SCALER_FACTOR = 4, LOSS_SCALER = 5 };
+#if defined(ENABLE_FP16)
+#define LOSS_SCALING 1
+#else
+#define LOSS_SCALING 0
+#endif
+
+// A step's first micro-step: the factor its loss gradients are scaled by, S * pow2, where pow2 =
+// 2^-ceil(log2(H*A)): the gradient of the sum that the backward starts from is then S times that
+// of each sample's mean loss (torch's GradScaler scales a mean loss), up to a power of two, so
+// scaling and unscaling round nothing. Per sample, not per batch: a sample's backward sees the
+// same scaled values however the batch is split over ranks and micro-steps, so a run overflows
+// (and skips) at the same steps on any world size. One thread.
+__global__ void loss_scale_begin_kernel(float* scaler, float pow2) {
+    scaler[SCALER_USED] = scaler[SCALER_NEXT];
+    scaler[SCALER_FACTOR] = scaler[SCALER_NEXT] * pow2;
+}
+
+// dv (n) floatX *= the step's factor: the scaled loss's gradient. Past 65504 it is Inf, and the
+// step is skipped (loss_scale_update_kernel).
+__global__ void loss_scale_grad_kernel(floatX* dv, int n, const float* scaler) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { dv[i] = fx(f32(dv[i]) * scaler[SCALER_FACTOR]); }
+}
+
+// The factor the summed gradients are multiplied by (scalars[4], 1 / valid entries) divided by the
+// step's scale factor: the gradients of the mean, unscaled. One thread.
+__global__ void loss_unscale_kernel(float* scalars, const float* scaler) {
+    scalars[4] /= scaler[SCALER_FACTOR];
+}
+
+// After AdamW: a non-finite gradient norm means AdamW skipped the step: count it, halve S (not
+// below 1) and start counting clean steps again; else one more clean step, and after `window` of
+// them S doubles (up to max_scale). One thread.
+__global__ void loss_scale_update_kernel(float* scaler, const float* grad_norm, int window, float max_scale) {
+    if (!isfinite(*grad_norm)) {
+        scaler[SCALER_SKIPPED] += 1.0f;
+        scaler[SCALER_CLEAN] = 0.0f;
+        scaler[SCALER_NEXT] = fmaxf(1.0f, 0.5f * scaler[SCALER_USED]);
+    } else if (scaler[SCALER_CLEAN] + 1.0f >= (float)window) {
+        scaler[SCALER_CLEAN] = 0.0f;
+        scaler[SCALER_NEXT] = fminf(max_scale, 2.0f * scaler[SCALER_USED]);
+    } else {
+        scaler[SCALER_CLEAN] += 1.0f;
+    }
 }
 
 // ---- LayerNorm with weight and bias (SigLIP's layer_norm1/2 and post_layernorm), born in
@@ -1165,13 +1233,13 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
 }
 
 #if !defined(ENABLE_FP32)
-// Version 2 (bf16 builds): tensor cores through WMMA, on train_vla.cu's tiles (ATT_TILE = 64 rows,
+// Version 2 (bf16 and fp16 builds): tensor cores through WMMA, on train_vla.cu's tiles (ATT_TILE = 64 rows,
 // 4 warps of 16, head dims padded with zeros to HSP): scores through shared memory, where row and
 // column are known for the mask and the online softmax.
 
 // tile (ATT_TILE, HSP) <- head g of keys (or values) first.. of sample b: zeros past nk and HS
 template <int HSP>
-static __device__ void gqa_load_key_tile(__nv_bfloat16* tile, const GqaAttn& a, const floatX* x0, const floatX* x1,
+static __device__ void gqa_load_key_tile(floatX* tile, const GqaAttn& a, const floatX* x0, const floatX* x1,
                                          int b, int g, int first) {
     const int packs = HSP / x128::size;
     int nk = gqa_n_keys(a);
@@ -1220,7 +1288,7 @@ static __device__ int gqa_key_end(const GqaAttn& a, int b, const int* qblk, int*
     return block_max_int(end, shared);
 }
 
-// Q, K, V (64, HSP) bf16, P (64, 64) bf16, S (64, 64) and O (64, HSP) fp32, row max and sum, the
+// Q, K, V (64, HSP) floatX, P (64, 64) floatX, S (64, 64) and O (64, HSP) fp32, row max and sum, the
 // query and key block ids, 32 ints for block_max_int
 template <int HSP>
 static size_t gqa_attention_forward_smem2(void) {
@@ -1234,10 +1302,10 @@ template <int HSP>
 __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_forward_kernel2(floatX* out, float* lse, const floatX* q,
                                                                               GqaAttn a) {
     extern __shared__ __align__(128) float att_smem[];
-    __nv_bfloat16* Qs = (__nv_bfloat16*)att_smem;  // (64, HSP)
-    __nv_bfloat16* Ks = Qs + ATT_TILE * HSP;         // (64, HSP)
-    __nv_bfloat16* Vs = Ks + ATT_TILE * HSP;         // (64, HSP)
-    __nv_bfloat16* Ps = Vs + ATT_TILE * HSP;         // (64, 64) probabilities
+    floatX* Qs = (floatX*)att_smem;    // (64, HSP)
+    floatX* Ks = Qs + ATT_TILE * HSP;  // (64, HSP)
+    floatX* Vs = Ks + ATT_TILE * HSP;  // (64, HSP)
+    floatX* Ps = Vs + ATT_TILE * HSP;  // (64, 64) probabilities
     float* S = (float*)(Ps + ATT_TILE * ATT_TILE);   // (64, 64) scores
     float* O = S + ATT_TILE * ATT_TILE;              // (64, HSP) unnormalized output
     float* row_m = O + ATT_TILE * HSP;               // (64) running max
@@ -1278,7 +1346,7 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_forward_kernel2(flo
         float psum = 0.0f;
         for (int c = half * 32; c < half * 32 + 32; c++) {
             float p = expf(srow[c] - m_ref);
-            Ps[r * ATT_TILE + c] = __float2bfloat16(p);
+            Ps[r * ATT_TILE + c] = fx(p);
             psum += p;
         }
         psum += __shfl_xor_sync(0xffffffffu, psum, 1);
@@ -1323,7 +1391,7 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_forward_kernel2(flo
     }
 }
 
-// both backward kernels: four (64, HSP) bf16 tiles, two (64, 64) bf16 and two (64, 64) fp32,
+// both backward kernels: four (64, HSP) floatX tiles, two (64, 64) floatX and two (64, 64) fp32,
 // two rows of statistics, two of block ids, 32 ints for block_max_int
 template <int HSP>
 static size_t gqa_attention_backward_smem2(void) {
@@ -1338,11 +1406,11 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dq_kernel2
                                                                                   const floatX* q, const float* lse,
                                                                                   const float* delta, GqaAttn a) {
     extern __shared__ __align__(128) float att_smem[];
-    __nv_bfloat16* Qs = (__nv_bfloat16*)att_smem;  // (64, HSP)
-    __nv_bfloat16* dOs = Qs + ATT_TILE * HSP;        // (64, HSP)
-    __nv_bfloat16* Ks = dOs + ATT_TILE * HSP;        // (64, HSP)
-    __nv_bfloat16* Vs = Ks + ATT_TILE * HSP;         // (64, HSP)
-    __nv_bfloat16* dSs = Vs + ATT_TILE * HSP;        // (64, 64)
+    floatX* Qs = (floatX*)att_smem;     // (64, HSP)
+    floatX* dOs = Qs + ATT_TILE * HSP;  // (64, HSP)
+    floatX* Ks = dOs + ATT_TILE * HSP;  // (64, HSP)
+    floatX* Vs = Ks + ATT_TILE * HSP;   // (64, HSP)
+    floatX* dSs = Vs + ATT_TILE * HSP;  // (64, 64)
     float* S = (float*)(dSs + ATT_TILE * ATT_TILE);  // (64, 64)
     float* dP = S + ATT_TILE * ATT_TILE;             // (64, 64)
     float* row_lse = dP + ATT_TILE * ATT_TILE;
@@ -1383,7 +1451,7 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dq_kernel2
                 float p = expf(S[r * ATT_TILE + c] * scale - row_lse[r]);
                 ds = p * (dP[r * ATT_TILE + c] - row_delta[r]) * scale;
             }
-            dSs[r * ATT_TILE + c] = __float2bfloat16(ds);
+            dSs[r * ATT_TILE + c] = fx(ds);
         }
         __syncwarp();
         warp_accumulate<HSP>(acc, dSs + warp * 16 * ATT_TILE, Ks);
@@ -1410,12 +1478,12 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kerne
                                                                                     const floatX* q, const float* lse,
                                                                                     const float* delta, GqaAttn a) {
     extern __shared__ __align__(128) float att_smem[];
-    __nv_bfloat16* Ks = (__nv_bfloat16*)att_smem;  // (64 keys, HSP)
-    __nv_bfloat16* Vs = Ks + ATT_TILE * HSP;
-    __nv_bfloat16* Qs = Vs + ATT_TILE * HSP;         // (64 queries, HSP)
-    __nv_bfloat16* dOs = Qs + ATT_TILE * HSP;
-    __nv_bfloat16* Pt = dOs + ATT_TILE * HSP;        // (64 keys, 64 queries)
-    __nv_bfloat16* dSt = Pt + ATT_TILE * ATT_TILE;
+    floatX* Ks = (floatX*)att_smem;          // (64 keys, HSP)
+    floatX* Vs = Ks + ATT_TILE * HSP;
+    floatX* Qs = Vs + ATT_TILE * HSP;        // (64 queries, HSP)
+    floatX* dOs = Qs + ATT_TILE * HSP;
+    floatX* Pt = dOs + ATT_TILE * HSP;       // (64 keys, 64 queries)
+    floatX* dSt = Pt + ATT_TILE * ATT_TILE;
     float* St = (float*)(dSt + ATT_TILE * ATT_TILE);  // (64 keys, 64 queries)
     float* dPt = St + ATT_TILE * ATT_TILE;
     float* q_lse = dPt + ATT_TILE * ATT_TILE;
@@ -1459,8 +1527,8 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kerne
                         ds = p * (dPt[r * ATT_TILE + c] - q_delta[c]) * scale;
                     }
                 }
-                Pt[r * ATT_TILE + c] = __float2bfloat16(p);
-                dSt[r * ATT_TILE + c] = __float2bfloat16(ds);
+                Pt[r * ATT_TILE + c] = fx(p);
+                dSt[r * ATT_TILE + c] = fx(ds);
             }
             __syncwarp();
             warp_accumulate<HSP>(acc_dv, Pt + warp * 16 * ATT_TILE, dOs);
@@ -1761,7 +1829,13 @@ static thread_local cudaStream_t copy_stream;   // host-to-device batch copies, 
 static thread_local cublasLtHandle_t cublaslt;
 static thread_local void* cublaslt_workspace;
 static const size_t CUBLASLT_WORKSPACE_BYTES = 32 << 20;
-static cudaDataType_t CUBLAS_FLOATX = sizeof(floatX) == 4 ? CUDA_R_32F : CUDA_R_16BF;
+#if defined(ENABLE_FP32)
+static cudaDataType_t CUBLAS_FLOATX = CUDA_R_32F;
+#elif defined(ENABLE_FP16)
+static cudaDataType_t CUBLAS_FLOATX = CUDA_R_16F;  // fp32 compute (CUBLAS_COMPUTE_32F): tensor cores from sm_70
+#else
+static cudaDataType_t CUBLAS_FLOATX = CUDA_R_16BF;
+#endif
 
 #define launchCheck() cudaCheck(cudaGetLastError())
 static const int BLOCK = 256;
@@ -2236,7 +2310,8 @@ static void gqa_attention_check(const GqaAttn& a) {
     }
 }
 
-#if defined(ENABLE_FP32) || defined(TESTING)  // version 1 at a block size: fp32 builds' path, and dev/cuda's
+#if defined(ENABLE_FP32) || defined(ENABLE_FP16) || defined(TESTING)  // version 1 at a block size: fp32 builds' path,
+                                                                       // fp16's where version 2 does not fit, dev/cuda's
 static void gqa_attention_forward1(floatX* out, float* lse, const floatX* q, const GqaAttn& a, int block) {
     gqa_attention_forward_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(out, lse, q, a);
     launchCheck();
@@ -2248,6 +2323,24 @@ static void gqa_attention_backward1(floatX* dq, float* dk0, float* dv0, float* d
     launchCheck();
     gqa_attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, block), block, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     launchCheck();
+}
+#endif
+
+#if defined(ENABLE_FP16)
+// fp16 builds run on sm_70 and sm_75, whose blocks get at most 96 and 64 KiB of shared memory:
+// where version 2's tiles do not fit (a T4 at head size 64: 65 KiB forward, 80 KiB backward;
+// a V100 at 128), attention runs version 1 (no tensor cores; the products around it keep them).
+// The limit is read once per GPU (each rank's thread drives one).
+static bool attention_tiles_fit(size_t smem) {
+    static thread_local size_t limit = 0;
+    if (limit == 0) {
+        int device;
+        cudaDeviceProp prop;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaGetDeviceProperties(&prop, device));
+        limit = prop.sharedMemPerBlockOptin;
+    }
+    return smem <= limit;
 }
 #endif
 
@@ -2288,6 +2381,15 @@ static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, cons
 #if defined(ENABLE_FP32)
     gqa_attention_forward1(out, lse, q, a, BLOCK);
 #else
+#if defined(ENABLE_FP16)
+    if (!attention_tiles_fit(padded_head_dim(a.HS) == 16 ? gqa_attention_forward_smem2<16>()
+                             : padded_head_dim(a.HS) == 32 ? gqa_attention_forward_smem2<32>()
+                             : padded_head_dim(a.HS) == 64 ? gqa_attention_forward_smem2<64>()
+                                                           : gqa_attention_forward_smem2<128>())) {
+        gqa_attention_forward1(out, lse, q, a, BLOCK);
+        return;
+    }
+#endif
     switch (padded_head_dim(a.HS)) {
         case 16: gqa_attention_forward2<16>(out, lse, q, a); break;
         case 32: gqa_attention_forward2<32>(out, lse, q, a); break;
@@ -2308,6 +2410,15 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
 #if defined(ENABLE_FP32)
     gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, BLOCK);
 #else
+#if defined(ENABLE_FP16)
+    if (!attention_tiles_fit(padded_head_dim(a.HS) == 16 ? gqa_attention_backward_smem2<16>()
+                             : padded_head_dim(a.HS) == 32 ? gqa_attention_backward_smem2<32>()
+                             : padded_head_dim(a.HS) == 64 ? gqa_attention_backward_smem2<64>()
+                                                           : gqa_attention_backward_smem2<128>())) {
+        gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, BLOCK);
+        return;
+    }
+#endif
     switch (padded_head_dim(a.HS)) {
         case 16: gqa_attention_backward2<16>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
         case 32: gqa_attention_backward2<32>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
@@ -2673,6 +2784,8 @@ typedef struct {
     float* v_memory;        // (shard) AdamW's second moments
     size_t opt_bytes;       // device bytes of the three above (what the tests assert)
     float* norm_partial;    // (NORM_BLOCKS) the gradient norm's per-block sums
+    float* scaler;          // (LOSS_SCALER) fp16 builds' dynamic loss scale (loss_scale_begin_kernel); else NULL
+    int loss_scale_window;  // clean steps before the scale doubles
     SmolParametersX params; // each tensor's first slice (stacked tensors: smol_param)
     SmolParameters grads;   // NULL for a tensor with no trainable part (smol_grad says which slices train)
     int B;                  // batch the activations are sized for
@@ -2726,7 +2839,29 @@ static size_t smolvla_model_bytes(const SmolVLAConfig* c, int mode) {
     size_t n_train = zero_shard_size(d.total, 1, 16), n_params = n_train;
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { n_params += (t.spec[i].numel - d.numel[i] + 15) / 16 * 16; }
     size_t rope = (size_t)(smolvla_n_prefix(c) + c->chunk) * (c->head_dim / 2) * 2;
-    return n_params * sizeof(floatX) + 4 * n_train * sizeof(float) + (NORM_BLOCKS + rope) * sizeof(float);
+    return n_params * sizeof(floatX) + 4 * n_train * sizeof(float) + (NORM_BLOCKS + rope) * sizeof(float) +
+           (LOSS_SCALING ? LOSS_SCALER * sizeof(float) : 0);  // fp16: the loss scale's state
+}
+
+// fp16 builds: the dynamic loss scale's state (a checkpoint's, or --loss-scale's) onto the device,
+// with the window the scale doubles after
+static void smolvla_set_loss_scale(SmolVLA* m, const LossScaleState* st, int window) {
+    if (m->scaler == NULL) { return; }
+    float h[LOSS_SCALER] = {st->scale, (float)st->clean, (float)st->skipped, st->scale, 1.0f};
+    cudaCheck(cudaMemcpy(m->scaler, h, sizeof(h), cudaMemcpyHostToDevice));
+    m->loss_scale_window = window;
+}
+
+// The state after the last step, and the scale that step ran with (`used`), waiting for the device.
+// Returns whether the last step was skipped for Inf/NaN gradients (its skip count moved).
+static int smolvla_read_loss_scale(SmolVLA* m, LossScaleState* st, float* used) {
+    float h[LOSS_SCALER];
+    cudaCheck(cudaMemcpyAsync(h, m->scaler, sizeof(h), cudaMemcpyDeviceToHost, main_stream));
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    int skipped = (uint64_t)h[SCALER_SKIPPED] != st->skipped;
+    st->scale = h[SCALER_NEXT]; st->clean = (uint32_t)h[SCALER_CLEAN]; st->skipped = (uint64_t)h[SCALER_SKIPPED];
+    if (used != NULL) { *used = h[SCALER_USED]; }
+    return skipped;
 }
 
 // The model for config c, training in `mode`: the parameter and gradient memory (zero until
@@ -2775,6 +2910,11 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
     cudaCheck(cudaMemset(m->m_memory, 0, shard * sizeof(float)));
     cudaCheck(cudaMemset(m->v_memory, 0, shard * sizeof(float)));
     m->norm_partial = (float*)smol_device_malloc(m, NORM_BLOCKS * sizeof(float));
+    if (LOSS_SCALING) {
+        m->scaler = (float*)smol_device_malloc(m, LOSS_SCALER * sizeof(float));
+        LossScaleState fresh = {VLA_LOSS_SCALE_DEFAULT, 0, 0};
+        smolvla_set_loss_scale(m, &fresh, VLA_LOSS_SCALE_WINDOW_DEFAULT);
+    }
     int i = 0;
 #define SMOL_POINT_X_(nm, ...) \
     m->params.nm = smol_param(m, i, 0); \
@@ -2916,6 +3056,7 @@ static void smolvla_free(SmolVLA* m) {
     cudaCheck(cudaFree(m->params_memory)); cudaCheck(cudaFree(m->grads_memory));
     cudaCheck(cudaFree(m->master)); cudaCheck(cudaFree(m->m_memory)); cudaCheck(cudaFree(m->v_memory));
     cudaCheck(cudaFree(m->norm_partial));
+    if (m->scaler != NULL) { cudaCheck(cudaFree(m->scaler)); }
     cudaCheck(cudaFree(m->acts_x)); cudaCheck(cudaFree(m->acts_f)); cudaCheck(cudaFree(m->acts_i));
     cudaCheck(cudaFree(m->rope_cos));
     free(m->buckets.first); free(m->buckets.offset); free(m->buckets.count);
@@ -3287,6 +3428,15 @@ static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro) {
     launchCheck();
     sum_finalize_kernel<<<1, 1, 0, main_stream>>>(a->scalars, a->loss_partial, blocks, 1.0, 0, micro > 0);
     launchCheck();
+    if (m->scaler != NULL) {  // fp16: the backward starts from the scaled loss's gradient
+        if (micro == 0) {
+            int e = 0;
+            while ((1LL << e) < (long long)c->chunk * c->action_dim) { e++; }
+            loss_scale_begin_kernel<<<1, 1, 0, main_stream>>>(m->scaler, ldexpf(1.0f, -e));
+            launchCheck();
+        }
+        LAUNCH_1D(loss_scale_grad_kernel, n, a->d_vt, n, m->scaler);
+    }
 }
 
 // The step's mean loss into acts.scalars[0], and its gradients scaled from the sum's to the mean's
@@ -3295,6 +3445,10 @@ static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro) {
 static void smolvla_loss_finish(SmolVLA* m) {
     loss_normalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars);
     launchCheck();
+    if (m->scaler != NULL) {
+        loss_unscale_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars, m->scaler);
+        launchCheck();
+    }
     size_t n = m->shard_hi - m->shard_lo;
     LAUNCH_1D(scale_kernel, n, m->grads_memory + m->shard_lo, n, m->acts.scalars + 4);
 }
@@ -3388,7 +3542,13 @@ typedef struct Dist {
 static int smol_sharded(const SmolVLA* m) { return m->shard_hi - m->shard_lo < m->n_train; }
 
 #if defined(MULTI_GPU)
-static const ncclDataType_t NCCL_FLOATX = sizeof(floatX) == 4 ? ncclFloat : ncclBfloat16;
+#if defined(ENABLE_FP32)
+static const ncclDataType_t NCCL_FLOATX = ncclFloat;
+#elif defined(ENABLE_FP16)
+static const ncclDataType_t NCCL_FLOATX = ncclHalf;
+#else
+static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
+#endif
 
 // Work on the communication stream ordered after the main stream's so far (`ready`), ...
 static void comm_after_main(Dist* d, cudaEvent_t ready) {
@@ -3854,7 +4014,9 @@ static void smolvla_global_norm(SmolVLA* m) {
 // model's shard (all of them alone), one launch per tensor that trains: gradients clipped to global
 // norm `clip` first (0 disables), decoupled decay where the table's decay column says, the floatX
 // copy refreshed (ZeRO-1: then all-gathered). Frozen elements neither move nor decay. All on the
-// device.
+// device. fp16 builds: a step with Inf/NaN gradients changes no weight, moment or compute copy and
+// updates the loss scale; it still counts as step `step` for the learning-rate schedule and AdamW's
+// bias corrections (the step index is the one clock: schedule, sampler, checkpoints).
 static void smolvla_update(SmolVLA* m, float lr, float weight_decay, float clip, int step) {
     const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
     smolvla_global_norm(m);
@@ -3867,6 +4029,11 @@ static void smolvla_update(SmolVLA* m, float lr, float weight_decay, float clip,
         LAUNCH_1D(adamw_kernel, n, m->master + (a - lo), m->params_memory + a, m->grads_memory + a, m->m_memory + (a - lo),
                   m->v_memory + (a - lo), n, lr, beta1, beta2, eps, smolvla_decay(&m->table.spec[i], weight_decay), bc1,
                   bc2, m->acts.scalars + 1, clip);
+    }
+    if (m->scaler != NULL) {
+        loss_scale_update_kernel<<<1, 1, 0, main_stream>>>(m->scaler, m->acts.scalars + 1, m->loss_scale_window,
+                                                           VLA_LOSS_SCALE_MAX);
+        launchCheck();
     }
     if (smol_sharded(m)) { zero_gather_params(m); }
 }
@@ -3962,6 +4129,7 @@ static double device_peak_flops(const char* name) {
     static const struct { const char* match; double tflops; } peaks[] = {
         {"H200", 989.4}, {"GH200", 989.4}, {"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H100", 989.4},
         {"A100", 312.0}, {"L40S", 362.0}, {"A10G", 70.0}, {"RTX 4090", 165.2},
+        {"V100", 125.0}, {"T4", 65.0},  // fp16 (they have no bf16): the figure fp16 builds' MFU uses there
     };
     for (size_t i = 0; i < sizeof(peaks) / sizeof(peaks[0]); i++) {
         if (strstr(name, peaks[i].match) != NULL) { return peaks[i].tflops * 1e12; }
@@ -4122,9 +4290,9 @@ static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* dev, const float
 // master weights, the frozen ones from `params` (host, table layout: the run's starting weights,
 // whose frozen values never change, while their floatX copy on the device is rounded), which
 // receives the trainable ones; the moments of the trainable domain. With ZeRO-1 the shards are
-// gathered first, so every rank must call it.
+// gathered first, so every rank must call it. loss_scale: fp16 builds' state after `step`, else NULL.
 static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const TrainArgs* args, int step,
-                         uint64_t sampler_pos, int write) {
+                         uint64_t sampler_pos, int write, const LossScaleState* loss_scale) {
     if (!write && !smol_sharded(m)) { return; }
     size_t total = m->n_train;
     float* gathered = NULL;  // ZeRO-1: room for one state array's shards, gathered
@@ -4143,7 +4311,7 @@ static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const Tra
             memcpy(params + m->table.spec[i].offset, host + m->domain.offset[i], m->domain.numel[i] * sizeof(float));
         }
         run_checkpoint_save(args, ds, &m->config, step, sampler_pos, params, m->table.total, host + total,
-                            host + 2 * total, m->n_opt);
+                            host + 2 * total, m->n_opt, loss_scale);
     }
     free(host);
     if (gathered != NULL) { cudaCheck(cudaFree(gathered)); }
@@ -4330,6 +4498,7 @@ typedef struct {
                            // stay: rank 0's checkpoints take the frozen ones from them
     int start;             // optimizer steps already done
     uint64_t sampler_pos;  // global samples consumed before `start`
+    LossScaleState loss_scale;  // fp16 builds: the dynamic loss scale the run starts with
     int world;             // ranks over all nodes
     int local_ranks;       // GPUs of this process, one thread each
     int node, nodes;       // this process's place among the nodes, and how many
@@ -4444,8 +4613,14 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     printf("| device                 | %-36.36s |\n", prop->name);
     printf("| precision              | %-36s |\n", PRECISION_NAME);
     printf("| model GFLOP per sample | %-36.2f |\n", flops / 1e9);
-    if (peak > 0.0) { printf("| peak bf16 TFLOP/s      | %-36.1f |\n", peak / 1e12); }
-    else { printf("| peak bf16 TFLOP/s      | %-36s |\n", "unknown for this device: no MFU"); }
+    const char* peak_kind = LOSS_SCALING ? "fp16" : "bf16";
+    if (peak > 0.0) { printf("| peak %s TFLOP/s      | %-36.1f |\n", peak_kind, peak / 1e12); }
+    else { printf("| peak %s TFLOP/s      | %-36s |\n", peak_kind, "unknown for this device: no MFU"); }
+    if (LOSS_SCALING) {
+        snprintf(split, sizeof(split), "%g, x2 after %d clean steps", (double)run->loss_scale.scale,
+                 args->loss_scale_window);
+        printf("| loss scale (dynamic)   | %-36s |\n", split);
+    }
     printf("| loader threads         | %-36d |\n", args->workers);
     printf("| augment shift (px)     | %-36d |\n", args->augment);
     printf("| balance                | %-36s |\n", BALANCE_NAMES[args->balance]);
@@ -4559,6 +4734,9 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     smolvla_build(&model, c, args->train_mode, args->zero ? rank : 0, args->zero ? world : 1);
     smolvla_set_recompute(&model, args->recompute);
     smolvla_set_params(&model, run->initial.params, run->initial.m, run->initial.v);
+    LossScaleState scale = run->loss_scale;  // fp16 builds: after each step, read back from the device
+    LossScaleState logged = scale;           // what a step's log line shows: the scale it ran with
+    smolvla_set_loss_scale(&model, &scale, args->loss_scale_window);
 #if defined(MULTI_GPU)
     #pragma omp barrier
 #endif
@@ -4609,6 +4787,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         logger.saved_bytes = (double)(smolvla_act_bytes(c, args->train_mode, args->batch) - model.act_bytes);
     }
     if (lead && run->balance != NULL) { logger.n_tasks = task_losses.T; logger.task_loss = task_losses.task_loss; }
+    if (model.scaler != NULL) { logger.loss_scale = &logged; }
     double peak = device_peak_flops(prop.name), flops = smolvla_flops_per_sample(c, args->train_mode);
 
     double timed_ms = 0.0, peak_mem = 0.0, comm_wait_ms = 0.0;
@@ -4642,9 +4821,12 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         smolvla_grads_finish(&model, stop_requested);
         smolvla_update(&model, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
         task_losses_reduce(&task_losses, &model);
-        float loss, norm;
+        float loss, norm, used_scale = 0.0f;
         smolvla_read_scalars(&model, &loss, &norm, &stopped);
         task_losses_read(&task_losses);
+        int skipped = model.scaler != NULL && smolvla_read_loss_scale(&model, &scale, &used_scale);
+        logged = scale;
+        logged.scale = used_scale;
         watchdog->busy_since[local] = 0.0;
         double ms = 1000.0 * (wall_seconds() - t0);
 #if defined(MULTI_GPU)
@@ -4654,14 +4836,21 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
 #endif
         if (step > run->start) { timed_ms += ms; comm_wait_ms += wait_ms; timed_steps++; }  // the first step warms up
         int done = step + 1;
-        if (!isfinite(loss) || !isfinite(norm)) {  // every rank sees the same values: rank 0 reports and exits
+        if (skipped && used_scale <= 1.0f) {  // not a scale too large: the model overflows fp16 itself
+            if (!lead) { break; }
+            vla_fail("step %d: Inf/NaN gradients at loss scale %g, the smallest: fp16's range is too small for this run: "
+                     "lower the learning rate (-l), or train in bf16 or fp32 (PRECISION=BF16 on sm_80 and newer); the last "
+                     "checkpoint in %s is intact", done, (double)used_scale, args->output);
+        }
+        if (!skipped && (!isfinite(loss) || !isfinite(norm))) {  // every rank sees the same values: rank 0 reports and exits
             if (!lead) { break; }
             vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; "
                      "the last checkpoint in %s is intact", done, loss, norm, args->output);
         }
         if ((args->ckpt_every > 0 && done % args->ckpt_every == 0) || done == args->steps || stopped) {
             smolvla_save(&model, run->initial.params, &run->ds, args, done,
-                         run->sampler_pos + (uint64_t)(done - run->start) * global_batch, lead);
+                         run->sampler_pos + (uint64_t)(done - run->start) * global_batch, lead,
+                         model.scaler != NULL ? &scale : NULL);
         }
         if (!lead) { continue; }
         size_t free_b, total_b;
@@ -4678,6 +4867,11 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     loader_stop(&loader);
     if (lead) {
         if (stopped) { printf("interrupted: saved step %d to %s; continue with -y 1\n", step, args->output); }
+        if (model.scaler != NULL) {
+            printf("fp16 loss scaling: %llu step(s) of this run's %d skipped for Inf/NaN gradients (%llu in all), loss scale "
+                   "now %g\n", (unsigned long long)(scale.skipped - run->loss_scale.skipped), step - run->start,
+                   (unsigned long long)scale.skipped, (double)scale.scale);
+        }
         printf("data loader: %d worker thread(s) per GPU, rank 0 waited %.1f ms for batches in %d steps\n", args->workers,
                1000.0 * loader.wait_seconds, step - run->start);
         printf("eval: 10-step sampled actions vs the data, MSE %.6f (data units) on %d samples\n",
@@ -4735,6 +4929,8 @@ int main(int argc, char** argv) {
         print_memory_table(&c, args->preset);
         return 0;
     }
+    if (!LOSS_SCALING) { train_args_no_loss_scale(args, "this train_vla (built for " PRECISION_NAME ")"); }
+    run.loss_scale.scale = args->loss_scale;
     gpu_check_visible(args->ranks);
 #if !defined(MULTI_GPU)
     if (args->nodes > 1) { vla_fail("--nodes %d: this train_vla was built without NCCL: rebuild where NCCL is installed", args->nodes); }
@@ -4764,6 +4960,11 @@ int main(int argc, char** argv) {
         if (ck->seed != args->seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)ck->seed); }
         args->seed = ck->seed;
         printf("resumed from %s at step %d\n", run.from, run.start);
+        if (LOSS_SCALING && ck->loss_scale.scale > 0.0f) {  // it goes on where it was (--loss-scale starts runs)
+            run.loss_scale = ck->loss_scale;
+            printf("resumed the loss scale %g (%u clean steps, %llu skipped)\n", (double)run.loss_scale.scale,
+                   run.loss_scale.clean, (unsigned long long)run.loss_scale.skipped);
+        }
     } else {  // the same init for every rank
         SmolParamTable t;
         smolvla_table_build(&run.config, &t);

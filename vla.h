@@ -2326,6 +2326,22 @@ static inline void loader_stop(Loader* L) {
 }
 
 // ----------------------------------------------------------------------------
+// fp16 mixed precision's dynamic loss scaling (train_vla built with PRECISION=FP16; the defaults
+// are torch's GradScaler's). Other builds and train_vla_cpu refuse the flags (train_args_no_loss_scale).
+#define VLA_LOSS_SCALE_DEFAULT 65536.0f
+#define VLA_LOSS_SCALE_WINDOW_DEFAULT 2000
+#define VLA_LOSS_SCALE_MAX 16777216.0f  // 2^24: past it a doubling is not taken
+#define VLA_LOSS_SCALE_WINDOW_MAX 1000000  // the device counts clean steps in a float: exact far past this
+
+// What a checkpoint records of the dynamic loss scale: 0 for scale where nothing was recorded
+// (train_vla_cpu, bf16 and fp32 builds, files written before fp16 existed).
+typedef struct {
+    float scale;      // the scale the next step starts with
+    uint32_t clean;   // clean steps since it last changed
+    uint64_t skipped; // steps skipped for Inf/NaN gradients, over the whole run
+} LossScaleState;
+
+// ----------------------------------------------------------------------------
 // checkpoints, version 2 (SPEC section 4): header (512 bytes), the dataset's normalization
 // statistics state_mean(S) state_std(S) action_mean(A) action_std(A), every fp32 master weight
 // in table order (n_params, frozen ones included, so a checkpoint is the whole model), then AdamW's
@@ -2353,11 +2369,16 @@ typedef struct {
     uint32_t balance;      // BALANCE_*: the sampler's sequence (files before --balance hold 0 here: none)
     uint32_t pad1;
     uint64_t balance_id;   // with balance: TaskBalance's fingerprint of the tasks' count and weights; else 0
-    uint64_t reserved[33];
+    float loss_scale;      // fp16 builds: the dynamic loss scale the next step starts with; 0: none recorded
+    uint32_t loss_scale_clean;    // fp16 builds: clean steps since the scale last changed
+    uint64_t loss_scale_skipped;  // fp16 builds: steps skipped for Inf/NaN gradients so far
+    uint64_t reserved[31];
 } CheckpointHeader;
 VLA_STATIC_ASSERT(sizeof(CheckpointHeader) == CKPT_HEADER_BYTES, "checkpoint header is 512 bytes");
 VLA_STATIC_ASSERT(offsetof(CheckpointHeader, step) == 120 && offsetof(CheckpointHeader, tokenizer) == 168,
                   "checkpoint header fields are where SPEC says");
+VLA_STATIC_ASSERT(offsetof(CheckpointHeader, loss_scale) == 248 && offsetof(CheckpointHeader, loss_scale_skipped) == 256,
+                  "the loss scale's fields are where the README says");
 
 typedef struct {
     SmolVLAConfig config;
@@ -2365,6 +2386,7 @@ typedef struct {
     char tokenizer[64];
     int balance;           // BALANCE_*
     uint64_t balance_id;   // TaskBalance's fingerprint, 0 without balance
+    LossScaleState loss_scale;  // fp16 builds' dynamic loss scale; scale 0: none recorded
     uint64_t step, seed, sampler_pos;
     uint64_t n_params, n_trainable;
     float* stats;   // state_mean(S) state_std(S) action_mean(A) action_std(A), S and A the dataset's
@@ -2400,6 +2422,8 @@ static inline void checkpoint_write(const char* path, const Checkpoint* ck) {
     h.magic = CKPT_MAGIC; h.version = CKPT_VERSION; h.config = ck->config; h.train_mode = ck->train_mode;
     h.step = ck->step; h.seed = ck->seed; h.sampler_pos = ck->sampler_pos;
     h.balance = (uint32_t)ck->balance; h.balance_id = ck->balance_id;
+    h.loss_scale = ck->loss_scale.scale; h.loss_scale_clean = ck->loss_scale.clean;
+    h.loss_scale_skipped = ck->loss_scale.skipped;
     h.n_params = n_params; h.n_trainable = n_trainable;
     h.file_size = ckpt_file_size(&ck->config, n_params, n_trainable);
     snprintf(h.tokenizer, sizeof(h.tokenizer), "%s", ck->tokenizer);
@@ -2466,6 +2490,16 @@ static inline int checkpoint_read_header(const char* path, CheckpointHeader* h, 
                  "writes: it is corrupt", path, h->balance, (unsigned long long)h->balance_id);
         return 1;
     }
+    // the loss scale as train_vla writes it: 0 (none), or a scale in [1, VLA_LOSS_SCALE_MAX] with
+    // fewer clean steps than the largest window and no more skipped steps than steps
+    if (h->loss_scale == 0.0f ? (h->loss_scale_clean != 0 || h->loss_scale_skipped != 0)
+                              : !(h->loss_scale >= 1.0f && h->loss_scale <= VLA_LOSS_SCALE_MAX) ||
+                                    h->loss_scale_clean >= VLA_LOSS_SCALE_WINDOW_MAX || h->loss_scale_skipped > h->step) {
+        snprintf(err, err_size, "checkpoint %s holds loss scale %g (%u clean, %llu skipped steps at step %llu), not a "
+                 "state train_vla writes: it is corrupt", path, (double)h->loss_scale, h->loss_scale_clean,
+                 (unsigned long long)h->loss_scale_skipped, (unsigned long long)h->step);
+        return 1;
+    }
     uint64_t n_params, n_trainable;  // bounded: smolvla_config_problem checked the count
     ckpt_counts(&h->config, h->train_mode, &n_params, &n_trainable);
     uint64_t size = ckpt_file_size(&h->config, n_params, n_trainable);
@@ -2493,6 +2527,8 @@ static inline int checkpoint_read_checked(const char* path, Checkpoint* ck, char
     ck->config = h.config; ck->train_mode = h.train_mode; ck->step = h.step; ck->seed = h.seed;
     ck->sampler_pos = h.sampler_pos; ck->n_params = h.n_params; ck->n_trainable = h.n_trainable;
     ck->balance = (int)h.balance; ck->balance_id = h.balance_id;
+    ck->loss_scale.scale = h.loss_scale; ck->loss_scale.clean = h.loss_scale_clean;
+    ck->loss_scale.skipped = h.loss_scale_skipped;
     memcpy(ck->tokenizer, h.tokenizer, sizeof(ck->tokenizer));
     int S = h.config.state_dim, A = h.config.action_dim;
     size_t n_stats = 2 * (size_t)(S + A), nt = (size_t)h.n_trainable;
@@ -2620,6 +2656,8 @@ typedef struct {
     int balance;            // --balance: BALANCE_*, the sampler's sequence
     const char* task_weights;  // --task-weights: one whole number per task, NULL: equal
     uint64_t balance_id;    // the trainer's TaskBalance fingerprint once built (checkpoints record it), 0: none
+    float loss_scale;       // --loss-scale: fp16 builds' initial dynamic loss scale
+    int loss_scale_window;  // --loss-scale-window: clean steps before the scale doubles
 } TrainArgs;
 
 enum { LR_SCALE_NONE = 0, LR_SCALE_LINEAR = 1, LR_SCALE_SQRT = 2 };
@@ -2643,6 +2681,16 @@ static inline void train_args_defaults(TrainArgs* a) {
     a->seed = 1337;
     a->resume = 0; a->ckpt_every = 200; a->keep = 3; a->log_every = 1; a->threads = 0;
     a->workers = 2; a->augment = 0;
+    a->loss_scale = VLA_LOSS_SCALE_DEFAULT; a->loss_scale_window = VLA_LOSS_SCALE_WINDOW_DEFAULT;
+}
+
+// Builds without dynamic loss scaling (train_vla_cpu, train_vla in bf16 or fp32) refuse its flags
+// rather than ignore them: `what` names the build.
+static inline void train_args_no_loss_scale(const TrainArgs* a, const char* what) {
+    if (a->loss_scale != VLA_LOSS_SCALE_DEFAULT || a->loss_scale_window != VLA_LOSS_SCALE_WINDOW_DEFAULT) {
+        vla_fail("--loss-scale and --loss-scale-window are for fp16 mixed precision; %s does not scale the loss: drop "
+                 "them, or build train_vla with PRECISION=FP16", what);
+    }
 }
 
 static inline void train_args_usage(const char* prog) {
@@ -2699,6 +2747,9 @@ static inline void train_args_usage(const char* prog) {
            BALANCE_NAMES[d.balance]);
     printf("      --task-weights W   with --balance tasks: one whole number per task, comma-separated (1,3: three\n"
            "                         samples of task 1 per one of task 0); default equal\n");
+    printf("      --loss-scale S     fp16 builds (PRECISION=FP16): the initial dynamic loss scale (%g)\n", d.loss_scale);
+    printf("      --loss-scale-window N  fp16 builds: clean steps before the loss scale doubles; a step with Inf/NaN\n"
+           "                         gradients is skipped and halves it (%d)\n", d.loss_scale_window);
     printf("  -h, --help             this message\n");
 }
 
@@ -2748,7 +2799,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     train_args_defaults(a);
     enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
            OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY, OPT_BALANCE,
-           OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY };
+           OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY, OPT_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -2769,6 +2820,8 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"max-text", required_argument, 0, OPT_MAX_TEXT}, {"train", required_argument, 0, OPT_TRAIN},
         {"balance", required_argument, 0, OPT_BALANCE}, {"task-weights", required_argument, 0, OPT_TASK_WEIGHTS},
         {"recompute", required_argument, 0, OPT_RECOMPUTE}, {"memory", no_argument, 0, OPT_MEMORY},
+        {"loss-scale", required_argument, 0, OPT_LOSS_SCALE},
+        {"loss-scale-window", required_argument, 0, OPT_LOSS_SCALE_WINDOW},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     opterr = 0;
     optind = 1;
@@ -2828,6 +2881,10 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case 't': a->threads = (int)parse_int_arg("threads", optarg, 0, 4096); break;
             case OPT_WORKERS: a->workers = (int)parse_int_arg("workers", optarg, 0, 256); break;
             case OPT_AUGMENT: a->augment = (int)parse_int_arg("augment-shift", optarg, 0, 1024); break;
+            case OPT_LOSS_SCALE: a->loss_scale = parse_float_arg("loss-scale", optarg, 1.0f, VLA_LOSS_SCALE_MAX); break;
+            case OPT_LOSS_SCALE_WINDOW:
+                a->loss_scale_window = (int)parse_int_arg("loss-scale-window", optarg, 1, VLA_LOSS_SCALE_WINDOW_MAX);
+                break;
             case 'h': train_args_usage(argv[0]); exit(0);
             case ':': vla_fail("option %s needs a value: see %s -h", argv[optind - 1], argv[0]);
             default: vla_fail("unknown option %s: see %s -h", argv[optind - 1], argv[0]);
@@ -2923,6 +2980,7 @@ typedef struct {
     int n_tasks;              // > 0: each line also holds "task_loss", the step's mean loss per task
     const double* task_loss;  // (n_tasks) set by the trainer before logger_step; NaN: no sample of it this step
     double saved_bytes;       // > 0: each line also holds the activation memory --recompute saves (the GPU trainer's)
+    const LossScaleState* loss_scale;  // fp16 builds, set by the trainer: the scale the step ran with and the skips so far
 } Logger;
 
 // bytes as "12.34 GiB" from 1 GiB up, else "12.3 MiB"
@@ -2946,6 +3004,7 @@ static inline void logger_open(Logger* lg, const char* dir, int start) {
     lg->n_tasks = 0;
     lg->task_loss = NULL;
     lg->saved_bytes = 0.0;
+    lg->loss_scale = NULL;
     snprintf(lg->path, sizeof(lg->path), "%s/log.jsonl", dir);
     FILE* old = fopen(lg->path, "r");
     if (old != NULL) {
@@ -2987,7 +3046,7 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
                         double samples_per_s, double mfu, double mem_gib, int print) {
     if (print) {
         double eta = ms * (steps - step - 1) / 1000.0;
-        char extra[128] = "";
+        char extra[192] = "";
         if (!isnan(mfu)) { snprintf(extra, sizeof(extra), " | MFU %5.1f%% | %5.2f GiB", 100.0 * mfu, mem_gib); }
         else if (!isnan(mem_gib)) { snprintf(extra, sizeof(extra), " | %5.2f GiB", mem_gib); }  // a GPU of unknown peak
         if (lg->saved_bytes > 0.0) {
@@ -2995,15 +3054,26 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
             size_t n = strlen(extra);
             snprintf(extra + n, sizeof(extra) - n, " | recompute saves %s", format_bytes(saved, sizeof(saved), lg->saved_bytes));
         }
+        if (lg->loss_scale != NULL) {
+            size_t used = strlen(extra);
+            snprintf(extra + used, sizeof(extra) - used, " | scale %g, %llu skipped", (double)lg->loss_scale->scale,
+                     (unsigned long long)lg->loss_scale->skipped);
+        }
         printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %7.1f samples/s%s | ETA %dm%02ds\n",
                step + 1, steps, loss, lr, norm, ms, samples_per_s, extra, (int)(eta / 60), (int)eta % 60);
         fflush(stdout);
     }
-    fprintf(lg->jsonl, "{\"step\": %d, \"loss\": %.8g, \"lr\": %.6g, \"grad_norm\": %.6g, \"ms\": %.3f, \"samples_per_s\": %.3f",
-            step + 1, loss, lr, norm, ms, samples_per_s);
+    fprintf(lg->jsonl, "{\"step\": %d, \"loss\": %.8g, \"lr\": %.6g", step + 1, loss, lr);
+    // JSON has no Inf or NaN: an fp16 step skipped for its gradients' Inf/NaN logs no norm
+    if (isfinite(norm)) { fprintf(lg->jsonl, ", \"grad_norm\": %.6g", norm); }
+    fprintf(lg->jsonl, ", \"ms\": %.3f, \"samples_per_s\": %.3f", ms, samples_per_s);
     if (!isnan(mfu)) { fprintf(lg->jsonl, ", \"mfu\": %.5f", mfu); }
     if (!isnan(mem_gib)) { fprintf(lg->jsonl, ", \"gpu_mem_gib\": %.4f", mem_gib); }
     if (lg->saved_bytes > 0.0) { fprintf(lg->jsonl, ", \"recompute_saved_bytes\": %.0f", lg->saved_bytes); }
+    if (lg->loss_scale != NULL) {
+        fprintf(lg->jsonl, ", \"loss_scale\": %.9g, \"skipped_steps\": %llu", (double)lg->loss_scale->scale,
+                (unsigned long long)lg->loss_scale->skipped);
+    }
     if (lg->n_tasks > 0) {
         fprintf(lg->jsonl, ", \"task_loss\": [");
         for (int t = 0; t < lg->n_tasks; t++) {
@@ -3201,10 +3271,10 @@ static inline const char* run_start_kind(const TrainArgs* a, const char* from) {
 // Writes step `step` of a run: host copies of every fp32 master weight (n_params, table order)
 // and the AdamW moments of the elements trainable in args->train_mode (n_trainable each, packed as
 // SmolOptDomain), with the dataset's normalization statistics and tokenizer; keeps the newest
-// args->keep checkpoints.
+// args->keep checkpoints. loss_scale: fp16 builds' dynamic loss scale, NULL where there is none.
 static inline void run_checkpoint_save(const TrainArgs* args, const Dataset* ds, const SmolVLAConfig* c, int step,
                                        uint64_t sampler_pos, float* params, size_t n_params, float* m, float* v,
-                                       size_t n_trainable) {
+                                       size_t n_trainable, const LossScaleState* loss_scale) {
     int S = c->state_dim, A = c->action_dim;
     float* stats = (float*)mallocCheck(2 * (size_t)(S + A) * sizeof(float));
     memcpy(stats, ds->state_mean, S * sizeof(float));
@@ -3216,6 +3286,7 @@ static inline void run_checkpoint_save(const TrainArgs* args, const Dataset* ds,
     ck.config = *c; ck.train_mode = args->train_mode; ck.step = (uint64_t)step; ck.seed = args->seed;
     ck.sampler_pos = sampler_pos; ck.n_params = n_params; ck.n_trainable = n_trainable;
     ck.balance = args->balance; ck.balance_id = args->balance_id;
+    if (loss_scale != NULL) { ck.loss_scale = *loss_scale; }
     ck.stats = stats; ck.params = params; ck.m = m; ck.v = v;
     snprintf(ck.tokenizer, sizeof(ck.tokenizer), "%s", ds->tokenizer);
     char path[VLA_PATH_MAX];
@@ -3298,13 +3369,15 @@ static inline float action_mse(const SmolBatch* batch, const Dataset* ds, const 
 // TCP exchange, after checking that every node runs the same configuration
 
 #define BOOT_MAGIC 0x544f4f42u  // "BOOT"
-#define BOOT_VERSION 3u  // 2: min_lr_frac and augment joined the fields; 3: SmolVLA's config and train mode
+#define BOOT_VERSION 4u  // 2: min_lr_frac and augment joined the fields; 3: SmolVLA's config and train mode;
+                         // 4: fp16's --loss-scale and --loss-scale-window (ranks scaled apart sum wrong gradients)
 #define BOOT_MAX_PAYLOAD 1024
 
 // What every node of a run must agree on; floats go as their bits so they compare exactly
 #define BOOT_FIELDS(X) \
     X(gpus_per_node) X(nodes) X(batch) X(accum) X(zero) X(steps) X(warmup) X(start_step) X(seed) X(samples) \
-    X(lr_bits) X(min_lr_frac_bits) X(weight_decay_bits) X(clip_bits) X(lr_scale) X(augment) X(train_mode)
+    X(lr_bits) X(min_lr_frac_bits) X(weight_decay_bits) X(clip_bits) X(lr_scale) X(augment) X(train_mode) \
+    X(loss_scale_bits) X(loss_scale_window)
 
 typedef struct {
     uint32_t magic, version;
@@ -3339,6 +3412,7 @@ static inline BootIdentity boot_identity(const TrainArgs* a, const SmolVLAConfig
     id.min_lr_frac_bits = boot_float_bits(a->min_lr_frac); id.weight_decay_bits = boot_float_bits(a->weight_decay);
     id.clip_bits = boot_float_bits(a->grad_clip); id.lr_scale = a->lr_scale; id.augment = a->augment;
     id.train_mode = a->train_mode;
+    id.loss_scale_bits = boot_float_bits(a->loss_scale); id.loss_scale_window = a->loss_scale_window;
     return id;
 }
 

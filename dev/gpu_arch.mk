@@ -15,14 +15,30 @@ ifndef GPU_ARCH
   export GPU_ARCH
 endif
 gpu_arch_note = $(if $(gpu_arch_noted),,$(eval gpu_arch_noted := 1)$(if $(gpu_arch_line),$(info $(gpu_arch_line)))$(if \
-	$(gpu_nccl_line),$(info $(gpu_nccl_line))))
+	$(gpu_precision_line),$(info $(gpu_precision_line)))$(if $(gpu_nccl_line),$(info $(gpu_nccl_line))))
+# GPUs before sm_80 (V100 sm_70, T4 sm_75) have no bf16 tensor cores: there train_vla builds in
+# fp16 (PRECISION=FP16, dynamic loss scaling) unless PRECISION says otherwise, refuses BF16, and
+# dev/cuda's programs compile their kernels in fp16 too (GPU_NO_BF16_FLAG).
+GPU_NO_BF16 := $(if $(filter sm_70 sm_72 sm_75 compute_70 compute_72 compute_75,$(GPU_ARCH)),1,0)
+ifeq ($(GPU_NO_BF16),1)
+  GPU_NO_BF16_FLAG = -DENABLE_FP16
+  ifeq ($(origin PRECISION),undefined)
+    PRECISION := FP16
+    gpu_precision_line = train_vla: $(GPU_ARCH) has no bf16 tensor cores: building PRECISION=FP16 (fp16, dynamic loss scaling; PRECISION=FP32 for fp32)
+  else ifeq ($(PRECISION),BF16)
+    $(error PRECISION=BF16 needs sm_80 or newer (bf16 tensor cores), $(GPU_ARCH) has none: use PRECISION=FP16 (or FP32))
+  endif
+endif
 ifndef NVCC
   NVCC := $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 endif
 # the first line of every nvcc recipe, in both Makefiles (a variable, not a rule: a rule here would
 # become dev/cuda's default goal)
 nvcc_check = $(gpu_arch_note)@test -x "$(NVCC)" || command -v "$(NVCC)" > /dev/null || { \
-	echo "error: nvcc not found ($(NVCC)): install the CUDA Toolkit or set NVCC=/path/to/nvcc"; exit 1; }
+	echo "error: nvcc not found ($(NVCC)): install the CUDA Toolkit or set NVCC=/path/to/nvcc"; exit 1; }; \
+	"$(NVCC)" --list-gpu-code | grep -qx "$(GPU_ARCH)" || { echo "error: $(NVCC) does not build for $(GPU_ARCH), only \
+	for $$("$(NVCC)" --list-gpu-code | paste -sd ' '): pick one of those with GPU_ARCH, or set NVCC to an nvcc that has \
+	it (CUDA 13 dropped sm_70, the V100: CUDA 12's has it)"; exit 1; }
 NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -Xcompiler -Wall,-Wno-unused-function,-Wno-format-truncation
 NVCC_LDLIBS = -lcublasLt -lm -lpthread
 

@@ -62,6 +62,13 @@ fi
 run_suite test_vla_gpu_fp32 "$GPU_TESTS/test_vla_gpu_fp32" build/test "$GPU_TESTS/train_vla_fp32" --smolvla build/lerobot_ref
 run_suite test_vla_gpu_bf16 "$GPU_TESTS/test_vla_gpu_bf16" build/test "$GPU_TESTS/train_vla_bf16" \
     "$GPU_TESTS/train_vla_single_gpu_bf16" --smolvla build/lerobot_ref
+# fp16 (PRECISION=FP16, for GPUs without bf16): what its precision and its loss scaling change,
+# kept short: the oracle's train mode all (every gradient, the vision tower's too, sampling and 10
+# loss-scaled AdamW steps at fp16's tolerances), an injected overflow, the scale's rules and
+# resume restoring it. The plumbing it shares with bf16 is tested above;
+# VLA_GPU_TESTS=oracle,lerobot,fp16 runs all six SmolVLA cases in fp16.
+run_suite test_vla_gpu_fp16 env VLA_GPU_TESTS=oracle:all,fp16 "$GPU_TESTS/test_vla_gpu_fp16" build/test \
+    "$GPU_TESTS/train_vla_fp16" --smolvla build/lerobot_ref
 for src in dev/cuda/*.cu; do
     name=$(basename "$src" .cu)
     run_suite "dev/cuda/$name" "$dev_cuda_dir/$name"

@@ -2,7 +2,7 @@
 emulate.h: runs this project's CUDA C++ on the CPU, so the kernels of train_vla.cu and dev/cuda
 are exercised by `make test` on machines without a GPU.
 
-It implements the subset of the CUDA runtime, cuda_bf16, WMMA (nvcuda::wmma) and cuBLASLt that
+It implements the subset of the CUDA runtime, cuda_bf16, cuda_fp16, WMMA (nvcuda::wmma) and cuBLASLt that
 the project uses, on the host:
 - A launch runs the blocks of the grid one after another. The threads of a block are fibers
   (each its own stack, switched by a few lines of x86-64 assembly), so __syncthreads, __syncwarp
@@ -19,7 +19,7 @@ It also checks what a GPU reports less plainly, and stops with one line when it 
 - a kernel reading or writing past the end of a device allocation (each allocation ends at a
   guard page),
 - reads of memory nothing wrote: cudaMalloc (up to 16 MB; larger buffers read as zero) and
-  dynamic shared memory are filled with 0xFF bytes, a NaN in both fp32 and bf16,
+  dynamic shared memory are filled with 0xFF bytes, a NaN in fp32, bf16 and fp16,
 - cudaMemcpy directions that do not match where the pointers live, blocks over 1024 threads.
 What it cannot show: races between threads (fibers run one at a time), performance.
 
@@ -607,6 +607,70 @@ static inline float __bfloat162float(__nv_bfloat16 h) {
 }
 
 // ----------------------------------------------------------------------------
+// fp16 (IEEE binary16): conversions only, as bf16's. 5 exponent bits (bias 15), 10 fraction bits:
+// largest finite 65504, smallest normal 2^-14, smallest subnormal 2^-24. Round to nearest even;
+// what rounds past 65504 (from 65520 up) is +-Inf; subnormals are kept; NaN stays a (quiet) NaN.
+
+struct __align__(2) __half {
+    unsigned short __x;
+    __half() = default;
+};
+typedef __half half;
+
+static inline __half __float2half(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    __half r;
+    if (a > 0x7f800000u) {  // NaN: quiet, with the top of the payload
+        r.__x = (unsigned short)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+        return r;
+    }
+    if (a >= 0x477ff000u) {  // 65520 and up (Inf included) round to Inf
+        r.__x = (unsigned short)(sign | 0x7c00u);
+        return r;
+    }
+    if (a >= 0x38800000u) {  // normal in fp16 (>= 2^-14): rebias the exponent, round 13 bits away
+        uint32_t h = (a - 0x38000000u) >> 13, rest = a & 0x1fffu;
+        h += rest > 0x1000u || (rest == 0x1000u && (h & 1u));  // a carry into the exponent is right
+        r.__x = (unsigned short)(sign | h);
+        return r;
+    }
+    if (a < 0x33000000u) {  // below half the smallest subnormal (2^-25): zero; 2^-25 itself ties to 0
+        r.__x = (unsigned short)sign;
+        return r;
+    }
+    // subnormal: the value in units of 2^-24, the implicit bit made explicit, rounded to even
+    int e = (int)(a >> 23);                        // 102 .. 112 here
+    uint32_t mant = (a & 0x7fffffu) | 0x800000u;   // value = mant * 2^(e - 150)
+    int shift = 126 - e;                           // to units of 2^-24: 14 .. 24 bits away
+    uint32_t h = mant >> shift, rest = mant & ((1u << shift) - 1u), halfway = 1u << (shift - 1);
+    h += rest > halfway || (rest == halfway && (h & 1u));
+    r.__x = (unsigned short)(sign | h);
+    return r;
+}
+static inline __half __float2half_rn(float f) { return __float2half(f); }
+static inline float __half2float(__half h) {
+    uint32_t sign = (uint32_t)(h.__x & 0x8000u) << 16, e = (h.__x >> 10) & 0x1fu, m = h.__x & 0x3ffu, u;
+    if (e == 0x1fu) {  // Inf or NaN
+        u = sign | 0x7f800000u | (m << 13);
+    } else if (e != 0) {
+        u = sign | ((e + 112u) << 23) | (m << 13);
+    } else if (m == 0) {
+        u = sign;
+    } else {  // subnormal: m * 2^-24, exact in fp32
+        float f = (float)m * 5.9604644775390625e-8f;
+        memcpy(&u, &f, 4);
+        u |= sign;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline bool __hisinf(__half h) { return (h.__x & 0x7fffu) == 0x7c00u; }
+static inline bool __hisnan(__half h) { return (h.__x & 0x7fffu) > 0x7c00u; }
+
+// ----------------------------------------------------------------------------
 // WMMA: every lane holds the whole tile. Loads and stores are collective, as on the GPU: no lane
 // stores until every lane of the warp has loaded (each meets the others before and after), so a
 // tile loaded, updated and stored back in place is read once, not once per lane.
@@ -640,6 +704,7 @@ struct fragment {
 template <typename T> static inline float emu_to_float(T v);
 template <> inline float emu_to_float<float>(float v) { return v; }
 template <> inline float emu_to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> inline float emu_to_float<__half>(__half v) { return __half2float(v); }
 
 template <typename Use, int M, int N, int K, typename T, typename Layout>
 static inline void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, T v) {
@@ -749,6 +814,10 @@ static inline cudaError_t cudaGetDeviceCount(int* n) {
 static inline cudaError_t cudaSetDevice(int d) {
     if (d < 0 || d >= emu_device_count()) { return cudaErrorInvalidDevice; }
     emu_current_device = d;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaGetDevice(int* d) {
+    *d = emu_current_device;
     return cudaSuccess;
 }
 static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
@@ -983,7 +1052,7 @@ typedef enum {
     CUBLAS_STATUS_NOT_SUPPORTED = 15,
 } cublasStatus_t;
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
-typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType_t;
+typedef enum { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType_t;
 typedef cudaDataType_t cudaDataType;
 typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
 typedef enum {
@@ -1123,10 +1192,14 @@ static inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, 
 }
 
 static inline float emu_load(const void* p, cudaDataType_t t, size_t i) {
-    return t == CUDA_R_32F ? ((const float*)p)[i] : __bfloat162float(((const __nv_bfloat16*)p)[i]);
+    if (t == CUDA_R_32F) { return ((const float*)p)[i]; }
+    if (t == CUDA_R_16F) { return __half2float(((const __half*)p)[i]); }
+    return __bfloat162float(((const __nv_bfloat16*)p)[i]);
 }
 static inline void emu_store(void* p, cudaDataType_t t, size_t i, float v) {
-    if (t == CUDA_R_32F) { ((float*)p)[i] = v; } else { ((__nv_bfloat16*)p)[i] = __float2bfloat16(v); }
+    if (t == CUDA_R_32F) { ((float*)p)[i] = v; }
+    else if (t == CUDA_R_16F) { ((__half*)p)[i] = __float2half(v); }
+    else { ((__nv_bfloat16*)p)[i] = __float2bfloat16(v); }
 }
 
 static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void* alpha, const void* a,
@@ -1189,7 +1262,7 @@ typedef enum {
     ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2, ncclInternalError = 3,
     ncclInvalidArgument = 4, ncclInvalidUsage = 5, ncclRemoteError = 6, ncclInProgress = 7,
 } ncclResult_t;
-typedef enum { ncclFloat32 = 7, ncclFloat = 7, ncclBfloat16 = 9 } ncclDataType_t;
+typedef enum { ncclFloat16 = 6, ncclHalf = 6, ncclFloat32 = 7, ncclFloat = 7, ncclBfloat16 = 9 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclAvg = 4 } ncclRedOp_t;
 #define NCCL_UNIQUE_ID_BYTES 128
 typedef struct { char internal[NCCL_UNIQUE_ID_BYTES]; } ncclUniqueId;
@@ -1224,10 +1297,14 @@ inline std::mutex cliques_mu;
 inline std::vector<Clique*> cliques;
 
 static inline float nccl_load(const void* p, ncclDataType_t t, size_t i) {
-    return t == ncclFloat ? ((const float*)p)[i] : __bfloat162float(((const __nv_bfloat16*)p)[i]);
+    if (t == ncclFloat) { return ((const float*)p)[i]; }
+    if (t == ncclHalf) { return __half2float(((const __half*)p)[i]); }
+    return __bfloat162float(((const __nv_bfloat16*)p)[i]);
 }
 static inline void nccl_store(void* p, ncclDataType_t t, size_t i, float v) {
-    if (t == ncclFloat) { ((float*)p)[i] = v; } else { ((__nv_bfloat16*)p)[i] = __float2bfloat16(v); }
+    if (t == ncclFloat) { ((float*)p)[i] = v; }
+    else if (t == ncclHalf) { ((__half*)p)[i] = __float2half(v); }
+    else { ((__nv_bfloat16*)p)[i] = __float2bfloat16(v); }
 }
 
 // Every rank has posted: move the data (under the device lock, device memory open)

@@ -10,6 +10,7 @@ It also compiles with nvcc (make dev/cuda/emu/test_emulate), where the misuse ch
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cublasLt.h>
 #include <mma.h>
 #include <math.h>
@@ -78,11 +79,12 @@ __global__ void coords_kernel(int* out, int width) {
     out[y * width + x] = y * 1000 + x;
 }
 
-// one warp: 16x16 (bf16) @ 16x16 (bf16, column-major) into fp32, through WMMA
-__global__ void wmma_kernel(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b) {
+// one warp: 16x16 (bf16 or fp16) @ 16x16 (the same, column-major) into fp32, through WMMA
+template <typename T>
+__global__ void wmma_kernel(float* c, const T* a, const T* b) {
     using namespace nvcuda;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
     wmma::fill_fragment(acc, 0.5f);
     wmma::load_matrix_sync(fa, a, 16);
@@ -570,7 +572,7 @@ int main(void) {
         cudaCheck(cudaMalloc(&d_a, sizeof(a))); cudaCheck(cudaMalloc(&d_b, sizeof(b))); cudaCheck(cudaMalloc(&d_c, sizeof(c)));
         cudaCheck(cudaMemcpy(d_a, a, sizeof(a), cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(d_b, b, sizeof(b), cudaMemcpyHostToDevice));
-        wmma_kernel<<<1, 32>>>(d_c, d_a, d_b);
+        wmma_kernel<__nv_bfloat16><<<1, 32>>>(d_c, d_a, d_b);
         cudaCheck(cudaMemcpy(c, d_c, sizeof(c), cudaMemcpyDeviceToHost));
         double worst = 0.0;
         for (int i = 0; i < 16; i++) {
@@ -595,6 +597,77 @@ int main(void) {
                  __bfloat162float(__float2bfloat16(three_half)) == 1.0f + 2.0f / 128.0f &&
                  isnan(__bfloat162float(__float2bfloat16(NAN)));
         check(ok, "bf16 conversion rounds to nearest even and keeps NaN");
+    }
+    // the same product with fp16 tiles (the WMMA shape sm_70 and sm_75 have)
+    {
+        __half a[256], b[256];
+        float fa[256], fb[256], c[256];
+        for (int i = 0; i < 256; i++) {
+            a[i] = __float2half(sinf((float)i)); b[i] = __float2half(cosf(0.5f * i));
+            fa[i] = __half2float(a[i]); fb[i] = __half2float(b[i]);
+        }
+        __half *d_a, *d_b;
+        float* d_c;
+        cudaCheck(cudaMalloc(&d_a, sizeof(a))); cudaCheck(cudaMalloc(&d_b, sizeof(b))); cudaCheck(cudaMalloc(&d_c, sizeof(c)));
+        cudaCheck(cudaMemcpy(d_a, a, sizeof(a), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d_b, b, sizeof(b), cudaMemcpyHostToDevice));
+        wmma_kernel<__half><<<1, 32>>>(d_c, d_a, d_b);
+        cudaCheck(cudaMemcpy(c, d_c, sizeof(c), cudaMemcpyDeviceToHost));
+        double worst = 0.0;
+        for (int i = 0; i < 16; i++) {
+            for (int j = 0; j < 16; j++) {
+                double s = 0.5;
+                for (int p = 0; p < 16; p++) { s += (double)fa[i * 16 + p] * fb[j * 16 + p]; }
+                worst = fmax(worst, fabs(c[i * 16 + j] - 2.0 * s));
+            }
+        }
+        char what[120];
+        snprintf(what, sizeof(what), "WMMA 16x16x16 fp16 (row-major A, column-major B) into fp32: max abs err %.1e (tol 1e-4)", worst);
+        check(worst < 1e-4, what);
+        cudaFree(d_a); cudaFree(d_b); cudaFree(d_c);
+    }
+    // fp16 conversions against values known exactly (IEEE binary16: 10 fraction bits, bias 15)
+    {
+        const float sub = 5.9604644775390625e-8f;  // 2^-24, the smallest subnormal
+        struct { float in, out; const char* what; } cases[] = {
+            {65504.0f, 65504.0f, "65504, the largest finite, is exact"},
+            {65519.0f, 65504.0f, "65519 rounds down to 65504"},
+            {65520.0f, INFINITY, "65520 (halfway to 2^16) rounds to +Inf"},
+            {-1e6f, -INFINITY, "-1e6 overflows to -Inf"},
+            {INFINITY, INFINITY, "+Inf stays +Inf"},
+            {1.0f + 1.0f / 2048.0f, 1.0f, "1 + 2^-11, a tie, rounds to even (1)"},
+            {1.0f + 3.0f / 2048.0f, 1.0f + 2.0f / 1024.0f, "1 + 3 * 2^-11, a tie, rounds to even (1 + 2^-9)"},
+            {1.0f + 1.0f / 2048.0f + 1.0f / 65536.0f, 1.0f + 1.0f / 1024.0f, "just above a tie rounds up"},
+            {6.103515625e-05f, 6.103515625e-05f, "2^-14, the smallest normal, is exact"},
+            {sub, sub, "2^-24, the smallest subnormal, is exact"},
+            {3.0f * sub, 3.0f * sub, "3 * 2^-24 is an exact subnormal"},
+            {0.5f * sub, 0.0f, "2^-25, a tie between 0 and 2^-24, rounds to even (0)"},
+            {0.75f * sub, sub, "0.75 * 2^-24 rounds up to 2^-24"},
+            {2.5f * sub, 2.0f * sub, "2.5 * 2^-24, a tie, rounds to even (2 * 2^-24)"},
+            {1023.5f * sub, 1024.0f * sub, "the largest subnormal's rounding carries into 2^-14"},
+            {-0.1f, -0.0999755859375f, "-0.1 rounds to the nearest fp16, sign kept"},
+        };
+        int ok = 1;
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+            float got = __half2float(__float2half(cases[i].in));
+            if (got != cases[i].out) {
+                printf("  fp16: %s: got %.9g, want %.9g\n", cases[i].what, got, cases[i].out);
+                ok = 0;
+            }
+        }
+        ok &= isnan(__half2float(__float2half(NAN)));
+        ok &= signbit(__half2float(__float2half(-0.0f))) && __half2float(__float2half(-0.0f)) == 0.0f;
+        // every fp16 value converts to fp32 and back to itself
+        for (unsigned bits = 0; bits < 0x10000u; bits++) {
+            __half h;
+            memcpy(&h, &bits, 2);
+            float f = __half2float(h);
+            __half back = __float2half(f);
+            unsigned short b2;
+            memcpy(&b2, &back, 2);
+            if (!isnan(f) && b2 != bits) { ok = 0; }
+        }
+        check(ok, "fp16 conversion: 65504, 65520 -> Inf, ties to even, subnormals down to 2^-24, NaN kept, round trip");
     }
     // cuBLASLt conventions
     cublasLtHandle_t lt;
