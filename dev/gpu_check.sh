@@ -2,7 +2,8 @@
 # Everything train_vla checks on a GPU, in one call: build for the GPU found, run the GPU tests
 # (fp32 and bf16 against LeRobot's references and the PyTorch oracle, world sizes, ZeRO-1,
 # resume, checkpoints across trainers), the dev/cuda kernel checks and benchmarks, a short
-# training run on the default data, the launch scripts, and the benchmark of issue 12: the
+# training run on the default data, the launch scripts, issue 14's fp16 tests, recomputation's
+# memory and time at the smolvla preset and a task-balanced run, and the benchmark of issue 12: the
 # smolvla preset in bf16, two cameras stored at 224 px (resized to 512 on the device), batch B,
 # --train expert and --train all, against dev/model.py --bench under torch.compile and against
 # LeRobot's own training step (dev/lerobot/bench_lerobot.py: its defaults, and bf16 mixed
@@ -60,13 +61,16 @@ fixtures=(build/test/a.bin build/test/b.bin build/test/s.bin build/test/a_train.
           build/test/s_vlm_state.bin build/test/s_all_state.bin)
 stage build make -j"$JOBS" PYTHON="$PYTHON" train_vla train_vla_cpu libvla_gpu.so data/synthetic build/gpu/train_vla_bf16 \
     build/gpu/train_vla_fp32 build/gpu/train_vla_single_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32 \
-    dev_cuda "${fixtures[@]}" "$BENCH_DATA"
+    build/gpu/train_vla_fp16 build/gpu/test_vla_gpu_fp16 dev_cuda "${fixtures[@]}" "$BENCH_DATA"
 # LeRobot's references need its venv (make setup); without them the tests say what they skip
 refs=()
 if make build/lerobot_ref/all/ref.safetensors > "$OUTDIR/lerobot_ref.log" 2>&1; then refs=(--smolvla build/lerobot_ref); fi
 
 stage test_gpu_fp32 build/gpu/test_vla_gpu_fp32 build/test build/gpu/train_vla_fp32 "${refs[@]}"
 stage test_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/test build/gpu/train_vla_bf16 build/gpu/train_vla_single_gpu_bf16 \
+    "${refs[@]}"
+# fp16 (issue 14): its oracle case and the loss scaling on this GPU (fp16 tensor cores exist on sm_90 too)
+stage test_gpu_fp16 env VLA_GPU_TESTS=oracle:all,fp16 build/gpu/test_vla_gpu_fp16 build/test build/gpu/train_vla_fp16 \
     "${refs[@]}"
 for prog in dev/cuda/*.cu; do
     name=$(basename "$prog" .cu)
@@ -90,6 +94,16 @@ for train in expert all; do
     # the scaling model (README) from this GPU's measured step
     stage "scaling_model_$train" "$PYTHON" dev/scaling_model.py --from-log "$OUTDIR/bench_train_vla_$train.log"
 done
+
+# issue 14's recomputation: --train all of the smolvla preset at batch B with each level, the
+# memory it actually holds and the step time it costs (the README's figures are computed ones)
+for level in attn layer; do
+    rm -rf "build/gpu_check_all_$level"
+    stage "bench_recompute_$level" ./train_vla -p smolvla --train all -b "$B" -n "$STEPS" -u 10 -i "$BENCH_DATA" \
+        -o "build/gpu_check_all_$level" -k 0 --keep 1 --log-every 10 --recompute "$level"
+done
+# and task-balanced sampling on the shipped data (10 tasks): the run and its per-task losses
+stage balance_default ./train_vla -b 32 -n 50 -u 10 -l 1e-3 --log-every 10 --balance tasks -o build/gpu_check_balance
 
 # issue 13's inference benchmark: one action chunk of the smolvla preset (random weights; the
 # checkpoint is written once under build/bench) at batch 1 from raw observations (2 cameras of
@@ -163,6 +177,21 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
         echo "train_vla at world size 1 through NCCL: $(sed -n 's/^communication: //p' "$log" 2>/dev/null)"
     done
     echo "(vs ours: their samples/s over train_vla's; below 1 means train_vla is faster)"
+
+    # recomputation: --train all at batch B, none (the benchmark above) against attn and layer
+    echo
+    echo "--recompute, --train all, batch $B: step time and memory held (peak GPU memory of the run)"
+    row "level" "ms/step" "samples/s" "vs none" "" "memory GiB"
+    row "----" "---" "---" "---" "" "---"
+    read -r none_ms none_sps <<< "$(awk '/^mean step time/ {print $4, $11}' "$OUTDIR/bench_train_vla_all.log" 2>/dev/null)"
+    for level in none attn layer; do
+        log=$OUTDIR/bench_recompute_$level.log
+        [ "$level" = none ] && log=$OUTDIR/bench_train_vla_all.log
+        read -r ms sps <<< "$(awk '/^mean step time/ {print $4, $11}' "$log" 2>/dev/null)"
+        mem=$(sed -n 's/.*peak GPU memory \([0-9.]*\) GiB.*/\1/p' "$log" 2>/dev/null)
+        slow=$(awk -v a="${none_sps:-0}" -v b="${sps:-0}" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2fx", b / a; else printf "?" }')
+        row "$level" "${ms:-?}" "${sps:-?}" "$slow" "" "${mem:-?}"
+    done
 
     # inference: ms per chunk of each, the ratio to train_vla's (CUDA graph)
     jget() { "$PYTHON" -c "import json,sys; r=json.load(open(sys.argv[1])); v=eval(sys.argv[2]); print('?' if v is None else (f'{v:.2f}' if isinstance(v, float) else v))" "$1" "$2" 2>/dev/null || echo '?'; }
