@@ -2330,8 +2330,9 @@ static void gqa_attention_backward1(floatX* dq, float* dk0, float* dv0, float* d
 // fp16 builds run on sm_70 and sm_75, whose blocks get at most 96 and 64 KiB of shared memory:
 // where version 2's tiles do not fit (a T4 at head size 64: 65 KiB forward, 80 KiB backward;
 // a V100 at 128), attention runs version 1 (no tensor cores; the products around it keep them).
-// The limit is read once per GPU (each rank's thread drives one).
-static bool attention_tiles_fit(size_t smem) {
+// Whether the forward's or the backward's tiles at head size HS fit; the limit is read once per GPU
+// (each rank's thread drives one).
+static bool attention_tiles_fit(int HS, int backward) {
     static thread_local size_t limit = 0;
     if (limit == 0) {
         int device;
@@ -2339,6 +2340,13 @@ static bool attention_tiles_fit(size_t smem) {
         cudaCheck(cudaGetDevice(&device));
         cudaCheck(cudaGetDeviceProperties(&prop, device));
         limit = prop.sharedMemPerBlockOptin;
+    }
+    size_t smem;
+    switch (padded_head_dim(HS)) {
+        case 16: smem = backward ? gqa_attention_backward_smem2<16>() : gqa_attention_forward_smem2<16>(); break;
+        case 32: smem = backward ? gqa_attention_backward_smem2<32>() : gqa_attention_forward_smem2<32>(); break;
+        case 64: smem = backward ? gqa_attention_backward_smem2<64>() : gqa_attention_forward_smem2<64>(); break;
+        default: smem = backward ? gqa_attention_backward_smem2<128>() : gqa_attention_forward_smem2<128>(); break;
     }
     return smem <= limit;
 }
@@ -2382,10 +2390,7 @@ static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, cons
     gqa_attention_forward1(out, lse, q, a, BLOCK);
 #else
 #if defined(ENABLE_FP16)
-    if (!attention_tiles_fit(padded_head_dim(a.HS) == 16 ? gqa_attention_forward_smem2<16>()
-                             : padded_head_dim(a.HS) == 32 ? gqa_attention_forward_smem2<32>()
-                             : padded_head_dim(a.HS) == 64 ? gqa_attention_forward_smem2<64>()
-                                                           : gqa_attention_forward_smem2<128>())) {
+    if (!attention_tiles_fit(a.HS, 0)) {
         gqa_attention_forward1(out, lse, q, a, BLOCK);
         return;
     }
@@ -2411,10 +2416,7 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
     gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, BLOCK);
 #else
 #if defined(ENABLE_FP16)
-    if (!attention_tiles_fit(padded_head_dim(a.HS) == 16 ? gqa_attention_backward_smem2<16>()
-                             : padded_head_dim(a.HS) == 32 ? gqa_attention_backward_smem2<32>()
-                             : padded_head_dim(a.HS) == 64 ? gqa_attention_backward_smem2<64>()
-                                                           : gqa_attention_backward_smem2<128>())) {
+    if (!attention_tiles_fit(a.HS, 1)) {
         gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, BLOCK);
         return;
     }
