@@ -174,8 +174,8 @@ CONFIG_FIELDS = [f.name for f in dataclasses.fields(SmolVLAConfig)]
 # n_cam, state_dim and action_dim are replaced by the dataset's
 PRESETS = {  # cam S A img p Cv Cv_ff Lv NHv s vocab pad text C C_ff L NH NKV HS Ce Ce_ff n H Smax Amax theta
     "tiny": SmolVLAConfig(1, 4, 4, 32, 8, 32, 64, 1, 2, 2, 256, 0, 16, 48, 96, 2, 4, 2, 12, 36, 256, 2, 8, 32, 32, 10000),
-    "small": SmolVLAConfig(2, 4, 4, 64, 8, 128, 256, 2, 4, 2, 256, 0, 48, 256, 640, 6, 4, 2, 64, 192, 512, 2, 16, 32,
-                           32, 10000),
+    "small": SmolVLAConfig(2, 4, 4, 64, 8, 48, 96, 1, 2, 2, 256, 0, 48, 64, 192, 2, 4, 2, 16, 48, 256, 2, 8, 32, 32,
+                           10000),
     "smolvla": SmolVLAConfig(2, 32, 32, 512, 16, 768, 3072, 12, 12, 4, 49280, 2, 48, 960, 2560, 16, 15, 5, 64, 720,
                              2048, 2, 50, 32, 32, 10000),
 }

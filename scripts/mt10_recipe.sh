@@ -3,14 +3,15 @@
 #   1. data: 50 expert demonstrations per MT10 task (data/metaworld_gen.py, one 64 px corner camera),
 #      or the shards (or an .xz of one shard) given in DATA;
 #   2. training: train_vla on a GPU (default: the small preset, everything training: --train all,
-#      issue 12's acceptance run), or train_vla_cpu (TRAINER=cpu);
+#      issue 12's acceptance run), or train_vla_cpu (TRAINER=cpu: the same run on the CPU, about an
+#      hour on 2 cores);
 #   3. evaluation: the final checkpoint on all 10 tasks, EPISODES per task, on layouts from
 #      EVAL_SEED (never used in training), and the expert and random baselines on the same layouts;
 #   4. figures: curves.png (scripts/plot_log.py), results.md (the tables, device, commit, times).
 #
 #   scripts/mt10_recipe.sh                        # on a GPU machine: generate, train, evaluate, plot
 #   OUT=build/mt10_gpu DATA=build/mt10/data scripts/mt10_recipe.sh          # reuse generated shards
-#   TRAINER=cpu PRESET=tiny MAX_TEXT=24 BATCH=64 STEPS=30000 LR=1e-3 scripts/mt10_recipe.sh   # the CPU run
+#   TRAINER=cpu OUT=build/mt10_small scripts/mt10_recipe.sh   # the README's run, on the CPU
 #   PRESET=smolvla TRAIN=expert IMG=224 scripts/mt10_recipe.sh    # SmolVLA's sizes, the expert fine-tuned
 #
 # Every stage is skipped when its output is already there (the shards, the final checkpoint,
@@ -28,10 +29,10 @@ IMG=${IMG:-64}                           # camera side in pixels, generated and 
                                          # resizes it to its input; at 64, reach's goal is a dot of 1-2 pixels)
 PRESET=${PRESET:-small}                  # model size: tiny, small or smolvla (README: presets)
 TRAIN=${TRAIN:-all}                      # what trains: expert, vlm or all (train_vla --train)
-MAX_TEXT=${MAX_TEXT:-0}                  # instruction bytes the model reads, 0: the preset's (MT10 needs 18 or more)
+MAX_TEXT=${MAX_TEXT:-24}                 # instruction bytes the model reads, 0: the preset's (MT10 needs 18 or more)
 BATCH=${BATCH:-64}                       # samples per step
 STEPS=${STEPS:-20000}                    # optimizer steps
-LR=${LR:-3e-4}                           # peak learning rate
+LR=${LR:-1e-3}                           # peak learning rate
 WARMUP=${WARMUP:-500}                    # warmup steps
 AUGMENT=${AUGMENT:-0}                    # random image shift in pixels
 SEED=${SEED:-1337}                       # training seed
