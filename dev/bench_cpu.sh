@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PRESET=${PRESET:-small}
 MODE=${MODE:-all}
 B=${B:-8}
-STEPS=${STEPS:-6}
+STEPS=${STEPS:-20}
 THREADS=${THREADS:-2}
 DATA=${DATA:-data/default}
 PYTHON=${PYTHON:-/usr/bin/python3}
