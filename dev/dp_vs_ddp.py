@@ -7,7 +7,7 @@ dev/dp_vs_ddp.md explains the two schemes and the model's assumptions.
 
     python3 dev/dp_vs_ddp.py                                  # the modelled tables (smolvla, expert and all)
     python3 dev/dp_vs_ddp.py -b 32 --step-ms expert=42 --step-ms all=120     # from one-GPU step times you have
-    python3 dev/dp_vs_ddp.py --from-log build/gpu_check/bench_train_vla_expert.log   # from a train_vla run
+    python3 dev/dp_vs_ddp.py --from-log build/gpu_check/logs/bench_train_vla_expert.log   # from a train_vla run
     python3 dev/dp_vs_ddp.py --measure -b 8                   # torch DP vs torch DDP (and ./train_vla) on the GPUs
 
 The model (every number a bandwidth or a latency is an assumption, printed with the tables):

@@ -15,9 +15,25 @@
 #
 #   dev/gpu_check.sh [OUTDIR]        (default: $OUT if set, else build/gpu_check)
 #   B=32 STEPS=30 CHUNKS=50 PYTHON=python3 dev/gpu_check.sh
+#   BUDGET=540 dev/gpu_check.sh      # seconds it may take (default 540, for a 600 s call)
+#   STAGES='^(build_bench|bench_|lerobot_)' dev/gpu_check.sh    # only the stages whose names match
+#
+# The stages run in the order of what matters most when time is short: the builds the benchmarks
+# need, issue 12's benchmark (train_vla, LeRobot's own step, torch.compile), issue 13's inference
+# benchmark, then the test builds, the GPU tests, the dev/cuda programs and the shorter checks. A
+# stage that would start with less than 10 s of BUDGET left is skipped, and the one running when
+# BUDGET is spent is stopped (timeout); both are listed as such in the summary, and the tables are
+# printed from what ran. On the device machine of this workplace (a 600 s limit a call, 15 min a
+# session), carry `.whl` (dev/lerobot/wheels.sh) and `build/lerobot_ref` (LeRobot's references,
+# made here by `make setup && make build/lerobot_ref/all/ref.safetensors`, 12 MB: the GPU machine
+# has no LeRobot venv to make them) and run
+#   OUT=$OUT dev/gpu_check.sh
+# Only a few files come back from $OUT there, so the logs and JSON files are written to
+# build/gpu_check/logs and bundled into OUTDIR/logs.tar.gz after every stage; OUTDIR also gets
+# device.txt, summary.txt and table.txt.
 #
 # PYTHON must import torch with CUDA (the oracle). A failing stage is reported and the others
-# still run; the exit status is non-zero if any failed.
+# still run; the exit status is non-zero if any failed or was stopped.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUTDIR=${1:-${OUT:-build/gpu_check}}
@@ -26,27 +42,55 @@ B=${B:-32}
 STEPS=${STEPS:-30}
 CHUNKS=${CHUNKS:-50}  # timed action chunks of the inference benchmark
 JOBS=${JOBS:-$(nproc)}
+BUDGET=${BUDGET:-540}
+STAGES=${STAGES:-.}
+RESERVE=15  # seconds kept for the tables after the last stage
 BENCH_DATA=build/bench/smolvla.bin  # 2 cameras at 224 px, state 6, action 5 (the Makefile's rule)
-mkdir -p "$OUTDIR"
+if ! [[ "$BUDGET" =~ ^[0-9]+$ ]] || [ "$BUDGET" -le "$RESERVE" ]; then
+    echo "error: BUDGET=$BUDGET: expected the seconds this script may take, more than $RESERVE (e.g. BUDGET=540)"
+    exit 2
+fi
+LOGS=build/gpu_check/logs
+mkdir -p "$OUTDIR" "$LOGS"
 summary=()
 failed=0
 
-# stage NAME COMMAND...: runs it with its output in $OUTDIR/NAME.log, prints the tail
+# the logs, bundled into OUTDIR (when OUTDIR is not the folder that holds them)
+bundle() {
+    [ "$(cd "$OUTDIR" && pwd)" = "$(cd build/gpu_check && pwd)" ] && return 0
+    tar -czf "$OUTDIR/logs.tar.gz.tmp" -C build/gpu_check logs && mv "$OUTDIR/logs.tar.gz.tmp" "$OUTDIR/logs.tar.gz"
+    printf '%s\n' "${summary[@]}" > "$OUTDIR/summary.txt"
+}
+
+# stage NAME COMMAND...: runs it (if NAME matches STAGES and BUDGET allows) with its output in
+# $LOGS/NAME.log, prints the tail; returns non-zero if it failed, was stopped or did not run
 stage() {
     local name=$1
     shift
+    [[ "$name" =~ $STAGES ]] || return 1
+    local left=$((BUDGET - RESERVE - SECONDS))
+    if [ "$left" -lt 10 ]; then
+        summary+=("$(printf '%-26s skipped: BUDGET (%d s) spent' "$name" "$BUDGET")")
+        failed=1
+        return 1
+    fi
     echo
     echo "######## $name: $*"
     local t0=$SECONDS
-    "$@" > "$OUTDIR/$name.log" 2>&1
+    timeout -k 10 "$left" "$@" > "$LOGS/$name.log" 2>&1
     local rc=$?
-    tail -n 8 "$OUTDIR/$name.log"
+    tail -n 8 "$LOGS/$name.log"
     if [ $rc -eq 0 ]; then
-        summary+=("$(printf '%-22s ok (%ds)' "$name" $((SECONDS - t0)))")
+        summary+=("$(printf '%-26s ok (%ds)' "$name" $((SECONDS - t0)))")
+    elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        summary+=("$(printf '%-26s STOPPED after %ds: BUDGET (%d s) spent; see %s.log' "$name" $((SECONDS - t0)) "$BUDGET" \
+            "$name")")
+        failed=1
     else
-        summary+=("$(printf '%-22s FAILED, exit %d: see %s.log' "$name" $rc "$name")")
+        summary+=("$(printf '%-26s FAILED, exit %d (%ds): see %s.log' "$name" $rc $((SECONDS - t0)) "$name")")
         failed=1
     fi
+    bundle
     return $rc
 }
 
@@ -55,20 +99,92 @@ stage() {
     nvcc --version | tail -n 2
     "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
     echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+    echo "settings: B=$B STEPS=$STEPS CHUNKS=$CHUNKS BUDGET=$BUDGET STAGES=$STAGES JOBS=$JOBS"
 } 2>&1 | tee "$OUTDIR/device.txt"
 
+# the shipped data, unpacked with Python's lzma where there is no xz
+if [ ! -f data/default/metaworld_mt10_000.bin ] && ! command -v xz > /dev/null; then
+    mkdir -p data/default
+    "$PYTHON" -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+        data/metaworld_mt10.bin.xz data/default/metaworld_mt10_000.bin
+fi
+
+# 1. what the benchmarks need
+stage build_bench make -j"$JOBS" PYTHON="$PYTHON" train_vla libvla_gpu.so data/synthetic "$BENCH_DATA"
+
+# 2. issue 12's benchmark: the smolvla preset (random weights) on $BENCH_DATA, batch B, bf16, per
+# train mode: train_vla (world size 1 through NCCL), LeRobot's own step with its defaults (fp32)
+# and with bf16 mixed precision, the oracle under torch.compile with bf16 autocast
+for train in expert all; do
+    rm -rf "build/gpu_check_$train"
+    stage "bench_train_vla_$train" ./train_vla -p smolvla --train "$train" -b "$B" -n "$STEPS" -u 10 -i "$BENCH_DATA" \
+        -o "build/gpu_check_$train" -k 0 --keep 1 --log-every 10
+done
+# LeRobot's own SmolVLA training step and inference on this GPU at the released sizes (random
+# weights): the peers of the comparisons. lerobot and its pure-Python dependencies travel as wheels
+# (dev/lerobot/wheels.sh, carried as .whl); without them these stages are skipped.
+have_lerobot=0
+if [ -d .whl ] && ls .whl/lerobot-*.whl > /dev/null 2>&1; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lerobot_site \
+        .whl/*.whl && export PYTHONPATH=/tmp/lerobot_site${PYTHONPATH:+:$PYTHONPATH} && have_lerobot=1
+fi
+if [ $have_lerobot = 1 ]; then
+    for train in expert all; do
+        for amp in bf16 none; do
+            stage "lerobot_${train}_${amp}" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --train "$train" \
+                --amp "$amp" --batch "$B" --steps "$STEPS" --warmup 5 --device cuda --json "$LOGS/lerobot_${train}_${amp}.json"
+        done
+    done
+else
+    summary+=("$(printf '%-26s skipped: no .whl/lerobot-*.whl (run dev/lerobot/wheels.sh here, carry .whl)' lerobot)")
+fi
+for train in expert all; do
+    stage "bench_torch_compile_$train" "$PYTHON" dev/model.py -i "$BENCH_DATA" -p smolvla --train-mode "$train" -b "$B" \
+        --bench "$STEPS" --device cuda --amp bf16 --compile
+    # the scaling model (README) from this GPU's measured step
+    [ -f "$LOGS/bench_train_vla_$train.log" ] &&
+        stage "scaling_model_$train" "$PYTHON" dev/scaling_model.py --from-log "$LOGS/bench_train_vla_$train.log"
+done
+
+# 3. issue 13's inference benchmark: one action chunk of the smolvla preset (random weights; the
+# checkpoint is written once under build/bench) at batch 1 from raw observations (2 cameras of
+# 224 px resized to 512 on the device, an instruction, the state), the prefix once and 10 Euler
+# steps, through libvla_gpu.so (bf16): the steps replayed as a CUDA graph, and launched one by one;
+# then LeRobot's batch-1 chunks as lerobot_eval.py asks for them: its defaults (fp32), and under
+# bf16 autocast
+stage bench_infer "$PYTHON" dev/bench_infer.py --preset smolvla --chunks "$CHUNKS" --warmup 5 --graphs both \
+    --json "$LOGS/bench_infer.json"
+if [ $have_lerobot = 1 ]; then
+    for amp in none bf16; do
+        stage "lerobot_infer_${amp}" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --infer --infer-batch 1 \
+            --amp "$amp" --steps "$CHUNKS" --warmup 5 --device cuda --json "$LOGS/lerobot_infer_${amp}.json"
+    done
+fi
+
+# 4. the GPU tests (fp32 and bf16 against LeRobot's references and the oracle, world sizes, ZeRO-1,
+# resume, checkpoints across trainers; fp16's oracle case and loss scaling) and the dev/cuda programs
 fixtures=(build/test/a.bin build/test/b.bin build/test/s.bin build/test/a_train.txt build/test/s_expert_state.bin
           build/test/s_vlm_state.bin build/test/s_all_state.bin)
-stage build make -j"$JOBS" PYTHON="$PYTHON" train_vla train_vla_cpu libvla_gpu.so data/synthetic build/gpu/train_vla_bf16 \
-    build/gpu/train_vla_fp32 build/gpu/train_vla_single_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32 \
-    build/gpu/train_vla_fp16 build/gpu/test_vla_gpu_fp16 dev_cuda "${fixtures[@]}" "$BENCH_DATA"
-# LeRobot's references need its venv (make setup); without them the tests say what they skip
+stage build_tests make -j"$JOBS" PYTHON="$PYTHON" train_vla_cpu build/gpu/train_vla_bf16 build/gpu/train_vla_fp32 \
+    build/gpu/train_vla_single_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32 build/gpu/train_vla_fp16 \
+    build/gpu/test_vla_gpu_fp16 dev_cuda "${fixtures[@]}"
+# LeRobot's references: carried (build/lerobot_ref), else made here if LeRobot's venv is (make
+# setup); without them the tests say what they skip
 refs=()
-if make build/lerobot_ref/all/ref.safetensors > "$OUTDIR/lerobot_ref.log" 2>&1; then refs=(--smolvla build/lerobot_ref); fi
-
-stage test_gpu_fp32 build/gpu/test_vla_gpu_fp32 build/test build/gpu/train_vla_fp32 "${refs[@]}"
+ref_cases_present() {
+    local c
+    for c in expert vlm all; do
+        [ -f "build/lerobot_ref/$c/ref.safetensors" ] && [ -f "build/lerobot_ref/$c/c_config.txt" ] || return 1
+    done
+}
+if ref_cases_present || make build/lerobot_ref/all/ref.safetensors > "$LOGS/lerobot_ref.log" 2>&1; then
+    refs=(--smolvla build/lerobot_ref)
+else
+    summary+=("$(printf '%-26s missing: the GPU tests skip the LeRobot cases (carry build/lerobot_ref)' lerobot_ref)")
+fi
 stage test_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/test build/gpu/train_vla_bf16 build/gpu/train_vla_single_gpu_bf16 \
     "${refs[@]}"
+stage test_gpu_fp32 build/gpu/test_vla_gpu_fp32 build/test build/gpu/train_vla_fp32 "${refs[@]}"
 # fp16 (issue 14): its oracle case and the loss scaling on this GPU (fp16 tensor cores exist on sm_90 too)
 stage test_gpu_fp16 env VLA_GPU_TESTS=oracle:all,fp16 build/gpu/test_vla_gpu_fp16 build/test build/gpu/train_vla_fp16 \
     "${refs[@]}"
@@ -77,23 +193,10 @@ for prog in dev/cuda/*.cu; do
     stage "cuda_$name" "dev/cuda/$name"
 done
 
-# a short run on the shipped data (small preset): the loss must fall
+# 5. a short run on the shipped data (small preset): the loss must fall; the launch scripts on this
+# GPU (the template at 1 GPU, the resume loop's give-up path)
 stage train_default ./train_vla -b 32 -n 300 -u 30 -l 1e-3 --log-every 50 -o build/gpu_check_run
-# the launch scripts on this GPU (the template at 1 GPU, the resume loop's give-up path)
 stage launchers env GPU_TESTS=build/gpu scripts/test_launchers.sh
-
-# issue 12's benchmark: the smolvla preset (random weights) on $BENCH_DATA, batch B, bf16, per
-# train mode: train_vla (world size 1 through NCCL), the oracle under torch.compile with bf16
-# autocast, LeRobot's own step with its defaults (fp32) and with bf16 mixed precision
-for train in expert all; do
-    rm -rf "build/gpu_check_$train"
-    stage "bench_train_vla_$train" ./train_vla -p smolvla --train "$train" -b "$B" -n "$STEPS" -u 10 -i "$BENCH_DATA" \
-        -o "build/gpu_check_$train" -k 0 --keep 1 --log-every 10
-    stage "bench_torch_compile_$train" "$PYTHON" dev/model.py -i "$BENCH_DATA" -p smolvla --train-mode "$train" -b "$B" \
-        --bench "$STEPS" --device cuda --amp bf16 --compile
-    # the scaling model (README) from this GPU's measured step
-    stage "scaling_model_$train" "$PYTHON" dev/scaling_model.py --from-log "$OUTDIR/bench_train_vla_$train.log"
-done
 
 # issue 14's recomputation: --train all of the smolvla preset at batch B with each level, the
 # memory it actually holds and the step time it costs (the README's figures are computed ones)
@@ -104,34 +207,6 @@ for level in attn layer; do
 done
 # and task-balanced sampling on the shipped data (10 tasks): the run and its per-task losses
 stage balance_default ./train_vla -b 32 -n 50 -u 10 -l 1e-3 --log-every 10 --balance tasks -o build/gpu_check_balance
-
-# issue 13's inference benchmark: one action chunk of the smolvla preset (random weights; the
-# checkpoint is written once under build/bench) at batch 1 from raw observations (2 cameras of
-# 224 px resized to 512 on the device, an instruction, the state), the prefix once and 10 Euler
-# steps, through libvla_gpu.so (bf16): the steps replayed as a CUDA graph, and launched one by one
-stage bench_infer "$PYTHON" dev/bench_infer.py --preset smolvla --chunks "$CHUNKS" --warmup 5 --graphs both \
-    --json "$OUTDIR/bench_infer.json"
-
-# LeRobot's own SmolVLA training step and inference on this GPU at the released sizes (random
-# weights): the peers of the comparisons. lerobot and its pure-Python dependencies travel as wheels
-# (dev/lerobot/wheels.sh, carried as .whl); without them these stages are skipped.
-if [ -d .whl ] && ls .whl/lerobot-*.whl > /dev/null 2>&1; then
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lerobot_site \
-        .whl/*.whl && export PYTHONPATH=/tmp/lerobot_site${PYTHONPATH:+:$PYTHONPATH}
-    for train in expert all; do
-        for amp in none bf16; do
-            stage "lerobot_${train}_${amp}" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --train "$train" \
-                --amp "$amp" --batch "$B" --steps "$STEPS" --warmup 5 --device cuda --json "$OUTDIR/lerobot_${train}_${amp}.json"
-        done
-    done
-    # batch-1 chunks as lerobot_eval.py asks for them: its defaults (fp32), and under bf16 autocast
-    for amp in none bf16; do
-        stage "lerobot_infer_${amp}" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --infer --infer-batch 1 \
-            --amp "$amp" --steps "$CHUNKS" --warmup 5 --device cuda --json "$OUTDIR/lerobot_infer_${amp}.json"
-    done
-else
-    summary+=("$(printf '%-22s skipped: no .whl/lerobot-*.whl (run dev/lerobot/wheels.sh here, carry .whl)' lerobot)")
-fi
 
 echo
 echo "######## summary"
@@ -146,7 +221,7 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
     echo "smolvla preset, batch $B, 2 cameras at 224 px resized to 512, $STEPS timed steps"
     echo "device: $(head -n 2 "$OUTDIR/device.txt" | tail -n 1)"
     for train in expert all; do
-        log=$OUTDIR/bench_train_vla_$train.log
+        log=$LOGS/bench_train_vla_$train.log
         gflop=$(awk -F'|' '/model GFLOP per sample/ {gsub(/ /, "", $3); print $3}' "$log" 2>/dev/null)
         peak=$(awk -F'|' '/peak bf16 TFLOP\/s/ {gsub(/ /, "", $3); print $3}' "$log" 2>/dev/null)
         ours=$(awk '/^mean step time/ {print $4, $11}' "$log" 2>/dev/null)      # ms, samples/s
@@ -159,13 +234,13 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
         row "----" "---" "---" "---" "---" "---"
         read -r ms sps <<< "${ours:-? ?}"
         row "train_vla (bf16)" "$ms" "$sps" "1.00x" "$(mfu "$sps")" "${ours_mem:-?}"
-        f=$OUTDIR/bench_torch_compile_$train.log
+        f=$LOGS/bench_torch_compile_$train.log
         tms=$(awk '/^ms_per_step/ {print $2}' "$f" 2>/dev/null)
         tsps=$(awk '/^samples_per_s/ {print $2}' "$f" 2>/dev/null)
         tmem=$(awk '/^peak_mem_gib/ {print $2}' "$f" 2>/dev/null)
         row "dev/model.py, torch.compile, bf16" "${tms:-?}" "${tsps:-?}" "$(ratio "$tsps")" "$(mfu "$tsps")" "${tmem:-?}"
         for amp in none bf16; do
-            j=$OUTDIR/lerobot_${train}_${amp}.json
+            j=$LOGS/lerobot_${train}_${amp}.json
             lms=$(json_field "$j" ms_per_step)
             lsps=$(json_field "$j" samples_per_s)
             lmem=$(json_field "$j" peak_memory_bytes)
@@ -183,10 +258,10 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
     echo "--recompute, --train all, batch $B: step time and memory held (peak GPU memory of the run)"
     row "level" "ms/step" "samples/s" "vs none" "" "memory GiB"
     row "----" "---" "---" "---" "" "---"
-    read -r none_ms none_sps <<< "$(awk '/^mean step time/ {print $4, $11}' "$OUTDIR/bench_train_vla_all.log" 2>/dev/null)"
+    read -r _ none_sps <<< "$(awk '/^mean step time/ {print $4, $11}' "$LOGS/bench_train_vla_all.log" 2>/dev/null)"
     for level in none attn layer; do
-        log=$OUTDIR/bench_recompute_$level.log
-        [ "$level" = none ] && log=$OUTDIR/bench_train_vla_all.log
+        log=$LOGS/bench_recompute_$level.log
+        [ "$level" = none ] && log=$LOGS/bench_train_vla_all.log
         read -r ms sps <<< "$(awk '/^mean step time/ {print $4, $11}' "$log" 2>/dev/null)"
         mem=$(sed -n 's/.*peak GPU memory \([0-9.]*\) GiB.*/\1/p' "$log" 2>/dev/null)
         slow=$(awk -v a="${none_sps:-0}" -v b="${sps:-0}" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2fx", b / a; else printf "?" }')
@@ -196,7 +271,7 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
     # inference: ms per chunk of each, the ratio to train_vla's (CUDA graph)
     jget() { "$PYTHON" -c "import json,sys; r=json.load(open(sys.argv[1])); v=eval(sys.argv[2]); print('?' if v is None else (f'{v:.2f}' if isinstance(v, float) else v))" "$1" "$2" 2>/dev/null || echo '?'; }
     irow() { printf '| %-64s | %8s | %7s | %7s | %-30s |\n' "$@"; }
-    ours_json=$OUTDIR/bench_infer.json
+    ours_json=$LOGS/bench_infer.json
     ours_ms=$(jget "$ours_json" 'r["runs"]["graphs"]["ms_per_chunk_median"]')
     vs() { awk -v a="$ours_ms" -v b="$1" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2fx", b / a; else printf "?" }'; }
     echo
@@ -212,7 +287,7 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
             "$(vs "$ms")" "$split"
     done
     for amp in none bf16; do
-        j=$OUTDIR/lerobot_infer_${amp}.json
+        j=$LOGS/lerobot_infer_${amp}.json
         if [ "$amp" = none ]; then what="defaults, fp32"; else what="bf16 autocast"; fi
         sel=$(jget "$j" 'r["infer"]["ms_select_action_with_processors_median"]')
         pred=$(jget "$j" 'r["infer"]["ms_per_chunk_median"]')
@@ -224,4 +299,5 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
     verdict=$(awk -v a="$ours_ms" 'BEGIN { if (a+0 <= 0) print "not measured"; else if (a <= 15) print "met"; else print "NOT met" }')
     echo "issue 13's target, at most 15 ms per chunk on an H100: $verdict (${ours_ms} ms on $(head -n 2 "$OUTDIR/device.txt" | tail -n 1 | cut -d, -f1))"
 } | tee "$OUTDIR/table.txt"
+bundle
 exit $failed
