@@ -787,7 +787,8 @@ def flow_matching_loss(cfg, v_t, u_t, action_is_pad):
     err = (u_t - v_t)[:, :, :cfg.action_dim] ** 2
     in_episode = (~action_is_pad.bool()).to(err.dtype)
     err = err * in_episode[:, :, None]
-    n_valid = max(int((~action_is_pad.bool()).sum()) * cfg.action_dim, 1)
+    # (the count stays a tensor, an exact int64: a Python int would break torch.compile's graph here)
+    n_valid = ((~action_is_pad.bool()).sum() * cfg.action_dim).clamp(min=1)
     return err.sum() / n_valid
 
 
