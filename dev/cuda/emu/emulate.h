@@ -20,7 +20,9 @@ It also checks what a GPU reports less plainly, and stops with one line when it 
   guard page),
 - reads of memory nothing wrote: cudaMalloc (up to 16 MB; larger buffers read as zero) and
   dynamic shared memory are filled with 0xFF bytes, a NaN in fp32, bf16 and fp16,
-- cudaMemcpy directions that do not match where the pointers live, blocks over 1024 threads.
+- cudaMemcpy directions that do not match where the pointers live, blocks over 1024 threads,
+- a launch with over 48 KiB of dynamic shared memory that cudaFuncSetAttribute did not allow on
+  that device (cudaFuncAttributeMaxDynamicSharedMemorySize).
 What it cannot show: races between threads (fibers run one at a time), performance.
 
 Streams are synchronous: work runs when it is issued, in issue order. CUDA graphs are emulated by
@@ -965,10 +967,36 @@ static inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEve
     *ms = (float)(1000.0 * (b->t - a->t));
     return cudaSuccess;
 }
+// A kernel may take over 48 KiB of dynamic shared memory only after cudaFuncSetAttribute raised its
+// cudaFuncAttributeMaxDynamicSharedMemorySize on that device, and never more than it was raised to:
+// a GPU refuses such a launch, so the emulation stops at it. Kept per (kernel, device).
+namespace emu {
+struct SmemOptIn { const void* kernel; int device; int bytes; };
+inline std::mutex smem_optin_mutex;
+inline std::vector<SmemOptIn> smem_optins;
+inline int smem_optin(const void* kernel, int device) {
+    std::lock_guard<std::mutex> lock(smem_optin_mutex);
+    for (const SmemOptIn& o : smem_optins) {
+        if (o.kernel == kernel && o.device == device) { return o.bytes; }
+    }
+    return -1;
+}
+}  // namespace emu
 template <typename K>
 static inline cudaError_t cudaFuncSetAttribute(K kernel, cudaFuncAttribute attr, int value) {
-    (void)kernel; (void)attr;
-    return value >= 0 && value <= 227 * 1024 ? cudaSuccess : cudaErrorInvalidValue;
+    if (value < 0 || value > 227 * 1024) { return cudaErrorInvalidValue; }
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        const void* k = (const void*)kernel;
+        std::lock_guard<std::mutex> lock(emu::smem_optin_mutex);
+        for (emu::SmemOptIn& o : emu::smem_optins) {
+            if (o.kernel == k && o.device == emu_current_device) {
+                o.bytes = value;
+                return cudaSuccess;
+            }
+        }
+        emu::smem_optins.push_back(emu::SmemOptIn{k, emu_current_device, value});
+    }
+    return cudaSuccess;
 }
 
 // ---- CUDA graphs by stream capture: every mode captures the calling thread's work on the stream
@@ -1028,6 +1056,15 @@ struct EmuLaunch {
         void (*k)(P...) = kernel;
         dim3 g = grid, b = block;
         size_t sm = smem;
+        if (sm > 48 * 1024) {
+            int optin = emu::smem_optin((const void*)k, emu_current_device);
+            if (optin < 0 || sm > (size_t)optin) {
+                emu::fail("invalid launch: %zu bytes of dynamic shared memory, over 48 KiB, need "
+                          "cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, %zu) on device %d "
+                          "first (%s)", sm, sm, emu_current_device,
+                          optin < 0 ? "it was never set there" : "it was set lower");
+            }
+        }
         emu::submit(stream, "a kernel launch", [k, g, b, sm, args]() {
             auto body = [&]() { std::apply(k, args); };
             emu::run_grid(g, b, sm, body);

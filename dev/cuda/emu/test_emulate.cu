@@ -178,6 +178,18 @@ static void bad_block(void) {
     cudaMalloc(&d, 4);
     write_kernel<<<1, 2048>>>(d, 0);
 }
+// over 48 KiB of dynamic shared memory: never allowed for write_kernel, allowed up to 64 KiB for
+// reverse_kernel (main does that before these run)
+static void bad_smem_never_set(void) {
+    float* d;
+    cudaMalloc(&d, 4);
+    write_kernel<<<1, 1, 49 * 1024>>>(d, 0);
+}
+static void bad_smem_set_lower(void) {
+    int* d;
+    cudaMalloc(&d, 64 * sizeof(int));
+    reverse_kernel<<<1, 64, 96 * 1024>>>(d, d);
+}
 static void bad_capture_copy(void) {
     float* d;
     float h[4] = {0};
@@ -549,6 +561,14 @@ int main(void) {
         int ok = 1;
         for (int b = 0; b < 4; b++) { for (int t = 0; t < 64; t++) { ok &= out[b * 64 + t] == h[b * 64 + 63 - t]; } }
         check(ok, "dynamic shared memory (extern __shared__)");
+        // over 48 KiB once cudaFuncSetAttribute allows it (as on a GPU)
+        cudaCheck(cudaFuncSetAttribute(reverse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+        cudaCheck(cudaMemset(d_out, 0, sizeof(out)));
+        reverse_kernel<<<4, 64, 64 * 1024>>>(d_out, d_in);
+        cudaCheck(cudaMemcpy(out, d_out, sizeof(out), cudaMemcpyDeviceToHost));
+        ok = 1;
+        for (int b = 0; b < 4; b++) { for (int t = 0; t < 64; t++) { ok &= out[b * 64 + t] == h[b * 64 + 63 - t]; } }
+        check(ok, "64 KiB of dynamic shared memory after cudaFuncSetAttribute raised the kernel's limit to it");
         int* d_xy;
         cudaCheck(cudaMalloc(&d_xy, 24 * 10 * sizeof(int)));
         coords_kernel<<<dim3(3, 2), dim3(8, 5)>>>(d_xy, 24);
@@ -696,6 +716,8 @@ int main(void) {
     expect_death("kernel writes past an allocation", bad_out_of_bounds, "past the end of a 400-byte device allocation");
     expect_death("cudaMemcpy with the wrong direction", bad_copy_kind, "the destination is device memory");
     expect_death("block of 2048 threads", bad_block, "a block holds 1 to 1024 threads");
+    expect_death("49 KiB of dynamic shared memory, never allowed", bad_smem_never_set, "it was never set there");
+    expect_death("96 KiB of dynamic shared memory, allowed 64", bad_smem_set_lower, "it was set lower");
     expect_death("a synchronous copy while a stream captures", bad_capture_copy, "while stream");
     expect_death("synchronizing the capturing stream", bad_capture_sync, "synchronize after cudaStreamEndCapture");
     test_devices();
