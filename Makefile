@@ -67,6 +67,20 @@ build/gpu/train_vla_single_gpu_bf16: $(GPU_SOURCES)
 	@mkdir -p build/gpu
 	$(NVCC) $(NVCC_FLAGS) train_vla.cu $(NVCC_LDLIBS) -o $@
 
+# ptxas's register counts of train_vla.cu's kernels in each precision, for sm_90 or the GPU found:
+# dev/cuda/check_registers.sh (in make test) asks each kernel over 64 registers for __launch_bounds__
+REGISTER_LOGS = build/gpu/registers_bf16.txt build/gpu/registers_fp32.txt build/gpu/registers_fp16.txt
+build/gpu/registers_bf16.txt: PRECISION_FLAG =
+build/gpu/registers_fp32.txt: PRECISION_FLAG = -DENABLE_FP32
+build/gpu/registers_fp16.txt: PRECISION_FLAG = -DENABLE_FP16
+$(REGISTER_LOGS): build/gpu/registers_%.txt: $(GPU_SOURCES)
+	$(nvcc_check)
+	@mkdir -p build/gpu
+	@$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) --resource-usage -c train_vla.cu -o build/gpu/registers_$*.o > $@.tmp 2>&1 || \
+		{ cat $@.tmp; rm -f $@.tmp build/gpu/registers_$*.o; exit 1; }
+	@rm -f build/gpu/registers_$*.o
+	mv $@.tmp $@
+
 # the policy interface on the GPU (scripts/vla_policy.py, device="cuda"): libvla.so's functions
 libvla_gpu.so: $(GPU_SOURCES)
 	$(nvcc_check)
@@ -252,7 +266,7 @@ $(SMOLVLA_C_CONFIGS): $(LEROBOT_REF)/%/c_config.txt: $(LEROBOT_REF)/all/ref.safe
 # otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries).
 # scripts/test_lerobot_io.py (LeRobot import/export) needs train_vla_cpu, libvla.so, data/synthetic
 # and the LeRobot references
-test: train_vla_cpu test_vla libvla.so data/synthetic train_vla build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so $(GPU_DEV_CUDA) $(GPU_TEST_BINARIES) \
+test: train_vla_cpu test_vla libvla.so data/synthetic train_vla build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so $(GPU_DEV_CUDA) $(GPU_TEST_BINARIES) $(REGISTER_LOGS) \
 		build/sanitize/train_vla_cpu fuzz_build $(TEST_DIR)/a.bin $(TEST_DIR)/b.bin $(TEST_DIR)/s.bin $(TEST_DIR)/a_train.txt $(SMOLVLA_STATES) $(LEROBOT_REF)/all/ref.safetensors $(SMOLVLA_C_CONFIGS) venv_check
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 

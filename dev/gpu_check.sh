@@ -167,7 +167,8 @@ fixtures=(build/test/a.bin build/test/b.bin build/test/s.bin build/test/a_train.
           build/test/s_vlm_state.bin build/test/s_all_state.bin)
 stage build_tests make -j"$JOBS" PYTHON="$PYTHON" train_vla_cpu build/gpu/train_vla_bf16 build/gpu/train_vla_fp32 \
     build/gpu/train_vla_single_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32 build/gpu/train_vla_fp16 \
-    build/gpu/test_vla_gpu_fp16 dev_cuda "${fixtures[@]}"
+    build/gpu/test_vla_gpu_fp16 dev_cuda build/gpu/registers_bf16.txt build/gpu/registers_fp32.txt \
+    build/gpu/registers_fp16.txt "${fixtures[@]}"
 # LeRobot's references: carried (build/lerobot_ref), else made here if LeRobot's venv is (make
 # setup); without them the tests say what they skip
 refs=()
@@ -188,6 +189,8 @@ stage test_gpu_fp32 build/gpu/test_vla_gpu_fp32 build/test build/gpu/train_vla_f
 # fp16 (issue 14): its oracle case and the loss scaling on this GPU (fp16 tensor cores exist on sm_90 too)
 stage test_gpu_fp16 env VLA_GPU_TESTS=oracle:all,fp16 build/gpu/test_vla_gpu_fp16 build/test build/gpu/train_vla_fp16 \
     "${refs[@]}"
+stage cuda_registers dev/cuda/check_registers.sh build/gpu/registers_bf16.txt build/gpu/registers_fp32.txt \
+    build/gpu/registers_fp16.txt
 for prog in dev/cuda/*.cu; do
     name=$(basename "$prog" .cu)
     stage "cuda_$name" "dev/cuda/$name"

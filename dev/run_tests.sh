@@ -103,6 +103,10 @@ add_suite infer_bench env PYTHON="$ORACLE_PY" dev/test_bench_infer.sh
 add_suite inspect "$VENV_PY" data/test_inspect.py
 # the plain LeRobot-faithful oracle of the math (dev/smolvla.py) against those references
 add_suite smolvla_oracle "$ORACLE_PY" dev/test_smolvla.py build/lerobot_ref
+# ptxas's register counts of train_vla.cu's kernels against their __launch_bounds__ (a failure the
+# emulation cannot show: blocks too large for a kernel's registers do not launch on a GPU)
+add_suite cuda_registers dev/cuda/check_registers.sh build/gpu/registers_bf16.txt build/gpu/registers_fp32.txt \
+    build/gpu/registers_fp16.txt
 # the emulation's own tests (without a GPU), then each dev/cuda program's checks
 if [ "$GPU_TESTS" = build/emu ]; then add_suite cuda_emulation build/emu/dev/cuda/emu/test_emulate; fi
 for src in dev/cuda/*.cu; do

@@ -15,6 +15,7 @@ rmsnorm.cu: RMSNorm, forward and backward (input_layernorm and post_attention_la
              backward: one warp per row, so a row needs no block barrier; each lane keeps its
              columns' dw sums in registers and the warps' sums meet in shared memory, added in warp
              order (rmsnorm_backward_kernel2, then column_sum_kernel; C <= 32 * RMSNORM_BWD2_COLS)
+  Both backward versions take blocks of at most RMSNORM_MAX_BLOCK (512) threads (their registers).
 
   make -C dev/cuda rmsnorm && dev/cuda/rmsnorm
 */
@@ -182,8 +183,10 @@ static void check_backward(int N, int C, uint64_t seed) {
     for (int version = 1; version <= 2; version++) {
         for (int bi = version == 1 ? -1 : 0; bi < N_BLOCKS; bi++) {  // -1: the launcher
             int block = bi < 0 ? BLOCK : BLOCKS[bi];
-            // version 1: each thread holds at most RMSNORM_BWD_COLS columns; version 2: each lane
-            // RMSNORM_BWD2_COLS, and the warps' partial sums must fit in shared memory
+            // both: at most RMSNORM_MAX_BLOCK threads (their registers); version 1: each thread holds
+            // at most RMSNORM_BWD_COLS columns; version 2: each lane RMSNORM_BWD2_COLS, and the warps'
+            // partial sums must fit in shared memory
+            if (block > RMSNORM_MAX_BLOCK) { continue; }
             if (version == 1 && C > RMSNORM_BWD_COLS * block) { continue; }
             if (version == 2 && (C > 32 * RMSNORM_BWD2_COLS || (size_t)(block / 32) * C * sizeof(float) > 48 * 1024)) { continue; }
             for (int ri = 0; ri < (bi < 0 ? 1 : 2); ri++) {
@@ -250,7 +253,7 @@ static void benchmark(void) {
     double bwd_bytes = 3.0 * n * sizeof(floatX) + 2.0 * n * sizeof(float) + 2.0 * chunks * C * sizeof(float) +
                        N * sizeof(float) + C * (sizeof(floatX) + 2 * sizeof(float));
     for (int version = 1; version <= 2; version++) {
-        for (int block = 128; block <= 1024; block *= 2) {
+        for (int block = 128; block <= RMSNORM_MAX_BLOCK; block *= 2) {
             if (version == 2 && (size_t)(block / 32) * C * sizeof(float) > 48 * 1024) { continue; }
             double ms = time_ms([&]() {
                 run_backward(version, block, CHUNK_ROWS, dres, dres_x, dw, partial, dout, x, w, rstd, N, C);
