@@ -216,8 +216,8 @@ __global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* 
 // read); partial sums of dw over this block's rows go to dw_partial (gridDim.x, C), summed in
 // order by column_sum_kernel. Thread t owns columns t + j * blockDim.x.
 #define RMSNORM_BWD_COLS 8  // columns per thread: C <= RMSNORM_BWD_COLS * blockDim.x
-// Both backward versions keep their columns' sums in registers (82 and 96 per thread on sm_90): a
-// block gets at most 65536 registers, so 512 threads, not 1024. __launch_bounds__ holds the
+// Both backward versions keep their columns' sums in registers (82 and 96 per thread on sm_90 when
+// unbounded): a block gets at most 65536 registers, so 512 threads, not 1024. __launch_bounds__ holds the
 // compiler to it; a larger block fails to launch.
 #define RMSNORM_MAX_BLOCK 512
 __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel(float* dres, floatX* dres_x, float* dw_partial, const floatX* dout,

@@ -91,7 +91,6 @@ else
     dev_cuda_dir=dev/cuda
 fi
 # the device resize (dev/cuda/resize_pad.cu) against LeRobot's own resize_with_pad, through torch
-# (each run writes its own dump under build/)
 add_suite dev/cuda/resize_pad_check bash -c "$dev_cuda_dir/resize_pad --dump build/resize_pad.dump && \
     $LEROBOT_PY dev/cuda/resize_pad_check.py build/resize_pad.dump"
 add_suite lerobot "$VENV_PY" data/test_lerobot.py
@@ -125,7 +124,7 @@ echo "running ${n} suites, ${TEST_JOBS} at a time (TEST_JOBS); each suite's outp
 # worker: takes the next suite from the list until none is left; a suite's output goes to its own
 # log, shown whole under the print lock when the suite ends
 worker() {
-    local i t0 rc
+    local i t0 rc secs
     while :; do
         # shellcheck disable=SC2016  # (the inner shell expands them)
         i=$(flock "$work/queue.lock" sh -c 'i=$(cat "$1"); echo $((i + 1)) > "$1"; echo "$i"' sh "$work/next")
@@ -133,10 +132,11 @@ worker() {
         t0=$SECONDS
         eval "${suite_cmds[$i]}" > "$work/$i.log" 2>&1 < /dev/null
         rc=$?
-        echo "$rc $((SECONDS - t0))" > "$work/$i.end"
+        secs=$((SECONDS - t0))
+        echo "$rc $secs" > "$work/$i.end"
         # shellcheck disable=SC2016
         flock "$work/print.lock" sh -c 'echo; echo "######## $1: $2"; cat "$3"; echo "######## $1: ended (exit $4) after $5 s"' \
-            sh "${suite_names[$i]}" "${suite_cmds[$i]}" "$work/$i.log" "$rc" "$((SECONDS - t0))"
+            sh "${suite_names[$i]}" "${suite_cmds[$i]}" "$work/$i.log" "$rc" "$secs"
     done
 }
 pids=()

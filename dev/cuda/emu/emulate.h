@@ -69,6 +69,7 @@ shims that include this file. See the Makefile's emu targets.
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <tuple>
 #include <type_traits>
@@ -971,30 +972,20 @@ static inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEve
 // cudaFuncAttributeMaxDynamicSharedMemorySize on that device, and never more than it was raised to:
 // a GPU refuses such a launch, so the emulation stops at it. Kept per (kernel, device).
 namespace emu {
-struct SmemOptIn { const void* kernel; int device; int bytes; };
 inline std::mutex smem_optin_mutex;
-inline std::vector<SmemOptIn> smem_optins;
+inline std::map<std::pair<const void*, int>, int> smem_optins;  // (kernel, device) -> bytes allowed
 inline int smem_optin(const void* kernel, int device) {
     std::lock_guard<std::mutex> lock(smem_optin_mutex);
-    for (const SmemOptIn& o : smem_optins) {
-        if (o.kernel == kernel && o.device == device) { return o.bytes; }
-    }
-    return -1;
+    auto it = smem_optins.find({kernel, device});
+    return it == smem_optins.end() ? -1 : it->second;
 }
 }  // namespace emu
 template <typename K>
 static inline cudaError_t cudaFuncSetAttribute(K kernel, cudaFuncAttribute attr, int value) {
     if (value < 0 || value > 227 * 1024) { return cudaErrorInvalidValue; }
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-        const void* k = (const void*)kernel;
         std::lock_guard<std::mutex> lock(emu::smem_optin_mutex);
-        for (emu::SmemOptIn& o : emu::smem_optins) {
-            if (o.kernel == k && o.device == emu_current_device) {
-                o.bytes = value;
-                return cudaSuccess;
-            }
-        }
-        emu::smem_optins.push_back(emu::SmemOptIn{k, emu_current_device, value});
+        emu::smem_optins[{(const void*)kernel, emu_current_device}] = value;
     }
     return cudaSuccess;
 }
