@@ -64,6 +64,12 @@ add_suite test_vla_gpu_bf16 env VLA_GPU_SKIP="$bf16_skip" "$GPU_TESTS/test_vla_g
 # VLA_GPU_TESTS=oracle,lerobot,fp16 runs all six SmolVLA cases in fp16.
 add_suite test_vla_gpu_fp16 env VLA_GPU_TESTS=oracle:all,fp16 "$GPU_TESTS/test_vla_gpu_fp16" "$(gpu_suite_dir fp16)" \
     "$GPU_TESTS/train_vla_fp16" --smolvla build/lerobot_ref
+# A machine with one GPU (the device machines of this workplace): the groups that use several say
+# what they skip and run what one GPU can (the checks a real single-GPU run once failed on)
+if [ "$GPU_TESTS" = build/emu ]; then
+    add_suite test_vla_gpu_one_gpu env CUDA_EMU_DEVICES=1 VLA_GPU_TESTS=multi_gpu,faults,cross_trainer,balance \
+        build/emu/test_vla_gpu_fp32 "$(gpu_suite_dir one_gpu)" build/emu/train_vla_fp32
+fi
 # the PyTorch oracle with vla.h's plumbing (dev/model.py): vla.h's table, init and noise, LeRobot's
 # references, the C trainer's checkpoints continued
 add_suite model "$ORACLE_PY" dev/test_model.py build/lerobot_ref

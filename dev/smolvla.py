@@ -388,8 +388,9 @@ def bilinear_resize(img, out_h, out_w):
     """
     def taps(n_in, n_out):
         f32, f64 = torch.float32, torch.float64
-        scale = torch.tensor(n_in, dtype=f32) / torch.tensor(n_out, dtype=f32)
-        src = ((torch.arange(n_out, dtype=f64) + 0.5) * scale.to(f64) - 0.5).to(f32).clamp(min=0)
+        dev = img.device
+        scale = torch.tensor(n_in, dtype=f32, device=dev) / torch.tensor(n_out, dtype=f32, device=dev)
+        src = ((torch.arange(n_out, dtype=f64, device=dev) + 0.5) * scale.to(f64) - 0.5).to(f32).clamp(min=0)
         i0 = src.floor().long()
         i1 = torch.clamp(i0 + 1, max=n_in - 1)
         w1 = src - i0.to(f32)
@@ -474,7 +475,7 @@ def rope(x, positions, base):
     frequency); the same float32 table is used here, then the math runs in x's dtype.
     """
     half = x.shape[-1] // 2
-    timescale = base ** ((2.0 / x.shape[-1]) * torch.arange(half, dtype=torch.float32))
+    timescale = base ** ((2.0 / x.shape[-1]) * torch.arange(half, dtype=torch.float32, device=x.device))
     angle = positions.to(x.dtype)[..., None] / timescale.to(x.dtype)  # (B, T, HS/2)
     sin, cos = torch.sin(angle)[:, :, None, :], torch.cos(angle)[:, :, None, :]
     x1, x2 = x[..., :half], x[..., half:]
@@ -532,7 +533,7 @@ def time_embedding(t, dim, min_period, max_period):
     is [sin(2 pi t / period), cos(2 pi t / period)] (all sines first). LeRobot evaluates the
     angle as t * ((1 / period) * 2 * pi) in float64 and only then casts to the model dtype.
     """
-    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64)
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64, device=t.device)
     period = min_period * (max_period / min_period) ** fraction
     angle = (1.0 / period * 2 * math.pi)[None, :] * t.to(torch.float64)[:, None]
     return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)
@@ -542,7 +543,7 @@ def time_embedding(t, dim, min_period, max_period):
 # vision encoder -> connector
 
 
-def vision_position_ids(cfg, grid_h, grid_w):
+def vision_position_ids(cfg, grid_h, grid_w, device=None):
     """Which row of the position table each patch of a grid_h x grid_w image reads.
 
     SmolVLM maps patch (r, c) to the table through fractional coordinates: with n = table side
@@ -554,10 +555,10 @@ def vision_position_ids(cfg, grid_h, grid_w):
     the identity, which the C trainers assume (dev/test_smolvla.py checks it).
     """
     n = cfg.vis_image_size // cfg.vis_patch
-    boundaries = torch.arange(1 / n, 1.0, 1 / n, dtype=torch.float32)
+    boundaries = torch.arange(1 / n, 1.0, 1 / n, dtype=torch.float32, device=device)
 
     def bucket(g):
-        frac = torch.arange(g, dtype=torch.float32) * (torch.tensor(1.0, dtype=torch.float32) / g)
+        frac = torch.arange(g, dtype=torch.float32, device=device) * (torch.tensor(1.0, dtype=torch.float32, device=device) / g)
         frac = torch.clamp(frac, max=1.0 - 1e-6)
         return torch.bucketize(frac, boundaries, right=True)
     return (bucket(grid_h)[:, None] * n + bucket(grid_w)[None, :]).reshape(-1)
@@ -575,7 +576,7 @@ def vision_encoder(P, cfg, pixels):
     patches = patches.reshape(B, gh * gw, 3 * p * p)
     w = P[VISION + "embeddings.patch_embedding.weight"].reshape(Cv, 3 * p * p)
     x = patches @ w.t() + P[VISION + "embeddings.patch_embedding.bias"]
-    x = x + P[VISION + "embeddings.position_embedding.weight"][vision_position_ids(cfg, gh, gw)]
+    x = x + P[VISION + "embeddings.position_embedding.weight"][vision_position_ids(cfg, gh, gw, pixels.device)]
 
     NH = cfg.vis_heads
     HS = Cv // NH
@@ -634,26 +635,26 @@ def embed_prefix(P, cfg, images, lang_tokens, lang_masks, state):
     Returns embeddings (B, Np, C), valid (B, Np) bool, block_start (B, Np) int.
     Image and language embeddings are scaled by sqrt(C); the state token is not.
     """
-    B = state.shape[0]
+    B, dev = state.shape[0], state.device
     scale = math.sqrt(cfg.width)
     embs, valid, block_start = [], [], []
     for img in images:
         e = embed_image(P, cfg, img) * scale
         embs.append(e)
-        valid.append(torch.ones(B, e.shape[1], dtype=torch.bool))  # every camera is present
-        block_start.append(torch.zeros(B, e.shape[1], dtype=torch.long))
+        valid.append(torch.ones(B, e.shape[1], dtype=torch.bool, device=dev))  # every camera is present
+        block_start.append(torch.zeros(B, e.shape[1], dtype=torch.long, device=dev))
     embs.append(embed_tokens(P, cfg, lang_tokens) * scale)
     valid.append(lang_masks.bool())
-    block_start.append(torch.zeros(B, lang_tokens.shape[1], dtype=torch.long))
+    block_start.append(torch.zeros(B, lang_tokens.shape[1], dtype=torch.long, device=dev))
     embs.append(linear(state, P, HEADS + "state_proj")[:, None, :])
-    valid.append(torch.ones(B, 1, dtype=torch.bool))
-    block_start.append(torch.ones(B, 1, dtype=torch.long))  # its own block: the prefix does not see it
+    valid.append(torch.ones(B, 1, dtype=torch.bool, device=dev))
+    block_start.append(torch.ones(B, 1, dtype=torch.long, device=dev))  # its own block: the prefix does not see it
     embs, valid, block_start = torch.cat(embs, 1), torch.cat(valid, 1), torch.cat(block_start, 1)
     if embs.shape[1] < cfg.prefix_length:  # optional fixed prefix length: invisible zero tokens
         n = cfg.prefix_length - embs.shape[1]
         embs = torch.cat([embs, embs.new_zeros(B, n, embs.shape[2])], 1)
-        valid = torch.cat([valid, torch.zeros(B, n, dtype=torch.bool)], 1)
-        block_start = torch.cat([block_start, torch.zeros(B, n, dtype=torch.long)], 1)
+        valid = torch.cat([valid, torch.zeros(B, n, dtype=torch.bool, device=dev)], 1)
+        block_start = torch.cat([block_start, torch.zeros(B, n, dtype=torch.long, device=dev)], 1)
     return embs, valid, block_start
 
 
@@ -666,9 +667,10 @@ def embed_suffix(P, cfg, x_t, t):
     return linear(h, P, HEADS + "action_time_mlp_out")
 
 
-def suffix_blocks(cfg, B):
+def suffix_blocks(cfg, B, device=None):
     """Every action token is valid and starts its own block."""
-    return torch.ones(B, cfg.chunk, dtype=torch.bool), torch.ones(B, cfg.chunk, dtype=torch.long)
+    return (torch.ones(B, cfg.chunk, dtype=torch.bool, device=device),
+            torch.ones(B, cfg.chunk, dtype=torch.long, device=device))
 
 
 # ----------------------------------------------------------------------------
@@ -749,7 +751,7 @@ def expert_forward(P, cfg, x, prefix_kv, mask, positions):
 def encode_prefix(P, cfg, images, lang_tokens, lang_masks, state):
     """Prefix embeddings -> the VLM K/V cache, plus the actions' mask rows and positions."""
     prefix, p_valid, p_block = embed_prefix(P, cfg, images, lang_tokens, lang_masks, state)
-    s_valid, s_block = suffix_blocks(cfg, prefix.shape[0])
+    s_valid, s_block = suffix_blocks(cfg, prefix.shape[0], prefix.device)
     valid, block_start = torch.cat([p_valid, s_valid], 1), torch.cat([p_block, s_block], 1)
     mask = make_attention_mask(valid, block_start)  # (B, Np+H, Np+H)
     positions = positions_from_valid(valid)
@@ -805,7 +807,7 @@ def sample_actions(P, cfg, images, lang_tokens, lang_masks, state, noise):
     x = noise
     B = noise.shape[0]
     for step in range(cfg.num_steps):
-        t = torch.tensor(1.0 + step * dt, dtype=torch.float32).expand(B)
+        t = torch.tensor(1.0 + step * dt, dtype=torch.float32, device=noise.device).expand(B)
         x = x + dt * velocity(P, cfg, kv, suffix_mask, suffix_positions, x, t)
     return x
 
