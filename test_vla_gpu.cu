@@ -1225,6 +1225,70 @@ static void test_balance(const char* dir) {
     expect_error_from(dir, TRAINER, "--task-weights of 3 tasks for a dataset of 2", args, "3 weights for the dataset's 2 tasks");
 }
 
+// --profile STEP: step 2 of 3 of the tiny model timed by phase and operation. Its phases' times add
+// up to the step's total (the marks tile it), every phase of a --train all step is there, the
+// products have FLOPs (a TFLOP/s column), the profiled step is left out of the mean step time, and
+// a step outside the run, or the flag on train_vla_cpu, is refused in one line.
+static void test_profile(const char* dir) {
+    printf("\n== --profile\n");
+    char cmd[4096], path[1100];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/prof && %s -p tiny -b 2 -n 3 -u 2 --train all -k 0 --log-every 100 -i %s/a.bin "
+             "-o %s/prof --profile 2 > %s/prof.txt 2>&1", dir, TRAINER, dir, dir, dir);
+    int rc = run_command(cmd);
+    snprintf(path, sizeof(path), "%s/prof.txt", dir);
+    char* text = read_text(path);
+    double total = -1.0, sum = 0.0;
+    int rows = 0, products = 0;
+    const char* at = strstr(text, "profile of step 2: ");
+    if (at != NULL) { sscanf(at, "profile of step 2: %lf ms", &total); }
+    const char* phases[] = {"images", "vision fwd", "prefix embed", "vlm fwd", "expert fwd", "loss", "expert bwd",
+                            "vlm bwd", "prefix bwd", "vision bwd", "grads", "optimizer"};
+    const int n_phases = (int)(sizeof(phases) / sizeof(phases[0]));
+    int seen[sizeof(phases) / sizeof(phases[0])] = {0};
+    const char* table = at != NULL ? strstr(at, "by phase (") : NULL;
+    const char* line = table != NULL ? strchr(table, '\n') : NULL;
+    // the phase table: "| name | calls | ms | share | TFLOP/s |" rows until a blank line
+    while (line != NULL && line[1] == '|') {
+        line++;
+        char name[64];
+        int calls;
+        double ms;
+        if (sscanf(line, "| %63[^|]| %d | %lf |", name, &calls, &ms) == 3) {
+            for (char* e = name + strlen(name) - 1; e > name && *e == ' '; e--) { *e = 0; }
+            for (int i = 0; i < n_phases; i++) { seen[i] |= strcmp(name, phases[i]) == 0; }
+            sum += ms;
+            rows++;
+        }
+        line = strchr(line, '\n');
+    }
+    int all_seen = 1;
+    for (int i = 0; i < n_phases; i++) { all_seen &= seen[i]; }
+    const char* shapes = at != NULL ? strstr(at, "by shape:") : NULL;
+    for (const char* l = shapes; l != NULL && (l = strstr(l, "\n| matmul ")) != NULL; l++) {
+        const char* end = strchr(l + 1, '\n');
+        int bars = 0;
+        for (const char* c = l + 1; c < end; c++) { bars += *c == '|'; }
+        double tf = -1.0;
+        const char* last = end - 1;
+        while (last > l && *last != '|') { last--; }  // the row's closing bar
+        while (last > l && *(last - 1) != '|') { last--; }  // the last column
+        products += bars == 7 && sscanf(last, "%lf", &tf) == 1 && tf >= 0.0;
+    }
+    check(rc == 0 && total > 0.0 && fabs(sum - total) <= 5e-4 * (rows + 1) + 1e-6 * total,  // (printed to 1e-3 ms)
+          "--profile 2: exit %d, %d phases adding up to %.3f ms of the step's %.3f ms", rc, rows, sum, total);
+    check(all_seen, "every phase of a --train all step has its row (images, vision fwd .. vision bwd, grads, optimizer)");
+    check(products > 0, "the products' table: %d rows of matmul with their TFLOP/s", products);
+    check(strstr(text, "mean step time") != NULL && strstr(text, "over 1 steps") != NULL,
+          "the mean step time leaves out the first step and the profiled one (over 1 steps)");
+    free(text);
+    char args[2048];
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 3 -i %s/a.bin -o %s/prof_bad --profile 4", dir, dir);
+    expect_error_from(dir, TRAINER, "--profile 4 of a 3-step run", args, "--profile 4: this run trains steps 1 to 3");
+    if (access("./train_vla_cpu", X_OK) == 0) {
+        expect_error_from(dir, "./train_vla_cpu", "--profile on train_vla_cpu", args, "run it with train_vla");
+    }
+}
+
 // fp16 builds' dynamic loss scaling through the binary: a run of the tiny model at -b 2 that starts
 // at scale 2^18, where its backward overflows fp16 (measured: the steps at 2^18, 2^17 and 2^16
 // skip, 2^15 trains), with a window of 2 clean steps. 6 steps straight
@@ -1437,6 +1501,7 @@ int main(int argc, char** argv) {
         t0 = group_time("resume", t0);
     }
     if (wanted("cross_trainer")) { test_cross_trainer(dir); t0 = group_time("cross_trainer", t0); }
+    if (wanted("profile")) { test_profile(dir); t0 = group_time("profile", t0); }
     if (wanted("weights_only")) { test_weights_only(dir); t0 = group_time("weights_only", t0); }
     if (wanted("bad_input")) { test_bad_input(dir); t0 = group_time("bad_input", t0); }
     if (wanted("balance")) { test_balance(dir); t0 = group_time("balance", t0); }

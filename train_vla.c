@@ -1879,6 +1879,7 @@ int main(int argc, char** argv) {
                  RECOMPUTE_NAMES[args.recompute]);
     }
     if (args.memory) { vla_fail("--memory prints train_vla's GPU memory: run it with train_vla"); }
+    if (args.profile > 0) { vla_fail("--profile times train_vla's GPU kernels: run it with train_vla"); }
     train_args_no_loss_scale(&args, "train_vla_cpu (fp32)");
     if (args.nodes > 1) { vla_fail("--nodes %d: train_vla_cpu runs on one machine; several machines train with train_vla", args.nodes); }
     train_args_for_world(&args, args.ranks);  // simulated ranks scale the learning rate as GPUs would

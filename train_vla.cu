@@ -1039,6 +1039,8 @@ typedef struct {
     int B, NH, NKV, HS;
     int Tq, q0;                          // queries per sample; the token of query 0 in block
     int Nk0, Nk1, Nt;                    // Nt: tokens per sample in block (q0 + Tq and nk at most Nt)
+    float* scratch;                      // version 3's scores: attention3_scratch(B, NH, Tq, nk) floats for the
+                                         // forward, twice that for the backward; NULL: versions 1 and 2
 } GqaAttn;
 
 // LeRobot fills masked scores with torch.finfo(float32).min, not -inf. Where a query sees some key,
@@ -1558,6 +1560,67 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kerne
 }
 #endif  // !ENABLE_FP32
 
+// Version 3 (every precision; calls without a mask whose keys are one tensor with a kv head per
+// query head: the vision tower's): the products through cuBLASLt, head by head over a strided
+// batch of the samples, and the softmax in rows of fp32 scores between them. The probabilities
+// are written as floatX over the scores they come from, at the start of each row (bytes of scores
+// already read: see the kernels), so one (B, Tq, nk) fp32 buffer holds both; the backward pass
+// needs two (scores then P, dP then dS). A warp per row.
+
+// rows of n scores s (row stride ld floats; row r is query r % Tq of the batch's product r / Tq) ->
+// P = softmax of scale * s as floatX over the row's start, and its log-sum-exp at
+// lse[(r / Tq) * lse_slot + r % Tq]
+__global__ void attention_softmax_rows_kernel(float* s, float* lse, int rows, int n, int ld, float scale, int Tq,
+                                              long long lse_slot) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= rows) { return; }
+    float* row = s + (size_t)warp * ld;
+    float m = -INFINITY, l = 0.0f;
+    for (int j = lane; j < n; j += 32) { m = fmaxf(m, row[j] * scale); }
+    for (int offset = 16; offset > 0; offset /= 2) { m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset)); }
+    for (int j = lane; j < n; j += 32) { l += expf(row[j] * scale - m); }
+    l = warp_sum(l);
+    float row_lse = m + logf(l);
+    floatX* p = (floatX*)row;
+    // P[j] lies in the bytes of score j * sizeof(floatX) / 4 <= j: read in this pass or an earlier
+    // one; within a pass, every lane reads before any writes
+    for (int j0 = 0; j0 < n; j0 += 32) {
+        int j = j0 + lane;
+        float v = j < n ? expf(row[j] * scale - row_lse) : 0.0f;
+        __syncwarp();
+        if (j < n) { p[j] = fx(v); }
+    }
+    if (lane == 0) { lse[(warp / Tq) * lse_slot + warp % Tq] = row_lse; }
+}
+
+// the backward's rows: scores s and dP (row stride ld floats) -> P = exp(scale s - lse) over s and
+// dS = P (dP - delta) over dP, both floatX at their rows' starts (as the forward writes P); lse and
+// delta of row r at (r / Tq) * lse_slot + r % Tq
+__global__ void attention_softmax_backward_rows_kernel(float* s, float* dp, const float* lse, const float* delta,
+                                                       int rows, int n, int ld, float scale, int Tq, long long lse_slot) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= rows) { return; }
+    long long at = (warp / Tq) * lse_slot + warp % Tq;
+    float row_lse = lse[at], row_delta = delta[at];
+    float* srow = s + (size_t)warp * ld;
+    float* dprow = dp + (size_t)warp * ld;
+    floatX* p = (floatX*)srow;
+    floatX* ds = (floatX*)dprow;
+    for (int j0 = 0; j0 < n; j0 += 32) {
+        int j = j0 + lane;
+        float pj = 0.0f, dsj = 0.0f;
+        if (j < n) {
+            pj = expf(srow[j] * scale - row_lse);
+            dsj = pj * (dprow[j] - row_delta);
+        }
+        __syncwarp();
+        if (j < n) {
+            p[j] = fx(pj);
+            ds[j] = fx(dsj);
+        }
+    }
+}
+
 // ---- the model's glue between the operations above (patches in conv-weight order, the
 // prefix and its mask, RoPE at given positions, GELU, the fp32 velocity head and its loss)
 
@@ -1845,6 +1908,172 @@ static cudaDataType_t CUBLAS_FLOATX = CUDA_R_16BF;
 static const int BLOCK = 256;
 static const int CHUNK_ROWS = 32;  // rows per block of the two-stage column sums
 
+// ---- the step profiler (--profile STEP): where one training step's GPU time goes
+// Marks are events on main_stream. The time from one mark to the next is charged to the phase
+// (vision forward, VLM backward, optimizer, ...) and the operation the first mark names (a matrix
+// product, attention, a norm; "other kernels" for what runs between named ones). All of a step's
+// kernels run on main_stream (NCCL's on a stream main_stream waits for: the wait is charged where
+// it happens), so the marks tile the step's GPU time. Products and attention record their FLOPs
+// and shapes too, for TFLOP/s per shape. Off (one branch per call) except in the profiled step.
+struct ProfMark {
+    const char* phase;
+    const char* op;   // NULL: the kernels between named operations
+    double flops;     // a product's or an attention call's, else 0
+    char shape[64];   // its sizes
+};
+struct Profiler {
+    int on;
+    int depth;  // ProfOps open: only the outermost marks (attention's products are attention's)
+    const char* phase;
+    int n, cap;
+    ProfMark* marks;
+    cudaEvent_t* events;  // marks[i] was recorded by events[i]
+};
+static thread_local Profiler prof = {0, 0, "step", 0, 0, NULL, NULL};
+
+static void prof_mark(const char* op, double flops = 0.0, const char* shape = NULL) {
+    if (!prof.on) { return; }
+    if (prof.n == prof.cap) {
+        int cap = prof.cap > 0 ? 2 * prof.cap : 4096;
+        prof.marks = (ProfMark*)realloc(prof.marks, cap * sizeof(ProfMark));
+        prof.events = (cudaEvent_t*)realloc(prof.events, cap * sizeof(cudaEvent_t));
+        if (prof.marks == NULL || prof.events == NULL) { vla_fail("--profile: out of host memory for %d marks", cap); }
+        for (int i = prof.cap; i < cap; i++) { cudaCheck(cudaEventCreate(&prof.events[i])); }
+        prof.cap = cap;
+    }
+    ProfMark* k = &prof.marks[prof.n];
+    k->phase = prof.phase;
+    k->op = op;
+    k->flops = flops;
+    snprintf(k->shape, sizeof(k->shape), "%s", shape != NULL ? shape : "");
+    cudaCheck(cudaEventRecord(prof.events[prof.n++], main_stream));
+}
+
+// What runs from here on belongs to `phase` (a string literal)
+static void prof_phase(const char* phase) {
+    if (!prof.on) { return; }
+    prof.phase = phase;
+    prof_mark(NULL);
+}
+
+// An operation for the scope of this object: its launches (and those of operations it calls) are
+// charged to `op`
+struct ProfOp {
+    ProfOp(const char* op, double flops = 0.0, const char* shape = NULL) {
+        if (prof.depth++ == 0) { prof_mark(op, flops, shape); }
+    }
+    ~ProfOp() {
+        if (--prof.depth == 0) { prof_mark(NULL); }
+    }
+};
+
+static void prof_begin(void) {
+    prof.on = 1;
+    prof.n = 0;
+    prof_phase("step");
+}
+
+static void prof_free(void) {
+    for (int i = 0; i < prof.cap; i++) { cudaCheck(cudaEventDestroy(prof.events[i])); }
+    free(prof.marks);
+    free(prof.events);
+    prof = Profiler{0, 0, "step", 0, 0, NULL, NULL};
+}
+
+// One row of a report: the marks whose phase and op (or op and shape) match, summed
+struct ProfRow {
+    const char* phase;
+    const char* op;
+    const char* shape;
+    int calls;
+    double ms, flops;
+};
+
+static int prof_row_cmp(const void* a, const void* b) {
+    double x = ((const ProfRow*)a)->ms, y = ((const ProfRow*)b)->ms;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+// The row of rows[0..*n) for this key (added if new)
+static ProfRow* prof_row(ProfRow* rows, int* n, const char* phase, const char* op, const char* shape) {
+    for (int i = 0; i < *n; i++) {
+        if (strcmp(rows[i].phase, phase) == 0 && strcmp(rows[i].op, op) == 0 && strcmp(rows[i].shape, shape) == 0) {
+            return &rows[i];
+        }
+    }
+    rows[*n] = ProfRow{phase, op, shape, 0, 0.0, 0.0};
+    return &rows[(*n)++];
+}
+
+// rows (sorted) as a table: `first` and `second` name the columns shown of phase, op, shape
+static void prof_print(const ProfRow* rows, int n, int max_rows, double total_ms, const char* first, const char* second) {
+    printf("| %-16s |", first);
+    if (second != NULL) { printf(" %-36s |", second); }
+    printf(" %6s | %9s | %6s | %7s |\n|---|%s ---:| ---:| ---:| ---:|\n", "calls", "ms", "step", "TFLOP/s",
+           second != NULL ? "---|" : "");
+    double rest = 0.0;
+    for (int i = 0; i < n; i++) {
+        const ProfRow* r = &rows[i];
+        if (i >= max_rows) {
+            rest += r->ms;
+            continue;
+        }
+        char tf[16] = "";
+        if (r->flops > 0.0 && r->ms > 0.0) { snprintf(tf, sizeof(tf), "%.1f", r->flops / (r->ms * 1e9)); }
+        const char* cols[3] = {r->phase, r->op, r->shape};
+        const char* a = cols[strcmp(first, "phase") == 0 ? 0 : 1];
+        printf("| %-16s |", a);
+        if (second != NULL) { printf(" %-36s |", cols[strcmp(second, "operation") == 0 ? 1 : 2]); }
+        printf(" %6d | %9.3f | %5.1f%% | %7s |\n", r->calls, r->ms, 100.0 * r->ms / total_ms, tf);
+    }
+    if (n > max_rows) { printf("(%d more rows, %.1f%% of the step)\n", n - max_rows, 100.0 * rest / total_ms); }
+}
+
+// Stops recording, waits for the step and prints its GPU time by phase and operation, then the
+// products and attention calls by shape. wall_ms: the step's wall time on the host.
+static void prof_end(const char* what, int index, double wall_ms) {
+    if (!prof.on) { return; }
+    prof_phase("end");
+    prof.on = 0;
+    cudaCheck(cudaEventSynchronize(prof.events[prof.n - 1]));
+    int n = prof.n - 1;  // intervals
+    ProfRow* by_phase = (ProfRow*)mallocCheck((size_t)n * sizeof(ProfRow));
+    ProfRow* by_op = (ProfRow*)mallocCheck((size_t)n * sizeof(ProfRow));
+    ProfRow* by_shape = (ProfRow*)mallocCheck((size_t)n * sizeof(ProfRow));
+    int n_phase = 0, n_op = 0, n_shape = 0;
+    double total = 0.0;
+    for (int i = 0; i < n; i++) {
+        float ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms, prof.events[i], prof.events[i + 1]));
+        const ProfMark* k = &prof.marks[i];
+        const char* op = k->op != NULL ? k->op : "other kernels";
+        ProfRow* rows[3] = {prof_row(by_phase, &n_phase, k->phase, "", ""), prof_row(by_op, &n_op, k->phase, op, ""),
+                            k->flops > 0.0 ? prof_row(by_shape, &n_shape, "", op, k->shape) : NULL};
+        for (int r = 0; r < 3; r++) {
+            if (rows[r] == NULL) { continue; }
+            rows[r]->calls += k->op != NULL;
+            rows[r]->ms += ms;
+            rows[r]->flops += k->flops;
+        }
+        total += ms;
+    }
+    qsort(by_phase, n_phase, sizeof(ProfRow), prof_row_cmp);
+    qsort(by_op, n_op, sizeof(ProfRow), prof_row_cmp);
+    qsort(by_shape, n_shape, sizeof(ProfRow), prof_row_cmp);
+    printf("\nprofile of %s %d: %.3f ms of GPU time from its first mark to its last (%.1f ms on the host's clock, "
+           "%d marks)\nby phase (calls: the named operations in it):\n", what, index, total, wall_ms, prof.n);
+    prof_print(by_phase, n_phase, n_phase, total, "phase", NULL);
+    printf("\nby phase and operation (\"other kernels\": the elementwise and small kernels between named ones):\n");
+    prof_print(by_op, n_op, 40, total, "phase", "operation");
+    printf("\nthe products (cuBLASLt's m x n x k, column-major, op(A) op(B)) and attention calls (FLOPs as if "
+           "unmasked) by shape:\n");
+    prof_print(by_shape, n_shape, 40, total, "operation", "shape");
+    printf("\n");
+    free(by_phase);
+    free(by_op);
+    free(by_shape);
+}
+
 // Largest power of two (at most 256) that divides the address: what cuBLASLt may assume.
 static uint32_t pointer_alignment(const void* p) {
     uint32_t a = 256;
@@ -1858,7 +2087,16 @@ typedef struct {
     int m, n, k, lda, ldb, ldd, transa, transb, bias;
     cudaDataType_t d_type;
     uint32_t align[4];  // of A, B, C, D: what the algorithm may assume
+    int batch;                            // products in one call (strided batch), 1: one
+    long long stride_a, stride_b, stride_d;  // elements from one product's matrix to the next's (C: D's)
 } MatmulKey;
+
+// A strided batch of products: `count` of them, each matrix `a`, `b`, `d` elements after the
+// previous one's (C follows D)
+typedef struct {
+    int count;
+    long long a, b, d;
+} MatmulBatch;
 
 typedef struct {
     MatmulKey key;
@@ -1893,6 +2131,18 @@ static MatmulPlan* matmul_plan(const MatmulKey* key) {
     cublasCheck(cublasLtMatrixLayoutCreate(&p->la, CUBLAS_FLOATX, key->transa ? k : m, key->transa ? m : k, key->lda));
     cublasCheck(cublasLtMatrixLayoutCreate(&p->lb, CUBLAS_FLOATX, key->transb ? n : k, key->transb ? k : n, key->ldb));
     cublasCheck(cublasLtMatrixLayoutCreate(&p->lcd, key->d_type, m, n, key->ldd));
+    if (key->batch > 1) {
+        cublasLtMatrixLayout_t layouts[3] = {p->la, p->lb, p->lcd};
+        const long long strides[3] = {key->stride_a, key->stride_b, key->stride_d};
+        for (int i = 0; i < 3; i++) {
+            int32_t count = key->batch;
+            int64_t stride = strides[i];
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                         sizeof(count)));
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                         sizeof(stride)));
+        }
+    }
     cublasLtMatmulPreference_t pref;
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = CUBLASLT_WORKSPACE_BYTES;
@@ -1929,12 +2179,21 @@ static void matmul_plans_free(void) {
     n_matmul_plans = cap_matmul_plans = 0;
 }
 
-// D (m, n) = op(A) op(B) + beta C (+ bias (m)) in cuBLASLt's column-major terms; A, B are floatX,
-// C and D of d_type (floatX or fp32); C is D unless `c` is given (then with D's layout). The
-// wrappers below speak row-major.
+// D (m, n) = alpha op(A) op(B) + beta C (+ bias (m)) in cuBLASLt's column-major terms; A, B are
+// floatX, C and D of d_type (floatX or fp32); C is D unless `c` is given (then with D's layout);
+// `batch` (NULL: one product) makes it a strided batch of them. The wrappers below speak row-major.
 static void matmul_cublaslt(void* d, cudaDataType_t d_type, int ldd, const void* c, const floatX* a, int lda,
                             bool transa, const floatX* b, int ldb, bool transb, int m, int n, int k, float beta,
-                            const floatX* bias) {
+                            const floatX* bias, const MatmulBatch* batch = NULL, float alpha = 1.0f) {
+    int count = batch != NULL ? batch->count : 1;
+    char shape[64] = "";
+    if (prof.on) {
+        int at = snprintf(shape, sizeof(shape), "%d x %d x %d %c%c%s%s", m, n, k, transa ? 'T' : 'N',
+                          transb ? 'T' : 'N', d_type == CUDA_R_32F && CUBLAS_FLOATX != CUDA_R_32F ? " fp32 out" : "",
+                          bias != NULL ? " +bias" : "");
+        if (count > 1) { snprintf(shape + at, sizeof(shape) - at, ", batch %d", count); }
+    }
+    ProfOp prof_op("matmul", 2.0 * m * n * k * count, shape);
     const void* c_ptr = c != NULL ? c : d;
     MatmulKey key;
     memset(&key, 0, sizeof(key));  // padding too: keys are compared bytewise
@@ -1942,11 +2201,20 @@ static void matmul_cublaslt(void* d, cudaDataType_t d_type, int ldd, const void*
     key.transa = transa; key.transb = transb; key.bias = bias != NULL; key.d_type = d_type;
     key.align[0] = pointer_alignment(a); key.align[1] = pointer_alignment(b);
     key.align[2] = pointer_alignment(c_ptr); key.align[3] = pointer_alignment(d);
+    key.batch = count;
+    if (count > 1) {  // every product's matrices must have the alignment of the first's
+        key.stride_a = batch->a; key.stride_b = batch->b; key.stride_d = batch->d;
+        size_t d_size = d_type == CUDA_R_32F ? sizeof(float) : sizeof(floatX);
+        const size_t step[4] = {batch->a * sizeof(floatX), batch->b * sizeof(floatX), batch->d * d_size, batch->d * d_size};
+        for (int i = 0; i < 4; i++) {
+            uint32_t s_align = pointer_alignment((const void*)(uintptr_t)step[i]);
+            if (s_align < key.align[i]) { key.align[i] = s_align; }
+        }
+    }
     MatmulPlan* p = matmul_plan(&key);
     if (bias != NULL) {
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
-    float alpha = 1.0f;
     cublasCheck(cublasLtMatmul(cublaslt, p->desc, &alpha, a, p->la, b, p->lb, &beta, c_ptr, p->lcd, d, p->lcd, &p->algo,
                                cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, main_stream));
 }
@@ -1976,6 +2244,7 @@ static void matmul_backward_weight(float* dw, const floatX* dout, const floatX* 
 }
 
 static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C, float eps) {
+    ProfOp prof_op("rmsnorm");
     if (packable(C, x128::size, out, inp, w)) {
         rmsnorm_forward_kernel2<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps);
     } else {
@@ -1987,6 +2256,7 @@ static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const f
 // partial: scratch of (ceil(N / CHUNK_ROWS), C) floats
 static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* partial, const floatX* dout,
                              const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
+    ProfOp prof_op("rmsnorm");
     if (C > RMSNORM_BWD_COLS * BLOCK) { vla_fail("rmsnorm_backward: width %d over %d", C, RMSNORM_BWD_COLS * BLOCK); }
     int chunks = ceil_div(N, CHUNK_ROWS);
     if (C <= 32 * RMSNORM_BWD2_COLS) {
@@ -2045,6 +2315,7 @@ static bool layernorm_forward2_fits(const floatX* out, const floatX* inp, const 
 
 static void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
                               const floatX* b, int N, int C) {
+    ProfOp prof_op("layernorm");
     if (layernorm_forward2_fits(out, inp, w, b, C, BLOCK)) {
         layernorm_forward2(out, mean, rstd, inp, w, b, N, C, BLOCK);
     } else {
@@ -2098,6 +2369,7 @@ static bool layernorm_backward2_fits(const float* dres, const floatX* dres_x, co
 // partial: scratch of 2 * ceil(N / CHUNK_ROWS) * C floats
 static void layernorm_backward(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
                                const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C) {
+    ProfOp prof_op("layernorm");
     if (layernorm_backward2_fits(dres, dres_x, dout, inp, w, C, BLOCK)) {
         layernorm_backward2(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, BLOCK, CHUNK_ROWS);
     } else {
@@ -2133,6 +2405,7 @@ static void swiglu_backward2(floatX* dgate, floatX* dup, const floatX* dact, con
 }
 
 static void swiglu_forward(floatX* act, const floatX* gate, const floatX* up, size_t n) {
+    ProfOp prof_op("swiglu");
     if (packable(n, x128::size, act, gate, up)) {
         swiglu_forward2(act, gate, up, n, BLOCK);
     } else {
@@ -2141,6 +2414,7 @@ static void swiglu_forward(floatX* act, const floatX* gate, const floatX* up, si
 }
 
 static void swiglu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up, size_t n) {
+    ProfOp prof_op("swiglu");
     if (packable(n, x128::size, dgate, dup, dact) && packable(n, x128::size, gate, up)) {
         swiglu_backward2(dgate, dup, dact, gate, up, n, BLOCK);
     } else {
@@ -2171,6 +2445,7 @@ static void gelu_backward2(floatX* d, const floatX* dy, const floatX* inp, size_
 }
 
 static void gelu_forward(floatX* out, const floatX* inp, size_t n) {
+    ProfOp prof_op("gelu");
     if (packable(n, x128::size, out, inp)) {
         gelu_forward2(out, inp, n, BLOCK);
     } else {
@@ -2179,6 +2454,7 @@ static void gelu_forward(floatX* out, const floatX* inp, size_t n) {
 }
 
 static void gelu_backward(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
+    ProfOp prof_op("gelu");
     if (packable(n, x128::size, d, dy, inp)) {
         gelu_backward2(d, dy, inp, n, BLOCK);
     } else {
@@ -2222,6 +2498,7 @@ static void pixel_shuffle_check_grid(int h, int w, int s) {
 
 // out (N, (h/s)(w/s), C s^2) from x (N, h*w, C)
 static void pixel_shuffle_forward(floatX* out, const floatX* inp, int N, int h, int w, int C, int s) {
+    ProfOp prof_op("pixel shuffle");
     pixel_shuffle_check_grid(h, w, s);
     if (packable(C, x128::size, out, inp)) {
         pixel_shuffle_forward2(out, inp, N, h, w, C, s, BLOCK);
@@ -2232,6 +2509,7 @@ static void pixel_shuffle_forward(floatX* out, const floatX* inp, int N, int h, 
 
 // dinp (N, h*w, C) overwritten from dout (N, (h/s)(w/s), C s^2)
 static void pixel_shuffle_backward(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s) {
+    ProfOp prof_op("pixel shuffle");
     pixel_shuffle_check_grid(h, w, s);
     if (packable(C, x128::size, dinp, dout)) {
         pixel_shuffle_backward2(dinp, dout, N, h, w, C, s, BLOCK);
@@ -2290,6 +2568,7 @@ static bool resize_pad2_fits(const floatX* out, int S, size_t out_stride) {
 // frames and images sit among the other cameras': 0 means packed (h w 3 and 3 S S).
 static void resize_pad(floatX* out, const uint8_t* frames, int n_img, int h, int w, int S, size_t in_stride = 0,
                        size_t out_stride = 0) {
+    ProfOp prof_op("resize");
     ResizePad r = resize_pad_plan(h, w, S);
     in_stride = in_stride > 0 ? in_stride : (size_t)h * w * 3;
     out_stride = out_stride > 0 ? out_stride : (size_t)3 * S * S;
@@ -2387,9 +2666,104 @@ static void gqa_attention_backward2(floatX* dq, float* dk0, float* dv0, float* d
 }
 #endif
 
+// Version 3 takes calls without a mask whose keys are one tensor with a kv head per query head and
+// that bring scratch for the scores (the vision tower's): attention3_scratch floats
+static bool gqa_attention3_fits(const GqaAttn& a) {
+    return a.scratch != NULL && a.block == NULL && a.Nk1 == 0 && a.NKV == a.NH && a.q0 == 0;
+}
+
+// Version 3 walks the smaller of the samples and the heads and batches the other in each pass: a
+// head of every image per pass in training (64 images, 12 heads), every head of an image at
+// inference (one or two images), so the products stay few and large. Where pass p's slot g starts,
+// in elements: queries (and out, dO, dq) at p q_pass + g q_slot, keys (and values, dk, dv) at
+// p kv_pass + g kv_slot, the log-sum-exp (and delta) at p lse_pass + g lse_slot.
+typedef struct {
+    int passes, slots;
+    long long q_pass, q_slot, kv_pass, kv_slot, lse_pass, lse_slot;
+} Attention3Walk;
+
+static Attention3Walk attention3_walk(const GqaAttn& a) {
+    long long T = a.Tq, N = a.Nk0, D = (long long)a.NH * a.HS;
+    if (a.B >= a.NH) { return Attention3Walk{a.NH, a.B, a.HS, T * D, a.HS, N * D, T, a.NH * T}; }
+    return Attention3Walk{a.B, a.NH, T * D, a.HS, N * D, a.HS, a.NH * T, T};
+}
+
+// fp32 scratch the forward needs (one pass's scores); the backward needs twice this
+static size_t attention3_scratch(int B, int NH, int Tq, int nk) {
+    return (size_t)(B > NH ? B : NH) * Tq * nk;
+}
+
+// A pass's scores in a.scratch are row-major (Tq, nk) per slot, i.e. column-major S^T (nk, Tq); P
+// is written over them as floatX with this row stride (elements)
+static int attention3_p_ld(const GqaAttn& a) { return a.Nk0 * (int)(sizeof(float) / sizeof(floatX)); }
+
+static void gqa_attention_forward3(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    int T = a.Tq, N = a.Nk0, HS = a.HS, D = a.NH * HS, ldp = attention3_p_ld(a);
+    float scale = 1.0f / sqrtf((float)HS);
+    Attention3Walk w = attention3_walk(a);
+    int rows = w.slots * T;
+    MatmulBatch scores = {w.slots, w.kv_slot, w.q_slot, (long long)T * N};  // K, Q -> S^T
+    MatmulBatch values = {w.slots, w.kv_slot, (long long)T * ldp, w.q_slot};  // V, P -> O^T
+    for (int p = 0; p < w.passes; p++) {
+        // S^T (N, T) = K Q^T per slot: K column-major (HS, N) at row stride D
+        matmul_cublaslt(a.scratch, CUDA_R_32F, N, NULL, a.k0 + p * w.kv_pass, D, true, q + p * w.q_pass, D, false, N, T,
+                        HS, 0.0f, NULL, &scores);
+        attention_softmax_rows_kernel<<<ceil_div((size_t)rows * 32, BLOCK), BLOCK, 0, main_stream>>>(
+            a.scratch, lse + p * w.lse_pass, rows, N, N, scale, T, w.lse_slot);
+        launchCheck();
+        // O^T (HS, T) = V^T P^T
+        matmul_cublaslt(out + p * w.q_pass, CUBLAS_FLOATX, D, NULL, a.v0 + p * w.kv_pass, D, false,
+                        (const floatX*)a.scratch, ldp, false, HS, T, N, 0.0f, NULL, &values);
+    }
+}
+
+// delta (rowsum(dO O), by the caller) given; dk0, dv0 accumulate, dq overwritten
+static void gqa_attention_backward3(floatX* dq, float* dk0, float* dv0, const floatX* dout, const floatX* q,
+                                    const float* lse, const float* delta, const GqaAttn& a) {
+    int T = a.Tq, N = a.Nk0, HS = a.HS, D = a.NH * HS, ldp = attention3_p_ld(a);
+    float scale = 1.0f / sqrtf((float)HS);
+    Attention3Walk w = attention3_walk(a);
+    int rows = w.slots * T;
+    float* s = a.scratch;
+    float* dp = a.scratch + attention3_scratch(a.B, a.NH, T, N);
+    const floatX* p_x = (const floatX*)s;
+    const floatX* ds_x = (const floatX*)dp;
+    MatmulBatch scores = {w.slots, w.kv_slot, w.q_slot, (long long)T * N};  // K or V, Q or dO -> S^T or dP^T
+    MatmulBatch on_p = {w.slots, w.q_slot, (long long)T * ldp, w.kv_slot};  // dO or Q, P or dS -> dV^T or dK^T
+    MatmulBatch on_ds = {w.slots, w.kv_slot, (long long)T * ldp, w.q_slot};  // K, dS -> dQ^T
+    for (int p = 0; p < w.passes; p++) {
+        const floatX* k = a.k0 + p * w.kv_pass;
+        const floatX* v = a.v0 + p * w.kv_pass;
+        const floatX* qp = q + p * w.q_pass;
+        const floatX* dop = dout + p * w.q_pass;
+        // S^T = K Q^T and dP^T (N, T) = V dO^T, then P and dS over them
+        matmul_cublaslt(s, CUDA_R_32F, N, NULL, k, D, true, qp, D, false, N, T, HS, 0.0f, NULL, &scores);
+        matmul_cublaslt(dp, CUDA_R_32F, N, NULL, v, D, true, dop, D, false, N, T, HS, 0.0f, NULL, &scores);
+        attention_softmax_backward_rows_kernel<<<ceil_div((size_t)rows * 32, BLOCK), BLOCK, 0, main_stream>>>(
+            s, dp, lse + p * w.lse_pass, delta + p * w.lse_pass, rows, N, N, scale, T, w.lse_slot);
+        launchCheck();
+        // dV^T (HS, N) += dO^T P; dK^T += scale Q^T dS; dQ^T (HS, T) = scale K^T dS^T
+        matmul_cublaslt(dv0 + p * w.kv_pass, CUDA_R_32F, D, NULL, dop, D, false, p_x, ldp, true, HS, N, T, 1.0f, NULL,
+                        &on_p);
+        matmul_cublaslt(dk0 + p * w.kv_pass, CUDA_R_32F, D, NULL, qp, D, false, ds_x, ldp, true, HS, N, T, 1.0f, NULL,
+                        &on_p, scale);
+        matmul_cublaslt(dq + p * w.q_pass, CUBLAS_FLOATX, D, NULL, k, D, false, ds_x, ldp, false, HS, T, N, 0.0f, NULL,
+                        &on_ds, scale);
+    }
+}
+
 // out (B, Tq, NH*HS) floatX and lse (B, NH, Tq) fp32, both overwritten
 static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    char shape[64] = "";
+    if (prof.on) {
+        snprintf(shape, sizeof(shape), "B %d, %d/%d heads of %d, %d x %d", a.B, a.NH, a.NKV, a.HS, a.Tq, a.Nk0 + a.Nk1);
+    }
+    ProfOp prof_op("attention fwd", 4.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);  // (as if unmasked)
     gqa_attention_check(a);
+    if (gqa_attention3_fits(a)) {
+        gqa_attention_forward3(out, lse, q, a);
+        return;
+    }
 #if defined(ENABLE_FP32)
     gqa_attention_forward1(out, lse, q, a, BLOCK);
 #else
@@ -2413,9 +2787,19 @@ static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, cons
 // gradients, one after the other). delta: scratch of B*NH*Tq floats.
 static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
                                    const floatX* q, const floatX* out, const float* lse, float* delta, const GqaAttn& a) {
+    char shape[64] = "";
+    if (prof.on) {
+        snprintf(shape, sizeof(shape), "B %d, %d/%d heads of %d, %d x %d", a.B, a.NH, a.NKV, a.HS, a.Tq, a.Nk0 + a.Nk1);
+    }
+    // (five products: S again, dP, dS K, dS^T Q, P^T dO)
+    ProfOp prof_op("attention bwd", 10.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);
     gqa_attention_check(a);
     attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, a.B * a.Tq, a.Tq, a.NH, a.HS);
     launchCheck();
+    if (gqa_attention3_fits(a)) {
+        gqa_attention_backward3(dq, dk0, dv0, dout, q, lse, delta, a);
+        return;
+    }
 #if defined(ENABLE_FP32)
     gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, BLOCK);
 #else
@@ -2441,6 +2825,7 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
 template <typename Tin>
 static void rope_at(floatX* out, const Tin* in, const float* cos_t, const float* sin_t, const int* pos, int rows, int Tg,
                     int pos_stride, int NH, int HS, float sign) {
+    ProfOp prof_op("rope");
     size_t n = (size_t)rows * NH * (HS / 2);
     rope_at_kernel<Tin><<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(out, in, cos_t, sin_t, pos, rows, Tg, pos_stride,
                                                                        NH, HS, sign);
@@ -2511,6 +2896,7 @@ static void gpu_init(int device, cudaDeviceProp* prop) {
 }
 
 static void gpu_shutdown(void) {
+    prof_free();
     matmul_plans_free();
     cudaCheck(cudaFree(cublaslt_workspace));
     cublasCheck(cublasLtDestroy(cublaslt));
@@ -2644,6 +3030,7 @@ static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
     X(v_v,      smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
     X(v_att,    smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
     F(v_lse,    smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_heads)                    /* (Ka, NV, NHv, Nv) */ \
+    F(v_scores, attention3_scratch((int)smol_images(c, B), (c)->vis_heads, smolvla_grid(c) * smolvla_grid(c), smolvla_grid(c) * smolvla_grid(c)) * ((mode) == TRAIN_MODE_ALL ? 2 : 1))  /* (max(NV, NHv), Nv, Nv) a pass's scores (x2: dP) */ \
     X(v_mid,    smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) after attention */ \
     X(v_ln2,    smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) */ \
     F(v_mean2,  smol_vis_mlp(c, mode, rc) * smol_vrows(c, B))                                      /* (Km, V) */ \
@@ -2770,6 +3157,8 @@ typedef struct {
     cudaEvent_t marks[3];   // before the prefix, before the Euler steps, after them
     float ms[2];            // device time of the last call: the prefix, the Euler steps
     long long launches[2];  // what they handed the device, where it is counted (the CPU emulation); else -1
+    int profile_call;       // > 0: the call (1, 2, ...) to time by phase and operation, its steps launched one by one
+    int calls;              // calls so far
 } SmolSampling;
 
 typedef struct {
@@ -3162,7 +3551,7 @@ static GqaAttn smol_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, con
                          const floatX* v1, int Nk1) {
     const SmolVLAConfig* c = &m->config;
     GqaAttn a = {k0, v0, k1, v1, m->acts.block, m->B, c->n_head, c->n_kv_head, c->head_dim,
-                 Tq, q0, Nk0, Nk1, smolvla_n_prefix(c) + c->chunk};
+                 Tq, q0, Nk0, Nk1, smolvla_n_prefix(c) + c->chunk, NULL};  // (masked: versions 1 and 2)
     return a;
 }
 
@@ -3257,7 +3646,7 @@ static void smol_vision_layer_forward(SmolVLA* m, int l, int redo) {
     matmul_forward(x.q, x.ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), NULL, V, Cv, Cv);
     matmul_forward(x.k, x.ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), NULL, V, Cv, Cv);
     matmul_forward(x.v, x.ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), NULL, V, Cv, Cv);
-    GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv};
+    GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv, m->acts.v_scores};
     gqa_attention_forward(x.att, x.lse, x.q, keys);
     if (redo == RECOMPUTE_ATTN) { return; }
     matmul_forward(x.mid, x.att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), x.res, V, Cv, Cv);
@@ -3404,9 +3793,13 @@ static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
 // Images, vision tower, prefix embeddings and the VLM: everything the actions attend to.
 static void smolvla_encode_prefix(SmolVLA* m, const SmolInputs* in) {
     smolvla_set_batch(m, in->B);
+    prof_phase("images");
     smolvla_prepare_images(m, in);
+    prof_phase("vision fwd");
     smolvla_vision_forward(m);
+    prof_phase("prefix embed");
     smolvla_prefix_embed(m, in);
+    prof_phase("vlm fwd");
     smolvla_vlm_forward(m);
 }
 
@@ -3422,9 +3815,11 @@ static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro) {
     smolvla_encode_prefix(m, in);
     SmolActivations* a = &m->acts;
     int B = in->B, HA = c->chunk * c->max_action_dim, n = B * HA;
+    prof_phase("expert fwd");
     LAUNCH_1D(flow_inputs_kernel, n, a->x_t, a->target, in->actions, in->noise, in->t, HA, n);
     smolvla_suffix_embed(m, in->t);
     smolvla_expert_forward(m, 0);
+    prof_phase("loss");
     valid_entries_kernel<<<1, BLOCK, 0, main_stream>>>(a->scalars + 3, in->action_is_pad, B * c->chunk, c->action_dim,
                                                        micro > 0);
     launchCheck();
@@ -3570,6 +3965,7 @@ static void main_after_comm(Dist* d) {
         done = d->wait_end[d->waits++];
     }
     cudaCheck(cudaEventRecord(done, d->comm_stream));
+    ProfOp prof_op("nccl wait");
     cudaCheck(cudaStreamWaitEvent(main_stream, done, 0));
 }
 
@@ -3881,7 +4277,7 @@ static void smolvla_vision_backward(SmolVLA* m) {
         bias_backward(smol_grad(m, SMOLP_vis_bo, l), a->partial, dres_x, V, Cv);
         cudaCheck(cudaMemsetAsync(a->g_kf, 0, VC * sizeof(float), main_stream));
         cudaCheck(cudaMemsetAsync(a->g_vf, 0, VC * sizeof(float), main_stream));
-        GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv};
+        GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv, a->v_scores};
         gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta, keys);
         convert(a->g_kx, a->g_kf, VC);
         convert(a->g_vx, a->g_vf, VC);
@@ -3917,6 +4313,7 @@ static void smolvla_vision_backward(SmolVLA* m) {
 static void smolvla_backward(SmolVLA* m, int zero_grads) {
     const SmolVLAConfig* c = &m->config;
     int state_only = m->mode == TRAIN_MODE_EXPERT;
+    prof_phase("expert bwd");
     if (zero_grads) { cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->n_train * sizeof(float), main_stream)); }
     size_t kv = (size_t)c->n_layer * smol_prows(c, m->B) * smolvla_d_kv(c);
     cudaCheck(cudaMemsetAsync(m->acts.dp_k, 0, kv * sizeof(float), main_stream));
@@ -3924,10 +4321,13 @@ static void smolvla_backward(SmolVLA* m, int zero_grads) {
     smolvla_expert_backward(m, state_only);
     smolvla_suffix_embed_backward(m);
     smol_bucket_done(m, smol_bucket(c, TOWER_EXPERT, -1));
+    prof_phase("vlm bwd");
     smolvla_vlm_backward(m, state_only);
+    prof_phase("prefix bwd");
     smolvla_prefix_embed_backward(m, state_only);
     smol_bucket_done(m, smol_bucket(c, TOWER_VLM, -1));
     if (m->mode == TRAIN_MODE_ALL) {
+        prof_phase("vision bwd");
         smolvla_vision_backward(m);
         smol_bucket_done(m, smol_bucket(c, TOWER_VISION, -1));
     }
@@ -3958,19 +4358,24 @@ static void smolvla_euler_steps(SmolVLA* m) {
 // graph (1,957 launches at the smolvla sizes, whose host-side cost would dominate at batch 1): the
 // first call at a batch size runs them one by one (cuBLASLt's plans and the kernels' settings
 // are made outside any capture), the second captures them, later calls replay. sampling.ms and
-// .launches get what the prefix and the steps took.
+// .launches get what the prefix and the steps took. The call sampling.profile_call (the policy
+// library's VLA_PROFILE_ACT) runs its steps one by one, timed by phase and operation (prof_end).
 static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise, float* out) {
     SmolSampling* s = &m->sampling;
     if (s->marks[0] == NULL) {
         for (int k = 0; k < 3; k++) { cudaCheck(cudaEventCreate(&s->marks[k])); }
     }
+    int profiled = ++s->calls == s->profile_call;
+    double t0 = wall_seconds();
+    if (profiled) { prof_begin(); }
     cudaCheck(cudaEventRecord(s->marks[0], main_stream));
     smolvla_encode_prefix(m, in);
+    prof_phase("euler steps");
     SmolActivations* a = &m->acts;
     int n = (int)smol_rrows(&m->config, in->B) * m->config.max_action_dim;
     cudaCheck(cudaMemcpyAsync(a->x_sample, noise, n * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
     cudaCheck(cudaEventRecord(s->marks[1], main_stream));
-    if (!s->use_graph || !s->warm) {
+    if (!s->use_graph || !s->warm || profiled) {
         smolvla_euler_steps(m);
         s->warm = 1;
     } else {
@@ -3995,6 +4400,7 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
         s->launches[k] = -1;
 #endif
     }
+    if (profiled) { prof_end("sampling call", s->calls, 1000.0 * (wall_seconds() - t0)); }
 }
 
 // ---- optimizer: AdamW on the trainable elements only
@@ -4375,6 +4781,17 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
     m->device_bytes -= m->n_train * sizeof(float) + m->opt_bytes;
     m->grads_memory = m->master = m->m_memory = m->v_memory = NULL;
     m->sampling.use_graph = 1;
+    const char* profile = getenv("VLA_PROFILE_ACT");  // the act() call to profile (dev/bench_infer.py)
+    if (profile != NULL) {
+        char* end = NULL;
+        long call = strtol(profile, &end, 10);
+        if (end == profile || *end != '\0' || call < 1 || call > 1000000000L) {
+            fprintf(stderr, "vla: VLA_PROFILE_ACT=%s: expected the number (1, 2, ...) of the act() call to profile: "
+                    "ignored\n", profile);
+        } else {
+            m->sampling.profile_call = (int)call;
+        }
+    }
     p->stats = ck.stats;
     ck.stats = NULL;
     checkpoint_free(&ck);
@@ -4802,6 +5219,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     batch_upload(&loader, &dev[0], consumed[0], uploaded[0], &task_losses, 0);
     for (; step < args->steps && !stopped; step++) {
         double t0 = wall_seconds();
+        if (lead && step + 1 == args->profile) { prof_begin(); }
         watchdog->step[local] = step;
         watchdog->busy_since[local] = t0;
 #if defined(MULTI_GPU)
@@ -4824,7 +5242,9 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
                 batch_upload(&loader, &dev[k], consumed[k], uploaded[k], &task_losses, k);
             }
         }
+        prof_phase("grads");
         smolvla_grads_finish(&model, stop_requested);
+        prof_phase("optimizer");
         smolvla_update(&model, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
         task_losses_reduce(&task_losses, &model);
         float loss, norm, used_scale = 0.0f;
@@ -4840,7 +5260,8 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
 #else
         double wait_ms = 0.0;
 #endif
-        if (step > run->start) { timed_ms += ms; comm_wait_ms += wait_ms; timed_steps++; }  // the first step warms up
+        // the first step warms up; the profiled one records thousands of events
+        if (step > run->start && step + 1 != args->profile) { timed_ms += ms; comm_wait_ms += wait_ms; timed_steps++; }
         int done = step + 1;
         if (skipped && used_scale <= 1.0f) {  // not a scale too large: the model overflows fp16 itself
             if (!lead) { break; }
@@ -4867,6 +5288,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         logger_step(&logger, step, args->steps, loss, lr_at_step(args, step), norm, ms, sps,
                     peak > 0.0 ? flops * sps / (peak * world) : NAN, mem_gib,
                     done % args->log_every == 0 || done == args->steps);
+        if (done == args->profile) { prof_end("step", done, ms); }
     }
     cudaCheck(cudaStreamSynchronize(copy_stream));
     loader_pin(&loader, 0);
@@ -4978,6 +5400,10 @@ int main(int argc, char** argv) {
         smolvla_param_init(run.initial.params, &t, &run.config, args->seed);
     }
     if (!run_has_steps_left(run.from, run.start, args->steps)) { return 0; }
+    if (args->profile > 0 && (args->profile <= run.start || args->profile > args->steps)) {
+        vla_fail("--profile %d: this run trains steps %d to %d: profile one of them (one after the first, which warms up)",
+                 args->profile, run.start + 1, args->steps);
+    }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     if (run.node == 0) {

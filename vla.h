@@ -2629,6 +2629,7 @@ typedef struct {
     int train_given;        // --train was given
     int recompute;          // --recompute: RECOMPUTE_*, what the GPU trainer's backward runs again (none on the CPU)
     int memory;             // --memory: print the activation memory table and exit (the GPU trainer)
+    int profile;            // --profile STEP: time that step's GPU work by phase and operation (the GPU trainer), 0: off
     int max_text;           // --max-text: instruction tokens the model reads, 0: the checkpoint's or the preset's
     const char* init;       // checkpoint to start from (weights, optimizer, step; weights alone with weights_only)
     int weights_only;       // --weights-only: from --init's weights alone (fine-tuning: step 0, fresh optimizer)
@@ -2711,6 +2712,9 @@ static inline void train_args_usage(const char* prog) {
            RECOMPUTE_NAMES[d.recompute]);
     printf("      --memory           train_vla: print the activation memory per --train and --recompute at a few\n"
            "                         batch sizes for -p's model, and the largest batch that fits, then exit\n");
+    printf("      --profile STEP     train_vla: time step STEP's GPU work by phase (vision, VLM, expert, optimizer..)\n"
+           "                         and operation (matmul, attention, norms..), the products' shapes and TFLOP/s\n"
+           "                         too, and print the tables after the run (STEP > the first, which warms up)\n");
     printf("      --max-text N       instruction tokens the model reads (longer ones are cut), 0: the preset's (%d)\n",
            d.max_text);
     printf("  -b, --batch N          samples per rank per step (%d)\n", d.batch);
@@ -2799,7 +2803,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     train_args_defaults(a);
     enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
            OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY, OPT_BALANCE,
-           OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY, OPT_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW };
+           OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY, OPT_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW, OPT_PROFILE };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -2820,6 +2824,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"max-text", required_argument, 0, OPT_MAX_TEXT}, {"train", required_argument, 0, OPT_TRAIN},
         {"balance", required_argument, 0, OPT_BALANCE}, {"task-weights", required_argument, 0, OPT_TASK_WEIGHTS},
         {"recompute", required_argument, 0, OPT_RECOMPUTE}, {"memory", no_argument, 0, OPT_MEMORY},
+        {"profile", required_argument, 0, OPT_PROFILE},
         {"loss-scale", required_argument, 0, OPT_LOSS_SCALE},
         {"loss-scale-window", required_argument, 0, OPT_LOSS_SCALE_WINDOW},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
@@ -2854,6 +2859,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
                 if (a->recompute < 0) { vla_fail("--recompute %s: use none, attn or layer", optarg); }
                 break;
             case OPT_MEMORY: a->memory = 1; break;
+            case OPT_PROFILE: a->profile = (int)parse_int_arg("profile", optarg, 1, VLA_MAX_STEPS); break;
             case OPT_BALANCE:
                 for (a->balance = 0; a->balance < BALANCE_COUNT && strcmp(optarg, BALANCE_NAMES[a->balance]) != 0; a->balance++) {}
                 if (a->balance == BALANCE_COUNT) { vla_fail("--balance %s: use none or tasks", optarg); }

@@ -19,10 +19,11 @@
 #   STAGES='^(build_bench|bench_|lerobot_)' dev/gpu_check.sh    # only the stages whose names match
 #
 # The stages run in the order of what matters most when time is short: the builds the benchmarks
-# need, issue 12's benchmark (train_vla, LeRobot's own step, torch.compile), issue 13's inference
-# benchmark, then the test builds, the GPU tests, the dev/cuda programs and the shorter checks. A
-# stage that would start with less than 10 s of BUDGET left is skipped, and the one running when
-# BUDGET is spent is stopped (timeout); both are listed as such in the summary, and the tables are
+# need, issue 12's benchmark (train_vla, its --profile, LeRobot's own step in bf16, torch.compile),
+# issue 13's inference benchmark, then the test builds, the GPU tests, the dev/cuda programs,
+# LeRobot's other settings and the shorter checks. A stage that would start with less than 10 s of
+# BUDGET left is skipped, and the one running when BUDGET is spent is stopped (timeout); both are
+# listed as such in the summary, and the tables are
 # printed from what ran. On the device machine of this workplace (a 600 s limit a call, 15 min a
 # session), carry `.whl` (dev/lerobot/wheels.sh) and `build/lerobot_ref` (LeRobot's references,
 # made here by `make setup && make build/lerobot_ref/all/ref.safetensors`, 12 MB: the GPU machine
@@ -106,12 +107,20 @@ stage() {
 stage build_bench make -j"$JOBS" PYTHON="$PYTHON" train_vla libvla_gpu.so data/synthetic "$BENCH_DATA"
 
 # 2. issue 12's benchmark: the smolvla preset (random weights) on $BENCH_DATA, batch B, bf16, per
-# train mode: train_vla (world size 1 through NCCL), LeRobot's own step with its defaults (fp32)
-# and with bf16 mixed precision, the oracle under torch.compile with bf16 autocast
+# train mode: train_vla (world size 1 through NCCL), LeRobot's own step with bf16 mixed precision
+# (its faster setting; its defaults, fp32, run after the tests), the oracle under torch.compile
+# with bf16 autocast
 for train in expert all; do
     rm -rf "build/gpu_check_$train"
     stage "bench_train_vla_$train" ./train_vla -p smolvla --train "$train" -b "$B" -n "$STEPS" -u 10 -i "$BENCH_DATA" \
         -o "build/gpu_check_$train" -k 0 --keep 1 --log-every 10
+done
+# where train_vla's step time goes: one step (the third) of each train mode timed by phase and
+# operation, the products and attention calls by shape with their TFLOP/s (--profile)
+for train in expert all; do
+    rm -rf "build/gpu_check_prof_$train"
+    stage "profile_$train" ./train_vla -p smolvla --train "$train" -b "$B" -n 3 -u 2 -i "$BENCH_DATA" \
+        -o "build/gpu_check_prof_$train" -k 0 --log-every 1 --profile 3
 done
 # LeRobot's own SmolVLA training step and inference on this GPU at the released sizes (random
 # weights): the peers of the comparisons. lerobot and its pure-Python dependencies travel as wheels
@@ -121,13 +130,17 @@ if [ -d .whl ] && ls .whl/lerobot-*.whl > /dev/null 2>&1; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lerobot_site \
         .whl/*.whl && export PYTHONPATH=/tmp/lerobot_site${PYTHONPATH:+:$PYTHONPATH} && have_lerobot=1
 fi
+# lerobot_train MODE AMP, lerobot_infer AMP: LeRobot's step at batch B, its batch-1 chunks
+lerobot_train() {
+    stage "lerobot_$1_$2" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --train "$1" --amp "$2" --batch "$B" \
+        --steps "$STEPS" --warmup 5 --device cuda --json "$LOGS/lerobot_$1_$2.json"
+}
+lerobot_infer() {
+    stage "lerobot_infer_$1" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --infer --infer-batch 1 --amp "$1" \
+        --steps "$CHUNKS" --warmup 5 --device cuda --json "$LOGS/lerobot_infer_$1.json"
+}
 if [ $have_lerobot = 1 ]; then
-    for train in expert all; do
-        for amp in bf16 none; do
-            stage "lerobot_${train}_${amp}" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --train "$train" \
-                --amp "$amp" --batch "$B" --steps "$STEPS" --warmup 5 --device cuda --json "$LOGS/lerobot_${train}_${amp}.json"
-        done
-    done
+    for train in expert all; do lerobot_train "$train" bf16; done
 else
     summary+=("$(printf '%-26s skipped: no .whl/lerobot-*.whl (run dev/lerobot/wheels.sh here, carry .whl)' lerobot)")
 fi
@@ -143,16 +156,12 @@ done
 # checkpoint is written once under build/bench) at batch 1 from raw observations (2 cameras of
 # 224 px resized to 512 on the device, an instruction, the state), the prefix once and 10 Euler
 # steps, through libvla_gpu.so (bf16): the steps replayed as a CUDA graph, and launched one by one;
-# then LeRobot's batch-1 chunks as lerobot_eval.py asks for them: its defaults (fp32), and under
-# bf16 autocast
-stage bench_infer "$PYTHON" dev/bench_infer.py --preset smolvla --chunks "$CHUNKS" --warmup 5 --graphs both \
-    --json "$LOGS/bench_infer.json"
-if [ $have_lerobot = 1 ]; then
-    for amp in none bf16; do
-        stage "lerobot_infer_${amp}" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --infer --infer-batch 1 \
-            --amp "$amp" --steps "$CHUNKS" --warmup 5 --device cuda --json "$LOGS/lerobot_infer_${amp}.json"
-    done
-fi
+# then LeRobot's batch-1 chunks as lerobot_eval.py asks for them with its defaults (fp32, its
+# faster setting here; under bf16 autocast after the tests)
+# (VLA_PROFILE_ACT=3: the third call of each policy, a warm-up one, also timed by phase and operation)
+stage bench_infer env VLA_PROFILE_ACT=3 "$PYTHON" dev/bench_infer.py --preset smolvla --chunks "$CHUNKS" --warmup 5 \
+    --graphs both --json "$LOGS/bench_infer.json"
+[ $have_lerobot = 1 ] && lerobot_infer none
 
 # 4. the GPU tests (fp32 and bf16 against LeRobot's references and the oracle, world sizes, ZeRO-1,
 # resume, checkpoints across trainers; fp16's oracle case and loss scaling) and the dev/cuda programs
@@ -189,6 +198,13 @@ for prog in dev/cuda/*.cu; do
     stage "cuda_$name" "dev/cuda/$name"
 done
 
+# the rest of LeRobot's figures: its training step with its defaults (fp32), its chunks under bf16
+# autocast
+if [ $have_lerobot = 1 ]; then
+    for train in expert all; do lerobot_train "$train" none; done
+    lerobot_infer bf16
+fi
+
 # 5. a short run on the shipped data (small preset): the loss must fall; the launch scripts on this
 # GPU (the template at 1 GPU, the resume loop's give-up path)
 stage train_default ./train_vla -b 32 -n 300 -u 30 -l 1e-3 --log-every 50 -o build/gpu_check_run
@@ -210,7 +226,7 @@ printf '%s\n' "${summary[@]}" | tee "$OUTDIR/summary.txt"
 
 # the table: samples/s of each, the ratio to train_vla, MFU on train_vla's FLOP count of the mode
 # (forward everywhere, backward where gradients flow), peak memory
-json_field() { "$PYTHON" -c "import json,sys; d=json.load(open(sys.argv[1])); t=d.get('train', d); v=t.get(sys.argv[2]); print('?' if v is None else v)" "$1" "$2" 2>/dev/null || echo '?'; }
+json_field() { "$PYTHON" -c "import json,sys; d=json.load(open(sys.argv[1])); t=d.get('train', d); v=t.get(sys.argv[2]); print('?' if v is None else f'{v:.2f}' if isinstance(v, float) else v)" "$1" "$2" 2>/dev/null || echo '?'; }
 row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
 {
     echo
@@ -248,6 +264,16 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
         echo "train_vla at world size 1 through NCCL: $(sed -n 's/^communication: //p' "$log" 2>/dev/null)"
     done
     echo "(vs ours: their samples/s over train_vla's; below 1 means train_vla is faster)"
+
+    # --profile: each train mode's step by phase, and its ten costliest operations
+    for train in expert all; do
+        f=$LOGS/profile_$train.log
+        [ -f "$f" ] || continue
+        echo
+        echo "--train $train, --profile 3: $(sed -n 's/^profile of step 3: //p' "$f" | head -n 1)"
+        awk '/^by phase \(calls/ {on = 1; next} on && /^$/ {exit} on' "$f"
+        awk '/^by phase and operation/ {on = 1; n = 0; next} on && /^$/ {exit} on && n++ < 12' "$f"
+    done
 
     # recomputation: --train all at batch B, none (the benchmark above) against attn and layer
     echo
@@ -294,6 +320,14 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
     echo " train_vla's figure is the whole act() call from raw observations, as select_action + processors is)"
     verdict=$(awk -v a="$ours_ms" 'BEGIN { if (a+0 <= 0) print "not measured"; else if (a <= 15) print "met"; else print "NOT met" }')
     echo "issue 13's target, at most 15 ms per chunk on an H100: $verdict (${ours_ms} ms on $(head -n 2 "$OUTDIR/device.txt" | tail -n 1 | cut -d, -f1))"
+    # the profiled call (the first policy's third, its Euler steps launched one by one)
+    f=$LOGS/bench_infer.log
+    if grep -q '^profile of sampling call 3: ' "$f" 2> /dev/null; then
+        echo
+        echo "inference, VLA_PROFILE_ACT=3: $(sed -n 's/^profile of sampling call 3: //p' "$f" | head -n 1)"
+        awk '/^by phase \(calls/ {on = 1; next} on && /^$/ {exit} on' "$f"
+        awk '/^by phase and operation/ {on = 1; n = 0; next} on && /^$/ {exit} on && n++ < 12' "$f"
+    fi
 } | tee "$OUTDIR/table.txt"
 bundle
 exit $failed

@@ -60,6 +60,22 @@ else
   check gpu 'all(x["prefix_ms_median"] > 0 and x["steps_ms_median"] > 0 for x in r["runs"].values())'
   # counted only by the CPU emulation: the replayed graph is one launch, the steps one by one hundreds
   check gpu 'r["runs"]["eager"]["steps_launches"] is None or (r["runs"]["graphs"]["steps_launches"] == 1 and r["runs"]["eager"]["steps_launches"] > 100 and r["runs"]["graphs"]["prefix_launches"] == r["runs"]["eager"]["prefix_launches"] > 10)'
+  # VLA_PROFILE_ACT=N: the library times its Nth act() call by phase and operation (its Euler steps
+  # launched one by one), and the graph is still replayed by the calls after it
+  VLA_PROFILE_ACT=3 run profile --library "$GPU_LIBRARY" --chunks 2 --warmup 2 --graphs on
+  if grep -q '^profile of sampling call 3: ' "$T/profile.log" && grep -q '^| vision fwd ' "$T/profile.log" &&
+     grep -q '^| euler steps ' "$T/profile.log" && grep -q '^| euler steps *| attention fwd ' "$T/profile.log" &&
+     [ "$(grep -c '^profile of ' "$T/profile.log")" = 1 ]; then
+    ok "VLA_PROFILE_ACT=3: one profile, of the third call, with the prefix's phases and the Euler steps' attention"
+  else
+    bad "VLA_PROFILE_ACT=3: no profile of the third call with its phases in $(grep -c '' "$T/profile.log") lines of output"
+  fi
+  check profile 'r["runs"]["graphs on"]["chunks_timed"] == 2'
+  check profile 'r["runs"]["graphs on"]["steps_launches"] is None or r["runs"]["graphs on"]["steps_launches"] == 1'
+  VLA_PROFILE_ACT=third run profile_bad --library "$GPU_LIBRARY" --chunks 1 --warmup 1 --graphs on
+  grep -q 'VLA_PROFILE_ACT=third: expected the number' "$T/profile_bad.log" &&
+    ok "VLA_PROFILE_ACT=third: $(grep 'VLA_PROFILE_ACT=third' "$T/profile_bad.log")" ||
+    bad "VLA_PROFILE_ACT=third: no warning that names it"
 fi
 
 # a checkpoint that is not there: one clear line, non-zero

@@ -18,6 +18,10 @@ filled with float32's most negative value as LeRobot fills them.
   version 2  tensor cores (WMMA, bf16), 64x64 tiles as train_vla.cu's attention_*_kernel2, with the
              kv head of each query head, the key loop stopped after the last key any query of the
              tile can see, and the dk/dv block walking every query head of its kv head (the bf16 path)
+  version 3  the vision tower's calls (no mask, a kv head per query head), every precision: the
+             products through cuBLASLt, head by head over a strided batch of the images, the
+             scores in fp32 scratch and the softmax (and its backward) a warp per row between them
+             (attention_softmax_rows_kernel, attention_softmax_backward_rows_kernel)
 
 The kernels and launchers are train_vla.cu's (common.h includes it whole), in its kernels and
 launchers sections beside the attention helpers they use (ATT_TILE, load_query_tile, warp_scores,
@@ -42,22 +46,45 @@ warp_accumulate, attention_delta_kernel, padded_head_dim); this program checks a
 // checks and benchmarks
 
 #if defined(ENABLE_FP32)
-static const int VERSIONS = 1, V2_THREADS = 0;  // version 2 exists in bf16 builds only
+static const int HAVE_V2 = 0, V2_THREADS = 0;  // version 2 exists in bf16 builds only
 #else
-static const int VERSIONS = 2, V2_THREADS = ATT_THREADS;
+static const int HAVE_V2 = 1, V2_THREADS = ATT_THREADS;
 #endif
 
-static GqaAttn case_attn(const Case* k) {
-    return GqaAttn{k->d_k0, k->d_v0, k->d_k1, k->d_v1, k->d_block, k->B, k->NH, k->NKV, k->HS,
-                   k->Tq, k->q0, k->Nk0, k->Nk1, k->Nt};
+// Whether `version` takes this call: 1 always, 2 in bf16 builds, 3 the vision tower's calls
+static bool version_takes(int version, const Case* k) {
+    return version == 1 || (version == 2 && HAVE_V2) || (version == 3 && k->pass == PASS_VISION);
 }
 
-// version 1 at `block` threads per block; version 2 through the launcher (bf16 builds)
+// version 3's scores: max(B, NH) x (Tq, nk) fp32 twice (the backward's S and dP), grown as the cases need
+static float* v3_scratch(const Case* k) {
+    static float* scratch = NULL;
+    static size_t have = 0;
+    size_t need = 2 * attention3_scratch(k->B, k->NH, k->Tq, k->Nk0 + k->Nk1);
+    if (need > have) {
+        if (scratch != NULL) { cudaCheck(cudaFree(scratch)); }
+        cudaCheck(cudaMalloc(&scratch, need * sizeof(float)));
+        have = need;
+    }
+    return scratch;
+}
+
+static GqaAttn case_attn(const Case* k, int version = 1) {
+    return GqaAttn{k->d_k0, k->d_v0, k->d_k1, k->d_v1, k->d_block, k->B, k->NH, k->NKV, k->HS,
+                   k->Tq, k->q0, k->Nk0, k->Nk1, k->Nt, version == 3 ? v3_scratch(k) : NULL};
+}
+
+// version 1 at `block` threads per block; version 2 through the launcher (bf16 builds, without
+// scratch), version 3 through its own
 static void run_forward(int version, int block, floatX* out, float* lse, const Case* k) {
-    GqaAttn a = case_attn(k);
+    GqaAttn a = case_attn(k, version);
     if (version == 1) {
         gqa_attention_check(a);
         gqa_attention_forward1(out, lse, k->d_q, a, block);
+    } else if (version == 3) {
+        gqa_attention_check(a);
+        if (!gqa_attention3_fits(a)) { vla_fail("attention_smolvla: version 3 does not take this call"); }
+        gqa_attention_forward3(out, lse, k->d_q, a);
     } else {
         gqa_attention_forward(out, lse, k->d_q, a);
     }
@@ -65,12 +92,15 @@ static void run_forward(int version, int block, floatX* out, float* lse, const C
 
 static void run_backward(int version, int block, const Case* k, floatX* dq, float* dk0, float* dv0, float* dk1,
                          float* dv1, float* delta) {
-    GqaAttn a = case_attn(k);
+    GqaAttn a = case_attn(k, version);
     if (version == 1) {
         gqa_attention_check(a);
         attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, block), block, 0, main_stream>>>(delta, k->d_dout, k->d_out, a.B * a.Tq, a.Tq, a.NH, a.HS);
         launchCheck();
         gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a, block);
+    } else if (version == 3) {  // (the trainer's launcher: the delta kernel, then version 3)
+        if (!gqa_attention3_fits(a)) { vla_fail("attention_smolvla: version 3 does not take this call"); }
+        gqa_attention_backward(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_out, k->d_lse, delta, a);
     } else {
         gqa_attention_backward(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_out, k->d_lse, delta, a);
     }
@@ -84,7 +114,7 @@ static int case_label(char* buf, size_t n, const Case* k, int version, int block
                     pass_names[k->pass], k->B, k->NH, k->NKV, k->HS, k->Tq, k->Nk0, k->Nk1, block);
 }
 
-static double worst_err[2] = {0.0, 0.0};  // the largest relative error met by each version (report)
+static double worst_err[3] = {0.0, 0.0, 0.0};  // the largest relative error met by each version (report)
 
 static void check_close_v(int version, const char* what, const float* got, const double* ref, size_t n, double tol) {
     double num = 0.0, den = 0.0;
@@ -116,9 +146,10 @@ static void check_forward(const Case* k) {
     double* ref_blind = (double*)mallocCheck((n_out > 0 ? n_out : 1) * sizeof(double));
     float* got_seen = (float*)mallocCheck(n_lse * sizeof(float));
     float* got_blind = (float*)mallocCheck((n_out > 0 ? n_out : 1) * sizeof(float));
-    for (int version = 1; version <= VERSIONS; version++) {
+    for (int version = 1; version <= 3; version++) {
+        if (!version_takes(version, k)) { continue; }
         for (int bi = 0; bi < (version == 1 ? N_V1_BLOCKS : 1); bi++) {
-            int block = version == 1 ? V1_BLOCKS[bi] : V2_THREADS;
+            int block = version == 1 ? V1_BLOCKS[bi] : version == 2 ? V2_THREADS : BLOCK;
             poison(out, n_out * sizeof(floatX));
             poison(lse, n_lse * sizeof(float));
             run_forward(version, block, out, lse, k);
@@ -183,11 +214,14 @@ static void check_backward(const Case* k, uint64_t seed) {
     // 1e-2 keeps a margin and stays far below what a wrong mask or head gives (order 1).
     double tol_f32 = 1e-5, tol_dq = sizeof(floatX) == 4 ? 1e-5 : 1e-2;
     float* first[5] = {NULL, NULL, NULL, NULL, NULL};  // dq, dk0, dv0, dk1, dv1 of the last block size
-    for (int version = 1; version <= VERSIONS; version++) {
-        double tol_kv = version == 1 ? tol_f32 : 1e-2;
+    for (int version = 1; version <= 3; version++) {
+        if (!version_takes(version, k)) { continue; }
+        // (version 3 rounds P and dS to floatX as version 2 does: exact in fp32 builds)
+        double tol_kv = version == 1 || sizeof(floatX) == 4 ? tol_f32 : 1e-2;
         int n_runs = (version == 1 ? N_V1_BLOCKS : 1) + 1;  // the last block size twice: same bits?
         for (int run = 0; run < n_runs; run++) {
-            int bi = run < n_runs - 1 ? run : run - 1, block = version == 1 ? V1_BLOCKS[bi] : V2_THREADS;
+            int bi = run < n_runs - 1 ? run : run - 1;
+            int block = version == 1 ? V1_BLOCKS[bi] : version == 2 ? V2_THREADS : BLOCK;
             poison(dq, n_q * sizeof(floatX));
             poison(delta, n_stat * sizeof(float));
             cudaCheck(cudaMemcpy(dk0, dk00, n_k0 * sizeof(float), cudaMemcpyHostToDevice));
@@ -269,7 +303,8 @@ static void benchmark(int pass, int B, int NH, int NKV, int HS, int NI, int T, i
     // Q K^T and P V over every key, masked or not (4 B NH Tq nk HS); the backward's five products
     // (S, dP, dV, dQ, dK) likewise; version 2 computes S and dP twice, which is not counted
     double flops_fwd = 4.0 * B * NH * a.Tq * nk * HS, flops_bwd = 2.5 * flops_fwd;
-    for (int version = 1; version <= VERSIONS; version++) {
+    for (int version = 1; version <= 3; version++) {
+        if (!version_takes(version, &k)) { continue; }
         int reps = version == 1 ? 5 : 20;
         double ms_f = time_ms([&]() { run_forward(version, 256, out, lse, &k); }, reps);
         double ms_b = time_ms([&]() { run_backward(version, 256, &k, dq, dk0, dv0, dk1, dv1, delta); }, reps);
@@ -312,8 +347,9 @@ int main(void) {
             seed += 10;
         }
     }
-    // the vision tower: no mask, as many kv heads as query heads; 96 tokens: a tile and a half
-    struct { int B, NH, HS, N; } vision[] = {{1, 2, 64, 96}, {2, 3, 16, 40}};
+    // the vision tower: no mask, as many kv heads as query heads; 96 tokens: a tile and a half;
+    // version 3 batches the images per head (B >= NH) or the heads per image (B < NH)
+    struct { int B, NH, HS, N; } vision[] = {{1, 2, 64, 96}, {2, 3, 16, 40}, {3, 2, 32, 40}};
     for (size_t s = 0; s < sizeof(vision) / sizeof(vision[0]); s++) {
         Case k = make_case(PASS_VISION, vision[s].B, vision[s].NH, vision[s].NH, vision[s].HS, vision[s].N, 1, 0,
                            FORWARD_HOST, seed);
@@ -322,7 +358,8 @@ int main(void) {
         free_case(&k);
         seed += 10;
     }
-    printf("worst relative error: version 1 %.2e%s", worst_err[0], VERSIONS > 1 ? "" : "\n");
-    if (VERSIONS > 1) { printf(", version 2 %.2e\n", worst_err[1]); }
+    printf("worst relative error: version 1 %.2e", worst_err[0]);
+    if (HAVE_V2) { printf(", version 2 %.2e", worst_err[1]); }
+    printf(", version 3 %.2e\n", worst_err[2]);
     return dev_finish(benchmarks);
 }

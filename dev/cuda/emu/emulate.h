@@ -10,7 +10,8 @@ the project uses, on the host:
   its block (or lane of its warp) has arrived.
 - WMMA fragments hold the whole tile in every lane (the real layout is unspecified, so code that
   is correct on a GPU only touches fragment elements uniformly); mma_sync multiplies in fp32.
-- cublasLtMatmul computes D = alpha op(A) op(B) + beta C (+ bias) in column-major order with
+- cublasLtMatmul computes D = alpha op(A) op(B) + beta C (+ bias) in column-major order, one
+  product or a strided batch of them (BATCH_COUNT, STRIDED_BATCH_OFFSET), with
   fp32 accumulation, checking the layouts it is given.
 
 It also checks what a GPU reports less plainly, and stops with one line when it finds it:
@@ -1090,6 +1091,7 @@ typedef enum {
     CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
 } cublasLtMatmulDescAttributes_t;
 typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 } cublasLtEpilogue_t;
+typedef enum { CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6 } cublasLtMatrixLayoutAttribute_t;
 typedef enum {
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
@@ -1110,6 +1112,8 @@ struct EmuLtLayout {
     cudaDataType_t type;
     uint64_t rows, cols;
     int64_t ld;
+    int32_t batch;   // matrices of a strided batch (1: one)
+    int64_t stride;  // elements from one to the next
 };
 struct EmuLtPref { size_t workspace; uint32_t min_align[4]; };  // A, B, C, D
 typedef EmuLtHandle* cublasLtHandle_t;
@@ -1159,7 +1163,18 @@ static inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t
 static inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType_t type, uint64_t rows,
                                                         uint64_t cols, int64_t ld) {
     if (ld < (int64_t)rows || ld < 1) { return CUBLAS_STATUS_INVALID_VALUE; }
-    *l = new EmuLtLayout{type, rows, cols, ld};
+    *l = new EmuLtLayout{type, rows, cols, ld, 1, 0};
+    return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
+                                                              const void* buf, size_t size) {
+    if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT && size == sizeof(int32_t) && *(const int32_t*)buf >= 1) {
+        l->batch = *(const int32_t*)buf;
+    } else if (attr == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET && size == sizeof(int64_t)) {
+        l->stride = *(const int64_t*)buf;
+    } else {
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
 static inline cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return CUBLAS_STATUS_SUCCESS; }
@@ -1199,6 +1214,10 @@ static inline cublasStatus_t emu_lt_check(cublasLtMatmulDesc_t d, cublasLtMatrix
     if (d->epilogue != CUBLASLT_EPILOGUE_BIAS && d->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
         emu::fail("cublasLtMatmul: epilogue %d is not emulated", (int)d->epilogue);
     }
+    if (A->batch != D->batch || B->batch != D->batch || C->batch != D->batch) {
+        emu::fail("cublasLtMatmul: batch counts differ: A %d, B %d, C %d, D %d", A->batch, B->batch, C->batch, D->batch);
+    }
+    if (D->batch > 1 && d->epilogue == CUBLASLT_EPILOGUE_BIAS) { emu::fail("cublasLtMatmul: a batched bias is not emulated"); }
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1252,7 +1271,9 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDe
     if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && d->bias == nullptr) { emu::fail("cublasLtMatmul: bias epilogue without a bias pointer"); }
     float al = *(const float*)alpha, be = *(const float*)beta;
     if (be != 0.0f && c == nullptr) { emu::fail("cublasLtMatmul: beta != 0 without C"); }
-    if (c == out && C->ld != D->ld) { emu::fail("cublasLtMatmul: in place (C == D) needs equal layouts"); }
+    if (c == out && (C->ld != D->ld || C->stride != D->stride)) {
+        emu::fail("cublasLtMatmul: in place (C == D) needs equal layouts");
+    }
     // the descriptors as they are now: a captured product keeps them (and the bias) as a GPU's does
     EmuLtDesc dd = *d;
     EmuLtLayout la = *A, lb = *B, lc = *C, ld = *D;
@@ -1261,20 +1282,24 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDe
         std::lock_guard<std::recursive_mutex> lock(emu::device_mutex);
         emu::device_open();
         std::vector<float> col(m);
-        for (uint64_t j = 0; j < n; j++) {
-            for (uint64_t i = 0; i < m; i++) {
-                float s = 0.0f;
-                for (uint64_t p = 0; p < k; p++) {
-                    size_t ia = dd.transa == CUBLAS_OP_N ? i + p * la.ld : p + i * la.ld;
-                    size_t ib = dd.transb == CUBLAS_OP_N ? p + j * lb.ld : j + p * lb.ld;
-                    s += emu_load(a, la.type, ia) * emu_load(b, lb.type, ib);
+        for (int32_t g = 0; g < ld.batch; g++) {  // one product after the other, as a batch may read what another wrote
+            size_t oa = (size_t)(g * la.stride), ob = (size_t)(g * lb.stride), oc = (size_t)(g * lc.stride);
+            size_t od = (size_t)(g * ld.stride);
+            for (uint64_t j = 0; j < n; j++) {
+                for (uint64_t i = 0; i < m; i++) {
+                    float s = 0.0f;
+                    for (uint64_t p = 0; p < k; p++) {
+                        size_t ia = dd.transa == CUBLAS_OP_N ? i + p * la.ld : p + i * la.ld;
+                        size_t ib = dd.transb == CUBLAS_OP_N ? p + j * lb.ld : j + p * lb.ld;
+                        s += emu_load(a, la.type, oa + ia) * emu_load(b, lb.type, ob + ib);
+                    }
+                    float r = al * s;
+                    if (be != 0.0f) { r += be * emu_load(c, lc.type, oc + i + j * lc.ld); }
+                    if (dd.epilogue == CUBLASLT_EPILOGUE_BIAS) { r += emu_load(dd.bias, ld.type, i); }
+                    col[i] = r;
                 }
-                float r = al * s;
-                if (be != 0.0f) { r += be * emu_load(c, lc.type, i + j * lc.ld); }
-                if (dd.epilogue == CUBLASLT_EPILOGUE_BIAS) { r += emu_load(dd.bias, ld.type, i); }
-                col[i] = r;
+                for (uint64_t i = 0; i < m; i++) { emu_store(out, ld.type, od + i + j * ld.ld, col[i]); }
             }
-            for (uint64_t i = 0; i < m; i++) { emu_store(out, ld.type, i + j * ld.ld, col[i]); }
         }
         emu::device_close();
     });
