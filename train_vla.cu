@@ -2674,18 +2674,37 @@ static bool gqa_attention3_fits(const GqaAttn& a) {
 
 // Version 3 walks the smaller of the samples and the heads and batches the other in each pass: a
 // head of every image per pass in training (64 images, 12 heads), every head of an image at
-// inference (one or two images), so the products stay few and large. Where pass p's slot g starts,
-// in elements: queries (and out, dO, dq) at p q_pass + g q_slot, keys (and values, dk, dv) at
-// p kv_pass + g kv_slot, the log-sum-exp (and delta) at p lse_pass + g lse_slot.
+// inference (one or two images), so the products stay few and large. Pass p is pass p % inner of
+// group p / inner; where its slot g starts, in elements: queries (and out, dO, dq) at
+// (p % inner) q_pass + (p / inner) q_group + g q_slot, keys (and values, dk, dv) and the
+// log-sum-exp (and delta) likewise.
 typedef struct {
-    int passes, slots;
-    long long q_pass, q_slot, kv_pass, kv_slot, lse_pass, lse_slot;
+    int passes, inner, slots;
+    long long q_pass, q_group, q_slot, kv_pass, kv_group, kv_slot, lse_pass, lse_group, lse_slot;
 } Attention3Walk;
+
+// Samples per pass when version 3 batches them per head: 0, all of them (the trainer's); fewer (a
+// divisor of the batch) keep a pass's scores small enough to stay in L2 between the kernels that
+// write and read them, for more launches (dev/cuda/attention_smolvla benchmarks both)
+static int attention3_samples_per_pass = 0;
 
 static Attention3Walk attention3_walk(const GqaAttn& a) {
     long long T = a.Tq, N = a.Nk0, D = (long long)a.NH * a.HS;
-    if (a.B >= a.NH) { return Attention3Walk{a.NH, a.B, a.HS, T * D, a.HS, N * D, T, a.NH * T}; }
-    return Attention3Walk{a.B, a.NH, T * D, a.HS, N * D, a.HS, a.NH * T, T};
+    if (a.B >= a.NH) {
+        long long n = attention3_samples_per_pass > 0 && a.B % attention3_samples_per_pass == 0 ?
+                      attention3_samples_per_pass : a.B;
+        return Attention3Walk{(int)(a.NH * (a.B / n)), a.NH, (int)n, a.HS, n * T * D, T * D, a.HS, n * N * D, N * D, T,
+                              n * a.NH * T, a.NH * T};
+    }
+    return Attention3Walk{a.B, a.B, a.NH, T * D, 0, a.HS, N * D, 0, a.HS, a.NH * T, 0, T};
+}
+
+// Where pass p of the walk starts: its queries', keys' and log-sum-exp's offsets (elements)
+static void attention3_pass(const Attention3Walk& w, int p, long long* q, long long* kv, long long* lse) {
+    int i = p % w.inner, g = p / w.inner;
+    *q = i * w.q_pass + g * w.q_group;
+    *kv = i * w.kv_pass + g * w.kv_group;
+    *lse = i * w.lse_pass + g * w.lse_group;
 }
 
 // fp32 scratch the forward needs (one pass's scores); the backward needs twice this
@@ -2705,15 +2724,17 @@ static void gqa_attention_forward3(floatX* out, float* lse, const floatX* q, con
     MatmulBatch scores = {w.slots, w.kv_slot, w.q_slot, (long long)T * N};  // K, Q -> S^T
     MatmulBatch values = {w.slots, w.kv_slot, (long long)T * ldp, w.q_slot};  // V, P -> O^T
     for (int p = 0; p < w.passes; p++) {
+        long long qo, kvo, lo;
+        attention3_pass(w, p, &qo, &kvo, &lo);
         // S^T (N, T) = K Q^T per slot: K column-major (HS, N) at row stride D
-        matmul_cublaslt(a.scratch, CUDA_R_32F, N, NULL, a.k0 + p * w.kv_pass, D, true, q + p * w.q_pass, D, false, N, T,
-                        HS, 0.0f, NULL, &scores);
+        matmul_cublaslt(a.scratch, CUDA_R_32F, N, NULL, a.k0 + kvo, D, true, q + qo, D, false, N, T, HS, 0.0f, NULL,
+                        &scores);
         attention_softmax_rows_kernel<<<ceil_div((size_t)rows * 32, BLOCK), BLOCK, 0, main_stream>>>(
-            a.scratch, lse + p * w.lse_pass, rows, N, N, scale, T, w.lse_slot);
+            a.scratch, lse + lo, rows, N, N, scale, T, w.lse_slot);
         launchCheck();
         // O^T (HS, T) = V^T P^T
-        matmul_cublaslt(out + p * w.q_pass, CUBLAS_FLOATX, D, NULL, a.v0 + p * w.kv_pass, D, false,
-                        (const floatX*)a.scratch, ldp, false, HS, T, N, 0.0f, NULL, &values);
+        matmul_cublaslt(out + qo, CUBLAS_FLOATX, D, NULL, a.v0 + kvo, D, false, (const floatX*)a.scratch, ldp, false, HS,
+                        T, N, 0.0f, NULL, &values);
     }
 }
 
@@ -2732,22 +2753,23 @@ static void gqa_attention_backward3(floatX* dq, float* dk0, float* dv0, const fl
     MatmulBatch on_p = {w.slots, w.q_slot, (long long)T * ldp, w.kv_slot};  // dO or Q, P or dS -> dV^T or dK^T
     MatmulBatch on_ds = {w.slots, w.kv_slot, (long long)T * ldp, w.q_slot};  // K, dS -> dQ^T
     for (int p = 0; p < w.passes; p++) {
-        const floatX* k = a.k0 + p * w.kv_pass;
-        const floatX* v = a.v0 + p * w.kv_pass;
-        const floatX* qp = q + p * w.q_pass;
-        const floatX* dop = dout + p * w.q_pass;
+        long long qo, kvo, lo;
+        attention3_pass(w, p, &qo, &kvo, &lo);
+        const floatX* k = a.k0 + kvo;
+        const floatX* v = a.v0 + kvo;
+        const floatX* qp = q + qo;
+        const floatX* dop = dout + qo;
         // S^T = K Q^T and dP^T (N, T) = V dO^T, then P and dS over them
         matmul_cublaslt(s, CUDA_R_32F, N, NULL, k, D, true, qp, D, false, N, T, HS, 0.0f, NULL, &scores);
         matmul_cublaslt(dp, CUDA_R_32F, N, NULL, v, D, true, dop, D, false, N, T, HS, 0.0f, NULL, &scores);
         attention_softmax_backward_rows_kernel<<<ceil_div((size_t)rows * 32, BLOCK), BLOCK, 0, main_stream>>>(
-            s, dp, lse + p * w.lse_pass, delta + p * w.lse_pass, rows, N, N, scale, T, w.lse_slot);
+            s, dp, lse + lo, delta + lo, rows, N, N, scale, T, w.lse_slot);
         launchCheck();
         // dV^T (HS, N) += dO^T P; dK^T += scale Q^T dS; dQ^T (HS, T) = scale K^T dS^T
-        matmul_cublaslt(dv0 + p * w.kv_pass, CUDA_R_32F, D, NULL, dop, D, false, p_x, ldp, true, HS, N, T, 1.0f, NULL,
-                        &on_p);
-        matmul_cublaslt(dk0 + p * w.kv_pass, CUDA_R_32F, D, NULL, qp, D, false, ds_x, ldp, true, HS, N, T, 1.0f, NULL,
-                        &on_p, scale);
-        matmul_cublaslt(dq + p * w.q_pass, CUBLAS_FLOATX, D, NULL, k, D, false, ds_x, ldp, false, HS, T, N, 0.0f, NULL,
+        matmul_cublaslt(dv0 + kvo, CUDA_R_32F, D, NULL, dop, D, false, p_x, ldp, true, HS, N, T, 1.0f, NULL, &on_p);
+        matmul_cublaslt(dk0 + kvo, CUDA_R_32F, D, NULL, qp, D, false, ds_x, ldp, true, HS, N, T, 1.0f, NULL, &on_p,
+                        scale);
+        matmul_cublaslt(dq + qo, CUBLAS_FLOATX, D, NULL, k, D, false, ds_x, ldp, false, HS, T, N, 0.0f, NULL,
                         &on_ds, scale);
     }
 }

@@ -51,8 +51,11 @@ static const int HAVE_V2 = 0, V2_THREADS = 0;  // version 2 exists in bf16 build
 static const int HAVE_V2 = 1, V2_THREADS = ATT_THREADS;
 #endif
 
+static int only_version = 0;  // 0: every version that takes a call; else that one alone
+
 // Whether `version` takes this call: 1 always, 2 in bf16 builds, 3 the vision tower's calls
 static bool version_takes(int version, const Case* k) {
+    if (only_version != 0 && version != only_version) { return false; }
     return version == 1 || (version == 2 && HAVE_V2) || (version == 3 && k->pass == PASS_VISION);
 }
 
@@ -303,14 +306,24 @@ static void benchmark(int pass, int B, int NH, int NKV, int HS, int NI, int T, i
     // Q K^T and P V over every key, masked or not (4 B NH Tq nk HS); the backward's five products
     // (S, dP, dV, dQ, dK) likewise; version 2 computes S and dP twice, which is not counted
     double flops_fwd = 4.0 * B * NH * a.Tq * nk * HS, flops_bwd = 2.5 * flops_fwd;
+    // version 3 also with fewer samples a pass (its scores then fit in L2: 8 images of 1,024 tokens
+    // are 32 MiB of fp32 scores)
+    const int per_pass[] = {0, 16, 8};
     for (int version = 1; version <= 3; version++) {
         if (!version_takes(version, &k)) { continue; }
-        int reps = version == 1 ? 5 : 20;
-        double ms_f = time_ms([&]() { run_forward(version, 256, out, lse, &k); }, reps);
-        double ms_b = time_ms([&]() { run_backward(version, 256, &k, dq, dk0, dv0, dk1, dv1, delta); }, reps);
-        printf("bench v%d %-17s (B %d, NH %d, NKV %d, HS %d, %4d queries x %4d keys): forward %8.3f ms %6.1f TFLOP/s, "
-               "backward %8.3f ms %6.1f TFLOP/s\n", version, pass_names[pass], B, NH, NKV, HS, a.Tq, nk, ms_f,
-               flops_fwd / (ms_f * 1e-3) / 1e12, ms_b, flops_bwd / (ms_b * 1e-3) / 1e12);
+        for (int pp = 0; pp < (version == 3 ? 3 : 1); pp++) {
+            if (per_pass[pp] > 0 && (B < NH || B % per_pass[pp] != 0 || per_pass[pp] >= B)) { continue; }
+            attention3_samples_per_pass = per_pass[pp];
+            int reps = version == 1 ? 5 : 20;
+            double ms_f = time_ms([&]() { run_forward(version, 256, out, lse, &k); }, reps);
+            double ms_b = time_ms([&]() { run_backward(version, 256, &k, dq, dk0, dv0, dk1, dv1, delta); }, reps);
+            char per[32] = "";
+            if (per_pass[pp] > 0) { snprintf(per, sizeof(per), ", %d a pass", per_pass[pp]); }
+            printf("bench v%d %-17s (B %d, NH %d, NKV %d, HS %d, %4d queries x %4d keys%s): forward %8.3f ms %6.1f "
+                   "TFLOP/s, backward %8.3f ms %6.1f TFLOP/s\n", version, pass_names[pass], B, NH, NKV, HS, a.Tq, nk,
+                   per, ms_f, flops_fwd / (ms_f * 1e-3) / 1e12, ms_b, flops_bwd / (ms_b * 1e-3) / 1e12);
+        }
+        attention3_samples_per_pass = 0;
     }
     cudaCheck(cudaFree(out)); cudaCheck(cudaFree(lse)); cudaCheck(cudaFree(dq)); cudaCheck(cudaFree(dk0));
     cudaCheck(cudaFree(dv0)); cudaCheck(cudaFree(dk1)); cudaCheck(cudaFree(dv1)); cudaCheck(cudaFree(delta));
@@ -355,6 +368,15 @@ int main(void) {
                            FORWARD_HOST, seed);
         check_forward(&k);
         check_backward(&k, seed + 50);
+        if (k.B >= k.NH && k.B > 1) {  // version 3 again, one image a pass
+            attention3_samples_per_pass = 1;
+            only_version = 3;
+            printf("(version 3, one image a pass)\n");
+            check_forward(&k);
+            check_backward(&k, seed + 50);
+            attention3_samples_per_pass = 0;
+            only_version = 0;
+        }
         free_case(&k);
         seed += 10;
     }
