@@ -122,6 +122,9 @@ for train in expert all; do
     stage "profile_$train" ./train_vla -p smolvla --train "$train" -b "$B" -n 3 -u 2 -i "$BENCH_DATA" \
         -o "build/gpu_check_prof_$train" -k 0 --log-every 1 --profile 3
 done
+# the attention kernels at the smolvla shapes, every version (the vision tower's version 3 also at
+# fewer images a pass): the data for choosing among them
+stage attention_bench bash -c 'make -C dev/cuda attention_smolvla && dev/cuda/attention_smolvla'
 # LeRobot's own SmolVLA training step and inference on this GPU at the released sizes (random
 # weights): the peers of the comparisons. lerobot and its pure-Python dependencies travel as wheels
 # (dev/lerobot/wheels.sh, carried as .whl); without them these stages are skipped.
@@ -195,6 +198,8 @@ stage cuda_registers dev/cuda/check_registers.sh build/gpu/registers_bf16.txt bu
     build/gpu/registers_fp16.txt
 for prog in dev/cuda/*.cu; do
     name=$(basename "$prog" .cu)
+    # (attention_smolvla ran as attention_bench)
+    [ "$name" = attention_smolvla ] && grep -q '^attention_bench ok' <(printf '%s\n' "${summary[@]}" | tr -s ' ') && continue
     stage "cuda_$name" "dev/cuda/$name"
 done
 
@@ -264,6 +269,13 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
         echo "train_vla at world size 1 through NCCL: $(sed -n 's/^communication: //p' "$log" 2>/dev/null)"
     done
     echo "(vs ours: their samples/s over train_vla's; below 1 means train_vla is faster)"
+
+    # the attention kernels' benchmark (dev/cuda/attention_smolvla at the smolvla shapes)
+    if [ -f "$LOGS/attention_bench.log" ]; then
+        echo
+        echo "attention at the smolvla shapes (dev/cuda/attention_smolvla; FLOPs as if unmasked):"
+        grep '^bench v' "$LOGS/attention_bench.log"
+    fi
 
     # --profile: each train mode's step by phase, and its ten costliest operations
     for train in expert all; do
