@@ -19,9 +19,9 @@
 #   STAGES='^(build_bench|bench_|lerobot_)' dev/gpu_check.sh    # only the stages whose names match
 #
 # The stages run in the order of what matters most when time is short: the builds the benchmarks
-# need, issue 12's benchmark (train_vla, its --profile, LeRobot's own step in bf16, torch.compile),
-# issue 13's inference benchmark, then the test builds, the GPU tests, the dev/cuda programs,
-# LeRobot's other settings and the shorter checks. A stage that would start with less than 10 s of
+# need, issue 12's benchmark (train_vla, its --profile, the attention kernels, LeRobot's own step
+# in bf16), issue 13's inference benchmark, torch.compile, then the test builds, the GPU tests, the
+# dev/cuda programs, LeRobot's other settings and the shorter checks. A stage that would start with less than 10 s of
 # BUDGET left is skipped, and the one running when BUDGET is spent is stopped (timeout); both are
 # listed as such in the summary, and the tables are
 # printed from what ran. On the device machine of this workplace (a 600 s limit a call, 15 min a
@@ -108,8 +108,8 @@ stage build_bench make -j"$JOBS" PYTHON="$PYTHON" train_vla libvla_gpu.so data/s
 
 # 2. issue 12's benchmark: the smolvla preset (random weights) on $BENCH_DATA, batch B, bf16, per
 # train mode: train_vla (world size 1 through NCCL), LeRobot's own step with bf16 mixed precision
-# (its faster setting; its defaults, fp32, run after the tests), the oracle under torch.compile
-# with bf16 autocast
+# (its faster setting; its defaults, fp32, run after the tests); the oracle under torch.compile
+# with bf16 autocast after the inference benchmark
 for train in expert all; do
     rm -rf "build/gpu_check_$train"
     stage "bench_train_vla_$train" ./train_vla -p smolvla --train "$train" -b "$B" -n "$STEPS" -u 10 -i "$BENCH_DATA" \
@@ -147,13 +147,6 @@ if [ $have_lerobot = 1 ]; then
 else
     summary+=("$(printf '%-26s skipped: no .whl/lerobot-*.whl (run dev/lerobot/wheels.sh here, carry .whl)' lerobot)")
 fi
-for train in expert all; do
-    stage "bench_torch_compile_$train" "$PYTHON" dev/model.py -i "$BENCH_DATA" -p smolvla --train-mode "$train" -b "$B" \
-        --bench "$STEPS" --device cuda --amp bf16 --compile
-    # the scaling model (README) from this GPU's measured step
-    [ -f "$LOGS/bench_train_vla_$train.log" ] &&
-        stage "scaling_model_$train" "$PYTHON" dev/scaling_model.py --from-log "$LOGS/bench_train_vla_$train.log"
-done
 
 # 3. issue 13's inference benchmark: one action chunk of the smolvla preset (random weights; the
 # checkpoint is written once under build/bench) at batch 1 from raw observations (2 cameras of
@@ -165,6 +158,15 @@ done
 stage bench_infer env VLA_PROFILE_ACT=3 "$PYTHON" dev/bench_infer.py --preset smolvla --chunks "$CHUNKS" --warmup 5 \
     --graphs both --json "$LOGS/bench_infer.json"
 [ $have_lerobot = 1 ] && lerobot_infer none
+
+# issue 12's other peer, the oracle under torch.compile (its compilation takes a while), and the
+# scaling model (README) from this GPU's measured steps
+for train in expert all; do
+    stage "bench_torch_compile_$train" "$PYTHON" dev/model.py -i "$BENCH_DATA" -p smolvla --train-mode "$train" -b "$B" \
+        --bench "$STEPS" --device cuda --amp bf16 --compile
+    [ -f "$LOGS/bench_train_vla_$train.log" ] &&
+        stage "scaling_model_$train" "$PYTHON" dev/scaling_model.py --from-log "$LOGS/bench_train_vla_$train.log"
+done
 
 # 4. the GPU tests (fp32 and bf16 against LeRobot's references and the oracle, world sizes, ZeRO-1,
 # resume, checkpoints across trainers; fp16's oracle case and loss scaling) and the dev/cuda programs
