@@ -1562,56 +1562,59 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kerne
 
 // Version 3 (every precision; calls without a mask whose keys are one tensor with a kv head per
 // query head: the vision tower's): the products through cuBLASLt, head by head over a strided
-// batch of the samples, and the softmax in rows of fp32 scores between them. The probabilities
-// are written as floatX over the scores they come from, at the start of each row (bytes of scores
-// already read: see the kernels), so one (B, Tq, nk) fp32 buffer holds both; the backward pass
-// needs two (scores then P, dP then dS). A warp per row.
+// batch of the samples, and the softmax in rows of scores between them (fp32, or floatX as
+// LeRobot's eager attention keeps them: attention3_floatx_scores). The probabilities are written
+// as floatX over the scores they come from, at the start of each row (bytes of scores already
+// read: see the kernels), so one (B, Tq, nk) buffer holds both; the backward pass needs two
+// (scores then P, dP then dS). A warp per row.
 
-// rows of n scores s (row stride ld floats; row r is query r % Tq of the batch's product r / Tq) ->
-// P = softmax of scale * s as floatX over the row's start, and its log-sum-exp at
-// lse[(r / Tq) * lse_slot + r % Tq]
-__global__ void attention_softmax_rows_kernel(float* s, float* lse, int rows, int n, int ld, float scale, int Tq,
+// rows of n scores s of type TS (row stride ld elements; row r is query r % Tq of the batch's
+// product r / Tq) -> P = softmax of scale * s as floatX over the row's start, and its
+// log-sum-exp at lse[(r / Tq) * lse_slot + r % Tq]
+template <typename TS>
+__global__ void attention_softmax_rows_kernel(TS* s, float* lse, int rows, int n, int ld, float scale, int Tq,
                                               long long lse_slot) {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (warp >= rows) { return; }
-    float* row = s + (size_t)warp * ld;
+    TS* row = s + (size_t)warp * ld;
     float m = -INFINITY, l = 0.0f;
-    for (int j = lane; j < n; j += 32) { m = fmaxf(m, row[j] * scale); }
+    for (int j = lane; j < n; j += 32) { m = fmaxf(m, f32(row[j]) * scale); }
     for (int offset = 16; offset > 0; offset /= 2) { m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset)); }
-    for (int j = lane; j < n; j += 32) { l += expf(row[j] * scale - m); }
+    for (int j = lane; j < n; j += 32) { l += expf(f32(row[j]) * scale - m); }
     l = warp_sum(l);
     float row_lse = m + logf(l);
     floatX* p = (floatX*)row;
-    // P[j] lies in the bytes of score j * sizeof(floatX) / 4 <= j: read in this pass or an earlier
-    // one; within a pass, every lane reads before any writes
+    // P[j] lies in the bytes of score j * sizeof(floatX) / sizeof(TS) <= j: read in this pass or an
+    // earlier one; within a pass, every lane reads before any writes
     for (int j0 = 0; j0 < n; j0 += 32) {
         int j = j0 + lane;
-        float v = j < n ? expf(row[j] * scale - row_lse) : 0.0f;
+        float v = j < n ? expf(f32(row[j]) * scale - row_lse) : 0.0f;
         __syncwarp();
         if (j < n) { p[j] = fx(v); }
     }
     if (lane == 0) { lse[(warp / Tq) * lse_slot + warp % Tq] = row_lse; }
 }
 
-// the backward's rows: scores s and dP (row stride ld floats) -> P = exp(scale s - lse) over s and
-// dS = P (dP - delta) over dP, both floatX at their rows' starts (as the forward writes P); lse and
-// delta of row r at (r / Tq) * lse_slot + r % Tq
-__global__ void attention_softmax_backward_rows_kernel(float* s, float* dp, const float* lse, const float* delta,
-                                                       int rows, int n, int ld, float scale, int Tq, long long lse_slot) {
+// the backward's rows: scores s and dP of type TS (row stride ld elements) -> P = exp(scale s -
+// lse) over s and dS = P (dP - delta) over dP, both floatX at their rows' starts (as the forward
+// writes P); lse and delta of row r at (r / Tq) * lse_slot + r % Tq
+template <typename TS>
+__global__ void attention_softmax_backward_rows_kernel(TS* s, TS* dp, const float* lse, const float* delta, int rows,
+                                                       int n, int ld, float scale, int Tq, long long lse_slot) {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (warp >= rows) { return; }
     long long at = (warp / Tq) * lse_slot + warp % Tq;
     float row_lse = lse[at], row_delta = delta[at];
-    float* srow = s + (size_t)warp * ld;
-    float* dprow = dp + (size_t)warp * ld;
+    TS* srow = s + (size_t)warp * ld;
+    TS* dprow = dp + (size_t)warp * ld;
     floatX* p = (floatX*)srow;
     floatX* ds = (floatX*)dprow;
     for (int j0 = 0; j0 < n; j0 += 32) {
         int j = j0 + lane;
         float pj = 0.0f, dsj = 0.0f;
         if (j < n) {
-            pj = expf(srow[j] * scale - row_lse);
-            dsj = pj * (dprow[j] - row_delta);
+            pj = expf(f32(srow[j]) * scale - row_lse);
+            dsj = pj * (f32(dprow[j]) - row_delta);
         }
         __syncwarp();
         if (j < n) {
@@ -2714,7 +2717,39 @@ static size_t attention3_scratch(int B, int NH, int Tq, int nk) {
 
 // A pass's scores in a.scratch are row-major (Tq, nk) per slot, i.e. column-major S^T (nk, Tq); P
 // is written over them as floatX with this row stride (elements)
-static int attention3_p_ld(const GqaAttn& a) { return a.Nk0 * (int)(sizeof(float) / sizeof(floatX)); }
+static int attention3_floatx_scores = 0;  // 1: the scores in floatX (half the traffic; dev/cuda benchmarks it)
+
+static int attention3_p_ld(const GqaAttn& a) {
+    return attention3_floatx_scores ? a.Nk0 : a.Nk0 * (int)(sizeof(float) / sizeof(floatX));
+}
+
+// the type cuBLASLt writes the scores in, and the softmax's kernels over them
+static cudaDataType_t attention3_score_type(void) { return attention3_floatx_scores ? CUBLAS_FLOATX : CUDA_R_32F; }
+
+static void attention3_softmax(void* s, float* lse, int rows, int n, float scale, int Tq, long long lse_slot) {
+    size_t grid = ceil_div((size_t)rows * 32, BLOCK);
+    if (attention3_floatx_scores) {
+        attention_softmax_rows_kernel<floatX><<<grid, BLOCK, 0, main_stream>>>((floatX*)s, lse, rows, n, n, scale, Tq,
+                                                                               lse_slot);
+    } else {
+        attention_softmax_rows_kernel<float><<<grid, BLOCK, 0, main_stream>>>((float*)s, lse, rows, n, n, scale, Tq,
+                                                                              lse_slot);
+    }
+    launchCheck();
+}
+
+static void attention3_softmax_backward(void* s, void* dp, const float* lse, const float* delta, int rows, int n,
+                                        float scale, int Tq, long long lse_slot) {
+    size_t grid = ceil_div((size_t)rows * 32, BLOCK);
+    if (attention3_floatx_scores) {
+        attention_softmax_backward_rows_kernel<floatX><<<grid, BLOCK, 0, main_stream>>>(
+            (floatX*)s, (floatX*)dp, lse, delta, rows, n, n, scale, Tq, lse_slot);
+    } else {
+        attention_softmax_backward_rows_kernel<float><<<grid, BLOCK, 0, main_stream>>>(
+            (float*)s, (float*)dp, lse, delta, rows, n, n, scale, Tq, lse_slot);
+    }
+    launchCheck();
+}
 
 static void gqa_attention_forward3(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
     int T = a.Tq, N = a.Nk0, HS = a.HS, D = a.NH * HS, ldp = attention3_p_ld(a);
@@ -2727,11 +2762,9 @@ static void gqa_attention_forward3(floatX* out, float* lse, const floatX* q, con
         long long qo, kvo, lo;
         attention3_pass(w, p, &qo, &kvo, &lo);
         // S^T (N, T) = K Q^T per slot: K column-major (HS, N) at row stride D
-        matmul_cublaslt(a.scratch, CUDA_R_32F, N, NULL, a.k0 + kvo, D, true, q + qo, D, false, N, T, HS, 0.0f, NULL,
-                        &scores);
-        attention_softmax_rows_kernel<<<ceil_div((size_t)rows * 32, BLOCK), BLOCK, 0, main_stream>>>(
-            a.scratch, lse + lo, rows, N, N, scale, T, w.lse_slot);
-        launchCheck();
+        matmul_cublaslt(a.scratch, attention3_score_type(), N, NULL, a.k0 + kvo, D, true, q + qo, D, false, N, T, HS,
+                        0.0f, NULL, &scores);
+        attention3_softmax(a.scratch, lse + lo, rows, N, scale, T, w.lse_slot);
         // O^T (HS, T) = V^T P^T
         matmul_cublaslt(out + qo, CUBLAS_FLOATX, D, NULL, a.v0 + kvo, D, false, (const floatX*)a.scratch, ldp, false, HS,
                         T, N, 0.0f, NULL, &values);
@@ -2760,11 +2793,9 @@ static void gqa_attention_backward3(floatX* dq, float* dk0, float* dv0, const fl
         const floatX* qp = q + qo;
         const floatX* dop = dout + qo;
         // S^T = K Q^T and dP^T (N, T) = V dO^T, then P and dS over them
-        matmul_cublaslt(s, CUDA_R_32F, N, NULL, k, D, true, qp, D, false, N, T, HS, 0.0f, NULL, &scores);
-        matmul_cublaslt(dp, CUDA_R_32F, N, NULL, v, D, true, dop, D, false, N, T, HS, 0.0f, NULL, &scores);
-        attention_softmax_backward_rows_kernel<<<ceil_div((size_t)rows * 32, BLOCK), BLOCK, 0, main_stream>>>(
-            s, dp, lse + lo, delta + lo, rows, N, N, scale, T, w.lse_slot);
-        launchCheck();
+        matmul_cublaslt(s, attention3_score_type(), N, NULL, k, D, true, qp, D, false, N, T, HS, 0.0f, NULL, &scores);
+        matmul_cublaslt(dp, attention3_score_type(), N, NULL, v, D, true, dop, D, false, N, T, HS, 0.0f, NULL, &scores);
+        attention3_softmax_backward(s, dp, lse + lo, delta + lo, rows, N, scale, T, w.lse_slot);
         // dV^T (HS, N) += dO^T P; dK^T += scale Q^T dS; dQ^T (HS, T) = scale K^T dS^T
         matmul_cublaslt(dv0 + kvo, CUDA_R_32F, D, NULL, dop, D, false, p_x, ldp, true, HS, N, T, 1.0f, NULL, &on_p);
         matmul_cublaslt(dk0 + kvo, CUDA_R_32F, D, NULL, qp, D, false, ds_x, ldp, true, HS, N, T, 1.0f, NULL, &on_p,
