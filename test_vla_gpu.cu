@@ -1264,20 +1264,23 @@ static void test_profile(const char* dir) {
     int all_seen = 1;
     for (int i = 0; i < n_phases; i++) { all_seen &= seen[i]; }
     const char* shapes = at != NULL ? strstr(at, "by shape:") : NULL;
+    // its rows: | operation | shape | calls | ms | step | TFLOP/s | host ms |
     for (const char* l = shapes; l != NULL && (l = strstr(l, "\n| matmul ")) != NULL; l++) {
         const char* end = strchr(l + 1, '\n');
+        const char* bar[8];
         int bars = 0;
-        for (const char* c = l + 1; c < end; c++) { bars += *c == '|'; }
-        double tf = -1.0;
-        const char* last = end - 1;
-        while (last > l && *last != '|') { last--; }  // the row's closing bar
-        while (last > l && *(last - 1) != '|') { last--; }  // the last column
-        products += bars == 7 && sscanf(last, "%lf", &tf) == 1 && tf >= 0.0;
+        for (const char* c = l + 1; c < end; c++) {
+            if (*c == '|' && bars < 8) { bar[bars] = c; }
+            bars += *c == '|';
+        }
+        double tf = -1.0, host = -1.0;
+        products += bars == 8 && sscanf(bar[5] + 1, "%lf", &tf) == 1 && tf >= 0.0 && sscanf(bar[6] + 1, "%lf", &host) == 1 &&
+                    host >= 0.0;
     }
     check(rc == 0 && total > 0.0 && fabs(sum - total) <= 5e-4 * (rows + 1) + 1e-6 * total,  // (printed to 1e-3 ms)
           "--profile 2: exit %d, %d phases adding up to %.3f ms of the step's %.3f ms", rc, rows, sum, total);
     check(all_seen, "every phase of a --train all step has its row (images, vision fwd .. vision bwd, grads, optimizer)");
-    check(products > 0, "the products' table: %d rows of matmul with their TFLOP/s", products);
+    check(products > 0, "the products' table: %d rows of matmul with their TFLOP/s and host time", products);
     check(strstr(text, "mean step time") != NULL && strstr(text, "over 1 steps") != NULL,
           "the mean step time leaves out the first step and the profiled one (over 1 steps)");
     free(text);

@@ -1923,6 +1923,7 @@ struct ProfMark {
     const char* op;   // NULL: the kernels between named operations
     double flops;     // a product's or an attention call's, else 0
     char shape[64];   // its sizes
+    double host;      // the host's clock when it was recorded (s)
 };
 struct Profiler {
     int on;
@@ -1949,6 +1950,7 @@ static void prof_mark(const char* op, double flops = 0.0, const char* shape = NU
     k->op = op;
     k->flops = flops;
     snprintf(k->shape, sizeof(k->shape), "%s", shape != NULL ? shape : "");
+    k->host = wall_seconds();
     cudaCheck(cudaEventRecord(prof.events[prof.n++], main_stream));
 }
 
@@ -1990,6 +1992,7 @@ struct ProfRow {
     const char* shape;
     int calls;
     double ms, flops;
+    double host_ms;  // the host's time issuing the row's work: near ms where the GPU waited for launches
 };
 
 static int prof_row_cmp(const void* a, const void* b) {
@@ -2004,7 +2007,7 @@ static ProfRow* prof_row(ProfRow* rows, int* n, const char* phase, const char* o
             return &rows[i];
         }
     }
-    rows[*n] = ProfRow{phase, op, shape, 0, 0.0, 0.0};
+    rows[*n] = ProfRow{phase, op, shape, 0, 0.0, 0.0, 0.0};
     return &rows[(*n)++];
 }
 
@@ -2012,8 +2015,8 @@ static ProfRow* prof_row(ProfRow* rows, int* n, const char* phase, const char* o
 static void prof_print(const ProfRow* rows, int n, int max_rows, double total_ms, const char* first, const char* second) {
     printf("| %-16s |", first);
     if (second != NULL) { printf(" %-36s |", second); }
-    printf(" %6s | %9s | %6s | %7s |\n|---|%s ---:| ---:| ---:| ---:|\n", "calls", "ms", "step", "TFLOP/s",
-           second != NULL ? "---|" : "");
+    printf(" %6s | %9s | %6s | %7s | %9s |\n|---|%s ---:| ---:| ---:| ---:| ---:|\n", "calls", "ms", "step", "TFLOP/s",
+           "host ms", second != NULL ? "---|" : "");
     double rest = 0.0;
     for (int i = 0; i < n; i++) {
         const ProfRow* r = &rows[i];
@@ -2027,7 +2030,7 @@ static void prof_print(const ProfRow* rows, int n, int max_rows, double total_ms
         const char* a = cols[strcmp(first, "phase") == 0 ? 0 : 1];
         printf("| %-16s |", a);
         if (second != NULL) { printf(" %-36s |", cols[strcmp(second, "operation") == 0 ? 1 : 2]); }
-        printf(" %6d | %9.3f | %5.1f%% | %7s |\n", r->calls, r->ms, 100.0 * r->ms / total_ms, tf);
+        printf(" %6d | %9.3f | %5.1f%% | %7s | %9.3f |\n", r->calls, r->ms, 100.0 * r->ms / total_ms, tf, r->host_ms);
     }
     if (n > max_rows) { printf("(%d more rows, %.1f%% of the step)\n", n - max_rows, 100.0 * rest / total_ms); }
 }
@@ -2057,6 +2060,7 @@ static void prof_end(const char* what, int index, double wall_ms) {
             rows[r]->calls += k->op != NULL;
             rows[r]->ms += ms;
             rows[r]->flops += k->flops;
+            rows[r]->host_ms += 1000.0 * (prof.marks[i + 1].host - k->host);
         }
         total += ms;
     }
@@ -2064,7 +2068,8 @@ static void prof_end(const char* what, int index, double wall_ms) {
     qsort(by_op, n_op, sizeof(ProfRow), prof_row_cmp);
     qsort(by_shape, n_shape, sizeof(ProfRow), prof_row_cmp);
     printf("\nprofile of %s %d: %.3f ms of GPU time from its first mark to its last (%.1f ms on the host's clock, "
-           "%d marks)\nby phase (calls: the named operations in it):\n", what, index, total, wall_ms, prof.n);
+           "%d marks; host ms: the host's time between the same marks, issuing the work: near ms, the GPU waited for "
+           "launches)\nby phase (calls: the named operations in it):\n", what, index, total, wall_ms, prof.n);
     prof_print(by_phase, n_phase, n_phase, total, "phase", NULL);
     printf("\nby phase and operation (\"other kernels\": the elementwise and small kernels between named ones):\n");
     prof_print(by_op, n_op, 40, total, "phase", "operation");
