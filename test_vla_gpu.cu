@@ -1228,7 +1228,8 @@ static void test_balance(const char* dir) {
 // --profile STEP: step 2 of 3 of the tiny model timed by phase and operation. Its phases' times add
 // up to the step's total (the marks tile it), every phase of a --train all step is there, the
 // products have FLOPs (a TFLOP/s column), the profiled step is left out of the mean step time, and
-// a step outside the run, or the flag on train_vla_cpu, is refused in one line.
+// a step outside the run, or the flag on train_vla_cpu, is refused in one line. Then the vision
+// attention's variants from the environment (VLA_ATTENTION3_*), which a GPU run times so.
 static void test_profile(const char* dir) {
     printf("\n== --profile\n");
     char cmd[4096], path[1100];
@@ -1290,6 +1291,29 @@ static void test_profile(const char* dir) {
     if (access("./train_vla_cpu", X_OK) == 0) {
         expect_error_from(dir, "./train_vla_cpu", "--profile on train_vla_cpu", args, "run it with train_vla");
     }
+    // the vision attention's variants from the environment (how a GPU run times them): named in the
+    // config table, the same losses within the precision's tolerance; bad values in one line
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/att3 && env VLA_ATTENTION3_SAMPLES=1 VLA_ATTENTION3_SCORES=floatx %s -p tiny -b 2 -n 3 "
+             "-u 2 --train all -k 0 --log-every 100 -i %s/a.bin -o %s/att3 > %s/att3.txt 2>&1", dir, TRAINER, dir, dir, dir);
+    rc = run_command(cmd);
+    snprintf(path, sizeof(path), "%s/att3.txt", dir);
+    text = read_text(path);
+    float base[3] = {0}, variant[3] = {0};
+    char p1[1100], p2[1100];
+    snprintf(p1, sizeof(p1), "%s/prof/log.jsonl", dir);
+    snprintf(p2, sizeof(p2), "%s/att3/log.jsonl", dir);
+    int nb = read_losses(p1, 1, 3, base), nv = read_losses(p2, 1, 3, variant);
+    double e = rel_error(variant, base, 3), tol = sizeof(floatX) == 4 ? TOL_RUNS : SMOL_TOL_FWD;
+    check(rc == 0 && strstr(text, "| vision attention       | 1 images a pass, floatX scores") != NULL && nb == 3 &&
+          nv == 3 && e < tol, "VLA_ATTENTION3_SAMPLES=1 VLA_ATTENTION3_SCORES=floatx: in the config table, the 3 steps' losses "
+          "rel err %.2e from the default's (tol %.1e)", e, tol);
+    free(text);
+    char bin[1200];
+    snprintf(bin, sizeof(bin), "env VLA_ATTENTION3_SCORES=half %s", TRAINER);
+    expect_error_from(dir, bin, "VLA_ATTENTION3_SCORES=half", args, "use fp32 or floatx");
+    snprintf(bin, sizeof(bin), "env VLA_ATTENTION3_SAMPLES=3 %s", TRAINER);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 3 -i %s/a.bin -o %s/prof_bad", dir, dir);
+    expect_error_from(dir, bin, "VLA_ATTENTION3_SAMPLES=3 for 2 images", args, "does not divide the 2 images");
 }
 
 // fp16 builds' dynamic loss scaling through the binary: a run of the tiny model at -b 2 that starts

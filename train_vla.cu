@@ -2724,6 +2724,28 @@ static size_t attention3_scratch(int B, int NH, int Tq, int nk) {
 // is written over them as floatX with this row stride (elements)
 static int attention3_floatx_scores = 0;  // 1: the scores in floatX (half the traffic; dev/cuda benchmarks it)
 
+// The two from the environment, so that a GPU run can time the trainer with each without a rebuild
+// (dev/gpu_check.sh): VLA_ATTENTION3_SAMPLES (samples a pass, 0: all) and VLA_ATTENTION3_SCORES
+// (fp32 or floatx). A bad value is a one-line error.
+static void attention3_from_env(void) {
+    const char* n = getenv("VLA_ATTENTION3_SAMPLES");
+    if (n != NULL) {
+        char* end = NULL;
+        long v = strtol(n, &end, 10);
+        if (end == n || *end != '\0' || v < 0 || v > (1L << 20)) {
+            vla_fail("VLA_ATTENTION3_SAMPLES=%s: expected the images a pass of the vision attention, 0 for all of them", n);
+        }
+        attention3_samples_per_pass = (int)v;
+    }
+    const char* scores = getenv("VLA_ATTENTION3_SCORES");
+    if (scores != NULL) {
+        if (strcmp(scores, "fp32") != 0 && strcmp(scores, "floatx") != 0) {
+            vla_fail("VLA_ATTENTION3_SCORES=%s: use fp32 or floatx (the scores in the build's precision)", scores);
+        }
+        attention3_floatx_scores = strcmp(scores, "floatx") == 0;
+    }
+}
+
 static int attention3_p_ld(const GqaAttn& a) {
     return attention3_floatx_scores ? a.Nk0 : a.Nk0 * (int)(sizeof(float) / sizeof(floatX));
 }
@@ -5091,6 +5113,15 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
                  100.0 * smolvla_recompute_flops_per_sample(c, args->train_mode, args->recompute) / flops);
         printf("| recompute GFLOP/sample | %-36s |\n", split);
     }
+    char per_pass[16] = "all";
+    int images = c->n_cam * args->batch;
+    if (attention3_samples_per_pass > 0 && images % attention3_samples_per_pass != 0) {
+        vla_fail("VLA_ATTENTION3_SAMPLES=%d does not divide the %d images of a batch (-b %d, %d cameras): pick a divisor, "
+                 "or 0 for all of them", attention3_samples_per_pass, images, args->batch, c->n_cam);
+    }
+    if (attention3_samples_per_pass > 0) { snprintf(per_pass, sizeof(per_pass), "%d", attention3_samples_per_pass); }
+    snprintf(split, sizeof(split), "%s images a pass, %s scores", per_pass, attention3_floatx_scores ? "floatX" : "fp32");
+    printf("| vision attention       | %-36s |\n", split);
     printf("| device                 | %-36.36s |\n", prop->name);
     printf("| precision              | %-36s |\n", PRECISION_NAME);
     printf("| model GFLOP per sample | %-36.2f |\n", flops / 1e9);
@@ -5409,6 +5440,7 @@ int main(int argc, char** argv) {
     memset(&run, 0, sizeof(run));
     TrainArgs* args = &run.args;
     train_args_parse(args, argc, argv);
+    attention3_from_env();
     if (args->memory) {  // the preset's sizes (its cameras): no dataset, no GPU
         SmolVLAConfig c = smolvla_preset(args->preset)->config;
         if (args->max_text > 0) { c.max_text = args->max_text; }

@@ -125,6 +125,26 @@ done
 # the attention kernels at the smolvla shapes, every version (the vision tower's version 3 also at
 # fewer images a pass): the data for choosing among them
 stage attention_bench bash -c 'make -C dev/cuda attention_smolvla && dev/cuda/attention_smolvla'
+# the vision tower's version 3 variant with the least forward + backward time there; where it is not
+# the trainer's default (every image a pass, fp32 scores), train_vla again with it
+# (VLA_ATTENTION3_SAMPLES, VLA_ATTENTION3_SCORES)
+best_attention=$(awk '/^bench v3 vision/ {
+        n = 0; sc = "fp32"
+        if (match($0, /, [0-9]+ a pass/)) { n = substr($0, RSTART + 2, RLENGTH - 9) + 0 }
+        if ($0 ~ /bf16 scores/) { sc = "floatx" }
+        match($0, /forward +[0-9.]+ ms/); f = substr($0, RSTART, RLENGTH); gsub(/[^0-9.]/, "", f)
+        match($0, /backward +[0-9.]+ ms/); b = substr($0, RSTART, RLENGTH); gsub(/[^0-9.]/, "", b)
+        if (f + b > 0 && (best == "" || f + b < t)) { t = f + b; best = n " " sc }
+    } END { print best }' "$LOGS/attention_bench.log" 2> /dev/null)
+if [ -n "$best_attention" ] && [ "$best_attention" != "0 fp32" ]; then
+    read -r att_samples att_scores <<< "$best_attention"
+    for train in expert all; do
+        rm -rf "build/gpu_check_${train}_v3"
+        stage "bench_train_vla_${train}_v3" env VLA_ATTENTION3_SAMPLES="$att_samples" VLA_ATTENTION3_SCORES="$att_scores" \
+            ./train_vla -p smolvla --train "$train" -b "$B" -n "$STEPS" -u 10 -i "$BENCH_DATA" -o "build/gpu_check_${train}_v3" \
+            -k 0 --keep 1 --log-every 10
+    done
+fi
 # LeRobot's own SmolVLA training step and inference on this GPU at the released sizes (random
 # weights): the peers of the comparisons. lerobot and its pure-Python dependencies travel as wheels
 # (dev/lerobot/wheels.sh, carried as .whl); without them these stages are skipped.
@@ -253,6 +273,13 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
         row "----" "---" "---" "---" "---" "---"
         read -r ms sps <<< "${ours:-? ?}"
         row "train_vla (bf16)" "$ms" "$sps" "1.00x" "$(mfu "$sps")" "${ours_mem:-?}"
+        v3log=$LOGS/bench_train_vla_${train}_v3.log
+        if [ -f "$v3log" ]; then  # the attention benchmark's fastest variant of the vision attention
+            read -r vms vsps <<< "$(awk '/^mean step time/ {print $4, $11}' "$v3log")"
+            vmem=$(sed -n 's/.*peak GPU memory \([0-9.]*\) GiB.*/\1/p' "$v3log")
+            vwhat=$(sed -n 's/^| vision attention *| \(.*[^ ]\) *|$/\1/p' "$v3log" | head -n 1)
+            row "train_vla (bf16, ${vwhat:-?})" "${vms:-?}" "${vsps:-?}" "$(ratio "$vsps")" "$(mfu "$vsps")" "${vmem:-?}"
+        fi
         f=$LOGS/bench_torch_compile_$train.log
         tms=$(awk '/^ms_per_step/ {print $2}' "$f" 2>/dev/null)
         tsps=$(awk '/^samples_per_s/ {print $2}' "$f" 2>/dev/null)
