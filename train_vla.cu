@@ -2720,8 +2720,6 @@ static size_t attention3_scratch(int B, int NH, int Tq, int nk) {
     return (size_t)(B > NH ? B : NH) * Tq * nk;
 }
 
-// A pass's scores in a.scratch are row-major (Tq, nk) per slot, i.e. column-major S^T (nk, Tq); P
-// is written over them as floatX with this row stride (elements)
 static int attention3_floatx_scores = 0;  // 1: the scores in floatX (half the traffic; dev/cuda benchmarks it)
 
 // The two from the environment, so that a GPU run can time the trainer with each without a rebuild
@@ -2746,6 +2744,8 @@ static void attention3_from_env(void) {
     }
 }
 
+// A pass's scores in a.scratch are row-major (Tq, nk) per slot, i.e. column-major S^T (nk, Tq); P
+// is written over them as floatX with this row stride (elements)
 static int attention3_p_ld(const GqaAttn& a) {
     return attention3_floatx_scores ? a.Nk0 : a.Nk0 * (int)(sizeof(float) / sizeof(floatX));
 }
@@ -2832,12 +2832,16 @@ static void gqa_attention_backward3(floatX* dq, float* dk0, float* dv0, const fl
     }
 }
 
+// an attention call's sizes, for the profile (empty when it is off)
+static void attention_prof_shape(char* shape, size_t n, const GqaAttn& a) {
+    shape[0] = '\0';
+    if (prof.on) { snprintf(shape, n, "B %d, %d/%d heads of %d, %d x %d", a.B, a.NH, a.NKV, a.HS, a.Tq, a.Nk0 + a.Nk1); }
+}
+
 // out (B, Tq, NH*HS) floatX and lse (B, NH, Tq) fp32, both overwritten
 static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
-    char shape[64] = "";
-    if (prof.on) {
-        snprintf(shape, sizeof(shape), "B %d, %d/%d heads of %d, %d x %d", a.B, a.NH, a.NKV, a.HS, a.Tq, a.Nk0 + a.Nk1);
-    }
+    char shape[64];
+    attention_prof_shape(shape, sizeof(shape), a);
     ProfOp prof_op("attention fwd", 4.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);  // (as if unmasked)
     gqa_attention_check(a);
     if (gqa_attention3_fits(a)) {
@@ -2867,10 +2871,8 @@ static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, cons
 // gradients, one after the other). delta: scratch of B*NH*Tq floats.
 static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
                                    const floatX* q, const floatX* out, const float* lse, float* delta, const GqaAttn& a) {
-    char shape[64] = "";
-    if (prof.on) {
-        snprintf(shape, sizeof(shape), "B %d, %d/%d heads of %d, %d x %d", a.B, a.NH, a.NKV, a.HS, a.Tq, a.Nk0 + a.Nk1);
-    }
+    char shape[64];
+    attention_prof_shape(shape, sizeof(shape), a);
     // (five products: S again, dP, dS K, dS^T Q, P^T dO)
     ProfOp prof_op("attention bwd", 10.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);
     gqa_attention_check(a);
@@ -5114,11 +5116,6 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
         printf("| recompute GFLOP/sample | %-36s |\n", split);
     }
     char per_pass[16] = "all";
-    int images = c->n_cam * args->batch;
-    if (attention3_samples_per_pass > 0 && images % attention3_samples_per_pass != 0) {
-        vla_fail("VLA_ATTENTION3_SAMPLES=%d does not divide the %d images of a batch (-b %d, %d cameras): pick a divisor, "
-                 "or 0 for all of them", attention3_samples_per_pass, images, args->batch, c->n_cam);
-    }
     if (attention3_samples_per_pass > 0) { snprintf(per_pass, sizeof(per_pass), "%d", attention3_samples_per_pass); }
     snprintf(split, sizeof(split), "%s images a pass, %s scores", per_pass, attention3_floatx_scores ? "floatX" : "fp32");
     printf("| vision attention       | %-36s |\n", split);
@@ -5493,6 +5490,11 @@ int main(int argc, char** argv) {
     if (args->profile > 0 && (args->profile <= run.start || args->profile > args->steps)) {
         vla_fail("--profile %d: this run trains steps %d to %d: profile one of them (one after the first, which warms up)",
                  args->profile, run.start + 1, args->steps);
+    }
+    int images = run.config.n_cam * args->batch;
+    if (attention3_samples_per_pass > 0 && images % attention3_samples_per_pass != 0) {
+        vla_fail("VLA_ATTENTION3_SAMPLES=%d does not divide the %d images of a batch (-b %d, %d cameras): pick a divisor, "
+                 "or 0 for all of them", attention3_samples_per_pass, images, args->batch, run.config.n_cam);
     }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
