@@ -1311,6 +1311,8 @@ static void test_profile(const char* dir) {
     char bin[1200];
     snprintf(bin, sizeof(bin), "env VLA_ATTENTION3_SCORES=half %s", TRAINER);
     expect_error_from(dir, bin, "VLA_ATTENTION3_SCORES=half", args, "use fp32 or floatx");
+    snprintf(bin, sizeof(bin), "env VLA_ATTENTION3_SAMPLES=eight %s", TRAINER);
+    expect_error_from(dir, bin, "VLA_ATTENTION3_SAMPLES=eight", args, "expected the images a pass");
     snprintf(bin, sizeof(bin), "env VLA_ATTENTION3_SAMPLES=3 %s", TRAINER);
     snprintf(args, sizeof(args), "-p tiny -b 2 -n 3 -i %s/a.bin -o %s/prof_bad", dir, dir);
     expect_error_from(dir, bin, "VLA_ATTENTION3_SAMPLES=3 for 2 images", args, "does not divide the 2 images");
