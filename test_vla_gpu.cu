@@ -1229,7 +1229,10 @@ static void test_balance(const char* dir) {
 // up to the step's total (the marks tile it), every phase of a --train all step is there, the
 // products have FLOPs (a TFLOP/s column), the profiled step is left out of the mean step time, and
 // a step outside the run, or the flag on train_vla_cpu, is refused in one line. Then the vision
-// attention's variants from the environment (VLA_ATTENTION3_*), which a GPU run times so.
+// attention's versions and variants from the environment (VLA_VISION_ATTENTION, VLA_ATTENTION3_*),
+// which a GPU run times so: the default's version named in the config table (4 in bf16 builds, 3
+// in the others), version 3 with one image a pass and floatX scores within the precision's
+// tolerance of the default's losses (in bf16 builds: version 3 against version 4).
 static void test_profile(const char* dir) {
     printf("\n== --profile\n");
     char cmd[4096], path[1100];
@@ -1284,6 +1287,11 @@ static void test_profile(const char* dir) {
     check(products > 0, "the products' table: %d rows of matmul with their TFLOP/s and host time", products);
     check(strstr(text, "mean step time") != NULL && strstr(text, "over 1 steps") != NULL,
           "the mean step time leaves out the first step and the profiled one (over 1 steps)");
+    int bf16 = sizeof(floatX) == 2 && !LOSS_SCALING;
+    const char* default_row = bf16 ? "| vision attention       | v4: flash, mma.sync" :
+                                     "| vision attention       | v3: all images a pass, fp32 scores";
+    check(strstr(text, default_row) != NULL, "the config table names the default vision attention (%s)",
+          bf16 ? "version 4" : "version 3");
     free(text);
     char args[2048];
     snprintf(args, sizeof(args), "-p tiny -b 2 -n 3 -i %s/a.bin -o %s/prof_bad --profile 4", dir, dir);
@@ -1293,8 +1301,9 @@ static void test_profile(const char* dir) {
     }
     // the vision attention's variants from the environment (how a GPU run times them): named in the
     // config table, the same losses within the precision's tolerance; bad values in one line
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/att3 && env VLA_ATTENTION3_SAMPLES=1 VLA_ATTENTION3_SCORES=floatx %s -p tiny -b 2 -n 3 "
-             "-u 2 --train all -k 0 --log-every 100 -i %s/a.bin -o %s/att3 > %s/att3.txt 2>&1", dir, TRAINER, dir, dir, dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/att3 && env VLA_VISION_ATTENTION=3 VLA_ATTENTION3_SAMPLES=1 "
+             "VLA_ATTENTION3_SCORES=floatx %s -p tiny -b 2 -n 3 -u 2 --train all -k 0 --log-every 100 -i %s/a.bin -o %s/att3 "
+             "> %s/att3.txt 2>&1", dir, TRAINER, dir, dir, dir);
     rc = run_command(cmd);
     snprintf(path, sizeof(path), "%s/att3.txt", dir);
     text = read_text(path);
@@ -1304,13 +1313,19 @@ static void test_profile(const char* dir) {
     snprintf(p2, sizeof(p2), "%s/att3/log.jsonl", dir);
     int nb = read_losses(p1, 1, 3, base), nv = read_losses(p2, 1, 3, variant);
     double e = rel_error(variant, base, 3), tol = sizeof(floatX) == 4 ? TOL_RUNS : SMOL_TOL_FWD;
-    check(rc == 0 && strstr(text, "| vision attention       | 1 images a pass, floatX scores") != NULL && nb == 3 &&
-          nv == 3 && e < tol, "VLA_ATTENTION3_SAMPLES=1 VLA_ATTENTION3_SCORES=floatx: in the config table, the 3 steps' losses "
-          "rel err %.2e from the default's (tol %.1e)", e, tol);
+    check(rc == 0 && strstr(text, "| vision attention       | v3: 1 images a pass, floatX scores") != NULL && nb == 3 &&
+          nv == 3 && e < tol, "VLA_VISION_ATTENTION=3 VLA_ATTENTION3_SAMPLES=1 VLA_ATTENTION3_SCORES=floatx: in the config "
+          "table, the 3 steps' losses rel err %.2e from the default's (tol %.1e)", e, tol);
     free(text);
     char bin[1200];
     snprintf(bin, sizeof(bin), "env VLA_ATTENTION3_SCORES=half %s", TRAINER);
     expect_error_from(dir, bin, "VLA_ATTENTION3_SCORES=half", args, "use fp32 or floatx");
+    snprintf(bin, sizeof(bin), "env VLA_VISION_ATTENTION=5 %s", TRAINER);
+    expect_error_from(dir, bin, "VLA_VISION_ATTENTION=5", args, "use 3 (cuBLASLt products around a softmax) or 4");
+    if (!bf16) {
+        snprintf(bin, sizeof(bin), "env VLA_VISION_ATTENTION=4 %s", TRAINER);
+        expect_error_from(dir, bin, "VLA_VISION_ATTENTION=4 outside bf16", args, "exists in bf16 builds only");
+    }
     snprintf(bin, sizeof(bin), "env VLA_ATTENTION3_SAMPLES=eight %s", TRAINER);
     expect_error_from(dir, bin, "VLA_ATTENTION3_SAMPLES=eight", args, "expected the images a pass");
     snprintf(bin, sizeof(bin), "env VLA_ATTENTION3_SAMPLES=3 %s", TRAINER);

@@ -1624,6 +1624,451 @@ __global__ void attention_softmax_backward_rows_kernel(TS* s, TS* dp, const floa
     }
 }
 
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+// Version 4 (bf16 builds; the calls version 3 takes, at head sizes that are multiples of 8 up to
+// 64): flash attention on the tensor cores through mma.sync (PTX's m16n8k16: bf16 operands, fp32
+// accumulators). PTX documents which lane holds which element of its fragments (WMMA does not), so
+// scores, probabilities and outputs stay in registers: no score reaches shared or global memory,
+// and no buffer of scores is needed. A block of 4 warps owns 64 rows (16 a warp) held as operand
+// fragments in registers; the other side streams through shared memory 64 rows at a time, two
+// stages of cp.async. In a 16x8 accumulator, lane 4 g + t holds rows g and g + 8 at columns 2t
+// and 2t + 1: the four lanes of a quad share a row, so a row's max or sum takes two shuffles, and
+// the accumulators of two neighbouring 8-column tiles are, rounded to bf16, the A operand of the
+// next product over those 16 columns. The forward keeps the log-sum-exp; the backward recomputes
+// P from it in two kernels, one for dq (64 queries a block, over the keys) and one for dk and dv
+// (64 keys a block, over the queries), each output row written by one block: no atomics.
+#define ATT4_ROWS 64
+#define ATT4_THREADS 128
+
+// d (16x8, fp32) += a (16x16, row-major) b (16x8, column-major), bf16 products, the warp together.
+// Lane 4 g + t passes: a[r] = A row g + 8 (r % 2), columns 2t + 8 (r / 2) and the next; b[r] = B
+// column g, rows 2t + 8 r and the next; two bf16 a register, the lower index in the low half.
+static __device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, const uint32_t* b) {
+#if defined(CUDA_EMULATION)
+    emu_mma_m16n8k16_bf16(d, a, b);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// two neighbouring floatX as one register (4-byte aligned), and back
+static __device__ __forceinline__ uint32_t load_x2(const floatX* p) {
+#if defined(CUDA_EMULATION)
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return u;
+#else
+    return *reinterpret_cast<const uint32_t*>(p);
+#endif
+}
+static __device__ __forceinline__ void store_x2(floatX* p, uint32_t u) {
+#if defined(CUDA_EMULATION)
+    memcpy(p, &u, 4);
+#else
+    *reinterpret_cast<uint32_t*>(p) = u;
+#endif
+}
+static __device__ __forceinline__ uint32_t pack_x2(floatX lo, floatX hi) {
+    uint16_t l, h;
+    memcpy(&l, &lo, 2);
+    memcpy(&h, &hi, 2);
+    return (uint32_t)l | (uint32_t)h << 16;
+}
+static __device__ __forceinline__ uint32_t pack_f2(float lo, float hi) { return pack_x2(fx(lo), fx(hi)); }
+
+// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80); a
+// thread's copies are committed as a group and waited for (at most n groups left in flight). The
+// emulation copies at once.
+static __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(CUDA_EMULATION)
+    memcpy(smem, gmem, 16);
+#else
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+#endif
+}
+static __device__ __forceinline__ void cp_async_commit(void) {
+#if !defined(CUDA_EMULATION)
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int n>
+static __device__ __forceinline__ void cp_async_wait(void) {
+#if !defined(CUDA_EMULATION)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+#endif
+}
+
+// tile (64, HSP + 8) <- rows first.. of one head of a tensor (row stride D elements) of n_rows
+// rows, by cp.async; zeros past n_rows and past HS (a multiple of 8: whole 16-byte pieces). The
+// row stride of HSP + 8 puts the 8 rows a fragment reads in different banks.
+template <int HSP>
+static __device__ void att4_load_tile(floatX* tile, const floatX* head, int first, int n_rows, int HS, size_t D) {
+    const int LD = HSP + 8, pieces = HSP / 8;
+    for (int e = threadIdx.x; e < ATT4_ROWS * pieces; e += blockDim.x) {
+        int r = e / pieces, c = e % pieces * 8;
+        floatX* dst = tile + r * LD + c;
+        if (first + r < n_rows && c < HS) {
+            cp_async16(dst, head + (size_t)(first + r) * D + c);
+        } else {
+            x128 zero;
+            #pragma unroll
+            for (int k = 0; k < x128::size; k++) { zero.v[k] = fx(0.0f); }
+            store128(dst, zero);
+        }
+    }
+}
+
+// Fragments from a row-major floatX tile at p (row stride ld), for lane 4 g + t:
+// the A operand (16x16): rows g and g + 8, columns 2t.. and 2t + 8..
+static __device__ __forceinline__ void att4_frag_a(uint32_t* a, const floatX* p, int ld) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    const floatX* r0 = p + g * ld + 2 * t;
+    const floatX* r1 = r0 + 8 * ld;
+    a[0] = load_x2(r0);
+    a[1] = load_x2(r1);
+    a[2] = load_x2(r0 + 8);
+    a[3] = load_x2(r1 + 8);
+}
+// the B operand (16x8) whose columns are the tile's rows: B(k, n) = p[n ld + k]
+static __device__ __forceinline__ void att4_frag_b_rows(uint32_t* b, const floatX* p, int ld) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    const floatX* r = p + g * ld + 2 * t;
+    b[0] = load_x2(r);
+    b[1] = load_x2(r + 8);
+}
+// the B operand (16x8) as the tile holds it: B(k, n) = p[k ld + n] (two rows a register)
+static __device__ __forceinline__ void att4_frag_b_cols(uint32_t* b, const floatX* p, int ld) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    const floatX* c = p + 2 * t * ld + g;
+    b[0] = pack_x2(c[0], c[ld]);
+    b[1] = pack_x2(c[8 * ld], c[9 * ld]);
+}
+
+// s (16 x 64, this warp's rows) = A (16 x HSP, fragments af) times the tile's 64 rows transposed
+template <int HSP>
+static __device__ __forceinline__ void att4_products(float (*s)[4], const uint32_t (*af)[4], const floatX* tile) {
+    const int LD = HSP + 8;
+    #pragma unroll
+    for (int j = 0; j < ATT4_ROWS / 8; j++) {
+        s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        #pragma unroll
+        for (int kk = 0; kk < HSP / 16; kk++) {
+            uint32_t bf[2];
+            att4_frag_b_rows(bf, tile + j * 8 * LD + kk * 16, LD);
+            mma_16816(s[j], af[kk], bf);
+        }
+    }
+}
+
+// acc (16 x HSP) += P (16 x 64: the accumulators p, rounded to floatX) times the tile (64 x HSP)
+template <int HSP>
+static __device__ __forceinline__ void att4_accumulate(float (*acc)[4], const float (*p)[4], const floatX* tile) {
+    const int LD = HSP + 8;
+    #pragma unroll
+    for (int kk = 0; kk < ATT4_ROWS / 16; kk++) {
+        const float* lo = p[2 * kk];
+        const float* hi = p[2 * kk + 1];
+        uint32_t pa[4] = {pack_f2(lo[0], lo[1]), pack_f2(lo[2], lo[3]), pack_f2(hi[0], hi[1]), pack_f2(hi[2], hi[3])};
+        #pragma unroll
+        for (int n = 0; n < HSP / 8; n++) {
+            uint32_t bf[2];
+            att4_frag_b_cols(bf, tile + kk * 16 * LD + n * 8, LD);
+            mma_16816(acc[n], pa, bf);
+        }
+    }
+}
+
+// a row's max and sum over its quad of lanes
+static __device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+static __device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+#define LOG2E_F 1.4426950408889634f
+
+// shared memory of every version 4 kernel: six (64, HSP + 8) floatX tiles and two stages of 64
+// log-sum-exps and deltas (the dk/dv kernel's)
+template <int HSP>
+static size_t gqa_attention_smem4(void) {
+    return 6 * (size_t)ATT4_ROWS * (HSP + 8) * sizeof(floatX) + 4 * ATT4_ROWS * sizeof(float);
+}
+
+// Version 4 forward: a block takes 64 queries of one (sample, head) and every key, 64 at a time,
+// with the online softmax in base 2 (scores times log2(e) / sqrt(HS)); out and lse overwritten.
+template <int HSP>
+__global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(floatX* out, float* lse, const floatX* q,
+                                                                              GqaAttn a) {
+    extern __shared__ __align__(128) float att_smem[];
+    const int LD = HSP + 8, TILE = ATT4_ROWS * LD;
+    floatX* Qs = (floatX*)att_smem;
+    floatX* KV = Qs + TILE;  // stage s: keys at KV + 2 s TILE, their values after them
+    int i0 = blockIdx.x * ATT4_ROWS, h = blockIdx.y, b = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int T = a.Tq, N = a.Nk0, HS = a.HS;
+    size_t D = (size_t)a.NH * HS;
+    const floatX* kh = a.k0 + (size_t)b * N * D + (size_t)h * HS;
+    const floatX* vh = a.v0 + (size_t)b * N * D + (size_t)h * HS;
+    att4_load_tile<HSP>(Qs, q + (size_t)b * T * D + (size_t)h * HS, i0, T, HS, D);
+    att4_load_tile<HSP>(KV, kh, 0, N, HS, D);
+    att4_load_tile<HSP>(KV + TILE, vh, 0, N, HS, D);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t qf[HSP / 16][4];
+    #pragma unroll
+    for (int kk = 0; kk < HSP / 16; kk++) { att4_frag_a(qf[kk], Qs + warp * 16 * LD + kk * 16, LD); }
+    float o[HSP / 8][4];
+    #pragma unroll
+    for (int n = 0; n < HSP / 8; n++) { o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f; }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8; l: this lane's part
+    const float sl2 = LOG2E_F / sqrtf((float)HS);
+    int n_tiles = (N + ATT4_ROWS - 1) / ATT4_ROWS;
+    for (int jt = 0; jt < n_tiles; jt++) {
+        const floatX* Kt = KV + (jt % 2) * 2 * TILE;
+        if (jt + 1 < n_tiles) {  // the next tile into the other stage, whose last readers passed the barrier below
+            floatX* next = KV + ((jt + 1) % 2) * 2 * TILE;
+            att4_load_tile<HSP>(next, kh, (jt + 1) * ATT4_ROWS, N, HS, D);
+            att4_load_tile<HSP>(next + TILE, vh, (jt + 1) * ATT4_ROWS, N, HS, D);
+            cp_async_commit();
+        }
+        float s[ATT4_ROWS / 8][4];
+        att4_products<HSP>(s, qf, Kt);
+        float mx[2] = {m[0], m[1]};
+        #pragma unroll
+        for (int j = 0; j < ATT4_ROWS / 8; j++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int key = jt * ATT4_ROWS + j * 8 + 2 * t + i % 2;
+                s[j][i] = key < N ? s[j][i] * sl2 : -INFINITY;
+                mx[i / 2] = fmaxf(mx[i / 2], s[j][i]);
+            }
+        }
+        float corr[2];
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {  // (every tile holds a key: the maxima are finite)
+            mx[r] = quad_max(mx[r]);
+            corr[r] = exp2f(m[r] - mx[r]);
+            m[r] = mx[r];
+            l[r] *= corr[r];
+        }
+        #pragma unroll
+        for (int j = 0; j < ATT4_ROWS / 8; j++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                s[j][i] = exp2f(s[j][i] - m[i / 2]);
+                l[i / 2] += s[j][i];
+            }
+        }
+        #pragma unroll
+        for (int n = 0; n < HSP / 8; n++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) { o[n][i] *= corr[i / 2]; }
+        }
+        att4_accumulate<HSP>(o, s, Kt + TILE);
+        cp_async_wait<0>();
+        __syncthreads();
+    }
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = i0 + warp * 16 + g + 8 * r;
+        float sum = quad_sum(l[r]);
+        if (row >= T) { continue; }
+        floatX* dst = out + ((size_t)b * T + row) * D + (size_t)h * HS;
+        #pragma unroll
+        for (int n = 0; n < HSP / 8; n++) {
+            int c = n * 8 + 2 * t;
+            if (c < HS) { store_x2(dst + c, pack_f2(o[n][2 * r] / sum, o[n][2 * r + 1] / sum)); }
+        }
+        if (t == 0) { lse[((size_t)b * a.NH + h) * T + row] = (m[r] + log2f(sum)) / LOG2E_F; }
+    }
+}
+
+// Version 4 backward, query side: dq = scale dS K for 64 queries of one (sample, head) a block,
+// over every key; dS = P (dP - delta), P = exp(scale S - lse), dP = dO V^T. dq overwritten.
+template <int HSP>
+__global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel4(floatX* dq, const floatX* dout,
+                                                                                  const floatX* q, const float* lse,
+                                                                                  const float* delta, GqaAttn a) {
+    extern __shared__ __align__(128) float att_smem[];
+    const int LD = HSP + 8, TILE = ATT4_ROWS * LD;
+    floatX* Qs = (floatX*)att_smem;
+    floatX* dOs = Qs + TILE;
+    floatX* KV = dOs + TILE;  // two stages of keys then values, as the forward's
+    int i0 = blockIdx.x * ATT4_ROWS, h = blockIdx.y, b = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int T = a.Tq, N = a.Nk0, HS = a.HS;
+    size_t D = (size_t)a.NH * HS;
+    const floatX* kh = a.k0 + (size_t)b * N * D + (size_t)h * HS;
+    const floatX* vh = a.v0 + (size_t)b * N * D + (size_t)h * HS;
+    att4_load_tile<HSP>(Qs, q + (size_t)b * T * D + (size_t)h * HS, i0, T, HS, D);
+    att4_load_tile<HSP>(dOs, dout + (size_t)b * T * D + (size_t)h * HS, i0, T, HS, D);
+    att4_load_tile<HSP>(KV, kh, 0, N, HS, D);
+    att4_load_tile<HSP>(KV + TILE, vh, 0, N, HS, D);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t qf[HSP / 16][4], dof[HSP / 16][4];
+    #pragma unroll
+    for (int kk = 0; kk < HSP / 16; kk++) {
+        att4_frag_a(qf[kk], Qs + warp * 16 * LD + kk * 16, LD);
+        att4_frag_a(dof[kk], dOs + warp * 16 * LD + kk * 16, LD);
+    }
+    float lse2[2], dl[2];  // rows g and g + 8: lse in base 2, delta
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = i0 + warp * 16 + g + 8 * r;
+        size_t stat = ((size_t)b * a.NH + h) * T + row;
+        lse2[r] = row < T ? lse[stat] * LOG2E_F : 0.0f;
+        dl[r] = row < T ? delta[stat] : 0.0f;
+    }
+    float acc[HSP / 8][4];
+    #pragma unroll
+    for (int n = 0; n < HSP / 8; n++) { acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f; }
+    const float scale = 1.0f / sqrtf((float)HS), sl2 = LOG2E_F * scale;
+    int n_tiles = (N + ATT4_ROWS - 1) / ATT4_ROWS;
+    for (int jt = 0; jt < n_tiles; jt++) {
+        const floatX* Kt = KV + (jt % 2) * 2 * TILE;
+        if (jt + 1 < n_tiles) {
+            floatX* next = KV + ((jt + 1) % 2) * 2 * TILE;
+            att4_load_tile<HSP>(next, kh, (jt + 1) * ATT4_ROWS, N, HS, D);
+            att4_load_tile<HSP>(next + TILE, vh, (jt + 1) * ATT4_ROWS, N, HS, D);
+            cp_async_commit();
+        }
+        float s[ATT4_ROWS / 8][4], dp[ATT4_ROWS / 8][4];
+        att4_products<HSP>(s, qf, Kt);
+        att4_products<HSP>(dp, dof, Kt + TILE);
+        #pragma unroll
+        for (int j = 0; j < ATT4_ROWS / 8; j++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int key = jt * ATT4_ROWS + j * 8 + 2 * t + i % 2;
+                float p = key < N ? exp2f(s[j][i] * sl2 - lse2[i / 2]) : 0.0f;
+                s[j][i] = p * (dp[j][i] - dl[i / 2]);  // dS over S
+            }
+        }
+        att4_accumulate<HSP>(acc, s, Kt);
+        cp_async_wait<0>();
+        __syncthreads();
+    }
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = i0 + warp * 16 + g + 8 * r;
+        if (row >= T) { continue; }
+        floatX* dst = dq + ((size_t)b * T + row) * D + (size_t)h * HS;
+        #pragma unroll
+        for (int n = 0; n < HSP / 8; n++) {
+            int c = n * 8 + 2 * t;
+            if (c < HS) { store_x2(dst + c, pack_f2(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale)); }
+        }
+    }
+}
+
+// Version 4 backward, key side: dv += P^T dO and dk += scale dS^T Q for 64 keys of one (sample,
+// head) a block, over every query; the products run on the transposes (S^T = K Q^T, dP^T = V dO^T),
+// so the keys are the rows the warps own. dk and dv (fp32) accumulate.
+template <int HSP>
+__global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kernel4(float* dk, float* dv,
+                                                                                    const floatX* dout, const floatX* q,
+                                                                                    const float* lse, const float* delta,
+                                                                                    GqaAttn a) {
+    extern __shared__ __align__(128) float att_smem[];
+    const int LD = HSP + 8, TILE = ATT4_ROWS * LD;
+    floatX* Ks = (floatX*)att_smem;
+    floatX* Vs = Ks + TILE;
+    floatX* QD = Vs + TILE;  // stage s: queries at QD + 2 s TILE, their dO after them
+    float* stats = (float*)(QD + 4 * TILE);  // stage s: 64 lse (base 2) at stats + 128 s, 64 deltas after them
+    int j0 = blockIdx.x * ATT4_ROWS, h = blockIdx.y, b = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int T = a.Tq, N = a.Nk0, HS = a.HS;
+    size_t D = (size_t)a.NH * HS;
+    const floatX* qh = q + (size_t)b * T * D + (size_t)h * HS;
+    const floatX* dh = dout + (size_t)b * T * D + (size_t)h * HS;
+    const float* lse_h = lse + ((size_t)b * a.NH + h) * T;
+    const float* delta_h = delta + ((size_t)b * a.NH + h) * T;
+    att4_load_tile<HSP>(Ks, a.k0 + (size_t)b * N * D + (size_t)h * HS, j0, N, HS, D);
+    att4_load_tile<HSP>(Vs, a.v0 + (size_t)b * N * D + (size_t)h * HS, j0, N, HS, D);
+    att4_load_tile<HSP>(QD, qh, 0, T, HS, D);
+    att4_load_tile<HSP>(QD + TILE, dh, 0, T, HS, D);
+    for (int i = threadIdx.x; i < ATT4_ROWS; i += blockDim.x) {
+        stats[i] = i < T ? lse_h[i] * LOG2E_F : 0.0f;
+        stats[ATT4_ROWS + i] = i < T ? delta_h[i] : 0.0f;
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t kf[HSP / 16][4], vf[HSP / 16][4];
+    #pragma unroll
+    for (int kk = 0; kk < HSP / 16; kk++) {
+        att4_frag_a(kf[kk], Ks + warp * 16 * LD + kk * 16, LD);
+        att4_frag_a(vf[kk], Vs + warp * 16 * LD + kk * 16, LD);
+    }
+    float dka[HSP / 8][4], dva[HSP / 8][4];
+    #pragma unroll
+    for (int n = 0; n < HSP / 8; n++) {
+        dka[n][0] = dka[n][1] = dka[n][2] = dka[n][3] = 0.0f;
+        dva[n][0] = dva[n][1] = dva[n][2] = dva[n][3] = 0.0f;
+    }
+    const float scale = 1.0f / sqrtf((float)HS), sl2 = LOG2E_F * scale;
+    int n_tiles = (T + ATT4_ROWS - 1) / ATT4_ROWS;
+    for (int it = 0; it < n_tiles; it++) {
+        const floatX* Qt = QD + (it % 2) * 2 * TILE;
+        const float* st = stats + (it % 2) * 2 * ATT4_ROWS;
+        if (it + 1 < n_tiles) {
+            int first = (it + 1) * ATT4_ROWS;
+            floatX* next = QD + ((it + 1) % 2) * 2 * TILE;
+            float* next_st = stats + ((it + 1) % 2) * 2 * ATT4_ROWS;
+            att4_load_tile<HSP>(next, qh, first, T, HS, D);
+            att4_load_tile<HSP>(next + TILE, dh, first, T, HS, D);
+            cp_async_commit();
+            for (int i = threadIdx.x; i < ATT4_ROWS; i += blockDim.x) {
+                next_st[i] = first + i < T ? lse_h[first + i] * LOG2E_F : 0.0f;
+                next_st[ATT4_ROWS + i] = first + i < T ? delta_h[first + i] : 0.0f;
+            }
+        }
+        float p[ATT4_ROWS / 8][4], ds[ATT4_ROWS / 8][4];
+        att4_products<HSP>(p, kf, Qt);          // S^T
+        att4_products<HSP>(ds, vf, Qt + TILE);  // dP^T
+        #pragma unroll
+        for (int j = 0; j < ATT4_ROWS / 8; j++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int col = j * 8 + 2 * t + i % 2;  // the query in the tile
+                float pj = it * ATT4_ROWS + col < T ? exp2f(p[j][i] * sl2 - st[col]) : 0.0f;
+                p[j][i] = pj;
+                ds[j][i] = pj * (ds[j][i] - st[ATT4_ROWS + col]);
+            }
+        }
+        att4_accumulate<HSP>(dva, p, Qt + TILE);  // dV += P^T dO
+        att4_accumulate<HSP>(dka, ds, Qt);        // dK += dS^T Q (scaled below)
+        cp_async_wait<0>();
+        __syncthreads();
+    }
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = j0 + warp * 16 + g + 8 * r;
+        if (key >= N) { continue; }
+        size_t at = ((size_t)b * N + key) * D + (size_t)h * HS;
+        #pragma unroll
+        for (int n = 0; n < HSP / 8; n++) {
+            int c = n * 8 + 2 * t;
+            if (c >= HS) { continue; }
+            dk[at + c] += dka[n][2 * r] * scale;
+            dk[at + c + 1] += dka[n][2 * r + 1] * scale;
+            dv[at + c] += dva[n][2 * r];
+            dv[at + c + 1] += dva[n][2 * r + 1];
+        }
+    }
+}
+#endif  // bf16 builds
+
 // ---- the model's glue between the operations above (patches in conv-weight order, the
 // prefix and its mask, RoPE at given positions, GELU, the fp32 velocity head and its loss)
 
@@ -2722,10 +3167,32 @@ static size_t attention3_scratch(int B, int NH, int Tq, int nk) {
 
 static int attention3_floatx_scores = 0;  // 1: the scores in floatX (half the traffic; dev/cuda benchmarks it)
 
-// The two from the environment, so that a GPU run can time the trainer with each without a rebuild
-// (dev/gpu_check.sh): VLA_ATTENTION3_SAMPLES (samples a pass, 0: all) and VLA_ATTENTION3_SCORES
+// Which version takes the vision tower's calls: 4 in bf16 builds (flash attention on mma.sync), 3
+// in fp32 and fp16 ones, where version 4 does not exist
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+static int vision_attention_version = 4;
+#else
+static int vision_attention_version = 3;
+#endif
+
+// The vision attention's choices from the environment, so that a GPU run can time the trainer with
+// each without a rebuild (dev/gpu_check.sh): VLA_VISION_ATTENTION (the version: 3, or 4 in bf16
+// builds), VLA_ATTENTION3_SAMPLES (version 3's samples a pass, 0: all) and VLA_ATTENTION3_SCORES
 // (fp32 or floatx). A bad value is a one-line error.
 static void attention3_from_env(void) {
+    const char* version = getenv("VLA_VISION_ATTENTION");
+    if (version != NULL) {
+        int bf16 = !LOSS_SCALING && sizeof(floatX) == 2;
+        if (strcmp(version, "3") == 0 || (bf16 && strcmp(version, "4") == 0)) {
+            vision_attention_version = version[0] - '0';
+        } else if (strcmp(version, "4") == 0) {
+            vla_fail("VLA_VISION_ATTENTION=4: version 4 (mma.sync flash attention) exists in bf16 builds only; this is a %s "
+                     "build: use 3", PRECISION_NAME);
+        } else {
+            vla_fail("VLA_VISION_ATTENTION=%s: use 3 (cuBLASLt products around a softmax) or 4 (flash attention, bf16 "
+                     "builds)", version);
+        }
+    }
     const char* n = getenv("VLA_ATTENTION3_SAMPLES");
     if (n != NULL) {
         char* end = NULL;
@@ -2832,6 +3299,65 @@ static void gqa_attention_backward3(floatX* dq, float* dk0, float* dv0, const fl
     }
 }
 
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+// Version 4 takes the calls version 3 takes (without needing its scratch), at head sizes that are
+// multiples of 8 up to 64, on tensors whose rows start 16-byte aligned
+static bool gqa_attention4_fits(const GqaAttn& a, const void* x, const void* y, const void* z = NULL) {
+    return a.block == NULL && a.Nk1 == 0 && a.NKV == a.NH && a.q0 == 0 && a.HS % 8 == 0 && a.HS <= 64 &&
+           packable(a.HS, 8, a.k0, a.v0, x) && packable(a.HS, 8, y, z);
+}
+
+// The kernels' dynamic shared memory is set once per GPU (each rank's thread drives one)
+template <int HSP>
+static void attention4_configure(void) {
+    static thread_local bool configured = false;
+    if (configured) { return; }
+    int smem = (int)gqa_attention_smem4<HSP>();
+    cudaCheck(cudaFuncSetAttribute(gqa_attention_forward_kernel4<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dq_kernel4<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dkdv_kernel4<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   smem));
+    configured = true;
+}
+
+template <int HSP>
+static void gqa_attention_forward4(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    attention4_configure<HSP>();
+    size_t smem = gqa_attention_smem4<HSP>();
+    gqa_attention_forward_kernel4<HSP><<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(out, lse, q, a);
+    launchCheck();
+}
+
+// delta given (the caller's); dq overwritten, dk0 and dv0 accumulate
+template <int HSP>
+static void gqa_attention_backward4(floatX* dq, float* dk0, float* dv0, const floatX* dout, const floatX* q,
+                                    const float* lse, const float* delta, const GqaAttn& a) {
+    attention4_configure<HSP>();
+    size_t smem = gqa_attention_smem4<HSP>();
+    gqa_attention_backward_dq_kernel4<HSP><<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(dq, dout, q, lse, delta, a);
+    launchCheck();
+    gqa_attention_backward_dkdv_kernel4<HSP><<<dim3(ceil_div(a.Nk0, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(dk0, dv0, dout, q, lse, delta, a);
+    launchCheck();
+}
+
+// the padded head size's instance (head sizes 8 to 64)
+static void gqa_attention_forward4_any(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    switch (padded_head_dim(a.HS)) {
+        case 16: gqa_attention_forward4<16>(out, lse, q, a); break;
+        case 32: gqa_attention_forward4<32>(out, lse, q, a); break;
+        default: gqa_attention_forward4<64>(out, lse, q, a); break;
+    }
+}
+static void gqa_attention_backward4_any(floatX* dq, float* dk0, float* dv0, const floatX* dout, const floatX* q,
+                                        const float* lse, const float* delta, const GqaAttn& a) {
+    switch (padded_head_dim(a.HS)) {
+        case 16: gqa_attention_backward4<16>(dq, dk0, dv0, dout, q, lse, delta, a); break;
+        case 32: gqa_attention_backward4<32>(dq, dk0, dv0, dout, q, lse, delta, a); break;
+        default: gqa_attention_backward4<64>(dq, dk0, dv0, dout, q, lse, delta, a); break;
+    }
+}
+#endif
+
 // an attention call's sizes, for the profile (empty when it is off)
 static void attention_prof_shape(char* shape, size_t n, const GqaAttn& a) {
     shape[0] = '\0';
@@ -2844,6 +3370,12 @@ static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, cons
     attention_prof_shape(shape, sizeof(shape), a);
     ProfOp prof_op("attention fwd", 4.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);  // (as if unmasked)
     gqa_attention_check(a);
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+    if (vision_attention_version == 4 && gqa_attention4_fits(a, q, out)) {
+        gqa_attention_forward4_any(out, lse, q, a);
+        return;
+    }
+#endif
     if (gqa_attention3_fits(a)) {
         gqa_attention_forward3(out, lse, q, a);
         return;
@@ -2878,6 +3410,12 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
     gqa_attention_check(a);
     attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, a.B * a.Tq, a.Tq, a.NH, a.HS);
     launchCheck();
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+    if (vision_attention_version == 4 && gqa_attention4_fits(a, q, dout, dq)) {
+        gqa_attention_backward4_any(dq, dk0, dv0, dout, q, lse, delta, a);
+        return;
+    }
+#endif
     if (gqa_attention3_fits(a)) {
         gqa_attention_backward3(dq, dk0, dv0, dout, q, lse, delta, a);
         return;
@@ -5117,7 +5655,12 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     }
     char per_pass[16] = "all";
     if (attention3_samples_per_pass > 0) { snprintf(per_pass, sizeof(per_pass), "%d", attention3_samples_per_pass); }
-    snprintf(split, sizeof(split), "%s images a pass, %s scores", per_pass, attention3_floatx_scores ? "floatX" : "fp32");
+    if (vision_attention_version == 4) {
+        snprintf(split, sizeof(split), "v4: flash, mma.sync");
+    } else {
+        snprintf(split, sizeof(split), "v3: %s images a pass, %s scores", per_pass,
+                 attention3_floatx_scores ? "floatX" : "fp32");
+    }
     printf("| vision attention       | %-36s |\n", split);
     printf("| device                 | %-36.36s |\n", prop->name);
     printf("| precision              | %-36s |\n", PRECISION_NAME);

@@ -22,6 +22,12 @@ filled with float32's most negative value as LeRobot fills them.
              products through cuBLASLt, head by head over a strided batch of the images, the
              scores in fp32 scratch and the softmax (and its backward) a warp per row between them
              (attention_softmax_rows_kernel, attention_softmax_backward_rows_kernel)
+  version 4  the vision tower's calls in bf16 builds (head sizes multiples of 8 up to 64): flash
+             attention through mma.sync m16n8k16, whose fragment layouts PTX documents, so scores,
+             probabilities and outputs stay in registers (no scratch); 64 rows a block of 4 warps,
+             the other side streamed 64 rows at a time through two cp.async stages; the backward
+             as two kernels, dq over the keys and dk/dv over the queries (the trainer's default
+             for these calls; VLA_VISION_ATTENTION=3 picks version 3)
 
 The kernels and launchers are train_vla.cu's (common.h includes it whole), in its kernels and
 launchers sections beside the attention helpers they use (ATT_TILE, load_query_tile, warp_scores,
@@ -46,17 +52,29 @@ warp_accumulate, attention_delta_kernel, padded_head_dim); this program checks a
 // checks and benchmarks
 
 #if defined(ENABLE_FP32)
-static const int HAVE_V2 = 0, V2_THREADS = 0;  // version 2 exists in bf16 builds only
+static const int HAVE_V2 = 0, V2_THREADS = 0;  // version 2 exists in bf16 and fp16 builds only
 #else
 static const int HAVE_V2 = 1, V2_THREADS = ATT_THREADS;
 #endif
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+static const int HAVE_V4 = 1, V4_THREADS = ATT4_THREADS;  // version 4 in bf16 builds only
+#else
+static const int HAVE_V4 = 0, V4_THREADS = 0;
+#endif
+#define N_VERSIONS 4
 
 static int only_version = 0;  // 0: every version that takes a call; else that one alone
 
-// Whether `version` takes this call: 1 always, 2 in bf16 builds, 3 the vision tower's calls
+// Whether `version` takes this call: 1 always, 2 in bf16 and fp16 builds, 3 the vision tower's
+// calls, 4 those in bf16 builds at head sizes that are multiples of 8 up to 64
 static bool version_takes(int version, const Case* k) {
     if (only_version != 0 && version != only_version) { return false; }
-    return version == 1 || (version == 2 && HAVE_V2) || (version == 3 && k->pass == PASS_VISION);
+    return version == 1 || (version == 2 && HAVE_V2) || (version == 3 && k->pass == PASS_VISION) ||
+           (version == 4 && HAVE_V4 && k->pass == PASS_VISION && k->HS % 8 == 0 && k->HS <= 64);
+}
+
+static int version_threads(int version, int block) {
+    return version == 1 ? block : version == 2 ? V2_THREADS : version == 4 ? V4_THREADS : BLOCK;
 }
 
 // version 3's scores: max(B, NH) x (Tq, nk) fp32 twice (the backward's S and dP), grown as the cases need
@@ -78,12 +96,18 @@ static GqaAttn case_attn(const Case* k, int version = 1) {
 }
 
 // version 1 at `block` threads per block; version 2 through the launcher (bf16 builds, without
-// scratch), version 3 through its own
+// scratch, main() having set vision_attention_version to 3), versions 3 and 4 through their own
 static void run_forward(int version, int block, floatX* out, float* lse, const Case* k) {
     GqaAttn a = case_attn(k, version);
     if (version == 1) {
         gqa_attention_check(a);
         gqa_attention_forward1(out, lse, k->d_q, a, block);
+    } else if (version == 4) {
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+        gqa_attention_check(a);
+        if (!gqa_attention4_fits(a, k->d_q, out)) { vla_fail("attention_smolvla: version 4 does not take this call"); }
+        gqa_attention_forward4_any(out, lse, k->d_q, a);
+#endif
     } else if (version == 3) {
         gqa_attention_check(a);
         if (!gqa_attention3_fits(a)) { vla_fail("attention_smolvla: version 3 does not take this call"); }
@@ -101,6 +125,14 @@ static void run_backward(int version, int block, const Case* k, floatX* dq, floa
         attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, block), block, 0, main_stream>>>(delta, k->d_dout, k->d_out, a.B * a.Tq, a.Tq, a.NH, a.HS);
         launchCheck();
         gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a, block);
+    } else if (version == 4) {
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+        gqa_attention_check(a);
+        if (!gqa_attention4_fits(a, k->d_q, k->d_dout, dq)) { vla_fail("attention_smolvla: version 4 does not take this call"); }
+        attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, BLOCK), BLOCK, 0, main_stream>>>(delta, k->d_dout, k->d_out, a.B * a.Tq, a.Tq, a.NH, a.HS);
+        launchCheck();
+        gqa_attention_backward4_any(dq, dk0, dv0, k->d_dout, k->d_q, k->d_lse, delta, a);
+#endif
     } else if (version == 3) {  // (the trainer's launcher: the delta kernel, then version 3)
         if (!gqa_attention3_fits(a)) { vla_fail("attention_smolvla: version 3 does not take this call"); }
         gqa_attention_backward(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_out, k->d_lse, delta, a);
@@ -117,7 +149,7 @@ static int case_label(char* buf, size_t n, const Case* k, int version, int block
                     pass_names[k->pass], k->B, k->NH, k->NKV, k->HS, k->Tq, k->Nk0, k->Nk1, block);
 }
 
-static double worst_err[3] = {0.0, 0.0, 0.0};  // the largest relative error met by each version (report)
+static double worst_err[N_VERSIONS] = {0.0, 0.0, 0.0, 0.0};  // the largest relative error met by each version (report)
 
 static void check_close_v(int version, const char* what, const float* got, const double* ref, size_t n, double tol) {
     double num = 0.0, den = 0.0;
@@ -152,10 +184,10 @@ static void check_forward(const Case* k) {
     double* ref_blind = (double*)mallocCheck((n_out > 0 ? n_out : 1) * sizeof(double));
     float* got_seen = (float*)mallocCheck(n_lse * sizeof(float));
     float* got_blind = (float*)mallocCheck((n_out > 0 ? n_out : 1) * sizeof(float));
-    for (int version = 1; version <= 3; version++) {
+    for (int version = 1; version <= N_VERSIONS; version++) {
         if (!version_takes(version, k)) { continue; }
         for (int bi = 0; bi < (version == 1 ? N_V1_BLOCKS : 1); bi++) {
-            int block = version == 1 ? V1_BLOCKS[bi] : version == 2 ? V2_THREADS : BLOCK;
+            int block = version_threads(version, V1_BLOCKS[bi]);
             poison(out, n_out * sizeof(floatX));
             poison(lse, n_lse * sizeof(float));
             run_forward(version, block, out, lse, k);
@@ -222,14 +254,14 @@ static void check_backward(const Case* k, uint64_t seed) {
     int bf16_scores = attention3_floatx_scores && sizeof(floatX) < 4;  // (measured 6.5e-3 at most: 2e-2)
     if (bf16_scores) { tol_dq = 2e-2; }
     float* first[5] = {NULL, NULL, NULL, NULL, NULL};  // dq, dk0, dv0, dk1, dv1 of the last block size
-    for (int version = 1; version <= 3; version++) {
+    for (int version = 1; version <= N_VERSIONS; version++) {
         if (!version_takes(version, k)) { continue; }
-        // (version 3 rounds P and dS to floatX as version 2 does: exact in fp32 builds)
+        // (versions 3 and 4 round P and dS to floatX as version 2 does: exact in fp32 builds)
         double tol_kv = version == 1 || sizeof(floatX) == 4 ? tol_f32 : bf16_scores ? 2e-2 : 1e-2;
         int n_runs = (version == 1 ? N_V1_BLOCKS : 1) + 1;  // the last block size twice: same bits?
         for (int run = 0; run < n_runs; run++) {
             int bi = run < n_runs - 1 ? run : run - 1;
-            int block = version == 1 ? V1_BLOCKS[bi] : version == 2 ? V2_THREADS : BLOCK;
+            int block = version_threads(version, V1_BLOCKS[bi]);
             poison(dq, n_q * sizeof(floatX));
             poison(delta, n_stat * sizeof(float));
             cudaCheck(cudaMemcpy(dk0, dk00, n_k0 * sizeof(float), cudaMemcpyHostToDevice));
@@ -315,7 +347,7 @@ static void benchmark(int pass, int B, int NH, int NKV, int HS, int NI, int T, i
     // are 32 MiB of fp32 scores)
     // and in bf16 builds with its scores in bf16 (half their traffic)
     const int per_pass[] = {0, 16, 8};
-    for (int version = 1; version <= 3; version++) {
+    for (int version = 1; version <= N_VERSIONS; version++) {
         if (!version_takes(version, &k)) { continue; }
         for (int pp = 0; pp < (version == 3 ? 3 * (1 + HAVE_V2) : 1); pp++) {
             int n = per_pass[pp % 3];
@@ -350,6 +382,7 @@ static void benchmarks(void) {
 
 int main(void) {
     dev_init("attention_smolvla");
+    vision_attention_version = 3;  // the launcher's vision calls without scratch are version 2's here
     // GQA groups of 1, 2, 3 and 5 query heads per kv head; head sizes through every padding of
     // version 2 and with scalar loads (8, 12); suffixes and prefixes of more than one 64-row tile
     // (a prefix of 65 tokens: the state alone in the second tile, the last key it sees the first of
@@ -372,7 +405,8 @@ int main(void) {
     }
     // the vision tower: no mask, as many kv heads as query heads; 96 tokens: a tile and a half;
     // version 3 batches the images per head (B >= NH) or the heads per image (B < NH)
-    struct { int B, NH, HS, N; } vision[] = {{1, 2, 64, 96}, {2, 3, 16, 40}, {3, 2, 32, 40}};
+    // (and a head size of 24, padded to 32: the small preset's)
+    struct { int B, NH, HS, N; } vision[] = {{1, 2, 64, 96}, {2, 3, 16, 40}, {3, 2, 32, 40}, {2, 2, 24, 70}};
     for (size_t s = 0; s < sizeof(vision) / sizeof(vision[0]); s++) {
         Case k = make_case(PASS_VISION, vision[s].B, vision[s].NH, vision[s].NH, vision[s].HS, vision[s].N, 1, 0,
                            FORWARD_HOST, seed);
@@ -399,6 +433,8 @@ int main(void) {
     }
     printf("worst relative error: version 1 %.2e", worst_err[0]);
     if (HAVE_V2) { printf(", version 2 %.2e", worst_err[1]); }
-    printf(", version 3 %.2e\n", worst_err[2]);
+    printf(", version 3 %.2e", worst_err[2]);
+    if (HAVE_V4) { printf(", version 4 %.2e", worst_err[3]); }
+    printf("\n");
     return dev_finish(benchmarks);
 }

@@ -2,14 +2,16 @@
 emulate.h: runs this project's CUDA C++ on the CPU, so the kernels of train_vla.cu and dev/cuda
 are exercised by `make test` on machines without a GPU.
 
-It implements the subset of the CUDA runtime, cuda_bf16, cuda_fp16, WMMA (nvcuda::wmma) and cuBLASLt that
-the project uses, on the host:
+It implements the subset of the CUDA runtime, cuda_bf16, cuda_fp16, WMMA (nvcuda::wmma), PTX's
+bf16 mma.sync m16n8k16 (emu_mma_m16n8k16_bf16) and cuBLASLt that the project uses, on the host:
 - A launch runs the blocks of the grid one after another. The threads of a block are fibers
   (each its own stack, switched by a few lines of x86-64 assembly), so __syncthreads, __syncwarp
   and the warp shuffles mean what they mean on a GPU: a thread waits until every live thread of
   its block (or lane of its warp) has arrived.
 - WMMA fragments hold the whole tile in every lane (the real layout is unspecified, so code that
   is correct on a GPU only touches fragment elements uniformly); mma_sync multiplies in fp32.
+- mma.sync's fragments are PTX's, lane by lane, so a kernel that reads or writes their elements
+  (row maxima, P as the next product's operand) is checked as it runs on a GPU.
 - cublasLtMatmul computes D = alpha op(A) op(B) + beta C (+ bias) in column-major order, one
   product or a strided batch of them (BATCH_COUNT, STRIDED_BATCH_OFFSET), with
   fp32 accumulation, checking the layouts it is given.
@@ -766,6 +768,51 @@ static inline void mma_sync(fragment<accumulator, M, N, K, float>& d, const frag
 }
 }  // namespace wmma
 }  // namespace nvcuda
+
+// ----------------------------------------------------------------------------
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, PTX's warp-wide product, with the fragment
+// layouts PTX documents (the kernels' wrapper issues the instruction itself on a GPU). Lane
+// 4 g + t holds: a[r], two bf16 of A (16x16) at row g + 8 (r % 2), columns 2t + 8 (r / 2) and the
+// next; b[r], two of B (16x8) at column g, rows 2t + 8 r and the next; d[i], D (16x8, fp32) at row
+// g + 8 (i / 2), column 2t + i % 2. The lower index sits in a register's low half. The lanes post
+// their registers, meet, and each sums its four outputs in fp32; they meet again before any lane
+// can post the next product's.
+namespace emu {
+struct MmaPost { uint32_t a[4], b[2]; };
+inline MmaPost mma_posts[MAX_THREADS];
+}  // namespace emu
+
+static inline float emu_bf16_half(uint32_t r, int high) {
+    uint32_t u = (high ? r >> 16 : r & 0xffffu) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline void emu_mma_m16n8k16_bf16(float* d, const uint32_t* a, const uint32_t* b) {
+    int lane = emu_lane();
+    emu::MmaPost& mine = emu::mma_posts[emu::block.current];
+    memcpy(mine.a, a, sizeof(mine.a));
+    memcpy(mine.b, b, sizeof(mine.b));
+    __syncwarp();
+    const emu::MmaPost* warp = emu::mma_posts + (emu::block.current - lane);
+    int g = lane / 4, t = lane % 4;
+    float out[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        float s = d[i];
+        for (int k = 0; k < 16; k++) {
+            // A (row, k): lane 4 (row % 8) + (k % 8) / 2, register row / 8 + 2 (k / 8); B (k, col): lane
+            // 4 col + (k % 8) / 2, register k / 8; the half k % 2 in both
+            float av = emu_bf16_half(warp[4 * (row % 8) + (k % 8) / 2].a[row / 8 + 2 * (k / 8)], k % 2);
+            float bv = emu_bf16_half(warp[4 * col + (k % 8) / 2].b[k / 8], k % 2);
+            s += av * bv;
+        }
+        out[i] = s;
+    }
+    __syncwarp();
+    memcpy(d, out, sizeof(out));
+}
 
 // ----------------------------------------------------------------------------
 // the runtime API: synchronous streams; the devices emu_device_count says
