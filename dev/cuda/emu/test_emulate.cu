@@ -95,6 +95,26 @@ __global__ void wmma_kernel(float* c, const T* a, const T* b) {
 }
 
 // misuse: half the block returns before the barrier
+// mma.sync m16n8k16 (bf16): each lane gathers its fragments by PTX's element formulas (groupID g =
+// lane / 4, t = lane % 4; A's a_i at row g + 8 for i in {2,3,6,7}, column 2t + (i % 2) + 8 for i >= 4;
+// B's b_i at row 2t + (i % 2) + 8 for i >= 2, column g; D's d_i at row g + 8 for i >= 2, column
+// 2t + (i % 2)), two elements a register, the lower index in the low half
+__global__ void mma_16816_kernel(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b) {  // a (16,16), b (16,8), d (16,8)
+    int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    unsigned short ea[8], eb[4];
+    for (int i = 0; i < 8; i++) {
+        int row = g + ((i == 2 || i == 3 || i == 6 || i == 7) ? 8 : 0), col = 2 * t + i % 2 + (i >= 4 ? 8 : 0);
+        memcpy(&ea[i], &a[row * 16 + col], 2);
+    }
+    for (int i = 0; i < 4; i++) { memcpy(&eb[i], &b[(2 * t + i % 2 + (i >= 2 ? 8 : 0)) * 8 + g], 2); }
+    uint32_t ra[4], rb[2];
+    for (int r = 0; r < 4; r++) { ra[r] = (uint32_t)ea[2 * r] | (uint32_t)ea[2 * r + 1] << 16; }
+    for (int r = 0; r < 2; r++) { rb[r] = (uint32_t)eb[2 * r] | (uint32_t)eb[2 * r + 1] << 16; }
+    float acc[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    emu_mma_m16n8k16_bf16(acc, ra, rb);
+    for (int i = 0; i < 4; i++) { d[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + i % 2] = acc[i]; }
+}
+
 __global__ void divergent_barrier_kernel(float* out) {
     if (threadIdx.x >= 16) { return; }
     __syncthreads();
@@ -665,6 +685,32 @@ int main(void) {
         snprintf(what, sizeof(what), "WMMA 16x16x16 bf16 (row-major A, column-major B) into fp32: max abs err %.1e (tol 1e-4)", worst);
         check(worst < 1e-4, what);
         cudaFree(d_a); cudaFree(d_b); cudaFree(d_c);
+    }
+    // PTX's mma.sync m16n8k16 with bf16 operands, fragments gathered lane by lane as PTX lays them out
+    {
+        __nv_bfloat16 a[256], b[128];
+        float fa[256], fb[128], d[128];
+        for (int i = 0; i < 256; i++) { fa[i] = bf16_round(sinf(0.7f * i)); a[i] = __float2bfloat16(fa[i]); }
+        for (int i = 0; i < 128; i++) { fb[i] = bf16_round(cosf(0.3f * i)); b[i] = __float2bfloat16(fb[i]); }
+        __nv_bfloat16 *d_a, *d_b;
+        float* d_d;
+        cudaCheck(cudaMalloc(&d_a, sizeof(a))); cudaCheck(cudaMalloc(&d_b, sizeof(b))); cudaCheck(cudaMalloc(&d_d, sizeof(d)));
+        cudaCheck(cudaMemcpy(d_a, a, sizeof(a), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d_b, b, sizeof(b), cudaMemcpyHostToDevice));
+        mma_16816_kernel<<<1, 32>>>(d_d, d_a, d_b);
+        cudaCheck(cudaMemcpy(d, d_d, sizeof(d), cudaMemcpyDeviceToHost));
+        double worst = 0.0;
+        for (int i = 0; i < 16; i++) {
+            for (int j = 0; j < 8; j++) {
+                double s = 0.5;
+                for (int p = 0; p < 16; p++) { s += (double)fa[i * 16 + p] * fb[p * 8 + j]; }
+                worst = fmax(worst, fabs(d[i * 8 + j] - s));
+            }
+        }
+        char what[120];
+        snprintf(what, sizeof(what), "mma.sync m16n8k16 bf16 with PTX's fragment layouts, into fp32: max abs err %.1e (tol 1e-4)", worst);
+        check(worst < 1e-4, what);
+        cudaFree(d_a); cudaFree(d_b); cudaFree(d_d);
     }
     // bf16 conversions: round to nearest even, NaN kept
     {
