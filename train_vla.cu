@@ -1654,16 +1654,7 @@ static __device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, co
 #endif
 }
 
-// two neighbouring floatX as one register (4-byte aligned), and back
-static __device__ __forceinline__ uint32_t load_x2(const floatX* p) {
-#if defined(CUDA_EMULATION)
-    uint32_t u;
-    memcpy(&u, p, 4);
-    return u;
-#else
-    return *reinterpret_cast<const uint32_t*>(p);
-#endif
-}
+// two neighbouring floatX as one register (stored 4-byte aligned), the first in the low half
 static __device__ __forceinline__ void store_x2(floatX* p, uint32_t u) {
 #if defined(CUDA_EMULATION)
     memcpy(p, &u, 4);
@@ -1687,18 +1678,18 @@ static __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) 
     memcpy(smem, gmem, 16);
 #else
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 #endif
 }
 static __device__ __forceinline__ void cp_async_commit(void) {
 #if !defined(CUDA_EMULATION)
-    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 template <int n>
 static __device__ __forceinline__ void cp_async_wait(void) {
 #if !defined(CUDA_EMULATION)
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory");
 #endif
 }
 
@@ -1722,30 +1713,53 @@ static __device__ void att4_load_tile(floatX* tile, const floatX* head, int firs
     }
 }
 
-// Fragments from a row-major floatX tile at p (row stride ld), for lane 4 g + t:
-// the A operand (16x16): rows g and g + 8, columns 2t.. and 2t + 8..
+// ldmatrix: four 8x8 matrices of 16-bit elements from shared memory, the warp together. Lane l
+// gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned) and receives, of
+// matrix j, in r[j] the two elements at row l / 4, columns 2 (l % 4) and the next; transposed
+// (.trans), those at rows 2 (l % 4) and the next of column l / 4. One instruction for what would
+// take four 32-bit loads (eight 16-bit ones transposed).
+static __device__ __forceinline__ void ldsm_x4(uint32_t* r, const floatX* row) {
+#if defined(CUDA_EMULATION)
+    emu_ldmatrix_x4(r, row, false);
+#else
+    unsigned s = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+#endif
+}
+static __device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, const floatX* row) {
+#if defined(CUDA_EMULATION)
+    emu_ldmatrix_x4(r, row, true);
+#else
+    unsigned s = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+#endif
+}
+
+// Fragments from a row-major floatX tile at p (row stride ld elements, 16-byte aligned rows):
+// the A operand (16x16): its four 8x8 quarters in the order of a[0..3] (rows 0-7 and 8-15 of
+// columns 0-7, then of columns 8-15)
 static __device__ __forceinline__ void att4_frag_a(uint32_t* a, const floatX* p, int ld) {
-    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    const floatX* r0 = p + g * ld + 2 * t;
-    const floatX* r1 = r0 + 8 * ld;
-    a[0] = load_x2(r0);
-    a[1] = load_x2(r1);
-    a[2] = load_x2(r0 + 8);
-    a[3] = load_x2(r1 + 8);
+    int l = threadIdx.x % 32, m = l / 8;
+    ldsm_x4(a, p + (l % 8 + 8 * (m % 2)) * ld + 8 * (m / 2));
 }
-// the B operand (16x8) whose columns are the tile's rows: B(k, n) = p[n ld + k]
-static __device__ __forceinline__ void att4_frag_b_rows(uint32_t* b, const floatX* p, int ld) {
-    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    const floatX* r = p + g * ld + 2 * t;
-    b[0] = load_x2(r);
-    b[1] = load_x2(r + 8);
+// the B operands (16x8) of two neighbouring 8-column tiles whose columns are the tile's rows,
+// B(k, n) = p[n ld + k]: b[0..1] for columns 0-7, b[2..3] for 8-15 (rows 0-7 of the tile at
+// columns 0-7 and 8-15, then rows 8-15)
+static __device__ __forceinline__ void att4_frag_b2_rows(uint32_t* b, const floatX* p, int ld) {
+    int l = threadIdx.x % 32, m = l / 8;
+    ldsm_x4(b, p + (l % 8 + 8 * (m / 2)) * ld + 8 * (m % 2));
 }
-// the B operand (16x8) as the tile holds it: B(k, n) = p[k ld + n] (two rows a register)
-static __device__ __forceinline__ void att4_frag_b_cols(uint32_t* b, const floatX* p, int ld) {
-    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    const floatX* c = p + 2 * t * ld + g;
-    b[0] = pack_x2(c[0], c[ld]);
-    b[1] = pack_x2(c[8 * ld], c[9 * ld]);
+// the same pair held as the tile holds it, B(k, n) = p[k ld + n]: transposed loads of rows 0-7 and
+// 8-15 at columns 0-7, then at columns 8-15
+static __device__ __forceinline__ void att4_frag_b2_cols(uint32_t* b, const floatX* p, int ld) {
+    int l = threadIdx.x % 32, m = l / 8;
+    ldsm_x4_trans(b, p + (l % 8 + 8 * (m % 2)) * ld + 8 * (m / 2));
 }
 
 // s (16 x 64, this warp's rows) = A (16 x HSP, fragments af) times the tile's 64 rows transposed
@@ -1753,13 +1767,15 @@ template <int HSP>
 static __device__ __forceinline__ void att4_products(float (*s)[4], const uint32_t (*af)[4], const floatX* tile) {
     const int LD = HSP + 8;
     #pragma unroll
-    for (int j = 0; j < ATT4_ROWS / 8; j++) {
-        s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int j = 0; j < ATT4_ROWS / 8; j++) { s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f; }
+    #pragma unroll
+    for (int j = 0; j < ATT4_ROWS / 8; j += 2) {
         #pragma unroll
         for (int kk = 0; kk < HSP / 16; kk++) {
-            uint32_t bf[2];
-            att4_frag_b_rows(bf, tile + j * 8 * LD + kk * 16, LD);
+            uint32_t bf[4];
+            att4_frag_b2_rows(bf, tile + j * 8 * LD + kk * 16, LD);
             mma_16816(s[j], af[kk], bf);
+            mma_16816(s[j + 1], af[kk], bf + 2);
         }
     }
 }
@@ -1774,10 +1790,11 @@ static __device__ __forceinline__ void att4_accumulate(float (*acc)[4], const fl
         const float* hi = p[2 * kk + 1];
         uint32_t pa[4] = {pack_f2(lo[0], lo[1]), pack_f2(lo[2], lo[3]), pack_f2(hi[0], hi[1]), pack_f2(hi[2], hi[3])};
         #pragma unroll
-        for (int n = 0; n < HSP / 8; n++) {
-            uint32_t bf[2];
-            att4_frag_b_cols(bf, tile + kk * 16 * LD + n * 8, LD);
+        for (int n = 0; n < HSP / 8; n += 2) {
+            uint32_t bf[4];
+            att4_frag_b2_cols(bf, tile + kk * 16 * LD + n * 8, LD);
             mma_16816(acc[n], pa, bf);
+            mma_16816(acc[n + 1], pa, bf + 2);
         }
     }
 }

@@ -3,15 +3,16 @@ emulate.h: runs this project's CUDA C++ on the CPU, so the kernels of train_vla.
 are exercised by `make test` on machines without a GPU.
 
 It implements the subset of the CUDA runtime, cuda_bf16, cuda_fp16, WMMA (nvcuda::wmma), PTX's
-bf16 mma.sync m16n8k16 (emu_mma_m16n8k16_bf16) and cuBLASLt that the project uses, on the host:
+bf16 mma.sync m16n8k16 and ldmatrix (emu_mma_m16n8k16_bf16, emu_ldmatrix_x4) and cuBLASLt that the
+project uses, on the host:
 - A launch runs the blocks of the grid one after another. The threads of a block are fibers
   (each its own stack, switched by a few lines of x86-64 assembly), so __syncthreads, __syncwarp
   and the warp shuffles mean what they mean on a GPU: a thread waits until every live thread of
   its block (or lane of its warp) has arrived.
 - WMMA fragments hold the whole tile in every lane (the real layout is unspecified, so code that
   is correct on a GPU only touches fragment elements uniformly); mma_sync multiplies in fp32.
-- mma.sync's fragments are PTX's, lane by lane, so a kernel that reads or writes their elements
-  (row maxima, P as the next product's operand) is checked as it runs on a GPU.
+- mma.sync's and ldmatrix's fragments are PTX's, lane by lane, so a kernel that reads or writes
+  their elements (row maxima, P as the next product's operand) is checked as it runs on a GPU.
 - cublasLtMatmul computes D = alpha op(A) op(B) + beta C (+ bias) in column-major order, one
   product or a strided batch of them (BATCH_COUNT, STRIDED_BATCH_OFFSET), with
   fp32 accumulation, checking the layouts it is given.
@@ -194,6 +195,7 @@ struct State {
     int open_depth = 0;  // > 0 while device code runs
     bool handler_installed = false;
     uint8_t* dynamic_shared = nullptr;
+    size_t dynamic_shared_bytes = 0;  // the launch's, as asked for
 };
 inline State state;
 
@@ -512,12 +514,14 @@ static inline void run_grid(dim3 grid, dim3 blk, size_t dynamic_smem, F& body) {
             for (unsigned x = 0; x < grid.x; x++) {
                 memset(smem, 0xFF, smem_bytes);  // shared memory starts as garbage: NaN here
                 state.dynamic_shared = smem;
+                state.dynamic_shared_bytes = dynamic_smem;
                 emu_block_idx = uint3{x, y, z};
                 run_block(&call_body<F>, &body);
             }
         }
     }
     state.dynamic_shared = nullptr;
+    state.dynamic_shared_bytes = 0;
     free(smem);
     device_close();
 }
@@ -812,6 +816,39 @@ static inline void emu_mma_m16n8k16_bf16(float* d, const uint32_t* a, const uint
     }
     __syncwarp();
     memcpy(d, out, sizeof(out));
+}
+
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lane l posts the address of row l % 8 of matrix
+// l / 8 (16 bytes of 16-bit elements, 16-byte aligned, in shared memory); after the meeting it
+// takes, of matrix j, the two elements at row l / 4, columns 2 (l % 4) and the next (register j,
+// the first in the low half), or with .trans those at rows 2 (l % 4) and the next of column l / 4.
+namespace emu {
+inline const void* ldmatrix_posts[MAX_THREADS];
+}  // namespace emu
+
+static inline void emu_ldmatrix_x4(uint32_t* r, const void* row, bool trans) {
+    int lane = emu_lane();
+    uint8_t* smem = (uint8_t*)emu::state.dynamic_shared;
+    if ((uintptr_t)row % 16 != 0 || smem == nullptr || (const uint8_t*)row < smem ||
+        (const uint8_t*)row + 16 > smem + emu::state.dynamic_shared_bytes) {
+        emu::fail("ldmatrix at %p: a row address must be 16-byte aligned and its 16 bytes in the launch's dynamic "
+                  "shared memory", row);
+    }
+    emu::ldmatrix_posts[emu::block.current] = row;
+    __syncwarp();
+    const void* const* warp = emu::ldmatrix_posts + (emu::block.current - lane);
+    uint32_t out[4];
+    for (int j = 0; j < 4; j++) {
+        uint16_t e[2];
+        for (int h = 0; h < 2; h++) {
+            const uint16_t* at = trans ? (const uint16_t*)warp[8 * j + 2 * (lane % 4) + h] + lane / 4 :
+                                         (const uint16_t*)warp[8 * j + lane / 4] + 2 * (lane % 4) + h;
+            memcpy(&e[h], at, 2);
+        }
+        out[j] = (uint32_t)e[0] | (uint32_t)e[1] << 16;
+    }
+    __syncwarp();
+    memcpy(r, out, sizeof(out));
 }
 
 // ----------------------------------------------------------------------------

@@ -115,6 +115,20 @@ __global__ void mma_16816_kernel(float* d, const __nv_bfloat16* a, const __nv_bf
     for (int i = 0; i < 4; i++) { d[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + i % 2] = acc[i]; }
 }
 
+// ldmatrix x4, plain and transposed, from a (32, 8) tile of 16-bit values in shared memory (four
+// 8x8 matrices, one under the other): lane l gives row l, and what each lane receives is written out
+__global__ void ldmatrix_kernel(uint32_t* plain, uint32_t* trans, const unsigned short* in) {
+    extern __shared__ uint16_t tile16[];
+    int lane = threadIdx.x;
+    for (int c = 0; c < 8; c++) { tile16[lane * 8 + c] = in[lane * 8 + c]; }
+    __syncwarp();
+    uint32_t r[4];
+    emu_ldmatrix_x4(r, tile16 + lane * 8, false);
+    for (int j = 0; j < 4; j++) { plain[lane * 4 + j] = r[j]; }
+    emu_ldmatrix_x4(r, tile16 + lane * 8, true);
+    for (int j = 0; j < 4; j++) { trans[lane * 4 + j] = r[j]; }
+}
+
 __global__ void divergent_barrier_kernel(float* out) {
     if (threadIdx.x >= 16) { return; }
     __syncthreads();
@@ -711,6 +725,31 @@ int main(void) {
         snprintf(what, sizeof(what), "mma.sync m16n8k16 bf16 with PTX's fragment layouts, into fp32: max abs err %.1e (tol 1e-4)", worst);
         check(worst < 1e-4, what);
         cudaFree(d_a); cudaFree(d_b); cudaFree(d_d);
+    }
+    // ldmatrix x4: lane l receives, of matrix j, row l / 4 at columns 2 (l % 4) and the next, or with
+    // .trans rows 2 (l % 4) and the next at column l / 4
+    {
+        unsigned short in[256];
+        for (int i = 0; i < 256; i++) { in[i] = (unsigned short)(1000 + i); }
+        unsigned short* d_in;
+        uint32_t *d_plain, *d_trans, plain[128], trans[128];
+        cudaCheck(cudaMalloc(&d_in, sizeof(in))); cudaCheck(cudaMalloc(&d_plain, sizeof(plain)));
+        cudaCheck(cudaMalloc(&d_trans, sizeof(trans)));
+        cudaCheck(cudaMemcpy(d_in, in, sizeof(in), cudaMemcpyHostToDevice));
+        ldmatrix_kernel<<<1, 32, sizeof(in)>>>(d_plain, d_trans, d_in);
+        cudaCheck(cudaMemcpy(plain, d_plain, sizeof(plain), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(trans, d_trans, sizeof(trans), cudaMemcpyDeviceToHost));
+        int ok = 1;
+        for (int l = 0; l < 32; l++) {
+            for (int j = 0; j < 4; j++) {
+                int r = l / 4, c = 2 * (l % 4);  // matrix j is rows 8j.. of the tile
+                uint32_t want_plain = in[(8 * j + r) * 8 + c] | (uint32_t)in[(8 * j + r) * 8 + c + 1] << 16;
+                uint32_t want_trans = in[(8 * j + c) * 8 + r] | (uint32_t)in[(8 * j + c + 1) * 8 + r] << 16;
+                ok &= plain[l * 4 + j] == want_plain && trans[l * 4 + j] == want_trans;
+            }
+        }
+        check(ok, "ldmatrix x4 and x4.trans: every lane's four registers as PTX lays them out");
+        cudaFree(d_in); cudaFree(d_plain); cudaFree(d_trans);
     }
     // bf16 conversions: round to nearest even, NaN kept
     {
