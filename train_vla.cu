@@ -422,6 +422,16 @@ static __device__ void warp_accumulate(FragC* acc, const floatX* p_rows, const f
         }
     }
 }
+
+// Where a lane of version 2's lane pairs (a row each, lane / 2 of the warp's 16, a half of it each,
+// lane % 2) works at step k of its half's n columns: the steps are rotated by the row and the half,
+// so that at every step the warp's 32 lanes touch 32 different banks. (The rows of S, P and O start
+// in the same bank: stepping every lane through its columns in order made each access a 32-way
+// bank conflict.)
+static __device__ __forceinline__ int att_rotated_col(int k, int lane, int n) {
+    int half = lane % 2;
+    return half * n + (k + lane / 2 + 16 * half) % n;
+}
 #endif  // !ENABLE_FP32
 
 __global__ void silu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
@@ -1341,7 +1351,8 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_forward_kernel2(flo
         __syncwarp();
         float* srow = S + r * ATT_TILE;
         float tile_max = -INFINITY;
-        for (int c = half * 32; c < half * 32 + 32; c++) {
+        for (int k = 0; k < 32; k++) {
+            int c = att_rotated_col(k, lane, 32);
             float s = gqa_sees(qb, kblk[c]) ? srow[c] * scale : -INFINITY;  // masked: exactly 0 below
             srow[c] = s;
             tile_max = fmaxf(tile_max, s);
@@ -1350,14 +1361,15 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_forward_kernel2(flo
         float m_old = row_m[r], m_new = fmaxf(m_old, tile_max);
         float m_ref = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: exp gives 0, not NaN
         float psum = 0.0f;
-        for (int c = half * 32; c < half * 32 + 32; c++) {
+        for (int k = 0; k < 32; k++) {
+            int c = att_rotated_col(k, lane, 32);
             float p = expf(srow[c] - m_ref);
             Ps[r * ATT_TILE + c] = fx(p);
             psum += p;
         }
         psum += __shfl_xor_sync(0xffffffffu, psum, 1);
         float corr = expf(m_old - m_ref);
-        for (int c = half * (HSP / 2); c < (half + 1) * (HSP / 2); c++) { O[r * HSP + c] *= corr; }
+        for (int k = 0; k < HSP / 2; k++) { O[r * HSP + att_rotated_col(k, lane, HSP / 2)] *= corr; }
         __syncwarp();  // both lanes of the pair have read row_m, row_l
         if (half == 0) {
             row_m[r] = m_new;
@@ -1441,7 +1453,7 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dq_kernel2
     FragC acc[HSP / 16];
     #pragma unroll
     for (int n = 0; n < HSP / 16; n++) { wmma::fill_fragment(acc[n], 0.0f); }
-    int r = warp * 16 + lane / 2, half = lane % 2, qb = qblk[r];
+    int r = warp * 16 + lane / 2, qb = qblk[r];  // a lane pair a row, half of it each (att_rotated_col)
     for (int j0 = 0; j0 < key_end; j0 += ATT_TILE) {
         __syncthreads();
         gqa_load_key_tile<HSP>(Ks, a, a.k0, a.k1, b, g, j0);
@@ -1451,7 +1463,8 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dq_kernel2
         warp_scores<HSP>(S + warp * 16 * ATT_TILE, Qs + warp * 16 * HSP, Ks);
         warp_scores<HSP>(dP + warp * 16 * ATT_TILE, dOs + warp * 16 * HSP, Vs);
         __syncwarp();
-        for (int c = half * 32; c < half * 32 + 32; c++) {
+        for (int k = 0; k < 32; k++) {
+            int c = att_rotated_col(k, lane, 32);
             float ds = 0.0f;
             if (gqa_sees(qb, kblk[c])) {
                 float p = expf(S[r * ATT_TILE + c] * scale - row_lse[r]);
@@ -1506,7 +1519,7 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kerne
     FragC acc_dk[HSP / 16], acc_dv[HSP / 16];
     #pragma unroll
     for (int n = 0; n < HSP / 16; n++) { wmma::fill_fragment(acc_dk[n], 0.0f); wmma::fill_fragment(acc_dv[n], 0.0f); }
-    int r = warp * 16 + lane / 2, j = j0 + r, half = lane % 2;
+    int r = warp * 16 + lane / 2, j = j0 + r;  // a lane pair a key row, half of it each (att_rotated_col)
     for (int h = g * G; h < (g + 1) * G; h++) {
         for (int i0 = 0; i0 < a.Tq; i0 += ATT_TILE) {
             __syncthreads();  // the previous tile's Q, dO and statistics are no longer read
@@ -1523,7 +1536,8 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kerne
             warp_scores<HSP>(St + warp * 16 * ATT_TILE, Ks + warp * 16 * HSP, Qs);
             warp_scores<HSP>(dPt + warp * 16 * ATT_TILE, Vs + warp * 16 * HSP, dOs);
             __syncwarp();
-            for (int c = half * 32; c < half * 32 + 32; c++) {
+            for (int k = 0; k < 32; k++) {
+            int c = att_rotated_col(k, lane, 32);
                 float p = 0.0f, ds = 0.0f;
                 if (j < nk && i0 + c < a.Tq) {
                     if (q_lse[c] == ATTN_NO_KEY_LSE) {  // a query that sees no key: P = 1/nk, no dS
