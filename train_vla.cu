@@ -2568,7 +2568,7 @@ static uint32_t pointer_alignment(const void* p) {
 // cuBLASLt descriptors and the algorithm chosen for one product shape. Made once per shape: the
 // heuristic query costs tens of microseconds of host time and a step has hundreds of products.
 typedef struct {
-    int m, n, k, lda, ldb, ldd, transa, transb, bias;
+    int m, n, k, lda, ldb, ldd, transa, transb, bias, gelu;  // gelu: GELU-tanh on the output (the epilogue)
     cudaDataType_t d_type;
     uint32_t align[4];  // of A, B, C, D: what the algorithm may assume
     int batch;                            // products in one call (strided batch), 1: one
@@ -2607,8 +2607,9 @@ static MatmulPlan* matmul_plan(const MatmulKey* key) {
     int32_t ta = key->transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    if (key->bias) {
-        uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    if (key->bias || key->gelu) {
+        uint32_t epilogue = key->gelu ? (key->bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU) :
+                                        CUBLASLT_EPILOGUE_BIAS;
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     }
     int m = key->m, n = key->n, k = key->k;
@@ -2663,18 +2664,20 @@ static void matmul_plans_free(void) {
     n_matmul_plans = cap_matmul_plans = 0;
 }
 
-// D (m, n) = alpha op(A) op(B) + beta C (+ bias (m)) in cuBLASLt's column-major terms; A, B are
-// floatX, C and D of d_type (floatX or fp32); C is D unless `c` is given (then with D's layout);
-// `batch` (NULL: one product) makes it a strided batch of them. The wrappers below speak row-major.
+// D (m, n) = alpha op(A) op(B) + beta C (+ bias (m)) in cuBLASLt's column-major terms, then
+// GELU-tanh where `gelu` asks (cuBLASLt's epilogue, on the fp32 sum before it is rounded to D's
+// type); A, B are floatX, C and D of d_type (floatX or fp32); C is D unless `c` is given (then with
+// D's layout); `batch` (NULL: one product) makes it a strided batch of them. The wrappers below
+// speak row-major.
 static void matmul_cublaslt(void* d, cudaDataType_t d_type, int ldd, const void* c, const floatX* a, int lda,
                             bool transa, const floatX* b, int ldb, bool transb, int m, int n, int k, float beta,
-                            const floatX* bias, const MatmulBatch* batch = NULL, float alpha = 1.0f) {
+                            const floatX* bias, const MatmulBatch* batch = NULL, float alpha = 1.0f, bool gelu = false) {
     int count = batch != NULL ? batch->count : 1;
     char shape[64] = "";
     if (prof.on) {
-        int at = snprintf(shape, sizeof(shape), "%d x %d x %d %c%c%s%s", m, n, k, transa ? 'T' : 'N',
+        int at = snprintf(shape, sizeof(shape), "%d x %d x %d %c%c%s%s%s", m, n, k, transa ? 'T' : 'N',
                           transb ? 'T' : 'N', d_type == CUDA_R_32F && CUBLAS_FLOATX != CUDA_R_32F ? " fp32 out" : "",
-                          bias != NULL ? " +bias" : "");
+                          bias != NULL ? " +bias" : "", gelu ? " +gelu" : "");
         if (count > 1) { snprintf(shape + at, sizeof(shape) - at, ", batch %d", count); }
     }
     ProfOp prof_op("matmul", 2.0 * m * n * k * count, shape);
@@ -2682,7 +2685,7 @@ static void matmul_cublaslt(void* d, cudaDataType_t d_type, int ldd, const void*
     MatmulKey key;
     memset(&key, 0, sizeof(key));  // padding too: keys are compared bytewise
     key.m = m; key.n = n; key.k = k; key.lda = lda; key.ldb = ldb; key.ldd = ldd;
-    key.transa = transa; key.transb = transb; key.bias = bias != NULL; key.d_type = d_type;
+    key.transa = transa; key.transb = transb; key.bias = bias != NULL; key.gelu = gelu; key.d_type = d_type;
     key.align[0] = pointer_alignment(a); key.align[1] = pointer_alignment(b);
     key.align[2] = pointer_alignment(c_ptr); key.align[3] = pointer_alignment(d);
     key.batch = count;
@@ -2709,6 +2712,14 @@ static void matmul_forward(floatX* out, const floatX* inp, const floatX* w, cons
                            int N, int C, int OC, int ld_out = 0, int ld_inp = 0) {
     matmul_cublaslt(out, CUBLAS_FLOATX, ld_out > 0 ? ld_out : OC, res, w, C, true, inp, ld_inp > 0 ? ld_inp : C, false,
                     OC, N, C, res != NULL ? 1.0f : 0.0f, bias);
+}
+
+// out (N, OC) = GELU-tanh(inp (N, C) @ w (OC, C)^T + bias (OC)) in one product (cuBLASLt's GELU_BIAS
+// epilogue): where nothing needs the pre-activation (the frozen vision tower's MLP), this saves
+// writing it, reading it back and a kernel. GELU is taken of the fp32 sum, before its rounding to
+// floatX (matmul_forward then gelu_forward round in between).
+static void matmul_forward_gelu(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, int N, int C, int OC) {
+    matmul_cublaslt(out, CUBLAS_FLOATX, OC, NULL, w, C, true, inp, C, false, OC, N, C, 0.0f, bias, NULL, 1.0f, true);
 }
 
 // dinp (N, C) = dout (N, OC) @ w (OC, C) [+ beta * dinp]; dout row stride ld_dout (0: dense).
@@ -4303,8 +4314,12 @@ static void smol_vision_layer_forward(SmolVLA* m, int l, int redo) {
     matmul_forward(x.mid, x.att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), x.res, V, Cv, Cv);
     layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smol_param(m, SMOLP_vis_ln2_w, l), smol_param(m, SMOLP_vis_ln2_b, l),
                       V, Cv);
-    matmul_forward(x.fc1, x.ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), NULL, V, Cv, Fv);
-    gelu_forward(x.gelu, x.fc1, (size_t)V * Fv);
+    if (m->mode == TRAIN_MODE_ALL) {  // the backward pass reads fc1 (GELU's derivative)
+        matmul_forward(x.fc1, x.ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), NULL, V, Cv, Fv);
+        gelu_forward(x.gelu, x.fc1, (size_t)V * Fv);
+    } else {  // a frozen tower: GELU in the product's epilogue
+        matmul_forward_gelu(x.gelu, x.ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), V, Cv, Fv);
+    }
     if (redo != RECOMPUTE_NONE) { return; }
     matmul_forward(x.out, x.gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), x.mid, V, Fv, Cv);
 }

@@ -13,9 +13,9 @@ project uses, on the host:
   is correct on a GPU only touches fragment elements uniformly); mma_sync multiplies in fp32.
 - mma.sync's and ldmatrix's fragments are PTX's, lane by lane, so a kernel that reads or writes
   their elements (row maxima, P as the next product's operand) is checked as it runs on a GPU.
-- cublasLtMatmul computes D = alpha op(A) op(B) + beta C (+ bias) in column-major order, one
-  product or a strided batch of them (BATCH_COUNT, STRIDED_BATCH_OFFSET), with
-  fp32 accumulation, checking the layouts it is given.
+- cublasLtMatmul computes D = alpha op(A) op(B) + beta C (+ bias, then GELU-tanh where the
+  epilogue asks) in column-major order, one product or a strided batch of them (BATCH_COUNT,
+  STRIDED_BATCH_OFFSET), with fp32 accumulation, checking the layouts it is given.
 
 It also checks what a GPU reports less plainly, and stops with one line when it finds it:
 - a barrier or shuffle that not every live thread reaches (the deadlock is reported),
@@ -1174,7 +1174,8 @@ typedef enum {
     CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
     CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
 } cublasLtMatmulDescAttributes_t;
-typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 } cublasLtEpilogue_t;
+typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4, CUBLASLT_EPILOGUE_GELU = 32,
+               CUBLASLT_EPILOGUE_GELU_BIAS = 36 } cublasLtEpilogue_t;
 typedef enum { CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6 } cublasLtMatrixLayoutAttribute_t;
 typedef enum {
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
@@ -1215,6 +1216,11 @@ typedef struct {
 
 static inline cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) { *h = new EmuLtHandle{0}; return CUBLAS_STATUS_SUCCESS; }
 static inline cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) { delete h; return CUBLAS_STATUS_SUCCESS; }
+// whether an epilogue adds the bias vector (GELU's applies after it)
+static inline bool emu_lt_has_bias(int epilogue) {
+    return epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
+}
+
 static inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute, cudaDataType_t scale) {
     if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) { return CUBLAS_STATUS_NOT_SUPPORTED; }
     *d = new EmuLtDesc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, nullptr};
@@ -1295,13 +1301,16 @@ static inline cublasStatus_t emu_lt_check(cublasLtMatmulDesc_t d, cublasLtMatrix
     if (A->type != B->type || C->type != D->type || (A->type == CUDA_R_32F && D->type != CUDA_R_32F)) {
         emu::fail("cublasLtMatmul: unsupported types A %d, B %d, C %d, D %d", A->type, B->type, C->type, D->type);
     }
-    if (d->epilogue != CUBLASLT_EPILOGUE_BIAS && d->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    if (d->epilogue != CUBLASLT_EPILOGUE_BIAS && d->epilogue != CUBLASLT_EPILOGUE_DEFAULT &&
+        d->epilogue != CUBLASLT_EPILOGUE_GELU && d->epilogue != CUBLASLT_EPILOGUE_GELU_BIAS) {
         emu::fail("cublasLtMatmul: epilogue %d is not emulated", (int)d->epilogue);
     }
     if (A->batch != D->batch || B->batch != D->batch || C->batch != D->batch) {
         emu::fail("cublasLtMatmul: batch counts differ: A %d, B %d, C %d, D %d", A->batch, B->batch, C->batch, D->batch);
     }
-    if (D->batch > 1 && d->epilogue == CUBLASLT_EPILOGUE_BIAS) { emu::fail("cublasLtMatmul: a batched bias is not emulated"); }
+    if (D->batch > 1 && d->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+        emu::fail("cublasLtMatmul: a batched product with an epilogue is not emulated");
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1349,10 +1358,10 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDe
         }
     }
     if (!emu::is_device(a) || !emu::is_device(b) || !emu::is_device(out) || (c != nullptr && !emu::is_device(c)) ||
-        (d->bias != nullptr && d->epilogue == CUBLASLT_EPILOGUE_BIAS && !emu::is_device(d->bias))) {
+        (d->bias != nullptr && emu_lt_has_bias(d->epilogue) && !emu::is_device(d->bias))) {
         emu::fail("cublasLtMatmul given a host pointer: A, B, C, D and the bias must be device memory");
     }
-    if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && d->bias == nullptr) { emu::fail("cublasLtMatmul: bias epilogue without a bias pointer"); }
+    if (emu_lt_has_bias(d->epilogue) && d->bias == nullptr) { emu::fail("cublasLtMatmul: bias epilogue without a bias pointer"); }
     float al = *(const float*)alpha, be = *(const float*)beta;
     if (be != 0.0f && c == nullptr) { emu::fail("cublasLtMatmul: beta != 0 without C"); }
     if (c == out && (C->ld != D->ld || C->stride != D->stride)) {
@@ -1379,7 +1388,10 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDe
                     }
                     float r = al * s;
                     if (be != 0.0f) { r += be * emu_load(c, lc.type, oc + i + j * lc.ld); }
-                    if (dd.epilogue == CUBLASLT_EPILOGUE_BIAS) { r += emu_load(dd.bias, ld.type, i); }
+                    if (emu_lt_has_bias(dd.epilogue)) { r += emu_load(dd.bias, ld.type, i); }
+                    if (dd.epilogue == CUBLASLT_EPILOGUE_GELU || dd.epilogue == CUBLASLT_EPILOGUE_GELU_BIAS) {
+                        r = 0.5f * r * (1.0f + tanhf(0.7978845608028654f * (r + 0.044715f * r * r * r)));  // GELU-tanh
+                    }
                     col[i] = r;
                 }
                 for (uint64_t i = 0; i < m; i++) { emu_store(out, ld.type, od + i + j * ld.ld, col[i]); }
