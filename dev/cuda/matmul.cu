@@ -7,7 +7,9 @@ and the bias gradient.
              matmul_backward_weight (fp32 dW += dout^T inp), fp32 accumulation, row strides for
              reading or writing part of a wider matrix, one plan per shape and alignment
              (matmul_plan); the bias gradient in two fixed-order stages, column_partial_kernel
-             (column sums of chunks of rows) then column_sum_kernel (the chunks, in order)
+             (column sums of chunks of rows) then column_sum_kernel (the chunks, in order);
+             matmul_forward_gelu (out = GELU-tanh(inp W^T + bias), cuBLASLt's GELU_BIAS epilogue:
+             the frozen vision tower's fc1), benchmarked against fc1 then gelu_forward
 
   make -C dev/cuda matmul && dev/cuda/matmul
 */
@@ -71,6 +73,34 @@ static void forward_reference(double* ref, const float* inp, const float* w, con
             ref[(size_t)n * OC + o] = s;
         }
     }
+}
+
+// ---- the fc1 of a frozen vision tower: out (N, OC) = GELU-tanh(inp W^T + bias) in one product.
+// GELU of the fp32 sum (cuBLASLt's epilogue), then one rounding to floatX; in fp32 builds up to
+// 1e-4, for cuBLASLt's own tanh
+static void check_forward_gelu(int N, int C, int OC, uint64_t seed) {
+    float* inp = random_floats((size_t)N * C, 1.0f, seed);
+    float* w = random_floats((size_t)OC * C, 1.0f, seed + 1);
+    float* bias = random_floats(OC, 1.0f, seed + 2);
+    floatX* d_inp = to_device_x(inp, (size_t)N * C);
+    floatX* d_w = to_device_x(w, (size_t)OC * C);
+    floatX* d_bias = to_device_x(bias, OC);
+    double* ref = (double*)mallocCheck((size_t)N * OC * sizeof(double));
+    forward_reference(ref, inp, w, bias, NULL, N, C, OC, OC, C);
+    for (size_t i = 0; i < (size_t)N * OC; i++) {
+        double x = ref[i];
+        ref[i] = 0.5 * x * (1.0 + tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
+    }
+    floatX* out;
+    cudaCheck(cudaMalloc(&out, (size_t)N * OC * sizeof(floatX)));
+    poison(out, (size_t)N * OC * sizeof(floatX));
+    matmul_forward_gelu(out, d_inp, d_w, d_bias, N, C, OC);
+    float* got = from_device_x(out, (size_t)N * OC);
+    char what[200];
+    snprintf(what, sizeof(what), "v1 forward with the GELU epilogue (N %d, C %d, OC %d, bias)", N, C, OC);
+    check_close(what, got, ref, (size_t)N * OC, sizeof(floatX) == 4 ? 1e-4 : TOL_X);
+    free(inp); free(w); free(bias); free(ref); free(got);
+    cudaCheck(cudaFree(d_inp)); cudaCheck(cudaFree(d_w)); cudaCheck(cudaFree(d_bias)); cudaCheck(cudaFree(out));
 }
 
 static void check_forward(const FwdCase* k, uint64_t seed) {
@@ -323,6 +353,31 @@ static void benchmark(void) {
         printf("bench v1 %-28s (N %d, C %d, OC %d): %8.3f ms, %7.1f TFLOP/s\n", runs[i].name, N, C, OC, ms,
                flops / (ms * 1e-3) / 1e12);
     }
+    // the vision tower's fc1 at the smolvla shapes (32 samples x 2 cameras x 1024 patches, 768 -> 3072):
+    // the product then the GELU kernel (a trained tower, which keeps fc1) against the GELU epilogue
+    {
+        const int V = 32 * 2 * 1024, Cv = 768, Fv = 3072;
+        float* hv = random_floats((size_t)V * Cv, 1.0f, 901);
+        floatX* xv = to_device_x(hv, (size_t)V * Cv);
+        floatX* wv = to_device_x(hv, (size_t)Fv * Cv);
+        floatX* bv = to_device_x(hv, Fv);
+        floatX *fc1, *act;
+        cudaCheck(cudaMalloc(&fc1, (size_t)V * Fv * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&act, (size_t)V * Fv * sizeof(floatX)));
+        double flops = 2.0 * V * Cv * Fv;
+        double ms_two = time_ms([&]() {
+            matmul_forward(fc1, xv, wv, bv, NULL, V, Cv, Fv);
+            gelu_forward(act, fc1, (size_t)V * Fv);
+        }, 20);
+        double ms_one = time_ms([&]() { matmul_forward_gelu(act, xv, wv, bv, V, Cv, Fv); }, 20);
+        printf("bench v1 %-28s (N %d, C %d, OC %d): %8.3f ms, %7.1f TFLOP/s\n", "vision fc1 then gelu", V, Cv, Fv, ms_two,
+               flops / (ms_two * 1e-3) / 1e12);
+        printf("bench v1 %-28s (N %d, C %d, OC %d): %8.3f ms, %7.1f TFLOP/s\n", "vision fc1, GELU epilogue", V, Cv, Fv,
+               ms_one, flops / (ms_one * 1e-3) / 1e12);
+        free(hv);
+        cudaCheck(cudaFree(xv)); cudaCheck(cudaFree(wv)); cudaCheck(cudaFree(bv)); cudaCheck(cudaFree(fc1));
+        cudaCheck(cudaFree(act));
+    }
     double ms = time_ms([&]() { bias_backward(db, partial, y, P, d); }, 20);
     double bytes = (double)P * d * sizeof(floatX);  // dout once; the partial sums are CHUNK_ROWS times fewer
     printf("bench v1 %-28s (N %d, OC %d): %8.3f ms, %7.1f GB/s\n", "bias backward", P, d, ms, bytes / (ms * 1e-3) / 1e9);
@@ -348,6 +403,8 @@ int main(void) {
         {23, 6, 10, 1, 1, 3 * 10, 16, "both strided"},
     };
     for (size_t i = 0; i < sizeof(fwd) / sizeof(fwd[0]); i++) { check_forward(&fwd[i], 100 + 10 * i); }
+    check_forward_gelu(37, 12, 20, 150);
+    check_forward_gelu(64, 48, 96, 160);  // (the small preset's vision MLP: 48 -> 96)
     BwdInCase bin[] = {
         {37, 12, 20, 0.0f, 0, "dense"},
         {37, 12, 20, 1.0f, 0, "accumulate"},
