@@ -278,7 +278,8 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
         row "trainer" "ms/step" "samples/s" "vs ours" "MFU" "memory GiB"
         row "----" "---" "---" "---" "---" "---"
         read -r ms sps <<< "${ours:-? ?}"
-        row "train_vla (bf16)" "$ms" "$sps" "1.00x" "$(mfu "$sps")" "${ours_mem:-?}"
+        what=$(sed -n 's/^| vision attention *| \(.*[^ ]\) *|$/\1/p' "$log" 2>/dev/null | head -n 1)
+        row "train_vla (bf16${what:+, $what})" "$ms" "$sps" "1.00x" "$(mfu "$sps")" "${ours_mem:-?}"
         v3log=$LOGS/bench_train_vla_${train}_v3.log
         if [ -f "$v3log" ]; then  # the attention benchmark's fastest variant of the vision attention
             read -r vms vsps <<< "$(awk '/^mean step time/ {print $4, $11}' "$v3log")"
