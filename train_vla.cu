@@ -1732,26 +1732,19 @@ static __device__ void att4_load_tile(floatX* tile, const floatX* head, int firs
 // matrix j, in r[j] the two elements at row l / 4, columns 2 (l % 4) and the next; transposed
 // (.trans), those at rows 2 (l % 4) and the next of column l / 4. One instruction for what would
 // take four 32-bit loads (eight 16-bit ones transposed).
+template <bool TRANS>
 static __device__ __forceinline__ void ldsm_x4(uint32_t* r, const floatX* row) {
 #if defined(CUDA_EMULATION)
-    emu_ldmatrix_x4(r, row, false);
+    emu_ldmatrix_x4(r, row, TRANS);
 #else
     unsigned s = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s)
-                 : "memory");
-#endif
-}
-static __device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, const floatX* row) {
-#if defined(CUDA_EMULATION)
-    emu_ldmatrix_x4(r, row, true);
-#else
-    unsigned s = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s)
-                 : "memory");
+    if (TRANS) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
+    }
 #endif
 }
 
@@ -1760,20 +1753,20 @@ static __device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, const floatX* 
 // columns 0-7, then of columns 8-15)
 static __device__ __forceinline__ void att4_frag_a(uint32_t* a, const floatX* p, int ld) {
     int l = threadIdx.x % 32, m = l / 8;
-    ldsm_x4(a, p + (l % 8 + 8 * (m % 2)) * ld + 8 * (m / 2));
+    ldsm_x4<false>(a, p + (l % 8 + 8 * (m % 2)) * ld + 8 * (m / 2));
 }
 // the B operands (16x8) of two neighbouring 8-column tiles whose columns are the tile's rows,
 // B(k, n) = p[n ld + k]: b[0..1] for columns 0-7, b[2..3] for 8-15 (rows 0-7 of the tile at
 // columns 0-7 and 8-15, then rows 8-15)
 static __device__ __forceinline__ void att4_frag_b2_rows(uint32_t* b, const floatX* p, int ld) {
     int l = threadIdx.x % 32, m = l / 8;
-    ldsm_x4(b, p + (l % 8 + 8 * (m / 2)) * ld + 8 * (m % 2));
+    ldsm_x4<false>(b, p + (l % 8 + 8 * (m / 2)) * ld + 8 * (m % 2));
 }
 // the same pair held as the tile holds it, B(k, n) = p[k ld + n]: transposed loads of rows 0-7 and
 // 8-15 at columns 0-7, then at columns 8-15
 static __device__ __forceinline__ void att4_frag_b2_cols(uint32_t* b, const floatX* p, int ld) {
     int l = threadIdx.x % 32, m = l / 8;
-    ldsm_x4_trans(b, p + (l % 8 + 8 * (m % 2)) * ld + 8 * (m / 2));
+    ldsm_x4<true>(b, p + (l % 8 + 8 * (m % 2)) * ld + 8 * (m / 2));
 }
 
 // s (16 x 64, this warp's rows) = A (16 x HSP, fragments af) times the tile's 64 rows transposed
@@ -1832,6 +1825,43 @@ static size_t gqa_attention_smem4(void) {
     return 6 * (size_t)ATT4_ROWS * (HSP + 8) * sizeof(floatX) + 4 * ATT4_ROWS * sizeof(float);
 }
 
+// head h of sample b of a (B, rows, D) tensor: where its row 0 starts
+static __device__ __forceinline__ const floatX* att4_head(const floatX* x, int b, int rows, int h, int HS, size_t D) {
+    return x + (size_t)b * rows * D + (size_t)h * HS;
+}
+
+// The streamed side's tile `next` (of n_tiles, 64 rows each) of two tensors, into stage next % 2 of
+// `stages` (two (64, HSP + 8) tiles a stage: x's, then y's) and committed, where there is one. The
+// stage was last read two steps before, which the barrier ending each step has retired.
+template <int HSP>
+static __device__ __forceinline__ void att4_prefetch(floatX* stages, const floatX* x, const floatX* y, int next,
+                                                     int n_tiles, int n_rows, int HS, size_t D) {
+    if (next >= n_tiles) { return; }
+    const int TILE = ATT4_ROWS * (HSP + 8);
+    floatX* to = stages + (next % 2) * 2 * TILE;
+    att4_load_tile<HSP>(to, x, next * ATT4_ROWS, n_rows, HS, D);
+    att4_load_tile<HSP>(to + TILE, y, next * ATT4_ROWS, n_rows, HS, D);
+    cp_async_commit();
+}
+
+// A warp's 16 rows of accumulators acc (16 x HSP) into rows row0.. of a head (row stride D) as
+// floatX, row g times mul[0] and row g + 8 times mul[1]; rows from T on are not there
+template <int HSP>
+static __device__ __forceinline__ void att4_store_rows(floatX* head, const float (*acc)[4], int row0, int T, int HS,
+                                                       size_t D, const float* mul) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + g + 8 * r;
+        if (row >= T) { continue; }
+        #pragma unroll
+        for (int n = 0; n < HSP / 8; n++) {
+            int c = n * 8 + 2 * t;
+            if (c < HS) { store_x2(head + (size_t)row * D + c, pack_f2(acc[n][2 * r] * mul[r], acc[n][2 * r + 1] * mul[r])); }
+        }
+    }
+}
+
 // Version 4 forward: a block takes 64 queries of one (sample, head) and every key, 64 at a time,
 // with the online softmax in base 2 (scores times log2(e) / sqrt(HS)); out and lse overwritten.
 template <int HSP>
@@ -1845,12 +1875,10 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int T = a.Tq, N = a.Nk0, HS = a.HS;
     size_t D = (size_t)a.NH * HS;
-    const floatX* kh = a.k0 + (size_t)b * N * D + (size_t)h * HS;
-    const floatX* vh = a.v0 + (size_t)b * N * D + (size_t)h * HS;
-    att4_load_tile<HSP>(Qs, q + (size_t)b * T * D + (size_t)h * HS, i0, T, HS, D);
-    att4_load_tile<HSP>(KV, kh, 0, N, HS, D);
-    att4_load_tile<HSP>(KV + TILE, vh, 0, N, HS, D);
-    cp_async_commit();
+    const floatX* kh = att4_head(a.k0, b, N, h, HS, D);
+    const floatX* vh = att4_head(a.v0, b, N, h, HS, D);
+    att4_load_tile<HSP>(Qs, att4_head(q, b, T, h, HS, D), i0, T, HS, D);
+    att4_prefetch<HSP>(KV, kh, vh, 0, 1, N, HS, D);
     cp_async_wait<0>();
     __syncthreads();
     uint32_t qf[HSP / 16][4];
@@ -1864,12 +1892,7 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
     int n_tiles = (N + ATT4_ROWS - 1) / ATT4_ROWS;
     for (int jt = 0; jt < n_tiles; jt++) {
         const floatX* Kt = KV + (jt % 2) * 2 * TILE;
-        if (jt + 1 < n_tiles) {  // the next tile into the other stage, whose last readers passed the barrier below
-            floatX* next = KV + ((jt + 1) % 2) * 2 * TILE;
-            att4_load_tile<HSP>(next, kh, (jt + 1) * ATT4_ROWS, N, HS, D);
-            att4_load_tile<HSP>(next + TILE, vh, (jt + 1) * ATT4_ROWS, N, HS, D);
-            cp_async_commit();
-        }
+        att4_prefetch<HSP>(KV, kh, vh, jt + 1, n_tiles, N, HS, D);
         float s[ATT4_ROWS / 8][4];
         att4_products<HSP>(s, qf, Kt);
         float mx[2] = {m[0], m[1]};
@@ -1907,19 +1930,15 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
         cp_async_wait<0>();
         __syncthreads();
     }
+    float inv[2];
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         int row = i0 + warp * 16 + g + 8 * r;
         float sum = quad_sum(l[r]);
-        if (row >= T) { continue; }
-        floatX* dst = out + ((size_t)b * T + row) * D + (size_t)h * HS;
-        #pragma unroll
-        for (int n = 0; n < HSP / 8; n++) {
-            int c = n * 8 + 2 * t;
-            if (c < HS) { store_x2(dst + c, pack_f2(o[n][2 * r] / sum, o[n][2 * r + 1] / sum)); }
-        }
-        if (t == 0) { lse[((size_t)b * a.NH + h) * T + row] = (m[r] + log2f(sum)) / LOG2E_F; }
+        inv[r] = 1.0f / sum;
+        if (t == 0 && row < T) { lse[((size_t)b * a.NH + h) * T + row] = (m[r] + log2f(sum)) / LOG2E_F; }
     }
+    att4_store_rows<HSP>((floatX*)att4_head(out, b, T, h, HS, D), o, i0 + warp * 16, T, HS, D, inv);
 }
 
 // Version 4 backward, query side: dq = scale dS K for 64 queries of one (sample, head) a block,
@@ -1937,13 +1956,11 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int T = a.Tq, N = a.Nk0, HS = a.HS;
     size_t D = (size_t)a.NH * HS;
-    const floatX* kh = a.k0 + (size_t)b * N * D + (size_t)h * HS;
-    const floatX* vh = a.v0 + (size_t)b * N * D + (size_t)h * HS;
-    att4_load_tile<HSP>(Qs, q + (size_t)b * T * D + (size_t)h * HS, i0, T, HS, D);
-    att4_load_tile<HSP>(dOs, dout + (size_t)b * T * D + (size_t)h * HS, i0, T, HS, D);
-    att4_load_tile<HSP>(KV, kh, 0, N, HS, D);
-    att4_load_tile<HSP>(KV + TILE, vh, 0, N, HS, D);
-    cp_async_commit();
+    const floatX* kh = att4_head(a.k0, b, N, h, HS, D);
+    const floatX* vh = att4_head(a.v0, b, N, h, HS, D);
+    att4_load_tile<HSP>(Qs, att4_head(q, b, T, h, HS, D), i0, T, HS, D);
+    att4_load_tile<HSP>(dOs, att4_head(dout, b, T, h, HS, D), i0, T, HS, D);
+    att4_prefetch<HSP>(KV, kh, vh, 0, 1, N, HS, D);
     cp_async_wait<0>();
     __syncthreads();
     uint32_t qf[HSP / 16][4], dof[HSP / 16][4];
@@ -1967,12 +1984,7 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
     int n_tiles = (N + ATT4_ROWS - 1) / ATT4_ROWS;
     for (int jt = 0; jt < n_tiles; jt++) {
         const floatX* Kt = KV + (jt % 2) * 2 * TILE;
-        if (jt + 1 < n_tiles) {
-            floatX* next = KV + ((jt + 1) % 2) * 2 * TILE;
-            att4_load_tile<HSP>(next, kh, (jt + 1) * ATT4_ROWS, N, HS, D);
-            att4_load_tile<HSP>(next + TILE, vh, (jt + 1) * ATT4_ROWS, N, HS, D);
-            cp_async_commit();
-        }
+        att4_prefetch<HSP>(KV, kh, vh, jt + 1, n_tiles, N, HS, D);
         float s[ATT4_ROWS / 8][4], dp[ATT4_ROWS / 8][4];
         att4_products<HSP>(s, qf, Kt);
         att4_products<HSP>(dp, dof, Kt + TILE);
@@ -1989,16 +2001,18 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
         cp_async_wait<0>();
         __syncthreads();
     }
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int row = i0 + warp * 16 + g + 8 * r;
-        if (row >= T) { continue; }
-        floatX* dst = dq + ((size_t)b * T + row) * D + (size_t)h * HS;
-        #pragma unroll
-        for (int n = 0; n < HSP / 8; n++) {
-            int c = n * 8 + 2 * t;
-            if (c < HS) { store_x2(dst + c, pack_f2(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale)); }
-        }
+    const float mul[2] = {scale, scale};
+    att4_store_rows<HSP>((floatX*)att4_head(dq, b, T, h, HS, D), acc, i0 + warp * 16, T, HS, D, mul);
+}
+
+// the dk/dv kernel's statistics of query tile `tile`: 64 log-sum-exps in base 2, then 64 deltas (0
+// past T)
+static __device__ __forceinline__ void att4_load_stats(float* st, const float* lse_h, const float* delta_h, int tile,
+                                                       int T) {
+    for (int i = threadIdx.x; i < ATT4_ROWS; i += blockDim.x) {
+        int row = tile * ATT4_ROWS + i;
+        st[i] = row < T ? lse_h[row] * LOG2E_F : 0.0f;
+        st[ATT4_ROWS + i] = row < T ? delta_h[row] : 0.0f;
     }
 }
 
@@ -2020,19 +2034,14 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kern
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int T = a.Tq, N = a.Nk0, HS = a.HS;
     size_t D = (size_t)a.NH * HS;
-    const floatX* qh = q + (size_t)b * T * D + (size_t)h * HS;
-    const floatX* dh = dout + (size_t)b * T * D + (size_t)h * HS;
+    const floatX* qh = att4_head(q, b, T, h, HS, D);
+    const floatX* dh = att4_head(dout, b, T, h, HS, D);
     const float* lse_h = lse + ((size_t)b * a.NH + h) * T;
     const float* delta_h = delta + ((size_t)b * a.NH + h) * T;
-    att4_load_tile<HSP>(Ks, a.k0 + (size_t)b * N * D + (size_t)h * HS, j0, N, HS, D);
-    att4_load_tile<HSP>(Vs, a.v0 + (size_t)b * N * D + (size_t)h * HS, j0, N, HS, D);
-    att4_load_tile<HSP>(QD, qh, 0, T, HS, D);
-    att4_load_tile<HSP>(QD + TILE, dh, 0, T, HS, D);
-    for (int i = threadIdx.x; i < ATT4_ROWS; i += blockDim.x) {
-        stats[i] = i < T ? lse_h[i] * LOG2E_F : 0.0f;
-        stats[ATT4_ROWS + i] = i < T ? delta_h[i] : 0.0f;
-    }
-    cp_async_commit();
+    att4_load_tile<HSP>(Ks, att4_head(a.k0, b, N, h, HS, D), j0, N, HS, D);
+    att4_load_tile<HSP>(Vs, att4_head(a.v0, b, N, h, HS, D), j0, N, HS, D);
+    att4_prefetch<HSP>(QD, qh, dh, 0, 1, T, HS, D);
+    att4_load_stats(stats, lse_h, delta_h, 0, T);
     cp_async_wait<0>();
     __syncthreads();
     uint32_t kf[HSP / 16][4], vf[HSP / 16][4];
@@ -2052,18 +2061,8 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kern
     for (int it = 0; it < n_tiles; it++) {
         const floatX* Qt = QD + (it % 2) * 2 * TILE;
         const float* st = stats + (it % 2) * 2 * ATT4_ROWS;
-        if (it + 1 < n_tiles) {
-            int first = (it + 1) * ATT4_ROWS;
-            floatX* next = QD + ((it + 1) % 2) * 2 * TILE;
-            float* next_st = stats + ((it + 1) % 2) * 2 * ATT4_ROWS;
-            att4_load_tile<HSP>(next, qh, first, T, HS, D);
-            att4_load_tile<HSP>(next + TILE, dh, first, T, HS, D);
-            cp_async_commit();
-            for (int i = threadIdx.x; i < ATT4_ROWS; i += blockDim.x) {
-                next_st[i] = first + i < T ? lse_h[first + i] * LOG2E_F : 0.0f;
-                next_st[ATT4_ROWS + i] = first + i < T ? delta_h[first + i] : 0.0f;
-            }
-        }
+        att4_prefetch<HSP>(QD, qh, dh, it + 1, n_tiles, T, HS, D);
+        if (it + 1 < n_tiles) { att4_load_stats(stats + ((it + 1) % 2) * 2 * ATT4_ROWS, lse_h, delta_h, it + 1, T); }
         float p[ATT4_ROWS / 8][4], ds[ATT4_ROWS / 8][4];
         att4_products<HSP>(p, kf, Qt);          // S^T
         att4_products<HSP>(ds, vf, Qt + TILE);  // dP^T
