@@ -132,7 +132,7 @@ stage attention_bench bash -c 'make -C dev/cuda attention_smolvla && dev/cuda/at
 # VLA_ATTENTION3_SCORES)
 v4_ok=1
 grep -q '^ *FAIL .*v4 vision' "$LOGS/attention_bench.log" 2> /dev/null && v4_ok=0
-best_attention=$(awk -v v4_ok="$v4_ok" '/^bench v[34] vision/ {
+best_attention=$(awk -v v4_ok="$v4_ok" '/^bench v[34] vision .*\(B 64,/ {  # (the training shape, not the 2 images of inference)
         if ($2 == "v4" && v4_ok != 1) { next }
         n = 0; sc = "fp32"
         if (match($0, /, [0-9]+ a pass/)) { n = substr($0, RSTART + 2, RLENGTH - 9) + 0 }

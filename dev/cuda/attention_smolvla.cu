@@ -374,10 +374,12 @@ static void benchmark(int pass, int B, int NH, int NKV, int HS, int NI, int T, i
 
 // smolvla_base: batch 32, a prefix of 2 cameras x 64 image tokens + 48 text tokens (instructions of
 // different lengths, the rest pads) + the state = 177 tokens, 50 actions, 15 query heads on 5 kv
-// heads of 64; the vision tower: 64 images (32 samples x 2 cameras) of 1024 tokens, 12 heads of 64
+// heads of 64; the vision tower: 64 images (32 samples x 2 cameras) of 1024 tokens, 12 heads of 64,
+// and inference's 2 images (one sample, 2 cameras)
 static void benchmarks(void) {
     for (int pass = PASS_PREFIX; pass <= PASS_CROSS; pass++) { benchmark(pass, 32, 15, 5, 64, 128, 48, 50); }
     benchmark(PASS_VISION, 64, 12, 12, 64, 1024, 1, 0);
+    benchmark(PASS_VISION, 2, 12, 12, 64, 1024, 1, 0);
 }
 
 int main(void) {
