@@ -3252,6 +3252,15 @@ static void attention3_from_env(void) {
     }
 }
 
+// Whether the vision tower's attention runs version 3, which needs scratch for its scores
+// (acts.v_scores): not where version 4 takes the calls (bf16 builds, head sizes that are multiples
+// of 8 up to 64). Without the scratch a call version 4 turned down (a misaligned tensor, which the
+// trainer's buffers are not) would run version 2: correct, only slower.
+static bool vision_attention_scratch(const SmolVLAConfig* c) {
+    int HSv = c->vis_width / c->vis_heads;
+    return !(vision_attention_version == 4 && HSv % 8 == 0 && HSv <= 64);
+}
+
 // A pass's scores in a.scratch are row-major (Tq, nk) per slot, i.e. column-major S^T (nk, Tq); P
 // is written over them as floatX with this row stride (elements)
 static int attention3_p_ld(const GqaAttn& a) {
@@ -3691,7 +3700,7 @@ static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
     X(v_v,      smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
     X(v_att,    smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
     F(v_lse,    smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_heads)                    /* (Ka, NV, NHv, Nv) */ \
-    F(v_scores, attention3_scratch((int)smol_images(c, B), (c)->vis_heads, smolvla_grid(c) * smolvla_grid(c), smolvla_grid(c) * smolvla_grid(c)) * ((mode) == TRAIN_MODE_ALL ? 2 : 1))  /* (max(NV, NHv), Nv, Nv) a pass's scores (x2: dP) */ \
+    F(v_scores, vision_attention_scratch(c) ? attention3_scratch((int)smol_images(c, B), (c)->vis_heads, smolvla_grid(c) * smolvla_grid(c), smolvla_grid(c) * smolvla_grid(c)) * ((mode) == TRAIN_MODE_ALL ? 2 : 1) : 0)  /* (max(NV, NHv), Nv, Nv) version 3's scores for a pass (x2: dP) */ \
     X(v_mid,    smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) after attention */ \
     X(v_ln2,    smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) */ \
     F(v_mean2,  smol_vis_mlp(c, mode, rc) * smol_vrows(c, B))                                      /* (Km, V) */ \
@@ -4307,7 +4316,8 @@ static void smol_vision_layer_forward(SmolVLA* m, int l, int redo) {
     matmul_forward(x.q, x.ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), NULL, V, Cv, Cv);
     matmul_forward(x.k, x.ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), NULL, V, Cv, Cv);
     matmul_forward(x.v, x.ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), NULL, V, Cv, Cv);
-    GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv, m->acts.v_scores};
+    GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv,
+                    vision_attention_scratch(c) ? m->acts.v_scores : NULL};
     gqa_attention_forward(x.att, x.lse, x.q, keys);
     if (redo == RECOMPUTE_ATTN) { return; }
     matmul_forward(x.mid, x.att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), x.res, V, Cv, Cv);
@@ -4942,7 +4952,8 @@ static void smolvla_vision_backward(SmolVLA* m) {
         bias_backward(smol_grad(m, SMOLP_vis_bo, l), a->partial, dres_x, V, Cv);
         cudaCheck(cudaMemsetAsync(a->g_kf, 0, VC * sizeof(float), main_stream));
         cudaCheck(cudaMemsetAsync(a->g_vf, 0, VC * sizeof(float), main_stream));
-        GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv, a->v_scores};
+        GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv,
+                        vision_attention_scratch(c) ? a->v_scores : NULL};
         gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta, keys);
         convert(a->g_kx, a->g_kf, VC);
         convert(a->g_vx, a->g_vf, VC);
