@@ -1769,39 +1769,60 @@ static __device__ __forceinline__ void att4_frag_b2_cols(uint32_t* b, const floa
     ldsm_x4<true>(b, p + (l % 8 + 8 * (m % 2)) * ld + 8 * (m / 2));
 }
 
-// s (16 x 64, this warp's rows) = A (16 x HSP, fragments af) times the tile's 64 rows transposed
-template <int HSP>
-static __device__ __forceinline__ void att4_products(float (*s)[4], const uint32_t (*af)[4], const floatX* tile) {
+// s[mt] (16 x 64) = A[mt] (16 x HSP, fragments af[mt]) times the tile's 64 rows transposed, for MT
+// row tiles of 16 at once: each B fragment loaded serves all MT (the forward's 32 rows a warp halve
+// the shared-memory loads per product)
+template <int HSP, int MT = 1>
+static __device__ __forceinline__ void att4_products(float (*s)[ATT4_ROWS / 8][4], const uint32_t (*af)[HSP / 16][4],
+                                                     const floatX* tile) {
     const int LD = HSP + 8;
     #pragma unroll
-    for (int j = 0; j < ATT4_ROWS / 8; j++) { s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f; }
+    for (int mt = 0; mt < MT; mt++) {
+        #pragma unroll
+        for (int j = 0; j < ATT4_ROWS / 8; j++) { s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f; }
+    }
     #pragma unroll
     for (int j = 0; j < ATT4_ROWS / 8; j += 2) {
         #pragma unroll
         for (int kk = 0; kk < HSP / 16; kk++) {
             uint32_t bf[4];
             att4_frag_b2_rows(bf, tile + j * 8 * LD + kk * 16, LD);
-            mma_16816(s[j], af[kk], bf);
-            mma_16816(s[j + 1], af[kk], bf + 2);
+            #pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_16816(s[mt][j], af[mt][kk], bf);
+                mma_16816(s[mt][j + 1], af[mt][kk], bf + 2);
+            }
         }
     }
 }
 
-// acc (16 x HSP) += P (16 x 64: the accumulators p, rounded to floatX) times the tile (64 x HSP)
-template <int HSP>
-static __device__ __forceinline__ void att4_accumulate(float (*acc)[4], const float (*p)[4], const floatX* tile) {
+// acc[mt] (16 x HSP) += P[mt] (16 x 64: the accumulators p[mt], rounded to floatX) times the tile
+// (64 x HSP), for MT row tiles at once
+template <int HSP, int MT = 1>
+static __device__ __forceinline__ void att4_accumulate(float (*acc)[HSP / 8][4], const float (*p)[ATT4_ROWS / 8][4],
+                                                       const floatX* tile) {
     const int LD = HSP + 8;
     #pragma unroll
     for (int kk = 0; kk < ATT4_ROWS / 16; kk++) {
-        const float* lo = p[2 * kk];
-        const float* hi = p[2 * kk + 1];
-        uint32_t pa[4] = {pack_f2(lo[0], lo[1]), pack_f2(lo[2], lo[3]), pack_f2(hi[0], hi[1]), pack_f2(hi[2], hi[3])};
+        uint32_t pa[MT][4];
+        #pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const float* lo = p[mt][2 * kk];
+            const float* hi = p[mt][2 * kk + 1];
+            pa[mt][0] = pack_f2(lo[0], lo[1]);
+            pa[mt][1] = pack_f2(lo[2], lo[3]);
+            pa[mt][2] = pack_f2(hi[0], hi[1]);
+            pa[mt][3] = pack_f2(hi[2], hi[3]);
+        }
         #pragma unroll
         for (int n = 0; n < HSP / 8; n += 2) {
             uint32_t bf[4];
             att4_frag_b2_cols(bf, tile + kk * 16 * LD + n * 8, LD);
-            mma_16816(acc[n], pa, bf);
-            mma_16816(acc[n + 1], pa, bf + 2);
+            #pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_16816(acc[mt][n], pa[mt], bf);
+                mma_16816(acc[mt][n + 1], pa[mt], bf + 2);
+            }
         }
     }
 }
@@ -1862,83 +1883,101 @@ static __device__ __forceinline__ void att4_store_rows(floatX* head, const float
     }
 }
 
-// Version 4 forward: a block takes 64 queries of one (sample, head) and every key, 64 at a time,
-// with the online softmax in base 2 (scores times log2(e) / sqrt(HS)); out and lse overwritten.
-template <int HSP>
+// Version 4 forward: a block takes 64 MT queries of one (sample, head), 16 MT a warp (MT row tiles
+// of 16: warp w owns rows 16 w.. of each 64-row slab), and every key, 64 at a time, with the online
+// softmax in base 2 (scores times log2(e) / sqrt(HS)); out and lse overwritten. MT = 2 shares every
+// key and value fragment between two row tiles (training's many blocks); MT = 1 keeps more blocks
+// for small calls (inference's one or two images).
+template <int HSP, int MT>
 __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(floatX* out, float* lse, const floatX* q,
                                                                               GqaAttn a) {
     extern __shared__ __align__(128) float att_smem[];
     const int LD = HSP + 8, TILE = ATT4_ROWS * LD;
-    floatX* Qs = (floatX*)att_smem;
-    floatX* KV = Qs + TILE;  // stage s: keys at KV + 2 s TILE, their values after them
-    int i0 = blockIdx.x * ATT4_ROWS, h = blockIdx.y, b = blockIdx.z;
+    floatX* Qs = (floatX*)att_smem;  // MT slabs of 64 queries
+    floatX* KV = Qs + MT * TILE;     // stage s: keys at KV + 2 s TILE, their values after them
+    int i0 = blockIdx.x * ATT4_ROWS * MT, h = blockIdx.y, b = blockIdx.z;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int T = a.Tq, N = a.Nk0, HS = a.HS;
     size_t D = (size_t)a.NH * HS;
     const floatX* kh = att4_head(a.k0, b, N, h, HS, D);
     const floatX* vh = att4_head(a.v0, b, N, h, HS, D);
-    att4_load_tile<HSP>(Qs, att4_head(q, b, T, h, HS, D), i0, T, HS, D);
+    #pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        att4_load_tile<HSP>(Qs + mt * TILE, att4_head(q, b, T, h, HS, D), i0 + mt * ATT4_ROWS, T, HS, D);
+    }
     att4_prefetch<HSP>(KV, kh, vh, 0, 1, N, HS, D);
     cp_async_wait<0>();
     __syncthreads();
-    uint32_t qf[HSP / 16][4];
+    uint32_t qf[MT][HSP / 16][4];
+    float o[MT][HSP / 8][4];
+    float m[MT][2], l[MT][2];  // rows g and g + 8 of each row tile; l: this lane's part of the sum
     #pragma unroll
-    for (int kk = 0; kk < HSP / 16; kk++) { att4_frag_a(qf[kk], Qs + warp * 16 * LD + kk * 16, LD); }
-    float o[HSP / 8][4];
-    #pragma unroll
-    for (int n = 0; n < HSP / 8; n++) { o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f; }
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8; l: this lane's part
+    for (int mt = 0; mt < MT; mt++) {
+        #pragma unroll
+        for (int kk = 0; kk < HSP / 16; kk++) { att4_frag_a(qf[mt][kk], Qs + mt * TILE + warp * 16 * LD + kk * 16, LD); }
+        #pragma unroll
+        for (int n = 0; n < HSP / 8; n++) { o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f; }
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
     const float sl2 = LOG2E_F / sqrtf((float)HS);
     int n_tiles = (N + ATT4_ROWS - 1) / ATT4_ROWS;
     for (int jt = 0; jt < n_tiles; jt++) {
         const floatX* Kt = KV + (jt % 2) * 2 * TILE;
         att4_prefetch<HSP>(KV, kh, vh, jt + 1, n_tiles, N, HS, D);
-        float s[ATT4_ROWS / 8][4];
-        att4_products<HSP>(s, qf, Kt);
-        float mx[2] = {m[0], m[1]};
+        float s[MT][ATT4_ROWS / 8][4];
+        att4_products<HSP, MT>(s, qf, Kt);
         #pragma unroll
-        for (int j = 0; j < ATT4_ROWS / 8; j++) {
+        for (int mt = 0; mt < MT; mt++) {
+            float mx[2] = {m[mt][0], m[mt][1]};
             #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int key = jt * ATT4_ROWS + j * 8 + 2 * t + i % 2;
-                s[j][i] = key < N ? s[j][i] * sl2 : -INFINITY;
-                mx[i / 2] = fmaxf(mx[i / 2], s[j][i]);
+            for (int j = 0; j < ATT4_ROWS / 8; j++) {
+                #pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int key = jt * ATT4_ROWS + j * 8 + 2 * t + i % 2;
+                    s[mt][j][i] = key < N ? s[mt][j][i] * sl2 : -INFINITY;
+                    mx[i / 2] = fmaxf(mx[i / 2], s[mt][j][i]);
+                }
+            }
+            float corr[2];
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {  // (every tile holds a key: the maxima are finite)
+                mx[r] = quad_max(mx[r]);
+                corr[r] = exp2f(m[mt][r] - mx[r]);
+                m[mt][r] = mx[r];
+                l[mt][r] *= corr[r];
+            }
+            #pragma unroll
+            for (int j = 0; j < ATT4_ROWS / 8; j++) {
+                #pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    s[mt][j][i] = exp2f(s[mt][j][i] - m[mt][i / 2]);
+                    l[mt][i / 2] += s[mt][j][i];
+                }
+            }
+            #pragma unroll
+            for (int n = 0; n < HSP / 8; n++) {
+                #pragma unroll
+                for (int i = 0; i < 4; i++) { o[mt][n][i] *= corr[i / 2]; }
             }
         }
-        float corr[2];
-        #pragma unroll
-        for (int r = 0; r < 2; r++) {  // (every tile holds a key: the maxima are finite)
-            mx[r] = quad_max(mx[r]);
-            corr[r] = exp2f(m[r] - mx[r]);
-            m[r] = mx[r];
-            l[r] *= corr[r];
-        }
-        #pragma unroll
-        for (int j = 0; j < ATT4_ROWS / 8; j++) {
-            #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                s[j][i] = exp2f(s[j][i] - m[i / 2]);
-                l[i / 2] += s[j][i];
-            }
-        }
-        #pragma unroll
-        for (int n = 0; n < HSP / 8; n++) {
-            #pragma unroll
-            for (int i = 0; i < 4; i++) { o[n][i] *= corr[i / 2]; }
-        }
-        att4_accumulate<HSP>(o, s, Kt + TILE);
+        att4_accumulate<HSP, MT>(o, s, Kt + TILE);
         cp_async_wait<0>();
         __syncthreads();
     }
-    float inv[2];
     #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int row = i0 + warp * 16 + g + 8 * r;
-        float sum = quad_sum(l[r]);
-        inv[r] = 1.0f / sum;
-        if (t == 0 && row < T) { lse[((size_t)b * a.NH + h) * T + row] = (m[r] + log2f(sum)) / LOG2E_F; }
+    for (int mt = 0; mt < MT; mt++) {
+        int row0 = i0 + mt * ATT4_ROWS + warp * 16;
+        float inv[2];
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = row0 + g + 8 * r;
+            float sum = quad_sum(l[mt][r]);
+            inv[r] = 1.0f / sum;
+            if (t == 0 && row < T) { lse[((size_t)b * a.NH + h) * T + row] = (m[mt][r] + log2f(sum)) / LOG2E_F; }
+        }
+        att4_store_rows<HSP>((floatX*)att4_head(out, b, T, h, HS, D), o[mt], row0, T, HS, D, inv);
     }
-    att4_store_rows<HSP>((floatX*)att4_head(out, b, T, h, HS, D), o, i0 + warp * 16, T, HS, D, inv);
 }
 
 // Version 4 backward, query side: dq = scale dS K for 64 queries of one (sample, head) a block,
@@ -1986,8 +2025,8 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
         const floatX* Kt = KV + (jt % 2) * 2 * TILE;
         att4_prefetch<HSP>(KV, kh, vh, jt + 1, n_tiles, N, HS, D);
         float s[ATT4_ROWS / 8][4], dp[ATT4_ROWS / 8][4];
-        att4_products<HSP>(s, qf, Kt);
-        att4_products<HSP>(dp, dof, Kt + TILE);
+        att4_products<HSP>(&s, &qf, Kt);
+        att4_products<HSP>(&dp, &dof, Kt + TILE);
         #pragma unroll
         for (int j = 0; j < ATT4_ROWS / 8; j++) {
             #pragma unroll
@@ -1997,7 +2036,7 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
                 s[j][i] = p * (dp[j][i] - dl[i / 2]);  // dS over S
             }
         }
-        att4_accumulate<HSP>(acc, s, Kt);
+        att4_accumulate<HSP>(&acc, &s, Kt);
         cp_async_wait<0>();
         __syncthreads();
     }
@@ -2064,8 +2103,8 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kern
         att4_prefetch<HSP>(QD, qh, dh, it + 1, n_tiles, T, HS, D);
         if (it + 1 < n_tiles) { att4_load_stats(stats + ((it + 1) % 2) * 2 * ATT4_ROWS, lse_h, delta_h, it + 1, T); }
         float p[ATT4_ROWS / 8][4], ds[ATT4_ROWS / 8][4];
-        att4_products<HSP>(p, kf, Qt);          // S^T
-        att4_products<HSP>(ds, vf, Qt + TILE);  // dP^T
+        att4_products<HSP>(&p, &kf, Qt);          // S^T
+        att4_products<HSP>(&ds, &vf, Qt + TILE);  // dP^T
         #pragma unroll
         for (int j = 0; j < ATT4_ROWS / 8; j++) {
             #pragma unroll
@@ -2076,8 +2115,8 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kern
                 ds[j][i] = pj * (ds[j][i] - st[ATT4_ROWS + col]);
             }
         }
-        att4_accumulate<HSP>(dva, p, Qt + TILE);  // dV += P^T dO
-        att4_accumulate<HSP>(dka, ds, Qt);        // dK += dS^T Q (scaled below)
+        att4_accumulate<HSP>(&dva, &p, Qt + TILE);  // dV += P^T dO
+        att4_accumulate<HSP>(&dka, &ds, Qt);        // dK += dS^T Q (scaled below)
         cp_async_wait<0>();
         __syncthreads();
     }
@@ -3363,18 +3402,33 @@ static void attention4_configure(void) {
     static thread_local bool configured = false;
     if (configured) { return; }
     int smem = (int)gqa_attention_smem4<HSP>();
-    cudaCheck(cudaFuncSetAttribute(gqa_attention_forward_kernel4<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaCheck(cudaFuncSetAttribute(gqa_attention_forward_kernel4<HSP, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaCheck(cudaFuncSetAttribute(gqa_attention_forward_kernel4<HSP, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dq_kernel4<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dkdv_kernel4<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    smem));
     configured = true;
 }
 
+// Whether the forward takes two row tiles a warp (128 queries a block): where that still makes
+// 1,024 blocks or more (training's vision calls: 8 x 12 x 64), enough to fill a GPU several times;
+// smaller calls keep 64 queries a block, so their blocks stay many. attention4_force_mt (1 or 2; 0:
+// this rule) lets dev/cuda check and time both on any call.
+static int attention4_force_mt = 0;
+static bool attention4_two_tiles(const GqaAttn& a) {
+    if (attention4_force_mt != 0) { return attention4_force_mt == 2; }
+    return (long long)ceil_div(a.Tq, 2 * ATT4_ROWS) * a.NH * a.B >= 1024;
+}
+
 template <int HSP>
 static void gqa_attention_forward4(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
     attention4_configure<HSP>();
     size_t smem = gqa_attention_smem4<HSP>();
-    gqa_attention_forward_kernel4<HSP><<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(out, lse, q, a);
+    if (attention4_two_tiles(a)) {
+        gqa_attention_forward_kernel4<HSP, 2><<<dim3(ceil_div(a.Tq, 2 * ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(out, lse, q, a);
+    } else {
+        gqa_attention_forward_kernel4<HSP, 1><<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(out, lse, q, a);
+    }
     launchCheck();
 }
 

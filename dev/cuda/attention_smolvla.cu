@@ -349,23 +349,30 @@ static void benchmark(int pass, int B, int NH, int NKV, int HS, int NI, int T, i
     const int per_pass[] = {0, 16, 8};
     for (int version = 1; version <= N_VERSIONS; version++) {
         if (!version_takes(version, &k)) { continue; }
-        for (int pp = 0; pp < (version == 3 ? 3 * (1 + HAVE_V2) : 1); pp++) {
+        for (int pp = 0; pp < (version == 3 ? 3 * (1 + HAVE_V2) : version == 4 ? 2 : 1); pp++) {
             int n = per_pass[pp % 3];
-            if (n > 0 && (B < NH || B % n != 0 || n >= B)) { continue; }
-            attention3_samples_per_pass = n;
-            attention3_floatx_scores = pp >= 3;
+            if (version == 3 && n > 0 && (B < NH || B % n != 0 || n >= B)) { continue; }
+            attention3_samples_per_pass = version == 3 ? n : 0;
+            attention3_floatx_scores = version == 3 && pp >= 3;
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+            attention4_force_mt = version == 4 ? 1 + pp : 0;  // 64 then 128 queries a block
+#endif
             int reps = version == 1 ? 5 : 20;
             double ms_f = time_ms([&]() { run_forward(version, 256, out, lse, &k); }, reps);
             double ms_b = time_ms([&]() { run_backward(version, 256, &k, dq, dk0, dv0, dk1, dv1, delta); }, reps);
             char per[48] = "";
             int at = n > 0 ? snprintf(per, sizeof(per), ", %d a pass", n) : 0;
             if (attention3_floatx_scores) { snprintf(per + at, sizeof(per) - at, ", bf16 scores"); }
+            if (version == 4) { snprintf(per, sizeof(per), ", %d queries a block", 64 * (1 + pp)); }
             printf("bench v%d %-17s (B %d, NH %d, NKV %d, HS %d, %4d queries x %4d keys%s): forward %8.3f ms %6.1f "
                    "TFLOP/s, backward %8.3f ms %6.1f TFLOP/s\n", version, pass_names[pass], B, NH, NKV, HS, a.Tq, nk,
                    per, ms_f, flops_fwd / (ms_f * 1e-3) / 1e12, ms_b, flops_bwd / (ms_b * 1e-3) / 1e12);
         }
         attention3_samples_per_pass = 0;
         attention3_floatx_scores = 0;
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+        attention4_force_mt = 0;
+#endif
     }
     cudaCheck(cudaFree(out)); cudaCheck(cudaFree(lse)); cudaCheck(cudaFree(dq)); cudaCheck(cudaFree(dk0));
     cudaCheck(cudaFree(dv0)); cudaCheck(cudaFree(dk1)); cudaCheck(cudaFree(dv1)); cudaCheck(cudaFree(delta));
@@ -428,6 +435,15 @@ int main(void) {
             check_forward(&k);
             check_backward(&k, seed + 50);
             attention3_floatx_scores = 0;
+        }
+        if (HAVE_V4) {  // version 4's forward with two row tiles a warp (training's; these calls are small)
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+            only_version = 4;
+            attention4_force_mt = 2;
+            printf("(version 4, 128 queries a block)\n");
+            check_forward(&k);
+            attention4_force_mt = 0;
+#endif
         }
         only_version = 0;
         free_case(&k);
