@@ -1232,7 +1232,8 @@ static void test_balance(const char* dir) {
 // attention's versions and variants from the environment (VLA_VISION_ATTENTION, VLA_ATTENTION3_*),
 // which a GPU run times so: the default's version named in the config table (4 in bf16 builds, 3
 // in the others), version 3 with one image a pass and floatX scores within the precision's
-// tolerance of the default's losses (in bf16 builds: version 3 against version 4).
+// tolerance of the default's losses (in bf16 builds: version 3 against version 4), and in bf16
+// builds version 4's forward at 128 queries a block (VLA_ATTENTION4_QUERIES) against its 64.
 static void test_profile(const char* dir) {
     printf("\n== --profile\n");
     char cmd[4096], path[1100];
@@ -1320,11 +1321,30 @@ static void test_profile(const char* dir) {
     char bin[1200];
     snprintf(bin, sizeof(bin), "env VLA_ATTENTION3_SCORES=half %s", TRAINER);
     expect_error_from(dir, bin, "VLA_ATTENTION3_SCORES=half", args, "use fp32 or floatx");
+    if (bf16) {  // version 4's forward at 128 queries a block, which the tiny model's small calls would not take
+        snprintf(cmd, sizeof(cmd), "rm -rf %s/att4 && env VLA_ATTENTION4_QUERIES=128 %s -p tiny -b 2 -n 3 -u 2 --train all "
+                 "-k 0 --log-every 100 -i %s/a.bin -o %s/att4 > %s/att4.txt 2>&1", dir, TRAINER, dir, dir, dir);
+        rc = run_command(cmd);
+        snprintf(path, sizeof(path), "%s/att4.txt", dir);
+        text = read_text(path);
+        snprintf(p2, sizeof(p2), "%s/att4/log.jsonl", dir);
+        nv = read_losses(p2, 1, 3, variant);
+        e = rel_error(variant, base, 3);
+        check(rc == 0 && strstr(text, "| vision attention       | v4: flash, mma.sync, 128 queries") != NULL && nv == 3 &&
+              e <= 1e-6, "VLA_ATTENTION4_QUERIES=128: in the config table, the 3 steps' losses rel err %.2e from the "
+              "default's 64 queries a block (each row's arithmetic is the same; 1e-6 leaves room for a compiler's "
+              "other contractions)", e);
+        free(text);
+    }
+    snprintf(bin, sizeof(bin), "env VLA_ATTENTION4_QUERIES=96 %s", TRAINER);
+    expect_error_from(dir, bin, "VLA_ATTENTION4_QUERIES=96", args, "use 64 or 128");
     snprintf(bin, sizeof(bin), "env VLA_VISION_ATTENTION=5 %s", TRAINER);
     expect_error_from(dir, bin, "VLA_VISION_ATTENTION=5", args, "use 3 (cuBLASLt products around a softmax) or 4");
     if (!bf16) {
         snprintf(bin, sizeof(bin), "env VLA_VISION_ATTENTION=4 %s", TRAINER);
         expect_error_from(dir, bin, "VLA_VISION_ATTENTION=4 outside bf16", args, "exists in bf16 builds only");
+        snprintf(bin, sizeof(bin), "env VLA_ATTENTION4_QUERIES=128 %s", TRAINER);
+        expect_error_from(dir, bin, "VLA_ATTENTION4_QUERIES=128 outside bf16", args, "exists in bf16 builds only");
     }
     snprintf(bin, sizeof(bin), "env VLA_ATTENTION3_SAMPLES=eight %s", TRAINER);
     expect_error_from(dir, bin, "VLA_ATTENTION3_SAMPLES=eight", args, "expected the images a pass");

@@ -3254,11 +3254,13 @@ static int vision_attention_version = 4;
 #else
 static int vision_attention_version = 3;
 #endif
+static int attention4_force_mt = 0;  // version 4's queries a block: 0 by its rule, 1: 64, 2: 128
 
 // The vision attention's choices from the environment, so that a GPU run can time the trainer with
 // each without a rebuild (dev/gpu_check.sh): VLA_VISION_ATTENTION (the version: 3, or 4 in bf16
-// builds), VLA_ATTENTION3_SAMPLES (version 3's samples a pass, 0: all) and VLA_ATTENTION3_SCORES
-// (fp32 or floatx). A bad value is a one-line error.
+// builds), VLA_ATTENTION4_QUERIES (version 4's forward: 64 or 128 queries a block, else its rule),
+// VLA_ATTENTION3_SAMPLES (version 3's samples a pass, 0: all) and VLA_ATTENTION3_SCORES (fp32 or
+// floatx). A bad value is a one-line error.
 static void attention3_from_env(void) {
     const char* version = getenv("VLA_VISION_ATTENTION");
     if (version != NULL) {
@@ -3272,6 +3274,17 @@ static void attention3_from_env(void) {
             vla_fail("VLA_VISION_ATTENTION=%s: use 3 (cuBLASLt products around a softmax) or 4 (flash attention, bf16 "
                      "builds)", version);
         }
+    }
+    const char* queries = getenv("VLA_ATTENTION4_QUERIES");
+    if (queries != NULL) {
+        if (strcmp(queries, "64") != 0 && strcmp(queries, "128") != 0) {
+            vla_fail("VLA_ATTENTION4_QUERIES=%s: use 64 or 128 (version 4's queries a block)", queries);
+        }
+        if (LOSS_SCALING || sizeof(floatX) != 2) {
+            vla_fail("VLA_ATTENTION4_QUERIES=%s: version 4 exists in bf16 builds only; this is a %s build", queries,
+                     PRECISION_NAME);
+        }
+        attention4_force_mt = strcmp(queries, "128") == 0 ? 2 : 1;
     }
     const char* n = getenv("VLA_ATTENTION3_SAMPLES");
     if (n != NULL) {
@@ -3413,8 +3426,7 @@ static void attention4_configure(void) {
 // Whether the forward takes two row tiles a warp (128 queries a block): where that still makes
 // 1,024 blocks or more (training's vision calls: 8 x 12 x 64), enough to fill a GPU several times;
 // smaller calls keep 64 queries a block, so their blocks stay many. attention4_force_mt (1 or 2; 0:
-// this rule) lets dev/cuda check and time both on any call.
-static int attention4_force_mt = 0;
+// this rule; VLA_ATTENTION4_QUERIES=64|128) lets dev/cuda and a GPU run time both on any call.
 static bool attention4_two_tiles(const GqaAttn& a) {
     if (attention4_force_mt != 0) { return attention4_force_mt == 2; }
     return (long long)ceil_div(a.Tq, 2 * ATT4_ROWS) * a.NH * a.B >= 1024;
@@ -5766,7 +5778,8 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     char per_pass[16] = "all";
     if (attention3_samples_per_pass > 0) { snprintf(per_pass, sizeof(per_pass), "%d", attention3_samples_per_pass); }
     if (vision_attention_version == 4) {
-        snprintf(split, sizeof(split), "v4: flash, mma.sync");
+        snprintf(split, sizeof(split), "v4: flash, mma.sync%s", attention4_force_mt == 1 ? ", 64 queries" :
+                                                              attention4_force_mt == 2 ? ", 128 queries" : "");
     } else {
         snprintf(split, sizeof(split), "v3: %s images a pass, %s scores", per_pass,
                  attention3_floatx_scores ? "floatX" : "fp32");

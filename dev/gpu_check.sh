@@ -127,9 +127,10 @@ done
 # choosing among them
 stage attention_bench bash -c 'make -C dev/cuda attention_smolvla && dev/cuda/attention_smolvla'
 # the vision tower's fastest attention there (forward + backward), version 4 only where every one of
-# its checks passed; where that is version 3 (any variant) rather than the trainer's default
-# (version 4), train_vla again with it (VLA_VISION_ATTENTION=3, VLA_ATTENTION3_SAMPLES,
-# VLA_ATTENTION3_SCORES)
+# its checks passed; where that is not what the trainer runs by default at the training shape
+# (version 4, 128 queries a block), train_vla again with it: VLA_VISION_ATTENTION=3 and version 3's
+# variant (VLA_ATTENTION3_SAMPLES, VLA_ATTENTION3_SCORES), or version 4 at 64 queries a block
+# (VLA_ATTENTION4_QUERIES)
 v4_ok=1
 grep -q '^ *FAIL .*v4 vision' "$LOGS/attention_bench.log" 2> /dev/null && v4_ok=0
 best_attention=$(awk -v v4_ok="$v4_ok" '/^bench v[34] vision .*\(B 64,/ {  # (the training shape, not the 2 images of inference)
@@ -137,18 +138,23 @@ best_attention=$(awk -v v4_ok="$v4_ok" '/^bench v[34] vision .*\(B 64,/ {  # (th
         n = 0; sc = "fp32"
         if (match($0, /, [0-9]+ a pass/)) { n = substr($0, RSTART + 2, RLENGTH - 9) + 0 }
         if ($0 ~ /bf16 scores/) { sc = "floatx" }
+        rows = ($0 ~ /, 64 queries a block/) ? 64 : 128
         match($0, /forward +[0-9.]+ ms/); f = substr($0, RSTART, RLENGTH); gsub(/[^0-9.]/, "", f)
         match($0, /backward +[0-9.]+ ms/); b = substr($0, RSTART, RLENGTH); gsub(/[^0-9.]/, "", b)
-        if (f + b > 0 && (best == "" || f + b < t)) { t = f + b; best = ($2 == "v4" ? "v4" : n " " sc) }
+        if (f + b > 0 && (best == "" || f + b < t)) { t = f + b; best = ($2 == "v4" ? "4 " rows : "3 " n " " sc) }
     } END { print best }' "$LOGS/attention_bench.log" 2> /dev/null)
 [ "$v4_ok" = 0 ] && echo "gpu_check: version 4 of the attention failed a check on this GPU: timing version 3 too"
-if [ -n "$best_attention" ] && [ "$best_attention" != "v4" ]; then
-    read -r att_samples att_scores <<< "$best_attention"
+if [ -n "$best_attention" ] && [ "$best_attention" != "4 128" ]; then
+    read -r att_version att_a att_b <<< "$best_attention"
+    if [ "$att_version" = 4 ]; then
+        att_env=(VLA_ATTENTION4_QUERIES="$att_a")
+    else
+        att_env=(VLA_VISION_ATTENTION=3 VLA_ATTENTION3_SAMPLES="$att_a" VLA_ATTENTION3_SCORES="$att_b")
+    fi
     for train in expert all; do
-        rm -rf "build/gpu_check_${train}_v3"
-        stage "bench_train_vla_${train}_v3" env VLA_VISION_ATTENTION=3 VLA_ATTENTION3_SAMPLES="$att_samples" \
-            VLA_ATTENTION3_SCORES="$att_scores" ./train_vla -p smolvla --train "$train" -b "$B" -n "$STEPS" -u 10 \
-            -i "$BENCH_DATA" -o "build/gpu_check_${train}_v3" -k 0 --keep 1 --log-every 10
+        rm -rf "build/gpu_check_${train}_alt"
+        stage "bench_train_vla_${train}_alt" env "${att_env[@]}" ./train_vla -p smolvla --train "$train" -b "$B" \
+            -n "$STEPS" -u 10 -i "$BENCH_DATA" -o "build/gpu_check_${train}_alt" -k 0 --keep 1 --log-every 10
     done
 fi
 # LeRobot's own SmolVLA training step and inference on this GPU at the released sizes (random
@@ -280,11 +286,11 @@ row() { printf '| %-40s | %10s | %11s | %8s | %7s | %10s |\n' "$@"; }
         read -r ms sps <<< "${ours:-? ?}"
         what=$(sed -n 's/^| vision attention *| \(.*[^ ]\) *|$/\1/p' "$log" 2>/dev/null | head -n 1)
         row "train_vla (bf16${what:+, $what})" "$ms" "$sps" "1.00x" "$(mfu "$sps")" "${ours_mem:-?}"
-        v3log=$LOGS/bench_train_vla_${train}_v3.log
-        if [ -f "$v3log" ]; then  # the attention benchmark's fastest variant of the vision attention
-            read -r vms vsps <<< "$(awk '/^mean step time/ {print $4, $11}' "$v3log")"
-            vmem=$(sed -n 's/.*peak GPU memory \([0-9.]*\) GiB.*/\1/p' "$v3log")
-            vwhat=$(sed -n 's/^| vision attention *| \(.*[^ ]\) *|$/\1/p' "$v3log" | head -n 1)
+        altlog=$LOGS/bench_train_vla_${train}_alt.log
+        if [ -f "$altlog" ]; then  # the attention benchmark's fastest vision attention, where not the default
+            read -r vms vsps <<< "$(awk '/^mean step time/ {print $4, $11}' "$altlog")"
+            vmem=$(sed -n 's/.*peak GPU memory \([0-9.]*\) GiB.*/\1/p' "$altlog")
+            vwhat=$(sed -n 's/^| vision attention *| \(.*[^ ]\) *|$/\1/p' "$altlog" | head -n 1)
             row "train_vla (bf16, ${vwhat:-?})" "${vms:-?}" "${vsps:-?}" "$(ratio "$vsps")" "$(mfu "$vsps")" "${vmem:-?}"
         fi
         f=$LOGS/bench_torch_compile_$train.log

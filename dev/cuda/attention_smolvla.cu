@@ -354,9 +354,7 @@ static void benchmark(int pass, int B, int NH, int NKV, int HS, int NI, int T, i
             if (version == 3 && n > 0 && (B < NH || B % n != 0 || n >= B)) { continue; }
             attention3_samples_per_pass = version == 3 ? n : 0;
             attention3_floatx_scores = version == 3 && pp >= 3;
-#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
             attention4_force_mt = version == 4 ? 1 + pp : 0;  // 64 then 128 queries a block
-#endif
             int reps = version == 1 ? 5 : 20;
             double ms_f = time_ms([&]() { run_forward(version, 256, out, lse, &k); }, reps);
             double ms_b = time_ms([&]() { run_backward(version, 256, &k, dq, dk0, dv0, dk1, dv1, delta); }, reps);
@@ -370,9 +368,7 @@ static void benchmark(int pass, int B, int NH, int NKV, int HS, int NI, int T, i
         }
         attention3_samples_per_pass = 0;
         attention3_floatx_scores = 0;
-#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
         attention4_force_mt = 0;
-#endif
     }
     cudaCheck(cudaFree(out)); cudaCheck(cudaFree(lse)); cudaCheck(cudaFree(dq)); cudaCheck(cudaFree(dk0));
     cudaCheck(cudaFree(dv0)); cudaCheck(cudaFree(dk1)); cudaCheck(cudaFree(dv1)); cudaCheck(cudaFree(delta));
@@ -437,13 +433,11 @@ int main(void) {
             attention3_floatx_scores = 0;
         }
         if (HAVE_V4) {  // version 4's forward with two row tiles a warp (training's; these calls are small)
-#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
             only_version = 4;
             attention4_force_mt = 2;
             printf("(version 4, 128 queries a block)\n");
             check_forward(&k);
             attention4_force_mt = 0;
-#endif
         }
         only_version = 0;
         free_case(&k);
