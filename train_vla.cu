@@ -1537,7 +1537,7 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kerne
             warp_scores<HSP>(dPt + warp * 16 * ATT_TILE, Vs + warp * 16 * HSP, dOs);
             __syncwarp();
             for (int k = 0; k < 32; k++) {
-            int c = att_rotated_col(k, lane, 32);
+                int c = att_rotated_col(k, lane, 32);
                 float p = 0.0f, ds = 0.0f;
                 if (j < nk && i0 + c < a.Tq) {
                     if (q_lse[c] == ATTN_NO_KEY_LSE) {  // a query that sees no key: P = 1/nk, no dS
@@ -1643,9 +1643,9 @@ __global__ void attention_softmax_backward_rows_kernel(TS* s, TS* dp, const floa
 // 64): flash attention on the tensor cores through mma.sync (PTX's m16n8k16: bf16 operands, fp32
 // accumulators). PTX documents which lane holds which element of its fragments (WMMA does not), so
 // scores, probabilities and outputs stay in registers: no score reaches shared or global memory,
-// and no buffer of scores is needed. A block of 4 warps owns 64 rows (16 a warp) held as operand
-// fragments in registers; the other side streams through shared memory 64 rows at a time, two
-// stages of cp.async. In a 16x8 accumulator, lane 4 g + t holds rows g and g + 8 at columns 2t
+// and no buffer of scores is needed. A block of 4 warps owns 64 rows (16 a warp; the forward's
+// training calls 128, 32 a warp) held as operand fragments in registers; the other side streams
+// through shared memory 64 rows at a time, two stages of cp.async. In a 16x8 accumulator, lane 4 g + t holds rows g and g + 8 at columns 2t
 // and 2t + 1: the four lanes of a quad share a row, so a row's max or sum takes two shuffles, and
 // the accumulators of two neighbouring 8-column tiles are, rounded to bf16, the A operand of the
 // next product over those 16 columns. The forward keeps the log-sum-exp; the backward recomputes
@@ -1676,13 +1676,13 @@ static __device__ __forceinline__ void store_x2(floatX* p, uint32_t u) {
     *reinterpret_cast<uint32_t*>(p) = u;
 #endif
 }
-static __device__ __forceinline__ uint32_t pack_x2(floatX lo, floatX hi) {
+static __device__ __forceinline__ uint32_t pack_f2(float lo, float hi) {
+    floatX x[2] = {fx(lo), fx(hi)};
     uint16_t l, h;
-    memcpy(&l, &lo, 2);
-    memcpy(&h, &hi, 2);
+    memcpy(&l, &x[0], 2);
+    memcpy(&h, &x[1], 2);
     return (uint32_t)l | (uint32_t)h << 16;
 }
-static __device__ __forceinline__ uint32_t pack_f2(float lo, float hi) { return pack_x2(fx(lo), fx(hi)); }
 
 // 16 bytes from global to shared memory without passing through registers (cp.async, sm_80); a
 // thread's copies are committed as a group and waited for (at most n groups left in flight). The
@@ -3250,22 +3250,25 @@ static int attention3_floatx_scores = 0;  // 1: the scores in floatX (half the t
 // Which version takes the vision tower's calls: 4 in bf16 builds (flash attention on mma.sync), 3
 // in fp32 and fp16 ones, where version 4 does not exist
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-static int vision_attention_version = 4;
+static const bool HAVE_ATTENTION4 = true;
 #else
-static int vision_attention_version = 3;
+static const bool HAVE_ATTENTION4 = false;
 #endif
+static int vision_attention_version = HAVE_ATTENTION4 ? 4 : 3;
 static int attention4_force_mt = 0;  // version 4's queries a block: 0 by its rule, 1: 64, 2: 128
+
+// the head sizes version 4 takes: multiples of 8 (whole 16-byte pieces) up to 64 (its registers)
+static bool attention4_head_fits(int HS) { return HS % 8 == 0 && HS <= 64; }
 
 // The vision attention's choices from the environment, so that a GPU run can time the trainer with
 // each without a rebuild (dev/gpu_check.sh): VLA_VISION_ATTENTION (the version: 3, or 4 in bf16
 // builds), VLA_ATTENTION4_QUERIES (version 4's forward: 64 or 128 queries a block, else its rule),
 // VLA_ATTENTION3_SAMPLES (version 3's samples a pass, 0: all) and VLA_ATTENTION3_SCORES (fp32 or
 // floatx). A bad value is a one-line error.
-static void attention3_from_env(void) {
+static void vision_attention_from_env(void) {
     const char* version = getenv("VLA_VISION_ATTENTION");
     if (version != NULL) {
-        int bf16 = !LOSS_SCALING && sizeof(floatX) == 2;
-        if (strcmp(version, "3") == 0 || (bf16 && strcmp(version, "4") == 0)) {
+        if (strcmp(version, "3") == 0 || (HAVE_ATTENTION4 && strcmp(version, "4") == 0)) {
             vision_attention_version = version[0] - '0';
         } else if (strcmp(version, "4") == 0) {
             vla_fail("VLA_VISION_ATTENTION=4: version 4 (mma.sync flash attention) exists in bf16 builds only; this is a %s "
@@ -3280,7 +3283,7 @@ static void attention3_from_env(void) {
         if (strcmp(queries, "64") != 0 && strcmp(queries, "128") != 0) {
             vla_fail("VLA_ATTENTION4_QUERIES=%s: use 64 or 128 (version 4's queries a block)", queries);
         }
-        if (LOSS_SCALING || sizeof(floatX) != 2) {
+        if (!HAVE_ATTENTION4) {
             vla_fail("VLA_ATTENTION4_QUERIES=%s: version 4 exists in bf16 builds only; this is a %s build", queries,
                      PRECISION_NAME);
         }
@@ -3309,8 +3312,7 @@ static void attention3_from_env(void) {
 // of 8 up to 64). Without the scratch a call version 4 turned down (a misaligned tensor, which the
 // trainer's buffers are not) would run version 2: correct, only slower.
 static bool vision_attention_scratch(const SmolVLAConfig* c) {
-    int HSv = c->vis_width / c->vis_heads;
-    return !(vision_attention_version == 4 && HSv % 8 == 0 && HSv <= 64);
+    return !(vision_attention_version == 4 && attention4_head_fits(c->vis_width / c->vis_heads));
 }
 
 // A pass's scores in a.scratch are row-major (Tq, nk) per slot, i.e. column-major S^T (nk, Tq); P
@@ -3405,7 +3407,7 @@ static void gqa_attention_backward3(floatX* dq, float* dk0, float* dv0, const fl
 // Version 4 takes the calls version 3 takes (without needing its scratch), at head sizes that are
 // multiples of 8 up to 64, on tensors whose rows start 16-byte aligned
 static bool gqa_attention4_fits(const GqaAttn& a, const void* x, const void* y, const void* z = NULL) {
-    return a.block == NULL && a.Nk1 == 0 && a.NKV == a.NH && a.q0 == 0 && a.HS % 8 == 0 && a.HS <= 64 &&
+    return a.block == NULL && a.Nk1 == 0 && a.NKV == a.NH && a.q0 == 0 && attention4_head_fits(a.HS) &&
            packable(a.HS, 8, a.k0, a.v0, x) && packable(a.HS, 8, y, z);
 }
 
@@ -4369,22 +4371,29 @@ static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
     }
 }
 
+// SigLIP's attention call of a layer: its images' own keys and values, no mask, version 3's scratch
+// where version 3 runs
+static GqaAttn smol_vision_attn(const SmolVLA* m, const SmolVisionActs& x) {
+    const SmolVLAConfig* c = &m->config;
+    int NV = (int)smol_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c);
+    GqaAttn a = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, c->vis_width / c->vis_heads, Nv, 0, Nv, 0,
+                 Nv, vision_attention_scratch(c) ? m->acts.v_scores : NULL};
+    return a;
+}
+
 // SigLIP layer l: x.res -> x.out. redo (the backward's recomputation, RECOMPUTE_*): only what that
 // level dropped, into the slots the forward wrote (the same kernels on the same inputs, so the same
 // values): attn the attention half, layer all but fc2 (its output is the next layer's kept input).
 static void smol_vision_layer_forward(SmolVLA* m, int l, int redo) {
     const SmolVLAConfig* c = &m->config;
-    int NV = (int)smol_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smol_vrows(c, m->B);
-    int Cv = c->vis_width, Fv = c->vis_ff, HSv = Cv / c->vis_heads;
+    int V = (int)smol_vrows(c, m->B), Cv = c->vis_width, Fv = c->vis_ff;
     SmolVisionActs x = smol_vision_acts(m, l);
     layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smol_param(m, SMOLP_vis_ln1_w, l), smol_param(m, SMOLP_vis_ln1_b, l),
                       V, Cv);
     matmul_forward(x.q, x.ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), NULL, V, Cv, Cv);
     matmul_forward(x.k, x.ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), NULL, V, Cv, Cv);
     matmul_forward(x.v, x.ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), NULL, V, Cv, Cv);
-    GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv,
-                    vision_attention_scratch(c) ? m->acts.v_scores : NULL};
-    gqa_attention_forward(x.att, x.lse, x.q, keys);
+    gqa_attention_forward(x.att, x.lse, x.q, smol_vision_attn(m, x));
     if (redo == RECOMPUTE_ATTN) { return; }
     matmul_forward(x.mid, x.att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), x.res, V, Cv, Cv);
     layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smol_param(m, SMOLP_vis_ln2_w, l), smol_param(m, SMOLP_vis_ln2_b, l),
@@ -4991,7 +5000,7 @@ static void smolvla_vision_backward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
     int NV = (int)smol_images(c, m->B), G = smolvla_grid(c), Nv = G * G, V = (int)smol_vrows(c, m->B);
-    int Cv = c->vis_width, Fv = c->vis_ff, HSv = Cv / c->vis_heads;
+    int Cv = c->vis_width, Fv = c->vis_ff;
     size_t VC = (size_t)V * Cv;
     float* dres = a->g_res;
     floatX* dres_x = a->g_res_x;
@@ -5018,9 +5027,8 @@ static void smolvla_vision_backward(SmolVLA* m) {
         bias_backward(smol_grad(m, SMOLP_vis_bo, l), a->partial, dres_x, V, Cv);
         cudaCheck(cudaMemsetAsync(a->g_kf, 0, VC * sizeof(float), main_stream));
         cudaCheck(cudaMemsetAsync(a->g_vf, 0, VC * sizeof(float), main_stream));
-        GqaAttn keys = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, 0, Nv,
-                        vision_attention_scratch(c) ? a->v_scores : NULL};
-        gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta, keys);
+        gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta,
+                               smol_vision_attn(m, x));
         convert(a->g_kx, a->g_kf, VC);
         convert(a->g_vx, a->g_vf, VC);
         const floatX* dqkv[3] = {a->g_q, a->g_kx, a->g_vx};
@@ -6103,7 +6111,7 @@ int main(int argc, char** argv) {
     memset(&run, 0, sizeof(run));
     TrainArgs* args = &run.args;
     train_args_parse(args, argc, argv);
-    attention3_from_env();
+    vision_attention_from_env();
     if (args->memory) {  // the preset's sizes (its cameras): no dataset, no GPU
         SmolVLAConfig c = smolvla_preset(args->preset)->config;
         if (args->max_text > 0) { c.max_text = args->max_text; }

@@ -57,9 +57,9 @@ static const int HAVE_V2 = 0, V2_THREADS = 0;  // version 2 exists in bf16 and f
 static const int HAVE_V2 = 1, V2_THREADS = ATT_THREADS;
 #endif
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-static const int HAVE_V4 = 1, V4_THREADS = ATT4_THREADS;  // version 4 in bf16 builds only
+static const int V4_THREADS = ATT4_THREADS;  // version 4 in bf16 builds only (HAVE_ATTENTION4)
 #else
-static const int HAVE_V4 = 0, V4_THREADS = 0;
+static const int V4_THREADS = 0;
 #endif
 #define N_VERSIONS 4
 
@@ -70,7 +70,7 @@ static int only_version = 0;  // 0: every version that takes a call; else that o
 static bool version_takes(int version, const Case* k) {
     if (only_version != 0 && version != only_version) { return false; }
     return version == 1 || (version == 2 && HAVE_V2) || (version == 3 && k->pass == PASS_VISION) ||
-           (version == 4 && HAVE_V4 && k->pass == PASS_VISION && k->HS % 8 == 0 && k->HS <= 64);
+           (version == 4 && HAVE_ATTENTION4 && k->pass == PASS_VISION && attention4_head_fits(k->HS));
 }
 
 static int version_threads(int version, int block) {
@@ -432,7 +432,7 @@ int main(void) {
             check_backward(&k, seed + 50);
             attention3_floatx_scores = 0;
         }
-        if (HAVE_V4) {  // version 4's forward with two row tiles a warp (training's; these calls are small)
+        if (HAVE_ATTENTION4) {  // version 4's forward with two row tiles a warp (training's; these calls are small)
             only_version = 4;
             attention4_force_mt = 2;
             printf("(version 4, 128 queries a block)\n");
@@ -446,7 +446,7 @@ int main(void) {
     printf("worst relative error: version 1 %.2e", worst_err[0]);
     if (HAVE_V2) { printf(", version 2 %.2e", worst_err[1]); }
     printf(", version 3 %.2e", worst_err[2]);
-    if (HAVE_V4) { printf(", version 4 %.2e", worst_err[3]); }
+    if (HAVE_ATTENTION4) { printf(", version 4 %.2e", worst_err[3]); }
     printf("\n");
     return dev_finish(benchmarks);
 }
