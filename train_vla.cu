@@ -2441,13 +2441,14 @@ struct ProfMark {
 };
 struct Profiler {
     int on;
+    int stopped;  // recording ended (prof_stop), the report not yet printed (prof_end)
     int depth;  // ProfOps open: only the outermost marks (attention's products are attention's)
     const char* phase;
     int n, cap;
     ProfMark* marks;
     cudaEvent_t* events;  // marks[i] was recorded by events[i]
 };
-static thread_local Profiler prof = {0, 0, "step", 0, 0, NULL, NULL};
+static thread_local Profiler prof = {0, 0, 0, "step", 0, 0, NULL, NULL};
 
 static void prof_mark(const char* op, double flops = 0.0, const char* shape = NULL) {
     if (!prof.on) { return; }
@@ -2496,7 +2497,7 @@ static void prof_free(void) {
     for (int i = 0; i < prof.cap; i++) { cudaCheck(cudaEventDestroy(prof.events[i])); }
     free(prof.marks);
     free(prof.events);
-    prof = Profiler{0, 0, "step", 0, 0, NULL, NULL};
+    prof = Profiler{0, 0, 0, "step", 0, 0, NULL, NULL};
 }
 
 // One row of a report: the marks whose phase and op (or op and shape) match, summed
@@ -2551,10 +2552,19 @@ static void prof_print(const ProfRow* rows, int n, int max_rows, double total_ms
 
 // Stops recording, waits for the step and prints its GPU time by phase and operation, then the
 // products and attention calls by shape. wall_ms: the step's wall time on the host.
-static void prof_end(const char* what, int index, double wall_ms) {
+// Ends the recording where the profiled work ends (the training loop: before a checkpoint is
+// written, which is not the step's); prof_end prints later
+static void prof_stop(void) {
     if (!prof.on) { return; }
     prof_phase("end");
     prof.on = 0;
+    prof.stopped = 1;
+}
+
+static void prof_end(const char* what, int index, double wall_ms) {
+    prof_stop();
+    if (!prof.stopped) { return; }
+    prof.stopped = 0;
     cudaCheck(cudaEventSynchronize(prof.events[prof.n - 1]));
     int n = prof.n - 1;  // intervals
     ProfRow* by_phase = (ProfRow*)mallocCheck((size_t)n * sizeof(ProfRow));
@@ -6023,6 +6033,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         // the first step warms up; the profiled one records thousands of events
         if (step > run->start && step + 1 != args->profile) { timed_ms += ms; comm_wait_ms += wait_ms; timed_steps++; }
         int done = step + 1;
+        prof_stop();  // (the profiled step's work ends here, before any checkpoint)
         if (skipped && used_scale <= 1.0f) {  // not a scale too large: the model overflows fp16 itself
             if (!lead) { break; }
             vla_fail("step %d: Inf/NaN gradients at loss scale %g, the smallest: fp16's range is too small for this run: "
