@@ -1639,8 +1639,8 @@ __global__ void attention_softmax_backward_rows_kernel(TS* s, TS* dp, const floa
 }
 
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-// Version 4 (bf16 builds; the calls version 3 takes, at head sizes that are multiples of 8 up to
-// 64): flash attention on the tensor cores through mma.sync (PTX's m16n8k16: bf16 operands, fp32
+// Version 4 (bf16 builds; every call at head sizes that are multiples of 8 up to 64, the masked
+// GQA calls of the language stacks as the vision tower's): flash attention on the tensor cores through mma.sync (PTX's m16n8k16: bf16 operands, fp32
 // accumulators). PTX documents which lane holds which element of its fragments (WMMA does not), so
 // scores, probabilities and outputs stay in registers: no score reaches shared or global memory,
 // and no buffer of scores is needed. A block of 4 warps owns 64 rows (16 a warp; the forward's
@@ -1708,16 +1708,20 @@ static __device__ __forceinline__ void cp_async_wait(void) {
 }
 
 // tile (64, HSP + 8) <- rows first.. of one head of a tensor (row stride D elements) of n_rows
-// rows, by cp.async; zeros past n_rows and past HS (a multiple of 8: whole 16-byte pieces). The
-// row stride of HSP + 8 puts the 8 rows a fragment reads in different banks.
+// rows, by cp.async, and past them the rows of a second one (head1, n_rows1 rows: the joint
+// layer's keys live in two tensors); zeros past both and past HS (a multiple of 8: whole 16-byte
+// pieces). The row stride of HSP + 8 puts the 8 rows a fragment reads in different banks.
 template <int HSP>
-static __device__ void att4_load_tile(floatX* tile, const floatX* head, int first, int n_rows, int HS, size_t D) {
+static __device__ void att4_load_tile(floatX* tile, const floatX* head, int first, int n_rows, int HS, size_t D,
+                                      const floatX* head1 = NULL, int n_rows1 = 0) {
     const int LD = HSP + 8, pieces = HSP / 8;
     for (int e = threadIdx.x; e < ATT4_ROWS * pieces; e += blockDim.x) {
-        int r = e / pieces, c = e % pieces * 8;
+        int r = e / pieces, c = e % pieces * 8, row = first + r;
         floatX* dst = tile + r * LD + c;
-        if (first + r < n_rows && c < HS) {
-            cp_async16(dst, head + (size_t)(first + r) * D + c);
+        if (row < n_rows && c < HS) {
+            cp_async16(dst, head + (size_t)row * D + c);
+        } else if (row >= n_rows && row < n_rows + n_rows1 && c < HS) {
+            cp_async16(dst, head1 + (size_t)(row - n_rows) * D + c);
         } else {
             x128 zero;
             #pragma unroll
@@ -1839,11 +1843,27 @@ static __device__ __forceinline__ float quad_sum(float v) {
 
 #define LOG2E_F 1.4426950408889634f
 
-// shared memory of every version 4 kernel: six (64, HSP + 8) floatX tiles and two stages of 64
-// log-sum-exps and deltas (the dk/dv kernel's)
+// shared memory of every version 4 kernel: six (64, HSP + 8) floatX tiles, two stages of 64
+// log-sum-exps and deltas (the dk/dv kernel's), then two stages of the streamed side's 64 block ids
+// (masked calls)
 template <int HSP>
 static size_t gqa_attention_smem4(void) {
-    return 6 * (size_t)ATT4_ROWS * (HSP + 8) * sizeof(floatX) + 4 * ATT4_ROWS * sizeof(float);
+    return 6 * (size_t)ATT4_ROWS * (HSP + 8) * sizeof(floatX) + 4 * ATT4_ROWS * sizeof(float) + 2 * ATT4_ROWS * sizeof(int);
+}
+// where those block ids start
+template <int HSP>
+static __device__ __forceinline__ int* att4_block_ids(float* smem) {
+    return (int*)((floatX*)smem + 6 * ATT4_ROWS * (HSP + 8) + 8 * ATT4_ROWS);
+}
+
+// The block ids of tokens first.. (64; keys: token j, queries: token q0 + i) of sample b into ids
+// (a masked call's; -1 past n: a pad, which neither sees nor is seen)
+static __device__ __forceinline__ void att4_load_block_ids(int* ids, const GqaAttn& a, int b, int first, int offset,
+                                                           int n) {
+    for (int i = threadIdx.x; i < ATT4_ROWS; i += blockDim.x) {
+        int t = first + i;
+        ids[i] = t < n ? a.block[(size_t)b * a.Nt + offset + t] : -1;
+    }
 }
 
 // head h of sample b of a (B, rows, D) tensor: where its row 0 starts
@@ -1854,15 +1874,48 @@ static __device__ __forceinline__ const floatX* att4_head(const floatX* x, int b
 // The streamed side's tile `next` (of n_tiles, 64 rows each) of two tensors, into stage next % 2 of
 // `stages` (two (64, HSP + 8) tiles a stage: x's, then y's) and committed, where there is one. The
 // stage was last read two steps before, which the barrier ending each step has retired.
+// (x1, y1: n_rows1 rows more, as att4_load_tile takes them)
 template <int HSP>
 static __device__ __forceinline__ void att4_prefetch(floatX* stages, const floatX* x, const floatX* y, int next,
-                                                     int n_tiles, int n_rows, int HS, size_t D) {
+                                                     int n_tiles, int n_rows, int HS, size_t D, const floatX* x1 = NULL,
+                                                     const floatX* y1 = NULL, int n_rows1 = 0) {
     if (next >= n_tiles) { return; }
     const int TILE = ATT4_ROWS * (HSP + 8);
     floatX* to = stages + (next % 2) * 2 * TILE;
-    att4_load_tile<HSP>(to, x, next * ATT4_ROWS, n_rows, HS, D);
-    att4_load_tile<HSP>(to + TILE, y, next * ATT4_ROWS, n_rows, HS, D);
+    att4_load_tile<HSP>(to, x, next * ATT4_ROWS, n_rows, HS, D, x1, n_rows1);
+    att4_load_tile<HSP>(to + TILE, y, next * ATT4_ROWS, n_rows, HS, D, y1, n_rows1);
     cp_async_commit();
+}
+
+// kv head g of sample b: where its row 0 starts in the first key tensor (k0 or v0) and in the
+// second (k1 or v1; NULL without one)
+static __device__ __forceinline__ const floatX* att4_kv0(const floatX* x, const GqaAttn& a, int b, int g) {
+    return x + (size_t)b * a.Nk0 * a.NKV * a.HS + (size_t)g * a.HS;
+}
+static __device__ __forceinline__ const floatX* att4_kv1(const floatX* x, const GqaAttn& a, int b, int g) {
+    return a.Nk1 > 0 ? x + (size_t)b * a.Nk1 * a.NKV * a.HS + (size_t)g * a.HS : NULL;
+}
+
+// The mean of every value (keys 0 .. nk-1 of kv head g of sample b) at this lane's columns of a
+// row, the output of a query that sees no key (LeRobot's uniform softmax over the fills), into
+// acc (HSP / 8 x 2: columns 8 n + 2 t and the next)
+template <int HSP>
+static __device__ void att4_mean_values(float (*acc)[4], int r, const GqaAttn& a, int b, int g) {
+    int t = threadIdx.x % 4, nk = gqa_n_keys(a);
+    #pragma unroll
+    for (int n = 0; n < HSP / 8; n++) {
+        int c = n * 8 + 2 * t;
+        float s0 = 0.0f, s1 = 0.0f;
+        if (c < a.HS) {
+            for (int j = 0; j < nk; j++) {
+                const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g) + c;
+                s0 += f32(vj[0]);
+                s1 += f32(vj[1]);
+            }
+        }
+        acc[n][2 * r] = s0 / (float)nk;
+        acc[n][2 * r + 1] = s1 / (float)nk;
+    }
 }
 
 // A warp's 16 rows of accumulators acc (16 x HSP) into rows row0.. of a head (row stride D) as
@@ -1884,28 +1937,40 @@ static __device__ __forceinline__ void att4_store_rows(floatX* head, const float
 }
 
 // Version 4 forward: a block takes 64 MT queries of one (sample, head), 16 MT a warp (MT row tiles
-// of 16: warp w owns rows 16 w.. of each 64-row slab), and every key, 64 at a time, with the online
-// softmax in base 2 (scores times log2(e) / sqrt(HS)); out and lse overwritten. MT = 2 shares every
-// key and value fragment between two row tiles (training's many blocks); MT = 1 keeps more blocks
-// for small calls (inference's one or two images).
-template <int HSP, int MT>
+// of 16: warp w owns rows 16 w.. of each 64-row slab), and every key of its kv head, 64 at a time,
+// with the online softmax in base 2 (scores times log2(e) / sqrt(HS)); out and lse overwritten. MT
+// = 2 shares every key and value fragment between two row tiles (training's many blocks); MT = 1
+// keeps more blocks for small calls (inference's one or two images). MASK: the call's block mask
+// (a key tile's block ids stream with it); a row that sees no key takes the mean of the values.
+template <int HSP, int MT, bool MASK>
 __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(floatX* out, float* lse, const floatX* q,
                                                                               GqaAttn a) {
     extern __shared__ __align__(128) float att_smem[];
     const int LD = HSP + 8, TILE = ATT4_ROWS * LD;
     floatX* Qs = (floatX*)att_smem;  // MT slabs of 64 queries
     floatX* KV = Qs + MT * TILE;     // stage s: keys at KV + 2 s TILE, their values after them
-    int i0 = blockIdx.x * ATT4_ROWS * MT, h = blockIdx.y, b = blockIdx.z;
+    int* kblk = att4_block_ids<HSP>(att_smem);  // stage s: the keys' block ids at kblk + 64 s
+    int i0 = blockIdx.x * ATT4_ROWS * MT, h = blockIdx.y, b = blockIdx.z, kvh = h / (a.NH / a.NKV);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    int T = a.Tq, N = a.Nk0, HS = a.HS;
-    size_t D = (size_t)a.NH * HS;
-    const floatX* kh = att4_head(a.k0, b, N, h, HS, D);
-    const floatX* vh = att4_head(a.v0, b, N, h, HS, D);
+    int T = a.Tq, N = gqa_n_keys(a), HS = a.HS;
+    size_t D = (size_t)a.NH * HS, Dkv = (size_t)a.NKV * HS;
+    const floatX *kh = att4_kv0(a.k0, a, b, kvh), *vh = att4_kv0(a.v0, a, b, kvh);
+    const floatX *kh1 = att4_kv1(a.k1, a, b, kvh), *vh1 = att4_kv1(a.v1, a, b, kvh);
     #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         att4_load_tile<HSP>(Qs + mt * TILE, att4_head(q, b, T, h, HS, D), i0 + mt * ATT4_ROWS, T, HS, D);
     }
-    att4_prefetch<HSP>(KV, kh, vh, 0, 1, N, HS, D);
+    att4_prefetch<HSP>(KV, kh, vh, 0, 1, a.Nk0, HS, Dkv, kh1, vh1, a.Nk1);
+    if (MASK) { att4_load_block_ids(kblk, a, b, 0, 0, N); }
+    int qb[MT][2];  // rows g and g + 8: their block ids (masked calls; -1 past T)
+    #pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = i0 + mt * ATT4_ROWS + warp * 16 + g + 8 * r;
+            qb[mt][r] = MASK && row < T ? gqa_query_block(a, b, row) : -1;
+        }
+    }
     cp_async_wait<0>();
     __syncthreads();
     uint32_t qf[MT][HSP / 16][4];
@@ -1924,7 +1989,9 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
     int n_tiles = (N + ATT4_ROWS - 1) / ATT4_ROWS;
     for (int jt = 0; jt < n_tiles; jt++) {
         const floatX* Kt = KV + (jt % 2) * 2 * TILE;
-        att4_prefetch<HSP>(KV, kh, vh, jt + 1, n_tiles, N, HS, D);
+        const int* kb = kblk + (jt % 2) * ATT4_ROWS;
+        att4_prefetch<HSP>(KV, kh, vh, jt + 1, n_tiles, a.Nk0, HS, Dkv, kh1, vh1, a.Nk1);
+        if (MASK && jt + 1 < n_tiles) { att4_load_block_ids(kblk + ((jt + 1) % 2) * ATT4_ROWS, a, b, (jt + 1) * ATT4_ROWS, 0, N); }
         float s[MT][ATT4_ROWS / 8][4];
         att4_products<HSP, MT>(s, qf, Kt);
         #pragma unroll
@@ -1934,16 +2001,18 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
             for (int j = 0; j < ATT4_ROWS / 8; j++) {
                 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    int key = jt * ATT4_ROWS + j * 8 + 2 * t + i % 2;
-                    s[mt][j][i] = key < N ? s[mt][j][i] * sl2 : -INFINITY;
+                    int col = j * 8 + 2 * t + i % 2, key = jt * ATT4_ROWS + col;
+                    bool seen = MASK ? gqa_sees(qb[mt][i / 2], kb[col]) : key < N;  // (kb: -1 past N)
+                    s[mt][j][i] = seen ? s[mt][j][i] * sl2 : -INFINITY;
                     mx[i / 2] = fmaxf(mx[i / 2], s[mt][j][i]);
                 }
             }
-            float corr[2];
+            float corr[2], base[2];
             #pragma unroll
-            for (int r = 0; r < 2; r++) {  // (every tile holds a key: the maxima are finite)
+            for (int r = 0; r < 2; r++) {  // (a row that has seen no key yet keeps m = -inf: base 0)
                 mx[r] = quad_max(mx[r]);
-                corr[r] = exp2f(m[mt][r] - mx[r]);
+                base[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
+                corr[r] = exp2f(m[mt][r] - base[r]);
                 m[mt][r] = mx[r];
                 l[mt][r] *= corr[r];
             }
@@ -1951,7 +2020,7 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
             for (int j = 0; j < ATT4_ROWS / 8; j++) {
                 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    s[mt][j][i] = exp2f(s[mt][j][i] - m[mt][i / 2]);
+                    s[mt][j][i] = exp2f(s[mt][j][i] - base[i / 2]);
                     l[mt][i / 2] += s[mt][j][i];
                 }
             }
@@ -1973,16 +2042,21 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
         for (int r = 0; r < 2; r++) {
             int row = row0 + g + 8 * r;
             float sum = quad_sum(l[mt][r]);
-            inv[r] = 1.0f / sum;
-            if (t == 0 && row < T) { lse[((size_t)b * a.NH + h) * T + row] = (m[mt][r] + log2f(sum)) / LOG2E_F; }
+            bool none = MASK && sum == 0.0f;  // (vision: every row sees every key)
+            inv[r] = none ? 1.0f : 1.0f / sum;
+            if (none && row < T) { att4_mean_values<HSP>(o[mt], r, a, b, kvh); }
+            if (t == 0 && row < T) {
+                lse[((size_t)b * a.NH + h) * T + row] = none ? ATTN_NO_KEY_LSE : (m[mt][r] + log2f(sum)) / LOG2E_F;
+            }
         }
         att4_store_rows<HSP>((floatX*)att4_head(out, b, T, h, HS, D), o[mt], row0, T, HS, D, inv);
     }
 }
 
 // Version 4 backward, query side: dq = scale dS K for 64 queries of one (sample, head) a block,
-// over every key; dS = P (dP - delta), P = exp(scale S - lse), dP = dO V^T. dq overwritten.
-template <int HSP>
+// over every key of its kv head; dS = P (dP - delta), P = exp(scale S - lse), dP = dO V^T. dq
+// overwritten (0 for a query that sees no key: the fills pass no gradient).
+template <int HSP, bool MASK>
 __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel4(floatX* dq, const floatX* dout,
                                                                                   const floatX* q, const float* lse,
                                                                                   const float* delta, GqaAttn a) {
@@ -1991,15 +2065,17 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
     floatX* Qs = (floatX*)att_smem;
     floatX* dOs = Qs + TILE;
     floatX* KV = dOs + TILE;  // two stages of keys then values, as the forward's
-    int i0 = blockIdx.x * ATT4_ROWS, h = blockIdx.y, b = blockIdx.z;
+    int* kblk = att4_block_ids<HSP>(att_smem);
+    int i0 = blockIdx.x * ATT4_ROWS, h = blockIdx.y, b = blockIdx.z, kvh = h / (a.NH / a.NKV);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    int T = a.Tq, N = a.Nk0, HS = a.HS;
-    size_t D = (size_t)a.NH * HS;
-    const floatX* kh = att4_head(a.k0, b, N, h, HS, D);
-    const floatX* vh = att4_head(a.v0, b, N, h, HS, D);
+    int T = a.Tq, N = gqa_n_keys(a), HS = a.HS;
+    size_t D = (size_t)a.NH * HS, Dkv = (size_t)a.NKV * HS;
+    const floatX *kh = att4_kv0(a.k0, a, b, kvh), *vh = att4_kv0(a.v0, a, b, kvh);
+    const floatX *kh1 = att4_kv1(a.k1, a, b, kvh), *vh1 = att4_kv1(a.v1, a, b, kvh);
     att4_load_tile<HSP>(Qs, att4_head(q, b, T, h, HS, D), i0, T, HS, D);
     att4_load_tile<HSP>(dOs, att4_head(dout, b, T, h, HS, D), i0, T, HS, D);
-    att4_prefetch<HSP>(KV, kh, vh, 0, 1, N, HS, D);
+    att4_prefetch<HSP>(KV, kh, vh, 0, 1, a.Nk0, HS, Dkv, kh1, vh1, a.Nk1);
+    if (MASK) { att4_load_block_ids(kblk, a, b, 0, 0, N); }
     cp_async_wait<0>();
     __syncthreads();
     uint32_t qf[HSP / 16][4], dof[HSP / 16][4];
@@ -2008,13 +2084,16 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
         att4_frag_a(qf[kk], Qs + warp * 16 * LD + kk * 16, LD);
         att4_frag_a(dof[kk], dOs + warp * 16 * LD + kk * 16, LD);
     }
-    float lse2[2], dl[2];  // rows g and g + 8: lse in base 2, delta
+    float lse2[2], dl[2];  // rows g and g + 8: lse in base 2 (+inf where P is 0: past T, no key seen), delta
+    int qb[2];
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         int row = i0 + warp * 16 + g + 8 * r;
         size_t stat = ((size_t)b * a.NH + h) * T + row;
-        lse2[r] = row < T ? lse[stat] * LOG2E_F : 0.0f;
+        float l = row < T ? lse[stat] : ATTN_NO_KEY_LSE;
+        lse2[r] = l == ATTN_NO_KEY_LSE ? INFINITY : l * LOG2E_F;
         dl[r] = row < T ? delta[stat] : 0.0f;
+        qb[r] = MASK && row < T ? gqa_query_block(a, b, row) : -1;
     }
     float acc[HSP / 8][4];
     #pragma unroll
@@ -2023,7 +2102,9 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
     int n_tiles = (N + ATT4_ROWS - 1) / ATT4_ROWS;
     for (int jt = 0; jt < n_tiles; jt++) {
         const floatX* Kt = KV + (jt % 2) * 2 * TILE;
-        att4_prefetch<HSP>(KV, kh, vh, jt + 1, n_tiles, N, HS, D);
+        const int* kb = kblk + (jt % 2) * ATT4_ROWS;
+        att4_prefetch<HSP>(KV, kh, vh, jt + 1, n_tiles, a.Nk0, HS, Dkv, kh1, vh1, a.Nk1);
+        if (MASK && jt + 1 < n_tiles) { att4_load_block_ids(kblk + ((jt + 1) % 2) * ATT4_ROWS, a, b, (jt + 1) * ATT4_ROWS, 0, N); }
         float s[ATT4_ROWS / 8][4], dp[ATT4_ROWS / 8][4];
         att4_products<HSP>(&s, &qf, Kt);
         att4_products<HSP>(&dp, &dof, Kt + TILE);
@@ -2031,8 +2112,9 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
         for (int j = 0; j < ATT4_ROWS / 8; j++) {
             #pragma unroll
             for (int i = 0; i < 4; i++) {
-                int key = jt * ATT4_ROWS + j * 8 + 2 * t + i % 2;
-                float p = key < N ? exp2f(s[j][i] * sl2 - lse2[i / 2]) : 0.0f;
+                int col = j * 8 + 2 * t + i % 2, key = jt * ATT4_ROWS + col;
+                bool seen = MASK ? gqa_sees(qb[i / 2], kb[col]) : key < N;
+                float p = seen ? exp2f(s[j][i] * sl2 - lse2[i / 2]) : 0.0f;
                 s[j][i] = p * (dp[j][i] - dl[i / 2]);  // dS over S
             }
         }
@@ -2044,43 +2126,62 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
     att4_store_rows<HSP>((floatX*)att4_head(dq, b, T, h, HS, D), acc, i0 + warp * 16, T, HS, D, mul);
 }
 
-// the dk/dv kernel's statistics of query tile `tile`: 64 log-sum-exps in base 2, then 64 deltas (0
+// the dk/dv kernel's statistics of query tile `tile` of head h: 64 log-sum-exps in base 2 (+inf
+// past T, where P is 0; -inf for a query that sees no key, whose P is uniform), then 64 deltas (0
 // past T)
 static __device__ __forceinline__ void att4_load_stats(float* st, const float* lse_h, const float* delta_h, int tile,
                                                        int T) {
     for (int i = threadIdx.x; i < ATT4_ROWS; i += blockDim.x) {
         int row = tile * ATT4_ROWS + i;
-        st[i] = row < T ? lse_h[row] * LOG2E_F : 0.0f;
+        float l = row < T ? lse_h[row] : 0.0f;
+        st[i] = row >= T ? INFINITY : l == ATTN_NO_KEY_LSE ? -INFINITY : l * LOG2E_F;
         st[ATT4_ROWS + i] = row < T ? delta_h[row] : 0.0f;
     }
 }
 
-// Version 4 backward, key side: dv += P^T dO and dk += scale dS^T Q for 64 keys of one (sample,
-// head) a block, over every query; the products run on the transposes (S^T = K Q^T, dP^T = V dO^T),
-// so the keys are the rows the warps own. dk and dv (fp32) accumulate.
-template <int HSP>
-__global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kernel4(float* dk, float* dv,
-                                                                                    const floatX* dout, const floatX* q,
-                                                                                    const float* lse, const float* delta,
-                                                                                    GqaAttn a) {
+// Version 4 backward, key side: dv += P^T dO and dk += scale dS^T Q for 64 keys of one (sample, kv
+// head) a block, over every query of the query heads that read it (the GQA group, one after
+// another); the products run on the transposes (S^T = K Q^T, dP^T = V dO^T), so the keys are the
+// rows the warps own. Keys below Nk0 land in dk0/dv0, the others in dk1/dv1 (fp32, accumulated).
+// A query that sees no key adds dO / nk to every key's dv and nothing to dk.
+template <int HSP, bool MASK>
+__global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kernel4(float* dk0, float* dv0, float* dk1,
+                                                                                    float* dv1, const floatX* dout,
+                                                                                    const floatX* q, const float* lse,
+                                                                                    const float* delta, GqaAttn a) {
     extern __shared__ __align__(128) float att_smem[];
     const int LD = HSP + 8, TILE = ATT4_ROWS * LD;
     floatX* Ks = (floatX*)att_smem;
     floatX* Vs = Ks + TILE;
     floatX* QD = Vs + TILE;  // stage s: queries at QD + 2 s TILE, their dO after them
     float* stats = (float*)(QD + 4 * TILE);  // stage s: 64 lse (base 2) at stats + 128 s, 64 deltas after them
-    int j0 = blockIdx.x * ATT4_ROWS, h = blockIdx.y, b = blockIdx.z;
+    int* qblk = att4_block_ids<HSP>(att_smem);  // stage s: the queries' block ids at qblk + 64 s
+    int j0 = blockIdx.x * ATT4_ROWS, kvh = blockIdx.y, b = blockIdx.z, G = a.NH / a.NKV;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    int T = a.Tq, N = a.Nk0, HS = a.HS;
-    size_t D = (size_t)a.NH * HS;
-    const floatX* qh = att4_head(q, b, T, h, HS, D);
-    const floatX* dh = att4_head(dout, b, T, h, HS, D);
-    const float* lse_h = lse + ((size_t)b * a.NH + h) * T;
-    const float* delta_h = delta + ((size_t)b * a.NH + h) * T;
-    att4_load_tile<HSP>(Ks, att4_head(a.k0, b, N, h, HS, D), j0, N, HS, D);
-    att4_load_tile<HSP>(Vs, att4_head(a.v0, b, N, h, HS, D), j0, N, HS, D);
-    att4_prefetch<HSP>(QD, qh, dh, 0, 1, T, HS, D);
-    att4_load_stats(stats, lse_h, delta_h, 0, T);
+    int T = a.Tq, N = gqa_n_keys(a), HS = a.HS;
+    size_t D = (size_t)a.NH * HS, Dkv = (size_t)a.NKV * HS;
+    att4_load_tile<HSP>(Ks, att4_kv0(a.k0, a, b, kvh), j0, a.Nk0, HS, Dkv, att4_kv1(a.k1, a, b, kvh), a.Nk1);
+    att4_load_tile<HSP>(Vs, att4_kv0(a.v0, a, b, kvh), j0, a.Nk0, HS, Dkv, att4_kv1(a.v1, a, b, kvh), a.Nk1);
+    // the steps: query tile `it` of the group's head kvh G + u at step u n_qt + it
+    int n_qt = (T + ATT4_ROWS - 1) / ATT4_ROWS, n_steps = G * n_qt;
+    auto prefetch = [&](int step) {
+        if (step >= n_steps) { return; }
+        int hh = kvh * G + step / n_qt, it = step % n_qt, stage = step % 2;
+        size_t head = (size_t)b * a.NH + hh;
+        // (att4_prefetch's tile index picks the stage: the tile and its stage given apart here)
+        att4_load_tile<HSP>(QD + stage * 2 * TILE, att4_head(q, b, T, hh, HS, D), it * ATT4_ROWS, T, HS, D);
+        att4_load_tile<HSP>(QD + stage * 2 * TILE + TILE, att4_head(dout, b, T, hh, HS, D), it * ATT4_ROWS, T, HS, D);
+        cp_async_commit();
+        att4_load_stats(stats + stage * 2 * ATT4_ROWS, lse + head * T, delta + head * T, it, T);
+        if (MASK) { att4_load_block_ids(qblk + stage * ATT4_ROWS, a, b, it * ATT4_ROWS, a.q0, T); }
+    };
+    prefetch(0);
+    int kb[2];  // keys g and g + 8: their block ids (masked calls)
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = j0 + warp * 16 + g + 8 * r;
+        kb[r] = MASK && key < N ? gqa_key_block(a, b, key) : -1;
+    }
     cp_async_wait<0>();
     __syncthreads();
     uint32_t kf[HSP / 16][4], vf[HSP / 16][4];
@@ -2095,13 +2196,12 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kern
         dka[n][0] = dka[n][1] = dka[n][2] = dka[n][3] = 0.0f;
         dva[n][0] = dva[n][1] = dva[n][2] = dva[n][3] = 0.0f;
     }
-    const float scale = 1.0f / sqrtf((float)HS), sl2 = LOG2E_F * scale;
-    int n_tiles = (T + ATT4_ROWS - 1) / ATT4_ROWS;
-    for (int it = 0; it < n_tiles; it++) {
-        const floatX* Qt = QD + (it % 2) * 2 * TILE;
-        const float* st = stats + (it % 2) * 2 * ATT4_ROWS;
-        att4_prefetch<HSP>(QD, qh, dh, it + 1, n_tiles, T, HS, D);
-        if (it + 1 < n_tiles) { att4_load_stats(stats + ((it + 1) % 2) * 2 * ATT4_ROWS, lse_h, delta_h, it + 1, T); }
+    const float scale = 1.0f / sqrtf((float)HS), sl2 = LOG2E_F * scale, uniform = 1.0f / (float)N;
+    for (int step = 0; step < n_steps; step++) {
+        const floatX* Qt = QD + (step % 2) * 2 * TILE;
+        const float* st = stats + (step % 2) * 2 * ATT4_ROWS;
+        const int* qbt = qblk + (step % 2) * ATT4_ROWS;
+        prefetch(step + 1);
         float p[ATT4_ROWS / 8][4], ds[ATT4_ROWS / 8][4];
         att4_products<HSP>(&p, &kf, Qt);          // S^T
         att4_products<HSP>(&ds, &vf, Qt + TILE);  // dP^T
@@ -2110,9 +2210,18 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kern
             #pragma unroll
             for (int i = 0; i < 4; i++) {
                 int col = j * 8 + 2 * t + i % 2;  // the query in the tile
-                float pj = it * ATT4_ROWS + col < T ? exp2f(p[j][i] * sl2 - st[col]) : 0.0f;
+                float l2 = st[col];               // (+inf past T: P is 0)
+                float pj, dsj;
+                if (MASK && l2 == -INFINITY) {    // a query that sees no key: P uniform, no dS
+                    pj = uniform;
+                    dsj = 0.0f;
+                } else {
+                    bool seen = !MASK || gqa_sees(qbt[col], kb[i / 2]);
+                    pj = seen ? exp2f(p[j][i] * sl2 - l2) : 0.0f;
+                    dsj = pj * (ds[j][i] - st[ATT4_ROWS + col]);
+                }
                 p[j][i] = pj;
-                ds[j][i] = pj * (ds[j][i] - st[ATT4_ROWS + col]);
+                ds[j][i] = dsj;
             }
         }
         att4_accumulate<HSP>(&dva, &p, Qt + TILE);  // dV += P^T dO
@@ -2124,7 +2233,10 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kern
     for (int r = 0; r < 2; r++) {
         int key = j0 + warp * 16 + g + 8 * r;
         if (key >= N) { continue; }
-        size_t at = ((size_t)b * N + key) * D + (size_t)h * HS;
+        bool first = key < a.Nk0;
+        size_t at = gqa_key_at(a, b, key, kvh);
+        float* dk = first ? dk0 : dk1;
+        float* dv = first ? dv0 : dv1;
         #pragma unroll
         for (int n = 0; n < HSP / 8; n++) {
             int c = n * 8 + 2 * t;
@@ -3265,17 +3377,31 @@ static const bool HAVE_ATTENTION4 = true;
 static const bool HAVE_ATTENTION4 = false;
 #endif
 static int vision_attention_version = HAVE_ATTENTION4 ? 4 : 3;
+// and the masked calls of the language stacks (the VLM's, the expert's): 4 in bf16 builds, 2 where
+// VLA_MASKED_ATTENTION=2 asks for it (fp16 builds run version 2, fp32 ones version 1, regardless)
+static int masked_attention_version = HAVE_ATTENTION4 ? 4 : 2;
 static int attention4_force_mt = 0;  // version 4's queries a block: 0 by its rule, 1: 64, 2: 128
 
 // the head sizes version 4 takes: multiples of 8 (whole 16-byte pieces) up to 64 (its registers)
 static bool attention4_head_fits(int HS) { return HS % 8 == 0 && HS <= 64; }
 
-// The vision attention's choices from the environment, so that a GPU run can time the trainer with
-// each without a rebuild (dev/gpu_check.sh): VLA_VISION_ATTENTION (the version: 3, or 4 in bf16
-// builds), VLA_ATTENTION4_QUERIES (version 4's forward: 64 or 128 queries a block, else its rule),
+// The attention's choices from the environment, so that a GPU run can time the trainer with each
+// without a rebuild (dev/gpu_check.sh): VLA_VISION_ATTENTION (the vision tower's version: 3, or 4
+// in bf16 builds), VLA_MASKED_ATTENTION (the language stacks': 2 or 4, bf16 builds), VLA_ATTENTION4_QUERIES (version 4's forward: 64 or 128 queries a block, else its rule),
 // VLA_ATTENTION3_SAMPLES (version 3's samples a pass, 0: all) and VLA_ATTENTION3_SCORES (fp32 or
 // floatx). A bad value is a one-line error.
-static void vision_attention_from_env(void) {
+static void attention_from_env(void) {
+    const char* masked = getenv("VLA_MASKED_ATTENTION");
+    if (masked != NULL) {
+        if (strcmp(masked, "2") != 0 && strcmp(masked, "4") != 0) {
+            vla_fail("VLA_MASKED_ATTENTION=%s: use 2 (WMMA tiles) or 4 (flash attention on mma.sync)", masked);
+        }
+        if (!HAVE_ATTENTION4) {
+            vla_fail("VLA_MASKED_ATTENTION=%s: the choice exists in bf16 builds only (this %s build runs version %d)", masked,
+                     PRECISION_NAME, sizeof(floatX) == 4 ? 1 : 2);
+        }
+        masked_attention_version = masked[0] - '0';
+    }
     const char* version = getenv("VLA_VISION_ATTENTION");
     if (version != NULL) {
         if (strcmp(version, "3") == 0 || (HAVE_ATTENTION4 && strcmp(version, "4") == 0)) {
@@ -3414,24 +3540,28 @@ static void gqa_attention_backward3(floatX* dq, float* dk0, float* dv0, const fl
 }
 
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-// Version 4 takes the calls version 3 takes (without needing its scratch), at head sizes that are
-// multiples of 8 up to 64, on tensors whose rows start 16-byte aligned
+// Version 4 takes calls at head sizes that are multiples of 8 up to 64, on tensors whose rows
+// start 16-byte aligned: the vision tower's (no mask, a kv head per query head, one key tensor)
+// where vision_attention_version is 4, the others (masks, GQA, the joint layer's two key tensors)
+// where masked_attention_version is
 static bool gqa_attention4_fits(const GqaAttn& a, const void* x, const void* y, const void* z = NULL) {
-    return a.block == NULL && a.Nk1 == 0 && a.NKV == a.NH && a.q0 == 0 && attention4_head_fits(a.HS) &&
-           packable(a.HS, 8, a.k0, a.v0, x) && packable(a.HS, 8, y, z);
+    bool vision = a.block == NULL && a.Nk1 == 0 && a.NKV == a.NH && a.q0 == 0;
+    return (vision ? vision_attention_version : masked_attention_version) == 4 && a.Tq > 0 &&
+           attention4_head_fits(a.HS) && packable(a.HS, 8, a.k0, a.v0, x) && packable(a.HS, 8, y, z) &&
+           (a.Nk1 == 0 || packable(a.HS, 8, a.k1, a.v1));
 }
 
 // The kernels' dynamic shared memory is set once per GPU (each rank's thread drives one)
-template <int HSP>
+template <int HSP, bool MASK>
 static void attention4_configure(void) {
     static thread_local bool configured = false;
     if (configured) { return; }
     int smem = (int)gqa_attention_smem4<HSP>();
-    cudaCheck(cudaFuncSetAttribute(gqa_attention_forward_kernel4<HSP, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    cudaCheck(cudaFuncSetAttribute(gqa_attention_forward_kernel4<HSP, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dq_kernel4<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dkdv_kernel4<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   smem));
+    cudaCheck(cudaFuncSetAttribute(gqa_attention_forward_kernel4<HSP, 1, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaCheck(cudaFuncSetAttribute(gqa_attention_forward_kernel4<HSP, 2, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dq_kernel4<HSP, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dkdv_kernel4<HSP, MASK>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
 }
 
@@ -3444,44 +3574,55 @@ static bool attention4_two_tiles(const GqaAttn& a) {
     return (long long)ceil_div(a.Tq, 2 * ATT4_ROWS) * a.NH * a.B >= 1024;
 }
 
-template <int HSP>
+template <int HSP, bool MASK>
 static void gqa_attention_forward4(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
-    attention4_configure<HSP>();
+    attention4_configure<HSP, MASK>();
     size_t smem = gqa_attention_smem4<HSP>();
     if (attention4_two_tiles(a)) {
-        gqa_attention_forward_kernel4<HSP, 2><<<dim3(ceil_div(a.Tq, 2 * ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(out, lse, q, a);
+        gqa_attention_forward_kernel4<HSP, 2, MASK><<<dim3(ceil_div(a.Tq, 2 * ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(out, lse, q, a);
     } else {
-        gqa_attention_forward_kernel4<HSP, 1><<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(out, lse, q, a);
+        gqa_attention_forward_kernel4<HSP, 1, MASK><<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(out, lse, q, a);
     }
     launchCheck();
 }
 
-// delta given (the caller's); dq overwritten, dk0 and dv0 accumulate
-template <int HSP>
-static void gqa_attention_backward4(floatX* dq, float* dk0, float* dv0, const floatX* dout, const floatX* q,
-                                    const float* lse, const float* delta, const GqaAttn& a) {
-    attention4_configure<HSP>();
+// delta given (the caller's); dq overwritten, dk0/dv0 (and dk1/dv1 where Nk1 > 0) accumulate
+template <int HSP, bool MASK>
+static void gqa_attention_backward4(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
+                                    const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
+    attention4_configure<HSP, MASK>();
     size_t smem = gqa_attention_smem4<HSP>();
-    gqa_attention_backward_dq_kernel4<HSP><<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(dq, dout, q, lse, delta, a);
+    gqa_attention_backward_dq_kernel4<HSP, MASK><<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(dq, dout, q, lse, delta, a);
     launchCheck();
-    gqa_attention_backward_dkdv_kernel4<HSP><<<dim3(ceil_div(a.Nk0, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(dk0, dv0, dout, q, lse, delta, a);
+    gqa_attention_backward_dkdv_kernel4<HSP, MASK><<<dim3(ceil_div(gqa_n_keys(a), ATT4_ROWS), a.NKV, a.B), ATT4_THREADS, smem, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     launchCheck();
 }
 
-// the padded head size's instance (head sizes 8 to 64)
+// the padded head size's and the mask's instance (head sizes 8 to 64)
 static void gqa_attention_forward4_any(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    bool mask = a.block != NULL;
     switch (padded_head_dim(a.HS)) {
-        case 16: gqa_attention_forward4<16>(out, lse, q, a); break;
-        case 32: gqa_attention_forward4<32>(out, lse, q, a); break;
-        default: gqa_attention_forward4<64>(out, lse, q, a); break;
+        case 16: mask ? gqa_attention_forward4<16, true>(out, lse, q, a) : gqa_attention_forward4<16, false>(out, lse, q, a); break;
+        case 32: mask ? gqa_attention_forward4<32, true>(out, lse, q, a) : gqa_attention_forward4<32, false>(out, lse, q, a); break;
+        default: mask ? gqa_attention_forward4<64, true>(out, lse, q, a) : gqa_attention_forward4<64, false>(out, lse, q, a); break;
     }
 }
-static void gqa_attention_backward4_any(floatX* dq, float* dk0, float* dv0, const floatX* dout, const floatX* q,
-                                        const float* lse, const float* delta, const GqaAttn& a) {
+static void gqa_attention_backward4_any(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
+                                        const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
+    bool mask = a.block != NULL;
     switch (padded_head_dim(a.HS)) {
-        case 16: gqa_attention_backward4<16>(dq, dk0, dv0, dout, q, lse, delta, a); break;
-        case 32: gqa_attention_backward4<32>(dq, dk0, dv0, dout, q, lse, delta, a); break;
-        default: gqa_attention_backward4<64>(dq, dk0, dv0, dout, q, lse, delta, a); break;
+        case 16:
+            mask ? gqa_attention_backward4<16, true>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a)
+                 : gqa_attention_backward4<16, false>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+            break;
+        case 32:
+            mask ? gqa_attention_backward4<32, true>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a)
+                 : gqa_attention_backward4<32, false>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+            break;
+        default:
+            mask ? gqa_attention_backward4<64, true>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a)
+                 : gqa_attention_backward4<64, false>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+            break;
     }
 }
 #endif
@@ -3499,7 +3640,7 @@ static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, cons
     ProfOp prof_op("attention fwd", 4.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);  // (as if unmasked)
     gqa_attention_check(a);
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-    if (vision_attention_version == 4 && gqa_attention4_fits(a, q, out)) {
+    if (gqa_attention4_fits(a, q, out)) {
         gqa_attention_forward4_any(out, lse, q, a);
         return;
     }
@@ -3539,8 +3680,8 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
     attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, a.B * a.Tq, a.Tq, a.NH, a.HS);
     launchCheck();
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-    if (vision_attention_version == 4 && gqa_attention4_fits(a, q, dout, dq)) {
-        gqa_attention_backward4_any(dq, dk0, dv0, dout, q, lse, delta, a);
+    if (gqa_attention4_fits(a, q, dout, dq)) {
+        gqa_attention_backward4_any(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
         return;
     }
 #endif
@@ -5803,6 +5944,8 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
                  attention3_floatx_scores ? "floatX" : "fp32");
     }
     printf("| vision attention       | %-36s |\n", split);
+    printf("| masked attention       | %-36s |\n", sizeof(floatX) == 4 ? "v1: a warp a query" : masked_attention_version == 4 ?
+                                                   "v4: flash, mma.sync" : "v2: WMMA tiles");
     printf("| device                 | %-36.36s |\n", prop->name);
     printf("| precision              | %-36s |\n", PRECISION_NAME);
     printf("| model GFLOP per sample | %-36.2f |\n", flops / 1e9);
@@ -6122,7 +6265,7 @@ int main(int argc, char** argv) {
     memset(&run, 0, sizeof(run));
     TrainArgs* args = &run.args;
     train_args_parse(args, argc, argv);
-    vision_attention_from_env();
+    attention_from_env();
     if (args->memory) {  // the preset's sizes (its cameras): no dataset, no GPU
         SmolVLAConfig c = smolvla_preset(args->preset)->config;
         if (args->max_text > 0) { c.max_text = args->max_text; }

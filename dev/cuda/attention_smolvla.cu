@@ -66,11 +66,18 @@ static const int V4_THREADS = 0;
 static int only_version = 0;  // 0: every version that takes a call; else that one alone
 
 // Whether `version` takes this call: 1 always, 2 in bf16 and fp16 builds, 3 the vision tower's
-// calls, 4 those in bf16 builds at head sizes that are multiples of 8 up to 64
+// calls, 4 every call in bf16 builds at head sizes that are multiples of 8 up to 64
 static bool version_takes(int version, const Case* k) {
     if (only_version != 0 && version != only_version) { return false; }
     return version == 1 || (version == 2 && HAVE_V2) || (version == 3 && k->pass == PASS_VISION) ||
-           (version == 4 && HAVE_ATTENTION4 && k->pass == PASS_VISION && attention4_head_fits(k->HS));
+           (version == 4 && HAVE_ATTENTION4 && attention4_head_fits(k->HS));
+}
+
+// The launcher's choice for this program's calls: version 4 for every call, or (main's) versions 3
+// and 2 (the vision calls without scratch then run version 2)
+static void launcher_takes(int version) {
+    vision_attention_version = version == 4 ? 4 : 3;
+    masked_attention_version = version == 4 ? 4 : 2;
 }
 
 static int version_threads(int version, int block) {
@@ -96,7 +103,7 @@ static GqaAttn case_attn(const Case* k, int version = 1) {
 }
 
 // version 1 at `block` threads per block; version 2 through the launcher (bf16 builds, without
-// scratch, main() having set vision_attention_version to 3), versions 3 and 4 through their own
+// scratch, launcher_takes(2)), versions 3 and 4 through their own
 static void run_forward(int version, int block, floatX* out, float* lse, const Case* k) {
     GqaAttn a = case_attn(k, version);
     if (version == 1) {
@@ -105,8 +112,10 @@ static void run_forward(int version, int block, floatX* out, float* lse, const C
     } else if (version == 4) {
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
         gqa_attention_check(a);
+        launcher_takes(4);
         if (!gqa_attention4_fits(a, k->d_q, out)) { vla_fail("attention_smolvla: version 4 does not take this call"); }
         gqa_attention_forward4_any(out, lse, k->d_q, a);
+        launcher_takes(2);
 #endif
     } else if (version == 3) {
         gqa_attention_check(a);
@@ -128,10 +137,12 @@ static void run_backward(int version, int block, const Case* k, floatX* dq, floa
     } else if (version == 4) {
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
         gqa_attention_check(a);
+        launcher_takes(4);
         if (!gqa_attention4_fits(a, k->d_q, k->d_dout, dq)) { vla_fail("attention_smolvla: version 4 does not take this call"); }
         attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, BLOCK), BLOCK, 0, main_stream>>>(delta, k->d_dout, k->d_out, a.B * a.Tq, a.Tq, a.NH, a.HS);
         launchCheck();
-        gqa_attention_backward4_any(dq, dk0, dv0, k->d_dout, k->d_q, k->d_lse, delta, a);
+        gqa_attention_backward4_any(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a);
+        launcher_takes(2);
 #endif
     } else if (version == 3) {  // (the trainer's launcher: the delta kernel, then version 3)
         if (!gqa_attention3_fits(a)) { vla_fail("attention_smolvla: version 3 does not take this call"); }
@@ -392,7 +403,7 @@ static void benchmarks(void) {
 
 int main(void) {
     dev_init("attention_smolvla");
-    vision_attention_version = 3;  // the launcher's vision calls without scratch are version 2's here
+    launcher_takes(2);  // the launcher's calls without scratch are version 2's here
     // GQA groups of 1, 2, 3 and 5 query heads per kv head; head sizes through every padding of
     // version 2 and with scalar loads (8, 12); suffixes and prefixes of more than one 64-row tile
     // (a prefix of 65 tokens: the state alone in the second tile, the last key it sees the first of
