@@ -316,13 +316,27 @@ __global__ void column_partial_kernel(float* partial, const floatX* x, int N, in
     partial[(size_t)blockIdx.y * C + c] = s;
 }
 
-// out (C) += the sum of partial (n_chunks, C) over its chunks, in chunk order
-__global__ void column_sum_kernel(float* out, const float* partial, int n_chunks, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) { return; }
+// out (C) += the sum of partial (n_chunks, C) over its chunks, in a fixed order: a block of
+// COLSUM_WARPS warps takes 32 columns (a lane each, so every warp's load is one 128-byte line), warp
+// w sums chunks w, w + COLSUM_WARPS, ..., and the warps' sums add in warp order. The 2,048 chunks of
+// the vision tower's 65,536 rows thus have a thousand loads in flight per block, where a thread per
+// column walking every chunk had 768 threads in all (launch with column_sum)
+#define COLSUM_WARPS 32
+__global__ void __launch_bounds__(32 * COLSUM_WARPS) column_sum_kernel(float* out, const float* partial, int n_chunks,
+                                                                        int C) {
+    __shared__ float sums[COLSUM_WARPS][32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, c = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int j = 0; j < n_chunks; j++) { s += partial[(size_t)j * C + c]; }
-    out[c] += s;
+    if (c < C) {
+        for (int j = warp; j < n_chunks; j += COLSUM_WARPS) { s += partial[(size_t)j * C + c]; }
+    }
+    sums[warp][lane] = s;
+    __syncthreads();
+    if (warp == 0 && c < C) {
+        float t = 0.0f;
+        for (int w = 0; w < COLSUM_WARPS; w++) { t += sums[w][lane]; }
+        out[c] += t;
+    }
 }
 
 // ---- attention: the softmax backward's shared term and the tensor-core tiles (SmolVLA's GQA kernels below)
@@ -2908,6 +2922,12 @@ static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const f
     launchCheck();
 }
 
+// out (C) += the column sums of partial (n_chunks, C) (column_sum_kernel's fixed order)
+static void column_sum(float* out, const float* partial, int n_chunks, int C) {
+    column_sum_kernel<<<ceil_div(C, 32), 32 * COLSUM_WARPS, 0, main_stream>>>(out, partial, n_chunks, C);
+    launchCheck();
+}
+
 // partial: scratch of (ceil(N / CHUNK_ROWS), C) floats
 static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* partial, const floatX* dout,
                              const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
@@ -2921,8 +2941,7 @@ static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* part
         rmsnorm_backward_kernel<<<chunks, BLOCK, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C, CHUNK_ROWS);
     }
     launchCheck();
-    column_sum_kernel<<<ceil_div(C, BLOCK), BLOCK, 0, main_stream>>>(dw, partial, chunks, C);
-    launchCheck();
+    column_sum(dw, partial, chunks, C);
 }
 
 // db (OC) += column sums of dout (N rows of stride ld)
@@ -2931,8 +2950,7 @@ static void bias_backward(float* db, float* partial, const floatX* dout, int N, 
     column_partial_kernel<<<dim3(ceil_div(OC, BLOCK), chunks), BLOCK, 0, main_stream>>>(partial, dout, N, OC,
                                                                                         ld > 0 ? ld : OC, CHUNK_ROWS);
     launchCheck();
-    column_sum_kernel<<<ceil_div(OC, BLOCK), BLOCK, 0, main_stream>>>(db, partial, chunks, OC);
-    launchCheck();
+    column_sum(db, partial, chunks, OC);
 }
 
 static void convert(floatX* out, const float* inp, size_t n) {
@@ -2991,10 +3009,8 @@ static void layernorm_backward1(float* dres, floatX* dres_x, float* dw, float* d
     layernorm_backward_kernel1<<<chunks, block, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd, N, C,
                                                                   rows_per_block);
     launchCheck();
-    column_sum_kernel<<<ceil_div(C, block), block, 0, main_stream>>>(dw, partial, chunks, C);
-    launchCheck();
-    column_sum_kernel<<<ceil_div(C, block), block, 0, main_stream>>>(db, partial + (size_t)chunks * C, chunks, C);
-    launchCheck();
+    column_sum(dw, partial, chunks, C);
+    column_sum(db, partial + (size_t)chunks * C, chunks, C);
 }
 
 static void layernorm_backward2(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
@@ -3005,10 +3021,8 @@ static void layernorm_backward2(float* dres, floatX* dres_x, float* dw, float* d
     layernorm_backward_kernel2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd, N,
                                                                      C, rows_per_block);
     launchCheck();
-    column_sum_kernel<<<ceil_div(C, block), block, 0, main_stream>>>(dw, partial, chunks, C);
-    launchCheck();
-    column_sum_kernel<<<ceil_div(C, block), block, 0, main_stream>>>(db, partial + (size_t)chunks * C, chunks, C);
-    launchCheck();
+    column_sum(dw, partial, chunks, C);
+    column_sum(db, partial + (size_t)chunks * C, chunks, C);
 }
 
 // Whether version 2 of the backward pass takes these pointers, this width and this block size
@@ -3387,7 +3401,8 @@ static bool attention4_head_fits(int HS) { return HS % 8 == 0 && HS <= 64; }
 
 // The attention's choices from the environment, so that a GPU run can time the trainer with each
 // without a rebuild (dev/gpu_check.sh): VLA_VISION_ATTENTION (the vision tower's version: 3, or 4
-// in bf16 builds), VLA_MASKED_ATTENTION (the language stacks': 2 or 4, bf16 builds), VLA_ATTENTION4_QUERIES (version 4's forward: 64 or 128 queries a block, else its rule),
+// in bf16 builds), VLA_MASKED_ATTENTION (the language stacks': 2 or 4, bf16 builds),
+// VLA_ATTENTION4_QUERIES (version 4's forward: 64 or 128 queries a block, else its rule),
 // VLA_ATTENTION3_SAMPLES (version 3's samples a pass, 0: all) and VLA_ATTENTION3_SCORES (fp32 or
 // floatx). A bad value is a one-line error.
 static void attention_from_env(void) {

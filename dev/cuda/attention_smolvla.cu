@@ -423,6 +423,14 @@ int main(void) {
                                shapes[s].H, FORWARD_HOST, seed);
             check_forward(&k);
             check_backward(&k, seed + 50);
+            if (version_takes(4, &k)) {  // version 4's forward with two row tiles a warp (large batches')
+                only_version = 4;
+                attention4_force_mt = 2;
+                printf("(version 4, 128 queries a block)\n");
+                check_forward(&k);
+                attention4_force_mt = 0;
+                only_version = 0;
+            }
             free_case(&k);
             seed += 10;
         }

@@ -105,8 +105,7 @@ static void run_backward(int version, int block, int rows_per_block, float* dres
                                                                        rows_per_block);
     }
     launchCheck();
-    column_sum_kernel<<<ceil_div(C, block), block, 0, main_stream>>>(dw, partial, chunks, C);
-    launchCheck();
+    column_sum(dw, partial, chunks, C);
 }
 
 // ----------------------------------------------------------------------------
