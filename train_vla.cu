@@ -2182,7 +2182,7 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kern
         if (step >= n_steps) { return; }
         int hh = kvh * G + step / n_qt, it = step % n_qt, stage = step % 2;
         size_t head = (size_t)b * a.NH + hh;
-        // (att4_prefetch's tile index picks the stage: the tile and its stage given apart here)
+        // (not att4_prefetch, whose stage is its tile's index mod 2: here the step's is)
         att4_load_tile<HSP>(QD + stage * 2 * TILE, att4_head(q, b, T, hh, HS, D), it * ATT4_ROWS, T, HS, D);
         att4_load_tile<HSP>(QD + stage * 2 * TILE + TILE, att4_head(dout, b, T, hh, HS, D), it * ATT4_ROWS, T, HS, D);
         cp_async_commit();
