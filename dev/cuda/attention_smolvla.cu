@@ -328,6 +328,18 @@ static void check_backward(const Case* k, uint64_t seed) {
     free_grads(&ref);
 }
 
+// Version 4's forward again with two row tiles a warp (128 queries a block: training's vision
+// calls, and large batches' masked ones), which these small calls would not take by its rule
+static void check_forward4_two_tiles(const Case* k) {
+    if (!version_takes(4, k)) { return; }
+    only_version = 4;
+    attention4_force_mt = 2;
+    printf("(version 4, 128 queries a block)\n");
+    check_forward(k);
+    attention4_force_mt = 0;
+    only_version = 0;
+}
+
 // One call at SmolVLA's shapes: the forward and the backward of each version
 static void benchmark(int pass, int B, int NH, int NKV, int HS, int NI, int T, int H) {
     Case k = make_case(pass, B, NH, NKV, HS, NI, T, H, FORWARD_NONE, 7);
@@ -423,14 +435,7 @@ int main(void) {
                                shapes[s].H, FORWARD_HOST, seed);
             check_forward(&k);
             check_backward(&k, seed + 50);
-            if (version_takes(4, &k)) {  // version 4's forward with two row tiles a warp (large batches')
-                only_version = 4;
-                attention4_force_mt = 2;
-                printf("(version 4, 128 queries a block)\n");
-                check_forward(&k);
-                attention4_force_mt = 0;
-                only_version = 0;
-            }
+            check_forward4_two_tiles(&k);
             free_case(&k);
             seed += 10;
         }
@@ -459,14 +464,8 @@ int main(void) {
             check_backward(&k, seed + 50);
             attention3_floatx_scores = 0;
         }
-        if (HAVE_ATTENTION4) {  // version 4's forward with two row tiles a warp (training's; these calls are small)
-            only_version = 4;
-            attention4_force_mt = 2;
-            printf("(version 4, 128 queries a block)\n");
-            check_forward(&k);
-            attention4_force_mt = 0;
-        }
         only_version = 0;
+        check_forward4_two_tiles(&k);
         free_case(&k);
         seed += 10;
     }
