@@ -2549,7 +2549,18 @@ static cudaDataType_t CUBLAS_FLOATX = CUDA_R_16BF;
 
 #define launchCheck() cudaCheck(cudaGetLastError())
 static const int BLOCK = 256;
-static const int CHUNK_ROWS = 32;  // rows per block of the two-stage column sums
+static const int CHUNK_ROWS = 32;  // rows per block of the two-stage column sums, at most
+
+// The two-stage column sums' rows per chunk (a block of the first stage) for N rows: CHUNK_ROWS
+// where that still makes 256 chunks or more (the vision tower's 65,536 rows: 2,048), fewer down to
+// 8 (a row per warp of a BLOCK) for smaller N, so that a small call (the expert's 1,600 rows, the
+// state rows' 32) still spreads over many blocks instead of walking its rows in a few. The scratch
+// the first stage fills is colsum_chunks(N) rows of partial sums.
+static int colsum_rows(size_t N) {
+    size_t rows = N / 256;
+    return rows >= (size_t)CHUNK_ROWS ? CHUNK_ROWS : rows <= (size_t)(BLOCK / 32) ? BLOCK / 32 : (int)rows;
+}
+static size_t colsum_chunks(size_t N) { return ceil_div(N, (size_t)colsum_rows(N)); }
 
 // ---- the step profiler (--profile STEP): where one training step's GPU time goes
 // Marks are events on main_stream. The time from one mark to the next is charged to the phase
@@ -2928,27 +2939,27 @@ static void column_sum(float* out, const float* partial, int n_chunks, int C) {
     launchCheck();
 }
 
-// partial: scratch of (ceil(N / CHUNK_ROWS), C) floats
+// partial: scratch of (colsum_chunks(N), C) floats
 static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* partial, const floatX* dout,
                              const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
     ProfOp prof_op("rmsnorm");
     if (C > RMSNORM_BWD_COLS * BLOCK) { vla_fail("rmsnorm_backward: width %d over %d", C, RMSNORM_BWD_COLS * BLOCK); }
-    int chunks = ceil_div(N, CHUNK_ROWS);
+    int chunks = (int)colsum_chunks(N), rows = colsum_rows(N);
     if (C <= 32 * RMSNORM_BWD2_COLS) {
         size_t smem = (size_t)(BLOCK / 32) * C * sizeof(float);
-        rmsnorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C, CHUNK_ROWS);
+        rmsnorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C, rows);
     } else {
-        rmsnorm_backward_kernel<<<chunks, BLOCK, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C, CHUNK_ROWS);
+        rmsnorm_backward_kernel<<<chunks, BLOCK, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C, rows);
     }
     launchCheck();
     column_sum(dw, partial, chunks, C);
 }
 
-// db (OC) += column sums of dout (N rows of stride ld)
+// db (OC) += column sums of dout (N rows of stride ld); partial: scratch of (colsum_chunks(N), OC) floats
 static void bias_backward(float* db, float* partial, const floatX* dout, int N, int OC, int ld = 0) {
-    int chunks = ceil_div(N, CHUNK_ROWS);
+    int chunks = (int)colsum_chunks(N);
     column_partial_kernel<<<dim3(ceil_div(OC, BLOCK), chunks), BLOCK, 0, main_stream>>>(partial, dout, N, OC,
-                                                                                        ld > 0 ? ld : OC, CHUNK_ROWS);
+                                                                                        ld > 0 ? ld : OC, colsum_rows(N));
     launchCheck();
     column_sum(db, partial, chunks, OC);
 }
@@ -3035,17 +3046,17 @@ static bool layernorm_backward2_fits(const float* dres, const floatX* dres_x, co
 }
 
 // dres += dx (and dres_x = its floatX copy), dw += sum dy xh, db += sum dy.
-// partial: scratch of 2 * ceil(N / CHUNK_ROWS) * C floats
+// partial: scratch of 2 * colsum_chunks(N) * C floats
 static void layernorm_backward(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
                                const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C) {
     ProfOp prof_op("layernorm");
     if (layernorm_backward2_fits(dres, dres_x, dout, inp, w, C, BLOCK)) {
-        layernorm_backward2(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, BLOCK, CHUNK_ROWS);
+        layernorm_backward2(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, BLOCK, colsum_rows(N));
     } else {
         if (!layernorm_backward1_fits(C, BLOCK)) {
             vla_fail("layernorm_backward: width %d over %d", C, LAYERNORM_BWD1_COLS * BLOCK);
         }
-        layernorm_backward1(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, BLOCK, CHUNK_ROWS);
+        layernorm_backward1(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, BLOCK, colsum_rows(N));
     }
 }
 
@@ -3906,10 +3917,10 @@ static inline size_t smol_vis_grad_rows(const SmolVLAConfig* c, int B, int mode)
 }
 
 // Column-sum partials of the widest (rows, columns) product of the backward in `mode`: LayerNorm's
-// dw and db (two per chunk of CHUNK_ROWS rows), the biases', RMSNorm's dw
+// dw and db (two per chunk of colsum_rows rows), the biases', RMSNorm's dw
 static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
-    size_t V = ceil_div(smol_vis_grad_rows(c, B, mode), CHUNK_ROWS), P = ceil_div(smol_prows(c, B), CHUNK_ROWS);
-    size_t R = ceil_div(smol_rrows(c, B), CHUNK_ROWS), S = ceil_div((size_t)B, CHUNK_ROWS);
+    size_t V = colsum_chunks(smol_vis_grad_rows(c, B, mode)), P = colsum_chunks(smol_prows(c, B));
+    size_t R = colsum_chunks(smol_rrows(c, B)), S = colsum_chunks((size_t)B);
     size_t vision = V * (2 * (size_t)c->vis_width > (size_t)c->vis_ff ? 2 * (size_t)c->vis_width : (size_t)c->vis_ff);
     size_t actions = R * (c->d_expert > c->max_action_dim ? c->d_expert : c->max_action_dim);
     return smol_max3(vision, smol_max3(P * c->d_model, S * c->d_model, 1), actions);

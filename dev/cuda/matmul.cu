@@ -227,10 +227,10 @@ static void check_bias_backward(const BiasCase* k, uint64_t seed) {
     }
     float* db = to_device_f(db0, OC);
     char what[300];
-    // the kernels at several block sizes and chunk heights, then the launcher (BLOCK, CHUNK_ROWS)
+    // the kernels at several block sizes and chunk heights, then the launcher (BLOCK, colsum_rows(N))
     int blocks[4] = {32, 64, 256, 1024}, rows[2] = {CHUNK_ROWS, 5};
     for (int ri = 0; ri < 3; ri++) {
-        int rows_per_block = ri < 2 ? rows[ri] : CHUNK_ROWS, chunks = ceil_div(N, rows_per_block);
+        int rows_per_block = ri < 2 ? rows[ri] : colsum_rows(N), chunks = ceil_div(N, rows_per_block);
         float* partial;  // exactly the scratch this chunking needs
         cudaCheck(cudaMalloc(&partial, (size_t)chunks * OC * sizeof(float)));
         for (int bi = 0; bi < (ri < 2 ? 4 : 1); bi++) {
@@ -330,7 +330,7 @@ static void benchmark(void) {
     cudaCheck(cudaMalloc(&out, n_big * sizeof(floatX)));
     cudaCheck(cudaMalloc(&dw, (size_t)f * d * sizeof(float)));
     cudaCheck(cudaMalloc(&db, (size_t)d * sizeof(float)));
-    cudaCheck(cudaMalloc(&partial, (size_t)ceil_div(P, CHUNK_ROWS) * d * sizeof(float)));
+    cudaCheck(cudaMalloc(&partial, colsum_chunks(P) * d * sizeof(float)));
     cudaCheck(cudaMemset(dw, 0, (size_t)f * d * sizeof(float)));
     cudaCheck(cudaMemset(db, 0, (size_t)d * sizeof(float)));
     struct { const char* name; int kind, N, C, OC; } runs[] = {  // kind 0 forward, 1 + residual, 2 dinp, 3 dW

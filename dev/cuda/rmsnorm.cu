@@ -236,7 +236,7 @@ static void benchmark(void) {
     float* rstd = alloc_f(N);
     float* dres = to_device_f(h, n);
     float* dw = to_device_f(h, C);
-    float* partial = alloc_f((size_t)ceil_div(N, CHUNK_ROWS) * C);
+    float* partial = alloc_f(colsum_chunks(N) * C);  // (the launcher's chunks, CHUNK_ROWS's at most)
     rmsnorm_forward(out, rstd, x, w, N, C, SMOLVLA_RMS_EPS);  // a real rstd for the backward
 
     double fwd_bytes = 2.0 * n * sizeof(floatX) + C * sizeof(floatX) + N * sizeof(float);
