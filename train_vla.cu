@@ -2156,13 +2156,16 @@ static __device__ __forceinline__ void att4_load_stats(float* st, const float* l
 // Version 4 backward, key side: dv += P^T dO and dk += scale dS^T Q for 64 keys of one (sample, kv
 // head) a block, over every query of the query heads that read it (the GQA group, one after
 // another); the products run on the transposes (S^T = K Q^T, dP^T = V dO^T), so the keys are the
-// rows the warps own. Keys below Nk0 land in dk0/dv0, the others in dk1/dv1 (fp32, accumulated).
-// A query that sees no key adds dO / nk to every key's dv and nothing to dk.
+// rows the warps own. Keys below Nk0 land in dk0/dv0, the others in dk1/dv1 (fp32, accumulated);
+// or, given dkx and dvx (a call with one key tensor), in those as floatX, overwritten: the bits the
+// fp32 sums from zero would have, converted. A query that sees no key adds dO / nk to every key's
+// dv and nothing to dk.
 template <int HSP, bool MASK>
 __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kernel4(float* dk0, float* dv0, float* dk1,
                                                                                     float* dv1, const floatX* dout,
                                                                                     const floatX* q, const float* lse,
-                                                                                    const float* delta, GqaAttn a) {
+                                                                                    const float* delta, GqaAttn a,
+                                                                                    floatX* dkx, floatX* dvx) {
     extern __shared__ __align__(128) float att_smem[];
     const int LD = HSP + 8, TILE = ATT4_ROWS * LD;
     floatX* Ks = (floatX*)att_smem;
@@ -2255,6 +2258,11 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kern
         for (int n = 0; n < HSP / 8; n++) {
             int c = n * 8 + 2 * t;
             if (c >= HS) { continue; }
+            if (dkx != NULL) {  // (the same for the whole launch)
+                store_x2(dkx + at + c, pack_f2(dka[n][2 * r] * scale, dka[n][2 * r + 1] * scale));
+                store_x2(dvx + at + c, pack_f2(dva[n][2 * r], dva[n][2 * r + 1]));
+                continue;
+            }
             dk[at + c] += dka[n][2 * r] * scale;
             dk[at + c + 1] += dka[n][2 * r + 1] * scale;
             dv[at + c] += dva[n][2 * r];
@@ -3612,15 +3620,17 @@ static void gqa_attention_forward4(floatX* out, float* lse, const floatX* q, con
     launchCheck();
 }
 
-// delta given (the caller's); dq overwritten, dk0/dv0 (and dk1/dv1 where Nk1 > 0) accumulate
+// delta given (the caller's); dq overwritten, dk0/dv0 (and dk1/dv1 where Nk1 > 0) accumulate, or
+// dkx/dvx are overwritten in floatX where given
 template <int HSP, bool MASK>
 static void gqa_attention_backward4(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
-                                    const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
+                                    const floatX* q, const float* lse, const float* delta, const GqaAttn& a,
+                                    floatX* dkx, floatX* dvx) {
     attention4_configure<HSP, MASK>();
     size_t smem = gqa_attention_smem4<HSP>();
     gqa_attention_backward_dq_kernel4<HSP, MASK><<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(dq, dout, q, lse, delta, a);
     launchCheck();
-    gqa_attention_backward_dkdv_kernel4<HSP, MASK><<<dim3(ceil_div(gqa_n_keys(a), ATT4_ROWS), a.NKV, a.B), ATT4_THREADS, smem, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    gqa_attention_backward_dkdv_kernel4<HSP, MASK><<<dim3(ceil_div(gqa_n_keys(a), ATT4_ROWS), a.NKV, a.B), ATT4_THREADS, smem, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
     launchCheck();
 }
 
@@ -3634,20 +3644,21 @@ static void gqa_attention_forward4_any(floatX* out, float* lse, const floatX* q,
     }
 }
 static void gqa_attention_backward4_any(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
-                                        const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
+                                        const floatX* q, const float* lse, const float* delta, const GqaAttn& a,
+                                        floatX* dkx = NULL, floatX* dvx = NULL) {
     bool mask = a.block != NULL;
     switch (padded_head_dim(a.HS)) {
         case 16:
-            mask ? gqa_attention_backward4<16, true>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a)
-                 : gqa_attention_backward4<16, false>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+            mask ? gqa_attention_backward4<16, true>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx)
+                 : gqa_attention_backward4<16, false>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
             break;
         case 32:
-            mask ? gqa_attention_backward4<32, true>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a)
-                 : gqa_attention_backward4<32, false>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+            mask ? gqa_attention_backward4<32, true>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx)
+                 : gqa_attention_backward4<32, false>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
             break;
         default:
-            mask ? gqa_attention_backward4<64, true>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a)
-                 : gqa_attention_backward4<64, false>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+            mask ? gqa_attention_backward4<64, true>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx)
+                 : gqa_attention_backward4<64, false>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
             break;
     }
 }
@@ -3693,24 +3704,11 @@ static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, cons
 #endif
 }
 
-// dq (B, Tq, NH*HS) floatX overwritten; dk0/dv0 (B, Nk0, NKV*HS) and dk1/dv1 (B, Nk1, NKV*HS), NULL
-// when Nk1 = 0, accumulate in fp32 (the joint layer's two calls deposit into the same key
-// gradients, one after the other). delta: scratch of B*NH*Tq floats.
-static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
-                                   const floatX* q, const floatX* out, const float* lse, float* delta, const GqaAttn& a) {
-    char shape[64];
-    attention_prof_shape(shape, sizeof(shape), a);
-    // (five products: S again, dP, dS K, dS^T Q, P^T dO)
-    ProfOp prof_op("attention bwd", 10.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);
-    gqa_attention_check(a);
-    attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, a.B * a.Tq, a.Tq, a.NH, a.HS);
-    launchCheck();
-#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-    if (gqa_attention4_fits(a, q, dout, dq)) {
-        gqa_attention_backward4_any(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
-        return;
-    }
-#endif
+// The backward kernels of versions 3, 1 and 2 (whichever takes the call; delta computed): dq
+// overwritten, dk0/dv0 and dk1/dv1 accumulate in fp32
+static void gqa_attention_backward_accumulate(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1,
+                                              const floatX* dout, const floatX* q, const float* lse, const float* delta,
+                                              const GqaAttn& a) {
     if (gqa_attention3_fits(a)) {
         gqa_attention_backward3(dq, dk0, dv0, dout, q, lse, delta, a);
         return;
@@ -3731,6 +3729,41 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
         default: gqa_attention_backward2<128>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
     }
 #endif
+}
+
+// dq (B, Tq, NH*HS) floatX overwritten; dk0/dv0 (B, Nk0, NKV*HS) and dk1/dv1 (B, Nk1, NKV*HS), NULL
+// when Nk1 = 0, accumulate in fp32 (the joint layer's two calls deposit into the same key
+// gradients, one after the other). delta: scratch of B*NH*Tq floats. dkx, dvx (a call with one key
+// tensor, the vision tower's): where given, the key gradients are wanted in floatX, overwritten,
+// and dk0/dv0 are fp32 scratch: version 4 writes dkx/dvx directly (the bits the fp32 sums from zero
+// would have, converted), the others accumulate in dk0/dv0 zeroed here, then convert.
+static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
+                                   const floatX* q, const floatX* out, const float* lse, float* delta, const GqaAttn& a,
+                                   floatX* dkx = NULL, floatX* dvx = NULL) {
+    char shape[64];
+    attention_prof_shape(shape, sizeof(shape), a);
+    // (five products: S again, dP, dS K, dS^T Q, P^T dO)
+    ProfOp prof_op("attention bwd", 10.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);
+    gqa_attention_check(a);
+    if (dkx != NULL && (a.Nk1 != 0 || dvx == NULL)) { vla_fail("attention: floatX key gradients need one key tensor and both of dk, dv"); }
+    attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, a.B * a.Tq, a.Tq, a.NH, a.HS);
+    launchCheck();
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+    if (gqa_attention4_fits(a, q, dout, dq)) {
+        gqa_attention_backward4_any(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
+        return;
+    }
+#endif
+    size_t n_kv = (size_t)a.B * a.Nk0 * a.NKV * a.HS;
+    if (dkx != NULL) {
+        cudaCheck(cudaMemsetAsync(dk0, 0, n_kv * sizeof(float), main_stream));
+        cudaCheck(cudaMemsetAsync(dv0, 0, n_kv * sizeof(float), main_stream));
+    }
+    gqa_attention_backward_accumulate(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    if (dkx != NULL) {
+        convert(dkx, dk0, n_kv);
+        convert(dvx, dv0, n_kv);
+    }
 }
 
 // ---- the model's own launchers
@@ -5202,12 +5235,8 @@ static void smolvla_vision_backward(SmolVLA* m) {
         matmul_backward_input(a->g_att, dres_x, smol_param(m, SMOLP_vis_wo, l), V, Cv, Cv, 0.0f);
         matmul_backward_weight(smol_grad(m, SMOLP_vis_wo, l), dres_x, x.att, V, Cv, Cv);
         bias_backward(smol_grad(m, SMOLP_vis_bo, l), a->partial, dres_x, V, Cv);
-        cudaCheck(cudaMemsetAsync(a->g_kf, 0, VC * sizeof(float), main_stream));
-        cudaCheck(cudaMemsetAsync(a->g_vf, 0, VC * sizeof(float), main_stream));
         gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta,
-                               smol_vision_attn(m, x));
-        convert(a->g_kx, a->g_kf, VC);
-        convert(a->g_vx, a->g_vf, VC);
+                               smol_vision_attn(m, x), a->g_kx, a->g_vx);  // (dk, dv in floatX)
         const floatX* dqkv[3] = {a->g_q, a->g_kx, a->g_vx};
         const int wi[3] = {SMOLP_vis_wq, SMOLP_vis_wk, SMOLP_vis_wv}, bi[3] = {SMOLP_vis_bq, SMOLP_vis_bk, SMOLP_vis_bv};
         for (int j = 0; j < 3; j++) {

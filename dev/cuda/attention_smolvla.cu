@@ -328,6 +328,61 @@ static void check_backward(const Case* k, uint64_t seed) {
     free_grads(&ref);
 }
 
+// The vision calls' key gradients in floatX (gqa_attention_backward's dkx, dvx, as the trainer asks
+// for them): bit for bit the fp32 sums from zero, converted, under version 4 (which writes them
+// directly) and version 3 (which accumulates, then converts)
+static void check_backward_x(const Case* k) {
+    if (k->pass != PASS_VISION) { return; }
+    GqaAttn a0 = case_attn(k);
+    size_t n_q = (size_t)k->B * k->Tq * k->NH * k->HS, n_kv = (size_t)k->B * a0.Nk0 * k->NKV * k->HS;
+    size_t n_stat = (size_t)k->B * k->NH * k->Tq;
+    floatX *dq, *want_k, *want_v, *got_k, *got_v;
+    float *dkf, *dvf, *delta;
+    cudaCheck(cudaMalloc(&dq, n_q * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&want_k, n_kv * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&want_v, n_kv * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&got_k, n_kv * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&got_v, n_kv * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dkf, n_kv * sizeof(float)));
+    cudaCheck(cudaMalloc(&dvf, n_kv * sizeof(float)));
+    cudaCheck(cudaMalloc(&delta, n_stat * sizeof(float)));
+    for (int version = 3; version <= 4; version++) {
+        if (!version_takes(version, k)) { continue; }
+        launcher_takes(version == 4 ? 4 : 2);  // (version 3 where the call brings scratch)
+        GqaAttn a = case_attn(k, 3);
+        cudaCheck(cudaMemset(dkf, 0, n_kv * sizeof(float)));
+        cudaCheck(cudaMemset(dvf, 0, n_kv * sizeof(float)));
+        gqa_attention_backward(dq, dkf, dvf, NULL, NULL, k->d_dout, k->d_q, k->d_out, k->d_lse, delta, a);
+        convert(want_k, dkf, n_kv);
+        convert(want_v, dvf, n_kv);
+        poison(dkf, n_kv * sizeof(float));
+        poison(dvf, n_kv * sizeof(float));
+        poison(got_k, n_kv * sizeof(floatX));
+        poison(got_v, n_kv * sizeof(floatX));
+        gqa_attention_backward(dq, dkf, dvf, NULL, NULL, k->d_dout, k->d_q, k->d_out, k->d_lse, delta, a, got_k, got_v);
+        launcher_takes(2);
+        size_t bytes = n_kv * sizeof(floatX), differ = 0;
+        uint8_t* h[4];
+        floatX* d[4] = {want_k, want_v, got_k, got_v};
+        for (int i = 0; i < 4; i++) {
+            h[i] = (uint8_t*)mallocCheck(bytes);
+            cudaCheck(cudaMemcpy(h[i], d[i], bytes, cudaMemcpyDeviceToHost));
+        }
+        for (size_t e = 0; e < n_kv; e++) {
+            differ += memcmp(h[0] + e * sizeof(floatX), h[2] + e * sizeof(floatX), sizeof(floatX)) != 0;
+            differ += memcmp(h[1] + e * sizeof(floatX), h[3] + e * sizeof(floatX), sizeof(floatX)) != 0;
+        }
+        for (int i = 0; i < 4; i++) { free(h[i]); }
+        char label[200], what[300];
+        case_label(label, sizeof(label), k, version, version == 4 ? V4_THREADS : BLOCK);
+        snprintf(what, sizeof(what), "%s: dk, dv in floatX (the launcher's dkx, dvx) bit for bit the fp32 sums converted: "
+                 "%zu of %zu differ", label, differ, 2 * n_kv);
+        check_true(what, differ == 0);
+    }
+    cudaCheck(cudaFree(dq)); cudaCheck(cudaFree(want_k)); cudaCheck(cudaFree(want_v)); cudaCheck(cudaFree(got_k));
+    cudaCheck(cudaFree(got_v)); cudaCheck(cudaFree(dkf)); cudaCheck(cudaFree(dvf)); cudaCheck(cudaFree(delta));
+}
+
 // Version 4's forward again with two row tiles a warp (128 queries a block: training's vision
 // calls, and large batches' masked ones), which these small calls would not take by its rule
 static void check_forward4_two_tiles(const Case* k) {
@@ -449,6 +504,7 @@ int main(void) {
                            FORWARD_HOST, seed);
         check_forward(&k);
         check_backward(&k, seed + 50);
+        check_backward_x(&k);
         only_version = 3;
         if (k.B >= k.NH && k.B > 1) {  // version 3 again, one image a pass
             attention3_samples_per_pass = 1;
