@@ -1360,10 +1360,6 @@ static void test_profile(const char* dir) {
     }
     snprintf(bin, sizeof(bin), "env VLA_MASKED_ATTENTION=3 %s", TRAINER);
     expect_error_from(dir, bin, "VLA_MASKED_ATTENTION=3", args, "use 2 (WMMA tiles) or 4");
-    if (!bf16) {
-        snprintf(bin, sizeof(bin), "env VLA_MASKED_ATTENTION=4 %s", TRAINER);
-        expect_error_from(dir, bin, "VLA_MASKED_ATTENTION=4 outside bf16", args, "exists in bf16 builds only");
-    }
     snprintf(bin, sizeof(bin), "env VLA_ATTENTION4_QUERIES=96 %s", TRAINER);
     expect_error_from(dir, bin, "VLA_ATTENTION4_QUERIES=96", args, "use 64 or 128");
     snprintf(bin, sizeof(bin), "env VLA_VISION_ATTENTION=5 %s", TRAINER);
@@ -1373,6 +1369,8 @@ static void test_profile(const char* dir) {
         expect_error_from(dir, bin, "VLA_VISION_ATTENTION=4 outside bf16", args, "exists in bf16 builds only");
         snprintf(bin, sizeof(bin), "env VLA_ATTENTION4_QUERIES=128 %s", TRAINER);
         expect_error_from(dir, bin, "VLA_ATTENTION4_QUERIES=128 outside bf16", args, "exists in bf16 builds only");
+        snprintf(bin, sizeof(bin), "env VLA_MASKED_ATTENTION=4 %s", TRAINER);
+        expect_error_from(dir, bin, "VLA_MASKED_ATTENTION=4 outside bf16", args, "exists in bf16 builds only");
     }
     snprintf(bin, sizeof(bin), "env VLA_ATTENTION3_SAMPLES=eight %s", TRAINER);
     expect_error_from(dir, bin, "VLA_ATTENTION3_SAMPLES=eight", args, "expected the images a pass");

@@ -1910,6 +1910,18 @@ static __device__ __forceinline__ const floatX* att4_kv1(const floatX* x, const 
     return a.Nk1 > 0 ? x + (size_t)b * a.Nk1 * a.NKV * a.HS + (size_t)g * a.HS : NULL;
 }
 
+// The forward's and the dq kernel's key tile `next` (of n_tiles) of kv head g of sample b: its keys
+// and values (from either key tensor) into stage next % 2 of KV, committed, and for a masked call
+// their block ids into stage next % 2 of kblk (64 ints a stage)
+template <int HSP, bool MASK>
+static __device__ __forceinline__ void att4_prefetch_keys(floatX* KV, int* kblk, const GqaAttn& a, int b, int g,
+                                                          int next, int n_tiles) {
+    if (next >= n_tiles) { return; }
+    att4_prefetch<HSP>(KV, att4_kv0(a.k0, a, b, g), att4_kv0(a.v0, a, b, g), next, n_tiles, a.Nk0, a.HS,
+                       (size_t)a.NKV * a.HS, att4_kv1(a.k1, a, b, g), att4_kv1(a.v1, a, b, g), a.Nk1);
+    if (MASK) { att4_load_block_ids(kblk + (next % 2) * ATT4_ROWS, a, b, next * ATT4_ROWS, 0, gqa_n_keys(a)); }
+}
+
 // The mean of every value (keys 0 .. nk-1 of kv head g of sample b) at this lane's columns of a
 // row, the output of a query that sees no key (LeRobot's uniform softmax over the fills), into
 // acc (HSP / 8 x 2: columns 8 n + 2 t and the next)
@@ -1967,15 +1979,13 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
     int i0 = blockIdx.x * ATT4_ROWS * MT, h = blockIdx.y, b = blockIdx.z, kvh = h / (a.NH / a.NKV);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int T = a.Tq, N = gqa_n_keys(a), HS = a.HS;
-    size_t D = (size_t)a.NH * HS, Dkv = (size_t)a.NKV * HS;
-    const floatX *kh = att4_kv0(a.k0, a, b, kvh), *vh = att4_kv0(a.v0, a, b, kvh);
-    const floatX *kh1 = att4_kv1(a.k1, a, b, kvh), *vh1 = att4_kv1(a.v1, a, b, kvh);
+    size_t D = (size_t)a.NH * HS;
     #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         att4_load_tile<HSP>(Qs + mt * TILE, att4_head(q, b, T, h, HS, D), i0 + mt * ATT4_ROWS, T, HS, D);
     }
-    att4_prefetch<HSP>(KV, kh, vh, 0, 1, a.Nk0, HS, Dkv, kh1, vh1, a.Nk1);
-    if (MASK) { att4_load_block_ids(kblk, a, b, 0, 0, N); }
+    int n_tiles = (N + ATT4_ROWS - 1) / ATT4_ROWS;
+    att4_prefetch_keys<HSP, MASK>(KV, kblk, a, b, kvh, 0, n_tiles);
     int qb[MT][2];  // rows g and g + 8: their block ids (masked calls; -1 past T)
     #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -2000,12 +2010,10 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
         l[mt][0] = l[mt][1] = 0.0f;
     }
     const float sl2 = LOG2E_F / sqrtf((float)HS);
-    int n_tiles = (N + ATT4_ROWS - 1) / ATT4_ROWS;
     for (int jt = 0; jt < n_tiles; jt++) {
         const floatX* Kt = KV + (jt % 2) * 2 * TILE;
         const int* kb = kblk + (jt % 2) * ATT4_ROWS;
-        att4_prefetch<HSP>(KV, kh, vh, jt + 1, n_tiles, a.Nk0, HS, Dkv, kh1, vh1, a.Nk1);
-        if (MASK && jt + 1 < n_tiles) { att4_load_block_ids(kblk + ((jt + 1) % 2) * ATT4_ROWS, a, b, (jt + 1) * ATT4_ROWS, 0, N); }
+        att4_prefetch_keys<HSP, MASK>(KV, kblk, a, b, kvh, jt + 1, n_tiles);
         float s[MT][ATT4_ROWS / 8][4];
         att4_products<HSP, MT>(s, qf, Kt);
         #pragma unroll
@@ -2083,13 +2091,11 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
     int i0 = blockIdx.x * ATT4_ROWS, h = blockIdx.y, b = blockIdx.z, kvh = h / (a.NH / a.NKV);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int T = a.Tq, N = gqa_n_keys(a), HS = a.HS;
-    size_t D = (size_t)a.NH * HS, Dkv = (size_t)a.NKV * HS;
-    const floatX *kh = att4_kv0(a.k0, a, b, kvh), *vh = att4_kv0(a.v0, a, b, kvh);
-    const floatX *kh1 = att4_kv1(a.k1, a, b, kvh), *vh1 = att4_kv1(a.v1, a, b, kvh);
+    size_t D = (size_t)a.NH * HS;
     att4_load_tile<HSP>(Qs, att4_head(q, b, T, h, HS, D), i0, T, HS, D);
     att4_load_tile<HSP>(dOs, att4_head(dout, b, T, h, HS, D), i0, T, HS, D);
-    att4_prefetch<HSP>(KV, kh, vh, 0, 1, a.Nk0, HS, Dkv, kh1, vh1, a.Nk1);
-    if (MASK) { att4_load_block_ids(kblk, a, b, 0, 0, N); }
+    int n_tiles = (N + ATT4_ROWS - 1) / ATT4_ROWS;
+    att4_prefetch_keys<HSP, MASK>(KV, kblk, a, b, kvh, 0, n_tiles);
     cp_async_wait<0>();
     __syncthreads();
     uint32_t qf[HSP / 16][4], dof[HSP / 16][4];
@@ -2113,12 +2119,10 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
     #pragma unroll
     for (int n = 0; n < HSP / 8; n++) { acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f; }
     const float scale = 1.0f / sqrtf((float)HS), sl2 = LOG2E_F * scale;
-    int n_tiles = (N + ATT4_ROWS - 1) / ATT4_ROWS;
     for (int jt = 0; jt < n_tiles; jt++) {
         const floatX* Kt = KV + (jt % 2) * 2 * TILE;
         const int* kb = kblk + (jt % 2) * ATT4_ROWS;
-        att4_prefetch<HSP>(KV, kh, vh, jt + 1, n_tiles, a.Nk0, HS, Dkv, kh1, vh1, a.Nk1);
-        if (MASK && jt + 1 < n_tiles) { att4_load_block_ids(kblk + ((jt + 1) % 2) * ATT4_ROWS, a, b, (jt + 1) * ATT4_ROWS, 0, N); }
+        att4_prefetch_keys<HSP, MASK>(KV, kblk, a, b, kvh, jt + 1, n_tiles);
         float s[ATT4_ROWS / 8][4], dp[ATT4_ROWS / 8][4];
         att4_products<HSP>(&s, &qf, Kt);
         att4_products<HSP>(&dp, &dof, Kt + TILE);
