@@ -1667,6 +1667,10 @@ __global__ void attention_softmax_backward_rows_kernel(TS* s, TS* dp, const floa
 // (64 keys a block, over the queries), each output row written by one block: no atomics.
 #define ATT4_ROWS 64
 #define ATT4_THREADS 128
+// Blocks a multiprocessor holds of the unmasked dk/dv kernel (the vision tower's): three of 128
+// threads need at most 168 registers a thread (ptxas gives it 178 left to itself, two blocks),
+// which costs three spilled values, reloaded once a query tile from L1
+#define ATT4_DKDV_BLOCKS 3
 
 // d (16x8, fp32) += a (16x16, row-major) b (16x8, column-major), bf16 products, the warp together.
 // Lane 4 g + t passes: a[r] = A row g + 8 (r % 2), columns 2t + 8 (r / 2) and the next; b[r] = B
@@ -1814,6 +1818,28 @@ static __device__ __forceinline__ void att4_products(float (*s)[ATT4_ROWS / 8][4
     }
 }
 
+// The same for one row tile whose A fragments are read from shared memory (the warp's 16 rows at
+// a, row stride HSP + 8) a k step at a time: four registers live where af holds HSP / 4, for the
+// dk/dv kernel, whose key and value fragments would otherwise stay live through every step
+template <int HSP>
+static __device__ __forceinline__ void att4_products_smem(float (*s)[4], const floatX* a, const floatX* tile) {
+    const int LD = HSP + 8;
+    #pragma unroll
+    for (int j = 0; j < ATT4_ROWS / 8; j++) { s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f; }
+    #pragma unroll
+    for (int kk = 0; kk < HSP / 16; kk++) {
+        uint32_t af[4];
+        att4_frag_a(af, a + kk * 16, LD);
+        #pragma unroll
+        for (int j = 0; j < ATT4_ROWS / 8; j += 2) {
+            uint32_t bf[4];
+            att4_frag_b2_rows(bf, tile + j * 8 * LD + kk * 16, LD);
+            mma_16816(s[j], af, bf);
+            mma_16816(s[j + 1], af, bf + 2);
+        }
+    }
+}
+
 // acc[mt] (16 x HSP) += P[mt] (16 x 64: the accumulators p[mt], rounded to floatX) times the tile
 // (64 x HSP), for MT row tiles at once
 template <int HSP, int MT = 1>
@@ -1856,6 +1882,20 @@ static __device__ __forceinline__ float quad_sum(float v) {
 }
 
 #define LOG2E_F 1.4426950408889634f
+
+// 2^x for the softmax's probabilities: one MUFU.EX2 (ex2.approx.ftz). exp2f's ex2.approx without
+// ftz wraps it in a range test and two multiplies that keep results below 2^-126 as denormals, a
+// probability that small being one no sum here can tell from 0; the kernels take 64 of these a
+// lane per key tile. The emulation calls exp2f.
+static __device__ __forceinline__ float fast_exp2(float x) {
+#if defined(CUDA_EMULATION)
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
 
 // shared memory of every version 4 kernel: six (64, HSP + 8) floatX tiles, two stages of 64
 // log-sum-exps and deltas (the dk/dv kernel's), then two stages of the streamed side's 64 block ids
@@ -1962,6 +2002,63 @@ static __device__ __forceinline__ void att4_store_rows(floatX* head, const float
     }
 }
 
+// A warp's scores of a row tile (s: this lane's rows g and g + 8 at columns 8 j + 2 t and the
+// next) on the key tile from key0: -inf where the query does not see the key (MASK: the block
+// mask, query block ids qb for the two rows, the keys' kb; unmasked: the keys from N on), which
+// the exponentials then take to 0
+template <bool MASK>
+static __device__ __forceinline__ void att4_mask_scores(float (*s)[4], const int* qb, const int* kb, int key0, int N) {
+    int t = threadIdx.x % 4;
+    #pragma unroll
+    for (int j = 0; j < ATT4_ROWS / 8; j++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int col = j * 8 + 2 * t + i % 2;
+            bool seen = MASK ? gqa_sees(qb[i / 2], kb[col]) : key0 + col < N;  // (kb: -1 past N)
+            if (!seen) { s[j][i] = -INFINITY; }
+        }
+    }
+}
+
+// The forward's online softmax over one key tile for a warp's row tile: s (16 x 64, this lane's
+// part) from scores to unnormalized probabilities 2^(s sl2 - m), m (rows g and g + 8: the largest
+// scaled score so far, -inf before any) and l (this lane's part of the sum) brought up to date, and
+// o (16 x HSP) rescaled to the new m. HOLES: first set the scores that are not there to -inf
+// (masked, or past N), which gives them 0.
+template <int HSP, bool MASK, bool HOLES>
+static __device__ __forceinline__ void att4_online_softmax(float (*s)[4], float (*o)[4], float* m, float* l, float sl2,
+                                                           const int* qb, const int* kb, int key0, int N) {
+    if (HOLES) { att4_mask_scores<MASK>(s, qb, kb, key0, N); }
+    float mx[2] = {-INFINITY, -INFINITY};  // the rows' largest raw scores
+    #pragma unroll
+    for (int j = 0; j < ATT4_ROWS / 8; j++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) { mx[i / 2] = fmaxf(mx[i / 2], s[j][i]); }
+    }
+    float corr[2], base[2];
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {  // (a row that has seen no key yet keeps m = -inf: base 0)
+        float mnew = fmaxf(m[r], quad_max(mx[r]) * sl2);
+        base[r] = mnew == -INFINITY ? 0.0f : mnew;
+        corr[r] = fast_exp2(m[r] - base[r]);
+        m[r] = mnew;
+        l[r] *= corr[r];
+    }
+    #pragma unroll
+    for (int j = 0; j < ATT4_ROWS / 8; j++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {  // 2^(s sl2 - base): one FFMA, one MUFU.EX2
+            s[j][i] = fast_exp2(fmaf(s[j][i], sl2, -base[i / 2]));
+            l[i / 2] += s[j][i];
+        }
+    }
+    #pragma unroll
+    for (int n = 0; n < HSP / 8; n++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) { o[n][i] *= corr[i / 2]; }
+    }
+}
+
 // Version 4 forward: a block takes 64 MT queries of one (sample, head), 16 MT a warp (MT row tiles
 // of 16: warp w owns rows 16 w.. of each 64-row slab), and every key of its kv head, 64 at a time,
 // with the online softmax in base 2 (scores times log2(e) / sqrt(HS)); out and lse overwritten. MT
@@ -2016,40 +2113,15 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
         att4_prefetch_keys<HSP, MASK>(KV, kblk, a, b, kvh, jt + 1, n_tiles);
         float s[MT][ATT4_ROWS / 8][4];
         att4_products<HSP, MT>(s, qf, Kt);
+        // the scores that are not there (masked ones, or past N) in tiles that have some; a tile of
+        // the vision tower (no mask, N a multiple of 64) has none and takes the copy without the
+        // mask (the branch is the same for the whole block)
         #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            float mx[2] = {m[mt][0], m[mt][1]};
-            #pragma unroll
-            for (int j = 0; j < ATT4_ROWS / 8; j++) {
-                #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int col = j * 8 + 2 * t + i % 2, key = jt * ATT4_ROWS + col;
-                    bool seen = MASK ? gqa_sees(qb[mt][i / 2], kb[col]) : key < N;  // (kb: -1 past N)
-                    s[mt][j][i] = seen ? s[mt][j][i] * sl2 : -INFINITY;
-                    mx[i / 2] = fmaxf(mx[i / 2], s[mt][j][i]);
-                }
-            }
-            float corr[2], base[2];
-            #pragma unroll
-            for (int r = 0; r < 2; r++) {  // (a row that has seen no key yet keeps m = -inf: base 0)
-                mx[r] = quad_max(mx[r]);
-                base[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
-                corr[r] = exp2f(m[mt][r] - base[r]);
-                m[mt][r] = mx[r];
-                l[mt][r] *= corr[r];
-            }
-            #pragma unroll
-            for (int j = 0; j < ATT4_ROWS / 8; j++) {
-                #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    s[mt][j][i] = exp2f(s[mt][j][i] - base[i / 2]);
-                    l[mt][i / 2] += s[mt][j][i];
-                }
-            }
-            #pragma unroll
-            for (int n = 0; n < HSP / 8; n++) {
-                #pragma unroll
-                for (int i = 0; i < 4; i++) { o[mt][n][i] *= corr[i / 2]; }
+            if (MASK || (jt + 1) * ATT4_ROWS > N) {
+                att4_online_softmax<HSP, MASK, true>(s[mt], o[mt], m[mt], l[mt], sl2, qb[mt], kb, jt * ATT4_ROWS, N);
+            } else {
+                att4_online_softmax<HSP, MASK, false>(s[mt], o[mt], m[mt], l[mt], sl2, qb[mt], kb, jt * ATT4_ROWS, N);
             }
         }
         att4_accumulate<HSP, MT>(o, s, Kt + TILE);
@@ -2075,6 +2147,21 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
     }
 }
 
+// The dq kernel's dS over S (16 x 64: s, this lane's part) from the scores s and dP = dO V^T (dp):
+// P = 2^(s sl2 - lse2) of rows g and g + 8, 0 where a score is not there (HOLES: masked, or past
+// N); lse2 +inf (a row past T, or one that sees no key) gives P = 0 too
+template <bool MASK, bool HOLES>
+static __device__ __forceinline__ void att4_dq_scores(float (*s)[4], const float (*dp)[4], const float* lse2,
+                                                      const float* dl, float sl2, const int* qb, const int* kb,
+                                                      int key0, int N) {
+    if (HOLES) { att4_mask_scores<MASK>(s, qb, kb, key0, N); }
+    #pragma unroll
+    for (int j = 0; j < ATT4_ROWS / 8; j++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) { s[j][i] = fast_exp2(fmaf(s[j][i], sl2, -lse2[i / 2])) * (dp[j][i] - dl[i / 2]); }
+    }
+}
+
 // Version 4 backward, query side: dq = scale dS K for 64 queries of one (sample, head) a block,
 // over every key of its kv head; dS = P (dP - delta), P = exp(scale S - lse), dP = dO V^T. dq
 // overwritten (0 for a query that sees no key: the fills pass no gradient).
@@ -2089,7 +2176,7 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
     floatX* KV = dOs + TILE;  // two stages of keys then values, as the forward's
     int* kblk = att4_block_ids<HSP>(att_smem);
     int i0 = blockIdx.x * ATT4_ROWS, h = blockIdx.y, b = blockIdx.z, kvh = h / (a.NH / a.NKV);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
     int T = a.Tq, N = gqa_n_keys(a), HS = a.HS;
     size_t D = (size_t)a.NH * HS;
     att4_load_tile<HSP>(Qs, att4_head(q, b, T, h, HS, D), i0, T, HS, D);
@@ -2126,15 +2213,10 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
         float s[ATT4_ROWS / 8][4], dp[ATT4_ROWS / 8][4];
         att4_products<HSP>(&s, &qf, Kt);
         att4_products<HSP>(&dp, &dof, Kt + TILE);
-        #pragma unroll
-        for (int j = 0; j < ATT4_ROWS / 8; j++) {
-            #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int col = j * 8 + 2 * t + i % 2, key = jt * ATT4_ROWS + col;
-                bool seen = MASK ? gqa_sees(qb[i / 2], kb[col]) : key < N;
-                float p = seen ? exp2f(s[j][i] * sl2 - lse2[i / 2]) : 0.0f;
-                s[j][i] = p * (dp[j][i] - dl[i / 2]);  // dS over S
-            }
+        if (MASK || (jt + 1) * ATT4_ROWS > N) {
+            att4_dq_scores<MASK, true>(s, dp, lse2, dl, sl2, qb, kb, jt * ATT4_ROWS, N);
+        } else {
+            att4_dq_scores<MASK, false>(s, dp, lse2, dl, sl2, qb, kb, jt * ATT4_ROWS, N);
         }
         att4_accumulate<HSP>(&acc, &s, Kt);
         cp_async_wait<0>();
@@ -2165,7 +2247,7 @@ static __device__ __forceinline__ void att4_load_stats(float* st, const float* l
 // fp32 sums from zero would have, converted. A query that sees no key adds dO / nk to every key's
 // dv and nothing to dk.
 template <int HSP, bool MASK>
-__global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kernel4(float* dk0, float* dv0, float* dk1,
+__global__ void __launch_bounds__(ATT4_THREADS, MASK ? 1 : ATT4_DKDV_BLOCKS) gqa_attention_backward_dkdv_kernel4(float* dk0, float* dv0, float* dk1,
                                                                                     float* dv1, const floatX* dout,
                                                                                     const floatX* q, const float* lse,
                                                                                     const float* delta, GqaAttn a,
@@ -2205,12 +2287,6 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kern
     }
     cp_async_wait<0>();
     __syncthreads();
-    uint32_t kf[HSP / 16][4], vf[HSP / 16][4];
-    #pragma unroll
-    for (int kk = 0; kk < HSP / 16; kk++) {
-        att4_frag_a(kf[kk], Ks + warp * 16 * LD + kk * 16, LD);
-        att4_frag_a(vf[kk], Vs + warp * 16 * LD + kk * 16, LD);
-    }
     float dka[HSP / 8][4], dva[HSP / 8][4];
     #pragma unroll
     for (int n = 0; n < HSP / 8; n++) {
@@ -2224,25 +2300,22 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dkdv_kern
         const int* qbt = qblk + (step % 2) * ATT4_ROWS;
         prefetch(step + 1);
         float p[ATT4_ROWS / 8][4], ds[ATT4_ROWS / 8][4];
-        att4_products<HSP>(&p, &kf, Qt);          // S^T
-        att4_products<HSP>(&ds, &vf, Qt + TILE);  // dP^T
+        att4_products_smem<HSP>(p, Ks + warp * 16 * LD, Qt);          // S^T
+        att4_products_smem<HSP>(ds, Vs + warp * 16 * LD, Qt + TILE);  // dP^T
         #pragma unroll
         for (int j = 0; j < ATT4_ROWS / 8; j++) {
             #pragma unroll
             for (int i = 0; i < 4; i++) {
                 int col = j * 8 + 2 * t + i % 2;  // the query in the tile
                 float l2 = st[col];               // (+inf past T: P is 0)
-                float pj, dsj;
-                if (MASK && l2 == -INFINITY) {    // a query that sees no key: P uniform, no dS
-                    pj = uniform;
-                    dsj = 0.0f;
-                } else {
-                    bool seen = !MASK || gqa_sees(qbt[col], kb[i / 2]);
-                    pj = seen ? exp2f(p[j][i] * sl2 - l2) : 0.0f;
-                    dsj = pj * (ds[j][i] - st[ATT4_ROWS + col]);
-                }
+                // selects, not branches (a branch a score made the masked kernel's lanes diverge
+                // and meet again 32 times a tile): a query that sees no key (l2 -inf, where the
+                // exponential is +inf and not taken) has P uniform and no dS
+                bool none = MASK && l2 == -INFINITY, seen = !MASK || gqa_sees(qbt[col], kb[i / 2]);
+                float e = fast_exp2(fmaf(p[j][i], sl2, -l2));
+                float pj = none ? uniform : seen ? e : 0.0f;
+                ds[j][i] = none ? 0.0f : pj * (ds[j][i] - st[ATT4_ROWS + col]);
                 p[j][i] = pj;
-                ds[j][i] = dsj;
             }
         }
         att4_accumulate<HSP>(&dva, &p, Qt + TILE);  // dV += P^T dO

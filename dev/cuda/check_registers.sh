@@ -41,9 +41,9 @@ for log in "$@"; do
     while read -r name regs; do
         if [ -z "$name" ] || [ "$regs" -le 64 ]; then continue; fi
         over=$((over + 1))
-        # the kernel's definition: __global__ void __launch_bounds__(N) name(
-        arg=$(grep -o "__global__ void __launch_bounds__([A-Za-z0-9_]*) $name(" "$SRC" | head -n 1 |
-              sed 's/.*__launch_bounds__(\([A-Za-z0-9_]*\)).*/\1/')
+        # the kernel's definition: __global__ void __launch_bounds__(N) name( or (N, min blocks)
+        arg=$(grep -o "__global__ void __launch_bounds__([A-Za-z0-9_]*\(, [^)]*\)\?) $name(" "$SRC" | head -n 1 |
+              sed 's/.*__launch_bounds__(\([A-Za-z0-9_]*\).*/\1/')
         if [ -z "$arg" ]; then
             check 0 "$log: $name uses $regs registers per thread, so a block of 1024 threads cannot launch: declare it with __launch_bounds__(N), N * $regs <= 65536, and launch at most N threads"
             continue
