@@ -316,6 +316,39 @@ __global__ void column_partial_kernel(float* partial, const floatX* x, int N, in
     partial[(size_t)blockIdx.y * C + c] = s;
 }
 
+// Version 2: 128-bit loads. A block takes the rows of chunk blockIdx.y at 32 packs of x128::size
+// columns (lane x, pack 32 blockIdx.x + x); warp y sums rows y, y + COLPART2_WARPS, ... of the
+// chunk, and the warps' sums add in warp order through shared memory. Where one thread per column
+// loaded 2 bytes a row, a warp's load is now 512 bytes of a row. C and ld multiples of x128::size,
+// x 16-byte aligned (launch with bias_backward).
+#define COLPART2_WARPS 8
+__global__ void __launch_bounds__(32 * COLPART2_WARPS) column_partial_kernel2(float* partial, const floatX* x, int N,
+                                                                               int C, int ld, int rows_per_block) {
+    __shared__ float sums[COLPART2_WARPS][32 * x128::size];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, c = (blockIdx.x * 32 + lane) * x128::size;
+    int r0 = blockIdx.y * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    float s[x128::size];
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) { s[k] = 0.0f; }
+    if (c < C) {
+        for (int n = r0 + warp; n < r1; n += COLPART2_WARPS) {
+            x128 v = load128(x + (size_t)n * ld + c);
+            #pragma unroll
+            for (int k = 0; k < x128::size; k++) { s[k] += f32(v.v[k]); }
+        }
+    }
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) { sums[warp][lane * x128::size + k] = s[k]; }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 32 * x128::size; i += blockDim.x) {
+        int col = blockIdx.x * 32 * x128::size + i;
+        if (col >= C) { continue; }
+        float t = 0.0f;
+        for (int w = 0; w < COLPART2_WARPS; w++) { t += sums[w][i]; }
+        partial[(size_t)blockIdx.y * C + col] = t;
+    }
+}
+
 // out (C) += the sum of partial (n_chunks, C) over its chunks, in a fixed order: a block of
 // COLSUM_WARPS warps takes 32 columns (a lane each, so every warp's load is one 128-byte line), warp
 // w sums chunks w, w + COLSUM_WARPS, ..., and the warps' sums add in warp order. The 2,048 chunks of
@@ -353,6 +386,28 @@ __global__ void attention_delta_kernel(float* delta, const floatX* dout, const f
     for (int c = lane; c < HS; c += 32) { s += f32(dout[at + c]) * f32(out[at + c]); }
     s = warp_sum(s);
     if (lane == 0) { delta[((size_t)(row / Tq) * NH + h) * Tq + row % Tq] = s; }
+}
+
+// Version 2: 128-bit loads, a (row, head) to HS / x128::size neighbouring lanes (a power of two
+// that divides 32: head sizes 8 to 256 in bf16), whose products meet by xor shuffles; version 1's
+// lanes each loaded one 16-bit value, 64 bytes a warp's load (launch with attention_delta)
+__global__ void attention_delta_kernel2(float* delta, const floatX* dout, const floatX* out, int rows, int Tq, int NH,
+                                        int HS) {
+    int lanes = HS / x128::size;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x, pair = idx / lanes;  // pair: (row, head)
+    bool live = pair < (size_t)rows * NH;
+    float s = 0.0f;
+    if (live) {
+        size_t at = pair * HS + idx % lanes * x128::size;  // ((row, head) rows of HS)
+        x128 d = load128(dout + at), o = load128(out + at);
+        #pragma unroll
+        for (int k = 0; k < x128::size; k++) { s += f32(d.v[k]) * f32(o.v[k]); }
+    }
+    for (int offset = lanes / 2; offset > 0; offset /= 2) { s += __shfl_xor_sync(0xffffffffu, s, offset); }
+    if (live && idx % lanes == 0) {
+        size_t row = pair / NH, h = pair % NH;
+        delta[(row / Tq * NH + h) * Tq + row % Tq] = s;
+    }
 }
 
 #if !defined(ENABLE_FP32)
@@ -3041,10 +3096,17 @@ static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* part
 }
 
 // db (OC) += column sums of dout (N rows of stride ld); partial: scratch of (colsum_chunks(N), OC) floats
+// (version 2 of the first stage where OC, ld and dout allow 128-bit loads)
 static void bias_backward(float* db, float* partial, const floatX* dout, int N, int OC, int ld = 0) {
     int chunks = (int)colsum_chunks(N);
-    column_partial_kernel<<<dim3(ceil_div(OC, BLOCK), chunks), BLOCK, 0, main_stream>>>(partial, dout, N, OC,
-                                                                                        ld > 0 ? ld : OC, colsum_rows(N));
+    ld = ld > 0 ? ld : OC;
+    if (packable(OC, x128::size, dout) && ld % x128::size == 0) {
+        column_partial_kernel2<<<dim3(ceil_div(OC, 32 * x128::size), chunks), 32 * COLPART2_WARPS, 0, main_stream>>>(
+            partial, dout, N, OC, ld, colsum_rows(N));
+    } else {
+        column_partial_kernel<<<dim3(ceil_div(OC, BLOCK), chunks), BLOCK, 0, main_stream>>>(partial, dout, N, OC, ld,
+                                                                                            colsum_rows(N));
+    }
     launchCheck();
     column_sum(db, partial, chunks, OC);
 }
@@ -3741,6 +3803,19 @@ static void gqa_attention_backward4_any(floatX* dq, float* dk0, float* dv0, floa
 }
 #endif
 
+// delta (B, NH, Tq) = rowsum(dO * O) per head: version 2 where the head size and the pointers
+// allow 128-bit loads, version 1 otherwise
+static void attention_delta(float* delta, const floatX* dout, const floatX* out, const GqaAttn& a) {
+    size_t rows = (size_t)a.B * a.Tq;
+    int lanes = a.HS / x128::size;
+    if (packable(a.HS, x128::size, dout, out) && lanes <= 32 && (lanes & (lanes - 1)) == 0) {
+        attention_delta_kernel2<<<ceil_div(rows * a.NH * lanes, (size_t)BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, (int)rows, a.Tq, a.NH, a.HS);
+    } else {
+        attention_delta_kernel<<<ceil_div(rows * a.NH * 32, (size_t)BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, (int)rows, a.Tq, a.NH, a.HS);
+    }
+    launchCheck();
+}
+
 // an attention call's sizes, for the profile (empty when it is off)
 static void attention_prof_shape(char* shape, size_t n, const GqaAttn& a) {
     shape[0] = '\0';
@@ -3823,8 +3898,7 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
     ProfOp prof_op("attention bwd", 10.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);
     gqa_attention_check(a);
     if (dkx != NULL && (a.Nk1 != 0 || dvx == NULL)) { vla_fail("attention: floatX key gradients need one key tensor and both of dk, dv"); }
-    attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, a.B * a.Tq, a.Tq, a.NH, a.HS);
-    launchCheck();
+    attention_delta(delta, dout, out, a);
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
     if (gqa_attention4_fits(a, q, dout, dq)) {
         gqa_attention_backward4_any(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);

@@ -11,7 +11,9 @@ filled with float32's most negative value as LeRobot fills them.
                cross         odd layers: the action queries on the prefix keys re-projected by the
                              expert (its k_proj / v_proj of the VLM's roped keys and values)
                vision        SigLIP: 1024 tokens, no mask, n_kv_head = n_head
-  delta      rowsum(dO * O) per head: train_vla.cu's attention_delta_kernel, both versions
+  delta      rowsum(dO * O) per head: train_vla.cu's attention_delta_kernel (a warp per row and
+             head, with version 1) and attention_delta (128-bit loads, HS / 8 lanes a row and head
+             where they fit: attention_delta_kernel2; with the other versions)
   version 1  one warp per (sample, head, query) for the forward and dq, one warp per (sample, kv
              head, key) for dk and dv over the query heads that share it; online softmax on CUDA
              cores (the fp32 path)
@@ -139,8 +141,7 @@ static void run_backward(int version, int block, const Case* k, floatX* dq, floa
         gqa_attention_check(a);
         launcher_takes(4);
         if (!gqa_attention4_fits(a, k->d_q, k->d_dout, dq)) { vla_fail("attention_smolvla: version 4 does not take this call"); }
-        attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, BLOCK), BLOCK, 0, main_stream>>>(delta, k->d_dout, k->d_out, a.B * a.Tq, a.Tq, a.NH, a.HS);
-        launchCheck();
+        attention_delta(delta, k->d_dout, k->d_out, a);  // (the trainer's: version 2 where it fits)
         gqa_attention_backward4_any(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a);
         launcher_takes(2);
 #endif

@@ -10,6 +10,9 @@ and the bias gradient.
              (column sums of chunks of rows) then column_sum_kernel (the chunks, in order);
              matmul_forward_gelu (out = GELU-tanh(inp W^T + bias), cuBLASLt's GELU_BIAS epilogue:
              the frozen vision tower's fc1), benchmarked against fc1 then gelu_forward
+  version 2  the bias gradient's first stage with 128-bit loads (column_partial_kernel2: a lane
+             per 8 columns, 8 warps over a chunk's rows, their sums added in warp order), where
+             the width, the row stride and the pointer allow; bias_backward picks it
 
   make -C dev/cuda matmul && dev/cuda/matmul
 */
@@ -227,16 +230,26 @@ static void check_bias_backward(const BiasCase* k, uint64_t seed) {
     }
     float* db = to_device_f(db0, OC);
     char what[300];
-    // the kernels at several block sizes and chunk heights, then the launcher (BLOCK, colsum_rows(N))
+    // version 1 at several block sizes and chunk heights, version 2 (where its 128-bit loads fit) at
+    // those chunk heights, then the launcher (BLOCK, colsum_rows(N))
     int blocks[4] = {32, 64, 256, 1024}, rows[2] = {CHUNK_ROWS, 5};
+    bool v2 = packable(OC, x128::size, d_dout) && ld % x128::size == 0;
     for (int ri = 0; ri < 3; ri++) {
         int rows_per_block = ri < 2 ? rows[ri] : colsum_rows(N), chunks = ceil_div(N, rows_per_block);
         float* partial;  // exactly the scratch this chunking needs
         cudaCheck(cudaMalloc(&partial, (size_t)chunks * OC * sizeof(float)));
-        for (int bi = 0; bi < (ri < 2 ? 4 : 1); bi++) {
+        for (int bi = 0; bi < (ri < 2 ? 5 : 1); bi++) {
+            if (bi == 4 && !v2) { continue; }
             cudaCheck(cudaMemcpy(db, db0, OC * sizeof(float), cudaMemcpyHostToDevice));
             poison(partial, (size_t)chunks * OC * sizeof(float));
-            if (ri < 2) {
+            if (ri < 2 && bi == 4) {
+                column_partial_kernel2<<<dim3(ceil_div(OC, 32 * x128::size), chunks), 32 * COLPART2_WARPS, 0, main_stream>>>(
+                    partial, d_dout, N, OC, ld, rows_per_block);
+                launchCheck();
+                column_sum(db, partial, chunks, OC);
+                snprintf(what, sizeof(what), "v2 bias backward %s (N %d, OC %d, ld %d), %d rows per chunk, db += ",
+                         k->name, N, OC, ld, rows_per_block);
+            } else if (ri < 2) {
                 int block = blocks[bi];
                 column_partial_kernel<<<dim3(ceil_div(OC, block), chunks), block, 0, main_stream>>>(partial, d_dout, N, OC,
                                                                                                    ld, rows_per_block);
@@ -246,7 +259,8 @@ static void check_bias_backward(const BiasCase* k, uint64_t seed) {
                          k->name, N, OC, ld, block, rows_per_block);
             } else {
                 bias_backward(db, partial, d_dout, N, OC, k->ld);
-                snprintf(what, sizeof(what), "v1 bias_backward launcher %s (N %d, OC %d, ld %d), db += ", k->name, N, OC, ld);
+                snprintf(what, sizeof(what), "v%d bias_backward launcher %s (N %d, OC %d, ld %d), db += ", v2 ? 2 : 1,
+                         k->name, N, OC, ld);
             }
             float* got = from_device_f(db, OC);
             check_close(what, got, ref, OC, TOL_F);
@@ -431,6 +445,9 @@ int main(void) {
         {64, 300, 0, "wider than a block"},
         {5, 12, 7 * 12, "state_b"},
         {30, 12, 2 * 12, "action_in_b"},
+        {70, 768, 0, "vision width, a partial chunk"},
+        {41, 16, 3 * 16, "strided, 16 columns"},
+        {300, 264, 0, "264 columns: a block's 256 and 8 more"},
     };
     for (size_t i = 0; i < sizeof(bb) / sizeof(bb[0]); i++) { check_bias_backward(&bb[i], 400 + 10 * i); }
     return dev_finish(benchmark);
