@@ -2057,6 +2057,12 @@ static __device__ __forceinline__ void att4_store_rows(floatX* head, const float
     }
 }
 
+// Whether key tile jt of N keys has scores that are not there: every tile of a masked call, the
+// last one where N is not a multiple of 64; the vision tower's tiles (N = 1,024) have none and take
+// the kernels' copies without the mask (the same branch for the whole block)
+template <bool MASK>
+static __device__ __forceinline__ bool att4_has_holes(int jt, int N) { return MASK || (jt + 1) * ATT4_ROWS > N; }
+
 // A warp's scores of a row tile (s: this lane's rows g and g + 8 at columns 8 j + 2 t and the
 // next) on the key tile from key0: -inf where the query does not see the key (MASK: the block
 // mask, query block ids qb for the two rows, the keys' kb; unmasked: the keys from N on), which
@@ -2168,14 +2174,14 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
         att4_prefetch_keys<HSP, MASK>(KV, kblk, a, b, kvh, jt + 1, n_tiles);
         float s[MT][ATT4_ROWS / 8][4];
         att4_products<HSP, MT>(s, qf, Kt);
-        // the scores that are not there (masked ones, or past N) in tiles that have some; a tile of
-        // the vision tower (no mask, N a multiple of 64) has none and takes the copy without the
-        // mask (the branch is the same for the whole block)
-        #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            if (MASK || (jt + 1) * ATT4_ROWS > N) {
+        if (att4_has_holes<MASK>(jt, N)) {
+            #pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
                 att4_online_softmax<HSP, MASK, true>(s[mt], o[mt], m[mt], l[mt], sl2, qb[mt], kb, jt * ATT4_ROWS, N);
-            } else {
+            }
+        } else {
+            #pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
                 att4_online_softmax<HSP, MASK, false>(s[mt], o[mt], m[mt], l[mt], sl2, qb[mt], kb, jt * ATT4_ROWS, N);
             }
         }
@@ -2268,7 +2274,7 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
         float s[ATT4_ROWS / 8][4], dp[ATT4_ROWS / 8][4];
         att4_products<HSP>(&s, &qf, Kt);
         att4_products<HSP>(&dp, &dof, Kt + TILE);
-        if (MASK || (jt + 1) * ATT4_ROWS > N) {
+        if (att4_has_holes<MASK>(jt, N)) {
             att4_dq_scores<MASK, true>(s, dp, lse2, dl, sl2, qb, kb, jt * ATT4_ROWS, N);
         } else {
             att4_dq_scores<MASK, false>(s, dp, lse2, dl, sl2, qb, kb, jt * ATT4_ROWS, N);
@@ -2302,11 +2308,9 @@ static __device__ __forceinline__ void att4_load_stats(float* st, const float* l
 // fp32 sums from zero would have, converted. A query that sees no key adds dO / nk to every key's
 // dv and nothing to dk.
 template <int HSP, bool MASK>
-__global__ void __launch_bounds__(ATT4_THREADS, MASK ? 1 : ATT4_DKDV_BLOCKS) gqa_attention_backward_dkdv_kernel4(float* dk0, float* dv0, float* dk1,
-                                                                                    float* dv1, const floatX* dout,
-                                                                                    const floatX* q, const float* lse,
-                                                                                    const float* delta, GqaAttn a,
-                                                                                    floatX* dkx, floatX* dvx) {
+__global__ void __launch_bounds__(ATT4_THREADS, MASK ? 1 : ATT4_DKDV_BLOCKS) gqa_attention_backward_dkdv_kernel4(
+    float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout, const floatX* q, const float* lse,
+    const float* delta, GqaAttn a, floatX* dkx, floatX* dvx) {
     extern __shared__ __align__(128) float att_smem[];
     const int LD = HSP + 8, TILE = ATT4_ROWS * LD;
     floatX* Ks = (floatX*)att_smem;
@@ -3557,6 +3561,19 @@ static int attention4_force_mt = 0;  // version 4's queries a block: 0 by its ru
 // the head sizes version 4 takes: multiples of 8 (whole 16-byte pieces) up to 64 (its registers)
 static bool attention4_head_fits(int HS) { return HS % 8 == 0 && HS <= 64; }
 
+// The value of a version 4 setting NAME (NULL where unset): a or b, else a one-line error naming
+// `use`; outside bf16 builds, where version 4 does not exist, an error whatever the value
+static const char* attention4_env(const char* name, const char* a, const char* b, const char* use) {
+    const char* v = getenv(name);
+    if (v == NULL) { return NULL; }
+    if (strcmp(v, a) != 0 && strcmp(v, b) != 0) { vla_fail("%s=%s: use %s", name, v, use); }
+    if (!HAVE_ATTENTION4) {
+        vla_fail("%s=%s: version 4 (flash attention on mma.sync) exists in bf16 builds only; this is a %s build", name,
+                 v, PRECISION_NAME);
+    }
+    return v;
+}
+
 // The attention's choices from the environment, so that a GPU run can time the trainer with each
 // without a rebuild (dev/gpu_check.sh): VLA_VISION_ATTENTION (the vision tower's version: 3, or 4
 // in bf16 builds), VLA_MASKED_ATTENTION (the language stacks': 2 or 4, bf16 builds),
@@ -3564,17 +3581,8 @@ static bool attention4_head_fits(int HS) { return HS % 8 == 0 && HS <= 64; }
 // VLA_ATTENTION3_SAMPLES (version 3's samples a pass, 0: all) and VLA_ATTENTION3_SCORES (fp32 or
 // floatx). A bad value is a one-line error.
 static void attention_from_env(void) {
-    const char* masked = getenv("VLA_MASKED_ATTENTION");
-    if (masked != NULL) {
-        if (strcmp(masked, "2") != 0 && strcmp(masked, "4") != 0) {
-            vla_fail("VLA_MASKED_ATTENTION=%s: use 2 (WMMA tiles) or 4 (flash attention on mma.sync)", masked);
-        }
-        if (!HAVE_ATTENTION4) {
-            vla_fail("VLA_MASKED_ATTENTION=%s: the choice exists in bf16 builds only (this %s build runs version %d)", masked,
-                     PRECISION_NAME, sizeof(floatX) == 4 ? 1 : 2);
-        }
-        masked_attention_version = masked[0] - '0';
-    }
+    const char* masked = attention4_env("VLA_MASKED_ATTENTION", "2", "4", "2 (WMMA tiles) or 4 (flash attention on mma.sync)");
+    if (masked != NULL) { masked_attention_version = masked[0] - '0'; }
     const char* version = getenv("VLA_VISION_ATTENTION");
     if (version != NULL) {
         if (strcmp(version, "3") == 0 || (HAVE_ATTENTION4 && strcmp(version, "4") == 0)) {
@@ -3587,17 +3595,8 @@ static void attention_from_env(void) {
                      "builds)", version);
         }
     }
-    const char* queries = getenv("VLA_ATTENTION4_QUERIES");
-    if (queries != NULL) {
-        if (strcmp(queries, "64") != 0 && strcmp(queries, "128") != 0) {
-            vla_fail("VLA_ATTENTION4_QUERIES=%s: use 64 or 128 (version 4's queries a block)", queries);
-        }
-        if (!HAVE_ATTENTION4) {
-            vla_fail("VLA_ATTENTION4_QUERIES=%s: version 4 exists in bf16 builds only; this is a %s build", queries,
-                     PRECISION_NAME);
-        }
-        attention4_force_mt = strcmp(queries, "128") == 0 ? 2 : 1;
-    }
+    const char* queries = attention4_env("VLA_ATTENTION4_QUERIES", "64", "128", "64 or 128 (version 4's queries a block)");
+    if (queries != NULL) { attention4_force_mt = strcmp(queries, "128") == 0 ? 2 : 1; }
     const char* n = getenv("VLA_ATTENTION3_SAMPLES");
     if (n != NULL) {
         char* end = NULL;
