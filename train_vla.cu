@@ -1759,23 +1759,27 @@ static __device__ __forceinline__ uint32_t pack_f2(float lo, float hi) {
 
 // 16 bytes from global to shared memory without passing through registers (cp.async, sm_80); a
 // thread's copies are committed as a group and waited for (at most n groups left in flight). The
-// emulation copies at once.
+// emulation lands them at the wait, their destination garbage until then (emu_cp_async16).
 static __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #if defined(CUDA_EMULATION)
-    memcpy(smem, gmem, 16);
+    emu_cp_async16(smem, gmem);
 #else
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 #endif
 }
 static __device__ __forceinline__ void cp_async_commit(void) {
-#if !defined(CUDA_EMULATION)
+#if defined(CUDA_EMULATION)
+    emu_cp_async_commit();
+#else
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 template <int n>
 static __device__ __forceinline__ void cp_async_wait(void) {
-#if !defined(CUDA_EMULATION)
+#if defined(CUDA_EMULATION)
+    emu_cp_async_wait(n);
+#else
     asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory");
 #endif
 }

@@ -64,6 +64,14 @@ add_suite test_vla_gpu_bf16 env VLA_GPU_SKIP="$bf16_skip" "$GPU_TESTS/test_vla_g
 # VLA_GPU_TESTS=oracle,lerobot,fp16 runs all six SmolVLA cases in fp16.
 add_suite test_vla_gpu_fp16 env VLA_GPU_TESTS=oracle:all,fp16 "$GPU_TESTS/test_vla_gpu_fp16" "$(gpu_suite_dir fp16)" \
     "$GPU_TESTS/train_vla_fp16" --smolvla build/lerobot_ref
+# The emulation runs a block's threads one at a time, warp 0 first; CUDA_EMU_SCHEDULE=reverse runs
+# the last warp first, where a missing barrier or cp.async wait that the first order hides shows
+# (dev/cuda/emu/emulate.h). The trainer's kernels the other way round: the bf16 checks against
+# LeRobot's references, every train mode (the dev/cuda programs follow below)
+if [ "$GPU_TESTS" = build/emu ]; then
+    add_suite test_vla_gpu_bf16_reverse env CUDA_EMU_SCHEDULE=reverse VLA_GPU_TESTS=lerobot build/emu/test_vla_gpu_bf16 \
+        "$(gpu_suite_dir bf16_reverse)" build/emu/train_vla_bf16 --smolvla build/lerobot_ref
+fi
 # A machine with one GPU (the device machines of this workplace): the groups that use several say
 # what they skip and run what one GPU can (the checks a real single-GPU run once failed on)
 if [ "$GPU_TESTS" = build/emu ]; then
@@ -117,6 +125,9 @@ if [ "$GPU_TESTS" = build/emu ]; then add_suite cuda_emulation build/emu/dev/cud
 for src in dev/cuda/*.cu; do
     name=$(basename "$src" .cu)
     add_suite "dev/cuda/$name" "$dev_cuda_dir/$name"
+    if [ "$GPU_TESTS" = build/emu ]; then
+        add_suite "dev/cuda/$name:reverse" env CUDA_EMU_SCHEDULE=reverse "$dev_cuda_dir/$name"
+    fi
 done
 
 # ---- the workers

@@ -23,11 +23,16 @@ It also checks what a GPU reports less plainly, and stops with one line when it 
 - a kernel reading or writing past the end of a device allocation (each allocation ends at a
   guard page),
 - reads of memory nothing wrote: cudaMalloc (up to 16 MB; larger buffers read as zero) and
-  dynamic shared memory are filled with 0xFF bytes, a NaN in fp32, bf16 and fp16,
+  shared memory (dynamic, and static for each block) are filled with 0xFF bytes, a NaN in fp32,
+  bf16 and fp16,
 - cudaMemcpy directions that do not match where the pointers live, blocks over 1024 threads,
 - a launch with over 48 KiB of dynamic shared memory that cudaFuncSetAttribute did not allow on
   that device (cudaFuncAttributeMaxDynamicSharedMemorySize).
-What it cannot show: races between threads (fibers run one at a time), performance.
+- cp.async copies read before the issuing thread's wait (they land at the wait; until then their
+  destination is 0xFF bytes), and cp.async addresses that are not 16-byte aligned.
+What it cannot show: races between threads as such (fibers run one at a time, so a missing barrier
+only shows where the order of the threads decides a result: CUDA_EMU_SCHEDULE=reverse runs the last
+warp first, and what passes both ways has no producer and consumer that rely on luck), performance.
 
 Streams are synchronous: work runs when it is issued, in issue order. CUDA graphs are emulated by
 stream capture (cudaStreamBeginCapture .. cudaStreamEndCapture): work issued to the capturing stream
@@ -198,6 +203,7 @@ struct State {
     size_t dynamic_shared_bytes = 0;  // the launch's, as asked for
 };
 inline State state;
+inline std::vector<void*> static_shared;  // the static __shared__ variables filled for the running block
 
 static inline size_t page_size(void) {
     static size_t ps = (size_t)sysconf(_SC_PAGESIZE);
@@ -336,6 +342,12 @@ enum { RUNNABLE = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3 };
 enum { MAX_THREADS = 1024, STACK_BYTES = 256 * 1024 };
 enum { WARP_SYNC = 0, WARP_SHFL = 1, WARP_BALLOT = 2 };
 
+// one cp.async of 16 bytes in flight: where it lands, and what it read at its issue
+struct AsyncCopy {
+    uint8_t* dst;
+    uint8_t bytes[16];
+};
+
 struct Fiber {
     void* sp;
     int state;
@@ -344,6 +356,8 @@ struct Fiber {
     int shfl_src;      // lane to read from (WARP_SHFL)
     uint64_t posted;   // the lane's value (shuffle bits or ballot predicate)
     uint64_t result;   // what the exchange gives back
+    std::vector<AsyncCopy> copies;  // the thread's cp.async copies not landed yet, in issue order
+    std::vector<size_t> groups;     // where each committed group of them ends in copies, oldest first
 };
 
 struct Block {
@@ -387,6 +401,28 @@ static inline void fiber_prepare(Fiber* f, int k) {
     for (int i = 0; i < 6; i++) { sp[i] = 0; }
     f->sp = sp;
     f->state = RUNNABLE;
+    f->copies.clear();
+    f->groups.clear();
+}
+
+// The order in which a block's threads run between their meetings: warp 0 first and each warp's
+// lanes from 0 (forward, the default), or the last warp first and each warp's lanes from the last
+// (reverse). A missing barrier or cp.async wait hides in one of the two orders (a consumer that runs
+// after its producer by luck) and shows in the other: CUDA_EMU_SCHEDULE=reverse runs a program again
+// the other way round (dev/run_tests.sh runs the dev/cuda checks both ways).
+inline int schedule = -1;  // 0 forward, 1 reverse; -1 until CUDA_EMU_SCHEDULE is read
+static inline bool schedule_reverse(void) {
+    if (schedule < 0) {
+        const char* s = getenv("CUDA_EMU_SCHEDULE");
+        if (s == nullptr || *s == '\0' || strcmp(s, "forward") == 0) {
+            schedule = 0;
+        } else if (strcmp(s, "reverse") == 0) {
+            schedule = 1;
+        } else {
+            fail("CUDA_EMU_SCHEDULE=%s: expected forward (warp 0 first, the default) or reverse (the last warp first)", s);
+        }
+    }
+    return schedule == 1;
 }
 
 // If every live lane of warp [w0, w1) waits at a warp operation, performs it (a shuffle's
@@ -452,13 +488,16 @@ static inline void run_block(void (*body)(void*), void* arg) {
         fiber_prepare(&b.fibers[t], t);
     }
     // warp by warp: a warp's lanes run until each waits, and warp operations are resolved on the
-    // spot, so shuffles cost a pass over 32 lanes, not over the block
+    // spot, so shuffles cost a pass over 32 lanes, not over the block (in schedule_reverse's order)
+    bool rev = schedule_reverse();
+    int n_warps = (b.n + 31) / 32;
     for (;;) {
         bool progressed = false, all_done = true;
-        for (int w0 = 0; w0 < b.n; w0 += 32) {
-            int w1 = w0 + 32 < b.n ? w0 + 32 : b.n;
+        for (int wi = 0; wi < n_warps; wi++) {
+            int w0 = 32 * (rev ? n_warps - 1 - wi : wi), w1 = w0 + 32 < b.n ? w0 + 32 : b.n;
             for (;;) {
-                for (int t = w0; t < w1; t++) {
+                for (int k = 0; k < w1 - w0; k++) {
+                    int t = rev ? w1 - 1 - k : w0 + k;
                     if (b.fibers[t].state == RUNNABLE) {
                         b.current = t;
                         emu_thread_idx = b.fibers[t].idx;
@@ -513,6 +552,7 @@ static inline void run_grid(dim3 grid, dim3 blk, size_t dynamic_smem, F& body) {
         for (unsigned y = 0; y < grid.y; y++) {
             for (unsigned x = 0; x < grid.x; x++) {
                 memset(smem, 0xFF, smem_bytes);  // shared memory starts as garbage: NaN here
+                static_shared.clear();            // (and static __shared__ variables: emu_static_shared)
                 state.dynamic_shared = smem;
                 state.dynamic_shared_bytes = dynamic_smem;
                 emu_block_idx = uint3{x, y, z};
@@ -529,6 +569,17 @@ static inline void run_grid(dim3 grid, dim3 blk, size_t dynamic_smem, F& body) {
 }  // namespace emu
 
 static inline void* emu_dynamic_shared(void) { return emu::state.dynamic_shared; }
+
+// A kernel's static __shared__ variable (launch.sed declares it static and calls this after it):
+// garbage (0xFF bytes, a NaN) for each block, as dynamic shared memory is. The block's first thread
+// to reach the declaration fills it; the others find it done.
+static inline void emu_static_shared(void* var, size_t bytes) {
+    for (void* v : emu::static_shared) {
+        if (v == var) { return; }
+    }
+    memset(var, 0xFF, bytes);
+    emu::static_shared.push_back(var);
+}
 
 // ----------------------------------------------------------------------------
 // synchronization inside a block
@@ -850,6 +901,47 @@ static inline void emu_ldmatrix_x4(uint32_t* r, const void* row, bool trans) {
     __syncwarp();
     memcpy(r, out, sizeof(out));
 }
+
+// cp.async.cg.shared.global (16 bytes, sm_80), cp.async.commit_group and cp.async.wait_group n as
+// PTX allows a GPU to run them: a copy may land at any moment between its issue and the issuing
+// thread's wait that covers its group. Here it lands at that wait, and its 16 bytes of shared memory
+// are garbage (0xFF, a NaN) from the issue until then, so a thread that reads a tile before the
+// wait (and the barrier after it) sees NaN, and one that overwrites a tile another warp still reads
+// shows in the other's result. The source is read at the issue (kernels do not write what they
+// copy); both addresses must be 16-byte aligned, the destination in the launch's dynamic shared
+// memory.
+static inline void emu_cp_async16(void* dst, const void* src) {
+    uint8_t* smem = (uint8_t*)emu::state.dynamic_shared;
+    if ((uintptr_t)dst % 16 != 0 || (uintptr_t)src % 16 != 0 || smem == nullptr || (uint8_t*)dst < smem ||
+        (uint8_t*)dst + 16 > smem + emu::state.dynamic_shared_bytes) {
+        emu::fail("cp.async from %p to %p: both addresses must be 16-byte aligned, the destination's 16 bytes in the "
+                  "launch's dynamic shared memory", src, dst);
+    }
+    emu::AsyncCopy c;
+    c.dst = (uint8_t*)dst;
+    memcpy(c.bytes, src, 16);
+    memset(dst, 0xFF, 16);
+    emu::block.fibers[emu::block.current].copies.push_back(c);
+}
+// closes the thread's group of copies issued since the last commit (an empty group is a group)
+static inline void emu_cp_async_commit(void) {
+    emu::Fiber& f = emu::block.fibers[emu::block.current];
+    f.groups.push_back(f.copies.size());
+}
+// lands the copies of every committed group but the newest n (copies not committed stay in flight)
+static inline void emu_cp_async_wait(int n) {
+    emu::Fiber& f = emu::block.fibers[emu::block.current];
+    if ((int)f.groups.size() <= n) { return; }
+    size_t groups_done = f.groups.size() - (size_t)n, landed = f.groups[groups_done - 1];
+    for (size_t i = 0; i < landed; i++) { memcpy(f.copies[i].dst, f.copies[i].bytes, 16); }
+    f.copies.erase(f.copies.begin(), f.copies.begin() + (long)landed);
+    f.groups.erase(f.groups.begin(), f.groups.begin() + (long)groups_done);
+    for (size_t& end : f.groups) { end -= landed; }
+}
+
+// for tests: the schedule of the launches that follow (0 forward, 1 reverse), whatever
+// CUDA_EMU_SCHEDULE says
+static inline void emu_set_schedule(int reverse) { emu::schedule = reverse ? 1 : 0; }
 
 // ----------------------------------------------------------------------------
 // the runtime API: synchronous streams; the devices emu_device_count says

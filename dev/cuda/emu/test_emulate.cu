@@ -144,6 +144,43 @@ __global__ void divergent_shuffle_kernel(float* out) {
 
 __global__ void write_kernel(float* out, int i) { out[i] = 1.0f; }
 
+#ifdef CUDA_EMULATION
+// a race: thread 0 posts a value that every thread reads, with (barrier 1) or without the barrier
+// between them; without it, the threads that run before thread 0 read garbage
+__global__ void broadcast_kernel(float* out, float v, int barrier) {
+    __shared__ float posted;
+    if (threadIdx.x == 0) { posted = v; }
+    if (barrier) { __syncthreads(); }
+    out[threadIdx.x] = posted;
+}
+
+// cp.async: each thread copies 16 bytes of in (two groups: the first 8 floats of its 16, then the
+// next 8) into shared memory and writes what its first 4 floats read at three moments: after the
+// issue (out[0..3]), after wait_group 1 (out[4..7]: the first group landed, the second not), after
+// wait_group 0 (out[8..11])
+__global__ void cp_async_kernel(float* out, const float* in) {
+    extern __shared__ float stage[];
+    int t = threadIdx.x;
+    float* mine = stage + 16 * t;
+    for (int k = 0; k < 2; k++) {
+        emu_cp_async16(mine + 8 * k, in + 16 * t + 8 * k);
+        emu_cp_async16(mine + 8 * k + 4, in + 16 * t + 8 * k + 4);
+        emu_cp_async_commit();
+    }
+    float* o = out + 24 * t;
+    for (int i = 0; i < 4; i++) { o[i] = mine[i]; }
+    emu_cp_async_wait(1);
+    for (int i = 0; i < 4; i++) { o[4 + i] = mine[i]; o[12 + i] = mine[8 + i]; }
+    emu_cp_async_wait(0);
+    for (int i = 0; i < 4; i++) { o[8 + i] = mine[i]; o[16 + i] = mine[8 + i]; o[20 + i] = mine[12 + i]; }
+}
+
+__global__ void cp_async_misaligned_kernel(const float* in) {
+    extern __shared__ float stage[];
+    emu_cp_async16(stage, in + 1);
+}
+#endif
+
 __global__ void add_kernel(float* x, float v, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { x[i] += v; }
@@ -232,6 +269,66 @@ static void bad_capture_copy(void) {
     cudaStreamCreate(&s);
     cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
     cudaMemcpy(d, h, sizeof(h), cudaMemcpyHostToDevice);  // synchronous: the legacy stream
+}
+static void bad_cp_async(void) {
+    float* d;
+    cudaMalloc(&d, 64 * sizeof(float));
+    cp_async_misaligned_kernel<<<1, 32, 64>>>(d);
+}
+static void bad_schedule(void) {
+    float* d;
+    cudaMalloc(&d, 32 * sizeof(float));
+    setenv("CUDA_EMU_SCHEDULE", "backwards", 1);
+    emu::schedule = -1;
+    write_kernel<<<1, 1>>>(d, 0);
+}
+
+// The two schedules and cp.async's deferred landing: what each shows of a missing barrier or wait
+static void test_races(void) {
+    const int n = 96;  // three warps
+    float *d, h[n];
+    cudaCheck(cudaMalloc(&d, n * sizeof(float)));
+    for (int reverse = 0; reverse < 2; reverse++) {
+        emu_set_schedule(reverse);
+        int right[2] = {1, 1};
+        for (int barrier = 0; barrier < 2; barrier++) {
+            broadcast_kernel<<<1, n>>>(d, 7.0f, barrier);
+            cudaCheck(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+            for (int i = 0; i < n; i++) { right[barrier] &= h[i] == 7.0f; }
+        }
+        char what[200];
+        snprintf(what, sizeof(what), "%s schedule: with the barrier every thread reads thread 0's value; without it %s",
+                 reverse ? "reverse" : "forward", reverse ? "the threads that run first read garbage (the race shows)" :
+                 "the race hides (thread 0 runs first)");
+        check(right[1] && right[0] == !reverse, what);
+    }
+    emu_set_schedule(0);
+    cudaFree(d);
+
+    const int threads = 64;
+    float hin[16 * threads], hout[24 * threads];
+    for (int i = 0; i < 16 * threads; i++) { hin[i] = (float)i; }
+    float *din, *dout;
+    cudaCheck(cudaMalloc(&din, sizeof(hin)));
+    cudaCheck(cudaMalloc(&dout, sizeof(hout)));
+    cudaCheck(cudaMemcpy(din, hin, sizeof(hin), cudaMemcpyHostToDevice));
+    cp_async_kernel<<<1, threads, 16 * threads * sizeof(float)>>>(dout, din);
+    cudaCheck(cudaMemcpy(hout, dout, sizeof(hout), cudaMemcpyDeviceToHost));
+    int before = 1, first = 1, all = 1;
+    for (int t = 0; t < threads; t++) {
+        const float* o = hout + 24 * t;
+        const float* x = hin + 16 * t;
+        for (int i = 0; i < 4; i++) {
+            before &= isnan(o[i]);
+            first &= o[4 + i] == x[i] && isnan(o[12 + i]);
+            all &= o[8 + i] == x[i] && o[16 + i] == x[8 + i] && o[20 + i] == x[12 + i];
+        }
+    }
+    check(before, "cp.async: the destination reads as garbage (NaN) from the issue until the wait");
+    check(first, "cp.async.wait_group 1 lands every committed group but the newest");
+    check(all, "cp.async.wait_group 0 lands them all, each 16 bytes where it was sent");
+    cudaFree(din);
+    cudaFree(dout);
 }
 static void bad_capture_sync(void) {
     cudaStream_t s;
@@ -865,6 +962,9 @@ int main(void) {
     expect_death("96 KiB of dynamic shared memory, allowed 64", bad_smem_set_lower, "it was set lower");
     expect_death("a synchronous copy while a stream captures", bad_capture_copy, "while stream");
     expect_death("synchronizing the capturing stream", bad_capture_sync, "synchronize after cudaStreamEndCapture");
+    expect_death("cp.async from an address not 16-byte aligned", bad_cp_async, "must be 16-byte aligned");
+    expect_death("an unknown CUDA_EMU_SCHEDULE", bad_schedule, "CUDA_EMU_SCHEDULE=backwards: expected forward");
+    test_races();
     test_devices();
     test_nccl();
     test_nccl_faults();
