@@ -17,12 +17,15 @@
 #   B=32 STEPS=30 CHUNKS=50 PYTHON=python3 dev/gpu_check.sh
 #   BUDGET=540 dev/gpu_check.sh      # seconds it may take (default 540, for a 600 s call)
 #   STAGES='^(build_bench|bench_|lerobot_)' dev/gpu_check.sh    # only the stages whose names match
+#   DRY_RUN=1 dev/gpu_check.sh       # lists the stages in order and runs none (no GPU needed; the
+#                                    # tables come out empty): dev/test_gpu_check.sh, in make test
 #
 # The stages run in the order of what matters most when time is short: the builds the benchmarks
 # need, issue 12's benchmark (train_vla, its --profile, the attention kernels and their checks,
 # LeRobot's own step in bf16), the bf16 GPU tests (the trainer just timed, against LeRobot's
-# references), issue 13's inference benchmark, torch.compile, then the other test builds, the fp32
-# and fp16 GPU tests, the dev/cuda programs, LeRobot's other settings and the shorter checks. A stage that would start with less than 10 s of
+# references), issue 12's other peers (the oracle under torch.compile, LeRobot's step with its
+# defaults), issue 13's inference benchmark, then the other test builds, the fp32 and fp16 GPU
+# tests, the dev/cuda programs, LeRobot's chunks under bf16 and the shorter checks. A stage that would start with less than 10 s of
 # BUDGET left is skipped, and the one running when BUDGET is spent is stopped (timeout); both are
 # listed as such in the summary, and the tables are
 # printed from what ran. On the device machine of this workplace (a 600 s limit a call, 15 min a
@@ -46,6 +49,7 @@ CHUNKS=${CHUNKS:-50}  # timed action chunks of the inference benchmark
 JOBS=${JOBS:-$(nproc)}
 BUDGET=${BUDGET:-540}
 STAGES=${STAGES:-.}
+DRY_RUN=${DRY_RUN:-0}
 RESERVE=15  # seconds kept for the tables after the last stage
 BENCH_DATA=build/bench/smolvla.bin  # 2 cameras at 224 px, state 6, action 5 (the Makefile's rule)
 if ! [[ "$BUDGET" =~ ^[0-9]+$ ]] || [ "$BUDGET" -le "$RESERVE" ]; then
@@ -64,12 +68,21 @@ bundle() {
     printf '%s\n' "${summary[@]}" > "$OUTDIR/summary.txt"
 }
 
+# fresh DIR: empties a run's output folder before its stage (not in a dry run, which runs nothing)
+fresh() {
+    [ "$DRY_RUN" = 1 ] || rm -rf "$1"
+}
+
 # stage NAME COMMAND...: runs it (if NAME matches STAGES and BUDGET allows) with its output in
 # $LOGS/NAME.log, prints the tail; returns non-zero if it failed, was stopped or did not run
 stage() {
     local name=$1
     shift
     [[ "$name" =~ $STAGES ]] || return 1
+    if [ "$DRY_RUN" = 1 ]; then
+        echo "stage $name: $*"
+        return 1
+    fi
     local left=$((BUDGET - RESERVE - SECONDS))
     if [ "$left" -lt 10 ]; then
         summary+=("$(printf '%-26s skipped: BUDGET (%d s) spent' "$name" "$BUDGET")")
@@ -109,17 +122,17 @@ stage build_bench make -j"$JOBS" PYTHON="$PYTHON" train_vla libvla_gpu.so data/s
 
 # 2. issue 12's benchmark: the smolvla preset (random weights) on $BENCH_DATA, batch B, bf16, per
 # train mode: train_vla (world size 1 through NCCL), LeRobot's own step with bf16 mixed precision
-# (its faster setting; its defaults, fp32, run after the tests); the oracle under torch.compile
-# with bf16 autocast after the inference benchmark
+# (its faster setting; its defaults, fp32, run after the bf16 tests, with the oracle under
+# torch.compile and bf16 autocast)
 for train in expert all; do
-    rm -rf "build/gpu_check_$train"
+    fresh "build/gpu_check_$train"
     stage "bench_train_vla_$train" ./train_vla -p smolvla --train "$train" -b "$B" -n "$STEPS" -u 10 -i "$BENCH_DATA" \
         -o "build/gpu_check_$train" -k 0 --keep 1 --log-every 10
 done
 # where train_vla's step time goes: one step (the third) of each train mode timed by phase and
 # operation, the products and attention calls by shape with their TFLOP/s (--profile)
 for train in expert all; do
-    rm -rf "build/gpu_check_prof_$train"
+    fresh "build/gpu_check_prof_$train"
     stage "profile_$train" ./train_vla -p smolvla --train "$train" -b "$B" -n 3 -u 2 -i "$BENCH_DATA" \
         -o "build/gpu_check_prof_$train" -k 0 --log-every 1 --profile 3
 done
@@ -153,7 +166,7 @@ if [ -n "$best_attention" ] && [ "$best_attention" != "4 128" ]; then
         att_env=(VLA_VISION_ATTENTION=3 VLA_ATTENTION3_SAMPLES="$att_a" VLA_ATTENTION3_SCORES="$att_b")
     fi
     for train in expert all; do
-        rm -rf "build/gpu_check_${train}_alt"
+        fresh "build/gpu_check_${train}_alt"
         stage "bench_train_vla_${train}_alt" env "${att_env[@]}" ./train_vla -p smolvla --train "$train" -b "$B" \
             -n "$STEPS" -u 10 -i "$BENCH_DATA" -o "build/gpu_check_${train}_alt" -k 0 --keep 1 --log-every 10
     done
@@ -164,7 +177,7 @@ fi
 if grep -Eq '^ *FAIL .*v4 (prefix|joint|cross|random)' "$LOGS/attention_bench.log" 2> /dev/null; then
     echo "gpu_check: version 4 of the masked attention failed a check on this GPU: timing version 2 there too"
     for train in expert all; do
-        rm -rf "build/gpu_check_${train}_masked2"
+        fresh "build/gpu_check_${train}_masked2"
         stage "bench_train_vla_${train}_masked2" env VLA_MASKED_ATTENTION=2 ./train_vla -p smolvla --train "$train" \
             -b "$B" -n "$STEPS" -u 10 -i "$BENCH_DATA" -o "build/gpu_check_${train}_masked2" -k 0 --keep 1 --log-every 10
     done
@@ -173,7 +186,9 @@ fi
 # weights): the peers of the comparisons. lerobot and its pure-Python dependencies travel as wheels
 # (dev/lerobot/wheels.sh, carried as .whl); without them these stages are skipped.
 have_lerobot=0
-if [ -d .whl ] && ls .whl/lerobot-*.whl > /dev/null 2>&1; then
+if [ "$DRY_RUN" = 1 ]; then
+    have_lerobot=1  # (listed as if the wheels were there: nothing runs)
+elif [ -d .whl ] && ls .whl/lerobot-*.whl > /dev/null 2>&1; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lerobot_site \
         .whl/*.whl && export PYTHONPATH=/tmp/lerobot_site${PYTHONPATH:+:$PYTHONPATH} && have_lerobot=1
 fi
@@ -209,7 +224,7 @@ ref_cases_present() {
         [ -f "build/lerobot_ref/$c/ref.safetensors" ] && [ -f "build/lerobot_ref/$c/c_config.txt" ] || return 1
     done
 }
-if ref_cases_present || make build/lerobot_ref/all/ref.safetensors > "$LOGS/lerobot_ref.log" 2>&1; then
+if ref_cases_present || [ "$DRY_RUN" = 1 ] || make build/lerobot_ref/all/ref.safetensors > "$LOGS/lerobot_ref.log" 2>&1; then
     refs=(--smolvla build/lerobot_ref)
 else
     summary+=("$(printf '%-26s missing: the GPU tests skip the LeRobot cases (carry build/lerobot_ref)' lerobot_ref)")
@@ -217,7 +232,20 @@ fi
 stage test_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/test build/gpu/train_vla_bf16 build/gpu/train_vla_single_gpu_bf16 \
     "${refs[@]}"
 
-# 4. issue 13's inference benchmark: one action chunk of the smolvla preset (random weights; the
+# 4. issue 12's other peers: the oracle under torch.compile (each kind of layer compiled once for
+# all its layers: dev/model.py --compile), LeRobot's step with its defaults (fp32), and the scaling
+# model (README) from this GPU's measured steps
+for train in expert all; do
+    stage "bench_torch_compile_$train" "$PYTHON" dev/model.py -i "$BENCH_DATA" -p smolvla --train-mode "$train" -b "$B" \
+        --bench "$STEPS" --device cuda --amp bf16 --compile
+    [ -f "$LOGS/bench_train_vla_$train.log" ] &&
+        stage "scaling_model_$train" "$PYTHON" dev/scaling_model.py --from-log "$LOGS/bench_train_vla_$train.log"
+done
+if [ $have_lerobot = 1 ]; then
+    for train in expert all; do lerobot_train "$train" none; done
+fi
+
+# 5. issue 13's inference benchmark: one action chunk of the smolvla preset (random weights; the
 # checkpoint is written once under build/bench) at batch 1 from raw observations (2 cameras of
 # 224 px resized to 512 on the device, an instruction, the state), the prefix once and 10 Euler
 # steps, through libvla_gpu.so (bf16): the steps replayed as a CUDA graph, and launched one by one;
@@ -228,16 +256,7 @@ stage bench_infer env VLA_PROFILE_ACT=3 "$PYTHON" dev/bench_infer.py --preset sm
     --graphs both --json "$LOGS/bench_infer.json"
 [ $have_lerobot = 1 ] && lerobot_infer none
 
-# issue 12's other peer, the oracle under torch.compile (its compilation takes a while), and the
-# scaling model (README) from this GPU's measured steps
-for train in expert all; do
-    stage "bench_torch_compile_$train" "$PYTHON" dev/model.py -i "$BENCH_DATA" -p smolvla --train-mode "$train" -b "$B" \
-        --bench "$STEPS" --device cuda --amp bf16 --compile
-    [ -f "$LOGS/bench_train_vla_$train.log" ] &&
-        stage "scaling_model_$train" "$PYTHON" dev/scaling_model.py --from-log "$LOGS/bench_train_vla_$train.log"
-done
-
-# 5. the other precisions' GPU tests and the dev/cuda programs
+# 6. the other precisions' GPU tests and the dev/cuda programs
 stage build_tests make -j"$JOBS" PYTHON="$PYTHON" train_vla_cpu build/gpu/train_vla_bf16 build/gpu/train_vla_fp32 \
     build/gpu/train_vla_single_gpu_bf16 build/gpu/test_vla_gpu_bf16 build/gpu/test_vla_gpu_fp32 build/gpu/train_vla_fp16 \
     build/gpu/test_vla_gpu_fp16 dev_cuda build/gpu/registers_bf16.txt build/gpu/registers_fp32.txt \
@@ -255,14 +274,10 @@ for prog in dev/cuda/*.cu; do
     stage "cuda_$name" "dev/cuda/$name"
 done
 
-# the rest of LeRobot's figures: its training step with its defaults (fp32), its chunks under bf16
-# autocast
-if [ $have_lerobot = 1 ]; then
-    for train in expert all; do lerobot_train "$train" none; done
-    lerobot_infer bf16
-fi
+# the rest of LeRobot's figures: its chunks under bf16 autocast
+[ $have_lerobot = 1 ] && lerobot_infer bf16
 
-# 6. a short run on the shipped data (small preset): the loss must fall; the launch scripts on this
+# 7. a short run on the shipped data (small preset): the loss must fall; the launch scripts on this
 # GPU (the template at 1 GPU, the resume loop's give-up path)
 stage train_default ./train_vla -b 32 -n 300 -u 30 -l 1e-3 --log-every 50 -o build/gpu_check_run
 stage launchers env GPU_TESTS=build/gpu scripts/test_launchers.sh
@@ -270,7 +285,7 @@ stage launchers env GPU_TESTS=build/gpu scripts/test_launchers.sh
 # issue 14's recomputation: --train all of the smolvla preset at batch B with each level, the
 # memory it actually holds and the step time it costs (the README's figures are computed ones)
 for level in attn layer; do
-    rm -rf "build/gpu_check_all_$level"
+    fresh "build/gpu_check_all_$level"
     stage "bench_recompute_$level" ./train_vla -p smolvla --train all -b "$B" -n "$STEPS" -u 10 -i "$BENCH_DATA" \
         -o "build/gpu_check_all_$level" -k 0 --keep 1 --log-every 10 --recompute "$level"
 done
@@ -323,7 +338,7 @@ attention_used() {
         tms=$(awk '/^ms_per_step/ {print $2}' "$f" 2>/dev/null)
         tsps=$(awk '/^samples_per_s/ {print $2}' "$f" 2>/dev/null)
         tmem=$(awk '/^peak_mem_gib/ {print $2}' "$f" 2>/dev/null)
-        row "dev/model.py, torch.compile, bf16" "${tms:-?}" "${tsps:-?}" "$(ratio "$tsps")" "$(mfu "$tsps")" "${tmem:-?}"
+        row "dev/model.py, torch.compile (per layer), bf16" "${tms:-?}" "${tsps:-?}" "$(ratio "$tsps")" "$(mfu "$tsps")" "${tmem:-?}"
         for amp in none bf16; do
             j=$LOGS/lerobot_${train}_${amp}.json
             lms=$(json_field "$j" ms_per_step)

@@ -1182,8 +1182,8 @@ def bench(args, ds, cfg, model):
     """Training-step time on one batch kept on the device (loading and the resize excluded): forward,
     backward, global-norm clipping and PyTorch's fused AdamW over the tensors that train (decay on
     the table's decay tensors; a stack with a frozen last layer is updated whole: the same work),
-    optionally under bf16 autocast and torch.compile: what a tuned PyTorch trainer of this model
-    does per step. Parameters are drawn by torch, not the seed: values do not change the timing."""
+    attention through scaled_dot_product_attention, optionally under bf16 autocast and
+    torch.compile: what a tuned PyTorch trainer of this model does per step. Parameters are drawn by torch, not the seed: values do not change the timing."""
     device = torch.device(args.device)
     indices = Sampler(ds.n_samples, args.seed).indices(0, args.batch)
     x = model.prepare(build_batch(ds, cfg, indices, args.seed, 0), device)
@@ -1202,7 +1202,13 @@ def bench(args, ds, cfg, model):
         # autocast makes the attention scores bfloat16, which cannot hold dev/smolvla.py's masked
         # score (float32's minimum): fill with bfloat16's, as far below any real score
         smolvla.MASKED_SCORE = torch.finfo(torch.bfloat16).min
-    forward = torch.compile(model) if args.compile else model
+    # attention through torch's fused kernels, as a tuned PyTorch trainer runs it (torch 2.0 on)
+    smolvla.SDPA = hasattr(torch.nn.functional, "scaled_dot_product_attention")
+    forward = model
+    if args.compile == "layers":  # one graph per kind of layer, each reused by every layer of its kind
+        smolvla.compile_layers(backend=args.compile_backend)
+    elif args.compile == "model":  # the whole forward as one graph (its compilation grows with the layers)
+        forward = torch.compile(model, backend=args.compile_backend)
     params = [p for g in groups for p in g["params"]]
 
     def step():
@@ -1219,9 +1225,12 @@ def bench(args, ds, cfg, model):
         if device.type == "cuda":
             torch.cuda.synchronize()
 
+    t0 = time.perf_counter()
     for _ in range(5):  # warm-up: allocator, cuBLAS heuristics, torch.compile's compilation
         loss = step()
     sync()
+    print(f"warmup_s {time.perf_counter() - t0:.1f} (5 steps, torch.compile: {args.compile or 'off'}, "
+          f"attention: {'scaled_dot_product_attention' if smolvla.SDPA else 'products and softmax'})")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times = []
@@ -1233,7 +1242,7 @@ def bench(args, ds, cfg, model):
     times.sort()
     ms = 1000.0 * times[len(times) // 2]
     n_train = sum(model.n_train.values())
-    print(f"loss {float(loss):.6f}")
+    print(f"loss {float(loss.detach()):.6f}")
     print(f"params {sum(p.numel() for p in model.parameters())} trainable {n_train} ({TRAIN_MODES[model.mode]})")
     print(f"ms_per_step {ms:.3f}")
     print(f"samples_per_s {args.batch / (ms / 1000.0):.2f}")
@@ -1274,12 +1283,18 @@ def parse_args(argv=None):
     mode.add_argument("--bench", type=int, metavar="N", help="time N training steps on one batch on --device (median)")
     ap.add_argument("--device", default="cpu", help="torch device for --bench: cpu or cuda (cpu)")
     ap.add_argument("--amp", choices=["none", "bf16"], default="none", help="--bench under bf16 autocast (none)")
-    ap.add_argument("--compile", action="store_true", help="--bench through torch.compile")
+    ap.add_argument("--compile", nargs="?", const="layers", choices=["layers", "model"], default=None,
+                    help="--bench through torch.compile: each kind of layer compiled once for all its layers "
+                    "(layers, the default) or the whole model as one graph (model)")
+    ap.add_argument("--compile-backend", default="inductor",
+                    help="torch.compile's backend (inductor; aot_eager traces without generating code: the tests)")
     args = ap.parse_args(argv)
     for name in ("lr", "min_lr_frac", "wd", "clip"):  # float32 values, as the C trainer parses them
         setattr(args, name, float(np.float32(getattr(args, name))))
     if (args.amp != "none" or args.compile or args.device != "cpu") and not args.bench:
         sys.exit("error: --device, --amp and --compile go with --bench")
+    if args.compile_backend != "inductor" and not args.compile:
+        sys.exit("error: --compile-backend goes with --compile")
     if args.compile and not hasattr(torch, "compile"):
         sys.exit(f"error: --compile needs torch 2.0 or newer (this is {torch.__version__})")
     if args.policy and args.init:
@@ -1312,6 +1327,7 @@ def main(argv=None):
     if args.bench:
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             sys.exit("error: --device cuda but torch sees no GPU: run on a GPU machine or use --device cpu")
+        torch.manual_seed(args.seed)  # (so that runs that differ in how they compute start alike)
         with torch.no_grad():  # table-shaped values without the seed's slow numpy draw
             for s in model.table:
                 p = getattr(model, s.name)

@@ -66,11 +66,15 @@ add_suite test_vla_gpu_fp16 env VLA_GPU_TESTS=oracle:all,fp16 "$GPU_TESTS/test_v
     "$GPU_TESTS/train_vla_fp16" --smolvla build/lerobot_ref
 # The emulation runs a block's threads one at a time, warp 0 first; CUDA_EMU_SCHEDULE=reverse runs
 # the last warp first, where a missing barrier or cp.async wait that the first order hides shows
-# (dev/cuda/emu/emulate.h). The trainer's kernels the other way round: the bf16 checks against
-# LeRobot's references, every train mode (the dev/cuda programs follow below)
+# (dev/cuda/emu/emulate.h). The trainer's kernels the other way round: the checks against LeRobot's
+# references, every train mode, in bf16 (the flash attention of version 4) and in fp32 (its own
+# attention and reductions); the dev/cuda programs follow below
 if [ "$GPU_TESTS" = build/emu ]; then
-    add_suite test_vla_gpu_bf16_reverse env CUDA_EMU_SCHEDULE=reverse VLA_GPU_TESTS=lerobot build/emu/test_vla_gpu_bf16 \
-        "$(gpu_suite_dir bf16_reverse)" build/emu/train_vla_bf16 --smolvla build/lerobot_ref
+    for precision in bf16 fp32; do
+        add_suite "test_vla_gpu_${precision}_reverse" env CUDA_EMU_SCHEDULE=reverse VLA_GPU_TESTS=lerobot \
+            "build/emu/test_vla_gpu_$precision" "$(gpu_suite_dir "${precision}_reverse")" "build/emu/train_vla_$precision" \
+            --smolvla build/lerobot_ref
+    done
 fi
 # A machine with one GPU (the device machines of this workplace): the groups that use several say
 # what they skip and run what one GPU can (the checks a real single-GPU run once failed on)
@@ -83,6 +87,9 @@ fi
 add_suite model "$ORACLE_PY" dev/test_model.py build/lerobot_ref
 # LeRobot's own SmolVLA training step and inference, timed (the GPU comparison's peer; here a smoke run)
 add_suite lerobot_bench env LEROBOT_PYTHON="$LEROBOT_PY" dev/lerobot/test_bench.sh
+# the other peer, the oracle's benchmark path (scaled_dot_product_attention, torch.compile), under
+# the torch 2 of LeRobot's venv
+add_suite oracle_bench "$LEROBOT_PY" dev/test_oracle_bench.py build/test/s.bin
 add_suite metaworld "$VENV_PY" data/test_metaworld.py
 add_suite learning dev/test_learning.sh
 add_suite eval "$VENV_PY" scripts/test_eval.py
@@ -109,6 +116,8 @@ add_suite dev/cuda/resize_pad_check bash -c "$dev_cuda_dir/resize_pad --dump bui
     $LEROBOT_PY dev/cuda/resize_pad_check.py build/resize_pad.dump"
 add_suite lerobot "$VENV_PY" data/test_lerobot.py
 add_suite launchers env GPU_TESTS="$GPU_TESTS" scripts/test_launchers.sh
+# dev/gpu_check.sh's stages in order and its tables, with nothing run (DRY_RUN=1)
+add_suite gpu_check_dry dev/test_gpu_check.sh
 add_suite test_vla ./test_vla build/test build/lerobot_ref
 # train_vla's own inference benchmark (dev/bench_infer.py, the comparison's other side): a smoke run
 # on the CPU library and the GPU library ($VLA_GPU_LIBRARY's first: the emulated build without a GPU)

@@ -443,6 +443,11 @@ def pad_last_dim(x, n):
 # query that sees no key at all (a pad) then gets a uniform row instead of NaN
 MASKED_SCORE = torch.finfo(torch.float32).min
 
+# attention through torch's fused scaled_dot_product_attention (flash attention where there is no
+# mask) instead of the plain products and softmax below: the same function, as a tuned PyTorch
+# trainer runs it (dev/model.py --bench turns it on where torch has it; the references stay plain)
+SDPA = False
+
 
 def linear(x, P, name, bias=True):
     y = x @ P[name + ".weight"].t()
@@ -495,6 +500,15 @@ def attention(q, k, v, mask=None):
     group = NH // k.shape[2]
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
+    if SDPA:
+        # the mask as an additive bias: a score plus MASKED_SCORE rounds to MASKED_SCORE, the fill
+        # below (so a query that sees no key gets the same uniform row, where a boolean mask gives NaN)
+        bias = None
+        if mask is not None:
+            bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, MASKED_SCORE)[:, None]
+        out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                               attn_mask=bias)
+        return out.transpose(1, 2).reshape(B, Tq, NH * HS)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * HS ** -0.5
     if mask is not None:
         scores = torch.where(mask[:, None], scores, torch.full_like(scores, MASKED_SCORE))
@@ -578,18 +592,28 @@ def vision_encoder(P, cfg, pixels):
     x = patches @ w.t() + P[VISION + "embeddings.patch_embedding.bias"]
     x = x + P[VISION + "embeddings.position_embedding.weight"][vision_position_ids(cfg, gh, gw, pixels.device)]
 
-    NH = cfg.vis_heads
-    HS = Cv // NH
     for i in range(cfg.vis_layers):
-        pre = VISION + f"encoder.layers.{i}."
-        h = layer_norm(x, P, pre + "layer_norm1", cfg.vis_eps)
-        q = linear(h, P, pre + "self_attn.q_proj").reshape(B, gh * gw, NH, HS)
-        k = linear(h, P, pre + "self_attn.k_proj").reshape(B, gh * gw, NH, HS)
-        v = linear(h, P, pre + "self_attn.v_proj").reshape(B, gh * gw, NH, HS)
-        x = x + linear(attention(q, k, v), P, pre + "self_attn.out_proj")
-        h = layer_norm(x, P, pre + "layer_norm2", cfg.vis_eps)
-        x = x + linear(gelu_tanh(linear(h, P, pre + "mlp.fc1")), P, pre + "mlp.fc2")
+        x = vision_layer(layer_tensors(P, VISION + f"encoder.layers.{i}."), x, cfg.vis_heads, cfg.vis_eps)
     return layer_norm(x, P, VISION + "post_layernorm", cfg.vis_eps)
+
+
+def layer_tensors(P, pre):
+    """One layer's tensors, named without the layer's prefix: what the layer functions below take,
+    the same names for every layer (so that one compilation of a layer function serves them all)"""
+    return {name[len(pre):]: t for name, t in P.items() if name.startswith(pre)}
+
+
+def vision_layer(L, x, NH, eps):
+    """One SigLIP encoder layer (pre-LayerNorm) on x (B, T, Cv); L: its tensors (layer_tensors)."""
+    B, T, Cv = x.shape
+    HS = Cv // NH
+    h = layer_norm(x, L, "layer_norm1", eps)
+    q = linear(h, L, "self_attn.q_proj").reshape(B, T, NH, HS)
+    k = linear(h, L, "self_attn.k_proj").reshape(B, T, NH, HS)
+    v = linear(h, L, "self_attn.v_proj").reshape(B, T, NH, HS)
+    x = x + linear(attention(q, k, v), L, "self_attn.out_proj")
+    h = layer_norm(x, L, "layer_norm2", eps)
+    return x + linear(gelu_tanh(linear(h, L, "mlp.fc1")), L, "mlp.fc2")
 
 
 def pixel_shuffle(x, s):
@@ -688,21 +712,27 @@ def vlm_forward(P, cfg, x, mask, positions):
     output, MLP and the final norm feed nothing (LeRobot computes and drops them): only its
     K/V are computed here.
     """
-    B, Np, _ = x.shape
-    NH, NKV, HS = cfg.n_head, cfg.n_kv_head, cfg.head_dim
     kv = []
     for i in range(cfg.n_layer):
-        pre = TEXT + f"layers.{i}."
-        h = rms_norm(x, P[pre + "input_layernorm.weight"], cfg.rms_eps)
-        k = rope(linear(h, P, pre + "self_attn.k_proj", bias=False).reshape(B, Np, NKV, HS), positions, cfg.rope_base)
-        v = linear(h, P, pre + "self_attn.v_proj", bias=False).reshape(B, Np, NKV, HS)
+        x, k, v = vlm_layer(layer_tensors(P, TEXT + f"layers.{i}."), x, mask, positions, cfg.n_head, cfg.n_kv_head,
+                            cfg.head_dim, cfg.rms_eps, cfg.rope_base, i == cfg.n_layer - 1)
         kv.append((k, v))
-        if i == cfg.n_layer - 1:
-            break
-        q = rope(linear(h, P, pre + "self_attn.q_proj", bias=False).reshape(B, Np, NH, HS), positions, cfg.rope_base)
-        x = x + linear(attention(q, k, v, mask), P, pre + "self_attn.o_proj", bias=False)
-        x = x + swiglu_mlp(P, pre + "mlp.", rms_norm(x, P[pre + "post_attention_layernorm.weight"], cfg.rms_eps))
     return kv
+
+
+def vlm_layer(L, x, mask, positions, NH, NKV, HS, eps, rope_base, last):
+    """One Llama layer of the VLM on the prefix x (B, Np, C) -> (x after it, K, V); the last layer
+    only K and V (x comes back as it came in). L: its tensors (layer_tensors)."""
+    B, Np, _ = x.shape
+    h = rms_norm(x, L["input_layernorm.weight"], eps)
+    k = rope(linear(h, L, "self_attn.k_proj", bias=False).reshape(B, Np, NKV, HS), positions, rope_base)
+    v = linear(h, L, "self_attn.v_proj", bias=False).reshape(B, Np, NKV, HS)
+    if last:
+        return x, k, v
+    q = rope(linear(h, L, "self_attn.q_proj", bias=False).reshape(B, Np, NH, HS), positions, rope_base)
+    x = x + linear(attention(q, k, v, mask), L, "self_attn.o_proj", bias=False)
+    x = x + swiglu_mlp(L, "mlp.", rms_norm(x, L["post_attention_layernorm.weight"], eps))
+    return x, k, v
 
 
 def expert_forward(P, cfg, x, prefix_kv, mask, positions):
@@ -721,27 +751,42 @@ def expert_forward(P, cfg, x, prefix_kv, mask, positions):
       expert's own k_proj/v_proj (NKV*HS -> NKV*HS, no bias, no second RoPE). Actions see
       only the valid prefix (mask columns :Np), not each other.
     """
-    B, H, _ = x.shape
-    NH, NKV, HS = cfg.n_head, cfg.n_kv_head, cfg.head_dim
     for i in range(cfg.n_layer):
-        pre = EXPERT + f"layers.{i}."
         prefix_k, prefix_v = prefix_kv[i]
-        Np = prefix_k.shape[1]
-        h = rms_norm(x, P[pre + "input_layernorm.weight"], cfg.rms_eps)
-        q = linear(h, P, pre + "self_attn.q_proj", bias=False).reshape(B, H, NH, HS)
-        if layer_kind(cfg, i) == "joint":
-            q = rope(q, positions, cfg.rope_base)
-            k = rope(linear(h, P, pre + "self_attn.k_proj", bias=False).reshape(B, H, NKV, HS), positions, cfg.rope_base)
-            v = linear(h, P, pre + "self_attn.v_proj", bias=False).reshape(B, H, NKV, HS)
-            att = attention(q, torch.cat([prefix_k, k], 1), torch.cat([prefix_v, v], 1), mask)
-        else:
-            q = rope(q, positions - positions.min(dim=1, keepdim=True).values, cfg.rope_base)
-            k = linear(prefix_k.reshape(B, Np, NKV * HS), P, pre + "self_attn.k_proj", bias=False).reshape(B, Np, NKV, HS)
-            v = linear(prefix_v.reshape(B, Np, NKV * HS), P, pre + "self_attn.v_proj", bias=False).reshape(B, Np, NKV, HS)
-            att = attention(q, k, v, mask[:, :, :Np])
-        x = x + linear(att, P, pre + "self_attn.o_proj", bias=False)
-        x = x + swiglu_mlp(P, pre + "mlp.", rms_norm(x, P[pre + "post_attention_layernorm.weight"], cfg.rms_eps))
+        x = expert_layer(layer_tensors(P, EXPERT + f"layers.{i}."), x, prefix_k, prefix_v, mask, positions, cfg.n_head,
+                         cfg.n_kv_head, cfg.head_dim, cfg.rms_eps, cfg.rope_base, layer_kind(cfg, i) == "joint")
     return rms_norm(x, P[EXPERT + "norm.weight"], cfg.rms_eps)
+
+
+def expert_layer(L, x, prefix_k, prefix_v, mask, positions, NH, NKV, HS, eps, rope_base, joint):
+    """One layer of the action expert on x (B, H, Ce), joint or cross (expert_forward says what each
+    does) over the VLM's K/V of the same layer. L: its tensors (layer_tensors)."""
+    B, H, _ = x.shape
+    Np = prefix_k.shape[1]
+    h = rms_norm(x, L["input_layernorm.weight"], eps)
+    q = linear(h, L, "self_attn.q_proj", bias=False).reshape(B, H, NH, HS)
+    if joint:
+        q = rope(q, positions, rope_base)
+        k = rope(linear(h, L, "self_attn.k_proj", bias=False).reshape(B, H, NKV, HS), positions, rope_base)
+        v = linear(h, L, "self_attn.v_proj", bias=False).reshape(B, H, NKV, HS)
+        att = attention(q, torch.cat([prefix_k, k], 1), torch.cat([prefix_v, v], 1), mask)
+    else:
+        q = rope(q, positions - positions.min(dim=1, keepdim=True).values, rope_base)
+        k = linear(prefix_k.reshape(B, Np, NKV * HS), L, "self_attn.k_proj", bias=False).reshape(B, Np, NKV, HS)
+        v = linear(prefix_v.reshape(B, Np, NKV * HS), L, "self_attn.v_proj", bias=False).reshape(B, Np, NKV, HS)
+        att = attention(q, k, v, mask[:, :, :Np])
+    x = x + linear(att, L, "self_attn.o_proj", bias=False)
+    return x + swiglu_mlp(L, "mlp.", rms_norm(x, L["post_attention_layernorm.weight"], eps))
+
+
+def compile_layers(**options):
+    """Puts the three layer functions through torch.compile (regional compilation: each compiled once
+    and reused by every layer of its kind, a few graphs instead of the whole model's; dev/model.py
+    --bench --compile). The functions above call them through these module names."""
+    global vision_layer, vlm_layer, expert_layer
+    vision_layer = torch.compile(vision_layer, **options)
+    vlm_layer = torch.compile(vlm_layer, **options)
+    expert_layer = torch.compile(expert_layer, **options)
 
 
 # ----------------------------------------------------------------------------
