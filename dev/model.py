@@ -1183,7 +1183,8 @@ def bench(args, ds, cfg, model):
     backward, global-norm clipping and PyTorch's fused AdamW over the tensors that train (decay on
     the table's decay tensors; a stack with a frozen last layer is updated whole: the same work),
     attention through scaled_dot_product_attention, optionally under bf16 autocast and
-    torch.compile: what a tuned PyTorch trainer of this model does per step. Parameters are drawn by torch, not the seed: values do not change the timing."""
+    torch.compile: what a tuned PyTorch trainer of this model does per step. Parameters are drawn
+    by torch's generator from the seed, not vla.h's init: values do not change the timing."""
     device = torch.device(args.device)
     indices = Sampler(ds.n_samples, args.seed).indices(0, args.batch)
     x = model.prepare(build_batch(ds, cfg, indices, args.seed, 0), device)

@@ -593,14 +593,25 @@ def vision_encoder(P, cfg, pixels):
     x = x + P[VISION + "embeddings.position_embedding.weight"][vision_position_ids(cfg, gh, gw, pixels.device)]
 
     for i in range(cfg.vis_layers):
-        x = vision_layer(layer_tensors(P, VISION + f"encoder.layers.{i}."), x, cfg.vis_heads, cfg.vis_eps)
+        L = layer_tensors(P, VISION + f"encoder.layers.{i}.", VISION_LAYER_TENSORS)
+        x = vision_layer(L, x, cfg.vis_heads, cfg.vis_eps)
     return layer_norm(x, P, VISION + "post_layernorm", cfg.vis_eps)
 
 
-def layer_tensors(P, pre):
-    """One layer's tensors, named without the layer's prefix: what the layer functions below take,
-    the same names for every layer (so that one compilation of a layer function serves them all)"""
-    return {name[len(pre):]: t for name, t in P.items() if name.startswith(pre)}
+# the tensors of one layer, by their names after the layer's prefix (parameter_table's rows)
+VISION_LAYER_TENSORS = tuple(f"{m}.{w}" for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                   "self_attn.out_proj", "layer_norm1", "layer_norm2", "mlp.fc1",
+                                                   "mlp.fc2") for w in ("weight", "bias"))
+LLAMA_LAYER_TENSORS = tuple(f"{m}.weight" for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                    "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+                                                    "mlp.down_proj", "input_layernorm", "post_attention_layernorm"))
+
+
+def layer_tensors(P, pre, names):
+    """One layer's tensors named without the layer's prefix: what the layer functions below take,
+    the same names for every layer (so that one compilation of a layer function serves them all).
+    A name P lacks is left out (the VLM's last layer reads only its norm, k and v)."""
+    return {n: P[pre + n] for n in names if pre + n in P}
 
 
 def vision_layer(L, x, NH, eps):
@@ -714,8 +725,9 @@ def vlm_forward(P, cfg, x, mask, positions):
     """
     kv = []
     for i in range(cfg.n_layer):
-        x, k, v = vlm_layer(layer_tensors(P, TEXT + f"layers.{i}."), x, mask, positions, cfg.n_head, cfg.n_kv_head,
-                            cfg.head_dim, cfg.rms_eps, cfg.rope_base, i == cfg.n_layer - 1)
+        L = layer_tensors(P, TEXT + f"layers.{i}.", LLAMA_LAYER_TENSORS)
+        x, k, v = vlm_layer(L, x, mask, positions, cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.rms_eps, cfg.rope_base,
+                            i == cfg.n_layer - 1)
         kv.append((k, v))
     return kv
 
@@ -753,8 +765,9 @@ def expert_forward(P, cfg, x, prefix_kv, mask, positions):
     """
     for i in range(cfg.n_layer):
         prefix_k, prefix_v = prefix_kv[i]
-        x = expert_layer(layer_tensors(P, EXPERT + f"layers.{i}."), x, prefix_k, prefix_v, mask, positions, cfg.n_head,
-                         cfg.n_kv_head, cfg.head_dim, cfg.rms_eps, cfg.rope_base, layer_kind(cfg, i) == "joint")
+        L = layer_tensors(P, EXPERT + f"layers.{i}.", LLAMA_LAYER_TENSORS)
+        x = expert_layer(L, x, prefix_k, prefix_v, mask, positions, cfg.n_head, cfg.n_kv_head, cfg.head_dim,
+                         cfg.rms_eps, cfg.rope_base, layer_kind(cfg, i) == "joint")
     return rms_norm(x, P[EXPERT + "norm.weight"], cfg.rms_eps)
 
 

@@ -81,13 +81,14 @@ def bench_runs(shard):
             losses[name] = float(loss.group(1))
             mode = "off" if name == "eager" else name
             check(f"  it says what it ran: torch.compile {mode}, scaled_dot_product_attention",
-                  warm is not None and f"torch.compile: {mode}," in warm.group(0) and "scaled_dot_product" in warm.group(0))
+                  warm is not None and f"torch.compile: {mode}," in warm.group(0)
+                  and "scaled_dot_product" in warm.group(0))
     if len(losses) == 3:
         e = losses["eager"]
         for name in ("layers", "model"):
             rel = abs(losses[name] - e) / abs(e)
-            check(f"6 AdamW steps: loss {losses[name]:.6f} compiled ({name}) vs {e:.6f} eager, rel {rel:.1e} (tol 1e-5)",
-                  rel <= 1e-5)
+            check(f"6 AdamW steps: loss {losses[name]:.6f} compiled ({name}) vs {e:.6f} eager, rel {rel:.1e} "
+                  "(tol 1e-5)", rel <= 1e-5)
     p = subprocess.run(base + ["--compile-backend", "aot_eager"], capture_output=True, text=True)
     check(f"--compile-backend without --compile: exit {p.returncode}, {p.stderr.strip()}",
           p.returncode != 0 and p.stderr.strip().startswith("error: --compile-backend goes with --compile"))
