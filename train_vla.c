@@ -1979,13 +1979,15 @@ int main(int argc, char** argv) {
         logger_step(&logger, step, args.steps, loss, lr_at_step(&args, step), norm, ms, sps, NAN, NAN,
                     (step + 1) % args.log_every == 0 || step + 1 == args.steps);
         int done = step + 1;
-        if ((args.ckpt_every > 0 && done % args.ckpt_every == 0) || done == args.steps) {
+        if (train_ckpt_due(&args, done, 0)) {
             smolvla_save(&model, &ds, &args, done, sampler_pos + (uint64_t)(done - start) * global_batch);
         }
     }
     if (stop_requested) {
-        smolvla_save(&model, &ds, &args, step, sampler_pos + (uint64_t)(step - start) * global_batch);
-        printf("interrupted: saved step %d to %s; continue with -y 1\n", step, args.output);
+        if (train_ckpt_due(&args, step, 1)) {
+            smolvla_save(&model, &ds, &args, step, sampler_pos + (uint64_t)(step - start) * global_batch);
+        }
+        train_report_interrupt(&args, step);
     }
     loader_stop(&loader);
     printf("data loader: %d worker thread(s), the trainer waited %.1f ms for batches in %d steps\n", args.workers,

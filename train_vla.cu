@@ -6397,7 +6397,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
             vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; "
                      "the last checkpoint in %s is intact", done, loss, norm, args->output);
         }
-        if ((args->ckpt_every > 0 && done % args->ckpt_every == 0) || done == args->steps || stopped) {
+        if (train_ckpt_due(args, done, stopped)) {
             smolvla_save(&model, run->initial.params, &run->ds, args, done,
                          run->sampler_pos + (uint64_t)(done - run->start) * global_batch, lead,
                          model.scaler != NULL ? &scale : NULL);
@@ -6417,7 +6417,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     loader_pin(&loader, 0);
     loader_stop(&loader);
     if (lead) {
-        if (stopped) { printf("interrupted: saved step %d to %s; continue with -y 1\n", step, args->output); }
+        if (stopped) { train_report_interrupt(args, step); }
         if (model.scaler != NULL) {
             printf("fp16 loss scaling: %llu step(s) of this run's %d skipped for Inf/NaN gradients (%llu in all), loss scale "
                    "now %g\n", (unsigned long long)(scale.skipped - run->loss_scale.skipped), step - run->start,

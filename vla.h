@@ -2650,6 +2650,7 @@ typedef struct {
     uint64_t seed;
     int resume;             // -y 1: continue from the newest complete checkpoint in output
     int ckpt_every, keep;
+    int no_checkpoint;      // --no-checkpoint: write none (benchmarks); the run's weights are not kept
     int log_every;
     int threads;            // OpenMP threads, 0: the runtime's default
     int workers;            // data loader threads, 0: assemble in the training thread
@@ -2742,6 +2743,8 @@ static inline void train_args_usage(const char* prog) {
            "                         and the dataset's statistics; its sizes, and cameras and dims from the dataset)\n");
     printf("  -k, --ckpt-every N     checkpoint every N steps and at the end, 0: only at the end (%d)\n", d.ckpt_every);
     printf("      --keep N           checkpoints kept in the output folder (%d)\n", d.keep);
+    printf("      --no-checkpoint    write no checkpoint, not even at the end or on Ctrl-C (benchmarks: the weights\n"
+           "                         trained are not kept)\n");
     printf("      --log-every N      print a step line every N steps (%d)\n", d.log_every);
     printf("  -t, --threads N        OpenMP threads, 0: runtime default (%d)\n", d.threads);
     printf("      --workers N        data loader threads filling a ring of batches ahead of the trainer (%d)\n", d.workers);
@@ -2803,7 +2806,8 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     train_args_defaults(a);
     enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
            OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY, OPT_BALANCE,
-           OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY, OPT_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW, OPT_PROFILE };
+           OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY, OPT_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW, OPT_PROFILE,
+           OPT_NO_CHECKPOINT };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -2814,6 +2818,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"resume", required_argument, 0, 'y'},       {"init", required_argument, 0, OPT_INIT},
         {"weights-only", no_argument, 0, OPT_WEIGHTS_ONLY},
         {"ckpt-every", required_argument, 0, 'k'},   {"keep", required_argument, 0, OPT_KEEP},
+        {"no-checkpoint", no_argument, 0, OPT_NO_CHECKPOINT},
         {"log-every", required_argument, 0, OPT_LOG_EVERY}, {"threads", required_argument, 0, 't'},
         {"workers", required_argument, 0, OPT_WORKERS}, {"augment-shift", required_argument, 0, OPT_AUGMENT},
         {"total-batch", required_argument, 0, 'd'},  {"lr-scale", required_argument, 0, OPT_LR_SCALE},
@@ -2830,7 +2835,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     opterr = 0;
     optind = 1;
-    int opt, nodes_given = 0, rank_given = 0;
+    int opt, nodes_given = 0, rank_given = 0, ckpt_given = 0;
     while ((opt = getopt_long(argc, argv, ":i:o:p:b:g:d:n:l:u:w:c:s:y:k:t:z:h", longs, NULL)) != -1) {
         switch (opt) {
             case 'i': a->input = optarg; break;
@@ -2881,7 +2886,8 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case 'y': a->resume = (int)parse_int_arg("resume", optarg, 0, 1); break;
             case OPT_INIT: a->init = optarg; break;
             case OPT_WEIGHTS_ONLY: a->weights_only = 1; break;
-            case 'k': a->ckpt_every = (int)parse_int_arg("ckpt-every", optarg, 0, 1L << 30); break;
+            case 'k': a->ckpt_every = (int)parse_int_arg("ckpt-every", optarg, 0, 1L << 30); ckpt_given = 1; break;
+            case OPT_NO_CHECKPOINT: a->no_checkpoint = 1; break;
             case OPT_KEEP: a->keep = (int)parse_int_arg("keep", optarg, 1, 4096); break;
             case OPT_LOG_EVERY: a->log_every = (int)parse_int_arg("log-every", optarg, 1, 1L << 30); break;
             case 't': a->threads = (int)parse_int_arg("threads", optarg, 0, 4096); break;
@@ -2900,6 +2906,9 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     if (a->resume && a->init != NULL) { vla_fail("-y 1 and --init both pick a checkpoint: use one of them"); }
     if (a->weights_only && a->init == NULL) {
         vla_fail("--weights-only takes the weights of --init FILE: give the checkpoint to fine-tune from with --init");
+    }
+    if (a->no_checkpoint && ckpt_given) {
+        vla_fail("--no-checkpoint writes no checkpoint and -k %d asks for them: drop one of the two", a->ckpt_every);
     }
     if (!a->train_given) { a->train_mode = smolvla_default_train_mode(a->preset); }
     if (a->task_weights != NULL && a->balance != BALANCE_TASKS) {
@@ -2959,6 +2968,22 @@ static inline void train_args_for_world(TrainArgs* a, int world) {
     }
     float factor = a->lr_scale == LR_SCALE_LINEAR ? (float)world : a->lr_scale == LR_SCALE_SQRT ? sqrtf((float)world) : 1.0f;
     a->lr = a->lr_base * factor;
+}
+
+// Whether a checkpoint is written once `done` steps are: every -k steps, at the end, and when the
+// run was stopped early; never with --no-checkpoint
+static inline int train_ckpt_due(const TrainArgs* a, int done, int stopped) {
+    if (a->no_checkpoint) { return 0; }
+    return (a->ckpt_every > 0 && done % a->ckpt_every == 0) || done == a->steps || stopped;
+}
+
+// What an interrupted run prints: where its last step went, or that --no-checkpoint kept nothing
+static inline void train_report_interrupt(const TrainArgs* a, int step) {
+    if (a->no_checkpoint) {
+        printf("interrupted at step %d: no checkpoint written (--no-checkpoint)\n", step);
+    } else {
+        printf("interrupted: saved step %d to %s; continue with -y 1\n", step, a->output);
+    }
 }
 
 // Samples per optimizer step: the effective batch

@@ -84,6 +84,26 @@ rc=$?
 one_line_error "$tmp/err" "-t 1000: this machine could start only" && [ "$rc" -eq 1 ]
 check $? "-t 1000 under a 4 GiB address space: exit $rc: $(head -c 200 "$tmp/err")"
 
+echo "== --no-checkpoint (benchmarks): none at the end, none on Ctrl-C, and -k beside it refused"
+out=$tmp/nockpt
+$TRAINER "${run[@]}" -n 3 --no-checkpoint -o "$out" > "$tmp/out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && [ -z "$(ls "$out"/ckpt_* "$out"/*.tmp 2> /dev/null)" ] && steps_once "$out/log.jsonl" 3
+check $? "3 steps: exit $rc, no checkpoint and no .tmp in the folder, steps 1-3 in log.jsonl"
+$TRAINER "${run[@]}" -n 1000000 --no-checkpoint -o "$tmp/nockpt_int" > "$tmp/out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q '^step' "$tmp/out" 2> /dev/null && break; sleep 0.1; done
+kill -INT "$pid"
+wait "$pid"
+rc=$?
+grep -q '^interrupted at step [0-9]*: no checkpoint written (--no-checkpoint)$' "$tmp/out" && [ "$rc" -eq 130 ] &&
+    [ -z "$(ls "$tmp/nockpt_int"/ckpt_* "$tmp/nockpt_int"/*.tmp 2> /dev/null)" ]
+check $? "SIGINT: exit $rc, says nothing was written, and nothing was: $(grep '^interrupted' "$tmp/out")"
+$TRAINER "${run[@]}" -n 1 --no-checkpoint -k 5 -o "$tmp/nockpt_k" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "--no-checkpoint writes no checkpoint and -k 5 asks for them" && [ "$rc" -eq 1 ]
+check $? "with -k 5: exit $rc, one line: $(head -c 200 "$tmp/err")"
+
 echo "== log.jsonl after a kill between a step's line and its checkpoint"
 out=$tmp/log
 $TRAINER "${run[@]}" -n 3 -k 3 -o "$out" > /dev/null 2>&1
