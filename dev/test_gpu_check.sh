@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# dev/gpu_check.sh without a GPU: the stages it would run, in order (DRY_RUN=1), STAGES' filter,
-# BUDGET's check and the tables printed from no logs. GPU calls are few and short here, so a
-# mistake in the script should show in make test, not in a call's minutes.
+# dev/gpu_check.sh without a GPU: the two calls' stage plans (DRY_RUN=1) in their order, each
+# stage's expected seconds and the headline call's sum within its budget, benchmarks that write
+# no checkpoint and time STEPS steps, STAGES' filter, bad settings, a call whose budget is too
+# short for its stages (each skipped and said so), and the figures of a stage that ran written to
+# OUTDIR as soon as it ended. GPU time comes 15 minutes at a time, so a mistake in the script
+# should show in make test, not in a call's minutes.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 out=build/test_gpu_check
 rm -rf "$out"
 mkdir -p "$out"
+export GPU_CHECK_WORK=$out/work  # (not build/gpu_check, which may hold a GPU call's logs)
 passed=0
 failed=0
 check() {  # check DESCRIPTION CONDITION...
@@ -20,63 +24,138 @@ check() {  # check DESCRIPTION CONDITION...
         failed=$((failed + 1))
     fi
 }
+stages_of() { sed -n 's/^stage \([a-z0-9_]*\) [~0-9]*: .*/\1/p' "$1" | tr '\n' ' '; }
 
-DRY_RUN=1 dev/gpu_check.sh "$out/all" > "$out/all.log" 2>&1
+# ---- the headline call: its stages in the order of worth, the expected seconds, the budget
+DRY_RUN=1 dev/gpu_check.sh "$out/headline" > "$out/headline.log" 2>&1
 rc=$?
 check "DRY_RUN=1 dev/gpu_check.sh exits 0 (exit $rc)" [ $rc -eq 0 ]
-mapfile -t stages < <(sed -n 's/^stage \([a-z0-9_]*\): .*/\1/p' "$out/all.log")
-echo "     ${#stages[@]} stages: ${stages[*]}"
-# where a stage stands in the list (-1 if absent)
-at() {
-    local i
-    for i in "${!stages[@]}"; do
-        [ "${stages[$i]}" = "$1" ] && { echo "$i"; return; }
-    done
-    echo -1
-}
-in_order() {  # each named stage present, and after the one before it
+listed=$(stages_of "$out/headline.log")
+want="build bench_train_vla_expert bench_train_vla_all lerobot_expert_bf16 lerobot_all_bf16 bench_infer lerobot_infer_none \
+test_gpu_bf16_lerobot profile_expert profile_all "
+check "the headline call: one build, train_vla expert and all, LeRobot's bf16 step, the chunk against LeRobot's, the bf16 \
+tests against LeRobot, the profiles ($listed)" [ "$listed" = "$want" ]
+n_stages=$(grep -c '^stage ' "$out/headline.log")
+n_timed=$(grep -cE '^stage [a-z0-9_]+ ~?[0-9]+: ' "$out/headline.log")
+check "every stage carries its expected seconds ($n_timed of $n_stages)" [ "$n_timed" -eq "$n_stages" -a "$n_stages" -gt 0 ]
+# the sum, recomputed from the stage lines and the overhead line, and as the script prints it
+sum=$(sed -n 's/^stage [a-z0-9_]* ~\{0,1\}\([0-9]*\): .*/\1/p' "$out/headline.log" | awk '{s += $1} END {print s + 0}')
+overhead=$(sed -n 's/^(facts, wheels, tables) *~\([0-9]*\) s.*/\1/p' "$out/headline.log")
+printed=$(sed -n 's/^sum: \([0-9]*\) s of BUDGET \([0-9]*\) s$/\1 \2/p' "$out/headline.log")
+check "the plan's sum is the stages' ($sum s) and the overhead's (${overhead:-?} s): printed '$printed'" \
+    [ -n "$overhead" -a "$printed" = "$((sum + ${overhead:-0})) 420" ]
+check "the headline call's plan fits its 420 s, builds included ($((sum + ${overhead:-0})) s)" \
+    [ $((sum + ${overhead:-0})) -le 420 ]
+check "the plan counts the build of the four nvcc binaries on the GPU machine (~95 s), and builds them there unless \
+dev/gpu_check.sh prepare did for these sources" \
+    bash -c "grep -q '^stage build ~95: make .*build/gpu/train_vla_bf16 .*build/gpu/test_vla_gpu_bf16 .*libvla_gpu.so' \
+             '$out/headline.log' || { grep -q '^stage build ~95: make ' '$out/headline.log' &&
+             grep -q '^build .*the GPU binaries that dev/gpu_check.sh prepare built' '$out/headline/summary.txt'; }"
+# the benchmarks: no checkpoint, STEPS timed steps (the first step untimed)
+bench_lines() { grep -E '^stage (bench_train_vla|profile_|bench_recompute|train_default|balance_default)' "$1"; }
+check "every train_vla run of the call writes no checkpoint (--no-checkpoint)" \
+    bash -c "[ \$(grep -cE '^stage (bench_train_vla|profile_)' '$out/headline.log') -eq 4 ] &&
+             ! grep -E '^stage (bench_train_vla|profile_)' '$out/headline.log' | grep -v -q -- '--no-checkpoint'"
+DRY_RUN=1 STEPS=7 dev/gpu_check.sh "$out/steps" > "$out/steps.log" 2>&1
+check "STEPS=7: train_vla runs 8 steps (the first untimed), LeRobot 7 after 5 untimed" \
+    bash -c "grep -q '^stage bench_train_vla_expert .* -n 8 ' '$out/steps.log' &&
+             grep -q '^stage lerobot_expert_bf16 .*--steps 7 --warmup 5 ' '$out/steps.log' &&
+             grep -q 'the mean of 7 timed steps' '$out/steps/table.txt'"
+
+# ---- the second call: everything else, nothing of the headline's but the build, nothing that
+# needs no GPU
+DRY_RUN=1 dev/gpu_check.sh more "$out/more" > "$out/more.log" 2>&1
+rc=$?
+check "DRY_RUN=1 dev/gpu_check.sh more exits 0 (exit $rc)" [ $rc -eq 0 ]
+more=$(stages_of "$out/more.log")
+both=$(comm -12 <(tr ' ' '\n' <<< "$listed" | sort) <(tr ' ' '\n' <<< "$more" | sort) | grep . | tr '\n' ' ')
+check "the two calls share only the build stage ($both)" [ "$both" = "build " ]
+in_order() {  # each named stage in $more, after the one before it
     local prev=-1 name i
+    local -a list
+    read -r -a list <<< "$more"
     for name in "$@"; do
-        i=$(at "$name")
+        i=-1
+        for j in "${!list[@]}"; do [ "${list[$j]}" = "$name" ] && i=$j; done
         [ "$i" -gt "$prev" ] || { echo "     $name at $i, after position $prev?"; return 1; }
         prev=$i
     done
 }
-check "issue 12's figures first: train_vla, LeRobot's bf16 step, the bf16 tests, torch.compile, LeRobot's defaults" \
-    in_order build_bench bench_train_vla_expert bench_train_vla_all profile_expert profile_all attention_bench \
-    lerobot_expert_bf16 lerobot_all_bf16 build_tests_bf16 test_gpu_bf16 bench_torch_compile_expert \
-    bench_torch_compile_all lerobot_expert_none lerobot_all_none
-check "then inference, the other precisions' tests, the dev/cuda programs and the short checks" \
-    in_order lerobot_all_none bench_infer lerobot_infer_none build_tests test_gpu_fp32 test_gpu_fp16 cuda_registers \
-    cuda_adamw cuda_time_mlp lerobot_infer_bf16 train_default launchers bench_recompute_attn bench_recompute_layer \
-    balance_default
-n_cuda=$(find dev/cuda -maxdepth 1 -name '*.cu' | wc -l)
-n_cuda_stages=$(printf '%s\n' "${stages[@]}" | grep -c '^cuda_[a-z0-9_]*$' )
-check "a stage per dev/cuda program and cuda_registers ($n_cuda_stages for $n_cuda programs)" \
-    [ "$n_cuda_stages" -eq $((n_cuda + 1)) ]
-dups=$(printf '%s\n' "${stages[@]}" | sort | uniq -d | tr '\n' ' ')
-check "no stage twice${dups:+: $dups}" [ -z "$dups" ]
+check "more: the rest of the bf16 tests, LeRobot's fp32 step and bf16 chunks, the other precisions, the attention \
+kernels, torch.compile, the short runs, the dev/cuda programs" \
+    in_order build test_gpu_bf16_rest lerobot_expert_none lerobot_all_none lerobot_infer_bf16 build_more test_gpu_fp32 \
+    test_gpu_fp16 attention_bench bench_torch_compile_expert bench_torch_compile_all train_default launchers \
+    bench_recompute_attn bench_recompute_layer balance_default build_dev_cuda cuda_adamw cuda_time_mlp
+n_cuda=$(find dev/cuda -maxdepth 1 -name '*.cu' ! -name attention_smolvla.cu | wc -l)
+n_cuda_stages=$(tr ' ' '\n' <<< "$more" | grep -c '^cuda_')
+check "a stage per dev/cuda program but attention_smolvla, which attention_bench runs ($n_cuda_stages for $n_cuda)" \
+    [ "$n_cuda_stages" -eq "$n_cuda" ]
+check "no stage of either call needs no GPU (register counts, the scaling model from a log)" \
+    bash -c "! grep -qE '^stage [a-z0-9_]*(registers|scaling)' '$out/headline.log' '$out/more.log'"
+dups=$(tr ' ' '\n' <<< "$more" | grep . | sort | uniq -d | tr '\n' ' ')
+check "no stage twice in more${dups:+: $dups}" [ -z "$dups" ]
+check "more's train_vla runs write no checkpoint either" \
+    bash -c "! grep -E '^stage (bench_recompute|train_default|balance_default)' '$out/more.log' | grep -v -q -- '--no-checkpoint'"
 check "the torch.compile stages compile per layer (dev/model.py --compile)" \
-    grep -q '^stage bench_torch_compile_expert: .*dev/model.py .*--compile$' "$out/all.log"
+    grep -q '^stage bench_torch_compile_expert ~[0-9]*: .*dev/model.py .*--compile$' "$out/more.log"
+
+# ---- the tables and the files of OUTDIR
 for mode in expert all; do
-    check "the --train $mode table has train_vla, torch.compile and both LeRobot rows" \
-        bash -c "awk '/^--train $mode:/ {on = 1; next} on && /^\$/ {exit} on' '$out/all/table.txt' > '$out/$mode.rows' &&
-                 grep -q '^| train_vla (bf16' '$out/$mode.rows' && grep -q 'torch.compile (per layer)' '$out/$mode.rows' &&
+    check "the --train $mode table has train_vla, both LeRobot rows and torch.compile's (not run yet)" \
+        bash -c "awk '/^--train $mode:/ {on = 1; next} on && /^\$/ {exit} on' '$out/headline/table.txt' > '$out/$mode.rows' &&
+                 grep -q '^| train_vla (bf16)  *|  *not run' '$out/$mode.rows' &&
+                 grep -q 'torch.compile (per layer)' '$out/$mode.rows' &&
                  grep -q 'LeRobot 0.6.1 (defaults, fp32)' '$out/$mode.rows' &&
                  grep -q 'LeRobot 0.6.1 (bf16 mixed precision)' '$out/$mode.rows'"
 done
 check "device.txt, summary.txt and table.txt written to OUTDIR" \
-    test -f "$out/all/device.txt" -a -f "$out/all/summary.txt" -a -f "$out/all/table.txt"
+    test -f "$out/headline/device.txt" -a -f "$out/headline/summary.txt" -a -f "$out/headline/table.txt"
 
-DRY_RUN=1 STAGES='^bench_torch_compile_' dev/gpu_check.sh "$out/some" > "$out/some.log" 2>&1
-listed=$(sed -n 's/^stage \([a-z0-9_]*\): .*/\1/p' "$out/some.log" | tr '\n' ' ')
+DRY_RUN=1 STAGES='^bench_torch_compile_' dev/gpu_check.sh more "$out/some" > "$out/some.log" 2>&1
+listed=$(stages_of "$out/some.log")
 check "STAGES='^bench_torch_compile_' lists those two alone ($listed)" \
     [ "$listed" = "bench_torch_compile_expert bench_torch_compile_all " ]
 
-DRY_RUN=1 BUDGET=9x dev/gpu_check.sh "$out/bad" > "$out/bad.log" 2>&1
+for bad in BUDGET=9x STEPS=0 B=-1; do
+    env DRY_RUN=1 "$bad" dev/gpu_check.sh "$out/bad" > "$out/bad.log" 2>&1
+    rc=$?
+    check "$bad: exit 2 and one line that names it ($(head -n 1 "$out/bad.log"))" \
+        bash -c "[ $rc -eq 2 ] && [ \$(wc -l < '$out/bad.log') -eq 1 ] && grep -q '^error: ${bad%%=*}=' '$out/bad.log'"
+done
+
+# ---- a real call (no DRY_RUN) with no GPU: a budget too short for any stage skips each, says so,
+# and exits non-zero; nothing is built or run
+BUDGET=12 PYTHON=/bin/false dev/gpu_check.sh "$out/short" > "$out/short.log" 2>&1
 rc=$?
-check "BUDGET=9x: exit 2 and one line that names it ($(head -n 1 "$out/bad.log"))" \
-    bash -c "[ $rc -eq 2 ] && [ \$(wc -l < '$out/bad.log') -eq 1 ] && grep -q '^error: BUDGET=9x' '$out/bad.log'"
+skipped=$(sed -n 's/^\([a-z0-9_]*\) *skipped: expects ~\{0,1\}[0-9]* s, [0-9-]* s of BUDGET (12 s) left$/\1/p' \
+    "$out/short/summary.txt" | grep -v '^lerobot_' | tr '\n' ' ')
+check "BUDGET=12: every stage skipped and listed as such (LeRobot's where its wheels are), exit $rc: $skipped" \
+    [ "$rc" -ne 0 -a "$skipped" = "build bench_train_vla_expert bench_train_vla_all bench_infer test_gpu_bf16_lerobot \
+profile_expert profile_all " ]
+
+# ---- the figures of a stage that ran are in OUTDIR when it ends: the inference stage with a
+# stand-in for Python that writes a report of known figures where dev/bench_infer.py would
+cat > "$out/python" << 'EOF'
+#!/usr/bin/env bash
+# dev/bench_infer.py: write a fixed report to --json; anything else: the real python3
+if [ "${1:-}" = dev/bench_infer.py ]; then
+    while [ $# -gt 0 ]; do [ "$1" = --json ] && json=$2; shift; done
+    run() { printf '{"ms_per_chunk_median": %s, "ms_per_chunk_p90": %s, "prefix_ms_median": %s, "steps_ms_median": %s}' "$@"; }
+    printf '{"runs": {"graphs": %s, "eager": %s}}\n' "$(run 12.5 13.0 4.0 8.0)" "$(run 15.0 16.0 4.5 10.0)" > "$json"
+    echo "infer_ms_per_chunk 12.5"
+    exit 0
+fi
+exec python3 "$@"
+EOF
+chmod +x "$out/python"
+STAGES='^bench_infer$' PYTHON=$PWD/$out/python dev/gpu_check.sh "$out/one" > "$out/one.log" 2>&1
+rc=$?
+check "one stage run: exit $rc, the summary says ok, the table holds its figures (12.50 ms with the graph, 15.00 and 1.20x \
+without, prefix 4.00 + steps 8.00 ms)" \
+    bash -c "[ $rc -eq 0 ] && grep -q '^bench_infer  *ok (' '$out/one/summary.txt' &&
+             grep -q 'CUDA graph) *| *12.50 | *13.00 | *1.00x | prefix 4.00 + steps 8.00 ms' '$out/one/table.txt' &&
+             grep -q 'one by one) *| *15.00 | *16.00 | *1.20x |' '$out/one/table.txt' &&
+             tar -tzf '$out/one/logs.tar.gz' | grep -q 'logs/bench_infer.log'"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
