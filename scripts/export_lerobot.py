@@ -115,7 +115,8 @@ def check_tokenizer(ck, vlm):
     """The VLM's tokenizer must make the token ids the checkpoint was trained on: LeRobot's
     pre-processor tokenizes with it. Returns a line when it cannot be checked."""
     ckpt_dir = os.path.dirname(os.path.abspath(ck["path"]))
-    for place in smolvla.vlm_places(vlm, ckpt_dir):
+    places = [vlm] if import_lerobot.is_vlm_path(vlm) else smolvla.vlm_places(vlm, ckpt_dir)
+    for place in places:
         path = os.path.join(place, "tokenizer.json")
         if not os.path.isfile(path):
             continue
@@ -207,8 +208,11 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description="a train_vla checkpoint -> a LeRobot SmolVLA policy folder")
     ap.add_argument("checkpoint", help="a train_vla checkpoint (version 2)")
     ap.add_argument("-o", "--output", required=True, help="policy folder to write (new, or empty)")
-    ap.add_argument("--vlm", help=f"the SmolVLM of these sizes: folder or hub name (default for the smolvla preset's "
-                                  f"sizes: {RELEASED_VLM})")
+    ap.add_argument("--vlm", metavar="DIR_OR_NAME",
+                    help=f"the SmolVLM of these sizes: a path (absolute, starting with ./ ../ or ~, or of more than one "
+                         f"slash) is its folder as given and must hold config.json; a name (a folder name, or an HF "
+                         f"repo id owner/name) is looked up here, next to the checkpoint, then in the HF cache "
+                         f"(default for the smolvla preset's sizes: {RELEASED_VLM})")
     ap.add_argument("--cameras", help="comma-separated camera names, in the checkpoint's order (camera1,camera2,...)")
     ap.add_argument("--device", help="config.json's device (default: none, LeRobot picks)")
     return ap.parse_args(argv)
@@ -226,7 +230,11 @@ def run(args):
     if not os.path.isdir(os.path.dirname(out)):
         fail(f"-o {args.output}: folder {os.path.dirname(out)} does not exist: create it first")
     if args.vlm:
-        vlm = os.path.abspath(args.vlm) if os.path.isdir(args.vlm) else args.vlm
+        try:  # a path must be the folder as given; a name is looked up (import_lerobot.py's rule)
+            vlm = import_lerobot.check_vlm_path(args.vlm, "the checkpoint")
+        except import_lerobot.UserError as e:
+            fail(f"{e}")
+        vlm = os.path.abspath(vlm) if os.path.isdir(vlm) else vlm
     elif is_released_sizes(cfg):
         vlm = RELEASED_VLM
     else:

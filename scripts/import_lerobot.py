@@ -2,7 +2,7 @@
 """
 import_lerobot.py: a LeRobot SmolVLA policy folder -> a train_vla checkpoint (version 2).
 
-    /usr/bin/python3 scripts/import_lerobot.py POLICY_DIR -o CKPT [--vlm DIR] [--train-mode MODE]
+    /usr/bin/python3 scripts/import_lerobot.py POLICY_DIR -o CKPT [--vlm DIR_OR_NAME] [--train-mode MODE]
         [--max-text N] [--tokenizer NAME] [--seed N]
     ./train_vla_cpu -i data.bin --init CKPT --weights-only ...         # fine-tune it (its sizes, this data)
     VLAPolicy(CKPT)                                                      # scripts/vla_policy.py
@@ -11,7 +11,10 @@ POLICY_DIR is what LeRobot 0.6.1's save_pretrained writes: config.json (type smo
 model.safetensors (fp32, bf16 or fp16) and, when the processors were saved next to it,
 policy_preprocessor.json / policy_postprocessor.json with their normalizer state files. The
 sizes come from config.json and the VLM config its vlm_model_name names (a local folder, a
-folder of that name next to the policy, or the HF cache; --vlm DIR points elsewhere). Every
+folder of that name next to the policy, or the HF cache). --vlm overrides vlm_model_name: a name
+(a bare folder name, or an HF repo id owner/name) is looked up the same way; a path (absolute, or
+starting with ./ ../ or ~, or of more than one slash) is the VLM's folder as given, and one that
+is not a folder holding config.json is an error, never a folder of its base name elsewhere. Every
 tensor of vla.h's table (SMOLVLA_PARAMETERS, as dev/model.py states it) is read by its LeRobot
 name and shape-checked; tensors of the file the table lacks (lm_head, which feeds nothing) are
 listed as skipped. Any problem is one line, `error: ...: <fix>`, exit status 1, nothing written.
@@ -157,6 +160,31 @@ def check_policy_config(policy_dir):
     return pc
 
 
+def is_vlm_path(vlm):
+    """Whether --vlm is a path, the VLM's folder as given, rather than a name looked up as
+    vlm_model_name is: absolute, starting with ./ ../ or ~, or of more than one slash (an HF repo
+    id, owner/name, has one; a trailing slash does not count)."""
+    return (os.path.isabs(vlm) or vlm in (".", "..", "~") or vlm.startswith(("./", "../", "~"))
+            or vlm.rstrip("/").count("/") > 1)
+
+
+def check_vlm_path(vlm, beside="the policy"):
+    """--vlm as the folder to read: a path must be a folder holding config.json (the lookup by base
+    name would find another folder silently); a name passes as it is. Returns the value to use."""
+    if not is_vlm_path(vlm):
+        return vlm
+    path = os.path.expanduser(vlm)
+    fix = "pass the VLM's folder (config.json, tokenizer.json), or a name (a folder name or HF repo id owner/name) " \
+          f"to look up next to {beside} and in the HF cache"
+    if not os.path.exists(path):
+        fail(f"--vlm {vlm}: no such folder: {fix}")
+    if not os.path.isdir(path):
+        fail(f"--vlm {vlm} is a file, not a folder: {fix}")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        fail(f"--vlm {vlm}: the folder has no config.json, so it is not a VLM folder: {fix}")
+    return path
+
+
 def policy_sizes(policy_dir, max_text, vlm_name):
     """Our SmolVLAConfig of the folder (config.json and its VLM's config)."""
     try:
@@ -300,9 +328,10 @@ def is_byte_identity(tok):
 
 
 def tokenizer_name(policy_dir, pc, vlm_name):
-    """(the checkpoint's tokenizer name, a line saying why)."""
+    """(the checkpoint's tokenizer name, a line saying why). A --vlm path is searched alone."""
     name = vlm_name or pc.get("vlm_model_name", "")
-    for place in [policy_dir] + smolvla.vlm_places(name, policy_dir):
+    places = [name] if vlm_name and is_vlm_path(vlm_name) else smolvla.vlm_places(name, policy_dir)
+    for place in [policy_dir] + places:
         path = os.path.join(place, "tokenizer.json")
         if os.path.isfile(path):
             if is_byte_identity(read_json(path, "the tokenizer")):
@@ -331,8 +360,11 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description="a LeRobot SmolVLA policy folder -> a train_vla checkpoint (version 2)")
     ap.add_argument("policy", help="the folder LeRobot's save_pretrained wrote")
     ap.add_argument("-o", "--output", required=True, help="checkpoint file to write")
-    ap.add_argument("--vlm", help="folder (or HF cache name) of the VLM's config.json and tokenizer.json, instead of "
-                                  "config.json's vlm_model_name")
+    ap.add_argument("--vlm", metavar="DIR_OR_NAME",
+                    help="the VLM (its config.json and tokenizer.json), instead of config.json's vlm_model_name: a "
+                         "path (absolute, starting with ./ ../ or ~, or of more than one slash) is its folder as "
+                         "given and must hold config.json; a name (a folder name, or an HF repo id owner/name) is "
+                         "looked up as a folder here, next to the policy, then in the HF cache")
     ap.add_argument("--train-mode", choices=vla.TRAIN_MODES,
                     help="the checkpoint's train mode (default: from train_expert_only / freeze_vision_encoder)")
     ap.add_argument("--max-text", type=int, help="instruction tokens (default: tokenizer_max_length)")
@@ -351,7 +383,8 @@ def run(args):
         fail(f"-o {args.output}: folder {out_dir} does not exist: create it first")
     if os.path.isdir(args.output):
         fail(f"-o {args.output} is a folder: pass a checkpoint file name")
-    cfg, lc = policy_sizes(policy_dir, args.max_text, args.vlm)
+    vlm = None if args.vlm is None else check_vlm_path(args.vlm)
+    cfg, lc = policy_sizes(policy_dir, args.max_text, vlm)
     mode = vla.TRAIN_MODES.index(args.train_mode) if args.train_mode else vla.mode_of_policy(lc)
     params, dtypes, skipped = read_weights(policy_dir, cfg)
     stats, stat_notes = read_stats(policy_dir, cfg)
@@ -365,7 +398,7 @@ def run(args):
             fail(f"--tokenizer {args.tokenizer!r}: pass 1 to 63 printable ASCII characters")
         tok, tok_line = args.tokenizer, f"{args.tokenizer} (--tokenizer)"
     else:
-        tok, tok_line = tokenizer_name(policy_dir, pc, args.vlm)
+        tok, tok_line = tokenizer_name(policy_dir, pc, vlm)
     if not 0 <= args.seed < 2**63:
         fail(f"--seed {args.seed}: pass 0 to 2^63 - 1")
 

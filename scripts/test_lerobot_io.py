@@ -16,7 +16,8 @@ Checks:
     processors' statistics, lm_head named as skipped; the file loads in the policy library
   - LeRobot -> train_vla -> LeRobot: the exported folder loads with from_pretrained(strict=True)
     and its processors; its actions equal the original policy's and train_vla's (libvla.so) on
-    the same raw observation and noise; LeRobot's own reference policy (build/lerobot_ref/all:
+    the same raw observation and noise, VLAPolicy's on LeRobot's float frames (uint8 / 255) its
+    own on the uint8 frames; LeRobot's own reference policy (build/lerobot_ref/all:
     BPE tokenizer, three cameras) round-trips to its recorded chunk, its tokenizer.json named
   - train_vla fine-tuned -> LeRobot: ./train_vla_cpu --init <import> trains a few steps on a
     synthetic shard of the policy's shapes; the export acts as libvla.so does on that checkpoint;
@@ -29,10 +30,13 @@ Checks:
     gives the same ids. A LeRobot policy on that BPE VLM: imported, VLAPolicy(tokenizer=...) acts
     as LeRobot on the same observation and noise; fine-tuned on a shard of its tokenizer, exported,
     LeRobot acts as VLAPolicy; refusals (no tokenizer, another's tokenizer.json, bytes shards)
-  - bad input (not a SmolVLA folder, no config.json, a missing tensor, a shape mismatch): one
-    `error:` line naming the problem, exit status 1, no file written; exports LeRobot could not
-    run as the checkpoint does (a VLM of other sizes or another tokenizer, no --vlm, wrong
-    camera count, a non-empty output folder) refused the same way
+  - bad input (not a SmolVLA folder, no config.json, a missing tensor, a shape mismatch; a --vlm
+    path that is not a VLM folder, which the lookup by base name must not replace with the
+    fixture's folder of that name): one `error:` line naming the problem, exit status 1, no file
+    written, while --vlm names (a folder name, owner/name) still find that folder next to the
+    policy and give the checkpoint of config.json's vlm_model_name byte for byte; exports
+    LeRobot could not run as the checkpoint does (a VLM of other sizes or another tokenizer, no
+    --vlm, wrong camera count, a non-empty output folder) refused the same way
 Exits non-zero on any failure; the last line is `N passed, M failed`.
 """
 
@@ -305,6 +309,39 @@ def check_errors(tmp, good):
               f"{text.strip()[:300]}")
 
 
+def check_vlm_argument(tmp, good, vlm, ckpt):
+    """--vlm: a name (a folder name, an HF repo id owner/name) is looked up as vlm_model_name is and
+    finds the fixture's VLM next to the policy; a path is the folder as given, and a path that is not
+    a VLM folder is one `error:` line naming it, exit 1, nothing written, even where a folder of its
+    base name sits next to the policy. ckpt: the import that read config.json's vlm_model_name."""
+    for label, name in (("a folder name", vlm.name), ("an HF repo id", "someone/" + vlm.name),
+                        ("its absolute path", str(vlm))):
+        out = tmp / "vlm_named.bin"
+        rc, text = run_script(import_lerobot, [str(good), "-o", str(out), "--vlm", name])
+        same = rc == 0 and out.read_bytes() == ckpt.read_bytes()
+        check(same, f"--vlm {name} ({label}): found, the checkpoint of vlm_model_name byte for byte"
+              + ("" if rc == 0 else f": {text.strip()[:300]}"))
+        if out.exists():
+            out.unlink()
+    no_config = tmp / "elsewhere" / vlm.name
+    no_config.mkdir(parents=True)
+    a_file = tmp / "elsewhere" / "vlm_file"
+    a_file.write_text("x")
+    for label, path, needle in (
+            ("an absolute path that does not exist", f"/nonexistent/{vlm.name}", "no such folder"),
+            ("a ./ path that does not exist", f"./nonexistent/{vlm.name}", "no such folder"),
+            ("a path of two slashes that does not exist", f"nowhere/deep/{vlm.name}", "no such folder"),
+            ("a folder without config.json", str(no_config), "the folder has no config.json"),
+            ("a file", str(a_file), "is a file, not a folder")):
+        out = tmp / "vlm_refused.bin"
+        rc, text = run_script(import_lerobot, [str(good), "-o", str(out), "--vlm", path])
+        lines = text.splitlines()
+        ok = rc == 1 and len(lines) == 1 and lines[0].startswith(f"error: --vlm {path}") and needle in lines[0] \
+            and "pass the VLM's folder" in lines[0]
+        check(ok and not out.exists() and not Path(str(out) + ".tmp").exists(),
+              f"import with --vlm {label}: exit {rc}, {len(lines)} line(s), nothing written: {text.strip()[:300]}")
+
+
 def check_export_errors(tmp, ckpt, vlm):
     """Exports LeRobot could not run as the checkpoint does: one `error:` line, exit 1, no folder."""
     bpe = tmp / "vlm_bpe"  # the tiny sizes, but a BPE tokenizer: other token ids than the checkpoint's bytes
@@ -324,6 +361,8 @@ def check_export_errors(tmp, ckpt, vlm):
             ("a VLM whose tokenizer makes other ids", ["--vlm", str(bpe)], "the checkpoint was trained on bytes"),
             ("a VLM of other sizes", ["--vlm", str(other)], "text hidden_size 64, the checkpoint's d_model is 48"),
             ("no --vlm for sizes other than smolvla_base's", [], "pass --vlm DIR"),
+            ("a --vlm path that does not exist (a folder of its base name is beside the checkpoint)",
+             ["--vlm", f"/nonexistent/{vlm.name}"], "no such folder"),
             ("a camera list of the wrong length", ["--vlm", str(vlm), "--cameras", "top"], "reads 2 camera(s)")):
         out = tmp / "export_refused"
         rc, text = run_script(export_lerobot, [str(ckpt), "-o", str(out)] + argv)
@@ -575,6 +614,14 @@ def main():
         e_abs, e_rel = errors(c_act, want)
         check(e_rel <= ACTION_TOL, f"train_vla (libvla.so) vs LeRobot on the imported weights: max abs err "
               f"{e_abs:.3g}, max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
+        # the frames as LeRobot's policy receives them (float32 uint8 / 255), channels last
+        fed = [make_ref.images_as_fed(f).permute(0, 2, 3, 1).numpy() for f in frames.values()]
+        policy = VLAPolicy(str(a_ckpt), threads=1)
+        f_act = policy.act(fed, [t + "\n" for t in TASKS], state.numpy(), noise=noise.numpy()).astype(np.float64)
+        policy.close()
+        e_abs, e_rel = errors(f_act, want)
+        check(np.array_equal(f_act, c_act) and e_rel <= ACTION_TOL, "VLAPolicy on LeRobot's float32 frames (uint8 / "
+              f"255): the uint8 frames' actions exactly, LeRobot's within max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
         check_reference(tmp)
 
         print("a tokenizer.json's ids (byte-level BPE)")
@@ -623,6 +670,7 @@ def main():
 
         print("bad input")
         check_errors(tmp, fp32_dir)
+        check_vlm_argument(tmp, fp32_dir, vlm, a_ckpt)
         check_export_errors(tmp, a_ckpt, vlm)
     print(f"({time.time() - t0:.1f} s)")
     check.finish()

@@ -8,7 +8,10 @@ checkpoint is ./train_vla_cpu's, 4 steps of the tiny preset on build/test/s.bin 
 different sizes, 24x32 and 20x20; state 3, action 2). Instructions as token ids
 (vla_policy_act_tokens, VLAPolicy.act_tokens) are checked against the oracle on every build, with
 the refusals: bad ids and counts, strings for a checkpoint trained on a tokenizer.json's ids (the
-same weights renamed), and in VLAPolicy a missing or differently named tokenizer.json. Run by
+same weights renamed), and in VLAPolicy a missing or differently named tokenizer.json. Frames as
+LeRobot passes them (float32 uint8 / 255), and as float64, float16 and int64, give the uint8
+frames' actions bit for bit; float frames out of [0, 1], NaN or off the 1/255 grid, integers
+outside 0..255 and bool are refused with one line naming the camera. Run by
 `make test` with Debian's python3 (torch; the tokenizers package is not needed: names are compared
 before a tokenizer.json is parsed, and scripts/test_lerobot_io.py serves a real one). Exits
 non-zero on any failure; the last line is `N passed, M failed`.
@@ -80,6 +83,73 @@ def expect_error(what, fn, needle):
         check(False, f"{what}: accepted")
     except ValueError as e:
         check(needle in str(e), f"{what}: {e}")
+
+
+def frame_dtype_checks(policy, images, instructions, state, noise, ours):
+    """The library reads 8-bit frames; VLAPolicy takes LeRobot's float frames (uint8 / 255) too, as
+    the 8-bit frames they are, and refuses any frame it cannot turn into 8 bits exactly. ours: the
+    actions of the uint8 `images`."""
+    # float32 as LeRobot makes them (u8.float() / 255), float64, float16, and float32 scaled by
+    # a rounded 1/255: each is the same 8-bit frame, so the same actions bit for bit
+    as_float = {"float32 uint8 / 255": [im.astype(np.float32) / np.float32(255) for im in images],
+                "float64 uint8 / 255": [im / 255.0 for im in images],
+                "float16 uint8 / 255": [(im / 255.0).astype(np.float16) for im in images],
+                "float32 uint8 * float32(1 / 255)": [im * np.float32(1 / 255) for im in images],
+                "int64 0..255": [im.astype(np.int64) for im in images]}
+    for label, frames in as_float.items():
+        got = policy.act(frames, instructions, state, noise=noise)
+        check(np.array_equal(got, ours), f"frames as {label} give the uint8 frames' actions exactly")
+    # what float frames used to become: cast to uint8, almost every pixel 0
+    truncated = [(im / 255.0).astype(np.uint8) for im in images]
+    got = policy.act(as_float["float32 uint8 / 255"], instructions, state, noise=noise)
+    check(not np.array_equal(got, policy.act(truncated, instructions, state, noise=noise))
+          and not np.array_equal(got, policy.act([0 * im for im in images], instructions, state, noise=noise)),
+          "float frames in [0, 1] do not act as the near-black frames a cast to uint8 makes of them")
+    # every level k / 255 comes back as k, in each float type
+    levels = np.broadcast_to(np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1), (1, 16, 16, 3))
+    for dt in (np.float16, np.float32, np.float64):
+        grid = (levels.astype(dt) / dt(255)).astype(dt)
+        back = policy.cameras([grid, grid])
+        check(all(b.dtype == np.uint8 and np.array_equal(b, levels) for b in back),
+              f"{np.dtype(dt)} frames of every level k / 255, k = 0..255: read as exactly k")
+
+    def refused(label, k, frame, *needles, absent=None):
+        frames = list(images)
+        frames[k] = frame
+        try:
+            policy.act(frames, instructions, state, noise=noise)
+            check(False, f"{label}: accepted")
+        except ValueError as e:
+            msg = str(e)
+            ok = "\n" not in msg and msg.startswith(f"camera {k}: ") and all(n in msg for n in needles) \
+                and (absent is None or absent not in msg)
+            check(ok, f"{label}: one line naming camera {k}: {msg}")
+
+    fix = "pass uint8 frames, or frames in [0, 1] that are uint8 / 255"
+    f32 = [im.astype(np.float32) / np.float32(255) for im in images]
+
+    def with_pixel(im, value, dtype=np.float32):
+        out = im.astype(dtype)
+        out[1, 2, 3, 1] = value
+        return out
+
+    refused("float32 frames on the grid but one 0.5 (127.5 / 255)", 1, with_pixel(f32[1], 0.5),
+            "float32 frames in [0, 1] are not multiples of 1/255", "e.g. 0.5 at (1, 2, 3, 1)",
+            "the library reads 8-bit frames", fix)
+    refused("float16 frames of one 0.5", 0, np.full(images[0].shape, 0.5, np.float16), "not multiples of 1/255", fix)
+    refused("float32 frames of one 1e-4 (0.0255 / 255)", 0, with_pixel(f32[0], 1e-4), "not multiples of 1/255", fix)
+    refused("float64 frames of one 1 + 1/255", 1, with_pixel(f32[1], 1 + 1 / 255, np.float64),
+            "float64 frames range over [", ", 1.00392], outside [0, 1]", fix, absent="cast them to uint8")
+    refused("float32 frames of one -1/255", 0, with_pixel(f32[0], -1 / 255), "outside [0, 1]", fix)
+    refused("float32 frames of 0..255 (not divided by 255)", 1, images[1].astype(np.float32),
+            f"range over [{images[1].min()}, {images[1].max()}], outside [0, 1]",
+            "whole numbers 0..255: cast them to uint8")
+    refused("float32 frames with a NaN", 1, with_pixel(f32[1], np.nan), "float32 frames hold NaN or Inf", fix)
+    refused("float64 frames with an Inf", 0, with_pixel(f32[0], np.inf, np.float64), "NaN or Inf", fix)
+    refused("int64 frames with a 256", 1, with_pixel(images[1], 256, np.int64), "int64 frames range over",
+            "..256, outside 0..255", fix)
+    refused("int16 frames with a -1", 0, with_pixel(images[0], -1, np.int16), "int16 frames range over -1..", fix)
+    refused("bool frames", 0, images[0] > 127, "frames of dtype bool", fix)
 
 
 def act_raw(lib, handle, images, state, texts=None, ids=None, B=None):
@@ -281,6 +351,7 @@ def main():
         single = policy.act([im[1:2] for im in images], instructions[1:2], state[1:2], noise=noise[1:2])
         check(np.allclose(single[0], ours[1], rtol=1e-5, atol=1e-6), "a batch of one gives that observation's actions")
         eval_check(policy, ck, shard, r.stdout + r.stderr)
+        frame_dtype_checks(policy, images, instructions, state, noise, ours)
 
         # bad input: refused before the library sees it, or by the library's return code
         expect_error("one camera for a two-camera checkpoint", lambda: policy.act(images[:1], instructions, state),

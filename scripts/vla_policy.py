@@ -14,6 +14,13 @@ images: one uint8 array (B, h_k, w_k, 3) per camera the model was trained on, in
 size (the model resizes each frame with padding to its square input), or one (B, n_cam, h, w, 3)
 array when the cameras share a size; instructions: B strings; state: float32 (B, state_dim) raw
 (the checkpoint's statistics normalize it).
+The library reads 8-bit frames. Float frames in [0, 1] as LeRobot passes them (uint8 / 255, in
+float16, float32 or float64) are accepted when they are 8-bit frames divided by 255: round(x * 255)
+gives back the 8-bit frame exactly, so they act as those frames do (and as LeRobot does on them,
+to fp32 rounding: the model computes u8 / 255 in float as LeRobot does). Integer frames within
+0..255 pass as 8-bit values. Float frames outside [0, 1], NaN or Inf, or off the 1/255 grid are
+refused, as are integer frames outside 0..255 and other dtypes: a one-line ValueError naming the
+camera, never a silent wrap.
 Instructions become the token ids the checkpoint was trained on (its header names the tokenizer):
 under "bytes" (the presets trained from scratch) their UTF-8 bytes, as the library reads strings;
 under a tokenizer.json ("<basename>:<sha256 prefix>", e.g. a model imported from LeRobot) the
@@ -54,6 +61,48 @@ def policy_error(rc, tokenizer):
             3: "a negative token count, or a token id outside the model's vocabulary",
             4: f"instruction strings for a checkpoint of tokenizer {tokenizer}, whose ids are not the strings' "
                "bytes: pass its token ids (vla_policy_act_tokens)"}.get(rc, f"code {rc}")
+
+
+FRAMES_FIX = "pass uint8 frames, or frames in [0, 1] that are uint8 / 255 (as LeRobot passes them)"
+
+
+def frames_u8(k, frames):
+    """Camera k's frames as the C-contiguous uint8 array the library reads: uint8 as they are; float
+    frames in [0, 1] on the 1/255 grid as round(x * 255), exactly the 8-bit frames they came from;
+    integer frames within 0..255 as they are. Anything else is a one-line ValueError."""
+    im = np.asarray(frames)
+    dt = im.dtype
+    if dt == np.uint8:
+        return np.ascontiguousarray(im)
+    if im.size == 0:  # nothing to convert: the shape checks say what is wrong
+        return np.ascontiguousarray(im, np.uint8)
+    if np.issubdtype(dt, np.floating):
+        x = im.astype(np.float64)
+        if not np.isfinite(x).all():
+            raise ValueError(f"camera {k}: {dt} frames hold NaN or Inf: {FRAMES_FIX}")
+        lo, hi = float(x.min()), float(x.max())
+        if lo < 0 or hi > 1:
+            whole = lo >= 0 and hi <= 255 and np.array_equal(x, np.rint(x))
+            hint = " (these are whole numbers 0..255: cast them to uint8)" if whole else ""
+            raise ValueError(f"camera {k}: {dt} frames range over [{lo:g}, {hi:g}], outside [0, 1]: {FRAMES_FIX}{hint}")
+        scaled = x * 255
+        levels = np.rint(scaled)
+        # k / 255 rounded to the frames' dtype is off k by at most 255 * eps / 4 after scaling (half
+        # an ulp of a value below 1): a tolerance of twice that, and at least 1e-3, takes float32 and
+        # float64 frames of uint8 / 255 however computed, and float16's; 0.5 (127.5) stays out
+        tol = max(1e-3, 255 * float(np.finfo(dt).eps) / 2)
+        off = np.abs(scaled - levels) > tol
+        if off.any():
+            at = tuple(int(i) for i in np.argwhere(off)[0])
+            raise ValueError(f"camera {k}: {dt} frames in [0, 1] are not multiples of 1/255 (e.g. "
+                             f"{float(im[at]):.9g} at {at}): the library reads 8-bit frames: {FRAMES_FIX}")
+        return np.ascontiguousarray(levels, np.uint8)
+    if np.issubdtype(dt, np.integer):
+        lo, hi = int(im.min()), int(im.max())
+        if lo < 0 or hi > 255:
+            raise ValueError(f"camera {k}: {dt} frames range over {lo}..{hi}, outside 0..255: {FRAMES_FIX}")
+        return np.ascontiguousarray(im, np.uint8)
+    raise ValueError(f"camera {k}: frames of dtype {dt}: {FRAMES_FIX}")
 
 
 def load_library(path=None, device="cpu"):
@@ -144,14 +193,18 @@ class VLAPolicy:
             raise
 
     def cameras(self, images):
-        """images as one C-contiguous uint8 (B, h, w, 3) array per camera."""
+        """images as one C-contiguous uint8 (B, h, w, 3) array per camera. The library reads 8-bit
+        frames: uint8 frames pass as they are; float frames in [0, 1] as LeRobot passes them are
+        accepted when they are 8-bit frames divided by 255 (round(x * 255) gives those frames back
+        exactly); integer frames within 0..255 too. Others are refused (frames_u8)."""
         n_cam = self.config["n_cam"]
         if isinstance(images, np.ndarray) and images.ndim == 5:
             images = [images[:, k] for k in range(images.shape[1])]
-        images = [np.ascontiguousarray(im, np.uint8) for im in images]
+        images = list(images)
         if len(images) != n_cam:
             raise ValueError(f"{len(images)} camera(s) given, this checkpoint reads {n_cam}: pass one (B, h, w, 3) array "
                              "per camera it was trained on, in order")
+        images = [frames_u8(k, im) for k, im in enumerate(images)]
         for k, im in enumerate(images):
             if im.ndim != 4 or im.shape[3] != 3 or im.shape[0] != images[0].shape[0]:
                 raise ValueError(f"camera {k}: frames of shape {im.shape}, expected (B, h, w, 3) uint8 with the same B "
