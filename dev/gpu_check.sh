@@ -136,7 +136,7 @@ attention_used() {
 tables() {
     local train log gflop peak ms n sps mem f amp j what
     echo "smolvla preset, batch $B, 2 cameras at 224 px resized to 512; train_vla: the mean of $STEPS timed steps"
-    echo "after 1 untimed; LeRobot: $STEPS after 5 untimed"
+    echo "after 1 untimed; LeRobot: the mean of $STEPS after 5 untimed; torch.compile: the median of $STEPS after 5"
     echo "device: $(sed -n 2p "$OUTDIR/device.txt" 2> /dev/null)"
     echo "$(grep '^commit' "$OUTDIR/device.txt" 2> /dev/null)"
     for train in expert all; do
