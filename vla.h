@@ -36,6 +36,7 @@ trainers call the wrappers that fail with it.
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -1160,6 +1161,13 @@ typedef struct {
     const uint64_t* token_offsets;  // (n_tasks + 1) into tokens
     const int32_t* tokens;          // (n_tokens)
     int32_t* owned_tokens;          // version 1: the tokens made from task_text at open (else NULL)
+    // The tables that addresses are computed from (frame_episode, episodes, task_offsets,
+    // token_offsets, tokens) are private copies, checked at open: a file rewritten in place while
+    // mapped cannot steer a read outside the mapping. The rest (images, state, action, task_text,
+    // stats) is read in place; shard_unchanged notices a change, the SIGBUS handler a truncation.
+    void* tables;
+    uint64_t dev, ino, size;        // the file as opened: shard_unchanged compares them
+    int64_t mtime_ns;
 } Shard;
 
 static inline uint64_t align_up(uint64_t x, uint64_t align) { return (x + align - 1) / align * align; }
@@ -1211,11 +1219,104 @@ static inline void shard_header_layout(ShardHeader* h) {
     h->file_size = pos;
 }
 
+// The mapped shards, for the SIGBUS handler: a shard truncated while mapped makes a read past its
+// new end fault, and the handler names the shard instead of dying as "Bus error". Shards are opened
+// and closed before and after the loader's threads run, so the table does not change under a read.
+typedef struct { const uint8_t* start; size_t size; char* path; } ShardMapping;
+static ShardMapping* shard_mappings = NULL;
+static int shard_n_mappings = 0, shard_mappings_cap = 0;
+static struct sigaction shard_sigbus_previous;
+
+static inline void shard_sigbus_write(const char* text) {
+    size_t n = strlen(text);
+    while (n > 0) {
+        ssize_t w = write(STDERR_FILENO, text, n);
+        if (w <= 0) { return; }
+        text += w;
+        n -= (size_t)w;
+    }
+}
+
+// Async-signal-safe: write(2) and _exit. A fault outside every shard goes to the handler before.
+static inline void shard_on_sigbus(int sig, siginfo_t* info, void* context) {
+    const uint8_t* at = (const uint8_t*)info->si_addr;
+    for (int i = 0; i < shard_n_mappings; i++) {
+        if (at >= shard_mappings[i].start && at < shard_mappings[i].start + shard_mappings[i].size) {
+            shard_sigbus_write("error: dataset shard ");
+            shard_sigbus_write(shard_mappings[i].path);
+            shard_sigbus_write(" was truncated while this run read it: restore the shard and continue with -y 1, or "
+                               "start a new run on the new data\n");
+            _exit(1);
+        }
+    }
+    sigaction(SIGBUS, &shard_sigbus_previous, NULL);  // the fault repeats under the previous handler
+    (void)sig; (void)context;
+}
+
+static inline void shard_mapping_add(const uint8_t* start, size_t size, const char* path) {
+    if (shard_mappings_cap == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_sigaction = shard_on_sigbus;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGBUS, &sa, &shard_sigbus_previous);
+    }
+    if (shard_n_mappings == shard_mappings_cap) {
+        shard_mappings_cap = shard_mappings_cap > 0 ? 2 * shard_mappings_cap : 16;
+        shard_mappings = (ShardMapping*)realloc(shard_mappings, (size_t)shard_mappings_cap * sizeof(ShardMapping));
+        if (shard_mappings == NULL) { vla_fail("out of memory listing the mapped shards"); }
+    }
+    ShardMapping m = {start, size, strdup(path)};
+    shard_mappings[shard_n_mappings++] = m;
+}
+
+static inline void shard_mapping_remove(const uint8_t* start) {
+    for (int i = 0; i < shard_n_mappings; i++) {
+        if (shard_mappings[i].start == start) {
+            free(shard_mappings[i].path);
+            shard_mappings[i] = shard_mappings[--shard_n_mappings];
+            return;
+        }
+    }
+}
+
 static inline void shard_close(Shard* s) {
-    if (s->map != NULL) { munmap(s->map, s->map_size); }
+    if (s->map != NULL) {
+        shard_mapping_remove(s->map);
+        munmap(s->map, s->map_size);
+    }
     s->map = NULL;
     free(s->owned_tokens);
     s->owned_tokens = NULL;
+    free(s->tables);
+    s->tables = NULL;
+}
+
+static inline int64_t stat_mtime_ns(const struct stat* st) {
+    return (int64_t)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
+}
+
+// 0 while the shard's file is the one opened (same file, size and modification time), else 1 with
+// a line naming the shard and what changed in err. A stat, cheap enough to call every batch.
+static inline int shard_unchanged(const Shard* s, char* err, size_t err_size) {
+    struct stat st;
+    char what[160];
+    if (stat(s->path, &st) != 0) {
+        snprintf(what, sizeof(what), "it can no longer be read: %s", strerror(errno));
+    } else if ((uint64_t)st.st_dev != s->dev || (uint64_t)st.st_ino != s->ino) {
+        snprintf(what, sizeof(what), "another file took its name");
+    } else if ((uint64_t)st.st_size != s->size) {
+        snprintf(what, sizeof(what), "its size went from %llu to %llu bytes", (unsigned long long)s->size,
+                 (unsigned long long)st.st_size);
+    } else if (stat_mtime_ns(&st) != s->mtime_ns) {
+        snprintf(what, sizeof(what), "it was rewritten");
+    } else {
+        return 0;
+    }
+    snprintf(err, err_size, "dataset shard %s changed while this run read it (%s): restore the shard and continue with "
+             "-y 1, or start a new run on the new data", s->path, what);
+    return 1;
 }
 
 // Opens and checks a shard of version 1 or 2: every size against the file, every index in range,
@@ -1250,6 +1351,8 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
         SHARD_REJECT_("%s: mmap failed: %s", path, strerror(map_errno));
     }
     s->map_size = len;
+    shard_mapping_add(s->map, len, path);
+    s->dev = (uint64_t)st.st_dev; s->ino = (uint64_t)st.st_ino; s->size = len; s->mtime_ns = stat_mtime_ns(&st);
     ShardHeader* h = &s->h;
     memcpy(h, s->map, offsetof(ShardHeader, n_tokens));  // version 1's fields; the rest stays zero for now
     if (h->magic != SHARD_MAGIC) {
@@ -1373,14 +1476,26 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
     s->images = s->map + h->off_images;
     s->state = (const float*)(s->map + h->off_state);
     s->action = (const float*)(s->map + h->off_action);
-    s->frame_episode = (const uint32_t*)(s->map + h->off_frame_episode);
-    s->episodes = (const ShardEpisode*)(s->map + h->off_episodes);
-    s->task_offsets = (const uint64_t*)(s->map + h->off_task_offsets);
     s->task_text = s->map + h->off_task_text;
     s->stats = (const float*)(s->map + h->off_stats);
+    // the index tables copied, then checked: what is checked is what is read (sections 3, 4, 5,
+    // 8, 9, each a multiple of 8 bytes once aligned)
+    const int copied[5] = {3, 4, 5, 8, 9};
+    uint64_t table_bytes = 0, at = 0;
+    for (int k = 0; k < 5; k++) { table_bytes += align_up(sizes[copied[k]], 8); }
+    s->tables = mallocCheck(table_bytes);
+    void* table[SHARD_SECTIONS] = {NULL};
+    for (int k = 0; k < 5 && k < (h->version == 1 ? 3 : 5); k++) {
+        table[copied[k]] = (uint8_t*)s->tables + at;
+        memcpy(table[copied[k]], s->map + offs[copied[k]], sizes[copied[k]]);
+        at += align_up(sizes[copied[k]], 8);
+    }
+    s->frame_episode = (const uint32_t*)table[3];
+    s->episodes = (const ShardEpisode*)table[4];
+    s->task_offsets = (const uint64_t*)table[5];
     if (h->version != 1) {
-        s->token_offsets = (const uint64_t*)(s->map + h->off_token_offsets);
-        s->tokens = (const int32_t*)(s->map + h->off_tokens);
+        s->token_offsets = (const uint64_t*)table[8];
+        s->tokens = (const int32_t*)table[9];
     }
     // the tables that index into other sections: every index in range
     for (uint64_t e = 0; e < h->n_episodes; e++) {
@@ -1826,6 +1941,19 @@ static inline void dataset_assemble(const Dataset* ds, const SmolVLAConfig* c, u
     }
 }
 
+// 0 when every shard that samples idx (B of them) came from is the file opened, else 1 with the
+// line of shard_unchanged in err. Called after a batch is assembled: a batch read while a shard
+// changed is never trained on.
+static inline int dataset_unchanged(const Dataset* ds, const uint64_t* idx, int B, char* err, size_t err_size) {
+    for (int i = 0; i < B; i++) {
+        int shard = 0, seen = 0;
+        while (idx[i] >= ds->first_sample[shard + 1]) { shard++; }
+        for (int j = 0; j < i && !seen; j++) { seen = idx[j] >= ds->first_sample[shard] && idx[j] < ds->first_sample[shard + 1]; }
+        if (!seen && shard_unchanged(&ds->shards[shard], err, err_size) != 0) { return 1; }
+    }
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // task-balanced sampling (--balance tasks): position p of the global sequence picks a task by a
 // fixed schedule of period P, then that task's next sample. A task is an instruction text (the
@@ -2201,6 +2329,8 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop;
+    int failed;            // a worker's batch came from a shard that changed: error says which
+    char error[VLA_PATH_MAX + 256];
     double wait_seconds;   // time the trainer spent waiting for a batch
 } Loader;
 
@@ -2230,7 +2360,13 @@ static inline void* loader_worker(void* arg) {
         batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, r);
         pthread_mutex_unlock(&L->mu);
         batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, r, L->augment);
+        char err[sizeof(L->error)];
+        int changed = dataset_unchanged(L->ds, idx, L->B, err, sizeof(err));
         pthread_mutex_lock(&L->mu);
+        if (changed && !L->failed) {  // the trainer stops at its next batch, in its own thread
+            L->failed = 1;
+            memcpy(L->error, err, sizeof(err));
+        }
         L->slot_state[slot] = SLOT_READY;
         pthread_cond_broadcast(&L->cv);
     }
@@ -2287,12 +2423,17 @@ static inline SmolBatch* loader_next(Loader* L) {
         uint64_t step = loader_job(L, j, &r);
         batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, r);
         batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, r, L->augment);
+        if (dataset_unchanged(L->ds, idx, L->B, L->error, sizeof(L->error)) != 0) { vla_fail("%s", L->error); }
         return &L->slots[slot];
     }
     double t0 = wall_seconds();
     pthread_mutex_lock(&L->mu);
-    while (!(L->slot_state[slot] == SLOT_READY && L->slot_job[slot] == j)) { pthread_cond_wait(&L->cv, &L->mu); }
+    while (!(L->slot_state[slot] == SLOT_READY && L->slot_job[slot] == j) && !L->failed) {
+        pthread_cond_wait(&L->cv, &L->mu);
+    }
+    int failed = L->failed;
     pthread_mutex_unlock(&L->mu);
+    if (failed) { vla_fail("%s", L->error); }
     L->wait_seconds += wall_seconds() - t0;
     return &L->slots[slot];
 }
@@ -3374,6 +3515,8 @@ static inline void eval_batch(SmolBatch* batch, const Dataset* ds, const SmolVLA
     uint64_t* idx = (uint64_t*)mallocCheck((size_t)batch->B * sizeof(uint64_t));
     batch_fill_indices(idx, &sampler, pos, 0, 0, batch->B, 1, 0);
     batch_fill(batch, ds, c, idx, seed, (uint64_t)step, 0, 0);
+    char err[VLA_PATH_MAX + 256];
+    if (dataset_unchanged(ds, idx, batch->B, err, sizeof(err)) != 0) { vla_fail("%s", err); }
     free(idx);
     sampler_free(&sampler);
 }
