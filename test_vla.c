@@ -1759,6 +1759,21 @@ static void test_untrusted_files(const char* dir) {
     x = -INFINITY;
     corrupt_copy(src, bad, (long)(h.off_action + (7 * h.action_dim + 2) * 4), &x, 4, -1);
     expect_error(dir, "-Inf in an action", args, "bad.bin: frame 7, action column 2 is -Inf");
+
+    // statistics that do not describe the frames: refused naming the column, alone or pooled with a good shard
+    x = 1e30f;
+    corrupt_copy(src, bad, (long)(h.off_stats + 2 * 4), &x, 4, -1);
+    expect_error(dir, "a state mean of 1e30", args, "bad.bin: state column 2: the stored mean 1e+30 is");
+    x = 1e-5f;
+    corrupt_copy(src, bad, (long)(h.off_stats + (2 * h.state_dim + h.action_dim + 1) * 4), &x, 4, -1);
+    expect_error(dir, "an action std of 1e-5 on a varying column", args,
+                 "bad.bin: action column 1: the stored std 1e-05 is");
+    x = 40.0f;  // 55 times the frames' std (0.73)
+    corrupt_copy(src, bad, (long)(h.off_stats + (h.state_dim + 3) * 4), &x, 4, -1);
+    snprintf(args, sizeof(args), "%s -i %s,%s -o %s/bad_out", run, src, bad, dir);
+    expect_error(dir, "a state std 10x too large in the second of two shards", args,
+                 "bad.bin: state column 3: the stored std 40 is");
+    snprintf(args, sizeof(args), "%s -i %s -o %s/bad_out", run, bad, dir);
     uint64_t u64 = h.off_episodes + 4;
     corrupt_copy(src, bad, offsetof(ShardHeader, off_episodes), &u64, 8, -1);
     expect_error(dir, "an unaligned section offset", args, "section episodes starts at offset");

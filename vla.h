@@ -1053,6 +1053,8 @@ static inline int smolvla_load_safetensors(const SafeTensors* st, const SmolVLAC
 #define SHARD_TOKENIZER_BYTES "bytes"   // token id = UTF-8 byte
 #define SHARD_MAX_VOCAB (1u << 24)
 #define VLA_TEXT_VOCAB 256              // the byte tokenizer's vocabulary (the tiny and small presets' text table)
+// A std below this counts as zero: the dimension is constant and is only centered.
+#define VLA_MIN_STD 1e-6f
 
 typedef struct {
     uint32_t magic, version;
@@ -1320,8 +1322,8 @@ static inline int shard_unchanged(const Shard* s, char* err, size_t err_size) {
 }
 
 // Opens and checks a shard of version 1 or 2: every size against the file, every index in range,
-// every token id in its vocabulary, every state and action value finite. Returns 0, or 1 with the
-// reason in err and nothing left open.
+// every token id in its vocabulary, every state and action value finite, the statistics those of
+// the values. Returns 0, or 1 with the reason in err and nothing left open.
 static inline int shard_open_checked(Shard* s, const char* path, char* err, size_t err_size) {
     memset(s, 0, sizeof(*s));
 #define SHARD_REJECT_(...) do { snprintf(err, err_size, __VA_ARGS__); shard_close(s); return 1; } while (0)
@@ -1573,6 +1575,39 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
             }
         }
     }
+    // The statistics against the frames they describe: every writer stores the mean and population
+    // std of the shard's own frames, so they agree up to float rounding. The bounds catch what
+    // would change training (a mean 10 stds off shifts every normalized value by 10; a std 10 times
+    // too large or too small scales them by 10) and leave room for any writer's rounding. A shard
+    // that passes pools exactly (dataset_open), so a dataset of such shards has statistics that
+    // describe its pooled frames. Non-finite or negative stored values are dataset_open's to name.
+    const float* stored[2] = {s->stats, s->stats + 2 * h->state_dim};
+    for (int which = 0; which < 2; which++) {
+        uint32_t D = dims[which];
+        for (uint32_t d = 0; d < D; d++) {
+            double sum = 0.0, sq = 0.0;
+            for (uint64_t f = 0; f < h->n_frames; f++) { sum += values[which][f * D + d]; }
+            double mean = sum / (double)h->n_frames;
+            for (uint64_t f = 0; f < h->n_frames; f++) {
+                double dx = values[which][f * D + d] - mean;
+                sq += dx * dx;
+            }
+            double sd = sqrt(sq / (double)h->n_frames), m = stored[which][d], msd = stored[which][D + d];
+            if (!isfinite(m) || !isfinite(msd) || msd < 0.0) { continue; }
+            double scale = sd > msd ? sd : msd;
+            const char* column = which == 0 ? "state" : "action";
+            if (fabs(m - mean) > 10.0 * scale + 1e-5 * fabs(mean) + 1e-6) {
+                SHARD_REJECT_("%s: %s column %u: the stored mean %.6g is %.3g stds from the frames' mean %.6g (std %.6g): "
+                              "the statistics do not describe the data; regenerate the shard", path, column, d, m,
+                              fabs(m - mean) / (scale > 0.0 ? scale : 1.0), mean, sd);
+            }
+            int varying = sd >= VLA_MIN_STD && sd >= 1e-6 * fabs(mean);  // above the rounding of the values
+            if (varying && (msd < 0.1 * sd || msd > 10.0 * sd)) {
+                SHARD_REJECT_("%s: %s column %u: the stored std %.6g is %.3g times the frames' std %.6g: the statistics "
+                              "do not describe the data; regenerate the shard", path, column, d, msd, msd / sd, sd);
+            }
+        }
+    }
     return 0;
 #undef SHARD_REJECT_
 }
@@ -1691,9 +1726,6 @@ typedef struct {
     float* action_mean;  // (A)
     float* action_std;   // (A)
 } Dataset;
-
-// A std below this counts as zero: the dimension is constant and is only centered.
-#define VLA_MIN_STD 1e-6f
 
 static inline int compare_strings(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
 
