@@ -3299,12 +3299,51 @@ static inline void logger_close(Logger* lg) {
 // ----------------------------------------------------------------------------
 // runs: what both trainers do around their model (config, where to start, checkpoints)
 
-// Warns (one line per group, naming the instructions) when distinct instructions of the dataset
-// read the same once their token ids are cut to max_text: the model could not tell those tasks
-// apart. Returns the number of instructions that collide with an earlier one.
+// An instruction of the dataset: its text, its token ids, and where it was first met (shard order).
+typedef struct { const uint8_t* text; uint64_t len; const int32_t* ids; uint64_t n_ids; size_t order; } Instruction;
+
+static inline int instruction_compare_text(const void* pa, const void* pb) {
+    const Instruction *a = (const Instruction*)pa, *b = (const Instruction*)pb;
+    int c = memcmp(a->text, b->text, a->len < b->len ? a->len : b->len);
+    if (c == 0) { c = a->len < b->len ? -1 : a->len > b->len; }
+    return c != 0 ? c : (a->order < b->order ? -1 : a->order > b->order);
+}
+
+// Token ids in lexicographic order (a prefix before what extends it), then first met.
+static inline int instruction_compare_ids(const void* pa, const void* pb) {
+    const Instruction *a = (const Instruction*)pa, *b = (const Instruction*)pb;
+    uint64_t m = a->n_ids < b->n_ids ? a->n_ids : b->n_ids;
+    for (uint64_t k = 0; k < m; k++) {
+        if (a->ids[k] != b->ids[k]) { return a->ids[k] < b->ids[k] ? -1 : 1; }
+    }
+    if (a->n_ids != b->n_ids) { return a->n_ids < b->n_ids ? -1 : 1; }
+    return a->order < b->order ? -1 : a->order > b->order;
+}
+
+static inline int instruction_compare_order(const void* pa, const void* pb) {
+    const Instruction *a = (const Instruction*)pa, *b = (const Instruction*)pb;
+    return a->order < b->order ? -1 : a->order > b->order;
+}
+
+typedef struct { size_t first, count; } InstructionGroup;  // a run of the sorted instructions
+
+static inline int instruction_group_compare(const void* pa, const void* pb, void* ins) {
+    size_t a = ((const Instruction*)ins)[((const InstructionGroup*)pa)->first].order;
+    size_t b = ((const Instruction*)ins)[((const InstructionGroup*)pb)->first].order;
+    return a < b ? -1 : a > b;
+}
+
+// Warns when distinct instructions of the dataset read the same once their token ids are cut to
+// max_text: the model could not tell those tasks apart. One line per group, naming its
+// instructions, in the order the shards first name them; the first VLA_COLLISION_LINES groups and
+// VLA_COLLISION_NAMES names a group, then how many more. Sorting makes it O(n log n): sorted by
+// their ids, the instructions of a group are neighbours, and the longest prefix two instructions
+// share is shared by two neighbours. Returns the number of instructions that collide with an
+// earlier one.
+#define VLA_COLLISION_LINES 10
+#define VLA_COLLISION_NAMES 10
 static inline int dataset_warn_text_collisions(const Dataset* ds, int max_text) {
     // the distinct instructions over all shards (each shard has its own table), with their tokens
-    typedef struct { const uint8_t* text; uint64_t len; const int32_t* ids; uint64_t n_ids; } Instruction;
     size_t n = 0, cap = 0;
     for (int s = 0; s < ds->n_shards; s++) { cap += ds->shards[s].h.n_tasks; }
     Instruction* ins = (Instruction*)mallocCheck((cap > 0 ? cap : 1) * sizeof(Instruction));
@@ -3312,42 +3351,63 @@ static inline int dataset_warn_text_collisions(const Dataset* ds, int max_text) 
         const Shard* sh = &ds->shards[s];
         for (uint64_t k = 0; k < sh->h.n_tasks; k++) {
             Instruction t = {sh->task_text + sh->task_offsets[k], sh->task_offsets[k + 1] - sh->task_offsets[k],
-                             sh->tokens + sh->token_offsets[k], sh->token_offsets[k + 1] - sh->token_offsets[k]};
-            int known = 0;
-            for (size_t i = 0; i < n && !known; i++) { known = ins[i].len == t.len && memcmp(ins[i].text, t.text, t.len) == 0; }
-            if (!known) { ins[n++] = t; }
+                             sh->tokens + sh->token_offsets[k], sh->token_offsets[k + 1] - sh->token_offsets[k], n};
+            ins[n++] = t;
         }
     }
+    qsort(ins, n, sizeof(Instruction), instruction_compare_text);
+    size_t distinct = 0;
+    for (size_t i = 0; i < n; i++) {  // the first of equal texts stays
+        if (distinct == 0 || ins[distinct - 1].len != ins[i].len ||
+            memcmp(ins[distinct - 1].text, ins[i].text, ins[i].len) != 0) { ins[distinct++] = ins[i]; }
+    }
+    n = distinct;
+    qsort(ins, n, sizeof(Instruction), instruction_compare_ids);
     // the fewest tokens that keep every pair apart: one past their longest common prefix
     uint64_t need = 1;
-    for (size_t i = 0; i < n; i++) {
-        for (size_t j = i + 1; j < n; j++) {
-            uint64_t p = 0, m = ins[i].n_ids < ins[j].n_ids ? ins[i].n_ids : ins[j].n_ids;
-            while (p < m && ins[i].ids[p] == ins[j].ids[p]) { p++; }
-            if (p + 1 > need) { need = p + 1; }
-        }
+    for (size_t i = 0; i + 1 < n; i++) {
+        uint64_t p = 0, m = ins[i].n_ids < ins[i + 1].n_ids ? ins[i].n_ids : ins[i + 1].n_ids;
+        while (p < m && ins[i].ids[p] == ins[i + 1].ids[p]) { p++; }
+        if (p + 1 > need) { need = p + 1; }
     }
-    const char* unit = strcmp(ds->tokenizer, SHARD_TOKENIZER_BYTES) == 0 ? "bytes" : "tokens";
+    // the groups: runs of neighbours equal in their first max_text ids (and as long once cut)
+    InstructionGroup* groups = (InstructionGroup*)mallocCheck((n > 0 ? n : 1) * sizeof(InstructionGroup));
+    size_t n_groups = 0;
     int collisions = 0;
-    uint8_t* reported = (uint8_t*)callocCheck(n + 1, 1);
-    for (size_t i = 0; i < n; i++) {
-        if (reported[i]) { continue; }
+    for (size_t i = 0; i < n;) {
         uint64_t li = ins[i].n_ids < (uint64_t)max_text ? ins[i].n_ids : (uint64_t)max_text;
-        int group = 0;
-        for (size_t j = i + 1; j < n; j++) {
+        size_t j = i + 1;
+        while (j < n) {
             uint64_t lj = ins[j].n_ids < (uint64_t)max_text ? ins[j].n_ids : (uint64_t)max_text;
-            if (reported[j] || li != lj || memcmp(ins[i].ids, ins[j].ids, li * sizeof(int32_t)) != 0) { continue; }
-            if (group++ == 0) {
-                printf("warning: these instructions are the same in their first %d %s, so the model reads them as one "
-                       "task: \"%.*s\"", max_text, unit, (int)ins[i].len, (const char*)ins[i].text);
-            }
-            printf(", \"%.*s\"", (int)ins[j].len, (const char*)ins[j].text);
-            reported[j] = 1;
-            collisions++;
+            if (li != lj || memcmp(ins[i].ids, ins[j].ids, li * sizeof(int32_t)) != 0) { break; }
+            j++;
         }
-        if (group > 0) { printf(" (--max-text %llu keeps every instruction distinct)\n", (unsigned long long)need); }
+        if (j - i > 1) {
+            qsort(ins + i, j - i, sizeof(Instruction), instruction_compare_order);
+            InstructionGroup g = {i, j - i};
+            groups[n_groups++] = g;
+            collisions += (int)(j - i - 1);
+        }
+        i = j;
     }
-    free(reported); free(ins);
+    qsort_r(groups, n_groups, sizeof(InstructionGroup), instruction_group_compare, ins);
+    const char* unit = strcmp(ds->tokenizer, SHARD_TOKENIZER_BYTES) == 0 ? "bytes" : "tokens";
+    for (size_t g = 0; g < n_groups && g < VLA_COLLISION_LINES; g++) {
+        const Instruction* first = &ins[groups[g].first];
+        printf("warning: these instructions are the same in their first %d %s, so the model reads them as one task: ",
+               max_text, unit);
+        for (size_t k = 0; k < groups[g].count && k < VLA_COLLISION_NAMES; k++) {
+            printf("%s\"%.*s\"", k > 0 ? ", " : "", (int)first[k].len, (const char*)first[k].text);
+        }
+        if (groups[g].count > VLA_COLLISION_NAMES) { printf(" and %zu more", groups[g].count - VLA_COLLISION_NAMES); }
+        printf(" (--max-text %llu keeps every instruction distinct)\n", (unsigned long long)need);
+    }
+    if (n_groups > VLA_COLLISION_LINES) {
+        printf("warning: and %zu more groups of instructions the same in their first %d %s: %d of the %zu distinct "
+               "instructions read as another (--max-text %llu keeps every instruction distinct)\n",
+               n_groups - VLA_COLLISION_LINES, max_text, unit, collisions, n, (unsigned long long)need);
+    }
+    free(groups); free(ins);
     return collisions;
 }
 
