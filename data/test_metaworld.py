@@ -127,7 +127,8 @@ def instructions(tmp):
     lines = vla_shard.text_collision_warnings(many)
     check(len(lines) == 1 and "preset tiny" in lines[0] and lines[0].count('"') == 200
           and lines[0].count("; and 30 more groups;") == 1,
-          f"400 instructions in 40 groups: the tiny preset's line names the first 10 groups and counts the rest: {lines}")
+          f"400 instructions in 40 groups: the tiny preset's line names the first 10 groups and counts the rest "
+          f"({len(lines)} line(s): {lines[0][-90:] if lines else ''})")
     r = subprocess.run([sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", os.path.join(tmp, "window"),
                         "--tasks", "window-open-v3,window-close-v3", "--episodes", "1", "--img", "16", "--workers", "1"],
                        capture_output=True, text=True)
