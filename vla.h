@@ -1255,15 +1255,24 @@ static inline void shard_on_sigbus(int sig, siginfo_t* info, void* context) {
     (void)sig; (void)context;
 }
 
-static inline void shard_mapping_add(const uint8_t* start, size_t size, const char* path) {
-    if (shard_mappings_cap == 0) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof(sa));
-        sa.sa_sigaction = shard_on_sigbus;
-        sa.sa_flags = SA_SIGINFO;
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGBUS, &sa, &shard_sigbus_previous);
+// Makes shard_on_sigbus the SIGBUS handler, the one there before its fallback. Called when the
+// first shard opens and again when the loader starts: a library may install its own in between
+// (the CUDA emulation does, for its device memory), and then handles the faults that are not ours.
+static inline void shard_sigbus_install(void) {
+    struct sigaction now;
+    if (sigaction(SIGBUS, NULL, &now) == 0 && (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == shard_on_sigbus) {
+        return;
     }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = shard_on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &shard_sigbus_previous);
+}
+
+static inline void shard_mapping_add(const uint8_t* start, size_t size, const char* path) {
+    if (shard_mappings_cap == 0) { shard_sigbus_install(); }
     if (shard_n_mappings == shard_mappings_cap) {
         shard_mappings_cap = shard_mappings_cap > 0 ? 2 * shard_mappings_cap : 16;
         shard_mappings = (ShardMapping*)realloc(shard_mappings, (size_t)shard_mappings_cap * sizeof(ShardMapping));
@@ -2424,6 +2433,7 @@ static inline void loader_start_balanced(Loader* L, const Dataset* ds, const Smo
     L->slot_idx = (uint64_t*)callocCheck((size_t)L->n_slots * B, sizeof(uint64_t));
     L->slot_state = (int*)callocCheck(L->n_slots, sizeof(int));
     for (int k = 0; k < L->n_slots; k++) { smolvla_batch_alloc(&L->slots[k], c, &ds->cams, B); }
+    shard_sigbus_install();
     pthread_mutex_init(&L->mu, NULL);
     pthread_cond_init(&L->cv, NULL);
     L->threads = (pthread_t*)callocCheck(n_threads > 0 ? n_threads : 1, sizeof(pthread_t));
