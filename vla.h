@@ -1986,13 +1986,16 @@ static inline void dataset_assemble(const Dataset* ds, const SmolVLAConfig* c, u
 // line of shard_unchanged in err. Called after a batch is assembled: a batch read while a shard
 // changed is never trained on.
 static inline int dataset_unchanged(const Dataset* ds, const uint64_t* idx, int B, char* err, size_t err_size) {
-    for (int i = 0; i < B; i++) {
-        int shard = 0, seen = 0;
+    uint8_t* checked = (uint8_t*)callocCheck((size_t)ds->n_shards, 1);
+    int changed = 0;
+    for (int i = 0; i < B && !changed; i++) {
+        int shard = 0;
         while (idx[i] >= ds->first_sample[shard + 1]) { shard++; }
-        for (int j = 0; j < i && !seen; j++) { seen = idx[j] >= ds->first_sample[shard] && idx[j] < ds->first_sample[shard + 1]; }
-        if (!seen && shard_unchanged(&ds->shards[shard], err, err_size) != 0) { return 1; }
+        if (!checked[shard]) { changed = shard_unchanged(&ds->shards[shard], err, err_size); }
+        checked[shard] = 1;
     }
-    return 0;
+    free(checked);
+    return changed;
 }
 
 // ----------------------------------------------------------------------------
