@@ -1637,6 +1637,54 @@ static void test_max_text(const char* dir) {
     check(rc == 1 && strstr(text, "max_text 18 vs 16") != NULL && strstr(text, "--max-text") != NULL,
           "resuming it without --max-text 18 names the field: %s", strstr(text, "error:") ? strstr(text, "error:") : text);
     free(text);
+
+    // 32,000 instructions in 3,200 groups of 10 equal in their first 16 bytes: found by sorting, not
+    // pair by pair (which took seconds), and said in 10 lines and a count
+    enum { MANY = 32000 };
+    char** many = (char**)mallocCheck(MANY * sizeof(char*));
+    ShardEpisode* many_eps = (ShardEpisode*)mallocCheck(MANY * sizeof(ShardEpisode));
+    float* many_values = (float*)mallocCheck((size_t)MANY * 4 * sizeof(float));
+    uint8_t* tiny_images = (uint8_t*)callocCheck((size_t)MANY * 4 * 4 * 3, 1);
+    for (int i = 0; i < MANY; i++) {
+        many[i] = (char*)mallocCheck(32);
+        snprintf(many[i], 32, "task %05d variant %d", i / 10, i);
+        ShardEpisode e = {(uint64_t)i, 1, (uint32_t)i};
+        many_eps[i] = e;
+        for (int d = 0; d < 4; d++) { many_values[(size_t)i * 4 + d] = (float)((i * 7 + d * 13) % 101) / 50.0f; }
+    }
+    float many_stats[16];
+    shard_compute_stats(MANY, many_values, 4, many_values, 4, many_stats);
+    Cameras small_cam = cameras_square(1, 4);
+    snprintf(path, sizeof(path), "%s/many_tasks.bin", dir);
+    shard_write(path, &small_cam, 4, 4, MANY, tiny_images, many_values, many_values, MANY, many_eps, MANY,
+                (const char* const*)many, many_stats);
+    for (int i = 0; i < MANY; i++) { free(many[i]); }
+    free(many); free(many_eps); free(many_values); free(tiny_images);
+    dataset_open(&ds, path);
+    fflush(stdout);
+    int saved = dup(STDOUT_FILENO), devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, STDOUT_FILENO);
+    double t0 = wall_seconds();
+    int collisions = dataset_warn_text_collisions(&ds, 16);
+    double seconds = wall_seconds() - t0;
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved); close(devnull);
+    dataset_close(&ds);
+    // the bound: pair by pair took 7.5 s; sorted, 0.02 s on a 2-core machine
+    check(collisions == 28800 && seconds < 2.0, "32,000 instructions in groups of 10: %d collide with an earlier one "
+          "(28,800), found in %.3f s (< 2)", collisions, seconds);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/many_run && %s --no-checkpoint -i %s -o %s/many_run > %s 2>&1", dir, base, path,
+             dir, out);
+    rc = run_command(cmd);
+    text = read_text(out);
+    int lines = 0;
+    for (const char* p = strstr(text, "warning: "); p != NULL; p = strstr(p + 1, "warning: ")) { lines++; }
+    check(rc == 0 && lines == 11 && strstr(text, "\"task 00000 variant 0\", \"task 00000 variant 1\"") != NULL &&
+          strstr(text, "warning: and 3190 more groups of instructions the same in their first 16 bytes: 28800 of the "
+                 "32000 distinct instructions read as another (--max-text 24 keeps every instruction distinct)") != NULL,
+          "the trainer says the first 10 groups and how many more, in %d warning lines (11)", lines);
+    free(text);
 }
 
 static void test_bad_input(const char* dir) {
@@ -1759,6 +1807,21 @@ static void test_untrusted_files(const char* dir) {
     x = -INFINITY;
     corrupt_copy(src, bad, (long)(h.off_action + (7 * h.action_dim + 2) * 4), &x, 4, -1);
     expect_error(dir, "-Inf in an action", args, "bad.bin: frame 7, action column 2 is -Inf");
+
+    // statistics that do not describe the frames: refused naming the column, alone or pooled with a good shard
+    x = 1e30f;
+    corrupt_copy(src, bad, (long)(h.off_stats + 2 * 4), &x, 4, -1);
+    expect_error(dir, "a state mean of 1e30", args, "bad.bin: state column 2: the stored mean 1e+30 is");
+    x = 1e-5f;
+    corrupt_copy(src, bad, (long)(h.off_stats + (2 * h.state_dim + h.action_dim + 1) * 4), &x, 4, -1);
+    expect_error(dir, "an action std of 1e-5 on a varying column", args,
+                 "bad.bin: action column 1: the stored std 1e-05 is");
+    x = 40.0f;  // 55 times the frames' std (0.73)
+    corrupt_copy(src, bad, (long)(h.off_stats + (h.state_dim + 3) * 4), &x, 4, -1);
+    snprintf(args, sizeof(args), "%s -i %s,%s -o %s/bad_out", run, src, bad, dir);
+    expect_error(dir, "a state std 10x too large in the second of two shards", args,
+                 "bad.bin: state column 3: the stored std 40 is");
+    snprintf(args, sizeof(args), "%s -i %s -o %s/bad_out", run, bad, dir);
     uint64_t u64 = h.off_episodes + 4;
     corrupt_copy(src, bad, offsetof(ShardHeader, off_episodes), &u64, 8, -1);
     expect_error(dir, "an unaligned section offset", args, "section episodes starts at offset");

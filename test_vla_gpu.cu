@@ -1138,6 +1138,32 @@ static void test_bad_input(const char* dir) {
     run_command(cmd);
     snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -i %s/a.bin -o %s/gpu_bal -y 1", dir, dir);
     expect_error_from(dir, TRAINER, "a --balance tasks checkpoint continued without it", args, "trained with --balance tasks");
+    // a shard truncated under the running trainer once it has checkpointed: one line naming the shard
+    // (a read past its new end faults inside the mapping), the checkpoint intact. The loader is
+    // vla.h's, shared with train_vla_cpu: dev/test_hardening.sh rewrites a shard in place too.
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_changed && cp %s/a.bin %s/changing.bin && "
+             "{ %s -p tiny -b 2 -n 1000000 -k 2 -i %s/changing.bin -o %s/gpu_changed > /dev/null 2> %s/changed_err.txt; "
+             "echo $? > %s/changed_rc.txt; } & "
+             "for i in $(seq 900); do [ -f %s/gpu_changed/ckpt_00000002.bin ] && break; sleep 0.1; done; "
+             "truncate -s 100000 %s/changing.bin; wait", dir, dir, dir, TRAINER, dir, dir, dir, dir, dir, dir);
+    run_command(cmd);
+    char path[1100], needle[1200];
+    snprintf(path, sizeof(path), "%s/changed_rc.txt", dir);
+    char* rc_text = read_text(path);
+    snprintf(path, sizeof(path), "%s/changed_err.txt", dir);
+    char* err = read_text(path);
+    snprintf(needle, sizeof(needle), "error: dataset shard %s/changing.bin ", dir);
+    int lines = 0;
+    for (char* p = err; *p; p++) { lines += *p == '\n'; }
+    snprintf(path, sizeof(path), "%s/gpu_changed/ckpt_00000002.bin", dir);
+    Checkpoint kept;
+    char why[VLA_PATH_MAX + 512];
+    int intact = checkpoint_read_checked(path, &kept, why, sizeof(why)) == 0;
+    if (intact) { checkpoint_free(&kept); }
+    check(atoi(rc_text) == 1 && lines == 1 && strncmp(err, needle, strlen(needle)) == 0 && intact,
+          "a shard truncated under the run: exit %d, %d line(s), the checkpoint of step 2 %s: %.300s", atoi(rc_text), lines,
+          intact ? "intact" : why, err);
+    free(rc_text); free(err);
 }
 
 // The task_loss arrays of a 2-task balanced run's log, steps 1..n, into out (2 n); the lines read

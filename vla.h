@@ -36,6 +36,7 @@ trainers call the wrappers that fail with it.
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -1052,6 +1053,8 @@ static inline int smolvla_load_safetensors(const SafeTensors* st, const SmolVLAC
 #define SHARD_TOKENIZER_BYTES "bytes"   // token id = UTF-8 byte
 #define SHARD_MAX_VOCAB (1u << 24)
 #define VLA_TEXT_VOCAB 256              // the byte tokenizer's vocabulary (the tiny and small presets' text table)
+// A std below this counts as zero: the dimension is constant and is only centered.
+#define VLA_MIN_STD 1e-6f
 
 typedef struct {
     uint32_t magic, version;
@@ -1160,6 +1163,13 @@ typedef struct {
     const uint64_t* token_offsets;  // (n_tasks + 1) into tokens
     const int32_t* tokens;          // (n_tokens)
     int32_t* owned_tokens;          // version 1: the tokens made from task_text at open (else NULL)
+    // The tables that addresses are computed from (frame_episode, episodes, task_offsets,
+    // token_offsets, tokens) are private copies, checked at open: a file rewritten in place while
+    // mapped cannot steer a read outside the mapping. The rest (images, state, action, task_text,
+    // stats) is read in place; shard_unchanged notices a change, the SIGBUS handler a truncation.
+    void* tables;
+    uint64_t dev, ino, size;        // the file as opened: shard_unchanged compares them
+    int64_t mtime_ns;
 } Shard;
 
 static inline uint64_t align_up(uint64_t x, uint64_t align) { return (x + align - 1) / align * align; }
@@ -1211,16 +1221,118 @@ static inline void shard_header_layout(ShardHeader* h) {
     h->file_size = pos;
 }
 
+// The mapped shards, for the SIGBUS handler: a shard truncated while mapped makes a read past its
+// new end fault, and the handler names the shard instead of dying as "Bus error". Shards are opened
+// and closed before and after the loader's threads run, so the table does not change under a read.
+typedef struct { const uint8_t* start; size_t size; char* path; } ShardMapping;
+static ShardMapping* shard_mappings = NULL;
+static int shard_n_mappings = 0, shard_mappings_cap = 0;
+static struct sigaction shard_sigbus_previous;
+
+static inline void shard_sigbus_write(const char* text) {
+    size_t n = strlen(text);
+    while (n > 0) {
+        ssize_t w = write(STDERR_FILENO, text, n);
+        if (w <= 0) { return; }
+        text += w;
+        n -= (size_t)w;
+    }
+}
+
+// Async-signal-safe: write(2) and _exit. A fault outside every shard goes to the handler before.
+static inline void shard_on_sigbus(int sig, siginfo_t* info, void* context) {
+    const uint8_t* at = (const uint8_t*)info->si_addr;
+    for (int i = 0; i < shard_n_mappings; i++) {
+        if (at >= shard_mappings[i].start && at < shard_mappings[i].start + shard_mappings[i].size) {
+            shard_sigbus_write("error: dataset shard ");
+            shard_sigbus_write(shard_mappings[i].path);
+            shard_sigbus_write(" was truncated while this run read it: restore the shard and continue with -y 1, or "
+                               "start a new run on the new data\n");
+            _exit(1);
+        }
+    }
+    sigaction(SIGBUS, &shard_sigbus_previous, NULL);  // the fault repeats under the previous handler
+    (void)sig; (void)context;
+}
+
+// Makes shard_on_sigbus the SIGBUS handler, the one there before its fallback. Called when the
+// first shard opens and again when the loader starts: a library may install its own in between
+// (the CUDA emulation does, for its device memory), and then handles the faults that are not ours.
+static inline void shard_sigbus_install(void) {
+    struct sigaction now;
+    if (sigaction(SIGBUS, NULL, &now) == 0 && (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == shard_on_sigbus) {
+        return;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = shard_on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &shard_sigbus_previous);
+}
+
+static inline void shard_mapping_add(const uint8_t* start, size_t size, const char* path) {
+    if (shard_mappings_cap == 0) { shard_sigbus_install(); }
+    if (shard_n_mappings == shard_mappings_cap) {
+        shard_mappings_cap = shard_mappings_cap > 0 ? 2 * shard_mappings_cap : 16;
+        shard_mappings = (ShardMapping*)realloc(shard_mappings, (size_t)shard_mappings_cap * sizeof(ShardMapping));
+        if (shard_mappings == NULL) { vla_fail("out of memory listing the mapped shards"); }
+    }
+    ShardMapping m = {start, size, strdup(path)};
+    shard_mappings[shard_n_mappings++] = m;
+}
+
+static inline void shard_mapping_remove(const uint8_t* start) {
+    for (int i = 0; i < shard_n_mappings; i++) {
+        if (shard_mappings[i].start == start) {
+            free(shard_mappings[i].path);
+            shard_mappings[i] = shard_mappings[--shard_n_mappings];
+            return;
+        }
+    }
+}
+
 static inline void shard_close(Shard* s) {
-    if (s->map != NULL) { munmap(s->map, s->map_size); }
+    if (s->map != NULL) {
+        shard_mapping_remove(s->map);
+        munmap(s->map, s->map_size);
+    }
     s->map = NULL;
     free(s->owned_tokens);
     s->owned_tokens = NULL;
+    free(s->tables);
+    s->tables = NULL;
+}
+
+static inline int64_t stat_mtime_ns(const struct stat* st) {
+    return (int64_t)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
+}
+
+// 0 while the shard's file is the one opened (same file, size and modification time), else 1 with
+// a line naming the shard and what changed in err. A stat, cheap enough to call every batch.
+static inline int shard_unchanged(const Shard* s, char* err, size_t err_size) {
+    struct stat st;
+    char what[160];
+    if (stat(s->path, &st) != 0) {
+        snprintf(what, sizeof(what), "it can no longer be read: %s", strerror(errno));
+    } else if ((uint64_t)st.st_dev != s->dev || (uint64_t)st.st_ino != s->ino) {
+        snprintf(what, sizeof(what), "another file took its name");
+    } else if ((uint64_t)st.st_size != s->size) {
+        snprintf(what, sizeof(what), "its size went from %llu to %llu bytes", (unsigned long long)s->size,
+                 (unsigned long long)st.st_size);
+    } else if (stat_mtime_ns(&st) != s->mtime_ns) {
+        snprintf(what, sizeof(what), "it was rewritten");
+    } else {
+        return 0;
+    }
+    snprintf(err, err_size, "dataset shard %s changed while this run read it (%s): restore the shard and continue with "
+             "-y 1, or start a new run on the new data", s->path, what);
+    return 1;
 }
 
 // Opens and checks a shard of version 1 or 2: every size against the file, every index in range,
-// every token id in its vocabulary, every state and action value finite. Returns 0, or 1 with the
-// reason in err and nothing left open.
+// every token id in its vocabulary, every state and action value finite, the statistics those of
+// the values. Returns 0, or 1 with the reason in err and nothing left open.
 static inline int shard_open_checked(Shard* s, const char* path, char* err, size_t err_size) {
     memset(s, 0, sizeof(*s));
 #define SHARD_REJECT_(...) do { snprintf(err, err_size, __VA_ARGS__); shard_close(s); return 1; } while (0)
@@ -1250,6 +1362,8 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
         SHARD_REJECT_("%s: mmap failed: %s", path, strerror(map_errno));
     }
     s->map_size = len;
+    shard_mapping_add(s->map, len, path);
+    s->dev = (uint64_t)st.st_dev; s->ino = (uint64_t)st.st_ino; s->size = len; s->mtime_ns = stat_mtime_ns(&st);
     ShardHeader* h = &s->h;
     memcpy(h, s->map, offsetof(ShardHeader, n_tokens));  // version 1's fields; the rest stays zero for now
     if (h->magic != SHARD_MAGIC) {
@@ -1373,14 +1487,26 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
     s->images = s->map + h->off_images;
     s->state = (const float*)(s->map + h->off_state);
     s->action = (const float*)(s->map + h->off_action);
-    s->frame_episode = (const uint32_t*)(s->map + h->off_frame_episode);
-    s->episodes = (const ShardEpisode*)(s->map + h->off_episodes);
-    s->task_offsets = (const uint64_t*)(s->map + h->off_task_offsets);
     s->task_text = s->map + h->off_task_text;
     s->stats = (const float*)(s->map + h->off_stats);
+    // the index tables copied, then checked: what is checked is what is read (sections 3, 4, 5,
+    // 8, 9, each a multiple of 8 bytes once aligned)
+    const int copied[5] = {3, 4, 5, 8, 9};
+    uint64_t table_bytes = 0, at = 0;
+    for (int k = 0; k < 5; k++) { table_bytes += align_up(sizes[copied[k]], 8); }
+    s->tables = mallocCheck(table_bytes);
+    void* table[SHARD_SECTIONS] = {NULL};
+    for (int k = 0; k < 5 && k < (h->version == 1 ? 3 : 5); k++) {
+        table[copied[k]] = (uint8_t*)s->tables + at;
+        memcpy(table[copied[k]], s->map + offs[copied[k]], sizes[copied[k]]);
+        at += align_up(sizes[copied[k]], 8);
+    }
+    s->frame_episode = (const uint32_t*)table[3];
+    s->episodes = (const ShardEpisode*)table[4];
+    s->task_offsets = (const uint64_t*)table[5];
     if (h->version != 1) {
-        s->token_offsets = (const uint64_t*)(s->map + h->off_token_offsets);
-        s->tokens = (const int32_t*)(s->map + h->off_tokens);
+        s->token_offsets = (const uint64_t*)table[8];
+        s->tokens = (const int32_t*)table[9];
     }
     // the tables that index into other sections: every index in range
     for (uint64_t e = 0; e < h->n_episodes; e++) {
@@ -1455,6 +1581,39 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
                 SHARD_REJECT_("%s: frame %llu, %s column %llu is %s: the data is corrupt; fix or drop that episode and "
                               "convert again", path, (unsigned long long)(i / dims[which]), which == 0 ? "state" : "action",
                               (unsigned long long)(i % dims[which]), isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf");
+            }
+        }
+    }
+    // The statistics against the frames they describe: every writer stores the mean and population
+    // std of the shard's own frames, so they agree up to float rounding. The bounds catch what
+    // would change training (a mean 10 stds off shifts every normalized value by 10; a std 10 times
+    // too large or too small scales them by 10) and leave room for any writer's rounding. A shard
+    // that passes pools exactly (dataset_open), so a dataset of such shards has statistics that
+    // describe its pooled frames. Non-finite or negative stored values are dataset_open's to name.
+    const float* stored[2] = {s->stats, s->stats + 2 * h->state_dim};
+    for (int which = 0; which < 2; which++) {
+        uint32_t D = dims[which];
+        for (uint32_t d = 0; d < D; d++) {
+            double sum = 0.0, sq = 0.0;
+            for (uint64_t f = 0; f < h->n_frames; f++) { sum += values[which][f * D + d]; }
+            double mean = sum / (double)h->n_frames;
+            for (uint64_t f = 0; f < h->n_frames; f++) {
+                double dx = values[which][f * D + d] - mean;
+                sq += dx * dx;
+            }
+            double sd = sqrt(sq / (double)h->n_frames), m = stored[which][d], msd = stored[which][D + d];
+            if (!isfinite(m) || !isfinite(msd) || msd < 0.0) { continue; }
+            double scale = sd > msd ? sd : msd;
+            const char* column = which == 0 ? "state" : "action";
+            if (fabs(m - mean) > 10.0 * scale + 1e-5 * fabs(mean) + 1e-6) {
+                SHARD_REJECT_("%s: %s column %u: the stored mean %.6g is %.3g stds from the frames' mean %.6g (std %.6g): "
+                              "the statistics do not describe the data; regenerate the shard", path, column, d, m,
+                              fabs(m - mean) / (scale > 0.0 ? scale : 1.0), mean, sd);
+            }
+            int varying = sd >= VLA_MIN_STD && sd >= 1e-6 * fabs(mean);  // above the rounding of the values
+            if (varying && (msd < 0.1 * sd || msd > 10.0 * sd)) {
+                SHARD_REJECT_("%s: %s column %u: the stored std %.6g is %.3g times the frames' std %.6g: the statistics "
+                              "do not describe the data; regenerate the shard", path, column, d, msd, msd / sd, sd);
             }
         }
     }
@@ -1576,9 +1735,6 @@ typedef struct {
     float* action_mean;  // (A)
     float* action_std;   // (A)
 } Dataset;
-
-// A std below this counts as zero: the dimension is constant and is only centered.
-#define VLA_MIN_STD 1e-6f
 
 static inline int compare_strings(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
 
@@ -1824,6 +1980,22 @@ static inline void dataset_assemble(const Dataset* ds, const SmolVLAConfig* c, u
         for (int d = 0; d < Amax; d++) { a[d] = d < A ? (s->action[g * A + d] - ds->action_mean[d]) / ds->action_std[d] : 0.0f; }
         b->action_is_pad[(size_t)i * H + h] = inside ? 0.0f : 1.0f;
     }
+}
+
+// 0 when every shard that samples idx (B of them) came from is the file opened, else 1 with the
+// line of shard_unchanged in err. Called after a batch is assembled: a batch read while a shard
+// changed is never trained on.
+static inline int dataset_unchanged(const Dataset* ds, const uint64_t* idx, int B, char* err, size_t err_size) {
+    uint8_t* checked = (uint8_t*)callocCheck((size_t)ds->n_shards, 1);
+    int changed = 0;
+    for (int i = 0; i < B && !changed; i++) {
+        int shard = 0;
+        while (idx[i] >= ds->first_sample[shard + 1]) { shard++; }
+        if (!checked[shard]) { changed = shard_unchanged(&ds->shards[shard], err, err_size); }
+        checked[shard] = 1;
+    }
+    free(checked);
+    return changed;
 }
 
 // ----------------------------------------------------------------------------
@@ -2201,6 +2373,8 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop;
+    int failed;            // a worker's batch came from a shard that changed: error says which
+    char error[VLA_PATH_MAX + 256];
     double wait_seconds;   // time the trainer spent waiting for a batch
 } Loader;
 
@@ -2230,7 +2404,13 @@ static inline void* loader_worker(void* arg) {
         batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, r);
         pthread_mutex_unlock(&L->mu);
         batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, r, L->augment);
+        char err[sizeof(L->error)];
+        int changed = dataset_unchanged(L->ds, idx, L->B, err, sizeof(err));
         pthread_mutex_lock(&L->mu);
+        if (changed && !L->failed) {  // the trainer stops at its next batch, in its own thread
+            L->failed = 1;
+            memcpy(L->error, err, sizeof(err));
+        }
         L->slot_state[slot] = SLOT_READY;
         pthread_cond_broadcast(&L->cv);
     }
@@ -2256,6 +2436,7 @@ static inline void loader_start_balanced(Loader* L, const Dataset* ds, const Smo
     L->slot_idx = (uint64_t*)callocCheck((size_t)L->n_slots * B, sizeof(uint64_t));
     L->slot_state = (int*)callocCheck(L->n_slots, sizeof(int));
     for (int k = 0; k < L->n_slots; k++) { smolvla_batch_alloc(&L->slots[k], c, &ds->cams, B); }
+    shard_sigbus_install();
     pthread_mutex_init(&L->mu, NULL);
     pthread_cond_init(&L->cv, NULL);
     L->threads = (pthread_t*)callocCheck(n_threads > 0 ? n_threads : 1, sizeof(pthread_t));
@@ -2287,12 +2468,17 @@ static inline SmolBatch* loader_next(Loader* L) {
         uint64_t step = loader_job(L, j, &r);
         batch_fill_indices(idx, &L->sampler, L->first_pos, L->first_step, step, L->B, L->W, r);
         batch_fill(&L->slots[slot], L->ds, &L->config, idx, L->seed, step, r, L->augment);
+        if (dataset_unchanged(L->ds, idx, L->B, L->error, sizeof(L->error)) != 0) { vla_fail("%s", L->error); }
         return &L->slots[slot];
     }
     double t0 = wall_seconds();
     pthread_mutex_lock(&L->mu);
-    while (!(L->slot_state[slot] == SLOT_READY && L->slot_job[slot] == j)) { pthread_cond_wait(&L->cv, &L->mu); }
+    while (!(L->slot_state[slot] == SLOT_READY && L->slot_job[slot] == j) && !L->failed) {
+        pthread_cond_wait(&L->cv, &L->mu);
+    }
+    int failed = L->failed;
     pthread_mutex_unlock(&L->mu);
+    if (failed) { vla_fail("%s", L->error); }
     L->wait_seconds += wall_seconds() - t0;
     return &L->slots[slot];
 }
@@ -3126,12 +3312,51 @@ static inline void logger_close(Logger* lg) {
 // ----------------------------------------------------------------------------
 // runs: what both trainers do around their model (config, where to start, checkpoints)
 
-// Warns (one line per group, naming the instructions) when distinct instructions of the dataset
-// read the same once their token ids are cut to max_text: the model could not tell those tasks
-// apart. Returns the number of instructions that collide with an earlier one.
+// An instruction of the dataset: its text, its token ids, and where it was first met (shard order).
+typedef struct { const uint8_t* text; uint64_t len; const int32_t* ids; uint64_t n_ids; size_t order; } Instruction;
+
+static inline int instruction_compare_text(const void* pa, const void* pb) {
+    const Instruction *a = (const Instruction*)pa, *b = (const Instruction*)pb;
+    int c = memcmp(a->text, b->text, a->len < b->len ? a->len : b->len);
+    if (c == 0) { c = a->len < b->len ? -1 : a->len > b->len; }
+    return c != 0 ? c : (a->order < b->order ? -1 : a->order > b->order);
+}
+
+// Token ids in lexicographic order (a prefix before what extends it), then first met.
+static inline int instruction_compare_ids(const void* pa, const void* pb) {
+    const Instruction *a = (const Instruction*)pa, *b = (const Instruction*)pb;
+    uint64_t m = a->n_ids < b->n_ids ? a->n_ids : b->n_ids;
+    for (uint64_t k = 0; k < m; k++) {
+        if (a->ids[k] != b->ids[k]) { return a->ids[k] < b->ids[k] ? -1 : 1; }
+    }
+    if (a->n_ids != b->n_ids) { return a->n_ids < b->n_ids ? -1 : 1; }
+    return a->order < b->order ? -1 : a->order > b->order;
+}
+
+static inline int instruction_compare_order(const void* pa, const void* pb) {
+    const Instruction *a = (const Instruction*)pa, *b = (const Instruction*)pb;
+    return a->order < b->order ? -1 : a->order > b->order;
+}
+
+typedef struct { size_t first, count; } InstructionGroup;  // a run of the sorted instructions
+
+static inline int instruction_group_compare(const void* pa, const void* pb, void* ins) {
+    size_t a = ((const Instruction*)ins)[((const InstructionGroup*)pa)->first].order;
+    size_t b = ((const Instruction*)ins)[((const InstructionGroup*)pb)->first].order;
+    return a < b ? -1 : a > b;
+}
+
+// Warns when distinct instructions of the dataset read the same once their token ids are cut to
+// max_text: the model could not tell those tasks apart. One line per group, naming its
+// instructions, in the order the shards first name them; the first VLA_COLLISION_LINES groups and
+// VLA_COLLISION_NAMES names a group, then how many more. Sorting makes it O(n log n): sorted by
+// their ids, the instructions of a group are neighbours, and the longest prefix two instructions
+// share is shared by two neighbours. Returns the number of instructions that collide with an
+// earlier one.
+#define VLA_COLLISION_LINES 10
+#define VLA_COLLISION_NAMES 10
 static inline int dataset_warn_text_collisions(const Dataset* ds, int max_text) {
     // the distinct instructions over all shards (each shard has its own table), with their tokens
-    typedef struct { const uint8_t* text; uint64_t len; const int32_t* ids; uint64_t n_ids; } Instruction;
     size_t n = 0, cap = 0;
     for (int s = 0; s < ds->n_shards; s++) { cap += ds->shards[s].h.n_tasks; }
     Instruction* ins = (Instruction*)mallocCheck((cap > 0 ? cap : 1) * sizeof(Instruction));
@@ -3139,42 +3364,63 @@ static inline int dataset_warn_text_collisions(const Dataset* ds, int max_text) 
         const Shard* sh = &ds->shards[s];
         for (uint64_t k = 0; k < sh->h.n_tasks; k++) {
             Instruction t = {sh->task_text + sh->task_offsets[k], sh->task_offsets[k + 1] - sh->task_offsets[k],
-                             sh->tokens + sh->token_offsets[k], sh->token_offsets[k + 1] - sh->token_offsets[k]};
-            int known = 0;
-            for (size_t i = 0; i < n && !known; i++) { known = ins[i].len == t.len && memcmp(ins[i].text, t.text, t.len) == 0; }
-            if (!known) { ins[n++] = t; }
+                             sh->tokens + sh->token_offsets[k], sh->token_offsets[k + 1] - sh->token_offsets[k], n};
+            ins[n++] = t;
         }
     }
+    qsort(ins, n, sizeof(Instruction), instruction_compare_text);
+    size_t distinct = 0;
+    for (size_t i = 0; i < n; i++) {  // the first of equal texts stays
+        if (distinct == 0 || ins[distinct - 1].len != ins[i].len ||
+            memcmp(ins[distinct - 1].text, ins[i].text, ins[i].len) != 0) { ins[distinct++] = ins[i]; }
+    }
+    n = distinct;
+    qsort(ins, n, sizeof(Instruction), instruction_compare_ids);
     // the fewest tokens that keep every pair apart: one past their longest common prefix
     uint64_t need = 1;
-    for (size_t i = 0; i < n; i++) {
-        for (size_t j = i + 1; j < n; j++) {
-            uint64_t p = 0, m = ins[i].n_ids < ins[j].n_ids ? ins[i].n_ids : ins[j].n_ids;
-            while (p < m && ins[i].ids[p] == ins[j].ids[p]) { p++; }
-            if (p + 1 > need) { need = p + 1; }
-        }
+    for (size_t i = 0; i + 1 < n; i++) {
+        uint64_t p = 0, m = ins[i].n_ids < ins[i + 1].n_ids ? ins[i].n_ids : ins[i + 1].n_ids;
+        while (p < m && ins[i].ids[p] == ins[i + 1].ids[p]) { p++; }
+        if (p + 1 > need) { need = p + 1; }
     }
-    const char* unit = strcmp(ds->tokenizer, SHARD_TOKENIZER_BYTES) == 0 ? "bytes" : "tokens";
+    // the groups: runs of neighbours equal in their first max_text ids (and as long once cut)
+    InstructionGroup* groups = (InstructionGroup*)mallocCheck((n > 0 ? n : 1) * sizeof(InstructionGroup));
+    size_t n_groups = 0;
     int collisions = 0;
-    uint8_t* reported = (uint8_t*)callocCheck(n + 1, 1);
-    for (size_t i = 0; i < n; i++) {
-        if (reported[i]) { continue; }
+    for (size_t i = 0; i < n;) {
         uint64_t li = ins[i].n_ids < (uint64_t)max_text ? ins[i].n_ids : (uint64_t)max_text;
-        int group = 0;
-        for (size_t j = i + 1; j < n; j++) {
+        size_t j = i + 1;
+        while (j < n) {
             uint64_t lj = ins[j].n_ids < (uint64_t)max_text ? ins[j].n_ids : (uint64_t)max_text;
-            if (reported[j] || li != lj || memcmp(ins[i].ids, ins[j].ids, li * sizeof(int32_t)) != 0) { continue; }
-            if (group++ == 0) {
-                printf("warning: these instructions are the same in their first %d %s, so the model reads them as one "
-                       "task: \"%.*s\"", max_text, unit, (int)ins[i].len, (const char*)ins[i].text);
-            }
-            printf(", \"%.*s\"", (int)ins[j].len, (const char*)ins[j].text);
-            reported[j] = 1;
-            collisions++;
+            if (li != lj || memcmp(ins[i].ids, ins[j].ids, li * sizeof(int32_t)) != 0) { break; }
+            j++;
         }
-        if (group > 0) { printf(" (--max-text %llu keeps every instruction distinct)\n", (unsigned long long)need); }
+        if (j - i > 1) {
+            qsort(ins + i, j - i, sizeof(Instruction), instruction_compare_order);
+            InstructionGroup g = {i, j - i};
+            groups[n_groups++] = g;
+            collisions += (int)(j - i - 1);
+        }
+        i = j;
     }
-    free(reported); free(ins);
+    qsort_r(groups, n_groups, sizeof(InstructionGroup), instruction_group_compare, ins);
+    const char* unit = strcmp(ds->tokenizer, SHARD_TOKENIZER_BYTES) == 0 ? "bytes" : "tokens";
+    for (size_t g = 0; g < n_groups && g < VLA_COLLISION_LINES; g++) {
+        const Instruction* first = &ins[groups[g].first];
+        printf("warning: these instructions are the same in their first %d %s, so the model reads them as one task: ",
+               max_text, unit);
+        for (size_t k = 0; k < groups[g].count && k < VLA_COLLISION_NAMES; k++) {
+            printf("%s\"%.*s\"", k > 0 ? ", " : "", (int)first[k].len, (const char*)first[k].text);
+        }
+        if (groups[g].count > VLA_COLLISION_NAMES) { printf(" and %zu more", groups[g].count - VLA_COLLISION_NAMES); }
+        printf(" (--max-text %llu keeps every instruction distinct)\n", (unsigned long long)need);
+    }
+    if (n_groups > VLA_COLLISION_LINES) {
+        printf("warning: and %zu more groups of instructions the same in their first %d %s: %d of the %zu distinct "
+               "instructions read as another (--max-text %llu keeps every instruction distinct)\n",
+               n_groups - VLA_COLLISION_LINES, max_text, unit, collisions, n, (unsigned long long)need);
+    }
+    free(groups); free(ins);
     return collisions;
 }
 
@@ -3374,6 +3620,8 @@ static inline void eval_batch(SmolBatch* batch, const Dataset* ds, const SmolVLA
     uint64_t* idx = (uint64_t*)mallocCheck((size_t)batch->B * sizeof(uint64_t));
     batch_fill_indices(idx, &sampler, pos, 0, 0, batch->B, 1, 0);
     batch_fill(batch, ds, c, idx, seed, (uint64_t)step, 0, 0);
+    char err[VLA_PATH_MAX + 256];
+    if (dataset_unchanged(ds, idx, batch->B, err, sizeof(err)) != 0) { vla_fail("%s", err); }
     free(idx);
     sampler_free(&sampler);
 }

@@ -12,7 +12,7 @@ Each problem is one `error: ...` line on stderr and the exit status is 1; a vali
 and prints a summary: the shard format version, the cameras and their sizes, the tokenizer of
 the instructions and its vocabulary, and each task with its token ids. Oddities that do not stop
 training (empty or non-UTF-8 task strings, instructions longer than --max-text tokens, stored
-stats that disagree with the data) are `warning:` lines.
+stats that disagree with the data by less than the trainer refuses) are `warning:` lines.
 
 --sheet writes a PNG contact sheet of --samples frames drawn at random (--seed): each
 camera's image enlarged (at its own size), the instruction as the model gets it (--max-text
@@ -170,6 +170,18 @@ def check_stale_stats(shard, report):
     S, A = shard.state_dim, shard.action_dim
     for name, start, m, D in (("state", 0, report.state, S), ("action", 2 * S, report.action, A)):
         mean, std = shard.stats[start:start + D], shard.stats[start + D:start + 2 * D]
+        # what the trainer refuses (shard_open_checked): a mean 10 stds off, a std 10 times off on a varying column
+        data_mean, data_std = m.mean.astype(np.float64), m.std().astype(np.float64)
+        wide = np.maximum(data_std, std.astype(np.float64))
+        far = np.abs(mean - data_mean) > 10 * wide + 1e-5 * np.abs(data_mean) + 1e-6
+        varying = (data_std >= vla_shard.VLA_MIN_STD) & (data_std >= 1e-6 * np.abs(data_mean))
+        scaled = varying & ((std < 0.1 * data_std) | (std > 10 * data_std))
+        if far.any() or scaled.any():
+            d = int(np.argmax(far | scaled))
+            report.errors.append(f"{shard.path}: {name} column {d}: the stored mean {mean[d]:.6g} and std {std[d]:.6g} "
+                                 f"do not describe the frames (mean {data_mean[d]:.6g}, std {data_std[d]:.6g}): "
+                                 "train_vla refuses the shard; regenerate it")
+            continue
         scale = m.std() + np.abs(m.mean) + 1e-6
         off = (np.abs(mean - m.mean) > 1e-3 * scale) | (np.abs(std - m.std()) > 1e-3 * scale)
         if off.any():

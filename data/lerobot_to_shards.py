@@ -67,7 +67,9 @@ What this reads from a LeRobot dataset (the fields relied on, nothing else):
                   action columns (lists of numbers, or plain numbers for 1-dim ones), and image
                   cameras as structs {bytes: PNG or JPEG file, path}.
 A video frame matches a row when its time (pts * time_base) is the nearest to the row's time
-and within half a frame period (0.5 / fps) of it; anything else is an error.
+and within half a frame period (0.5 / fps) of it; anything else is an error. State and action
+values must be finite and within float32's range (the shards store float32): a NaN, an Inf or a
+larger value is an error naming the LeRobot episode and frame_index.
 
 Every failure is one line on stderr, "error: ..." with the problem and the fix, exit status 1.
 """
@@ -237,6 +239,9 @@ def read_episodes(src, fmt, info, cams):
     if fmt == "v2":
         path = os.path.join(src, "meta", "episodes.jsonl")
         chunks = int(info.get("chunks_size", 1000))
+        if chunks < 1:
+            fail(f"{os.path.join(src, 'meta', 'info.json')}: chunks_size {chunks} is not positive (episodes are "
+                 "grouped chunks_size to a folder): the dataset's metadata is corrupt, re-download it or set it to 1000")
         for r in load_jsonl(path, "the dataset's episode list is missing, download the dataset again"):
             if "episode_index" not in r:
                 fail(f"{path}: a line has no episode_index: the file is damaged, download the dataset again")
@@ -371,16 +376,34 @@ class DataFiles:
             cells = table.column(k).to_pylist()
             images[k] = [cells[i] for i in order]
         a = self.args
-        return {
-            "n": n, "timestamp": stamps, "task": task,
-            "state": float_matrix(table.column(a.state_key), a.state_key, path, "--state-key")[order],
-            "action": float_matrix(table.column(a.action_key), a.action_key, path, "--action-key")[order],
-            "images": images,
-        }
+        frame_ids = table.column("frame_index").to_numpy()[order] if "frame_index" in names else np.arange(n)
+        values = {}
+        for what, key, flag in (("state", a.state_key, "--state-key"), ("action", a.action_key, "--action-key")):
+            values[what] = checked_f32(float_matrix(table.column(key), key, path, flag)[order], what, key, ep["index"],
+                                       frame_ids)
+        return {"n": n, "timestamp": stamps, "task": task, "state": values["state"], "action": values["action"],
+                "images": images}
+
+
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def checked_f32(x, what, key, episode, frame_ids):
+    """An episode's float64 values (n, dim) as float32, or a one-line error naming the LeRobot episode
+    and frame (frame_index) of the first NaN, Inf or value past float32's range (it would be Inf)."""
+    bad = ~np.isfinite(x) | (np.abs(x) > F32_MAX)
+    if bad.any():
+        row, col = (int(i) for i in np.argwhere(bad)[0])
+        v = float(x[row, col])
+        desc = "NaN" if np.isnan(v) else ("+Inf" if v > 0 else "-Inf") if np.isinf(v) else \
+            f"{v:g}, past float32's range"
+        fail(f"episode {episode} frame {int(frame_ids[row])}: {what} column '{key}' element {col} is {desc}: train_vla "
+             "cannot train on it; fix that episode's data, or leave the episode out with --episodes")
+    return x.astype(np.float32)
 
 
 def float_matrix(col, name, path, flag):
-    """A column of number lists (or of plain numbers) as float32 (n, dim)."""
+    """A column of number lists (or of plain numbers) as float64 (n, dim)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
@@ -388,7 +411,7 @@ def float_matrix(col, name, path, flag):
     if arr.null_count:
         fail(f"column '{name}' of {path} has empty (null) rows: pick a column that is set on every frame with {flag}")
     if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return arr.to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, 1)
+        return arr.to_numpy(zero_copy_only=False).astype(np.float64).reshape(n, 1)
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         vt = t.value_type
         if pa.types.is_integer(vt) or pa.types.is_floating(vt) or pa.types.is_boolean(vt):
@@ -397,7 +420,7 @@ def float_matrix(col, name, path, flag):
                 fail(f"column '{name}' of {path} has rows of different lengths ({lengths.min()} to {lengths.max()}): "
                      f"pick a fixed-size column with {flag}")
             dim = int(lengths[0]) if n else 0
-            values = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+            values = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
             return values.reshape(n, dim)
     fail(f"column '{name}' of {path} holds {t}, not numbers or lists of numbers: pick another column with {flag}")
 
@@ -662,6 +685,12 @@ def convert(args):
             else:
                 fail(f"episode {e}: {ep['data']} has no task_index column and the episode list names no known "
                      "task: the dataset is damaged, download it again")
+            if task not in used_tasks:
+                try:
+                    tasks[task].encode("utf-8")
+                except UnicodeEncodeError as u:
+                    fail(f"episode {e}: task {task} holds an unpaired surrogate (U+{ord(tasks[task][u.start]):04X} at "
+                         f"character {u.start}), which is not text: fix that task's string in the dataset's task list")
             if dims is None:
                 dims = (rows["state"].shape[1], rows["action"].shape[1])
                 if 0 in dims:

@@ -92,6 +92,13 @@ def main():
         check("frame 6" in r.stderr, "the NaN is located: frame 6")
         patched(good, bad, "action", 4 * (2 * 3), np.float32(np.inf))  # frame 3, dim 0
         expect_error("Inf in action", bad, "NaN/Inf")
+        patched(good, bad, "stats", 4 * 1, np.float32(1e30))  # state mean of column 1, as the trainer refuses it
+        expect_error("a state mean of 1e30", bad, "state column 1: the stored mean 1e+30")
+        patched(good, bad, "stats", 4 * (6 + 2), np.float32(1e-5))  # action std of column 0, a varying column
+        expect_error("an action std of 1e-5", bad, "action column 0: the stored mean")
+        patched(good, bad, "stats", 4 * (6 + 3), np.float32(3.0))  # action column 1 is constant: any std goes
+        r = inspect(bad)
+        check(r.returncode == 0, f"a constant column's std is not compared (exit {r.returncode}) {r.stderr.strip()[-200:]}")
         patched(good, bad, "frame_episode", 4 * 4, np.uint32(1))  # frame 4 claims episode 1
         expect_error("episode table that does not cover a frame", bad, "frame 4")
         other = os.path.join(tmp, "other.bin")

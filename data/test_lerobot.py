@@ -472,6 +472,27 @@ def build_bad(tmp, v21, v30, codec):
     cells = t.column(WRIST).to_pylist()
     cells[2] = {"bytes": png(source_frame(WRIST, 1, 2)[8:88]), "path": None}
     pq.write_table(t.set_column(t.schema.get_field_index(WRIST), WRIST, pa.array(cells, t.schema.field(WRIST).type)), p)
+    # episode 1's state at frame 3 NaN (v2.1); episode 2's action at frame 1 past float32's range, in a
+    # float64 column (v3.0); chunks_size 0; a task holding an unpaired surrogate
+    p = f"{copy('nanstate', v21)}/data/chunk-000/episode_000001.parquet"
+    t = pq.read_table(p)
+    rows = t.column("observation.state").to_pylist()
+    rows[3][1] = float("nan")
+    pq.write_table(t.set_column(t.schema.get_field_index("observation.state"), "observation.state",
+                                pa.array(rows, t.schema.field("observation.state").type)), p)
+    p = f"{copy('bigaction', v30)}/data/chunk-000/file-000.parquet"
+    t = pq.read_table(p)
+    rows = t.column("action").to_pylist()
+    rows[LENGTHS[0] + LENGTHS[1] + 1][0] = 1e39
+    pq.write_table(t.set_column(t.schema.get_field_index("action"), "action", pa.array(rows, pa.list_(pa.float64(), 2))), p)
+    p = f"{copy('chunks0', v21)}/meta/info.json"
+    with open(p) as f:
+        info = json.load(f)
+    info["chunks_size"] = 0
+    write_json(p, info)
+    with open(f"{copy('surrogate', v21)}/meta/tasks.jsonl", "w") as f:
+        for k, t in enumerate(TASKS):
+            f.write(json.dumps({"task_index": k, "task": t + ("\ud800" if k == 0 else "")}) + "\n")
     # meta/info.json valid JSON but not LeRobot's: a list, a string, an empty object
     for name, info in (("infolist", [1, 2]), ("infostring", "x"), ("infoempty", {})):
         bad[name] = f"{tmp}/bad_{name}"
@@ -540,6 +561,8 @@ def main():
             "cameras": (v30, "--cameras", "observation.images.top"), "episodes": (v30, "--episodes", "7:9"),
             "infolist": (bad["infolist"],), "infostring": (bad["infostring"],), "infoempty": (bad["infoempty"],),
             "img": (v30, "--img", "4"),
+            "nanstate": (bad["nanstate"],), "bigaction": (bad["bigaction"],), "chunks0": (bad["chunks0"],),
+            "surrogate": (bad["surrogate"],),
             # fails after episode 0's shard: into new nested folders, and into a folder that was there
             "nested": (bad["short"], "--frames-per-shard", "5"), "keep": (bad["short"], "--frames-per-shard", "5"),
             "tok": (v30, "--tokenizer", tok_path), "tokdir": (v30, "--tokenizer", os.path.dirname(tok_path)),
@@ -693,6 +716,15 @@ def main():
         check_error("episode list length differs from the data", res["length"], "frame count mismatch")
         check_error("--cameras naming no camera", res["cameras"], "observation.images.top")
         check_error("bad --episodes", res["episodes"], "--episodes")
+        check_error("a NaN state", res["nanstate"], "episode 1 frame 3: state column 'observation.state' element 1 is "
+                    "NaN: train_vla cannot train on it; fix that episode's data, or leave the episode out with --episodes")
+        check_error("an action past float32's range", res["bigaction"],
+                    "episode 2 frame 1: action column 'action' element 0 is 1e+39, past float32's range")
+        check_error("chunks_size 0", res["chunks0"], "meta/info.json: chunks_size 0 is not positive")
+        check_error("a task with an unpaired surrogate", res["surrogate"],
+                    "episode 0: task 0 holds an unpaired surrogate (U+D800 at character 20)")
+        for key in ("nanstate", "bigaction", "chunks0", "surrogate"):
+            check(f"{key}: no output folder is left behind", not os.path.exists(f"{tmp}/out_{key}"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{passed} passed, {failed} failed")

@@ -123,6 +123,12 @@ def instructions(tmp):
           and vla_shard.text_collisions(window, 18) == [], "the two window instructions need 18 bytes")
     check(vla_shard.distinct_text_bytes(["open the door", "open the door slowly"]) == 14,
           "an instruction that begins another needs its length + 1 (the mask tells them apart)")
+    many = [f"task {i // 10:05d} variant {i}" for i in range(400)]  # 40 groups of 10 equal in 16 bytes
+    lines = vla_shard.text_collision_warnings(many)
+    check(len(lines) == 1 and "preset tiny" in lines[0] and lines[0].count('"') == 200
+          and lines[0].count("; and 30 more groups;") == 1,
+          f"400 instructions in 40 groups: the tiny preset's line names the first 10 groups and counts the rest "
+          f"({len(lines)} line(s): {lines[0][-90:] if lines else ''})")
     r = subprocess.run([sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", os.path.join(tmp, "window"),
                         "--tasks", "window-open-v3,window-close-v3", "--episodes", "1", "--img", "16", "--workers", "1"],
                        capture_output=True, text=True)

@@ -210,8 +210,10 @@ def text_collision_warnings(instructions, tokenizer=BYTES):
         if PRESET_VOCAB[preset] < tokenizer.vocab:
             continue
         groups = text_collisions(instructions, max_text, tokenizer)
-        if groups:
-            same = "; ".join(", ".join(f'"{t}"' for t in g) for g in groups)
+        if groups:  # the first 10 groups, 10 names each, then how many more: one line however many
+            named = [", ".join(f'"{t}"' for t in g[:10]) + (f" and {len(g) - 10} more" if len(g) > 10 else "")
+                     for g in groups[:10]]
+            same = "; ".join(named) + (f"; and {len(groups) - 10} more groups" if len(groups) > 10 else "")
             lines.append(f"warning: cut to the {max_text} {unit} preset {preset} reads, these instructions become the "
                          f"same task: {same}; train with --max-text {need} or more to keep every instruction distinct")
     return lines

@@ -57,15 +57,41 @@ def load_safetensors(path):
     assert sys.byteorder == "little", "safetensors data is little-endian"
     with open(path, "rb") as f:
         data = f.read()
+    bad = f"{path} is not a valid safetensors file"
+    if len(data) < 8:
+        raise ValueError(f"{bad}: {len(data)} bytes, shorter than its header length")
     (header_len,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + header_len].decode("utf-8"))
+    if header_len > len(data) - 8:
+        raise ValueError(f"{bad}: a header of {header_len} bytes in a file of {len(data)}")
+    try:
+        header = json.loads(data[8:8 + header_len].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{bad}: its header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{bad}: its header is a JSON {type(header).__name__}, not an object of tensors")
     base = 8 + header_len
     tensors = {}
+
+    def whole(x):
+        return isinstance(x, int) and not isinstance(x, bool)
+
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        begin, end = info["data_offsets"]
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        shape = info.get("shape") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(whole(x) for x in offsets)
+                and isinstance(shape, list) and all(whole(x) and x >= 0 for x in shape)
+                and info.get("dtype") in SAFETENSORS_DTYPES):
+            raise ValueError(f"{bad}: tensor {name} lacks a known dtype, a shape or two whole data_offsets")
+        begin, end = offsets
         dtype = SAFETENSORS_DTYPES[info["dtype"]]
+        need = torch.empty(0, dtype=dtype).element_size()  # Python's integers: no product wraps
+        for d in shape:
+            need *= d
+        if not 0 <= begin <= end <= len(data) - base or end - begin != need:
+            raise ValueError(f"{bad}: tensor {name} of shape {shape} needs {need} bytes, its "
+                             f"data_offsets [{begin}, {end}] give {end - begin} of the {len(data) - base} there")
         raw = bytearray(data[base + begin:base + end])  # a private, writable copy
         if dtype == torch.bfloat16:  # frombuffer on old torch knows no bfloat16: go through int16
             t = torch.frombuffer(raw, dtype=torch.int16).view(torch.bfloat16) if raw else torch.empty(0, dtype=dtype)

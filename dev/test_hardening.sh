@@ -114,6 +114,41 @@ rc=$?
 [ "$rc" -eq 0 ] && steps_once "$out/log.jsonl" 5 && grep -q "dropped 3 line(s) past step 3" "$tmp/out"
 check $? "resumed at step 3: steps 1-5 once each in log.jsonl, the 3 stale lines dropped (exit $rc)"
 
+echo "== a shard truncated or rewritten under a running trainer: one line naming it, the checkpoints intact"
+# 120 episodes, 3 MB: the trainer reads all over it. The shard changes once the run has written a
+# checkpoint; truncated, a read past its new end faults (the SIGBUS handler names it) or the check
+# after each batch sees the size; rewritten in place by a larger shard of the same shapes, the check
+# sees the change (the index tables are private copies, so no read leaves the mapping).
+./data/synthetic -o "$tmp/big.bin" --cams 1 --img 32 --state 4 --action 4 --episodes 120 --min-len 6 --max-len 12 \
+    --seed 3 > /dev/null
+./data/synthetic -o "$tmp/bigger.bin" --cams 1 --img 32 --state 4 --action 4 --episodes 240 --min-len 6 --max-len 12 \
+    --seed 4 > /dev/null
+for change in truncate rewrite; do
+    shard=$tmp/changing_$change.bin
+    out=$tmp/changed_$change
+    cp "$tmp/big.bin" "$shard"
+    timeout 120 $TRAINER -i "$shard" -p tiny -b 2 -t 1 --workers 1 -n 1000000 -k 10 -o "$out" > /dev/null 2> "$tmp/err" &
+    pid=$!
+    for _ in $(seq 300); do [ -f "$out/ckpt_00000010.bin" ] && break; sleep 0.1; done
+    if [ "$change" = truncate ]; then
+        truncate -s 100000 "$shard"
+    else
+        dd if="$tmp/bigger.bin" of="$shard" conv=notrunc status=none
+    fi
+    wait "$pid"
+    rc=$?
+    newest=$(find "$out" -name 'ckpt_*.bin' | sort | tail -n 1)
+    one_line_error "$tmp/err" "dataset shard $shard" && grep -qE "was truncated|changed while this run read it" "$tmp/err" &&
+        [ "$rc" -eq 1 ] && [ -n "$newest" ]
+    check $? "$change: exit $rc, one line: $(head -c 300 "$tmp/err")"
+    cp "$tmp/big.bin" "$shard"
+    $TRAINER -i "$shard" -p tiny -b 2 -t 1 --workers 1 -n "$(( 10#$(basename "$newest" .bin | tr -dc 0-9) + 1 ))" -y 1 \
+        -o "$out" > "$tmp/out" 2>&1
+    rc=$?
+    [ "$rc" -eq 0 ] && grep -qF "resumed from $newest" "$tmp/out"
+    check $? "$change: with the shard restored, -y 1 resumes from the newest checkpoint, $(basename "$newest") (exit $rc)"
+done
+
 echo "== random SIGKILLs of a run that checkpoints every step"
 steps=400
 last=$(printf 'ckpt_%08d.bin' $steps)

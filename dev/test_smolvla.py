@@ -134,6 +134,36 @@ def test_case(case_dir):
     check_close(f"{name}: float32 oracle chunk", out32["chunk"], ref["chunk"], TOL_FP32_ORACLE)
 
 
+def test_safetensors_reader():
+    """The oracle's safetensors reader: a round trip, and headers that are not the format's refused
+    in one line (a list, a tensor without data_offsets, a shape whose bytes pass 2^64)."""
+    import struct
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "t.safetensors")
+        tensors = {"x": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(2, dtype=torch.bfloat16)}
+        smolvla.save_safetensors(path, tensors)
+        back = smolvla.load_safetensors(path)
+        check("safetensors: a round trip", all(torch.equal(back[k], v) for k, v in tensors.items()), "")
+        raw = open(path, "rb").read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        header = json.loads(raw[8:8 + n])
+        cases = [("a header that is a JSON list", [header], "its header is a JSON list, not an object of tensors"),
+                 ("a tensor without data_offsets", {**header, "x": {"dtype": "F32", "shape": [2, 3]}},
+                  "tensor x lacks a known dtype, a shape or two whole data_offsets"),
+                 ("a shape of [2^40, 2^40]", {**header, "x": {**header["x"], "shape": [2**40, 2**40]}},
+                  f"needs {4 * 2**80} bytes")]
+        for what, bad, needle in cases:
+            text = json.dumps(bad).encode()
+            with open(path, "wb") as f:
+                f.write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+            try:
+                smolvla.load_safetensors(path)
+                check(f"safetensors: {what}", False, "accepted")
+            except ValueError as e:
+                check(f"safetensors: {what}", needle in str(e) and "\n" not in str(e), str(e)[-120:])
+
+
 def main():
     torch.set_num_threads(1)
     if len(sys.argv) != 2:
@@ -141,6 +171,7 @@ def main():
         print("usage: /usr/bin/python3 dev/test_smolvla.py REF_DIR   (made by dev/lerobot/make_ref.py)")
         sys.exit(2)
     root = sys.argv[1]
+    test_safetensors_reader()
     cases = sorted(d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "ref.safetensors"))) \
         if os.path.isdir(root) else []
     check(f"reference cases in {root}", len(cases) > 0, f"{cases} (make them with dev/lerobot/make_ref.py)")

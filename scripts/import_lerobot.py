@@ -86,15 +86,32 @@ def safetensors_index(path):
             header = json.loads(f.read(n).decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         fail(f"cannot read {path}: {e}: pass a LeRobot policy folder with a readable model.safetensors")
+    fix = "the file is corrupt, download or save it again"
+    if not isinstance(header, dict):
+        kind = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(header), "null")
+        fail(f"{path}: the header is a JSON {kind}, not an object of tensors: {fix}")
     index = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        begin, end = info["data_offsets"]
+        if not isinstance(info, dict) or "data_offsets" not in info or "dtype" not in info or "shape" not in info:
+            fail(f"{path}: tensor {name} lacks dtype, shape or data_offsets: {fix}")
+        offsets, shape, dtype = info["data_offsets"], info["shape"], info["dtype"]
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(whole(x) for x in offsets)):
+            fail(f"{path}: tensor {name} has data_offsets {json.dumps(offsets)[:80]}, not two whole numbers: {fix}")
+        if not (isinstance(shape, list) and all(whole(x) and x >= 0 for x in shape)) or not isinstance(dtype, str):
+            fail(f"{path}: tensor {name} has shape {json.dumps(shape)[:80]} and dtype {json.dumps(dtype)[:40]}, not a "
+                 f"list of sizes and a type name: {fix}")
+        begin, end = offsets
         if not 0 <= begin <= end <= size - 8 - n:
             fail(f"{path}: tensor {name} lies outside the file: the file is truncated, download or save it again")
-        index[name] = (info["dtype"], tuple(info["shape"]), 8 + n + begin, 8 + n + end)
+        index[name] = (dtype, tuple(shape), 8 + n + begin, 8 + n + end)
     return index
+
+
+def whole(x):
+    """A JSON whole number (not a boolean, which Python counts as an int)."""
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def read_float32(path, entry, name):
@@ -102,7 +119,9 @@ def read_float32(path, entry, name):
     dtype, shape, begin, end = entry
     if dtype not in FLOAT_DTYPES:
         fail(f"{path}: {name} has dtype {dtype}, not a floating-point type: the file is not SmolVLA's weights")
-    count = int(np.prod(shape, dtype=np.int64))
+    count = 1
+    for d in shape:  # Python's integers: a product past 2^63 is not wrapped to a small one
+        count *= d
     if (end - begin) != count * FLOAT_DTYPES[dtype].itemsize:
         fail(f"{path}: {name} holds {end - begin} bytes, its shape {shape} needs "
              f"{count * FLOAT_DTYPES[dtype].itemsize}: the file is corrupt, save it again")

@@ -50,6 +50,7 @@ import contextlib  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
+import struct  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -294,6 +295,43 @@ def check_errors(tmp, good):
             changed[name] = edit
         save_file(changed, str(folder / "model.safetensors"))
         cases.append((label, folder, name + (" has shape [48, 31]" if edit is not None else "")))
+    # safetensors headers that are not what the format says: one line each, not a traceback
+    def rewrite_header(name, file_glob, edit):
+        folder = tmp / ("bad_header_" + name)
+        shutil.copytree(good, folder)
+        path = sorted(folder.glob(file_glob))[0]
+        raw = path.read_bytes()
+        n = struct.unpack("<Q", raw[:8])[0]
+        head = json.dumps(edit(json.loads(raw[8:8 + n]))).encode()
+        path.write_bytes(struct.pack("<Q", len(head)) + head + raw[8 + n:])
+        return folder
+
+    def first_tensor(h):
+        return next(k for k in h if k != "__metadata__")
+
+    def drop_offsets(h):
+        del h[first_tensor(h)]["data_offsets"]
+        return h
+
+    def bad_offsets(h):
+        h[first_tensor(h)]["data_offsets"] = [0, "12"]
+        return h
+
+    def huge_shape(h):
+        h[first_tensor(h)]["shape"] = [2**40, 2**40]
+        return h
+
+    cases.append(("a safetensors header that is a JSON list",
+                  rewrite_header("list", "model.safetensors", lambda h: [h]),
+                  "model.safetensors: the header is a JSON list, not an object of tensors: the file is corrupt"))
+    cases.append(("a tensor without data_offsets", rewrite_header("nooffsets", "model.safetensors", drop_offsets),
+                  "lacks dtype, shape or data_offsets: the file is corrupt"))
+    cases.append(("data_offsets [0, \"12\"]", rewrite_header("offsets", "model.safetensors", bad_offsets),
+                  'has data_offsets [0, "12"], not two whole numbers: the file is corrupt'))
+    # the normalizer's statistics are read whole, whatever their shape: the size it needs is said exactly
+    cases.append(("a statistics tensor of shape [2^40, 2^40]",
+                  rewrite_header("huge", "policy_preprocessor*normalizer*.safetensors", huge_shape),
+                  f"its shape (1099511627776, 1099511627776) needs {2**80 * 4}"))
     procs = []
     for label, folder, needle in cases:
         out = tmp / (folder.name + ".bin")

@@ -82,7 +82,7 @@ def expect_error(what, fn, needle):
         fn()
         check(False, f"{what}: accepted")
     except ValueError as e:
-        check(needle in str(e), f"{what}: {e}")
+        check(needle in str(e) and "\n" not in str(e), f"{what}: {e}")
 
 
 def frame_dtype_checks(policy, images, instructions, state, noise, ours):
@@ -362,6 +362,24 @@ def main():
                                                                           noise=noise[:, :, :2]), "max_action_dim")
         expect_error("a state of the wrong width", lambda: policy.act(images, instructions, state[:, :2]),
                      "state_dim 3")
+        # non-finite observations and noise, NUL characters: one line naming the element, before the library
+        bad_state = state.copy()
+        bad_state[2, 1] = np.nan
+        expect_error("a NaN in the state", lambda: policy.act(images, instructions, bad_state),
+                     "state: observation 2, element 1 is NaN: pass finite values")
+        big_state = state.astype(np.float64)
+        big_state[0, 2] = 1e300
+        expect_error("a float64 state past float32's range", lambda: policy.act(images, instructions, big_state),
+                     "state: observation 0, element 2 is 1e+300, past float32's range: pass finite values")
+        expect_error("a -Inf in act_tokens' state", lambda: policy.act_tokens(
+            images, [list(t.encode()) for t in instructions], np.where(bad_state != bad_state, -np.inf, bad_state)),
+            "state: observation 2, element 1 is -Inf")
+        bad_noise = noise.copy()
+        bad_noise[1, 3, 0] = np.inf
+        expect_error("an Inf in the noise", lambda: policy.act(images, instructions, state, noise=bad_noise),
+                     "noise: observation 1, slot 3, element 0 is +Inf: pass finite values")
+        expect_error("an instruction with a NUL", lambda: policy.act(images, ["go to blue", "move\0 to red", "x"], state),
+                     "instruction 1 holds a NUL character at offset 4: pass text without NUL characters")
         lib = policy.lib
         out = np.empty((3, c["chunk"], c["action_dim"]), np.float32)
         text = (ctypes.c_char_p * 3)(*[s.encode() for s in instructions])

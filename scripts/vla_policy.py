@@ -13,7 +13,8 @@ the precision of the one that computes.
 images: one uint8 array (B, h_k, w_k, 3) per camera the model was trained on, in order, of any
 size (the model resizes each frame with padding to its square input), or one (B, n_cam, h, w, 3)
 array when the cameras share a size; instructions: B strings; state: float32 (B, state_dim) raw
-(the checkpoint's statistics normalize it).
+(the checkpoint's statistics normalize it). A NaN or Inf in the state or the noise (or a value past
+float32's range) and a NUL character in an instruction are one-line ValueErrors naming the element.
 The library reads 8-bit frames. Float frames in [0, 1] as LeRobot passes them (uint8 / 255, in
 float16, float32 or float64) are accepted when they are 8-bit frames divided by 255: round(x * 255)
 gives back the 8-bit frame exactly, so they act as those frames do (and as LeRobot does on them,
@@ -103,6 +104,23 @@ def frames_u8(k, frames):
             raise ValueError(f"camera {k}: {dt} frames range over {lo}..{hi}, outside 0..255: {FRAMES_FIX}")
         return np.ascontiguousarray(im, np.uint8)
     raise ValueError(f"camera {k}: frames of dtype {dt}: {FRAMES_FIX}")
+
+
+def finite_f32(name, values, where):
+    """values as C-contiguous float32, or a one-line ValueError naming the first non-finite element
+    (where(index) says which: observation, slot, element) and what it was: NaN, Inf, or a finite
+    value past float32's range (it would become Inf)."""
+    raw = np.asarray(values)
+    with np.errstate(over="ignore", invalid="ignore"):  # said below, in one line
+        out = np.ascontiguousarray(raw, np.float32)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        x = raw[at] if raw.shape == out.shape else out[at]
+        what = "NaN" if np.isnan(x) else ("+Inf" if x > 0 else "-Inf") if np.isinf(x) else \
+            f"{float(x):g}, past float32's range"
+        raise ValueError(f"{name}: {where(at)} is {what}: pass finite values")
+    return out
 
 
 def load_library(path=None, device="cpu"):
@@ -218,6 +236,10 @@ class VLAPolicy:
         strings (made into the checkpoint's token ids, see the module's comment)."""
         if isinstance(instructions, str):
             raise ValueError("instructions: pass a list of B strings, one per observation")
+        for b, text in enumerate(instructions):
+            if isinstance(text, str) and "\0" in text:  # the library reads C strings: it would end there
+                raise ValueError(f"instruction {b} holds a NUL character at offset {text.index(chr(0))}: pass text "
+                                 "without NUL characters")
         if self.text_tokenizer is vla_shard.BYTES:  # the library reads the strings' bytes itself
             return self.run(images, state, noise, seed, len(instructions),
                             lambda call: call(self.lib.vla_policy_act, (ctypes.c_char_p * len(instructions))(
@@ -244,17 +266,19 @@ class VLAPolicy:
         c = self.config
         images = self.cameras(images)
         B = images[0].shape[0]
-        state = np.ascontiguousarray(state, np.float32)
+        state = np.asarray(state)
         if B < 1:
             raise ValueError("an empty batch: pass at least one observation")
         if state.shape != (B, c["state_dim"]) or n_text != B:
             raise ValueError(f"state {state.shape} and {n_text} instruction(s) must match "
                              f"{B} observations of state_dim {c['state_dim']}")
+        state = finite_f32("state", state, lambda at: f"observation {at[0]}, element {at[1]}")
         if noise is not None:
-            noise = np.ascontiguousarray(noise, np.float32)
+            noise = np.asarray(noise)
             want = (B, c["chunk"], c["max_action_dim"])
             if noise.shape != want:
                 raise ValueError(f"noise has shape {noise.shape}, expected {want} (B, chunk, max_action_dim)")
+            noise = finite_f32("noise", noise, lambda at: f"observation {at[0]}, slot {at[1]}, element {at[2]}")
         cam_hw = np.ascontiguousarray([[im.shape[1], im.shape[2]] for im in images], np.int32)
         frames = (ctypes.c_void_p * len(images))(*[im.ctypes.data for im in images])
         out = np.empty((B, c["chunk"], c["action_dim"]), np.float32)
