@@ -2578,6 +2578,25 @@ static inline void checkpoint_path(char* out, size_t size, const char* dir, uint
     }
 }
 
+// The step of a checkpoint's file name, for exactly the names checkpoint_path writes: "ckpt_",
+// the step in at least 8 digits (zero-padded to 8, no leading zero past them), ".bin". Returns 1
+// and sets *step for such a name, else 0: a copy named ckpt_9.bin or ckpt_+0000009.bin is not a
+// checkpoint of this run folder (-y 1 would open ckpt_00000009.bin), nor is ckpt_-1.bin.
+static inline int checkpoint_step_of_name(const char* name, uint64_t* step) {
+    if (strncmp(name, "ckpt_", 5) != 0) { return 0; }
+    const char* p = name + 5;
+    uint64_t x = 0;
+    size_t digits = 0;
+    for (; *p >= '0' && *p <= '9'; p++, digits++) {
+        uint64_t d = (uint64_t)(*p - '0');
+        if (x > (UINT64_MAX - d) / 10) { return 0; }  // past 2^64 - 1
+        x = x * 10 + d;
+    }
+    if (digits < 8 || (digits > 8 && name[5] == '0') || strcmp(p, ".bin") != 0) { return 0; }
+    *step = x;
+    return 1;
+}
+
 // Steps of the (at most max) newest complete checkpoints in dir, newest first. Incomplete files
 // are reported and skipped.
 static inline int checkpoint_list(const char* dir, uint64_t* steps, int max) {
@@ -2585,9 +2604,8 @@ static inline int checkpoint_list(const char* dir, uint64_t* steps, int max) {
     if (d == NULL) { return 0; }
     int n = 0;
     for (struct dirent* de = readdir(d); de != NULL; de = readdir(d)) {
-        unsigned long long step;
-        char tail[8];
-        if (sscanf(de->d_name, "ckpt_%llu.%7s", &step, tail) != 2 || strcmp(tail, "bin") != 0) { continue; }
+        uint64_t step;
+        if (!checkpoint_step_of_name(de->d_name, &step)) { continue; }
         char path[VLA_PATH_MAX + 300], err[VLA_PATH_MAX + 1024];
         CheckpointHeader h;
         snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);

@@ -114,6 +114,19 @@ rc=$?
 [ "$rc" -eq 0 ] && steps_once "$out/log.jsonl" 5 && grep -q "dropped 3 line(s) past step 3" "$tmp/out"
 check $? "resumed at step 3: steps 1-5 once each in log.jsonl, the 3 stale lines dropped (exit $rc)"
 
+echo "== copies under names checkpoint_path does not write are not checkpoints"
+out=$tmp/names
+$TRAINER "${run[@]}" -n 2 -k 2 -o "$out" > /dev/null 2>&1
+# a newer step under a non-canonical name: -y 1 used to take step 9 and fail opening ckpt_00000009.bin
+cp "$out/ckpt_00000002.bin" "$out/ckpt_9.bin"
+cp "$out/ckpt_00000002.bin" "$out/ckpt_-1.bin"
+cp "$out/ckpt_00000002.bin" "$out/ckpt_000000009.bin"
+$TRAINER "${run[@]}" -n 3 -k 3 -y 1 -o "$out" > "$tmp/out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && grep -qF "resumed from $out/ckpt_00000002.bin" "$tmp/out" && [ -f "$out/ckpt_00000003.bin" ] &&
+    [ -f "$out/ckpt_9.bin" ] && steps_once "$out/log.jsonl" 3
+check $? "ckpt_9.bin, ckpt_-1.bin and ckpt_000000009.bin beside ckpt_00000002.bin: -y 1 resumes from step 2, the copies left alone (exit $rc)"
+
 echo "== random SIGKILLs of a run that checkpoints every step"
 steps=400
 last=$(printf 'ckpt_%08d.bin' $steps)
