@@ -3476,6 +3476,54 @@ static inline int boot_identity_diff(const BootIdentity* a, const BootIdentity* 
     return 0;
 }
 
+// What node 0 makes of the n bytes a connection sent as its hello. fds[k] >= 0 (k from 1): node
+// k has joined. BOOT_HELLO_JOINS: node *rank joins; BOOT_HELLO_REFUSED: a node of this run that
+// must not join, why says so in one line; BOOT_HELLO_FOREIGN: not one of ours (a port scanner, an
+// older train_vla), to be dropped without an answer.
+enum { BOOT_HELLO_FOREIGN = 0, BOOT_HELLO_JOINS = 1, BOOT_HELLO_REFUSED = 2 };
+static inline int boot_hello_parse(const BootIdentity* self, const void* msg, size_t n, const int* fds, int* rank,
+                                   char* why, size_t why_size) {
+    BootIdentity other;
+    if (n != sizeof(other)) { return BOOT_HELLO_FOREIGN; }
+    memcpy(&other, msg, sizeof(other));
+    if (other.magic != BOOT_MAGIC || other.version != BOOT_VERSION) { return BOOT_HELLO_FOREIGN; }
+    char diff[192];
+    if (other.node_rank < 1 || other.node_rank >= self->nodes || fds[other.node_rank] >= 0) {
+        snprintf(why, why_size, "node rank %d is out of range or taken twice (--nodes %lld)", other.node_rank,
+                 (long long)self->nodes);
+        return BOOT_HELLO_REFUSED;
+    }
+    if (boot_identity_diff(self, &other, diff, sizeof(diff))) {
+        snprintf(why, why_size, "node %d disagrees with node 0 on %s (node 0 vs node %d)", other.node_rank, diff,
+                 other.node_rank);
+        return BOOT_HELLO_REFUSED;
+    }
+    *rank = other.node_rank;
+    return BOOT_HELLO_JOINS;
+}
+
+// What a node makes of node 0's reply header (the n bytes received): BOOT_REPLY_PAYLOAD: the
+// payload of payload_bytes follows; BOOT_REPLY_REFUSED: a refusal of *length bytes follows, fewer
+// than text_size; BOOT_REPLY_BAD: neither (not node 0 of this run).
+enum { BOOT_REPLY_BAD = 0, BOOT_REPLY_PAYLOAD = 1, BOOT_REPLY_REFUSED = 2 };
+static inline int boot_reply_parse(const void* msg, size_t n, size_t payload_bytes, size_t text_size, uint32_t* length) {
+    BootReply reply;
+    if (n != sizeof(reply)) { return BOOT_REPLY_BAD; }
+    memcpy(&reply, msg, sizeof(reply));
+    *length = reply.length;
+    if (reply.status == 0 && reply.length == payload_bytes) { return BOOT_REPLY_PAYLOAD; }
+    if (reply.status == 1 && reply.length < text_size) { return BOOT_REPLY_REFUSED; }
+    return BOOT_REPLY_BAD;
+}
+
+// Node 0's refusal (n bytes, up to a NUL) as one printable line in out: control bytes become '?'
+static inline void boot_refusal_text(const void* msg, size_t n, char* out, size_t size) {
+    const uint8_t* p = (const uint8_t*)msg;
+    size_t k = 0;
+    for (; k < n && k + 1 < size && p[k] != 0; k++) { out[k] = p[k] < 0x20 || p[k] == 0x7f ? '?' : (char)p[k]; }
+    if (size > 0) { out[k] = '\0'; }
+}
+
 // All of buf over fd, before the deadline (wall_seconds); 0 on success
 static inline int boot_io(int fd, void* buf, size_t n, int sending, double deadline) {
     uint8_t* p = (uint8_t*)buf;
@@ -3546,19 +3594,16 @@ static inline int bootstrap_exchange(const char* master, const BootIdentity* sel
             // each hello gets a few seconds of its own, so a connection that stays silent (a port
             // scanner) cannot hold up the real nodes
             BootIdentity other;
-            if (boot_io(fd, &other, sizeof(other), 0, fmin(deadline, wall_seconds() + 5.0)) != 0 ||
-                other.magic != BOOT_MAGIC || other.version != BOOT_VERSION) {
+            char why[320];
+            int rank = 0, hello = boot_io(fd, &other, sizeof(other), 0, fmin(deadline, wall_seconds() + 5.0)) != 0
+                                      ? BOOT_HELLO_FOREIGN
+                                      : boot_hello_parse(self, &other, sizeof(other), fds, &rank, why, sizeof(why));
+            if (hello == BOOT_HELLO_FOREIGN) {
                 close(fd);  // not one of ours, or too slow: keep waiting for the real nodes
                 continue;
             }
-            char why[320], diff[192];
-            if (other.node_rank < 1 || other.node_rank >= nodes || fds[other.node_rank] >= 0) {
-                snprintf(why, sizeof(why), "node rank %d is out of range or taken twice (--nodes %d)", other.node_rank, nodes);
-            } else if (boot_identity_diff(self, &other, diff, sizeof(diff))) {
-                snprintf(why, sizeof(why), "node %d disagrees with node 0 on %s (node 0 vs node %d)", other.node_rank, diff,
-                         other.node_rank);
-            } else {
-                fds[other.node_rank] = fd;
+            if (hello == BOOT_HELLO_JOINS) {
+                fds[rank] = fd;
                 joined++;
                 continue;
             }
@@ -3610,15 +3655,18 @@ static inline int bootstrap_exchange(const char* master, const BootIdentity* sel
         return 1;
     }
     BootReply reply;
-    char text[512] = "";
+    char raw[512] = "", text[512];
+    uint32_t length = 0;
     int bad = boot_io(fd, (void*)self, sizeof(*self), 1, deadline) != 0 || boot_io(fd, &reply, sizeof(reply), 0, deadline) != 0;
-    if (!bad && reply.status == 0 && reply.length == payload_bytes) {
+    int kind = bad ? BOOT_REPLY_BAD : boot_reply_parse(&reply, sizeof(reply), payload_bytes, sizeof(raw), &length);
+    if (kind == BOOT_REPLY_PAYLOAD) {
         bad = boot_io(fd, payload, payload_bytes, 0, deadline) != 0;
         close(fd);
         if (!bad) { return 0; }
-    } else if (!bad && reply.status == 1 && reply.length < sizeof(text)) {
-        boot_io(fd, text, reply.length, 0, deadline);
+    } else if (kind == BOOT_REPLY_REFUSED) {
+        boot_io(fd, raw, length, 0, deadline);
         close(fd);
+        boot_refusal_text(raw, length, text, sizeof(text));
         snprintf(err, err_size, "the master %s refused node %d: %s", master, self->node_rank, text);
         return 1;
     } else {
