@@ -775,12 +775,15 @@ static inline int st_expect(StJson* j, char ch) {
     j->p++;
     return 0;
 }
-// A JSON string into out (escapes other than \" \\ \/ refused: tensor names have none).
+// A JSON string into out (escapes other than \" \\ \/ refused: tensor names have none). Control
+// characters are refused, as JSON refuses them: a name holding a newline would split the one-line
+// error that names it.
 static inline int st_string(StJson* j, char* out, size_t size) {
     if (st_expect(j, '"')) { return 1; }
     size_t n = 0;
     while (j->p < j->end && *j->p != '"') {
         char ch = *j->p++;
+        if ((unsigned char)ch < 0x20) { return 1; }
         if (ch == '\\') {
             if (j->p >= j->end || (*j->p != '"' && *j->p != '\\' && *j->p != '/')) { return 1; }
             ch = *j->p++;
