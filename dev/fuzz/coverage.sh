@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Which lines of the readers a fuzz corpus reaches: builds each harness with clang's source-based
-# coverage (no sanitizers), replays its corpus once (build/fuzz/corpus/NAME from `make fuzz`, or
-# the seeds when there is none), and prints the line and branch coverage of the functions that
+# coverage (no sanitizers), replays its seeds once and, where `make fuzz` has grown one, its corpus
+# (build/fuzz/corpus/NAME), and prints the line and branch coverage of the functions that
 # harness exists to test. The fuzzers' own "cov:" counts every edge of the binary, the sanitizers'
 # check branches (never taken while nothing is wrong) included; this is the figure per function.
 #   dev/fuzz/coverage.sh [NAME ...]      (NAME as dev/fuzz/run_fuzz.sh takes it; needs llvm-14: llvm-cov, llvm-profdata)
@@ -25,9 +25,11 @@ for name in "${targets[@]}"; do
         boot) functions="boot_hello_parse boot_identity_diff smolvla_config_diff boot_reply_parse boot_refusal_text" ;;
         *) echo "error: unknown fuzz target '$name': use shard, shards, checkpoint, policy, safetensors, log, names or boot"; exit 2 ;;
     esac
-    corpus=build/fuzz/corpus/$name
-    [ -d "$corpus" ] || corpus=build/fuzz/seeds/$([ "$name" = policy ] && echo checkpoint || echo "$name")
-    [ -d "$corpus" ] || { echo "error: no corpus or seeds for $name: run make fuzz (or make test) first"; exit 1; }
+    seeds=build/fuzz/seeds/$([ "$name" = policy ] && echo checkpoint || echo "$name")
+    [ -d "$seeds" ] || { echo "error: no seeds for $name: run make fuzz (or make test) first"; exit 1; }
+    corpus=$seeds
+    # (the seeds that libFuzzer kept out of the corpus, adding nothing new then, still count)
+    [ -d build/fuzz/corpus/$name ] && corpus="build/fuzz/corpus/$name $seeds"
     bin=build/fuzz/coverage/fuzz_$name
     extra=""
     [ "$name" = policy ] && extra=-fopenmp
@@ -35,10 +37,12 @@ for name in "${targets[@]}"; do
     clang-14 -O1 -g -fsanitize=fuzzer -fprofile-instr-generate -fcoverage-mapping -Wno-pass-failed $extra \
         "dev/fuzz/fuzz_$name.c" -lm -lpthread -o "$bin" || exit 1
     work=$(mktemp -d)
-    TMPDIR=$work LLVM_PROFILE_FILE=$bin.profraw "$bin" -runs=0 "$corpus" > /dev/null 2>&1
+    # shellcheck disable=SC2086
+    TMPDIR=$work LLVM_PROFILE_FILE=$bin.profraw "$bin" -runs=0 $corpus > /dev/null 2>&1
     rm -rf "$work"
     llvm-profdata-14 merge -sparse "$bin.profraw" -o "$bin.profdata" || exit 1
-    echo "== fuzz_$name over $(find "$corpus" -type f | wc -l) inputs of $corpus"
+    # shellcheck disable=SC2086
+    echo "== fuzz_$name over $(find $corpus -type f | wc -l) inputs of $corpus"
     llvm-cov-14 report "$bin" -instr-profile="$bin.profdata" -show-functions vla.h train_vla.c > "$bin.txt" 2>&1
     printf '%-28s %14s %14s\n' function "lines" "branches"
     for f in $functions; do

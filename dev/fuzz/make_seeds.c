@@ -6,9 +6,9 @@
 //                and non-square sizes, and another tokenizer's ids; shard_write_v1: version 1);
 //                more come from data/synthetic (dev/fuzz/run_fuzz.sh)
 //   shards       2 or 3 of those shards packed into one input as fuzz_shards splits it: shards that
-//                agree (pooled statistics), and shards that disagree on cameras or tokenizer
+//                agree (pooled statistics), and shards that disagree on cameras, their sizes or tokenizer
 //   safetensors  LeRobot's weights of FUZZ_SAFETENSORS_CONFIG in all four float dtypes, and small
-//                headers (metadata, integer tensors, a name holding a newline)
+//                headers (metadata, integer tensors, shapes past 2^40, a name holding a newline)
 //   log          log.jsonl files as runs leave them, each behind the step a resume starts from
 //   names        folders' worth of file names, canonical checkpoint names and near misses
 //   boot         node 0's view of hellos (agreeing, disagreeing, foreign) and a node's of replies
@@ -248,12 +248,17 @@ int main(int argc, char** argv) {
     const char* agree2[] = {"shard_v2_0.bin", "shard_v2_0b.bin"};
     const char* agree3[] = {"shard_v2_0.bin", "shard_v2_0b.bin", "shard_v2_0c.bin"};
     const char* versions[] = {"shard_v1.bin", "shard_v2_1.bin"};
+    const Cameras wider = {2, {6, 4}, {10, 8}};  // the first shape's cameras but one, as wide again
+    snprintf(path, sizeof(path), "%s/shard_v2_0w.bin", shard_dir);
+    shard_seed(path, &wider, 400);
     const char* cameras[] = {"shard_v2_0.bin", "shard_v2_2.bin"};
+    const char* sizes[] = {"shard_v2_0.bin", "shard_v2_0b.bin", "shard_v2_0w.bin"};
     const char* tokenizers[] = {"shard_v2_1.bin", "shard_v2_tokenizer.bin", "shard_v2_1.bin"};
     shards_seed("agree_2", shard_dir, agree2, 2);
     shards_seed("agree_3", shard_dir, agree3, 3);
     shards_seed("versions", shard_dir, versions, 2);
     shards_seed("cameras", shard_dir, cameras, 2);
+    shards_seed("camera_sizes", shard_dir, sizes, 3);
     shards_seed("tokenizers", shard_dir, tokenizers, 3);
 
     safetensors_weights_seed();
@@ -263,6 +268,10 @@ int main(int argc, char** argv) {
                      "\"mask\":{\"shape\":[1,2],\"dtype\":\"BOOL\",\"data_offsets\":[8,10]},"
                      "\"scalar\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[10,11]}}", two, 11);
     safetensors_seed("empty.safetensors", "{}", NULL, 0);
+    // shapes past what any file holds: a dimension over 2^40, and a product past 2^64
+    safetensors_seed("huge.safetensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627777],\"data_offsets\":[0,8]}}", two, 8);
+    safetensors_seed("overflow.safetensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],"
+                     "\"data_offsets\":[0,8]}}", two, 8);
     // a tensor name holding a newline, which once split the error naming it over two lines
     safetensors_seed("newline.safetensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offset\n\ns\":[0,8]}}", two, 8);
 
