@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Hardening tests that need more than a corrupt file (test_vla covers those): a full disk, a long
-# output path, a thread count the machine cannot start, a log left by a kill, random SIGKILLs of a
-# run that checkpoints every step, the sanitized CPU trainer, and which make targets speak of GPUs.
+# output path, a thread count the machine cannot start, a log left by a kill, copies of a checkpoint
+# under names the trainer does not write, random SIGKILLs of a run that checkpoints every step, the
+# sanitized CPU trainer, and which make targets speak of GPUs.
 # The trainer is SmolVLA's tiny preset on build/test/a.bin (--train all, its default): a checkpoint
 # holds every weight and the moments of the trainable ones, 1.54 MiB. Run by `make test` after the
 # binaries are built. Ends with `N passed, M failed`.
