@@ -29,7 +29,7 @@ for name in "${targets[@]}"; do
     [ -d "$seeds" ] || { echo "error: no seeds for $name: run make fuzz (or make test) first"; exit 1; }
     corpus=$seeds
     # (the seeds that libFuzzer kept out of the corpus, adding nothing new then, still count)
-    [ -d build/fuzz/corpus/$name ] && corpus="build/fuzz/corpus/$name $seeds"
+    [ -d "build/fuzz/corpus/$name" ] && corpus="build/fuzz/corpus/$name $seeds"
     bin=build/fuzz/coverage/fuzz_$name
     extra=""
     [ "$name" = policy ] && extra=-fopenmp
