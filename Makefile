@@ -184,18 +184,20 @@ build/sanitize/train_vla_cpu: train_vla.c vla.h
 	$(CC) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -fopenmp -Wall -Wextra \
 		-Wno-unused-parameter -Wno-format-truncation train_vla.c $(LDLIBS) -o $@
 
-# ---- fuzzing (dev/fuzz): libFuzzer harnesses of the shard reader, the checkpoint reader and the
-# policy library's load, built by clang with AddressSanitizer and UndefinedBehaviorSanitizer.
-# `make fuzz` runs each for FUZZ_SECONDS and keeps the corpora in build/fuzz/corpus; make test
-# runs each for 15 s from the seeds alone (dev/run_tests.sh).
+# ---- fuzzing (dev/fuzz): libFuzzer harnesses of every reader of untrusted bytes (shards, several
+# shards as one dataset, checkpoints, the policy library's load, safetensors, log.jsonl on resume,
+# checkpoint names, the multi-node bootstrap's messages), built by clang with AddressSanitizer and
+# UndefinedBehaviorSanitizer. `make fuzz` runs each for FUZZ_SECONDS and keeps the corpora in
+# build/fuzz/corpus; make test runs each briefly from the seeds alone (dev/run_tests.sh).
 FUZZ_CC ?= clang-14
 FUZZ_SECONDS ?= 600
 FUZZ_FLAGS = -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	-Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-pass-failed
-FUZZ_BINARIES = build/fuzz/fuzz_shard build/fuzz/fuzz_checkpoint build/fuzz/fuzz_policy build/fuzz/make_seeds
+FUZZ_PLAIN = shard shards checkpoint safetensors log names boot
+FUZZ_BINARIES = $(addprefix build/fuzz/fuzz_,$(FUZZ_PLAIN)) build/fuzz/fuzz_policy build/fuzz/make_seeds
 fuzz_check = @command -v $(FUZZ_CC) > /dev/null || { \
 	echo "error: $(FUZZ_CC) not found: the fuzzers need clang and its runtimes: run 'make setup' (as root) first"; exit 1; }
-build/fuzz/fuzz_shard build/fuzz/fuzz_checkpoint: build/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz_util.h vla.h
+$(addprefix build/fuzz/fuzz_,$(FUZZ_PLAIN)): build/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz_util.h vla.h
 	$(fuzz_check)
 	@mkdir -p build/fuzz
 	$(FUZZ_CC) $(FUZZ_FLAGS) $< -lm -lpthread -o $@
@@ -203,7 +205,7 @@ build/fuzz/fuzz_policy: dev/fuzz/fuzz_policy.c dev/fuzz/fuzz_util.h vla.h train_
 	$(fuzz_check)
 	@mkdir -p build/fuzz
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fopenmp $< -lm -lpthread -o $@
-build/fuzz/make_seeds: dev/fuzz/make_seeds.c vla.h
+build/fuzz/make_seeds: dev/fuzz/make_seeds.c dev/fuzz/fuzz_util.h vla.h
 	@mkdir -p build/fuzz
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 	rm -rf build/fuzz/seeds

@@ -776,12 +776,15 @@ static inline int st_expect(StJson* j, char ch) {
     j->p++;
     return 0;
 }
-// A JSON string into out (escapes other than \" \\ \/ refused: tensor names have none).
+// A JSON string into out (escapes other than \" \\ \/ refused: tensor names have none). Control
+// characters are refused, as JSON refuses them: a name holding a newline would split the one-line
+// error that names it.
 static inline int st_string(StJson* j, char* out, size_t size) {
     if (st_expect(j, '"')) { return 1; }
     size_t n = 0;
     while (j->p < j->end && *j->p != '"') {
         char ch = *j->p++;
+        if ((unsigned char)ch < 0x20) { return 1; }
         if (ch == '\\') {
             if (j->p >= j->end || (*j->p != '"' && *j->p != '\\' && *j->p != '/')) { return 1; }
             ch = *j->p++;
@@ -2764,6 +2767,25 @@ static inline void checkpoint_path(char* out, size_t size, const char* dir, uint
     }
 }
 
+// The step of a checkpoint's file name, for exactly the names checkpoint_path writes: "ckpt_",
+// the step in at least 8 digits (zero-padded to 8, no leading zero past them), ".bin". Returns 1
+// and sets *step for such a name, else 0: a copy named ckpt_9.bin or ckpt_+0000009.bin is not a
+// checkpoint of this run folder (-y 1 would open ckpt_00000009.bin), nor is ckpt_-1.bin.
+static inline int checkpoint_step_of_name(const char* name, uint64_t* step) {
+    if (strncmp(name, "ckpt_", 5) != 0) { return 0; }
+    const char* p = name + 5;
+    uint64_t x = 0;
+    size_t digits = 0;
+    for (; *p >= '0' && *p <= '9'; p++, digits++) {
+        uint64_t d = (uint64_t)(*p - '0');
+        if (x > (UINT64_MAX - d) / 10) { return 0; }  // past 2^64 - 1
+        x = x * 10 + d;
+    }
+    if (digits < 8 || (digits > 8 && name[5] == '0') || strcmp(p, ".bin") != 0) { return 0; }
+    *step = x;
+    return 1;
+}
+
 // Steps of the (at most max) newest complete checkpoints in dir, newest first. Incomplete files
 // are reported and skipped.
 static inline int checkpoint_list(const char* dir, uint64_t* steps, int max) {
@@ -2771,9 +2793,8 @@ static inline int checkpoint_list(const char* dir, uint64_t* steps, int max) {
     if (d == NULL) { return 0; }
     int n = 0;
     for (struct dirent* de = readdir(d); de != NULL; de = readdir(d)) {
-        unsigned long long step;
-        char tail[8];
-        if (sscanf(de->d_name, "ckpt_%llu.%7s", &step, tail) != 2 || strcmp(tail, "bin") != 0) { continue; }
+        uint64_t step;
+        if (!checkpoint_step_of_name(de->d_name, &step)) { continue; }
         char path[VLA_PATH_MAX + 300], err[VLA_PATH_MAX + 1024];
         CheckpointHeader h;
         snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
@@ -3706,6 +3727,54 @@ static inline int boot_identity_diff(const BootIdentity* a, const BootIdentity* 
     return 0;
 }
 
+// What node 0 makes of the n bytes a connection sent as its hello. fds[k] >= 0 (k from 1): node
+// k has joined. BOOT_HELLO_JOINS: node *rank joins; BOOT_HELLO_REFUSED: a node of this run that
+// must not join, why says so in one line; BOOT_HELLO_FOREIGN: not one of ours (a port scanner, an
+// older train_vla), to be dropped without an answer.
+enum { BOOT_HELLO_FOREIGN = 0, BOOT_HELLO_JOINS = 1, BOOT_HELLO_REFUSED = 2 };
+static inline int boot_hello_parse(const BootIdentity* self, const void* msg, size_t n, const int* fds, int* rank,
+                                   char* why, size_t why_size) {
+    BootIdentity other;
+    if (n != sizeof(other)) { return BOOT_HELLO_FOREIGN; }
+    memcpy(&other, msg, sizeof(other));
+    if (other.magic != BOOT_MAGIC || other.version != BOOT_VERSION) { return BOOT_HELLO_FOREIGN; }
+    char diff[192];
+    if (other.node_rank < 1 || other.node_rank >= self->nodes || fds[other.node_rank] >= 0) {
+        snprintf(why, why_size, "node rank %d is out of range or taken twice (--nodes %lld)", other.node_rank,
+                 (long long)self->nodes);
+        return BOOT_HELLO_REFUSED;
+    }
+    if (boot_identity_diff(self, &other, diff, sizeof(diff))) {
+        snprintf(why, why_size, "node %d disagrees with node 0 on %s (node 0 vs node %d)", other.node_rank, diff,
+                 other.node_rank);
+        return BOOT_HELLO_REFUSED;
+    }
+    *rank = other.node_rank;
+    return BOOT_HELLO_JOINS;
+}
+
+// What a node makes of node 0's reply header (the n bytes received): BOOT_REPLY_PAYLOAD: the
+// payload of payload_bytes follows; BOOT_REPLY_REFUSED: a refusal of *length bytes follows, fewer
+// than text_size; BOOT_REPLY_BAD: neither (not node 0 of this run).
+enum { BOOT_REPLY_BAD = 0, BOOT_REPLY_PAYLOAD = 1, BOOT_REPLY_REFUSED = 2 };
+static inline int boot_reply_parse(const void* msg, size_t n, size_t payload_bytes, size_t text_size, uint32_t* length) {
+    BootReply reply;
+    if (n != sizeof(reply)) { return BOOT_REPLY_BAD; }
+    memcpy(&reply, msg, sizeof(reply));
+    *length = reply.length;
+    if (reply.status == 0 && reply.length == payload_bytes) { return BOOT_REPLY_PAYLOAD; }
+    if (reply.status == 1 && reply.length < text_size) { return BOOT_REPLY_REFUSED; }
+    return BOOT_REPLY_BAD;
+}
+
+// Node 0's refusal (n bytes, up to a NUL) as one printable line in out: control bytes become '?'
+static inline void boot_refusal_text(const void* msg, size_t n, char* out, size_t size) {
+    const uint8_t* p = (const uint8_t*)msg;
+    size_t k = 0;
+    for (; k < n && k + 1 < size && p[k] != 0; k++) { out[k] = p[k] < 0x20 || p[k] == 0x7f ? '?' : (char)p[k]; }
+    if (size > 0) { out[k] = '\0'; }
+}
+
 // All of buf over fd, before the deadline (wall_seconds); 0 on success
 static inline int boot_io(int fd, void* buf, size_t n, int sending, double deadline) {
     uint8_t* p = (uint8_t*)buf;
@@ -3776,19 +3845,16 @@ static inline int bootstrap_exchange(const char* master, const BootIdentity* sel
             // each hello gets a few seconds of its own, so a connection that stays silent (a port
             // scanner) cannot hold up the real nodes
             BootIdentity other;
-            if (boot_io(fd, &other, sizeof(other), 0, fmin(deadline, wall_seconds() + 5.0)) != 0 ||
-                other.magic != BOOT_MAGIC || other.version != BOOT_VERSION) {
+            char why[320];
+            int rank = 0, hello = boot_io(fd, &other, sizeof(other), 0, fmin(deadline, wall_seconds() + 5.0)) != 0
+                                      ? BOOT_HELLO_FOREIGN
+                                      : boot_hello_parse(self, &other, sizeof(other), fds, &rank, why, sizeof(why));
+            if (hello == BOOT_HELLO_FOREIGN) {
                 close(fd);  // not one of ours, or too slow: keep waiting for the real nodes
                 continue;
             }
-            char why[320], diff[192];
-            if (other.node_rank < 1 || other.node_rank >= nodes || fds[other.node_rank] >= 0) {
-                snprintf(why, sizeof(why), "node rank %d is out of range or taken twice (--nodes %d)", other.node_rank, nodes);
-            } else if (boot_identity_diff(self, &other, diff, sizeof(diff))) {
-                snprintf(why, sizeof(why), "node %d disagrees with node 0 on %s (node 0 vs node %d)", other.node_rank, diff,
-                         other.node_rank);
-            } else {
-                fds[other.node_rank] = fd;
+            if (hello == BOOT_HELLO_JOINS) {
+                fds[rank] = fd;
                 joined++;
                 continue;
             }
@@ -3840,15 +3906,18 @@ static inline int bootstrap_exchange(const char* master, const BootIdentity* sel
         return 1;
     }
     BootReply reply;
-    char text[512] = "";
+    char raw[512] = "", text[512];
+    uint32_t length = 0;
     int bad = boot_io(fd, (void*)self, sizeof(*self), 1, deadline) != 0 || boot_io(fd, &reply, sizeof(reply), 0, deadline) != 0;
-    if (!bad && reply.status == 0 && reply.length == payload_bytes) {
+    int kind = bad ? BOOT_REPLY_BAD : boot_reply_parse(&reply, sizeof(reply), payload_bytes, sizeof(raw), &length);
+    if (kind == BOOT_REPLY_PAYLOAD) {
         bad = boot_io(fd, payload, payload_bytes, 0, deadline) != 0;
         close(fd);
         if (!bad) { return 0; }
-    } else if (!bad && reply.status == 1 && reply.length < sizeof(text)) {
-        boot_io(fd, text, reply.length, 0, deadline);
+    } else if (kind == BOOT_REPLY_REFUSED) {
+        boot_io(fd, raw, length, 0, deadline);
         close(fd);
+        boot_refusal_text(raw, length, text, sizeof(text));
         snprintf(err, err_size, "the master %s refused node %d: %s", master, self->node_rank, text);
         return 1;
     } else {

@@ -93,9 +93,15 @@ add_suite oracle_bench "$LEROBOT_PY" dev/test_oracle_bench.py build/test/s.bin
 add_suite metaworld "$VENV_PY" data/test_metaworld.py
 add_suite learning dev/test_learning.sh
 add_suite eval "$VENV_PY" scripts/test_eval.py
-# each fuzz harness for 15 s from the seeds (make fuzz runs them for minutes and keeps a corpus;
-# FUZZ_TEST_SECONDS overrides)
-add_suite fuzz dev/fuzz/run_fuzz.sh "${FUZZ_TEST_SECONDS:-15}"
+# each fuzz harness briefly from the seeds: the shard, checkpoint and policy readers for 15 s,
+# several shards as one dataset, safetensors, log.jsonl, checkpoint names and the bootstrap's
+# messages for 10 s (make fuzz runs them for minutes and keeps a corpus; FUZZ_TEST_SECONDS sets
+# one time for all)
+if [ -n "${FUZZ_TEST_SECONDS:-}" ]; then
+    add_suite fuzz dev/fuzz/run_fuzz.sh "$FUZZ_TEST_SECONDS"
+else
+    add_suite fuzz dev/fuzz/run_fuzz.sh 15 shard checkpoint policy shards:10 safetensors:10 log:10 names:10 boot:10
+fi
 add_suite policy "$ORACLE_PY" scripts/test_policy.py
 # LeRobot policies into train_vla checkpoints and back (scripts/import_lerobot.py, export_lerobot.py):
 # weights, header, LeRobot's and train_vla's actions after a round trip and after --init fine-tuning

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Hardening tests that need more than a corrupt file (test_vla covers those): a full disk, a long
-# output path, a thread count the machine cannot start, a log left by a kill, random SIGKILLs of a
-# run that checkpoints every step, the sanitized CPU trainer, and which make targets speak of GPUs.
+# output path, a thread count the machine cannot start, a log left by a kill, copies of a checkpoint
+# under names the trainer does not write, random SIGKILLs of a run that checkpoints every step, the
+# sanitized CPU trainer, and which make targets speak of GPUs.
 # The trainer is SmolVLA's tiny preset on build/test/a.bin (--train all, its default): a checkpoint
 # holds every weight and the moments of the trainable ones, 1.54 MiB. Run by `make test` after the
 # binaries are built. Ends with `N passed, M failed`.
@@ -148,6 +149,19 @@ for change in truncate rewrite; do
     [ "$rc" -eq 0 ] && grep -qF "resumed from $newest" "$tmp/out"
     check $? "$change: with the shard restored, -y 1 resumes from the newest checkpoint, $(basename "$newest") (exit $rc)"
 done
+
+echo "== copies under names checkpoint_path does not write are not checkpoints"
+out=$tmp/names
+$TRAINER "${run[@]}" -n 2 -k 2 -o "$out" > /dev/null 2>&1
+# a newer step under a non-canonical name: -y 1 used to take step 9 and fail opening ckpt_00000009.bin
+cp "$out/ckpt_00000002.bin" "$out/ckpt_9.bin"
+cp "$out/ckpt_00000002.bin" "$out/ckpt_-1.bin"
+cp "$out/ckpt_00000002.bin" "$out/ckpt_000000009.bin"
+$TRAINER "${run[@]}" -n 3 -k 3 -y 1 -o "$out" > "$tmp/out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && grep -qF "resumed from $out/ckpt_00000002.bin" "$tmp/out" && [ -f "$out/ckpt_00000003.bin" ] &&
+    [ -f "$out/ckpt_9.bin" ] && steps_once "$out/log.jsonl" 3
+check $? "ckpt_9.bin, ckpt_-1.bin and ckpt_000000009.bin beside ckpt_00000002.bin: -y 1 resumes from step 2, the copies left alone (exit $rc)"
 
 echo "== random SIGKILLs of a run that checkpoints every step"
 steps=400

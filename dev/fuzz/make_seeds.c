@@ -1,10 +1,19 @@
-// make_seeds.c: seeds of the fuzz corpora written by the project's own writers, small enough (a
-// few to 30 kilobytes) that the fuzzers' mutations land in every section: version-2 checkpoints
-// of small SmolVLA configs, one per train mode (checkpoint_write), into CKPT_DIR, and shards of
-// both format versions into SHARD_DIR (shard_write: version 2 with cameras of different and
-// non-square sizes, and another tokenizer's ids; shard_write_v1: version 1). More shard seeds come from data/synthetic (dev/fuzz/run_fuzz.sh).
-//   make_seeds CKPT_DIR SHARD_DIR
-#include "../../vla.h"
+// make_seeds.c: seeds of the fuzz corpora, written by the project's own writers where it has one,
+// small enough (a few to 40 kilobytes) that the fuzzers' mutations land in every section. Into
+// SEEDS_DIR/NAME for each harness:
+//   checkpoint   version-2 checkpoints of small SmolVLA configs, one per train mode (checkpoint_write)
+//   shard        shards of both format versions (shard_write: version 2 with cameras of different
+//                and non-square sizes, and another tokenizer's ids; shard_write_v1: version 1);
+//                more come from data/synthetic (dev/fuzz/run_fuzz.sh)
+//   shards       2 or 3 of those shards packed into one input as fuzz_shards splits it: shards that
+//                agree (pooled statistics), and shards that disagree on cameras, their sizes or tokenizer
+//   safetensors  LeRobot's weights of FUZZ_SAFETENSORS_CONFIG in all four float dtypes, and small
+//                headers (metadata, integer tensors, shapes past 2^40, a name holding a newline)
+//   log          log.jsonl files as runs leave them, each behind the step a resume starts from
+//   names        folders' worth of file names, canonical checkpoint names and near misses
+//   boot         node 0's view of hellos (agreeing, disagreeing, foreign) and a node's of replies
+//   make_seeds SEEDS_DIR
+#include "fuzz_util.h"
 
 // A small shard of `cams` (5 frames in 2 episodes, state 3, action 2, two instructions) at path
 static void shard_seed(const char* path, const Cameras* cams, uint64_t seed) {
@@ -24,23 +33,163 @@ static void shard_seed(const char* path, const Cameras* cams, uint64_t seed) {
     free(images);
 }
 
+static const char* seeds_root;
+
+// SEEDS_DIR/kind/name holding data[0..size)
+static void seed_write(const char* kind, const char* name, const void* data, size_t size) {
+    char path[VLA_PATH_MAX];
+    snprintf(path, sizeof(path), "%s/%s", seeds_root, kind);
+    make_dir(path);
+    snprintf(path, sizeof(path), "%s/%s/%s", seeds_root, kind, name);
+    FILE* f = fopenCheck(path, "wb");
+    if ((size > 0 && fwrite(data, 1, size, f) != size) || fclose(f) != 0) { vla_fail("cannot write %s", path); }
+}
+
+static uint8_t* file_bytes(const char* path, size_t* size) {
+    FILE* f = fopenCheck(path, "rb");
+    fseeko(f, 0, SEEK_END);
+    *size = (size_t)ftello(f);
+    fseeko(f, 0, SEEK_SET);
+    uint8_t* p = (uint8_t*)mallocCheck(*size > 0 ? *size : 1);
+    if (fread(p, 1, *size, f) != *size) { vla_fail("cannot read %s", path); }
+    fclose(f);
+    return p;
+}
+
+// fuzz_shards's input: the count less 2, the sizes of all shards but the last (u32), the shards
+static void shards_seed(const char* name, const char* shard_dir, const char* const* files, int n) {
+    uint8_t* pack = (uint8_t*)mallocCheck(1 + 4 * (size_t)(n - 1));
+    size_t size = 1 + 4 * (size_t)(n - 1);
+    pack[0] = (uint8_t)(n - 2);
+    for (int k = 0; k < n; k++) {
+        char path[VLA_PATH_MAX];
+        snprintf(path, sizeof(path), "%s/%s", shard_dir, files[k]);
+        size_t bytes;
+        uint8_t* shard = file_bytes(path, &bytes);
+        if (k < n - 1) {
+            uint32_t len = (uint32_t)bytes;
+            memcpy(pack + 1 + 4 * k, &len, 4);
+        }
+        pack = (uint8_t*)realloc(pack, size + bytes);
+        memcpy(pack + size, shard, bytes);
+        size += bytes;
+        free(shard);
+    }
+    seed_write("shards", name, pack, size);
+    free(pack);
+}
+
+// A safetensors file of the given JSON header (padded with spaces to 8 bytes, as writers pad it) and data
+static void safetensors_seed(const char* name, const char* header, const void* data, size_t data_size) {
+    size_t len = strlen(header), padded = (len + 7) / 8 * 8, size = 8 + padded + data_size;
+    uint8_t* file = (uint8_t*)mallocCheck(size);
+    for (int i = 0; i < 8; i++) { file[i] = (uint8_t)((uint64_t)padded >> (8 * i)); }
+    memcpy(file + 8, header, len);
+    memset(file + 8 + len, ' ', padded - len);
+    if (data_size > 0) { memcpy(file + 8 + padded, data, data_size); }
+    seed_write("safetensors", name, file, size);
+    free(file);
+}
+
+// Every tensor of FUZZ_SAFETENSORS_CONFIG's table under its LeRobot name (stacked ones a slice
+// per layer), the dtypes taking turns (F32, BF16, F16, F64), and one integer tensor the table
+// does not hold
+static void safetensors_weights_seed(void) {
+    const SmolVLAConfig* c = &FUZZ_SAFETENSORS_CONFIG;
+    SmolParamTable t;
+    smolvla_table_build(c, &t);
+    float* params = (float*)mallocCheck(t.total * sizeof(float));
+    smolvla_param_init(params, &t, c, 7);
+    size_t header_cap = 1 << 16, data_cap = 8 * t.total + 64, hn = 0, dn = 0;
+    char* header = (char*)mallocCheck(header_cap);
+    uint8_t* data = (uint8_t*)mallocCheck(data_cap);
+    hn += (size_t)snprintf(header + hn, header_cap - hn, "{\"__metadata__\":{\"format\":\"pt\"}");
+    int turn = 0;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &t.spec[i];
+        size_t n_slices = smolvla_slices(s), per = s->numel / n_slices;
+        int64_t lead = s->slices == SLICES_NONE ? s->shape[0] : s->shape[1];
+        for (size_t k = 0; k < n_slices; k++, turn++) {
+            char name[256];
+            if (s->slices == SLICES_NONE) { snprintf(name, sizeof(name), "%s", s->lerobot); }
+            else { snprintf(name, sizeof(name), s->lerobot, smolvla_slice_layer(c, s, (int)k)); }
+            int dtype = turn % 4;  // ST_F32, ST_BF16, ST_F16, ST_F64
+            const float* x = params + s->offset + k * per;
+            size_t begin = dn;
+            for (size_t e = 0; e < per; e++) {
+                uint32_t bits;
+                memcpy(&bits, &x[e], 4);
+                if (dtype == ST_F32) { memcpy(data + dn, &x[e], 4); dn += 4; }
+                else if (dtype == ST_BF16) { uint16_t h = (uint16_t)(bits >> 16); memcpy(data + dn, &h, 2); dn += 2; }
+                else if (dtype == ST_F16) {  // small normal values: the exponent rebiased, the mantissa cut
+                    int exp = (int)((bits >> 23) & 0xff) - 127 + 15;
+                    uint16_t h = (uint16_t)((bits >> 16) & 0x8000);
+                    if (exp > 0 && exp < 31) { h |= (uint16_t)((exp << 10) | ((bits >> 13) & 0x3ff)); }
+                    memcpy(data + dn, &h, 2);
+                    dn += 2;
+                } else { double d = x[e]; memcpy(data + dn, &d, 8); dn += 8; }
+            }
+            char shape[64];
+            if ((size_t)lead == per) { snprintf(shape, sizeof(shape), "[%lld]", (long long)lead); }
+            else { snprintf(shape, sizeof(shape), "[%lld,%zu]", (long long)lead, per / (size_t)lead); }
+            hn += (size_t)snprintf(header + hn, header_cap - hn, ",\"%s\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%zu,%zu]}",
+                                   name, ST_DTYPE_NAMES[dtype], shape, begin, dn);
+        }
+    }
+    int64_t ids[2] = {3, -1};
+    memcpy(data + dn, ids, sizeof(ids));
+    hn += (size_t)snprintf(header + hn, header_cap - hn, ",\"lm_head.ids\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[%zu,%zu]}}",
+                           dn, dn + sizeof(ids));
+    dn += sizeof(ids);
+    if (hn >= header_cap - 1) { vla_fail("the safetensors seed's header outgrew its buffer"); }
+    safetensors_seed("weights.safetensors", header, data, dn);
+    free(params); free(header); free(data);
+}
+
+// fuzz_log's input: the step a resume starts from (u16) and the log.jsonl it finds
+static void log_seed(const char* name, uint16_t start, const char* text) {
+    size_t n = strlen(text);
+    uint8_t* input = (uint8_t*)mallocCheck(2 + n);
+    memcpy(input, &start, 2);
+    memcpy(input + 2, text, n);
+    seed_write("log", name, input, 2 + n);
+    free(input);
+}
+
+// fuzz_boot's input: a flags byte (bit 0: a reply, else a hello; bits 1-3: nodes 1-3 have
+// joined) and the bytes received
+static void boot_seed(const char* name, uint8_t flags, const void* msg, size_t n, const void* more, size_t more_n) {
+    uint8_t input[1024];
+    input[0] = flags;
+    memcpy(input + 1, msg, n);
+    if (more_n > 0) { memcpy(input + 1 + n, more, more_n); }
+    seed_write("boot", name, input, 1 + n + more_n);
+}
+
 int main(int argc, char** argv) {
-    if (argc != 3) { vla_fail("usage: %s CKPT_DIR SHARD_DIR", argv[0]); }
+    if (argc != 2) { vla_fail("usage: %s SEEDS_DIR", argv[0]); }
+    seeds_root = argv[1];
+    make_dir(seeds_root);
+    char ckpt_dir[VLA_PATH_MAX], shard_dir[VLA_PATH_MAX];
+    snprintf(ckpt_dir, sizeof(ckpt_dir), "%s/checkpoint", seeds_root);
+    snprintf(shard_dir, sizeof(shard_dir), "%s/shard", seeds_root);
+    make_dir(ckpt_dir);
+    make_dir(shard_dir);
     char path[VLA_PATH_MAX];
     const Cameras shapes[] = {{2, {6, 4}, {10, 4}}, {1, {8}, {8}}, {3, {4, 8, 4}, {4, 8, 12}}};
     for (int k = 0; k < (int)(sizeof(shapes) / sizeof(shapes[0])); k++) {
-        snprintf(path, sizeof(path), "%s/shard_v2_%d.bin", argv[2], k);
+        snprintf(path, sizeof(path), "%s/shard_v2_%d.bin", shard_dir, k);
         shard_seed(path, &shapes[k], 100 + (uint64_t)k);
     }
     // version 1 of the square one, and the square one as the ids of another tokenizer (vocabulary 1000)
     char square[VLA_PATH_MAX];
-    snprintf(square, sizeof(square), "%s/shard_v2_1.bin", argv[2]);
+    snprintf(square, sizeof(square), "%s/shard_v2_1.bin", shard_dir);
     Shard s;
     shard_open(&s, square);
-    snprintf(path, sizeof(path), "%s/shard_v1.bin", argv[2]);
+    snprintf(path, sizeof(path), "%s/shard_v1.bin", shard_dir);
     shard_write_v1(path, &s);
     shard_close(&s);
-    snprintf(path, sizeof(path), "%s/shard_v2_tokenizer.bin", argv[2]);
+    snprintf(path, sizeof(path), "%s/shard_v2_tokenizer.bin", shard_dir);
     shard_seed(path, &shapes[1], 101);
     ShardHeader h;
     FILE* f = fopenCheck(path, "r+b");
@@ -85,9 +234,86 @@ int main(int argc, char** argv) {
         ck.n_params = t.total; ck.n_trainable = nt; ck.stats = stats; ck.params = params; ck.m = moments;
         ck.v = moments + nt;
         snprintf(ck.tokenizer, sizeof(ck.tokenizer), "%s", SHARD_TOKENIZER_BYTES);
-        snprintf(path, sizeof(path), "%s/ckpt_seed_%d.bin", argv[1], k);
+        snprintf(path, sizeof(path), "%s/ckpt_seed_%d.bin", ckpt_dir, k);
         checkpoint_write(path, &ck);
         free(stats); free(params); free(moments);
     }
+
+    // shards opened together: agreeing ones (of other frames, so other statistics), a version-1
+    // shard beside version 2, and ones that disagree on cameras or tokenizer
+    snprintf(path, sizeof(path), "%s/shard_v2_0b.bin", shard_dir);
+    shard_seed(path, &shapes[0], 200);
+    snprintf(path, sizeof(path), "%s/shard_v2_0c.bin", shard_dir);
+    shard_seed(path, &shapes[0], 300);
+    const char* agree2[] = {"shard_v2_0.bin", "shard_v2_0b.bin"};
+    const char* agree3[] = {"shard_v2_0.bin", "shard_v2_0b.bin", "shard_v2_0c.bin"};
+    const char* versions[] = {"shard_v1.bin", "shard_v2_1.bin"};
+    const Cameras wider = {2, {6, 4}, {10, 8}};  // the first shape's cameras but one, as wide again
+    snprintf(path, sizeof(path), "%s/shard_v2_0w.bin", shard_dir);
+    shard_seed(path, &wider, 400);
+    const char* cameras[] = {"shard_v2_0.bin", "shard_v2_2.bin"};
+    const char* sizes[] = {"shard_v2_0.bin", "shard_v2_0b.bin", "shard_v2_0w.bin"};
+    const char* tokenizers[] = {"shard_v2_1.bin", "shard_v2_tokenizer.bin", "shard_v2_1.bin"};
+    shards_seed("agree_2", shard_dir, agree2, 2);
+    shards_seed("agree_3", shard_dir, agree3, 3);
+    shards_seed("versions", shard_dir, versions, 2);
+    shards_seed("cameras", shard_dir, cameras, 2);
+    shards_seed("camera_sizes", shard_dir, sizes, 3);
+    shards_seed("tokenizers", shard_dir, tokenizers, 3);
+
+    safetensors_weights_seed();
+    const float two[2] = {1.0f, -2.5f};
+    safetensors_seed("small.safetensors", "{\"__metadata__\":{\"format\":\"pt\",\"note\":\"a \\\"b\\\" c\"},"
+                     "\"a\\/b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                     "\"mask\":{\"shape\":[1,2],\"dtype\":\"BOOL\",\"data_offsets\":[8,10]},"
+                     "\"scalar\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[10,11]}}", two, 11);
+    safetensors_seed("empty.safetensors", "{}", NULL, 0);
+    // shapes past what any file holds: a dimension over 2^40, and a product past 2^64
+    safetensors_seed("huge.safetensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627777],\"data_offsets\":[0,8]}}", two, 8);
+    safetensors_seed("overflow.safetensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],"
+                     "\"data_offsets\":[0,8]}}", two, 8);
+    // a tensor name holding a newline, which once split the error naming it over two lines
+    safetensors_seed("newline.safetensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offset\n\ns\":[0,8]}}", two, 8);
+
+    log_seed("resume", 3, "{\"step\": 1, \"loss\": 1.5, \"lr\": 0.0003, \"grad_norm\": 2.1, \"ms\": 10.000, \"samples_per_s\": 20.000}\n"
+             "{\"step\": 2, \"loss\": 1.25, \"lr\": 0.0003}\n{\"step\": 3, \"loss\": 1}\n{\"step\": 4, \"loss\": 1}\n"
+             "{\"step\": 5, \"loss\": 1, \"task_loss\": [0.5, null]}\n{\"step\": 6, \"lo");
+    log_seed("kept", 10, "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": 1}\n");
+    log_seed("others", 0, "{\"note\": \"written by hand\"}\n\n{\"step\": -1}\n{\"step\": 99999999999}\n{\"step\": 1}");
+
+    static const char* const names[][2] = {
+        {"canonical", "ckpt_00000001.bin\nckpt_00000012.bin\nckpt_00000003.bin\nckpt_123456789.bin\nlog.jsonl\n"},
+        {"near_misses", "ckpt_9.bin\nckpt_-1.bin\nckpt_+0000009.bin\nckpt_000000009.bin\nckpt_00000009.bin.tmp\n"
+                        "ckpt_00000009.bin\nckpt_00000008.binx\n ckpt_00000007.bin\nckpt_0000000a.bin\n"},
+        {"limits", "ckpt_18446744073709551615.bin\nckpt_18446744073709551616.bin\nckpt_00000000.bin\n"
+                   "ckpt_99999999.bin\nckpt_100000000.bin\n"},
+    };
+    for (int k = 0; k < (int)(sizeof(names) / sizeof(names[0])); k++) {
+        seed_write("names", names[k][0], names[k][1], strlen(names[k][1]));
+    }
+
+    BootIdentity hello = fuzz_boot_identity(1);
+    boot_seed("hello_joins", 0, &hello, sizeof(hello), NULL, 0);
+    boot_seed("hello_taken", 2, &hello, sizeof(hello), NULL, 0);
+    BootIdentity other = fuzz_boot_identity(3);
+    other.batch += 1;
+    boot_seed("hello_batch", 0, &other, sizeof(other), NULL, 0);
+    other = fuzz_boot_identity(2);
+    other.config.max_text += 1;
+    boot_seed("hello_config", 8, &other, sizeof(other), NULL, 0);
+    other = fuzz_boot_identity(4);
+    boot_seed("hello_rank", 0, &other, sizeof(other), NULL, 0);
+    other = fuzz_boot_identity(1);
+    other.version -= 1;
+    boot_seed("hello_version", 0, &other, sizeof(other), NULL, 0);
+    uint8_t id[FUZZ_BOOT_PAYLOAD];
+    for (int i = 0; i < FUZZ_BOOT_PAYLOAD; i++) { id[i] = (uint8_t)(i * 37); }
+    BootReply welcome = {0, FUZZ_BOOT_PAYLOAD};
+    boot_seed("reply_welcome", 1, &welcome, sizeof(welcome), id, sizeof(id));
+    const char refusal[] = "node 1 disagrees with node 0 on batch 8 vs 5 (node 0 vs node 1)\n\x1b[2J";
+    BootReply refused = {1, (uint32_t)strlen(refusal)};
+    boot_seed("reply_refused", 1, &refused, sizeof(refused), refusal, strlen(refusal));
+    BootReply long_refusal = {1, 4096};
+    boot_seed("reply_long", 1, &long_refusal, sizeof(long_refusal), refusal, 16);
     return 0;
 }
