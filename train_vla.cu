@@ -6416,8 +6416,9 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     cudaCheck(cudaStreamSynchronize(copy_stream));
     loader_pin(&loader, 0);
     loader_stop(&loader);
+    if (stopped && step >= args->steps) { stopped = 0; }  // a stop in the last step: that step's checkpoint ends the run
     if (lead) {
-        if (stopped) { train_report_interrupt(args, step); }
+        if (stopped || (stop_requested && step >= args->steps)) { train_report_interrupt(args, step); }
         if (model.scaler != NULL) {
             printf("fp16 loss scaling: %llu step(s) of this run's %d skipped for Inf/NaN gradients (%llu in all), loss scale "
                    "now %g\n", (unsigned long long)(scale.skipped - run->loss_scale.skipped), step - run->start,
@@ -6492,6 +6493,7 @@ int main(int argc, char** argv) {
     run.nodes = args->nodes;
     run.world = run.nodes * run.local_ranks;
     train_args_for_world(args, run.world);
+    if (run.node == 0) { run_folder_open(args); }  // node 0 writes the run: it owns the output folder until it ends
     dataset_open(&run.ds, args->input);
     if (args->balance == BALANCE_TASKS) {  // before a checkpoint is read: it must have been trained with the same
         task_balance_build(&run.balance_storage, &run.ds, args->task_weights);
@@ -6552,6 +6554,7 @@ int main(int argc, char** argv) {
 #endif
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);  // a closed terminal or a dropped ssh saves too
     Watchdog watchdog;
     watchdog_start(&watchdog, &run);
     int stopped = 0;

@@ -42,6 +42,7 @@ trainers call the wrappers that fail with it.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
@@ -131,12 +132,44 @@ static inline const char* human_bytes(uint64_t n, char* buf, size_t size) {
     return buf;
 }
 
-// A file written whole or not at all: into path.tmp, flushed to disk, renamed over path. A failed
-// write (a full disk) removes the temporary file and says how much space the file needed.
+// How to fix a write into folder dir that failed with errno err, said as what it is: no space
+// (ENOSPC, EDQUOT, EFBIG), no permission or a read-only file system (EACCES, EPERM, EROFS), else
+// the disk itself. The caller says where to go on from there.
+static inline const char* write_failure_fix(int err, const char* dir, char* buf, size_t size) {
+    if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
+        struct statvfs vfs;
+        char avail[32];
+        if (statvfs(dir, &vfs) == 0) {
+            snprintf(buf, size, "free space in %s (%s free there)", dir,
+                     human_bytes((uint64_t)vfs.f_bavail * vfs.f_frsize, avail, sizeof(avail)));
+        } else {
+            snprintf(buf, size, "free space in %s", dir);
+        }
+    } else if (err == EROFS) {
+        snprintf(buf, size, "%s is on a read-only file system: remount it read-write", dir);
+    } else if (err == EACCES || err == EPERM) {
+        snprintf(buf, size, "this user may not write into %s: make it writable", dir);
+    } else {
+        snprintf(buf, size, "check the disk that holds %s", dir);
+    }
+    return buf;
+}
+
+// The folder a path is in ("." for a bare name), into buf.
+static inline const char* path_folder(const char* path, char* buf, size_t size) {
+    snprintf(buf, size, "%s", path);
+    char* slash = strrchr(buf, '/');
+    if (slash == NULL) { snprintf(buf, size, "."); } else if (slash == buf) { buf[1] = '\0'; } else { *slash = '\0'; }
+    return buf;
+}
+
+// A file written whole or not at all: into a temporary file, flushed to disk, renamed over path. A
+// failed write removes the temporary file and says what failed (a full disk: how much space the
+// file needed; a rename, no permission, a read-only folder: that).
 typedef struct {
     FILE* f;
     const char* path;
-    char tmp[VLA_PATH_MAX + 8];
+    char tmp[VLA_PATH_MAX + 32];
     uint64_t bytes;  // the whole file's size, for the message when a write fails
 } AtomicFile;
 
@@ -145,18 +178,17 @@ static inline void atomic_file_fail(AtomicFile* a, const char* what, int err) {
     if (a->f != NULL) { fclose(a->f); }
     a->f = NULL;
     unlink(a->tmp);
-    char dir[VLA_PATH_MAX + 8], need[32], free_text[48] = "";
-    snprintf(dir, sizeof(dir), "%s", a->tmp);
-    char* slash = strrchr(dir, '/');
-    if (slash == NULL) { snprintf(dir, sizeof(dir), "."); } else if (slash == dir) { dir[1] = '\0'; } else { *slash = '\0'; }
-    struct statvfs vfs;
-    if (statvfs(dir, &vfs) == 0) {
-        char avail[32];
-        snprintf(free_text, sizeof(free_text), ", %s free there", human_bytes((uint64_t)vfs.f_bavail * vfs.f_frsize, avail,
-                                                                              sizeof(avail)));
+    char dir[VLA_PATH_MAX + 32], need[32], fix[VLA_PATH_MAX + 128];
+    path_folder(a->path, dir, sizeof(dir));
+    write_failure_fix(err, dir, fix, sizeof(fix));
+    if (strcmp(what, "renaming") == 0) {
+        vla_fail("renaming %s to %s failed: %s; the temporary file was removed: %s, or write elsewhere (-o)", a->tmp,
+                 a->path, strerror(err), fix);
     }
-    vla_fail("%s %s failed: %s: the file needs %s%s; the partial file was removed, free space or write elsewhere (-o)",
-             what, a->path, strerror(err), human_bytes(a->bytes, need, sizeof(need)), free_text);
+    int space = err == ENOSPC || err == EDQUOT || err == EFBIG, partial = strcmp(what, "writing") == 0;
+    vla_fail("%s %s failed: %s%s%s%s: %s, or write elsewhere (-o)", what, a->path, strerror(err),
+             space ? ": the file needs " : "", space ? human_bytes(a->bytes, need, sizeof(need)) : "",
+             partial ? "; the partial file was removed" : "", fix);
 }
 
 static inline void atomic_file_open(AtomicFile* a, const char* path, uint64_t bytes) {
@@ -164,6 +196,19 @@ static inline void atomic_file_open(AtomicFile* a, const char* path, uint64_t by
     a->bytes = bytes;
     a->f = NULL;
     if (snprintf(a->tmp, sizeof(a->tmp), "%s.tmp", path) >= (int)sizeof(a->tmp)) {
+        vla_fail("path %.80s... is longer than %d bytes: use a shorter output folder (-o)", path, VLA_PATH_MAX - 1);
+    }
+    a->f = fopen(a->tmp, "wb");
+    if (a->f == NULL) { atomic_file_fail(a, "creating", errno); }
+}
+
+// The same through a temporary file of this process alone, <path>.<pid>.tmp: two writers of one
+// path never write into each other's.
+static inline void atomic_file_open_private(AtomicFile* a, const char* path, uint64_t bytes) {
+    a->path = path;
+    a->bytes = bytes;
+    a->f = NULL;
+    if (snprintf(a->tmp, sizeof(a->tmp), "%s.%d.tmp", path, (int)getpid()) >= (int)sizeof(a->tmp)) {
         vla_fail("path %.80s... is longer than %d bytes: use a shorter output folder (-o)", path, VLA_PATH_MAX - 1);
     }
     a->f = fopen(a->tmp, "wb");
@@ -179,7 +224,7 @@ static inline void atomic_file_commit(AtomicFile* a) {
     int rc = fclose(a->f);
     a->f = NULL;
     if (rc != 0) { atomic_file_fail(a, "writing", errno); }
-    if (rename(a->tmp, a->path) != 0) { atomic_file_fail(a, "renaming the temporary file to", errno); }
+    if (rename(a->tmp, a->path) != 0) { atomic_file_fail(a, "renaming", errno); }
 }
 
 // Whether n threads can run at once here (OpenMP's runtime ends the process with its own lines
@@ -1252,6 +1297,10 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
     s->map_size = len;
     ShardHeader* h = &s->h;
     memcpy(h, s->map, offsetof(ShardHeader, n_tokens));  // version 1's fields; the rest stays zero for now
+    if (h->magic == 0x43414C56u) {  // CKPT_MAGIC, "VLAC" (the checkpoints' section is below)
+        SHARD_REJECT_("%s is a train_vla checkpoint, not a dataset shard: pass shards with -i (a checkpoint to start from "
+                      "goes to --init)", path);
+    }
     if (h->magic != SHARD_MAGIC) {
         SHARD_REJECT_("%s: bad magic 0x%08x (want 0x%08x): not a train_vla dataset shard; convert it with the tools in data/",
                       path, h->magic, SHARD_MAGIC);
@@ -2649,6 +2698,7 @@ typedef struct {
     int warmup;
     uint64_t seed;
     int resume;             // -y 1: continue from the newest complete checkpoint in output
+    int new_run;            // --new-run: move the run the output folder holds into previous_<N>/ and start anew
     int ckpt_every, keep;
     int no_checkpoint;      // --no-checkpoint: write none (benchmarks); the run's weights are not kept
     int log_every;
@@ -2738,6 +2788,8 @@ static inline void train_args_usage(const char* prog) {
     printf("  -c, --clip X           global gradient-norm clip, 0 disables (%g)\n", d.grad_clip);
     printf("  -s, --seed N           seed for init, sampler and flow noise (%llu)\n", (unsigned long long)d.seed);
     printf("  -y, --resume 0|1       1: continue from the newest complete checkpoint in the output folder (%d)\n", d.resume);
+    printf("      --new-run          start anew in an output folder that holds a run: its checkpoints and log move\n"
+           "                         into <output>/previous_<N>/ (nothing is deleted)\n");
     printf("      --init FILE        start from this checkpoint (weights, optimizer, step, sampler, seed: it continues)\n");
     printf("      --weights-only     with --init: its weights alone (fine-tuning: step 0, fresh optimizer, this run's seed\n"
            "                         and the dataset's statistics; its sizes, and cameras and dims from the dataset)\n");
@@ -2807,7 +2859,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
            OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY, OPT_BALANCE,
            OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY, OPT_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW, OPT_PROFILE,
-           OPT_NO_CHECKPOINT };
+           OPT_NO_CHECKPOINT, OPT_NEW_RUN };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -2816,6 +2868,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"warmup", required_argument, 0, 'u'},       {"weight-decay", required_argument, 0, 'w'},
         {"clip", required_argument, 0, 'c'},         {"seed", required_argument, 0, 's'},
         {"resume", required_argument, 0, 'y'},       {"init", required_argument, 0, OPT_INIT},
+        {"new-run", no_argument, 0, OPT_NEW_RUN},
         {"weights-only", no_argument, 0, OPT_WEIGHTS_ONLY},
         {"ckpt-every", required_argument, 0, 'k'},   {"keep", required_argument, 0, OPT_KEEP},
         {"no-checkpoint", no_argument, 0, OPT_NO_CHECKPOINT},
@@ -2885,6 +2938,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case 's': a->seed = (uint64_t)parse_int_arg("seed", optarg, 0, 0x7fffffffffffffffL); break;
             case 'y': a->resume = (int)parse_int_arg("resume", optarg, 0, 1); break;
             case OPT_INIT: a->init = optarg; break;
+            case OPT_NEW_RUN: a->new_run = 1; break;
             case OPT_WEIGHTS_ONLY: a->weights_only = 1; break;
             case 'k': a->ckpt_every = (int)parse_int_arg("ckpt-every", optarg, 0, 1L << 30); ckpt_given = 1; break;
             case OPT_NO_CHECKPOINT: a->no_checkpoint = 1; break;
@@ -2904,6 +2958,9 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     }
     if (optind < argc) { vla_fail("unexpected argument '%s': options take the form -x VALUE, see %s -h", argv[optind], argv[0]); }
     if (a->resume && a->init != NULL) { vla_fail("-y 1 and --init both pick a checkpoint: use one of them"); }
+    if (a->resume && a->new_run) {
+        vla_fail("-y 1 continues the run in %s and --new-run moves it aside to start anew: use one of them", a->output);
+    }
     if (a->weights_only && a->init == NULL) {
         vla_fail("--weights-only takes the weights of --init FILE: give the checkpoint to fine-tune from with --init");
     }
@@ -2977,13 +3034,22 @@ static inline int train_ckpt_due(const TrainArgs* a, int done, int stopped) {
     return (a->ckpt_every > 0 && done % a->ckpt_every == 0) || done == a->steps || stopped;
 }
 
-// What an interrupted run prints: where its last step went, or that --no-checkpoint kept nothing
-static inline void train_report_interrupt(const TrainArgs* a, int step) {
+// What a run stopped by a signal (INT, TERM, HUP) at step `step` prints: where its last step went,
+// or that --no-checkpoint kept nothing. A signal after the last step stopped nothing: the run is
+// complete (its last checkpoint written). Returns the exit status: 130 interrupted, 0 complete.
+static inline int train_report_interrupt(const TrainArgs* a, int step) {
+    if (step >= a->steps) {
+        printf("the run is complete: all %d steps done%s%s (the signal came after the last step)\n", a->steps,
+               a->no_checkpoint ? ", no checkpoint written (--no-checkpoint)" : ", the last checkpoint is in ",
+               a->no_checkpoint ? "" : a->output);
+        return 0;
+    }
     if (a->no_checkpoint) {
         printf("interrupted at step %d: no checkpoint written (--no-checkpoint)\n", step);
     } else {
-        printf("interrupted: saved step %d to %s; continue with -y 1\n", step, a->output);
+        printf("interrupted: saved step %d to %s; continue with -y 1 -o %s\n", step, a->output, a->output);
     }
+    return 130;
 }
 
 // Samples per optimizer step: the effective batch
@@ -2999,6 +3065,249 @@ static inline float lr_at_step(const TrainArgs* a, int step) {
     if (progress > 1.0f) { progress = 1.0f; }
     float floor_lr = a->lr * a->min_lr_frac;
     return floor_lr + 0.5f * (a->lr - floor_lr) * (1.0f + cosf(3.14159265358979f * progress));
+}
+
+// ----------------------------------------------------------------------------
+// the run folder (-o): one owner, nothing of an earlier run lost
+//
+// The process that writes a run's checkpoints and log (the CPU trainer; the GPU trainer's node 0)
+// owns its folder: an exclusive flock on <out>/.lock for the run's lifetime, the lock file naming
+// the owner (pid, host, start). The kernel releases the lock when its process ends however it
+// ends, so a lock left by a killed trainer is taken over (its line is still there, and said). The
+// folder's identity (device, inode) is taken with the lock and checked before every write: a
+// folder removed, moved or replaced under the run stops it, with nothing written elsewhere.
+// A folder holds a run when it holds a checkpoint file (ckpt_*.bin) or a non-empty log.jsonl. A
+// new run into it is refused, saying how to continue it (-y 1) or move it aside (--new-run, into
+// <out>/previous_<N>/); -y 1 starts from scratch only where there is no run at all.
+
+typedef struct {
+    char path[VLA_PATH_MAX];  // -o as given
+    dev_t dev;                // the folder's identity when the run took it
+    ino_t ino;
+    int lock_fd;              // <path>/.lock, locked; -1: this process owns no run folder
+} RunFolder;
+static RunFolder run_folder = {"", 0, 0, -1};  // one run per process
+
+static inline void make_dir(const char* dir) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        int err = errno;
+        char parent[VLA_PATH_MAX], fix[VLA_PATH_MAX + 128];
+        write_failure_fix(err, path_folder(dir, parent, sizeof(parent)), fix, sizeof(fix));
+        vla_fail("cannot create the output folder %s: %s: %s, or pick another with -o", dir, strerror(err), fix);
+    }
+}
+
+// What a file of a run folder is: 1 a checkpoint (ckpt_*.bin), 2 the log, 3 a temporary file a
+// save left (ckpt_*.tmp, log.jsonl.*tmp: the <name>.tmp and <name>.<pid>.tmp forms), 0 none of them.
+enum { RUN_FILE_NONE = 0, RUN_FILE_CHECKPOINT = 1, RUN_FILE_LOG = 2, RUN_FILE_TEMP = 3 };
+static inline int run_file_kind(const char* name) {
+    size_t n = strlen(name);
+    int ckpt = strncmp(name, "ckpt_", 5) == 0, log = strncmp(name, "log.jsonl", 9) == 0;
+    if (n > 4 && strcmp(name + n - 4, ".tmp") == 0 && (ckpt || (log && name[9] == '.'))) { return RUN_FILE_TEMP; }
+    if (ckpt && n > 9 && strcmp(name + n - 4, ".bin") == 0) { return RUN_FILE_CHECKPOINT; }
+    return strcmp(name, "log.jsonl") == 0 ? RUN_FILE_LOG : RUN_FILE_NONE;
+}
+
+// Whether dir holds a run (a checkpoint file or a non-empty log.jsonl); what it holds, said in words
+// ("2 checkpoint files and log.jsonl (4.1 KiB)"), into what.
+static inline int run_folder_holds_run(const char* dir, char* what, size_t size) {
+    int checkpoints = 0;
+    uint64_t log_bytes = 0;
+    DIR* d = opendir(dir);
+    for (struct dirent* de = d != NULL ? readdir(d) : NULL; de != NULL; de = readdir(d)) {
+        int kind = run_file_kind(de->d_name);
+        char path[VLA_PATH_MAX + 300];
+        struct stat st;
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        if (kind == RUN_FILE_CHECKPOINT) { checkpoints++; }
+        if (kind == RUN_FILE_LOG && stat(path, &st) == 0) { log_bytes = (uint64_t)st.st_size; }
+    }
+    if (d != NULL) { closedir(d); }
+    char ckpts[64] = "", log[64] = "", bytes[32];
+    if (checkpoints > 0) { snprintf(ckpts, sizeof(ckpts), "%d checkpoint file%s", checkpoints, checkpoints > 1 ? "s" : ""); }
+    if (log_bytes > 0) { snprintf(log, sizeof(log), "log.jsonl (%s)", human_bytes(log_bytes, bytes, sizeof(bytes))); }
+    snprintf(what, size, "%s%s%s", ckpts, checkpoints > 0 && log_bytes > 0 ? " and " : "", log);
+    return checkpoints > 0 || log_bytes > 0;
+}
+
+// Whether path names a file in the run folder (its folder has the folder's identity).
+static inline int run_folder_contains(const char* path) {
+    char dir[VLA_PATH_MAX];
+    struct stat st;
+    return run_folder.lock_fd >= 0 && stat(path_folder(path, dir, sizeof(dir)), &st) == 0 &&
+           st.st_dev == run_folder.dev && st.st_ino == run_folder.ino;
+}
+
+// Where the owned folder is now, from the lock file the process holds open: "moved to X" or
+// "removed", into buf.
+static inline const char* run_folder_whereabouts(char* buf, size_t size) {
+    char link[64], now[VLA_PATH_MAX];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", run_folder.lock_fd);
+    ssize_t n = readlink(link, now, sizeof(now) - 1);
+    if (n <= 0) { snprintf(buf, size, "removed or moved"); return buf; }
+    now[n] = '\0';
+    size_t len = strlen(now);
+    if (len > 10 && strcmp(now + len - 10, " (deleted)") == 0) { snprintf(buf, size, "removed"); return buf; }
+    if (len > 6 && strcmp(now + len - 6, "/.lock") == 0) { now[len - 6] = '\0'; }
+    snprintf(buf, size, "moved to %s", now);
+    return buf;
+}
+
+// Before each write into the run folder (what: "step 40's checkpoint", "step 41's log line"): the
+// folder must be the one the run took. Removed, moved or replaced: the run stops in one line,
+// nothing written. A process that owns no folder (the tests' saves) makes it where missing.
+static inline void run_folder_check(const char* dir, const char* what) {
+    if (run_folder.lock_fd < 0) {
+        if (dir != NULL) { make_dir(dir); }
+        return;
+    }
+    struct stat st;
+    char where[VLA_PATH_MAX + 32];
+    if (stat(run_folder.path, &st) != 0) {
+        vla_fail("the output folder %s was %s during the run: %s was not written; put the folder back and continue "
+                 "with -y 1 -o %s", run_folder.path, run_folder_whereabouts(where, sizeof(where)), what, run_folder.path);
+    }
+    if (st.st_dev != run_folder.dev || st.st_ino != run_folder.ino) {
+        vla_fail("the output folder %s was replaced during the run (the run's folder was %s): %s was not written into "
+                 "the new one; put the run's folder back and continue with -y 1 -o %s", run_folder.path,
+                 run_folder_whereabouts(where, sizeof(where)), what, run_folder.path);
+    }
+}
+
+// At exit: the lock file is emptied (a lock file that names a process tells of one that ended
+// without this), and the kernel drops the lock with the process.
+static inline void run_folder_release(void) {
+    if (run_folder.lock_fd >= 0 && ftruncate(run_folder.lock_fd, 0) != 0) {}
+}
+
+// -i must not read from the run folder: the trainer writes its checkpoints there (and a
+// checkpoint read as a shard is not data).
+static inline void run_folder_check_input(const char* spec) {
+    char** files;
+    int n = dataset_list_files(spec, &files);
+    for (int i = 0; i < n; i++) {
+        if (run_folder_contains(files[i])) {
+            vla_fail("-i %s reads %s from the output folder %s, where the run writes its checkpoints: keep the dataset "
+                     "and the run in separate folders (-i, -o)", spec, files[i], run_folder.path);
+        }
+    }
+    for (int i = 0; i < n; i++) { free(files[i]); }
+    free(files);
+}
+
+// --new-run: the earlier run's files (checkpoints, log.jsonl, temporary files) move into the
+// folder's first unused previous_<N>/, said in one line. Nothing is deleted.
+static inline void run_folder_move_aside(const char* dir) {
+    char what[128];
+    if (!run_folder_holds_run(dir, what, sizeof(what))) { return; }
+    char prev[VLA_PATH_MAX + 32];
+    for (int k = 1;; k++) {
+        snprintf(prev, sizeof(prev), "%s/previous_%d", dir, k);
+        if (mkdir(prev, 0755) == 0) { break; }
+        if (errno != EEXIST) {
+            char fix[VLA_PATH_MAX + 128];
+            vla_fail("--new-run: cannot create %s: %s: %s", prev, strerror(errno),
+                     write_failure_fix(errno, dir, fix, sizeof(fix)));
+        }
+    }
+    int moved = 0;
+    DIR* d = opendir(dir);
+    for (struct dirent* de = d != NULL ? readdir(d) : NULL; de != NULL; de = readdir(d)) {
+        if (run_file_kind(de->d_name) == RUN_FILE_NONE) { continue; }
+        char from[VLA_PATH_MAX + 300], to[VLA_PATH_MAX + 332];
+        snprintf(from, sizeof(from), "%s/%s", dir, de->d_name);
+        snprintf(to, sizeof(to), "%s/%s", prev, de->d_name);
+        if (rename(from, to) != 0) {
+            vla_fail("--new-run: moving %s into %s failed: %s (%d file(s) of the earlier run are there already, the rest "
+                     "where they were): move them by hand", from, prev, strerror(errno), moved);
+        }
+        moved++;
+    }
+    if (d != NULL) { closedir(d); }
+    printf("--new-run: moved the earlier run in %s (%s) into %s/\n", dir, what, prev);
+}
+
+// Temporary files left by a save that was killed (SIGINT, then SIGKILL): no other process writes
+// here, so they are removed, each said with its size.
+static inline void run_folder_remove_stale(const char* dir) {
+    DIR* d = opendir(dir);
+    for (struct dirent* de = d != NULL ? readdir(d) : NULL; de != NULL; de = readdir(d)) {
+        if (run_file_kind(de->d_name) != RUN_FILE_TEMP) { continue; }
+        char path[VLA_PATH_MAX + 300], bytes[32];
+        struct stat st;
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) { continue; }
+        if (unlink(path) == 0) {
+            printf("removed %s (%s), a temporary file left by a save that was killed\n", path,
+                   human_bytes((uint64_t)st.st_size, bytes, sizeof(bytes)));
+        }
+    }
+    if (d != NULL) { closedir(d); }
+}
+
+// Takes the run folder a->output for this process (the writer of the run), in this order: the
+// folder made, locked (another trainer there: refused, naming it), -i checked against it, then
+// --new-run moves the earlier run aside or stale temporary files go; a new run into a folder that
+// holds a run is refused. A run continues the folder's run with -y 1 (run_start_checkpoint) or
+// --init of one of its checkpoints (without --weights-only); every other run is new.
+static inline void run_folder_open(const TrainArgs* a) {
+    const char* dir = a->output;
+    make_dir(dir);
+    snprintf(run_folder.path, sizeof(run_folder.path), "%s", dir);
+    char lock_path[VLA_PATH_MAX + 16], fix[VLA_PATH_MAX + 128];
+    snprintf(lock_path, sizeof(lock_path), "%s/.lock", dir);
+    int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int err = errno;
+        vla_fail("cannot write into the output folder %s (creating %s: %s): %s, or pick another with -o", dir, lock_path,
+                 strerror(err), write_failure_fix(err, dir, fix, sizeof(fix)));
+    }
+    int locked = flock(fd, LOCK_EX | LOCK_NB), err = errno;
+    char holder[256];  // the line of the trainer that holds it, or held it and was killed
+    ssize_t got = pread(fd, holder, sizeof(holder) - 1, 0);
+    holder[got > 0 ? got : 0] = '\0';
+    holder[strcspn(holder, "\n")] = '\0';
+    if (locked != 0 && err == EWOULDBLOCK) {
+        vla_fail("the output folder %s is in use by another trainer (%s): wait for it to end, or write elsewhere with -o",
+                 dir, holder[0] != '\0' ? holder : "it has just started");
+    }
+    if (locked != 0) {
+        vla_fail("cannot lock %s: %s: pick an output folder on a file system with locks (-o)", lock_path, strerror(err));
+    }
+    if (holder[0] != '\0') { printf("note: %s names %s, which ended without releasing it: taking it over\n", lock_path, holder); }
+    char host[128] = "?", started[64];
+    gethostname(host, sizeof(host) - 1);
+    time_t now = time(NULL);
+    struct tm utc;
+    gmtime_r(&now, &utc);
+    strftime(started, sizeof(started), "%Y-%m-%d %H:%M:%S UTC", &utc);
+    char line[300];
+    int len = snprintf(line, sizeof(line), "pid %d on %s, since %s\n", (int)getpid(), host, started);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)len, 0) != len) {
+        int err = errno;
+        vla_fail("cannot write %s: %s: %s, or pick another output folder with -o", lock_path, strerror(err),
+                 write_failure_fix(err, dir, fix, sizeof(fix)));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || stat(dir, &st) != 0) { vla_fail("cannot stat the output folder %s: %s", dir, strerror(errno)); }
+    run_folder.dev = st.st_dev;
+    run_folder.ino = st.st_ino;
+    run_folder.lock_fd = fd;
+    atexit(run_folder_release);
+
+    run_folder_check_input(a->input);
+    int continues = a->resume || (a->init != NULL && !a->weights_only && run_folder_contains(a->init));
+    if (a->new_run && a->init != NULL && run_folder_contains(a->init)) {
+        vla_fail("--init %s is in %s, the run --new-run moves aside: copy it elsewhere first, or continue that run "
+                 "without --new-run", a->init, dir);
+    }
+    if (a->new_run) { run_folder_move_aside(dir); }
+    run_folder_remove_stale(dir);
+    char what[128];
+    if (!continues && run_folder_holds_run(dir, what, sizeof(what))) {
+        vla_fail("the output folder %s holds a run (%s): continue it with -y 1 -o %s, or start anew with --new-run (the "
+                 "earlier run moves into %s/previous_<N>/)", dir, what, dir, dir);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -3021,17 +3330,13 @@ static inline const char* format_bytes(char* out, size_t size, double bytes) {
     return out;
 }
 
-static inline void make_dir(const char* dir) {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        vla_fail("cannot create output folder %s: %s: pick another with -o", dir, strerror(errno));
-    }
-}
-
 // Opens <dir>/log.jsonl for a run that continues after step `start` (0: from scratch). Lines of
 // later steps are dropped, so that every step is there once: a run killed after logging a step
-// and before checkpointing it logs that step again when it resumes. So is a partial last line.
+// and before checkpointing it logs that step again when it resumes. So are a partial last line and
+// lines that are not a step's ({"step": ...). Each kind dropped is said. Nothing else truncates
+// the log: run_folder_open refuses a new run into a folder that holds one.
 static inline void logger_open(Logger* lg, const char* dir, int start) {
-    make_dir(dir);
+    run_folder_check(dir, "log.jsonl");
     lg->n_tasks = 0;
     lg->task_loss = NULL;
     lg->saved_bytes = 0.0;
@@ -3042,12 +3347,15 @@ static inline void logger_open(Logger* lg, const char* dir, int start) {
         char* line = NULL;
         size_t cap = 0, kept_bytes = 0, kept_cap = 0;
         char* kept = NULL;
-        int dropped = 0;
+        int dropped = 0, later = 0, partial = 0, foreign = 0;
         ssize_t n;
         while ((n = getline(&line, &cap, old)) > 0) {
             int step;
-            int complete = line[n - 1] == '\n';
-            if (!complete || (sscanf(line, "{\"step\": %d", &step) == 1 && step > start)) { dropped++; continue; }
+            if (line[n - 1] != '\n') { partial++; dropped++; continue; }
+            if (strncmp(line, "{\"step\":", 8) != 0 || sscanf(line, "{\"step\": %d", &step) != 1) {
+                foreign++; dropped++; continue;
+            }
+            if (step > start) { later++; dropped++; continue; }
             if (kept_bytes + (size_t)n > kept_cap) {
                 kept_cap = 2 * (kept_bytes + (size_t)n);
                 kept = (char*)realloc(kept, kept_cap);
@@ -3060,11 +3368,18 @@ static inline void logger_open(Logger* lg, const char* dir, int start) {
         free(line);
         if (dropped > 0) {
             AtomicFile out;
-            atomic_file_open(&out, lg->path, kept_bytes);
+            atomic_file_open_private(&out, lg->path, kept_bytes);
             atomic_file_write(&out, kept, 1, kept_bytes);
             atomic_file_commit(&out);
-            printf("%s: dropped %d line(s) past step %d, logged by a run that stopped before checkpointing them\n",
-                   lg->path, dropped, start);
+            if (later > 0) {
+                printf("%s: dropped %d line(s) past step %d, logged by a run that stopped before checkpointing them\n",
+                       lg->path, later, start);
+            }
+            if (partial > 0) { printf("%s: dropped a partial last line, cut by a run that was killed\n", lg->path); }
+            if (foreign > 0) {
+                printf("%s: dropped %d line(s) that are not a step's (they do not start with {\"step\":)\n", lg->path,
+                       foreign);
+            }
         }
         free(kept);
     }
@@ -3094,6 +3409,9 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
                step + 1, steps, loss, lr, norm, ms, samples_per_s, extra, (int)(eta / 60), (int)eta % 60);
         fflush(stdout);
     }
+    char what[64];
+    snprintf(what, sizeof(what), "step %d's log line", step + 1);
+    run_folder_check(NULL, what);
     fprintf(lg->jsonl, "{\"step\": %d, \"loss\": %.8g, \"lr\": %.6g", step + 1, loss, lr);
     // JSON has no Inf or NaN: an fp16 step skipped for its gradients' Inf/NaN logs no norm
     if (isfinite(norm)) { fprintf(lg->jsonl, ", \"grad_norm\": %.6g", norm); }
@@ -3115,7 +3433,10 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
     }
     fprintf(lg->jsonl, "}\n");
     if (fflush(lg->jsonl) != 0 || ferror(lg->jsonl)) {
-        vla_fail("writing %s failed: %s (disk full?): free space and continue with -y 1", lg->path, strerror(errno));
+        int err = errno;
+        char dir[VLA_PATH_MAX], fix[VLA_PATH_MAX + 128];
+        vla_fail("writing %s failed: %s: %s, then continue with -y 1 -o %s", lg->path, strerror(err),
+                 write_failure_fix(err, path_folder(lg->path, dir, sizeof(dir)), fix, sizeof(fix)), dir);
     }
 }
 
@@ -3233,7 +3554,13 @@ static inline const char* run_start_checkpoint(const TrainArgs* args, char* buf,
         checkpoint_path(buf, size, args->output, steps[0]);
         return buf;
     }
-    printf("no complete checkpoint in %s: starting from scratch\n", args->output);
+    char what[128];
+    if (run_folder_holds_run(args->output, what, sizeof(what))) {
+        vla_fail("-y 1: %s holds a run (%s) but no checkpoint that can continue it: start anew with --new-run (the run "
+                 "moves into %s/previous_<N>/), or continue from a checkpoint of yours with --init", args->output, what,
+                 args->output);
+    }
+    printf("-y 1: %s holds no run yet: starting from scratch\n", args->output);
     return NULL;
 }
 
@@ -3320,8 +3647,9 @@ static inline void run_checkpoint_save(const TrainArgs* args, const Dataset* ds,
     if (loss_scale != NULL) { ck.loss_scale = *loss_scale; }
     ck.stats = stats; ck.params = params; ck.m = m; ck.v = v;
     snprintf(ck.tokenizer, sizeof(ck.tokenizer), "%s", ds->tokenizer);
-    char path[VLA_PATH_MAX];
-    make_dir(args->output);
+    char path[VLA_PATH_MAX], what[64];
+    snprintf(what, sizeof(what), "step %d's checkpoint", step);
+    run_folder_check(args->output, what);
     checkpoint_path(path, sizeof(path), args->output, (uint64_t)step);
     checkpoint_write(path, &ck);
     checkpoint_prune(args->output, args->keep);
