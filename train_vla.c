@@ -1986,8 +1986,8 @@ int main(int argc, char** argv) {
         }
     }
     int status = 0;
-    if (stop_requested) {  // (after the last step its checkpoint is written: the run is complete)
-        if (step < args.steps && train_ckpt_due(&args, step, 1)) {
+    if (stop_requested && step < args.steps) {  // (after the last step, its checkpoint written, the run is complete)
+        if (train_ckpt_due(&args, step, 1)) {
             smolvla_save(&model, &ds, &args, step, sampler_pos + (uint64_t)(step - start) * global_batch);
         }
         status = train_report_interrupt(&args, step);
@@ -2005,6 +2005,7 @@ int main(int argc, char** argv) {
                timed_steps, global_batch / (timed_ms / timed_steps / 1000.0));
     }
     logger_close(&logger);
+    if (stop_requested && step >= args.steps) { status = train_report_interrupt(&args, step); }
     free(task_loss);
     if (tb != NULL) { task_balance_free(&balance); }
     free(grad_sum);

@@ -6418,7 +6418,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     loader_stop(&loader);
     if (stopped && step >= args->steps) { stopped = 0; }  // a stop in the last step: that step's checkpoint ends the run
     if (lead) {
-        if (stopped || (stop_requested && step >= args->steps)) { train_report_interrupt(args, step); }
+        if (stopped) { train_report_interrupt(args, step); }
         if (model.scaler != NULL) {
             printf("fp16 loss scaling: %llu step(s) of this run's %d skipped for Inf/NaN gradients (%llu in all), loss scale "
                    "now %g\n", (unsigned long long)(scale.skipped - run->loss_scale.skipped), step - run->start,
@@ -6445,6 +6445,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
 #endif
         }
         logger_close(&logger);
+        if (stop_requested && step >= args->steps) { train_report_interrupt(args, step); }  // the run is complete
     }
     task_losses_free(&task_losses);
     for (int k = 0; k < 2; k++) {

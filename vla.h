@@ -163,9 +163,14 @@ static inline const char* path_folder(const char* path, char* buf, size_t size) 
     return buf;
 }
 
+// (the run folder's checks, below: a write into it stops when the folder is not the run's any more)
+static inline int run_folder_intact(void);
+static inline void run_folder_check(const char* dir, const char* what);
+
 // A file written whole or not at all: into a temporary file, flushed to disk, renamed over path. A
 // failed write removes the temporary file and says what failed (a full disk: how much space the
-// file needed; a rename, no permission, a read-only folder: that).
+// file needed; a rename, no permission, a read-only folder: that; the run folder moved or
+// removed: that, by run_folder_check). Nothing is renamed into a folder that replaced the run's.
 typedef struct {
     FILE* f;
     const char* path;
@@ -178,6 +183,7 @@ static inline void atomic_file_fail(AtomicFile* a, const char* what, int err) {
     if (a->f != NULL) { fclose(a->f); }
     a->f = NULL;
     unlink(a->tmp);
+    run_folder_check(NULL, a->path);
     char dir[VLA_PATH_MAX + 32], need[32], fix[VLA_PATH_MAX + 128];
     path_folder(a->path, dir, sizeof(dir));
     write_failure_fix(err, dir, fix, sizeof(fix));
@@ -224,6 +230,7 @@ static inline void atomic_file_commit(AtomicFile* a) {
     int rc = fclose(a->f);
     a->f = NULL;
     if (rc != 0) { atomic_file_fail(a, "writing", errno); }
+    if (!run_folder_intact()) { atomic_file_fail(a, "writing", ENOENT); }
     if (rename(a->tmp, a->path) != 0) { atomic_file_fail(a, "renaming", errno); }
 }
 
@@ -3074,7 +3081,8 @@ static inline float lr_at_step(const TrainArgs* a, int step) {
 // owns its folder: an exclusive flock on <out>/.lock for the run's lifetime, the lock file naming
 // the owner (pid, host, start). The kernel releases the lock when its process ends however it
 // ends, so a lock left by a killed trainer is taken over (its line is still there, and said). The
-// folder's identity (device, inode) is taken with the lock and checked before every write: a
+// folder's identity (device, inode; the folder held open, so that a folder made in the place of a
+// removed one cannot get its inode) is taken with the lock and checked before every write: a
 // folder removed, moved or replaced under the run stops it, with nothing written elsewhere.
 // A folder holds a run when it holds a checkpoint file (ckpt_*.bin) or a non-empty log.jsonl. A
 // new run into it is refused, saying how to continue it (-y 1) or move it aside (--new-run, into
@@ -3084,9 +3092,10 @@ typedef struct {
     char path[VLA_PATH_MAX];  // -o as given
     dev_t dev;                // the folder's identity when the run took it
     ino_t ino;
+    int dir_fd;               // the folder, held open: its inode cannot go to a folder made in its place
     int lock_fd;              // <path>/.lock, locked; -1: this process owns no run folder
 } RunFolder;
-static RunFolder run_folder = {"", 0, 0, -1};  // one run per process
+static RunFolder run_folder = {"", 0, 0, -1, -1};  // one run per process
 
 static inline void make_dir(const char* dir) {
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
@@ -3109,8 +3118,9 @@ static inline int run_file_kind(const char* name) {
 }
 
 // Whether dir holds a run (a checkpoint file or a non-empty log.jsonl); what it holds, said in words
-// ("2 checkpoint files and log.jsonl (4.1 KiB)"), into what.
-static inline int run_folder_holds_run(const char* dir, char* what, size_t size) {
+// ("2 checkpoint files and log.jsonl (4.1 KiB)"), into what; the checkpoint files it counts, into
+// *n_checkpoints where not NULL.
+static inline int run_folder_holds_run(const char* dir, char* what, size_t size, int* n_checkpoints) {
     int checkpoints = 0;
     uint64_t log_bytes = 0;
     DIR* d = opendir(dir);
@@ -3127,6 +3137,7 @@ static inline int run_folder_holds_run(const char* dir, char* what, size_t size)
     if (checkpoints > 0) { snprintf(ckpts, sizeof(ckpts), "%d checkpoint file%s", checkpoints, checkpoints > 1 ? "s" : ""); }
     if (log_bytes > 0) { snprintf(log, sizeof(log), "log.jsonl (%s)", human_bytes(log_bytes, bytes, sizeof(bytes))); }
     snprintf(what, size, "%s%s%s", ckpts, checkpoints > 0 && log_bytes > 0 ? " and " : "", log);
+    if (n_checkpoints != NULL) { *n_checkpoints = checkpoints; }
     return checkpoints > 0 || log_bytes > 0;
 }
 
@@ -3153,6 +3164,13 @@ static inline const char* run_folder_whereabouts(char* buf, size_t size) {
     return buf;
 }
 
+// Whether the run folder is where it was, the same folder (1 too where this process owns none).
+static inline int run_folder_intact(void) {
+    struct stat st;
+    return run_folder.lock_fd < 0 ||
+           (stat(run_folder.path, &st) == 0 && st.st_dev == run_folder.dev && st.st_ino == run_folder.ino);
+}
+
 // Before each write into the run folder (what: "step 40's checkpoint", "step 41's log line"): the
 // folder must be the one the run took. Removed, moved or replaced: the run stops in one line,
 // nothing written. A process that owns no folder (the tests' saves) makes it where missing.
@@ -3161,6 +3179,7 @@ static inline void run_folder_check(const char* dir, const char* what) {
         if (dir != NULL) { make_dir(dir); }
         return;
     }
+    if (run_folder_intact()) { return; }
     struct stat st;
     char where[VLA_PATH_MAX + 32];
     if (stat(run_folder.path, &st) != 0) {
@@ -3196,17 +3215,17 @@ static inline void run_folder_check_input(const char* spec) {
 }
 
 // --new-run: the earlier run's files (checkpoints, log.jsonl, temporary files) move into the
-// folder's first unused previous_<N>/, said in one line. Nothing is deleted.
-static inline void run_folder_move_aside(const char* dir) {
+// folder's first unused previous_<N>/, said in one line that starts with `who`. Nothing is deleted.
+static inline void run_folder_move_aside(const char* dir, const char* who) {
     char what[128];
-    if (!run_folder_holds_run(dir, what, sizeof(what))) { return; }
+    if (!run_folder_holds_run(dir, what, sizeof(what), NULL)) { return; }
     char prev[VLA_PATH_MAX + 32];
     for (int k = 1;; k++) {
         snprintf(prev, sizeof(prev), "%s/previous_%d", dir, k);
         if (mkdir(prev, 0755) == 0) { break; }
         if (errno != EEXIST) {
             char fix[VLA_PATH_MAX + 128];
-            vla_fail("--new-run: cannot create %s: %s: %s", prev, strerror(errno),
+            vla_fail("%s: cannot create %s: %s: %s", who, prev, strerror(errno),
                      write_failure_fix(errno, dir, fix, sizeof(fix)));
         }
     }
@@ -3218,13 +3237,13 @@ static inline void run_folder_move_aside(const char* dir) {
         snprintf(from, sizeof(from), "%s/%s", dir, de->d_name);
         snprintf(to, sizeof(to), "%s/%s", prev, de->d_name);
         if (rename(from, to) != 0) {
-            vla_fail("--new-run: moving %s into %s failed: %s (%d file(s) of the earlier run are there already, the rest "
-                     "where they were): move them by hand", from, prev, strerror(errno), moved);
+            vla_fail("%s: moving %s into %s failed: %s (%d file(s) of the earlier run are there already, the rest where "
+                     "they were): move them by hand", who, from, prev, strerror(errno), moved);
         }
         moved++;
     }
     if (d != NULL) { closedir(d); }
-    printf("--new-run: moved the earlier run in %s (%s) into %s/\n", dir, what, prev);
+    printf("%s: moved the earlier run in %s (%s) into %s/\n", who, dir, what, prev);
 }
 
 // Temporary files left by a save that was killed (SIGINT, then SIGKILL): no other process writes
@@ -3289,7 +3308,10 @@ static inline void run_folder_open(const TrainArgs* a) {
                  write_failure_fix(err, dir, fix, sizeof(fix)));
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || stat(dir, &st) != 0) { vla_fail("cannot stat the output folder %s: %s", dir, strerror(errno)); }
+    run_folder.dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (run_folder.dir_fd < 0 || fstat(run_folder.dir_fd, &st) != 0) {
+        vla_fail("cannot open the output folder %s: %s", dir, strerror(errno));
+    }
     run_folder.dev = st.st_dev;
     run_folder.ino = st.st_ino;
     run_folder.lock_fd = fd;
@@ -3301,10 +3323,10 @@ static inline void run_folder_open(const TrainArgs* a) {
         vla_fail("--init %s is in %s, the run --new-run moves aside: copy it elsewhere first, or continue that run "
                  "without --new-run", a->init, dir);
     }
-    if (a->new_run) { run_folder_move_aside(dir); }
+    if (a->new_run) { run_folder_move_aside(dir, "--new-run"); }
     run_folder_remove_stale(dir);
     char what[128];
-    if (!continues && run_folder_holds_run(dir, what, sizeof(what))) {
+    if (!continues && run_folder_holds_run(dir, what, sizeof(what), NULL)) {
         vla_fail("the output folder %s holds a run (%s): continue it with -y 1 -o %s, or start anew with --new-run (the "
                  "earlier run moves into %s/previous_<N>/)", dir, what, dir, dir);
     }
@@ -3554,13 +3576,17 @@ static inline const char* run_start_checkpoint(const TrainArgs* args, char* buf,
         checkpoint_path(buf, size, args->output, steps[0]);
         return buf;
     }
+    // checkpoint files, none of them usable: refused (they may be recovered; a new run would prune
+    // them). A log alone is of a run that stopped before its first checkpoint: it moves aside.
     char what[128];
-    if (run_folder_holds_run(args->output, what, sizeof(what))) {
-        vla_fail("-y 1: %s holds a run (%s) but no checkpoint that can continue it: start anew with --new-run (the run "
-                 "moves into %s/previous_<N>/), or continue from a checkpoint of yours with --init", args->output, what,
-                 args->output);
+    int checkpoints;
+    if (run_folder_holds_run(args->output, what, sizeof(what), &checkpoints) && checkpoints > 0) {
+        vla_fail("-y 1: %s holds a run (%s) but no checkpoint that can continue it (the warnings above say why): start "
+                 "anew with --new-run (the run moves into %s/previous_<N>/), or continue from a checkpoint of yours with "
+                 "--init", args->output, what, args->output);
     }
-    printf("-y 1: %s holds no run yet: starting from scratch\n", args->output);
+    if (run_folder.lock_fd >= 0) { run_folder_move_aside(args->output, "-y 1 found no checkpoint to continue"); }
+    printf("-y 1: no checkpoint in %s yet: starting from scratch\n", args->output);
     return NULL;
 }
 
