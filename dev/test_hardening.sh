@@ -111,8 +111,9 @@ $TRAINER "${run[@]}" -n 3 -k 3 -o "$out" > /dev/null 2>&1
 printf '{"step": 4, "loss": 1}\n{"step": 5, "loss": 1}\n{"step": 6, "lo' >> "$out/log.jsonl"
 $TRAINER "${run[@]}" -n 5 -k 5 -y 1 -o "$out" > "$tmp/out" 2>&1
 rc=$?
-[ "$rc" -eq 0 ] && steps_once "$out/log.jsonl" 5 && grep -q "dropped 3 line(s) past step 3" "$tmp/out"
-check $? "resumed at step 3: steps 1-5 once each in log.jsonl, the 3 stale lines dropped (exit $rc)"
+[ "$rc" -eq 0 ] && steps_once "$out/log.jsonl" 5 && grep -q "dropped 2 line(s) past step 3" "$tmp/out" &&
+    grep -q "dropped a partial last line" "$tmp/out"
+check $? "resumed at step 3: steps 1-5 once each in log.jsonl, the 2 stale lines and the partial one dropped (exit $rc)"
 
 echo "== random SIGKILLs of a run that checkpoints every step"
 steps=400
