@@ -133,10 +133,13 @@ static inline const char* human_bytes(uint64_t n, char* buf, size_t size) {
 }
 
 // How to fix a write into folder dir that failed with errno err, said as what it is: no space
-// (ENOSPC, EDQUOT, EFBIG), no permission or a read-only file system (EACCES, EPERM, EROFS), else
-// the disk itself. The caller says where to go on from there.
+// (ENOSPC, EDQUOT), a file past the size limit (EFBIG), no permission or a read-only file system
+// (EACCES, EPERM, EROFS), else the disk itself. The caller says where to go on from there.
 static inline const char* write_failure_fix(int err, const char* dir, char* buf, size_t size) {
-    if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
+    if (err == EFBIG) {
+        snprintf(buf, size, "the file is larger than the file size limit allows (ulimit -f, or the file system's "
+                 "largest file): raise the limit");
+    } else if (err == ENOSPC || err == EDQUOT) {
         struct statvfs vfs;
         char avail[32];
         if (statvfs(dir, &vfs) == 0) {

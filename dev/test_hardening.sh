@@ -41,7 +41,8 @@ out=$tmp/fsize
 (trap '' XFSZ; ulimit -f 1000; $TRAINER "${run[@]}" -n 1 -o "$out" > /dev/null 2> "$tmp/err")
 rc=$?
 one_line_error "$tmp/err" "ckpt_00000001.bin failed: File too large: the file needs 1.54 MiB" &&
-    grep -qF "the partial file was removed" "$tmp/err" && [ "$rc" -eq 1 ] && [ -z "$(ls "$out"/*.tmp 2> /dev/null)" ]
+    grep -qF "the partial file was removed: the file is larger than the file size limit allows" "$tmp/err" &&
+    [ "$rc" -eq 1 ] && [ -z "$(ls "$out"/*.tmp 2> /dev/null)" ]
 check $? "a file size limit: exit $rc, no .tmp left: $(head -c 300 "$tmp/err")"
 mkdir -p "$tmp/disk"
 if mount -t tmpfs -o size=4m tmpfs "$tmp/disk" 2> /dev/null; then
@@ -51,6 +52,7 @@ if mount -t tmpfs -o size=4m tmpfs "$tmp/disk" 2> /dev/null; then
     rc=$?
     used=$(df --output=used -k "$tmp/disk" | tail -n 1 | tr -d ' ')
     one_line_error "$tmp/err" "ckpt_00000003.bin failed: No space left on device: the file needs 1.54 MiB" &&
+        grep -qF "free space in $tmp/disk/run (" "$tmp/err" &&
         [ "$rc" -eq 1 ] && [ -z "$(ls "$tmp/disk/run"/*.tmp 2> /dev/null)" ] && [ "$used" -lt 3300 ]
     check $? "a 4 MiB disk that fills at the third checkpoint: exit $rc, no .tmp, ${used} KiB used (two checkpoints: 3158): $(head -c 300 "$tmp/err")"
     $TRAINER "${run[@]}" -n 3 -y 1 -o "$tmp/disk/run" > "$tmp/out" 2>&1
