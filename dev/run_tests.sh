@@ -108,7 +108,7 @@ add_suite lerobot_ref "$LEROBOT_PY" dev/lerobot/check_ref.py -d build/lerobot_re
 add_suite hardening dev/test_hardening.sh
 # the run folder's promises: one owner, the folder checked before each write, nothing of an earlier
 # run dropped (--new-run, -y 1's rules), signals, -i inside -o
-add_suite runs dev/test_runs.sh
+add_suite runs env GPU_TESTS="$GPU_TESTS" dev/test_runs.sh
 if [ "$GPU_TESTS" = build/emu ]; then
     dev_cuda_dir=build/emu/dev/cuda
 else

@@ -7,11 +7,15 @@
 # rules), temporary files of a killed save removed, foreign log lines dropped with a note, SIGHUP
 # saving like SIGTERM, a signal after the last step ending the run with exit 0, -i inside -o
 # refused, and write failures said by their cause. Each case checks the one line and that the
-# files are still there. Run by `make test`; ends with `N passed, M failed`.
+# files are still there. The GPU trainer ($GPU_TESTS/train_vla_fp32: build/emu, the CPU emulation
+# of CUDA, by default) shares the code: its lock, SIGHUP and the new-run refusal are checked too.
+# Run by `make test`; ends with `N passed, M failed`.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 DATA=build/test/a.bin
 TRAINER=./train_vla_cpu
+GPU_TESTS=${GPU_TESTS:-build/emu}
+GPU_TRAINER=$GPU_TESTS/train_vla_fp32
 passed=0
 failed=0
 check() {  # check CONDITION-EXIT-STATUS MESSAGE
@@ -44,7 +48,7 @@ background() {
     $TRAINER "$@" > "$out" 2>&1 &
     bg=$!
     pids+=("$bg")
-    for _ in $(seq 300); do grep -q '^step' "$out" 2> /dev/null && return 0; sleep 0.05; done
+    for _ in $(seq 1200); do grep -q '^step' "$out" 2> /dev/null && return 0; sleep 0.05; done
     return 1
 }
 # finish PID: its exit status once it ends; one that has not ended in 60 s is killed (status 124)
@@ -249,6 +253,32 @@ if mount -t tmpfs -o size=4m tmpfs "$tmp/ro" 2> /dev/null; then
     umount "$tmp/ro"
 else
     echo "  (tmpfs cannot be mounted here: the read-only case is left out)"
+fi
+
+echo "== the GPU trainer ($GPU_TRAINER)"
+if [ -x "$GPU_TRAINER" ]; then
+    out=$tmp/gpu
+    TRAINER=$GPU_TRAINER background "$tmp/first" -i "$DATA" -p tiny -b 2 --workers 1 "${long[@]}" -o "$out"
+    first=$bg
+    $GPU_TRAINER -i "$DATA" -p tiny -b 2 -n 3 -y 1 -o "$out" > /dev/null 2> "$tmp/err"
+    rc=$?
+    one_line_error "$tmp/err" "the output folder $out is in use by another trainer (pid $first on" && [ "$rc" -eq 1 ]
+    check $? "a second trainer on its -o: refused naming it (exit $rc)"
+    kill -HUP "$first"
+    finish "$first"
+    rc=$?
+    n=$(grep -c '"step"' "$out/log.jsonl")
+    grep -qF "interrupted: saved step $n to $out; continue with -y 1 -o $out" "$tmp/first" && [ "$rc" -eq 130 ] &&
+        [ -f "$out/$(printf 'ckpt_%08d.bin' "$n")" ] && steps_once "$out/log.jsonl" "$n"
+    check $? "SIGHUP saves step $n (exit $rc)"
+    before=$(fingerprint "$out")
+    $GPU_TRAINER -i "$DATA" -p tiny -b 2 -n 3 -o "$out" > /dev/null 2> "$tmp/err"
+    rc=$?
+    one_line_error "$tmp/err" "the output folder $out holds a run (1 checkpoint file and log.jsonl (" && [ "$rc" -eq 1 ] &&
+        [ "$(fingerprint "$out")" = "$before" ]
+    check $? "a new run into it: refused, the run's files unchanged (exit $rc)"
+else
+    echo "  ($GPU_TRAINER is not built: make $GPU_TRAINER)"
 fi
 
 echo
