@@ -3104,7 +3104,13 @@ static inline void make_dir(const char* dir) {
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         int err = errno;
         char parent[VLA_PATH_MAX], fix[VLA_PATH_MAX + 128];
-        write_failure_fix(err, path_folder(dir, parent, sizeof(parent)), fix, sizeof(fix));
+        path_folder(dir, parent, sizeof(parent));
+        struct stat st;
+        if ((err == ENOENT || err == ENOTDIR) && stat(parent, &st) != 0) {
+            snprintf(fix, sizeof(fix), "%s does not exist: create it first", parent);
+        } else {
+            write_failure_fix(err, parent, fix, sizeof(fix));
+        }
         vla_fail("cannot create the output folder %s: %s: %s, or pick another with -o", dir, strerror(err), fix);
     }
 }
