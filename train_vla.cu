@@ -6194,8 +6194,8 @@ typedef struct {
 #if defined(MULTI_GPU)
 static void watchdog_fault(Watchdog* w, const char* what) {
     run_aborting = 1;
-    fprintf(stderr, "error: %s: aborting NCCL; the last checkpoint in %s is intact, continue with -y 1 (NCCL_DEBUG=INFO "
-            "says more)\n", what, w->run->args.output);
+    fprintf(stderr, "error: %s: aborting NCCL; the last checkpoint in %s is intact, continue with -y 1 -o %s "
+            "(NCCL_DEBUG=INFO says more)\n", what, w->run->args.output, w->run->args.output);
     fflush(stderr);
     for (int r = 0; r < w->run->local_ranks; r++) {
         if (w->comms[r] != NULL) { ncclCommAbort(w->comms[r]); }
