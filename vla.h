@@ -14,6 +14,8 @@ test_vla.c. The model math lives in the trainers; everything here is written onc
   distributed sampler          per-epoch permutation from (seed, epoch), disjoint rank slices
   checkpoints                  atomic write (temp + rename), keep last N, resume newest
   command line                 getopt_long, -h lists every option with its default
+  the run folder               one owner (a lock), the folder checked before each write, nothing
+                               of an earlier run dropped (--new-run moves it aside)
   logging                      rank-0 step lines on stdout, JSON lines in the output folder
 
 Errors in user input end the process with one line on stderr that names the problem and how
@@ -3120,9 +3122,9 @@ static inline void make_dir(const char* dir) {
 enum { RUN_FILE_NONE = 0, RUN_FILE_CHECKPOINT = 1, RUN_FILE_LOG = 2, RUN_FILE_TEMP = 3 };
 static inline int run_file_kind(const char* name) {
     size_t n = strlen(name);
-    int ckpt = strncmp(name, "ckpt_", 5) == 0, log = strncmp(name, "log.jsonl", 9) == 0;
-    if (n > 4 && strcmp(name + n - 4, ".tmp") == 0 && (ckpt || (log && name[9] == '.'))) { return RUN_FILE_TEMP; }
-    if (ckpt && n > 9 && strcmp(name + n - 4, ".bin") == 0) { return RUN_FILE_CHECKPOINT; }
+    int is_ckpt = strncmp(name, "ckpt_", 5) == 0, is_log = strncmp(name, "log.jsonl", 9) == 0;
+    if (n > 4 && strcmp(name + n - 4, ".tmp") == 0 && (is_ckpt || (is_log && name[9] == '.'))) { return RUN_FILE_TEMP; }
+    if (is_ckpt && n > 9 && strcmp(name + n - 4, ".bin") == 0) { return RUN_FILE_CHECKPOINT; }
     return strcmp(name, "log.jsonl") == 0 ? RUN_FILE_LOG : RUN_FILE_NONE;
 }
 
@@ -3142,10 +3144,10 @@ static inline int run_folder_holds_run(const char* dir, char* what, size_t size,
         if (kind == RUN_FILE_LOG && stat(path, &st) == 0) { log_bytes = (uint64_t)st.st_size; }
     }
     if (d != NULL) { closedir(d); }
-    char ckpts[64] = "", log[64] = "", bytes[32];
+    char ckpts[64] = "", logged[64] = "", bytes[32];
     if (checkpoints > 0) { snprintf(ckpts, sizeof(ckpts), "%d checkpoint file%s", checkpoints, checkpoints > 1 ? "s" : ""); }
-    if (log_bytes > 0) { snprintf(log, sizeof(log), "log.jsonl (%s)", human_bytes(log_bytes, bytes, sizeof(bytes))); }
-    snprintf(what, size, "%s%s%s", ckpts, checkpoints > 0 && log_bytes > 0 ? " and " : "", log);
+    if (log_bytes > 0) { snprintf(logged, sizeof(logged), "log.jsonl (%s)", human_bytes(log_bytes, bytes, sizeof(bytes))); }
+    snprintf(what, size, "%s%s%s", ckpts, checkpoints > 0 && log_bytes > 0 ? " and " : "", logged);
     if (n_checkpoints != NULL) { *n_checkpoints = checkpoints; }
     return checkpoints > 0 || log_bytes > 0;
 }
