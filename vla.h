@@ -3225,21 +3225,26 @@ static inline void run_folder_check_input(const char* spec) {
     free(files);
 }
 
+// Makes the folder's first unused previous_<N>/ (its path into prev), for `who`'s message.
+static inline void run_folder_make_previous(const char* dir, const char* who, char* prev, size_t size) {
+    for (int k = 1;; k++) {
+        snprintf(prev, size, "%s/previous_%d", dir, k);
+        if (mkdir(prev, 0755) == 0) { return; }
+        if (errno != EEXIST) {
+            int err = errno;
+            char fix[VLA_PATH_MAX + 128];
+            vla_fail("%s: cannot create %s: %s: %s", who, prev, strerror(err), write_failure_fix(err, dir, fix, sizeof(fix)));
+        }
+    }
+}
+
 // --new-run: the earlier run's files (checkpoints, log.jsonl, temporary files) move into the
 // folder's first unused previous_<N>/, said in one line that starts with `who`. Nothing is deleted.
 static inline void run_folder_move_aside(const char* dir, const char* who) {
     char what[128];
     if (!run_folder_holds_run(dir, what, sizeof(what), NULL)) { return; }
     char prev[VLA_PATH_MAX + 32];
-    for (int k = 1;; k++) {
-        snprintf(prev, sizeof(prev), "%s/previous_%d", dir, k);
-        if (mkdir(prev, 0755) == 0) { break; }
-        if (errno != EEXIST) {
-            char fix[VLA_PATH_MAX + 128];
-            vla_fail("%s: cannot create %s: %s: %s", who, prev, strerror(errno),
-                     write_failure_fix(errno, dir, fix, sizeof(fix)));
-        }
-    }
+    run_folder_make_previous(dir, who, prev, sizeof(prev));
     int moved = 0;
     DIR* d = opendir(dir);
     for (struct dirent* de = d != NULL ? readdir(d) : NULL; de != NULL; de = readdir(d)) {
@@ -3255,6 +3260,44 @@ static inline void run_folder_move_aside(const char* dir, const char* who) {
     }
     if (d != NULL) { closedir(d); }
     printf("%s: moved the earlier run in %s (%s) into %s/\n", who, dir, what, prev);
+}
+
+// --init of one of the folder's own checkpoints at step `step` takes the run back there: its later
+// checkpoints would be pruned or overwritten by the steps taken again, and -y 1 could pick one of
+// them up. They move into previous_<N>/ with a copy of log.jsonl (whose later lines the run
+// drops, saying so), said in one line.
+static inline void run_folder_go_back(const char* dir, const char* init, uint64_t step) {
+    uint64_t steps[4096];
+    int n = checkpoint_list(dir, steps, 4096), later = 0;
+    while (later < n && steps[later] > step) { later++; }
+    if (later == 0) { return; }
+    char prev[VLA_PATH_MAX + 32], who[VLA_PATH_MAX + 64];
+    snprintf(who, sizeof(who), "--init %s", init);
+    run_folder_make_previous(dir, who, prev, sizeof(prev));
+    for (int i = 0; i < later; i++) {
+        char from[VLA_PATH_MAX], to[VLA_PATH_MAX + 64];
+        checkpoint_path(from, sizeof(from), dir, steps[i]);
+        snprintf(to, sizeof(to), "%s/%s", prev, strrchr(from, '/') + 1);
+        if (rename(from, to) != 0) { vla_fail("%s: moving %s into %s failed: %s", who, from, prev, strerror(errno)); }
+    }
+    char log_path[VLA_PATH_MAX + 16], copy[VLA_PATH_MAX + 64];
+    snprintf(log_path, sizeof(log_path), "%s/log.jsonl", dir);
+    snprintf(copy, sizeof(copy), "%s/log.jsonl", prev);
+    FILE* in = fopen(log_path, "rb");
+    int copied = in != NULL;
+    if (in != NULL) {
+        FILE* out = fopen(copy, "wb");
+        char buf[65536];
+        size_t got;
+        int bad = out == NULL;
+        while (!bad && (got = fread(buf, 1, sizeof(buf), in)) > 0) { bad = fwrite(buf, 1, got, out) != got; }
+        if (out != NULL && fclose(out) != 0) { bad = 1; }
+        fclose(in);
+        if (bad) { vla_fail("%s: copying %s into %s failed: %s", who, log_path, prev, strerror(errno)); }
+    }
+    printf("%s goes back to step %llu: the %d later checkpoint(s) (up to step %llu)%s moved into %s/\n", who,
+           (unsigned long long)step, later, (unsigned long long)steps[0], copied ? " and a copy of log.jsonl" : "",
+           prev);
 }
 
 // Temporary files left by a save that was killed (SIGINT, then SIGKILL): no other process writes
@@ -3335,6 +3378,11 @@ static inline void run_folder_open(const TrainArgs* a) {
                  "without --new-run", a->init, dir);
     }
     if (a->new_run) { run_folder_move_aside(dir, "--new-run"); }
+    CheckpointHeader h;
+    char problem[VLA_PATH_MAX + 512];  // (a bad --init is refused, with this, when it is read)
+    if (continues && !a->resume && checkpoint_read_header(a->init, &h, problem, sizeof(problem)) == 0) {
+        run_folder_go_back(dir, a->init, h.step);
+    }
     run_folder_remove_stale(dir);
     char what[128];
     if (!continues && run_folder_holds_run(dir, what, sizeof(what), NULL)) {
@@ -3405,7 +3453,7 @@ static inline void logger_open(Logger* lg, const char* dir, int start) {
             atomic_file_write(&out, kept, 1, kept_bytes);
             atomic_file_commit(&out);
             if (later > 0) {
-                printf("%s: dropped %d line(s) past step %d, logged by a run that stopped before checkpointing them\n",
+                printf("%s: dropped %d line(s) past step %d, where this run continues: it logs those steps again\n",
                        lg->path, later, start);
             }
             if (partial > 0) { printf("%s: dropped a partial last line, cut by a run that was killed\n", lg->path); }

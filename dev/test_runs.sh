@@ -122,6 +122,22 @@ rc=$?
 one_line_error "$tmp/err" "-y 1 continues the run in $out and --new-run moves it aside" && [ "$rc" -eq 1 ]
 check $? "-y 1 with --new-run: refused (exit $rc)"
 
+echo "== --init of one of the folder's own checkpoints: the run goes back to it"
+out=$tmp/back
+$TRAINER "${run[@]}" -n 4 -k 1 --keep 5 -o "$out" > /dev/null 2>&1
+later=$(cd "$out" && md5sum ckpt_00000002.bin ckpt_00000003.bin ckpt_00000004.bin log.jsonl)
+$TRAINER "${run[@]}" -n 3 -k 1 --keep 5 --init "$out/ckpt_00000001.bin" -o "$out" > "$tmp/out" 2>&1
+rc=$?
+grep -qF -- "--init $out/ckpt_00000001.bin goes back to step 1: the 3 later checkpoint(s) (up to step 4) and a copy of log.jsonl moved into $out/previous_1/" "$tmp/out" &&
+    grep -qF "$out/log.jsonl: dropped 3 line(s) past step 1, where this run continues" "$tmp/out" && [ "$rc" -eq 0 ] &&
+    [ "$(cd "$out/previous_1" && md5sum ckpt_00000002.bin ckpt_00000003.bin ckpt_00000004.bin log.jsonl)" = "$later" ] &&
+    steps_once "$out/log.jsonl" 3 && [ ! -e "$out/ckpt_00000004.bin" ]
+check $? "the later checkpoints and a copy of the log moved into previous_1/ whole, the log holds steps 1-3 once (exit $rc)"
+$TRAINER "${run[@]}" -n 5 -k 1 --keep 5 -y 1 -o "$out" > "$tmp/out" 2>&1
+rc=$?
+grep -qF "resumed from $out/ckpt_00000003.bin at step 3" "$tmp/out" && [ "$rc" -eq 0 ] && steps_once "$out/log.jsonl" 5
+check $? "-y 1 then continues that run, not the one gone back from (exit $rc)"
+
 echo "== -y 1 starts from scratch only where there is no run"
 $TRAINER "${run[@]}" -n 2 -y 1 -o "$tmp/empty" > "$tmp/out" 2>&1
 rc=$?
