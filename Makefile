@@ -264,6 +264,18 @@ $(SMOLVLA_C_CONFIGS): $(LEROBOT_REF)/%/c_config.txt: $(LEROBOT_REF)/all/ref.safe
 	$(oracle_check)
 	$(PYTHON) dev/smolvla.py $(LEROBOT_REF)/$* --c-config $@
 
+# make test needs what `make setup` installs: it says so before building anything (a look for the
+# modules, not an import: fast)
+SETUP_MODULES_FOUND = import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))
+ifneq ($(filter test,$(MAKECMDGOALS)),)
+SETUP_MISSING := $(shell $(PYTHON) -c "$(SETUP_MODULES_FOUND)" torch numpy 2>/dev/null || echo "torch and numpy under $(PYTHON);") \
+	$(shell $(VENV_PY) -c "$(SETUP_MODULES_FOUND)" metaworld mujoco av pyarrow PIL matplotlib 2>/dev/null || echo "the data tools in $(VENV);") \
+	$(shell $(LEROBOT_PY) -c "$(SETUP_MODULES_FOUND)" lerobot 2>/dev/null || echo "LeRobot in $(LEROBOT_VENV);")
+ifneq ($(strip $(SETUP_MISSING)),)
+$(error make test needs what make setup installs, and these are missing: $(strip $(SETUP_MISSING)) run 'make setup' (as root) first)
+endif
+endif
+
 # make test compiles train_vla for the GPU everywhere; its tests run on the GPU if there is one,
 # otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries).
 # scripts/test_lerobot_io.py (LeRobot import/export) needs train_vla_cpu, libvla.so, data/synthetic

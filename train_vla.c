@@ -1891,6 +1891,7 @@ int main(int argc, char** argv) {
         }
         omp_set_num_threads(args.threads);
     }
+    run_folder_open(&args);  // this process owns the output folder until it ends
     Dataset ds;
     dataset_open(&ds, args.input);
     char resume_path[VLA_PATH_MAX];
@@ -1962,6 +1963,7 @@ int main(int argc, char** argv) {
 
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);  // a closed terminal or a dropped ssh saves too
     double timed_ms = 0.0;
     int timed_steps = 0;
     int step = start;
@@ -1983,11 +1985,12 @@ int main(int argc, char** argv) {
             smolvla_save(&model, &ds, &args, done, sampler_pos + (uint64_t)(done - start) * global_batch);
         }
     }
-    if (stop_requested) {
+    int status = 0;
+    if (stop_requested && step < args.steps) {  // (after the last step, its checkpoint written, the run is complete)
         if (train_ckpt_due(&args, step, 1)) {
             smolvla_save(&model, &ds, &args, step, sampler_pos + (uint64_t)(step - start) * global_batch);
         }
-        train_report_interrupt(&args, step);
+        status = train_report_interrupt(&args, step);
     }
     loader_stop(&loader);
     printf("data loader: %d worker thread(s), the trainer waited %.1f ms for batches in %d steps\n", args.workers,
@@ -2002,12 +2005,13 @@ int main(int argc, char** argv) {
                timed_steps, global_batch / (timed_ms / timed_steps / 1000.0));
     }
     logger_close(&logger);
+    if (stop_requested && step >= args.steps) { status = train_report_interrupt(&args, step); }
     free(task_loss);
     if (tb != NULL) { task_balance_free(&balance); }
     free(grad_sum);
     smolvla_batch_free(&batch);
     smolvla_free(&model);
     dataset_close(&ds);
-    return stop_requested ? 130 : 0;
+    return status;
 }
 #endif

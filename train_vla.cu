@@ -6194,8 +6194,8 @@ typedef struct {
 #if defined(MULTI_GPU)
 static void watchdog_fault(Watchdog* w, const char* what) {
     run_aborting = 1;
-    fprintf(stderr, "error: %s: aborting NCCL; the last checkpoint in %s is intact, continue with -y 1 (NCCL_DEBUG=INFO "
-            "says more)\n", what, w->run->args.output);
+    fprintf(stderr, "error: %s: aborting NCCL; the last checkpoint in %s is intact, continue with -y 1 -o %s "
+            "(NCCL_DEBUG=INFO says more)\n", what, w->run->args.output, w->run->args.output);
     fflush(stderr);
     for (int r = 0; r < w->run->local_ranks; r++) {
         if (w->comms[r] != NULL) { ncclCommAbort(w->comms[r]); }
@@ -6416,6 +6416,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     cudaCheck(cudaStreamSynchronize(copy_stream));
     loader_pin(&loader, 0);
     loader_stop(&loader);
+    if (stopped && step >= args->steps) { stopped = 0; }  // a stop in the last step: that step's checkpoint ends the run
     if (lead) {
         if (stopped) { train_report_interrupt(args, step); }
         if (model.scaler != NULL) {
@@ -6444,6 +6445,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
 #endif
         }
         logger_close(&logger);
+        if (stop_requested && step >= args->steps) { train_report_interrupt(args, step); }  // the run is complete
     }
     task_losses_free(&task_losses);
     for (int k = 0; k < 2; k++) {
@@ -6492,6 +6494,7 @@ int main(int argc, char** argv) {
     run.nodes = args->nodes;
     run.world = run.nodes * run.local_ranks;
     train_args_for_world(args, run.world);
+    if (run.node == 0) { run_folder_open(args); }  // node 0 writes the run: it owns the output folder until it ends
     dataset_open(&run.ds, args->input);
     if (args->balance == BALANCE_TASKS) {  // before a checkpoint is read: it must have been trained with the same
         task_balance_build(&run.balance_storage, &run.ds, args->task_weights);
@@ -6552,6 +6555,7 @@ int main(int argc, char** argv) {
 #endif
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);  // a closed terminal or a dropped ssh saves too
     Watchdog watchdog;
     watchdog_start(&watchdog, &run);
     int stopped = 0;

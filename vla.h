@@ -14,6 +14,8 @@ test_vla.c. The model math lives in the trainers; everything here is written onc
   distributed sampler          per-epoch permutation from (seed, epoch), disjoint rank slices
   checkpoints                  atomic write (temp + rename), keep last N, resume newest
   command line                 getopt_long, -h lists every option with its default
+  the run folder               one owner (a lock), the folder checked before each write, nothing
+                               of an earlier run dropped (--new-run moves it aside)
   logging                      rank-0 step lines on stdout, JSON lines in the output folder
 
 Errors in user input end the process with one line on stderr that names the problem and how
@@ -43,6 +45,7 @@ trainers call the wrappers that fail with it.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
@@ -132,12 +135,52 @@ static inline const char* human_bytes(uint64_t n, char* buf, size_t size) {
     return buf;
 }
 
-// A file written whole or not at all: into path.tmp, flushed to disk, renamed over path. A failed
-// write (a full disk) removes the temporary file and says how much space the file needed.
+// How to fix a write into folder dir that failed with errno err, said as what it is: no space
+// (ENOSPC, EDQUOT), a file past the size limit (EFBIG), no permission or a read-only file system
+// (EACCES, EPERM, EROFS), else the disk itself. The caller says where to go on from there.
+static inline const char* write_failure_fix(int err, const char* dir, char* buf, size_t size) {
+    if (err == EFBIG) {
+        snprintf(buf, size, "the file is larger than the file size limit allows (ulimit -f, or the file system's "
+                 "largest file): raise the limit");
+    } else if (err == ENOSPC || err == EDQUOT) {
+        struct statvfs vfs;
+        char avail[32];
+        if (statvfs(dir, &vfs) == 0) {
+            snprintf(buf, size, "free space in %s (%s free there)", dir,
+                     human_bytes((uint64_t)vfs.f_bavail * vfs.f_frsize, avail, sizeof(avail)));
+        } else {
+            snprintf(buf, size, "free space in %s", dir);
+        }
+    } else if (err == EROFS) {
+        snprintf(buf, size, "%s is on a read-only file system: remount it read-write", dir);
+    } else if (err == EACCES || err == EPERM) {
+        snprintf(buf, size, "this user may not write into %s: make it writable", dir);
+    } else {
+        snprintf(buf, size, "check the disk that holds %s", dir);
+    }
+    return buf;
+}
+
+// The folder a path is in ("." for a bare name), into buf.
+static inline const char* path_folder(const char* path, char* buf, size_t size) {
+    snprintf(buf, size, "%s", path);
+    char* slash = strrchr(buf, '/');
+    if (slash == NULL) { snprintf(buf, size, "."); } else if (slash == buf) { buf[1] = '\0'; } else { *slash = '\0'; }
+    return buf;
+}
+
+// (the run folder's checks, below: a write into it stops when the folder is not the run's any more)
+static inline int run_folder_intact(void);
+static inline void run_folder_check(const char* dir, const char* what);
+
+// A file written whole or not at all: into a temporary file, flushed to disk, renamed over path. A
+// failed write removes the temporary file and says what failed (a full disk: how much space the
+// file needed; a rename, no permission, a read-only folder: that; the run folder moved or
+// removed: that, by run_folder_check). Nothing is renamed into a folder that replaced the run's.
 typedef struct {
     FILE* f;
     const char* path;
-    char tmp[VLA_PATH_MAX + 8];
+    char tmp[VLA_PATH_MAX + 32];
     uint64_t bytes;  // the whole file's size, for the message when a write fails
 } AtomicFile;
 
@@ -146,18 +189,18 @@ static inline void atomic_file_fail(AtomicFile* a, const char* what, int err) {
     if (a->f != NULL) { fclose(a->f); }
     a->f = NULL;
     unlink(a->tmp);
-    char dir[VLA_PATH_MAX + 8], need[32], free_text[48] = "";
-    snprintf(dir, sizeof(dir), "%s", a->tmp);
-    char* slash = strrchr(dir, '/');
-    if (slash == NULL) { snprintf(dir, sizeof(dir), "."); } else if (slash == dir) { dir[1] = '\0'; } else { *slash = '\0'; }
-    struct statvfs vfs;
-    if (statvfs(dir, &vfs) == 0) {
-        char avail[32];
-        snprintf(free_text, sizeof(free_text), ", %s free there", human_bytes((uint64_t)vfs.f_bavail * vfs.f_frsize, avail,
-                                                                              sizeof(avail)));
+    run_folder_check(NULL, a->path);
+    char dir[VLA_PATH_MAX + 32], need[32], fix[VLA_PATH_MAX + 128];
+    path_folder(a->path, dir, sizeof(dir));
+    write_failure_fix(err, dir, fix, sizeof(fix));
+    if (strcmp(what, "renaming") == 0) {
+        vla_fail("renaming %s to %s failed: %s; the temporary file was removed: %s, or write elsewhere (-o)", a->tmp,
+                 a->path, strerror(err), fix);
     }
-    vla_fail("%s %s failed: %s: the file needs %s%s; the partial file was removed, free space or write elsewhere (-o)",
-             what, a->path, strerror(err), human_bytes(a->bytes, need, sizeof(need)), free_text);
+    int space = err == ENOSPC || err == EDQUOT || err == EFBIG, partial = strcmp(what, "writing") == 0;
+    vla_fail("%s %s failed: %s%s%s%s: %s, or write elsewhere (-o)", what, a->path, strerror(err),
+             space ? ": the file needs " : "", space ? human_bytes(a->bytes, need, sizeof(need)) : "",
+             partial ? "; the partial file was removed" : "", fix);
 }
 
 static inline void atomic_file_open(AtomicFile* a, const char* path, uint64_t bytes) {
@@ -165,6 +208,19 @@ static inline void atomic_file_open(AtomicFile* a, const char* path, uint64_t by
     a->bytes = bytes;
     a->f = NULL;
     if (snprintf(a->tmp, sizeof(a->tmp), "%s.tmp", path) >= (int)sizeof(a->tmp)) {
+        vla_fail("path %.80s... is longer than %d bytes: use a shorter output folder (-o)", path, VLA_PATH_MAX - 1);
+    }
+    a->f = fopen(a->tmp, "wb");
+    if (a->f == NULL) { atomic_file_fail(a, "creating", errno); }
+}
+
+// The same through a temporary file of this process alone, <path>.<pid>.tmp: two writers of one
+// path never write into each other's.
+static inline void atomic_file_open_private(AtomicFile* a, const char* path, uint64_t bytes) {
+    a->path = path;
+    a->bytes = bytes;
+    a->f = NULL;
+    if (snprintf(a->tmp, sizeof(a->tmp), "%s.%d.tmp", path, (int)getpid()) >= (int)sizeof(a->tmp)) {
         vla_fail("path %.80s... is longer than %d bytes: use a shorter output folder (-o)", path, VLA_PATH_MAX - 1);
     }
     a->f = fopen(a->tmp, "wb");
@@ -180,7 +236,8 @@ static inline void atomic_file_commit(AtomicFile* a) {
     int rc = fclose(a->f);
     a->f = NULL;
     if (rc != 0) { atomic_file_fail(a, "writing", errno); }
-    if (rename(a->tmp, a->path) != 0) { atomic_file_fail(a, "renaming the temporary file to", errno); }
+    if (!run_folder_intact()) { atomic_file_fail(a, "writing", ENOENT); }
+    if (rename(a->tmp, a->path) != 0) { atomic_file_fail(a, "renaming", errno); }
 }
 
 // Whether n threads can run at once here (OpenMP's runtime ends the process with its own lines
@@ -1369,6 +1426,10 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
     s->dev = (uint64_t)st.st_dev; s->ino = (uint64_t)st.st_ino; s->size = len; s->mtime_ns = stat_mtime_ns(&st);
     ShardHeader* h = &s->h;
     memcpy(h, s->map, offsetof(ShardHeader, n_tokens));  // version 1's fields; the rest stays zero for now
+    if (h->magic == 0x43414C56u) {  // CKPT_MAGIC, "VLAC" (the checkpoints' section is below)
+        SHARD_REJECT_("%s is a train_vla checkpoint, not a dataset shard: pass shards with -i (a checkpoint to start from "
+                      "goes to --init)", path);
+    }
     if (h->magic != SHARD_MAGIC) {
         SHARD_REJECT_("%s: bad magic 0x%08x (want 0x%08x): not a train_vla dataset shard; convert it with the tools in data/",
                       path, h->magic, SHARD_MAGIC);
@@ -2856,6 +2917,7 @@ typedef struct {
     int warmup;
     uint64_t seed;
     int resume;             // -y 1: continue from the newest complete checkpoint in output
+    int new_run;            // --new-run: move the run the output folder holds into previous_<N>/ and start anew
     int ckpt_every, keep;
     int no_checkpoint;      // --no-checkpoint: write none (benchmarks); the run's weights are not kept
     int log_every;
@@ -2945,6 +3007,8 @@ static inline void train_args_usage(const char* prog) {
     printf("  -c, --clip X           global gradient-norm clip, 0 disables (%g)\n", d.grad_clip);
     printf("  -s, --seed N           seed for init, sampler and flow noise (%llu)\n", (unsigned long long)d.seed);
     printf("  -y, --resume 0|1       1: continue from the newest complete checkpoint in the output folder (%d)\n", d.resume);
+    printf("      --new-run          start anew in an output folder that holds a run: its checkpoints and log move\n"
+           "                         into <output>/previous_<N>/ (nothing is deleted)\n");
     printf("      --init FILE        start from this checkpoint (weights, optimizer, step, sampler, seed: it continues)\n");
     printf("      --weights-only     with --init: its weights alone (fine-tuning: step 0, fresh optimizer, this run's seed\n"
            "                         and the dataset's statistics; its sizes, and cameras and dims from the dataset)\n");
@@ -3014,7 +3078,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
            OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY, OPT_BALANCE,
            OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY, OPT_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW, OPT_PROFILE,
-           OPT_NO_CHECKPOINT };
+           OPT_NO_CHECKPOINT, OPT_NEW_RUN };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -3023,6 +3087,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"warmup", required_argument, 0, 'u'},       {"weight-decay", required_argument, 0, 'w'},
         {"clip", required_argument, 0, 'c'},         {"seed", required_argument, 0, 's'},
         {"resume", required_argument, 0, 'y'},       {"init", required_argument, 0, OPT_INIT},
+        {"new-run", no_argument, 0, OPT_NEW_RUN},
         {"weights-only", no_argument, 0, OPT_WEIGHTS_ONLY},
         {"ckpt-every", required_argument, 0, 'k'},   {"keep", required_argument, 0, OPT_KEEP},
         {"no-checkpoint", no_argument, 0, OPT_NO_CHECKPOINT},
@@ -3092,6 +3157,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case 's': a->seed = (uint64_t)parse_int_arg("seed", optarg, 0, 0x7fffffffffffffffL); break;
             case 'y': a->resume = (int)parse_int_arg("resume", optarg, 0, 1); break;
             case OPT_INIT: a->init = optarg; break;
+            case OPT_NEW_RUN: a->new_run = 1; break;
             case OPT_WEIGHTS_ONLY: a->weights_only = 1; break;
             case 'k': a->ckpt_every = (int)parse_int_arg("ckpt-every", optarg, 0, 1L << 30); ckpt_given = 1; break;
             case OPT_NO_CHECKPOINT: a->no_checkpoint = 1; break;
@@ -3111,6 +3177,9 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     }
     if (optind < argc) { vla_fail("unexpected argument '%s': options take the form -x VALUE, see %s -h", argv[optind], argv[0]); }
     if (a->resume && a->init != NULL) { vla_fail("-y 1 and --init both pick a checkpoint: use one of them"); }
+    if (a->resume && a->new_run) {
+        vla_fail("-y 1 continues the run in %s and --new-run moves it aside to start anew: use one of them", a->output);
+    }
     if (a->weights_only && a->init == NULL) {
         vla_fail("--weights-only takes the weights of --init FILE: give the checkpoint to fine-tune from with --init");
     }
@@ -3184,13 +3253,22 @@ static inline int train_ckpt_due(const TrainArgs* a, int done, int stopped) {
     return (a->ckpt_every > 0 && done % a->ckpt_every == 0) || done == a->steps || stopped;
 }
 
-// What an interrupted run prints: where its last step went, or that --no-checkpoint kept nothing
-static inline void train_report_interrupt(const TrainArgs* a, int step) {
+// What a run stopped by a signal (INT, TERM, HUP) at step `step` prints: where its last step went,
+// or that --no-checkpoint kept nothing. A signal after the last step stopped nothing: the run is
+// complete (its last checkpoint written). Returns the exit status: 130 interrupted, 0 complete.
+static inline int train_report_interrupt(const TrainArgs* a, int step) {
+    if (step >= a->steps) {
+        printf("the run is complete: all %d steps done%s%s (the signal came after the last step)\n", a->steps,
+               a->no_checkpoint ? ", no checkpoint written (--no-checkpoint)" : ", the last checkpoint is in ",
+               a->no_checkpoint ? "" : a->output);
+        return 0;
+    }
     if (a->no_checkpoint) {
         printf("interrupted at step %d: no checkpoint written (--no-checkpoint)\n", step);
     } else {
-        printf("interrupted: saved step %d to %s; continue with -y 1\n", step, a->output);
+        printf("interrupted: saved step %d to %s; continue with -y 1 -o %s\n", step, a->output, a->output);
     }
+    return 130;
 }
 
 // Samples per optimizer step: the effective batch
@@ -3206,6 +3284,318 @@ static inline float lr_at_step(const TrainArgs* a, int step) {
     if (progress > 1.0f) { progress = 1.0f; }
     float floor_lr = a->lr * a->min_lr_frac;
     return floor_lr + 0.5f * (a->lr - floor_lr) * (1.0f + cosf(3.14159265358979f * progress));
+}
+
+// ----------------------------------------------------------------------------
+// the run folder (-o): one owner, nothing of an earlier run lost
+//
+// The process that writes a run's checkpoints and log (the CPU trainer; the GPU trainer's node 0)
+// owns its folder: an exclusive flock on <out>/.lock for the run's lifetime, the lock file naming
+// the owner (pid, host, start). The kernel releases the lock when its process ends however it
+// ends, so a lock left by a killed trainer is taken over (its line is still there, and said). The
+// folder's identity (device, inode; the folder held open, so that a folder made in the place of a
+// removed one cannot get its inode) is taken with the lock and checked before every write: a
+// folder removed, moved or replaced under the run stops it, with nothing written elsewhere.
+// A folder holds a run when it holds a checkpoint file (ckpt_*.bin) or a non-empty log.jsonl. A
+// new run into it is refused, saying how to continue it (-y 1) or move it aside (--new-run, into
+// <out>/previous_<N>/); -y 1 starts from scratch only where there is no run at all.
+
+typedef struct {
+    char path[VLA_PATH_MAX];  // -o as given
+    dev_t dev;                // the folder's identity when the run took it
+    ino_t ino;
+    int dir_fd;               // the folder, held open: its inode cannot go to a folder made in its place
+    int lock_fd;              // <path>/.lock, locked; -1: this process owns no run folder
+} RunFolder;
+static RunFolder run_folder = {"", 0, 0, -1, -1};  // one run per process
+
+static inline void make_dir(const char* dir) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        int err = errno;
+        char parent[VLA_PATH_MAX], fix[VLA_PATH_MAX + 128];
+        path_folder(dir, parent, sizeof(parent));
+        struct stat st;
+        if ((err == ENOENT || err == ENOTDIR) && stat(parent, &st) != 0) {
+            snprintf(fix, sizeof(fix), "%s does not exist: create it first", parent);
+        } else {
+            write_failure_fix(err, parent, fix, sizeof(fix));
+        }
+        vla_fail("cannot create the output folder %s: %s: %s, or pick another with -o", dir, strerror(err), fix);
+    }
+}
+
+// What a file of a run folder is: 1 a checkpoint (ckpt_*.bin), 2 the log, 3 a temporary file a
+// save left (ckpt_*.tmp, log.jsonl.*tmp: the <name>.tmp and <name>.<pid>.tmp forms), 0 none of them.
+enum { RUN_FILE_NONE = 0, RUN_FILE_CHECKPOINT = 1, RUN_FILE_LOG = 2, RUN_FILE_TEMP = 3 };
+static inline int run_file_kind(const char* name) {
+    size_t n = strlen(name);
+    int is_ckpt = strncmp(name, "ckpt_", 5) == 0, is_log = strncmp(name, "log.jsonl", 9) == 0;
+    if (n > 4 && strcmp(name + n - 4, ".tmp") == 0 && (is_ckpt || (is_log && name[9] == '.'))) { return RUN_FILE_TEMP; }
+    if (is_ckpt && n > 9 && strcmp(name + n - 4, ".bin") == 0) { return RUN_FILE_CHECKPOINT; }
+    return strcmp(name, "log.jsonl") == 0 ? RUN_FILE_LOG : RUN_FILE_NONE;
+}
+
+// Whether dir holds a run (a checkpoint file or a non-empty log.jsonl); what it holds, said in words
+// ("2 checkpoint files and log.jsonl (4.1 KiB)"), into what; the checkpoint files it counts, into
+// *n_checkpoints where not NULL.
+static inline int run_folder_holds_run(const char* dir, char* what, size_t size, int* n_checkpoints) {
+    int checkpoints = 0;
+    uint64_t log_bytes = 0;
+    DIR* d = opendir(dir);
+    for (struct dirent* de = d != NULL ? readdir(d) : NULL; de != NULL; de = readdir(d)) {
+        int kind = run_file_kind(de->d_name);
+        char path[VLA_PATH_MAX + 300];
+        struct stat st;
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        if (kind == RUN_FILE_CHECKPOINT) { checkpoints++; }
+        if (kind == RUN_FILE_LOG && stat(path, &st) == 0) { log_bytes = (uint64_t)st.st_size; }
+    }
+    if (d != NULL) { closedir(d); }
+    char ckpts[64] = "", logged[64] = "", bytes[32];
+    if (checkpoints > 0) { snprintf(ckpts, sizeof(ckpts), "%d checkpoint file%s", checkpoints, checkpoints > 1 ? "s" : ""); }
+    if (log_bytes > 0) { snprintf(logged, sizeof(logged), "log.jsonl (%s)", human_bytes(log_bytes, bytes, sizeof(bytes))); }
+    snprintf(what, size, "%s%s%s", ckpts, checkpoints > 0 && log_bytes > 0 ? " and " : "", logged);
+    if (n_checkpoints != NULL) { *n_checkpoints = checkpoints; }
+    return checkpoints > 0 || log_bytes > 0;
+}
+
+// Whether path names a file in the run folder (its folder has the folder's identity).
+static inline int run_folder_contains(const char* path) {
+    char dir[VLA_PATH_MAX];
+    struct stat st;
+    return run_folder.lock_fd >= 0 && stat(path_folder(path, dir, sizeof(dir)), &st) == 0 &&
+           st.st_dev == run_folder.dev && st.st_ino == run_folder.ino;
+}
+
+// Where the owned folder is now, from the lock file the process holds open: "moved to X" or
+// "removed", into buf.
+static inline const char* run_folder_whereabouts(char* buf, size_t size) {
+    char link[64], now[VLA_PATH_MAX];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", run_folder.lock_fd);
+    ssize_t n = readlink(link, now, sizeof(now) - 1);
+    if (n <= 0) { snprintf(buf, size, "removed or moved"); return buf; }
+    now[n] = '\0';
+    size_t len = strlen(now);
+    if (len > 10 && strcmp(now + len - 10, " (deleted)") == 0) { snprintf(buf, size, "removed"); return buf; }
+    if (len > 6 && strcmp(now + len - 6, "/.lock") == 0) { now[len - 6] = '\0'; }
+    snprintf(buf, size, "moved to %s", now);
+    return buf;
+}
+
+// Whether the run folder is where it was, the same folder (1 too where this process owns none).
+static inline int run_folder_intact(void) {
+    struct stat st;
+    return run_folder.lock_fd < 0 ||
+           (stat(run_folder.path, &st) == 0 && st.st_dev == run_folder.dev && st.st_ino == run_folder.ino);
+}
+
+// Before each write into the run folder (what: "step 40's checkpoint", "step 41's log line"): the
+// folder must be the one the run took. Removed, moved or replaced: the run stops in one line,
+// nothing written. A process that owns no folder (the tests' saves) makes it where missing.
+static inline void run_folder_check(const char* dir, const char* what) {
+    if (run_folder.lock_fd < 0) {
+        if (dir != NULL) { make_dir(dir); }
+        return;
+    }
+    if (run_folder_intact()) { return; }
+    struct stat st;
+    char where[VLA_PATH_MAX + 32];
+    if (stat(run_folder.path, &st) != 0) {
+        vla_fail("the output folder %s was %s during the run: %s was not written; put the folder back and continue "
+                 "with -y 1 -o %s", run_folder.path, run_folder_whereabouts(where, sizeof(where)), what, run_folder.path);
+    }
+    if (st.st_dev != run_folder.dev || st.st_ino != run_folder.ino) {
+        vla_fail("the output folder %s was replaced during the run (the run's folder was %s): %s was not written into "
+                 "the new one; put the run's folder back and continue with -y 1 -o %s", run_folder.path,
+                 run_folder_whereabouts(where, sizeof(where)), what, run_folder.path);
+    }
+}
+
+// At exit: the lock file is emptied (a lock file that names a process tells of one that ended
+// without this), and the kernel drops the lock with the process.
+static inline void run_folder_release(void) {
+    if (run_folder.lock_fd >= 0 && ftruncate(run_folder.lock_fd, 0) != 0) {}
+}
+
+// -i must not read from the run folder: the trainer writes its checkpoints there (and a
+// checkpoint read as a shard is not data).
+static inline void run_folder_check_input(const char* spec) {
+    char** files;
+    int n = dataset_list_files(spec, &files);
+    for (int i = 0; i < n; i++) {
+        if (run_folder_contains(files[i])) {
+            vla_fail("-i %s reads %s from the output folder %s, where the run writes its checkpoints: keep the dataset "
+                     "and the run in separate folders (-i, -o)", spec, files[i], run_folder.path);
+        }
+    }
+    for (int i = 0; i < n; i++) { free(files[i]); }
+    free(files);
+}
+
+// Makes the folder's first unused previous_<N>/ (its path into prev), for `who`'s message.
+static inline void run_folder_make_previous(const char* dir, const char* who, char* prev, size_t size) {
+    for (int k = 1;; k++) {
+        snprintf(prev, size, "%s/previous_%d", dir, k);
+        if (mkdir(prev, 0755) == 0) { return; }
+        if (errno != EEXIST) {
+            int err = errno;
+            char fix[VLA_PATH_MAX + 128];
+            vla_fail("%s: cannot create %s: %s: %s", who, prev, strerror(err), write_failure_fix(err, dir, fix, sizeof(fix)));
+        }
+    }
+}
+
+// --new-run: the earlier run's files (checkpoints, log.jsonl, temporary files) move into the
+// folder's first unused previous_<N>/, said in one line that starts with `who`. Nothing is deleted.
+static inline void run_folder_move_aside(const char* dir, const char* who) {
+    char what[128];
+    if (!run_folder_holds_run(dir, what, sizeof(what), NULL)) { return; }
+    char prev[VLA_PATH_MAX + 32];
+    run_folder_make_previous(dir, who, prev, sizeof(prev));
+    int moved = 0;
+    DIR* d = opendir(dir);
+    for (struct dirent* de = d != NULL ? readdir(d) : NULL; de != NULL; de = readdir(d)) {
+        if (run_file_kind(de->d_name) == RUN_FILE_NONE) { continue; }
+        char from[VLA_PATH_MAX + 300], to[VLA_PATH_MAX + 332];
+        snprintf(from, sizeof(from), "%s/%s", dir, de->d_name);
+        snprintf(to, sizeof(to), "%s/%s", prev, de->d_name);
+        if (rename(from, to) != 0) {
+            vla_fail("%s: moving %s into %s failed: %s (%d file(s) of the earlier run are there already, the rest where "
+                     "they were): move them by hand", who, from, prev, strerror(errno), moved);
+        }
+        moved++;
+    }
+    if (d != NULL) { closedir(d); }
+    printf("%s: moved the earlier run in %s (%s) into %s/\n", who, dir, what, prev);
+}
+
+// --init of one of the folder's own checkpoints at step `step` takes the run back there: its later
+// checkpoints would be pruned or overwritten by the steps taken again, and -y 1 could pick one of
+// them up. They move into previous_<N>/ with a copy of log.jsonl (whose later lines the run
+// drops, saying so), said in one line.
+static inline void run_folder_go_back(const char* dir, const char* init, uint64_t step) {
+    uint64_t steps[4096];
+    int n = checkpoint_list(dir, steps, 4096), later = 0;
+    while (later < n && steps[later] > step) { later++; }
+    if (later == 0) { return; }
+    char prev[VLA_PATH_MAX + 32], who[VLA_PATH_MAX + 64];
+    snprintf(who, sizeof(who), "--init %s", init);
+    run_folder_make_previous(dir, who, prev, sizeof(prev));
+    for (int i = 0; i < later; i++) {
+        char from[VLA_PATH_MAX], to[VLA_PATH_MAX + 64];
+        checkpoint_path(from, sizeof(from), dir, steps[i]);
+        snprintf(to, sizeof(to), "%s/%s", prev, strrchr(from, '/') + 1);
+        if (rename(from, to) != 0) { vla_fail("%s: moving %s into %s failed: %s", who, from, prev, strerror(errno)); }
+    }
+    char log_path[VLA_PATH_MAX + 16], copy[VLA_PATH_MAX + 64];
+    snprintf(log_path, sizeof(log_path), "%s/log.jsonl", dir);
+    snprintf(copy, sizeof(copy), "%s/log.jsonl", prev);
+    FILE* in = fopen(log_path, "rb");
+    int copied = in != NULL;
+    if (in != NULL) {
+        FILE* out = fopen(copy, "wb");
+        char buf[65536];
+        size_t got;
+        int bad = out == NULL;
+        while (!bad && (got = fread(buf, 1, sizeof(buf), in)) > 0) { bad = fwrite(buf, 1, got, out) != got; }
+        if (out != NULL && fclose(out) != 0) { bad = 1; }
+        fclose(in);
+        if (bad) { vla_fail("%s: copying %s into %s failed: %s", who, log_path, prev, strerror(errno)); }
+    }
+    printf("%s goes back to step %llu: the %d later checkpoint(s) (up to step %llu)%s moved into %s/\n", who,
+           (unsigned long long)step, later, (unsigned long long)steps[0], copied ? " and a copy of log.jsonl" : "",
+           prev);
+}
+
+// Temporary files left by a save that was killed (SIGINT, then SIGKILL): no other process writes
+// here, so they are removed, each said with its size.
+static inline void run_folder_remove_stale(const char* dir) {
+    DIR* d = opendir(dir);
+    for (struct dirent* de = d != NULL ? readdir(d) : NULL; de != NULL; de = readdir(d)) {
+        if (run_file_kind(de->d_name) != RUN_FILE_TEMP) { continue; }
+        char path[VLA_PATH_MAX + 300], bytes[32];
+        struct stat st;
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) { continue; }
+        if (unlink(path) == 0) {
+            printf("removed %s (%s), a temporary file left by a save that was killed\n", path,
+                   human_bytes((uint64_t)st.st_size, bytes, sizeof(bytes)));
+        }
+    }
+    if (d != NULL) { closedir(d); }
+}
+
+// Takes the run folder a->output for this process (the writer of the run), in this order: the
+// folder made, locked (another trainer there: refused, naming it), -i checked against it, then
+// --new-run moves the earlier run aside or stale temporary files go; a new run into a folder that
+// holds a run is refused. A run continues the folder's run with -y 1 (run_start_checkpoint) or
+// --init of one of its checkpoints (without --weights-only); every other run is new.
+static inline void run_folder_open(const TrainArgs* a) {
+    const char* dir = a->output;
+    make_dir(dir);
+    snprintf(run_folder.path, sizeof(run_folder.path), "%s", dir);
+    char lock_path[VLA_PATH_MAX + 16], fix[VLA_PATH_MAX + 128];
+    snprintf(lock_path, sizeof(lock_path), "%s/.lock", dir);
+    int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int err = errno;
+        vla_fail("cannot write into the output folder %s (creating %s: %s): %s, or pick another with -o", dir, lock_path,
+                 strerror(err), write_failure_fix(err, dir, fix, sizeof(fix)));
+    }
+    int locked = flock(fd, LOCK_EX | LOCK_NB), err = errno;
+    char holder[256];  // the line of the trainer that holds it, or held it and was killed
+    ssize_t got = pread(fd, holder, sizeof(holder) - 1, 0);
+    holder[got > 0 ? got : 0] = '\0';
+    holder[strcspn(holder, "\n")] = '\0';
+    if (locked != 0 && err == EWOULDBLOCK) {
+        vla_fail("the output folder %s is in use by another trainer (%s): wait for it to end, or write elsewhere with -o",
+                 dir, holder[0] != '\0' ? holder : "it has just started");
+    }
+    if (locked != 0) {
+        vla_fail("cannot lock %s: %s: pick an output folder on a file system with locks (-o)", lock_path, strerror(err));
+    }
+    if (holder[0] != '\0') { printf("note: %s names %s, which ended without releasing it: taking it over\n", lock_path, holder); }
+    char host[128] = "?", started[64];
+    gethostname(host, sizeof(host) - 1);
+    time_t now = time(NULL);
+    struct tm utc;
+    gmtime_r(&now, &utc);
+    strftime(started, sizeof(started), "%Y-%m-%d %H:%M:%S UTC", &utc);
+    char line[300];
+    int len = snprintf(line, sizeof(line), "pid %d on %s, since %s\n", (int)getpid(), host, started);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)len, 0) != len) {
+        int err = errno;
+        vla_fail("cannot write %s: %s: %s, or pick another output folder with -o", lock_path, strerror(err),
+                 write_failure_fix(err, dir, fix, sizeof(fix)));
+    }
+    struct stat st;
+    run_folder.dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (run_folder.dir_fd < 0 || fstat(run_folder.dir_fd, &st) != 0) {
+        vla_fail("cannot open the output folder %s: %s", dir, strerror(errno));
+    }
+    run_folder.dev = st.st_dev;
+    run_folder.ino = st.st_ino;
+    run_folder.lock_fd = fd;
+    atexit(run_folder_release);
+
+    run_folder_check_input(a->input);
+    int continues = a->resume || (a->init != NULL && !a->weights_only && run_folder_contains(a->init));
+    if (a->new_run && a->init != NULL && run_folder_contains(a->init)) {
+        vla_fail("--init %s is in %s, the run --new-run moves aside: copy it elsewhere first, or continue that run "
+                 "without --new-run", a->init, dir);
+    }
+    if (a->new_run) { run_folder_move_aside(dir, "--new-run"); }
+    CheckpointHeader h;
+    char problem[VLA_PATH_MAX + 512];  // (a bad --init is refused, with this, when it is read)
+    if (continues && !a->resume && checkpoint_read_header(a->init, &h, problem, sizeof(problem)) == 0) {
+        run_folder_go_back(dir, a->init, h.step);
+    }
+    run_folder_remove_stale(dir);
+    char what[128];
+    if (!continues && run_folder_holds_run(dir, what, sizeof(what), NULL)) {
+        vla_fail("the output folder %s holds a run (%s): continue it with -y 1 -o %s, or start anew with --new-run (the "
+                 "earlier run moves into %s/previous_<N>/)", dir, what, dir, dir);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -3228,17 +3618,13 @@ static inline const char* format_bytes(char* out, size_t size, double bytes) {
     return out;
 }
 
-static inline void make_dir(const char* dir) {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        vla_fail("cannot create output folder %s: %s: pick another with -o", dir, strerror(errno));
-    }
-}
-
 // Opens <dir>/log.jsonl for a run that continues after step `start` (0: from scratch). Lines of
 // later steps are dropped, so that every step is there once: a run killed after logging a step
-// and before checkpointing it logs that step again when it resumes. So is a partial last line.
+// and before checkpointing it logs that step again when it resumes. So are a partial last line and
+// lines that are not a step's ({"step": ...). Each kind dropped is said. Nothing else truncates
+// the log: run_folder_open refuses a new run into a folder that holds one.
 static inline void logger_open(Logger* lg, const char* dir, int start) {
-    make_dir(dir);
+    run_folder_check(dir, "log.jsonl");
     lg->n_tasks = 0;
     lg->task_loss = NULL;
     lg->saved_bytes = 0.0;
@@ -3249,12 +3635,15 @@ static inline void logger_open(Logger* lg, const char* dir, int start) {
         char* line = NULL;
         size_t cap = 0, kept_bytes = 0, kept_cap = 0;
         char* kept = NULL;
-        int dropped = 0;
+        int dropped = 0, later = 0, partial = 0, foreign = 0;
         ssize_t n;
         while ((n = getline(&line, &cap, old)) > 0) {
             int step;
-            int complete = line[n - 1] == '\n';
-            if (!complete || (sscanf(line, "{\"step\": %d", &step) == 1 && step > start)) { dropped++; continue; }
+            if (line[n - 1] != '\n') { partial++; dropped++; continue; }
+            if (strncmp(line, "{\"step\":", 8) != 0 || sscanf(line, "{\"step\": %d", &step) != 1) {
+                foreign++; dropped++; continue;
+            }
+            if (step > start) { later++; dropped++; continue; }
             if (kept_bytes + (size_t)n > kept_cap) {
                 kept_cap = 2 * (kept_bytes + (size_t)n);
                 kept = (char*)realloc(kept, kept_cap);
@@ -3267,11 +3656,18 @@ static inline void logger_open(Logger* lg, const char* dir, int start) {
         free(line);
         if (dropped > 0) {
             AtomicFile out;
-            atomic_file_open(&out, lg->path, kept_bytes);
+            atomic_file_open_private(&out, lg->path, kept_bytes);
             atomic_file_write(&out, kept, 1, kept_bytes);
             atomic_file_commit(&out);
-            printf("%s: dropped %d line(s) past step %d, logged by a run that stopped before checkpointing them\n",
-                   lg->path, dropped, start);
+            if (later > 0) {
+                printf("%s: dropped %d line(s) past step %d, where this run continues: it logs those steps again\n",
+                       lg->path, later, start);
+            }
+            if (partial > 0) { printf("%s: dropped a partial last line, cut by a run that was killed\n", lg->path); }
+            if (foreign > 0) {
+                printf("%s: dropped %d line(s) that are not a step's (they do not start with {\"step\":)\n", lg->path,
+                       foreign);
+            }
         }
         free(kept);
     }
@@ -3301,6 +3697,9 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
                step + 1, steps, loss, lr, norm, ms, samples_per_s, extra, (int)(eta / 60), (int)eta % 60);
         fflush(stdout);
     }
+    char what[64];
+    snprintf(what, sizeof(what), "step %d's log line", step + 1);
+    run_folder_check(NULL, what);
     fprintf(lg->jsonl, "{\"step\": %d, \"loss\": %.8g, \"lr\": %.6g", step + 1, loss, lr);
     // JSON has no Inf or NaN: an fp16 step skipped for its gradients' Inf/NaN logs no norm
     if (isfinite(norm)) { fprintf(lg->jsonl, ", \"grad_norm\": %.6g", norm); }
@@ -3322,7 +3721,10 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
     }
     fprintf(lg->jsonl, "}\n");
     if (fflush(lg->jsonl) != 0 || ferror(lg->jsonl)) {
-        vla_fail("writing %s failed: %s (disk full?): free space and continue with -y 1", lg->path, strerror(errno));
+        int err = errno;
+        char dir[VLA_PATH_MAX], fix[VLA_PATH_MAX + 128];
+        vla_fail("writing %s failed: %s: %s, then continue with -y 1 -o %s", lg->path, strerror(err),
+                 write_failure_fix(err, path_folder(lg->path, dir, sizeof(dir)), fix, sizeof(fix)), dir);
     }
 }
 
@@ -3500,7 +3902,17 @@ static inline const char* run_start_checkpoint(const TrainArgs* args, char* buf,
         checkpoint_path(buf, size, args->output, steps[0]);
         return buf;
     }
-    printf("no complete checkpoint in %s: starting from scratch\n", args->output);
+    // checkpoint files, none of them usable: refused (they may be recovered; a new run would prune
+    // them). A log alone is of a run that stopped before its first checkpoint: it moves aside.
+    char what[128];
+    int checkpoints;
+    if (run_folder_holds_run(args->output, what, sizeof(what), &checkpoints) && checkpoints > 0) {
+        vla_fail("-y 1: %s holds a run (%s) but no checkpoint that can continue it (the warnings above say why): start "
+                 "anew with --new-run (the run moves into %s/previous_<N>/), or continue from a checkpoint of yours with "
+                 "--init", args->output, what, args->output);
+    }
+    if (run_folder.lock_fd >= 0) { run_folder_move_aside(args->output, "-y 1 found no checkpoint to continue"); }
+    printf("-y 1: no checkpoint in %s yet: starting from scratch\n", args->output);
     return NULL;
 }
 
@@ -3587,8 +3999,9 @@ static inline void run_checkpoint_save(const TrainArgs* args, const Dataset* ds,
     if (loss_scale != NULL) { ck.loss_scale = *loss_scale; }
     ck.stats = stats; ck.params = params; ck.m = m; ck.v = v;
     snprintf(ck.tokenizer, sizeof(ck.tokenizer), "%s", ds->tokenizer);
-    char path[VLA_PATH_MAX];
-    make_dir(args->output);
+    char path[VLA_PATH_MAX], what[64];
+    snprintf(what, sizeof(what), "step %d's checkpoint", step);
+    run_folder_check(args->output, what);
     checkpoint_path(path, sizeof(path), args->output, (uint64_t)step);
     checkpoint_write(path, &ck);
     checkpoint_prune(args->output, args->keep);

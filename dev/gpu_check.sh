@@ -462,7 +462,8 @@ else
             --train-mode "$train" -b "$B" --bench "$STEPS" --device cuda --amp bf16 --compile
     done
     # short runs: the shipped data (the loss must fall), the launch scripts at 1 GPU, recomputation's
-    # memory and time at the smolvla preset, task-balanced sampling
+    # memory and time at the smolvla preset, task-balanced sampling (each a new run in its folder)
+    [ "$DRY_RUN" = 1 ] || rm -rf "${RUNS:?}/train_default" "${RUNS:?}/balance_default"
     stage train_default '~30' build/gpu/train_vla_bf16 -b 32 -n 300 -u 30 -l 1e-3 --log-every 50 --no-checkpoint \
         -o "$RUNS/train_default"
     stage launchers '~40' env GPU_TESTS=build/gpu scripts/test_launchers.sh

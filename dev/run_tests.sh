@@ -112,6 +112,9 @@ add_suite dp_vs_ddp env PYTHON="$ORACLE_PY" dev/test_dp_vs_ddp.sh
 # LeRobot's own references re-checked through LeRobot
 add_suite lerobot_ref "$LEROBOT_PY" dev/lerobot/check_ref.py -d build/lerobot_ref
 add_suite hardening dev/test_hardening.sh
+# the run folder's promises: one owner, the folder checked before each write, nothing of an earlier
+# run dropped (--new-run, -y 1's rules), signals, -i inside -o
+add_suite runs env GPU_TESTS="$GPU_TESTS" dev/test_runs.sh
 if [ "$GPU_TESTS" = build/emu ]; then
     dev_cuda_dir=build/emu/dev/cuda
 else

@@ -42,7 +42,8 @@ out=$tmp/fsize
 (trap '' XFSZ; ulimit -f 1000; $TRAINER "${run[@]}" -n 1 -o "$out" > /dev/null 2> "$tmp/err")
 rc=$?
 one_line_error "$tmp/err" "ckpt_00000001.bin failed: File too large: the file needs 1.54 MiB" &&
-    grep -qF "the partial file was removed" "$tmp/err" && [ "$rc" -eq 1 ] && [ -z "$(ls "$out"/*.tmp 2> /dev/null)" ]
+    grep -qF "the partial file was removed: the file is larger than the file size limit allows" "$tmp/err" &&
+    [ "$rc" -eq 1 ] && [ -z "$(ls "$out"/*.tmp 2> /dev/null)" ]
 check $? "a file size limit: exit $rc, no .tmp left: $(head -c 300 "$tmp/err")"
 mkdir -p "$tmp/disk"
 if mount -t tmpfs -o size=4m tmpfs "$tmp/disk" 2> /dev/null; then
@@ -52,6 +53,7 @@ if mount -t tmpfs -o size=4m tmpfs "$tmp/disk" 2> /dev/null; then
     rc=$?
     used=$(df --output=used -k "$tmp/disk" | tail -n 1 | tr -d ' ')
     one_line_error "$tmp/err" "ckpt_00000003.bin failed: No space left on device: the file needs 1.54 MiB" &&
+        grep -qF "free space in $tmp/disk/run (" "$tmp/err" &&
         [ "$rc" -eq 1 ] && [ -z "$(ls "$tmp/disk/run"/*.tmp 2> /dev/null)" ] && [ "$used" -lt 3300 ]
     check $? "a 4 MiB disk that fills at the third checkpoint: exit $rc, no .tmp, ${used} KiB used (two checkpoints: 3158): $(head -c 300 "$tmp/err")"
     $TRAINER "${run[@]}" -n 3 -y 1 -o "$tmp/disk/run" > "$tmp/out" 2>&1
@@ -112,8 +114,9 @@ $TRAINER "${run[@]}" -n 3 -k 3 -o "$out" > /dev/null 2>&1
 printf '{"step": 4, "loss": 1}\n{"step": 5, "loss": 1}\n{"step": 6, "lo' >> "$out/log.jsonl"
 $TRAINER "${run[@]}" -n 5 -k 5 -y 1 -o "$out" > "$tmp/out" 2>&1
 rc=$?
-[ "$rc" -eq 0 ] && steps_once "$out/log.jsonl" 5 && grep -q "dropped 3 line(s) past step 3" "$tmp/out"
-check $? "resumed at step 3: steps 1-5 once each in log.jsonl, the 3 stale lines dropped (exit $rc)"
+[ "$rc" -eq 0 ] && steps_once "$out/log.jsonl" 5 && grep -q "dropped 2 line(s) past step 3" "$tmp/out" &&
+    grep -q "dropped a partial last line" "$tmp/out"
+check $? "resumed at step 3: steps 1-5 once each in log.jsonl, the 2 stale lines and the partial one dropped (exit $rc)"
 
 echo "== a shard truncated or rewritten under a running trainer: one line naming it, the checkpoints intact"
 # 120 episodes, 3 MB: the trainer reads all over it. The shard changes once the run has written a

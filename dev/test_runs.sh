@@ -1,0 +1,302 @@
+#!/usr/bin/env bash
+# What a run folder (-o) promises, checked with real processes of train_vla_cpu (the tiny preset on
+# build/test/a.bin): one trainer per folder (a second one, and -y 1 beside a running one, refused
+# naming the holder; a killed holder's lock taken over), the folder checked before every write
+# (moved, removed or replaced under a run: it stops, nothing written elsewhere), nothing of an
+# earlier run dropped (a new run into it refused, --new-run moving it into previous_<N>/, -y 1's
+# rules), temporary files of a killed save removed, foreign log lines dropped with a note, SIGHUP
+# saving like SIGTERM, a signal after the last step ending the run with exit 0, -i inside -o
+# refused, and write failures said by their cause. Each case checks the one line and that the
+# files are still there. The GPU trainer ($GPU_TESTS/train_vla_fp32: build/emu, the CPU emulation
+# of CUDA, by default) shares the code: its lock, SIGHUP and the new-run refusal are checked too.
+# Run by `make test`; ends with `N passed, M failed`.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+DATA=build/test/a.bin
+TRAINER=./train_vla_cpu
+GPU_TESTS=${GPU_TESTS:-build/emu}
+GPU_TRAINER=$GPU_TESTS/train_vla_fp32
+passed=0
+failed=0
+check() {  # check CONDITION-EXIT-STATUS MESSAGE
+    if [ "$1" -eq 0 ]; then echo "  ok   $2"; passed=$((passed + 1)); else echo "  FAIL $2"; failed=$((failed + 1)); fi
+}
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null; done
+    chmod -R u+w "$tmp" 2> /dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+run=(-i "$DATA" -p tiny -b 2 -t 1 --workers 1)
+
+# one_line_error FILE NEEDLE: FILE holds exactly one line, an error naming NEEDLE
+one_line_error() {
+    [ "$(wc -l < "$1")" -eq 1 ] && grep -q '^error: ' "$1" && grep -qF -- "$2" "$1"
+}
+# steps_once LOG N: the log has steps 1..N, each exactly once, in order
+steps_once() {
+    [ "$(grep -o '"step": [0-9]*' "$1" | awk '{print $2}' | tr '\n' ' ')" = "$(seq -s ' ' 1 "$2") " ]
+}
+# fingerprint DIR: names, sizes and contents of the run's files (to check that nothing changed)
+fingerprint() { (cd "$1" && find . -name 'ckpt_*' -o -name 'log.jsonl*' | sort | xargs -r md5sum); }
+# background OUTFILE ARGS...: a trainer in the background; waits for its first step line
+background() {
+    local out=$1
+    shift
+    $TRAINER "$@" > "$out" 2>&1 &
+    bg=$!
+    pids+=("$bg")
+    for _ in $(seq 1200); do grep -q '^step' "$out" 2> /dev/null && return 0; sleep 0.05; done
+    return 1
+}
+# finish PID: its exit status once it ends; one that has not ended in 60 s is killed (status 124)
+finish() {
+    for _ in $(seq 600); do
+        kill -0 "$1" 2> /dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$1" 2> /dev/null; then kill -9 "$1"; wait "$1" 2> /dev/null; return 124; fi
+    wait "$1"
+}
+long=(-n 1000000 -k 0)
+
+echo "== one owner per run folder"
+out=$tmp/owned
+background "$tmp/first" "${run[@]}" "${long[@]}" -o "$out"
+first=$bg
+$TRAINER "${run[@]}" -n 3 -o "$out" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "the output folder $out is in use by another trainer (pid $first on $(hostname)" && [ "$rc" -eq 1 ]
+check $? "a second trainer on the same -o: exit $rc: $(head -c 300 "$tmp/err")"
+$TRAINER "${run[@]}" -n 3 -y 1 -o "$out" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "is in use by another trainer (pid $first" && [ "$rc" -eq 1 ] && kill -0 "$first"
+check $? "-y 1 while the run goes on: refused the same way (exit $rc), the run goes on"
+kill -HUP "$first"
+finish "$first"
+rc=$?
+n=$(grep -c '"step"' "$out/log.jsonl")
+saved=$(printf 'ckpt_%08d.bin' "$n")
+grep -qF "interrupted: saved step $n to $out; continue with -y 1 -o $out" "$tmp/first" && [ "$rc" -eq 130 ] &&
+    [ -f "$out/$saved" ] && steps_once "$out/log.jsonl" "$n" && [ ! -s "$out/.lock" ]
+check $? "SIGHUP saves like SIGTERM: exit $rc, step $n saved, the hint names the folder, the lock file emptied: $(grep '^interrupted' "$tmp/first")"
+background "$tmp/killed" "${run[@]}" "${long[@]}" -y 1 -o "$out"
+killed=$bg
+kill -9 "$killed"
+wait "$killed" 2> /dev/null
+$TRAINER "${run[@]}" -n $((n + 2)) -y 1 -o "$out" > "$tmp/out" 2>&1
+rc=$?
+grep -q "^note: $out/.lock names pid $killed on .*, which ended without releasing it: taking it over$" "$tmp/out" &&
+    [ "$rc" -eq 0 ] && steps_once "$out/log.jsonl" $((n + 2))
+check $? "a lock left by a SIGKILLed trainer is taken over with one note, the run continues (exit $rc): $(grep '^note' "$tmp/out")"
+
+echo "== a new run into a folder that holds a run"
+out=$tmp/held
+$TRAINER "${run[@]}" -n 2 -o "$out" > /dev/null 2>&1
+before=$(fingerprint "$out")
+$TRAINER "${run[@]}" -n 3 -o "$out" > "$tmp/out" 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "the output folder $out holds a run (1 checkpoint file and log.jsonl (" &&
+    grep -qF "continue it with -y 1 -o $out, or start anew with --new-run" "$tmp/err" && [ "$rc" -eq 1 ] &&
+    [ "$(fingerprint "$out")" = "$before" ]
+check $? "no -y, no --init: refused (exit $rc), the run's files unchanged: $(head -c 300 "$tmp/err")"
+$TRAINER "${run[@]}" -n 3 --init "$out/ckpt_00000002.bin" --weights-only -o "$out" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "holds a run" && [ "$rc" -eq 1 ] && [ "$(fingerprint "$out")" = "$before" ]
+check $? "--init of its checkpoint with --weights-only (a new run from step 0): refused too (exit $rc)"
+$TRAINER "${run[@]}" -n 3 --new-run -o "$out" > "$tmp/out" 2>&1
+rc=$?
+grep -qF -- "--new-run: moved the earlier run in $out (1 checkpoint file and log.jsonl (" "$tmp/out" &&
+    grep -qF "into $out/previous_1/" "$tmp/out" && [ "$rc" -eq 0 ] && [ "$(fingerprint "$out/previous_1")" = "$before" ] &&
+    steps_once "$out/log.jsonl" 3 && [ -f "$out/ckpt_00000003.bin" ] && [ ! -e "$out/ckpt_00000002.bin" ]
+check $? "--new-run: the earlier run moved whole into previous_1/, the new one from step 1 (exit $rc): $(grep -- '^--new-run' "$tmp/out")"
+$TRAINER "${run[@]}" -n 1 --new-run -o "$out" > "$tmp/out" 2>&1
+rc=$?
+grep -qF "into $out/previous_2/" "$tmp/out" && [ "$rc" -eq 0 ] && [ "$(fingerprint "$out/previous_1")" = "$before" ] &&
+    [ -f "$out/previous_2/ckpt_00000003.bin" ] && steps_once "$out/previous_2/log.jsonl" 3
+check $? "again: into previous_2/, previous_1/ untouched (exit $rc)"
+$TRAINER "${run[@]}" -n 3 -y 1 --new-run -o "$out" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "-y 1 continues the run in $out and --new-run moves it aside" && [ "$rc" -eq 1 ]
+check $? "-y 1 with --new-run: refused (exit $rc)"
+
+echo "== --init of one of the folder's own checkpoints: the run goes back to it"
+out=$tmp/back
+$TRAINER "${run[@]}" -n 4 -k 1 --keep 5 -o "$out" > /dev/null 2>&1
+later=$(cd "$out" && md5sum ckpt_00000002.bin ckpt_00000003.bin ckpt_00000004.bin log.jsonl)
+$TRAINER "${run[@]}" -n 3 -k 1 --keep 5 --init "$out/ckpt_00000001.bin" -o "$out" > "$tmp/out" 2>&1
+rc=$?
+grep -qF -- "--init $out/ckpt_00000001.bin goes back to step 1: the 3 later checkpoint(s) (up to step 4) and a copy of log.jsonl moved into $out/previous_1/" "$tmp/out" &&
+    grep -qF "$out/log.jsonl: dropped 3 line(s) past step 1, where this run continues" "$tmp/out" && [ "$rc" -eq 0 ] &&
+    [ "$(cd "$out/previous_1" && md5sum ckpt_00000002.bin ckpt_00000003.bin ckpt_00000004.bin log.jsonl)" = "$later" ] &&
+    steps_once "$out/log.jsonl" 3 && [ ! -e "$out/ckpt_00000004.bin" ]
+check $? "the later checkpoints and a copy of the log moved into previous_1/ whole, the log holds steps 1-3 once (exit $rc)"
+$TRAINER "${run[@]}" -n 5 -k 1 --keep 5 -y 1 -o "$out" > "$tmp/out" 2>&1
+rc=$?
+grep -qF "resumed from $out/ckpt_00000003.bin at step 3" "$tmp/out" && [ "$rc" -eq 0 ] && steps_once "$out/log.jsonl" 5
+check $? "-y 1 then continues that run, not the one gone back from (exit $rc)"
+
+echo "== -y 1 starts from scratch only where there is no run"
+$TRAINER "${run[@]}" -n 2 -y 1 -o "$tmp/empty" > "$tmp/out" 2>&1
+rc=$?
+grep -qF -- "-y 1: no checkpoint in $tmp/empty yet: starting from scratch" "$tmp/out" && [ "$rc" -eq 0 ] &&
+    steps_once "$tmp/empty/log.jsonl" 2
+check $? "a new folder: starts from scratch, saying so (exit $rc)"
+out=$tmp/corrupt
+$TRAINER "${run[@]}" -n 2 -k 1 -o "$out" > /dev/null 2>&1
+for f in "$out"/ckpt_*.bin; do printf 'garbage' | dd of="$f" bs=1 seek=0 conv=notrunc 2> /dev/null; done
+before=$(fingerprint "$out")
+$TRAINER "${run[@]}" -n 4 -y 1 -o "$out" > /dev/null 2> "$tmp/err"
+rc=$?
+grep -q "^error: -y 1: $out holds a run (2 checkpoint files and log.jsonl (.*) but no checkpoint that can continue it" \
+    "$tmp/err" && grep -qF -- "--new-run" "$tmp/err" && [ "$(grep -c '^error' "$tmp/err")" -eq 1 ] && [ "$rc" -eq 1 ] &&
+    [ "$(fingerprint "$out")" = "$before" ]
+check $? "every checkpoint corrupt: refused naming --new-run (exit $rc), the log and the checkpoints untouched: $(grep '^error' "$tmp/err" | head -c 300)"
+out=$tmp/logonly
+mkdir -p "$out"
+printf '{"step": 1, "loss": 1}\n{"step": 2, "loss": 1}\n' > "$out/log.jsonl"
+$TRAINER "${run[@]}" -n 2 -y 1 -o "$out" > "$tmp/out" 2>&1
+rc=$?
+grep -qF -- "-y 1 found no checkpoint to continue: moved the earlier run in $out (log.jsonl (46 bytes)) into $out/previous_1/" \
+    "$tmp/out" && [ "$rc" -eq 0 ] && [ "$(wc -l < "$out/previous_1/log.jsonl")" -eq 2 ] && steps_once "$out/log.jsonl" 2
+check $? "a log and no checkpoint (a run killed before its first): the log moves aside, the run starts (exit $rc)"
+
+echo "== the folder moved, removed or replaced under a running trainer"
+out=$tmp/moving
+background "$tmp/first" "${run[@]}" -n 1000000 -k 1 --keep 1 -o "$out"
+first=$bg
+mv "$out" "$tmp/moved"
+finish "$first"
+rc=$?
+[ "$(grep -c . "$tmp/first" | tr -d ' ')" -ge 1 ] && [ "$(grep -c '^error' "$tmp/first")" -eq 1 ] &&
+    grep -q "^error: the output folder $out was moved to $tmp/moved during the run: .* was not written; put the folder back and continue with -y 1 -o $out$" "$tmp/first" &&
+    [ "$rc" -eq 1 ] && [ ! -e "$out" ]
+check $? "moved: the run stops (exit $rc), nothing recreated at -o: $(grep '^error' "$tmp/first" | head -c 300)"
+mv "$tmp/moved" "$out"
+n=$(grep -c '"step"' "$out/log.jsonl")
+$TRAINER "${run[@]}" -n $((n + 1)) -k 1 -y 1 -o "$out" > /dev/null 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && steps_once "$out/log.jsonl" $((n + 1))
+check $? "put back: -y 1 continues it, the log whole (exit $rc)"
+background "$tmp/first" "${run[@]}" -n 1000000 -k 1 --keep 1 -o "$tmp/removed"
+first=$bg
+mv "$tmp/removed" "$tmp/gone" && rm -rf "$tmp/gone"  # (rm -rf alone races with the trainer's new files)
+mkdir "$tmp/removed"
+finish "$first"
+rc=$?
+# (removed, if the trainer looked before the folder was made again; replaced, after; moved, before rm)
+grep -qE "^error: the output folder $tmp/removed was (removed|replaced|moved to $tmp/gone)" "$tmp/first" &&
+    [ "$rc" -eq 1 ] && [ -z "$(ls -A "$tmp/removed")" ]
+check $? "removed and made again: the run stops (exit $rc), nothing written into the new folder: $(grep '^error' "$tmp/first" | head -c 300)"
+
+echo "== temporary files of a killed save, foreign log lines"
+out=$tmp/stale
+$TRAINER "${run[@]}" -n 2 -o "$out" > /dev/null 2>&1
+head -c 1000 "$out/ckpt_00000002.bin" > "$out/ckpt_00000003.bin.tmp"
+head -c 2000 "$out/ckpt_00000002.bin" > "$out/ckpt_00000004.bin.4242.tmp"
+printf 'partial' > "$out/log.jsonl.4242.tmp"
+printf 'garbage line\n' >> "$out/log.jsonl"
+$TRAINER "${run[@]}" -n 3 -y 1 -o "$out" > "$tmp/out" 2>&1
+rc=$?
+grep -qF "removed $out/ckpt_00000003.bin.tmp (1000 bytes), a temporary file left by a save that was killed" "$tmp/out" &&
+    grep -qF "removed $out/ckpt_00000004.bin.4242.tmp (1.95 KiB)" "$tmp/out" &&
+    grep -qF "removed $out/log.jsonl.4242.tmp (7 bytes)" "$tmp/out" && [ -z "$(ls "$out" | grep '\.tmp$')" ] &&
+    grep -qF "$out/log.jsonl: dropped 1 line(s) that are not a step's (they do not start with {\"step\":)" "$tmp/out" &&
+    steps_once "$out/log.jsonl" 3 && [ "$(wc -l < "$out/log.jsonl")" -eq 3 ] && [ "$rc" -eq 0 ]
+check $? "-y 1: three stale temporary files removed with their sizes, the foreign log line dropped with a note (exit $rc)"
+
+echo "== a signal after the last step: the run is complete"
+out=$tmp/complete
+status=1
+for attempt in 1 2 3; do
+    rm -rf "$out"
+    $TRAINER -i "$DATA" -p tiny -b 48 -t 1 --workers 1 -n 1 -o "$out" > "$tmp/out" 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    for _ in $(seq 600); do grep -q '^step' "$tmp/out" 2> /dev/null && break; sleep 0.01; done
+    kill -TERM "$pid" 2> /dev/null || continue  # (ended before the signal: again)
+    finish "$pid"
+    rc=$?
+    grep -qF "the run is complete: all 1 steps done, the last checkpoint is in $out (the signal came after the last step)" \
+        "$tmp/out" && [ "$rc" -eq 0 ] && [ -f "$out/ckpt_00000001.bin" ] && ! grep -q '^interrupted' "$tmp/out"
+    status=$?
+    break
+done
+check $status "SIGTERM after the last step's line: exit ${rc:-?}, said complete, not interrupted: $(grep 'complete\|^interrupted' "$tmp/out")"
+
+echo "== -i inside -o"
+out=$tmp/inside
+$TRAINER "${run[@]}" -n 1 -o "$out" > /dev/null 2>&1
+cp "$DATA" "$out/data.bin"
+before=$(fingerprint "$out")
+$TRAINER -i "$out" -p tiny -n 2 -y 1 -o "$out" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "-i $out reads $out/ckpt_00000001.bin from the output folder $out, where the run writes its checkpoints" &&
+    [ "$rc" -eq 1 ] && [ "$(fingerprint "$out")" = "$before" ]
+check $? "-o equal to -i: refused (exit $rc): $(head -c 300 "$tmp/err")"
+$TRAINER -i "$out/data.bin" -p tiny -n 2 -y 1 -o "$out" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "-i $out/data.bin reads $out/data.bin from the output folder" && [ "$rc" -eq 1 ]
+check $? "a shard inside -o: refused (exit $rc)"
+$TRAINER -i "$out/ckpt_00000001.bin" -p tiny -n 2 -o "$tmp/other" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "$out/ckpt_00000001.bin is a train_vla checkpoint, not a dataset shard" && [ "$rc" -eq 1 ]
+check $? "a checkpoint given as a shard is named as one (exit $rc): $(head -c 300 "$tmp/err")"
+
+echo "== write failures said as what they are"
+if [ "$(id -u)" -ne 0 ]; then
+    out=$tmp/readonly
+    mkdir -p "$out" && chmod a-w "$out"
+    $TRAINER "${run[@]}" -n 1 -o "$out" > /dev/null 2> "$tmp/err"
+    rc=$?
+    one_line_error "$tmp/err" "cannot write into the output folder $out (creating $out/.lock: Permission denied): this user may not write into $out: make it writable" &&
+        [ "$rc" -eq 1 ] && ! grep -q 'free space' "$tmp/err"
+    check $? "a folder without write permission: exit $rc, said as permissions: $(head -c 300 "$tmp/err")"
+else
+    echo "  (root writes into read-only folders: the permission case runs under a read-only mount below)"
+fi
+mkdir -p "$tmp/ro"
+if mount -t tmpfs -o size=4m tmpfs "$tmp/ro" 2> /dev/null; then
+    $TRAINER "${run[@]}" -n 1 -o "$tmp/ro/run" > /dev/null 2>&1
+    mount -o remount,ro "$tmp/ro"
+    $TRAINER "${run[@]}" -n 2 -y 1 -o "$tmp/ro/run" > /dev/null 2> "$tmp/err"
+    rc=$?
+    one_line_error "$tmp/err" "$tmp/ro/run is on a read-only file system: remount it read-write" && [ "$rc" -eq 1 ] &&
+        ! grep -q 'free space' "$tmp/err" && [ -f "$tmp/ro/run/ckpt_00000001.bin" ]
+    check $? "a read-only file system: exit $rc, said as such: $(head -c 300 "$tmp/err")"
+    umount "$tmp/ro"
+else
+    echo "  (tmpfs cannot be mounted here: the read-only case is left out)"
+fi
+
+echo "== the GPU trainer ($GPU_TRAINER)"
+if [ -x "$GPU_TRAINER" ]; then
+    out=$tmp/gpu
+    TRAINER=$GPU_TRAINER background "$tmp/first" -i "$DATA" -p tiny -b 2 --workers 1 "${long[@]}" -o "$out"
+    first=$bg
+    $GPU_TRAINER -i "$DATA" -p tiny -b 2 -n 3 -y 1 -o "$out" > /dev/null 2> "$tmp/err"
+    rc=$?
+    one_line_error "$tmp/err" "the output folder $out is in use by another trainer (pid $first on" && [ "$rc" -eq 1 ]
+    check $? "a second trainer on its -o: refused naming it (exit $rc)"
+    kill -HUP "$first"
+    finish "$first"
+    rc=$?
+    n=$(grep -c '"step"' "$out/log.jsonl")
+    grep -qF "interrupted: saved step $n to $out; continue with -y 1 -o $out" "$tmp/first" && [ "$rc" -eq 130 ] &&
+        [ -f "$out/$(printf 'ckpt_%08d.bin' "$n")" ] && steps_once "$out/log.jsonl" "$n"
+    check $? "SIGHUP saves step $n (exit $rc)"
+    before=$(fingerprint "$out")
+    $GPU_TRAINER -i "$DATA" -p tiny -b 2 -n 3 -o "$out" > /dev/null 2> "$tmp/err"
+    rc=$?
+    one_line_error "$tmp/err" "the output folder $out holds a run (1 checkpoint file and log.jsonl (" && [ "$rc" -eq 1 ] &&
+        [ "$(fingerprint "$out")" = "$before" ]
+    check $? "a new run into it: refused, the run's files unchanged (exit $rc)"
+else
+    echo "  ($GPU_TRAINER is not built: make $GPU_TRAINER)"
+fi
+
+echo
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
