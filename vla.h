@@ -2630,6 +2630,15 @@ static inline int checkpoint_read_checked(const char* path, Checkpoint* ck, char
               fread(ck->v, 4, nt, f) != nt;
     if (f != NULL) { fclose(f); }
     if (bad) { snprintf(err, err_size, "checkpoint %s: short read: the file changed while loading or is truncated", path); }
+    // the statistics as trainers write them: finite means, stds of at least VLA_MIN_STD
+    for (int i = 0; i < 2 * (S + A) && !bad; i++) {
+        int is_std = i < 2 * S ? i >= S : i >= 2 * S + A;
+        if (!isfinite(ck->stats[i]) || (is_std && !(ck->stats[i] >= VLA_MIN_STD))) {
+            snprintf(err, err_size, "checkpoint %s: normalization statistic %d is %g (NaN, Inf or a std below %g): it is "
+                     "corrupt", path, i, (double)ck->stats[i], (double)VLA_MIN_STD);
+            bad = 1;
+        }
+    }
     if (!bad && ck->has_crc) {  // the CRC of what was read, the header's crc as 0 (checkpoint_write's sum)
         CheckpointHeader zeroed = h;
         zeroed.crc = 0;
@@ -2644,15 +2653,6 @@ static inline int checkpoint_read_checked(const char* path, Checkpoint* ck, char
             bad = 1;
         }
     }
-    // the statistics as trainers write them: finite means, stds of at least VLA_MIN_STD
-    for (int i = 0; i < 2 * (S + A) && !bad; i++) {
-        int is_std = i < 2 * S ? i >= S : i >= 2 * S + A;
-        if (!isfinite(ck->stats[i]) || (is_std && !(ck->stats[i] >= VLA_MIN_STD))) {
-            snprintf(err, err_size, "checkpoint %s: normalization statistic %d is %g (NaN, Inf or a std below %g): it is "
-                     "corrupt", path, i, (double)ck->stats[i], (double)VLA_MIN_STD);
-            bad = 1;
-        }
-    }
     // finite weights (a run that diverged writes none: it stops at a non-finite loss); the first
     // bad one is named by its tensor. One pass over memory, cheap beside reading the file.
     if (!bad) {
@@ -2662,8 +2662,8 @@ static inline int checkpoint_read_checked(const char* path, Checkpoint* ck, char
             const float* w = ck->params + t.spec[i].offset;
             for (size_t k = 0; k < t.spec[i].numel; k++) {
                 if (!isfinite(w[k])) {
-                    snprintf(err, err_size, "checkpoint %s: weight %zu of %s (%s) is %g: its weights are not finite, the "
-                             "run that wrote it diverged", path, k, t.spec[i].name, t.spec[i].lerobot, (double)w[k]);
+                    snprintf(err, err_size, "checkpoint %s: weight %zu of %s (%zu elements) is %g: its weights are not "
+                             "finite, the run that wrote it diverged", path, k, t.spec[i].name, t.spec[i].numel, (double)w[k]);
                     bad = 1;
                     break;
                 }

@@ -648,7 +648,7 @@ def main():
         ft = vla.read_checkpoint(str(tuned))
         again = tmp / "rewritten.bin"
         vla.write_checkpoint(str(again), ft["config"], ft["train_mode"], ft["stats"], ft["params"], ft["m"], ft["v"],
-                             ft["step"], ft["seed"], ft["sampler_pos"], ft["tokenizer"])
+                             ft["step"], ft["seed"], ft["sampler_pos"], ft["tokenizer"], ft["run"])
         check(again.read_bytes() == tuned.read_bytes(), "dev/model.py's write_checkpoint reproduces the trainer's "
               "checkpoint byte for byte (the writer the import uses)")
         frozen = [s.name for s in vla.param_table(ft["config"]) if vla.trainable_numel(s, 0) == 0]
