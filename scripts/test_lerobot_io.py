@@ -304,7 +304,7 @@ def check_errors(tmp, good):
         text = p.communicate()[0]
         lines = text.splitlines()
         ok = p.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
-        written = out.exists() or Path(str(out) + ".tmp").exists()
+        written = out.exists() or any(out.parent.glob(out.name + ".*tmp"))  # (the writer's NAME.PID.tmp)
         check(ok and not written, f"{label}: exit {p.returncode}, {len(lines)} line(s), nothing written: "
               f"{text.strip()[:300]}")
 
@@ -338,7 +338,7 @@ def check_vlm_argument(tmp, good, vlm, ckpt):
         lines = text.splitlines()
         ok = rc == 1 and len(lines) == 1 and lines[0].startswith(f"error: --vlm {path}") and needle in lines[0] \
             and "pass the VLM's folder" in lines[0]
-        check(ok and not out.exists() and not Path(str(out) + ".tmp").exists(),
+        check(ok and not out.exists() and not any(out.parent.glob(out.name + ".*tmp")),
               f"import with --vlm {label}: exit {rc}, {len(lines)} line(s), nothing written: {text.strip()[:300]}")
 
 
