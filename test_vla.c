@@ -1613,6 +1613,20 @@ static void test_checkpoint_integrity(const char* dir) {
           crc32_update(crc32_update(0, bytes, 333), bytes + 333, 667) == crc32_update(0, bytes, 1000),
           "CRC-32 of \"123456789\" is 0xcbf43926 (zlib.crc32's), and in two parts the same as whole");
 
+    // a file being written is the writer's own: NAME.PID.tmp until it is renamed to NAME
+    {
+        AtomicFile out;
+        char name[1100], tmp[1200];
+        snprintf(name, sizeof(name), "%s/ci_atomic.bin", dir);
+        snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", name, (long)getpid());
+        unlink(name);
+        atomic_file_open(&out, name, 9);
+        atomic_file_write(&out, "123456789", 1, 9);
+        int pending = access(tmp, F_OK) == 0 && access(name, F_OK) != 0 && out.crc == 0xCBF43926u;
+        atomic_file_commit(&out);
+        check(pending && access(tmp, F_OK) != 0 && access(name, F_OK) == 0, "a file is written as NAME.<pid>.tmp (its "
+              "CRC-32 accumulating as it goes), then renamed to NAME");
+    }
     // a run of 3 steps checkpointing each; its newest file gets two bytes flipped in the weights
     snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_full %s/ci_run && %s -i %s -n 4 -k 1 --keep 9 -o %s/ci_full > /dev/null 2>&1 && "
              "%s -i %s -n 3 -k 1 --keep 9 -o %s/ci_run > /dev/null 2>&1", dir, dir, trainer, data, dir, trainer, data, dir);
