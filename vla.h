@@ -36,6 +36,7 @@ trainers call the wrappers that fail with it.
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -2770,7 +2771,8 @@ static inline int checkpoint_list(const char* dir, uint64_t* steps, int max) {
     return n;
 }
 
-// Deletes all but the newest `keep` complete checkpoints.
+// Deletes all but the newest `keep` complete checkpoints, and the temporary files of writers that
+// are gone (ckpt_N.bin.PID.tmp of a process killed while saving: no other writer ever reuses it).
 static inline void checkpoint_prune(const char* dir, int keep) {
     uint64_t steps[4096];
     int n = checkpoint_list(dir, steps, 4096);
@@ -2779,6 +2781,21 @@ static inline void checkpoint_prune(const char* dir, int keep) {
         checkpoint_path(path, sizeof(path), dir, steps[i]);
         unlink(path);
     }
+    DIR* d = opendir(dir);
+    if (d == NULL) { return; }
+    for (struct dirent* de = readdir(d); de != NULL; de = readdir(d)) {
+        unsigned long long step;
+        long pid;
+        char tail[8];
+        if (sscanf(de->d_name, "ckpt_%llu.bin.%ld.%7s", &step, &pid, tail) != 3 || strcmp(tail, "tmp") != 0 || pid <= 0 ||
+            pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) {
+            continue;
+        }
+        char path[VLA_PATH_MAX + 300];
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        unlink(path);
+    }
+    closedir(d);
 }
 
 // ----------------------------------------------------------------------------
