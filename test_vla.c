@@ -1415,7 +1415,7 @@ static void test_weights_only(const char* dir) {
     char bad[1200], tokenizer[64] = "tokenizer.json:0123456789abcdef";
     snprintf(bad, sizeof(bad), "%s/ckpt_wo_bad.bin", dir);
     snprintf(p1, sizeof(p1), "%s/wo_zero/ckpt_00000001.bin", dir);
-    corrupt_copy(p1, bad, offsetof(CheckpointHeader, tokenizer), tokenizer, sizeof(tokenizer), -1);
+    corrupt_copy_sealed(p1, bad, offsetof(CheckpointHeader, tokenizer), tokenizer, sizeof(tokenizer));
     snprintf(args, sizeof(args), "-n 1 -i %s --init %s --weights-only -o %s/bad_out", b, bad, dir);
     expect_error(dir, "--weights-only of another tokenizer", args, "was trained on token ids of tokenizer "
                  "tokenizer.json:0123456789abcdef, the dataset's are of bytes");
@@ -1553,7 +1553,7 @@ static void test_checkpoints(const char* dir) {
     snprintf(args, sizeof(args), "%s --train expert -i %s --init %s -o %s/bad_out", run, p1, src, dir);
     expect_error(dir, "another train mode", args, "trained with --train all, this run with --train expert: pass --train all");
     char tokenizer[64] = "tokenizer.json:0123456789abcdef";
-    corrupt_copy(src, bad, offsetof(CheckpointHeader, tokenizer), tokenizer, sizeof(tokenizer), -1);
+    corrupt_copy_sealed(src, bad, offsetof(CheckpointHeader, tokenizer), tokenizer, sizeof(tokenizer));
     snprintf(args, sizeof(args), "%s -i %s --init %s -o %s/bad_out", run, p1, bad, dir);
     expect_error(dir, "another tokenizer", args, "was trained on token ids of tokenizer tokenizer.json:0123456789abcdef, "
                  "the dataset's are of bytes");
@@ -1567,6 +1567,194 @@ static void test_checkpoints(const char* dir) {
     expect_error(dir, "-y 1 in another train mode", args, "trained with --train expert, this run with --train vlm: pass "
                  "--train expert");
     dataset_close(&ds);
+}
+
+// The lines a command printed: its stdout and stderr, together, in `text` (freed by the caller).
+// Returns the exit status.
+static int run_capture(const char* dir, const char* cmd, char** text) {
+    char full[4400], path[1100];
+    snprintf(path, sizeof(path), "%s/capture.txt", dir);
+    snprintf(full, sizeof(full), "%s > %s 2>&1", cmd, path);
+    int rc = run_command(full);
+    *text = read_text(path);
+    return rc;
+}
+
+// The number of lines of text that hold needle.
+static int lines_holding(const char* text, const char* needle) {
+    int n = 0;
+    for (const char* line = text; line != NULL && *line != '\0';) {
+        const char* end = strchr(line, '\n');
+        size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
+        char* copy = (char*)mallocCheck(len + 1);
+        memcpy(copy, line, len);
+        copy[len] = '\0';
+        n += strstr(copy, needle) != NULL;
+        free(copy);
+        line = end != NULL ? end + 1 : NULL;
+    }
+    return n;
+}
+
+// Checkpoints that cannot be trusted, and resumes that change what the run was: two bytes flipped
+// in the weights (-y 1 falls back to the previous checkpoint and says so; --init and the policy's
+// reader refuse it), a file without a checksum (it loads, with a note), another batch (said),
+// another dataset (refused unless --weights-only), non-finite weights (refused naming the tensor),
+// and a run that diverges before its first checkpoint (says there is none)
+static void test_checkpoint_integrity(const char* dir) {
+    printf("\n== checkpoint checksums and resume changes\n");
+    char cmd[4096], data[1100], other[1100], path[1200], bad[1200], args[3000];
+    snprintf(data, sizeof(data), "%s/a.bin", dir);
+    const char* trainer = "./train_vla_cpu -p tiny -b 2 -t 1 --workers 1 --log-every 100";
+    // the crc of "123456789" is CRC-32's check value, and a sum split in two is the sum whole
+    uint8_t bytes[1000];
+    for (int i = 0; i < 1000; i++) { bytes[i] = (uint8_t)(i * 37 + (i >> 3)); }
+    check(crc32_update(0, "123456789", 9) == 0xCBF43926u &&
+          crc32_update(crc32_update(0, bytes, 333), bytes + 333, 667) == crc32_update(0, bytes, 1000),
+          "CRC-32 of \"123456789\" is 0xcbf43926 (zlib.crc32's), and in two parts the same as whole");
+
+    // a file being written is the writer's own: NAME.PID.tmp until it is renamed to NAME
+    {
+        AtomicFile out;
+        char name[1100], tmp[1200];
+        snprintf(name, sizeof(name), "%s/ci_atomic.bin", dir);
+        snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", name, (long)getpid());
+        unlink(name);
+        atomic_file_open(&out, name, 9);
+        atomic_file_write(&out, "123456789", 1, 9);
+        int pending = access(tmp, F_OK) == 0 && access(name, F_OK) != 0 && out.crc == 0xCBF43926u;
+        atomic_file_commit(&out);
+        check(pending && access(tmp, F_OK) != 0 && access(name, F_OK) == 0, "a file is written as NAME.<pid>.tmp (its "
+              "CRC-32 accumulating as it goes), then renamed to NAME");
+    }
+    // a run of 3 steps checkpointing each; its newest file gets two bytes flipped in the weights
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_full %s/ci_run && %s -i %s -n 4 -k 1 --keep 9 -o %s/ci_full > /dev/null 2>&1 && "
+             "%s -i %s -n 3 -k 1 --keep 9 -o %s/ci_run > /dev/null 2>&1", dir, dir, trainer, data, dir, trainer, data, dir);
+    int rc = run_command(cmd);
+    check(rc == 0, "two runs to corrupt and compare (exit %d)", rc);
+    snprintf(path, sizeof(path), "%s/ci_run/ckpt_00000003.bin", dir);
+    snprintf(bad, sizeof(bad), "%s/ci_flipped.bin", dir);
+    uint8_t flip[2];
+    FILE* f = fopenCheck(path, "rb");
+    long at = CKPT_HEADER_BYTES + 4096;  // (past the statistics: inside the weights)
+    fseek(f, at, SEEK_SET);
+    if (fread(flip, 1, 2, f) != 2) { vla_fail("reading %s failed", path); }
+    fclose(f);
+    flip[0] ^= 0x10; flip[1] ^= 0x01;
+    corrupt_copy(path, bad, at, flip, 2, -1);
+    snprintf(cmd, sizeof(cmd), "cp %s %s", bad, path);
+    run_command(cmd);
+    char* text;
+    snprintf(cmd, sizeof(cmd), "%s -i %s -n 4 -k 1 --keep 9 -y 1 -o %s/ci_run", trainer, data, dir);
+    rc = run_capture(dir, cmd, &text);
+    char want[1400], full[1200];
+    snprintf(want, sizeof(want), "warning: skipping checkpoint %s: checksum mismatch: the file is corrupt", path);
+    snprintf(full, sizeof(full), "%s/ci_full/ckpt_00000004.bin", dir);
+    snprintf(path, sizeof(path), "%s/ci_run/ckpt_00000004.bin", dir);
+    check(rc == 0 && lines_holding(text, want) == 1 && lines_holding(text, "falling back to the one before it") == 1 &&
+          lines_holding(text, "resumed from") == 1 && strstr(text, "/ci_run/ckpt_00000002.bin at step 2") != NULL &&
+          files_equal(path, full), "-y 1 with two bytes flipped in the newest checkpoint's weights: one line names it "
+          "(checksum mismatch) and the run resumes from step 2, ending on the uninterrupted run's step 4 byte for byte "
+          "(exit %d)", rc);
+    free(text);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -t 1 -n 5 -i %s --init %s -o %s/bad_out", data, bad, dir);
+    expect_error(dir, "--init of a checkpoint with two bytes flipped", args, "ci_flipped.bin: checksum mismatch: the file "
+                 "is corrupt");
+    Checkpoint ck;
+    char err[VLA_PATH_MAX + 512];
+    rc = checkpoint_read_checked(bad, &ck, err, sizeof(err));
+    check(rc == 1 && ck.params == NULL && strstr(err, "checksum mismatch: the file is corrupt") != NULL,
+          "the reader the policy library and the trainers share refuses it: %s", err);
+    // every checkpoint of the folder corrupt: -y 1 refuses rather than start anew
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_all && mkdir -p %s/ci_all && cp %s %s/ci_all/ckpt_00000003.bin", dir, dir, bad,
+             dir);
+    run_command(cmd);
+    snprintf(cmd, sizeof(cmd), "%s -i %s -n 4 -y 1 -o %s/ci_all", trainer, data, dir);
+    rc = run_capture(dir, cmd, &text);
+    check(rc == 1 && lines_holding(text, "checksum mismatch") == 1 && lines_holding(text, "there is no older one") == 1 &&
+          lines_holding(text, "error: no intact checkpoint in") == 1, "-y 1 in a folder whose only checkpoint is corrupt: "
+          "names it, then refuses in one line (exit %d)", rc);
+    free(text);
+
+    // a checkpoint from before checksums (flags, crc and the run's record all 0): loads with notes
+    snprintf(path, sizeof(path), "%s/ci_full/ckpt_00000002.bin", dir);
+    snprintf(bad, sizeof(bad), "%s/ci_old.bin", dir);
+    uint8_t zeros[32] = {0};
+    corrupt_copy(path, bad, offsetof(CheckpointHeader, flags), zeros, 32, -1);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_old && %s -i %s -n 4 --init %s -o %s/ci_old", dir, trainer, data, bad, dir);
+    rc = run_capture(dir, cmd, &text);
+    snprintf(path, sizeof(path), "%s/ci_old/ckpt_00000004.bin", dir);
+    check(rc == 0 && lines_holding(text, "carries no checksum (an older train_vla's): it loaded unverified") == 1 &&
+          lines_holding(text, "records no batch size, world size or dataset") == 1 &&
+          read_checkpoint_file(path, &ck) && ck.has_crc && ck.run.batch == 2 && ck.run.world == 1 &&
+          ck.run.total_batch == 2, "--init of a checkpoint without a checksum: one note each for the checksum and the "
+          "run it does not record, and it continues (exit %d); its continuation's checkpoints carry both", rc);
+    if (ck.params != NULL) { checkpoint_free(&ck); }
+    free(text);
+
+    // another batch: said in one line; the run goes on
+    snprintf(path, sizeof(path), "%s/ci_full/ckpt_00000002.bin", dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_b4 && ./train_vla_cpu -p tiny -b 4 -t 1 --workers 1 -i %s -n 3 --init %s "
+             "-o %s/ci_b4", dir, data, path, dir);
+    rc = run_capture(dir, cmd, &text);
+    check(rc == 0 && lines_holding(text, "resuming with -b 4 on 1 rank(s), 4 samples per step (the checkpoint's run: -b 2 "
+                                         "on 1, 2): the sampler continues from sample 4; the loss curve's steps change "
+                                         "size") == 1, "--init with -b 4 of a -b 2 run's checkpoint says so in one line "
+          "(exit %d)", rc);
+    free(text);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_r2 && ./train_vla_cpu -p tiny -b 1 -g 2 -t 1 --workers 1 -i %s -n 3 --init %s "
+             "-o %s/ci_r2", dir, data, path, dir);
+    rc = run_capture(dir, cmd, &text);
+    check(rc == 0 && lines_holding(text, "resuming with -b 1 on 2 rank(s), 2 samples per step (the checkpoint's run: -b 2 "
+                                         "on 1, 2)") == 1 && lines_holding(text, "steps keep their size") == 1,
+          "--init with -b 1 on 2 ranks: the same samples per step, said in one line (exit %d)", rc);
+    free(text);
+    // another dataset of the same shapes: refused, unless from its weights alone
+    snprintf(other, sizeof(other), "%s/ci_other.bin", dir);
+    snprintf(cmd, sizeof(cmd), "./data/synthetic -o %s --cams 1 --img 32 --state 4 --action 4 --episodes 6 --min-len 6 "
+             "--max-len 12 --seed 99 > /dev/null", other);
+    run_command(cmd);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -t 1 -n 3 -i %s --init %s -o %s/bad_out", other, path, dir);
+    expect_error(dir, "--init on another dataset", args, "trained on another dataset");
+    snprintf(args, sizeof(args), "-p tiny -b 2 -t 1 -n 3 -i %s -y 1 -o %s/ci_full", other, dir);
+    snprintf(want, sizeof(want), "start from its weights alone with --init %s/ci_full/ckpt_00000004.bin --weights-only", dir);
+    expect_error(dir, "-y 1 on another dataset, saying how to start from its weights", args, want);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_wo && %s -i %s -n 2 --init %s --weights-only -o %s/ci_wo > /dev/null 2>&1",
+             dir, trainer, other, path, dir);
+    rc = run_command(cmd);
+    check(rc == 0, "--init --weights-only of it on the other dataset trains (exit %d)", rc);
+
+    // non-finite weights (a checksum that matches: as a diverged run would have written them)
+    read_checkpoint_file(path, &ck);
+    SmolParamTable t;
+    smolvla_table_build(&ck.config, &t);
+    int tensor = -1;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        if (strcmp(t.spec[i].name, "exp_wq") == 0) { tensor = i; }
+    }
+    ck.params[t.spec[tensor].offset + 5] = NAN;
+    snprintf(bad, sizeof(bad), "%s/ci_nan.bin", dir);
+    checkpoint_write(bad, &ck);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -t 1 -n 3 -i %s --init %s -o %s/bad_out", data, bad, dir);
+    snprintf(want, sizeof(want), "weight 5 of exp_wq (%zu elements) is nan: its weights are not finite", t.spec[tensor].numel);
+    expect_error(dir, "--init of a checkpoint holding a NaN weight names the tensor", args, want);
+    // huge but finite weights: the first step's loss is not finite, and the folder holds no checkpoint
+    for (size_t k = 0; k < t.spec[tensor].numel; k++) { ck.params[t.spec[tensor].offset + k] = 3e38f; }
+    snprintf(bad, sizeof(bad), "%s/ci_huge.bin", dir);
+    checkpoint_write(bad, &ck);
+    checkpoint_free(&ck);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -t 1 --workers 1 -n 3 -k 100 -i %s --init %s -o %s/ci_diverged", data, bad,
+             dir);
+    snprintf(want, sizeof(want), "%s/ci_diverged holds no checkpoint to continue from", dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_diverged", dir);
+    run_command(cmd);
+    expect_error(dir, "a loss that is not finite before any checkpoint of the run: says the folder holds none", args, want);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_div2 && mkdir -p %s/ci_div2 && cp %s %s/ci_div2/ckpt_00000002.bin", dir, dir, bad,
+             dir);
+    run_command(cmd);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -t 1 --workers 1 -n 3 -k 100 -i %s -y 1 -o %s/ci_div2", data, dir);
+    snprintf(want, sizeof(want), "the last checkpoint in %s/ci_div2 (step 2) is intact, continue with -y 1", dir);
+    expect_error(dir, "and in a folder that holds one: names it", args, want);
 }
 
 // --max-text and the warning for instructions that read the same once cut: a shard of two tasks whose
@@ -1904,6 +2092,7 @@ static void test_untrusted_files(const char* dir) {
     fseek(f, offsetof(CheckpointHeader, sampler_pos), SEEK_SET);
     fwrite(&u64, 8, 1, f);
     fclose(f);
+    checkpoint_reseal(bad);
     snprintf(args, sizeof(args), "%s -i %s --init %s -n 5 -o %s/bad_out", run, src, bad, dir);
     expect_error(dir, "a checkpoint past the run's end", args, "is at step 7, past this run's end (-n 5): pass -n above 7");
 
@@ -2309,6 +2498,7 @@ int main(int argc, char** argv) {
     test_loader(dir);
     test_balance(dir);
     test_checkpoints(dir);
+    test_checkpoint_integrity(dir);
     test_weights_only(dir);
     test_max_text(dir);
     test_bad_input(dir);

@@ -1727,7 +1727,7 @@ static void smolvla_load(SmolVLA* m, const char* path, const TrainArgs* args, co
                          uint64_t* seed, uint64_t* sampler_pos) {
     Checkpoint ck;
     int mode = args->train_mode;
-    run_checkpoint_load(path, &m->config, mode, ds, args->balance, args->balance_id, &ck);
+    run_checkpoint_load(path, &m->config, args, ds, &ck);
     smolvla_opt_init(m, mode);
     memcpy(m->params_memory, ck.params, m->table.total * sizeof(float));
     memcpy(m->m_memory, ck.m, m->opt.total * sizeof(float));
@@ -1756,6 +1756,7 @@ typedef struct {
 VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_size) {
     Checkpoint ck;
     if (checkpoint_read_checked(path, &ck, err, (size_t)err_size) != 0) { return NULL; }
+    checkpoint_note_unverified(path, &ck);
     if (policy_takes_strings(ck.tokenizer) && ck.config.vocab < VLA_TEXT_VOCAB) {  // (no trainer writes one)
         snprintf(err, (size_t)err_size, "checkpoint %s has a text table of %d rows, but the policy's instructions are "
                  "UTF-8 bytes as token ids (up to 255): use a checkpoint of a preset", path, ck.config.vocab);
@@ -1973,8 +1974,9 @@ int main(int argc, char** argv) {
         float loss = train_step(&model, grad_sum, &loader, &args, step, &norm, tb, &ds, task_loss);
         double ms = 1000.0 * (wall_seconds() - t0);
         if (!isfinite(loss) || !isfinite(norm)) {
-            vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; "
-                     "the last checkpoint in %s is intact", step + 1, loss, norm, args.output);
+            char left[2 * VLA_PATH_MAX + 128];
+            vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; %s",
+                     step + 1, loss, norm, train_checkpoint_left(args.output, left, sizeof(left)));
         }
         if (step > start) { timed_ms += ms; timed_steps++; }  // the first step warms caches
         double sps = (double)global_batch / (ms / 1000.0);

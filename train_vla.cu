@@ -5865,6 +5865,7 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
     (void)threads;
     Checkpoint ck;
     if (checkpoint_read_checked(path, &ck, err, (size_t)err_size) != 0) { return NULL; }
+    checkpoint_note_unverified(path, &ck);
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         snprintf(err, (size_t)err_size, "no CUDA GPU is visible: serve the checkpoint on the CPU (device=\"cpu\", libvla.so)");
@@ -6194,8 +6195,9 @@ typedef struct {
 #if defined(MULTI_GPU)
 static void watchdog_fault(Watchdog* w, const char* what) {
     run_aborting = 1;
-    fprintf(stderr, "error: %s: aborting NCCL; the last checkpoint in %s is intact, continue with -y 1 -o %s "
-            "(NCCL_DEBUG=INFO says more)\n", what, w->run->args.output, w->run->args.output);
+    char left[2 * VLA_PATH_MAX + 128];
+    fprintf(stderr, "error: %s: aborting NCCL; %s (NCCL_DEBUG=INFO says more)\n", what,
+            train_checkpoint_left(w->run->args.output, left, sizeof(left)));
     fflush(stderr);
     for (int r = 0; r < w->run->local_ranks; r++) {
         if (w->comms[r] != NULL) { ncclCommAbort(w->comms[r]); }
@@ -6386,16 +6388,17 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         if (step > run->start && step + 1 != args->profile) { timed_ms += ms; comm_wait_ms += wait_ms; timed_steps++; }
         int done = step + 1;
         prof_stop();  // (the profiled step's work ends here, before any checkpoint)
+        char left[2 * VLA_PATH_MAX + 128];
         if (skipped && used_scale <= 1.0f) {  // not a scale too large: the model overflows fp16 itself
             if (!lead) { break; }
             vla_fail("step %d: Inf/NaN gradients at loss scale %g, the smallest: fp16's range is too small for this run: "
-                     "lower the learning rate (-l), or train in bf16 or fp32 (PRECISION=BF16 on sm_80 and newer); the last "
-                     "checkpoint in %s is intact", done, (double)used_scale, args->output);
+                     "lower the learning rate (-l), or train in bf16 or fp32 (PRECISION=BF16 on sm_80 and newer); %s", done,
+                     (double)used_scale, train_checkpoint_left(args->output, left, sizeof(left)));
         }
         if (!skipped && (!isfinite(loss) || !isfinite(norm))) {  // every rank sees the same values: rank 0 reports and exits
             if (!lead) { break; }
-            vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; "
-                     "the last checkpoint in %s is intact", done, loss, norm, args->output);
+            vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; %s",
+                     done, loss, norm, train_checkpoint_left(args->output, left, sizeof(left)));
         }
         if (train_ckpt_due(args, done, stopped)) {
             smolvla_save(&model, run->initial.params, &run->ds, args, done,
@@ -6509,7 +6512,7 @@ int main(int argc, char** argv) {
         printf("fine-tuning the weights of %s\n", run.from);
     } else if (run.from != NULL) {
         Checkpoint* ck = &run.initial;
-        run_checkpoint_load(run.from, &run.config, args->train_mode, &run.ds, args->balance, args->balance_id, ck);
+        run_checkpoint_load(run.from, &run.config, args, &run.ds, ck);
         run.start = (int)ck->step;
         run.sampler_pos = ck->sampler_pos;
         if (ck->seed != args->seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)ck->seed); }

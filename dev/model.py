@@ -95,6 +95,7 @@ import struct
 import sys
 import time
 import types
+import zlib
 
 import numpy as np
 import torch
@@ -777,6 +778,7 @@ def load_policy_weights(policy_dir, cfg, lc):
 VLAT_MAGIC, VLAT_VERSION = 0x54414C56, 1
 VLAT_DTYPES = {0: np.float32, 1: np.uint8, 2: np.int32}
 CKPT_MAGIC, CKPT_VERSION, CKPT_HEADER_BYTES = 0x43414C56, 2, 512
+CKPT_FLAGS_AT, CKPT_CRC_AT, CKPT_FLAG_CRC = 264, 268, 1  # CheckpointHeader's flags and crc, CKPT_FLAG_CRC
 MAX_STEPS, MIN_STD = 1 << 30, np.float32(1e-6)  # VLA_MAX_STEPS, VLA_MIN_STD
 
 
@@ -835,14 +837,25 @@ def opt_domain(table, mode):
     return offsets, numels, total
 
 
+def checkpoint_crc(raw):
+    """CheckpointHeader's crc: the CRC-32 of the whole file with the crc field's 4 bytes as zero."""
+    view = memoryview(raw)
+    crc = zlib.crc32(view[:CKPT_CRC_AT])
+    crc = zlib.crc32(b"\0\0\0\0", crc)
+    return zlib.crc32(view[CKPT_CRC_AT + 4:], crc)
+
+
 def read_checkpoint(path):
     """A checkpoint of vla.h, version 2, checked as checkpoint_read_checked checks it: header (512
     bytes: magic, version, SmolVLAConfig, train_mode, step, seed, sampler_pos, n_params,
-    n_trainable, file_size, tokenizer[64]), stats (state mean, std, action mean, std), every weight
-    (n_params, table order), then m and v (n_trainable each, the trainable prefix of each tensor in
-    the checkpoint's train mode, packed in table order). Returns a dict: config, train_mode,
-    tokenizer, step, seed, sampler_pos, stats, params (name -> array of the table's shape), m and v
-    (name -> flat array of the tensor's trainable elements, for tensors that have some). Raises
+    n_trainable, file_size, tokenizer[64], ..., at 264 flags, crc, batch, world, total_batch,
+    data_id), stats (state mean, std, action mean, std), every weight (n_params, table order), then
+    m and v (n_trainable each, the trainable prefix of each tensor in the checkpoint's train mode,
+    packed in table order). The CRC-32 is verified where flags say the file carries one (a file
+    without one gets a note on stderr), and every weight must be finite. Returns a dict: config,
+    train_mode, tokenizer, step, seed, sampler_pos, run (batch, world, total_batch, data_id: the run
+    that wrote it, all 0 where none did), stats, params (name -> array of the table's shape), m and
+    v (name -> flat array of the tensor's trainable elements, for tensors that have some). Raises
     ValueError with the reason."""
     try:
         with open(path, "rb") as f:
@@ -874,6 +887,13 @@ def read_checkpoint(path):
     if b"\0" not in tokenizer or tokenizer[0] == 0:
         raise fail("names no tokenizer (or an unterminated one): it is corrupt")
     tokenizer = tokenizer[:tokenizer.index(b"\0")].decode("utf-8", "replace")
+    flags, crc, batch, world, total_batch, data_id = struct.unpack_from("<4I2Q", raw, CKPT_FLAGS_AT)
+    if flags & ~CKPT_FLAG_CRC or (flags == 0 and crc != 0):
+        raise fail(f"holds flags 0x{flags:x} and checksum 0x{crc:08x}, not what a trainer writes: it is corrupt")
+    no_run = (batch, world, total_batch, data_id) == (0, 0, 0, 0)
+    if not no_run and (0 in (batch, world, total_batch) or total_batch % (batch * world) != 0):
+        raise fail(f"records -b {batch} on {world} rank(s) and {total_batch} samples per step, not a run a trainer "
+                   "writes: it is corrupt")
     table = param_table(cfg)
     offsets, numels, total_trainable = opt_domain(table, mode)
     total = param_count(cfg)
@@ -893,7 +913,20 @@ def read_checkpoint(path):
         i = int(np.flatnonzero(bad)[0])
         raise fail(f"has normalization statistic {i} = {stats[i]} (NaN, Inf or a std below {float(MIN_STD):g}): it is "
                    "corrupt")
+    if flags & CKPT_FLAG_CRC:
+        got = checkpoint_crc(raw)
+        if got != crc:
+            raise fail(f"has a checksum mismatch: the file is corrupt (CRC-32 0x{got:08x}, its header says 0x{crc:08x})")
+    else:
+        print(f"note: checkpoint {path} carries no checksum (an older train_vla's): it loaded unverified",
+              file=sys.stderr)
     weights = flat[n_stats:n_stats + total]
+    for s in table:
+        w = weights[s.offset:s.offset + math.prod(s.shape)]
+        if not np.isfinite(w).all():
+            k = int(np.flatnonzero(~np.isfinite(w))[0])
+            raise fail(f"has weight {k} of {s.name} ({w.size} elements) = {w[k]}: its weights are not finite, the run "
+                       "that wrote it diverged")
     m_flat = flat[n_stats + total:n_stats + total + total_trainable]
     v_flat = flat[n_stats + total + total_trainable:]
     params, m, v = collections.OrderedDict(), collections.OrderedDict(), collections.OrderedDict()
@@ -902,18 +935,21 @@ def read_checkpoint(path):
         if n > 0:
             m[s.name], v[s.name] = m_flat[off:off + n].copy(), v_flat[off:off + n].copy()
     return dict(config=cfg, train_mode=mode, tokenizer=tokenizer, step=step, seed=seed, sampler_pos=sampler_pos,
-                stats=stats, params=params, m=m, v=v)
+                run=dict(batch=batch, world=world, total_batch=total_batch, data_id=data_id), stats=stats,
+                params=params, m=m, v=v)
 
 
 DEFAULT_SEED = 1337  # vla.h's TrainArgs default (-s)
 
 
 def write_checkpoint(path, cfg, train_mode, stats, params, m=None, v=None, step=0, seed=DEFAULT_SEED, sampler_pos=0,
-                     tokenizer="bytes"):
+                     tokenizer="bytes", run=None):
     """A checkpoint of vla.h, version 2, with the bytes checkpoint_write writes (read_checkpoint's
     layout): params name -> array of the table's shape (every tensor); m and v name -> flat array of
     the tensor's trainable elements in train_mode (read_checkpoint's form), or None for AdamW's
-    state before its first step (zeros). Written to PATH.tmp, flushed, then renamed."""
+    state before its first step (zeros); run: read_checkpoint's run dict (the batch, world size and
+    data of the run that wrote it), None for none. The CRC-32 accumulates as the bytes are written
+    and is written into the header last. Written to PATH.PID.tmp, flushed, then renamed."""
     problem = config_problem(cfg)
     if problem:
         raise ValueError(f"checkpoint {path}: bad config: {problem}")
@@ -929,6 +965,9 @@ def write_checkpoint(path, cfg, train_mode, stats, params, m=None, v=None, step=
     size = CKPT_HEADER_BYTES + 4 * stats.size + 4 * n_params + 8 * n_trainable
     header = struct.pack(f"<II{len(CONFIG_FIELDS)}iiI6Q64s", CKPT_MAGIC, CKPT_VERSION, *cfg.values(), train_mode, 0,
                          step, seed, sampler_pos, n_params, n_trainable, size, name)
+    header += b"\0" * (CKPT_FLAGS_AT - len(header))  # balance and loss scale: none
+    run = run or dict(batch=0, world=0, total_batch=0, data_id=0)
+    header += struct.pack("<4I2Q", CKPT_FLAG_CRC, 0, run["batch"], run["world"], run["total_batch"], run["data_id"])
     header += b"\0" * (CKPT_HEADER_BYTES - len(header))  # reserved
 
     def moments(mv):
@@ -942,20 +981,30 @@ def write_checkpoint(path, cfg, train_mode, stats, params, m=None, v=None, step=
         if tuple(np.shape(params[s.name])) != tuple(s.shape):
             raise ValueError(f"checkpoint {path}: {s.name} has shape {np.shape(params[s.name])}, the table says "
                              f"{tuple(s.shape)}")
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(path + ".tmp", "wb") as f:
-            f.write(header)
-            f.write(stats.astype("<f4").tobytes())
+        with open(tmp, "wb") as f:
+            crc = 0
+
+            def put(data):
+                nonlocal crc
+                f.write(data)
+                crc = zlib.crc32(data, crc)
+
+            put(header)
+            put(stats.astype("<f4").tobytes())
             for s in table:
-                f.write(np.asarray(params[s.name], np.float32).astype("<f4").tobytes())
-            f.write(moments(m).astype("<f4").tobytes())
-            f.write(moments(v).astype("<f4").tobytes())
+                put(np.asarray(params[s.name], np.float32).astype("<f4").tobytes())
+            put(moments(m).astype("<f4").tobytes())
+            put(moments(v).astype("<f4").tobytes())
+            f.seek(CKPT_CRC_AT)
+            f.write(struct.pack("<I", crc))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
+        os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(path + ".tmp"):
-            os.remove(path + ".tmp")
+        if os.path.exists(tmp):
+            os.remove(tmp)
         raise
     return size
 

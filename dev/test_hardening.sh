@@ -77,7 +77,7 @@ check $? "-o of ${#long} bytes: checkpoints and log.jsonl under their whole name
 too_long=$(printf 'x%.0s' $(seq 4090))
 $TRAINER "${run[@]}" -n 1 -o "$too_long" > /dev/null 2> "$tmp/err"
 rc=$?
-one_line_error "$tmp/err" "-o of 4090 bytes: the output folder's path must be 1 to 4063 bytes long" && [ "$rc" -eq 1 ]
+one_line_error "$tmp/err" "-o of 4090 bytes: the output folder's path must be 1 to 4047 bytes long" && [ "$rc" -eq 1 ]
 check $? "-o of 4090 bytes is refused: $(head -c 200 "$tmp/err")"
 
 echo "== -t past what the machine can start"

@@ -32,6 +32,7 @@ Closing line `N passed, M failed`; exit status 1 on any failure.
 import dataclasses
 import math
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -467,6 +468,18 @@ def test_checkpoint_files(exe, shard, tmp):
            "at step 5 of 4 samples": (raw[:120] + np.uint64(5).tobytes() + raw[128:136] + np.uint64(4).tobytes() +
                                       raw[144:], "out of range"),
            "with a NaN statistic": (raw[:512] + np.float32(np.nan).tobytes() + raw[516:], "normalization statistic 0")}
+
+    def resealed(data):  # the CRC-32 its bytes now have, as a trainer writing them would write it
+        return data[:M.CKPT_CRC_AT] + struct.pack("<I", M.checkpoint_crc(data)) + data[M.CKPT_CRC_AT + 4:]
+
+    at = M.CKPT_HEADER_BYTES + 4 * 16 + 100  # inside the weights (past 16 statistics)
+    flipped = raw[:at] + bytes([raw[at] ^ 0x10, raw[at + 1] ^ 0x01]) + raw[at + 2:]
+    bad["with two bytes flipped in its weights"] = (flipped, "checksum mismatch: the file is corrupt")
+    first = M.param_table(cfg)[0]
+    nan_at = M.CKPT_HEADER_BYTES + 4 * 16 + 4 * (first.offset + 3)
+    bad["with a NaN weight (its checksum matching)"] = (
+        resealed(raw[:nan_at] + np.float32(np.nan).tobytes() + raw[nan_at + 4:]),
+        f"weight 3 of {first.name} ({math.prod(first.shape)} elements) = nan: its weights are not finite")
     for what, (data, needle) in bad.items():
         bad_path = os.path.join(tmp, "bad.bin")
         open(bad_path, "wb").write(data)
@@ -474,6 +487,20 @@ def test_checkpoint_files(exe, shard, tmp):
         lines = text.strip().splitlines()
         check(f"--init a checkpoint {what}: a one-line error", rc == 1 and len(lines) == 1 and
               lines[0].startswith("error:") and needle in lines[0], lines[-1][:150] if lines else "")
+    old_path = os.path.join(tmp, "vla_h_all_unsealed.bin")  # as written before checkpoints carried a checksum
+    open(old_path, "wb").write(raw[:M.CKPT_FLAGS_AT] + bytes(8) + raw[M.CKPT_FLAGS_AT + 8:])
+    rc, text = run(["-i", shard, "--init", old_path, "-b", "4", "-t", "1", "--train", "1"])
+    check("--init a checkpoint without a checksum: loads with a one-line note", rc == 0 and
+          text.count("carries no checksum (an older train_vla's): it loaded unverified") == 1, last_line(text))
+    for what in ("with two bytes flipped in its weights", "with a NaN weight (its checksum matching)"):
+        data, needle = bad[what]
+        open(os.path.join(tmp, "bad.bin"), "wb").write(data)
+        try:
+            M.read_checkpoint(os.path.join(tmp, "bad.bin"))
+            check(f"read_checkpoint (export_lerobot's reader) of a checkpoint {what} refuses it", False, "it read it")
+        except ValueError as e:
+            check(f"read_checkpoint (export_lerobot's reader) of a checkpoint {what} refuses it", needle in str(e),
+                  str(e)[:160])
     rc, text = run(["-i", shard, "--init", path, "--train-mode", "expert", "-t", "1", "--train", "1"])
     lines = text.strip().splitlines()
     check("--init a checkpoint of --train-mode all, --train-mode expert: a one-line error naming its mode",

@@ -211,6 +211,30 @@ static void corrupt_copy(const char* src, const char* dst, long offset, const vo
     if (truncate_to >= 0 && truncate(dst, truncate_to) != 0) { vla_fail("truncate %s failed", dst); }
 }
 
+// Writes the CRC-32 that a checkpoint's bytes now have into its header, as a trainer writing those
+// bytes would (a file made to reach a check past the checksum).
+static void checkpoint_reseal(const char* path) {
+    FILE* f = fopenCheck(path, "r+b");
+    fseeko(f, 0, SEEK_END);
+    size_t size = (size_t)ftello(f);
+    uint8_t* raw = (uint8_t*)mallocCheck(size);
+    fseeko(f, 0, SEEK_SET);
+    if (fread(raw, 1, size, f) != size) { vla_fail("reading %s failed", path); }
+    uint32_t crc = 0;
+    memcpy(raw + offsetof(CheckpointHeader, crc), &crc, 4);
+    crc = crc32_update(0, raw, size);
+    fseeko(f, (off_t)offsetof(CheckpointHeader, crc), SEEK_SET);
+    fwrite(&crc, 4, 1, f);
+    fclose(f);
+    free(raw);
+}
+
+// corrupt_copy, then the copy's checksum made to match: a checkpoint a trainer could have written
+static void corrupt_copy_sealed(const char* src, const char* dst, long offset, const void* data, size_t n) {
+    corrupt_copy(src, dst, offset, data, n, -1);
+    checkpoint_reseal(dst);
+}
+
 // The losses of the oracle's --train run (lines "step N loss X ..."), steps 1..n.
 static int read_oracle_losses(const char* path, float* out, int n) {
     FILE* f = fopenCheck(path, "r");

@@ -342,7 +342,7 @@ def check_errors(tmp, good):
         text = p.communicate()[0]
         lines = text.splitlines()
         ok = p.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
-        written = out.exists() or Path(str(out) + ".tmp").exists()
+        written = out.exists() or any(out.parent.glob(out.name + ".*tmp"))  # (the writer's NAME.PID.tmp)
         check(ok and not written, f"{label}: exit {p.returncode}, {len(lines)} line(s), nothing written: "
               f"{text.strip()[:300]}")
 
@@ -376,7 +376,7 @@ def check_vlm_argument(tmp, good, vlm, ckpt):
         lines = text.splitlines()
         ok = rc == 1 and len(lines) == 1 and lines[0].startswith(f"error: --vlm {path}") and needle in lines[0] \
             and "pass the VLM's folder" in lines[0]
-        check(ok and not out.exists() and not Path(str(out) + ".tmp").exists(),
+        check(ok and not out.exists() and not any(out.parent.glob(out.name + ".*tmp")),
               f"import with --vlm {label}: exit {rc}, {len(lines)} line(s), nothing written: {text.strip()[:300]}")
 
 
@@ -686,7 +686,7 @@ def main():
         ft = vla.read_checkpoint(str(tuned))
         again = tmp / "rewritten.bin"
         vla.write_checkpoint(str(again), ft["config"], ft["train_mode"], ft["stats"], ft["params"], ft["m"], ft["v"],
-                             ft["step"], ft["seed"], ft["sampler_pos"], ft["tokenizer"])
+                             ft["step"], ft["seed"], ft["sampler_pos"], ft["tokenizer"], ft["run"])
         check(again.read_bytes() == tuned.read_bytes(), "dev/model.py's write_checkpoint reproduces the trainer's "
               "checkpoint byte for byte (the writer the import uses)")
         frozen = [s.name for s in vla.param_table(ft["config"]) if vla.trainable_numel(s, 0) == 0]

@@ -413,6 +413,11 @@ def main():
         path = os.path.join(tmp, "corrupt_stats.bin")
         open(path, "wb").write(raw[:512] + np.float32(np.nan).tobytes() + raw[516:])
         expect_error("a checkpoint with NaN statistics", lambda: VLAPolicy(path), "normalization statistic 0 is nan")
+        path = os.path.join(tmp, "corrupt_weights.bin")
+        at = 512 + 4 * len(ck["stats"]) + 100  # two bytes inside the weights
+        open(path, "wb").write(raw[:at] + bytes([raw[at] ^ 0x10, raw[at + 1] ^ 0x01]) + raw[at + 2:])
+        expect_error("a checkpoint with two bytes flipped in its weights", lambda: VLAPolicy(path),
+                     "checksum mismatch: the file is corrupt")
         path = os.path.join(tmp, "version1.bin")
         open(path, "wb").write(raw[:4] + np.uint32(1).tobytes() + raw[8:])
         expect_error("a version-1 checkpoint (the model before SmolVLA)", lambda: VLAPolicy(path), "version 1")

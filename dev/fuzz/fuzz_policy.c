@@ -8,7 +8,17 @@
 #include "../../train_vla.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    const char* path = fuzz_file(data, size);
+    // a mutated file rarely keeps its CRC-32 (fuzz_checkpoint reads it as it is): here it is
+    // resealed with the CRC its bytes have, so that loading and acting stay in reach
+    uint8_t* sealed = (uint8_t*)mallocCheck(size > 0 ? size : 1);
+    memcpy(sealed, data, size);
+    if (size >= sizeof(CheckpointHeader)) {
+        memset(sealed + offsetof(CheckpointHeader, crc), 0, 4);
+        uint32_t crc = crc32_update(0, sealed, size);
+        memcpy(sealed + offsetof(CheckpointHeader, crc), &crc, 4);
+    }
+    const char* path = fuzz_file(sealed, size);
+    free(sealed);
     char err[VLA_PATH_MAX + 1024];
     VLAPolicy* p = vla_policy_load(path, 1, err, (int)sizeof(err));
     if (p == NULL) {
