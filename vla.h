@@ -4090,7 +4090,8 @@ static inline const char* run_start_checkpoint(const TrainArgs* args, char* buf,
     }
     if (n > 0) {
         vla_fail("no intact checkpoint in %s (the %d complete one%s failed the checks above): pick an intact one with "
-                 "--init, or start anew in another folder (-o)", args->output, n, n == 1 ? "" : "s");
+                 "--init, or start anew with --new-run (the run moves into %s/previous_<N>/) or in another folder (-o)",
+                 args->output, n, n == 1 ? "" : "s", args->output);
     }
     // checkpoint files, none of them usable: refused (they may be recovered; a new run would prune
     // them). A log alone is of a run that stopped before its first checkpoint: it moves aside.
