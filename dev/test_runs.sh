@@ -12,15 +12,9 @@
 # Run by `make test`; ends with `N passed, M failed`.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-DATA=build/test/a.bin
-TRAINER=./train_vla_cpu
+. dev/trainer_checks.sh
 GPU_TESTS=${GPU_TESTS:-build/emu}
 GPU_TRAINER=$GPU_TESTS/train_vla_fp32
-passed=0
-failed=0
-check() {  # check CONDITION-EXIT-STATUS MESSAGE
-    if [ "$1" -eq 0 ]; then echo "  ok   $2"; passed=$((passed + 1)); else echo "  FAIL $2"; failed=$((failed + 1)); fi
-}
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -29,16 +23,7 @@ cleanup() {
     rm -rf "$tmp"
 }
 trap cleanup EXIT
-run=(-i "$DATA" -p tiny -b 2 -t 1 --workers 1)
 
-# one_line_error FILE NEEDLE: FILE holds exactly one line, an error naming NEEDLE
-one_line_error() {
-    [ "$(wc -l < "$1")" -eq 1 ] && grep -q '^error: ' "$1" && grep -qF -- "$2" "$1"
-}
-# steps_once LOG N: the log has steps 1..N, each exactly once, in order
-steps_once() {
-    [ "$(grep -o '"step": [0-9]*' "$1" | awk '{print $2}' | tr '\n' ' ')" = "$(seq -s ' ' 1 "$2") " ]
-}
 # fingerprint DIR: names, sizes and contents of the run's files (to check that nothing changed)
 fingerprint() { (cd "$1" && find . -name 'ckpt_*' -o -name 'log.jsonl*' | sort | xargs -r md5sum); }
 # background OUTFILE ARGS...: a trainer in the background; waits for its first step line
