@@ -8,6 +8,7 @@
 # binaries are built. Ends with `N passed, M failed`.
 set -u
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=dev/trainer_checks.sh
 . dev/trainer_checks.sh
 SANITIZED=build/sanitize/train_vla_cpu
 KILLS=${KILLS:-10}

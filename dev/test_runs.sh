@@ -12,6 +12,7 @@
 # Run by `make test`; ends with `N passed, M failed`.
 set -u
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=dev/trainer_checks.sh
 . dev/trainer_checks.sh
 GPU_TESTS=${GPU_TESTS:-build/emu}
 GPU_TRAINER=$GPU_TESTS/train_vla_fp32
