@@ -3025,8 +3025,8 @@ static inline int checkpoint_list(const char* dir, uint64_t* steps, int max) {
     return n;
 }
 
-// Deletes all but the newest `keep` complete checkpoints, and the temporary files of writers that
-// are gone (ckpt_N.bin.PID.tmp of a process killed while saving: no other writer ever reuses it).
+// Deletes all but the newest `keep` complete checkpoints (a killed save's temporary file goes when
+// the next run takes the folder: run_folder_remove_stale).
 static inline void checkpoint_prune(const char* dir, int keep) {
     uint64_t steps[4096];
     int n = checkpoint_list(dir, steps, 4096);
@@ -3035,21 +3035,6 @@ static inline void checkpoint_prune(const char* dir, int keep) {
         checkpoint_path(path, sizeof(path), dir, steps[i]);
         unlink(path);
     }
-    DIR* d = opendir(dir);
-    if (d == NULL) { return; }
-    for (struct dirent* de = readdir(d); de != NULL; de = readdir(d)) {
-        unsigned long long step;
-        long pid;
-        char tail[8];
-        if (sscanf(de->d_name, "ckpt_%llu.bin.%ld.%7s", &step, &pid, tail) != 3 || strcmp(tail, "tmp") != 0 || pid <= 0 ||
-            pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) {
-            continue;
-        }
-        char path[VLA_PATH_MAX + 300];
-        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
-        unlink(path);
-    }
-    closedir(d);
 }
 
 // ----------------------------------------------------------------------------

@@ -12,8 +12,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int n = 2 + data[0] % 2;
     size_t at = 1 + 4 * (size_t)(n - 1);
     if (size < at) { return 0; }
-    char spec[3 * 64];
-    spec[0] = '\0';
+    char list[3 * 64];
+    list[0] = '\0';
     for (int k = 0; k < n; k++) {
         size_t len = size - at;
         if (k < n - 1) {
@@ -23,13 +23,13 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         const char* path = fuzz_file_at(k, data + at, len);
         at += len;
-        size_t used = strlen(spec);
-        snprintf(spec + used, sizeof(spec) - used, "%s%s", k > 0 ? "," : "", path);
+        size_t used = strlen(list);
+        snprintf(list + used, sizeof(list) - used, "%s%s", k > 0 ? "," : "", path);
     }
     Dataset ds;
     char err[4 * VLA_PATH_MAX + 512];
     err[0] = '\0';
-    if (dataset_open_checked(&ds, spec, err, sizeof(err)) != 0) {
+    if (dataset_open_checked(&ds, list, err, sizeof(err)) != 0) {
         if (err[0] == '\0' || strchr(err, '\n') != NULL) { abort(); }  // a refusal is one line
         return 0;
     }
