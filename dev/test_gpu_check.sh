@@ -148,6 +148,7 @@ fi
 exec python3 "$@"
 EOF
 chmod +x "$out/python"
+rm -rf "$GPU_CHECK_WORK"
 STAGES='^bench_infer$' PYTHON=$PWD/$out/python dev/gpu_check.sh "$out/one" > "$out/one.log" 2>&1
 rc=$?
 check "one stage run: exit $rc, the summary says ok, the table holds its figures (12.50 ms with the graph, 15.00 and 1.20x \
@@ -156,6 +157,8 @@ without, prefix 4.00 + steps 8.00 ms)" \
              grep -q 'CUDA graph) *| *12.50 | *13.00 | *1.00x | prefix 4.00 + steps 8.00 ms' '$out/one/table.txt' &&
              grep -q 'one by one) *| *15.00 | *16.00 | *1.20x |' '$out/one/table.txt' &&
              tar -tzf '$out/one/logs.tar.gz' | grep -q 'logs/bench_infer.log'"
+# (train_vla makes its run folder but not the folders above it: the call makes those)
+check "a call on a fresh work folder makes the benchmarks' runs folder" [ -d "$GPU_CHECK_WORK/runs" ]
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
