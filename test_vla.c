@@ -310,7 +310,7 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
 
     // forward and backward: fp32 against float64, a few hundred dependent roundings of ~6e-8 each
     const double tol = 1e-5;
-    SmolInputs in = smolvla_inputs(&batch);
+    SmolInputs in = smol_inputs(&batch);
     float loss = smol_loss(&m, &in);
     size_t n_out = (size_t)B * H * Am, n_pix = (size_t)c.n_cam * B * 3 * c.img * c.img;
     float* ref_pix = (float*)debug_get(&st, "expect/pixels", n_pix);
