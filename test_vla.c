@@ -122,7 +122,7 @@ static int batch_cameras_shifted(const SmolBatch* plain, const SmolBatch* shifte
 // the table), per train mode; the optimizer's packed domain; ZeRO-1's shards of it
 
 // Elements of SmolVLA at config c that train in `mode` (TRAIN_MODE_COUNT: all of them), counted
-// tower by tower as SMOLVLA.md describes the model
+// tower by tower as README.md's model section describes it
 static size_t smol_closed_form(const SmolVLAConfig* c, int mode) {
     size_t Cv = c->vis_width, Fv = c->vis_ff, Lv = c->vis_layers, G = (size_t)c->img / c->patch, s = c->scale_factor;
     size_t C = c->d_model, F = c->d_ff, L = c->n_layer, D = (size_t)c->n_head * c->head_dim;
@@ -310,7 +310,7 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
 
     // forward and backward: fp32 against float64, a few hundred dependent roundings of ~6e-8 each
     const double tol = 1e-5;
-    SmolInputs in = smolvla_inputs(&batch);
+    SmolInputs in = smol_inputs(&batch);
     float loss = smol_loss(&m, &in);
     size_t n_out = (size_t)B * H * Am, n_pix = (size_t)c.n_cam * B * 3 * c.img * c.img;
     float* ref_pix = (float*)debug_get(&st, "expect/pixels", n_pix);
@@ -1968,7 +1968,7 @@ static void test_bad_input(const char* dir) {
 }
 
 
-// Issue 11's defects that a file or a flag can provoke in the reader (dev/test_hardening.sh runs
+// The defects that a file or a flag can provoke in the reader (dev/test_hardening.sh runs
 // the ones that need a full disk, a kill, a long path or a sanitizer).
 static void test_untrusted_files(const char* dir) {
     printf("\n== untrusted files\n");

@@ -65,7 +65,7 @@ static void* upload(const void* host, size_t bytes) {
 
 // Tolerances against LeRobot's float32 (the references are fp32; the oracle's float32 run meets
 // them to 1e-5, so the precision of this build is what the tolerance measures):
-// - FP32: 1e-4 per tensor (SPEC section 5); fp32 rounding alone gives about 1e-6.
+// - FP32: 1e-4 per tensor; fp32 rounding alone gives about 1e-6.
 // - BF16: u = 2^-8 per stored value, u / sqrt(3) = 2.3e-3 rms (round to nearest), independent
 //   from stage to stage, so k rounded stages leave about sqrt(k) u / sqrt(3), like a random
 //   walk. The prepared images are one rounding: 1e-2. SmolVLA's deepest forward path has

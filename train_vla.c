@@ -212,8 +212,8 @@ static void layernorm_forward(float* out, float* mean, float* rstd, const float*
 
 // With xh = (x - mean) rstd and g = dy w: dx = rstd (g - mean(g) - xh mean(g xh)), since mean and
 // rstd depend on every x of the row; dw += dy xh, db += dy, summed over rows (parallel over columns).
-static void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* mean,
-                               const float* rstd, const float* w, int N, int C) {
+static void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                               const float* mean, const float* rstd, int N, int C) {
     if (dinp != NULL) {
         #pragma omp parallel for schedule(static)
         for (int n = 0; n < N; n++) {
@@ -263,17 +263,17 @@ static void rope_table(float* cos_t, float* sin_t, int n_pos, int HS, int theta)
     }
 }
 
-// RoPE (rotate-half) in place on x (N, n_heads*HS), row n at position pos[n]: dimension k < HS/2
+// RoPE (rotate-half) in place on x (N, NH*HS), row n at position pos[n]: dimension k < HS/2
 // pairs with k + HS/2. The backward is the rotation by the negative angle (sign = -1).
-static void rope_at(float* x, const int* pos, int N, int n_heads, int HS, const float* cos_t, const float* sin_t,
+static void rope_at(float* x, const float* cos_t, const float* sin_t, const int* pos, int N, int NH, int HS,
                     float sign) {
     int half = HS / 2;
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* cs = cos_t + (size_t)pos[n] * half;
         const float* sn = sin_t + (size_t)pos[n] * half;
-        for (int h = 0; h < n_heads; h++) {
-            float* v = x + ((size_t)n * n_heads + h) * HS;
+        for (int h = 0; h < NH; h++) {
+            float* v = x + ((size_t)n * NH + h) * HS;
             for (int k = 0; k < half; k++) {
                 float x1 = v[k], x2 = v[k + half], s = sign * sn[k];
                 v[k] = x1 * cs[k] - x2 * s;
@@ -284,33 +284,33 @@ static void rope_at(float* x, const int* pos, int N, int n_heads, int HS, const 
 }
 
 // Softmax attention with grouped-query heads under openpi's block mask. Per sample, queries are
-// Tq consecutive tokens of a sequence of T, starting at sequence index q0; keys/values are the
-// sequence's first nk1 tokens (buffer 1) followed by nk2 more (buffer 2), so the expert's joint
+// Tq consecutive tokens of a sequence of Nt, starting at sequence index q0; keys/values are the
+// sequence's first Nk0 tokens (buffer 0) followed by Nk1 more (buffer 1), so the expert's joint
 // layers read [the VLM's prefix K/V ; their own] without a copy. GQA: key/value head j serves
 // query heads j*g .. j*g + g - 1, g = NH / NKV (LeRobot's repeat_interleave).
 // Mask: query i sees key j iff both are valid and block[j] <= block[i] (cumulative block ids:
 // images and language 0, the state 1, action k 2 + k). valid NULL: no mask (the vision tower).
 typedef struct {
     int B, NH, NKV, HS;
-    int Tq, q0, T;          // queries per sample, sequence index of the first, the mask's row length
-    int nk1, nk2;           // keys per sample in buffer 1 (sequence 0 ..) and buffer 2 (sequence nk1 ..)
-    const float *k1, *v1;   // (B, nk1, KV)
-    const float *k2, *v2;   // (B, nk2, KV), NULL when nk2 = 0
-    const float* valid;     // (B, T) 1 = a real token, or NULL
-    const int* block;       // (B, T)
-} SmolAttn;
+    int Tq, q0, Nt;         // queries per sample, sequence index of the first, the mask's row length
+    int Nk0, Nk1;           // keys per sample in buffer 0 (sequence 0 ..) and buffer 1 (sequence Nk0 ..)
+    const float *k0, *v0;   // (B, Nk0, KV)
+    const float *k1, *v1;   // (B, Nk1, KV), NULL when Nk1 = 0
+    const float* valid;     // (B, Nt) 1 = a real token, or NULL
+    const int* block;       // (B, Nt)
+} GqaAttn;
 
-static inline int smol_attn_sees(const SmolAttn* a, int b, int i, int j) {
+static inline int gqa_query_sees(const GqaAttn* a, int b, int i, int j) {
     if (a->valid == NULL) { return 1; }
-    const float* valid = a->valid + (size_t)b * a->T;
-    const int* block = a->block + (size_t)b * a->T;
+    const float* valid = a->valid + (size_t)b * a->Nt;
+    const int* block = a->block + (size_t)b * a->Nt;
     int qi = a->q0 + i;
     return valid[qi] != 0.0f && valid[j] != 0.0f && block[j] <= block[qi];
 }
-// Row j of sample b in buffer 1 or 2 (base1/base2: keys, values or their gradients), at key head kvh
-static inline float* smol_attn_row(const SmolAttn* a, const float* base1, const float* base2, int b, int j, int kvh) {
+// Row j of sample b in buffer 0 or 1 (base0/base1: keys, values or their gradients), at key head kvh
+static inline float* gqa_key_row(const GqaAttn* a, const float* base0, const float* base1, int b, int j, int kvh) {
     int KV = a->NKV * a->HS;
-    const float* row = j < a->nk1 ? base1 + ((size_t)b * a->nk1 + j) * KV : base2 + ((size_t)b * a->nk2 + j - a->nk1) * KV;
+    const float* row = j < a->Nk0 ? base0 + ((size_t)b * a->Nk0 + j) * KV : base1 + ((size_t)b * a->Nk1 + j - a->Nk0) * KV;
     return (float*)row + kvh * a->HS;
 }
 
@@ -318,8 +318,8 @@ static inline float* smol_attn_row(const SmolAttn* a, const float* base1, const 
 // product, as LeRobot. A query that sees no key at all (a language pad) gets LeRobot's row: its
 // masked scores all equal float32's most negative value, so its softmax is uniform over every
 // key; lse = +inf marks such a row.
-static void gqa_attention_forward(float* out, float* lse, const float* q, const SmolAttn* a) {
-    int NH = a->NH, HS = a->HS, D = NH * HS, group = NH / a->NKV, nk = a->nk1 + a->nk2;
+static void gqa_attention_forward(float* out, float* lse, const float* q, const GqaAttn* a) {
+    int NH = a->NH, HS = a->HS, D = NH * HS, group = NH / a->NKV, nk = a->Nk0 + a->Nk1;
     float scale = (float)pow((double)HS, -0.5);
     #pragma omp parallel for collapse(3) schedule(static)
     for (int b = 0; b < a->B; b++) {
@@ -331,8 +331,8 @@ static void gqa_attention_forward(float* out, float* lse, const float* q, const 
                 int kvh = h / group, seen = 0;
                 float mx = -INFINITY;
                 for (int j = 0; j < nk; j++) {
-                    if (!smol_attn_sees(a, b, i, j)) { scores[j] = -INFINITY; continue; }
-                    const float* kj = smol_attn_row(a, a->k1, a->k2, b, j, kvh);
+                    if (!gqa_query_sees(a, b, i, j)) { scores[j] = -INFINITY; continue; }
+                    const float* kj = gqa_key_row(a, a->k0, a->k1, b, j, kvh);
                     float s = 0.0f;
                     for (int c = 0; c < HS; c++) { s += qi[c] * kj[c]; }
                     scores[j] = s * scale;
@@ -344,7 +344,7 @@ static void gqa_attention_forward(float* out, float* lse, const float* q, const 
                 if (seen == 0) {
                     float p = 1.0f / (float)nk;
                     for (int j = 0; j < nk; j++) {
-                        const float* vj = smol_attn_row(a, a->v1, a->v2, b, j, kvh);
+                        const float* vj = gqa_key_row(a, a->v0, a->v1, b, j, kvh);
                         for (int c = 0; c < HS; c++) { oi[c] += p * vj[c]; }
                     }
                     *l = INFINITY;
@@ -357,7 +357,7 @@ static void gqa_attention_forward(float* out, float* lse, const float* q, const 
                 }
                 for (int j = 0; j < nk; j++) {
                     if (scores[j] == 0.0f) { continue; }
-                    const float* vj = smol_attn_row(a, a->v1, a->v2, b, j, kvh);
+                    const float* vj = gqa_key_row(a, a->v0, a->v1, b, j, kvh);
                     float p = scores[j] / sum;
                     for (int c = 0; c < HS; c++) { oi[c] += p * vj[c]; }
                 }
@@ -371,14 +371,14 @@ static void gqa_attention_forward(float* out, float* lse, const float* q, const 
 // dQ = dS K scale, dK += dS^T Q scale. A uniform (fully masked) row's scores are constants: only
 // its values get a gradient, dO / nk each.
 // dq (B, Tq, D) is overwritten for queries i >= q_first, the others are left alone. Key gradients
-// accumulate into dk1/dv1 (buffer 1; NULL: not needed, or only for keys j >= k1_first) and
-// dk2/dv2 (buffer 2; NULL: not needed). Parallel over (sample, key head): each thread owns the
+// accumulate into dk0/dv0 (buffer 0; NULL: not needed, or only for keys j >= k0_first) and
+// dk1/dv1 (buffer 1; NULL: not needed). Parallel over (sample, key head): each thread owns the
 // key rows of its head and the query rows of the heads that head serves, so no two threads add
 // into one float and the sums keep their order.
-static void gqa_attention_backward(float* dq, float* dk1, float* dv1, int k1_first, float* dk2, float* dv2, int q_first,
-                                   const float* dout, const float* q, const float* out, const float* lse,
-                                   const SmolAttn* a) {
-    int NH = a->NH, HS = a->HS, D = NH * HS, group = NH / a->NKV, nk = a->nk1 + a->nk2;
+static void gqa_attention_backward(float* dq, float* dk0, float* dv0, float* dk1, float* dv1, const float* dout,
+                                   const float* q, const float* out, const float* lse, const GqaAttn* a, int k0_first,
+                                   int q_first) {
+    int NH = a->NH, HS = a->HS, D = NH * HS, group = NH / a->NKV, nk = a->Nk0 + a->Nk1;
     float scale = (float)pow((double)HS, -0.5);
     #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < a->B; b++) {
@@ -394,19 +394,19 @@ static void gqa_attention_backward(float* dq, float* dk1, float* dv1, int k1_fir
                     for (int c = 0; c < HS; c++) { delta += doi[c] * oi[c]; dqi[c] = 0.0f; }
                     int uniform = isinf(l);
                     for (int j = 0; j < nk; j++) {
-                        if (!uniform && !smol_attn_sees(a, b, i, j)) { continue; }
-                        int in1 = j < a->nk1;
-                        float* dkj = in1 ? (dk1 != NULL && j >= k1_first ? smol_attn_row(a, dk1, NULL, b, j, kvh) : NULL)
-                                         : (dk2 != NULL ? smol_attn_row(a, NULL, dk2, b, j, kvh) : NULL);
-                        float* dvj = in1 ? (dv1 != NULL && j >= k1_first ? smol_attn_row(a, dv1, NULL, b, j, kvh) : NULL)
-                                         : (dv2 != NULL ? smol_attn_row(a, NULL, dv2, b, j, kvh) : NULL);
+                        if (!uniform && !gqa_query_sees(a, b, i, j)) { continue; }
+                        int in0 = j < a->Nk0;
+                        float* dkj = in0 ? (dk0 != NULL && j >= k0_first ? gqa_key_row(a, dk0, NULL, b, j, kvh) : NULL)
+                                         : (dk1 != NULL ? gqa_key_row(a, NULL, dk1, b, j, kvh) : NULL);
+                        float* dvj = in0 ? (dv0 != NULL && j >= k0_first ? gqa_key_row(a, dv0, NULL, b, j, kvh) : NULL)
+                                         : (dv1 != NULL ? gqa_key_row(a, NULL, dv1, b, j, kvh) : NULL);
                         if (uniform) {
                             float p = 1.0f / (float)nk;
                             if (dvj != NULL) { for (int c = 0; c < HS; c++) { dvj[c] += p * doi[c]; } }
                             continue;
                         }
-                        const float* kj = smol_attn_row(a, a->k1, a->k2, b, j, kvh);
-                        const float* vj = smol_attn_row(a, a->v1, a->v2, b, j, kvh);
+                        const float* kj = gqa_key_row(a, a->k0, a->k1, b, j, kvh);
+                        const float* vj = gqa_key_row(a, a->v0, a->v1, b, j, kvh);
                         float s = 0.0f, dp = 0.0f;
                         for (int c = 0; c < HS; c++) { s += qi[c] * kj[c]; dp += doi[c] * vj[c]; }
                         float p = expf(s * scale - l);
@@ -456,7 +456,7 @@ static void gelu_backward(float* dinp, const float* dout, const float* inp, size
 // SmolVLM's pixel shuffle: (NV, G*G, Cv) patches -> (NV, (G/s)^2, s*s*Cv) tokens. Token (I, J)
 // (row-major over the G/s grid) holds the s x s block of patches (I s + m, J s + k) in row-major
 // (m, k) order: feature (m s + k) Cv + d is channel d of patch (I s + m, J s + k).
-static void pixel_shuffle_forward(float* out, const float* inp, int NV, int G, int s, int Cv) {
+static void pixel_shuffle_forward(float* out, const float* inp, int NV, int G, int Cv, int s) {
     int g = G / s;
     #pragma omp parallel for collapse(2) schedule(static)
     for (int n = 0; n < NV; n++) {
@@ -475,7 +475,7 @@ static void pixel_shuffle_forward(float* out, const float* inp, int NV, int G, i
 }
 
 // A permutation: its backward moves each gradient back (dinp is overwritten)
-static void pixel_shuffle_backward(float* dinp, const float* dout, int NV, int G, int s, int Cv) {
+static void pixel_shuffle_backward(float* dinp, const float* dout, int NV, int G, int Cv, int s) {
     int g = G / s;
     #pragma omp parallel for collapse(2) schedule(static)
     for (int n = 0; n < NV; n++) {
@@ -531,7 +531,7 @@ static int resized_size(int h, int w, int S, int* rh, int* rw) {
 // x / 255, resize with padding to S x S keeping the aspect ratio (ratio = max(w/S, h/S), size
 // int(h/ratio) x int(w/ratio), bilinear; skipped when already S x S), zeros padded on the LEFT
 // and TOP, then x*2-1 (so padding reads -1). Rows are blended first, then columns, as the oracle.
-static void resize_with_pad(float* out, const uint8_t* frame, int h, int w, int S) {
+static void resize_pad(float* out, const uint8_t* frame, int h, int w, int S) {
     int rh, rw;
     if (!resized_size(h, w, S, &rh, &rw)) {
         vla_fail("a %dx%d camera frame resizes to %dx%d at %d px: nothing left of it: use frames closer to square", h, w,
@@ -602,7 +602,7 @@ static void smol_time_embedding(float* out, float t, int dim) {
 }
 
 // The language tokens' rows: out (N, C) = table[tokens] * scale (LeRobot scales them by sqrt(C))
-static void embedding_forward(float* out, const int* tokens, const float* table, int N, int C, float scale) {
+static void embed_tokens_forward(float* out, const int* tokens, const float* table, int N, int C, float scale) {
     for (int n = 0; n < N; n++) {
         const float* row = table + (size_t)tokens[n] * C;
         for (int k = 0; k < C; k++) { out[(size_t)n * C + k] = row[k] * scale; }
@@ -611,7 +611,7 @@ static void embedding_forward(float* out, const int* tokens, const float* table,
 
 // dtable[tokens[n]] += dout[n] * scale, except the pad id's row: nn.Embedding(padding_idx) never
 // sends it a gradient. Serial: two tokens may share a row, and its sum keeps its order.
-static void embedding_backward(float* dtable, const float* dout, const int* tokens, int N, int C, float scale, int pad) {
+static void embed_tokens_backward(float* dtable, const float* dout, const int* tokens, int N, int C, float scale, int pad) {
     for (int n = 0; n < N; n++) {
         if (tokens[n] == pad) { continue; }
         float* row = dtable + (size_t)tokens[n] * C;
@@ -620,7 +620,7 @@ static void embedding_backward(float* dtable, const float* dout, const int* toke
 }
 
 // x (NV, Nv, C) += pos (Nv, C): SigLIP's learned position of each patch, the same for every image
-static void position_forward(float* x, const float* pos, int NV, int Nv, int C) {
+static void pos_emb_forward(float* x, const float* pos, int NV, int Nv, int C) {
     #pragma omp parallel for collapse(2) schedule(static)
     for (int n = 0; n < NV; n++) {
         for (int i = 0; i < Nv; i++) {
@@ -631,7 +631,7 @@ static void position_forward(float* x, const float* pos, int NV, int Nv, int C) 
 }
 
 // dpos (Nv, C) += the sum over images of dx (NV, Nv, C); parallel over patches, each sum in order
-static void position_backward(float* dpos, const float* dx, int NV, int Nv, int C) {
+static void pos_emb_backward(float* dpos, const float* dx, int NV, int Nv, int C) {
     #pragma omp parallel for schedule(static)
     for (int i = 0; i < Nv; i++) {
         for (int n = 0; n < NV; n++) {
@@ -1077,7 +1077,7 @@ static void smol_rope_rows(const SmolVLA* m, const RowBlocks* rb, float* x, cons
     int HS = m->config.head_dim;
     for (int k = 0; k < rb->count; k++) {
         size_t r = rb_row(rb, k);
-        rope_at(x + r * n_heads * HS, pos + r, rb->rows, n_heads, HS, m->rope_cos, m->rope_sin, sign);
+        rope_at(x + r * n_heads * HS, m->rope_cos, m->rope_sin, pos + r, rb->rows, n_heads, HS, sign);
     }
 }
 
@@ -1090,8 +1090,8 @@ static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
     for (int cam = 0; cam < c->n_cam; cam++) {
         size_t frame = (size_t)in->frame_h[cam] * in->frame_w[cam] * 3;
         for (int b = 0; b < in->B; b++) {
-            resize_with_pad(m->acts.pixels + ((size_t)cam * in->B + b) * per, in->frames[cam] + b * frame,
-                            in->frame_h[cam], in->frame_w[cam], c->img);
+            resize_pad(m->acts.pixels + ((size_t)cam * in->B + b) * per, in->frames[cam] + b * frame,
+                       in->frame_h[cam], in->frame_w[cam], c->img);
         }
     }
 }
@@ -1106,8 +1106,8 @@ static void smolvla_vision_forward(SmolVLA* m) {
     size_t VC = (size_t)V * Cv;
     patchify_chw(a->patches, a->pixels, NV, c->img, c->patch);
     matmul_forward(a->v_res, a->patches, m->params.vis_patch_w, m->params.vis_patch_b, V, smolvla_patch_dim(c), Cv);
-    position_forward(a->v_res, m->params.vis_pos, NV, Nv, Cv);
-    SmolAttn keys = {NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, Nv, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+    pos_emb_forward(a->v_res, m->params.vis_pos, NV, Nv, Cv);
+    GqaAttn keys = {NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, Nv, 0, NULL, NULL, NULL, NULL, NULL, NULL};
     for (int l = 0; l < c->vis_layers; l++) {
         SmolVisionActs x = smol_vision_acts(m, l);
         layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smol_param(m, SMOLP_vis_ln1_w, l),
@@ -1115,7 +1115,7 @@ static void smolvla_vision_forward(SmolVLA* m) {
         matmul_forward(x.q, x.ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), V, Cv, Cv);
         matmul_forward(x.k, x.ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), V, Cv, Cv);
         matmul_forward(x.v, x.ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), V, Cv, Cv);
-        keys.k1 = x.k; keys.v1 = x.v;
+        keys.k0 = x.k; keys.v0 = x.v;
         gqa_attention_forward(x.att, x.lse, x.q, &keys);
         matmul_forward(x.mid, x.att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), V, Cv, Cv);
         for (size_t i = 0; i < VC; i++) { x.mid[i] += x.res[i]; }
@@ -1139,7 +1139,7 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
     int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), H = c->chunk, T = Np + H;
     int NV = (int)smol_images(c, B), Lt = c->max_text, S2C = c->scale_factor * c->scale_factor * c->vis_width;
     float scale = (float)sqrt((double)C);
-    pixel_shuffle_forward(a->shuffled, a->v_out, NV, smolvla_grid(c), c->scale_factor, c->vis_width);
+    pixel_shuffle_forward(a->shuffled, a->v_out, NV, smolvla_grid(c), c->vis_width, c->scale_factor);
     matmul_forward(a->img_tok, a->shuffled, m->params.connector_w, NULL, NV * NI, S2C, C);
     for (int b = 0; b < B; b++) {
         float* x = a->p_res + (size_t)b * Np * C;
@@ -1153,7 +1153,7 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
             if (tok < 0 || tok >= c->vocab) { vla_fail("token id %d of sample %d is outside the vocabulary of %d", tok, b, c->vocab); }
             m->tokens[(size_t)b * Lt + i] = tok;
         }
-        embedding_forward(x + (size_t)c->n_cam * NI * C, m->tokens + (size_t)b * Lt, m->params.embed_tokens, Lt, C, scale);
+        embed_tokens_forward(x + (size_t)c->n_cam * NI * C, m->tokens + (size_t)b * Lt, m->params.embed_tokens, Lt, C, scale);
         memcpy(a->state + (size_t)b * c->max_state_dim, in->state + (size_t)b * c->max_state_dim,
                c->max_state_dim * sizeof(float));
         // mask and positions over the whole sequence [prefix ; actions]
@@ -1181,19 +1181,19 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
 static void smolvla_vlm_forward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     int P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
-    SmolAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + c->chunk, Np, 0,
+    GqaAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + c->chunk, Np, 0,
                      NULL, NULL, NULL, NULL, m->acts.valid, m->block};
     for (int l = 0; l < c->n_layer; l++) {
         SmolLayer w = smol_layer(m, 0, l, 0, 0);
         SmolLayerActs x = smol_layer_acts(m, 0, l);
         rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, SMOLVLA_RMS_EPS);
         matmul_forward(x.k, x.ln1, w.wk, NULL, P, w.C, KV);
-        rope_at(x.k, m->p_pos, P, c->n_kv_head, c->head_dim, m->rope_cos, m->rope_sin, 1.0f);
+        rope_at(x.k, m->rope_cos, m->rope_sin, m->p_pos, P, c->n_kv_head, c->head_dim, 1.0f);
         matmul_forward(x.v, x.ln1, w.wv, NULL, P, w.C, KV);
         if (l == c->n_layer - 1) { break; }
         matmul_forward(x.q, x.ln1, w.wq, NULL, P, w.C, D);
-        rope_at(x.q, m->p_pos, P, c->n_head, c->head_dim, m->rope_cos, m->rope_sin, 1.0f);
-        keys.k1 = x.k; keys.v1 = x.v;
+        rope_at(x.q, m->rope_cos, m->rope_sin, m->p_pos, P, c->n_head, c->head_dim, 1.0f);
+        keys.k0 = x.k; keys.v0 = x.v;
         gqa_attention_forward(x.att, x.lse, x.q, &keys);
         smol_layer_out_forward(&w, &x, P, D);
     }
@@ -1237,23 +1237,23 @@ static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
         SmolLayerActs x = smol_layer_acts(m, 1, l), px = smol_layer_acts(m, 0, l);
         rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, SMOLVLA_RMS_EPS);
         matmul_forward(x.q, x.ln1, w.wq, NULL, R, Ce, D);
-        SmolAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, H, Np, Np + H, Np, 0,
+        GqaAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, H, Np, Np + H, Np, 0,
                          px.k, px.v, NULL, NULL, a->valid, m->block};
         if (!w.cross) {
-            rope_at(x.q, m->s_pos, R, c->n_head, c->head_dim, m->rope_cos, m->rope_sin, 1.0f);
+            rope_at(x.q, m->rope_cos, m->rope_sin, m->s_pos, R, c->n_head, c->head_dim, 1.0f);
             matmul_forward(x.k, x.ln1, w.wk, NULL, R, Ce, KV);
-            rope_at(x.k, m->s_pos, R, c->n_kv_head, c->head_dim, m->rope_cos, m->rope_sin, 1.0f);
+            rope_at(x.k, m->rope_cos, m->rope_sin, m->s_pos, R, c->n_kv_head, c->head_dim, 1.0f);
             matmul_forward(x.v, x.ln1, w.wv, NULL, R, Ce, KV);
-            keys.nk2 = H; keys.k2 = x.k; keys.v2 = x.v;
+            keys.Nk1 = H; keys.k1 = x.k; keys.v1 = x.v;
         } else {
-            rope_at(x.q, m->x_pos, R, c->n_head, c->head_dim, m->rope_cos, m->rope_sin, 1.0f);
+            rope_at(x.q, m->rope_cos, m->rope_sin, m->x_pos, R, c->n_head, c->head_dim, 1.0f);
             float* ck = a->c_k + (size_t)l * P * KV;
             float* cv = a->c_v + (size_t)l * P * KV;
             if (!reuse_cross_kv) {
                 matmul_forward(ck, px.k, w.wk, NULL, P, KV, KV);
                 matmul_forward(cv, px.v, w.wv, NULL, P, KV, KV);
             }
-            keys.k1 = ck; keys.v1 = cv;
+            keys.k0 = ck; keys.v0 = cv;
         }
         gqa_attention_forward(x.att, x.lse, x.q, &keys);
         smol_layer_out_forward(&w, &x, R, D);
@@ -1321,24 +1321,24 @@ static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
         float* dpk = a->dp_k + (size_t)l * P * KV;
         float* dpv = a->dp_v + (size_t)l * P * KV;
         smol_layer_out_backward(m, &all, &w, &g, &x, dres, a->g_att, D);
-        SmolAttn keys = {B, c->n_head, c->n_kv_head, c->head_dim, H, Np, Np + H, Np, 0,
+        GqaAttn keys = {B, c->n_head, c->n_kv_head, c->head_dim, H, Np, Np + H, Np, 0,
                          px.k, px.v, NULL, NULL, a->valid, m->block};
         if (!w.cross) {
-            keys.nk2 = H; keys.k2 = x.k; keys.v2 = x.v;
+            keys.Nk1 = H; keys.k1 = x.k; keys.v1 = x.v;
             memset(a->g_k, 0, (size_t)R * KV * sizeof(float));
             memset(a->g_v, 0, (size_t)R * KV * sizeof(float));
-            gqa_attention_backward(a->g_q, dpk, dpv, r0, a->g_k, a->g_v, 0, a->g_att, x.q, x.att, x.lse, &keys);
-            rope_at(a->g_q, m->s_pos, R, c->n_head, c->head_dim, m->rope_cos, m->rope_sin, -1.0f);
-            rope_at(a->g_k, m->s_pos, R, c->n_kv_head, c->head_dim, m->rope_cos, m->rope_sin, -1.0f);
+            gqa_attention_backward(a->g_q, dpk, dpv, a->g_k, a->g_v, a->g_att, x.q, x.att, x.lse, &keys, r0, 0);
+            rope_at(a->g_q, m->rope_cos, m->rope_sin, m->s_pos, R, c->n_head, c->head_dim, -1.0f);
+            rope_at(a->g_k, m->rope_cos, m->rope_sin, m->s_pos, R, c->n_kv_head, c->head_dim, -1.0f);
             smol_layer_qkv_backward(m, &all, &w, &g, &x, dres, a->g_q, a->g_k, a->g_v);
         } else {
             float* ck = a->c_k + (size_t)l * P * KV;
             float* cv = a->c_v + (size_t)l * P * KV;
-            keys.k1 = ck; keys.v1 = cv;
+            keys.k0 = ck; keys.v0 = cv;
             memset(a->g_k, 0, (size_t)P * KV * sizeof(float));
             memset(a->g_v, 0, (size_t)P * KV * sizeof(float));
             // every prefix row's re-projected K/V gradient: the cross k_proj/v_proj weights need them all
-            gqa_attention_backward(a->g_q, a->g_k, a->g_v, 0, NULL, NULL, 0, a->g_att, x.q, x.att, x.lse, &keys);
+            gqa_attention_backward(a->g_q, a->g_k, a->g_v, NULL, NULL, a->g_att, x.q, x.att, x.lse, &keys, 0, 0);
             linear_backward(NULL, g.wk, NULL, a->g_k, px.k, w.wk, P, KV, KV);
             linear_backward(NULL, g.wv, NULL, a->g_v, px.v, w.wv, P, KV, KV);
             for (int k = 0; k < prefix.count; k++) {  // through the re-projection into the VLM's post-RoPE K/V
@@ -1346,7 +1346,7 @@ static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
                 linear_backward(dpk + r * KV, NULL, NULL, a->g_k + r * KV, NULL, w.wk, prefix.rows, KV, KV);
                 linear_backward(dpv + r * KV, NULL, NULL, a->g_v + r * KV, NULL, w.wv, prefix.rows, KV, KV);
             }
-            rope_at(a->g_q, m->x_pos, R, c->n_head, c->head_dim, m->rope_cos, m->rope_sin, -1.0f);
+            rope_at(a->g_q, m->rope_cos, m->rope_sin, m->x_pos, R, c->n_head, c->head_dim, -1.0f);
             smol_layer_qkv_backward(m, &all, &w, &g, &x, dres, a->g_q, NULL, NULL);
         }
     }
@@ -1383,7 +1383,7 @@ static void smolvla_vlm_backward(SmolVLA* m, int mode, int r0) {
     RowBlocks rows = r0 == 0 ? (RowBlocks){1, P, 0, 0} : (RowBlocks){B, Np - r0, (size_t)r0, (size_t)Np};
     float* dres = a->g_res;
     memset(dres, 0, (size_t)P * c->d_model * sizeof(float));
-    SmolAttn keys = {B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + c->chunk, Np, 0,
+    GqaAttn keys = {B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + c->chunk, Np, 0,
                      NULL, NULL, NULL, NULL, a->valid, m->block};
     for (int l = c->n_layer - 1; l >= 0; l--) {
         SmolLayer w = smol_layer(m, 0, l, 0, mode), g = smol_layer(m, 0, l, 1, mode);
@@ -1393,8 +1393,8 @@ static void smolvla_vlm_backward(SmolVLA* m, int mode, int r0) {
         const float* dq = NULL;
         if (l < c->n_layer - 1) {
             smol_layer_out_backward(m, &rows, &w, &g, &x, dres, a->g_att, D);
-            keys.k1 = x.k; keys.v1 = x.v;
-            gqa_attention_backward(a->g_q, dk, dv, r0, NULL, NULL, r0, a->g_att, x.q, x.att, x.lse, &keys);
+            keys.k0 = x.k; keys.v0 = x.v;
+            gqa_attention_backward(a->g_q, dk, dv, NULL, NULL, a->g_att, x.q, x.att, x.lse, &keys, r0, r0);
             smol_rope_rows(m, &rows, a->g_q, m->p_pos, c->n_head, -1.0f);
             dq = a->g_q;
         }
@@ -1419,8 +1419,8 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int mode) {
                     m->params.state_w, B, c->max_state_dim, C);
     float* demb = smol_grad(m, mode, SMOLP_embed_tokens, 0);
     for (int b = 0; b < B && demb != NULL; b++) {
-        embedding_backward(demb, dx + ((size_t)b * Np + (size_t)c->n_cam * NI) * C, m->tokens + (size_t)b * Lt, Lt, C, scale,
-                           c->pad_token);
+        embed_tokens_backward(demb, dx + ((size_t)b * Np + (size_t)c->n_cam * NI) * C, m->tokens + (size_t)b * Lt, Lt, C,
+                              scale, c->pad_token);
     }
     float* dconn = smol_grad(m, mode, SMOLP_connector_w, 0);
     int into_vision = smol_grad(m, mode, SMOLP_vis_post_w, 0) != NULL;
@@ -1446,11 +1446,11 @@ static void smolvla_vision_backward(SmolVLA* m, int mode) {
     int Cv = c->vis_width, Fv = c->vis_ff, HSv = Cv / c->vis_heads;
     size_t VC = (size_t)V * Cv;
     float* dres = a->g_res;
-    pixel_shuffle_backward(a->g_ln, a->g_shuf, NV, smolvla_grid(c), c->scale_factor, Cv);  // d v_out
+    pixel_shuffle_backward(a->g_ln, a->g_shuf, NV, smolvla_grid(c), Cv, c->scale_factor);  // d v_out
     memset(dres, 0, VC * sizeof(float));
     layernorm_backward(dres, smol_grad(m, mode, SMOLP_vis_post_w, 0), smol_grad(m, mode, SMOLP_vis_post_b, 0), a->g_ln,
-                       smol_vision_acts(m, c->vis_layers - 1).out, a->v_omean, a->v_orstd, m->params.vis_post_w, V, Cv);
-    SmolAttn keys = {NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, Nv, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+                       smol_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean, a->v_orstd, V, Cv);
+    GqaAttn keys = {NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, Nv, 0, NULL, NULL, NULL, NULL, NULL, NULL};
     for (int l = c->vis_layers - 1; l >= 0; l--) {
         SmolVisionActs x = smol_vision_acts(m, l);
         // MLP: out = mid + fc2(gelu(fc1(ln2(mid))))
@@ -1462,15 +1462,15 @@ static void smolvla_vision_backward(SmolVLA* m, int mode) {
         linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_fc1_w, l), smol_grad(m, mode, SMOLP_vis_fc1_b, l), a->g_gate,
                         x.ln2, smol_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv);
         layernorm_backward(dres, smol_grad(m, mode, SMOLP_vis_ln2_w, l), smol_grad(m, mode, SMOLP_vis_ln2_b, l), a->g_ln,
-                           x.mid, x.mean2, x.rstd2, smol_param(m, SMOLP_vis_ln2_w, l), V, Cv);
+                           x.mid, smol_param(m, SMOLP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
         // attention: mid = x + out_proj(attention(q, k, v))
         memset(a->g_att, 0, VC * sizeof(float));
         linear_backward(a->g_att, smol_grad(m, mode, SMOLP_vis_wo, l), smol_grad(m, mode, SMOLP_vis_bo, l), dres, x.att,
                         smol_param(m, SMOLP_vis_wo, l), V, Cv, Cv);
-        keys.k1 = x.k; keys.v1 = x.v;
+        keys.k0 = x.k; keys.v0 = x.v;
         memset(a->g_k, 0, VC * sizeof(float));
         memset(a->g_v, 0, VC * sizeof(float));
-        gqa_attention_backward(a->g_q, a->g_k, a->g_v, 0, NULL, NULL, 0, a->g_att, x.q, x.att, x.lse, &keys);
+        gqa_attention_backward(a->g_q, a->g_k, a->g_v, NULL, NULL, a->g_att, x.q, x.att, x.lse, &keys, 0, 0);
         memset(a->g_ln, 0, VC * sizeof(float));
         linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wq, l), smol_grad(m, mode, SMOLP_vis_bq, l), a->g_q, x.ln1,
                         smol_param(m, SMOLP_vis_wq, l), V, Cv, Cv);
@@ -1479,10 +1479,10 @@ static void smolvla_vision_backward(SmolVLA* m, int mode) {
         linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wv, l), smol_grad(m, mode, SMOLP_vis_bv, l), a->g_v, x.ln1,
                         smol_param(m, SMOLP_vis_wv, l), V, Cv, Cv);
         layernorm_backward(dres, smol_grad(m, mode, SMOLP_vis_ln1_w, l), smol_grad(m, mode, SMOLP_vis_ln1_b, l), a->g_ln,
-                           x.res, x.mean1, x.rstd1, smol_param(m, SMOLP_vis_ln1_w, l), V, Cv);
+                           x.res, smol_param(m, SMOLP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
     }
     float* dpos = smol_grad(m, mode, SMOLP_vis_pos, 0);
-    if (dpos != NULL) { position_backward(dpos, dres, NV, Nv, Cv); }
+    if (dpos != NULL) { pos_emb_backward(dpos, dres, NV, Nv, Cv); }
     linear_backward(NULL, smol_grad(m, mode, SMOLP_vis_patch_w, 0), smol_grad(m, mode, SMOLP_vis_patch_b, 0), dres,
                     a->patches, m->params.vis_patch_w, V, smolvla_patch_dim(c), Cv);
 }
@@ -1546,7 +1546,7 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
 // ---- training
 
 // A batch of the data (vla.h's SmolBatch, host memory) as the model's inputs.
-static SmolInputs smolvla_inputs(const SmolBatch* b) {
+static SmolInputs smol_inputs(const SmolBatch* b) {
     SmolInputs in;
     memset(&in, 0, sizeof(in));
     in.B = b->B;
@@ -1660,7 +1660,7 @@ static float train_step(SmolVLA* m, float* grad_sum, Loader* loader, const Train
     int* task = T > 0 ? (int*)mallocCheck((size_t)args->batch * sizeof(int)) : NULL;
     for (int t = 0; t < T; t++) { task_loss[t] = 0.0; }
     for (int r = 0; r < W; r++) {
-        SmolInputs in = smolvla_inputs(loader_next(loader));
+        SmolInputs in = smol_inputs(loader_next(loader));
         int n;
         squares += smolvla_forward_loss(m, &in, 0, &n);
         entries += n;
@@ -1702,7 +1702,7 @@ static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* batch, const flo
     int A = c->action_dim, Am = c->max_action_dim;
     size_t rows = (size_t)batch->B * c->chunk;
     float* chunk = (float*)mallocCheck(rows * Am * sizeof(float));
-    SmolInputs in = smolvla_inputs(batch);
+    SmolInputs in = smol_inputs(batch);
     smolvla_sample(m, &in, batch->eps, chunk);
     for (size_t r = 0; r < rows; r++) {
         for (int k = 0; k < A; k++) { actions[r * A + k] = chunk[r * Am + k] * action_std[k] + action_mean[k]; }

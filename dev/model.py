@@ -1,7 +1,7 @@
 """
 model.py: the PyTorch oracle of train_vla: LeRobot's SmolVLA, with vla.h's plumbing.
 
-The third, independent copy of the model (SPEC section 5). dev/smolvla.py computes SmolVLA exactly
+The third, independent copy of the model, after train_vla.c and train_vla.cu. dev/smolvla.py computes SmolVLA exactly
 as LeRobot 0.6.1 does (forward, loss, sampling, the resize with padding), from LeRobot's tensor
 names. This file adds what the C trainers add around that math, reproduced bit for bit so they can
 be compared with it tensor by tensor: vla.h's SmolVLAConfig, presets and parameter table (our

@@ -76,8 +76,8 @@ if [ "$GPU_TESTS" = build/emu ]; then
             --smolvla build/lerobot_ref
     done
 fi
-# A machine with one GPU (the device machines of this workplace): the groups that use several say
-# what they skip and run what one GPU can (the checks a real single-GPU run once failed on)
+# A machine with one GPU: the groups that use several say what they skip and run what one GPU
+# can (the checks that a real single-GPU machine must pass)
 if [ "$GPU_TESTS" = build/emu ]; then
     add_suite test_vla_gpu_one_gpu env CUDA_EMU_DEVICES=1 VLA_GPU_TESTS=multi_gpu,faults,cross_trainer,balance \
         build/emu/test_vla_gpu_fp32 "$(gpu_suite_dir one_gpu)" build/emu/train_vla_fp32

@@ -183,7 +183,7 @@ def expert_intermediate_size(width):
     return 256 * ((hidden + 255) // 256)
 
 
-# the VLM that lerobot/smolvla_base embeds, as SMOLVLA.md lists it, for when no config is found
+# the VLM that lerobot/smolvla_base embeds, as its config lists it, for when no config is found
 KNOWN_VLMS = {
     "HuggingFaceTB/SmolVLM2-500M-Video-Instruct": {
         "scale_factor": 4,

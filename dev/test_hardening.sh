@@ -141,7 +141,7 @@ done
 echo "== copies under names checkpoint_path does not write are not checkpoints"
 out=$tmp/names
 $TRAINER "${run[@]}" -n 2 -k 2 -o "$out" > /dev/null 2>&1
-# a newer step under a non-canonical name: -y 1 used to take step 9 and fail opening ckpt_00000009.bin
+# a newer step under a non-canonical name: -y 1 must not take step 9 and then fail opening ckpt_00000009.bin
 cp "$out/ckpt_00000002.bin" "$out/ckpt_9.bin"
 cp "$out/ckpt_00000002.bin" "$out/ckpt_-1.bin"
 cp "$out/ckpt_00000002.bin" "$out/ckpt_000000009.bin"

@@ -2,9 +2,8 @@
 # The MT10 recipe end to end, every figure written to one folder:
 #   1. data: 50 expert demonstrations per MT10 task (data/metaworld_gen.py, one 64 px corner camera),
 #      or the shards (or an .xz of one shard) given in DATA;
-#   2. training: train_vla on a GPU (default: the small preset, everything training: --train all,
-#      issue 12's acceptance run), or train_vla_cpu (TRAINER=cpu: the same run on the CPU, about an
-#      hour on 2 cores);
+#   2. training: train_vla on a GPU (default: the small preset, everything training: --train all),
+#      or train_vla_cpu (TRAINER=cpu: the same run on the CPU, about an hour on 2 cores);
 #   3. evaluation: the final checkpoint on all 10 tasks, EPISODES per task, on layouts from
 #      EVAL_SEED (never used in training), and the expert and random baselines on the same layouts;
 #   4. figures: curves.png (scripts/plot_log.py), results.md (the tables, device, commit, times).

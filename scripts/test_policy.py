@@ -99,7 +99,7 @@ def frame_dtype_checks(policy, images, instructions, state, noise, ours):
     for label, frames in as_float.items():
         got = policy.act(frames, instructions, state, noise=noise)
         check(np.array_equal(got, ours), f"frames as {label} give the uint8 frames' actions exactly")
-    # what float frames used to become: cast to uint8, almost every pixel 0
+    # what a plain cast of float frames to uint8 gives: almost every pixel 0
     truncated = [(im / 255.0).astype(np.uint8) for im in images]
     got = policy.act(as_float["float32 uint8 / 255"], instructions, state, noise=noise)
     check(not np.array_equal(got, policy.act(truncated, instructions, state, noise=noise))

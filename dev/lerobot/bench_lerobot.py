@@ -70,7 +70,7 @@ SMOLVLA_POLICY_DEFAULTS = dict(chunk_size=50, n_action_steps=50, max_state_dim=3
                                num_expert_layers=-1, train_state_proj=True, use_cache=True,
                                add_image_special_tokens=False, pad_language_to="longest")
 
-# What SMOLVLA.md states for the released model (LeRobot's own count).
+# The released model's parameter counts, as LeRobot counts them (README.md, The model: SmolVLA).
 SMOLVLA_EXPECTED = {"total": 450_046_176, "expert": 99_880_992}
 
 # Data as a LeRobot dataset would hand it over (Meta-World/LIBERO-like: two cameras, small state).
@@ -569,9 +569,9 @@ def count_only(args, vlm_dir, vision, text, scale_factor, vocab, policy_kwargs, 
     report["sizes"] = sz
     report["param_formula"] = smolvla_param_counts(sz)
     if args.preset == "smolvla":
-        check_count("smolvla total vs SMOLVLA.md", report["modes"]["expert"]["params"]["total"],
+        check_count("smolvla total vs LeRobot's count", report["modes"]["expert"]["params"]["total"],
                     SMOLVLA_EXPECTED["total"], problems)
-        check_count("smolvla expert trainable vs SMOLVLA.md", report["modes"]["expert"]["params"]["trainable"],
+        check_count("smolvla expert trainable vs LeRobot's count", report["modes"]["expert"]["params"]["trainable"],
                     SMOLVLA_EXPECTED["expert"], problems)
     report["problems"] = problems
     return problems
@@ -802,7 +802,7 @@ def main(argv=None):
     check_count("total", counts["total"], formula["total"], problems)
     check_count("trainable", counts["trainable"], formula["trainable"][args.train], problems)
     if args.preset == "smolvla":
-        check_count("total vs SMOLVLA.md", counts["total"], SMOLVLA_EXPECTED["total"], problems)
+        check_count("total vs LeRobot's count", counts["total"], SMOLVLA_EXPECTED["total"], problems)
     if problems:
         raise BenchError("; ".join(problems))
     report.update(params=counts, param_formula=formula, sizes=sz, build_seconds=build_s)

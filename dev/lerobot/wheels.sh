@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch (here, where pip reaches PyPI) the wheels a GPU machine of this workplace needs to import
+# Fetch (here, where pip reaches PyPI) the wheels an offline GPU machine needs to import
 # LeRobot 0.6.1 on top of its image, for dev/lerobot/bench_lerobot.py. The image already has
 # torch 2.11.0, transformers 5.17.0, accelerate 1.15.0, huggingface-hub 1.33.0, safetensors 0.8.0,
 # tokenizers 0.23.2, numpy 2.5.2 and the rest of the list below; what it lacks is LeRobot itself
@@ -18,7 +18,7 @@
 # (a hard Requires-Dist of lerobot, 8 kB). Not carried: docopt (num2words' Requires-Dist; only
 # its command-line script imports it, and PyPI has no wheel for 0.6.2).
 #
-# On the GPU machine (name .whl in `carry`), begin the command with:
+# On the GPU machine (with .whl copied over), begin the command with:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit;
 # (--upgrade only matters if /tmp/site exists already; a fresh machine has none.)
@@ -85,7 +85,7 @@ except ImportError:
     from pip._vendor.packaging.version import Version
 
 whl_dir, pinned, specs = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]
-# The image's Python packages (device/KINDS.md, 'Python packages already there', read 2026-11-17).
+# The image's Python packages (its pip list).
 IMAGE = """absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
 build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings
 cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils
@@ -109,7 +109,7 @@ torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformer
 typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl
 zipp""".split()
 IMAGE = {canonicalize_name(n) for n in IMAGE}
-# Versions seen there (KINDS.md pip list), for the packages whose pins matter here.
+# Their versions in the image, for the packages whose pins matter here.
 IMAGE_VERSIONS = {"torch": "2.11.0", "torchvision": "0.26.0", "transformers": "5.17.0", "accelerate": "1.15.0",
                   "huggingface-hub": "1.33.0", "safetensors": "0.8.0", "tokenizers": "0.23.2", "numpy": "2.5.2",
                   "triton": "3.6.0"}
@@ -173,7 +173,7 @@ print(f"{len(ours)} wheels, {total / 2**20:.2f} MiB:")
 for name, (ver, path) in sorted(ours.items()):
     print(f"  {os.path.basename(path):70s} {os.path.getsize(path) / 2**10:9.1f} KiB")
 folder = sum(os.path.getsize(p) for p in glob.glob(os.path.join(whl_dir, "*.whl")))
-print(f"folder {whl_dir}: {folder / 2**20:.2f} MiB in all (limit for a carried tree: 64 MiB)")
+print(f"folder {whl_dir}: {folder / 2**20:.2f} MiB in all (kept under 60 MiB to copy over)")
 for n in notes:
     print("note:", n)
 if stale:
