@@ -32,7 +32,7 @@ add_suite() {
     suite_cmds+=("$(printf '%q ' "$@")")
 }
 
-# ---- the suites, longest first (their wall times on the 2-core machine are in the README)
+# ---- the suites, longest first (their wall times on a 2-core machine are in docs/performance.md)
 # The three test_vla_gpu suites write runs of the same names, so each works in a folder of its own,
 # build/test/<precision>, which links to the fixtures that `make test` puts in build/test.
 gpu_suite_dir() {

@@ -30,7 +30,7 @@ trains, as the trainer's --train; the preset's default when not given):
   of it overlapped.
 - Without a measurement, T1 comes from an assumed MFU and the training FLOPs per sample of
   dev/lerobot/bench_lerobot.py's smolvla_train_flops (count "model", the language padded to max_text).
-The data loader is assumed to keep up (train_vla's does: README, "The loader"); compute per GPU
+The data loader is assumed to keep up (train_vla's does: docs/data.md, "The loader"); compute per GPU
 does not change with N (the per-GPU batch is fixed).
 """
 import argparse

@@ -10,7 +10,7 @@
 #
 #   scripts/mt10_recipe.sh                        # on a GPU machine: generate, train, evaluate, plot
 #   OUT=build/mt10_gpu DATA=build/mt10/data scripts/mt10_recipe.sh          # reuse generated shards
-#   TRAINER=cpu OUT=build/mt10_small scripts/mt10_recipe.sh   # the README's run, on the CPU
+#   TRAINER=cpu OUT=build/mt10_small scripts/mt10_recipe.sh   # docs/mt10.md's run, on the CPU
 #   PRESET=smolvla TRAIN=expert IMG=224 scripts/mt10_recipe.sh    # SmolVLA's sizes, the expert fine-tuned
 #
 # Every stage is skipped when its output is already there (the shards, the final checkpoint,
@@ -37,7 +37,7 @@ AUGMENT=${AUGMENT:-0}                    # random image shift in pixels
 SEED=${SEED:-1337}                       # training seed
 CKPT_EVERY=${CKPT_EVERY:-2000}           # checkpoint interval
 EPISODES=${EPISODES:-20}                 # evaluation episodes per task
-EVAL_SEED=${EVAL_SEED:-2026}             # evaluation layouts: distinct from the generator's (0) and the README's 1000
+EVAL_SEED=${EVAL_SEED:-2026}             # evaluation layouts: distinct from the generator's (0) and docs/policy.md's 1000
 REPLAN=${REPLAN:-4}                      # actions executed from each predicted chunk
 EVAL_WORKERS=${EVAL_WORKERS:-$(nproc)}   # evaluation processes (CPU); with a GPU the policy runs there
 PY=${PY:-build/venv/bin/python}

@@ -5,6 +5,7 @@
         --warmup 5 --amp bf16 --device cuda [--compile] [--infer] [--json OUT.json]
     python dev/lerobot/bench_lerobot.py --preset smolvla --count-only      # sizes only, no step
     python dev/lerobot/bench_lerobot.py --preset tiny --device cpu --batch 2 --steps 2 --warmup 1
+    python dev/lerobot/bench_lerobot.py --preset small --train all --device cpu --threads 2 --batch 8
 
 Random weights, nothing from the hub (HF_HUB_OFFLINE=1): a local SmolVLM folder (config,
 tokenizer, processor) with the requested sizes stands in for SmolVLM2-500M-Video-Instruct.
@@ -345,10 +346,25 @@ class BenchError(Exception):
     """A known, user-facing problem: printed as one line, exit status 2."""
 
 
+# train_vla's `small` preset (vla.h, SMOLVLA_PRESETS) in LeRobot's terms, so that dev/bench_cpu.sh
+# times both trainers on the same model. The vocabulary is the stand-in tokenizer's, not 256 bytes.
+SMALL_VISION = dict(image_size=64, patch_size=8, hidden_size=48, num_hidden_layers=1,
+                    num_attention_heads=2, intermediate_size=96, layer_norm_eps=1e-6,
+                    hidden_act="gelu_pytorch_tanh")
+SMALL_TEXT = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  intermediate_size=192, num_hidden_layers=2, rms_norm_eps=1e-5,
+                  rope_theta=100000.0, max_position_embeddings=512, hidden_act="silu")
+SMALL_POLICY = dict(chunk_size=8, n_action_steps=8, max_state_dim=32, max_action_dim=32,
+                    resize_imgs_with_padding=(64, 64), num_steps=10, num_vlm_layers=2,
+                    tokenizer_max_length=48)
+
+
 def preset_config(preset):
     """(vision, text, scale_factor, vocab or None = tokenizer size, policy kwargs to pass)."""
     if preset == "smolvla":
         return SMOLVLA_VISION, SMOLVLA_TEXT, SMOLVLA_SCALE_FACTOR, SMOLVLA_VOCAB, {}
+    if preset == "small":
+        return SMALL_VISION, SMALL_TEXT, 2, None, dict(SMALL_POLICY)
     sys.path.insert(0, str(HERE))
     import make_ref  # the reference generator's tiny sizes
     return make_ref.VISION, make_ref.TEXT, make_ref.SCALE_FACTOR, None, dict(make_ref.POLICY)
@@ -707,7 +723,7 @@ def run_infer(args, cfg, policy, pre, post, torch, report):
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", choices=("smolvla", "tiny"), default="smolvla")
+    ap.add_argument("--preset", choices=("smolvla", "small", "tiny"), default="smolvla")
     ap.add_argument("--train", choices=tuple(TRAIN_FLAGS), default="expert",
                     help="expert = LeRobot's default (train_expert_only, frozen vision); vlm; all")
     ap.add_argument("--batch", type=int, default=32)
