@@ -156,6 +156,10 @@ static bool packable(size_t n, int size, const void* a, const void* b = NULL, co
     return n % size == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 && (uintptr_t)c % 16 == 0;
 }
 
+// PTX instructions as functions (mma.sync, cp.async, ldmatrix, ex2.approx) and the launch count of
+// the emulation, which has its own versions of them (dev/cuda/emu/vla/ptx.cuh, found first there)
+#include "vla/ptx.cuh"
+
 // ----------------------------------------------------------------------------
 // kernels: forward and backward of every operation
 
@@ -1727,61 +1731,13 @@ __global__ void attention_softmax_backward_rows_kernel(TS* s, TS* dp, const floa
 // which costs three spilled values, reloaded once a query tile from L1
 #define ATT4_DKDV_BLOCKS 3
 
-// d (16x8, fp32) += a (16x16, row-major) b (16x8, column-major), bf16 products, the warp together.
-// Lane 4 g + t passes: a[r] = A row g + 8 (r % 2), columns 2t + 8 (r / 2) and the next; b[r] = B
-// column g, rows 2t + 8 r and the next; two bf16 a register, the lower index in the low half.
-static __device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, const uint32_t* b) {
-#if defined(CUDA_EMULATION)
-    emu_mma_m16n8k16_bf16(d, a, b);
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-
-// two neighbouring floatX as one register (stored 4-byte aligned), the first in the low half
-static __device__ __forceinline__ void store_x2(floatX* p, uint32_t u) {
-#if defined(CUDA_EMULATION)
-    memcpy(p, &u, 4);
-#else
-    *reinterpret_cast<uint32_t*>(p) = u;
-#endif
-}
+// two neighbouring floatX as one register (store_x2 stores it, 4-byte aligned), the first in the low half
 static __device__ __forceinline__ uint32_t pack_f2(float lo, float hi) {
     floatX x[2] = {fx(lo), fx(hi)};
     uint16_t l, h;
     memcpy(&l, &x[0], 2);
     memcpy(&h, &x[1], 2);
     return (uint32_t)l | (uint32_t)h << 16;
-}
-
-// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80); a
-// thread's copies are committed as a group and waited for (at most n groups left in flight). The
-// emulation lands them at the wait, their destination garbage until then (emu_cp_async16).
-static __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-#if defined(CUDA_EMULATION)
-    emu_cp_async16(smem, gmem);
-#else
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-#endif
-}
-static __device__ __forceinline__ void cp_async_commit(void) {
-#if defined(CUDA_EMULATION)
-    emu_cp_async_commit();
-#else
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int n>
-static __device__ __forceinline__ void cp_async_wait(void) {
-#if defined(CUDA_EMULATION)
-    emu_cp_async_wait(n);
-#else
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory");
-#endif
 }
 
 // tile (64, HSP + 8) <- rows first.. of one head of a tensor (row stride D elements) of n_rows
@@ -1806,27 +1762,6 @@ static __device__ void att4_load_tile(floatX* tile, const floatX* head, int firs
             store128(dst, zero);
         }
     }
-}
-
-// ldmatrix: four 8x8 matrices of 16-bit elements from shared memory, the warp together. Lane l
-// gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned) and receives, of
-// matrix j, in r[j] the two elements at row l / 4, columns 2 (l % 4) and the next; transposed
-// (.trans), those at rows 2 (l % 4) and the next of column l / 4. One instruction for what would
-// take four 32-bit loads (eight 16-bit ones transposed).
-template <bool TRANS>
-static __device__ __forceinline__ void ldsm_x4(uint32_t* r, const floatX* row) {
-#if defined(CUDA_EMULATION)
-    emu_ldmatrix_x4(r, row, TRANS);
-#else
-    unsigned s = (unsigned)__cvta_generic_to_shared(row);
-    if (TRANS) {
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
-    } else {
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
-    }
-#endif
 }
 
 // Fragments from a row-major floatX tile at p (row stride ld elements, 16-byte aligned rows):
@@ -1941,20 +1876,6 @@ static __device__ __forceinline__ float quad_sum(float v) {
 }
 
 #define LOG2E_F 1.4426950408889634f
-
-// 2^x for the softmax's probabilities: one MUFU.EX2 (ex2.approx.ftz). exp2f's ex2.approx without
-// ftz wraps it in a range test and two multiplies that keep results below 2^-126 as denormals, a
-// probability that small being one no sum here can tell from 0; the kernels take 64 of these a
-// lane per key tile. The emulation calls exp2f.
-static __device__ __forceinline__ float fast_exp2(float x) {
-#if defined(CUDA_EMULATION)
-    return exp2f(x);
-#else
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-#endif
-}
 
 // shared memory of every version 4 kernel: six (64, HSP + 8) floatX tiles, two stages of 64
 // log-sum-exps and deltas (the dk/dv kernel's), then two stages of the streamed side's 64 block ids
@@ -5326,11 +5247,7 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
     cudaCheck(cudaStreamSynchronize(main_stream));
     for (int k = 0; k < 2; k++) {
         cudaCheck(cudaEventElapsedTime(&s->ms[k], s->marks[k], s->marks[k + 1]));
-#if defined(CUDA_EMULATION)
-        s->launches[k] = (long long)emu_event_launches(s->marks[k], s->marks[k + 1]);
-#else
-        s->launches[k] = -1;
-#endif
+        s->launches[k] = event_launches(s->marks[k], s->marks[k + 1]);
     }
     if (profiled) { prof_end("sampling call", s->calls, 1000.0 * (wall_seconds() - t0)); }
 }
