@@ -93,7 +93,7 @@ EMU_DIR = build/emu
 # the rewritten sources stay: make would otherwise delete them as intermediates and rebuild
 .SECONDARY: $(EMU_DIR)/train_vla.cu $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/dev/cuda/emu/test_emulate.cu \
 	$(addprefix $(EMU_DIR)/,$(wildcard dev/cuda/*.cu dev/cuda/*.h))
-EMU_HEADERS = $(wildcard dev/cuda/emu/*.h) dev/cuda/emu/launch.sed
+EMU_HEADERS = $(wildcard dev/cuda/emu/*.h dev/cuda/emu/vla/*.cuh) dev/cuda/emu/launch.sed
 # (no -g by default: it makes these builds 40% slower, and CI's time is short; EMU_DEBUG=-g for gdb)
 EMU_DEBUG ?=
 EMU_CXX = g++ -std=c++17 -O2 $(EMU_DEBUG) -Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas \

@@ -156,6 +156,10 @@ static bool packable(size_t n, int size, const void* a, const void* b = NULL, co
     return n % size == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 && (uintptr_t)c % 16 == 0;
 }
 
+// PTX instructions as functions (mma.sync, cp.async, ldmatrix, ex2.approx) and the launch count of
+// the emulation, which has its own versions of them (dev/cuda/emu/vla/ptx.cuh, found first there)
+#include "vla/ptx.cuh"
+
 // ----------------------------------------------------------------------------
 // kernels: forward and backward of every operation
 
@@ -1727,61 +1731,13 @@ __global__ void attention_softmax_backward_rows_kernel(TS* s, TS* dp, const floa
 // which costs three spilled values, reloaded once a query tile from L1
 #define ATT4_DKDV_BLOCKS 3
 
-// d (16x8, fp32) += a (16x16, row-major) b (16x8, column-major), bf16 products, the warp together.
-// Lane 4 g + t passes: a[r] = A row g + 8 (r % 2), columns 2t + 8 (r / 2) and the next; b[r] = B
-// column g, rows 2t + 8 r and the next; two bf16 a register, the lower index in the low half.
-static __device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, const uint32_t* b) {
-#if defined(CUDA_EMULATION)
-    emu_mma_m16n8k16_bf16(d, a, b);
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-
-// two neighbouring floatX as one register (stored 4-byte aligned), the first in the low half
-static __device__ __forceinline__ void store_x2(floatX* p, uint32_t u) {
-#if defined(CUDA_EMULATION)
-    memcpy(p, &u, 4);
-#else
-    *reinterpret_cast<uint32_t*>(p) = u;
-#endif
-}
+// two neighbouring floatX as one register (store_x2 stores it, 4-byte aligned), the first in the low half
 static __device__ __forceinline__ uint32_t pack_f2(float lo, float hi) {
     floatX x[2] = {fx(lo), fx(hi)};
     uint16_t l, h;
     memcpy(&l, &x[0], 2);
     memcpy(&h, &x[1], 2);
     return (uint32_t)l | (uint32_t)h << 16;
-}
-
-// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80); a
-// thread's copies are committed as a group and waited for (at most n groups left in flight). The
-// emulation lands them at the wait, their destination garbage until then (emu_cp_async16).
-static __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-#if defined(CUDA_EMULATION)
-    emu_cp_async16(smem, gmem);
-#else
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-#endif
-}
-static __device__ __forceinline__ void cp_async_commit(void) {
-#if defined(CUDA_EMULATION)
-    emu_cp_async_commit();
-#else
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int n>
-static __device__ __forceinline__ void cp_async_wait(void) {
-#if defined(CUDA_EMULATION)
-    emu_cp_async_wait(n);
-#else
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory");
-#endif
 }
 
 // tile (64, HSP + 8) <- rows first.. of one head of a tensor (row stride D elements) of n_rows
@@ -1806,27 +1762,6 @@ static __device__ void att4_load_tile(floatX* tile, const floatX* head, int firs
             store128(dst, zero);
         }
     }
-}
-
-// ldmatrix: four 8x8 matrices of 16-bit elements from shared memory, the warp together. Lane l
-// gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned) and receives, of
-// matrix j, in r[j] the two elements at row l / 4, columns 2 (l % 4) and the next; transposed
-// (.trans), those at rows 2 (l % 4) and the next of column l / 4. One instruction for what would
-// take four 32-bit loads (eight 16-bit ones transposed).
-template <bool TRANS>
-static __device__ __forceinline__ void ldsm_x4(uint32_t* r, const floatX* row) {
-#if defined(CUDA_EMULATION)
-    emu_ldmatrix_x4(r, row, TRANS);
-#else
-    unsigned s = (unsigned)__cvta_generic_to_shared(row);
-    if (TRANS) {
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
-    } else {
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
-    }
-#endif
 }
 
 // Fragments from a row-major floatX tile at p (row stride ld elements, 16-byte aligned rows):
@@ -1941,20 +1876,6 @@ static __device__ __forceinline__ float quad_sum(float v) {
 }
 
 #define LOG2E_F 1.4426950408889634f
-
-// 2^x for the softmax's probabilities: one MUFU.EX2 (ex2.approx.ftz). exp2f's ex2.approx without
-// ftz wraps it in a range test and two multiplies that keep results below 2^-126 as denormals, a
-// probability that small being one no sum here can tell from 0; the kernels take 64 of these a
-// lane per key tile. The emulation calls exp2f.
-static __device__ __forceinline__ float fast_exp2(float x) {
-#if defined(CUDA_EMULATION)
-    return exp2f(x);
-#else
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-#endif
-}
 
 // shared memory of every version 4 kernel: six (64, HSP + 8) floatX tiles, two stages of 64
 // log-sum-exps and deltas (the dk/dv kernel's), then two stages of the streamed side's 64 block ids
@@ -2710,186 +2631,8 @@ static int colsum_rows(size_t N) {
 }
 static size_t colsum_chunks(size_t N) { return ceil_div(N, (size_t)colsum_rows(N)); }
 
-// ---- the step profiler (--profile STEP): where one training step's GPU time goes
-// Marks are events on main_stream. The time from one mark to the next is charged to the phase
-// (vision forward, VLM backward, optimizer, ...) and the operation the first mark names (a matrix
-// product, attention, a norm; "other kernels" for what runs between named ones). All of a step's
-// kernels run on main_stream (NCCL's on a stream main_stream waits for: the wait is charged where
-// it happens), so the marks tile the step's GPU time. Products and attention record their FLOPs
-// and shapes too, for TFLOP/s per shape. Off (one branch per call) except in the profiled step.
-struct ProfMark {
-    const char* phase;
-    const char* op;   // NULL: the kernels between named operations
-    double flops;     // a product's or an attention call's, else 0
-    char shape[64];   // its sizes
-    double host;      // the host's clock when it was recorded (s)
-};
-struct Profiler {
-    int on;
-    int stopped;  // recording ended (prof_stop), the report not yet printed (prof_end)
-    int depth;  // ProfOps open: only the outermost marks (attention's products are attention's)
-    const char* phase;
-    int n, cap;
-    ProfMark* marks;
-    cudaEvent_t* events;  // marks[i] was recorded by events[i]
-};
-static thread_local Profiler prof = {0, 0, 0, "step", 0, 0, NULL, NULL};
-
-static void prof_mark(const char* op, double flops = 0.0, const char* shape = NULL) {
-    if (!prof.on) { return; }
-    if (prof.n == prof.cap) {
-        int cap = prof.cap > 0 ? 2 * prof.cap : 4096;
-        prof.marks = (ProfMark*)realloc(prof.marks, cap * sizeof(ProfMark));
-        prof.events = (cudaEvent_t*)realloc(prof.events, cap * sizeof(cudaEvent_t));
-        if (prof.marks == NULL || prof.events == NULL) { vla_fail("--profile: out of host memory for %d marks", cap); }
-        for (int i = prof.cap; i < cap; i++) { cudaCheck(cudaEventCreate(&prof.events[i])); }
-        prof.cap = cap;
-    }
-    ProfMark* k = &prof.marks[prof.n];
-    k->phase = prof.phase;
-    k->op = op;
-    k->flops = flops;
-    snprintf(k->shape, sizeof(k->shape), "%s", shape != NULL ? shape : "");
-    k->host = wall_seconds();
-    cudaCheck(cudaEventRecord(prof.events[prof.n++], main_stream));
-}
-
-// What runs from here on belongs to `phase` (a string literal)
-static void prof_phase(const char* phase) {
-    if (!prof.on) { return; }
-    prof.phase = phase;
-    prof_mark(NULL);
-}
-
-// An operation for the scope of this object: its launches (and those of operations it calls) are
-// charged to `op`
-struct ProfOp {
-    ProfOp(const char* op, double flops = 0.0, const char* shape = NULL) {
-        if (prof.depth++ == 0) { prof_mark(op, flops, shape); }
-    }
-    ~ProfOp() {
-        if (--prof.depth == 0) { prof_mark(NULL); }
-    }
-};
-
-static void prof_begin(void) {
-    prof.on = 1;
-    prof.n = 0;
-    prof_phase("step");
-}
-
-static void prof_free(void) {
-    for (int i = 0; i < prof.cap; i++) { cudaCheck(cudaEventDestroy(prof.events[i])); }
-    free(prof.marks);
-    free(prof.events);
-    prof = Profiler{0, 0, 0, "step", 0, 0, NULL, NULL};
-}
-
-// One row of a report: the marks whose phase and op (or op and shape) match, summed
-struct ProfRow {
-    const char* phase;
-    const char* op;
-    const char* shape;
-    int calls;
-    double ms, flops;
-    double host_ms;  // the host's time issuing the row's work: near ms where the GPU waited for launches
-};
-
-static int prof_row_cmp(const void* a, const void* b) {
-    double x = ((const ProfRow*)a)->ms, y = ((const ProfRow*)b)->ms;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
-// The row of rows[0..*n) for this key (added if new)
-static ProfRow* prof_row(ProfRow* rows, int* n, const char* phase, const char* op, const char* shape) {
-    for (int i = 0; i < *n; i++) {
-        if (strcmp(rows[i].phase, phase) == 0 && strcmp(rows[i].op, op) == 0 && strcmp(rows[i].shape, shape) == 0) {
-            return &rows[i];
-        }
-    }
-    rows[*n] = ProfRow{phase, op, shape, 0, 0.0, 0.0, 0.0};
-    return &rows[(*n)++];
-}
-
-// rows (sorted) as a table: `first` and `second` name the columns shown of phase, op, shape
-static void prof_print(const ProfRow* rows, int n, int max_rows, double total_ms, const char* first, const char* second) {
-    printf("| %-16s |", first);
-    if (second != NULL) { printf(" %-36s |", second); }
-    printf(" %6s | %9s | %6s | %7s | %9s |\n|---|%s ---:| ---:| ---:| ---:| ---:|\n", "calls", "ms", "step", "TFLOP/s",
-           "host ms", second != NULL ? "---|" : "");
-    double rest = 0.0;
-    for (int i = 0; i < n; i++) {
-        const ProfRow* r = &rows[i];
-        if (i >= max_rows) {
-            rest += r->ms;
-            continue;
-        }
-        char tf[16] = "";
-        if (r->flops > 0.0 && r->ms > 0.0) { snprintf(tf, sizeof(tf), "%.1f", r->flops / (r->ms * 1e9)); }
-        const char* cols[3] = {r->phase, r->op, r->shape};
-        const char* a = cols[strcmp(first, "phase") == 0 ? 0 : 1];
-        printf("| %-16s |", a);
-        if (second != NULL) { printf(" %-36s |", cols[strcmp(second, "operation") == 0 ? 1 : 2]); }
-        printf(" %6d | %9.3f | %5.1f%% | %7s | %9.3f |\n", r->calls, r->ms, 100.0 * r->ms / total_ms, tf, r->host_ms);
-    }
-    if (n > max_rows) { printf("(%d more rows, %.1f%% of the step)\n", n - max_rows, 100.0 * rest / total_ms); }
-}
-
-// Stops recording, waits for the step and prints its GPU time by phase and operation, then the
-// products and attention calls by shape. wall_ms: the step's wall time on the host.
-// Ends the recording where the profiled work ends (the training loop: before a checkpoint is
-// written, which is not the step's); prof_end prints later
-static void prof_stop(void) {
-    if (!prof.on) { return; }
-    prof_phase("end");
-    prof.on = 0;
-    prof.stopped = 1;
-}
-
-static void prof_end(const char* what, int index, double wall_ms) {
-    prof_stop();
-    if (!prof.stopped) { return; }
-    prof.stopped = 0;
-    cudaCheck(cudaEventSynchronize(prof.events[prof.n - 1]));
-    int n = prof.n - 1;  // intervals
-    ProfRow* by_phase = (ProfRow*)mallocCheck((size_t)n * sizeof(ProfRow));
-    ProfRow* by_op = (ProfRow*)mallocCheck((size_t)n * sizeof(ProfRow));
-    ProfRow* by_shape = (ProfRow*)mallocCheck((size_t)n * sizeof(ProfRow));
-    int n_phase = 0, n_op = 0, n_shape = 0;
-    double total = 0.0;
-    for (int i = 0; i < n; i++) {
-        float ms = 0.0f;
-        cudaCheck(cudaEventElapsedTime(&ms, prof.events[i], prof.events[i + 1]));
-        const ProfMark* k = &prof.marks[i];
-        const char* op = k->op != NULL ? k->op : "other kernels";
-        ProfRow* rows[3] = {prof_row(by_phase, &n_phase, k->phase, "", ""), prof_row(by_op, &n_op, k->phase, op, ""),
-                            k->flops > 0.0 ? prof_row(by_shape, &n_shape, "", op, k->shape) : NULL};
-        for (int r = 0; r < 3; r++) {
-            if (rows[r] == NULL) { continue; }
-            rows[r]->calls += k->op != NULL;
-            rows[r]->ms += ms;
-            rows[r]->flops += k->flops;
-            rows[r]->host_ms += 1000.0 * (prof.marks[i + 1].host - k->host);
-        }
-        total += ms;
-    }
-    qsort(by_phase, n_phase, sizeof(ProfRow), prof_row_cmp);
-    qsort(by_op, n_op, sizeof(ProfRow), prof_row_cmp);
-    qsort(by_shape, n_shape, sizeof(ProfRow), prof_row_cmp);
-    printf("\nprofile of %s %d: %.3f ms of GPU time from its first mark to its last (%.1f ms on the host's clock, "
-           "%d marks; host ms: the host's time between the same marks, issuing the work: near ms, the GPU waited for "
-           "launches)\nby phase (calls: the named operations in it):\n", what, index, total, wall_ms, prof.n);
-    prof_print(by_phase, n_phase, n_phase, total, "phase", NULL);
-    printf("\nby phase and operation (\"other kernels\": the elementwise and small kernels between named ones):\n");
-    prof_print(by_op, n_op, 40, total, "phase", "operation");
-    printf("\nthe products (cuBLASLt's m x n x k, column-major, op(A) op(B)) and attention calls (FLOPs as if "
-           "unmasked) by shape:\n");
-    prof_print(by_shape, n_shape, 40, total, "operation", "shape");
-    printf("\n");
-    free(by_phase);
-    free(by_op);
-    free(by_shape);
-}
+// the step profiler (--profile STEP): marks on main_stream, reported by phase, operation and shape
+#include "vla/profiler.cuh"
 
 // Largest power of two (at most 256) that divides the address: what cuBLASLt may assume.
 static uint32_t pointer_alignment(const void* p) {
@@ -5504,11 +5247,7 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
     cudaCheck(cudaStreamSynchronize(main_stream));
     for (int k = 0; k < 2; k++) {
         cudaCheck(cudaEventElapsedTime(&s->ms[k], s->marks[k], s->marks[k + 1]));
-#if defined(CUDA_EMULATION)
-        s->launches[k] = (long long)emu_event_launches(s->marks[k], s->marks[k + 1]);
-#else
-        s->launches[k] = -1;
-#endif
+        s->launches[k] = event_launches(s->marks[k], s->marks[k + 1]);
     }
     if (profiled) { prof_end("sampling call", s->calls, 1000.0 * (wall_seconds() - t0)); }
 }
@@ -5845,156 +5584,7 @@ static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const Tra
 // same functions as libvla.so from train_vla.c.
 
 #if defined(VLA_LIBRARY)
-typedef struct {
-    SmolVLA model;
-    int train_mode;      // the checkpoint's
-    char tokenizer[64];  // the checkpoint's
-    float* stats;        // state_mean(S) state_std(S) action_mean(A) action_std(A), as trained with (host)
-    SmolBatch obs;       // host observations, room for `capacity`
-    SmolBatch dev;       // their device copy, the same layout
-    void* dev_memory;    // (dev_bytes)
-    size_t dev_bytes;
-    int capacity;
-    char device[320];
-} VLAPolicy;
-
-static thread_local int policy_gpu_ready = 0;  // streams and cuBLASLt of the calling thread, once
-
-// Loads a checkpoint onto the GPU; NULL and a message in err if it cannot be used. threads: unused.
-VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_size) {
-    (void)threads;
-    Checkpoint ck;
-    if (checkpoint_read_checked(path, &ck, err, (size_t)err_size) != 0) { return NULL; }
-    checkpoint_note_unverified(path, &ck);
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        snprintf(err, (size_t)err_size, "no CUDA GPU is visible: serve the checkpoint on the CPU (device=\"cpu\", libvla.so)");
-        checkpoint_free(&ck);
-        return NULL;
-    }
-    cudaDeviceProp prop;
-    if (!policy_gpu_ready) {
-        gpu_init(0, &prop);
-        policy_gpu_ready = 1;
-    } else {
-        cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    }
-    VLAPolicy* p = (VLAPolicy*)callocCheck(1, sizeof(VLAPolicy));
-    snprintf(p->device, sizeof(p->device), "%s (%s)", prop.name, PRECISION_NAME);
-    p->train_mode = ck.train_mode;
-    snprintf(p->tokenizer, sizeof(p->tokenizer), "%s", ck.tokenizer);
-    smolvla_build(&p->model, &ck.config, ck.train_mode);
-    smolvla_set_params(&p->model, ck.params);
-    // serving trains nothing: the gradients and the optimizer state go
-    SmolVLA* m = &p->model;
-    float* training[4] = {m->grads_memory, m->master, m->m_memory, m->v_memory};
-    for (int k = 0; k < 4; k++) { cudaCheck(cudaFree(training[k])); }
-    m->device_bytes -= m->n_train * sizeof(float) + m->opt_bytes;
-    m->grads_memory = m->master = m->m_memory = m->v_memory = NULL;
-    m->sampling.use_graph = 1;
-    const char* profile = getenv("VLA_PROFILE_ACT");  // the act() call to profile (dev/bench_infer.py)
-    if (profile != NULL) {
-        char* end = NULL;
-        long call = strtol(profile, &end, 10);
-        if (end == profile || *end != '\0' || call < 1 || call > 1000000000L) {
-            fprintf(stderr, "vla: VLA_PROFILE_ACT=%s: expected the number (1, 2, ...) of the act() call to profile: "
-                    "ignored\n", profile);
-        } else {
-            m->sampling.profile_call = (int)call;
-        }
-    }
-    p->stats = ck.stats;
-    ck.stats = NULL;
-    checkpoint_free(&ck);
-    return p;
-}
-
-// The checkpoint's config: the 26 fields of SmolVLAConfig in order, then its train mode.
-VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) {
-    memcpy(out, &p->model.config, sizeof(SmolVLAConfig));
-    out[sizeof(SmolVLAConfig) / sizeof(int32_t)] = p->train_mode;
-}
-
-// Where the policy computes, and in which precision.
-VLA_API const char* vla_policy_device(const VLAPolicy* p) { return p->device; }
-
-// The token ids the checkpoint was trained on ("bytes" for the data/ tools' shards).
-VLA_API const char* vla_policy_tokenizer(const VLAPolicy* p) { return p->tokenizer; }
-
-// Action chunks (B, H, A) in the data's units, as libvla.so's: cam_hw the (height, width) of each
-// camera's frames in this call, images[k] camera k's B frames, the instructions as strings or token
-// ids (texts NULL; see policy_observations); the observations are assembled on the host, copied to
-// the GPU in one go and sampled there (the prefix once, 10 Euler steps). Returns POLICY_OK or why not.
-static int policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images, const char* const* texts,
-                      const int32_t* ids, const int32_t* n_ids, const float* state, const float* noise, uint64_t seed,
-                      float* actions) {
-    const SmolVLAConfig* c = &p->model.config;
-    if (B < 1) { return POLICY_BAD_BATCH; }
-    Cameras cams;
-    memset(&cams, 0, sizeof(cams));
-    cams.n = c->n_cam;
-    for (int k = 0; k < c->n_cam; k++) {
-        if (cam_hw[2 * k] < 1 || cam_hw[2 * k] > VLA_MAX_IMG || cam_hw[2 * k + 1] < 1 || cam_hw[2 * k + 1] > VLA_MAX_IMG) {
-            return POLICY_BAD_CAMERA;
-        }
-        cams.height[k] = (uint32_t)cam_hw[2 * k];
-        cams.width[k] = (uint32_t)cam_hw[2 * k + 1];
-    }
-    if (texts == NULL && policy_check_tokens(c, B, ids, n_ids) != POLICY_OK) { return POLICY_BAD_TOKENS; }
-    policy_reserve(&p->obs, &p->capacity, c, &cams, B);
-    if (p->obs.bytes > p->dev_bytes) {  // a larger batch or larger frames than before
-        cudaCheck(cudaFree(p->dev_memory));
-        cudaCheck(cudaMalloc(&p->dev_memory, p->obs.bytes));
-        p->dev_bytes = p->obs.bytes;
-    }
-    smolvla_batch_layout(&p->dev, (uint8_t*)p->dev_memory, c, &cams, p->capacity);  // the host's layout
-    policy_observations(&p->obs, c, p->stats, B, images, texts, ids, n_ids, state, noise, seed);
-    cudaCheck(cudaMemcpy(p->dev_memory, p->obs.memory, p->obs.bytes, cudaMemcpyHostToDevice));
-    p->dev.B = B;
-    int S = c->state_dim, A = c->action_dim;
-    smolvla_sample_actions(&p->model, &p->dev, p->stats + 2 * S, p->stats + 2 * S + A, actions);
-    return POLICY_OK;
-}
-
-// Instructions as B UTF-8 strings (bytes as token ids): "bytes" checkpoints only, as libvla.so's.
-VLA_API int vla_policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
-                           const char* const* instructions, const float* state, const float* noise, uint64_t seed,
-                           float* actions) {
-    if (!policy_takes_strings(p->tokenizer)) { return POLICY_NOT_BYTES; }
-    return policy_act(p, B, cam_hw, images, instructions, NULL, NULL, state, noise, seed, actions);
-}
-
-// Instructions as token ids of the checkpoint's tokenizer, as libvla.so's: tokens one instruction's
-// ids after another, n_tokens[b] for observation b.
-VLA_API int vla_policy_act_tokens(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
-                                  const int32_t* tokens, const int32_t* n_tokens, const float* state, const float* noise,
-                                  uint64_t seed, float* actions) {
-    return policy_act(p, B, cam_hw, images, NULL, tokens, n_tokens, state, noise, seed, actions);
-}
-
-// What the last vla_policy_act took on the device, in ms: out[0] the prefix (images to the VLM's
-// keys and values; the noise's copy), out[1] the 10 Euler steps; out[2], out[3] the launches of each (kernels,
-// products, copies; a graph's launch counts once) where they are counted (the CPU emulation of
-// CUDA), else -1. Zeros before the first call.
-VLA_API void vla_policy_timing(const VLAPolicy* p, double* out) {
-    const SmolSampling* s = &p->model.sampling;
-    for (int k = 0; k < 2; k++) {
-        out[k] = s->ms[k];
-        out[2 + k] = (double)s->launches[k];
-    }
-}
-
-// Whether the 10 Euler steps replay as one CUDA graph (1, the default) or launch one by one (0).
-VLA_API void vla_policy_set_graphs(VLAPolicy* p, int on) { p->model.sampling.use_graph = on != 0; }
-
-VLA_API void vla_policy_free(VLAPolicy* p) {
-    if (p == NULL) { return; }
-    if (p->capacity > 0) { smolvla_batch_free(&p->obs); }
-    cudaCheck(cudaFree(p->dev_memory));
-    free(p->stats);
-    smolvla_free(&p->model);
-    free(p);
-}
+#include "vla/policy_gpu.cuh"
 #endif  // VLA_LIBRARY
 
 // ----------------------------------------------------------------------------

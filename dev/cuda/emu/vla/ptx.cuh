@@ -1,0 +1,46 @@
+/*
+dev/cuda/emu/vla/ptx.cuh: the emulation's versions of vla/ptx.cuh (see it for what each function
+does), which train_vla.cu includes as "vla/ptx.cuh": the emulated builds compile
+build/emu/train_vla.cu with -I dev/cuda/emu -I ., so this file is found before the repository's.
+Same names, same signatures; the work is emulate.h's.
+*/
+#ifndef VLA_PTX_CUH
+#define VLA_PTX_CUH
+
+static __device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, const uint32_t* b) {
+    emu_mma_m16n8k16_bf16(d, a, b);
+}
+
+// (memcpy: a store through a uint32_t* would break C++'s aliasing rules on the host)
+static __device__ __forceinline__ void store_x2(floatX* p, uint32_t u) {
+    memcpy(p, &u, 4);
+}
+
+// The copies land at the wait, their destination garbage until then (emu_cp_async16).
+static __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    emu_cp_async16(smem, gmem);
+}
+static __device__ __forceinline__ void cp_async_commit(void) {
+    emu_cp_async_commit();
+}
+template <int n>
+static __device__ __forceinline__ void cp_async_wait(void) {
+    emu_cp_async_wait(n);
+}
+
+template <bool TRANS>
+static __device__ __forceinline__ void ldsm_x4(uint32_t* r, const floatX* row) {
+    emu_ldmatrix_x4(r, row, TRANS);
+}
+
+// exp2f: the host has no ex2.approx
+static __device__ __forceinline__ float fast_exp2(float x) {
+    return exp2f(x);
+}
+
+// what emu_launch_count() counted between the two events
+static long long event_launches(cudaEvent_t from, cudaEvent_t to) {
+    return (long long)emu_event_launches(from, to);
+}
+
+#endif  // VLA_PTX_CUH
