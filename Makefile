@@ -38,7 +38,9 @@ else ifeq ($(PRECISION),FP16)
 else
   $(error PRECISION=$(PRECISION): use BF16, FP16 or FP32)
 endif
-GPU_SOURCES = train_vla.cu vla.h
+# the shared plumbing, one header per concern (vla/*.cuh: the GPU trainer's own)
+VLA_HEADERS = $(wildcard vla/*.h vla/*.cuh)
+GPU_SOURCES = train_vla.cu $(VLA_HEADERS)
 
 # every precision for the GPU tests; ./train_vla is a copy of PRECISION's
 build/gpu/train_vla_bf16 build/gpu/test_vla_gpu_bf16: PRECISION_FLAG =
@@ -106,20 +108,20 @@ $(EMU_DIR)/%.cu: %.cu dev/cuda/emu/launch.sed
 $(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/test_vla_gpu_bf16 $(EMU_DIR)/libvla_gpu_bf16.so: EMU_PRECISION =
 $(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/test_vla_gpu_fp32 $(EMU_DIR)/libvla_gpu_fp32.so: EMU_PRECISION = -DENABLE_FP32
 $(EMU_DIR)/train_vla_fp16 $(EMU_DIR)/test_vla_gpu_fp16: EMU_PRECISION = -DENABLE_FP16
-$(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/train_vla_fp16: $(EMU_DIR)/train_vla_%: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
+$(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/train_vla_fp16: $(EMU_DIR)/train_vla_%: $(EMU_DIR)/train_vla.cu $(VLA_HEADERS) $(EMU_HEADERS)
 	$(EMU_CXX) $(EMU_PRECISION) $(EMU_MULTI_GPU) -x c++ $< -lm -lpthread -o $@
-$(EMU_DIR)/train_vla_single_gpu_bf16: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
+$(EMU_DIR)/train_vla_single_gpu_bf16: $(EMU_DIR)/train_vla.cu $(VLA_HEADERS) $(EMU_HEADERS)
 	$(EMU_CXX) -x c++ $< -lm -lpthread -o $@
-$(EMU_DIR)/test_vla_gpu_%: $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/train_vla.cu dev/test_util.h vla.h $(EMU_HEADERS)
+$(EMU_DIR)/test_vla_gpu_%: $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/train_vla.cu dev/test_util.h $(VLA_HEADERS) $(EMU_HEADERS)
 	$(EMU_CXX) $(EMU_PRECISION) $(EMU_MULTI_GPU) -x c++ $< -lm -lpthread -o $@
-$(EMU_DIR)/libvla_gpu_bf16.so $(EMU_DIR)/libvla_gpu_fp32.so: $(EMU_DIR)/libvla_gpu_%.so: $(EMU_DIR)/train_vla.cu vla.h $(EMU_HEADERS)
+$(EMU_DIR)/libvla_gpu_bf16.so $(EMU_DIR)/libvla_gpu_fp32.so: $(EMU_DIR)/libvla_gpu_%.so: $(EMU_DIR)/train_vla.cu $(VLA_HEADERS) $(EMU_HEADERS)
 	$(EMU_CXX) $(EMU_PRECISION) -fPIC -fvisibility=hidden -shared -DVLA_LIBRARY -x c++ $< -lm -lpthread -o $@
 $(EMU_DIR)/dev/cuda/emu/test_emulate: $(EMU_DIR)/dev/cuda/emu/test_emulate.cu $(EMU_HEADERS)
 	$(EMU_CXX) -x c++ $< -o $@
 $(EMU_DIR)/dev/cuda/%.h: dev/cuda/%.h
 	@mkdir -p $(dir $@)
 	cp $< $@
-$(EMU_DIR)/dev/cuda/%: $(EMU_DIR)/dev/cuda/%.cu $(addprefix $(EMU_DIR)/,$(wildcard dev/cuda/*.h)) $(EMU_DIR)/train_vla.cu vla.h \
+$(EMU_DIR)/dev/cuda/%: $(EMU_DIR)/dev/cuda/%.cu $(addprefix $(EMU_DIR)/,$(wildcard dev/cuda/*.h)) $(EMU_DIR)/train_vla.cu $(VLA_HEADERS) \
 		$(EMU_HEADERS)
 	$(EMU_CXX) -x c++ $< -lm -lpthread -o $@
 
@@ -146,20 +148,20 @@ GPU_TEST_RUNNER = $(EMU_DIR)
 GPU_POLICY_LIBRARY = $(EMU_DIR)/libvla_gpu_bf16.so:$(EMU_DIR)/libvla_gpu_fp32.so
 endif
 
-train_vla_cpu: train_vla.c vla.h $(DEFAULT_DATA)
+train_vla_cpu: train_vla.c $(VLA_HEADERS) $(DEFAULT_DATA)
 	$(CC) $(CFLAGS) train_vla.c $(LDLIBS) -o $@
 
 # the policy interface for Python (ctypes): scripts/vla_policy.py
-libvla.so: train_vla.c vla.h
+libvla.so: train_vla.c $(VLA_HEADERS)
 	$(CC) $(CFLAGS) -Wno-unused-function -fPIC -shared -DVLA_LIBRARY train_vla.c $(LDLIBS) -o $@
 
-test_vla: test_vla.c train_vla.c vla.h dev/test_util.h
+test_vla: test_vla.c train_vla.c $(VLA_HEADERS) dev/test_util.h
 	$(CC) $(CFLAGS) test_vla.c $(LDLIBS) -o $@
 
-data/synthetic: data/synthetic.c vla.h
+data/synthetic: data/synthetic.c $(VLA_HEADERS)
 	$(CC) $(CFLAGS) data/synthetic.c $(LDLIBS) -o $@
 
-dev/bench_loader: dev/bench_loader.c vla.h
+dev/bench_loader: dev/bench_loader.c $(VLA_HEADERS)
 	$(CC) $(CFLAGS) dev/bench_loader.c $(LDLIBS) -o $@
 
 # synthetic data of the smolvla benchmark's shapes: 2 cameras stored at 224 px (the model resizes
@@ -179,7 +181,7 @@ $(DEFAULT_DATA): data/metaworld_mt10.bin.xz
 
 # the CPU trainer built with AddressSanitizer and UndefinedBehaviorSanitizer: dev/test_hardening.sh
 # trains it a few steps (2 simulated ranks, ZeRO-1, augmentation) and feeds it bad input
-build/sanitize/train_vla_cpu: train_vla.c vla.h
+build/sanitize/train_vla_cpu: train_vla.c $(VLA_HEADERS)
 	@mkdir -p build/sanitize
 	$(CC) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -fopenmp -Wall -Wextra \
 		-Wno-unused-parameter -Wno-format-truncation train_vla.c $(LDLIBS) -o $@
@@ -197,15 +199,15 @@ FUZZ_PLAIN = shard shards checkpoint safetensors log names boot
 FUZZ_BINARIES = $(addprefix build/fuzz/fuzz_,$(FUZZ_PLAIN)) build/fuzz/fuzz_policy build/fuzz/make_seeds
 fuzz_check = @command -v $(FUZZ_CC) > /dev/null || { \
 	echo "error: $(FUZZ_CC) not found: the fuzzers need clang and its runtimes: run 'make setup' (as root) first"; exit 1; }
-$(addprefix build/fuzz/fuzz_,$(FUZZ_PLAIN)): build/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz_util.h vla.h
+$(addprefix build/fuzz/fuzz_,$(FUZZ_PLAIN)): build/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz_util.h $(VLA_HEADERS)
 	$(fuzz_check)
 	@mkdir -p build/fuzz
 	$(FUZZ_CC) $(FUZZ_FLAGS) $< -lm -lpthread -o $@
-build/fuzz/fuzz_policy: dev/fuzz/fuzz_policy.c dev/fuzz/fuzz_util.h vla.h train_vla.c
+build/fuzz/fuzz_policy: dev/fuzz/fuzz_policy.c dev/fuzz/fuzz_util.h $(VLA_HEADERS) train_vla.c
 	$(fuzz_check)
 	@mkdir -p build/fuzz
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fopenmp $< -lm -lpthread -o $@
-build/fuzz/make_seeds: dev/fuzz/make_seeds.c dev/fuzz/fuzz_util.h vla.h
+build/fuzz/make_seeds: dev/fuzz/make_seeds.c dev/fuzz/fuzz_util.h $(VLA_HEADERS)
 	@mkdir -p build/fuzz
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 	rm -rf build/fuzz/seeds

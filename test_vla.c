@@ -19,6 +19,11 @@ is `N passed, M failed`.
 #define TESTING
 #define VLA_LIBRARY  // (the policy library's functions, which test_policy checks)
 #include "train_vla.c"
+#include "vla/rng.h"
+#include "vla/safetensors.h"
+#include "vla/atomic_file.h"
+#include "vla/shard_writer.h"
+#include "vla/bootstrap.h"
 #include "dev/test_util.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>

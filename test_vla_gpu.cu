@@ -25,6 +25,8 @@ stated where they are defined.
 */
 #define TESTING
 #include "train_vla.cu"
+#include "vla/rng.h"
+#include "vla/safetensors.h"
 #include "dev/test_util.h"
 
 // Runs of the trainer binary against each other (the same model, data, noise and schedule; only

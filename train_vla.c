@@ -15,7 +15,7 @@ Tensor-shape legend:
   Smax / Amax  state_proj's / action_in_proj's padded widths; S_d / A the dataset's dims
 
 Invariants worth knowing before reading:
-- One parameter table (vla.h's SMOLVLA_PARAMETERS) drives everything. What trains is its `train`
+- One parameter table (vla/config.h's SMOLVLA_PARAMETERS) drives everything. What trains is its `train`
   column under the run's --train mode (expert, vlm, all): the trainable part of every tensor is a
   prefix of it (smolvla_trainable_numel). Frozen elements get no gradient, no AdamW moments and
   never change; the moments of the trainable ones are packed in table order (SmolOptDomain), and
@@ -36,7 +36,18 @@ Reproduce the oracle's numbers (what test_vla checks):
   /usr/bin/python3 dev/model.py -i build/test/a.bin -p tiny --dtype float64 -b 4 --seed 1337 --train 5 \
       -n 5 -l 1e-3 -u 2 -w 0.1 -c 0.5 --train-mode all     (the losses of ./train_vla_cpu -p tiny -b 4 ...)
 */
-#include "vla.h"
+#include "vla/common.h"
+#include "vla/config.h"
+#include "vla/shards.h"
+#include "vla/dataset.h"
+#include "vla/sampler.h"
+#include "vla/loader.h"
+#include "vla/checkpoint.h"
+#include "vla/cli.h"
+#include "vla/schedule.h"
+#include "vla/logging.h"
+#include "vla/runs.h"
+#include "vla/policy.h"
 #include <omp.h>
 #include <signal.h>
 
@@ -1545,7 +1556,7 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
 
 // ---- training
 
-// A batch of the data (vla.h's SmolBatch, host memory) as the model's inputs.
+// A batch of the data (vla/dataset.h's SmolBatch, host memory) as the model's inputs.
 static SmolInputs smol_inputs(const SmolBatch* b) {
     SmolInputs in;
     memset(&in, 0, sizeof(in));
@@ -1711,7 +1722,7 @@ static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* batch, const flo
 }
 
 // ----------------------------------------------------------------------------
-// checkpoints of the model (vla.h's version 2: every weight, the moments of the trainable domain)
+// checkpoints of the model (vla/checkpoint.h's version 2: every weight, the moments of the trainable domain)
 
 // Writes step `step`: all weights, the packed moments of args->train_mode, the dataset's statistics
 // and tokenizer.
@@ -1800,7 +1811,7 @@ VLA_API const char* vla_policy_tokenizer(const VLAPolicy* p) { return p->tokeniz
 // pairs of this call's frames, images[k] camera k's B frames (B, h_k, w_k, 3) u8 HWC of any size
 // (resized with padding to the model's), the instructions as strings or token ids (texts NULL; see
 // policy_observations), raw state (B, S). The starting noise is `noise` (B, H, max_action_dim) if
-// given, else drawn from `seed`. Returns POLICY_OK or why not (vla.h's POLICY_* codes).
+// given, else drawn from `seed`. Returns POLICY_OK or why not (vla/policy.h's POLICY_* codes).
 static int policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images, const char* const* texts,
                       const int32_t* ids, const int32_t* n_ids, const float* state, const float* noise, uint64_t seed,
                       float* actions) {

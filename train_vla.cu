@@ -34,7 +34,20 @@ Reproduce the oracle's numbers (what test_vla_gpu checks):
   python3 dev/model.py -i build/test/a.bin -p tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
       -l 1e-3 -u 2 -w 0.1 -c 0.5 --train-mode all     (the losses of ./train_vla -p tiny -b 4 ...)
 */
-#include "vla.h"
+#include "vla/common.h"
+#include "vla/config.h"
+#include "vla/shards.h"
+#include "vla/dataset.h"
+#include "vla/sampler.h"
+#include "vla/loader.h"
+#include "vla/loss_scale.h"
+#include "vla/checkpoint.h"
+#include "vla/cli.h"
+#include "vla/schedule.h"
+#include "vla/logging.h"
+#include "vla/runs.h"
+#include "vla/bootstrap.h"
+#include "vla/policy.h"
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -5,7 +5,7 @@ inspect_shards.py: validate a train_vla shard set and summarize what the trainer
     build/venv/bin/python data/inspect_shards.py data/mt10 --sheet /tmp/sheet.png --samples 16
 
 SHARDS is a comma-separated list of files and folders, as the trainer's -i.
-Every shard gets the reader's checks (vla_shard.Shard, the same as vla.h's shard_open) and more:
+Every shard gets the reader's checks (vla_shard.Shard, the same as vla/shards.h's shard_open) and more:
 NaN/Inf in state or action, NaN/Inf or negative std in the stored statistics, episodes that
 cover every frame exactly once, shards that disagree on cameras, state, action or tokenizer.
 Each problem is one `error: ...` line on stderr and the exit status is 1; a valid set exits 0

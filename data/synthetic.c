@@ -14,7 +14,11 @@ the tests of the shard format; today's model trains only on square cameras of on
   make data/synthetic && ./data/synthetic -o data/default/synthetic_000.bin
   ./data/synthetic -o build/two_sizes.bin --cam-size 24x32 --cam-size 16x16
 */
-#include "../vla.h"
+#include "../vla/common.h"
+#include "../vla/rng.h"
+#include "../vla/shards.h"
+#include "../vla/shard_writer.h"
+#include "../vla/cli.h"
 
 static const char* TASKS[] = {
     "move to the red square",

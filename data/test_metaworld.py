@@ -102,9 +102,9 @@ def tokenized(tmp, bytes_out):
 
 
 def vla_presets_column(field):
-    """{preset: value} of one field of vla.h's SMOLVLA_PRESETS table, the field's column found from
+    """{preset: value} of one field of vla/config.h's SMOLVLA_PRESETS table, the field's column found from
     the order of SMOLVLA_CONFIG_FIELDS."""
-    header = open(os.path.join(ROOT, "vla.h")).read()
+    header = open(os.path.join(ROOT, "vla", "config.h")).read()
     start = header.index("#define SMOLVLA_CONFIG_FIELDS(X)")
     fields = re.findall(r"X\((\w+)\)", header[start:header.index("\n\n", start)])
     start = header.index("SMOLVLA_PRESETS[] = {")
@@ -117,7 +117,7 @@ def instructions(tmp):
     """Instructions that collide once cut: the presets' text lengths, the warning of the generator."""
     rows = vla_presets_column("max_text")
     check(rows and rows == vla_shard.PRESET_MAX_TEXT,
-          f"vla_shard.PRESET_MAX_TEXT matches the max_text column of vla.h's SMOLVLA_PRESETS {rows}")
+          f"vla_shard.PRESET_MAX_TEXT matches the max_text column of vla/config.h's SMOLVLA_PRESETS {rows}")
     window = ["slide the window open", "slide the window closed"]
     check(vla_shard.distinct_text_bytes(window) == 18 and vla_shard.text_collisions(window, 17) == [window]
           and vla_shard.text_collisions(window, 18) == [], "the two window instructions need 18 bytes")
@@ -148,7 +148,7 @@ def failures(tmp):
     """Bad options and failed runs: one `error:` line, exit 1, and nothing left behind."""
     rows = vla_presets_column("vocab")
     check(rows and rows == vla_shard.PRESET_VOCAB,
-          f"vla_shard.PRESET_VOCAB matches the vocab column of vla.h's SMOLVLA_PRESETS {rows}")
+          f"vla_shard.PRESET_VOCAB matches the vocab column of vla/config.h's SMOLVLA_PRESETS {rows}")
     # an expert that cannot succeed in 1 step fails the run: into new nested folders and into a
     # folder that was there (with a file of its own), at the same time
     nested, keep = os.path.join(tmp, "new", "a", "b"), os.path.join(tmp, "keep")

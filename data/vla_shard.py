@@ -1,7 +1,7 @@
 """
-vla_shard.py: the dataset shard format of vla.h, in numpy.
+vla_shard.py: the dataset shard format of vla/shards.h, in numpy.
 
-A shard is one little-endian file (vla.h, "dataset shards"), version 2:
+A shard is one little-endian file (vla/shards.h, "dataset shards"), version 2:
   header         ShardHeader, 512 bytes
   images         u8  (n_frames, frame bytes)  each frame its cameras one after another,
                                               camera k cam_height[k] x cam_width[k] x 3 (HWC)
@@ -20,7 +20,7 @@ before. The header names the tokenizer of the ids ("bytes": id = UTF-8 byte, voc
 Version 1 (a 256-byte header, the first 8 sections, every camera img x img) still reads, as the
 same view: camera sizes img x img, tokenizer "bytes", the tokens made from the task text.
 
-Shard checks a file as vla.h's shard_open does, Dataset reads several shards as one with
+Shard checks a file as vla/shards.h's shard_open does, Dataset reads several shards as one with
 the pooled statistics of dataset_open, and Dataset.assemble builds one sample exactly as
 dataset_assemble. write_shard is the inverse of Shard, for generators and tests.
 Bad files raise ValueError with one line that names the file and the fix.
@@ -57,8 +57,8 @@ assert HEADER_DTYPE.itemsize == 512 and HEADER_DTYPE.fields["n_tokens"][1] == 12
 EPISODE_DTYPE = np.dtype([("first_frame", "<u8"), ("length", "<u4"), ("task", "<u4")])
 assert EPISODE_DTYPE.itemsize == 16
 
-# instruction tokens each preset of vla.h reads (the max_text column of SMOLVLA_PRESETS;
-# data/test_metaworld.py checks these against vla.h). train_vla's --max-text overrides them.
+# instruction tokens each preset of vla/config.h reads (the max_text column of SMOLVLA_PRESETS;
+# data/test_metaworld.py checks these against vla/config.h). train_vla's --max-text overrides them.
 PRESET_MAX_TEXT = {"tiny": 16, "small": 48, "smolvla": 48}
 # rows of each preset's text table (the vocab column, checked the same way): the ids it can read
 PRESET_VOCAB = {"tiny": 256, "small": 256, "smolvla": 49280}
@@ -98,12 +98,12 @@ def tokenizer_json_id(path):
 #      (B, L) with L = min(48, the longest task's ids).
 # A shard stores encode(task), the ids before truncation and padding; the trainers and the policy
 # library cut them to max_text (LeRobot's tokenizer_max_length) and right-pad with the config's
-# pad_token (the VLM config's pad id), mask 0 on pads (dataset_assemble, policy_observations in
-# vla.h). LeRobot's tensors are the first L columns of that batch; the other max_text - L columns are
-# what LeRobot writes for a batch whose longest task is longer (pads, masked as keys and queries: no
-# number depends on them). Cutting the ids afterwards equals the tokenizer's truncation as long as
-# the post-processor adds nothing after the text (an EOS would be cut off where LeRobot keeps it):
-# TokenizerJSON refuses a tokenizer that does.
+# pad_token (the VLM config's pad id), mask 0 on pads (dataset_assemble in vla/dataset.h,
+# policy_observations in vla/policy.h). LeRobot's tensors are the first L columns of that batch; the
+# other max_text - L columns are what LeRobot writes for a batch whose longest task is longer (pads,
+# masked as keys and queries: no number depends on them). Cutting the ids afterwards equals the
+# tokenizer's truncation as long as the post-processor adds nothing after the text (an EOS would be
+# cut off where LeRobot keeps it): TokenizerJSON refuses a tokenizer that does.
 # Where transformers and tokenizer.json can part: transformers 5 loads a tokenizer whose
 # tokenizer_config.json names a class with its own constructor (SmolVLM2's names GPT2Tokenizer) by
 # rebuilding it from tokenizer.json's vocabulary, merges and post-processor with that class's
@@ -174,7 +174,7 @@ def square_side(heights, widths):
 
 
 def describe_cameras(heights, widths):
-    """'8x12, 16x16' (height x width of each camera), as vla.h's messages say it."""
+    """'8x12, 16x16' (height x width of each camera), as vla/shards.h's messages say it."""
     return ", ".join(f"{int(h)}x{int(w)}" for h, w in zip(heights, widths))
 
 
@@ -202,7 +202,7 @@ def text_collisions(instructions, max_text, tokenizer=BYTES):
 
 
 def text_collision_warnings(instructions, tokenizer=BYTES):
-    """One warning line per preset of vla.h that can read the tokenizer's ids and whose text length
+    """One warning line per preset of vla/config.h that can read the tokenizer's ids and whose text length
     makes instructions identical."""
     lines, need = [], distinct_text_bytes(instructions, tokenizer)
     unit = "bytes" if tokenizer.name == BYTES.name else "tokens"

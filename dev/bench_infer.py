@@ -25,7 +25,7 @@ The checkpoint: the preset's sizes with the benchmark's cameras and dims, random
 dev/model.py's param_init (the trainers' initialization), zero moments; written once under
 build/bench/ (the smolvla preset's is ~2.4 GB: 403M fp32 weights, moments of the 100M the
 `expert` mode trains) and reused while its sizes match (the file name carries them).
-Presets: those of vla.h (tiny, small, smolvla), and smolvla_layers: smolvla's cameras, layer
+Presets: those of vla/config.h (tiny, small, smolvla), and smolvla_layers: smolvla's cameras, layer
 counts, layer schedule, text length and chunk at the tiny preset's widths, which launch exactly
 what smolvla launches (each launcher issues one launch per call whatever the width) and run under
 the CPU emulation in seconds.

@@ -10,7 +10,13 @@ instruction token ids and mask, the normalized state padded to max_state_dim, th
 chunk padded to max_action_dim with its pad flags, flow time and noise (H x max_action_dim).
 WORKERS 0 assembles in the calling thread; 1 is one loader thread (one core).
 */
-#include "../vla.h"
+#include "../vla/common.h"
+#include "../vla/config.h"
+#include "../vla/shards.h"
+#include "../vla/dataset.h"
+#include "../vla/loader.h"
+#include "../vla/cli.h"
+#include "../vla/runs.h"
 
 int main(int argc, char** argv) {
     if (argc < 3) {

@@ -83,7 +83,8 @@ CARRY=(build/gpu libvla_gpu.so "$REFS" .whl)
 # only where this matches
 sources_stamp() {
     echo "arch $1"
-    sha256sum train_vla.cu vla.h test_vla_gpu.cu dev/test_util.h dev/gpu_arch.mk Makefile
+    sha256sum train_vla.cu test_vla_gpu.cu dev/test_util.h dev/gpu_arch.mk Makefile
+    find vla -name '*.h' -o -name '*.cuh' | LC_ALL=C sort | xargs sha256sum
 }
 # the GPU's architecture (sm_90 for H100 and H200), or GPU_ARCH, or sm_90 without a GPU
 gpu_arch() {

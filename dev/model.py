@@ -1,10 +1,10 @@
 """
-model.py: the PyTorch oracle of train_vla: LeRobot's SmolVLA, with vla.h's plumbing.
+model.py: the PyTorch oracle of train_vla: LeRobot's SmolVLA, with vla/'s plumbing.
 
 The third, independent copy of the model, after train_vla.c and train_vla.cu. dev/smolvla.py computes SmolVLA exactly
 as LeRobot 0.6.1 does (forward, loss, sampling, the resize with padding), from LeRobot's tensor
 names. This file adds what the C trainers add around that math, reproduced bit for bit so they can
-be compared with it tensor by tensor: vla.h's SmolVLAConfig, presets and parameter table (our
+be compared with it tensor by tensor: vla/config.h's SmolVLAConfig, presets and parameter table (our
 names, stacked per-layer tensors) with the mapping to LeRobot's names both ways, the counter-based
 RNG (smolvla_param_init's seeded weights, the sampler's permutations, the flow noise), the training
 modes as the table's train column, batches from the dataset shards, the learning-rate schedule,
@@ -21,7 +21,7 @@ Lt = max_text tokens, S = img (the vision tower's square input), h_k x w_k camer
     /usr/bin/python3 dev/model.py -i x.bin --policy build/lerobot_ref/vlm/policy --debug-state out.bin
     python dev/model.py -i x.bin -p smolvla -b 8 --bench 20 --device cuda --amp bf16 --compile
 
-Training modes (--train-mode, LeRobot's flags; vla.h's train column, smolvla_trainable_numel):
+Training modes (--train-mode, LeRobot's flags; vla/config.h's train column, smolvla_trainable_numel):
   expert  train_expert_only=True:  the expert, state_proj, action_in/out_proj, the time MLP
   vlm     train_expert_only=False, freeze_vision_encoder=True: also the connector, embed_tokens
           and the VLM's layers but its last (the last layer, its final norm and lm_head never train)
@@ -31,7 +31,7 @@ AdamW moments, decay, clipping and the gradient norm cover that prefix only; the
 Without --train-mode: the preset's default (smolvla_default_train_mode: expert for smolvla, all for
 tiny and small), the policy's flags with --policy, the checkpoint's mode with --init.
 
-RNG (vla.h): draw c of stream (seed, s) is splitmix64(key + c * GOLDEN), so any draw is reached by
+RNG (vla/rng.h): draw c of stream (seed, s) is splitmix64(key + c * GOLDEN), so any draw is reached by
 seeking. Flow noise (flow_noise_width with width max_action_dim, LeRobot's noise (B, H, 32)): global
 sample g of step s owns draws g * (1 + 2 H Amax) + 1 ... of stream (seed, RNG_STREAM_NOISE(s)): the
 first is t = 0.999 * U^(1/1.5) + 0.001 (then float), then 2 per eps entry (rng_normal's Box-Muller,
@@ -107,7 +107,7 @@ import smolvla  # noqa: E402  dev/smolvla.py: SmolVLA's math as LeRobot computes
 from vla_shard import Dataset  # noqa: E402
 
 # ----------------------------------------------------------------------------
-# config and presets (vla.h: SmolVLAConfig, SMOLVLA_CONFIG_FIELDS, SMOLVLA_PRESETS)
+# config and presets (vla/config.h: SmolVLAConfig, SMOLVLA_CONFIG_FIELDS, SMOLVLA_PRESETS)
 
 
 @dataclasses.dataclass
@@ -181,7 +181,7 @@ PRESETS = {  # cam S A img p Cv Cv_ff Lv NHv s vocab pad text C C_ff L NH NKV HS
                              2048, 2, 50, 32, 32, 10000),
 }
 
-# vla.h's bounds on the sizes a config may hold
+# vla/common.h's bounds on the sizes a config may hold
 MAX_CAM, MAX_IMG, MAX_DIM, MAX_TEXT, MAX_CHUNK = 16, 4096, 4096, 1024, 1024
 MAX_WIDTH, MAX_LAYER, MAX_HEAD, MAX_TOKENS, MAX_PARAMS = 65536, 1024, 1024, 16384, 1 << 36
 
@@ -219,7 +219,7 @@ def config_problem(c):
 
 
 # ----------------------------------------------------------------------------
-# the parameter table (vla.h: SMOLVLA_PARAMETERS), and its mapping to LeRobot's names
+# the parameter table (vla/config.h: SMOLVLA_PARAMETERS), and its mapping to LeRobot's names
 
 TOWER_VISION, TOWER_VLM, TOWER_EXPERT = 0, 1, 2
 KIND_INPUT, KIND_LAYER, KIND_HEAD = 0, 1, 2
@@ -405,7 +405,7 @@ def from_lerobot(c, tensors):
 
 
 # ----------------------------------------------------------------------------
-# counter-based RNG, bit-exact with vla.h: draw c of a stream is splitmix64(key + c * GOLDEN),
+# counter-based RNG, bit-exact with vla/rng.h: draw c of a stream is splitmix64(key + c * GOLDEN),
 # so any draw is reached by seeking and whole tensors are drawn at once with uint64 arrays
 # (whose multiplications wrap mod 2^64, as in C).
 
@@ -499,7 +499,7 @@ def param_init(c, seed):
 
 def flow_noise_width(chunk, width, seed, step, g):
     """t (float32) and eps (float32, (chunk, width)) of global sample g at optimizer step `step`
-    (vla.h's flow_noise_width). Stream (seed, RNG_STREAM_NOISE(step)); sample g owns the
+    (vla/rng.h's flow_noise_width). Stream (seed, RNG_STREAM_NOISE(step)); sample g owns the
     1 + 2 chunk width draws after counter g (1 + 2 chunk width): one for t, then two per eps entry
     (Box-Muller) in (slot, dim) order. SmolVLA draws eps over max_action_dim dims, LeRobot's width."""
     key = rng_key(seed, STREAM_NOISE(step))
@@ -546,7 +546,7 @@ class Sampler:
 
 
 def lr_at_step(step, lr, warmup, steps, min_lr_frac):
-    """Linear warmup to the peak, then cosine to min_lr_frac * peak, in float32 as vla.h."""
+    """Linear warmup to the peak, then cosine to min_lr_frac * peak, in float32 as vla/schedule.h."""
     f32 = np.float32
     lr, min_lr_frac = f32(lr), f32(min_lr_frac)
     if step < warmup:
@@ -846,7 +846,7 @@ def checkpoint_crc(raw):
 
 
 def read_checkpoint(path):
-    """A checkpoint of vla.h, version 2, checked as checkpoint_read_checked checks it: header (512
+    """A checkpoint of vla/checkpoint.h, version 2, checked as checkpoint_read_checked checks it: header (512
     bytes: magic, version, SmolVLAConfig, train_mode, step, seed, sampler_pos, n_params,
     n_trainable, file_size, tokenizer[64], ..., at 264 flags, crc, batch, world, total_batch,
     data_id), stats (state mean, std, action mean, std), every weight (n_params, table order), then
@@ -939,12 +939,12 @@ def read_checkpoint(path):
                 params=params, m=m, v=v)
 
 
-DEFAULT_SEED = 1337  # vla.h's TrainArgs default (-s)
+DEFAULT_SEED = 1337  # vla/cli.h's TrainArgs default (-s)
 
 
 def write_checkpoint(path, cfg, train_mode, stats, params, m=None, v=None, step=0, seed=DEFAULT_SEED, sampler_pos=0,
                      tokenizer="bytes", run=None):
-    """A checkpoint of vla.h, version 2, with the bytes checkpoint_write writes (read_checkpoint's
+    """A checkpoint of vla/checkpoint.h, version 2, with the bytes checkpoint_write writes (read_checkpoint's
     layout): params name -> array of the table's shape (every tensor); m and v name -> flat array of
     the tensor's trainable elements in train_mode (read_checkpoint's form), or None for AdamW's
     state before its first step (zeros); run: read_checkpoint's run dict (the batch, world size and
@@ -1233,7 +1233,7 @@ def bench(args, ds, cfg, model):
     the table's decay tensors; a stack with a frozen last layer is updated whole: the same work),
     attention through scaled_dot_product_attention, optionally under bf16 autocast and
     torch.compile: what a tuned PyTorch trainer of this model does per step. Parameters are drawn
-    by torch's generator from the seed, not vla.h's init: values do not change the timing."""
+    by torch's generator from the seed, not vla/config.h's init: values do not change the timing."""
     device = torch.device(args.device)
     indices = Sampler(ds.n_samples, args.seed).indices(0, args.batch)
     x = model.prepare(build_batch(ds, cfg, indices, args.seed, 0), device)

@@ -82,7 +82,7 @@ if [ "$GPU_TESTS" = build/emu ]; then
     add_suite test_vla_gpu_one_gpu env CUDA_EMU_DEVICES=1 VLA_GPU_TESTS=multi_gpu,faults,cross_trainer,balance \
         build/emu/test_vla_gpu_fp32 "$(gpu_suite_dir one_gpu)" build/emu/train_vla_fp32
 fi
-# the PyTorch oracle with vla.h's plumbing (dev/model.py): vla.h's table, init and noise, LeRobot's
+# the PyTorch oracle with vla/'s plumbing (dev/model.py): vla/config.h's table and init, vla/rng.h's noise, LeRobot's
 # references, the C trainer's checkpoints continued
 add_suite model "$ORACLE_PY" dev/test_model.py build/lerobot_ref
 # LeRobot's own SmolVLA training step and inference, timed (the GPU comparison's peer; here a smoke run)

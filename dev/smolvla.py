@@ -965,7 +965,7 @@ def tokenizer_pad_id(name, policy_dir):
 
 
 def c_config_lines(case_dir, batch_path=None):
-    """The C trainers' SmolVLAConfig (vla.h's SMOLVLA_CONFIG_FIELDS) of a LeRobot policy folder, as
+    """The C trainers' SmolVLAConfig (vla/config.h's SMOLVLA_CONFIG_FIELDS) of a LeRobot policy folder, as
     "name value" lines, and checks that the policy uses nothing the C model does not implement."""
     policy_dir = os.path.join(case_dir, "policy")
     cfg = load_config(policy_dir)
@@ -1013,8 +1013,8 @@ def main():
     ap.add_argument("-o", "--out", help="write the oracle's tensors (names as in ref.safetensors) here")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--table", action="store_true", help="print the parameter table (trainable per mode) and exit")
-    ap.add_argument("--c-config", metavar="FILE", help="write the C trainers' config (vla.h's SMOLVLA_CONFIG_FIELDS as "
-                    "'name value' lines) of CASE/policy and the batch's token length, and exit")
+    ap.add_argument("--c-config", metavar="FILE", help="write the C trainers' config (vla/config.h's SMOLVLA_CONFIG_FIELDS "
+                    "as 'name value' lines) of CASE/policy and the batch's token length, and exit")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.c_config:

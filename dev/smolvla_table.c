@@ -1,5 +1,5 @@
 /*
-smolvla_table.c: vla.h's SmolVLA parameter table, seeded init and flow-noise stream printed, and
+smolvla_table.c: vla/config.h's SmolVLA parameter table, seeded init and flow-noise stream printed, and
 its checkpoint writer run, so the PyTorch oracle (dev/model.py) is checked against the C plumbing
 itself rather than against a copy of it (dev/test_model.py builds and runs this).
 
@@ -11,15 +11,18 @@ itself rather than against a copy of it (dev/test_model.py builds and runs this)
       "total N" and "trainable E V A". With SEED and a path: smolvla_param_init's float32
       parameters, flat in table order, written there.
   /tmp/smolvla_table noise SEED STEP G CHUNK WIDTH
-      t and the CHUNK x WIDTH eps of global sample G at optimizer step STEP, from vla.h's
+      t and the CHUNK x WIDTH eps of global sample G at optimizer step STEP, from vla/rng.h's
       flow_noise_width (as %a): SmolVLA draws eps over max_action_dim dims.
   /tmp/smolvla_table ckpt PRESET N_CAM STATE_DIM ACTION_DIM MODE SEED STEP SAMPLER_POS OUT.bin
-      a checkpoint written by vla.h's checkpoint_write, tokenizer "bytes": the weights of
+      a checkpoint written by vla/checkpoint.h's checkpoint_write, tokenizer "bytes": the weights of
       smolvla_param_init(SEED); statistics 0.5 + i (means) and 1 + i (stds) for entry i; moments
       packed by smolvla_opt_domain in train mode MODE (0 expert, 1 vlm, 2 all), m = the element's
       index in the packed domain, v = its tensor's table index + 0.5: every element names its place.
 */
-#include "../vla.h"
+#include "../vla/common.h"
+#include "../vla/rng.h"
+#include "../vla/config.h"
+#include "../vla/checkpoint.h"
 
 static long long arg_int(const char* s) {
     char* end;

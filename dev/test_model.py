@@ -1,5 +1,5 @@
 """
-test_model.py: dev/model.py (the SmolVLA oracle with vla.h's plumbing) against vla.h itself,
+test_model.py: dev/model.py (the SmolVLA oracle with vla/'s plumbing) against vla/ itself,
 against LeRobot's references, against the C trainer's checkpoints, and end to end on a synthetic
 shard.
 
@@ -9,15 +9,15 @@ shard.
       velocities, loss, every trainable gradient and the sampled chunk equal dev/smolvla.py's
       (same math: 1e-6, the batch's float32 normalized inputs) and LeRobot's (1e-5, its fp32
       rounding); the trained set is LeRobot's. Then --policy runs on a shard of the same shapes.
-  (b) the table: dev/smolvla_table.c, compiled with gcc against vla.h, prints every preset's
+  (b) the table: dev/smolvla_table.c, compiled with gcc against vla/, prints every preset's
       config and each tensor's name, LeRobot name, tower, kind, train column, decay, init,
       slices, shape, offset, trainable elements per mode and slice layers; all must be equal.
   (c) the seeded init of tiny and small equals smolvla_param_init bit for bit, and the flow
-      noise equals vla.h's flow_noise_width over max_action_dim dims.
+      noise equals vla/rng.h's flow_noise_width over max_action_dim dims.
   (d) --debug-state and --train 3 in each --train-mode on data/synthetic's shard: the records,
       their shapes, frozen gradients, finite differences, the init and noise they hold; and the
       loss falls over 20 steps at lr 1e-3 (tiny).
-  (e) checkpoints (version 2): files of vla.h's checkpoint_write (through dev/smolvla_table.c) in
+  (e) checkpoints (version 2): files of vla/checkpoint.h's checkpoint_write (through dev/smolvla_table.c) in
       each train mode read back exactly (header, weights, moments packed as SmolOptDomain), and
       version-1, truncated, foreign, corrupt and mode-mismatched files are one-line errors of
       --init; then ./train_vla_cpu's own (skipped, said so, when the binary is absent): its
@@ -105,12 +105,12 @@ def build_table_tool(tmp):
     exe = os.path.join(tmp, "smolvla_table")
     p = subprocess.run(["gcc", "-O2", "-Wall", "-o", exe, os.path.join(DEV, "smolvla_table.c"), "-lm", "-lpthread"],
                        capture_output=True, text=True)
-    check("dev/smolvla_table.c compiles against vla.h (gcc)", p.returncode == 0, p.stderr.strip()[-300:])
+    check("dev/smolvla_table.c compiles against vla/ (gcc)", p.returncode == 0, p.stderr.strip()[-300:])
     return exe if p.returncode == 0 else None
 
 
 def c_table(exe, preset, obs, seed=None, out=None):
-    """(config values, [spec fields], total, trainable per mode) as vla.h prints them."""
+    """(config values, [spec fields], total, trainable per mode) as vla/config.h prints them."""
     extra = [str(seed), out] if out else []
     text = subprocess.run([exe, "table", preset] + [str(v) for v in obs] + extra, check=True, capture_output=True,
                           text=True).stdout
@@ -434,7 +434,7 @@ def oracle_steps(shard, cfg, mode, steps, seed):
 
 
 def test_checkpoint_files(exe, shard, tmp):
-    """vla.h's checkpoint_write -> read_checkpoint, every mode; bad files -> one-line errors."""
+    """vla/checkpoint.h's checkpoint_write -> read_checkpoint, every mode; bad files -> one-line errors."""
     cfg = dataclasses.replace(M.PRESETS["tiny"], n_cam=1, state_dim=4, action_dim=4)
     table = M.param_table(cfg)
     init = M.param_init(cfg, 7)

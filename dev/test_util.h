@@ -6,6 +6,12 @@ binary (bit-exact resume, bad input). Include after the trainer under test.
 #ifndef VLA_TEST_UTIL_H
 #define VLA_TEST_UTIL_H
 
+#include "../vla/common.h"
+#include "../vla/safetensors.h"
+#include "../vla/shards.h"
+#include "../vla/shard_writer.h"
+#include "../vla/atomic_file.h"
+#include "../vla/checkpoint.h"
 #include <sys/wait.h>
 
 // ----------------------------------------------------------------------------

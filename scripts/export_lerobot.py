@@ -14,7 +14,7 @@ checkpoint does on the same observation and noise:
                      tokenizer_max_length = max_text, num_vlm_layers = n_layer, ...), the train
                      flags of its train mode, vlm_model_name = --vlm, load_vlm_weights false
                      (every weight is in model.safetensors)
-  model.safetensors  every table tensor under its LeRobot name (vla.h's table, dev/model.py's
+  model.safetensors  every table tensor under its LeRobot name (vla/config.h's table, dev/model.py's
                      to_lerobot), fp32; lm_head (which feeds nothing and train_vla does not keep)
                      as zeros, so that strict loading finds every tensor
   policy_preprocessor.json / policy_postprocessor.json and their normalizer state files:
@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.join(ROOT, "dev"))
 sys.path.insert(0, os.path.join(ROOT, "data"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import import_lerobot  # noqa: E402  the tokenizer names a checkpoint records
-import model as vla  # noqa: E402  dev/model.py: vla.h's config, table, LeRobot names, checkpoints
+import model as vla  # noqa: E402  dev/model.py: vla/'s config, table, LeRobot names, checkpoints
 import smolvla  # noqa: E402  dev/smolvla.py: safetensors I/O, the VLM's config
 import vla_shard  # noqa: E402  data/vla_shard.py: tokenizer names
 

@@ -15,11 +15,11 @@ folder of that name next to the policy, or the HF cache). --vlm overrides vlm_mo
 (a bare folder name, or an HF repo id owner/name) is looked up the same way; a path (absolute, or
 starting with ./ ../ or ~, or of more than one slash) is the VLM's folder as given, and one that
 is not a folder holding config.json is an error, never a folder of its base name elsewhere. Every
-tensor of vla.h's table (SMOLVLA_PARAMETERS, as dev/model.py states it) is read by its LeRobot
+tensor of vla/config.h's table (SMOLVLA_PARAMETERS, as dev/model.py states it) is read by its LeRobot
 name and shape-checked; tensors of the file the table lacks (lm_head, which feeds nothing) are
 listed as skipped. Any problem is one line, `error: ...: <fix>`, exit status 1, nothing written.
 
-The checkpoint holds what checkpoint_write in vla.h writes (dev/model.py's write_checkpoint):
+The checkpoint holds what checkpoint_write in vla/checkpoint.h writes (dev/model.py's write_checkpoint):
   config       the sizes above; max_text = tokenizer_max_length (--max-text overrides)
   train_mode   from train_expert_only / freeze_vision_encoder (expert / vlm / all; --train-mode)
   step 0, sampler_pos 0, seed 1337 (the trainers' default -s; --seed): --init CKPT --weights-only
@@ -51,7 +51,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "dev"))
 sys.path.insert(0, os.path.join(ROOT, "data"))
-import model as vla  # noqa: E402  dev/model.py: vla.h's config, table, LeRobot names, checkpoints
+import model as vla  # noqa: E402  dev/model.py: vla/'s config, table, LeRobot names, checkpoints
 import smolvla  # noqa: E402  dev/smolvla.py: where a policy's VLM is found
 import vla_shard  # noqa: E402  data/vla_shard.py: tokenizer names
 

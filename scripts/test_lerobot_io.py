@@ -25,7 +25,7 @@ Checks:
   - a tokenizer.json's ids (a byte-level BPE VLM folder): LeRobot's own pre-processor's
     observation.language.tokens and attention_mask for tasks short, cut at 48 tokens, unicode,
     already ending in "\n", are the first columns of the batch a shard written with
-    vla_shard.TokenizerJSON gives (dev/model.py's build_batch, vla.h's dataset_assemble), pads
+    vla_shard.TokenizerJSON gives (dev/model.py's build_batch, vla/dataset.h's dataset_assemble), pads
     and zero mask after; a GPT2Tokenizer-class folder (transformers 5 rebuilds its pre-tokenizer)
     gives the same ids. A LeRobot policy on that BPE VLM: imported, VLAPolicy(tokenizer=...) acts
     as LeRobot on the same observation and noise; fine-tuned on a shard of its tokenizer, exported,
@@ -459,7 +459,7 @@ def one_line_error(fn, *needles):
 
 def check_tokenization(tmp, vlm):
     """LeRobot's pre-processor against a shard written with vla_shard.TokenizerJSON and the trainer's
-    batch of it (dev/model.py's build_batch, which test_vla checks against vla.h's), at LeRobot's
+    batch of it (dev/model.py's build_batch, which test_vla checks against vla/dataset.h's), at LeRobot's
     default tokenizer_max_length 48."""
     from lerobot.policies.factory import make_pre_post_processors
     from transformers import AutoTokenizer

@@ -56,7 +56,7 @@ LIBRARIES = {"cpu": "libvla.so", "cuda": "libvla_gpu.so"}
 
 
 def policy_error(rc, tokenizer):
-    """What a return code of vla_policy_act / vla_policy_act_tokens means (vla.h's POLICY_* codes)."""
+    """What a return code of vla_policy_act / vla_policy_act_tokens means (vla/policy.h's POLICY_* codes)."""
     return {1: "a batch of fewer than 1 observation",
             2: f"a camera size outside 1..{MAX_IMG}, or one whose resize leaves nothing of a side",
             3: "a negative token count, or a token id outside the model's vocabulary",

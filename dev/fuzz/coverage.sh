@@ -43,7 +43,7 @@ for name in "${targets[@]}"; do
     llvm-profdata-14 merge -sparse "$bin.profraw" -o "$bin.profdata" || exit 1
     # shellcheck disable=SC2086
     echo "== fuzz_$name over $(find $corpus -type f | wc -l) inputs of $corpus"
-    llvm-cov-14 report "$bin" -instr-profile="$bin.profdata" -show-functions vla.h train_vla.c > "$bin.txt" 2>&1
+    llvm-cov-14 report "$bin" -instr-profile="$bin.profdata" -show-functions vla/*.h train_vla.c > "$bin.txt" 2>&1
     printf '%-28s %14s %14s\n' function "lines" "branches"
     for f in $functions; do
         awk -v f="$f" '$1 == f || $1 ~ (":" f "$") {printf "%-28s %6s of %-5s %6s of %-5s\n", f, $5 - $6, $5, $8 - $9, $8; exit}' "$bin.txt"

@@ -6,6 +6,7 @@
 // reply header and what follows it (boot_reply_parse, boot_refusal_text): a refusal becomes one
 // printable line.
 #include "fuzz_util.h"
+#include "../../vla/bootstrap.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static BootIdentity self;

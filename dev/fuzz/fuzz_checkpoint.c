@@ -7,6 +7,9 @@
 // twice: as it is (the checksum refuses it) and resealed with the CRC its bytes have (the checks
 // past the checksum, and acceptance, stay in reach).
 #include "fuzz_util.h"
+#include "../../vla/config.h"
+#include "../../vla/atomic_file.h"
+#include "../../vla/checkpoint.h"
 
 static void read_checkpoint_input(const uint8_t* data, size_t size) {
     const char* path = fuzz_file(data, size);

@@ -5,6 +5,7 @@
 // the input's complete lines in their order, less some, with none of a step past the start, and
 // no temporary file beside it.
 #include "fuzz_util.h"
+#include "../../vla/logging.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size < 2) { return 0; }

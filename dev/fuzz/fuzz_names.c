@@ -5,6 +5,9 @@
 // it must give the steps of the accepted names, newest first, at most `max` of them (max: the
 // input's size mod 6, 0 included).
 #include "fuzz_util.h"
+#include "../../vla/config.h"
+#include "../../vla/shards.h"
+#include "../../vla/checkpoint.h"
 
 enum { MAX_NAMES = 64 };
 

@@ -6,6 +6,10 @@
 #define VLA_LIBRARY
 #include "fuzz_util.h"
 #include "../../train_vla.c"
+#include "../../vla/config.h"
+#include "../../vla/atomic_file.h"
+#include "../../vla/checkpoint.h"
+#include "../../vla/policy.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // a mutated file rarely keeps its CRC-32 (fuzz_checkpoint reads it as it is): here it is

@@ -5,6 +5,8 @@
 // LeRobot's weights of a small config are loaded from it by name and shape
 // (smolvla_load_safetensors), as the trainers' import path does. A refusal is one line.
 #include "fuzz_util.h"
+#include "../../vla/config.h"
+#include "../../vla/safetensors.h"
 
 static SmolParamTable table;
 static float* params;

@@ -5,6 +5,10 @@
 // config_for_data makes it; the sampler, flow noise, image shifts, the loader, every camera at
 // its own size). Any crash, sanitizer report or hang is a defect of the reader.
 #include "fuzz_util.h"
+#include "../../vla/config.h"
+#include "../../vla/dataset.h"
+#include "../../vla/loader.h"
+#include "../../vla/runs.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const char* path = fuzz_file(data, size);

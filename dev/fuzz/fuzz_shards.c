@@ -6,6 +6,9 @@
 // means lie between the shards' own and whose stds are usable, and assemble the first and last
 // sample of each shard into a batch of the tiny preset's config.
 #include "fuzz_util.h"
+#include "../../vla/config.h"
+#include "../../vla/shards.h"
+#include "../../vla/dataset.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size < 1) { return 0; }

@@ -5,7 +5,11 @@
 #ifndef FUZZ_UTIL_H
 #define FUZZ_UTIL_H
 
-#include "../../vla.h"  // (with sys/mman.h, for memfd_create)
+#include "../../vla/common.h"
+#include "../../vla/config.h"
+#include "../../vla/cli.h"
+#include "../../vla/bootstrap.h"
+#include <sys/mman.h>  // memfd_create
 
 #define FUZZ_MAX_FILES 4
 static int fuzz_fds[FUZZ_MAX_FILES] = {-1, -1, -1, -1};

@@ -14,6 +14,14 @@
 //   boot         node 0's view of hellos (agreeing, disagreeing, foreign) and a node's of replies
 //   make_seeds SEEDS_DIR
 #include "fuzz_util.h"
+#include "../../vla/rng.h"
+#include "../../vla/config.h"
+#include "../../vla/safetensors.h"
+#include "../../vla/shards.h"
+#include "../../vla/shard_writer.h"
+#include "../../vla/run_folder.h"
+#include "../../vla/checkpoint.h"
+#include "../../vla/bootstrap.h"
 
 // A small shard of `cams` (5 frames in 2 episodes, state 3, action 2, two instructions) at path
 static void shard_seed(const char* path, const Cameras* cams, uint64_t seed) {

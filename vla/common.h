@@ -1,0 +1,190 @@
+/*
+vla/common.h: what every part of train_vla needs: errors that say what to do (vla_fail, one line
+on stderr, exit status 1; mallocCheck, callocCheck, fopenCheck, checked size arithmetic), paths
+and byte counts for messages, the bounds on every size a file may carry, and a probe of how many
+threads can start. Needs only the C library and POSIX.
+
+Errors in user input end the process with one line on stderr that names the problem and how to
+fix it. Nothing in vla/ calls abort() on bad input. The readers of files (shard_open_checked,
+dataset_open_checked, checkpoint_read_checked) return their error instead, leaving nothing open
+or allocated, for the policy library and the fuzzers (dev/fuzz); the trainers call the wrappers
+that fail with it.
+*/
+#ifndef VLA_COMMON_H
+#define VLA_COMMON_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+// ----------------------------------------------------------------------------
+// utilities: errors that say what to do, checked allocation and file calls
+
+// train_vla.cu compiles this header as C++
+#ifdef __cplusplus
+#define VLA_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define VLA_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+
+// One line on stderr, exit status 1. Used for every user-facing failure.
+static inline void vla_fail(const char* fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static inline void vla_fail(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fflush(stderr);
+    exit(1);
+}
+
+static inline void* malloc_check_(size_t size, const char* file, int line) {
+    void* p = malloc(size > 0 ? size : 1);
+    if (p == NULL) {
+        vla_fail("out of memory allocating %zu bytes at %s:%d: use a smaller batch (-b) or preset",
+                 size, file, line);
+    }
+    return p;
+}
+#define mallocCheck(size) malloc_check_((size), __FILE__, __LINE__)
+
+static inline void* calloc_check_(size_t n, size_t size, const char* file, int line) {
+    void* p = calloc(n > 0 ? n : 1, size > 0 ? size : 1);
+    if (p == NULL) {
+        vla_fail("out of memory allocating %zu x %zu bytes at %s:%d: use a smaller batch (-b) or preset",
+                 n, size, file, line);
+    }
+    return p;
+}
+#define callocCheck(n, size) calloc_check_((n), (size), __FILE__, __LINE__)
+
+static inline FILE* fopen_check_(const char* path, const char* mode, const char* file, int line) {
+    FILE* f = fopen(path, mode);
+    if (f == NULL) {
+        vla_fail("cannot open %s (mode %s): %s (at %s:%d)", path, mode, strerror(errno), file, line);
+    }
+    return f;
+}
+#define fopenCheck(path, mode) fopen_check_((path), (mode), __FILE__, __LINE__)
+
+static inline double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// a*b for sizes read from files: overflow is a corrupt file, not a crash
+static inline uint64_t mul_check(uint64_t a, uint64_t b, const char* path, const char* what) {
+    uint64_t r;
+    if (__builtin_mul_overflow(a, b, &r)) {
+        vla_fail("%s: size of %s overflows 64 bits: the file is corrupt, regenerate it", path, what);
+    }
+    return r;
+}
+
+// Paths the trainers build (checkpoints, the log, temporary files) fit buffers of this size;
+// longer ones are refused where they come in (-o, -i), never cut.
+#define VLA_PATH_MAX 4096
+
+// "1.25 GiB": a byte count for messages
+static inline const char* human_bytes(uint64_t n, char* buf, size_t size) {
+    const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    double x = (double)n;
+    int u = 0;
+    while (x >= 1024.0 && u < 4) { x /= 1024.0; u++; }
+    snprintf(buf, size, u == 0 ? "%.0f %s" : "%.2f %s", x, units[u]);
+    return buf;
+}
+
+// How to fix a write into folder dir that failed with errno err, said as what it is: no space
+// (ENOSPC, EDQUOT), a file past the size limit (EFBIG), no permission or a read-only file system
+// (EACCES, EPERM, EROFS), else the disk itself. The caller says where to go on from there.
+static inline const char* write_failure_fix(int err, const char* dir, char* buf, size_t size) {
+    if (err == EFBIG) {
+        snprintf(buf, size, "the file is larger than the file size limit allows (ulimit -f, or the file system's "
+                 "largest file): raise the limit");
+    } else if (err == ENOSPC || err == EDQUOT) {
+        struct statvfs vfs;
+        char avail[32];
+        if (statvfs(dir, &vfs) == 0) {
+            snprintf(buf, size, "free space in %s (%s free there)", dir,
+                     human_bytes((uint64_t)vfs.f_bavail * vfs.f_frsize, avail, sizeof(avail)));
+        } else {
+            snprintf(buf, size, "free space in %s", dir);
+        }
+    } else if (err == EROFS) {
+        snprintf(buf, size, "%s is on a read-only file system: remount it read-write", dir);
+    } else if (err == EACCES || err == EPERM) {
+        snprintf(buf, size, "this user may not write into %s: make it writable", dir);
+    } else {
+        snprintf(buf, size, "check the disk that holds %s", dir);
+    }
+    return buf;
+}
+
+// The folder a path is in ("." for a bare name), into buf.
+static inline const char* path_folder(const char* path, char* buf, size_t size) {
+    snprintf(buf, size, "%s", path);
+    char* slash = strrchr(buf, '/');
+    if (slash == NULL) { snprintf(buf, size, "."); } else if (slash == buf) { buf[1] = '\0'; } else { *slash = '\0'; }
+    return buf;
+}
+
+// Whether n threads can run at once here (OpenMP's runtime ends the process with its own lines
+// when it cannot start the threads -t asks for): starts n - 1 threads that wait, then joins them.
+// Returns the number that started besides the caller, n - 1 when all did.
+typedef struct { pthread_mutex_t lock; pthread_cond_t go; int released; } ThreadProbe;
+static inline void* thread_probe_wait(void* arg) {
+    ThreadProbe* p = (ThreadProbe*)arg;
+    pthread_mutex_lock(&p->lock);
+    while (!p->released) { pthread_cond_wait(&p->go, &p->lock); }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+static inline int threads_startable(int n) {
+    ThreadProbe probe = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    pthread_t* ids = (pthread_t*)mallocCheck((size_t)(n > 1 ? n : 1) * sizeof(pthread_t));
+    int started = 0;
+    while (started < n - 1 && pthread_create(&ids[started], NULL, thread_probe_wait, &probe) == 0) { started++; }
+    pthread_mutex_lock(&probe.lock);
+    probe.released = 1;
+    pthread_cond_broadcast(&probe.go);
+    pthread_mutex_unlock(&probe.lock);
+    for (int i = 0; i < started; i++) { pthread_join(ids[i], NULL); }
+    free(ids);
+    return started;
+}
+
+// Bounds on every size a file can carry (checkpoint headers, shard headers): generous for real
+// models, and small enough that every size derived from them fits an int (token counts, patch
+// size, attention width, state + action) and the parameter count fits 64 bits with room to spare.
+#define VLA_MAX_CAM 16
+#define VLA_MAX_IMG 4096
+#define VLA_MAX_DIM 4096          // state_dim, action_dim
+#define VLA_MAX_TEXT 1024         // max_text (also --max-text's bound)
+#define VLA_MAX_CHUNK 1024        // chunk
+#define VLA_MAX_WIDTH 65536       // d_model, d_ff, d_expert, d_expert_ff, n_head x head_dim
+#define VLA_MAX_LAYER 1024
+#define VLA_MAX_HEAD 1024         // n_head, head_dim
+#define VLA_MAX_TOKENS 16384      // image tokens + text + 1 + chunk
+#define VLA_MAX_PARAMS (1ULL << 36)  // 256 GiB of fp32 weights
+#define VLA_MAX_STEPS (1 << 30)   // optimizer steps of a run (-n's bound)
+
+#endif  // VLA_COMMON_H

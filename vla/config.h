@@ -1,0 +1,473 @@
+/*
+vla/config.h: the model, SmolVLA: SmolVLAConfig, its presets and its one validation
+(smolvla_config_problem), the train modes and recompute levels, and the parameter table
+(SMOLVLA_PARAMETERS: our name, LeRobot's name, tower, shape, what trains in which mode, decay,
+init) with what is carved from it: tensor pointers, the optimizer's domain, the seeded init, and
+ZeRO-1's shards of a flat buffer. Needs common.h and rng.h (the init).
+*/
+#ifndef VLA_CONFIG_H
+#define VLA_CONFIG_H
+
+#include "common.h"
+#include "rng.h"
+
+// ----------------------------------------------------------------------------
+// the parameter table's columns (the table itself is SMOLVLA_PARAMETERS below)
+
+// where a tensor sits in its tower: the tower's inputs (embeddings), a per-layer tensor with a
+// leading layer count, or the head
+enum { KIND_INPUT = 0, KIND_LAYER = 1, KIND_HEAD = 2 };
+enum { INIT_NORMAL = 0, INIT_NORMAL_OUT = 1, INIT_ZERO = 2, INIT_ONE = 3 };
+#define VLA_COUNT_(...) +1
+
+// ZeRO-1: rank r of W keeps the optimizer state (master weights, AdamW moments) of the elements
+// [r S, (r+1) S) of a flat parameter buffer of `total` elements padded to W S, with S a multiple
+// of `align`. Shards do not follow tensor boundaries: a tensor may be split between ranks.
+static inline size_t zero_shard_size(size_t total, int world, size_t align) {
+    size_t unit = (size_t)world * align;
+    return (total + unit - 1) / unit * align;
+}
+
+// The part of a tensor (elements [offset, offset + numel) of the flat buffer) inside the shard
+// [lo, hi): returns how many elements, and in *first where they start, relative to the tensor.
+static inline size_t zero_part(size_t offset, size_t numel, size_t lo, size_t hi, size_t* first) {
+    size_t a = offset > lo ? offset : lo, b = offset + numel < hi ? offset + numel : hi;
+    *first = a > offset ? a - offset : 0;
+    return b > a ? b - a : 0;
+}
+
+// ----------------------------------------------------------------------------
+// the model: SmolVLA, exactly as LeRobot 0.6.1 computes it (shared/SMOLVLA.md; dev/smolvla.py is
+// its PyTorch oracle, dev/model.py the oracle with the plumbing of vla/). Its config, presets and
+// parameter table, whose rows carry LeRobot's tensor names so that a LeRobot model.safetensors
+// loads by name. test_vla and test_vla_gpu check both trainers against LeRobot's own references
+// (dev/lerobot) and against dev/model.py.
+//
+// Tokens: prefix = [camera 0 | camera 1 | ... (img/patch/scale)^2 each][max_text language][state],
+// suffix = [chunk action tokens]. Layer l is joint self-attention over [prefix; suffix] when
+// l % self_attn_every == 0, otherwise the actions cross-attend the VLM's keys and values of that
+// layer, re-projected by the expert (smolvla_layer_is_cross).
+
+typedef struct {
+    int32_t n_cam;           // cameras; frames keep their stored size and are resized on the device
+    int32_t state_dim;       // the dataset's state dims, zero-padded to max_state_dim
+    int32_t action_dim;      // the dataset's action dims, zero-padded to max_action_dim; the loss's width
+    int32_t img;             // the vision tower's image side: frames are resized with padding to it
+    int32_t patch;           // vision patch side
+    int32_t vis_width;       // Cv, SigLIP width
+    int32_t vis_ff;          // SigLIP MLP width
+    int32_t vis_layers;      // SigLIP layers
+    int32_t vis_heads;       // SigLIP heads (head size Cv / vis_heads)
+    int32_t scale_factor;    // pixel shuffle: s x s neighbouring patches become one token
+    int32_t vocab;           // language vocabulary
+    int32_t pad_token;       // the tokenizer's pad id (its embedding row gets no gradient, as LeRobot's padding_idx)
+    int32_t max_text;        // language tokens, right-padded
+    int32_t d_model;         // C, VLM width
+    int32_t d_ff;            // VLM MLP width
+    int32_t n_layer;         // VLM layers kept, and expert layers
+    int32_t n_head;          // query heads of both stacks
+    int32_t n_kv_head;       // key/value heads of both stacks (GQA)
+    int32_t head_dim;        // HS
+    int32_t d_expert;        // Ce, expert width
+    int32_t d_expert_ff;     // expert MLP width
+    int32_t self_attn_every; // layer l is joint self-attention iff l % self_attn_every == 0
+    int32_t chunk;           // H, action tokens
+    int32_t max_state_dim;   // state_proj's input width
+    int32_t max_action_dim;  // action_in_proj's input and action_out_proj's output width
+    int32_t rope_theta;      // 10000: SmolVLA's rope ignores the text config's rope_theta
+} SmolVLAConfig;
+
+#define SMOLVLA_CONFIG_FIELDS(X) \
+    X(n_cam) X(state_dim) X(action_dim) X(img) X(patch) X(vis_width) X(vis_ff) X(vis_layers) X(vis_heads) \
+    X(scale_factor) X(vocab) X(pad_token) X(max_text) X(d_model) X(d_ff) X(n_layer) X(n_head) X(n_kv_head) \
+    X(head_dim) X(d_expert) X(d_expert_ff) X(self_attn_every) X(chunk) X(max_state_dim) X(max_action_dim) \
+    X(rope_theta)
+
+#define SMOLVLA_VISION_EPS 1e-6f  // SigLIP's LayerNorm
+#define SMOLVLA_RMS_EPS 1e-5f     // SmolLM2's RMSNorm, VLM and expert
+
+static inline int smolvla_grid(const SmolVLAConfig* c) { return c->img / c->patch; }
+static inline int smolvla_patch_dim(const SmolVLAConfig* c) { return 3 * c->patch * c->patch; }
+static inline int smolvla_image_tokens(const SmolVLAConfig* c) {  // per camera, after the pixel shuffle
+    int g = smolvla_grid(c) / c->scale_factor;
+    return g * g;
+}
+static inline int smolvla_n_prefix(const SmolVLAConfig* c) {
+    return c->n_cam * smolvla_image_tokens(c) + c->max_text + 1;
+}
+static inline int smolvla_d_attn(const SmolVLAConfig* c) { return c->n_head * c->head_dim; }
+static inline int smolvla_d_kv(const SmolVLAConfig* c) { return c->n_kv_head * c->head_dim; }
+// The layer schedule, named once: cross-attention layers are those that are not joint.
+static inline int smolvla_layer_is_cross(const SmolVLAConfig* c, int l) { return l % c->self_attn_every != 0; }
+static inline int smolvla_n_joint(const SmolVLAConfig* c) { return (c->n_layer + c->self_attn_every - 1) / c->self_attn_every; }
+static inline int smolvla_n_cross(const SmolVLAConfig* c) { return c->n_layer - smolvla_n_joint(c); }
+// Layer l's index among the layers of its kind (the slice of the joint or cross stacks it owns).
+static inline int smolvla_kind_index(const SmolVLAConfig* c, int l) {
+    int joints_upto = l / c->self_attn_every + 1;  // joint layers in [0, l]
+    return smolvla_layer_is_cross(c, l) ? l + 1 - joints_upto - 1 : joints_upto - 1;
+}
+// LeRobot's expert MLP width: Llama's 4 * int(2 Ce / 3) rounded up to a multiple of 256.
+static inline int smolvla_expert_ff(int d_expert) { return 256 * ((4 * (2 * d_expert / 3) + 255) / 256); }
+
+typedef struct {
+    const char* name;
+    const char* what;
+    SmolVLAConfig config;
+} SmolVLAPreset;
+
+// n_cam, state_dim and action_dim come from the dataset. smolvla is lerobot/smolvla_base's model
+// (SmolVLM2-500M's first 16 layers and its 720-wide expert); tiny runs the tests in seconds.
+static const SmolVLAPreset SMOLVLA_PRESETS[] = {
+    // name      what                                     cam S  A  img  p  Cv   Cv_ff Lv NHv s  vocab pad text C    C_ff  L   NH NKV HS  Ce   Ce_ff n  H   Smax Amax theta
+    {"tiny",    "tests: runs in seconds on one core",     {1, 4, 4, 32,  8, 32,  64,   1, 2,  2, 256,  0,  16,  48,  96,   2,  4, 2,  12, 36,  256,  2, 8,  32,  32,  10000}},
+    {"small",   "Meta-World from scratch on the CPU",     {2, 4, 4, 64,  8, 48,  96,   1, 2,  2, 256,  0,  48,  64,  192,  2,  4, 2,  16, 48,  256,  2, 8,  32,  32,  10000}},
+    {"smolvla", "lerobot/smolvla_base's sizes (450M)",    {2, 32, 32, 512, 16, 768, 3072, 12, 12, 4, 49280, 2, 48, 960, 2560, 16, 15, 5,  64, 720, 2048, 2, 50, 32,  32,  10000}},
+};
+#define SMOLVLA_N_PRESETS ((int)(sizeof(SMOLVLA_PRESETS) / sizeof(SMOLVLA_PRESETS[0])))
+
+static inline const SmolVLAPreset* smolvla_preset(const char* name) {
+    for (int i = 0; i < SMOLVLA_N_PRESETS; i++) {
+        if (strcmp(SMOLVLA_PRESETS[i].name, name) == 0) { return &SMOLVLA_PRESETS[i]; }
+    }
+    return NULL;
+}
+
+// The first field where two configs differ ("name a vs b"), or NULL when they agree.
+static inline const char* smolvla_config_diff(const SmolVLAConfig* a, const SmolVLAConfig* b) {
+    static char msg[96];
+#define SMOL_DIFF_(f) if (a->f != b->f) { snprintf(msg, sizeof(msg), #f " %d vs %d", a->f, b->f); return msg; }
+    SMOLVLA_CONFIG_FIELDS(SMOL_DIFF_)
+#undef SMOL_DIFF_
+    return NULL;
+}
+
+static inline void smolvla_config_print(const SmolVLAConfig* c) {
+#define SMOL_PRINT_(f) printf("| %-22s | %-10d |\n", #f, c->f);
+    SMOLVLA_CONFIG_FIELDS(SMOL_PRINT_)
+#undef SMOL_PRINT_
+}
+
+// What trains: LeRobot's train_expert_only / freeze_vision_encoder as one mode (--train).
+// expert: the action expert and the state/action/time projections (LeRobot's default, and the
+// smolvla preset's); vlm: also the VLM but its frozen vision tower, last layer and final norm;
+// all: everything. The presets trained from scratch (tiny, small) default to all.
+enum { TRAIN_MODE_EXPERT = 0, TRAIN_MODE_VLM = 1, TRAIN_MODE_ALL = 2 };
+static const char* const TRAIN_MODE_NAMES[] = {"expert", "vlm", "all"};
+#define TRAIN_MODE_COUNT 3
+
+// The mode named `name`, or -1.
+static inline int train_mode_parse(const char* name) {
+    for (int m = 0; m < TRAIN_MODE_COUNT; m++) {
+        if (strcmp(name, TRAIN_MODE_NAMES[m]) == 0) { return m; }
+    }
+    return -1;
+}
+
+// Activation recomputation (--recompute, the GPU trainer's): what of each layer the forward keeps
+// for the backward. none: everything; attn: the MLP half, the attention half (input norm, queries,
+// keys/values of the layer's own, attention output and its log-sum-exp) is run again from the
+// layer's input in the backward; layer: the layer's input alone (and what another layer reads: the
+// VLM's keys/values, the cross layers' re-projections), the whole layer run again. Not part of a
+// checkpoint: a run may continue with another setting.
+enum { RECOMPUTE_NONE = 0, RECOMPUTE_ATTN = 1, RECOMPUTE_LAYER = 2 };
+static const char* const RECOMPUTE_NAMES[] = {"none", "attn", "layer"};
+#define RECOMPUTE_COUNT 3
+
+// The recompute level named `name`, or -1.
+static inline int recompute_parse(const char* name) {
+    for (int r = 0; r < RECOMPUTE_COUNT; r++) {
+        if (strcmp(name, RECOMPUTE_NAMES[r]) == 0) { return r; }
+    }
+    return -1;
+}
+
+// A preset's default mode: the released model fine-tunes its expert, the others train from scratch.
+static inline int smolvla_default_train_mode(const char* preset) {
+    return strcmp(preset, "smolvla") == 0 ? TRAIN_MODE_EXPERT : TRAIN_MODE_ALL;
+}
+
+// The towers, in the order the data meets them.
+enum { TOWER_VISION = 0, TOWER_VLM = 1, TOWER_EXPERT = 2 };
+// The train column: in which modes a tensor trains. The VLM's layer stacks train in vlm and all
+// modes except their last layer, which LeRobot always freezes (with the VLM's final norm and
+// lm_head: their outputs feed nothing; the last layer's keys and values do feed the expert).
+enum { TRAIN_ALWAYS = 0, TRAIN_VLM = 1, TRAIN_VLM_BUT_LAST = 2, TRAIN_VISION = 3, TRAIN_NEVER = 4 };
+// How slice i of a stacked tensor maps to LeRobot's layer number (the %d in its name).
+enum { SLICES_NONE = 0, SLICES_VISION = 1, SLICES_ALL = 2, SLICES_JOINT = 3, SLICES_CROSS = 4 };
+
+#define SMOL_VIS "model.vlm_with_expert.vlm.model.vision_model."
+#define SMOL_TXT "model.vlm_with_expert.vlm.model.text_model."
+#define SMOL_EXP "model.vlm_with_expert.lm_expert."
+
+// Linear weights are (out, in) as torch stores them; per-layer tensors are stacked with a leading
+// layer count (the vision layers, all L layers, or the joint / cross layers of the expert's k/v,
+// whose input widths differ: Ce in joint layers, the VLM's key/value width in cross layers).
+//  X(name,       lerobot name,                                          tower,        kind,        train,              decay init             slices         nd d0 d1 d2)
+#define SMOLVLA_PARAMETERS(X, c) \
+    X(vis_patch_w,  SMOL_VIS "embeddings.patch_embedding.weight",        TOWER_VISION, KIND_INPUT, TRAIN_VISION,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->vis_width, smolvla_patch_dim(c), 1) \
+    X(vis_patch_b,  SMOL_VIS "embeddings.patch_embedding.bias",          TOWER_VISION, KIND_INPUT, TRAIN_VISION,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->vis_width, 1, 1) \
+    X(vis_pos,      SMOL_VIS "embeddings.position_embedding.weight",     TOWER_VISION, KIND_INPUT, TRAIN_VISION,       1, INIT_NORMAL,     SLICES_NONE,   2, smolvla_grid(c) * smolvla_grid(c), (c)->vis_width, 1) \
+    X(vis_ln1_w,    SMOL_VIS "encoder.layers.%d.layer_norm1.weight",     TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ONE,        SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_ln1_b,    SMOL_VIS "encoder.layers.%d.layer_norm1.bias",       TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_wq,       SMOL_VIS "encoder.layers.%d.self_attn.q_proj.weight",  TOWER_VISION, KIND_LAYER, TRAIN_VISION,     1, INIT_NORMAL,     SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_width) \
+    X(vis_bq,       SMOL_VIS "encoder.layers.%d.self_attn.q_proj.bias",    TOWER_VISION, KIND_LAYER, TRAIN_VISION,     0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_wk,       SMOL_VIS "encoder.layers.%d.self_attn.k_proj.weight",  TOWER_VISION, KIND_LAYER, TRAIN_VISION,     1, INIT_NORMAL,     SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_width) \
+    X(vis_bk,       SMOL_VIS "encoder.layers.%d.self_attn.k_proj.bias",    TOWER_VISION, KIND_LAYER, TRAIN_VISION,     0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_wv,       SMOL_VIS "encoder.layers.%d.self_attn.v_proj.weight",  TOWER_VISION, KIND_LAYER, TRAIN_VISION,     1, INIT_NORMAL,     SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_width) \
+    X(vis_bv,       SMOL_VIS "encoder.layers.%d.self_attn.v_proj.bias",    TOWER_VISION, KIND_LAYER, TRAIN_VISION,     0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_wo,       SMOL_VIS "encoder.layers.%d.self_attn.out_proj.weight", TOWER_VISION, KIND_LAYER, TRAIN_VISION,    1, INIT_NORMAL_OUT, SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_width) \
+    X(vis_bo,       SMOL_VIS "encoder.layers.%d.self_attn.out_proj.bias",   TOWER_VISION, KIND_LAYER, TRAIN_VISION,    0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_ln2_w,    SMOL_VIS "encoder.layers.%d.layer_norm2.weight",     TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ONE,        SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_ln2_b,    SMOL_VIS "encoder.layers.%d.layer_norm2.bias",       TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_fc1_w,    SMOL_VIS "encoder.layers.%d.mlp.fc1.weight",         TOWER_VISION, KIND_LAYER, TRAIN_VISION,       1, INIT_NORMAL,     SLICES_VISION, 3, (c)->vis_layers, (c)->vis_ff, (c)->vis_width) \
+    X(vis_fc1_b,    SMOL_VIS "encoder.layers.%d.mlp.fc1.bias",           TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_ff, 1) \
+    X(vis_fc2_w,    SMOL_VIS "encoder.layers.%d.mlp.fc2.weight",         TOWER_VISION, KIND_LAYER, TRAIN_VISION,       1, INIT_NORMAL_OUT, SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_ff) \
+    X(vis_fc2_b,    SMOL_VIS "encoder.layers.%d.mlp.fc2.bias",           TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_post_w,   SMOL_VIS "post_layernorm.weight",                    TOWER_VISION, KIND_HEAD,  TRAIN_VISION,       0, INIT_ONE,        SLICES_NONE,   1, (c)->vis_width, 1, 1) \
+    X(vis_post_b,   SMOL_VIS "post_layernorm.bias",                      TOWER_VISION, KIND_HEAD,  TRAIN_VISION,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->vis_width, 1, 1) \
+    X(connector_w,  "model.vlm_with_expert.vlm.model.connector.modality_projection.proj.weight", \
+                                                                         TOWER_VLM,    KIND_INPUT, TRAIN_VLM,          1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_model, (c)->vis_width * (c)->scale_factor * (c)->scale_factor, 1) \
+    X(embed_tokens, SMOL_TXT "embed_tokens.weight",                      TOWER_VLM,    KIND_INPUT, TRAIN_VLM,          1, INIT_NORMAL,     SLICES_NONE,   2, (c)->vocab, (c)->d_model, 1) \
+    X(state_w,      "model.state_proj.weight",                           TOWER_VLM,    KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_model, (c)->max_state_dim, 1) \
+    X(state_b,      "model.state_proj.bias",                             TOWER_VLM,    KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->d_model, 1, 1) \
+    X(vlm_ln1,      SMOL_TXT "layers.%d.input_layernorm.weight",         TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 0, INIT_ONE,        SLICES_ALL,    2, (c)->n_layer, (c)->d_model, 1) \
+    X(vlm_wq,       SMOL_TXT "layers.%d.self_attn.q_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_attn(c), (c)->d_model) \
+    X(vlm_wk,       SMOL_TXT "layers.%d.self_attn.k_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_kv(c), (c)->d_model) \
+    X(vlm_wv,       SMOL_TXT "layers.%d.self_attn.v_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_kv(c), (c)->d_model) \
+    X(vlm_wo,       SMOL_TXT "layers.%d.self_attn.o_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_model, smolvla_d_attn(c)) \
+    X(vlm_ln2,      SMOL_TXT "layers.%d.post_attention_layernorm.weight", TOWER_VLM,   KIND_LAYER, TRAIN_VLM_BUT_LAST, 0, INIT_ONE,        SLICES_ALL,    2, (c)->n_layer, (c)->d_model, 1) \
+    X(vlm_gate,     SMOL_TXT "layers.%d.mlp.gate_proj.weight",           TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
+    X(vlm_up,       SMOL_TXT "layers.%d.mlp.up_proj.weight",             TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
+    X(vlm_down,     SMOL_TXT "layers.%d.mlp.down_proj.weight",           TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_model, (c)->d_ff) \
+    X(vlm_norm,     SMOL_TXT "norm.weight",                              TOWER_VLM,    KIND_HEAD,  TRAIN_NEVER,        0, INIT_ONE,        SLICES_NONE,   1, (c)->d_model, 1, 1) \
+    X(action_in_w,  "model.action_in_proj.weight",                       TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_expert, (c)->max_action_dim, 1) \
+    X(action_in_b,  "model.action_in_proj.bias",                         TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->d_expert, 1, 1) \
+    X(time_in_w,    "model.action_time_mlp_in.weight",                   TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_expert, 2 * (c)->d_expert, 1) \
+    X(time_in_b,    "model.action_time_mlp_in.bias",                     TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->d_expert, 1, 1) \
+    X(time_out_w,   "model.action_time_mlp_out.weight",                  TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_expert, (c)->d_expert, 1) \
+    X(time_out_b,   "model.action_time_mlp_out.bias",                    TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->d_expert, 1, 1) \
+    X(exp_ln1,      SMOL_EXP "layers.%d.input_layernorm.weight",         TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       0, INIT_ONE,        SLICES_ALL,    2, (c)->n_layer, (c)->d_expert, 1) \
+    X(exp_wq,       SMOL_EXP "layers.%d.self_attn.q_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_attn(c), (c)->d_expert) \
+    X(exp_wk_joint, SMOL_EXP "layers.%d.self_attn.k_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_JOINT,  3, smolvla_n_joint(c), smolvla_d_kv(c), (c)->d_expert) \
+    X(exp_wv_joint, SMOL_EXP "layers.%d.self_attn.v_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_JOINT,  3, smolvla_n_joint(c), smolvla_d_kv(c), (c)->d_expert) \
+    X(exp_wk_cross, SMOL_EXP "layers.%d.self_attn.k_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_CROSS,  3, smolvla_n_cross(c), smolvla_d_kv(c), smolvla_d_kv(c)) \
+    X(exp_wv_cross, SMOL_EXP "layers.%d.self_attn.v_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_CROSS,  3, smolvla_n_cross(c), smolvla_d_kv(c), smolvla_d_kv(c)) \
+    X(exp_wo,       SMOL_EXP "layers.%d.self_attn.o_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_expert, smolvla_d_attn(c)) \
+    X(exp_ln2,      SMOL_EXP "layers.%d.post_attention_layernorm.weight", TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,      0, INIT_ONE,        SLICES_ALL,    2, (c)->n_layer, (c)->d_expert, 1) \
+    X(exp_gate,     SMOL_EXP "layers.%d.mlp.gate_proj.weight",           TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
+    X(exp_up,       SMOL_EXP "layers.%d.mlp.up_proj.weight",             TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
+    X(exp_down,     SMOL_EXP "layers.%d.mlp.down_proj.weight",           TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_expert, (c)->d_expert_ff) \
+    X(exp_norm,     SMOL_EXP "norm.weight",                              TOWER_EXPERT, KIND_HEAD,  TRAIN_ALWAYS,       0, INIT_ONE,        SLICES_NONE,   1, (c)->d_expert, 1, 1) \
+    X(action_out_w, "model.action_out_proj.weight",                      TOWER_EXPERT, KIND_HEAD,  TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->max_action_dim, (c)->d_expert, 1) \
+    X(action_out_b, "model.action_out_proj.bias",                        TOWER_EXPERT, KIND_HEAD,  TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->max_action_dim, 1, 1)
+
+enum { SMOLVLA_NUM_TENSORS = 0 SMOLVLA_PARAMETERS(VLA_COUNT_, c) };
+
+typedef struct {
+    const char* name;
+    const char* lerobot;  // LeRobot's name; %d is the layer number for stacked tensors
+    int tower, kind, train, decay, init, slices, ndim;
+    int64_t shape[3];
+    size_t numel;
+    size_t offset;  // in elements, into the one flat allocation
+} SmolParamSpec;
+
+typedef struct {
+    SmolParamSpec spec[SMOLVLA_NUM_TENSORS];
+    size_t total;
+} SmolParamTable;
+
+static inline void smolvla_table_build(const SmolVLAConfig* c, SmolParamTable* t) {
+    int i = 0;
+    size_t offset = 0;
+#define SMOL_SPEC_(nm, lr, tw, knd, trn, dec, ini, sl, nd, d0, d1, d2) \
+    t->spec[i] = (SmolParamSpec){#nm, lr, tw, knd, trn, dec, ini, sl, nd, {d0, d1, d2}, \
+                                 (size_t)(d0) * (size_t)(d1) * (size_t)(d2), offset}; \
+    offset += t->spec[i].numel; \
+    i++;
+    SMOLVLA_PARAMETERS(SMOL_SPEC_, c)
+#undef SMOL_SPEC_
+    t->total = offset;
+}
+
+// One float* per tensor, carved from a flat buffer in table order.
+typedef struct {
+#define SMOL_FIELD_(nm, ...) float* nm;
+    SMOLVLA_PARAMETERS(SMOL_FIELD_, c)
+#undef SMOL_FIELD_
+} SmolParameters;
+
+static inline void smolvla_point(SmolParameters* p, float* base, const SmolParamTable* t) {
+    int i = 0;
+#define SMOL_POINT_(nm, ...) p->nm = base + t->spec[i++].offset;
+    SMOLVLA_PARAMETERS(SMOL_POINT_, c)
+#undef SMOL_POINT_
+}
+
+// Slices (layers) of a tensor: its leading dimension when stacked, else 1.
+static inline size_t smolvla_slices(const SmolParamSpec* s) { return s->slices == SLICES_NONE ? 1 : (size_t)s->shape[0]; }
+
+// The elements of a tensor that train in `mode`: a prefix of it (stacked tensors are layer-major,
+// so "every layer but the last" is the first numel - numel/L elements). 0 = frozen.
+static inline size_t smolvla_trainable_numel(const SmolParamSpec* s, int mode) {
+    switch (s->train) {
+        case TRAIN_ALWAYS: return s->numel;
+        case TRAIN_VLM: return mode >= TRAIN_MODE_VLM ? s->numel : 0;
+        case TRAIN_VLM_BUT_LAST: return mode >= TRAIN_MODE_VLM ? s->numel - s->numel / smolvla_slices(s) : 0;
+        case TRAIN_VISION: return mode == TRAIN_MODE_ALL ? s->numel : 0;
+        default: return 0;
+    }
+}
+
+static inline size_t smolvla_trainable_count(const SmolParamTable* t, int mode) {
+    size_t n = 0;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { n += smolvla_trainable_numel(&t->spec[i], mode); }
+    return n;
+}
+
+// The optimizer's domain in a mode: the trainable prefix of every tensor, packed in table order.
+// AdamW's moments exist for these elements only (tensor i's at offset[i], numel[i] of them); its
+// weight decay applies where the table's decay column says (smolvla_decay).
+typedef struct {
+    int mode;
+    size_t offset[SMOLVLA_NUM_TENSORS];  // tensor i's first moment in the packed m and v
+    size_t numel[SMOLVLA_NUM_TENSORS];   // its trainable elements: the first numel[i] (0 = frozen)
+    size_t total;                        // elements of m and of v: smolvla_trainable_count
+} SmolOptDomain;
+
+static inline void smolvla_opt_domain(const SmolParamTable* t, int mode, SmolOptDomain* d) {
+    d->mode = mode;
+    d->total = 0;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        d->offset[i] = d->total;
+        d->numel[i] = smolvla_trainable_numel(&t->spec[i], mode);
+        d->total += d->numel[i];
+    }
+}
+
+// The decoupled weight decay of tensor s: `weight_decay` on the tensors the table marks, else 0.
+static inline float smolvla_decay(const SmolParamSpec* s, float weight_decay) { return s->decay ? weight_decay : 0.0f; }
+
+// LeRobot's layer number of slice i of a stacked tensor.
+static inline int smolvla_slice_layer(const SmolVLAConfig* c, const SmolParamSpec* s, int i) {
+    if (s->slices == SLICES_JOINT) { return i * c->self_attn_every; }
+    if (s->slices == SLICES_CROSS) {  // the i-th layer that is not joint
+        for (int l = 0, k = 0; l < c->n_layer; l++) {
+            if (smolvla_layer_is_cross(c, l) && k++ == i) { return l; }
+        }
+    }
+    return i;
+}
+
+// The one validation of a SmolVLA config: fields positive and bounded, the shapes consistent.
+static inline const char* smolvla_config_problem(const SmolVLAConfig* c) {
+    static char msg[256];
+#define SMOL_POSITIVE_(f) if (c->f <= 0 && strcmp(#f, "pad_token") != 0) { \
+        snprintf(msg, sizeof(msg), #f " must be positive (got %d)", c->f); return msg; }
+    SMOLVLA_CONFIG_FIELDS(SMOL_POSITIVE_)
+#undef SMOL_POSITIVE_
+#define SMOL_BOUND_(f, max) if (c->f > (max)) { snprintf(msg, sizeof(msg), #f " %d is past its bound %d", c->f, (int)(max)); return msg; }
+    SMOL_BOUND_(n_cam, VLA_MAX_CAM) SMOL_BOUND_(img, VLA_MAX_IMG) SMOL_BOUND_(patch, c->img)
+    SMOL_BOUND_(vis_width, VLA_MAX_WIDTH) SMOL_BOUND_(vis_ff, VLA_MAX_WIDTH) SMOL_BOUND_(vis_layers, VLA_MAX_LAYER)
+    SMOL_BOUND_(vis_heads, c->vis_width) SMOL_BOUND_(scale_factor, c->img / c->patch) SMOL_BOUND_(vocab, 1 << 24)
+    SMOL_BOUND_(pad_token, c->vocab - 1) SMOL_BOUND_(max_text, VLA_MAX_TEXT) SMOL_BOUND_(d_model, VLA_MAX_WIDTH)
+    SMOL_BOUND_(d_ff, VLA_MAX_WIDTH) SMOL_BOUND_(n_layer, VLA_MAX_LAYER) SMOL_BOUND_(n_head, VLA_MAX_HEAD)
+    SMOL_BOUND_(n_kv_head, c->n_head) SMOL_BOUND_(head_dim, VLA_MAX_HEAD) SMOL_BOUND_(d_expert, VLA_MAX_WIDTH)
+    SMOL_BOUND_(d_expert_ff, VLA_MAX_WIDTH) SMOL_BOUND_(self_attn_every, c->n_layer) SMOL_BOUND_(chunk, VLA_MAX_CHUNK)
+    SMOL_BOUND_(max_state_dim, VLA_MAX_DIM) SMOL_BOUND_(max_action_dim, VLA_MAX_DIM)
+    SMOL_BOUND_(state_dim, c->max_state_dim) SMOL_BOUND_(action_dim, c->max_action_dim)
+#undef SMOL_BOUND_
+    if (c->pad_token < 0) { snprintf(msg, sizeof(msg), "pad_token must not be negative (got %d)", c->pad_token); return msg; }
+    if (c->img % c->patch != 0 || (c->img / c->patch) % c->scale_factor != 0) {
+        snprintf(msg, sizeof(msg), "img %d / patch %d must be a whole grid that scale_factor %d divides", c->img, c->patch,
+                 c->scale_factor);
+        return msg;
+    }
+    if (c->vis_width % c->vis_heads != 0) {
+        snprintf(msg, sizeof(msg), "vis_width %d is not a multiple of vis_heads %d", c->vis_width, c->vis_heads);
+        return msg;
+    }
+    if (c->n_head % c->n_kv_head != 0) {
+        snprintf(msg, sizeof(msg), "n_head %d is not a multiple of n_kv_head %d (GQA)", c->n_head, c->n_kv_head);
+        return msg;
+    }
+    if (c->head_dim % 2 != 0 || c->d_expert % 2 != 0) {
+        snprintf(msg, sizeof(msg), "head_dim %d (RoPE) and d_expert %d (time embedding) must be even", c->head_dim,
+                 c->d_expert);
+        return msg;
+    }
+    uint64_t tokens = (uint64_t)smolvla_n_prefix(c) + (uint64_t)c->chunk;
+    uint64_t vis_tokens = (uint64_t)(c->img / c->patch) * (uint64_t)(c->img / c->patch);
+    if (tokens > VLA_MAX_TOKENS || vis_tokens > VLA_MAX_TOKENS) {
+        snprintf(msg, sizeof(msg), "%llu tokens (%llu per image in the vision tower) are past the bound %d",
+                 (unsigned long long)tokens, (unsigned long long)vis_tokens, VLA_MAX_TOKENS);
+        return msg;
+    }
+    uint64_t total = 0, numel;
+    int bad = 0;
+#define SMOL_COUNT_(nm, lr, tw, knd, trn, dec, ini, sl, nd, d0, d1, d2) \
+    bad |= __builtin_mul_overflow((uint64_t)(d0), (uint64_t)(d1), &numel); \
+    bad |= __builtin_mul_overflow(numel, (uint64_t)(d2), &numel); \
+    bad |= __builtin_add_overflow(total, numel, &total);
+    SMOLVLA_PARAMETERS(SMOL_COUNT_, c)
+#undef SMOL_COUNT_
+    if (bad || total > VLA_MAX_PARAMS) { snprintf(msg, sizeof(msg), "the parameter count is past the bound 2^36"); return msg; }
+    return NULL;
+}
+
+// A config as "name value" lines (every field of SMOLVLA_CONFIG_FIELDS once; dev/smolvla.py
+// --c-config writes them from a LeRobot policy folder). Returns 0, or 1 with err set.
+static inline int smolvla_config_read(const char* path, SmolVLAConfig* c, char* err, size_t err_size) {
+    FILE* f = fopen(path, "r");
+    if (f == NULL) { snprintf(err, err_size, "cannot open %s: %s", path, strerror(errno)); return 1; }
+    memset(c, 0, sizeof(*c));
+    int seen[64] = {0};
+    char key[64];
+    long long value;
+    int status = 0;
+    while (status == 0) {
+        int got = fscanf(f, "%63s %lld", key, &value);
+        if (got == EOF) { break; }
+        if (got != 2 || value < INT32_MIN || value > INT32_MAX) {
+            snprintf(err, err_size, "%s: a line is not 'name integer'", path);
+            status = 1;
+            break;
+        }
+        int i = 0, found = 0;
+#define SMOL_READ_(f) if (strcmp(key, #f) == 0) { c->f = (int32_t)value; seen[i]++; found = 1; } i++;
+        SMOLVLA_CONFIG_FIELDS(SMOL_READ_)
+#undef SMOL_READ_
+        if (!found) { snprintf(err, err_size, "%s: unknown field '%s'", path, key); status = 1; }
+    }
+    fclose(f);
+    int i = 0;
+#define SMOL_SEEN_(f) if (status == 0 && seen[i] != 1) { \
+        snprintf(err, err_size, "%s: field " #f " appears %d times (once expected)", path, seen[i]); status = 1; } i++;
+    SMOLVLA_CONFIG_FIELDS(SMOL_SEEN_)
+#undef SMOL_SEEN_
+    const char* problem = status == 0 ? smolvla_config_problem(c) : NULL;
+    if (problem != NULL) { snprintf(err, err_size, "%s: %s", path, problem); status = 1; }
+    return status;
+}
+
+// Parameters from the seed: normal(0, 0.02), output projections / sqrt(2L)
+// of their tower's depth, biases 0, norm scales 1. (Imported weights replace them.)
+static inline void smolvla_param_init(float* params, const SmolParamTable* t, const SmolVLAConfig* c, uint64_t seed) {
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &t->spec[i];
+        float* p = params + s->offset;
+        if (s->init == INIT_ZERO || s->init == INIT_ONE) {
+            float v = s->init == INIT_ONE ? 1.0f : 0.0f;
+            for (size_t j = 0; j < s->numel; j++) { p[j] = v; }
+            continue;
+        }
+        int depth = s->tower == TOWER_VISION ? c->vis_layers : c->n_layer;
+        float std = s->init == INIT_NORMAL_OUT ? 0.02f / sqrtf(2.0f * (float)depth) : 0.02f;
+        Rng r;
+        rng_init(&r, seed, RNG_STREAM_INIT);
+        r.counter = 2 * (uint64_t)s->offset;
+        for (size_t j = 0; j < s->numel; j++) { p[j] = (float)rng_normal(&r) * std; }
+    }
+}
+
+#endif  // VLA_CONFIG_H

@@ -1,0 +1,98 @@
+/*
+vla/policy.h: what the policy libraries share (libvla.so, libvla_gpu.so, behind
+scripts/vla_policy.py): VLA_API, the POLICY_* return codes, and raw observations checked and laid
+out as the batch the model reads. Needs rng.h, config.h, shards.h and dataset.h.
+*/
+#ifndef VLA_POLICY_H
+#define VLA_POLICY_H
+
+#include "common.h"
+#include "rng.h"
+#include "config.h"
+#include "shards.h"
+#include "dataset.h"
+
+// ----------------------------------------------------------------------------
+// policies: a checkpoint serving raw observations (libvla.so from train_vla.c, libvla_gpu.so from
+// train_vla.cu, both behind scripts/vla_policy.py)
+
+#ifdef __cplusplus
+#define VLA_API extern "C" __attribute__((visibility("default")))
+#else
+#define VLA_API __attribute__((visibility("default")))
+#endif
+
+// Makes room in obs for B observations of cameras `cams`; *capacity is what it holds (0 before
+// the first call). Frames of other sizes than last time re-lay the batch out.
+static inline void policy_reserve(SmolBatch* obs, int* capacity, const SmolVLAConfig* c, const Cameras* cams, int B) {
+    if (B <= *capacity && cameras_equal(&obs->cams, cams)) { return; }
+    if (*capacity > 0) { smolvla_batch_free(obs); }
+    smolvla_batch_alloc(obs, c, cams, B);
+    *capacity = B;
+}
+
+// What vla_policy_act and vla_policy_act_tokens return (libvla.so and libvla_gpu.so alike).
+enum {
+    POLICY_OK = 0,
+    POLICY_BAD_BATCH = 1,   // B < 1
+    POLICY_BAD_CAMERA = 2,  // a camera size outside [1, VLA_MAX_IMG], or one whose resize leaves nothing
+    POLICY_BAD_TOKENS = 3,  // a negative token count, or an id outside [0, vocab)
+    POLICY_NOT_BYTES = 4,   // strings for a checkpoint whose tokenizer is not "bytes": pass its token ids
+};
+
+// Strings are token ids only under the "bytes" tokenizer (an instruction's UTF-8 bytes); a checkpoint
+// trained on another tokenizer's ids takes ids (vla_policy_act_tokens), never silent byte ids.
+static inline int policy_takes_strings(const char* tokenizer) { return strcmp(tokenizer, SHARD_TOKENIZER_BYTES) == 0; }
+
+// B instructions as token ids: ids holds them one after another, n_ids[b] for observation b.
+static inline int policy_check_tokens(const SmolVLAConfig* c, int B, const int32_t* ids, const int32_t* n_ids) {
+    size_t at = 0;
+    for (int b = 0; b < B; b++) {
+        if (n_ids[b] < 0) { return POLICY_BAD_TOKENS; }
+        for (int32_t k = 0; k < n_ids[b]; k++, at++) {
+            if (ids[at] < 0 || ids[at] >= c->vocab) { return POLICY_BAD_TOKENS; }
+        }
+    }
+    return POLICY_OK;
+}
+
+// The model's batch for B raw observations: images[k] camera k's frames u8 (B, h_k, w_k, 3) HWC of
+// any size (obs->cams, the model resizes them); the instructions as `texts` (B UTF-8 strings, their
+// bytes the ids: the "bytes" tokenizer) or, texts NULL, as token ids (`ids` and `n_ids` as
+// policy_check_tokens takes them), cut to max_text and right-padded with pad_token as the trainer's
+// batches; raw state (B, S) normalized with the checkpoint's statistics (state_mean(S) state_std(S)
+// ...) and zero-padded; the starting noise in obs->eps: `noise` (B, H, max_action_dim) if given,
+// else drawn from `seed`.
+static inline void policy_observations(SmolBatch* obs, const SmolVLAConfig* c, const float* stats, int B,
+                                       const uint8_t* const* images, const char* const* texts, const int32_t* ids,
+                                       const int32_t* n_ids, const float* state, const float* noise, uint64_t seed) {
+    int S = c->state_dim, Smax = c->max_state_dim, HA = c->chunk * c->max_action_dim;
+    obs->B = B;
+    for (int k = 0; k < c->n_cam; k++) {
+        memcpy(obs->images[k], images[k], (size_t)B * (camera_offset(&obs->cams, k + 1) - camera_offset(&obs->cams, k)));
+    }
+    const float *state_mean = stats, *state_std = stats + S;
+    size_t at = 0;
+    for (int b = 0; b < B; b++) {
+        if (texts != NULL) {
+            size_t len = strlen(texts[b]);
+            if (len > (size_t)c->max_text) { len = (size_t)c->max_text; }
+            int32_t* row = obs->tokens + (size_t)b * c->max_text;
+            tokens_from_bytes(row, (const uint8_t*)texts[b], len);
+            batch_set_text(obs, c, b, row, len);
+        } else {
+            batch_set_text(obs, c, b, ids + at, (size_t)n_ids[b]);
+            at += (size_t)n_ids[b];
+        }
+        for (int d = 0; d < Smax; d++) {
+            obs->state[(size_t)b * Smax + d] = d < S ? (state[(size_t)b * S + d] - state_mean[d]) / state_std[d] : 0.0f;
+        }
+        if (noise != NULL) {
+            memcpy(obs->eps + (size_t)b * HA, noise + (size_t)b * HA, (size_t)HA * sizeof(float));
+        } else {
+            flow_noise_width(c->chunk, c->max_action_dim, seed, 0, (uint64_t)b, &obs->t[b], obs->eps + (size_t)b * HA);
+        }
+    }
+}
+
+#endif  // VLA_POLICY_H
