@@ -1142,7 +1142,7 @@ static void test_bad_input(const char* dir) {
     expect_error_from(dir, TRAINER, "a --balance tasks checkpoint continued without it", args, "trained with --balance tasks");
     // a shard truncated under the running trainer once it has checkpointed: one line naming the shard
     // (a read past its new end faults inside the mapping), the checkpoint intact. The loader is
-    // vla.h's, shared with train_vla_cpu: dev/test_hardening.sh rewrites a shard in place too.
+    // vla/loader.h's, shared with train_vla_cpu: dev/test_hardening.sh rewrites a shard in place too.
     snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_changed && cp %s/a.bin %s/changing.bin && "
              "{ %s -p tiny -b 2 -n 1000000 -k 2 -i %s/changing.bin -o %s/gpu_changed > /dev/null 2> %s/changed_err.txt; "
              "echo $? > %s/changed_rc.txt; } & "

@@ -187,7 +187,7 @@ __global__ void flow_inputs_kernel(floatX* x_t, float* target, const float* acti
 }
 
 // out = x / sqrt(mean(x^2) + eps) * w, rstd = 1 / sqrt(mean(x^2) + eps). One warp per row of C.
-// eps: SMOLVLA_RMS_EPS (vla.h) for the Llama stacks.
+// eps: SMOLVLA_RMS_EPS (vla/config.h) for the Llama stacks.
 __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
                                        float eps) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;

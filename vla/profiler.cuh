@@ -8,7 +8,7 @@ prof_free at the end. Off, each of those is one branch.
 
 Included by train_vla.cu after its launchers' state (main_stream) and before the first
 operation that marks itself; it uses cudaCheck, mallocCheck, vla_fail and wall_seconds from
-train_vla.cu and vla.h.
+train_vla.cu and vla/common.h.
 */
 #ifndef VLA_PROFILER_CUH
 #define VLA_PROFILER_CUH

@@ -346,7 +346,7 @@ class BenchError(Exception):
     """A known, user-facing problem: printed as one line, exit status 2."""
 
 
-# train_vla's `small` preset (vla.h, SMOLVLA_PRESETS) in LeRobot's terms, so that dev/bench_cpu.sh
+# train_vla's `small` preset (vla/config.h, SMOLVLA_PRESETS) in LeRobot's terms, so that dev/bench_cpu.sh
 # times both trainers on the same model. The vocabulary is the stand-in tokenizer's, not 256 bytes.
 SMALL_VISION = dict(image_size=64, patch_size=8, hidden_size=48, num_hidden_layers=1,
                     num_attention_heads=2, intermediate_size=96, layer_norm_eps=1e-6,

@@ -70,7 +70,7 @@ check smolvla '[r["modes"][m]["params"]["trainable"] for m in ("expert", "vlm", 
 check smolvla 'all(v["flops_counted"] == v["flops_autograd"] for v in r["modes"].values())'
 check smolvla 'r["modes"]["expert"]["prefix_tokens"] == 2 * 64 + r["modes"]["expert"]["lang_tokens"] + 1'
 
-# train_vla's small preset (dev/bench_cpu.sh times LeRobot at it): the counts of vla.h's table,
+# train_vla's small preset (dev/bench_cpu.sh times LeRobot at it): the counts of vla/config.h's table,
 # once the stand-in tokenizer's rows past 256 (64 wide) are taken off the embedding.
 run small --preset small --count-only --batch 8
 check small 'r["modes"]["expert"]["params"]["total_without_lm_head"] - (r["sizes"]["vocab"] - 256) * 64 == 262336'
