@@ -204,7 +204,8 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* i
     for (int c = lane; c < C; c += 32) { y[c] = fx(f32(x[c]) * r * f32(w[c])); }
 }
 
-// Version 2: the same with 128-bit loads and stores (C a multiple of x128::size, rows aligned)
+// Version 2: the same with 128-bit loads and stores (C a multiple of x128::size, rows aligned).
+// Version 1 stays for the widths that are not: the tiny preset's expert (36) in bf16 and fp16.
 __global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
                                         float eps) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
@@ -231,52 +232,12 @@ __global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* 
 // dx_c = r w_c dy_c - x_c r^3 / C * sum_j dy_j w_j x_j   and   dw_c = sum_rows dy_c x_c r.
 // dx is added to dres (fp32) and written to dres_x (its floatX copy, which the matrix products
 // read); partial sums of dw over this block's rows go to dw_partial (gridDim.x, C), summed in
-// order by column_sum_kernel. Thread t owns columns t + j * blockDim.x.
-#define RMSNORM_BWD_COLS 8  // columns per thread: C <= RMSNORM_BWD_COLS * blockDim.x
-// Both backward versions keep their columns' sums in registers (82 and 96 per thread on sm_90 when
-// unbounded): a block gets at most 65536 registers, so 512 threads, not 1024. __launch_bounds__ holds the
-// compiler to it; a larger block fails to launch.
+// order by column_sum_kernel. One warp per row, so a row needs warp reductions only (no block
+// barrier); the warps of a block split its rows, each lane keeps the dw partial sums of its
+// columns in registers, and the warps' sums meet in shared memory, added in warp order.
+// C <= 32 * RMSNORM_BWD2_COLS. Those sums take 96 registers a thread on sm_90 when unbounded: a
+// block gets at most 65536, so 512 threads, not 1024. __launch_bounds__ holds the compiler to it.
 #define RMSNORM_MAX_BLOCK 512
-__global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel(float* dres, floatX* dres_x, float* dw_partial, const floatX* dout,
-                                        const floatX* inp, const floatX* w, const float* rstd, int N, int C,
-                                        int rows_per_block) {
-    __shared__ float shared[32];
-    float dw_acc[RMSNORM_BWD_COLS];
-    #pragma unroll
-    for (int j = 0; j < RMSNORM_BWD_COLS; j++) { dw_acc[j] = 0.0f; }
-    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
-    for (int n = r0; n < r1; n++) {
-        const floatX* x = inp + (size_t)n * C;
-        const floatX* dy = dout + (size_t)n * C;
-        float r = rstd[n], dot = 0.0f;
-        #pragma unroll
-        for (int j = 0; j < RMSNORM_BWD_COLS; j++) {
-            int c = threadIdx.x + j * blockDim.x;
-            if (c < C) { dot += f32(dy[c]) * f32(w[c]) * f32(x[c]); }
-        }
-        float k = block_sum(dot, shared) * r * r * r / (float)C;
-        #pragma unroll
-        for (int j = 0; j < RMSNORM_BWD_COLS; j++) {
-            int c = threadIdx.x + j * blockDim.x;
-            if (c < C) {
-                float xv = f32(x[c]), dyv = f32(dy[c]);
-                float g = dres[(size_t)n * C + c] + r * f32(w[c]) * dyv - k * xv;
-                dres[(size_t)n * C + c] = g;
-                dres_x[(size_t)n * C + c] = fx(g);
-                dw_acc[j] += dyv * xv * r;
-            }
-        }
-    }
-    #pragma unroll
-    for (int j = 0; j < RMSNORM_BWD_COLS; j++) {
-        int c = threadIdx.x + j * blockDim.x;
-        if (c < C) { dw_partial[(size_t)blockIdx.x * C + c] = dw_acc[j]; }
-    }
-}
-
-// Version 2: one warp per row, so a row needs warp reductions only (no block barrier); the warps
-// of a block split its rows, each lane keeps the dw partial sums of its columns in registers, and
-// the warps' sums meet in shared memory, added in warp order. C <= 32 * RMSNORM_BWD2_COLS.
 #define RMSNORM_BWD2_COLS 32
 __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel2(float* dres, floatX* dres_x, float* dw_partial, const floatX* dout,
                                          const floatX* inp, const floatX* w, const float* rstd, int N, int C,
@@ -337,7 +298,8 @@ __global__ void column_partial_kernel(float* partial, const floatX* x, int N, in
 // columns (lane x, pack 32 blockIdx.x + x); warp y sums rows y, y + COLPART2_WARPS, ... of the
 // chunk, and the warps' sums add in warp order through shared memory. Where one thread per column
 // loaded 2 bytes a row, a warp's load is now 512 bytes of a row. C and ld multiples of x128::size,
-// x 16-byte aligned (launch with bias_backward).
+// x 16-byte aligned (launch with bias_backward); version 1 takes the other widths (the tiny
+// preset's expert, 36, in bf16 and fp16).
 #define COLPART2_WARPS 8
 __global__ void __launch_bounds__(32 * COLPART2_WARPS) column_partial_kernel2(float* partial, const floatX* x, int N,
                                                                                int C, int ld, int rows_per_block) {
@@ -618,7 +580,8 @@ __global__ void convert_kernel(floatX* out, const float* inp, size_t n) {
     if (i < n) { out[i] = fx(inp[i]); }
 }
 
-// Version 2: x128::size values per thread (n a multiple of it), 128-bit stores
+// Version 2: x128::size values per thread (n a multiple of it), 128-bit stores; version 1 takes
+// the other sizes (the tiny preset's expert biases, 36 values, in bf16 and fp16)
 __global__ void convert_kernel2(floatX* out, const float* inp, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= n) { return; }
@@ -690,40 +653,17 @@ __global__ void loss_scale_update_kernel(float* scaler, const float* grad_norm, 
     }
 }
 
-// ---- LayerNorm with weight and bias (SigLIP's layer_norm1/2 and post_layernorm), born in
-// dev/cuda/layernorm.cu
+// ---- LayerNorm with weight and bias (SigLIP's layer_norm1/2 and post_layernorm)
 
 #define LAYERNORM_EPS 1e-6f  // SigLIP's layer_norm_eps
-// Version 2 of the forward pass and both backward versions keep a row's values or their columns'
-// sums in registers (90 to 120 per thread on sm_90): a block gets at most 65536 registers, so 512
-// threads, not 1024. __launch_bounds__ holds the compiler to it; a larger block fails to launch.
+// Both kernels keep a row's values or their columns' sums in registers (90 to 120 per thread on
+// sm_90): a block gets at most 65536 registers, so 512 threads, not 1024. __launch_bounds__ holds
+// the compiler to it; a larger block fails to launch.
 #define LAYERNORM_MAX_BLOCK 512
 
-// out = (x - mean) rstd w + b per row of C; mean and rstd kept. One warp per row.
-__global__ void layernorm_forward_kernel1(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
-                                          const floatX* b, int N, int C) {
-    int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (row >= N) { return; }  // whole warps leave together
-    const floatX* x = inp + (size_t)row * C;
-    float s = 0.0f;
-    for (int c = lane; c < C; c += 32) { s += f32(x[c]); }
-    float m = warp_sum(s) / (float)C;
-    float v = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float d = f32(x[c]) - m;
-        v += d * d;
-    }
-    float r = rsqrtf(warp_sum(v) / (float)C + LAYERNORM_EPS);
-    if (lane == 0) {
-        mean[row] = m;
-        rstd[row] = r;
-    }
-    floatX* y = out + (size_t)row * C;
-    for (int c = lane; c < C; c += 32) { y[c] = fx((f32(x[c]) - m) * r * f32(w[c]) + f32(b[c])); }
-}
-
-// Version 2: 128-bit loads and stores, the row read once into registers (C a multiple of
-// x128::size, at most 32 * LAYERNORM_FWD2_VALS; rows 16-byte aligned)
+// out = (x - mean) rstd w + b per row of C; mean and rstd kept. One warp per row, 128-bit loads
+// and stores, the row read once into registers (C a multiple of x128::size, at most
+// 32 * LAYERNORM_FWD2_VALS; rows 16-byte aligned)
 #define LAYERNORM_FWD2_VALS 64  // values of a row per lane
 __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_forward_kernel2(floatX* out, float* mean, float* rstd,
                                                                                   const floatX* inp, const floatX* w,
@@ -777,62 +717,10 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_forward_kernel2
 //   dx_c = r (g_c - 1/C sum_j g_j - xh_c 1/C sum_j g_j xh_j),  dw_c = sum_rows dy_c xh_c,  db_c = sum_rows dy_c.
 // dx is added to dres (fp32) and written to dres_x (its floatX copy, which the matrix products
 // read). partial (2, gridDim.x, C): this block's sums of dw over its rows, then those of db; summed
-// in order by column_sum_kernel. Thread t owns columns t + j * blockDim.x.
-#define LAYERNORM_BWD1_COLS 8  // columns per thread: C <= LAYERNORM_BWD1_COLS * blockDim.x
-__global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel1(float* dres, floatX* dres_x,
-                                                                                   float* partial, const floatX* dout,
-                                                                                   const floatX* inp, const floatX* w,
-                                                                                   const float* mean, const float* rstd,
-                                                                                   int N, int C, int rows_per_block) {
-    __shared__ float shared[32];
-    float dw_acc[LAYERNORM_BWD1_COLS], db_acc[LAYERNORM_BWD1_COLS];
-    #pragma unroll
-    for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) { dw_acc[j] = 0.0f; db_acc[j] = 0.0f; }
-    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
-    for (int n = r0; n < r1; n++) {
-        const floatX* x = inp + (size_t)n * C;
-        const floatX* dy = dout + (size_t)n * C;
-        float m = mean[n], r = rstd[n], sum_g = 0.0f, sum_gxh = 0.0f;
-        #pragma unroll
-        for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) {
-            int c = threadIdx.x + j * blockDim.x;
-            if (c < C) {
-                float g = f32(dy[c]) * f32(w[c]), xh = (f32(x[c]) - m) * r;
-                sum_g += g;
-                sum_gxh += g * xh;
-            }
-        }
-        float mean_g = block_sum(sum_g, shared) / (float)C;
-        float mean_gxh = block_sum(sum_gxh, shared) / (float)C;
-        #pragma unroll
-        for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) {
-            int c = threadIdx.x + j * blockDim.x;
-            if (c < C) {
-                float dyv = f32(dy[c]), xh = (f32(x[c]) - m) * r;
-                float d = dres[(size_t)n * C + c] + r * (dyv * f32(w[c]) - mean_g - xh * mean_gxh);
-                dres[(size_t)n * C + c] = d;
-                dres_x[(size_t)n * C + c] = fx(d);
-                dw_acc[j] += dyv * xh;
-                db_acc[j] += dyv;
-            }
-        }
-    }
-    float* dw_partial = partial + (size_t)blockIdx.x * C;
-    float* db_partial = partial + ((size_t)gridDim.x + blockIdx.x) * C;
-    #pragma unroll
-    for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) {
-        int c = threadIdx.x + j * blockDim.x;
-        if (c < C) {
-            dw_partial[c] = dw_acc[j];
-            db_partial[c] = db_acc[j];
-        }
-    }
-}
-
-// Version 2: one warp per row (warp reductions only), 128-bit loads and stores; lane l owns the
-// packs l, l + 32, ... of a row and keeps their dw and db sums in registers. The warps' sums meet
-// in shared memory (warps, C), dw first and then db, added in warp order. C a multiple of
-// x128::size, at most 32 * LAYERNORM_BWD2_VALS.
+// in order by column_sum_kernel. One warp per row (warp reductions only), 128-bit loads and
+// stores; lane l owns the packs l, l + 32, ... of a row and keeps their dw and db sums in
+// registers. The warps' sums meet in shared memory (warps, C), dw first and then db, added in warp
+// order. C a multiple of x128::size, at most 32 * LAYERNORM_BWD2_VALS.
 #define LAYERNORM_BWD2_VALS 32  // columns per lane
 __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel2(float* dres, floatX* dres_x,
                                                                                    float* partial, const floatX* dout,
@@ -911,7 +799,7 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel
     }
 }
 
-// ---- SwiGLU, silu(gate) * up (the Llama MLP of the VLM and the expert), born in dev/cuda/swiglu.cu
+// ---- SwiGLU, silu(gate) * up (the Llama MLP of the VLM and the expert)
 
 // For gates far below zero e^-x overflows to inf and both give 0 (not NaN): x / inf and 0 (1 + x).
 static __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
@@ -921,23 +809,7 @@ static __device__ __forceinline__ float silu_grad(float x) {
     return s * (1.0f + x * (1.0f - s));
 }
 
-// act = silu(gate) * up
-__global__ void swiglu_forward_kernel1(floatX* act, const floatX* gate, const floatX* up, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { act[i] = fx(silu(f32(gate[i])) * f32(up[i])); }
-}
-
-// dgate, dup are overwritten
-__global__ void swiglu_backward_kernel1(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
-                                        const floatX* up, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) { return; }
-    float g = f32(gate[i]), da = f32(dact[i]);
-    dgate[i] = fx(da * f32(up[i]) * silu_grad(g));
-    dup[i] = fx(da * silu(g));
-}
-
-// Version 2 of both: 128-bit loads and stores, x128::size values per thread (n a multiple of it)
+// act = silu(gate) * up, 128-bit loads and stores, x128::size values per thread (n a multiple of it)
 __global__ void swiglu_forward_kernel2(floatX* act, const floatX* gate, const floatX* up, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= n) { return; }
@@ -947,6 +819,7 @@ __global__ void swiglu_forward_kernel2(floatX* act, const floatX* gate, const fl
     store128(act + i, o);
 }
 
+// dgate, dup are overwritten
 __global__ void swiglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
                                         const floatX* up, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
@@ -962,7 +835,7 @@ __global__ void swiglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX
     store128(dup + i, du);
 }
 
-// ---- the connector's pixel shuffle and its inverse, born in dev/cuda/pixel_shuffle.cu
+// ---- the connector's pixel shuffle and its inverse
 
 // Offset in x (N, h*w, C) of the value at channel (a s + b) C + e of token i2 (w/s) + j2 of image
 // n of the shuffled tensor (N, (h/s)(w/s), C s^2): the formula above.
@@ -973,31 +846,8 @@ static __device__ __forceinline__ size_t pixel_shuffle_source(size_t n, int t, i
     return (n * h * w + (size_t)(i2 * s + a) * w + j2 * s + b) * C + e;
 }
 
-// out (N, (h/s)(w/s), C s^2) from x (N, h*w, C). One thread per value of out.
-__global__ void pixel_shuffle_forward_kernel1(floatX* out, const floatX* inp, int N, int h, int w, int C, int s) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t Cs = (size_t)C * s * s, tokens = (size_t)(h / s) * (w / s);
-    if (idx >= N * tokens * Cs) { return; }
-    int m = (int)(idx % Cs);
-    size_t row = idx / Cs;
-    out[idx] = inp[pixel_shuffle_source(row / tokens, (int)(row % tokens), m, h, w, C, s)];
-}
-
-// dinp (N, h*w, C) overwritten from dout (N, (h/s)(w/s), C s^2): the inverse permutation. One
-// thread per value of dinp.
-__global__ void pixel_shuffle_backward_kernel1(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)N * h * w * C) { return; }
-    int e = (int)(idx % C);
-    size_t p = idx / C;
-    int j = (int)(p % w), i = (int)(p / w % h);
-    size_t n = p / ((size_t)w * h);
-    size_t t = n * (h / s) * (w / s) + (size_t)(i / s) * (w / s) + j / s;
-    dinp[idx] = dout[t * C * s * s + (size_t)((i % s) * s + j % s) * C + e];
-}
-
-// Version 2 of both: x128::size consecutive channels per thread (C a multiple of x128::size, so
-// a pack never straddles two patches)
+// out (N, (h/s)(w/s), C s^2) from x (N, h*w, C), x128::size consecutive channels per thread (C a
+// multiple of x128::size, so a pack never straddles two patches)
 __global__ void pixel_shuffle_forward_kernel2(floatX* out, const floatX* inp, int N, int h, int w, int C, int s) {
     size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     size_t Cs = (size_t)C * s * s, tokens = (size_t)(h / s) * (w / s);
@@ -1007,6 +857,7 @@ __global__ void pixel_shuffle_forward_kernel2(floatX* out, const floatX* inp, in
     store128(out + idx, load128(inp + pixel_shuffle_source(row / tokens, (int)(row % tokens), m, h, w, C, s)));
 }
 
+// dinp (N, h*w, C) overwritten from dout (N, (h/s)(w/s), C s^2): the inverse permutation
 __global__ void pixel_shuffle_backward_kernel2(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s) {
     size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (idx >= (size_t)N * h * w * C) { return; }
@@ -1018,8 +869,7 @@ __global__ void pixel_shuffle_backward_kernel2(floatX* dinp, const floatX* dout,
     store128(dinp + idx, load128(dout + t * C * s * s + (size_t)((i % s) * s + j % s) * C + e));
 }
 
-// ---- stored frames of any size resized with padding (LeRobot's resize_with_pad), born in
-// dev/cuda/resize_pad.cu
+// ---- stored frames of any size resized with padding (LeRobot's resize_with_pad)
 
 // What resize_with_pad does to one camera's h x w frames at the model's size S: the resized size,
 // the padding and the scales torch's interpolate uses. Made on the host by resize_pad_plan.
@@ -1053,33 +903,8 @@ static __device__ __forceinline__ float bilinear_u8(const uint8_t* f, int w, int
 }
 
 // out: n_img images (3, S, S), image i at out + i out_stride; frames: n_img (h, w, 3) u8 frames,
-// frame i at frames + i in_stride. One thread per output value.
-__global__ void resize_pad_kernel1(floatX* out, const uint8_t* frames, ResizePad r, int n_img, size_t in_stride,
-                                   size_t out_stride) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t plane = (size_t)r.S * r.S;
-    if (idx >= (size_t)n_img * 3 * plane) { return; }
-    int x = (int)(idx % r.S), y = (int)(idx / r.S % r.S), c = (int)(idx / plane % 3);
-    size_t img = idx / (3 * plane);
-    const uint8_t* f = frames + img * in_stride;
-    float v = 0.0f;  // the padding, in [0, 1] units
-    if (y >= r.pad_top && x >= r.pad_left) {
-        int yr = y - r.pad_top, xr = x - r.pad_left;
-        if (r.rh == r.h && r.rw == r.w) {  // nothing to resize (a frame already at size)
-            v = (float)f[((size_t)yr * r.w + xr) * 3 + c] / 255.0f;
-        } else {
-            int y0, y1, x0, x1;
-            float ly, lx;
-            resize_source(yr, r.scale_h, r.h, &y0, &y1, &ly);
-            resize_source(xr, r.scale_w, r.w, &x0, &x1, &lx);
-            v = bilinear_u8(f, r.w, c, y0, y1, ly, x0, x1, lx);
-        }
-    }
-    out[img * out_stride + (size_t)c * plane + (size_t)y * r.S + x] = fx(v * 2.0f - 1.0f);
-}
-
-// Version 2: x128::size consecutive pixels of one row per thread, all three channels (S and
-// out_stride multiples of x128::size, out 16-byte aligned)
+// frame i at frames + i in_stride. x128::size consecutive pixels of one row per thread, all three
+// channels (S and out_stride multiples of x128::size, out 16-byte aligned)
 __global__ void resize_pad_kernel2(floatX* out, const uint8_t* frames, ResizePad r, int n_img, size_t in_stride,
                                    size_t out_stride) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2446,21 +2271,8 @@ __global__ void gather_rows_f32_kernel(float* out, const float* x, int B, int T,
     out[idx] = x[((row / count) * T + first + row % count) * C + idx % C];
 }
 
-// SigLIP's MLP activation (gelu_pytorch_tanh), born in dev/cuda/gelu.cu. Version 1: one thread
-// per value
-__global__ void gelu_forward_kernel1(floatX* out, const floatX* inp, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { out[i] = fx(gelu_tanh(f32(inp[i]))); }
-}
-
-// d = dy gelu'(x); d may be dy (in place)
-__global__ void gelu_backward_kernel1(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { d[i] = fx(f32(dy[i]) * gelu_tanh_grad(f32(inp[i]))); }
-}
-
-// Version 2 of both: 128-bit loads and stores, x128::size values per thread (n a multiple of it).
-// In place still holds: a thread reads its dy before it writes the same 16 bytes of d.
+// SigLIP's MLP activation (gelu_pytorch_tanh): 128-bit loads and stores, x128::size values per
+// thread (n a multiple of it)
 __global__ void gelu_forward_kernel2(floatX* out, const floatX* inp, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= n) { return; }
@@ -2470,6 +2282,8 @@ __global__ void gelu_forward_kernel2(floatX* out, const floatX* inp, size_t n) {
     store128(out + i, o);
 }
 
+// d = dy gelu'(x); d may be dy (in place): a thread reads its dy before it writes the same 16
+// bytes of d
 __global__ void gelu_backward_kernel2(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= n) { return; }
@@ -2847,14 +2661,11 @@ static void column_sum(float* out, const float* partial, int n_chunks, int C) {
 static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* partial, const floatX* dout,
                              const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
     ProfOp prof_op("rmsnorm");
-    if (C > RMSNORM_BWD_COLS * BLOCK) { vla_fail("rmsnorm_backward: width %d over %d", C, RMSNORM_BWD_COLS * BLOCK); }
-    int chunks = (int)colsum_chunks(N), rows = colsum_rows(N);
-    if (C <= 32 * RMSNORM_BWD2_COLS) {
-        size_t smem = (size_t)(BLOCK / 32) * C * sizeof(float);
-        rmsnorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C, rows);
-    } else {
-        rmsnorm_backward_kernel<<<chunks, BLOCK, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C, rows);
-    }
+    if (C > 32 * RMSNORM_BWD2_COLS) { vla_fail("rmsnorm_backward: width %d over %d", C, 32 * RMSNORM_BWD2_COLS); }
+    int chunks = (int)colsum_chunks(N);
+    size_t smem = (size_t)(BLOCK / 32) * C * sizeof(float);
+    rmsnorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
+                                                                   colsum_rows(N));
     launchCheck();
     column_sum(dw, partial, chunks, C);
 }
@@ -2887,21 +2698,11 @@ static void convert(floatX* out, const float* inp, size_t n) {
 // head size padded for the tensor-core kernels
 static int padded_head_dim(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : 128; }
 
-// ---- LayerNorm, a launcher per version with its block size and the trainer's (dev/cuda/layernorm.cu)
+// ---- LayerNorm, SwiGLU, GELU-tanh, pixel shuffle, resize with padding: each at BLOCK threads, 16
+// bytes a load; what they take is what smolvla_build checks of a model (the other versions, and
+// other block sizes: dev/cuda/<operation>.cu)
 
-static void layernorm_forward1(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
-                               const floatX* b, int N, int C, int block) {
-    layernorm_forward_kernel1<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C);
-    launchCheck();
-}
-
-static void layernorm_forward2(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
-                               const floatX* b, int N, int C, int block) {
-    layernorm_forward_kernel2<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C);
-    launchCheck();
-}
-
-// Whether version 2 of the forward pass takes these pointers, this width and this block size
+// Whether layernorm_forward_kernel2 takes these pointers, this width and this block size
 static bool layernorm_forward2_fits(const floatX* out, const floatX* inp, const floatX* w, const floatX* b, int C,
                                     int block) {
     return packable(C, x128::size, out, inp, w) && packable(C, x128::size, b) && C <= 32 * LAYERNORM_FWD2_VALS &&
@@ -2911,44 +2712,16 @@ static bool layernorm_forward2_fits(const floatX* out, const floatX* inp, const 
 static void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
                               const floatX* b, int N, int C) {
     ProfOp prof_op("layernorm");
-    if (layernorm_forward2_fits(out, inp, w, b, C, BLOCK)) {
-        layernorm_forward2(out, mean, rstd, inp, w, b, N, C, BLOCK);
-    } else {
-        layernorm_forward1(out, mean, rstd, inp, w, b, N, C, BLOCK);
+    if (!layernorm_forward2_fits(out, inp, w, b, C, BLOCK)) {
+        vla_fail("layernorm_forward: width %d: the kernel takes 16-byte aligned rows of a multiple of %d values, up "
+                 "to %d", C, x128::size, 32 * LAYERNORM_FWD2_VALS);
     }
-}
-
-// Whether version 1 of the backward pass takes this width and this block size
-static bool layernorm_backward1_fits(int C, int block) {
-    return C <= LAYERNORM_BWD1_COLS * block && block <= LAYERNORM_MAX_BLOCK;
-}
-
-// partial: scratch of 2 * ceil(N / rows_per_block) * C floats
-static void layernorm_backward1(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
-                                const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C,
-                                int block, int rows_per_block) {
-    int chunks = ceil_div(N, rows_per_block);
-    layernorm_backward_kernel1<<<chunks, block, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd, N, C,
-                                                                  rows_per_block);
+    layernorm_forward_kernel2<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C);
     launchCheck();
-    column_sum(dw, partial, chunks, C);
-    column_sum(db, partial + (size_t)chunks * C, chunks, C);
 }
 
-static void layernorm_backward2(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
-                                const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C,
-                                int block, int rows_per_block) {
-    int chunks = ceil_div(N, rows_per_block);
-    size_t smem = (size_t)(block / 32) * C * sizeof(float);
-    layernorm_backward_kernel2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd, N,
-                                                                     C, rows_per_block);
-    launchCheck();
-    column_sum(dw, partial, chunks, C);
-    column_sum(db, partial + (size_t)chunks * C, chunks, C);
-}
-
-// Whether version 2 of the backward pass takes these pointers, this width and this block size
-// (the warps' sums must fit in the default 48 KB of shared memory)
+// Whether layernorm_backward_kernel2 takes these pointers, this width and this block size (the
+// warps' sums must fit in the default 48 KB of shared memory)
 static bool layernorm_backward2_fits(const float* dres, const floatX* dres_x, const floatX* dout, const floatX* inp,
                                      const floatX* w, int C, int block) {
     return packable(C, x128::size, dres, dres_x, dout) && packable(C, x128::size, inp, w) &&
@@ -2961,122 +2734,53 @@ static bool layernorm_backward2_fits(const float* dres, const floatX* dres_x, co
 static void layernorm_backward(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
                                const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C) {
     ProfOp prof_op("layernorm");
-    if (layernorm_backward2_fits(dres, dres_x, dout, inp, w, C, BLOCK)) {
-        layernorm_backward2(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, BLOCK, colsum_rows(N));
-    } else {
-        if (!layernorm_backward1_fits(C, BLOCK)) {
-            vla_fail("layernorm_backward: width %d over %d", C, LAYERNORM_BWD1_COLS * BLOCK);
-        }
-        layernorm_backward1(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, BLOCK, colsum_rows(N));
+    if (!layernorm_backward2_fits(dres, dres_x, dout, inp, w, C, BLOCK)) {
+        vla_fail("layernorm_backward: width %d: the kernel takes 16-byte aligned rows of a multiple of %d values, up "
+                 "to %d", C, x128::size, 32 * LAYERNORM_BWD2_VALS);
     }
+    int rows = colsum_rows(N), chunks = ceil_div(N, rows);
+    size_t smem = (size_t)(BLOCK / 32) * C * sizeof(float);
+    layernorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd, N,
+                                                                     C, rows);
+    launchCheck();
+    column_sum(dw, partial, chunks, C);
+    column_sum(db, partial + (size_t)chunks * C, chunks, C);
 }
 
-// ---- SwiGLU, a launcher per version with its block size and the trainer's (dev/cuda/swiglu.cu)
-
-static void swiglu_forward1(floatX* act, const floatX* gate, const floatX* up, size_t n, int block) {
-    swiglu_forward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(act, gate, up, n);
-    launchCheck();
-}
-
-static void swiglu_forward2(floatX* act, const floatX* gate, const floatX* up, size_t n, int block) {
-    swiglu_forward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(act, gate, up, n);
-    launchCheck();
-}
-
-static void swiglu_backward1(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
-                             size_t n, int block) {
-    swiglu_backward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
-    launchCheck();
-}
-
-static void swiglu_backward2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
-                             size_t n, int block) {
-    swiglu_backward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
-    launchCheck();
+// n values of every pointer in whole 16-byte packs, else a one-line error naming the operation
+static void check_packable(const char* what, size_t n, const void* a, const void* b, const void* c = NULL,
+                           const void* d = NULL, const void* e = NULL) {
+    if (!packable(n, x128::size, a, b, c) || !packable(n, x128::size, d, e)) {
+        vla_fail("%s: %zu values, or a pointer, not in whole 16-byte packs of %d (the kernel's loads)", what, n,
+                 x128::size);
+    }
 }
 
 static void swiglu_forward(floatX* act, const floatX* gate, const floatX* up, size_t n) {
     ProfOp prof_op("swiglu");
-    if (packable(n, x128::size, act, gate, up)) {
-        swiglu_forward2(act, gate, up, n, BLOCK);
-    } else {
-        swiglu_forward1(act, gate, up, n, BLOCK);
-    }
+    check_packable("swiglu_forward", n, act, gate, up);
+    swiglu_forward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(act, gate, up, n);
+    launchCheck();
 }
 
 static void swiglu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up, size_t n) {
     ProfOp prof_op("swiglu");
-    if (packable(n, x128::size, dgate, dup, dact) && packable(n, x128::size, gate, up)) {
-        swiglu_backward2(dgate, dup, dact, gate, up, n, BLOCK);
-    } else {
-        swiglu_backward1(dgate, dup, dact, gate, up, n, BLOCK);
-    }
-}
-
-// ---- GELU-tanh, a launcher per version with its block size and the trainer's (dev/cuda/gelu.cu)
-
-static void gelu_forward1(floatX* out, const floatX* inp, size_t n, int block) {
-    gelu_forward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(out, inp, n);
-    launchCheck();
-}
-
-static void gelu_forward2(floatX* out, const floatX* inp, size_t n, int block) {
-    gelu_forward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(out, inp, n);
-    launchCheck();
-}
-
-static void gelu_backward1(floatX* d, const floatX* dy, const floatX* inp, size_t n, int block) {
-    gelu_backward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(d, dy, inp, n);
-    launchCheck();
-}
-
-static void gelu_backward2(floatX* d, const floatX* dy, const floatX* inp, size_t n, int block) {
-    gelu_backward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(d, dy, inp, n);
+    check_packable("swiglu_backward", n, dgate, dup, dact, gate, up);
+    swiglu_backward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
     launchCheck();
 }
 
 static void gelu_forward(floatX* out, const floatX* inp, size_t n) {
     ProfOp prof_op("gelu");
-    if (packable(n, x128::size, out, inp)) {
-        gelu_forward2(out, inp, n, BLOCK);
-    } else {
-        gelu_forward1(out, inp, n, BLOCK);
-    }
+    check_packable("gelu_forward", n, out, inp);
+    gelu_forward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(out, inp, n);
+    launchCheck();
 }
 
 static void gelu_backward(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
     ProfOp prof_op("gelu");
-    if (packable(n, x128::size, d, dy, inp)) {
-        gelu_backward2(d, dy, inp, n, BLOCK);
-    } else {
-        gelu_backward1(d, dy, inp, n, BLOCK);
-    }
-}
-
-// ---- pixel shuffle, a launcher per version with its block size and the trainer's
-// (dev/cuda/pixel_shuffle.cu)
-
-static void pixel_shuffle_forward1(floatX* out, const floatX* inp, int N, int h, int w, int C, int s, int block) {
-    size_t n = (size_t)N * h * w * C;
-    pixel_shuffle_forward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(out, inp, N, h, w, C, s);
-    launchCheck();
-}
-
-static void pixel_shuffle_forward2(floatX* out, const floatX* inp, int N, int h, int w, int C, int s, int block) {
-    size_t n = (size_t)N * h * w * C;
-    pixel_shuffle_forward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(out, inp, N, h, w, C, s);
-    launchCheck();
-}
-
-static void pixel_shuffle_backward1(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s, int block) {
-    size_t n = (size_t)N * h * w * C;
-    pixel_shuffle_backward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(dinp, dout, N, h, w, C, s);
-    launchCheck();
-}
-
-static void pixel_shuffle_backward2(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s, int block) {
-    size_t n = (size_t)N * h * w * C;
-    pixel_shuffle_backward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(dinp, dout, N, h, w, C, s);
+    check_packable("gelu_backward", n, d, dy, inp);
+    gelu_backward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(d, dy, inp, n);
     launchCheck();
 }
 
@@ -3091,26 +2795,21 @@ static void pixel_shuffle_check_grid(int h, int w, int s) {
 static void pixel_shuffle_forward(floatX* out, const floatX* inp, int N, int h, int w, int C, int s) {
     ProfOp prof_op("pixel shuffle");
     pixel_shuffle_check_grid(h, w, s);
-    if (packable(C, x128::size, out, inp)) {
-        pixel_shuffle_forward2(out, inp, N, h, w, C, s, BLOCK);
-    } else {
-        pixel_shuffle_forward1(out, inp, N, h, w, C, s, BLOCK);
-    }
+    check_packable("pixel_shuffle_forward", C, out, inp);
+    size_t n = (size_t)N * h * w * C;
+    pixel_shuffle_forward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(out, inp, N, h, w, C, s);
+    launchCheck();
 }
 
 // dinp (N, h*w, C) overwritten from dout (N, (h/s)(w/s), C s^2)
 static void pixel_shuffle_backward(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s) {
     ProfOp prof_op("pixel shuffle");
     pixel_shuffle_check_grid(h, w, s);
-    if (packable(C, x128::size, dinp, dout)) {
-        pixel_shuffle_backward2(dinp, dout, N, h, w, C, s, BLOCK);
-    } else {
-        pixel_shuffle_backward1(dinp, dout, N, h, w, C, s, BLOCK);
-    }
+    check_packable("pixel_shuffle_backward", C, dinp, dout);
+    size_t n = (size_t)N * h * w * C;
+    pixel_shuffle_backward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(dinp, dout, N, h, w, C, s);
+    launchCheck();
 }
-
-// ---- resize with padding, the plan, a launcher per version with its block size and the
-// trainer's (dev/cuda/resize_pad.cu)
 
 // resize_with_pad's sizes for an h x w frame at S x S, with Python's arithmetic: the same doubles
 // (int / int and int / float are correctly rounded divisions in both), int() truncating
@@ -3136,21 +2835,7 @@ static ResizePad resize_pad_plan(int h, int w, int S) {
     return r;
 }
 
-static void resize_pad1(floatX* out, const uint8_t* frames, const ResizePad& r, int n_img, size_t in_stride,
-                        size_t out_stride, int block) {
-    size_t n = (size_t)n_img * 3 * r.S * r.S;
-    resize_pad_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(out, frames, r, n_img, in_stride, out_stride);
-    launchCheck();
-}
-
-static void resize_pad2(floatX* out, const uint8_t* frames, const ResizePad& r, int n_img, size_t in_stride,
-                        size_t out_stride, int block) {
-    size_t n = (size_t)n_img * r.S * (r.S / x128::size);
-    resize_pad_kernel2<<<ceil_div(n, block), block, 0, main_stream>>>(out, frames, r, n_img, in_stride, out_stride);
-    launchCheck();
-}
-
-// Whether version 2 takes this size and this output
+// Whether resize_pad_kernel2 takes this size and this output
 static bool resize_pad2_fits(const floatX* out, int S, size_t out_stride) {
     return packable(S, x128::size, out) && out_stride % x128::size == 0;
 }
@@ -3163,11 +2848,13 @@ static void resize_pad(floatX* out, const uint8_t* frames, int n_img, int h, int
     ResizePad r = resize_pad_plan(h, w, S);
     in_stride = in_stride > 0 ? in_stride : (size_t)h * w * 3;
     out_stride = out_stride > 0 ? out_stride : (size_t)3 * S * S;
-    if (resize_pad2_fits(out, S, out_stride)) {
-        resize_pad2(out, frames, r, n_img, in_stride, out_stride, BLOCK);
-    } else {
-        resize_pad1(out, frames, r, n_img, in_stride, out_stride, BLOCK);
+    if (!resize_pad2_fits(out, S, out_stride)) {
+        vla_fail("resize_pad: image size %d or its images' place not in whole 16-byte packs of %d (the kernel's "
+                 "stores)", S, x128::size);
     }
+    size_t n = (size_t)n_img * S * (S / x128::size);
+    resize_pad_kernel2<<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(out, frames, r, n_img, in_stride, out_stride);
+    launchCheck();
 }
 
 // ---- attention, the call's checks, version 1 at a block size, version 2, the trainer's
@@ -4129,9 +3816,16 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
         vla_fail("head sizes %d and %d: the GPU attention kernels take head sizes up to 128", c->head_dim,
                  c->vis_width / c->vis_heads);
     }
-    if (c->d_model > RMSNORM_BWD_COLS * BLOCK || c->d_expert > RMSNORM_BWD_COLS * BLOCK ||
-        c->vis_width > LAYERNORM_BWD1_COLS * BLOCK) {
-        vla_fail("widths up to %d are supported by the GPU trainer", RMSNORM_BWD_COLS * BLOCK);
+    if (c->d_model > 32 * RMSNORM_BWD2_COLS || c->d_expert > 32 * RMSNORM_BWD2_COLS ||
+        c->vis_width > 32 * LAYERNORM_BWD2_VALS) {
+        vla_fail("widths up to %d are supported by the GPU trainer", 32 * RMSNORM_BWD2_COLS);
+    }
+    // the kernels of the vision tower, the connector and the MLPs move 16 bytes at a time
+    if (c->vis_width % x128::size != 0 || c->vis_ff % x128::size != 0 || c->img % x128::size != 0 ||
+        c->d_ff % x128::size != 0 || c->d_expert_ff % x128::size != 0) {
+        vla_fail("the GPU trainer takes vision and MLP widths and image sizes that are multiples of %d (%s); "
+                 "this model has %d, %d, %d, %d and %d", x128::size, PRECISION_NAME, c->vis_width, c->vis_ff, c->img,
+                 c->d_ff, c->d_expert_ff);
     }
     if (mode < TRAIN_MODE_EXPERT || mode > TRAIN_MODE_ALL) { vla_fail("SmolVLA train mode %d is not one of 0-2", mode); }
     m->config = *c;

@@ -11,10 +11,10 @@ tower's layer_norm1, layer_norm2 and post_layernorm (SigLIP, eps 1e-6, torch.nn.
             from per-chunk partial sums added in chunk order (no atomics: the same bits every run)
 
   version 1  forward: one warp per row, scalar loads, x read once per pass
-             (layernorm_forward_kernel1)
+             (layernorm_forward_kernel1, here)
              backward: one block per chunk of rows, thread t owns columns t + j blockDim.x, the
-             two row sums by block reductions (layernorm_backward_kernel1, then column_sum_kernel
-             for dw and for db; C <= LAYERNORM_BWD1_COLS * blockDim.x)
+             two row sums by block reductions (layernorm_backward_kernel1, here, then
+             column_sum_kernel for dw and for db; C <= LAYERNORM_BWD1_COLS * blockDim.x)
   version 2  forward: one warp per row with 128-bit loads and stores, the row held in registers
              across the mean, variance and output passes (layernorm_forward_kernel2; C a multiple
              of x128::size and at most 32 * LAYERNORM_FWD2_VALS)
@@ -22,6 +22,8 @@ tower's layer_norm1, layer_norm2 and post_layernorm (SigLIP, eps 1e-6, torch.nn.
              barrier; each lane keeps its columns' dw and db sums in registers, and the warps'
              sums meet in shared memory, added in warp order (layernorm_backward_kernel2, then
              column_sum_kernel; C a multiple of x128::size, at most 32 * LAYERNORM_BWD2_VALS)
+             Both the trainer's, from train_vla.cu, launched by its layernorm_forward /
+             layernorm_backward.
 
   All but the version 1 forward take blocks of at most LAYERNORM_MAX_BLOCK (512) threads.
 
@@ -40,10 +42,128 @@ static const int BLOCKS[] = {32, 64, 128, 256, 512, 1024};
 static const int N_BLOCKS = sizeof(BLOCKS) / sizeof(BLOCKS[0]);
 
 // ----------------------------------------------------------------------------
-// kernels and launchers: train_vla.cu's (common.h includes it whole): layernorm_forward_kernel1/2,
-// layernorm_backward_kernel1/2, a launcher per version with its block size (layernorm_forward1/2,
-// layernorm_backward1/2, and whether a version takes a shape: *_fits) and the trainer's
-// layernorm_forward / layernorm_backward
+// kernels: version 2 is train_vla.cu's (common.h includes it whole, with layernorm_forward2_fits
+// and layernorm_backward2_fits: whether it takes a shape); version 1 here
+
+// out = (x - mean) rstd w + b per row of C; mean and rstd kept. One warp per row.
+__global__ void layernorm_forward_kernel1(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
+                                          const floatX* b, int N, int C) {
+    int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (row >= N) { return; }  // whole warps leave together
+    const floatX* x = inp + (size_t)row * C;
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) { s += f32(x[c]); }
+    float m = warp_sum(s) / (float)C;
+    float v = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float d = f32(x[c]) - m;
+        v += d * d;
+    }
+    float r = rsqrtf(warp_sum(v) / (float)C + LAYERNORM_EPS);
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+    floatX* y = out + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) { y[c] = fx((f32(x[c]) - m) * r * f32(w[c]) + f32(b[c])); }
+}
+
+// dx, dw and db as train_vla.cu's layernorm_backward_kernel2 says; thread t owns columns
+// t + j * blockDim.x
+#define LAYERNORM_BWD1_COLS 8  // columns per thread: C <= LAYERNORM_BWD1_COLS * blockDim.x
+__global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel1(float* dres, floatX* dres_x,
+                                                                                   float* partial, const floatX* dout,
+                                                                                   const floatX* inp, const floatX* w,
+                                                                                   const float* mean, const float* rstd,
+                                                                                   int N, int C, int rows_per_block) {
+    __shared__ float shared[32];
+    float dw_acc[LAYERNORM_BWD1_COLS], db_acc[LAYERNORM_BWD1_COLS];
+    #pragma unroll
+    for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) { dw_acc[j] = 0.0f; db_acc[j] = 0.0f; }
+    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    for (int n = r0; n < r1; n++) {
+        const floatX* x = inp + (size_t)n * C;
+        const floatX* dy = dout + (size_t)n * C;
+        float m = mean[n], r = rstd[n], sum_g = 0.0f, sum_gxh = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) {
+            int c = threadIdx.x + j * blockDim.x;
+            if (c < C) {
+                float g = f32(dy[c]) * f32(w[c]), xh = (f32(x[c]) - m) * r;
+                sum_g += g;
+                sum_gxh += g * xh;
+            }
+        }
+        float mean_g = block_sum(sum_g, shared) / (float)C;
+        float mean_gxh = block_sum(sum_gxh, shared) / (float)C;
+        #pragma unroll
+        for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) {
+            int c = threadIdx.x + j * blockDim.x;
+            if (c < C) {
+                float dyv = f32(dy[c]), xh = (f32(x[c]) - m) * r;
+                float d = dres[(size_t)n * C + c] + r * (dyv * f32(w[c]) - mean_g - xh * mean_gxh);
+                dres[(size_t)n * C + c] = d;
+                dres_x[(size_t)n * C + c] = fx(d);
+                dw_acc[j] += dyv * xh;
+                db_acc[j] += dyv;
+            }
+        }
+    }
+    float* dw_partial = partial + (size_t)blockIdx.x * C;
+    float* db_partial = partial + ((size_t)gridDim.x + blockIdx.x) * C;
+    #pragma unroll
+    for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        if (c < C) {
+            dw_partial[c] = dw_acc[j];
+            db_partial[c] = db_acc[j];
+        }
+    }
+}
+
+// a launcher per version with its block size (version 0, the trainer's layernorm_forward and
+// layernorm_backward, runs version 2 at BLOCK)
+
+static void layernorm_forward1(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
+                               const floatX* b, int N, int C, int block) {
+    layernorm_forward_kernel1<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C);
+    launchCheck();
+}
+
+static void layernorm_forward2(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
+                               const floatX* b, int N, int C, int block) {
+    layernorm_forward_kernel2<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C);
+    launchCheck();
+}
+
+// Whether version 1 of the backward pass takes this width and this block size
+static bool layernorm_backward1_fits(int C, int block) {
+    return C <= LAYERNORM_BWD1_COLS * block && block <= LAYERNORM_MAX_BLOCK;
+}
+
+// partial: scratch of 2 * ceil(N / rows_per_block) * C floats
+static void layernorm_backward1(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
+                                const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C,
+                                int block, int rows_per_block) {
+    int chunks = ceil_div(N, rows_per_block);
+    layernorm_backward_kernel1<<<chunks, block, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd, N, C,
+                                                                  rows_per_block);
+    launchCheck();
+    column_sum(dw, partial, chunks, C);
+    column_sum(db, partial + (size_t)chunks * C, chunks, C);
+}
+
+static void layernorm_backward2(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
+                                const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C,
+                                int block, int rows_per_block) {
+    int chunks = ceil_div(N, rows_per_block);
+    size_t smem = (size_t)(block / 32) * C * sizeof(float);
+    layernorm_backward_kernel2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd, N,
+                                                                     C, rows_per_block);
+    launchCheck();
+    column_sum(dw, partial, chunks, C);
+    column_sum(db, partial + (size_t)chunks * C, chunks, C);
+}
 
 // ----------------------------------------------------------------------------
 // references, in double
@@ -204,7 +324,9 @@ static void check_forward(int N, int C, float scale, uint64_t seed) {
     float* rstd = alloc_f(N);
     for (int version = 0; version <= 2; version++) {
         for (int bi = 0; bi < (version == 0 ? 1 : N_BLOCKS); bi++) {
-            if (version == 2 && !layernorm_forward2_fits(out, d_x, d_w, d_b, C, BLOCKS[bi])) { continue; }
+            // version 0, the trainer's launcher, runs version 2 at BLOCK
+            int block = version == 0 ? BLOCK : BLOCKS[bi];
+            if (version != 1 && !layernorm_forward2_fits(out, d_x, d_w, d_b, C, block)) { continue; }
             poison(out, n * sizeof(floatX));
             poison(mean, N * sizeof(float));
             poison(rstd, N * sizeof(float));
@@ -272,12 +394,12 @@ static void check_backward(int N, int C, float scale, uint64_t seed) {
     int rows[2] = {CHUNK_ROWS, 3};    // the trainer's chunk, and one that splits rows unevenly
     for (int version = 0; version <= 2; version++) {
         for (int bi = 0; bi < (version == 0 ? 1 : N_BLOCKS); bi++) {
-            int block = BLOCKS[bi];
-            // version 1: each thread holds at most LAYERNORM_BWD1_COLS columns; version 2: the
-            // width and alignment it takes, the warps' sums within 48 KB of shared memory; both:
-            // blocks the kernels' registers allow
+            int block = version == 0 ? BLOCK : BLOCKS[bi];
+            // version 1: each thread holds at most LAYERNORM_BWD1_COLS columns; version 2 (and 0,
+            // the trainer's launcher, which runs it at BLOCK): the width and alignment it takes, the
+            // warps' sums within 48 KB of shared memory; both: blocks the kernels' registers allow
             if (version == 1 && !layernorm_backward1_fits(C, block)) { continue; }
-            if (version == 2 && !layernorm_backward2_fits(dres, dres_x, d_dout, d_x, d_w, C, block)) { continue; }
+            if (version != 1 && !layernorm_backward2_fits(dres, dres_x, d_dout, d_x, d_w, C, block)) { continue; }
             for (int ri = 0; ri < (version == 0 ? 1 : 2); ri++) {
                 cudaCheck(cudaMemcpy(dres, dres0, n * sizeof(float), cudaMemcpyHostToDevice));
                 cudaCheck(cudaMemcpy(dw, dw0, C * sizeof(float), cudaMemcpyHostToDevice));

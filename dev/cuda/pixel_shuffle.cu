@@ -20,10 +20,11 @@ inverse permutation. Both are pure copies: the checks want the same bits.
   above for h != w, which the checks also cover.)
 
   version 1  one thread per value of the written tensor, gathering its source
-             (pixel_shuffle_forward_kernel1, pixel_shuffle_backward_kernel1)
+             (pixel_shuffle_forward_kernel1, pixel_shuffle_backward_kernel1, here)
   version 2  x128::size consecutive channels per thread, 128-bit loads and stores: runs of C
              channels stay together in both layouts (pixel_shuffle_forward_kernel2,
-             pixel_shuffle_backward_kernel2; C a multiple of x128::size, 16-byte aligned pointers)
+             pixel_shuffle_backward_kernel2; C a multiple of x128::size, 16-byte aligned pointers):
+             the trainer's, from train_vla.cu, launched by its pixel_shuffle_forward / _backward
 
   make -C dev/cuda pixel_shuffle && dev/cuda/pixel_shuffle
 */
@@ -33,10 +34,58 @@ static const int BLOCKS[] = {32, 64, 128, 256, 512, 1024};
 static const int N_BLOCKS = sizeof(BLOCKS) / sizeof(BLOCKS[0]);
 
 // ----------------------------------------------------------------------------
-// kernels and launchers: train_vla.cu's (common.h includes it whole): pixel_shuffle_forward_kernel1/2,
-// pixel_shuffle_backward_kernel1/2, a launcher per version with its block size
-// (pixel_shuffle_forward1/2, pixel_shuffle_backward1/2) and the trainer's pixel_shuffle_forward /
-// pixel_shuffle_backward
+// kernels: version 2 is train_vla.cu's (common.h includes it whole, pixel_shuffle_source too);
+// version 1 one thread per value
+
+// out (N, (h/s)(w/s), C s^2) from x (N, h*w, C). One thread per value of out.
+__global__ void pixel_shuffle_forward_kernel1(floatX* out, const floatX* inp, int N, int h, int w, int C, int s) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t Cs = (size_t)C * s * s, tokens = (size_t)(h / s) * (w / s);
+    if (idx >= N * tokens * Cs) { return; }
+    int m = (int)(idx % Cs);
+    size_t row = idx / Cs;
+    out[idx] = inp[pixel_shuffle_source(row / tokens, (int)(row % tokens), m, h, w, C, s)];
+}
+
+// dinp (N, h*w, C) overwritten from dout (N, (h/s)(w/s), C s^2): the inverse permutation. One
+// thread per value of dinp.
+__global__ void pixel_shuffle_backward_kernel1(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)N * h * w * C) { return; }
+    int e = (int)(idx % C);
+    size_t p = idx / C;
+    int j = (int)(p % w), i = (int)(p / w % h);
+    size_t n = p / ((size_t)w * h);
+    size_t t = n * (h / s) * (w / s) + (size_t)(i / s) * (w / s) + j / s;
+    dinp[idx] = dout[t * C * s * s + (size_t)((i % s) * s + j % s) * C + e];
+}
+
+// a launcher per version with its block size (version 0, the trainer's pixel_shuffle_forward and
+// pixel_shuffle_backward, runs version 2 at BLOCK)
+
+static void pixel_shuffle_forward1(floatX* out, const floatX* inp, int N, int h, int w, int C, int s, int block) {
+    size_t n = (size_t)N * h * w * C;
+    pixel_shuffle_forward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(out, inp, N, h, w, C, s);
+    launchCheck();
+}
+
+static void pixel_shuffle_forward2(floatX* out, const floatX* inp, int N, int h, int w, int C, int s, int block) {
+    size_t n = (size_t)N * h * w * C;
+    pixel_shuffle_forward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(out, inp, N, h, w, C, s);
+    launchCheck();
+}
+
+static void pixel_shuffle_backward1(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s, int block) {
+    size_t n = (size_t)N * h * w * C;
+    pixel_shuffle_backward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(dinp, dout, N, h, w, C, s);
+    launchCheck();
+}
+
+static void pixel_shuffle_backward2(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s, int block) {
+    size_t n = (size_t)N * h * w * C;
+    pixel_shuffle_backward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(dinp, dout, N, h, w, C, s);
+    launchCheck();
+}
 
 // ----------------------------------------------------------------------------
 // references: transformers' view/permute chain step by step, not the formula the kernels use.
@@ -143,7 +192,7 @@ static void check_shape(int N, int h, int w, int C, int s, uint64_t seed) {
     cudaCheck(cudaMalloc(&dinp, n * sizeof(floatX)));
     int v2 = C % x128::size == 0;
     for (int version = 0; version <= 2; version++) {
-        if (version == 2 && !v2) { continue; }
+        if (version != 1 && !v2) { continue; }  // the trainer's launcher runs version 2
         for (int bi = 0; bi < (version == 0 ? 1 : N_BLOCKS); bi++) {
             char what[120], item[160];
             if (version == 0) {

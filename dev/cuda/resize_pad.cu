@@ -14,10 +14,11 @@ SmolVLA prepares them (prepare_images: resize_with_pad(img, S, S, pad_value=0), 
   - Then padded with 0 on the LEFT and TOP to S x S (S - rw columns, S - rh rows) and mapped
     x * 2 - 1, so the padding reads -1.
 
-  version 1  one thread per output value (resize_pad_kernel1)
+  version 1  one thread per output value (resize_pad_kernel1, here)
   version 2  one thread per x128::size consecutive pixels of a row, all three channels: the row's
              weights computed once, a tap's three bytes read together, 128-bit stores into the
-             three planes (resize_pad_kernel2; S a multiple of x128::size, 16-byte aligned planes)
+             three planes (resize_pad_kernel2; S a multiple of x128::size, 16-byte aligned planes):
+             the trainer's, from train_vla.cu, launched by its resize_pad
 
   make -C dev/cuda resize_pad && dev/cuda/resize_pad
   dev/cuda/resize_pad --dump FILE writes a few frames with what the launcher makes of them, for
@@ -35,9 +36,51 @@ static const int BLOCKS[] = {32, 64, 128, 256, 512, 1024};
 static const int N_BLOCKS = sizeof(BLOCKS) / sizeof(BLOCKS[0]);
 
 // ----------------------------------------------------------------------------
-// kernels and launchers: train_vla.cu's (common.h includes it whole): ResizePad and its plan
-// (resize_pad_plan), resize_pad_kernel1/2, a launcher per version with its block size
-// (resize_pad1/2, resize_pad2_fits) and the trainer's resize_pad
+// kernels: version 2 is train_vla.cu's (common.h includes it whole: ResizePad and its plan
+// resize_pad_plan, resize_source, bilinear_u8, resize_pad2_fits); version 1 one thread per value
+
+// out: n_img images (3, S, S), image i at out + i out_stride; frames: n_img (h, w, 3) u8 frames,
+// frame i at frames + i in_stride. One thread per output value.
+__global__ void resize_pad_kernel1(floatX* out, const uint8_t* frames, ResizePad r, int n_img, size_t in_stride,
+                                   size_t out_stride) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t plane = (size_t)r.S * r.S;
+    if (idx >= (size_t)n_img * 3 * plane) { return; }
+    int x = (int)(idx % r.S), y = (int)(idx / r.S % r.S), c = (int)(idx / plane % 3);
+    size_t img = idx / (3 * plane);
+    const uint8_t* f = frames + img * in_stride;
+    float v = 0.0f;  // the padding, in [0, 1] units
+    if (y >= r.pad_top && x >= r.pad_left) {
+        int yr = y - r.pad_top, xr = x - r.pad_left;
+        if (r.rh == r.h && r.rw == r.w) {  // nothing to resize (a frame already at size)
+            v = (float)f[((size_t)yr * r.w + xr) * 3 + c] / 255.0f;
+        } else {
+            int y0, y1, x0, x1;
+            float ly, lx;
+            resize_source(yr, r.scale_h, r.h, &y0, &y1, &ly);
+            resize_source(xr, r.scale_w, r.w, &x0, &x1, &lx);
+            v = bilinear_u8(f, r.w, c, y0, y1, ly, x0, x1, lx);
+        }
+    }
+    out[img * out_stride + (size_t)c * plane + (size_t)y * r.S + x] = fx(v * 2.0f - 1.0f);
+}
+
+// a launcher per version with its block size (version 0, the trainer's resize_pad, runs version 2
+// at BLOCK)
+
+static void resize_pad1(floatX* out, const uint8_t* frames, const ResizePad& r, int n_img, size_t in_stride,
+                        size_t out_stride, int block) {
+    size_t n = (size_t)n_img * 3 * r.S * r.S;
+    resize_pad_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(out, frames, r, n_img, in_stride, out_stride);
+    launchCheck();
+}
+
+static void resize_pad2(floatX* out, const uint8_t* frames, const ResizePad& r, int n_img, size_t in_stride,
+                        size_t out_stride, int block) {
+    size_t n = (size_t)n_img * r.S * (r.S / x128::size);
+    resize_pad_kernel2<<<ceil_div(n, block), block, 0, main_stream>>>(out, frames, r, n_img, in_stride, out_stride);
+    launchCheck();
+}
 
 // ----------------------------------------------------------------------------
 // reference, in double: LeRobot's resize_with_pad and x * 2 - 1, written again from its rule
@@ -153,7 +196,8 @@ static void check_shape(int n_img, int h, int w, int S, int interleaved, uint64_
     float* got_pad = (float*)mallocCheck(n * sizeof(float));
     float* minus_one = (float*)mallocCheck(n * sizeof(float));
     for (int version = 0; version <= 2; version++) {
-        if (version == 2 && !resize_pad2_fits(out + out_offset, S, out_stride)) { continue; }
+        // the trainer's launcher runs version 2
+        if (version != 1 && !resize_pad2_fits(out + out_offset, S, out_stride)) { continue; }
         for (int bi = 0; bi < (version == 0 ? 1 : N_BLOCKS); bi++) {
             poison(out, n_out * sizeof(floatX));
             run_version(version, BLOCKS[bi], out + out_offset, d_frames + in_offset, n_img, h, w, S, in_stride,

@@ -6,15 +6,18 @@ rmsnorm.cu: RMSNorm, forward and backward (input_layernorm and post_attention_la
   backward: dx = r w dy - x r^3 / C sum_j dy_j w_j x_j, added into the fp32 residual gradient dres
             and written as its floatX copy dres_x; dw += sum over rows of dy x r
 
-  version 1  forward: one warp per row, scalar loads (rmsnorm_forward_kernel)
+  version 1  forward: one warp per row, scalar loads (rmsnorm_forward_kernel, train_vla.cu's for
+             the widths version 2 does not take: the tiny preset's expert, 36, in bf16 and fp16)
              backward: one block per chunk of rows, thread t owns columns t + j blockDim.x;
              dw as per-chunk partial sums added in chunk order, so the result is deterministic
-             (rmsnorm_backward_kernel, then column_sum_kernel)
+             (rmsnorm_backward_kernel, here, then column_sum_kernel)
   version 2  forward: the same warp per row with 128-bit loads and stores (rmsnorm_forward_kernel2;
              C a multiple of x128::size)
              backward: one warp per row, so a row needs no block barrier; each lane keeps its
              columns' dw sums in registers and the warps' sums meet in shared memory, added in warp
              order (rmsnorm_backward_kernel2, then column_sum_kernel; C <= 32 * RMSNORM_BWD2_COLS)
+             Both train_vla.cu's, launched by its rmsnorm_forward (version 2 where C and the
+             pointers allow it) and rmsnorm_backward.
   Both backward versions take blocks of at most RMSNORM_MAX_BLOCK (512) threads (their registers).
 
   make -C dev/cuda rmsnorm && dev/cuda/rmsnorm
@@ -70,6 +73,50 @@ static void rmsnorm_backward_reference(double* dres, double* dw, const float* do
             dres[(size_t)n * C + c] += r * w[c] * dy[c] - k * xn[c];
             dw[c] += (double)dy[c] * xn[c] * r;
         }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// kernels: train_vla.cu's (common.h includes it whole) but version 1 of the backward pass
+
+#define RMSNORM_BWD_COLS 8  // columns per thread: C <= RMSNORM_BWD_COLS * blockDim.x
+// dx and dw as train_vla.cu's rmsnorm_backward_kernel2 says; one block per chunk of rows, thread t
+// owns columns t + j * blockDim.x, the row's sum by a block reduction (82 registers a thread on
+// sm_90 unbounded: at most RMSNORM_MAX_BLOCK threads, as version 2)
+__global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel(float* dres, floatX* dres_x, float* dw_partial, const floatX* dout,
+                                        const floatX* inp, const floatX* w, const float* rstd, int N, int C,
+                                        int rows_per_block) {
+    __shared__ float shared[32];
+    float dw_acc[RMSNORM_BWD_COLS];
+    #pragma unroll
+    for (int j = 0; j < RMSNORM_BWD_COLS; j++) { dw_acc[j] = 0.0f; }
+    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    for (int n = r0; n < r1; n++) {
+        const floatX* x = inp + (size_t)n * C;
+        const floatX* dy = dout + (size_t)n * C;
+        float r = rstd[n], dot = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < RMSNORM_BWD_COLS; j++) {
+            int c = threadIdx.x + j * blockDim.x;
+            if (c < C) { dot += f32(dy[c]) * f32(w[c]) * f32(x[c]); }
+        }
+        float k = block_sum(dot, shared) * r * r * r / (float)C;
+        #pragma unroll
+        for (int j = 0; j < RMSNORM_BWD_COLS; j++) {
+            int c = threadIdx.x + j * blockDim.x;
+            if (c < C) {
+                float xv = f32(x[c]), dyv = f32(dy[c]);
+                float g = dres[(size_t)n * C + c] + r * f32(w[c]) * dyv - k * xv;
+                dres[(size_t)n * C + c] = g;
+                dres_x[(size_t)n * C + c] = fx(g);
+                dw_acc[j] += dyv * xv * r;
+            }
+        }
+    }
+    #pragma unroll
+    for (int j = 0; j < RMSNORM_BWD_COLS; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        if (c < C) { dw_partial[(size_t)blockIdx.x * C + c] = dw_acc[j]; }
     }
 }
 
@@ -180,7 +227,7 @@ static void check_backward(int N, int C, uint64_t seed) {
     float* partial = alloc_f(n);  // enough for one row per chunk
     int rows[2] = {CHUNK_ROWS, 3};  // the trainer's chunk, and one that splits rows unevenly
     for (int version = 1; version <= 2; version++) {
-        for (int bi = version == 1 ? -1 : 0; bi < N_BLOCKS; bi++) {  // -1: the launcher
+        for (int bi = version == 2 ? -1 : 0; bi < N_BLOCKS; bi++) {  // -1: the launcher (version 2)
             int block = bi < 0 ? BLOCK : BLOCKS[bi];
             // both: at most RMSNORM_MAX_BLOCK threads (their registers); version 1: each thread holds
             // at most RMSNORM_BWD_COLS columns; version 2: each lane RMSNORM_BWD2_COLS, and the warps'
@@ -270,7 +317,7 @@ static void benchmark(void) {
 int main(void) {
     dev_init("rmsnorm");
     // odd widths (scalar path only), widths where version 2 applies (multiples of x128::size),
-    // the VLM width, the widest the backward takes at 256 threads; row counts that leave the
+    // the VLM width, the widest version 1 of the backward takes at 256 threads; row counts that leave the
     // last warp's block or the last chunk partly empty
     struct { int N, C; } shapes[] = {{7, 37}, {45, 64}, {13, 300}, {33, 24}, {70, 960}, {3, 2048}};
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {

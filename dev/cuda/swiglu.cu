@@ -6,9 +6,11 @@ down_proj(silu(gate_proj(x)) * up_proj(x)) as transformers' LlamaMLP computes it
   backward: dgate = dact up silu'(gate), dup = dact silu(gate) (both overwritten), with
             silu'(x) = s + x s (1 - s) = s (1 + x (1 - s)), s = sigmoid(x)
 
-  version 1  one thread per element, scalar loads (swiglu_forward_kernel1, swiglu_backward_kernel1)
+  version 1  one thread per element, scalar loads (swiglu_forward_kernel1, swiglu_backward_kernel1,
+             here)
   version 2  x128::size elements per thread, 128-bit loads and stores (swiglu_forward_kernel2,
-             swiglu_backward_kernel2; n a multiple of x128::size, 16-byte aligned pointers)
+             swiglu_backward_kernel2; n a multiple of x128::size, 16-byte aligned pointers): the
+             trainer's, from train_vla.cu, launched by its swiglu_forward / swiglu_backward
 
   make -C dev/cuda swiglu && dev/cuda/swiglu
 */
@@ -22,9 +24,49 @@ static const int BLOCKS[] = {32, 64, 128, 256, 512, 1024};
 static const int N_BLOCKS = sizeof(BLOCKS) / sizeof(BLOCKS[0]);
 
 // ----------------------------------------------------------------------------
-// kernels and launchers: train_vla.cu's (common.h includes it whole): swiglu_forward_kernel1/2,
-// swiglu_backward_kernel1/2, a launcher per version with its block size (swiglu_forward1/2,
-// swiglu_backward1/2) and the trainer's swiglu_forward / swiglu_backward
+// kernels: version 2 is train_vla.cu's (common.h includes it whole, silu and silu_grad too);
+// version 1 one thread per value
+
+// act = silu(gate) * up
+__global__ void swiglu_forward_kernel1(floatX* act, const floatX* gate, const floatX* up, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { act[i] = fx(silu(f32(gate[i])) * f32(up[i])); }
+}
+
+// dgate, dup are overwritten
+__global__ void swiglu_backward_kernel1(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
+                                        const floatX* up, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float g = f32(gate[i]), da = f32(dact[i]);
+    dgate[i] = fx(da * f32(up[i]) * silu_grad(g));
+    dup[i] = fx(da * silu(g));
+}
+
+// a launcher per version with its block size (version 0, the trainer's swiglu_forward and
+// swiglu_backward, runs version 2 at BLOCK)
+
+static void swiglu_forward1(floatX* act, const floatX* gate, const floatX* up, size_t n, int block) {
+    swiglu_forward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(act, gate, up, n);
+    launchCheck();
+}
+
+static void swiglu_forward2(floatX* act, const floatX* gate, const floatX* up, size_t n, int block) {
+    swiglu_forward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(act, gate, up, n);
+    launchCheck();
+}
+
+static void swiglu_backward1(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
+                             size_t n, int block) {
+    swiglu_backward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
+    launchCheck();
+}
+
+static void swiglu_backward2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
+                             size_t n, int block) {
+    swiglu_backward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
+    launchCheck();
+}
 
 // ----------------------------------------------------------------------------
 // references, in double
@@ -110,7 +152,7 @@ static void check_size(size_t n, uint64_t seed) {
     cudaCheck(cudaMalloc(&dup, n * sizeof(floatX)));
     int v2 = n % x128::size == 0;
     for (int version = 0; version <= 2; version++) {
-        if (version == 2 && !v2) { continue; }
+        if (version != 1 && !v2) { continue; }  // the trainer's launcher runs version 2
         for (int bi = 0; bi < (version == 0 ? 1 : N_BLOCKS); bi++) {
             char what[120], item[160];
             if (version == 0) {
