@@ -97,16 +97,6 @@ static void cublas_check_(cublasStatus_t status, const char* file, int line) {
 }
 #define cublasCheck(call) cublas_check_((call), __FILE__, __LINE__)
 
-#if defined(MULTI_GPU)
-static void nccl_check_(ncclResult_t r, const char* file, int line) {
-    if (r != ncclSuccess && run_aborting) { wait_for_abort(); }
-    if (r != ncclSuccess) {
-        vla_fail("NCCL error '%s' at %s:%d: rerun with NCCL_DEBUG=INFO to see why", ncclGetErrorString(r), file, line);
-    }
-}
-#define ncclCheck(call) nccl_check_((call), __FILE__, __LINE__)
-#endif
-
 static __device__ __host__ __forceinline__ float f32(float x) { return x; }
 #if defined(ENABLE_FP16)
 static __device__ __host__ __forceinline__ float f32(__half x) { return __half2float(x); }
@@ -3419,12 +3409,6 @@ static int gpu_check_visible(int wanted) {
     if (wanted > count) {
         vla_fail("-g %d asks for more GPUs than the %d visible: lower -g or check CUDA_VISIBLE_DEVICES", wanted, count);
     }
-#if !defined(MULTI_GPU)
-    if (wanted > 1) {
-        vla_fail("-g %d: this train_vla was built without NCCL and trains on one GPU; run -g 1, or rebuild where NCCL "
-                 "is installed (make train_vla finds it)", wanted);
-    }
-#endif
     return count;
 }
 
@@ -3766,7 +3750,19 @@ static inline float* smol_grad(const SmolVLA* m, int i, int k) {
     return m->grads_memory + m->domain.offset[i] + (size_t)k * per;
 }
 
+// Whether the model keeps the optimizer state of one shard only (ZeRO-1 over several ranks): its
+// gradients are reduce-scattered to the shards, its trainable weights all-gathered after the update
+static int smol_sharded(const SmolVLA* m) { return m->shard_hi - m->shard_lo < m->n_train; }
+
+// The model's calls into the data-parallel section, which comes after the model and defines them
+// for both builds (without NCCL they do nothing): the gradient buckets, their sums over the ranks
+// as the backward pass finishes them and at the end of a step, ZeRO-1's sums and gathers
+static int smol_bucket(const SmolVLAConfig* c, int tower, int layer);
 static void smol_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d);
+static void smol_bucket_done(SmolVLA* m, int b);
+static void dist_step_sums(SmolVLA* m);
+static void zero_sum_squares(SmolVLA* m);
+static void zero_gather_params(SmolVLA* m);
 
 // Device bytes smolvla_build allocates for config c in `mode` on one GPU (no ZeRO-1 sharding): the
 // weights, their gradients, master weights and moments, the norm's partials and the RoPE table; the
@@ -4429,208 +4425,6 @@ static float smolvla_read_loss(SmolVLA* m) {
 }
 #endif
 
-// ---- data parallel (MULTI_GPU): gradient buckets, NCCL, ZeRO-1
-
-// The gradient bucket of layer `layer` of `tower` (-1: the tower's embeddings), numbered in the
-// order the backward pass finishes them: the expert's layers top down (its head with the top
-// layer), its input projections, the VLM's layers top down, the prefix's embeddings, the vision
-// layers top down (the post-LayerNorm with the top one), the patch and position embeddings.
-static int smol_bucket(const SmolVLAConfig* c, int tower, int layer) {
-    int L = c->n_layer, Lv = c->vis_layers;
-    if (tower == TOWER_EXPERT) { return layer >= 0 ? L - 1 - layer : L; }
-    if (tower == TOWER_VLM) { return layer >= 0 ? 2 * L - layer : 2 * L + 1; }
-    return layer >= 0 ? 2 * L + 1 + Lv - layer : 2 * L + 2 + Lv;
-}
-
-static int smol_bucket_count(const SmolVLAConfig* c) { return 2 * c->n_layer + 3 + c->vis_layers; }
-
-// The bucket of slice k of tensor s: a layer's slice with its layer, a head with its tower's top
-// layer (its gradient is final before that layer's), an input with its tower's embeddings
-static int smol_slice_bucket(const SmolVLAConfig* c, const SmolParamSpec* s, int k) {
-    if (s->kind == KIND_LAYER) { return smol_bucket(c, s->tower, smolvla_slice_layer(c, s, k)); }
-    if (s->kind == KIND_HEAD) { return smol_bucket(c, s->tower, (s->tower == TOWER_VISION ? c->vis_layers : c->n_layer) - 1); }
-    return smol_bucket(c, s->tower, -1);
-}
-
-// Each bucket's ranges of the trainable domain d of table t: its trainable slices, neighbours
-// merged. A frozen slice is in no bucket, so it is never communicated. (Host only: the banner
-// counts them too.)
-static void smol_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d) {
-    b->n = smol_bucket_count(c);
-    size_t max_ranges = 0;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { max_ranges += smolvla_slices(&t->spec[i]); }
-    b->first = (int*)callocCheck(b->n + 1, sizeof(int));
-    b->offset = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
-    b->count = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
-    int r = 0;
-    for (int q = 0; q < b->n; q++) {
-        b->first[q] = r;
-        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-            const SmolParamSpec* s = &t->spec[i];
-            size_t per = s->numel / smolvla_slices(s);
-            for (size_t k = 0; (k + 1) * per <= d->numel[i]; k++) {
-                if (smol_slice_bucket(c, s, (int)k) != q) { continue; }
-                size_t at = d->offset[i] + k * per;
-                if (r > b->first[q] && b->offset[r - 1] + b->count[r - 1] == at) {
-                    b->count[r - 1] += per;
-                } else {
-                    b->offset[r] = at;
-                    b->count[r] = per;
-                    r++;
-                }
-            }
-        }
-    }
-    b->first[b->n] = r;
-}
-
-#define DIST_TIMED_WAITS 4  // a step waits on NCCL once (ZeRO-1: three times)
-
-// One rank's side (MULTI_GPU): the communicator, the communication stream and the events that
-// order it after the compute.
-typedef struct Dist {
-    int sync;  // the backward pass sums its buckets over the ranks as they finish (a step's last micro-step)
-#if defined(MULTI_GPU)
-    ncclComm_t comm;
-    cudaStream_t comm_stream;
-    cudaEvent_t* bucket_ready;  // (smol_bucket_count) their gradients are final on the main stream
-    cudaEvent_t scalars_ready, comm_done;
-    // timing of the main stream's waits on the communication stream in one step: wait_begin[i]
-    // where the compute reaches wait i, wait_end[i] where the communication it waits for ends
-    cudaEvent_t wait_begin[DIST_TIMED_WAITS], wait_end[DIST_TIMED_WAITS];
-    int waits;  // recorded this step
-#endif
-} Dist;
-
-// Whether the model keeps the optimizer state of one shard only (ZeRO-1 over several ranks): its
-// gradients are reduce-scattered to the shards, its trainable weights all-gathered after the update
-static int smol_sharded(const SmolVLA* m) { return m->shard_hi - m->shard_lo < m->n_train; }
-
-#if defined(MULTI_GPU)
-#if defined(ENABLE_FP32)
-static const ncclDataType_t NCCL_FLOATX = ncclFloat;
-#elif defined(ENABLE_FP16)
-static const ncclDataType_t NCCL_FLOATX = ncclHalf;
-#else
-static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
-#endif
-
-// Work on the communication stream ordered after the main stream's so far (`ready`), ...
-static void comm_after_main(Dist* d, cudaEvent_t ready) {
-    cudaCheck(cudaEventRecord(ready, main_stream));
-    cudaCheck(cudaStreamWaitEvent(d->comm_stream, ready, 0));
-}
-// ... and the main stream's next work after the communication stream's so far (the first
-// DIST_TIMED_WAITS waits of a step timed: how long the compute stood still for NCCL)
-static void main_after_comm(Dist* d) {
-    cudaEvent_t done = d->comm_done;
-    if (d->waits < DIST_TIMED_WAITS) {
-        cudaCheck(cudaEventRecord(d->wait_begin[d->waits], main_stream));
-        done = d->wait_end[d->waits++];
-    }
-    cudaCheck(cudaEventRecord(done, d->comm_stream));
-    ProfOp prof_op("nccl wait");
-    cudaCheck(cudaStreamWaitEvent(main_stream, done, 0));
-}
-
-// The time the main stream spent waiting on the communication stream in this step (after the
-// step's work has finished): per wait, how far the communication ended after the compute reached
-// it, nothing where it had ended before
-static double dist_wait_ms(Dist* d) {
-    double total = 0.0;
-    for (int i = 0; i < d->waits; i++) {
-        float ms;
-        cudaCheck(cudaEventElapsedTime(&ms, d->wait_begin[i], d->wait_end[i]));
-        if (ms > 0.0f) { total += ms; }
-    }
-    return total;
-}
-#endif
-
-// Bucket b's gradients are final: sum them over the ranks on the communication stream, after the
-// compute that wrote them, while the backward pass goes on (at world size 1 too: NCCL's one-rank
-// path runs, as in DDP, and its cost is measured). The sums are the loss's (smolvla_forward), so
-// summing is averaging once smolvla_loss_finish divides by the step's valid entries.
-static void smol_bucket_done(SmolVLA* m, int b) {
-#if defined(MULTI_GPU)
-    Dist* d = m->dist;
-    const SmolBuckets* k = &m->buckets;
-    if (d == NULL || !d->sync || smol_sharded(m) || k->first[b] == k->first[b + 1]) { return; }  // ZeRO-1: at the end
-    cudaCheck(cudaEventRecord(d->bucket_ready[b], main_stream));
-    cudaCheck(cudaStreamWaitEvent(d->comm_stream, d->bucket_ready[b], 0));
-    ncclCheck(ncclGroupStart());
-    for (int r = k->first[b]; r < k->first[b + 1]; r++) {
-        ncclCheck(ncclAllReduce(m->grads_memory + k->offset[r], m->grads_memory + k->offset[r], k->count[r], ncclFloat,
-                                ncclSum, d->comm, d->comm_stream));
-    }
-    ncclCheck(ncclGroupEnd());
-#else
-    (void)m; (void)b;
-#endif
-}
-
-// After an optimizer step's last backward pass: the loss's sums, the valid entries and the stop
-// flag (acts.scalars[0], [3], [2]) summed over the ranks too (with ZeRO-1 the gradients
-// reduce-scattered to their shards), the main stream waiting for all of it; then the mean loss and
-// the gradients of the mean (smolvla_loss_finish). `stop`: this rank saw a stop request; any
-// rank's stops them all.
-static void smolvla_grads_finish(SmolVLA* m, int stop) {
-    LAUNCH_1D(fill_kernel, 1, m->acts.scalars + 2, stop ? 1.0f : 0.0f, 1);
-#if defined(MULTI_GPU)
-    Dist* d = m->dist;
-    if (d != NULL) {
-        comm_after_main(d, d->scalars_ready);
-        if (smol_sharded(m)) {
-            size_t S = m->shard_hi - m->shard_lo;
-            ncclCheck(ncclReduceScatter(m->grads_memory, m->grads_memory + m->shard_lo, S, ncclFloat, ncclSum, d->comm,
-                                        d->comm_stream));
-        }
-        ncclCheck(ncclAllReduce(m->acts.scalars, m->acts.scalars, 4, ncclFloat, ncclSum, d->comm, d->comm_stream));
-        main_after_comm(d);
-    }
-#endif
-    smolvla_loss_finish(m);
-}
-
-// ZeRO-1: the sum of squares of the shard's gradients (acts.scalars[1]) added over the ranks
-static void zero_sum_squares(SmolVLA* m) {
-#if defined(MULTI_GPU)
-    comm_after_main(m->dist, m->dist->scalars_ready);
-    ncclCheck(ncclAllReduce(m->acts.scalars + 1, m->acts.scalars + 1, 1, ncclFloat, ncclSum, m->dist->comm,
-                            m->dist->comm_stream));
-    main_after_comm(m->dist);
-#else
-    (void)m;
-#endif
-}
-
-// ZeRO-1: every rank's updated shard of the trainable weights' compute copy, to every rank
-static void zero_gather_params(SmolVLA* m) {
-#if defined(MULTI_GPU)
-    comm_after_main(m->dist, m->dist->scalars_ready);
-    ncclCheck(ncclAllGather(m->params_memory + m->shard_lo, m->params_memory, m->shard_hi - m->shard_lo, NCCL_FLOATX,
-                            m->dist->comm, m->dist->comm_stream));
-    main_after_comm(m->dist);
-#else
-    (void)m;
-#endif
-}
-
-// A device array of the optimizer state (shard-sized) made whole (n_train): itself when it is not
-// sharded, else all-gathered over the ranks into `gathered` (every rank must call it)
-static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* shard) {
-#if defined(MULTI_GPU)
-    if (smol_sharded(m)) {
-        comm_after_main(m->dist, m->dist->scalars_ready);
-        ncclCheck(ncclAllGather(shard, gathered, m->shard_hi - m->shard_lo, ncclFloat, m->dist->comm, m->dist->comm_stream));
-        main_after_comm(m->dist);
-        return gathered;
-    }
-#endif
-    (void)gathered;
-    return shard;
-}
-
 // ---- backward
 
 // d acts.d_vt -> action_out_proj -> the expert's norm and layers -> d s_res[0] in g_res / g_res_x
@@ -4893,6 +4687,17 @@ static void smolvla_backward(SmolVLA* m, int zero_grads) {
     }
 }
 
+// After an optimizer step's last backward pass: the loss's sums, the valid entries and the stop
+// flag (acts.scalars[0], [3], [2]) summed over the ranks too (with ZeRO-1 the gradients
+// reduce-scattered to their shards), the main stream waiting for all of it; then the mean loss and
+// the gradients of the mean (smolvla_loss_finish). `stop`: this rank saw a stop request; any
+// rank's stops them all.
+static void smolvla_grads_finish(SmolVLA* m, int stop) {
+    LAUNCH_1D(fill_kernel, 1, m->acts.scalars + 2, stop ? 1.0f : 0.0f, 1);
+    dist_step_sums(m);
+    smolvla_loss_finish(m);
+}
+
 // ---- sampling
 
 // num_steps Euler steps of dx/dt = v(x, t) from t = 1 (acts.x_sample, the noise) to t = 0, in
@@ -5106,6 +4911,436 @@ static double device_peak_flops(const char* name) {
 }
 
 // ----------------------------------------------------------------------------
+// data parallel: one rank per GPU, each driven by a host thread of its own (OpenMP), on one node or
+// several; every backward pass's gradients summed over the ranks bucket by bucket as it finishes
+// them (NCCL), the optimizer state sharded over the ranks with --zero (ZeRO-1), a watchdog over
+// NCCL's faults. All of it is the MULTI_GPU build's; the build without NCCL trains one GPU alone,
+// and its stand-ins (after the #else) give the model and the training loop the same calls.
+
+// The gradient bucket of layer `layer` of `tower` (-1: the tower's embeddings), numbered in the
+// order the backward pass finishes them: the expert's layers top down (its head with the top
+// layer), its input projections, the VLM's layers top down, the prefix's embeddings, the vision
+// layers top down (the post-LayerNorm with the top one), the patch and position embeddings.
+static int smol_bucket(const SmolVLAConfig* c, int tower, int layer) {
+    int L = c->n_layer, Lv = c->vis_layers;
+    if (tower == TOWER_EXPERT) { return layer >= 0 ? L - 1 - layer : L; }
+    if (tower == TOWER_VLM) { return layer >= 0 ? 2 * L - layer : 2 * L + 1; }
+    return layer >= 0 ? 2 * L + 1 + Lv - layer : 2 * L + 2 + Lv;
+}
+
+static int smol_bucket_count(const SmolVLAConfig* c) { return 2 * c->n_layer + 3 + c->vis_layers; }
+
+// The bucket of slice k of tensor s: a layer's slice with its layer, a head with its tower's top
+// layer (its gradient is final before that layer's), an input with its tower's embeddings
+static int smol_slice_bucket(const SmolVLAConfig* c, const SmolParamSpec* s, int k) {
+    if (s->kind == KIND_LAYER) { return smol_bucket(c, s->tower, smolvla_slice_layer(c, s, k)); }
+    if (s->kind == KIND_HEAD) { return smol_bucket(c, s->tower, (s->tower == TOWER_VISION ? c->vis_layers : c->n_layer) - 1); }
+    return smol_bucket(c, s->tower, -1);
+}
+
+// Each bucket's ranges of the trainable domain d of table t: its trainable slices, neighbours
+// merged. A frozen slice is in no bucket, so it is never communicated. (Host only: the banner
+// counts them too.)
+static void smol_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d) {
+    b->n = smol_bucket_count(c);
+    size_t max_ranges = 0;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { max_ranges += smolvla_slices(&t->spec[i]); }
+    b->first = (int*)callocCheck(b->n + 1, sizeof(int));
+    b->offset = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
+    b->count = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
+    int r = 0;
+    for (int q = 0; q < b->n; q++) {
+        b->first[q] = r;
+        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+            const SmolParamSpec* s = &t->spec[i];
+            size_t per = s->numel / smolvla_slices(s);
+            for (size_t k = 0; (k + 1) * per <= d->numel[i]; k++) {
+                if (smol_slice_bucket(c, s, (int)k) != q) { continue; }
+                size_t at = d->offset[i] + k * per;
+                if (r > b->first[q] && b->offset[r - 1] + b->count[r - 1] == at) {
+                    b->count[r - 1] += per;
+                } else {
+                    b->offset[r] = at;
+                    b->count[r] = per;
+                    r++;
+                }
+            }
+        }
+    }
+    b->first[b->n] = r;
+}
+
+// What the ranks of a run share, read-only once they train
+typedef struct {
+    TrainArgs args;
+    Dataset ds;
+    SmolVLAConfig config;
+    const char* from;      // checkpoint to start from, or NULL: from the seed
+    Checkpoint initial;    // the weights (and moments) the ranks start from, read or drawn once; the
+                           // moments are freed once every rank has its copy on its GPU, the weights
+                           // stay: rank 0's checkpoints take the frozen ones from them
+    int start;             // optimizer steps already done
+    uint64_t sampler_pos;  // global samples consumed before `start`
+    LossScaleState loss_scale;  // fp16 builds: the dynamic loss scale the run starts with
+    int world;             // ranks over all nodes
+    int local_ranks;       // GPUs of this process, one thread each
+    int node, nodes;       // this process's place among the nodes, and how many
+    TaskBalance balance_storage;
+    const TaskBalance* balance;  // --balance tasks' sequence (balance_storage), or NULL: the plain one
+} Run;
+
+#if defined(MULTI_GPU)
+static void nccl_check_(ncclResult_t r, const char* file, int line) {
+    if (r != ncclSuccess && run_aborting) { wait_for_abort(); }
+    if (r != ncclSuccess) {
+        vla_fail("NCCL error '%s' at %s:%d: rerun with NCCL_DEBUG=INFO to see why", ncclGetErrorString(r), file, line);
+    }
+}
+#define ncclCheck(call) nccl_check_((call), __FILE__, __LINE__)
+
+#if defined(ENABLE_FP32)
+static const ncclDataType_t NCCL_FLOATX = ncclFloat;
+#elif defined(ENABLE_FP16)
+static const ncclDataType_t NCCL_FLOATX = ncclHalf;
+#else
+static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
+#endif
+
+#define DIST_TIMED_WAITS 4  // a step waits on NCCL once (ZeRO-1: three times)
+
+// One rank's side: the communicator, the communication stream and the events that order it after
+// the compute.
+typedef struct Dist {
+    int sync;  // the backward pass sums its buckets over the ranks as they finish (a step's last micro-step)
+    ncclComm_t comm;
+    cudaStream_t comm_stream;
+    cudaEvent_t* bucket_ready;  // (smol_bucket_count) their gradients are final on the main stream
+    cudaEvent_t scalars_ready, comm_done;
+    // timing of the main stream's waits on the communication stream in one step: wait_begin[i]
+    // where the compute reaches wait i, wait_end[i] where the communication it waits for ends
+    cudaEvent_t wait_begin[DIST_TIMED_WAITS], wait_end[DIST_TIMED_WAITS];
+    int waits;  // recorded this step
+} Dist;
+
+// Work on the communication stream ordered after the main stream's so far (`ready`), ...
+static void comm_after_main(Dist* d, cudaEvent_t ready) {
+    cudaCheck(cudaEventRecord(ready, main_stream));
+    cudaCheck(cudaStreamWaitEvent(d->comm_stream, ready, 0));
+}
+// ... and the main stream's next work after the communication stream's so far (the first
+// DIST_TIMED_WAITS waits of a step timed: how long the compute stood still for NCCL)
+static void main_after_comm(Dist* d) {
+    cudaEvent_t done = d->comm_done;
+    if (d->waits < DIST_TIMED_WAITS) {
+        cudaCheck(cudaEventRecord(d->wait_begin[d->waits], main_stream));
+        done = d->wait_end[d->waits++];
+    }
+    cudaCheck(cudaEventRecord(done, d->comm_stream));
+    ProfOp prof_op("nccl wait");
+    cudaCheck(cudaStreamWaitEvent(main_stream, done, 0));
+}
+
+// x (n floats on the device) summed over the ranks in place, the main stream's next work after
+// the sum; nothing for a model alone (d NULL)
+static void dist_sum(Dist* d, float* x, size_t n) {
+    if (d == NULL) { return; }
+    comm_after_main(d, d->scalars_ready);
+    ncclCheck(ncclAllReduce(x, x, n, ncclFloat, ncclSum, d->comm, d->comm_stream));
+    main_after_comm(d);
+}
+
+// Bucket b's gradients are final: sum them over the ranks on the communication stream, after the
+// compute that wrote them, while the backward pass goes on (at world size 1 too: NCCL's one-rank
+// path runs, as in DDP, and its cost is measured). The sums are the loss's (smolvla_forward), so
+// summing is averaging once smolvla_loss_finish divides by the step's valid entries.
+static void smol_bucket_done(SmolVLA* m, int b) {
+    Dist* d = m->dist;
+    const SmolBuckets* k = &m->buckets;
+    if (d == NULL || !d->sync || smol_sharded(m) || k->first[b] == k->first[b + 1]) { return; }  // ZeRO-1: at the end
+    cudaCheck(cudaEventRecord(d->bucket_ready[b], main_stream));
+    cudaCheck(cudaStreamWaitEvent(d->comm_stream, d->bucket_ready[b], 0));
+    ncclCheck(ncclGroupStart());
+    for (int r = k->first[b]; r < k->first[b + 1]; r++) {
+        ncclCheck(ncclAllReduce(m->grads_memory + k->offset[r], m->grads_memory + k->offset[r], k->count[r], ncclFloat,
+                                ncclSum, d->comm, d->comm_stream));
+    }
+    ncclCheck(ncclGroupEnd());
+}
+
+// The step's sums over the ranks after its last backward pass (smolvla_grads_finish): the loss's
+// sums, the valid entries and the stop flag (acts.scalars[0], [3], [2]), with ZeRO-1 the gradients
+// reduce-scattered to their shards, the main stream waiting for all of it
+static void dist_step_sums(SmolVLA* m) {
+    Dist* d = m->dist;
+    if (d != NULL) {
+        comm_after_main(d, d->scalars_ready);
+        if (smol_sharded(m)) {
+            size_t S = m->shard_hi - m->shard_lo;
+            ncclCheck(ncclReduceScatter(m->grads_memory, m->grads_memory + m->shard_lo, S, ncclFloat, ncclSum, d->comm,
+                                        d->comm_stream));
+        }
+        ncclCheck(ncclAllReduce(m->acts.scalars, m->acts.scalars, 4, ncclFloat, ncclSum, d->comm, d->comm_stream));
+        main_after_comm(d);
+    }
+}
+
+// ZeRO-1: the sum of squares of the shard's gradients (acts.scalars[1]) added over the ranks
+static void zero_sum_squares(SmolVLA* m) {
+    comm_after_main(m->dist, m->dist->scalars_ready);
+    ncclCheck(ncclAllReduce(m->acts.scalars + 1, m->acts.scalars + 1, 1, ncclFloat, ncclSum, m->dist->comm,
+                            m->dist->comm_stream));
+    main_after_comm(m->dist);
+}
+
+// ZeRO-1: every rank's updated shard of the trainable weights' compute copy, to every rank
+static void zero_gather_params(SmolVLA* m) {
+    comm_after_main(m->dist, m->dist->scalars_ready);
+    ncclCheck(ncclAllGather(m->params_memory + m->shard_lo, m->params_memory, m->shard_hi - m->shard_lo, NCCL_FLOATX,
+                            m->dist->comm, m->dist->comm_stream));
+    main_after_comm(m->dist);
+}
+
+// A device array of the optimizer state (shard-sized) made whole (n_train): itself when it is not
+// sharded, else all-gathered over the ranks into `gathered` (every rank must call it)
+static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* shard) {
+    if (smol_sharded(m)) {
+        comm_after_main(m->dist, m->dist->scalars_ready);
+        ncclCheck(ncclAllGather(shard, gathered, m->shard_hi - m->shard_lo, ncclFloat, m->dist->comm, m->dist->comm_stream));
+        main_after_comm(m->dist);
+        return gathered;
+    }
+    return shard;
+}
+
+#if !defined(TESTING) && !defined(VLA_LIBRARY)
+// The trainer's side: the ranks' threads, their communicators and the watchdog over them
+
+// Any -g and --nodes: NCCL serves them (the build without it refuses more than one GPU)
+static void dist_check_args(const TrainArgs* args) {}
+
+// The run's NCCL id: node 0's, handed to the other nodes (dist_share_id) before any rank joins with it
+static ncclUniqueId nccl_id;
+
+static void dist_share_id(const Run* run) {
+    const TrainArgs* args = &run->args;
+    if (run->node == 0) { ncclCheck(ncclGetUniqueId(&nccl_id)); }
+    if (run->nodes > 1) {  // node 0 hands its id to the others, once they prove they run the same thing
+        printf("node %d of %d: %d GPU(s), meeting at %s\n", run->node, run->nodes, run->local_ranks, args->master);
+        BootIdentity me = boot_identity(args, &run->config, run->node, run->nodes, run->start, run->ds.n_samples);
+        char err[1024];
+        if (bootstrap_exchange(args->master, &me, &nccl_id, sizeof(nccl_id), args->bootstrap_timeout, err,
+                               sizeof(err)) != 0) {
+            vla_fail("%s", err);
+        }
+    }
+}
+
+// ---- faults. NCCL reports failures asynchronously, and a rank that hangs or dies
+// makes the others wait in their collectives forever. So a watchdog thread per process polls every
+// local communicator's asynchronous error and how long each rank has been in its current step; on
+// an error, or a step longer than --nccl-timeout, it aborts the communicators, names the rank and
+// ends the process with exit status 1. Checkpoints are written to a temporary file and renamed,
+// so the last one is intact, and -y 1 continues from it.
+typedef struct {
+    const Run* run;
+    ncclComm_t* comms;           // (local_ranks) each rank's, once it has one
+    volatile double* busy_since; // (local_ranks) when its current step started, 0 between steps
+    volatile int* step;          // (local_ranks) the step it is in
+    volatile int done;
+    pthread_t thread;
+} Watchdog;
+
+static void watchdog_fault(Watchdog* w, const char* what) {
+    run_aborting = 1;
+    char left[2 * VLA_PATH_MAX + 128];
+    fprintf(stderr, "error: %s: aborting NCCL; %s (NCCL_DEBUG=INFO says more)\n", what,
+            train_checkpoint_left(w->run->args.output, left, sizeof(left)));
+    fflush(stderr);
+    for (int r = 0; r < w->run->local_ranks; r++) {
+        if (w->comms[r] != NULL) { ncclCommAbort(w->comms[r]); }
+    }
+    _exit(1);  // not exit(): the ranks' threads may still be waiting inside CUDA
+}
+
+static void* watchdog_main(void* arg) {
+    Watchdog* w = (Watchdog*)arg;
+    const Run* run = w->run;
+    while (!w->done) {
+        usleep(100000);
+        double now = wall_seconds();
+        char what[400];
+        for (int r = 0; r < run->local_ranks; r++) {
+            int rank = run->node * run->local_ranks + r;
+            ncclResult_t err = ncclSuccess;
+            if (w->comms[r] != NULL) { ncclCommGetAsyncError(w->comms[r], &err); }
+            if (err != ncclSuccess && err != ncclInProgress) {
+                snprintf(what, sizeof(what), "NCCL reported '%s' on rank %d (node %d, GPU %d) in step %d",
+                         ncclGetErrorString(err), rank, run->node, r, w->step[r] + 1);
+                watchdog_fault(w, what);
+            }
+        }
+        // every rank of this node stuck past the timeout, named together with its step
+        char stuck[300] = "";
+        double longest = 0.0;
+        for (int r = 0; r < run->local_ranks; r++) {
+            double since = w->busy_since[r];
+            if (since > 0.0 && now - since > run->args.nccl_timeout) {
+                size_t len = strlen(stuck);
+                snprintf(stuck + len, sizeof(stuck) - len, "%s%d (GPU %d, step %d)", len > 0 ? ", " : "",
+                         run->node * run->local_ranks + r, r, w->step[r] + 1);
+                if (now - since > longest) { longest = now - since; }
+            }
+        }
+        if (stuck[0] != '\0') {
+            snprintf(what, sizeof(what), "rank(s) %s of node %d made no progress for %.0f s (--nccl-timeout): a rank of "
+                     "the run is hung or gone", stuck, run->node, longest);
+            watchdog_fault(w, what);
+        }
+    }
+    return NULL;
+}
+
+static void watchdog_start(Watchdog* w, const Run* run) {
+    memset(w, 0, sizeof(*w));
+    w->run = run;
+    w->busy_since = (volatile double*)callocCheck(run->local_ranks, sizeof(double));
+    w->step = (volatile int*)callocCheck(run->local_ranks, sizeof(int));
+    w->comms = (ncclComm_t*)callocCheck(run->local_ranks, sizeof(ncclComm_t));
+    if (run->world > 1 && pthread_create(&w->thread, NULL, watchdog_main, w) != 0) {
+        vla_fail("cannot start the NCCL watchdog thread: %s", strerror(errno));
+    }
+}
+
+static void watchdog_stop(Watchdog* w) {
+    w->done = 1;
+    if (w->run->world > 1) { pthread_join(w->thread, NULL); }
+    free(w->comms);
+    free((void*)w->busy_since);
+    free((void*)w->step);
+}
+
+// This rank's communicator (rank `rank` of the run, local GPU `local`), its stream and events;
+// the model's gradients sum over the ranks from here on
+static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) {
+    memset(d, 0, sizeof(*d));
+    int n_buckets = m->buckets.n;
+    ncclCheck(ncclCommInitRank(&d->comm, run->world, nccl_id, rank));
+    w->comms[local] = d->comm;
+    cudaCheck(cudaStreamCreate(&d->comm_stream));
+    d->bucket_ready = (cudaEvent_t*)mallocCheck(n_buckets * sizeof(cudaEvent_t));
+    for (int b = 0; b < n_buckets; b++) { cudaCheck(cudaEventCreateWithFlags(&d->bucket_ready[b], cudaEventDisableTiming)); }
+    cudaCheck(cudaEventCreateWithFlags(&d->scalars_ready, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&d->comm_done, cudaEventDisableTiming));
+    for (int i = 0; i < DIST_TIMED_WAITS; i++) {
+        cudaCheck(cudaEventCreate(&d->wait_begin[i]));
+        cudaCheck(cudaEventCreate(&d->wait_end[i]));
+    }
+    m->dist = d;
+}
+
+static void dist_free(Dist* d, const SmolVLA* m, Watchdog* w, int local) {
+    w->comms[local] = NULL;  // (every rank has finished its collectives before it gets here)
+    for (int b = 0; b < m->buckets.n; b++) { cudaCheck(cudaEventDestroy(d->bucket_ready[b])); }
+    free(d->bucket_ready);
+    cudaCheck(cudaEventDestroy(d->scalars_ready));
+    cudaCheck(cudaEventDestroy(d->comm_done));
+    for (int i = 0; i < DIST_TIMED_WAITS; i++) {
+        cudaCheck(cudaEventDestroy(d->wait_begin[i]));
+        cudaCheck(cudaEventDestroy(d->wait_end[i]));
+    }
+    cudaCheck(cudaStreamDestroy(d->comm_stream));
+    ncclCheck(ncclCommDestroy(d->comm));
+}
+
+// Every rank of this process waits here until all of them get here
+static void dist_barrier(void) {
+    #pragma omp barrier
+}
+
+// A step starts: its waits on NCCL are timed from here (a checkpoint's gathers are not the step's)
+static void dist_step_begin(Dist* d) { d->waits = 0; }
+
+// The time the main stream spent waiting on the communication stream in this step (after the
+// step's work has finished): per wait, how far the communication ended after the compute reached
+// it, nothing where it had ended before
+static double dist_wait_ms(Dist* d) {
+    double total = 0.0;
+    for (int i = 0; i < d->waits; i++) {
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, d->wait_begin[i], d->wait_end[i]));
+        if (ms > 0.0f) { total += ms; }
+    }
+    return total;
+}
+
+// Rank 0's closing line on NCCL: what its compute waited for it, per timed step and in all
+static void dist_print_waits(double wait_ms, int steps, double step_ms, int world) {
+    printf("communication: rank 0's compute waited %.2f ms per step for NCCL, %.1f%% of the step time "
+           "(world size %d)\n", wait_ms / steps, 100.0 * wait_ms / step_ms, world);
+}
+
+// The process's ranks, one thread each, each running train(run, w, its local GPU); 1 if any of
+// them was stopped by a request
+static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) {
+    int stopped = 0;
+    #pragma omp parallel num_threads(run->local_ranks) reduction(| : stopped)
+    stopped |= train(run, w, omp_get_thread_num());
+    return stopped;
+}
+#endif  // the trainer's side
+
+#else  // the build without NCCL: one GPU alone, nothing to sum over ranks, gather or watch
+
+typedef struct Dist {
+    int sync;  // (set by the training loop, read by no one: no buckets to sum)
+} Dist;
+
+static void dist_sum(Dist* d, float* x, size_t n) {}
+static void smol_bucket_done(SmolVLA* m, int b) {}
+static void dist_step_sums(SmolVLA* m) {}
+static void zero_sum_squares(SmolVLA* m) {}
+static void zero_gather_params(SmolVLA* m) {}
+static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* shard) { return shard; }
+
+#if !defined(TESTING) && !defined(VLA_LIBRARY)
+// More than one GPU, here or on other nodes, takes NCCL
+static void dist_check_args(const TrainArgs* args) {
+    if (args->ranks > 1) {
+        vla_fail("-g %d: this train_vla was built without NCCL and trains on one GPU; run -g 1, or rebuild where NCCL "
+                 "is installed (make train_vla finds it)", args->ranks);
+    }
+    if (args->nodes > 1) { vla_fail("--nodes %d: this train_vla was built without NCCL: rebuild where NCCL is installed", args->nodes); }
+}
+
+static void dist_share_id(const Run* run) {}
+
+// No communicator to watch: the rank's step marks are kept, and read by no one
+typedef struct {
+    volatile double* busy_since;
+    volatile int* step;
+} Watchdog;
+
+static void watchdog_start(Watchdog* w, const Run* run) {
+    w->busy_since = (volatile double*)callocCheck(run->local_ranks, sizeof(double));
+    w->step = (volatile int*)callocCheck(run->local_ranks, sizeof(int));
+}
+
+static void watchdog_stop(Watchdog* w) {
+    free((void*)w->busy_since);
+    free((void*)w->step);
+}
+
+static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) { memset(d, 0, sizeof(*d)); }
+static void dist_free(Dist* d, const SmolVLA* m, Watchdog* w, int local) {}
+static void dist_barrier(void) {}
+static void dist_step_begin(Dist* d) {}
+static double dist_wait_ms(Dist* d) { return 0.0; }
+static void dist_print_waits(double wait_ms, int steps, double step_ms, int world) {}
+static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) { return train(run, w, 0); }
+#endif  // the trainer's side
+#endif  // MULTI_GPU
+
+// ----------------------------------------------------------------------------
 // data: device batches fed from the loader's pinned ring
 
 // Device copy of a host batch's layout (smolvla_batch_layout: each camera's frames at their stored
@@ -5190,17 +5425,7 @@ static void task_losses_add(TaskLosses* tl, const SmolVLA* m, const SmolInputs* 
 // for task_losses_read once the step's scalars are read (which waits for the main stream)
 static void task_losses_reduce(TaskLosses* tl, SmolVLA* m) {
     if (tl->tb == NULL) { return; }
-#if defined(MULTI_GPU)
-    Dist* d = m->dist;
-    if (d != NULL) {
-        comm_after_main(d, d->scalars_ready);
-        ncclCheck(ncclAllReduce(tl->task_sums, tl->task_sums, 2 * (size_t)tl->T, ncclFloat, ncclSum, d->comm,
-                                d->comm_stream));
-        main_after_comm(d);
-    }
-#else
-    (void)m;
-#endif
+    dist_sum(m->dist, tl->task_sums, 2 * (size_t)tl->T);
     cudaCheck(cudaMemcpyAsync(tl->host_sums, tl->task_sums, 2 * (size_t)tl->T * sizeof(float), cudaMemcpyDeviceToHost,
                               main_stream));
 }
@@ -5317,28 +5542,6 @@ static float eval_action_mse(SmolVLA* m, SmolBatch* dev, const Dataset* ds, uint
 
 static volatile sig_atomic_t stop_requested = 0;
 static void on_signal(int sig) { (void)sig; stop_requested = 1; }
-
-// What the ranks of a run share, read-only once they train
-typedef struct {
-    TrainArgs args;
-    Dataset ds;
-    SmolVLAConfig config;
-    const char* from;      // checkpoint to start from, or NULL: from the seed
-    Checkpoint initial;    // the weights (and moments) the ranks start from, read or drawn once; the
-                           // moments are freed once every rank has its copy on its GPU, the weights
-                           // stay: rank 0's checkpoints take the frozen ones from them
-    int start;             // optimizer steps already done
-    uint64_t sampler_pos;  // global samples consumed before `start`
-    LossScaleState loss_scale;  // fp16 builds: the dynamic loss scale the run starts with
-    int world;             // ranks over all nodes
-    int local_ranks;       // GPUs of this process, one thread each
-    int node, nodes;       // this process's place among the nodes, and how many
-    TaskBalance balance_storage;
-    const TaskBalance* balance;  // --balance tasks' sequence (balance_storage), or NULL: the plain one
-#if defined(MULTI_GPU)
-    ncclUniqueId nccl_id;
-#endif
-} Run;
 
 // The memory an 80 GB H100 leaves to the model and its activations: the 81,559 MiB it reports, less
 // 2 GiB for the CUDA context, cuBLASLt's workspace, the batches' buffers and the allocator's slack
@@ -5472,98 +5675,6 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     fflush(stdout);
 }
 
-// ---- faults (MULTI_GPU). NCCL reports failures asynchronously, and a rank that hangs or dies
-// makes the others wait in their collectives forever. So a watchdog thread per process polls every
-// local communicator's asynchronous error and how long each rank has been in its current step; on
-// an error, or a step longer than --nccl-timeout, it aborts the communicators, names the rank and
-// ends the process with exit status 1. Checkpoints are written to a temporary file and renamed,
-// so the last one is intact, and -y 1 continues from it.
-typedef struct {
-    const Run* run;
-#if defined(MULTI_GPU)
-    ncclComm_t* comms;           // (local_ranks) each rank's, once it has one
-#endif
-    volatile double* busy_since; // (local_ranks) when its current step started, 0 between steps
-    volatile int* step;          // (local_ranks) the step it is in
-    volatile int done;
-    pthread_t thread;
-} Watchdog;
-
-#if defined(MULTI_GPU)
-static void watchdog_fault(Watchdog* w, const char* what) {
-    run_aborting = 1;
-    char left[2 * VLA_PATH_MAX + 128];
-    fprintf(stderr, "error: %s: aborting NCCL; %s (NCCL_DEBUG=INFO says more)\n", what,
-            train_checkpoint_left(w->run->args.output, left, sizeof(left)));
-    fflush(stderr);
-    for (int r = 0; r < w->run->local_ranks; r++) {
-        if (w->comms[r] != NULL) { ncclCommAbort(w->comms[r]); }
-    }
-    _exit(1);  // not exit(): the ranks' threads may still be waiting inside CUDA
-}
-
-static void* watchdog_main(void* arg) {
-    Watchdog* w = (Watchdog*)arg;
-    const Run* run = w->run;
-    while (!w->done) {
-        usleep(100000);
-        double now = wall_seconds();
-        char what[400];
-        for (int r = 0; r < run->local_ranks; r++) {
-            int rank = run->node * run->local_ranks + r;
-            ncclResult_t err = ncclSuccess;
-            if (w->comms[r] != NULL) { ncclCommGetAsyncError(w->comms[r], &err); }
-            if (err != ncclSuccess && err != ncclInProgress) {
-                snprintf(what, sizeof(what), "NCCL reported '%s' on rank %d (node %d, GPU %d) in step %d",
-                         ncclGetErrorString(err), rank, run->node, r, w->step[r] + 1);
-                watchdog_fault(w, what);
-            }
-        }
-        // every rank of this node stuck past the timeout, named together with its step
-        char stuck[300] = "";
-        double longest = 0.0;
-        for (int r = 0; r < run->local_ranks; r++) {
-            double since = w->busy_since[r];
-            if (since > 0.0 && now - since > run->args.nccl_timeout) {
-                size_t len = strlen(stuck);
-                snprintf(stuck + len, sizeof(stuck) - len, "%s%d (GPU %d, step %d)", len > 0 ? ", " : "",
-                         run->node * run->local_ranks + r, r, w->step[r] + 1);
-                if (now - since > longest) { longest = now - since; }
-            }
-        }
-        if (stuck[0] != '\0') {
-            snprintf(what, sizeof(what), "rank(s) %s of node %d made no progress for %.0f s (--nccl-timeout): a rank of "
-                     "the run is hung or gone", stuck, run->node, longest);
-            watchdog_fault(w, what);
-        }
-    }
-    return NULL;
-}
-#endif
-
-static void watchdog_start(Watchdog* w, const Run* run) {
-    memset(w, 0, sizeof(*w));
-    w->run = run;
-    w->busy_since = (volatile double*)callocCheck(run->local_ranks, sizeof(double));
-    w->step = (volatile int*)callocCheck(run->local_ranks, sizeof(int));
-#if defined(MULTI_GPU)
-    w->comms = (ncclComm_t*)callocCheck(run->local_ranks, sizeof(ncclComm_t));
-    if (run->world > 1 && pthread_create(&w->thread, NULL, watchdog_main, w) != 0) {
-        vla_fail("cannot start the NCCL watchdog thread: %s", strerror(errno));
-    }
-#endif
-}
-
-static void watchdog_stop(Watchdog* w) {
-    w->done = 1;
-#if defined(MULTI_GPU)
-    if (w->run->world > 1) { pthread_join(w->thread, NULL); }
-    free(w->comms);
-#endif
-    free((void*)w->busy_since);
-    free((void*)w->step);
-}
-
 // One GPU's training: rank node * local_ranks + local of run->world, on local device `local`.
 // Every rank holds a replica, takes its own share of every global batch, and sums its gradients
 // with the others; rank 0 logs, saves checkpoints and evaluates. Returns 1 if a stop request
@@ -5581,31 +5692,14 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     LossScaleState scale = run->loss_scale;  // fp16 builds: after each step, read back from the device
     LossScaleState logged = scale;           // what a step's log line shows: the scale it ran with
     smolvla_set_loss_scale(&model, &scale, args->loss_scale_window);
-#if defined(MULTI_GPU)
-    #pragma omp barrier
-#endif
+    dist_barrier();  // every rank has its copy of the moments before they go
     if (local == 0) {  // the weights stay for the checkpoints' frozen values
         free(run->initial.m);
         free(run->initial.v);
         run->initial.m = run->initial.v = NULL;
     }
     Dist dist;
-    memset(&dist, 0, sizeof(dist));
-#if defined(MULTI_GPU)
-    int n_buckets = model.buckets.n;
-    ncclCheck(ncclCommInitRank(&dist.comm, world, run->nccl_id, rank));
-    watchdog->comms[local] = dist.comm;
-    cudaCheck(cudaStreamCreate(&dist.comm_stream));
-    dist.bucket_ready = (cudaEvent_t*)mallocCheck(n_buckets * sizeof(cudaEvent_t));
-    for (int b = 0; b < n_buckets; b++) { cudaCheck(cudaEventCreateWithFlags(&dist.bucket_ready[b], cudaEventDisableTiming)); }
-    cudaCheck(cudaEventCreateWithFlags(&dist.scalars_ready, cudaEventDisableTiming));
-    cudaCheck(cudaEventCreateWithFlags(&dist.comm_done, cudaEventDisableTiming));
-    for (int i = 0; i < DIST_TIMED_WAITS; i++) {
-        cudaCheck(cudaEventCreate(&dist.wait_begin[i]));
-        cudaCheck(cudaEventCreate(&dist.wait_end[i]));
-    }
-    model.dist = &dist;
-#endif
+    dist_init(&dist, &model, run, rank, watchdog, local);
 
     int64_t global_batch = train_global_batch(args, world);
     // every rank's micro-batches are its own jobs of the global sequence: W = world x accum
@@ -5643,9 +5737,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         if (lead && step + 1 == args->profile) { prof_begin(); }
         watchdog->step[local] = step;
         watchdog->busy_since[local] = t0;
-#if defined(MULTI_GPU)
-        dist.waits = 0;  // (a checkpoint's gathers are not the step's)
-#endif
+        dist_step_begin(&dist);
         for (int micro = 0; micro < args->accum; micro++, job++) {
             SmolBatch* batch = &dev[job % 2];
             cudaCheck(cudaStreamWaitEvent(main_stream, uploaded[job % 2], 0));
@@ -5676,11 +5768,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         logged.scale = used_scale;
         watchdog->busy_since[local] = 0.0;
         double ms = 1000.0 * (wall_seconds() - t0);
-#if defined(MULTI_GPU)
         double wait_ms = dist_wait_ms(&dist);
-#else
-        double wait_ms = 0.0;
-#endif
         // the first step warms up; the profiled one records thousands of events
         if (step > run->start && step + 1 != args->profile) { timed_ms += ms; comm_wait_ms += wait_ms; timed_steps++; }
         int done = step + 1;
@@ -5739,10 +5827,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
             printf(", peak GPU memory %.2f GiB (%.2f GiB held by the model, %.2f GiB of it activations; --recompute %s "
                    "saves %s)\n", peak_mem, (double)model.device_bytes / gib, (double)model.act_bytes / gib,
                    RECOMPUTE_NAMES[model.recompute], format_bytes(saved, sizeof(saved), logger.saved_bytes));
-#if defined(MULTI_GPU)
-            printf("communication: rank 0's compute waited %.2f ms per step for NCCL, %.1f%% of the step time "
-                   "(world size %d)\n", comm_wait_ms / timed_steps, 100.0 * comm_wait_ms / timed_ms, world);
-#endif
+            dist_print_waits(comm_wait_ms, timed_steps, timed_ms, world);
         }
         logger_close(&logger);
         if (stop_requested && step >= args->steps) { train_report_interrupt(args, step); }  // the run is complete
@@ -5753,19 +5838,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         cudaCheck(cudaEventDestroy(uploaded[k]));
         cudaCheck(cudaEventDestroy(consumed[k]));
     }
-#if defined(MULTI_GPU)
-    watchdog->comms[local] = NULL;  // (every rank has finished its collectives before it gets here)
-    for (int b = 0; b < n_buckets; b++) { cudaCheck(cudaEventDestroy(dist.bucket_ready[b])); }
-    free(dist.bucket_ready);
-    cudaCheck(cudaEventDestroy(dist.scalars_ready));
-    cudaCheck(cudaEventDestroy(dist.comm_done));
-    for (int i = 0; i < DIST_TIMED_WAITS; i++) {
-        cudaCheck(cudaEventDestroy(dist.wait_begin[i]));
-        cudaCheck(cudaEventDestroy(dist.wait_end[i]));
-    }
-    cudaCheck(cudaStreamDestroy(dist.comm_stream));
-    ncclCheck(ncclCommDestroy(dist.comm));
-#endif
+    dist_free(&dist, &model, watchdog, local);
     smolvla_free(&model);
     gpu_shutdown();
     return stopped;
@@ -5786,9 +5859,7 @@ int main(int argc, char** argv) {
     if (!LOSS_SCALING) { train_args_no_loss_scale(args, "this train_vla (built for " PRECISION_NAME ")"); }
     run.loss_scale.scale = args->loss_scale;
     gpu_check_visible(args->ranks);
-#if !defined(MULTI_GPU)
-    if (args->nodes > 1) { vla_fail("--nodes %d: this train_vla was built without NCCL: rebuild where NCCL is installed", args->nodes); }
-#endif
+    dist_check_args(args);
     run.local_ranks = args->ranks;
     run.node = args->node_rank;
     run.nodes = args->nodes;
@@ -5841,30 +5912,13 @@ int main(int argc, char** argv) {
     if (run.node == 0) {
         print_config(&run, &prop, smolvla_flops_per_sample(&run.config, args->train_mode), device_peak_flops(prop.name));
     }
-#if defined(MULTI_GPU)
-    if (run.node == 0) { ncclCheck(ncclGetUniqueId(&run.nccl_id)); }
-    if (run.nodes > 1) {  // node 0 hands its id to the others, once they prove they run the same thing
-        printf("node %d of %d: %d GPU(s), meeting at %s\n", run.node, run.nodes, run.local_ranks, args->master);
-        BootIdentity me = boot_identity(args, &run.config, run.node, run.nodes, run.start, run.ds.n_samples);
-        char err[1024];
-        if (bootstrap_exchange(args->master, &me, &run.nccl_id, sizeof(run.nccl_id), args->bootstrap_timeout, err,
-                               sizeof(err)) != 0) {
-            vla_fail("%s", err);
-        }
-    }
-#endif
+    dist_share_id(&run);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);  // a closed terminal or a dropped ssh saves too
     Watchdog watchdog;
     watchdog_start(&watchdog, &run);
-    int stopped = 0;
-#if defined(MULTI_GPU)
-    #pragma omp parallel num_threads(run.local_ranks) reduction(| : stopped)
-    stopped |= train_rank(&run, &watchdog, omp_get_thread_num());
-#else
-    stopped = train_rank(&run, &watchdog, 0);
-#endif
+    int stopped = run_ranks(&run, &watchdog, train_rank);
     watchdog_stop(&watchdog);
     if (run.balance != NULL) { task_balance_free(&run.balance_storage); }
     checkpoint_free(&run.initial);
