@@ -3470,7 +3470,8 @@ static int attention4_head_index(int HS) {
         }
         configured = true;
     }
-    return HS <= 16 ? 0 : HS <= 32 ? 1 : 2;
+    int padded = padded_head_dim(HS);
+    return padded == 16 ? 0 : padded == 32 ? 1 : 2;
 }
 
 // The forward takes two row tiles a warp (128 queries a block) where that still makes 1,024 blocks

@@ -343,6 +343,7 @@ static void run_forward(int version, int block, floatX* out, float* lse, const C
 #if !defined(ENABLE_FP32)
     if (version == 2) { gqa_attention_forward2_any(out, lse, k->d_q, a); }
 #endif
+    if (version == 3 && !attention3_fits(a)) { vla_fail("attention_smolvla: version 3 does not take this call"); }
     if (version == 3) { gqa_attention_forward3(out, lse, k->d_q, a, v3_scratch(k)); }
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
     if (version == 4 && !attention4_fits(a, k->d_q, out)) { vla_fail("attention_smolvla: version 4 does not take this call"); }
@@ -369,6 +370,7 @@ static void run_backward(int version, int block, const Case* k, floatX* dq, floa
 #if !defined(ENABLE_FP32)
     if (version == 2) { gqa_attention_backward2_any(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a); }
 #endif
+    if (version == 3 && !attention3_fits(a)) { vla_fail("attention_smolvla: version 3 does not take this call"); }
     if (version == 3) { gqa_attention_backward3(dq, dk0, dv0, k->d_dout, k->d_q, k->d_lse, delta, a, v3_scratch(k)); }
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
     if (version == 4 && !attention4_fits(a, k->d_q, k->d_dout, dq)) { vla_fail("attention_smolvla: version 4 does not take this call"); }
