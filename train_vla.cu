@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(32 * COLSUM_WARPS) column_sum_kernel(float* ou
     }
 }
 
-// ---- attention: the softmax backward's shared term and the tensor-core tiles (SmolVLA's GQA kernels below)
+// ---- attention: the softmax backward's shared term (SmolVLA's GQA kernels below)
 
 // delta (B, NH, Tq) = rowsum(dO * O) per head: the softmax backward's correction term.
 // One warp per (row, head).
@@ -378,99 +378,6 @@ __global__ void attention_delta_kernel2(float* delta, const floatX* dout, const 
         delta[(row / Tq * NH + h) * Tq + row % Tq] = s;
     }
 }
-
-#if !defined(ENABLE_FP32)
-// Version 2 (bf16 and fp16 builds): tensor cores through WMMA, on floatX tiles (bf16 16x16x16
-// needs sm_80, fp16 16x16x16 runs from sm_70). A block takes 64 queries (4 warps of 16
-// rows) of one (sample, head) and walks the keys 64 at a time; head dims are padded with zeros to
-// HSP. Scores go through shared memory, where row and column are known (the layout of a WMMA
-// fragment is not), for the mask and the online softmax; the output accumulates there in fp32.
-#define ATT_TILE 64
-#define ATT_THREADS 128
-using namespace nvcuda;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, floatX, wmma::row_major> FragA;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::row_major> FragB;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::col_major> FragBt;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
-
-// One tile row's slice of a head, x128::size columns at a time when the head size allows it
-// (HS a multiple of x128::size: every 16 bytes of a row are aligned), else one by one; zeros
-// past HS, or for the whole row when there is no source row (src NULL).
-static __device__ __forceinline__ void load_tile_slice(floatX* dst, const floatX* src, int HS, int c) {
-    if (HS % x128::size == 0) {
-        x128 v;
-        if (src != nullptr && c < HS) {
-            v = load128(src + c);
-        } else {
-            #pragma unroll
-            for (int k = 0; k < x128::size; k++) { v.v[k] = fx(0.0f); }
-        }
-        store128(dst + c, v);
-    } else {
-        #pragma unroll
-        for (int k = 0; k < x128::size; k++) {
-            dst[c + k] = (src != nullptr && c + k < HS) ? src[c + k] : fx(0.0f);
-        }
-    }
-}
-
-// tile (ATT_TILE, HSP) <- rows first.. of one head of a (rows, D) tensor: zeros past n_rows and HS
-template <int HSP>
-static __device__ void load_query_tile(floatX* tile, const floatX* x, int b, int h, int first, int n_rows,
-                                       int HS, int D) {
-    const int packs = HSP / x128::size;
-    for (int e = threadIdx.x; e < ATT_TILE * packs; e += blockDim.x) {
-        int r = e / packs, c = e % packs * x128::size;
-        const floatX* src = first + r < n_rows ? x + ((size_t)b * n_rows + first + r) * D + (size_t)h * HS : nullptr;
-        load_tile_slice(tile + r * HSP, src, HS, c);
-    }
-}
-
-// out (16, 64) of this warp = A rows (16, HSP) times B rows (64, HSP) transposed: scores
-template <int HSP>
-static __device__ void warp_scores(float* out, const floatX* a_rows, const floatX* b_rows) {
-    #pragma unroll
-    for (int n = 0; n < ATT_TILE / 16; n++) {
-        FragC acc;
-        wmma::fill_fragment(acc, 0.0f);
-        #pragma unroll
-        for (int k = 0; k < HSP / 16; k++) {
-            FragA fa;
-            FragBt fb;
-            wmma::load_matrix_sync(fa, a_rows + k * 16, HSP);
-            wmma::load_matrix_sync(fb, b_rows + (size_t)n * 16 * HSP + k * 16, HSP);
-            wmma::mma_sync(acc, fa, fb, acc);
-        }
-        wmma::store_matrix_sync(out + n * 16, acc, ATT_TILE, wmma::mem_row_major);
-    }
-}
-
-// acc[n] += P (16, 64) of this warp times V (64, HSP), column block n
-template <int HSP>
-static __device__ void warp_accumulate(FragC* acc, const floatX* p_rows, const floatX* v) {
-    #pragma unroll
-    for (int n = 0; n < HSP / 16; n++) {
-        #pragma unroll
-        for (int k = 0; k < ATT_TILE / 16; k++) {
-            FragA fa;
-            FragB fb;
-            wmma::load_matrix_sync(fa, p_rows + k * 16, ATT_TILE);
-            wmma::load_matrix_sync(fb, v + (size_t)k * 16 * HSP + n * 16, HSP);
-            wmma::mma_sync(acc[n], fa, fb, acc[n]);
-        }
-    }
-}
-
-// Where a lane of version 2's lane pairs (a row each, lane / 2 of the warp's 16, a half of it each,
-// lane % 2) works at step k of its half's n columns: the steps are rotated by the row and the half,
-// so that at every step the warp's 32 lanes touch 32 different banks. (The rows of S, P and O start
-// in the same bank: stepping every lane through its columns in order made each access a 32-way
-// bank conflict.)
-static __device__ __forceinline__ int att_rotated_col(int k, int lane, int n) {
-    int half = lane % 2;
-    return half * n + (k + lane / 2 + 16 * half) % n;
-}
-#endif  // !ENABLE_FP32
 
 __global__ void silu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -950,8 +857,6 @@ typedef struct {
     int B, NH, NKV, HS;
     int Tq, q0;                          // queries per sample; the token of query 0 in block
     int Nk0, Nk1, Nt;                    // Nt: tokens per sample in block (q0 + Tq and nk at most Nt)
-    float* scratch;                      // version 3's scores: attention3_scratch(B, NH, Tq, nk) floats for the
-                                         // forward, twice that for the backward; NULL: versions 1 and 2
 } GqaAttn;
 
 // LeRobot fills masked scores with torch.finfo(float32).min, not -inf. Where a query sees some key,
@@ -1149,10 +1054,97 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
     }
 }
 
-#if !defined(ENABLE_FP32)
-// Version 2 (bf16 and fp16 builds): tensor cores through WMMA, on train_vla.cu's tiles (ATT_TILE = 64 rows,
-// 4 warps of 16, head dims padded with zeros to HSP): scores through shared memory, where row and
-// column are known for the mask and the online softmax.
+#if defined(ENABLE_FP16) || (defined(TESTING) && !defined(ENABLE_FP32))
+// Version 2: tensor cores through WMMA, for fp16 builds, whose GPUs (sm_70, sm_75) have no bf16
+// mma.sync for version 4 (TESTING: dev/cuda/attention_smolvla also times it in bf16 builds). A
+// block takes 64 queries (4 warps of 16 rows) of one (sample, head) and walks the keys 64 at a
+// time; head dims are padded with zeros to HSP. Scores go through shared memory, where row and
+// column are known (the layout of a WMMA fragment is not), for the mask and the online softmax;
+// the output accumulates there in fp32.
+#define ATT_TILE 64
+#define ATT_THREADS 128
+using namespace nvcuda;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, floatX, wmma::row_major> FragA;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::row_major> FragB;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::col_major> FragBt;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
+
+// One tile row's slice of a head, x128::size columns at a time when the head size allows it
+// (HS a multiple of x128::size: every 16 bytes of a row are aligned), else one by one; zeros
+// past HS, or for the whole row when there is no source row (src NULL).
+static __device__ __forceinline__ void load_tile_slice(floatX* dst, const floatX* src, int HS, int c) {
+    if (HS % x128::size == 0) {
+        x128 v;
+        if (src != nullptr && c < HS) {
+            v = load128(src + c);
+        } else {
+            #pragma unroll
+            for (int k = 0; k < x128::size; k++) { v.v[k] = fx(0.0f); }
+        }
+        store128(dst + c, v);
+    } else {
+        #pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            dst[c + k] = (src != nullptr && c + k < HS) ? src[c + k] : fx(0.0f);
+        }
+    }
+}
+
+// tile (ATT_TILE, HSP) <- rows first.. of one head of a (rows, D) tensor: zeros past n_rows and HS
+template <int HSP>
+static __device__ void load_query_tile(floatX* tile, const floatX* x, int b, int h, int first, int n_rows,
+                                       int HS, int D) {
+    const int packs = HSP / x128::size;
+    for (int e = threadIdx.x; e < ATT_TILE * packs; e += blockDim.x) {
+        int r = e / packs, c = e % packs * x128::size;
+        const floatX* src = first + r < n_rows ? x + ((size_t)b * n_rows + first + r) * D + (size_t)h * HS : nullptr;
+        load_tile_slice(tile + r * HSP, src, HS, c);
+    }
+}
+
+// out (16, 64) of this warp = A rows (16, HSP) times B rows (64, HSP) transposed: scores
+template <int HSP>
+static __device__ void warp_scores(float* out, const floatX* a_rows, const floatX* b_rows) {
+    #pragma unroll
+    for (int n = 0; n < ATT_TILE / 16; n++) {
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        #pragma unroll
+        for (int k = 0; k < HSP / 16; k++) {
+            FragA fa;
+            FragBt fb;
+            wmma::load_matrix_sync(fa, a_rows + k * 16, HSP);
+            wmma::load_matrix_sync(fb, b_rows + (size_t)n * 16 * HSP + k * 16, HSP);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(out + n * 16, acc, ATT_TILE, wmma::mem_row_major);
+    }
+}
+
+// acc[n] += P (16, 64) of this warp times V (64, HSP), column block n
+template <int HSP>
+static __device__ void warp_accumulate(FragC* acc, const floatX* p_rows, const floatX* v) {
+    #pragma unroll
+    for (int n = 0; n < HSP / 16; n++) {
+        #pragma unroll
+        for (int k = 0; k < ATT_TILE / 16; k++) {
+            FragA fa;
+            FragB fb;
+            wmma::load_matrix_sync(fa, p_rows + k * 16, ATT_TILE);
+            wmma::load_matrix_sync(fb, v + (size_t)k * 16 * HSP + n * 16, HSP);
+            wmma::mma_sync(acc[n], fa, fb, acc[n]);
+        }
+    }
+}
+
+// Where a lane of version 2's lane pairs (a row each, lane / 2 of the warp's 16, a half of it each,
+// lane % 2) works at step k of its half's n columns: the steps are rotated by the row and the half,
+// so that at every step the warp's 32 lanes touch 32 different banks (the rows of S, P and O start
+// in the same bank)
+static __device__ __forceinline__ int att_rotated_col(int k, int lane, int n) {
+    int half = lane % 2;
+    return half * n + (k + lane / 2 + 16 * half) % n;
+}
 
 // tile (ATT_TILE, HSP) <- head g of keys (or values) first.. of sample b: zeros past nk and HS
 template <int HSP>
@@ -1473,71 +1465,7 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kerne
         }
     }
 }
-#endif  // !ENABLE_FP32
-
-// Version 3 (every precision; calls without a mask whose keys are one tensor with a kv head per
-// query head: the vision tower's): the products through cuBLASLt, head by head over a strided
-// batch of the samples, and the softmax in rows of scores between them (fp32, or floatX as
-// LeRobot's eager attention keeps them: attention3_floatx_scores). The probabilities are written
-// as floatX over the scores they come from, at the start of each row (bytes of scores already
-// read: see the kernels), so one (B, Tq, nk) buffer holds both; the backward pass needs two
-// (scores then P, dP then dS). A warp per row.
-
-// rows of n scores s of type TS (row stride ld elements; row r is query r % Tq of the batch's
-// product r / Tq) -> P = softmax of scale * s as floatX over the row's start, and its
-// log-sum-exp at lse[(r / Tq) * lse_slot + r % Tq]
-template <typename TS>
-__global__ void attention_softmax_rows_kernel(TS* s, float* lse, int rows, int n, int ld, float scale, int Tq,
-                                              long long lse_slot) {
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (warp >= rows) { return; }
-    TS* row = s + (size_t)warp * ld;
-    float m = -INFINITY, l = 0.0f;
-    for (int j = lane; j < n; j += 32) { m = fmaxf(m, f32(row[j]) * scale); }
-    for (int offset = 16; offset > 0; offset /= 2) { m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset)); }
-    for (int j = lane; j < n; j += 32) { l += expf(f32(row[j]) * scale - m); }
-    l = warp_sum(l);
-    float row_lse = m + logf(l);
-    floatX* p = (floatX*)row;
-    // P[j] lies in the bytes of score j * sizeof(floatX) / sizeof(TS) <= j: read in this pass or an
-    // earlier one; within a pass, every lane reads before any writes
-    for (int j0 = 0; j0 < n; j0 += 32) {
-        int j = j0 + lane;
-        float v = j < n ? expf(f32(row[j]) * scale - row_lse) : 0.0f;
-        __syncwarp();
-        if (j < n) { p[j] = fx(v); }
-    }
-    if (lane == 0) { lse[(warp / Tq) * lse_slot + warp % Tq] = row_lse; }
-}
-
-// the backward's rows: scores s and dP of type TS (row stride ld elements) -> P = exp(scale s -
-// lse) over s and dS = P (dP - delta) over dP, both floatX at their rows' starts (as the forward
-// writes P); lse and delta of row r at (r / Tq) * lse_slot + r % Tq
-template <typename TS>
-__global__ void attention_softmax_backward_rows_kernel(TS* s, TS* dp, const float* lse, const float* delta, int rows,
-                                                       int n, int ld, float scale, int Tq, long long lse_slot) {
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (warp >= rows) { return; }
-    long long at = (warp / Tq) * lse_slot + warp % Tq;
-    float row_lse = lse[at], row_delta = delta[at];
-    TS* srow = s + (size_t)warp * ld;
-    TS* dprow = dp + (size_t)warp * ld;
-    floatX* p = (floatX*)srow;
-    floatX* ds = (floatX*)dprow;
-    for (int j0 = 0; j0 < n; j0 += 32) {
-        int j = j0 + lane;
-        float pj = 0.0f, dsj = 0.0f;
-        if (j < n) {
-            pj = expf(f32(srow[j]) * scale - row_lse);
-            dsj = pj * (f32(dprow[j]) - row_delta);
-        }
-        __syncwarp();
-        if (j < n) {
-            p[j] = fx(pj);
-            ds[j] = fx(dsj);
-        }
-    }
-}
+#endif  // version 2
 
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
 // Version 4 (bf16 builds; every call at head sizes that are multiples of 8 up to 64, the masked
@@ -2120,9 +2048,8 @@ __global__ void __launch_bounds__(ATT4_THREADS, MASK ? 1 : ATT4_DKDV_BLOCKS) gqa
             for (int i = 0; i < 4; i++) {
                 int col = j * 8 + 2 * t + i % 2;  // the query in the tile
                 float l2 = st[col];               // (+inf past T: P is 0)
-                // selects, not branches (a branch a score made the masked kernel's lanes diverge
-                // and meet again 32 times a tile): a query that sees no key (l2 -inf, where the
-                // exponential is +inf and not taken) has P uniform and no dS
+                // selects, not branches, so that the lanes never diverge: a query that sees no key
+                // (l2 -inf, where the exponential is +inf and not taken) has P uniform and no dS
                 bool none = MASK && l2 == -INFINITY, seen = !MASK || gqa_sees(qbt[col], kb[i / 2]);
                 float e = fast_exp2(fmaf(p[j][i], sl2, -l2));
                 float pj = none ? uniform : seen ? e : 0.0f;
@@ -2847,8 +2774,9 @@ static void resize_pad(floatX* out, const uint8_t* frames, int n_img, int h, int
     launchCheck();
 }
 
-// ---- attention, the call's checks, version 1 at a block size, version 2, the trainer's
-// (dev/cuda/attention_smolvla.cu)
+// ---- attention, the call's checks and the trainer's launchers: version 4 in bf16 builds where it
+// fits, version 2 in fp16 builds where its tiles fit, version 1 for everything else
+// (dev/cuda/attention_smolvla.cu checks and times every version)
 
 // What the kernels assume of a call; a mistake here is the caller's, said in one line
 static void gqa_attention_check(const GqaAttn& a) {
@@ -2861,50 +2789,21 @@ static void gqa_attention_check(const GqaAttn& a) {
     }
 }
 
-#if defined(ENABLE_FP32) || defined(ENABLE_FP16) || defined(TESTING)  // version 1 at a block size: fp32 builds' path,
-                                                                       // fp16's where version 2 does not fit, dev/cuda's
-static void gqa_attention_forward1(floatX* out, float* lse, const floatX* q, const GqaAttn& a, int block) {
-    gqa_attention_forward_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(out, lse, q, a);
+static void gqa_attention_forward1(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    gqa_attention_forward_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, BLOCK), BLOCK, 0, main_stream>>>(out, lse, q, a);
     launchCheck();
 }
 
 static void gqa_attention_backward1(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
-                                    const floatX* q, const float* lse, const float* delta, const GqaAttn& a, int block) {
-    gqa_attention_backward_dq_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(dq, dout, q, lse, delta, a);
+                                    const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
+    gqa_attention_backward_dq_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, BLOCK), BLOCK, 0, main_stream>>>(dq, dout, q, lse, delta, a);
     launchCheck();
-    gqa_attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, block), block, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    gqa_attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, BLOCK), BLOCK, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     launchCheck();
 }
-#endif
 
-#if defined(ENABLE_FP16)
-// fp16 builds run on sm_70 and sm_75, whose blocks get at most 96 and 64 KiB of shared memory:
-// where version 2's tiles do not fit (a T4 at head size 64: 65 KiB forward, 80 KiB backward;
-// a V100 at 128), attention runs version 1 (no tensor cores; the products around it keep them).
-// Whether the forward's or the backward's tiles at head size HS fit; the limit is read once per GPU
-// (each rank's thread drives one).
-static bool attention_tiles_fit(int HS, int backward) {
-    static thread_local size_t limit = 0;
-    if (limit == 0) {
-        int device;
-        cudaDeviceProp prop;
-        cudaCheck(cudaGetDevice(&device));
-        cudaCheck(cudaGetDeviceProperties(&prop, device));
-        limit = prop.sharedMemPerBlockOptin;
-    }
-    size_t smem;
-    switch (padded_head_dim(HS)) {
-        case 16: smem = backward ? gqa_attention_backward_smem2<16>() : gqa_attention_forward_smem2<16>(); break;
-        case 32: smem = backward ? gqa_attention_backward_smem2<32>() : gqa_attention_forward_smem2<32>(); break;
-        case 64: smem = backward ? gqa_attention_backward_smem2<64>() : gqa_attention_forward_smem2<64>(); break;
-        default: smem = backward ? gqa_attention_backward_smem2<128>() : gqa_attention_forward_smem2<128>(); break;
-    }
-    return smem <= limit;
-}
-#endif
-
-#if !defined(ENABLE_FP32)
-// The tensor-core kernels' dynamic shared memory is set once per GPU (each rank's thread drives one)
+#if defined(ENABLE_FP16) || (defined(TESTING) && !defined(ENABLE_FP32))
+// Version 2's dynamic shared memory is set once per GPU (each rank's thread drives one)
 template <int HSP>
 static void gqa_attention_forward2(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
     size_t smem = gqa_attention_forward_smem2<HSP>();
@@ -2932,312 +2831,121 @@ static void gqa_attention_backward2(floatX* dq, float* dk0, float* dv0, float* d
     gqa_attention_backward_dkdv_kernel2<HSP><<<dim3(ceil_div(gqa_n_keys(a), ATT_TILE), a.NKV, a.B), ATT_THREADS, smem, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     launchCheck();
 }
+
+// Whether version 2's forward (or backward) tiles at head size HS fit a block's shared memory: not
+// on a T4 at head size 64 (65 KiB forward, 80 KiB backward, of 64) nor a V100 at 128. The limit is
+// read once per GPU (each rank's thread drives one).
+static bool attention2_fits(int HS, bool backward) {
+    static thread_local size_t limit = 0;
+    if (limit == 0) {
+        int device;
+        cudaDeviceProp prop;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaGetDeviceProperties(&prop, device));
+        limit = prop.sharedMemPerBlockOptin;
+    }
+    size_t smem;
+    switch (padded_head_dim(HS)) {
+        case 16: smem = backward ? gqa_attention_backward_smem2<16>() : gqa_attention_forward_smem2<16>(); break;
+        case 32: smem = backward ? gqa_attention_backward_smem2<32>() : gqa_attention_forward_smem2<32>(); break;
+        case 64: smem = backward ? gqa_attention_backward_smem2<64>() : gqa_attention_forward_smem2<64>(); break;
+        default: smem = backward ? gqa_attention_backward_smem2<128>() : gqa_attention_forward_smem2<128>(); break;
+    }
+    return smem <= limit;
+}
 #endif
 
-// Version 3 takes calls without a mask whose keys are one tensor with a kv head per query head and
-// that bring scratch for the scores (the vision tower's): attention3_scratch floats
-static bool gqa_attention3_fits(const GqaAttn& a) {
-    return a.scratch != NULL && a.block == NULL && a.Nk1 == 0 && a.NKV == a.NH && a.q0 == 0;
-}
-
-// Version 3 walks the smaller of the samples and the heads and batches the other in each pass: a
-// head of every image per pass in training (64 images, 12 heads), every head of an image at
-// inference (one or two images), so the products stay few and large. Pass p is pass p % inner of
-// group p / inner; where its slot g starts, in elements: queries (and out, dO, dq) at
-// (p % inner) q_pass + (p / inner) q_group + g q_slot, keys (and values, dk, dv) and the
-// log-sum-exp (and delta) likewise.
-typedef struct {
-    int passes, inner, slots;
-    long long q_pass, q_group, q_slot, kv_pass, kv_group, kv_slot, lse_pass, lse_group, lse_slot;
-} Attention3Walk;
-
-// Samples per pass when version 3 batches them per head: 0, all of them (the trainer's); fewer (a
-// divisor of the batch) keep a pass's scores small enough to stay in L2 between the kernels that
-// write and read them, for more launches (dev/cuda/attention_smolvla benchmarks both)
-static int attention3_samples_per_pass = 0;
-
-static Attention3Walk attention3_walk(const GqaAttn& a) {
-    long long T = a.Tq, N = a.Nk0, D = (long long)a.NH * a.HS;
-    if (a.B >= a.NH) {
-        long long n = attention3_samples_per_pass > 0 && a.B % attention3_samples_per_pass == 0 ?
-                      attention3_samples_per_pass : a.B;
-        return Attention3Walk{(int)(a.NH * (a.B / n)), a.NH, (int)n, a.HS, n * T * D, T * D, a.HS, n * N * D, N * D, T,
-                              n * a.NH * T, a.NH * T};
-    }
-    return Attention3Walk{a.B, a.B, a.NH, T * D, 0, a.HS, N * D, 0, a.HS, a.NH * T, 0, T};
-}
-
-// Where pass p of the walk starts: its queries', keys' and log-sum-exp's offsets (elements)
-static void attention3_pass(const Attention3Walk& w, int p, long long* q, long long* kv, long long* lse) {
-    int i = p % w.inner, g = p / w.inner;
-    *q = i * w.q_pass + g * w.q_group;
-    *kv = i * w.kv_pass + g * w.kv_group;
-    *lse = i * w.lse_pass + g * w.lse_group;
-}
-
-// fp32 scratch the forward needs (one pass's scores); the backward needs twice this
-static size_t attention3_scratch(int B, int NH, int Tq, int nk) {
-    return (size_t)(B > NH ? B : NH) * Tq * nk;
-}
-
-static int attention3_floatx_scores = 0;  // 1: the scores in floatX (half the traffic; dev/cuda benchmarks it)
-
-// Which version takes the vision tower's calls: 4 in bf16 builds (flash attention on mma.sync), 3
-// in fp32 and fp16 ones, where version 4 does not exist
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-static const bool HAVE_ATTENTION4 = true;
-#else
-static const bool HAVE_ATTENTION4 = false;
-#endif
-static int vision_attention_version = HAVE_ATTENTION4 ? 4 : 3;
-// and the masked calls of the language stacks (the VLM's, the expert's): 4 in bf16 builds, 2 where
-// VLA_MASKED_ATTENTION=2 asks for it (fp16 builds run version 2, fp32 ones version 1, regardless)
-static int masked_attention_version = HAVE_ATTENTION4 ? 4 : 2;
-static int attention4_force_mt = 0;  // version 4's queries a block: 0 by its rule, 1: 64, 2: 128
-
-// the head sizes version 4 takes: multiples of 8 (whole 16-byte pieces) up to 64 (its registers)
-static bool attention4_head_fits(int HS) { return HS % 8 == 0 && HS <= 64; }
-
-// The value of a version 4 setting NAME (NULL where unset): a or b, else a one-line error naming
-// `use`; outside bf16 builds, where version 4 does not exist, an error whatever the value
-static const char* attention4_env(const char* name, const char* a, const char* b, const char* use) {
-    const char* v = getenv(name);
-    if (v == NULL) { return NULL; }
-    if (strcmp(v, a) != 0 && strcmp(v, b) != 0) { vla_fail("%s=%s: use %s", name, v, use); }
-    if (!HAVE_ATTENTION4) {
-        vla_fail("%s=%s: version 4 (flash attention on mma.sync) exists in bf16 builds only; this is a %s build", name,
-                 v, PRECISION_NAME);
-    }
-    return v;
-}
-
-// The attention's choices from the environment, so that a GPU run can time the trainer with each
-// without a rebuild (dev/gpu_check.sh): VLA_VISION_ATTENTION (the vision tower's version: 3, or 4
-// in bf16 builds), VLA_MASKED_ATTENTION (the language stacks': 2 or 4, bf16 builds),
-// VLA_ATTENTION4_QUERIES (version 4's forward: 64 or 128 queries a block, else its rule),
-// VLA_ATTENTION3_SAMPLES (version 3's samples a pass, 0: all) and VLA_ATTENTION3_SCORES (fp32 or
-// floatx). A bad value is a one-line error.
-static void attention_from_env(void) {
-    const char* masked = attention4_env("VLA_MASKED_ATTENTION", "2", "4", "2 (WMMA tiles) or 4 (flash attention on mma.sync)");
-    if (masked != NULL) { masked_attention_version = masked[0] - '0'; }
-    const char* version = getenv("VLA_VISION_ATTENTION");
-    if (version != NULL) {
-        if (strcmp(version, "3") == 0 || (HAVE_ATTENTION4 && strcmp(version, "4") == 0)) {
-            vision_attention_version = version[0] - '0';
-        } else if (strcmp(version, "4") == 0) {
-            vla_fail("VLA_VISION_ATTENTION=4: version 4 (mma.sync flash attention) exists in bf16 builds only; this is a %s "
-                     "build: use 3", PRECISION_NAME);
-        } else {
-            vla_fail("VLA_VISION_ATTENTION=%s: use 3 (cuBLASLt products around a softmax) or 4 (flash attention, bf16 "
-                     "builds)", version);
-        }
-    }
-    const char* queries = attention4_env("VLA_ATTENTION4_QUERIES", "64", "128", "64 or 128 (version 4's queries a block)");
-    if (queries != NULL) { attention4_force_mt = strcmp(queries, "128") == 0 ? 2 : 1; }
-    const char* n = getenv("VLA_ATTENTION3_SAMPLES");
-    if (n != NULL) {
-        char* end = NULL;
-        long v = strtol(n, &end, 10);
-        if (end == n || *end != '\0' || v < 0 || v > (1L << 20)) {
-            vla_fail("VLA_ATTENTION3_SAMPLES=%s: expected the images a pass of the vision attention, 0 for all of them", n);
-        }
-        attention3_samples_per_pass = (int)v;
-    }
-    const char* scores = getenv("VLA_ATTENTION3_SCORES");
-    if (scores != NULL) {
-        if (strcmp(scores, "fp32") != 0 && strcmp(scores, "floatx") != 0) {
-            vla_fail("VLA_ATTENTION3_SCORES=%s: use fp32 or floatx (the scores in the build's precision)", scores);
-        }
-        attention3_floatx_scores = strcmp(scores, "floatx") == 0;
-    }
-}
-
-// Whether the vision tower's attention runs version 3, which needs scratch for its scores
-// (acts.v_scores): not where version 4 takes the calls (bf16 builds, head sizes that are multiples
-// of 8 up to 64). Without the scratch a call version 4 turned down (a misaligned tensor, which the
-// trainer's buffers are not) would run version 2: correct, only slower.
-static bool vision_attention_scratch(const SmolVLAConfig* c) {
-    return !(vision_attention_version == 4 && attention4_head_fits(c->vis_width / c->vis_heads));
-}
-
-// A pass's scores in a.scratch are row-major (Tq, nk) per slot, i.e. column-major S^T (nk, Tq); P
-// is written over them as floatX with this row stride (elements)
-static int attention3_p_ld(const GqaAttn& a) {
-    return attention3_floatx_scores ? a.Nk0 : a.Nk0 * (int)(sizeof(float) / sizeof(floatX));
-}
-
-// the type cuBLASLt writes the scores in, and the softmax's kernels over them
-static cudaDataType_t attention3_score_type(void) { return attention3_floatx_scores ? CUBLAS_FLOATX : CUDA_R_32F; }
-
-static void attention3_softmax(void* s, float* lse, int rows, int n, float scale, int Tq, long long lse_slot) {
-    size_t grid = ceil_div((size_t)rows * 32, BLOCK);
-    if (attention3_floatx_scores) {
-        attention_softmax_rows_kernel<floatX><<<grid, BLOCK, 0, main_stream>>>((floatX*)s, lse, rows, n, n, scale, Tq,
-                                                                               lse_slot);
-    } else {
-        attention_softmax_rows_kernel<float><<<grid, BLOCK, 0, main_stream>>>((float*)s, lse, rows, n, n, scale, Tq,
-                                                                              lse_slot);
-    }
-    launchCheck();
-}
-
-static void attention3_softmax_backward(void* s, void* dp, const float* lse, const float* delta, int rows, int n,
-                                        float scale, int Tq, long long lse_slot) {
-    size_t grid = ceil_div((size_t)rows * 32, BLOCK);
-    if (attention3_floatx_scores) {
-        attention_softmax_backward_rows_kernel<floatX><<<grid, BLOCK, 0, main_stream>>>(
-            (floatX*)s, (floatX*)dp, lse, delta, rows, n, n, scale, Tq, lse_slot);
-    } else {
-        attention_softmax_backward_rows_kernel<float><<<grid, BLOCK, 0, main_stream>>>(
-            (float*)s, (float*)dp, lse, delta, rows, n, n, scale, Tq, lse_slot);
-    }
-    launchCheck();
-}
-
-static void gqa_attention_forward3(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
-    int T = a.Tq, N = a.Nk0, HS = a.HS, D = a.NH * HS, ldp = attention3_p_ld(a);
-    float scale = 1.0f / sqrtf((float)HS);
-    Attention3Walk w = attention3_walk(a);
-    int rows = w.slots * T;
-    MatmulBatch scores = {w.slots, w.kv_slot, w.q_slot, (long long)T * N};  // K, Q -> S^T
-    MatmulBatch values = {w.slots, w.kv_slot, (long long)T * ldp, w.q_slot};  // V, P -> O^T
-    for (int p = 0; p < w.passes; p++) {
-        long long qo, kvo, lo;
-        attention3_pass(w, p, &qo, &kvo, &lo);
-        // S^T (N, T) = K Q^T per slot: K column-major (HS, N) at row stride D
-        matmul_cublaslt(a.scratch, attention3_score_type(), N, NULL, a.k0 + kvo, D, true, q + qo, D, false, N, T, HS,
-                        0.0f, NULL, &scores);
-        attention3_softmax(a.scratch, lse + lo, rows, N, scale, T, w.lse_slot);
-        // O^T (HS, T) = V^T P^T
-        matmul_cublaslt(out + qo, CUBLAS_FLOATX, D, NULL, a.v0 + kvo, D, false, (const floatX*)a.scratch, ldp, false, HS,
-                        T, N, 0.0f, NULL, &values);
-    }
-}
-
-// delta (rowsum(dO O), by the caller) given; dk0, dv0 accumulate, dq overwritten
-static void gqa_attention_backward3(floatX* dq, float* dk0, float* dv0, const floatX* dout, const floatX* q,
-                                    const float* lse, const float* delta, const GqaAttn& a) {
-    int T = a.Tq, N = a.Nk0, HS = a.HS, D = a.NH * HS, ldp = attention3_p_ld(a);
-    float scale = 1.0f / sqrtf((float)HS);
-    Attention3Walk w = attention3_walk(a);
-    int rows = w.slots * T;
-    float* s = a.scratch;
-    float* dp = a.scratch + attention3_scratch(a.B, a.NH, T, N);
-    const floatX* p_x = (const floatX*)s;
-    const floatX* ds_x = (const floatX*)dp;
-    MatmulBatch scores = {w.slots, w.kv_slot, w.q_slot, (long long)T * N};  // K or V, Q or dO -> S^T or dP^T
-    MatmulBatch on_p = {w.slots, w.q_slot, (long long)T * ldp, w.kv_slot};  // dO or Q, P or dS -> dV^T or dK^T
-    MatmulBatch on_ds = {w.slots, w.kv_slot, (long long)T * ldp, w.q_slot};  // K, dS -> dQ^T
-    for (int p = 0; p < w.passes; p++) {
-        long long qo, kvo, lo;
-        attention3_pass(w, p, &qo, &kvo, &lo);
-        const floatX* k = a.k0 + kvo;
-        const floatX* v = a.v0 + kvo;
-        const floatX* qp = q + qo;
-        const floatX* dop = dout + qo;
-        // S^T = K Q^T and dP^T (N, T) = V dO^T, then P and dS over them
-        matmul_cublaslt(s, attention3_score_type(), N, NULL, k, D, true, qp, D, false, N, T, HS, 0.0f, NULL, &scores);
-        matmul_cublaslt(dp, attention3_score_type(), N, NULL, v, D, true, dop, D, false, N, T, HS, 0.0f, NULL, &scores);
-        attention3_softmax_backward(s, dp, lse + lo, delta + lo, rows, N, scale, T, w.lse_slot);
-        // dV^T (HS, N) += dO^T P; dK^T += scale Q^T dS; dQ^T (HS, T) = scale K^T dS^T
-        matmul_cublaslt(dv0 + kvo, CUDA_R_32F, D, NULL, dop, D, false, p_x, ldp, true, HS, N, T, 1.0f, NULL, &on_p);
-        matmul_cublaslt(dk0 + kvo, CUDA_R_32F, D, NULL, qp, D, false, ds_x, ldp, true, HS, N, T, 1.0f, NULL, &on_p,
-                        scale);
-        matmul_cublaslt(dq + qo, CUBLAS_FLOATX, D, NULL, k, D, false, ds_x, ldp, false, HS, T, N, 0.0f, NULL,
-                        &on_ds, scale);
-    }
-}
-
-#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-// Version 4 takes calls at head sizes that are multiples of 8 up to 64, on tensors whose rows
-// start 16-byte aligned: the vision tower's (no mask, a kv head per query head, one key tensor)
-// where vision_attention_version is 4, the others (masks, GQA, the joint layer's two key tensors)
-// where masked_attention_version is
-static bool gqa_attention4_fits(const GqaAttn& a, const void* x, const void* y, const void* z = NULL) {
-    bool vision = a.block == NULL && a.Nk1 == 0 && a.NKV == a.NH && a.q0 == 0;
-    return (vision ? vision_attention_version : masked_attention_version) == 4 && a.Tq > 0 &&
-           attention4_head_fits(a.HS) && packable(a.HS, 8, a.k0, a.v0, x) && packable(a.HS, 8, y, z) &&
+// Version 4 takes calls at head sizes that are multiples of 8 (whole 16-byte pieces) up to 64 (its
+// registers), on tensors whose rows start 16-byte aligned (the trainer's all do)
+static bool attention4_fits(const GqaAttn& a, const void* x, const void* y, const void* z = NULL) {
+    return a.Tq > 0 && a.HS % 8 == 0 && a.HS <= 64 && packable(a.HS, 8, a.k0, a.v0, x) && packable(a.HS, 8, y, z) &&
            (a.Nk1 == 0 || packable(a.HS, 8, a.k1, a.v1));
 }
 
-// The kernels' dynamic shared memory is set once per GPU (each rank's thread drives one)
-template <int HSP, bool MASK>
-static void attention4_configure(void) {
+// Version 4's kernels by padded head size (16, 32, 64), for the forward also by row tiles a warp
+// (1: 64 queries a block, 2: 128), and by mask (0: none, the vision tower's; 1: the block mask)
+typedef void (*Attention4Forward)(floatX*, float*, const floatX*, GqaAttn);
+typedef void (*Attention4Dq)(floatX*, const floatX*, const floatX*, const float*, const float*, GqaAttn);
+typedef void (*Attention4Dkdv)(float*, float*, float*, float*, const floatX*, const floatX*, const float*, const float*,
+                               GqaAttn, floatX*, floatX*);
+static const Attention4Forward ATT4_FORWARD[3][2][2] = {
+    {{gqa_attention_forward_kernel4<16, 1, false>, gqa_attention_forward_kernel4<16, 1, true>},
+     {gqa_attention_forward_kernel4<16, 2, false>, gqa_attention_forward_kernel4<16, 2, true>}},
+    {{gqa_attention_forward_kernel4<32, 1, false>, gqa_attention_forward_kernel4<32, 1, true>},
+     {gqa_attention_forward_kernel4<32, 2, false>, gqa_attention_forward_kernel4<32, 2, true>}},
+    {{gqa_attention_forward_kernel4<64, 1, false>, gqa_attention_forward_kernel4<64, 1, true>},
+     {gqa_attention_forward_kernel4<64, 2, false>, gqa_attention_forward_kernel4<64, 2, true>}}};
+static const Attention4Dq ATT4_DQ[3][2] = {
+    {gqa_attention_backward_dq_kernel4<16, false>, gqa_attention_backward_dq_kernel4<16, true>},
+    {gqa_attention_backward_dq_kernel4<32, false>, gqa_attention_backward_dq_kernel4<32, true>},
+    {gqa_attention_backward_dq_kernel4<64, false>, gqa_attention_backward_dq_kernel4<64, true>}};
+static const Attention4Dkdv ATT4_DKDV[3][2] = {
+    {gqa_attention_backward_dkdv_kernel4<16, false>, gqa_attention_backward_dkdv_kernel4<16, true>},
+    {gqa_attention_backward_dkdv_kernel4<32, false>, gqa_attention_backward_dkdv_kernel4<32, true>},
+    {gqa_attention_backward_dkdv_kernel4<64, false>, gqa_attention_backward_dkdv_kernel4<64, true>}};
+static const size_t ATT4_SMEM[3] = {gqa_attention_smem4<16>(), gqa_attention_smem4<32>(), gqa_attention_smem4<64>()};
+
+// a call's row in those tables; the first call on a GPU (each rank's thread drives one) lets every
+// kernel take its dynamic shared memory
+static int attention4_head_index(int HS) {
     static thread_local bool configured = false;
-    if (configured) { return; }
-    int smem = (int)gqa_attention_smem4<HSP>();
-    cudaCheck(cudaFuncSetAttribute(gqa_attention_forward_kernel4<HSP, 1, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    cudaCheck(cudaFuncSetAttribute(gqa_attention_forward_kernel4<HSP, 2, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dq_kernel4<HSP, MASK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dkdv_kernel4<HSP, MASK>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured = true;
-}
-
-// Whether the forward takes two row tiles a warp (128 queries a block): where that still makes
-// 1,024 blocks or more (training's vision calls: 8 x 12 x 64), enough to fill a GPU several times;
-// smaller calls keep 64 queries a block, so their blocks stay many. attention4_force_mt (1 or 2; 0:
-// this rule; VLA_ATTENTION4_QUERIES=64|128) lets dev/cuda and a GPU run time both on any call.
-static bool attention4_two_tiles(const GqaAttn& a) {
-    if (attention4_force_mt != 0) { return attention4_force_mt == 2; }
-    return (long long)ceil_div(a.Tq, 2 * ATT4_ROWS) * a.NH * a.B >= 1024;
-}
-
-template <int HSP, bool MASK>
-static void gqa_attention_forward4(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
-    attention4_configure<HSP, MASK>();
-    size_t smem = gqa_attention_smem4<HSP>();
-    if (attention4_two_tiles(a)) {
-        gqa_attention_forward_kernel4<HSP, 2, MASK><<<dim3(ceil_div(a.Tq, 2 * ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(out, lse, q, a);
-    } else {
-        gqa_attention_forward_kernel4<HSP, 1, MASK><<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(out, lse, q, a);
+    if (!configured) {
+        for (int i = 0; i < 3; i++) {
+            int smem = (int)ATT4_SMEM[i];
+            for (int m = 0; m < 2; m++) {
+                for (int t = 0; t < 2; t++) {
+                    cudaCheck(cudaFuncSetAttribute(ATT4_FORWARD[i][t][m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                }
+                cudaCheck(cudaFuncSetAttribute(ATT4_DQ[i][m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                cudaCheck(cudaFuncSetAttribute(ATT4_DKDV[i][m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            }
+        }
+        configured = true;
     }
+    int padded = padded_head_dim(HS);
+    return padded == 16 ? 0 : padded == 32 ? 1 : 2;
+}
+
+// The forward takes two row tiles a warp (128 queries a block) where that still makes 1,024 blocks
+// or more (training's vision calls: 8 x 12 x 64), enough to fill a GPU several times; smaller calls
+// keep 64 queries a block, so that their blocks stay many
+static void gqa_attention_forward4(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    int hs = attention4_head_index(a.HS), mask = a.block != NULL;
+    int tiles = (long long)ceil_div(a.Tq, 2 * ATT4_ROWS) * a.NH * a.B >= 1024 ? 2 : 1;
+    Attention4Forward kernel = ATT4_FORWARD[hs][tiles - 1][mask];
+    kernel<<<dim3(ceil_div(a.Tq, tiles * ATT4_ROWS), a.NH, a.B), ATT4_THREADS, ATT4_SMEM[hs], main_stream>>>(out, lse, q, a);
     launchCheck();
 }
 
 // delta given (the caller's); dq overwritten, dk0/dv0 (and dk1/dv1 where Nk1 > 0) accumulate, or
 // dkx/dvx are overwritten in floatX where given
-template <int HSP, bool MASK>
 static void gqa_attention_backward4(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
                                     const floatX* q, const float* lse, const float* delta, const GqaAttn& a,
                                     floatX* dkx, floatX* dvx) {
-    attention4_configure<HSP, MASK>();
-    size_t smem = gqa_attention_smem4<HSP>();
-    gqa_attention_backward_dq_kernel4<HSP, MASK><<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, smem, main_stream>>>(dq, dout, q, lse, delta, a);
+    int hs = attention4_head_index(a.HS), mask = a.block != NULL;
+    Attention4Dq dq_kernel = ATT4_DQ[hs][mask];
+    Attention4Dkdv dkdv_kernel = ATT4_DKDV[hs][mask];
+    dq_kernel<<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, ATT4_SMEM[hs], main_stream>>>(dq, dout, q, lse, delta, a);
     launchCheck();
-    gqa_attention_backward_dkdv_kernel4<HSP, MASK><<<dim3(ceil_div(gqa_n_keys(a), ATT4_ROWS), a.NKV, a.B), ATT4_THREADS, smem, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
+    dkdv_kernel<<<dim3(ceil_div(gqa_n_keys(a), ATT4_ROWS), a.NKV, a.B), ATT4_THREADS, ATT4_SMEM[hs], main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
     launchCheck();
-}
-
-// the padded head size's and the mask's instance (head sizes 8 to 64)
-static void gqa_attention_forward4_any(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
-    bool mask = a.block != NULL;
-    switch (padded_head_dim(a.HS)) {
-        case 16: mask ? gqa_attention_forward4<16, true>(out, lse, q, a) : gqa_attention_forward4<16, false>(out, lse, q, a); break;
-        case 32: mask ? gqa_attention_forward4<32, true>(out, lse, q, a) : gqa_attention_forward4<32, false>(out, lse, q, a); break;
-        default: mask ? gqa_attention_forward4<64, true>(out, lse, q, a) : gqa_attention_forward4<64, false>(out, lse, q, a); break;
-    }
-}
-static void gqa_attention_backward4_any(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
-                                        const floatX* q, const float* lse, const float* delta, const GqaAttn& a,
-                                        floatX* dkx = NULL, floatX* dvx = NULL) {
-    bool mask = a.block != NULL;
-    switch (padded_head_dim(a.HS)) {
-        case 16:
-            mask ? gqa_attention_backward4<16, true>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx)
-                 : gqa_attention_backward4<16, false>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
-            break;
-        case 32:
-            mask ? gqa_attention_backward4<32, true>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx)
-                 : gqa_attention_backward4<32, false>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
-            break;
-        default:
-            mask ? gqa_attention_backward4<64, true>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx)
-                 : gqa_attention_backward4<64, false>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
-            break;
-    }
 }
 #endif
+
+// The version that takes a call at head size HS of this build (the config table's rows); the
+// trainer's tensors are aligned as version 4 asks
+static const char* attention_version_name(int HS) {
+#if defined(ENABLE_FP32)
+    (void)HS;
+    return "v1: a warp a query";
+#elif defined(ENABLE_FP16)
+    (void)HS;
+    return "v2: WMMA tiles";
+#else
+    return HS % 8 == 0 && HS <= 64 ? "v4: flash, mma.sync" : "v1: a warp a query";
+#endif
+}
 
 // delta (B, NH, Tq) = rowsum(dO * O) per head: version 2 where the head size and the pointers
 // allow 128-bit loads, version 1 otherwise
@@ -3265,58 +2973,22 @@ static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, cons
     ProfOp prof_op("attention fwd", 4.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);  // (as if unmasked)
     gqa_attention_check(a);
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-    if (gqa_attention4_fits(a, q, out)) {
-        gqa_attention_forward4_any(out, lse, q, a);
+    if (attention4_fits(a, q, out)) {
+        gqa_attention_forward4(out, lse, q, a);
+        return;
+    }
+#elif defined(ENABLE_FP16)
+    if (attention2_fits(a.HS, false)) {
+        switch (padded_head_dim(a.HS)) {
+            case 16: gqa_attention_forward2<16>(out, lse, q, a); break;
+            case 32: gqa_attention_forward2<32>(out, lse, q, a); break;
+            case 64: gqa_attention_forward2<64>(out, lse, q, a); break;
+            default: gqa_attention_forward2<128>(out, lse, q, a); break;
+        }
         return;
     }
 #endif
-    if (gqa_attention3_fits(a)) {
-        gqa_attention_forward3(out, lse, q, a);
-        return;
-    }
-#if defined(ENABLE_FP32)
-    gqa_attention_forward1(out, lse, q, a, BLOCK);
-#else
-#if defined(ENABLE_FP16)
-    if (!attention_tiles_fit(a.HS, 0)) {
-        gqa_attention_forward1(out, lse, q, a, BLOCK);
-        return;
-    }
-#endif
-    switch (padded_head_dim(a.HS)) {
-        case 16: gqa_attention_forward2<16>(out, lse, q, a); break;
-        case 32: gqa_attention_forward2<32>(out, lse, q, a); break;
-        case 64: gqa_attention_forward2<64>(out, lse, q, a); break;
-        default: gqa_attention_forward2<128>(out, lse, q, a); break;
-    }
-#endif
-}
-
-// The backward kernels of versions 3, 1 and 2 (whichever takes the call; delta computed): dq
-// overwritten, dk0/dv0 and dk1/dv1 accumulate in fp32
-static void gqa_attention_backward_accumulate(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1,
-                                              const floatX* dout, const floatX* q, const float* lse, const float* delta,
-                                              const GqaAttn& a) {
-    if (gqa_attention3_fits(a)) {
-        gqa_attention_backward3(dq, dk0, dv0, dout, q, lse, delta, a);
-        return;
-    }
-#if defined(ENABLE_FP32)
-    gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, BLOCK);
-#else
-#if defined(ENABLE_FP16)
-    if (!attention_tiles_fit(a.HS, 1)) {
-        gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, BLOCK);
-        return;
-    }
-#endif
-    switch (padded_head_dim(a.HS)) {
-        case 16: gqa_attention_backward2<16>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-        case 32: gqa_attention_backward2<32>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-        case 64: gqa_attention_backward2<64>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-        default: gqa_attention_backward2<128>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-    }
-#endif
+    gqa_attention_forward1(out, lse, q, a);
 }
 
 // dq (B, Tq, NH*HS) floatX overwritten; dk0/dv0 (B, Nk0, NKV*HS) and dk1/dv1 (B, Nk1, NKV*HS), NULL
@@ -3336,8 +3008,8 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
     if (dkx != NULL && (a.Nk1 != 0 || dvx == NULL)) { vla_fail("attention: floatX key gradients need one key tensor and both of dk, dv"); }
     attention_delta(delta, dout, out, a);
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-    if (gqa_attention4_fits(a, q, dout, dq)) {
-        gqa_attention_backward4_any(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
+    if (attention4_fits(a, q, dout, dq)) {
+        gqa_attention_backward4(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
         return;
     }
 #endif
@@ -3346,7 +3018,20 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
         cudaCheck(cudaMemsetAsync(dk0, 0, n_kv * sizeof(float), main_stream));
         cudaCheck(cudaMemsetAsync(dv0, 0, n_kv * sizeof(float), main_stream));
     }
-    gqa_attention_backward_accumulate(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+#if defined(ENABLE_FP16)
+    if (attention2_fits(a.HS, true)) {
+        switch (padded_head_dim(a.HS)) {
+            case 16: gqa_attention_backward2<16>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+            case 32: gqa_attention_backward2<32>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+            case 64: gqa_attention_backward2<64>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+            default: gqa_attention_backward2<128>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        }
+    } else {
+        gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    }
+#else
+    gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+#endif
     if (dkx != NULL) {
         convert(dkx, dk0, n_kv);
         convert(dvx, dv0, n_kv);
@@ -3559,7 +3244,6 @@ static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
     X(v_v,      smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
     X(v_att,    smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
     F(v_lse,    smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_heads)                    /* (Ka, NV, NHv, Nv) */ \
-    F(v_scores, vision_attention_scratch(c) ? attention3_scratch((int)smol_images(c, B), (c)->vis_heads, smolvla_grid(c) * smolvla_grid(c), smolvla_grid(c) * smolvla_grid(c)) * ((mode) == TRAIN_MODE_ALL ? 2 : 1) : 0)  /* (max(NV, NHv), Nv, Nv) version 3's scores for a pass (x2: dP) */ \
     X(v_mid,    smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) after attention */ \
     X(v_ln2,    smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) */ \
     F(v_mean2,  smol_vis_mlp(c, mode, rc) * smol_vrows(c, B))                                      /* (Km, V) */ \
@@ -4099,7 +3783,7 @@ static GqaAttn smol_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, con
                          const floatX* v1, int Nk1) {
     const SmolVLAConfig* c = &m->config;
     GqaAttn a = {k0, v0, k1, v1, m->acts.block, m->B, c->n_head, c->n_kv_head, c->head_dim,
-                 Tq, q0, Nk0, Nk1, smolvla_n_prefix(c) + c->chunk, NULL};  // (masked: versions 1 and 2)
+                 Tq, q0, Nk0, Nk1, smolvla_n_prefix(c) + c->chunk};
     return a;
 }
 
@@ -4181,13 +3865,12 @@ static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
     }
 }
 
-// SigLIP's attention call of a layer: its images' own keys and values, no mask, version 3's scratch
-// where version 3 runs
+// SigLIP's attention call of a layer: its images' own keys and values, no mask
 static GqaAttn smol_vision_attn(const SmolVLA* m, const SmolVisionActs& x) {
     const SmolVLAConfig* c = &m->config;
     int NV = (int)smol_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c);
     GqaAttn a = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, c->vis_width / c->vis_heads, Nv, 0, Nv, 0,
-                 Nv, vision_attention_scratch(c) ? m->acts.v_scores : NULL};
+                 Nv};
     return a;
 }
 
@@ -5644,18 +5327,8 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
                  100.0 * smolvla_recompute_flops_per_sample(c, args->train_mode, args->recompute) / flops);
         printf("| recompute GFLOP/sample | %-36s |\n", split);
     }
-    char per_pass[16] = "all";
-    if (attention3_samples_per_pass > 0) { snprintf(per_pass, sizeof(per_pass), "%d", attention3_samples_per_pass); }
-    if (vision_attention_version == 4) {
-        snprintf(split, sizeof(split), "v4: flash, mma.sync%s", attention4_force_mt == 1 ? ", 64 queries" :
-                                                              attention4_force_mt == 2 ? ", 128 queries" : "");
-    } else {
-        snprintf(split, sizeof(split), "v3: %s images a pass, %s scores", per_pass,
-                 attention3_floatx_scores ? "floatX" : "fp32");
-    }
-    printf("| vision attention       | %-36s |\n", split);
-    printf("| masked attention       | %-36s |\n", sizeof(floatX) == 4 ? "v1: a warp a query" : masked_attention_version == 4 ?
-                                                   "v4: flash, mma.sync" : "v2: WMMA tiles");
+    printf("| vision attention       | %-36s |\n", attention_version_name(c->vis_width / c->vis_heads));
+    printf("| masked attention       | %-36s |\n", attention_version_name(c->head_dim));
     printf("| device                 | %-36.36s |\n", prop->name);
     printf("| precision              | %-36s |\n", PRECISION_NAME);
     printf("| model GFLOP per sample | %-36.2f |\n", flops / 1e9);
@@ -5849,7 +5522,6 @@ int main(int argc, char** argv) {
     memset(&run, 0, sizeof(run));
     TrainArgs* args = &run.args;
     train_args_parse(args, argc, argv);
-    attention_from_env();
     if (args->memory) {  // the preset's sizes (its cameras): no dataset, no GPU
         SmolVLAConfig c = smolvla_preset(args->preset)->config;
         if (args->max_text > 0) { c.max_text = args->max_text; }
@@ -5901,11 +5573,6 @@ int main(int argc, char** argv) {
     if (args->profile > 0 && (args->profile <= run.start || args->profile > args->steps)) {
         vla_fail("--profile %d: this run trains steps %d to %d: profile one of them (one after the first, which warms up)",
                  args->profile, run.start + 1, args->steps);
-    }
-    int images = run.config.n_cam * args->batch;
-    if (attention3_samples_per_pass > 0 && images % attention3_samples_per_pass != 0) {
-        vla_fail("VLA_ATTENTION3_SAMPLES=%d does not divide the %d images of a batch (-b %d, %d cameras): pick a divisor, "
-                 "or 0 for all of them", attention3_samples_per_pass, images, args->batch, run.config.n_cam);
     }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));

@@ -159,14 +159,6 @@ tables() {
         else
             row "train_vla (bf16)" "not run" "" "" "" ""
         fi
-        # the attention benchmark's fastest vision attention where not the default; version 2 on the
-        # masked calls where version 4 failed a check there (the `more` call)
-        for f in "$LOGS/bench_train_vla_${train}_alt.log" "$LOGS/bench_train_vla_${train}_masked2.log"; do
-            [ -f "$f" ] || continue
-            read -r ms n sps <<< "$(step_figures "$f")"
-            row "train_vla (bf16, $(attention_used "$f"))" "${ms:-?}" "${sps:-?}" "$(ratio "$ours" "${sps:-}")" \
-                "$(mfu "${sps:-}")" "$(peak_memory "$f")"
-        done
         for amp in bf16 none; do
             j=$LOGS/lerobot_${train}_${amp}.json
             if [ "$amp" = none ]; then what="defaults, fp32"; else what="bf16 mixed precision"; fi
@@ -251,7 +243,7 @@ tables() {
     if [ -f "$LOGS/attention_bench.log" ]; then
         echo
         echo "attention at the smolvla shapes (dev/cuda/attention_smolvla; FLOPs as if unmasked):"
-        grep '^bench v' "$LOGS/attention_bench.log"
+        grep '^bench ' "$LOGS/attention_bench.log"
     fi
 }
 
@@ -340,14 +332,12 @@ else
     note lerobot_ref "missing: the GPU tests skip their LeRobot cases (carry $REFS, made by dev/gpu_check.sh prepare)"
 fi
 
-# train_vla_bench NAME EXPECTED MODE [FLAGS...]: the smolvla preset at batch B, STEPS timed steps,
-# under the environment bench_env holds
-bench_env=()
+# train_vla_bench NAME EXPECTED MODE [FLAGS...]: the smolvla preset at batch B, STEPS timed steps
 train_vla_bench() {
     local name=$1 expected=$2 train=$3
     shift 3
     [ "$DRY_RUN" = 1 ] || rm -rf "${RUNS:?}/$name"
-    stage "$name" "$expected" env "${bench_env[@]}" build/gpu/train_vla_bf16 -p smolvla --train "$train" -b "$B" -n $((STEPS + 1)) -u 10 \
+    stage "$name" "$expected" build/gpu/train_vla_bf16 -p smolvla --train "$train" -b "$B" -n $((STEPS + 1)) -u 10 \
         -i "$BENCH_DATA" -o "$RUNS/$name" --no-checkpoint --log-every 10 "$@"
 }
 # lerobot_train EXPECTED MODE AMP, lerobot_infer EXPECTED AMP: LeRobot's step at batch B, its chunks at batch 1
@@ -432,38 +422,10 @@ else
     # fp16: its oracle case and the loss scaling (fp16 tensor cores exist on sm_90 too)
     stage test_gpu_fp16 '~30' env VLA_GPU_TESTS=oracle:all,fp16 build/gpu/test_vla_gpu_fp16 build/test \
         build/gpu/train_vla_fp16 "${refs[@]}"
-    # the attention kernels at the smolvla shapes, every version: their checks and the data for
-    # choosing among them; where the fastest vision attention there is not what the trainer runs
-    # by default (version 4 at 128 queries a block), train_vla again with it, and with version 2
-    # on the masked calls where version 4 failed a check there
+    # the attention kernels at the smolvla shapes, every version beside the trainer's: their checks
+    # and timings (version 3 per images a pass and score type, version 4 at 64 and 128 queries a
+    # block, version 2 against version 4 on the masked calls)
     stage attention_bench '~40' dev/cuda/attention_smolvla
-    v4_ok=1
-    grep -q '^ *FAIL .*v4 vision' "$LOGS/attention_bench.log" 2> /dev/null && v4_ok=0
-    best_attention=$(awk -v v4_ok="$v4_ok" '/^bench v[34] vision .*\(B 64,/ {
-            if ($2 == "v4" && v4_ok != 1) { next }
-            n = 0; sc = "fp32"
-            if (match($0, /, [0-9]+ a pass/)) { n = substr($0, RSTART + 2, RLENGTH - 9) + 0 }
-            if ($0 ~ /bf16 scores/) { sc = "floatx" }
-            rows = ($0 ~ /, 64 queries a block/) ? 64 : 128
-            match($0, /forward +[0-9.]+ ms/); f = substr($0, RSTART, RLENGTH); gsub(/[^0-9.]/, "", f)
-            match($0, /backward +[0-9.]+ ms/); b = substr($0, RSTART, RLENGTH); gsub(/[^0-9.]/, "", b)
-            if (f + b > 0 && (best == "" || f + b < t)) { t = f + b; best = ($2 == "v4" ? "4 " rows : "3 " n " " sc) }
-        } END { print best }' "$LOGS/attention_bench.log" 2> /dev/null)
-    if [ -n "$best_attention" ] && [ "$best_attention" != "4 128" ]; then
-        read -r att_version att_a att_b <<< "$best_attention"
-        if [ "$att_version" = 4 ]; then
-            att_env=(VLA_ATTENTION4_QUERIES="$att_a")
-        else
-            att_env=(VLA_VISION_ATTENTION=3 VLA_ATTENTION3_SAMPLES="$att_a" VLA_ATTENTION3_SCORES="$att_b")
-        fi
-        bench_env=("${att_env[@]}")
-        for train in expert all; do train_vla_bench "bench_train_vla_${train}_alt" '~20' "$train"; done
-    fi
-    if grep -Eq '^ *FAIL .*v4 (prefix|joint|cross|random)' "$LOGS/attention_bench.log" 2> /dev/null; then
-        bench_env=(VLA_MASKED_ATTENTION=2)
-        for train in expert all; do train_vla_bench "bench_train_vla_${train}_masked2" '~20' "$train"; done
-    fi
-    bench_env=()
     # the oracle under torch.compile (each kind of layer compiled once for all its layers)
     for train in expert all; do
         stage "bench_torch_compile_$train" '~200' "$PYTHON" dev/model.py -i "$BENCH_DATA" -p smolvla \

@@ -14,26 +14,26 @@ filled with float32's most negative value as LeRobot fills them.
   delta      rowsum(dO * O) per head: train_vla.cu's attention_delta_kernel (a warp per row and
              head, with version 1) and attention_delta (128-bit loads, HS / 8 lanes a row and head
              where they fit: attention_delta_kernel2; with the other versions)
-  version 1  one warp per (sample, head, query) for the forward and dq, one warp per (sample, kv
-             head, key) for dk and dv over the query heads that share it; online softmax on CUDA
-             cores (the fp32 path)
-  version 2  tensor cores (WMMA, bf16), 64x64 tiles as train_vla.cu's attention_*_kernel2, with the
-             kv head of each query head, the key loop stopped after the last key any query of the
-             tile can see, and the dk/dv block walking every query head of its kv head (the bf16 path)
-  version 3  the vision tower's calls (no mask, a kv head per query head), every precision: the
-             products through cuBLASLt, head by head over a strided batch of the images, the
-             scores in fp32 scratch and the softmax (and its backward) a warp per row between them
-             (attention_softmax_rows_kernel, attention_softmax_backward_rows_kernel)
-  version 4  the vision tower's calls in bf16 builds (head sizes multiples of 8 up to 64): flash
-             attention through mma.sync m16n8k16, whose fragment layouts PTX documents, so scores,
-             probabilities and outputs stay in registers (no scratch); 64 rows a block of 4 warps,
-             the other side streamed 64 rows at a time through two cp.async stages; the backward
-             as two kernels, dq over the keys and dk/dv over the queries (the trainer's default
-             for these calls; VLA_VISION_ATTENTION=3 picks version 3)
+  version 1  train_vla.cu's: one warp per (sample, head, query) for the forward and dq, one warp per
+             (sample, kv head, key) for dk and dv over the query heads that share it; online
+             softmax on CUDA cores (every build, every shape; fp32 builds run it), here at several
+             block sizes
+  version 2  train_vla.cu's: tensor cores through WMMA, 64x64 tiles, the key loop stopped after the
+             last key any query of the tile can see (fp16 builds run it; bf16 builds time it
+             against version 4 here)
+  version 3  this program's: the vision tower's calls (no mask, a kv head per query head), the
+             products through cuBLASLt over a strided batch of the images, the softmax (and its
+             backward) a warp per row between them on scores in scratch; with every image a pass
+             or 16 or 8 (scores that stay in L2), and in bf16 builds with the scores in bf16
+  version 4  train_vla.cu's (bf16 builds, head sizes multiples of 8 up to 64): flash attention
+             through mma.sync m16n8k16, scores, probabilities and outputs in registers; here at 64
+             and at 128 queries a forward block (the trainer picks by the call's size)
+  trainer    train_vla.cu's gqa_attention_forward / gqa_attention_backward: what trains (version 4
+             in bf16 builds where it fits, 2 in fp16 builds, 1 otherwise)
 
-The kernels and launchers are train_vla.cu's (common.h includes it whole), in its kernels and
-launchers sections beside the attention helpers they use (ATT_TILE, load_query_tile, warp_scores,
-warp_accumulate, attention_delta_kernel, padded_head_dim); this program checks and times them.
+Versions 1, 2 and 4 and the trainer's launchers come from train_vla.cu (common.h includes it
+whole), so what is checked and timed here is what trains. dev/cuda/README.md holds the history
+of these versions and their timings.
 
   make -C dev/cuda attention_smolvla && dev/cuda/attention_smolvla
   make build/emu/dev/cuda/attention_smolvla && build/emu/dev/cuda/attention_smolvla   (checks only)
@@ -43,43 +43,273 @@ warp_accumulate, attention_delta_kernel, padded_head_dim); this program checks a
 #include <limits.h>
 
 // ----------------------------------------------------------------------------
-// kernels and launchers: train_vla.cu's (common.h includes it whole): GqaAttn, the version 1
-// kernels (gqa_attention_forward_kernel1, gqa_attention_backward_dq_kernel1,
-// gqa_attention_backward_dkdv_kernel1) and version 2's (the same names ending in 2, bf16 builds),
-// the call's checks (gqa_attention_check), version 1's launchers at a block size
-// (gqa_attention_forward1, gqa_attention_backward1) and the trainer's gqa_attention_forward /
-// gqa_attention_backward (version 2 in bf16 builds, version 1 in fp32 ones)
+// version 3: cuBLASLt products around a softmax (calls without a mask whose keys are one tensor
+// with a kv head per query head: the vision tower's). The products run head by head over a
+// strided batch of the samples, the softmax in rows of scores between them (fp32, or floatX as
+// LeRobot's eager attention keeps them). The probabilities are written as floatX over the scores
+// they come from, at the start of each row (bytes of scores already read: see the kernels), so one
+// (B, Tq, nk) buffer holds both; the backward pass needs two (scores then P, dP then dS). A warp
+// per row.
+
+static int attention3_samples_per_pass = 0;  // images a pass when they are batched per head; 0: all
+static int attention3_floatx_scores = 0;     // 1: the scores in floatX (half their traffic)
+
+// rows of n scores s of type TS (row stride ld elements; row r is query r % Tq of the batch's
+// product r / Tq) -> P = softmax of scale * s as floatX over the row's start, and its
+// log-sum-exp at lse[(r / Tq) * lse_slot + r % Tq]
+template <typename TS>
+__global__ void attention_softmax_rows_kernel(TS* s, float* lse, int rows, int n, int ld, float scale, int Tq,
+                                              long long lse_slot) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= rows) { return; }
+    TS* row = s + (size_t)warp * ld;
+    float m = -INFINITY, l = 0.0f;
+    for (int j = lane; j < n; j += 32) { m = fmaxf(m, f32(row[j]) * scale); }
+    for (int offset = 16; offset > 0; offset /= 2) { m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset)); }
+    for (int j = lane; j < n; j += 32) { l += expf(f32(row[j]) * scale - m); }
+    l = warp_sum(l);
+    float row_lse = m + logf(l);
+    floatX* p = (floatX*)row;
+    // P[j] lies in the bytes of score j * sizeof(floatX) / sizeof(TS) <= j: read in this pass or an
+    // earlier one; within a pass, every lane reads before any writes
+    for (int j0 = 0; j0 < n; j0 += 32) {
+        int j = j0 + lane;
+        float v = j < n ? expf(f32(row[j]) * scale - row_lse) : 0.0f;
+        __syncwarp();
+        if (j < n) { p[j] = fx(v); }
+    }
+    if (lane == 0) { lse[(warp / Tq) * lse_slot + warp % Tq] = row_lse; }
+}
+
+// the backward's rows: scores s and dP of type TS (row stride ld elements) -> P = exp(scale s -
+// lse) over s and dS = P (dP - delta) over dP, both floatX at their rows' starts (as the forward
+// writes P); lse and delta of row r at (r / Tq) * lse_slot + r % Tq
+template <typename TS>
+__global__ void attention_softmax_backward_rows_kernel(TS* s, TS* dp, const float* lse, const float* delta, int rows,
+                                                       int n, int ld, float scale, int Tq, long long lse_slot) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= rows) { return; }
+    long long at = (warp / Tq) * lse_slot + warp % Tq;
+    float row_lse = lse[at], row_delta = delta[at];
+    TS* srow = s + (size_t)warp * ld;
+    TS* dprow = dp + (size_t)warp * ld;
+    floatX* p = (floatX*)srow;
+    floatX* ds = (floatX*)dprow;
+    for (int j0 = 0; j0 < n; j0 += 32) {
+        int j = j0 + lane;
+        float pj = 0.0f, dsj = 0.0f;
+        if (j < n) {
+            pj = expf(f32(srow[j]) * scale - row_lse);
+            dsj = pj * (f32(dprow[j]) - row_delta);
+        }
+        __syncwarp();
+        if (j < n) {
+            p[j] = fx(pj);
+            ds[j] = fx(dsj);
+        }
+    }
+}
+
+static bool attention3_fits(const GqaAttn& a) { return a.block == NULL && a.Nk1 == 0 && a.NKV == a.NH && a.q0 == 0; }
+
+// Version 3 walks the smaller of the samples and the heads and batches the other in each pass: a
+// head of every image per pass in training (64 images, 12 heads), every head of an image at
+// inference (one or two images), so the products stay few and large. Pass p is pass p % inner of
+// group p / inner; where its slot g starts, in elements: queries (and out, dO, dq) at
+// (p % inner) q_pass + (p / inner) q_group + g q_slot, keys (and values, dk, dv) and the
+// log-sum-exp (and delta) likewise.
+typedef struct {
+    int passes, inner, slots;
+    long long q_pass, q_group, q_slot, kv_pass, kv_group, kv_slot, lse_pass, lse_group, lse_slot;
+} Attention3Walk;
+
+static Attention3Walk attention3_walk(const GqaAttn& a) {
+    long long T = a.Tq, N = a.Nk0, D = (long long)a.NH * a.HS;
+    if (a.B >= a.NH) {
+        long long n = attention3_samples_per_pass > 0 && a.B % attention3_samples_per_pass == 0 ?
+                      attention3_samples_per_pass : a.B;
+        return Attention3Walk{(int)(a.NH * (a.B / n)), a.NH, (int)n, a.HS, n * T * D, T * D, a.HS, n * N * D, N * D, T,
+                              n * a.NH * T, a.NH * T};
+    }
+    return Attention3Walk{a.B, a.B, a.NH, T * D, 0, a.HS, N * D, 0, a.HS, a.NH * T, 0, T};
+}
+
+// Where pass p of the walk starts: its queries', keys' and log-sum-exp's offsets (elements)
+static void attention3_pass(const Attention3Walk& w, int p, long long* q, long long* kv, long long* lse) {
+    int i = p % w.inner, g = p / w.inner;
+    *q = i * w.q_pass + g * w.q_group;
+    *kv = i * w.kv_pass + g * w.kv_group;
+    *lse = i * w.lse_pass + g * w.lse_group;
+}
+
+// fp32 scratch the forward needs (one pass's scores); the backward needs twice this
+static size_t attention3_scratch(int B, int NH, int Tq, int nk) {
+    return (size_t)(B > NH ? B : NH) * Tq * nk;
+}
+
+// A pass's scores in scratch are row-major (Tq, nk) per slot, i.e. column-major S^T (nk, Tq); P
+// is written over them as floatX with this row stride (elements)
+static int attention3_p_ld(const GqaAttn& a) {
+    return attention3_floatx_scores ? a.Nk0 : a.Nk0 * (int)(sizeof(float) / sizeof(floatX));
+}
+
+// the type cuBLASLt writes the scores in, and the softmax's kernels over them
+static cudaDataType_t attention3_score_type(void) { return attention3_floatx_scores ? CUBLAS_FLOATX : CUDA_R_32F; }
+
+static void attention3_softmax(void* s, float* lse, int rows, int n, float scale, int Tq, long long lse_slot) {
+    size_t grid = ceil_div((size_t)rows * 32, BLOCK);
+    if (attention3_floatx_scores) {
+        attention_softmax_rows_kernel<floatX><<<grid, BLOCK, 0, main_stream>>>((floatX*)s, lse, rows, n, n, scale, Tq,
+                                                                               lse_slot);
+    } else {
+        attention_softmax_rows_kernel<float><<<grid, BLOCK, 0, main_stream>>>((float*)s, lse, rows, n, n, scale, Tq,
+                                                                              lse_slot);
+    }
+    launchCheck();
+}
+
+static void attention3_softmax_backward(void* s, void* dp, const float* lse, const float* delta, int rows, int n,
+                                        float scale, int Tq, long long lse_slot) {
+    size_t grid = ceil_div((size_t)rows * 32, BLOCK);
+    if (attention3_floatx_scores) {
+        attention_softmax_backward_rows_kernel<floatX><<<grid, BLOCK, 0, main_stream>>>(
+            (floatX*)s, (floatX*)dp, lse, delta, rows, n, n, scale, Tq, lse_slot);
+    } else {
+        attention_softmax_backward_rows_kernel<float><<<grid, BLOCK, 0, main_stream>>>(
+            (float*)s, (float*)dp, lse, delta, rows, n, n, scale, Tq, lse_slot);
+    }
+    launchCheck();
+}
+
+// scratch: attention3_scratch floats
+static void gqa_attention_forward3(floatX* out, float* lse, const floatX* q, const GqaAttn& a, float* scratch) {
+    int T = a.Tq, N = a.Nk0, HS = a.HS, D = a.NH * HS, ldp = attention3_p_ld(a);
+    float scale = 1.0f / sqrtf((float)HS);
+    Attention3Walk w = attention3_walk(a);
+    int rows = w.slots * T;
+    MatmulBatch scores = {w.slots, w.kv_slot, w.q_slot, (long long)T * N};  // K, Q -> S^T
+    MatmulBatch values = {w.slots, w.kv_slot, (long long)T * ldp, w.q_slot};  // V, P -> O^T
+    for (int p = 0; p < w.passes; p++) {
+        long long qo, kvo, lo;
+        attention3_pass(w, p, &qo, &kvo, &lo);
+        // S^T (N, T) = K Q^T per slot: K column-major (HS, N) at row stride D
+        matmul_cublaslt(scratch, attention3_score_type(), N, NULL, a.k0 + kvo, D, true, q + qo, D, false, N, T, HS,
+                        0.0f, NULL, &scores);
+        attention3_softmax(scratch, lse + lo, rows, N, scale, T, w.lse_slot);
+        // O^T (HS, T) = V^T P^T
+        matmul_cublaslt(out + qo, CUBLAS_FLOATX, D, NULL, a.v0 + kvo, D, false, (const floatX*)scratch, ldp, false, HS,
+                        T, N, 0.0f, NULL, &values);
+    }
+}
+
+// delta (rowsum(dO O)) given; dk0, dv0 accumulate, dq overwritten; scratch: twice attention3_scratch
+static void gqa_attention_backward3(floatX* dq, float* dk0, float* dv0, const floatX* dout, const floatX* q,
+                                    const float* lse, const float* delta, const GqaAttn& a, float* scratch) {
+    int T = a.Tq, N = a.Nk0, HS = a.HS, D = a.NH * HS, ldp = attention3_p_ld(a);
+    float scale = 1.0f / sqrtf((float)HS);
+    Attention3Walk w = attention3_walk(a);
+    int rows = w.slots * T;
+    float* s = scratch;
+    float* dp = scratch + attention3_scratch(a.B, a.NH, T, N);
+    const floatX* p_x = (const floatX*)s;
+    const floatX* ds_x = (const floatX*)dp;
+    MatmulBatch scores = {w.slots, w.kv_slot, w.q_slot, (long long)T * N};  // K or V, Q or dO -> S^T or dP^T
+    MatmulBatch on_p = {w.slots, w.q_slot, (long long)T * ldp, w.kv_slot};  // dO or Q, P or dS -> dV^T or dK^T
+    MatmulBatch on_ds = {w.slots, w.kv_slot, (long long)T * ldp, w.q_slot};  // K, dS -> dQ^T
+    for (int p = 0; p < w.passes; p++) {
+        long long qo, kvo, lo;
+        attention3_pass(w, p, &qo, &kvo, &lo);
+        const floatX* k = a.k0 + kvo;
+        const floatX* v = a.v0 + kvo;
+        const floatX* qp = q + qo;
+        const floatX* dop = dout + qo;
+        // S^T = K Q^T and dP^T (N, T) = V dO^T, then P and dS over them
+        matmul_cublaslt(s, attention3_score_type(), N, NULL, k, D, true, qp, D, false, N, T, HS, 0.0f, NULL, &scores);
+        matmul_cublaslt(dp, attention3_score_type(), N, NULL, v, D, true, dop, D, false, N, T, HS, 0.0f, NULL, &scores);
+        attention3_softmax_backward(s, dp, lse + lo, delta + lo, rows, N, scale, T, w.lse_slot);
+        // dV^T (HS, N) += dO^T P; dK^T += scale Q^T dS; dQ^T (HS, T) = scale K^T dS^T
+        matmul_cublaslt(dv0 + kvo, CUDA_R_32F, D, NULL, dop, D, false, p_x, ldp, true, HS, N, T, 1.0f, NULL, &on_p);
+        matmul_cublaslt(dk0 + kvo, CUDA_R_32F, D, NULL, qp, D, false, ds_x, ldp, true, HS, N, T, 1.0f, NULL, &on_p,
+                        scale);
+        matmul_cublaslt(dq + qo, CUBLAS_FLOATX, D, NULL, k, D, false, ds_x, ldp, false, HS, T, N, 0.0f, NULL,
+                        &on_ds, scale);
+    }
+}
 
 // ----------------------------------------------------------------------------
-// checks and benchmarks
+// the versions at a chosen block: version 1 at a block size, version 2 at the head size's tiles,
+// version 4's forward at 64 or 128 queries a block (the trainer's launchers choose these by rule)
+
+static void gqa_attention_forward1_at(int block, floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    gqa_attention_forward_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(out, lse, q, a);
+    launchCheck();
+}
+
+static void gqa_attention_backward1_at(int block, floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1,
+                                       const floatX* dout, const floatX* q, const float* lse, const float* delta,
+                                       const GqaAttn& a) {
+    gqa_attention_backward_dq_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(dq, dout, q, lse, delta, a);
+    launchCheck();
+    gqa_attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, block), block, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    launchCheck();
+}
 
 #if defined(ENABLE_FP32)
 static const int HAVE_V2 = 0, V2_THREADS = 0;  // version 2 exists in bf16 and fp16 builds only
 #else
 static const int HAVE_V2 = 1, V2_THREADS = ATT_THREADS;
+static void gqa_attention_forward2_any(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    switch (padded_head_dim(a.HS)) {
+        case 16: gqa_attention_forward2<16>(out, lse, q, a); break;
+        case 32: gqa_attention_forward2<32>(out, lse, q, a); break;
+        case 64: gqa_attention_forward2<64>(out, lse, q, a); break;
+        default: gqa_attention_forward2<128>(out, lse, q, a); break;
+    }
+}
+static void gqa_attention_backward2_any(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
+                                        const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
+    switch (padded_head_dim(a.HS)) {
+        case 16: gqa_attention_backward2<16>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        case 32: gqa_attention_backward2<32>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        case 64: gqa_attention_backward2<64>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        default: gqa_attention_backward2<128>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+    }
+}
 #endif
+
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-static const int V4_THREADS = ATT4_THREADS;  // version 4 in bf16 builds only (HAVE_ATTENTION4)
+static const int HAVE_V4 = 1, V4_THREADS = ATT4_THREADS;  // version 4 in bf16 builds only
+static void gqa_attention_forward4_at(int queries, floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    int hs = attention4_head_index(a.HS), tiles = queries / ATT4_ROWS;
+    Attention4Forward kernel = ATT4_FORWARD[hs][tiles - 1][a.block != NULL];
+    kernel<<<dim3(ceil_div(a.Tq, queries), a.NH, a.B), ATT4_THREADS, ATT4_SMEM[hs], main_stream>>>(out, lse, q, a);
+    launchCheck();
+}
 #else
-static const int V4_THREADS = 0;
+static const int HAVE_V4 = 0, V4_THREADS = 0;
 #endif
-#define N_VERSIONS 4
 
-static int only_version = 0;  // 0: every version that takes a call; else that one alone
+// ----------------------------------------------------------------------------
+// checks and benchmarks
 
-// Whether `version` takes this call: 1 always, 2 in bf16 and fp16 builds, 3 the vision tower's
-// calls, 4 every call in bf16 builds at head sizes that are multiples of 8 up to 64
-static bool version_takes(int version, const Case* k) {
-    if (only_version != 0 && version != only_version) { return false; }
-    return version == 1 || (version == 2 && HAVE_V2) || (version == 3 && k->pass == PASS_VISION) ||
-           (version == 4 && HAVE_ATTENTION4 && attention4_head_fits(k->HS));
+#define N_VERSIONS 5     // 0: the trainer's launchers, then versions 1 to 4
+static int only_version = -1;  // -1: every version that takes a call; else that one alone
+static int v4_queries = 0;     // version 4's forward: 0 by the trainer's rule, else 64 or 128 queries a block
+
+static const char* version_name(int version) {
+    static const char* names[N_VERSIONS] = {"trainer", "v1", "v2", "v3", "v4"};
+    return names[version];
 }
 
-// The launcher's choice for this program's calls: version 4 for every call, or (main's) versions 3
-// and 2 (the vision calls without scratch then run version 2)
-static void launcher_takes(int version) {
-    vision_attention_version = version == 4 ? 4 : 3;
-    masked_attention_version = version == 4 ? 4 : 2;
+// Whether `version` takes this call: the trainer and 1 always, 2 in bf16 and fp16 builds where its
+// tiles fit the GPU's shared memory, 3 the vision tower's calls, 4 in bf16 builds at head sizes
+// that are multiples of 8 up to 64
+static bool version_takes(int version, const Case* k) {
+    if (only_version >= 0 && version != only_version) { return false; }
+#if !defined(ENABLE_FP32)
+    if (version == 2) { return attention2_fits(k->HS, false) && attention2_fits(k->HS, true); }
+#endif
+    return version <= 1 || (version == 3 && k->pass == PASS_VISION) || (version == 4 && HAVE_V4 && k->HS % 8 == 0 && k->HS <= 64);
 }
 
 static int version_threads(int version, int block) {
@@ -99,75 +329,70 @@ static float* v3_scratch(const Case* k) {
     return scratch;
 }
 
-static GqaAttn case_attn(const Case* k, int version = 1) {
+static GqaAttn case_attn(const Case* k) {
     return GqaAttn{k->d_k0, k->d_v0, k->d_k1, k->d_v1, k->d_block, k->B, k->NH, k->NKV, k->HS,
-                   k->Tq, k->q0, k->Nk0, k->Nk1, k->Nt, version == 3 ? v3_scratch(k) : NULL};
+                   k->Tq, k->q0, k->Nk0, k->Nk1, k->Nt};
 }
 
-// version 1 at `block` threads per block; version 2 through the launcher (bf16 builds, without
-// scratch, launcher_takes(2)), versions 3 and 4 through their own
+// version 1 at `block` threads a block, the others at their own
 static void run_forward(int version, int block, floatX* out, float* lse, const Case* k) {
-    GqaAttn a = case_attn(k, version);
-    if (version == 1) {
-        gqa_attention_check(a);
-        gqa_attention_forward1(out, lse, k->d_q, a, block);
-    } else if (version == 4) {
-#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-        gqa_attention_check(a);
-        launcher_takes(4);
-        if (!gqa_attention4_fits(a, k->d_q, out)) { vla_fail("attention_smolvla: version 4 does not take this call"); }
-        gqa_attention_forward4_any(out, lse, k->d_q, a);
-        launcher_takes(2);
+    GqaAttn a = case_attn(k);
+    gqa_attention_check(a);
+    if (version == 0) { gqa_attention_forward(out, lse, k->d_q, a); }
+    if (version == 1) { gqa_attention_forward1_at(block, out, lse, k->d_q, a); }
+#if !defined(ENABLE_FP32)
+    if (version == 2) { gqa_attention_forward2_any(out, lse, k->d_q, a); }
 #endif
-    } else if (version == 3) {
-        gqa_attention_check(a);
-        if (!gqa_attention3_fits(a)) { vla_fail("attention_smolvla: version 3 does not take this call"); }
-        gqa_attention_forward3(out, lse, k->d_q, a);
-    } else {
-        gqa_attention_forward(out, lse, k->d_q, a);
-    }
+    if (version == 3 && !attention3_fits(a)) { vla_fail("attention_smolvla: version 3 does not take this call"); }
+    if (version == 3) { gqa_attention_forward3(out, lse, k->d_q, a, v3_scratch(k)); }
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+    if (version == 4 && !attention4_fits(a, k->d_q, out)) { vla_fail("attention_smolvla: version 4 does not take this call"); }
+    if (version == 4 && v4_queries == 0) { gqa_attention_forward4(out, lse, k->d_q, a); }
+    if (version == 4 && v4_queries != 0) { gqa_attention_forward4_at(v4_queries, out, lse, k->d_q, a); }
+#endif
 }
 
 static void run_backward(int version, int block, const Case* k, floatX* dq, float* dk0, float* dv0, float* dk1,
                          float* dv1, float* delta) {
-    GqaAttn a = case_attn(k, version);
-    if (version == 1) {
-        gqa_attention_check(a);
+    GqaAttn a = case_attn(k);
+    gqa_attention_check(a);
+    if (version == 0) {
+        gqa_attention_backward(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_out, k->d_lse, delta, a);
+        return;
+    }
+    if (version == 1) {  // version 1 of delta too, at the block size
         attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, block), block, 0, main_stream>>>(delta, k->d_dout, k->d_out, a.B * a.Tq, a.Tq, a.NH, a.HS);
         launchCheck();
-        gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a, block);
-    } else if (version == 4) {
-#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-        gqa_attention_check(a);
-        launcher_takes(4);
-        if (!gqa_attention4_fits(a, k->d_q, k->d_dout, dq)) { vla_fail("attention_smolvla: version 4 does not take this call"); }
-        attention_delta(delta, k->d_dout, k->d_out, a);  // (the trainer's: version 2 where it fits)
-        gqa_attention_backward4_any(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a);
-        launcher_takes(2);
-#endif
-    } else if (version == 3) {  // (the trainer's launcher: the delta kernel, then version 3)
-        if (!gqa_attention3_fits(a)) { vla_fail("attention_smolvla: version 3 does not take this call"); }
-        gqa_attention_backward(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_out, k->d_lse, delta, a);
-    } else {
-        gqa_attention_backward(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_out, k->d_lse, delta, a);
+        gqa_attention_backward1_at(block, dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a);
+        return;
     }
+    attention_delta(delta, k->d_dout, k->d_out, a);  // (the trainer's: version 2 where it fits)
+#if !defined(ENABLE_FP32)
+    if (version == 2) { gqa_attention_backward2_any(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a); }
+#endif
+    if (version == 3 && !attention3_fits(a)) { vla_fail("attention_smolvla: version 3 does not take this call"); }
+    if (version == 3) { gqa_attention_backward3(dq, dk0, dv0, k->d_dout, k->d_q, k->d_lse, delta, a, v3_scratch(k)); }
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+    if (version == 4 && !attention4_fits(a, k->d_q, k->d_dout, dq)) { vla_fail("attention_smolvla: version 4 does not take this call"); }
+    if (version == 4) { gqa_attention_backward4(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a, NULL, NULL); }
+#endif
 }
 
 static const int V1_BLOCKS[] = {32, 96, 256};  // 96: warps of a block not a power of two
 static const int N_V1_BLOCKS = sizeof(V1_BLOCKS) / sizeof(V1_BLOCKS[0]);
 
 static int case_label(char* buf, size_t n, const Case* k, int version, int block) {
-    return snprintf(buf, n, "v%d %s (B %d, NH %d, NKV %d, HS %d, Tq %d, keys %d+%d) block %d", version,
+    return snprintf(buf, n, "%s %s (B %d, NH %d, NKV %d, HS %d, Tq %d, keys %d+%d) block %d", version_name(version),
                     pass_names[k->pass], k->B, k->NH, k->NKV, k->HS, k->Tq, k->Nk0, k->Nk1, block);
 }
 
-static double worst_err[N_VERSIONS] = {0.0, 0.0, 0.0, 0.0};  // the largest relative error met by each version (report)
+static double worst_err[N_VERSIONS] = {0.0, 0.0, 0.0, 0.0, 0.0};  // the largest relative error met by each (report)
 
 static void check_close_v(int version, const char* what, const float* got, const double* ref, size_t n, double tol) {
     double num = 0.0, den = 0.0;
     for (size_t i = 0; i < n; i++) { num += (got[i] - ref[i]) * (got[i] - ref[i]); den += ref[i] * ref[i]; }
     double e = den > 0.0 ? sqrt(num / den) : sqrt(num);
-    if (isfinite(e) && e > worst_err[version - 1]) { worst_err[version - 1] = e; }
+    if (isfinite(e) && e > worst_err[version]) { worst_err[version] = e; }
     check_close(what, got, ref, n, tol);
 }
 
@@ -196,7 +421,7 @@ static void check_forward(const Case* k) {
     double* ref_blind = (double*)mallocCheck((n_out > 0 ? n_out : 1) * sizeof(double));
     float* got_seen = (float*)mallocCheck(n_lse * sizeof(float));
     float* got_blind = (float*)mallocCheck((n_out > 0 ? n_out : 1) * sizeof(float));
-    for (int version = 1; version <= N_VERSIONS; version++) {
+    for (int version = 0; version < N_VERSIONS; version++) {
         if (!version_takes(version, k)) { continue; }
         for (int bi = 0; bi < (version == 1 ? N_V1_BLOCKS : 1); bi++) {
             int block = version_threads(version, V1_BLOCKS[bi]);
@@ -266,9 +491,10 @@ static void check_backward(const Case* k, uint64_t seed) {
     int bf16_scores = attention3_floatx_scores && sizeof(floatX) < 4;  // (measured 6.5e-3 at most: 2e-2)
     if (bf16_scores) { tol_dq = 2e-2; }
     float* first[5] = {NULL, NULL, NULL, NULL, NULL};  // dq, dk0, dv0, dk1, dv1 of the last block size
-    for (int version = 1; version <= N_VERSIONS; version++) {
+    for (int version = 0; version < N_VERSIONS; version++) {
         if (!version_takes(version, k)) { continue; }
-        // (versions 3 and 4 round P and dS to floatX as version 2 does: exact in fp32 builds)
+        // (versions 3 and 4 round P and dS to floatX as version 2 does: exact in fp32 builds; the
+        // trainer's is one of them where it is not version 1)
         double tol_kv = version == 1 || sizeof(floatX) == 4 ? tol_f32 : bf16_scores ? 2e-2 : 1e-2;
         int n_runs = (version == 1 ? N_V1_BLOCKS : 1) + 1;  // the last block size twice: same bits?
         for (int run = 0; run < n_runs; run++) {
@@ -330,12 +556,12 @@ static void check_backward(const Case* k, uint64_t seed) {
 }
 
 // The vision calls' key gradients in floatX (gqa_attention_backward's dkx, dvx, as the trainer asks
-// for them): bit for bit the fp32 sums from zero, converted, under version 4 (which writes them
-// directly) and version 3 (which accumulates, then converts)
+// for them): bit for bit the fp32 sums from zero, converted (version 4 writes them directly, the
+// others accumulate, then convert)
 static void check_backward_x(const Case* k) {
     if (k->pass != PASS_VISION) { return; }
-    GqaAttn a0 = case_attn(k);
-    size_t n_q = (size_t)k->B * k->Tq * k->NH * k->HS, n_kv = (size_t)k->B * a0.Nk0 * k->NKV * k->HS;
+    GqaAttn a = case_attn(k);
+    size_t n_q = (size_t)k->B * k->Tq * k->NH * k->HS, n_kv = (size_t)k->B * a.Nk0 * k->NKV * k->HS;
     size_t n_stat = (size_t)k->B * k->NH * k->Tq;
     floatX *dq, *want_k, *want_v, *got_k, *got_v;
     float *dkf, *dvf, *delta;
@@ -347,56 +573,53 @@ static void check_backward_x(const Case* k) {
     cudaCheck(cudaMalloc(&dkf, n_kv * sizeof(float)));
     cudaCheck(cudaMalloc(&dvf, n_kv * sizeof(float)));
     cudaCheck(cudaMalloc(&delta, n_stat * sizeof(float)));
-    for (int version = 3; version <= 4; version++) {
-        if (!version_takes(version, k)) { continue; }
-        launcher_takes(version == 4 ? 4 : 2);  // (version 3 where the call brings scratch)
-        GqaAttn a = case_attn(k, 3);
-        cudaCheck(cudaMemset(dkf, 0, n_kv * sizeof(float)));
-        cudaCheck(cudaMemset(dvf, 0, n_kv * sizeof(float)));
-        gqa_attention_backward(dq, dkf, dvf, NULL, NULL, k->d_dout, k->d_q, k->d_out, k->d_lse, delta, a);
-        convert(want_k, dkf, n_kv);
-        convert(want_v, dvf, n_kv);
-        poison(dkf, n_kv * sizeof(float));
-        poison(dvf, n_kv * sizeof(float));
-        poison(got_k, n_kv * sizeof(floatX));
-        poison(got_v, n_kv * sizeof(floatX));
-        gqa_attention_backward(dq, dkf, dvf, NULL, NULL, k->d_dout, k->d_q, k->d_out, k->d_lse, delta, a, got_k, got_v);
-        launcher_takes(2);
-        size_t bytes = n_kv * sizeof(floatX), differ = 0;
-        uint8_t* h[4];
-        floatX* d[4] = {want_k, want_v, got_k, got_v};
-        for (int i = 0; i < 4; i++) {
-            h[i] = (uint8_t*)mallocCheck(bytes);
-            cudaCheck(cudaMemcpy(h[i], d[i], bytes, cudaMemcpyDeviceToHost));
-        }
-        for (size_t e = 0; e < n_kv; e++) {
-            differ += memcmp(h[0] + e * sizeof(floatX), h[2] + e * sizeof(floatX), sizeof(floatX)) != 0;
-            differ += memcmp(h[1] + e * sizeof(floatX), h[3] + e * sizeof(floatX), sizeof(floatX)) != 0;
-        }
-        for (int i = 0; i < 4; i++) { free(h[i]); }
-        char label[200], what[300];
-        case_label(label, sizeof(label), k, version, version == 4 ? V4_THREADS : BLOCK);
-        snprintf(what, sizeof(what), "%s: dk, dv in floatX (the launcher's dkx, dvx) bit for bit the fp32 sums converted: "
-                 "%zu of %zu differ", label, differ, 2 * n_kv);
-        check_true(what, differ == 0);
+    cudaCheck(cudaMemset(dkf, 0, n_kv * sizeof(float)));
+    cudaCheck(cudaMemset(dvf, 0, n_kv * sizeof(float)));
+    gqa_attention_backward(dq, dkf, dvf, NULL, NULL, k->d_dout, k->d_q, k->d_out, k->d_lse, delta, a);
+    convert(want_k, dkf, n_kv);
+    convert(want_v, dvf, n_kv);
+    poison(dkf, n_kv * sizeof(float));
+    poison(dvf, n_kv * sizeof(float));
+    poison(got_k, n_kv * sizeof(floatX));
+    poison(got_v, n_kv * sizeof(floatX));
+    gqa_attention_backward(dq, dkf, dvf, NULL, NULL, k->d_dout, k->d_q, k->d_out, k->d_lse, delta, a, got_k, got_v);
+    size_t bytes = n_kv * sizeof(floatX), differ = 0;
+    uint8_t* h[4];
+    floatX* d[4] = {want_k, want_v, got_k, got_v};
+    for (int i = 0; i < 4; i++) {
+        h[i] = (uint8_t*)mallocCheck(bytes);
+        cudaCheck(cudaMemcpy(h[i], d[i], bytes, cudaMemcpyDeviceToHost));
     }
+    for (size_t e = 0; e < n_kv; e++) {
+        differ += memcmp(h[0] + e * sizeof(floatX), h[2] + e * sizeof(floatX), sizeof(floatX)) != 0;
+        differ += memcmp(h[1] + e * sizeof(floatX), h[3] + e * sizeof(floatX), sizeof(floatX)) != 0;
+    }
+    for (int i = 0; i < 4; i++) { free(h[i]); }
+    char label[200], what[300];
+    case_label(label, sizeof(label), k, 0, BLOCK);
+    snprintf(what, sizeof(what), "%s: dk, dv in floatX (the launcher's dkx, dvx) bit for bit the fp32 sums converted: "
+             "%zu of %zu differ", label, differ, 2 * n_kv);
+    check_true(what, differ == 0);
     cudaCheck(cudaFree(dq)); cudaCheck(cudaFree(want_k)); cudaCheck(cudaFree(want_v)); cudaCheck(cudaFree(got_k));
     cudaCheck(cudaFree(got_v)); cudaCheck(cudaFree(dkf)); cudaCheck(cudaFree(dvf)); cudaCheck(cudaFree(delta));
 }
 
-// Version 4's forward again with two row tiles a warp (128 queries a block: training's vision
-// calls, and large batches' masked ones), which these small calls would not take by its rule
-static void check_forward4_two_tiles(const Case* k) {
+// Version 4's forward again at 64 and at 128 queries a block (two row tiles a warp: training's
+// vision calls, and large batches' masked ones), whichever the trainer's rule gives these calls
+static void check_forward4_blocks(const Case* k) {
     if (!version_takes(4, k)) { return; }
     only_version = 4;
-    attention4_force_mt = 2;
-    printf("(version 4, 128 queries a block)\n");
-    check_forward(k);
-    attention4_force_mt = 0;
-    only_version = 0;
+    for (v4_queries = 64; v4_queries <= 128; v4_queries += 64) {
+        printf("(version 4, %d queries a block)\n", v4_queries);
+        check_forward(k);
+    }
+    v4_queries = 0;
+    only_version = -1;
 }
 
-// One call at SmolVLA's shapes: the forward and the backward of each version
+// One call at SmolVLA's shapes: the forward and the backward of each version and variant, beside
+// the trainer's launchers: version 3 with every image a pass, 16 and 8 (B >= NH), and in bf16
+// builds with its scores in bf16; version 4 at 64 and 128 queries a forward block
 static void benchmark(int pass, int B, int NH, int NKV, int HS, int NI, int T, int H) {
     Case k = make_case(pass, B, NH, NKV, HS, NI, T, H, FORWARD_NONE, 7);
     GqaAttn a = case_attn(&k);
@@ -427,32 +650,30 @@ static void benchmark(int pass, int B, int NH, int NKV, int HS, int NI, int T, i
     // Q K^T and P V over every key, masked or not (4 B NH Tq nk HS); the backward's five products
     // (S, dP, dV, dQ, dK) likewise; version 2 computes S and dP twice, which is not counted
     double flops_fwd = 4.0 * B * NH * a.Tq * nk * HS, flops_bwd = 2.5 * flops_fwd;
-    // version 3 also with fewer samples a pass (its scores then fit in L2: 8 images of 1,024 tokens
-    // are 32 MiB of fp32 scores)
-    // and in bf16 builds with its scores in bf16 (half their traffic)
-    const int per_pass[] = {0, 16, 8};
-    for (int version = 1; version <= N_VERSIONS; version++) {
+    const int per_pass[] = {0, 16, 8};  // version 3: 8 images of 1,024 tokens are 32 MiB of fp32 scores
+    for (int version = 0; version < N_VERSIONS; version++) {
         if (!version_takes(version, &k)) { continue; }
-        for (int pp = 0; pp < (version == 3 ? 3 * (1 + HAVE_V2) : version == 4 ? 2 : 1); pp++) {
-            int n = per_pass[pp % 3];
+        int variants = version == 3 ? 3 * (1 + HAVE_V2) : version == 4 ? 2 : 1;
+        for (int variant = 0; variant < variants; variant++) {
+            int n = per_pass[variant % 3];
             if (version == 3 && n > 0 && (B < NH || B % n != 0 || n >= B)) { continue; }
             attention3_samples_per_pass = version == 3 ? n : 0;
-            attention3_floatx_scores = version == 3 && pp >= 3;
-            attention4_force_mt = version == 4 ? 1 + pp : 0;  // 64 then 128 queries a block
+            attention3_floatx_scores = version == 3 && variant >= 3;
+            v4_queries = version == 4 ? 64 * (1 + variant) : 0;
             int reps = version == 1 ? 5 : 20;
             double ms_f = time_ms([&]() { run_forward(version, 256, out, lse, &k); }, reps);
             double ms_b = time_ms([&]() { run_backward(version, 256, &k, dq, dk0, dv0, dk1, dv1, delta); }, reps);
             char per[48] = "";
             int at = n > 0 ? snprintf(per, sizeof(per), ", %d a pass", n) : 0;
             if (attention3_floatx_scores) { snprintf(per + at, sizeof(per) - at, ", bf16 scores"); }
-            if (version == 4) { snprintf(per, sizeof(per), ", %d queries a block", 64 * (1 + pp)); }
-            printf("bench v%d %-17s (B %d, NH %d, NKV %d, HS %d, %4d queries x %4d keys%s): forward %8.3f ms %6.1f "
-                   "TFLOP/s, backward %8.3f ms %6.1f TFLOP/s\n", version, pass_names[pass], B, NH, NKV, HS, a.Tq, nk,
-                   per, ms_f, flops_fwd / (ms_f * 1e-3) / 1e12, ms_b, flops_bwd / (ms_b * 1e-3) / 1e12);
+            if (version == 4) { snprintf(per, sizeof(per), ", %d queries a block", v4_queries); }
+            printf("bench %-7s %-17s (B %d, NH %d, NKV %d, HS %d, %4d queries x %4d keys%s): forward %8.3f ms %6.1f "
+                   "TFLOP/s, backward %8.3f ms %6.1f TFLOP/s\n", version_name(version), pass_names[pass], B, NH, NKV, HS,
+                   a.Tq, nk, per, ms_f, flops_fwd / (ms_f * 1e-3) / 1e12, ms_b, flops_bwd / (ms_b * 1e-3) / 1e12);
         }
         attention3_samples_per_pass = 0;
         attention3_floatx_scores = 0;
-        attention4_force_mt = 0;
+        v4_queries = 0;
     }
     cudaCheck(cudaFree(out)); cudaCheck(cudaFree(lse)); cudaCheck(cudaFree(dq)); cudaCheck(cudaFree(dk0));
     cudaCheck(cudaFree(dv0)); cudaCheck(cudaFree(dk1)); cudaCheck(cudaFree(dv1)); cudaCheck(cudaFree(delta));
@@ -471,7 +692,6 @@ static void benchmarks(void) {
 
 int main(void) {
     dev_init("attention_smolvla");
-    launcher_takes(2);  // the launcher's calls without scratch are version 2's here
     // GQA groups of 1, 2, 3 and 5 query heads per kv head; head sizes through every padding of
     // version 2 and with scalar loads (8, 12); suffixes and prefixes of more than one 64-row tile
     // (a prefix of 65 tokens: the state alone in the second tile, the last key it sees the first of
@@ -491,7 +711,7 @@ int main(void) {
                                shapes[s].H, FORWARD_HOST, seed);
             check_forward(&k);
             check_backward(&k, seed + 50);
-            check_forward4_two_tiles(&k);
+            check_forward4_blocks(&k);
             free_case(&k);
             seed += 10;
         }
@@ -521,15 +741,15 @@ int main(void) {
             check_backward(&k, seed + 50);
             attention3_floatx_scores = 0;
         }
-        only_version = 0;
-        check_forward4_two_tiles(&k);
+        only_version = -1;
+        check_forward4_blocks(&k);
         free_case(&k);
         seed += 10;
     }
-    printf("worst relative error: version 1 %.2e", worst_err[0]);
-    if (HAVE_V2) { printf(", version 2 %.2e", worst_err[1]); }
-    printf(", version 3 %.2e", worst_err[2]);
-    if (HAVE_ATTENTION4) { printf(", version 4 %.2e", worst_err[3]); }
+    printf("worst relative error: the trainer's %.2e, version 1 %.2e", worst_err[0], worst_err[1]);
+    if (HAVE_V2) { printf(", version 2 %.2e", worst_err[2]); }
+    printf(", version 3 %.2e", worst_err[3]);
+    if (HAVE_V4) { printf(", version 4 %.2e", worst_err[4]); }
     printf("\n");
     return dev_finish(benchmarks);
 }
