@@ -16,7 +16,7 @@ config.h, shards.h, sampler.h, loss_scale.h and atomic_file.h.
 #include <dirent.h>
 
 // ----------------------------------------------------------------------------
-// checkpoints, version 2 (SPEC section 4): header (512 bytes), the dataset's normalization
+// checkpoints, version 2: header (512 bytes), the dataset's normalization
 // statistics state_mean(S) state_std(S) action_mean(A) action_std(A), every fp32 master weight
 // in table order (n_params, frozen ones included, so a checkpoint is the whole model), then AdamW's
 // m and v for the elements that train in the header's train mode only (n_trainable each, packed
@@ -60,7 +60,7 @@ typedef struct {
 } CheckpointHeader;
 VLA_STATIC_ASSERT(sizeof(CheckpointHeader) == CKPT_HEADER_BYTES, "checkpoint header is 512 bytes");
 VLA_STATIC_ASSERT(offsetof(CheckpointHeader, step) == 120 && offsetof(CheckpointHeader, tokenizer) == 168,
-                  "checkpoint header fields are where SPEC says");
+                  "checkpoint header fields are at the offsets the format defines");
 VLA_STATIC_ASSERT(offsetof(CheckpointHeader, loss_scale) == 248 && offsetof(CheckpointHeader, loss_scale_skipped) == 256,
                   "the loss scale's fields are where the README says");
 VLA_STATIC_ASSERT(offsetof(CheckpointHeader, flags) == 264 && offsetof(CheckpointHeader, crc) == 268 &&

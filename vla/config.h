@@ -37,7 +37,7 @@ static inline size_t zero_part(size_t offset, size_t numel, size_t lo, size_t hi
 }
 
 // ----------------------------------------------------------------------------
-// the model: SmolVLA, exactly as LeRobot 0.6.1 computes it (shared/SMOLVLA.md; dev/smolvla.py is
+// the model: SmolVLA, exactly as LeRobot 0.6.1 computes it (docs/model.md; dev/smolvla.py is
 // its PyTorch oracle, dev/model.py the oracle with the plumbing of vla/). Its config, presets and
 // parameter table, whose rows carry LeRobot's tensor names so that a LeRobot model.safetensors
 // loads by name. test_vla and test_vla_gpu check both trainers against LeRobot's own references

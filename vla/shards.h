@@ -12,7 +12,7 @@ that a shard did not change under the run. The writers are in shard_writer.h. Ne
 #include <sys/mman.h>
 
 // ----------------------------------------------------------------------------
-// dataset shards (SPEC section 3). One file, version 2:
+// dataset shards (docs/data.md has the format). One file, version 2:
 //   header (512 bytes)
 //   images         u8  (n_frames, frame bytes)        each frame: its cameras one after another,
 //                                                     camera k cam_height[k] x cam_width[k] x 3 (HWC)
