@@ -1039,7 +1039,7 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
 // block) and dk/dv (64 keys a block), each output row written by one block: no atomics.
 #define ATT4_ROWS 64
 #define ATT4_THREADS 128
-// unmasked dk/dv blocks a multiprocessor holds: 3 caps registers at 168 (three values spill to L1)
+// unmasked dk/dv blocks a multiprocessor holds: 3, not ptxas's 2 at 178 registers (three spill to L1)
 #define ATT4_DKDV_BLOCKS 3
 
 // two neighbouring floatX as one register (what store_x2 stores), the first in the low half
@@ -2378,6 +2378,25 @@ static bool attention2_fits(int HS, bool backward) {
     }
     return smem <= limit;
 }
+
+// version 2 at the call's padded head size
+static void gqa_attention_forward2_any(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    switch (padded_head_dim(a.HS)) {
+        case 16: gqa_attention_forward2<16>(out, lse, q, a); break;
+        case 32: gqa_attention_forward2<32>(out, lse, q, a); break;
+        case 64: gqa_attention_forward2<64>(out, lse, q, a); break;
+        default: gqa_attention_forward2<128>(out, lse, q, a); break;
+    }
+}
+static void gqa_attention_backward2_any(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
+                                        const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
+    switch (padded_head_dim(a.HS)) {
+        case 16: gqa_attention_backward2<16>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        case 32: gqa_attention_backward2<32>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        case 64: gqa_attention_backward2<64>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        default: gqa_attention_backward2<128>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+    }
+}
 #endif
 
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
@@ -2501,12 +2520,7 @@ static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, cons
     }
 #elif defined(ENABLE_FP16)
     if (attention2_fits(a.HS, false)) {
-        switch (padded_head_dim(a.HS)) {
-            case 16: gqa_attention_forward2<16>(out, lse, q, a); break;
-            case 32: gqa_attention_forward2<32>(out, lse, q, a); break;
-            case 64: gqa_attention_forward2<64>(out, lse, q, a); break;
-            default: gqa_attention_forward2<128>(out, lse, q, a); break;
-        }
+        gqa_attention_forward2_any(out, lse, q, a);
         return;
     }
 #endif
@@ -2541,12 +2555,7 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
     }
 #if defined(ENABLE_FP16)
     if (attention2_fits(a.HS, true)) {
-        switch (padded_head_dim(a.HS)) {
-            case 16: gqa_attention_backward2<16>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-            case 32: gqa_attention_backward2<32>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-            case 64: gqa_attention_backward2<64>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-            default: gqa_attention_backward2<128>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-        }
+        gqa_attention_backward2_any(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     } else {
         gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     }

@@ -257,24 +257,7 @@ static void gqa_attention_backward1_at(int block, floatX* dq, float* dk0, float*
 #if defined(ENABLE_FP32)
 static const int HAVE_V2 = 0, V2_THREADS = 0;  // version 2 exists in bf16 and fp16 builds only
 #else
-static const int HAVE_V2 = 1, V2_THREADS = ATT_THREADS;
-static void gqa_attention_forward2_any(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
-    switch (padded_head_dim(a.HS)) {
-        case 16: gqa_attention_forward2<16>(out, lse, q, a); break;
-        case 32: gqa_attention_forward2<32>(out, lse, q, a); break;
-        case 64: gqa_attention_forward2<64>(out, lse, q, a); break;
-        default: gqa_attention_forward2<128>(out, lse, q, a); break;
-    }
-}
-static void gqa_attention_backward2_any(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
-                                        const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
-    switch (padded_head_dim(a.HS)) {
-        case 16: gqa_attention_backward2<16>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-        case 32: gqa_attention_backward2<32>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-        case 64: gqa_attention_backward2<64>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-        default: gqa_attention_backward2<128>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-    }
-}
+static const int HAVE_V2 = 1, V2_THREADS = ATT_THREADS;  // (gqa_attention_forward2_any: train_vla.cu's)
 #endif
 
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
