@@ -95,7 +95,7 @@ EMU_DIR = build/emu
 # the rewritten sources stay: make would otherwise delete them as intermediates and rebuild
 .SECONDARY: $(EMU_DIR)/train_vla.cu $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/dev/cuda/emu/test_emulate.cu \
 	$(addprefix $(EMU_DIR)/,$(wildcard dev/cuda/*.cu dev/cuda/*.h))
-EMU_HEADERS = $(wildcard dev/cuda/emu/*.h dev/cuda/emu/vla/*.cuh) dev/cuda/emu/launch.sed
+EMU_HEADERS = $(wildcard dev/cuda/emu/*.h dev/cuda/emu/vla/*.cuh) dev/cuda/emu/launch.sed $(EMU_DIR)/vla/attention_wmma.cuh
 # (no -g by default: it makes these builds 40% slower, and CI's time is short; EMU_DEBUG=-g for gdb)
 EMU_DEBUG ?=
 EMU_CXX = g++ -std=c++17 -O2 $(EMU_DEBUG) -Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas \
@@ -103,6 +103,10 @@ EMU_CXX = g++ -std=c++17 -O2 $(EMU_DEBUG) -Wall -Wextra -Wno-unused-parameter -W
 # the emulated trainer is the MULTI_GPU one: CUDA_EMU_DEVICES=N gives it N GPUs and NCCL among them
 EMU_MULTI_GPU = -DMULTI_GPU -fopenmp
 $(EMU_DIR)/%.cu: %.cu dev/cuda/emu/launch.sed
+	@mkdir -p $(dir $@)
+	sed -f dev/cuda/emu/launch.sed $< > $@
+# (a header with kernels that declare extern __shared__, found in build/emu/vla before vla/)
+$(EMU_DIR)/vla/attention_wmma.cuh: vla/attention_wmma.cuh dev/cuda/emu/launch.sed
 	@mkdir -p $(dir $@)
 	sed -f dev/cuda/emu/launch.sed $< > $@
 $(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/test_vla_gpu_bf16 $(EMU_DIR)/libvla_gpu_bf16.so: EMU_PRECISION =

@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(32 * COLSUM_WARPS) column_sum_kernel(float* ou
 
 // ---- attention: the softmax backward's shared term (SmolVLA's GQA kernels below)
 
-// delta (B, NH, Tq) = rowsum(dO * O) per head: the softmax backward's correction term.
+// delta (B, NH, Tq): delta_i = sum_j P_ij dP_ij, which is rowsum(dO_i * O_i) since O = P V.
 // One warp per (row, head).
 __global__ void attention_delta_kernel(float* delta, const floatX* dout, const floatX* out, int rows, int Tq,
                                        int NH, int HS) {
@@ -357,9 +357,8 @@ __global__ void attention_delta_kernel(float* delta, const floatX* dout, const f
     if (lane == 0) { delta[((size_t)(row / Tq) * NH + h) * Tq + row % Tq] = s; }
 }
 
-// Version 2: 128-bit loads, a (row, head) to HS / x128::size neighbouring lanes (a power of two
-// that divides 32: head sizes 8 to 256 in bf16), whose products meet by xor shuffles; version 1's
-// lanes each loaded one 16-bit value, 64 bytes a warp's load (launch with attention_delta)
+// Version 2: 128-bit loads, HS / x128::size neighbouring lanes a (row, head) (a power of two that
+// divides 32), summed by xor shuffles
 __global__ void attention_delta_kernel2(float* delta, const floatX* dout, const floatX* out, int rows, int Tq, int NH,
                                         int HS) {
     int lanes = HS / x128::size;
@@ -860,17 +859,15 @@ typedef struct {
 } GqaAttn;
 
 // LeRobot fills masked scores with torch.finfo(float32).min, not -inf. Where a query sees some key,
-// a masked one gets exp(-FLT_MAX - max) = 0: exactly as if it were skipped. Where it sees none (a
-// padded query) every score is -FLT_MAX and the softmax is uniform: its output is the mean of all
-// nk values. Such a row's lse is stored as -FLT_MAX (what fp32 makes of -FLT_MAX + log nk), and the
-// backward reads that mark: dv gets dO / nk at every key, while q and k get nothing (torch.where
-// routes no gradient to the fill).
+// a masked one gets exp(-FLT_MAX - max) = 0, as if skipped. Where it sees none (a padded query)
+// the softmax is uniform: its output is the mean of all nk values, its lse -FLT_MAX (what fp32
+// makes of -FLT_MAX + log nk). The backward reads that mark: dv gets dO / nk at every key, q and k
+// nothing (torch.where routes no gradient to the fill).
 #define ATTN_NO_KEY_LSE (-FLT_MAX)
 
 static __host__ __device__ __forceinline__ int gqa_n_keys(const GqaAttn& a) { return a.Nk0 + a.Nk1; }
 
-// offset of head g of key (or value, or their gradient) j of sample b in its tensor: the first one
-// below Nk0, the second past it
+// offset of head g of key (value, gradient) j of sample b: in the first tensor below Nk0, else the second
 static __host__ __device__ __forceinline__ size_t gqa_key_at(const GqaAttn& a, int b, int j, int g) {
     size_t row = j < a.Nk0 ? (size_t)b * a.Nk0 + j : (size_t)b * a.Nk1 + (j - a.Nk0);
     return row * a.NKV * a.HS + (size_t)g * a.HS;
@@ -898,8 +895,7 @@ __global__ void gqa_attention_forward_kernel1(floatX* out, float* lse, const flo
     size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS;
     float qv[4], acc[4];
     #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        int c = lane + 32 * u;
+    for (int u = 0, c = lane; u < 4; u++, c += 32) {
         qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
         acc[u] = 0.0f;
     }
@@ -910,18 +906,12 @@ __global__ void gqa_attention_forward_kernel1(floatX* out, float* lse, const flo
         const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
         float s = 0.0f;
         #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = lane + 32 * u;
-            if (c < a.HS) { s += qv[u] * f32(kj[c]); }
-        }
+        for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { s += qv[u] * f32(kj[c]); } }
         s = warp_sum(s) * scale;
         float m_new = fmaxf(mx, s), corr = expf(mx - m_new), p = expf(s - m_new);
         sum = sum * corr + p;
         #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = lane + 32 * u;
-            acc[u] = acc[u] * corr + (c < a.HS ? p * f32(vj[c]) : 0.0f);
-        }
+        for (int u = 0, c = lane; u < 4; u++, c += 32) { acc[u] = acc[u] * corr + (c < a.HS ? p * f32(vj[c]) : 0.0f); }
         mx = m_new;
     }
     bool seen = sum > 0.0f;  // sum >= 1 once a key is visible: the maximum's own term
@@ -929,24 +919,18 @@ __global__ void gqa_attention_forward_kernel1(floatX* out, float* lse, const flo
         for (int j = 0; j < nk; j++) {
             const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
             #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                int c = lane + 32 * u;
-                if (c < a.HS) { acc[u] += f32(vj[c]); }
-            }
+            for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { acc[u] += f32(vj[c]); } }
         }
         sum = (float)nk;
     }
     #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        int c = lane + 32 * u;
-        if (c < a.HS) { out[row + c] = fx(acc[u] / sum); }
-    }
+    for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { out[row + c] = fx(acc[u] / sum); } }
     if (lane == 0) { lse[((size_t)b * a.NH + h) * a.Tq + i] = seen ? mx + logf(sum) : ATTN_NO_KEY_LSE; }
 }
 
-// Version 1 backward, query side: with P recomputed from lse, dP = dO V^T, dS = P * (dP - delta),
-// dq = scale dS K. One warp per (sample, head, query); dq (B, Tq, NH*HS) overwritten. A query that
-// sees no key gets dq = 0: its scores are all fills, which pass no gradient.
+// Version 1 backward, query side: P = exp(scale S - lse), dP = dO V^T, dS = P * (dP - delta),
+// dq = scale dS K. One warp per (sample, head, query); dq (B, Tq, NH*HS) overwritten (0 where no
+// key is seen: the fills pass no gradient).
 __global__ void gqa_attention_backward_dq_kernel1(floatX* dq, const floatX* dout, const floatX* q, const float* lse,
                                                   const float* delta, GqaAttn a) {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
@@ -958,8 +942,7 @@ __global__ void gqa_attention_backward_dq_kernel1(floatX* dq, const floatX* dout
     float l = lse[stat], dl = delta[stat];
     float qv[4], dov[4], acc[4];
     #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        int c = lane + 32 * u;
+    for (int u = 0, c = lane; u < 4; u++, c += 32) {
         qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
         dov[u] = c < a.HS ? f32(dout[row + c]) : 0.0f;
         acc[u] = 0.0f;
@@ -970,8 +953,7 @@ __global__ void gqa_attention_backward_dq_kernel1(floatX* dq, const floatX* dout
         const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
         float s = 0.0f, dp = 0.0f;
         #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = lane + 32 * u;
+        for (int u = 0, c = lane; u < 4; u++, c += 32) {
             if (c < a.HS) { s += qv[u] * f32(kj[c]); dp += dov[u] * f32(vj[c]); }
         }
         s = warp_sum(s);
@@ -979,22 +961,15 @@ __global__ void gqa_attention_backward_dq_kernel1(floatX* dq, const floatX* dout
         float p = expf(s * scale - l);
         float ds = p * (dp - dl) * scale;
         #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = lane + 32 * u;
-            if (c < a.HS) { acc[u] += ds * f32(kj[c]); }
-        }
+        for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { acc[u] += ds * f32(kj[c]); } }
     }
     #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        int c = lane + 32 * u;
-        if (c < a.HS) { dq[row + c] = fx(acc[u]); }
-    }
+    for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { dq[row + c] = fx(acc[u]); } }
 }
 
-// Version 1 backward, key side: one warp per (sample, kv head, key), over the NH / NKV query heads
-// that read it and all their queries in a fixed order: dv += P^T dO, dk += scale dS^T Q. Keys
-// j < Nk0 land in dk0/dv0 (B, Nk0, NKV*HS), the others in dk1/dv1 (B, Nk1, NKV*HS): fp32,
-// accumulated, each row by one warp only.
+// Version 1 backward, key side: dv += P^T dO, dk += scale dS^T Q. One warp per (sample, kv head,
+// key), over its NH / NKV query heads' queries in a fixed order; keys j < Nk0 land in dk0/dv0
+// (B, Nk0, NKV*HS), the others in dk1/dv1 (B, Nk1, NKV*HS), fp32, accumulated, no atomics.
 __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
                                                     const floatX* q, const float* lse, const float* delta, GqaAttn a) {
     int nk = gqa_n_keys(a);
@@ -1008,8 +983,7 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
     const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + at;
     float kv[4], vv[4], dk[4], dv[4];
     #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        int c = lane + 32 * u;
+    for (int u = 0, c = lane; u < 4; u++, c += 32) {
         kv[u] = c < a.HS ? f32(kj[c]) : 0.0f;
         vv[u] = c < a.HS ? f32(vj[c]) : 0.0f;
         dk[u] = 0.0f;
@@ -1021,8 +995,7 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
             float l = lse[stat];
             if (l == ATTN_NO_KEY_LSE) {  // a query that sees no key: P = 1/nk everywhere, no dS
                 #pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    int c = lane + 32 * u;
+                for (int u = 0, c = lane; u < 4; u++, c += 32) {
                     if (c < a.HS) { dv[u] += uniform * f32(dout[row + c]); }
                 }
                 continue;
@@ -1030,8 +1003,7 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
             if (!gqa_sees(gqa_query_block(a, b, i), kb)) { continue; }
             float s = 0.0f, dp = 0.0f;
             #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                int c = lane + 32 * u;
+            for (int u = 0, c = lane; u < 4; u++, c += 32) {
                 if (c < a.HS) { s += f32(q[row + c]) * kv[u]; dp += f32(dout[row + c]) * vv[u]; }
             }
             s = warp_sum(s);
@@ -1039,8 +1011,7 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
             float p = expf(s * scale - l);
             float ds = p * (dp - delta[stat]) * scale;
             #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                int c = lane + 32 * u;
+            for (int u = 0, c = lane; u < 4; u++, c += 32) {
                 if (c < a.HS) { dv[u] += p * f32(dout[row + c]); dk[u] += ds * f32(q[row + c]); }
             }
         }
@@ -1048,446 +1019,30 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
     float* dkj = (j < a.Nk0 ? dk0 : dk1) + at;
     float* dvj = (j < a.Nk0 ? dv0 : dv1) + at;
     #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        int c = lane + 32 * u;
-        if (c < a.HS) { dkj[c] += dk[u]; dvj[c] += dv[u]; }
-    }
+    for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { dkj[c] += dk[u]; dvj[c] += dv[u]; } }
 }
 
 #if defined(ENABLE_FP16) || (defined(TESTING) && !defined(ENABLE_FP32))
-// Version 2: tensor cores through WMMA, for fp16 builds, whose GPUs (sm_70, sm_75) have no bf16
-// mma.sync for version 4 (TESTING: dev/cuda/attention_smolvla also times it in bf16 builds). A
-// block takes 64 queries (4 warps of 16 rows) of one (sample, head) and walks the keys 64 at a
-// time; head dims are padded with zeros to HSP. Scores go through shared memory, where row and
-// column are known (the layout of a WMMA fragment is not), for the mask and the online softmax;
-// the output accumulates there in fp32.
-#define ATT_TILE 64
-#define ATT_THREADS 128
-using namespace nvcuda;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, floatX, wmma::row_major> FragA;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::row_major> FragB;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::col_major> FragBt;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
-
-// One tile row's slice of a head, x128::size columns at a time when the head size allows it
-// (HS a multiple of x128::size: every 16 bytes of a row are aligned), else one by one; zeros
-// past HS, or for the whole row when there is no source row (src NULL).
-static __device__ __forceinline__ void load_tile_slice(floatX* dst, const floatX* src, int HS, int c) {
-    if (HS % x128::size == 0) {
-        x128 v;
-        if (src != nullptr && c < HS) {
-            v = load128(src + c);
-        } else {
-            #pragma unroll
-            for (int k = 0; k < x128::size; k++) { v.v[k] = fx(0.0f); }
-        }
-        store128(dst + c, v);
-    } else {
-        #pragma unroll
-        for (int k = 0; k < x128::size; k++) {
-            dst[c + k] = (src != nullptr && c + k < HS) ? src[c + k] : fx(0.0f);
-        }
-    }
-}
-
-// tile (ATT_TILE, HSP) <- rows first.. of one head of a (rows, D) tensor: zeros past n_rows and HS
-template <int HSP>
-static __device__ void load_query_tile(floatX* tile, const floatX* x, int b, int h, int first, int n_rows,
-                                       int HS, int D) {
-    const int packs = HSP / x128::size;
-    for (int e = threadIdx.x; e < ATT_TILE * packs; e += blockDim.x) {
-        int r = e / packs, c = e % packs * x128::size;
-        const floatX* src = first + r < n_rows ? x + ((size_t)b * n_rows + first + r) * D + (size_t)h * HS : nullptr;
-        load_tile_slice(tile + r * HSP, src, HS, c);
-    }
-}
-
-// out (16, 64) of this warp = A rows (16, HSP) times B rows (64, HSP) transposed: scores
-template <int HSP>
-static __device__ void warp_scores(float* out, const floatX* a_rows, const floatX* b_rows) {
-    #pragma unroll
-    for (int n = 0; n < ATT_TILE / 16; n++) {
-        FragC acc;
-        wmma::fill_fragment(acc, 0.0f);
-        #pragma unroll
-        for (int k = 0; k < HSP / 16; k++) {
-            FragA fa;
-            FragBt fb;
-            wmma::load_matrix_sync(fa, a_rows + k * 16, HSP);
-            wmma::load_matrix_sync(fb, b_rows + (size_t)n * 16 * HSP + k * 16, HSP);
-            wmma::mma_sync(acc, fa, fb, acc);
-        }
-        wmma::store_matrix_sync(out + n * 16, acc, ATT_TILE, wmma::mem_row_major);
-    }
-}
-
-// acc[n] += P (16, 64) of this warp times V (64, HSP), column block n
-template <int HSP>
-static __device__ void warp_accumulate(FragC* acc, const floatX* p_rows, const floatX* v) {
-    #pragma unroll
-    for (int n = 0; n < HSP / 16; n++) {
-        #pragma unroll
-        for (int k = 0; k < ATT_TILE / 16; k++) {
-            FragA fa;
-            FragB fb;
-            wmma::load_matrix_sync(fa, p_rows + k * 16, ATT_TILE);
-            wmma::load_matrix_sync(fb, v + (size_t)k * 16 * HSP + n * 16, HSP);
-            wmma::mma_sync(acc[n], fa, fb, acc[n]);
-        }
-    }
-}
-
-// Where a lane of version 2's lane pairs (a row each, lane / 2 of the warp's 16, a half of it each,
-// lane % 2) works at step k of its half's n columns: the steps are rotated by the row and the half,
-// so that at every step the warp's 32 lanes touch 32 different banks (the rows of S, P and O start
-// in the same bank)
-static __device__ __forceinline__ int att_rotated_col(int k, int lane, int n) {
-    int half = lane % 2;
-    return half * n + (k + lane / 2 + 16 * half) % n;
-}
-
-// tile (ATT_TILE, HSP) <- head g of keys (or values) first.. of sample b: zeros past nk and HS
-template <int HSP>
-static __device__ void gqa_load_key_tile(floatX* tile, const GqaAttn& a, const floatX* x0, const floatX* x1,
-                                         int b, int g, int first) {
-    const int packs = HSP / x128::size;
-    int nk = gqa_n_keys(a);
-    for (int e = threadIdx.x; e < ATT_TILE * packs; e += blockDim.x) {
-        int r = e / packs, c = e % packs * x128::size, j = first + r;
-        const floatX* src = j < nk ? (j < a.Nk0 ? x0 : x1) + gqa_key_at(a, b, j, g) : nullptr;
-        load_tile_slice(tile + r * HSP, src, a.HS, c);
-    }
-}
-
-// blk (ATT_TILE) <- the block ids of keys first.. (key_side) or queries first.. of sample b; -1
-// past the end, so that rows and columns that are not there see and are seen by nothing
-static __device__ void gqa_load_blocks(int* blk, const GqaAttn& a, int b, int first, bool key_side) {
-    for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x) {
-        int t = first + r;
-        if (key_side) {
-            blk[r] = t < gqa_n_keys(a) ? gqa_key_block(a, b, t) : -1;
-        } else {
-            blk[r] = t < a.Tq ? gqa_query_block(a, b, t) : -1;
-        }
-    }
-}
-
-// the largest v over the block, to every thread (blockDim.x a multiple of 32); shared: 32 ints
-static __device__ int block_max_int(int v, int* shared) {
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    for (int offset = 16; offset > 0; offset /= 2) { int o = __shfl_xor_sync(0xffffffffu, v, offset); v = o > v ? o : v; }
-    __syncthreads();  // the previous call's readers are done with shared
-    if (lane == 0) { shared[warp] = v; }
-    __syncthreads();
-    v = lane < n_warps ? shared[lane] : INT_MIN;
-    for (int offset = 16; offset > 0; offset /= 2) { int o = __shfl_xor_sync(0xffffffffu, v, offset); v = o > v ? o : v; }
-    return v;
-}
-
-// How many keys the query tile (block ids qblk, in shared memory) needs: one past the last key
-// that any of its queries sees. The keys after it are skipped: the joint layer's prefix rows stop
-// before the suffix, which they never see.
-static __device__ int gqa_key_end(const GqaAttn& a, int b, const int* qblk, int* shared) {
-    if (a.block == nullptr) { return gqa_n_keys(a); }
-    int qmax = -1, end = 0;
-    for (int r = 0; r < ATT_TILE; r++) { qmax = qblk[r] > qmax ? qblk[r] : qmax; }
-    for (int j = threadIdx.x; j < gqa_n_keys(a); j += blockDim.x) {
-        if (gqa_sees(qmax, gqa_key_block(a, b, j))) { end = j + 1; }
-    }
-    return block_max_int(end, shared);
-}
-
-// Q, K, V (64, HSP) floatX, P (64, 64) floatX, S (64, 64) and O (64, HSP) fp32, row max and sum, the
-// query and key block ids, 32 ints for block_max_int
-template <int HSP>
-static size_t gqa_attention_forward_smem2(void) {
-    return 3 * (size_t)ATT_TILE * HSP * 2 + (size_t)ATT_TILE * ATT_TILE * 2 + (size_t)ATT_TILE * ATT_TILE * 4 +
-           (size_t)ATT_TILE * HSP * 4 + 4 * ATT_TILE * 4 + 32 * 4;
-}
-
-// Version 2 forward: a block takes 64 queries of one (sample, head) and walks the keys of its kv
-// head 64 at a time, up to the last one the tile sees.
-template <int HSP>
-__global__ void __launch_bounds__(ATT_THREADS) gqa_attention_forward_kernel2(floatX* out, float* lse, const floatX* q,
-                                                                              GqaAttn a) {
-    extern __shared__ __align__(128) float att_smem[];
-    floatX* Qs = (floatX*)att_smem;    // (64, HSP)
-    floatX* Ks = Qs + ATT_TILE * HSP;  // (64, HSP)
-    floatX* Vs = Ks + ATT_TILE * HSP;  // (64, HSP)
-    floatX* Ps = Vs + ATT_TILE * HSP;  // (64, 64) probabilities
-    float* S = (float*)(Ps + ATT_TILE * ATT_TILE);   // (64, 64) scores
-    float* O = S + ATT_TILE * ATT_TILE;              // (64, HSP) unnormalized output
-    float* row_m = O + ATT_TILE * HSP;               // (64) running max
-    float* row_l = row_m + ATT_TILE;                 // (64) running sum
-    int* qblk = (int*)(row_l + ATT_TILE);            // (64) block ids of the queries
-    int* kblk = qblk + ATT_TILE;                     // (64) block ids of the key tile
-    int* scratch = kblk + ATT_TILE;                  // (32)
-    int i0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z;
-    int g = h / (a.NH / a.NKV), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int nk = gqa_n_keys(a), D = a.NH * a.HS;
-    float scale = 1.0f / sqrtf((float)a.HS);
-    load_query_tile<HSP>(Qs, q, b, h, i0, a.Tq, a.HS, D);
-    gqa_load_blocks(qblk, a, b, i0, false);
-    for (int e = threadIdx.x; e < ATT_TILE * HSP; e += blockDim.x) { O[e] = 0.0f; }
-    for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x) { row_m[r] = -INFINITY; row_l[r] = 0.0f; }
-    __syncthreads();
-    int key_end = gqa_key_end(a, b, qblk, scratch);
-    // each warp owns rows 16w..16w+15 of S, P, O; a lane pair owns one row, a half of it each
-    int r = warp * 16 + lane / 2, half = lane % 2, qb = qblk[r];
-    for (int j0 = 0; j0 < key_end; j0 += ATT_TILE) {
-        __syncthreads();  // the previous tile's K, V and block ids are no longer read
-        gqa_load_key_tile<HSP>(Ks, a, a.k0, a.k1, b, g, j0);
-        gqa_load_key_tile<HSP>(Vs, a, a.v0, a.v1, b, g, j0);
-        gqa_load_blocks(kblk, a, b, j0, true);
-        __syncthreads();
-        warp_scores<HSP>(S + warp * 16 * ATT_TILE, Qs + warp * 16 * HSP, Ks);
-        __syncwarp();
-        float* srow = S + r * ATT_TILE;
-        float tile_max = -INFINITY;
-        for (int k = 0; k < 32; k++) {
-            int c = att_rotated_col(k, lane, 32);
-            float s = gqa_sees(qb, kblk[c]) ? srow[c] * scale : -INFINITY;  // masked: exactly 0 below
-            srow[c] = s;
-            tile_max = fmaxf(tile_max, s);
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        float m_old = row_m[r], m_new = fmaxf(m_old, tile_max);
-        float m_ref = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: exp gives 0, not NaN
-        float psum = 0.0f;
-        for (int k = 0; k < 32; k++) {
-            int c = att_rotated_col(k, lane, 32);
-            float p = expf(srow[c] - m_ref);
-            Ps[r * ATT_TILE + c] = fx(p);
-            psum += p;
-        }
-        psum += __shfl_xor_sync(0xffffffffu, psum, 1);
-        float corr = expf(m_old - m_ref);
-        for (int k = 0; k < HSP / 2; k++) { O[r * HSP + att_rotated_col(k, lane, HSP / 2)] *= corr; }
-        __syncwarp();  // both lanes of the pair have read row_m, row_l
-        if (half == 0) {
-            row_m[r] = m_new;
-            row_l[r] = row_l[r] * corr + psum;
-        }
-        __syncwarp();
-        FragC acc[HSP / 16];
-        #pragma unroll
-        for (int n = 0; n < HSP / 16; n++) {
-            wmma::load_matrix_sync(acc[n], O + warp * 16 * HSP + n * 16, HSP, wmma::mem_row_major);
-        }
-        warp_accumulate<HSP>(acc, Ps + warp * 16 * ATT_TILE, Vs);
-        #pragma unroll
-        for (int n = 0; n < HSP / 16; n++) {
-            wmma::store_matrix_sync(O + warp * 16 * HSP + n * 16, acc[n], HSP, wmma::mem_row_major);
-        }
-        __syncwarp();
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < ATT_TILE * a.HS; e += blockDim.x) {
-        int rr = e / a.HS, c = e % a.HS;
-        if (i0 + rr >= a.Tq) { continue; }
-        float o;
-        if (row_l[rr] > 0.0f) {
-            o = O[rr * HSP + c] / row_l[rr];
-        } else {  // no key visible: the uniform softmax of the fills, the mean of every value
-            o = 0.0f;
-            for (int j = 0; j < nk; j++) { o += f32(((j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g))[c]); }
-            o /= (float)nk;
-        }
-        out[((size_t)b * a.Tq + i0 + rr) * D + (size_t)h * a.HS + c] = fx(o);
-    }
-    for (int rr = threadIdx.x; rr < ATT_TILE; rr += blockDim.x) {
-        if (i0 + rr < a.Tq) {
-            lse[((size_t)b * a.NH + h) * a.Tq + i0 + rr] = row_l[rr] > 0.0f ? row_m[rr] + logf(row_l[rr]) : ATTN_NO_KEY_LSE;
-        }
-    }
-}
-
-// both backward kernels: four (64, HSP) floatX tiles, two (64, 64) floatX and two (64, 64) fp32,
-// two rows of statistics, two of block ids, 32 ints for block_max_int
-template <int HSP>
-static size_t gqa_attention_backward_smem2(void) {
-    return 4 * (size_t)ATT_TILE * HSP * 2 + 2 * (size_t)ATT_TILE * ATT_TILE * 2 + 2 * (size_t)ATT_TILE * ATT_TILE * 4 +
-           4 * ATT_TILE * 4 + 32 * 4;
-}
-
-// Version 2 backward, query side: dq = scale dS K for 64 queries per block, key tile by key tile
-// up to the last key the tile sees; dq overwritten (0 for a query that sees no key).
-template <int HSP>
-__global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dq_kernel2(floatX* dq, const floatX* dout,
-                                                                                  const floatX* q, const float* lse,
-                                                                                  const float* delta, GqaAttn a) {
-    extern __shared__ __align__(128) float att_smem[];
-    floatX* Qs = (floatX*)att_smem;     // (64, HSP)
-    floatX* dOs = Qs + ATT_TILE * HSP;  // (64, HSP)
-    floatX* Ks = dOs + ATT_TILE * HSP;  // (64, HSP)
-    floatX* Vs = Ks + ATT_TILE * HSP;   // (64, HSP)
-    floatX* dSs = Vs + ATT_TILE * HSP;  // (64, 64)
-    float* S = (float*)(dSs + ATT_TILE * ATT_TILE);  // (64, 64)
-    float* dP = S + ATT_TILE * ATT_TILE;             // (64, 64)
-    float* row_lse = dP + ATT_TILE * ATT_TILE;
-    float* row_delta = row_lse + ATT_TILE;
-    int* qblk = (int*)(row_delta + ATT_TILE);
-    int* kblk = qblk + ATT_TILE;
-    int* scratch = kblk + ATT_TILE;
-    int i0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z;
-    int g = h / (a.NH / a.NKV), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int D = a.NH * a.HS;
-    float scale = 1.0f / sqrtf((float)a.HS);
-    load_query_tile<HSP>(Qs, q, b, h, i0, a.Tq, a.HS, D);
-    load_query_tile<HSP>(dOs, dout, b, h, i0, a.Tq, a.HS, D);
-    gqa_load_blocks(qblk, a, b, i0, false);
-    for (int rr = threadIdx.x; rr < ATT_TILE; rr += blockDim.x) {
-        size_t stat = ((size_t)b * a.NH + h) * a.Tq + i0 + rr;
-        row_lse[rr] = i0 + rr < a.Tq ? lse[stat] : 0.0f;
-        row_delta[rr] = i0 + rr < a.Tq ? delta[stat] : 0.0f;
-    }
-    __syncthreads();
-    int key_end = gqa_key_end(a, b, qblk, scratch);
-    FragC acc[HSP / 16];
-    #pragma unroll
-    for (int n = 0; n < HSP / 16; n++) { wmma::fill_fragment(acc[n], 0.0f); }
-    int r = warp * 16 + lane / 2, qb = qblk[r];  // a lane pair a row, half of it each (att_rotated_col)
-    for (int j0 = 0; j0 < key_end; j0 += ATT_TILE) {
-        __syncthreads();
-        gqa_load_key_tile<HSP>(Ks, a, a.k0, a.k1, b, g, j0);
-        gqa_load_key_tile<HSP>(Vs, a, a.v0, a.v1, b, g, j0);
-        gqa_load_blocks(kblk, a, b, j0, true);
-        __syncthreads();
-        warp_scores<HSP>(S + warp * 16 * ATT_TILE, Qs + warp * 16 * HSP, Ks);
-        warp_scores<HSP>(dP + warp * 16 * ATT_TILE, dOs + warp * 16 * HSP, Vs);
-        __syncwarp();
-        for (int k = 0; k < 32; k++) {
-            int c = att_rotated_col(k, lane, 32);
-            float ds = 0.0f;
-            if (gqa_sees(qb, kblk[c])) {
-                float p = expf(S[r * ATT_TILE + c] * scale - row_lse[r]);
-                ds = p * (dP[r * ATT_TILE + c] - row_delta[r]) * scale;
-            }
-            dSs[r * ATT_TILE + c] = fx(ds);
-        }
-        __syncwarp();
-        warp_accumulate<HSP>(acc, dSs + warp * 16 * ATT_TILE, Ks);
-    }
-    __syncthreads();
-    float* stage = S;  // (64, HSP) fp32 over S and dP, free now
-    #pragma unroll
-    for (int n = 0; n < HSP / 16; n++) {
-        wmma::store_matrix_sync(stage + warp * 16 * HSP + n * 16, acc[n], HSP, wmma::mem_row_major);
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < ATT_TILE * a.HS; e += blockDim.x) {
-        int rr = e / a.HS, c = e % a.HS;
-        if (i0 + rr < a.Tq) { dq[((size_t)b * a.Tq + i0 + rr) * D + (size_t)h * a.HS + c] = fx(stage[rr * HSP + c]); }
-    }
-}
-
-// Version 2 backward, key side: dv += P^T dO and dk += scale dS^T Q for 64 keys of one kv head
-// per block (4 warps of 16 keys), over the NH / NKV query heads that read it, query tile by query
-// tile in a fixed order; every key row is written by one block only, accumulating into fp32.
-template <int HSP>
-__global__ void __launch_bounds__(ATT_THREADS) gqa_attention_backward_dkdv_kernel2(float* dk0, float* dv0, float* dk1,
-                                                                                    float* dv1, const floatX* dout,
-                                                                                    const floatX* q, const float* lse,
-                                                                                    const float* delta, GqaAttn a) {
-    extern __shared__ __align__(128) float att_smem[];
-    floatX* Ks = (floatX*)att_smem;          // (64 keys, HSP)
-    floatX* Vs = Ks + ATT_TILE * HSP;
-    floatX* Qs = Vs + ATT_TILE * HSP;        // (64 queries, HSP)
-    floatX* dOs = Qs + ATT_TILE * HSP;
-    floatX* Pt = dOs + ATT_TILE * HSP;       // (64 keys, 64 queries)
-    floatX* dSt = Pt + ATT_TILE * ATT_TILE;
-    float* St = (float*)(dSt + ATT_TILE * ATT_TILE);  // (64 keys, 64 queries)
-    float* dPt = St + ATT_TILE * ATT_TILE;
-    float* q_lse = dPt + ATT_TILE * ATT_TILE;
-    float* q_delta = q_lse + ATT_TILE;
-    int* qblk = (int*)(q_delta + ATT_TILE);
-    int* kblk = qblk + ATT_TILE;
-    int j0 = blockIdx.x * ATT_TILE, g = blockIdx.y, b = blockIdx.z;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int nk = gqa_n_keys(a), D = a.NH * a.HS, G = a.NH / a.NKV;
-    float scale = 1.0f / sqrtf((float)a.HS), uniform = 1.0f / (float)nk;
-    gqa_load_key_tile<HSP>(Ks, a, a.k0, a.k1, b, g, j0);
-    gqa_load_key_tile<HSP>(Vs, a, a.v0, a.v1, b, g, j0);
-    gqa_load_blocks(kblk, a, b, j0, true);
-    FragC acc_dk[HSP / 16], acc_dv[HSP / 16];
-    #pragma unroll
-    for (int n = 0; n < HSP / 16; n++) { wmma::fill_fragment(acc_dk[n], 0.0f); wmma::fill_fragment(acc_dv[n], 0.0f); }
-    int r = warp * 16 + lane / 2, j = j0 + r;  // a lane pair a key row, half of it each (att_rotated_col)
-    for (int h = g * G; h < (g + 1) * G; h++) {
-        for (int i0 = 0; i0 < a.Tq; i0 += ATT_TILE) {
-            __syncthreads();  // the previous tile's Q, dO and statistics are no longer read
-            load_query_tile<HSP>(Qs, q, b, h, i0, a.Tq, a.HS, D);
-            load_query_tile<HSP>(dOs, dout, b, h, i0, a.Tq, a.HS, D);
-            gqa_load_blocks(qblk, a, b, i0, false);
-            for (int cc = threadIdx.x; cc < ATT_TILE; cc += blockDim.x) {
-                size_t stat = ((size_t)b * a.NH + h) * a.Tq + i0 + cc;
-                q_lse[cc] = i0 + cc < a.Tq ? lse[stat] : 0.0f;
-                q_delta[cc] = i0 + cc < a.Tq ? delta[stat] : 0.0f;
-            }
-            __syncthreads();
-            int kb = kblk[r];
-            warp_scores<HSP>(St + warp * 16 * ATT_TILE, Ks + warp * 16 * HSP, Qs);
-            warp_scores<HSP>(dPt + warp * 16 * ATT_TILE, Vs + warp * 16 * HSP, dOs);
-            __syncwarp();
-            for (int k = 0; k < 32; k++) {
-                int c = att_rotated_col(k, lane, 32);
-                float p = 0.0f, ds = 0.0f;
-                if (j < nk && i0 + c < a.Tq) {
-                    if (q_lse[c] == ATTN_NO_KEY_LSE) {  // a query that sees no key: P = 1/nk, no dS
-                        p = uniform;
-                    } else if (gqa_sees(qblk[c], kb)) {
-                        p = expf(St[r * ATT_TILE + c] * scale - q_lse[c]);
-                        ds = p * (dPt[r * ATT_TILE + c] - q_delta[c]) * scale;
-                    }
-                }
-                Pt[r * ATT_TILE + c] = fx(p);
-                dSt[r * ATT_TILE + c] = fx(ds);
-            }
-            __syncwarp();
-            warp_accumulate<HSP>(acc_dv, Pt + warp * 16 * ATT_TILE, dOs);
-            warp_accumulate<HSP>(acc_dk, dSt + warp * 16 * ATT_TILE, Qs);
-        }
-    }
-    float* stage = St;  // (64, HSP) fp32 over St and dP^T
-    for (int which = 0; which < 2; which++) {
-        __syncthreads();
-        #pragma unroll
-        for (int n = 0; n < HSP / 16; n++) {
-            wmma::store_matrix_sync(stage + warp * 16 * HSP + n * 16, which == 0 ? acc_dk[n] : acc_dv[n], HSP,
-                                    wmma::mem_row_major);
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < ATT_TILE * a.HS; e += blockDim.x) {
-            int rr = e / a.HS, c = e % a.HS, jj = j0 + rr;
-            if (jj >= nk) { continue; }
-            float* dst = which == 0 ? (jj < a.Nk0 ? dk0 : dk1) : (jj < a.Nk0 ? dv0 : dv1);
-            dst[gqa_key_at(a, b, jj, g) + c] += stage[rr * HSP + c];
-        }
-    }
-}
-#endif  // version 2
+// fp16 GPUs (sm_70, sm_75) have no bf16 mma.sync for version 4: version 2 runs on WMMA instead
+#include "vla/attention_wmma.cuh"
+#endif
 
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-// Version 4 (bf16 builds; every call at head sizes that are multiples of 8 up to 64, the masked
-// GQA calls of the language stacks as the vision tower's): flash attention on the tensor cores through mma.sync (PTX's m16n8k16: bf16 operands, fp32
-// accumulators). PTX documents which lane holds which element of its fragments (WMMA does not), so
-// scores, probabilities and outputs stay in registers: no score reaches shared or global memory,
-// and no buffer of scores is needed. A block of 4 warps owns 64 rows (16 a warp; the forward's
-// training calls 128, 32 a warp) held as operand fragments in registers; the other side streams
-// through shared memory 64 rows at a time, two stages of cp.async. In a 16x8 accumulator, lane 4 g + t holds rows g and g + 8 at columns 2t
-// and 2t + 1: the four lanes of a quad share a row, so a row's max or sum takes two shuffles, and
-// the accumulators of two neighbouring 8-column tiles are, rounded to bf16, the A operand of the
-// next product over those 16 columns. The forward keeps the log-sum-exp; the backward recomputes
-// P from it in two kernels, one for dq (64 queries a block, over the keys) and one for dk and dv
-// (64 keys a block, over the queries), each output row written by one block: no atomics.
+// Version 4 (bf16 builds, head sizes multiples of 8 up to 64): flash attention through mma.sync
+// m16n8k16 (bf16 operands, fp32 accumulators). PTX documents which lane holds which element of a
+// fragment (WMMA does not), so scores, probabilities and outputs stay in registers. A block of 4
+// warps owns 64 rows (16 a warp; 128 in the forward's large calls) as operand fragments; the other
+// side streams through shared memory 64 rows at a time, two stages of cp.async. In a 16x8
+// accumulator lane 4 g + t holds rows g and g + 8 at columns 2t and 2t + 1: a row's max or sum is
+// two shuffles over a quad, and two neighbouring 8-column tiles, rounded to bf16, are the A operand
+// of the next product. The backward recomputes P from the lse in two kernels, dq (64 queries a
+// block) and dk/dv (64 keys a block), each output row written by one block: no atomics.
 #define ATT4_ROWS 64
 #define ATT4_THREADS 128
-// Blocks a multiprocessor holds of the unmasked dk/dv kernel (the vision tower's): three of 128
-// threads need at most 168 registers a thread (ptxas gives it 178 left to itself, two blocks),
-// which costs three spilled values, reloaded once a query tile from L1
+// unmasked dk/dv blocks a multiprocessor holds: 3, not ptxas's 2 at 178 registers (three spill to L1)
 #define ATT4_DKDV_BLOCKS 3
 
-// two neighbouring floatX as one register (store_x2 stores it, 4-byte aligned), the first in the low half
+// two neighbouring floatX as one register (what store_x2 stores), the first in the low half
 static __device__ __forceinline__ uint32_t pack_f2(float lo, float hi) {
     floatX x[2] = {fx(lo), fx(hi)};
     uint16_t l, h;
@@ -1496,10 +1051,9 @@ static __device__ __forceinline__ uint32_t pack_f2(float lo, float hi) {
     return (uint32_t)l | (uint32_t)h << 16;
 }
 
-// tile (64, HSP + 8) <- rows first.. of one head of a tensor (row stride D elements) of n_rows
-// rows, by cp.async, and past them the rows of a second one (head1, n_rows1 rows: the joint
-// layer's keys live in two tensors); zeros past both and past HS (a multiple of 8: whole 16-byte
-// pieces). The row stride of HSP + 8 puts the 8 rows a fragment reads in different banks.
+// tile (64, HSP + 8) <- rows first.. of one head (row stride D) of n_rows rows by cp.async, then
+// those of a second tensor (head1, n_rows1: the joint layer's keys); zeros past both and past HS.
+// The row stride HSP + 8 puts the 8 rows a fragment reads in different banks.
 template <int HSP>
 static __device__ void att4_load_tile(floatX* tile, const floatX* head, int first, int n_rows, int HS, size_t D,
                                       const floatX* head1 = NULL, int n_rows1 = 0) {
@@ -1520,30 +1074,26 @@ static __device__ void att4_load_tile(floatX* tile, const floatX* head, int firs
     }
 }
 
-// Fragments from a row-major floatX tile at p (row stride ld elements, 16-byte aligned rows):
-// the A operand (16x16): its four 8x8 quarters in the order of a[0..3] (rows 0-7 and 8-15 of
-// columns 0-7, then of columns 8-15)
+// Fragments from a row-major floatX tile at p (row stride ld): the A operand (16x16), its 8x8
+// quarters in a[0..3]'s order (rows 0-7 and 8-15 of columns 0-7, then of columns 8-15)
 static __device__ __forceinline__ void att4_frag_a(uint32_t* a, const floatX* p, int ld) {
     int l = threadIdx.x % 32, m = l / 8;
     ldsm_x4<false>(a, p + (l % 8 + 8 * (m % 2)) * ld + 8 * (m / 2));
 }
 // the B operands (16x8) of two neighbouring 8-column tiles whose columns are the tile's rows,
-// B(k, n) = p[n ld + k]: b[0..1] for columns 0-7, b[2..3] for 8-15 (rows 0-7 of the tile at
-// columns 0-7 and 8-15, then rows 8-15)
+// B(k, n) = p[n ld + k]: b[0..1] for columns 0-7, b[2..3] for 8-15
 static __device__ __forceinline__ void att4_frag_b2_rows(uint32_t* b, const floatX* p, int ld) {
     int l = threadIdx.x % 32, m = l / 8;
     ldsm_x4<false>(b, p + (l % 8 + 8 * (m / 2)) * ld + 8 * (m % 2));
 }
-// the same pair held as the tile holds it, B(k, n) = p[k ld + n]: transposed loads of rows 0-7 and
-// 8-15 at columns 0-7, then at columns 8-15
+// the same pair as the tile holds it, B(k, n) = p[k ld + n]: transposed loads
 static __device__ __forceinline__ void att4_frag_b2_cols(uint32_t* b, const floatX* p, int ld) {
     int l = threadIdx.x % 32, m = l / 8;
     ldsm_x4<true>(b, p + (l % 8 + 8 * (m % 2)) * ld + 8 * (m / 2));
 }
 
 // s[mt] (16 x 64) = A[mt] (16 x HSP, fragments af[mt]) times the tile's 64 rows transposed, for MT
-// row tiles of 16 at once: each B fragment loaded serves all MT (the forward's 32 rows a warp halve
-// the shared-memory loads per product)
+// row tiles at once: each B fragment loaded serves all MT
 template <int HSP, int MT = 1>
 static __device__ __forceinline__ void att4_products(float (*s)[ATT4_ROWS / 8][4], const uint32_t (*af)[HSP / 16][4],
                                                      const floatX* tile) {
@@ -1568,9 +1118,8 @@ static __device__ __forceinline__ void att4_products(float (*s)[ATT4_ROWS / 8][4
     }
 }
 
-// The same for one row tile whose A fragments are read from shared memory (the warp's 16 rows at
-// a, row stride HSP + 8) a k step at a time: four registers live where af holds HSP / 4, for the
-// dk/dv kernel, whose key and value fragments would otherwise stay live through every step
+// The same for one row tile whose A fragments are read from shared memory (16 rows at a) a k step
+// at a time: four registers live instead of HSP / 4 (the dk/dv kernel's register budget)
 template <int HSP>
 static __device__ __forceinline__ void att4_products_smem(float (*s)[4], const floatX* a, const floatX* tile) {
     const int LD = HSP + 8;
@@ -1590,8 +1139,7 @@ static __device__ __forceinline__ void att4_products_smem(float (*s)[4], const f
     }
 }
 
-// acc[mt] (16 x HSP) += P[mt] (16 x 64: the accumulators p[mt], rounded to floatX) times the tile
-// (64 x HSP), for MT row tiles at once
+// acc[mt] (16 x HSP) += P[mt] (16 x 64: accumulators p[mt] rounded to floatX) times the tile (64 x HSP)
 template <int HSP, int MT = 1>
 static __device__ __forceinline__ void att4_accumulate(float (*acc)[HSP / 8][4], const float (*p)[ATT4_ROWS / 8][4],
                                                        const floatX* tile) {
@@ -1633,9 +1181,8 @@ static __device__ __forceinline__ float quad_sum(float v) {
 
 #define LOG2E_F 1.4426950408889634f
 
-// shared memory of every version 4 kernel: six (64, HSP + 8) floatX tiles, two stages of 64
-// log-sum-exps and deltas (the dk/dv kernel's), then two stages of the streamed side's 64 block ids
-// (masked calls)
+// shared memory of every version 4 kernel: six (64, HSP + 8) floatX tiles, two stages of 64 lse
+// and delta (dk/dv), two stages of the streamed side's 64 block ids (masked calls)
 template <int HSP>
 static size_t gqa_attention_smem4(void) {
     return 6 * (size_t)ATT4_ROWS * (HSP + 8) * sizeof(floatX) + 4 * ATT4_ROWS * sizeof(float) + 2 * ATT4_ROWS * sizeof(int);
@@ -1646,8 +1193,7 @@ static __device__ __forceinline__ int* att4_block_ids(float* smem) {
     return (int*)((floatX*)smem + 6 * ATT4_ROWS * (HSP + 8) + 8 * ATT4_ROWS);
 }
 
-// The block ids of tokens first.. (64; keys: token j, queries: token q0 + i) of sample b into ids
-// (a masked call's; -1 past n: a pad, which neither sees nor is seen)
+// ids (64) <- block ids of rows first.. of sample b (token offset + row); -1 past n: seen by nothing
 static __device__ __forceinline__ void att4_load_block_ids(int* ids, const GqaAttn& a, int b, int first, int offset,
                                                            int n) {
     for (int i = threadIdx.x; i < ATT4_ROWS; i += blockDim.x) {
@@ -1661,10 +1207,8 @@ static __device__ __forceinline__ const floatX* att4_head(const floatX* x, int b
     return x + (size_t)b * rows * D + (size_t)h * HS;
 }
 
-// The streamed side's tile `next` (of n_tiles, 64 rows each) of two tensors, into stage next % 2 of
-// `stages` (two (64, HSP + 8) tiles a stage: x's, then y's) and committed, where there is one. The
-// stage was last read two steps before, which the barrier ending each step has retired.
-// (x1, y1: n_rows1 rows more, as att4_load_tile takes them)
+// Tile `next` of n_tiles of x and y (x1, y1: n_rows1 rows more) into stage next % 2 of `stages`
+// (x's tile, then y's), committed; that stage was last read two steps ago, before a barrier.
 template <int HSP>
 static __device__ __forceinline__ void att4_prefetch(floatX* stages, const floatX* x, const floatX* y, int next,
                                                      int n_tiles, int n_rows, int HS, size_t D, const floatX* x1 = NULL,
@@ -1677,8 +1221,7 @@ static __device__ __forceinline__ void att4_prefetch(floatX* stages, const float
     cp_async_commit();
 }
 
-// kv head g of sample b: where its row 0 starts in the first key tensor (k0 or v0) and in the
-// second (k1 or v1; NULL without one)
+// kv head g of sample b: its row 0 in the first key tensor (k0, v0) and in the second (NULL: none)
 static __device__ __forceinline__ const floatX* att4_kv0(const floatX* x, const GqaAttn& a, int b, int g) {
     return x + (size_t)b * a.Nk0 * a.NKV * a.HS + (size_t)g * a.HS;
 }
@@ -1686,9 +1229,8 @@ static __device__ __forceinline__ const floatX* att4_kv1(const floatX* x, const 
     return a.Nk1 > 0 ? x + (size_t)b * a.Nk1 * a.NKV * a.HS + (size_t)g * a.HS : NULL;
 }
 
-// The forward's and the dq kernel's key tile `next` (of n_tiles) of kv head g of sample b: its keys
-// and values (from either key tensor) into stage next % 2 of KV, committed, and for a masked call
-// their block ids into stage next % 2 of kblk (64 ints a stage)
+// key tile `next` of kv head g of sample b: keys and values into stage next % 2 of KV, and
+// (masked) their block ids into stage next % 2 of kblk
 template <int HSP, bool MASK>
 static __device__ __forceinline__ void att4_prefetch_keys(floatX* KV, int* kblk, const GqaAttn& a, int b, int g,
                                                           int next, int n_tiles) {
@@ -1698,9 +1240,8 @@ static __device__ __forceinline__ void att4_prefetch_keys(floatX* KV, int* kblk,
     if (MASK) { att4_load_block_ids(kblk + (next % 2) * ATT4_ROWS, a, b, next * ATT4_ROWS, 0, gqa_n_keys(a)); }
 }
 
-// The mean of every value (keys 0 .. nk-1 of kv head g of sample b) at this lane's columns of a
-// row, the output of a query that sees no key (LeRobot's uniform softmax over the fills), into
-// acc (HSP / 8 x 2: columns 8 n + 2 t and the next)
+// acc's row r (this lane's columns 8 n + 2 t and the next) <- the mean of all nk values of kv head
+// g: the output of a query that sees no key
 template <int HSP>
 static __device__ void att4_mean_values(float (*acc)[4], int r, const GqaAttn& a, int b, int g) {
     int t = threadIdx.x % 4, nk = gqa_n_keys(a);
@@ -1720,8 +1261,8 @@ static __device__ void att4_mean_values(float (*acc)[4], int r, const GqaAttn& a
     }
 }
 
-// A warp's 16 rows of accumulators acc (16 x HSP) into rows row0.. of a head (row stride D) as
-// floatX, row g times mul[0] and row g + 8 times mul[1]; rows from T on are not there
+// a warp's accumulators acc (16 x HSP) into rows row0.. (below T) of a head as floatX, rows g and
+// g + 8 times mul[0] and mul[1]
 template <int HSP>
 static __device__ __forceinline__ void att4_store_rows(floatX* head, const float (*acc)[4], int row0, int T, int HS,
                                                        size_t D, const float* mul) {
@@ -1738,16 +1279,13 @@ static __device__ __forceinline__ void att4_store_rows(floatX* head, const float
     }
 }
 
-// Whether key tile jt of N keys has scores that are not there: every tile of a masked call, the
-// last one where N is not a multiple of 64; the vision tower's tiles (N = 1,024) have none and take
-// the kernels' copies without the mask (the same branch for the whole block)
+// whether key tile jt has scores to mask: every tile of a masked call, else only a last partial one
+// (vision's N = 1,024 has none; the branch is uniform over the block)
 template <bool MASK>
 static __device__ __forceinline__ bool att4_has_holes(int jt, int N) { return MASK || (jt + 1) * ATT4_ROWS > N; }
 
-// A warp's scores of a row tile (s: this lane's rows g and g + 8 at columns 8 j + 2 t and the
-// next) on the key tile from key0: -inf where the query does not see the key (MASK: the block
-// mask, query block ids qb for the two rows, the keys' kb; unmasked: the keys from N on), which
-// the exponentials then take to 0
+// s (this lane's rows g, g + 8 at columns 8 j + 2 t and the next) <- -inf where the query does not
+// see the key (MASK: block ids qb of the rows, kb of the keys; else keys from N on): exp gives 0
 template <bool MASK>
 static __device__ __forceinline__ void att4_mask_scores(float (*s)[4], const int* qb, const int* kb, int key0, int N) {
     int t = threadIdx.x % 4;
@@ -1762,11 +1300,9 @@ static __device__ __forceinline__ void att4_mask_scores(float (*s)[4], const int
     }
 }
 
-// The forward's online softmax over one key tile for a warp's row tile: s (16 x 64, this lane's
-// part) from scores to unnormalized probabilities 2^(s sl2 - m), m (rows g and g + 8: the largest
-// scaled score so far, -inf before any) and l (this lane's part of the sum) brought up to date, and
-// o (16 x HSP) rescaled to the new m. HOLES: first set the scores that are not there to -inf
-// (masked, or past N), which gives them 0.
+// The online softmax over one key tile: s (16 x 64) from scores to 2^(s sl2 - m), with m (rows g,
+// g + 8: the largest scaled score so far) and l (this lane's part of the sum) updated and o
+// rescaled by 2^(m_old - m_new); HOLES: mask first.
 template <int HSP, bool MASK, bool HOLES>
 static __device__ __forceinline__ void att4_online_softmax(float (*s)[4], float (*o)[4], float* m, float* l, float sl2,
                                                            const int* qb, const int* kb, int key0, int N) {
@@ -1779,7 +1315,7 @@ static __device__ __forceinline__ void att4_online_softmax(float (*s)[4], float 
     }
     float corr[2], base[2];
     #pragma unroll
-    for (int r = 0; r < 2; r++) {  // (a row that has seen no key yet keeps m = -inf: base 0)
+    for (int r = 0; r < 2; r++) {  // (no key seen yet: m stays -inf, base 0, no NaN)
         float mnew = fmaxf(m[r], quad_max(mx[r]) * sl2);
         base[r] = mnew == -INFINITY ? 0.0f : mnew;
         corr[r] = fast_exp2(m[r] - base[r]);
@@ -1801,12 +1337,10 @@ static __device__ __forceinline__ void att4_online_softmax(float (*s)[4], float 
     }
 }
 
-// Version 4 forward: a block takes 64 MT queries of one (sample, head), 16 MT a warp (MT row tiles
-// of 16: warp w owns rows 16 w.. of each 64-row slab), and every key of its kv head, 64 at a time,
-// with the online softmax in base 2 (scores times log2(e) / sqrt(HS)); out and lse overwritten. MT
-// = 2 shares every key and value fragment between two row tiles (training's many blocks); MT = 1
-// keeps more blocks for small calls (inference's one or two images). MASK: the call's block mask
-// (a key tile's block ids stream with it); a row that sees no key takes the mean of the values.
+// Version 4 forward: a block takes 64 MT queries of one (sample, head) (warp w: rows 16 w.. of each
+// 64-row slab) over every key of its kv head, the softmax in base 2 (scores times log2(e) /
+// sqrt(HS)); out and lse overwritten. MT = 2 shares each key fragment between two row tiles (large
+// calls); MT = 1 keeps small calls' blocks many. A row that sees no key takes the mean of the values.
 template <int HSP, int MT, bool MASK>
 __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(floatX* out, float* lse, const floatX* q,
                                                                               GqaAttn a) {
@@ -1889,9 +1423,8 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
     }
 }
 
-// The dq kernel's dS over S (16 x 64: s, this lane's part) from the scores s and dP = dO V^T (dp):
-// P = 2^(s sl2 - lse2) of rows g and g + 8, 0 where a score is not there (HOLES: masked, or past
-// N); lse2 +inf (a row past T, or one that sees no key) gives P = 0 too
+// s <- dS / scale = P (dP - delta), P = 2^(s sl2 - lse2): 0 where masked (HOLES) or lse2 = +inf
+// (past T, or no key seen)
 template <bool MASK, bool HOLES>
 static __device__ __forceinline__ void att4_dq_scores(float (*s)[4], const float (*dp)[4], const float* lse2,
                                                       const float* dl, float sl2, const int* qb, const int* kb,
@@ -1904,9 +1437,8 @@ static __device__ __forceinline__ void att4_dq_scores(float (*s)[4], const float
     }
 }
 
-// Version 4 backward, query side: dq = scale dS K for 64 queries of one (sample, head) a block,
-// over every key of its kv head; dS = P (dP - delta), P = exp(scale S - lse), dP = dO V^T. dq
-// overwritten (0 for a query that sees no key: the fills pass no gradient).
+// Version 4 backward, query side: dq = scale dS K for 64 queries of one (sample, head) a block, over
+// every key of its kv head; dq overwritten (0 where no key is seen).
 template <int HSP, bool MASK>
 __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel4(floatX* dq, const floatX* dout,
                                                                                   const floatX* q, const float* lse,
@@ -1968,9 +1500,8 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
     att4_store_rows<HSP>((floatX*)att4_head(dq, b, T, h, HS, D), acc, i0 + warp * 16, T, HS, D, mul);
 }
 
-// the dk/dv kernel's statistics of query tile `tile` of head h: 64 log-sum-exps in base 2 (+inf
-// past T, where P is 0; -inf for a query that sees no key, whose P is uniform), then 64 deltas (0
-// past T)
+// st <- query tile `tile`'s 64 lse in base 2 (+inf past T: P = 0; -inf where no key is seen: P
+// uniform), then its 64 deltas
 static __device__ __forceinline__ void att4_load_stats(float* st, const float* lse_h, const float* delta_h, int tile,
                                                        int T) {
     for (int i = threadIdx.x; i < ATT4_ROWS; i += blockDim.x) {
@@ -1981,13 +1512,10 @@ static __device__ __forceinline__ void att4_load_stats(float* st, const float* l
     }
 }
 
-// Version 4 backward, key side: dv += P^T dO and dk += scale dS^T Q for 64 keys of one (sample, kv
-// head) a block, over every query of the query heads that read it (the GQA group, one after
-// another); the products run on the transposes (S^T = K Q^T, dP^T = V dO^T), so the keys are the
-// rows the warps own. Keys below Nk0 land in dk0/dv0, the others in dk1/dv1 (fp32, accumulated);
-// or, given dkx and dvx (a call with one key tensor), in those as floatX, overwritten: the bits the
-// fp32 sums from zero would have, converted. A query that sees no key adds dO / nk to every key's
-// dv and nothing to dk.
+// Version 4 backward, key side: dv += P^T dO, dk += scale dS^T Q for 64 keys of one (sample, kv
+// head) a block, over every query of its GQA group; the products run on the transposes (S^T = K
+// Q^T), so the warps own key rows. Results accumulate in dk0/dv0 and dk1/dv1 (fp32), or with
+// dkx/dvx (one key tensor) are written there as floatX. A query that sees no key adds dO / nk to dv.
 template <int HSP, bool MASK>
 __global__ void __launch_bounds__(ATT4_THREADS, MASK ? 1 : ATT4_DKDV_BLOCKS) gqa_attention_backward_dkdv_kernel4(
     float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout, const floatX* q, const float* lse,
@@ -2005,13 +1533,13 @@ __global__ void __launch_bounds__(ATT4_THREADS, MASK ? 1 : ATT4_DKDV_BLOCKS) gqa
     size_t D = (size_t)a.NH * HS, Dkv = (size_t)a.NKV * HS;
     att4_load_tile<HSP>(Ks, att4_kv0(a.k0, a, b, kvh), j0, a.Nk0, HS, Dkv, att4_kv1(a.k1, a, b, kvh), a.Nk1);
     att4_load_tile<HSP>(Vs, att4_kv0(a.v0, a, b, kvh), j0, a.Nk0, HS, Dkv, att4_kv1(a.v1, a, b, kvh), a.Nk1);
-    // the steps: query tile `it` of the group's head kvh G + u at step u n_qt + it
+    // step u n_qt + it: query tile it of the group's head kvh G + u
     int n_qt = (T + ATT4_ROWS - 1) / ATT4_ROWS, n_steps = G * n_qt;
     auto prefetch = [&](int step) {
         if (step >= n_steps) { return; }
         int hh = kvh * G + step / n_qt, it = step % n_qt, stage = step % 2;
         size_t head = (size_t)b * a.NH + hh;
-        // (not att4_prefetch, whose stage is its tile's index mod 2: here the step's is)
+        // (not att4_prefetch: the stage is the step's parity, not the tile's)
         att4_load_tile<HSP>(QD + stage * 2 * TILE, att4_head(q, b, T, hh, HS, D), it * ATT4_ROWS, T, HS, D);
         att4_load_tile<HSP>(QD + stage * 2 * TILE + TILE, att4_head(dout, b, T, hh, HS, D), it * ATT4_ROWS, T, HS, D);
         cp_async_commit();
@@ -2048,8 +1576,7 @@ __global__ void __launch_bounds__(ATT4_THREADS, MASK ? 1 : ATT4_DKDV_BLOCKS) gqa
             for (int i = 0; i < 4; i++) {
                 int col = j * 8 + 2 * t + i % 2;  // the query in the tile
                 float l2 = st[col];               // (+inf past T: P is 0)
-                // selects, not branches, so that the lanes never diverge: a query that sees no key
-                // (l2 -inf, where the exponential is +inf and not taken) has P uniform and no dS
+                // selects, not branches: no divergence; no key seen (l2 -inf): P uniform, no dS
                 bool none = MASK && l2 == -INFINITY, seen = !MASK || gqa_sees(qbt[col], kb[i / 2]);
                 float e = fast_exp2(fmaf(p[j][i], sl2, -l2));
                 float pj = none ? uniform : seen ? e : 0.0f;
@@ -2774,11 +2301,10 @@ static void resize_pad(floatX* out, const uint8_t* frames, int n_img, int h, int
     launchCheck();
 }
 
-// ---- attention, the call's checks and the trainer's launchers: version 4 in bf16 builds where it
-// fits, version 2 in fp16 builds where its tiles fit, version 1 for everything else
-// (dev/cuda/attention_smolvla.cu checks and times every version)
+// ---- attention's launchers: version 4 in bf16 builds where it fits, version 2 in fp16 builds
+// where its tiles fit, version 1 for everything else (dev/cuda/attention_smolvla.cu times them all)
 
-// What the kernels assume of a call; a mistake here is the caller's, said in one line
+// what the kernels assume of a call; a mistake here is the caller's
 static void gqa_attention_check(const GqaAttn& a) {
     if (a.NKV <= 0 || a.NH % a.NKV != 0) { vla_fail("attention: %d query heads are not a multiple of %d kv heads", a.NH, a.NKV); }
     if (a.HS > 128) { vla_fail("attention: head size %d: the kernels take head sizes up to 128", a.HS); }
@@ -2803,7 +2329,7 @@ static void gqa_attention_backward1(floatX* dq, float* dk0, float* dv0, float* d
 }
 
 #if defined(ENABLE_FP16) || (defined(TESTING) && !defined(ENABLE_FP32))
-// Version 2's dynamic shared memory is set once per GPU (each rank's thread drives one)
+// (dynamic shared memory is set once per GPU: each rank's thread drives one)
 template <int HSP>
 static void gqa_attention_forward2(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
     size_t smem = gqa_attention_forward_smem2<HSP>();
@@ -2832,9 +2358,8 @@ static void gqa_attention_backward2(floatX* dq, float* dk0, float* dv0, float* d
     launchCheck();
 }
 
-// Whether version 2's forward (or backward) tiles at head size HS fit a block's shared memory: not
-// on a T4 at head size 64 (65 KiB forward, 80 KiB backward, of 64) nor a V100 at 128. The limit is
-// read once per GPU (each rank's thread drives one).
+// whether version 2's forward (or backward) tiles at head size HS fit a block's shared memory: not
+// on a T4 at head size 64 (65 KiB forward, 80 KiB backward, of 64) nor a V100 at 128
 static bool attention2_fits(int HS, bool backward) {
     static thread_local size_t limit = 0;
     if (limit == 0) {
@@ -2853,18 +2378,37 @@ static bool attention2_fits(int HS, bool backward) {
     }
     return smem <= limit;
 }
+
+// version 2 at the call's padded head size
+static void gqa_attention_forward2_any(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    switch (padded_head_dim(a.HS)) {
+        case 16: gqa_attention_forward2<16>(out, lse, q, a); break;
+        case 32: gqa_attention_forward2<32>(out, lse, q, a); break;
+        case 64: gqa_attention_forward2<64>(out, lse, q, a); break;
+        default: gqa_attention_forward2<128>(out, lse, q, a); break;
+    }
+}
+static void gqa_attention_backward2_any(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
+                                        const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
+    switch (padded_head_dim(a.HS)) {
+        case 16: gqa_attention_backward2<16>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        case 32: gqa_attention_backward2<32>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        case 64: gqa_attention_backward2<64>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        default: gqa_attention_backward2<128>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+    }
+}
 #endif
 
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-// Version 4 takes calls at head sizes that are multiples of 8 (whole 16-byte pieces) up to 64 (its
-// registers), on tensors whose rows start 16-byte aligned (the trainer's all do)
+// version 4 takes head sizes that are multiples of 8 (16-byte pieces) up to 64 (its registers), on
+// rows that start 16-byte aligned
 static bool attention4_fits(const GqaAttn& a, const void* x, const void* y, const void* z = NULL) {
     return a.Tq > 0 && a.HS % 8 == 0 && a.HS <= 64 && packable(a.HS, 8, a.k0, a.v0, x) && packable(a.HS, 8, y, z) &&
            (a.Nk1 == 0 || packable(a.HS, 8, a.k1, a.v1));
 }
 
-// Version 4's kernels by padded head size (16, 32, 64), for the forward also by row tiles a warp
-// (1: 64 queries a block, 2: 128), and by mask (0: none, the vision tower's; 1: the block mask)
+// version 4's kernels by padded head size (16, 32, 64), for the forward by row tiles a warp (1, 2),
+// and by mask (0: none, the vision tower's; 1: the block mask)
 typedef void (*Attention4Forward)(floatX*, float*, const floatX*, GqaAttn);
 typedef void (*Attention4Dq)(floatX*, const floatX*, const floatX*, const float*, const float*, GqaAttn);
 typedef void (*Attention4Dkdv)(float*, float*, float*, float*, const floatX*, const floatX*, const float*, const float*,
@@ -2886,8 +2430,7 @@ static const Attention4Dkdv ATT4_DKDV[3][2] = {
     {gqa_attention_backward_dkdv_kernel4<64, false>, gqa_attention_backward_dkdv_kernel4<64, true>}};
 static const size_t ATT4_SMEM[3] = {gqa_attention_smem4<16>(), gqa_attention_smem4<32>(), gqa_attention_smem4<64>()};
 
-// a call's row in those tables; the first call on a GPU (each rank's thread drives one) lets every
-// kernel take its dynamic shared memory
+// a call's row in those tables; the first call on a GPU sets every kernel's dynamic shared memory
 static int attention4_head_index(int HS) {
     static thread_local bool configured = false;
     if (!configured) {
@@ -2907,9 +2450,8 @@ static int attention4_head_index(int HS) {
     return padded == 16 ? 0 : padded == 32 ? 1 : 2;
 }
 
-// The forward takes two row tiles a warp (128 queries a block) where that still makes 1,024 blocks
-// or more (training's vision calls: 8 x 12 x 64), enough to fill a GPU several times; smaller calls
-// keep 64 queries a block, so that their blocks stay many
+// two row tiles a warp (128 queries a block) where that still makes 1,024 blocks or more (training's
+// vision calls: 8 x 12 x 64), enough to fill a GPU several times; else 64, so that blocks stay many
 static void gqa_attention_forward4(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
     int hs = attention4_head_index(a.HS), mask = a.block != NULL;
     int tiles = (long long)ceil_div(a.Tq, 2 * ATT4_ROWS) * a.NH * a.B >= 1024 ? 2 : 1;
@@ -2933,8 +2475,8 @@ static void gqa_attention_backward4(floatX* dq, float* dk0, float* dv0, float* d
 }
 #endif
 
-// The version that takes a call at head size HS of this build (the config table's rows); the
-// trainer's tensors are aligned as version 4 asks
+// the version that takes a call at head size HS in this build (the config table's rows; the
+// trainer's tensors are aligned as version 4 asks)
 static const char* attention_version_name(int HS) {
 #if defined(ENABLE_FP32)
     (void)HS;
@@ -2947,8 +2489,7 @@ static const char* attention_version_name(int HS) {
 #endif
 }
 
-// delta (B, NH, Tq) = rowsum(dO * O) per head: version 2 where the head size and the pointers
-// allow 128-bit loads, version 1 otherwise
+// delta (B, NH, Tq) = rowsum(dO * O) per head: version 2 where 128-bit loads fit, else version 1
 static void attention_delta(float* delta, const floatX* dout, const floatX* out, const GqaAttn& a) {
     size_t rows = (size_t)a.B * a.Tq;
     int lanes = a.HS / x128::size;
@@ -2979,24 +2520,18 @@ static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, cons
     }
 #elif defined(ENABLE_FP16)
     if (attention2_fits(a.HS, false)) {
-        switch (padded_head_dim(a.HS)) {
-            case 16: gqa_attention_forward2<16>(out, lse, q, a); break;
-            case 32: gqa_attention_forward2<32>(out, lse, q, a); break;
-            case 64: gqa_attention_forward2<64>(out, lse, q, a); break;
-            default: gqa_attention_forward2<128>(out, lse, q, a); break;
-        }
+        gqa_attention_forward2_any(out, lse, q, a);
         return;
     }
 #endif
     gqa_attention_forward1(out, lse, q, a);
 }
 
-// dq (B, Tq, NH*HS) floatX overwritten; dk0/dv0 (B, Nk0, NKV*HS) and dk1/dv1 (B, Nk1, NKV*HS), NULL
-// when Nk1 = 0, accumulate in fp32 (the joint layer's two calls deposit into the same key
-// gradients, one after the other). delta: scratch of B*NH*Tq floats. dkx, dvx (a call with one key
-// tensor, the vision tower's): where given, the key gradients are wanted in floatX, overwritten,
-// and dk0/dv0 are fp32 scratch: version 4 writes dkx/dvx directly (the bits the fp32 sums from zero
-// would have, converted), the others accumulate in dk0/dv0 zeroed here, then convert.
+// dq (B, Tq, NH*HS) floatX overwritten; dk0/dv0 (B, Nk0, NKV*HS) and dk1/dv1 (B, Nk1, NKV*HS; NULL
+// when Nk1 = 0) accumulate in fp32 (the joint layer's two calls share key gradients). delta:
+// scratch of B*NH*Tq floats. dkx, dvx (one key tensor, the vision tower's): the key gradients in
+// floatX, overwritten, dk0/dv0 fp32 scratch; version 4 writes them directly, the others accumulate
+// in dk0/dv0 zeroed here, then convert (the same bits).
 static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
                                    const floatX* q, const floatX* out, const float* lse, float* delta, const GqaAttn& a,
                                    floatX* dkx = NULL, floatX* dvx = NULL) {
@@ -3020,12 +2555,7 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
     }
 #if defined(ENABLE_FP16)
     if (attention2_fits(a.HS, true)) {
-        switch (padded_head_dim(a.HS)) {
-            case 16: gqa_attention_backward2<16>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-            case 32: gqa_attention_backward2<32>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-            case 64: gqa_attention_backward2<64>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-            default: gqa_attention_backward2<128>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-        }
+        gqa_attention_backward2_any(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     } else {
         gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     }

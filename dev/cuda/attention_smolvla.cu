@@ -18,9 +18,9 @@ filled with float32's most negative value as LeRobot fills them.
              (sample, kv head, key) for dk and dv over the query heads that share it; online
              softmax on CUDA cores (every build, every shape; fp32 builds run it), here at several
              block sizes
-  version 2  train_vla.cu's: tensor cores through WMMA, 64x64 tiles, the key loop stopped after the
-             last key any query of the tile can see (fp16 builds run it; bf16 builds time it
-             against version 4 here)
+  version 2  vla/attention_wmma.cuh's (train_vla.cu includes it): tensor cores through WMMA,
+             64x64 tiles, the key loop stopped after the last key any query of the tile can see
+             (fp16 builds run it; bf16 builds time it against version 4 here)
   version 3  this program's: the vision tower's calls (no mask, a kv head per query head), the
              products through cuBLASLt over a strided batch of the images, the softmax (and its
              backward) a warp per row between them on scores in scratch; with every image a pass
@@ -257,24 +257,7 @@ static void gqa_attention_backward1_at(int block, floatX* dq, float* dk0, float*
 #if defined(ENABLE_FP32)
 static const int HAVE_V2 = 0, V2_THREADS = 0;  // version 2 exists in bf16 and fp16 builds only
 #else
-static const int HAVE_V2 = 1, V2_THREADS = ATT_THREADS;
-static void gqa_attention_forward2_any(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
-    switch (padded_head_dim(a.HS)) {
-        case 16: gqa_attention_forward2<16>(out, lse, q, a); break;
-        case 32: gqa_attention_forward2<32>(out, lse, q, a); break;
-        case 64: gqa_attention_forward2<64>(out, lse, q, a); break;
-        default: gqa_attention_forward2<128>(out, lse, q, a); break;
-    }
-}
-static void gqa_attention_backward2_any(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
-                                        const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
-    switch (padded_head_dim(a.HS)) {
-        case 16: gqa_attention_backward2<16>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-        case 32: gqa_attention_backward2<32>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-        case 64: gqa_attention_backward2<64>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-        default: gqa_attention_backward2<128>(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
-    }
-}
+static const int HAVE_V2 = 1, V2_THREADS = ATT_THREADS;  // (gqa_attention_forward2_any: train_vla.cu's)
 #endif
 
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
