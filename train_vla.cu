@@ -4038,17 +4038,6 @@ static void smolvla_loss_finish(SmolVLA* m) {
     LAUNCH_1D(scale_kernel, n, m->grads_memory + m->shard_lo, n, m->acts.scalars + 4);
 }
 
-#if defined(TESTING)
-// The loss of the last step (after smolvla_loss_finish), waiting for the device (the tests';
-// train_rank reads every scalar at once: smolvla_read_scalars).
-static float smolvla_read_loss(SmolVLA* m) {
-    float loss;
-    cudaCheck(cudaMemcpyAsync(&loss, m->acts.scalars, sizeof(float), cudaMemcpyDeviceToHost, main_stream));
-    cudaCheck(cudaStreamSynchronize(main_stream));
-    return loss;
-}
-#endif
-
 // ---- backward
 
 // d acts.d_vt -> action_out_proj -> the expert's norm and layers -> d s_res[0] in g_res / g_res_x
@@ -4422,21 +4411,6 @@ static void smolvla_read_scalars(SmolVLA* m, float* loss, float* norm, int* stop
     if (norm != NULL) { *norm = s[1]; }
     if (stop != NULL) { *stop = s[2] > 0.0f; }
 }
-
-#if defined(TESTING)
-// One optimizer step (0-based `step`) over n_micro micro-batches in[0 .. n_micro-1] of one rank
-// alone: their forward and backward passes accumulate the loss's sums and gradients, then the mean
-// and AdamW at the schedule's learning rate. Nothing waits for the device: smolvla_read_scalars does.
-// (The tests' step: train_rank interleaves the same calls with the batches' uploads and NCCL.)
-static void smolvla_train_step(SmolVLA* m, const SmolInputs* in, int n_micro, int step, const TrainArgs* args) {
-    for (int micro = 0; micro < n_micro; micro++) {
-        smolvla_forward(m, &in[micro], micro);
-        smolvla_backward(m, micro == 0);
-    }
-    smolvla_grads_finish(m, 0);
-    smolvla_update(m, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
-}
-#endif
 
 // ---- FLOPs, for MFU: vla/flops.h (smolvla_flops_per_sample, smolvla_recompute_flops_per_sample,
 // device_peak_flops)
