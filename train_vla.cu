@@ -3327,6 +3327,9 @@ typedef struct {
 #undef SMOL_ACT_I_
 } SmolActivations;
 
+// What the weights and the activations take on the device: smolvla_model_bytes, smolvla_act_bytes
+#include "vla/memory.cuh"
+
 // The gradient buckets (MULTI_GPU): the trainable ranges of one layer (or a tower's embeddings), in
 // the order the backward finishes them, each averaged while it goes on. Bucket b: ranges first[b] ..
 typedef struct {
@@ -3418,20 +3421,6 @@ static void smol_bucket_done(SmolVLA* m, int b);
 static void dist_step_sums(SmolVLA* m);
 static void zero_sum_squares(SmolVLA* m);
 static void zero_gather_params(SmolVLA* m);
-
-// Device bytes smolvla_build allocates on one GPU without ZeRO-1, activations aside (smolvla_act_bytes):
-// what --memory plans with; smolvla_build checks it holds exactly this
-static size_t smolvla_model_bytes(const SmolVLAConfig* c, int mode) {
-    SmolParamTable t;
-    SmolOptDomain d;
-    smolvla_table_build(c, &t);
-    smolvla_opt_domain(&t, mode, &d);
-    size_t n_train = zero_shard_size(d.total, 1, 16), n_params = n_train;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { n_params += (t.spec[i].numel - d.numel[i] + 15) / 16 * 16; }
-    size_t rope = (size_t)(smolvla_n_prefix(c) + c->chunk) * (c->head_dim / 2) * 2;
-    return n_params * sizeof(floatX) + 4 * n_train * sizeof(float) + (NORM_BLOCKS + rope) * sizeof(float) +
-           (LOSS_SCALING ? LOSS_SCALER * sizeof(float) : 0);  // fp16: the loss scale's state
-}
 
 // fp16 builds: the dynamic loss scale's state (a checkpoint's or --loss-scale's) onto the device
 static void smolvla_set_loss_scale(SmolVLA* m, const LossScaleState* st, int window) {
@@ -3572,25 +3561,6 @@ static void smolvla_set_params(SmolVLA* m, const float* params, const float* mom
         cudaCheck(cudaMemset(moments[k], 0, (hi - lo) * sizeof(float)));
         if (given[k] != NULL && n > 0) { cudaCheck(cudaMemcpy(moments[k], given[k] + lo, n * sizeof(float), cudaMemcpyHostToDevice)); }
     }
-}
-
-// The activations' elements of each type for B samples, every tensor rounded up to 64 bytes
-static void smol_act_counts(const SmolVLAConfig* c, int mode, int B, int rc, size_t* nx, size_t* nf, size_t* ni) {
-    *nx = *nf = *ni = 0;
-#define SMOL_SIZE_X_(nm, n) *nx += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
-#define SMOL_SIZE_F_(nm, n) *nf += ((n) + 15) / 16 * 16;
-#define SMOL_SIZE_I_(nm, n) *ni += ((n) + 15) / 16 * 16;
-    SMOLVLA_GPU_ACTIVATIONS(SMOL_SIZE_X_, SMOL_SIZE_F_, SMOL_SIZE_I_, c, B, mode, rc)
-#undef SMOL_SIZE_X_
-#undef SMOL_SIZE_F_
-#undef SMOL_SIZE_I_
-}
-
-// Device bytes of the activations smolvla_set_batch allocates for B samples
-static size_t smolvla_act_bytes(const SmolVLAConfig* c, int mode, int B, int rc = RECOMPUTE_NONE) {
-    size_t nx, nf, ni;
-    smol_act_counts(c, mode, B, rc, &nx, &nf, &ni);
-    return nx * sizeof(floatX) + nf * sizeof(float) + ni * sizeof(int);
 }
 
 // (Re)sizes the activations for B samples
