@@ -48,6 +48,17 @@ static const double TOL_RUNS = 1e-3;
 
 static const char* TRAINER = "./train_vla";
 
+// One optimizer step (0-based `step`) of one rank alone over micro-batches in[0 .. n_micro-1]: the
+// calls train_rank makes, without the uploads and NCCL. Nothing waits: smolvla_read_scalars does.
+static void smolvla_train_step(SmolVLA* m, const SmolInputs* in, int n_micro, int step, const TrainArgs* args) {
+    for (int micro = 0; micro < n_micro; micro++) {
+        smolvla_forward(m, &in[micro], micro);
+        smolvla_backward(m, micro == 0);
+    }
+    smolvla_grads_finish(m, 0);
+    smolvla_update(m, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
+}
+
 // n bytes of host memory in a fresh device allocation (freed with cudaFree)
 static void* upload(const void* host, size_t bytes) {
     void* d;
@@ -189,7 +200,8 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
         smolvla_forward(&m, &in, 0);
         smolvla_backward(&m, 1);
         smolvla_grads_finish(&m, 0);
-        float loss = smolvla_read_loss(&m);
+        float loss;
+        smolvla_read_scalars(&m, &loss, NULL);
         t_step = wall_seconds() - t_step;
 
         // the prepared images (camera-major: camera k's B images in a row), v_t, the loss
@@ -291,7 +303,8 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
         smolvla_forward(&m, &in, 0);
         smolvla_backward(&m, 1);
         smolvla_grads_finish(&m, 0);
-        float loss2 = smolvla_read_loss(&m);
+        float loss2;
+        smolvla_read_scalars(&m, &loss2, NULL);
         float* grads2 = (float*)mallocCheck(m.n_train * sizeof(float));
         cudaCheck(cudaMemcpy(grads2, m.grads_memory, m.n_train * sizeof(float), cudaMemcpyDeviceToHost));
         check(memcmp(&loss, &loss2, sizeof(loss)) == 0 && memcmp(grads, grads2, m.n_train * sizeof(float)) == 0,
@@ -473,7 +486,8 @@ static void test_smolvla_oracle(const char* dir, int mode) {
     smolvla_forward(&m, &in, 0);
     smolvla_backward(&m, 1);
     smolvla_grads_finish(&m, 0);
-    float loss = smolvla_read_loss(&m);
+    float loss;
+    smolvla_read_scalars(&m, &loss, NULL);
     float* v = (float*)mallocCheck(n_act * sizeof(float));
     cudaCheck(cudaMemcpy(v, m.acts.v_t, n_act * sizeof(float), cudaMemcpyDeviceToHost));
     float* ref_v = (float*)debug_get(&st, "expect/v", n_act);
@@ -1023,7 +1037,7 @@ static RecomputeRun recompute_run(const SmolVLAConfig* c, int mode, int rc, cons
     args.warmup = 1;
     args.lr = 1e-2f;  // weights that move: the sample runs on others than the step
     smolvla_train_step(&m, in, 1, 0, &args);
-    r.loss = smolvla_read_loss(&m);
+    smolvla_read_scalars(&m, &r.loss, NULL);
     r.n_train = m.n_train;
     r.n_params = m.n_params;
     r.grads = (float*)mallocCheck(m.n_train * sizeof(float));

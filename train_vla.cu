@@ -2652,8 +2652,8 @@ static void gpu_shutdown(void) {
 #define NORM_BLOCKS 256  // fixed, so the global norm sums in the same order on every GPU
 
 // ----------------------------------------------------------------------------
-// model: LeRobot's SmolVLA, as dev/smolvla.py computes it and as train_vla.c does on the CPU (same
-// functions, same order). Data flow of the forward:
+// model: LeRobot's SmolVLA, as dev/smolvla.py computes it and train_vla.c does on the CPU (same
+// functions, same order). The forward:
 //   frames (uint8, any size) -> resize with padding, x*2-1 -> SigLIP (patch embedding, position,
 //   pre-LayerNorm layers, post-LayerNorm) -> pixel shuffle -> connector -> prefix = [image tokens
 //   * sqrt(C) per camera, language * sqrt(C), state_proj(state)] -> the VLM's Llama layers over
@@ -2662,25 +2662,13 @@ static void gpu_shutdown(void) {
 //   to the VLM's keys/values re-projected by the expert in odd ones -> final RMSNorm ->
 //   action_out_proj = the velocity (fp32) -> masked squared error on the real action dims.
 // The prefix never sees the actions, so the VLM runs first and alone (it is sampling's cache).
-// Backward runs the expert first: it leaves gradients on the VLM's keys and values of every
-// layer, which the VLM's backward then takes down its stack, as far as something trains.
 //
 // Shapes: NV = n_cam * B images (camera-major: image cam * B + b), S image side, p patch,
 // G = S/p, Nv = G*G patches per image, V = NV * Nv vision rows, Cv / Fv vision widths, NI image
 // tokens per camera, C / F VLM widths, Ce / Fe expert widths, Np prefix tokens, H chunk,
 // T = Np + H sequence, P = B * Np prefix rows, R = B * H action rows, D = NH*HS query width,
 // KV = NKV*HS key/value width (GQA), Smax / Amax padded state / action dims.
-// Precision: floatX weights and activations, fp32 master weights, gradients,
-// residual-stream gradients, norm statistics, softmax and every accumulation; the velocity, its
-// target and the loss in fp32. Only the tensors that train in the model's mode have gradients,
-// and only their trainable elements have fp32 master weights and AdamW moments: a frozen tensor
-// lives on the device as its floatX copy alone, rounded once when the weights load.
-//
-// Memory layout: the trainable elements of every tensor (a prefix of it: smolvla_trainable_numel)
-// packed in table order exactly as SmolOptDomain packs them, so one offset serves the floatX
-// weights, the gradients, the master weights, the moments and the checkpoint's m and v; then the
-// frozen remainders. The gradient buckets, the ZeRO-1 shards and the all-gather of the updated
-// weights are ranges of that one domain.
+// Precision and the one packed trainable domain (SmolOptDomain): the file's header.
 
 // Parameter tensor indices, in table order: SMOLP_vis_wq, ...
 enum {
@@ -2696,8 +2684,7 @@ typedef struct {
 #undef SMOL_FIELD_X_
 } SmolParametersX;
 
-// The inputs of one batch, in device memory. Frames keep each camera's stored size; they are
-// resized on the way in.
+// The inputs of one batch, in device memory. Frames keep each camera's size; the forward resizes them.
 typedef struct {
     int B;
     const uint8_t* frames[VLA_MAX_CAM];  // camera k (the prefix's order): sample b's (frame_h[k], frame_w[k], 3)
@@ -2721,32 +2708,23 @@ static inline size_t smol_prows(const SmolVLAConfig* c, int B) { return (size_t)
 static inline size_t smol_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
 static inline size_t smol_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
-// The vision layers whose activations are kept in `mode`: every one when the tower trains (its
-// backward reads them all), else one, which each layer's forward overwrites in turn: nothing reads
-// them again (the backward stops at the connector), only the tower's output persists.
-static inline size_t smol_vis_kept(const SmolVLAConfig* c, int mode) {
-    return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1;
-}
+// Vision layers whose activations are kept: all when the tower trains, else one slot that each
+// layer overwrites (nothing reads them again: the backward stops at the connector)
+static inline size_t smol_vis_kept(const SmolVLAConfig* c, int mode) { return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1; }
 
-// Per-layer slots of a stack of `layers` at recompute level rc (--recompute): of the attention half
-// (input norm, queries, the layer's own keys/values, attention output, log-sum-exp) and of the MLP
-// half (after attention, its norm, the MLP). Every layer's, or one slot that each layer's forward
-// overwrites and the backward fills again from the layer's kept input (smol_*_layer_forward's redo)
-// right before it reads it. What another part reads later keeps its slot per layer whatever rc:
-// the layer inputs, the VLM's keys/values (the expert's), the cross layers' re-projections.
+// Per-layer slots of the attention half and the MLP half at recompute level rc: every layer's, or
+// one slot the backward refills from the layer's kept input (smol_*_layer_forward's redo). What
+// another part reads later (layer inputs, the VLM's keys/values, re-projections) is always per layer.
 static inline size_t smol_attn_slots(size_t layers, int rc) { return rc >= RECOMPUTE_ATTN ? 1 : layers; }
 static inline size_t smol_mlp_slots(size_t layers, int rc) { return rc >= RECOMPUTE_LAYER ? 1 : layers; }
 static inline size_t smol_vis_attn(const SmolVLAConfig* c, int mode, int rc) { return smol_attn_slots(smol_vis_kept(c, mode), rc); }
 static inline size_t smol_vis_mlp(const SmolVLAConfig* c, int mode, int rc) { return smol_mlp_slots(smol_vis_kept(c, mode), rc); }
 
-// Vision rows of the backward scratch in `mode`: none unless the tower trains (only its backward
-// works on V rows)
-static inline size_t smol_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) {
-    return mode == TRAIN_MODE_ALL ? smol_vrows(c, B) : 0;
-}
+// Vision rows of the backward scratch: none unless the tower trains
+static inline size_t smol_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) { return mode == TRAIN_MODE_ALL ? smol_vrows(c, B) : 0; }
 
-// Column-sum partials of the widest (rows, columns) product of the backward in `mode`: LayerNorm's
-// dw and db (two per chunk of colsum_rows rows), the biases', RMSNorm's dw
+// Column-sum partials of the backward's widest (rows, columns): LayerNorm's dw and db (two per
+// chunk of colsum_rows rows), the biases', RMSNorm's dw
 static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
     size_t V = colsum_chunks(smol_vis_grad_rows(c, B, mode)), P = colsum_chunks(smol_prows(c, B));
     size_t R = colsum_chunks(smol_rrows(c, B)), S = colsum_chunks((size_t)B);
@@ -2755,13 +2733,10 @@ static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
     return smol_max3(vision, smol_max3(P * c->d_model, S * c->d_model, 1), actions);
 }
 
-// Activations: a table (type, name, elements) carved from one allocation per type: X floatX,
-// F fp32, I int. Per-layer tensors are stacked layer-major, the vision tower's for Kv layers
-// (smol_vis_kept); at recompute level rc the halves run again have one slot (smol_attn_slots,
-// smol_mlp_slots: Ka, Km of the vision tower, La, Lm of the VLM and the expert). The g_* are
-// backward scratch, shared by the towers whose backward runs (one after the other; the vision
-// tower's only when it trains: smol_vis_grad_rows); the r_* hold the state rows of one VLM layer
-// for the expert mode's backward (smolvla_vlm_backward).
+// Activations: (type, name, elements), carved from one allocation per type (X floatX, F fp32, I int).
+// Per-layer tensors are stacked layer-major: Kv vision layers (smol_vis_kept); Ka, Km (vision) and
+// La, Lm (VLM, expert) slots of the attention and MLP halves (smol_attn_slots). The g_* are backward
+// scratch shared by the towers, one after the other; the r_* one VLM layer's state rows (expert mode).
 #define SMOLVLA_GPU_ACTIVATIONS(X, F, I, c, B, mode, rc) \
     X(pixels,   smol_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
     X(patches,  smol_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
@@ -2882,9 +2857,11 @@ typedef struct {
 #undef SMOL_ACT_I_
 } SmolActivations;
 
-// The gradient buckets (MULTI_GPU): the trainable ranges of one layer of one tower (or of the
-// towers' embeddings and heads), in the order the backward pass finishes them, so each is averaged
-// over the ranks while the backward pass goes on. Bucket b is ranges first[b] .. first[b+1]-1.
+// What the weights and the activations take on the device: smolvla_model_bytes, smolvla_act_bytes
+#include "vla/memory.cuh"
+
+// The gradient buckets (MULTI_GPU): the trainable ranges of one layer (or a tower's embeddings), in
+// the order the backward finishes them, each averaged while it goes on. Bucket b: ranges first[b] ..
 typedef struct {
     int n;          // buckets: smol_bucket_count
     int* first;     // (n + 1)
@@ -2947,9 +2924,8 @@ static void* smol_device_malloc(SmolVLA* m, size_t bytes) {
     return p;
 }
 
-// Slice k of parameter tensor i (layer k's part of a stacked tensor; 0 for the others): in the
-// trainable domain when the slice trains (the trainable part is a prefix of whole slices), else in
-// the frozen remainder
+// Slice k of parameter tensor i (layer k's of a stacked tensor, else 0): in the trainable domain when
+// it trains (the trainable part is a prefix of whole slices), else in the frozen remainder
 static inline floatX* smol_param(const SmolVLA* m, int i, int k) {
     const SmolParamSpec* s = &m->table.spec[i];
     size_t at = (size_t)k * (s->numel / smolvla_slices(s)), n_train = m->domain.numel[i];
@@ -2964,13 +2940,11 @@ static inline float* smol_grad(const SmolVLA* m, int i, int k) {
     return m->grads_memory + m->domain.offset[i] + (size_t)k * per;
 }
 
-// Whether the model keeps the optimizer state of one shard only (ZeRO-1 over several ranks): its
-// gradients are reduce-scattered to the shards, its trainable weights all-gathered after the update
+// ZeRO-1: this model keeps one shard's optimizer state (gradients reduce-scattered, weights all-gathered)
 static int smol_sharded(const SmolVLA* m) { return m->shard_hi - m->shard_lo < m->n_train; }
 
-// The model's calls into the data-parallel section, which comes after the model and defines them
-// for both builds (without NCCL they do nothing): the gradient buckets, their sums over the ranks
-// as the backward pass finishes them and at the end of a step, ZeRO-1's sums and gathers
+// The model's calls into the data-parallel section after it (without NCCL they do nothing): the
+// gradient buckets, their sums over the ranks, ZeRO-1's sums and gathers
 static int smol_bucket(const SmolVLAConfig* c, int tower, int layer);
 static void smol_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d);
 static void smol_bucket_done(SmolVLA* m, int b);
@@ -2978,23 +2952,7 @@ static void dist_step_sums(SmolVLA* m);
 static void zero_sum_squares(SmolVLA* m);
 static void zero_gather_params(SmolVLA* m);
 
-// Device bytes smolvla_build allocates for config c in `mode` on one GPU (no ZeRO-1 sharding): the
-// weights, their gradients, master weights and moments, the norm's partials and the RoPE table; the
-// activations come on top (smolvla_act_bytes). smolvla_build checks that it holds exactly this.
-static size_t smolvla_model_bytes(const SmolVLAConfig* c, int mode) {
-    SmolParamTable t;
-    SmolOptDomain d;
-    smolvla_table_build(c, &t);
-    smolvla_opt_domain(&t, mode, &d);
-    size_t n_train = zero_shard_size(d.total, 1, 16), n_params = n_train;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { n_params += (t.spec[i].numel - d.numel[i] + 15) / 16 * 16; }
-    size_t rope = (size_t)(smolvla_n_prefix(c) + c->chunk) * (c->head_dim / 2) * 2;
-    return n_params * sizeof(floatX) + 4 * n_train * sizeof(float) + (NORM_BLOCKS + rope) * sizeof(float) +
-           (LOSS_SCALING ? LOSS_SCALER * sizeof(float) : 0);  // fp16: the loss scale's state
-}
-
-// fp16 builds: the dynamic loss scale's state (a checkpoint's, or --loss-scale's) onto the device,
-// with the window the scale doubles after
+// fp16 builds: the dynamic loss scale's state (a checkpoint's or --loss-scale's) onto the device
 static void smolvla_set_loss_scale(SmolVLA* m, const LossScaleState* st, int window) {
     if (m->scaler == NULL) { return; }
     float h[LOSS_SCALER] = {st->scale, (float)st->clean, (float)st->skipped, st->scale, 1.0f};
@@ -3002,8 +2960,7 @@ static void smolvla_set_loss_scale(SmolVLA* m, const LossScaleState* st, int win
     m->loss_scale_window = window;
 }
 
-// The state after the last step, and the scale that step ran with (`used`), waiting for the device.
-// Returns whether the last step was skipped for Inf/NaN gradients (its skip count moved).
+// The loss scale after the last step and the one it ran with (`used`); whether it was skipped (Inf/NaN)
 static int smolvla_read_loss_scale(SmolVLA* m, LossScaleState* st, float* used) {
     float h[LOSS_SCALER];
     cudaCheck(cudaMemcpyAsync(h, m->scaler, sizeof(h), cudaMemcpyDeviceToHost, main_stream));
@@ -3014,10 +2971,9 @@ static int smolvla_read_loss_scale(SmolVLA* m, LossScaleState* st, float* used) 
     return skipped;
 }
 
-// The model for config c, training in `mode`: the parameter and gradient memory (zero until
-// smolvla_set_params), the RoPE table and the gradient buckets; the activations follow the batch
-// (smolvla_set_batch). ZeRO-1 (shard_world > 1): this model keeps the optimizer state of shard
-// `shard_rank` of the trainable domain only; the compute copy and the gradients are whole.
+// The model for config c in `mode`: weights and gradients (zero until smolvla_set_params), RoPE table,
+// buckets; activations come with the batch (smolvla_set_batch). ZeRO-1: optimizer state of shard
+// `shard_rank` of shard_world only; the compute copy and the gradients are whole.
 static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shard_rank = 0, int shard_world = 1) {
     memset(m, 0, sizeof(*m));
     const char* problem = smolvla_config_problem(c);
@@ -3056,8 +3012,7 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
     m->grads_memory = (float*)smol_device_malloc(m, m->n_train * sizeof(float));
     cudaCheck(cudaMemset(m->params_memory, 0, m->n_params * sizeof(floatX)));
     cudaCheck(cudaMemset(m->grads_memory, 0, m->n_train * sizeof(float)));  // the padding stays zero (the norm adds it)
-    // optimizer state for the trainable elements of the shard only: a frozen tensor has its floatX
-    // copy and nothing else
+    // optimizer state for the shard's trainable elements only: a frozen tensor is its floatX copy alone
     size_t before = m->device_bytes;
     m->master = (float*)smol_device_malloc(m, shard * sizeof(float));
     m->m_memory = (float*)smol_device_malloc(m, shard * sizeof(float));
@@ -3080,9 +3035,8 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
     SMOLVLA_PARAMETERS(SMOL_POINT_X_, c)
 #undef SMOL_POINT_X_
     smol_buckets_build(&m->buckets, c, &m->table, &m->domain);
-    // RoPE as LeRobot's apply_rope computes it: timescale theta^e with e = float32(2/HS) * k in
-    // float32 (torch's float pow is the correctly rounded one, as pow in double then rounding), the
-    // angle as a float32 division pos / timescale, then sin and cos of that float
+    // RoPE as LeRobot's apply_rope: timescale theta^e, e = float32(2/HS) * k, in float32 (torch's pow
+    // is correctly rounded: pow in double, then rounded); angle = pos / timescale in float32; its sin, cos
     int T = smolvla_n_prefix(c) + c->chunk, half = c->head_dim / 2;
     float* cs = (float*)mallocCheck((size_t)T * half * 2 * sizeof(float));
     for (int k = 0; k < half; k++) {
@@ -3104,12 +3058,9 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
     }
 }
 
-// The weights from a host array in the table's layout (smolvla_load_safetensors', smolvla_param_init's
-// or a checkpoint's): every tensor's compute copy, rounded once from fp32 on the device, and the fp32
-// master weights of this model's shard of the trainable domain. The fp32 values pass through a
-// scratch buffer of the largest tensor's size, freed at the end: nothing fp32 of a frozen tensor
-// stays on the device. The AdamW moments: moment1 and moment2 (host, the packed domain of n_opt
-// elements, a checkpoint's m and v) when given, else zero.
+// The weights from a host array in the table's layout: every compute copy rounded once from fp32 on
+// the device, and the shard's fp32 master weights, through one scratch tensor (nothing fp32 of a
+// frozen tensor stays). AdamW's moments from moment1/2 (host, the packed domain), else zero.
 static void smolvla_set_params(SmolVLA* m, const float* params, const float* moment1 = NULL,
                                const float* moment2 = NULL) {
     size_t widest = 0, lo = m->shard_lo, hi = m->shard_hi;
@@ -3142,28 +3093,7 @@ static void smolvla_set_params(SmolVLA* m, const float* params, const float* mom
     }
 }
 
-// The activations' elements of each type for B samples in `mode` at recompute level rc, every tensor
-// rounded up to 64 bytes
-static void smol_act_counts(const SmolVLAConfig* c, int mode, int B, int rc, size_t* nx, size_t* nf, size_t* ni) {
-    *nx = *nf = *ni = 0;
-#define SMOL_SIZE_X_(nm, n) *nx += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
-#define SMOL_SIZE_F_(nm, n) *nf += ((n) + 15) / 16 * 16;
-#define SMOL_SIZE_I_(nm, n) *ni += ((n) + 15) / 16 * 16;
-    SMOLVLA_GPU_ACTIVATIONS(SMOL_SIZE_X_, SMOL_SIZE_F_, SMOL_SIZE_I_, c, B, mode, rc)
-#undef SMOL_SIZE_X_
-#undef SMOL_SIZE_F_
-#undef SMOL_SIZE_I_
-}
-
-// Device bytes of the activations for B samples in `mode` at recompute level rc: what
-// smolvla_set_batch allocates
-static size_t smolvla_act_bytes(const SmolVLAConfig* c, int mode, int B, int rc = RECOMPUTE_NONE) {
-    size_t nx, nf, ni;
-    smol_act_counts(c, mode, B, rc, &nx, &nf, &ni);
-    return nx * sizeof(floatX) + nf * sizeof(float) + ni * sizeof(int);
-}
-
-// (Re)sizes the activations for B samples.
+// (Re)sizes the activations for B samples
 static void smolvla_set_batch(SmolVLA* m, int B) {
     if (m->B == B) { return; }
     if (m->sampling.graph != NULL) {  // it reads the activations that are about to move
@@ -3198,8 +3128,7 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
     m->B = B;
 }
 
-// Recompute level rc from now on (RECOMPUTE_*; a built model's is none): the activations are sized
-// again if there are any
+// Recompute level rc (RECOMPUTE_*; none when built) from now on: the activations are sized again
 static void smolvla_set_recompute(SmolVLA* m, int rc) {
     if (rc < RECOMPUTE_NONE || rc > RECOMPUTE_LAYER) { vla_fail("recompute level %d is not one of 0-2", rc); }
     if (m->recompute == rc) { return; }
@@ -3221,8 +3150,7 @@ static void smolvla_free(SmolVLA* m) {
     for (int k = 0; k < 3 && m->sampling.marks[0] != NULL; k++) { cudaCheck(cudaEventDestroy(m->sampling.marks[k])); }
 }
 
-// One Llama layer of the VLM or the expert: its weights (floatX) or their gradients (float, NULL =
-// frozen).
+// One Llama layer of the VLM or the expert: its weights (floatX) or gradients (float, NULL = frozen)
 template <typename T>
 struct SmolLayer {
     T *ln1, *wq, *wk, *wv, *wo, *ln2, *gate, *up, *down;
@@ -3230,8 +3158,8 @@ struct SmolLayer {
     int cross;  // an expert layer attending to the VLM's re-projected keys/values
 };
 
-// Layer l of the VLM (expert = 0) or of the expert (expert = 1): weights, or gradients (grads).
-// The expert's k/v are the joint or cross stacks' slice that layer owns (smolvla_kind_index).
+// Layer l of the VLM (expert 0) or the expert (1); the expert's k/v are its slice of the joint or
+// cross stack (smolvla_kind_index)
 template <typename T>
 static SmolLayer<T> smol_layer(const SmolVLA* m, int expert, int l, int grads) {
     const SmolVLAConfig* c = &m->config;
@@ -3252,8 +3180,8 @@ static SmolLayer<T> smol_layer(const SmolVLA* m, int expert, int l, int grads) {
     return w;
 }
 
-// One stack's activations at layer l (N rows), and `out`, the next layer's input. A half that is
-// recomputed (smol_attn_slots, smol_mlp_slots) is the one slot every layer shares.
+// One stack's activations at layer l (N rows), and `out`, the next layer's input; a recomputed half
+// is the one slot every layer shares
 typedef struct {
     floatX *res, *ln1, *q, *k, *v, *att, *mid, *ln2, *gate, *up, *act, *out;
     float *rstd1, *lse, *rstd2;
@@ -3283,11 +3211,8 @@ static SmolLayerActs smol_layer_acts(const SmolVLA* m, int expert, int l) {
     return x;
 }
 
-// Vision layer l's activations (V rows), and `out`, the next layer's input. With Kv kept layers
-// (smol_vis_kept) layer l's are slot l % Kv of the stacks and its input slot l % (Kv + 1) of v_res:
-// every layer's side by side when the tower trains, else one set that every layer reuses, the
-// residual stream going back and forth between v_res's two slots. A half that is recomputed has
-// one slot (smol_vis_attn, smol_vis_mlp) whatever Kv.
+// Vision layer l's activations (V rows), and `out`, the next layer's input: slot l % Kv of the stacks,
+// input l % (Kv + 1) of v_res (a frozen tower's residual goes back and forth between two slots)
 typedef struct {
     floatX *res, *ln1, *q, *k, *v, *att, *mid, *ln2, *fc1, *gelu, *out;
     float *mean1, *rstd1, *lse, *mean2, *rstd2;
@@ -3307,8 +3232,8 @@ static SmolVisionActs smol_vision_acts(const SmolVLA* m, int l) {
     return x;
 }
 
-// An attention call of the VLM or the expert over the sequence's mask: Tq queries per sample from
-// token q0 on, keys k0/v0 (Nk0 per sample) then k1/v1 (Nk1, may be 0)
+// Attention under the sequence's mask: Tq queries per sample from token q0, keys k0/v0 (Nk0 per
+// sample) then k1/v1 (Nk1, may be 0)
 static GqaAttn smol_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, const floatX* v0, int Nk0, const floatX* k1,
                          const floatX* v1, int Nk1) {
     const SmolVLAConfig* c = &m->config;
@@ -3317,8 +3242,7 @@ static GqaAttn smol_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, con
     return a;
 }
 
-// RMSNorm backward at SmolVLA's widths: dw NULL (a frozen norm, such as the VLM's last layer's,
-// which the gradient still passes through) lands in scratch that nobody reads
+// RMSNorm backward; a frozen norm's dw (NULL) lands in scratch nobody reads
 static void smol_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, float* dw, const floatX* dout,
                                   const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
     if (dw == NULL) {
@@ -3328,9 +3252,8 @@ static void smol_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, float
     rmsnorm_backward(dres, dres_x, dw, m->acts.partial, dout, inp, w, rstd, N, C);
 }
 
-// attention output -> o_proj, residual -> post_attention_layernorm -> SwiGLU MLP, residual: x->out.
-// The residual adds ride on the matrix products (beta = 1 with C = the residual). with_out 0 (a
-// recomputation) stops before down_proj: its output is the next layer's input, which is kept.
+// attention output -> o_proj + residual -> RMSNorm -> SwiGLU MLP + residual: x->out (residuals ride
+// on the products, beta = 1). with_out 0 (a recomputation) skips down_proj: its output is kept.
 static void smol_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerActs* x, int N, int D, int with_out = 1) {
     matmul_forward(x->mid, x->att, w->wo, NULL, x->res, N, D, w->C);
     rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, SMOLVLA_RMS_EPS);
@@ -3340,9 +3263,8 @@ static void smol_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerAc
     if (with_out) { matmul_forward(x->out, x->act, w->down, NULL, x->mid, N, w->F, w->C); }
 }
 
-// Backward of smol_layer_out_forward. dres (fp32) and dres_x (its floatX copy) hold d(out) (N, C)
-// and are left holding d(mid) (the residual plus the path through ln2 and the MLP); acts.g_att
-// gets d(att). Frozen weights (g's NULL) get no product.
+// Backward of smol_layer_out_forward: dres (fp32) and dres_x (floatX) hold d(out) (N, C) and are left
+// holding d(mid); acts.g_att gets d(att). A frozen weight (g's NULL) gets no product.
 static void smol_layer_out_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
                                     const SmolLayerActs* x, float* dres, floatX* dres_x, int N, int D) {
     SmolActivations* a = &m->acts;
@@ -3359,10 +3281,8 @@ static void smol_layer_out_backward(SmolVLA* m, const SmolLayer<floatX>* w, cons
     if (g->wo != NULL) { matmul_backward_weight(g->wo, dres_x, x->att, N, D, C); }
 }
 
-// Backward of ln1 and the q/k/v projections: dq, dk, dv (floatX) are the gradients of the
-// projections' outputs, already rotated back from RoPE (dq NULL: the VLM's last layer has no
-// query; dk, dv NULL: an expert cross layer's keys/values are not its own). d(res) through ln1 is
-// added to dres (and dres_x is its floatX copy).
+// Backward of ln1 and q/k/v from their outputs' gradients, rotated back from RoPE (dq NULL: the VLM's
+// last layer; dk, dv NULL: a cross layer's keys/values are not its own), added to dres (dres_x: its copy)
 static void smol_layer_qkv_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
                                     const SmolLayerActs* x, float* dres, floatX* dres_x, const floatX* dq,
                                     const floatX* dk, const floatX* dv, int N) {
@@ -3405,8 +3325,8 @@ static GqaAttn smol_vision_attn(const SmolVLA* m, const SmolVisionActs& x) {
 }
 
 // SigLIP layer l: x.res -> x.out. redo (the backward's recomputation, RECOMPUTE_*): only what that
-// level dropped, into the slots the forward wrote (the same kernels on the same inputs, so the same
-// values): attn the attention half, layer all but fc2 (its output is the next layer's kept input).
+// level dropped, by the same kernels on the same inputs (so the same values): attn the attention
+// half, layer all but fc2 (its output is the next layer's kept input).
 static void smol_vision_layer_forward(SmolVLA* m, int l, int redo) {
     const SmolVLAConfig* c = &m->config;
     int V = (int)smol_vrows(c, m->B), Cv = c->vis_width, Fv = c->vis_ff;
@@ -3431,8 +3351,8 @@ static void smol_vision_layer_forward(SmolVLA* m, int l, int redo) {
     matmul_forward(x.out, x.gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), x.mid, V, Fv, Cv);
 }
 
-// SigLIP over every image: pixels -> acts.v_out (V, Cv). Position i of the table is patch i (the
-// bucketed position ids of SmolVLM are the identity at the trained image size).
+// SigLIP over every image: pixels -> acts.v_out (V, Cv). Position i is patch i (SmolVLM's bucketed
+// position ids are the identity at the trained image size).
 static void smolvla_vision_forward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3447,9 +3367,8 @@ static void smolvla_vision_forward(SmolVLA* m) {
                       m->params.vis_post_b, V, Cv);
 }
 
-// The prefix's embeddings p_res[0] = [camera 0 tokens]...[language][state] per sample, and the
-// sequence's mask (block ids) and RoPE positions. Image and language embeddings are scaled by
-// sqrt(C) (float32's, as LeRobot), the state token is not.
+// p_res[0] = [camera 0 tokens]...[language][state] per sample, the mask's block ids and the RoPE
+// positions. Image and language embeddings are scaled by sqrt(C) (in float32, as LeRobot), the state not.
 static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3466,11 +3385,9 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
     LAUNCH_1D(smolvla_sequence_kernel, B, a->block, a->pos, a->x_pos, in->token_mask, B, c->n_cam * NI, Lt, c->chunk);
 }
 
-// The VLM's layers over the prefix. Its last layer computes only ln1 and the keys and values: its
-// output and the final norm feed nothing (LeRobot computes and drops them).
-// VLM layer l over the prefix. The last one computes only ln1 and the keys and values. redo (the
-// backward's recomputation, RECOMPUTE_*): what that level dropped, as smol_vision_layer_forward's;
-// the keys and values are kept whatever the level (the expert reads them).
+// VLM layer l over the prefix. The last one computes only ln1, keys and values: its output feeds
+// nothing (LeRobot computes and drops it). redo: as smol_vision_layer_forward's, but the keys and
+// values are kept at every level (the expert reads them).
 static void smol_vlm_layer_forward(SmolVLA* m, int l, int redo) {
     const SmolVLAConfig* c = &m->config;
     int P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), T = Np + c->chunk;
@@ -3496,9 +3413,8 @@ static void smolvla_vlm_forward(SmolVLA* m) {
 }
 
 // The H action tokens of the noisy chunk acts.x_t at flow times t (B, device): s_res[0] =
-// action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time embedding]))). The time
-// embedding is action_embed_kernel's: [sin, cos] of 2 pi t / period, periods
-// geometric from 4e-3 to 4.0 over Ce/2 frequencies, in double, LeRobot's min/max_period.
+// action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time embedding]))), the time
+// embedding [sin, cos] of 2 pi t / period, periods geometric from 4e-3 to 4.0 (action_embed_kernel).
 static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3510,16 +3426,12 @@ static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
     matmul_forward(a->s_res, a->t_act, m->params.time_out_w, m->params.time_out_b, NULL, R, Ce, Ce);
 }
 
-// The expert's layers over the action tokens s_res[0] -> final norm -> action_out_proj: acts.v_t
-// (fp32). Joint layer: the actions' q/k/v with RoPE at their positions (after the valid prefix),
-// keys = [the VLM's prefix K/V of this layer ; the actions' own], under the block mask (actions
-// see the valid prefix, the state and earlier actions). Cross layer: q with RoPE at positions 0..,
-// keys and values = the VLM's post-RoPE K/V of this layer re-projected by the expert's
-// k_proj/v_proj (no second RoPE), the valid prefix only. reuse_cross_kv: the re-projections from
-// the previous call are still valid (sampling: the prefix does not change between Euler steps).
-// Expert layer l over the action tokens (smolvla_expert_forward says what it computes). redo (the
-// backward's recomputation, RECOMPUTE_*): what that level dropped, as smol_vision_layer_forward's;
-// the cross layers' re-projections are kept whatever the level.
+// Expert layer l over the action tokens. Joint layer: the actions' q/k/v with RoPE at their
+// positions (after the valid prefix), keys = [the VLM's K/V of this layer ; the actions' own] under
+// the block mask (actions see the valid prefix, the state, earlier actions). Cross layer: q with RoPE
+// at positions 0.., keys/values = the VLM's post-RoPE K/V re-projected by the expert's k/v_proj (no
+// second RoPE), the valid prefix only. reuse_cross_kv: those re-projections are still valid (the
+// Euler steps after the first). redo: as smol_vision_layer_forward's; re-projections are kept.
 static void smol_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, int redo) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3551,6 +3463,7 @@ static void smol_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, int
     smol_layer_out_forward(&w, &x, R, D, redo == RECOMPUTE_NONE);
 }
 
+// The expert's layers over s_res[0] -> final norm -> action_out_proj: acts.v_t (B, H, Amax), fp32
 static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3563,7 +3476,7 @@ static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
     matmul_forward_accumulate_f32(a->v_t, a->f_ln, m->params.action_out_w, R, Ce, c->max_action_dim);
 }
 
-// Images, vision tower, prefix embeddings and the VLM: everything the actions attend to.
+// Images, vision tower, prefix embeddings and the VLM: everything the actions attend to
 static void smolvla_encode_prefix(SmolVLA* m, const SmolInputs* in) {
     smolvla_set_batch(m, in->B);
     prof_phase("images");
@@ -3576,13 +3489,12 @@ static void smolvla_encode_prefix(SmolVLA* m, const SmolInputs* in) {
     smolvla_vlm_forward(m);
 }
 
-// Training forward: x_t = t noise + (1 - t) actions, velocity v_t (acts.v_t), target
-// u = noise - actions; loss = sum of (u - v)^2 over the real action dims of the chunk slots in
-// the episode, divided by max(1, those entries) (LeRobot's mean over valid entries, not over
-// B H A) of the whole optimizer step: every micro-step (`micro` of the step's) and every rank. So
-// the forward sums: the squared errors into acts.scalars[0], the valid entries into scalars[3]
-// (added to from the second micro-step on), and acts.d_vt is the gradient of the sum;
-// smolvla_loss_finish divides once the sums are complete (after the ranks' all-reduce).
+// Training forward. Flow matching: x_t = t noise + (1 - t) actions, target u = noise - actions,
+// velocity v_t. Loss = sum of (u - v)^2 over the real action dims of the slots in the episode, over
+// max(1, those entries) of the whole optimizer step, every micro-step and rank (LeRobot's mean over
+// valid entries, not over B H A). So the forward only sums: the errors into acts.scalars[0], the
+// entries into scalars[3] (added to after micro-step 0), d_vt the gradient of the sum;
+// smolvla_loss_finish divides once every rank's sums are in.
 static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro) {
     const SmolVLAConfig* c = &m->config;
     smolvla_encode_prefix(m, in);
@@ -3613,9 +3525,8 @@ static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro) {
     }
 }
 
-// The step's mean loss into acts.scalars[0], and its gradients scaled from the sum's to the mean's
-// (the part of them this model updates: its ZeRO-1 shard, or all), once the forward passes' sums
-// hold every micro-step and rank.
+// Once the sums hold every micro-step and rank: the mean loss into acts.scalars[0], and the gradients
+// this model updates (its ZeRO-1 shard, or all) scaled from the sum's to the mean's
 static void smolvla_loss_finish(SmolVLA* m) {
     loss_normalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars);
     launchCheck();
@@ -3627,22 +3538,10 @@ static void smolvla_loss_finish(SmolVLA* m) {
     LAUNCH_1D(scale_kernel, n, m->grads_memory + m->shard_lo, n, m->acts.scalars + 4);
 }
 
-#if defined(TESTING)
-// The loss of the last step (after smolvla_loss_finish), waiting for the device (the tests';
-// train_rank reads every scalar at once: smolvla_read_scalars).
-static float smolvla_read_loss(SmolVLA* m) {
-    float loss;
-    cudaCheck(cudaMemcpyAsync(&loss, m->acts.scalars, sizeof(float), cudaMemcpyDeviceToHost, main_stream));
-    cudaCheck(cudaStreamSynchronize(main_stream));
-    return loss;
-}
-#endif
-
 // ---- backward
 
 // d acts.d_vt -> action_out_proj -> the expert's norm and layers -> d s_res[0] in g_res / g_res_x
-// (R, Ce). Gradients into the VLM's keys/values of each layer are added to dp_k/dp_v: for every
-// prefix row, or only for the state rows (state_only, the expert mode: smolvla_backward says why).
+// (R, Ce); each layer's VLM key/value gradients added to dp_k/dp_v (state_only: the state rows')
 static void smolvla_expert_backward(SmolVLA* m, int state_only) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3678,7 +3577,7 @@ static void smolvla_expert_backward(SmolVLA* m, int state_only) {
             floatX* cv = a->c_v + (size_t)l * P * KV;
             cudaCheck(cudaMemsetAsync(a->g_kf, 0, (size_t)P * KV * sizeof(float), main_stream));
             cudaCheck(cudaMemsetAsync(a->g_vf, 0, (size_t)P * KV * sizeof(float), main_stream));
-            // every prefix row's re-projected K/V gradient: the cross k_proj/v_proj weights need them all
+            // every prefix row's: the cross k_proj/v_proj weights need them all
             gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta,
                                    smol_attn(m, H, Np, ck, cv, Np, NULL, NULL, 0));
             convert(a->g_kx, a->g_kf, (size_t)P * KV);
@@ -3697,8 +3596,7 @@ static void smolvla_expert_backward(SmolVLA* m, int state_only) {
     }
 }
 
-// d s_res[0] (g_res_x) -> action_time_mlp_out, SiLU, action_time_mlp_in -> action_in_proj. The time
-// embedding half of action_time_mlp_in's input has no parameters behind it.
+// d s_res[0] (g_res_x) -> action_time_mlp_out, SiLU, action_time_mlp_in -> action_in_proj
 static void smolvla_suffix_embed_backward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3716,8 +3614,8 @@ static void smolvla_suffix_embed_backward(SmolVLA* m) {
     bias_backward(m->grads.action_in_b, a->partial, a->g_emb, R, Ce, 2 * Ce);
 }
 
-// The state rows (row Np - 1 of every sample) of the VLM's layer-l activations x, gathered into
-// the r_* scratch: the layer as the expert mode's backward sees it, B rows of one query each
+// The state rows (row Np - 1 of each sample) of a VLM layer's activations x, gathered into the r_*:
+// the layer as the expert mode's backward sees it, B rows of one query each
 static SmolLayerActs smol_state_rows(SmolVLA* m, const SmolLayerActs* x, int last) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3740,10 +3638,9 @@ static SmolLayerActs smol_state_rows(SmolVLA* m, const SmolLayerActs* x, int las
     return r;
 }
 
-// The VLM's layers backward, from the expert's gradients on their keys/values (dp_k, dp_v), down
-// to d p_res[0] in g_res / g_res_x. Its last layer is only ln1 -> k/v: frozen in every mode, yet
-// the gradient passes through it into the layers below. state_only (the expert mode): only the
-// state rows are taken down, B rows of g_res (smolvla_backward says why); else all P rows.
+// The VLM's layers backward from the expert's gradients on their keys/values (dp_k, dp_v) down to
+// d p_res[0] in g_res / g_res_x: all P rows, or B state rows (state_only). The last layer (ln1 ->
+// k/v) is frozen in every mode, yet the gradient passes through it.
 static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3765,8 +3662,7 @@ static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
         const floatX* dq = NULL;
         if (!last) {
             smol_layer_out_backward(m, &w, &g, &x, dres, dres_x, N, D);
-            // the queries of the taken rows over every prefix key: the state query (token Np - 1)
-            // alone, or all of them
+            // the taken rows' queries (the state's, token Np - 1, or all) over every prefix key
             GqaAttn keys = smol_attn(m, state_only ? 1 : Np, state_only ? Np - 1 : 0, all.k, all.v, Np, NULL, NULL, 0);
             gqa_attention_backward(a->g_q, dk, dv, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta, keys);
             rope_at(a->g_q, a->g_q, m->rope_cos, m->rope_sin, a->pos + (state_only ? Np - 1 : 0), N, N / B, T,
@@ -3787,9 +3683,8 @@ static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
     }
 }
 
-// d p_res[0] (g_res / g_res_x) -> state_proj (every mode); embed_tokens and the connector (vlm,
-// all: the pad id's row gets nothing, as nn.Embedding's padding_idx); into the vision tower's
-// output (all: g_shuf holds d shuffled on return). state_only: g_res holds the state rows alone.
+// d p_res[0] (g_res / g_res_x; state_only: the state rows alone) -> state_proj; embed_tokens (the pad
+// id's row gets nothing, as nn.Embedding's padding_idx) and the connector; g_shuf = d shuffled (all)
 static void smolvla_prefix_embed_backward(SmolVLA* m, int state_only) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3816,7 +3711,7 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int state_only) {
 }
 
 // d shuffled (g_shuf) -> pixel shuffle -> post_layernorm -> SigLIP layers -> position and patch
-// embeddings. Nothing flows into the pixels.
+// embeddings (nothing flows into the pixels)
 static void smolvla_vision_backward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3865,17 +3760,12 @@ static void smolvla_vision_backward(SmolVLA* m) {
     bias_backward(m->grads.vis_patch_b, a->partial, dres_x, V, Cv);
 }
 
-// Gradients of the last smolvla_forward's loss for the tensors that train in the model's mode
-// (TRAIN_MODE_EXPERT, _VLM, _ALL: LeRobot's train_expert_only / freeze_vision_encoder) into
-// grads_memory (of the loss's sum: smolvla_forward): overwritten when zero_grads (the first
-// micro-step), added to otherwise; each bucket handed to the ranks' average as it is final. No work
-// is done for gradients nothing trainable needs:
-//   expert: the expert, its heads and state_proj train. state_proj's token is the prefix's last
-//     row (block 1): the rows before it (images and language, block 0) never see it, so only that
-//     row is taken back through the (frozen) VLM. Nothing reaches the vision tower.
-//   vlm:    the whole prefix goes back through the VLM (all but its last layer train, and the last
-//     one passes the gradient of its keys/values down), into embed_tokens and the connector; the
-//     vision tower gets nothing.
+// Gradients of the last forward's loss sum into grads_memory (overwritten when zero_grads, else
+// added to), each bucket handed to the ranks' average once final. Order: the expert, which leaves
+// gradients on the VLM's keys/values, then the VLM, as far down as something trains:
+//   expert: the expert, its heads, state_proj. state_proj's token is the prefix's last row (block 1),
+//     which the rows before it (block 0) never see: only that row goes back through the frozen VLM.
+//   vlm:    the whole prefix back through the VLM into embed_tokens and the connector.
 //   all:    and on through the vision tower.
 static void smolvla_backward(SmolVLA* m, int zero_grads) {
     const SmolVLAConfig* c = &m->config;
@@ -3900,11 +3790,8 @@ static void smolvla_backward(SmolVLA* m, int zero_grads) {
     }
 }
 
-// After an optimizer step's last backward pass: the loss's sums, the valid entries and the stop
-// flag (acts.scalars[0], [3], [2]) summed over the ranks too (with ZeRO-1 the gradients
-// reduce-scattered to their shards), the main stream waiting for all of it; then the mean loss and
-// the gradients of the mean (smolvla_loss_finish). `stop`: this rank saw a stop request; any
-// rank's stops them all.
+// After a step's last backward: the loss's sums, the valid entries and the stop flag (scalars[0], [3],
+// [2]; `stop`: this rank saw a stop request) summed over the ranks with the gradients, then the means
 static void smolvla_grads_finish(SmolVLA* m, int stop) {
     LAUNCH_1D(fill_kernel, 1, m->acts.scalars + 2, stop ? 1.0f : 0.0f, 1);
     dist_step_sums(m);
@@ -3913,11 +3800,9 @@ static void smolvla_grads_finish(SmolVLA* m, int stop) {
 
 // ---- sampling
 
-// num_steps Euler steps of dx/dt = v(x, t) from t = 1 (acts.x_sample, the noise) to t = 0, in
-// acts.x_sample. t = float(1 + k dt) with dt = -1/num_steps in double, x += float(dt) v: LeRobot's
-// euler_integrate. The first step re-projects the prefix's keys/values for the cross layers, the
-// others reuse them. Reads and writes only the model's memory (weights, activations), so a
-// capture of it replays until the activations move.
+// Euler steps of dx/dt = v(x, t) in acts.x_sample from t = 1 (the noise) to 0, as LeRobot's
+// euler_integrate: t = float(1 + k dt), dt = -1/n_steps in double, x += float(dt) v. Touches only the
+// model's memory, so a CUDA graph of it replays until the activations move.
 static void smolvla_euler_steps(SmolVLA* m) {
     SmolActivations* a = &m->acts;
     int B = m->B, n = (int)smol_rrows(&m->config, B) * m->config.max_action_dim, n_steps = 10;
@@ -3931,13 +3816,10 @@ static void smolvla_euler_steps(SmolVLA* m) {
     }
 }
 
-// Noise (B, H, Amax, device) -> out (B, H, Amax, host), normalized units (un-normalizing is the
-// caller's): the prefix once, then the Euler steps. With sampling.use_graph the steps are one CUDA
-// graph (1,957 launches at the smolvla sizes, whose host-side cost would dominate at batch 1): the
-// first call at a batch size runs them one by one (cuBLASLt's plans and the kernels' settings
-// are made outside any capture), the second captures them, later calls replay. sampling.ms and
-// .launches get what the prefix and the steps took. The call sampling.profile_call (the policy
-// library's VLA_PROFILE_ACT) runs its steps one by one, timed by phase and operation (prof_end).
+// Noise (B, H, Amax, device) -> out (B, H, Amax, host), normalized: the prefix once, then the Euler
+// steps. With use_graph the steps are one CUDA graph (their ~2,000 launches' host cost dominates at
+// batch 1): the first call at a batch size runs them one by one (cuBLASLt's plans are made outside
+// any capture), the second captures them, later calls replay. The call profile_call is profiled.
 static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise, float* out) {
     SmolSampling* s = &m->sampling;
     if (s->marks[0] == NULL) {
@@ -3979,9 +3861,8 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
 
 // ---- optimizer: AdamW on the trainable elements only
 
-// sqrt of the sum of squares of the trainable gradients into acts.scalars[1], on the device: one
-// launch over the model's part of the domain, whose padding holds zeros, at a fixed grid (the same
-// order every run); with ZeRO-1 each rank sums its shard and the ranks add their sums
+// The trainable gradients' global norm into acts.scalars[1]: one launch at a fixed grid (the same
+// order every run) over the model's part of the domain (padding zero); ZeRO-1 ranks add their sums
 static void smolvla_global_norm(SmolVLA* m) {
     int sharded = smol_sharded(m);
     norm_squares_kernel<<<NORM_BLOCKS, BLOCK, 0, main_stream>>>(m->norm_partial, m->grads_memory + m->shard_lo,
@@ -3996,13 +3877,10 @@ static void smolvla_global_norm(SmolVLA* m) {
     }
 }
 
-// AdamW (0.9, 0.95, 1e-8) on the fp32 master weights of each tensor's trainable prefix inside the
-// model's shard (all of them alone), one launch per tensor that trains: gradients clipped to global
-// norm `clip` first (0 disables), decoupled decay where the table's decay column says, the floatX
-// copy refreshed (ZeRO-1: then all-gathered). Frozen elements neither move nor decay. All on the
-// device. fp16 builds: a step with Inf/NaN gradients changes no weight, moment or compute copy and
-// updates the loss scale; it still counts as step `step` for the learning-rate schedule and AdamW's
-// bias corrections (the step index is the one clock: schedule, sampler, checkpoints).
+// AdamW (0.9, 0.95, 1e-8) on the master weights of the shard's trainable elements, one launch per
+// tensor: gradients clipped to global norm `clip` (0: off), decay where the table says, the floatX
+// copy refreshed (ZeRO-1: then all-gathered). fp16: a step with Inf/NaN gradients changes nothing
+// but the loss scale, yet counts as step `step` (the one clock of schedule, sampler, checkpoints).
 static void smolvla_update(SmolVLA* m, float lr, float weight_decay, float clip, int step) {
     const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
     smolvla_global_norm(m);
@@ -4024,8 +3902,7 @@ static void smolvla_update(SmolVLA* m, float lr, float weight_decay, float clip,
     if (smol_sharded(m)) { zero_gather_params(m); }
 }
 
-// Loss, gradient norm (before clipping) and the stop flag of the last step (over every rank),
-// waiting for the device.
+// Loss, gradient norm (before clipping) and stop flag of the last step over every rank, waiting for them
 static void smolvla_read_scalars(SmolVLA* m, float* loss, float* norm, int* stop = NULL) {
     float s[3];
     cudaCheck(cudaMemcpyAsync(s, m->acts.scalars, sizeof(s), cudaMemcpyDeviceToHost, main_stream));
@@ -4035,93 +3912,9 @@ static void smolvla_read_scalars(SmolVLA* m, float* loss, float* norm, int* stop
     if (stop != NULL) { *stop = s[2] > 0.0f; }
 }
 
-#if defined(TESTING)
-// One optimizer step (0-based `step`) over n_micro micro-batches in[0 .. n_micro-1] of one rank
-// alone: their forward and backward passes accumulate the loss's sums and gradients, then the mean
-// and AdamW at the schedule's learning rate. Nothing waits for the device: smolvla_read_scalars does.
-// (The tests' step: train_rank interleaves the same calls with the batches' uploads and NCCL.)
-static void smolvla_train_step(SmolVLA* m, const SmolInputs* in, int n_micro, int step, const TrainArgs* args) {
-    for (int micro = 0; micro < n_micro; micro++) {
-        smolvla_forward(m, &in[micro], micro);
-        smolvla_backward(m, micro == 0);
-    }
-    smolvla_grads_finish(m, 0);
-    smolvla_update(m, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
-}
-#endif
-
-// ---- FLOPs, for MFU
-
-// Model FLOPs of one training sample in train mode `mode`: the forward everywhere (matrix products
-// and attention), and the backward (2x the forward: input and weight gradients) only where
-// gradients flow: the expert and its projections always; in expert mode the VLM's state rows alone
-// (1/Np of its forward); in vlm mode the VLM and the connector; in all mode the vision tower too.
-// What the model needs, not what the kernels happen to do; sampling's passes are not counted.
-static double smolvla_flops_per_sample(const SmolVLAConfig* c, int mode) {
-    double cams = c->n_cam, G = smolvla_grid(c), Nv = G * G, Cv = c->vis_width, Fv = c->vis_ff, Lv = c->vis_layers;
-    double NI = smolvla_image_tokens(c), s2 = (double)c->scale_factor * c->scale_factor;
-    double Np = smolvla_n_prefix(c), C = c->d_model, F = c->d_ff, D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
-    double L = c->n_layer, H = c->chunk, Ce = c->d_expert, Fe = c->d_expert_ff;
-    double vision = cams * (2.0 * Nv * smolvla_patch_dim(c) * Cv +
-                            Lv * (2.0 * Nv * (4.0 * Cv * Cv + 2.0 * Cv * Fv) + 4.0 * Nv * Nv * Cv));
-    double connector = cams * 2.0 * NI * s2 * Cv * C + 2.0 * c->max_state_dim * C;
-    double vlm = (L - 1.0) * (2.0 * Np * (2.0 * C * D + 2.0 * C * KV + 3.0 * C * F) + 4.0 * Np * Np * D) +
-                 2.0 * Np * 2.0 * C * KV;  // the last layer: its keys and values
-    double expert = 2.0 * H * (c->max_action_dim * Ce + 3.0 * Ce * Ce) + 2.0 * H * Ce * c->max_action_dim;
-    for (int l = 0; l < c->n_layer; l++) {
-        expert += 2.0 * H * (2.0 * Ce * D + 3.0 * Ce * Fe);
-        if (smolvla_layer_is_cross(c, l)) {
-            expert += 2.0 * Np * 2.0 * KV * KV + 4.0 * H * Np * D;  // the prefix's K/V re-projected, attended
-        } else {
-            expert += 2.0 * H * 2.0 * Ce * KV + 4.0 * H * (Np + H) * D;
-        }
-    }
-    double forward = vision + connector + vlm + expert;
-    double backward = 2.0 * expert;
-    if (mode == TRAIN_MODE_EXPERT) { backward += 2.0 * vlm / Np; }
-    if (mode >= TRAIN_MODE_VLM) { backward += 2.0 * (vlm + connector); }
-    if (mode == TRAIN_MODE_ALL) { backward += 2.0 * vision; }
-    return forward + backward;
-}
-
-// FLOPs that recompute level rc adds to one training sample in `mode`: the forward of what it drops,
-// once more in the backward (smol_*_layer_forward's redo), counted as smolvla_flops_per_sample
-// counts: the expert's layers (attn: q, its own k/v, attention; layer: also o_proj and gate/up, not
-// down_proj, whose output is kept), the VLM's on every prefix row (also in expert mode, where only
-// the state rows go back: the recomputation runs the forward's kernels) but its last layer (ln1 alone,
-// no products), and the vision tower's in all mode. Not model FLOPs: MFU leaves them out.
-static double smolvla_recompute_flops_per_sample(const SmolVLAConfig* c, int mode, int rc) {
-    if (rc == RECOMPUTE_NONE) { return 0.0; }
-    double cams = c->n_cam, G = smolvla_grid(c), Nv = G * G, Cv = c->vis_width, Fv = c->vis_ff, Lv = c->vis_layers;
-    double Np = smolvla_n_prefix(c), C = c->d_model, F = c->d_ff, D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
-    double L = c->n_layer, H = c->chunk, Ce = c->d_expert, Fe = c->d_expert_ff;
-    int layer = rc == RECOMPUTE_LAYER;
-    double vision = cams * Lv * (2.0 * Nv * 3.0 * Cv * Cv + 4.0 * Nv * Nv * Cv);
-    if (layer) { vision += cams * Lv * 2.0 * Nv * (Cv * Cv + Cv * Fv); }
-    double vlm = (L - 1.0) * (2.0 * Np * C * D + 4.0 * Np * Np * D);
-    if (layer) { vlm += (L - 1.0) * 2.0 * Np * (D * C + 2.0 * C * F); }
-    double expert = 0.0;
-    for (int l = 0; l < c->n_layer; l++) {
-        expert += 2.0 * H * Ce * D;
-        if (smolvla_layer_is_cross(c, l)) { expert += 4.0 * H * Np * D; }
-        else { expert += 2.0 * H * 2.0 * Ce * KV + 4.0 * H * (Np + H) * D; }
-        if (layer) { expert += 2.0 * H * (D * Ce + 2.0 * Ce * Fe); }
-    }
-    return expert + vlm + (mode == TRAIN_MODE_ALL ? vision : 0.0);
-}
-
-// bf16 dense tensor-core peak of the GPUs we know, in FLOP/s; 0 for the others
-static double device_peak_flops(const char* name) {
-    static const struct { const char* match; double tflops; } peaks[] = {
-        {"H200", 989.4}, {"GH200", 989.4}, {"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H100", 989.4},
-        {"A100", 312.0}, {"L40S", 362.0}, {"A10G", 70.0}, {"RTX 4090", 165.2},
-        {"V100", 125.0}, {"T4", 65.0},  // fp16 (they have no bf16): the figure fp16 builds' MFU uses there
-    };
-    for (size_t i = 0; i < sizeof(peaks) / sizeof(peaks[0]); i++) {
-        if (strstr(name, peaks[i].match) != NULL) { return peaks[i].tflops * 1e12; }
-    }
-    return 0.0;
-}
+// ---- FLOPs, for MFU: vla/flops.h (smolvla_flops_per_sample, smolvla_recompute_flops_per_sample,
+// device_peak_flops)
+#include "vla/flops.h"
 
 // ----------------------------------------------------------------------------
 // data parallel: one rank per GPU, each driven by a host thread of its own (OpenMP), on one node or

@@ -1,0 +1,43 @@
+/*
+vla/memory.cuh: the device memory of train_vla.cu's model, computed without allocating it: what
+--memory's table and the largest-batch search plan with, and what smolvla_build and
+smolvla_set_batch check and carve against. Included by train_vla.cu right after the activation
+table (SMOLVLA_GPU_ACTIVATIONS); uses floatX, NORM_BLOCKS, LOSS_SCALER and LOSS_SCALING from it.
+*/
+#ifndef VLA_MEMORY_CUH
+#define VLA_MEMORY_CUH
+
+// Device bytes smolvla_build allocates on one GPU without ZeRO-1, activations aside (smolvla_act_bytes):
+// what --memory plans with; smolvla_build checks it holds exactly this
+static size_t smolvla_model_bytes(const SmolVLAConfig* c, int mode) {
+    SmolParamTable t;
+    SmolOptDomain d;
+    smolvla_table_build(c, &t);
+    smolvla_opt_domain(&t, mode, &d);
+    size_t n_train = zero_shard_size(d.total, 1, 16), n_params = n_train;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { n_params += (t.spec[i].numel - d.numel[i] + 15) / 16 * 16; }
+    size_t rope = (size_t)(smolvla_n_prefix(c) + c->chunk) * (c->head_dim / 2) * 2;
+    return n_params * sizeof(floatX) + 4 * n_train * sizeof(float) + (NORM_BLOCKS + rope) * sizeof(float) +
+           (LOSS_SCALING ? LOSS_SCALER * sizeof(float) : 0);  // fp16: the loss scale's state
+}
+
+// The activations' elements of each type for B samples, every tensor rounded up to 64 bytes
+static void smol_act_counts(const SmolVLAConfig* c, int mode, int B, int rc, size_t* nx, size_t* nf, size_t* ni) {
+    *nx = *nf = *ni = 0;
+#define SMOL_SIZE_X_(nm, n) *nx += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
+#define SMOL_SIZE_F_(nm, n) *nf += ((n) + 15) / 16 * 16;
+#define SMOL_SIZE_I_(nm, n) *ni += ((n) + 15) / 16 * 16;
+    SMOLVLA_GPU_ACTIVATIONS(SMOL_SIZE_X_, SMOL_SIZE_F_, SMOL_SIZE_I_, c, B, mode, rc)
+#undef SMOL_SIZE_X_
+#undef SMOL_SIZE_F_
+#undef SMOL_SIZE_I_
+}
+
+// Device bytes of the activations smolvla_set_batch allocates for B samples
+static size_t smolvla_act_bytes(const SmolVLAConfig* c, int mode, int B, int rc = RECOMPUTE_NONE) {
+    size_t nx, nf, ni;
+    smol_act_counts(c, mode, B, rc, &nx, &nf, &ni);
+    return nx * sizeof(floatX) + nf * sizeof(float) + ni * sizeof(int);
+}
+
+#endif  // VLA_MEMORY_CUH
