@@ -2378,153 +2378,8 @@ static size_t colsum_chunks(size_t N) { return ceil_div(N, (size_t)colsum_rows(N
 // the step profiler (--profile STEP): marks on main_stream, reported by phase, operation and shape
 #include "vla/profiler.cuh"
 
-// Largest power of two (at most 256) that divides the address: what cuBLASLt may assume.
-static uint32_t pointer_alignment(const void* p) {
-    uint32_t a = 256;
-    while (a > 1 && ((uintptr_t)p % a) != 0) { a /= 2; }
-    return a;
-}
-
-// cuBLASLt descriptors and the algorithm chosen for one product shape. Made once per shape: the
-// heuristic query costs tens of microseconds of host time and a step has hundreds of products.
-typedef struct {
-    int m, n, k, lda, ldb, ldd, transa, transb, bias, gelu;  // gelu: GELU-tanh on the output (the epilogue)
-    cudaDataType_t d_type;
-    uint32_t align[4];  // of A, B, C, D: what the algorithm may assume
-    int batch;                            // products in one call (strided batch), 1: one
-    long long stride_a, stride_b, stride_d;  // elements from one product's matrix to the next's (C: D's)
-} MatmulKey;
-
-// A strided batch of products: `count` of them, each matrix `a`, `b`, `d` elements after the
-// previous one's (C follows D)
-typedef struct {
-    int count;
-    long long a, b, d;
-} MatmulBatch;
-
-typedef struct {
-    MatmulKey key;
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t la, lb, lcd;  // C and D share a layout
-    cublasLtMatmulAlgo_t algo;
-} MatmulPlan;
-
-static thread_local MatmulPlan* matmul_plans = NULL;  // plans belong to a device's cuBLASLt handle
-static thread_local int n_matmul_plans = 0, cap_matmul_plans = 0;
-
-static MatmulPlan* matmul_plan(const MatmulKey* key) {
-    for (int i = 0; i < n_matmul_plans; i++) {
-        if (memcmp(&matmul_plans[i].key, key, sizeof(*key)) == 0) { return &matmul_plans[i]; }
-    }
-    if (n_matmul_plans == cap_matmul_plans) {
-        cap_matmul_plans = cap_matmul_plans > 0 ? 2 * cap_matmul_plans : 64;
-        matmul_plans = (MatmulPlan*)realloc(matmul_plans, cap_matmul_plans * sizeof(MatmulPlan));
-        if (matmul_plans == NULL) { vla_fail("out of memory for matrix product plans"); }
-    }
-    MatmulPlan* p = &matmul_plans[n_matmul_plans];
-    p->key = *key;
-    cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    int32_t ta = key->transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    if (key->bias || key->gelu) {
-        uint32_t epilogue = key->gelu ? (key->bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU) :
-                                        CUBLASLT_EPILOGUE_BIAS;
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    }
-    int m = key->m, n = key->n, k = key->k;
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->la, CUBLAS_FLOATX, key->transa ? k : m, key->transa ? m : k, key->lda));
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->lb, CUBLAS_FLOATX, key->transb ? n : k, key->transb ? k : n, key->ldb));
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->lcd, key->d_type, m, n, key->ldd));
-    if (key->batch > 1) {
-        cublasLtMatrixLayout_t layouts[3] = {p->la, p->lb, p->lcd};
-        const long long strides[3] = {key->stride_a, key->stride_b, key->stride_d};
-        for (int i = 0; i < 3; i++) {
-            int32_t count = key->batch;
-            int64_t stride = strides[i];
-            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
-                                                         sizeof(count)));
-            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                         sizeof(stride)));
-        }
-    }
-    cublasLtMatmulPreference_t pref;
-    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = CUBLASLT_WORKSPACE_BYTES;
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; i++) {
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &key->align[i], sizeof(key->align[i])));
-    }
-    cublasLtMatmulHeuristicResult_t heuristic;
-    int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt, p->desc, p->la, p->lb, p->lcd, p->lcd, pref, 1, &heuristic, &found));
-    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-    if (found == 0) {
-        vla_fail("cuBLASLt has no algorithm for a %d x %d x %d product (transa %d, transb %d)", m, n, k, key->transa,
-                 key->transb);
-    }
-    p->algo = heuristic.algo;
-    n_matmul_plans++;
-    return p;
-}
-
-static void matmul_plans_free(void) {
-    for (int i = 0; i < n_matmul_plans; i++) {
-        MatmulPlan* p = &matmul_plans[i];
-        cublasCheck(cublasLtMatrixLayoutDestroy(p->la));
-        cublasCheck(cublasLtMatrixLayoutDestroy(p->lb));
-        cublasCheck(cublasLtMatrixLayoutDestroy(p->lcd));
-        cublasCheck(cublasLtMatmulDescDestroy(p->desc));
-    }
-    free(matmul_plans);
-    matmul_plans = NULL;
-    n_matmul_plans = cap_matmul_plans = 0;
-}
-
-// D (m, n) = alpha op(A) op(B) + beta C (+ bias (m)) in cuBLASLt's column-major terms, then
-// GELU-tanh where `gelu` asks (cuBLASLt's epilogue, on the fp32 sum before it is rounded to D's
-// type); A, B are floatX, C and D of d_type (floatX or fp32); C is D unless `c` is given (then with
-// D's layout); `batch` (NULL: one product) makes it a strided batch of them. The wrappers below
-// speak row-major.
-static void matmul_cublaslt(void* d, cudaDataType_t d_type, int ldd, const void* c, const floatX* a, int lda,
-                            bool transa, const floatX* b, int ldb, bool transb, int m, int n, int k, float beta,
-                            const floatX* bias, const MatmulBatch* batch = NULL, float alpha = 1.0f, bool gelu = false) {
-    int count = batch != NULL ? batch->count : 1;
-    char shape[64] = "";
-    if (prof.on) {
-        int at = snprintf(shape, sizeof(shape), "%d x %d x %d %c%c%s%s%s", m, n, k, transa ? 'T' : 'N',
-                          transb ? 'T' : 'N', d_type == CUDA_R_32F && CUBLAS_FLOATX != CUDA_R_32F ? " fp32 out" : "",
-                          bias != NULL ? " +bias" : "", gelu ? " +gelu" : "");
-        if (count > 1) { snprintf(shape + at, sizeof(shape) - at, ", batch %d", count); }
-    }
-    ProfOp prof_op("matmul", 2.0 * m * n * k * count, shape);
-    const void* c_ptr = c != NULL ? c : d;
-    MatmulKey key;
-    memset(&key, 0, sizeof(key));  // padding too: keys are compared bytewise
-    key.m = m; key.n = n; key.k = k; key.lda = lda; key.ldb = ldb; key.ldd = ldd;
-    key.transa = transa; key.transb = transb; key.bias = bias != NULL; key.gelu = gelu; key.d_type = d_type;
-    key.align[0] = pointer_alignment(a); key.align[1] = pointer_alignment(b);
-    key.align[2] = pointer_alignment(c_ptr); key.align[3] = pointer_alignment(d);
-    key.batch = count;
-    if (count > 1) {  // every product's matrices must have the alignment of the first's
-        key.stride_a = batch->a; key.stride_b = batch->b; key.stride_d = batch->d;
-        size_t d_size = d_type == CUDA_R_32F ? sizeof(float) : sizeof(floatX);
-        const size_t step[4] = {batch->a * sizeof(floatX), batch->b * sizeof(floatX), batch->d * d_size, batch->d * d_size};
-        for (int i = 0; i < 4; i++) {
-            uint32_t s_align = pointer_alignment((const void*)(uintptr_t)step[i]);
-            if (s_align < key.align[i]) { key.align[i] = s_align; }
-        }
-    }
-    MatmulPlan* p = matmul_plan(&key);
-    if (bias != NULL) {
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    }
-    cublasCheck(cublasLtMatmul(cublaslt, p->desc, &alpha, a, p->la, b, p->lb, &beta, c_ptr, p->lcd, d, p->lcd, &p->algo,
-                               cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, main_stream));
-}
+// cuBLASLt's products, a plan per shape: matmul_cublaslt in column-major terms (vla/matmul.cuh)
+#include "vla/matmul.cuh"
 
 // out (N, OC) = inp (N, C) @ w (OC, C)^T [+ bias (OC)] [+ res (N, OC)]; row strides ld_out, ld_inp
 // (0: dense). Column-major: out^T (OC, N) = W (stored as (C, OC), transposed) times inp^T (C, N).
@@ -4818,89 +4673,8 @@ static void dist_share_id(const Run* run) {
     }
 }
 
-// ---- faults. NCCL reports failures asynchronously, and a rank that hangs or dies
-// makes the others wait in their collectives forever. So a watchdog thread per process polls every
-// local communicator's asynchronous error and how long each rank has been in its current step; on
-// an error, or a step longer than --nccl-timeout, it aborts the communicators, names the rank and
-// ends the process with exit status 1. Checkpoints are written to a temporary file and renamed,
-// so the last one is intact, and -y 1 continues from it.
-typedef struct {
-    const Run* run;
-    ncclComm_t* comms;           // (local_ranks) each rank's, once it has one
-    volatile double* busy_since; // (local_ranks) when its current step started, 0 between steps
-    volatile int* step;          // (local_ranks) the step it is in
-    volatile int done;
-    pthread_t thread;
-} Watchdog;
-
-static void watchdog_fault(Watchdog* w, const char* what) {
-    run_aborting = 1;
-    char left[2 * VLA_PATH_MAX + 128];
-    fprintf(stderr, "error: %s: aborting NCCL; %s (NCCL_DEBUG=INFO says more)\n", what,
-            train_checkpoint_left(w->run->args.output, left, sizeof(left)));
-    fflush(stderr);
-    for (int r = 0; r < w->run->local_ranks; r++) {
-        if (w->comms[r] != NULL) { ncclCommAbort(w->comms[r]); }
-    }
-    _exit(1);  // not exit(): the ranks' threads may still be waiting inside CUDA
-}
-
-static void* watchdog_main(void* arg) {
-    Watchdog* w = (Watchdog*)arg;
-    const Run* run = w->run;
-    while (!w->done) {
-        usleep(100000);
-        double now = wall_seconds();
-        char what[400];
-        for (int r = 0; r < run->local_ranks; r++) {
-            int rank = run->node * run->local_ranks + r;
-            ncclResult_t err = ncclSuccess;
-            if (w->comms[r] != NULL) { ncclCommGetAsyncError(w->comms[r], &err); }
-            if (err != ncclSuccess && err != ncclInProgress) {
-                snprintf(what, sizeof(what), "NCCL reported '%s' on rank %d (node %d, GPU %d) in step %d",
-                         ncclGetErrorString(err), rank, run->node, r, w->step[r] + 1);
-                watchdog_fault(w, what);
-            }
-        }
-        // every rank of this node stuck past the timeout, named together with its step
-        char stuck[300] = "";
-        double longest = 0.0;
-        for (int r = 0; r < run->local_ranks; r++) {
-            double since = w->busy_since[r];
-            if (since > 0.0 && now - since > run->args.nccl_timeout) {
-                size_t len = strlen(stuck);
-                snprintf(stuck + len, sizeof(stuck) - len, "%s%d (GPU %d, step %d)", len > 0 ? ", " : "",
-                         run->node * run->local_ranks + r, r, w->step[r] + 1);
-                if (now - since > longest) { longest = now - since; }
-            }
-        }
-        if (stuck[0] != '\0') {
-            snprintf(what, sizeof(what), "rank(s) %s of node %d made no progress for %.0f s (--nccl-timeout): a rank of "
-                     "the run is hung or gone", stuck, run->node, longest);
-            watchdog_fault(w, what);
-        }
-    }
-    return NULL;
-}
-
-static void watchdog_start(Watchdog* w, const Run* run) {
-    memset(w, 0, sizeof(*w));
-    w->run = run;
-    w->busy_since = (volatile double*)callocCheck(run->local_ranks, sizeof(double));
-    w->step = (volatile int*)callocCheck(run->local_ranks, sizeof(int));
-    w->comms = (ncclComm_t*)callocCheck(run->local_ranks, sizeof(ncclComm_t));
-    if (run->world > 1 && pthread_create(&w->thread, NULL, watchdog_main, w) != 0) {
-        vla_fail("cannot start the NCCL watchdog thread: %s", strerror(errno));
-    }
-}
-
-static void watchdog_stop(Watchdog* w) {
-    w->done = 1;
-    if (w->run->world > 1) { pthread_join(w->thread, NULL); }
-    free(w->comms);
-    free((void*)w->busy_since);
-    free((void*)w->step);
-}
+// faults: a watchdog thread over the communicators (vla/watchdog.cuh)
+#include "vla/watchdog.cuh"
 
 // This rank's communicator (rank `rank` of the run, local GPU `local`), its stream and events;
 // the model's gradients sum over the ranks from here on
@@ -4997,21 +4771,7 @@ static void dist_check_args(const TrainArgs* args) {
 
 static void dist_share_id(const Run* run) {}
 
-// No communicator to watch: the rank's step marks are kept, and read by no one
-typedef struct {
-    volatile double* busy_since;
-    volatile int* step;
-} Watchdog;
-
-static void watchdog_start(Watchdog* w, const Run* run) {
-    w->busy_since = (volatile double*)callocCheck(run->local_ranks, sizeof(double));
-    w->step = (volatile int*)callocCheck(run->local_ranks, sizeof(int));
-}
-
-static void watchdog_stop(Watchdog* w) {
-    free((void*)w->busy_since);
-    free((void*)w->step);
-}
+#include "vla/watchdog.cuh"  // its stand-in: the ranks' step marks, read by no one
 
 static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) { memset(d, 0, sizeof(*d)); }
 static void dist_free(Dist* d, const SmolVLA* m, Watchdog* w, int local) {}
@@ -5024,72 +4784,9 @@ static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) 
 #endif  // MULTI_GPU
 
 // ----------------------------------------------------------------------------
-// data: device batches fed from the loader's pinned ring
+// data: device batches fed from the loader's pinned ring, --balance tasks' per-task losses
 
-// Device copy of a host batch's layout (smolvla_batch_layout: each camera's frames at their stored
-// size, tokens, state, actions, pads, t, noise); the host slot and this buffer are copied in one go.
-static void device_batch_alloc(SmolVLA* m, SmolBatch* dev, const Cameras* cams, int B) {
-    size_t bytes = smolvla_batch_layout(dev, NULL, &m->config, cams, B);
-    smolvla_batch_layout(dev, (uint8_t*)smol_device_malloc(m, bytes), &m->config, cams, B);
-}
-
-// The model's inputs from a device batch (the first b->B samples of its layout)
-static SmolInputs smol_inputs(const SmolBatch* b) {
-    SmolInputs in;
-    memset(&in, 0, sizeof(in));
-    in.B = b->B;
-    for (int k = 0; k < b->cams.n; k++) {
-        in.frames[k] = b->images[k];
-        in.frame_h[k] = (int)b->cams.height[k];
-        in.frame_w[k] = (int)b->cams.width[k];
-    }
-    in.frame_stride = 0;  // each camera's frames packed
-    in.tokens = b->tokens; in.token_mask = b->token_mask; in.state = b->state;
-    in.actions = b->actions; in.action_is_pad = b->action_is_pad; in.t = b->t; in.noise = b->eps;
-    return in;
-}
-
-// Pins the loader's ring of host batches so copies from them are asynchronous.
-static void loader_pin(Loader* L, int pin) {
-    for (int k = 0; k < L->n_slots; k++) {
-        if (pin) { cudaCheck(cudaHostRegister(L->slots[k].memory, L->slots[k].bytes, cudaHostRegisterDefault)); }
-        else { cudaCheck(cudaHostUnregister(L->slots[k].memory)); }
-    }
-}
-
-// --balance tasks' per-task losses of a rank (TaskLosses): the task of each sample goes up with its
-// batch; after each forward the samples' squared errors and valid entries are added to their
-// tasks' sums on the device; at the end of the step the sums are added over the ranks and become
-// each task's mean loss over its valid entries in the whole global batch, as train_vla_cpu logs it.
-typedef struct {
-    const TaskBalance* tb;  // NULL: none kept
-    const Dataset* ds;
-    int T, B;
-    int* host_task;         // (2, B) the tasks of the batch being uploaded into device batch k (host)
-    int* dev_task;          // (2, B) device: device batch k's
-    float* sample_sums;     // (B, 2) device: the last forward's per-sample sums
-    float* task_sums;       // (T, 2) device: the step's per-task sums (squared errors, valid entries)
-    float* host_sums;       // (T, 2)
-    double* task_loss;      // (T) the step's mean per task (NaN: no valid entry), what the log writes
-} TaskLosses;
-
-static void task_losses_init(TaskLosses* tl, const TaskBalance* tb, const Dataset* ds, int B) {
-    memset(tl, 0, sizeof(*tl));
-    if (tb == NULL) { return; }
-    tl->tb = tb; tl->ds = ds; tl->T = tb->n_tasks; tl->B = B;
-    tl->host_task = (int*)mallocCheck(2 * (size_t)B * sizeof(int));
-    tl->host_sums = (float*)mallocCheck(2 * (size_t)tl->T * sizeof(float));
-    tl->task_loss = (double*)mallocCheck((size_t)tl->T * sizeof(double));
-    cudaCheck(cudaMalloc(&tl->dev_task, 2 * (size_t)B * sizeof(int)));
-    cudaCheck(cudaMalloc(&tl->sample_sums, 2 * (size_t)B * sizeof(float)));
-    cudaCheck(cudaMalloc(&tl->task_sums, 2 * (size_t)tl->T * sizeof(float)));
-}
-
-static void task_losses_free(TaskLosses* tl) {
-    if (tl->tb == NULL) { return; }
-    free(tl->host_task); free(tl->host_sums); free(tl->task_loss);
-    cudaCheck(cudaFree(tl->dev_task)); cudaCheck(cudaFree(tl->sample_sums)); cudaCheck(cudaFree(tl->task_sums));
-}
+#include "vla/device_batch.cuh"
 
 // After the forward of device batch k, micro-step `micro` of the step: its samples' sums into their tasks'
 static void task_losses_add(TaskLosses* tl, const SmolVLA* m, const SmolInputs* in, int k, int micro) {
@@ -5105,42 +4802,6 @@ static void task_losses_add(TaskLosses* tl, const SmolVLA* m, const SmolInputs* 
 }
 
 // At the end of the step (after the update): the per-task sums added over the ranks, and copied
-// for task_losses_read once the step's scalars are read (which waits for the main stream)
-static void task_losses_reduce(TaskLosses* tl, SmolVLA* m) {
-    if (tl->tb == NULL) { return; }
-    dist_sum(m->dist, tl->task_sums, 2 * (size_t)tl->T);
-    cudaCheck(cudaMemcpyAsync(tl->host_sums, tl->task_sums, 2 * (size_t)tl->T * sizeof(float), cudaMemcpyDeviceToHost,
-                              main_stream));
-}
-
-static void task_losses_read(TaskLosses* tl) {
-    if (tl->tb == NULL) { return; }
-    cudaCheck(cudaStreamSynchronize(main_stream));
-    for (int t = 0; t < tl->T; t++) {
-        float n = tl->host_sums[2 * t + 1];
-        tl->task_loss[t] = n > 0.0f ? (double)tl->host_sums[2 * t] / (double)n : NAN;
-    }
-}
-
-// Starts copying the loader's next batch into dev (device batch k) on the copy stream, once the
-// compute that last read dev is done (`consumed`, recorded on the main stream; a fresh event is no
-// wait); `uploaded` fires when the batch has landed, with its samples' tasks when tl keeps them.
-static void batch_upload(Loader* L, SmolBatch* dev, cudaEvent_t consumed, cudaEvent_t uploaded, TaskLosses* tl, int k) {
-    SmolBatch* host = loader_next(L);
-    cudaCheck(cudaStreamWaitEvent(copy_stream, consumed, 0));
-    cudaCheck(cudaMemcpyAsync(dev->memory, host->memory, host->bytes, cudaMemcpyHostToDevice, copy_stream));
-    if (tl->tb != NULL) {
-        // (the previous copy from this slot of host_task landed before dev's last use: the step loop
-        // waits for each upload before starting the next)
-        int* task = tl->host_task + (size_t)k * tl->B;
-        const uint64_t* idx = loader_indices(L);
-        for (int b = 0; b < tl->B; b++) { task[b] = task_balance_task_of(tl->tb, tl->ds, idx[b]); }
-        cudaCheck(cudaMemcpyAsync(tl->dev_task + (size_t)k * tl->B, task, (size_t)tl->B * sizeof(int),
-                                  cudaMemcpyHostToDevice, copy_stream));
-    }
-    cudaCheck(cudaEventRecord(uploaded, copy_stream));
-}
-
 // 10 Euler steps from the batch's noise (dev, a device batch) -> sampled (B, H, A) in the data's
 // units (host): the model's (B, H, Amax) normalized chunk sliced to the action dims, un-normalized
 // with action_mean / action_std (A each).
@@ -5226,127 +4887,8 @@ static float eval_action_mse(SmolVLA* m, SmolBatch* dev, const Dataset* ds, uint
 static volatile sig_atomic_t stop_requested = 0;
 static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 
-// The memory an 80 GB H100 leaves to the model and its activations: the 81,559 MiB it reports, less
-// 2 GiB for the CUDA context, cuBLASLt's workspace, the batches' buffers and the allocator's slack
-// (an estimate: none of it is measured here)
-static const double H100_80GB_MODEL_BYTES = (81559.0 - 2048.0) * 1024.0 * 1024.0;
-
-// The largest batch whose model and activations (mode, rc) fit in `budget` bytes; 0: none does
-static int smol_largest_batch(const SmolVLAConfig* c, int mode, int rc, double budget) {
-    double model = (double)smolvla_model_bytes(c, mode);
-    int lo = 0, hi = 1;
-    while (hi < (1 << 20) && model + (double)smolvla_act_bytes(c, mode, hi, rc) <= budget) { lo = hi; hi *= 2; }
-    while (hi - lo > 1) {  // lo fits, hi does not
-        int mid = lo + (hi - lo) / 2;
-        if (model + (double)smolvla_act_bytes(c, mode, mid, rc) <= budget) { lo = mid; } else { hi = mid; }
-    }
-    return lo;
-}
-
-// --memory: the activation memory of config c for every train mode and recompute level at a few
-// batch sizes, the model's other bytes, the largest batch that fits an 80 GB H100 and the FLOPs the
-// recomputation adds; from smolvla_act_bytes and smolvla_model_bytes, what the trainer allocates by.
-// Allocates nothing: it runs where there is no GPU (the emulated build).
-static void print_memory_table(const SmolVLAConfig* c, const char* preset) {
-    const double gib = 1024.0 * 1024.0 * 1024.0;
-    const int batches[] = {8, 16, 32, 64};
-    printf("activation memory of preset %s (%d cameras at %d px, %s), GiB per GPU, by --recompute\n", preset, c->n_cam,
-           c->img, PRECISION_NAME);
-    printf("| --train | batch | none    | attn    | layer   |\n|---------|-------|---------|---------|---------|\n");
-    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
-        for (size_t k = 0; k < sizeof(batches) / sizeof(batches[0]); k++) {
-            printf("| %-7s | %5d |", TRAIN_MODE_NAMES[mode], batches[k]);
-            for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
-                printf(" %7.2f |", (double)smolvla_act_bytes(c, mode, batches[k], rc) / gib);
-            }
-            printf("\n");
-        }
-    }
-    printf("\nthe largest batch on an 80 GB H100 (%.1f GiB for the model and its activations), and the cost\n",
-           H100_80GB_MODEL_BYTES / gib);
-    printf("| --train | model GiB | none | attn | layer | GFLOP/sample | +attn | +layer |\n"
-           "|---------|-----------|------|------|-------|--------------|-------|--------|\n");
-    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
-        double flops = smolvla_flops_per_sample(c, mode);
-        printf("| %-7s | %9.2f |", TRAIN_MODE_NAMES[mode], (double)smolvla_model_bytes(c, mode) / gib);
-        for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
-            printf(" %*d |", rc == RECOMPUTE_LAYER ? 5 : 4, smol_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES));
-        }
-        printf(" %12.1f | %4.1f%% | %5.1f%% |\n", flops / 1e9,
-               100.0 * smolvla_recompute_flops_per_sample(c, mode, RECOMPUTE_ATTN) / flops,
-               100.0 * smolvla_recompute_flops_per_sample(c, mode, RECOMPUTE_LAYER) / flops);
-    }
-    printf("(model: weights, fp32 gradients, master weights and AdamW moments of what trains; estimated from the\n"
-           "allocation sizes, not measured; +attn, +layer: the FLOPs the recomputation adds to the model's)\n");
-}
-
-static void print_config(const Run* run, const cudaDeviceProp* prop, double flops, double peak) {
-    const TrainArgs* args = &run->args;
-    const SmolVLAConfig* c = &run->config;
-    SmolParamTable t;
-    smolvla_table_build(c, &t);
-    size_t trainable = smolvla_trainable_count(&t, args->train_mode);
-    char split[96];
-    printf("+------------------------+--------------------------------------+\n");
-    printf("| train_vla              | %-36s |\n", args->preset);
-    printf("+------------------------+--------------------------------------+\n");
-    smolvla_config_print(c);
-    printf("| parameters             | %-36zu |\n", t.total);
-    snprintf(split, sizeof(split), "%zu (%.1f%%)", trainable, 100.0 * (double)trainable / (double)t.total);
-    printf("| trainable              | %-36s |\n", split);
-    printf("| train mode (--train)   | %-36s |\n", TRAIN_MODE_NAMES[args->train_mode]);
-    printf("| start                  | %-36s |\n", run_start_kind(args, run->from));
-    if (run->from != NULL) { printf("| from                   | %-36s |\n", run->from); }
-    SmolOptDomain domain;
-    SmolBuckets buckets;
-    smolvla_opt_domain(&t, args->train_mode, &domain);
-    smol_buckets_build(&buckets, c, &t, &domain);
-    snprintf(split, sizeof(split), "%d buckets, %d ranges", buckets.n, buckets.first[buckets.n]);
-    printf("| gradient all-reduce    | %-36s |\n", split);
-    free(buckets.first); free(buckets.offset); free(buckets.count);
-    printf("| dataset samples        | %-36llu |\n", (unsigned long long)run->ds.n_samples);
-    printf("| shards                 | %-36d |\n", run->ds.n_shards);
-    snprintf(split, sizeof(split), "%d x %d x %d", run->world, args->batch, args->accum);
-    printf("| GPUs x batch x accum   | %-36s |\n", split);
-    printf("| effective batch        | %-36lld |\n", (long long)train_global_batch(args, run->world));
-    snprintf(split, sizeof(split), "%g (--lr-scale %s)", args->lr, LR_SCALE_NAMES[args->lr_scale]);
-    printf("| peak learning rate     | %-36s |\n", split);
-    printf("| optimizer state        | %-36s |\n", args->zero && run->world > 1 ? "sharded over the GPUs (ZeRO-1)" : "on every GPU");
-    // per GPU, for its micro-batch: a frozen vision tower keeps one layer's (smol_vis_kept)
-    double gib = 1024.0 * 1024.0 * 1024.0;
-    size_t kept_all = smolvla_act_bytes(c, args->train_mode, args->batch);
-    size_t kept = smolvla_act_bytes(c, args->train_mode, args->batch, args->recompute);
-    printf("| activations (GiB)      | %-36.2f |\n", (double)kept / gib);
-    char saved[32];
-    snprintf(split, sizeof(split), "%s: saves %s", RECOMPUTE_NAMES[args->recompute],
-             format_bytes(saved, sizeof(saved), (double)(kept_all - kept)));
-    printf("| recompute              | %-36s |\n", split);
-    if (args->recompute != RECOMPUTE_NONE) {  // MFU counts the model's FLOPs alone
-        snprintf(split, sizeof(split), "%.2f (+%.1f%%, not in MFU)",
-                 smolvla_recompute_flops_per_sample(c, args->train_mode, args->recompute) / 1e9,
-                 100.0 * smolvla_recompute_flops_per_sample(c, args->train_mode, args->recompute) / flops);
-        printf("| recompute GFLOP/sample | %-36s |\n", split);
-    }
-    printf("| vision attention       | %-36s |\n", attention_version_name(c->vis_width / c->vis_heads));
-    printf("| masked attention       | %-36s |\n", attention_version_name(c->head_dim));
-    printf("| device                 | %-36.36s |\n", prop->name);
-    printf("| precision              | %-36s |\n", PRECISION_NAME);
-    printf("| model GFLOP per sample | %-36.2f |\n", flops / 1e9);
-    const char* peak_kind = LOSS_SCALING ? "fp16" : "bf16";
-    if (peak > 0.0) { printf("| peak %s TFLOP/s      | %-36.1f |\n", peak_kind, peak / 1e12); }
-    else { printf("| peak %s TFLOP/s      | %-36s |\n", peak_kind, "unknown for this device: no MFU"); }
-    if (LOSS_SCALING) {
-        snprintf(split, sizeof(split), "%g, x2 after %d clean steps", (double)run->loss_scale.scale,
-                 args->loss_scale_window);
-        printf("| loss scale (dynamic)   | %-36s |\n", split);
-    }
-    printf("| loader threads         | %-36d |\n", args->workers);
-    printf("| augment shift (px)     | %-36d |\n", args->augment);
-    printf("| balance                | %-36s |\n", BALANCE_NAMES[args->balance]);
-    if (run->balance != NULL) { task_balance_print(run->balance, &run->ds); }
-    printf("+------------------------+--------------------------------------+\n");
-    fflush(stdout);
-}
+// --memory and the config table at the start (vla/report.cuh)
+#include "vla/report.cuh"
 
 // One GPU's training: rank node * local_ranks + local of run->world, on local device `local`.
 // Every rank holds a replica, takes its own share of every global batch, and sums its gradients
