@@ -25,7 +25,7 @@ Invariants worth knowing before reading:
 - The loss is LeRobot's mean over valid entries, taken over the whole optimizer step (every
   micro-step and rank): the passes compute sums, divided once every rank's are in.
 - Linear weights are (out, in), row-major; y = x W^T + b. cuBLASLt is column-major, so a
-  row-major (N, C) activation is a column-major (C, N) matrix: see matmul_forward.
+  row-major (N, C) activation is a column-major (C, N) matrix: see matmul_forward (vla/matmul.cuh).
 - Every reduction runs in a fixed order (no floating-point atomics): two runs give the same bits.
 
 Reproduce the oracle's numbers (what test_vla_gpu checks):
@@ -75,89 +75,8 @@ typedef __nv_bfloat16 floatX;
 #define PRECISION_NAME "bf16"
 #endif
 
-// Set once the NCCL watchdog aborts the run: the errors the abort causes in the ranks' threads
-// are its consequence, not news, and the watchdog's one line stays the only one
-static volatile int run_aborting = 0;
-static void wait_for_abort(void) {
-    for (;;) { pause(); }
-}
-
-static void cuda_check_(cudaError_t err, const char* file, int line) {
-    if (err == cudaSuccess) { return; }
-    if (run_aborting) { wait_for_abort(); }
-    if (err == cudaErrorMemoryAllocation) {
-        vla_fail("out of GPU memory at %s:%d: use a smaller batch (-b) or preset", file, line);
-    }
-    vla_fail("CUDA error %s at %s:%d", cudaGetErrorString(err), file, line);
-}
-#define cudaCheck(call) cuda_check_((call), __FILE__, __LINE__)
-
-static void cublas_check_(cublasStatus_t status, const char* file, int line) {
-    if (status != CUBLAS_STATUS_SUCCESS) { vla_fail("cuBLAS error %d at %s:%d", (int)status, file, line); }
-}
-#define cublasCheck(call) cublas_check_((call), __FILE__, __LINE__)
-
-static __device__ __host__ __forceinline__ float f32(float x) { return x; }
-#if defined(ENABLE_FP16)
-static __device__ __host__ __forceinline__ float f32(__half x) { return __half2float(x); }
-#else
-static __device__ __host__ __forceinline__ float f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-#endif
-static __device__ __host__ __forceinline__ floatX fx(float x) {
-#if defined(ENABLE_FP32)
-    return x;
-#elif defined(ENABLE_FP16)
-    return __float2half(x);
-#else
-    return __float2bfloat16(x);
-#endif
-}
-
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset /= 2) { v += __shfl_xor_sync(0xffffffffu, v, offset); }
-    return v;
-}
-
-// Sum over a block whose size is a multiple of 32; every thread gets it. `shared` holds 32
-// floats; the leading barrier lets back-to-back calls reuse it.
-static __device__ float block_sum(float v, float* shared) {
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0) { shared[warp] = v; }
-    __syncthreads();
-    return warp_sum(lane < n_warps ? shared[lane] : 0.0f);
-}
-
-static __device__ __forceinline__ float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f;  // sqrt(2/pi)
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
-
-static __device__ __forceinline__ float gelu_tanh_grad(float x) {
-    const float k = 0.7978845608028654f;
-    float th = tanhf(k * (x + 0.044715f * x * x * x));
-    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
-}
-
-static inline int ceil_div(size_t a, size_t b) { return (int)((a + b - 1) / b); }
-
-// 16 bytes of T, moved with one 128-bit load or store: 8 bf16 or 4 fp32 values
-template <typename T>
-struct __align__(16) Packed128 {
-    static constexpr int size = 16 / sizeof(T);
-    T v[16 / sizeof(T)];
-};
-typedef Packed128<floatX> x128;
-template <typename T>
-static __device__ __forceinline__ Packed128<T> load128(const T* p) { return *reinterpret_cast<const Packed128<T>*>(p); }
-template <typename T>
-static __device__ __forceinline__ void store128(T* p, const Packed128<T>& x) { *reinterpret_cast<Packed128<T>*>(p) = x; }
-
-// Whether n elements from each pointer can be moved 16 bytes at a time
-static bool packable(size_t n, int size, const void* a, const void* b = NULL, const void* c = NULL) {
-    return n % size == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 && (uintptr_t)c % 16 == 0;
-}
+// the checks, floatX conversions, warp and block sums and 16-byte packs (vla/cuda_common.cuh)
+#include "vla/cuda_common.cuh"
 
 // PTX instructions as functions (mma.sync, cp.async, ldmatrix, ex2.approx) and the launch count of
 // the emulation, which has its own versions of them (dev/cuda/emu/vla/ptx.cuh, found first there)
@@ -2188,6 +2107,17 @@ __global__ void gather_rows_f32_kernel(float* out, const float* x, int B, int T,
     out[idx] = x[((row / count) * T + first + row % count) * C + idx % C];
 }
 
+static __device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f;  // sqrt(2/pi)
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+static __device__ __forceinline__ float gelu_tanh_grad(float x) {
+    const float k = 0.7978845608028654f;
+    float th = tanhf(k * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 // SigLIP's MLP activation (gelu_pytorch_tanh): 128-bit loads and stores, x128::size values per
 // thread (n a multiple of it)
 __global__ void gelu_forward_kernel2(floatX* out, const floatX* inp, size_t n) {
@@ -2349,16 +2279,6 @@ __global__ void prefix_image_grad_kernel(floatX* dimg, const float* dx, int B, i
 // Per GPU, so per host thread: with MULTI_GPU each rank's thread drives its own device
 static thread_local cudaStream_t main_stream;   // all compute
 static thread_local cudaStream_t copy_stream;   // host-to-device batch copies, ordered by events
-static thread_local cublasLtHandle_t cublaslt;
-static thread_local void* cublaslt_workspace;
-static const size_t CUBLASLT_WORKSPACE_BYTES = 32 << 20;
-#if defined(ENABLE_FP32)
-static cudaDataType_t CUBLAS_FLOATX = CUDA_R_32F;
-#elif defined(ENABLE_FP16)
-static cudaDataType_t CUBLAS_FLOATX = CUDA_R_16F;  // fp32 compute (CUBLAS_COMPUTE_32F): tensor cores from sm_70
-#else
-static cudaDataType_t CUBLAS_FLOATX = CUDA_R_16BF;
-#endif
 
 #define launchCheck() cudaCheck(cudaGetLastError())
 static const int BLOCK = 256;
@@ -2378,40 +2298,8 @@ static size_t colsum_chunks(size_t N) { return ceil_div(N, (size_t)colsum_rows(N
 // the step profiler (--profile STEP): marks on main_stream, reported by phase, operation and shape
 #include "vla/profiler.cuh"
 
-// cuBLASLt's products, a plan per shape: matmul_cublaslt in column-major terms (vla/matmul.cuh)
+// cuBLASLt: a plan per product shape, and the row-major matmul_* the model calls (vla/matmul.cuh)
 #include "vla/matmul.cuh"
-
-// out (N, OC) = inp (N, C) @ w (OC, C)^T [+ bias (OC)] [+ res (N, OC)]; row strides ld_out, ld_inp
-// (0: dense). Column-major: out^T (OC, N) = W (stored as (C, OC), transposed) times inp^T (C, N).
-static void matmul_forward(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, const floatX* res,
-                           int N, int C, int OC, int ld_out = 0, int ld_inp = 0) {
-    matmul_cublaslt(out, CUBLAS_FLOATX, ld_out > 0 ? ld_out : OC, res, w, C, true, inp, ld_inp > 0 ? ld_inp : C, false,
-                    OC, N, C, res != NULL ? 1.0f : 0.0f, bias);
-}
-
-// out (N, OC) = GELU-tanh(inp (N, C) @ w (OC, C)^T + bias (OC)) in one product (cuBLASLt's GELU_BIAS
-// epilogue): where nothing needs the pre-activation (the frozen vision tower's MLP), this saves
-// writing it, reading it back and a kernel. GELU is taken of the fp32 sum, before its rounding to
-// floatX (matmul_forward then gelu_forward round in between).
-static void matmul_forward_gelu(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, int N, int C, int OC) {
-    matmul_cublaslt(out, CUBLAS_FLOATX, OC, NULL, w, C, true, inp, C, false, OC, N, C, 0.0f, bias, NULL, 1.0f, true);
-}
-
-// dinp (N, C) = dout (N, OC) @ w (OC, C) [+ beta * dinp]; dout row stride ld_dout (0: dense).
-// Column-major: dinp^T (C, N) = W (C, OC) times dout^T (OC, N).
-static void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* w, int N, int C, int OC, float beta,
-                                  int ld_dout = 0) {
-    matmul_cublaslt(dinp, CUBLAS_FLOATX, C, NULL, w, C, false, dout, ld_dout > 0 ? ld_dout : OC, false, C, N, OC,
-                    beta, NULL);
-}
-
-// dw (OC, C) += dout (N, OC)^T @ inp (N, C) into fp32 gradients; row strides ld_dout, ld_inp.
-// Column-major: dw^T (C, OC) = inp^T (C, N) times dout (N, OC).
-static void matmul_backward_weight(float* dw, const floatX* dout, const floatX* inp, int N, int C, int OC,
-                                   int ld_dout = 0, int ld_inp = 0) {
-    matmul_cublaslt(dw, CUDA_R_32F, C, NULL, inp, ld_inp > 0 ? ld_inp : C, false, dout, ld_dout > 0 ? ld_dout : OC,
-                    true, C, OC, N, 1.0f, NULL);
-}
 
 static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C, float eps) {
     ProfOp prof_op("rmsnorm");
@@ -2905,21 +2793,6 @@ static void rope_at(floatX* out, const Tin* in, const float* cos_t, const float*
     rope_at_kernel<Tin><<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(out, in, cos_t, sin_t, pos, rows, Tg, pos_stride,
                                                                        NH, HS, sign);
     launchCheck();
-}
-
-// out (N, OC) fp32 += inp (N, C) @ w (OC, C)^T: a product kept in fp32 (SmolVLA's velocity head,
-// whose output LeRobot takes in float32). Column-major as matmul_forward.
-static void matmul_forward_accumulate_f32(float* out, const floatX* inp, const floatX* w, int N, int C, int OC) {
-    matmul_cublaslt(out, CUDA_R_32F, OC, NULL, w, C, true, inp, C, false, OC, N, C, 1.0f, NULL);
-}
-
-// dinp (N, C) fp32 += dout (N, OC) @ w (OC, C): an input gradient added into fp32 (the expert's
-// cross layers add theirs into the VLM's key/value gradients); row strides ld_dinp, ld_dout (0:
-// dense). Column-major as matmul_backward_input.
-static void matmul_backward_input_accumulate_f32(float* dinp, const floatX* dout, const floatX* w, int N, int C, int OC,
-                                                 int ld_dinp = 0, int ld_dout = 0) {
-    matmul_cublaslt(dinp, CUDA_R_32F, ld_dinp > 0 ? ld_dinp : C, NULL, w, C, false, dout, ld_dout > 0 ? ld_dout : OC,
-                    false, C, N, OC, 1.0f, NULL);
 }
 
 #if defined(TESTING)

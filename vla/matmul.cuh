@@ -2,12 +2,24 @@
 vla/matmul.cuh: the matrix products of train_vla.cu through cuBLASLt. It owns the plan cache (the
 descriptors, layouts and algorithm of each product shape, made once: the heuristic query costs tens
 of microseconds of host time and a step has hundreds of products) and matmul_cublaslt, which runs
-one product, or a strided batch of them, in cuBLASLt's column-major terms; the row-major wrappers
-(matmul_forward, matmul_backward_input, ...) stay in train_vla.cu.
+one product, or a strided batch of them, in cuBLASLt's column-major terms, and the row-major
+products the model calls: matmul_forward (with GELU: matmul_forward_gelu), matmul_backward_input,
+matmul_backward_weight, and the two that add into fp32.
 
-Included by train_vla.cu after its launchers' state (main_stream, cublaslt, its workspace,
-CUBLAS_FLOATX) and vla/profiler.cuh; it uses cublasCheck and vla_fail.
+Included by train_vla.cu after main_stream and vla/profiler.cuh; it uses cublasCheck and vla_fail.
 */
+
+// Per GPU, so per host thread, as main_stream
+static thread_local cublasLtHandle_t cublaslt;
+static thread_local void* cublaslt_workspace;
+static const size_t CUBLASLT_WORKSPACE_BYTES = 32 << 20;
+#if defined(ENABLE_FP32)
+static cudaDataType_t CUBLAS_FLOATX = CUDA_R_32F;
+#elif defined(ENABLE_FP16)
+static cudaDataType_t CUBLAS_FLOATX = CUDA_R_16F;  // fp32 compute (CUBLAS_COMPUTE_32F): tensor cores from sm_70
+#else
+static cudaDataType_t CUBLAS_FLOATX = CUDA_R_16BF;
+#endif
 
 // Largest power of two (at most 256) that divides the address: what cuBLASLt may assume.
 static uint32_t pointer_alignment(const void* p) {
@@ -155,4 +167,51 @@ static void matmul_cublaslt(void* d, cudaDataType_t d_type, int ldd, const void*
     }
     cublasCheck(cublasLtMatmul(cublaslt, p->desc, &alpha, a, p->la, b, p->lb, &beta, c_ptr, p->lcd, d, p->lcd, &p->algo,
                                cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, main_stream));
+}
+
+// out (N, OC) = inp (N, C) @ w (OC, C)^T [+ bias (OC)] [+ res (N, OC)]; row strides ld_out, ld_inp
+// (0: dense). Column-major: out^T (OC, N) = W (stored as (C, OC), transposed) times inp^T (C, N).
+static void matmul_forward(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, const floatX* res,
+                           int N, int C, int OC, int ld_out = 0, int ld_inp = 0) {
+    matmul_cublaslt(out, CUBLAS_FLOATX, ld_out > 0 ? ld_out : OC, res, w, C, true, inp, ld_inp > 0 ? ld_inp : C, false,
+                    OC, N, C, res != NULL ? 1.0f : 0.0f, bias);
+}
+
+// out (N, OC) = GELU-tanh(inp (N, C) @ w (OC, C)^T + bias (OC)) in one product (cuBLASLt's GELU_BIAS
+// epilogue): where nothing needs the pre-activation (the frozen vision tower's MLP), this saves
+// writing it, reading it back and a kernel. GELU is taken of the fp32 sum, before its rounding to
+// floatX (matmul_forward then gelu_forward round in between).
+static void matmul_forward_gelu(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, int N, int C, int OC) {
+    matmul_cublaslt(out, CUBLAS_FLOATX, OC, NULL, w, C, true, inp, C, false, OC, N, C, 0.0f, bias, NULL, 1.0f, true);
+}
+
+// dinp (N, C) = dout (N, OC) @ w (OC, C) [+ beta * dinp]; dout row stride ld_dout (0: dense).
+// Column-major: dinp^T (C, N) = W (C, OC) times dout^T (OC, N).
+static void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* w, int N, int C, int OC, float beta,
+                                  int ld_dout = 0) {
+    matmul_cublaslt(dinp, CUBLAS_FLOATX, C, NULL, w, C, false, dout, ld_dout > 0 ? ld_dout : OC, false, C, N, OC,
+                    beta, NULL);
+}
+
+// dw (OC, C) += dout (N, OC)^T @ inp (N, C) into fp32 gradients; row strides ld_dout, ld_inp.
+// Column-major: dw^T (C, OC) = inp^T (C, N) times dout (N, OC).
+static void matmul_backward_weight(float* dw, const floatX* dout, const floatX* inp, int N, int C, int OC,
+                                   int ld_dout = 0, int ld_inp = 0) {
+    matmul_cublaslt(dw, CUDA_R_32F, C, NULL, inp, ld_inp > 0 ? ld_inp : C, false, dout, ld_dout > 0 ? ld_dout : OC,
+                    true, C, OC, N, 1.0f, NULL);
+}
+
+// out (N, OC) fp32 += inp (N, C) @ w (OC, C)^T: a product kept in fp32 (SmolVLA's velocity head,
+// whose output LeRobot takes in float32). Column-major as matmul_forward.
+static void matmul_forward_accumulate_f32(float* out, const floatX* inp, const floatX* w, int N, int C, int OC) {
+    matmul_cublaslt(out, CUDA_R_32F, OC, NULL, w, C, true, inp, C, false, OC, N, C, 1.0f, NULL);
+}
+
+// dinp (N, C) fp32 += dout (N, OC) @ w (OC, C): an input gradient added into fp32 (the expert's
+// cross layers add theirs into the VLM's key/value gradients); row strides ld_dinp, ld_dout (0:
+// dense). Column-major as matmul_backward_input.
+static void matmul_backward_input_accumulate_f32(float* dinp, const floatX* dout, const floatX* w, int N, int C, int OC,
+                                                 int ld_dinp = 0, int ld_dout = 0) {
+    matmul_cublaslt(dinp, CUDA_R_32F, ld_dinp > 0 ? ld_dinp : C, NULL, w, C, false, dout, ld_dout > 0 ? ld_dout : OC,
+                    false, C, N, OC, 1.0f, NULL);
 }
