@@ -12,7 +12,7 @@ accumulation. PRECISION=FP32 makes floatX float, for testing against the oracle 
 PRECISION=FP16 (GPUs without bf16: sm_70, sm_75) makes floatX IEEE half, the rest as in bf16, with
 dynamic loss scaling: fp16's 5 exponent bits flush small gradients to zero, so the loss gradient is
 scaled by S before the backward, unscaled with the mean's factor, and a step whose gradients hold
-Inf/NaN is skipped and halves S (see "dynamic loss scaling" in the utilities).
+Inf/NaN is skipped and halves S (see "dynamic loss scaling" among the kernels).
 
 Invariants worth knowing before reading:
 - What trains is --train (expert, vlm, all: TRAIN_MODE_*): each tensor's trainable elements are
@@ -139,13 +139,10 @@ __global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* 
 
 // y_c = x_c r w_c with r = (mean x^2 + eps)^-1/2, so
 // dx_c = r w_c dy_c - x_c r^3 / C * sum_j dy_j w_j x_j   and   dw_c = sum_rows dy_c x_c r.
-// dx is added to dres (fp32) and written to dres_x (its floatX copy, which the matrix products
-// read); partial sums of dw over this block's rows go to dw_partial (gridDim.x, C), summed in
-// order by column_sum_kernel. One warp per row, so a row needs warp reductions only (no block
-// barrier); the warps of a block split its rows, each lane keeps the dw partial sums of its
-// columns in registers, and the warps' sums meet in shared memory, added in warp order.
-// C <= 32 * RMSNORM_BWD2_COLS. Those sums take 96 registers a thread on sm_90 when unbounded: a
-// block gets at most 65536, so 512 threads, not 1024. __launch_bounds__ holds the compiler to it.
+// dx is added to dres (fp32) and written to dres_x (the floatX copy the products read); the block's
+// dw sums go to dw_partial (gridDim.x, C) for column_sum_kernel. One warp per row (no block barrier);
+// each lane keeps its columns' dw sums in registers, added across warps in warp order.
+// C <= 32 * RMSNORM_BWD2_COLS; those registers cap a block at 512 threads (__launch_bounds__).
 #define RMSNORM_MAX_BLOCK 512
 #define RMSNORM_BWD2_COLS 32
 __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel2(float* dres, floatX* dres_x, float* dw_partial, const floatX* dout,
@@ -203,12 +200,9 @@ __global__ void column_partial_kernel(float* partial, const floatX* x, int N, in
     partial[(size_t)blockIdx.y * C + c] = s;
 }
 
-// Version 2: 128-bit loads. A block takes the rows of chunk blockIdx.y at 32 packs of x128::size
-// columns (lane x, pack 32 blockIdx.x + x); warp y sums rows y, y + COLPART2_WARPS, ... of the
-// chunk, and the warps' sums add in warp order through shared memory. Where one thread per column
-// loaded 2 bytes a row, a warp's load is now 512 bytes of a row. C and ld multiples of x128::size,
-// x 16-byte aligned (launch with bias_backward); version 1 takes the other widths (the tiny
-// preset's expert, 36, in bf16 and fp16).
+// Version 2: 128-bit loads, so a warp loads 512 bytes of a row. A block takes 32 packs of columns
+// of chunk blockIdx.y; warp y sums rows y, y + COLPART2_WARPS, ..., the warps' sums added in warp
+// order. C and ld multiples of x128::size, x 16-byte aligned; version 1 takes the other widths.
 #define COLPART2_WARPS 8
 __global__ void __launch_bounds__(32 * COLPART2_WARPS) column_partial_kernel2(float* partial, const floatX* x, int N,
                                                                                int C, int ld, int rows_per_block) {
@@ -237,11 +231,9 @@ __global__ void __launch_bounds__(32 * COLPART2_WARPS) column_partial_kernel2(fl
     }
 }
 
-// out (C) += the sum of partial (n_chunks, C) over its chunks, in a fixed order: a block of
-// COLSUM_WARPS warps takes 32 columns (a lane each, so every warp's load is one 128-byte line), warp
-// w sums chunks w, w + COLSUM_WARPS, ..., and the warps' sums add in warp order. The 2,048 chunks of
-// the vision tower's 65,536 rows thus have a thousand loads in flight per block, where a thread per
-// column walking every chunk had 768 threads in all (launch with column_sum)
+// out (C) += the sum of partial (n_chunks, C) over its chunks, in a fixed order: a block takes 32
+// columns (a lane each: a warp loads one 128-byte line), warp w sums chunks w, w + COLSUM_WARPS, ...,
+// and the warps' sums add in warp order, so thousands of chunks keep many loads in flight
 #define COLSUM_WARPS 32
 __global__ void __launch_bounds__(32 * COLSUM_WARPS) column_sum_kernel(float* out, const float* partial, int n_chunks,
                                                                         int C) {
@@ -417,11 +409,10 @@ __global__ void fill_kernel(float* p, float v, int n) {
     if (i < n) { p[i] = v; }
 }
 
-// ---- dynamic loss scaling (fp16 builds), all on the device: every rank computes the same global
-// norm after the all-reduce, so every rank takes the same decision with no host round trip.
-// The state, LOSS_SCALER floats: the scale S the next step starts with, clean steps since it last
-// changed, steps skipped so far, the scale the last step ran with, and the step's loss-gradient
-// factor (counts in floats are exact to 2^24, past any window and step count train_vla takes).
+// ---- dynamic loss scaling (fp16 builds), on the device: every rank sees the same global norm after
+// the all-reduce, so every rank decides the same with no host round trip. The state, LOSS_SCALER
+// floats (counts exact to 2^24): the next scale S, clean steps since it changed, skipped steps, the
+// scale the last step ran with, and the step's loss-gradient factor.
 enum { SCALER_NEXT = 0, SCALER_CLEAN = 1, SCALER_SKIPPED = 2, SCALER_USED = 3, SCALER_FACTOR = 4, LOSS_SCALER = 5 };
 #if defined(ENABLE_FP16)
 #define LOSS_SCALING 1
@@ -429,12 +420,10 @@ enum { SCALER_NEXT = 0, SCALER_CLEAN = 1, SCALER_SKIPPED = 2, SCALER_USED = 3, S
 #define LOSS_SCALING 0
 #endif
 
-// A step's first micro-step: the factor its loss gradients are scaled by, S * pow2, where pow2 =
-// 2^-ceil(log2(H*A)): the gradient of the sum that the backward starts from is then S times that
-// of each sample's mean loss (torch's GradScaler scales a mean loss), up to a power of two, so
-// scaling and unscaling round nothing. Per sample, not per batch: a sample's backward sees the
-// same scaled values however the batch is split over ranks and micro-steps, so a run overflows
-// (and skips) at the same steps on any world size. One thread.
+// A step's first micro-step: its loss-gradient factor S * pow2, pow2 = 2^-ceil(log2(H*A)), so the
+// backward starts from S times each sample's mean-loss gradient (GradScaler scales a mean), by a
+// power of two that rounds nothing. Per sample, not per batch: a run overflows (and skips) at the
+// same steps however the batch is split over ranks and micro-steps. One thread.
 __global__ void loss_scale_begin_kernel(float* scaler, float pow2) {
     scaler[SCALER_USED] = scaler[SCALER_NEXT];
     scaler[SCALER_FACTOR] = scaler[SCALER_NEXT] * pow2;
@@ -472,9 +461,8 @@ __global__ void loss_scale_update_kernel(float* scaler, const float* grad_norm, 
 // ---- LayerNorm with weight and bias (SigLIP's layer_norm1/2 and post_layernorm)
 
 #define LAYERNORM_EPS 1e-6f  // SigLIP's layer_norm_eps
-// Both kernels keep a row's values or their columns' sums in registers (90 to 120 per thread on
-// sm_90): a block gets at most 65536 registers, so 512 threads, not 1024. __launch_bounds__ holds
-// the compiler to it; a larger block fails to launch.
+// Both kernels keep a row's values or their columns' sums in registers (90 to 120 a thread): at
+// most 512 threads a block, which __launch_bounds__ holds the compiler to
 #define LAYERNORM_MAX_BLOCK 512
 
 // out = (x - mean) rstd w + b per row of C; mean and rstd kept. One warp per row, 128-bit loads
@@ -531,12 +519,10 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_forward_kernel2
 
 // y = xh w + b with xh = (x - m) r, so with g = dy w (the gradient reaching xh):
 //   dx_c = r (g_c - 1/C sum_j g_j - xh_c 1/C sum_j g_j xh_j),  dw_c = sum_rows dy_c xh_c,  db_c = sum_rows dy_c.
-// dx is added to dres (fp32) and written to dres_x (its floatX copy, which the matrix products
-// read). partial (2, gridDim.x, C): this block's sums of dw over its rows, then those of db; summed
-// in order by column_sum_kernel. One warp per row (warp reductions only), 128-bit loads and
-// stores; lane l owns the packs l, l + 32, ... of a row and keeps their dw and db sums in
-// registers. The warps' sums meet in shared memory (warps, C), dw first and then db, added in warp
-// order. C a multiple of x128::size, at most 32 * LAYERNORM_BWD2_VALS.
+// dx into dres and dres_x as in rmsnorm_backward_kernel2; partial (2, gridDim.x, C): the block's dw
+// sums, then its db sums, for column_sum_kernel. One warp per row, 128-bit loads; lane l keeps the
+// dw and db sums of packs l, l + 32, ... in registers, added across warps in warp order.
+// C a multiple of x128::size, at most 32 * LAYERNORM_BWD2_VALS.
 #define LAYERNORM_BWD2_VALS 32  // columns per lane
 __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel2(float* dres, floatX* dres_x,
                                                                                    float* partial, const floatX* dout,
@@ -698,10 +684,9 @@ typedef struct {
 } ResizePad;
 
 // torch's source index for bilinear, align_corners=False (area_pixel_compute_source_index): output
-// pixel d of a dimension resized from `in` reads i0 and i1 with weight l on i1. One fused
-// multiply-add, as torch's compiled kernels do (CPU and CUDA): rounding the product first moves
-// src by up to an ulp of `in` (8e-6 at 100 pixels), which l and the image inherit. src < in - 0.5,
-// so i0 <= in - 1 always; the min only keeps the read inside the frame.
+// pixel d reads i0 and i1 with weight l on i1. One fused multiply-add, as torch's kernels do:
+// rounding the product first would move src by up to an ulp of `in`. The min only keeps the read
+// inside the frame (src < in - 0.5 already).
 static __device__ __forceinline__ void resize_source(int d, float scale, int in, int* i0, int* i1, float* l) {
     float src = fmaxf(fmaf(scale, (float)d + 0.5f, -0.5f), 0.0f);
     int i = min((int)src, in - 1);  // src >= 0: truncation is floor
@@ -2010,10 +1995,8 @@ __global__ void __launch_bounds__(ATT4_THREADS, MASK ? 1 : ATT4_DKDV_BLOCKS) gqa
 // ---- the model's glue between the operations above (patches in conv-weight order, the
 // prefix and its mask, RoPE at given positions, GELU, the fp32 velocity head and its loss)
 
-// images (n_img, 3, S, S) -> patches (n_img * g*g, 3*p*p), g = S/p: patches row-major per image,
-// each flattened in (channel, row, column) order, the patch embedding's conv weight (Cv, 3, p, p)
-// layout, so that the stride-p convolution is a Linear. One thread per value; born in
-// dev/cuda/patchify.cu.
+// images (n_img, 3, S, S) -> patches (n_img * g*g, 3*p*p), g = S/p, each flattened in (channel,
+// row, column) order like the conv weight (Cv, 3, p, p): the stride-p convolution is then a Linear
 __global__ void patchify_chw_kernel(floatX* patches, const floatX* images, int n_img, int S, int p) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int g = S / p, PD = 3 * p * p;
@@ -2032,13 +2015,11 @@ __global__ void add_periodic_kernel(floatX* x, const floatX* table, size_t n, si
     if (i < n) { x[i] = fx(f32(x[i]) + f32(table[i % period])); }
 }
 
-// The sequence's mask and RoPE positions, one thread per sample, from the tokens' valid and
-// block-start flags as LeRobot's embed_prefix / embed_suffix set them: NI image tokens (valid),
-// T language tokens (valid where token_mask), the state (starts a block), then H actions (each
-// starts a block). block (B, Np + H): the cumulative block id (make_att_2d_masks' cumsum), -1 for
-// a pad; pos (B, Np + H) = cumsum(valid) - 1 (pads do not advance it); x_pos (B, H): the actions'
-// positions minus their smallest, the positions of the expert's cross-attention layers
-// (dev/cuda/prefix.cu).
+// The sequence's mask and RoPE positions, one thread per sample, as LeRobot's embed_prefix /
+// embed_suffix flag the tokens: NI image tokens, T language tokens (valid where token_mask), then
+// the state and the H actions (each starts a block). block (B, Np + H): make_att_2d_masks' cumsum,
+// -1 for a pad; pos = cumsum(valid) - 1; x_pos (B, H): the actions' positions less their smallest,
+// those of the expert's cross-attention layers.
 __global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const float* token_mask, int B, int NI, int T,
                                         int H) {
     int b = blockIdx.x * blockDim.x + threadIdx.x;
@@ -2056,10 +2037,9 @@ __global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const 
     for (int j = 0; j < H; j++) { x_pos[(size_t)b * H + j] = pos[(size_t)b * n + Np + j] - lowest; }
 }
 
-// The prefix's embeddings x (B, Np, C): per sample the image tokens of every camera (img_tok,
-// camera-major: image cam * B + b, NI tokens each) and the language tokens' rows of embed_tokens,
-// both times scale = sqrt(C), then the state token (state_tok (B, C)) as it is. Token ids are in
-// [0, vocab) (the data path checks them). One thread per value (dev/cuda/prefix.cu).
+// The prefix x (B, Np, C): per sample every camera's NI image tokens (img_tok camera-major: image
+// cam * B + b) and the language tokens' embed_tokens rows, both times sqrt(C), then state_tok
+// (B, C) as it is. Token ids are in [0, vocab): the data path checks them.
 __global__ void smolvla_prefix_embed_kernel(floatX* x, const floatX* img_tok, const floatX* embed, const int32_t* tokens,
                                             const floatX* state_tok, int B, int n_cam, int NI, int T, int C, float scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2077,11 +2057,9 @@ __global__ void smolvla_prefix_embed_kernel(floatX* x, const floatX* img_tok, co
     x[idx] = fx(v);
 }
 
-// RoPE (rotate-half) of x (rows of NH heads of HS) at per-row positions: row r is token r % Tg of
-// sample r / Tg and sits at position pos[(r / Tg) * pos_stride + r % Tg]; dimension k < HS/2 pairs
-// with k + HS/2 and turns by the table's angle for that position. sign -1 rotates back, which is
-// the backward. Reads `in` (float or floatX), writes `out` (may be `in`). One thread per (row,
-// head, k < HS/2).
+// RoPE (rotate-half) of rows of NH heads of HS, row r at position pos[(r / Tg) * pos_stride + r % Tg]:
+// dimension k < HS/2 pairs with k + HS/2 and turns by the table's angle. sign -1 rotates back (the
+// backward). `in` is float or floatX; out may be in.
 template <typename Tin>
 __global__ void rope_at_kernel(floatX* out, const Tin* in, const float* cos_t, const float* sin_t, const int* pos,
                                int rows, int Tg, int pos_stride, int NH, int HS, float sign) {
@@ -2157,12 +2135,10 @@ __global__ void valid_entries_kernel(float* count, const float* action_is_pad, i
     if (threadIdx.x == 0) { *count = (accumulate ? *count : 0.0f) + s * (float)A; }
 }
 
-// SmolVLA's flow-matching loss on the velocities v (B, H, Amax) fp32 against target u: (v - u)^2
-// over the first A dims of the slots inside the episode, per-block sums into partial (summed in
-// order by sum_finalize_kernel). dv (floatX) = 2 (v - u) there, zero on the padded dims and slots:
-// the gradient of the sum, not of the mean. The mean divides by the valid entries of the whole
-// step (every micro-batch of every rank), known only once they are all in: loss_normalize_kernel
-// divides the summed loss, and the summed gradients are scaled by the same factor before the update.
+// SmolVLA's flow-matching loss, (v - u)^2 of the velocities v (B, H, Amax) over the first A dims of
+// the slots inside the episode: per-block sums into partial (sum_finalize_kernel), dv = 2 (v - u)
+// there, zero elsewhere. A sum, not a mean: the valid entries of the whole step (every micro-batch
+// and rank) are known only later, when loss_normalize_kernel and the update divide by them.
 __global__ void smolvla_loss_kernel(floatX* dv, float* partial, const float* v, const float* target,
                                     const float* action_is_pad, int A, int Amax, int n) {
     __shared__ float shared[32];
@@ -2239,11 +2215,9 @@ __global__ void euler_step_f32_kernel(float* x, floatX* x_model, const float* v,
     }
 }
 
-// dtable (vocab, C) += scale * the language rows of dx (B, Np, C), fp32, by token id; the pad id's
-// row gets nothing (nn.Embedding's padding_idx). Language position q of the (B, T) ids is row
-// first + q % T of sample q / T. Block p takes position p when it is the first position with its
-// id, and sums every row with that id in position order: rows that share an id add up in a fixed
-// order, no two blocks write one row, no atomics (dev/cuda/prefix.cu).
+// dtable (vocab, C) += scale * the language rows of dx (B, Np, C) by token id, none for the pad id
+// (padding_idx). Block p works only if p is its id's first position, and sums that id's rows in
+// position order: a fixed order, no two blocks on one row, no atomics.
 __global__ void embed_tokens_backward_kernel(float* dtable, const float* dx, const int32_t* tokens, int B, int first,
                                              int T, int Np, int C, int pad, float scale) {
     int p = blockIdx.x, tok = tokens[p];
@@ -2284,11 +2258,9 @@ static thread_local cudaStream_t copy_stream;   // host-to-device batch copies, 
 static const int BLOCK = 256;
 static const int CHUNK_ROWS = 32;  // rows per block of the two-stage column sums, at most
 
-// The two-stage column sums' rows per chunk (a block of the first stage) for N rows: CHUNK_ROWS
-// where that still makes 256 chunks or more (the vision tower's 65,536 rows: 2,048), fewer down to
-// 8 (a row per warp of a BLOCK) for smaller N, so that a small call (the expert's 1,600 rows, the
-// state rows' 32) still spreads over many blocks instead of walking its rows in a few. The scratch
-// the first stage fills is colsum_chunks(N) rows of partial sums.
+// Rows per chunk (a first-stage block) of the two-stage column sums: CHUNK_ROWS while that leaves
+// 256 chunks or more, fewer (down to a row per warp) so a small N still spreads over many blocks.
+// The first stage fills colsum_chunks(N) rows of partial sums.
 static int colsum_rows(size_t N) {
     size_t rows = N / 256;
     return rows >= (size_t)CHUNK_ROWS ? CHUNK_ROWS : rows <= (size_t)(BLOCK / 32) ? BLOCK / 32 : (int)rows;
@@ -2330,8 +2302,8 @@ static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* part
     column_sum(dw, partial, chunks, C);
 }
 
-// db (OC) += column sums of dout (N rows of stride ld); partial: scratch of (colsum_chunks(N), OC) floats
-// (version 2 of the first stage where OC, ld and dout allow 128-bit loads)
+// db (OC) += column sums of dout (N rows of stride ld), version 2 where 128-bit loads fit; partial:
+// scratch of (colsum_chunks(N), OC) floats
 static void bias_backward(float* db, float* partial, const floatX* dout, int N, int OC, int ld = 0) {
     int chunks = (int)colsum_chunks(N);
     ld = ld > 0 ? ld : OC;
@@ -2358,9 +2330,8 @@ static void convert(floatX* out, const float* inp, size_t n) {
 // head size padded for the tensor-core kernels
 static int padded_head_dim(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : 128; }
 
-// ---- LayerNorm, SwiGLU, GELU-tanh, pixel shuffle, resize with padding: each at BLOCK threads, 16
-// bytes a load; what they take is what smolvla_build checks of a model (the other versions, and
-// other block sizes: dev/cuda/<operation>.cu)
+// ---- LayerNorm, SwiGLU, GELU-tanh, pixel shuffle, resize with padding: BLOCK threads, 16 bytes a
+// load; smolvla_build checks a model fits them (other versions and block sizes: dev/cuda/<op>.cu)
 
 // Whether layernorm_forward_kernel2 takes these pointers, this width and this block size
 static bool layernorm_forward2_fits(const floatX* out, const floatX* inp, const floatX* w, const floatX* b, int C,
@@ -2380,8 +2351,7 @@ static void layernorm_forward(floatX* out, float* mean, float* rstd, const float
     launchCheck();
 }
 
-// Whether layernorm_backward_kernel2 takes these pointers, this width and this block size (the
-// warps' sums must fit in the default 48 KB of shared memory)
+// Whether layernorm_backward_kernel2 takes these (its warps' sums within 48 KB of shared memory)
 static bool layernorm_backward2_fits(const float* dres, const floatX* dres_x, const floatX* dout, const floatX* inp,
                                      const floatX* w, int C, int block) {
     return packable(C, x128::size, dres, dres_x, dout) && packable(C, x128::size, inp, w) &&
@@ -4322,64 +4292,13 @@ static double device_peak_flops(const char* name) {
 }
 
 // ----------------------------------------------------------------------------
-// data parallel: one rank per GPU, each driven by a host thread of its own (OpenMP), on one node or
-// several; every backward pass's gradients summed over the ranks bucket by bucket as it finishes
-// them (NCCL), the optimizer state sharded over the ranks with --zero (ZeRO-1), a watchdog over
-// NCCL's faults. All of it is the MULTI_GPU build's; the build without NCCL trains one GPU alone,
-// and its stand-ins (after the #else) give the model and the training loop the same calls.
+// data parallel: one rank per GPU, each driven by a host thread (OpenMP), on one node or several;
+// the backward's gradients summed over the ranks bucket by bucket as it finishes them (NCCL), the
+// optimizer state sharded with --zero (ZeRO-1), a watchdog over NCCL's faults. The build without
+// NCCL trains one GPU; its stand-ins (vla/single_gpu.cuh) give the model and the loop the same calls.
 
-// The gradient bucket of layer `layer` of `tower` (-1: the tower's embeddings), numbered in the
-// order the backward pass finishes them: the expert's layers top down (its head with the top
-// layer), its input projections, the VLM's layers top down, the prefix's embeddings, the vision
-// layers top down (the post-LayerNorm with the top one), the patch and position embeddings.
-static int smol_bucket(const SmolVLAConfig* c, int tower, int layer) {
-    int L = c->n_layer, Lv = c->vis_layers;
-    if (tower == TOWER_EXPERT) { return layer >= 0 ? L - 1 - layer : L; }
-    if (tower == TOWER_VLM) { return layer >= 0 ? 2 * L - layer : 2 * L + 1; }
-    return layer >= 0 ? 2 * L + 1 + Lv - layer : 2 * L + 2 + Lv;
-}
-
-static int smol_bucket_count(const SmolVLAConfig* c) { return 2 * c->n_layer + 3 + c->vis_layers; }
-
-// The bucket of slice k of tensor s: a layer's slice with its layer, a head with its tower's top
-// layer (its gradient is final before that layer's), an input with its tower's embeddings
-static int smol_slice_bucket(const SmolVLAConfig* c, const SmolParamSpec* s, int k) {
-    if (s->kind == KIND_LAYER) { return smol_bucket(c, s->tower, smolvla_slice_layer(c, s, k)); }
-    if (s->kind == KIND_HEAD) { return smol_bucket(c, s->tower, (s->tower == TOWER_VISION ? c->vis_layers : c->n_layer) - 1); }
-    return smol_bucket(c, s->tower, -1);
-}
-
-// Each bucket's ranges of the trainable domain d of table t: its trainable slices, neighbours
-// merged. A frozen slice is in no bucket, so it is never communicated. (Host only: the banner
-// counts them too.)
-static void smol_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d) {
-    b->n = smol_bucket_count(c);
-    size_t max_ranges = 0;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { max_ranges += smolvla_slices(&t->spec[i]); }
-    b->first = (int*)callocCheck(b->n + 1, sizeof(int));
-    b->offset = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
-    b->count = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
-    int r = 0;
-    for (int q = 0; q < b->n; q++) {
-        b->first[q] = r;
-        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-            const SmolParamSpec* s = &t->spec[i];
-            size_t per = s->numel / smolvla_slices(s);
-            for (size_t k = 0; (k + 1) * per <= d->numel[i]; k++) {
-                if (smol_slice_bucket(c, s, (int)k) != q) { continue; }
-                size_t at = d->offset[i] + k * per;
-                if (r > b->first[q] && b->offset[r - 1] + b->count[r - 1] == at) {
-                    b->count[r - 1] += per;
-                } else {
-                    b->offset[r] = at;
-                    b->count[r] = per;
-                    r++;
-                }
-            }
-        }
-    }
-    b->first[b->n] = r;
-}
+// the gradient buckets, numbered in the order the backward finishes them (vla/buckets.cuh)
+#include "vla/buckets.cuh"
 
 // What the ranks of a run share, read-only once they train
 typedef struct {
@@ -4387,9 +4306,8 @@ typedef struct {
     Dataset ds;
     SmolVLAConfig config;
     const char* from;      // checkpoint to start from, or NULL: from the seed
-    Checkpoint initial;    // the weights (and moments) the ranks start from, read or drawn once; the
-                           // moments are freed once every rank has its copy on its GPU, the weights
-                           // stay: rank 0's checkpoints take the frozen ones from them
+    Checkpoint initial;    // the starting weights (and moments), read or drawn once; the moments go once
+                           // every rank has them, the weights stay: checkpoints take the frozen ones
     int start;             // optimizer steps already done
     uint64_t sampler_pos;  // global samples consumed before `start`
     LossScaleState loss_scale;  // fp16 builds: the dynamic loss scale the run starts with
@@ -4420,7 +4338,7 @@ static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
 #define DIST_TIMED_WAITS 4  // a step waits on NCCL once (ZeRO-1: three times)
 
 // One rank's side: the communicator, the communication stream and the events that order it after
-// the compute.
+// the compute
 typedef struct Dist {
     int sync;  // the backward pass sums its buckets over the ranks as they finish (a step's last micro-step)
     ncclComm_t comm;
@@ -4451,8 +4369,8 @@ static void main_after_comm(Dist* d) {
     cudaCheck(cudaStreamWaitEvent(main_stream, done, 0));
 }
 
-// x (n floats on the device) summed over the ranks in place, the main stream's next work after
-// the sum; nothing for a model alone (d NULL)
+// x (n device floats) summed over the ranks in place, before the main stream's next work; nothing
+// for a model alone (d NULL)
 static void dist_sum(Dist* d, float* x, size_t n) {
     if (d == NULL) { return; }
     comm_after_main(d, d->scalars_ready);
@@ -4460,9 +4378,8 @@ static void dist_sum(Dist* d, float* x, size_t n) {
     main_after_comm(d);
 }
 
-// Bucket b's gradients are final: sum them over the ranks on the communication stream, after the
-// compute that wrote them, while the backward pass goes on (at world size 1 too: NCCL's one-rank
-// path runs, as in DDP, and its cost is measured). The sums are the loss's (smolvla_forward), so
+// Bucket b's gradients are final: sum them over the ranks on the communication stream while the
+// backward goes on (at world size 1 too, as DDP does). The loss is a sum (smolvla_forward), so
 // summing is averaging once smolvla_loss_finish divides by the step's valid entries.
 static void smol_bucket_done(SmolVLA* m, int b) {
     Dist* d = m->dist;
@@ -4549,8 +4466,8 @@ static void dist_share_id(const Run* run) {
 // faults: a watchdog thread over the communicators (vla/watchdog.cuh)
 #include "vla/watchdog.cuh"
 
-// This rank's communicator (rank `rank` of the run, local GPU `local`), its stream and events;
-// the model's gradients sum over the ranks from here on
+// This rank's communicator (rank `rank`, local GPU `local`), stream and events; from here on the
+// model's gradients sum over the ranks
 static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) {
     memset(d, 0, sizeof(*d));
     int n_buckets = m->buckets.n;
@@ -4590,9 +4507,8 @@ static void dist_barrier(void) {
 // A step starts: its waits on NCCL are timed from here (a checkpoint's gathers are not the step's)
 static void dist_step_begin(Dist* d) { d->waits = 0; }
 
-// The time the main stream spent waiting on the communication stream in this step (after the
-// step's work has finished): per wait, how far the communication ended after the compute reached
-// it, nothing where it had ended before
+// The time the main stream waited on the communication stream this step (once the step is done):
+// per wait, how long after the compute reached it the communication ended, if it did after
 static double dist_wait_ms(Dist* d) {
     double total = 0.0;
     for (int i = 0; i < d->waits; i++) {
@@ -4609,8 +4525,7 @@ static void dist_print_waits(double wait_ms, int steps, double step_ms, int worl
            "(world size %d)\n", wait_ms / steps, 100.0 * wait_ms / step_ms, world);
 }
 
-// The process's ranks, one thread each, each running train(run, w, its local GPU); 1 if any of
-// them was stopped by a request
+// The process's ranks, a thread each running train(run, w, its local GPU); 1 if a request stopped one
 static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) {
     int stopped = 0;
     #pragma omp parallel num_threads(run->local_ranks) reduction(| : stopped)
@@ -4620,40 +4535,7 @@ static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) 
 #endif  // the trainer's side
 
 #else  // the build without NCCL: one GPU alone, nothing to sum over ranks, gather or watch
-
-typedef struct Dist {
-    int sync;  // (set by the training loop, read by no one: no buckets to sum)
-} Dist;
-
-static void dist_sum(Dist* d, float* x, size_t n) {}
-static void smol_bucket_done(SmolVLA* m, int b) {}
-static void dist_step_sums(SmolVLA* m) {}
-static void zero_sum_squares(SmolVLA* m) {}
-static void zero_gather_params(SmolVLA* m) {}
-static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* shard) { return shard; }
-
-#if !defined(TESTING) && !defined(VLA_LIBRARY)
-// More than one GPU, here or on other nodes, takes NCCL
-static void dist_check_args(const TrainArgs* args) {
-    if (args->ranks > 1) {
-        vla_fail("-g %d: this train_vla was built without NCCL and trains on one GPU; run -g 1, or rebuild where NCCL "
-                 "is installed (make train_vla finds it)", args->ranks);
-    }
-    if (args->nodes > 1) { vla_fail("--nodes %d: this train_vla was built without NCCL: rebuild where NCCL is installed", args->nodes); }
-}
-
-static void dist_share_id(const Run* run) {}
-
-#include "vla/watchdog.cuh"  // its stand-in: the ranks' step marks, read by no one
-
-static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) { memset(d, 0, sizeof(*d)); }
-static void dist_free(Dist* d, const SmolVLA* m, Watchdog* w, int local) {}
-static void dist_barrier(void) {}
-static void dist_step_begin(Dist* d) {}
-static double dist_wait_ms(Dist* d) { return 0.0; }
-static void dist_print_waits(double wait_ms, int steps, double step_ms, int world) {}
-static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) { return train(run, w, 0); }
-#endif  // the trainer's side
+#include "vla/single_gpu.cuh"
 #endif  // MULTI_GPU
 
 // ----------------------------------------------------------------------------
@@ -4674,10 +4556,8 @@ static void task_losses_add(TaskLosses* tl, const SmolVLA* m, const SmolInputs* 
     launchCheck();
 }
 
-// At the end of the step (after the update): the per-task sums added over the ranks, and copied
-// 10 Euler steps from the batch's noise (dev, a device batch) -> sampled (B, H, A) in the data's
-// units (host): the model's (B, H, Amax) normalized chunk sliced to the action dims, un-normalized
-// with action_mean / action_std (A each).
+// 10 Euler steps from a device batch's noise -> sampled (B, H, A) on the host, in the data's units:
+// the model's normalized (B, H, Amax) chunk cut to the action dims and un-normalized
 static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* dev, const float* action_mean, const float* action_std,
                                    float* sampled) {
     const SmolVLAConfig* c = &m->config;
@@ -4696,11 +4576,10 @@ static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* dev, const float
 // ----------------------------------------------------------------------------
 // checkpoints of the model
 
-// Writes a checkpoint (by `write`: rank 0): every weight in fp32, the trainable ones from the
-// master weights, the frozen ones from `params` (host, table layout: the run's starting weights,
-// whose frozen values never change, while their floatX copy on the device is rounded), which
-// receives the trainable ones; the moments of the trainable domain. With ZeRO-1 the shards are
-// gathered first, so every rank must call it. loss_scale: fp16 builds' state after `step`, else NULL.
+// Writes a checkpoint (by `write`: rank 0): every weight in fp32, the trainable ones from the master
+// weights, the frozen ones from `params` (the run's starting weights, host: the device holds only a
+// rounded floatX copy), and the moments. ZeRO-1 gathers the shards first, so every rank calls it.
+// loss_scale: fp16 builds' state after `step`, else NULL.
 static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const TrainArgs* args, int step,
                          uint64_t sampler_pos, int write, const LossScaleState* loss_scale) {
     if (!write && !smol_sharded(m)) { return; }
@@ -4728,9 +4607,8 @@ static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const Tra
 }
 
 // ----------------------------------------------------------------------------
-// policy interface: a checkpoint served on the GPU, for Python through ctypes
-// (scripts/vla_policy.py, device="cuda"). Built into libvla_gpu.so (make libvla_gpu.so) with the
-// same functions as libvla.so from train_vla.c.
+// policy interface: a checkpoint served on the GPU for Python (scripts/vla_policy.py, device="cuda"):
+// libvla_gpu.so, with the same functions as libvla.so from train_vla.c
 
 #if defined(VLA_LIBRARY)
 #include "vla/policy_gpu.cuh"
@@ -4740,9 +4618,8 @@ static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const Tra
 // CLI and main
 
 #if !defined(TESTING) && !defined(VLA_LIBRARY)
-// How well the policy acts: 10-step sampling on one batch, mean squared error against the
-// dataset's actions over the unmasked slots, in the data's own units. `dev`: a device batch the
-// training no longer uses, whose size is the batch evaluated.
+// How well the policy acts: 10-step sampling on one batch, MSE against the dataset's actions over the
+// unmasked slots, in the data's units. `dev`: a device batch the training no longer uses.
 static float eval_action_mse(SmolVLA* m, SmolBatch* dev, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
     const SmolVLAConfig* c = &m->config;
     SmolBatch host;
@@ -4763,10 +4640,9 @@ static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 // --memory and the config table at the start (vla/report.cuh)
 #include "vla/report.cuh"
 
-// One GPU's training: rank node * local_ranks + local of run->world, on local device `local`.
-// Every rank holds a replica, takes its own share of every global batch, and sums its gradients
-// with the others; rank 0 logs, saves checkpoints and evaluates. Returns 1 if a stop request
-// ended the run early.
+// One GPU's training: rank node * local_ranks + local, on local device `local`. Every rank holds a
+// replica, takes its share of every global batch and sums its gradients with the others; rank 0
+// logs, saves checkpoints and evaluates. Returns 1 if a stop request ended the run early.
 static int train_rank(Run* run, Watchdog* watchdog, int local) {
     const TrainArgs* args = &run->args;
     const SmolVLAConfig* c = &run->config;

@@ -74,6 +74,7 @@ static void task_losses_free(TaskLosses* tl) {
     cudaCheck(cudaFree(tl->dev_task)); cudaCheck(cudaFree(tl->sample_sums)); cudaCheck(cudaFree(tl->task_sums));
 }
 
+// At the end of the step (after the update): the per-task sums added over the ranks, and copied
 // for task_losses_read once the step's scalars are read (which waits for the main stream)
 static void task_losses_reduce(TaskLosses* tl, SmolVLA* m) {
     if (tl->tb == NULL) { return; }

@@ -5,14 +5,12 @@ So a watchdog thread per process polls every local communicator's asynchronous e
 each rank has been in its current step; on an error, or a step longer than --nccl-timeout, it
 aborts the communicators, names the rank and ends the process with exit status 1. Checkpoints are
 written to a temporary file and renamed, so the last one is intact, and -y 1 continues from it.
-The build without NCCL gets a stand-in that keeps the ranks' step marks, read by no one.
+(The build without NCCL has a stand-in in vla/single_gpu.cuh.)
 
-It owns Watchdog, watchdog_start and watchdog_stop. Included twice by train_vla.cu's data-parallel
-section, once in each branch of MULTI_GPU, after Run; it uses run_aborting, train_checkpoint_left,
-wall_seconds and callocCheck.
+It owns Watchdog, watchdog_start and watchdog_stop. Included by train_vla.cu's MULTI_GPU section,
+after Run; it uses run_aborting, train_checkpoint_left, wall_seconds and callocCheck.
 */
 
-#if defined(MULTI_GPU)
 typedef struct {
     const Run* run;
     ncclComm_t* comms;           // (local_ranks) each rank's, once it has one
@@ -90,20 +88,3 @@ static void watchdog_stop(Watchdog* w) {
     free((void*)w->busy_since);
     free((void*)w->step);
 }
-
-#else  // the build without NCCL
-typedef struct {
-    volatile double* busy_since;
-    volatile int* step;
-} Watchdog;
-
-static void watchdog_start(Watchdog* w, const Run* run) {
-    w->busy_since = (volatile double*)callocCheck(run->local_ranks, sizeof(double));
-    w->step = (volatile int*)callocCheck(run->local_ranks, sizeof(int));
-}
-
-static void watchdog_stop(Watchdog* w) {
-    free((void*)w->busy_since);
-    free((void*)w->step);
-}
-#endif  // MULTI_GPU
