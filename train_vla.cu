@@ -12,7 +12,7 @@ accumulation. PRECISION=FP32 makes floatX float, for testing against the oracle 
 PRECISION=FP16 (GPUs without bf16: sm_70, sm_75) makes floatX IEEE half, the rest as in bf16, with
 dynamic loss scaling: fp16's 5 exponent bits flush small gradients to zero, so the loss gradient is
 scaled by S before the backward, unscaled with the mean's factor, and a step whose gradients hold
-Inf/NaN is skipped and halves S (see "dynamic loss scaling" in the utilities).
+Inf/NaN is skipped and halves S (see "dynamic loss scaling" among the kernels).
 
 Invariants worth knowing before reading:
 - What trains is --train (expert, vlm, all: TRAIN_MODE_*): each tensor's trainable elements are
@@ -25,7 +25,7 @@ Invariants worth knowing before reading:
 - The loss is LeRobot's mean over valid entries, taken over the whole optimizer step (every
   micro-step and rank): the passes compute sums, divided once every rank's are in.
 - Linear weights are (out, in), row-major; y = x W^T + b. cuBLASLt is column-major, so a
-  row-major (N, C) activation is a column-major (C, N) matrix: see matmul_forward.
+  row-major (N, C) activation is a column-major (C, N) matrix: see matmul_forward (vla/matmul.cuh).
 - Every reduction runs in a fixed order (no floating-point atomics): two runs give the same bits.
 
 Reproduce the oracle's numbers (what test_vla_gpu checks):
@@ -75,89 +75,8 @@ typedef __nv_bfloat16 floatX;
 #define PRECISION_NAME "bf16"
 #endif
 
-// Set once the NCCL watchdog aborts the run: the errors the abort causes in the ranks' threads
-// are its consequence, not news, and the watchdog's one line stays the only one
-static volatile int run_aborting = 0;
-static void wait_for_abort(void) {
-    for (;;) { pause(); }
-}
-
-static void cuda_check_(cudaError_t err, const char* file, int line) {
-    if (err == cudaSuccess) { return; }
-    if (run_aborting) { wait_for_abort(); }
-    if (err == cudaErrorMemoryAllocation) {
-        vla_fail("out of GPU memory at %s:%d: use a smaller batch (-b) or preset", file, line);
-    }
-    vla_fail("CUDA error %s at %s:%d", cudaGetErrorString(err), file, line);
-}
-#define cudaCheck(call) cuda_check_((call), __FILE__, __LINE__)
-
-static void cublas_check_(cublasStatus_t status, const char* file, int line) {
-    if (status != CUBLAS_STATUS_SUCCESS) { vla_fail("cuBLAS error %d at %s:%d", (int)status, file, line); }
-}
-#define cublasCheck(call) cublas_check_((call), __FILE__, __LINE__)
-
-static __device__ __host__ __forceinline__ float f32(float x) { return x; }
-#if defined(ENABLE_FP16)
-static __device__ __host__ __forceinline__ float f32(__half x) { return __half2float(x); }
-#else
-static __device__ __host__ __forceinline__ float f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-#endif
-static __device__ __host__ __forceinline__ floatX fx(float x) {
-#if defined(ENABLE_FP32)
-    return x;
-#elif defined(ENABLE_FP16)
-    return __float2half(x);
-#else
-    return __float2bfloat16(x);
-#endif
-}
-
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset /= 2) { v += __shfl_xor_sync(0xffffffffu, v, offset); }
-    return v;
-}
-
-// Sum over a block whose size is a multiple of 32; every thread gets it. `shared` holds 32
-// floats; the leading barrier lets back-to-back calls reuse it.
-static __device__ float block_sum(float v, float* shared) {
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0) { shared[warp] = v; }
-    __syncthreads();
-    return warp_sum(lane < n_warps ? shared[lane] : 0.0f);
-}
-
-static __device__ __forceinline__ float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f;  // sqrt(2/pi)
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
-
-static __device__ __forceinline__ float gelu_tanh_grad(float x) {
-    const float k = 0.7978845608028654f;
-    float th = tanhf(k * (x + 0.044715f * x * x * x));
-    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
-}
-
-static inline int ceil_div(size_t a, size_t b) { return (int)((a + b - 1) / b); }
-
-// 16 bytes of T, moved with one 128-bit load or store: 8 bf16 or 4 fp32 values
-template <typename T>
-struct __align__(16) Packed128 {
-    static constexpr int size = 16 / sizeof(T);
-    T v[16 / sizeof(T)];
-};
-typedef Packed128<floatX> x128;
-template <typename T>
-static __device__ __forceinline__ Packed128<T> load128(const T* p) { return *reinterpret_cast<const Packed128<T>*>(p); }
-template <typename T>
-static __device__ __forceinline__ void store128(T* p, const Packed128<T>& x) { *reinterpret_cast<Packed128<T>*>(p) = x; }
-
-// Whether n elements from each pointer can be moved 16 bytes at a time
-static bool packable(size_t n, int size, const void* a, const void* b = NULL, const void* c = NULL) {
-    return n % size == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 && (uintptr_t)c % 16 == 0;
-}
+// the checks, floatX conversions, warp and block sums and 16-byte packs (vla/cuda_common.cuh)
+#include "vla/cuda_common.cuh"
 
 // PTX instructions as functions (mma.sync, cp.async, ldmatrix, ex2.approx) and the launch count of
 // the emulation, which has its own versions of them (dev/cuda/emu/vla/ptx.cuh, found first there)
@@ -220,13 +139,10 @@ __global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* 
 
 // y_c = x_c r w_c with r = (mean x^2 + eps)^-1/2, so
 // dx_c = r w_c dy_c - x_c r^3 / C * sum_j dy_j w_j x_j   and   dw_c = sum_rows dy_c x_c r.
-// dx is added to dres (fp32) and written to dres_x (its floatX copy, which the matrix products
-// read); partial sums of dw over this block's rows go to dw_partial (gridDim.x, C), summed in
-// order by column_sum_kernel. One warp per row, so a row needs warp reductions only (no block
-// barrier); the warps of a block split its rows, each lane keeps the dw partial sums of its
-// columns in registers, and the warps' sums meet in shared memory, added in warp order.
-// C <= 32 * RMSNORM_BWD2_COLS. Those sums take 96 registers a thread on sm_90 when unbounded: a
-// block gets at most 65536, so 512 threads, not 1024. __launch_bounds__ holds the compiler to it.
+// dx is added to dres (fp32) and written to dres_x (the floatX copy the products read); the block's
+// dw sums go to dw_partial (gridDim.x, C) for column_sum_kernel. One warp per row (no block barrier);
+// each lane keeps its columns' dw sums in registers, added across warps in warp order.
+// C <= 32 * RMSNORM_BWD2_COLS; those registers cap a block at 512 threads (__launch_bounds__).
 #define RMSNORM_MAX_BLOCK 512
 #define RMSNORM_BWD2_COLS 32
 __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel2(float* dres, floatX* dres_x, float* dw_partial, const floatX* dout,
@@ -284,12 +200,9 @@ __global__ void column_partial_kernel(float* partial, const floatX* x, int N, in
     partial[(size_t)blockIdx.y * C + c] = s;
 }
 
-// Version 2: 128-bit loads. A block takes the rows of chunk blockIdx.y at 32 packs of x128::size
-// columns (lane x, pack 32 blockIdx.x + x); warp y sums rows y, y + COLPART2_WARPS, ... of the
-// chunk, and the warps' sums add in warp order through shared memory. Where one thread per column
-// loaded 2 bytes a row, a warp's load is now 512 bytes of a row. C and ld multiples of x128::size,
-// x 16-byte aligned (launch with bias_backward); version 1 takes the other widths (the tiny
-// preset's expert, 36, in bf16 and fp16).
+// Version 2: 128-bit loads, so a warp loads 512 bytes of a row. A block takes 32 packs of columns
+// of chunk blockIdx.y; warp y sums rows y, y + COLPART2_WARPS, ..., the warps' sums added in warp
+// order. C and ld multiples of x128::size, x 16-byte aligned; version 1 takes the other widths.
 #define COLPART2_WARPS 8
 __global__ void __launch_bounds__(32 * COLPART2_WARPS) column_partial_kernel2(float* partial, const floatX* x, int N,
                                                                                int C, int ld, int rows_per_block) {
@@ -318,11 +231,9 @@ __global__ void __launch_bounds__(32 * COLPART2_WARPS) column_partial_kernel2(fl
     }
 }
 
-// out (C) += the sum of partial (n_chunks, C) over its chunks, in a fixed order: a block of
-// COLSUM_WARPS warps takes 32 columns (a lane each, so every warp's load is one 128-byte line), warp
-// w sums chunks w, w + COLSUM_WARPS, ..., and the warps' sums add in warp order. The 2,048 chunks of
-// the vision tower's 65,536 rows thus have a thousand loads in flight per block, where a thread per
-// column walking every chunk had 768 threads in all (launch with column_sum)
+// out (C) += the sum of partial (n_chunks, C) over its chunks, in a fixed order: a block takes 32
+// columns (a lane each: a warp loads one 128-byte line), warp w sums chunks w, w + COLSUM_WARPS, ...,
+// and the warps' sums add in warp order, so thousands of chunks keep many loads in flight
 #define COLSUM_WARPS 32
 __global__ void __launch_bounds__(32 * COLSUM_WARPS) column_sum_kernel(float* out, const float* partial, int n_chunks,
                                                                         int C) {
@@ -497,11 +408,10 @@ __global__ void fill_kernel(float* p, float v, int n) {
     if (i < n) { p[i] = v; }
 }
 
-// ---- dynamic loss scaling (fp16 builds), all on the device: every rank computes the same global
-// norm after the all-reduce, so every rank takes the same decision with no host round trip.
-// The state, LOSS_SCALER floats: the scale S the next step starts with, clean steps since it last
-// changed, steps skipped so far, the scale the last step ran with, and the step's loss-gradient
-// factor (counts in floats are exact to 2^24, past any window and step count train_vla takes).
+// ---- dynamic loss scaling (fp16 builds), on the device: every rank sees the same global norm after
+// the all-reduce, so every rank decides the same with no host round trip. The state, LOSS_SCALER
+// floats (counts exact to 2^24): the next scale S, clean steps since it changed, skipped steps, the
+// scale the last step ran with, and the step's loss-gradient factor.
 enum { SCALER_NEXT = 0, SCALER_CLEAN = 1, SCALER_SKIPPED = 2, SCALER_USED = 3, SCALER_FACTOR = 4, LOSS_SCALER = 5 };
 #if defined(ENABLE_FP16)
 #define LOSS_SCALING 1
@@ -509,12 +419,10 @@ enum { SCALER_NEXT = 0, SCALER_CLEAN = 1, SCALER_SKIPPED = 2, SCALER_USED = 3, S
 #define LOSS_SCALING 0
 #endif
 
-// A step's first micro-step: the factor its loss gradients are scaled by, S * pow2, where pow2 =
-// 2^-ceil(log2(H*A)): the gradient of the sum that the backward starts from is then S times that
-// of each sample's mean loss (torch's GradScaler scales a mean loss), up to a power of two, so
-// scaling and unscaling round nothing. Per sample, not per batch: a sample's backward sees the
-// same scaled values however the batch is split over ranks and micro-steps, so a run overflows
-// (and skips) at the same steps on any world size. One thread.
+// A step's first micro-step: its loss-gradient factor S * pow2, pow2 = 2^-ceil(log2(H*A)), so the
+// backward starts from S times each sample's mean-loss gradient (GradScaler scales a mean), by a
+// power of two that rounds nothing. Per sample, not per batch: a run overflows (and skips) at the
+// same steps however the batch is split over ranks and micro-steps. One thread.
 __global__ void loss_scale_begin_kernel(float* scaler, float pow2) {
     scaler[SCALER_USED] = scaler[SCALER_NEXT];
     scaler[SCALER_FACTOR] = scaler[SCALER_NEXT] * pow2;
@@ -552,9 +460,8 @@ __global__ void loss_scale_update_kernel(float* scaler, const float* grad_norm, 
 // ---- LayerNorm with weight and bias (SigLIP's layer_norm1/2 and post_layernorm)
 
 #define LAYERNORM_EPS 1e-6f  // SigLIP's layer_norm_eps
-// Both kernels keep a row's values or their columns' sums in registers (90 to 120 per thread on
-// sm_90): a block gets at most 65536 registers, so 512 threads, not 1024. __launch_bounds__ holds
-// the compiler to it; a larger block fails to launch.
+// Both kernels keep a row's values or their columns' sums in registers (90 to 120 a thread): at
+// most 512 threads a block, which __launch_bounds__ holds the compiler to
 #define LAYERNORM_MAX_BLOCK 512
 
 // out = (x - mean) rstd w + b per row of C; mean and rstd kept. One warp per row, 128-bit loads
@@ -611,12 +518,10 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_forward_kernel2
 
 // y = xh w + b with xh = (x - m) r, so with g = dy w (the gradient reaching xh):
 //   dx_c = r (g_c - 1/C sum_j g_j - xh_c 1/C sum_j g_j xh_j),  dw_c = sum_rows dy_c xh_c,  db_c = sum_rows dy_c.
-// dx is added to dres (fp32) and written to dres_x (its floatX copy, which the matrix products
-// read). partial (2, gridDim.x, C): this block's sums of dw over its rows, then those of db; summed
-// in order by column_sum_kernel. One warp per row (warp reductions only), 128-bit loads and
-// stores; lane l owns the packs l, l + 32, ... of a row and keeps their dw and db sums in
-// registers. The warps' sums meet in shared memory (warps, C), dw first and then db, added in warp
-// order. C a multiple of x128::size, at most 32 * LAYERNORM_BWD2_VALS.
+// dx into dres and dres_x as in rmsnorm_backward_kernel2; partial (2, gridDim.x, C): the block's dw
+// sums, then its db sums, for column_sum_kernel. One warp per row, 128-bit loads; lane l keeps the
+// dw and db sums of packs l, l + 32, ... in registers, added across warps in warp order.
+// C a multiple of x128::size, at most 32 * LAYERNORM_BWD2_VALS.
 #define LAYERNORM_BWD2_VALS 32  // columns per lane
 __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel2(float* dres, floatX* dres_x,
                                                                                    float* partial, const floatX* dout,
@@ -778,10 +683,9 @@ typedef struct {
 } ResizePad;
 
 // torch's source index for bilinear, align_corners=False (area_pixel_compute_source_index): output
-// pixel d of a dimension resized from `in` reads i0 and i1 with weight l on i1. One fused
-// multiply-add, as torch's compiled kernels do (CPU and CUDA): rounding the product first moves
-// src by up to an ulp of `in` (8e-6 at 100 pixels), which l and the image inherit. src < in - 0.5,
-// so i0 <= in - 1 always; the min only keeps the read inside the frame.
+// pixel d reads i0 and i1 with weight l on i1. One fused multiply-add, as torch's kernels do:
+// rounding the product first would move src by up to an ulp of `in`. The min only keeps the read
+// inside the frame (src < in - 0.5 already).
 static __device__ __forceinline__ void resize_source(int d, float scale, int in, int* i0, int* i1, float* l) {
     float src = fmaxf(fmaf(scale, (float)d + 0.5f, -0.5f), 0.0f);
     int i = min((int)src, in - 1);  // src >= 0: truncation is floor
@@ -1618,10 +1522,8 @@ __global__ void __launch_bounds__(ATT4_THREADS, MASK ? 1 : ATT4_DKDV_BLOCKS) gqa
 // ---- the model's glue between the operations above (patches in conv-weight order, the
 // prefix and its mask, RoPE at given positions, GELU, the fp32 velocity head and its loss)
 
-// images (n_img, 3, S, S) -> patches (n_img * g*g, 3*p*p), g = S/p: patches row-major per image,
-// each flattened in (channel, row, column) order, the patch embedding's conv weight (Cv, 3, p, p)
-// layout, so that the stride-p convolution is a Linear. One thread per value; born in
-// dev/cuda/patchify.cu.
+// images (n_img, 3, S, S) -> patches (n_img * g*g, 3*p*p), g = S/p, each flattened in (channel,
+// row, column) order like the conv weight (Cv, 3, p, p): the stride-p convolution is then a Linear
 __global__ void patchify_chw_kernel(floatX* patches, const floatX* images, int n_img, int S, int p) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int g = S / p, PD = 3 * p * p;
@@ -1640,13 +1542,11 @@ __global__ void add_periodic_kernel(floatX* x, const floatX* table, size_t n, si
     if (i < n) { x[i] = fx(f32(x[i]) + f32(table[i % period])); }
 }
 
-// The sequence's mask and RoPE positions, one thread per sample, from the tokens' valid and
-// block-start flags as LeRobot's embed_prefix / embed_suffix set them: NI image tokens (valid),
-// T language tokens (valid where token_mask), the state (starts a block), then H actions (each
-// starts a block). block (B, Np + H): the cumulative block id (make_att_2d_masks' cumsum), -1 for
-// a pad; pos (B, Np + H) = cumsum(valid) - 1 (pads do not advance it); x_pos (B, H): the actions'
-// positions minus their smallest, the positions of the expert's cross-attention layers
-// (dev/cuda/prefix.cu).
+// The sequence's mask and RoPE positions, one thread per sample, as LeRobot's embed_prefix /
+// embed_suffix flag the tokens: NI image tokens, T language tokens (valid where token_mask), then
+// the state and the H actions (each starts a block). block (B, Np + H): make_att_2d_masks' cumsum,
+// -1 for a pad; pos = cumsum(valid) - 1; x_pos (B, H): the actions' positions less their smallest,
+// those of the expert's cross-attention layers.
 __global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const float* token_mask, int B, int NI, int T,
                                         int H) {
     int b = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1664,10 +1564,9 @@ __global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const 
     for (int j = 0; j < H; j++) { x_pos[(size_t)b * H + j] = pos[(size_t)b * n + Np + j] - lowest; }
 }
 
-// The prefix's embeddings x (B, Np, C): per sample the image tokens of every camera (img_tok,
-// camera-major: image cam * B + b, NI tokens each) and the language tokens' rows of embed_tokens,
-// both times scale = sqrt(C), then the state token (state_tok (B, C)) as it is. Token ids are in
-// [0, vocab) (the data path checks them). One thread per value (dev/cuda/prefix.cu).
+// The prefix x (B, Np, C): per sample every camera's NI image tokens (img_tok camera-major: image
+// cam * B + b) and the language tokens' embed_tokens rows, both times sqrt(C), then state_tok
+// (B, C) as it is. Token ids are in [0, vocab): the data path checks them.
 __global__ void smolvla_prefix_embed_kernel(floatX* x, const floatX* img_tok, const floatX* embed, const int32_t* tokens,
                                             const floatX* state_tok, int B, int n_cam, int NI, int T, int C, float scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1685,11 +1584,9 @@ __global__ void smolvla_prefix_embed_kernel(floatX* x, const floatX* img_tok, co
     x[idx] = fx(v);
 }
 
-// RoPE (rotate-half) of x (rows of NH heads of HS) at per-row positions: row r is token r % Tg of
-// sample r / Tg and sits at position pos[(r / Tg) * pos_stride + r % Tg]; dimension k < HS/2 pairs
-// with k + HS/2 and turns by the table's angle for that position. sign -1 rotates back, which is
-// the backward. Reads `in` (float or floatX), writes `out` (may be `in`). One thread per (row,
-// head, k < HS/2).
+// RoPE (rotate-half) of rows of NH heads of HS, row r at position pos[(r / Tg) * pos_stride + r % Tg]:
+// dimension k < HS/2 pairs with k + HS/2 and turns by the table's angle. sign -1 rotates back (the
+// backward). `in` is float or floatX; out may be in.
 template <typename Tin>
 __global__ void rope_at_kernel(floatX* out, const Tin* in, const float* cos_t, const float* sin_t, const int* pos,
                                int rows, int Tg, int pos_stride, int NH, int HS, float sign) {
@@ -1713,6 +1610,17 @@ __global__ void gather_rows_f32_kernel(float* out, const float* x, int B, int T,
     if (idx >= (size_t)B * count * C) { return; }
     size_t row = idx / C;
     out[idx] = x[((row / count) * T + first + row % count) * C + idx % C];
+}
+
+static __device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f;  // sqrt(2/pi)
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+static __device__ __forceinline__ float gelu_tanh_grad(float x) {
+    const float k = 0.7978845608028654f;
+    float th = tanhf(k * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
 // SigLIP's MLP activation (gelu_pytorch_tanh): 128-bit loads and stores, x128::size values per
@@ -1754,12 +1662,10 @@ __global__ void valid_entries_kernel(float* count, const float* action_is_pad, i
     if (threadIdx.x == 0) { *count = (accumulate ? *count : 0.0f) + s * (float)A; }
 }
 
-// SmolVLA's flow-matching loss on the velocities v (B, H, Amax) fp32 against target u: (v - u)^2
-// over the first A dims of the slots inside the episode, per-block sums into partial (summed in
-// order by sum_finalize_kernel). dv (floatX) = 2 (v - u) there, zero on the padded dims and slots:
-// the gradient of the sum, not of the mean. The mean divides by the valid entries of the whole
-// step (every micro-batch of every rank), known only once they are all in: loss_normalize_kernel
-// divides the summed loss, and the summed gradients are scaled by the same factor before the update.
+// SmolVLA's flow-matching loss, (v - u)^2 of the velocities v (B, H, Amax) over the first A dims of
+// the slots inside the episode: per-block sums into partial (sum_finalize_kernel), dv = 2 (v - u)
+// there, zero elsewhere. A sum, not a mean: the valid entries of the whole step (every micro-batch
+// and rank) are known only later, when loss_normalize_kernel and the update divide by them.
 __global__ void smolvla_loss_kernel(floatX* dv, float* partial, const float* v, const float* target,
                                     const float* action_is_pad, int A, int Amax, int n) {
     __shared__ float shared[32];
@@ -1836,11 +1742,9 @@ __global__ void euler_step_f32_kernel(float* x, floatX* x_model, const float* v,
     }
 }
 
-// dtable (vocab, C) += scale * the language rows of dx (B, Np, C), fp32, by token id; the pad id's
-// row gets nothing (nn.Embedding's padding_idx). Language position q of the (B, T) ids is row
-// first + q % T of sample q / T. Block p takes position p when it is the first position with its
-// id, and sums every row with that id in position order: rows that share an id add up in a fixed
-// order, no two blocks write one row, no atomics (dev/cuda/prefix.cu).
+// dtable (vocab, C) += scale * the language rows of dx (B, Np, C) by token id, none for the pad id
+// (padding_idx). Block p works only if p is its id's first position, and sums that id's rows in
+// position order: a fixed order, no two blocks on one row, no atomics.
 __global__ void embed_tokens_backward_kernel(float* dtable, const float* dx, const int32_t* tokens, int B, int first,
                                              int T, int Np, int C, int pad, float scale) {
     int p = blockIdx.x, tok = tokens[p];
@@ -1876,26 +1780,14 @@ __global__ void prefix_image_grad_kernel(floatX* dimg, const float* dx, int B, i
 // Per GPU, so per host thread: with MULTI_GPU each rank's thread drives its own device
 static thread_local cudaStream_t main_stream;   // all compute
 static thread_local cudaStream_t copy_stream;   // host-to-device batch copies, ordered by events
-static thread_local cublasLtHandle_t cublaslt;
-static thread_local void* cublaslt_workspace;
-static const size_t CUBLASLT_WORKSPACE_BYTES = 32 << 20;
-#if defined(ENABLE_FP32)
-static cudaDataType_t CUBLAS_FLOATX = CUDA_R_32F;
-#elif defined(ENABLE_FP16)
-static cudaDataType_t CUBLAS_FLOATX = CUDA_R_16F;  // fp32 compute (CUBLAS_COMPUTE_32F): tensor cores from sm_70
-#else
-static cudaDataType_t CUBLAS_FLOATX = CUDA_R_16BF;
-#endif
 
 #define launchCheck() cudaCheck(cudaGetLastError())
 static const int BLOCK = 256;
 static const int CHUNK_ROWS = 32;  // rows per block of the two-stage column sums, at most
 
-// The two-stage column sums' rows per chunk (a block of the first stage) for N rows: CHUNK_ROWS
-// where that still makes 256 chunks or more (the vision tower's 65,536 rows: 2,048), fewer down to
-// 8 (a row per warp of a BLOCK) for smaller N, so that a small call (the expert's 1,600 rows, the
-// state rows' 32) still spreads over many blocks instead of walking its rows in a few. The scratch
-// the first stage fills is colsum_chunks(N) rows of partial sums.
+// Rows per chunk (a first-stage block) of the two-stage column sums: CHUNK_ROWS while that leaves
+// 256 chunks or more, fewer (down to a row per warp) so a small N still spreads over many blocks.
+// The first stage fills colsum_chunks(N) rows of partial sums.
 static int colsum_rows(size_t N) {
     size_t rows = N / 256;
     return rows >= (size_t)CHUNK_ROWS ? CHUNK_ROWS : rows <= (size_t)(BLOCK / 32) ? BLOCK / 32 : (int)rows;
@@ -1905,185 +1797,8 @@ static size_t colsum_chunks(size_t N) { return ceil_div(N, (size_t)colsum_rows(N
 // the step profiler (--profile STEP): marks on main_stream, reported by phase, operation and shape
 #include "vla/profiler.cuh"
 
-// Largest power of two (at most 256) that divides the address: what cuBLASLt may assume.
-static uint32_t pointer_alignment(const void* p) {
-    uint32_t a = 256;
-    while (a > 1 && ((uintptr_t)p % a) != 0) { a /= 2; }
-    return a;
-}
-
-// cuBLASLt descriptors and the algorithm chosen for one product shape. Made once per shape: the
-// heuristic query costs tens of microseconds of host time and a step has hundreds of products.
-typedef struct {
-    int m, n, k, lda, ldb, ldd, transa, transb, bias, gelu;  // gelu: GELU-tanh on the output (the epilogue)
-    cudaDataType_t d_type;
-    uint32_t align[4];  // of A, B, C, D: what the algorithm may assume
-    int batch;                            // products in one call (strided batch), 1: one
-    long long stride_a, stride_b, stride_d;  // elements from one product's matrix to the next's (C: D's)
-} MatmulKey;
-
-// A strided batch of products: `count` of them, each matrix `a`, `b`, `d` elements after the
-// previous one's (C follows D)
-typedef struct {
-    int count;
-    long long a, b, d;
-} MatmulBatch;
-
-typedef struct {
-    MatmulKey key;
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t la, lb, lcd;  // C and D share a layout
-    cublasLtMatmulAlgo_t algo;
-} MatmulPlan;
-
-static thread_local MatmulPlan* matmul_plans = NULL;  // plans belong to a device's cuBLASLt handle
-static thread_local int n_matmul_plans = 0, cap_matmul_plans = 0;
-
-static MatmulPlan* matmul_plan(const MatmulKey* key) {
-    for (int i = 0; i < n_matmul_plans; i++) {
-        if (memcmp(&matmul_plans[i].key, key, sizeof(*key)) == 0) { return &matmul_plans[i]; }
-    }
-    if (n_matmul_plans == cap_matmul_plans) {
-        cap_matmul_plans = cap_matmul_plans > 0 ? 2 * cap_matmul_plans : 64;
-        matmul_plans = (MatmulPlan*)realloc(matmul_plans, cap_matmul_plans * sizeof(MatmulPlan));
-        if (matmul_plans == NULL) { vla_fail("out of memory for matrix product plans"); }
-    }
-    MatmulPlan* p = &matmul_plans[n_matmul_plans];
-    p->key = *key;
-    cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    int32_t ta = key->transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    if (key->bias || key->gelu) {
-        uint32_t epilogue = key->gelu ? (key->bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU) :
-                                        CUBLASLT_EPILOGUE_BIAS;
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    }
-    int m = key->m, n = key->n, k = key->k;
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->la, CUBLAS_FLOATX, key->transa ? k : m, key->transa ? m : k, key->lda));
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->lb, CUBLAS_FLOATX, key->transb ? n : k, key->transb ? k : n, key->ldb));
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->lcd, key->d_type, m, n, key->ldd));
-    if (key->batch > 1) {
-        cublasLtMatrixLayout_t layouts[3] = {p->la, p->lb, p->lcd};
-        const long long strides[3] = {key->stride_a, key->stride_b, key->stride_d};
-        for (int i = 0; i < 3; i++) {
-            int32_t count = key->batch;
-            int64_t stride = strides[i];
-            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
-                                                         sizeof(count)));
-            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                         sizeof(stride)));
-        }
-    }
-    cublasLtMatmulPreference_t pref;
-    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = CUBLASLT_WORKSPACE_BYTES;
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; i++) {
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &key->align[i], sizeof(key->align[i])));
-    }
-    cublasLtMatmulHeuristicResult_t heuristic;
-    int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt, p->desc, p->la, p->lb, p->lcd, p->lcd, pref, 1, &heuristic, &found));
-    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-    if (found == 0) {
-        vla_fail("cuBLASLt has no algorithm for a %d x %d x %d product (transa %d, transb %d)", m, n, k, key->transa,
-                 key->transb);
-    }
-    p->algo = heuristic.algo;
-    n_matmul_plans++;
-    return p;
-}
-
-static void matmul_plans_free(void) {
-    for (int i = 0; i < n_matmul_plans; i++) {
-        MatmulPlan* p = &matmul_plans[i];
-        cublasCheck(cublasLtMatrixLayoutDestroy(p->la));
-        cublasCheck(cublasLtMatrixLayoutDestroy(p->lb));
-        cublasCheck(cublasLtMatrixLayoutDestroy(p->lcd));
-        cublasCheck(cublasLtMatmulDescDestroy(p->desc));
-    }
-    free(matmul_plans);
-    matmul_plans = NULL;
-    n_matmul_plans = cap_matmul_plans = 0;
-}
-
-// D (m, n) = alpha op(A) op(B) + beta C (+ bias (m)) in cuBLASLt's column-major terms, then
-// GELU-tanh where `gelu` asks (cuBLASLt's epilogue, on the fp32 sum before it is rounded to D's
-// type); A, B are floatX, C and D of d_type (floatX or fp32); C is D unless `c` is given (then with
-// D's layout); `batch` (NULL: one product) makes it a strided batch of them. The wrappers below
-// speak row-major.
-static void matmul_cublaslt(void* d, cudaDataType_t d_type, int ldd, const void* c, const floatX* a, int lda,
-                            bool transa, const floatX* b, int ldb, bool transb, int m, int n, int k, float beta,
-                            const floatX* bias, const MatmulBatch* batch = NULL, float alpha = 1.0f, bool gelu = false) {
-    int count = batch != NULL ? batch->count : 1;
-    char shape[64] = "";
-    if (prof.on) {
-        int at = snprintf(shape, sizeof(shape), "%d x %d x %d %c%c%s%s%s", m, n, k, transa ? 'T' : 'N',
-                          transb ? 'T' : 'N', d_type == CUDA_R_32F && CUBLAS_FLOATX != CUDA_R_32F ? " fp32 out" : "",
-                          bias != NULL ? " +bias" : "", gelu ? " +gelu" : "");
-        if (count > 1) { snprintf(shape + at, sizeof(shape) - at, ", batch %d", count); }
-    }
-    ProfOp prof_op("matmul", 2.0 * m * n * k * count, shape);
-    const void* c_ptr = c != NULL ? c : d;
-    MatmulKey key;
-    memset(&key, 0, sizeof(key));  // padding too: keys are compared bytewise
-    key.m = m; key.n = n; key.k = k; key.lda = lda; key.ldb = ldb; key.ldd = ldd;
-    key.transa = transa; key.transb = transb; key.bias = bias != NULL; key.gelu = gelu; key.d_type = d_type;
-    key.align[0] = pointer_alignment(a); key.align[1] = pointer_alignment(b);
-    key.align[2] = pointer_alignment(c_ptr); key.align[3] = pointer_alignment(d);
-    key.batch = count;
-    if (count > 1) {  // every product's matrices must have the alignment of the first's
-        key.stride_a = batch->a; key.stride_b = batch->b; key.stride_d = batch->d;
-        size_t d_size = d_type == CUDA_R_32F ? sizeof(float) : sizeof(floatX);
-        const size_t step[4] = {batch->a * sizeof(floatX), batch->b * sizeof(floatX), batch->d * d_size, batch->d * d_size};
-        for (int i = 0; i < 4; i++) {
-            uint32_t s_align = pointer_alignment((const void*)(uintptr_t)step[i]);
-            if (s_align < key.align[i]) { key.align[i] = s_align; }
-        }
-    }
-    MatmulPlan* p = matmul_plan(&key);
-    if (bias != NULL) {
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    }
-    cublasCheck(cublasLtMatmul(cublaslt, p->desc, &alpha, a, p->la, b, p->lb, &beta, c_ptr, p->lcd, d, p->lcd, &p->algo,
-                               cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, main_stream));
-}
-
-// out (N, OC) = inp (N, C) @ w (OC, C)^T [+ bias (OC)] [+ res (N, OC)]; row strides ld_out, ld_inp
-// (0: dense). Column-major: out^T (OC, N) = W (stored as (C, OC), transposed) times inp^T (C, N).
-static void matmul_forward(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, const floatX* res,
-                           int N, int C, int OC, int ld_out = 0, int ld_inp = 0) {
-    matmul_cublaslt(out, CUBLAS_FLOATX, ld_out > 0 ? ld_out : OC, res, w, C, true, inp, ld_inp > 0 ? ld_inp : C, false,
-                    OC, N, C, res != NULL ? 1.0f : 0.0f, bias);
-}
-
-// out (N, OC) = GELU-tanh(inp (N, C) @ w (OC, C)^T + bias (OC)) in one product (cuBLASLt's GELU_BIAS
-// epilogue): where nothing needs the pre-activation (the frozen vision tower's MLP), this saves
-// writing it, reading it back and a kernel. GELU is taken of the fp32 sum, before its rounding to
-// floatX (matmul_forward then gelu_forward round in between).
-static void matmul_forward_gelu(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, int N, int C, int OC) {
-    matmul_cublaslt(out, CUBLAS_FLOATX, OC, NULL, w, C, true, inp, C, false, OC, N, C, 0.0f, bias, NULL, 1.0f, true);
-}
-
-// dinp (N, C) = dout (N, OC) @ w (OC, C) [+ beta * dinp]; dout row stride ld_dout (0: dense).
-// Column-major: dinp^T (C, N) = W (C, OC) times dout^T (OC, N).
-static void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* w, int N, int C, int OC, float beta,
-                                  int ld_dout = 0) {
-    matmul_cublaslt(dinp, CUBLAS_FLOATX, C, NULL, w, C, false, dout, ld_dout > 0 ? ld_dout : OC, false, C, N, OC,
-                    beta, NULL);
-}
-
-// dw (OC, C) += dout (N, OC)^T @ inp (N, C) into fp32 gradients; row strides ld_dout, ld_inp.
-// Column-major: dw^T (C, OC) = inp^T (C, N) times dout (N, OC).
-static void matmul_backward_weight(float* dw, const floatX* dout, const floatX* inp, int N, int C, int OC,
-                                   int ld_dout = 0, int ld_inp = 0) {
-    matmul_cublaslt(dw, CUDA_R_32F, C, NULL, inp, ld_inp > 0 ? ld_inp : C, false, dout, ld_dout > 0 ? ld_dout : OC,
-                    true, C, OC, N, 1.0f, NULL);
-}
+// cuBLASLt: a plan per product shape, and the row-major matmul_* the model calls (vla/matmul.cuh)
+#include "vla/matmul.cuh"
 
 static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C, float eps) {
     ProfOp prof_op("rmsnorm");
@@ -2114,8 +1829,8 @@ static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* part
     column_sum(dw, partial, chunks, C);
 }
 
-// db (OC) += column sums of dout (N rows of stride ld); partial: scratch of (colsum_chunks(N), OC) floats
-// (version 2 of the first stage where OC, ld and dout allow 128-bit loads)
+// db (OC) += column sums of dout (N rows of stride ld), version 2 where 128-bit loads fit; partial:
+// scratch of (colsum_chunks(N), OC) floats
 static void bias_backward(float* db, float* partial, const floatX* dout, int N, int OC, int ld = 0) {
     int chunks = (int)colsum_chunks(N);
     ld = ld > 0 ? ld : OC;
@@ -2142,9 +1857,8 @@ static void convert(floatX* out, const float* inp, size_t n) {
 // head size padded for the tensor-core kernels
 static int padded_head_dim(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : 128; }
 
-// ---- LayerNorm, SwiGLU, GELU-tanh, pixel shuffle, resize with padding: each at BLOCK threads, 16
-// bytes a load; what they take is what smolvla_build checks of a model (the other versions, and
-// other block sizes: dev/cuda/<operation>.cu)
+// ---- LayerNorm, SwiGLU, GELU-tanh, pixel shuffle, resize with padding: BLOCK threads, 16 bytes a
+// load; smolvla_build checks a model fits them (other versions and block sizes: dev/cuda/<op>.cu)
 
 // Whether layernorm_forward_kernel2 takes these pointers, this width and this block size
 static bool layernorm_forward2_fits(const floatX* out, const floatX* inp, const floatX* w, const floatX* b, int C,
@@ -2164,8 +1878,7 @@ static void layernorm_forward(floatX* out, float* mean, float* rstd, const float
     launchCheck();
 }
 
-// Whether layernorm_backward_kernel2 takes these pointers, this width and this block size (the
-// warps' sums must fit in the default 48 KB of shared memory)
+// Whether layernorm_backward_kernel2 takes these (its warps' sums within 48 KB of shared memory)
 static bool layernorm_backward2_fits(const float* dres, const floatX* dres_x, const floatX* dout, const floatX* inp,
                                      const floatX* w, int C, int block) {
     return packable(C, x128::size, dres, dres_x, dout) && packable(C, x128::size, inp, w) &&
@@ -2580,21 +2293,6 @@ static void rope_at(floatX* out, const Tin* in, const float* cos_t, const float*
     rope_at_kernel<Tin><<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(out, in, cos_t, sin_t, pos, rows, Tg, pos_stride,
                                                                        NH, HS, sign);
     launchCheck();
-}
-
-// out (N, OC) fp32 += inp (N, C) @ w (OC, C)^T: a product kept in fp32 (SmolVLA's velocity head,
-// whose output LeRobot takes in float32). Column-major as matmul_forward.
-static void matmul_forward_accumulate_f32(float* out, const floatX* inp, const floatX* w, int N, int C, int OC) {
-    matmul_cublaslt(out, CUDA_R_32F, OC, NULL, w, C, true, inp, C, false, OC, N, C, 1.0f, NULL);
-}
-
-// dinp (N, C) fp32 += dout (N, OC) @ w (OC, C): an input gradient added into fp32 (the expert's
-// cross layers add theirs into the VLM's key/value gradients); row strides ld_dinp, ld_dout (0:
-// dense). Column-major as matmul_backward_input.
-static void matmul_backward_input_accumulate_f32(float* dinp, const floatX* dout, const floatX* w, int N, int C, int OC,
-                                                 int ld_dinp = 0, int ld_dout = 0) {
-    matmul_cublaslt(dinp, CUDA_R_32F, ld_dinp > 0 ? ld_dinp : C, NULL, w, C, false, dout, ld_dout > 0 ? ld_dout : OC,
-                    false, C, N, OC, 1.0f, NULL);
 }
 
 #if defined(TESTING)
@@ -3917,64 +3615,13 @@ static void smolvla_read_scalars(SmolVLA* m, float* loss, float* norm, int* stop
 #include "vla/flops.h"
 
 // ----------------------------------------------------------------------------
-// data parallel: one rank per GPU, each driven by a host thread of its own (OpenMP), on one node or
-// several; every backward pass's gradients summed over the ranks bucket by bucket as it finishes
-// them (NCCL), the optimizer state sharded over the ranks with --zero (ZeRO-1), a watchdog over
-// NCCL's faults. All of it is the MULTI_GPU build's; the build without NCCL trains one GPU alone,
-// and its stand-ins (after the #else) give the model and the training loop the same calls.
+// data parallel: one rank per GPU, each driven by a host thread (OpenMP), on one node or several;
+// the backward's gradients summed over the ranks bucket by bucket as it finishes them (NCCL), the
+// optimizer state sharded with --zero (ZeRO-1), a watchdog over NCCL's faults. The build without
+// NCCL trains one GPU; its stand-ins (vla/single_gpu.cuh) give the model and the loop the same calls.
 
-// The gradient bucket of layer `layer` of `tower` (-1: the tower's embeddings), numbered in the
-// order the backward pass finishes them: the expert's layers top down (its head with the top
-// layer), its input projections, the VLM's layers top down, the prefix's embeddings, the vision
-// layers top down (the post-LayerNorm with the top one), the patch and position embeddings.
-static int smol_bucket(const SmolVLAConfig* c, int tower, int layer) {
-    int L = c->n_layer, Lv = c->vis_layers;
-    if (tower == TOWER_EXPERT) { return layer >= 0 ? L - 1 - layer : L; }
-    if (tower == TOWER_VLM) { return layer >= 0 ? 2 * L - layer : 2 * L + 1; }
-    return layer >= 0 ? 2 * L + 1 + Lv - layer : 2 * L + 2 + Lv;
-}
-
-static int smol_bucket_count(const SmolVLAConfig* c) { return 2 * c->n_layer + 3 + c->vis_layers; }
-
-// The bucket of slice k of tensor s: a layer's slice with its layer, a head with its tower's top
-// layer (its gradient is final before that layer's), an input with its tower's embeddings
-static int smol_slice_bucket(const SmolVLAConfig* c, const SmolParamSpec* s, int k) {
-    if (s->kind == KIND_LAYER) { return smol_bucket(c, s->tower, smolvla_slice_layer(c, s, k)); }
-    if (s->kind == KIND_HEAD) { return smol_bucket(c, s->tower, (s->tower == TOWER_VISION ? c->vis_layers : c->n_layer) - 1); }
-    return smol_bucket(c, s->tower, -1);
-}
-
-// Each bucket's ranges of the trainable domain d of table t: its trainable slices, neighbours
-// merged. A frozen slice is in no bucket, so it is never communicated. (Host only: the banner
-// counts them too.)
-static void smol_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d) {
-    b->n = smol_bucket_count(c);
-    size_t max_ranges = 0;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { max_ranges += smolvla_slices(&t->spec[i]); }
-    b->first = (int*)callocCheck(b->n + 1, sizeof(int));
-    b->offset = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
-    b->count = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
-    int r = 0;
-    for (int q = 0; q < b->n; q++) {
-        b->first[q] = r;
-        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-            const SmolParamSpec* s = &t->spec[i];
-            size_t per = s->numel / smolvla_slices(s);
-            for (size_t k = 0; (k + 1) * per <= d->numel[i]; k++) {
-                if (smol_slice_bucket(c, s, (int)k) != q) { continue; }
-                size_t at = d->offset[i] + k * per;
-                if (r > b->first[q] && b->offset[r - 1] + b->count[r - 1] == at) {
-                    b->count[r - 1] += per;
-                } else {
-                    b->offset[r] = at;
-                    b->count[r] = per;
-                    r++;
-                }
-            }
-        }
-    }
-    b->first[b->n] = r;
-}
+// the gradient buckets, numbered in the order the backward finishes them (vla/buckets.cuh)
+#include "vla/buckets.cuh"
 
 // What the ranks of a run share, read-only once they train
 typedef struct {
@@ -3982,9 +3629,8 @@ typedef struct {
     Dataset ds;
     SmolVLAConfig config;
     const char* from;      // checkpoint to start from, or NULL: from the seed
-    Checkpoint initial;    // the weights (and moments) the ranks start from, read or drawn once; the
-                           // moments are freed once every rank has its copy on its GPU, the weights
-                           // stay: rank 0's checkpoints take the frozen ones from them
+    Checkpoint initial;    // the starting weights (and moments), read or drawn once; the moments go once
+                           // every rank has them, the weights stay: checkpoints take the frozen ones
     int start;             // optimizer steps already done
     uint64_t sampler_pos;  // global samples consumed before `start`
     LossScaleState loss_scale;  // fp16 builds: the dynamic loss scale the run starts with
@@ -4015,7 +3661,7 @@ static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
 #define DIST_TIMED_WAITS 4  // a step waits on NCCL once (ZeRO-1: three times)
 
 // One rank's side: the communicator, the communication stream and the events that order it after
-// the compute.
+// the compute
 typedef struct Dist {
     int sync;  // the backward pass sums its buckets over the ranks as they finish (a step's last micro-step)
     ncclComm_t comm;
@@ -4046,8 +3692,8 @@ static void main_after_comm(Dist* d) {
     cudaCheck(cudaStreamWaitEvent(main_stream, done, 0));
 }
 
-// x (n floats on the device) summed over the ranks in place, the main stream's next work after
-// the sum; nothing for a model alone (d NULL)
+// x (n device floats) summed over the ranks in place, before the main stream's next work; nothing
+// for a model alone (d NULL)
 static void dist_sum(Dist* d, float* x, size_t n) {
     if (d == NULL) { return; }
     comm_after_main(d, d->scalars_ready);
@@ -4055,9 +3701,8 @@ static void dist_sum(Dist* d, float* x, size_t n) {
     main_after_comm(d);
 }
 
-// Bucket b's gradients are final: sum them over the ranks on the communication stream, after the
-// compute that wrote them, while the backward pass goes on (at world size 1 too: NCCL's one-rank
-// path runs, as in DDP, and its cost is measured). The sums are the loss's (smolvla_forward), so
+// Bucket b's gradients are final: sum them over the ranks on the communication stream while the
+// backward goes on (at world size 1 too, as DDP does). The loss is a sum (smolvla_forward), so
 // summing is averaging once smolvla_loss_finish divides by the step's valid entries.
 static void smol_bucket_done(SmolVLA* m, int b) {
     Dist* d = m->dist;
@@ -4141,92 +3786,11 @@ static void dist_share_id(const Run* run) {
     }
 }
 
-// ---- faults. NCCL reports failures asynchronously, and a rank that hangs or dies
-// makes the others wait in their collectives forever. So a watchdog thread per process polls every
-// local communicator's asynchronous error and how long each rank has been in its current step; on
-// an error, or a step longer than --nccl-timeout, it aborts the communicators, names the rank and
-// ends the process with exit status 1. Checkpoints are written to a temporary file and renamed,
-// so the last one is intact, and -y 1 continues from it.
-typedef struct {
-    const Run* run;
-    ncclComm_t* comms;           // (local_ranks) each rank's, once it has one
-    volatile double* busy_since; // (local_ranks) when its current step started, 0 between steps
-    volatile int* step;          // (local_ranks) the step it is in
-    volatile int done;
-    pthread_t thread;
-} Watchdog;
+// faults: a watchdog thread over the communicators (vla/watchdog.cuh)
+#include "vla/watchdog.cuh"
 
-static void watchdog_fault(Watchdog* w, const char* what) {
-    run_aborting = 1;
-    char left[2 * VLA_PATH_MAX + 128];
-    fprintf(stderr, "error: %s: aborting NCCL; %s (NCCL_DEBUG=INFO says more)\n", what,
-            train_checkpoint_left(w->run->args.output, left, sizeof(left)));
-    fflush(stderr);
-    for (int r = 0; r < w->run->local_ranks; r++) {
-        if (w->comms[r] != NULL) { ncclCommAbort(w->comms[r]); }
-    }
-    _exit(1);  // not exit(): the ranks' threads may still be waiting inside CUDA
-}
-
-static void* watchdog_main(void* arg) {
-    Watchdog* w = (Watchdog*)arg;
-    const Run* run = w->run;
-    while (!w->done) {
-        usleep(100000);
-        double now = wall_seconds();
-        char what[400];
-        for (int r = 0; r < run->local_ranks; r++) {
-            int rank = run->node * run->local_ranks + r;
-            ncclResult_t err = ncclSuccess;
-            if (w->comms[r] != NULL) { ncclCommGetAsyncError(w->comms[r], &err); }
-            if (err != ncclSuccess && err != ncclInProgress) {
-                snprintf(what, sizeof(what), "NCCL reported '%s' on rank %d (node %d, GPU %d) in step %d",
-                         ncclGetErrorString(err), rank, run->node, r, w->step[r] + 1);
-                watchdog_fault(w, what);
-            }
-        }
-        // every rank of this node stuck past the timeout, named together with its step
-        char stuck[300] = "";
-        double longest = 0.0;
-        for (int r = 0; r < run->local_ranks; r++) {
-            double since = w->busy_since[r];
-            if (since > 0.0 && now - since > run->args.nccl_timeout) {
-                size_t len = strlen(stuck);
-                snprintf(stuck + len, sizeof(stuck) - len, "%s%d (GPU %d, step %d)", len > 0 ? ", " : "",
-                         run->node * run->local_ranks + r, r, w->step[r] + 1);
-                if (now - since > longest) { longest = now - since; }
-            }
-        }
-        if (stuck[0] != '\0') {
-            snprintf(what, sizeof(what), "rank(s) %s of node %d made no progress for %.0f s (--nccl-timeout): a rank of "
-                     "the run is hung or gone", stuck, run->node, longest);
-            watchdog_fault(w, what);
-        }
-    }
-    return NULL;
-}
-
-static void watchdog_start(Watchdog* w, const Run* run) {
-    memset(w, 0, sizeof(*w));
-    w->run = run;
-    w->busy_since = (volatile double*)callocCheck(run->local_ranks, sizeof(double));
-    w->step = (volatile int*)callocCheck(run->local_ranks, sizeof(int));
-    w->comms = (ncclComm_t*)callocCheck(run->local_ranks, sizeof(ncclComm_t));
-    if (run->world > 1 && pthread_create(&w->thread, NULL, watchdog_main, w) != 0) {
-        vla_fail("cannot start the NCCL watchdog thread: %s", strerror(errno));
-    }
-}
-
-static void watchdog_stop(Watchdog* w) {
-    w->done = 1;
-    if (w->run->world > 1) { pthread_join(w->thread, NULL); }
-    free(w->comms);
-    free((void*)w->busy_since);
-    free((void*)w->step);
-}
-
-// This rank's communicator (rank `rank` of the run, local GPU `local`), its stream and events;
-// the model's gradients sum over the ranks from here on
+// This rank's communicator (rank `rank`, local GPU `local`), stream and events; from here on the
+// model's gradients sum over the ranks
 static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) {
     memset(d, 0, sizeof(*d));
     int n_buckets = m->buckets.n;
@@ -4266,9 +3830,8 @@ static void dist_barrier(void) {
 // A step starts: its waits on NCCL are timed from here (a checkpoint's gathers are not the step's)
 static void dist_step_begin(Dist* d) { d->waits = 0; }
 
-// The time the main stream spent waiting on the communication stream in this step (after the
-// step's work has finished): per wait, how far the communication ended after the compute reached
-// it, nothing where it had ended before
+// The time the main stream waited on the communication stream this step (once the step is done):
+// per wait, how long after the compute reached it the communication ended, if it did after
 static double dist_wait_ms(Dist* d) {
     double total = 0.0;
     for (int i = 0; i < d->waits; i++) {
@@ -4285,8 +3848,7 @@ static void dist_print_waits(double wait_ms, int steps, double step_ms, int worl
            "(world size %d)\n", wait_ms / steps, 100.0 * wait_ms / step_ms, world);
 }
 
-// The process's ranks, one thread each, each running train(run, w, its local GPU); 1 if any of
-// them was stopped by a request
+// The process's ranks, a thread each running train(run, w, its local GPU); 1 if a request stopped one
 static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) {
     int stopped = 0;
     #pragma omp parallel num_threads(run->local_ranks) reduction(| : stopped)
@@ -4296,123 +3858,13 @@ static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) 
 #endif  // the trainer's side
 
 #else  // the build without NCCL: one GPU alone, nothing to sum over ranks, gather or watch
-
-typedef struct Dist {
-    int sync;  // (set by the training loop, read by no one: no buckets to sum)
-} Dist;
-
-static void dist_sum(Dist* d, float* x, size_t n) {}
-static void smol_bucket_done(SmolVLA* m, int b) {}
-static void dist_step_sums(SmolVLA* m) {}
-static void zero_sum_squares(SmolVLA* m) {}
-static void zero_gather_params(SmolVLA* m) {}
-static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* shard) { return shard; }
-
-#if !defined(TESTING) && !defined(VLA_LIBRARY)
-// More than one GPU, here or on other nodes, takes NCCL
-static void dist_check_args(const TrainArgs* args) {
-    if (args->ranks > 1) {
-        vla_fail("-g %d: this train_vla was built without NCCL and trains on one GPU; run -g 1, or rebuild where NCCL "
-                 "is installed (make train_vla finds it)", args->ranks);
-    }
-    if (args->nodes > 1) { vla_fail("--nodes %d: this train_vla was built without NCCL: rebuild where NCCL is installed", args->nodes); }
-}
-
-static void dist_share_id(const Run* run) {}
-
-// No communicator to watch: the rank's step marks are kept, and read by no one
-typedef struct {
-    volatile double* busy_since;
-    volatile int* step;
-} Watchdog;
-
-static void watchdog_start(Watchdog* w, const Run* run) {
-    w->busy_since = (volatile double*)callocCheck(run->local_ranks, sizeof(double));
-    w->step = (volatile int*)callocCheck(run->local_ranks, sizeof(int));
-}
-
-static void watchdog_stop(Watchdog* w) {
-    free((void*)w->busy_since);
-    free((void*)w->step);
-}
-
-static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) { memset(d, 0, sizeof(*d)); }
-static void dist_free(Dist* d, const SmolVLA* m, Watchdog* w, int local) {}
-static void dist_barrier(void) {}
-static void dist_step_begin(Dist* d) {}
-static double dist_wait_ms(Dist* d) { return 0.0; }
-static void dist_print_waits(double wait_ms, int steps, double step_ms, int world) {}
-static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) { return train(run, w, 0); }
-#endif  // the trainer's side
+#include "vla/single_gpu.cuh"
 #endif  // MULTI_GPU
 
 // ----------------------------------------------------------------------------
-// data: device batches fed from the loader's pinned ring
+// data: device batches fed from the loader's pinned ring, --balance tasks' per-task losses
 
-// Device copy of a host batch's layout (smolvla_batch_layout: each camera's frames at their stored
-// size, tokens, state, actions, pads, t, noise); the host slot and this buffer are copied in one go.
-static void device_batch_alloc(SmolVLA* m, SmolBatch* dev, const Cameras* cams, int B) {
-    size_t bytes = smolvla_batch_layout(dev, NULL, &m->config, cams, B);
-    smolvla_batch_layout(dev, (uint8_t*)smol_device_malloc(m, bytes), &m->config, cams, B);
-}
-
-// The model's inputs from a device batch (the first b->B samples of its layout)
-static SmolInputs smol_inputs(const SmolBatch* b) {
-    SmolInputs in;
-    memset(&in, 0, sizeof(in));
-    in.B = b->B;
-    for (int k = 0; k < b->cams.n; k++) {
-        in.frames[k] = b->images[k];
-        in.frame_h[k] = (int)b->cams.height[k];
-        in.frame_w[k] = (int)b->cams.width[k];
-    }
-    in.frame_stride = 0;  // each camera's frames packed
-    in.tokens = b->tokens; in.token_mask = b->token_mask; in.state = b->state;
-    in.actions = b->actions; in.action_is_pad = b->action_is_pad; in.t = b->t; in.noise = b->eps;
-    return in;
-}
-
-// Pins the loader's ring of host batches so copies from them are asynchronous.
-static void loader_pin(Loader* L, int pin) {
-    for (int k = 0; k < L->n_slots; k++) {
-        if (pin) { cudaCheck(cudaHostRegister(L->slots[k].memory, L->slots[k].bytes, cudaHostRegisterDefault)); }
-        else { cudaCheck(cudaHostUnregister(L->slots[k].memory)); }
-    }
-}
-
-// --balance tasks' per-task losses of a rank (TaskLosses): the task of each sample goes up with its
-// batch; after each forward the samples' squared errors and valid entries are added to their
-// tasks' sums on the device; at the end of the step the sums are added over the ranks and become
-// each task's mean loss over its valid entries in the whole global batch, as train_vla_cpu logs it.
-typedef struct {
-    const TaskBalance* tb;  // NULL: none kept
-    const Dataset* ds;
-    int T, B;
-    int* host_task;         // (2, B) the tasks of the batch being uploaded into device batch k (host)
-    int* dev_task;          // (2, B) device: device batch k's
-    float* sample_sums;     // (B, 2) device: the last forward's per-sample sums
-    float* task_sums;       // (T, 2) device: the step's per-task sums (squared errors, valid entries)
-    float* host_sums;       // (T, 2)
-    double* task_loss;      // (T) the step's mean per task (NaN: no valid entry), what the log writes
-} TaskLosses;
-
-static void task_losses_init(TaskLosses* tl, const TaskBalance* tb, const Dataset* ds, int B) {
-    memset(tl, 0, sizeof(*tl));
-    if (tb == NULL) { return; }
-    tl->tb = tb; tl->ds = ds; tl->T = tb->n_tasks; tl->B = B;
-    tl->host_task = (int*)mallocCheck(2 * (size_t)B * sizeof(int));
-    tl->host_sums = (float*)mallocCheck(2 * (size_t)tl->T * sizeof(float));
-    tl->task_loss = (double*)mallocCheck((size_t)tl->T * sizeof(double));
-    cudaCheck(cudaMalloc(&tl->dev_task, 2 * (size_t)B * sizeof(int)));
-    cudaCheck(cudaMalloc(&tl->sample_sums, 2 * (size_t)B * sizeof(float)));
-    cudaCheck(cudaMalloc(&tl->task_sums, 2 * (size_t)tl->T * sizeof(float)));
-}
-
-static void task_losses_free(TaskLosses* tl) {
-    if (tl->tb == NULL) { return; }
-    free(tl->host_task); free(tl->host_sums); free(tl->task_loss);
-    cudaCheck(cudaFree(tl->dev_task)); cudaCheck(cudaFree(tl->sample_sums)); cudaCheck(cudaFree(tl->task_sums));
-}
+#include "vla/device_batch.cuh"
 
 // After the forward of device batch k, micro-step `micro` of the step: its samples' sums into their tasks'
 static void task_losses_add(TaskLosses* tl, const SmolVLA* m, const SmolInputs* in, int k, int micro) {
@@ -4427,46 +3879,8 @@ static void task_losses_add(TaskLosses* tl, const SmolVLA* m, const SmolInputs* 
     launchCheck();
 }
 
-// At the end of the step (after the update): the per-task sums added over the ranks, and copied
-// for task_losses_read once the step's scalars are read (which waits for the main stream)
-static void task_losses_reduce(TaskLosses* tl, SmolVLA* m) {
-    if (tl->tb == NULL) { return; }
-    dist_sum(m->dist, tl->task_sums, 2 * (size_t)tl->T);
-    cudaCheck(cudaMemcpyAsync(tl->host_sums, tl->task_sums, 2 * (size_t)tl->T * sizeof(float), cudaMemcpyDeviceToHost,
-                              main_stream));
-}
-
-static void task_losses_read(TaskLosses* tl) {
-    if (tl->tb == NULL) { return; }
-    cudaCheck(cudaStreamSynchronize(main_stream));
-    for (int t = 0; t < tl->T; t++) {
-        float n = tl->host_sums[2 * t + 1];
-        tl->task_loss[t] = n > 0.0f ? (double)tl->host_sums[2 * t] / (double)n : NAN;
-    }
-}
-
-// Starts copying the loader's next batch into dev (device batch k) on the copy stream, once the
-// compute that last read dev is done (`consumed`, recorded on the main stream; a fresh event is no
-// wait); `uploaded` fires when the batch has landed, with its samples' tasks when tl keeps them.
-static void batch_upload(Loader* L, SmolBatch* dev, cudaEvent_t consumed, cudaEvent_t uploaded, TaskLosses* tl, int k) {
-    SmolBatch* host = loader_next(L);
-    cudaCheck(cudaStreamWaitEvent(copy_stream, consumed, 0));
-    cudaCheck(cudaMemcpyAsync(dev->memory, host->memory, host->bytes, cudaMemcpyHostToDevice, copy_stream));
-    if (tl->tb != NULL) {
-        // (the previous copy from this slot of host_task landed before dev's last use: the step loop
-        // waits for each upload before starting the next)
-        int* task = tl->host_task + (size_t)k * tl->B;
-        const uint64_t* idx = loader_indices(L);
-        for (int b = 0; b < tl->B; b++) { task[b] = task_balance_task_of(tl->tb, tl->ds, idx[b]); }
-        cudaCheck(cudaMemcpyAsync(tl->dev_task + (size_t)k * tl->B, task, (size_t)tl->B * sizeof(int),
-                                  cudaMemcpyHostToDevice, copy_stream));
-    }
-    cudaCheck(cudaEventRecord(uploaded, copy_stream));
-}
-
-// 10 Euler steps from the batch's noise (dev, a device batch) -> sampled (B, H, A) in the data's
-// units (host): the model's (B, H, Amax) normalized chunk sliced to the action dims, un-normalized
-// with action_mean / action_std (A each).
+// 10 Euler steps from a device batch's noise -> sampled (B, H, A) on the host, in the data's units:
+// the model's normalized (B, H, Amax) chunk cut to the action dims and un-normalized
 static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* dev, const float* action_mean, const float* action_std,
                                    float* sampled) {
     const SmolVLAConfig* c = &m->config;
@@ -4485,11 +3899,10 @@ static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* dev, const float
 // ----------------------------------------------------------------------------
 // checkpoints of the model
 
-// Writes a checkpoint (by `write`: rank 0): every weight in fp32, the trainable ones from the
-// master weights, the frozen ones from `params` (host, table layout: the run's starting weights,
-// whose frozen values never change, while their floatX copy on the device is rounded), which
-// receives the trainable ones; the moments of the trainable domain. With ZeRO-1 the shards are
-// gathered first, so every rank must call it. loss_scale: fp16 builds' state after `step`, else NULL.
+// Writes a checkpoint (by `write`: rank 0): every weight in fp32, the trainable ones from the master
+// weights, the frozen ones from `params` (the run's starting weights, host: the device holds only a
+// rounded floatX copy), and the moments. ZeRO-1 gathers the shards first, so every rank calls it.
+// loss_scale: fp16 builds' state after `step`, else NULL.
 static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const TrainArgs* args, int step,
                          uint64_t sampler_pos, int write, const LossScaleState* loss_scale) {
     if (!write && !smol_sharded(m)) { return; }
@@ -4517,9 +3930,8 @@ static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const Tra
 }
 
 // ----------------------------------------------------------------------------
-// policy interface: a checkpoint served on the GPU, for Python through ctypes
-// (scripts/vla_policy.py, device="cuda"). Built into libvla_gpu.so (make libvla_gpu.so) with the
-// same functions as libvla.so from train_vla.c.
+// policy interface: a checkpoint served on the GPU for Python (scripts/vla_policy.py, device="cuda"):
+// libvla_gpu.so, with the same functions as libvla.so from train_vla.c
 
 #if defined(VLA_LIBRARY)
 #include "vla/policy_gpu.cuh"
@@ -4529,9 +3941,8 @@ static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const Tra
 // CLI and main
 
 #if !defined(TESTING) && !defined(VLA_LIBRARY)
-// How well the policy acts: 10-step sampling on one batch, mean squared error against the
-// dataset's actions over the unmasked slots, in the data's own units. `dev`: a device batch the
-// training no longer uses, whose size is the batch evaluated.
+// How well the policy acts: 10-step sampling on one batch, MSE against the dataset's actions over the
+// unmasked slots, in the data's units. `dev`: a device batch the training no longer uses.
 static float eval_action_mse(SmolVLA* m, SmolBatch* dev, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
     const SmolVLAConfig* c = &m->config;
     SmolBatch host;
@@ -4549,132 +3960,12 @@ static float eval_action_mse(SmolVLA* m, SmolBatch* dev, const Dataset* ds, uint
 static volatile sig_atomic_t stop_requested = 0;
 static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 
-// The memory an 80 GB H100 leaves to the model and its activations: the 81,559 MiB it reports, less
-// 2 GiB for the CUDA context, cuBLASLt's workspace, the batches' buffers and the allocator's slack
-// (an estimate: none of it is measured here)
-static const double H100_80GB_MODEL_BYTES = (81559.0 - 2048.0) * 1024.0 * 1024.0;
+// --memory and the config table at the start (vla/report.cuh)
+#include "vla/report.cuh"
 
-// The largest batch whose model and activations (mode, rc) fit in `budget` bytes; 0: none does
-static int smol_largest_batch(const SmolVLAConfig* c, int mode, int rc, double budget) {
-    double model = (double)smolvla_model_bytes(c, mode);
-    int lo = 0, hi = 1;
-    while (hi < (1 << 20) && model + (double)smolvla_act_bytes(c, mode, hi, rc) <= budget) { lo = hi; hi *= 2; }
-    while (hi - lo > 1) {  // lo fits, hi does not
-        int mid = lo + (hi - lo) / 2;
-        if (model + (double)smolvla_act_bytes(c, mode, mid, rc) <= budget) { lo = mid; } else { hi = mid; }
-    }
-    return lo;
-}
-
-// --memory: the activation memory of config c for every train mode and recompute level at a few
-// batch sizes, the model's other bytes, the largest batch that fits an 80 GB H100 and the FLOPs the
-// recomputation adds; from smolvla_act_bytes and smolvla_model_bytes, what the trainer allocates by.
-// Allocates nothing: it runs where there is no GPU (the emulated build).
-static void print_memory_table(const SmolVLAConfig* c, const char* preset) {
-    const double gib = 1024.0 * 1024.0 * 1024.0;
-    const int batches[] = {8, 16, 32, 64};
-    printf("activation memory of preset %s (%d cameras at %d px, %s), GiB per GPU, by --recompute\n", preset, c->n_cam,
-           c->img, PRECISION_NAME);
-    printf("| --train | batch | none    | attn    | layer   |\n|---------|-------|---------|---------|---------|\n");
-    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
-        for (size_t k = 0; k < sizeof(batches) / sizeof(batches[0]); k++) {
-            printf("| %-7s | %5d |", TRAIN_MODE_NAMES[mode], batches[k]);
-            for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
-                printf(" %7.2f |", (double)smolvla_act_bytes(c, mode, batches[k], rc) / gib);
-            }
-            printf("\n");
-        }
-    }
-    printf("\nthe largest batch on an 80 GB H100 (%.1f GiB for the model and its activations), and the cost\n",
-           H100_80GB_MODEL_BYTES / gib);
-    printf("| --train | model GiB | none | attn | layer | GFLOP/sample | +attn | +layer |\n"
-           "|---------|-----------|------|------|-------|--------------|-------|--------|\n");
-    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
-        double flops = smolvla_flops_per_sample(c, mode);
-        printf("| %-7s | %9.2f |", TRAIN_MODE_NAMES[mode], (double)smolvla_model_bytes(c, mode) / gib);
-        for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
-            printf(" %*d |", rc == RECOMPUTE_LAYER ? 5 : 4, smol_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES));
-        }
-        printf(" %12.1f | %4.1f%% | %5.1f%% |\n", flops / 1e9,
-               100.0 * smolvla_recompute_flops_per_sample(c, mode, RECOMPUTE_ATTN) / flops,
-               100.0 * smolvla_recompute_flops_per_sample(c, mode, RECOMPUTE_LAYER) / flops);
-    }
-    printf("(model: weights, fp32 gradients, master weights and AdamW moments of what trains; estimated from the\n"
-           "allocation sizes, not measured; +attn, +layer: the FLOPs the recomputation adds to the model's)\n");
-}
-
-static void print_config(const Run* run, const cudaDeviceProp* prop, double flops, double peak) {
-    const TrainArgs* args = &run->args;
-    const SmolVLAConfig* c = &run->config;
-    SmolParamTable t;
-    smolvla_table_build(c, &t);
-    size_t trainable = smolvla_trainable_count(&t, args->train_mode);
-    char split[96];
-    printf("+------------------------+--------------------------------------+\n");
-    printf("| train_vla              | %-36s |\n", args->preset);
-    printf("+------------------------+--------------------------------------+\n");
-    smolvla_config_print(c);
-    printf("| parameters             | %-36zu |\n", t.total);
-    snprintf(split, sizeof(split), "%zu (%.1f%%)", trainable, 100.0 * (double)trainable / (double)t.total);
-    printf("| trainable              | %-36s |\n", split);
-    printf("| train mode (--train)   | %-36s |\n", TRAIN_MODE_NAMES[args->train_mode]);
-    printf("| start                  | %-36s |\n", run_start_kind(args, run->from));
-    if (run->from != NULL) { printf("| from                   | %-36s |\n", run->from); }
-    SmolOptDomain domain;
-    SmolBuckets buckets;
-    smolvla_opt_domain(&t, args->train_mode, &domain);
-    smol_buckets_build(&buckets, c, &t, &domain);
-    snprintf(split, sizeof(split), "%d buckets, %d ranges", buckets.n, buckets.first[buckets.n]);
-    printf("| gradient all-reduce    | %-36s |\n", split);
-    free(buckets.first); free(buckets.offset); free(buckets.count);
-    printf("| dataset samples        | %-36llu |\n", (unsigned long long)run->ds.n_samples);
-    printf("| shards                 | %-36d |\n", run->ds.n_shards);
-    snprintf(split, sizeof(split), "%d x %d x %d", run->world, args->batch, args->accum);
-    printf("| GPUs x batch x accum   | %-36s |\n", split);
-    printf("| effective batch        | %-36lld |\n", (long long)train_global_batch(args, run->world));
-    snprintf(split, sizeof(split), "%g (--lr-scale %s)", args->lr, LR_SCALE_NAMES[args->lr_scale]);
-    printf("| peak learning rate     | %-36s |\n", split);
-    printf("| optimizer state        | %-36s |\n", args->zero && run->world > 1 ? "sharded over the GPUs (ZeRO-1)" : "on every GPU");
-    // per GPU, for its micro-batch: a frozen vision tower keeps one layer's (smol_vis_kept)
-    double gib = 1024.0 * 1024.0 * 1024.0;
-    size_t kept_all = smolvla_act_bytes(c, args->train_mode, args->batch);
-    size_t kept = smolvla_act_bytes(c, args->train_mode, args->batch, args->recompute);
-    printf("| activations (GiB)      | %-36.2f |\n", (double)kept / gib);
-    char saved[32];
-    snprintf(split, sizeof(split), "%s: saves %s", RECOMPUTE_NAMES[args->recompute],
-             format_bytes(saved, sizeof(saved), (double)(kept_all - kept)));
-    printf("| recompute              | %-36s |\n", split);
-    if (args->recompute != RECOMPUTE_NONE) {  // MFU counts the model's FLOPs alone
-        snprintf(split, sizeof(split), "%.2f (+%.1f%%, not in MFU)",
-                 smolvla_recompute_flops_per_sample(c, args->train_mode, args->recompute) / 1e9,
-                 100.0 * smolvla_recompute_flops_per_sample(c, args->train_mode, args->recompute) / flops);
-        printf("| recompute GFLOP/sample | %-36s |\n", split);
-    }
-    printf("| vision attention       | %-36s |\n", attention_version_name(c->vis_width / c->vis_heads));
-    printf("| masked attention       | %-36s |\n", attention_version_name(c->head_dim));
-    printf("| device                 | %-36.36s |\n", prop->name);
-    printf("| precision              | %-36s |\n", PRECISION_NAME);
-    printf("| model GFLOP per sample | %-36.2f |\n", flops / 1e9);
-    const char* peak_kind = LOSS_SCALING ? "fp16" : "bf16";
-    if (peak > 0.0) { printf("| peak %s TFLOP/s      | %-36.1f |\n", peak_kind, peak / 1e12); }
-    else { printf("| peak %s TFLOP/s      | %-36s |\n", peak_kind, "unknown for this device: no MFU"); }
-    if (LOSS_SCALING) {
-        snprintf(split, sizeof(split), "%g, x2 after %d clean steps", (double)run->loss_scale.scale,
-                 args->loss_scale_window);
-        printf("| loss scale (dynamic)   | %-36s |\n", split);
-    }
-    printf("| loader threads         | %-36d |\n", args->workers);
-    printf("| augment shift (px)     | %-36d |\n", args->augment);
-    printf("| balance                | %-36s |\n", BALANCE_NAMES[args->balance]);
-    if (run->balance != NULL) { task_balance_print(run->balance, &run->ds); }
-    printf("+------------------------+--------------------------------------+\n");
-    fflush(stdout);
-}
-
-// One GPU's training: rank node * local_ranks + local of run->world, on local device `local`.
-// Every rank holds a replica, takes its own share of every global batch, and sums its gradients
-// with the others; rank 0 logs, saves checkpoints and evaluates. Returns 1 if a stop request
-// ended the run early.
+// One GPU's training: rank node * local_ranks + local, on local device `local`. Every rank holds a
+// replica, takes its share of every global batch and sums its gradients with the others; rank 0
+// logs, saves checkpoints and evaluates. Returns 1 if a stop request ended the run early.
 static int train_rank(Run* run, Watchdog* watchdog, int local) {
     const TrainArgs* args = &run->args;
     const SmolVLAConfig* c = &run->config;
