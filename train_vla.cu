@@ -347,8 +347,7 @@ __global__ void norm_squares_kernel(float* partial, const float* g, size_t n) {
     if (threadIdx.x == 0) { partial[blockIdx.x] = s; }
 }
 
-// AdamW on fp32 master weights, clipped to global norm `clip` read on the device, then the floatX copy.
-// A non-finite norm leaves everything: fp16 builds skip that step; the others stop the run.
+// AdamW on fp32 master weights, clipped to norm `clip` (device), then the floatX copy; a non-finite norm: no-op
 __global__ void adamw_kernel(float* master, floatX* params, const float* grads, float* m, float* v, size_t n,
                              float lr, float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2,
                              const float* grad_norm, float clip) {
@@ -400,8 +399,7 @@ enum { SCALER_NEXT = 0, SCALER_CLEAN = 1, SCALER_SKIPPED = 2, SCALER_USED = 3, S
 #define LOSS_SCALING 0
 #endif
 
-// A step's first micro-step: factor S * 2^-ceil(log2(H*A)), per sample (not per batch) so a run skips
-// the same steps however the batch is split; a power of two rounds nothing. One thread.
+// A step's first factor: S * 2^-ceil(log2(H*A)) per sample, so skips don't depend on the split. One thread.
 __global__ void loss_scale_begin_kernel(float* scaler, float pow2) {
     scaler[SCALER_USED] = scaler[SCALER_NEXT];
     scaler[SCALER_FACTOR] = scaler[SCALER_NEXT] * pow2;
@@ -418,8 +416,7 @@ __global__ void loss_unscale_kernel(float* scalars, const float* scaler) {
     scalars[4] /= scaler[SCALER_FACTOR];
 }
 
-// After AdamW: a non-finite norm counts a skip and halves S (not below 1); else after `window` clean
-// steps S doubles (up to max_scale). One thread.
+// After AdamW: a non-finite norm counts a skip and halves S (>= 1); `window` clean steps double it. One thread.
 __global__ void loss_scale_update_kernel(float* scaler, const float* grad_norm, int window, float max_scale) {
     if (!isfinite(*grad_norm)) {
         scaler[SCALER_SKIPPED] += 1.0f;
@@ -667,8 +664,7 @@ static __device__ __forceinline__ float bilinear_u8(const uint8_t* f, int w, int
     return (1.0f - ly) * ((1.0f - lx) * p00 + lx * p01) + ly * ((1.0f - lx) * p10 + lx * p11);
 }
 
-// out: n_img images (3, S, S) at out_stride; frames: n_img (h, w, 3) u8 at in_stride.
-// x128::size pixels of one row per thread, all three channels
+// out: n_img images (3, S, S); frames: n_img (h, w, 3) u8. x128::size pixels of a row per thread.
 __global__ void resize_pad_kernel2(floatX* out, const uint8_t* frames, ResizePad r, int n_img, size_t in_stride,
                                    size_t out_stride) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -707,8 +703,7 @@ __global__ void resize_pad_kernel2(floatX* out, const uint8_t* frames, ResizePad
     for (int c = 0; c < 3; c++) { store128(out + img * out_stride + c * plane + (size_t)y * r.S + xs, o[c]); }
 }
 
-// ---- attention as LeRobot computes it (GQA, the block mask as one int per token, the finfo.min
-// fill), born in dev/cuda/attention_smolvla.cu
+// ---- attention as LeRobot computes it (GQA, per-token block mask, finfo.min fill): dev/cuda/attention_smolvla.cu
 
 // One attention call: Tq queries of NH heads against nk = Nk0 + Nk1 keys/values of NKV heads, the
 // first Nk0 from k0/v0, the rest from k1/v1. GQA: query head h reads kv head h / (NH / NKV).
@@ -907,8 +902,7 @@ static __device__ __forceinline__ uint32_t pack_f2(float lo, float hi) {
     return (uint32_t)l | (uint32_t)h << 16;
 }
 
-// tile (64, HSP + 8) <- rows first.. of one head (then of head1: the joint layer's keys), zeros past.
-// The row stride HSP + 8 puts the 8 rows a fragment reads in different banks.
+// tile (64, HSP + 8) <- rows first.. of one head (then head1's), zeros past; HSP + 8 avoids bank conflicts.
 template <int HSP>
 static __device__ void att4_load_tile(floatX* tile, const floatX* head, int first, int n_rows, int HS, size_t D,
                                       const floatX* head1 = NULL, int n_rows1 = 0) {
@@ -1180,8 +1174,7 @@ static __device__ __forceinline__ void att4_online_softmax(float (*s)[4], float 
     }
 }
 
-// Version 4 forward: a block takes 64 MT queries of one (sample, head) over every key of its kv head,
-// softmax in base 2 (scores times log2(e) / sqrt(HS)); MT = 2 shares key fragments in large calls.
+// Version 4 forward: 64 MT queries of one (sample, head) a block, softmax in base 2; MT = 2 for large calls.
 template <int HSP, int MT, bool MASK>
 __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(floatX* out, float* lse, const floatX* q,
                                                                               GqaAttn a) {
@@ -1623,8 +1616,7 @@ __global__ void sample_loss_kernel(float* sums, const float* v, const float* tar
     if (threadIdx.x == 0) { sums[2 * b] = sq; sums[2 * b + 1] = n; }
 }
 
-// ... added to its task's (task_sums (T, 2)) sample by sample in order; `first` starts from zero.
-// One thread per task.
+// ... added to its task's (task_sums (T, 2)) in sample order; `first` starts from zero. One thread per task.
 __global__ void task_loss_add_kernel(float* task_sums, const float* sample_sums, const int* task, int B, int T,
                                      int first) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1693,8 +1685,7 @@ static thread_local cudaStream_t copy_stream;   // host-to-device batch copies, 
 static const int BLOCK = 256;
 static const int CHUNK_ROWS = 32;  // rows per block of the two-stage column sums, at most
 
-// Rows per chunk of the two-stage column sums: CHUNK_ROWS while that leaves 256 chunks, fewer
-// for a small N. The first stage fills colsum_chunks(N) rows of partials.
+// Rows per chunk of the two-stage column sums: CHUNK_ROWS while that leaves 256 chunks, fewer for a small N
 static int colsum_rows(size_t N) {
     size_t rows = N / 256;
     return rows >= (size_t)CHUNK_ROWS ? CHUNK_ROWS : rows <= (size_t)(BLOCK / 32) ? BLOCK / 32 : (int)rows;
@@ -1916,8 +1907,7 @@ static void resize_pad(floatX* out, const uint8_t* frames, int n_img, int h, int
     launchCheck();
 }
 
-// ---- attention's launchers: version 4 in bf16 builds where it fits, version 2 in fp16 builds
-// where its tiles fit, version 1 for everything else (dev/cuda/attention_smolvla.cu times them all)
+// ---- attention's launchers: version 4 (bf16) where it fits, version 2 (fp16) where its tiles fit, else 1
 
 // what the kernels assume of a call; a mistake here is the caller's
 static void gqa_attention_check(const GqaAttn& a) {
@@ -2241,23 +2231,17 @@ static void gpu_shutdown(void) {
 #define NORM_BLOCKS 256  // fixed, so the global norm sums in the same order on every GPU
 
 // ----------------------------------------------------------------------------
-// model: LeRobot's SmolVLA, as dev/smolvla.py computes it and train_vla.c does on the CPU (same
-// functions, same order). The forward:
-//   frames (uint8, any size) -> resize with padding, x*2-1 -> SigLIP (patch embedding, position,
-//   pre-LayerNorm layers, post-LayerNorm) -> pixel shuffle -> connector -> prefix = [image tokens
-//   * sqrt(C) per camera, language * sqrt(C), state_proj(state)] -> the VLM's Llama layers over
-//   the prefix (the last one computes only its keys and values) -> the expert's layers over the
-//   H action tokens: joint self-attention over [prefix ; actions] in even layers, cross-attention
-//   to the VLM's keys/values re-projected by the expert in odd ones -> final RMSNorm ->
-//   action_out_proj = the velocity (fp32) -> masked squared error on the real action dims.
+// model: LeRobot's SmolVLA, as dev/smolvla.py and train_vla.c compute it (same functions, same order):
+//   frames -> resize with padding, x*2-1 -> SigLIP -> pixel shuffle -> connector -> prefix = [image
+//   tokens * sqrt(C), language * sqrt(C), state_proj(state)] -> the VLM's Llama layers -> the expert's
+//   layers over the H action tokens (joint self-attention in even layers, cross-attention to the VLM's
+//   re-projected keys/values in odd ones) -> RMSNorm -> action_out_proj (fp32) -> masked squared error.
 // The prefix never sees the actions, so the VLM runs first and alone (it is sampling's cache).
-//
 // Shapes: NV = n_cam * B images (camera-major: image cam * B + b), S image side, p patch,
 // G = S/p, Nv = G*G patches per image, V = NV * Nv vision rows, Cv / Fv vision widths, NI image
 // tokens per camera, C / F VLM widths, Ce / Fe expert widths, Np prefix tokens, H chunk,
 // T = Np + H sequence, P = B * Np prefix rows, R = B * H action rows, D = NH*HS query width,
 // KV = NKV*HS key/value width (GQA), Smax / Amax padded state / action dims.
-// Precision and the one packed trainable domain (SmolOptDomain): the file's header.
 
 // Parameter tensor indices, in table order: SMOLP_vis_wq, ...
 enum {
@@ -2300,8 +2284,7 @@ static inline size_t smol_max3(size_t a, size_t b, size_t c) { return a > b ? (a
 // Vision layers kept: all when the tower trains, else one slot each layer overwrites
 static inline size_t smol_vis_kept(const SmolVLAConfig* c, int mode) { return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1; }
 
-// Per-layer slots of the attention and MLP halves at recompute level rc: every layer's, or one slot
-// the backward refills. What another part reads later is always per layer.
+// Per-layer slots of the attention and MLP halves at recompute level rc: every layer's, or one refilled
 static inline size_t smol_attn_slots(size_t layers, int rc) { return rc >= RECOMPUTE_ATTN ? 1 : layers; }
 static inline size_t smol_mlp_slots(size_t layers, int rc) { return rc >= RECOMPUTE_LAYER ? 1 : layers; }
 static inline size_t smol_vis_attn(const SmolVLAConfig* c, int mode, int rc) { return smol_attn_slots(smol_vis_kept(c, mode), rc); }
@@ -2552,8 +2535,7 @@ static int smolvla_read_loss_scale(SmolVLA* m, LossScaleState* st, float* used) 
     return skipped;
 }
 
-// The model for config c in `mode`: weights, gradients, RoPE table, buckets; activations come with
-// the batch. ZeRO-1: optimizer state of shard `shard_rank` only; the compute copy and gradients whole.
+// The model for config c in `mode`; ZeRO-1: optimizer state of shard `shard_rank` only
 static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shard_rank = 0, int shard_world = 1) {
     memset(m, 0, sizeof(*m));
     const char* problem = smolvla_config_problem(c);
@@ -2638,8 +2620,7 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
     }
 }
 
-// The weights from a host array in the table's layout: compute copies rounded once from fp32 on the
-// device, the shard's fp32 master weights; AdamW's moments from moment1/2, else zero.
+// The weights from a host array in the table's layout; AdamW's moments from moment1/2, else zero
 static void smolvla_set_params(SmolVLA* m, const float* params, const float* moment1 = NULL,
                                const float* moment2 = NULL) {
     size_t widest = 0, lo = m->shard_lo, hi = m->shard_hi;
@@ -2827,8 +2808,7 @@ static void smol_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, float
     rmsnorm_backward(dres, dres_x, dw, m->acts.partial, dout, inp, w, rstd, N, C);
 }
 
-// attention output -> o_proj + residual -> RMSNorm -> SwiGLU MLP + residual (beta = 1 products).
-// with_out 0 (a recomputation) skips down_proj: its output is kept.
+// attention output -> o_proj + residual -> RMSNorm -> SwiGLU MLP + residual; with_out 0 skips down_proj
 static void smol_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerActs* x, int N, int D, int with_out = 1) {
     matmul_forward(x->mid, x->att, w->wo, NULL, x->res, N, D, w->C);
     rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, SMOLVLA_RMS_EPS);
@@ -2838,8 +2818,7 @@ static void smol_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerAc
     if (with_out) { matmul_forward(x->out, x->act, w->down, NULL, x->mid, N, w->F, w->C); }
 }
 
-// Backward of smol_layer_out_forward: dres, dres_x hold d(out) (N, C), left holding d(mid);
-// acts.g_att gets d(att). A frozen weight gets no product.
+// Backward of smol_layer_out_forward: dres, dres_x hold d(out) (N, C), left holding d(mid); g_att d(att)
 static void smol_layer_out_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
                                     const SmolLayerActs* x, float* dres, floatX* dres_x, int N, int D) {
     SmolActivations* a = &m->acts;
@@ -2856,8 +2835,7 @@ static void smol_layer_out_backward(SmolVLA* m, const SmolLayer<floatX>* w, cons
     if (g->wo != NULL) { matmul_backward_weight(g->wo, dres_x, x->att, N, D, C); }
 }
 
-// Backward of ln1 and q/k/v, rotated back from RoPE (dq NULL: the VLM's last layer; dk, dv NULL: a
-// cross layer), added to dres
+// Backward of ln1 and q/k/v, rotated back from RoPE (dq NULL: the VLM's last layer; dk, dv NULL: cross)
 static void smol_layer_qkv_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
                                     const SmolLayerActs* x, float* dres, floatX* dres_x, const floatX* dq,
                                     const floatX* dk, const floatX* dv, int N) {
@@ -2940,8 +2918,7 @@ static void smolvla_vision_forward(SmolVLA* m) {
                       m->params.vis_post_b, V, Cv);
 }
 
-// p_res[0] = [camera tokens][language][state] per sample, mask block ids and RoPE positions;
-// image and language embeddings scaled by sqrt(C) in float32, the state not.
+// p_res[0] = [camera tokens][language][state] per sample, block ids, RoPE positions; sqrt(C) in float32
 static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -2958,8 +2935,7 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
     LAUNCH_1D(smolvla_sequence_kernel, B, a->block, a->pos, a->x_pos, in->token_mask, B, c->n_cam * NI, Lt, c->chunk);
 }
 
-// VLM layer l over the prefix; the last computes only ln1, keys and values (its output feeds nothing).
-// redo: as smol_vision_layer_forward's, keys and values kept at every level.
+// VLM layer l; the last computes only ln1, keys and values. redo: keys and values kept at every level.
 static void smol_vlm_layer_forward(SmolVLA* m, int l, int redo) {
     const SmolVLAConfig* c = &m->config;
     int P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), T = Np + c->chunk;
@@ -2984,8 +2960,7 @@ static void smolvla_vlm_forward(SmolVLA* m) {
     for (int l = 0; l < m->config.n_layer; l++) { smol_vlm_layer_forward(m, l, RECOMPUTE_NONE); }
 }
 
-// The H action tokens of acts.x_t at flow times t: s_res[0] = action_time_mlp_out(silu(
-// action_time_mlp_in([action_in_proj(x_t), time embedding])))
+// s_res[0] = action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time embedding])))
 static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3104,8 +3079,7 @@ static void smolvla_loss_finish(SmolVLA* m) {
 
 // ---- backward
 
-// d acts.d_vt -> action_out_proj -> the expert -> d s_res[0] in g_res / g_res_x (R, Ce); VLM key/value
-// gradients added to dp_k/dp_v
+// d acts.d_vt -> the expert -> d s_res[0] in g_res / g_res_x (R, Ce); VLM k/v gradients into dp_k/dp_v
 static void smolvla_expert_backward(SmolVLA* m, int state_only) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3348,8 +3322,7 @@ static void smolvla_backward(SmolVLA* m, int zero_grads) {
     }
 }
 
-// After a step's last backward: the loss's sums, the valid entries and the stop flag (scalars[0], [3],
-// [2]; `stop`: this rank saw a stop request) summed over the ranks with the gradients, then the means
+// After a step's last backward: loss sums, entries and stop flag summed over the ranks, then the means
 static void smolvla_grads_finish(SmolVLA* m, int stop) {
     LAUNCH_1D(fill_kernel, 1, m->acts.scalars + 2, stop ? 1.0f : 0.0f, 1);
     dist_step_sums(m);
@@ -3373,8 +3346,7 @@ static void smolvla_euler_steps(SmolVLA* m) {
     }
 }
 
-// Noise (B, H, Amax, device) -> out (B, H, Amax, host), normalized: the prefix once, then the Euler
-// steps, with use_graph as one CUDA graph (captured on the second call at a batch size, then replayed).
+// Noise (B, H, Amax, device) -> out (B, H, Amax, host): the prefix once, then the Euler steps (a CUDA graph)
 static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise, float* out) {
     SmolSampling* s = &m->sampling;
     if (s->marks[0] == NULL) {
@@ -3416,8 +3388,7 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
 
 // ---- optimizer: AdamW on the trainable elements only
 
-// The trainable gradients' global norm into acts.scalars[1]: one launch at a fixed grid (the same
-// order every run) over the model's part of the domain (padding zero); ZeRO-1 ranks add their sums
+// The trainable gradients' global norm into acts.scalars[1], a fixed grid; ZeRO-1 ranks add their sums
 static void smolvla_global_norm(SmolVLA* m) {
     int sharded = smol_sharded(m);
     norm_squares_kernel<<<NORM_BLOCKS, BLOCK, 0, main_stream>>>(m->norm_partial, m->grads_memory + m->shard_lo,
@@ -3549,8 +3520,7 @@ static void dist_sum(Dist* d, float* x, size_t n) {
     main_after_comm(d);
 }
 
-// Bucket b's gradients are final: sum them over the ranks while the backward goes on; the loss is a
-// sum, so summing is averaging once smolvla_loss_finish divides.
+// Bucket b's gradients are final: sum them over the ranks while the backward goes on
 static void smol_bucket_done(SmolVLA* m, int b) {
     Dist* d = m->dist;
     const SmolBuckets* k = &m->buckets;
@@ -3565,8 +3535,7 @@ static void smol_bucket_done(SmolVLA* m, int b) {
     ncclCheck(ncclGroupEnd());
 }
 
-// The step's sums over the ranks after its last backward: the loss's sums, entries and stop flag;
-// with ZeRO-1 the gradients reduce-scattered, the main stream waiting for all of it
+// The step's sums over the ranks after its last backward (ZeRO-1: gradients reduce-scattered)
 static void dist_step_sums(SmolVLA* m) {
     Dist* d = m->dist;
     if (d != NULL) {
@@ -3741,8 +3710,7 @@ static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* dev, const float
 // ----------------------------------------------------------------------------
 // checkpoints of the model
 
-// Writes a checkpoint (by `write`: rank 0): every weight in fp32, the trainable ones from the master
-// weights, the frozen from `params`, and the moments; every rank calls it (ZeRO-1 gathers).
+// Writes a checkpoint (rank 0): every weight in fp32, and the moments; every rank calls it (ZeRO-1)
 static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const TrainArgs* args, int step,
                          uint64_t sampler_pos, int write, const LossScaleState* loss_scale) {
     if (!write && !smol_sharded(m)) { return; }
@@ -3801,8 +3769,7 @@ static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 // --memory and the config table at the start (vla/report.cuh)
 #include "vla/report.cuh"
 
-// One GPU's training: rank node * local_ranks + local. Every rank holds a replica and sums its
-// gradients with the others; rank 0 logs, saves and evaluates. Returns 1 if stopped early.
+// One GPU's training: rank node * local_ranks + local; rank 0 logs. Returns 1 if stopped early.
 static int train_rank(Run* run, Watchdog* watchdog, int local) {
     const TrainArgs* args = &run->args;
     const SmolVLAConfig* c = &run->config;
