@@ -384,7 +384,6 @@ __global__ void convert_kernel2(floatX* out, const float* inp, size_t n) {
     store128(out + i, o);
 }
 
-// p[0 .. n) = v (dev/cuda/fill.cu)
 __global__ void fill_kernel(float* p, float v, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { p[i] = v; }
@@ -587,7 +586,6 @@ __global__ void swiglu_forward_kernel2(floatX* act, const floatX* gate, const fl
     store128(act + i, o);
 }
 
-// dgate, dup are overwritten
 __global__ void swiglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
                                         const floatX* up, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
@@ -1014,7 +1012,6 @@ static __device__ __forceinline__ void att4_accumulate(float (*acc)[HSP / 8][4],
     }
 }
 
-// a row's max and sum over its quad of lanes
 static __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -1031,7 +1028,6 @@ template <int HSP>
 static size_t gqa_attention_smem4(void) {
     return 6 * (size_t)ATT4_ROWS * (HSP + 8) * sizeof(floatX) + 4 * ATT4_ROWS * sizeof(float) + 2 * ATT4_ROWS * sizeof(int);
 }
-// where those block ids start
 template <int HSP>
 static __device__ __forceinline__ int* att4_block_ids(float* smem) {
     return (int*)((floatX*)smem + 6 * ATT4_ROWS * (HSP + 8) + 8 * ATT4_ROWS);
@@ -1368,7 +1364,6 @@ __global__ void __launch_bounds__(ATT4_THREADS, MASK ? 1 : ATT4_DKDV_BLOCKS) gqa
         if (step >= n_steps) { return; }
         int hh = kvh * G + step / n_qt, it = step % n_qt, stage = step % 2;
         size_t head = (size_t)b * a.NH + hh;
-        // (not att4_prefetch: the stage is the step's parity, not the tile's)
         att4_load_tile<HSP>(QD + stage * 2 * TILE, att4_head(q, b, T, hh, HS, D), it * ATT4_ROWS, T, HS, D);
         att4_load_tile<HSP>(QD + stage * 2 * TILE + TILE, att4_head(dout, b, T, hh, HS, D), it * ATT4_ROWS, T, HS, D);
         cp_async_commit();
@@ -1629,7 +1624,6 @@ __global__ void task_loss_add_kernel(float* task_sums, const float* sample_sums,
     task_sums[2 * t + 1] = n;
 }
 
-// x (n) *= *scale, the factor read on the device
 __global__ void scale_kernel(float* x, size_t n, const float* scale) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { x[i] *= *scale; }
@@ -1708,13 +1702,11 @@ static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const f
     launchCheck();
 }
 
-// out (C) += the column sums of partial (n_chunks, C) (column_sum_kernel's fixed order)
 static void column_sum(float* out, const float* partial, int n_chunks, int C) {
     column_sum_kernel<<<ceil_div(C, 32), 32 * COLSUM_WARPS, 0, main_stream>>>(out, partial, n_chunks, C);
     launchCheck();
 }
 
-// partial: scratch of (colsum_chunks(N), C) floats
 static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* partial, const floatX* dout,
                              const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
     ProfOp prof_op("rmsnorm");
@@ -1751,7 +1743,6 @@ static void convert(floatX* out, const float* inp, size_t n) {
     launchCheck();
 }
 
-// head size padded for the tensor-core kernels
 static int padded_head_dim(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : 128; }
 
 // ---- LayerNorm, SwiGLU, GELU-tanh, pixel shuffle, resize: BLOCK threads, 16 bytes a load
@@ -1843,7 +1834,6 @@ static void pixel_shuffle_check_grid(int h, int w, int s) {
     }
 }
 
-// out (N, (h/s)(w/s), C s^2) from x (N, h*w, C)
 static void pixel_shuffle_forward(floatX* out, const floatX* inp, int N, int h, int w, int C, int s) {
     ProfOp prof_op("pixel shuffle");
     pixel_shuffle_check_grid(h, w, s);
@@ -1853,7 +1843,6 @@ static void pixel_shuffle_forward(floatX* out, const floatX* inp, int N, int h, 
     launchCheck();
 }
 
-// dinp (N, h*w, C) overwritten from dout (N, (h/s)(w/s), C s^2)
 static void pixel_shuffle_backward(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s) {
     ProfOp prof_op("pixel shuffle");
     pixel_shuffle_check_grid(h, w, s);
@@ -1886,7 +1875,6 @@ static ResizePad resize_pad_plan(int h, int w, int S) {
     return r;
 }
 
-// Whether resize_pad_kernel2 takes this size and this output
 static bool resize_pad2_fits(const floatX* out, int S, size_t out_stride) {
     return packable(S, x128::size, out) && out_stride % x128::size == 0;
 }
@@ -1983,7 +1971,6 @@ static bool attention2_fits(int HS, bool backward) {
     return smem <= limit;
 }
 
-// version 2 at the call's padded head size
 static void gqa_attention_forward2_any(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
     switch (padded_head_dim(a.HS)) {
         case 16: gqa_attention_forward2<16>(out, lse, q, a); break;
@@ -2100,7 +2087,6 @@ static void attention_delta(float* delta, const floatX* dout, const floatX* out,
     launchCheck();
 }
 
-// an attention call's sizes, for the profile (empty when it is off)
 static void attention_prof_shape(char* shape, size_t n, const GqaAttn& a) {
     shape[0] = '\0';
     if (prof.on) { snprintf(shape, n, "B %d, %d/%d heads of %d, %d x %d", a.B, a.NH, a.NKV, a.HS, a.Tq, a.Nk0 + a.Nk1); }
@@ -2133,7 +2119,6 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
                                    floatX* dkx = NULL, floatX* dvx = NULL) {
     char shape[64];
     attention_prof_shape(shape, sizeof(shape), a);
-    // (five products: S again, dP, dS K, dS^T Q, P^T dO)
     ProfOp prof_op("attention bwd", 10.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);
     gqa_attention_check(a);
     if (dkx != NULL && (a.Nk1 != 0 || dvx == NULL)) { vla_fail("attention: floatX key gradients need one key tensor and both of dk, dv"); }
@@ -2189,7 +2174,6 @@ static float* from_device_x(const floatX* d, size_t n) {
 }
 #endif
 
-// grid for n independent elements
 #define LAUNCH_1D(kernel, n, ...) \
     do { kernel<<<ceil_div((n), BLOCK), BLOCK, 0, main_stream>>>(__VA_ARGS__); launchCheck(); } while (0)
 
@@ -2243,14 +2227,12 @@ static void gpu_shutdown(void) {
 // T = Np + H sequence, P = B * Np prefix rows, R = B * H action rows, D = NH*HS query width,
 // KV = NKV*HS key/value width (GQA), Smax / Amax padded state / action dims.
 
-// Parameter tensor indices, in table order: SMOLP_vis_wq, ...
 enum {
 #define SMOL_INDEX_(nm, ...) SMOLP_##nm,
     SMOLVLA_PARAMETERS(SMOL_INDEX_, c)
 #undef SMOL_INDEX_
 };
 
-// The compute copy of the parameters (floatX), one pointer per tensor
 typedef struct {
 #define SMOL_FIELD_X_(nm, ...) floatX* nm;
     SMOLVLA_PARAMETERS(SMOL_FIELD_X_, c)
@@ -2267,14 +2249,12 @@ typedef struct {
     const int32_t* tokens;       // (B, max_text) token ids in [0, vocab), right-padded
     const float* token_mask;     // (B, max_text) 1 = a real token, 0 = padding
     const float* state;          // (B, max_state_dim) normalized, zero-padded
-    // training only:
     const float* actions;        // (B, H, max_action_dim) normalized, zero-padded
     const float* action_is_pad;  // (B, H) 1 = a chunk slot past the episode's end (no loss)
     const float* t;              // (B) flow time
     const float* noise;          // (B, H, max_action_dim)
 } SmolInputs;
 
-// Row counts: V vision rows (images x patches), P prefix rows, R action rows
 static inline size_t smol_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
 static inline size_t smol_vrows(const SmolVLAConfig* c, int B) { return smol_images(c, B) * smolvla_grid(c) * smolvla_grid(c); }
 static inline size_t smol_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
@@ -2290,7 +2270,6 @@ static inline size_t smol_mlp_slots(size_t layers, int rc) { return rc >= RECOMP
 static inline size_t smol_vis_attn(const SmolVLAConfig* c, int mode, int rc) { return smol_attn_slots(smol_vis_kept(c, mode), rc); }
 static inline size_t smol_vis_mlp(const SmolVLAConfig* c, int mode, int rc) { return smol_mlp_slots(smol_vis_kept(c, mode), rc); }
 
-// Vision rows of the backward scratch: none unless the tower trains
 static inline size_t smol_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) { return mode == TRAIN_MODE_ALL ? smol_vrows(c, B) : 0; }
 
 // Column-sum partials of the backward's widest (rows, columns)
@@ -2497,7 +2476,6 @@ static inline floatX* smol_param(const SmolVLA* m, int i, int k) {
     return m->params_memory + (at < n_train ? m->domain.offset[i] + at : m->frozen_at[i] + (at - n_train));
 }
 
-// Its gradient when that slice trains in the model's mode, else NULL
 static inline float* smol_grad(const SmolVLA* m, int i, int k) {
     const SmolParamSpec* s = &m->table.spec[i];
     size_t per = s->numel / smolvla_slices(s);
@@ -2653,7 +2631,6 @@ static void smolvla_set_params(SmolVLA* m, const float* params, const float* mom
     }
 }
 
-// (Re)sizes the activations for B samples
 static void smolvla_set_batch(SmolVLA* m, int B) {
     if (m->B == B) { return; }
     if (m->sampling.graph != NULL) {  // it reads the activations that are about to move
@@ -2718,7 +2695,6 @@ struct SmolLayer {
     int cross;  // an expert layer attending to the VLM's re-projected keys/values
 };
 
-// Layer l of the VLM (expert 0) or the expert (1)
 template <typename T>
 static SmolLayer<T> smol_layer(const SmolVLA* m, int expert, int l, int grads) {
     const SmolVLAConfig* c = &m->config;
@@ -2798,7 +2774,6 @@ static GqaAttn smol_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, con
     return a;
 }
 
-// RMSNorm backward; a frozen norm's dw (NULL) lands in scratch nobody reads
 static void smol_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, float* dw, const floatX* dout,
                                   const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
     if (dw == NULL) {
@@ -3550,7 +3525,6 @@ static void dist_step_sums(SmolVLA* m) {
     }
 }
 
-// ZeRO-1: the sum of squares of the shard's gradients (acts.scalars[1]) added over the ranks
 static void zero_sum_squares(SmolVLA* m) {
     comm_after_main(m->dist, m->dist->scalars_ready);
     ncclCheck(ncclAllReduce(m->acts.scalars + 1, m->acts.scalars + 1, 1, ncclFloat, ncclSum, m->dist->comm,
@@ -3558,7 +3532,6 @@ static void zero_sum_squares(SmolVLA* m) {
     main_after_comm(m->dist);
 }
 
-// ZeRO-1: every rank's updated shard of the trainable weights' compute copy, to every rank
 static void zero_gather_params(SmolVLA* m) {
     comm_after_main(m->dist, m->dist->scalars_ready);
     ncclCheck(ncclAllGather(m->params_memory + m->shard_lo, m->params_memory, m->shard_hi - m->shard_lo, NCCL_FLOATX,
@@ -3578,7 +3551,6 @@ static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* 
 }
 
 #if !defined(TESTING) && !defined(VLA_LIBRARY)
-// The trainer's side: the ranks' threads, their communicators and the watchdog over them
 
 // Any -g and --nodes: NCCL serves them (the build without it refuses more than one GPU)
 static void dist_check_args(const TrainArgs* args) {}
@@ -3635,12 +3607,10 @@ static void dist_free(Dist* d, const SmolVLA* m, Watchdog* w, int local) {
     ncclCheck(ncclCommDestroy(d->comm));
 }
 
-// Every rank of this process waits here until all of them get here
 static void dist_barrier(void) {
     #pragma omp barrier
 }
 
-// A step starts: its waits on NCCL are timed from here (a checkpoint's gathers are not the step's)
 static void dist_step_begin(Dist* d) { d->waits = 0; }
 
 // The time the main stream waited on the communication stream this step, per wait
@@ -3859,7 +3829,6 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         watchdog->busy_since[local] = 0.0;
         double ms = 1000.0 * (wall_seconds() - t0);
         double wait_ms = dist_wait_ms(&dist);
-        // the first step warms up; the profiled one records thousands of events
         if (step > run->start && step + 1 != args->profile) { timed_ms += ms; comm_wait_ms += wait_ms; timed_steps++; }
         int done = step + 1;
         prof_stop();  // (the profiled step's work ends here, before any checkpoint)
