@@ -78,8 +78,7 @@ typedef __nv_bfloat16 floatX;
 // the checks, floatX conversions, warp and block sums and 16-byte packs (vla/cuda_common.cuh)
 #include "vla/cuda_common.cuh"
 
-// PTX instructions as functions (mma.sync, cp.async, ldmatrix, ex2.approx) and the launch count of
-// the emulation, which has its own versions of them (dev/cuda/emu/vla/ptx.cuh, found first there)
+// PTX instructions as functions (mma.sync, cp.async, ldmatrix, ex2.approx); the emulation has its own
 #include "vla/ptx.cuh"
 
 // ----------------------------------------------------------------------------
@@ -95,8 +94,7 @@ __global__ void flow_inputs_kernel(floatX* x_t, float* target, const float* acti
     target[i] = eps[i] - actions[i];
 }
 
-// out = x / sqrt(mean(x^2) + eps) * w, rstd = 1 / sqrt(mean(x^2) + eps). One warp per row of C.
-// eps: SMOLVLA_RMS_EPS (vla/config.h) for the Llama stacks.
+// out = x / sqrt(mean(x^2) + eps) * w, rstd kept. One warp per row of C.
 __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
                                        float eps) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
@@ -113,8 +111,7 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* i
     for (int c = lane; c < C; c += 32) { y[c] = fx(f32(x[c]) * r * f32(w[c])); }
 }
 
-// Version 2: the same with 128-bit loads and stores (C a multiple of x128::size, rows aligned).
-// Version 1 stays for the widths that are not: the tiny preset's expert (36) in bf16 and fp16.
+// Version 2: 128-bit loads and stores; version 1 takes the widths that are not multiples of x128::size.
 __global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
                                         float eps) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
@@ -139,10 +136,7 @@ __global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* 
 
 // y_c = x_c r w_c with r = (mean x^2 + eps)^-1/2, so
 // dx_c = r w_c dy_c - x_c r^3 / C * sum_j dy_j w_j x_j   and   dw_c = sum_rows dy_c x_c r.
-// dx is added to dres (fp32) and written to dres_x (the floatX copy the products read); the block's
-// dw sums go to dw_partial (gridDim.x, C) for column_sum_kernel. One warp per row (no block barrier);
-// each lane keeps its columns' dw sums in registers, added across warps in warp order.
-// C <= 32 * RMSNORM_BWD2_COLS; those registers cap a block at 512 threads (__launch_bounds__).
+// dx added to dres (fp32) and dres_x (floatX); block dw sums to dw_partial (gridDim.x, C), in warp order.
 #define RMSNORM_MAX_BLOCK 512
 #define RMSNORM_BWD2_COLS 32
 __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel2(float* dres, floatX* dres_x, float* dw_partial, const floatX* dout,
@@ -189,8 +183,7 @@ __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel2(fl
     }
 }
 
-// partial (gridDim.y, C): column sums of rows [blockIdx.y * rows_per_block, ...) of x (N rows of
-// stride ld). With column_sum_kernel: the bias gradient, in a fixed order.
+// partial (gridDim.y, C): column sums of x's row chunks; with column_sum_kernel, the bias gradient.
 __global__ void column_partial_kernel(float* partial, const floatX* x, int N, int C, int ld, int rows_per_block) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) { return; }
@@ -200,9 +193,7 @@ __global__ void column_partial_kernel(float* partial, const floatX* x, int N, in
     partial[(size_t)blockIdx.y * C + c] = s;
 }
 
-// Version 2: 128-bit loads, so a warp loads 512 bytes of a row. A block takes 32 packs of columns
-// of chunk blockIdx.y; warp y sums rows y, y + COLPART2_WARPS, ..., the warps' sums added in warp
-// order. C and ld multiples of x128::size, x 16-byte aligned; version 1 takes the other widths.
+// Version 2: 128-bit loads (C, ld multiples of x128::size), warps' sums added in warp order.
 #define COLPART2_WARPS 8
 __global__ void __launch_bounds__(32 * COLPART2_WARPS) column_partial_kernel2(float* partial, const floatX* x, int N,
                                                                                int C, int ld, int rows_per_block) {
@@ -231,9 +222,7 @@ __global__ void __launch_bounds__(32 * COLPART2_WARPS) column_partial_kernel2(fl
     }
 }
 
-// out (C) += the sum of partial (n_chunks, C) over its chunks, in a fixed order: a block takes 32
-// columns (a lane each: a warp loads one 128-byte line), warp w sums chunks w, w + COLSUM_WARPS, ...,
-// and the warps' sums add in warp order, so thousands of chunks keep many loads in flight
+// out (C) += the sum of partial (n_chunks, C) over its chunks, warps' sums added in warp order
 #define COLSUM_WARPS 32
 __global__ void __launch_bounds__(32 * COLSUM_WARPS) column_sum_kernel(float* out, const float* partial, int n_chunks,
                                                                         int C) {
@@ -254,8 +243,7 @@ __global__ void __launch_bounds__(32 * COLSUM_WARPS) column_sum_kernel(float* ou
 
 // ---- attention: the softmax backward's shared term (SmolVLA's GQA kernels below)
 
-// delta (B, NH, Tq): delta_i = sum_j P_ij dP_ij, which is rowsum(dO_i * O_i) since O = P V.
-// One warp per (row, head).
+// delta (B, NH, Tq): delta_i = sum_j P_ij dP_ij = rowsum(dO_i * O_i) since O = P V. Warp per (row, head).
 __global__ void attention_delta_kernel(float* delta, const floatX* dout, const floatX* out, int rows, int Tq,
                                        int NH, int HS) {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
@@ -268,8 +256,7 @@ __global__ void attention_delta_kernel(float* delta, const floatX* dout, const f
     if (lane == 0) { delta[((size_t)(row / Tq) * NH + h) * Tq + row % Tq] = s; }
 }
 
-// Version 2: 128-bit loads, HS / x128::size neighbouring lanes a (row, head) (a power of two that
-// divides 32), summed by xor shuffles
+// Version 2: 128-bit loads, HS / x128::size lanes per (row, head), summed by xor shuffles
 __global__ void attention_delta_kernel2(float* delta, const floatX* dout, const floatX* out, int rows, int Tq, int NH,
                                         int HS) {
     int lanes = HS / x128::size;
@@ -306,8 +293,7 @@ __global__ void silu_backward_kernel(floatX* d, const floatX* dy, const floatX* 
     }
 }
 
-// a_emb (R, 2da) = [a_in (R, da), sinusoidal embedding of the sample's flow time (da)]: half sin,
-// half cos, periods geometric from 4e-3 to 4.0, computed in double from the float t as the CPU does
+// a_emb (R, 2da) = [a_in (R, da), sin/cos time embedding (da)], periods geometric 4e-3..4.0, in double
 __global__ void action_embed_kernel(floatX* a_emb, const floatX* a_in, const float* t, int B, int H, int da) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * H * 2 * da) { return; }
@@ -341,8 +327,7 @@ __global__ void pos_emb_backward_kernel(float* dpos, const float* dx, int B, int
     dpos[idx] += s;
 }
 
-// out = (sum of partial, in order, in double) * scale, or its square root; added to what out
-// holds when `accumulate` (the loss over micro-steps). One thread.
+// out = (sum of partial in order, in double) * scale, or its sqrt; added to out when `accumulate`.
 __global__ void sum_finalize_kernel(float* out, const float* partial, int n, double scale, int take_sqrt, int accumulate) {
     double s = 0.0;
     for (int j = 0; j < n; j++) { s += (double)partial[j]; }
@@ -362,9 +347,7 @@ __global__ void norm_squares_kernel(float* partial, const float* g, size_t n) {
     if (threadIdx.x == 0) { partial[blockIdx.x] = s; }
 }
 
-// AdamW on fp32 master weights, gradients clipped to global norm `clip` (read from the device:
-// no host round trip), then the compute copy in floatX. A non-finite norm (Inf/NaN gradients)
-// leaves everything as it was: fp16 builds skip that step; the others stop the run right after.
+// AdamW on fp32 master weights, clipped to norm `clip` (device), then the floatX copy; a non-finite norm: no-op
 __global__ void adamw_kernel(float* master, floatX* params, const float* grads, float* m, float* v, size_t n,
                              float lr, float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2,
                              const float* grad_norm, float clip) {
@@ -387,8 +370,7 @@ __global__ void convert_kernel(floatX* out, const float* inp, size_t n) {
     if (i < n) { out[i] = fx(inp[i]); }
 }
 
-// Version 2: x128::size values per thread (n a multiple of it), 128-bit stores; version 1 takes
-// the other sizes (the tiny preset's expert biases, 36 values, in bf16 and fp16)
+// Version 2: x128::size values per thread, 128-bit stores; version 1 takes the other sizes
 __global__ void convert_kernel2(floatX* out, const float* inp, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= n) { return; }
@@ -402,16 +384,13 @@ __global__ void convert_kernel2(floatX* out, const float* inp, size_t n) {
     store128(out + i, o);
 }
 
-// p[0 .. n) = v (dev/cuda/fill.cu)
 __global__ void fill_kernel(float* p, float v, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { p[i] = v; }
 }
 
-// ---- dynamic loss scaling (fp16 builds), on the device: every rank sees the same global norm after
-// the all-reduce, so every rank decides the same with no host round trip. The state, LOSS_SCALER
-// floats (counts exact to 2^24): the next scale S, clean steps since it changed, skipped steps, the
-// scale the last step ran with, and the step's loss-gradient factor.
+// ---- dynamic loss scaling (fp16 builds), on the device: every rank sees the same norm, so decides
+// the same. State (LOSS_SCALER floats): next scale S, clean steps, skipped steps, last scale, factor.
 enum { SCALER_NEXT = 0, SCALER_CLEAN = 1, SCALER_SKIPPED = 2, SCALER_USED = 3, SCALER_FACTOR = 4, LOSS_SCALER = 5 };
 #if defined(ENABLE_FP16)
 #define LOSS_SCALING 1
@@ -419,31 +398,24 @@ enum { SCALER_NEXT = 0, SCALER_CLEAN = 1, SCALER_SKIPPED = 2, SCALER_USED = 3, S
 #define LOSS_SCALING 0
 #endif
 
-// A step's first micro-step: its loss-gradient factor S * pow2, pow2 = 2^-ceil(log2(H*A)), so the
-// backward starts from S times each sample's mean-loss gradient (GradScaler scales a mean), by a
-// power of two that rounds nothing. Per sample, not per batch: a run overflows (and skips) at the
-// same steps however the batch is split over ranks and micro-steps. One thread.
+// A step's first factor: S * 2^-ceil(log2(H*A)) per sample, so skips don't depend on the split. One thread.
 __global__ void loss_scale_begin_kernel(float* scaler, float pow2) {
     scaler[SCALER_USED] = scaler[SCALER_NEXT];
     scaler[SCALER_FACTOR] = scaler[SCALER_NEXT] * pow2;
 }
 
-// dv (n) floatX *= the step's factor: the scaled loss's gradient. Past 65504 it is Inf, and the
-// step is skipped (loss_scale_update_kernel).
+// dv (n) floatX *= the step's factor; past 65504 it is Inf and the step is skipped.
 __global__ void loss_scale_grad_kernel(floatX* dv, int n, const float* scaler) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { dv[i] = fx(f32(dv[i]) * scaler[SCALER_FACTOR]); }
 }
 
-// The factor the summed gradients are multiplied by (scalars[4], 1 / valid entries) divided by the
-// step's scale factor: the gradients of the mean, unscaled. One thread.
+// The gradients' factor (scalars[4], 1 / valid entries) over the step's scale factor. One thread.
 __global__ void loss_unscale_kernel(float* scalars, const float* scaler) {
     scalars[4] /= scaler[SCALER_FACTOR];
 }
 
-// After AdamW: a non-finite gradient norm means AdamW skipped the step: count it, halve S (not
-// below 1) and start counting clean steps again; else one more clean step, and after `window` of
-// them S doubles (up to max_scale). One thread.
+// After AdamW: a non-finite norm counts a skip and halves S (>= 1); `window` clean steps double it. One thread.
 __global__ void loss_scale_update_kernel(float* scaler, const float* grad_norm, int window, float max_scale) {
     if (!isfinite(*grad_norm)) {
         scaler[SCALER_SKIPPED] += 1.0f;
@@ -460,13 +432,10 @@ __global__ void loss_scale_update_kernel(float* scaler, const float* grad_norm, 
 // ---- LayerNorm with weight and bias (SigLIP's layer_norm1/2 and post_layernorm)
 
 #define LAYERNORM_EPS 1e-6f  // SigLIP's layer_norm_eps
-// Both kernels keep a row's values or their columns' sums in registers (90 to 120 a thread): at
-// most 512 threads a block, which __launch_bounds__ holds the compiler to
+// Both kernels keep values in registers (90 to 120 a thread): at most 512 threads (__launch_bounds__)
 #define LAYERNORM_MAX_BLOCK 512
 
-// out = (x - mean) rstd w + b per row of C; mean and rstd kept. One warp per row, 128-bit loads
-// and stores, the row read once into registers (C a multiple of x128::size, at most
-// 32 * LAYERNORM_FWD2_VALS; rows 16-byte aligned)
+// out = (x - mean) rstd w + b per row of C; mean and rstd kept. One warp per row, 128-bit loads.
 #define LAYERNORM_FWD2_VALS 64  // values of a row per lane
 __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_forward_kernel2(floatX* out, float* mean, float* rstd,
                                                                                   const floatX* inp, const floatX* w,
@@ -518,10 +487,7 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_forward_kernel2
 
 // y = xh w + b with xh = (x - m) r, so with g = dy w (the gradient reaching xh):
 //   dx_c = r (g_c - 1/C sum_j g_j - xh_c 1/C sum_j g_j xh_j),  dw_c = sum_rows dy_c xh_c,  db_c = sum_rows dy_c.
-// dx into dres and dres_x as in rmsnorm_backward_kernel2; partial (2, gridDim.x, C): the block's dw
-// sums, then its db sums, for column_sum_kernel. One warp per row, 128-bit loads; lane l keeps the
-// dw and db sums of packs l, l + 32, ... in registers, added across warps in warp order.
-// C a multiple of x128::size, at most 32 * LAYERNORM_BWD2_VALS.
+// dx into dres and dres_x; partial (2, gridDim.x, C): the block's dw, then db sums. One warp per row.
 #define LAYERNORM_BWD2_VALS 32  // columns per lane
 __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel2(float* dres, floatX* dres_x,
                                                                                    float* partial, const floatX* dout,
@@ -610,7 +576,7 @@ static __device__ __forceinline__ float silu_grad(float x) {
     return s * (1.0f + x * (1.0f - s));
 }
 
-// act = silu(gate) * up, 128-bit loads and stores, x128::size values per thread (n a multiple of it)
+// act = silu(gate) * up, 128-bit loads and stores
 __global__ void swiglu_forward_kernel2(floatX* act, const floatX* gate, const floatX* up, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= n) { return; }
@@ -620,7 +586,6 @@ __global__ void swiglu_forward_kernel2(floatX* act, const floatX* gate, const fl
     store128(act + i, o);
 }
 
-// dgate, dup are overwritten
 __global__ void swiglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
                                         const floatX* up, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
@@ -638,8 +603,7 @@ __global__ void swiglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX
 
 // ---- the connector's pixel shuffle and its inverse
 
-// Offset in x (N, h*w, C) of the value at channel (a s + b) C + e of token i2 (w/s) + j2 of image
-// n of the shuffled tensor (N, (h/s)(w/s), C s^2): the formula above.
+// Offset in x (N, h*w, C) of channel (a s + b) C + e of token i2 (w/s) + j2 of image n, shuffled
 static __device__ __forceinline__ size_t pixel_shuffle_source(size_t n, int t, int m, int h, int w, int C, int s) {
     int ws = w / s;
     int i2 = t / ws, j2 = t % ws;
@@ -647,8 +611,7 @@ static __device__ __forceinline__ size_t pixel_shuffle_source(size_t n, int t, i
     return (n * h * w + (size_t)(i2 * s + a) * w + j2 * s + b) * C + e;
 }
 
-// out (N, (h/s)(w/s), C s^2) from x (N, h*w, C), x128::size consecutive channels per thread (C a
-// multiple of x128::size, so a pack never straddles two patches)
+// out (N, (h/s)(w/s), C s^2) from x (N, h*w, C), x128::size channels per thread
 __global__ void pixel_shuffle_forward_kernel2(floatX* out, const floatX* inp, int N, int h, int w, int C, int s) {
     size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     size_t Cs = (size_t)C * s * s, tokens = (size_t)(h / s) * (w / s);
@@ -672,8 +635,7 @@ __global__ void pixel_shuffle_backward_kernel2(floatX* dinp, const floatX* dout,
 
 // ---- stored frames of any size resized with padding (LeRobot's resize_with_pad)
 
-// What resize_with_pad does to one camera's h x w frames at the model's size S: the resized size,
-// the padding and the scales torch's interpolate uses. Made on the host by resize_pad_plan.
+// resize_with_pad at the model's size S for h x w frames: resized size, padding, torch's scales
 typedef struct {
     int h, w;                 // stored frame
     int S;                    // the model's square image size
@@ -682,10 +644,8 @@ typedef struct {
     float scale_h, scale_w;   // source pixels per resized pixel: h / rh and w / rw in float, as torch
 } ResizePad;
 
-// torch's source index for bilinear, align_corners=False (area_pixel_compute_source_index): output
-// pixel d reads i0 and i1 with weight l on i1. One fused multiply-add, as torch's kernels do:
-// rounding the product first would move src by up to an ulp of `in`. The min only keeps the read
-// inside the frame (src < in - 0.5 already).
+// torch's bilinear source index, align_corners=False: pixel d reads i0, i1 with weight l on i1.
+// One fused multiply-add as torch does (rounding first moves src by an ulp); min keeps reads inside.
 static __device__ __forceinline__ void resize_source(int d, float scale, int in, int* i0, int* i1, float* l) {
     float src = fmaxf(fmaf(scale, (float)d + 0.5f, -0.5f), 0.0f);
     int i = min((int)src, in - 1);  // src >= 0: truncation is floor
@@ -702,9 +662,7 @@ static __device__ __forceinline__ float bilinear_u8(const uint8_t* f, int w, int
     return (1.0f - ly) * ((1.0f - lx) * p00 + lx * p01) + ly * ((1.0f - lx) * p10 + lx * p11);
 }
 
-// out: n_img images (3, S, S), image i at out + i out_stride; frames: n_img (h, w, 3) u8 frames,
-// frame i at frames + i in_stride. x128::size consecutive pixels of one row per thread, all three
-// channels (S and out_stride multiples of x128::size, out 16-byte aligned)
+// out: n_img images (3, S, S); frames: n_img (h, w, 3) u8. x128::size pixels of a row per thread.
 __global__ void resize_pad_kernel2(floatX* out, const uint8_t* frames, ResizePad r, int n_img, size_t in_stride,
                                    size_t out_stride) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -743,16 +701,12 @@ __global__ void resize_pad_kernel2(floatX* out, const uint8_t* frames, ResizePad
     for (int c = 0; c < 3; c++) { store128(out + img * out_stride + c * plane + (size_t)y * r.S + xs, o[c]); }
 }
 
-// ---- attention as LeRobot computes it (GQA, the block mask as one int per token, the finfo.min
-// fill), born in dev/cuda/attention_smolvla.cu
+// ---- attention as LeRobot computes it (GQA, per-token block mask, finfo.min fill): dev/cuda/attention_smolvla.cu
 
-// One attention call of SmolVLA. Tq queries per sample, of NH heads, against nk = Nk0 + Nk1 keys and
-// values of NKV heads: the first Nk0 from k0/v0, the rest from k1/v1 (the joint layer's prefix and
-// suffix live in different tensors). GQA: query head h reads kv head h / (NH / NKV), the order of
-// repeat_kv's expand(B, L, NKV, NH / NKV, HS).reshape(B, L, NH, HS).
-// The mask, per token as make_att_2d_masks derives it: block[t] is token t's cumulative block id
-// (the cumsum of the block flags) or -1 for a pad; key j is token j, query i is token q0 + i, and
-// key j is visible to query i iff 0 <= block[j] <= block[q0 + i]. block NULL: no mask (vision).
+// One attention call: Tq queries of NH heads against nk = Nk0 + Nk1 keys/values of NKV heads, the
+// first Nk0 from k0/v0, the rest from k1/v1. GQA: query head h reads kv head h / (NH / NKV).
+// The mask as make_att_2d_masks derives it: block[t] is token t's cumulative block id or -1 for a
+// pad; key j is visible to query i (token q0 + i) iff 0 <= block[j] <= block[q0 + i]. NULL: no mask.
 typedef struct {
     const floatX* k0; const floatX* v0;  // (B, Nk0, NKV*HS) keys and values 0 .. Nk0-1
     const floatX* k1; const floatX* v1;  // (B, Nk1, NKV*HS) keys Nk0 .. nk-1, NULL when Nk1 = 0
@@ -762,11 +716,9 @@ typedef struct {
     int Nk0, Nk1, Nt;                    // Nt: tokens per sample in block (q0 + Tq and nk at most Nt)
 } GqaAttn;
 
-// LeRobot fills masked scores with torch.finfo(float32).min, not -inf. Where a query sees some key,
-// a masked one gets exp(-FLT_MAX - max) = 0, as if skipped. Where it sees none (a padded query)
-// the softmax is uniform: its output is the mean of all nk values, its lse -FLT_MAX (what fp32
-// makes of -FLT_MAX + log nk). The backward reads that mark: dv gets dO / nk at every key, q and k
-// nothing (torch.where routes no gradient to the fill).
+// LeRobot fills masked scores with finfo(float32).min, not -inf: a masked key gets exp = 0 where
+// a query sees some key; where it sees none, the softmax is uniform (output the mean of the values,
+// lse -FLT_MAX). The backward reads that mark: dv gets dO / nk at every key, q and k nothing.
 #define ATTN_NO_KEY_LSE (-FLT_MAX)
 
 static __host__ __device__ __forceinline__ int gqa_n_keys(const GqaAttn& a) { return a.Nk0 + a.Nk1; }
@@ -788,8 +740,7 @@ static __device__ __forceinline__ bool gqa_sees(int query_block, int key_block) 
     return key_block >= 0 && key_block <= query_block;
 }
 
-// Version 1: one warp per (sample, head, query), key by key with an online softmax, lanes
-// splitting the head dims (HS <= 128). out (B, Tq, NH*HS) and lse (B, NH, Tq) overwritten.
+// Version 1: one warp per (sample, head, query), online softmax. out (B, Tq, NH*HS), lse (B, NH, Tq).
 __global__ void gqa_attention_forward_kernel1(floatX* out, float* lse, const floatX* q, GqaAttn a) {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (warp >= a.B * a.NH * a.Tq) { return; }
@@ -833,8 +784,7 @@ __global__ void gqa_attention_forward_kernel1(floatX* out, float* lse, const flo
 }
 
 // Version 1 backward, query side: P = exp(scale S - lse), dP = dO V^T, dS = P * (dP - delta),
-// dq = scale dS K. One warp per (sample, head, query); dq (B, Tq, NH*HS) overwritten (0 where no
-// key is seen: the fills pass no gradient).
+// dq = scale dS K. One warp per (sample, head, query); dq (B, Tq, NH*HS) overwritten.
 __global__ void gqa_attention_backward_dq_kernel1(floatX* dq, const floatX* dout, const floatX* q, const float* lse,
                                                   const float* delta, GqaAttn a) {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
@@ -871,9 +821,8 @@ __global__ void gqa_attention_backward_dq_kernel1(floatX* dq, const floatX* dout
     for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { dq[row + c] = fx(acc[u]); } }
 }
 
-// Version 1 backward, key side: dv += P^T dO, dk += scale dS^T Q. One warp per (sample, kv head,
-// key), over its NH / NKV query heads' queries in a fixed order; keys j < Nk0 land in dk0/dv0
-// (B, Nk0, NKV*HS), the others in dk1/dv1 (B, Nk1, NKV*HS), fp32, accumulated, no atomics.
+// Version 1 backward, key side: dv += P^T dO, dk += scale dS^T Q. One warp per (sample, kv head, key);
+// dk0/dv0 (B, Nk0, NKV*HS), dk1/dv1 (B, Nk1, NKV*HS) fp32, accumulated in a fixed order.
 __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
                                                     const floatX* q, const float* lse, const float* delta, GqaAttn a) {
     int nk = gqa_n_keys(a);
@@ -932,15 +881,11 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
 #endif
 
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-// Version 4 (bf16 builds, head sizes multiples of 8 up to 64): flash attention through mma.sync
-// m16n8k16 (bf16 operands, fp32 accumulators). PTX documents which lane holds which element of a
-// fragment (WMMA does not), so scores, probabilities and outputs stay in registers. A block of 4
-// warps owns 64 rows (16 a warp; 128 in the forward's large calls) as operand fragments; the other
-// side streams through shared memory 64 rows at a time, two stages of cp.async. In a 16x8
-// accumulator lane 4 g + t holds rows g and g + 8 at columns 2t and 2t + 1: a row's max or sum is
-// two shuffles over a quad, and two neighbouring 8-column tiles, rounded to bf16, are the A operand
-// of the next product. The backward recomputes P from the lse in two kernels, dq (64 queries a
-// block) and dk/dv (64 keys a block), each output row written by one block: no atomics.
+// Version 4 (bf16, head sizes multiples of 8 up to 64): flash attention through mma.sync m16n8k16.
+// PTX documents fragment layouts (WMMA does not), so scores, probabilities and outputs stay in
+// registers. 4 warps own 64 rows (128 in large forward calls); the other side streams through shared
+// memory, two cp.async stages. In a 16x8 accumulator lane 4 g + t holds rows g, g + 8 at columns 2t,
+// 2t + 1: a row's max or sum is two quad shuffles. The backward: dq and dk/dv kernels, no atomics.
 #define ATT4_ROWS 64
 #define ATT4_THREADS 128
 // unmasked dk/dv blocks a multiprocessor holds: 3, not ptxas's 2 at 178 registers (three spill to L1)
@@ -955,9 +900,7 @@ static __device__ __forceinline__ uint32_t pack_f2(float lo, float hi) {
     return (uint32_t)l | (uint32_t)h << 16;
 }
 
-// tile (64, HSP + 8) <- rows first.. of one head (row stride D) of n_rows rows by cp.async, then
-// those of a second tensor (head1, n_rows1: the joint layer's keys); zeros past both and past HS.
-// The row stride HSP + 8 puts the 8 rows a fragment reads in different banks.
+// tile (64, HSP + 8) <- rows first.. of one head (then head1's), zeros past; HSP + 8 avoids bank conflicts.
 template <int HSP>
 static __device__ void att4_load_tile(floatX* tile, const floatX* head, int first, int n_rows, int HS, size_t D,
                                       const floatX* head1 = NULL, int n_rows1 = 0) {
@@ -978,14 +921,12 @@ static __device__ void att4_load_tile(floatX* tile, const floatX* head, int firs
     }
 }
 
-// Fragments from a row-major floatX tile at p (row stride ld): the A operand (16x16), its 8x8
-// quarters in a[0..3]'s order (rows 0-7 and 8-15 of columns 0-7, then of columns 8-15)
+// Fragments from a row-major floatX tile at p: the A operand (16x16) in a[0..3]'s quarter order
 static __device__ __forceinline__ void att4_frag_a(uint32_t* a, const floatX* p, int ld) {
     int l = threadIdx.x % 32, m = l / 8;
     ldsm_x4<false>(a, p + (l % 8 + 8 * (m % 2)) * ld + 8 * (m / 2));
 }
-// the B operands (16x8) of two neighbouring 8-column tiles whose columns are the tile's rows,
-// B(k, n) = p[n ld + k]: b[0..1] for columns 0-7, b[2..3] for 8-15
+// the B operands (16x8) of two 8-column tiles whose columns are the tile's rows: b[0..1], b[2..3]
 static __device__ __forceinline__ void att4_frag_b2_rows(uint32_t* b, const floatX* p, int ld) {
     int l = threadIdx.x % 32, m = l / 8;
     ldsm_x4<false>(b, p + (l % 8 + 8 * (m / 2)) * ld + 8 * (m % 2));
@@ -996,8 +937,7 @@ static __device__ __forceinline__ void att4_frag_b2_cols(uint32_t* b, const floa
     ldsm_x4<true>(b, p + (l % 8 + 8 * (m % 2)) * ld + 8 * (m / 2));
 }
 
-// s[mt] (16 x 64) = A[mt] (16 x HSP, fragments af[mt]) times the tile's 64 rows transposed, for MT
-// row tiles at once: each B fragment loaded serves all MT
+// s[mt] (16 x 64) = A[mt] (16 x HSP) times the tile's 64 rows transposed; each B fragment serves all MT
 template <int HSP, int MT = 1>
 static __device__ __forceinline__ void att4_products(float (*s)[ATT4_ROWS / 8][4], const uint32_t (*af)[HSP / 16][4],
                                                      const floatX* tile) {
@@ -1022,8 +962,7 @@ static __device__ __forceinline__ void att4_products(float (*s)[ATT4_ROWS / 8][4
     }
 }
 
-// The same for one row tile whose A fragments are read from shared memory (16 rows at a) a k step
-// at a time: four registers live instead of HSP / 4 (the dk/dv kernel's register budget)
+// The same for one row tile, A from shared memory a k step at a time (the dk/dv register budget)
 template <int HSP>
 static __device__ __forceinline__ void att4_products_smem(float (*s)[4], const floatX* a, const floatX* tile) {
     const int LD = HSP + 8;
@@ -1073,7 +1012,6 @@ static __device__ __forceinline__ void att4_accumulate(float (*acc)[HSP / 8][4],
     }
 }
 
-// a row's max and sum over its quad of lanes
 static __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -1085,13 +1023,11 @@ static __device__ __forceinline__ float quad_sum(float v) {
 
 #define LOG2E_F 1.4426950408889634f
 
-// shared memory of every version 4 kernel: six (64, HSP + 8) floatX tiles, two stages of 64 lse
-// and delta (dk/dv), two stages of the streamed side's 64 block ids (masked calls)
+// shared memory of version 4: six (64, HSP + 8) tiles, two stages of 64 lse/delta and of 64 block ids
 template <int HSP>
 static size_t gqa_attention_smem4(void) {
     return 6 * (size_t)ATT4_ROWS * (HSP + 8) * sizeof(floatX) + 4 * ATT4_ROWS * sizeof(float) + 2 * ATT4_ROWS * sizeof(int);
 }
-// where those block ids start
 template <int HSP>
 static __device__ __forceinline__ int* att4_block_ids(float* smem) {
     return (int*)((floatX*)smem + 6 * ATT4_ROWS * (HSP + 8) + 8 * ATT4_ROWS);
@@ -1111,8 +1047,7 @@ static __device__ __forceinline__ const floatX* att4_head(const floatX* x, int b
     return x + (size_t)b * rows * D + (size_t)h * HS;
 }
 
-// Tile `next` of n_tiles of x and y (x1, y1: n_rows1 rows more) into stage next % 2 of `stages`
-// (x's tile, then y's), committed; that stage was last read two steps ago, before a barrier.
+// Tile `next` of x and y into stage next % 2, committed; that stage was last read before a barrier.
 template <int HSP>
 static __device__ __forceinline__ void att4_prefetch(floatX* stages, const floatX* x, const floatX* y, int next,
                                                      int n_tiles, int n_rows, int HS, size_t D, const floatX* x1 = NULL,
@@ -1133,8 +1068,7 @@ static __device__ __forceinline__ const floatX* att4_kv1(const floatX* x, const 
     return a.Nk1 > 0 ? x + (size_t)b * a.Nk1 * a.NKV * a.HS + (size_t)g * a.HS : NULL;
 }
 
-// key tile `next` of kv head g of sample b: keys and values into stage next % 2 of KV, and
-// (masked) their block ids into stage next % 2 of kblk
+// key tile `next` of kv head g: keys, values (and block ids when masked) into stage next % 2
 template <int HSP, bool MASK>
 static __device__ __forceinline__ void att4_prefetch_keys(floatX* KV, int* kblk, const GqaAttn& a, int b, int g,
                                                           int next, int n_tiles) {
@@ -1144,8 +1078,7 @@ static __device__ __forceinline__ void att4_prefetch_keys(floatX* KV, int* kblk,
     if (MASK) { att4_load_block_ids(kblk + (next % 2) * ATT4_ROWS, a, b, next * ATT4_ROWS, 0, gqa_n_keys(a)); }
 }
 
-// acc's row r (this lane's columns 8 n + 2 t and the next) <- the mean of all nk values of kv head
-// g: the output of a query that sees no key
+// acc's row r <- the mean of all nk values of kv head g: the output of a query that sees no key
 template <int HSP>
 static __device__ void att4_mean_values(float (*acc)[4], int r, const GqaAttn& a, int b, int g) {
     int t = threadIdx.x % 4, nk = gqa_n_keys(a);
@@ -1165,8 +1098,7 @@ static __device__ void att4_mean_values(float (*acc)[4], int r, const GqaAttn& a
     }
 }
 
-// a warp's accumulators acc (16 x HSP) into rows row0.. (below T) of a head as floatX, rows g and
-// g + 8 times mul[0] and mul[1]
+// a warp's acc (16 x HSP) into rows row0.. (below T) as floatX, rows g and g + 8 times mul[0], mul[1]
 template <int HSP>
 static __device__ __forceinline__ void att4_store_rows(floatX* head, const float (*acc)[4], int row0, int T, int HS,
                                                        size_t D, const float* mul) {
@@ -1183,13 +1115,11 @@ static __device__ __forceinline__ void att4_store_rows(floatX* head, const float
     }
 }
 
-// whether key tile jt has scores to mask: every tile of a masked call, else only a last partial one
-// (vision's N = 1,024 has none; the branch is uniform over the block)
+// whether key tile jt needs masking: every tile of a masked call, else a last partial one
 template <bool MASK>
 static __device__ __forceinline__ bool att4_has_holes(int jt, int N) { return MASK || (jt + 1) * ATT4_ROWS > N; }
 
-// s (this lane's rows g, g + 8 at columns 8 j + 2 t and the next) <- -inf where the query does not
-// see the key (MASK: block ids qb of the rows, kb of the keys; else keys from N on): exp gives 0
+// s <- -inf where the query does not see the key (MASK: block ids; else keys from N on): exp gives 0
 template <bool MASK>
 static __device__ __forceinline__ void att4_mask_scores(float (*s)[4], const int* qb, const int* kb, int key0, int N) {
     int t = threadIdx.x % 4;
@@ -1204,9 +1134,8 @@ static __device__ __forceinline__ void att4_mask_scores(float (*s)[4], const int
     }
 }
 
-// The online softmax over one key tile: s (16 x 64) from scores to 2^(s sl2 - m), with m (rows g,
-// g + 8: the largest scaled score so far) and l (this lane's part of the sum) updated and o
-// rescaled by 2^(m_old - m_new); HOLES: mask first.
+// The online softmax over one key tile: s (16 x 64) -> 2^(s sl2 - m), with m (running max of rows g,
+// g + 8) and l (this lane's part of the sum) updated and o rescaled by 2^(m_old - m_new).
 template <int HSP, bool MASK, bool HOLES>
 static __device__ __forceinline__ void att4_online_softmax(float (*s)[4], float (*o)[4], float* m, float* l, float sl2,
                                                            const int* qb, const int* kb, int key0, int N) {
@@ -1241,10 +1170,7 @@ static __device__ __forceinline__ void att4_online_softmax(float (*s)[4], float 
     }
 }
 
-// Version 4 forward: a block takes 64 MT queries of one (sample, head) (warp w: rows 16 w.. of each
-// 64-row slab) over every key of its kv head, the softmax in base 2 (scores times log2(e) /
-// sqrt(HS)); out and lse overwritten. MT = 2 shares each key fragment between two row tiles (large
-// calls); MT = 1 keeps small calls' blocks many. A row that sees no key takes the mean of the values.
+// Version 4 forward: 64 MT queries of one (sample, head) a block, softmax in base 2; MT = 2 for large calls.
 template <int HSP, int MT, bool MASK>
 __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(floatX* out, float* lse, const floatX* q,
                                                                               GqaAttn a) {
@@ -1327,8 +1253,7 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
     }
 }
 
-// s <- dS / scale = P (dP - delta), P = 2^(s sl2 - lse2): 0 where masked (HOLES) or lse2 = +inf
-// (past T, or no key seen)
+// s <- dS / scale = P (dP - delta), P = 2^(s sl2 - lse2): 0 where masked or lse2 = +inf
 template <bool MASK, bool HOLES>
 static __device__ __forceinline__ void att4_dq_scores(float (*s)[4], const float (*dp)[4], const float* lse2,
                                                       const float* dl, float sl2, const int* qb, const int* kb,
@@ -1341,8 +1266,7 @@ static __device__ __forceinline__ void att4_dq_scores(float (*s)[4], const float
     }
 }
 
-// Version 4 backward, query side: dq = scale dS K for 64 queries of one (sample, head) a block, over
-// every key of its kv head; dq overwritten (0 where no key is seen).
+// Version 4 backward, query side: dq = scale dS K for 64 queries of one (sample, head); overwritten.
 template <int HSP, bool MASK>
 __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel4(floatX* dq, const floatX* dout,
                                                                                   const floatX* q, const float* lse,
@@ -1404,8 +1328,7 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_backward_dq_kernel
     att4_store_rows<HSP>((floatX*)att4_head(dq, b, T, h, HS, D), acc, i0 + warp * 16, T, HS, D, mul);
 }
 
-// st <- query tile `tile`'s 64 lse in base 2 (+inf past T: P = 0; -inf where no key is seen: P
-// uniform), then its 64 deltas
+// st <- query tile's 64 lse in base 2 (+inf past T: P = 0; -inf: no key seen, P uniform), then deltas
 static __device__ __forceinline__ void att4_load_stats(float* st, const float* lse_h, const float* delta_h, int tile,
                                                        int T) {
     for (int i = threadIdx.x; i < ATT4_ROWS; i += blockDim.x) {
@@ -1416,10 +1339,8 @@ static __device__ __forceinline__ void att4_load_stats(float* st, const float* l
     }
 }
 
-// Version 4 backward, key side: dv += P^T dO, dk += scale dS^T Q for 64 keys of one (sample, kv
-// head) a block, over every query of its GQA group; the products run on the transposes (S^T = K
-// Q^T), so the warps own key rows. Results accumulate in dk0/dv0 and dk1/dv1 (fp32), or with
-// dkx/dvx (one key tensor) are written there as floatX. A query that sees no key adds dO / nk to dv.
+// Version 4 backward, key side: dv += P^T dO, dk += scale dS^T Q for 64 keys of one (sample, kv head)
+// over its GQA group, on the transposes (S^T = K Q^T). Accumulates dk0/dv0, dk1/dv1, or writes dkx/dvx.
 template <int HSP, bool MASK>
 __global__ void __launch_bounds__(ATT4_THREADS, MASK ? 1 : ATT4_DKDV_BLOCKS) gqa_attention_backward_dkdv_kernel4(
     float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout, const floatX* q, const float* lse,
@@ -1443,7 +1364,6 @@ __global__ void __launch_bounds__(ATT4_THREADS, MASK ? 1 : ATT4_DKDV_BLOCKS) gqa
         if (step >= n_steps) { return; }
         int hh = kvh * G + step / n_qt, it = step % n_qt, stage = step % 2;
         size_t head = (size_t)b * a.NH + hh;
-        // (not att4_prefetch: the stage is the step's parity, not the tile's)
         att4_load_tile<HSP>(QD + stage * 2 * TILE, att4_head(q, b, T, hh, HS, D), it * ATT4_ROWS, T, HS, D);
         att4_load_tile<HSP>(QD + stage * 2 * TILE + TILE, att4_head(dout, b, T, hh, HS, D), it * ATT4_ROWS, T, HS, D);
         cp_async_commit();
@@ -1519,11 +1439,9 @@ __global__ void __launch_bounds__(ATT4_THREADS, MASK ? 1 : ATT4_DKDV_BLOCKS) gqa
 }
 #endif  // bf16 builds
 
-// ---- the model's glue between the operations above (patches in conv-weight order, the
-// prefix and its mask, RoPE at given positions, GELU, the fp32 velocity head and its loss)
+// ---- the model's glue: patches, the prefix and its mask, RoPE, GELU, the fp32 velocity head and loss
 
-// images (n_img, 3, S, S) -> patches (n_img * g*g, 3*p*p), g = S/p, each flattened in (channel,
-// row, column) order like the conv weight (Cv, 3, p, p): the stride-p convolution is then a Linear
+// images (n_img, 3, S, S) -> patches (n_img * g*g, 3*p*p) in conv-weight order: the conv is a Linear
 __global__ void patchify_chw_kernel(floatX* patches, const floatX* images, int n_img, int S, int p) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int g = S / p, PD = 3 * p * p;
@@ -1535,18 +1453,14 @@ __global__ void patchify_chw_kernel(floatX* patches, const floatX* images, int n
     patches[idx] = images[((img * 3 + ch) * S + (size_t)gy * p + ky) * S + (size_t)gx * p + kx];
 }
 
-// x (n) += table broadcast with period `period`: element i gets table[i % period] (the vision
-// tower's position embedding, one row per patch, added to every image's patches)
+// x (n) += table[i % period]: the vision position embedding added to every image's patches
 __global__ void add_periodic_kernel(floatX* x, const floatX* table, size_t n, size_t period) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { x[i] = fx(f32(x[i]) + f32(table[i % period])); }
 }
 
-// The sequence's mask and RoPE positions, one thread per sample, as LeRobot's embed_prefix /
-// embed_suffix flag the tokens: NI image tokens, T language tokens (valid where token_mask), then
-// the state and the H actions (each starts a block). block (B, Np + H): make_att_2d_masks' cumsum,
-// -1 for a pad; pos = cumsum(valid) - 1; x_pos (B, H): the actions' positions less their smallest,
-// those of the expert's cross-attention layers.
+// The mask and RoPE positions, as embed_prefix / embed_suffix flag the tokens. block (B, Np + H):
+// make_att_2d_masks' cumsum, -1 for a pad; pos = cumsum(valid) - 1; x_pos (B, H): the cross layers'.
 __global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const float* token_mask, int B, int NI, int T,
                                         int H) {
     int b = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1564,9 +1478,8 @@ __global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const 
     for (int j = 0; j < H; j++) { x_pos[(size_t)b * H + j] = pos[(size_t)b * n + Np + j] - lowest; }
 }
 
-// The prefix x (B, Np, C): per sample every camera's NI image tokens (img_tok camera-major: image
-// cam * B + b) and the language tokens' embed_tokens rows, both times sqrt(C), then state_tok
-// (B, C) as it is. Token ids are in [0, vocab): the data path checks them.
+// The prefix x (B, Np, C): per sample each camera's NI image tokens (image cam * B + b) and the
+// language rows, both times sqrt(C), then state_tok (B, C). Token ids are checked by the data path.
 __global__ void smolvla_prefix_embed_kernel(floatX* x, const floatX* img_tok, const floatX* embed, const int32_t* tokens,
                                             const floatX* state_tok, int B, int n_cam, int NI, int T, int C, float scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1585,8 +1498,7 @@ __global__ void smolvla_prefix_embed_kernel(floatX* x, const floatX* img_tok, co
 }
 
 // RoPE (rotate-half) of rows of NH heads of HS, row r at position pos[(r / Tg) * pos_stride + r % Tg]:
-// dimension k < HS/2 pairs with k + HS/2 and turns by the table's angle. sign -1 rotates back (the
-// backward). `in` is float or floatX; out may be in.
+// dimension k < HS/2 pairs with k + HS/2 and turns by the table's angle; sign -1 rotates back.
 template <typename Tin>
 __global__ void rope_at_kernel(floatX* out, const Tin* in, const float* cos_t, const float* sin_t, const int* pos,
                                int rows, int Tg, int pos_stride, int NH, int HS, float sign) {
@@ -1603,8 +1515,7 @@ __global__ void rope_at_kernel(floatX* out, const Tin* in, const float* cos_t, c
     out[at + half] = fx(x2 * c + x1 * s);
 }
 
-// out (B * count, C) fp32 = rows first .. first+count-1 of every sample of x (B, T, C): the fp32
-// twin of gather_rows_kernel (norm statistics, softmax log-sums, key/value gradients)
+// out (B * count, C) fp32 = rows first .. first+count-1 of every sample of x (B, T, C)
 __global__ void gather_rows_f32_kernel(float* out, const float* x, int B, int T, int first, int count, int C) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * count * C) { return; }
@@ -1623,8 +1534,7 @@ static __device__ __forceinline__ float gelu_tanh_grad(float x) {
     return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-// SigLIP's MLP activation (gelu_pytorch_tanh): 128-bit loads and stores, x128::size values per
-// thread (n a multiple of it)
+// SigLIP's MLP activation (gelu_pytorch_tanh), 128-bit loads and stores
 __global__ void gelu_forward_kernel2(floatX* out, const floatX* inp, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= n) { return; }
@@ -1634,8 +1544,7 @@ __global__ void gelu_forward_kernel2(floatX* out, const floatX* inp, size_t n) {
     store128(out + i, o);
 }
 
-// d = dy gelu'(x); d may be dy (in place): a thread reads its dy before it writes the same 16
-// bytes of d
+// d = dy gelu'(x); d may be dy (each thread reads its dy before writing)
 __global__ void gelu_backward_kernel2(floatX* d, const floatX* dy, const floatX* inp, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= n) { return; }
@@ -1645,15 +1554,13 @@ __global__ void gelu_backward_kernel2(floatX* d, const floatX* dy, const floatX*
     store128(d + i, o);
 }
 
-// out (rows, n) fp32 = bias (n) in every row: what the velocity head's fp32 product adds onto
-// (dev/cuda/fill.cu)
+// out (rows, n) fp32 = bias (n) in every row: the velocity head's fp32 product adds onto it
 __global__ void bias_rows_kernel(float* out, const floatX* bias, int rows, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < rows * n) { out[i] = f32(bias[i % n]); }
 }
 
-// The loss's valid entries of a micro-batch: A x the chunk slots inside the episode, into *count
-// (added to what it holds when `accumulate`: the step's micro-batches). One block.
+// The loss's valid entries of a micro-batch into *count (added to when `accumulate`). One block.
 __global__ void valid_entries_kernel(float* count, const float* action_is_pad, int n_slots, int A, int accumulate) {
     __shared__ float shared[32];
     float s = 0.0f;
@@ -1662,10 +1569,8 @@ __global__ void valid_entries_kernel(float* count, const float* action_is_pad, i
     if (threadIdx.x == 0) { *count = (accumulate ? *count : 0.0f) + s * (float)A; }
 }
 
-// SmolVLA's flow-matching loss, (v - u)^2 of the velocities v (B, H, Amax) over the first A dims of
-// the slots inside the episode: per-block sums into partial (sum_finalize_kernel), dv = 2 (v - u)
-// there, zero elsewhere. A sum, not a mean: the valid entries of the whole step (every micro-batch
-// and rank) are known only later, when loss_normalize_kernel and the update divide by them.
+// The flow-matching loss: sum of (v - u)^2 over the first A dims of the slots in the episode, per-block
+// sums into partial, dv = 2 (v - u) there. A sum: the step's valid entries are known only later.
 __global__ void smolvla_loss_kernel(floatX* dv, float* partial, const float* v, const float* target,
                                     const float* action_is_pad, int A, int Amax, int n) {
     __shared__ float shared[32];
@@ -1681,18 +1586,14 @@ __global__ void smolvla_loss_kernel(floatX* dv, float* partial, const float* v, 
     if (threadIdx.x == 0) { partial[blockIdx.x] = sq; }
 }
 
-// The step's loss from its sums: scalars[0] (squared errors) and scalars[3] (valid entries), over
-// every micro-batch and rank, become the mean in scalars[0] and its factor 1 / max(1, entries) in
-// scalars[4] (what the summed gradients are scaled by). One thread.
+// scalars[0] / max(1, scalars[3]) -> the mean loss in scalars[0], its factor in scalars[4]. One thread.
 __global__ void loss_normalize_kernel(float* scalars) {
     float inv = 1.0f / fmaxf(1.0f, scalars[3]);
     scalars[0] *= inv;
     scalars[4] = inv;
 }
 
-// --balance tasks' per-task losses: sample b's share of smolvla_loss_kernel's sums (its squared
-// errors over the first A dims of its slots inside the episode, and those entries' count) into
-// sums[2 b], sums[2 b + 1]. One block per sample.
+// --balance tasks: sample b's squared errors and entries into sums[2 b], sums[2 b + 1]. One block each.
 __global__ void sample_loss_kernel(float* sums, const float* v, const float* target, const float* action_is_pad, int H,
                                    int A, int Amax) {
     __shared__ float shared[32];
@@ -1710,9 +1611,7 @@ __global__ void sample_loss_kernel(float* sums, const float* v, const float* tar
     if (threadIdx.x == 0) { sums[2 * b] = sq; sums[2 * b + 1] = n; }
 }
 
-// ... and each sample's sums added to its task's (task_sums (T, 2)), sample by sample in order, so
-// the sums are the same on every run; `first` (a step's first micro-batch) starts them from zero.
-// One thread per task.
+// ... added to its task's (task_sums (T, 2)) in sample order; `first` starts from zero. One thread per task.
 __global__ void task_loss_add_kernel(float* task_sums, const float* sample_sums, const int* task, int B, int T,
                                      int first) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1725,14 +1624,12 @@ __global__ void task_loss_add_kernel(float* task_sums, const float* sample_sums,
     task_sums[2 * t + 1] = n;
 }
 
-// x (n) *= *scale, the factor read on the device
 __global__ void scale_kernel(float* x, size_t n, const float* scale) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { x[i] *= *scale; }
 }
 
-// One Euler step of SmolVLA's sampling, x (fp32) += dt v (fp32 velocities), and the model's
-// floatX copy of x
+// One Euler step, x (fp32) += dt v, and the model's floatX copy of x
 __global__ void euler_step_f32_kernel(float* x, floatX* x_model, const float* v, float dt, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
@@ -1742,9 +1639,8 @@ __global__ void euler_step_f32_kernel(float* x, floatX* x_model, const float* v,
     }
 }
 
-// dtable (vocab, C) += scale * the language rows of dx (B, Np, C) by token id, none for the pad id
-// (padding_idx). Block p works only if p is its id's first position, and sums that id's rows in
-// position order: a fixed order, no two blocks on one row, no atomics.
+// dtable (vocab, C) += scale * the language rows of dx (B, Np, C) by token id, none for the pad id.
+// Block p works only at its id's first position, summing that id's rows in order: no atomics.
 __global__ void embed_tokens_backward_kernel(float* dtable, const float* dx, const int32_t* tokens, int B, int first,
                                              int T, int Np, int C, int pad, float scale) {
     int p = blockIdx.x, tok = tokens[p];
@@ -1761,9 +1657,7 @@ __global__ void embed_tokens_backward_kernel(float* dtable, const float* dx, con
     }
 }
 
-// dimg (n_cam * B * NI, C) floatX, camera-major like the connector's output = scale * the image
-// rows of dx (B, Np, C), fp32: the gradient reaching the connector through the sqrt(C) scale
-// (dev/cuda/prefix.cu)
+// dimg (n_cam * B * NI, C) floatX, camera-major = scale * the image rows of dx (B, Np, C) fp32
 __global__ void prefix_image_grad_kernel(floatX* dimg, const float* dx, int B, int n_cam, int NI, int Np, int C,
                                          float scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1785,9 +1679,7 @@ static thread_local cudaStream_t copy_stream;   // host-to-device batch copies, 
 static const int BLOCK = 256;
 static const int CHUNK_ROWS = 32;  // rows per block of the two-stage column sums, at most
 
-// Rows per chunk (a first-stage block) of the two-stage column sums: CHUNK_ROWS while that leaves
-// 256 chunks or more, fewer (down to a row per warp) so a small N still spreads over many blocks.
-// The first stage fills colsum_chunks(N) rows of partial sums.
+// Rows per chunk of the two-stage column sums: CHUNK_ROWS while that leaves 256 chunks, fewer for a small N
 static int colsum_rows(size_t N) {
     size_t rows = N / 256;
     return rows >= (size_t)CHUNK_ROWS ? CHUNK_ROWS : rows <= (size_t)(BLOCK / 32) ? BLOCK / 32 : (int)rows;
@@ -1810,13 +1702,11 @@ static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const f
     launchCheck();
 }
 
-// out (C) += the column sums of partial (n_chunks, C) (column_sum_kernel's fixed order)
 static void column_sum(float* out, const float* partial, int n_chunks, int C) {
     column_sum_kernel<<<ceil_div(C, 32), 32 * COLSUM_WARPS, 0, main_stream>>>(out, partial, n_chunks, C);
     launchCheck();
 }
 
-// partial: scratch of (colsum_chunks(N), C) floats
 static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* partial, const floatX* dout,
                              const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
     ProfOp prof_op("rmsnorm");
@@ -1829,8 +1719,7 @@ static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* part
     column_sum(dw, partial, chunks, C);
 }
 
-// db (OC) += column sums of dout (N rows of stride ld), version 2 where 128-bit loads fit; partial:
-// scratch of (colsum_chunks(N), OC) floats
+// db (OC) += column sums of dout; partial: scratch of (colsum_chunks(N), OC) floats
 static void bias_backward(float* db, float* partial, const floatX* dout, int N, int OC, int ld = 0) {
     int chunks = (int)colsum_chunks(N);
     ld = ld > 0 ? ld : OC;
@@ -1854,11 +1743,9 @@ static void convert(floatX* out, const float* inp, size_t n) {
     launchCheck();
 }
 
-// head size padded for the tensor-core kernels
 static int padded_head_dim(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : 128; }
 
-// ---- LayerNorm, SwiGLU, GELU-tanh, pixel shuffle, resize with padding: BLOCK threads, 16 bytes a
-// load; smolvla_build checks a model fits them (other versions and block sizes: dev/cuda/<op>.cu)
+// ---- LayerNorm, SwiGLU, GELU-tanh, pixel shuffle, resize: BLOCK threads, 16 bytes a load
 
 // Whether layernorm_forward_kernel2 takes these pointers, this width and this block size
 static bool layernorm_forward2_fits(const floatX* out, const floatX* inp, const floatX* w, const floatX* b, int C,
@@ -1886,8 +1773,7 @@ static bool layernorm_backward2_fits(const float* dres, const floatX* dres_x, co
            block <= LAYERNORM_MAX_BLOCK;
 }
 
-// dres += dx (and dres_x = its floatX copy), dw += sum dy xh, db += sum dy.
-// partial: scratch of 2 * colsum_chunks(N) * C floats
+// dres += dx (dres_x its copy), dw += sum dy xh, db += sum dy. partial: 2 * colsum_chunks(N) * C floats
 static void layernorm_backward(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
                                const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C) {
     ProfOp prof_op("layernorm");
@@ -1948,7 +1834,6 @@ static void pixel_shuffle_check_grid(int h, int w, int s) {
     }
 }
 
-// out (N, (h/s)(w/s), C s^2) from x (N, h*w, C)
 static void pixel_shuffle_forward(floatX* out, const floatX* inp, int N, int h, int w, int C, int s) {
     ProfOp prof_op("pixel shuffle");
     pixel_shuffle_check_grid(h, w, s);
@@ -1958,7 +1843,6 @@ static void pixel_shuffle_forward(floatX* out, const floatX* inp, int N, int h, 
     launchCheck();
 }
 
-// dinp (N, h*w, C) overwritten from dout (N, (h/s)(w/s), C s^2)
 static void pixel_shuffle_backward(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s) {
     ProfOp prof_op("pixel shuffle");
     pixel_shuffle_check_grid(h, w, s);
@@ -1968,8 +1852,7 @@ static void pixel_shuffle_backward(floatX* dinp, const floatX* dout, int N, int 
     launchCheck();
 }
 
-// resize_with_pad's sizes for an h x w frame at S x S, with Python's arithmetic: the same doubles
-// (int / int and int / float are correctly rounded divisions in both), int() truncating
+// resize_with_pad's sizes with Python's arithmetic (the same correctly rounded doubles, int() truncating)
 static ResizePad resize_pad_plan(int h, int w, int S) {
     ResizePad r;
     r.h = h; r.w = w; r.S = S;
@@ -1992,13 +1875,11 @@ static ResizePad resize_pad_plan(int h, int w, int S) {
     return r;
 }
 
-// Whether resize_pad_kernel2 takes this size and this output
 static bool resize_pad2_fits(const floatX* out, int S, size_t out_stride) {
     return packable(S, x128::size, out) && out_stride % x128::size == 0;
 }
 
-// out (n_img, 3, S, S) from frames (n_img, h, w, 3) u8. Strides (in elements) let one camera's
-// frames and images sit among the other cameras': 0 means packed (h w 3 and 3 S S).
+// out (n_img, 3, S, S) from frames (n_img, h, w, 3) u8; strides in elements, 0 means packed
 static void resize_pad(floatX* out, const uint8_t* frames, int n_img, int h, int w, int S, size_t in_stride = 0,
                        size_t out_stride = 0) {
     ProfOp prof_op("resize");
@@ -2014,8 +1895,7 @@ static void resize_pad(floatX* out, const uint8_t* frames, int n_img, int h, int
     launchCheck();
 }
 
-// ---- attention's launchers: version 4 in bf16 builds where it fits, version 2 in fp16 builds
-// where its tiles fit, version 1 for everything else (dev/cuda/attention_smolvla.cu times them all)
+// ---- attention's launchers: version 4 (bf16) where it fits, version 2 (fp16) where its tiles fit, else 1
 
 // what the kernels assume of a call; a mistake here is the caller's
 static void gqa_attention_check(const GqaAttn& a) {
@@ -2071,8 +1951,7 @@ static void gqa_attention_backward2(floatX* dq, float* dk0, float* dv0, float* d
     launchCheck();
 }
 
-// whether version 2's forward (or backward) tiles at head size HS fit a block's shared memory: not
-// on a T4 at head size 64 (65 KiB forward, 80 KiB backward, of 64) nor a V100 at 128
+// whether version 2's tiles at head size HS fit shared memory: not on a T4 at 64 nor a V100 at 128
 static bool attention2_fits(int HS, bool backward) {
     static thread_local size_t limit = 0;
     if (limit == 0) {
@@ -2092,7 +1971,6 @@ static bool attention2_fits(int HS, bool backward) {
     return smem <= limit;
 }
 
-// version 2 at the call's padded head size
 static void gqa_attention_forward2_any(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
     switch (padded_head_dim(a.HS)) {
         case 16: gqa_attention_forward2<16>(out, lse, q, a); break;
@@ -2113,15 +1991,13 @@ static void gqa_attention_backward2_any(floatX* dq, float* dk0, float* dv0, floa
 #endif
 
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-// version 4 takes head sizes that are multiples of 8 (16-byte pieces) up to 64 (its registers), on
-// rows that start 16-byte aligned
+// version 4 takes head sizes multiples of 8 up to 64, rows 16-byte aligned
 static bool attention4_fits(const GqaAttn& a, const void* x, const void* y, const void* z = NULL) {
     return a.Tq > 0 && a.HS % 8 == 0 && a.HS <= 64 && packable(a.HS, 8, a.k0, a.v0, x) && packable(a.HS, 8, y, z) &&
            (a.Nk1 == 0 || packable(a.HS, 8, a.k1, a.v1));
 }
 
-// version 4's kernels by padded head size (16, 32, 64), for the forward by row tiles a warp (1, 2),
-// and by mask (0: none, the vision tower's; 1: the block mask)
+// version 4's kernels by padded head size (16, 32, 64), row tiles a warp (1, 2) and mask (0, 1)
 typedef void (*Attention4Forward)(floatX*, float*, const floatX*, GqaAttn);
 typedef void (*Attention4Dq)(floatX*, const floatX*, const floatX*, const float*, const float*, GqaAttn);
 typedef void (*Attention4Dkdv)(float*, float*, float*, float*, const floatX*, const floatX*, const float*, const float*,
@@ -2163,8 +2039,7 @@ static int attention4_head_index(int HS) {
     return padded == 16 ? 0 : padded == 32 ? 1 : 2;
 }
 
-// two row tiles a warp (128 queries a block) where that still makes 1,024 blocks or more (training's
-// vision calls: 8 x 12 x 64), enough to fill a GPU several times; else 64, so that blocks stay many
+// two row tiles a warp where that still makes 1,024 blocks or more, else one: blocks stay many
 static void gqa_attention_forward4(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
     int hs = attention4_head_index(a.HS), mask = a.block != NULL;
     int tiles = (long long)ceil_div(a.Tq, 2 * ATT4_ROWS) * a.NH * a.B >= 1024 ? 2 : 1;
@@ -2173,8 +2048,7 @@ static void gqa_attention_forward4(floatX* out, float* lse, const floatX* q, con
     launchCheck();
 }
 
-// delta given (the caller's); dq overwritten, dk0/dv0 (and dk1/dv1 where Nk1 > 0) accumulate, or
-// dkx/dvx are overwritten in floatX where given
+// delta given; dq overwritten, dk0/dv0 (dk1/dv1) accumulate, or dkx/dvx overwritten in floatX
 static void gqa_attention_backward4(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
                                     const floatX* q, const float* lse, const float* delta, const GqaAttn& a,
                                     floatX* dkx, floatX* dvx) {
@@ -2188,8 +2062,7 @@ static void gqa_attention_backward4(floatX* dq, float* dk0, float* dv0, float* d
 }
 #endif
 
-// the version that takes a call at head size HS in this build (the config table's rows; the
-// trainer's tensors are aligned as version 4 asks)
+// the version that takes a call at head size HS in this build (the config table's rows)
 static const char* attention_version_name(int HS) {
 #if defined(ENABLE_FP32)
     (void)HS;
@@ -2214,7 +2087,6 @@ static void attention_delta(float* delta, const floatX* dout, const floatX* out,
     launchCheck();
 }
 
-// an attention call's sizes, for the profile (empty when it is off)
 static void attention_prof_shape(char* shape, size_t n, const GqaAttn& a) {
     shape[0] = '\0';
     if (prof.on) { snprintf(shape, n, "B %d, %d/%d heads of %d, %d x %d", a.B, a.NH, a.NKV, a.HS, a.Tq, a.Nk0 + a.Nk1); }
@@ -2240,17 +2112,13 @@ static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, cons
     gqa_attention_forward1(out, lse, q, a);
 }
 
-// dq (B, Tq, NH*HS) floatX overwritten; dk0/dv0 (B, Nk0, NKV*HS) and dk1/dv1 (B, Nk1, NKV*HS; NULL
-// when Nk1 = 0) accumulate in fp32 (the joint layer's two calls share key gradients). delta:
-// scratch of B*NH*Tq floats. dkx, dvx (one key tensor, the vision tower's): the key gradients in
-// floatX, overwritten, dk0/dv0 fp32 scratch; version 4 writes them directly, the others accumulate
-// in dk0/dv0 zeroed here, then convert (the same bits).
+// dq (B, Tq, NH*HS) floatX overwritten; dk0/dv0 (B, Nk0, NKV*HS), dk1/dv1 (B, Nk1, NKV*HS; NULL when
+// Nk1 = 0) accumulate in fp32. delta: B*NH*Tq floats scratch. dkx, dvx: floatX key gradients, overwritten.
 static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
                                    const floatX* q, const floatX* out, const float* lse, float* delta, const GqaAttn& a,
                                    floatX* dkx = NULL, floatX* dvx = NULL) {
     char shape[64];
     attention_prof_shape(shape, sizeof(shape), a);
-    // (five products: S again, dP, dS K, dS^T Q, P^T dO)
     ProfOp prof_op("attention bwd", 10.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);
     gqa_attention_check(a);
     if (dkx != NULL && (a.Nk1 != 0 || dvx == NULL)) { vla_fail("attention: floatX key gradients need one key tensor and both of dk, dv"); }
@@ -2283,8 +2151,7 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
 
 // ---- the model's own launchers
 
-// RoPE at per-row positions (rope_at_kernel): rows of Tg per sample, row r at position
-// pos[(r / Tg) * pos_stride + r % Tg]
+// RoPE at per-row positions: rows of Tg per sample
 template <typename Tin>
 static void rope_at(floatX* out, const Tin* in, const float* cos_t, const float* sin_t, const int* pos, int rows, int Tg,
                     int pos_stride, int NH, int HS, float sign) {
@@ -2307,7 +2174,6 @@ static float* from_device_x(const floatX* d, size_t n) {
 }
 #endif
 
-// grid for n independent elements
 #define LAUNCH_1D(kernel, n, ...) \
     do { kernel<<<ceil_div((n), BLOCK), BLOCK, 0, main_stream>>>(__VA_ARGS__); launchCheck(); } while (0)
 
@@ -2329,8 +2195,7 @@ static int gpu_check_visible(int wanted) {
 static void gpu_init(int device, cudaDeviceProp* prop) {
     cudaCheck(cudaSetDevice(device));
     cudaCheck(cudaGetDeviceProperties(prop, device));
-    // blocking streams: the synchronous cudaMemcpy/cudaMemset of setup and checkpoints (legacy
-    // default stream) stay ordered with the kernels; the two streams still overlap each other
+    // blocking streams: setup's synchronous copies (legacy stream) stay ordered with the kernels
     cudaCheck(cudaStreamCreate(&main_stream));
     cudaCheck(cudaStreamCreate(&copy_stream));
     cublasCheck(cublasLtCreate(&cublaslt));
@@ -2350,32 +2215,24 @@ static void gpu_shutdown(void) {
 #define NORM_BLOCKS 256  // fixed, so the global norm sums in the same order on every GPU
 
 // ----------------------------------------------------------------------------
-// model: LeRobot's SmolVLA, as dev/smolvla.py computes it and train_vla.c does on the CPU (same
-// functions, same order). The forward:
-//   frames (uint8, any size) -> resize with padding, x*2-1 -> SigLIP (patch embedding, position,
-//   pre-LayerNorm layers, post-LayerNorm) -> pixel shuffle -> connector -> prefix = [image tokens
-//   * sqrt(C) per camera, language * sqrt(C), state_proj(state)] -> the VLM's Llama layers over
-//   the prefix (the last one computes only its keys and values) -> the expert's layers over the
-//   H action tokens: joint self-attention over [prefix ; actions] in even layers, cross-attention
-//   to the VLM's keys/values re-projected by the expert in odd ones -> final RMSNorm ->
-//   action_out_proj = the velocity (fp32) -> masked squared error on the real action dims.
+// model: LeRobot's SmolVLA, as dev/smolvla.py and train_vla.c compute it (same functions, same order):
+//   frames -> resize with padding, x*2-1 -> SigLIP -> pixel shuffle -> connector -> prefix = [image
+//   tokens * sqrt(C), language * sqrt(C), state_proj(state)] -> the VLM's Llama layers -> the expert's
+//   layers over the H action tokens (joint self-attention in even layers, cross-attention to the VLM's
+//   re-projected keys/values in odd ones) -> RMSNorm -> action_out_proj (fp32) -> masked squared error.
 // The prefix never sees the actions, so the VLM runs first and alone (it is sampling's cache).
-//
 // Shapes: NV = n_cam * B images (camera-major: image cam * B + b), S image side, p patch,
 // G = S/p, Nv = G*G patches per image, V = NV * Nv vision rows, Cv / Fv vision widths, NI image
 // tokens per camera, C / F VLM widths, Ce / Fe expert widths, Np prefix tokens, H chunk,
 // T = Np + H sequence, P = B * Np prefix rows, R = B * H action rows, D = NH*HS query width,
 // KV = NKV*HS key/value width (GQA), Smax / Amax padded state / action dims.
-// Precision and the one packed trainable domain (SmolOptDomain): the file's header.
 
-// Parameter tensor indices, in table order: SMOLP_vis_wq, ...
 enum {
 #define SMOL_INDEX_(nm, ...) SMOLP_##nm,
     SMOLVLA_PARAMETERS(SMOL_INDEX_, c)
 #undef SMOL_INDEX_
 };
 
-// The compute copy of the parameters (floatX), one pointer per tensor
 typedef struct {
 #define SMOL_FIELD_X_(nm, ...) floatX* nm;
     SMOLVLA_PARAMETERS(SMOL_FIELD_X_, c)
@@ -2392,37 +2249,30 @@ typedef struct {
     const int32_t* tokens;       // (B, max_text) token ids in [0, vocab), right-padded
     const float* token_mask;     // (B, max_text) 1 = a real token, 0 = padding
     const float* state;          // (B, max_state_dim) normalized, zero-padded
-    // training only:
     const float* actions;        // (B, H, max_action_dim) normalized, zero-padded
     const float* action_is_pad;  // (B, H) 1 = a chunk slot past the episode's end (no loss)
     const float* t;              // (B) flow time
     const float* noise;          // (B, H, max_action_dim)
 } SmolInputs;
 
-// Row counts: V vision rows (images x patches), P prefix rows, R action rows
 static inline size_t smol_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
 static inline size_t smol_vrows(const SmolVLAConfig* c, int B) { return smol_images(c, B) * smolvla_grid(c) * smolvla_grid(c); }
 static inline size_t smol_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
 static inline size_t smol_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
 static inline size_t smol_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
-// Vision layers whose activations are kept: all when the tower trains, else one slot that each
-// layer overwrites (nothing reads them again: the backward stops at the connector)
+// Vision layers kept: all when the tower trains, else one slot each layer overwrites
 static inline size_t smol_vis_kept(const SmolVLAConfig* c, int mode) { return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1; }
 
-// Per-layer slots of the attention half and the MLP half at recompute level rc: every layer's, or
-// one slot the backward refills from the layer's kept input (smol_*_layer_forward's redo). What
-// another part reads later (layer inputs, the VLM's keys/values, re-projections) is always per layer.
+// Per-layer slots of the attention and MLP halves at recompute level rc: every layer's, or one refilled
 static inline size_t smol_attn_slots(size_t layers, int rc) { return rc >= RECOMPUTE_ATTN ? 1 : layers; }
 static inline size_t smol_mlp_slots(size_t layers, int rc) { return rc >= RECOMPUTE_LAYER ? 1 : layers; }
 static inline size_t smol_vis_attn(const SmolVLAConfig* c, int mode, int rc) { return smol_attn_slots(smol_vis_kept(c, mode), rc); }
 static inline size_t smol_vis_mlp(const SmolVLAConfig* c, int mode, int rc) { return smol_mlp_slots(smol_vis_kept(c, mode), rc); }
 
-// Vision rows of the backward scratch: none unless the tower trains
 static inline size_t smol_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) { return mode == TRAIN_MODE_ALL ? smol_vrows(c, B) : 0; }
 
-// Column-sum partials of the backward's widest (rows, columns): LayerNorm's dw and db (two per
-// chunk of colsum_rows rows), the biases', RMSNorm's dw
+// Column-sum partials of the backward's widest (rows, columns)
 static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
     size_t V = colsum_chunks(smol_vis_grad_rows(c, B, mode)), P = colsum_chunks(smol_prows(c, B));
     size_t R = colsum_chunks(smol_rrows(c, B)), S = colsum_chunks((size_t)B);
@@ -2431,10 +2281,8 @@ static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
     return smol_max3(vision, smol_max3(P * c->d_model, S * c->d_model, 1), actions);
 }
 
-// Activations: (type, name, elements), carved from one allocation per type (X floatX, F fp32, I int).
-// Per-layer tensors are stacked layer-major: Kv vision layers (smol_vis_kept); Ka, Km (vision) and
-// La, Lm (VLM, expert) slots of the attention and MLP halves (smol_attn_slots). The g_* are backward
-// scratch shared by the towers, one after the other; the r_* one VLM layer's state rows (expert mode).
+// Activations: (type, name, elements), carved from one allocation per type (X floatX, F fp32, I int),
+// stacked layer-major. The g_* are backward scratch shared by the towers; r_* one VLM layer's state rows.
 #define SMOLVLA_GPU_ACTIVATIONS(X, F, I, c, B, mode, rc) \
     X(pixels,   smol_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
     X(patches,  smol_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
@@ -2558,8 +2406,7 @@ typedef struct {
 // What the weights and the activations take on the device: smolvla_model_bytes, smolvla_act_bytes
 #include "vla/memory.cuh"
 
-// The gradient buckets (MULTI_GPU): the trainable ranges of one layer (or a tower's embeddings), in
-// the order the backward finishes them, each averaged while it goes on. Bucket b: ranges first[b] ..
+// The gradient buckets (MULTI_GPU): one layer's trainable ranges each, in the backward's order
 typedef struct {
     int n;          // buckets: smol_bucket_count
     int* first;     // (n + 1)
@@ -2622,15 +2469,13 @@ static void* smol_device_malloc(SmolVLA* m, size_t bytes) {
     return p;
 }
 
-// Slice k of parameter tensor i (layer k's of a stacked tensor, else 0): in the trainable domain when
-// it trains (the trainable part is a prefix of whole slices), else in the frozen remainder
+// Slice k of parameter tensor i: in the trainable domain when it trains, else in the frozen remainder
 static inline floatX* smol_param(const SmolVLA* m, int i, int k) {
     const SmolParamSpec* s = &m->table.spec[i];
     size_t at = (size_t)k * (s->numel / smolvla_slices(s)), n_train = m->domain.numel[i];
     return m->params_memory + (at < n_train ? m->domain.offset[i] + at : m->frozen_at[i] + (at - n_train));
 }
 
-// Its gradient when that slice trains in the model's mode, else NULL
 static inline float* smol_grad(const SmolVLA* m, int i, int k) {
     const SmolParamSpec* s = &m->table.spec[i];
     size_t per = s->numel / smolvla_slices(s);
@@ -2641,8 +2486,7 @@ static inline float* smol_grad(const SmolVLA* m, int i, int k) {
 // ZeRO-1: this model keeps one shard's optimizer state (gradients reduce-scattered, weights all-gathered)
 static int smol_sharded(const SmolVLA* m) { return m->shard_hi - m->shard_lo < m->n_train; }
 
-// The model's calls into the data-parallel section after it (without NCCL they do nothing): the
-// gradient buckets, their sums over the ranks, ZeRO-1's sums and gathers
+// The model's calls into the data-parallel section (nothing without NCCL)
 static int smol_bucket(const SmolVLAConfig* c, int tower, int layer);
 static void smol_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d);
 static void smol_bucket_done(SmolVLA* m, int b);
@@ -2669,9 +2513,7 @@ static int smolvla_read_loss_scale(SmolVLA* m, LossScaleState* st, float* used) 
     return skipped;
 }
 
-// The model for config c in `mode`: weights and gradients (zero until smolvla_set_params), RoPE table,
-// buckets; activations come with the batch (smolvla_set_batch). ZeRO-1: optimizer state of shard
-// `shard_rank` of shard_world only; the compute copy and the gradients are whole.
+// The model for config c in `mode`; ZeRO-1: optimizer state of shard `shard_rank` only
 static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shard_rank = 0, int shard_world = 1) {
     memset(m, 0, sizeof(*m));
     const char* problem = smolvla_config_problem(c);
@@ -2733,8 +2575,8 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
     SMOLVLA_PARAMETERS(SMOL_POINT_X_, c)
 #undef SMOL_POINT_X_
     smol_buckets_build(&m->buckets, c, &m->table, &m->domain);
-    // RoPE as LeRobot's apply_rope: timescale theta^e, e = float32(2/HS) * k, in float32 (torch's pow
-    // is correctly rounded: pow in double, then rounded); angle = pos / timescale in float32; its sin, cos
+    // RoPE as LeRobot's apply_rope: timescale theta^e, e = float32(2/HS) * k, pow correctly rounded
+    // (in double, then float); angle = pos / timescale in float32
     int T = smolvla_n_prefix(c) + c->chunk, half = c->head_dim / 2;
     float* cs = (float*)mallocCheck((size_t)T * half * 2 * sizeof(float));
     for (int k = 0; k < half; k++) {
@@ -2756,9 +2598,7 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
     }
 }
 
-// The weights from a host array in the table's layout: every compute copy rounded once from fp32 on
-// the device, and the shard's fp32 master weights, through one scratch tensor (nothing fp32 of a
-// frozen tensor stays). AdamW's moments from moment1/2 (host, the packed domain), else zero.
+// The weights from a host array in the table's layout; AdamW's moments from moment1/2, else zero
 static void smolvla_set_params(SmolVLA* m, const float* params, const float* moment1 = NULL,
                                const float* moment2 = NULL) {
     size_t widest = 0, lo = m->shard_lo, hi = m->shard_hi;
@@ -2791,7 +2631,6 @@ static void smolvla_set_params(SmolVLA* m, const float* params, const float* mom
     }
 }
 
-// (Re)sizes the activations for B samples
 static void smolvla_set_batch(SmolVLA* m, int B) {
     if (m->B == B) { return; }
     if (m->sampling.graph != NULL) {  // it reads the activations that are about to move
@@ -2856,8 +2695,6 @@ struct SmolLayer {
     int cross;  // an expert layer attending to the VLM's re-projected keys/values
 };
 
-// Layer l of the VLM (expert 0) or the expert (1); the expert's k/v are its slice of the joint or
-// cross stack (smolvla_kind_index)
 template <typename T>
 static SmolLayer<T> smol_layer(const SmolVLA* m, int expert, int l, int grads) {
     const SmolVLAConfig* c = &m->config;
@@ -2878,8 +2715,7 @@ static SmolLayer<T> smol_layer(const SmolVLA* m, int expert, int l, int grads) {
     return w;
 }
 
-// One stack's activations at layer l (N rows), and `out`, the next layer's input; a recomputed half
-// is the one slot every layer shares
+// One stack's activations at layer l (N rows), and `out`, the next layer's input
 typedef struct {
     floatX *res, *ln1, *q, *k, *v, *att, *mid, *ln2, *gate, *up, *act, *out;
     float *rstd1, *lse, *rstd2;
@@ -2909,8 +2745,7 @@ static SmolLayerActs smol_layer_acts(const SmolVLA* m, int expert, int l) {
     return x;
 }
 
-// Vision layer l's activations (V rows), and `out`, the next layer's input: slot l % Kv of the stacks,
-// input l % (Kv + 1) of v_res (a frozen tower's residual goes back and forth between two slots)
+// Vision layer l's activations (V rows) and `out`: slot l % Kv, input l % (Kv + 1) of v_res
 typedef struct {
     floatX *res, *ln1, *q, *k, *v, *att, *mid, *ln2, *fc1, *gelu, *out;
     float *mean1, *rstd1, *lse, *mean2, *rstd2;
@@ -2930,8 +2765,7 @@ static SmolVisionActs smol_vision_acts(const SmolVLA* m, int l) {
     return x;
 }
 
-// Attention under the sequence's mask: Tq queries per sample from token q0, keys k0/v0 (Nk0 per
-// sample) then k1/v1 (Nk1, may be 0)
+// Attention under the sequence's mask: Tq queries from token q0, keys k0/v0 (Nk0) then k1/v1 (Nk1)
 static GqaAttn smol_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, const floatX* v0, int Nk0, const floatX* k1,
                          const floatX* v1, int Nk1) {
     const SmolVLAConfig* c = &m->config;
@@ -2940,7 +2774,6 @@ static GqaAttn smol_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, con
     return a;
 }
 
-// RMSNorm backward; a frozen norm's dw (NULL) lands in scratch nobody reads
 static void smol_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, float* dw, const floatX* dout,
                                   const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
     if (dw == NULL) {
@@ -2950,8 +2783,7 @@ static void smol_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, float
     rmsnorm_backward(dres, dres_x, dw, m->acts.partial, dout, inp, w, rstd, N, C);
 }
 
-// attention output -> o_proj + residual -> RMSNorm -> SwiGLU MLP + residual: x->out (residuals ride
-// on the products, beta = 1). with_out 0 (a recomputation) skips down_proj: its output is kept.
+// attention output -> o_proj + residual -> RMSNorm -> SwiGLU MLP + residual; with_out 0 skips down_proj
 static void smol_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerActs* x, int N, int D, int with_out = 1) {
     matmul_forward(x->mid, x->att, w->wo, NULL, x->res, N, D, w->C);
     rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, SMOLVLA_RMS_EPS);
@@ -2961,8 +2793,7 @@ static void smol_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerAc
     if (with_out) { matmul_forward(x->out, x->act, w->down, NULL, x->mid, N, w->F, w->C); }
 }
 
-// Backward of smol_layer_out_forward: dres (fp32) and dres_x (floatX) hold d(out) (N, C) and are left
-// holding d(mid); acts.g_att gets d(att). A frozen weight (g's NULL) gets no product.
+// Backward of smol_layer_out_forward: dres, dres_x hold d(out) (N, C), left holding d(mid); g_att d(att)
 static void smol_layer_out_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
                                     const SmolLayerActs* x, float* dres, floatX* dres_x, int N, int D) {
     SmolActivations* a = &m->acts;
@@ -2979,8 +2810,7 @@ static void smol_layer_out_backward(SmolVLA* m, const SmolLayer<floatX>* w, cons
     if (g->wo != NULL) { matmul_backward_weight(g->wo, dres_x, x->att, N, D, C); }
 }
 
-// Backward of ln1 and q/k/v from their outputs' gradients, rotated back from RoPE (dq NULL: the VLM's
-// last layer; dk, dv NULL: a cross layer's keys/values are not its own), added to dres (dres_x: its copy)
+// Backward of ln1 and q/k/v, rotated back from RoPE (dq NULL: the VLM's last layer; dk, dv NULL: cross)
 static void smol_layer_qkv_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
                                     const SmolLayerActs* x, float* dres, floatX* dres_x, const floatX* dq,
                                     const floatX* dk, const floatX* dv, int N) {
@@ -3022,9 +2852,8 @@ static GqaAttn smol_vision_attn(const SmolVLA* m, const SmolVisionActs& x) {
     return a;
 }
 
-// SigLIP layer l: x.res -> x.out. redo (the backward's recomputation, RECOMPUTE_*): only what that
-// level dropped, by the same kernels on the same inputs (so the same values): attn the attention
-// half, layer all but fc2 (its output is the next layer's kept input).
+// SigLIP layer l: x.res -> x.out. redo (the backward's recomputation): only what that level dropped,
+// by the same kernels on the same inputs: attn the attention half, layer all but fc2.
 static void smol_vision_layer_forward(SmolVLA* m, int l, int redo) {
     const SmolVLAConfig* c = &m->config;
     int V = (int)smol_vrows(c, m->B), Cv = c->vis_width, Fv = c->vis_ff;
@@ -3049,8 +2878,7 @@ static void smol_vision_layer_forward(SmolVLA* m, int l, int redo) {
     matmul_forward(x.out, x.gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), x.mid, V, Fv, Cv);
 }
 
-// SigLIP over every image: pixels -> acts.v_out (V, Cv). Position i is patch i (SmolVLM's bucketed
-// position ids are the identity at the trained image size).
+// SigLIP over every image: pixels -> acts.v_out (V, Cv); position ids are the identity
 static void smolvla_vision_forward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3065,8 +2893,7 @@ static void smolvla_vision_forward(SmolVLA* m) {
                       m->params.vis_post_b, V, Cv);
 }
 
-// p_res[0] = [camera 0 tokens]...[language][state] per sample, the mask's block ids and the RoPE
-// positions. Image and language embeddings are scaled by sqrt(C) (in float32, as LeRobot), the state not.
+// p_res[0] = [camera tokens][language][state] per sample, block ids, RoPE positions; sqrt(C) in float32
 static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3083,9 +2910,7 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
     LAUNCH_1D(smolvla_sequence_kernel, B, a->block, a->pos, a->x_pos, in->token_mask, B, c->n_cam * NI, Lt, c->chunk);
 }
 
-// VLM layer l over the prefix. The last one computes only ln1, keys and values: its output feeds
-// nothing (LeRobot computes and drops it). redo: as smol_vision_layer_forward's, but the keys and
-// values are kept at every level (the expert reads them).
+// VLM layer l; the last computes only ln1, keys and values. redo: keys and values kept at every level.
 static void smol_vlm_layer_forward(SmolVLA* m, int l, int redo) {
     const SmolVLAConfig* c = &m->config;
     int P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), T = Np + c->chunk;
@@ -3110,9 +2935,7 @@ static void smolvla_vlm_forward(SmolVLA* m) {
     for (int l = 0; l < m->config.n_layer; l++) { smol_vlm_layer_forward(m, l, RECOMPUTE_NONE); }
 }
 
-// The H action tokens of the noisy chunk acts.x_t at flow times t (B, device): s_res[0] =
-// action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time embedding]))), the time
-// embedding [sin, cos] of 2 pi t / period, periods geometric from 4e-3 to 4.0 (action_embed_kernel).
+// s_res[0] = action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time embedding])))
 static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3124,12 +2947,9 @@ static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
     matmul_forward(a->s_res, a->t_act, m->params.time_out_w, m->params.time_out_b, NULL, R, Ce, Ce);
 }
 
-// Expert layer l over the action tokens. Joint layer: the actions' q/k/v with RoPE at their
-// positions (after the valid prefix), keys = [the VLM's K/V of this layer ; the actions' own] under
-// the block mask (actions see the valid prefix, the state, earlier actions). Cross layer: q with RoPE
-// at positions 0.., keys/values = the VLM's post-RoPE K/V re-projected by the expert's k/v_proj (no
-// second RoPE), the valid prefix only. reuse_cross_kv: those re-projections are still valid (the
-// Euler steps after the first). redo: as smol_vision_layer_forward's; re-projections are kept.
+// Expert layer l. Joint layer: the actions' q/k/v with RoPE after the valid prefix, keys = [the VLM's
+// K/V ; the actions' own] under the block mask. Cross layer: q with RoPE from 0, keys/values = the
+// VLM's post-RoPE K/V re-projected by the expert (no second RoPE). reuse_cross_kv: re-projections valid.
 static void smol_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, int redo) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3188,11 +3008,8 @@ static void smolvla_encode_prefix(SmolVLA* m, const SmolInputs* in) {
 }
 
 // Training forward. Flow matching: x_t = t noise + (1 - t) actions, target u = noise - actions,
-// velocity v_t. Loss = sum of (u - v)^2 over the real action dims of the slots in the episode, over
-// max(1, those entries) of the whole optimizer step, every micro-step and rank (LeRobot's mean over
-// valid entries, not over B H A). So the forward only sums: the errors into acts.scalars[0], the
-// entries into scalars[3] (added to after micro-step 0), d_vt the gradient of the sum;
-// smolvla_loss_finish divides once every rank's sums are in.
+// velocity v_t. The loss is LeRobot's mean over valid entries of the whole step, so the forward only
+// sums: errors into acts.scalars[0], entries into scalars[3]; smolvla_loss_finish divides.
 static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro) {
     const SmolVLAConfig* c = &m->config;
     smolvla_encode_prefix(m, in);
@@ -3223,8 +3040,7 @@ static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro) {
     }
 }
 
-// Once the sums hold every micro-step and rank: the mean loss into acts.scalars[0], and the gradients
-// this model updates (its ZeRO-1 shard, or all) scaled from the sum's to the mean's
+// Once the sums hold every micro-step and rank: the mean loss, and the gradients scaled to the mean's
 static void smolvla_loss_finish(SmolVLA* m) {
     loss_normalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars);
     launchCheck();
@@ -3238,8 +3054,7 @@ static void smolvla_loss_finish(SmolVLA* m) {
 
 // ---- backward
 
-// d acts.d_vt -> action_out_proj -> the expert's norm and layers -> d s_res[0] in g_res / g_res_x
-// (R, Ce); each layer's VLM key/value gradients added to dp_k/dp_v (state_only: the state rows')
+// d acts.d_vt -> the expert -> d s_res[0] in g_res / g_res_x (R, Ce); VLM k/v gradients into dp_k/dp_v
 static void smolvla_expert_backward(SmolVLA* m, int state_only) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3312,8 +3127,7 @@ static void smolvla_suffix_embed_backward(SmolVLA* m) {
     bias_backward(m->grads.action_in_b, a->partial, a->g_emb, R, Ce, 2 * Ce);
 }
 
-// The state rows (row Np - 1 of each sample) of a VLM layer's activations x, gathered into the r_*:
-// the layer as the expert mode's backward sees it, B rows of one query each
+// The state rows (row Np - 1 of each sample) of a VLM layer's x into the r_*: B rows of one query
 static SmolLayerActs smol_state_rows(SmolVLA* m, const SmolLayerActs* x, int last) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3336,9 +3150,8 @@ static SmolLayerActs smol_state_rows(SmolVLA* m, const SmolLayerActs* x, int las
     return r;
 }
 
-// The VLM's layers backward from the expert's gradients on their keys/values (dp_k, dp_v) down to
-// d p_res[0] in g_res / g_res_x: all P rows, or B state rows (state_only). The last layer (ln1 ->
-// k/v) is frozen in every mode, yet the gradient passes through it.
+// The VLM's layers backward from dp_k, dp_v down to d p_res[0] in g_res / g_res_x (P rows, or B state
+// rows). The last layer (ln1 -> k/v) is frozen in every mode, yet the gradient passes through it.
 static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3381,8 +3194,7 @@ static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
     }
 }
 
-// d p_res[0] (g_res / g_res_x; state_only: the state rows alone) -> state_proj; embed_tokens (the pad
-// id's row gets nothing, as nn.Embedding's padding_idx) and the connector; g_shuf = d shuffled (all)
+// d p_res[0] -> state_proj; embed_tokens (not the pad id's row) and the connector; g_shuf = d shuffled
 static void smolvla_prefix_embed_backward(SmolVLA* m, int state_only) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3408,8 +3220,7 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int state_only) {
     }
 }
 
-// d shuffled (g_shuf) -> pixel shuffle -> post_layernorm -> SigLIP layers -> position and patch
-// embeddings (nothing flows into the pixels)
+// d shuffled (g_shuf) -> pixel shuffle -> post_layernorm -> SigLIP layers -> patch embeddings
 static void smolvla_vision_backward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -3458,12 +3269,10 @@ static void smolvla_vision_backward(SmolVLA* m) {
     bias_backward(m->grads.vis_patch_b, a->partial, dres_x, V, Cv);
 }
 
-// Gradients of the last forward's loss sum into grads_memory (overwritten when zero_grads, else
-// added to), each bucket handed to the ranks' average once final. Order: the expert, which leaves
-// gradients on the VLM's keys/values, then the VLM, as far down as something trains:
-//   expert: the expert, its heads, state_proj. state_proj's token is the prefix's last row (block 1),
-//     which the rows before it (block 0) never see: only that row goes back through the frozen VLM.
-//   vlm:    the whole prefix back through the VLM into embed_tokens and the connector.
+// Gradients of the last forward's loss sum into grads_memory (overwritten when zero_grads), each bucket
+// averaged once final. The expert first, then the VLM, as far down as something trains:
+//   expert: the expert, its heads, state_proj; only the state row goes back through the frozen VLM.
+//   vlm:    the whole prefix back into embed_tokens and the connector.
 //   all:    and on through the vision tower.
 static void smolvla_backward(SmolVLA* m, int zero_grads) {
     const SmolVLAConfig* c = &m->config;
@@ -3488,8 +3297,7 @@ static void smolvla_backward(SmolVLA* m, int zero_grads) {
     }
 }
 
-// After a step's last backward: the loss's sums, the valid entries and the stop flag (scalars[0], [3],
-// [2]; `stop`: this rank saw a stop request) summed over the ranks with the gradients, then the means
+// After a step's last backward: loss sums, entries and stop flag summed over the ranks, then the means
 static void smolvla_grads_finish(SmolVLA* m, int stop) {
     LAUNCH_1D(fill_kernel, 1, m->acts.scalars + 2, stop ? 1.0f : 0.0f, 1);
     dist_step_sums(m);
@@ -3498,9 +3306,8 @@ static void smolvla_grads_finish(SmolVLA* m, int stop) {
 
 // ---- sampling
 
-// Euler steps of dx/dt = v(x, t) in acts.x_sample from t = 1 (the noise) to 0, as LeRobot's
-// euler_integrate: t = float(1 + k dt), dt = -1/n_steps in double, x += float(dt) v. Touches only the
-// model's memory, so a CUDA graph of it replays until the activations move.
+// Euler steps of dx/dt = v(x, t) in acts.x_sample from t = 1 to 0, as LeRobot's euler_integrate:
+// t = float(1 + k dt), dt = -1/n_steps in double, x += float(dt) v. A CUDA graph of it replays.
 static void smolvla_euler_steps(SmolVLA* m) {
     SmolActivations* a = &m->acts;
     int B = m->B, n = (int)smol_rrows(&m->config, B) * m->config.max_action_dim, n_steps = 10;
@@ -3514,10 +3321,7 @@ static void smolvla_euler_steps(SmolVLA* m) {
     }
 }
 
-// Noise (B, H, Amax, device) -> out (B, H, Amax, host), normalized: the prefix once, then the Euler
-// steps. With use_graph the steps are one CUDA graph (their ~2,000 launches' host cost dominates at
-// batch 1): the first call at a batch size runs them one by one (cuBLASLt's plans are made outside
-// any capture), the second captures them, later calls replay. The call profile_call is profiled.
+// Noise (B, H, Amax, device) -> out (B, H, Amax, host): the prefix once, then the Euler steps (a CUDA graph)
 static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise, float* out) {
     SmolSampling* s = &m->sampling;
     if (s->marks[0] == NULL) {
@@ -3559,8 +3363,7 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
 
 // ---- optimizer: AdamW on the trainable elements only
 
-// The trainable gradients' global norm into acts.scalars[1]: one launch at a fixed grid (the same
-// order every run) over the model's part of the domain (padding zero); ZeRO-1 ranks add their sums
+// The trainable gradients' global norm into acts.scalars[1], a fixed grid; ZeRO-1 ranks add their sums
 static void smolvla_global_norm(SmolVLA* m) {
     int sharded = smol_sharded(m);
     norm_squares_kernel<<<NORM_BLOCKS, BLOCK, 0, main_stream>>>(m->norm_partial, m->grads_memory + m->shard_lo,
@@ -3575,10 +3378,8 @@ static void smolvla_global_norm(SmolVLA* m) {
     }
 }
 
-// AdamW (0.9, 0.95, 1e-8) on the master weights of the shard's trainable elements, one launch per
-// tensor: gradients clipped to global norm `clip` (0: off), decay where the table says, the floatX
-// copy refreshed (ZeRO-1: then all-gathered). fp16: a step with Inf/NaN gradients changes nothing
-// but the loss scale, yet counts as step `step` (the one clock of schedule, sampler, checkpoints).
+// AdamW (0.9, 0.95, 1e-8) on the shard's trainable master weights, a launch per tensor; the floatX
+// copy refreshed (ZeRO-1: all-gathered). fp16: an Inf/NaN step changes only the loss scale, yet counts.
 static void smolvla_update(SmolVLA* m, float lr, float weight_decay, float clip, int step) {
     const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
     smolvla_global_norm(m);
@@ -3610,15 +3411,12 @@ static void smolvla_read_scalars(SmolVLA* m, float* loss, float* norm, int* stop
     if (stop != NULL) { *stop = s[2] > 0.0f; }
 }
 
-// ---- FLOPs, for MFU: vla/flops.h (smolvla_flops_per_sample, smolvla_recompute_flops_per_sample,
-// device_peak_flops)
+// ---- FLOPs, for MFU: vla/flops.h
 #include "vla/flops.h"
 
 // ----------------------------------------------------------------------------
-// data parallel: one rank per GPU, each driven by a host thread (OpenMP), on one node or several;
-// the backward's gradients summed over the ranks bucket by bucket as it finishes them (NCCL), the
-// optimizer state sharded with --zero (ZeRO-1), a watchdog over NCCL's faults. The build without
-// NCCL trains one GPU; its stand-ins (vla/single_gpu.cuh) give the model and the loop the same calls.
+// data parallel: one rank per GPU, a host thread each; gradients summed bucket by bucket (NCCL),
+// ZeRO-1 with --zero, a watchdog. Without NCCL, vla/single_gpu.cuh's stand-ins.
 
 // the gradient buckets, numbered in the order the backward finishes them (vla/buckets.cuh)
 #include "vla/buckets.cuh"
@@ -3660,16 +3458,14 @@ static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
 
 #define DIST_TIMED_WAITS 4  // a step waits on NCCL once (ZeRO-1: three times)
 
-// One rank's side: the communicator, the communication stream and the events that order it after
-// the compute
+// One rank's side: the communicator, the communication stream and its events
 typedef struct Dist {
     int sync;  // the backward pass sums its buckets over the ranks as they finish (a step's last micro-step)
     ncclComm_t comm;
     cudaStream_t comm_stream;
     cudaEvent_t* bucket_ready;  // (smol_bucket_count) their gradients are final on the main stream
     cudaEvent_t scalars_ready, comm_done;
-    // timing of the main stream's waits on the communication stream in one step: wait_begin[i]
-    // where the compute reaches wait i, wait_end[i] where the communication it waits for ends
+    // the main stream's waits on the communication stream in one step: begin and end of wait i
     cudaEvent_t wait_begin[DIST_TIMED_WAITS], wait_end[DIST_TIMED_WAITS];
     int waits;  // recorded this step
 } Dist;
@@ -3679,8 +3475,7 @@ static void comm_after_main(Dist* d, cudaEvent_t ready) {
     cudaCheck(cudaEventRecord(ready, main_stream));
     cudaCheck(cudaStreamWaitEvent(d->comm_stream, ready, 0));
 }
-// ... and the main stream's next work after the communication stream's so far (the first
-// DIST_TIMED_WAITS waits of a step timed: how long the compute stood still for NCCL)
+// ... and the main stream's next work after the communication stream's (the first waits timed)
 static void main_after_comm(Dist* d) {
     cudaEvent_t done = d->comm_done;
     if (d->waits < DIST_TIMED_WAITS) {
@@ -3692,8 +3487,7 @@ static void main_after_comm(Dist* d) {
     cudaCheck(cudaStreamWaitEvent(main_stream, done, 0));
 }
 
-// x (n device floats) summed over the ranks in place, before the main stream's next work; nothing
-// for a model alone (d NULL)
+// x (n device floats) summed over the ranks in place; nothing for a model alone (d NULL)
 static void dist_sum(Dist* d, float* x, size_t n) {
     if (d == NULL) { return; }
     comm_after_main(d, d->scalars_ready);
@@ -3701,9 +3495,7 @@ static void dist_sum(Dist* d, float* x, size_t n) {
     main_after_comm(d);
 }
 
-// Bucket b's gradients are final: sum them over the ranks on the communication stream while the
-// backward goes on (at world size 1 too, as DDP does). The loss is a sum (smolvla_forward), so
-// summing is averaging once smolvla_loss_finish divides by the step's valid entries.
+// Bucket b's gradients are final: sum them over the ranks while the backward goes on
 static void smol_bucket_done(SmolVLA* m, int b) {
     Dist* d = m->dist;
     const SmolBuckets* k = &m->buckets;
@@ -3718,9 +3510,7 @@ static void smol_bucket_done(SmolVLA* m, int b) {
     ncclCheck(ncclGroupEnd());
 }
 
-// The step's sums over the ranks after its last backward pass (smolvla_grads_finish): the loss's
-// sums, the valid entries and the stop flag (acts.scalars[0], [3], [2]), with ZeRO-1 the gradients
-// reduce-scattered to their shards, the main stream waiting for all of it
+// The step's sums over the ranks after its last backward (ZeRO-1: gradients reduce-scattered)
 static void dist_step_sums(SmolVLA* m) {
     Dist* d = m->dist;
     if (d != NULL) {
@@ -3735,7 +3525,6 @@ static void dist_step_sums(SmolVLA* m) {
     }
 }
 
-// ZeRO-1: the sum of squares of the shard's gradients (acts.scalars[1]) added over the ranks
 static void zero_sum_squares(SmolVLA* m) {
     comm_after_main(m->dist, m->dist->scalars_ready);
     ncclCheck(ncclAllReduce(m->acts.scalars + 1, m->acts.scalars + 1, 1, ncclFloat, ncclSum, m->dist->comm,
@@ -3743,7 +3532,6 @@ static void zero_sum_squares(SmolVLA* m) {
     main_after_comm(m->dist);
 }
 
-// ZeRO-1: every rank's updated shard of the trainable weights' compute copy, to every rank
 static void zero_gather_params(SmolVLA* m) {
     comm_after_main(m->dist, m->dist->scalars_ready);
     ncclCheck(ncclAllGather(m->params_memory + m->shard_lo, m->params_memory, m->shard_hi - m->shard_lo, NCCL_FLOATX,
@@ -3751,8 +3539,7 @@ static void zero_gather_params(SmolVLA* m) {
     main_after_comm(m->dist);
 }
 
-// A device array of the optimizer state (shard-sized) made whole (n_train): itself when it is not
-// sharded, else all-gathered over the ranks into `gathered` (every rank must call it)
+// Optimizer state made whole (n_train): itself, or all-gathered into `gathered` (every rank calls it)
 static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* shard) {
     if (smol_sharded(m)) {
         comm_after_main(m->dist, m->dist->scalars_ready);
@@ -3764,7 +3551,6 @@ static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* 
 }
 
 #if !defined(TESTING) && !defined(VLA_LIBRARY)
-// The trainer's side: the ranks' threads, their communicators and the watchdog over them
 
 // Any -g and --nodes: NCCL serves them (the build without it refuses more than one GPU)
 static void dist_check_args(const TrainArgs* args) {}
@@ -3789,8 +3575,7 @@ static void dist_share_id(const Run* run) {
 // faults: a watchdog thread over the communicators (vla/watchdog.cuh)
 #include "vla/watchdog.cuh"
 
-// This rank's communicator (rank `rank`, local GPU `local`), stream and events; from here on the
-// model's gradients sum over the ranks
+// This rank's communicator (rank `rank`, local GPU `local`), stream and events
 static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) {
     memset(d, 0, sizeof(*d));
     int n_buckets = m->buckets.n;
@@ -3822,16 +3607,13 @@ static void dist_free(Dist* d, const SmolVLA* m, Watchdog* w, int local) {
     ncclCheck(ncclCommDestroy(d->comm));
 }
 
-// Every rank of this process waits here until all of them get here
 static void dist_barrier(void) {
     #pragma omp barrier
 }
 
-// A step starts: its waits on NCCL are timed from here (a checkpoint's gathers are not the step's)
 static void dist_step_begin(Dist* d) { d->waits = 0; }
 
-// The time the main stream waited on the communication stream this step (once the step is done):
-// per wait, how long after the compute reached it the communication ended, if it did after
+// The time the main stream waited on the communication stream this step, per wait
 static double dist_wait_ms(Dist* d) {
     double total = 0.0;
     for (int i = 0; i < d->waits; i++) {
@@ -3879,8 +3661,7 @@ static void task_losses_add(TaskLosses* tl, const SmolVLA* m, const SmolInputs* 
     launchCheck();
 }
 
-// 10 Euler steps from a device batch's noise -> sampled (B, H, A) on the host, in the data's units:
-// the model's normalized (B, H, Amax) chunk cut to the action dims and un-normalized
+// 10 Euler steps from a device batch's noise -> sampled (B, H, A) on the host, un-normalized
 static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* dev, const float* action_mean, const float* action_std,
                                    float* sampled) {
     const SmolVLAConfig* c = &m->config;
@@ -3899,10 +3680,7 @@ static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* dev, const float
 // ----------------------------------------------------------------------------
 // checkpoints of the model
 
-// Writes a checkpoint (by `write`: rank 0): every weight in fp32, the trainable ones from the master
-// weights, the frozen ones from `params` (the run's starting weights, host: the device holds only a
-// rounded floatX copy), and the moments. ZeRO-1 gathers the shards first, so every rank calls it.
-// loss_scale: fp16 builds' state after `step`, else NULL.
+// Writes a checkpoint (rank 0): every weight in fp32, and the moments; every rank calls it (ZeRO-1)
 static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const TrainArgs* args, int step,
                          uint64_t sampler_pos, int write, const LossScaleState* loss_scale) {
     if (!write && !smol_sharded(m)) { return; }
@@ -3930,8 +3708,7 @@ static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const Tra
 }
 
 // ----------------------------------------------------------------------------
-// policy interface: a checkpoint served on the GPU for Python (scripts/vla_policy.py, device="cuda"):
-// libvla_gpu.so, with the same functions as libvla.so from train_vla.c
+// policy interface: libvla_gpu.so for scripts/vla_policy.py (device="cuda"), as libvla.so from train_vla.c
 
 #if defined(VLA_LIBRARY)
 #include "vla/policy_gpu.cuh"
@@ -3941,8 +3718,7 @@ static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const Tra
 // CLI and main
 
 #if !defined(TESTING) && !defined(VLA_LIBRARY)
-// How well the policy acts: 10-step sampling on one batch, MSE against the dataset's actions over the
-// unmasked slots, in the data's units. `dev`: a device batch the training no longer uses.
+// How well the policy acts: 10-step sampling on one batch, MSE against its actions (data units)
 static float eval_action_mse(SmolVLA* m, SmolBatch* dev, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
     const SmolVLAConfig* c = &m->config;
     SmolBatch host;
@@ -3963,9 +3739,7 @@ static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 // --memory and the config table at the start (vla/report.cuh)
 #include "vla/report.cuh"
 
-// One GPU's training: rank node * local_ranks + local, on local device `local`. Every rank holds a
-// replica, takes its share of every global batch and sums its gradients with the others; rank 0
-// logs, saves checkpoints and evaluates. Returns 1 if a stop request ended the run early.
+// One GPU's training: rank node * local_ranks + local; rank 0 logs. Returns 1 if stopped early.
 static int train_rank(Run* run, Watchdog* watchdog, int local) {
     const TrainArgs* args = &run->args;
     const SmolVLAConfig* c = &run->config;
@@ -3989,8 +3763,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     dist_init(&dist, &model, run, rank, watchdog, local);
 
     int64_t global_batch = train_global_batch(args, world);
-    // every rank's micro-batches are its own jobs of the global sequence: W = world x accum
-    // batches per step, this rank's are every world-th from `rank`
+    // every rank's micro-batches: W = world x accum per step, this rank's every world-th from `rank`
     Loader loader;
     loader_start_balanced(&loader, &run->ds, c, args->seed, run->sampler_pos, (uint64_t)run->start, args->batch,
                           world * args->accum, args->augment, args->workers, 4, world, rank, run->balance);
@@ -4056,7 +3829,6 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         watchdog->busy_since[local] = 0.0;
         double ms = 1000.0 * (wall_seconds() - t0);
         double wait_ms = dist_wait_ms(&dist);
-        // the first step warms up; the profiled one records thousands of events
         if (step > run->start && step + 1 != args->profile) { timed_ms += ms; comm_wait_ms += wait_ms; timed_steps++; }
         int done = step + 1;
         prof_stop();  // (the profiled step's work ends here, before any checkpoint)
