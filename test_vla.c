@@ -67,15 +67,15 @@ static void expect_error(const char* dir, const char* what, const char* args, co
 }
 
 // The loss of one batch (LeRobot's mean over its valid entries), its gradient left for the backward
-static float smol_loss(SmolVLA* m, const SmolInputs* in) {
+static float smolvla_loss(SmolVLA* m, const SmolInputs* in) {
     int entries;
     smolvla_forward_loss(m, in, 1, &entries);
     return m->loss;
 }
 
 // One optimizer step on one batch: forward, backward in `mode`, AdamW at the schedule's rate
-static float smol_train_step(SmolVLA* m, const SmolInputs* in, int mode, int step, const TrainArgs* args, float* norm) {
-    float loss = smol_loss(m, in);
+static float test_train_step(SmolVLA* m, const SmolInputs* in, int mode, int step, const TrainArgs* args, float* norm) {
+    float loss = smolvla_loss(m, in);
     smolvla_backward(m, mode);
     *norm = smolvla_update(m, mode, lr_at_step(args, step), args->weight_decay, args->grad_clip, step, 1);
     return loss;
@@ -128,7 +128,7 @@ static int batch_cameras_shifted(const SmolBatch* plain, const SmolBatch* shifte
 
 // Elements of SmolVLA at config c that train in `mode` (TRAIN_MODE_COUNT: all of them), counted
 // tower by tower as README.md's model section describes it
-static size_t smol_closed_form(const SmolVLAConfig* c, int mode) {
+static size_t smolvla_closed_form(const SmolVLAConfig* c, int mode) {
     size_t Cv = c->vis_width, Fv = c->vis_ff, Lv = c->vis_layers, G = (size_t)c->img / c->patch, s = c->scale_factor;
     size_t C = c->d_model, F = c->d_ff, L = c->n_layer, D = (size_t)c->n_head * c->head_dim;
     size_t KV = (size_t)c->n_kv_head * c->head_dim, Ce = c->d_expert, Fe = c->d_expert_ff;
@@ -162,7 +162,7 @@ static void test_param_table(void) {
             contiguous &= t.spec[k].offset == sum;
             sum += t.spec[k].numel;
         }
-        size_t expected = smol_closed_form(c, TRAIN_MODE_COUNT);
+        size_t expected = smolvla_closed_form(c, TRAIN_MODE_COUNT);
         check(smolvla_config_problem(c) == NULL && contiguous && sum == t.total && t.total == expected,
               "preset %-7s: %zu parameters, table contiguous, the closed form's %zu", name, t.total, expected);
         for (int mode = 0; mode < TRAIN_MODE_COUNT; mode++) {
@@ -174,7 +174,7 @@ static void test_param_table(void) {
                 prefixes &= d.offset[k] == packed && d.numel[k] <= t.spec[k].numel;
                 packed += d.numel[k];
             }
-            size_t closed = smol_closed_form(c, mode);
+            size_t closed = smolvla_closed_form(c, mode);
             check(prefixes && packed == d.total && d.total == smolvla_trainable_count(&t, mode) && d.total == closed,
                   "preset %-7s --train %-6s: %zu trainable, packed in table order, the closed form's %zu", name,
                   TRAIN_MODE_NAMES[mode], d.total, closed);
@@ -315,8 +315,8 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
 
     // forward and backward: fp32 against float64, a few hundred dependent roundings of ~6e-8 each
     const double tol = 1e-5;
-    SmolInputs in = smol_inputs(&batch);
-    float loss = smol_loss(&m, &in);
+    SmolInputs in = smolvla_inputs(&batch);
+    float loss = smolvla_loss(&m, &in);
     size_t n_out = (size_t)B * H * Am, n_pix = (size_t)c.n_cam * B * 3 * c.img * c.img;
     float* ref_pix = (float*)debug_get(&st, "expect/pixels", n_pix);
     double ep = rel_error(m.acts.pixels, ref_pix, n_pix);
@@ -415,7 +415,7 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
 
     // 10 AdamW steps on this batch: the schedule, clipping and the moments of the trainable prefix
     float losses[10], norms[10];
-    for (int step = 0; step < 10; step++) { losses[step] = smol_train_step(&m, &in, mode, step, &args, &norms[step]); }
+    for (int step = 0; step < 10; step++) { losses[step] = test_train_step(&m, &in, mode, step, &args, &norms[step]); }
     float* ref_losses = (float*)debug_get(&st, "expect/losses", 10);
     float* ref_norms = (float*)debug_get(&st, "expect/norms", 10);
     double els = rel_error(losses, ref_losses, 10), ens = rel_error(norms, ref_norms, 10);
@@ -537,7 +537,7 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
         in.action_is_pad = action_is_pad; in.t = t; in.noise = noise;
 
         // forward: prepared images, velocities, loss
-        float loss = smol_loss(&m, &in);
+        float loss = smolvla_loss(&m, &in);
         size_t per_cam = (size_t)B * 3 * c.img * c.img;
         for (int k = 0; k < n_cams; k++) {
             char key[128];
@@ -572,7 +572,7 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
                 snprintf(key, sizeof(key), "grad.%s", lname);
                 const float* ours_g = m.grads_memory + s->offset + k * per;
                 float* ref_g = ref_tensor(&ref, key, per);
-                if (smol_grad(&m, mode, i, (int)k) == NULL) {
+                if (smolvla_grad(&m, mode, i, (int)k) == NULL) {
                     int zero = 1;
                     for (size_t e = 0; e < per; e++) { zero &= ours_g[e] == 0.0f; }
                     if (ref_g != NULL || !zero) {
@@ -1477,7 +1477,7 @@ static void test_checkpoints(const char* dir) {
     // trainable elements only (counts from the closed form, the size from the layout); its weights
     // and packed moments are those of the same 2 steps taken here in-process; frozen ones are
     // their init bit for bit
-    size_t total = smol_closed_form(&c, TRAIN_MODE_COUNT);
+    size_t total = smolvla_closed_form(&c, TRAIN_MODE_COUNT);
     for (int mode = 0; mode < TRAIN_MODE_COUNT; mode++) {
         const char* name = TRAIN_MODE_NAMES[mode];
         snprintf(p2, sizeof(p2), "%s/ck_%s", dir, name);
@@ -1488,7 +1488,7 @@ static void test_checkpoints(const char* dir) {
         Checkpoint ck;
         int read = rc == 0 && read_checkpoint_file(path, &ck);
         struct stat st;
-        size_t trainable = smol_closed_form(&c, mode);
+        size_t trainable = smolvla_closed_form(&c, mode);
         uint64_t size = CKPT_HEADER_BYTES + 2 * 4 * (uint64_t)(c.state_dim + c.action_dim) + 4 * total + 2 * 4 * trainable;
         check(read && ck.train_mode == mode && ck.n_params == total && ck.n_trainable == trainable &&
               stat(path, &st) == 0 && (uint64_t)st.st_size == size && strcmp(ck.tokenizer, "bytes") == 0,

@@ -245,7 +245,7 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
                 else { snprintf(lname, sizeof(lname), s->lerobot, smolvla_slice_layer(&c, s, (int)k)); }
                 snprintf(key, sizeof(key), "grad.%s", lname);
                 float* ref_g = ref_tensor(&ref, key, per);
-                if (smol_grad(&m, i, (int)k) == NULL) {
+                if (smolvla_grad(&m, i, (int)k) == NULL) {
                     n_frozen++;
                     if (ref_g != NULL) {
                         frozen_ok = 0;
@@ -597,8 +597,8 @@ static void test_smolvla_oracle(const char* dir, int mode) {
         const SmolParamSpec* s = &m.table.spec[i];
         size_t per = s->numel / smolvla_slices(s);
         for (int k = 0; k < (int)smolvla_slices(s); k++) {
-            size_t at = (size_t)(smol_param(&m, i, k) - m.params_memory);
-            int trains = smol_grad(&m, i, k) != NULL;
+            size_t at = (size_t)(smolvla_param(&m, i, k) - m.params_memory);
+            int trains = smolvla_grad(&m, i, k) != NULL;
             for (size_t j = at; j < at + per; j++) {
                 int moved = memcmp(&after[j], &before[j], sizeof(floatX)) != 0;
                 if (trains) { trained_moved += moved; } else { frozen_moved += moved; }

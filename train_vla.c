@@ -600,7 +600,7 @@ static void patchify_chw(float* patches, const float* pixels, int NV, int S, int
 // LeRobot's create_sinusoidal_pos_embedding of the flow time t, in float64 then cast: dim values,
 // [sin | cos] of t * (1 / period * 2 pi), period = min_period * (max_period / min_period)^fraction,
 // fraction = torch.linspace(0, 1, dim/2) (which counts the second half down from the end).
-static void smol_time_embedding(float* out, float t, int dim) {
+static void smolvla_time_embedding(float* out, float t, int dim) {
     int half = dim / 2;
     double step = half > 1 ? 1.0 / (double)(half - 1) : 0.0;
     for (int k = 0; k < half; k++) {
@@ -743,110 +743,110 @@ typedef struct {
 } SmolInputs;
 
 // Row counts: V vision rows (images x patches), P prefix rows, R action rows
-static inline size_t smol_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
-static inline size_t smol_vrows(const SmolVLAConfig* c, int B) { return smol_images(c, B) * smolvla_grid(c) * smolvla_grid(c); }
-static inline size_t smol_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
-static inline size_t smol_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
-static inline size_t smol_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+static inline size_t smolvla_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
+static inline size_t smolvla_vrows(const SmolVLAConfig* c, int B) { return smolvla_images(c, B) * smolvla_grid(c) * smolvla_grid(c); }
+static inline size_t smolvla_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
+static inline size_t smolvla_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
+static inline size_t smolvla_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
 // The vision layers whose activations are kept in `mode`: every one when the tower trains (its
 // backward reads them all), else one, which each layer's forward overwrites in turn: nothing reads
 // them again (the backward stops at the connector), only the tower's output persists.
-static inline size_t smol_vis_kept(const SmolVLAConfig* c, int mode) {
+static inline size_t smolvla_vis_kept(const SmolVLAConfig* c, int mode) {
     return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1;
 }
 
 // Vision rows of the backward scratch in `mode`: none unless the tower trains (only its backward
 // works on V rows)
-static inline size_t smol_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) {
-    return mode == TRAIN_MODE_ALL ? smol_vrows(c, B) : 0;
+static inline size_t smolvla_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) {
+    return mode == TRAIN_MODE_ALL ? smolvla_vrows(c, B) : 0;
 }
 
 // Activations: one table (name, elements) carved from one allocation. Vision V rows, prefix
 // P rows, actions R rows; per-layer tensors are stacked layer-major, the vision tower's for Kv
-// layers (smol_vis_kept). The g_* are backward scratch, shared by the towers whose backward runs
-// (one after the other; the vision tower's only when it trains: smol_vis_grad_rows), row-aligned
+// layers (smolvla_vis_kept). The g_* are backward scratch, shared by the towers whose backward runs
+// (one after the other; the vision tower's only when it trains: smolvla_vis_grad_rows), row-aligned
 // with the activations they are the gradients of.
 #define SMOLVLA_ACTIVATIONS(X, c, B, mode) \
-    X(pixels,   smol_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
-    X(patches,  smol_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
-    X(v_res,    (smol_vis_kept(c, mode) + 1) * smol_vrows(c, B) * (c)->vis_width)     /* (Kv+1, V, Cv) layer inputs, then the last output */ \
-    X(v_ln1,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_mean1,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
-    X(v_rstd1,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
-    X(v_q,      smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_k,      smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_v,      smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_att,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_lse,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_heads)           /* (Kv, NV, NHv, Nv) */ \
-    X(v_mid,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) after attention */ \
-    X(v_ln2,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_mean2,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
-    X(v_rstd2,  smol_vis_kept(c, mode) * smol_vrows(c, B))                            /* (Kv, V) */ \
-    X(v_fc1,    smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) before GELU */ \
-    X(v_gelu,   smol_vis_kept(c, mode) * smol_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) */ \
-    X(v_out,    smol_vrows(c, B) * (c)->vis_width)                                    /* (V, Cv) after post_layernorm */ \
-    X(v_omean,  smol_vrows(c, B))                                                     /* (V) */ \
-    X(v_orstd,  smol_vrows(c, B))                                                     /* (V) */ \
-    X(shuffled, smol_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */ \
-    X(img_tok,  smol_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) connector output */ \
+    X(pixels,   smolvla_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
+    X(patches,  smolvla_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
+    X(v_res,    (smolvla_vis_kept(c, mode) + 1) * smolvla_vrows(c, B) * (c)->vis_width)     /* (Kv+1, V, Cv) layer inputs, then the last output */ \
+    X(v_ln1,    smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_mean1,  smolvla_vis_kept(c, mode) * smolvla_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_rstd1,  smolvla_vis_kept(c, mode) * smolvla_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_q,      smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_k,      smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_v,      smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_att,    smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_lse,    smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_heads)           /* (Kv, NV, NHv, Nv) */ \
+    X(v_mid,    smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) after attention */ \
+    X(v_ln2,    smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_mean2,  smolvla_vis_kept(c, mode) * smolvla_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_rstd2,  smolvla_vis_kept(c, mode) * smolvla_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_fc1,    smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) before GELU */ \
+    X(v_gelu,   smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) */ \
+    X(v_out,    smolvla_vrows(c, B) * (c)->vis_width)                                    /* (V, Cv) after post_layernorm */ \
+    X(v_omean,  smolvla_vrows(c, B))                                                     /* (V) */ \
+    X(v_orstd,  smolvla_vrows(c, B))                                                     /* (V) */ \
+    X(shuffled, smolvla_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */ \
+    X(img_tok,  smolvla_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) connector output */ \
     X(state,    (size_t)(B) * (c)->max_state_dim)                                     /* (B, Smax) the batch's, for the backward */ \
     X(valid,    (size_t)(B) * (smolvla_n_prefix(c) + (c)->chunk))                     /* (B, T) 1 = a real token */ \
-    X(p_res,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) layer inputs */ \
-    X(p_ln1,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
-    X(p_rstd1,  (size_t)(c)->n_layer * smol_prows(c, B))                              /* (L, P) */ \
-    X(p_q,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_attn(c))          /* (L, P, D) after RoPE */ \
-    X(p_k,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) after RoPE: what the expert reads */ \
-    X(p_v,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) */ \
-    X(p_att,    (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_attn(c))          /* (L, P, D) */ \
-    X(p_lse,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->n_head)                /* (L, B, NH, Np) */ \
-    X(p_mid,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) after attention */ \
-    X(p_ln2,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
-    X(p_rstd2,  (size_t)(c)->n_layer * smol_prows(c, B))                              /* (L, P) */ \
-    X(p_gate,   (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
-    X(p_up,     (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
-    X(p_act,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
-    X(x_t,      smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
-    X(a_in,     smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) action_in_proj(x_t) */ \
-    X(a_emb,    smol_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) [action_in, time embedding] */ \
-    X(t_pre,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) before SiLU */ \
-    X(t_act,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after SiLU */ \
-    X(s_res,    ((c)->n_layer + 1) * smol_rrows(c, B) * (c)->d_expert)                /* (L+1, R, Ce) layer inputs, then the last output */ \
-    X(s_ln1,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
-    X(s_rstd1,  (size_t)(c)->n_layer * smol_rrows(c, B))                              /* (L, R) */ \
-    X(s_q,      (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_attn(c))          /* (L, R, D) after RoPE */ \
-    X(s_k,      (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_kv(c))            /* (L, R, KV) after RoPE (joint layers) */ \
-    X(s_v,      (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_kv(c))            /* (L, R, KV) (joint layers) */ \
-    X(c_k,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_k re-projected (cross layers) */ \
-    X(c_v,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_v re-projected (cross layers) */ \
-    X(s_att,    (size_t)(c)->n_layer * smol_rrows(c, B) * smolvla_d_attn(c))          /* (L, R, D) */ \
-    X(s_lse,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->n_head)                /* (L, B, NH, H) */ \
-    X(s_mid,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) after attention */ \
-    X(s_ln2,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
-    X(s_rstd2,  (size_t)(c)->n_layer * smol_rrows(c, B))                              /* (L, R) */ \
-    X(s_gate,   (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
-    X(s_up,     (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
-    X(s_act,    (size_t)(c)->n_layer * smol_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
-    X(f_ln,     smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after the expert's norm */ \
-    X(f_rstd,   smol_rrows(c, B))                                                     /* (R) */ \
-    X(v_t,      smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities */ \
-    X(d_vt,     smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
+    X(p_res,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_model)               /* (L, P, C) layer inputs */ \
+    X(p_ln1,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
+    X(p_rstd1,  (size_t)(c)->n_layer * smolvla_prows(c, B))                              /* (L, P) */ \
+    X(p_q,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_attn(c))          /* (L, P, D) after RoPE */ \
+    X(p_k,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) after RoPE: what the expert reads */ \
+    X(p_v,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) */ \
+    X(p_att,    (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_attn(c))          /* (L, P, D) */ \
+    X(p_lse,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->n_head)                /* (L, B, NH, Np) */ \
+    X(p_mid,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_model)               /* (L, P, C) after attention */ \
+    X(p_ln2,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
+    X(p_rstd2,  (size_t)(c)->n_layer * smolvla_prows(c, B))                              /* (L, P) */ \
+    X(p_gate,   (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
+    X(p_up,     (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
+    X(p_act,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
+    X(x_t,      smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
+    X(a_in,     smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) action_in_proj(x_t) */ \
+    X(a_emb,    smolvla_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) [action_in, time embedding] */ \
+    X(t_pre,    smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) before SiLU */ \
+    X(t_act,    smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after SiLU */ \
+    X(s_res,    ((c)->n_layer + 1) * smolvla_rrows(c, B) * (c)->d_expert)                /* (L+1, R, Ce) layer inputs, then the last output */ \
+    X(s_ln1,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
+    X(s_rstd1,  (size_t)(c)->n_layer * smolvla_rrows(c, B))                              /* (L, R) */ \
+    X(s_q,      (size_t)(c)->n_layer * smolvla_rrows(c, B) * smolvla_d_attn(c))          /* (L, R, D) after RoPE */ \
+    X(s_k,      (size_t)(c)->n_layer * smolvla_rrows(c, B) * smolvla_d_kv(c))            /* (L, R, KV) after RoPE (joint layers) */ \
+    X(s_v,      (size_t)(c)->n_layer * smolvla_rrows(c, B) * smolvla_d_kv(c))            /* (L, R, KV) (joint layers) */ \
+    X(c_k,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_k re-projected (cross layers) */ \
+    X(c_v,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_v re-projected (cross layers) */ \
+    X(s_att,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * smolvla_d_attn(c))          /* (L, R, D) */ \
+    X(s_lse,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->n_head)                /* (L, B, NH, H) */ \
+    X(s_mid,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) after attention */ \
+    X(s_ln2,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
+    X(s_rstd2,  (size_t)(c)->n_layer * smolvla_rrows(c, B))                              /* (L, R) */ \
+    X(s_gate,   (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
+    X(s_up,     (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
+    X(s_act,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
+    X(f_ln,     smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after the expert's norm */ \
+    X(f_rstd,   smolvla_rrows(c, B))                                                     /* (R) */ \
+    X(v_t,      smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities */ \
+    X(d_vt,     smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
     /* backward scratch */ \
-    X(dp_k,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
-    X(dp_v,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_v */ \
-    X(g_res,    smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* d residual: (P, C), (R, Ce), (V, Cv) */ \
-    X(g_ln,     smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* d of a norm's output, same shapes */ \
-    X(g_att,    smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* (P, D), (R, D), (V, Cv) */ \
-    X(g_q,      smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* same */ \
-    X(g_k,      smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* (P, KV) cross, (R, KV), (V, Cv) */ \
-    X(g_v,      smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* same */ \
-    X(g_gate,   smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* (P, F), (R, Fe), (V, Fv) */ \
-    X(g_up,     smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* same */ \
-    X(g_act,    smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* same */ \
-    X(g_emb,    smol_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) d a_emb */ \
-    X(g_tok,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) */ \
-    X(g_img,    smol_max3(smol_images(c, B) * smolvla_image_tokens(c) * (c)->d_model, (size_t)(B) * (c)->d_model, 1)) /* (NV*NI, C) or (B, C) state rows */ \
-    X(g_shuf,   smol_vis_grad_rows(c, B, mode) * (c)->vis_width)                      /* (NV*NI, s*s*Cv) */
+    X(dp_k,     (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
+    X(dp_v,     (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_v */ \
+    X(g_res,    smolvla_max3(smolvla_prows(c, B) * (c)->d_model, smolvla_rrows(c, B) * (c)->d_expert, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* d residual: (P, C), (R, Ce), (V, Cv) */ \
+    X(g_ln,     smolvla_max3(smolvla_prows(c, B) * (c)->d_model, smolvla_rrows(c, B) * (c)->d_expert, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* d of a norm's output, same shapes */ \
+    X(g_att,    smolvla_max3(smolvla_prows(c, B) * smolvla_d_attn(c), smolvla_rrows(c, B) * smolvla_d_attn(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* (P, D), (R, D), (V, Cv) */ \
+    X(g_q,      smolvla_max3(smolvla_prows(c, B) * smolvla_d_attn(c), smolvla_rrows(c, B) * smolvla_d_attn(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* same */ \
+    X(g_k,      smolvla_max3(smolvla_prows(c, B) * smolvla_d_kv(c), smolvla_rrows(c, B) * smolvla_d_kv(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* (P, KV) cross, (R, KV), (V, Cv) */ \
+    X(g_v,      smolvla_max3(smolvla_prows(c, B) * smolvla_d_kv(c), smolvla_rrows(c, B) * smolvla_d_kv(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* same */ \
+    X(g_gate,   smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* (P, F), (R, Fe), (V, Fv) */ \
+    X(g_up,     smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* same */ \
+    X(g_act,    smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* same */ \
+    X(g_emb,    smolvla_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) d a_emb */ \
+    X(g_tok,    smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) */ \
+    X(g_img,    smolvla_max3(smolvla_images(c, B) * smolvla_image_tokens(c) * (c)->d_model, (size_t)(B) * (c)->d_model, 1)) /* (NV*NI, C) or (B, C) state rows */ \
+    X(g_shuf,   smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)                      /* (NV*NI, s*s*Cv) */
 
 typedef struct {
 #define SMOL_ACT_FIELD_(nm, n) float* nm;
@@ -856,7 +856,7 @@ typedef struct {
 
 typedef struct {
     SmolVLAConfig config;
-    int mode;              // the TRAIN_MODE_* the activations are laid out for (smol_vis_kept)
+    int mode;              // the TRAIN_MODE_* the activations are laid out for (smolvla_vis_kept)
     SmolParamTable table;
     float* params_memory;  // (table.total) fp32 weights
     float* grads_memory;   // (table.total); a backward writes only the part of each tensor that trains
@@ -930,14 +930,14 @@ static void smolvla_free(SmolVLA* m) {
 }
 
 // Slice k of parameter tensor i (layer k's part of a stacked tensor; 0 for the others)
-static inline float* smol_param(const SmolVLA* m, int i, int k) {
+static inline float* smolvla_param(const SmolVLA* m, int i, int k) {
     const SmolParamSpec* s = &m->table.spec[i];
     return m->params_memory + s->offset + (size_t)k * (s->numel / smolvla_slices(s));
 }
 
 // Its gradient when that slice trains in `mode`, else NULL (the train column: the trainable part
 // of a tensor is a prefix of it, so a slice trains iff it ends within that prefix)
-static inline float* smol_grad(const SmolVLA* m, int mode, int i, int k) {
+static inline float* smolvla_grad(const SmolVLA* m, int mode, int i, int k) {
     const SmolParamSpec* s = &m->table.spec[i];
     size_t per = s->numel / smolvla_slices(s);
     if ((size_t)(k + 1) * per > smolvla_trainable_numel(s, mode)) { return NULL; }
@@ -953,7 +953,7 @@ typedef struct {
 
 // Layer l of the VLM (expert = 0) or of the expert (expert = 1); grads: its gradients in `mode`.
 // The expert's k/v are the joint or cross stacks' slice that layer owns (smolvla_kind_index).
-static SmolLayer smol_layer(const SmolVLA* m, int expert, int l, int grads, int mode) {
+static SmolLayer smolvla_layer(const SmolVLA* m, int expert, int l, int grads, int mode) {
     const SmolVLAConfig* c = &m->config;
     int cross = expert && smolvla_layer_is_cross(c, l), kind = smolvla_kind_index(c, l);
     int wk = expert ? (cross ? SMOLP_exp_wk_cross : SMOLP_exp_wk_joint) : SMOLP_vlm_wk;
@@ -965,7 +965,7 @@ static SmolLayer smol_layer(const SmolVLA* m, int expert, int l, int grads, int 
     float* t[9];
     for (int i = 0; i < 9; i++) {
         int k = expert && (i == 2 || i == 3) ? kind : l;
-        t[i] = grads ? smol_grad(m, mode, idx[i], k) : smol_param(m, idx[i], k);
+        t[i] = grads ? smolvla_grad(m, mode, idx[i], k) : smolvla_param(m, idx[i], k);
     }
     SmolLayer w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], expert ? c->d_expert : c->d_model,
                    expert ? c->d_expert_ff : c->d_ff, cross};
@@ -977,10 +977,10 @@ typedef struct {
     float *res, *ln1, *rstd1, *q, *k, *v, *att, *lse, *mid, *ln2, *rstd2, *gate, *up, *act, *out;
 } SmolLayerActs;
 
-static SmolLayerActs smol_layer_acts(const SmolVLA* m, int expert, int l) {
+static SmolLayerActs smolvla_layer_acts(const SmolVLA* m, int expert, int l) {
     const SmolVLAConfig* c = &m->config;
     const SmolActivations* a = &m->acts;
-    size_t N = expert ? smol_rrows(c, m->B) : smol_prows(c, m->B), L = (size_t)l;
+    size_t N = expert ? smolvla_rrows(c, m->B) : smolvla_prows(c, m->B), L = (size_t)l;
     size_t C = expert ? c->d_expert : c->d_model, F = expert ? c->d_expert_ff : c->d_ff;
     size_t D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
     SmolLayerActs x;
@@ -1000,17 +1000,17 @@ static SmolLayerActs smol_layer_acts(const SmolVLA* m, int expert, int l) {
 }
 
 // Vision layer l's activations (V rows), and `out`, the next layer's input. With Kv kept layers
-// (smol_vis_kept) layer l's are slot l % Kv of the stacks and its input slot l % (Kv + 1) of v_res:
+// (smolvla_vis_kept) layer l's are slot l % Kv of the stacks and its input slot l % (Kv + 1) of v_res:
 // every layer's side by side when the tower trains, else one set that every layer reuses, the
 // residual stream going back and forth between v_res's two slots.
 typedef struct {
     float *res, *ln1, *mean1, *rstd1, *q, *k, *v, *att, *lse, *mid, *ln2, *mean2, *rstd2, *fc1, *gelu, *out;
 } SmolVisionActs;
 
-static SmolVisionActs smol_vision_acts(const SmolVLA* m, int l) {
+static SmolVisionActs smolvla_vision_acts(const SmolVLA* m, int l) {
     const SmolVLAConfig* c = &m->config;
     const SmolActivations* a = &m->acts;
-    size_t kept = smol_vis_kept(c, m->mode), L = (size_t)l % kept, V = smol_vrows(c, m->B);
+    size_t kept = smolvla_vis_kept(c, m->mode), L = (size_t)l % kept, V = smolvla_vrows(c, m->B);
     size_t VC = V * c->vis_width, VF = V * c->vis_ff;
     SmolVisionActs x = {a->v_res + (size_t)l % (kept + 1) * VC, a->v_ln1 + L * VC, a->v_mean1 + L * V,
                         a->v_rstd1 + L * V, a->v_q + L * VC, a->v_k + L * VC, a->v_v + L * VC, a->v_att + L * VC,
@@ -1031,7 +1031,7 @@ typedef struct {
 static inline size_t rb_row(const RowBlocks* rb, int k) { return rb->first + (size_t)k * rb->stride; }
 
 // attention output -> o_proj, residual -> post_attention_layernorm -> SwiGLU MLP, residual: x->out
-static void smol_layer_out_forward(const SmolLayer* w, const SmolLayerActs* x, int N, int D) {
+static void smolvla_layer_out_forward(const SmolLayer* w, const SmolLayerActs* x, int N, int D) {
     size_t NC = (size_t)N * w->C;
     matmul_forward(x->mid, x->att, w->wo, NULL, N, D, w->C);
     for (size_t i = 0; i < NC; i++) { x->mid[i] += x->res[i]; }
@@ -1043,9 +1043,9 @@ static void smol_layer_out_forward(const SmolLayer* w, const SmolLayerActs* x, i
     for (size_t i = 0; i < NC; i++) { x->out[i] += x->mid[i]; }
 }
 
-// Backward of smol_layer_out_forward on the rows of rb. dres (N, C) holds d(out) and is left
+// Backward of smolvla_layer_out_forward on the rows of rb. dres (N, C) holds d(out) and is left
 // holding d(mid) (the residual plus the path through ln2 and the MLP); datt gets d(att), overwritten.
-static void smol_layer_out_backward(const SmolVLA* m, const RowBlocks* rb, const SmolLayer* w, const SmolLayer* g,
+static void smolvla_layer_out_backward(const SmolVLA* m, const RowBlocks* rb, const SmolLayer* w, const SmolLayer* g,
                                     const SmolLayerActs* x, float* dres, float* datt, int D) {
     const SmolActivations* a = &m->acts;
     size_t C = w->C, F = w->F;
@@ -1068,7 +1068,7 @@ static void smol_layer_out_backward(const SmolVLA* m, const RowBlocks* rb, const
 // the projections' outputs, already rotated back from RoPE (dq NULL: the VLM's last layer has no
 // query; dk, dv NULL: an expert cross layer's keys/values are not its own). d(res) through ln1 is
 // added to dres.
-static void smol_layer_qkv_backward(const SmolVLA* m, const RowBlocks* rb, const SmolLayer* w, const SmolLayer* g,
+static void smolvla_layer_qkv_backward(const SmolVLA* m, const RowBlocks* rb, const SmolLayer* w, const SmolLayer* g,
                                     const SmolLayerActs* x, float* dres, const float* dq, const float* dk, const float* dv) {
     const SmolActivations* a = &m->acts;
     size_t C = w->C, D = smolvla_d_attn(&m->config), KV = smolvla_d_kv(&m->config);
@@ -1084,7 +1084,7 @@ static void smol_layer_qkv_backward(const SmolVLA* m, const RowBlocks* rb, const
 }
 
 // RoPE of rows of rb (x: (N, n_heads*HS), pos: (N)); sign -1 rotates back
-static void smol_rope_rows(const SmolVLA* m, const RowBlocks* rb, float* x, const int* pos, int n_heads, float sign) {
+static void smolvla_rope_rows(const SmolVLA* m, const RowBlocks* rb, float* x, const int* pos, int n_heads, float sign) {
     int HS = m->config.head_dim;
     for (int k = 0; k < rb->count; k++) {
         size_t r = rb_row(rb, k);
@@ -1112,7 +1112,7 @@ static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
 static void smolvla_vision_forward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int NV = (int)smol_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smol_vrows(c, m->B);
+    int NV = (int)smolvla_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smolvla_vrows(c, m->B);
     int Cv = c->vis_width, Fv = c->vis_ff, HSv = Cv / c->vis_heads;
     size_t VC = (size_t)V * Cv;
     patchify_chw(a->patches, a->pixels, NV, c->img, c->patch);
@@ -1120,24 +1120,24 @@ static void smolvla_vision_forward(SmolVLA* m) {
     pos_emb_forward(a->v_res, m->params.vis_pos, NV, Nv, Cv);
     GqaAttn keys = {NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, Nv, 0, NULL, NULL, NULL, NULL, NULL, NULL};
     for (int l = 0; l < c->vis_layers; l++) {
-        SmolVisionActs x = smol_vision_acts(m, l);
-        layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smol_param(m, SMOLP_vis_ln1_w, l),
-                          smol_param(m, SMOLP_vis_ln1_b, l), V, Cv, SMOLVLA_VISION_EPS);
-        matmul_forward(x.q, x.ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), V, Cv, Cv);
-        matmul_forward(x.k, x.ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), V, Cv, Cv);
-        matmul_forward(x.v, x.ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), V, Cv, Cv);
+        SmolVisionActs x = smolvla_vision_acts(m, l);
+        layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smolvla_param(m, SMOLP_vis_ln1_w, l),
+                          smolvla_param(m, SMOLP_vis_ln1_b, l), V, Cv, SMOLVLA_VISION_EPS);
+        matmul_forward(x.q, x.ln1, smolvla_param(m, SMOLP_vis_wq, l), smolvla_param(m, SMOLP_vis_bq, l), V, Cv, Cv);
+        matmul_forward(x.k, x.ln1, smolvla_param(m, SMOLP_vis_wk, l), smolvla_param(m, SMOLP_vis_bk, l), V, Cv, Cv);
+        matmul_forward(x.v, x.ln1, smolvla_param(m, SMOLP_vis_wv, l), smolvla_param(m, SMOLP_vis_bv, l), V, Cv, Cv);
         keys.k0 = x.k; keys.v0 = x.v;
         gqa_attention_forward(x.att, x.lse, x.q, &keys);
-        matmul_forward(x.mid, x.att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), V, Cv, Cv);
+        matmul_forward(x.mid, x.att, smolvla_param(m, SMOLP_vis_wo, l), smolvla_param(m, SMOLP_vis_bo, l), V, Cv, Cv);
         for (size_t i = 0; i < VC; i++) { x.mid[i] += x.res[i]; }
-        layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smol_param(m, SMOLP_vis_ln2_w, l),
-                          smol_param(m, SMOLP_vis_ln2_b, l), V, Cv, SMOLVLA_VISION_EPS);
-        matmul_forward(x.fc1, x.ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), V, Cv, Fv);
+        layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l),
+                          smolvla_param(m, SMOLP_vis_ln2_b, l), V, Cv, SMOLVLA_VISION_EPS);
+        matmul_forward(x.fc1, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), smolvla_param(m, SMOLP_vis_fc1_b, l), V, Cv, Fv);
         gelu_forward(x.gelu, x.fc1, (size_t)V * Fv);
-        matmul_forward(x.out, x.gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), V, Fv, Cv);
+        matmul_forward(x.out, x.gelu, smolvla_param(m, SMOLP_vis_fc2_w, l), smolvla_param(m, SMOLP_vis_fc2_b, l), V, Fv, Cv);
         for (size_t i = 0; i < VC; i++) { x.out[i] += x.mid[i]; }
     }
-    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, smol_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w,
+    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, smolvla_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w,
                       m->params.vis_post_b, V, Cv, SMOLVLA_VISION_EPS);
 }
 
@@ -1148,7 +1148,7 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
     int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), H = c->chunk, T = Np + H;
-    int NV = (int)smol_images(c, B), Lt = c->max_text, S2C = c->scale_factor * c->scale_factor * c->vis_width;
+    int NV = (int)smolvla_images(c, B), Lt = c->max_text, S2C = c->scale_factor * c->scale_factor * c->vis_width;
     float scale = (float)sqrt((double)C);
     pixel_shuffle_forward(a->shuffled, a->v_out, NV, smolvla_grid(c), c->vis_width, c->scale_factor);
     matmul_forward(a->img_tok, a->shuffled, m->params.connector_w, NULL, NV * NI, S2C, C);
@@ -1191,12 +1191,12 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
 // output and the final norm feed nothing (LeRobot computes and drops them).
 static void smolvla_vlm_forward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
-    int P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+    int P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
     GqaAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + c->chunk, Np, 0,
                      NULL, NULL, NULL, NULL, m->acts.valid, m->block};
     for (int l = 0; l < c->n_layer; l++) {
-        SmolLayer w = smol_layer(m, 0, l, 0, 0);
-        SmolLayerActs x = smol_layer_acts(m, 0, l);
+        SmolLayer w = smolvla_layer(m, 0, l, 0, 0);
+        SmolLayerActs x = smolvla_layer_acts(m, 0, l);
         rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, SMOLVLA_RMS_EPS);
         matmul_forward(x.k, x.ln1, w.wk, NULL, P, w.C, KV);
         rope_at(x.k, m->rope_cos, m->rope_sin, m->p_pos, P, c->n_kv_head, c->head_dim, 1.0f);
@@ -1206,7 +1206,7 @@ static void smolvla_vlm_forward(SmolVLA* m) {
         rope_at(x.q, m->rope_cos, m->rope_sin, m->p_pos, P, c->n_head, c->head_dim, 1.0f);
         keys.k0 = x.k; keys.v0 = x.v;
         gqa_attention_forward(x.att, x.lse, x.q, &keys);
-        smol_layer_out_forward(&w, &x, P, D);
+        smolvla_layer_out_forward(&w, &x, P, D);
     }
 }
 
@@ -1215,11 +1215,11 @@ static void smolvla_vlm_forward(SmolVLA* m) {
 static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int B = m->B, H = c->chunk, Ce = c->d_expert, R = (int)smol_rrows(c, B);
+    int B = m->B, H = c->chunk, Ce = c->d_expert, R = (int)smolvla_rrows(c, B);
     matmul_forward(a->a_in, a->x_t, m->params.action_in_w, m->params.action_in_b, R, c->max_action_dim, Ce);
     for (int b = 0; b < B; b++) {
         float temb[Ce];
-        smol_time_embedding(temb, t[b], Ce);
+        smolvla_time_embedding(temb, t[b], Ce);
         for (int j = 0; j < H; j++) {
             float* row = a->a_emb + ((size_t)b * H + j) * 2 * Ce;
             memcpy(row, a->a_in + ((size_t)b * H + j) * Ce, Ce * sizeof(float));
@@ -1241,11 +1241,11 @@ static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
 static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int R = (int)smol_rrows(c, m->B), P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), H = c->chunk;
+    int R = (int)smolvla_rrows(c, m->B), P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), H = c->chunk;
     int D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert;
     for (int l = 0; l < c->n_layer; l++) {
-        SmolLayer w = smol_layer(m, 1, l, 0, 0);
-        SmolLayerActs x = smol_layer_acts(m, 1, l), px = smol_layer_acts(m, 0, l);
+        SmolLayer w = smolvla_layer(m, 1, l, 0, 0);
+        SmolLayerActs x = smolvla_layer_acts(m, 1, l), px = smolvla_layer_acts(m, 0, l);
         rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, SMOLVLA_RMS_EPS);
         matmul_forward(x.q, x.ln1, w.wq, NULL, R, Ce, D);
         GqaAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, H, Np, Np + H, Np, 0,
@@ -1267,7 +1267,7 @@ static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
             keys.k0 = ck; keys.v0 = cv;
         }
         gqa_attention_forward(x.att, x.lse, x.q, &keys);
-        smol_layer_out_forward(&w, &x, R, D);
+        smolvla_layer_out_forward(&w, &x, R, D);
     }
     rmsnorm_forward(a->f_ln, a->f_rstd, a->s_res + (size_t)c->n_layer * R * Ce, m->params.exp_norm, R, Ce,
                     SMOLVLA_RMS_EPS);
@@ -1315,23 +1315,23 @@ static double smolvla_forward_loss(SmolVLA* m, const SmolInputs* in, int mean, i
 static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int B = m->B, R = (int)smol_rrows(c, B), P = (int)smol_prows(c, B), Np = smolvla_n_prefix(c), H = c->chunk;
+    int B = m->B, R = (int)smolvla_rrows(c, B), P = (int)smolvla_prows(c, B), Np = smolvla_n_prefix(c), H = c->chunk;
     int D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert, L = c->n_layer;
     float* dres = a->g_res;
     memset(a->g_ln, 0, (size_t)R * Ce * sizeof(float));
-    linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_action_out_w, 0), smol_grad(m, mode, SMOLP_action_out_b, 0),
+    linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_action_out_w, 0), smolvla_grad(m, mode, SMOLP_action_out_b, 0),
                     a->d_vt, a->f_ln, m->params.action_out_w, R, Ce, c->max_action_dim);
     memset(dres, 0, (size_t)R * Ce * sizeof(float));
-    rmsnorm_backward(dres, smol_grad(m, mode, SMOLP_exp_norm, 0), a->g_ln, a->s_res + (size_t)L * R * Ce,
+    rmsnorm_backward(dres, smolvla_grad(m, mode, SMOLP_exp_norm, 0), a->g_ln, a->s_res + (size_t)L * R * Ce,
                           m->params.exp_norm, a->f_rstd, R, Ce);
     RowBlocks all = {1, R, 0, 0};
     RowBlocks prefix = r0 == 0 ? (RowBlocks){1, P, 0, 0} : (RowBlocks){B, Np - r0, (size_t)r0, (size_t)Np};
     for (int l = L - 1; l >= 0; l--) {
-        SmolLayer w = smol_layer(m, 1, l, 0, mode), g = smol_layer(m, 1, l, 1, mode);
-        SmolLayerActs x = smol_layer_acts(m, 1, l), px = smol_layer_acts(m, 0, l);
+        SmolLayer w = smolvla_layer(m, 1, l, 0, mode), g = smolvla_layer(m, 1, l, 1, mode);
+        SmolLayerActs x = smolvla_layer_acts(m, 1, l), px = smolvla_layer_acts(m, 0, l);
         float* dpk = a->dp_k + (size_t)l * P * KV;
         float* dpv = a->dp_v + (size_t)l * P * KV;
-        smol_layer_out_backward(m, &all, &w, &g, &x, dres, a->g_att, D);
+        smolvla_layer_out_backward(m, &all, &w, &g, &x, dres, a->g_att, D);
         GqaAttn keys = {B, c->n_head, c->n_kv_head, c->head_dim, H, Np, Np + H, Np, 0,
                          px.k, px.v, NULL, NULL, a->valid, m->block};
         if (!w.cross) {
@@ -1341,7 +1341,7 @@ static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
             gqa_attention_backward(a->g_q, dpk, dpv, a->g_k, a->g_v, a->g_att, x.q, x.att, x.lse, &keys, r0, 0);
             rope_at(a->g_q, m->rope_cos, m->rope_sin, m->s_pos, R, c->n_head, c->head_dim, -1.0f);
             rope_at(a->g_k, m->rope_cos, m->rope_sin, m->s_pos, R, c->n_kv_head, c->head_dim, -1.0f);
-            smol_layer_qkv_backward(m, &all, &w, &g, &x, dres, a->g_q, a->g_k, a->g_v);
+            smolvla_layer_qkv_backward(m, &all, &w, &g, &x, dres, a->g_q, a->g_k, a->g_v);
         } else {
             float* ck = a->c_k + (size_t)l * P * KV;
             float* cv = a->c_v + (size_t)l * P * KV;
@@ -1358,7 +1358,7 @@ static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
                 linear_backward(dpv + r * KV, NULL, NULL, a->g_v + r * KV, NULL, w.wv, prefix.rows, KV, KV);
             }
             rope_at(a->g_q, m->rope_cos, m->rope_sin, m->x_pos, R, c->n_head, c->head_dim, -1.0f);
-            smol_layer_qkv_backward(m, &all, &w, &g, &x, dres, a->g_q, NULL, NULL);
+            smolvla_layer_qkv_backward(m, &all, &w, &g, &x, dres, a->g_q, NULL, NULL);
         }
     }
 }
@@ -1368,19 +1368,19 @@ static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
 static void smolvla_suffix_embed_backward(SmolVLA* m, int mode) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int R = (int)smol_rrows(c, m->B), Ce = c->d_expert;
+    int R = (int)smolvla_rrows(c, m->B), Ce = c->d_expert;
     float* dtact = a->g_tok;  // (R, Ce)
     memset(dtact, 0, (size_t)R * Ce * sizeof(float));
-    linear_backward(dtact, smol_grad(m, mode, SMOLP_time_out_w, 0), smol_grad(m, mode, SMOLP_time_out_b, 0), a->g_res,
+    linear_backward(dtact, smolvla_grad(m, mode, SMOLP_time_out_w, 0), smolvla_grad(m, mode, SMOLP_time_out_b, 0), a->g_res,
                     a->t_act, m->params.time_out_w, R, Ce, Ce);
     silu_backward(dtact, dtact, a->t_pre, (size_t)R * Ce);
     float* demb = a->g_emb;  // (R, 2Ce)
     memset(demb, 0, (size_t)R * 2 * Ce * sizeof(float));
-    linear_backward(demb, smol_grad(m, mode, SMOLP_time_in_w, 0), smol_grad(m, mode, SMOLP_time_in_b, 0), dtact,
+    linear_backward(demb, smolvla_grad(m, mode, SMOLP_time_in_w, 0), smolvla_grad(m, mode, SMOLP_time_in_b, 0), dtact,
                     a->a_emb, m->params.time_in_w, R, 2 * Ce, Ce);
     float* dain = a->g_tok;  // (R, Ce): the action_in_proj half (dtact is spent)
     for (int r = 0; r < R; r++) { memcpy(dain + (size_t)r * Ce, demb + (size_t)r * 2 * Ce, Ce * sizeof(float)); }
-    linear_backward(NULL, smol_grad(m, mode, SMOLP_action_in_w, 0), smol_grad(m, mode, SMOLP_action_in_b, 0), dain,
+    linear_backward(NULL, smolvla_grad(m, mode, SMOLP_action_in_w, 0), smolvla_grad(m, mode, SMOLP_action_in_b, 0), dain,
                     a->x_t, m->params.action_in_w, R, c->max_action_dim, Ce);
 }
 
@@ -1390,27 +1390,27 @@ static void smolvla_suffix_embed_backward(SmolVLA* m, int mode) {
 static void smolvla_vlm_backward(SmolVLA* m, int mode, int r0) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int B = m->B, P = (int)smol_prows(c, B), Np = smolvla_n_prefix(c), D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+    int B = m->B, P = (int)smolvla_prows(c, B), Np = smolvla_n_prefix(c), D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
     RowBlocks rows = r0 == 0 ? (RowBlocks){1, P, 0, 0} : (RowBlocks){B, Np - r0, (size_t)r0, (size_t)Np};
     float* dres = a->g_res;
     memset(dres, 0, (size_t)P * c->d_model * sizeof(float));
     GqaAttn keys = {B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + c->chunk, Np, 0,
                      NULL, NULL, NULL, NULL, a->valid, m->block};
     for (int l = c->n_layer - 1; l >= 0; l--) {
-        SmolLayer w = smol_layer(m, 0, l, 0, mode), g = smol_layer(m, 0, l, 1, mode);
-        SmolLayerActs x = smol_layer_acts(m, 0, l);
+        SmolLayer w = smolvla_layer(m, 0, l, 0, mode), g = smolvla_layer(m, 0, l, 1, mode);
+        SmolLayerActs x = smolvla_layer_acts(m, 0, l);
         float* dk = a->dp_k + (size_t)l * P * KV;
         float* dv = a->dp_v + (size_t)l * P * KV;
         const float* dq = NULL;
         if (l < c->n_layer - 1) {
-            smol_layer_out_backward(m, &rows, &w, &g, &x, dres, a->g_att, D);
+            smolvla_layer_out_backward(m, &rows, &w, &g, &x, dres, a->g_att, D);
             keys.k0 = x.k; keys.v0 = x.v;
             gqa_attention_backward(a->g_q, dk, dv, NULL, NULL, a->g_att, x.q, x.att, x.lse, &keys, r0, r0);
-            smol_rope_rows(m, &rows, a->g_q, m->p_pos, c->n_head, -1.0f);
+            smolvla_rope_rows(m, &rows, a->g_q, m->p_pos, c->n_head, -1.0f);
             dq = a->g_q;
         }
-        smol_rope_rows(m, &rows, dk, m->p_pos, c->n_kv_head, -1.0f);
-        smol_layer_qkv_backward(m, &rows, &w, &g, &x, dres, dq, dk, dv);
+        smolvla_rope_rows(m, &rows, dk, m->p_pos, c->n_kv_head, -1.0f);
+        smolvla_layer_qkv_backward(m, &rows, &w, &g, &x, dres, dq, dk, dv);
     }
 }
 
@@ -1421,20 +1421,20 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int mode) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
     int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Lt = c->max_text;
-    int NV = (int)smol_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width;
+    int NV = (int)smolvla_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width;
     float scale = (float)sqrt((double)C);
     const float* dx = a->g_res;
     float* dstate = a->g_img;  // (B, C) the state rows
     for (int b = 0; b < B; b++) { memcpy(dstate + (size_t)b * C, dx + ((size_t)b * Np + Np - 1) * C, C * sizeof(float)); }
-    linear_backward(NULL, smol_grad(m, mode, SMOLP_state_w, 0), smol_grad(m, mode, SMOLP_state_b, 0), dstate, a->state,
+    linear_backward(NULL, smolvla_grad(m, mode, SMOLP_state_w, 0), smolvla_grad(m, mode, SMOLP_state_b, 0), dstate, a->state,
                     m->params.state_w, B, c->max_state_dim, C);
-    float* demb = smol_grad(m, mode, SMOLP_embed_tokens, 0);
+    float* demb = smolvla_grad(m, mode, SMOLP_embed_tokens, 0);
     for (int b = 0; b < B && demb != NULL; b++) {
         embed_tokens_backward(demb, dx + ((size_t)b * Np + (size_t)c->n_cam * NI) * C, m->tokens + (size_t)b * Lt, Lt, C,
                               scale, c->pad_token);
     }
-    float* dconn = smol_grad(m, mode, SMOLP_connector_w, 0);
-    int into_vision = smol_grad(m, mode, SMOLP_vis_post_w, 0) != NULL;
+    float* dconn = smolvla_grad(m, mode, SMOLP_connector_w, 0);
+    int into_vision = smolvla_grad(m, mode, SMOLP_vis_post_w, 0) != NULL;
     if (dconn == NULL && !into_vision) { return; }
     float* dimg = a->g_img;  // (NV*NI, C) image rows, camera-major like img_tok
     for (int b = 0; b < B; b++) {
@@ -1444,7 +1444,7 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int mode) {
             for (size_t i = 0; i < (size_t)NI * C; i++) { dst[i] = src[i] * scale; }
         }
     }
-    if (into_vision) { memset(a->g_shuf, 0, smol_vrows(c, B) * c->vis_width * sizeof(float)); }
+    if (into_vision) { memset(a->g_shuf, 0, smolvla_vrows(c, B) * c->vis_width * sizeof(float)); }
     linear_backward(into_vision ? a->g_shuf : NULL, dconn, NULL, dimg, a->shuffled, m->params.connector_w, NV * NI, S2C, C);
 }
 
@@ -1453,48 +1453,48 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int mode) {
 static void smolvla_vision_backward(SmolVLA* m, int mode) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int NV = (int)smol_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smol_vrows(c, m->B);
+    int NV = (int)smolvla_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smolvla_vrows(c, m->B);
     int Cv = c->vis_width, Fv = c->vis_ff, HSv = Cv / c->vis_heads;
     size_t VC = (size_t)V * Cv;
     float* dres = a->g_res;
     pixel_shuffle_backward(a->g_ln, a->g_shuf, NV, smolvla_grid(c), Cv, c->scale_factor);  // d v_out
     memset(dres, 0, VC * sizeof(float));
-    layernorm_backward(dres, smol_grad(m, mode, SMOLP_vis_post_w, 0), smol_grad(m, mode, SMOLP_vis_post_b, 0), a->g_ln,
-                       smol_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean, a->v_orstd, V, Cv);
+    layernorm_backward(dres, smolvla_grad(m, mode, SMOLP_vis_post_w, 0), smolvla_grad(m, mode, SMOLP_vis_post_b, 0), a->g_ln,
+                       smolvla_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean, a->v_orstd, V, Cv);
     GqaAttn keys = {NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, Nv, 0, NULL, NULL, NULL, NULL, NULL, NULL};
     for (int l = c->vis_layers - 1; l >= 0; l--) {
-        SmolVisionActs x = smol_vision_acts(m, l);
+        SmolVisionActs x = smolvla_vision_acts(m, l);
         // MLP: out = mid + fc2(gelu(fc1(ln2(mid))))
         memset(a->g_act, 0, (size_t)V * Fv * sizeof(float));
-        linear_backward(a->g_act, smol_grad(m, mode, SMOLP_vis_fc2_w, l), smol_grad(m, mode, SMOLP_vis_fc2_b, l), dres,
-                        x.gelu, smol_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv);
+        linear_backward(a->g_act, smolvla_grad(m, mode, SMOLP_vis_fc2_w, l), smolvla_grad(m, mode, SMOLP_vis_fc2_b, l), dres,
+                        x.gelu, smolvla_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv);
         gelu_backward(a->g_gate, a->g_act, x.fc1, (size_t)V * Fv);
         memset(a->g_ln, 0, VC * sizeof(float));
-        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_fc1_w, l), smol_grad(m, mode, SMOLP_vis_fc1_b, l), a->g_gate,
-                        x.ln2, smol_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv);
-        layernorm_backward(dres, smol_grad(m, mode, SMOLP_vis_ln2_w, l), smol_grad(m, mode, SMOLP_vis_ln2_b, l), a->g_ln,
-                           x.mid, smol_param(m, SMOLP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
+        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_fc1_w, l), smolvla_grad(m, mode, SMOLP_vis_fc1_b, l), a->g_gate,
+                        x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv);
+        layernorm_backward(dres, smolvla_grad(m, mode, SMOLP_vis_ln2_w, l), smolvla_grad(m, mode, SMOLP_vis_ln2_b, l), a->g_ln,
+                           x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
         // attention: mid = x + out_proj(attention(q, k, v))
         memset(a->g_att, 0, VC * sizeof(float));
-        linear_backward(a->g_att, smol_grad(m, mode, SMOLP_vis_wo, l), smol_grad(m, mode, SMOLP_vis_bo, l), dres, x.att,
-                        smol_param(m, SMOLP_vis_wo, l), V, Cv, Cv);
+        linear_backward(a->g_att, smolvla_grad(m, mode, SMOLP_vis_wo, l), smolvla_grad(m, mode, SMOLP_vis_bo, l), dres, x.att,
+                        smolvla_param(m, SMOLP_vis_wo, l), V, Cv, Cv);
         keys.k0 = x.k; keys.v0 = x.v;
         memset(a->g_k, 0, VC * sizeof(float));
         memset(a->g_v, 0, VC * sizeof(float));
         gqa_attention_backward(a->g_q, a->g_k, a->g_v, NULL, NULL, a->g_att, x.q, x.att, x.lse, &keys, 0, 0);
         memset(a->g_ln, 0, VC * sizeof(float));
-        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wq, l), smol_grad(m, mode, SMOLP_vis_bq, l), a->g_q, x.ln1,
-                        smol_param(m, SMOLP_vis_wq, l), V, Cv, Cv);
-        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wk, l), smol_grad(m, mode, SMOLP_vis_bk, l), a->g_k, x.ln1,
-                        smol_param(m, SMOLP_vis_wk, l), V, Cv, Cv);
-        linear_backward(a->g_ln, smol_grad(m, mode, SMOLP_vis_wv, l), smol_grad(m, mode, SMOLP_vis_bv, l), a->g_v, x.ln1,
-                        smol_param(m, SMOLP_vis_wv, l), V, Cv, Cv);
-        layernorm_backward(dres, smol_grad(m, mode, SMOLP_vis_ln1_w, l), smol_grad(m, mode, SMOLP_vis_ln1_b, l), a->g_ln,
-                           x.res, smol_param(m, SMOLP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
+        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_wq, l), smolvla_grad(m, mode, SMOLP_vis_bq, l), a->g_q, x.ln1,
+                        smolvla_param(m, SMOLP_vis_wq, l), V, Cv, Cv);
+        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_wk, l), smolvla_grad(m, mode, SMOLP_vis_bk, l), a->g_k, x.ln1,
+                        smolvla_param(m, SMOLP_vis_wk, l), V, Cv, Cv);
+        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_wv, l), smolvla_grad(m, mode, SMOLP_vis_bv, l), a->g_v, x.ln1,
+                        smolvla_param(m, SMOLP_vis_wv, l), V, Cv, Cv);
+        layernorm_backward(dres, smolvla_grad(m, mode, SMOLP_vis_ln1_w, l), smolvla_grad(m, mode, SMOLP_vis_ln1_b, l), a->g_ln,
+                           x.res, smolvla_param(m, SMOLP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
     }
-    float* dpos = smol_grad(m, mode, SMOLP_vis_pos, 0);
+    float* dpos = smolvla_grad(m, mode, SMOLP_vis_pos, 0);
     if (dpos != NULL) { pos_emb_backward(dpos, dres, NV, Nv, Cv); }
-    linear_backward(NULL, smol_grad(m, mode, SMOLP_vis_patch_w, 0), smol_grad(m, mode, SMOLP_vis_patch_b, 0), dres,
+    linear_backward(NULL, smolvla_grad(m, mode, SMOLP_vis_patch_w, 0), smolvla_grad(m, mode, SMOLP_vis_patch_b, 0), dres,
                     a->patches, m->params.vis_patch_w, V, smolvla_patch_dim(c), Cv);
 }
 
@@ -1516,14 +1516,14 @@ static void smolvla_backward(SmolVLA* m, int mode) {
         memset(m->grads_memory + s->offset, 0, smolvla_trainable_numel(s, mode) * sizeof(float));
     }
     int r0 = mode == TRAIN_MODE_EXPERT ? smolvla_n_prefix(c) - 1 : 0;
-    size_t kv = (size_t)c->n_layer * smol_prows(c, m->B) * smolvla_d_kv(c);
+    size_t kv = (size_t)c->n_layer * smolvla_prows(c, m->B) * smolvla_d_kv(c);
     memset(m->acts.dp_k, 0, kv * sizeof(float));
     memset(m->acts.dp_v, 0, kv * sizeof(float));
     smolvla_expert_backward(m, mode, r0);
     smolvla_suffix_embed_backward(m, mode);
     smolvla_vlm_backward(m, mode, r0);
     smolvla_prefix_embed_backward(m, mode);
-    if (smol_grad(m, mode, SMOLP_vis_post_w, 0) != NULL) {
+    if (smolvla_grad(m, mode, SMOLP_vis_post_w, 0) != NULL) {
         if (m->mode != TRAIN_MODE_ALL) {  // its forward kept one vision layer's activations
             vla_fail("a backward into the vision tower on a model built for --train %s", TRAIN_MODE_NAMES[m->mode]);
         }
@@ -1541,7 +1541,7 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
     const SmolVLAConfig* c = &m->config;
     smolvla_encode_prefix(m, in);
     int B = in->B;
-    size_t n = smol_rrows(c, B) * c->max_action_dim;
+    size_t n = smolvla_rrows(c, B) * c->max_action_dim;
     memcpy(m->acts.x_t, noise, n * sizeof(float));
     double dt = -1.0 / SMOLVLA_NUM_STEPS;
     float t[B];
@@ -1557,7 +1557,7 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
 // ---- training
 
 // A batch of the data (vla/dataset.h's SmolBatch, host memory) as the model's inputs.
-static SmolInputs smol_inputs(const SmolBatch* b) {
+static SmolInputs smolvla_inputs(const SmolBatch* b) {
     SmolInputs in;
     memset(&in, 0, sizeof(in));
     in.B = b->B;
@@ -1671,7 +1671,7 @@ static float train_step(SmolVLA* m, float* grad_sum, Loader* loader, const Train
     int* task = T > 0 ? (int*)mallocCheck((size_t)args->batch * sizeof(int)) : NULL;
     for (int t = 0; t < T; t++) { task_loss[t] = 0.0; }
     for (int r = 0; r < W; r++) {
-        SmolInputs in = smol_inputs(loader_next(loader));
+        SmolInputs in = smolvla_inputs(loader_next(loader));
         int n;
         squares += smolvla_forward_loss(m, &in, 0, &n);
         entries += n;
@@ -1713,7 +1713,7 @@ static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* batch, const flo
     int A = c->action_dim, Am = c->max_action_dim;
     size_t rows = (size_t)batch->B * c->chunk;
     float* chunk = (float*)mallocCheck(rows * Am * sizeof(float));
-    SmolInputs in = smol_inputs(batch);
+    SmolInputs in = smolvla_inputs(batch);
     smolvla_sample(m, &in, batch->eps, chunk);
     for (size_t r = 0; r < rows; r++) {
         for (int k = 0; k < A; k++) { actions[r * A + k] = chunk[r * Am + k] * action_std[k] + action_mean[k]; }

@@ -2255,129 +2255,129 @@ typedef struct {
     const float* noise;          // (B, H, max_action_dim)
 } SmolInputs;
 
-static inline size_t smol_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
-static inline size_t smol_vrows(const SmolVLAConfig* c, int B) { return smol_images(c, B) * smolvla_grid(c) * smolvla_grid(c); }
-static inline size_t smol_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
-static inline size_t smol_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
-static inline size_t smol_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+static inline size_t smolvla_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
+static inline size_t smolvla_vrows(const SmolVLAConfig* c, int B) { return smolvla_images(c, B) * smolvla_grid(c) * smolvla_grid(c); }
+static inline size_t smolvla_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
+static inline size_t smolvla_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
+static inline size_t smolvla_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
 // Vision layers kept: all when the tower trains, else one slot each layer overwrites
-static inline size_t smol_vis_kept(const SmolVLAConfig* c, int mode) { return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1; }
+static inline size_t smolvla_vis_kept(const SmolVLAConfig* c, int mode) { return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1; }
 
 // Per-layer slots of the attention and MLP halves at recompute level rc: every layer's, or one refilled
-static inline size_t smol_attn_slots(size_t layers, int rc) { return rc >= RECOMPUTE_ATTN ? 1 : layers; }
-static inline size_t smol_mlp_slots(size_t layers, int rc) { return rc >= RECOMPUTE_LAYER ? 1 : layers; }
-static inline size_t smol_vis_attn(const SmolVLAConfig* c, int mode, int rc) { return smol_attn_slots(smol_vis_kept(c, mode), rc); }
-static inline size_t smol_vis_mlp(const SmolVLAConfig* c, int mode, int rc) { return smol_mlp_slots(smol_vis_kept(c, mode), rc); }
+static inline size_t smolvla_attn_slots(size_t layers, int rc) { return rc >= RECOMPUTE_ATTN ? 1 : layers; }
+static inline size_t smolvla_mlp_slots(size_t layers, int rc) { return rc >= RECOMPUTE_LAYER ? 1 : layers; }
+static inline size_t smolvla_vis_attn(const SmolVLAConfig* c, int mode, int rc) { return smolvla_attn_slots(smolvla_vis_kept(c, mode), rc); }
+static inline size_t smolvla_vis_mlp(const SmolVLAConfig* c, int mode, int rc) { return smolvla_mlp_slots(smolvla_vis_kept(c, mode), rc); }
 
-static inline size_t smol_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) { return mode == TRAIN_MODE_ALL ? smol_vrows(c, B) : 0; }
+static inline size_t smolvla_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) { return mode == TRAIN_MODE_ALL ? smolvla_vrows(c, B) : 0; }
 
 // Column-sum partials of the backward's widest (rows, columns)
-static size_t smol_partial_size(const SmolVLAConfig* c, int B, int mode) {
-    size_t V = colsum_chunks(smol_vis_grad_rows(c, B, mode)), P = colsum_chunks(smol_prows(c, B));
-    size_t R = colsum_chunks(smol_rrows(c, B)), S = colsum_chunks((size_t)B);
+static size_t smolvla_partial_size(const SmolVLAConfig* c, int B, int mode) {
+    size_t V = colsum_chunks(smolvla_vis_grad_rows(c, B, mode)), P = colsum_chunks(smolvla_prows(c, B));
+    size_t R = colsum_chunks(smolvla_rrows(c, B)), S = colsum_chunks((size_t)B);
     size_t vision = V * (2 * (size_t)c->vis_width > (size_t)c->vis_ff ? 2 * (size_t)c->vis_width : (size_t)c->vis_ff);
     size_t actions = R * (c->d_expert > c->max_action_dim ? c->d_expert : c->max_action_dim);
-    return smol_max3(vision, smol_max3(P * c->d_model, S * c->d_model, 1), actions);
+    return smolvla_max3(vision, smolvla_max3(P * c->d_model, S * c->d_model, 1), actions);
 }
 
 // Activations: (type, name, elements), carved from one allocation per type (X floatX, F fp32, I int),
 // stacked layer-major. The g_* are backward scratch shared by the towers; r_* one VLM layer's state rows.
 #define SMOLVLA_GPU_ACTIVATIONS(X, F, I, c, B, mode, rc) \
-    X(pixels,   smol_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
-    X(patches,  smol_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
-    X(v_res,    (smol_vis_kept(c, mode) + 1) * smol_vrows(c, B) * (c)->vis_width)     /* (Kv+1, V, Cv) layer inputs, then the last output */ \
-    X(v_ln1,    smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
-    F(v_mean1,  smol_vis_attn(c, mode, rc) * smol_vrows(c, B))                                     /* (Ka, V) */ \
-    F(v_rstd1,  smol_vis_attn(c, mode, rc) * smol_vrows(c, B))                                     /* (Ka, V) */ \
-    X(v_q,      smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
-    X(v_k,      smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
-    X(v_v,      smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
-    X(v_att,    smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
-    F(v_lse,    smol_vis_attn(c, mode, rc) * smol_vrows(c, B) * (c)->vis_heads)                    /* (Ka, NV, NHv, Nv) */ \
-    X(v_mid,    smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) after attention */ \
-    X(v_ln2,    smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) */ \
-    F(v_mean2,  smol_vis_mlp(c, mode, rc) * smol_vrows(c, B))                                      /* (Km, V) */ \
-    F(v_rstd2,  smol_vis_mlp(c, mode, rc) * smol_vrows(c, B))                                      /* (Km, V) */ \
-    X(v_fc1,    smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_ff)                        /* (Km, V, Fv) before GELU */ \
-    X(v_gelu,   smol_vis_mlp(c, mode, rc) * smol_vrows(c, B) * (c)->vis_ff)                        /* (Km, V, Fv) */ \
-    X(v_out,    smol_vrows(c, B) * (c)->vis_width)                                    /* (V, Cv) after post_layernorm */ \
-    F(v_omean,  smol_vrows(c, B))                                                     /* (V) */ \
-    F(v_orstd,  smol_vrows(c, B))                                                     /* (V) */ \
-    X(shuffled, smol_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */ \
-    X(img_tok,  smol_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) connector output */ \
+    X(pixels,   smolvla_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
+    X(patches,  smolvla_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
+    X(v_res,    (smolvla_vis_kept(c, mode) + 1) * smolvla_vrows(c, B) * (c)->vis_width)     /* (Kv+1, V, Cv) layer inputs, then the last output */ \
+    X(v_ln1,    smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    F(v_mean1,  smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B))                                     /* (Ka, V) */ \
+    F(v_rstd1,  smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B))                                     /* (Ka, V) */ \
+    X(v_q,      smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    X(v_k,      smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    X(v_v,      smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    X(v_att,    smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    F(v_lse,    smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_heads)                    /* (Ka, NV, NHv, Nv) */ \
+    X(v_mid,    smolvla_vis_mlp(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) after attention */ \
+    X(v_ln2,    smolvla_vis_mlp(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) */ \
+    F(v_mean2,  smolvla_vis_mlp(c, mode, rc) * smolvla_vrows(c, B))                                      /* (Km, V) */ \
+    F(v_rstd2,  smolvla_vis_mlp(c, mode, rc) * smolvla_vrows(c, B))                                      /* (Km, V) */ \
+    X(v_fc1,    smolvla_vis_mlp(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_ff)                        /* (Km, V, Fv) before GELU */ \
+    X(v_gelu,   smolvla_vis_mlp(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_ff)                        /* (Km, V, Fv) */ \
+    X(v_out,    smolvla_vrows(c, B) * (c)->vis_width)                                    /* (V, Cv) after post_layernorm */ \
+    F(v_omean,  smolvla_vrows(c, B))                                                     /* (V) */ \
+    F(v_orstd,  smolvla_vrows(c, B))                                                     /* (V) */ \
+    X(shuffled, smolvla_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */ \
+    X(img_tok,  smolvla_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) connector output */ \
     X(state_x,  (size_t)(B) * (c)->max_state_dim)                                     /* (B, Smax) the batch's state */ \
     X(state_tok, (size_t)(B) * (c)->d_model)                                          /* (B, C) state_proj(state) */ \
     I(tokens,   (size_t)(B) * (c)->max_text)                                          /* (B, Lt) the batch's ids, for the backward */ \
     I(block,    (size_t)(B) * (smolvla_n_prefix(c) + (c)->chunk))                     /* (B, T) block ids, -1 = a pad */ \
     I(pos,      (size_t)(B) * (smolvla_n_prefix(c) + (c)->chunk))                     /* (B, T) RoPE positions */ \
-    I(x_pos,    smol_rrows(c, B))                                                     /* (B, H) the cross layers' positions */ \
-    X(p_res,    (size_t)(c)->n_layer * smol_prows(c, B) * (c)->d_model)               /* (L, P, C) layer inputs */ \
-    X(p_ln1,    smol_attn_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->d_model)               /* (La, P, C) */ \
-    F(p_rstd1,  smol_attn_slots((c)->n_layer, rc) * smol_prows(c, B))                              /* (La, P) */ \
-    X(p_q,      smol_attn_slots((c)->n_layer, rc) * smol_prows(c, B) * smolvla_d_attn(c))          /* (La, P, D) after RoPE */ \
-    X(p_k,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) after RoPE: what the expert reads */ \
-    X(p_v,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) */ \
-    X(p_att,    smol_attn_slots((c)->n_layer, rc) * smol_prows(c, B) * smolvla_d_attn(c))          /* (La, P, D) */ \
-    F(p_lse,    smol_attn_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->n_head)                /* (La, B, NH, Np) */ \
-    X(p_mid,    smol_mlp_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->d_model)                /* (Lm, P, C) after attention */ \
-    X(p_ln2,    smol_mlp_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->d_model)                /* (Lm, P, C) */ \
-    F(p_rstd2,  smol_mlp_slots((c)->n_layer, rc) * smol_prows(c, B))                               /* (Lm, P) */ \
-    X(p_gate,   smol_mlp_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
-    X(p_up,     smol_mlp_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
-    X(p_act,    smol_mlp_slots((c)->n_layer, rc) * smol_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
-    X(x_t,      smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
-    F(target,   smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) u = noise - actions */ \
-    F(x_sample, smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) Euler state */ \
+    I(x_pos,    smolvla_rrows(c, B))                                                     /* (B, H) the cross layers' positions */ \
+    X(p_res,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_model)               /* (L, P, C) layer inputs */ \
+    X(p_ln1,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_model)               /* (La, P, C) */ \
+    F(p_rstd1,  smolvla_attn_slots((c)->n_layer, rc) * smolvla_prows(c, B))                              /* (La, P) */ \
+    X(p_q,      smolvla_attn_slots((c)->n_layer, rc) * smolvla_prows(c, B) * smolvla_d_attn(c))          /* (La, P, D) after RoPE */ \
+    X(p_k,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) after RoPE: what the expert reads */ \
+    X(p_v,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) */ \
+    X(p_att,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_prows(c, B) * smolvla_d_attn(c))          /* (La, P, D) */ \
+    F(p_lse,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->n_head)                /* (La, B, NH, Np) */ \
+    X(p_mid,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_model)                /* (Lm, P, C) after attention */ \
+    X(p_ln2,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_model)                /* (Lm, P, C) */ \
+    F(p_rstd2,  smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B))                               /* (Lm, P) */ \
+    X(p_gate,   smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
+    X(p_up,     smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
+    X(p_act,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
+    X(x_t,      smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
+    F(target,   smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) u = noise - actions */ \
+    F(x_sample, smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) Euler state */ \
     F(t_sample, (size_t)(B))                                                          /* (B) Euler time */ \
-    X(a_in,     smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) action_in_proj(x_t) */ \
-    X(a_emb,    smol_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) [action_in, time embedding] */ \
-    X(t_pre,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) before SiLU */ \
-    X(t_act,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after SiLU */ \
-    X(s_res,    ((c)->n_layer + 1) * smol_rrows(c, B) * (c)->d_expert)                /* (L+1, R, Ce) layer inputs, then the last output */ \
-    X(s_ln1,    smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->d_expert)              /* (La, R, Ce) */ \
-    F(s_rstd1,  smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B))                              /* (La, R) */ \
-    X(s_q,      smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B) * smolvla_d_attn(c))          /* (La, R, D) after RoPE */ \
-    X(s_k,      smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B) * smolvla_d_kv(c))            /* (La, R, KV) after RoPE (joint layers) */ \
-    X(s_v,      smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B) * smolvla_d_kv(c))            /* (La, R, KV) (joint layers) */ \
-    X(c_k,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_k re-projected (cross layers) */ \
-    X(c_v,      (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_v re-projected (cross layers) */ \
-    X(s_att,    smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B) * smolvla_d_attn(c))          /* (La, R, D) */ \
-    F(s_lse,    smol_attn_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->n_head)                /* (La, B, NH, H) */ \
-    X(s_mid,    smol_mlp_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->d_expert)               /* (Lm, R, Ce) after attention */ \
-    X(s_ln2,    smol_mlp_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->d_expert)               /* (Lm, R, Ce) */ \
-    F(s_rstd2,  smol_mlp_slots((c)->n_layer, rc) * smol_rrows(c, B))                               /* (Lm, R) */ \
-    X(s_gate,   smol_mlp_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
-    X(s_up,     smol_mlp_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
-    X(s_act,    smol_mlp_slots((c)->n_layer, rc) * smol_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
-    X(f_ln,     smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after the expert's norm */ \
-    F(f_rstd,   smol_rrows(c, B))                                                     /* (R) */ \
-    F(v_t,      smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities, fp32 */ \
-    X(d_vt,     smol_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
-    F(loss_partial, (size_t)ceil_div(smol_rrows(c, B) * (c)->max_action_dim, BLOCK))  /* the loss's per-block sums */ \
+    X(a_in,     smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) action_in_proj(x_t) */ \
+    X(a_emb,    smolvla_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) [action_in, time embedding] */ \
+    X(t_pre,    smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) before SiLU */ \
+    X(t_act,    smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after SiLU */ \
+    X(s_res,    ((c)->n_layer + 1) * smolvla_rrows(c, B) * (c)->d_expert)                /* (L+1, R, Ce) layer inputs, then the last output */ \
+    X(s_ln1,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert)              /* (La, R, Ce) */ \
+    F(s_rstd1,  smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B))                              /* (La, R) */ \
+    X(s_q,      smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * smolvla_d_attn(c))          /* (La, R, D) after RoPE */ \
+    X(s_k,      smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * smolvla_d_kv(c))            /* (La, R, KV) after RoPE (joint layers) */ \
+    X(s_v,      smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * smolvla_d_kv(c))            /* (La, R, KV) (joint layers) */ \
+    X(c_k,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_k re-projected (cross layers) */ \
+    X(c_v,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_v re-projected (cross layers) */ \
+    X(s_att,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * smolvla_d_attn(c))          /* (La, R, D) */ \
+    F(s_lse,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->n_head)                /* (La, B, NH, H) */ \
+    X(s_mid,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert)               /* (Lm, R, Ce) after attention */ \
+    X(s_ln2,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert)               /* (Lm, R, Ce) */ \
+    F(s_rstd2,  smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B))                               /* (Lm, R) */ \
+    X(s_gate,   smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
+    X(s_up,     smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
+    X(s_act,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
+    X(f_ln,     smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after the expert's norm */ \
+    F(f_rstd,   smolvla_rrows(c, B))                                                     /* (R) */ \
+    F(v_t,      smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities, fp32 */ \
+    X(d_vt,     smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
+    F(loss_partial, (size_t)ceil_div(smolvla_rrows(c, B) * (c)->max_action_dim, BLOCK))  /* the loss's per-block sums */ \
     F(scalars,  8)                                                                    /* loss (first its sum), grad norm, stop, valid entries, their inverse */ \
     /* backward scratch */ \
-    F(dp_k,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
-    F(dp_v,     (size_t)(c)->n_layer * smol_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_v */ \
-    F(g_res,    smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_res_x,  smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_ln,     smol_max3(smol_prows(c, B) * (c)->d_model, smol_rrows(c, B) * (c)->d_expert, smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_att,    smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_q,      smol_max3(smol_prows(c, B) * smolvla_d_attn(c), smol_rrows(c, B) * smolvla_d_attn(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    F(g_kf,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    F(g_vf,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_kx,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_vx,     smol_max3(smol_prows(c, B) * smolvla_d_kv(c), smol_rrows(c, B) * smolvla_d_kv(c), smol_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_gate,   smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
-    X(g_up,     smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
-    X(g_act,    smol_max3(smol_prows(c, B) * (c)->d_ff, smol_rrows(c, B) * (c)->d_expert_ff, smol_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
-    F(delta,    smol_max3(smol_prows(c, B) * (c)->n_head, smol_rrows(c, B) * (c)->n_head, smol_vis_grad_rows(c, B, mode) * (c)->vis_heads)) \
-    F(g_dw,     smol_max3((c)->d_model, (c)->d_expert, (c)->vis_width))               /* a frozen norm's dw, dropped */ \
-    F(partial,  smol_partial_size(c, B, mode))                                        /* column-sum partials */ \
-    X(g_emb,    smol_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) d a_emb */ \
-    X(g_tok,    smol_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) */ \
-    X(g_img,    smol_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) d img_tok */ \
-    X(g_shuf,   smol_vis_grad_rows(c, B, mode) * (c)->vis_width)                      /* (NV*NI, s*s*Cv) d shuffled */ \
+    F(dp_k,     (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
+    F(dp_v,     (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_v */ \
+    F(g_res,    smolvla_max3(smolvla_prows(c, B) * (c)->d_model, smolvla_rrows(c, B) * (c)->d_expert, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_res_x,  smolvla_max3(smolvla_prows(c, B) * (c)->d_model, smolvla_rrows(c, B) * (c)->d_expert, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_ln,     smolvla_max3(smolvla_prows(c, B) * (c)->d_model, smolvla_rrows(c, B) * (c)->d_expert, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_att,    smolvla_max3(smolvla_prows(c, B) * smolvla_d_attn(c), smolvla_rrows(c, B) * smolvla_d_attn(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_q,      smolvla_max3(smolvla_prows(c, B) * smolvla_d_attn(c), smolvla_rrows(c, B) * smolvla_d_attn(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    F(g_kf,     smolvla_max3(smolvla_prows(c, B) * smolvla_d_kv(c), smolvla_rrows(c, B) * smolvla_d_kv(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    F(g_vf,     smolvla_max3(smolvla_prows(c, B) * smolvla_d_kv(c), smolvla_rrows(c, B) * smolvla_d_kv(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_kx,     smolvla_max3(smolvla_prows(c, B) * smolvla_d_kv(c), smolvla_rrows(c, B) * smolvla_d_kv(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_vx,     smolvla_max3(smolvla_prows(c, B) * smolvla_d_kv(c), smolvla_rrows(c, B) * smolvla_d_kv(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_gate,   smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
+    X(g_up,     smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
+    X(g_act,    smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
+    F(delta,    smolvla_max3(smolvla_prows(c, B) * (c)->n_head, smolvla_rrows(c, B) * (c)->n_head, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_heads)) \
+    F(g_dw,     smolvla_max3((c)->d_model, (c)->d_expert, (c)->vis_width))               /* a frozen norm's dw, dropped */ \
+    F(partial,  smolvla_partial_size(c, B, mode))                                        /* column-sum partials */ \
+    X(g_emb,    smolvla_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) d a_emb */ \
+    X(g_tok,    smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) */ \
+    X(g_img,    smolvla_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) d img_tok */ \
+    X(g_shuf,   smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)                      /* (NV*NI, s*s*Cv) d shuffled */ \
     X(r_res,    (size_t)(B) * (c)->d_model)                                           /* (B, C) one VLM layer's state rows */ \
     X(r_ln1,    (size_t)(B) * (c)->d_model)                                           /* (B, C) */ \
     F(r_rstd1,  (size_t)(B))                                                          /* (B) */ \
@@ -2408,7 +2408,7 @@ typedef struct {
 
 // The gradient buckets (MULTI_GPU): one layer's trainable ranges each, in the backward's order
 typedef struct {
-    int n;          // buckets: smol_bucket_count
+    int n;          // buckets: smolvla_bucket_count
     int* first;     // (n + 1)
     size_t* offset; // (ranges) into the trainable domain
     size_t* count;
@@ -2446,8 +2446,8 @@ typedef struct {
     float* norm_partial;    // (NORM_BLOCKS) the gradient norm's per-block sums
     float* scaler;          // (LOSS_SCALER) fp16 builds' dynamic loss scale (loss_scale_begin_kernel); else NULL
     int loss_scale_window;  // clean steps before the scale doubles
-    SmolParametersX params; // each tensor's first slice (stacked tensors: smol_param)
-    SmolParameters grads;   // NULL for a tensor with no trainable part (smol_grad says which slices train)
+    SmolParametersX params; // each tensor's first slice (stacked tensors: smolvla_param)
+    SmolParameters grads;   // NULL for a tensor with no trainable part (smolvla_grad says which slices train)
     int B;                  // batch the activations are sized for
     floatX* acts_x;         // one allocation per activation type
     float* acts_f;
@@ -2462,7 +2462,7 @@ typedef struct {
     SmolSampling sampling;
 } SmolVLA;
 
-static void* smol_device_malloc(SmolVLA* m, size_t bytes) {
+static void* smolvla_device_malloc(SmolVLA* m, size_t bytes) {
     void* p;
     cudaCheck(cudaMalloc(&p, bytes > 0 ? bytes : 1));
     m->device_bytes += bytes;
@@ -2470,13 +2470,13 @@ static void* smol_device_malloc(SmolVLA* m, size_t bytes) {
 }
 
 // Slice k of parameter tensor i: in the trainable domain when it trains, else in the frozen remainder
-static inline floatX* smol_param(const SmolVLA* m, int i, int k) {
+static inline floatX* smolvla_param(const SmolVLA* m, int i, int k) {
     const SmolParamSpec* s = &m->table.spec[i];
     size_t at = (size_t)k * (s->numel / smolvla_slices(s)), n_train = m->domain.numel[i];
     return m->params_memory + (at < n_train ? m->domain.offset[i] + at : m->frozen_at[i] + (at - n_train));
 }
 
-static inline float* smol_grad(const SmolVLA* m, int i, int k) {
+static inline float* smolvla_grad(const SmolVLA* m, int i, int k) {
     const SmolParamSpec* s = &m->table.spec[i];
     size_t per = s->numel / smolvla_slices(s);
     if ((size_t)(k + 1) * per > m->domain.numel[i]) { return NULL; }
@@ -2484,12 +2484,12 @@ static inline float* smol_grad(const SmolVLA* m, int i, int k) {
 }
 
 // ZeRO-1: this model keeps one shard's optimizer state (gradients reduce-scattered, weights all-gathered)
-static int smol_sharded(const SmolVLA* m) { return m->shard_hi - m->shard_lo < m->n_train; }
+static int smolvla_sharded(const SmolVLA* m) { return m->shard_hi - m->shard_lo < m->n_train; }
 
 // The model's calls into the data-parallel section (nothing without NCCL)
-static int smol_bucket(const SmolVLAConfig* c, int tower, int layer);
-static void smol_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d);
-static void smol_bucket_done(SmolVLA* m, int b);
+static int smolvla_bucket(const SmolVLAConfig* c, int tower, int layer);
+static void smolvla_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d);
+static void smolvla_bucket_done(SmolVLA* m, int b);
 static void dist_step_sums(SmolVLA* m);
 static void zero_sum_squares(SmolVLA* m);
 static void zero_gather_params(SmolVLA* m);
@@ -2548,33 +2548,33 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
         m->frozen_at[i] = m->n_params;
         m->n_params += (m->table.spec[i].numel - m->domain.numel[i] + 15) / 16 * 16;  // 32 bytes of bf16
     }
-    m->params_memory = (floatX*)smol_device_malloc(m, m->n_params * sizeof(floatX));
-    m->grads_memory = (float*)smol_device_malloc(m, m->n_train * sizeof(float));
+    m->params_memory = (floatX*)smolvla_device_malloc(m, m->n_params * sizeof(floatX));
+    m->grads_memory = (float*)smolvla_device_malloc(m, m->n_train * sizeof(float));
     cudaCheck(cudaMemset(m->params_memory, 0, m->n_params * sizeof(floatX)));
     cudaCheck(cudaMemset(m->grads_memory, 0, m->n_train * sizeof(float)));  // the padding stays zero (the norm adds it)
     // optimizer state for the shard's trainable elements only: a frozen tensor is its floatX copy alone
     size_t before = m->device_bytes;
-    m->master = (float*)smol_device_malloc(m, shard * sizeof(float));
-    m->m_memory = (float*)smol_device_malloc(m, shard * sizeof(float));
-    m->v_memory = (float*)smol_device_malloc(m, shard * sizeof(float));
+    m->master = (float*)smolvla_device_malloc(m, shard * sizeof(float));
+    m->m_memory = (float*)smolvla_device_malloc(m, shard * sizeof(float));
+    m->v_memory = (float*)smolvla_device_malloc(m, shard * sizeof(float));
     m->opt_bytes = m->device_bytes - before;
     cudaCheck(cudaMemset(m->master, 0, shard * sizeof(float)));
     cudaCheck(cudaMemset(m->m_memory, 0, shard * sizeof(float)));
     cudaCheck(cudaMemset(m->v_memory, 0, shard * sizeof(float)));
-    m->norm_partial = (float*)smol_device_malloc(m, NORM_BLOCKS * sizeof(float));
+    m->norm_partial = (float*)smolvla_device_malloc(m, NORM_BLOCKS * sizeof(float));
     if (LOSS_SCALING) {
-        m->scaler = (float*)smol_device_malloc(m, LOSS_SCALER * sizeof(float));
+        m->scaler = (float*)smolvla_device_malloc(m, LOSS_SCALER * sizeof(float));
         LossScaleState fresh = {VLA_LOSS_SCALE_DEFAULT, 0, 0};
         smolvla_set_loss_scale(m, &fresh, VLA_LOSS_SCALE_WINDOW_DEFAULT);
     }
     int i = 0;
 #define SMOL_POINT_X_(nm, ...) \
-    m->params.nm = smol_param(m, i, 0); \
+    m->params.nm = smolvla_param(m, i, 0); \
     m->grads.nm = m->domain.numel[i] > 0 ? m->grads_memory + m->domain.offset[i] : NULL; \
     i++;
     SMOLVLA_PARAMETERS(SMOL_POINT_X_, c)
 #undef SMOL_POINT_X_
-    smol_buckets_build(&m->buckets, c, &m->table, &m->domain);
+    smolvla_buckets_build(&m->buckets, c, &m->table, &m->domain);
     // RoPE as LeRobot's apply_rope: timescale theta^e, e = float32(2/HS) * k, pow correctly rounded
     // (in double, then float); angle = pos / timescale in float32
     int T = smolvla_n_prefix(c) + c->chunk, half = c->head_dim / 2;
@@ -2588,7 +2588,7 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
             cs[(size_t)T * half + (size_t)pos * half + k] = (float)sin((double)angle);
         }
     }
-    m->rope_cos = (float*)smol_device_malloc(m, (size_t)T * half * 2 * sizeof(float));
+    m->rope_cos = (float*)smolvla_device_malloc(m, (size_t)T * half * 2 * sizeof(float));
     m->rope_sin = m->rope_cos + (size_t)T * half;
     cudaCheck(cudaMemcpy(m->rope_cos, cs, (size_t)T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
     free(cs);
@@ -2647,10 +2647,10 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
     const SmolVLAConfig* c = &m->config;
     int mode = m->mode, rc = m->recompute;
     size_t nx, nf, ni;
-    smol_act_counts(c, mode, B, rc, &nx, &nf, &ni);
-    m->acts_x = (floatX*)smol_device_malloc(m, nx * sizeof(floatX));
-    m->acts_f = (float*)smol_device_malloc(m, nf * sizeof(float));
-    m->acts_i = (int*)smol_device_malloc(m, ni * sizeof(int));
+    smolvla_act_counts(c, mode, B, rc, &nx, &nf, &ni);
+    m->acts_x = (floatX*)smolvla_device_malloc(m, nx * sizeof(floatX));
+    m->acts_f = (float*)smolvla_device_malloc(m, nf * sizeof(float));
+    m->acts_i = (int*)smolvla_device_malloc(m, ni * sizeof(int));
     m->act_bytes = smolvla_act_bytes(c, mode, B, rc);
     floatX* px = m->acts_x;
     float* pf = m->acts_f;
@@ -2696,7 +2696,7 @@ struct SmolLayer {
 };
 
 template <typename T>
-static SmolLayer<T> smol_layer(const SmolVLA* m, int expert, int l, int grads) {
+static SmolLayer<T> smolvla_layer(const SmolVLA* m, int expert, int l, int grads) {
     const SmolVLAConfig* c = &m->config;
     int cross = expert && smolvla_layer_is_cross(c, l), kind = smolvla_kind_index(c, l);
     int wk = expert ? (cross ? SMOLP_exp_wk_cross : SMOLP_exp_wk_joint) : SMOLP_vlm_wk;
@@ -2708,7 +2708,7 @@ static SmolLayer<T> smol_layer(const SmolVLA* m, int expert, int l, int grads) {
     T* t[9];
     for (int i = 0; i < 9; i++) {
         int k = expert && (i == 2 || i == 3) ? kind : l;
-        t[i] = grads ? (T*)(void*)smol_grad(m, idx[i], k) : (T*)(void*)smol_param(m, idx[i], k);
+        t[i] = grads ? (T*)(void*)smolvla_grad(m, idx[i], k) : (T*)(void*)smolvla_param(m, idx[i], k);
     }
     SmolLayer<T> w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], expert ? c->d_expert : c->d_model,
                       expert ? c->d_expert_ff : c->d_ff, cross};
@@ -2721,11 +2721,11 @@ typedef struct {
     float *rstd1, *lse, *rstd2;
 } SmolLayerActs;
 
-static SmolLayerActs smol_layer_acts(const SmolVLA* m, int expert, int l) {
+static SmolLayerActs smolvla_layer_acts(const SmolVLA* m, int expert, int l) {
     const SmolVLAConfig* c = &m->config;
     const SmolActivations* a = &m->acts;
-    size_t N = expert ? smol_rrows(c, m->B) : smol_prows(c, m->B), L = (size_t)l;
-    size_t La = L % smol_attn_slots(c->n_layer, m->recompute), Lm = L % smol_mlp_slots(c->n_layer, m->recompute);
+    size_t N = expert ? smolvla_rrows(c, m->B) : smolvla_prows(c, m->B), L = (size_t)l;
+    size_t La = L % smolvla_attn_slots(c->n_layer, m->recompute), Lm = L % smolvla_mlp_slots(c->n_layer, m->recompute);
     size_t C = expert ? c->d_expert : c->d_model, F = expert ? c->d_expert_ff : c->d_ff;
     size_t D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
     SmolLayerActs x;
@@ -2751,11 +2751,11 @@ typedef struct {
     float *mean1, *rstd1, *lse, *mean2, *rstd2;
 } SmolVisionActs;
 
-static SmolVisionActs smol_vision_acts(const SmolVLA* m, int l) {
+static SmolVisionActs smolvla_vision_acts(const SmolVLA* m, int l) {
     const SmolVLAConfig* c = &m->config;
     const SmolActivations* a = &m->acts;
-    size_t kept = smol_vis_kept(c, m->mode), V = smol_vrows(c, m->B);
-    size_t La = (size_t)l % smol_vis_attn(c, m->mode, m->recompute), Lm = (size_t)l % smol_vis_mlp(c, m->mode, m->recompute);
+    size_t kept = smolvla_vis_kept(c, m->mode), V = smolvla_vrows(c, m->B);
+    size_t La = (size_t)l % smolvla_vis_attn(c, m->mode, m->recompute), Lm = (size_t)l % smolvla_vis_mlp(c, m->mode, m->recompute);
     size_t VC = V * c->vis_width, VF = V * c->vis_ff;
     SmolVisionActs x = {a->v_res + (size_t)l % (kept + 1) * VC, a->v_ln1 + La * VC, a->v_q + La * VC, a->v_k + La * VC,
                         a->v_v + La * VC, a->v_att + La * VC, a->v_mid + Lm * VC, a->v_ln2 + Lm * VC, a->v_fc1 + Lm * VF,
@@ -2766,7 +2766,7 @@ static SmolVisionActs smol_vision_acts(const SmolVLA* m, int l) {
 }
 
 // Attention under the sequence's mask: Tq queries from token q0, keys k0/v0 (Nk0) then k1/v1 (Nk1)
-static GqaAttn smol_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, const floatX* v0, int Nk0, const floatX* k1,
+static GqaAttn smolvla_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, const floatX* v0, int Nk0, const floatX* k1,
                          const floatX* v1, int Nk1) {
     const SmolVLAConfig* c = &m->config;
     GqaAttn a = {k0, v0, k1, v1, m->acts.block, m->B, c->n_head, c->n_kv_head, c->head_dim,
@@ -2774,7 +2774,7 @@ static GqaAttn smol_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, con
     return a;
 }
 
-static void smol_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, float* dw, const floatX* dout,
+static void smolvla_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, float* dw, const floatX* dout,
                                   const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
     if (dw == NULL) {
         dw = m->acts.g_dw;
@@ -2784,7 +2784,7 @@ static void smol_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, float
 }
 
 // attention output -> o_proj + residual -> RMSNorm -> SwiGLU MLP + residual; with_out 0 skips down_proj
-static void smol_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerActs* x, int N, int D, int with_out = 1) {
+static void smolvla_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerActs* x, int N, int D, int with_out = 1) {
     matmul_forward(x->mid, x->att, w->wo, NULL, x->res, N, D, w->C);
     rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, SMOLVLA_RMS_EPS);
     matmul_forward(x->gate, x->ln2, w->gate, NULL, NULL, N, w->C, w->F);
@@ -2793,8 +2793,8 @@ static void smol_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerAc
     if (with_out) { matmul_forward(x->out, x->act, w->down, NULL, x->mid, N, w->F, w->C); }
 }
 
-// Backward of smol_layer_out_forward: dres, dres_x hold d(out) (N, C), left holding d(mid); g_att d(att)
-static void smol_layer_out_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
+// Backward of smolvla_layer_out_forward: dres, dres_x hold d(out) (N, C), left holding d(mid); g_att d(att)
+static void smolvla_layer_out_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
                                     const SmolLayerActs* x, float* dres, floatX* dres_x, int N, int D) {
     SmolActivations* a = &m->acts;
     int C = w->C, F = w->F;
@@ -2805,13 +2805,13 @@ static void smol_layer_out_backward(SmolVLA* m, const SmolLayer<floatX>* w, cons
     matmul_backward_input(a->g_ln, a->g_up, w->up, N, C, F, 1.0f);
     if (g->gate != NULL) { matmul_backward_weight(g->gate, a->g_gate, x->ln2, N, C, F); }
     if (g->up != NULL) { matmul_backward_weight(g->up, a->g_up, x->ln2, N, C, F); }
-    smol_rmsnorm_backward(m, dres, dres_x, g->ln2, a->g_ln, x->mid, w->ln2, x->rstd2, N, C);
+    smolvla_rmsnorm_backward(m, dres, dres_x, g->ln2, a->g_ln, x->mid, w->ln2, x->rstd2, N, C);
     matmul_backward_input(a->g_att, dres_x, w->wo, N, D, C, 0.0f);
     if (g->wo != NULL) { matmul_backward_weight(g->wo, dres_x, x->att, N, D, C); }
 }
 
 // Backward of ln1 and q/k/v, rotated back from RoPE (dq NULL: the VLM's last layer; dk, dv NULL: cross)
-static void smol_layer_qkv_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
+static void smolvla_layer_qkv_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
                                     const SmolLayerActs* x, float* dres, floatX* dres_x, const floatX* dq,
                                     const floatX* dk, const floatX* dv, int N) {
     SmolActivations* a = &m->acts;
@@ -2828,7 +2828,7 @@ static void smol_layer_qkv_backward(SmolVLA* m, const SmolLayer<floatX>* w, cons
         matmul_backward_input(a->g_ln, dv, w->wv, N, C, KV, 1.0f);
         if (g->wv != NULL) { matmul_backward_weight(g->wv, dv, x->ln1, N, C, KV); }
     }
-    smol_rmsnorm_backward(m, dres, dres_x, g->ln1, a->g_ln, x->res, w->ln1, x->rstd1, N, C);
+    smolvla_rmsnorm_backward(m, dres, dres_x, g->ln1, a->g_ln, x->res, w->ln1, x->rstd1, N, C);
 }
 
 // ---- forward
@@ -2844,9 +2844,9 @@ static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
 }
 
 // SigLIP's attention call of a layer: its images' own keys and values, no mask
-static GqaAttn smol_vision_attn(const SmolVLA* m, const SmolVisionActs& x) {
+static GqaAttn smolvla_vision_attn(const SmolVLA* m, const SmolVisionActs& x) {
     const SmolVLAConfig* c = &m->config;
-    int NV = (int)smol_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c);
+    int NV = (int)smolvla_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c);
     GqaAttn a = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, c->vis_width / c->vis_heads, Nv, 0, Nv, 0,
                  Nv};
     return a;
@@ -2854,42 +2854,42 @@ static GqaAttn smol_vision_attn(const SmolVLA* m, const SmolVisionActs& x) {
 
 // SigLIP layer l: x.res -> x.out. redo (the backward's recomputation): only what that level dropped,
 // by the same kernels on the same inputs: attn the attention half, layer all but fc2.
-static void smol_vision_layer_forward(SmolVLA* m, int l, int redo) {
+static void smolvla_vision_layer_forward(SmolVLA* m, int l, int redo) {
     const SmolVLAConfig* c = &m->config;
-    int V = (int)smol_vrows(c, m->B), Cv = c->vis_width, Fv = c->vis_ff;
-    SmolVisionActs x = smol_vision_acts(m, l);
-    layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smol_param(m, SMOLP_vis_ln1_w, l), smol_param(m, SMOLP_vis_ln1_b, l),
+    int V = (int)smolvla_vrows(c, m->B), Cv = c->vis_width, Fv = c->vis_ff;
+    SmolVisionActs x = smolvla_vision_acts(m, l);
+    layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smolvla_param(m, SMOLP_vis_ln1_w, l), smolvla_param(m, SMOLP_vis_ln1_b, l),
                       V, Cv);
-    matmul_forward(x.q, x.ln1, smol_param(m, SMOLP_vis_wq, l), smol_param(m, SMOLP_vis_bq, l), NULL, V, Cv, Cv);
-    matmul_forward(x.k, x.ln1, smol_param(m, SMOLP_vis_wk, l), smol_param(m, SMOLP_vis_bk, l), NULL, V, Cv, Cv);
-    matmul_forward(x.v, x.ln1, smol_param(m, SMOLP_vis_wv, l), smol_param(m, SMOLP_vis_bv, l), NULL, V, Cv, Cv);
-    gqa_attention_forward(x.att, x.lse, x.q, smol_vision_attn(m, x));
+    matmul_forward(x.q, x.ln1, smolvla_param(m, SMOLP_vis_wq, l), smolvla_param(m, SMOLP_vis_bq, l), NULL, V, Cv, Cv);
+    matmul_forward(x.k, x.ln1, smolvla_param(m, SMOLP_vis_wk, l), smolvla_param(m, SMOLP_vis_bk, l), NULL, V, Cv, Cv);
+    matmul_forward(x.v, x.ln1, smolvla_param(m, SMOLP_vis_wv, l), smolvla_param(m, SMOLP_vis_bv, l), NULL, V, Cv, Cv);
+    gqa_attention_forward(x.att, x.lse, x.q, smolvla_vision_attn(m, x));
     if (redo == RECOMPUTE_ATTN) { return; }
-    matmul_forward(x.mid, x.att, smol_param(m, SMOLP_vis_wo, l), smol_param(m, SMOLP_vis_bo, l), x.res, V, Cv, Cv);
-    layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smol_param(m, SMOLP_vis_ln2_w, l), smol_param(m, SMOLP_vis_ln2_b, l),
+    matmul_forward(x.mid, x.att, smolvla_param(m, SMOLP_vis_wo, l), smolvla_param(m, SMOLP_vis_bo, l), x.res, V, Cv, Cv);
+    layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l), smolvla_param(m, SMOLP_vis_ln2_b, l),
                       V, Cv);
     if (m->mode == TRAIN_MODE_ALL) {  // the backward pass reads fc1 (GELU's derivative)
-        matmul_forward(x.fc1, x.ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), NULL, V, Cv, Fv);
+        matmul_forward(x.fc1, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), smolvla_param(m, SMOLP_vis_fc1_b, l), NULL, V, Cv, Fv);
         gelu_forward(x.gelu, x.fc1, (size_t)V * Fv);
     } else {  // a frozen tower: GELU in the product's epilogue
-        matmul_forward_gelu(x.gelu, x.ln2, smol_param(m, SMOLP_vis_fc1_w, l), smol_param(m, SMOLP_vis_fc1_b, l), V, Cv, Fv);
+        matmul_forward_gelu(x.gelu, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), smolvla_param(m, SMOLP_vis_fc1_b, l), V, Cv, Fv);
     }
     if (redo != RECOMPUTE_NONE) { return; }
-    matmul_forward(x.out, x.gelu, smol_param(m, SMOLP_vis_fc2_w, l), smol_param(m, SMOLP_vis_fc2_b, l), x.mid, V, Fv, Cv);
+    matmul_forward(x.out, x.gelu, smolvla_param(m, SMOLP_vis_fc2_w, l), smolvla_param(m, SMOLP_vis_fc2_b, l), x.mid, V, Fv, Cv);
 }
 
 // SigLIP over every image: pixels -> acts.v_out (V, Cv); position ids are the identity
 static void smolvla_vision_forward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int NV = (int)smol_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smol_vrows(c, m->B);
+    int NV = (int)smolvla_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smolvla_vrows(c, m->B);
     int Cv = c->vis_width;
     size_t VC = (size_t)V * Cv;
     LAUNCH_1D(patchify_chw_kernel, (size_t)V * smolvla_patch_dim(c), a->patches, a->pixels, NV, c->img, c->patch);
     matmul_forward(a->v_res, a->patches, m->params.vis_patch_w, m->params.vis_patch_b, NULL, V, smolvla_patch_dim(c), Cv);
     LAUNCH_1D(add_periodic_kernel, VC, a->v_res, m->params.vis_pos, VC, (size_t)Nv * Cv);
-    for (int l = 0; l < c->vis_layers; l++) { smol_vision_layer_forward(m, l, RECOMPUTE_NONE); }
-    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, smol_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w,
+    for (int l = 0; l < c->vis_layers; l++) { smolvla_vision_layer_forward(m, l, RECOMPUTE_NONE); }
+    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, smolvla_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w,
                       m->params.vis_post_b, V, Cv);
 }
 
@@ -2898,7 +2898,7 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
     int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Lt = c->max_text;
-    int NV = (int)smol_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width, G = smolvla_grid(c);
+    int NV = (int)smolvla_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width, G = smolvla_grid(c);
     pixel_shuffle_forward(a->shuffled, a->v_out, NV, G, G, c->vis_width, c->scale_factor);
     matmul_forward(a->img_tok, a->shuffled, m->params.connector_w, NULL, NULL, NV * NI, S2C, C);
     convert(a->state_x, in->state, (size_t)B * c->max_state_dim);
@@ -2911,12 +2911,12 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
 }
 
 // VLM layer l; the last computes only ln1, keys and values. redo: keys and values kept at every level.
-static void smol_vlm_layer_forward(SmolVLA* m, int l, int redo) {
+static void smolvla_vlm_layer_forward(SmolVLA* m, int l, int redo) {
     const SmolVLAConfig* c = &m->config;
-    int P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), T = Np + c->chunk;
+    int P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), T = Np + c->chunk;
     int D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
-    SmolLayer<floatX> w = smol_layer<floatX>(m, 0, l, 0);
-    SmolLayerActs x = smol_layer_acts(m, 0, l);
+    SmolLayer<floatX> w = smolvla_layer<floatX>(m, 0, l, 0);
+    SmolLayerActs x = smolvla_layer_acts(m, 0, l);
     rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, SMOLVLA_RMS_EPS);
     if (redo == RECOMPUTE_NONE) {
         matmul_forward(x.k, x.ln1, w.wk, NULL, NULL, P, w.C, KV);
@@ -2926,20 +2926,20 @@ static void smol_vlm_layer_forward(SmolVLA* m, int l, int redo) {
     if (l == c->n_layer - 1) { return; }
     matmul_forward(x.q, x.ln1, w.wq, NULL, NULL, P, w.C, D);
     rope_at(x.q, x.q, m->rope_cos, m->rope_sin, m->acts.pos, P, Np, T, c->n_head, c->head_dim, 1.0f);
-    gqa_attention_forward(x.att, x.lse, x.q, smol_attn(m, Np, 0, x.k, x.v, Np, NULL, NULL, 0));
+    gqa_attention_forward(x.att, x.lse, x.q, smolvla_attn(m, Np, 0, x.k, x.v, Np, NULL, NULL, 0));
     if (redo == RECOMPUTE_ATTN) { return; }
-    smol_layer_out_forward(&w, &x, P, D, redo == RECOMPUTE_NONE);
+    smolvla_layer_out_forward(&w, &x, P, D, redo == RECOMPUTE_NONE);
 }
 
 static void smolvla_vlm_forward(SmolVLA* m) {
-    for (int l = 0; l < m->config.n_layer; l++) { smol_vlm_layer_forward(m, l, RECOMPUTE_NONE); }
+    for (int l = 0; l < m->config.n_layer; l++) { smolvla_vlm_layer_forward(m, l, RECOMPUTE_NONE); }
 }
 
 // s_res[0] = action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time embedding])))
 static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int B = m->B, H = c->chunk, Ce = c->d_expert, R = (int)smol_rrows(c, B);
+    int B = m->B, H = c->chunk, Ce = c->d_expert, R = (int)smolvla_rrows(c, B);
     matmul_forward(a->a_in, a->x_t, m->params.action_in_w, m->params.action_in_b, NULL, R, c->max_action_dim, Ce);
     LAUNCH_1D(action_embed_kernel, (size_t)R * 2 * Ce, a->a_emb, a->a_in, t, B, H, Ce);
     matmul_forward(a->t_pre, a->a_emb, m->params.time_in_w, m->params.time_in_b, NULL, R, 2 * Ce, Ce);
@@ -2950,13 +2950,13 @@ static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
 // Expert layer l. Joint layer: the actions' q/k/v with RoPE after the valid prefix, keys = [the VLM's
 // K/V ; the actions' own] under the block mask. Cross layer: q with RoPE from 0, keys/values = the
 // VLM's post-RoPE K/V re-projected by the expert (no second RoPE). reuse_cross_kv: re-projections valid.
-static void smol_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, int redo) {
+static void smolvla_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, int redo) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int R = (int)smol_rrows(c, m->B), P = (int)smol_prows(c, m->B), Np = smolvla_n_prefix(c), H = c->chunk, T = Np + H;
+    int R = (int)smolvla_rrows(c, m->B), P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), H = c->chunk, T = Np + H;
     int D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert;
-    SmolLayer<floatX> w = smol_layer<floatX>(m, 1, l, 0);
-    SmolLayerActs x = smol_layer_acts(m, 1, l), px = smol_layer_acts(m, 0, l);
+    SmolLayer<floatX> w = smolvla_layer<floatX>(m, 1, l, 0);
+    SmolLayerActs x = smolvla_layer_acts(m, 1, l), px = smolvla_layer_acts(m, 0, l);
     rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, SMOLVLA_RMS_EPS);
     matmul_forward(x.q, x.ln1, w.wq, NULL, NULL, R, Ce, D);
     GqaAttn keys;
@@ -2965,7 +2965,7 @@ static void smol_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, int
         matmul_forward(x.k, x.ln1, w.wk, NULL, NULL, R, Ce, KV);
         rope_at(x.k, x.k, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_kv_head, c->head_dim, 1.0f);
         matmul_forward(x.v, x.ln1, w.wv, NULL, NULL, R, Ce, KV);
-        keys = smol_attn(m, H, Np, px.k, px.v, Np, x.k, x.v, H);
+        keys = smolvla_attn(m, H, Np, px.k, px.v, Np, x.k, x.v, H);
     } else {
         rope_at(x.q, x.q, m->rope_cos, m->rope_sin, a->x_pos, R, H, H, c->n_head, c->head_dim, 1.0f);
         floatX* ck = a->c_k + (size_t)l * P * KV;
@@ -2974,19 +2974,19 @@ static void smol_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, int
             matmul_forward(ck, px.k, w.wk, NULL, NULL, P, KV, KV);
             matmul_forward(cv, px.v, w.wv, NULL, NULL, P, KV, KV);
         }
-        keys = smol_attn(m, H, Np, ck, cv, Np, NULL, NULL, 0);
+        keys = smolvla_attn(m, H, Np, ck, cv, Np, NULL, NULL, 0);
     }
     gqa_attention_forward(x.att, x.lse, x.q, keys);
     if (redo == RECOMPUTE_ATTN) { return; }
-    smol_layer_out_forward(&w, &x, R, D, redo == RECOMPUTE_NONE);
+    smolvla_layer_out_forward(&w, &x, R, D, redo == RECOMPUTE_NONE);
 }
 
 // The expert's layers over s_res[0] -> final norm -> action_out_proj: acts.v_t (B, H, Amax), fp32
 static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int R = (int)smol_rrows(c, m->B), Ce = c->d_expert;
-    for (int l = 0; l < c->n_layer; l++) { smol_expert_layer_forward(m, l, reuse_cross_kv, RECOMPUTE_NONE); }
+    int R = (int)smolvla_rrows(c, m->B), Ce = c->d_expert;
+    for (int l = 0; l < c->n_layer; l++) { smolvla_expert_layer_forward(m, l, reuse_cross_kv, RECOMPUTE_NONE); }
     rmsnorm_forward(a->f_ln, a->f_rstd, a->s_res + (size_t)c->n_layer * R * Ce, m->params.exp_norm, R, Ce,
                     SMOLVLA_RMS_EPS);
     // the velocity in fp32: the bias in every row, the product added on it (beta = 1)
@@ -3058,7 +3058,7 @@ static void smolvla_loss_finish(SmolVLA* m) {
 static void smolvla_expert_backward(SmolVLA* m, int state_only) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int B = m->B, R = (int)smol_rrows(c, B), P = (int)smol_prows(c, B), Np = smolvla_n_prefix(c), H = c->chunk;
+    int B = m->B, R = (int)smolvla_rrows(c, B), P = (int)smolvla_prows(c, B), Np = smolvla_n_prefix(c), H = c->chunk;
     int T = Np + H, D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert, L = c->n_layer;
     float* dres = a->g_res;
     floatX* dres_x = a->g_res_x;
@@ -3066,25 +3066,25 @@ static void smolvla_expert_backward(SmolVLA* m, int state_only) {
     matmul_backward_weight(m->grads.action_out_w, a->d_vt, a->f_ln, R, Ce, c->max_action_dim);
     bias_backward(m->grads.action_out_b, a->partial, a->d_vt, R, c->max_action_dim);
     cudaCheck(cudaMemsetAsync(dres, 0, (size_t)R * Ce * sizeof(float), main_stream));
-    smol_rmsnorm_backward(m, dres, dres_x, m->grads.exp_norm, a->g_ln, a->s_res + (size_t)L * R * Ce, m->params.exp_norm,
+    smolvla_rmsnorm_backward(m, dres, dres_x, m->grads.exp_norm, a->g_ln, a->s_res + (size_t)L * R * Ce, m->params.exp_norm,
                           a->f_rstd, R, Ce);
     for (int l = L - 1; l >= 0; l--) {
-        if (m->recompute != RECOMPUTE_NONE) { smol_expert_layer_forward(m, l, 0, m->recompute); }
-        SmolLayer<floatX> w = smol_layer<floatX>(m, 1, l, 0);
-        SmolLayer<float> g = smol_layer<float>(m, 1, l, 1);
-        SmolLayerActs x = smol_layer_acts(m, 1, l), px = smol_layer_acts(m, 0, l);
+        if (m->recompute != RECOMPUTE_NONE) { smolvla_expert_layer_forward(m, l, 0, m->recompute); }
+        SmolLayer<floatX> w = smolvla_layer<floatX>(m, 1, l, 0);
+        SmolLayer<float> g = smolvla_layer<float>(m, 1, l, 1);
+        SmolLayerActs x = smolvla_layer_acts(m, 1, l), px = smolvla_layer_acts(m, 0, l);
         float* dpk = a->dp_k + (size_t)l * P * KV;
         float* dpv = a->dp_v + (size_t)l * P * KV;
-        smol_layer_out_backward(m, &w, &g, &x, dres, dres_x, R, D);
+        smolvla_layer_out_backward(m, &w, &g, &x, dres, dres_x, R, D);
         if (!w.cross) {
             cudaCheck(cudaMemsetAsync(a->g_kf, 0, (size_t)R * KV * sizeof(float), main_stream));
             cudaCheck(cudaMemsetAsync(a->g_vf, 0, (size_t)R * KV * sizeof(float), main_stream));
             gqa_attention_backward(a->g_q, dpk, dpv, a->g_kf, a->g_vf, a->g_att, x.q, x.att, x.lse, a->delta,
-                                   smol_attn(m, H, Np, px.k, px.v, Np, x.k, x.v, H));
+                                   smolvla_attn(m, H, Np, px.k, px.v, Np, x.k, x.v, H));
             rope_at(a->g_q, a->g_q, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_head, c->head_dim, -1.0f);
             rope_at(a->g_kx, a->g_kf, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_kv_head, c->head_dim, -1.0f);
             convert(a->g_vx, a->g_vf, (size_t)R * KV);
-            smol_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, a->g_q, a->g_kx, a->g_vx, R);
+            smolvla_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, a->g_q, a->g_kx, a->g_vx, R);
         } else {
             floatX* ck = a->c_k + (size_t)l * P * KV;
             floatX* cv = a->c_v + (size_t)l * P * KV;
@@ -3092,7 +3092,7 @@ static void smolvla_expert_backward(SmolVLA* m, int state_only) {
             cudaCheck(cudaMemsetAsync(a->g_vf, 0, (size_t)P * KV * sizeof(float), main_stream));
             // every prefix row's: the cross k_proj/v_proj weights need them all
             gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta,
-                                   smol_attn(m, H, Np, ck, cv, Np, NULL, NULL, 0));
+                                   smolvla_attn(m, H, Np, ck, cv, Np, NULL, NULL, 0));
             convert(a->g_kx, a->g_kf, (size_t)P * KV);
             convert(a->g_vx, a->g_vf, (size_t)P * KV);
             matmul_backward_weight(g.wk, a->g_kx, px.k, P, KV, KV);
@@ -3103,9 +3103,9 @@ static void smolvla_expert_backward(SmolVLA* m, int state_only) {
             matmul_backward_input_accumulate_f32(dpk + first, a->g_kx + first, w.wk, rows, KV, KV, ld, ld);
             matmul_backward_input_accumulate_f32(dpv + first, a->g_vx + first, w.wv, rows, KV, KV, ld, ld);
             rope_at(a->g_q, a->g_q, m->rope_cos, m->rope_sin, a->x_pos, R, H, H, c->n_head, c->head_dim, -1.0f);
-            smol_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, a->g_q, NULL, NULL, R);
+            smolvla_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, a->g_q, NULL, NULL, R);
         }
-        smol_bucket_done(m, smol_bucket(c, TOWER_EXPERT, l));
+        smolvla_bucket_done(m, smolvla_bucket(c, TOWER_EXPERT, l));
     }
 }
 
@@ -3113,7 +3113,7 @@ static void smolvla_expert_backward(SmolVLA* m, int state_only) {
 static void smolvla_suffix_embed_backward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int R = (int)smol_rrows(c, m->B), Ce = c->d_expert;
+    int R = (int)smolvla_rrows(c, m->B), Ce = c->d_expert;
     floatX* dtact = a->g_tok;  // (R, Ce)
     matmul_backward_input(dtact, a->g_res_x, m->params.time_out_w, R, Ce, Ce, 0.0f);
     matmul_backward_weight(m->grads.time_out_w, a->g_res_x, a->t_act, R, Ce, Ce);
@@ -3128,7 +3128,7 @@ static void smolvla_suffix_embed_backward(SmolVLA* m) {
 }
 
 // The state rows (row Np - 1 of each sample) of a VLM layer's x into the r_*: B rows of one query
-static SmolLayerActs smol_state_rows(SmolVLA* m, const SmolLayerActs* x, int last) {
+static SmolLayerActs smolvla_state_rows(SmolVLA* m, const SmolLayerActs* x, int last) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
     int B = m->B, Np = smolvla_n_prefix(c), C = c->d_model, F = c->d_ff, D = smolvla_d_attn(c);
@@ -3155,7 +3155,7 @@ static SmolLayerActs smol_state_rows(SmolVLA* m, const SmolLayerActs* x, int las
 static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int B = m->B, P = (int)smol_prows(c, B), Np = smolvla_n_prefix(c), T = Np + c->chunk;
+    int B = m->B, P = (int)smolvla_prows(c, B), Np = smolvla_n_prefix(c), T = Np + c->chunk;
     int D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
     int N = state_only ? B : P;  // rows taken down
     float* dres = a->g_res;
@@ -3163,18 +3163,18 @@ static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
     cudaCheck(cudaMemsetAsync(dres, 0, (size_t)N * c->d_model * sizeof(float), main_stream));
     for (int l = c->n_layer - 1; l >= 0; l--) {
         int last = l == c->n_layer - 1;
-        if (m->recompute != RECOMPUTE_NONE) { smol_vlm_layer_forward(m, l, m->recompute); }  // every row: same kernels
-        SmolLayer<floatX> w = smol_layer<floatX>(m, 0, l, 0);
-        SmolLayer<float> g = smol_layer<float>(m, 0, l, 1);
-        SmolLayerActs all = smol_layer_acts(m, 0, l);
-        SmolLayerActs x = state_only ? smol_state_rows(m, &all, last) : all;
+        if (m->recompute != RECOMPUTE_NONE) { smolvla_vlm_layer_forward(m, l, m->recompute); }  // every row: same kernels
+        SmolLayer<floatX> w = smolvla_layer<floatX>(m, 0, l, 0);
+        SmolLayer<float> g = smolvla_layer<float>(m, 0, l, 1);
+        SmolLayerActs all = smolvla_layer_acts(m, 0, l);
+        SmolLayerActs x = state_only ? smolvla_state_rows(m, &all, last) : all;
         float* dk = a->dp_k + (size_t)l * P * KV;
         float* dv = a->dp_v + (size_t)l * P * KV;
         const floatX* dq = NULL;
         if (!last) {
-            smol_layer_out_backward(m, &w, &g, &x, dres, dres_x, N, D);
+            smolvla_layer_out_backward(m, &w, &g, &x, dres, dres_x, N, D);
             // the taken rows' queries (the state's, token Np - 1, or all) over every prefix key
-            GqaAttn keys = smol_attn(m, state_only ? 1 : Np, state_only ? Np - 1 : 0, all.k, all.v, Np, NULL, NULL, 0);
+            GqaAttn keys = smolvla_attn(m, state_only ? 1 : Np, state_only ? Np - 1 : 0, all.k, all.v, Np, NULL, NULL, 0);
             gqa_attention_backward(a->g_q, dk, dv, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta, keys);
             rope_at(a->g_q, a->g_q, m->rope_cos, m->rope_sin, a->pos + (state_only ? Np - 1 : 0), N, N / B, T,
                     c->n_head, c->head_dim, -1.0f);
@@ -3189,8 +3189,8 @@ static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
         rope_at(a->g_kx, dk, m->rope_cos, m->rope_sin, a->pos + (state_only ? Np - 1 : 0), N, N / B, T, c->n_kv_head,
                 c->head_dim, -1.0f);
         convert(a->g_vx, dv, (size_t)N * KV);
-        smol_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, dq, a->g_kx, a->g_vx, N);
-        smol_bucket_done(m, smol_bucket(c, TOWER_VLM, l));
+        smolvla_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, dq, a->g_kx, a->g_vx, N);
+        smolvla_bucket_done(m, smolvla_bucket(c, TOWER_VLM, l));
     }
 }
 
@@ -3199,7 +3199,7 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int state_only) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
     int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Lt = c->max_text;
-    int NV = (int)smol_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width;
+    int NV = (int)smolvla_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width;
     float scale = sqrtf((float)C);
     // the state rows: row Np - 1 of each sample, or the B rows of state_only
     const floatX* dstate = state_only ? a->g_res_x : a->g_res_x + (size_t)(Np - 1) * C;
@@ -3224,7 +3224,7 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int state_only) {
 static void smolvla_vision_backward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int NV = (int)smol_images(c, m->B), G = smolvla_grid(c), Nv = G * G, V = (int)smol_vrows(c, m->B);
+    int NV = (int)smolvla_images(c, m->B), G = smolvla_grid(c), Nv = G * G, V = (int)smolvla_vrows(c, m->B);
     int Cv = c->vis_width, Fv = c->vis_ff;
     size_t VC = (size_t)V * Cv;
     float* dres = a->g_res;
@@ -3232,36 +3232,36 @@ static void smolvla_vision_backward(SmolVLA* m) {
     pixel_shuffle_backward(a->g_ln, a->g_shuf, NV, G, G, Cv, c->scale_factor);  // d v_out
     cudaCheck(cudaMemsetAsync(dres, 0, VC * sizeof(float), main_stream));
     layernorm_backward(dres, dres_x, m->grads.vis_post_w, m->grads.vis_post_b, a->partial, a->g_ln,
-                       smol_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean, a->v_orstd, V, Cv);
+                       smolvla_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean, a->v_orstd, V, Cv);
     for (int l = c->vis_layers - 1; l >= 0; l--) {
-        if (m->recompute != RECOMPUTE_NONE) { smol_vision_layer_forward(m, l, m->recompute); }
-        SmolVisionActs x = smol_vision_acts(m, l);
+        if (m->recompute != RECOMPUTE_NONE) { smolvla_vision_layer_forward(m, l, m->recompute); }
+        SmolVisionActs x = smolvla_vision_acts(m, l);
         // MLP: out = mid + fc2(gelu(fc1(ln2(mid))))
-        matmul_backward_input(a->g_act, dres_x, smol_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv, 0.0f);
-        matmul_backward_weight(smol_grad(m, SMOLP_vis_fc2_w, l), dres_x, x.gelu, V, Fv, Cv);
-        bias_backward(smol_grad(m, SMOLP_vis_fc2_b, l), a->partial, dres_x, V, Cv);
+        matmul_backward_input(a->g_act, dres_x, smolvla_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv, 0.0f);
+        matmul_backward_weight(smolvla_grad(m, SMOLP_vis_fc2_w, l), dres_x, x.gelu, V, Fv, Cv);
+        bias_backward(smolvla_grad(m, SMOLP_vis_fc2_b, l), a->partial, dres_x, V, Cv);
         gelu_backward(a->g_gate, a->g_act, x.fc1, (size_t)V * Fv);
-        matmul_backward_input(a->g_ln, a->g_gate, smol_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv, 0.0f);
-        matmul_backward_weight(smol_grad(m, SMOLP_vis_fc1_w, l), a->g_gate, x.ln2, V, Cv, Fv);
-        bias_backward(smol_grad(m, SMOLP_vis_fc1_b, l), a->partial, a->g_gate, V, Fv);
-        layernorm_backward(dres, dres_x, smol_grad(m, SMOLP_vis_ln2_w, l), smol_grad(m, SMOLP_vis_ln2_b, l), a->partial,
-                           a->g_ln, x.mid, smol_param(m, SMOLP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
+        matmul_backward_input(a->g_ln, a->g_gate, smolvla_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv, 0.0f);
+        matmul_backward_weight(smolvla_grad(m, SMOLP_vis_fc1_w, l), a->g_gate, x.ln2, V, Cv, Fv);
+        bias_backward(smolvla_grad(m, SMOLP_vis_fc1_b, l), a->partial, a->g_gate, V, Fv);
+        layernorm_backward(dres, dres_x, smolvla_grad(m, SMOLP_vis_ln2_w, l), smolvla_grad(m, SMOLP_vis_ln2_b, l), a->partial,
+                           a->g_ln, x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
         // attention: mid = x + out_proj(attention(q, k, v))
-        matmul_backward_input(a->g_att, dres_x, smol_param(m, SMOLP_vis_wo, l), V, Cv, Cv, 0.0f);
-        matmul_backward_weight(smol_grad(m, SMOLP_vis_wo, l), dres_x, x.att, V, Cv, Cv);
-        bias_backward(smol_grad(m, SMOLP_vis_bo, l), a->partial, dres_x, V, Cv);
+        matmul_backward_input(a->g_att, dres_x, smolvla_param(m, SMOLP_vis_wo, l), V, Cv, Cv, 0.0f);
+        matmul_backward_weight(smolvla_grad(m, SMOLP_vis_wo, l), dres_x, x.att, V, Cv, Cv);
+        bias_backward(smolvla_grad(m, SMOLP_vis_bo, l), a->partial, dres_x, V, Cv);
         gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta,
-                               smol_vision_attn(m, x), a->g_kx, a->g_vx);  // (dk, dv in floatX)
+                               smolvla_vision_attn(m, x), a->g_kx, a->g_vx);  // (dk, dv in floatX)
         const floatX* dqkv[3] = {a->g_q, a->g_kx, a->g_vx};
         const int wi[3] = {SMOLP_vis_wq, SMOLP_vis_wk, SMOLP_vis_wv}, bi[3] = {SMOLP_vis_bq, SMOLP_vis_bk, SMOLP_vis_bv};
         for (int j = 0; j < 3; j++) {
-            matmul_backward_input(a->g_ln, dqkv[j], smol_param(m, wi[j], l), V, Cv, Cv, j > 0 ? 1.0f : 0.0f);
-            matmul_backward_weight(smol_grad(m, wi[j], l), dqkv[j], x.ln1, V, Cv, Cv);
-            bias_backward(smol_grad(m, bi[j], l), a->partial, dqkv[j], V, Cv);
+            matmul_backward_input(a->g_ln, dqkv[j], smolvla_param(m, wi[j], l), V, Cv, Cv, j > 0 ? 1.0f : 0.0f);
+            matmul_backward_weight(smolvla_grad(m, wi[j], l), dqkv[j], x.ln1, V, Cv, Cv);
+            bias_backward(smolvla_grad(m, bi[j], l), a->partial, dqkv[j], V, Cv);
         }
-        layernorm_backward(dres, dres_x, smol_grad(m, SMOLP_vis_ln1_w, l), smol_grad(m, SMOLP_vis_ln1_b, l), a->partial,
-                           a->g_ln, x.res, smol_param(m, SMOLP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
-        smol_bucket_done(m, smol_bucket(c, TOWER_VISION, l));
+        layernorm_backward(dres, dres_x, smolvla_grad(m, SMOLP_vis_ln1_w, l), smolvla_grad(m, SMOLP_vis_ln1_b, l), a->partial,
+                           a->g_ln, x.res, smolvla_param(m, SMOLP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
+        smolvla_bucket_done(m, smolvla_bucket(c, TOWER_VISION, l));
     }
     // patch i's position row, summed over the images in order; the patch embedding
     LAUNCH_1D(pos_emb_backward_kernel, (size_t)Nv * Cv, m->grads.vis_pos, dres, NV, Nv, Nv, Cv);
@@ -3279,21 +3279,21 @@ static void smolvla_backward(SmolVLA* m, int zero_grads) {
     int state_only = m->mode == TRAIN_MODE_EXPERT;
     prof_phase("expert bwd");
     if (zero_grads) { cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->n_train * sizeof(float), main_stream)); }
-    size_t kv = (size_t)c->n_layer * smol_prows(c, m->B) * smolvla_d_kv(c);
+    size_t kv = (size_t)c->n_layer * smolvla_prows(c, m->B) * smolvla_d_kv(c);
     cudaCheck(cudaMemsetAsync(m->acts.dp_k, 0, kv * sizeof(float), main_stream));
     cudaCheck(cudaMemsetAsync(m->acts.dp_v, 0, kv * sizeof(float), main_stream));
     smolvla_expert_backward(m, state_only);
     smolvla_suffix_embed_backward(m);
-    smol_bucket_done(m, smol_bucket(c, TOWER_EXPERT, -1));
+    smolvla_bucket_done(m, smolvla_bucket(c, TOWER_EXPERT, -1));
     prof_phase("vlm bwd");
     smolvla_vlm_backward(m, state_only);
     prof_phase("prefix bwd");
     smolvla_prefix_embed_backward(m, state_only);
-    smol_bucket_done(m, smol_bucket(c, TOWER_VLM, -1));
+    smolvla_bucket_done(m, smolvla_bucket(c, TOWER_VLM, -1));
     if (m->mode == TRAIN_MODE_ALL) {
         prof_phase("vision bwd");
         smolvla_vision_backward(m);
-        smol_bucket_done(m, smol_bucket(c, TOWER_VISION, -1));
+        smolvla_bucket_done(m, smolvla_bucket(c, TOWER_VISION, -1));
     }
 }
 
@@ -3310,7 +3310,7 @@ static void smolvla_grads_finish(SmolVLA* m, int stop) {
 // t = float(1 + k dt), dt = -1/n_steps in double, x += float(dt) v. A CUDA graph of it replays.
 static void smolvla_euler_steps(SmolVLA* m) {
     SmolActivations* a = &m->acts;
-    int B = m->B, n = (int)smol_rrows(&m->config, B) * m->config.max_action_dim, n_steps = 10;
+    int B = m->B, n = (int)smolvla_rrows(&m->config, B) * m->config.max_action_dim, n_steps = 10;
     convert(a->x_t, a->x_sample, n);
     double dt = -1.0 / n_steps;
     for (int k = 0; k < n_steps; k++) {
@@ -3334,7 +3334,7 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
     smolvla_encode_prefix(m, in);
     prof_phase("euler steps");
     SmolActivations* a = &m->acts;
-    int n = (int)smol_rrows(&m->config, in->B) * m->config.max_action_dim;
+    int n = (int)smolvla_rrows(&m->config, in->B) * m->config.max_action_dim;
     cudaCheck(cudaMemcpyAsync(a->x_sample, noise, n * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
     cudaCheck(cudaEventRecord(s->marks[1], main_stream));
     if (!s->use_graph || !s->warm || profiled) {
@@ -3365,7 +3365,7 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
 
 // The trainable gradients' global norm into acts.scalars[1], a fixed grid; ZeRO-1 ranks add their sums
 static void smolvla_global_norm(SmolVLA* m) {
-    int sharded = smol_sharded(m);
+    int sharded = smolvla_sharded(m);
     norm_squares_kernel<<<NORM_BLOCKS, BLOCK, 0, main_stream>>>(m->norm_partial, m->grads_memory + m->shard_lo,
                                                                  m->shard_hi - m->shard_lo);
     launchCheck();
@@ -3398,7 +3398,7 @@ static void smolvla_update(SmolVLA* m, float lr, float weight_decay, float clip,
                                                            VLA_LOSS_SCALE_MAX);
         launchCheck();
     }
-    if (smol_sharded(m)) { zero_gather_params(m); }
+    if (smolvla_sharded(m)) { zero_gather_params(m); }
 }
 
 // Loss, gradient norm (before clipping) and stop flag of the last step over every rank, waiting for them
@@ -3463,7 +3463,7 @@ typedef struct Dist {
     int sync;  // the backward pass sums its buckets over the ranks as they finish (a step's last micro-step)
     ncclComm_t comm;
     cudaStream_t comm_stream;
-    cudaEvent_t* bucket_ready;  // (smol_bucket_count) their gradients are final on the main stream
+    cudaEvent_t* bucket_ready;  // (smolvla_bucket_count) their gradients are final on the main stream
     cudaEvent_t scalars_ready, comm_done;
     // the main stream's waits on the communication stream in one step: begin and end of wait i
     cudaEvent_t wait_begin[DIST_TIMED_WAITS], wait_end[DIST_TIMED_WAITS];
@@ -3496,10 +3496,10 @@ static void dist_sum(Dist* d, float* x, size_t n) {
 }
 
 // Bucket b's gradients are final: sum them over the ranks while the backward goes on
-static void smol_bucket_done(SmolVLA* m, int b) {
+static void smolvla_bucket_done(SmolVLA* m, int b) {
     Dist* d = m->dist;
     const SmolBuckets* k = &m->buckets;
-    if (d == NULL || !d->sync || smol_sharded(m) || k->first[b] == k->first[b + 1]) { return; }  // ZeRO-1: at the end
+    if (d == NULL || !d->sync || smolvla_sharded(m) || k->first[b] == k->first[b + 1]) { return; }  // ZeRO-1: at the end
     cudaCheck(cudaEventRecord(d->bucket_ready[b], main_stream));
     cudaCheck(cudaStreamWaitEvent(d->comm_stream, d->bucket_ready[b], 0));
     ncclCheck(ncclGroupStart());
@@ -3515,7 +3515,7 @@ static void dist_step_sums(SmolVLA* m) {
     Dist* d = m->dist;
     if (d != NULL) {
         comm_after_main(d, d->scalars_ready);
-        if (smol_sharded(m)) {
+        if (smolvla_sharded(m)) {
             size_t S = m->shard_hi - m->shard_lo;
             ncclCheck(ncclReduceScatter(m->grads_memory, m->grads_memory + m->shard_lo, S, ncclFloat, ncclSum, d->comm,
                                         d->comm_stream));
@@ -3541,7 +3541,7 @@ static void zero_gather_params(SmolVLA* m) {
 
 // Optimizer state made whole (n_train): itself, or all-gathered into `gathered` (every rank calls it)
 static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* shard) {
-    if (smol_sharded(m)) {
+    if (smolvla_sharded(m)) {
         comm_after_main(m->dist, m->dist->scalars_ready);
         ncclCheck(ncclAllGather(shard, gathered, m->shard_hi - m->shard_lo, ncclFloat, m->dist->comm, m->dist->comm_stream));
         main_after_comm(m->dist);
@@ -3667,7 +3667,7 @@ static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* dev, const float
     const SmolVLAConfig* c = &m->config;
     int B = dev->B, H = c->chunk, A = c->action_dim, Amax = c->max_action_dim;
     float* normalized = (float*)mallocCheck((size_t)B * H * Amax * sizeof(float));
-    SmolInputs in = smol_inputs(dev);
+    SmolInputs in = smolvla_inputs(dev);
     smolvla_sample(m, &in, dev->eps, normalized);
     for (size_t slot = 0; slot < (size_t)B * H; slot++) {
         for (int d = 0; d < A; d++) {
@@ -3683,10 +3683,10 @@ static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* dev, const float
 // Writes a checkpoint (rank 0): every weight in fp32, and the moments; every rank calls it (ZeRO-1)
 static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const TrainArgs* args, int step,
                          uint64_t sampler_pos, int write, const LossScaleState* loss_scale) {
-    if (!write && !smol_sharded(m)) { return; }
+    if (!write && !smolvla_sharded(m)) { return; }
     size_t total = m->n_train;
     float* gathered = NULL;  // ZeRO-1: room for one state array's shards, gathered
-    if (smol_sharded(m)) { cudaCheck(cudaMalloc(&gathered, total * sizeof(float))); }
+    if (smolvla_sharded(m)) { cudaCheck(cudaMalloc(&gathered, total * sizeof(float))); }
     float* host = write ? (float*)mallocCheck(3 * total * sizeof(float)) : NULL;
     const float* state[3] = {m->master, m->m_memory, m->v_memory};
     for (int k = 0; k < 3; k++) {
@@ -3802,7 +3802,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
             SmolBatch* batch = &dev[job % 2];
             cudaCheck(cudaStreamWaitEvent(main_stream, uploaded[job % 2], 0));
             dist.sync = micro == args->accum - 1;  // communicate on the last micro-step only
-            SmolInputs in = smol_inputs(batch);
+            SmolInputs in = smolvla_inputs(batch);
             smolvla_forward(&model, &in, micro);
             task_losses_add(&task_losses, &model, &in, (int)(job % 2), micro);
             smolvla_backward(&model, micro == 0);

@@ -65,7 +65,7 @@ def layer_flops(c, l, P):
 
 
 def buckets_of(c, mode):
-    """Each gradient bucket of train_vla.cu (smol_bucket): (name, trainable elements, backward
+    """Each gradient bucket of train_vla.cu (smolvla_bucket): (name, trainable elements, backward
     weight = forward FLOPs per sample of what the backward passes through before the bucket is
     final), in the order the backward pass finishes them: the expert's layers from the top (its
     head with the top one), its input projections, the VLM's layers from the top (its final norm

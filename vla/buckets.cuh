@@ -2,7 +2,7 @@
 vla/buckets.cuh: the gradient buckets of train_vla.cu: the trainable domain's ranges grouped by the
 layer whose backward makes them final, numbered in the order the backward pass finishes them, so
 the MULTI_GPU build sums each bucket over the ranks while the backward goes on. It owns
-smol_bucket, smol_bucket_count and smol_buckets_build (host only: the config table counts them too).
+smolvla_bucket, smolvla_bucket_count and smolvla_buckets_build (host only: the config table counts them too).
 
 Included by train_vla.cu at the start of its data-parallel section, after the model's parameter
 table (SmolParamTable, SmolOptDomain, SmolBuckets).
@@ -12,28 +12,28 @@ table (SmolParamTable, SmolOptDomain, SmolBuckets).
 // order the backward pass finishes them: the expert's layers top down (its head with the top
 // layer), its input projections, the VLM's layers top down, the prefix's embeddings, the vision
 // layers top down (the post-LayerNorm with the top one), the patch and position embeddings.
-static int smol_bucket(const SmolVLAConfig* c, int tower, int layer) {
+static int smolvla_bucket(const SmolVLAConfig* c, int tower, int layer) {
     int L = c->n_layer, Lv = c->vis_layers;
     if (tower == TOWER_EXPERT) { return layer >= 0 ? L - 1 - layer : L; }
     if (tower == TOWER_VLM) { return layer >= 0 ? 2 * L - layer : 2 * L + 1; }
     return layer >= 0 ? 2 * L + 1 + Lv - layer : 2 * L + 2 + Lv;
 }
 
-static int smol_bucket_count(const SmolVLAConfig* c) { return 2 * c->n_layer + 3 + c->vis_layers; }
+static int smolvla_bucket_count(const SmolVLAConfig* c) { return 2 * c->n_layer + 3 + c->vis_layers; }
 
 // The bucket of slice k of tensor s: a layer's slice with its layer, a head with its tower's top
 // layer (its gradient is final before that layer's), an input with its tower's embeddings
-static int smol_slice_bucket(const SmolVLAConfig* c, const SmolParamSpec* s, int k) {
-    if (s->kind == KIND_LAYER) { return smol_bucket(c, s->tower, smolvla_slice_layer(c, s, k)); }
-    if (s->kind == KIND_HEAD) { return smol_bucket(c, s->tower, (s->tower == TOWER_VISION ? c->vis_layers : c->n_layer) - 1); }
-    return smol_bucket(c, s->tower, -1);
+static int smolvla_slice_bucket(const SmolVLAConfig* c, const SmolParamSpec* s, int k) {
+    if (s->kind == KIND_LAYER) { return smolvla_bucket(c, s->tower, smolvla_slice_layer(c, s, k)); }
+    if (s->kind == KIND_HEAD) { return smolvla_bucket(c, s->tower, (s->tower == TOWER_VISION ? c->vis_layers : c->n_layer) - 1); }
+    return smolvla_bucket(c, s->tower, -1);
 }
 
 // Each bucket's ranges of the trainable domain d of table t: its trainable slices, neighbours
 // merged. A frozen slice is in no bucket, so it is never communicated. (Host only: the banner
 // counts them too.)
-static void smol_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d) {
-    b->n = smol_bucket_count(c);
+static void smolvla_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d) {
+    b->n = smolvla_bucket_count(c);
     size_t max_ranges = 0;
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { max_ranges += smolvla_slices(&t->spec[i]); }
     b->first = (int*)callocCheck(b->n + 1, sizeof(int));
@@ -46,7 +46,7 @@ static void smol_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const Smo
             const SmolParamSpec* s = &t->spec[i];
             size_t per = s->numel / smolvla_slices(s);
             for (size_t k = 0; (k + 1) * per <= d->numel[i]; k++) {
-                if (smol_slice_bucket(c, s, (int)k) != q) { continue; }
+                if (smolvla_slice_bucket(c, s, (int)k) != q) { continue; }
                 size_t at = d->offset[i] + k * per;
                 if (r > b->first[q] && b->offset[r - 1] + b->count[r - 1] == at) {
                     b->count[r - 1] += per;

@@ -13,11 +13,11 @@ main_stream, copy_stream, cudaCheck and the loader (vla/loader.h).
 // size, tokens, state, actions, pads, t, noise); the host slot and this buffer are copied in one go.
 static void device_batch_alloc(SmolVLA* m, SmolBatch* dev, const Cameras* cams, int B) {
     size_t bytes = smolvla_batch_layout(dev, NULL, &m->config, cams, B);
-    smolvla_batch_layout(dev, (uint8_t*)smol_device_malloc(m, bytes), &m->config, cams, B);
+    smolvla_batch_layout(dev, (uint8_t*)smolvla_device_malloc(m, bytes), &m->config, cams, B);
 }
 
 // The model's inputs from a device batch (the first b->B samples of its layout)
-static SmolInputs smol_inputs(const SmolBatch* b) {
+static SmolInputs smolvla_inputs(const SmolBatch* b) {
     SmolInputs in;
     memset(&in, 0, sizeof(in));
     in.B = b->B;

@@ -42,7 +42,7 @@ static double smolvla_flops_per_sample(const SmolVLAConfig* c, int mode) {
 }
 
 // FLOPs that recompute level rc adds to one training sample in `mode`: the forward of what it drops,
-// once more in the backward (smol_*_layer_forward's redo), counted as smolvla_flops_per_sample
+// once more in the backward (smolvla_*_layer_forward's redo), counted as smolvla_flops_per_sample
 // counts: the expert's layers (attn: q, its own k/v, attention; layer: also o_proj and gate/up, not
 // down_proj, whose output is kept), the VLM's on every prefix row (also in expert mode, where only
 // the state rows go back: the recomputation runs the forward's kernels) but its last layer (ln1 alone,

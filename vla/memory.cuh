@@ -22,7 +22,7 @@ static size_t smolvla_model_bytes(const SmolVLAConfig* c, int mode) {
 }
 
 // The activations' elements of each type for B samples, every tensor rounded up to 64 bytes
-static void smol_act_counts(const SmolVLAConfig* c, int mode, int B, int rc, size_t* nx, size_t* nf, size_t* ni) {
+static void smolvla_act_counts(const SmolVLAConfig* c, int mode, int B, int rc, size_t* nx, size_t* nf, size_t* ni) {
     *nx = *nf = *ni = 0;
 #define SMOL_SIZE_X_(nm, n) *nx += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
 #define SMOL_SIZE_F_(nm, n) *nf += ((n) + 15) / 16 * 16;
@@ -36,7 +36,7 @@ static void smol_act_counts(const SmolVLAConfig* c, int mode, int B, int rc, siz
 // Device bytes of the activations smolvla_set_batch allocates for B samples
 static size_t smolvla_act_bytes(const SmolVLAConfig* c, int mode, int B, int rc = RECOMPUTE_NONE) {
     size_t nx, nf, ni;
-    smol_act_counts(c, mode, B, rc, &nx, &nf, &ni);
+    smolvla_act_counts(c, mode, B, rc, &nx, &nf, &ni);
     return nx * sizeof(floatX) + nf * sizeof(float) + ni * sizeof(int);
 }
 

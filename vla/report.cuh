@@ -14,7 +14,7 @@ Included by train_vla.cu in its CLI section, after Run.
 static const double H100_80GB_MODEL_BYTES = (81559.0 - 2048.0) * 1024.0 * 1024.0;
 
 // The largest batch whose model and activations (mode, rc) fit in `budget` bytes; 0: none does
-static int smol_largest_batch(const SmolVLAConfig* c, int mode, int rc, double budget) {
+static int smolvla_largest_batch(const SmolVLAConfig* c, int mode, int rc, double budget) {
     double model = (double)smolvla_model_bytes(c, mode);
     int lo = 0, hi = 1;
     while (hi < (1 << 20) && model + (double)smolvla_act_bytes(c, mode, hi, rc) <= budget) { lo = hi; hi *= 2; }
@@ -52,7 +52,7 @@ static void print_memory_table(const SmolVLAConfig* c, const char* preset) {
         double flops = smolvla_flops_per_sample(c, mode);
         printf("| %-7s | %9.2f |", TRAIN_MODE_NAMES[mode], (double)smolvla_model_bytes(c, mode) / gib);
         for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
-            printf(" %*d |", rc == RECOMPUTE_LAYER ? 5 : 4, smol_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES));
+            printf(" %*d |", rc == RECOMPUTE_LAYER ? 5 : 4, smolvla_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES));
         }
         printf(" %12.1f | %4.1f%% | %5.1f%% |\n", flops / 1e9,
                100.0 * smolvla_recompute_flops_per_sample(c, mode, RECOMPUTE_ATTN) / flops,
@@ -82,7 +82,7 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     SmolOptDomain domain;
     SmolBuckets buckets;
     smolvla_opt_domain(&t, args->train_mode, &domain);
-    smol_buckets_build(&buckets, c, &t, &domain);
+    smolvla_buckets_build(&buckets, c, &t, &domain);
     snprintf(split, sizeof(split), "%d buckets, %d ranges", buckets.n, buckets.first[buckets.n]);
     printf("| gradient all-reduce    | %-36s |\n", split);
     free(buckets.first); free(buckets.offset); free(buckets.count);
@@ -94,7 +94,7 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     snprintf(split, sizeof(split), "%g (--lr-scale %s)", args->lr, LR_SCALE_NAMES[args->lr_scale]);
     printf("| peak learning rate     | %-36s |\n", split);
     printf("| optimizer state        | %-36s |\n", args->zero && run->world > 1 ? "sharded over the GPUs (ZeRO-1)" : "on every GPU");
-    // per GPU, for its micro-batch: a frozen vision tower keeps one layer's (smol_vis_kept)
+    // per GPU, for its micro-batch: a frozen vision tower keeps one layer's (smolvla_vis_kept)
     double gib = 1024.0 * 1024.0 * 1024.0;
     size_t kept_all = smolvla_act_bytes(c, args->train_mode, args->batch);
     size_t kept = smolvla_act_bytes(c, args->train_mode, args->batch, args->recompute);

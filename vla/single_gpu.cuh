@@ -12,7 +12,7 @@ typedef struct Dist {
 } Dist;
 
 static void dist_sum(Dist* d, float* x, size_t n) {}
-static void smol_bucket_done(SmolVLA* m, int b) {}
+static void smolvla_bucket_done(SmolVLA* m, int b) {}
 static void dist_step_sums(SmolVLA* m) {}
 static void zero_sum_squares(SmolVLA* m) {}
 static void zero_gather_params(SmolVLA* m) {}
