@@ -29,7 +29,7 @@ Invariants worth knowing before reading:
 - Every reduction runs in a fixed order (no floating-point atomics): two runs give the same bits.
 
 Reproduce the oracle's numbers (what test_vla_gpu checks):
-  make test     (on a GPU: ./test_vla_gpu build/test ./train_vla --smolvla build/lerobot_ref;
+  make test     (on a GPU: build/gpu/test_vla_gpu_bf16 build/test build/gpu/train_vla_bf16 --smolvla build/lerobot_ref;
                  without one, the same tests run under the CPU emulation in dev/cuda/emu)
   python3 dev/model.py -i build/test/a.bin -p tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
       -l 1e-3 -u 2 -w 0.1 -c 0.5 --train-mode all     (the losses of ./train_vla -p tiny -b 4 ...)
