@@ -2524,7 +2524,8 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
     }
     if (c->d_model > 32 * RMSNORM_BWD2_COLS || c->d_expert > 32 * RMSNORM_BWD2_COLS ||
         c->vis_width > 32 * LAYERNORM_BWD2_VALS) {
-        vla_fail("widths up to %d are supported by the GPU trainer", 32 * RMSNORM_BWD2_COLS);
+        vla_fail("widths %d (VLM), %d (expert), %d (vision): the GPU trainer's norms take widths up to %d; train this "
+                 "model with train_vla_cpu", c->d_model, c->d_expert, c->vis_width, 32 * RMSNORM_BWD2_COLS);
     }
     // the kernels of the vision tower, the connector and the MLPs move 16 bytes at a time
     if (c->vis_width % x128::size != 0 || c->vis_ff % x128::size != 0 || c->img % x128::size != 0 ||
