@@ -2,8 +2,8 @@
 # A block of a kernel gets at most 65536 registers on NVIDIA GPUs: a kernel that ptxas gives more
 # than 64 registers per thread cannot launch at 1024 threads ("too many resources requested for
 # launch"), a failure no CPU emulation shows. This check reads ptxas's register counts of every
-# kernel of train_vla.cu (nvcc --resource-usage, each precision) and asks that each kernel over 64
-# registers be declared with __launch_bounds__(N), N threads fitting its registers: the compiler
+# kernel of train_vla.cu and the vla/*.cuh headers it includes (nvcc --resource-usage, each
+# precision) and asks that each kernel over 64 registers be declared with __launch_bounds__(N), N threads fitting its registers: the compiler
 # then holds to N, and a launch over N fails plainly (the launchers keep to N; dev/cuda's
 # benchmarks skip larger blocks).
 #
@@ -12,17 +12,18 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 [ $# -gt 0 ] || { echo "usage: dev/cuda/check_registers.sh LOG... (nvcc --resource-usage output of train_vla.cu)"; exit 2; }
-SRC=${SRC:-train_vla.cu}  # the source whose kernels the logs list
+SRC=${SRC:-train_vla.cu}  # the source whose kernels the logs list, with the headers it includes
+SOURCES=("$SRC" vla/*.cuh)
 passed=0
 failed=0
 check() {  # check OK MESSAGE
     if [ "$1" -eq 1 ]; then passed=$((passed + 1)); echo "ok    $2"; else failed=$((failed + 1)); echo "FAIL  $2"; fi
 }
 
-# the value of a __launch_bounds__ argument: a number, or a #define of train_vla.cu
+# the value of a __launch_bounds__ argument: a number, or a #define of the sources
 bound_value() {
     if [[ "$1" =~ ^[0-9]+$ ]]; then echo "$1"; return; fi
-    sed -n "s/^#define $1 \([0-9][0-9]*\).*/\1/p" "$SRC" | head -n 1
+    sed -n "s/^#define $1 \([0-9][0-9]*\).*/\1/p" "${SOURCES[@]}" | head -n 1
 }
 
 for log in "$@"; do
@@ -42,7 +43,7 @@ for log in "$@"; do
         if [ -z "$name" ] || [ "$regs" -le 64 ]; then continue; fi
         over=$((over + 1))
         # the kernel's definition: __global__ void __launch_bounds__(N) name( or (N, min blocks)
-        arg=$(grep -o "__global__ void __launch_bounds__([A-Za-z0-9_]*\(, [^)]*\)\?) $name(" "$SRC" | head -n 1 |
+        arg=$(grep -o "__global__ void __launch_bounds__([A-Za-z0-9_]*\(, [^)]*\)\?) $name(" "${SOURCES[@]}" | head -n 1 |
               sed 's/.*__launch_bounds__(\([A-Za-z0-9_]*\).*/\1/')
         if [ -z "$arg" ]; then
             check 0 "$log: $name uses $regs registers per thread, so a block of 1024 threads cannot launch: declare it with __launch_bounds__(N), N * $regs <= 65536, and launch at most N threads"
