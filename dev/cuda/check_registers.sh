@@ -3,9 +3,9 @@
 # than 64 registers per thread cannot launch at 1024 threads ("too many resources requested for
 # launch"), a failure no CPU emulation shows. This check reads ptxas's register counts of every
 # kernel of train_vla.cu and the vla/*.cuh headers it includes (nvcc --resource-usage, each
-# precision) and asks that each kernel over 64 registers be declared with __launch_bounds__(N), N threads fitting its registers: the compiler
-# then holds to N, and a launch over N fails plainly (the launchers keep to N; dev/cuda's
-# benchmarks skip larger blocks).
+# precision) and asks that each kernel over 64 registers be declared with __launch_bounds__(N), N
+# threads fitting its registers: the compiler then holds to N, and a launch over N fails plainly
+# (the launchers keep to N; dev/cuda's benchmarks skip larger blocks).
 #
 #   dev/cuda/check_registers.sh LOG...      LOG: nvcc --resource-usage output of train_vla.cu
 #   (make test makes build/gpu/registers_<precision>.txt and runs this on them)
