@@ -2656,9 +2656,9 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
     floatX* px = m->acts_x;
     float* pf = m->acts_f;
     int* pi = m->acts_i;
-#define SMOL_POINT_X_(nm, n) m->acts.nm = px; px += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
-#define SMOL_POINT_F_(nm, n) m->acts.nm = pf; pf += ((n) + 15) / 16 * 16;
-#define SMOL_POINT_I_(nm, n) m->acts.nm = pi; pi += ((n) + 15) / 16 * 16;
+#define SMOL_POINT_X_(nm, n) m->acts.nm = px; px += smolvla_act_slot_x(n);
+#define SMOL_POINT_F_(nm, n) m->acts.nm = pf; pf += smolvla_act_slot_4(n);
+#define SMOL_POINT_I_(nm, n) m->acts.nm = pi; pi += smolvla_act_slot_4(n);
     SMOLVLA_GPU_ACTIVATIONS(SMOL_POINT_X_, SMOL_POINT_F_, SMOL_POINT_I_, c, B, mode, rc)
 #undef SMOL_POINT_X_
 #undef SMOL_POINT_F_

@@ -21,12 +21,17 @@ static size_t smolvla_model_bytes(const SmolVLAConfig* c, int mode) {
            (LOSS_SCALING ? LOSS_SCALER * sizeof(float) : 0);  // fp16: the loss scale's state
 }
 
-// The activations' elements of each type for B samples, every tensor rounded up to 64 bytes
+// The elements one activation tensor of n takes in its type's allocation: rounded up to 64 bytes,
+// so that every tensor starts 16-byte aligned (smolvla_set_batch carves by the same rule)
+static inline size_t smolvla_act_slot_x(size_t n) { return (n * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX); }
+static inline size_t smolvla_act_slot_4(size_t n) { return (n + 15) / 16 * 16; }  // (float, int)
+
+// The activations' elements of each type for B samples
 static void smolvla_act_counts(const SmolVLAConfig* c, int mode, int B, int rc, size_t* nx, size_t* nf, size_t* ni) {
     *nx = *nf = *ni = 0;
-#define SMOL_SIZE_X_(nm, n) *nx += ((n) * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX);
-#define SMOL_SIZE_F_(nm, n) *nf += ((n) + 15) / 16 * 16;
-#define SMOL_SIZE_I_(nm, n) *ni += ((n) + 15) / 16 * 16;
+#define SMOL_SIZE_X_(nm, n) *nx += smolvla_act_slot_x(n);
+#define SMOL_SIZE_F_(nm, n) *nf += smolvla_act_slot_4(n);
+#define SMOL_SIZE_I_(nm, n) *ni += smolvla_act_slot_4(n);
     SMOLVLA_GPU_ACTIVATIONS(SMOL_SIZE_X_, SMOL_SIZE_F_, SMOL_SIZE_I_, c, B, mode, rc)
 #undef SMOL_SIZE_X_
 #undef SMOL_SIZE_F_
