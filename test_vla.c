@@ -564,7 +564,7 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
         for (int i = 0; i < ref.n; i++) { n_ref_grads += strncmp(ref.tensors[i].name, "grad.", 5) == 0; }
         for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
             const SmolParamSpec* s = &m.table.spec[i];
-            size_t n = smolvla_slices(s), per = s->numel / n;
+            size_t n = smolvla_slices(s), per = smolvla_slice_numel(s);
             for (size_t k = 0; k < n; k++) {
                 char lname[256], key[300];
                 if (s->slices == SLICES_NONE) { snprintf(lname, sizeof(lname), "%s", s->lerobot); }

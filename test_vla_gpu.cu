@@ -237,7 +237,7 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
         for (int i = 0; i < ref.n; i++) { n_ref_grads += strncmp(ref.tensors[i].name, "grad.", 5) == 0; }
         for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
             const SmolParamSpec* s = &m.table.spec[i];
-            size_t n_slices = smolvla_slices(s), per = s->numel / n_slices;
+            size_t n_slices = smolvla_slices(s), per = smolvla_slice_numel(s);
             trainable += smolvla_trainable_numel(s, mode);
             for (size_t k = 0; k < n_slices; k++) {
                 char lname[256], key[300];
@@ -507,7 +507,7 @@ static void test_smolvla_oracle(const char* dir, int mode) {
     int n_slices_checked[3] = {0, 0, 0}, records_ok = 1;
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
         const SmolParamSpec* s = &m.table.spec[i];
-        size_t n_train = smolvla_trainable_numel(s, mode), per = s->numel / smolvla_slices(s);
+        size_t n_train = smolvla_trainable_numel(s, mode), per = smolvla_slice_numel(s);
         snprintf(key, sizeof(key), "grad/%s", s->name);
         const Record* r = debug_lookup(&st, key);
         if (n_train == 0 || r == NULL) {
@@ -595,7 +595,7 @@ static void test_smolvla_oracle(const char* dir, int mode) {
     size_t frozen_moved = 0, trained_moved = 0;
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
         const SmolParamSpec* s = &m.table.spec[i];
-        size_t per = s->numel / smolvla_slices(s);
+        size_t per = smolvla_slice_numel(s);
         for (int k = 0; k < (int)smolvla_slices(s); k++) {
             size_t at = (size_t)(smolvla_param(&m, i, k) - m.params_memory);
             int trains = smolvla_grad(&m, i, k) != NULL;

@@ -136,8 +136,10 @@ static void matmul_forward(float* out, const float* inp, const float* w, const f
 }
 
 // dinp (N, C) += dout @ w; dw (OC, C) += dout^T @ inp; db (OC) += column sums. dinp, db may be NULL.
-// out = x / sqrt(mean(x^2) + eps) * w, per row of C
-static void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C, float eps) {
+// out = x / sqrt(mean(x^2) + eps) * (offset + w), per row of C: offset 0 is Llama's norm (SmolVLA),
+// 1 Gemma's (pi0), whose stored weight is the scale's distance from 1
+static void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C, float eps,
+                            float offset) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* x = inp + (size_t)n * C;
@@ -146,25 +148,25 @@ static void rmsnorm_forward(float* out, float* rstd, const float* inp, const flo
         float r = 1.0f / sqrtf(ss / (float)C + eps);
         rstd[n] = r;
         float* y = out + (size_t)n * C;
-        for (int c = 0; c < C; c++) { y[c] = x[c] * r * w[c]; }
+        for (int c = 0; c < C; c++) { y[c] = x[c] * r * (offset + w[c]); }
     }
 }
 
-// y_c = x_c r w_c with r = (mean x^2 + eps)^-1/2, so
-// dx_c = r w_c dy_c - x_c r^3 / C * sum_j dy_j w_j x_j  and  dw_c = sum_rows dy_c x_c r.
+// y_c = x_c r s_c with r = (mean x^2 + eps)^-1/2 and the scale s = offset + w, so
+// dx_c = r s_c dy_c - x_c r^3 / C * sum_j dy_j s_j x_j  and  dw_c = sum_rows dy_c x_c r.
 // dw may be NULL: a frozen norm (SmolVLA's last VLM layer) passes its gradient through only.
 static void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                             const float* rstd, int N, int C) {
+                             const float* rstd, int N, int C, float offset) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* x = inp + (size_t)n * C;
         const float* dy = dout + (size_t)n * C;
         float r = rstd[n];
         float dot = 0.0f;
-        for (int c = 0; c < C; c++) { dot += dy[c] * w[c] * x[c]; }
+        for (int c = 0; c < C; c++) { dot += dy[c] * (offset + w[c]) * x[c]; }
         float k = dot * r * r * r / (float)C;
         float* dx = dinp + (size_t)n * C;
-        for (int c = 0; c < C; c++) { dx[c] += r * w[c] * dy[c] - k * x[c]; }
+        for (int c = 0; c < C; c++) { dx[c] += r * (offset + w[c]) * dy[c] - k * x[c]; }
     }
     if (dw == NULL) { return; }
     #pragma omp parallel for schedule(static)
@@ -452,6 +454,21 @@ static void swiglu_backward(float* dgate, float* dup, const float* dact, const f
     }
 }
 
+// Gemma's MLP activation (pi0): act = gelu_tanh(gate) * up
+static void geglu_forward(float* act, const float* gate, const float* up, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) { act[i] = gelu_tanh(gate[i]) * up[i]; }
+}
+
+// dgate, dup are overwritten
+static void geglu_backward(float* dgate, float* dup, const float* dact, const float* gate, const float* up, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        dgate[i] = dact[i] * up[i] * gelu_tanh_grad(gate[i]);
+        dup[i] = dact[i] * gelu_tanh(gate[i]);
+    }
+}
+
 // SigLIP's MLP activation (gelu_pytorch_tanh)
 static void gelu_forward(float* out, const float* inp, size_t n) {
     #pragma omp parallel for schedule(static)
@@ -541,8 +558,10 @@ static int resized_size(int h, int w, int S, int* rh, int* rw) {
 // One stored frame (h, w, 3) uint8 -> (3, S, S) floats in [-1, 1], as LeRobot prepares images:
 // x / 255, resize with padding to S x S keeping the aspect ratio (ratio = max(w/S, h/S), size
 // int(h/ratio) x int(w/ratio), bilinear; skipped when already S x S), zeros padded on the LEFT
-// and TOP, then x*2-1 (so padding reads -1). Rows are blended first, then columns, as the oracle.
-static void resize_pad(float* out, const uint8_t* frame, int h, int w, int S) {
+// and TOP (SmolVLA's resize_with_pad) or centred, the odd one at the bottom and right (pi0's
+// resize_with_pad_torch), then x*2-1 (so padding reads -1). Rows are blended first, then columns,
+// as the oracle.
+static void resize_pad(float* out, const uint8_t* frame, int h, int w, int S, int centred) {
     int rh, rw;
     if (!resized_size(h, w, S, &rh, &rw)) {
         vla_fail("a %dx%d camera frame resizes to %dx%d at %d px: nothing left of it: use frames closer to square", h, w,
@@ -552,14 +571,14 @@ static void resize_pad(float* out, const uint8_t* frame, int h, int w, int S) {
     float wy[rh], wx[rw];
     bilinear_taps(y0, y1, wy, h, rh);
     bilinear_taps(x0, x1, wx, w, rw);
-    int pad_h = S - rh, pad_w = S - rw, resized = h != S || w != S;
+    int pad_h = centred ? (S - rh) / 2 : S - rh, pad_w = centred ? (S - rw) / 2 : S - rw, resized = h != S || w != S;
     #pragma omp parallel for collapse(2) schedule(static)
     for (int ch = 0; ch < 3; ch++) {
         for (int y = 0; y < S; y++) {
             float* dst = out + ((size_t)ch * S + y) * S;
             for (int x = 0; x < S; x++) {
                 float v = 0.0f;
-                if (y >= pad_h && x >= pad_w) {
+                if (y >= pad_h && x >= pad_w && y < pad_h + rh && x < pad_w + rw) {
                     int yy = y - pad_h, xx = x - pad_w;
                     if (!resized) {
                         v = u8_unit(frame, w, yy, xx, ch);
@@ -666,14 +685,14 @@ static void silu_backward(float* dinp, const float* dout, const float* inp, size
 
 // The flow-matching loss of velocities v (R, Amax) against the target u = noise - actions, over its
 // valid entries: the first A dims (the dataset's; LeRobot slices to them) of the slots inside the
-// episode (is_pad (R) == 0). Returns the sum of (u - v)^2 over them and their count in *entries.
+// episode (is_pad (R) == 0; is_pad NULL: every slot, pi0's loss). Returns the sum of (u - v)^2 over them and their count in *entries.
 // mean = 1: the loss is that sum / max(1, entries), LeRobot's mean over valid entries (not over
 // B H A), and dv (R, Amax) = its gradient; mean = 0: dv = the gradient of the sum (a training step
 // of several micro-batches divides by the entries of all of them: train_step). dv is 0 elsewhere.
 static double flow_matching_loss(float* dv, const float* v, const float* noise, const float* actions, const float* is_pad,
                                  int R, int Am, int A, int mean, int* entries) {
     int slots = 0;
-    for (int r = 0; r < R; r++) { slots += is_pad[r] == 0.0f; }
+    for (int r = 0; r < R; r++) { slots += is_pad == NULL || is_pad[r] == 0.0f; }
     *entries = slots * A;
     float n = mean && slots * A > 1 ? (float)(slots * A) : 1.0f;
     double sum = 0.0;
@@ -681,7 +700,7 @@ static double flow_matching_loss(float* dv, const float* v, const float* noise, 
         for (int i = 0; i < Am; i++) {
             size_t k = (size_t)r * Am + i;
             float diff = v[k] - (noise[k] - actions[k]);
-            int counts = is_pad[r] == 0.0f && i < A;
+            int counts = (is_pad == NULL || is_pad[r] == 0.0f) && i < A;
             if (counts) { sum += (double)diff * diff; }
             dv[k] = counts ? 2.0f * diff / n : 0.0f;
         }
@@ -690,13 +709,14 @@ static double flow_matching_loss(float* dv, const float* v, const float* noise, 
 }
 
 // Per-task sums of flow_matching_loss's terms for B samples of H slots each: sample b's squared
-// errors and valid entries are added to sq[task[b]] and n[task[b]] (--balance tasks' log).
+// errors and valid entries are added to sq[task[b]] and n[task[b]] (--balance tasks' log; is_pad
+// NULL: every slot counts).
 static void flow_matching_task_sums(double* sq, double* n, const int* task, const float* v, const float* noise,
                                     const float* actions, const float* is_pad, int B, int H, int Am, int A) {
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
             int r = b * H + h;
-            if (is_pad[r] != 0.0f) { continue; }
+            if (is_pad != NULL && is_pad[r] != 0.0f) { continue; }
             for (int i = 0; i < A; i++) {
                 size_t k = (size_t)r * Am + i;
                 float diff = v[k] - (noise[k] - actions[k]);
@@ -708,7 +728,8 @@ static void flow_matching_task_sums(double* sq, double* n, const int* task, cons
 }
 
 // ----------------------------------------------------------------------------
-// SmolVLA model: LeRobot's SmolVLA, as dev/smolvla.py computes it. Data flow of the forward:
+// The model: LeRobot's SmolVLA, as dev/smolvla.py computes it, and LeRobot's pi0, its second family
+// (vla/config.h: what differs is a function of the family there). SmolVLA's forward:
 //   frames (uint8, any size) -> resize with padding, x*2-1 -> SigLIP (patch embedding, position,
 //   pre-LayerNorm layers, post-LayerNorm) -> pixel shuffle -> connector -> prefix = [image tokens
 //   * sqrt(C) per camera, language * sqrt(C), state_proj(state)] -> the VLM's Llama layers over
@@ -716,7 +737,10 @@ static void flow_matching_task_sums(double* sq, double* n, const int* task, cons
 //   H action tokens: joint self-attention over [prefix ; actions] in even layers, cross-attention
 //   to the VLM's keys/values re-projected by the expert in odd ones -> final RMSNorm ->
 //   action_out_proj = the velocity -> masked squared error on the real action dims.
-// The prefix never sees the actions, so the VLM runs first and alone (it is sampling's cache).
+// pi0's: the same towers without the pixel shuffle (a projector with a bias instead), image tokens
+// unscaled, no state in the prefix; every layer joint over [prefix ; state token, actions], the
+// actions bidirectional; Gemma's (1 + w) norms and GeGLU MLPs; the loss over every chunk slot.
+// The prefix never sees the suffix, so the VLM runs first and alone (it is sampling's cache).
 // Backward runs the expert first: it leaves gradients on the VLM's keys and values of every
 // layer, which the VLM's backward then takes down its stack, as far as something trains.
 
@@ -742,11 +766,13 @@ typedef struct {
     const float* noise;          // (B, H, max_action_dim)
 } SmolInputs;
 
-// Row counts: V vision rows (images x patches), P prefix rows, R action rows
+// Row counts: V vision rows (images x patches), P prefix rows, R suffix rows (the expert's: the
+// action tokens, after the state token in pi0), A action rows (R without the state tokens)
 static inline size_t smolvla_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
 static inline size_t smolvla_vrows(const SmolVLAConfig* c, int B) { return smolvla_images(c, B) * smolvla_grid(c) * smolvla_grid(c); }
 static inline size_t smolvla_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
-static inline size_t smolvla_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
+static inline size_t smolvla_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_suffix(c); }
+static inline size_t smolvla_arows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
 static inline size_t smolvla_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
 // The vision layers whose activations are kept in `mode`: every one when the tower trains (its
@@ -806,11 +832,11 @@ static inline size_t smolvla_vis_grad_rows(const SmolVLAConfig* c, int B, int mo
     X(p_gate,   (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
     X(p_up,     (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
     X(p_act,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
-    X(x_t,      smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
-    X(a_in,     smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) action_in_proj(x_t) */ \
-    X(a_emb,    smolvla_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) [action_in, time embedding] */ \
-    X(t_pre,    smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) before SiLU */ \
-    X(t_act,    smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after SiLU */ \
+    X(x_t,      smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
+    X(a_in,     smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) action_in_proj(x_t) */ \
+    X(a_emb,    smolvla_arows(c, B) * 2 * (c)->d_expert)                                 /* (A, 2Ce) [action_in, time embedding] */ \
+    X(t_pre,    smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) before SiLU */ \
+    X(t_act,    smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) after SiLU */ \
     X(s_res,    ((c)->n_layer + 1) * smolvla_rrows(c, B) * (c)->d_expert)                /* (L+1, R, Ce) layer inputs, then the last output */ \
     X(s_ln1,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
     X(s_rstd1,  (size_t)(c)->n_layer * smolvla_rrows(c, B))                              /* (L, R) */ \
@@ -820,7 +846,7 @@ static inline size_t smolvla_vis_grad_rows(const SmolVLAConfig* c, int B, int mo
     X(c_k,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_k re-projected (cross layers) */ \
     X(c_v,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_v re-projected (cross layers) */ \
     X(s_att,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * smolvla_d_attn(c))          /* (L, R, D) */ \
-    X(s_lse,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->n_head)                /* (L, B, NH, H) */ \
+    X(s_lse,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->n_head)                /* (L, B, NH, Ns) */ \
     X(s_mid,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) after attention */ \
     X(s_ln2,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
     X(s_rstd2,  (size_t)(c)->n_layer * smolvla_rrows(c, B))                              /* (L, R) */ \
@@ -829,8 +855,8 @@ static inline size_t smolvla_vis_grad_rows(const SmolVLAConfig* c, int B, int mo
     X(s_act,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
     X(f_ln,     smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after the expert's norm */ \
     X(f_rstd,   smolvla_rrows(c, B))                                                     /* (R) */ \
-    X(v_t,      smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities */ \
-    X(d_vt,     smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
+    X(v_t,      smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities */ \
+    X(d_vt,     smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
     /* backward scratch */ \
     X(dp_k,     (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
     X(dp_v,     (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_v */ \
@@ -843,9 +869,9 @@ static inline size_t smolvla_vis_grad_rows(const SmolVLAConfig* c, int B, int mo
     X(g_gate,   smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* (P, F), (R, Fe), (V, Fv) */ \
     X(g_up,     smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* same */ \
     X(g_act,    smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* same */ \
-    X(g_emb,    smolvla_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) d a_emb */ \
-    X(g_tok,    smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) */ \
-    X(g_img,    smolvla_max3(smolvla_images(c, B) * smolvla_image_tokens(c) * (c)->d_model, (size_t)(B) * (c)->d_model, 1)) /* (NV*NI, C) or (B, C) state rows */ \
+    X(g_emb,    smolvla_arows(c, B) * 2 * (c)->d_expert)                                 /* (A, 2Ce) d a_emb */ \
+    X(g_tok,    smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) */ \
+    X(g_img,    smolvla_max3(smolvla_images(c, B) * smolvla_image_tokens(c) * (c)->d_model, (size_t)(B) * smolvla_state_width(c), 1)) /* (NV*NI, C) or the (B, state width) state rows */ \
     X(g_shuf,   smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)                      /* (NV*NI, s*s*Cv) */
 
 typedef struct {
@@ -866,9 +892,10 @@ typedef struct {
     SmolActivations acts;
     int* ints_memory;
     int* block;            // (B, T) cumulative block ids: images and language 0, state 1, action k 2 + k
+                           // (SmolVLA's causal actions) or 2 (pi0's bidirectional ones)
     int* p_pos;            // (B, Np) RoPE positions of the prefix: cumsum(valid) - 1
-    int* s_pos;            // (B, H) of the actions in joint layers: they continue after the valid prefix
-    int* x_pos;            // (B, H) of the actions in cross layers: restarted at 0 (LeRobot subtracts the row's min)
+    int* s_pos;            // (B, Ns) of the suffix in joint layers: they continue after the valid prefix
+    int* x_pos;            // (B, Ns) of the actions in cross layers: restarted at 0 (LeRobot subtracts the row's min)
     int* tokens;           // (B, max_text) the batch's, for the backward
     float* rope_cos;       // (T, HS/2)
     float* rope_sin;       // (T, HS/2)
@@ -884,7 +911,7 @@ typedef struct {
 static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode) {
     memset(m, 0, sizeof(*m));
     const char* problem = smolvla_config_problem(c);
-    if (problem != NULL) { vla_fail("bad SmolVLA config: %s", problem); }
+    if (problem != NULL) { vla_fail("bad %s config: %s", FAMILY_NAMES[c->family], problem); }
     if (mode < TRAIN_MODE_EXPERT || mode > TRAIN_MODE_ALL) { vla_fail("SmolVLA train mode %d is not one of 0-2", mode); }
     m->config = *c;
     m->mode = mode;
@@ -893,7 +920,7 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode) {
     m->grads_memory = (float*)callocCheck(m->table.total, sizeof(float));
     smolvla_point(&m->params, m->params_memory, &m->table);
     smolvla_point(&m->grads, m->grads_memory, &m->table);
-    int T = smolvla_n_prefix(c) + c->chunk;  // every position is below T
+    int T = smolvla_n_prefix(c) + smolvla_n_suffix(c);  // every position is below T
     m->rope_cos = (float*)mallocCheck((size_t)T * (c->head_dim / 2) * sizeof(float));
     m->rope_sin = (float*)mallocCheck((size_t)T * (c->head_dim / 2) * sizeof(float));
     rope_table(m->rope_cos, m->rope_sin, T, c->head_dim, c->rope_theta);
@@ -914,7 +941,7 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
 #define SMOL_ACT_POINT_(nm, n) m->acts.nm = p; p += (n);
     SMOLVLA_ACTIVATIONS(SMOL_ACT_POINT_, c, B, m->mode)
 #undef SMOL_ACT_POINT_
-    size_t Np = (size_t)smolvla_n_prefix(c), H = (size_t)c->chunk;
+    size_t Np = (size_t)smolvla_n_prefix(c), H = (size_t)smolvla_n_suffix(c);
     m->ints_memory = (int*)callocCheck((size_t)B * (2 * Np + 3 * H + c->max_text), sizeof(int));
     m->block = m->ints_memory;
     m->p_pos = m->block + (size_t)B * (Np + H);
@@ -929,18 +956,20 @@ static void smolvla_free(SmolVLA* m) {
     free(m->rope_cos); free(m->rope_sin); free(m->m_memory); free(m->v_memory);
 }
 
-// Slice k of parameter tensor i (layer k's part of a stacked tensor; 0 for the others)
+// Slice k of parameter tensor i (layer k's part of a stacked tensor; 0 for the others); NULL for a
+// tensor the family does not have
 static inline float* smolvla_param(const SmolVLA* m, int i, int k) {
     const SmolParamSpec* s = &m->table.spec[i];
-    return m->params_memory + s->offset + (size_t)k * (s->numel / smolvla_slices(s));
+    if (s->numel == 0) { return NULL; }
+    return m->params_memory + s->offset + (size_t)k * smolvla_slice_numel(s);
 }
 
 // Its gradient when that slice trains in `mode`, else NULL (the train column: the trainable part
 // of a tensor is a prefix of it, so a slice trains iff it ends within that prefix)
 static inline float* smolvla_grad(const SmolVLA* m, int mode, int i, int k) {
     const SmolParamSpec* s = &m->table.spec[i];
-    size_t per = s->numel / smolvla_slices(s);
-    if ((size_t)(k + 1) * per > smolvla_trainable_numel(s, mode)) { return NULL; }
+    size_t per = smolvla_slice_numel(s);
+    if (per == 0 || (size_t)(k + 1) * per > smolvla_trainable_numel(s, mode)) { return NULL; }
     return m->grads_memory + s->offset + (size_t)k * per;
 }
 
@@ -949,6 +978,8 @@ typedef struct {
     float *ln1, *wq, *wk, *wv, *wo, *ln2, *gate, *up, *down;
     int C, F;   // stream width, MLP width
     int cross;  // an expert layer attending to the VLM's re-projected keys/values
+    float eps, offset;  // its RMSNorms' (the family's)
+    int gelu;           // GeGLU (pi0) rather than SwiGLU
 } SmolLayer;
 
 // Layer l of the VLM (expert = 0) or of the expert (expert = 1); grads: its gradients in `mode`.
@@ -968,7 +999,8 @@ static SmolLayer smolvla_layer(const SmolVLA* m, int expert, int l, int grads, i
         t[i] = grads ? smolvla_grad(m, mode, idx[i], k) : smolvla_param(m, idx[i], k);
     }
     SmolLayer w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], expert ? c->d_expert : c->d_model,
-                   expert ? c->d_expert_ff : c->d_ff, cross};
+                   expert ? c->d_expert_ff : c->d_ff, cross, smolvla_rms_eps(c), smolvla_rms_offset(c),
+                   smolvla_mlp_gelu(c)};
     return w;
 }
 
@@ -1030,15 +1062,23 @@ typedef struct {
 
 static inline size_t rb_row(const RowBlocks* rb, int k) { return rb->first + (size_t)k * rb->stride; }
 
-// attention output -> o_proj, residual -> post_attention_layernorm -> SwiGLU MLP, residual: x->out
+// The action tokens among the suffix rows: all of them (SmolVLA), or each sample's H after its
+// state token (pi0)
+static inline RowBlocks smolvla_action_rows(const SmolVLAConfig* c, int B) {
+    if (!smolvla_state_in_suffix(c)) { return (RowBlocks){1, B * c->chunk, 0, 0}; }
+    return (RowBlocks){B, c->chunk, 1, (size_t)smolvla_n_suffix(c)};
+}
+
+// attention output -> o_proj, residual -> post_attention_layernorm -> SwiGLU (GeGLU) MLP, residual: x->out
 static void smolvla_layer_out_forward(const SmolLayer* w, const SmolLayerActs* x, int N, int D) {
     size_t NC = (size_t)N * w->C;
     matmul_forward(x->mid, x->att, w->wo, NULL, N, D, w->C);
     for (size_t i = 0; i < NC; i++) { x->mid[i] += x->res[i]; }
-    rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, SMOLVLA_RMS_EPS);
+    rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, w->eps, w->offset);
     matmul_forward(x->gate, x->ln2, w->gate, NULL, N, w->C, w->F);
     matmul_forward(x->up, x->ln2, w->up, NULL, N, w->C, w->F);
-    swiglu_forward(x->act, x->gate, x->up, (size_t)N * w->F);
+    if (w->gelu) { geglu_forward(x->act, x->gate, x->up, (size_t)N * w->F); }
+    else { swiglu_forward(x->act, x->gate, x->up, (size_t)N * w->F); }
     matmul_forward(x->out, x->act, w->down, NULL, N, w->F, w->C);
     for (size_t i = 0; i < NC; i++) { x->out[i] += x->mid[i]; }
 }
@@ -1054,11 +1094,12 @@ static void smolvla_layer_out_backward(const SmolVLA* m, const RowBlocks* rb, co
         int n = rb->rows;
         memset(a->g_act + r * F, 0, n * F * sizeof(float));
         linear_backward(a->g_act + r * F, g->down, NULL, dres + r * C, x->act + r * F, w->down, n, F, C);
-        swiglu_backward(a->g_gate + r * F, a->g_up + r * F, a->g_act + r * F, x->gate + r * F, x->up + r * F, n * F);
+        if (w->gelu) { geglu_backward(a->g_gate + r * F, a->g_up + r * F, a->g_act + r * F, x->gate + r * F, x->up + r * F, n * F); }
+        else { swiglu_backward(a->g_gate + r * F, a->g_up + r * F, a->g_act + r * F, x->gate + r * F, x->up + r * F, n * F); }
         memset(a->g_ln + r * C, 0, n * C * sizeof(float));
         linear_backward(a->g_ln + r * C, g->gate, NULL, a->g_gate + r * F, x->ln2 + r * C, w->gate, n, C, F);
         linear_backward(a->g_ln + r * C, g->up, NULL, a->g_up + r * F, x->ln2 + r * C, w->up, n, C, F);
-        rmsnorm_backward(dres + r * C, g->ln2, a->g_ln + r * C, x->mid + r * C, w->ln2, x->rstd2 + r, n, C);
+        rmsnorm_backward(dres + r * C, g->ln2, a->g_ln + r * C, x->mid + r * C, w->ln2, x->rstd2 + r, n, C, w->offset);
         memset(datt + r * D, 0, n * D * sizeof(float));
         linear_backward(datt + r * D, g->wo, NULL, dres + r * C, x->att + r * D, w->wo, n, D, C);
     }
@@ -1079,7 +1120,7 @@ static void smolvla_layer_qkv_backward(const SmolVLA* m, const RowBlocks* rb, co
         if (dq != NULL) { linear_backward(a->g_ln + r * C, g->wq, NULL, dq + r * D, x->ln1 + r * C, w->wq, n, C, D); }
         if (dk != NULL) { linear_backward(a->g_ln + r * C, g->wk, NULL, dk + r * KV, x->ln1 + r * C, w->wk, n, C, KV); }
         if (dv != NULL) { linear_backward(a->g_ln + r * C, g->wv, NULL, dv + r * KV, x->ln1 + r * C, w->wv, n, C, KV); }
-        rmsnorm_backward(dres + r * C, g->ln1, a->g_ln + r * C, x->res + r * C, w->ln1, x->rstd1 + r, n, C);
+        rmsnorm_backward(dres + r * C, g->ln1, a->g_ln + r * C, x->res + r * C, w->ln1, x->rstd1 + r, n, C, w->offset);
     }
 }
 
@@ -1102,7 +1143,7 @@ static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
         size_t frame = (size_t)in->frame_h[cam] * in->frame_w[cam] * 3;
         for (int b = 0; b < in->B; b++) {
             resize_pad(m->acts.pixels + ((size_t)cam * in->B + b) * per, in->frames[cam] + b * frame,
-                       in->frame_h[cam], in->frame_w[cam], c->img);
+                       in->frame_h[cam], in->frame_w[cam], c->img, smolvla_pad_centred(c));
         }
     }
 }
@@ -1141,23 +1182,26 @@ static void smolvla_vision_forward(SmolVLA* m) {
                       m->params.vis_post_b, V, Cv, SMOLVLA_VISION_EPS);
 }
 
-// The prefix's embeddings p_res[0] = [camera 0 tokens]...[language][state] per sample, and the
-// sequence's mask (valid, block) and RoPE positions. Image and language embeddings are scaled by
-// sqrt(C) (float32's, as LeRobot), the state token is not.
+// The prefix's embeddings p_res[0] = [camera 0 tokens]...[language][state (SmolVLA)] per
+// sample, and the sequence's mask (valid, block) and RoPE positions over [prefix ; suffix]. Image
+// tokens are scaled by sqrt(C) (float32's, as LeRobot) in SmolVLA and not in pi0; language by
+// sqrt(C) in both; the state token is not.
 static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), H = c->chunk, T = Np + H;
-    int NV = (int)smolvla_images(c, B), Lt = c->max_text, S2C = c->scale_factor * c->scale_factor * c->vis_width;
-    float scale = (float)sqrt((double)C);
+    int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Ns = smolvla_n_suffix(c);
+    int T = Np + Ns, NV = (int)smolvla_images(c, B), Lt = c->max_text, S2C = c->scale_factor * c->scale_factor * c->vis_width;
+    int state_at = smolvla_state_in_suffix(c) ? Np : Np - 1;  // the state token's sequence index
+    float scale = (float)sqrt((double)C), img_scale = smolvla_scales_images(c) ? scale : 1.0f;
     pixel_shuffle_forward(a->shuffled, a->v_out, NV, smolvla_grid(c), c->vis_width, c->scale_factor);
-    matmul_forward(a->img_tok, a->shuffled, m->params.connector_w, NULL, NV * NI, S2C, C);
+    matmul_forward(a->img_tok, a->shuffled, m->params.connector_w, m->params.connector_b, NV * NI, S2C, C);
     for (int b = 0; b < B; b++) {
         float* x = a->p_res + (size_t)b * Np * C;
         for (int cam = 0; cam < c->n_cam; cam++) {
             const float* src = a->img_tok + ((size_t)cam * B + b) * NI * C;
             float* dst = x + (size_t)cam * NI * C;
-            for (size_t i = 0; i < (size_t)NI * C; i++) { dst[i] = src[i] * scale; }
+            if (img_scale == 1.0f) { memcpy(dst, src, (size_t)NI * C * sizeof(float)); continue; }
+            for (size_t i = 0; i < (size_t)NI * C; i++) { dst[i] = src[i] * img_scale; }
         }
         for (int i = 0; i < Lt; i++) {
             int tok = in->tokens[(size_t)b * Lt + i];
@@ -1167,19 +1211,21 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
         embed_tokens_forward(x + (size_t)c->n_cam * NI * C, m->tokens + (size_t)b * Lt, m->params.embed_tokens, Lt, C, scale);
         memcpy(a->state + (size_t)b * c->max_state_dim, in->state + (size_t)b * c->max_state_dim,
                c->max_state_dim * sizeof(float));
-        // mask and positions over the whole sequence [prefix ; actions]
+        // mask and positions over the whole sequence [prefix ; suffix]: the state token is block 1,
+        // action k block 2 + k (causal) or 2 (bidirectional), everything before the state block 0
         float* valid = a->valid + (size_t)b * T;
         int* block = m->block + (size_t)b * T;
-        int n_valid = 0;
+        int n_valid = 0, causal = smolvla_actions_causal(c);
         for (int j = 0; j < T; j++) {
             int text = j - c->n_cam * NI;
             valid[j] = text >= 0 && text < Lt ? (in->token_mask[(size_t)b * Lt + text] != 0.0f) : 1.0f;
-            block[j] = j < Np - 1 ? 0 : j - (Np - 1) + 1;  // state 1, action k 2 + k
+            block[j] = j < state_at ? 0 : j == state_at ? 1 : causal ? j - state_at + 1 : 2;
             n_valid += valid[j] != 0.0f;
             if (j < Np) { m->p_pos[(size_t)b * Np + j] = n_valid - 1; }
-            else { m->s_pos[(size_t)b * H + j - Np] = n_valid - 1; m->x_pos[(size_t)b * H + j - Np] = j - Np; }
+            else { m->s_pos[(size_t)b * Ns + j - Np] = n_valid - 1; m->x_pos[(size_t)b * Ns + j - Np] = j - Np; }
         }
     }
+    if (smolvla_state_in_suffix(c)) { return; }  // the suffix's first token (smolvla_suffix_embed)
     float* states = a->g_img;  // (B, C) state_proj of every sample at once, then into place
     matmul_forward(states, a->state, m->params.state_w, m->params.state_b, B, c->max_state_dim, C);
     for (int b = 0; b < B; b++) {
@@ -1192,12 +1238,12 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
 static void smolvla_vlm_forward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     int P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
-    GqaAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + c->chunk, Np, 0,
+    GqaAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + smolvla_n_suffix(c), Np, 0,
                      NULL, NULL, NULL, NULL, m->acts.valid, m->block};
     for (int l = 0; l < c->n_layer; l++) {
         SmolLayer w = smolvla_layer(m, 0, l, 0, 0);
         SmolLayerActs x = smolvla_layer_acts(m, 0, l);
-        rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, SMOLVLA_RMS_EPS);
+        rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, w.eps, w.offset);
         matmul_forward(x.k, x.ln1, w.wk, NULL, P, w.C, KV);
         rope_at(x.k, m->rope_cos, m->rope_sin, m->p_pos, P, c->n_kv_head, c->head_dim, 1.0f);
         matmul_forward(x.v, x.ln1, w.wv, NULL, P, w.C, KV);
@@ -1210,13 +1256,14 @@ static void smolvla_vlm_forward(SmolVLA* m) {
     }
 }
 
-// The H action tokens of the noisy chunk acts.x_t at flow time t (B): s_res[0] =
-// action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time embedding])))
+// The suffix's tokens s_res[0]: the H action tokens of the noisy chunk acts.x_t at flow time t
+// (B) = action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time embedding]))),
+// after pi0's state token state_proj(state).
 static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int B = m->B, H = c->chunk, Ce = c->d_expert, R = (int)smolvla_rrows(c, B);
-    matmul_forward(a->a_in, a->x_t, m->params.action_in_w, m->params.action_in_b, R, c->max_action_dim, Ce);
+    int B = m->B, H = c->chunk, Ns = smolvla_n_suffix(c), Ce = c->d_expert, A = (int)smolvla_arows(c, B);
+    matmul_forward(a->a_in, a->x_t, m->params.action_in_w, m->params.action_in_b, A, c->max_action_dim, Ce);
     for (int b = 0; b < B; b++) {
         float temb[Ce];
         smolvla_time_embedding(temb, t[b], Ce);
@@ -1226,27 +1273,37 @@ static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
             memcpy(row + Ce, temb, Ce * sizeof(float));
         }
     }
-    matmul_forward(a->t_pre, a->a_emb, m->params.time_in_w, m->params.time_in_b, R, 2 * Ce, Ce);
-    silu_forward(a->t_act, a->t_pre, (size_t)R * Ce);
-    matmul_forward(a->s_res, a->t_act, m->params.time_out_w, m->params.time_out_b, R, Ce, Ce);
+    matmul_forward(a->t_pre, a->a_emb, m->params.time_in_w, m->params.time_in_b, A, 2 * Ce, Ce);
+    silu_forward(a->t_act, a->t_pre, (size_t)A * Ce);
+    if (!smolvla_state_in_suffix(c)) {
+        matmul_forward(a->s_res, a->t_act, m->params.time_out_w, m->params.time_out_b, A, Ce, Ce);
+        return;
+    }
+    float* states = a->g_img;  // (B, Ce)
+    matmul_forward(states, a->state, m->params.state_w, m->params.state_b, B, c->max_state_dim, Ce);
+    for (int b = 0; b < B; b++) {
+        memcpy(a->s_res + (size_t)b * Ns * Ce, states + (size_t)b * Ce, Ce * sizeof(float));
+        matmul_forward(a->s_res + ((size_t)b * Ns + 1) * Ce, a->t_act + (size_t)b * H * Ce, m->params.time_out_w,
+                       m->params.time_out_b, H, Ce, Ce);
+    }
 }
 
-// The expert's layers over the action tokens s_res[0] -> final norm -> action_out_proj: acts.v_t.
-// Joint layer: the actions' q/k/v with RoPE at their positions (after the valid prefix), keys =
-// [the VLM's prefix K/V of this layer ; the actions' own], under the block mask (actions see the
-// valid prefix, the state and earlier actions). Cross layer: q with RoPE at positions 0.., keys
+// The expert's layers over the suffix s_res[0] -> final norm -> action_out_proj of the action
+// tokens: acts.v_t. Joint layer: the suffix's q/k/v with RoPE at their positions (after the valid
+// prefix), keys = [the VLM's prefix K/V of this layer ; the suffix's own], under the block mask
+// (actions see the valid prefix, the state and earlier actions, or all actions in pi0). Cross layer: q with RoPE at positions 0.., keys
 // and values = the VLM's post-RoPE K/V of this layer re-projected by the expert's k_proj/v_proj
 // (no second RoPE), the valid prefix only. reuse_cross_kv: the re-projections from the previous
 // call are still valid (sampling: the prefix does not change between Euler steps).
 static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int R = (int)smolvla_rrows(c, m->B), P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), H = c->chunk;
+    int R = (int)smolvla_rrows(c, m->B), P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), H = smolvla_n_suffix(c);
     int D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert;
     for (int l = 0; l < c->n_layer; l++) {
         SmolLayer w = smolvla_layer(m, 1, l, 0, 0);
         SmolLayerActs x = smolvla_layer_acts(m, 1, l), px = smolvla_layer_acts(m, 0, l);
-        rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, SMOLVLA_RMS_EPS);
+        rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, w.eps, w.offset);
         matmul_forward(x.q, x.ln1, w.wq, NULL, R, Ce, D);
         GqaAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, H, Np, Np + H, Np, 0,
                          px.k, px.v, NULL, NULL, a->valid, m->block};
@@ -1270,8 +1327,12 @@ static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
         smolvla_layer_out_forward(&w, &x, R, D);
     }
     rmsnorm_forward(a->f_ln, a->f_rstd, a->s_res + (size_t)c->n_layer * R * Ce, m->params.exp_norm, R, Ce,
-                    SMOLVLA_RMS_EPS);
-    matmul_forward(a->v_t, a->f_ln, m->params.action_out_w, m->params.action_out_b, R, Ce, c->max_action_dim);
+                    smolvla_rms_eps(c), smolvla_rms_offset(c));
+    RowBlocks act = smolvla_action_rows(c, m->B);
+    for (int k = 0; k < act.count; k++) {
+        matmul_forward(a->v_t + (size_t)k * act.rows * c->max_action_dim, a->f_ln + rb_row(&act, k) * Ce,
+                       m->params.action_out_w, m->params.action_out_b, act.rows, Ce, c->max_action_dim);
+    }
 }
 
 // Images, vision tower, prefix embeddings and the VLM: everything the actions attend to.
@@ -1301,29 +1362,36 @@ static double smolvla_forward_loss(SmolVLA* m, const SmolInputs* in, int mean, i
     }
     smolvla_suffix_embed(m, in->t);
     smolvla_expert_forward(m, 0);
-    double sum = flow_matching_loss(a->d_vt, a->v_t, in->noise, in->actions, in->action_is_pad, B * H, Am, c->action_dim,
-                                    mean, entries);
+    double sum = flow_matching_loss(a->d_vt, a->v_t, in->noise, in->actions,
+                                    smolvla_loss_masks_pad(c) ? in->action_is_pad : NULL, B * H, Am, c->action_dim, mean,
+                                    entries);
     m->loss = (float)(sum / (double)(*entries > 1 ? *entries : 1));
     return sum;
 }
 
 // ---- backward
 
-// d acts.d_vt -> action_out_proj -> the expert's norm and layers -> d s_res[0] in g_res (R, Ce).
+// d acts.d_vt -> action_out_proj (of the action rows) -> the expert's norm and layers -> d s_res[0]
+// in g_res (R, Ce).
 // Gradients into the VLM's keys/values of each layer are added to dp_k/dp_v, for prefix rows
 // p >= r0 of each sample (smolvla_backward says why not the others).
 static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int B = m->B, R = (int)smolvla_rrows(c, B), P = (int)smolvla_prows(c, B), Np = smolvla_n_prefix(c), H = c->chunk;
-    int D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert, L = c->n_layer;
+    int B = m->B, R = (int)smolvla_rrows(c, B), P = (int)smolvla_prows(c, B), Np = smolvla_n_prefix(c);
+    int H = smolvla_n_suffix(c), D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert, L = c->n_layer;
     float* dres = a->g_res;
     memset(a->g_ln, 0, (size_t)R * Ce * sizeof(float));
-    linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_action_out_w, 0), smolvla_grad(m, mode, SMOLP_action_out_b, 0),
-                    a->d_vt, a->f_ln, m->params.action_out_w, R, Ce, c->max_action_dim);
+    RowBlocks act = smolvla_action_rows(c, B);
+    for (int k = 0; k < act.count; k++) {
+        size_t r = rb_row(&act, k);
+        linear_backward(a->g_ln + r * Ce, smolvla_grad(m, mode, SMOLP_action_out_w, 0),
+                        smolvla_grad(m, mode, SMOLP_action_out_b, 0), a->d_vt + (size_t)k * act.rows * c->max_action_dim,
+                        a->f_ln + r * Ce, m->params.action_out_w, act.rows, Ce, c->max_action_dim);
+    }
     memset(dres, 0, (size_t)R * Ce * sizeof(float));
     rmsnorm_backward(dres, smolvla_grad(m, mode, SMOLP_exp_norm, 0), a->g_ln, a->s_res + (size_t)L * R * Ce,
-                          m->params.exp_norm, a->f_rstd, R, Ce);
+                          m->params.exp_norm, a->f_rstd, R, Ce, smolvla_rms_offset(c));
     RowBlocks all = {1, R, 0, 0};
     RowBlocks prefix = r0 == 0 ? (RowBlocks){1, P, 0, 0} : (RowBlocks){B, Np - r0, (size_t)r0, (size_t)Np};
     for (int l = L - 1; l >= 0; l--) {
@@ -1363,25 +1431,38 @@ static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
     }
 }
 
-// d s_res[0] (g_res) -> action_time_mlp_out, SiLU, action_time_mlp_in -> action_in_proj. The time
-// embedding half of action_time_mlp_in's input has no parameters behind it.
+// d s_res[0] (g_res) -> action_time_mlp_out, SiLU, action_time_mlp_in -> action_in_proj, and
+// pi0's state token -> state_proj. The time embedding half of action_time_mlp_in's input has no
+// parameters behind it.
 static void smolvla_suffix_embed_backward(SmolVLA* m, int mode) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int R = (int)smolvla_rrows(c, m->B), Ce = c->d_expert;
-    float* dtact = a->g_tok;  // (R, Ce)
-    memset(dtact, 0, (size_t)R * Ce * sizeof(float));
-    linear_backward(dtact, smolvla_grad(m, mode, SMOLP_time_out_w, 0), smolvla_grad(m, mode, SMOLP_time_out_b, 0), a->g_res,
-                    a->t_act, m->params.time_out_w, R, Ce, Ce);
-    silu_backward(dtact, dtact, a->t_pre, (size_t)R * Ce);
-    float* demb = a->g_emb;  // (R, 2Ce)
-    memset(demb, 0, (size_t)R * 2 * Ce * sizeof(float));
+    int B = m->B, H = c->chunk, Ns = smolvla_n_suffix(c), A = (int)smolvla_arows(c, B), Ce = c->d_expert;
+    const float* dtok = a->g_res;  // (A, Ce) d of the action tokens
+    if (smolvla_state_in_suffix(c)) {  // the suffix's rows apart: the action tokens in g_ln, the states in g_img
+        float* dstate = a->g_img;
+        float* dact = a->g_ln;
+        for (int b = 0; b < B; b++) {
+            memcpy(dstate + (size_t)b * Ce, a->g_res + (size_t)b * Ns * Ce, Ce * sizeof(float));
+            memcpy(dact + (size_t)b * H * Ce, a->g_res + ((size_t)b * Ns + 1) * Ce, (size_t)H * Ce * sizeof(float));
+        }
+        linear_backward(NULL, smolvla_grad(m, mode, SMOLP_state_w, 0), smolvla_grad(m, mode, SMOLP_state_b, 0), dstate,
+                        a->state, m->params.state_w, B, c->max_state_dim, Ce);
+        dtok = dact;
+    }
+    float* dtact = a->g_tok;  // (A, Ce)
+    memset(dtact, 0, (size_t)A * Ce * sizeof(float));
+    linear_backward(dtact, smolvla_grad(m, mode, SMOLP_time_out_w, 0), smolvla_grad(m, mode, SMOLP_time_out_b, 0), dtok,
+                    a->t_act, m->params.time_out_w, A, Ce, Ce);
+    silu_backward(dtact, dtact, a->t_pre, (size_t)A * Ce);
+    float* demb = a->g_emb;  // (A, 2Ce)
+    memset(demb, 0, (size_t)A * 2 * Ce * sizeof(float));
     linear_backward(demb, smolvla_grad(m, mode, SMOLP_time_in_w, 0), smolvla_grad(m, mode, SMOLP_time_in_b, 0), dtact,
-                    a->a_emb, m->params.time_in_w, R, 2 * Ce, Ce);
-    float* dain = a->g_tok;  // (R, Ce): the action_in_proj half (dtact is spent)
-    for (int r = 0; r < R; r++) { memcpy(dain + (size_t)r * Ce, demb + (size_t)r * 2 * Ce, Ce * sizeof(float)); }
+                    a->a_emb, m->params.time_in_w, A, 2 * Ce, Ce);
+    float* dain = a->g_tok;  // (A, Ce): the action_in_proj half (dtact is spent)
+    for (int r = 0; r < A; r++) { memcpy(dain + (size_t)r * Ce, demb + (size_t)r * 2 * Ce, Ce * sizeof(float)); }
     linear_backward(NULL, smolvla_grad(m, mode, SMOLP_action_in_w, 0), smolvla_grad(m, mode, SMOLP_action_in_b, 0), dain,
-                    a->x_t, m->params.action_in_w, R, c->max_action_dim, Ce);
+                    a->x_t, m->params.action_in_w, A, c->max_action_dim, Ce);
 }
 
 // The VLM's layers backward, from the expert's gradients on their keys/values (dp_k, dp_v), down
@@ -1394,7 +1475,7 @@ static void smolvla_vlm_backward(SmolVLA* m, int mode, int r0) {
     RowBlocks rows = r0 == 0 ? (RowBlocks){1, P, 0, 0} : (RowBlocks){B, Np - r0, (size_t)r0, (size_t)Np};
     float* dres = a->g_res;
     memset(dres, 0, (size_t)P * c->d_model * sizeof(float));
-    GqaAttn keys = {B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + c->chunk, Np, 0,
+    GqaAttn keys = {B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + smolvla_n_suffix(c), Np, 0,
                      NULL, NULL, NULL, NULL, a->valid, m->block};
     for (int l = c->n_layer - 1; l >= 0; l--) {
         SmolLayer w = smolvla_layer(m, 0, l, 0, mode), g = smolvla_layer(m, 0, l, 1, mode);
@@ -1414,20 +1495,22 @@ static void smolvla_vlm_backward(SmolVLA* m, int mode, int r0) {
     }
 }
 
-// d p_res[0] (g_res) -> state_proj (every mode); embed_tokens and the connector (vlm, all: the
-// pad id's row gets nothing, as nn.Embedding's padding_idx); into the vision tower's output
-// (all: g_shuf holds d shuffled on return).
+// d p_res[0] (g_res) -> state_proj (SmolVLA's state token, every mode); embed_tokens and the
+// connector (vlm, all: the pad id's row gets nothing, as nn.Embedding's padding_idx); into the
+// vision tower's output (all: g_shuf holds d shuffled on return).
 static void smolvla_prefix_embed_backward(SmolVLA* m, int mode) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
     int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Lt = c->max_text;
     int NV = (int)smolvla_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width;
-    float scale = (float)sqrt((double)C);
+    float scale = (float)sqrt((double)C), img_scale = smolvla_scales_images(c) ? scale : 1.0f;
     const float* dx = a->g_res;
-    float* dstate = a->g_img;  // (B, C) the state rows
-    for (int b = 0; b < B; b++) { memcpy(dstate + (size_t)b * C, dx + ((size_t)b * Np + Np - 1) * C, C * sizeof(float)); }
-    linear_backward(NULL, smolvla_grad(m, mode, SMOLP_state_w, 0), smolvla_grad(m, mode, SMOLP_state_b, 0), dstate, a->state,
-                    m->params.state_w, B, c->max_state_dim, C);
+    if (!smolvla_state_in_suffix(c)) {
+        float* dstate = a->g_img;  // (B, C) the state rows
+        for (int b = 0; b < B; b++) { memcpy(dstate + (size_t)b * C, dx + ((size_t)b * Np + Np - 1) * C, C * sizeof(float)); }
+        linear_backward(NULL, smolvla_grad(m, mode, SMOLP_state_w, 0), smolvla_grad(m, mode, SMOLP_state_b, 0), dstate,
+                        a->state, m->params.state_w, B, c->max_state_dim, C);
+    }
     float* demb = smolvla_grad(m, mode, SMOLP_embed_tokens, 0);
     for (int b = 0; b < B && demb != NULL; b++) {
         embed_tokens_backward(demb, dx + ((size_t)b * Np + (size_t)c->n_cam * NI) * C, m->tokens + (size_t)b * Lt, Lt, C,
@@ -1441,11 +1524,12 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int mode) {
         for (int cam = 0; cam < c->n_cam; cam++) {
             const float* src = dx + ((size_t)b * Np + (size_t)cam * NI) * C;
             float* dst = dimg + ((size_t)cam * B + b) * NI * C;
-            for (size_t i = 0; i < (size_t)NI * C; i++) { dst[i] = src[i] * scale; }
+            for (size_t i = 0; i < (size_t)NI * C; i++) { dst[i] = src[i] * img_scale; }
         }
     }
     if (into_vision) { memset(a->g_shuf, 0, smolvla_vrows(c, B) * c->vis_width * sizeof(float)); }
-    linear_backward(into_vision ? a->g_shuf : NULL, dconn, NULL, dimg, a->shuffled, m->params.connector_w, NV * NI, S2C, C);
+    linear_backward(into_vision ? a->g_shuf : NULL, dconn, smolvla_grad(m, mode, SMOLP_connector_b, 0), dimg, a->shuffled,
+                    m->params.connector_w, NV * NI, S2C, C);
 }
 
 // d shuffled (g_shuf) -> pixel shuffle -> post_layernorm -> SigLIP layers -> position and patch
@@ -1502,9 +1586,10 @@ static void smolvla_vision_backward(SmolVLA* m, int mode) {
 // (TRAIN_MODE_EXPERT, _VLM, _ALL: LeRobot's train_expert_only / freeze_vision_encoder), into
 // grads_memory: the trainable part of every tensor is overwritten, the rest is never touched.
 // No work is done for gradients nothing trainable needs:
-//   expert: the expert, its heads and state_proj train. state_proj's token is the prefix's last
+//   expert: the expert, its heads and state_proj train. SmolVLA's state token is the prefix's last
 //     row (block 1): the rows before it (images and language, block 0) never see it, so only that
-//     row is taken back through the (frozen) VLM: r0 = Np - 1. Nothing reaches the vision tower.
+//     row is taken back through the (frozen) VLM: r0 = Np - 1. pi0's is in the suffix: nothing
+//     goes back into the VLM (r0 = Np). Nothing reaches the vision tower.
 //   vlm:    the whole prefix goes back through the VLM (all but its last layer train, and the last
 //     one passes the gradient of its keys/values down), into embed_tokens and the connector; the
 //     vision tower gets nothing.
@@ -1515,14 +1600,17 @@ static void smolvla_backward(SmolVLA* m, int mode) {
         const SmolParamSpec* s = &m->table.spec[i];
         memset(m->grads_memory + s->offset, 0, smolvla_trainable_numel(s, mode) * sizeof(float));
     }
-    int r0 = mode == TRAIN_MODE_EXPERT ? smolvla_n_prefix(c) - 1 : 0;
+    int Np = smolvla_n_prefix(c);
+    int r0 = mode != TRAIN_MODE_EXPERT ? 0 : smolvla_state_in_suffix(c) ? Np : Np - 1;
     size_t kv = (size_t)c->n_layer * smolvla_prows(c, m->B) * smolvla_d_kv(c);
     memset(m->acts.dp_k, 0, kv * sizeof(float));
     memset(m->acts.dp_v, 0, kv * sizeof(float));
     smolvla_expert_backward(m, mode, r0);
     smolvla_suffix_embed_backward(m, mode);
-    smolvla_vlm_backward(m, mode, r0);
-    smolvla_prefix_embed_backward(m, mode);
+    if (r0 < Np) {
+        smolvla_vlm_backward(m, mode, r0);
+        smolvla_prefix_embed_backward(m, mode);
+    }
     if (smolvla_grad(m, mode, SMOLP_vis_post_w, 0) != NULL) {
         if (m->mode != TRAIN_MODE_ALL) {  // its forward kept one vision layer's activations
             vla_fail("a backward into the vision tower on a model built for --train %s", TRAIN_MODE_NAMES[m->mode]);
@@ -1541,7 +1629,7 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
     const SmolVLAConfig* c = &m->config;
     smolvla_encode_prefix(m, in);
     int B = in->B;
-    size_t n = smolvla_rrows(c, B) * c->max_action_dim;
+    size_t n = smolvla_arows(c, B) * c->max_action_dim;
     memcpy(m->acts.x_t, noise, n * sizeof(float));
     double dt = -1.0 / SMOLVLA_NUM_STEPS;
     float t[B];
@@ -1678,7 +1766,8 @@ static float train_step(SmolVLA* m, float* grad_sum, Loader* loader, const Train
         if (T > 0) {
             const uint64_t* idx = loader_indices(loader);
             for (int b = 0; b < in.B; b++) { task[b] = task_balance_task_of(tb, ds, idx[b]); }
-            flow_matching_task_sums(task_loss, task_n, task, m->acts.v_t, in.noise, in.actions, in.action_is_pad, in.B,
+            flow_matching_task_sums(task_loss, task_n, task, m->acts.v_t, in.noise, in.actions,
+                                    smolvla_loss_masks_pad(&m->config) ? in.action_is_pad : NULL, in.B,
                                     m->config.chunk, m->config.max_action_dim, m->config.action_dim);
         }
         smolvla_backward(m, mode);
@@ -1792,14 +1881,8 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
     return p;
 }
 
-// The checkpoint's config: the 26 fields of SMOLVLA_CONFIG_FIELDS in order, then its train mode.
-VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) {
-    int i = 0;
-#define POLICY_FIELD_(f) out[i++] = p->model.config.f;
-    SMOLVLA_CONFIG_FIELDS(POLICY_FIELD_)
-#undef POLICY_FIELD_
-    out[i] = p->train_mode;
-}
+// The checkpoint's config and train mode (policy_config_values)
+VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) { policy_config_values(&p->model.config, p->train_mode, out); }
 
 // Where the policy computes, and in which precision.
 VLA_API const char* vla_policy_device(const VLAPolicy* p) { (void)p; return "CPU (fp32)"; }

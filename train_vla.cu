@@ -2472,13 +2472,13 @@ static void* smolvla_device_malloc(SmolVLA* m, size_t bytes) {
 // Slice k of parameter tensor i: in the trainable domain when it trains, else in the frozen remainder
 static inline floatX* smolvla_param(const SmolVLA* m, int i, int k) {
     const SmolParamSpec* s = &m->table.spec[i];
-    size_t at = (size_t)k * (s->numel / smolvla_slices(s)), n_train = m->domain.numel[i];
+    size_t at = (size_t)k * (smolvla_slice_numel(s)), n_train = m->domain.numel[i];
     return m->params_memory + (at < n_train ? m->domain.offset[i] + at : m->frozen_at[i] + (at - n_train));
 }
 
 static inline float* smolvla_grad(const SmolVLA* m, int i, int k) {
     const SmolParamSpec* s = &m->table.spec[i];
-    size_t per = s->numel / smolvla_slices(s);
+    size_t per = smolvla_slice_numel(s);
     if ((size_t)(k + 1) * per > m->domain.numel[i]) { return NULL; }
     return m->grads_memory + m->domain.offset[i] + (size_t)k * per;
 }

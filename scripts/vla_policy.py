@@ -44,11 +44,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "data"))
 import vla_shard  # noqa: E402  data/vla_shard.py: tokenizer names and TokenizerJSON
 
-# vla_policy_config's 27 int32: SMOLVLA_CONFIG_FIELDS in order, then the checkpoint's train mode
+# vla_policy_config's 28 int32, a checkpoint header's order: SMOLVLA_CONFIG_FIELDS but family, the
+# checkpoint's train mode, then the family (0 SmolVLA, 1 pi0)
 CONFIG_FIELDS = ["n_cam", "state_dim", "action_dim", "img", "patch", "vis_width", "vis_ff", "vis_layers", "vis_heads",
                  "scale_factor", "vocab", "pad_token", "max_text", "d_model", "d_ff", "n_layer", "n_head", "n_kv_head",
                  "head_dim", "d_expert", "d_expert_ff", "self_attn_every", "chunk", "max_state_dim", "max_action_dim",
-                 "rope_theta", "train_mode"]
+                 "rope_theta", "train_mode", "family"]
 TRAIN_MODES = ["expert", "vlm", "all"]  # TRAIN_MODE_NAMES
 MAX_IMG = 4096  # VLA_MAX_IMG: a camera's height and width
 
@@ -185,7 +186,7 @@ class VLAPolicy:
     tokenizer: for a checkpoint trained on a tokenizer.json's ids, that file or the folder holding
     it (its name must be the checkpoint's). graphs: on a GPU, replay the 10 Euler steps as one CUDA
     graph (the default; False launches them one by one, the same numbers). After loading: config
-    (the 26 SmolVLAConfig fields and train_mode, by name), train_mode (its name), tokenizer (the
+    (the SmolVLAConfig fields, train_mode and family, by name), train_mode (its name), tokenizer (the
     checkpoint's tokenizer name), text_tokenizer (what makes the ids: vla_shard.BYTES or a
     TokenizerJSON) and device (what computes, e.g. "CPU (fp32)")."""
 

@@ -44,7 +44,7 @@ static void smolvla_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const 
         b->first[q] = r;
         for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
             const SmolParamSpec* s = &t->spec[i];
-            size_t per = s->numel / smolvla_slices(s);
+            size_t per = smolvla_slice_numel(s);
             for (size_t k = 0; (k + 1) * per <= d->numel[i]; k++) {
                 if (smolvla_slice_bucket(c, s, (int)k) != q) { continue; }
                 size_t at = d->offset[i] + k * per;

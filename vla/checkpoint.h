@@ -34,9 +34,9 @@ config.h, shards.h, sampler.h, loss_scale.h and atomic_file.h.
 
 typedef struct {
     uint32_t magic, version;
-    SmolVLAConfig config;  // 26 x int32
+    int32_t config[SMOLVLA_CONFIG_STORED];  // SmolVLAConfig's fields in order but the last, family (below)
     int32_t train_mode;    // TRAIN_MODE_*: which elements have moments
-    uint32_t pad0;
+    int32_t family;        // the config's family: files from before pi0 hold 0 (their padding), SmolVLA
     uint64_t step;         // optimizer steps done
     uint64_t seed;
     uint64_t sampler_pos;  // global samples consumed
@@ -58,6 +58,18 @@ typedef struct {
     uint64_t data_id;      // dataset_fingerprint of the data it trained on
     uint64_t reserved[27];
 } CheckpointHeader;
+
+// The header's config, and the config into a header
+static inline SmolVLAConfig ckpt_header_config(const CheckpointHeader* h) {
+    SmolVLAConfig c;
+    memcpy(&c, h->config, sizeof(h->config));
+    c.family = h->family;
+    return c;
+}
+static inline void ckpt_header_put_config(CheckpointHeader* h, const SmolVLAConfig* c) {
+    memcpy(h->config, c, sizeof(h->config));
+    h->family = c->family;
+}
 VLA_STATIC_ASSERT(sizeof(CheckpointHeader) == CKPT_HEADER_BYTES, "checkpoint header is 512 bytes");
 VLA_STATIC_ASSERT(offsetof(CheckpointHeader, step) == 120 && offsetof(CheckpointHeader, tokenizer) == 168,
                   "checkpoint header fields are at the offsets the format defines");
@@ -116,7 +128,8 @@ static inline void checkpoint_write(const char* path, const Checkpoint* ck) {
                  (unsigned long long)ck->n_params, (unsigned long long)ck->n_trainable, (unsigned long long)n_params,
                  (unsigned long long)n_trainable);
     }
-    h.magic = CKPT_MAGIC; h.version = CKPT_VERSION; h.config = ck->config; h.train_mode = ck->train_mode;
+    ckpt_header_put_config(&h, &ck->config);
+    h.magic = CKPT_MAGIC; h.version = CKPT_VERSION; h.train_mode = ck->train_mode;
     h.step = ck->step; h.seed = ck->seed; h.sampler_pos = ck->sampler_pos;
     h.balance = (uint32_t)ck->balance; h.balance_id = ck->balance_id;
     h.loss_scale = ck->loss_scale.scale; h.loss_scale_clean = ck->loss_scale.clean;
@@ -174,7 +187,8 @@ static inline int checkpoint_read_header(const char* path, CheckpointHeader* h, 
         snprintf(err, err_size, "checkpoint %s has version %u, this build reads %u", path, h->version, CKPT_VERSION);
         return 1;
     }
-    const char* problem = smolvla_config_problem(&h->config);
+    SmolVLAConfig config = ckpt_header_config(h);
+    const char* problem = smolvla_config_problem(&config);
     if (problem != NULL) { snprintf(err, err_size, "checkpoint %s holds a bad config (%s): it is corrupt", path, problem); return 1; }
     if (h->train_mode < 0 || h->train_mode >= TRAIN_MODE_COUNT) {
         snprintf(err, err_size, "checkpoint %s holds train mode %d, not one of 0 (expert), 1 (vlm), 2 (all): it is corrupt",
@@ -214,8 +228,8 @@ static inline int checkpoint_read_header(const char* path, CheckpointHeader* h, 
         return 1;
     }
     uint64_t n_params, n_trainable;  // bounded: smolvla_config_problem checked the count
-    ckpt_counts(&h->config, h->train_mode, &n_params, &n_trainable);
-    uint64_t size = ckpt_file_size(&h->config, n_params, n_trainable);
+    ckpt_counts(&config, h->train_mode, &n_params, &n_trainable);
+    uint64_t size = ckpt_file_size(&config, n_params, n_trainable);
     if (h->n_params != n_params || h->n_trainable != n_trainable || h->file_size != size || (uint64_t)st.st_size != size) {
         snprintf(err, err_size, "checkpoint %s is %lld bytes, its header implies %llu: it is truncated or corrupt",
                  path, (long long)st.st_size, (unsigned long long)size);
@@ -237,7 +251,7 @@ static inline int checkpoint_read_checked(const char* path, Checkpoint* ck, char
     memset(ck, 0, sizeof(*ck));
     CheckpointHeader h;
     if (checkpoint_read_header(path, &h, err, err_size) != 0) { return 1; }
-    ck->config = h.config; ck->train_mode = h.train_mode; ck->step = h.step; ck->seed = h.seed;
+    ck->config = ckpt_header_config(&h); ck->train_mode = h.train_mode; ck->step = h.step; ck->seed = h.seed;
     ck->sampler_pos = h.sampler_pos; ck->n_params = h.n_params; ck->n_trainable = h.n_trainable;
     ck->balance = (int)h.balance; ck->balance_id = h.balance_id;
     ck->loss_scale.scale = h.loss_scale; ck->loss_scale.clean = h.loss_scale_clean;
@@ -245,7 +259,7 @@ static inline int checkpoint_read_checked(const char* path, Checkpoint* ck, char
     ck->run.batch = h.batch; ck->run.world = h.world; ck->run.total_batch = h.total_batch; ck->run.data_id = h.data_id;
     ck->has_crc = (h.flags & CKPT_FLAG_CRC) != 0;
     memcpy(ck->tokenizer, h.tokenizer, sizeof(ck->tokenizer));
-    int S = h.config.state_dim, A = h.config.action_dim;
+    int S = ck->config.state_dim, A = ck->config.action_dim;
     size_t n_stats = 2 * (size_t)(S + A), nt = (size_t)h.n_trainable;
     ck->stats = (float*)mallocCheck(n_stats * sizeof(float));
     ck->params = (float*)mallocCheck(h.n_params * sizeof(float));
@@ -284,7 +298,7 @@ static inline int checkpoint_read_checked(const char* path, Checkpoint* ck, char
     // bad one is named by its tensor. One pass over memory, cheap beside reading the file.
     if (!bad) {
         SmolParamTable t;
-        smolvla_table_build(&h.config, &t);
+        smolvla_table_build(&ck->config, &t);
         for (int i = 0; i < SMOLVLA_NUM_TENSORS && !bad; i++) {
             const float* w = ck->params + t.spec[i].offset;
             for (size_t k = 0; k < t.spec[i].numel; k++) {

@@ -17,7 +17,7 @@ ZeRO-1's shards of a flat buffer. Needs common.h and rng.h (the init).
 // where a tensor sits in its tower: the tower's inputs (embeddings), a per-layer tensor with a
 // leading layer count, or the head
 enum { KIND_INPUT = 0, KIND_LAYER = 1, KIND_HEAD = 2 };
-enum { INIT_NORMAL = 0, INIT_NORMAL_OUT = 1, INIT_ZERO = 2, INIT_ONE = 3 };
+enum { INIT_NORMAL = 0, INIT_NORMAL_OUT = 1, INIT_ZERO = 2, INIT_ONE = 3, INIT_RMS = 4 };
 #define VLA_COUNT_(...) +1
 
 // ZeRO-1: rank r of W keeps the optimizer state (master weights, AdamW moments) of the elements
@@ -37,16 +37,26 @@ static inline size_t zero_part(size_t offset, size_t numel, size_t lo, size_t hi
 }
 
 // ----------------------------------------------------------------------------
-// the model: SmolVLA, exactly as LeRobot 0.6.1 computes it (docs/model.md; dev/smolvla.py is
-// its PyTorch oracle, dev/model.py the oracle with the plumbing of vla/). Its config, presets and
-// parameter table, whose rows carry LeRobot's tensor names so that a LeRobot model.safetensors
-// loads by name. test_vla and test_vla_gpu check both trainers against LeRobot's own references
-// (dev/lerobot) and against dev/model.py.
+// the model: one design in two families, each exactly as LeRobot 0.6.1 computes it.
+// SmolVLA (docs/model.md; dev/smolvla.py is its PyTorch oracle, dev/model.py the oracle with the
+// plumbing of vla/) and pi0 (docs/pi0.md): a VLM reads the images and the language, an action
+// expert of the same depth reads the noisy action chunk, flow matching trains the velocity. The
+// config, presets and parameter table below are the families'; their rows carry LeRobot's tensor
+// names so that a LeRobot model.safetensors loads by name. test_vla and test_vla_gpu check both
+// trainers against LeRobot's own references (dev/lerobot) and against dev/model.py.
 //
-// Tokens: prefix = [camera 0 | camera 1 | ... (img/patch/scale)^2 each][max_text language][state],
-// suffix = [chunk action tokens]. Layer l is joint self-attention over [prefix; suffix] when
-// l % self_attn_every == 0, otherwise the actions cross-attend the VLM's keys and values of that
-// layer, re-projected by the expert (smolvla_layer_is_cross).
+// SmolVLA's tokens: prefix = [camera 0 | camera 1 | ... (img/patch/scale)^2 each][max_text
+// language][state], suffix = [chunk action tokens, causal]. Layer l is joint self-attention over
+// [prefix; suffix] when l % self_attn_every == 0, otherwise the actions cross-attend the VLM's
+// keys and values of that layer, re-projected by the expert (smolvla_layer_is_cross).
+// pi0's: prefix = [cameras (img/patch)^2 each][language], suffix = [state | chunk action tokens,
+// bidirectional]; every layer joint. What else differs is a function below or a column of the
+// table: the (1 + w) RMSNorm (eps 1e-6), GeGLU, unscaled image tokens, the projector's bias, the
+// padding of resized frames (centred), the loss over padded chunk slots too.
+
+enum { FAMILY_SMOLVLA = 0, FAMILY_PI0 = 1 };
+#define SMOLVLA_N_FAMILIES 2
+static const char* const FAMILY_NAMES[] = {"smolvla", "pi0"};
 
 typedef struct {
     int32_t n_cam;           // cameras; frames keep their stored size and are resized on the device
@@ -75,16 +85,44 @@ typedef struct {
     int32_t max_state_dim;   // state_proj's input width
     int32_t max_action_dim;  // action_in_proj's input and action_out_proj's output width
     int32_t rope_theta;      // 10000: SmolVLA's rope ignores the text config's rope_theta
+    int32_t family;          // FAMILY_SMOLVLA or FAMILY_PI0: what differs between the two (below)
 } SmolVLAConfig;
 
 #define SMOLVLA_CONFIG_FIELDS(X) \
     X(n_cam) X(state_dim) X(action_dim) X(img) X(patch) X(vis_width) X(vis_ff) X(vis_layers) X(vis_heads) \
     X(scale_factor) X(vocab) X(pad_token) X(max_text) X(d_model) X(d_ff) X(n_layer) X(n_head) X(n_kv_head) \
     X(head_dim) X(d_expert) X(d_expert_ff) X(self_attn_every) X(chunk) X(max_state_dim) X(max_action_dim) \
-    X(rope_theta)
+    X(rope_theta) X(family)
 
-#define SMOLVLA_VISION_EPS 1e-6f  // SigLIP's LayerNorm
-#define SMOLVLA_RMS_EPS 1e-5f     // SmolLM2's RMSNorm, VLM and expert
+// A checkpoint's header holds the fields but family in order, family after its train mode
+// (vla/checkpoint.h): the layout of the files written before pi0, whose padding there reads SmolVLA.
+#define SMOLVLA_CONFIG_STORED 26
+VLA_STATIC_ASSERT(offsetof(SmolVLAConfig, family) == SMOLVLA_CONFIG_STORED * sizeof(int32_t) &&
+                  sizeof(SmolVLAConfig) == (SMOLVLA_CONFIG_STORED + 1) * sizeof(int32_t), "family is the last field");
+
+#define SMOLVLA_VISION_EPS 1e-6f  // SigLIP's LayerNorm, both families
+
+// ---- what differs between the families
+static inline int smolvla_is_pi0(const SmolVLAConfig* c) { return c->family == FAMILY_PI0; }
+// RMSNorm (VLM and expert): x rsqrt(mean(x^2) + eps) (offset + w): SmolLM2's Llama norm (offset 0,
+// eps 1e-5) or Gemma's (offset 1, eps 1e-6, its weights stored as w and initialized to 0)
+static inline float smolvla_rms_eps(const SmolVLAConfig* c) { return smolvla_is_pi0(c) ? 1e-6f : 1e-5f; }
+static inline float smolvla_rms_offset(const SmolVLAConfig* c) { return smolvla_is_pi0(c) ? 1.0f : 0.0f; }
+// The MLP of the VLM and the expert: act(gate) * up with SiLU (SwiGLU) or GELU-tanh (GeGLU)
+static inline int smolvla_mlp_gelu(const SmolVLAConfig* c) { return smolvla_is_pi0(c); }
+// Image tokens enter the prefix times sqrt(C) in SmolVLA, as they are in pi0 (language: both)
+static inline int smolvla_scales_images(const SmolVLAConfig* c) { return !smolvla_is_pi0(c); }
+// The state token: the prefix's last token (SmolVLA, width C) or the suffix's first (pi0, width Ce)
+static inline int smolvla_state_in_suffix(const SmolVLAConfig* c) { return smolvla_is_pi0(c); }
+static inline int smolvla_state_width(const SmolVLAConfig* c) { return smolvla_is_pi0(c) ? c->d_expert : c->d_model; }
+// Action tokens see each other causally (SmolVLA) or all of them (pi0)
+static inline int smolvla_actions_causal(const SmolVLAConfig* c) { return !smolvla_is_pi0(c); }
+// Chunk slots past the episode's end count in the loss (pi0) or not (SmolVLA)
+static inline int smolvla_loss_masks_pad(const SmolVLAConfig* c) { return !smolvla_is_pi0(c); }
+// Resized frames are padded to a square on the left and top (SmolVLA) or centred (pi0)
+static inline int smolvla_pad_centred(const SmolVLAConfig* c) { return smolvla_is_pi0(c); }
+// The projector from the vision tower to the VLM has a bias in pi0
+static inline int smolvla_connector_bias(const SmolVLAConfig* c) { return smolvla_is_pi0(c); }
 
 static inline int smolvla_grid(const SmolVLAConfig* c) { return c->img / c->patch; }
 static inline int smolvla_patch_dim(const SmolVLAConfig* c) { return 3 * c->patch * c->patch; }
@@ -93,8 +131,10 @@ static inline int smolvla_image_tokens(const SmolVLAConfig* c) {  // per camera,
     return g * g;
 }
 static inline int smolvla_n_prefix(const SmolVLAConfig* c) {
-    return c->n_cam * smolvla_image_tokens(c) + c->max_text + 1;
+    return c->n_cam * smolvla_image_tokens(c) + c->max_text + !smolvla_state_in_suffix(c);
 }
+// The expert's tokens per sample: the chunk, and the state token where it is the suffix's
+static inline int smolvla_n_suffix(const SmolVLAConfig* c) { return c->chunk + smolvla_state_in_suffix(c); }
 static inline int smolvla_d_attn(const SmolVLAConfig* c) { return c->n_head * c->head_dim; }
 static inline int smolvla_d_kv(const SmolVLAConfig* c) { return c->n_kv_head * c->head_dim; }
 // The layer schedule, named once: cross-attention layers are those that are not joint.
@@ -116,12 +156,18 @@ typedef struct {
 } SmolVLAPreset;
 
 // n_cam, state_dim and action_dim come from the dataset. smolvla is lerobot/smolvla_base's model
-// (SmolVLM2-500M's first 16 layers and its 720-wide expert); tiny runs the tests in seconds.
+// (SmolVLM2-500M's first 16 layers and its 720-wide expert); pi0 is lerobot/pi0's (PaliGemma 3B:
+// SigLIP so400m/14 and Gemma 2B, with the Gemma 300M expert; 3,238,048,528 parameters used: the
+// two lm_heads, 790M that nothing reads, are neither stored nor trained). tiny and pi0_tiny run
+// the tests in seconds; small and pi0_small train from scratch on the CPU.
 static const SmolVLAPreset SMOLVLA_PRESETS[] = {
-    // name      what                                     cam S  A  img  p  Cv   Cv_ff Lv NHv s  vocab pad text C    C_ff  L   NH NKV HS  Ce   Ce_ff n  H   Smax Amax theta
-    {"tiny",    "tests: runs in seconds on one core",     {1, 4, 4, 32,  8, 32,  64,   1, 2,  2, 256,  0,  16,  48,  96,   2,  4, 2,  12, 36,  256,  2, 8,  32,  32,  10000}},
-    {"small",   "Meta-World from scratch on the CPU",     {2, 4, 4, 64,  8, 48,  96,   1, 2,  2, 256,  0,  48,  64,  192,  2,  4, 2,  16, 48,  256,  2, 8,  32,  32,  10000}},
-    {"smolvla", "lerobot/smolvla_base's sizes (450M)",    {2, 32, 32, 512, 16, 768, 3072, 12, 12, 4, 49280, 2, 48, 960, 2560, 16, 15, 5,  64, 720, 2048, 2, 50, 32,  32,  10000}},
+    // name       what                                     cam S  A  img  p  Cv    Cv_ff Lv NHv s  vocab   pad text C     C_ff   L   NH NKV HS   Ce    Ce_ff n  H   Smax Amax theta  family
+    {"tiny",     "tests: runs in seconds on one core",     {1, 4, 4, 32,  8, 32,   64,   1, 2,  2, 256,    0,  16,  48,   96,    2,  4, 2,  12,  36,   256,  2, 8,  32,  32,  10000, FAMILY_SMOLVLA}},
+    {"small",    "Meta-World from scratch on the CPU",     {2, 4, 4, 64,  8, 48,   96,   1, 2,  2, 256,    0,  48,  64,   192,   2,  4, 2,  16,  48,   256,  2, 8,  32,  32,  10000, FAMILY_SMOLVLA}},
+    {"smolvla",  "lerobot/smolvla_base's sizes (450M)",    {2, 32, 32, 512, 16, 768, 3072, 12, 12, 4, 49280,  2,  48,  960,  2560,  16, 15, 5, 64,  720,  2048, 2, 50, 32,  32,  10000, FAMILY_SMOLVLA}},
+    {"pi0_tiny", "tests: pi0's structure in seconds",      {1, 4, 4, 32,  8, 32,   64,   2, 2,  1, 256,    0,  16,  64,   128,   2,  8, 1,  8,   32,   64,   1, 8,  32,  32,  10000, FAMILY_PI0}},
+    {"pi0_small","pi0 on Meta-World from scratch, CPU",    {2, 4, 4, 64,  16, 48,  96,   1, 2,  1, 256,    0,  48,  64,   192,   2,  8, 1,  8,   48,   128,  1, 8,  32,  32,  10000, FAMILY_PI0}},
+    {"pi0",      "lerobot/pi0's sizes (3.24B)",            {2, 32, 32, 224, 14, 1152, 4304, 27, 16, 1, 257152, 0,  48,  2048, 16384, 18, 8, 1,  256, 1024, 4096, 1, 50, 32,  32,  10000, FAMILY_PI0}},
 };
 #define SMOLVLA_N_PRESETS ((int)(sizeof(SMOLVLA_PRESETS) / sizeof(SMOLVLA_PRESETS[0])))
 
@@ -181,92 +227,109 @@ static inline int recompute_parse(const char* name) {
     return -1;
 }
 
-// A preset's default mode: the released model fine-tunes its expert, the others train from scratch.
+// A preset's default mode: LeRobot's for the released models (SmolVLA fine-tunes its expert, pi0
+// trains everything), all for the others, which train from scratch.
 static inline int smolvla_default_train_mode(const char* preset) {
     return strcmp(preset, "smolvla") == 0 ? TRAIN_MODE_EXPERT : TRAIN_MODE_ALL;
 }
 
-// The towers, in the order the data meets them.
-enum { TOWER_VISION = 0, TOWER_VLM = 1, TOWER_EXPERT = 2 };
+// The towers, in the order the data meets them. TOWER_STATE (the state token's projection) is
+// resolved by the family when the table is built: the VLM's in SmolVLA (a prefix token), the
+// expert's in pi0 (a suffix token).
+enum { TOWER_VISION = 0, TOWER_VLM = 1, TOWER_EXPERT = 2, TOWER_STATE = 3 };
 // The train column: in which modes a tensor trains. The VLM's layer stacks train in vlm and all
-// modes except their last layer, which LeRobot always freezes (with the VLM's final norm and
-// lm_head: their outputs feed nothing; the last layer's keys and values do feed the expert).
-enum { TRAIN_ALWAYS = 0, TRAIN_VLM = 1, TRAIN_VLM_BUT_LAST = 2, TRAIN_VISION = 3, TRAIN_NEVER = 4 };
+// modes except their last layer, which LeRobot's SmolVLA always freezes (with the VLM's final norm
+// and lm_head: their outputs feed nothing; the last layer's keys and values do feed the expert).
+// pi0 freezes nothing, so there the last layer's input norm and q/k/v projections train
+// (TRAIN_VLM_QKV: its keys and values feed the expert, and its queries get a zero gradient that
+// AdamW's decay still acts on), while its o_proj, MLP and post-attention norm, whose outputs feed
+// nothing, get no gradient: resolved by the family when the table is built.
+enum { TRAIN_ALWAYS = 0, TRAIN_VLM = 1, TRAIN_VLM_BUT_LAST = 2, TRAIN_VISION = 3, TRAIN_NEVER = 4, TRAIN_VLM_QKV = 5 };
 // How slice i of a stacked tensor maps to LeRobot's layer number (the %d in its name).
 enum { SLICES_NONE = 0, SLICES_VISION = 1, SLICES_ALL = 2, SLICES_JOINT = 3, SLICES_CROSS = 4 };
 
-#define SMOL_VIS "model.vlm_with_expert.vlm.model.vision_model."
-#define SMOL_TXT "model.vlm_with_expert.vlm.model.text_model."
-#define SMOL_EXP "model.vlm_with_expert.lm_expert."
+// LeRobot's names: a family's prefix of the module the tensor sits in, then the row's suffix.
+enum { NAME_VIS = 0, NAME_CONN = 1, NAME_TXT = 2, NAME_EXP = 3, NAME_TOP = 4 };
+static const char* const SMOLVLA_NAME_PREFIX[SMOLVLA_N_FAMILIES][5] = {
+    {"model.vlm_with_expert.vlm.model.vision_model.", "model.vlm_with_expert.vlm.model.connector.modality_projection.proj.",
+     "model.vlm_with_expert.vlm.model.text_model.", "model.vlm_with_expert.lm_expert.", "model."},
+    {"model.paligemma_with_expert.paligemma.model.vision_tower.vision_model.",
+     "model.paligemma_with_expert.paligemma.model.multi_modal_projector.linear.",
+     "model.paligemma_with_expert.paligemma.model.language_model.", "model.paligemma_with_expert.gemma_expert.model.",
+     "model."},
+};
 
 // Linear weights are (out, in) as torch stores them; per-layer tensors are stacked with a leading
 // layer count (the vision layers, all L layers, or the joint / cross layers of the expert's k/v,
-// whose input widths differ: Ce in joint layers, the VLM's key/value width in cross layers).
-//  X(name,       lerobot name,                                          tower,        kind,        train,              decay init             slices         nd d0 d1 d2)
+// whose input widths differ: Ce in joint layers, the VLM's key/value width in cross layers). A
+// tensor the family does not have has no elements (the projector's bias in SmolVLA, the cross
+// layers' k/v in pi0) and no slice: nothing names, loads or trains it. INIT_RMS: an RMSNorm's
+// weight, 1 in SmolVLA's w form and 0 in pi0's (1 + w) form.
+//  X(name,       module,   LeRobot name in it (%d = layer),           tower,        kind,        train,              decay init             slices         nd d0 d1 d2)
 #define SMOLVLA_PARAMETERS(X, c) \
-    X(vis_patch_w,  SMOL_VIS "embeddings.patch_embedding.weight",        TOWER_VISION, KIND_INPUT, TRAIN_VISION,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->vis_width, smolvla_patch_dim(c), 1) \
-    X(vis_patch_b,  SMOL_VIS "embeddings.patch_embedding.bias",          TOWER_VISION, KIND_INPUT, TRAIN_VISION,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->vis_width, 1, 1) \
-    X(vis_pos,      SMOL_VIS "embeddings.position_embedding.weight",     TOWER_VISION, KIND_INPUT, TRAIN_VISION,       1, INIT_NORMAL,     SLICES_NONE,   2, smolvla_grid(c) * smolvla_grid(c), (c)->vis_width, 1) \
-    X(vis_ln1_w,    SMOL_VIS "encoder.layers.%d.layer_norm1.weight",     TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ONE,        SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
-    X(vis_ln1_b,    SMOL_VIS "encoder.layers.%d.layer_norm1.bias",       TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
-    X(vis_wq,       SMOL_VIS "encoder.layers.%d.self_attn.q_proj.weight",  TOWER_VISION, KIND_LAYER, TRAIN_VISION,     1, INIT_NORMAL,     SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_width) \
-    X(vis_bq,       SMOL_VIS "encoder.layers.%d.self_attn.q_proj.bias",    TOWER_VISION, KIND_LAYER, TRAIN_VISION,     0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
-    X(vis_wk,       SMOL_VIS "encoder.layers.%d.self_attn.k_proj.weight",  TOWER_VISION, KIND_LAYER, TRAIN_VISION,     1, INIT_NORMAL,     SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_width) \
-    X(vis_bk,       SMOL_VIS "encoder.layers.%d.self_attn.k_proj.bias",    TOWER_VISION, KIND_LAYER, TRAIN_VISION,     0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
-    X(vis_wv,       SMOL_VIS "encoder.layers.%d.self_attn.v_proj.weight",  TOWER_VISION, KIND_LAYER, TRAIN_VISION,     1, INIT_NORMAL,     SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_width) \
-    X(vis_bv,       SMOL_VIS "encoder.layers.%d.self_attn.v_proj.bias",    TOWER_VISION, KIND_LAYER, TRAIN_VISION,     0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
-    X(vis_wo,       SMOL_VIS "encoder.layers.%d.self_attn.out_proj.weight", TOWER_VISION, KIND_LAYER, TRAIN_VISION,    1, INIT_NORMAL_OUT, SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_width) \
-    X(vis_bo,       SMOL_VIS "encoder.layers.%d.self_attn.out_proj.bias",   TOWER_VISION, KIND_LAYER, TRAIN_VISION,    0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
-    X(vis_ln2_w,    SMOL_VIS "encoder.layers.%d.layer_norm2.weight",     TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ONE,        SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
-    X(vis_ln2_b,    SMOL_VIS "encoder.layers.%d.layer_norm2.bias",       TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
-    X(vis_fc1_w,    SMOL_VIS "encoder.layers.%d.mlp.fc1.weight",         TOWER_VISION, KIND_LAYER, TRAIN_VISION,       1, INIT_NORMAL,     SLICES_VISION, 3, (c)->vis_layers, (c)->vis_ff, (c)->vis_width) \
-    X(vis_fc1_b,    SMOL_VIS "encoder.layers.%d.mlp.fc1.bias",           TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_ff, 1) \
-    X(vis_fc2_w,    SMOL_VIS "encoder.layers.%d.mlp.fc2.weight",         TOWER_VISION, KIND_LAYER, TRAIN_VISION,       1, INIT_NORMAL_OUT, SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_ff) \
-    X(vis_fc2_b,    SMOL_VIS "encoder.layers.%d.mlp.fc2.bias",           TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
-    X(vis_post_w,   SMOL_VIS "post_layernorm.weight",                    TOWER_VISION, KIND_HEAD,  TRAIN_VISION,       0, INIT_ONE,        SLICES_NONE,   1, (c)->vis_width, 1, 1) \
-    X(vis_post_b,   SMOL_VIS "post_layernorm.bias",                      TOWER_VISION, KIND_HEAD,  TRAIN_VISION,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->vis_width, 1, 1) \
-    X(connector_w,  "model.vlm_with_expert.vlm.model.connector.modality_projection.proj.weight", \
-                                                                         TOWER_VLM,    KIND_INPUT, TRAIN_VLM,          1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_model, (c)->vis_width * (c)->scale_factor * (c)->scale_factor, 1) \
-    X(embed_tokens, SMOL_TXT "embed_tokens.weight",                      TOWER_VLM,    KIND_INPUT, TRAIN_VLM,          1, INIT_NORMAL,     SLICES_NONE,   2, (c)->vocab, (c)->d_model, 1) \
-    X(state_w,      "model.state_proj.weight",                           TOWER_VLM,    KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_model, (c)->max_state_dim, 1) \
-    X(state_b,      "model.state_proj.bias",                             TOWER_VLM,    KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->d_model, 1, 1) \
-    X(vlm_ln1,      SMOL_TXT "layers.%d.input_layernorm.weight",         TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 0, INIT_ONE,        SLICES_ALL,    2, (c)->n_layer, (c)->d_model, 1) \
-    X(vlm_wq,       SMOL_TXT "layers.%d.self_attn.q_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_attn(c), (c)->d_model) \
-    X(vlm_wk,       SMOL_TXT "layers.%d.self_attn.k_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_kv(c), (c)->d_model) \
-    X(vlm_wv,       SMOL_TXT "layers.%d.self_attn.v_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_kv(c), (c)->d_model) \
-    X(vlm_wo,       SMOL_TXT "layers.%d.self_attn.o_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_model, smolvla_d_attn(c)) \
-    X(vlm_ln2,      SMOL_TXT "layers.%d.post_attention_layernorm.weight", TOWER_VLM,   KIND_LAYER, TRAIN_VLM_BUT_LAST, 0, INIT_ONE,        SLICES_ALL,    2, (c)->n_layer, (c)->d_model, 1) \
-    X(vlm_gate,     SMOL_TXT "layers.%d.mlp.gate_proj.weight",           TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
-    X(vlm_up,       SMOL_TXT "layers.%d.mlp.up_proj.weight",             TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
-    X(vlm_down,     SMOL_TXT "layers.%d.mlp.down_proj.weight",           TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_model, (c)->d_ff) \
-    X(vlm_norm,     SMOL_TXT "norm.weight",                              TOWER_VLM,    KIND_HEAD,  TRAIN_NEVER,        0, INIT_ONE,        SLICES_NONE,   1, (c)->d_model, 1, 1) \
-    X(action_in_w,  "model.action_in_proj.weight",                       TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_expert, (c)->max_action_dim, 1) \
-    X(action_in_b,  "model.action_in_proj.bias",                         TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->d_expert, 1, 1) \
-    X(time_in_w,    "model.action_time_mlp_in.weight",                   TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_expert, 2 * (c)->d_expert, 1) \
-    X(time_in_b,    "model.action_time_mlp_in.bias",                     TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->d_expert, 1, 1) \
-    X(time_out_w,   "model.action_time_mlp_out.weight",                  TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_expert, (c)->d_expert, 1) \
-    X(time_out_b,   "model.action_time_mlp_out.bias",                    TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->d_expert, 1, 1) \
-    X(exp_ln1,      SMOL_EXP "layers.%d.input_layernorm.weight",         TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       0, INIT_ONE,        SLICES_ALL,    2, (c)->n_layer, (c)->d_expert, 1) \
-    X(exp_wq,       SMOL_EXP "layers.%d.self_attn.q_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_attn(c), (c)->d_expert) \
-    X(exp_wk_joint, SMOL_EXP "layers.%d.self_attn.k_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_JOINT,  3, smolvla_n_joint(c), smolvla_d_kv(c), (c)->d_expert) \
-    X(exp_wv_joint, SMOL_EXP "layers.%d.self_attn.v_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_JOINT,  3, smolvla_n_joint(c), smolvla_d_kv(c), (c)->d_expert) \
-    X(exp_wk_cross, SMOL_EXP "layers.%d.self_attn.k_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_CROSS,  3, smolvla_n_cross(c), smolvla_d_kv(c), smolvla_d_kv(c)) \
-    X(exp_wv_cross, SMOL_EXP "layers.%d.self_attn.v_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_CROSS,  3, smolvla_n_cross(c), smolvla_d_kv(c), smolvla_d_kv(c)) \
-    X(exp_wo,       SMOL_EXP "layers.%d.self_attn.o_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_expert, smolvla_d_attn(c)) \
-    X(exp_ln2,      SMOL_EXP "layers.%d.post_attention_layernorm.weight", TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,      0, INIT_ONE,        SLICES_ALL,    2, (c)->n_layer, (c)->d_expert, 1) \
-    X(exp_gate,     SMOL_EXP "layers.%d.mlp.gate_proj.weight",           TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
-    X(exp_up,       SMOL_EXP "layers.%d.mlp.up_proj.weight",             TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
-    X(exp_down,     SMOL_EXP "layers.%d.mlp.down_proj.weight",           TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_expert, (c)->d_expert_ff) \
-    X(exp_norm,     SMOL_EXP "norm.weight",                              TOWER_EXPERT, KIND_HEAD,  TRAIN_ALWAYS,       0, INIT_ONE,        SLICES_NONE,   1, (c)->d_expert, 1, 1) \
-    X(action_out_w, "model.action_out_proj.weight",                      TOWER_EXPERT, KIND_HEAD,  TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->max_action_dim, (c)->d_expert, 1) \
-    X(action_out_b, "model.action_out_proj.bias",                        TOWER_EXPERT, KIND_HEAD,  TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->max_action_dim, 1, 1)
+    X(vis_patch_w,  NAME_VIS, "embeddings.patch_embedding.weight",        TOWER_VISION, KIND_INPUT, TRAIN_VISION,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->vis_width, smolvla_patch_dim(c), 1) \
+    X(vis_patch_b,  NAME_VIS, "embeddings.patch_embedding.bias",          TOWER_VISION, KIND_INPUT, TRAIN_VISION,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->vis_width, 1, 1) \
+    X(vis_pos,      NAME_VIS, "embeddings.position_embedding.weight",     TOWER_VISION, KIND_INPUT, TRAIN_VISION,       1, INIT_NORMAL,     SLICES_NONE,   2, smolvla_grid(c) * smolvla_grid(c), (c)->vis_width, 1) \
+    X(vis_ln1_w,    NAME_VIS, "encoder.layers.%d.layer_norm1.weight",     TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ONE,        SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_ln1_b,    NAME_VIS, "encoder.layers.%d.layer_norm1.bias",       TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_wq,       NAME_VIS, "encoder.layers.%d.self_attn.q_proj.weight",  TOWER_VISION, KIND_LAYER, TRAIN_VISION,     1, INIT_NORMAL,     SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_width) \
+    X(vis_bq,       NAME_VIS, "encoder.layers.%d.self_attn.q_proj.bias",    TOWER_VISION, KIND_LAYER, TRAIN_VISION,     0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_wk,       NAME_VIS, "encoder.layers.%d.self_attn.k_proj.weight",  TOWER_VISION, KIND_LAYER, TRAIN_VISION,     1, INIT_NORMAL,     SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_width) \
+    X(vis_bk,       NAME_VIS, "encoder.layers.%d.self_attn.k_proj.bias",    TOWER_VISION, KIND_LAYER, TRAIN_VISION,     0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_wv,       NAME_VIS, "encoder.layers.%d.self_attn.v_proj.weight",  TOWER_VISION, KIND_LAYER, TRAIN_VISION,     1, INIT_NORMAL,     SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_width) \
+    X(vis_bv,       NAME_VIS, "encoder.layers.%d.self_attn.v_proj.bias",    TOWER_VISION, KIND_LAYER, TRAIN_VISION,     0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_wo,       NAME_VIS, "encoder.layers.%d.self_attn.out_proj.weight", TOWER_VISION, KIND_LAYER, TRAIN_VISION,    1, INIT_NORMAL_OUT, SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_width) \
+    X(vis_bo,       NAME_VIS, "encoder.layers.%d.self_attn.out_proj.bias",   TOWER_VISION, KIND_LAYER, TRAIN_VISION,    0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_ln2_w,    NAME_VIS, "encoder.layers.%d.layer_norm2.weight",     TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ONE,        SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_ln2_b,    NAME_VIS, "encoder.layers.%d.layer_norm2.bias",       TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_fc1_w,    NAME_VIS, "encoder.layers.%d.mlp.fc1.weight",         TOWER_VISION, KIND_LAYER, TRAIN_VISION,       1, INIT_NORMAL,     SLICES_VISION, 3, (c)->vis_layers, (c)->vis_ff, (c)->vis_width) \
+    X(vis_fc1_b,    NAME_VIS, "encoder.layers.%d.mlp.fc1.bias",           TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_ff, 1) \
+    X(vis_fc2_w,    NAME_VIS, "encoder.layers.%d.mlp.fc2.weight",         TOWER_VISION, KIND_LAYER, TRAIN_VISION,       1, INIT_NORMAL_OUT, SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_ff) \
+    X(vis_fc2_b,    NAME_VIS, "encoder.layers.%d.mlp.fc2.bias",           TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
+    X(vis_post_w,   NAME_VIS, "post_layernorm.weight",                    TOWER_VISION, KIND_HEAD,  TRAIN_VISION,       0, INIT_ONE,        SLICES_NONE,   1, (c)->vis_width, 1, 1) \
+    X(vis_post_b,   NAME_VIS, "post_layernorm.bias",                      TOWER_VISION, KIND_HEAD,  TRAIN_VISION,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->vis_width, 1, 1) \
+    X(connector_w,  NAME_CONN, "weight",                                  TOWER_VLM,    KIND_INPUT, TRAIN_VLM,          1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_model, (c)->vis_width * (c)->scale_factor * (c)->scale_factor, 1) \
+    X(connector_b,  NAME_CONN, "bias",                                    TOWER_VLM,    KIND_INPUT, TRAIN_VLM,          0, INIT_ZERO,       SLICES_NONE,   1, smolvla_connector_bias(c) ? (c)->d_model : 0, 1, 1) \
+    X(embed_tokens, NAME_TXT, "embed_tokens.weight",                      TOWER_VLM,    KIND_INPUT, TRAIN_VLM,          1, INIT_NORMAL,     SLICES_NONE,   2, (c)->vocab, (c)->d_model, 1) \
+    X(state_w,      NAME_TOP, "state_proj.weight",                        TOWER_STATE,  KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, smolvla_state_width(c), (c)->max_state_dim, 1) \
+    X(state_b,      NAME_TOP, "state_proj.bias",                          TOWER_STATE,  KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, smolvla_state_width(c), 1, 1) \
+    X(vlm_ln1,      NAME_TXT, "layers.%d.input_layernorm.weight",         TOWER_VLM,    KIND_LAYER, TRAIN_VLM_QKV,      0, INIT_RMS,        SLICES_ALL,    2, (c)->n_layer, (c)->d_model, 1) \
+    X(vlm_wq,       NAME_TXT, "layers.%d.self_attn.q_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_QKV,      1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_attn(c), (c)->d_model) \
+    X(vlm_wk,       NAME_TXT, "layers.%d.self_attn.k_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_QKV,      1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_kv(c), (c)->d_model) \
+    X(vlm_wv,       NAME_TXT, "layers.%d.self_attn.v_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_QKV,      1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_kv(c), (c)->d_model) \
+    X(vlm_wo,       NAME_TXT, "layers.%d.self_attn.o_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_model, smolvla_d_attn(c)) \
+    X(vlm_ln2,      NAME_TXT, "layers.%d.post_attention_layernorm.weight", TOWER_VLM,   KIND_LAYER, TRAIN_VLM_BUT_LAST, 0, INIT_RMS,        SLICES_ALL,    2, (c)->n_layer, (c)->d_model, 1) \
+    X(vlm_gate,     NAME_TXT, "layers.%d.mlp.gate_proj.weight",           TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
+    X(vlm_up,       NAME_TXT, "layers.%d.mlp.up_proj.weight",             TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
+    X(vlm_down,     NAME_TXT, "layers.%d.mlp.down_proj.weight",           TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_model, (c)->d_ff) \
+    X(vlm_norm,     NAME_TXT, "norm.weight",                              TOWER_VLM,    KIND_HEAD,  TRAIN_NEVER,        0, INIT_RMS,        SLICES_NONE,   1, (c)->d_model, 1, 1) \
+    X(action_in_w,  NAME_TOP, "action_in_proj.weight",                    TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_expert, (c)->max_action_dim, 1) \
+    X(action_in_b,  NAME_TOP, "action_in_proj.bias",                      TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->d_expert, 1, 1) \
+    X(time_in_w,    NAME_TOP, "action_time_mlp_in.weight",                TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_expert, 2 * (c)->d_expert, 1) \
+    X(time_in_b,    NAME_TOP, "action_time_mlp_in.bias",                  TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->d_expert, 1, 1) \
+    X(time_out_w,   NAME_TOP, "action_time_mlp_out.weight",               TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_expert, (c)->d_expert, 1) \
+    X(time_out_b,   NAME_TOP, "action_time_mlp_out.bias",                 TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->d_expert, 1, 1) \
+    X(exp_ln1,      NAME_EXP, "layers.%d.input_layernorm.weight",         TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       0, INIT_RMS,        SLICES_ALL,    2, (c)->n_layer, (c)->d_expert, 1) \
+    X(exp_wq,       NAME_EXP, "layers.%d.self_attn.q_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_attn(c), (c)->d_expert) \
+    X(exp_wk_joint, NAME_EXP, "layers.%d.self_attn.k_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_JOINT,  3, smolvla_n_joint(c), smolvla_d_kv(c), (c)->d_expert) \
+    X(exp_wv_joint, NAME_EXP, "layers.%d.self_attn.v_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_JOINT,  3, smolvla_n_joint(c), smolvla_d_kv(c), (c)->d_expert) \
+    X(exp_wk_cross, NAME_EXP, "layers.%d.self_attn.k_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_CROSS,  3, smolvla_n_cross(c), smolvla_d_kv(c), smolvla_d_kv(c)) \
+    X(exp_wv_cross, NAME_EXP, "layers.%d.self_attn.v_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_CROSS,  3, smolvla_n_cross(c), smolvla_d_kv(c), smolvla_d_kv(c)) \
+    X(exp_wo,       NAME_EXP, "layers.%d.self_attn.o_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_expert, smolvla_d_attn(c)) \
+    X(exp_ln2,      NAME_EXP, "layers.%d.post_attention_layernorm.weight", TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,      0, INIT_RMS,        SLICES_ALL,    2, (c)->n_layer, (c)->d_expert, 1) \
+    X(exp_gate,     NAME_EXP, "layers.%d.mlp.gate_proj.weight",           TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
+    X(exp_up,       NAME_EXP, "layers.%d.mlp.up_proj.weight",             TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
+    X(exp_down,     NAME_EXP, "layers.%d.mlp.down_proj.weight",           TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_expert, (c)->d_expert_ff) \
+    X(exp_norm,     NAME_EXP, "norm.weight",                              TOWER_EXPERT, KIND_HEAD,  TRAIN_ALWAYS,       0, INIT_RMS,        SLICES_NONE,   1, (c)->d_expert, 1, 1) \
+    X(action_out_w, NAME_TOP, "action_out_proj.weight",                   TOWER_EXPERT, KIND_HEAD,  TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->max_action_dim, (c)->d_expert, 1) \
+    X(action_out_b, NAME_TOP, "action_out_proj.bias",                     TOWER_EXPERT, KIND_HEAD,  TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->max_action_dim, 1, 1)
 
 enum { SMOLVLA_NUM_TENSORS = 0 SMOLVLA_PARAMETERS(VLA_COUNT_, c) };
 
 typedef struct {
     const char* name;
-    const char* lerobot;  // LeRobot's name; %d is the layer number for stacked tensors
-    int tower, kind, train, decay, init, slices, ndim;
+    char lerobot[128];  // LeRobot's name (the family's module prefix and the row's suffix); %d is the layer
+    int tower, kind, train, decay, init, slices, ndim;  // tower, train and init resolved for the family
     int64_t shape[3];
     size_t numel;
     size_t offset;  // in elements, into the one flat allocation
@@ -277,12 +340,25 @@ typedef struct {
     size_t total;
 } SmolParamTable;
 
+// The family's reading of the columns that depend on it (TOWER_STATE, TRAIN_VLM_QKV, INIT_RMS)
+static inline int smolvla_resolve_tower(const SmolVLAConfig* c, int tower) {
+    return tower == TOWER_STATE ? (smolvla_state_in_suffix(c) ? TOWER_EXPERT : TOWER_VLM) : tower;
+}
+static inline int smolvla_resolve_train(const SmolVLAConfig* c, int train) {
+    return train == TRAIN_VLM_QKV ? (smolvla_is_pi0(c) ? TRAIN_VLM : TRAIN_VLM_BUT_LAST) : train;
+}
+static inline int smolvla_resolve_init(const SmolVLAConfig* c, int init) {
+    return init == INIT_RMS ? (smolvla_rms_offset(c) != 0.0f ? INIT_ZERO : INIT_ONE) : init;
+}
+
 static inline void smolvla_table_build(const SmolVLAConfig* c, SmolParamTable* t) {
     int i = 0;
     size_t offset = 0;
-#define SMOL_SPEC_(nm, lr, tw, knd, trn, dec, ini, sl, nd, d0, d1, d2) \
-    t->spec[i] = (SmolParamSpec){#nm, lr, tw, knd, trn, dec, ini, sl, nd, {d0, d1, d2}, \
+#define SMOL_SPEC_(nm, where, lr, tw, knd, trn, dec, ini, sl, nd, d0, d1, d2) \
+    t->spec[i] = (SmolParamSpec){#nm, "", smolvla_resolve_tower(c, tw), knd, smolvla_resolve_train(c, trn), dec, \
+                                 smolvla_resolve_init(c, ini), sl, nd, {d0, d1, d2}, \
                                  (size_t)(d0) * (size_t)(d1) * (size_t)(d2), offset}; \
+    snprintf(t->spec[i].lerobot, sizeof(t->spec[i].lerobot), "%s%s", SMOLVLA_NAME_PREFIX[c->family][where], lr); \
     offset += t->spec[i].numel; \
     i++;
     SMOLVLA_PARAMETERS(SMOL_SPEC_, c)
@@ -304,8 +380,12 @@ static inline void smolvla_point(SmolParameters* p, float* base, const SmolParam
 #undef SMOL_POINT_
 }
 
-// Slices (layers) of a tensor: its leading dimension when stacked, else 1.
-static inline size_t smolvla_slices(const SmolParamSpec* s) { return s->slices == SLICES_NONE ? 1 : (size_t)s->shape[0]; }
+// Slices (layers) of a tensor: its leading dimension when stacked, else 1; 0 for a tensor the
+// family does not have. The elements of one slice: smolvla_slice_numel.
+static inline size_t smolvla_slices(const SmolParamSpec* s) {
+    return s->numel == 0 ? 0 : s->slices == SLICES_NONE ? 1 : (size_t)s->shape[0];
+}
+static inline size_t smolvla_slice_numel(const SmolParamSpec* s) { return s->numel == 0 ? 0 : s->numel / smolvla_slices(s); }
 
 // The elements of a tensor that train in `mode`: a prefix of it (stacked tensors are layer-major,
 // so "every layer but the last" is the first numel - numel/L elements). 0 = frozen.
@@ -313,7 +393,7 @@ static inline size_t smolvla_trainable_numel(const SmolParamSpec* s, int mode) {
     switch (s->train) {
         case TRAIN_ALWAYS: return s->numel;
         case TRAIN_VLM: return mode >= TRAIN_MODE_VLM ? s->numel : 0;
-        case TRAIN_VLM_BUT_LAST: return mode >= TRAIN_MODE_VLM ? s->numel - s->numel / smolvla_slices(s) : 0;
+        case TRAIN_VLM_BUT_LAST: return mode >= TRAIN_MODE_VLM ? s->numel - smolvla_slice_numel(s) : 0;
         case TRAIN_VISION: return mode == TRAIN_MODE_ALL ? s->numel : 0;
         default: return 0;
     }
@@ -362,7 +442,11 @@ static inline int smolvla_slice_layer(const SmolVLAConfig* c, const SmolParamSpe
 // The one validation of a SmolVLA config: fields positive and bounded, the shapes consistent.
 static inline const char* smolvla_config_problem(const SmolVLAConfig* c) {
     static char msg[256];
-#define SMOL_POSITIVE_(f) if (c->f <= 0 && strcmp(#f, "pad_token") != 0) { \
+    if (c->family < 0 || c->family >= SMOLVLA_N_FAMILIES) {
+        snprintf(msg, sizeof(msg), "family %d is not one of 0 (smolvla) and 1 (pi0)", c->family);
+        return msg;
+    }
+#define SMOL_POSITIVE_(f) if (c->f <= 0 && strcmp(#f, "pad_token") != 0 && strcmp(#f, "family") != 0) { \
         snprintf(msg, sizeof(msg), #f " must be positive (got %d)", c->f); return msg; }
     SMOLVLA_CONFIG_FIELDS(SMOL_POSITIVE_)
 #undef SMOL_POSITIVE_
@@ -378,6 +462,11 @@ static inline const char* smolvla_config_problem(const SmolVLAConfig* c) {
     SMOL_BOUND_(state_dim, c->max_state_dim) SMOL_BOUND_(action_dim, c->max_action_dim)
 #undef SMOL_BOUND_
     if (c->pad_token < 0) { snprintf(msg, sizeof(msg), "pad_token must not be negative (got %d)", c->pad_token); return msg; }
+    if (smolvla_is_pi0(c) && (c->self_attn_every != 1 || c->scale_factor != 1)) {
+        snprintf(msg, sizeof(msg), "pi0 has every layer joint and no pixel shuffle: self_attn_every %d and scale_factor %d "
+                 "must be 1", c->self_attn_every, c->scale_factor);
+        return msg;
+    }
     if (c->img % c->patch != 0 || (c->img / c->patch) % c->scale_factor != 0) {
         snprintf(msg, sizeof(msg), "img %d / patch %d must be a whole grid that scale_factor %d divides", c->img, c->patch,
                  c->scale_factor);
@@ -396,7 +485,7 @@ static inline const char* smolvla_config_problem(const SmolVLAConfig* c) {
                  c->d_expert);
         return msg;
     }
-    uint64_t tokens = (uint64_t)smolvla_n_prefix(c) + (uint64_t)c->chunk;
+    uint64_t tokens = (uint64_t)smolvla_n_prefix(c) + (uint64_t)smolvla_n_suffix(c);
     uint64_t vis_tokens = (uint64_t)(c->img / c->patch) * (uint64_t)(c->img / c->patch);
     if (tokens > VLA_MAX_TOKENS || vis_tokens > VLA_MAX_TOKENS) {
         snprintf(msg, sizeof(msg), "%llu tokens (%llu per image in the vision tower) are past the bound %d",
@@ -405,7 +494,7 @@ static inline const char* smolvla_config_problem(const SmolVLAConfig* c) {
     }
     uint64_t total = 0, numel;
     int bad = 0;
-#define SMOL_COUNT_(nm, lr, tw, knd, trn, dec, ini, sl, nd, d0, d1, d2) \
+#define SMOL_COUNT_(nm, where, lr, tw, knd, trn, dec, ini, sl, nd, d0, d1, d2) \
     bad |= __builtin_mul_overflow((uint64_t)(d0), (uint64_t)(d1), &numel); \
     bad |= __builtin_mul_overflow(numel, (uint64_t)(d2), &numel); \
     bad |= __builtin_add_overflow(total, numel, &total);
@@ -415,8 +504,9 @@ static inline const char* smolvla_config_problem(const SmolVLAConfig* c) {
     return NULL;
 }
 
-// A config as "name value" lines (every field of SMOLVLA_CONFIG_FIELDS once; dev/smolvla.py
-// --c-config writes them from a LeRobot policy folder). Returns 0, or 1 with err set.
+// A config as "name value" lines (every field of SMOLVLA_CONFIG_FIELDS once, but family, which
+// files written before pi0 leave out: SmolVLA; dev/smolvla.py --c-config and
+// dev/lerobot/make_ref_pi0.py write them from LeRobot's models). Returns 0, or 1 with err set.
 static inline int smolvla_config_read(const char* path, SmolVLAConfig* c, char* err, size_t err_size) {
     FILE* f = fopen(path, "r");
     if (f == NULL) { snprintf(err, err_size, "cannot open %s: %s", path, strerror(errno)); return 1; }
@@ -441,7 +531,7 @@ static inline int smolvla_config_read(const char* path, SmolVLAConfig* c, char* 
     }
     fclose(f);
     int i = 0;
-#define SMOL_SEEN_(f) if (status == 0 && seen[i] != 1) { \
+#define SMOL_SEEN_(f) if (status == 0 && seen[i] != 1 && !(strcmp(#f, "family") == 0 && seen[i] == 0)) { \
         snprintf(err, err_size, "%s: field " #f " appears %d times (once expected)", path, seen[i]); status = 1; } i++;
     SMOLVLA_CONFIG_FIELDS(SMOL_SEEN_)
 #undef SMOL_SEEN_
@@ -451,7 +541,8 @@ static inline int smolvla_config_read(const char* path, SmolVLAConfig* c, char* 
 }
 
 // Parameters from the seed: normal(0, 0.02), output projections / sqrt(2L)
-// of their tower's depth, biases 0, norm scales 1. (Imported weights replace them.)
+// of their tower's depth, biases 0, norm scales 1 (pi0's (1 + w) RMSNorms: w = 0). (Imported
+// weights replace them.)
 static inline void smolvla_param_init(float* params, const SmolParamTable* t, const SmolVLAConfig* c, uint64_t seed) {
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
         const SmolParamSpec* s = &t->spec[i];

@@ -22,6 +22,14 @@ out as the batch the model reads. Needs rng.h, config.h, shards.h and dataset.h.
 #define VLA_API __attribute__((visibility("default")))
 #endif
 
+// vla_policy_config's 28 values, in the order of a checkpoint's header: the config's fields but
+// family (SMOLVLA_CONFIG_FIELDS' order), the train mode, the family
+static inline void policy_config_values(const SmolVLAConfig* c, int train_mode, int32_t* out) {
+    memcpy(out, c, SMOLVLA_CONFIG_STORED * sizeof(int32_t));
+    out[SMOLVLA_CONFIG_STORED] = train_mode;
+    out[SMOLVLA_CONFIG_STORED + 1] = c->family;
+}
+
 // Makes room in obs for B observations of cameras `cams`; *capacity is what it holds (0 before
 // the first call). Frames of other sizes than last time re-lay the batch out.
 static inline void policy_reserve(SmolBatch* obs, int* capacity, const SmolVLAConfig* c, const Cameras* cams, int B) {

@@ -76,11 +76,8 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
     return p;
 }
 
-// The checkpoint's config: the 26 fields of SmolVLAConfig in order, then its train mode.
-VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) {
-    memcpy(out, &p->model.config, sizeof(SmolVLAConfig));
-    out[sizeof(SmolVLAConfig) / sizeof(int32_t)] = p->train_mode;
-}
+// The checkpoint's config and train mode (policy_config_values)
+VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) { policy_config_values(&p->model.config, p->train_mode, out); }
 
 // Where the policy computes, and in which precision.
 VLA_API const char* vla_policy_device(const VLAPolicy* p) { return p->device; }

@@ -365,7 +365,8 @@ static inline SmolVLAConfig run_config(TrainArgs* a, const char* from, const Dat
     if (a->preset_given && !a->weights_only) { return config_for_data(a->preset, a->max_text, ds); }
     char what[VLA_PATH_MAX + 32];
     snprintf(what, sizeof(what), "the model of %s", from);
-    SmolVLAConfig c = config_with_data(h.config, what, a->max_text > 0 ? a->max_text : h.config.max_text, ds);
+    SmolVLAConfig hc = ckpt_header_config(&h);
+    SmolVLAConfig c = config_with_data(hc, what, a->max_text > 0 ? a->max_text : hc.max_text, ds);
     if (a->preset_given) {
         const char* diff = smolvla_sizes_diff(c, &smolvla_preset(a->preset)->config);
         if (diff != NULL) {

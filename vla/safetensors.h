@@ -278,7 +278,7 @@ static inline int smolvla_load_safetensors(const SafeTensors* st, const SmolVLAC
                                            float* params, char* err, size_t err_size) {
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
         const SmolParamSpec* s = &t->spec[i];
-        size_t n_slices = smolvla_slices(s), per = s->numel / n_slices;
+        size_t n_slices = smolvla_slices(s), per = smolvla_slice_numel(s);
         for (size_t k = 0; k < n_slices; k++) {
             char name[256];
             if (s->slices == SLICES_NONE) { snprintf(name, sizeof(name), "%s", s->lerobot); }
