@@ -7,9 +7,9 @@ For every case folder it reloads policy/ with PI0Policy.from_pretrained (strict,
 sizes of make_ref_pi0.tiny_pi0_sizes) and compares the loaded weights with model.safetensors
 tensor by tensor (from_pretrained returns random weights after a loading error, with only a
 printed warning). It then rebuilds the batch from the stored tensors and recomputes what
-LeRobot computes: prepared images, loss, v_t, every gradient and the sampled chunk, all
-compared with ref.safetensors; and the released model's parameter counts. The last line is
-"N passed, M failed"; the exit status is non-zero on any failure.
+LeRobot computes: prepared images, loss, v_t, every gradient and the sampled chunk (also
+without the K/V cache), all compared with ref.safetensors; and the released model's parameter
+counts. The last line is "N passed, M failed"; the exit status is non-zero on any failure.
 """
 
 import os
@@ -141,6 +141,33 @@ def check_grads(t, name, policy, info, ref, n_layer):
     t.check(f"{name}/grads (worst rel err {worst:.3g})", not bad, "; ".join(bad[:5]))
 
 
+def sample_without_cache(policy, batch, noise):
+    """LeRobot's Euler loop with the prefix recomputed at every step: one joint forward of
+    prefix and suffix (the training path), no K/V cache. What a trainer that samples that way
+    must match."""
+    from lerobot.policies.common.vla_utils import make_att_2d_masks, prepare_attention_masks_4d
+
+    model, cfg = policy.model, policy.config
+    policy.eval()
+    with torch.no_grad():
+        images, img_masks = policy._preprocess_images(batch)
+        state = policy.prepare_state(batch)
+        prefix, prefix_pad, prefix_att = model.embed_prefix(
+            images, img_masks, batch["observation.language.tokens"], batch["observation.language.attention_mask"])
+        x_t, dt = noise.clone(), -1.0 / cfg.num_inference_steps
+        for step in range(cfg.num_inference_steps):
+            time = torch.full((x_t.shape[0],), 1.0 + step * dt, dtype=torch.float32)
+            suffix, suffix_pad, suffix_att, _ = model.embed_suffix(state, x_t, time)
+            pad = torch.cat([prefix_pad, suffix_pad], dim=1)
+            att = torch.cat([prefix_att, suffix_att], dim=1)
+            (_, out), _ = model.paligemma_with_expert.forward(
+                attention_mask=prepare_attention_masks_4d(make_att_2d_masks(pad, att)),
+                position_ids=torch.cumsum(pad, dim=1) - 1, past_key_values=None,
+                inputs_embeds=[prefix, suffix], use_cache=False, adarms_cond=[None, None])
+            x_t = x_t + dt * model.action_out_proj(out[:, -cfg.chunk_size:].to(torch.float32))
+    return x_t
+
+
 def check_case(t, case_dir):
     name = case_dir.name
     info, ref = load_case(case_dir)
@@ -179,6 +206,8 @@ def check_case(t, case_dir):
 
     chunk_norm = sample_chunk(policy, batch, ref["sample_noise"])
     t.close(f"{name}/chunk_norm", chunk_norm, ref["chunk_norm"])
+    t.close(f"{name}/chunk_norm == joint forward per step (no K/V cache)",
+            sample_without_cache(policy, batch, ref["sample_noise"]), ref["chunk_norm"])
     return info
 
 
