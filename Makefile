@@ -259,7 +259,7 @@ $(SMOLVLA_STATES): $(TEST_DIR)/s_%_state.bin: $(TEST_DIR)/s.bin $(ORACLE_SOURCES
 # parity checks. Runs under the LeRobot venv that `make setup` makes (Python 3.12, pinned).
 LEROBOT_REF = build/lerobot_ref
 lerobot_check = @$(LEROBOT_PY) -c "import lerobot" 2>/dev/null || { \
-	echo "error: the SmolVLA references need LeRobot 0.6.1 in $(LEROBOT_VENV): run 'make setup' (as root) first"; exit 1; }
+	echo "error: the LeRobot references need LeRobot 0.6.1 in $(LEROBOT_VENV): run 'make setup' (as root) first"; exit 1; }
 $(LEROBOT_REF)/all/ref.safetensors: dev/lerobot/make_ref.py dev/lerobot/requirements.txt
 	$(lerobot_check)
 	rm -rf $(LEROBOT_REF)
@@ -269,6 +269,13 @@ SMOLVLA_C_CONFIGS = $(foreach case,expert vlm all,$(LEROBOT_REF)/$(case)/c_confi
 $(SMOLVLA_C_CONFIGS): $(LEROBOT_REF)/%/c_config.txt: $(LEROBOT_REF)/all/ref.safetensors dev/smolvla.py
 	$(oracle_check)
 	$(PYTHON) dev/smolvla.py $(LEROBOT_REF)/$* --c-config $@
+# LeRobot's own pi0 at test sizes (dev/lerobot/make_ref_pi0.py, which also writes each case's c_config.txt):
+# the ground truth of the pi0 parity checks
+LEROBOT_REF_PI0 = build/lerobot_ref_pi0
+$(LEROBOT_REF_PI0)/all/ref.safetensors: dev/lerobot/make_ref_pi0.py dev/lerobot/make_ref.py dev/lerobot/requirements.txt
+	$(lerobot_check)
+	rm -rf $(LEROBOT_REF_PI0)
+	$(LEROBOT_PY) dev/lerobot/make_ref_pi0.py -o $(LEROBOT_REF_PI0)
 
 # make test needs what `make setup` installs: it says so before building anything (a look for the
 # modules, not an import: fast)
@@ -287,7 +294,8 @@ endif
 # scripts/test_lerobot_io.py (LeRobot import/export) needs train_vla_cpu, libvla.so, data/synthetic
 # and the LeRobot references
 test: train_vla_cpu test_vla libvla.so data/synthetic train_vla build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so $(GPU_DEV_CUDA) $(GPU_TEST_BINARIES) $(REGISTER_LOGS) \
-		build/sanitize/train_vla_cpu fuzz_build $(TEST_DIR)/a.bin $(TEST_DIR)/b.bin $(TEST_DIR)/s.bin $(TEST_DIR)/a_train.txt $(SMOLVLA_STATES) $(LEROBOT_REF)/all/ref.safetensors $(SMOLVLA_C_CONFIGS) venv_check
+		build/sanitize/train_vla_cpu fuzz_build $(TEST_DIR)/a.bin $(TEST_DIR)/b.bin $(TEST_DIR)/s.bin $(TEST_DIR)/a_train.txt $(SMOLVLA_STATES) $(LEROBOT_REF)/all/ref.safetensors $(SMOLVLA_C_CONFIGS) \
+		$(LEROBOT_REF_PI0)/all/ref.safetensors venv_check
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 
 venv_check:
@@ -316,5 +324,6 @@ install one and pass LEROBOT_BASE_PY=/path/to/python3.12"; exit 1; }; \
 
 clean:
 	rm -rf train_vla_cpu test_vla libvla.so libvla_gpu.so train_vla data/synthetic dev/bench_loader build/test build/bench build/gpu \
-		build/emu data/default build/sanitize $(FUZZ_BINARIES) build/fuzz/seeds build/fuzz/coverage $(LEROBOT_REF)
+		build/emu data/default build/sanitize $(FUZZ_BINARIES) build/fuzz/seeds build/fuzz/coverage $(LEROBOT_REF) \
+		$(LEROBOT_REF_PI0)
 	$(MAKE) -C dev/cuda clean

@@ -109,8 +109,9 @@ add_suite lerobot_io "$LEROBOT_PY" scripts/test_lerobot_io.py
 # DataParallel against DDP (dev/dp_vs_ddp.py): the modelled tables' consistency, and the measured
 # code path (torch DP, torch DDP over gloo) on the CPU at the tiny preset
 add_suite dp_vs_ddp env PYTHON="$ORACLE_PY" dev/test_dp_vs_ddp.sh
-# LeRobot's own references re-checked through LeRobot
+# LeRobot's own references (SmolVLA, pi0) re-checked through LeRobot
 add_suite lerobot_ref "$LEROBOT_PY" dev/lerobot/check_ref.py -d build/lerobot_ref
+add_suite lerobot_ref_pi0 "$LEROBOT_PY" dev/lerobot/check_ref_pi0.py -d build/lerobot_ref_pi0
 add_suite hardening dev/test_hardening.sh
 # the run folder's promises: one owner, the folder checked before each write, nothing of an earlier
 # run dropped (--new-run, -y 1's rules), signals, -i inside -o
