@@ -126,8 +126,9 @@ static int batch_cameras_shifted(const SmolBatch* plain, const SmolBatch* shifte
 // the parameter table: counts against a closed form written from SmolVLA's architecture (not from
 // the table), per train mode; the optimizer's packed domain; ZeRO-1's shards of it
 
-// Elements of SmolVLA at config c that train in `mode` (TRAIN_MODE_COUNT: all of them), counted
-// tower by tower as README.md's model section describes it
+// Elements of the model at config c that train in `mode` (TRAIN_MODE_COUNT: all of them), counted
+// tower by tower as README.md's model section describes it: SmolVLA's, or pi0's (the projector's
+// bias, the state token at the expert's width, the last VLM layer's norm and q/k/v training)
 static size_t smolvla_closed_form(const SmolVLAConfig* c, int mode) {
     size_t Cv = c->vis_width, Fv = c->vis_ff, Lv = c->vis_layers, G = (size_t)c->img / c->patch, s = c->scale_factor;
     size_t C = c->d_model, F = c->d_ff, L = c->n_layer, D = (size_t)c->n_head * c->head_dim;
@@ -136,14 +137,16 @@ static size_t smolvla_closed_form(const SmolVLAConfig* c, int mode) {
     size_t vision = Cv * 3 * c->patch * c->patch + Cv + G * G * Cv +
                     Lv * (4 * Cv + 4 * (Cv * Cv + Cv) + Fv * Cv + Fv + Cv * Fv + Cv) + 2 * Cv;
     size_t vlm_layer = C + D * C + 2 * KV * C + C * D + C + 3 * F * C;
-    size_t vlm = C * Cv * s * s + (size_t)c->vocab * C + L * vlm_layer + C;  // + the final norm
-    size_t state = C * c->max_state_dim + C;
+    size_t pi0 = c->family == FAMILY_PI0, connector = C * Cv * s * s + pi0 * C;
+    size_t vlm = connector + (size_t)c->vocab * C + L * vlm_layer + C;  // + the final norm
+    size_t Cs = pi0 ? Ce : C, state = Cs * c->max_state_dim + Cs;
     size_t heads = Ce * c->max_action_dim + Ce + 2 * Ce * Ce + Ce + Ce * Ce + Ce + Ce + c->max_action_dim * Ce +
                    c->max_action_dim;  // action_in, time MLP in and out, the expert's norm, action_out
     size_t expert = L * (Ce + D * Ce + Ce * D + Ce + 3 * Fe * Ce) + joint * 2 * KV * Ce + cross * 2 * KV * KV;
     size_t always = state + heads + expert;
     if (mode == TRAIN_MODE_EXPERT) { return always; }
-    size_t vlm_trained = C * Cv * s * s + (size_t)c->vocab * C + (L - 1) * vlm_layer;  // not the last layer, not the norm
+    // not the last layer (but pi0's norm and q/k/v of it), not the final norm
+    size_t vlm_trained = connector + (size_t)c->vocab * C + (L - 1) * vlm_layer + pi0 * (C + D * C + 2 * KV * C);
     if (mode == TRAIN_MODE_VLM) { return always + vlm_trained; }
     if (mode == TRAIN_MODE_ALL) { return always + vlm_trained + vision; }
     return vision + vlm + state + heads + expert;
@@ -164,7 +167,7 @@ static void test_param_table(void) {
         }
         size_t expected = smolvla_closed_form(c, TRAIN_MODE_COUNT);
         check(smolvla_config_problem(c) == NULL && contiguous && sum == t.total && t.total == expected,
-              "preset %-7s: %zu parameters, table contiguous, the closed form's %zu", name, t.total, expected);
+              "preset %-9s: %zu parameters, table contiguous, the closed form's %zu", name, t.total, expected);
         for (int mode = 0; mode < TRAIN_MODE_COUNT; mode++) {
             SmolOptDomain d;
             smolvla_opt_domain(&t, mode, &d);
@@ -176,7 +179,7 @@ static void test_param_table(void) {
             }
             size_t closed = smolvla_closed_form(c, mode);
             check(prefixes && packed == d.total && d.total == smolvla_trainable_count(&t, mode) && d.total == closed,
-                  "preset %-7s --train %-6s: %zu trainable, packed in table order, the closed form's %zu", name,
+                  "preset %-9s --train %-6s: %zu trainable, packed in table order, the closed form's %zu", name,
                   TRAIN_MODE_NAMES[mode], d.total, closed);
         }
     }
@@ -188,6 +191,12 @@ static void test_param_table(void) {
     check(t.total + lm_head == 450046176 && smolvla_trainable_count(&t, TRAIN_MODE_EXPERT) == 99880992,
           "preset smolvla: %zu + lm_head %zu = LeRobot's 450,046,176; %zu trainable = LeRobot's 99,880,992", t.total,
           lm_head, smolvla_trainable_count(&t, TRAIN_MODE_EXPERT));
+    // pi0's released sizes: LeRobot's PI0Policy holds 4,028,019,472 parameters, of which the two
+    // lm_heads (257152 x 2048 and x 1024), not in the table, feed nothing: 3,238,048,528 used
+    smolvla_table_build(&smolvla_preset("pi0")->config, &t);
+    size_t lm_heads = (size_t)257152 * (2048 + 1024);
+    check(t.total == 3238048528ULL && t.total + lm_heads == 4028019472ULL,
+          "preset pi0: %zu parameters = LeRobot's 3,238,048,528 used; + lm_heads %zu = its 4,028,019,472", t.total, lm_heads);
     // the trainable part of a tensor is a prefix: the VLM's stacks train all but their last layer
     smolvla_table_build(&smolvla_preset("tiny")->config, &t);
     const SmolParamSpec* wq = &t.spec[SMOLP_vlm_wq];
@@ -464,7 +473,8 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
     const char* name = TRAIN_MODE_NAMES[mode];
     char path[1024], err[512];
     double t0 = wall_seconds();
-    printf("\n== SmolVLA vs LeRobot 0.6.1: %s/%s (train mode %s)\n", ref_dir, name, name);
+    printf("\n== %s vs LeRobot 0.6.1: %s/%s (train mode %s)\n", strstr(ref_dir, "pi0") ? "pi0" : "SmolVLA", ref_dir, name,
+           name);
     // fp32 against LeRobot's fp32: two roundings of the same few hundred dependent operations in
     // different orders (~1e-7 each); 1e-5 relative bounds their accumulated difference with margin
     const double tol = 1e-5;
@@ -486,14 +496,23 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
     check(rc_ref == 0, "%s: reference batch %s%s%s", name, path, rc_ref ? ": " : "", rc_ref ? err : "");
     if (rc != 0 || rc_ref != 0) { smolvla_free(&m); return; }
 
-    // parameter counts: LeRobot's include lm_head (vocab x C), which the table leaves out (it feeds nothing)
+    // parameter counts: LeRobot's include the lm_heads (SmolVLA's vocab x C; pi0's also vocab x Ce),
+    // which the table leaves out (they feed nothing). Trainable: SmolVLA's LeRobot freezes what gets
+    // no gradient; pi0's does not (its never-gradient tensors are counted apart, as case.json has them)
     snprintf(path, sizeof(path), "%s/%s/case.json", ref_dir, name);
     char* info = read_text(path);
     long long total = json_int(info, "params_total"), trainable = json_int(info, "params_trainable");
-    size_t lm_head = (size_t)c.vocab * c.d_model, ours = smolvla_trainable_count(&m.table, mode);
-    check(total > 0 && m.table.total + lm_head == (size_t)total, "%s: %zu parameters + lm_head %zu = LeRobot's %lld", name,
-          m.table.total, lm_head, total);
-    check(trainable > 0 && ours == (size_t)trainable, "%s: %zu trainable, LeRobot's %lld", name, ours, trainable);
+    long long lm_heads = c.family == FAMILY_PI0 ? json_int(info, "params_lm_heads") : (long long)c.vocab * c.d_model;
+    long long graded = trainable;
+    if (c.family == FAMILY_PI0) {  // the elements of LeRobot's gradients
+        graded = 0;
+        for (int i = 0; i < ref.n; i++) { graded += strncmp(ref.tensors[i].name, "grad.", 5) == 0 ? (long long)ref.tensors[i].numel : 0; }
+    }
+    size_t ours = smolvla_trainable_count(&m.table, mode);
+    check(total > 0 && lm_heads > 0 && m.table.total + (size_t)lm_heads == (size_t)total,
+          "%s: %zu parameters + lm_heads %lld = LeRobot's %lld", name, m.table.total, lm_heads, total);
+    check(graded > 0 && ours == (size_t)graded, "%s: %zu trainable, LeRobot's %lld with a gradient (%lld requires_grad)",
+          name, ours, graded, trainable);
 
     // the batch, as LeRobot's pre-processor left it: raw frames, token ids, normalized state/actions
     char cams[VLA_MAX_CAM][64];
@@ -2348,15 +2367,16 @@ static void test_policy(const char* dir) {
     VLAPolicy* p = vla_policy_load(path, 0, err, (int)sizeof(err));
     check(p != NULL, "vla_policy_load reads the checkpoint%s%s", p ? "" : ": ", p ? "" : err);
     if (p == NULL) { smolvla_free(&m); dataset_close(&ds); return; }
-    int32_t config[27];
+    int32_t config[SMOLVLA_CONFIG_STORED + 2];
     vla_policy_config(p, config);
     int i = 0, config_ok = 1;
-#define CONFIG_FIELD_(f) config_ok &= config[i++] == c.f;
+#define CONFIG_FIELD_(f) if (i < SMOLVLA_CONFIG_STORED) { config_ok &= config[i] == c.f; } i++;
     SMOLVLA_CONFIG_FIELDS(CONFIG_FIELD_)
 #undef CONFIG_FIELD_
-    check(config_ok && i == 26 && config[26] == TRAIN_MODE_EXPERT && strcmp(vla_policy_tokenizer(p), "bytes") == 0 &&
-          strstr(vla_policy_device(p), "CPU") != NULL, "vla_policy_config: the 26 config fields and train mode %d; tokenizer "
-          "\"%s\"; device \"%s\"", config[26], vla_policy_tokenizer(p), vla_policy_device(p));
+    config_ok &= config[SMOLVLA_CONFIG_STORED + 1] == c.family;
+    check(config_ok && i == 27 && config[26] == TRAIN_MODE_EXPERT && strcmp(vla_policy_tokenizer(p), "bytes") == 0 &&
+          strstr(vla_policy_device(p), "CPU") != NULL, "vla_policy_config: the config fields, train mode %d and family %d; "
+          "tokenizer \"%s\"; device \"%s\"", config[26], config[27], vla_policy_tokenizer(p), vla_policy_device(p));
 
     // B observations of the dataset, raw: frames as stored, the instruction's text, the state in data units
     enum { B = 3 };
@@ -2485,15 +2505,16 @@ static void test_policy(const char* dir) {
 }
 
 int main(int argc, char** argv) {
-    if (argc != 2 && argc != 3) {
-        fprintf(stderr, "usage: %s FIXTURE_DIR [LEROBOT_REF_DIR]   (make test writes both and runs this; the second adds "
-                "the SmolVLA checks against LeRobot)\n", argv[0]);
+    if (argc < 2 || argc > 4) {
+        fprintf(stderr, "usage: %s FIXTURE_DIR [LEROBOT_REF_DIR [LEROBOT_PI0_REF_DIR]]   (make test writes them and runs "
+                "this; the second adds the SmolVLA checks against LeRobot, the third pi0's)\n", argv[0]);
         return 2;
     }
     const char* dir = argv[1];
     test_param_table();
     test_smolvla_oracle(dir);
-    if (argc == 3) { test_smolvla_lerobot(argv[2]); }
+    if (argc >= 3) { test_smolvla_lerobot(argv[2]); }
+    if (argc == 4) { test_smolvla_lerobot(argv[3]); }
     test_training_loop(dir);
     test_simulated_ranks(dir);
     test_world_args();

@@ -817,7 +817,7 @@ static inline size_t smolvla_vis_grad_rows(const SmolVLAConfig* c, int B, int mo
     X(shuffled, smolvla_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */ \
     X(img_tok,  smolvla_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) connector output */ \
     X(state,    (size_t)(B) * (c)->max_state_dim)                                     /* (B, Smax) the batch's, for the backward */ \
-    X(valid,    (size_t)(B) * (smolvla_n_prefix(c) + (c)->chunk))                     /* (B, T) 1 = a real token */ \
+    X(valid,    (size_t)(B) * (smolvla_n_prefix(c) + smolvla_n_suffix(c)))            /* (B, T) 1 = a real token */ \
     X(p_res,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_model)               /* (L, P, C) layer inputs */ \
     X(p_ln1,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
     X(p_rstd1,  (size_t)(c)->n_layer * smolvla_prows(c, B))                              /* (L, P) */ \

@@ -366,7 +366,8 @@ static inline void smolvla_table_build(const SmolVLAConfig* c, SmolParamTable* t
     t->total = offset;
 }
 
-// One float* per tensor, carved from a flat buffer in table order.
+// One float* per tensor, carved from a flat buffer in table order; NULL for a tensor the family
+// does not have.
 typedef struct {
 #define SMOL_FIELD_(nm, ...) float* nm;
     SMOLVLA_PARAMETERS(SMOL_FIELD_, c)
@@ -375,7 +376,7 @@ typedef struct {
 
 static inline void smolvla_point(SmolParameters* p, float* base, const SmolParamTable* t) {
     int i = 0;
-#define SMOL_POINT_(nm, ...) p->nm = base + t->spec[i++].offset;
+#define SMOL_POINT_(nm, ...) p->nm = t->spec[i].numel > 0 ? base + t->spec[i].offset : NULL; i++;
     SMOLVLA_PARAMETERS(SMOL_POINT_, c)
 #undef SMOL_POINT_
 }
