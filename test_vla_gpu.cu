@@ -520,7 +520,7 @@ static void test_smolvla_oracle(const char* dir, int mode) {
         }
         float* ref = (float*)debug_get(&st, key, s->numel);
         for (size_t j = n_train; j < s->numel; j++) { records_ok = records_ok && ref[j] == 0.0f; }
-        for (size_t k = 0; (k + 1) * per <= n_train; k++) {
+        for (size_t k = 0; per > 0 && (k + 1) * per <= n_train; k++) {
             const float* ours = grads + m.domain.offset[i] + k * per;
             double e;
             if (strcmp(s->name, "vis_bk") == 0) {

@@ -94,9 +94,10 @@ __global__ void flow_inputs_kernel(floatX* x_t, float* target, const float* acti
     target[i] = eps[i] - actions[i];
 }
 
-// out = x / sqrt(mean(x^2) + eps) * w, rstd kept. One warp per row of C.
+// out = x / sqrt(mean(x^2) + eps) * (offset + w), rstd kept: offset 0 is Llama's norm (SmolVLA), 1
+// Gemma's (pi0, whose weight is the scale's distance from 1). One warp per row of C.
 __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
-                                       float eps) {
+                                       float eps, float offset) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (row >= N) { return; }  // whole warps leave together
     const floatX* x = inp + (size_t)row * C;
@@ -108,12 +109,12 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* i
     float r = rsqrtf(warp_sum(ss) / (float)C + eps);
     if (lane == 0) { rstd[row] = r; }
     floatX* y = out + (size_t)row * C;
-    for (int c = lane; c < C; c += 32) { y[c] = fx(f32(x[c]) * r * f32(w[c])); }
+    for (int c = lane; c < C; c += 32) { y[c] = fx(f32(x[c]) * r * (offset + f32(w[c]))); }
 }
 
 // Version 2: 128-bit loads and stores; version 1 takes the widths that are not multiples of x128::size.
 __global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
-                                        float eps) {
+                                        float eps, float offset) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (row >= N) { return; }
     const floatX* x = inp + (size_t)row * C;
@@ -129,19 +130,19 @@ __global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* 
     for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
         x128 v = load128(x + c), wv = load128(w + c), o;
         #pragma unroll
-        for (int k = 0; k < x128::size; k++) { o.v[k] = fx(f32(v.v[k]) * r * f32(wv.v[k])); }
+        for (int k = 0; k < x128::size; k++) { o.v[k] = fx(f32(v.v[k]) * r * (offset + f32(wv.v[k]))); }
         store128(y + c, o);
     }
 }
 
-// y_c = x_c r w_c with r = (mean x^2 + eps)^-1/2, so
-// dx_c = r w_c dy_c - x_c r^3 / C * sum_j dy_j w_j x_j   and   dw_c = sum_rows dy_c x_c r.
+// y_c = x_c r s_c with r = (mean x^2 + eps)^-1/2 and the scale s = offset + w, so
+// dx_c = r s_c dy_c - x_c r^3 / C * sum_j dy_j s_j x_j   and   dw_c = sum_rows dy_c x_c r.
 // dx added to dres (fp32) and dres_x (floatX); block dw sums to dw_partial (gridDim.x, C), in warp order.
 #define RMSNORM_MAX_BLOCK 512
 #define RMSNORM_BWD2_COLS 32
 __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel2(float* dres, floatX* dres_x, float* dw_partial, const floatX* dout,
                                          const floatX* inp, const floatX* w, const float* rstd, int N, int C,
-                                         int rows_per_block) {
+                                         int rows_per_block, float offset) {
     extern __shared__ float warp_dw[];  // (warps, C)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
     float acc[RMSNORM_BWD2_COLS];
@@ -155,7 +156,7 @@ __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel2(fl
         #pragma unroll
         for (int j = 0; j < RMSNORM_BWD2_COLS; j++) {
             int c = lane + 32 * j;
-            if (c < C) { dot += f32(dy[c]) * f32(w[c]) * f32(x[c]); }
+            if (c < C) { dot += f32(dy[c]) * (offset + f32(w[c])) * f32(x[c]); }
         }
         float k = warp_sum(dot) * r * r * r / (float)C;
         #pragma unroll
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel2(fl
             int c = lane + 32 * j;
             if (c < C) {
                 float xv = f32(x[c]), dyv = f32(dy[c]);
-                float g = dres[(size_t)n * C + c] + r * f32(w[c]) * dyv - k * xv;
+                float g = dres[(size_t)n * C + c] + r * (offset + f32(w[c])) * dyv - k * xv;
                 dres[(size_t)n * C + c] = g;
                 dres_x[(size_t)n * C + c] = fx(g);
                 acc[j] += dyv * xv * r;
@@ -640,7 +641,7 @@ typedef struct {
     int h, w;                 // stored frame
     int S;                    // the model's square image size
     int rh, rw;               // resized (keeping the aspect ratio), at most S
-    int pad_top, pad_left;    // S - rh rows above, S - rw columns to the left
+    int pad_top, pad_left;    // rows above and columns to the left: S - rh and S - rw, or half of them (centred)
     float scale_h, scale_w;   // source pixels per resized pixel: h / rh and w / rw in float, as torch
 } ResizePad;
 
@@ -671,8 +672,8 @@ __global__ void resize_pad_kernel2(floatX* out, const uint8_t* frames, ResizePad
     int xs = (int)(idx % packs) * x128::size, y = (int)(idx / packs % r.S);
     size_t img = idx / ((size_t)packs * r.S);
     const uint8_t* f = frames + img * in_stride;
-    bool copy = r.rh == r.h && r.rw == r.w, row_padded = y < r.pad_top;
     int yr = y - r.pad_top, y0 = 0, y1 = 0;
+    bool copy = r.rh == r.h && r.rw == r.w, row_padded = y < r.pad_top || yr >= r.rh;
     float ly = 0.0f;
     if (!row_padded && !copy) { resize_source(yr, r.scale_h, r.h, &y0, &y1, &ly); }
     x128 o[3];
@@ -680,7 +681,7 @@ __global__ void resize_pad_kernel2(floatX* out, const uint8_t* frames, ResizePad
     for (int k = 0; k < x128::size; k++) {
         int x = xs + k, xr = x - r.pad_left;
         float v[3] = {0.0f, 0.0f, 0.0f};
-        if (!row_padded && x >= r.pad_left) {
+        if (!row_padded && x >= r.pad_left && xr < r.rw) {
             if (copy) {
                 const uint8_t* p = f + ((size_t)yr * r.w + xr) * 3;
                 #pragma unroll
@@ -1459,16 +1460,19 @@ __global__ void add_periodic_kernel(floatX* x, const floatX* table, size_t n, si
     if (i < n) { x[i] = fx(f32(x[i]) + f32(table[i % period])); }
 }
 
-// The mask and RoPE positions, as embed_prefix / embed_suffix flag the tokens. block (B, Np + H):
-// make_att_2d_masks' cumsum, -1 for a pad; pos = cumsum(valid) - 1; x_pos (B, H): the cross layers'.
+// The mask and RoPE positions, as embed_prefix / embed_suffix flag the tokens of the sequence
+// [images | language | state | actions] (the state is the prefix's last token or the suffix's first:
+// Np, H = the suffix's tokens). block (B, Np + H): make_att_2d_masks' cumsum, -1 for a pad; pos =
+// cumsum(valid) - 1; x_pos (B, H): the cross layers'.
 __global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const float* token_mask, int B, int NI, int T,
-                                        int H) {
+                                        int Np, int H, int causal) {
     int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= B) { return; }
-    int Np = NI + T + 1, n = Np + H, cum = 0, n_valid = 0;
+    int n = Np + H, cum = 0, n_valid = 0;
     for (int j = 0; j < n; j++) {
         int valid = j < NI || j >= NI + T || token_mask[(size_t)b * T + (j - NI)] != 0.0f;
-        cum += j >= NI + T;  // the state and every action start a block
+        // the state and every action start a block (causal actions), or the state and the first action
+        cum += j >= NI + T && (causal || j <= NI + T + 1);
         n_valid += valid;
         block[(size_t)b * n + j] = valid ? cum : -1;
         pos[(size_t)b * n + j] = n_valid - 1;
@@ -1478,17 +1482,19 @@ __global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const 
     for (int j = 0; j < H; j++) { x_pos[(size_t)b * H + j] = pos[(size_t)b * n + Np + j] - lowest; }
 }
 
-// The prefix x (B, Np, C): per sample each camera's NI image tokens (image cam * B + b) and the
-// language rows, both times sqrt(C), then state_tok (B, C). Token ids are checked by the data path.
+// The prefix x (B, Np, C): per sample each camera's NI image tokens (image cam * B + b) times
+// img_scale, the language rows times sqrt(C), then (SmolVLA: Np = the images, T and 1) state_tok
+// (B, C). Token ids are checked by the data path.
 __global__ void smolvla_prefix_embed_kernel(floatX* x, const floatX* img_tok, const floatX* embed, const int32_t* tokens,
-                                            const floatX* state_tok, int B, int n_cam, int NI, int T, int C, float scale) {
+                                            const floatX* state_tok, int B, int n_cam, int NI, int T, int Np, int C,
+                                            float scale, float img_scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int n_img = n_cam * NI, Np = n_img + T + 1;
+    int n_img = n_cam * NI;
     if (idx >= (size_t)B * Np * C) { return; }
     int k = (int)(idx % C), i = (int)(idx / C % Np), b = (int)(idx / ((size_t)C * Np));
     float v;
     if (i < n_img) {
-        v = f32(img_tok[(((size_t)(i / NI) * B + b) * NI + i % NI) * C + k]) * scale;
+        v = f32(img_tok[(((size_t)(i / NI) * B + b) * NI + i % NI) * C + k]) * img_scale;
     } else if (i < n_img + T) {
         v = f32(embed[(size_t)tokens[(size_t)b * T + (i - n_img)] * C + k]) * scale;
     } else {
@@ -1554,6 +1560,40 @@ __global__ void gelu_backward_kernel2(floatX* d, const floatX* dy, const floatX*
     store128(d + i, o);
 }
 
+// Gemma's MLP activation (pi0): act = gelu_tanh(gate) * up, 128-bit loads and stores (dev/cuda/geglu.cu)
+__global__ void geglu_forward_kernel2(floatX* act, const floatX* gate, const floatX* up, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) { return; }
+    x128 g = load128(gate + i), u = load128(up + i), o;
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) { o.v[k] = fx(gelu_tanh(f32(g.v[k])) * f32(u.v[k])); }
+    store128(act + i, o);
+}
+
+__global__ void geglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
+                                       const floatX* up, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) { return; }
+    x128 g = load128(gate + i), u = load128(up + i), d = load128(dact + i), dg, du;
+    #pragma unroll
+    for (int k = 0; k < x128::size; k++) {
+        float gk = f32(g.v[k]), dk = f32(d.v[k]);
+        dg.v[k] = fx(dk * f32(u.v[k]) * gelu_tanh_grad(gk));
+        du.v[k] = fx(dk * gelu_tanh(gk));
+    }
+    store128(dgate + i, dg);
+    store128(dup + i, du);
+}
+
+// out (B, T, C): rows first .. first+count-1 of every sample = x (B * count, C) (gather_rows_kernel's
+// inverse; the other rows are left alone)
+__global__ void scatter_rows_kernel(floatX* out, const floatX* x, int B, int T, int first, int count, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * count * C) { return; }
+    size_t row = idx / C;
+    out[((row / count) * T + first + row % count) * C + idx % C] = x[idx];
+}
+
 // out (rows, n) fp32 = bias (n) in every row: the velocity head's fp32 product adds onto it
 __global__ void bias_rows_kernel(float* out, const floatX* bias, int rows, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1564,20 +1604,21 @@ __global__ void bias_rows_kernel(float* out, const floatX* bias, int rows, int n
 __global__ void valid_entries_kernel(float* count, const float* action_is_pad, int n_slots, int A, int accumulate) {
     __shared__ float shared[32];
     float s = 0.0f;
-    for (int i = threadIdx.x; i < n_slots; i += blockDim.x) { s += action_is_pad[i] == 0.0f ? 1.0f : 0.0f; }
+    for (int i = threadIdx.x; i < n_slots; i += blockDim.x) { s += action_is_pad == NULL || action_is_pad[i] == 0.0f ? 1.0f : 0.0f; }
     s = block_sum(s, shared);
     if (threadIdx.x == 0) { *count = (accumulate ? *count : 0.0f) + s * (float)A; }
 }
 
-// The flow-matching loss: sum of (v - u)^2 over the first A dims of the slots in the episode, per-block
-// sums into partial, dv = 2 (v - u) there. A sum: the step's valid entries are known only later.
+// The flow-matching loss: sum of (v - u)^2 over the first A dims of the slots in the episode (every slot
+// where action_is_pad is NULL: pi0), per-block sums into partial, dv = 2 (v - u) there. A sum: the
+// step's valid entries are known only later.
 __global__ void smolvla_loss_kernel(floatX* dv, float* partial, const float* v, const float* target,
                                     const float* action_is_pad, int A, int Amax, int n) {
     __shared__ float shared[32];
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     float sq = 0.0f;
     if (i < n) {
-        float mask = (i % Amax < A && action_is_pad[i / Amax] == 0.0f) ? 1.0f : 0.0f;
+        float mask = (i % Amax < A && (action_is_pad == NULL || action_is_pad[i / Amax] == 0.0f)) ? 1.0f : 0.0f;
         float diff = v[i] - target[i];
         dv[i] = fx(mask * 2.0f * diff);
         sq = mask * diff * diff;
@@ -1601,7 +1642,7 @@ __global__ void sample_loss_kernel(float* sums, const float* v, const float* tar
     float sq = 0.0f, n = 0.0f;
     for (int e = threadIdx.x; e < H * A; e += blockDim.x) {
         int r = b * H + e / A;
-        if (action_is_pad[r] != 0.0f) { continue; }
+        if (action_is_pad != NULL && action_is_pad[r] != 0.0f) { continue; }
         float diff = v[(size_t)r * Amax + e % A] - target[(size_t)r * Amax + e % A];
         sq += diff * diff;
         n += 1.0f;
@@ -1692,12 +1733,15 @@ static size_t colsum_chunks(size_t N) { return ceil_div(N, (size_t)colsum_rows(N
 // cuBLASLt: a plan per product shape, and the row-major matmul_* the model calls (vla/matmul.cuh)
 #include "vla/matmul.cuh"
 
-static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C, float eps) {
+static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C, float eps,
+                            float offset = 0.0f) {
     ProfOp prof_op("rmsnorm");
     if (packable(C, x128::size, out, inp, w)) {
-        rmsnorm_forward_kernel2<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps);
+        rmsnorm_forward_kernel2<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps,
+                                                                                             offset);
     } else {
-        rmsnorm_forward_kernel<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps);
+        rmsnorm_forward_kernel<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps,
+                                                                                            offset);
     }
     launchCheck();
 }
@@ -1708,13 +1752,13 @@ static void column_sum(float* out, const float* partial, int n_chunks, int C) {
 }
 
 static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* partial, const floatX* dout,
-                             const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
+                             const floatX* inp, const floatX* w, const float* rstd, int N, int C, float offset = 0.0f) {
     ProfOp prof_op("rmsnorm");
     if (C > 32 * RMSNORM_BWD2_COLS) { vla_fail("rmsnorm_backward: width %d over %d", C, 32 * RMSNORM_BWD2_COLS); }
     int chunks = (int)colsum_chunks(N);
     size_t smem = (size_t)(BLOCK / 32) * C * sizeof(float);
     rmsnorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
-                                                                   colsum_rows(N));
+                                                                   colsum_rows(N), offset);
     launchCheck();
     column_sum(dw, partial, chunks, C);
 }
@@ -1813,6 +1857,20 @@ static void swiglu_backward(floatX* dgate, floatX* dup, const floatX* dact, cons
     launchCheck();
 }
 
+static void geglu_forward(floatX* act, const floatX* gate, const floatX* up, size_t n) {
+    ProfOp prof_op("geglu");
+    check_packable("geglu_forward", n, act, gate, up);
+    geglu_forward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(act, gate, up, n);
+    launchCheck();
+}
+
+static void geglu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up, size_t n) {
+    ProfOp prof_op("geglu");
+    check_packable("geglu_backward", n, dgate, dup, dact, gate, up);
+    geglu_backward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
+    launchCheck();
+}
+
 static void gelu_forward(floatX* out, const floatX* inp, size_t n) {
     ProfOp prof_op("gelu");
     check_packable("gelu_forward", n, out, inp);
@@ -1852,8 +1910,9 @@ static void pixel_shuffle_backward(floatX* dinp, const floatX* dout, int N, int 
     launchCheck();
 }
 
-// resize_with_pad's sizes with Python's arithmetic (the same correctly rounded doubles, int() truncating)
-static ResizePad resize_pad_plan(int h, int w, int S) {
+// resize_with_pad's sizes with Python's arithmetic (the same correctly rounded doubles, int() truncating);
+// centred: resize_with_pad_torch's padding (pi0), half above and to the left, the odd one below and right
+static ResizePad resize_pad_plan(int h, int w, int S, int centred = 0) {
     ResizePad r;
     r.h = h; r.w = w; r.S = S;
     if (h == S && w == S) {  // resize_with_pad returns the frame untouched
@@ -1868,8 +1927,8 @@ static ResizePad resize_pad_plan(int h, int w, int S) {
         vla_fail("resize_pad: a %d x %d frame resizes to %d x %d at image size %d: the frame's aspect ratio is too "
                  "extreme for this image size (crop the frames, or use a larger image size)", h, w, r.rh, r.rw, S);
     }
-    r.pad_top = S - r.rh;
-    r.pad_left = S - r.rw;
+    r.pad_top = centred ? (S - r.rh) / 2 : S - r.rh;
+    r.pad_left = centred ? (S - r.rw) / 2 : S - r.rw;
     r.scale_h = (float)h / (float)r.rh;  // torch: static_cast<float>(input_size) / output_size
     r.scale_w = (float)w / (float)r.rw;
     return r;
@@ -1881,9 +1940,9 @@ static bool resize_pad2_fits(const floatX* out, int S, size_t out_stride) {
 
 // out (n_img, 3, S, S) from frames (n_img, h, w, 3) u8; strides in elements, 0 means packed
 static void resize_pad(floatX* out, const uint8_t* frames, int n_img, int h, int w, int S, size_t in_stride = 0,
-                       size_t out_stride = 0) {
+                       size_t out_stride = 0, int centred = 0) {
     ProfOp prof_op("resize");
-    ResizePad r = resize_pad_plan(h, w, S);
+    ResizePad r = resize_pad_plan(h, w, S, centred);
     in_stride = in_stride > 0 ? in_stride : (size_t)h * w * 3;
     out_stride = out_stride > 0 ? out_stride : (size_t)3 * S * S;
     if (!resize_pad2_fits(out, S, out_stride)) {
@@ -2258,7 +2317,10 @@ typedef struct {
 static inline size_t smolvla_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
 static inline size_t smolvla_vrows(const SmolVLAConfig* c, int B) { return smolvla_images(c, B) * smolvla_grid(c) * smolvla_grid(c); }
 static inline size_t smolvla_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
-static inline size_t smolvla_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
+static inline size_t smolvla_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_suffix(c); }
+static inline size_t smolvla_arows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
+// pi0's suffix holds the state token before the actions: what only that layout needs has no elements otherwise
+static inline size_t smolvla_pi0_rows(const SmolVLAConfig* c, size_t rows) { return smolvla_state_in_suffix(c) ? rows : 0; }
 static inline size_t smolvla_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
 // Vision layers kept: all when the tower trains, else one slot each layer overwrites
@@ -2307,11 +2369,11 @@ static size_t smolvla_partial_size(const SmolVLAConfig* c, int B, int mode) {
     X(shuffled, smolvla_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */ \
     X(img_tok,  smolvla_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) connector output */ \
     X(state_x,  (size_t)(B) * (c)->max_state_dim)                                     /* (B, Smax) the batch's state */ \
-    X(state_tok, (size_t)(B) * (c)->d_model)                                          /* (B, C) state_proj(state) */ \
+    X(state_tok, (size_t)(B) * smolvla_state_width(c))                                /* (B, C or Ce) state_proj(state) */ \
     I(tokens,   (size_t)(B) * (c)->max_text)                                          /* (B, Lt) the batch's ids, for the backward */ \
-    I(block,    (size_t)(B) * (smolvla_n_prefix(c) + (c)->chunk))                     /* (B, T) block ids, -1 = a pad */ \
-    I(pos,      (size_t)(B) * (smolvla_n_prefix(c) + (c)->chunk))                     /* (B, T) RoPE positions */ \
-    I(x_pos,    smolvla_rrows(c, B))                                                     /* (B, H) the cross layers' positions */ \
+    I(block,    (size_t)(B) * (smolvla_n_prefix(c) + smolvla_n_suffix(c)))            /* (B, T) block ids, -1 = a pad */ \
+    I(pos,      (size_t)(B) * (smolvla_n_prefix(c) + smolvla_n_suffix(c)))            /* (B, T) RoPE positions */ \
+    I(x_pos,    smolvla_rrows(c, B))                                                     /* (B, Ns) the cross layers' positions */ \
     X(p_res,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_model)               /* (L, P, C) layer inputs */ \
     X(p_ln1,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_model)               /* (La, P, C) */ \
     F(p_rstd1,  smolvla_attn_slots((c)->n_layer, rc) * smolvla_prows(c, B))                              /* (La, P) */ \
@@ -2326,14 +2388,15 @@ static size_t smolvla_partial_size(const SmolVLAConfig* c, int B, int mode) {
     X(p_gate,   smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
     X(p_up,     smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
     X(p_act,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
-    X(x_t,      smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
-    F(target,   smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) u = noise - actions */ \
-    F(x_sample, smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) Euler state */ \
+    X(x_t,      smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
+    F(target,   smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) u = noise - actions */ \
+    F(x_sample, smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) Euler state */ \
     F(t_sample, (size_t)(B))                                                          /* (B) Euler time */ \
-    X(a_in,     smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) action_in_proj(x_t) */ \
-    X(a_emb,    smolvla_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) [action_in, time embedding] */ \
-    X(t_pre,    smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) before SiLU */ \
-    X(t_act,    smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after SiLU */ \
+    X(a_in,     smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) action_in_proj(x_t) */ \
+    X(a_emb,    smolvla_arows(c, B) * 2 * (c)->d_expert)                                 /* (A, 2Ce) [action_in, time embedding] */ \
+    X(t_pre,    smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) before SiLU */ \
+    X(t_act,    smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) after SiLU */ \
+    X(a_tok,    smolvla_pi0_rows(c, smolvla_arows(c, B)) * (c)->d_expert)                /* (A, Ce) pi0: the action tokens, before their place */ \
     X(s_res,    ((c)->n_layer + 1) * smolvla_rrows(c, B) * (c)->d_expert)                /* (L+1, R, Ce) layer inputs, then the last output */ \
     X(s_ln1,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert)              /* (La, R, Ce) */ \
     F(s_rstd1,  smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B))                              /* (La, R) */ \
@@ -2343,7 +2406,7 @@ static size_t smolvla_partial_size(const SmolVLAConfig* c, int B, int mode) {
     X(c_k,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_k re-projected (cross layers) */ \
     X(c_v,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_v re-projected (cross layers) */ \
     X(s_att,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * smolvla_d_attn(c))          /* (La, R, D) */ \
-    F(s_lse,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->n_head)                /* (La, B, NH, H) */ \
+    F(s_lse,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->n_head)                /* (La, B, NH, Ns) */ \
     X(s_mid,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert)               /* (Lm, R, Ce) after attention */ \
     X(s_ln2,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert)               /* (Lm, R, Ce) */ \
     F(s_rstd2,  smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B))                               /* (Lm, R) */ \
@@ -2352,9 +2415,10 @@ static size_t smolvla_partial_size(const SmolVLAConfig* c, int B, int mode) {
     X(s_act,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
     X(f_ln,     smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after the expert's norm */ \
     F(f_rstd,   smolvla_rrows(c, B))                                                     /* (R) */ \
-    F(v_t,      smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities, fp32 */ \
-    X(d_vt,     smolvla_rrows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
-    F(loss_partial, (size_t)ceil_div(smolvla_rrows(c, B) * (c)->max_action_dim, BLOCK))  /* the loss's per-block sums */ \
+    X(f_act,    smolvla_pi0_rows(c, smolvla_arows(c, B)) * (c)->d_expert)                /* (A, Ce) pi0: f_ln's action rows */ \
+    F(v_t,      smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities, fp32 */ \
+    X(d_vt,     smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
+    F(loss_partial, (size_t)ceil_div(smolvla_arows(c, B) * (c)->max_action_dim, BLOCK))  /* the loss's per-block sums */ \
     F(scalars,  8)                                                                    /* loss (first its sum), grad norm, stop, valid entries, their inverse */ \
     /* backward scratch */ \
     F(dp_k,     (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
@@ -2374,8 +2438,9 @@ static size_t smolvla_partial_size(const SmolVLAConfig* c, int B, int mode) {
     F(delta,    smolvla_max3(smolvla_prows(c, B) * (c)->n_head, smolvla_rrows(c, B) * (c)->n_head, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_heads)) \
     F(g_dw,     smolvla_max3((c)->d_model, (c)->d_expert, (c)->vis_width))               /* a frozen norm's dw, dropped */ \
     F(partial,  smolvla_partial_size(c, B, mode))                                        /* column-sum partials */ \
-    X(g_emb,    smolvla_rrows(c, B) * 2 * (c)->d_expert)                                 /* (R, 2Ce) d a_emb */ \
-    X(g_tok,    smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) */ \
+    X(g_emb,    smolvla_arows(c, B) * 2 * (c)->d_expert)                                 /* (A, 2Ce) d a_emb */ \
+    X(g_tok,    smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) */ \
+    X(g_state,  smolvla_pi0_rows(c, (size_t)(B)) * (c)->d_expert)                        /* (B, Ce) pi0: d of the state tokens */ \
     X(g_img,    smolvla_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) d img_tok */ \
     X(g_shuf,   smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)                      /* (NV*NI, s*s*Cv) d shuffled */ \
     X(r_res,    (size_t)(B) * (c)->d_model)                                           /* (B, C) one VLM layer's state rows */ \
@@ -2479,7 +2544,7 @@ static inline floatX* smolvla_param(const SmolVLA* m, int i, int k) {
 static inline float* smolvla_grad(const SmolVLA* m, int i, int k) {
     const SmolParamSpec* s = &m->table.spec[i];
     size_t per = smolvla_slice_numel(s);
-    if ((size_t)(k + 1) * per > m->domain.numel[i]) { return NULL; }
+    if (per == 0 || (size_t)(k + 1) * per > m->domain.numel[i]) { return NULL; }
     return m->grads_memory + m->domain.offset[i] + (size_t)k * per;
 }
 
@@ -2517,7 +2582,7 @@ static int smolvla_read_loss_scale(SmolVLA* m, LossScaleState* st, float* used) 
 static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shard_rank = 0, int shard_world = 1) {
     memset(m, 0, sizeof(*m));
     const char* problem = smolvla_config_problem(c);
-    if (problem != NULL) { vla_fail("bad SmolVLA config: %s", problem); }
+    if (problem != NULL) { vla_fail("bad %s config: %s", FAMILY_NAMES[c->family], problem); }
     if (c->head_dim > 128 || c->vis_width / c->vis_heads > 128) {
         vla_fail("head sizes %d and %d: the GPU attention kernels take head sizes up to 128", c->head_dim,
                  c->vis_width / c->vis_heads);
@@ -2534,7 +2599,7 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
                  "this model has %d, %d, %d, %d and %d", x128::size, PRECISION_NAME, c->vis_width, c->vis_ff, c->img,
                  c->d_ff, c->d_expert_ff);
     }
-    if (mode < TRAIN_MODE_EXPERT || mode > TRAIN_MODE_ALL) { vla_fail("SmolVLA train mode %d is not one of 0-2", mode); }
+    if (mode < TRAIN_MODE_EXPERT || mode > TRAIN_MODE_ALL) { vla_fail("train mode %d is not one of 0-2", mode); }
     m->config = *c;
     m->mode = mode;
     smolvla_table_build(c, &m->table);
@@ -2570,7 +2635,7 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
     }
     int i = 0;
 #define SMOL_POINT_X_(nm, ...) \
-    m->params.nm = smolvla_param(m, i, 0); \
+    m->params.nm = m->table.spec[i].numel > 0 ? smolvla_param(m, i, 0) : NULL; \
     m->grads.nm = m->domain.numel[i] > 0 ? m->grads_memory + m->domain.offset[i] : NULL; \
     i++;
     SMOLVLA_PARAMETERS(SMOL_POINT_X_, c)
@@ -2578,7 +2643,7 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
     smolvla_buckets_build(&m->buckets, c, &m->table, &m->domain);
     // RoPE as LeRobot's apply_rope: timescale theta^e, e = float32(2/HS) * k, pow correctly rounded
     // (in double, then float); angle = pos / timescale in float32
-    int T = smolvla_n_prefix(c) + c->chunk, half = c->head_dim / 2;
+    int T = smolvla_n_prefix(c) + smolvla_n_suffix(c), half = c->head_dim / 2;
     float* cs = (float*)mallocCheck((size_t)T * half * 2 * sizeof(float));
     for (int k = 0; k < half; k++) {
         float e = (float)(2.0 / c->head_dim) * (float)k;
@@ -2694,6 +2759,8 @@ struct SmolLayer {
     T *ln1, *wq, *wk, *wv, *wo, *ln2, *gate, *up, *down;
     int C, F;   // stream width, MLP width
     int cross;  // an expert layer attending to the VLM's re-projected keys/values
+    float eps, offset;  // its RMSNorms' (the family's)
+    int gelu;           // GeGLU (pi0) rather than SwiGLU
 };
 
 template <typename T>
@@ -2712,7 +2779,8 @@ static SmolLayer<T> smolvla_layer(const SmolVLA* m, int expert, int l, int grads
         t[i] = grads ? (T*)(void*)smolvla_grad(m, idx[i], k) : (T*)(void*)smolvla_param(m, idx[i], k);
     }
     SmolLayer<T> w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], expert ? c->d_expert : c->d_model,
-                      expert ? c->d_expert_ff : c->d_ff, cross};
+                      expert ? c->d_expert_ff : c->d_ff, cross, smolvla_rms_eps(c), smolvla_rms_offset(c),
+                      smolvla_mlp_gelu(c)};
     return w;
 }
 
@@ -2771,7 +2839,7 @@ static GqaAttn smolvla_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, 
                          const floatX* v1, int Nk1) {
     const SmolVLAConfig* c = &m->config;
     GqaAttn a = {k0, v0, k1, v1, m->acts.block, m->B, c->n_head, c->n_kv_head, c->head_dim,
-                 Tq, q0, Nk0, Nk1, smolvla_n_prefix(c) + c->chunk};
+                 Tq, q0, Nk0, Nk1, smolvla_n_prefix(c) + smolvla_n_suffix(c)};
     return a;
 }
 
@@ -2781,16 +2849,17 @@ static void smolvla_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, fl
         dw = m->acts.g_dw;
         cudaCheck(cudaMemsetAsync(dw, 0, C * sizeof(float), main_stream));
     }
-    rmsnorm_backward(dres, dres_x, dw, m->acts.partial, dout, inp, w, rstd, N, C);
+    rmsnorm_backward(dres, dres_x, dw, m->acts.partial, dout, inp, w, rstd, N, C, smolvla_rms_offset(&m->config));
 }
 
-// attention output -> o_proj + residual -> RMSNorm -> SwiGLU MLP + residual; with_out 0 skips down_proj
+// attention output -> o_proj + residual -> RMSNorm -> SwiGLU (GeGLU) MLP + residual; with_out 0 skips down_proj
 static void smolvla_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerActs* x, int N, int D, int with_out = 1) {
     matmul_forward(x->mid, x->att, w->wo, NULL, x->res, N, D, w->C);
-    rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, SMOLVLA_RMS_EPS);
+    rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, w->eps, w->offset);
     matmul_forward(x->gate, x->ln2, w->gate, NULL, NULL, N, w->C, w->F);
     matmul_forward(x->up, x->ln2, w->up, NULL, NULL, N, w->C, w->F);
-    swiglu_forward(x->act, x->gate, x->up, (size_t)N * w->F);
+    if (w->gelu) { geglu_forward(x->act, x->gate, x->up, (size_t)N * w->F); }
+    else { swiglu_forward(x->act, x->gate, x->up, (size_t)N * w->F); }
     if (with_out) { matmul_forward(x->out, x->act, w->down, NULL, x->mid, N, w->F, w->C); }
 }
 
@@ -2801,7 +2870,8 @@ static void smolvla_layer_out_backward(SmolVLA* m, const SmolLayer<floatX>* w, c
     int C = w->C, F = w->F;
     matmul_backward_input(a->g_act, dres_x, w->down, N, F, C, 0.0f);
     if (g->down != NULL) { matmul_backward_weight(g->down, dres_x, x->act, N, F, C); }
-    swiglu_backward(a->g_gate, a->g_up, a->g_act, x->gate, x->up, (size_t)N * F);
+    if (w->gelu) { geglu_backward(a->g_gate, a->g_up, a->g_act, x->gate, x->up, (size_t)N * F); }
+    else { swiglu_backward(a->g_gate, a->g_up, a->g_act, x->gate, x->up, (size_t)N * F); }
     matmul_backward_input(a->g_ln, a->g_gate, w->gate, N, C, F, 0.0f);
     matmul_backward_input(a->g_ln, a->g_up, w->up, N, C, F, 1.0f);
     if (g->gate != NULL) { matmul_backward_weight(g->gate, a->g_gate, x->ln2, N, C, F); }
@@ -2840,7 +2910,7 @@ static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
     size_t per = (size_t)3 * c->img * c->img;
     for (int cam = 0; cam < c->n_cam; cam++) {
         resize_pad(m->acts.pixels + (size_t)cam * in->B * per, in->frames[cam], in->B, in->frame_h[cam], in->frame_w[cam],
-                   c->img, in->frame_stride);
+                   c->img, in->frame_stride, 0, smolvla_pad_centred(c));
     }
 }
 
@@ -2894,31 +2964,36 @@ static void smolvla_vision_forward(SmolVLA* m) {
                       m->params.vis_post_b, V, Cv);
 }
 
-// p_res[0] = [camera tokens][language][state] per sample, block ids, RoPE positions; sqrt(C) in float32
+// p_res[0] = [camera tokens][language][state (SmolVLA)] per sample, block ids and RoPE positions of
+// [prefix ; suffix]; sqrt(C) in float32, for the image tokens too in SmolVLA. state_tok: the state's
+// token, the prefix's last (SmolVLA) or the suffix's first (pi0: smolvla_suffix_embed places it).
 static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
     int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Lt = c->max_text;
     int NV = (int)smolvla_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width, G = smolvla_grid(c);
+    float scale = sqrtf((float)C);
     pixel_shuffle_forward(a->shuffled, a->v_out, NV, G, G, c->vis_width, c->scale_factor);
-    matmul_forward(a->img_tok, a->shuffled, m->params.connector_w, NULL, NULL, NV * NI, S2C, C);
+    matmul_forward(a->img_tok, a->shuffled, m->params.connector_w, m->params.connector_b, NULL, NV * NI, S2C, C);
     convert(a->state_x, in->state, (size_t)B * c->max_state_dim);
-    matmul_forward(a->state_tok, a->state_x, m->params.state_w, m->params.state_b, NULL, B, c->max_state_dim, C);
+    matmul_forward(a->state_tok, a->state_x, m->params.state_w, m->params.state_b, NULL, B, c->max_state_dim,
+                   smolvla_state_width(c));
     cudaCheck(cudaMemcpyAsync(a->tokens, in->tokens, (size_t)B * Lt * sizeof(int32_t), cudaMemcpyDeviceToDevice,
                               main_stream));
     LAUNCH_1D(smolvla_prefix_embed_kernel, (size_t)B * Np * C, a->p_res, a->img_tok, m->params.embed_tokens, a->tokens,
-              a->state_tok, B, c->n_cam, NI, Lt, C, sqrtf((float)C));
-    LAUNCH_1D(smolvla_sequence_kernel, B, a->block, a->pos, a->x_pos, in->token_mask, B, c->n_cam * NI, Lt, c->chunk);
+              a->state_tok, B, c->n_cam, NI, Lt, Np, C, scale, smolvla_scales_images(c) ? scale : 1.0f);
+    LAUNCH_1D(smolvla_sequence_kernel, B, a->block, a->pos, a->x_pos, in->token_mask, B, c->n_cam * NI, Lt, Np,
+              smolvla_n_suffix(c), smolvla_actions_causal(c));
 }
 
 // VLM layer l; the last computes only ln1, keys and values. redo: keys and values kept at every level.
 static void smolvla_vlm_layer_forward(SmolVLA* m, int l, int redo) {
     const SmolVLAConfig* c = &m->config;
-    int P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), T = Np + c->chunk;
+    int P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), T = Np + smolvla_n_suffix(c);
     int D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
     SmolLayer<floatX> w = smolvla_layer<floatX>(m, 0, l, 0);
     SmolLayerActs x = smolvla_layer_acts(m, 0, l);
-    rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, SMOLVLA_RMS_EPS);
+    rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, w.eps, w.offset);
     if (redo == RECOMPUTE_NONE) {
         matmul_forward(x.k, x.ln1, w.wk, NULL, NULL, P, w.C, KV);
         rope_at(x.k, x.k, m->rope_cos, m->rope_sin, m->acts.pos, P, Np, T, c->n_kv_head, c->head_dim, 1.0f);
@@ -2936,29 +3011,36 @@ static void smolvla_vlm_forward(SmolVLA* m) {
     for (int l = 0; l < m->config.n_layer; l++) { smolvla_vlm_layer_forward(m, l, RECOMPUTE_NONE); }
 }
 
-// s_res[0] = action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time embedding])))
+// s_res[0]: the action tokens action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time
+// embedding]))), after pi0's state token (state_tok, made by smolvla_prefix_embed)
 static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int B = m->B, H = c->chunk, Ce = c->d_expert, R = (int)smolvla_rrows(c, B);
-    matmul_forward(a->a_in, a->x_t, m->params.action_in_w, m->params.action_in_b, NULL, R, c->max_action_dim, Ce);
-    LAUNCH_1D(action_embed_kernel, (size_t)R * 2 * Ce, a->a_emb, a->a_in, t, B, H, Ce);
-    matmul_forward(a->t_pre, a->a_emb, m->params.time_in_w, m->params.time_in_b, NULL, R, 2 * Ce, Ce);
-    LAUNCH_1D(silu_forward_kernel, (size_t)R * Ce, a->t_act, a->t_pre, (size_t)R * Ce);
-    matmul_forward(a->s_res, a->t_act, m->params.time_out_w, m->params.time_out_b, NULL, R, Ce, Ce);
+    int B = m->B, H = c->chunk, Ns = smolvla_n_suffix(c), Ce = c->d_expert, A = (int)smolvla_arows(c, B);
+    matmul_forward(a->a_in, a->x_t, m->params.action_in_w, m->params.action_in_b, NULL, A, c->max_action_dim, Ce);
+    LAUNCH_1D(action_embed_kernel, (size_t)A * 2 * Ce, a->a_emb, a->a_in, t, B, H, Ce);
+    matmul_forward(a->t_pre, a->a_emb, m->params.time_in_w, m->params.time_in_b, NULL, A, 2 * Ce, Ce);
+    LAUNCH_1D(silu_forward_kernel, (size_t)A * Ce, a->t_act, a->t_pre, (size_t)A * Ce);
+    if (!smolvla_state_in_suffix(c)) {
+        matmul_forward(a->s_res, a->t_act, m->params.time_out_w, m->params.time_out_b, NULL, A, Ce, Ce);
+        return;
+    }
+    matmul_forward(a->a_tok, a->t_act, m->params.time_out_w, m->params.time_out_b, NULL, A, Ce, Ce);
+    LAUNCH_1D(scatter_rows_kernel, (size_t)B * Ce, a->s_res, a->state_tok, B, Ns, 0, 1, Ce);
+    LAUNCH_1D(scatter_rows_kernel, (size_t)A * Ce, a->s_res, a->a_tok, B, Ns, 1, H, Ce);
 }
 
-// Expert layer l. Joint layer: the actions' q/k/v with RoPE after the valid prefix, keys = [the VLM's
-// K/V ; the actions' own] under the block mask. Cross layer: q with RoPE from 0, keys/values = the
+// Expert layer l over the suffix (the actions, after pi0's state token). Joint layer: the suffix's
+// q/k/v with RoPE after the valid prefix, keys = [the VLM's K/V ; the suffix's own] under the block mask. Cross layer: q with RoPE from 0, keys/values = the
 // VLM's post-RoPE K/V re-projected by the expert (no second RoPE). reuse_cross_kv: re-projections valid.
 static void smolvla_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, int redo) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int R = (int)smolvla_rrows(c, m->B), P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), H = c->chunk, T = Np + H;
-    int D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert;
+    int R = (int)smolvla_rrows(c, m->B), P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c);
+    int H = smolvla_n_suffix(c), T = Np + H, D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert;
     SmolLayer<floatX> w = smolvla_layer<floatX>(m, 1, l, 0);
     SmolLayerActs x = smolvla_layer_acts(m, 1, l), px = smolvla_layer_acts(m, 0, l);
-    rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, SMOLVLA_RMS_EPS);
+    rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, w.eps, w.offset);
     matmul_forward(x.q, x.ln1, w.wq, NULL, NULL, R, Ce, D);
     GqaAttn keys;
     if (!w.cross) {
@@ -2982,17 +3064,23 @@ static void smolvla_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, 
     smolvla_layer_out_forward(&w, &x, R, D, redo == RECOMPUTE_NONE);
 }
 
-// The expert's layers over s_res[0] -> final norm -> action_out_proj: acts.v_t (B, H, Amax), fp32
+// The expert's layers over s_res[0] -> final norm -> action_out_proj of the action rows (pi0's
+// gathered into f_act first): acts.v_t (B, H, Amax), fp32
 static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int R = (int)smolvla_rrows(c, m->B), Ce = c->d_expert;
+    int R = (int)smolvla_rrows(c, m->B), A = (int)smolvla_arows(c, m->B), Ce = c->d_expert;
     for (int l = 0; l < c->n_layer; l++) { smolvla_expert_layer_forward(m, l, reuse_cross_kv, RECOMPUTE_NONE); }
     rmsnorm_forward(a->f_ln, a->f_rstd, a->s_res + (size_t)c->n_layer * R * Ce, m->params.exp_norm, R, Ce,
-                    SMOLVLA_RMS_EPS);
+                    smolvla_rms_eps(c), smolvla_rms_offset(c));
+    const floatX* actions = a->f_ln;
+    if (smolvla_state_in_suffix(c)) {
+        LAUNCH_1D(gather_rows_kernel, (size_t)A * Ce, a->f_act, a->f_ln, m->B, smolvla_n_suffix(c), 1, c->chunk, Ce);
+        actions = a->f_act;
+    }
     // the velocity in fp32: the bias in every row, the product added on it (beta = 1)
-    LAUNCH_1D(bias_rows_kernel, (size_t)R * c->max_action_dim, a->v_t, m->params.action_out_b, R, c->max_action_dim);
-    matmul_forward_accumulate_f32(a->v_t, a->f_ln, m->params.action_out_w, R, Ce, c->max_action_dim);
+    LAUNCH_1D(bias_rows_kernel, (size_t)A * c->max_action_dim, a->v_t, m->params.action_out_b, A, c->max_action_dim);
+    matmul_forward_accumulate_f32(a->v_t, actions, m->params.action_out_w, A, Ce, c->max_action_dim);
 }
 
 // Images, vision tower, prefix embeddings and the VLM: everything the actions attend to
@@ -3021,11 +3109,11 @@ static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro) {
     smolvla_suffix_embed(m, in->t);
     smolvla_expert_forward(m, 0);
     prof_phase("loss");
-    valid_entries_kernel<<<1, BLOCK, 0, main_stream>>>(a->scalars + 3, in->action_is_pad, B * c->chunk, c->action_dim,
-                                                       micro > 0);
+    const float* is_pad = smolvla_loss_masks_pad(c) ? in->action_is_pad : NULL;  // pi0's loss counts every slot
+    valid_entries_kernel<<<1, BLOCK, 0, main_stream>>>(a->scalars + 3, is_pad, B * c->chunk, c->action_dim, micro > 0);
     launchCheck();
     int blocks = ceil_div(n, BLOCK);
-    smolvla_loss_kernel<<<blocks, BLOCK, 0, main_stream>>>(a->d_vt, a->loss_partial, a->v_t, a->target, in->action_is_pad,
+    smolvla_loss_kernel<<<blocks, BLOCK, 0, main_stream>>>(a->d_vt, a->loss_partial, a->v_t, a->target, is_pad,
                                                            c->action_dim, c->max_action_dim, n);
     launchCheck();
     sum_finalize_kernel<<<1, 1, 0, main_stream>>>(a->scalars, a->loss_partial, blocks, 1.0, 0, micro > 0);
@@ -3059,13 +3147,21 @@ static void smolvla_loss_finish(SmolVLA* m) {
 static void smolvla_expert_backward(SmolVLA* m, int state_only) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int B = m->B, R = (int)smolvla_rrows(c, B), P = (int)smolvla_prows(c, B), Np = smolvla_n_prefix(c), H = c->chunk;
-    int T = Np + H, D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert, L = c->n_layer;
+    int B = m->B, R = (int)smolvla_rrows(c, B), A = (int)smolvla_arows(c, B), P = (int)smolvla_prows(c, B);
+    int Np = smolvla_n_prefix(c), H = smolvla_n_suffix(c), T = Np + H, D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+    int Ce = c->d_expert, L = c->n_layer;
     float* dres = a->g_res;
     floatX* dres_x = a->g_res_x;
-    matmul_backward_input(a->g_ln, a->d_vt, m->params.action_out_w, R, Ce, c->max_action_dim, 0.0f);
-    matmul_backward_weight(m->grads.action_out_w, a->d_vt, a->f_ln, R, Ce, c->max_action_dim);
-    bias_backward(m->grads.action_out_b, a->partial, a->d_vt, R, c->max_action_dim);
+    if (!smolvla_state_in_suffix(c)) {
+        matmul_backward_input(a->g_ln, a->d_vt, m->params.action_out_w, A, Ce, c->max_action_dim, 0.0f);
+        matmul_backward_weight(m->grads.action_out_w, a->d_vt, a->f_ln, A, Ce, c->max_action_dim);
+    } else {  // the action rows' gradients into place; the state rows' output feeds nothing
+        matmul_backward_input(a->g_tok, a->d_vt, m->params.action_out_w, A, Ce, c->max_action_dim, 0.0f);
+        matmul_backward_weight(m->grads.action_out_w, a->d_vt, a->f_act, A, Ce, c->max_action_dim);
+        cudaCheck(cudaMemsetAsync(a->g_ln, 0, (size_t)R * Ce * sizeof(floatX), main_stream));
+        LAUNCH_1D(scatter_rows_kernel, (size_t)A * Ce, a->g_ln, a->g_tok, B, H, 1, c->chunk, Ce);
+    }
+    bias_backward(m->grads.action_out_b, a->partial, a->d_vt, A, c->max_action_dim);
     cudaCheck(cudaMemsetAsync(dres, 0, (size_t)R * Ce * sizeof(float), main_stream));
     smolvla_rmsnorm_backward(m, dres, dres_x, m->grads.exp_norm, a->g_ln, a->s_res + (size_t)L * R * Ce, m->params.exp_norm,
                           a->f_rstd, R, Ce);
@@ -3110,15 +3206,25 @@ static void smolvla_expert_backward(SmolVLA* m, int state_only) {
     }
 }
 
-// d s_res[0] (g_res_x) -> action_time_mlp_out, SiLU, action_time_mlp_in -> action_in_proj
+// d s_res[0] (g_res_x) -> action_time_mlp_out, SiLU, action_time_mlp_in -> action_in_proj; pi0's
+// state token -> state_proj
 static void smolvla_suffix_embed_backward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int R = (int)smolvla_rrows(c, m->B), Ce = c->d_expert;
-    floatX* dtact = a->g_tok;  // (R, Ce)
-    matmul_backward_input(dtact, a->g_res_x, m->params.time_out_w, R, Ce, Ce, 0.0f);
-    matmul_backward_weight(m->grads.time_out_w, a->g_res_x, a->t_act, R, Ce, Ce);
-    bias_backward(m->grads.time_out_b, a->partial, a->g_res_x, R, Ce);
+    int B = m->B, R = (int)smolvla_arows(c, B), Ce = c->d_expert;
+    const floatX* dtok = a->g_res_x;  // (A, Ce) d of the action tokens
+    if (smolvla_state_in_suffix(c)) {  // the suffix's rows apart: the action tokens into g_ln, the states
+        int Ns = smolvla_n_suffix(c);
+        LAUNCH_1D(gather_rows_kernel, (size_t)B * Ce, a->g_state, a->g_res_x, B, Ns, 0, 1, Ce);
+        LAUNCH_1D(gather_rows_kernel, (size_t)R * Ce, a->g_ln, a->g_res_x, B, Ns, 1, c->chunk, Ce);
+        matmul_backward_weight(m->grads.state_w, a->g_state, a->state_x, B, c->max_state_dim, Ce);
+        bias_backward(m->grads.state_b, a->partial, a->g_state, B, Ce);
+        dtok = a->g_ln;
+    }
+    floatX* dtact = a->g_tok;  // (A, Ce)
+    matmul_backward_input(dtact, dtok, m->params.time_out_w, R, Ce, Ce, 0.0f);
+    matmul_backward_weight(m->grads.time_out_w, dtok, a->t_act, R, Ce, Ce);
+    bias_backward(m->grads.time_out_b, a->partial, dtok, R, Ce);
     LAUNCH_1D(silu_backward_kernel, (size_t)R * Ce, dtact, dtact, a->t_pre, (size_t)R * Ce);
     matmul_backward_input(a->g_emb, dtact, m->params.time_in_w, R, 2 * Ce, Ce, 0.0f);
     matmul_backward_weight(m->grads.time_in_w, dtact, a->a_emb, R, 2 * Ce, Ce);
@@ -3156,7 +3262,7 @@ static SmolLayerActs smolvla_state_rows(SmolVLA* m, const SmolLayerActs* x, int 
 static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int B = m->B, P = (int)smolvla_prows(c, B), Np = smolvla_n_prefix(c), T = Np + c->chunk;
+    int B = m->B, P = (int)smolvla_prows(c, B), Np = smolvla_n_prefix(c), T = Np + smolvla_n_suffix(c);
     int D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
     int N = state_only ? B : P;  // rows taken down
     float* dres = a->g_res;
@@ -3195,18 +3301,20 @@ static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
     }
 }
 
-// d p_res[0] -> state_proj; embed_tokens (not the pad id's row) and the connector; g_shuf = d shuffled
+// d p_res[0] -> state_proj (SmolVLA's state token); embed_tokens (not the pad id's row) and the
+// connector; g_shuf = d shuffled
 static void smolvla_prefix_embed_backward(SmolVLA* m, int state_only) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
     int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Lt = c->max_text;
     int NV = (int)smolvla_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width;
     float scale = sqrtf((float)C);
-    // the state rows: row Np - 1 of each sample, or the B rows of state_only
-    const floatX* dstate = state_only ? a->g_res_x : a->g_res_x + (size_t)(Np - 1) * C;
-    int ld = state_only ? C : Np * C;
-    matmul_backward_weight(m->grads.state_w, dstate, a->state_x, B, c->max_state_dim, C, ld);
-    bias_backward(m->grads.state_b, a->partial, dstate, B, C, ld);
+    if (!smolvla_state_in_suffix(c)) {  // the state rows: row Np - 1 of each sample, or the B rows of state_only
+        const floatX* dstate = state_only ? a->g_res_x : a->g_res_x + (size_t)(Np - 1) * C;
+        int ld = state_only ? C : Np * C;
+        matmul_backward_weight(m->grads.state_w, dstate, a->state_x, B, c->max_state_dim, C, ld);
+        bias_backward(m->grads.state_b, a->partial, dstate, B, C, ld);
+    }
     if (state_only) { return; }
     if (m->grads.embed_tokens != NULL) {
         embed_tokens_backward_kernel<<<B * Lt, BLOCK, 0, main_stream>>>(m->grads.embed_tokens, a->g_res, a->tokens, B,
@@ -3214,8 +3322,10 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int state_only) {
         launchCheck();
     }
     if (m->grads.connector_w == NULL) { return; }
-    LAUNCH_1D(prefix_image_grad_kernel, (size_t)NV * NI * C, a->g_img, a->g_res, B, c->n_cam, NI, Np, C, scale);
+    LAUNCH_1D(prefix_image_grad_kernel, (size_t)NV * NI * C, a->g_img, a->g_res, B, c->n_cam, NI, Np, C,
+              smolvla_scales_images(c) ? scale : 1.0f);
     matmul_backward_weight(m->grads.connector_w, a->g_img, a->shuffled, NV * NI, S2C, C);
+    if (m->grads.connector_b != NULL) { bias_backward(m->grads.connector_b, a->partial, a->g_img, NV * NI, C); }
     if (m->grads.vis_post_w != NULL) {
         matmul_backward_input(a->g_shuf, a->g_img, m->params.connector_w, NV * NI, S2C, C, 0.0f);
     }
@@ -3272,12 +3382,14 @@ static void smolvla_vision_backward(SmolVLA* m) {
 
 // Gradients of the last forward's loss sum into grads_memory (overwritten when zero_grads), each bucket
 // averaged once final. The expert first, then the VLM, as far down as something trains:
-//   expert: the expert, its heads, state_proj; only the state row goes back through the frozen VLM.
+//   expert: the expert, its heads, state_proj; only SmolVLA's state row goes back through the frozen
+//           VLM (pi0's state token is the expert's: nothing goes into the VLM).
 //   vlm:    the whole prefix back into embed_tokens and the connector.
 //   all:    and on through the vision tower.
 static void smolvla_backward(SmolVLA* m, int zero_grads) {
     const SmolVLAConfig* c = &m->config;
     int state_only = m->mode == TRAIN_MODE_EXPERT;
+    int into_vlm = !(state_only && smolvla_state_in_suffix(c));
     prof_phase("expert bwd");
     if (zero_grads) { cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->n_train * sizeof(float), main_stream)); }
     size_t kv = (size_t)c->n_layer * smolvla_prows(c, m->B) * smolvla_d_kv(c);
@@ -3286,10 +3398,12 @@ static void smolvla_backward(SmolVLA* m, int zero_grads) {
     smolvla_expert_backward(m, state_only);
     smolvla_suffix_embed_backward(m);
     smolvla_bucket_done(m, smolvla_bucket(c, TOWER_EXPERT, -1));
-    prof_phase("vlm bwd");
-    smolvla_vlm_backward(m, state_only);
-    prof_phase("prefix bwd");
-    smolvla_prefix_embed_backward(m, state_only);
+    if (into_vlm) {
+        prof_phase("vlm bwd");
+        smolvla_vlm_backward(m, state_only);
+        prof_phase("prefix bwd");
+        smolvla_prefix_embed_backward(m, state_only);
+    }
     smolvla_bucket_done(m, smolvla_bucket(c, TOWER_VLM, -1));
     if (m->mode == TRAIN_MODE_ALL) {
         prof_phase("vision bwd");
@@ -3311,7 +3425,7 @@ static void smolvla_grads_finish(SmolVLA* m, int stop) {
 // t = float(1 + k dt), dt = -1/n_steps in double, x += float(dt) v. A CUDA graph of it replays.
 static void smolvla_euler_steps(SmolVLA* m) {
     SmolActivations* a = &m->acts;
-    int B = m->B, n = (int)smolvla_rrows(&m->config, B) * m->config.max_action_dim, n_steps = 10;
+    int B = m->B, n = (int)smolvla_arows(&m->config, B) * m->config.max_action_dim, n_steps = 10;
     convert(a->x_t, a->x_sample, n);
     double dt = -1.0 / n_steps;
     for (int k = 0; k < n_steps; k++) {
@@ -3335,7 +3449,7 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
     smolvla_encode_prefix(m, in);
     prof_phase("euler steps");
     SmolActivations* a = &m->acts;
-    int n = (int)smolvla_rrows(&m->config, in->B) * m->config.max_action_dim;
+    int n = (int)smolvla_arows(&m->config, in->B) * m->config.max_action_dim;
     cudaCheck(cudaMemcpyAsync(a->x_sample, noise, n * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
     cudaCheck(cudaEventRecord(s->marks[1], main_stream));
     if (!s->use_graph || !s->warm || profiled) {
@@ -3912,6 +4026,9 @@ int main(int argc, char** argv) {
     if (args->memory) {  // the preset's sizes (its cameras): no dataset, no GPU
         SmolVLAConfig c = smolvla_preset(args->preset)->config;
         if (args->max_text > 0) { c.max_text = args->max_text; }
+        if (c.family != FAMILY_SMOLVLA) {
+            vla_fail("--memory plans the GPU trainer's SmolVLA; it does not compute %s models yet", FAMILY_NAMES[c.family]);
+        }
         print_memory_table(&c, args->preset);
         return 0;
     }

@@ -128,7 +128,7 @@ add_suite lerobot "$VENV_PY" data/test_lerobot.py
 add_suite launchers env GPU_TESTS="$GPU_TESTS" scripts/test_launchers.sh
 # dev/gpu_check.sh's stages in order and its tables, with nothing run (DRY_RUN=1)
 add_suite gpu_check_dry dev/test_gpu_check.sh
-add_suite test_vla ./test_vla build/test build/lerobot_ref
+add_suite test_vla ./test_vla build/test build/lerobot_ref build/lerobot_ref_pi0
 # train_vla's own inference benchmark (dev/bench_infer.py, the comparison's other side): a smoke run
 # on the CPU library and the GPU library ($VLA_GPU_LIBRARY's first: the emulated build without a GPU)
 add_suite infer_bench env PYTHON="$ORACLE_PY" dev/test_bench_infer.sh

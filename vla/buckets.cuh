@@ -45,7 +45,7 @@ static void smolvla_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const 
         for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
             const SmolParamSpec* s = &t->spec[i];
             size_t per = smolvla_slice_numel(s);
-            for (size_t k = 0; (k + 1) * per <= d->numel[i]; k++) {
+            for (size_t k = 0; per > 0 && (k + 1) * per <= d->numel[i]; k++) {  // (per 0: a tensor the family lacks)
                 if (smolvla_slice_bucket(c, s, (int)k) != q) { continue; }
                 size_t at = d->offset[i] + k * per;
                 if (r > b->first[q] && b->offset[r - 1] + b->count[r - 1] == at) {

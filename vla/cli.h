@@ -101,9 +101,10 @@ static inline void train_args_usage(const char* prog) {
     printf("  -p, --preset NAME      model size:");
     for (int i = 0; i < SMOLVLA_N_PRESETS; i++) { printf(" %s", SMOLVLA_PRESETS[i].name); }
     printf(" (%s)\n", d.preset);
-    printf("      --train MODE       what trains: expert (the action expert), vlm (also the VLM but its vision tower,\n"
-           "                         last layer and final norm), all (everything); default: expert for smolvla, all\n"
-           "                         for the presets trained from scratch\n");
+    printf("      --train MODE       what trains: expert (the action expert; LeRobot's train_expert_only), vlm (also\n"
+           "                         the VLM but its vision tower: freeze_vision_encoder; SmolVLA's last VLM layer\n"
+           "                         and final norm never train), all (everything); default: expert for smolvla,\n"
+           "                         all for pi0 (LeRobot's defaults) and the presets trained from scratch\n");
     printf("      --recompute LEVEL  activation recomputation (train_vla): none (keep every activation), attn (run\n"
            "                         each layer's attention half again in the backward), layer (keep each layer's\n"
            "                         input alone, run the layer again): less memory for one more forward (%s)\n",

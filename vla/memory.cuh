@@ -16,7 +16,7 @@ static size_t smolvla_model_bytes(const SmolVLAConfig* c, int mode) {
     smolvla_opt_domain(&t, mode, &d);
     size_t n_train = zero_shard_size(d.total, 1, 16), n_params = n_train;
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { n_params += (t.spec[i].numel - d.numel[i] + 15) / 16 * 16; }
-    size_t rope = (size_t)(smolvla_n_prefix(c) + c->chunk) * (c->head_dim / 2) * 2;
+    size_t rope = (size_t)(smolvla_n_prefix(c) + smolvla_n_suffix(c)) * (c->head_dim / 2) * 2;
     return n_params * sizeof(floatX) + 4 * n_train * sizeof(float) + (NORM_BLOCKS + rope) * sizeof(float) +
            (LOSS_SCALING ? LOSS_SCALER * sizeof(float) : 0);  // fp16: the loss scale's state
 }
