@@ -469,12 +469,11 @@ static void test_smolvla_oracle(const char* dir) {
 // computed. The config comes from CASE/c_config.txt (dev/smolvla.py --c-config, made by make test).
 
 
-static void test_smolvla_case(const char* ref_dir, int mode) {
+static void test_smolvla_case(const char* family, const char* ref_dir, int mode) {
     const char* name = TRAIN_MODE_NAMES[mode];
     char path[1024], err[512];
     double t0 = wall_seconds();
-    printf("\n== %s vs LeRobot 0.6.1: %s/%s (train mode %s)\n", strstr(ref_dir, "pi0") ? "pi0" : "SmolVLA", ref_dir, name,
-           name);
+    printf("\n== %s vs LeRobot 0.6.1: %s/%s (train mode %s)\n", family, ref_dir, name, name);
     // fp32 against LeRobot's fp32: two roundings of the same few hundred dependent operations in
     // different orders (~1e-7 each); 1e-5 relative bounds their accumulated difference with margin
     const double tol = 1e-5;
@@ -659,10 +658,11 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
     smolvla_free(&m);
 }
 
-static void test_smolvla_lerobot(const char* ref_dir) {
+// SmolVLA's references (dev/lerobot/make_ref.py) or pi0's (make_ref_pi0.py): the same checks
+static void test_smolvla_lerobot(const char* family, const char* ref_dir) {
     double t0 = wall_seconds();
-    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_case(ref_dir, mode); }
-    printf("        (SmolVLA vs LeRobot: %.2f s)\n", wall_seconds() - t0);
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_case(family, ref_dir, mode); }
+    printf("        (%s vs LeRobot: %.2f s)\n", family, wall_seconds() - t0);
 }
 
 // ----------------------------------------------------------------------------
@@ -2513,8 +2513,8 @@ int main(int argc, char** argv) {
     const char* dir = argv[1];
     test_param_table();
     test_smolvla_oracle(dir);
-    if (argc >= 3) { test_smolvla_lerobot(argv[2]); }
-    if (argc == 4) { test_smolvla_lerobot(argv[3]); }
+    if (argc >= 3) { test_smolvla_lerobot("SmolVLA", argv[2]); }
+    if (argc == 4) { test_smolvla_lerobot("pi0", argv[3]); }
     test_training_loop(dir);
     test_simulated_ranks(dir);
     test_world_args();

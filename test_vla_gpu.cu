@@ -3,8 +3,9 @@ test_vla_gpu.cu: checks train_vla.cu (SmolVLA) against LeRobot's own references,
 PyTorch oracle (dev/model.py) and against the CPU trainer. Includes the production code, so what
 is tested is what runs.
 
-  ./test_vla_gpu FIXTURE_DIR TRAINER [TRAINER_WITHOUT_NCCL] [--smolvla LEROBOT_REF_DIR]
+  ./test_vla_gpu FIXTURE_DIR TRAINER [TRAINER_WITHOUT_NCCL] [--smolvla LEROBOT_REF_DIR] [--pi0 LEROBOT_PI0_REF_DIR]
   e.g. ./test_vla_gpu build/test ./train_vla build/gpu/train_vla_single_gpu_bf16 --smolvla build/lerobot_ref
+       --pi0 build/lerobot_ref_pi0
 
 TRAINER is the train_vla binary of the same precision as this test. make test builds and runs
 it in fp32 and bf16, and in fp16 the groups oracle:all and fp16 (its loss scaling): on the GPU
@@ -112,11 +113,11 @@ static void set_test_loss_scale(SmolVLA* m) {
     smolvla_set_loss_scale(m, &st, VLA_LOSS_SCALE_WINDOW_DEFAULT);
 }
 
-static void test_smolvla_case(const char* ref_dir, int mode) {
+static void test_smolvla_case(const char* family, const char* ref_dir, int mode) {
     const char* name = TRAIN_MODE_NAMES[mode];
     char path[1200], err[512];
     double t0 = wall_seconds();
-    printf("\n== SmolVLA vs LeRobot 0.6.1 (%s): %s/%s (train mode %s)\n", PRECISION_NAME, ref_dir, name, name);
+    printf("\n== %s vs LeRobot 0.6.1 (%s): %s/%s (train mode %s)\n", family, PRECISION_NAME, ref_dir, name, name);
     SmolVLAConfig c;
     snprintf(path, sizeof(path), "%s/%s/c_config.txt", ref_dir, name);
     int rc = smolvla_config_read(path, &c, err, sizeof(err));
@@ -335,9 +336,10 @@ static void test_smolvla_case(const char* ref_dir, int mode) {
 
 static int wanted_mode(const char* group, int mode);
 
-static void test_smolvla_lerobot(const char* ref_dir) {
+// SmolVLA's references (--smolvla) or pi0's (--pi0, dev/lerobot/make_ref_pi0.py): the same checks
+static void test_smolvla_lerobot(const char* family, const char* ref_dir) {
     for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
-        if (wanted_mode("lerobot", mode)) { test_smolvla_case(ref_dir, mode); }
+        if (wanted_mode("lerobot", mode)) { test_smolvla_case(family, ref_dir, mode); }
     }
 }
 
@@ -1510,18 +1512,20 @@ static double group_time(const char* group, double t0) {
 }
 
 int main(int argc, char** argv) {
-    // positional arguments, and --smolvla LEROBOT_REF_DIR anywhere
+    // positional arguments, and --smolvla LEROBOT_REF_DIR, --pi0 LEROBOT_PI0_REF_DIR anywhere
     const char* args[3] = {NULL, NULL, NULL};
     const char* smolvla_refs = NULL;
+    const char* pi0_refs = NULL;
     int n_args = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--smolvla") == 0 && i + 1 < argc) { smolvla_refs = argv[++i]; }
+        else if (strcmp(argv[i], "--pi0") == 0 && i + 1 < argc) { pi0_refs = argv[++i]; }
         else if (n_args < 3) { args[n_args++] = argv[i]; }
         else { n_args++; }
     }
     if (n_args != 2 && n_args != 3) {
-        fprintf(stderr, "usage: %s FIXTURE_DIR TRAINER [TRAINER_WITHOUT_NCCL] [--smolvla LEROBOT_REF_DIR]   (make test "
-                "writes the fixtures and the references and runs this)\n", argv[0]);
+        fprintf(stderr, "usage: %s FIXTURE_DIR TRAINER [TRAINER_WITHOUT_NCCL] [--smolvla LEROBOT_REF_DIR] [--pi0 "
+                "LEROBOT_PI0_REF_DIR]   (make test writes the fixtures and the references and runs this)\n", argv[0]);
         return 2;
     }
     const char* dir = args[0];
@@ -1539,8 +1543,10 @@ int main(int argc, char** argv) {
     }
     if (oracle_ran) { t0 = group_time("oracle", t0); }
     if (wanted("lerobot") || wanted("lerobot:expert") || wanted("lerobot:vlm") || wanted("lerobot:all")) {
-        if (smolvla_refs != NULL) { test_smolvla_lerobot(smolvla_refs); }
+        if (smolvla_refs != NULL) { test_smolvla_lerobot("SmolVLA", smolvla_refs); }
         else { printf("\n(SmolVLA against LeRobot: skipped, no --smolvla LEROBOT_REF_DIR)\n"); }
+        if (pi0_refs != NULL) { test_smolvla_lerobot("pi0", pi0_refs); }
+        else { printf("\n(pi0 against LeRobot: skipped, no --pi0 LEROBOT_PI0_REF_DIR)\n"); }
         t0 = group_time("lerobot", t0);
     }
     if (wanted("training_loop")) { test_training_loop(dir); t0 = group_time("training_loop", t0); }

@@ -2658,9 +2658,9 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
     m->rope_sin = m->rope_cos + (size_t)T * half;
     cudaCheck(cudaMemcpy(m->rope_cos, cs, (size_t)T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
     free(cs);
-    if (shard_world == 1 && m->device_bytes != smolvla_model_bytes(c, mode)) {  // what --memory's table adds
+    if (m->device_bytes != smolvla_model_bytes(c, mode, shard_world)) {  // what --memory's tables add
         vla_fail("internal: smolvla_build holds %zu bytes, smolvla_model_bytes says %zu", m->device_bytes,
-                 smolvla_model_bytes(c, mode));
+                 smolvla_model_bytes(c, mode, shard_world));
     }
 }
 
@@ -4026,10 +4026,7 @@ int main(int argc, char** argv) {
     if (args->memory) {  // the preset's sizes (its cameras): no dataset, no GPU
         SmolVLAConfig c = smolvla_preset(args->preset)->config;
         if (args->max_text > 0) { c.max_text = args->max_text; }
-        if (c.family != FAMILY_SMOLVLA) {
-            vla_fail("--memory plans the GPU trainer's SmolVLA; it does not compute %s models yet", FAMILY_NAMES[c.family]);
-        }
-        print_memory_table(&c, args->preset);
+        print_memory_table(&c, args->preset, args->train_mode, args->batch);
         return 0;
     }
     if (!LOSS_SCALING) { train_args_no_loss_scale(args, "this train_vla (built for " PRECISION_NAME ")"); }

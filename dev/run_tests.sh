@@ -46,17 +46,18 @@ gpu_suite_dir() {
 # the GPU trainer's tests and the dev/cuda kernel checks: on the GPU (GPU_TESTS=build/gpu, the
 # dev/cuda programs built by dev/cuda/Makefile, benchmarks included) or under the CPU emulation
 # of CUDA (GPU_TESTS=build/emu, where the emulation's own tests run too)
-# (--smolvla: the model against LeRobot's own references; build/test/s_<mode>_state.bin, the
+# (--smolvla, --pi0: the model against LeRobot's own references; build/test/s_<mode>_state.bin, the
 # oracle's debug states, are checked when present, AdamW steps included; the bf16 suite also
 # compares -g 1 through NCCL with the trainer built without NCCL)
-add_suite test_vla_gpu_fp32 "$GPU_TESTS/test_vla_gpu_fp32" "$(gpu_suite_dir fp32)" "$GPU_TESTS/train_vla_fp32" --smolvla build/lerobot_ref
+add_suite test_vla_gpu_fp32 "$GPU_TESTS/test_vla_gpu_fp32" "$(gpu_suite_dir fp32)" "$GPU_TESTS/train_vla_fp32" --smolvla build/lerobot_ref \
+    --pi0 build/lerobot_ref_pi0
 # Under the emulation the bf16 suite leaves out three groups whose code no precision changes (the
 # NCCL faults, checkpoints across trainers, task-balanced sampling): the fp32 suite runs them, and
 # CI's time goes to what bf16 does differently. On a GPU it runs them all.
 bf16_skip=
 if [ "$GPU_TESTS" = build/emu ]; then bf16_skip=faults,cross_trainer,balance; fi
 add_suite test_vla_gpu_bf16 env VLA_GPU_SKIP="$bf16_skip" "$GPU_TESTS/test_vla_gpu_bf16" "$(gpu_suite_dir bf16)" \
-    "$GPU_TESTS/train_vla_bf16" "$GPU_TESTS/train_vla_single_gpu_bf16" --smolvla build/lerobot_ref
+    "$GPU_TESTS/train_vla_bf16" "$GPU_TESTS/train_vla_single_gpu_bf16" --smolvla build/lerobot_ref --pi0 build/lerobot_ref_pi0
 # fp16 (PRECISION=FP16, for GPUs without bf16): what its precision and its loss scaling change,
 # kept short: the oracle's train mode all (every gradient, the vision tower's too, sampling and 10
 # loss-scaled AdamW steps at fp16's tolerances), an injected overflow, the scale's rules and

@@ -10,12 +10,15 @@ Included by train_vla.cu in its CLI section, after Run.
 
 // The memory an 80 GB H100 leaves to the model and its activations: the 81,559 MiB it reports, less
 // 2 GiB for the CUDA context, cuBLASLt's workspace, the batches' buffers and the allocator's slack
-// (an estimate: none of it is measured here)
+// (an estimate: none of it is measured here). The 141 GB H200 the same way from the 143,771 MiB it
+// reports.
 static const double H100_80GB_MODEL_BYTES = (81559.0 - 2048.0) * 1024.0 * 1024.0;
+static const double H200_141GB_MODEL_BYTES = (143771.0 - 2048.0) * 1024.0 * 1024.0;
 
-// The largest batch whose model and activations (mode, rc) fit in `budget` bytes; 0: none does
-static int smolvla_largest_batch(const SmolVLAConfig* c, int mode, int rc, double budget) {
-    double model = (double)smolvla_model_bytes(c, mode);
+// The largest batch per GPU whose model (ZeRO-1 over shard_world) and activations (mode, rc) fit in
+// `budget` bytes; 0: none does
+static int smolvla_largest_batch(const SmolVLAConfig* c, int mode, int rc, double budget, int shard_world = 1) {
+    double model = (double)smolvla_model_bytes(c, mode, shard_world);
     int lo = 0, hi = 1;
     while (hi < (1 << 20) && model + (double)smolvla_act_bytes(c, mode, hi, rc) <= budget) { lo = hi; hi *= 2; }
     while (hi - lo > 1) {  // lo fits, hi does not
@@ -25,11 +28,56 @@ static int smolvla_largest_batch(const SmolVLAConfig* c, int mode, int rc, doubl
     return lo;
 }
 
+// --memory's plan for several GPUs: per GPU at -b's batch in -t's mode, the model's parts and the
+// activations at each --recompute level for 1, 2, 4 and 8 GPUs without and with ZeRO-1 (-z 1: the
+// master weights and moments sharded, the gradients whole on every GPU); then the largest batch per
+// GPU on an 80 GB H100 and a 141 GB H200 for every mode. From what smolvla_build and
+// smolvla_set_batch allocate by.
+static void print_memory_per_gpu(const SmolVLAConfig* c, int train_mode, int batch) {
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const int worlds[] = {1, 2, 4, 8};
+    double act[RECOMPUTE_COUNT];
+    for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) { act[rc] = (double)smolvla_act_bytes(c, train_mode, batch, rc) / gib; }
+    printf("\nper GPU, --train %s, batch %d per GPU (-b), GiB; activations and total by --recompute none / attn / layer\n",
+           TRAIN_MODE_NAMES[train_mode], batch);
+    printf("| GPUs | ZeRO-1 | weights | gradients | master | moments | activations           | total                 |\n"
+           "|------|--------|---------|-----------|--------|---------|-----------------------|-----------------------|\n");
+    for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
+        for (int zero = 0; zero <= (worlds[w] > 1); zero++) {
+            size_t parts[MEM_PARTS];
+            smolvla_model_parts(c, train_mode, zero ? worlds[w] : 1, parts);
+            double model = 0.0;
+            for (int k = 0; k < MEM_PARTS; k++) { model += (double)parts[k] / gib; }
+            printf("| %4d | %-6s | %7.2f | %9.2f | %6.2f | %7.2f | %6.2f / %5.2f / %5.2f | %6.2f / %5.2f / %5.2f |\n",
+                   worlds[w], zero ? "on" : "off", parts[MEM_WEIGHTS] / gib, parts[MEM_GRADS] / gib,
+                   parts[MEM_MASTER] / gib, parts[MEM_MOMENTS] / gib, act[0], act[1], act[2], model + act[0],
+                   model + act[1], model + act[2]);
+        }
+    }
+    printf("\nthe largest batch per GPU (0: the model alone does not fit), by --recompute none / attn / layer\n");
+    printf("| --train | GPUs | ZeRO-1 | 80 GB H100         | 141 GB H200        |\n"
+           "|---------|------|--------|--------------------|--------------------|\n");
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
+        for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
+            for (int zero = 0; zero <= (worlds[w] > 1); zero++) {
+                int shards = zero ? worlds[w] : 1, b[2][RECOMPUTE_COUNT];
+                for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
+                    b[0][rc] = smolvla_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES, shards);
+                    b[1][rc] = smolvla_largest_batch(c, mode, rc, H200_141GB_MODEL_BYTES, shards);
+                }
+                printf("| %-7s | %4d | %-6s | %4d / %4d / %4d | %4d / %4d / %4d |\n", TRAIN_MODE_NAMES[mode], worlds[w],
+                       zero ? "on" : "off", b[0][0], b[0][1], b[0][2], b[1][0], b[1][1], b[1][2]);
+            }
+        }
+    }
+    printf("(without ZeRO-1 every GPU holds what one does; with it the master weights and moments are 1/GPUs each)\n");
+}
+
 // --memory: the activation memory of config c for every train mode and recompute level at a few
 // batch sizes, the model's other bytes, the largest batch that fits an 80 GB H100 and the FLOPs the
 // recomputation adds; from smolvla_act_bytes and smolvla_model_bytes, what the trainer allocates by.
 // Allocates nothing: it runs where there is no GPU (the emulated build).
-static void print_memory_table(const SmolVLAConfig* c, const char* preset) {
+static void print_memory_table(const SmolVLAConfig* c, const char* preset, int train_mode, int batch) {
     const double gib = 1024.0 * 1024.0 * 1024.0;
     const int batches[] = {8, 16, 32, 64};
     printf("activation memory of preset %s (%d cameras at %d px, %s), GiB per GPU, by --recompute\n", preset, c->n_cam,
@@ -60,6 +108,7 @@ static void print_memory_table(const SmolVLAConfig* c, const char* preset) {
     }
     printf("(model: weights, fp32 gradients, master weights and AdamW moments of what trains; estimated from the\n"
            "allocation sizes, not measured; +attn, +layer: the FLOPs the recomputation adds to the model's)\n");
+    print_memory_per_gpu(c, train_mode, batch);
 }
 
 static void print_config(const Run* run, const cudaDeviceProp* prop, double flops, double peak) {
