@@ -234,7 +234,7 @@ def default_train_mode(preset):
     the presets trained from scratch train everything."""
     return TRAIN_MODES.index("expert") if preset == "smolvla" else TRAIN_MODES.index("all")
 
-LM_HEAD = smolvla.LM_HEAD + "weight"  # LeRobot's lm_head feeds nothing: the table leaves it out
+LM_HEAD = smolvla.MODULES["smolvla"].vlm_lm_head + "weight"  # LeRobot's lm_head feeds nothing: the table leaves it out
 
 ParamSpec = collections.namedtuple("ParamSpec", "name lerobot tower kind train decay init slices shape offset")
 
@@ -242,7 +242,8 @@ ParamSpec = collections.namedtuple("ParamSpec", "name lerobot tower kind train d
 def param_rows(c):
     """SMOLVLA_PARAMETERS' rows: name, LeRobot name (%d = layer), tower, kind, train, decay, init,
     slices, shape. Linear weights are (out, in); per-layer tensors are stacked layer-major."""
-    V, T, E, Hd = smolvla.VISION, smolvla.TEXT, smolvla.EXPERT, smolvla.HEADS
+    m = smolvla.MODULES["smolvla"]
+    V, T, E, Hd = m.vision, m.text, m.expert, m.heads
     Cv, Fv, Lv = c.vis_width, c.vis_ff, c.vis_layers
     C, L, D, KV, Ce, Am = c.d_model, c.n_layer, c.d_attn, c.d_kv, c.d_expert, c.max_action_dim
     # (tower, kind, train) of each group of rows, and (decay, init) of each kind of tensor
@@ -276,7 +277,7 @@ def param_rows(c):
         ("vis_fc2_b", V + "encoder.layers.%d.mlp.fc2.bias", *vis_layer, *bias, VL, (Lv, Cv)),
         ("vis_post_w", V + "post_layernorm.weight", *vis_head, *scale, NONE, (Cv,)),
         ("vis_post_b", V + "post_layernorm.bias", *vis_head, *bias, NONE, (Cv,)),
-        ("connector_w", smolvla.CONNECTOR + ".weight", *vlm_in, *matrix, NONE, (C, Cv * c.scale_factor ** 2)),
+        ("connector_w", m.connector + ".weight", *vlm_in, *matrix, NONE, (C, Cv * c.scale_factor ** 2)),
         ("embed_tokens", T + "embed_tokens.weight", *vlm_in, *matrix, NONE, (c.vocab, C)),
         ("state_w", Hd + "state_proj.weight", *state, *matrix, NONE, (C, c.max_state_dim)),
         ("state_b", Hd + "state_proj.bias", *state, *bias, NONE, (C,)),

@@ -256,7 +256,7 @@ def test_lerobot_case(case_dir, tmp):
           sorted(trained) == ref_names and frozen_zero, f"{len(ref_names)} in the reference")
     worst_same, worst_ref, symmetric = (0.0, ""), (0.0, ""), 0.0
     for n in ref_names:
-        if n.startswith(smolvla.VISION) and n.endswith("k_proj.bias"):
+        if n.startswith(smolvla.modules(lc).vision) and n.endswith("k_proj.bias"):
             # zero by symmetry (softmax ignores a shift): measured against the layer's q_proj.bias gradient
             scale = ref["grad." + n.replace("k_proj.bias", "q_proj.bias")].double().norm().item()
             symmetric = max(symmetric, grads[n].double().norm().item() / scale)
