@@ -349,8 +349,9 @@ PI0_VOCAB, PI0_PAD = 257152, 0
 
 
 def read_c_config(path):
-    """A "name value" file of vla/config.h's fields (smolvla_config_read's format) -> {name: int}."""
-    fields = {}
+    """A "name value" file of vla/config.h's fields (smolvla_config_read's format) -> {name: int}. A file
+    without a family line was written before pi0: SmolVLA's (family 0)."""
+    fields = {"family": 0}
     with open(path) as f:
         for line in f:
             if line.strip():
@@ -374,7 +375,7 @@ def load_pi0_config(policy_dir, pc):
     sizes = os.path.join(policy_dir, "..", "c_config.txt")
     if os.path.isfile(sizes):
         c = read_c_config(sizes)
-        assert c.get("family") == 1, f"{sizes} is not a pi0 model's config"
+        assert c["family"] == 1, f"{sizes} is not a pi0 model's config"
         vision = dict(vis_patch=c["patch"], vis_width=c["vis_width"], vis_layers=c["vis_layers"],
                       vis_heads=c["vis_heads"], vis_mlp=c["vis_ff"])
         vlm = dict(width=c["d_model"], depth=c["n_layer"], mlp=c["d_ff"], heads=c["n_head"], kv_heads=c["n_kv_head"],
