@@ -215,8 +215,8 @@ FAMILY_NAMES = ["smolvla", "pi0"]  # dev/smolvla.py's family names, by vla/confi
 
 # n_cam, state_dim and action_dim are replaced by the dataset's (SMOLVLA_PRESETS says what each is)
 PRESETS = {  # cam S A img p Cv Cv_ff Lv NHv s vocab pad text C C_ff L NH NKV HS Ce Ce_ff n H Smax Amax theta family
-    "tiny": SmolVLAConfig(1, 4, 4, 32, 8, 32, 64, 1, 2, 2, 256, 0, 16, 48, 96, 2, 4, 2, 12, 36, 256, 2, 8, 32, 32, 10000,
-                          FAMILY_SMOLVLA),
+    "tiny": SmolVLAConfig(1, 4, 4, 32, 8, 32, 64, 1, 2, 2, 256, 0, 16, 48, 96, 2, 4, 2, 12, 36, 256, 2, 8, 32, 32,
+                          10000, FAMILY_SMOLVLA),
     "small": SmolVLAConfig(2, 4, 4, 64, 8, 48, 96, 1, 2, 2, 256, 0, 48, 64, 192, 2, 4, 2, 16, 48, 256, 2, 8, 32, 32,
                            10000, FAMILY_SMOLVLA),
     "smolvla": SmolVLAConfig(2, 32, 32, 512, 16, 768, 3072, 12, 12, 4, 49280, 2, 48, 960, 2560, 16, 15, 5, 64, 720,
@@ -326,7 +326,7 @@ def param_rows(c):
     exp_head = (TOWER_EXPERT, KIND_HEAD, TRAIN_ALWAYS)
     matrix, out, bias = (1, INIT_NORMAL), (1, INIT_NORMAL_OUT), (0, INIT_ZERO)
     scale, rms = (0, INIT_ONE), (0, INIT_RMS)
-    VL, ALL, NONE = SLICES_VISION, SLICES_ALL, SLICES_NONE
+    VL, ALL, NONE, JOINT, CROSS = SLICES_VISION, SLICES_ALL, SLICES_NONE, SLICES_JOINT, SLICES_CROSS
     return [
         ("vis_patch_w", V, "embeddings.patch_embedding.weight", *vis_in, *matrix, NONE, (Cv, c.patch_dim)),
         ("vis_patch_b", V, "embeddings.patch_embedding.bias", *vis_in, *bias, NONE, (Cv,)),
@@ -373,10 +373,10 @@ def param_rows(c):
         ("exp_ln1", E, "layers.%d.input_layernorm.weight", *exp_layer, *rms, ALL, (L, Ce)),
         ("exp_wq", E, "layers.%d.self_attn.q_proj.weight", *exp_layer, *matrix, ALL, (L, D, Ce)),
         # k/v read the expert's stream (Ce wide) in joint layers, the VLM's K/V (KV wide) in cross layers
-        ("exp_wk_joint", E, "layers.%d.self_attn.k_proj.weight", *exp_layer, *matrix, SLICES_JOINT, (c.n_joint, KV, Ce)),
-        ("exp_wv_joint", E, "layers.%d.self_attn.v_proj.weight", *exp_layer, *matrix, SLICES_JOINT, (c.n_joint, KV, Ce)),
-        ("exp_wk_cross", E, "layers.%d.self_attn.k_proj.weight", *exp_layer, *matrix, SLICES_CROSS, (c.n_cross, KV, KV)),
-        ("exp_wv_cross", E, "layers.%d.self_attn.v_proj.weight", *exp_layer, *matrix, SLICES_CROSS, (c.n_cross, KV, KV)),
+        ("exp_wk_joint", E, "layers.%d.self_attn.k_proj.weight", *exp_layer, *matrix, JOINT, (c.n_joint, KV, Ce)),
+        ("exp_wv_joint", E, "layers.%d.self_attn.v_proj.weight", *exp_layer, *matrix, JOINT, (c.n_joint, KV, Ce)),
+        ("exp_wk_cross", E, "layers.%d.self_attn.k_proj.weight", *exp_layer, *matrix, CROSS, (c.n_cross, KV, KV)),
+        ("exp_wv_cross", E, "layers.%d.self_attn.v_proj.weight", *exp_layer, *matrix, CROSS, (c.n_cross, KV, KV)),
         ("exp_wo", E, "layers.%d.self_attn.o_proj.weight", *exp_layer, *out, ALL, (L, Ce, D)),
         ("exp_ln2", E, "layers.%d.post_attention_layernorm.weight", *exp_layer, *rms, ALL, (L, Ce)),
         ("exp_gate", E, "layers.%d.mlp.gate_proj.weight", *exp_layer, *matrix, ALL, (L, c.d_expert_ff, Ce)),

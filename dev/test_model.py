@@ -337,8 +337,8 @@ def test_policy_cli(case_dir, cfg, tmp):
           all(np.array_equal(rec["param/" + n], w.numpy()) for n, w in weights.items()))
     shapes = [rec[f"batch/image{k}"].shape for k in range(cfg.n_cam)]
     check(f"--policy {what}: cameras recorded at their stored sizes, resized to img",
-          shapes == [(2, h, w, 3) for h, w in frames] and rec["expect/pixels"].shape == (2 * cfg.n_cam, 3, cfg.img, cfg.img),
-          str(shapes))
+          shapes == [(2, h, w, 3) for h, w in frames] and
+          rec["expect/pixels"].shape == (2 * cfg.n_cam, 3, cfg.img, cfg.img), str(shapes))
     check(f"--policy {what}: config is the policy's with max_text 20",
           list(rec["config"]) == dataclasses.replace(cfg, max_text=20).values() and int(rec["train_mode"][0]) == 0)
 
@@ -427,7 +427,8 @@ def test_cli(shard, tmp, preset):
     L = step_losses(text)
     ok = rc == 0 and len(L) == steps
     first, last = (np.mean(L[:window]), np.mean(L[-window:])) if ok else (math.nan, math.nan)
-    check(f"{preset}, {steps} steps at lr 1e-3: the loss falls (mean of the last {window} < {ratio} x the first {window})",
+    check(f"{preset}, {steps} steps at lr 1e-3: the loss falls (mean of the last {window} < {ratio} x the first "
+          f"{window})",
           ok and last < ratio * first, f"{first:.4f} -> {last:.4f}")
     if preset != "tiny":
         return
@@ -447,7 +448,8 @@ def test_cli(shard, tmp, preset):
     rec["config"] = rec["config"][:-1]  # as written before pi0: no family
     old = os.path.join(tmp, "debug_before_pi0.bin")
     M.write_vlat(old, list(rec.items()))
-    rc, text = run(["-i", shard, "-p", "tiny", "-t", "1", "-b", "3", "--init", old, "--train", "1", "--train-mode", "all"])
+    rc, text = run(["-i", shard, "-p", "tiny", "-t", "1", "-b", "3", "--init", old, "--train", "1", "--train-mode",
+                    "all"])
     steps = step_losses(text)
     e = abs(steps[0] - losses["all"]) / losses["all"] if rc == 0 and steps and "all" in losses else math.inf
     check("--init from a debug state of 26 config fields (before pi0) reads it as SmolVLA's", e <= 1e-5, f"rel {e:.1e}")

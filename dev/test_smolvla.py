@@ -112,8 +112,8 @@ def test_case(case_dir, family):
             floats = smolvla.images_from_u8(ref[f"images_u8.{cam}"], torch.float64)
             check_close(f"{name}: {key} = u8 / 255", floats, ref[key], TOL_FP32_REF)
         padding = "centred" if smolvla.pad_centred(cfg) else "left and top"
-        check_close(f"{name}: images_prepped.{cam} (resize with padding {padding}, x*2-1)", out[f"images_prepped.{cam}"],
-                    ref[f"images_prepped.{cam}"], TOL_FP32_REF)
+        check_close(f"{name}: images_prepped.{cam} (resize with padding {padding}, x*2-1)",
+                    out[f"images_prepped.{cam}"], ref[f"images_prepped.{cam}"], TOL_FP32_REF)
     if "observation.state" in ref:
         check_close(f"{name}: state_norm", out["state_norm"], ref["state_norm"], TOL_FP32_REF)
         check_close(f"{name}: actions_norm", out["actions_norm"], ref["actions_norm"], TOL_FP32_REF)
@@ -202,8 +202,8 @@ def main():
     torch.set_num_threads(1)
     if len(sys.argv) not in (2, 3):
         print(__doc__.strip().splitlines()[0])
-        print("usage: /usr/bin/python3 dev/test_smolvla.py REF_DIR [PI0_REF_DIR]   (made by dev/lerobot/make_ref.py and "
-              "make_ref_pi0.py; PI0_REF_DIR defaults to build/lerobot_ref_pi0)")
+        print("usage: /usr/bin/python3 dev/test_smolvla.py REF_DIR [PI0_REF_DIR]   (made by dev/lerobot/make_ref.py "
+              "and make_ref_pi0.py; PI0_REF_DIR defaults to build/lerobot_ref_pi0)")
         sys.exit(2)
     root = sys.argv[1]
     pi0_root = sys.argv[2] if len(sys.argv) == 3 else os.path.join(ROOT, "build", "lerobot_ref_pi0")
@@ -215,7 +215,8 @@ def main():
     skipped = None
     if os.path.isdir(pi0_root):
         cases = reference_cases(pi0_root)
-        check(f"pi0 reference cases in {pi0_root}", len(cases) > 0, f"{cases} (make them with dev/lerobot/make_ref_pi0.py)")
+        check(f"pi0 reference cases in {pi0_root}", len(cases) > 0,
+              f"{cases} (make them with dev/lerobot/make_ref_pi0.py)")
         for case in cases:
             test_case(os.path.join(pi0_root, case), "pi0")
     else:
