@@ -1,11 +1,12 @@
 """
-model.py: the PyTorch oracle of train_vla: LeRobot's SmolVLA, with vla/'s plumbing.
+model.py: the PyTorch oracle of train_vla: LeRobot's SmolVLA and pi0, with vla/'s plumbing.
 
-The third, independent copy of the model, after train_vla.c and train_vla.cu. dev/smolvla.py computes SmolVLA exactly
-as LeRobot 0.6.1 does (forward, loss, sampling, the resize with padding), from LeRobot's tensor
-names. This file adds what the C trainers add around that math, reproduced bit for bit so they can
-be compared with it tensor by tensor: vla/config.h's SmolVLAConfig, presets and parameter table (our
-names, stacked per-layer tensors) with the mapping to LeRobot's names both ways, the counter-based
+The third, independent copy of the model, after train_vla.c and train_vla.cu. dev/smolvla.py computes SmolVLA and pi0
+exactly as LeRobot 0.6.1 does (forward, loss, sampling, the resize with padding), from LeRobot's
+tensor names. This file adds what the C trainers add around that math, reproduced bit for bit so they
+can be compared with it tensor by tensor: vla/config.h's SmolVLAConfig (its family field: 0 SmolVLA,
+1 pi0), presets and parameter table (our names, stacked per-layer tensors; a tensor the family does
+not have has no element) with the mapping to LeRobot's names both ways, the counter-based
 RNG (smolvla_param_init's seeded weights, the sampler's permutations, the flow noise), the training
 modes as the table's train column, batches from the dataset shards, the learning-rate schedule,
 AdamW on the trainable elements, the debug-state file that test_vla.c / test_vla_gpu.cu read, and
@@ -19,6 +20,8 @@ Lt = max_text tokens, S = img (the vision tower's square input), h_k x w_k camer
     /usr/bin/python3 dev/model.py -i x.bin -p tiny --train-mode all -b 8 --train 20
     /usr/bin/python3 dev/model.py -i x.bin --init out/ckpt_00000100.bin -b 8 --train 20   # continue a C run
     /usr/bin/python3 dev/model.py -i x.bin --policy build/lerobot_ref/vlm/policy --debug-state out.bin
+    /usr/bin/python3 dev/model.py -i build/test/a.bin -p pi0_tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
+        -l 1e-3 -u 2 -w 0.1 -c 0.5 --train-mode all > build/test/a_pi0_train.txt   # pi0's reference losses
     python dev/model.py -i x.bin -p smolvla -b 8 --bench 20 --device cuda --amp bf16 --compile
 
 Training modes (--train-mode, LeRobot's flags; vla/config.h's train column, smolvla_trainable_numel):
@@ -29,7 +32,10 @@ Training modes (--train-mode, LeRobot's flags; vla/config.h's train column, smol
 A tensor's trainable elements are a prefix of it (stacked tensors are layer-major): gradients,
 AdamW moments, decay, clipping and the gradient norm cover that prefix only; the rest is frozen.
 Without --train-mode: the preset's default (smolvla_default_train_mode: expert for smolvla, all for
-tiny and small), the policy's flags with --policy, the checkpoint's mode with --init.
+the others: pi0's own default, and the presets trained from scratch), the policy's flags with
+--policy, the checkpoint's mode with --init. pi0 freezes less in modes vlm and all: its VLM's last layer
+trains its input norm and q/k/v (the keys and values feed the expert; the queries get a zero
+gradient), and only that layer's o_proj, MLP and norm, which feed nothing, stay frozen.
 
 RNG (vla/rng.h): draw c of stream (seed, s) is splitmix64(key + c * GOLDEN), so any draw is reached by
 seeking. Flow noise (flow_noise_width with width max_action_dim, LeRobot's noise (B, H, 32)): global
@@ -40,13 +46,15 @@ then float) in (slot, dim) order: eps[h][d] for h < H, d < Amax, d fastest.
 Debug state (--debug-state OUT, a "VLAT" container: magic "VLAT", version 1, then per record a
 104-byte header (name[64], dtype 0=f32 1=u8 2=i32, ndim, 4 x u64 dims) and the data).
 Everything is computed in float64 (--dtype) and stored as float32:
-  config             i32 (26)              SmolVLAConfig in SMOLVLA_CONFIG_FIELDS order
+  config             i32 (27)              SmolVLAConfig in SMOLVLA_CONFIG_FIELDS order, family last (--init
+                                           reads states of 26, written before pi0, as SmolVLA)
   hparams            f32 (6)               lr, min_lr_frac, warmup, steps, weight decay, clip
   seed               i32 (1)               init (unless --policy/--init), sampler and flow-noise seed
   train_mode         i32 (1)               0 expert, 1 vlm, 2 all (TRAIN_MODE_*)
   stats              f32 (2(S+A))          state mean, std, action mean, std (the dataset's, std
                                            floored to 1 as dataset_open does)
-  param/<name>       f32 table shape       every tensor of SMOLVLA_PARAMETERS, in table order
+  param/<name>       f32 table shape       every tensor of SMOLVLA_PARAMETERS, in table order (those the
+                                           family does not have with no element)
   batch/indices      i32 (B)               the sampler's samples of step 0
   batch/image<k>     u8  (B, h_k, w_k, 3)  camera k's frames at their stored size, k < n_cam
   batch/tokens       i32 (B, Lt)           token ids, cut to Lt, pad_token past the instruction
@@ -54,13 +62,14 @@ Everything is computed in float64 (--dtype) and stored as float32:
   batch/state        f32 (B, Smax)         (x - mean) / std, zero-padded
   batch/actions      f32 (B, H, Amax)      normalized chunk (slots past the episode repeat its last
                                            action), zero-padded
-  batch/action_is_pad f32 (B, H)           1 = slot past the episode's end (no loss)
+  batch/action_is_pad f32 (B, H)           1 = slot past the episode's end (no loss in SmolVLA; pi0's
+                                           loss counts every slot)
   batch/t            f32 (B)               flow time of step 0
   batch/eps          f32 (B, H, Amax)      flow noise of step 0
   expect/pixels      f32 (n_cam B, 3, S, S) frames resized with padding, x*2-1 (camera-major)
   expect/v           f32 (B, H, Amax)      velocities v_t (action_out_proj's output)
   expect/loss        f32 (1)               sum over valid slots and the first A dims of (u - v)^2,
-                                           / max(1, valid slots * A)
+                                           / max(1, valid slots * A); pi0: the mean over all B H A
   grad/<name>        f32 table shape       d loss / d param of every tensor with trainable elements in
                                            this mode, the whole tensor, its frozen part zero (tensors
                                            with none have no record). grad/vis_bk is zero by symmetry
@@ -77,7 +86,7 @@ Everything is computed in float64 (--dtype) and stored as float32:
 
 What the C side does to match (besides the math of dev/smolvla.py): the flow noise above; the
 batch of dataset_assemble with state/actions zero-padded to Smax/Amax and action_is_pad = 1 -
-action_mask; the loss's divisor max(1, valid slots * A); AdamW (m = 0.9 m + 0.1 g, v = 0.95 v +
+action_mask; the loss's divisor max(1, valid slots * A) (pi0's: B H A); AdamW (m = 0.9 m + 0.1 g, v = 0.95 v +
 0.05 g^2, bias corrections 1 - 0.9^(s+1) and 1 - 0.95^(s+1), update = m_hat / (sqrt(v_hat) + 1e-8)
 + wd p on decay tensors, p -= lr update) on the first smolvla_trainable_numel elements of each
 tensor only, clipping by the global norm of those gradients; lr_at_step's schedule. Token pads are
@@ -138,6 +147,7 @@ class SmolVLAConfig:  # field order is SMOLVLA_CONFIG_FIELDS' and the debug stat
     max_state_dim: int
     max_action_dim: int
     rope_theta: int
+    family: int = 0  # FAMILY_SMOLVLA or FAMILY_PI0; a file written before pi0 holds none: SmolVLA
 
     def values(self):
         return [getattr(self, f.name) for f in dataclasses.fields(self)]
@@ -169,16 +179,54 @@ class SmolVLAConfig:  # field order is SMOLVLA_CONFIG_FIELDS' and the debug stat
     def n_cross(self):
         return self.n_layer - self.n_joint
 
+    # what differs between the families: vla/config.h's functions of the same names, and dev/smolvla.py's
+    @property
+    def is_pi0(self):
+        return self.family == FAMILY_PI0
+
+    @property
+    def state_in_suffix(self):  # the state token: the prefix's last (SmolVLA, C wide) or the suffix's first (pi0, Ce)
+        return self.is_pi0
+
+    @property
+    def state_width(self):
+        return self.d_expert if self.state_in_suffix else self.d_model
+
+    @property
+    def connector_bias(self):  # pi0's projector has a bias
+        return self.is_pi0
+
+    @property
+    def image_tokens(self):  # per camera, after the pixel shuffle
+        return (self.grid // self.scale_factor) ** 2
+
+    @property
+    def n_prefix(self):
+        return self.n_cam * self.image_tokens + self.max_text + (not self.state_in_suffix)
+
+    @property
+    def n_suffix(self):  # the expert's tokens: the chunk, and pi0's state token
+        return self.chunk + self.state_in_suffix
+
 
 CONFIG_FIELDS = [f.name for f in dataclasses.fields(SmolVLAConfig)]
+FAMILY_SMOLVLA, FAMILY_PI0 = 0, 1
+FAMILY_NAMES = ["smolvla", "pi0"]  # dev/smolvla.py's family names, by vla/config.h's FAMILY_*
 
-# n_cam, state_dim and action_dim are replaced by the dataset's
-PRESETS = {  # cam S A img p Cv Cv_ff Lv NHv s vocab pad text C C_ff L NH NKV HS Ce Ce_ff n H Smax Amax theta
-    "tiny": SmolVLAConfig(1, 4, 4, 32, 8, 32, 64, 1, 2, 2, 256, 0, 16, 48, 96, 2, 4, 2, 12, 36, 256, 2, 8, 32, 32, 10000),
+# n_cam, state_dim and action_dim are replaced by the dataset's (SMOLVLA_PRESETS says what each is)
+PRESETS = {  # cam S A img p Cv Cv_ff Lv NHv s vocab pad text C C_ff L NH NKV HS Ce Ce_ff n H Smax Amax theta family
+    "tiny": SmolVLAConfig(1, 4, 4, 32, 8, 32, 64, 1, 2, 2, 256, 0, 16, 48, 96, 2, 4, 2, 12, 36, 256, 2, 8, 32, 32,
+                          10000, FAMILY_SMOLVLA),
     "small": SmolVLAConfig(2, 4, 4, 64, 8, 48, 96, 1, 2, 2, 256, 0, 48, 64, 192, 2, 4, 2, 16, 48, 256, 2, 8, 32, 32,
-                           10000),
+                           10000, FAMILY_SMOLVLA),
     "smolvla": SmolVLAConfig(2, 32, 32, 512, 16, 768, 3072, 12, 12, 4, 49280, 2, 48, 960, 2560, 16, 15, 5, 64, 720,
-                             2048, 2, 50, 32, 32, 10000),
+                             2048, 2, 50, 32, 32, 10000, FAMILY_SMOLVLA),
+    "pi0_tiny": SmolVLAConfig(1, 4, 4, 32, 8, 32, 64, 2, 2, 1, 256, 0, 16, 64, 128, 2, 8, 1, 8, 32, 64, 1, 8, 32, 32,
+                              10000, FAMILY_PI0),
+    "pi0_small": SmolVLAConfig(2, 4, 4, 64, 16, 48, 96, 1, 2, 1, 256, 0, 48, 64, 192, 2, 8, 1, 8, 48, 128, 1, 8, 32, 32,
+                               10000, FAMILY_PI0),
+    "pi0": SmolVLAConfig(2, 32, 32, 224, 14, 1152, 4304, 27, 16, 1, 257152, 0, 48, 2048, 16384, 18, 8, 1, 256, 1024,
+                         4096, 1, 50, 32, 32, 10000, FAMILY_PI0),
 }
 
 # vla/common.h's bounds on the sizes a config may hold
@@ -188,8 +236,10 @@ MAX_WIDTH, MAX_LAYER, MAX_HEAD, MAX_TOKENS, MAX_PARAMS = 65536, 1024, 1024, 1638
 
 def config_problem(c):
     """None if the config is usable, else what is wrong (smolvla_config_problem)."""
+    if not 0 <= c.family < len(FAMILY_NAMES):
+        return f"family {c.family} is not one of 0 (smolvla) and 1 (pi0)"
     for name in CONFIG_FIELDS:
-        if getattr(c, name) <= 0 and name != "pad_token":
+        if getattr(c, name) <= 0 and name not in ("pad_token", "family"):
             return f"{name} must be positive (got {getattr(c, name)})"
     bounds = dict(n_cam=MAX_CAM, img=MAX_IMG, patch=c.img, vis_width=MAX_WIDTH, vis_ff=MAX_WIDTH,
                   vis_layers=MAX_LAYER, vis_heads=c.vis_width, scale_factor=c.img // c.patch, vocab=1 << 24,
@@ -202,6 +252,9 @@ def config_problem(c):
             return f"{name} {getattr(c, name)} is past its bound {bound}"
     if c.pad_token < 0:
         return f"pad_token must not be negative (got {c.pad_token})"
+    if c.is_pi0 and (c.self_attn_every != 1 or c.scale_factor != 1):
+        return (f"pi0 has every layer joint and no pixel shuffle: self_attn_every {c.self_attn_every} and scale_factor "
+                f"{c.scale_factor} must be 1")
     if c.img % c.patch != 0 or (c.img // c.patch) % c.scale_factor != 0:
         return f"img {c.img} / patch {c.patch} must be a whole grid that scale_factor {c.scale_factor} divides"
     if c.vis_width % c.vis_heads != 0:
@@ -210,7 +263,7 @@ def config_problem(c):
         return f"n_head {c.n_head} is not a multiple of n_kv_head {c.n_kv_head} (GQA)"
     if c.head_dim % 2 != 0 or c.d_expert % 2 != 0:
         return f"head_dim {c.head_dim} (RoPE) and d_expert {c.d_expert} (time embedding) must be even"
-    tokens = c.n_cam * (c.grid // c.scale_factor) ** 2 + c.max_text + 1 + c.chunk
+    tokens = c.n_prefix + c.n_suffix
     if tokens > MAX_TOKENS or c.grid * c.grid > MAX_TOKENS:
         return f"{tokens} tokens ({c.grid * c.grid} per image in the vision tower) are past the bound {MAX_TOKENS}"
     if param_count(c) > MAX_PARAMS:
@@ -221,105 +274,143 @@ def config_problem(c):
 # ----------------------------------------------------------------------------
 # the parameter table (vla/config.h: SMOLVLA_PARAMETERS), and its mapping to LeRobot's names
 
-TOWER_VISION, TOWER_VLM, TOWER_EXPERT = 0, 1, 2
+TOWER_VISION, TOWER_VLM, TOWER_EXPERT, TOWER_STATE = 0, 1, 2, 3
 KIND_INPUT, KIND_LAYER, KIND_HEAD = 0, 1, 2
-TRAIN_ALWAYS, TRAIN_VLM, TRAIN_VLM_BUT_LAST, TRAIN_VISION, TRAIN_NEVER = 0, 1, 2, 3, 4
+TRAIN_ALWAYS, TRAIN_VLM, TRAIN_VLM_BUT_LAST, TRAIN_VISION, TRAIN_NEVER, TRAIN_VLM_QKV = 0, 1, 2, 3, 4, 5
 SLICES_NONE, SLICES_VISION, SLICES_ALL, SLICES_JOINT, SLICES_CROSS = 0, 1, 2, 3, 4
-INIT_NORMAL, INIT_NORMAL_OUT, INIT_ZERO, INIT_ONE = 0, 1, 2, 3
+INIT_NORMAL, INIT_NORMAL_OUT, INIT_ZERO, INIT_ONE, INIT_RMS = 0, 1, 2, 3, 4
+NAME_VIS, NAME_CONN, NAME_TXT, NAME_EXP, NAME_TOP = 0, 1, 2, 3, 4  # the module a tensor sits in
 TRAIN_MODES = ["expert", "vlm", "all"]  # TRAIN_MODE_EXPERT, _VLM, _ALL: the index is the mode
 
 
 def default_train_mode(preset):
-    """smolvla_default_train_mode: LeRobot's fine-tuning of the released model trains the expert;
-    the presets trained from scratch train everything."""
+    """smolvla_default_train_mode: LeRobot's fine-tuning of the released SmolVLA trains the expert;
+    pi0 and the presets trained from scratch train everything."""
     return TRAIN_MODES.index("expert") if preset == "smolvla" else TRAIN_MODES.index("all")
 
-LM_HEAD = smolvla.LM_HEAD + "weight"  # LeRobot's lm_head feeds nothing: the table leaves it out
+
+LM_HEAD = smolvla.MODULES["smolvla"].vlm_lm_head + "weight"  # SmolVLA's lm_head feeds nothing: the table leaves it out
 
 ParamSpec = collections.namedtuple("ParamSpec", "name lerobot tower kind train decay init slices shape offset")
 
 
+def name_prefixes(c):
+    """SMOLVLA_NAME_PREFIX[family]: the family's LeRobot module prefix of each NAME_* (dev/smolvla.py's)."""
+    m = smolvla.MODULES[FAMILY_NAMES[c.family]]
+    return {NAME_VIS: m.vision, NAME_CONN: m.connector + ".", NAME_TXT: m.text, NAME_EXP: m.expert, NAME_TOP: m.heads}
+
+
+def lm_heads(c):
+    """The lm_heads a LeRobot model.safetensors of this family holds: they feed nothing, the table
+    leaves them out."""
+    m = smolvla.MODULES[FAMILY_NAMES[c.family]]
+    return {head + "weight" for head in (m.vlm_lm_head, m.expert_lm_head) if head is not None}
+
+
 def param_rows(c):
-    """SMOLVLA_PARAMETERS' rows: name, LeRobot name (%d = layer), tower, kind, train, decay, init,
-    slices, shape. Linear weights are (out, in); per-layer tensors are stacked layer-major."""
-    V, T, E, Hd = smolvla.VISION, smolvla.TEXT, smolvla.EXPERT, smolvla.HEADS
+    """SMOLVLA_PARAMETERS' rows as vla/config.h writes them: name, module (NAME_*), LeRobot name in it
+    (%d = layer), tower, kind, train, decay, init, slices, shape. Linear weights are (out, in);
+    per-layer tensors are stacked layer-major. TOWER_STATE, TRAIN_VLM_QKV and INIT_RMS are the
+    family's to resolve (param_table); a tensor the family does not have has no elements (the
+    projector's bias in SmolVLA, the cross layers' k/v in pi0)."""
     Cv, Fv, Lv = c.vis_width, c.vis_ff, c.vis_layers
     C, L, D, KV, Ce, Am = c.d_model, c.n_layer, c.d_attn, c.d_kv, c.d_expert, c.max_action_dim
+    V, N, T, E, Hd = NAME_VIS, NAME_CONN, NAME_TXT, NAME_EXP, NAME_TOP
     # (tower, kind, train) of each group of rows, and (decay, init) of each kind of tensor
     vis_in, vis_layer = (TOWER_VISION, KIND_INPUT, TRAIN_VISION), (TOWER_VISION, KIND_LAYER, TRAIN_VISION)
     vis_head = (TOWER_VISION, KIND_HEAD, TRAIN_VISION)
-    vlm_in, state = (TOWER_VLM, KIND_INPUT, TRAIN_VLM), (TOWER_VLM, KIND_INPUT, TRAIN_ALWAYS)
-    vlm_layer, vlm_head = (TOWER_VLM, KIND_LAYER, TRAIN_VLM_BUT_LAST), (TOWER_VLM, KIND_HEAD, TRAIN_NEVER)
+    vlm_in, state = (TOWER_VLM, KIND_INPUT, TRAIN_VLM), (TOWER_STATE, KIND_INPUT, TRAIN_ALWAYS)
+    vlm_qkv, vlm_layer = (TOWER_VLM, KIND_LAYER, TRAIN_VLM_QKV), (TOWER_VLM, KIND_LAYER, TRAIN_VLM_BUT_LAST)
+    vlm_head = (TOWER_VLM, KIND_HEAD, TRAIN_NEVER)
     exp_in, exp_layer = (TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS), (TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS)
     exp_head = (TOWER_EXPERT, KIND_HEAD, TRAIN_ALWAYS)
-    matrix, out, bias, scale = (1, INIT_NORMAL), (1, INIT_NORMAL_OUT), (0, INIT_ZERO), (0, INIT_ONE)
-    VL, ALL, NONE = SLICES_VISION, SLICES_ALL, SLICES_NONE
+    matrix, out, bias = (1, INIT_NORMAL), (1, INIT_NORMAL_OUT), (0, INIT_ZERO)
+    scale, rms = (0, INIT_ONE), (0, INIT_RMS)
+    VL, ALL, NONE, JOINT, CROSS = SLICES_VISION, SLICES_ALL, SLICES_NONE, SLICES_JOINT, SLICES_CROSS
     return [
-        ("vis_patch_w", V + "embeddings.patch_embedding.weight", *vis_in, *matrix, NONE, (Cv, c.patch_dim)),
-        ("vis_patch_b", V + "embeddings.patch_embedding.bias", *vis_in, *bias, NONE, (Cv,)),
-        ("vis_pos", V + "embeddings.position_embedding.weight", *vis_in, *matrix, NONE, (c.grid * c.grid, Cv)),
-        ("vis_ln1_w", V + "encoder.layers.%d.layer_norm1.weight", *vis_layer, *scale, VL, (Lv, Cv)),
-        ("vis_ln1_b", V + "encoder.layers.%d.layer_norm1.bias", *vis_layer, *bias, VL, (Lv, Cv)),
-        ("vis_wq", V + "encoder.layers.%d.self_attn.q_proj.weight", *vis_layer, *matrix, VL, (Lv, Cv, Cv)),
-        ("vis_bq", V + "encoder.layers.%d.self_attn.q_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
-        ("vis_wk", V + "encoder.layers.%d.self_attn.k_proj.weight", *vis_layer, *matrix, VL, (Lv, Cv, Cv)),
-        ("vis_bk", V + "encoder.layers.%d.self_attn.k_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
-        ("vis_wv", V + "encoder.layers.%d.self_attn.v_proj.weight", *vis_layer, *matrix, VL, (Lv, Cv, Cv)),
-        ("vis_bv", V + "encoder.layers.%d.self_attn.v_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
-        ("vis_wo", V + "encoder.layers.%d.self_attn.out_proj.weight", *vis_layer, *out, VL, (Lv, Cv, Cv)),
-        ("vis_bo", V + "encoder.layers.%d.self_attn.out_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
-        ("vis_ln2_w", V + "encoder.layers.%d.layer_norm2.weight", *vis_layer, *scale, VL, (Lv, Cv)),
-        ("vis_ln2_b", V + "encoder.layers.%d.layer_norm2.bias", *vis_layer, *bias, VL, (Lv, Cv)),
-        ("vis_fc1_w", V + "encoder.layers.%d.mlp.fc1.weight", *vis_layer, *matrix, VL, (Lv, Fv, Cv)),
-        ("vis_fc1_b", V + "encoder.layers.%d.mlp.fc1.bias", *vis_layer, *bias, VL, (Lv, Fv)),
-        ("vis_fc2_w", V + "encoder.layers.%d.mlp.fc2.weight", *vis_layer, *out, VL, (Lv, Cv, Fv)),
-        ("vis_fc2_b", V + "encoder.layers.%d.mlp.fc2.bias", *vis_layer, *bias, VL, (Lv, Cv)),
-        ("vis_post_w", V + "post_layernorm.weight", *vis_head, *scale, NONE, (Cv,)),
-        ("vis_post_b", V + "post_layernorm.bias", *vis_head, *bias, NONE, (Cv,)),
-        ("connector_w", smolvla.CONNECTOR + ".weight", *vlm_in, *matrix, NONE, (C, Cv * c.scale_factor ** 2)),
-        ("embed_tokens", T + "embed_tokens.weight", *vlm_in, *matrix, NONE, (c.vocab, C)),
-        ("state_w", Hd + "state_proj.weight", *state, *matrix, NONE, (C, c.max_state_dim)),
-        ("state_b", Hd + "state_proj.bias", *state, *bias, NONE, (C,)),
-        ("vlm_ln1", T + "layers.%d.input_layernorm.weight", *vlm_layer, *scale, ALL, (L, C)),
-        ("vlm_wq", T + "layers.%d.self_attn.q_proj.weight", *vlm_layer, *matrix, ALL, (L, D, C)),
-        ("vlm_wk", T + "layers.%d.self_attn.k_proj.weight", *vlm_layer, *matrix, ALL, (L, KV, C)),
-        ("vlm_wv", T + "layers.%d.self_attn.v_proj.weight", *vlm_layer, *matrix, ALL, (L, KV, C)),
-        ("vlm_wo", T + "layers.%d.self_attn.o_proj.weight", *vlm_layer, *out, ALL, (L, C, D)),
-        ("vlm_ln2", T + "layers.%d.post_attention_layernorm.weight", *vlm_layer, *scale, ALL, (L, C)),
-        ("vlm_gate", T + "layers.%d.mlp.gate_proj.weight", *vlm_layer, *matrix, ALL, (L, c.d_ff, C)),
-        ("vlm_up", T + "layers.%d.mlp.up_proj.weight", *vlm_layer, *matrix, ALL, (L, c.d_ff, C)),
-        ("vlm_down", T + "layers.%d.mlp.down_proj.weight", *vlm_layer, *out, ALL, (L, C, c.d_ff)),
-        ("vlm_norm", T + "norm.weight", *vlm_head, *scale, NONE, (C,)),
-        ("action_in_w", Hd + "action_in_proj.weight", *exp_in, *matrix, NONE, (Ce, Am)),
-        ("action_in_b", Hd + "action_in_proj.bias", *exp_in, *bias, NONE, (Ce,)),
-        ("time_in_w", Hd + "action_time_mlp_in.weight", *exp_in, *matrix, NONE, (Ce, 2 * Ce)),
-        ("time_in_b", Hd + "action_time_mlp_in.bias", *exp_in, *bias, NONE, (Ce,)),
-        ("time_out_w", Hd + "action_time_mlp_out.weight", *exp_in, *matrix, NONE, (Ce, Ce)),
-        ("time_out_b", Hd + "action_time_mlp_out.bias", *exp_in, *bias, NONE, (Ce,)),
-        ("exp_ln1", E + "layers.%d.input_layernorm.weight", *exp_layer, *scale, ALL, (L, Ce)),
-        ("exp_wq", E + "layers.%d.self_attn.q_proj.weight", *exp_layer, *matrix, ALL, (L, D, Ce)),
+        ("vis_patch_w", V, "embeddings.patch_embedding.weight", *vis_in, *matrix, NONE, (Cv, c.patch_dim)),
+        ("vis_patch_b", V, "embeddings.patch_embedding.bias", *vis_in, *bias, NONE, (Cv,)),
+        ("vis_pos", V, "embeddings.position_embedding.weight", *vis_in, *matrix, NONE, (c.grid * c.grid, Cv)),
+        ("vis_ln1_w", V, "encoder.layers.%d.layer_norm1.weight", *vis_layer, *scale, VL, (Lv, Cv)),
+        ("vis_ln1_b", V, "encoder.layers.%d.layer_norm1.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_wq", V, "encoder.layers.%d.self_attn.q_proj.weight", *vis_layer, *matrix, VL, (Lv, Cv, Cv)),
+        ("vis_bq", V, "encoder.layers.%d.self_attn.q_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_wk", V, "encoder.layers.%d.self_attn.k_proj.weight", *vis_layer, *matrix, VL, (Lv, Cv, Cv)),
+        ("vis_bk", V, "encoder.layers.%d.self_attn.k_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_wv", V, "encoder.layers.%d.self_attn.v_proj.weight", *vis_layer, *matrix, VL, (Lv, Cv, Cv)),
+        ("vis_bv", V, "encoder.layers.%d.self_attn.v_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_wo", V, "encoder.layers.%d.self_attn.out_proj.weight", *vis_layer, *out, VL, (Lv, Cv, Cv)),
+        ("vis_bo", V, "encoder.layers.%d.self_attn.out_proj.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_ln2_w", V, "encoder.layers.%d.layer_norm2.weight", *vis_layer, *scale, VL, (Lv, Cv)),
+        ("vis_ln2_b", V, "encoder.layers.%d.layer_norm2.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_fc1_w", V, "encoder.layers.%d.mlp.fc1.weight", *vis_layer, *matrix, VL, (Lv, Fv, Cv)),
+        ("vis_fc1_b", V, "encoder.layers.%d.mlp.fc1.bias", *vis_layer, *bias, VL, (Lv, Fv)),
+        ("vis_fc2_w", V, "encoder.layers.%d.mlp.fc2.weight", *vis_layer, *out, VL, (Lv, Cv, Fv)),
+        ("vis_fc2_b", V, "encoder.layers.%d.mlp.fc2.bias", *vis_layer, *bias, VL, (Lv, Cv)),
+        ("vis_post_w", V, "post_layernorm.weight", *vis_head, *scale, NONE, (Cv,)),
+        ("vis_post_b", V, "post_layernorm.bias", *vis_head, *bias, NONE, (Cv,)),
+        ("connector_w", N, "weight", *vlm_in, *matrix, NONE, (C, Cv * c.scale_factor ** 2)),
+        ("connector_b", N, "bias", *vlm_in, *bias, NONE, (C if c.connector_bias else 0,)),
+        ("embed_tokens", T, "embed_tokens.weight", *vlm_in, *matrix, NONE, (c.vocab, C)),
+        ("state_w", Hd, "state_proj.weight", *state, *matrix, NONE, (c.state_width, c.max_state_dim)),
+        ("state_b", Hd, "state_proj.bias", *state, *bias, NONE, (c.state_width,)),
+        ("vlm_ln1", T, "layers.%d.input_layernorm.weight", *vlm_qkv, *rms, ALL, (L, C)),
+        ("vlm_wq", T, "layers.%d.self_attn.q_proj.weight", *vlm_qkv, *matrix, ALL, (L, D, C)),
+        ("vlm_wk", T, "layers.%d.self_attn.k_proj.weight", *vlm_qkv, *matrix, ALL, (L, KV, C)),
+        ("vlm_wv", T, "layers.%d.self_attn.v_proj.weight", *vlm_qkv, *matrix, ALL, (L, KV, C)),
+        ("vlm_wo", T, "layers.%d.self_attn.o_proj.weight", *vlm_layer, *out, ALL, (L, C, D)),
+        ("vlm_ln2", T, "layers.%d.post_attention_layernorm.weight", *vlm_layer, *rms, ALL, (L, C)),
+        ("vlm_gate", T, "layers.%d.mlp.gate_proj.weight", *vlm_layer, *matrix, ALL, (L, c.d_ff, C)),
+        ("vlm_up", T, "layers.%d.mlp.up_proj.weight", *vlm_layer, *matrix, ALL, (L, c.d_ff, C)),
+        ("vlm_down", T, "layers.%d.mlp.down_proj.weight", *vlm_layer, *out, ALL, (L, C, c.d_ff)),
+        ("vlm_norm", T, "norm.weight", *vlm_head, *rms, NONE, (C,)),
+        ("action_in_w", Hd, "action_in_proj.weight", *exp_in, *matrix, NONE, (Ce, Am)),
+        ("action_in_b", Hd, "action_in_proj.bias", *exp_in, *bias, NONE, (Ce,)),
+        ("time_in_w", Hd, "action_time_mlp_in.weight", *exp_in, *matrix, NONE, (Ce, 2 * Ce)),
+        ("time_in_b", Hd, "action_time_mlp_in.bias", *exp_in, *bias, NONE, (Ce,)),
+        ("time_out_w", Hd, "action_time_mlp_out.weight", *exp_in, *matrix, NONE, (Ce, Ce)),
+        ("time_out_b", Hd, "action_time_mlp_out.bias", *exp_in, *bias, NONE, (Ce,)),
+        ("exp_ln1", E, "layers.%d.input_layernorm.weight", *exp_layer, *rms, ALL, (L, Ce)),
+        ("exp_wq", E, "layers.%d.self_attn.q_proj.weight", *exp_layer, *matrix, ALL, (L, D, Ce)),
         # k/v read the expert's stream (Ce wide) in joint layers, the VLM's K/V (KV wide) in cross layers
-        ("exp_wk_joint", E + "layers.%d.self_attn.k_proj.weight", *exp_layer, *matrix, SLICES_JOINT, (c.n_joint, KV, Ce)),
-        ("exp_wv_joint", E + "layers.%d.self_attn.v_proj.weight", *exp_layer, *matrix, SLICES_JOINT, (c.n_joint, KV, Ce)),
-        ("exp_wk_cross", E + "layers.%d.self_attn.k_proj.weight", *exp_layer, *matrix, SLICES_CROSS, (c.n_cross, KV, KV)),
-        ("exp_wv_cross", E + "layers.%d.self_attn.v_proj.weight", *exp_layer, *matrix, SLICES_CROSS, (c.n_cross, KV, KV)),
-        ("exp_wo", E + "layers.%d.self_attn.o_proj.weight", *exp_layer, *out, ALL, (L, Ce, D)),
-        ("exp_ln2", E + "layers.%d.post_attention_layernorm.weight", *exp_layer, *scale, ALL, (L, Ce)),
-        ("exp_gate", E + "layers.%d.mlp.gate_proj.weight", *exp_layer, *matrix, ALL, (L, c.d_expert_ff, Ce)),
-        ("exp_up", E + "layers.%d.mlp.up_proj.weight", *exp_layer, *matrix, ALL, (L, c.d_expert_ff, Ce)),
-        ("exp_down", E + "layers.%d.mlp.down_proj.weight", *exp_layer, *out, ALL, (L, Ce, c.d_expert_ff)),
-        ("exp_norm", E + "norm.weight", *exp_head, *scale, NONE, (Ce,)),
-        ("action_out_w", Hd + "action_out_proj.weight", *exp_head, *matrix, NONE, (Am, Ce)),
-        ("action_out_b", Hd + "action_out_proj.bias", *exp_head, *bias, NONE, (Am,)),
+        ("exp_wk_joint", E, "layers.%d.self_attn.k_proj.weight", *exp_layer, *matrix, JOINT, (c.n_joint, KV, Ce)),
+        ("exp_wv_joint", E, "layers.%d.self_attn.v_proj.weight", *exp_layer, *matrix, JOINT, (c.n_joint, KV, Ce)),
+        ("exp_wk_cross", E, "layers.%d.self_attn.k_proj.weight", *exp_layer, *matrix, CROSS, (c.n_cross, KV, KV)),
+        ("exp_wv_cross", E, "layers.%d.self_attn.v_proj.weight", *exp_layer, *matrix, CROSS, (c.n_cross, KV, KV)),
+        ("exp_wo", E, "layers.%d.self_attn.o_proj.weight", *exp_layer, *out, ALL, (L, Ce, D)),
+        ("exp_ln2", E, "layers.%d.post_attention_layernorm.weight", *exp_layer, *rms, ALL, (L, Ce)),
+        ("exp_gate", E, "layers.%d.mlp.gate_proj.weight", *exp_layer, *matrix, ALL, (L, c.d_expert_ff, Ce)),
+        ("exp_up", E, "layers.%d.mlp.up_proj.weight", *exp_layer, *matrix, ALL, (L, c.d_expert_ff, Ce)),
+        ("exp_down", E, "layers.%d.mlp.down_proj.weight", *exp_layer, *out, ALL, (L, Ce, c.d_expert_ff)),
+        ("exp_norm", E, "norm.weight", *exp_head, *rms, NONE, (Ce,)),
+        ("action_out_w", Hd, "action_out_proj.weight", *exp_head, *matrix, NONE, (Am, Ce)),
+        ("action_out_b", Hd, "action_out_proj.bias", *exp_head, *bias, NONE, (Am,)),
     ]
 
 
+# the family's reading of the columns that depend on it (smolvla_resolve_tower, _train, _init)
+def resolve_tower(c, tower):  # the state token's projection: the VLM's (a prefix token) or the expert's (pi0)
+    return (TOWER_EXPERT if c.state_in_suffix else TOWER_VLM) if tower == TOWER_STATE else tower
+
+
+def resolve_train(c, train):
+    """The VLM's last layer feeds the expert its keys and values: SmolVLA freezes it whole, pi0 trains its
+    input norm and q/k/v (its queries get a zero gradient); its o_proj, MLP and norm feed nothing."""
+    return (TRAIN_VLM if c.is_pi0 else TRAIN_VLM_BUT_LAST) if train == TRAIN_VLM_QKV else train
+
+
+def resolve_init(c, init):  # an RMSNorm's weight: 1 in Llama's w form, 0 in Gemma's (1 + w) form
+    return (INIT_ZERO if c.is_pi0 else INIT_ONE) if init == INIT_RMS else init
+
+
 def param_table(c):
-    """Every tensor in table order with its element offset into the flat buffer (smolvla_table_build)."""
-    table, offset = [], 0
-    for row in param_rows(c):
-        table.append(ParamSpec(*row, offset))
-        offset += math.prod(row[-1])
+    """Every tensor in table order with its element offset into the flat buffer and its columns
+    resolved for the family (smolvla_table_build)."""
+    table, offset, prefix = [], 0, name_prefixes(c)
+    for name, where, lerobot, tower, kind, train, decay, init, slices, shape in param_rows(c):
+        table.append(ParamSpec(name, prefix[where] + lerobot, resolve_tower(c, tower), kind, resolve_train(c, train),
+                               decay, resolve_init(c, init), slices, shape, offset))
+        offset += math.prod(shape)
     return table
 
 
@@ -327,8 +418,15 @@ def param_count(c):
     return sum(math.prod(row[-1]) for row in param_rows(c))
 
 
-def n_slices(s):  # smolvla_slices: a stacked tensor's leading dimension, else 1
+def n_slices(s):
+    """smolvla_slices: a stacked tensor's leading dimension, else 1; 0 for a tensor the family does not have."""
+    if math.prod(s.shape) == 0:
+        return 0
     return 1 if s.slices == SLICES_NONE else s.shape[0]
+
+
+def slice_numel(s):  # smolvla_slice_numel: the elements of one slice
+    return math.prod(s.shape) // n_slices(s) if n_slices(s) else 0
 
 
 def trainable_numel(s, mode):
@@ -340,7 +438,7 @@ def trainable_numel(s, mode):
     if s.train == TRAIN_VLM:
         return numel if mode >= 1 else 0
     if s.train == TRAIN_VLM_BUT_LAST:
-        return numel - numel // n_slices(s) if mode >= 1 else 0
+        return numel - slice_numel(s) if mode >= 1 else 0
     if s.train == TRAIN_VISION:
         return numel if mode == 2 else 0
     return 0
@@ -356,9 +454,10 @@ def slice_layer(c, s, i):
 
 
 def lerobot_names(c, s):
-    """LeRobot's name of each slice of tensor s (one name for an unstacked tensor)."""
+    """LeRobot's name of each slice of tensor s (one name for an unstacked tensor, none for a tensor
+    the family does not have)."""
     if s.slices == SLICES_NONE:
-        return [s.lerobot]
+        return [s.lerobot] if n_slices(s) else []
     return [s.lerobot % slice_layer(c, s, i) for i in range(n_slices(s))]
 
 
@@ -371,25 +470,26 @@ def lerobot_shape(c, s):
 
 def to_lerobot(c, params):
     """Our tensors (name -> tensor, table shapes) -> LeRobot's (name -> view of ours, no copy), so
-    gradients of dev/smolvla.py's math land in our tensors. lm_head is not among them."""
+    gradients of dev/smolvla.py's math land in our tensors. The lm_heads are not among them."""
     out = {}
     for s in param_table(c):
         p = params[s.name]
         shape = lerobot_shape(c, s)
+        names = lerobot_names(c, s)
         if s.slices == SLICES_NONE:
-            out[s.lerobot] = p.reshape(shape)
+            out.update({name: p.reshape(shape) for name in names})
         else:
-            for i, name in enumerate(lerobot_names(c, s)):
+            for i, name in enumerate(names):
                 out[name] = p[i].reshape(shape)
     return out
 
 
 def from_lerobot(c, tensors):
     """LeRobot's tensors (name -> tensor) -> ours (name -> new tensor in table shape). Every tensor
-    of the table must be there with LeRobot's shape; lm_head, if present, is dropped."""
+    of the table must be there with LeRobot's shape; the lm_heads, if present, are dropped."""
     expected = {n for s in param_table(c) for n in lerobot_names(c, s)}
     missing = sorted(expected - set(tensors))
-    unexpected = sorted(set(tensors) - expected - {LM_HEAD})
+    unexpected = sorted(set(tensors) - expected - lm_heads(c))
     if missing or unexpected:
         raise ValueError(f"LeRobot tensors do not match the table: missing {missing[:3]}, unexpected {unexpected[:3]}")
     out = collections.OrderedDict()
@@ -400,7 +500,10 @@ def from_lerobot(c, tensors):
             if tuple(t.shape) != lerobot_shape(c, s):
                 raise ValueError(f"{name}: shape {tuple(t.shape)}, the table says {lerobot_shape(c, s)}")
             slices.append(t.reshape(s.shape[1:] if s.slices != SLICES_NONE else s.shape))
-        out[s.name] = slices[0].clone() if s.slices == SLICES_NONE else torch.stack(slices)
+        if not slices:  # a tensor the family does not have
+            out[s.name] = torch.zeros(s.shape)
+        else:
+            out[s.name] = slices[0].clone() if s.slices == SLICES_NONE else torch.stack(slices)
     return out
 
 
@@ -565,19 +668,21 @@ def lr_at_step(step, lr, warmup, steps, min_lr_frac):
 
 def lerobot_config(c, mode, cameras=None):
     """dev/smolvla.py's config of our config in training mode `mode` (the C model's constants:
-    LayerNorm eps 1e-6, RMSNorm eps 1e-5, 10 sampling steps, periods 4e-3 .. 4, square resize to img)."""
+    LayerNorm eps 1e-6, RMSNorm eps 1e-5 (SmolLM2's) or 1e-6 (Gemma's), 10 sampling steps, periods
+    4e-3 .. 4, square resize to img; pi0's every layer joint)."""
     expert_only, freeze_vision = smolvla.TRAIN_MODES[TRAIN_MODES[mode]]
     return smolvla.SmolVLAConfig(
         vis_image_size=c.img, vis_patch=c.patch, vis_width=c.vis_width, vis_layers=c.vis_layers,
         vis_heads=c.vis_heads, vis_mlp=c.vis_ff, vis_eps=1e-6, scale_factor=c.scale_factor,
         width=c.d_model, n_layer=c.n_layer, n_head=c.n_head, n_kv_head=c.n_kv_head, head_dim=c.head_dim,
-        mlp=c.d_ff, rms_eps=1e-5, vocab=c.vocab, pad_token_id=c.pad_token,
+        mlp=c.d_ff, rms_eps=1e-6 if c.is_pi0 else 1e-5, vocab=c.vocab, pad_token_id=c.pad_token,
         expert_width=c.d_expert, expert_mlp=c.d_expert_ff, chunk=c.chunk, max_state_dim=c.max_state_dim,
         max_action_dim=c.max_action_dim, state_dim=c.state_dim, action_dim=c.action_dim,
         cameras=tuple(cameras or (f"observation.images.cam{k}" for k in range(c.n_cam))),
-        resize_hw=(c.img, c.img), num_steps=10, min_period=4e-3, max_period=4.0, attention_mode="cross_attn",
-        self_attn_every_n_layers=c.self_attn_every, prefix_length=-1, train_expert_only=expert_only,
-        freeze_vision_encoder=freeze_vision, train_state_proj=True, rope_base=float(c.rope_theta))
+        resize_hw=(c.img, c.img), num_steps=10, min_period=4e-3, max_period=4.0,
+        attention_mode="self_attn" if c.is_pi0 else "cross_attn", self_attn_every_n_layers=c.self_attn_every,
+        prefix_length=-1, train_expert_only=expert_only, freeze_vision_encoder=freeze_vision, train_state_proj=True,
+        rope_base=float(c.rope_theta), family=FAMILY_NAMES[c.family])
 
 
 class SmolVLA(torch.nn.Module):
@@ -735,7 +840,8 @@ def config_from_policy(policy_dir, max_text=None, vlm_name=None):
     nothing the C model does not implement. max_text: the language tokens a batch holds (default:
     the policy's tokenizer_max_length; LeRobot pads to the batch's longest, which masks the rest).
     vlm_name: where the VLM's config and tokenizer are, instead of the policy's vlm_model_name.
-    Returns (our config, dev/smolvla.py's config)."""
+    Returns (our config, dev/smolvla.py's config). A pi0 policy's sizes are dev/smolvla.py's
+    load_pi0_config's (its c_config.txt beside the policy, else the released variants')."""
     lc = smolvla.load_config(policy_dir, vlm_name)
     with open(os.path.join(policy_dir, "config.json")) as f:
         pc = json.load(f)
@@ -745,7 +851,9 @@ def config_from_policy(policy_dir, max_text=None, vlm_name=None):
             raise ValueError(f"{policy_dir}: {what}: the C model does not implement this")
     need(lc.resize_hw is not None and lc.resize_hw[0] == lc.resize_hw[1] == lc.vis_image_size,
          f"resize_imgs_with_padding {lc.resize_hw} must be square and the vision tower's {lc.vis_image_size}")
-    need((lc.vis_eps, lc.rms_eps, lc.num_steps) == (1e-6, 1e-5, 10), "norm eps other than 1e-6/1e-5 or num_steps != 10")
+    rms_eps = 1e-6 if smolvla.is_pi0(lc) else 1e-5  # Gemma's, SmolLM2's
+    need((lc.vis_eps, lc.rms_eps, lc.num_steps) == (1e-6, rms_eps, 10),
+         f"norm eps other than 1e-6/{rms_eps:g} or num_steps != 10")
     need((lc.min_period, lc.max_period) == (4e-3, 4.0), "time-embedding periods other than 4e-3 .. 4")
     need(lc.train_state_proj, "train_state_proj=False")
     need(lc.self_attn_every_n_layers > 0 or "cross" not in lc.attention_mode, "self_attn_every_n_layers <= 0")
@@ -761,8 +869,8 @@ def config_from_policy(policy_dir, max_text=None, vlm_name=None):
         d_expert=lc.expert_width, d_expert_ff=lc.expert_mlp,
         self_attn_every=lc.self_attn_every_n_layers if "cross" in lc.attention_mode else 1,
         chunk=lc.chunk, max_state_dim=lc.max_state_dim, max_action_dim=lc.max_action_dim,
-        rope_theta=int(lc.rope_base))
-    need(lc.prefix_length <= cfg.n_cam * (cfg.grid // cfg.scale_factor) ** 2 + cfg.max_text + 1, "a padded prefix")
+        rope_theta=int(lc.rope_base), family=FAMILY_NAMES.index(lc.family))
+    need(lc.prefix_length <= cfg.n_prefix, "a padded prefix")
     return cfg, lc
 
 
@@ -779,6 +887,9 @@ VLAT_MAGIC, VLAT_VERSION = 0x54414C56, 1
 VLAT_DTYPES = {0: np.float32, 1: np.uint8, 2: np.int32}
 CKPT_MAGIC, CKPT_VERSION, CKPT_HEADER_BYTES = 0x43414C56, 2, 512
 CKPT_FLAGS_AT, CKPT_CRC_AT, CKPT_FLAG_CRC = 264, 268, 1  # CheckpointHeader's flags and crc, CKPT_FLAG_CRC
+# CheckpointHeader's config: the fields but family in order at 8 (SMOLVLA_CONFIG_STORED of them), the train
+# mode at 112, the family at 116 (the padding of files written before pi0: 0, SmolVLA)
+CKPT_CONFIG_AT, CKPT_CONFIG_STORED, CKPT_MODE_AT, CKPT_FAMILY_AT = 8, 26, 112, 116
 MAX_STEPS, MIN_STD = 1 << 30, np.float32(1e-6)  # VLA_MAX_STEPS, VLA_MIN_STD
 
 
@@ -847,9 +958,9 @@ def checkpoint_crc(raw):
 
 def read_checkpoint(path):
     """A checkpoint of vla/checkpoint.h, version 2, checked as checkpoint_read_checked checks it: header (512
-    bytes: magic, version, SmolVLAConfig, train_mode, step, seed, sampler_pos, n_params,
-    n_trainable, file_size, tokenizer[64], ..., at 264 flags, crc, batch, world, total_batch,
-    data_id), stats (state mean, std, action mean, std), every weight (n_params, table order), then
+    bytes: magic, version, SmolVLAConfig's fields but family, train_mode, family, step, seed,
+    sampler_pos, n_params, n_trainable, file_size, tokenizer[64], ..., at 264 flags, crc, batch,
+    world, total_batch, data_id), stats (state mean, std, action mean, std), every weight (n_params, table order), then
     m and v (n_trainable each, the trainable prefix of each tensor in the checkpoint's train mode,
     packed in table order). The CRC-32 is verified where flags say the file carries one (a file
     without one gets a note on stderr), and every weight must be finite. Returns a dict: config,
@@ -876,8 +987,9 @@ def read_checkpoint(path):
         raise ValueError(f"{path} is not a train_vla checkpoint (bad magic 0x{magic:08x})")
     if version != CKPT_VERSION:
         raise fail(f"has version {version}, this oracle reads {CKPT_VERSION}")
-    cfg = SmolVLAConfig(*struct.unpack_from(f"<{len(CONFIG_FIELDS)}i", raw, 8))
-    mode, = struct.unpack_from("<i", raw, 112)
+    stored = struct.unpack_from(f"<{CKPT_CONFIG_STORED}i", raw, CKPT_CONFIG_AT)
+    (mode,), (family,) = struct.unpack_from("<i", raw, CKPT_MODE_AT), struct.unpack_from("<i", raw, CKPT_FAMILY_AT)
+    cfg = SmolVLAConfig(*stored, family=family)
     step, seed, sampler_pos, n_params, n_trainable, file_size = struct.unpack_from("<6Q", raw, 120)
     tokenizer = raw[168:232]
     if config_problem(cfg):
@@ -963,7 +1075,8 @@ def write_checkpoint(path, cfg, train_mode, stats, params, m=None, v=None, step=
         raise ValueError(f"checkpoint {path}: {stats.size} statistics for S={S}, A={A}, or tokenizer {tokenizer!r} "
                          "not 1 to 63 bytes")
     size = CKPT_HEADER_BYTES + 4 * stats.size + 4 * n_params + 8 * n_trainable
-    header = struct.pack(f"<II{len(CONFIG_FIELDS)}iiI6Q64s", CKPT_MAGIC, CKPT_VERSION, *cfg.values(), train_mode, 0,
+    stored = cfg.values()[:CKPT_CONFIG_STORED]  # the fields but family; family after the train mode
+    header = struct.pack(f"<II{CKPT_CONFIG_STORED}iii6Q64s", CKPT_MAGIC, CKPT_VERSION, *stored, train_mode, cfg.family,
                          step, seed, sampler_pos, n_params, n_trainable, size, name)
     header += b"\0" * (CKPT_FLAGS_AT - len(header))  # balance and loss scale: none
     run = run or dict(batch=0, world=0, total_batch=0, data_id=0)
@@ -1024,8 +1137,9 @@ def read_init(path):
         raise ValueError(f"{path} is neither a train_vla checkpoint nor a debug-state file (magic {magic!r})")
     rec = read_vlat(path)
     values = rec.get("config")
-    if values is None or values.shape != (len(CONFIG_FIELDS),):
-        raise ValueError(f"{path}: no SmolVLA config record of {len(CONFIG_FIELDS)} ints: not a SmolVLA state file")
+    # a state written before pi0 has no family: SmolVLA
+    if values is None or values.shape not in ((len(CONFIG_FIELDS),), (len(CONFIG_FIELDS) - 1,)):
+        raise ValueError(f"{path}: no config record of {len(CONFIG_FIELDS)} ints: not a SmolVLA state file")
     cfg = SmolVLAConfig(*[int(v) for v in values])
     if config_problem(cfg):
         raise ValueError(f"{path}: holds a bad config ({config_problem(cfg)})")
@@ -1125,11 +1239,12 @@ def finite_differences(model, x, h=1e-5):
     bias's is exactly zero by symmetry, its float64 value noise 1e-12 below the rest). Independent
     of autograd: the C test checks its gradients against these. Returns ([(table index, flat)], [value])."""
     index, value = [], []
-    largest = max(float(getattr(model, s.name).grad.abs().max()) for s in model.table)
+    present = [s for s in model.table if math.prod(s.shape) > 0]  # (a tensor the family lacks has no element)
+    largest = max(float(getattr(model, s.name).grad.abs().max()) for s in present)
     for k, s in enumerate(model.table):
         p = getattr(model, s.name)
         g = p.grad.view(-1)
-        if not float(g.abs().max()) > 1e-12 * largest:
+        if s not in present or not float(g.abs().max()) > 1e-12 * largest:
             continue
         j = int(g.abs().argmax())
         flat = p.data.view(-1)
@@ -1301,7 +1416,8 @@ def bench(args, ds, cfg, model):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description="PyTorch oracle of train_vla's SmolVLA: debug state, reference training")
+    ap = argparse.ArgumentParser(description="PyTorch oracle of train_vla's SmolVLA and pi0: debug state, reference "
+                                 "training")
     ap.add_argument("-i", "--input", required=True, help="dataset shards: files or folders of *.bin, comma-separated")
     ap.add_argument("-p", "--preset", default="tiny", choices=sorted(PRESETS), help="model size (tiny)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
@@ -1310,8 +1426,8 @@ def parse_args(argv=None):
     ap.add_argument("--policy", metavar="DIR", help="config and weights from a LeRobot policy folder (config.json, "
                     "model.safetensors) instead of the preset and the seed; normalization still from the data (-i)")
     ap.add_argument("--train-mode", choices=TRAIN_MODES, default=None,
-                    help="what trains, as LeRobot's flags (the preset's default: expert for smolvla, all for tiny and "
-                    "small; with --policy the policy's own flags, with --init the file's mode)")
+                    help="what trains, as LeRobot's flags (the preset's default: expert for smolvla, all for the "
+                    "others; with --policy the policy's own flags, with --init the file's mode)")
     ap.add_argument("-s", "--seed", type=int, default=1337, help="init, sampler and flow-noise seed (1337)")
     ap.add_argument("-b", "--batch", type=int, default=4, help="samples per step (4)")
     ap.add_argument("--dtype", choices=["float32", "float64"], default=None,

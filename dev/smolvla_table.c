@@ -1,14 +1,16 @@
 /*
-smolvla_table.c: vla/config.h's SmolVLA parameter table, seeded init and flow-noise stream printed, and
-its checkpoint writer run, so the PyTorch oracle (dev/model.py) is checked against the C plumbing
-itself rather than against a copy of it (dev/test_model.py builds and runs this).
+smolvla_table.c: vla/config.h's parameter table (SmolVLA's and pi0's presets), seeded init and
+flow-noise stream printed, and its checkpoint writer run, so the PyTorch oracle (dev/model.py) is
+checked against the C plumbing itself rather than against a copy of it (dev/test_model.py builds
+and runs this).
 
   gcc -O2 -o /tmp/smolvla_table dev/smolvla_table.c -lm -lpthread
   /tmp/smolvla_table table PRESET N_CAM STATE_DIM ACTION_DIM [SEED INIT.bin]
-      "config" and the 26 fields in SMOLVLA_CONFIG_FIELDS order; one "spec" line per tensor:
-      name lerobot tower kind train decay init slices ndim d0 d1 d2 numel offset, then the
-      trainable elements in modes expert, vlm, all, and the LeRobot layer of each slice;
-      "total N" and "trainable E V A". With SEED and a path: smolvla_param_init's float32
+      "config" and the 27 fields in SMOLVLA_CONFIG_FIELDS order (family last); one "spec" line per
+      tensor: name lerobot tower kind train decay init slices ndim d0 d1 d2 numel offset (tower,
+      train and init resolved for the family), then the trainable elements in modes expert, vlm,
+      all, and "layers" with the LeRobot layer of each slice (none for a tensor the family does not
+      have); "total N" and "trainable E V A". With SEED and a path: smolvla_param_init's float32
       parameters, flat in table order, written there.
   /tmp/smolvla_table noise SEED STEP G CHUNK WIDTH
       t and the CHUNK x WIDTH eps of global sample G at optimizer step STEP, from vla/rng.h's
@@ -34,7 +36,7 @@ static long long arg_int(const char* s) {
 static int print_table(int argc, char** argv) {
     if (argc != 6 && argc != 8) { vla_fail("usage: %s table PRESET N_CAM STATE_DIM ACTION_DIM [SEED INIT.bin]", argv[0]); }
     const SmolVLAPreset* p = smolvla_preset(argv[2]);
-    if (p == NULL) { vla_fail("no SmolVLA preset %s", argv[2]); }
+    if (p == NULL) { vla_fail("no preset %s", argv[2]); }
     SmolVLAConfig c = p->config;
     c.n_cam = (int32_t)arg_int(argv[3]);
     c.state_dim = (int32_t)arg_int(argv[4]);
@@ -92,7 +94,7 @@ static int write_checkpoint(int argc, char** argv) {
         vla_fail("usage: %s ckpt PRESET N_CAM STATE_DIM ACTION_DIM MODE SEED STEP SAMPLER_POS OUT.bin", argv[0]);
     }
     const SmolVLAPreset* p = smolvla_preset(argv[2]);
-    if (p == NULL) { vla_fail("no SmolVLA preset %s", argv[2]); }
+    if (p == NULL) { vla_fail("no preset %s", argv[2]); }
     Checkpoint ck;
     memset(&ck, 0, sizeof(ck));
     ck.config = p->config;

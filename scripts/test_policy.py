@@ -312,9 +312,13 @@ def main():
         ck = oracle.read_checkpoint(ckpt_path)
         policy = VLAPolicy(ckpt_path, threads=1)
         c = policy.config
-        check([c[f] for f in CONFIG_FIELDS] == ck["config"].values() + [ck["train_mode"]],
-              f"the policy reports the checkpoint's 26 config fields and train mode ({c['n_cam']} cameras, "
-              f"S {c['state_dim']}, A {c['action_dim']}, H {c['chunk']}, --train {policy.train_mode})")
+        # compared by name: the policy reports them in a checkpoint header's order (family after the train mode)
+        want = {f: getattr(ck["config"], f) for f in oracle.CONFIG_FIELDS}
+        want["train_mode"] = ck["train_mode"]
+        check(c == want and len(CONFIG_FIELDS) == len(oracle.CONFIG_FIELDS) + 1,
+              f"the policy reports the checkpoint's {len(oracle.CONFIG_FIELDS)} config fields and train mode, by name "
+              f"({c['n_cam']} cameras, S {c['state_dim']}, A {c['action_dim']}, H {c['chunk']}, family "
+              f"{oracle.FAMILY_NAMES[c['family']]}, --train {policy.train_mode})")
         check(policy.tokenizer == "bytes" and policy.train_mode == "all" and "fp32" in policy.device,
               f"tokenizer {policy.tokenizer}, train mode {policy.train_mode}, device {policy.device}")
 
@@ -399,14 +403,16 @@ def main():
         # corrupt checkpoints: refused with the reader's message, and this process goes on (sizes
         # from the header are bounded and checked before any buffer is sized from them)
         raw = open(ckpt_path, "rb").read()
-        config_at = 8  # after magic and version: SmolVLAConfig's 26 int32 in SMOLVLA_CONFIG_FIELDS order
+        config_at = 8  # after magic and version: the header's 28 int32 in CONFIG_FIELDS' order (the config's
+        # fields but family, the train mode, the family)
         corrupt = [("n_layer", 2**31 - 1, "n_layer 2147483647 is past its bound"),
                    ("d_model", 2**22, "d_model 4194304 is past its bound"),
                    ("chunk", 5000, "chunk 5000 is past its bound"),
                    ("max_text", 100000, "max_text 100000 is past its bound"),
-                   ("train_mode", 9, "train mode 9")]
+                   ("train_mode", 9, "train mode 9"),
+                   ("family", 7, "family 7 is not one of 0 (smolvla) and 1 (pi0)")]
         for field, value, needle in corrupt:
-            at = config_at + 4 * CONFIG_FIELDS.index(field)  # train_mode follows the config
+            at = config_at + 4 * CONFIG_FIELDS.index(field)
             path = os.path.join(tmp, f"corrupt_{field}.bin")
             open(path, "wb").write(raw[:at] + np.int32(value).tobytes() + raw[at + 4:])
             expect_error(f"a checkpoint with {field} {value}", lambda: VLAPolicy(path), needle)
