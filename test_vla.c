@@ -225,14 +225,14 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
 
     // the config, hyperparameters and seed of the oracle's run
     SmolVLAConfig c;
-    int32_t* values = (int32_t*)debug_get(&st, "config", 26);
+    int32_t* values = (int32_t*)debug_get(&st, "config", 27);
     int f = 0;
 #define SMOL_FROM_RECORD_(field) c.field = values[f++];
     SMOLVLA_CONFIG_FIELDS(SMOL_FROM_RECORD_)
 #undef SMOL_FROM_RECORD_
     free(values);
     const char* problem = smolvla_config_problem(&c);
-    check(problem == NULL && f == 26, "%s: config record (%d fields) %s", name, f, problem != NULL ? problem : "is valid");
+    check(problem == NULL && f == 27, "%s: config record (%d fields) %s", name, f, problem != NULL ? problem : "is valid");
     if (problem != NULL) { free(st.recs); free(st.file); return; }
     float* hp = (float*)debug_get(&st, "hparams", 6);
     int32_t* seed_rec = (int32_t*)debug_get(&st, "seed", 1);
@@ -1975,7 +1975,7 @@ static void test_bad_input(const char* dir) {
         {"an unknown --recompute", "--recompute sometimes", "--recompute sometimes: use none, attn or layer"},
         {"--recompute on the CPU trainer (the reference)", "--recompute layer", "train_vla_cpu keeps every activation"},
         {"--memory on the CPU trainer", "--memory", "--memory prints train_vla's GPU memory"},
-        {"the preset of the old model", "-p base", "unknown preset 'base': use tiny, small or smolvla"},
+        {"the preset of the old model", "-p base", "unknown preset 'base': use tiny, small, smolvla, pi0_tiny, pi0_small or pi0"},
     };
     for (size_t k = 0; k < sizeof(flag_cases) / sizeof(flag_cases[0]); k++) {
         snprintf(args, sizeof(args), "-i %s/a.bin %s", dir, flag_cases[k].flags);

@@ -70,14 +70,15 @@ fi
 # What the headline call runs, built by `prepare` (here) or by its build stage (there); the
 # fixtures of the GPU tests (the oracle's debug states need torch on the CPU: made here too)
 GPU_BINARIES=(build/gpu/train_vla_bf16 build/gpu/train_vla_single_gpu_bf16 build/gpu/test_vla_gpu_bf16 libvla_gpu.so)
-FIXTURES=(build/test/a.bin build/test/b.bin build/test/s.bin build/test/a_train.txt build/test/s_expert_state.bin
-          build/test/s_vlm_state.bin build/test/s_all_state.bin)
+FIXTURES=(build/test/a.bin build/test/b.bin build/test/s.bin build/test/a_train.txt build/test/a_pi0_train.txt
+          build/test/s_expert_state.bin build/test/s_vlm_state.bin build/test/s_all_state.bin)
 REFS=build/lerobot_ref
+PI0_REFS=build/lerobot_ref_pi0
 PREPARED=build/gpu/prepared.txt
 PREPARED_COMMIT=build/gpu/prepared_commit.txt
 # (the fixtures travel in build/gpu/fixtures: build/test also holds every test's runs, hundreds of MiB)
 FIXTURE_COPIES=build/gpu/fixtures
-CARRY=(build/gpu libvla_gpu.so "$REFS" .whl)
+CARRY=(build/gpu libvla_gpu.so "$REFS" "$PI0_REFS" .whl)
 
 # the sources the prepared binaries were built from, and for which GPU: the GPU calls use them
 # only where this matches
@@ -97,7 +98,7 @@ if [ "$MODE" = prepare ]; then
     arch=${GPU_ARCH:-sm_90}
     echo "gpu_check prepare: building for $arch what the headline call runs, its fixtures and LeRobot's references"
     CI=true make -j"$JOBS" GPU_ARCH="$arch" "${GPU_BINARIES[@]}" "${FIXTURES[@]}" "$REFS/all/ref.safetensors" \
-        "$REFS"/{expert,vlm,all}/c_config.txt || exit 1
+        "$REFS"/{expert,vlm,all}/c_config.txt "$PI0_REFS/all/ref.safetensors" || exit 1
     if ! ls .whl/lerobot-*.whl > /dev/null 2>&1; then dev/lerobot/wheels.sh || exit 1; fi
     mkdir -p "$FIXTURE_COPIES" && cp -p "${FIXTURES[@]}" "$FIXTURE_COPIES"/ || exit 1
     sources_stamp "$arch" > "$PREPARED"
@@ -330,6 +331,11 @@ if [ "$DRY_RUN" = 1 ] || { [ -f "$REFS/all/ref.safetensors" ] && [ -f "$REFS/exp
     refs=(--smolvla "$REFS")
 else
     note lerobot_ref "missing: the GPU tests skip their LeRobot cases (carry $REFS, made by dev/gpu_check.sh prepare)"
+fi
+if [ "$DRY_RUN" = 1 ] || [ -f "$PI0_REFS/all/ref.safetensors" ]; then
+    refs+=(--pi0 "$PI0_REFS")
+else
+    note lerobot_ref_pi0 "missing: the GPU tests skip their pi0 cases (carry $PI0_REFS, made by dev/gpu_check.sh prepare)"
 fi
 
 # train_vla_bench NAME EXPECTED MODE [FLAGS...]: the smolvla preset at batch B, STEPS timed steps

@@ -258,19 +258,26 @@ static int read_oracle_losses(const char* path, float* out, int n) {
 // The whole training loop through a trainer binary: 5 steps on fixture a, each with its own
 // samples, noise and learning rate, against the oracle's --train run (a_train.txt, one rank of 4).
 // `trainer` is the command with the flags that make its 4 samples a step (-b 4, or -g 2 -b 2).
-static void check_training_loop(const char* dir, const char* trainer, double tol) {
+static void check_training_loop_of(const char* dir, const char* trainer, const char* preset, const char* oracle_file,
+                                   double tol) {
     char cmd[4096], path[1100];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/run_loop && %s -p tiny -n 5 -u 2 -l 1e-3 -w 0.1 -c 0.5 -s 1337 -i %s/a.bin "
-             "-o %s/run_loop > %s/run_loop.txt 2>&1", dir, trainer, dir, dir, dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/run_loop && %s -p %s -n 5 -u 2 -l 1e-3 -w 0.1 -c 0.5 -s 1337 -i %s/a.bin "
+             "-o %s/run_loop > %s/run_loop.txt 2>&1", dir, trainer, preset, dir, dir, dir);
     int rc = run_command(cmd);
     float ours[5] = {0}, ref[5] = {0};
     snprintf(path, sizeof(path), "%s/run_loop/log.jsonl", dir);
     int n = read_losses(path, 1, 5, ours);
-    snprintf(path, sizeof(path), "%s/a_train.txt", dir);
+    snprintf(path, sizeof(path), "%s/%s", dir, oracle_file);
     int m = read_oracle_losses(path, ref, 5);
     double e = rel_error(ours, ref, 5);
-    check(rc == 0 && n == 5 && m == 5 && e < tol, "%s vs the oracle's -b 4, 5 steps on shard data: losses %.6f .. %.6f, "
-          "rel err %.2e (tol %.1e)", trainer, ours[0], ours[4], e, tol);
+    check(rc == 0 && n == 5 && m == 5 && e < tol, "%s -p %s vs the oracle's -b 4, 5 steps on shard data: losses %.6f .. "
+          "%.6f, rel err %.2e (tol %.1e)", trainer, preset, ours[0], ours[4], e, tol);
+}
+
+// The tiny preset (SmolVLA) against a_train.txt; pi0_tiny against a_pi0_train.txt (the Makefile's)
+static void check_training_loop(const char* dir, const char* trainer, double tol) {
+    check_training_loop_of(dir, trainer, "tiny", "a_train.txt", tol);
+    check_training_loop_of(dir, trainer, "pi0_tiny", "a_pi0_train.txt", tol);
 }
 
 // ----------------------------------------------------------------------------

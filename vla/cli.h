@@ -242,7 +242,9 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case 'i': a->input = optarg; break;
             case 'o': a->output = optarg; break;
             case 'p':
-                if (smolvla_preset(optarg) == NULL) { vla_fail("unknown preset '%s': use tiny, small or smolvla", optarg); }
+                if (smolvla_preset(optarg) == NULL) {
+                    vla_fail("unknown preset '%s': use tiny, small, smolvla, pi0_tiny, pi0_small or pi0", optarg);
+                }
                 a->preset = optarg;
                 a->preset_given = 1;
                 break;
