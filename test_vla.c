@@ -705,13 +705,13 @@ static float* train_three_steps(Dataset* ds, const SmolVLAConfig* c, const Train
     return params;
 }
 
-static void test_simulated_ranks(const char* dir) {
-    printf("\n== simulated ranks and gradient accumulation\n");
+static void test_simulated_ranks(const char* dir, const char* preset) {
+    printf("\n== simulated ranks and gradient accumulation (%s)\n", preset);
     char path[1024];
     snprintf(path, sizeof(path), "%s/s.bin", dir);
     Dataset ds;
     dataset_open(&ds, path);
-    SmolVLAConfig c = config_for_data("tiny", 0, &ds);
+    SmolVLAConfig c = config_for_data(preset, 0, &ds);
     // the micro-batches of -g 4 -b 2 must differ in their valid entries somewhere, or a loss that
     // averaged the ranks' means would pass too
     Sampler s;
@@ -766,13 +766,13 @@ static void test_simulated_ranks(const char* dir) {
 // (tensors split where the shards fall) and follows -z 0 -g 3 up to the order of the norm's sums;
 // the shards cover every trainable element exactly once. In the vlm mode, where the packed
 // domain's offsets are not the table's (frozen tensors and the VLM's last layers sit between).
-static void test_zero(const char* dir) {
-    printf("\n== ZeRO-1 over simulated ranks\n");
+static void test_zero(const char* dir, const char* preset) {
+    printf("\n== ZeRO-1 over simulated ranks (%s)\n", preset);
     char path[1024];
     snprintf(path, sizeof(path), "%s/b.bin", dir);
     Dataset ds;
     dataset_open(&ds, path);
-    SmolVLAConfig c = config_for_data("tiny", 0, &ds);
+    SmolVLAConfig c = config_for_data(preset, 0, &ds);
     SmolParamTable t;
     smolvla_table_build(&c, &t);
     SmolOptDomain d;
@@ -1566,7 +1566,6 @@ static void test_checkpoints(const char* dir) {
     run_command(cmd);
     check_resume_bit_exact(dir, "./train_vla_cpu -p tiny -b 2 -g 2 -z 1 --train expert -u 3 -t 1 --log-every 100",
                            "train_vla_cpu --train expert -g 2 -z 1");
-
     // refusals, each one line: a version-1 checkpoint, another train mode, another tokenizer, truncation
     snprintf(bad, sizeof(bad), "%s/ckpt_bad.bin", dir);
     const char* run = "-p tiny -b 2 -n 8 -t 1";
@@ -1591,6 +1590,44 @@ static void test_checkpoints(const char* dir) {
     expect_error(dir, "-y 1 in another train mode", args, "trained with --train expert, this run with --train vlm: pass "
                  "--train expert");
     dataset_close(&ds);
+    // pi0's test preset: resume in its default mode (all) and over 2 simulated ranks with ZeRO-1
+    check_resume_bit_exact(dir, "./train_vla_cpu -p pi0_tiny -b 4 -u 3 -t 1 --log-every 100", "train_vla_cpu -p pi0_tiny");
+    check_resume_bit_exact(dir, "./train_vla_cpu -p pi0_tiny -b 2 -g 2 -z 1 --train vlm -u 3 -t 1 --log-every 100",
+                           "train_vla_cpu -p pi0_tiny --train vlm -g 2 -z 1");
+    {  // its checkpoint says pi0 where older files hold padding, and a SmolVLA preset does not take it
+        Checkpoint ck;
+        snprintf(path, sizeof(path), "%s/run_full/ckpt_00000006.bin", dir);
+        int read_ok = read_checkpoint_file(path, &ck);
+        int32_t stored = -1;
+        FILE* f = fopen(path, "rb");
+        if (f != NULL) {
+            if (fseek(f, (long)offsetof(CheckpointHeader, family), SEEK_SET) != 0 || fread(&stored, 4, 1, f) != 1) { stored = -1; }
+            fclose(f);
+        }
+        check(read_ok && ck.config.family == FAMILY_PI0 && stored == FAMILY_PI0 &&
+              offsetof(CheckpointHeader, family) == 116 && offsetof(CheckpointHeader, train_mode) == 112,
+              "a pi0_tiny checkpoint holds family %d at byte 116 (after the train mode at 112, where files from before "
+              "pi0 hold zero padding: SmolVLA)", stored);
+        if (read_ok) { checkpoint_free(&ck); }
+        snprintf(args, sizeof(args), "-p tiny -b 2 -n 8 -t 1 -i %s --init %s --weights-only -o %s/bad_out", p1, path, dir);
+        expect_error(dir, "a pi0 checkpoint as the tiny preset's weights", args, "has other sizes than preset tiny");
+        // across world sizes: 2 steps on -g 2 -b 2 with ZeRO-1, then on -g 1 -b 4: the losses of a
+        // straight -g 1 -b 4 run (the same samples in other sums: fp32 rounding)
+        const char* flags = "-p pi0_tiny -u 3 -t 1 --log-every 100";
+        snprintf(cmd, sizeof(cmd), "rm -rf %s/pw_straight %s/pw_split && ./train_vla_cpu %s -b 4 -n 4 -i %s -o %s/pw_straight "
+                 "> %s/pw_straight.txt 2>&1 && ./train_vla_cpu %s -g 2 -b 2 -z 1 -n 2 -i %s -o %s/pw_split > %s/pw_a.txt 2>&1 "
+                 "&& ./train_vla_cpu %s -b 4 -n 4 -i %s -o %s/pw_split -y 1 > %s/pw_b.txt 2>&1", dir, dir, flags, p1, dir,
+                 dir, flags, p1, dir, dir, flags, p1, dir, dir);
+        int rc_w = run_command(cmd);
+        float straight[4] = {0}, split[4] = {0};
+        snprintf(path, sizeof(path), "%s/pw_straight/log.jsonl", dir);
+        int n1 = read_losses(path, 1, 4, straight);
+        snprintf(path, sizeof(path), "%s/pw_split/log.jsonl", dir);
+        int n2 = read_losses(path, 1, 4, split);
+        double e = rel_error(split, straight, 4);
+        check(rc_w == 0 && n1 == 4 && n2 == 4 && e < 1e-5, "pi0_tiny: 2 steps on -g 2 -z 1, resumed on -g 1 for 2 more: the "
+              "losses of a straight -g 1 run, rel err %.2e (tol 1e-5)", e);
+    }
 }
 
 // The lines a command printed: its stdout and stderr, together, in `text` (freed by the caller).
@@ -2516,9 +2553,11 @@ int main(int argc, char** argv) {
     if (argc >= 3) { test_smolvla_lerobot("SmolVLA", argv[2]); }
     if (argc == 4) { test_smolvla_lerobot("pi0", argv[3]); }
     test_training_loop(dir);
-    test_simulated_ranks(dir);
+    test_simulated_ranks(dir, "tiny");
+    test_simulated_ranks(dir, "pi0_tiny");
     test_world_args();
-    test_zero(dir);
+    test_zero(dir, "tiny");
+    test_zero(dir, "pi0_tiny");
     test_bootstrap(dir);
     test_sampler();
     test_loader(dir);

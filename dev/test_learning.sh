@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A learning regression check (make test, about a minute on 2 cores): train_vla_cpu trains SmolVLA's
+# A learning regression check (make test, about three minutes on 2 cores): train_vla_cpu trains SmolVLA's
 # tiny preset (--train all, its default) for 1200 steps of 16 samples on a two-task toy dataset
 # (data/synthetic: the target's place is in the image, the agent's in the state), and the mean
 # training loss of its last 100 steps must fall below THRESHOLD, and the end-of-run evaluation (10
@@ -15,6 +15,16 @@
 # and 1.0 below the untrained loss; EVAL_THRESHOLD = 0.28 sits midway between the worst seed and
 # the untrained model. The lr-0 run is part of the check: it must stay above both thresholds, so
 # they do separate learning from none.
+#
+# pi0's test preset (pi0_tiny) runs the same check with its own thresholds, measured on the same
+# machine with the commit that added pi0 (seeds 1 to 4): the last-100 mean was 0.46 to 0.76, 1.79
+# to 1.85 at learning rate 0; the eval MSE 0.18 to 0.30, 0.37 to 0.39 at learning rate 0.
+# PI0_THRESHOLD = 1.00 sits 0.24 above the worst seed and 0.79 below the untrained loss;
+# PI0_EVAL_THRESHOLD = 0.34 midway between the worst seed and the untrained model. Then pi0_small
+# trains from scratch on data/default as `./train_vla_cpu -p pi0_small` does, 600 steps: the last
+# 100 steps' mean loss was 0.43 to 0.48 of the first 20 steps' (seeds 1 to 3), 1.00 to 1.01 at
+# learning rate 0; PI0_SMALL_FRACTION = 0.70 sits between them. The lr-0 runs take 200 steps: at
+# learning rate 0 the loss is stationary.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 THRESHOLD=${THRESHOLD:-0.90}
@@ -22,8 +32,8 @@ EVAL_THRESHOLD=${EVAL_THRESHOLD:-0.28}
 PI0_THRESHOLD=${PI0_THRESHOLD:-1.00}
 PI0_EVAL_THRESHOLD=${PI0_EVAL_THRESHOLD:-0.34}
 PI0_SMALL_STEPS=${PI0_SMALL_STEPS:-600}
-PI0_SMALL_FRACTION=${PI0_SMALL_FRACTION:-0.80}
-PI0_SMALL_MEASURED="TBD"
+PI0_SMALL_FRACTION=${PI0_SMALL_FRACTION:-0.70}
+PI0_SMALL_MEASURED="0.43 to 0.48; at learning rate 0, 1.00 to 1.01"
 SEED=${SEED:-1}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
