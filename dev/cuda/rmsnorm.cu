@@ -18,8 +18,9 @@ rmsnorm.cu: RMSNorm, forward and backward (input_layernorm and post_attention_la
              order (rmsnorm_backward_kernel2, then column_sum_kernel; C <= 32 * RMSNORM_BWD2_COLS)
              Both train_vla.cu's, launched by its rmsnorm_forward (version 2 where C and the
              pointers allow it) and rmsnorm_backward.
-  version 3  Gemma's RMSNorm (pi0): out = x r (offset + w), offset 1 (0 gives SmolVLA's, bit for bit
-             versions 1 and 2), eps 1e-6, the offset added to w in fp32 as Gemma's norm computes it;
+  version 3  Gemma's RMSNorm (pi0): out = x r (offset + w), offset 1 (0 is SmolVLA's: versions 1 and
+             2's bits, but for version 4's backward), eps 1e-6, the offset added to w in fp32 as
+             Gemma's norm computes it;
              dx = r (offset + w) dy - x r^3 / C sum_j dy_j (offset + w_j) x_j, dw unchanged
              forward: train_vla.cu's version 1 (a warp per row, scalar loads) with the offset
              (rmsnorm_forward_kernel3: any width)
@@ -33,7 +34,9 @@ rmsnorm.cu: RMSNorm, forward and backward (input_layernorm and post_attention_la
              Versions 3 and 4 live here until the pi0 model code takes them into train_vla.cu, with
              their launchers (rmsnorm_offset_forward / _backward: 4 where the width and the pointers
              allow 16-byte loads, 3 elsewhere, as rmsnorm_forward chooses between 2 and 1).
-  The backward versions take blocks of at most RMSNORM_MAX_BLOCK (512) threads (their registers).
+  The backward versions take blocks of at most RMSNORM_MAX_BLOCK (512) threads (their registers:
+  versions 3 and 4 keep 64 dw sums a lane, 127 registers on sm_90 in bf16 with nothing spilled; in
+  fp32 builds version 4 spills 24 bytes).
 
   make -C dev/cuda rmsnorm && dev/cuda/rmsnorm
 */
