@@ -3,7 +3,9 @@ attention_smolvla.cu: SmolVLA's attention as LeRobot 0.6.1 computes it (eager_at
 lerobot/policies/smolvla/smolvlm_with_expert.py), forward and backward, for every call the model
 makes: GQA (n_head query heads over n_kv_head key/value heads), scores in fp32 scaled by
 1/sqrt(head size), the block mask of make_att_2d_masks given as one int per token, masked scores
-filled with float32's most negative value as LeRobot fills them.
+filled with float32's most negative value as LeRobot fills them. And pi0's (lerobot/policies/pi0),
+the same computation at its shapes: 8 query heads of 256 on one kv head (scale 1/16), every layer
+joint, its suffix the state then 50 actions in one block (attention_smolvla_case.h).
 
   the calls    prefix        the VLM over the prefix alone (odd layers; the prefill of sampling)
                joint         even layers: [prefix ; suffix] queries on [prefix ; suffix] keys, as two
@@ -11,6 +13,10 @@ filled with float32's most negative value as LeRobot fills them.
                cross         odd layers: the action queries on the prefix keys re-projected by the
                              expert (its k_proj / v_proj of the VLM's roped keys and values)
                vision        SigLIP: 1024 tokens, no mask, n_kv_head = n_head
+  pi0's calls  prefix        the VLM over the prefix alone (the prefill of sampling)
+               joint         every layer: the prefix rows (which see only the prefix) and the suffix
+                             rows (the expert's: the state and the actions) on [prefix ; suffix] keys
+               vision        SigLIP so400m: 256 tokens, 16 heads of 72
   delta      rowsum(dO * O) per head: train_vla.cu's attention_delta_kernel (a warp per row and
              head, with version 1) and attention_delta (128-bit loads, HS / 8 lanes a row and head
              where they fit: attention_delta_kernel2; with the other versions)
@@ -28,8 +34,13 @@ filled with float32's most negative value as LeRobot fills them.
   version 4  train_vla.cu's (bf16 builds, head sizes multiples of 8 up to 64): flash attention
              through mma.sync m16n8k16, scores, probabilities and outputs in registers; here at 64
              and at 128 queries a forward block (the trainer picks by the call's size)
+  version 5  this program's: version 1 with 8 values of a head a lane (version 1's hold 4), so head
+             sizes up to 256: pi0's Gemma layers, which no other version takes
   trainer    train_vla.cu's gqa_attention_forward / gqa_attention_backward: what trains (version 4
-             in bf16 builds where it fits, 2 in fp16 builds, 1 otherwise)
+             in bf16 builds where it fits, 2 in fp16 builds, 1 otherwise; head sizes up to 128)
+
+Each version refuses, in one line, a call it cannot take (version_refusal says why: the limits in
+its code), rather than compute it wrongly; at pi0's head size every version but 5 refuses.
 
 Versions 1, 2 and 4 and the trainer's launchers come from train_vla.cu (common.h includes it
 whole), so what is checked and timed here is what trains. dev/cuda/README.md holds the history
@@ -237,8 +248,158 @@ static void gqa_attention_backward3(floatX* dq, float* dk0, float* dv0, const fl
 }
 
 // ----------------------------------------------------------------------------
-// the versions at a chosen block: version 1 at a block size, version 2 at the head size's tiles,
-// version 4's forward at 64 or 128 queries a block (the trainer's launchers choose these by rule)
+// version 5: version 1 with 8 values of a head a lane, so head sizes up to 256 (pi0's Gemma layers:
+// 8 query heads of 256 on one kv head). Version 1's lanes hold 4 (qv[4], acc[4]: up to 128).
+// The same warp per query (forward, dq) and per (kv head, key) (dk, dv), the same order of sums.
+
+#define ATT5_VALS 8  // values of a head a lane holds: head sizes up to 32 * ATT5_VALS
+// threads a block at most: ptxas gives the backward kernels 68 (dq) and 80 (dk/dv) registers on
+// sm_90 unbounded, so 1,024 threads would not launch (version 1's hold 64 at most); bounded at 512 it
+// squeezes dk/dv into 64 and spills, at 256 it spills nothing. The checks and the benchmark run 256.
+#define ATT5_MAX_BLOCK 256
+
+__global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_forward_kernel5(floatX* out, float* lse, const floatX* q,
+                                                                                GqaAttn a) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= a.B * a.NH * a.Tq) { return; }
+    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
+    int g = h / (a.NH / a.NKV), nk = gqa_n_keys(a), qb = gqa_query_block(a, b, i);
+    float scale = 1.0f / sqrtf((float)a.HS);
+    size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS;
+    float qv[ATT5_VALS], acc[ATT5_VALS];
+    #pragma unroll
+    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+        qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
+        acc[u] = 0.0f;
+    }
+    float mx = -INFINITY, sum = 0.0f;
+    for (int j = 0; j < nk; j++) {
+        if (!gqa_sees(qb, gqa_key_block(a, b, j))) { continue; }  // the same for the whole warp
+        const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + gqa_key_at(a, b, j, g);
+        const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
+        float s = 0.0f;
+        #pragma unroll
+        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { s += qv[u] * f32(kj[c]); } }
+        s = warp_sum(s) * scale;
+        float m_new = fmaxf(mx, s), corr = expf(mx - m_new), p = expf(s - m_new);
+        sum = sum * corr + p;
+        #pragma unroll
+        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+            acc[u] = acc[u] * corr + (c < a.HS ? p * f32(vj[c]) : 0.0f);
+        }
+        mx = m_new;
+    }
+    bool seen = sum > 0.0f;  // sum >= 1 once a key is visible: the maximum's own term
+    if (!seen) {  // no key visible: the uniform softmax of the fills, the mean of every value
+        for (int j = 0; j < nk; j++) {
+            const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
+            #pragma unroll
+            for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { acc[u] += f32(vj[c]); } }
+        }
+        sum = (float)nk;
+    }
+    #pragma unroll
+    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { out[row + c] = fx(acc[u] / sum); } }
+    if (lane == 0) { lse[((size_t)b * a.NH + h) * a.Tq + i] = seen ? mx + logf(sum) : ATTN_NO_KEY_LSE; }
+}
+
+// dq = scale dS K, one warp per (sample, head, query); dq overwritten
+__global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dq_kernel5(floatX* dq, const floatX* dout,
+                                                                                    const floatX* q, const float* lse,
+                                                                                    const float* delta, GqaAttn a) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= a.B * a.NH * a.Tq) { return; }
+    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
+    int g = h / (a.NH / a.NKV), nk = gqa_n_keys(a), qb = gqa_query_block(a, b, i);
+    float scale = 1.0f / sqrtf((float)a.HS);
+    size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
+    float l = lse[stat], dl = delta[stat];
+    float qv[ATT5_VALS], dov[ATT5_VALS], acc[ATT5_VALS];
+    #pragma unroll
+    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+        qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
+        dov[u] = c < a.HS ? f32(dout[row + c]) : 0.0f;
+        acc[u] = 0.0f;
+    }
+    for (int j = 0; j < nk; j++) {
+        if (!gqa_sees(qb, gqa_key_block(a, b, j))) { continue; }
+        const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + gqa_key_at(a, b, j, g);
+        const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
+        float s = 0.0f, dp = 0.0f;
+        #pragma unroll
+        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+            if (c < a.HS) { s += qv[u] * f32(kj[c]); dp += dov[u] * f32(vj[c]); }
+        }
+        s = warp_sum(s);
+        dp = warp_sum(dp);
+        float p = expf(s * scale - l);
+        float ds = p * (dp - dl) * scale;
+        #pragma unroll
+        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { acc[u] += ds * f32(kj[c]); } }
+    }
+    #pragma unroll
+    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { dq[row + c] = fx(acc[u]); } }
+}
+
+// dv += P^T dO, dk += scale dS^T Q, one warp per (sample, kv head, key) over the query heads that
+// read it (all 8 of pi0's, on its one kv head); accumulated in fp32 in a fixed order
+__global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dkdv_kernel5(float* dk0, float* dv0, float* dk1,
+                                                                                      float* dv1, const floatX* dout,
+                                                                                      const floatX* q, const float* lse,
+                                                                                      const float* delta, GqaAttn a) {
+    int nk = gqa_n_keys(a);
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= a.B * a.NKV * nk) { return; }
+    int j = warp % nk, g = warp / nk % a.NKV, b = warp / (nk * a.NKV);
+    int G = a.NH / a.NKV, kb = gqa_key_block(a, b, j);
+    float scale = 1.0f / sqrtf((float)a.HS), uniform = 1.0f / (float)nk;
+    size_t at = gqa_key_at(a, b, j, g);
+    const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + at;
+    const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + at;
+    float kv[ATT5_VALS], vv[ATT5_VALS], dk[ATT5_VALS], dv[ATT5_VALS];
+    #pragma unroll
+    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+        kv[u] = c < a.HS ? f32(kj[c]) : 0.0f;
+        vv[u] = c < a.HS ? f32(vj[c]) : 0.0f;
+        dk[u] = 0.0f;
+        dv[u] = 0.0f;
+    }
+    for (int h = g * G; h < (g + 1) * G; h++) {
+        for (int i = 0; i < a.Tq; i++) {
+            size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
+            float l = lse[stat];
+            if (l == ATTN_NO_KEY_LSE) {  // a query that sees no key: P = 1/nk everywhere, no dS
+                #pragma unroll
+                for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+                    if (c < a.HS) { dv[u] += uniform * f32(dout[row + c]); }
+                }
+                continue;
+            }
+            if (!gqa_sees(gqa_query_block(a, b, i), kb)) { continue; }
+            float s = 0.0f, dp = 0.0f;
+            #pragma unroll
+            for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+                if (c < a.HS) { s += f32(q[row + c]) * kv[u]; dp += f32(dout[row + c]) * vv[u]; }
+            }
+            s = warp_sum(s);
+            dp = warp_sum(dp);
+            float p = expf(s * scale - l);
+            float ds = p * (dp - delta[stat]) * scale;
+            #pragma unroll
+            for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+                if (c < a.HS) { dv[u] += p * f32(dout[row + c]); dk[u] += ds * f32(q[row + c]); }
+            }
+        }
+    }
+    float* dkj = (j < a.Nk0 ? dk0 : dk1) + at;
+    float* dvj = (j < a.Nk0 ? dv0 : dv1) + at;
+    #pragma unroll
+    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { dkj[c] += dk[u]; dvj[c] += dv[u]; } }
+}
+
+// ----------------------------------------------------------------------------
+// the versions at a chosen block: versions 1 and 5 at a block size, version 2 at the head size's
+// tiles, version 4's forward at 64 or 128 queries a block (the trainer's launchers choose these by rule)
 
 static void gqa_attention_forward1_at(int block, floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
     gqa_attention_forward_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(out, lse, q, a);
@@ -251,6 +412,20 @@ static void gqa_attention_backward1_at(int block, floatX* dq, float* dk0, float*
     gqa_attention_backward_dq_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(dq, dout, q, lse, delta, a);
     launchCheck();
     gqa_attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, block), block, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    launchCheck();
+}
+
+static void gqa_attention_forward5_at(int block, floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    gqa_attention_forward_kernel5<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(out, lse, q, a);
+    launchCheck();
+}
+
+static void gqa_attention_backward5_at(int block, floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1,
+                                       const floatX* dout, const floatX* q, const float* lse, const float* delta,
+                                       const GqaAttn& a) {
+    gqa_attention_backward_dq_kernel5<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(dq, dout, q, lse, delta, a);
+    launchCheck();
+    gqa_attention_backward_dkdv_kernel5<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, block), block, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     launchCheck();
 }
 
@@ -275,28 +450,55 @@ static const int HAVE_V4 = 0, V4_THREADS = 0;
 // ----------------------------------------------------------------------------
 // checks and benchmarks
 
-#define N_VERSIONS 5     // 0: the trainer's launchers, then versions 1 to 4
+#define N_VERSIONS 6     // 0: the trainer's launchers, then versions 1 to 5
 static int only_version = -1;  // -1: every version that takes a call; else that one alone
 static int v4_queries = 0;     // version 4's forward: 0 by the trainer's rule, else 64 or 128 queries a block
 
 static const char* version_name(int version) {
-    static const char* names[N_VERSIONS] = {"trainer", "v1", "v2", "v3", "v4"};
+    static const char* names[N_VERSIONS] = {"trainer", "v1", "v2", "v3", "v4", "v5"};
     return names[version];
 }
 
-// Whether `version` takes this call: the trainer and 1 always, 2 in bf16 and fp16 builds where its
-// tiles fit the GPU's shared memory, 3 the vision tower's calls, 4 in bf16 builds at head sizes
-// that are multiples of 8 up to 64
+// Why `version` does not take this call, in one line, or NULL where it does. The limits are in the
+// versions' code: version 1's lanes hold 4 values of a head (qv[4], acc[4]: up to 128), version
+// 5's 8 (up to 256); version 2 pads a head to 16, 32, 64 or 128 columns (padded_head_dim: a wider
+// head would be cut to 128) and needs its tiles in shared memory; version 3 computes the vision
+// tower's calls alone; version 4 is bf16 mma.sync on heads padded to 16, 32 or 64 columns, whose
+// Q fragments and O accumulators (or dq's, or dk's and dv's) a warp holds in registers for the
+// whole padded head. The trainer's launchers refuse heads over 128 (gqa_attention_check).
+static const char* version_refusal(int version, const Case* k) {
+    int masked = k->pass != PASS_VISION;
+    switch (version) {
+        case 0: return k->HS > 128 ? "the trainer's launchers take head sizes up to 128 (gqa_attention_check)" : NULL;
+        case 1: return k->HS > 128 ? "a lane holds 4 values of a head: head sizes up to 128" : NULL;
+        case 2:
+            if (!HAVE_V2) { return "no WMMA version in fp32 builds"; }
+            if (k->HS > 128) { return "heads padded to 16, 32, 64 or 128 columns (padded_head_dim): head sizes up to 128"; }
+#if !defined(ENABLE_FP32)
+            if (!attention2_fits(k->HS, false) || !attention2_fits(k->HS, true)) {
+                return "its tiles at this head size pass the GPU's shared memory a block";
+            }
+#endif
+            return NULL;
+        case 3:
+            return masked || k->NKV != k->NH ? "the vision tower's calls only: no mask, one key tensor, a kv head a query head"
+                                             : NULL;
+        case 4:
+            if (!HAVE_V4) { return "bf16 builds only (mma.sync m16n8k16 on bf16)"; }
+            return k->HS % 8 != 0 || k->HS > 64 ? "head sizes multiples of 8 up to 64 (heads padded to 16, 32 or 64 columns, "
+                                                  "a warp's fragments and accumulators of the whole head in registers)" : NULL;
+        default: return k->HS > 32 * ATT5_VALS ? "a lane holds 8 values of a head: head sizes up to 256" : NULL;
+    }
+}
+
+// Whether `version` takes this call (and is asked to run: only_version)
 static bool version_takes(int version, const Case* k) {
     if (only_version >= 0 && version != only_version) { return false; }
-#if !defined(ENABLE_FP32)
-    if (version == 2) { return attention2_fits(k->HS, false) && attention2_fits(k->HS, true); }
-#endif
-    return version <= 1 || (version == 3 && k->pass == PASS_VISION) || (version == 4 && HAVE_V4 && k->HS % 8 == 0 && k->HS <= 64);
+    return version_refusal(version, k) == NULL;
 }
 
 static int version_threads(int version, int block) {
-    return version == 1 ? block : version == 2 ? V2_THREADS : version == 4 ? V4_THREADS : BLOCK;
+    return version == 1 || version == 5 ? block : version == 2 ? V2_THREADS : version == 4 ? V4_THREADS : BLOCK;
 }
 
 // version 3's scores: max(B, NH) x (Tq, nk) fp32 twice (the backward's S and dP), grown as the cases need
@@ -317,12 +519,27 @@ static GqaAttn case_attn(const Case* k) {
                    k->Tq, k->q0, k->Nk0, k->Nk1, k->Nt};
 }
 
-// version 1 at `block` threads a block, the others at their own
-static void run_forward(int version, int block, floatX* out, float* lse, const Case* k) {
+// The call for a version that takes it, after the trainer's checks of its heads, keys and mask; a
+// version that does not take it stops the program in one line, as the trainer's launchers do
+static GqaAttn version_call(int version, const Case* k) {
+    const char* why = version_refusal(version, k);
+    if (why != NULL) {
+        vla_fail("attention_smolvla: %s does not take the %s %s call (HS %d): %s", version_name(version),
+                 model_names[k->model], pass_names[k->pass], k->HS, why);
+    }
     GqaAttn a = case_attn(k);
-    gqa_attention_check(a);
+    GqaAttn shape = a;
+    shape.HS = a.HS <= 128 ? a.HS : 128;  // (version 5 takes heads past the trainer's limit, its one check of HS)
+    gqa_attention_check(shape);
+    return a;
+}
+
+// versions 1 and 5 at `block` threads a block, the others at their own
+static void run_forward(int version, int block, floatX* out, float* lse, const Case* k) {
+    GqaAttn a = version_call(version, k);
     if (version == 0) { gqa_attention_forward(out, lse, k->d_q, a); }
     if (version == 1) { gqa_attention_forward1_at(block, out, lse, k->d_q, a); }
+    if (version == 5) { gqa_attention_forward5_at(block, out, lse, k->d_q, a); }
 #if !defined(ENABLE_FP32)
     if (version == 2) { gqa_attention_forward2_any(out, lse, k->d_q, a); }
 #endif
@@ -337,8 +554,7 @@ static void run_forward(int version, int block, floatX* out, float* lse, const C
 
 static void run_backward(int version, int block, const Case* k, floatX* dq, float* dk0, float* dv0, float* dk1,
                          float* dv1, float* delta) {
-    GqaAttn a = case_attn(k);
-    gqa_attention_check(a);
+    GqaAttn a = version_call(version, k);
     if (version == 0) {
         gqa_attention_backward(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_out, k->d_lse, delta, a);
         return;
@@ -350,6 +566,7 @@ static void run_backward(int version, int block, const Case* k, floatX* dq, floa
         return;
     }
     attention_delta(delta, k->d_dout, k->d_out, a);  // (the trainer's: version 2 where it fits)
+    if (version == 5) { gqa_attention_backward5_at(block, dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a); }
 #if !defined(ENABLE_FP32)
     if (version == 2) { gqa_attention_backward2_any(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a); }
 #endif
@@ -364,12 +581,28 @@ static void run_backward(int version, int block, const Case* k, floatX* dq, floa
 static const int V1_BLOCKS[] = {32, 96, 256};  // 96: warps of a block not a power of two
 static const int N_V1_BLOCKS = sizeof(V1_BLOCKS) / sizeof(V1_BLOCKS[0]);
 
-static int case_label(char* buf, size_t n, const Case* k, int version, int block) {
-    return snprintf(buf, n, "%s %s (B %d, NH %d, NKV %d, HS %d, Tq %d, keys %d+%d) block %d", version_name(version),
-                    pass_names[k->pass], k->B, k->NH, k->NKV, k->HS, k->Tq, k->Nk0, k->Nk1, block);
+// Whether the checks run `version` on this call: every version that takes it, but version 5 only on
+// heads past 64 (version 1's code with 4 more values a lane, which the emulation's time does not
+// need to see again on every small head: SmolVLA's 128 and 200, pi0's 256 and its vision's 72)
+static bool version_checked(int version, const Case* k) {
+    return version_takes(version, k) && (version != 5 || k->HS > 64);
 }
 
-static double worst_err[N_VERSIONS] = {0.0, 0.0, 0.0, 0.0, 0.0};  // the largest relative error met by each (report)
+// The block sizes a version is checked at, from V1_BLOCKS (the others have their own): version 1
+// at each; version 5 at each where version 1 cannot take the head (past 128), elsewhere at 96 alone
+static int n_check_blocks(int version, const Case* k) {
+    return version == 1 || (version == 5 && k->HS > 128) ? N_V1_BLOCKS : 1;
+}
+static int check_block(int version, const Case* k, int i) {
+    return version_threads(version, version == 5 && k->HS <= 128 ? V1_BLOCKS[1] : V1_BLOCKS[i]);
+}
+
+static int case_label(char* buf, size_t n, const Case* k, int version, int block) {
+    return snprintf(buf, n, "%s %s %s (B %d, NH %d, NKV %d, HS %d, Tq %d, keys %d+%d) block %d", version_name(version),
+                    model_names[k->model], pass_names[k->pass], k->B, k->NH, k->NKV, k->HS, k->Tq, k->Nk0, k->Nk1, block);
+}
+
+static double worst_err[N_VERSIONS] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0};  // the largest relative error met by each (report)
 
 static void check_close_v(int version, const char* what, const float* got, const double* ref, size_t n, double tol) {
     double num = 0.0, den = 0.0;
@@ -405,9 +638,9 @@ static void check_forward(const Case* k) {
     float* got_seen = (float*)mallocCheck(n_lse * sizeof(float));
     float* got_blind = (float*)mallocCheck((n_out > 0 ? n_out : 1) * sizeof(float));
     for (int version = 0; version < N_VERSIONS; version++) {
-        if (!version_takes(version, k)) { continue; }
-        for (int bi = 0; bi < (version == 1 ? N_V1_BLOCKS : 1); bi++) {
-            int block = version_threads(version, V1_BLOCKS[bi]);
+        if (!version_checked(version, k)) { continue; }
+        for (int bi = 0; bi < n_check_blocks(version, k); bi++) {
+            int block = check_block(version, k, bi);
             poison(out, n_out * sizeof(floatX));
             poison(lse, n_lse * sizeof(float));
             run_forward(version, block, out, lse, k);
@@ -475,14 +708,14 @@ static void check_backward(const Case* k, uint64_t seed) {
     if (bf16_scores) { tol_dq = 2e-2; }
     float* first[5] = {NULL, NULL, NULL, NULL, NULL};  // dq, dk0, dv0, dk1, dv1 of the last block size
     for (int version = 0; version < N_VERSIONS; version++) {
-        if (!version_takes(version, k)) { continue; }
+        if (!version_checked(version, k)) { continue; }
         // (versions 3 and 4 round P and dS to floatX as version 2 does: exact in fp32 builds; the
         // trainer's is one of them where it is not version 1)
-        double tol_kv = version == 1 || sizeof(floatX) == 4 ? tol_f32 : bf16_scores ? 2e-2 : 1e-2;
-        int n_runs = (version == 1 ? N_V1_BLOCKS : 1) + 1;  // the last block size twice: same bits?
+        double tol_kv = version == 1 || version == 5 || sizeof(floatX) == 4 ? tol_f32 : bf16_scores ? 2e-2 : 1e-2;
+        int n_runs = n_check_blocks(version, k) + 1;  // the last block size twice: same bits?
         for (int run = 0; run < n_runs; run++) {
             int bi = run < n_runs - 1 ? run : run - 1;
-            int block = version_threads(version, V1_BLOCKS[bi]);
+            int block = check_block(version, k, bi);
             poison(dq, n_q * sizeof(floatX));
             poison(delta, n_stat * sizeof(float));
             cudaCheck(cudaMemcpy(dk0, dk00, n_k0 * sizeof(float), cudaMemcpyHostToDevice));
@@ -600,18 +833,20 @@ static void check_forward4_blocks(const Case* k) {
     only_version = -1;
 }
 
-// One call at SmolVLA's shapes: the forward and the backward of each version and variant, beside
-// the trainer's launchers: version 3 with every image a pass, 16 and 8 (B >= NH), and in bf16
-// builds with its scores in bf16; version 4 at 64 and 128 queries a forward block
-static void benchmark(int pass, int B, int NH, int NKV, int HS, int NI, int T, int H) {
-    Case k = make_case(pass, B, NH, NKV, HS, NI, T, H, FORWARD_NONE, 7);
+// One call at a model's shapes: the forward and the backward of each version and variant that takes
+// it, beside the trainer's launchers: version 3 with every image a pass, 16 and 8 (B >= NH), and in
+// bf16 builds with its scores in bf16; version 4 at 64 and 128 queries a forward block
+static void benchmark(int model, int pass, int B, int NH, int NKV, int HS, int NI, int T, int H) {
+    Case k = make_case(model, pass, B, NH, NKV, HS, NI, T, H, FORWARD_NONE, 7);
     GqaAttn a = case_attn(&k);
+    int first = 0;  // the forward the backward's timings read: the first version that takes the call
+    while (version_refusal(first, &k) != NULL) { first++; }
     int nk = gqa_n_keys(a), D = NH * HS, Dkv = NKV * HS;
     size_t n_q = (size_t)B * a.Tq * D, n_k0 = (size_t)B * a.Nk0 * Dkv, n_k1 = (size_t)B * a.Nk1 * Dkv;
     size_t n_stat = (size_t)B * NH * a.Tq;
     cudaCheck(cudaMalloc(&k.d_out, n_q * sizeof(floatX)));
     cudaCheck(cudaMalloc(&k.d_lse, n_stat * sizeof(float)));
-    gqa_attention_forward(k.d_out, k.d_lse, k.d_q, a);
+    run_forward(first, 256, k.d_out, k.d_lse, &k);
     floatX* dq;
     float *dk0, *dv0, *dk1 = NULL, *dv1 = NULL, *delta;
     cudaCheck(cudaMalloc(&dq, n_q * sizeof(floatX)));
@@ -643,16 +878,17 @@ static void benchmark(int pass, int B, int NH, int NKV, int HS, int NI, int T, i
             attention3_samples_per_pass = version == 3 ? n : 0;
             attention3_floatx_scores = version == 3 && variant >= 3;
             v4_queries = version == 4 ? 64 * (1 + variant) : 0;
-            int reps = version == 1 ? 5 : 20;
+            int reps = version == 1 || version == 5 ? 5 : 20;
             double ms_f = time_ms([&]() { run_forward(version, 256, out, lse, &k); }, reps);
             double ms_b = time_ms([&]() { run_backward(version, 256, &k, dq, dk0, dv0, dk1, dv1, delta); }, reps);
             char per[48] = "";
             int at = n > 0 ? snprintf(per, sizeof(per), ", %d a pass", n) : 0;
             if (attention3_floatx_scores) { snprintf(per + at, sizeof(per) - at, ", bf16 scores"); }
             if (version == 4) { snprintf(per, sizeof(per), ", %d queries a block", v4_queries); }
-            printf("bench %-7s %-17s (B %d, NH %d, NKV %d, HS %d, %4d queries x %4d keys%s): forward %8.3f ms %6.1f "
-                   "TFLOP/s, backward %8.3f ms %6.1f TFLOP/s\n", version_name(version), pass_names[pass], B, NH, NKV, HS,
-                   a.Tq, nk, per, ms_f, flops_fwd / (ms_f * 1e-3) / 1e12, ms_b, flops_bwd / (ms_b * 1e-3) / 1e12);
+            printf("bench %-7s %-7s %-17s (B %d, NH %d, NKV %d, HS %d, %4d queries x %4d keys%s): forward %8.3f ms "
+                   "%6.1f TFLOP/s, backward %8.3f ms %6.1f TFLOP/s\n", version_name(version), model_names[model],
+                   pass_names[pass], B, NH, NKV, HS, a.Tq, nk, per, ms_f, flops_fwd / (ms_f * 1e-3) / 1e12, ms_b,
+                   flops_bwd / (ms_b * 1e-3) / 1e12);
         }
         attention3_samples_per_pass = 0;
         attention3_floatx_scores = 0;
@@ -666,11 +902,55 @@ static void benchmark(int pass, int B, int NH, int NKV, int HS, int NI, int T, i
 // smolvla_base: batch 32, a prefix of 2 cameras x 64 image tokens + 48 text tokens (instructions of
 // different lengths, the rest pads) + the state = 177 tokens, 50 actions, 15 query heads on 5 kv
 // heads of 64; the vision tower: 64 images (32 samples x 2 cameras) of 1024 tokens, 12 heads of 64,
-// and inference's 2 images (one sample, 2 cameras)
+// and inference's 2 images (one sample, 2 cameras).
+// pi0: batch 8, a prefix of 2 cameras x 256 image tokens + 48 text tokens = 560, a suffix of the
+// state and 50 actions = 51, 8 query heads on one kv head of 256: the prefill of sampling (the
+// prefix alone) and the joint layers' prefix rows and suffix rows (the expert's, and sampling's
+// steps); SigLIP so400m: 16 images (8 samples x 2 cameras) of 256 tokens, 16 heads of 72
 static void benchmarks(void) {
-    for (int pass = PASS_PREFIX; pass <= PASS_CROSS; pass++) { benchmark(pass, 32, 15, 5, 64, 128, 48, 50); }
-    benchmark(PASS_VISION, 64, 12, 12, 64, 1024, 1, 0);
-    benchmark(PASS_VISION, 2, 12, 12, 64, 1024, 1, 0);
+    for (int pass = PASS_PREFIX; pass <= PASS_CROSS; pass++) { benchmark(MODEL_SMOLVLA, pass, 32, 15, 5, 64, 128, 48, 50); }
+    benchmark(MODEL_SMOLVLA, PASS_VISION, 64, 12, 12, 64, 1024, 1, 0);
+    benchmark(MODEL_SMOLVLA, PASS_VISION, 2, 12, 12, 64, 1024, 1, 0);
+    for (int pass = PASS_PREFIX; pass <= PASS_JOINT_SUFFIX; pass++) { benchmark(MODEL_PI0, pass, 8, 8, 1, 256, 512, 48, 50); }
+    benchmark(MODEL_PI0, PASS_VISION, 16, 16, 16, 72, 256, 1, 0);
+}
+
+// pi0's mask from its block ids (pi0_token_blocks) against the rule LeRobot's pi0 masks with, token
+// pair by token pair: prefix tokens see every valid prefix token and no suffix token; the state sees the
+// prefix and itself; an action sees the prefix, the state and every action; a pad sees nothing and
+// nothing sees it. The kernels and the reference read the same ids, so only this check can tell a
+// wrong layout (SmolVLA's causal actions, say) from pi0's.
+static void check_pi0_mask(void) {
+    const int NI = 4, T = 5, text_len = 3, H = 4, n = NI + T + 1 + H;
+    int block[n];
+    pi0_token_blocks(block, NI, T, text_len, H);
+    int wrong = 0;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) {
+            bool pad_i = i >= NI + text_len && i < NI + T, pad_j = j >= NI + text_len && j < NI + T;
+            bool prefix_j = j < NI + T, action_i = i > NI + T;
+            bool want = !pad_i && !pad_j && (prefix_j || j == i || action_i);
+            bool got = block[j] >= 0 && block[j] <= block[i];
+            wrong += want != got;
+        }
+    }
+    char what[160];
+    snprintf(what, sizeof(what), "pi0's mask (%d images, %d of %d text tokens, the state, %d actions) as LeRobot's: "
+             "%d of %d pairs wrong", NI, text_len, T, H, wrong, n * n);
+    check_true(what, wrong == 0);
+}
+
+// Which versions take a pi0 call at its head size, 256: version 5 alone. Each other version says why
+// not in the one line it stops with when asked (version_call).
+static void check_refusals(const Case* k) {
+    int takers = 0;
+    printf("the %s %s call at HS %d, NH %d, NKV %d:\n", model_names[k->model], pass_names[k->pass], k->HS, k->NH, k->NKV);
+    for (int version = 0; version < N_VERSIONS; version++) {
+        const char* why = version_refusal(version, k);
+        printf("  %-7s %s\n", version_name(version), why == NULL ? "takes it" : why);
+        takers |= (why == NULL) << version;
+    }
+    check_true("at head size 256 version 5 alone takes the call, every other version refuses it", takers == 1 << 5);
 }
 
 int main(void) {
@@ -678,10 +958,11 @@ int main(void) {
     // GQA groups of 1, 2, 3 and 5 query heads per kv head; head sizes through every padding of
     // version 2 and with scalar loads (8, 12); suffixes and prefixes of more than one 64-row tile
     // (a prefix of 65 tokens: the state alone in the second tile, the last key it sees the first of
-    // a tile); text pads in every sample (so padded queries, which see no key)
+    // a tile); text pads in every sample (so padded queries, which see no key); a head of 200, past
+    // 128 and not a multiple of 32 (version 5 alone)
     struct { int B, NH, NKV, HS, NI, T, H; } shapes[] = {
         {2, 3, 1, 16, 16, 6, 5}, {2, 4, 2, 64, 24, 10, 7}, {1, 2, 2, 8, 4, 3, 70}, {1, 3, 1, 32, 48, 16, 6},
-        {1, 2, 1, 128, 8, 4, 3}, {2, 5, 1, 12, 10, 5, 4},
+        {1, 2, 1, 128, 8, 4, 3}, {2, 5, 1, 12, 10, 5, 4}, {1, 2, 1, 200, 6, 3, 3},
     };
     uint64_t seed = 100;
     // ATTENTION_VISION_ONLY=1: the vision tower's cases alone (e.g. under compute-sanitizer)
@@ -690,8 +971,30 @@ int main(void) {
     for (size_t s = 0; s < n_shapes; s++) {
         for (int pass = 0; pass < N_PASSES; pass++) {
             if (pass == PASS_VISION) { continue; }
-            Case k = make_case(pass, shapes[s].B, shapes[s].NH, shapes[s].NKV, shapes[s].HS, shapes[s].NI, shapes[s].T,
-                               shapes[s].H, FORWARD_HOST, seed);
+            Case k = make_case(MODEL_SMOLVLA, pass, shapes[s].B, shapes[s].NH, shapes[s].NKV, shapes[s].HS, shapes[s].NI,
+                               shapes[s].T, shapes[s].H, FORWARD_HOST, seed);
+            check_forward(&k);
+            check_backward(&k, seed + 50);
+            check_forward4_blocks(&k);
+            free_case(&k);
+            seed += 10;
+        }
+    }
+    // pi0's Gemma layers: 8 query heads on one kv head, pi0's layout (the state and one block of
+    // actions in the suffix, text pads in the prefix). At its head size, 256, which version 5 alone
+    // takes, in every call pi0 makes (fewer tokens than pi0's 560 + 51, for the emulation): the
+    // prefill of sampling (prefix), the joint layers' prefix rows and suffix rows, and the random
+    // mask. At 64, where versions 2 and 4 take it too, the suffix rows on keys [56 prefix ; 12
+    // suffix]: the state and the action block straddle the first 64-key tile's end (the prefix rows
+    // are SmolVLA's prefix, checked above)
+    struct { int B, NH, NKV, HS, NI, T, H, passes; } pi0_shapes[] = {{2, 8, 1, 256, 16, 6, 5, 4}, {1, 8, 1, 64, 48, 8, 11, 1}};
+    const int pi0_passes[] = {PASS_JOINT_SUFFIX, PASS_PREFIX, PASS_JOINT_PREFIX, PASS_RANDOM};
+    check_pi0_mask();
+    for (size_t s = 0; s < (n_shapes > 0 ? sizeof(pi0_shapes) / sizeof(pi0_shapes[0]) : 0); s++) {
+        for (int p = 0; p < pi0_shapes[s].passes; p++) {
+            Case k = make_case(MODEL_PI0, pi0_passes[p], pi0_shapes[s].B, pi0_shapes[s].NH, pi0_shapes[s].NKV,
+                               pi0_shapes[s].HS, pi0_shapes[s].NI, pi0_shapes[s].T, pi0_shapes[s].H, FORWARD_HOST, seed);
+            if (k.HS == 256 && p == 0) { check_refusals(&k); }
             check_forward(&k);
             check_backward(&k, seed + 50);
             check_forward4_blocks(&k);
@@ -701,11 +1004,15 @@ int main(void) {
     }
     // the vision tower: no mask, as many kv heads as query heads; 96 tokens: a tile and a half;
     // version 3 batches the images per head (B >= NH) or the heads per image (B < NH)
-    // (and a head size of 24, padded to 32: the small preset's)
-    struct { int B, NH, HS, N; } vision[] = {{1, 2, 64, 96}, {2, 3, 16, 40}, {3, 2, 32, 40}, {2, 2, 24, 70}};
+    // (and a head size of 24, padded to 32: the small preset's; 72, pi0's SigLIP's, padded to 128
+    // by version 2 and past version 4's 64)
+    struct { int model, B, NH, HS, N; } vision[] = {
+        {MODEL_SMOLVLA, 1, 2, 64, 96}, {MODEL_SMOLVLA, 2, 3, 16, 40}, {MODEL_SMOLVLA, 3, 2, 32, 40},
+        {MODEL_SMOLVLA, 2, 2, 24, 70}, {MODEL_PI0, 1, 2, 72, 40},
+    };
     for (size_t s = 0; s < sizeof(vision) / sizeof(vision[0]); s++) {
-        Case k = make_case(PASS_VISION, vision[s].B, vision[s].NH, vision[s].NH, vision[s].HS, vision[s].N, 1, 0,
-                           FORWARD_HOST, seed);
+        Case k = make_case(vision[s].model, PASS_VISION, vision[s].B, vision[s].NH, vision[s].NH, vision[s].HS, vision[s].N,
+                           1, 0, FORWARD_HOST, seed);
         check_forward(&k);
         check_backward(&k, seed + 50);
         check_backward_x(&k);
@@ -733,6 +1040,6 @@ int main(void) {
     if (HAVE_V2) { printf(", version 2 %.2e", worst_err[2]); }
     printf(", version 3 %.2e", worst_err[3]);
     if (HAVE_V4) { printf(", version 4 %.2e", worst_err[4]); }
-    printf("\n");
+    printf(", version 5 %.2e\n", worst_err[5]);
     return dev_finish(benchmarks);
 }

@@ -1,11 +1,17 @@
 /*
-attention_smolvla_case.h: the inputs of one SmolVLA attention call for attention_smolvla.cu, and
-LeRobot's eager_attention_forward and its autograd backward in double (the references).
+attention_smolvla_case.h: the inputs of one SmolVLA or pi0 attention call for attention_smolvla.cu,
+and LeRobot's eager_attention_forward and its autograd backward in double (the references).
 
 A call is one of the passes the model makes (PASS_*, below): Tq queries per sample, which are the
 tokens q0 .. q0+Tq-1 of the sample's token sequence, against keys 0 .. Nk0+Nk1-1 of it, the first
 Nk0 held in one tensor and the rest in another (the prefix's and the suffix's projections). The
 mask is one int per token: its cumulative block id, or -1 for a pad (token_blocks).
+
+The two models lay their tokens out differently (MODEL_*): SmolVLA's prefix ends with the state
+and its actions are causal; pi0's suffix starts with the state and its actions are one block.
+pi0 fills masked scores with -2.3819763e38 where SmolVLA fills -FLT_MAX: the probabilities are the
+same (exp of either fill minus a visible score's max is 0, and a row that sees no key is uniform
+either way), so one reference serves both.
 */
 #ifndef DEV_CUDA_ATTENTION_SMOLVLA_CASE_H
 #define DEV_CUDA_ATTENTION_SMOLVLA_CASE_H
@@ -24,6 +30,10 @@ enum {
     N_PASSES
 };
 static const char* pass_names[N_PASSES] = {"prefix", "joint prefix rows", "joint suffix rows", "cross", "vision", "random mask"};
+
+// Whose token layout a case has (the passes above at that model's layout; pi0 has no cross layers)
+enum { MODEL_SMOLVLA, MODEL_PI0 };
+static const char* model_names[2] = {"smolvla", "pi0"};
 
 // make_att_2d_masks' data as one int per token: the cumsum of the block flags, -1 for a pad.
 // Key j is visible to query i iff 0 <= block[j] <= block[i] (both valid, cumsum[j] <= cumsum[i]).
@@ -50,8 +60,24 @@ static void smolvla_token_blocks(int* block, int NI, int T, int text_len, int H)
     free(valid); free(flags);
 }
 
+// One sample's tokens as pi0 lays them out (embed_prefix, embed_suffix): NI image tokens and T text
+// tokens (flag 0: one bidirectional block; text past text_len is padding), then the suffix: the
+// state (flag 1: its own block) and H actions, the first flagged 1 and the rest 0, so that they
+// form one block and see each other both ways. block (NI+T+1+H).
+static void pi0_token_blocks(int* block, int NI, int T, int text_len, int H) {
+    int n = NI + T + 1 + H;
+    int* valid = (int*)mallocCheck(n * sizeof(int));
+    int* flags = (int*)mallocCheck(n * sizeof(int));
+    for (int t = 0; t < n; t++) {
+        valid[t] = !(t >= NI && t < NI + T && t - NI >= text_len);
+        flags[t] = t == NI + T || t == NI + T + 1;
+    }
+    token_blocks(block, valid, flags, n);
+    free(valid); free(flags);
+}
+
 typedef struct {
-    int pass, B, NH, NKV, HS;
+    int model, pass, B, NH, NKV, HS;
     int Tq, q0, Nk0, Nk1, Nt;                 // as GqaAttn (attention_smolvla.cu) takes them
     float *q, *k0, *v0, *k1, *v1, *dout;      // host copies of the inputs (rounded to floatX)
     int* block;                               // (B, Nt), NULL without a mask
@@ -180,20 +206,22 @@ static Grads backward_reference(const Case* k) {
 static void free_grads(Grads* g) { free(g->dq); free(g->dk0); free(g->dv0); free(g->dk1); free(g->dv1); free(g->delta); }
 
 // A pass over SmolVLA's tokens: NI image tokens, T text tokens (the instruction lengths differ
-// between samples, the rest pads), the state, H actions. PASS_VISION: NI tokens, no mask.
+// between samples, the rest pads), the state, H actions; pi0's: the same tokens, but its prefix is
+// the images and the text and its suffix the state and the actions. PASS_VISION: NI tokens, no mask.
 // PASS_RANDOM: NI+T+1+H tokens of random block ids (-1 .. 5, a pad one time in seven) and a last
 // sample that is all pads; the queries are its tokens from a third on, the keys all of them.
-static void case_shape(Case* k, int pass, int NI, int T, int H) {
-    int Np = NI + T + 1;
+static void case_shape(Case* k, int model, int pass, int NI, int T, int H) {
+    int Np = model == MODEL_PI0 ? NI + T : NI + T + 1, Ns = NI + T + 1 + H - Np;  // prefix and suffix tokens
+    k->model = model;
     k->pass = pass;
-    k->Nt = Np + H;
+    k->Nt = Np + Ns;
     k->q0 = 0;
     k->Nk1 = 0;
     switch (pass) {
         case PASS_PREFIX: k->Tq = Np; k->Nk0 = Np; break;
-        case PASS_JOINT_PREFIX: k->Tq = Np; k->Nk0 = Np; k->Nk1 = H; break;
-        case PASS_JOINT_SUFFIX: k->Tq = H; k->q0 = Np; k->Nk0 = Np; k->Nk1 = H; break;
-        case PASS_CROSS: k->Tq = H; k->q0 = Np; k->Nk0 = Np; break;
+        case PASS_JOINT_PREFIX: k->Tq = Np; k->Nk0 = Np; k->Nk1 = Ns; break;
+        case PASS_JOINT_SUFFIX: k->Tq = Ns; k->q0 = Np; k->Nk0 = Np; k->Nk1 = Ns; break;
+        case PASS_CROSS: k->Tq = Ns; k->q0 = Np; k->Nk0 = Np; break;
         case PASS_VISION: k->Nt = NI; k->Tq = NI; k->Nk0 = NI; break;
         default: k->q0 = k->Nt / 3; k->Tq = k->Nt - k->q0; k->Nk0 = k->Nt / 2; k->Nk1 = k->Nt - k->Nk0; break;
     }
@@ -204,11 +232,12 @@ enum { FORWARD_NONE = 0, FORWARD_HOST = 1 };
 
 static floatX* device_copy_x(float* h, size_t n) { return n > 0 ? to_device_x(h, n) : NULL; }
 
-static Case make_case(int pass, int B, int NH, int NKV, int HS, int NI, int T, int H, int forward, uint64_t seed) {
+static Case make_case(int model, int pass, int B, int NH, int NKV, int HS, int NI, int T, int H, int forward,
+                      uint64_t seed) {
     Case k;
     memset(&k, 0, sizeof(k));
     k.B = B; k.NH = NH; k.NKV = NKV; k.HS = HS;
-    case_shape(&k, pass, NI, T, H);
+    case_shape(&k, model, pass, NI, T, H);
     int D = NH * HS, Dkv = NKV * HS;
     size_t n_q = (size_t)B * k.Tq * D, n_k0 = (size_t)B * k.Nk0 * Dkv, n_k1 = (size_t)B * k.Nk1 * Dkv;
     k.q = random_floats(n_q, 2.0f, seed);
@@ -224,7 +253,12 @@ static Case make_case(int pass, int B, int NH, int NKV, int HS, int NI, int T, i
         for (int b = 0; b < B; b++) {
             int* blk = k.block + (size_t)b * k.Nt;
             if (pass != PASS_RANDOM) {
-                smolvla_token_blocks(blk, NI, T, 1 + (b * 7 + 3) % T, H);  // instructions of different lengths
+                int text_len = 1 + (b * 7 + 3) % T;  // instructions of different lengths
+                if (model == MODEL_PI0) {
+                    pi0_token_blocks(blk, NI, T, text_len, H);
+                } else {
+                    smolvla_token_blocks(blk, NI, T, text_len, H);
+                }
             } else {
                 for (int t = 0; t < k.Nt; t++) {
                     blk[t] = (B > 1 && b == B - 1) ? -1 : (int)(rng_uniform(&r) * 7.0) - 1;

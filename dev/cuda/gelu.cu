@@ -13,7 +13,7 @@ the tanh approximation of GELU, not the erf form:
 
   make -C dev/cuda gelu && dev/cuda/gelu
 */
-#include "common.h"
+#include "gelu_reference.h"
 
 // floatX outputs carry its rounding: bf16 keeps 8 significant bits (2^-8 = 3.9e-3 per value);
 // in fp32 builds only fp32 arithmetic (tanhf, the cube) separates kernel and reference
@@ -61,20 +61,7 @@ static void gelu_backward2(floatX* d, const floatX* dy, const floatX* inp, size_
 }
 
 // ----------------------------------------------------------------------------
-// references, in double
-
-static const double SQRT_2_OVER_PI = 0.79788456080286535588;  // sqrt(2 / pi)
-
-static double gelu_reference(double x) {
-    return 0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)));
-}
-
-// d/dx of x/2 (1 + tanh u): the product rule, with tanh' = 1 - tanh^2 and du/dx above
-static double gelu_grad_reference(double x) {
-    double t = tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x));
-    double du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
-}
+// references, in double (gelu_reference and gelu_grad_reference: gelu_reference.h)
 
 static void gelu_forward_reference(double* out, const float* x, size_t n) {
     for (size_t i = 0; i < n; i++) { out[i] = gelu_reference(x[i]); }
@@ -82,21 +69,6 @@ static void gelu_forward_reference(double* out, const float* x, size_t n) {
 
 static void gelu_backward_reference(double* d, const float* dy, const float* x, size_t n) {
     for (size_t i = 0; i < n; i++) { d[i] = (double)dy[i] * gelu_grad_reference(x[i]); }
-}
-
-// the derivative above against central differences of gelu_reference, so a slip in the
-// derivative cannot hide in both the kernel and the reference
-static void check_gelu_grad_reference(void) {
-    const int n = 101;
-    float got[n];
-    double ref[n];
-    for (int i = 0; i < n; i++) {
-        double x = -8.0 + 16.0 * i / (n - 1), h = 1e-5;
-        got[i] = (float)gelu_grad_reference(x);
-        ref[i] = (gelu_reference(x + h) - gelu_reference(x - h)) / (2.0 * h);
-    }
-    // central differences err by h^2 f''' ~ 1e-10, the float of the result by 6e-8
-    check_close("reference gelu' against central differences on [-8, 8]", got, ref, n, 1e-6);
 }
 
 // the tanh form is not the erf form, but it stays within 1e-3 of it (4.7e-4 at worst,

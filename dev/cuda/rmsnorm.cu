@@ -18,7 +18,25 @@ rmsnorm.cu: RMSNorm, forward and backward (input_layernorm and post_attention_la
              order (rmsnorm_backward_kernel2, then column_sum_kernel; C <= 32 * RMSNORM_BWD2_COLS)
              Both train_vla.cu's, launched by its rmsnorm_forward (version 2 where C and the
              pointers allow it) and rmsnorm_backward.
-  Both backward versions take blocks of at most RMSNORM_MAX_BLOCK (512) threads (their registers).
+  version 3  Gemma's RMSNorm (pi0): out = x r (offset + w), offset 1 (0 is SmolVLA's: versions 1 and
+             2's bits, but for version 4's backward), eps 1e-6, the offset added to w in fp32 as
+             Gemma's norm computes it;
+             dx = r (offset + w) dy - x r^3 / C sum_j dy_j (offset + w_j) x_j, dw unchanged
+             forward: train_vla.cu's version 1 (a warp per row, scalar loads) with the offset
+             (rmsnorm_forward_kernel3: any width)
+             backward: train_vla.cu's version 2 (a warp per row, dw in registers) with the offset,
+             up to 64 columns a lane (C <= 2048: pi0's VLM width; version 2 stops at 1024), the
+             warps' sums added in warp order into one shared row of C floats (rmsnorm_backward_kernel3:
+             any width up to 2048)
+  version 4  forward: train_vla.cu's version 2 (128-bit loads and stores) with the offset
+             (rmsnorm_forward_kernel4); backward: version 3 with 128-bit loads and stores
+             (rmsnorm_backward_kernel4); C a multiple of x128::size
+             Versions 3 and 4 live here until the pi0 model code takes them into train_vla.cu, with
+             their launchers (rmsnorm_offset_forward / _backward: 4 where the width and the pointers
+             allow 16-byte loads, 3 elsewhere, as rmsnorm_forward chooses between 2 and 1).
+  The backward versions take blocks of at most RMSNORM_MAX_BLOCK (512) threads (their registers:
+  versions 3 and 4 keep 64 dw sums a lane, 127 registers on sm_90 in bf16 with nothing spilled; in
+  fp32 builds version 4 spills 24 bytes).
 
   make -C dev/cuda rmsnorm && dev/cuda/rmsnorm
 */
@@ -48,29 +66,31 @@ static float* alloc_f(size_t n) {
 // ----------------------------------------------------------------------------
 // references, in double
 
-static void rmsnorm_forward_reference(double* out, double* rstd, const float* x, const float* w, int N, int C) {
+// offset: 0 for SmolVLA's norm (x r w), 1 for Gemma's (x r (1 + w))
+static void rmsnorm_forward_reference(double* out, double* rstd, const float* x, const float* w, int N, int C, double eps,
+                                      double offset) {
     for (int n = 0; n < N; n++) {
         const float* xn = x + (size_t)n * C;
         double ss = 0.0;
         for (int c = 0; c < C; c++) { ss += (double)xn[c] * xn[c]; }
-        double r = 1.0 / sqrt(ss / C + (double)SMOLVLA_RMS_EPS);
+        double r = 1.0 / sqrt(ss / C + eps);
         rstd[n] = r;
-        for (int c = 0; c < C; c++) { out[(size_t)n * C + c] = xn[c] * r * w[c]; }
+        for (int c = 0; c < C; c++) { out[(size_t)n * C + c] = xn[c] * r * (offset + w[c]); }
     }
 }
 
 // dres (N, C) and dw (C) hold their values before the call and are accumulated into; r is the
-// rstd the kernel is given
+// rstd the kernel is given. The weight the input gradient sees is offset + w; dw is sum dy x r either way.
 static void rmsnorm_backward_reference(double* dres, double* dw, const float* dout, const float* x, const float* w,
-                                       const float* rstd, int N, int C) {
+                                       const float* rstd, int N, int C, double offset) {
     for (int n = 0; n < N; n++) {
         const float* xn = x + (size_t)n * C;
         const float* dy = dout + (size_t)n * C;
         double r = rstd[n], dot = 0.0;
-        for (int c = 0; c < C; c++) { dot += (double)dy[c] * w[c] * xn[c]; }
+        for (int c = 0; c < C; c++) { dot += (double)dy[c] * (offset + w[c]) * xn[c]; }
         double k = dot * r * r * r / C;
         for (int c = 0; c < C; c++) {
-            dres[(size_t)n * C + c] += r * w[c] * dy[c] - k * xn[c];
+            dres[(size_t)n * C + c] += r * (offset + w[c]) * dy[c] - k * xn[c];
             dw[c] += (double)dy[c] * xn[c] * r;
         }
     }
@@ -121,35 +141,269 @@ __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel(flo
 }
 
 // ----------------------------------------------------------------------------
-// the versions, launched directly (version 0: the launcher train_vla.cu calls)
+// versions 3 and 4: Gemma's RMSNorm (pi0's VLM and expert), out = x r (offset + w) with offset 1;
+// offset 0 is SmolVLA's norm, computed in the same order as versions 1 and 2 (the same bits)
 
-static void run_forward(int version, int block, floatX* out, float* rstd, const floatX* inp, const floatX* w, int N,
-                        int C) {
-    if (version == 0) {
-        rmsnorm_forward(out, rstd, inp, w, N, C, SMOLVLA_RMS_EPS);
-    } else if (version == 1) {
-        rmsnorm_forward_kernel<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, rstd, inp, w, N, C,
-                                                                                           SMOLVLA_RMS_EPS);
-        launchCheck();
-    } else {
-        rmsnorm_forward_kernel2<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, rstd, inp, w, N, C,
-                                                                                            SMOLVLA_RMS_EPS);
-        launchCheck();
+// Version 3 forward: train_vla.cu's rmsnorm_forward_kernel (version 1: a warp per row, scalar
+// loads) with the weight taken as offset + w, added in fp32 as Gemma's norm does (w.float() + 1)
+__global__ void rmsnorm_forward_kernel3(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
+                                        float eps, float offset) {
+    int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (row >= N) { return; }  // whole warps leave together
+    const floatX* x = inp + (size_t)row * C;
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float v = f32(x[c]);
+        ss += v * v;
+    }
+    float r = rsqrtf(warp_sum(ss) / (float)C + eps);
+    if (lane == 0) { rstd[row] = r; }
+    floatX* y = out + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) { y[c] = fx(f32(x[c]) * r * (f32(w[c]) + offset)); }
+}
+
+// Version 4 forward: train_vla.cu's rmsnorm_forward_kernel2 (128-bit loads and stores) with the offset
+__global__ void rmsnorm_forward_kernel4(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
+                                        float eps, float offset) {
+    int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (row >= N) { return; }
+    const floatX* x = inp + (size_t)row * C;
+    float ss = 0.0f;
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+        x128 v = load128(x + c);
+        #pragma unroll
+        for (int k = 0; k < x128::size; k++) { ss += f32(v.v[k]) * f32(v.v[k]); }
+    }
+    float r = rsqrtf(warp_sum(ss) / (float)C + eps);
+    if (lane == 0) { rstd[row] = r; }
+    floatX* y = out + (size_t)row * C;
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+        x128 v = load128(x + c), wv = load128(w + c), o;
+        #pragma unroll
+        for (int k = 0; k < x128::size; k++) { o.v[k] = fx(f32(v.v[k]) * r * (f32(wv.v[k]) + offset)); }
+        store128(y + c, o);
     }
 }
 
-// partial: scratch of (ceil(N / rows_per_block), C) floats
+// Columns a lane of the backward versions 3 and 4 owns: C <= 32 * 64 = 2048, pi0's VLM width
+#define RMSNORM_BWD3_COLS 64
+
+// dw_partial's row blockIdx.x <- the sum of the warps' acc, added in warp order through one shared
+// row of C floats (warp w adds its columns while the others wait): the order of version 2's sums,
+// in C floats where version 2's row per warp takes 64 KiB at 2048 wide and 256 threads. A lane's
+// columns come in runs of RUN: (lane + 32 j) RUN + k holds acc[j RUN + k].
+template <int RUN>
+static __device__ void rmsnorm_dw_in_warp_order(float* dw_partial, float* row, const float* acc, int C) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    for (int wp = 0; wp < n_warps; wp++) {
+        if (warp == wp) {
+            #pragma unroll
+            for (int j = 0; j < RMSNORM_BWD3_COLS / RUN; j++) {
+                #pragma unroll
+                for (int k = 0; k < RUN; k++) {
+                    int c = (lane + 32 * j) * RUN + k;
+                    if (c < C) { row[c] = (wp == 0 ? 0.0f : row[c]) + acc[j * RUN + k]; }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) { dw_partial[(size_t)blockIdx.x * C + c] = row[c]; }
+}
+
+// Version 3 backward: train_vla.cu's rmsnorm_backward_kernel2 (a warp per row, scalar loads, each
+// lane's dw sums in registers) with the input gradient through offset + w, 64 columns a lane and
+// the warps' sums added by rmsnorm_dw_in_warp_order. Shared memory: C floats.
+__global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel3(float* dres, floatX* dres_x,
+                                                                               float* dw_partial, const floatX* dout,
+                                                                               const floatX* inp, const floatX* w,
+                                                                               const float* rstd, int N, int C,
+                                                                               int rows_per_block, float offset) {
+    extern __shared__ float dw_row[];  // (C)
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    float acc[RMSNORM_BWD3_COLS];
+    #pragma unroll
+    for (int j = 0; j < RMSNORM_BWD3_COLS; j++) { acc[j] = 0.0f; }
+    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    for (int n = r0 + warp; n < r1; n += n_warps) {
+        const floatX* x = inp + (size_t)n * C;
+        const floatX* dy = dout + (size_t)n * C;
+        float r = rstd[n], dot = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < RMSNORM_BWD3_COLS; j++) {
+            int c = lane + 32 * j;
+            if (c < C) { dot += f32(dy[c]) * (f32(w[c]) + offset) * f32(x[c]); }
+        }
+        float k = warp_sum(dot) * r * r * r / (float)C;
+        #pragma unroll
+        for (int j = 0; j < RMSNORM_BWD3_COLS; j++) {
+            int c = lane + 32 * j;
+            if (c < C) {
+                float xv = f32(x[c]), dyv = f32(dy[c]);
+                float g = dres[(size_t)n * C + c] + r * (f32(w[c]) + offset) * dyv - k * xv;
+                dres[(size_t)n * C + c] = g;
+                dres_x[(size_t)n * C + c] = fx(g);
+                acc[j] += dyv * xv * r;
+            }
+        }
+    }
+    rmsnorm_dw_in_warp_order<1>(dw_partial, dw_row, acc, C);
+}
+
+// Version 4 backward: version 3 with 128-bit loads and stores (dres two or one 16-byte packs of
+// fp32 per pack of floatX); C a multiple of x128::size, rows 16-byte aligned
+__global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel4(float* dres, floatX* dres_x,
+                                                                               float* dw_partial, const floatX* dout,
+                                                                               const floatX* inp, const floatX* w,
+                                                                               const float* rstd, int N, int C,
+                                                                               int rows_per_block, float offset) {
+    typedef Packed128<float> f128;
+    const int PACKS = RMSNORM_BWD3_COLS / x128::size;
+    extern __shared__ float dw_row[];  // (C)
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    float acc[RMSNORM_BWD3_COLS];
+    #pragma unroll
+    for (int j = 0; j < RMSNORM_BWD3_COLS; j++) { acc[j] = 0.0f; }
+    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    for (int n = r0 + warp; n < r1; n += n_warps) {
+        const floatX* x = inp + (size_t)n * C;
+        const floatX* dy = dout + (size_t)n * C;
+        float r = rstd[n], dot = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < PACKS; j++) {
+            int c = (lane + 32 * j) * x128::size;
+            if (c < C) {
+                x128 xv = load128(x + c), dyv = load128(dy + c), wv = load128(w + c);
+                #pragma unroll
+                for (int k = 0; k < x128::size; k++) { dot += f32(dyv.v[k]) * (f32(wv.v[k]) + offset) * f32(xv.v[k]); }
+            }
+        }
+        float kr = warp_sum(dot) * r * r * r / (float)C;
+        #pragma unroll
+        for (int j = 0; j < PACKS; j++) {
+            int c = (lane + 32 * j) * x128::size;
+            if (c < C) {  // (the row again, from L1: holding it would double the registers)
+                x128 xv = load128(x + c), dyv = load128(dy + c), wv = load128(w + c), o;
+                float* d = dres + (size_t)n * C + c;
+                #pragma unroll
+                for (int k0 = 0; k0 < x128::size; k0 += f128::size) {
+                    f128 dv = load128(d + k0);
+                    #pragma unroll
+                    for (int i = 0; i < f128::size; i++) {
+                        int k = k0 + i;
+                        float xk = f32(xv.v[k]), dyk = f32(dyv.v[k]);
+                        dv.v[i] = dv.v[i] + r * (f32(wv.v[k]) + offset) * dyk - kr * xk;
+                        o.v[k] = fx(dv.v[i]);
+                        acc[j * x128::size + k] += dyk * xk * r;
+                    }
+                    store128(d + k0, dv);
+                }
+                store128(dres_x + (size_t)n * C + c, o);
+            }
+        }
+    }
+    rmsnorm_dw_in_warp_order<x128::size>(dw_partial, dw_row, acc, C);
+}
+
+// The launchers train_vla.cu's rmsnorm_forward / rmsnorm_backward become with the offset, at BLOCK:
+// version 4 where the width and the pointers allow 16-byte loads, version 3 elsewhere
+static void rmsnorm_offset_forward(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C, float eps,
+                                   float offset) {
+    ProfOp prof_op("rmsnorm");
+    if (packable(C, x128::size, out, inp, w)) {
+        rmsnorm_forward_kernel4<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps,
+                                                                                            offset);
+    } else {
+        rmsnorm_forward_kernel3<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps,
+                                                                                            offset);
+    }
+    launchCheck();
+}
+
+static void rmsnorm_offset_backward(float* dres, floatX* dres_x, float* dw, float* partial, const floatX* dout,
+                                    const floatX* inp, const floatX* w, const float* rstd, int N, int C, float offset) {
+    ProfOp prof_op("rmsnorm");
+    if (C > 32 * RMSNORM_BWD3_COLS) { vla_fail("rmsnorm_backward: width %d over %d", C, 32 * RMSNORM_BWD3_COLS); }
+    int chunks = (int)colsum_chunks(N), rows = colsum_rows(N);
+    size_t smem = (size_t)C * sizeof(float);
+    if (packable(C, x128::size, dout, inp, w) && packable(C, x128::size, dres, dres_x)) {
+        rmsnorm_backward_kernel4<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
+                                                                       rows, offset);
+    } else {
+        rmsnorm_backward_kernel3<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
+                                                                       rows, offset);
+    }
+    launchCheck();
+    column_sum(dw, partial, chunks, C);
+}
+
+// ----------------------------------------------------------------------------
+// the versions, launched directly. Version 0 is the launcher train_vla.cu calls (versions 1 and 2,
+// no offset), 5 the offset launchers above (versions 3 and 4).
+
+#define N_VERSIONS 6
+static const char* version_name(int version) {
+    static const char* names[N_VERSIONS] = {"launcher", "v1", "v2", "v3", "v4", "offset launcher"};
+    return names[version];
+}
+
+// whether a version takes the width (and the offset: versions 0 to 2 have none) at this block size
+static bool forward_takes(int version, int C, float offset) {
+    if (offset != 0.0f && version <= 2) { return false; }
+    return (version != 2 && version != 4) || C % x128::size == 0;
+}
+
+static bool backward_takes(int version, int C, float offset, int block) {
+    if (offset != 0.0f && version <= 2) { return false; }
+    if (version == 0 || version == 5) { return true; }  // (the trainer's refuses widths over 1024: skipped below)
+    // every version: at most RMSNORM_MAX_BLOCK threads (their registers). Version 1: each thread holds
+    // at most RMSNORM_BWD_COLS columns; version 2: each lane RMSNORM_BWD2_COLS, and the warps' partial
+    // sums fit in shared memory; versions 3 and 4: each lane RMSNORM_BWD3_COLS, 4 in whole packs
+    if (block > RMSNORM_MAX_BLOCK) { return false; }
+    if (version == 1) { return C <= RMSNORM_BWD_COLS * block; }
+    if (version == 2) { return C <= 32 * RMSNORM_BWD2_COLS && (size_t)(block / 32) * C * sizeof(float) <= 48 * 1024; }
+    return C <= 32 * RMSNORM_BWD3_COLS && (version == 3 || C % x128::size == 0);
+}
+
+static void run_forward(int version, int block, floatX* out, float* rstd, const floatX* inp, const floatX* w, int N,
+                        int C, float eps, float offset) {
+    size_t grid = ceil_div((size_t)N * 32, block);
+    switch (version) {
+        case 0: rmsnorm_forward(out, rstd, inp, w, N, C, eps); return;
+        case 1: rmsnorm_forward_kernel<<<grid, block, 0, main_stream>>>(out, rstd, inp, w, N, C, eps); break;
+        case 2: rmsnorm_forward_kernel2<<<grid, block, 0, main_stream>>>(out, rstd, inp, w, N, C, eps); break;
+        case 3: rmsnorm_forward_kernel3<<<grid, block, 0, main_stream>>>(out, rstd, inp, w, N, C, eps, offset); break;
+        case 4: rmsnorm_forward_kernel4<<<grid, block, 0, main_stream>>>(out, rstd, inp, w, N, C, eps, offset); break;
+        default: rmsnorm_offset_forward(out, rstd, inp, w, N, C, eps, offset); return;
+    }
+    launchCheck();
+}
+
+// partial: scratch of (ceil(N / rows_per_block), C) floats (versions 0 and 5: their own rows)
 static void run_backward(int version, int block, int rows_per_block, float* dres, floatX* dres_x, float* dw,
                          float* partial, const floatX* dout, const floatX* inp, const floatX* w, const float* rstd, int N,
-                         int C) {
+                         int C, float offset) {
     int chunks = ceil_div(N, rows_per_block);
-    if (version == 1) {
-        rmsnorm_backward_kernel<<<chunks, block, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
-                                                                  rows_per_block);
-    } else {
-        size_t smem = (size_t)(block / 32) * C * sizeof(float);
-        rmsnorm_backward_kernel2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
-                                                                       rows_per_block);
+    size_t smem = version == 2 ? (size_t)(block / 32) * C * sizeof(float) : (size_t)C * sizeof(float);
+    switch (version) {
+        case 0: rmsnorm_backward(dres, dres_x, dw, partial, dout, inp, w, rstd, N, C); return;
+        case 1:
+            rmsnorm_backward_kernel<<<chunks, block, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
+                                                                      rows_per_block);
+            break;
+        case 2:
+            rmsnorm_backward_kernel2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
+                                                                           rows_per_block);
+            break;
+        case 3:
+            rmsnorm_backward_kernel3<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
+                                                                           rows_per_block, offset);
+            break;
+        case 4:
+            rmsnorm_backward_kernel4<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
+                                                                           rows_per_block, offset);
+            break;
+        default: rmsnorm_offset_backward(dres, dres_x, dw, partial, dout, inp, w, rstd, N, C, offset); return;
     }
     launchCheck();
     column_sum(dw, partial, chunks, C);
@@ -158,33 +412,40 @@ static void run_backward(int version, int block, int rows_per_block, float* dres
 // ----------------------------------------------------------------------------
 // checks
 
-static void check_forward(int N, int C, uint64_t seed) {
+static int label(char* buf, size_t n, int version, const char* pass, int N, int C, float eps, float offset) {
+    return snprintf(buf, n, "%s %s (N %d, C %d, eps %.0e, offset %.0f)", version_name(version), pass, N, C, eps, offset);
+}
+
+// Row 0 a thousand times smaller: its mean square (about 1.3e-6) is of eps's order, so eps decides
+// its rstd (1e-5 for 1e-6 moves it by a factor 2.7) where the other rows would not see it (3e-6)
+static void small_first_row(float* x, int C) {
+    for (int c = 0; c < C; c++) { x[c] *= 1e-3f; }
+}
+
+static void check_forward(int N, int C, float eps, float offset, uint64_t seed) {
     size_t n = (size_t)N * C;
     float* x = random_floats(n, 2.0f, seed);
     float* w = random_floats(C, 1.5f, seed + 1);
+    small_first_row(x, C);
     floatX* d_x = to_device_x(x, n);
     floatX* d_w = to_device_x(w, C);
     double* ref = (double*)mallocCheck(n * sizeof(double));
     double* ref_rstd = (double*)mallocCheck(N * sizeof(double));
-    rmsnorm_forward_reference(ref, ref_rstd, x, w, N, C);
+    rmsnorm_forward_reference(ref, ref_rstd, x, w, N, C, eps, offset);
     floatX* out = alloc_x(n);
     float* rstd = alloc_f(N);
-    int v2 = C % x128::size == 0;
-    for (int version = 0; version <= 2; version++) {
-        if (version == 2 && !v2) { continue; }
-        for (int bi = 0; bi < (version == 0 ? 1 : N_BLOCKS); bi++) {
+    for (int version = 0; version < N_VERSIONS; version++) {
+        if (!forward_takes(version, C, offset)) { continue; }
+        int launcher = version == 0 || version == 5;
+        for (int bi = 0; bi < (launcher ? 1 : N_BLOCKS); bi++) {
             poison(out, n * sizeof(floatX));
             poison(rstd, N * sizeof(float));
-            run_forward(version, BLOCKS[bi], out, rstd, d_x, d_w, N, C);
+            run_forward(version, BLOCKS[bi], out, rstd, d_x, d_w, N, C, eps, offset);
             float* got = from_device_x(out, n);
             float* got_rstd = from_device_f(rstd, N);
-            char what[160];
-            if (version == 0) {
-                snprintf(what, sizeof(what), "launcher forward (N %d, C %d)", N, C);
-            } else {
-                snprintf(what, sizeof(what), "v%d forward (N %d, C %d) block %d", version, N, C, BLOCKS[bi]);
-            }
-            char item[200];
+            char what[160], item[200];
+            int at = label(what, sizeof(what), version, "forward", N, C, eps, offset);
+            if (!launcher) { snprintf(what + at, sizeof(what) - at, " block %d", BLOCKS[bi]); }
             snprintf(item, sizeof(item), "%s: out", what);
             check_close(item, got, ref, n, TOL_X);
             snprintf(item, sizeof(item), "%s: rstd", what);
@@ -197,20 +458,21 @@ static void check_forward(int N, int C, uint64_t seed) {
     free(x); free(w); free(ref); free(ref_rstd);
 }
 
-static void check_backward(int N, int C, uint64_t seed) {
+static void check_backward(int N, int C, float eps, float offset, uint64_t seed) {
     size_t n = (size_t)N * C;
     float* x = random_floats(n, 2.0f, seed);
     float* w = random_floats(C, 1.5f, seed + 1);
     float* dout = random_floats(n, 1.0f, seed + 2);
     float* dres0 = random_floats(n, 0.5f, seed + 3);  // what dres holds before: the kernel adds to it
     float* dw0 = random_floats(C, 1.0f, seed + 4);     // the same for dw
+    small_first_row(x, C);
     floatX* d_x = to_device_x(x, n);
     floatX* d_w = to_device_x(w, C);
     floatX* d_dout = to_device_x(dout, n);
     // the rstd the forward pass would keep (fp32), given to the kernel and the reference alike
     double* fwd = (double*)mallocCheck(n * sizeof(double));
     double* rstd64 = (double*)mallocCheck(N * sizeof(double));
-    rmsnorm_forward_reference(fwd, rstd64, x, w, N, C);
+    rmsnorm_forward_reference(fwd, rstd64, x, w, N, C, eps, offset);
     float* rstd = (float*)mallocCheck(N * sizeof(float));
     for (int i = 0; i < N; i++) { rstd[i] = (float)rstd64[i]; }
     float* d_rstd = to_device_f(rstd, N);
@@ -219,40 +481,31 @@ static void check_backward(int N, int C, uint64_t seed) {
     double* ref_dw = (double*)mallocCheck(C * sizeof(double));
     for (size_t i = 0; i < n; i++) { ref[i] = dres0[i]; }
     for (int c = 0; c < C; c++) { ref_dw[c] = dw0[c]; }
-    rmsnorm_backward_reference(ref, ref_dw, dout, x, w, rstd, N, C);
+    rmsnorm_backward_reference(ref, ref_dw, dout, x, w, rstd, N, C, offset);
 
     float* dres = alloc_f(n);
     floatX* dres_x = alloc_x(n);
     float* dw = alloc_f(C);
     float* partial = alloc_f(n);  // enough for one row per chunk
     int rows[2] = {CHUNK_ROWS, 3};  // the trainer's chunk, and one that splits rows unevenly
-    for (int version = 1; version <= 2; version++) {
-        for (int bi = version == 2 ? -1 : 0; bi < N_BLOCKS; bi++) {  // -1: the launcher (version 2)
-            int block = bi < 0 ? BLOCK : BLOCKS[bi];
-            // both: at most RMSNORM_MAX_BLOCK threads (their registers); version 1: each thread holds
-            // at most RMSNORM_BWD_COLS columns; version 2: each lane RMSNORM_BWD2_COLS, and the warps'
-            // partial sums must fit in shared memory
-            if (block > RMSNORM_MAX_BLOCK) { continue; }
-            if (version == 1 && C > RMSNORM_BWD_COLS * block) { continue; }
-            if (version == 2 && (C > 32 * RMSNORM_BWD2_COLS || (size_t)(block / 32) * C * sizeof(float) > 48 * 1024)) { continue; }
-            for (int ri = 0; ri < (bi < 0 ? 1 : 2); ri++) {
+    for (int version = 0; version < N_VERSIONS; version++) {
+        int launcher = version == 0 || version == 5;
+        if (version == 0 && C > 32 * RMSNORM_BWD2_COLS) { continue; }  // (the trainer's refuses it in one line)
+        for (int bi = 0; bi < (launcher ? 1 : N_BLOCKS); bi++) {
+            int block = launcher ? BLOCK : BLOCKS[bi];
+            if (!backward_takes(version, C, offset, block)) { continue; }
+            for (int ri = 0; ri < (launcher ? 1 : 2); ri++) {
                 cudaCheck(cudaMemcpy(dres, dres0, n * sizeof(float), cudaMemcpyHostToDevice));
                 cudaCheck(cudaMemcpy(dw, dw0, C * sizeof(float), cudaMemcpyHostToDevice));
                 poison(dres_x, n * sizeof(floatX));
                 poison(partial, n * sizeof(float));
-                char what[160];
-                if (bi < 0) {
-                    rmsnorm_backward(dres, dres_x, dw, partial, d_dout, d_x, d_w, d_rstd, N, C);
-                    snprintf(what, sizeof(what), "launcher backward (N %d, C %d)", N, C);
-                } else {
-                    run_backward(version, block, rows[ri], dres, dres_x, dw, partial, d_dout, d_x, d_w, d_rstd, N, C);
-                    snprintf(what, sizeof(what), "v%d backward (N %d, C %d) block %d, %d rows per block", version, N, C,
-                             block, rows[ri]);
-                }
+                run_backward(version, block, rows[ri], dres, dres_x, dw, partial, d_dout, d_x, d_w, d_rstd, N, C, offset);
+                char what[160], item[200];
+                int at = label(what, sizeof(what), version, "backward", N, C, eps, offset);
+                if (!launcher) { snprintf(what + at, sizeof(what) - at, " block %d, %d rows per block", block, rows[ri]); }
                 float* got = from_device_f(dres, n);
                 float* got_x = from_device_x(dres_x, n);
                 float* got_dw = from_device_f(dw, C);
-                char item[200];
                 snprintf(item, sizeof(item), "%s: dres += dx", what);
                 check_close(item, got, ref, n, TOL_F);
                 snprintf(item, sizeof(item), "%s: dres_x", what);
@@ -268,11 +521,70 @@ static void check_backward(int N, int C, uint64_t seed) {
     free(x); free(w); free(dout); free(dres0); free(dw0); free(fwd); free(rstd64); free(rstd); free(ref); free(ref_dw);
 }
 
-// ----------------------------------------------------------------------------
-// benchmark at the base preset: the prefix rows of a 16-sample batch at the VLM width
+// the bytes of n elements of size `size` at two device pointers: how many elements differ
+static size_t count_differing(const void* a, const void* b, size_t n, size_t size) {
+    uint8_t* ha = (uint8_t*)mallocCheck(n * size);
+    uint8_t* hb = (uint8_t*)mallocCheck(n * size);
+    cudaCheck(cudaMemcpy(ha, a, n * size, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(hb, b, n * size, cudaMemcpyDeviceToHost));
+    size_t differ = 0;
+    for (size_t e = 0; e < n; e++) { differ += memcmp(ha + e * size, hb + e * size, size) != 0; }
+    free(ha); free(hb);
+    return differ;
+}
 
-static void benchmark(void) {
-    const int N = 16 * 440, C = 960;
+// Offset 0 is SmolVLA's norm: versions 3 and 4 give versions 1 and 2's bits forward (the same
+// sums in the same order), and version 3 version 2's backward (dres, dres_x and dw), so the trainer
+// can take them for both models without changing SmolVLA's numbers. (Version 4's backward sums a
+// row in another order than version 2: checked against the reference only.)
+static void check_offset_zero_bits(int N, int C, uint64_t seed) {
+    size_t n = (size_t)N * C;
+    float* x = random_floats(n, 2.0f, seed);
+    float* w = random_floats(C, 1.5f, seed + 1);
+    float* dout = random_floats(n, 1.0f, seed + 2);
+    float* dres0 = random_floats(n, 0.5f, seed + 3);
+    floatX* d_x = to_device_x(x, n);
+    floatX* d_w = to_device_x(w, C);
+    floatX* d_dout = to_device_x(dout, n);
+    floatX *out[2] = {alloc_x(n), alloc_x(n)}, *dres_x[2] = {alloc_x(n), alloc_x(n)};
+    float *rstd[2] = {alloc_f(N), alloc_f(N)}, *dres[2] = {alloc_f(n), alloc_f(n)}, *dw[2] = {alloc_f(C), alloc_f(C)};
+    float* partial = alloc_f(n);
+    char what[200];
+    for (int old = 1; old <= 2; old++) {
+        if (!forward_takes(old, C, 0.0f)) { continue; }
+        for (int k = 0; k < 2; k++) { run_forward(old + 2 * k, BLOCK, out[k], rstd[k], d_x, d_w, N, C, SMOLVLA_RMS_EPS, 0.0f); }
+        size_t differ = count_differing(out[0], out[1], n, sizeof(floatX)) + count_differing(rstd[0], rstd[1], N, sizeof(float));
+        snprintf(what, sizeof(what), "v%d forward offset 0 (N %d, C %d): out and rstd bit for bit v%d's: %zu of %zu differ",
+                 old + 2, N, C, old, differ, n + N);
+        check_true(what, differ == 0);
+    }
+    if (backward_takes(2, C, 0.0f, BLOCK)) {
+        for (int k = 0; k < 2; k++) {
+            cudaCheck(cudaMemcpy(dres[k], dres0, n * sizeof(float), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemset(dw[k], 0, C * sizeof(float)));
+            run_backward(2 + k, BLOCK, CHUNK_ROWS, dres[k], dres_x[k], dw[k], partial, d_dout, d_x, d_w, rstd[0], N, C, 0.0f);
+        }
+        size_t differ = count_differing(dres[0], dres[1], n, sizeof(float)) +
+                        count_differing(dres_x[0], dres_x[1], n, sizeof(floatX)) +
+                        count_differing(dw[0], dw[1], C, sizeof(float));
+        snprintf(what, sizeof(what), "v3 backward offset 0 (N %d, C %d): dres, dres_x, dw bit for bit v2's: %zu of %zu differ",
+                 N, C, differ, 2 * n + C);
+        check_true(what, differ == 0);
+    }
+    for (int k = 0; k < 2; k++) {
+        cudaCheck(cudaFree(out[k])); cudaCheck(cudaFree(dres_x[k])); cudaCheck(cudaFree(rstd[k]));
+        cudaCheck(cudaFree(dres[k])); cudaCheck(cudaFree(dw[k]));
+    }
+    cudaCheck(cudaFree(partial)); cudaCheck(cudaFree(d_x)); cudaCheck(cudaFree(d_w)); cudaCheck(cudaFree(d_dout));
+    free(x); free(w); free(dout); free(dres0);
+}
+
+// ----------------------------------------------------------------------------
+// benchmarks: SmolVLA's base preset, the prefix rows of a 16-sample batch at the VLM width (offset 0:
+// every version), and pi0's (offset 1: versions 3 and 4), the VLM's 8 x 560 prefix rows at 2048 and
+// the expert's 8 x 51 suffix rows at 1024
+
+static void benchmark_shape(const char* name, int N, int C, float eps, float offset) {
     size_t n = (size_t)N * C;
     float* h = random_floats(n, 1.0f, 7);
     floatX* x = to_device_x(h, n);
@@ -283,14 +595,15 @@ static void benchmark(void) {
     float* rstd = alloc_f(N);
     float* dres = to_device_f(h, n);
     float* dw = to_device_f(h, C);
-    float* partial = alloc_f(colsum_chunks(N) * C);  // (the launcher's chunks, CHUNK_ROWS's at most)
-    rmsnorm_forward(out, rstd, x, w, N, C, SMOLVLA_RMS_EPS);  // a real rstd for the backward
+    float* partial = alloc_f((size_t)ceil_div(N, CHUNK_ROWS) * C);
+    rmsnorm_offset_forward(out, rstd, x, w, N, C, eps, offset);  // a real rstd for the backward
 
     double fwd_bytes = 2.0 * n * sizeof(floatX) + C * sizeof(floatX) + N * sizeof(float);
-    for (int version = 1; version <= 2; version++) {
+    for (int version = 1; version <= 4; version++) {
+        if (!forward_takes(version, C, offset)) { continue; }
         for (int block = 64; block <= 1024; block *= 2) {
-            double ms = time_ms([&]() { run_forward(version, block, out, rstd, x, w, N, C); }, 20);
-            printf("bench v%d forward (N %d, C %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, N, C, block, ms,
+            double ms = time_ms([&]() { run_forward(version, block, out, rstd, x, w, N, C, eps, offset); }, 20);
+            printf("bench v%d forward  %s (N %d, C %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, name, N, C, block, ms,
                    fwd_bytes / (ms * 1e-3) / 1e9);
         }
     }
@@ -298,13 +611,13 @@ static void benchmark(void) {
     int chunks = ceil_div(N, CHUNK_ROWS);
     double bwd_bytes = 3.0 * n * sizeof(floatX) + 2.0 * n * sizeof(float) + 2.0 * chunks * C * sizeof(float) +
                        N * sizeof(float) + C * (sizeof(floatX) + 2 * sizeof(float));
-    for (int version = 1; version <= 2; version++) {
+    for (int version = 1; version <= 4; version++) {
         for (int block = 128; block <= RMSNORM_MAX_BLOCK; block *= 2) {
-            if (version == 2 && (size_t)(block / 32) * C * sizeof(float) > 48 * 1024) { continue; }
+            if (!backward_takes(version, C, offset, block)) { continue; }
             double ms = time_ms([&]() {
-                run_backward(version, block, CHUNK_ROWS, dres, dres_x, dw, partial, dout, x, w, rstd, N, C);
+                run_backward(version, block, CHUNK_ROWS, dres, dres_x, dw, partial, dout, x, w, rstd, N, C, offset);
             }, 20);
-            printf("bench v%d backward (N %d, C %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, N, C, block, ms,
+            printf("bench v%d backward %s (N %d, C %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, name, N, C, block, ms,
                    bwd_bytes / (ms * 1e-3) / 1e9);
         }
     }
@@ -314,15 +627,29 @@ static void benchmark(void) {
     free(h);
 }
 
+static void benchmark(void) {
+    benchmark_shape("smolvla vlm", 16 * 440, 960, SMOLVLA_RMS_EPS, 0.0f);
+    benchmark_shape("pi0 vlm", 8 * 560, 2048, 1e-6f, 1.0f);
+    benchmark_shape("pi0 expert", 8 * 51, 1024, 1e-6f, 1.0f);
+}
+
 int main(void) {
     dev_init("rmsnorm");
-    // odd widths (scalar path only), widths where version 2 applies (multiples of x128::size),
-    // the VLM width, the widest version 1 of the backward takes at 256 threads; row counts that leave the
-    // last warp's block or the last chunk partly empty
-    struct { int N, C; } shapes[] = {{7, 37}, {45, 64}, {13, 300}, {33, 24}, {70, 960}, {3, 2048}};
+    // SmolVLA's (eps 1e-5): odd widths (scalar paths only), widths where versions 2 and 4 apply
+    // (multiples of x128::size), the VLM width, the widest version 1 of the backward takes at 256
+    // threads; row counts that leave the last warp's block or the last chunk partly empty. pi0's (eps
+    // 1e-6): the VLM's and the expert's widths, 2048 (past version 2's backward) and 1024. Each at
+    // offset 0 (versions 1 to 4) and 1 (Gemma's: versions 3 and 4).
+    struct { int N, C; float eps; } shapes[] = {
+        {7, 37, SMOLVLA_RMS_EPS}, {45, 64, SMOLVLA_RMS_EPS}, {13, 300, SMOLVLA_RMS_EPS}, {33, 24, SMOLVLA_RMS_EPS},
+        {70, 960, SMOLVLA_RMS_EPS}, {3, 2048, SMOLVLA_RMS_EPS}, {37, 2048, 1e-6f}, {21, 1024, 1e-6f},
+    };
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
-        check_forward(shapes[i].N, shapes[i].C, 100 + 10 * i);
-        check_backward(shapes[i].N, shapes[i].C, 200 + 10 * i);
+        for (int offset = 0; offset <= 1; offset++) {
+            check_forward(shapes[i].N, shapes[i].C, shapes[i].eps, (float)offset, 100 + 10 * i);
+            check_backward(shapes[i].N, shapes[i].C, shapes[i].eps, (float)offset, 200 + 10 * i);
+        }
+        check_offset_zero_bits(shapes[i].N, shapes[i].C, 300 + 10 * i);
     }
     return dev_finish(benchmark);
 }
