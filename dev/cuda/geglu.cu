@@ -9,10 +9,9 @@ the two MLPs share one formula; the references are gelu_reference.h's.
 
   version 1  one thread per element, scalar loads (geglu_forward_kernel1, geglu_backward_kernel1)
   version 2  x128::size elements per thread, 128-bit loads and stores (geglu_forward_kernel2,
-             geglu_backward_kernel2; n a multiple of x128::size, 16-byte aligned pointers), launched
-             at BLOCK by geglu_forward / geglu_backward as swiglu's are in train_vla.cu
-The kernels and launchers live here until the pi0 model code takes them into train_vla.cu, where
-version 2 and its launchers go, as SwiGLU's did (pi0's MLP widths, 16384 and 4096, are whole packs).
+             geglu_backward_kernel2; n a multiple of x128::size, 16-byte aligned pointers): train_vla.cu's,
+             launched at BLOCK by its geglu_forward / geglu_backward as SwiGLU's are (pi0's MLP widths,
+             16384 and 4096, are whole packs); version 1 lives here.
 
   make -C dev/cuda geglu && dev/cuda/geglu
 */
@@ -44,48 +43,9 @@ __global__ void geglu_backward_kernel1(floatX* dgate, floatX* dup, const floatX*
     dup[i] = fx(da * gelu_tanh(g));
 }
 
-// Version 2: act = gelu(gate) * up, 128-bit loads and stores
-__global__ void geglu_forward_kernel2(floatX* act, const floatX* gate, const floatX* up, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-    if (i >= n) { return; }
-    x128 g = load128(gate + i), u = load128(up + i), o;
-    #pragma unroll
-    for (int k = 0; k < x128::size; k++) { o.v[k] = fx(gelu_tanh(f32(g.v[k])) * f32(u.v[k])); }
-    store128(act + i, o);
-}
-
-__global__ void geglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
-                                       const floatX* up, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-    if (i >= n) { return; }
-    x128 g = load128(gate + i), u = load128(up + i), d = load128(dact + i), dg, du;
-    #pragma unroll
-    for (int k = 0; k < x128::size; k++) {
-        float gk = f32(g.v[k]), dk = f32(d.v[k]);
-        dg.v[k] = fx(dk * f32(u.v[k]) * gelu_tanh_grad(gk));
-        du.v[k] = fx(dk * gelu_tanh(gk));
-    }
-    store128(dgate + i, dg);
-    store128(dup + i, du);
-}
-
 // ----------------------------------------------------------------------------
-// launchers: the trainer's (version 2 at BLOCK, a one-line failure on a size or pointer it does not
-// take), then one per version with its block size
-
-static void geglu_forward(floatX* act, const floatX* gate, const floatX* up, size_t n) {
-    ProfOp prof_op("geglu");
-    check_packable("geglu_forward", n, act, gate, up);
-    geglu_forward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(act, gate, up, n);
-    launchCheck();
-}
-
-static void geglu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up, size_t n) {
-    ProfOp prof_op("geglu");
-    check_packable("geglu_backward", n, dgate, dup, dact, gate, up);
-    geglu_backward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
-    launchCheck();
-}
+// launchers: one per version with its block size (the trainer's geglu_forward / geglu_backward run
+// version 2 at BLOCK, with a one-line failure on a size or pointer it does not take)
 
 static void geglu_forward1(floatX* act, const floatX* gate, const floatX* up, size_t n, int block) {
     geglu_forward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(act, gate, up, n);

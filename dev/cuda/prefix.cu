@@ -193,7 +193,8 @@ static void check_sequence(int B, int NI, int T, int H, int holes, uint64_t seed
         poison_ints(block, (size_t)B * n);
         poison_ints(pos, (size_t)B * n);
         poison_ints(x_pos, (size_t)B * H);
-        smolvla_sequence_kernel<<<ceil_div(B, bl), bl, 0, main_stream>>>(block, pos, x_pos, d_mask, B, NI, T, H);
+        smolvla_sequence_kernel<<<ceil_div(B, bl), bl, 0, main_stream>>>(block, pos, x_pos, d_mask, B, NI, T, NI + T + 1, H,
+                                                                          1);  // SmolVLA's: causal actions
         launchCheck();
         int* got_block = from_device_i(block, (size_t)B * n);
         int* got_pos = from_device_i(pos, (size_t)B * n);
@@ -259,7 +260,8 @@ static void check_embed(int B, int n_cam, int NI, int T, int C, int vocab, int p
         int bl = BLOCKS[bi];
         poison(x, n_x * sizeof(floatX));
         smolvla_prefix_embed_kernel<<<ceil_div(n_x, bl), bl, 0, main_stream>>>(x, d_img, d_table, d_tokens, d_state, B,
-                                                                               n_cam, NI, T, C, scale);
+                                                                               n_cam, NI, T, n_cam * NI + T + 1, C, scale,
+                                                                               scale);  // SmolVLA's: images scaled too
         launchCheck();
         float* got = from_device_x(x, n_x);
         snprintf(item, sizeof(item), "v1 prefix_embed %s block %d", what, bl);
@@ -339,10 +341,11 @@ static void benchmark(void) {
     cudaCheck(cudaMemset(dtable, 0, n_table * sizeof(float)));
     float scale = sqrtf((float)C);
     bench("sequence", (double)B * T * 4 + (double)B * (2 * n + H) * 4, [&]() {
-        LAUNCH_1D(smolvla_sequence_kernel, B, block, pos, x_pos, d_mask, B, n_cam * NI, T, H);
+        LAUNCH_1D(smolvla_sequence_kernel, B, block, pos, x_pos, d_mask, B, n_cam * NI, T, n_cam * NI + T + 1, H, 1);
     });
     bench("prefix_embed", 2.0 * n_x * X, [&]() {  // every value read once (image, table or state), written once
-        LAUNCH_1D(smolvla_prefix_embed_kernel, n_x, x, img, table, d_tokens, state, B, n_cam, NI, T, C, scale);
+        LAUNCH_1D(smolvla_prefix_embed_kernel, n_x, x, img, table, d_tokens, state, B, n_cam, NI, T, n_cam * NI + T + 1, C,
+                  scale, scale);
     });
     bench("prefix_image_grad", (double)n_img * (4 + X), [&]() {
         LAUNCH_1D(prefix_image_grad_kernel, n_img, dimg, dx, B, n_cam, NI, Np, C, scale);

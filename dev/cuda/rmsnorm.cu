@@ -2,7 +2,7 @@
 rmsnorm.cu: RMSNorm, forward and backward (input_layernorm and post_attention_layernorm of every
   VLM and expert layer, the expert's final norm).
   forward:  out = x r w with r = (mean x^2 + eps)^-1/2 per row; rstd = r kept for the backward (eps a
-            parameter: SmolLM2's SMOLVLA_RMS_EPS = 1e-5)
+            parameter: SmolLM2's 1e-5, smolvla_rms_eps of a SmolVLA config)
   backward: dx = r w dy - x r^3 / C sum_j dy_j w_j x_j, added into the fp32 residual gradient dres
             and written as its floatX copy dres_x; dw += sum over rows of dy x r
 
@@ -18,22 +18,18 @@ rmsnorm.cu: RMSNorm, forward and backward (input_layernorm and post_attention_la
              order (rmsnorm_backward_kernel2, then column_sum_kernel; C <= 32 * RMSNORM_BWD2_COLS)
              Both train_vla.cu's, launched by its rmsnorm_forward (version 2 where C and the
              pointers allow it) and rmsnorm_backward.
-  version 3  Gemma's RMSNorm (pi0): out = x r (offset + w), offset 1 (0 is SmolVLA's: versions 1 and
-             2's bits, but for version 4's backward), eps 1e-6, the offset added to w in fp32 as
-             Gemma's norm computes it;
-             dx = r (offset + w) dy - x r^3 / C sum_j dy_j (offset + w_j) x_j, dw unchanged
-             forward: train_vla.cu's version 1 (a warp per row, scalar loads) with the offset
-             (rmsnorm_forward_kernel3: any width)
-             backward: train_vla.cu's version 2 (a warp per row, dw in registers) with the offset,
-             up to 64 columns a lane (C <= 2048: pi0's VLM width; version 2 stops at 1024), the
-             warps' sums added in warp order into one shared row of C floats (rmsnorm_backward_kernel3:
-             any width up to 2048)
-  version 4  forward: train_vla.cu's version 2 (128-bit loads and stores) with the offset
-             (rmsnorm_forward_kernel4); backward: version 3 with 128-bit loads and stores
+  Versions 1 and 2 (and the launchers) take an offset: out = x r (offset + w), dx = r (offset + w) dy
+             - x r^3 / C sum_j dy_j (offset + w_j) x_j, dw unchanged; offset 0 is SmolVLA's norm,
+             1 Gemma's (pi0: eps 1e-6, the offset added to w in fp32 as Gemma's norm computes it).
+             Version 1's backward (this program's) takes offset 0 only.
+  version 3  forward: version 1's. backward: train_vla.cu's version 2 with up to 64 columns a lane
+             (C <= 2048: pi0's VLM width; version 2 stops at 1024), the warps' sums added in warp
+             order into one shared row of C floats (rmsnorm_backward_kernel3: any width up to 2048)
+  version 4  forward: version 2's. backward: version 3 with 128-bit loads and stores
              (rmsnorm_backward_kernel4); C a multiple of x128::size
-             Versions 3 and 4 live here until the pi0 model code takes them into train_vla.cu, with
-             their launchers (rmsnorm_offset_forward / _backward: 4 where the width and the pointers
-             allow 16-byte loads, 3 elsewhere, as rmsnorm_forward chooses between 2 and 1).
+             The wide backward lives here until the GPU trainer takes pi0's released widths, with its
+             launcher (rmsnorm_offset_backward: 4 where the width and the pointers allow 16-byte
+             loads, 3 elsewhere, as rmsnorm_forward chooses between 2 and 1).
   The backward versions take blocks of at most RMSNORM_MAX_BLOCK (512) threads (their registers:
   versions 3 and 4 keep 64 dw sums a lane, 127 registers on sm_90 in bf16 with nothing spilled; in
   fp32 builds version 4 spills 24 bytes).
@@ -50,6 +46,7 @@ static const double TOL_F = 1e-5;
 
 static const int BLOCKS[] = {32, 64, 128, 256, 512, 1024};
 static const int N_BLOCKS = sizeof(BLOCKS) / sizeof(BLOCKS[0]);
+static const float SMOL_EPS = 1e-5f;  // SmolLM2's RMSNorm eps (smolvla_rms_eps of a SmolVLA config)
 
 static floatX* alloc_x(size_t n) {
     floatX* p;
@@ -144,46 +141,8 @@ __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel(flo
 // versions 3 and 4: Gemma's RMSNorm (pi0's VLM and expert), out = x r (offset + w) with offset 1;
 // offset 0 is SmolVLA's norm, computed in the same order as versions 1 and 2 (the same bits)
 
-// Version 3 forward: train_vla.cu's rmsnorm_forward_kernel (version 1: a warp per row, scalar
-// loads) with the weight taken as offset + w, added in fp32 as Gemma's norm does (w.float() + 1)
-__global__ void rmsnorm_forward_kernel3(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
-                                        float eps, float offset) {
-    int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (row >= N) { return; }  // whole warps leave together
-    const floatX* x = inp + (size_t)row * C;
-    float ss = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float v = f32(x[c]);
-        ss += v * v;
-    }
-    float r = rsqrtf(warp_sum(ss) / (float)C + eps);
-    if (lane == 0) { rstd[row] = r; }
-    floatX* y = out + (size_t)row * C;
-    for (int c = lane; c < C; c += 32) { y[c] = fx(f32(x[c]) * r * (f32(w[c]) + offset)); }
-}
-
-// Version 4 forward: train_vla.cu's rmsnorm_forward_kernel2 (128-bit loads and stores) with the offset
-__global__ void rmsnorm_forward_kernel4(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
-                                        float eps, float offset) {
-    int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (row >= N) { return; }
-    const floatX* x = inp + (size_t)row * C;
-    float ss = 0.0f;
-    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
-        x128 v = load128(x + c);
-        #pragma unroll
-        for (int k = 0; k < x128::size; k++) { ss += f32(v.v[k]) * f32(v.v[k]); }
-    }
-    float r = rsqrtf(warp_sum(ss) / (float)C + eps);
-    if (lane == 0) { rstd[row] = r; }
-    floatX* y = out + (size_t)row * C;
-    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
-        x128 v = load128(x + c), wv = load128(w + c), o;
-        #pragma unroll
-        for (int k = 0; k < x128::size; k++) { o.v[k] = fx(f32(v.v[k]) * r * (f32(wv.v[k]) + offset)); }
-        store128(y + c, o);
-    }
-}
+// Versions 3 and 4 forward are train_vla.cu's versions 1 and 2, which take the offset (added to w
+// in fp32, as Gemma's norm does: w.float() + 1)
 
 // Columns a lane of the backward versions 3 and 4 owns: C <= 32 * 64 = 2048, pi0's VLM width
 #define RMSNORM_BWD3_COLS 64
@@ -305,21 +264,9 @@ __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel4(fl
     rmsnorm_dw_in_warp_order<x128::size>(dw_partial, dw_row, acc, C);
 }
 
-// The launchers train_vla.cu's rmsnorm_forward / rmsnorm_backward become with the offset, at BLOCK:
-// version 4 where the width and the pointers allow 16-byte loads, version 3 elsewhere
-static void rmsnorm_offset_forward(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C, float eps,
-                                   float offset) {
-    ProfOp prof_op("rmsnorm");
-    if (packable(C, x128::size, out, inp, w)) {
-        rmsnorm_forward_kernel4<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps,
-                                                                                            offset);
-    } else {
-        rmsnorm_forward_kernel3<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps,
-                                                                                            offset);
-    }
-    launchCheck();
-}
-
+// The launcher train_vla.cu's rmsnorm_backward becomes past its width of 1024, at BLOCK: version 4
+// where the width and the pointers allow 16-byte loads, version 3 elsewhere (the forward's is
+// train_vla.cu's rmsnorm_forward, which takes the offset)
 static void rmsnorm_offset_backward(float* dres, floatX* dres_x, float* dw, float* partial, const floatX* dout,
                                     const floatX* inp, const floatX* w, const float* rstd, int N, int C, float offset) {
     ProfOp prof_op("rmsnorm");
@@ -339,22 +286,22 @@ static void rmsnorm_offset_backward(float* dres, floatX* dres_x, float* dw, floa
 
 // ----------------------------------------------------------------------------
 // the versions, launched directly. Version 0 is the launcher train_vla.cu calls (versions 1 and 2,
-// no offset), 5 the offset launchers above (versions 3 and 4).
+// which take the offset), 5 the wide backward's launcher above (versions 3 and 4; its forward is 0's).
 
 #define N_VERSIONS 6
 static const char* version_name(int version) {
-    static const char* names[N_VERSIONS] = {"launcher", "v1", "v2", "v3", "v4", "offset launcher"};
+    static const char* names[N_VERSIONS] = {"launcher", "v1", "v2", "v3", "v4", "wide launcher"};
     return names[version];
 }
 
-// whether a version takes the width (and the offset: versions 0 to 2 have none) at this block size
+// whether a version takes the width (and the offset: version 1's backward has none) at this block size
 static bool forward_takes(int version, int C, float offset) {
-    if (offset != 0.0f && version <= 2) { return false; }
+    (void)offset;
     return (version != 2 && version != 4) || C % x128::size == 0;
 }
 
 static bool backward_takes(int version, int C, float offset, int block) {
-    if (offset != 0.0f && version <= 2) { return false; }
+    if (offset != 0.0f && version == 1) { return false; }
     if (version == 0 || version == 5) { return true; }  // (the trainer's refuses widths over 1024: skipped below)
     // every version: at most RMSNORM_MAX_BLOCK threads (their registers). Version 1: each thread holds
     // at most RMSNORM_BWD_COLS columns; version 2: each lane RMSNORM_BWD2_COLS, and the warps' partial
@@ -369,12 +316,9 @@ static void run_forward(int version, int block, floatX* out, float* rstd, const 
                         int C, float eps, float offset) {
     size_t grid = ceil_div((size_t)N * 32, block);
     switch (version) {
-        case 0: rmsnorm_forward(out, rstd, inp, w, N, C, eps); return;
-        case 1: rmsnorm_forward_kernel<<<grid, block, 0, main_stream>>>(out, rstd, inp, w, N, C, eps); break;
-        case 2: rmsnorm_forward_kernel2<<<grid, block, 0, main_stream>>>(out, rstd, inp, w, N, C, eps); break;
-        case 3: rmsnorm_forward_kernel3<<<grid, block, 0, main_stream>>>(out, rstd, inp, w, N, C, eps, offset); break;
-        case 4: rmsnorm_forward_kernel4<<<grid, block, 0, main_stream>>>(out, rstd, inp, w, N, C, eps, offset); break;
-        default: rmsnorm_offset_forward(out, rstd, inp, w, N, C, eps, offset); return;
+        case 1: case 3: rmsnorm_forward_kernel<<<grid, block, 0, main_stream>>>(out, rstd, inp, w, N, C, eps, offset); break;
+        case 2: case 4: rmsnorm_forward_kernel2<<<grid, block, 0, main_stream>>>(out, rstd, inp, w, N, C, eps, offset); break;
+        default: rmsnorm_forward(out, rstd, inp, w, N, C, eps, offset); return;  // versions 0 and 5
     }
     launchCheck();
 }
@@ -386,14 +330,14 @@ static void run_backward(int version, int block, int rows_per_block, float* dres
     int chunks = ceil_div(N, rows_per_block);
     size_t smem = version == 2 ? (size_t)(block / 32) * C * sizeof(float) : (size_t)C * sizeof(float);
     switch (version) {
-        case 0: rmsnorm_backward(dres, dres_x, dw, partial, dout, inp, w, rstd, N, C); return;
+        case 0: rmsnorm_backward(dres, dres_x, dw, partial, dout, inp, w, rstd, N, C, offset); return;
         case 1:
             rmsnorm_backward_kernel<<<chunks, block, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
                                                                       rows_per_block);
             break;
         case 2:
             rmsnorm_backward_kernel2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
-                                                                           rows_per_block);
+                                                                           rows_per_block, offset);
             break;
         case 3:
             rmsnorm_backward_kernel3<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
@@ -552,7 +496,7 @@ static void check_offset_zero_bits(int N, int C, uint64_t seed) {
     char what[200];
     for (int old = 1; old <= 2; old++) {
         if (!forward_takes(old, C, 0.0f)) { continue; }
-        for (int k = 0; k < 2; k++) { run_forward(old + 2 * k, BLOCK, out[k], rstd[k], d_x, d_w, N, C, SMOLVLA_RMS_EPS, 0.0f); }
+        for (int k = 0; k < 2; k++) { run_forward(old + 2 * k, BLOCK, out[k], rstd[k], d_x, d_w, N, C, SMOL_EPS, 0.0f); }
         size_t differ = count_differing(out[0], out[1], n, sizeof(floatX)) + count_differing(rstd[0], rstd[1], N, sizeof(float));
         snprintf(what, sizeof(what), "v%d forward offset 0 (N %d, C %d): out and rstd bit for bit v%d's: %zu of %zu differ",
                  old + 2, N, C, old, differ, n + N);
@@ -596,7 +540,7 @@ static void benchmark_shape(const char* name, int N, int C, float eps, float off
     float* dres = to_device_f(h, n);
     float* dw = to_device_f(h, C);
     float* partial = alloc_f((size_t)ceil_div(N, CHUNK_ROWS) * C);
-    rmsnorm_offset_forward(out, rstd, x, w, N, C, eps, offset);  // a real rstd for the backward
+    rmsnorm_forward(out, rstd, x, w, N, C, eps, offset);  // a real rstd for the backward
 
     double fwd_bytes = 2.0 * n * sizeof(floatX) + C * sizeof(floatX) + N * sizeof(float);
     for (int version = 1; version <= 4; version++) {
@@ -628,7 +572,7 @@ static void benchmark_shape(const char* name, int N, int C, float eps, float off
 }
 
 static void benchmark(void) {
-    benchmark_shape("smolvla vlm", 16 * 440, 960, SMOLVLA_RMS_EPS, 0.0f);
+    benchmark_shape("smolvla vlm", 16 * 440, 960, SMOL_EPS, 0.0f);
     benchmark_shape("pi0 vlm", 8 * 560, 2048, 1e-6f, 1.0f);
     benchmark_shape("pi0 expert", 8 * 51, 1024, 1e-6f, 1.0f);
 }
@@ -641,8 +585,8 @@ int main(void) {
     // 1e-6): the VLM's and the expert's widths, 2048 (past version 2's backward) and 1024. Each at
     // offset 0 (versions 1 to 4) and 1 (Gemma's: versions 3 and 4).
     struct { int N, C; float eps; } shapes[] = {
-        {7, 37, SMOLVLA_RMS_EPS}, {45, 64, SMOLVLA_RMS_EPS}, {13, 300, SMOLVLA_RMS_EPS}, {33, 24, SMOLVLA_RMS_EPS},
-        {70, 960, SMOLVLA_RMS_EPS}, {3, 2048, SMOLVLA_RMS_EPS}, {37, 2048, 1e-6f}, {21, 1024, 1e-6f},
+        {7, 37, SMOL_EPS}, {45, 64, SMOL_EPS}, {13, 300, SMOL_EPS}, {33, 24, SMOL_EPS},
+        {70, 960, SMOL_EPS}, {3, 2048, SMOL_EPS}, {37, 2048, 1e-6f}, {21, 1024, 1e-6f},
     };
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
         for (int offset = 0; offset <= 1; offset++) {
