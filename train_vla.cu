@@ -184,6 +184,127 @@ __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel2(fl
     }
 }
 
+// RMSNorm's backward past version 2's width (pi0's VLM, 2048), dev/cuda/rmsnorm.cu's versions 3 and 4.
+// Columns a lane owns: C <= 32 * 64 = 2048
+#define RMSNORM_BWD3_COLS 64
+
+// dw_partial's row blockIdx.x <- the sum of the warps' acc, added in warp order through one shared
+// row of C floats (warp w adds its columns while the others wait): the order of version 2's sums,
+// in C floats where version 2's row per warp takes 64 KiB at 2048 wide and 256 threads. A lane's
+// columns come in runs of RUN: (lane + 32 j) RUN + k holds acc[j RUN + k].
+template <int RUN>
+static __device__ void rmsnorm_dw_in_warp_order(float* dw_partial, float* row, const float* acc, int C) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    for (int wp = 0; wp < n_warps; wp++) {
+        if (warp == wp) {
+            #pragma unroll
+            for (int j = 0; j < RMSNORM_BWD3_COLS / RUN; j++) {
+                #pragma unroll
+                for (int k = 0; k < RUN; k++) {
+                    int c = (lane + 32 * j) * RUN + k;
+                    if (c < C) { row[c] = (wp == 0 ? 0.0f : row[c]) + acc[j * RUN + k]; }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) { dw_partial[(size_t)blockIdx.x * C + c] = row[c]; }
+}
+
+// Version 3 backward: train_vla.cu's rmsnorm_backward_kernel2 (a warp per row, scalar loads, each
+// lane's dw sums in registers) with the input gradient through offset + w, 64 columns a lane and
+// the warps' sums added by rmsnorm_dw_in_warp_order. Shared memory: C floats.
+__global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel3(float* dres, floatX* dres_x,
+                                                                               float* dw_partial, const floatX* dout,
+                                                                               const floatX* inp, const floatX* w,
+                                                                               const float* rstd, int N, int C,
+                                                                               int rows_per_block, float offset) {
+    extern __shared__ float dw_row[];  // (C)
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    float acc[RMSNORM_BWD3_COLS];
+    #pragma unroll
+    for (int j = 0; j < RMSNORM_BWD3_COLS; j++) { acc[j] = 0.0f; }
+    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    for (int n = r0 + warp; n < r1; n += n_warps) {
+        const floatX* x = inp + (size_t)n * C;
+        const floatX* dy = dout + (size_t)n * C;
+        float r = rstd[n], dot = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < RMSNORM_BWD3_COLS; j++) {
+            int c = lane + 32 * j;
+            if (c < C) { dot += f32(dy[c]) * (f32(w[c]) + offset) * f32(x[c]); }
+        }
+        float k = warp_sum(dot) * r * r * r / (float)C;
+        #pragma unroll
+        for (int j = 0; j < RMSNORM_BWD3_COLS; j++) {
+            int c = lane + 32 * j;
+            if (c < C) {
+                float xv = f32(x[c]), dyv = f32(dy[c]);
+                float g = dres[(size_t)n * C + c] + r * (f32(w[c]) + offset) * dyv - k * xv;
+                dres[(size_t)n * C + c] = g;
+                dres_x[(size_t)n * C + c] = fx(g);
+                acc[j] += dyv * xv * r;
+            }
+        }
+    }
+    rmsnorm_dw_in_warp_order<1>(dw_partial, dw_row, acc, C);
+}
+
+// Version 4 backward: version 3 with 128-bit loads and stores (dres two or one 16-byte packs of
+// fp32 per pack of floatX); C a multiple of x128::size, rows 16-byte aligned
+__global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel4(float* dres, floatX* dres_x,
+                                                                               float* dw_partial, const floatX* dout,
+                                                                               const floatX* inp, const floatX* w,
+                                                                               const float* rstd, int N, int C,
+                                                                               int rows_per_block, float offset) {
+    typedef Packed128<float> f128;
+    const int PACKS = RMSNORM_BWD3_COLS / x128::size;
+    extern __shared__ float dw_row[];  // (C)
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    float acc[RMSNORM_BWD3_COLS];
+    #pragma unroll
+    for (int j = 0; j < RMSNORM_BWD3_COLS; j++) { acc[j] = 0.0f; }
+    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    for (int n = r0 + warp; n < r1; n += n_warps) {
+        const floatX* x = inp + (size_t)n * C;
+        const floatX* dy = dout + (size_t)n * C;
+        float r = rstd[n], dot = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < PACKS; j++) {
+            int c = (lane + 32 * j) * x128::size;
+            if (c < C) {
+                x128 xv = load128(x + c), dyv = load128(dy + c), wv = load128(w + c);
+                #pragma unroll
+                for (int k = 0; k < x128::size; k++) { dot += f32(dyv.v[k]) * (f32(wv.v[k]) + offset) * f32(xv.v[k]); }
+            }
+        }
+        float kr = warp_sum(dot) * r * r * r / (float)C;
+        #pragma unroll
+        for (int j = 0; j < PACKS; j++) {
+            int c = (lane + 32 * j) * x128::size;
+            if (c < C) {  // (the row again, from L1: holding it would double the registers)
+                x128 xv = load128(x + c), dyv = load128(dy + c), wv = load128(w + c), o;
+                float* d = dres + (size_t)n * C + c;
+                #pragma unroll
+                for (int k0 = 0; k0 < x128::size; k0 += f128::size) {
+                    f128 dv = load128(d + k0);
+                    #pragma unroll
+                    for (int i = 0; i < f128::size; i++) {
+                        int k = k0 + i;
+                        float xk = f32(xv.v[k]), dyk = f32(dyv.v[k]);
+                        dv.v[i] = dv.v[i] + r * (f32(wv.v[k]) + offset) * dyk - kr * xk;
+                        o.v[k] = fx(dv.v[i]);
+                        acc[j * x128::size + k] += dyk * xk * r;
+                    }
+                    store128(d + k0, dv);
+                }
+                store128(dres_x + (size_t)n * C + c, o);
+            }
+        }
+    }
+    rmsnorm_dw_in_warp_order<x128::size>(dw_partial, dw_row, acc, C);
+}
+
 // partial (gridDim.y, C): column sums of x's row chunks; with column_sum_kernel, the bias gradient.
 __global__ void column_partial_kernel(float* partial, const floatX* x, int N, int C, int ld, int rows_per_block) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -874,6 +995,156 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
     float* dvj = (j < a.Nk0 ? dv0 : dv1) + at;
     #pragma unroll
     for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { dkj[c] += dk[u]; dvj[c] += dv[u]; } }
+}
+
+// Version 5: version 1 with 8 values of a head a lane, so head sizes up to 256 (pi0's Gemma layers:
+// 8 query heads of 256 on one kv head), where version 1's lanes hold 4 (up to 128). The same warp per
+// query (forward, dq) and per (kv head, key) (dk, dv), the same order of sums; the launchers take it
+// past head size 128.
+
+#define ATT5_VALS 8  // values of a head a lane holds: head sizes up to 32 * ATT5_VALS
+// threads a block at most: ptxas gives the backward kernels 68 (dq) and 80 (dk/dv) registers on
+// sm_90 unbounded, so 1,024 threads would not launch (version 1's hold 64 at most); bounded at 512 it
+// squeezes dk/dv into 64 and spills, at 256 it spills nothing. The checks and the benchmark run 256.
+#define ATT5_MAX_BLOCK 256
+
+__global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_forward_kernel5(floatX* out, float* lse, const floatX* q,
+                                                                                GqaAttn a) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= a.B * a.NH * a.Tq) { return; }
+    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
+    int g = h / (a.NH / a.NKV), nk = gqa_n_keys(a), qb = gqa_query_block(a, b, i);
+    float scale = 1.0f / sqrtf((float)a.HS);
+    size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS;
+    float qv[ATT5_VALS], acc[ATT5_VALS];
+    #pragma unroll
+    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+        qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
+        acc[u] = 0.0f;
+    }
+    float mx = -INFINITY, sum = 0.0f;
+    for (int j = 0; j < nk; j++) {
+        if (!gqa_sees(qb, gqa_key_block(a, b, j))) { continue; }  // the same for the whole warp
+        const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + gqa_key_at(a, b, j, g);
+        const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
+        float s = 0.0f;
+        #pragma unroll
+        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { s += qv[u] * f32(kj[c]); } }
+        s = warp_sum(s) * scale;
+        float m_new = fmaxf(mx, s), corr = expf(mx - m_new), p = expf(s - m_new);
+        sum = sum * corr + p;
+        #pragma unroll
+        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+            acc[u] = acc[u] * corr + (c < a.HS ? p * f32(vj[c]) : 0.0f);
+        }
+        mx = m_new;
+    }
+    bool seen = sum > 0.0f;  // sum >= 1 once a key is visible: the maximum's own term
+    if (!seen) {  // no key visible: the uniform softmax of the fills, the mean of every value
+        for (int j = 0; j < nk; j++) {
+            const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
+            #pragma unroll
+            for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { acc[u] += f32(vj[c]); } }
+        }
+        sum = (float)nk;
+    }
+    #pragma unroll
+    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { out[row + c] = fx(acc[u] / sum); } }
+    if (lane == 0) { lse[((size_t)b * a.NH + h) * a.Tq + i] = seen ? mx + logf(sum) : ATTN_NO_KEY_LSE; }
+}
+
+// dq = scale dS K, one warp per (sample, head, query); dq overwritten
+__global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dq_kernel5(floatX* dq, const floatX* dout,
+                                                                                    const floatX* q, const float* lse,
+                                                                                    const float* delta, GqaAttn a) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= a.B * a.NH * a.Tq) { return; }
+    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
+    int g = h / (a.NH / a.NKV), nk = gqa_n_keys(a), qb = gqa_query_block(a, b, i);
+    float scale = 1.0f / sqrtf((float)a.HS);
+    size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
+    float l = lse[stat], dl = delta[stat];
+    float qv[ATT5_VALS], dov[ATT5_VALS], acc[ATT5_VALS];
+    #pragma unroll
+    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+        qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
+        dov[u] = c < a.HS ? f32(dout[row + c]) : 0.0f;
+        acc[u] = 0.0f;
+    }
+    for (int j = 0; j < nk; j++) {
+        if (!gqa_sees(qb, gqa_key_block(a, b, j))) { continue; }
+        const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + gqa_key_at(a, b, j, g);
+        const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
+        float s = 0.0f, dp = 0.0f;
+        #pragma unroll
+        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+            if (c < a.HS) { s += qv[u] * f32(kj[c]); dp += dov[u] * f32(vj[c]); }
+        }
+        s = warp_sum(s);
+        dp = warp_sum(dp);
+        float p = expf(s * scale - l);
+        float ds = p * (dp - dl) * scale;
+        #pragma unroll
+        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { acc[u] += ds * f32(kj[c]); } }
+    }
+    #pragma unroll
+    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { dq[row + c] = fx(acc[u]); } }
+}
+
+// dv += P^T dO, dk += scale dS^T Q, one warp per (sample, kv head, key) over the query heads that
+// read it (all 8 of pi0's, on its one kv head); accumulated in fp32 in a fixed order
+__global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dkdv_kernel5(float* dk0, float* dv0, float* dk1,
+                                                                                      float* dv1, const floatX* dout,
+                                                                                      const floatX* q, const float* lse,
+                                                                                      const float* delta, GqaAttn a) {
+    int nk = gqa_n_keys(a);
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= a.B * a.NKV * nk) { return; }
+    int j = warp % nk, g = warp / nk % a.NKV, b = warp / (nk * a.NKV);
+    int G = a.NH / a.NKV, kb = gqa_key_block(a, b, j);
+    float scale = 1.0f / sqrtf((float)a.HS), uniform = 1.0f / (float)nk;
+    size_t at = gqa_key_at(a, b, j, g);
+    const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + at;
+    const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + at;
+    float kv[ATT5_VALS], vv[ATT5_VALS], dk[ATT5_VALS], dv[ATT5_VALS];
+    #pragma unroll
+    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+        kv[u] = c < a.HS ? f32(kj[c]) : 0.0f;
+        vv[u] = c < a.HS ? f32(vj[c]) : 0.0f;
+        dk[u] = 0.0f;
+        dv[u] = 0.0f;
+    }
+    for (int h = g * G; h < (g + 1) * G; h++) {
+        for (int i = 0; i < a.Tq; i++) {
+            size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
+            float l = lse[stat];
+            if (l == ATTN_NO_KEY_LSE) {  // a query that sees no key: P = 1/nk everywhere, no dS
+                #pragma unroll
+                for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+                    if (c < a.HS) { dv[u] += uniform * f32(dout[row + c]); }
+                }
+                continue;
+            }
+            if (!gqa_sees(gqa_query_block(a, b, i), kb)) { continue; }
+            float s = 0.0f, dp = 0.0f;
+            #pragma unroll
+            for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+                if (c < a.HS) { s += f32(q[row + c]) * kv[u]; dp += f32(dout[row + c]) * vv[u]; }
+            }
+            s = warp_sum(s);
+            dp = warp_sum(dp);
+            float p = expf(s * scale - l);
+            float ds = p * (dp - delta[stat]) * scale;
+            #pragma unroll
+            for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
+                if (c < a.HS) { dv[u] += p * f32(dout[row + c]); dk[u] += ds * f32(q[row + c]); }
+            }
+        }
+    }
+    float* dkj = (j < a.Nk0 ? dk0 : dk1) + at;
+    float* dvj = (j < a.Nk0 ? dv0 : dv1) + at;
+    #pragma unroll
+    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { dkj[c] += dk[u]; dvj[c] += dv[u]; } }
 }
 
 #if defined(ENABLE_FP16) || (defined(TESTING) && !defined(ENABLE_FP32))
@@ -1754,11 +2025,19 @@ static void column_sum(float* out, const float* partial, int n_chunks, int C) {
 static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* partial, const floatX* dout,
                              const floatX* inp, const floatX* w, const float* rstd, int N, int C, float offset = 0.0f) {
     ProfOp prof_op("rmsnorm");
-    if (C > 32 * RMSNORM_BWD2_COLS) { vla_fail("rmsnorm_backward: width %d over %d", C, 32 * RMSNORM_BWD2_COLS); }
-    int chunks = (int)colsum_chunks(N);
-    size_t smem = (size_t)(BLOCK / 32) * C * sizeof(float);
-    rmsnorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
-                                                                   colsum_rows(N), offset);
+    if (C > 32 * RMSNORM_BWD3_COLS) { vla_fail("rmsnorm_backward: width %d over %d", C, 32 * RMSNORM_BWD3_COLS); }
+    int chunks = (int)colsum_chunks(N), rows = colsum_rows(N);
+    if (C <= 32 * RMSNORM_BWD2_COLS) {  // version 2
+        size_t smem = (size_t)(BLOCK / 32) * C * sizeof(float);
+        rmsnorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
+                                                                       rows, offset);
+    } else if (packable(C, x128::size, dout, inp, w) && packable(C, x128::size, dres, dres_x)) {  // 4, wider rows
+        rmsnorm_backward_kernel4<<<chunks, BLOCK, C * sizeof(float), main_stream>>>(dres, dres_x, partial, dout, inp, w,
+                                                                                    rstd, N, C, rows, offset);
+    } else {  // 3
+        rmsnorm_backward_kernel3<<<chunks, BLOCK, C * sizeof(float), main_stream>>>(dres, dres_x, partial, dout, inp, w,
+                                                                                    rstd, N, C, rows, offset);
+    }
     launchCheck();
     column_sum(dw, partial, chunks, C);
 }
@@ -1955,11 +2234,12 @@ static void resize_pad(floatX* out, const uint8_t* frames, int n_img, int h, int
 }
 
 // ---- attention's launchers: version 4 (bf16) where it fits, version 2 (fp16) where its tiles fit, else 1
+// (5 past head size 128)
 
 // what the kernels assume of a call; a mistake here is the caller's
 static void gqa_attention_check(const GqaAttn& a) {
     if (a.NKV <= 0 || a.NH % a.NKV != 0) { vla_fail("attention: %d query heads are not a multiple of %d kv heads", a.NH, a.NKV); }
-    if (a.HS > 128) { vla_fail("attention: head size %d: the kernels take head sizes up to 128", a.HS); }
+    if (a.HS > 32 * ATT5_VALS) { vla_fail("attention: head size %d: the kernels take head sizes up to %d", a.HS, 32 * ATT5_VALS); }
     if (a.Nk0 + a.Nk1 <= 0) { vla_fail("attention: %d + %d keys: a call needs at least one", a.Nk0, a.Nk1); }
     if (a.Nk1 > 0 && (a.k1 == nullptr || a.v1 == nullptr)) { vla_fail("attention: %d second keys but no k1/v1 tensors", a.Nk1); }
     if (a.block != nullptr && (a.q0 + a.Tq > a.Nt || a.Nk0 + a.Nk1 > a.Nt)) {
@@ -1977,6 +2257,20 @@ static void gqa_attention_backward1(floatX* dq, float* dk0, float* dv0, float* d
     gqa_attention_backward_dq_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, BLOCK), BLOCK, 0, main_stream>>>(dq, dout, q, lse, delta, a);
     launchCheck();
     gqa_attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, BLOCK), BLOCK, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    launchCheck();
+}
+
+// Version 5 (head sizes past version 1's 128, up to 256: pi0's) at ATT5_MAX_BLOCK threads
+static void gqa_attention_forward5(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
+    gqa_attention_forward_kernel5<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, ATT5_MAX_BLOCK), ATT5_MAX_BLOCK, 0, main_stream>>>(out, lse, q, a);
+    launchCheck();
+}
+
+static void gqa_attention_backward5(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
+                                    const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
+    gqa_attention_backward_dq_kernel5<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, ATT5_MAX_BLOCK), ATT5_MAX_BLOCK, 0, main_stream>>>(dq, dout, q, lse, delta, a);
+    launchCheck();
+    gqa_attention_backward_dkdv_kernel5<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, ATT5_MAX_BLOCK), ATT5_MAX_BLOCK, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     launchCheck();
 }
 
@@ -2010,8 +2304,10 @@ static void gqa_attention_backward2(floatX* dq, float* dk0, float* dv0, float* d
     launchCheck();
 }
 
-// whether version 2's tiles at head size HS fit shared memory: not on a T4 at 64 nor a V100 at 128
+// whether version 2 takes head size HS (up to 128) and its tiles fit shared memory: not on a T4 at 64
+// nor a V100 at 128
 static bool attention2_fits(int HS, bool backward) {
+    if (HS > 128) { return false; }
     static thread_local size_t limit = 0;
     if (limit == 0) {
         int device;
@@ -2168,7 +2464,8 @@ static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, cons
         return;
     }
 #endif
-    gqa_attention_forward1(out, lse, q, a);
+    if (a.HS > 128) { gqa_attention_forward5(out, lse, q, a); }
+    else { gqa_attention_forward1(out, lse, q, a); }
 }
 
 // dq (B, Tq, NH*HS) floatX overwritten; dk0/dv0 (B, Nk0, NKV*HS), dk1/dv1 (B, Nk1, NKV*HS; NULL when
@@ -2196,12 +2493,13 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
 #if defined(ENABLE_FP16)
     if (attention2_fits(a.HS, true)) {
         gqa_attention_backward2_any(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    } else
+#endif
+    if (a.HS > 128) {
+        gqa_attention_backward5(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     } else {
         gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     }
-#else
-    gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
-#endif
     if (dkx != NULL) {
         convert(dkx, dk0, n_kv);
         convert(dvx, dv0, n_kv);
@@ -2578,27 +2876,45 @@ static int smolvla_read_loss_scale(SmolVLA* m, LossScaleState* st, float* used) 
     return skipped;
 }
 
-// The model for config c in `mode`; ZeRO-1: optimizer state of shard `shard_rank` only
-static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shard_rank = 0, int shard_world = 1) {
-    memset(m, 0, sizeof(*m));
+// What of config c in `mode` the GPU trainer's kernels do not take, in one line, or NULL: checked by
+// smolvla_build and, before anything is read or allocated, by a run
+static const char* smolvla_gpu_problem(const SmolVLAConfig* c, int mode) {
+    static char msg[320];
     const char* problem = smolvla_config_problem(c);
-    if (problem != NULL) { vla_fail("bad %s config: %s", FAMILY_NAMES[c->family], problem); }
-    if (c->head_dim > 128 || c->vis_width / c->vis_heads > 128) {
-        vla_fail("head sizes %d and %d: the GPU attention kernels take head sizes up to 128", c->head_dim,
-                 c->vis_width / c->vis_heads);
+    if (problem != NULL) { snprintf(msg, sizeof(msg), "bad %s config: %s", FAMILY_NAMES[c->family], problem); return msg; }
+    if (c->head_dim > 32 * ATT5_VALS || c->vis_width / c->vis_heads > 32 * ATT5_VALS) {
+        snprintf(msg, sizeof(msg), "head sizes %d and %d: the GPU attention kernels take head sizes up to %d", c->head_dim,
+                 c->vis_width / c->vis_heads, 32 * ATT5_VALS);
+        return msg;
     }
-    if (c->d_model > 32 * RMSNORM_BWD2_COLS || c->d_expert > 32 * RMSNORM_BWD2_COLS ||
-        c->vis_width > 32 * LAYERNORM_BWD2_VALS) {
-        vla_fail("widths %d (VLM), %d (expert), %d (vision): the GPU trainer's norms take widths up to %d; train this "
-                 "model with train_vla_cpu", c->d_model, c->d_expert, c->vis_width, 32 * RMSNORM_BWD2_COLS);
+    if (c->d_model > 32 * RMSNORM_BWD3_COLS || c->d_expert > 32 * RMSNORM_BWD3_COLS ||
+        c->vis_width > 32 * LAYERNORM_FWD2_VALS) {
+        snprintf(msg, sizeof(msg), "widths %d (VLM), %d (expert), %d (vision): the GPU trainer's norms take widths up to "
+                 "%d; train this model with train_vla_cpu", c->d_model, c->d_expert, c->vis_width, 32 * RMSNORM_BWD3_COLS);
+        return msg;
+    }
+    if (mode == TRAIN_MODE_ALL && c->vis_width > 32 * LAYERNORM_BWD2_VALS) {  // (pi0's SigLIP, 1152 wide)
+        snprintf(msg, sizeof(msg), "--train all: the vision tower's width %d is past the GPU trainer's LayerNorm backward "
+                 "(up to %d): train it with --train vlm (the vision tower frozen) or with train_vla_cpu", c->vis_width,
+                 32 * LAYERNORM_BWD2_VALS);
+        return msg;
     }
     // the kernels of the vision tower, the connector and the MLPs move 16 bytes at a time
     if (c->vis_width % x128::size != 0 || c->vis_ff % x128::size != 0 || c->img % x128::size != 0 ||
         c->d_ff % x128::size != 0 || c->d_expert_ff % x128::size != 0) {
-        vla_fail("the GPU trainer takes vision and MLP widths and image sizes that are multiples of %d (%s); "
-                 "this model has %d, %d, %d, %d and %d", x128::size, PRECISION_NAME, c->vis_width, c->vis_ff, c->img,
+        snprintf(msg, sizeof(msg), "the GPU trainer takes vision and MLP widths and image sizes that are multiples of %d "
+                 "(%s); this model has %d, %d, %d, %d and %d", x128::size, PRECISION_NAME, c->vis_width, c->vis_ff, c->img,
                  c->d_ff, c->d_expert_ff);
+        return msg;
     }
+    return NULL;
+}
+
+// The model for config c in `mode`; ZeRO-1: optimizer state of shard `shard_rank` only
+static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shard_rank = 0, int shard_world = 1) {
+    memset(m, 0, sizeof(*m));
+    const char* problem = smolvla_gpu_problem(c, mode);
+    if (problem != NULL) { vla_fail("%s", problem); }
     if (mode < TRAIN_MODE_EXPERT || mode > TRAIN_MODE_ALL) { vla_fail("train mode %d is not one of 0-2", mode); }
     m->config = *c;
     m->mode = mode;
@@ -4048,6 +4364,8 @@ int main(int argc, char** argv) {
     char resume_path[VLA_PATH_MAX];
     run.from = run_start_checkpoint(args, resume_path, sizeof(resume_path));
     run.config = run_config(args, run.from, &run.ds);
+    const char* gpu_problem = smolvla_gpu_problem(&run.config, args->train_mode);
+    if (gpu_problem != NULL) { vla_fail("%s", gpu_problem); }
     if (run.from != NULL && args->weights_only) {  // fine-tuning: the weights alone, fresh moments, step 0
         run_weights_load(run.from, &run.config, &run.ds, &run.initial);
         printf("fine-tuning the weights of %s\n", run.from);

@@ -34,10 +34,10 @@ joint, its suffix the state then 50 actions in one block (attention_smolvla_case
   version 4  train_vla.cu's (bf16 builds, head sizes multiples of 8 up to 64): flash attention
              through mma.sync m16n8k16, scores, probabilities and outputs in registers; here at 64
              and at 128 queries a forward block (the trainer picks by the call's size)
-  version 5  this program's: version 1 with 8 values of a head a lane (version 1's hold 4), so head
+  version 5  train_vla.cu's: version 1 with 8 values of a head a lane (version 1's hold 4), so head
              sizes up to 256: pi0's Gemma layers, which no other version takes
   trainer    train_vla.cu's gqa_attention_forward / gqa_attention_backward: what trains (version 4
-             in bf16 builds where it fits, 2 in fp16 builds, 1 otherwise; head sizes up to 128)
+             in bf16 builds where it fits, 2 in fp16 builds, 5 past head size 128, 1 otherwise)
 
 Each version refuses, in one line, a call it cannot take (version_refusal says why: the limits in
 its code), rather than compute it wrongly; at pi0's head size every version but 5 refuses.
@@ -248,156 +248,6 @@ static void gqa_attention_backward3(floatX* dq, float* dk0, float* dv0, const fl
 }
 
 // ----------------------------------------------------------------------------
-// version 5: version 1 with 8 values of a head a lane, so head sizes up to 256 (pi0's Gemma layers:
-// 8 query heads of 256 on one kv head). Version 1's lanes hold 4 (qv[4], acc[4]: up to 128).
-// The same warp per query (forward, dq) and per (kv head, key) (dk, dv), the same order of sums.
-
-#define ATT5_VALS 8  // values of a head a lane holds: head sizes up to 32 * ATT5_VALS
-// threads a block at most: ptxas gives the backward kernels 68 (dq) and 80 (dk/dv) registers on
-// sm_90 unbounded, so 1,024 threads would not launch (version 1's hold 64 at most); bounded at 512 it
-// squeezes dk/dv into 64 and spills, at 256 it spills nothing. The checks and the benchmark run 256.
-#define ATT5_MAX_BLOCK 256
-
-__global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_forward_kernel5(floatX* out, float* lse, const floatX* q,
-                                                                                GqaAttn a) {
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (warp >= a.B * a.NH * a.Tq) { return; }
-    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
-    int g = h / (a.NH / a.NKV), nk = gqa_n_keys(a), qb = gqa_query_block(a, b, i);
-    float scale = 1.0f / sqrtf((float)a.HS);
-    size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS;
-    float qv[ATT5_VALS], acc[ATT5_VALS];
-    #pragma unroll
-    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-        qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
-        acc[u] = 0.0f;
-    }
-    float mx = -INFINITY, sum = 0.0f;
-    for (int j = 0; j < nk; j++) {
-        if (!gqa_sees(qb, gqa_key_block(a, b, j))) { continue; }  // the same for the whole warp
-        const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + gqa_key_at(a, b, j, g);
-        const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
-        float s = 0.0f;
-        #pragma unroll
-        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { s += qv[u] * f32(kj[c]); } }
-        s = warp_sum(s) * scale;
-        float m_new = fmaxf(mx, s), corr = expf(mx - m_new), p = expf(s - m_new);
-        sum = sum * corr + p;
-        #pragma unroll
-        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-            acc[u] = acc[u] * corr + (c < a.HS ? p * f32(vj[c]) : 0.0f);
-        }
-        mx = m_new;
-    }
-    bool seen = sum > 0.0f;  // sum >= 1 once a key is visible: the maximum's own term
-    if (!seen) {  // no key visible: the uniform softmax of the fills, the mean of every value
-        for (int j = 0; j < nk; j++) {
-            const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
-            #pragma unroll
-            for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { acc[u] += f32(vj[c]); } }
-        }
-        sum = (float)nk;
-    }
-    #pragma unroll
-    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { out[row + c] = fx(acc[u] / sum); } }
-    if (lane == 0) { lse[((size_t)b * a.NH + h) * a.Tq + i] = seen ? mx + logf(sum) : ATTN_NO_KEY_LSE; }
-}
-
-// dq = scale dS K, one warp per (sample, head, query); dq overwritten
-__global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dq_kernel5(floatX* dq, const floatX* dout,
-                                                                                    const floatX* q, const float* lse,
-                                                                                    const float* delta, GqaAttn a) {
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (warp >= a.B * a.NH * a.Tq) { return; }
-    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
-    int g = h / (a.NH / a.NKV), nk = gqa_n_keys(a), qb = gqa_query_block(a, b, i);
-    float scale = 1.0f / sqrtf((float)a.HS);
-    size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
-    float l = lse[stat], dl = delta[stat];
-    float qv[ATT5_VALS], dov[ATT5_VALS], acc[ATT5_VALS];
-    #pragma unroll
-    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-        qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
-        dov[u] = c < a.HS ? f32(dout[row + c]) : 0.0f;
-        acc[u] = 0.0f;
-    }
-    for (int j = 0; j < nk; j++) {
-        if (!gqa_sees(qb, gqa_key_block(a, b, j))) { continue; }
-        const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + gqa_key_at(a, b, j, g);
-        const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
-        float s = 0.0f, dp = 0.0f;
-        #pragma unroll
-        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-            if (c < a.HS) { s += qv[u] * f32(kj[c]); dp += dov[u] * f32(vj[c]); }
-        }
-        s = warp_sum(s);
-        dp = warp_sum(dp);
-        float p = expf(s * scale - l);
-        float ds = p * (dp - dl) * scale;
-        #pragma unroll
-        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { acc[u] += ds * f32(kj[c]); } }
-    }
-    #pragma unroll
-    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { dq[row + c] = fx(acc[u]); } }
-}
-
-// dv += P^T dO, dk += scale dS^T Q, one warp per (sample, kv head, key) over the query heads that
-// read it (all 8 of pi0's, on its one kv head); accumulated in fp32 in a fixed order
-__global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dkdv_kernel5(float* dk0, float* dv0, float* dk1,
-                                                                                      float* dv1, const floatX* dout,
-                                                                                      const floatX* q, const float* lse,
-                                                                                      const float* delta, GqaAttn a) {
-    int nk = gqa_n_keys(a);
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (warp >= a.B * a.NKV * nk) { return; }
-    int j = warp % nk, g = warp / nk % a.NKV, b = warp / (nk * a.NKV);
-    int G = a.NH / a.NKV, kb = gqa_key_block(a, b, j);
-    float scale = 1.0f / sqrtf((float)a.HS), uniform = 1.0f / (float)nk;
-    size_t at = gqa_key_at(a, b, j, g);
-    const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + at;
-    const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + at;
-    float kv[ATT5_VALS], vv[ATT5_VALS], dk[ATT5_VALS], dv[ATT5_VALS];
-    #pragma unroll
-    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-        kv[u] = c < a.HS ? f32(kj[c]) : 0.0f;
-        vv[u] = c < a.HS ? f32(vj[c]) : 0.0f;
-        dk[u] = 0.0f;
-        dv[u] = 0.0f;
-    }
-    for (int h = g * G; h < (g + 1) * G; h++) {
-        for (int i = 0; i < a.Tq; i++) {
-            size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
-            float l = lse[stat];
-            if (l == ATTN_NO_KEY_LSE) {  // a query that sees no key: P = 1/nk everywhere, no dS
-                #pragma unroll
-                for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-                    if (c < a.HS) { dv[u] += uniform * f32(dout[row + c]); }
-                }
-                continue;
-            }
-            if (!gqa_sees(gqa_query_block(a, b, i), kb)) { continue; }
-            float s = 0.0f, dp = 0.0f;
-            #pragma unroll
-            for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-                if (c < a.HS) { s += f32(q[row + c]) * kv[u]; dp += f32(dout[row + c]) * vv[u]; }
-            }
-            s = warp_sum(s);
-            dp = warp_sum(dp);
-            float p = expf(s * scale - l);
-            float ds = p * (dp - delta[stat]) * scale;
-            #pragma unroll
-            for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-                if (c < a.HS) { dv[u] += p * f32(dout[row + c]); dk[u] += ds * f32(q[row + c]); }
-            }
-        }
-    }
-    float* dkj = (j < a.Nk0 ? dk0 : dk1) + at;
-    float* dvj = (j < a.Nk0 ? dv0 : dv1) + at;
-    #pragma unroll
-    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { dkj[c] += dk[u]; dvj[c] += dv[u]; } }
-}
-
-// ----------------------------------------------------------------------------
 // the versions at a chosen block: versions 1 and 5 at a block size, version 2 at the head size's
 // tiles, version 4's forward at 64 or 128 queries a block (the trainer's launchers choose these by rule)
 
@@ -465,11 +315,11 @@ static const char* version_name(int version) {
 // head would be cut to 128) and needs its tiles in shared memory; version 3 computes the vision
 // tower's calls alone; version 4 is bf16 mma.sync on heads padded to 16, 32 or 64 columns, whose
 // Q fragments and O accumulators (or dq's, or dk's and dv's) a warp holds in registers for the
-// whole padded head. The trainer's launchers refuse heads over 128 (gqa_attention_check).
+// whole padded head. The trainer's launchers take version 5's heads (gqa_attention_check).
 static const char* version_refusal(int version, const Case* k) {
     int masked = k->pass != PASS_VISION;
     switch (version) {
-        case 0: return k->HS > 128 ? "the trainer's launchers take head sizes up to 128 (gqa_attention_check)" : NULL;
+        case 0: return k->HS > 32 * ATT5_VALS ? "the trainer's launchers take head sizes up to 256 (gqa_attention_check)" : NULL;
         case 1: return k->HS > 128 ? "a lane holds 4 values of a head: head sizes up to 128" : NULL;
         case 2:
             if (!HAVE_V2) { return "no WMMA version in fp32 builds"; }
@@ -528,9 +378,7 @@ static GqaAttn version_call(int version, const Case* k) {
                  model_names[k->model], pass_names[k->pass], k->HS, why);
     }
     GqaAttn a = case_attn(k);
-    GqaAttn shape = a;
-    shape.HS = a.HS <= 128 ? a.HS : 128;  // (version 5 takes heads past the trainer's limit, its one check of HS)
-    gqa_attention_check(shape);
+    gqa_attention_check(a);
     return a;
 }
 
@@ -940,8 +788,8 @@ static void check_pi0_mask(void) {
     check_true(what, wrong == 0);
 }
 
-// Which versions take a pi0 call at its head size, 256: version 5 alone. Each other version says why
-// not in the one line it stops with when asked (version_call).
+// Which versions take a pi0 call at its head size, 256: version 5 alone, and the trainer's launchers,
+// which run it. Each other version says why not in the one line it stops with when asked (version_call).
 static void check_refusals(const Case* k) {
     int takers = 0;
     printf("the %s %s call at HS %d, NH %d, NKV %d:\n", model_names[k->model], pass_names[k->pass], k->HS, k->NH, k->NKV);
@@ -950,7 +798,8 @@ static void check_refusals(const Case* k) {
         printf("  %-7s %s\n", version_name(version), why == NULL ? "takes it" : why);
         takers |= (why == NULL) << version;
     }
-    check_true("at head size 256 version 5 alone takes the call, every other version refuses it", takers == 1 << 5);
+    check_true("at head size 256 version 5 (and the trainer's launchers, through it) takes the call, every other version "
+               "refuses it", takers == ((1 << 5) | 1));
 }
 
 int main(void) {

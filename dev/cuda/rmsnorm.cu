@@ -27,9 +27,8 @@ rmsnorm.cu: RMSNorm, forward and backward (input_layernorm and post_attention_la
              order into one shared row of C floats (rmsnorm_backward_kernel3: any width up to 2048)
   version 4  forward: version 2's. backward: version 3 with 128-bit loads and stores
              (rmsnorm_backward_kernel4); C a multiple of x128::size
-             The wide backward lives here until the GPU trainer takes pi0's released widths, with its
-             launcher (rmsnorm_offset_backward: 4 where the width and the pointers allow 16-byte
-             loads, 3 elsewhere, as rmsnorm_forward chooses between 2 and 1).
+             Both train_vla.cu's: its rmsnorm_backward takes them past version 2's width of 1024 (4
+             where the width and the pointers allow 16-byte loads, 3 elsewhere).
   The backward versions take blocks of at most RMSNORM_MAX_BLOCK (512) threads (their registers:
   versions 3 and 4 keep 64 dw sums a lane, 127 registers on sm_90 in bf16 with nothing spilled; in
   fp32 builds version 4 spills 24 bytes).
@@ -144,153 +143,16 @@ __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel(flo
 // Versions 3 and 4 forward are train_vla.cu's versions 1 and 2, which take the offset (added to w
 // in fp32, as Gemma's norm does: w.float() + 1)
 
-// Columns a lane of the backward versions 3 and 4 owns: C <= 32 * 64 = 2048, pi0's VLM width
-#define RMSNORM_BWD3_COLS 64
-
-// dw_partial's row blockIdx.x <- the sum of the warps' acc, added in warp order through one shared
-// row of C floats (warp w adds its columns while the others wait): the order of version 2's sums,
-// in C floats where version 2's row per warp takes 64 KiB at 2048 wide and 256 threads. A lane's
-// columns come in runs of RUN: (lane + 32 j) RUN + k holds acc[j RUN + k].
-template <int RUN>
-static __device__ void rmsnorm_dw_in_warp_order(float* dw_partial, float* row, const float* acc, int C) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    for (int wp = 0; wp < n_warps; wp++) {
-        if (warp == wp) {
-            #pragma unroll
-            for (int j = 0; j < RMSNORM_BWD3_COLS / RUN; j++) {
-                #pragma unroll
-                for (int k = 0; k < RUN; k++) {
-                    int c = (lane + 32 * j) * RUN + k;
-                    if (c < C) { row[c] = (wp == 0 ? 0.0f : row[c]) + acc[j * RUN + k]; }
-                }
-            }
-        }
-        __syncthreads();
-    }
-    for (int c = threadIdx.x; c < C; c += blockDim.x) { dw_partial[(size_t)blockIdx.x * C + c] = row[c]; }
-}
-
-// Version 3 backward: train_vla.cu's rmsnorm_backward_kernel2 (a warp per row, scalar loads, each
-// lane's dw sums in registers) with the input gradient through offset + w, 64 columns a lane and
-// the warps' sums added by rmsnorm_dw_in_warp_order. Shared memory: C floats.
-__global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel3(float* dres, floatX* dres_x,
-                                                                               float* dw_partial, const floatX* dout,
-                                                                               const floatX* inp, const floatX* w,
-                                                                               const float* rstd, int N, int C,
-                                                                               int rows_per_block, float offset) {
-    extern __shared__ float dw_row[];  // (C)
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    float acc[RMSNORM_BWD3_COLS];
-    #pragma unroll
-    for (int j = 0; j < RMSNORM_BWD3_COLS; j++) { acc[j] = 0.0f; }
-    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
-    for (int n = r0 + warp; n < r1; n += n_warps) {
-        const floatX* x = inp + (size_t)n * C;
-        const floatX* dy = dout + (size_t)n * C;
-        float r = rstd[n], dot = 0.0f;
-        #pragma unroll
-        for (int j = 0; j < RMSNORM_BWD3_COLS; j++) {
-            int c = lane + 32 * j;
-            if (c < C) { dot += f32(dy[c]) * (f32(w[c]) + offset) * f32(x[c]); }
-        }
-        float k = warp_sum(dot) * r * r * r / (float)C;
-        #pragma unroll
-        for (int j = 0; j < RMSNORM_BWD3_COLS; j++) {
-            int c = lane + 32 * j;
-            if (c < C) {
-                float xv = f32(x[c]), dyv = f32(dy[c]);
-                float g = dres[(size_t)n * C + c] + r * (f32(w[c]) + offset) * dyv - k * xv;
-                dres[(size_t)n * C + c] = g;
-                dres_x[(size_t)n * C + c] = fx(g);
-                acc[j] += dyv * xv * r;
-            }
-        }
-    }
-    rmsnorm_dw_in_warp_order<1>(dw_partial, dw_row, acc, C);
-}
-
-// Version 4 backward: version 3 with 128-bit loads and stores (dres two or one 16-byte packs of
-// fp32 per pack of floatX); C a multiple of x128::size, rows 16-byte aligned
-__global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel4(float* dres, floatX* dres_x,
-                                                                               float* dw_partial, const floatX* dout,
-                                                                               const floatX* inp, const floatX* w,
-                                                                               const float* rstd, int N, int C,
-                                                                               int rows_per_block, float offset) {
-    typedef Packed128<float> f128;
-    const int PACKS = RMSNORM_BWD3_COLS / x128::size;
-    extern __shared__ float dw_row[];  // (C)
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    float acc[RMSNORM_BWD3_COLS];
-    #pragma unroll
-    for (int j = 0; j < RMSNORM_BWD3_COLS; j++) { acc[j] = 0.0f; }
-    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
-    for (int n = r0 + warp; n < r1; n += n_warps) {
-        const floatX* x = inp + (size_t)n * C;
-        const floatX* dy = dout + (size_t)n * C;
-        float r = rstd[n], dot = 0.0f;
-        #pragma unroll
-        for (int j = 0; j < PACKS; j++) {
-            int c = (lane + 32 * j) * x128::size;
-            if (c < C) {
-                x128 xv = load128(x + c), dyv = load128(dy + c), wv = load128(w + c);
-                #pragma unroll
-                for (int k = 0; k < x128::size; k++) { dot += f32(dyv.v[k]) * (f32(wv.v[k]) + offset) * f32(xv.v[k]); }
-            }
-        }
-        float kr = warp_sum(dot) * r * r * r / (float)C;
-        #pragma unroll
-        for (int j = 0; j < PACKS; j++) {
-            int c = (lane + 32 * j) * x128::size;
-            if (c < C) {  // (the row again, from L1: holding it would double the registers)
-                x128 xv = load128(x + c), dyv = load128(dy + c), wv = load128(w + c), o;
-                float* d = dres + (size_t)n * C + c;
-                #pragma unroll
-                for (int k0 = 0; k0 < x128::size; k0 += f128::size) {
-                    f128 dv = load128(d + k0);
-                    #pragma unroll
-                    for (int i = 0; i < f128::size; i++) {
-                        int k = k0 + i;
-                        float xk = f32(xv.v[k]), dyk = f32(dyv.v[k]);
-                        dv.v[i] = dv.v[i] + r * (f32(wv.v[k]) + offset) * dyk - kr * xk;
-                        o.v[k] = fx(dv.v[i]);
-                        acc[j * x128::size + k] += dyk * xk * r;
-                    }
-                    store128(d + k0, dv);
-                }
-                store128(dres_x + (size_t)n * C + c, o);
-            }
-        }
-    }
-    rmsnorm_dw_in_warp_order<x128::size>(dw_partial, dw_row, acc, C);
-}
-
-// The launcher train_vla.cu's rmsnorm_backward becomes past its width of 1024, at BLOCK: version 4
-// where the width and the pointers allow 16-byte loads, version 3 elsewhere (the forward's is
-// train_vla.cu's rmsnorm_forward, which takes the offset)
-static void rmsnorm_offset_backward(float* dres, floatX* dres_x, float* dw, float* partial, const floatX* dout,
-                                    const floatX* inp, const floatX* w, const float* rstd, int N, int C, float offset) {
-    ProfOp prof_op("rmsnorm");
-    if (C > 32 * RMSNORM_BWD3_COLS) { vla_fail("rmsnorm_backward: width %d over %d", C, 32 * RMSNORM_BWD3_COLS); }
-    int chunks = (int)colsum_chunks(N), rows = colsum_rows(N);
-    size_t smem = (size_t)C * sizeof(float);
-    if (packable(C, x128::size, dout, inp, w) && packable(C, x128::size, dres, dres_x)) {
-        rmsnorm_backward_kernel4<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
-                                                                       rows, offset);
-    } else {
-        rmsnorm_backward_kernel3<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
-                                                                       rows, offset);
-    }
-    launchCheck();
-    column_sum(dw, partial, chunks, C);
-}
+// Versions 3 and 4 backward are train_vla.cu's (rmsnorm_backward_kernel3, _kernel4), which its
+// rmsnorm_backward takes past version 2's width of 1024
 
 // ----------------------------------------------------------------------------
 // the versions, launched directly. Version 0 is the launcher train_vla.cu calls (versions 1 and 2,
-// which take the offset), 5 the wide backward's launcher above (versions 3 and 4; its forward is 0's).
+// which take the offset; its backward 4 or 3 past the width of 1024).
 
-#define N_VERSIONS 6
+#define N_VERSIONS 5
 static const char* version_name(int version) {
-    static const char* names[N_VERSIONS] = {"launcher", "v1", "v2", "v3", "v4", "wide launcher"};
+    static const char* names[N_VERSIONS] = {"launcher", "v1", "v2", "v3", "v4"};
     return names[version];
 }
 
@@ -302,7 +164,7 @@ static bool forward_takes(int version, int C, float offset) {
 
 static bool backward_takes(int version, int C, float offset, int block) {
     if (offset != 0.0f && version == 1) { return false; }
-    if (version == 0 || version == 5) { return true; }  // (the trainer's refuses widths over 1024: skipped below)
+    if (version == 0) { return C <= 32 * RMSNORM_BWD3_COLS; }
     // every version: at most RMSNORM_MAX_BLOCK threads (their registers). Version 1: each thread holds
     // at most RMSNORM_BWD_COLS columns; version 2: each lane RMSNORM_BWD2_COLS, and the warps' partial
     // sums fit in shared memory; versions 3 and 4: each lane RMSNORM_BWD3_COLS, 4 in whole packs
@@ -347,7 +209,7 @@ static void run_backward(int version, int block, int rows_per_block, float* dres
             rmsnorm_backward_kernel4<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
                                                                            rows_per_block, offset);
             break;
-        default: rmsnorm_offset_backward(dres, dres_x, dw, partial, dout, inp, w, rstd, N, C, offset); return;
+        default: break;
     }
     launchCheck();
     column_sum(dw, partial, chunks, C);
@@ -380,7 +242,7 @@ static void check_forward(int N, int C, float eps, float offset, uint64_t seed) 
     float* rstd = alloc_f(N);
     for (int version = 0; version < N_VERSIONS; version++) {
         if (!forward_takes(version, C, offset)) { continue; }
-        int launcher = version == 0 || version == 5;
+        int launcher = version == 0;
         for (int bi = 0; bi < (launcher ? 1 : N_BLOCKS); bi++) {
             poison(out, n * sizeof(floatX));
             poison(rstd, N * sizeof(float));
@@ -433,8 +295,7 @@ static void check_backward(int N, int C, float eps, float offset, uint64_t seed)
     float* partial = alloc_f(n);  // enough for one row per chunk
     int rows[2] = {CHUNK_ROWS, 3};  // the trainer's chunk, and one that splits rows unevenly
     for (int version = 0; version < N_VERSIONS; version++) {
-        int launcher = version == 0 || version == 5;
-        if (version == 0 && C > 32 * RMSNORM_BWD2_COLS) { continue; }  // (the trainer's refuses it in one line)
+        int launcher = version == 0;
         for (int bi = 0; bi < (launcher ? 1 : N_BLOCKS); bi++) {
             int block = launcher ? BLOCK : BLOCKS[bi];
             if (!backward_takes(version, C, offset, block)) { continue; }
