@@ -38,7 +38,7 @@ add_suite() {
 gpu_suite_dir() {
     local dir=build/test/$1 f
     mkdir -p "$dir"
-    for f in a.bin b.bin s.bin a_train.txt s_expert_state.bin s_vlm_state.bin s_all_state.bin; do
+    for f in a.bin b.bin s.bin a_train.txt a_pi0_train.txt s_expert_state.bin s_vlm_state.bin s_all_state.bin; do
         ln -sfn "../$f" "$dir/$f"
     done
     echo "$dir"
