@@ -51,7 +51,9 @@ B=${B:-32}
 STEPS=${STEPS:-30}    # timed training steps of each benchmark
 CHUNKS=${CHUNKS:-50}  # timed action chunks of the inference benchmark
 # pi0 (`more`): batch 8 fits one 80 GB GPU in both trainers: train_vla's --memory estimates 66.9 GiB
-# at --train all with --recompute none (its largest batch there 14), LeRobot's bf16 step ~55 GiB
+# at --train all with --recompute none (its largest batch there 14); LeRobot's bf16 step about 61 GiB
+# (weights 8.3, gradients and moments ~20, what autograd saves ~33, counted on the meta device), its
+# fp32 step about 98 GiB (an H200's 141 GB only)
 PI0_B=${PI0_B:-8}
 PI0_STEPS=${PI0_STEPS:-10}  # (a step at batch 8 is 63 TFLOP of model work: 10 time it well)
 JOBS=${JOBS:-$(nproc)}
@@ -540,8 +542,7 @@ else
     # pi0, the model the headline call does not time. train_vla: the 3.24B weights' init on the host
     # (one thread draws them: 154 s on a 2-core AMD EPYC, less on a faster core), the upload, 11
     # steps of ~0.2 s. LeRobot: its imports and the model's build on the GPU (~30 s), 15 steps (bf16
-    # ~0.3 s, fp32 ~0.6 s; fp32 may not fit 80 GB: ~54 GiB of weights, gradients and AdamW moments
-    # before the activations); 55 chunks of ~0.1 s
+    # ~0.3 s, fp32 ~0.6 s, where it fits); 55 chunks of ~0.1 s
     pi0_train_vla '~150'
     lerobot_pi0_train '~45' bf16
     lerobot_pi0_infer '~40' bf16
