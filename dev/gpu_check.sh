@@ -17,16 +17,18 @@
 # precision (its faster setting); one action chunk at batch 1 through libvla_gpu.so, the Euler
 # steps as a CUDA graph and launched one by one, against LeRobot's select_action (fp32, its faster
 # setting there); the bf16 GPU tests against LeRobot's references and the oracle; and the two
-# --profile runs if time is left. `more`: the rest of the bf16 GPU tests, LeRobot's fp32 step and
-# bf16 chunks, the fp32 and fp16 GPU tests, the attention kernels' checks and benchmark, the
-# oracle under torch.compile, a short run on the shipped data, the launch scripts, recomputation,
-# task-balanced sampling and the dev/cuda programs. What needs no GPU (builds that `prepare` can
-# make, the register counts, the scaling model from the logs) does not run here.
+# --profile runs if time is left. `more`: pi0 first (train_vla -p pi0 --train all at batch PI0_B,
+# LeRobot's PI0Policy at the same batch in bf16 and fp32, its chunk at batch 1), then the rest of
+# the bf16 GPU tests, LeRobot's fp32 step and bf16 chunks, the fp32 and fp16 GPU tests, the
+# attention kernels' checks and benchmark, the oracle under torch.compile, a short run on the
+# shipped data, the launch scripts, recomputation, task-balanced sampling and the dev/cuda
+# programs. What needs no GPU (builds that `prepare` can make, the register counts, the scaling
+# model from the logs) does not run here.
 #
 # Timing: train_vla runs STEPS + 1 steps and leaves the first out of its mean (the first step
 # sets up cuBLASLt and the caches; `-u 10` is the learning rate's warm-up, not the timing's);
 # LeRobot's bench runs 5 untimed steps, then STEPS timed. Benchmarks write no checkpoint
-# (--no-checkpoint).
+# (--no-checkpoint). pi0's benchmarks time PI0_STEPS steps the same way.
 #
 # Every stage carries its expected seconds: a plain number was measured on a GPU, a ~number is an
 # estimate. A stage starts only if its expected seconds fit in what is left of BUDGET (else it is
@@ -36,7 +38,9 @@
 # build/gpu_check/logs, or GPU_CHECK_WORK's), so a call cut short still returns what ran;
 # device.txt names the GPU, the commit and the date. OUTDIR is $OUT if set, else build/gpu_check.
 # PYTHON must import torch with CUDA. The exit status is non-zero if a stage failed, was stopped
-# or skipped.
+# or skipped. A stage whose command refuses its model (train_vla's "error: ..." line on a size past
+# what its GPU kernels take, before any step; bench_lerobot's "does not fit" when CUDA runs out of
+# memory) is listed as skipped with that line, and the call goes on.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 MODE=headline
@@ -46,6 +50,12 @@ PYTHON=${PYTHON:-python3}
 B=${B:-32}
 STEPS=${STEPS:-30}    # timed training steps of each benchmark
 CHUNKS=${CHUNKS:-50}  # timed action chunks of the inference benchmark
+# pi0 (`more`): batch 8 fits one 80 GB GPU in both trainers: train_vla's --memory estimates 66.9 GiB
+# at --train all with --recompute none (its largest batch there 14); LeRobot's bf16 step about 61 GiB
+# (weights 8.3, gradients and moments ~20, what autograd saves ~33, counted on the meta device), its
+# fp32 step about 98 GiB (an H200's 141 GB only)
+PI0_B=${PI0_B:-8}
+PI0_STEPS=${PI0_STEPS:-10}  # (a step at batch 8 is 63 TFLOP of model work: 10 time it well)
 JOBS=${JOBS:-$(nproc)}
 if [ "$MODE" = more ]; then BUDGET=${BUDGET:-300}; else BUDGET=${BUDGET:-420}; fi
 STAGES=${STAGES:-.}
@@ -56,9 +66,9 @@ BENCH_DATA=build/bench/smolvla.bin  # 2 cameras at 224 px, state 6, action 5 (th
 WORK=${GPU_CHECK_WORK:-build/gpu_check}  # (dev/test_gpu_check.sh works elsewhere)
 LOGS=$WORK/logs
 RUNS=$WORK/runs  # the benchmarks' output folders (their log.jsonl; no checkpoints)
-for v in BUDGET B STEPS CHUNKS JOBS; do
+for v in BUDGET B STEPS CHUNKS JOBS PI0_B PI0_STEPS; do
     if ! [[ "${!v}" =~ ^[0-9]+$ ]] || [ "${!v}" -lt 1 ]; then
-        echo "error: $v=${!v}: expected a whole number of at least 1 (e.g. $v=$([ $v = BUDGET ] && echo 420 || echo 30))"
+        echo "error: $v=${!v}: expected a whole number of at least 1 (e.g. $v=$(case $v in BUDGET) echo 420 ;; PI0_B) echo 8 ;; PI0_STEPS) echo 10 ;; *) echo 30 ;; esac))"
         exit 2
     fi
 done
@@ -100,6 +110,10 @@ if [ "$MODE" = prepare ]; then
     CI=true make -j"$JOBS" GPU_ARCH="$arch" "${GPU_BINARIES[@]}" "${FIXTURES[@]}" "$REFS/all/ref.safetensors" \
         "$REFS"/{expert,vlm,all}/c_config.txt "$PI0_REFS/all/ref.safetensors" || exit 1
     if ! ls .whl/lerobot-*.whl > /dev/null 2>&1; then dev/lerobot/wheels.sh || exit 1; fi
+    # (pi0's stages: LeRobot's pinned transformers, beside the image's)
+    if ! ls .whl/pinned/transformers-*.whl > /dev/null 2>&1; then
+        WHL_DIR=.whl/pinned dev/lerobot/wheels.sh --pinned || exit 1
+    fi
     mkdir -p "$FIXTURE_COPIES" && cp -p "${FIXTURES[@]}" "$FIXTURE_COPIES"/ || exit 1
     sources_stamp "$arch" > "$PREPARED"
     echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with local changes')" > "$PREPARED_COMMIT"
@@ -225,6 +239,68 @@ tables() {
         awk '/^by phase and operation/ {on = 1; n = 0; next} on && /^$/ {exit} on && n++ < 12' "$f"
     done
 
+    # pi0 (the `more` call): --train all at batch PI0_B, both trainers; LeRobot's chunk at batch 1
+    local refused
+    log=$LOGS/bench_pi0_train_vla.log
+    gflop=$(awk -F'|' '/model GFLOP per sample/ {gsub(/ /, "", $3); print $3}' "$log" 2>/dev/null)
+    peak=$(awk -F'|' '/peak bf16 TFLOP\/s/ {gsub(/ /, "", $3); print $3}' "$log" 2>/dev/null)
+    j=$LOGS/lerobot_pi0_all_bf16.json
+    [ -n "$gflop" ] || gflop=$(jget "$j" 'r["train"]["flops_model_per_sample"] / 1e9')
+    [ -n "$peak" ] || peak=$(jget "$j" 'r["peak_bf16_flops"] / 1e12')
+    read -r ms n sps <<< "$(step_figures "$log")"
+    ours=${sps:-}
+    echo
+    echo "pi0 preset (3.24B parameters, random weights), --train all, batch $PI0_B, 2 cameras at 224 px; train_vla:"
+    echo "the mean of $PI0_STEPS timed steps after 1 untimed; LeRobot: the mean of $PI0_STEPS after 5 untimed (its"
+    echo "batch fed tokenized and normalized: its copy to the device and update_policy)"
+    echo "${gflop:-?} GFLOP per sample (vla/flops.h's count, LeRobot's too); peak ${peak:-?} TFLOP/s (bf16 dense)"
+    row "trainer" "ms/step" "samples/s" "vs ours" "MFU" "memory GiB"
+    row "----" "---" "---" "---" "---" "---"
+    refused=$(grep -E -m 1 '^error: .* takes? ' "$log" 2> /dev/null)
+    if [ -n "${ms:-}" ]; then
+        row "train_vla (bf16, --recompute none, $(attention_used "$log"))" "$ms" "$sps" "1.00x" "$(mfu "$sps")" \
+            "$(peak_memory "$log")"
+    elif [ -n "$refused" ]; then
+        row "train_vla (bf16)" "refused" "" "" "" ""
+    else
+        row "train_vla (bf16)" "not run" "" "" "" ""
+    fi
+    for amp in bf16 none; do
+        j=$LOGS/lerobot_pi0_all_${amp}.json
+        what="dtype bfloat16: bf16 weights and autocast"
+        [ "$amp" = bf16 ] || what="dtype float32, its default"
+        if [ ! -f "$j" ]; then
+            row "LeRobot 0.6.1 ($what)" "not run" "" "" "" ""
+        elif [ "$(jget "$j" 'r.get("does_not_fit")')" != '?' ]; then
+            row "LeRobot 0.6.1 ($what)" "no fit" "" "" "" ""
+        else
+            sps=$(json_field "$j" samples_per_s)
+            mem=$(awk -v b="$(json_field "$j" peak_memory_bytes)" 'BEGIN { if (b+0 > 0) printf "%.2f", b / 2^30; else printf "?" }')
+            row "LeRobot 0.6.1 ($what)" "$(json_field "$j" ms_per_step)" "$sps" "$(ratio "$ours" "$sps")" "$(mfu "$sps")" "$mem"
+        fi
+    done
+    [ -z "$refused" ] || echo "train_vla refused: $refused"
+    for amp in bf16 none; do
+        j=$LOGS/lerobot_pi0_all_${amp}.json
+        [ "$(jget "$j" 'r.get("does_not_fit")')" = '?' ] ||
+            echo "LeRobot (--amp $amp) does not fit: $(jget "$j" 'r["does_not_fit"]')"
+    done
+    j=$LOGS/lerobot_pi0_infer_bf16.json
+    echo
+    echo "pi0 inference: one action chunk at batch 1 (2 cameras at 224 px, 48 tokens, the state; the prefix once"
+    echo "and 10 Euler steps), $CHUNKS timed chunks after 5 untimed, medians; train_vla's pi0 chunk is not timed here"
+    irow "policy" "ms/chunk" "p90" "vs ours" "on the device"
+    irow "----" "---" "---" "---" "---"
+    if [ -f "$j" ]; then
+        irow "LeRobot 0.6.1 select_action (dtype bfloat16; the copies)" \
+            "$(jget "$j" 'r["infer"]["ms_select_action_with_processors_median"]')" "-" "-" \
+            "peak $(jget "$j" 'r["infer"]["peak_memory_bytes"] / 2**30') GiB"
+        irow "LeRobot 0.6.1 predict_action_chunk (dtype bfloat16)" "$(jget "$j" 'r["infer"]["ms_per_chunk_median"]')" \
+            "-" "-" ""
+    else
+        irow "LeRobot 0.6.1 select_action (dtype bfloat16; the copies)" "not run" "" "" ""
+    fi
+
     # recomputation (the `more` call): --train all at batch B, none (the benchmark) against attn and layer
     if [ -f "$LOGS/bench_recompute_attn.log" ] || [ -f "$LOGS/bench_recompute_layer.log" ]; then
         local none_sps level
@@ -259,7 +335,8 @@ publish() {
 # stage NAME EXPECTED COMMAND...: runs COMMAND with its output in $LOGS/NAME.log if NAME matches
 # STAGES and EXPECTED seconds ("~N" an estimate, "N" measured on a GPU) fit in what is left of
 # BUDGET; the one running when BUDGET is spent is stopped. Returns non-zero if it failed, was
-# stopped or did not run.
+# stopped or did not run. Where the caller has set `refusal` (an extended regex), a command that
+# fails with a line matching it, and without a step line, is listed as skipped with that line.
 stage() {
     local name=$1 expected=$2
     shift 2
@@ -280,7 +357,7 @@ stage() {
     planned=$((planned + secs))
     echo
     echo "######## $name (expected $expected s, $left s left): $*"
-    local t0=$SECONDS
+    local t0=$SECONDS reason
     timeout -k 10 "$left" "$@" > "$LOGS/$name.log" 2>&1
     local rc=$? took=$((SECONDS - t0))
     tail -n 8 "$LOGS/$name.log"
@@ -288,6 +365,10 @@ stage() {
         summary+=("$(printf '%-28s ok (%d s; expected %s)' "$name" "$took" "$expected")")
     elif [ $rc -eq 124 ] || { [ $rc -eq 137 ] && [ "$took" -ge "$left" ]; }; then  # timeout's, not a crash
         summary+=("$(printf '%-28s STOPPED after %d s: BUDGET (%d s) spent; see %s.log' "$name" "$took" "$BUDGET" "$name")")
+        failed=1
+    elif [ -n "${refusal:-}" ] && ! grep -q '^step ' "$LOGS/$name.log" &&
+        reason=$(grep -E -m 1 "$refusal" "$LOGS/$name.log"); then
+        summary+=("$(printf '%-28s skipped after %d s: %s' "$name" "$took" "$reason")")
         failed=1
     else
         summary+=("$(printf '%-28s FAILED, exit %d (%d s): see %s.log' "$name" "$rc" "$took" "$name")")
@@ -316,7 +397,10 @@ note() {  # a line of the summary that is no stage's result
 # LeRobot and its pure-Python dependencies travel as wheels (dev/lerobot/wheels.sh, carried as .whl)
 have_lerobot=0
 wants_lerobot=0
-for name in lerobot_{expert,all}_{bf16,none} lerobot_infer_{none,bf16}; do [[ "$name" =~ $STAGES ]] && wants_lerobot=1; done
+for name in lerobot_{expert,all}_{bf16,none} lerobot_infer_{none,bf16} lerobot_pi0_all_{bf16,none} \
+    lerobot_pi0_infer_bf16; do
+    [[ "$name" =~ $STAGES ]] && wants_lerobot=1
+done
 if [ "$DRY_RUN" = 1 ] || [ $wants_lerobot = 0 ]; then
     have_lerobot=1  # (listed as if the wheels were there: nothing runs)
 elif ls .whl/lerobot-*.whl > /dev/null 2>&1; then
@@ -324,6 +408,22 @@ elif ls .whl/lerobot-*.whl > /dev/null 2>&1; then
         .whl/*.whl && export PYTHONPATH=/tmp/lerobot_site${PYTHONPATH:+:$PYTHONPATH} && have_lerobot=1
 fi
 [ $have_lerobot = 1 ] || [ $wants_lerobot = 0 ] || note lerobot "skipped: no .whl/lerobot-*.whl (run dev/lerobot/wheels.sh where pip works, carry .whl)"
+# LeRobot's pi0 samples only under the transformers it pins (<5.6; the image's 5.17 no longer takes
+# create_causal_mask's cache_position): its stages run with dev/lerobot/wheels.sh --pinned's wheels
+# (.whl/pinned, fetched by `prepare`) ahead of the image's
+PI0_SITE=/tmp/lerobot_site_pinned
+pi0_python=(env "PYTHONPATH=$PI0_SITE${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON")
+wants_pi0=0
+for name in lerobot_pi0_all_{bf16,none} lerobot_pi0_infer_bf16; do [[ "$name" =~ $STAGES ]] && wants_pi0=1; done
+if [ "$DRY_RUN" != 1 ] && [ "$MODE" = more ] && [ $have_lerobot = 1 ] && [ $wants_pi0 = 1 ]; then
+    if ! ls .whl/pinned/transformers-*.whl > /dev/null 2>&1 ||
+        ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$PI0_SITE" \
+            .whl/pinned/*.whl; then
+        pi0_python=("$PYTHON")
+        note lerobot_pinned "missing: LeRobot's pi0 runs under the image's transformers, where its chunk fails \
+(carry .whl/pinned, fetched by dev/gpu_check.sh prepare)"
+    fi
+fi
 # LeRobot's references for the GPU tests (made by `prepare` or `make setup && make test` elsewhere)
 refs=()
 if [ "$DRY_RUN" = 1 ] || { [ -f "$REFS/all/ref.safetensors" ] && [ -f "$REFS/expert/c_config.txt" ] &&
@@ -356,6 +456,30 @@ lerobot_infer() {
     [ $have_lerobot = 1 ] || return 1
     stage "lerobot_infer_$2" "$1" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --infer --infer-batch 1 \
         --amp "$2" --steps "$CHUNKS" --warmup 5 --device cuda --json "$LOGS/lerobot_infer_$2.json"
+}
+# pi0_train_vla EXPECTED: train_vla -p pi0 --train all at batch PI0_B; a refusal of the model (its
+# "error: ... take(s) ..." line before any step: a head size or width past what the GPU kernels take,
+# after the weights' init) is listed as skipped with its line; any other error is a failure
+pi0_train_vla() {
+    local refusal='^error: .* takes? '
+    [ "$DRY_RUN" = 1 ] || rm -rf "${RUNS:?}/bench_pi0_train_vla"
+    stage bench_pi0_train_vla "$1" build/gpu/train_vla_bf16 -p pi0 --train all --recompute none -b "$PI0_B" \
+        -n $((PI0_STEPS + 1)) -u 10 -i "$BENCH_DATA" -o "$RUNS/bench_pi0_train_vla" --no-checkpoint --log-every 5
+}
+# lerobot_pi0_train EXPECTED AMP, lerobot_pi0_infer EXPECTED AMP: LeRobot's PI0Policy, its step at batch
+# PI0_B (--train all, its default), its chunks at batch 1, under its pinned transformers; out of memory
+# is listed as skipped
+lerobot_pi0_train() {
+    [ $have_lerobot = 1 ] || return 1
+    local refusal='^bench_lerobot: does not fit: '
+    stage "lerobot_pi0_all_$2" "$1" "${pi0_python[@]}" dev/lerobot/bench_lerobot.py --preset pi0 --train all \
+        --amp "$2" --batch "$PI0_B" --steps "$PI0_STEPS" --warmup 5 --device cuda --json "$LOGS/lerobot_pi0_all_$2.json"
+}
+lerobot_pi0_infer() {
+    [ $have_lerobot = 1 ] || return 1
+    local refusal='^bench_lerobot: does not fit: '
+    stage "lerobot_pi0_infer_$2" "$1" "${pi0_python[@]}" dev/lerobot/bench_lerobot.py --preset pi0 --infer \
+        --infer-batch 1 --amp "$2" --steps "$CHUNKS" --warmup 5 --device cuda --json "$LOGS/lerobot_pi0_infer_$2.json"
 }
 # the bf16 GPU tests: the groups against LeRobot's references and the oracle (headline), the rest (more)
 test_gpu_bf16() {
@@ -414,8 +538,16 @@ if [ "$MODE" = headline ]; then
             -i "$BENCH_DATA" -o "$RUNS/profile_$train" --no-checkpoint --log-every 1 --profile 3
     done
 else
-    # the rest of the bf16 tests, then LeRobot's other settings
     stage build "$build_expected" make -j"$JOBS" PYTHON="$PYTHON" "${build[@]}"
+    # pi0, the model the headline call does not time. train_vla: the 3.24B weights' init on the host
+    # (one thread draws them: 154 s on a 2-core AMD EPYC, less on a faster core), the upload, 11
+    # steps of ~0.2 s. LeRobot: its imports and the model's build on the GPU (~30 s), 15 steps (bf16
+    # ~0.3 s, fp32 ~0.6 s, where it fits); 55 chunks of ~0.1 s
+    pi0_train_vla '~150'
+    lerobot_pi0_train '~45' bf16
+    lerobot_pi0_infer '~40' bf16
+    lerobot_pi0_train '~50' none
+    # the rest of the bf16 tests, then LeRobot's other settings
     test_gpu_bf16 test_gpu_bf16_rest '~90' VLA_GPU_SKIP=oracle,lerobot
     lerobot_train 32 expert none
     lerobot_train 47 all none

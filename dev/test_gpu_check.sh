@@ -2,8 +2,9 @@
 # dev/gpu_check.sh without a GPU: the two calls' stage plans (DRY_RUN=1) in their order, each
 # stage's expected seconds and the headline call's sum within its budget, benchmarks that write
 # no checkpoint and time STEPS steps, STAGES' filter, bad settings, a call whose budget is too
-# short for its stages (each skipped and said so), and the figures of a stage that ran written to
-# OUTDIR as soon as it ended. GPU time comes 15 minutes at a time, so a mistake in the script
+# short for its stages (each skipped and said so), the figures of a stage that ran written to
+# OUTDIR as soon as it ended, and pi0's stages (a refusal or an out-of-memory listed as skipped with
+# its line, the call going on). GPU time comes 15 minutes at a time, so a mistake in the script
 # should show in make test, not in a call's minutes.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -86,6 +87,28 @@ kernels, torch.compile, the short runs, the dev/cuda programs" \
     in_order build test_gpu_bf16_rest lerobot_expert_none lerobot_all_none lerobot_infer_bf16 build_more test_gpu_fp32 \
     test_gpu_fp16 attention_bench bench_torch_compile_expert bench_torch_compile_all train_default launchers \
     bench_recompute_attn bench_recompute_layer balance_default build_dev_cuda cuda_adamw cuda_time_mlp
+check "more: pi0 first after the build (train_vla -p pi0, LeRobot's PI0Policy in bf16, its chunk, fp32), then the rest" \
+    in_order build bench_pi0_train_vla lerobot_pi0_all_bf16 lerobot_pi0_infer_bf16 lerobot_pi0_all_none \
+    test_gpu_bf16_rest
+check "pi0's benchmarks: train_vla -p pi0 --train all --recompute none and LeRobot's pi0 at the same batch (PI0_B=8), \
+PI0_STEPS=10 timed steps, LeRobot in bf16 and fp32, its chunk at batch 1" \
+    bash -c "grep -q '^stage bench_pi0_train_vla ~[0-9]*: build/gpu/train_vla_bf16 -p pi0 --train all --recompute none -b 8 -n 11 .*--no-checkpoint' '$out/more.log' &&
+             grep -q '^stage lerobot_pi0_all_bf16 ~[0-9]*: .*dev/lerobot/bench_lerobot.py --preset pi0 --train all --amp bf16 --batch 8 --steps 10 --warmup 5 ' '$out/more.log' &&
+             grep -q '^stage lerobot_pi0_all_none ~[0-9]*: .*--preset pi0 --train all --amp none --batch 8 ' '$out/more.log' &&
+             grep -q '^stage lerobot_pi0_infer_bf16 ~[0-9]*: .*--preset pi0 --infer --infer-batch 1 --amp bf16 ' '$out/more.log'"
+check "LeRobot's pi0 runs with its pinned transformers ahead of the image's (the wheels of .whl/pinned)" \
+    bash -c "[ \$(grep -c '^stage lerobot_pi0_[a-z0-9_]* ~[0-9]*: env PYTHONPATH=/tmp/lerobot_site_pinned[:a-z_/]* [^ ]*python3* dev/lerobot/bench_lerobot.py ' \
+             '$out/more.log') -eq 3 ]"
+# the pi0 stages but fp32 within more's BUDGET after the build of a prepared call (~25 s) and the overhead
+pi0_sum=$(sed -n 's/^stage \(bench_pi0_train_vla\|lerobot_pi0_all_bf16\|lerobot_pi0_infer_bf16\) ~\{0,1\}\([0-9]*\): .*/\2/p' \
+    "$out/more.log" | awk '{s += $1} END {print s + 0}')
+check "train_vla's pi0 step, LeRobot's and its chunk ($pi0_sum s) fit in more's 300 s after a prepared build (~25 s), \
+with the overhead and the reserve" [ "$pi0_sum" -gt 0 -a $((pi0_sum + 25 + 10 + 5)) -le 300 ]
+DRY_RUN=1 PI0_B=4 PI0_STEPS=3 dev/gpu_check.sh more "$out/pi0_b" > "$out/pi0_b.log" 2>&1
+check "PI0_B=4 PI0_STEPS=3: both trainers' pi0 step at batch 4, train_vla 4 steps, LeRobot 3 after 5" \
+    bash -c "grep -q '^stage bench_pi0_train_vla .* -b 4 -n 4 ' '$out/pi0_b.log' &&
+             grep -q '^stage lerobot_pi0_all_bf16 .*--batch 4 --steps 3 --warmup 5 ' '$out/pi0_b.log' &&
+             grep -q 'batch 4, 2 cameras' '$out/pi0_b/table.txt'"
 n_cuda=$(find dev/cuda -maxdepth 1 -name '*.cu' ! -name attention_smolvla.cu | wc -l)
 n_cuda_stages=$(tr ' ' '\n' <<< "$more" | grep -c '^cuda_')
 check "a stage per dev/cuda program but attention_smolvla, which attention_bench runs ($n_cuda_stages for $n_cuda)" \
@@ -95,7 +118,7 @@ check "no stage of either call needs no GPU (register counts, the scaling model 
 dups=$(tr ' ' '\n' <<< "$more" | grep . | sort | uniq -d | tr '\n' ' ')
 check "no stage twice in more${dups:+: $dups}" [ -z "$dups" ]
 check "more's train_vla runs write no checkpoint either" \
-    bash -c "! grep -E '^stage (bench_recompute|train_default|balance_default)' '$out/more.log' | grep -v -q -- '--no-checkpoint'"
+    bash -c "! grep -E '^stage (bench_pi0|bench_recompute|train_default|balance_default)' '$out/more.log' | grep -v -q -- '--no-checkpoint'"
 check "the torch.compile stages compile per layer (dev/model.py --compile)" \
     grep -q '^stage bench_torch_compile_expert ~[0-9]*: .*dev/model.py .*--compile$' "$out/more.log"
 
@@ -116,7 +139,7 @@ listed=$(stages_of "$out/some.log")
 check "STAGES='^bench_torch_compile_' lists those two alone ($listed)" \
     [ "$listed" = "bench_torch_compile_expert bench_torch_compile_all " ]
 
-for bad in BUDGET=9x STEPS=0 B=-1; do
+for bad in BUDGET=9x STEPS=0 B=-1 PI0_B=0; do
     env DRY_RUN=1 "$bad" dev/gpu_check.sh "$out/bad" > "$out/bad.log" 2>&1
     rc=$?
     check "$bad: exit 2 and one line that names it ($(head -n 1 "$out/bad.log"))" \
@@ -159,6 +182,77 @@ without, prefix 4.00 + steps 8.00 ms)" \
              tar -tzf '$out/one/logs.tar.gz' | grep -q 'logs/bench_infer.log'"
 # (train_vla makes its run folder but not the folders above it: the call makes those)
 check "a call on a fresh work folder makes the benchmarks' runs folder" [ -d "$GPU_CHECK_WORK/runs" ]
+
+# ---- pi0's stages run (more, STAGES): train_vla refusing -p pi0 and LeRobot's fp32 step not fitting,
+# each listed as skipped with its line, the call going on; LeRobot's bf16 figures in the pi0 table. A
+# copy of the script runs in a folder of its own with stand-ins for the trainer, LeRobot's wheel and
+# Python, so nothing lands in build/gpu or .whl.
+tree=$PWD/$out/tree
+mkdir -p "$tree/dev" "$tree/build/gpu" "$tree/.whl"
+cp dev/gpu_check.sh "$tree/dev/"
+mkdir -p "$tree/.whl/pinned"
+touch "$tree/.whl/lerobot-0.6.1-py3-none-any.whl" "$tree/.whl/pinned/transformers-5.5.4-py3-none-any.whl"
+cat > "$tree/build/gpu/train_vla_bf16" << 'EOF'
+#!/usr/bin/env bash
+# train_vla refusing the model after its config table, as train_vla.cu's smolvla_build does
+echo "| model GFLOP per sample | 7854.59                              |"
+echo "| peak bf16 TFLOP/s      | 989.4                                |"
+echo "error: head sizes 256 and 72: the GPU attention kernels take head sizes up to 128" >&2
+exit 1
+EOF
+cat > "$out/python_pi0" << 'EOF'
+#!/usr/bin/env bash
+# pip: nothing to install; dev/lerobot/bench_lerobot.py: a report of known figures, or out of memory
+# at fp32; anything else: the real python3
+[ "${1:-} ${2:-}" = "-m pip" ] && exit 0
+if [ "${1:-}" = dev/lerobot/bench_lerobot.py ]; then
+    infer=0
+    while [ $# -gt 0 ]; do
+        case $1 in --json) json=$2 ;; --amp) amp=$2 ;; --infer) infer=1 ;; esac
+        shift
+    done
+    if [ $infer = 1 ]; then
+        echo '{"infer": {"ms_per_chunk_median": 80.0, "ms_select_action_with_processors_median": 85.5, "peak_memory_bytes": 9663676416}}' > "$json"
+    elif [ "$amp" = none ]; then
+        echo '{"does_not_fit": "CUDA out of memory: pi0 (pi0) --train all at batch 8, dtype float32: a stand-in"}' > "$json"
+        echo "bench_lerobot: does not fit: CUDA out of memory: pi0 (pi0) --train all at batch 8, dtype float32: a stand-in" >&2
+        exit 3
+    else
+        echo '{"train": {"ms_per_step": 250.0, "samples_per_s": 32.0, "peak_memory_bytes": 59055800320}}' > "$json"
+    fi
+    exit 0
+fi
+exec python3 "$@"
+EOF
+chmod +x "$tree/build/gpu/train_vla_bf16" "$out/python_pi0"
+STAGES='^(bench_pi0_|lerobot_pi0_)' PYTHON=$PWD/$out/python_pi0 GPU_CHECK_WORK=$tree/work "$tree/dev/gpu_check.sh" more \
+    "$PWD/$out/pi0" > "$out/pi0.log" 2>&1
+rc=$?
+sum_pi0=$out/pi0/summary.txt
+check "pi0 stages run: exit $rc (non-zero: two skipped), train_vla's refusal skipped with its line" \
+    bash -c "[ $rc -ne 0 ] && grep -q '^bench_pi0_train_vla  *skipped after [0-9]* s: error: head sizes 256 and 72: the GPU attention kernels take head sizes up to 128$' '$sum_pi0'"
+check "LeRobot's pi0 stages after it, its pinned wheels installed: bf16 and the chunk ok, fp32 skipped with its one line" \
+    bash -c "! grep -q '^lerobot_pinned' '$sum_pi0' && grep -q '^lerobot_pi0_all_bf16  *ok (' '$sum_pi0' && grep -q '^lerobot_pi0_infer_bf16  *ok (' '$sum_pi0' &&
+             grep -q '^lerobot_pi0_all_none  *skipped after [0-9]* s: bench_lerobot: does not fit: CUDA out of memory: ' '$sum_pi0'"
+check "the pi0 table: train_vla refused (and why), LeRobot bf16 at 250.00 ms and 32.00 samples/s, MFU 25.4% on train_vla's \
+count, 55.00 GiB; fp32 no fit; the chunk's 85.50 ms" \
+    bash -c "awk '/^pi0 preset/ {on = 1} on' '$out/pi0/table.txt' > '$out/pi0.rows' &&
+             grep -q '^| train_vla (bf16)  *|  *refused' '$out/pi0.rows' &&
+             grep -q '^train_vla refused: error: head sizes 256' '$out/pi0.rows' &&
+             grep -q '^| LeRobot 0.6.1 (dtype bfloat16: [^|]*|  *250.00 |  *32.00 |  *? |  *25.4% |  *55.00 |' '$out/pi0.rows' &&
+             grep -q '^| LeRobot 0.6.1 (dtype float32, its default)  *|  *no fit' '$out/pi0.rows' &&
+             grep -q '^| LeRobot 0.6.1 select_action (dtype bfloat16; the copies)  *|  *85.50 |' '$out/pi0.rows'"
+
+# any other error of train_vla is a failure, not a refusal
+cat > "$tree/build/gpu/train_vla_bf16" << 'EOF'
+#!/usr/bin/env bash
+echo "error: CUDA error an illegal memory access was encountered at train_vla.cu:100" >&2
+exit 1
+EOF
+STAGES='^bench_pi0_train_vla$' PYTHON=$PWD/$out/python_pi0 GPU_CHECK_WORK=$tree/work "$tree/dev/gpu_check.sh" more \
+    "$PWD/$out/pi0_failed" > "$out/pi0_failed.log" 2>&1
+check "a CUDA error of train_vla -p pi0 is listed as FAILED, not as a refusal" \
+    grep -q '^bench_pi0_train_vla  *FAILED, exit 1 ' "$out/pi0_failed/summary.txt"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

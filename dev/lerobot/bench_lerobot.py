@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Benchmark of LeRobot 0.6.1's OWN SmolVLA training step and inference (the peer of train_vla).
+"""Benchmark of LeRobot 0.6.1's OWN SmolVLA and pi0 training steps and inference (train_vla's peers).
 
     python dev/lerobot/bench_lerobot.py --preset smolvla --train expert --batch 32 --steps 20 \
         --warmup 5 --amp bf16 --device cuda [--compile] [--infer] [--json OUT.json]
     python dev/lerobot/bench_lerobot.py --preset smolvla --count-only      # sizes only, no step
     python dev/lerobot/bench_lerobot.py --preset tiny --device cpu --batch 2 --steps 2 --warmup 1
     python dev/lerobot/bench_lerobot.py --preset small --train all --device cpu --threads 2 --batch 8
+    python dev/lerobot/bench_lerobot.py --preset pi0 --train all --batch 8 --amp bf16 --device cuda
+    python dev/lerobot/bench_lerobot.py --preset pi0 --count-only --batch 8  # LeRobot's counts, on the CPU
+    python dev/lerobot/bench_lerobot.py --preset pi0_tiny --device cpu --batch 2 --steps 2 --warmup 1
 
 Random weights, nothing from the hub (HF_HUB_OFFLINE=1): a local SmolVLM folder (config,
 tokenizer, processor) with the requested sizes stands in for SmolVLM2-500M-Video-Instruct.
@@ -32,8 +35,28 @@ default dtype). bf16 is what `accelerate launch --mixed_precision bf16 lerobot-t
 accelerator.autocast()), no grad scaler, fp32 master weights. --amp bf16 builds
 Accelerator(mixed_precision="bf16"); --amp fp16 is the use_amp path; --amp none is "no" (fp32+TF32).
 
-The FLOP and parameter formulas (smolvla_train_flops, smolvla_infer_flops, smolvla_param_counts)
-depend on nothing but the standard library so the project's own benchmark can import them.
+pi0 (--preset pi0: lerobot/pi0's sizes, 3.24B parameters used; pi0_tiny: make_ref_pi0.py's test
+sizes, which its tiny_pi0_sizes puts in place at run time): LeRobot's PI0Policy with random
+weights, built by LeRobot's own code on the device it runs on. Nothing is read from the hub: the
+policy is built from PI0Config, not from google/paligemma-3b-pt-224, and its pre-processor, whose
+first step loads that tokenizer, is not used. The batch is what the pre-processor would hand the
+policy: two 224 px cameras in [0, 1] (the policy resizes and rescales them), 48 language tokens
+(bos, ids, right padding, the mask), the normalized state and actions. So the timed step is the
+batch's copy to the device (LeRobot's DeviceProcessorStep) and update_policy; the tokenizer and
+normalization are left out. PI0Config has a dtype field, which lerobot_train.py:246-249 turns
+into Accelerate's mixed precision and which also sets the weights' dtype
+(PaliGemmaWithExpertModel.to_bfloat16_for_selected_params): --amp bf16 is dtype="bfloat16" (bf16
+weights but the vision tower, the projector and the norms, under bf16 autocast; AdamW keeps its
+moments in each weight's dtype), --amp none is dtype="float32" (fp32 + TF32), the default; --amp
+fp16 is refused. Inference follows lerobot_eval.py: the weights in PI0Config.dtype, no autocast.
+--train defaults to all for pi0 (LeRobot's default: neither switch set). A CUDA out-of-memory
+error ends the run with one line, "bench_lerobot: does not fit: ...", and exit status 3.
+pi0's model FLOPs (pi0_train_flops, count="model") are vla/flops.h's for the same sizes, so both
+trainers' MFU share one count (dev/lerobot/test_bench.sh compares them).
+
+The FLOP and parameter formulas (smolvla_train_flops, smolvla_infer_flops, smolvla_param_counts,
+pi0_train_flops, pi0_infer_flops, pi0_param_counts) depend on nothing but the standard library so
+the project's own benchmark can import them.
 """
 
 import argparse
@@ -339,6 +362,210 @@ def peak_bf16_flops(device_name):
 
 
 # ----------------------------------------------------------------------------------------------
+# pi0: sizes, parameter count and FLOPs, analytic
+# ----------------------------------------------------------------------------------------------
+
+# lerobot/pi0's model (PaliGemma 3B: SigLIP so400m/14 and Gemma 2B, with the Gemma 300M expert),
+# as LeRobot 0.6.1's PI0Pytorch builds it: get_gemma_config's two variants, the SigLIP sizes and
+# the vocabulary fixed in PaliGemmaWithExpertModel.__init__, PI0Config's defaults. Checked against
+# the built model (pi0_sizes_of) whenever one is built.
+PI0_VISION = dict(image_size=224, patch_size=14, hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+                  num_attention_heads=16)
+PI0_GEMMA = {
+    "gemma_2b": dict(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),
+    "gemma_300m": dict(width=1024, depth=18, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=256),
+}
+PI0_VOCAB = 257152
+PI0_POLICY_DEFAULTS = dict(chunk_size=50, n_action_steps=50, max_state_dim=32, max_action_dim=32,
+                           num_inference_steps=10, image_resolution=(224, 224), tokenizer_max_length=48,
+                           paligemma_variant="gemma_2b", action_expert_variant="gemma_300m")
+# The released model's counts as LeRobot's module holds them (docs/pi0.md): the two lm_heads feed
+# nothing; "trained" is what gets a gradient in each mode, as vla/config.h's table marks it.
+PI0_EXPECTED = {"total": 4_028_019_472, "used": 3_238_048_528, "lm_heads": 789_970_944,
+                "trained": {"expert": 314_713_120, "vlm": 2_720_744_480, "all": 3_133_186_832}}
+PI0_PRESETS = ("pi0", "pi0_tiny")
+
+
+def pi0_flat_sizes(vision, vlm, expert, vocab, policy, n_cams):
+    """One flat dict of every size the pi0 formulas need (vision: SigLIP's config fields; vlm and
+    expert: get_gemma_config's; policy: PI0Config's fields)."""
+    return dict(
+        family="pi0", image=policy["image_resolution"][0], patch=vision["patch_size"],
+        v_width=vision["hidden_size"], v_layers=vision["num_hidden_layers"], v_mlp=vision["intermediate_size"],
+        v_heads=vision["num_attention_heads"], scale_factor=1,
+        width=vlm["width"], heads=vlm["num_heads"], kv_heads=vlm["num_kv_heads"], head_dim=vlm["head_dim"],
+        mlp=vlm["mlp_dim"], vlm_layers=vlm["depth"], vocab=vocab,
+        e_width=expert["width"], e_mlp=expert["mlp_dim"], e_layers=expert["depth"], e_heads=expert["num_heads"],
+        e_kv_heads=expert["num_kv_heads"], e_head_dim=expert["head_dim"],
+        chunk=policy["chunk_size"], state_max=policy["max_state_dim"], action_max=policy["max_action_dim"],
+        num_steps=policy["num_inference_steps"], lang=policy["tokenizer_max_length"], n_cams=n_cams,
+    )
+
+
+def pi0_sizes(n_cams=2):
+    return pi0_flat_sizes(PI0_VISION, PI0_GEMMA["gemma_2b"], PI0_GEMMA["gemma_300m"], PI0_VOCAB,
+                          PI0_POLICY_DEFAULTS, n_cams)
+
+
+def _pi0_check_shared(sz):
+    """The two stacks share one attention: heads, KV heads, head size and depth (LeRobot reshapes
+    the joint attention to 8 heads; vla/config.h has one set of these fields)."""
+    pairs = [("heads", "e_heads"), ("kv_heads", "e_kv_heads"), ("head_dim", "e_head_dim"), ("vlm_layers", "e_layers")]
+    bad = [f"{a} {sz[a]} vs {b} {sz[b]}" for a, b in pairs if sz[a] != sz[b]]
+    if bad:
+        raise ValueError("the VLM and the expert differ: " + ", ".join(bad))
+
+
+def pi0_prefix_len(sz, lang_len):
+    """Prefix tokens: every camera's patches (no pixel shuffle), the language tokens padded to
+    lang_len. The state token is the suffix's."""
+    return sz["n_cams"] * (sz["image"] // sz["patch"]) ** 2 + lang_len
+
+
+def pi0_param_counts(sz):
+    """Parameters of LeRobot's PI0Pytorch by part, what requires grad in each mode (lm_heads
+    left out) and what gets a gradient ("trained"): in vlm and all modes the last VLM layer's
+    o_proj, MLP and post-attention norm and the VLM's final norm require grad but feed nothing."""
+    _pi0_check_shared(sz)
+    dv, mv, p = sz["v_width"], sz["v_mlp"], sz["patch"]
+    n_patch = (sz["image"] // p) ** 2
+    vision = (3 * p * p * dv + dv) + n_patch * dv + 2 * dv  # patch conv, positions, post-LN
+    vision += sz["v_layers"] * (4 * (dv * dv + dv) + (dv * mv + mv) + (mv * dv + dv) + 4 * dv)
+    d, q, kv = sz["width"], sz["heads"] * sz["head_dim"], sz["kv_heads"] * sz["head_dim"]
+    projector = dv * d + d
+    embedding = sz["vocab"] * d
+    qkv, out_mlp = d * q + 2 * d * kv + d, q * d + 3 * d * sz["mlp"] + d  # with input / post-attention norm
+    vlm_layers = sz["vlm_layers"] * (qkv + out_mlp)
+    de, me = sz["e_width"], sz["e_mlp"]
+    expert = sz["vlm_layers"] * (de * q + 2 * de * kv + q * de + 3 * de * me + 2 * de) + de  # + final norm
+    sm, am = sz["state_max"], sz["action_max"]
+    projections = (sm * de + de) + (am * de + de) + (de * am + am) + (2 * de * de + de) + (de * de + de)
+    lm_heads = sz["vocab"] * d + sz["vocab"] * de
+    used = vision + projector + embedding + vlm_layers + d + expert + projections
+    no_grad = out_mlp + d  # the last layer's o_proj, MLP and post norm, the final norm
+    requires = {"expert": expert + projections, "vlm": used - vision, "all": used}
+    return {
+        "total": used + lm_heads, "used": used, "lm_heads": lm_heads, "vision": vision, "projector": projector,
+        "embedding": embedding, "vlm_layers": vlm_layers, "expert": expert, "projections": projections,
+        "requires_grad": requires,
+        "trained": {m: v - (no_grad if m != "expert" else 0) for m, v in requires.items()},
+    }
+
+
+def pi0_train_flops(sz, batch, lang_len, train="all", count="model"):
+    """FLOPs of one pi0 training step (forward + backward) for `batch` samples, the language
+    padded to lang_len (LeRobot's tokenizer pads to tokenizer_max_length, 48). Matrix products
+    and attention only, as smolvla_train_flops counts.
+
+    Per sample: P = cams * (img/patch)^2 + lang_len prefix tokens, S = chunk + 1 suffix tokens (the
+    state token, then the actions), T = P + S; every layer is joint.
+    count="model": vla/flops.h's smolvla_flops_per_sample for the pi0 family, term by term (what
+      train_vla's MFU divides by): vision 2*N*3p^2*Dv + Lv*(2*N*(4Dv^2 + 2Dv*Mv) + 4N^2*Dv) per
+      camera, the projector 2*N*Dv*D per camera, the VLM (L-1)*(2P*(2DQ + 2D*KV + 3DM) + 4P^2*Q)
+      plus the last layer's keys and values 2P*2D*KV (its queries, o_proj and MLP feed nothing),
+      the expert per layer 2S*(2De*Q + 3De*Me + 2De*KV) + 4S*(P+S)*Q over the suffix, its heads
+      over the chunk 2H*(Ad*De + 3De^2) + 2H*De*Ad and state_proj 2*Sd*De; the backward is 2x the
+      forward of the expert always, of the VLM and projector in vlm and all modes, of the vision
+      tower in all mode (nothing goes back into the VLM in expert mode: the state is the expert's).
+    count="autograd": what autograd executes for LeRobot's PI0Pytorch (checked exactly against
+      torch's FlopCounterMode): every VLM layer runs o_proj and the MLP on the prefix; the joint
+      attention is one dense T x T product pair per layer whose backward (dQ, dK, dP, dV over all
+      T rows) runs in every mode, because the concatenated queries, keys and values require grad;
+      so in expert mode too the prefix's hidden states require grad from the first layer's
+      attention on, and every frozen VLM product on the loss's path runs its input gradient. The
+      rotary embedding's (head_dim/2 x 1) @ (1 x T) product runs once per layer. First layers
+      (the patch convolution, state_proj, action_in_proj, a frozen tower's projector) run their
+      weight gradient alone.
+    """
+    if train not in TRAIN_FLAGS or count not in ("model", "autograd"):
+        raise ValueError(f"train={train!r} count={count!r}")
+    _pi0_check_shared(sz)
+    cams, n, p = sz["n_cams"], (sz["image"] // sz["patch"]) ** 2, sz["patch"]
+    dv, mv, lv = sz["v_width"], sz["v_mlp"], sz["v_layers"]
+    d, q, kv = sz["width"], sz["heads"] * sz["head_dim"], sz["kv_heads"] * sz["head_dim"]
+    m, L = sz["mlp"], sz["vlm_layers"]
+    de, me, H, sd, ad = sz["e_width"], sz["e_mlp"], sz["chunk"], sz["state_max"], sz["action_max"]
+    S = H + 1
+    P = pi0_prefix_len(sz, lang_len)
+    T = P + S
+    train_vision, train_vlm = train == "all", train in ("vlm", "all")
+    t = _Tally()
+    if count == "model":
+        vision = cams * (2 * n * 3 * p * p * dv + lv * (2 * n * (4 * dv * dv + 2 * dv * mv) + 4 * n * n * dv))
+        t.add("vision", vision, 2 * vision * train_vision)
+        projector = cams * 2 * n * dv * d
+        t.add("projector", projector, 2 * projector * train_vlm)
+        vlm = (L - 1) * (2 * P * (2 * d * q + 2 * d * kv + 3 * d * m) + 4 * P * P * q) + 2 * P * 2 * d * kv
+        t.add("vlm", vlm, 2 * vlm * train_vlm)
+        layers = L * (2 * S * (2 * de * q + 3 * de * me) + 2 * S * 2 * de * kv + 4 * S * (P + S) * q)
+        t.add("expert.layers", layers, 2 * layers)
+        heads = 2 * H * (ad * de + 3 * de * de) + 2 * H * de * ad
+        t.add("expert.heads", heads, 2 * heads)
+        t.add("state_proj", 2 * sd * de, 2 * 2 * sd * de)
+    else:
+        for _ in range(cams):
+            t.linear("vision.patch_embed", n, 3 * p * p, dv, dx=False, dw=train_vision)
+            for _ in range(lv):
+                t.linear("vision.qkv_o", n, dv, 4 * dv, dx=train_vision, dw=train_vision)
+                t.linear("vision.mlp", n, dv, 2 * mv, dx=train_vision, dw=train_vision)
+                t.attention("vision.attention", n, n, dv, train_vision, train_vision, train_vision)
+            t.linear("projector", n, dv, d, dx=train_vision, dw=train_vlm)
+        for i in range(L):
+            last = i == L - 1
+            x_grad = train_vlm or i > 0  # the prefix's input to layer i requires grad
+            t.linear("vlm.qkv", P, d, q + 2 * kv, dx=x_grad, dw=train_vlm)
+            t.linear("vlm.o_mlp", P, q, d, dx=not last, dw=train_vlm and not last)
+            t.linear("vlm.o_mlp", P, d, 3 * m, dx=not last, dw=train_vlm and not last)
+            t.linear("expert.qkvo_mlp", S, de, 2 * q + 2 * kv + 3 * me, dx=True, dw=True)
+            t.attention("attn.joint", T, T, q, True, True, True)
+            t.add("rope", sz["head_dim"] * T, 0)
+        t.linear("head.state_proj", 1, sd, de, dx=False, dw=True)
+        t.linear("head.action_in_proj", H, ad, de, dx=False, dw=True)
+        t.linear("head.action_time_mlp", H, de, 3 * de, dx=True, dw=True)  # in (2De->De) + out (De->De)
+        t.linear("head.action_out_proj", H, de, ad, dx=True, dw=True)
+    out = t.result(batch)
+    out.update(prefix_tokens=P, suffix_tokens=S, lang_tokens=lang_len, batch=batch, train=train, count=count)
+    return out
+
+
+def pi0_infer_flops(sz, batch, lang_len):
+    """FLOPs of one action chunk as LeRobot's sample_actions computes it: the prefix once (every
+    VLM layer over the P prefix tokens, o_proj and MLP included, to fill the K/V cache; the rotary
+    embedding's product once), then num_steps Euler steps of the expert over the S = chunk + 1
+    suffix tokens against [cached prefix; suffix] keys, each with its own rotary product and the
+    state, action and time projections."""
+    _pi0_check_shared(sz)
+    cams, n, p = sz["n_cams"], (sz["image"] // sz["patch"]) ** 2, sz["patch"]
+    dv, mv = sz["v_width"], sz["v_mlp"]
+    d, q, kv = sz["width"], sz["heads"] * sz["head_dim"], sz["kv_heads"] * sz["head_dim"]
+    m, L = sz["mlp"], sz["vlm_layers"]
+    de, me, H, sd, ad = sz["e_width"], sz["e_mlp"], sz["chunk"], sz["state_max"], sz["action_max"]
+    S = H + 1
+    P = pi0_prefix_len(sz, lang_len)
+    t = _Tally()
+    for _ in range(cams):
+        t.linear("vision", n, 3 * p * p, dv, dx=False, dw=False)
+        for _ in range(sz["v_layers"]):
+            t.linear("vision", n, dv, 4 * dv + 2 * mv, dx=False, dw=False)
+            t.attention("vision.attention", n, n, dv, False, False, False)
+        t.linear("projector", n, dv, d, dx=False, dw=False)
+    t.add("rope", sz["head_dim"] * P, 0)
+    for _ in range(L):
+        t.linear("vlm.qkvo_mlp", P, d, 2 * q + 2 * kv + 3 * m, dx=False, dw=False)
+        t.attention("attn.vlm_prefix", P, P, q, False, False, False)
+    for _ in range(sz["num_steps"]):
+        t.add("rope", sz["head_dim"] * S, 0)
+        for _ in range(L):
+            t.linear("expert.qkvo_mlp", S, de, 2 * q + 2 * kv + 3 * me, dx=False, dw=False)
+            t.attention("attn.expert", S, P + S, q, False, False, False)
+        t.linear("head.state_proj", 1, sd, de, dx=False, dw=False)
+        t.linear("head.action_in_time_out", H, 1, ad * de + 3 * de * de + de * ad, dx=False, dw=False)
+    out = t.result(batch)
+    out.update(prefix_tokens=P, suffix_tokens=S, lang_tokens=lang_len, batch=batch)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # LeRobot side
 # ----------------------------------------------------------------------------------------------
 
@@ -593,6 +820,338 @@ def count_only(args, vlm_dir, vision, text, scale_factor, vocab, policy_kwargs, 
     return problems
 
 
+# ---- pi0 (LeRobot's PI0Policy)
+
+class DoesNotFit(BenchError):
+    """The run needs more device memory than there is: one line, exit status 3."""
+
+
+def pi0_preset_parts(preset):
+    """(SigLIP sizes, the VLM's and the expert's Gemma sizes, vocabulary, PI0Config settings) of a
+    pi0 preset: the released model's, or make_ref_pi0.py's test sizes (pi0_tiny, vla/config.h's
+    preset of that name), which its tiny_pi0_sizes replaces at run time."""
+    if preset == "pi0":
+        return PI0_VISION, PI0_GEMMA["gemma_2b"], PI0_GEMMA["gemma_300m"], PI0_VOCAB, {}
+    sys.path.insert(0, str(HERE))
+    import make_ref_pi0
+    policy = {k: v for k, v in make_ref_pi0.POLICY.items() if k != "dtype"}  # (--amp sets the dtype)
+    vision = dict(make_ref_pi0.VISION, image_size=policy["image_resolution"][0])
+    return vision, make_ref_pi0.GEMMA["gemma_2b"], make_ref_pi0.GEMMA["gemma_300m"], make_ref_pi0.VOCAB, policy
+
+
+def pi0_preset_sizes(preset, n_cams=len(CAMERAS)):
+    vision, vlm, expert, vocab, policy = pi0_preset_parts(preset)
+    return pi0_flat_sizes(vision, vlm, expert, vocab, dict(PI0_POLICY_DEFAULTS, **policy), n_cams)
+
+
+def pi0_build_sizes(preset):
+    """The context a pi0 preset's model is built in: LeRobot's own sizes, or pi0_tiny's."""
+    from contextlib import nullcontext
+    if preset == "pi0":
+        return nullcontext()
+    sys.path.insert(0, str(HERE))
+    import make_ref_pi0
+    return make_ref_pi0.tiny_pi0_sizes()
+
+
+def pi0_policy_config(preset, train, device, amp, compile_mode):
+    """PI0Config for the benchmark's cameras and dims. --amp picks PI0Config.dtype, which LeRobot's
+    training reads twice: the weights (bfloat16 but the vision tower, the projector and the norms)
+    and Accelerate's mixed precision (lerobot_train.py:246-249)."""
+    from lerobot.configs import FeatureType, PolicyFeature
+    from lerobot.policies.pi0.configuration_pi0 import PI0Config
+
+    feats = {f"observation.images.{c}": PolicyFeature(type=FeatureType.VISUAL, shape=(3, *FRAME_HW))
+             for c in CAMERAS}
+    feats["observation.state"] = PolicyFeature(type=FeatureType.STATE, shape=(STATE_DIM,))
+    extra = dict(compile_model=True, compile_mode=compile_mode) if compile_mode else {}
+    cfg = PI0Config(input_features=feats,
+                    output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(ACTION_DIM,))},
+                    device=device, push_to_hub=False, dtype={"bf16": "bfloat16", "none": "float32"}[amp],
+                    **TRAIN_FLAGS[train], **pi0_preset_parts(preset)[4], **extra)
+    if preset == "pi0":  # LeRobot's defaults must be the released model's
+        wrong = {k: (getattr(cfg, k), v) for k, v in PI0_POLICY_DEFAULTS.items()
+                 if (tuple(getattr(cfg, k)) if isinstance(v, tuple) else getattr(cfg, k)) != v}
+        if wrong:
+            raise BenchError(f"PI0Config defaults differ from the released model's: {wrong}")
+    return cfg
+
+
+def pi0_sizes_of(model, cfg, n_cams):
+    """The sizes of a built PI0Pytorch, read off its modules' configs (a size that did not take
+    shows here)."""
+    pwe = model.paligemma_with_expert
+    v, t, e = pwe.paligemma.config.vision_config, pwe.paligemma.config.text_config, pwe.gemma_expert.config
+    vision = {k: getattr(v, k) for k in PI0_VISION}
+    gemma = lambda c: dict(width=c.hidden_size, depth=c.num_hidden_layers, mlp_dim=c.intermediate_size,  # noqa: E731
+                           num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim)
+    policy = {k: getattr(cfg, k) for k in PI0_POLICY_DEFAULTS}
+    policy["image_resolution"] = tuple(policy["image_resolution"])
+    vocab = pwe.paligemma.model.language_model.embed_tokens.num_embeddings
+    return pi0_flat_sizes(vision, gemma(t), gemma(e), vocab, policy, n_cams)
+
+
+def pi0_count_params(model):
+    """A PI0Pytorch's parameters by make_ref_pi0.py's parts; requires_grad without the lm_heads."""
+    sys.path.insert(0, str(HERE))
+    from make_ref_pi0 import part_counts, part_of
+    counts = part_counts(model)
+    counts["requires_grad"] = sum(p.numel() for n, p in model.named_parameters()
+                                  if p.requires_grad and part_of(n) != "lm_heads")
+    return counts
+
+
+def pi0_check_counts(preset, train, counts, formula, problems, trained=None):
+    for key in ("total", "used", "lm_heads"):
+        check_count(f"{train} {key}", counts[key], formula[key], problems)
+    check_count(f"{train} requires_grad", counts["requires_grad"], formula["requires_grad"][train], problems)
+    if trained is not None:
+        check_count(f"{train} parameters with a gradient", trained, formula["trained"][train], problems)
+    if preset == "pi0":
+        for key in ("total", "used", "lm_heads"):
+            check_count(f"{train} {key} vs LeRobot's count", counts[key], PI0_EXPECTED[key], problems)
+        check_count(f"{train} trained vs LeRobot's count", formula["trained"][train], PI0_EXPECTED["trained"][train],
+                    problems)
+
+
+def make_pi0_batch(batch, sz, torch):
+    """A fixed random batch as LeRobot's pi0 pre-processor hands it to the policy, its tokenizer
+    (PaliGemma's, a hub download) and its normalization already done: the cameras' frames as
+    make_raw_batch's (float32 in [0, 1], CHW: PI0Policy resizes and rescales them itself),
+    language tokens as the tokenizer gives them (bos, one id per word and the newline, padded on
+    the right with 0 to tokenizer_max_length, with the mask), state and actions normalized
+    (N(0, 1)), action_is_pad as make_raw_batch's (pi0's loss ignores it)."""
+    g = torch.Generator().manual_seed(SEED)
+    data = {f"observation.images.{c}": torch.rand(batch, 3, *FRAME_HW, generator=g) for c in CAMERAS}
+    data["observation.state"] = torch.randn(batch, STATE_DIM, generator=g)
+    data["action"] = torch.randn(batch, sz["chunk"], ACTION_DIM, generator=g)
+    is_pad = torch.zeros(batch, sz["chunk"], dtype=torch.bool)
+    for b in range(0, batch, 3):  # every third sample ends inside its chunk
+        valid = 1 + (7 * b + sz["chunk"] // 2) % sz["chunk"]
+        is_pad[b, valid:] = True
+        data["action"][b, valid:] = data["action"][b, valid - 1]
+    data["action_is_pad"] = is_pad
+    tokens = torch.zeros(batch, sz["lang"], dtype=torch.int64)
+    masks = torch.zeros(batch, sz["lang"], dtype=torch.bool)
+    for b in range(batch):
+        n = min(sz["lang"], 2 + len(TASKS[b % len(TASKS)].split()))
+        tokens[b, 0] = 2  # PaliGemma's bos
+        tokens[b, 1:n] = torch.randint(3, sz["vocab"], (n - 1,), generator=g)
+        masks[b, :n] = True
+    data["observation.language.tokens"] = tokens
+    data["observation.language.attention_mask"] = masks
+    return data
+
+
+def pi0_measured_flops(model, images, img_masks, tokens, masks, state, actions, torch):
+    """torch's FlopCounterMode over one forward + backward of LeRobot's PI0Pytorch (the loss as
+    PI0Policy.forward reduces it; fixed noise and time; the math SDPA backend, so the vision
+    tower's attention decomposes into counted products). Returns the FLOPs and the elements of
+    the parameters that got a gradient (lm_heads left out)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    sys.path.insert(0, str(HERE))
+    from make_ref_pi0 import part_of
+
+    b, device = state.shape[0], state.device
+    g = torch.Generator().manual_seed(SEED + 1)
+    noise = torch.randn(actions.shape, generator=g).to(device)
+    t = (torch.rand(b, generator=g) * 0.999 + 0.001).to(device)
+    model.train()
+    model.zero_grad(set_to_none=True)
+    with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as fc:
+        losses = model.forward(images, img_masks, tokens, masks, state, actions, noise, t)
+        losses[:, :, :ACTION_DIM].mean().backward()
+    trained = sum(p.numel() for n, p in model.named_parameters() if p.grad is not None and part_of(n) != "lm_heads")
+    model.zero_grad(set_to_none=True)
+    return fc.get_total_flops(), trained
+
+
+def pi0_count_only(args, sz, torch, report):
+    """Every training mode's PI0Pytorch built on the meta device by LeRobot's own code (shapes
+    only: no memory, no init cost): its parameter counts against the formula (and, for pi0,
+    LeRobot's released counts), FlopCounterMode over a forward + backward against the autograd
+    formula, and what got a gradient against the trained count."""
+    from lerobot.policies.pi0.modeling_pi0 import PI0Pytorch
+
+    problems = []
+    report["modes"] = {}
+    formula = pi0_param_counts(sz)
+    B, P = args.batch, pi0_prefix_len(sz, sz["lang"])
+    for train in TRAIN_FLAGS:
+        t0 = time.perf_counter()
+        cfg = pi0_policy_config(args.preset, train, "cpu", "none", None)
+        with pi0_build_sizes(args.preset), torch.device("meta"):
+            model = PI0Pytorch(cfg)
+            got_sz = pi0_sizes_of(model, cfg, sz["n_cams"])
+            if got_sz != sz:
+                raise BenchError(f"{args.preset}: LeRobot built {got_sz}, the formulas have {sz}")
+            counts = pi0_count_params(model)
+            side = cfg.image_resolution[0]
+            images = [torch.empty(B, 3, side, side) for _ in CAMERAS]
+            img_masks = [torch.ones(B, dtype=torch.bool) for _ in CAMERAS]
+            tokens = torch.zeros(B, sz["lang"], dtype=torch.int64)
+            masks = torch.ones(B, sz["lang"], dtype=torch.bool)
+            state = torch.empty(B, cfg.max_state_dim)
+            actions = torch.empty(B, cfg.chunk_size, cfg.max_action_dim)
+            got, trained = pi0_measured_flops(model, images, img_masks, tokens, masks, state, actions, torch)
+        pi0_check_counts(args.preset, train, counts, formula, problems, trained)
+        want = pi0_train_flops(sz, B, sz["lang"], train, "autograd")["total"]
+        check_count(f"{train} FlopCounterMode", got, want, problems)
+        model_fl = pi0_train_flops(sz, B, sz["lang"], train, "model")
+        report["modes"][train] = {"params": counts, "trained": trained, "flops_counted": got, "flops_autograd": want,
+                                  "flops_model": model_fl["total"], "flops_model_per_sample": model_fl["per_sample"],
+                                  "lang_tokens": sz["lang"], "prefix_tokens": P,
+                                  "suffix_tokens": model_fl["suffix_tokens"],
+                                  "seconds": round(time.perf_counter() - t0, 2)}
+        print(f"{train:6s} params total {counts['total']:,} used {counts['used']:,} (lm_heads {counts['lm_heads']:,}); "
+              f"requires_grad {counts['requires_grad']:,}, with a gradient {trained:,}; FLOPs/step B={B}: counted "
+              f"{got / 1e9:.4f} G, autograd formula {want / 1e9:.4f} G, model {model_fl['total'] / 1e9:.4f} G "
+              f"({model_fl['per_sample'] / 1e9:.5g} G a sample; {time.perf_counter() - t0:.1f} s)", flush=True)
+        del model
+    report["sizes"] = sz
+    report["param_formula"] = formula
+    report["problems"] = problems
+    return problems
+
+
+def to_device(device, torch):
+    """What LeRobot's DeviceProcessorStep does to a batch (pinned host memory, non-blocking)."""
+    def move(batch):
+        return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+    return move
+
+
+def main_pi0(args, torch, report):
+    """--preset pi0 / pi0_tiny: LeRobot's PI0Policy with random weights, built by LeRobot's own
+    code (on the device it runs on, nothing from the hub), its batch tokenized and normalized."""
+    if args.amp == "fp16":
+        raise BenchError("--amp fp16: PI0Config.dtype takes bfloat16 or float32 (--amp bf16 or none)")
+    if args.vlm_dtype != "fp32":
+        raise BenchError("--vlm-dtype is SmolVLA's; pi0's weights follow --amp (PI0Config.dtype)")
+    sz = pi0_preset_sizes(args.preset)
+    report.update(sizes=sz, lang_tokens=sz["lang"])
+    if args.count_only:
+        problems = pi0_count_only(args, sz, torch, report)
+        write_json(args, report)
+        if problems:
+            raise BenchError("; ".join(problems))
+        print("count-only: parameter and FLOP counts agree with the formulas", flush=True)
+        return 0
+
+    from lerobot.policies.pi0.modeling_pi0 import PI0Policy
+
+    torch.manual_seed(SEED)
+    if args.device == "cuda":  # lerobot_train.py:291-292 / lerobot_eval.py:746-747
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+    compile_mode = None
+    if args.compile:
+        compile_mode = args.compile_mode or pi0_policy_config(args.preset, args.train, args.device, args.amp,
+                                                              None).compile_mode
+    cfg = pi0_policy_config(args.preset, args.train, args.device, args.amp, compile_mode)
+    try:
+        t0 = time.perf_counter()
+        with pi0_build_sizes(args.preset), torch.device(args.device):
+            torch.manual_seed(SEED)
+            policy = PI0Policy(cfg)
+        sync(torch, args.device)
+        build_s = time.perf_counter() - t0
+        built = pi0_sizes_of(policy.model, cfg, len(CAMERAS))
+        if built != sz:
+            raise BenchError(f"{args.preset}: LeRobot built {built}, the formulas have {sz}")
+        counts = pi0_count_params(policy.model)
+        formula = pi0_param_counts(sz)
+        problems = []
+        pi0_check_counts(args.preset, args.train, counts, formula, problems)
+        if problems:
+            raise BenchError("; ".join(problems))
+        report.update(params=counts, param_formula=formula, build_seconds=build_s, dtype=cfg.dtype)
+        print(f"pi0 ({args.preset}) built in {build_s:.1f} s: {counts['total']:,} parameters ({counts['used']:,} used, "
+              f"{counts['lm_heads']:,} in the lm_heads that feed nothing), {formula['trained'][args.train]:,} "
+              f"trained ({args.train}), dtype {cfg.dtype}", flush=True)
+
+        raw = make_pi0_batch(args.infer_batch if args.infer else args.batch, sz, torch)
+        if args.device == "cuda":  # LeRobot's DataLoader pins memory on CUDA (lerobot_train.py:507)
+            raw = {k: (v.pin_memory() if torch.is_tensor(v) else v) for k, v in raw.items()}
+        pre = to_device(args.device, torch)
+        name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
+        peak = args.peak_tflops * 1e12 if args.peak_tflops else (
+            peak_bf16_flops(name) if args.device == "cuda" else None)
+        report.update(device=name, peak_bf16_flops=peak,
+                      mfu_basis="model FLOPs (pi0_train_flops count='model', vla/flops.h's) / time / dense bf16 "
+                                "peak, whatever --amp is (TF32 and fp32 peaks are lower)",
+                      preprocessing="none timed but the batch's copy to the device: the tokens and the normalized "
+                                    "state and actions are fed (LeRobot's pi0 tokenizer is a hub download)")
+        if args.infer:
+            obs = {k: v for k, v in raw.items() if k not in ("action", "action_is_pad")}
+            batch = run_infer(args, cfg, policy, pre, lambda action: action.cpu(), torch, report, obs=obs,
+                              autocast=False)
+            inf = report["infer"]
+            fl = pi0_infer_flops(sz, args.infer_batch, inf["lang_tokens"])
+            inf["flops_per_chunk"] = fl["total"]
+            inf["mfu"] = fl["total"] / (inf["ms_per_chunk_median"] / 1e3) / peak if peak else None
+            print(f"infer B={args.infer_batch} dtype {cfg.dtype}: {inf['ms_per_chunk_median']:.2f} ms/chunk median "
+                  f"(predict_action_chunk), {inf['ms_select_action_with_processors_median']:.2f} ms select_action with "
+                  f"the copies to and from the device; prefix {fl['prefix_tokens']} + suffix {fl['suffix_tokens']} "
+                  f"tokens; {fl['total'] / 1e9:.5g} GFLOP/chunk"
+                  + (f", MFU {100 * inf['mfu']:.2f}%" if inf["mfu"] is not None else "")
+                  + (f", peak mem {inf['peak_memory_bytes'] / 2**30:.2f} GiB" if inf["peak_memory_bytes"] else ""),
+                  flush=True)
+        else:
+            batch = run_train(args, cfg, policy, pre, raw, torch, report)
+            tr = report["train"]
+            model = pi0_train_flops(sz, args.batch, tr["lang_tokens"], args.train, "model")
+            auto = pi0_train_flops(sz, args.batch, tr["lang_tokens"], args.train, "autograd")
+            tr.update(flops_model_per_step=model["total"], flops_model_per_sample=model["per_sample"],
+                      flops_autograd_per_step=auto["total"], prefix_tokens=model["prefix_tokens"],
+                      suffix_tokens=model["suffix_tokens"], flop_components=model["components"],
+                      ms_preprocessor_is="the batch's copy to the device")
+            tr["mfu"] = model["total"] / (tr["ms_per_step"] / 1e3) / peak if peak else None
+            tr["mfu_executed"] = auto["total"] / (tr["ms_per_step"] / 1e3) / peak if peak else None
+            print(f"train {args.train} B={args.batch} amp={args.amp} (dtype {cfg.dtype})"
+                  f"{' compiled' if args.compile else ''}: {tr['ms_per_step']:.1f} ms/step, "
+                  f"{tr['samples_per_s']:.2f} samples/s (update_policy alone {tr['ms_update_policy_median']:.1f} ms, "
+                  f"the batch's copy {tr['ms_preprocessor_median']:.1f} ms); prefix {model['prefix_tokens']} + suffix "
+                  f"{model['suffix_tokens']} tokens; {model['per_sample'] / 1e9:.5g} GFLOP/sample model, "
+                  f"{auto['per_sample'] / 1e9:.5g} executed"
+                  + (f"; MFU {100 * tr['mfu']:.1f}% (executed {100 * tr['mfu_executed']:.1f}%)"
+                     if peak else "; MFU n/a")
+                  + (f"; peak mem {tr['peak_memory_bytes'] / 2**30:.2f} GiB" if tr["peak_memory_bytes"] else ""),
+                  flush=True)
+        if args.flop_check:
+            b, lang = batch["observation.state"].shape[0], batch["observation.language.tokens"].shape[1]
+            if args.infer:
+                got = measured_infer_flops(policy, batch, torch)
+                want = pi0_infer_flops(sz, b, lang)["total"]
+            else:
+                images, img_masks = policy._preprocess_images(batch)
+                got, trained = pi0_measured_flops(policy.model, images, img_masks, batch["observation.language.tokens"],
+                                                  batch["observation.language.attention_mask"],
+                                                  policy.prepare_state(batch), policy.prepare_action(batch), torch)
+                want = pi0_train_flops(sz, b, lang, args.train, "autograd")["total"]
+                report["trained"] = trained
+                check_count("parameters with a gradient", trained, formula["trained"][args.train], problems)
+            report["flop_check"] = {"what": "one chunk" if args.infer else "forward+backward (autograd count)",
+                                    "counted": got, "formula": want}
+            print(f"FlopCounterMode {'chunk' if args.infer else 'fwd+bwd'}: {got:,} vs formula {want:,}", flush=True)
+            if got != want:
+                problems.append(f"FLOP formula {want} != FlopCounterMode {got}")
+            if problems:
+                write_json(args, report)
+                raise BenchError("; ".join(problems))
+    except torch.cuda.OutOfMemoryError as e:
+        what = "one chunk at batch" if args.infer else f"--train {args.train} at batch"
+        msg = (f"CUDA out of memory: pi0 ({args.preset}) {what} {args.infer_batch if args.infer else args.batch}, "
+               f"dtype {cfg.dtype}: {str(e).splitlines()[0]}")
+        report["does_not_fit"] = msg
+        write_json(args, report)
+        raise DoesNotFit(msg) from None
+    write_json(args, report)
+    return 0
+
+
 def sync(torch, device):
     if device == "cuda":
         torch.cuda.synchronize()
@@ -677,15 +1236,17 @@ def run_train(args, cfg, policy, pre, raw, torch, report):
     return batch
 
 
-def run_infer(args, cfg, policy, pre, post, torch, report):
+def run_infer(args, cfg, policy, pre, post, torch, report, obs=None, autocast=True):
     """Batch-1 chunks, as lerobot_eval.py:291-295 calls the policy: preprocessor, then
     select_action under inference_mode (after reset(), so it samples a new chunk), then the
-    post-processor; predict_action_chunk alone is timed too."""
+    post-processor; predict_action_chunk alone is timed too. obs: the observations (default
+    make_raw_batch's); autocast=False: none whatever --amp is (pi0, whose dtype is its weights')."""
     from contextlib import nullcontext
 
-    raw, _ = make_raw_batch(args.infer_batch, cfg.chunk_size, torch)
-    obs = {k: v for k, v in raw.items() if k not in ("action", "action_is_pad")}
-    amp = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
+    if obs is None:
+        raw, _ = make_raw_batch(args.infer_batch, cfg.chunk_size, torch)
+        obs = {k: v for k, v in raw.items() if k not in ("action", "action_is_pad")}
+    amp = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp] if autocast else None
     autocast = (lambda: torch.autocast(device_type=args.device, dtype=amp)) if amp else nullcontext
     policy.eval()
     chunk_ms, e2e_ms = [], []
@@ -723,13 +1284,16 @@ def run_infer(args, cfg, policy, pre, post, torch, report):
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", choices=("smolvla", "small", "tiny"), default="smolvla")
-    ap.add_argument("--train", choices=tuple(TRAIN_FLAGS), default="expert",
-                    help="expert = LeRobot's default (train_expert_only, frozen vision); vlm; all")
+    ap.add_argument("--preset", choices=("smolvla", "small", "tiny") + PI0_PRESETS, default="smolvla")
+    ap.add_argument("--train", choices=tuple(TRAIN_FLAGS), default=None,
+                    help="expert (train_expert_only, frozen vision), vlm, all; default LeRobot's: expert for "
+                         "SmolVLA, all for pi0")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=20, help="timed steps (or chunks with --infer)")
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--amp", choices=("none", "bf16", "fp16"), default="none")
+    ap.add_argument("--amp", choices=("none", "bf16", "fp16"), default="none",
+                    help="SmolVLA: Accelerate's mixed precision; pi0: PI0Config.dtype (bf16: bfloat16, none: float32), "
+                         "which sets both the weights and the mixed precision")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--compile", action="store_true", help="SmolVLAConfig.compile_model=True (LeRobot's own)")
     ap.add_argument("--compile-mode", default=None, help="SmolVLAConfig.compile_mode (default LeRobot's)")
@@ -747,6 +1311,8 @@ def parse_args(argv):
     ap.add_argument("--work-dir", default=None, help="where the VLM folder goes (default: a temp dir)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.train is None:
+        args.train = "all" if args.preset in PI0_PRESETS else "expert"
     if min(args.batch, args.steps, args.infer_batch) < 1 or args.warmup < 0:
         raise BenchError("--batch, --steps and --infer-batch must be >= 1, --warmup >= 0")
     return args
@@ -770,6 +1336,11 @@ def main(argv=None):
     except ImportError as e:
         raise BenchError(f"cannot import lerobot ({e}); install dev/lerobot/wheels.sh's wheels or use build/lerobot-venv")
 
+    if args.preset in PI0_PRESETS:
+        report = {"preset": args.preset, "versions": versions(torch), "settings": vars(args).copy(),
+                  "cameras": {c: list(FRAME_HW) for c in CAMERAS}, "state_dim": STATE_DIM, "action_dim": ACTION_DIM,
+                  "tasks": list(TASKS)}
+        return main_pi0(args, torch, report)
     vision, text, scale_factor, vocab, policy_kwargs = preset_config(args.preset)
     if args.work_dir:
         work = Path(args.work_dir)
@@ -895,6 +1466,9 @@ def write_json(args, report):
 if __name__ == "__main__":
     try:
         sys.exit(main())
+    except DoesNotFit as e:
+        print(f"bench_lerobot: does not fit: {e}", file=sys.stderr, flush=True)
+        sys.exit(3)
     except BenchError as e:
         print(f"bench_lerobot: error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)

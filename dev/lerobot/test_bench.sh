@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Smoke test of dev/lerobot/bench_lerobot.py on the CPU (tiny sizes; under a minute on 2 cores).
+# Smoke test of dev/lerobot/bench_lerobot.py on the CPU: SmolVLA and pi0 at tiny sizes, the released
+# models' counts on the meta device, pi0's FLOPs against vla/flops.h's (about four minutes on 2 cores).
 # The figures it prints are not benchmark claims: tiny model, shared CPU, 2 timed steps.
 #   dev/lerobot/test_bench.sh            # last line: "N passed, M failed"; non-zero on failure
 set -uo pipefail
@@ -75,6 +76,99 @@ check smolvla 'r["modes"]["expert"]["prefix_tokens"] == 2 * 64 + r["modes"]["exp
 run small --preset small --count-only --batch 8
 check small 'r["modes"]["expert"]["params"]["total_without_lm_head"] - (r["sizes"]["vocab"] - 256) * 64 == 262336'
 check small '[r["modes"][m]["params"]["trainable"] - (m != "expert") * (r["sizes"]["vocab"] - 256) * 64 for m in ("expert", "vlm", "all")] == [103648, 181600, 212992]'
+
+# pi0: LeRobot's PI0Policy at pi0_tiny's sizes (make_ref_pi0.py's, put in place at run time), its
+# batch fed tokenized and normalized; 2 timed steps, LeRobot's FLOPs counted by FlopCounterMode.
+line() {  # name, extended regex its printed line must match
+  local name=$1 re=$2 got
+  got=$(grep -E '^(train|infer) ' "$T/$name.log" | tail -1)
+  if grep -qE "$re" <<< "$got"; then ok "$name: its line reads as it should"; else bad "$name: line '$got' !~ /$re/"; fi
+}
+PI0_TINY=(--preset pi0_tiny --device cpu --batch 2 --steps 2 --warmup 1)
+run pi0_all "${PI0_TINY[@]}" --flop-check
+line pi0_all '^train all B=2 amp=none \(dtype float32\): [0-9.]+ ms/step, [0-9.]+ samples/s .*prefix 48 \+ suffix 9 tokens; [0-9.e-]+ GFLOP/sample model'
+check pi0_all 'r["settings"]["train"] == "all" and r["dtype"] == "float32" and r["train"]["samples_per_s"] > 0'
+check pi0_all 'len(r["train"]["losses"]) == 3 and all(math.isfinite(x) for x in r["train"]["losses"])'
+check pi0_all '[r["params"][k] for k in ("total", "used", "lm_heads")] == [162784, 138208, 24576] and r["trained"] == 109408'
+check pi0_all 'r["flop_check"]["counted"] == r["flop_check"]["formula"] > 0'
+check pi0_all 'r["train"]["prefix_tokens"] == 2 * 16 + 16 and r["train"]["suffix_tokens"] == 8 + 1'
+
+run pi0_expert_bf16 "${PI0_TINY[@]}" --train expert --amp bf16 --flop-check
+line pi0_expert_bf16 '^train expert B=2 amp=bf16 \(dtype bfloat16\): [0-9.]+ ms/step'
+check pi0_expert_bf16 'r["dtype"] == "bfloat16" and all(math.isfinite(x) for x in r["train"]["losses"])'
+check pi0_expert_bf16 'r["trained"] == 27968 and r["flop_check"]["counted"] == r["flop_check"]["formula"] > 0'
+
+run pi0_infer "${PI0_TINY[@]}" --infer --flop-check
+line pi0_infer '^infer B=1 dtype float32: [0-9.]+ ms/chunk median'
+check pi0_infer 'r["infer"]["ms_per_chunk_median"] > 0 and r["infer"]["batch"] == 1 and r["infer"]["autocast"] is None'
+check pi0_infer 'r["flop_check"]["counted"] == r["flop_check"]["formula"] > 0'
+
+# The released pi0 on the meta device: LeRobot's own counts (docs/pi0.md), FlopCounterMode exactly.
+run pi0 --preset pi0 --count-only --batch 8
+check pi0 'all([r["modes"][m]["params"][k] for k in ("total", "used", "lm_heads")] == [4028019472, 3238048528, 789970944] for m in r["modes"])'
+check pi0 '[r["modes"][m]["trained"] for m in ("expert", "vlm", "all")] == [314713120, 2720744480, 3133186832]'
+check pi0 'all(v["flops_counted"] == v["flops_autograd"] for v in r["modes"].values())'
+check pi0 'r["modes"]["all"]["prefix_tokens"] == 2 * 256 + 48 and r["modes"]["all"]["suffix_tokens"] == 51'
+
+# One FLOP count for both trainers: vla/flops.h's model FLOPs per sample (train_vla's MFU) against
+# pi0_train_flops's (LeRobot's MFU here), pi0 and pi0_tiny at two cameras, every train mode. Both
+# are sums of whole numbers far below 2^53, so they agree exactly.
+cat > "$T/flops.c" << 'EOF'
+#include <stdio.h>
+#include <stdlib.h>
+#include "vla/common.h"
+#include "vla/rng.h"
+#include "vla/config.h"
+#include "vla/flops.h"
+int main(int argc, char** argv) {  // preset, cameras: the model FLOPs per sample of each train mode
+    if (argc != 3 || smolvla_preset(argv[1]) == NULL) { return 2; }
+    SmolVLAConfig c = smolvla_preset(argv[1])->config;
+    c.n_cam = atoi(argv[2]);
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
+        printf("%s %.0f\n", TRAIN_MODE_NAMES[mode], smolvla_flops_per_sample(&c, mode));
+    }
+    return 0;
+}
+EOF
+if ! ${CC:-cc} -O1 -I. "$T/flops.c" -o "$T/flops" -lm 2> "$T/flops.err"; then
+  bad "flops: a program with vla/flops.h does not compile: $(head -3 "$T/flops.err")"
+else
+  for preset in pi0 pi0_tiny; do
+    if "$T/flops" "$preset" 2 > "$T/flops_$preset.txt" && "$PY" - "$T/flops_$preset.txt" "$preset" << 'PY'; then
+import sys
+sys.path.insert(0, "dev/lerobot")
+import bench_lerobot as b
+sz = b.pi0_preset_sizes(sys.argv[2], n_cams=2)
+c = dict(line.split() for line in open(sys.argv[1]))
+py = {m: b.pi0_train_flops(sz, 1, sz["lang"], m, "model")["total"] for m in b.TRAIN_FLAGS}
+print("     " + ", ".join(f"{m} {int(c[m]):,} (C) {py[m]:,} (Python)" for m in py))
+sys.exit(0 if all(int(c[m]) == py[m] > 0 for m in py) else 1)
+PY
+      ok "flops $preset: vla/flops.h and pi0_train_flops agree in every train mode"
+    else
+      bad "flops $preset: vla/flops.h and pi0_train_flops differ"
+    fi
+  done
+fi
+
+# A CUDA out-of-memory error (raised here by a stand-in for backward): exit 3 and one line.
+"$PY" - "$BENCH" "${PI0_TINY[@]}" --work-dir "$T/work" --json "$T/oom.json" > "$T/oom.out" 2> "$T/oom.err" << 'PY'
+import runpy, sys
+import torch
+def out_of_memory(*args, **kwargs):
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (a stand-in)")
+torch.Tensor.backward = out_of_memory
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+PY
+rc=$?
+if [ $rc -eq 3 ] && [ "$(wc -l < "$T/oom.err")" -eq 1 ] &&
+    grep -q '^bench_lerobot: does not fit: CUDA out of memory: pi0 (pi0_tiny) --train all at batch 2, dtype float32: ' "$T/oom.err"; then
+  ok "oom: exit 3, $(cat "$T/oom.err")"
+else
+  bad "oom: exit $rc, stderr: $(head -3 "$T/oom.err")"
+fi
+check oom '"out of memory" in r["does_not_fit"]'
 
 # --device cuda without a GPU: a non-zero exit and one clear line.
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
