@@ -862,17 +862,19 @@ static __device__ __forceinline__ bool gqa_sees(int query_block, int key_block) 
     return key_block >= 0 && key_block <= query_block;
 }
 
-// Version 1: one warp per (sample, head, query), online softmax. out (B, Tq, NH*HS), lse (B, NH, Tq).
-__global__ void gqa_attention_forward_kernel1(floatX* out, float* lse, const floatX* q, GqaAttn a) {
+// Versions 1 and 5 (below): one warp per (sample, head, query), online softmax, VALS values of a head
+// a lane (head sizes up to 32 VALS). out (B, Tq, NH*HS), lse (B, NH, Tq).
+template <int VALS>
+static __device__ __forceinline__ void gqa_attention_forward_warp(floatX* out, float* lse, const floatX* q, GqaAttn a) {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (warp >= a.B * a.NH * a.Tq) { return; }
     int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
     int g = h / (a.NH / a.NKV), nk = gqa_n_keys(a), qb = gqa_query_block(a, b, i);
     float scale = 1.0f / sqrtf((float)a.HS);
     size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS;
-    float qv[4], acc[4];
+    float qv[VALS], acc[VALS];
     #pragma unroll
-    for (int u = 0, c = lane; u < 4; u++, c += 32) {
+    for (int u = 0, c = lane; u < VALS; u++, c += 32) {
         qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
         acc[u] = 0.0f;
     }
@@ -883,12 +885,12 @@ __global__ void gqa_attention_forward_kernel1(floatX* out, float* lse, const flo
         const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
         float s = 0.0f;
         #pragma unroll
-        for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { s += qv[u] * f32(kj[c]); } }
+        for (int u = 0, c = lane; u < VALS; u++, c += 32) { if (c < a.HS) { s += qv[u] * f32(kj[c]); } }
         s = warp_sum(s) * scale;
         float m_new = fmaxf(mx, s), corr = expf(mx - m_new), p = expf(s - m_new);
         sum = sum * corr + p;
         #pragma unroll
-        for (int u = 0, c = lane; u < 4; u++, c += 32) { acc[u] = acc[u] * corr + (c < a.HS ? p * f32(vj[c]) : 0.0f); }
+        for (int u = 0, c = lane; u < VALS; u++, c += 32) { acc[u] = acc[u] * corr + (c < a.HS ? p * f32(vj[c]) : 0.0f); }
         mx = m_new;
     }
     bool seen = sum > 0.0f;  // sum >= 1 once a key is visible: the maximum's own term
@@ -896,19 +898,20 @@ __global__ void gqa_attention_forward_kernel1(floatX* out, float* lse, const flo
         for (int j = 0; j < nk; j++) {
             const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
             #pragma unroll
-            for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { acc[u] += f32(vj[c]); } }
+            for (int u = 0, c = lane; u < VALS; u++, c += 32) { if (c < a.HS) { acc[u] += f32(vj[c]); } }
         }
         sum = (float)nk;
     }
     #pragma unroll
-    for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { out[row + c] = fx(acc[u] / sum); } }
+    for (int u = 0, c = lane; u < VALS; u++, c += 32) { if (c < a.HS) { out[row + c] = fx(acc[u] / sum); } }
     if (lane == 0) { lse[((size_t)b * a.NH + h) * a.Tq + i] = seen ? mx + logf(sum) : ATTN_NO_KEY_LSE; }
 }
 
-// Version 1 backward, query side: P = exp(scale S - lse), dP = dO V^T, dS = P * (dP - delta),
+// Versions 1 and 5 backward, query side: P = exp(scale S - lse), dP = dO V^T, dS = P * (dP - delta),
 // dq = scale dS K. One warp per (sample, head, query); dq (B, Tq, NH*HS) overwritten.
-__global__ void gqa_attention_backward_dq_kernel1(floatX* dq, const floatX* dout, const floatX* q, const float* lse,
-                                                  const float* delta, GqaAttn a) {
+template <int VALS>
+static __device__ __forceinline__ void gqa_attention_backward_dq_warp(floatX* dq, const floatX* dout, const floatX* q,
+                                                                     const float* lse, const float* delta, GqaAttn a) {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (warp >= a.B * a.NH * a.Tq) { return; }
     int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
@@ -916,9 +919,9 @@ __global__ void gqa_attention_backward_dq_kernel1(floatX* dq, const floatX* dout
     float scale = 1.0f / sqrtf((float)a.HS);
     size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
     float l = lse[stat], dl = delta[stat];
-    float qv[4], dov[4], acc[4];
+    float qv[VALS], dov[VALS], acc[VALS];
     #pragma unroll
-    for (int u = 0, c = lane; u < 4; u++, c += 32) {
+    for (int u = 0, c = lane; u < VALS; u++, c += 32) {
         qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
         dov[u] = c < a.HS ? f32(dout[row + c]) : 0.0f;
         acc[u] = 0.0f;
@@ -929,7 +932,7 @@ __global__ void gqa_attention_backward_dq_kernel1(floatX* dq, const floatX* dout
         const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
         float s = 0.0f, dp = 0.0f;
         #pragma unroll
-        for (int u = 0, c = lane; u < 4; u++, c += 32) {
+        for (int u = 0, c = lane; u < VALS; u++, c += 32) {
             if (c < a.HS) { s += qv[u] * f32(kj[c]); dp += dov[u] * f32(vj[c]); }
         }
         s = warp_sum(s);
@@ -937,16 +940,18 @@ __global__ void gqa_attention_backward_dq_kernel1(floatX* dq, const floatX* dout
         float p = expf(s * scale - l);
         float ds = p * (dp - dl) * scale;
         #pragma unroll
-        for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { acc[u] += ds * f32(kj[c]); } }
+        for (int u = 0, c = lane; u < VALS; u++, c += 32) { if (c < a.HS) { acc[u] += ds * f32(kj[c]); } }
     }
     #pragma unroll
-    for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { dq[row + c] = fx(acc[u]); } }
+    for (int u = 0, c = lane; u < VALS; u++, c += 32) { if (c < a.HS) { dq[row + c] = fx(acc[u]); } }
 }
 
-// Version 1 backward, key side: dv += P^T dO, dk += scale dS^T Q. One warp per (sample, kv head, key);
+// Versions 1 and 5 backward, key side: dv += P^T dO, dk += scale dS^T Q. One warp per (sample, kv head, key);
 // dk0/dv0 (B, Nk0, NKV*HS), dk1/dv1 (B, Nk1, NKV*HS) fp32, accumulated in a fixed order.
-__global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
-                                                    const floatX* q, const float* lse, const float* delta, GqaAttn a) {
+template <int VALS>
+static __device__ __forceinline__ void gqa_attention_backward_dkdv_warp(float* dk0, float* dv0, float* dk1, float* dv1,
+                                                                       const floatX* dout, const floatX* q, const float* lse,
+                                                                       const float* delta, GqaAttn a) {
     int nk = gqa_n_keys(a);
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (warp >= a.B * a.NKV * nk) { return; }
@@ -956,9 +961,9 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
     size_t at = gqa_key_at(a, b, j, g);
     const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + at;
     const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + at;
-    float kv[4], vv[4], dk[4], dv[4];
+    float kv[VALS], vv[VALS], dk[VALS], dv[VALS];
     #pragma unroll
-    for (int u = 0, c = lane; u < 4; u++, c += 32) {
+    for (int u = 0, c = lane; u < VALS; u++, c += 32) {
         kv[u] = c < a.HS ? f32(kj[c]) : 0.0f;
         vv[u] = c < a.HS ? f32(vj[c]) : 0.0f;
         dk[u] = 0.0f;
@@ -970,7 +975,7 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
             float l = lse[stat];
             if (l == ATTN_NO_KEY_LSE) {  // a query that sees no key: P = 1/nk everywhere, no dS
                 #pragma unroll
-                for (int u = 0, c = lane; u < 4; u++, c += 32) {
+                for (int u = 0, c = lane; u < VALS; u++, c += 32) {
                     if (c < a.HS) { dv[u] += uniform * f32(dout[row + c]); }
                 }
                 continue;
@@ -978,7 +983,7 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
             if (!gqa_sees(gqa_query_block(a, b, i), kb)) { continue; }
             float s = 0.0f, dp = 0.0f;
             #pragma unroll
-            for (int u = 0, c = lane; u < 4; u++, c += 32) {
+            for (int u = 0, c = lane; u < VALS; u++, c += 32) {
                 if (c < a.HS) { s += f32(q[row + c]) * kv[u]; dp += f32(dout[row + c]) * vv[u]; }
             }
             s = warp_sum(s);
@@ -986,7 +991,7 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
             float p = expf(s * scale - l);
             float ds = p * (dp - delta[stat]) * scale;
             #pragma unroll
-            for (int u = 0, c = lane; u < 4; u++, c += 32) {
+            for (int u = 0, c = lane; u < VALS; u++, c += 32) {
                 if (c < a.HS) { dv[u] += p * f32(dout[row + c]); dk[u] += ds * f32(q[row + c]); }
             }
         }
@@ -994,158 +999,42 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
     float* dkj = (j < a.Nk0 ? dk0 : dk1) + at;
     float* dvj = (j < a.Nk0 ? dv0 : dv1) + at;
     #pragma unroll
-    for (int u = 0, c = lane; u < 4; u++, c += 32) { if (c < a.HS) { dkj[c] += dk[u]; dvj[c] += dv[u]; } }
+    for (int u = 0, c = lane; u < VALS; u++, c += 32) { if (c < a.HS) { dkj[c] += dk[u]; dvj[c] += dv[u]; } }
 }
 
-// Version 5: version 1 with 8 values of a head a lane, so head sizes up to 256 (pi0's Gemma layers:
-// 8 query heads of 256 on one kv head), where version 1's lanes hold 4 (up to 128). The same warp per
-// query (forward, dq) and per (kv head, key) (dk, dv), the same order of sums; the launchers take it
-// past head size 128.
-
-#define ATT5_VALS 8  // values of a head a lane holds: head sizes up to 32 * ATT5_VALS
-// threads a block at most: ptxas gives the backward kernels 68 (dq) and 80 (dk/dv) registers on
-// sm_90 unbounded, so 1,024 threads would not launch (version 1's hold 64 at most); bounded at 512 it
-// squeezes dk/dv into 64 and spills, at 256 it spills nothing. The checks and the benchmark run 256.
+// Version 1: 4 values of a head a lane (head sizes up to 128). Version 5: 8 (up to 256: pi0's Gemma
+// layers, 8 query heads of 256 on one kv head), at most ATT5_MAX_BLOCK threads a block (ptxas gives
+// its backward 68 (dq) and 80 (dk/dv) registers on sm_90 unbounded: 1,024 threads would not launch;
+// bounded at 256 nothing spills). The launchers take version 5 past head size 128.
+#define ATT5_VALS 8
 #define ATT5_MAX_BLOCK 256
-
+__global__ void gqa_attention_forward_kernel1(floatX* out, float* lse, const floatX* q, GqaAttn a) {
+    gqa_attention_forward_warp<4>(out, lse, q, a);
+}
+__global__ void gqa_attention_backward_dq_kernel1(floatX* dq, const floatX* dout, const floatX* q, const float* lse,
+                                                  const float* delta, GqaAttn a) {
+    gqa_attention_backward_dq_warp<4>(dq, dout, q, lse, delta, a);
+}
+__global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
+                                                    const floatX* q, const float* lse, const float* delta, GqaAttn a) {
+    gqa_attention_backward_dkdv_warp<4>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+}
 __global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_forward_kernel5(floatX* out, float* lse, const floatX* q,
                                                                                 GqaAttn a) {
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (warp >= a.B * a.NH * a.Tq) { return; }
-    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
-    int g = h / (a.NH / a.NKV), nk = gqa_n_keys(a), qb = gqa_query_block(a, b, i);
-    float scale = 1.0f / sqrtf((float)a.HS);
-    size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS;
-    float qv[ATT5_VALS], acc[ATT5_VALS];
-    #pragma unroll
-    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-        qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
-        acc[u] = 0.0f;
-    }
-    float mx = -INFINITY, sum = 0.0f;
-    for (int j = 0; j < nk; j++) {
-        if (!gqa_sees(qb, gqa_key_block(a, b, j))) { continue; }  // the same for the whole warp
-        const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + gqa_key_at(a, b, j, g);
-        const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
-        float s = 0.0f;
-        #pragma unroll
-        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { s += qv[u] * f32(kj[c]); } }
-        s = warp_sum(s) * scale;
-        float m_new = fmaxf(mx, s), corr = expf(mx - m_new), p = expf(s - m_new);
-        sum = sum * corr + p;
-        #pragma unroll
-        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-            acc[u] = acc[u] * corr + (c < a.HS ? p * f32(vj[c]) : 0.0f);
-        }
-        mx = m_new;
-    }
-    bool seen = sum > 0.0f;  // sum >= 1 once a key is visible: the maximum's own term
-    if (!seen) {  // no key visible: the uniform softmax of the fills, the mean of every value
-        for (int j = 0; j < nk; j++) {
-            const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
-            #pragma unroll
-            for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { acc[u] += f32(vj[c]); } }
-        }
-        sum = (float)nk;
-    }
-    #pragma unroll
-    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { out[row + c] = fx(acc[u] / sum); } }
-    if (lane == 0) { lse[((size_t)b * a.NH + h) * a.Tq + i] = seen ? mx + logf(sum) : ATTN_NO_KEY_LSE; }
+    gqa_attention_forward_warp<ATT5_VALS>(out, lse, q, a);
 }
-
-// dq = scale dS K, one warp per (sample, head, query); dq overwritten
 __global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dq_kernel5(floatX* dq, const floatX* dout,
                                                                                     const floatX* q, const float* lse,
                                                                                     const float* delta, GqaAttn a) {
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (warp >= a.B * a.NH * a.Tq) { return; }
-    int i = warp % a.Tq, h = warp / a.Tq % a.NH, b = warp / (a.Tq * a.NH);
-    int g = h / (a.NH / a.NKV), nk = gqa_n_keys(a), qb = gqa_query_block(a, b, i);
-    float scale = 1.0f / sqrtf((float)a.HS);
-    size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
-    float l = lse[stat], dl = delta[stat];
-    float qv[ATT5_VALS], dov[ATT5_VALS], acc[ATT5_VALS];
-    #pragma unroll
-    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-        qv[u] = c < a.HS ? f32(q[row + c]) : 0.0f;
-        dov[u] = c < a.HS ? f32(dout[row + c]) : 0.0f;
-        acc[u] = 0.0f;
-    }
-    for (int j = 0; j < nk; j++) {
-        if (!gqa_sees(qb, gqa_key_block(a, b, j))) { continue; }
-        const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + gqa_key_at(a, b, j, g);
-        const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + gqa_key_at(a, b, j, g);
-        float s = 0.0f, dp = 0.0f;
-        #pragma unroll
-        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-            if (c < a.HS) { s += qv[u] * f32(kj[c]); dp += dov[u] * f32(vj[c]); }
-        }
-        s = warp_sum(s);
-        dp = warp_sum(dp);
-        float p = expf(s * scale - l);
-        float ds = p * (dp - dl) * scale;
-        #pragma unroll
-        for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { acc[u] += ds * f32(kj[c]); } }
-    }
-    #pragma unroll
-    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { dq[row + c] = fx(acc[u]); } }
+    gqa_attention_backward_dq_warp<ATT5_VALS>(dq, dout, q, lse, delta, a);
 }
-
-// dv += P^T dO, dk += scale dS^T Q, one warp per (sample, kv head, key) over the query heads that
-// read it (all 8 of pi0's, on its one kv head); accumulated in fp32 in a fixed order
 __global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dkdv_kernel5(float* dk0, float* dv0, float* dk1,
                                                                                       float* dv1, const floatX* dout,
                                                                                       const floatX* q, const float* lse,
                                                                                       const float* delta, GqaAttn a) {
-    int nk = gqa_n_keys(a);
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (warp >= a.B * a.NKV * nk) { return; }
-    int j = warp % nk, g = warp / nk % a.NKV, b = warp / (nk * a.NKV);
-    int G = a.NH / a.NKV, kb = gqa_key_block(a, b, j);
-    float scale = 1.0f / sqrtf((float)a.HS), uniform = 1.0f / (float)nk;
-    size_t at = gqa_key_at(a, b, j, g);
-    const floatX* kj = (j < a.Nk0 ? a.k0 : a.k1) + at;
-    const floatX* vj = (j < a.Nk0 ? a.v0 : a.v1) + at;
-    float kv[ATT5_VALS], vv[ATT5_VALS], dk[ATT5_VALS], dv[ATT5_VALS];
-    #pragma unroll
-    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-        kv[u] = c < a.HS ? f32(kj[c]) : 0.0f;
-        vv[u] = c < a.HS ? f32(vj[c]) : 0.0f;
-        dk[u] = 0.0f;
-        dv[u] = 0.0f;
-    }
-    for (int h = g * G; h < (g + 1) * G; h++) {
-        for (int i = 0; i < a.Tq; i++) {
-            size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
-            float l = lse[stat];
-            if (l == ATTN_NO_KEY_LSE) {  // a query that sees no key: P = 1/nk everywhere, no dS
-                #pragma unroll
-                for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-                    if (c < a.HS) { dv[u] += uniform * f32(dout[row + c]); }
-                }
-                continue;
-            }
-            if (!gqa_sees(gqa_query_block(a, b, i), kb)) { continue; }
-            float s = 0.0f, dp = 0.0f;
-            #pragma unroll
-            for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-                if (c < a.HS) { s += f32(q[row + c]) * kv[u]; dp += f32(dout[row + c]) * vv[u]; }
-            }
-            s = warp_sum(s);
-            dp = warp_sum(dp);
-            float p = expf(s * scale - l);
-            float ds = p * (dp - delta[stat]) * scale;
-            #pragma unroll
-            for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) {
-                if (c < a.HS) { dv[u] += p * f32(dout[row + c]); dk[u] += ds * f32(q[row + c]); }
-            }
-        }
-    }
-    float* dkj = (j < a.Nk0 ? dk0 : dk1) + at;
-    float* dvj = (j < a.Nk0 ? dv0 : dv1) + at;
-    #pragma unroll
-    for (int u = 0, c = lane; u < ATT5_VALS; u++, c += 32) { if (c < a.HS) { dkj[c] += dk[u]; dvj[c] += dv[u]; } }
+    gqa_attention_backward_dkdv_warp<ATT5_VALS>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
 }
+
 
 #if defined(ENABLE_FP16) || (defined(TESTING) && !defined(ENABLE_FP32))
 // fp16 GPUs (sm_70, sm_75) have no bf16 mma.sync for version 4: version 2 runs on WMMA instead

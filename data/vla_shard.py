@@ -59,9 +59,9 @@ assert EPISODE_DTYPE.itemsize == 16
 
 # instruction tokens each preset of vla/config.h reads (the max_text column of SMOLVLA_PRESETS;
 # data/test_metaworld.py checks these against vla/config.h). train_vla's --max-text overrides them.
-PRESET_MAX_TEXT = {"tiny": 16, "small": 48, "smolvla": 48}
+PRESET_MAX_TEXT = {"tiny": 16, "small": 48, "smolvla": 48, "pi0_tiny": 16, "pi0_small": 48, "pi0": 48}
 # rows of each preset's text table (the vocab column, checked the same way): the ids it can read
-PRESET_VOCAB = {"tiny": 256, "small": 256, "smolvla": 49280}
+PRESET_VOCAB = {"tiny": 256, "small": 256, "smolvla": 49280, "pi0_tiny": 256, "pi0_small": 256, "pi0": 257152}
 
 
 class BytesTokenizer:
@@ -202,13 +202,16 @@ def text_collisions(instructions, max_text, tokenizer=BYTES):
 
 
 def text_collision_warnings(instructions, tokenizer=BYTES):
-    """One warning line per preset of vla/config.h that can read the tokenizer's ids and whose text length
-    makes instructions identical."""
+    """One warning line per text length of the presets of vla/config.h that can read the tokenizer's ids,
+    where that length makes instructions identical (the presets of one length named in its line)."""
     lines, need = [], distinct_text_bytes(instructions, tokenizer)
     unit = "bytes" if tokenizer.name == BYTES.name else "tokens"
+    readers = {}  # text length -> the presets that read the tokenizer's ids at it, one line for all
     for preset, max_text in PRESET_MAX_TEXT.items():
-        if PRESET_VOCAB[preset] < tokenizer.vocab:
-            continue
+        if PRESET_VOCAB[preset] >= tokenizer.vocab:
+            readers.setdefault(max_text, []).append(preset)
+    for max_text, presets in readers.items():
+        preset = presets[0] + (f" (and {', '.join(presets[1:])})" if len(presets) > 1 else "")
         groups = text_collisions(instructions, max_text, tokenizer)
         if groups:  # the first 10 groups, 10 names each, then how many more: one line however many
             named = [", ".join(f'"{t}"' for t in g[:10]) + (f" and {len(g) - 10} more" if len(g) > 10 else "")

@@ -555,10 +555,18 @@ static inline void smolvla_param_init(float* params, const SmolParamTable* t, co
         }
         int depth = s->tower == TOWER_VISION ? c->vis_layers : c->n_layer;
         float std = s->init == INIT_NORMAL_OUT ? 0.02f / sqrtf(2.0f * (float)depth) : 0.02f;
-        Rng r;
-        rng_init(&r, seed, RNG_STREAM_INIT);
-        r.counter = 2 * (uint64_t)s->offset;
-        for (size_t j = 0; j < s->numel; j++) { p[j] = (float)rng_normal(&r) * std; }
+        // element j of the flat buffer takes draws 2j and 2j + 1 wherever it is drawn: chunks of a
+        // tensor in parallel (pi0's 3.2B values) give the bits of one pass
+        const size_t CHUNK = (size_t)1 << 16;
+        long long n_chunks = (long long)((s->numel + CHUNK - 1) / CHUNK);
+        #pragma omp parallel for schedule(static)
+        for (long long k = 0; k < n_chunks; k++) {
+            Rng r;
+            rng_init(&r, seed, RNG_STREAM_INIT);
+            size_t j0 = (size_t)k * CHUNK, j1 = j0 + CHUNK < s->numel ? j0 + CHUNK : s->numel;
+            r.counter = 2 * (uint64_t)(s->offset + j0);
+            for (size_t j = j0; j < j1; j++) { p[j] = (float)rng_normal(&r) * std; }
+        }
     }
 }
 
