@@ -88,7 +88,7 @@ def buckets_of(c, mode):
     for s in vla.param_table(c):
         tower, depth = towers[s.tower]
         n_train = vla.trainable_numel(s, mode)
-        per = math.prod(s.shape) // vla.n_slices(s)
+        per = vla.slice_numel(s)
         if s.kind == vla.KIND_LAYER:
             for i in range(vla.n_slices(s)):
                 layer = i if s.tower == vla.TOWER_VISION else vla.slice_layer(c, s, i)

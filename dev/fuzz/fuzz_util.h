@@ -89,7 +89,7 @@ static inline const char* fuzz_subdir(const char* name) {
 // loads: small, so a seed of every tensor fits the fuzzers' 64 KB inputs.
 //  cam S  A  img p  Cv Fv Lv NHv s  vocab pad text C   F   L  NH NKV HS Ce Fe  n  H  Smax Amax theta
 static const SmolVLAConfig FUZZ_SAFETENSORS_CONFIG =
-    {1, 2, 2, 8,  4, 4, 8, 1, 2,  1, 256, 0,  4,   8,  8,  2, 2, 1,  4, 4, 8,  2, 2, 4,   4,   10000};
+    {1, 2, 2, 8,  4, 4, 8, 1, 2,  1, 256, 0,  4,   8,  8,  2, 2, 1,  4, 4, 8,  2, 2, 4,   4,   10000, FAMILY_SMOLVLA};
 
 // The identity of node `node_rank` of a 4-node run of the tiny preset, as fuzz_boot's node 0
 // holds it and make_seeds's hellos send it

@@ -115,7 +115,7 @@ static void safetensors_weights_seed(void) {
     int turn = 0;
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
         const SmolParamSpec* s = &t.spec[i];
-        size_t n_slices = smolvla_slices(s), per = s->numel / n_slices;
+        size_t n_slices = smolvla_slices(s), per = smolvla_slice_numel(s);
         int64_t lead = s->slices == SLICES_NONE ? s->shape[0] : s->shape[1];
         for (size_t k = 0; k < n_slices; k++, turn++) {
             char name[256];
@@ -213,9 +213,9 @@ int main(int argc, char** argv) {
     // policy library refuses, byte ids needing 256)
     //  cam S  A  img p  Cv Fv Lv NHv s  vocab pad text C   F   L  NH NKV HS Ce Fe  n  H  Smax Amax theta
     const SmolVLAConfig configs[] = {
-        {1, 2, 2, 8,  4, 4, 8, 1, 2,  1, 256, 0,  4,   8,  8,  2, 2, 1,  4, 4, 8,  2, 2, 4,   4,   10000},
-        {2, 3, 2, 8,  2, 4, 4, 1, 1,  2, 256, 1,  3,   4,  8,  3, 2, 2,  2, 6, 4,  2, 3, 3,   2,   100},
-        {1, 1, 3, 16, 4, 8, 8, 2, 2,  2, 20,  3,  2,   8,  4,  1, 4, 2,  2, 4, 4,  1, 2, 2,   3,   10000},
+        {1, 2, 2, 8,  4, 4, 8, 1, 2,  1, 256, 0,  4,   8,  8,  2, 2, 1,  4, 4, 8,  2, 2, 4,   4,   10000, FAMILY_SMOLVLA},
+        {2, 3, 2, 8,  2, 4, 4, 1, 1,  2, 256, 1,  3,   4,  8,  3, 2, 2,  2, 6, 4,  2, 3, 3,   2,   100, FAMILY_SMOLVLA},
+        {1, 1, 3, 16, 4, 8, 8, 2, 2,  2, 20,  3,  2,   8,  4,  1, 4, 2,  2, 4, 4,  1, 2, 2,   3,   10000, FAMILY_SMOLVLA},
     };
     const int modes[] = {TRAIN_MODE_EXPERT, TRAIN_MODE_VLM, TRAIN_MODE_ALL};
     const uint64_t steps[] = {0, 5, 1000};
