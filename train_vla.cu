@@ -610,19 +610,19 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_forward_kernel2
 // y = xh w + b with xh = (x - m) r, so with g = dy w (the gradient reaching xh):
 //   dx_c = r (g_c - 1/C sum_j g_j - xh_c 1/C sum_j g_j xh_j),  dw_c = sum_rows dy_c xh_c,  db_c = sum_rows dy_c.
 // dx into dres and dres_x; partial (2, gridDim.x, C): the block's dw, then db sums. One warp per row.
-#define LAYERNORM_BWD2_VALS 32  // columns per lane
-__global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel2(float* dres, floatX* dres_x,
-                                                                                   float* partial, const floatX* dout,
-                                                                                   const floatX* inp, const floatX* w,
-                                                                                   const float* mean, const float* rstd,
-                                                                                   int N, int C, int rows_per_block) {
+#define LAYERNORM_BWD2_VALS 32  // columns per lane: widths up to 1024
+template <int VALS>
+static __device__ __forceinline__ void layernorm_backward_rows(float* dres, floatX* dres_x, float* partial,
+                                                               const floatX* dout, const floatX* inp, const floatX* w,
+                                                               const float* mean, const float* rstd, int N, int C,
+                                                               int rows_per_block) {
     typedef Packed128<float> f128;
-    const int PACKS = LAYERNORM_BWD2_VALS / x128::size;
+    const int PACKS = VALS / x128::size;
     extern __shared__ float warp_sums[];  // (warps, C)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    float dw_acc[LAYERNORM_BWD2_VALS], db_acc[LAYERNORM_BWD2_VALS];
+    float dw_acc[VALS], db_acc[VALS];
     #pragma unroll
-    for (int j = 0; j < LAYERNORM_BWD2_VALS; j++) { dw_acc[j] = 0.0f; db_acc[j] = 0.0f; }
+    for (int j = 0; j < VALS; j++) { dw_acc[j] = 0.0f; db_acc[j] = 0.0f; }
     int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
     for (int n = r0 + warp; n < r1; n += n_warps) {
         const floatX* x = inp + (size_t)n * C;
@@ -686,6 +686,26 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel
         }
         __syncthreads();  // every warp has read the dw sums before db overwrites them
     }
+}
+
+__global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel2(float* dres, floatX* dres_x,
+                                                                                   float* partial, const floatX* dout,
+                                                                                   const floatX* inp, const floatX* w,
+                                                                                   const float* mean, const float* rstd,
+                                                                                   int N, int C, int rows_per_block) {
+    layernorm_backward_rows<LAYERNORM_BWD2_VALS>(dres, dres_x, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);
+}
+
+// Version 3: version 2 with 48 columns a lane, widths up to 1536 (pi0's SigLIP so400m, 1152), at most
+// LAYERNORM_BWD3_BLOCK threads a block (its 96 sums a lane in registers)
+#define LAYERNORM_BWD3_VALS 48
+#define LAYERNORM_BWD3_BLOCK 256
+__global__ void __launch_bounds__(LAYERNORM_BWD3_BLOCK) layernorm_backward_kernel3(float* dres, floatX* dres_x,
+                                                                                    float* partial, const floatX* dout,
+                                                                                    const floatX* inp, const floatX* w,
+                                                                                    const float* mean, const float* rstd,
+                                                                                    int N, int C, int rows_per_block) {
+    layernorm_backward_rows<LAYERNORM_BWD3_VALS>(dres, dres_x, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);
 }
 
 // ---- SwiGLU, silu(gate) * up (the Llama MLP of the VLM and the expert)
@@ -1984,19 +2004,32 @@ static bool layernorm_backward2_fits(const float* dres, const floatX* dres_x, co
            C <= 32 * LAYERNORM_BWD2_VALS && (size_t)(block / 32) * C * sizeof(float) <= 48 * 1024 &&
            block <= LAYERNORM_MAX_BLOCK;
 }
+// Version 3: the same rows, widths up to 32 * LAYERNORM_BWD3_VALS, blocks up to LAYERNORM_BWD3_BLOCK
+static bool layernorm_backward3_fits(const float* dres, const floatX* dres_x, const floatX* dout, const floatX* inp,
+                                     const floatX* w, int C, int block) {
+    return packable(C, x128::size, dres, dres_x, dout) && packable(C, x128::size, inp, w) &&
+           C <= 32 * LAYERNORM_BWD3_VALS && (size_t)(block / 32) * C * sizeof(float) <= 48 * 1024 &&
+           block <= LAYERNORM_BWD3_BLOCK;
+}
 
 // dres += dx (dres_x its copy), dw += sum dy xh, db += sum dy. partial: 2 * colsum_chunks(N) * C floats
 static void layernorm_backward(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
                                const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C) {
     ProfOp prof_op("layernorm");
-    if (!layernorm_backward2_fits(dres, dres_x, dout, inp, w, C, BLOCK)) {
-        vla_fail("layernorm_backward: width %d: the kernel takes 16-byte aligned rows of a multiple of %d values, up "
-                 "to %d", C, x128::size, 32 * LAYERNORM_BWD2_VALS);
+    bool v2 = layernorm_backward2_fits(dres, dres_x, dout, inp, w, C, BLOCK);
+    if (!v2 && !layernorm_backward3_fits(dres, dres_x, dout, inp, w, C, BLOCK)) {
+        vla_fail("layernorm_backward: width %d: the kernels take 16-byte aligned rows of a multiple of %d values, up "
+                 "to %d", C, x128::size, 32 * LAYERNORM_BWD3_VALS);
     }
     int rows = colsum_rows(N), chunks = ceil_div(N, rows);
     size_t smem = (size_t)(BLOCK / 32) * C * sizeof(float);
-    layernorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd, N,
-                                                                     C, rows);
+    if (v2) {  // version 2 where it fits (SmolVLA's), 3 past its width of 1024
+        layernorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd,
+                                                                         N, C, rows);
+    } else {
+        layernorm_backward_kernel3<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd,
+                                                                         N, C, rows);
+    }
     launchCheck();
     column_sum(dw, partial, chunks, C);
     column_sum(db, partial + (size_t)chunks * C, chunks, C);
@@ -2782,10 +2815,10 @@ static const char* smolvla_gpu_problem(const SmolVLAConfig* c, int mode) {
                  "%d; train this model with train_vla_cpu", c->d_model, c->d_expert, c->vis_width, 32 * RMSNORM_BWD3_COLS);
         return msg;
     }
-    if (mode == TRAIN_MODE_ALL && c->vis_width > 32 * LAYERNORM_BWD2_VALS) {  // (pi0's SigLIP, 1152 wide)
+    if (mode == TRAIN_MODE_ALL && c->vis_width > 32 * LAYERNORM_BWD3_VALS) {
         snprintf(msg, sizeof(msg), "--train all: the vision tower's width %d is past the GPU trainer's LayerNorm backward "
                  "(up to %d): train it with --train vlm (the vision tower frozen) or with train_vla_cpu", c->vis_width,
-                 32 * LAYERNORM_BWD2_VALS);
+                 32 * LAYERNORM_BWD3_VALS);
         return msg;
     }
     // the kernels of the vision tower, the connector and the MLPs move 16 bytes at a time

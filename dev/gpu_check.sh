@@ -17,7 +17,7 @@
 # precision (its faster setting); one action chunk at batch 1 through libvla_gpu.so, the Euler
 # steps as a CUDA graph and launched one by one, against LeRobot's select_action (fp32, its faster
 # setting there); the bf16 GPU tests against LeRobot's references and the oracle; and the two
-# --profile runs if time is left. `more`: pi0 first (train_vla -p pi0 --train vlm at batch PI0_B,
+# --profile runs if time is left. `more`: pi0 first (train_vla -p pi0 --train all at batch PI0_B,
 # LeRobot's PI0Policy at the same batch in bf16 and fp32, its chunk at batch 1), then the rest of
 # the bf16 GPU tests, LeRobot's fp32 step and bf16 chunks, the fp32 and fp16 GPU tests, the
 # attention kernels' checks and benchmark, the oracle under torch.compile, a short run on the
@@ -51,7 +51,7 @@ B=${B:-32}
 STEPS=${STEPS:-30}    # timed training steps of each benchmark
 CHUNKS=${CHUNKS:-50}  # timed action chunks of the inference benchmark
 # pi0 (`more`): batch 8 fits one 80 GB GPU in both trainers: train_vla's --memory estimates 66.9 GiB
-# at --train all with --recompute none (its largest batch there 14; the stages time --train vlm, 23); LeRobot's bf16 step about 61 GiB
+# at --train all with --recompute none (its largest batch there 14); LeRobot's bf16 step about 61 GiB
 # (weights 8.3, gradients and moments ~20, what autograd saves ~33, counted on the meta device), its
 # fp32 step about 98 GiB (an H200's 141 GB only)
 PI0_B=${PI0_B:-8}
@@ -239,19 +239,18 @@ tables() {
         awk '/^by phase and operation/ {on = 1; n = 0; next} on && /^$/ {exit} on && n++ < 12' "$f"
     done
 
-    # pi0 (the `more` call): --train vlm (LeRobot's freeze_vision_encoder; the GPU trainer's mode for
-    # pi0's released sizes: its LayerNorm backward stops short of SigLIP's 1152) at batch PI0_B, both trainers; LeRobot's chunk at batch 1
+    # pi0 (the `more` call): --train all at batch PI0_B, both trainers; LeRobot's chunk at batch 1
     local refused
     log=$LOGS/bench_pi0_train_vla.log
     gflop=$(awk -F'|' '/model GFLOP per sample/ {gsub(/ /, "", $3); print $3}' "$log" 2>/dev/null)
     peak=$(awk -F'|' '/peak bf16 TFLOP\/s/ {gsub(/ /, "", $3); print $3}' "$log" 2>/dev/null)
-    j=$LOGS/lerobot_pi0_vlm_bf16.json
+    j=$LOGS/lerobot_pi0_all_bf16.json
     [ -n "$gflop" ] || gflop=$(jget "$j" 'r["train"]["flops_model_per_sample"] / 1e9')
     [ -n "$peak" ] || peak=$(jget "$j" 'r["peak_bf16_flops"] / 1e12')
     read -r ms n sps <<< "$(step_figures "$log")"
     ours=${sps:-}
     echo
-    echo "pi0 preset (3.24B parameters, random weights), --train vlm, batch $PI0_B, 2 cameras at 224 px; train_vla:"
+    echo "pi0 preset (3.24B parameters, random weights), --train all, batch $PI0_B, 2 cameras at 224 px; train_vla:"
     echo "the mean of $PI0_STEPS timed steps after 1 untimed; LeRobot: the mean of $PI0_STEPS after 5 untimed (its"
     echo "batch fed tokenized and normalized: its copy to the device and update_policy)"
     echo "${gflop:-?} GFLOP per sample (vla/flops.h's count, LeRobot's too); peak ${peak:-?} TFLOP/s (bf16 dense)"
@@ -267,7 +266,7 @@ tables() {
         row "train_vla (bf16)" "not run" "" "" "" ""
     fi
     for amp in bf16 none; do
-        j=$LOGS/lerobot_pi0_vlm_${amp}.json
+        j=$LOGS/lerobot_pi0_all_${amp}.json
         what="dtype bfloat16: bf16 weights and autocast"
         [ "$amp" = bf16 ] || what="dtype float32, its default"
         if [ ! -f "$j" ]; then
@@ -282,7 +281,7 @@ tables() {
     done
     [ -z "$refused" ] || echo "train_vla refused: $refused"
     for amp in bf16 none; do
-        j=$LOGS/lerobot_pi0_vlm_${amp}.json
+        j=$LOGS/lerobot_pi0_all_${amp}.json
         [ "$(jget "$j" 'r.get("does_not_fit")')" = '?' ] ||
             echo "LeRobot (--amp $amp) does not fit: $(jget "$j" 'r["does_not_fit"]')"
     done
@@ -398,7 +397,7 @@ note() {  # a line of the summary that is no stage's result
 # LeRobot and its pure-Python dependencies travel as wheels (dev/lerobot/wheels.sh, carried as .whl)
 have_lerobot=0
 wants_lerobot=0
-for name in lerobot_{expert,all}_{bf16,none} lerobot_infer_{none,bf16} lerobot_pi0_vlm_{bf16,none} \
+for name in lerobot_{expert,all}_{bf16,none} lerobot_infer_{none,bf16} lerobot_pi0_all_{bf16,none} \
     lerobot_pi0_infer_bf16; do
     [[ "$name" =~ $STAGES ]] && wants_lerobot=1
 done
@@ -415,7 +414,7 @@ fi
 PI0_SITE=/tmp/lerobot_site_pinned
 pi0_python=(env "PYTHONPATH=$PI0_SITE${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON")
 wants_pi0=0
-for name in lerobot_pi0_vlm_{bf16,none} lerobot_pi0_infer_bf16; do [[ "$name" =~ $STAGES ]] && wants_pi0=1; done
+for name in lerobot_pi0_all_{bf16,none} lerobot_pi0_infer_bf16; do [[ "$name" =~ $STAGES ]] && wants_pi0=1; done
 if [ "$DRY_RUN" != 1 ] && [ "$MODE" = more ] && [ $have_lerobot = 1 ] && [ $wants_pi0 = 1 ]; then
     if ! ls .whl/pinned/transformers-*.whl > /dev/null 2>&1 ||
         ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$PI0_SITE" \
@@ -458,23 +457,23 @@ lerobot_infer() {
     stage "lerobot_infer_$2" "$1" "$PYTHON" dev/lerobot/bench_lerobot.py --preset smolvla --infer --infer-batch 1 \
         --amp "$2" --steps "$CHUNKS" --warmup 5 --device cuda --json "$LOGS/lerobot_infer_$2.json"
 }
-# pi0_train_vla EXPECTED: train_vla -p pi0 --train vlm at batch PI0_B; a refusal of the model (its
+# pi0_train_vla EXPECTED: train_vla -p pi0 --train all at batch PI0_B; a refusal of the model (its
 # "error: ... take(s) ..." line before any step: a head size or width past what the GPU kernels take,
 # after the weights' init) is listed as skipped with its line; any other error is a failure
 pi0_train_vla() {
     local refusal='^error: .* takes? '
     [ "$DRY_RUN" = 1 ] || rm -rf "${RUNS:?}/bench_pi0_train_vla"
-    stage bench_pi0_train_vla "$1" build/gpu/train_vla_bf16 -p pi0 --train vlm --recompute none -b "$PI0_B" \
+    stage bench_pi0_train_vla "$1" build/gpu/train_vla_bf16 -p pi0 --train all --recompute none -b "$PI0_B" \
         -n $((PI0_STEPS + 1)) -u 10 -i "$BENCH_DATA" -o "$RUNS/bench_pi0_train_vla" --no-checkpoint --log-every 5
 }
 # lerobot_pi0_train EXPECTED AMP, lerobot_pi0_infer EXPECTED AMP: LeRobot's PI0Policy, its step at batch
-# PI0_B (--train vlm: freeze_vision_encoder), its chunks at batch 1, under its pinned transformers; out of memory
+# PI0_B (--train all, its default), its chunks at batch 1, under its pinned transformers; out of memory
 # is listed as skipped
 lerobot_pi0_train() {
     [ $have_lerobot = 1 ] || return 1
     local refusal='^bench_lerobot: does not fit: '
-    stage "lerobot_pi0_vlm_$2" "$1" "${pi0_python[@]}" dev/lerobot/bench_lerobot.py --preset pi0 --train vlm \
-        --amp "$2" --batch "$PI0_B" --steps "$PI0_STEPS" --warmup 5 --device cuda --json "$LOGS/lerobot_pi0_vlm_$2.json"
+    stage "lerobot_pi0_all_$2" "$1" "${pi0_python[@]}" dev/lerobot/bench_lerobot.py --preset pi0 --train all \
+        --amp "$2" --batch "$PI0_B" --steps "$PI0_STEPS" --warmup 5 --device cuda --json "$LOGS/lerobot_pi0_all_$2.json"
 }
 lerobot_pi0_infer() {
     [ $have_lerobot = 1 ] || return 1

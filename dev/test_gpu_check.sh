@@ -88,26 +88,26 @@ kernels, torch.compile, the short runs, the dev/cuda programs" \
     test_gpu_fp16 attention_bench bench_torch_compile_expert bench_torch_compile_all train_default launchers \
     bench_recompute_attn bench_recompute_layer balance_default build_dev_cuda cuda_adamw cuda_time_mlp
 check "more: pi0 first after the build (train_vla -p pi0, LeRobot's PI0Policy in bf16, its chunk, fp32), then the rest" \
-    in_order build bench_pi0_train_vla lerobot_pi0_vlm_bf16 lerobot_pi0_infer_bf16 lerobot_pi0_vlm_none \
+    in_order build bench_pi0_train_vla lerobot_pi0_all_bf16 lerobot_pi0_infer_bf16 lerobot_pi0_all_none \
     test_gpu_bf16_rest
-check "pi0's benchmarks: train_vla -p pi0 --train vlm --recompute none and LeRobot's pi0 at the same batch (PI0_B=8), \
+check "pi0's benchmarks: train_vla -p pi0 --train all --recompute none and LeRobot's pi0 at the same batch (PI0_B=8), \
 PI0_STEPS=10 timed steps, LeRobot in bf16 and fp32, its chunk at batch 1" \
-    bash -c "grep -q '^stage bench_pi0_train_vla ~[0-9]*: build/gpu/train_vla_bf16 -p pi0 --train vlm --recompute none -b 8 -n 11 .*--no-checkpoint' '$out/more.log' &&
-             grep -q '^stage lerobot_pi0_vlm_bf16 ~[0-9]*: .*dev/lerobot/bench_lerobot.py --preset pi0 --train vlm --amp bf16 --batch 8 --steps 10 --warmup 5 ' '$out/more.log' &&
-             grep -q '^stage lerobot_pi0_vlm_none ~[0-9]*: .*--preset pi0 --train vlm --amp none --batch 8 ' '$out/more.log' &&
+    bash -c "grep -q '^stage bench_pi0_train_vla ~[0-9]*: build/gpu/train_vla_bf16 -p pi0 --train all --recompute none -b 8 -n 11 .*--no-checkpoint' '$out/more.log' &&
+             grep -q '^stage lerobot_pi0_all_bf16 ~[0-9]*: .*dev/lerobot/bench_lerobot.py --preset pi0 --train all --amp bf16 --batch 8 --steps 10 --warmup 5 ' '$out/more.log' &&
+             grep -q '^stage lerobot_pi0_all_none ~[0-9]*: .*--preset pi0 --train all --amp none --batch 8 ' '$out/more.log' &&
              grep -q '^stage lerobot_pi0_infer_bf16 ~[0-9]*: .*--preset pi0 --infer --infer-batch 1 --amp bf16 ' '$out/more.log'"
 check "LeRobot's pi0 runs with its pinned transformers ahead of the image's (the wheels of .whl/pinned)" \
     bash -c "[ \$(grep -c '^stage lerobot_pi0_[a-z0-9_]* ~[0-9]*: env PYTHONPATH=/tmp/lerobot_site_pinned[:a-z_/]* [^ ]*python3* dev/lerobot/bench_lerobot.py ' \
              '$out/more.log') -eq 3 ]"
 # the pi0 stages but fp32 within more's BUDGET after the build of a prepared call (~25 s) and the overhead
-pi0_sum=$(sed -n 's/^stage \(bench_pi0_train_vla\|lerobot_pi0_vlm_bf16\|lerobot_pi0_infer_bf16\) ~\{0,1\}\([0-9]*\): .*/\2/p' \
+pi0_sum=$(sed -n 's/^stage \(bench_pi0_train_vla\|lerobot_pi0_all_bf16\|lerobot_pi0_infer_bf16\) ~\{0,1\}\([0-9]*\): .*/\2/p' \
     "$out/more.log" | awk '{s += $1} END {print s + 0}')
 check "train_vla's pi0 step, LeRobot's and its chunk ($pi0_sum s) fit in more's 300 s after a prepared build (~25 s), \
 with the overhead and the reserve" [ "$pi0_sum" -gt 0 -a $((pi0_sum + 25 + 10 + 5)) -le 300 ]
 DRY_RUN=1 PI0_B=4 PI0_STEPS=3 dev/gpu_check.sh more "$out/pi0_b" > "$out/pi0_b.log" 2>&1
 check "PI0_B=4 PI0_STEPS=3: both trainers' pi0 step at batch 4, train_vla 4 steps, LeRobot 3 after 5" \
     bash -c "grep -q '^stage bench_pi0_train_vla .* -b 4 -n 4 ' '$out/pi0_b.log' &&
-             grep -q '^stage lerobot_pi0_vlm_bf16 .*--batch 4 --steps 3 --warmup 5 ' '$out/pi0_b.log' &&
+             grep -q '^stage lerobot_pi0_all_bf16 .*--batch 4 --steps 3 --warmup 5 ' '$out/pi0_b.log' &&
              grep -q 'batch 4, 2 cameras' '$out/pi0_b/table.txt'"
 n_cuda=$(find dev/cuda -maxdepth 1 -name '*.cu' ! -name attention_smolvla.cu | wc -l)
 n_cuda_stages=$(tr ' ' '\n' <<< "$more" | grep -c '^cuda_')
@@ -214,8 +214,8 @@ if [ "${1:-}" = dev/lerobot/bench_lerobot.py ]; then
     if [ $infer = 1 ]; then
         echo '{"infer": {"ms_per_chunk_median": 80.0, "ms_select_action_with_processors_median": 85.5, "peak_memory_bytes": 9663676416}}' > "$json"
     elif [ "$amp" = none ]; then
-        echo '{"does_not_fit": "CUDA out of memory: pi0 (pi0) --train vlm at batch 8, dtype float32: a stand-in"}' > "$json"
-        echo "bench_lerobot: does not fit: CUDA out of memory: pi0 (pi0) --train vlm at batch 8, dtype float32: a stand-in" >&2
+        echo '{"does_not_fit": "CUDA out of memory: pi0 (pi0) --train all at batch 8, dtype float32: a stand-in"}' > "$json"
+        echo "bench_lerobot: does not fit: CUDA out of memory: pi0 (pi0) --train all at batch 8, dtype float32: a stand-in" >&2
         exit 3
     else
         echo '{"train": {"ms_per_step": 250.0, "samples_per_s": 32.0, "peak_memory_bytes": 59055800320}}' > "$json"
@@ -232,8 +232,8 @@ sum_pi0=$out/pi0/summary.txt
 check "pi0 stages run: exit $rc (non-zero: two skipped), train_vla's refusal skipped with its line" \
     bash -c "[ $rc -ne 0 ] && grep -q '^bench_pi0_train_vla  *skipped after [0-9]* s: error: head sizes 256 and 72: the GPU attention kernels take head sizes up to 128$' '$sum_pi0'"
 check "LeRobot's pi0 stages after it, its pinned wheels installed: bf16 and the chunk ok, fp32 skipped with its one line" \
-    bash -c "! grep -q '^lerobot_pinned' '$sum_pi0' && grep -q '^lerobot_pi0_vlm_bf16  *ok (' '$sum_pi0' && grep -q '^lerobot_pi0_infer_bf16  *ok (' '$sum_pi0' &&
-             grep -q '^lerobot_pi0_vlm_none  *skipped after [0-9]* s: bench_lerobot: does not fit: CUDA out of memory: ' '$sum_pi0'"
+    bash -c "! grep -q '^lerobot_pinned' '$sum_pi0' && grep -q '^lerobot_pi0_all_bf16  *ok (' '$sum_pi0' && grep -q '^lerobot_pi0_infer_bf16  *ok (' '$sum_pi0' &&
+             grep -q '^lerobot_pi0_all_none  *skipped after [0-9]* s: bench_lerobot: does not fit: CUDA out of memory: ' '$sum_pi0'"
 check "the pi0 table: train_vla refused (and why), LeRobot bf16 at 250.00 ms and 32.00 samples/s, MFU 25.4% on train_vla's \
 count, 55.00 GiB; fp32 no fit; the chunk's 85.50 ms" \
     bash -c "awk '/^pi0 preset/ {on = 1} on' '$out/pi0/table.txt' > '$out/pi0.rows' &&

@@ -24,6 +24,9 @@ tower's layer_norm1, layer_norm2 and post_layernorm (SigLIP, eps 1e-6, torch.nn.
              column_sum_kernel; C a multiple of x128::size, at most 32 * LAYERNORM_BWD2_VALS)
              Both the trainer's, from train_vla.cu, launched by its layernorm_forward /
              layernorm_backward.
+  version 3  backward: version 2 with 48 columns a lane (layernorm_backward_kernel3, the trainer's:
+             its layernorm_backward takes it past version 2's 1024, for pi0's SigLIP so400m, 1152
+             wide), blocks of at most LAYERNORM_BWD3_BLOCK (256) threads
 
   All but the version 1 forward take blocks of at most LAYERNORM_MAX_BLOCK (512) threads.
 
@@ -153,13 +156,19 @@ static void layernorm_backward1(float* dres, floatX* dres_x, float* dw, float* d
     column_sum(db, partial + (size_t)chunks * C, chunks, C);
 }
 
+// versions 2 and 3 (wide: the trainer's kernel past 1024 columns)
 static void layernorm_backward2(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
                                 const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C,
-                                int block, int rows_per_block) {
+                                int block, int rows_per_block, bool wide = false) {
     int chunks = ceil_div(N, rows_per_block);
     size_t smem = (size_t)(block / 32) * C * sizeof(float);
-    layernorm_backward_kernel2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd, N,
-                                                                     C, rows_per_block);
+    if (wide) {
+        layernorm_backward_kernel3<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd,
+                                                                         N, C, rows_per_block);
+    } else {
+        layernorm_backward_kernel2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd,
+                                                                         N, C, rows_per_block);
+    }
     launchCheck();
     column_sum(dw, partial, chunks, C);
     column_sum(db, partial + (size_t)chunks * C, chunks, C);
@@ -293,7 +302,8 @@ static void run_backward(int version, int block, int rows_per_block, float* dres
     } else if (version == 1) {
         layernorm_backward1(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, block, rows_per_block);
     } else {
-        layernorm_backward2(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, block, rows_per_block);
+        layernorm_backward2(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, block, rows_per_block,
+                            version == 3);
     }
 }
 
@@ -392,14 +402,17 @@ static void check_backward(int N, int C, float scale, uint64_t seed) {
     float* db = alloc_f(C);
     float* partial = alloc_f(2 * n);  // enough for one row per chunk
     int rows[2] = {CHUNK_ROWS, 3};    // the trainer's chunk, and one that splits rows unevenly
-    for (int version = 0; version <= 2; version++) {
+    for (int version = 0; version <= 3; version++) {
         for (int bi = 0; bi < (version == 0 ? 1 : N_BLOCKS); bi++) {
             int block = version == 0 ? BLOCK : BLOCKS[bi];
-            // version 1: each thread holds at most LAYERNORM_BWD1_COLS columns; version 2 (and 0,
-            // the trainer's launcher, which runs it at BLOCK): the width and alignment it takes, the
-            // warps' sums within 48 KB of shared memory; both: blocks the kernels' registers allow
+            // version 1: each thread holds at most LAYERNORM_BWD1_COLS columns; versions 2 and 3 (and
+            // 0, the trainer's launcher, which runs 2, or 3 past 2's width, at BLOCK): the width and
+            // alignment it takes, the warps' sums within 48 KB of shared memory; all: blocks the
+            // kernels' registers allow
+            bool fits2 = layernorm_backward2_fits(dres, dres_x, d_dout, d_x, d_w, C, block);
+            bool fits3 = layernorm_backward3_fits(dres, dres_x, d_dout, d_x, d_w, C, block);
             if (version == 1 && !layernorm_backward1_fits(C, block)) { continue; }
-            if (version != 1 && !layernorm_backward2_fits(dres, dres_x, d_dout, d_x, d_w, C, block)) { continue; }
+            if ((version == 0 && !fits2 && !fits3) || (version == 2 && !fits2) || (version == 3 && !fits3)) { continue; }
             for (int ri = 0; ri < (version == 0 ? 1 : 2); ri++) {
                 cudaCheck(cudaMemcpy(dres, dres0, n * sizeof(float), cudaMemcpyHostToDevice));
                 cudaCheck(cudaMemcpy(dw, dw0, C * sizeof(float), cudaMemcpyHostToDevice));
@@ -531,11 +544,11 @@ int main(void) {
     dev_init("layernorm");
     check_backward_reference();
     // odd widths (version 1 only), widths where version 2 applies (multiples of x128::size: 300
-    // in fp32 builds only), the vision width, the widest version 2 forward takes; row counts that
+    // in fp32 builds only), the vision widths (768, pi0's 1152), the widest version 2 forward takes; row counts that
     // leave the last warp's block or the last chunk partly empty; rows whose variance is eps's size
     struct { int N, C; float scale; } shapes[] = {
         {7, 37, 1.0f}, {45, 64, 1.0f}, {13, 300, 1.0f}, {33, 24, 1.0f}, {70, 768, 1.0f}, {3, 2048, 1.0f}, {1, 8, 1.0f},
-        {20, 768, 1e-3f},
+        {20, 768, 1e-3f}, {21, 1152, 1.0f},  // pi0's SigLIP so400m: version 3's backward
     };
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
         check_forward(shapes[i].N, shapes[i].C, shapes[i].scale, 100 + 10 * i);
