@@ -1545,7 +1545,8 @@ int main(int argc, char** argv) {
     if (wanted("lerobot") || wanted("lerobot:expert") || wanted("lerobot:vlm") || wanted("lerobot:all")) {
         if (smolvla_refs != NULL) { test_smolvla_lerobot("SmolVLA", smolvla_refs); }
         else { printf("\n(SmolVLA against LeRobot: skipped, no --smolvla LEROBOT_REF_DIR)\n"); }
-        if (pi0_refs != NULL) { test_smolvla_lerobot("pi0", pi0_refs); }
+        // pi0: train mode all, which has every gradient (test_vla checks every mode on the CPU)
+        if (pi0_refs != NULL && wanted_mode("lerobot", TRAIN_MODE_ALL)) { test_smolvla_case("pi0", pi0_refs, TRAIN_MODE_ALL); }
         else { printf("\n(pi0 against LeRobot: skipped, no --pi0 LEROBOT_PI0_REF_DIR)\n"); }
         t0 = group_time("lerobot", t0);
     }

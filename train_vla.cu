@@ -1740,7 +1740,7 @@ __global__ void gelu_backward_kernel2(floatX* d, const floatX* dy, const floatX*
     store128(d + i, o);
 }
 
-// Gemma's MLP activation (pi0): act = gelu_tanh(gate) * up, 128-bit loads and stores (dev/cuda/geglu.cu)
+// Gemma's MLP activation (pi0): act = gelu_tanh(gate) * up, 128-bit loads and stores (dev/cuda/glu.cu)
 __global__ void geglu_forward_kernel2(floatX* act, const floatX* gate, const floatX* up, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= n) { return; }

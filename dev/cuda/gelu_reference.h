@@ -1,6 +1,6 @@
 /*
 gelu_reference.h: gelu_pytorch_tanh and its derivative in double, the reference of gelu.cu (SigLIP's
-MLP activation) and geglu.cu (Gemma's MLP activation, gelu(gate) * up), and the check of that
+MLP activation) and glu.cu (Gemma's MLP activation, gelu(gate) * up), and the check of that
 derivative against central differences.
   gelu(x)  = x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
   gelu'(x) = (1 + tanh(u))/2 + x/2 (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 0.044715 x^2)

@@ -27,7 +27,8 @@ static void read_checkpoint_input(const uint8_t* data, size_t size) {
         }
         return;
     }
-    if (!header_ok || smolvla_config_diff(&ck.config, &h.config) != NULL || ck.train_mode != h.train_mode) { abort(); }
+    SmolVLAConfig header_config = ckpt_header_config(&h);
+    if (!header_ok || smolvla_config_diff(&ck.config, &header_config) != NULL || ck.train_mode != h.train_mode) { abort(); }
     SmolParamTable t;
     smolvla_table_build(&ck.config, &t);
     SmolOptDomain d;
@@ -37,6 +38,7 @@ static void read_checkpoint_input(const uint8_t* data, size_t size) {
     smolvla_point(&p, ck.params, &t);
     double sum = 0.0;  // the last weight of every tensor and the last moment of every trainable one, through the table
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        if (t.spec[i].numel == 0) { continue; }  // a tensor the family lacks
         sum += ck.params[t.spec[i].offset + t.spec[i].numel - 1];
         if (d.numel[i] > 0) { sum += ck.m[d.offset[i] + d.numel[i] - 1] + ck.v[d.offset[i] + d.numel[i] - 1]; }
     }

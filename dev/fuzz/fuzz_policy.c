@@ -30,9 +30,12 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         return 0;
     }
     const SmolVLAConfig* c = &p->model.config;
-    int32_t config[27];
+    int32_t config[SMOLVLA_CONFIG_STORED + 2];
     vla_policy_config(p, config);
-    if (config[0] != c->n_cam || config[26] != p->train_mode || vla_policy_tokenizer(p)[0] == '\0') { abort(); }
+    if (config[0] != c->n_cam || config[SMOLVLA_CONFIG_STORED] != p->train_mode ||
+        config[SMOLVLA_CONFIG_STORED + 1] != c->family || vla_policy_tokenizer(p)[0] == '\0') {
+        abort();
+    }
     size_t vision_tokens = (size_t)c->n_cam * smolvla_grid(c) * smolvla_grid(c);
     if (smolvla_n_prefix(c) + c->chunk <= 96 && vision_tokens <= 64 && c->img <= 64 && p->model.table.total <= (1u << 16) &&
         (size_t)c->vis_layers + c->n_layer <= 8) {
