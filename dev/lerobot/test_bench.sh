@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Smoke test of dev/lerobot/bench_lerobot.py on the CPU: SmolVLA and pi0 at tiny sizes, the released
-# models' counts on the meta device, pi0's FLOPs against vla/flops.h's (about four minutes on 2 cores).
+# models' counts on the meta device, pi0's FLOPs against vla/flops.h's (about three minutes on 2 cores).
 # The figures it prints are not benchmark claims: tiny model, shared CPU, 2 timed steps.
 #   dev/lerobot/test_bench.sh            # last line: "N passed, M failed"; non-zero on failure
 set -uo pipefail
