@@ -718,31 +718,6 @@ static __device__ __forceinline__ float silu_grad(float x) {
     return s * (1.0f + x * (1.0f - s));
 }
 
-// act = silu(gate) * up, 128-bit loads and stores
-__global__ void swiglu_forward_kernel2(floatX* act, const floatX* gate, const floatX* up, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-    if (i >= n) { return; }
-    x128 g = load128(gate + i), u = load128(up + i), o;
-    #pragma unroll
-    for (int k = 0; k < x128::size; k++) { o.v[k] = fx(silu(f32(g.v[k])) * f32(u.v[k])); }
-    store128(act + i, o);
-}
-
-__global__ void swiglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
-                                        const floatX* up, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-    if (i >= n) { return; }
-    x128 g = load128(gate + i), u = load128(up + i), d = load128(dact + i), dg, du;
-    #pragma unroll
-    for (int k = 0; k < x128::size; k++) {
-        float gk = f32(g.v[k]), dk = f32(d.v[k]);
-        dg.v[k] = fx(dk * f32(u.v[k]) * silu_grad(gk));
-        du.v[k] = fx(dk * silu(gk));
-    }
-    store128(dgate + i, dg);
-    store128(dup + i, du);
-}
-
 // ---- the connector's pixel shuffle and its inverse
 
 // Offset in x (N, h*w, C) of channel (a s + b) C + e of token i2 (w/s) + j2 of image n, shuffled
@@ -1740,29 +1715,51 @@ __global__ void gelu_backward_kernel2(floatX* d, const floatX* dy, const floatX*
     store128(d + i, o);
 }
 
-// Gemma's MLP activation (pi0): act = gelu_tanh(gate) * up, 128-bit loads and stores (dev/cuda/glu.cu)
-__global__ void geglu_forward_kernel2(floatX* act, const floatX* gate, const floatX* up, size_t n) {
+// The MLPs' gated activation act = a(gate) * up and its backward, a = silu (SwiGLU: SmolVLA's Llama
+// layers) or gelu_tanh (GeGLU: pi0's Gemma layers), 128-bit loads and stores (dev/cuda/glu.cu);
+// dgate, dup overwritten
+template <bool GELU>
+static __device__ __forceinline__ void glu_forward_pack(floatX* act, const floatX* gate, const floatX* up, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= n) { return; }
     x128 g = load128(gate + i), u = load128(up + i), o;
     #pragma unroll
-    for (int k = 0; k < x128::size; k++) { o.v[k] = fx(gelu_tanh(f32(g.v[k])) * f32(u.v[k])); }
+    for (int k = 0; k < x128::size; k++) {
+        float gk = f32(g.v[k]);
+        o.v[k] = fx((GELU ? gelu_tanh(gk) : silu(gk)) * f32(u.v[k]));
+    }
     store128(act + i, o);
 }
 
-__global__ void geglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
-                                       const floatX* up, size_t n) {
+template <bool GELU>
+static __device__ __forceinline__ void glu_backward_pack(floatX* dgate, floatX* dup, const floatX* dact,
+                                                         const floatX* gate, const floatX* up, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= n) { return; }
     x128 g = load128(gate + i), u = load128(up + i), d = load128(dact + i), dg, du;
     #pragma unroll
     for (int k = 0; k < x128::size; k++) {
         float gk = f32(g.v[k]), dk = f32(d.v[k]);
-        dg.v[k] = fx(dk * f32(u.v[k]) * gelu_tanh_grad(gk));
-        du.v[k] = fx(dk * gelu_tanh(gk));
+        dg.v[k] = fx(dk * f32(u.v[k]) * (GELU ? gelu_tanh_grad(gk) : silu_grad(gk)));
+        du.v[k] = fx(dk * (GELU ? gelu_tanh(gk) : silu(gk)));
     }
     store128(dgate + i, dg);
     store128(dup + i, du);
+}
+
+__global__ void swiglu_forward_kernel2(floatX* act, const floatX* gate, const floatX* up, size_t n) {
+    glu_forward_pack<false>(act, gate, up, n);
+}
+__global__ void swiglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
+                                        const floatX* up, size_t n) {
+    glu_backward_pack<false>(dgate, dup, dact, gate, up, n);
+}
+__global__ void geglu_forward_kernel2(floatX* act, const floatX* gate, const floatX* up, size_t n) {
+    glu_forward_pack<true>(act, gate, up, n);
+}
+__global__ void geglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate,
+                                       const floatX* up, size_t n) {
+    glu_backward_pack<true>(dgate, dup, dact, gate, up, n);
 }
 
 // out (B, T, C): rows first .. first+count-1 of every sample = x (B * count, C) (gather_rows_kernel's
