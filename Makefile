@@ -70,7 +70,8 @@ build/gpu/train_vla_single_gpu_bf16: $(GPU_SOURCES)
 	$(NVCC) $(NVCC_FLAGS) train_vla.cu $(NVCC_LDLIBS) -o $@
 
 # ptxas's register counts of train_vla.cu's kernels in each precision, for sm_90 or the GPU found:
-# dev/cuda/check_registers.sh (in make test) asks each kernel over 64 registers for __launch_bounds__
+# dev/cuda/check_registers.sh (in make test) asks each kernel over 64 registers for __launch_bounds__.
+# -cubin compiles the device code alone (the host code's compile is half the time of a build)
 REGISTER_LOGS = build/gpu/registers_bf16.txt build/gpu/registers_fp32.txt build/gpu/registers_fp16.txt
 build/gpu/registers_bf16.txt: PRECISION_FLAG =
 build/gpu/registers_fp32.txt: PRECISION_FLAG = -DENABLE_FP32
@@ -78,9 +79,9 @@ build/gpu/registers_fp16.txt: PRECISION_FLAG = -DENABLE_FP16
 $(REGISTER_LOGS): build/gpu/registers_%.txt: $(GPU_SOURCES)
 	$(nvcc_check)
 	@mkdir -p build/gpu
-	@$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) --resource-usage -c train_vla.cu -o build/gpu/registers_$*.o > $@.tmp 2>&1 || \
-		{ cat $@.tmp; rm -f $@.tmp build/gpu/registers_$*.o; exit 1; }
-	@rm -f build/gpu/registers_$*.o
+	@$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) --resource-usage -cubin train_vla.cu -o build/gpu/registers_$*.cubin > $@.tmp 2>&1 || \
+		{ cat $@.tmp; rm -f $@.tmp build/gpu/registers_$*.cubin; exit 1; }
+	@rm -f build/gpu/registers_$*.cubin
 	mv $@.tmp $@
 
 # the policy interface on the GPU (scripts/vla_policy.py, device="cuda"): libvla.so's functions

@@ -33,7 +33,9 @@ synthetic shard.
 Closing line `N passed, M failed`; exit status 1 on any failure.
 """
 
+import contextlib
 import dataclasses
+import io
 import math
 import os
 import struct
@@ -41,6 +43,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
+import warnings
 
 import numpy as np
 import torch
@@ -58,7 +62,6 @@ FD_ROUNDOFF = 1e-9  # absolute: the loss's float64 rounding (~3e-16) over 2h, wi
 
 passed, failed = 0, 0
 T_START = time.time()
-PY = sys.executable
 
 
 def check(name, ok, detail=""):
@@ -76,11 +79,30 @@ def rel_error(x, ref):
     return (x - ref).norm().item() / denom if denom > 0 else (x - ref).norm().item()
 
 
-def run(args, timeout=300):
-    """The oracle's CLI in a fresh process; returns (exit status, stdout + stderr)."""
-    p = subprocess.run([PY, os.path.join(DEV, "model.py")] + args, capture_output=True, text=True,
-                       timeout=timeout, cwd=ROOT)
-    return p.returncode, p.stdout + p.stderr
+def run(args):
+    """The oracle's CLI (dev/model.py's main) on args, in this process: a run costs its own work, not
+    a fresh interpreter's import of torch (2.5 s, 39 runs). Returns (exit status, stdout + stderr) as
+    `python3 dev/model.py ARGS` gives them: sys.exit's message on stderr with status 1, an uncaught
+    exception's traceback with status 1; warnings show in every run, as they would in a new process."""
+    out, err = io.StringIO(), io.StringIO()
+    threads, cwd = torch.get_num_threads(), os.getcwd()
+    rc = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+        warnings.simplefilter("default")
+        try:
+            os.chdir(ROOT)
+            M.main(args)
+        except SystemExit as e:
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+            rc = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        except Exception:
+            traceback.print_exc()
+            rc = 1
+        finally:
+            os.chdir(cwd)
+            torch.set_num_threads(threads)
+    return rc, out.getvalue() + err.getvalue()
 
 
 def step_losses(text):
@@ -107,7 +129,7 @@ def synthetic(path, *args):
 
 def build_table_tool(tmp):
     exe = os.path.join(tmp, "smolvla_table")
-    p = subprocess.run(["gcc", "-O2", "-Wall", "-o", exe, os.path.join(DEV, "smolvla_table.c"), "-lm", "-lpthread"],
+    p = subprocess.run(["gcc", "-O2", "-Wall", "-fopenmp", "-o", exe, os.path.join(DEV, "smolvla_table.c"), "-lm", "-lpthread"],
                        capture_output=True, text=True)
     check("dev/smolvla_table.c compiles against vla/ (gcc)", p.returncode == 0, p.stderr.strip()[-300:])
     return exe if p.returncode == 0 else None

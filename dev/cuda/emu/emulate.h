@@ -808,18 +808,42 @@ static inline void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, 
     __syncwarp();
 }
 
+// Every lane holds the whole tiles, so the 32 lanes of a warp multiply the same tiles one after
+// another (they run in turn between two barriers): the first computes the product, and a lane whose
+// tiles are the same bytes as the last product's of its host thread takes that product. The sums run
+// in the same order either way, k rising from c, so the result is the same bits.
 template <int M, int N, int K, typename Tab, typename LA, typename LB>
 static inline void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, Tab, LA>& a,
                             const fragment<matrix_b, M, N, K, Tab, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
-    float out[M * N];
+    struct Last {
+        bool valid = false;
+        fragment<matrix_a, M, N, K, Tab, LA> a;
+        fragment<matrix_b, M, N, K, Tab, LB> b;
+        fragment<accumulator, M, N, K, float> c, d;
+    };
+    static thread_local Last last;
+    if (last.valid && memcmp(&last.a, &a, sizeof(a)) == 0 && memcmp(&last.b, &b, sizeof(b)) == 0 &&
+        memcmp(&last.c, &c, sizeof(c)) == 0) {
+        d = last.d;
+        return;
+    }
+    last.a = a;
+    last.b = b;
+    last.c = c;
+    float af[M * K], bt[N * K];  // A's rows and B's columns in fp32, each contiguous
+    for (int i = 0; i < M * K; i++) { af[i] = emu_to_float(a.x[i]); }
+    for (int k = 0; k < K; k++) {
+        for (int j = 0; j < N; j++) { bt[j * K + k] = emu_to_float(b.x[k * N + j]); }
+    }
     for (int i = 0; i < M; i++) {
         for (int j = 0; j < N; j++) {
             float s = c.x[i * N + j];
-            for (int k = 0; k < K; k++) { s += emu_to_float(a.x[i * K + k]) * emu_to_float(b.x[k * N + j]); }
-            out[i * N + j] = s;
+            for (int k = 0; k < K; k++) { s += af[i * K + k] * bt[j * K + k]; }
+            last.d.x[i * N + j] = s;
         }
     }
-    memcpy(d.x, out, sizeof(out));
+    last.valid = true;
+    d = last.d;
 }
 }  // namespace wmma
 }  // namespace nvcuda
