@@ -21,13 +21,53 @@ if [ ! -x "$PY" ]; then
   exit 1
 fi
 
-run() {  # name, then bench arguments; output kept in $T/name.log
-  local name=$1; shift
-  local t0=$SECONDS
-  if "$PY" "$BENCH" --work-dir "$T/work" --json "$T/$name.json" "$@" >"$T/$name.log" 2>&1; then
-    ok "$name runs ($((SECONDS - t0)) s): $(grep -E '^(train|infer|count-only)' "$T/$name.log" | tail -1)"
+# The cases run one after another in one Python process, which imports torch and LeRobot once, not
+# once a case (about 10 s each on 2 cores). Each case's output (its file descriptors 1 and 2) goes to
+# $T/NAME.log, its exit status as the command line gives it (0; 2 for a BenchError, 3 for
+# DoesNotFit, 1 otherwise) to $T/NAME.rc and its seconds to $T/NAME.s; `report NAME` says how it went.
+# (The out-of-memory and no-CUDA cases below run as processes of their own: they check the exit.)
+run_cases() {  # lines of "NAME BENCH-ARGUMENTS..." on stdin
+  cat > "$T/cases.txt"
+  "$PY" - "$BENCH" "$T" << 'PY'
+import os, sys, time, traceback
+bench, T = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.dirname(bench))
+import bench_lerobot as b
+saved = os.dup(1), os.dup(2)
+for line in open(os.path.join(T, "cases.txt")):
+    name, *args = line.split()
+    t0 = time.time()
+    sys.stdout.flush(), sys.stderr.flush()
+    with open(os.path.join(T, name + ".log"), "w") as log:
+        os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+        try:
+            rc = b.main(["--work-dir", os.path.join(T, "work"), "--json", os.path.join(T, name + ".json")] + args) or 0
+        except b.DoesNotFit as e:
+            print(f"bench_lerobot: does not fit: {e}", file=sys.stderr)
+            rc = 3
+        except b.BenchError as e:
+            print(f"bench_lerobot: error: {e}", file=sys.stderr)
+            rc = 2
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        except Exception as e:
+            traceback.print_exc()
+            print(f"bench_lerobot: FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+            rc = 1
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+    open(os.path.join(T, name + ".rc"), "w").write(f"{rc}\n")
+    open(os.path.join(T, name + ".s"), "w").write(f"{time.time() - t0:.0f}\n")
+PY
+}
+
+report() {  # name: how its case went; its output is in $T/name.log
+  local name=$1
+  if [ "$(cat "$T/$name.rc" 2> /dev/null)" = 0 ]; then
+    ok "$name runs ($(cat "$T/$name.s") s): $(grep -E '^(train|infer|count-only)' "$T/$name.log" | tail -1)"
   else
-    bad "$name exited non-zero; its log ends:"; tail -5 "$T/$name.log" | sed 's/^/     /'
+    bad "$name exited non-zero (exit $(cat "$T/$name.rc" 2> /dev/null || echo none)); its log ends:"
+    tail -5 "$T/$name.log" 2> /dev/null | sed 's/^/     /'
   fi
 }
 
@@ -47,24 +87,36 @@ PY
 }
 
 TINY=(--preset tiny --device cpu --batch 2 --steps 2 --warmup 1)
+PI0_TINY=(--preset pi0_tiny --device cpu --batch 2 --steps 2 --warmup 1)
+# every case, run now; each is reported and checked below, with what it tests
+run_cases << EOF
+expert ${TINY[*]} --train expert --flop-check
+all ${TINY[*]} --train all --flop-check
+infer ${TINY[*]} --infer --flop-check
+smolvla --preset smolvla --count-only --batch 32
+small --preset small --count-only --batch 8
+pi0_all ${PI0_TINY[*]} --flop-check
+pi0_infer ${PI0_TINY[*]} --infer --flop-check
+pi0 --preset pi0 --count-only --batch 8
+EOF
 
-run expert "${TINY[@]}" --train expert --flop-check
+report expert
 check expert 'r["train"]["samples_per_s"] > 0 and r["train"]["ms_per_step"] > 0'
 check expert 'all(math.isfinite(x) for x in r["train"]["losses"])'
 check expert 'r["params"]["total"] == r["param_formula"]["total"] and r["params"]["trainable"] == r["param_formula"]["trainable"]["expert"]'
 check expert 'r["flop_check"]["counted"] == r["flop_check"]["formula"] > 0'
 
-run all "${TINY[@]}" --train all --flop-check
+report all
 check all 'r["train"]["samples_per_s"] > 0'
 check all 'r["params"]["total"] == r["param_formula"]["total"] and r["params"]["trainable"] == r["param_formula"]["trainable"]["all"]'
 check all 'r["flop_check"]["counted"] == r["flop_check"]["formula"] > 0'
 
-run infer "${TINY[@]}" --infer --flop-check
+report infer
 check infer 'r["infer"]["ms_per_chunk_median"] > 0 and r["infer"]["batch"] == 1'
 check infer 'r["flop_check"]["counted"] == r["flop_check"]["formula"] > 0'
 
 # The released sizes, built on the meta device: LeRobot's own counts, no step.
-run smolvla --preset smolvla --count-only --batch 32
+report smolvla
 check smolvla 'r["modes"]["expert"]["params"]["total"] == 450046176'
 check smolvla 'r["modes"]["expert"]["params"]["total_without_lm_head"] == 402737376'
 check smolvla '[r["modes"][m]["params"]["trainable"] for m in ("expert", "vlm", "all")] == [99880992, 306471072, 392904096]'
@@ -73,7 +125,7 @@ check smolvla 'r["modes"]["expert"]["prefix_tokens"] == 2 * 64 + r["modes"]["exp
 
 # train_vla's small preset (dev/bench_cpu.sh times LeRobot at it): the counts of vla/config.h's table,
 # once the stand-in tokenizer's rows past 256 (64 wide) are taken off the embedding.
-run small --preset small --count-only --batch 8
+report small
 check small 'r["modes"]["expert"]["params"]["total_without_lm_head"] - (r["sizes"]["vocab"] - 256) * 64 == 262336'
 check small '[r["modes"][m]["params"]["trainable"] - (m != "expert") * (r["sizes"]["vocab"] - 256) * 64 for m in ("expert", "vlm", "all")] == [103648, 181600, 212992]'
 
@@ -84,8 +136,7 @@ line() {  # name, extended regex its printed line must match
   got=$(grep -E '^(train|infer) ' "$T/$name.log" | tail -1)
   if grep -qE "$re" <<< "$got"; then ok "$name: its line reads as it should"; else bad "$name: line '$got' !~ /$re/"; fi
 }
-PI0_TINY=(--preset pi0_tiny --device cpu --batch 2 --steps 2 --warmup 1)
-run pi0_all "${PI0_TINY[@]}" --flop-check
+report pi0_all
 line pi0_all '^train all B=2 amp=none \(dtype float32\): [0-9.]+ ms/step, [0-9.]+ samples/s .*prefix 48 \+ suffix 9 tokens; [0-9.e-]+ GFLOP/sample model'
 check pi0_all 'r["settings"]["train"] == "all" and r["dtype"] == "float32" and r["train"]["samples_per_s"] > 0'
 check pi0_all 'len(r["train"]["losses"]) == 3 and all(math.isfinite(x) for x in r["train"]["losses"])'
@@ -93,13 +144,13 @@ check pi0_all '[r["params"][k] for k in ("total", "used", "lm_heads")] == [16278
 check pi0_all 'r["flop_check"]["counted"] == r["flop_check"]["formula"] > 0'
 check pi0_all 'r["train"]["prefix_tokens"] == 2 * 16 + 16 and r["train"]["suffix_tokens"] == 8 + 1'
 
-run pi0_infer "${PI0_TINY[@]}" --infer --flop-check
+report pi0_infer
 line pi0_infer '^infer B=1 dtype float32: [0-9.]+ ms/chunk median'
 check pi0_infer 'r["infer"]["ms_per_chunk_median"] > 0 and r["infer"]["batch"] == 1 and r["infer"]["autocast"] is None'
 check pi0_infer 'r["flop_check"]["counted"] == r["flop_check"]["formula"] > 0'
 
 # The released pi0 on the meta device: LeRobot's own counts (docs/pi0.md), FlopCounterMode exactly.
-run pi0 --preset pi0 --count-only --batch 8
+report pi0
 check pi0 'all([r["modes"][m]["params"][k] for k in ("total", "used", "lm_heads")] == [4028019472, 3238048528, 789970944] for m in r["modes"])'
 check pi0 '[r["modes"][m]["trained"] for m in ("expert", "vlm", "all")] == [314713120, 2720744480, 3133186832]'
 check pi0 'all(v["flops_counted"] == v["flops_autograd"] for v in r["modes"].values())'
