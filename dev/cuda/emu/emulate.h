@@ -10,7 +10,8 @@ project uses, on the host:
   and the warp shuffles mean what they mean on a GPU: a thread waits until every live thread of
   its block (or lane of its warp) has arrived.
 - WMMA fragments hold the whole tile in every lane (the real layout is unspecified, so code that
-  is correct on a GPU only touches fragment elements uniformly); mma_sync multiplies in fp32.
+  is correct on a GPU only touches fragment elements uniformly); mma_sync multiplies in fp32, once
+  for the 32 lanes of a warp that multiply the same tiles.
 - mma.sync's and ldmatrix's fragments are PTX's, lane by lane, so a kernel that reads or writes
   their elements (row maxima, P as the next product's operand) is checked as it runs on a GPU.
 - cublasLtMatmul computes D = alpha op(A) op(B) + beta C (+ bias, then GELU-tanh where the
