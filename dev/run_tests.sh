@@ -68,11 +68,12 @@ add_suite test_vla_gpu_fp16 env VLA_GPU_TESTS=oracle:all,fp16 "$GPU_TESTS/test_v
 # The emulation runs a block's threads one at a time, warp 0 first; CUDA_EMU_SCHEDULE=reverse runs
 # the last warp first, where a missing barrier or cp.async wait that the first order hides shows
 # (dev/cuda/emu/emulate.h). The trainer's kernels the other way round: the checks against LeRobot's
-# references, every train mode, in bf16 (the flash attention of version 4) and in fp32 (its own
-# attention and reductions); the dev/cuda programs follow below
+# references in bf16 (the flash attention of version 4) and in fp32 (its own attention and
+# reductions), train modes expert (its state-only path back through the frozen VLM) and all (every
+# other kernel: vlm's are all's without the vision tower's backward); the dev/cuda programs follow below
 if [ "$GPU_TESTS" = build/emu ]; then
     for precision in bf16 fp32; do
-        add_suite "test_vla_gpu_${precision}_reverse" env CUDA_EMU_SCHEDULE=reverse VLA_GPU_TESTS=lerobot \
+        add_suite "test_vla_gpu_${precision}_reverse" env CUDA_EMU_SCHEDULE=reverse VLA_GPU_TESTS=lerobot:expert,lerobot:all \
             "build/emu/test_vla_gpu_$precision" "$(gpu_suite_dir "${precision}_reverse")" "build/emu/train_vla_$precision" \
             --smolvla build/lerobot_ref
     done
