@@ -76,10 +76,11 @@ POSTPROCESSOR_STATE = "policy_postprocessor_step_0_unnormalizer_processor.safete
 PI0_PREPROCESSOR_STATE = "policy_preprocessor_step_6_normalizer_processor.safetensors"  # pi0 adds a step before it
 # a sizes file's (group, key) -> the checkpoint's config field it is
 PI0_SIZE_FIELDS = {("vlm", "width"): "d_model", ("vlm", "depth"): "n_layer", ("vlm", "mlp_dim"): "d_ff",
-                   ("vlm", "num_heads"): "n_head", ("vlm", "num_kv_heads"): "n_kv_head", ("vlm", "head_dim"): "head_dim",
-                   ("expert", "width"): "d_expert", ("expert", "depth"): "n_layer", ("expert", "mlp_dim"): "d_expert_ff",
-                   ("expert", "num_heads"): "n_head", ("expert", "num_kv_heads"): "n_kv_head",
-                   ("expert", "head_dim"): "head_dim", ("vision", "hidden_size"): "vis_width",
+                   ("vlm", "num_heads"): "n_head", ("vlm", "num_kv_heads"): "n_kv_head",
+                   ("vlm", "head_dim"): "head_dim", ("expert", "width"): "d_expert", ("expert", "depth"): "n_layer",
+                   ("expert", "mlp_dim"): "d_expert_ff", ("expert", "num_heads"): "n_head",
+                   ("expert", "num_kv_heads"): "n_kv_head", ("expert", "head_dim"): "head_dim",
+                   ("vision", "hidden_size"): "vis_width",
                    ("vision", "intermediate_size"): "vis_ff", ("vision", "num_hidden_layers"): "vis_layers",
                    ("vision", "num_attention_heads"): "vis_heads", ("vision", "patch_size"): "patch",
                    ("vocab_size", None): "vocab"}
@@ -241,9 +242,9 @@ def pi0_variants(cfg, sizes_path):
     checkpoint's sizes, or, with --sizes (which must say the checkpoint's sizes), the defaults, for a
     LeRobot whose variants build those sizes."""
     if cfg.scale_factor != 1 or cfg.rope_theta != 10000 or cfg.pad_token != smolvla.PI0_PAD or cfg.self_attn_every != 1:
-        fail(f"the checkpoint (scale_factor {cfg.scale_factor}, rope_theta {cfg.rope_theta}, pad_token {cfg.pad_token}, "
-             f"self_attn_every {cfg.self_attn_every}) is not one LeRobot's PI0Policy builds (1, 10000, "
-             f"{smolvla.PI0_PAD}, 1): only pi0-shaped checkpoints export as pi0")
+        fail(f"the checkpoint (scale_factor {cfg.scale_factor}, rope_theta {cfg.rope_theta}, pad_token "
+             f"{cfg.pad_token}, self_attn_every {cfg.self_attn_every}) is not one LeRobot's PI0Policy builds "
+             f"(1, 10000, {smolvla.PI0_PAD}, 1): only pi0-shaped checkpoints export as pi0")
     ours = pi0_sizes_of(cfg)
     if sizes_path is not None:
         try:

@@ -207,7 +207,8 @@ def check_policy_config(policy_dir):
                      "policy again with LeRobot's save_pretrained")
         res = pc.get("image_resolution")
         if not (isinstance(res, list) and len(res) == 2 and all(whole(x) and x > 0 for x in res) and res[0] == res[1]):
-            fail(f"{path}: image_resolution is {res}: train_vla's pi0 reads square images (LeRobot's default [224, 224])")
+            fail(f"{path}: image_resolution is {res}: train_vla's pi0 reads square images (LeRobot's default [224, "
+                 "224])")
     else:
         unsupported = [("n_obs_steps", 1), ("empty_cameras", 0), ("add_image_special_tokens", False),
                        ("adapt_to_pi_aloha", False), ("use_delta_joint_actions_aloha", False)]
@@ -478,9 +479,9 @@ def tokenizer_name(policy_dir, pc, vlm_name):
             return tid, f"{tid} (of {os.path.normpath(path)})"
     tid = ("vlm:" + os.path.basename(os.path.normpath(name)))[:63]
     if pi0:
-        return tid, (f"{tid}: no tokenizer.json of '{name}' (the pre-processor's) was found beside the policy or in the "
-                     "HF cache: shards must name this tokenizer (put its tokenizer.json there, or pass --tokenizer "
-                     "NAME, to record another)")
+        return tid, (f"{tid}: no tokenizer.json of '{name}' (the pre-processor's) was found beside the policy or in "
+                     "the HF cache: shards must name this tokenizer (put its tokenizer.json there, or pass "
+                     "--tokenizer NAME, to record another)")
     return tid, (f"{tid}: no tokenizer.json of VLM '{name}' was found: shards must name this tokenizer (pass --vlm "
                  "DIR with its tokenizer.json, or --tokenizer NAME, to record another)")
 
