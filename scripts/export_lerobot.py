@@ -30,8 +30,9 @@ pi0 (the checkpoint's family 1) is written as LeRobot 0.6.1 saves a PI0Policy: c
 pi0 with PI0Config's defaults (LeRobot's pi0 optimizer and schedule among them), the checkpoint's
 chunk, max dims, image_resolution = img, tokenizer_max_length = max_text and the train flags of its
 train mode; model.safetensors with both lm_heads, PaliGemma's as the embedding's values (LeRobot's
-loader copies that lm_head over the embedding, so any other value would replace it) and the
-expert's as zeros; the pre/post-processors of make_pi0_pre_post_processors (task + "\n",
+loader copies that lm_head onto the embedding, the tie of openpi's checkpoints; the embedding's own
+tensor, read after it in the file's sorted order, wins today, and equal values make the order moot)
+and the expert's as zeros; the pre/post-processors of make_pi0_pre_post_processors (task + "\n",
 google/paligemma-3b-pt-224's tokenizer padded to max_length, relative actions off) with the
 checkpoint's statistics. PI0Config names its Gemmas by variant only, so a checkpoint at the released
 sizes exports as the variants of those sizes; one of other sizes needs --sizes FILE (import_lerobot.py's
@@ -366,8 +367,9 @@ def export_pi0(args, ck, out):
     params = {name: torch.from_numpy(x) for name, x in ck["params"].items()}
     tensors = dict(vla.to_lerobot(cfg, params))
     m = smolvla.MODULES["pi0"]
-    # LeRobot's loader writes PaliGemma's lm_head over the embedding (the tie of the original
-    # checkpoints), so it must hold the embedding; the expert's feeds nothing
+    # LeRobot's loader copies PaliGemma's lm_head onto the embedding (the tie of openpi's checkpoints):
+    # holding the embedding's values, it leaves the embedding as it is whichever tensor is read last;
+    # the expert's feeds nothing
     tensors[m.vlm_lm_head + "weight"] = tensors[m.text + "embed_tokens.weight"].clone()
     tensors[m.expert_lm_head + "weight"] = torch.zeros(cfg.vocab, cfg.d_expert)
     S, A, stats = cfg.state_dim, cfg.action_dim, torch.from_numpy(ck["stats"])
