@@ -835,14 +835,15 @@ def mode_of_policy(lcfg):
     return 0 if lcfg.train_expert_only else (1 if lcfg.freeze_vision_encoder else 2)
 
 
-def config_from_policy(policy_dir, max_text=None, vlm_name=None):
+def config_from_policy(policy_dir, max_text=None, vlm_name=None, pi0_sizes=None):
     """Our config of a LeRobot policy folder (dev/smolvla.py's load_config), checking that it uses
     nothing the C model does not implement. max_text: the language tokens a batch holds (default:
     the policy's tokenizer_max_length; LeRobot pads to the batch's longest, which masks the rest).
     vlm_name: where the VLM's config and tokenizer are, instead of the policy's vlm_model_name.
     Returns (our config, dev/smolvla.py's config). A pi0 policy's sizes are dev/smolvla.py's
-    load_pi0_config's (its c_config.txt beside the policy, else the released variants')."""
-    lc = smolvla.load_config(policy_dir, vlm_name)
+    load_pi0_config's: pi0_sizes (a sizes file's dict), else its c_config.txt beside the policy,
+    else the released variants'."""
+    lc = smolvla.load_config(policy_dir, vlm_name, pi0_sizes)
     with open(os.path.join(policy_dir, "config.json")) as f:
         pc = json.load(f)
 

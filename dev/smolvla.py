@@ -288,13 +288,13 @@ def find_vlm_config(name, policy_dir):
     raise FileNotFoundError(f"no config.json for the VLM '{name}' (looked in {places})")
 
 
-def load_config(policy_dir, vlm_name=None):
+def load_config(policy_dir, vlm_name=None, pi0_sizes=None):
     """The sizes of a policy folder; vlm_name: where to find the VLM instead of its vlm_model_name
-    (SmolVLA's). A pi0 policy's: load_pi0_config."""
+    (SmolVLA's). A pi0 policy's: load_pi0_config (pi0_sizes: a sizes file's dict, or None)."""
     with open(os.path.join(policy_dir, "config.json")) as f:
         pc = json.load(f)
     if pc.get("type") == "pi0":
-        return load_pi0_config(policy_dir, pc)
+        return load_pi0_config(policy_dir, pc, pi0_sizes)
     vlm = find_vlm_config(vlm_name or pc["vlm_model_name"], policy_dir)
     vc, tc = vlm["vision_config"], vlm["text_config"]
     # features this oracle does not implement must be off, as they are by default
@@ -341,11 +341,22 @@ def load_config(policy_dir, vlm_name=None):
 
 # pi0's sizes, which PI0Config names by variant only: the Gemmas of get_gemma_config, and the SigLIP
 # so400m/14 tower, vocabulary and pad id that PaliGemmaWithExpertModel fixes inside (as
-# vla/config.h's pi0 preset has them)
-PI0_GEMMAS = {"gemma_2b": dict(width=2048, depth=18, mlp=16384, heads=8, kv_heads=1, head_dim=256),
-              "gemma_300m": dict(width=1024, depth=18, mlp=4096, heads=8, kv_heads=1, head_dim=256)}
-PI0_SIGLIP = dict(vis_patch=14, vis_width=1152, vis_layers=27, vis_heads=16, vis_mlp=4304)
+# vla/config.h's pi0 preset has them). Written in LeRobot's own keys (GemmaConfig's fields, the
+# SigLIP config's), the layout of a sizes file (PI0_SIZE_KEYS): a model of other sizes is one such
+# file, and the released ones are the same dict.
+PI0_GEMMAS = {"gemma_2b": dict(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),
+              "gemma_300m": dict(width=1024, depth=18, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=256)}
+PI0_SIGLIP = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                  patch_size=14)
 PI0_VOCAB, PI0_PAD = 257152, 0
+PI0_SIZE_KEYS = {"vlm": tuple(PI0_GEMMAS["gemma_2b"]), "expert": tuple(PI0_GEMMAS["gemma_300m"]),
+                 "vision": tuple(PI0_SIGLIP), "vocab_size": None}
+
+
+def pi0_released_sizes(paligemma_variant, action_expert_variant):
+    """The sizes of LeRobot's pi0 with these variants, in a sizes file's layout."""
+    return {"vlm": dict(PI0_GEMMAS[paligemma_variant]), "expert": dict(PI0_GEMMAS[action_expert_variant]),
+            "vision": dict(PI0_SIGLIP), "vocab_size": PI0_VOCAB}
 
 
 def read_c_config(path):
@@ -360,40 +371,49 @@ def read_c_config(path):
     return fields
 
 
-def load_pi0_config(policy_dir, pc):
+def pi0_sizes_of_c_config(c):
+    """A pi0 c_config.txt's fields as a sizes file says them."""
+    vlm = dict(width=c["d_model"], depth=c["n_layer"], mlp_dim=c["d_ff"], num_heads=c["n_head"],
+               num_kv_heads=c["n_kv_head"], head_dim=c["head_dim"])
+    return {"vlm": vlm, "expert": dict(vlm, width=c["d_expert"], mlp_dim=c["d_expert_ff"]),
+            "vision": dict(hidden_size=c["vis_width"], intermediate_size=c["vis_ff"], num_hidden_layers=c["vis_layers"],
+                           num_attention_heads=c["vis_heads"], patch_size=c["patch"]),
+            "vocab_size": c["vocab"]}
+
+
+def load_pi0_config(policy_dir, pc, sizes=None):
     """The sizes of a pi0 policy folder. Its config.json holds the policy's settings but no size: the
     Gemma variants are names, and a test-size model is built by replacing what those names build at
-    run time (dev/lerobot/make_ref_pi0.py), which config.json does not record. So the sizes are the
-    released ones of the variants named, unless the folder above the policy holds the model's
-    config as the C trainers read it (c_config.txt, which make_ref_pi0.py writes off the built
-    model); load_parameters then checks every shape against them."""
+    run time (dev/lerobot/make_ref_pi0.py), which config.json does not record. So the sizes are, in
+    this order: `sizes` (a sizes file's dict, PI0_SIZE_KEYS' layout, checked by its reader), the
+    model's config as the C trainers read it in the folder above the policy (c_config.txt, which
+    make_ref_pi0.py writes off the built model), else the released ones of the variants named;
+    load_parameters then checks every shape against them."""
     assert pc.get("empty_cameras", 0) == 0, "empty_cameras is not implemented"
     assert not pc.get("use_relative_actions", False), "use_relative_actions is not implemented"
     assert pc.get("rtc_config") is None, "real-time chunking is not implemented"
     res = pc["image_resolution"]
     assert res[0] == res[1], f"PaliGemma reads square images: image_resolution is {res}"
-    sizes = os.path.join(policy_dir, "..", "c_config.txt")
-    if os.path.isfile(sizes):
-        c = read_c_config(sizes)
-        assert c["family"] == 1, f"{sizes} is not a pi0 model's config"
-        vision = dict(vis_patch=c["patch"], vis_width=c["vis_width"], vis_layers=c["vis_layers"],
-                      vis_heads=c["vis_heads"], vis_mlp=c["vis_ff"])
-        vlm = dict(width=c["d_model"], depth=c["n_layer"], mlp=c["d_ff"], heads=c["n_head"], kv_heads=c["n_kv_head"],
-                   head_dim=c["head_dim"])
-        expert = dict(vlm, width=c["d_expert"], mlp=c["d_expert_ff"])
-        vocab, pad = c["vocab"], c["pad_token"]
-        assert c["img"] == res[0] and c["scale_factor"] == 1 and c["rope_theta"] == 10000, f"{sizes} disagrees"
-    else:
-        vision, vocab, pad = PI0_SIGLIP, PI0_VOCAB, PI0_PAD
-        vlm, expert = PI0_GEMMAS[pc["paligemma_variant"]], PI0_GEMMAS[pc["action_expert_variant"]]
+    pad = PI0_PAD  # PaliGemma's tokenizer pads with id 0 at every size
+    c_config = os.path.join(policy_dir, "..", "c_config.txt")
+    if sizes is None and os.path.isfile(c_config):
+        c = read_c_config(c_config)
+        assert c["family"] == 1, f"{c_config} is not a pi0 model's config"
+        assert c["img"] == res[0] and c["scale_factor"] == 1 and c["rope_theta"] == 10000, f"{c_config} disagrees"
+        sizes, pad = pi0_sizes_of_c_config(c), c["pad_token"]
+    elif sizes is None:
+        sizes = pi0_released_sizes(pc["paligemma_variant"], pc["action_expert_variant"])
+    vlm, expert, vision = sizes["vlm"], sizes["expert"], sizes["vision"]
     # one softmax over both streams: the same heads, key/value heads, head size and depth
-    assert all(vlm[k] == expert[k] for k in ("heads", "kv_heads", "head_dim", "depth")), (vlm, expert)
+    assert all(vlm[k] == expert[k] for k in ("num_heads", "num_kv_heads", "head_dim", "depth")), (vlm, expert)
     cameras = tuple(k for k, v in pc["input_features"].items() if v["type"] == "VISUAL")
     return SmolVLAConfig(
-        vis_image_size=res[0], **vision, vis_eps=1e-6, scale_factor=1,
-        width=vlm["width"], n_layer=vlm["depth"], n_head=vlm["heads"], n_kv_head=vlm["kv_heads"],
-        head_dim=vlm["head_dim"], mlp=vlm["mlp"], rms_eps=1e-6, vocab=vocab, pad_token_id=pad,
-        expert_width=expert["width"], expert_mlp=expert["mlp"],
+        vis_image_size=res[0], vis_patch=vision["patch_size"], vis_width=vision["hidden_size"],
+        vis_layers=vision["num_hidden_layers"], vis_heads=vision["num_attention_heads"],
+        vis_mlp=vision["intermediate_size"], vis_eps=1e-6, scale_factor=1,
+        width=vlm["width"], n_layer=vlm["depth"], n_head=vlm["num_heads"], n_kv_head=vlm["num_kv_heads"],
+        head_dim=vlm["head_dim"], mlp=vlm["mlp_dim"], rms_eps=1e-6, vocab=sizes["vocab_size"], pad_token_id=pad,
+        expert_width=expert["width"], expert_mlp=expert["mlp_dim"],
         chunk=pc["chunk_size"], max_state_dim=pc["max_state_dim"], max_action_dim=pc["max_action_dim"],
         state_dim=pc["input_features"]["observation.state"]["shape"][0],
         action_dim=pc["output_features"]["action"]["shape"][0], cameras=cameras, resize_hw=(res[0], res[1]),

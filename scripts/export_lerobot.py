@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """
-export_lerobot.py: a train_vla checkpoint (version 2) -> a LeRobot SmolVLA policy folder.
+export_lerobot.py: a train_vla checkpoint (version 2) -> a LeRobot SmolVLA or pi0 policy folder.
 
     /usr/bin/python3 scripts/export_lerobot.py CKPT -o POLICY_DIR [--vlm NAME_OR_DIR]
         [--cameras top,wrist] [--device cpu]
-    policy = SmolVLAPolicy.from_pretrained(POLICY_DIR)                     # LeRobot 0.6.1
+    /usr/bin/python3 scripts/export_lerobot.py PI0_CKPT -o POLICY_DIR [--sizes FILE] [--cameras ...] [--device ...]
+    policy = SmolVLAPolicy.from_pretrained(POLICY_DIR)                     # LeRobot 0.6.1 (PI0Policy for pi0)
     pre = PolicyProcessorPipeline.from_pretrained(POLICY_DIR, "policy_preprocessor.json")
     post = PolicyProcessorPipeline.from_pretrained(POLICY_DIR, "policy_postprocessor.json")
 
-Writes what LeRobot 0.6.1's save_pretrained writes for SmolVLA, so that the policy acts as the
-checkpoint does on the same observation and noise:
+The checkpoint's family picks the policy type. For SmolVLA it writes what LeRobot 0.6.1's
+save_pretrained writes for SmolVLA, so that the policy acts as the checkpoint does on the same
+observation and noise:
   config.json        type smolvla with the checkpoint's sizes (chunk, max dims, resize to img,
                      tokenizer_max_length = max_text, num_vlm_layers = n_layer, ...), the train
                      flags of its train mode, vlm_model_name = --vlm, load_vlm_weights false
@@ -24,6 +26,20 @@ checkpoint does on the same observation and noise:
 --vlm's tokenizer must make the ids the checkpoint names ("bytes": every byte its own id;
 "tokenizer.json:<sha>": that file), else the export is refused; unchecked (said) when its
 tokenizer.json is not found here.
+pi0 (the checkpoint's family 1) is written as LeRobot 0.6.1 saves a PI0Policy: config.json type
+pi0 with PI0Config's defaults (LeRobot's pi0 optimizer and schedule among them), the checkpoint's
+chunk, max dims, image_resolution = img, tokenizer_max_length = max_text and the train flags of its
+train mode; model.safetensors with both lm_heads, PaliGemma's as the embedding's values (LeRobot's
+loader copies that lm_head onto the embedding, the tie of openpi's checkpoints; the embedding's own
+tensor, read after it in the file's sorted order, wins today, and equal values make the order moot)
+and the expert's as zeros; the pre/post-processors of make_pi0_pre_post_processors (task + "\n",
+google/paligemma-3b-pt-224's tokenizer padded to max_length, relative actions off) with the
+checkpoint's statistics. PI0Config names its Gemmas by variant only, so a checkpoint at the released
+sizes exports as the variants of those sizes; one of other sizes needs --sizes FILE (import_lerobot.py's
+sizes file), which must say the checkpoint's sizes, and loads in a LeRobot whose variants build
+those sizes. The tokenizer is checked as --vlm's is below, where its tokenizer.json is found (next to
+the checkpoint, or in the HF cache under that name).
+
 --vlm is the SmolVLM the sizes come from (LeRobot builds the model from its config.json and
 tokenizes with its tokenizer): a local folder or a hub name; default, for the smolvla preset's
 sizes, HuggingFaceTB/SmolVLM2-500M-Video-Instruct. Its config is checked against the checkpoint
@@ -58,6 +74,17 @@ import vla_shard  # noqa: E402  data/vla_shard.py: tokenizer names
 RELEASED_VLM = "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"  # what lerobot/smolvla_base embeds
 PREPROCESSOR_STATE = "policy_preprocessor_step_5_normalizer_processor.safetensors"
 POSTPROCESSOR_STATE = "policy_postprocessor_step_0_unnormalizer_processor.safetensors"
+PI0_PREPROCESSOR_STATE = "policy_preprocessor_step_6_normalizer_processor.safetensors"  # pi0 adds a step before it
+# a sizes file's (group, key) -> the checkpoint's config field it is
+PI0_SIZE_FIELDS = {("vlm", "width"): "d_model", ("vlm", "depth"): "n_layer", ("vlm", "mlp_dim"): "d_ff",
+                   ("vlm", "num_heads"): "n_head", ("vlm", "num_kv_heads"): "n_kv_head",
+                   ("vlm", "head_dim"): "head_dim", ("expert", "width"): "d_expert", ("expert", "depth"): "n_layer",
+                   ("expert", "mlp_dim"): "d_expert_ff", ("expert", "num_heads"): "n_head",
+                   ("expert", "num_kv_heads"): "n_kv_head", ("expert", "head_dim"): "head_dim",
+                   ("vision", "hidden_size"): "vis_width",
+                   ("vision", "intermediate_size"): "vis_ff", ("vision", "num_hidden_layers"): "vis_layers",
+                   ("vision", "num_attention_heads"): "vis_heads", ("vision", "patch_size"): "patch",
+                   ("vocab_size", None): "vocab"}
 NORM_MAP = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
 TRAIN_FLAGS = {"expert": (True, True), "vlm": (False, True), "all": (False, False)}  # (expert only, freeze vision)
 
@@ -111,9 +138,10 @@ def check_vlm(cfg, vlm, ckpt):
              "the SmolVLM these weights were trained with")
 
 
-def check_tokenizer(ck, vlm):
-    """The VLM's tokenizer must make the token ids the checkpoint was trained on: LeRobot's
-    pre-processor tokenizes with it. Returns a line when it cannot be checked."""
+def check_tokenizer(ck, vlm, pi0=False):
+    """The VLM's tokenizer (pi0: the pre-processor's, by its hub name) must make the token ids the
+    checkpoint was trained on: LeRobot's pre-processor tokenizes with it. Returns a line when it
+    cannot be checked."""
     ckpt_dir = os.path.dirname(os.path.abspath(ck["path"]))
     places = [vlm] if import_lerobot.is_vlm_path(vlm) else smolvla.vlm_places(vlm, ckpt_dir)
     for place in places:
@@ -122,6 +150,10 @@ def check_tokenizer(ck, vlm):
             continue
         with open(path) as f:
             theirs = "bytes" if import_lerobot.is_byte_identity(json.load(f)) else vla_shard.tokenizer_json_id(path)
+        if theirs != ck["tokenizer"] and pi0:
+            fail(f"LeRobot's pi0 pre-processor tokenizes with {vlm}, whose tokenizer.json ({os.path.normpath(path)}) "
+                 f"makes the token ids of {theirs}, the checkpoint was trained on {ck['tokenizer']}: LeRobot would "
+                 "feed the model other ids: fine-tune on shards of that tokenizer")
         if theirs != ck["tokenizer"]:
             fail(f"--vlm {vlm}: its tokenizer.json makes the token ids of {theirs}, the checkpoint was trained on "
                  f"{ck['tokenizer']}: LeRobot would feed the model other ids: pass the SmolVLM folder whose tokenizer "
@@ -195,6 +227,101 @@ def processors(cfg, vlm, cameras, device):
     return pre, post
 
 
+def pi0_sizes_of(cfg):
+    """The checkpoint's sizes as a sizes file says them."""
+    sizes = {"vlm": {}, "expert": {}, "vision": {}}
+    for (group, key), field in PI0_SIZE_FIELDS.items():
+        if key is None:
+            sizes[group] = getattr(cfg, field)
+        else:
+            sizes[group][key] = getattr(cfg, field)
+    return sizes
+
+
+def pi0_variants(cfg, sizes_path):
+    """(paligemma_variant, action_expert_variant) for config.json: the released variants of the
+    checkpoint's sizes, or, with --sizes (which must say the checkpoint's sizes), the defaults, for a
+    LeRobot whose variants build those sizes."""
+    if cfg.scale_factor != 1 or cfg.rope_theta != 10000 or cfg.pad_token != smolvla.PI0_PAD or cfg.self_attn_every != 1:
+        fail(f"the checkpoint (scale_factor {cfg.scale_factor}, rope_theta {cfg.rope_theta}, pad_token "
+             f"{cfg.pad_token}, self_attn_every {cfg.self_attn_every}) is not one LeRobot's PI0Policy builds "
+             f"(1, 10000, {smolvla.PI0_PAD}, 1): only pi0-shaped checkpoints export as pi0")
+    ours = pi0_sizes_of(cfg)
+    if sizes_path is not None:
+        try:
+            theirs = import_lerobot.read_sizes(sizes_path)
+        except import_lerobot.UserError as e:
+            fail(f"{e}")
+        for (group, key), field in PI0_SIZE_FIELDS.items():
+            mine, said = (ours[group], theirs[group]) if key is None else (ours[group][key], theirs[group][key])
+            if mine != said:
+                where = f'"{group}"' if key is None else f'"{group}"."{key}"'
+                fail(f"--sizes {sizes_path}: {where} is {said}, the checkpoint's {field} is {mine}: pass the sizes the "
+                     "checkpoint was trained at")
+        return "gemma_2b", "gemma_300m"
+    vlm = [v for v, g in smolvla.PI0_GEMMAS.items() if g == ours["vlm"]]
+    expert = [v for v, g in smolvla.PI0_GEMMAS.items() if g == ours["expert"]]
+    if not vlm or not expert or ours["vision"] != smolvla.PI0_SIGLIP or ours["vocab_size"] != smolvla.PI0_VOCAB:
+        fail(f"the checkpoint's sizes (VLM width {cfg.d_model} x {cfg.n_layer} layers, expert width {cfg.d_expert}, "
+             f"vision width {cfg.vis_width}, vocabulary {cfg.vocab}) are not those of LeRobot's pi0 variants, and "
+             "PI0Config names its sizes by variant only: pass --sizes FILE with the checkpoint's sizes (the file its "
+             "import took) to export it for a LeRobot whose variants build those sizes")
+    return vlm[0], expert[0]  # (the two variants' sizes differ: one name each)
+
+
+def pi0_policy_config(cfg, mode, cameras, device, variants):
+    """config.json as LeRobot 0.6.1 writes a PI0Config (its fields, in its order)."""
+    expert_only, freeze_vision = TRAIN_FLAGS[vla.TRAIN_MODES[mode]]
+    inputs = {cam: {"type": "VISUAL", "shape": [3, cfg.img, cfg.img]} for cam in cameras}
+    inputs["observation.state"] = {"type": "STATE", "shape": [cfg.state_dim]}
+    return {
+        "type": "pi0", "n_obs_steps": 1, "input_features": inputs,
+        "output_features": {"action": {"type": "ACTION", "shape": [cfg.action_dim]}},
+        "device": device, "use_amp": False, "use_peft": False, "push_to_hub": False, "repo_id": None,
+        "private": None, "tags": None, "license": None, "pretrained_path": None, "pretrained_revision": None,
+        "paligemma_variant": variants[0], "action_expert_variant": variants[1], "dtype": "float32",
+        "chunk_size": cfg.chunk, "n_action_steps": cfg.chunk, "max_state_dim": cfg.max_state_dim,
+        "max_action_dim": cfg.max_action_dim, "num_inference_steps": 10, "time_sampling_beta_alpha": 1.5,
+        "time_sampling_beta_beta": 1.0, "time_sampling_scale": 0.999, "time_sampling_offset": 0.001,
+        "min_period": 4e-3, "max_period": 4.0, "use_relative_actions": False, "relative_exclude_joints": ["gripper"],
+        "action_feature_names": None, "rtc_config": None, "image_resolution": [cfg.img, cfg.img], "empty_cameras": 0,
+        "normalization_mapping": NORM_MAP, "gradient_checkpointing": False, "compile_model": False,
+        "compile_mode": "max-autotune", "freeze_vision_encoder": freeze_vision, "train_expert_only": expert_only,
+        "optimizer_lr": 2.5e-5, "optimizer_betas": [0.9, 0.95], "optimizer_eps": 1e-8, "optimizer_weight_decay": 0.01,
+        "optimizer_grad_clip_norm": 1.0, "scheduler_warmup_steps": 1000, "scheduler_decay_steps": 30000,
+        "scheduler_decay_lr": 2.5e-6, "tokenizer_max_length": cfg.max_text,
+    }
+
+
+def pi0_processors(cfg, tokenizer, cameras, device):
+    """(policy_preprocessor.json, policy_postprocessor.json) as LeRobot 0.6.1 saves pi0's
+    (make_pi0_pre_post_processors: relative actions off)."""
+    features = {cam: {"type": "VISUAL", "shape": [3, cfg.img, cfg.img]} for cam in cameras}
+    features["observation.state"] = {"type": "STATE", "shape": [cfg.state_dim]}
+    features["action"] = {"type": "ACTION", "shape": [cfg.action_dim]}
+    pre = {"name": "policy_preprocessor", "steps": [
+        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+        {"registry_name": "to_batch_processor", "config": {}},
+        {"registry_name": "pi0_new_line_processor", "config": {}},
+        {"registry_name": "tokenizer_processor", "config": {
+            "max_length": cfg.max_text, "task_key": "task", "padding_side": "right", "padding": "max_length",
+            "truncation": True, "tokenizer_name": tokenizer}},
+        {"registry_name": "device_processor", "config": {"device": device or "cpu", "float_dtype": None}},
+        {"registry_name": "relative_actions_processor",
+         "config": {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}},
+        {"registry_name": "normalizer_processor", "config": {"eps": 1e-8, "features": features, "norm_map": NORM_MAP},
+         "state_file": PI0_PREPROCESSOR_STATE},
+    ]}
+    post = {"name": "policy_postprocessor", "steps": [
+        {"registry_name": "unnormalizer_processor",
+         "config": {"eps": 1e-8, "features": {"action": features["action"]}, "norm_map": NORM_MAP},
+         "state_file": POSTPROCESSOR_STATE},
+        {"registry_name": "absolute_actions_processor", "config": {"enabled": False}},
+        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
+    ]}
+    return pre, post
+
+
 def camera_keys(names, n_cam):
     names = [n.strip() for n in names.split(",")] if names else [f"camera{k + 1}" for k in range(n_cam)]
     keys = [n if n.startswith("observation.images.") else "observation.images." + n for n in names]
@@ -204,8 +331,65 @@ def camera_keys(names, n_cam):
     return keys
 
 
+def write_folder(out, config, tensors, pre, post, pre_stats, pre_state_file, post_stats):
+    """The policy folder, written beside `out` and renamed onto it, so a failure leaves nothing."""
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(config, f, indent=4)
+        smolvla.save_safetensors(os.path.join(tmp, "model.safetensors"), tensors)
+        for name, spec in (("policy_preprocessor.json", pre), ("policy_postprocessor.json", post)):
+            with open(os.path.join(tmp, name), "w") as f:
+                json.dump(spec, f, indent=2)
+        smolvla.save_safetensors(os.path.join(tmp, pre_state_file), pre_stats)
+        smolvla.save_safetensors(os.path.join(tmp, POSTPROCESSOR_STATE), post_stats)
+        if os.path.isdir(out):
+            os.rmdir(out)  # empty, checked by the caller
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def export_pi0(args, ck, out):
+    """A pi0 checkpoint -> a PI0Policy folder."""
+    cfg, mode = ck["config"], ck["train_mode"]
+    if args.vlm is not None:
+        fail(f"--vlm {args.vlm}: {args.checkpoint} is a pi0 checkpoint, which has no VLM folder (its sizes are its "
+             "variants', or --sizes FILE's): leave --vlm out")
+    variants = pi0_variants(cfg, args.sizes)
+    tokenizer = import_lerobot.PALIGEMMA_TOKENIZER
+    tokenizer_note = check_tokenizer(ck, tokenizer, pi0=True)
+    cameras = camera_keys(args.cameras, cfg.n_cam)
+
+    params = {name: torch.from_numpy(x) for name, x in ck["params"].items()}
+    tensors = dict(vla.to_lerobot(cfg, params))
+    m = smolvla.MODULES["pi0"]
+    # LeRobot's loader copies PaliGemma's lm_head onto the embedding (the tie of openpi's checkpoints):
+    # holding the embedding's values, it leaves the embedding as it is whichever tensor is read last;
+    # the expert's feeds nothing
+    tensors[m.vlm_lm_head + "weight"] = tensors[m.text + "embed_tokens.weight"].clone()
+    tensors[m.expert_lm_head + "weight"] = torch.zeros(cfg.vocab, cfg.d_expert)
+    S, A, stats = cfg.state_dim, cfg.action_dim, torch.from_numpy(ck["stats"])
+    state = {"observation.state.mean": stats[:S], "observation.state.std": stats[S:2 * S]}
+    action = {"action.mean": stats[2 * S:2 * S + A], "action.std": stats[2 * S + A:]}
+    pre, post = pi0_processors(cfg, tokenizer, cameras, args.device)
+    config = pi0_policy_config(cfg, mode, cameras, args.device, variants)
+    write_folder(out, config, tensors, pre, post, {**state, **action}, PI0_PREPROCESSOR_STATE, action)
+    print(f"export_lerobot: {args.checkpoint} (pi0, step {ck['step']}, train mode {vla.TRAIN_MODES[mode]}, "
+          f"tokenizer {ck['tokenizer']}) -> {args.output}")
+    print(f"  paligemma_variant {variants[0]}, action_expert_variant {variants[1]}"
+          + (f" (at --sizes {args.sizes}'s sizes)" if args.sizes else "") + f"; cameras {', '.join(cameras)}; "
+          f"state {S}, action {A} dims; {len(tensors)} tensors (PaliGemma's lm_head = the embedding, the expert's "
+          "zeros), fp32")
+    if tokenizer_note:
+        print(f"  {tokenizer_note}")
+
+
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description="a train_vla checkpoint -> a LeRobot SmolVLA policy folder")
+    ap = argparse.ArgumentParser(description="a train_vla checkpoint -> a LeRobot SmolVLA or pi0 policy folder")
     ap.add_argument("checkpoint", help="a train_vla checkpoint (version 2)")
     ap.add_argument("-o", "--output", required=True, help="policy folder to write (new, or empty)")
     ap.add_argument("--vlm", metavar="DIR_OR_NAME",
@@ -213,6 +397,9 @@ def parse_args(argv):
                          f"slash) is its folder as given and must hold config.json; a name (a folder name, or an HF "
                          f"repo id owner/name) is looked up here, next to the checkpoint, then in the HF cache "
                          f"(default for the smolvla preset's sizes: {RELEASED_VLM})")
+    ap.add_argument("--sizes", metavar="FILE",
+                    help="pi0 of other sizes than the released variants': the sizes file its import took, "
+                         "which must say the checkpoint's sizes: " + import_lerobot.SIZES_FORMAT)
     ap.add_argument("--cameras", help="comma-separated camera names, in the checkpoint's order (camera1,camera2,...)")
     ap.add_argument("--device", help="config.json's device (default: none, LeRobot picks)")
     return ap.parse_args(argv)
@@ -229,6 +416,12 @@ def run(args):
         fail(f"-o {args.output} exists and is not an empty folder: pass a new folder")
     if not os.path.isdir(os.path.dirname(out)):
         fail(f"-o {args.output}: folder {os.path.dirname(out)} does not exist: create it first")
+    ck["path"] = args.checkpoint
+    if cfg.is_pi0:
+        return export_pi0(args, ck, out)
+    if args.sizes is not None:
+        fail(f"--sizes {args.sizes}: {args.checkpoint} is a SmolVLA checkpoint, whose sizes --vlm's config says: leave "
+             "--sizes out")
     if args.vlm:
         try:  # a path must be the folder as given; a name is looked up (import_lerobot.py's rule)
             vlm = import_lerobot.check_vlm_path(args.vlm, "the checkpoint")
@@ -241,7 +434,6 @@ def run(args):
         fail(f"{args.checkpoint} has sizes other than lerobot/smolvla_base's: pass --vlm DIR, the SmolVLM folder "
              "(config.json, tokenizer, processor) these sizes come from")
     check_vlm(cfg, vlm, args.checkpoint)
-    ck["path"] = args.checkpoint
     tokenizer_note = check_tokenizer(ck, vlm)
     multiplier = expert_multiplier(cfg)
     cameras = camera_keys(args.cameras, cfg.n_cam)
@@ -253,25 +445,8 @@ def run(args):
     state = {"observation.state.mean": stats[:S], "observation.state.std": stats[S:2 * S]}
     action = {"action.mean": stats[2 * S:2 * S + A], "action.std": stats[2 * S + A:]}
     pre, post = processors(cfg, vlm, cameras, args.device)
-
-    tmp = out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
-        with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(policy_config(cfg, mode, vlm, cameras, args.device, multiplier), f, indent=4)
-        smolvla.save_safetensors(os.path.join(tmp, "model.safetensors"), tensors)
-        for name, spec in (("policy_preprocessor.json", pre), ("policy_postprocessor.json", post)):
-            with open(os.path.join(tmp, name), "w") as f:
-                json.dump(spec, f, indent=2)
-        smolvla.save_safetensors(os.path.join(tmp, PREPROCESSOR_STATE), {**state, **action})
-        smolvla.save_safetensors(os.path.join(tmp, POSTPROCESSOR_STATE), action)
-        if os.path.isdir(out):
-            os.rmdir(out)  # empty, checked above
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    config = policy_config(cfg, mode, vlm, cameras, args.device, multiplier)
+    write_folder(out, config, tensors, pre, post, {**state, **action}, PREPROCESSOR_STATE, action)
     print(f"export_lerobot: {args.checkpoint} (step {ck['step']}, train mode {vla.TRAIN_MODES[mode]}, "
           f"tokenizer {ck['tokenizer']}) -> {args.output}")
     print(f"  vlm_model_name {vlm}; cameras {', '.join(cameras)}; state {S}, action {A} dims; "

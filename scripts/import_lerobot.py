@@ -1,23 +1,39 @@
 #!/usr/bin/env python3
 """
-import_lerobot.py: a LeRobot SmolVLA policy folder -> a train_vla checkpoint (version 2).
+import_lerobot.py: a LeRobot SmolVLA or pi0 policy folder -> a train_vla checkpoint (version 2).
 
     /usr/bin/python3 scripts/import_lerobot.py POLICY_DIR -o CKPT [--vlm DIR_OR_NAME] [--train-mode MODE]
         [--max-text N] [--tokenizer NAME] [--seed N]
+    /usr/bin/python3 scripts/import_lerobot.py PI0_DIR -o CKPT [--sizes FILE] [--train-mode MODE] ...
     ./train_vla_cpu -i data.bin --init CKPT --weights-only ...         # fine-tune it (its sizes, this data)
     VLAPolicy(CKPT)                                                      # scripts/vla_policy.py
 
-POLICY_DIR is what LeRobot 0.6.1's save_pretrained writes: config.json (type smolvla),
-model.safetensors (fp32, bf16 or fp16) and, when the processors were saved next to it,
-policy_preprocessor.json / policy_postprocessor.json with their normalizer state files. The
-sizes come from config.json and the VLM config its vlm_model_name names (a local folder, a
+POLICY_DIR is what LeRobot 0.6.1's save_pretrained writes: config.json (type smolvla or pi0),
+model.safetensors (fp32, bf16 or fp16, or a mix) and, when the processors were saved next to it,
+policy_preprocessor.json / policy_postprocessor.json with their normalizer state files. A
+SmolVLA folder's sizes come from config.json and the VLM config its vlm_model_name names (a local folder, a
 folder of that name next to the policy, or the HF cache). --vlm overrides vlm_model_name: a name
 (a bare folder name, or an HF repo id owner/name) is looked up the same way; a path (absolute, or
 starting with ./ ../ or ~, or of more than one slash) is the VLM's folder as given, and one that
-is not a folder holding config.json is an error, never a folder of its base name elsewhere. Every
-tensor of vla/config.h's table (SMOLVLA_PARAMETERS, as dev/model.py states it) is read by its LeRobot
-name and shape-checked; tensors of the file the table lacks (lm_head, which feeds nothing) are
-listed as skipped. Any problem is one line, `error: ...: <fix>`, exit status 1, nothing written.
+is not a folder holding config.json is an error, never a folder of its base name elsewhere.
+
+A pi0 folder's config.json names its Gemmas by variant only (paligemma_variant gemma_2b,
+action_expert_variant gemma_300m), so its sizes are the released variants' (dev/smolvla.py's
+PI0_GEMMAS, PI0_SIGLIP), or those of --sizes FILE for a model of other sizes: a JSON object in
+LeRobot's own config keys,
+    {"vlm": {"width", "depth", "mlp_dim", "num_heads", "num_kv_heads", "head_dim"},
+     "expert": {the same keys}, "vocab_size": N,
+     "vision": {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "patch_size"}}
+(the image side is config.json's image_resolution). The two Gemmas run through one attention, so
+they share depth, heads, key/value heads and head size. Without --sizes, a c_config.txt in the
+folder above the policy (dev/lerobot/make_ref_pi0.py's references) gives the sizes. --vlm is
+SmolVLA's, --sizes pi0's.
+
+Every tensor of vla/config.h's table (SMOLVLA_PARAMETERS, as dev/model.py states it) is read by its
+LeRobot name and shape-checked against the sizes; the lm_heads (SmolVLA's one; pi0's PaliGemma
+lm_head and the expert's), which feed nothing, are shape-checked too and listed as skipped, as is
+any other tensor the table lacks. Any problem is one line, `error: ...: <fix>`, exit status 1,
+nothing written.
 
 The checkpoint holds what checkpoint_write in vla/checkpoint.h writes (dev/model.py's write_checkpoint):
   config       the sizes above; max_text = tokenizer_max_length (--max-text overrides)
@@ -34,7 +50,9 @@ The checkpoint holds what checkpoint_write in vla/checkpoint.h writes (dev/model
                every byte to its own id and nothing else (the ids the data tools write and the
                policy library makes), else "tokenizer.json:<first 16 hex of its sha256>" (the name
                data/vla_shard.py gives a tokenizer.json); no tokenizer.json found: "vlm:<name>"
-               (said; --tokenizer NAME records NAME instead)
+               (said; --tokenizer NAME records NAME instead). pi0's tokenizer is the one its
+               pre-processor names (LeRobot's: google/paligemma-3b-pt-224), looked up the same
+               way: beside the policy, in a folder of its base name, in the HF cache
 
 Runs under Debian's python3 (torch + numpy, the oracle's) or build/lerobot-venv: the safetensors
 and JSON files are read here, without the safetensors or lerobot packages.
@@ -56,6 +74,16 @@ import smolvla  # noqa: E402  dev/smolvla.py: where a policy's VLM is found
 import vla_shard  # noqa: E402  data/vla_shard.py: tokenizer names
 
 SUPPORTED_NORMS = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+FAMILIES = {"smolvla": "SmolVLA", "pi0": "pi0"}  # config.json's type -> the family's name in messages
+PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"  # what LeRobot's pi0 pre-processor tokenizes with
+SIZES_FORMAT = ('{"vlm": {width, depth, mlp_dim, num_heads, num_kv_heads, head_dim}, "expert": {the same}, '
+                '"vision": {hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, patch_size}, '
+                '"vocab_size": N}')
+# pi0's settings the trainers fix (config.json key, the only value they implement: LeRobot's default)
+PI0_FIXED = [("n_obs_steps", 1), ("empty_cameras", 0), ("use_relative_actions", False), ("rtc_config", None),
+             ("num_inference_steps", 10), ("time_sampling_beta_alpha", 1.5), ("time_sampling_beta_beta", 1.0),
+             ("time_sampling_scale", 0.999), ("time_sampling_offset", 0.001), ("min_period", 4e-3),
+             ("max_period", 4.0)]
 FLOAT_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8")}
 
 
@@ -118,7 +146,7 @@ def read_float32(path, entry, name):
     """One tensor as float32: bf16 and fp16 widen exactly, fp64 rounds."""
     dtype, shape, begin, end = entry
     if dtype not in FLOAT_DTYPES:
-        fail(f"{path}: {name} has dtype {dtype}, not a floating-point type: the file is not SmolVLA's weights")
+        fail(f"{path}: {name} has dtype {dtype}, not a floating-point type: the file is not a policy's weights")
     count = 1
     for d in shape:  # Python's integers: a product past 2^63 is not wrapped to a small one
         count *= d
@@ -144,7 +172,7 @@ def read_json(path, what):
 
 
 def check_policy_config(policy_dir):
-    """config.json, checked for what train_vla's SmolVLA implements; returns it."""
+    """config.json, checked for what train_vla's SmolVLA or pi0 implements; returns it."""
     if not os.path.isdir(policy_dir):
         fail(f"{policy_dir} is not a folder: pass the folder LeRobot's save_pretrained wrote (config.json, "
              "model.safetensors)")
@@ -154,27 +182,39 @@ def check_policy_config(policy_dir):
              "save_pretrained wrote (config.json, model.safetensors)")
     pc = read_json(path, "the policy config")
     kind = pc.get("type") if isinstance(pc, dict) else None
-    if kind != "smolvla":
-        fail(f"{path} describes a LeRobot policy of type {kind!r}, not 'smolvla': train_vla imports SmolVLA policies "
-             "only")
+    if kind not in FAMILIES:
+        fail(f"{path} describes a LeRobot policy of type {kind!r}, not 'smolvla' or 'pi0': train_vla imports SmolVLA "
+             "and pi0 policies only")
+    family = FAMILIES[kind]
     if not os.path.isfile(os.path.join(policy_dir, "model.safetensors")):
         fail(f"{policy_dir} has no model.safetensors: save the policy with LeRobot's save_pretrained, which writes it")
     inputs, outputs = pc.get("input_features") or {}, pc.get("output_features") or {}
     if inputs.get("observation.state", {}).get("type") != "STATE" or outputs.get("action", {}).get("type") != "ACTION":
         fail(f"{path}: input_features lacks observation.state (STATE) or output_features lacks action (ACTION): "
-             "SmolVLA needs both; save the policy with its dataset's features")
+             f"{family} needs both; save the policy with its dataset's features")
     if not any(f.get("type") == "VISUAL" for f in inputs.values()):
-        fail(f"{path}: no VISUAL input feature: train_vla's SmolVLA reads at least one camera")
+        fail(f"{path}: no VISUAL input feature: train_vla's {family} reads at least one camera")
     norms = pc.get("normalization_mapping", SUPPORTED_NORMS)
     for kind, mode in SUPPORTED_NORMS.items():
         if norms.get(kind, mode) != mode:
             fail(f"{path}: normalization_mapping {kind} is {norms.get(kind)}: train_vla normalizes {kind} with "
-                 f"{mode} only (SmolVLA's default)")
-    unsupported = [("n_obs_steps", 1), ("empty_cameras", 0), ("add_image_special_tokens", False),
-                   ("adapt_to_pi_aloha", False), ("use_delta_joint_actions_aloha", False)]
+                 f"{mode} only ({family}'s default)")
+    if family == "pi0":
+        unsupported = PI0_FIXED
+        for key in ("paligemma_variant", "action_expert_variant"):
+            if pc.get(key) not in smolvla.PI0_GEMMAS:
+                fail(f"{path}: {key} is {pc.get(key)!r}, not one of LeRobot's {sorted(smolvla.PI0_GEMMAS)}: save the "
+                     "policy again with LeRobot's save_pretrained")
+        res = pc.get("image_resolution")
+        if not (isinstance(res, list) and len(res) == 2 and all(whole(x) and x > 0 for x in res) and res[0] == res[1]):
+            fail(f"{path}: image_resolution is {res}: train_vla's pi0 reads square images (LeRobot's default [224, "
+                 "224])")
+    else:
+        unsupported = [("n_obs_steps", 1), ("empty_cameras", 0), ("add_image_special_tokens", False),
+                       ("adapt_to_pi_aloha", False), ("use_delta_joint_actions_aloha", False)]
     for key, default in unsupported:
         if pc.get(key, default) != default:
-            fail(f"{path}: {key} is {pc[key]}: train_vla's SmolVLA implements {key} = {default} only (LeRobot's "
+            fail(f"{path}: {key} is {pc[key]}: train_vla's {family} implements {key} = {default} only (LeRobot's "
                  "default)")
     return pc
 
@@ -204,42 +244,99 @@ def check_vlm_path(vlm, beside="the policy"):
     return path
 
 
-def policy_sizes(policy_dir, max_text, vlm_name):
-    """Our SmolVLAConfig of the folder (config.json and its VLM's config)."""
+def read_sizes(path, option="--sizes"):
+    """A pi0 sizes file (SIZES_FORMAT: LeRobot's GemmaConfig and SigLIP config keys) -> its dict,
+    every key there and every value a positive whole number."""
+    fix = f"write the model's sizes as {SIZES_FORMAT}"
     try:
-        cfg, lc = vla.config_from_policy(policy_dir, max_text, vlm_name)
+        with open(path) as f:
+            sizes = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        fail(f"{option} {path}: cannot read it: {e}: {fix}")
+    if not isinstance(sizes, dict):
+        fail(f"{option} {path} holds a JSON {type(sizes).__name__}, not an object: {fix}")
+    for key, fields in smolvla.PI0_SIZE_KEYS.items():
+        if key not in sizes:
+            fail(f"{option} {path} has no \"{key}\": {fix}")
+        if fields is None:
+            if not (whole(sizes[key]) and sizes[key] > 0):
+                fail(f"{option} {path}: \"{key}\" is {json.dumps(sizes[key])[:40]}, not a positive whole number: {fix}")
+            continue
+        group = sizes[key]
+        if not isinstance(group, dict):
+            fail(f"{option} {path}: \"{key}\" is {json.dumps(group)[:40]}, not an object: {fix}")
+        for field in fields:
+            if field not in group:
+                fail(f"{option} {path}: \"{key}\" has no \"{field}\": {fix}")
+            if not (whole(group[field]) and group[field] > 0):
+                fail(f"{option} {path}: \"{key}\".\"{field}\" is {json.dumps(group[field])[:40]}, not a positive "
+                     f"whole number: {fix}")
+        extra = sorted(set(group) - set(fields))
+        if extra:
+            fail(f"{option} {path}: \"{key}\" has the unknown key \"{extra[0]}\": {fix}")
+    extra = sorted(set(sizes) - set(smolvla.PI0_SIZE_KEYS))
+    if extra:
+        fail(f"{option} {path} has the unknown key \"{extra[0]}\": {fix}")
+    for field in ("depth", "num_heads", "num_kv_heads", "head_dim"):
+        if sizes["vlm"][field] != sizes["expert"][field]:
+            fail(f"{option} {path}: \"vlm\".\"{field}\" is {sizes['vlm'][field]}, \"expert\".\"{field}\" "
+                 f"{sizes['expert'][field]}: pi0's two Gemmas share one attention, so they share {field}: pass the "
+                 "sizes the model was built with")
+    return sizes
+
+
+def policy_sizes(policy_dir, max_text, vlm_name, pi0_sizes=None, family="SmolVLA", source=None):
+    """Our SmolVLAConfig of the folder (config.json and its VLM's config; a pi0 folder's: pi0_sizes,
+    a sizes file's dict, else the released variants'; source says which, for the messages)."""
+    try:
+        cfg, lc = vla.config_from_policy(policy_dir, max_text, vlm_name, pi0_sizes)
     except FileNotFoundError as e:
         fail(f"{policy_dir}: {e}: pass --vlm DIR, a folder with the VLM's config.json and tokenizer")
     except (ValueError, KeyError, AssertionError, TypeError) as e:
-        fail(f"{policy_dir}: config.json or its VLM config: {type(e).__name__} {e}: train_vla's SmolVLA does not "
-             "implement this policy")
+        what = "the sizes" if family == "pi0" else "its VLM config"
+        fail(f"{policy_dir}: config.json or {what}: {type(e).__name__} {e}: train_vla's {family} does not implement "
+             "this policy")
     problem = vla.config_problem(cfg)
+    if problem and family == "pi0":
+        fail(f"{policy_dir}: config.json with {source} makes a config train_vla refuses ({problem}): pass --sizes "
+             "FILE with the sizes the model was built at")
     if problem:
         fail(f"{policy_dir}: its sizes make a config train_vla refuses ({problem})")
     return cfg, lc
 
 
-def read_weights(policy_dir, cfg):
-    """Every table tensor from model.safetensors into one float32 buffer in table order.
-    Returns (name -> array view of table shape, file dtypes, skipped LeRobot names)."""
+def read_weights(policy_dir, cfg, source):
+    """Every table tensor from model.safetensors into one float32 buffer in table order, each shape
+    checked against what `source` (where the sizes came from, for the messages) says; the lm_heads
+    shape-checked too. Returns (name -> array view of table shape, file dtypes, skipped LeRobot names)."""
     path = os.path.join(policy_dir, "model.safetensors")
     index = safetensors_index(path)
-    flat = np.empty(vla.param_count(cfg), np.float32)
-    params, used = {}, set()
+    family = FAMILIES[vla.FAMILY_NAMES[cfg.family]]
+    fix = ("pass --sizes FILE with the sizes the model was built at" if cfg.is_pi0 else
+           "pass the policy folder they were saved with, or --vlm with the VLM they were trained on")
+    # every name and shape first: a folder of other sizes fails before a buffer of the sizes is made
     for s in vla.param_table(cfg):
-        numel = int(np.prod(s.shape))
-        view = flat[s.offset:s.offset + numel].reshape(s.shape)
         names = vla.lerobot_names(cfg, s)
         want = vla.lerobot_shape(cfg, s)
         for i, name in enumerate(names):
             where = s.name if len(names) == 1 else f"{s.name}[{i}]"
             if name not in index:
-                fail(f"{path} lacks {name} (train_vla's {where}): the file is not a complete SmolVLA policy of "
-                     "config.json's sizes: save it again with LeRobot's save_pretrained")
+                fail(f"{path} lacks {name} (train_vla's {where}): the file is not a complete {family} policy of "
+                     f"{source}'s sizes: save it again with LeRobot's save_pretrained")
             if index[name][1] != want:
-                fail(f"{path}: {name} has shape {list(index[name][1])}, config.json and its VLM config say "
-                     f"{list(want)} (train_vla's {where}): the weights belong to another config: pass the policy "
-                     "folder they were saved with, or --vlm with the VLM they were trained on")
+                fail(f"{path}: {name} has shape {list(index[name][1])}, {source} says {list(want)} (train_vla's "
+                     f"{where}): the weights belong to another config: {fix}")
+    # the lm_heads feed nothing and are not kept, but their rows are the vocabulary and their width a stack's
+    for name, want in lm_head_shapes(cfg).items():
+        if name in index and index[name][1] != want:
+            fail(f"{path}: {name} has shape {list(index[name][1])}, {source} says {list(want)} (vocabulary x width): "
+                 f"the weights belong to another config: {fix}")
+    flat = np.empty(vla.param_count(cfg), np.float32)
+    params, used = {}, set()
+    for s in vla.param_table(cfg):
+        view = flat[s.offset:s.offset + int(np.prod(s.shape))].reshape(s.shape)
+        names = vla.lerobot_names(cfg, s)
+        for i, name in enumerate(names):
             x = read_float32(path, index[name], name)
             if not np.isfinite(x).all():
                 fail(f"{path}: {name} holds NaN or Inf values: the weights are corrupt, save them again")
@@ -248,6 +345,16 @@ def read_weights(policy_dir, cfg):
         params[s.name] = view
     dtypes = sorted({index[n][0] for n in used})
     return params, dtypes, sorted(set(index) - used)
+
+
+def lm_head_shapes(cfg):
+    """LeRobot name -> shape of the family's lm_heads: (vocab, the VLM's width), and pi0's expert's
+    (vocab, the expert's width)."""
+    m = smolvla.MODULES[vla.FAMILY_NAMES[cfg.family]]
+    shapes = {m.vlm_lm_head + "weight": (cfg.vocab, cfg.d_model)}
+    if m.expert_lm_head is not None:
+        shapes[m.expert_lm_head + "weight"] = (cfg.vocab, cfg.d_expert)
+    return shapes
 
 
 def normalizer_stats(policy_dir, pipeline, registry_name):
@@ -346,9 +453,22 @@ def is_byte_identity(tok):
     return all(t["content"] == chars[t["id"]] for t in tok.get("added_tokens", []) if t["id"] < 256)
 
 
+def pi0_tokenizer(policy_dir):
+    """The tokenizer a pi0 folder's saved pre-processor loads (its tokenizer step's tokenizer_name),
+    else LeRobot's for pi0."""
+    path = os.path.join(policy_dir, "policy_preprocessor.json")
+    if os.path.isfile(path):
+        for step in read_json(path, "the processor").get("steps", []):
+            name = (step.get("config") or {}).get("tokenizer_name")
+            if step.get("registry_name") == "tokenizer_processor" and isinstance(name, str) and name:
+                return name
+    return PALIGEMMA_TOKENIZER
+
+
 def tokenizer_name(policy_dir, pc, vlm_name):
     """(the checkpoint's tokenizer name, a line saying why). A --vlm path is searched alone."""
-    name = vlm_name or pc.get("vlm_model_name", "")
+    pi0 = pc.get("type") == "pi0"
+    name = pi0_tokenizer(policy_dir) if pi0 else vlm_name or pc.get("vlm_model_name", "")
     places = [name] if vlm_name and is_vlm_path(vlm_name) else smolvla.vlm_places(name, policy_dir)
     for place in [policy_dir] + places:
         path = os.path.join(place, "tokenizer.json")
@@ -358,6 +478,10 @@ def tokenizer_name(policy_dir, pc, vlm_name):
             tid = vla_shard.tokenizer_json_id(path)
             return tid, f"{tid} (of {os.path.normpath(path)})"
     tid = ("vlm:" + os.path.basename(os.path.normpath(name)))[:63]
+    if pi0:
+        return tid, (f"{tid}: no tokenizer.json of '{name}' (the pre-processor's) was found beside the policy or in "
+                     "the HF cache: shards must name this tokenizer (put its tokenizer.json there, or pass "
+                     "--tokenizer NAME, to record another)")
     return tid, (f"{tid}: no tokenizer.json of VLM '{name}' was found: shards must name this tokenizer (pass --vlm "
                  "DIR with its tokenizer.json, or --tokenizer NAME, to record another)")
 
@@ -376,7 +500,8 @@ def matching_preset(cfg):
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description="a LeRobot SmolVLA policy folder -> a train_vla checkpoint (version 2)")
+    ap = argparse.ArgumentParser(description="a LeRobot SmolVLA or pi0 policy folder -> a train_vla checkpoint "
+                                             "(version 2)")
     ap.add_argument("policy", help="the folder LeRobot's save_pretrained wrote")
     ap.add_argument("-o", "--output", required=True, help="checkpoint file to write")
     ap.add_argument("--vlm", metavar="DIR_OR_NAME",
@@ -384,6 +509,9 @@ def parse_args(argv):
                          "path (absolute, starting with ./ ../ or ~, or of more than one slash) is its folder as "
                          "given and must hold config.json; a name (a folder name, or an HF repo id owner/name) is "
                          "looked up as a folder here, next to the policy, then in the HF cache")
+    ap.add_argument("--sizes", metavar="FILE",
+                    help="pi0: the model's sizes, a JSON file in LeRobot's config keys: " + SIZES_FORMAT
+                         + " (default: the released sizes of config.json's variants)")
     ap.add_argument("--train-mode", choices=vla.TRAIN_MODES,
                     help="the checkpoint's train mode (default: from train_expert_only / freeze_vision_encoder)")
     ap.add_argument("--max-text", type=int, help="instruction tokens (default: tokenizer_max_length)")
@@ -402,10 +530,25 @@ def run(args):
         fail(f"-o {args.output}: folder {out_dir} does not exist: create it first")
     if os.path.isdir(args.output):
         fail(f"-o {args.output} is a folder: pass a checkpoint file name")
+    pi0 = pc["type"] == "pi0"
+    if pi0 and args.vlm is not None:
+        fail(f"--vlm {args.vlm}: a pi0 policy has no VLM folder to read (its sizes are its variants', or --sizes "
+             "FILE's): leave --vlm out")
+    if not pi0 and args.sizes is not None:
+        fail(f"--sizes {args.sizes}: a SmolVLA policy's sizes are its VLM's config (--vlm): leave --sizes out")
+    sizes = None if args.sizes is None else read_sizes(args.sizes)
     vlm = None if args.vlm is None else check_vlm_path(args.vlm)
-    cfg, lc = policy_sizes(policy_dir, args.max_text, vlm)
+    if not pi0:
+        source = "config.json and its VLM config"
+    elif sizes is not None:
+        source = f"--sizes {args.sizes}"
+    elif os.path.isfile(os.path.join(policy_dir, "..", "c_config.txt")):
+        source = "the c_config.txt above the policy"
+    else:
+        source = f"the released sizes of {pc['paligemma_variant']} and {pc['action_expert_variant']} (no --sizes)"
+    cfg, lc = policy_sizes(policy_dir, args.max_text, vlm, sizes, FAMILIES[pc["type"]], source)
     mode = vla.TRAIN_MODES.index(args.train_mode) if args.train_mode else vla.mode_of_policy(lc)
-    params, dtypes, skipped = read_weights(policy_dir, cfg)
+    params, dtypes, skipped = read_weights(policy_dir, cfg, source)
     stats, stat_notes = read_stats(policy_dir, cfg)
     legacy = [n for n in skipped if n.startswith(("normalize_inputs.", "normalize_targets.", "unnormalize_outputs."))]
     if legacy and any("no mean/std saved" in line for line in stat_notes):
@@ -425,10 +568,11 @@ def run(args):
                                 tokenizer=tok)
     n_trainable = vla.opt_domain(vla.param_table(cfg), mode)[2]
     preset = matching_preset(cfg)
-    print(f"import_lerobot: {policy_dir} (SmolVLA, {'/'.join(dtypes)} weights) -> {args.output}")
+    print(f"import_lerobot: {policy_dir} ({FAMILIES[pc['type']]}, {'/'.join(dtypes)} weights) -> {args.output}")
     print("  config: " + ", ".join(f"{f} {v}" for f, v in zip(vla.CONFIG_FIELDS, cfg.values())))
-    print("  sizes: " + (f"preset {preset}'s (train with -p {preset} --max-text {cfg.max_text})" if preset else
-                          "no preset's (the trainers build their model from -p)"))
+    print("  sizes: " + (f"from {source}; " if pi0 else "") +
+          (f"preset {preset}'s (train with -p {preset} --max-text {cfg.max_text})" if preset else
+           "no preset's (the trainers build their model from -p)"))
     print(f"  train mode {vla.TRAIN_MODES[mode]} ({'--train-mode' if args.train_mode else 'from config.json'}); "
           f"step 0, sampler position 0, seed {args.seed}; AdamW moments zero ({n_trainable} elements)")
     print(f"  tokenizer: {tok_line}")
@@ -436,8 +580,9 @@ def run(args):
         print(f"  statistics: {line}")
     n_names = sum(len(vla.lerobot_names(cfg, s)) for s in vla.param_table(cfg))
     print(f"  weights: {n_names} LeRobot tensors into the table's {len(params)} ({vla.param_count(cfg)} values)")
+    heads = lm_head_shapes(cfg)
     for name in skipped:
-        print(f"  skipped: {name} (not in train_vla's table" + (": it feeds nothing)" if name == vla.LM_HEAD else ")"))
+        print(f"  skipped: {name} (not in train_vla's table" + (": it feeds nothing)" if name in heads else ")"))
     print(f"wrote {args.output} ({size} bytes)")
 
 
