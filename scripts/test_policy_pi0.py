@@ -53,6 +53,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import contextlib  # noqa: E402
+import ctypes  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
@@ -72,7 +73,7 @@ import make_ref_pi0  # noqa: E402  dev/lerobot: LeRobot's pi0 at test sizes
 import model as vla  # noqa: E402  dev/model.py: config, LeRobot names, checkpoints, batches
 import vla_shard  # noqa: E402
 from checks import Checks  # noqa: E402
-from vla_policy import VLAPolicy  # noqa: E402
+from vla_policy import CONFIG_FIELDS, VLAPolicy  # noqa: E402
 
 check = Checks()
 SEED = 4242
@@ -117,10 +118,13 @@ GPU_TOL = {"fp32": 1e-4, "fp16": 6.25e-3, "bf16": 5e-2}
 def build_tokenizer(folder):
     """A PaliGemma-kind tokenizer folder (tokenizer.json, tokenizer_config.json,
     special_tokens_map.json), trained on CORPUS."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
     tok.normalizer = normalizers.Replace(" ", "\u2581")
+    # as transformers' GemmaConverter writes Gemma's tokenizer.json (older files have none): after
+    # the normalizer no space is left to split on
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=GEMMA_SPECIALS, show_progress=False)
     tok.train_from_iterator([t + "\n" for t in CORPUS] * 4, trainer)
@@ -270,7 +274,7 @@ def check_tokens(pre, folder, tokenizer, cfg, ckpt):
     fallback = any(((x >= len(GEMMA_SPECIALS)) & (x < len(GEMMA_SPECIALS) + 256)).any() for x in ids)
     check(all(x[0] == BOS_ID for x in ids) and max(lens) > MAX_TEXT and fallback
           and np.array_equal(ids[3], tokenizer.encode(TOKEN_TASKS[3][:-1])),
-          f"the tasks' ids ({lens}): <bos> first, one past {MAX_TEXT}, unicode through byte fallback, a task "
+          f"the tasks' ids ({lens}): <bos> first, one longer than {MAX_TEXT}, unicode through byte fallback, a task "
           "ending in \"\\n\" tokenized as the same task without it")
     B = len(TOKEN_TASKS)
     n = 2 * B  # one 2-frame episode per task
@@ -337,6 +341,10 @@ def check_actions(name, make, tol, lerobot, frames, state, noise):
               f"actions move by {moved:.3g}): max abs err {e_abs:.3g}, max rel err {e_rel:.3g} (tol {tol:g})")
     ok, msg = one_line_error(lambda: pol.act([None] * len(cams), ACT_TASKS, state, noise=noise), "at least one")
     check(ok, f"{name}: every camera missing is refused in one line: {msg}")
+    values = (ctypes.c_int32 * len(CONFIG_FIELDS))()
+    pol.lib.vla_policy_config(pol.handle, values)
+    check(dict(zip(CONFIG_FIELDS, values)) == pol.config, f"{name}: after calls with a camera missing the library still "
+          f"reports the checkpoint's config ({values[0]} cameras)")
     again = pol.act([frames[c] for c in cams], ACT_TASKS, state, noise=noise).astype(np.float64)
     check(np.array_equal(again, full), f"{name}: all cameras again after the missing ones: the first actions bit for bit")
     pol.close()
