@@ -138,7 +138,8 @@ def build_tokenizer(folder):
     vocab = {piece: i for i, piece in enumerate(GEMMA_SPECIALS + BYTE_TOKENS + [piece for _, piece in learned])}
     spec["model"]["vocab"] = vocab
     if len(vocab) > MODEL_VOCAB or [vocab[s] for s in GEMMA_SPECIALS] != list(range(len(GEMMA_SPECIALS))):
-        raise RuntimeError(f"the tokenizer's {len(vocab)} ids do not fit the model's {MODEL_VOCAB}, or its specials moved")
+        raise RuntimeError(f"the tokenizer's {len(vocab)} ids do not fit the model's {MODEL_VOCAB}, or its specials "
+                           "moved")
     folder.mkdir(parents=True)
     (folder / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
     decoder = {str(i): dict(content=s, lstrip=False, normalized=False, rstrip=False, single_word=False, special=True)
@@ -329,8 +330,8 @@ def check_actions(name, make, tol, lerobot, frames, state, noise):
     full = pol.act([frames[c] for c in cams], ACT_TASKS, state, noise=noise).astype(np.float64)
     e_abs, e_rel = errors(full, lerobot(frames))
     lens = [len(pol.text_tokenizer.encode(t)) for t in ACT_TASKS]
-    check(e_rel <= tol and max(lens) > MAX_TEXT, f"{name} ({pol.device}) vs LeRobot on the raw observation (tasks of {lens} ids): max abs err "
-          f"{e_abs:.3g}, max rel err {e_rel:.3g} (tol {tol:g})")
+    check(e_rel <= tol and max(lens) > MAX_TEXT, f"{name} ({pol.device}) vs LeRobot on the raw observation (tasks of "
+          f"{lens} ids): max abs err {e_abs:.3g}, max rel err {e_rel:.3g} (tol {tol:g})")
     for gone in cams:
         some = {c: (None if c == gone else frames[c]) for c in cams}
         got = pol.act([some[c] for c in cams], ACT_TASKS, state, noise=noise).astype(np.float64)
@@ -343,10 +344,11 @@ def check_actions(name, make, tol, lerobot, frames, state, noise):
     check(ok, f"{name}: every camera missing is refused in one line: {msg}")
     values = (ctypes.c_int32 * len(CONFIG_FIELDS))()
     pol.lib.vla_policy_config(pol.handle, values)
-    check(dict(zip(CONFIG_FIELDS, values)) == pol.config, f"{name}: after calls with a camera missing the library still "
-          f"reports the checkpoint's config ({values[0]} cameras)")
+    check(dict(zip(CONFIG_FIELDS, values)) == pol.config, f"{name}: after calls with a camera missing the library "
+          f"still reports the checkpoint's config ({values[0]} cameras)")
     again = pol.act([frames[c] for c in cams], ACT_TASKS, state, noise=noise).astype(np.float64)
-    check(np.array_equal(again, full), f"{name}: all cameras again after the missing ones: the first actions bit for bit")
+    check(np.array_equal(again, full), f"{name}: all cameras again after the missing ones: the first actions bit for "
+          "bit")
     pol.close()
 
 

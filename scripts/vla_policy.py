@@ -229,8 +229,8 @@ class VLAPolicy:
             images = [images[:, k] for k in range(images.shape[1])]
         images = list(images)
         if len(images) != n_cam:
-            raise ValueError(f"{len(images)} camera(s) given, this checkpoint reads {n_cam}: pass one (B, h, w, 3) array "
-                             "per camera it was trained on, in order (None for one the observation lacks)")
+            raise ValueError(f"{len(images)} camera(s) given, this checkpoint reads {n_cam}: pass one (B, h, w, 3) "
+                             "array per camera it was trained on, in order (None for one the observation lacks)")
         images = [None if im is None else frames_u8(k, im) for k, im in enumerate(images)]
         present = [im for im in images if im is not None]
         if not present:

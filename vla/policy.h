@@ -52,11 +52,12 @@ enum {
 // The cameras of one call: cam_hw holds n_cam (height, width) pairs, (0, 0) for a camera the
 // observation lacks. LeRobot feeds a missing camera as an image of -1 whose tokens are masked out,
 // after the present cameras (pi0's _preprocess_images; SmolVLA's prepare_images does so for up to
-// empty_cameras of them and leaves the others out). A masked key gets a weight of exactly 0 and does
-// not advance the positions, so every token anyone sees computes what a model reading only the
-// present cameras computes; the libraries run that model (the vision tower is shared by the cameras). Writes the present cameras' sizes
-// into cams and their frames into frames, in order; returns POLICY_BAD_CAMERA for a size outside
-// [1, VLA_MAX_IMG] that is not (0, 0), or when no camera is present.
+// empty_cameras of them and leaves the others out). A masked key gets a weight of exactly 0 and
+// does not advance the positions, so every token anyone sees computes what a model reading only the
+// present cameras computes; the libraries run that model (one vision tower serves every camera).
+// Writes the present cameras' sizes into cams and their frames into frames, in order; returns
+// POLICY_BAD_CAMERA for a size outside [1, VLA_MAX_IMG] that is not (0, 0), or when no camera is
+// present.
 static inline int policy_present_cameras(int n_cam, const int32_t* cam_hw, const uint8_t* const* images, Cameras* cams,
                                          const uint8_t** frames) {
     memset(cams, 0, sizeof(*cams));
