@@ -1844,7 +1844,8 @@ static void smolvla_load(SmolVLA* m, const char* path, const TrainArgs* args, co
 
 #ifdef VLA_LIBRARY
 typedef struct {
-    SmolVLA model;
+    SmolVLA model;      // its config's n_cam: the cameras of the last call's observations (policy_present_cameras)
+    int n_cam;          // the checkpoint's cameras
     int train_mode;     // the checkpoint's (vla_policy_config reports it)
     char tokenizer[64]; // the token ids it was trained on
     float* stats;       // state_mean(S) state_std(S) action_mean(A) action_std(A), as trained with
@@ -1873,6 +1874,7 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
     VLAPolicy* p = (VLAPolicy*)callocCheck(1, sizeof(VLAPolicy));
     smolvla_build(&p->model, &ck.config, ck.train_mode);
     memcpy(p->model.params_memory, ck.params, p->model.table.total * sizeof(float));
+    p->n_cam = ck.config.n_cam;
     p->train_mode = ck.train_mode;
     memcpy(p->tokenizer, ck.tokenizer, sizeof(p->tokenizer));
     p->stats = ck.stats;
@@ -1882,7 +1884,11 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
 }
 
 // The checkpoint's config and train mode (policy_config_values)
-VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) { policy_config_values(&p->model.config, p->train_mode, out); }
+VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) {
+    SmolVLAConfig c = p->model.config;
+    c.n_cam = p->n_cam;
+    policy_config_values(&c, p->train_mode, out);
+}
 
 // Where the policy computes, and in which precision.
 VLA_API const char* vla_policy_device(const VLAPolicy* p) { (void)p; return "CPU (fp32)"; }
@@ -1891,29 +1897,30 @@ VLA_API const char* vla_policy_device(const VLAPolicy* p) { (void)p; return "CPU
 VLA_API const char* vla_policy_tokenizer(const VLAPolicy* p) { return p->tokenizer; }
 
 // Action chunks (B, H, A) in the data's units for B observations: cam_hw the n_cam (height, width)
-// pairs of this call's frames, images[k] camera k's B frames (B, h_k, w_k, 3) u8 HWC of any size
-// (resized with padding to the model's), the instructions as strings or token ids (texts NULL; see
-// policy_observations), raw state (B, S). The starting noise is `noise` (B, H, max_action_dim) if
-// given, else drawn from `seed`. Returns POLICY_OK or why not (vla/policy.h's POLICY_* codes).
+// pairs of this call's frames ((0, 0): a camera the observation lacks, policy_present_cameras),
+// images[k] camera k's B frames (B, h_k, w_k, 3) u8 HWC of any size (resized with padding to the
+// model's), the instructions as strings or token ids (texts NULL; see policy_observations), raw
+// state (B, S). The starting noise is `noise` (B, H, max_action_dim) if given, else drawn from
+// `seed`. Returns POLICY_OK or why not (vla/policy.h's POLICY_* codes).
 static int policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images, const char* const* texts,
                       const int32_t* ids, const int32_t* n_ids, const float* state, const float* noise, uint64_t seed,
                       float* actions) {
-    const SmolVLAConfig* c = &p->model.config;
+    SmolVLAConfig* c = &p->model.config;
     if (B < 1) { return POLICY_BAD_BATCH; }
     Cameras cams;
-    memset(&cams, 0, sizeof(cams));
-    cams.n = c->n_cam;
-    for (int k = 0; k < c->n_cam; k++) {
-        int h = cam_hw[2 * k], w = cam_hw[2 * k + 1], rh, rw;
-        if (h < 1 || h > VLA_MAX_IMG || w < 1 || w > VLA_MAX_IMG || !resized_size(h, w, c->img, &rh, &rw)) {
-            return POLICY_BAD_CAMERA;
-        }
-        cams.height[k] = (uint32_t)h;
-        cams.width[k] = (uint32_t)w;
+    const uint8_t* frames[VLA_MAX_CAM];
+    if (policy_present_cameras(p->n_cam, cam_hw, images, &cams, frames) != POLICY_OK) { return POLICY_BAD_CAMERA; }
+    for (int k = 0; k < cams.n; k++) {
+        int rh, rw;
+        if (!resized_size((int)cams.height[k], (int)cams.width[k], c->img, &rh, &rw)) { return POLICY_BAD_CAMERA; }
     }
     if (texts == NULL && policy_check_tokens(c, B, ids, n_ids) != POLICY_OK) { return POLICY_BAD_TOKENS; }
+    if (c->n_cam != cams.n) {  // another set of cameras than the last call's: the activations are laid out again
+        c->n_cam = cams.n;
+        p->model.B = 0;
+    }
     policy_reserve(&p->obs, &p->capacity, c, &cams, B);
-    policy_observations(&p->obs, c, p->stats, B, images, texts, ids, n_ids, state, noise, seed);
+    policy_observations(&p->obs, c, p->stats, B, frames, texts, ids, n_ids, state, noise, seed);
     int S = c->state_dim, A = c->action_dim;
     smolvla_sample_actions(&p->model, &p->obs, p->stats + 2 * S, p->stats + 2 * S + A, actions);
     return POLICY_OK;

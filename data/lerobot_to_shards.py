@@ -33,8 +33,9 @@ has one shape); a shard holds at most 4096 pixels a side.
 Instructions: each task string is stored with its token ids (shard format version 2): byte tokens
 by default (tokenizer "bytes", what the presets trained from scratch read), or with --tokenizer
 PATH the ids of a tokenizer.json (or of the model folder that holds one: the VLM of the SmolVLA
-checkpoint to fine-tune), made as LeRobot's SmolVLA pre-processor makes them (the task plus "\\n",
-the tokenizer's own special tokens; no truncation or padding, which are the trainer's: see
+checkpoint to fine-tune, PaliGemma's for pi0), made as LeRobot's SmolVLA and pi0 pre-processors
+make them (the task plus "\\n", the tokenizer's own special tokens, PaliGemma's <bos> first; no
+truncation or padding, which are the trainer's: see
 data/vla_shard.py's TokenizerJSON). The shards name that tokenizer ("tokenizer.json:<first 16 hex
 of its sha256>"), and train_vla refuses a checkpoint trained on another's.
 
@@ -779,7 +780,8 @@ def main():
     ap.add_argument("--name", default=None, help="shard file name prefix (the dataset folder's name)")
     ap.add_argument("--tokenizer", default=None,
                     help="token ids of this tokenizer.json, or of the one in this model folder, made as LeRobot's "
-                         "SmolVLA pre-processor makes them (default: bytes, the UTF-8 bytes)")
+                         "SmolVLA and pi0 pre-processors make them: SmolVLM2's for SmolVLA, PaliGemma's for pi0 "
+                         "(default: bytes, the UTF-8 bytes)")
     args = ap.parse_args()
     if args.cameras is not None:
         args.cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]

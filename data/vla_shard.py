@@ -111,11 +111,25 @@ def tokenizer_json_id(path):
 # trained smolvla_base) runs tokenizer.json as written. The ids differ only where the file's
 # pre-tokenizer splits text that ByteLevel keeps in one piece and the merges would join it again;
 # scripts/test_lerobot_io.py checks a Digits + ByteLevel tokenizer whose merges never join digits.
+# pi0 (lerobot/policies/pi0/processor_pi0.py) feeds the same ids by another road:
+#   1. Pi0NewLineProcessor: task + "\n", unless the task already ends with "\n" (the same rule).
+#   2. TokenizerProcessorStep(tokenizer_name="google/paligemma-3b-pt-224", max_length=tokenizer_max_length
+#      (48), padding="max_length", padding_side="right", truncation=True): PaliGemma's post-processor
+#      puts <bos> (id 2) before the text and nothing after it, so the cut keeps <bos> and the first 47
+#      text ids, as LeRobot's truncation does; pads (<pad>, id 0) fill every row to 48 columns whatever
+#      the batch's longest, mask 0. The trainers' batches always hold max_text columns: for pi0 they
+#      are LeRobot's tensors whole.
+#   PaliGemma's tokenizer_config.json names GemmaTokenizer, which transformers 5 rebuilds from
+#   tokenizer.json's vocabulary and merges (BPE with byte fallback, spaces replaced by "▁" before
+#   anything else, then a split on spaces that finds none), the post-processor from add_bos_token /
+#   add_eos_token (true / false): the pipeline tokenizer.json itself writes down, so the ids are the
+#   same (scripts/test_policy_pi0.py checks it on a tokenizer of that kind).
 class TokenizerJSON:
     """A tokenizer.json (PyPI tokenizers) as the shards use it: name (tokenizer_json_id), vocab (one
     past its largest id, added tokens included) and encode(text) -> the ids LeRobot's pre-processor
-    feeds for that task before truncation and padding (the comment above). path: a tokenizer.json,
-    or a folder that holds one (a model's or a VLM's). Raises ValueError with one line."""
+    feeds for that task before truncation and padding (the comment above; SmolVLA's and pi0's
+    pre-processors alike). path: a tokenizer.json, or a folder that holds one (a model's, a VLM's,
+    PaliGemma's). Raises ValueError with one line."""
 
     def __init__(self, path):
         if os.path.isdir(path):

@@ -8,11 +8,15 @@ the precision of the one that computes.
     policy = VLAPolicy("out/ckpt_00001000.bin")                 # make libvla.so first
     policy = VLAPolicy("out/ckpt_00001000.bin", device="cuda")  # make libvla_gpu.so first
     policy = VLAPolicy("smolvla.bin", tokenizer="SmolVLM2-500M-Video-Instruct/")  # a tokenizer.json's ids
+    policy = VLAPolicy("pi0.bin", tokenizer="paligemma-3b-pt-224/")      # pi0: PaliGemma's tokenizer.json
     chunk = policy.act([top, wrist], ["open the door"], state)  # (B, H, A) actions in the data's units
 
 images: one uint8 array (B, h_k, w_k, 3) per camera the model was trained on, in order, of any
-size (the model resizes each frame with padding to its square input), or one (B, n_cam, h, w, 3)
-array when the cameras share a size; instructions: B strings; state: float32 (B, state_dim) raw
+size (the model resizes each frame with padding to its square input: on the left and top for
+SmolVLA, centred for pi0, as LeRobot pads), or one (B, n_cam, h, w, 3) array when the cameras share
+a size. None for a camera the observation lacks: LeRobot then feeds an image of -1 that the
+attention masks out, and the library computes exactly that (the present cameras alone; at least
+one must be present); instructions: B strings; state: float32 (B, state_dim) raw
 (the checkpoint's statistics normalize it). A NaN or Inf in the state or the noise (or a value past
 float32's range) and a NUL character in an instruction are one-line ValueErrors naming the element.
 The library reads 8-bit frames. Float frames in [0, 1] as LeRobot passes them (uint8 / 255, in
@@ -27,8 +31,10 @@ under "bytes" (the presets trained from scratch) their UTF-8 bytes, as the libra
 under a tokenizer.json ("<basename>:<sha256 prefix>", e.g. a model imported from LeRobot) the
 tokenizer= file (or the folder that holds it), whose name must be the checkpoint's, tokenizes them
 as the converters do and as LeRobot's pre-processor does (task + "\\n", data/vla_shard.py's
-TokenizerJSON), and the ids go to the library (vla_policy_act_tokens). Either way the model reads
-the first max_text ids. act_tokens takes ids made elsewhere.
+TokenizerJSON: SmolVLM2's tokenizer.json for SmolVLA, PaliGemma's for pi0, whose ids start with
+<bos>), and the ids go to the library (vla_policy_act_tokens). Either way the model reads the first
+max_text ids, right-padded with the checkpoint's pad id and masked (what LeRobot's padding to the
+batch's longest, SmolVLA, or to max_length, pi0, gives). act_tokens takes ids made elsewhere.
 The 10-step flow-matching sampling starts from noise drawn from `seed`, or from `noise`
 (B, chunk, max_action_dim): the model's action slots are max_action_dim wide; the first
 action_dim of them are the data's.
@@ -59,7 +65,7 @@ LIBRARIES = {"cpu": "libvla.so", "cuda": "libvla_gpu.so"}
 def policy_error(rc, tokenizer):
     """What a return code of vla_policy_act / vla_policy_act_tokens means (vla/policy.h's POLICY_* codes)."""
     return {1: "a batch of fewer than 1 observation",
-            2: f"a camera size outside 1..{MAX_IMG}, or one whose resize leaves nothing of a side",
+            2: f"a camera size outside 1..{MAX_IMG}, one whose resize leaves nothing of a side, or no camera",
             3: "a negative token count, or a token id outside the model's vocabulary",
             4: f"instruction strings for a checkpoint of tokenizer {tokenizer}, whose ids are not the strings' "
                "bytes: pass its token ids (vla_policy_act_tokens)"}.get(rc, f"code {rc}")
@@ -212,20 +218,27 @@ class VLAPolicy:
             raise
 
     def cameras(self, images):
-        """images as one C-contiguous uint8 (B, h, w, 3) array per camera. The library reads 8-bit
-        frames: uint8 frames pass as they are; float frames in [0, 1] as LeRobot passes them are
-        accepted when they are 8-bit frames divided by 255 (round(x * 255) gives those frames back
-        exactly); integer frames within 0..255 too. Others are refused (frames_u8)."""
+        """images as one C-contiguous uint8 (B, h, w, 3) array per camera, None where the
+        observation lacks that camera (LeRobot's missing camera: an image of -1 masked out; the
+        library computes what that gives, policy_present_cameras in vla/policy.h). The library reads
+        8-bit frames: uint8 frames pass as they are; float frames in [0, 1] as LeRobot passes them
+        are accepted when they are 8-bit frames divided by 255 (round(x * 255) gives those frames
+        back exactly); integer frames within 0..255 too. Others are refused (frames_u8)."""
         n_cam = self.config["n_cam"]
         if isinstance(images, np.ndarray) and images.ndim == 5:
             images = [images[:, k] for k in range(images.shape[1])]
         images = list(images)
         if len(images) != n_cam:
-            raise ValueError(f"{len(images)} camera(s) given, this checkpoint reads {n_cam}: pass one (B, h, w, 3) array "
-                             "per camera it was trained on, in order")
-        images = [frames_u8(k, im) for k, im in enumerate(images)]
+            raise ValueError(f"{len(images)} camera(s) given, this checkpoint reads {n_cam}: pass one (B, h, w, 3) "
+                             "array per camera it was trained on, in order (None for one the observation lacks)")
+        images = [None if im is None else frames_u8(k, im) for k, im in enumerate(images)]
+        present = [im for im in images if im is not None]
+        if not present:
+            raise ValueError(f"every one of the {n_cam} camera(s) is None: pass at least one camera's frames")
         for k, im in enumerate(images):
-            if im.ndim != 4 or im.shape[3] != 3 or im.shape[0] != images[0].shape[0]:
+            if im is None:
+                continue
+            if im.ndim != 4 or im.shape[3] != 3 or im.shape[0] != present[0].shape[0]:
                 raise ValueError(f"camera {k}: frames of shape {im.shape}, expected (B, h, w, 3) uint8 with the same B "
                                  "for every camera")
             if not (1 <= im.shape[1] <= MAX_IMG and 1 <= im.shape[2] <= MAX_IMG):
@@ -266,7 +279,7 @@ class VLAPolicy:
         instructions' arguments; returns the chunk."""
         c = self.config
         images = self.cameras(images)
-        B = images[0].shape[0]
+        B = next(im for im in images if im is not None).shape[0]
         state = np.asarray(state)
         if B < 1:
             raise ValueError("an empty batch: pass at least one observation")
@@ -280,8 +293,9 @@ class VLAPolicy:
             if noise.shape != want:
                 raise ValueError(f"noise has shape {noise.shape}, expected {want} (B, chunk, max_action_dim)")
             noise = finite_f32("noise", noise, lambda at: f"observation {at[0]}, slot {at[1]}, element {at[2]}")
-        cam_hw = np.ascontiguousarray([[im.shape[1], im.shape[2]] for im in images], np.int32)
-        frames = (ctypes.c_void_p * len(images))(*[im.ctypes.data for im in images])
+        # a missing camera is (0, 0) with no frames (vla/policy.h's policy_present_cameras)
+        cam_hw = np.ascontiguousarray([[0, 0] if im is None else [im.shape[1], im.shape[2]] for im in images], np.int32)
+        frames = (ctypes.c_void_p * len(images))(*[None if im is None else im.ctypes.data for im in images])
         out = np.empty((B, c["chunk"], c["action_dim"]), np.float32)
 
         def call(fn, *text):

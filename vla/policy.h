@@ -43,10 +43,34 @@ static inline void policy_reserve(SmolBatch* obs, int* capacity, const SmolVLACo
 enum {
     POLICY_OK = 0,
     POLICY_BAD_BATCH = 1,   // B < 1
-    POLICY_BAD_CAMERA = 2,  // a camera size outside [1, VLA_MAX_IMG], or one whose resize leaves nothing
+    POLICY_BAD_CAMERA = 2,  // a camera size outside [1, VLA_MAX_IMG] (not absent), one whose resize leaves nothing,
+                            // or every camera absent
     POLICY_BAD_TOKENS = 3,  // a negative token count, or an id outside [0, vocab)
     POLICY_NOT_BYTES = 4,   // strings for a checkpoint whose tokenizer is not "bytes": pass its token ids
 };
+
+// The cameras of one call: cam_hw holds n_cam (height, width) pairs, (0, 0) for a camera the
+// observation lacks. LeRobot feeds a missing camera as an image of -1 whose tokens are masked out,
+// after the present cameras (pi0's _preprocess_images; SmolVLA's prepare_images does so for up to
+// empty_cameras of them and leaves the others out). A masked key gets a weight of exactly 0 and
+// does not advance the positions, so every token anyone sees computes what a model reading only the
+// present cameras computes; the libraries run that model (one vision tower serves every camera).
+// Writes the present cameras' sizes into cams and their frames into frames, in order; returns
+// POLICY_BAD_CAMERA for a size outside [1, VLA_MAX_IMG] that is not (0, 0), or when no camera is
+// present.
+static inline int policy_present_cameras(int n_cam, const int32_t* cam_hw, const uint8_t* const* images, Cameras* cams,
+                                         const uint8_t** frames) {
+    memset(cams, 0, sizeof(*cams));
+    for (int k = 0; k < n_cam; k++) {
+        int h = cam_hw[2 * k], w = cam_hw[2 * k + 1];
+        if (h == 0 && w == 0) { continue; }
+        if (h < 1 || h > VLA_MAX_IMG || w < 1 || w > VLA_MAX_IMG) { return POLICY_BAD_CAMERA; }
+        cams->height[cams->n] = (uint32_t)h;
+        cams->width[cams->n] = (uint32_t)w;
+        frames[cams->n++] = images[k];
+    }
+    return cams->n > 0 ? POLICY_OK : POLICY_BAD_CAMERA;
+}
 
 // Strings are token ids only under the "bytes" tokenizer (an instruction's UTF-8 bytes); a checkpoint
 // trained on another tokenizer's ids takes ids (vla_policy_act_tokens), never silent byte ids.

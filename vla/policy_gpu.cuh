@@ -13,7 +13,8 @@ smolvla_free); the observations are assembled by vla.h's policy_* functions, as 
 #define VLA_POLICY_GPU_CUH
 
 typedef struct {
-    SmolVLA model;
+    SmolVLA model;       // its config's n_cam: the cameras of the last call's observations (policy_present_cameras)
+    int n_cam;           // the checkpoint's cameras
     int train_mode;      // the checkpoint's
     char tokenizer[64];  // the checkpoint's
     float* stats;        // state_mean(S) state_std(S) action_mean(A) action_std(A), as trained with (host)
@@ -48,6 +49,7 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
     }
     VLAPolicy* p = (VLAPolicy*)callocCheck(1, sizeof(VLAPolicy));
     snprintf(p->device, sizeof(p->device), "%s (%s)", prop.name, PRECISION_NAME);
+    p->n_cam = ck.config.n_cam;
     p->train_mode = ck.train_mode;
     snprintf(p->tokenizer, sizeof(p->tokenizer), "%s", ck.tokenizer);
     smolvla_build(&p->model, &ck.config, ck.train_mode);
@@ -77,7 +79,11 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
 }
 
 // The checkpoint's config and train mode (policy_config_values)
-VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) { policy_config_values(&p->model.config, p->train_mode, out); }
+VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) {
+    SmolVLAConfig c = p->model.config;
+    c.n_cam = p->n_cam;
+    policy_config_values(&c, p->train_mode, out);
+}
 
 // Where the policy computes, and in which precision.
 VLA_API const char* vla_policy_device(const VLAPolicy* p) { return p->device; }
@@ -86,25 +92,23 @@ VLA_API const char* vla_policy_device(const VLAPolicy* p) { return p->device; }
 VLA_API const char* vla_policy_tokenizer(const VLAPolicy* p) { return p->tokenizer; }
 
 // Action chunks (B, H, A) in the data's units, as libvla.so's: cam_hw the (height, width) of each
-// camera's frames in this call, images[k] camera k's B frames, the instructions as strings or token
-// ids (texts NULL; see policy_observations); the observations are assembled on the host, copied to
-// the GPU in one go and sampled there (the prefix once, 10 Euler steps). Returns POLICY_OK or why not.
+// camera's frames in this call ((0, 0): a camera the observation lacks, policy_present_cameras),
+// images[k] camera k's B frames, the instructions as strings or token ids (texts NULL; see
+// policy_observations); the observations are assembled on the host, copied to the GPU in one go
+// and sampled there (the prefix once, 10 Euler steps). Returns POLICY_OK or why not.
 static int policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images, const char* const* texts,
                       const int32_t* ids, const int32_t* n_ids, const float* state, const float* noise, uint64_t seed,
                       float* actions) {
-    const SmolVLAConfig* c = &p->model.config;
+    SmolVLAConfig* c = &p->model.config;
     if (B < 1) { return POLICY_BAD_BATCH; }
     Cameras cams;
-    memset(&cams, 0, sizeof(cams));
-    cams.n = c->n_cam;
-    for (int k = 0; k < c->n_cam; k++) {
-        if (cam_hw[2 * k] < 1 || cam_hw[2 * k] > VLA_MAX_IMG || cam_hw[2 * k + 1] < 1 || cam_hw[2 * k + 1] > VLA_MAX_IMG) {
-            return POLICY_BAD_CAMERA;
-        }
-        cams.height[k] = (uint32_t)cam_hw[2 * k];
-        cams.width[k] = (uint32_t)cam_hw[2 * k + 1];
-    }
+    const uint8_t* frames[VLA_MAX_CAM];
+    if (policy_present_cameras(p->n_cam, cam_hw, images, &cams, frames) != POLICY_OK) { return POLICY_BAD_CAMERA; }
     if (texts == NULL && policy_check_tokens(c, B, ids, n_ids) != POLICY_OK) { return POLICY_BAD_TOKENS; }
+    if (c->n_cam != cams.n) {  // another set of cameras than the last call's: activations and graph made again
+        c->n_cam = cams.n;
+        p->model.B = 0;
+    }
     policy_reserve(&p->obs, &p->capacity, c, &cams, B);
     if (p->obs.bytes > p->dev_bytes) {  // a larger batch or larger frames than before
         cudaCheck(cudaFree(p->dev_memory));
@@ -112,7 +116,7 @@ static int policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t*
         p->dev_bytes = p->obs.bytes;
     }
     smolvla_batch_layout(&p->dev, (uint8_t*)p->dev_memory, c, &cams, p->capacity);  // the host's layout
-    policy_observations(&p->obs, c, p->stats, B, images, texts, ids, n_ids, state, noise, seed);
+    policy_observations(&p->obs, c, p->stats, B, frames, texts, ids, n_ids, state, noise, seed);
     cudaCheck(cudaMemcpy(p->dev_memory, p->obs.memory, p->obs.bytes, cudaMemcpyHostToDevice));
     p->dev.B = B;
     int S = c->state_dim, A = c->action_dim;
