@@ -111,6 +111,9 @@ add_suite lerobot_io "$LEROBOT_PY" scripts/test_lerobot_io.py
 # pi0 policies through the same scripts: --sizes, both lm_heads, bf16 and fp32 sources, a fine-tune on
 # 4 simulated ranks with ZeRO-1 against 1 rank, exported and reloaded by LeRobot
 add_suite lerobot_io_pi0 "$LEROBOT_PY" scripts/test_lerobot_io_pi0.py
+# pi0's tokens (LeRobot's pi0 pre-processor on a PaliGemma-kind tokenizer) and pi0 served from raw
+# observations by the CPU and GPU policy libraries, each camera missing in turn
+add_suite policy_pi0 "$LEROBOT_PY" scripts/test_policy_pi0.py
 # DataParallel against DDP (dev/dp_vs_ddp.py): the modelled tables' consistency, and the measured
 # code path (torch DP, torch DDP over gloo) on the CPU at the tiny preset
 add_suite dp_vs_ddp env PYTHON="$ORACLE_PY" dev/test_dp_vs_ddp.sh
