@@ -202,26 +202,33 @@ def policy_config(cfg, mode, vlm, cameras, device, multiplier):
     }
 
 
-def processors(cfg, vlm, cameras, device):
-    """(policy_preprocessor.json, policy_postprocessor.json) as LeRobot 0.6.1 saves SmolVLA's."""
+def processors(cfg, tokenizer, cameras, device):
+    """(policy_preprocessor.json, policy_postprocessor.json) as LeRobot 0.6.1 saves SmolVLA's, or pi0's
+    (make_pi0_pre_post_processors: its own newline step, padding to max_length, relative actions off)."""
+    pi0 = cfg.is_pi0
     features = {cam: {"type": "VISUAL", "shape": [3, cfg.img, cfg.img]} for cam in cameras}
     features["observation.state"] = {"type": "STATE", "shape": [cfg.state_dim]}
     features["action"] = {"type": "ACTION", "shape": [cfg.action_dim]}
+    relative = [{"registry_name": "relative_actions_processor",
+                 "config": {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}}] if pi0 else []
     pre = {"name": "policy_preprocessor", "steps": [
         {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
         {"registry_name": "to_batch_processor", "config": {}},
-        {"registry_name": "smolvla_new_line_processor", "config": {}},
+        {"registry_name": "pi0_new_line_processor" if pi0 else "smolvla_new_line_processor", "config": {}},
         {"registry_name": "tokenizer_processor", "config": {
-            "max_length": cfg.max_text, "task_key": "task", "padding_side": "right", "padding": "longest",
-            "truncation": True, "tokenizer_name": vlm}},
+            "max_length": cfg.max_text, "task_key": "task", "padding_side": "right",
+            "padding": "max_length" if pi0 else "longest", "truncation": True, "tokenizer_name": tokenizer}},
         {"registry_name": "device_processor", "config": {"device": device or "cpu", "float_dtype": None}},
+        *relative,
         {"registry_name": "normalizer_processor", "config": {"eps": 1e-8, "features": features, "norm_map": NORM_MAP},
-         "state_file": PREPROCESSOR_STATE},
+         "state_file": PI0_PREPROCESSOR_STATE if pi0 else PREPROCESSOR_STATE},
     ]}
+    absolute = [{"registry_name": "absolute_actions_processor", "config": {"enabled": False}}] if pi0 else []
     post = {"name": "policy_postprocessor", "steps": [
         {"registry_name": "unnormalizer_processor",
          "config": {"eps": 1e-8, "features": {"action": features["action"]}, "norm_map": NORM_MAP},
          "state_file": POSTPROCESSOR_STATE},
+        *absolute,
         {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
     ]}
     return pre, post
@@ -293,35 +300,6 @@ def pi0_policy_config(cfg, mode, cameras, device, variants):
     }
 
 
-def pi0_processors(cfg, tokenizer, cameras, device):
-    """(policy_preprocessor.json, policy_postprocessor.json) as LeRobot 0.6.1 saves pi0's
-    (make_pi0_pre_post_processors: relative actions off)."""
-    features = {cam: {"type": "VISUAL", "shape": [3, cfg.img, cfg.img]} for cam in cameras}
-    features["observation.state"] = {"type": "STATE", "shape": [cfg.state_dim]}
-    features["action"] = {"type": "ACTION", "shape": [cfg.action_dim]}
-    pre = {"name": "policy_preprocessor", "steps": [
-        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
-        {"registry_name": "to_batch_processor", "config": {}},
-        {"registry_name": "pi0_new_line_processor", "config": {}},
-        {"registry_name": "tokenizer_processor", "config": {
-            "max_length": cfg.max_text, "task_key": "task", "padding_side": "right", "padding": "max_length",
-            "truncation": True, "tokenizer_name": tokenizer}},
-        {"registry_name": "device_processor", "config": {"device": device or "cpu", "float_dtype": None}},
-        {"registry_name": "relative_actions_processor",
-         "config": {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}},
-        {"registry_name": "normalizer_processor", "config": {"eps": 1e-8, "features": features, "norm_map": NORM_MAP},
-         "state_file": PI0_PREPROCESSOR_STATE},
-    ]}
-    post = {"name": "policy_postprocessor", "steps": [
-        {"registry_name": "unnormalizer_processor",
-         "config": {"eps": 1e-8, "features": {"action": features["action"]}, "norm_map": NORM_MAP},
-         "state_file": POSTPROCESSOR_STATE},
-        {"registry_name": "absolute_actions_processor", "config": {"enabled": False}},
-        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
-    ]}
-    return pre, post
-
-
 def camera_keys(names, n_cam):
     names = [n.strip() for n in names.split(",")] if names else [f"camera{k + 1}" for k in range(n_cam)]
     keys = [n if n.startswith("observation.images.") else "observation.images." + n for n in names]
@@ -375,7 +353,7 @@ def export_pi0(args, ck, out):
     S, A, stats = cfg.state_dim, cfg.action_dim, torch.from_numpy(ck["stats"])
     state = {"observation.state.mean": stats[:S], "observation.state.std": stats[S:2 * S]}
     action = {"action.mean": stats[2 * S:2 * S + A], "action.std": stats[2 * S + A:]}
-    pre, post = pi0_processors(cfg, tokenizer, cameras, args.device)
+    pre, post = processors(cfg, tokenizer, cameras, args.device)
     config = pi0_policy_config(cfg, mode, cameras, args.device, variants)
     write_folder(out, config, tensors, pre, post, {**state, **action}, PI0_PREPROCESSOR_STATE, action)
     print(f"export_lerobot: {args.checkpoint} (pi0, step {ck['step']}, train mode {vla.TRAIN_MODES[mode]}, "
