@@ -11,6 +11,7 @@ checkpoint. The peer figure is LeRobot's select_action / predict_action_chunk
     python3 dev/bench_infer.py                                  # smolvla, libvla_gpu.so, graphs and not
     python3 dev/bench_infer.py --chunks 100 --json infer.json
     python3 dev/bench_infer.py --preset tiny --device cpu --chunks 3 --warmup 1          # a smoke run
+    python3 dev/bench_infer.py --preset pi0                     # pi0 against LeRobot's PI0Policy chunk
     python3 dev/bench_infer.py --preset smolvla_layers --library build/emu/libvla_gpu_bf16.so \
         --chunks 1 --warmup 2                # launches of a smolvla chunk, counted by the CPU emulation
 
@@ -21,24 +22,36 @@ of the actions back and their un-normalizing), and ctypes adds tens of microseco
 (prefix, Euler steps) is device time between CUDA events, free of the host side, and under the CPU
 emulation of CUDA it also counts the launches of each part (timings there mean nothing).
 
-The checkpoint: the preset's sizes with the benchmark's cameras and dims, random weights from
-dev/model.py's param_init (the trainers' initialization), zero moments; written once under
-build/bench/ (the smolvla preset's is ~2.4 GB: 403M fp32 weights, moments of the 100M the
-`expert` mode trains) and reused while its sizes match (the file name carries them).
-Presets: those of vla/config.h (tiny, small, smolvla), and smolvla_layers: smolvla's cameras, layer
-counts, layer schedule, text length and chunk at the tiny preset's widths, which launch exactly
-what smolvla launches (each launcher issues one launch per call whatever the width) and run under
-the CPU emulation in seconds.
+The checkpoint: the preset's sizes with the benchmark's cameras and dims, random weights, zero
+moments; written once under build/bench/ and reused while its sizes match (the file name carries
+them). SmolVLA presets: dev/model.py's param_init (the trainers' initialization) in their default
+train mode (the smolvla preset's file is ~2.4 GB: 403M fp32 weights, moments of the 100M the
+`expert` mode trains). pi0 presets: the same distributions (normal(0, 0.02), output projections
+0.02 / sqrt(2 depth), zeros, ones) drawn by numpy's PCG64 on every core, because param_init's
+counter-based draws run on one core at 0.25-0.4 us a weight: 15-20 min for pi0's 3.24B, against
+~25 ns a weight a core (~5 s on 16 cores). They are written in train mode expert, the fewest AdamW
+moments (inference reads the weights alone): pi0's file is 15.5 GB (14.4 GiB: 3.24B fp32
+weights, zero moments of the 315M the expert trains), written at the disk's speed after two
+copies and a CRC-32 (~1.7 GB/s on one core): ~20 s into memory (--out-dir on a tmpfs), a 2-core
+machine's shared disk took 0.12 GB/s.
+Presets: those of vla/config.h (tiny, small, smolvla, pi0 at lerobot/pi0's sizes, pi0_tiny for a
+smoke run; pi0's prefix holds 48 text columns as LeRobot's bench feeds it, the instruction's bytes
+here, PaliGemma's ids there, padded and masked alike), and smolvla_layers: smolvla's cameras, layer counts, layer
+schedule, text length and chunk at the tiny preset's widths, which launch exactly what smolvla
+launches (each launcher issues one launch per call whatever the width) and run under the CPU
+emulation in seconds.
 
 Each timed chunk is one act() call, wall clock; the report gives the median, p90 and min over the
 timed chunks, the library's median device time of the prefix and of the 10 Euler steps where it
 reports them (the GPU library), and the launches where it counts them. --graphs both times the
-Euler steps replayed as one CUDA graph (the GPU library's default) and launched one by one, in
-two policies on the same checkpoint. The closing line is machine-readable:
+Euler steps replayed as one CUDA graph (the GPU library's default), then launched one by one, in
+one policy switched between them (vla_policy_set_graphs), so pi0's checkpoint loads once. The
+closing line is machine-readable:
 `infer_ms_per_chunk <median>` of the first mode timed.
 """
 
 import argparse
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -74,6 +87,35 @@ def preset_config(name):
     return dataclasses.replace(cfg, n_cam=N_CAM, state_dim=STATE_DIM, action_dim=ACTION_DIM), oracle
 
 
+def random_params(cfg, oracle, seed):
+    """param_init's distributions, drawn fast: each tensor of the table in pieces of 2^24 elements,
+    piece i of tensor k from PCG64 seeded (seed, k, i), on every core (numpy releases the GIL while
+    it draws), so the weights do not depend on the thread count. Returns name -> float32 array."""
+    params, jobs = {}, []
+    piece = 1 << 24
+    for k, s in enumerate(oracle.param_table(cfg)):
+        if s.init in (oracle.INIT_ZERO, oracle.INIT_ONE):
+            params[s.name] = np.full(s.shape, 1.0 if s.init == oracle.INIT_ONE else 0.0, np.float32)
+            continue
+        depth = cfg.vis_layers if s.tower == oracle.TOWER_VISION else cfg.n_layer
+        std = np.float32(0.02)
+        if s.init == oracle.INIT_NORMAL_OUT:
+            std = np.float32(0.02) / np.sqrt(np.float32(2.0) * np.float32(depth))
+        x = np.empty(s.shape, np.float32)
+        flat = x.reshape(-1)
+        params[s.name] = x
+        jobs += [(flat[j:j + piece], std, (seed, k, j // piece)) for j in range(0, flat.size, piece)]
+
+    def draw(job):
+        out, std, key = job
+        np.random.Generator(np.random.PCG64(key)).standard_normal(out=out, dtype=np.float32)
+        out *= std
+
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(draw, jobs))
+    return params
+
+
 def checkpoint_for(preset, out_dir):
     """The preset's random-weight checkpoint under out_dir, made if absent: named after a digest of
     its config, so a changed preset makes a new one."""
@@ -85,13 +127,19 @@ def checkpoint_for(preset, out_dir):
         return path, False
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.perf_counter()
-    params = oracle.param_init(cfg, oracle.DEFAULT_SEED)
+    if cfg.is_pi0:  # (the mode sets only how many zero moments the file holds)
+        params, how = random_params(cfg, oracle, oracle.DEFAULT_SEED), "drawn by PCG64 in threads"
+        mode = oracle.TRAIN_MODES.index("expert")
+    else:
+        params, how = oracle.param_init(cfg, oracle.DEFAULT_SEED), "param_init's"
+        mode = oracle.default_train_mode(preset)
+    t1 = time.perf_counter()
     rng = np.random.default_rng(SEED)
     stats = np.concatenate([rng.normal(size=STATE_DIM), rng.uniform(0.2, 1.2, STATE_DIM),
                             rng.normal(size=ACTION_DIM), rng.uniform(0.2, 1.2, ACTION_DIM)]).astype(np.float32)
-    size = oracle.write_checkpoint(path, cfg, oracle.default_train_mode(preset), stats, params)
-    print(f"wrote {path}: {oracle.param_count(cfg):,} random weights, {size / 2**30:.2f} GiB, "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    size = oracle.write_checkpoint(path, cfg, mode, stats, params)
+    print(f"wrote {path}: {oracle.param_count(cfg):,} random weights ({how}, {t1 - t0:.1f} s), train mode "
+          f"{oracle.TRAIN_MODES[mode]}, {size / 2**30:.2f} GiB in {time.perf_counter() - t1:.1f} s", flush=True)
     return path, True
 
 
@@ -144,7 +192,8 @@ def describe(name, r):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    ap.add_argument("-p", "--preset", default="smolvla", choices=("smolvla", "small", "tiny", "smolvla_layers"))
+    ap.add_argument("-p", "--preset", default="smolvla",
+                    choices=("smolvla", "small", "tiny", "smolvla_layers", "pi0", "pi0_tiny"))
     ap.add_argument("-d", "--device", default="cuda", choices=("cuda", "cpu"),
                     help="cuda: libvla_gpu.so (or --library), cpu: libvla.so (default cuda)")
     ap.add_argument("--library", default=None, help="another build of the library (e.g. build/emu/libvla_gpu_bf16.so)")
@@ -171,23 +220,29 @@ def main(argv=None):
     report = {"preset": args.preset, "checkpoint": path, "checkpoint_made": made, "batch": 1,
               "cameras": [list(FRAME_HW)] * N_CAM, "state_dim": STATE_DIM, "action_dim": ACTION_DIM,
               "instruction": INSTRUCTION, "settings": vars(args).copy(), "runs": {}}
+    # one policy for every mode, its Euler steps switched between graph and launches: one load
+    t0 = time.perf_counter()
+    try:
+        policy = VLAPolicy(path, device=args.device, threads=args.threads, library=args.library, graphs=modes[0][1])
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"bench_infer: error: {e}")
+    load_s = time.perf_counter() - t0
+    c = policy.config
+    if (c["n_cam"], c["state_dim"], c["action_dim"]) != (N_CAM, STATE_DIM, ACTION_DIM):
+        raise SystemExit(f"bench_infer: error: {path} has {c['n_cam']} cameras, state {c['state_dim']}, action "
+                         f"{c['action_dim']}: pass a checkpoint of {N_CAM} cameras, state {STATE_DIM}, action "
+                         f"{ACTION_DIM}, or none")
+    report.update(device=policy.device, config=c, load_s=load_s)
     for name, graphs in modes:
-        t0 = time.perf_counter()
-        try:
-            policy = VLAPolicy(path, device=args.device, threads=args.threads, library=args.library, graphs=graphs)
-        except (ValueError, OSError) as e:
-            raise SystemExit(f"bench_infer: error: {e}")
-        load_s = time.perf_counter() - t0
-        c = policy.config
-        if (c["n_cam"], c["state_dim"], c["action_dim"]) != (N_CAM, STATE_DIM, ACTION_DIM):
-            raise SystemExit(f"bench_infer: error: {path} has {c['n_cam']} cameras, state {c['state_dim']}, action "
-                             f"{c['action_dim']}; the benchmark's batch needs {N_CAM}, {STATE_DIM}, {ACTION_DIM}")
-        report.update(device=policy.device, config=c)
+        if hasattr(policy.lib, "vla_policy_set_graphs"):
+            policy.lib.vla_policy_set_graphs(policy.handle, int(graphs))
         r = time_chunks(policy, args.warmup, args.chunks)
-        r["load_s"] = load_s
         report["runs"][name] = r
-        policy.close()
         print(describe(f"train_vla {args.preset} B=1 on {policy.device}, {name}", r), flush=True)
+    policy.close()
+    print(f"train_vla {args.preset} B=1: " + ", ".join(f"{name} {r['ms_per_chunk_median']:.2f}"
+                                                       for name, r in report["runs"].items())
+          + f" ms/chunk (medians); checkpoint loaded in {load_s:.1f} s", flush=True)
     first = next(iter(report["runs"].values()))
     report["infer"] = {k: first[k] for k in ("ms_per_chunk_median", "ms_per_chunk_p90", "ms_per_chunk_min")}
     if args.json:

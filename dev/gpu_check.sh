@@ -18,7 +18,8 @@
 # steps as a CUDA graph and launched one by one, against LeRobot's select_action (fp32, its faster
 # setting there); the bf16 GPU tests against LeRobot's references and the oracle; and the two
 # --profile runs if time is left. `more`: pi0 first (train_vla -p pi0 --train all at batch PI0_B,
-# LeRobot's PI0Policy at the same batch in bf16 and fp32, its chunk at batch 1), then the rest of
+# LeRobot's PI0Policy at the same batch in bf16 and fp32, train_vla's chunk at batch 1 through
+# libvla_gpu.so against LeRobot's), then the rest of
 # the bf16 GPU tests, LeRobot's fp32 step and bf16 chunks, the fp32 and fp16 GPU tests, the
 # attention kernels' checks and benchmark, the oracle under torch.compile, a short run on the
 # shipped data, the launch scripts, recomputation, task-balanced sampling and the dev/cuda
@@ -285,21 +286,40 @@ tables() {
         [ "$(jget "$j" 'r.get("does_not_fit")')" = '?' ] ||
             echo "LeRobot (--amp $amp) does not fit: $(jget "$j" 'r["does_not_fit"]')"
     done
-    j=$LOGS/lerobot_pi0_infer_bf16.json
+    # pi0's chunk: train_vla's (with the graph and without) and LeRobot's, the ratio to train_vla's with the graph
+    ours_json=$LOGS/bench_pi0_infer.json
+    ours_ms=$(jget "$ours_json" 'r["runs"]["graphs"]["ms_per_chunk_median"]')
+    refused=$(grep -E -m 1 '^error: .* takes? ' "$LOGS/bench_pi0_infer.log" 2> /dev/null)
     echo
     echo "pi0 inference: one action chunk at batch 1 (2 cameras at 224 px, 48 tokens, the state; the prefix once"
-    echo "and 10 Euler steps), $CHUNKS timed chunks after 5 untimed, medians; train_vla's pi0 chunk is not timed here"
+    echo "and 10 Euler steps), $CHUNKS timed chunks after 5 untimed, medians"
     irow "policy" "ms/chunk" "p90" "vs ours" "on the device"
     irow "----" "---" "---" "---" "---"
+    for mode in graphs eager; do
+        if [ "$mode" = graphs ]; then what="Euler steps as a CUDA graph"; else what="Euler steps launched one by one"; fi
+        if [ ! -f "$ours_json" ]; then
+            irow "train_vla libvla_gpu.so (bf16, $what)" "$([ -n "$refused" ] && echo refused || echo not run)" "" "" ""
+            continue
+        fi
+        split="prefix $(jget "$ours_json" "r['runs']['$mode']['prefix_ms_median']") + steps $(jget "$ours_json" "r['runs']['$mode']['steps_ms_median']") ms"
+        ms=$(jget "$ours_json" "r['runs']['$mode']['ms_per_chunk_median']")
+        irow "train_vla libvla_gpu.so (bf16, $what)" "$ms" "$(jget "$ours_json" "r['runs']['$mode']['ms_per_chunk_p90']")" \
+            "$(ratio "$ours_ms" "$ms")" "$split"
+    done
+    j=$LOGS/lerobot_pi0_infer_bf16.json
     if [ -f "$j" ]; then
-        irow "LeRobot 0.6.1 select_action (dtype bfloat16; the copies)" \
-            "$(jget "$j" 'r["infer"]["ms_select_action_with_processors_median"]')" "-" "-" \
+        sel=$(jget "$j" 'r["infer"]["ms_select_action_with_processors_median"]')
+        pred=$(jget "$j" 'r["infer"]["ms_per_chunk_median"]')
+        irow "LeRobot 0.6.1 select_action (dtype bfloat16; the copies)" "$sel" "-" "$(ratio "$ours_ms" "$sel")" \
             "peak $(jget "$j" 'r["infer"]["peak_memory_bytes"] / 2**30') GiB"
-        irow "LeRobot 0.6.1 predict_action_chunk (dtype bfloat16)" "$(jget "$j" 'r["infer"]["ms_per_chunk_median"]')" \
-            "-" "-" ""
+        irow "LeRobot 0.6.1 predict_action_chunk (dtype bfloat16)" "$pred" "-" "$(ratio "$ours_ms" "$pred")" ""
     else
         irow "LeRobot 0.6.1 select_action (dtype bfloat16; the copies)" "not run" "" "" ""
     fi
+    echo "(vs ours: their ms per chunk over train_vla's with the CUDA graph; above 1 means train_vla is faster;"
+    echo " train_vla's figure is the whole act() call from raw observations and the instruction's bytes, LeRobot's"
+    echo " select_action from its tokens and normalized state, with the copies to and from the device)"
+    [ -z "$refused" ] || echo "train_vla's library refused pi0: $refused"
 
     # recomputation (the `more` call): --train all at batch B, none (the benchmark) against attn and layer
     if [ -f "$LOGS/bench_recompute_attn.log" ] || [ -f "$LOGS/bench_recompute_layer.log" ]; then
@@ -475,6 +495,22 @@ lerobot_pi0_train() {
     stage "lerobot_pi0_all_$2" "$1" "${pi0_python[@]}" dev/lerobot/bench_lerobot.py --preset pi0 --train all \
         --amp "$2" --batch "$PI0_B" --steps "$PI0_STEPS" --warmup 5 --device cuda --json "$LOGS/lerobot_pi0_all_$2.json"
 }
+# pi0_infer EXPECTED: train_vla's pi0 chunk at batch 1 through libvla_gpu.so, with the CUDA graph and
+# without, on a random checkpoint bench_infer.py writes for it (15.5 GB: in memory where /dev/shm has
+# room, a disk's write being slower, else in WORK), removed after so that it holds neither for the
+# stages after it; the library's refusal of the model (train_vla.cu's "error: ... take(s) ..." line)
+# is listed as skipped, as the trainer's is
+pi0_infer() {
+    local refusal='^error: .* takes? ' dir=$WORK/bench_pi0 rc
+    if [ "$(df --output=avail -B 1G /dev/shm 2> /dev/null | tail -n 1)" -ge 20 ] 2> /dev/null; then
+        dir=/dev/shm/gpu_check_pi0_$$
+    fi
+    stage bench_pi0_infer "$1" "$PYTHON" dev/bench_infer.py --preset pi0 --chunks "$CHUNKS" --warmup 5 --graphs both \
+        --out-dir "$dir" --json "$LOGS/bench_pi0_infer.json"
+    rc=$?
+    [ "$DRY_RUN" = 1 ] || rm -rf "$dir"
+    return $rc
+}
 lerobot_pi0_infer() {
     [ $have_lerobot = 1 ] || return 1
     local refusal='^bench_lerobot: does not fit: '
@@ -542,9 +578,13 @@ else
     # pi0, the model the headline call does not time. train_vla: the 3.24B weights' init on the host
     # (OpenMP threads draw them in chunks: about 80 s on 2 cores, less on more), the upload, 11
     # steps of ~0.2 s. LeRobot: its imports and the model's build on the GPU (~30 s), 15 steps (bf16
-    # ~0.3 s, fp32 ~0.6 s, where it fits); 55 chunks of ~0.1 s
+    # ~0.3 s, fp32 ~0.6 s, where it fits); 55 chunks of ~0.1 s. train_vla's chunk: torch's import,
+    # the 3.24B weights drawn on every core (~5 s), the 15.5 GB checkpoint written (~20 s into
+    # memory: two copies and a CRC-32) and loaded once (~15 s: its CRC-32, the upload), 55 chunks
+    # with the graph and 55 without of ~0.05 s
     pi0_train_vla '~100'
     lerobot_pi0_train '~45' bf16
+    pi0_infer '~70'
     lerobot_pi0_infer '~40' bf16
     lerobot_pi0_train '~50' none
     # the rest of the bf16 tests, then LeRobot's other settings

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Smoke test of dev/bench_infer.py (the inference benchmark) at the tiny preset: on the CPU library
-# and on the GPU library, which is the CPU emulation's build where there is no GPU (then the
-# library counts launches too). No timing claims: tiny model, shared CPU, a few chunks.
+# Smoke test of dev/bench_infer.py (the inference benchmark) at the tiny and pi0_tiny presets: on the
+# CPU library and on the GPU library, which is the CPU emulation's build where there is no GPU (then
+# the library counts launches too). No timing claims: tiny model, shared CPU, a few chunks.
 #   dev/test_bench_infer.sh        # last line: "N passed, M failed"; non-zero on failure
 # PYTHON must import torch and numpy (the checkpoint is made with dev/model.py); GPU_LIBRARY is the
 # GPU library to load (default: the first of $VLA_GPU_LIBRARY, else build/emu/libvla_gpu_bf16.so).
@@ -76,6 +76,19 @@ else
   grep -q 'VLA_PROFILE_ACT=third: expected the number' "$T/profile_bad.log" &&
     ok "VLA_PROFILE_ACT=third: $(grep 'VLA_PROFILE_ACT=third' "$T/profile_bad.log")" ||
     bad "VLA_PROFILE_ACT=third: no warning that names it"
+fi
+
+# pi0_tiny: the pi0 family's checkpoint (weights drawn in threads, written in train mode expert) on
+# both libraries, one policy switched from the graph to launches
+run pi0_cpu --preset pi0_tiny --device cpu --chunks 2 --warmup 1 --threads 1
+check pi0_cpu 'r["config"]["family"] == 1 and r["config"]["train_mode"] == 0 and r["checkpoint_made"]'
+check pi0_cpu 'r["config"]["n_cam"] == 2 and (r["config"]["state_dim"], r["config"]["action_dim"]) == (6, 5)'
+check pi0_cpu 'r["runs"]["cpu"]["chunks_timed"] == 2 and r["runs"]["cpu"]["ms_per_chunk_median"] > 0'
+if [ -f "$GPU_LIBRARY" ]; then
+  run pi0_gpu --preset pi0_tiny --library "$GPU_LIBRARY" --chunks 2 --warmup 2 --graphs both
+  check pi0_gpu 'not r["checkpoint_made"] and r["config"]["family"] == 1 and set(r["runs"]) == {"graphs", "eager"}'
+  check pi0_gpu 'all(x["prefix_ms_median"] > 0 and x["steps_ms_median"] > 0 for x in r["runs"].values())'
+  check pi0_gpu 'r["runs"]["eager"]["steps_launches"] is None or (r["runs"]["graphs"]["steps_launches"] == 1 and r["runs"]["eager"]["steps_launches"] > 100 and r["runs"]["graphs"]["prefix_launches"] == r["runs"]["eager"]["prefix_launches"] > 10)'
 fi
 
 # a checkpoint that is not there: one clear line, non-zero

@@ -4,7 +4,8 @@
 # no checkpoint and time STEPS steps, STAGES' filter, bad settings, a call whose budget is too
 # short for its stages (each skipped and said so), the figures of a stage that ran written to
 # OUTDIR as soon as it ended, and pi0's stages (a refusal or an out-of-memory listed as skipped with
-# its line, the call going on). GPU time comes 15 minutes at a time, so a mistake in the script
+# its line, the call going on; train_vla's chunk against LeRobot's in the table, its checkpoint
+# removed after). GPU time comes 15 minutes at a time, so a mistake in the script
 # should show in make test, not in a call's minutes.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -87,23 +88,25 @@ kernels, torch.compile, the short runs, the dev/cuda programs" \
     in_order build test_gpu_bf16_rest lerobot_expert_none lerobot_all_none lerobot_infer_bf16 build_more test_gpu_fp32 \
     test_gpu_fp16 attention_bench bench_torch_compile_expert bench_torch_compile_all train_default launchers \
     bench_recompute_attn bench_recompute_layer balance_default build_dev_cuda cuda_adamw cuda_time_mlp
-check "more: pi0 first after the build (train_vla -p pi0, LeRobot's PI0Policy in bf16, its chunk, fp32), then the rest" \
-    in_order build bench_pi0_train_vla lerobot_pi0_all_bf16 lerobot_pi0_infer_bf16 lerobot_pi0_all_none \
+check "more: pi0 first after the build (train_vla -p pi0, LeRobot's PI0Policy in bf16, train_vla's chunk and LeRobot's, \
+fp32), then the rest" \
+    in_order build bench_pi0_train_vla lerobot_pi0_all_bf16 bench_pi0_infer lerobot_pi0_infer_bf16 lerobot_pi0_all_none \
     test_gpu_bf16_rest
 check "pi0's benchmarks: train_vla -p pi0 --train all --recompute none and LeRobot's pi0 at the same batch (PI0_B=8), \
-PI0_STEPS=10 timed steps, LeRobot in bf16 and fp32, its chunk at batch 1" \
+PI0_STEPS=10 timed steps, LeRobot in bf16 and fp32, train_vla's chunk (graph and not) and LeRobot's at batch 1" \
     bash -c "grep -q '^stage bench_pi0_train_vla ~[0-9]*: build/gpu/train_vla_bf16 -p pi0 --train all --recompute none -b 8 -n 11 .*--no-checkpoint' '$out/more.log' &&
              grep -q '^stage lerobot_pi0_all_bf16 ~[0-9]*: .*dev/lerobot/bench_lerobot.py --preset pi0 --train all --amp bf16 --batch 8 --steps 10 --warmup 5 ' '$out/more.log' &&
              grep -q '^stage lerobot_pi0_all_none ~[0-9]*: .*--preset pi0 --train all --amp none --batch 8 ' '$out/more.log' &&
-             grep -q '^stage lerobot_pi0_infer_bf16 ~[0-9]*: .*--preset pi0 --infer --infer-batch 1 --amp bf16 ' '$out/more.log'"
+             grep -q '^stage lerobot_pi0_infer_bf16 ~[0-9]*: .*--preset pi0 --infer --infer-batch 1 --amp bf16 --steps 50 --warmup 5 ' '$out/more.log' &&
+             grep -q '^stage bench_pi0_infer ~[0-9]*: [^ ]*python3* dev/bench_infer.py --preset pi0 --chunks 50 --warmup 5 --graphs both --out-dir [^ ]* --json ' '$out/more.log'"
 check "LeRobot's pi0 runs with its pinned transformers ahead of the image's (the wheels of .whl/pinned)" \
     bash -c "[ \$(grep -c '^stage lerobot_pi0_[a-z0-9_]* ~[0-9]*: env PYTHONPATH=/tmp/lerobot_site_pinned[:a-z_/]* [^ ]*python3* dev/lerobot/bench_lerobot.py ' \
              '$out/more.log') -eq 3 ]"
 # the pi0 stages but fp32 within more's BUDGET after the build of a prepared call (~25 s) and the overhead
-pi0_sum=$(sed -n 's/^stage \(bench_pi0_train_vla\|lerobot_pi0_all_bf16\|lerobot_pi0_infer_bf16\) ~\{0,1\}\([0-9]*\): .*/\2/p' \
-    "$out/more.log" | awk '{s += $1} END {print s + 0}')
-check "train_vla's pi0 step, LeRobot's and its chunk ($pi0_sum s) fit in more's 300 s after a prepared build (~25 s), \
-with the overhead and the reserve" [ "$pi0_sum" -gt 0 -a $((pi0_sum + 25 + 10 + 5)) -le 300 ]
+pi0_sum=$(sed -n 's/^stage \(bench_pi0_train_vla\|lerobot_pi0_all_bf16\|bench_pi0_infer\|lerobot_pi0_infer_bf16\) ~\{0,1\}\([0-9]*\): .*/\2/p' \
+    "$out/more.log" | awk '{s += $1; n++} END {print (n == 4 ? s : 0)}')
+check "train_vla's pi0 step, LeRobot's, train_vla's chunk and LeRobot's ($pi0_sum s) fit in more's 300 s after a prepared \
+build (~25 s), with the overhead and the reserve" [ "$pi0_sum" -gt 0 -a $((pi0_sum + 25 + 10 + 5)) -le 300 ]
 DRY_RUN=1 PI0_B=4 PI0_STEPS=3 dev/gpu_check.sh more "$out/pi0_b" > "$out/pi0_b.log" 2>&1
 check "PI0_B=4 PI0_STEPS=3: both trainers' pi0 step at batch 4, train_vla 4 steps, LeRobot 3 after 5" \
     bash -c "grep -q '^stage bench_pi0_train_vla .* -b 4 -n 4 ' '$out/pi0_b.log' &&
@@ -118,7 +121,7 @@ check "no stage of either call needs no GPU (register counts, the scaling model 
 dups=$(tr ' ' '\n' <<< "$more" | grep . | sort | uniq -d | tr '\n' ' ')
 check "no stage twice in more${dups:+: $dups}" [ -z "$dups" ]
 check "more's train_vla runs write no checkpoint either" \
-    bash -c "! grep -E '^stage (bench_pi0|bench_recompute|train_default|balance_default)' '$out/more.log' | grep -v -q -- '--no-checkpoint'"
+    bash -c "! grep -E '^stage (bench_pi0_train_vla|bench_recompute|train_default|balance_default)' '$out/more.log' | grep -v -q -- '--no-checkpoint'"
 check "the torch.compile stages compile per layer (dev/model.py --compile)" \
     grep -q '^stage bench_torch_compile_expert ~[0-9]*: .*dev/model.py .*--compile$' "$out/more.log"
 
@@ -203,8 +206,20 @@ EOF
 cat > "$out/python_pi0" << 'EOF'
 #!/usr/bin/env bash
 # pip: nothing to install; dev/lerobot/bench_lerobot.py: a report of known figures, or out of memory
-# at fp32; anything else: the real python3
+# at fp32; dev/bench_infer.py (train_vla's pi0 chunk): a report of known figures; anything else: the
+# real python3
 [ "${1:-} ${2:-}" = "-m pip" ] && exit 0
+if [ "${1:-}" = dev/bench_infer.py ]; then
+    while [ $# -gt 0 ]; do
+        case $1 in --json) json=$2 ;; --out-dir) dir=$2 ;; esac
+        shift
+    done
+    mkdir -p "$dir" && touch "$dir/infer_pi0_0.bin" && echo "wrote $dir/infer_pi0_0.bin"
+    run() { printf '{"ms_per_chunk_median": %s, "ms_per_chunk_p90": %s, "prefix_ms_median": %s, "steps_ms_median": %s}' "$@"; }
+    printf '{"runs": {"graphs": %s, "eager": %s}}\n' "$(run 40.0 42.0 15.0 24.0)" "$(run 50.0 52.0 15.5 33.0)" > "$json"
+    echo "infer_ms_per_chunk 40.0"
+    exit 0
+fi
 if [ "${1:-}" = dev/lerobot/bench_lerobot.py ]; then
     infer=0
     while [ $# -gt 0 ]; do
@@ -231,8 +246,10 @@ rc=$?
 sum_pi0=$out/pi0/summary.txt
 check "pi0 stages run: exit $rc (non-zero: two skipped), train_vla's refusal skipped with its line" \
     bash -c "[ $rc -ne 0 ] && grep -q '^bench_pi0_train_vla  *skipped after [0-9]* s: error: head sizes 256 and 72: the GPU attention kernels take head sizes up to 128$' '$sum_pi0'"
-check "LeRobot's pi0 stages after it, its pinned wheels installed: bf16 and the chunk ok, fp32 skipped with its one line" \
+check "LeRobot's pi0 stages after it, its pinned wheels installed: bf16, train_vla's chunk and LeRobot's ok, fp32 skipped \
+with its one line" \
     bash -c "! grep -q '^lerobot_pinned' '$sum_pi0' && grep -q '^lerobot_pi0_all_bf16  *ok (' '$sum_pi0' && grep -q '^lerobot_pi0_infer_bf16  *ok (' '$sum_pi0' &&
+             grep -q '^bench_pi0_infer  *ok (' '$sum_pi0' &&
              grep -q '^lerobot_pi0_all_none  *skipped after [0-9]* s: bench_lerobot: does not fit: CUDA out of memory: ' '$sum_pi0'"
 check "the pi0 table: train_vla refused (and why), LeRobot bf16 at 250.00 ms and 32.00 samples/s, MFU 25.4% on train_vla's \
 count, 55.00 GiB; fp32 no fit; the chunk's 85.50 ms" \
@@ -242,6 +259,17 @@ count, 55.00 GiB; fp32 no fit; the chunk's 85.50 ms" \
              grep -q '^| LeRobot 0.6.1 (dtype bfloat16: [^|]*|  *250.00 |  *32.00 |  *? |  *25.4% |  *55.00 |' '$out/pi0.rows' &&
              grep -q '^| LeRobot 0.6.1 (dtype float32, its default)  *|  *no fit' '$out/pi0.rows' &&
              grep -q '^| LeRobot 0.6.1 select_action (dtype bfloat16; the copies)  *|  *85.50 |' '$out/pi0.rows'"
+check "the pi0 inference table: train_vla's chunk with the graph (40.00 ms, p90 42.00, prefix 15.00 + steps 24.00 ms) and \
+without (50.00, 1.25x), LeRobot's select_action 2.14x and predict_action_chunk 2.00x of it; no 'not timed' left" \
+    bash -c "awk '/^pi0 inference/ {on = 1} on && /^\$/ {exit} on' '$out/pi0/table.txt' > '$out/pi0_infer.rows' &&
+             grep -q '^| train_vla libvla_gpu.so (bf16, Euler steps as a CUDA graph)  *|  *40.00 |  *42.00 |  *1.00x | prefix 15.00 + steps 24.00 ms' '$out/pi0_infer.rows' &&
+             grep -q '^| train_vla libvla_gpu.so (bf16, Euler steps launched one by one)  *|  *50.00 |  *52.00 |  *1.25x | prefix 15.50 + steps 33.00 ms' '$out/pi0_infer.rows' &&
+             grep -q '^| LeRobot 0.6.1 select_action (dtype bfloat16; the copies)  *|  *85.50 |  *- |  *2.14x |' '$out/pi0_infer.rows' &&
+             grep -q '^| LeRobot 0.6.1 predict_action_chunk (dtype bfloat16)  *|  *80.00 |  *- |  *2.00x |' '$out/pi0_infer.rows' &&
+             ! grep -q 'not timed' '$out/pi0/table.txt'"
+ckpt_dir=$(sed -n 's|^wrote \(.*\)/infer_pi0_0.bin$|\1|p' "$tree/work/logs/bench_pi0_infer.log" 2> /dev/null)
+check "the pi0 chunk's random checkpoint is removed after its stage (${ckpt_dir:-no folder written})" \
+    bash -c "[ -n '$ckpt_dir' ] && [ ! -e '$ckpt_dir' ]"
 
 # any other error of train_vla is a failure, not a refusal
 cat > "$tree/build/gpu/train_vla_bf16" << 'EOF'
