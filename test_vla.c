@@ -77,7 +77,8 @@ static float smolvla_loss(SmolVLA* m, const SmolInputs* in) {
 static float test_train_step(SmolVLA* m, const SmolInputs* in, int mode, int step, const TrainArgs* args, float* norm) {
     float loss = smolvla_loss(m, in);
     smolvla_backward(m, mode);
-    *norm = smolvla_update(m, mode, lr_at_step(args, step), args->weight_decay, args->grad_clip, step, 1);
+    *norm = smolvla_update(m, mode, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step,
+                           1);
     return loss;
 }
 

@@ -57,7 +57,7 @@ static void smolvla_train_step(SmolVLA* m, const SmolInputs* in, int n_micro, in
         smolvla_backward(m, micro == 0);
     }
     smolvla_grads_finish(m, 0);
-    smolvla_update(m, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
+    smolvla_update(m, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step);
 }
 
 // n bytes of host memory in a fresh device allocation (freed with cudaFree)
@@ -387,7 +387,7 @@ static void check_fp16_skip(SmolVLA* m, const SmolInputs* in, const TrainArgs* a
     float inf = INFINITY;
     cudaCheck(cudaMemcpy(m->grads_memory + m->n_opt / 2, &inf, sizeof(float), cudaMemcpyHostToDevice));
     smolvla_grads_finish(m, 0);
-    smolvla_update(m, lr_at_step(args, 10), args->weight_decay, args->grad_clip, 10);
+    smolvla_update(m, lr_at_step(args, 10), args->weight_decay, args->decay_on, args->grad_clip, 10);
     float loss, norm, used;
     smolvla_read_scalars(m, &loss, &norm);
     int skipped = smolvla_read_loss_scale(m, &st, &used);
