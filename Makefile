@@ -249,6 +249,13 @@ $(TEST_DIR)/a_pi0_train.txt: $(TEST_DIR)/a.bin $(ORACLE_SOURCES)
 	$(PYTHON) dev/model.py -i $< -p pi0_tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 -l 1e-3 -u 2 -w 0.1 -c 0.5 \
 		--train-mode all > $@
 
+# pi0's run with the decay on every trainable tensor (--decay-on all, LeRobot's AdamW) at a decay
+# that shows in the norms: its losses (.txt) and the weights after it (.bin)
+$(TEST_DIR)/a_pi0_decay_all.bin: $(TEST_DIR)/a.bin $(ORACLE_SOURCES)
+	$(oracle_check)
+	$(PYTHON) dev/model.py -i $< -p pi0_tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 -l 1e-3 -u 2 -w 1 -c 0.5 \
+		--train-mode all --decay-on all --save-params $@ > $(@:.bin=.txt)
+
 # s: two cameras of different sizes (both resized with padding to the tiny preset's 32 px),
 # state_dim != action_dim, chunks past episode ends; the oracle's debug state per train mode
 $(TEST_DIR)/s.bin: data/synthetic
@@ -306,7 +313,7 @@ TEST_COMPILES = train_vla_cpu test_vla libvla.so data/synthetic build/gpu/train_
 	build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so $(GPU_DEV_CUDA) $(GPU_TEST_BINARIES) $(REGISTER_LOGS) \
 	build/sanitize/train_vla_cpu
 test_compiles: $(TEST_COMPILES)
-test: $(TEST_COMPILES) train_vla fuzz_build $(TEST_DIR)/a.bin $(TEST_DIR)/b.bin $(TEST_DIR)/s.bin $(TEST_DIR)/a_train.txt $(TEST_DIR)/a_pi0_train.txt $(SMOLVLA_STATES) $(LEROBOT_REF)/all/ref.safetensors $(SMOLVLA_C_CONFIGS) \
+test: $(TEST_COMPILES) train_vla fuzz_build $(TEST_DIR)/a.bin $(TEST_DIR)/b.bin $(TEST_DIR)/s.bin $(TEST_DIR)/a_train.txt $(TEST_DIR)/a_pi0_train.txt $(TEST_DIR)/a_pi0_decay_all.bin $(SMOLVLA_STATES) $(LEROBOT_REF)/all/ref.safetensors $(SMOLVLA_C_CONFIGS) \
 		$(LEROBOT_REF_PI0)/all/ref.safetensors venv_check
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 

@@ -77,7 +77,8 @@ static float smolvla_loss(SmolVLA* m, const SmolInputs* in) {
 static float test_train_step(SmolVLA* m, const SmolInputs* in, int mode, int step, const TrainArgs* args, float* norm) {
     float loss = smolvla_loss(m, in);
     smolvla_backward(m, mode);
-    *norm = smolvla_update(m, mode, lr_at_step(args, step), args->weight_decay, args->grad_clip, step, 1);
+    *norm = smolvla_update(m, mode, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step,
+                           1);
     return loss;
 }
 
@@ -676,6 +677,71 @@ static void test_training_loop(const char* dir) {
     // the earlier steps' updates moved by fp32 rounding too: 1e-5
     check_training_loop(dir, "./train_vla_cpu -b 4 -t 1", 1e-5);
     check_training_loop(dir, "./train_vla_cpu -g 2 -b 2 -t 1", 1e-5);
+}
+
+// ----------------------------------------------------------------------------
+// --decay-on all: AdamW's decay on every trainable tensor, biases and norms too, as LeRobot's torch
+// AdamW puts it. 5 steps of pi0_tiny at -w 1, a decay large enough to show in a norm, against the
+// oracle's run with --decay-on all (a_pi0_decay_all.bin: its weights after them; .txt: its losses)
+
+static void test_decay_on(const char* dir) {
+    printf("\n== --decay-on all against the oracle\n");
+    const char* runs[2] = {"matrices", "all"};
+    Checkpoint ck[2];
+    int ok[2];
+    float losses[2][5] = {{0}}, ref_losses[5] = {0};
+    for (int k = 0; k < 2; k++) {
+        char cmd[4096], path[1100], err[512];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s/run_decay_%s && ./train_vla_cpu -p pi0_tiny -b 4 -t 1 -n 5 -u 2 -l 1e-3 "
+                 "-w 1 -c 0.5 -s 1337 --decay-on %s -i %s/a.bin -o %s/run_decay_%s > %s/run_decay_%s.txt 2>&1", dir,
+                 runs[k], runs[k], dir, dir, runs[k], dir, runs[k]);
+        int rc = run_command(cmd);
+        snprintf(path, sizeof(path), "%s/run_decay_%s/log.jsonl", dir, runs[k]);
+        int n = rc == 0 ? read_losses(path, 1, 5, losses[k]) : 0;
+        snprintf(path, sizeof(path), "%s/run_decay_%s/ckpt_00000005.bin", dir, runs[k]);
+        ok[k] = rc == 0 && n == 5 && checkpoint_read_checked(path, &ck[k], err, sizeof(err)) == 0;
+        check(ok[k], "train_vla_cpu --decay-on %s: 5 steps and their checkpoint (exit %d)", runs[k], rc);
+    }
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/a_pi0_decay_all.txt", dir);
+    int m = read_oracle_losses(path, ref_losses, 5);
+    if (!ok[0] || !ok[1]) {
+        for (int k = 0; k < 2; k++) { if (ok[k]) { checkpoint_free(&ck[k]); } }
+        return;
+    }
+    snprintf(path, sizeof(path), "%s/a_pi0_decay_all.bin", dir);
+    DebugState st;
+    debug_state_read(&st, path);
+    SmolParamTable t;
+    smolvla_table_build(&ck[1].config, &t);
+    float* ref = (float*)mallocCheck(t.total * sizeof(float));
+    float* init = (float*)mallocCheck(t.total * sizeof(float));
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        char key[96];
+        snprintf(key, sizeof(key), "param/%s", t.spec[i].name);
+        float* p = (float*)debug_get(&st, key, t.spec[i].numel);
+        memcpy(ref + t.spec[i].offset, p, t.spec[i].numel * sizeof(float));
+        free(p);
+    }
+    smolvla_param_init(init, &t, &ck[1].config, ck[1].seed);
+    int mode = TRAIN_MODE_ALL;
+    // fp32 against float64 over 5 steps: the losses as in the training loop's check, 1e-5; the
+    // updates within 1e-4 (AdamW's m / sqrt(v) divides out the gradient's scale, so elements
+    // whose gradients are tiny carry fp32's rounding of them into steps of the full learning rate)
+    double el = rel_error(losses[1], ref_losses, 5);
+    double em = update_error(ck[1].params, ref, init, &t, mode, 1);
+    double en = update_error(ck[1].params, ref, init, &t, mode, 0);
+    check(m == 5 && el < 1e-5 && em < 1e-4 && en < 1e-4, "--decay-on all vs the oracle's: 5 losses rel err %.2e (tol "
+          "1e-5), the matrices' updates %.2e, the biases' and norms' %.2e (tol 1e-4)", el, em, en);
+    // the default leaves the biases and norms undecayed: their updates must stand far from the
+    // oracle's (the decay is about as large as AdamW's step there), or the check above proves nothing
+    double dn = update_error(ck[0].params, ref, init, &t, mode, 0);
+    check(dn > 100 * 1e-4, "--decay-on matrices (the default) vs the oracle's --decay-on all: the biases' and norms' "
+          "updates rel err %.2e (> 1e-2: the decay reaches them only with all)", dn);
+    free(ref); free(init);
+    free(st.recs); free(st.file);
+    for (int k = 0; k < 2; k++) { checkpoint_free(&ck[k]); }
+    expect_error_from(dir, "./train_vla_cpu", "--decay-on with another value", "--decay-on norms", "--decay-on norms");
 }
 
 // ----------------------------------------------------------------------------
@@ -2553,6 +2619,7 @@ int main(int argc, char** argv) {
     if (argc >= 3) { test_smolvla_lerobot("SmolVLA", argv[2]); }
     if (argc == 4) { test_smolvla_lerobot("pi0", argv[3]); }
     test_training_loop(dir);
+    test_decay_on(dir);
     test_simulated_ranks(dir, "tiny");
     test_simulated_ranks(dir, "pi0_tiny");
     test_world_args();

@@ -57,7 +57,7 @@ static void smolvla_train_step(SmolVLA* m, const SmolInputs* in, int n_micro, in
         smolvla_backward(m, micro == 0);
     }
     smolvla_grads_finish(m, 0);
-    smolvla_update(m, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
+    smolvla_update(m, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step);
 }
 
 // n bytes of host memory in a fresh device allocation (freed with cudaFree)
@@ -387,7 +387,7 @@ static void check_fp16_skip(SmolVLA* m, const SmolInputs* in, const TrainArgs* a
     float inf = INFINITY;
     cudaCheck(cudaMemcpy(m->grads_memory + m->n_opt / 2, &inf, sizeof(float), cudaMemcpyHostToDevice));
     smolvla_grads_finish(m, 0);
-    smolvla_update(m, lr_at_step(args, 10), args->weight_decay, args->grad_clip, 10);
+    smolvla_update(m, lr_at_step(args, 10), args->weight_decay, args->decay_on, args->grad_clip, 10);
     float loss, norm, used;
     smolvla_read_scalars(m, &loss, &norm);
     int skipped = smolvla_read_loss_scale(m, &st, &used);
@@ -671,6 +671,27 @@ static double ckpt_training_error(const char* a, const char* b) {
     return e;
 }
 
+// update_error of checkpoint b's weights against checkpoint a's (both from the same seed's init),
+// over the tensors whose decay column is `decay`; INFINITY when either cannot be read
+static double ckpt_update_error(const char* a, const char* b, int decay) {
+    Checkpoint x, y;
+    char err[512];
+    if (checkpoint_read_checked(a, &x, err, sizeof(err)) != 0) { return INFINITY; }
+    if (checkpoint_read_checked(b, &y, err, sizeof(err)) != 0) { checkpoint_free(&x); return INFINITY; }
+    double e = INFINITY;
+    if (x.n_params == y.n_params && x.seed == y.seed && x.train_mode == y.train_mode) {
+        SmolParamTable t;
+        smolvla_table_build(&x.config, &t);
+        float* init = (float*)mallocCheck(t.total * sizeof(float));
+        smolvla_param_init(init, &t, &x.config, x.seed);
+        e = update_error(y.params, x.params, init, &t, (int)x.train_mode, decay);
+        free(init);
+    }
+    checkpoint_free(&x);
+    checkpoint_free(&y);
+    return e;
+}
+
 // Two identical runs give identical losses and checkpoints: no atomics, fixed reduction orders.
 static void test_determinism(const char* dir) {
     printf("\n== determinism\n");
@@ -919,6 +940,47 @@ static void test_cross_trainer(const char* dir) {
         check(rc == 0 && nf == 6 && ns == 6 && e < tol, "3 steps on %s, 3 more on %s from its checkpoint: steps 4-6 "
               "losses %.6f %.6f %.6f vs %.6f %.6f %.6f straight, rel err %.2e (tol %.1e)", a, b, split[3], split[4],
               split[5], full[3], full[4], full[5], e, tol);
+    }
+}
+
+// --decay-on all reaches the GPU's AdamW kernels, on one GPU and on two with ZeRO-1 (each rank
+// decays its shard): 3 steps of the tiny preset at -w 5, where the decay of the norms (scales of 1)
+// outweighs AdamW's step, follow train_vla_cpu's run with it (tested against the oracle's in
+// test_vla) within the two trainers' difference (the cross-trainer tolerance), and the biases'
+// and norms' updates stand far from its run with the default (matrices): the option is not lost.
+static void test_decay_on(const char* dir) {
+    printf("\n== --decay-on all vs train_vla_cpu\n");
+    if (access("./train_vla_cpu", X_OK) != 0) {
+        check(0, "./train_vla_cpu is there to compare with (make train_vla_cpu)");
+        return;
+    }
+    const char* flags = "-p tiny -n 3 -u 2 -l 1e-3 -w 5 -s 1337 --log-every 100";
+    char gpu1[1100], gpu2[1100];
+    snprintf(gpu1, sizeof(gpu1), "%s -b 2", TRAINER);
+    snprintf(gpu2, sizeof(gpu2), "%s -g 2 -b 1 -z 1", TRAINER);
+    const char* trainers[4] = {"./train_vla_cpu -t 1 -b 2", "./train_vla_cpu -t 1 -b 2", gpu1, gpu2};
+    const char* decay[4] = {"all", "matrices", "all", "all"};
+    char ckpt[4][1100];
+    int visible = 0;
+    cudaGetDeviceCount(&visible);
+    double tol = sizeof(floatX) == 4 ? TOL_RUNS : SMOL_TOL_FWD;
+    for (int k = 0; k < 4; k++) {
+        snprintf(ckpt[k], sizeof(ckpt[k]), "%s/gd_%d/ckpt_00000003.bin", dir, k);
+        if (k == 3 && visible < 2) {
+            printf("(skipped %s: %d GPU visible)\n", trainers[k], visible);
+            continue;
+        }
+        char cmd[4096];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s/gd_%d && %s %s --decay-on %s -i %s/a.bin -o %s/gd_%d > %s/gd_%d.txt 2>&1",
+                 dir, k, trainers[k], flags, decay[k], dir, dir, k, dir, k);
+        int rc = run_command(cmd);
+        check(rc == 0, "%s --decay-on %s: 3 steps (exit %d)", trainers[k], decay[k], rc);
+        if (k < 2) { continue; }
+        double e = ckpt_training_error(ckpt[0], ckpt[k]);
+        double near = ckpt_update_error(ckpt[0], ckpt[k], 0), apart = ckpt_update_error(ckpt[1], ckpt[k], 0);
+        check(e < tol && near < tol && apart > 10 * tol && isfinite(apart), "%s --decay-on all vs train_vla_cpu's: "
+              "weight updates and moments rel err %.2e, the biases' and norms' updates %.2e (tol %.1e); those vs its "
+              "run with the default %.2e (> %.1e)", trainers[k], e, near, tol, apart, 10 * tol);
     }
 }
 
@@ -1486,7 +1548,7 @@ static int list_names(const char* list, const char* group) {
 
 // VLA_GPU_TESTS=a,b runs only the groups named (oracle, lerobot, training_loop, determinism,
 // accumulation, single_gpu_build, multi_gpu, faults, resume, cross_trainer, weights_only,
-// bad_input, balance, recompute, fp16 (fp16 builds: the loss scaling; with oracle, an injected
+// decay_on, bad_input, balance, recompute, fp16 (fp16 builds: the loss scaling; with oracle, an injected
 // overflow), ...): for working on one feature; make test runs them all in fp32. oracle:MODE and
 // lerobot:MODE (expert, vlm, all) run one train mode's case of those groups. VLA_GPU_SKIP=a,b
 // leaves groups out (dev/run_tests.sh: the bf16 suite leaves out what no precision changes).
@@ -1574,6 +1636,7 @@ int main(int argc, char** argv) {
     if (wanted("cross_trainer")) { test_cross_trainer(dir); t0 = group_time("cross_trainer", t0); }
     if (wanted("profile")) { test_profile(dir); t0 = group_time("profile", t0); }
     if (wanted("weights_only")) { test_weights_only(dir); t0 = group_time("weights_only", t0); }
+    if (wanted("decay_on")) { test_decay_on(dir); t0 = group_time("decay_on", t0); }
     if (wanted("bad_input")) { test_bad_input(dir); t0 = group_time("bad_input", t0); }
     if (wanted("balance")) { test_balance(dir); t0 = group_time("balance", t0); }
     if (wanted("recompute")) { test_recompute(dir); t0 = group_time("recompute", t0); }

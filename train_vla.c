@@ -1684,11 +1684,12 @@ static double sum_squares(const float* g, size_t n) {
 
 // AdamW (0.9, 0.95, 1e-8) on elements [first, first + n) of tensor i's trainable prefix (their
 // moments at opt.offset[i] + first), gradients scaled by `scale`, decoupled decay where the table
-// says. The fp32 weights are the master copy (the CPU computes with them too).
-static void adamw_range(SmolVLA* m, int i, size_t first, size_t n, float lr, float weight_decay, float scale, int step) {
+// or decay_on (DECAY_ON_*) says. The fp32 weights are the master copy (the CPU computes with them too).
+static void adamw_range(SmolVLA* m, int i, size_t first, size_t n, float lr, float weight_decay, int decay_on,
+                        float scale, int step) {
     const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
     const SmolParamSpec* s = &m->table.spec[i];
-    float wd = smolvla_decay(s, weight_decay);
+    float wd = smolvla_decay(s, weight_decay, decay_on);
     float bc1 = 1.0f - powf(beta1, (float)(step + 1)), bc2 = 1.0f - powf(beta2, (float)(step + 1));
     float* p = m->params_memory + s->offset + first;
     const float* g = m->grads_memory + s->offset + first;
@@ -1712,7 +1713,8 @@ static void adamw_range(SmolVLA* m, int i, size_t first, size_t n, float lr, flo
 // domain (SmolOptDomain) is cut into shards of zero_shard_size (a tensor may be split between
 // ranks, zero_part says where), each rank adds up the squares of its shard's gradients and the
 // norm adds up the ranks' sums, as the all-reduce does; then each rank updates its shard alone.
-static float smolvla_update(SmolVLA* m, int mode, float lr, float weight_decay, float clip, int step, int shards) {
+static float smolvla_update(SmolVLA* m, int mode, float lr, float weight_decay, int decay_on, float clip, int step,
+                            int shards) {
     smolvla_opt_init(m, mode);
     const SmolOptDomain* d = &m->opt;
     size_t S = zero_shard_size(d->total, shards, 1);
@@ -1730,7 +1732,7 @@ static float smolvla_update(SmolVLA* m, int mode, float lr, float weight_decay, 
     for (int r = 0; r < shards; r++) {
         for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
             size_t first, n = zero_part(d->offset[i], d->numel[i], (size_t)r * S, (size_t)(r + 1) * S, &first);
-            if (n > 0) { adamw_range(m, i, first, n, lr, weight_decay, scale, step); }
+            if (n > 0) { adamw_range(m, i, first, n, lr, weight_decay, decay_on, scale, step); }
         }
     }
     return norm;
@@ -1786,8 +1788,8 @@ static float train_step(SmolVLA* m, float* grad_sum, Loader* loader, const Train
         const float* acc = grad_sum + d->offset[i];
         for (size_t j = 0; j < d->numel[i]; j++) { g[j] = acc[j] * inv; }
     }
-    *norm_out = smolvla_update(m, mode, lr_at_step(args, step), args->weight_decay, args->grad_clip, step,
-                               args->zero ? args->ranks : 1);
+    *norm_out = smolvla_update(m, mode, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip,
+                               step, args->zero ? args->ranks : 1);
     for (int t = 0; t < T; t++) { task_loss[t] = task_n[t] > 0.0 ? task_loss[t] / task_n[t] : NAN; }
     free(task_n); free(task);
     return (float)(squares / divisor);
@@ -2055,6 +2057,8 @@ int main(int argc, char** argv) {
     printf("| ranks x batch x accum  | %-10s |\n", split);
     printf("| effective batch        | %-10llu |\n", (unsigned long long)global_batch);
     printf("| peak learning rate     | %-10.4g |\n", args.lr);
+    printf("| weight decay           | %-10.4g |\n", args.weight_decay);
+    printf("| decay on (--decay-on)  | %-10s |\n", DECAY_ON_NAMES[args.decay_on]);
     printf("| ZeRO-1 (simulated)     | %-10s |\n", args.zero && args.ranks > 1 ? "on" : "off");
     printf("| loader threads         | %-10d |\n", args.workers);
     printf("| augment shift (px)     | %-10d |\n", args.augment);

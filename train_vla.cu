@@ -3728,9 +3728,10 @@ static void smolvla_global_norm(SmolVLA* m) {
     }
 }
 
-// AdamW (0.9, 0.95, 1e-8) on the shard's trainable master weights, a launch per tensor; the floatX
-// copy refreshed (ZeRO-1: all-gathered). fp16: an Inf/NaN step changes only the loss scale, yet counts.
-static void smolvla_update(SmolVLA* m, float lr, float weight_decay, float clip, int step) {
+// AdamW (0.9, 0.95, 1e-8) on the shard's trainable master weights, a launch per tensor, decoupled decay
+// where the table or decay_on (DECAY_ON_*) says; the floatX copy refreshed (ZeRO-1: all-gathered).
+// fp16: an Inf/NaN step changes only the loss scale, yet counts.
+static void smolvla_update(SmolVLA* m, float lr, float weight_decay, int decay_on, float clip, int step) {
     const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
     smolvla_global_norm(m);
     float bc1 = 1.0f - powf(beta1, (float)(step + 1)), bc2 = 1.0f - powf(beta2, (float)(step + 1));
@@ -3740,8 +3741,8 @@ static void smolvla_update(SmolVLA* m, float lr, float weight_decay, float clip,
         if (n == 0) { continue; }
         size_t a = m->domain.offset[i] + first;  // in the domain; the state arrays start at lo
         LAUNCH_1D(adamw_kernel, n, m->master + (a - lo), m->params_memory + a, m->grads_memory + a, m->m_memory + (a - lo),
-                  m->v_memory + (a - lo), n, lr, beta1, beta2, eps, smolvla_decay(&m->table.spec[i], weight_decay), bc1,
-                  bc2, m->acts.scalars + 1, clip);
+                  m->v_memory + (a - lo), n, lr, beta1, beta2, eps,
+                  smolvla_decay(&m->table.spec[i], weight_decay, decay_on), bc1, bc2, m->acts.scalars + 1, clip);
     }
     if (m->scaler != NULL) {
         loss_scale_update_kernel<<<1, 1, 0, main_stream>>>(m->scaler, m->acts.scalars + 1, m->loss_scale_window,
@@ -4168,7 +4169,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         prof_phase("grads");
         smolvla_grads_finish(&model, stop_requested);
         prof_phase("optimizer");
-        smolvla_update(&model, lr_at_step(args, step), args->weight_decay, args->grad_clip, step);
+        smolvla_update(&model, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step);
         task_losses_reduce(&task_losses, &model);
         float loss, norm, used_scale = 0.0f;
         smolvla_read_scalars(&model, &loss, &norm, &stopped);

@@ -22,6 +22,7 @@ Lt = max_text tokens, S = img (the vision tower's square input), h_k x w_k camer
     /usr/bin/python3 dev/model.py -i x.bin --policy build/lerobot_ref/vlm/policy --debug-state out.bin
     /usr/bin/python3 dev/model.py -i build/test/a.bin -p pi0_tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
         -l 1e-3 -u 2 -w 0.1 -c 0.5 --train-mode all > build/test/a_pi0_train.txt   # pi0's reference losses
+    /usr/bin/python3 dev/model.py -i x.bin -p pi0_tiny --train 5 --decay-on all --save-params w.bin   # weights after
     python dev/model.py -i x.bin -p smolvla -b 8 --bench 20 --device cuda --amp bf16 --compile
 
 Training modes (--train-mode, LeRobot's flags; vla/config.h's train column, smolvla_trainable_numel):
@@ -83,15 +84,18 @@ Everything is computed in float64 (--dtype) and stored as float32:
   expect/sample_actions f32 (B, H, A)      the same, first A dims, un-normalized (x * std + mean)
   expect/losses      f32 (10)              losses of 10 AdamW steps on this batch (same t, eps)
   expect/norms       f32 (10)              their gradient norms before clipping
+--train N --save-params OUT writes the weights after the N steps in the same container: the config
+record and a param/<name> record per tensor, in float32 (--init reads it back).
 
 What the C side does to match (besides the math of dev/smolvla.py): the flow noise above; the
 batch of dataset_assemble with state/actions zero-padded to Smax/Amax and action_is_pad = 1 -
 action_mask; the loss's divisor max(1, valid slots * A) (pi0's: B H A); AdamW (m = 0.9 m + 0.1 g, v = 0.95 v +
 0.05 g^2, bias corrections 1 - 0.9^(s+1) and 1 - 0.95^(s+1), update = m_hat / (sqrt(v_hat) + 1e-8)
-+ wd p on decay tensors, p -= lr update) on the first smolvla_trainable_numel elements of each
-tensor only, clipping by the global norm of those gradients; lr_at_step's schedule. Token pads are
-the config's pad_token, as dataset_assemble writes them and LeRobot's tokenizer pads (its pad id);
-pads are masked as keys and as queries, so no number depends on their value.
++ wd p on decay tensors (every trained one with --decay-on all), p -= lr update) on the first
+smolvla_trainable_numel elements of each tensor only, clipping by the global norm of those
+gradients; lr_at_step's schedule. Token pads are the config's pad_token, as dataset_assemble writes
+them and LeRobot's tokenizer pads (its pad id); pads are masked as keys and as queries, so no number
+depends on their value.
 """
 
 import argparse
@@ -281,6 +285,7 @@ SLICES_NONE, SLICES_VISION, SLICES_ALL, SLICES_JOINT, SLICES_CROSS = 0, 1, 2, 3,
 INIT_NORMAL, INIT_NORMAL_OUT, INIT_ZERO, INIT_ONE, INIT_RMS = 0, 1, 2, 3, 4
 NAME_VIS, NAME_CONN, NAME_TXT, NAME_EXP, NAME_TOP = 0, 1, 2, 3, 4  # the module a tensor sits in
 TRAIN_MODES = ["expert", "vlm", "all"]  # TRAIN_MODE_EXPERT, _VLM, _ALL: the index is the mode
+DECAY_ON = ["matrices", "all"]  # DECAY_ON_MATRICES, _ALL: the table's decay tensors, or every trained one
 
 
 def default_train_mode(preset):
@@ -761,15 +766,15 @@ def grad_norm(model):
 
 
 class AdamW:
-    """AdamW (0.9, 0.95, eps 1e-8, decoupled decay on the table's decay tensors, global-norm
-    clipping first), on the first trainable_numel elements of each tensor only: frozen elements
-    have no moments and neither move nor decay. m and v are per tensor here, packed in table order
-    in checkpoints (SmolOptDomain)."""
+    """AdamW (0.9, 0.95, eps 1e-8, decoupled decay on the table's decay tensors, or on every
+    trained one with decay_on "all", global-norm clipping first), on the first trainable_numel
+    elements of each tensor only: frozen elements have no moments and neither move nor decay. m and
+    v are per tensor here, packed in table order in checkpoints (SmolOptDomain)."""
 
-    def __init__(self, model, lr, warmup, steps, min_lr_frac, weight_decay, clip):
+    def __init__(self, model, lr, warmup, steps, min_lr_frac, weight_decay, clip, decay_on="matrices"):
         self.model = model
         self.lr, self.warmup, self.steps, self.min_lr_frac = lr, warmup, steps, min_lr_frac
-        self.weight_decay, self.clip = weight_decay, clip
+        self.weight_decay, self.clip, self.decay_all = weight_decay, clip, decay_on == "all"
         trained = [s.name for s in model.table if model.n_train[s.name] > 0]
         self.m = {name: torch.zeros(model.n_train[name], dtype=model.dtype) for name in trained}
         self.v = {name: torch.zeros(model.n_train[name], dtype=model.dtype) for name in trained}
@@ -793,7 +798,7 @@ class AdamW:
             m.mul_(0.9).add_(0.1 * g)
             v.mul_(0.95).add_(0.05 * g * g)
             update = (m / b1) / (torch.sqrt(v / b2) + 1e-8)
-            if s.decay:
+            if s.decay or self.decay_all:
                 update = update + self.weight_decay * p
             p.sub_(lr * update)
         return lr, norm
@@ -1323,7 +1328,7 @@ def debug_state(args, ds, cfg, model):
 def train(args, ds, cfg, model, ckpt=None):
     """N optimizer steps as the C trainer takes them (one rank of B samples per step); from a
     checkpoint, its run continued: its step, sampler position and AdamW moments."""
-    opt = AdamW(model, args.lr, args.warmup, args.steps, args.min_lr_frac, args.wd, args.clip)
+    opt = AdamW(model, args.lr, args.warmup, args.steps, args.min_lr_frac, args.wd, args.clip, args.decay_on)
     step0, pos = 0, 0
     if ckpt is not None:
         step0, pos = ckpt["step"], ckpt["sampler_pos"]
@@ -1341,15 +1346,21 @@ def train(args, ds, cfg, model, ckpt=None):
         print(f"step {step + 1} loss {loss:.6f} lr {lr:.4e} norm {norm:.4f}", flush=True)
     timed = times[1:] if len(times) > 1 else times  # the first step warms up allocators and caches
     print(f"ms_per_step {1000.0 * sum(timed) / len(timed):.3f}")
+    if args.save_params:
+        records = [("config", np.array(cfg.values(), np.int32))]
+        records += [("param/" + s.name, getattr(model, s.name).detach().numpy().astype(np.float32))
+                    for s in model.table]
+        write_vlat(args.save_params, records)
 
 
 def bench(args, ds, cfg, model):
     """Training-step time on one batch kept on the device (loading and the resize excluded): forward,
     backward, global-norm clipping and PyTorch's fused AdamW over the tensors that train (decay on
-    the table's decay tensors; a stack with a frozen last layer is updated whole: the same work),
-    attention through scaled_dot_product_attention, optionally under bf16 autocast and
-    torch.compile: what a tuned PyTorch trainer of this model does per step. Parameters are drawn
-    by torch's generator from the seed, not vla/config.h's init: values do not change the timing."""
+    the table's decay tensors, or on all with --decay-on all; a stack with a frozen last layer is
+    updated whole: the same work), attention through scaled_dot_product_attention, optionally under
+    bf16 autocast and torch.compile: what a tuned PyTorch trainer of this model does per step.
+    Parameters are drawn by torch's generator from the seed, not vla/config.h's init: values do not
+    change the timing."""
     device = torch.device(args.device)
     indices = Sampler(ds.n_samples, args.seed).indices(0, args.batch)
     x = model.prepare(build_batch(ds, cfg, indices, args.seed, 0), device)
@@ -1360,8 +1371,9 @@ def bench(args, ds, cfg, model):
             sys.exit("error: --device other than cpu needs torch 2.0 or newer (torch.set_default_device)")
         torch.set_default_device(device)
     trained = [s for s in model.table if model.n_train[s.name] > 0]
-    groups = [{"params": [getattr(model, s.name) for s in trained if s.decay], "weight_decay": args.wd},
-              {"params": [getattr(model, s.name) for s in trained if not s.decay], "weight_decay": 0.0}]
+    decays = [s.decay or args.decay_on == "all" for s in trained]
+    groups = [{"params": [getattr(model, s.name) for s, d in zip(trained, decays) if d], "weight_decay": args.wd},
+              {"params": [getattr(model, s.name) for s, d in zip(trained, decays) if not d], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
                             **({"fused": True} if device.type == "cuda" else {}))
     if args.amp == "bf16":
@@ -1441,9 +1453,15 @@ def parse_args(argv=None):
     ap.add_argument("-n", "--steps", type=int, default=None,
                     help="schedule length (--debug-state: 10, --train N: N more than the start step)")
     ap.add_argument("--min-lr-frac", type=float, default=0.1, help="cosine floor as a fraction of the peak (0.1)")
-    ap.add_argument("-w", "--wd", "--weight-decay", type=float, default=0.1, help="AdamW decay on matrices (0.1)")
+    ap.add_argument("-w", "--wd", "--weight-decay", type=float, default=0.1,
+                    help="AdamW's decoupled weight decay, see --decay-on (0.1)")
+    ap.add_argument("--decay-on", choices=DECAY_ON, default="matrices",
+                    help="what the decay acts on: matrices (linear weights and embeddings) or all (every trained "
+                         "tensor, biases and norms too: LeRobot's AdamW) (matrices)")
     ap.add_argument("-c", "--clip", type=float, default=0.5, help="global gradient-norm clip, 0 disables (0.5)")
     ap.add_argument("-t", "--threads", type=int, default=0, help="torch threads, 0: torch's default")
+    ap.add_argument("--save-params", metavar="OUT", help="with --train: write the weights after it (config and "
+                    "param/<name> records, float32)")
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--debug-state", metavar="OUT", help="write the debug-state file the C tests compare with")
     mode.add_argument("--train", type=int, metavar="N", help="train N steps, print losses and ms_per_step")
@@ -1464,6 +1482,10 @@ def parse_args(argv=None):
         sys.exit("error: --compile-backend goes with --compile")
     if args.compile and not hasattr(torch, "compile"):
         sys.exit(f"error: --compile needs torch 2.0 or newer (this is {torch.__version__})")
+    if args.debug_state and args.decay_on != "matrices":  # its hparams record holds no --decay-on
+        sys.exit("error: --debug-state's file records the decay of matrices alone: drop --decay-on")
+    if args.save_params and not args.train:
+        sys.exit("error: --save-params writes the weights --train N leaves: add --train N")
     if args.policy and args.init:
         sys.exit("error: --policy and --init both give the weights: pick one")
     if args.batch < 1 or not 0 <= args.seed < 2**63:

@@ -43,6 +43,24 @@ static double rel_error(const float* x, const float* ref, size_t n) {
     return sqrt(num / den);
 }
 
+// The relative error of the weight updates (weights minus the seed's init) of run x against
+// ref's, over the tensors that train in `mode` and whose decay column is `decay` (NaN in x: +inf)
+static double update_error(const float* x, const float* ref, const float* init, const SmolParamTable* t, int mode,
+                           int decay) {
+    double num = 0.0, den = 0.0;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        const SmolParamSpec* s = &t->spec[i];
+        if (s->decay != decay || smolvla_trainable_numel(s, mode) == 0) { continue; }
+        for (size_t j = s->offset; j < s->offset + s->numel; j++) {
+            if (!isfinite(x[j])) { return INFINITY; }
+            double d = ((double)x[j] - init[j]) - ((double)ref[j] - init[j]), r = (double)ref[j] - init[j];
+            num += d * d;
+            den += r * r;
+        }
+    }
+    return den > 0.0 ? sqrt(num / den) : INFINITY;
+}
+
 // ----------------------------------------------------------------------------
 // the oracle's debug state: a "VLAT" container of named tensors (format in dev/model.py)
 

@@ -18,15 +18,16 @@ configuration. Needs config.h and cli.h.
 // TCP exchange, after checking that every node runs the same configuration
 
 #define BOOT_MAGIC 0x544f4f42u  // "BOOT"
-#define BOOT_VERSION 4u  // 2: min_lr_frac and augment joined the fields; 3: SmolVLA's config and train mode;
-                         // 4: fp16's --loss-scale and --loss-scale-window (ranks scaled apart sum wrong gradients)
+#define BOOT_VERSION 5u  // 2: min_lr_frac and augment joined the fields; 3: SmolVLA's config and train mode;
+                         // 4: fp16's --loss-scale and --loss-scale-window (ranks scaled apart sum wrong gradients);
+                         // 5: --decay-on (nodes that decay apart drift apart)
 #define BOOT_MAX_PAYLOAD 1024
 
 // What every node of a run must agree on; floats go as their bits so they compare exactly
 #define BOOT_FIELDS(X) \
     X(gpus_per_node) X(nodes) X(batch) X(accum) X(zero) X(steps) X(warmup) X(start_step) X(seed) X(samples) \
     X(lr_bits) X(min_lr_frac_bits) X(weight_decay_bits) X(clip_bits) X(lr_scale) X(augment) X(train_mode) \
-    X(loss_scale_bits) X(loss_scale_window)
+    X(loss_scale_bits) X(loss_scale_window) X(decay_on)
 
 typedef struct {
     uint32_t magic, version;
@@ -59,7 +60,8 @@ static inline BootIdentity boot_identity(const TrainArgs* a, const SmolVLAConfig
     id.steps = a->steps; id.warmup = a->warmup; id.start_step = start_step; id.seed = (int64_t)a->seed;
     id.samples = (int64_t)samples; id.lr_bits = boot_float_bits(a->lr_base);
     id.min_lr_frac_bits = boot_float_bits(a->min_lr_frac); id.weight_decay_bits = boot_float_bits(a->weight_decay);
-    id.clip_bits = boot_float_bits(a->grad_clip); id.lr_scale = a->lr_scale; id.augment = a->augment;
+    id.clip_bits = boot_float_bits(a->grad_clip); id.decay_on = a->decay_on;
+    id.lr_scale = a->lr_scale; id.augment = a->augment;
     id.train_mode = a->train_mode;
     id.loss_scale_bits = boot_float_bits(a->loss_scale); id.loss_scale_window = a->loss_scale_window;
     return id;

@@ -42,6 +42,7 @@ typedef struct {
     float lr_base;          // -l as given; lr is it scaled by --lr-scale (train_args_for_world)
     int steps;              // optimizer steps in total
     float lr, min_lr_frac, weight_decay, grad_clip;
+    int decay_on;           // --decay-on: DECAY_ON_*, the tensors AdamW's weight decay acts on
     int warmup;
     uint64_t seed;
     int resume;             // -y 1: continue from the newest complete checkpoint in output
@@ -75,6 +76,7 @@ static inline void train_args_defaults(TrainArgs* a) {
     a->total_batch = 0; a->lr_scale = LR_SCALE_NONE; a->accum = 1; a->zero = 0;
     a->nodes = 1; a->node_rank = 0; a->master = NULL; a->bootstrap_timeout = 120.0f; a->nccl_timeout = 600.0f;
     a->lr = 3e-4f; a->min_lr_frac = 0.1f; a->weight_decay = 0.01f; a->grad_clip = 1.0f;
+    a->decay_on = DECAY_ON_MATRICES;
     a->lr_base = a->lr;
     a->warmup = 100;
     a->seed = 1337;
@@ -132,7 +134,10 @@ static inline void train_args_usage(const char* prog) {
     printf("      --nccl-timeout S   seconds one step may take (collectives included) before the run is aborted (%g)\n", d.nccl_timeout);
     printf("      --min-lr-frac X    cosine floor as a fraction of the peak (%g)\n", d.min_lr_frac);
     printf("  -u, --warmup N         linear warmup steps (%d)\n", d.warmup);
-    printf("  -w, --weight-decay X   AdamW decay on matrices (%g)\n", d.weight_decay);
+    printf("  -w, --weight-decay X   AdamW's decoupled weight decay, see --decay-on (%g)\n", d.weight_decay);
+    printf("      --decay-on WHAT    what the weight decay acts on: matrices (linear weights and embeddings), all\n"
+           "                         (every trainable tensor, biases and norms too: LeRobot's AdamW) (%s)\n",
+           DECAY_ON_NAMES[d.decay_on]);
     printf("  -c, --clip X           global gradient-norm clip, 0 disables (%g)\n", d.grad_clip);
     printf("  -s, --seed N           seed for init, sampler and flow noise (%llu)\n", (unsigned long long)d.seed);
     printf("  -y, --resume 0|1       1: continue from the newest complete checkpoint in the output folder (%d)\n", d.resume);
@@ -207,13 +212,14 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
            OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY, OPT_BALANCE,
            OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY, OPT_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW, OPT_PROFILE,
-           OPT_NO_CHECKPOINT, OPT_NEW_RUN };
+           OPT_NO_CHECKPOINT, OPT_NEW_RUN, OPT_DECAY_ON };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
         {"gpus", required_argument, 0, 'g'},         {"steps", required_argument, 0, 'n'},
         {"lr", required_argument, 0, 'l'},           {"min-lr-frac", required_argument, 0, OPT_MIN_LR},
         {"warmup", required_argument, 0, 'u'},       {"weight-decay", required_argument, 0, 'w'},
+        {"decay-on", required_argument, 0, OPT_DECAY_ON},
         {"clip", required_argument, 0, 'c'},         {"seed", required_argument, 0, 's'},
         {"resume", required_argument, 0, 'y'},       {"init", required_argument, 0, OPT_INIT},
         {"new-run", no_argument, 0, OPT_NEW_RUN},
@@ -284,6 +290,11 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case OPT_MIN_LR: a->min_lr_frac = parse_float_arg("min-lr-frac", optarg, 0.0f, 1.0f); break;
             case 'u': a->warmup = (int)parse_int_arg("warmup", optarg, 0, 1L << 30); break;
             case 'w': a->weight_decay = parse_float_arg("weight-decay", optarg, 0.0f, 10.0f); break;
+            case OPT_DECAY_ON:
+                for (a->decay_on = 0; a->decay_on < DECAY_ON_COUNT && strcmp(optarg, DECAY_ON_NAMES[a->decay_on]) != 0;
+                     a->decay_on++) {}
+                if (a->decay_on == DECAY_ON_COUNT) { vla_fail("--decay-on %s: use matrices or all", optarg); }
+                break;
             case 'c': a->grad_clip = parse_float_arg("clip", optarg, 0.0f, 1e9f); break;
             case 's': a->seed = (uint64_t)parse_int_arg("seed", optarg, 0, 0x7fffffffffffffffL); break;
             case 'y': a->resume = (int)parse_int_arg("resume", optarg, 0, 1); break;

@@ -408,7 +408,7 @@ static inline size_t smolvla_trainable_count(const SmolParamTable* t, int mode) 
 
 // The optimizer's domain in a mode: the trainable prefix of every tensor, packed in table order.
 // AdamW's moments exist for these elements only (tensor i's at offset[i], numel[i] of them); its
-// weight decay applies where the table's decay column says (smolvla_decay).
+// weight decay applies where the table's decay column, or --decay-on all, says (smolvla_decay).
 typedef struct {
     int mode;
     size_t offset[SMOLVLA_NUM_TENSORS];  // tensor i's first moment in the packed m and v
@@ -426,8 +426,17 @@ static inline void smolvla_opt_domain(const SmolParamTable* t, int mode, SmolOpt
     }
 }
 
-// The decoupled weight decay of tensor s: `weight_decay` on the tensors the table marks, else 0.
-static inline float smolvla_decay(const SmolParamSpec* s, float weight_decay) { return s->decay ? weight_decay : 0.0f; }
+// What AdamW's decoupled weight decay acts on (--decay-on): the tensors the table's decay column
+// marks (the matrices: linear weights and embeddings), or every trainable tensor, biases and norms
+// too, as LeRobot's torch AdamW over all of a policy's parameters does.
+enum { DECAY_ON_MATRICES = 0, DECAY_ON_ALL = 1 };
+static const char* const DECAY_ON_NAMES[] = {"matrices", "all"};
+#define DECAY_ON_COUNT ((int)(sizeof(DECAY_ON_NAMES) / sizeof(DECAY_ON_NAMES[0])))
+
+// The decoupled weight decay of tensor s: `weight_decay` where `decay_on` (DECAY_ON_*) reaches it, else 0.
+static inline float smolvla_decay(const SmolParamSpec* s, float weight_decay, int decay_on) {
+    return s->decay || decay_on == DECAY_ON_ALL ? weight_decay : 0.0f;
+}
 
 // LeRobot's layer number of slice i of a stacked tensor.
 static inline int smolvla_slice_layer(const SmolVLAConfig* c, const SmolParamSpec* s, int i) {

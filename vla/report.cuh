@@ -142,6 +142,8 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     printf("| effective batch        | %-36lld |\n", (long long)train_global_batch(args, run->world));
     snprintf(split, sizeof(split), "%g (--lr-scale %s)", args->lr, LR_SCALE_NAMES[args->lr_scale]);
     printf("| peak learning rate     | %-36s |\n", split);
+    snprintf(split, sizeof(split), "%g on %s (--decay-on)", args->weight_decay, DECAY_ON_NAMES[args->decay_on]);
+    printf("| weight decay           | %-36s |\n", split);
     printf("| optimizer state        | %-36s |\n", args->zero && run->world > 1 ? "sharded over the GPUs (ZeRO-1)" : "on every GPU");
     // per GPU, for its micro-batch: a frozen vision tower keeps one layer's (smolvla_vis_kept)
     double gib = 1024.0 * 1024.0 * 1024.0;
