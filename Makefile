@@ -307,13 +307,14 @@ endif
 # otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries).
 # scripts/test_lerobot_io.py (LeRobot import/export) needs train_vla_cpu, libvla.so, data/synthetic
 # and the LeRobot references
-# What make test compiles with the machine's own gcc, g++ and nvcc, none of which make setup installs:
-# .ci/run builds them beside make setup (`make -j2 setup test_compiles`), on the core pip leaves idle
-TEST_COMPILES = train_vla_cpu test_vla libvla.so data/synthetic build/gpu/train_vla_$(PRECISION_SUFFIX) \
+# What make test compiles with the machine's own gcc, g++ and nvcc and nothing that make setup installs
+# (train_vla_cpu unpacks the default data with xz, a setup package: it comes later): .ci/run builds
+# them beside make setup (`make -j2 setup test_compiles`), on the core pip leaves idle
+TEST_COMPILES = test_vla libvla.so data/synthetic build/gpu/train_vla_$(PRECISION_SUFFIX) \
 	build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so $(GPU_DEV_CUDA) $(GPU_TEST_BINARIES) $(REGISTER_LOGS) \
 	build/sanitize/train_vla_cpu
 test_compiles: $(TEST_COMPILES)
-test: $(TEST_COMPILES) train_vla fuzz_build $(TEST_DIR)/a.bin $(TEST_DIR)/b.bin $(TEST_DIR)/s.bin $(TEST_DIR)/a_train.txt $(TEST_DIR)/a_pi0_train.txt $(TEST_DIR)/a_pi0_decay_all.bin $(SMOLVLA_STATES) $(LEROBOT_REF)/all/ref.safetensors $(SMOLVLA_C_CONFIGS) \
+test: $(TEST_COMPILES) train_vla_cpu train_vla fuzz_build $(TEST_DIR)/a.bin $(TEST_DIR)/b.bin $(TEST_DIR)/s.bin $(TEST_DIR)/a_train.txt $(TEST_DIR)/a_pi0_train.txt $(TEST_DIR)/a_pi0_decay_all.bin $(SMOLVLA_STATES) $(LEROBOT_REF)/all/ref.safetensors $(SMOLVLA_C_CONFIGS) \
 		$(LEROBOT_REF_PI0)/all/ref.safetensors venv_check
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 
