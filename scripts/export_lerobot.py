@@ -176,16 +176,23 @@ def expert_multiplier(cfg):
     return m
 
 
-def policy_config(cfg, mode, vlm, cameras, device, multiplier):
-    """config.json as LeRobot 0.6.1 writes a SmolVLAConfig (its fields, in its order)."""
-    expert_only, freeze_vision = TRAIN_FLAGS[vla.TRAIN_MODES[mode]]
+def base_config(kind, cfg, cameras, device):
+    """The fields every LeRobot 0.6.1 policy config.json starts with (PreTrainedConfig's), in its order."""
     inputs = {cam: {"type": "VISUAL", "shape": [3, cfg.img, cfg.img]} for cam in cameras}
     inputs["observation.state"] = {"type": "STATE", "shape": [cfg.state_dim]}
     return {
-        "type": "smolvla", "n_obs_steps": 1, "input_features": inputs,
+        "type": kind, "n_obs_steps": 1, "input_features": inputs,
         "output_features": {"action": {"type": "ACTION", "shape": [cfg.action_dim]}},
         "device": device, "use_amp": False, "use_peft": False, "push_to_hub": False, "repo_id": None,
         "private": None, "tags": None, "license": None, "pretrained_path": None, "pretrained_revision": None,
+    }
+
+
+def policy_config(cfg, mode, vlm, cameras, device, multiplier):
+    """config.json as LeRobot 0.6.1 writes a SmolVLAConfig (its fields, in its order)."""
+    expert_only, freeze_vision = TRAIN_FLAGS[vla.TRAIN_MODES[mode]]
+    return {
+        **base_config("smolvla", cfg, cameras, device),
         "chunk_size": cfg.chunk, "n_action_steps": cfg.chunk, "normalization_mapping": NORM_MAP,
         "max_state_dim": cfg.max_state_dim, "max_action_dim": cfg.max_action_dim,
         "resize_imgs_with_padding": [cfg.img, cfg.img], "empty_cameras": 0, "adapt_to_pi_aloha": False,
@@ -279,13 +286,8 @@ def pi0_variants(cfg, sizes_path):
 def pi0_policy_config(cfg, mode, cameras, device, variants):
     """config.json as LeRobot 0.6.1 writes a PI0Config (its fields, in its order)."""
     expert_only, freeze_vision = TRAIN_FLAGS[vla.TRAIN_MODES[mode]]
-    inputs = {cam: {"type": "VISUAL", "shape": [3, cfg.img, cfg.img]} for cam in cameras}
-    inputs["observation.state"] = {"type": "STATE", "shape": [cfg.state_dim]}
     return {
-        "type": "pi0", "n_obs_steps": 1, "input_features": inputs,
-        "output_features": {"action": {"type": "ACTION", "shape": [cfg.action_dim]}},
-        "device": device, "use_amp": False, "use_peft": False, "push_to_hub": False, "repo_id": None,
-        "private": None, "tags": None, "license": None, "pretrained_path": None, "pretrained_revision": None,
+        **base_config("pi0", cfg, cameras, device),
         "paligemma_variant": variants[0], "action_expert_variant": variants[1], "dtype": "float32",
         "chunk_size": cfg.chunk, "n_action_steps": cfg.chunk, "max_state_dim": cfg.max_state_dim,
         "max_action_dim": cfg.max_action_dim, "num_inference_steps": 10, "time_sampling_beta_alpha": 1.5,

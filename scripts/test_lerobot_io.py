@@ -122,12 +122,14 @@ def build_byte_tokenizer(out_dir):
     tok.save_pretrained(out_dir)
 
 
-def make_stats(g):
-    mean_s, std_s = torch.randn(STATE_DIM, generator=g), torch.rand(STATE_DIM, generator=g) + 0.3
-    mean_a, std_a = torch.randn(ACTION_DIM, generator=g), torch.rand(ACTION_DIM, generator=g) + 0.3
+def make_stats(g, state_dim=STATE_DIM, action_dim=ACTION_DIM, cameras=CAMERAS):
+    """A dataset's statistics as LeRobot's processors take them (the pi0 suites' too); stds above 0.3,
+    where std + 1e-8 rounds to std in fp32."""
+    mean_s, std_s = torch.randn(state_dim, generator=g), torch.rand(state_dim, generator=g) + 0.3
+    mean_a, std_a = torch.randn(action_dim, generator=g), torch.rand(action_dim, generator=g) + 0.3
     stats = {"observation.state": {"mean": mean_s.numpy(), "std": std_s.numpy()},
              "action": {"mean": mean_a.numpy(), "std": std_a.numpy()}}
-    for cam in CAMERAS:  # datasets ship image stats too; SmolVLA leaves images un-normalized
+    for cam in cameras:  # datasets ship image stats too; SmolVLA and pi0 leave images un-normalized
         stats[make_ref.cam_key(cam)] = {"mean": np.full((3, 1, 1), 0.5, np.float32),
                                         "std": np.full((3, 1, 1), 0.25, np.float32)}
     return stats

@@ -122,26 +122,9 @@ def place_tokenizer():
     return snap
 
 
-def make_stats(g):
-    stats = {"observation.state": {"mean": torch.randn(STATE_DIM, generator=g).numpy(),
-                                   "std": (torch.rand(STATE_DIM, generator=g) + 0.3).numpy()},
-             "action": {"mean": torch.randn(ACTION_DIM, generator=g).numpy(),
-                        "std": (torch.rand(ACTION_DIM, generator=g) + 0.3).numpy()}}
-    for cam in CAMERAS:  # datasets ship image stats too; pi0 leaves images un-normalized
-        stats[make_ref.cam_key(cam)] = {"mean": np.full((3, 1, 1), 0.5, np.float32),
-                                        "std": np.full((3, 1, 1), 0.25, np.float32)}
-    return stats
-
-
 def save_policy(policy, stats, folder):
-    from lerobot.policies.factory import make_pre_post_processors
-
-    folder.mkdir(parents=True)
-    policy.save_pretrained(folder)
-    with contextlib.redirect_stdout(io.StringIO()):
-        pre, post = make_pre_post_processors(policy.config, dataset_stats=stats)
-    pre.save_pretrained(folder)
-    post.save_pretrained(folder)
+    with contextlib.redirect_stdout(io.StringIO()):  # pi0's processors print as they are made
+        io_test.save_policy(policy, policy.config, stats, folder)
 
 
 def weights(policy):
@@ -158,7 +141,7 @@ def build_fixtures(tmp):
         torch.manual_seed(SEED)
         policy = PI0Policy(cfg)
     make_ref.perturb_constant_params(policy, SEED + 3)
-    stats = make_stats(torch.Generator().manual_seed(SEED + 1))
+    stats = io_test.make_stats(torch.Generator().manual_seed(SEED + 1), STATE_DIM, ACTION_DIM, CAMERAS)
     save_policy(policy, stats, tmp / "fp32")
     state32 = weights(policy)
     # what PI0Config(dtype="bfloat16") makes of the same weights

@@ -72,6 +72,7 @@ import make_ref  # noqa: E402  dev/lerobot: cam_key, images_as_fed, perturb_cons
 import make_ref_pi0  # noqa: E402  dev/lerobot: LeRobot's pi0 at test sizes
 import model as vla  # noqa: E402  dev/model.py: config, LeRobot names, checkpoints, batches
 import vla_shard  # noqa: E402
+import test_lerobot_io as io_test  # noqa: E402  the SmolVLA suite's statistics and error measures
 from checks import Checks  # noqa: E402
 from vla_policy import CONFIG_FIELDS, VLAPolicy  # noqa: E402
 
@@ -166,17 +167,6 @@ def install_in_hub_cache(folder, name):
     return snapshot
 
 
-def make_stats(g):
-    """Normalization statistics; stds above 0.3, where std + 1e-8 rounds to std in fp32."""
-    stats = {"observation.state": {"mean": torch.randn(STATE_DIM, generator=g).numpy(),
-                                   "std": (torch.rand(STATE_DIM, generator=g) + 0.3).numpy()},
-             "action": {"mean": torch.randn(ACTION_DIM, generator=g).numpy(),
-                        "std": (torch.rand(ACTION_DIM, generator=g) + 0.3).numpy()}}
-    flat = np.concatenate([stats["observation.state"]["mean"], stats["observation.state"]["std"],
-                           stats["action"]["mean"], stats["action"]["std"]]).astype(np.float32)
-    return stats, flat
-
-
 def build_policy():
     """LeRobot's PI0Policy at pi0_tiny's sizes, the text table MODEL_VOCAB rows, pi0's 48 tokens."""
     from lerobot.configs import FeatureType, PolicyFeature
@@ -231,21 +221,6 @@ def lerobot_actions(policy, pre, post, frames, state, tasks, noise):
     with torch.no_grad():
         chunk = policy.predict_action_chunk(pre(batch), noise=torch.from_numpy(noise).clone())
     return post(chunk).to(torch.float64).numpy()
-
-
-def errors(got, want):
-    """(max absolute error, max relative error = max |got - want| / max |want|)."""
-    diff = float(np.abs(got - want).max())
-    return diff, diff / max(float(np.abs(want).max()), 1e-30)
-
-
-def one_line_error(fn, needle):
-    """(fn raised ValueError with one line holding needle, the message)."""
-    try:
-        fn()
-    except ValueError as e:
-        return "\n" not in str(e) and needle in str(e), str(e)
-    return False, "accepted"
 
 
 def gpu_libraries():
@@ -328,7 +303,7 @@ def check_actions(name, make, tol, lerobot, frames, state, noise):
     pol = make()
     cams = list(CAMERAS)
     full = pol.act([frames[c] for c in cams], ACT_TASKS, state, noise=noise).astype(np.float64)
-    e_abs, e_rel = errors(full, lerobot(frames))
+    e_abs, e_rel = io_test.errors(full, lerobot(frames))
     lens = [len(pol.text_tokenizer.encode(t)) for t in ACT_TASKS]
     check(e_rel <= tol and max(lens) > MAX_TEXT, f"{name} ({pol.device}) vs LeRobot on the raw observation (tasks of "
           f"{lens} ids): max abs err {e_abs:.3g}, max rel err {e_rel:.3g} (tol {tol:g})")
@@ -336,11 +311,11 @@ def check_actions(name, make, tol, lerobot, frames, state, noise):
         some = {c: (None if c == gone else frames[c]) for c in cams}
         got = pol.act([some[c] for c in cams], ACT_TASKS, state, noise=noise).astype(np.float64)
         want = lerobot(some)
-        e_abs, e_rel = errors(got, want)
-        moved = errors(want, full)[0]
+        e_abs, e_rel = io_test.errors(got, want)
+        moved = io_test.errors(want, full)[0]
         check(e_rel <= tol and moved > 0, f"{name}: camera {gone} missing (LeRobot: an image of -1 masked out; the "
               f"actions move by {moved:.3g}): max abs err {e_abs:.3g}, max rel err {e_rel:.3g} (tol {tol:g})")
-    ok, msg = one_line_error(lambda: pol.act([None] * len(cams), ACT_TASKS, state, noise=noise), "at least one")
+    ok, msg = io_test.one_line_error(lambda: pol.act([None] * len(cams), ACT_TASKS, state, noise=noise), "at least one")
     check(ok, f"{name}: every camera missing is refused in one line: {msg}")
     values = (ctypes.c_int32 * len(CONFIG_FIELDS))()
     pol.lib.vla_policy_config(pol.handle, values)
@@ -366,7 +341,9 @@ def main():
     install_in_hub_cache(folder, HUB_NAME)
     tokenizer = vla_shard.TokenizerJSON(str(folder))
     policy, lcfg = build_policy()
-    stats, flat = make_stats(torch.Generator().manual_seed(SEED + 3))
+    stats = io_test.make_stats(torch.Generator().manual_seed(SEED + 3), STATE_DIM, ACTION_DIM, CAMERAS)
+    flat = np.concatenate([stats["observation.state"]["mean"], stats["observation.state"]["std"],
+                           stats["action"]["mean"], stats["action"]["std"]]).astype(np.float32)
     with contextlib.redirect_stdout(io.StringIO()):
         pre, post = make_pre_post_processors(lcfg, dataset_stats=stats)
     ckpt = Path(TMP) / "pi0.bin"
