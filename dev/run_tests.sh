@@ -104,6 +104,8 @@ if [ -n "${FUZZ_TEST_SECONDS:-}" ]; then
 else
     add_suite fuzz dev/fuzz/run_fuzz.sh 15 shard checkpoint policy shards:10 safetensors:10 log:10 names:10 boot:10
 fi
+# the Python safetensors readers (dev/safetensors_format.py, the oracle's, the import's) on mutated files
+add_suite fuzz_safetensors_py "$ORACLE_PY" dev/fuzz/fuzz_safetensors_py.py --seconds 15
 add_suite policy "$ORACLE_PY" scripts/test_policy.py
 # LeRobot policies into train_vla checkpoints and back (scripts/import_lerobot.py, export_lerobot.py):
 # weights, header, LeRobot's and train_vla's actions after a round trip and after --init fine-tuning

@@ -52,9 +52,12 @@ import time
 
 import torch
 
+import safetensors_format  # dev/safetensors_format.py: the format's header, read and checked
+
 # ----------------------------------------------------------------------------
 # safetensors I/O: 8-byte little-endian header length, a JSON header
-# {name: {dtype, shape, data_offsets}}, then the raw little-endian bytes
+# {name: {dtype, shape, data_offsets}}, then the raw little-endian bytes (the header read and
+# checked by dev/safetensors_format.py)
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -65,52 +68,29 @@ SAFETENSORS_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 
 def load_safetensors(path):
+    """name -> tensor of a safetensors file, its header checked as the format requires
+    (dev/safetensors_format.py, the project's one reader of it: ValueError, one line, otherwise).
+    Each tensor is a private, writable copy of its bytes."""
     assert sys.byteorder == "little", "safetensors data is little-endian"
-    with open(path, "rb") as f:
-        data = f.read()
-    bad = f"{path} is not a valid safetensors file"
-    if len(data) < 8:
-        raise ValueError(f"{bad}: {len(data)} bytes, shorter than its header length")
-    (header_len,) = struct.unpack("<Q", data[:8])
-    if header_len > len(data) - 8:
-        raise ValueError(f"{bad}: a header of {header_len} bytes in a file of {len(data)}")
-    try:
-        header = json.loads(data[8:8 + header_len].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"{bad}: its header is not JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{bad}: its header is a JSON {type(header).__name__}, not an object of tensors")
-    base = 8 + header_len
     tensors = {}
-
-    def whole(x):
-        return isinstance(x, int) and not isinstance(x, bool)
-
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        shape = info.get("shape") if isinstance(info, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(whole(x) for x in offsets)
-                and isinstance(shape, list) and all(whole(x) and x >= 0 for x in shape)
-                and info.get("dtype") in SAFETENSORS_DTYPES):
-            raise ValueError(f"{bad}: tensor {name} lacks a known dtype, a shape or two whole data_offsets")
-        begin, end = offsets
-        dtype = SAFETENSORS_DTYPES[info["dtype"]]
-        need = torch.empty(0, dtype=dtype).element_size()  # Python's integers: no product wraps
-        for d in shape:
-            need *= d
-        if not 0 <= begin <= end <= len(data) - base or end - begin != need:
-            raise ValueError(f"{bad}: tensor {name} of shape {shape} needs {need} bytes, its "
-                             f"data_offsets [{begin}, {end}] give {end - begin} of the {len(data) - base} there")
-        raw = bytearray(data[base + begin:base + end])  # a private, writable copy
-        if dtype == torch.bfloat16:  # frombuffer on old torch knows no bfloat16: go through int16
-            t = torch.frombuffer(raw, dtype=torch.int16).view(torch.bfloat16) if raw else torch.empty(0, dtype=dtype)
-        elif dtype == torch.bool:
-            t = torch.frombuffer(raw, dtype=torch.uint8).bool() if raw else torch.empty(0, dtype=dtype)
-        else:
-            t = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-        tensors[name] = t.reshape(info["shape"])
+    with safetensors_format.open_regular(path) as f:
+        index, _ = safetensors_format.index_of(f, path)
+        for name, e in index.items():
+            if e.dtype not in SAFETENSORS_DTYPES:
+                raise ValueError(f"{safetensors_format.escaped(path)}: tensor {safetensors_format.escaped(name)} has "
+                                 f"dtype {e.dtype}, which this oracle does not read (it reads "
+                                 f"{', '.join(SAFETENSORS_DTYPES)}): save the tensors in one of those")
+            raw = safetensors_format.read_bytes(f, e, path, name)
+            dtype = SAFETENSORS_DTYPES[e.dtype]
+            if not raw:
+                t = torch.empty(0, dtype=dtype)
+            elif dtype == torch.bfloat16:  # frombuffer on old torch knows no bfloat16: go through int16
+                t = torch.frombuffer(raw, dtype=torch.int16).view(torch.bfloat16)
+            elif dtype == torch.bool:
+                t = torch.frombuffer(raw, dtype=torch.uint8).bool()
+            else:
+                t = torch.frombuffer(raw, dtype=dtype)
+            tensors[name] = t.reshape(e.shape)
     return tensors
 
 

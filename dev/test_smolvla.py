@@ -164,8 +164,10 @@ def test_case(case_dir, family):
 
 
 def test_safetensors_reader():
-    """The oracle's safetensors reader: a round trip, and headers that are not the format's refused
-    in one line (a list, a tensor without data_offsets, a shape whose bytes pass 2^64)."""
+    """The oracle's safetensors reader (dev/safetensors_format.py's checks): a round trip, and headers
+    that are not the format's refused in one line (a list, a tensor without data_offsets, a shape
+    whose bytes pass 2^64, two tensors over the same bytes, a name given twice, bytes no tensor
+    holds)."""
     import struct
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
@@ -177,13 +179,20 @@ def test_safetensors_reader():
         raw = open(path, "rb").read()
         n = struct.unpack("<Q", raw[:8])[0]
         header = json.loads(raw[8:8 + n])
-        cases = [("a header that is a JSON list", [header], "its header is a JSON list, not an object of tensors"),
+        x_end = header["x"]["data_offsets"][1]
+        twice = json.dumps({"x": header["x"]})[:-1] + ", " + json.dumps({"x": header["x"]})[1:]
+        cases = [("a header that is a JSON list", [header], "the header is a JSON list, not an object of tensors"),
                  ("a tensor without data_offsets", {**header, "x": {"dtype": "F32", "shape": [2, 3]}},
-                  "tensor x lacks a known dtype, a shape or two whole data_offsets"),
+                  "tensor x lacks dtype, shape or data_offsets"),
                  ("a shape of [2^40, 2^40]", {**header, "x": {**header["x"], "shape": [2**40, 2**40]}},
-                  f"needs {4 * 2**80} bytes")]
+                  f"needs {4 * 2**80} bytes"),
+                 ("two tensors over the same bytes", {**header, "b": {**header["b"], "data_offsets": [x_end - 4,
+                                                                                                     x_end]}},
+                  f"tensor b [{x_end - 4}, {x_end}] overlaps tensor x"),
+                 ("a name given twice", twice, '"x" stands twice'),
+                 ("bytes after the last tensor", {"x": header["x"]}, "bytes of the data section belong to no tensor")]
         for what, bad, needle in cases:
-            text = json.dumps(bad).encode()
+            text = (bad if isinstance(bad, str) else json.dumps(bad)).encode()
             with open(path, "wb") as f:
                 f.write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
             try:

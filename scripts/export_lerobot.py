@@ -3,7 +3,7 @@
 export_lerobot.py: a train_vla checkpoint (version 2) -> a LeRobot SmolVLA or pi0 policy folder.
 
     /usr/bin/python3 scripts/export_lerobot.py CKPT -o POLICY_DIR [--vlm NAME_OR_DIR]
-        [--cameras top,wrist] [--device cpu]
+        [--cameras top,wrist] [--device cpu] [--force]
     /usr/bin/python3 scripts/export_lerobot.py PI0_CKPT -o POLICY_DIR [--sizes FILE] [--cameras ...] [--device ...]
     policy = SmolVLAPolicy.from_pretrained(POLICY_DIR)                     # LeRobot 0.6.1 (PI0Policy for pi0)
     pre = PolicyProcessorPipeline.from_pretrained(POLICY_DIR, "policy_preprocessor.json")
@@ -47,14 +47,19 @@ when it can be found (locally, in the HF cache, or the released SmolVLM2's sizes
 named observation.images.<name>, camera1 .. cameraN unless --cameras says (their order is the
 checkpoint's); their feature shape is (3, img, img). config.json's device is --device (none: LeRobot
 picks one); the pre-processor's device step says --device or cpu (LeRobot's scripts override it
-with the policy's device). Any problem is one line, exit status 1,
-and nothing is left in POLICY_DIR (the folder is written beside it, then renamed).
+with the policy's device). Any problem is one line, exit status 1, and nothing is left in
+POLICY_DIR: a new (or empty) POLICY_DIR is written beside it as POLICY_DIR.PID.tmp, then renamed.
+An existing, non-empty POLICY_DIR is refused unless --force; with it, the files export writes are
+written in full into a temporary folder inside it and each renamed over its own name (the
+folder's other files stay), and never into the run folder of a trainer that is running (its
+.lock held). A failed write (a full disk, the file size limit) removes the temporary folder.
 
 Runs under Debian's python3 (torch + numpy) or build/lerobot-venv; needs neither lerobot nor
 the safetensors package.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -89,6 +94,9 @@ NORM_MAP = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
 TRAIN_FLAGS = {"expert": (True, True), "vlm": (False, True), "all": (False, False)}  # (expert only, freeze vision)
 
 
+say = import_lerobot.say  # a summary line, escaped (a tokenizer name comes from the checkpoint)
+
+
 class UserError(Exception):
     """A user-facing problem: printed as one `error:` line."""
 
@@ -110,7 +118,14 @@ def check_vlm(cfg, vlm, ckpt):
     except FileNotFoundError:
         fail(f"--vlm {vlm}: no config.json found for it (as a folder, next to the checkpoint, or in the HF cache): "
              "pass the folder of the SmolVLM these weights were trained with")
+    except (OSError, ValueError, RecursionError) as e:  # (ValueError: not JSON)
+        fail(f"--vlm {vlm}: its config.json cannot be read ({type(e).__name__}: {e}): pass the folder of the SmolVLM "
+             "these weights were trained with")
+    vc = vc if isinstance(vc, dict) else {}
     v, t = vc.get("vision_config", {}), vc.get("text_config", {})
+    if not isinstance(v, dict) or not isinstance(t, dict):
+        fail(f"--vlm {vlm}: its config.json's vision_config or text_config is not an object: pass the folder of the "
+             "SmolVLM these weights were trained with")
     heads = t.get("num_attention_heads", 0)
     pairs = [
         ("vision image_size", v.get("image_size"), "img", cfg.img),
@@ -148,8 +163,9 @@ def check_tokenizer(ck, vlm, pi0=False):
         path = os.path.join(place, "tokenizer.json")
         if not os.path.isfile(path):
             continue
-        with open(path) as f:
-            theirs = "bytes" if import_lerobot.is_byte_identity(json.load(f)) else vla_shard.tokenizer_json_id(path)
+        tok = import_lerobot.read_json(path, "the tokenizer")
+        theirs = "bytes" if isinstance(tok, dict) and import_lerobot.is_byte_identity(tok) else \
+            vla_shard.tokenizer_json_id(path)
         if theirs != ck["tokenizer"] and pi0:
             fail(f"LeRobot's pi0 pre-processor tokenizes with {vlm}, whose tokenizer.json ({os.path.normpath(path)}) "
                  f"makes the token ids of {theirs}, the checkpoint was trained on {ck['tokenizer']}: LeRobot would "
@@ -311,11 +327,35 @@ def camera_keys(names, n_cam):
     return keys
 
 
-def write_folder(out, config, tensors, pre, post, pre_stats, pre_state_file, post_stats):
-    """The policy folder, written beside `out` and renamed onto it, so a failure leaves nothing."""
-    tmp = out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+def fresh_folder(base):
+    """A new, empty folder named base.PID.tmp (base.PID.N.tmp where that is taken: a folder of that
+    name is someone's, never removed here)."""
+    for n in range(100):
+        path = f"{base}.{os.getpid()}{'' if n == 0 else f'.{n}'}.tmp"
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+    fail(f"{base}.{os.getpid()}.tmp and 99 others like it exist: remove them, or write elsewhere (-o)")
+
+
+def write_folder(out, force, config, tensors, pre, post, pre_stats, pre_state_file, post_stats):
+    """The policy folder. A new (or empty) `out`: written in full beside it, then renamed onto it, so
+    a failure leaves nothing. An existing folder (--force): every file written in full into a
+    temporary folder inside it, then each renamed over its own name; the folder's other files are
+    left as they are. A failure removes the temporary folder and says what failed (one line)."""
+    names = written_names(pre_state_file)
+    into = bool(os.path.isdir(out) and os.listdir(out))
+    if into and not force:  # (it filled while the checkpoint was read)
+        fail(f"{out} exists and is not empty: pass --force to replace the files export writes in it, or write "
+             "elsewhere (-o)")
+    need = sum(t.numel() * t.element_size() for t in tensors.values()) + (1 << 16)  # the weights and their headers
+    try:
+        tmp = fresh_folder(os.path.join(out, ".export_lerobot") if into else out)
+    except OSError as e:
+        fail(import_lerobot.write_failure(e, out, need, None, f"{out} is as it was" if into else None))
+    renamed = []
     try:
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(config, f, indent=4)
@@ -325,12 +365,61 @@ def write_folder(out, config, tensors, pre, post, pre_stats, pre_state_file, pos
                 json.dump(spec, f, indent=2)
         smolvla.save_safetensors(os.path.join(tmp, pre_state_file), pre_stats)
         smolvla.save_safetensors(os.path.join(tmp, POSTPROCESSOR_STATE), post_stats)
-        if os.path.isdir(out):
-            os.rmdir(out)  # empty, checked by the caller
-        os.replace(tmp, out)
+        for name in names:  # on the disk before a name points at them
+            fd = os.open(os.path.join(tmp, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        if into:
+            for name in names[1:] + names[:1]:  # config.json, which LeRobot reads first, last
+                os.replace(os.path.join(tmp, name), os.path.join(out, name))
+                renamed.append(name)
+            os.rmdir(tmp)
+        else:
+            os.replace(tmp, out)  # (rename replaces an empty folder as it replaces a file)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        left = None if not into else f"{out} is as it was" if not renamed else \
+            f"{out} holds the new {', '.join(renamed)} and its other files as they were"
+        fail(import_lerobot.write_failure(e, out, need, f"the temporary folder {tmp}", left))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def check_output(args):
+    """-o: a new folder, an empty one, or with --force a folder whose files of the names export
+    writes are replaced (never one a running trainer holds). Returns its absolute path."""
+    out = os.path.abspath(args.output)
+    if not os.path.isdir(os.path.dirname(out)):
+        fail(f"-o {args.output}: folder {os.path.dirname(out)} does not exist: create it first")
+    if os.path.islink(out):
+        fail(f"-o {args.output} is a symbolic link: pass the folder it points to ({os.path.realpath(out)}), or "
+             "another -o")
+    if os.path.lexists(out) and not os.path.isdir(out):
+        fail(f"-o {args.output} is a file, and export writes a folder: pass a folder name (-o)")
+    if not os.path.isdir(out) or not os.listdir(out):
+        return out
+    if not args.force:
+        fail(f"{args.output} exists and is not empty: pass --force to replace the files export writes in it "
+             "(config.json, model.safetensors, the processors' files; the others stay), or write elsewhere (-o)")
+    return out
+
+
+def written_names(pre_state_file):
+    """The files a policy folder gets from export (the pre-processor's state file is the family's)."""
+    return ["config.json", "model.safetensors", "policy_preprocessor.json", "policy_postprocessor.json",
+            pre_state_file, POSTPROCESSOR_STATE]
+
+
+def folder_files_free(out, pre_state_file):
+    """With --force into an existing folder: each name export writes must be a file (or absent), so
+    that the renames cannot fail half-way on a folder of that name."""
+    for name in written_names(pre_state_file):
+        path = os.path.join(out, name)
+        if os.path.lexists(path) and not (os.path.isfile(path) or os.path.islink(path)):
+            fail(f"{path} is a folder, where export writes a file: move it away, or write elsewhere (-o)")
 
 
 def export_pi0(args, ck, out):
@@ -357,21 +446,25 @@ def export_pi0(args, ck, out):
     action = {"action.mean": stats[2 * S:2 * S + A], "action.std": stats[2 * S + A:]}
     pre, post = processors(cfg, tokenizer, cameras, args.device)
     config = pi0_policy_config(cfg, mode, cameras, args.device, variants)
-    write_folder(out, config, tensors, pre, post, {**state, **action}, PI0_PREPROCESSOR_STATE, action)
-    print(f"export_lerobot: {args.checkpoint} (pi0, step {ck['step']}, train mode {vla.TRAIN_MODES[mode]}, "
-          f"tokenizer {ck['tokenizer']}) -> {args.output}")
-    print(f"  paligemma_variant {variants[0]}, action_expert_variant {variants[1]}"
-          + (f" (at --sizes {args.sizes}'s sizes)" if args.sizes else "") + f"; cameras {', '.join(cameras)}; "
-          f"state {S}, action {A} dims; {len(tensors)} tensors (PaliGemma's lm_head = the embedding, the expert's "
-          "zeros), fp32")
+    folder_files_free(out, PI0_PREPROCESSOR_STATE)
+    write_folder(out, args.force, config, tensors, pre, post, {**state, **action}, PI0_PREPROCESSOR_STATE, action)
+    say(f"export_lerobot: {args.checkpoint} (pi0, step {ck['step']}, train mode {vla.TRAIN_MODES[mode]}, "
+        f"tokenizer {ck['tokenizer']}) -> {args.output}")
+    say(f"  paligemma_variant {variants[0]}, action_expert_variant {variants[1]}"
+        + (f" (at --sizes {args.sizes}'s sizes)" if args.sizes else "") + f"; cameras {', '.join(cameras)}; "
+        f"state {S}, action {A} dims; {len(tensors)} tensors (PaliGemma's lm_head = the embedding, the expert's "
+        "zeros), fp32")
     if tokenizer_note:
-        print(f"  {tokenizer_note}")
+        say(f"  {tokenizer_note}")
 
 
-def parse_args(argv):
+def parser():
     ap = argparse.ArgumentParser(description="a train_vla checkpoint -> a LeRobot SmolVLA or pi0 policy folder")
     ap.add_argument("checkpoint", help="a train_vla checkpoint (version 2)")
-    ap.add_argument("-o", "--output", required=True, help="policy folder to write (new, or empty)")
+    ap.add_argument("-o", "--output", required=True, help="policy folder to write (new, or empty, unless --force)")
+    ap.add_argument("--force", action="store_true",
+                    help="write into an existing folder: the files export writes are replaced, the others kept (never "
+                         "the run folder of a trainer that is running)")
     ap.add_argument("--vlm", metavar="DIR_OR_NAME",
                     help=f"the SmolVLM of these sizes: a path (absolute, starting with ./ ../ or ~, or of more than one "
                          f"slash) is its folder as given and must hold config.json; a name (a folder name, or an HF "
@@ -382,20 +475,44 @@ def parse_args(argv):
                          "which must say the checkpoint's sizes: " + import_lerobot.SIZES_FORMAT)
     ap.add_argument("--cameras", help="comma-separated camera names, in the checkpoint's order (camera1,camera2,...)")
     ap.add_argument("--device", help="config.json's device (default: none, LeRobot picks)")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv):
+    return parser().parse_args(argv)
+
+
+def read_checkpoint(path):
+    """dev/model.py's read_checkpoint, each refusal's fix in terms of what export takes (the reader's
+    own fix names the trainers' --init, which export does not have)."""
+    try:
+        return vla.read_checkpoint(path)
+    except ValueError as e:
+        msg = f"{e}"
+    again = "pass an intact checkpoint (an earlier ckpt_*.bin of its run)"
+    if msg.startswith("cannot open checkpoint"):
+        fail(f"{msg}: pass the path of a train_vla checkpoint file")
+    if "bad magic" in msg:
+        fail(f"{msg}: pass a train_vla checkpoint (a ckpt_*.bin of a run folder)")
+    if "has version 1" in msg:
+        fail(f"{msg.rpartition(': ')[0]}: export a checkpoint of a run of this train_vla (version {vla.CKPT_VERSION})")
+    if "--init" in msg:
+        msg = msg.rpartition(": ")[0]
+    fail(f"{msg}: {again}")
 
 
 def run(args):
-    try:
-        ck = vla.read_checkpoint(args.checkpoint)
-    except ValueError as e:
-        fail(f"{e}")
-    cfg, mode = ck["config"], ck["train_mode"]
-    out = os.path.abspath(args.output)
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        fail(f"-o {args.output} exists and is not an empty folder: pass a new folder")
-    if not os.path.isdir(os.path.dirname(out)):
-        fail(f"-o {args.output}: folder {os.path.dirname(out)} does not exist: create it first")
+    ck = read_checkpoint(args.checkpoint)
+    cfg = ck["config"]
+    out = check_output(args)
+    # a trainer's run folder held by it is never written into, --force or not
+    with import_lerobot.run_folder_free(out, args.force) if os.path.isdir(out) else contextlib.nullcontext():
+        export(args, ck, cfg, out)
+
+
+def export(args, ck, cfg, out):
+    """run's work, with -o held where it is a run folder."""
+    mode = ck["train_mode"]
     ck["path"] = args.checkpoint
     if cfg.is_pi0:
         return export_pi0(args, ck, out)
@@ -426,22 +543,31 @@ def run(args):
     action = {"action.mean": stats[2 * S:2 * S + A], "action.std": stats[2 * S + A:]}
     pre, post = processors(cfg, vlm, cameras, args.device)
     config = policy_config(cfg, mode, vlm, cameras, args.device, multiplier)
-    write_folder(out, config, tensors, pre, post, {**state, **action}, PREPROCESSOR_STATE, action)
-    print(f"export_lerobot: {args.checkpoint} (step {ck['step']}, train mode {vla.TRAIN_MODES[mode]}, "
-          f"tokenizer {ck['tokenizer']}) -> {args.output}")
-    print(f"  vlm_model_name {vlm}; cameras {', '.join(cameras)}; state {S}, action {A} dims; "
-          f"{len(tensors)} tensors (lm_head zeros), fp32")
+    folder_files_free(out, PREPROCESSOR_STATE)
+    write_folder(out, args.force, config, tensors, pre, post, {**state, **action}, PREPROCESSOR_STATE, action)
+    say(f"export_lerobot: {args.checkpoint} (step {ck['step']}, train mode {vla.TRAIN_MODES[mode]}, "
+        f"tokenizer {ck['tokenizer']}) -> {args.output}")
+    say(f"  vlm_model_name {vlm}; cameras {', '.join(cameras)}; state {S}, action {A} dims; "
+        f"{len(tensors)} tensors (lm_head zeros), fp32")
     if tokenizer_note:
-        print(f"  {tokenizer_note}")
+        say(f"  {tokenizer_note}")
 
 
 def main(argv=None):
     args = parse_args(argv)
     try:
         run(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    except (UserError, import_lerobot.UserError) as e:
+        import_lerobot.error_exit(f"{e}")
+    except MemoryError:
+        import_lerobot.error_exit(f"out of memory while exporting {args.checkpoint}: free memory, or export on a "
+                                  "machine with more")
+    except RecursionError:
+        import_lerobot.error_exit("a JSON file export read (the VLM's config.json or tokenizer.json) nests too "
+                                  "deeply: pass a --vlm folder saved by transformers")
+    except OSError as e:
+        import_lerobot.error_exit(f"{e.filename or args.checkpoint}: {e.strerror or e}: pass a readable checkpoint "
+                                  "and --vlm folder, and an -o where this user may write")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 import_lerobot.py: a LeRobot SmolVLA or pi0 policy folder -> a train_vla checkpoint (version 2).
 
     /usr/bin/python3 scripts/import_lerobot.py POLICY_DIR -o CKPT [--vlm DIR_OR_NAME] [--train-mode MODE]
-        [--max-text N] [--tokenizer NAME] [--seed N]
+        [--max-text N] [--tokenizer NAME] [--seed N] [--force]
     /usr/bin/python3 scripts/import_lerobot.py PI0_DIR -o CKPT [--sizes FILE] [--train-mode MODE] ...
     ./train_vla_cpu -i data.bin --init CKPT --weights-only ...         # fine-tune it (its sizes, this data)
     VLAPolicy(CKPT)                                                      # scripts/vla_policy.py
@@ -33,7 +33,11 @@ Every tensor of vla/config.h's table (SMOLVLA_PARAMETERS, as dev/model.py states
 LeRobot name and shape-checked against the sizes; the lm_heads (SmolVLA's one; pi0's PaliGemma
 lm_head and the expert's), which feed nothing, are shape-checked too and listed as skipped, as is
 any other tensor the table lacks. Any problem is one line, `error: ...: <fix>`, exit status 1,
-nothing written.
+nothing written. Every safetensors file is checked as the format requires before a byte of it is
+used (dev/safetensors_format.py: names given once, tensors end to end over the data section).
+An existing CKPT is replaced only with --force, and never in the run folder of a trainer that is
+running (its .lock held): the file is written to CKPT.PID.tmp and renamed, and a failed write
+(a full disk, the file size limit) removes it and leaves CKPT as it was.
 
 The checkpoint holds what checkpoint_write in vla/checkpoint.h writes (dev/model.py's write_checkpoint):
   config       the sizes above; max_text = tokenizer_max_length (--max-text overrides)
@@ -59,9 +63,12 @@ and JSON files are read here, without the safetensors or lerobot packages.
 """
 
 import argparse
+import contextlib
+import errno
+import fcntl
 import json
 import os
-import struct
+import stat
 import sys
 
 import numpy as np
@@ -70,6 +77,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "dev"))
 sys.path.insert(0, os.path.join(ROOT, "data"))
 import model as vla  # noqa: E402  dev/model.py: vla/'s config, table, LeRobot names, checkpoints
+import safetensors_format  # noqa: E402  dev/safetensors_format.py: the format's header, checked; escaping
 import smolvla  # noqa: E402  dev/smolvla.py: where a policy's VLM is found
 import vla_shard  # noqa: E402  data/vla_shard.py: tokenizer names
 
@@ -96,45 +104,23 @@ def fail(msg):
 
 
 # ----------------------------------------------------------------------------
-# safetensors, read lazily (a 450M-parameter model is not loaded twice)
+# safetensors, read lazily (a 450M-parameter model is not loaded twice): the header checked as the
+# format requires by dev/safetensors_format.py, the project's one reader of it
 
 
-def safetensors_index(path):
-    """name -> (dtype, shape, begin, end) of a safetensors file, the offsets absolute and checked."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) != 8:
-                fail(f"{path} is {size} bytes, not a safetensors file: re-save the policy with LeRobot")
-            n, = struct.unpack("<Q", head)
-            if n > min(size - 8, 100 << 20):
-                fail(f"{path}: header length {n} does not fit the file of {size} bytes: the file is truncated, "
-                     "download or save it again")
-            header = json.loads(f.read(n).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        fail(f"cannot read {path}: {e}: pass a LeRobot policy folder with a readable model.safetensors")
-    fix = "the file is corrupt, download or save it again"
-    if not isinstance(header, dict):
-        kind = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(header), "null")
-        fail(f"{path}: the header is a JSON {kind}, not an object of tensors: {fix}")
-    index = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(info, dict) or "data_offsets" not in info or "dtype" not in info or "shape" not in info:
-            fail(f"{path}: tensor {name} lacks dtype, shape or data_offsets: {fix}")
-        offsets, shape, dtype = info["data_offsets"], info["shape"], info["dtype"]
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(whole(x) for x in offsets)):
-            fail(f"{path}: tensor {name} has data_offsets {json.dumps(offsets)[:80]}, not two whole numbers: {fix}")
-        if not (isinstance(shape, list) and all(whole(x) and x >= 0 for x in shape)) or not isinstance(dtype, str):
-            fail(f"{path}: tensor {name} has shape {json.dumps(shape)[:80]} and dtype {json.dumps(dtype)[:40]}, not a "
-                 f"list of sizes and a type name: {fix}")
-        begin, end = offsets
-        if not 0 <= begin <= end <= size - 8 - n:
-            fail(f"{path}: tensor {name} lies outside the file: the file is truncated, download or save it again")
-        index[name] = (dtype, tuple(shape), 8 + n + begin, 8 + n + end)
-    return index
+@contextlib.contextmanager
+def safetensors_file(path):
+    """(the file open for reading, name -> Entry(dtype, shape, begin, end) with absolute offsets) of
+    a safetensors file, refused in one line unless it is what the format requires."""
+    with contextlib.ExitStack() as stack:
+        try:
+            f = stack.enter_context(safetensors_format.open_regular(path))
+            index, _ = safetensors_format.index_of(f, path)
+        except ValueError as e:
+            fail(f"{e}")
+        except OSError as e:
+            fail(f"cannot read {path}: {e.strerror}: pass a LeRobot policy folder with a readable model.safetensors")
+        yield f, index
 
 
 def whole(x):
@@ -142,19 +128,16 @@ def whole(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def read_float32(path, entry, name):
-    """One tensor as float32: bf16 and fp16 widen exactly, fp64 rounds."""
-    dtype, shape, begin, end = entry
-    if dtype not in FLOAT_DTYPES:
-        fail(f"{path}: {name} has dtype {dtype}, not a floating-point type: the file is not a policy's weights")
-    count = 1
-    for d in shape:  # Python's integers: a product past 2^63 is not wrapped to a small one
-        count *= d
-    if (end - begin) != count * FLOAT_DTYPES[dtype].itemsize:
-        fail(f"{path}: {name} holds {end - begin} bytes, its shape {shape} needs "
-             f"{count * FLOAT_DTYPES[dtype].itemsize}: the file is corrupt, save it again")
-    raw = np.memmap(path, FLOAT_DTYPES[dtype], "r", begin, (count,))
-    if dtype == "BF16":  # bf16 is the top half of a float32
+def read_float32(f, path, entry, name):
+    """One tensor of the open file f as float32: bf16 and fp16 widen exactly, fp64 rounds."""
+    if entry.dtype not in FLOAT_DTYPES:
+        fail(f"{path}: {safetensors_format.escaped(name)} has dtype {entry.dtype}, not a floating-point type: the file "
+             "is not a policy's weights")
+    try:
+        raw = np.frombuffer(safetensors_format.read_bytes(f, entry, path, name), FLOAT_DTYPES[entry.dtype])
+    except ValueError as e:
+        fail(f"{e}")
+    if entry.dtype == "BF16":  # bf16 is the top half of a float32
         return (raw.astype(np.uint32) << 16).view(np.float32)
     return raw.astype(np.float32)
 
@@ -165,9 +148,12 @@ def read_float32(path, entry, name):
 
 def read_json(path, what):
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except RecursionError:
+        fail(f"cannot read {what} {path}: its JSON nests too deeply: save the policy again with LeRobot's "
+             "save_pretrained")
+    except (OSError, ValueError) as e:  # (ValueError: UnicodeDecodeError, JSONDecodeError, an int of 5000 digits)
         fail(f"cannot read {what} {path}: {e}: save the policy again with LeRobot's save_pretrained")
 
 
@@ -189,12 +175,19 @@ def check_policy_config(policy_dir):
     if not os.path.isfile(os.path.join(policy_dir, "model.safetensors")):
         fail(f"{policy_dir} has no model.safetensors: save the policy with LeRobot's save_pretrained, which writes it")
     inputs, outputs = pc.get("input_features") or {}, pc.get("output_features") or {}
-    if inputs.get("observation.state", {}).get("type") != "STATE" or outputs.get("action", {}).get("type") != "ACTION":
+    if not isinstance(inputs, dict) or not isinstance(outputs, dict):
+        fail(f"{path}: input_features and output_features are not objects of features: save the policy again with "
+             "LeRobot's save_pretrained")
+    inputs = {k: v for k, v in inputs.items() if isinstance(v, dict)}
+    if inputs.get("observation.state", {}).get("type") != "STATE" or \
+            not isinstance(outputs.get("action"), dict) or outputs["action"].get("type") != "ACTION":
         fail(f"{path}: input_features lacks observation.state (STATE) or output_features lacks action (ACTION): "
              f"{family} needs both; save the policy with its dataset's features")
     if not any(f.get("type") == "VISUAL" for f in inputs.values()):
         fail(f"{path}: no VISUAL input feature: train_vla's {family} reads at least one camera")
     norms = pc.get("normalization_mapping", SUPPORTED_NORMS)
+    if not isinstance(norms, dict):
+        fail(f"{path}: normalization_mapping is not an object: save the policy again with LeRobot's save_pretrained")
     for kind, mode in SUPPORTED_NORMS.items():
         if norms.get(kind, mode) != mode:
             fail(f"{path}: normalization_mapping {kind} is {norms.get(kind)}: train_vla normalizes {kind} with "
@@ -249,9 +242,11 @@ def read_sizes(path, option="--sizes"):
     every key there and every value a positive whole number."""
     fix = f"write the model's sizes as {SIZES_FORMAT}"
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             sizes = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except RecursionError:
+        fail(f"{option} {path}: cannot read it: its JSON nests too deeply: {fix}")
+    except (OSError, ValueError) as e:
         fail(f"{option} {path}: cannot read it: {e}: {fix}")
     if not isinstance(sizes, dict):
         fail(f"{option} {path} holds a JSON {type(sizes).__name__}, not an object: {fix}")
@@ -310,7 +305,12 @@ def read_weights(policy_dir, cfg, source):
     checked against what `source` (where the sizes came from, for the messages) says; the lm_heads
     shape-checked too. Returns (name -> array view of table shape, file dtypes, skipped LeRobot names)."""
     path = os.path.join(policy_dir, "model.safetensors")
-    index = safetensors_index(path)
+    with safetensors_file(path) as (f, index):
+        return read_table(f, path, index, cfg, source)
+
+
+def read_table(f, path, index, cfg, source):
+    """read_weights of the open, checked file f."""
     family = FAMILIES[vla.FAMILY_NAMES[cfg.family]]
     fix = ("pass --sizes FILE with the sizes the model was built at" if cfg.is_pi0 else
            "pass the policy folder they were saved with, or --vlm with the VLM they were trained on")
@@ -337,7 +337,7 @@ def read_weights(policy_dir, cfg, source):
         view = flat[s.offset:s.offset + int(np.prod(s.shape))].reshape(s.shape)
         names = vla.lerobot_names(cfg, s)
         for i, name in enumerate(names):
-            x = read_float32(path, index[name], name)
+            x = read_float32(f, path, index[name], name)
             if not np.isfinite(x).all():
                 fail(f"{path}: {name} holds NaN or Inf values: the weights are corrupt, save them again")
             (view if len(names) == 1 else view[i]).reshape(-1)[:] = x
@@ -357,16 +357,28 @@ def lm_head_shapes(cfg):
     return shapes
 
 
+def pipeline_steps(spec, path):
+    """A saved processor pipeline's steps: the objects of its "steps" list."""
+    steps = spec.get("steps", []) if isinstance(spec, dict) else None
+    if not isinstance(steps, list):
+        fail(f"{path} is not a saved processor pipeline (an object with a list of steps): save the processors again "
+             "with LeRobot")
+    return [step for step in steps if isinstance(step, dict)]
+
+
 def normalizer_stats(policy_dir, pipeline, registry_name):
     """(the state file's path, its tensors) of a saved processor pipeline's normalizer step, or None."""
     path = os.path.join(policy_dir, pipeline)
     if not os.path.isfile(path):
         return None
-    spec = read_json(path, "the processor")
-    for step in spec.get("steps", []):
+    steps = pipeline_steps(read_json(path, "the processor"), path)
+    for step in steps:
         if step.get("registry_name") != registry_name:
             continue
-        norms = step.get("config", {}).get("norm_map", SUPPORTED_NORMS)
+        norms = (step.get("config") if isinstance(step.get("config"), dict) else {}).get("norm_map", SUPPORTED_NORMS)
+        if not isinstance(norms, dict):
+            fail(f"{path}: the {registry_name}'s norm_map is {json.dumps(norms)[:60]}, not an object: save the "
+                 "processors again with LeRobot")
         for kind in ("STATE", "ACTION"):
             if norms.get(kind, "MEAN_STD") != "MEAN_STD":
                 fail(f"{path}: the {registry_name} maps {kind} to {norms[kind]}: train_vla normalizes with MEAN_STD "
@@ -374,11 +386,14 @@ def normalizer_stats(policy_dir, pipeline, registry_name):
         state_file = step.get("state_file")
         if not state_file:
             return None
+        if not isinstance(state_file, str):
+            fail(f"{path}: the {registry_name}'s state_file is {json.dumps(state_file)[:60]}, not a file name: "
+                 "save the processors again with LeRobot")
         st_path = os.path.join(policy_dir, state_file)
         if not os.path.isfile(st_path):
             fail(f"{path} names {state_file}, which is not in {policy_dir}: copy the processor's state files with it")
-        index = safetensors_index(st_path)
-        return st_path, {k: read_float32(st_path, e, k) for k, e in index.items()}
+        with safetensors_file(st_path) as (f, index):
+            return st_path, {k: read_float32(f, st_path, e, k) for k, e in index.items()}
     return None
 
 
@@ -458,8 +473,8 @@ def pi0_tokenizer(policy_dir):
     else LeRobot's for pi0."""
     path = os.path.join(policy_dir, "policy_preprocessor.json")
     if os.path.isfile(path):
-        for step in read_json(path, "the processor").get("steps", []):
-            name = (step.get("config") or {}).get("tokenizer_name")
+        for step in pipeline_steps(read_json(path, "the processor"), path):
+            name = (step.get("config") if isinstance(step.get("config"), dict) else {}).get("tokenizer_name")
             if step.get("registry_name") == "tokenizer_processor" and isinstance(name, str) and name:
                 return name
     return PALIGEMMA_TOKENIZER
@@ -496,14 +511,98 @@ def matching_preset(cfg):
 
 
 # ----------------------------------------------------------------------------
+# writing: nothing the user has is replaced unless asked (--force), nothing is written into a run
+# folder a trainer holds, and a failed write says what failed as what it is (vla/common.h's words)
+
+
+def refuse_existing(path, force, what="it"):
+    """An existing file or folder at path is replaced only with --force."""
+    if os.path.lexists(path) and not force:
+        fail(f"{path} exists: pass --force to replace {what}, or write elsewhere (-o)")
+
+
+@contextlib.contextmanager
+def run_folder_free(folder, force):
+    """Holds folder/.lock while the caller writes into folder, where a trainer left one: a trainer
+    holds it with an exclusive flock for its run's lifetime (vla/runs.h's run_folder_open), and a
+    file written beside its checkpoints could replace one it is writing or be taken for its own.
+    Refused, --force or not, while a trainer holds it, naming the holder from the lock file's first
+    line. No .lock: nothing to hold (none is made: the folder is not a run's)."""
+    lock = os.path.join(folder, ".lock")
+    try:  # read-only and not through a link: the lock file is only looked at, never changed
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield
+        return
+    except OSError as e:
+        what = "a symbolic link, not a trainer's lock file" if e.errno == errno.ELOOP else e.strerror
+        fail(f"{lock}: {what}: cannot tell whether a trainer writes into {folder}: write elsewhere (-o)")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            fail(f"{lock} is not a regular file, not a trainer's lock file: write elsewhere (-o)")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = safetensors_format.escaped(os.pread(fd, 255, 0).decode("utf-8", "replace").split("\n")[0])
+            also = ": --force does not write into it" if force else ""
+            fail(f"{folder} is the run folder of a trainer that is running ({holder or 'it has just started'}){also}: "
+                 "wait for it to end, or write elsewhere (-o)")
+        except OSError as e:
+            fail(f"cannot lock {lock}: {e.strerror}: cannot tell whether a trainer writes into {folder}: write "
+                 "elsewhere (-o)")
+        yield
+    finally:
+        os.close(fd)  # (the lock goes with the descriptor)
+
+
+def human_bytes(n):
+    """vla/common.h's human_bytes: 428.00 KiB, 1.29 MiB."""
+    x, unit = float(n), 0
+    units = ["bytes", "KiB", "MiB", "GiB", "TiB"]
+    while x >= 1024 and unit < 4:
+        x, unit = x / 1024, unit + 1
+    return f"{x:.0f} {units[unit]}" if unit == 0 else f"{x:.2f} {units[unit]}"
+
+
+def write_failure(e, path, need, cleaned, left=None):
+    """The one line of an OSError e from writing path (need: the bytes it takes; cleaned: what was
+    removed, or None; left: what the user's files are now, or None), its fix as vla/common.h's
+    write_failure_fix says it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    err = e.errno
+    if err == errno.EFBIG:
+        fix = "the file is larger than the file size limit allows (ulimit -f, or the file system's largest file): " \
+              "raise the limit"
+    elif err in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            vfs = os.statvfs(folder)
+            fix = f"free space in {folder} ({human_bytes(vfs.f_bavail * vfs.f_frsize)} free there)"
+        except OSError:
+            fix = f"free space in {folder}"
+    elif err == errno.EROFS:
+        fix = f"{folder} is on a read-only file system: remount it read-write"
+    elif err in (errno.EACCES, errno.EPERM):
+        fix = f"this user may not write into {folder}: make it writable"
+    else:
+        fix = f"check the disk that holds {folder}"
+    space = f": it needs {human_bytes(need)}" if err in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
+    doing = f"renaming {e.filename} to {e.filename2}" if e.filename2 is not None else f"writing {path}"
+    removed = f"; {cleaned} was removed" if cleaned else ""
+    left = f"; {left}" if left else ""
+    return f"{doing} failed: {e.strerror or e}{space}{removed}{left}: {fix}, or write elsewhere (-o)"
+
+
+# ----------------------------------------------------------------------------
 # main
 
 
-def parse_args(argv):
+def parser():
     ap = argparse.ArgumentParser(description="a LeRobot SmolVLA or pi0 policy folder -> a train_vla checkpoint "
                                              "(version 2)")
     ap.add_argument("policy", help="the folder LeRobot's save_pretrained wrote")
-    ap.add_argument("-o", "--output", required=True, help="checkpoint file to write")
+    ap.add_argument("-o", "--output", required=True, help="checkpoint file to write (a new one, unless --force)")
+    ap.add_argument("--force", action="store_true",
+                    help="replace -o if it exists (never in the run folder of a trainer that is running)")
     ap.add_argument("--vlm", metavar="DIR_OR_NAME",
                     help="the VLM (its config.json and tokenizer.json), instead of config.json's vlm_model_name: a "
                          "path (absolute, starting with ./ ../ or ~, or of more than one slash) is its folder as "
@@ -517,7 +616,11 @@ def parse_args(argv):
     ap.add_argument("--max-text", type=int, help="instruction tokens (default: tokenizer_max_length)")
     ap.add_argument("--tokenizer", help="tokenizer name to record (default: from the VLM's tokenizer.json)")
     ap.add_argument("--seed", type=int, default=vla.DEFAULT_SEED, help="the checkpoint's seed (%(default)s)")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv):
+    return parser().parse_args(argv)
 
 
 def run(args):
@@ -530,6 +633,14 @@ def run(args):
         fail(f"-o {args.output}: folder {out_dir} does not exist: create it first")
     if os.path.isdir(args.output):
         fail(f"-o {args.output} is a folder: pass a checkpoint file name")
+    with run_folder_free(out_dir, args.force):
+        refuse_existing(args.output, args.force)
+        convert(args, pc)
+
+
+def convert(args, pc):
+    """run's work, with -o's folder held."""
+    policy_dir = args.policy
     pi0 = pc["type"] == "pi0"
     if pi0 and args.vlm is not None:
         fail(f"--vlm {args.vlm}: a pi0 policy has no VLM folder to read (its sizes are its variants', or --sizes "
@@ -561,29 +672,40 @@ def run(args):
         tok, tok_line = args.tokenizer, f"{args.tokenizer} (--tokenizer)"
     else:
         tok, tok_line = tokenizer_name(policy_dir, pc, vlm)
+        if not (tok.isascii() and tok.isprintable()):  # (vlm_model_name or --vlm, as it is)
+            fail(f"the tokenizer's name '{safetensors_format.escaped(tok)}' (made from the VLM's name) is not printable "
+                 "ASCII, as a checkpoint's must be: pass --tokenizer NAME")
     if not 0 <= args.seed < 2**63:
         fail(f"--seed {args.seed}: pass 0 to 2^63 - 1")
 
-    size = vla.write_checkpoint(args.output, cfg, mode, stats, params, step=0, seed=args.seed, sampler_pos=0,
-                                tokenizer=tok)
     n_trainable = vla.opt_domain(vla.param_table(cfg), mode)[2]
+    refuse_existing(args.output, args.force)  # (again: it may have come while the weights were read)
+    existed = os.path.lexists(args.output)
+    try:
+        size = vla.write_checkpoint(args.output, cfg, mode, stats, params, step=0, seed=args.seed, sampler_pos=0,
+                                    tokenizer=tok)
+    except OSError as e:  # (write_checkpoint removes its temporary file on any failure)
+        need = vla.CKPT_HEADER_BYTES + 4 * stats.size + 4 * vla.param_count(cfg) + 8 * n_trainable
+        left = f"{args.output} is as it was" if existed else None
+        fail(write_failure(e, args.output, need, "the partial file", left))
     preset = matching_preset(cfg)
-    print(f"import_lerobot: {policy_dir} ({FAMILIES[pc['type']]}, {'/'.join(dtypes)} weights) -> {args.output}")
-    print("  config: " + ", ".join(f"{f} {v}" for f, v in zip(vla.CONFIG_FIELDS, cfg.values())))
-    print("  sizes: " + (f"from {source}; " if pi0 else "") +
-          (f"preset {preset}'s (train with -p {preset} --max-text {cfg.max_text})" if preset else
-           "no preset's (the trainers build their model from -p)"))
-    print(f"  train mode {vla.TRAIN_MODES[mode]} ({'--train-mode' if args.train_mode else 'from config.json'}); "
-          f"step 0, sampler position 0, seed {args.seed}; AdamW moments zero ({n_trainable} elements)")
-    print(f"  tokenizer: {tok_line}")
+    say(f"import_lerobot: {policy_dir} ({FAMILIES[pc['type']]}, {'/'.join(dtypes)} weights) -> {args.output}")
+    say("  config: " + ", ".join(f"{f} {v}" for f, v in zip(vla.CONFIG_FIELDS, cfg.values())))
+    say("  sizes: " + (f"from {source}; " if pi0 else "") +
+        (f"preset {preset}'s (train with -p {preset} --max-text {cfg.max_text})" if preset else
+         "no preset's (the trainers build their model from -p)"))
+    say(f"  train mode {vla.TRAIN_MODES[mode]} ({'--train-mode' if args.train_mode else 'from config.json'}); "
+        f"step 0, sampler position 0, seed {args.seed}; AdamW moments zero ({n_trainable} elements)")
+    say(f"  tokenizer: {tok_line}")
     for line in stat_notes:
-        print(f"  statistics: {line}")
+        say(f"  statistics: {line}")
     n_names = sum(len(vla.lerobot_names(cfg, s)) for s in vla.param_table(cfg))
-    print(f"  weights: {n_names} LeRobot tensors into the table's {len(params)} ({vla.param_count(cfg)} values)")
+    say(f"  weights: {n_names} LeRobot tensors into the table's {len(params)} ({vla.param_count(cfg)} values)")
     heads = lm_head_shapes(cfg)
-    for name in skipped:
-        print(f"  skipped: {name} (not in train_vla's table" + (": it feeds nothing)" if name in heads else ")"))
-    print(f"wrote {args.output} ({size} bytes)")
+    for name in skipped:  # (a name from the file, escaped: it may hold a newline)
+        say(f"  skipped: {safetensors_format.escaped(name)} (not in train_vla's table"
+            + (": it feeds nothing)" if name in heads else ")"))
+    say(f"wrote {args.output} ({size} bytes)")
 
 
 def main(argv=None):
@@ -591,8 +713,27 @@ def main(argv=None):
     try:
         run(args)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        error_exit(f"{e}")
+    except MemoryError:
+        error_exit(f"out of memory while importing {args.policy}: free memory, or import on a machine with more")
+    except RecursionError:
+        error_exit(f"{args.policy}: a JSON file of the policy nests too deeply to be LeRobot's: save the policy again "
+                   "with LeRobot's save_pretrained")
+    except OSError as e:
+        error_exit(f"{e.filename or args.policy}: {e.strerror or e}: pass a readable LeRobot policy folder, and an "
+                   "-o where this user may write")
+
+
+def say(text):
+    """One line of the summary: text from the files it names (a tokenizer or tensor name, a path)
+    cannot split it."""
+    print(safetensors_format.one_line(text))
+
+
+def error_exit(msg):
+    """The one `error:` line (escaped: text from a file cannot split it or forge another), exit 1."""
+    print(f"error: {safetensors_format.one_line(msg)}", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

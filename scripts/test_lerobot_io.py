@@ -37,6 +37,16 @@ Checks:
     policy and give the checkpoint of config.json's vlm_model_name byte for byte; exports
     LeRobot could not run as the checkpoint does (a VLM of other sizes or another tokenizer, no
     --vlm, wrong camera count, a non-empty output folder) refused the same way
+  - safetensors files that are not the format's (two tensors over the same bytes, a name given
+    twice, bytes no tensor holds, a header nested 100,000 deep, a tensor name holding a newline
+    and an escape code): one line, the name escaped; a valid file with such a name imports, named
+    on one line. Every option a refusal of either script names is one it has (a truncated
+    checkpoint's export does not say --init)
+  - writes: an existing checkpoint or non-empty folder is replaced only with --force (export's
+    files alone, the folder's others kept), never in a folder whose .lock a running trainer holds
+    (named from its first line, escaped); a file size limit (a child under RLIMIT_FSIZE), a full
+    disk (a 256 KiB tmpfs, or an open() that fails with ENOSPC where none mounts) and no memory
+    are one line each, with the existing file unchanged and no temporary file left
 Exits non-zero on any failure; the last line is `N passed, M failed`.
 """
 
@@ -333,7 +343,7 @@ def check_errors(tmp, good):
     # the normalizer's statistics are read whole, whatever their shape: the size it needs is said exactly
     cases.append(("a statistics tensor of shape [2^40, 2^40]",
                   rewrite_header("huge", "policy_preprocessor*normalizer*.safetensors", huge_shape),
-                  f"its shape (1099511627776, 1099511627776) needs {2**80 * 4}"))
+                  f"shape [1099511627776, 1099511627776] needs {2**80 * 4} bytes"))
     procs = []
     for label, folder, needle in cases:
         out = tmp / (folder.name + ".bin")
@@ -408,10 +418,10 @@ def check_export_errors(tmp, ckpt, vlm):
         rc, text = run_script(export_lerobot, [str(ckpt), "-o", str(out)] + argv)
         lines = text.splitlines()
         ok = rc == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
-        check(ok and not out.exists() and not Path(str(out) + ".tmp").exists(),
+        check(ok and not out.exists() and not leftovers(tmp, out.name),
               f"export with {label}: exit {rc}, {len(lines)} line(s), no folder: {text.strip()[:300]}")
     rc, text = run_script(export_lerobot, [str(ckpt), "-o", str(taken), "--vlm", str(vlm)])
-    check(rc == 1 and "exists and is not an empty folder" in text and os.listdir(taken) == ["keep.txt"],
+    check(refused(rc, text, "exists and is not empty: pass --force") and os.listdir(taken) == ["keep.txt"],
           f"export into a non-empty folder: refused, the folder untouched: {text.strip()[:200]}")
 
 
@@ -457,6 +467,307 @@ def one_line_error(fn, *needles):
         msg = str(e)
         return "\n" not in msg and all(n in msg for n in needles), msg
     return False, "accepted"
+
+
+# ----------------------------------------------------------------------------
+# what the scripts write, and the safetensors files they refuse
+
+
+def refused(rc, text, *needles):
+    """A refusal: exit 1, one `error:` line holding every needle."""
+    lines = text.splitlines()
+    return rc == 1 and len(lines) == 1 and lines[0].startswith("error: ") and all(n in lines[0] for n in needles)
+
+
+def leftovers(folder, name=None):
+    """Temporary files or folders a write left in folder: NAME.PID.tmp (of name, or any), NAME.PID.N.tmp,
+    .export_lerobot.PID.tmp."""
+    import re
+    pattern = (re.escape(name) if name else ".+") + r"\.[0-9]+(\.[0-9]+)?\.tmp"
+    return sorted(n for n in os.listdir(folder) if re.fullmatch(pattern, n) or n.startswith(".export_lerobot"))
+
+
+def folder_bytes(folder):
+    """name -> bytes of each file of a folder."""
+    return {n: (Path(folder) / n).read_bytes() for n in sorted(os.listdir(folder)) if (Path(folder) / n).is_file()}
+
+
+@contextlib.contextmanager
+def trainer_holds(folder, line):
+    """folder/.lock held as a running trainer holds it (vla/runs.h: an exclusive flock, its first line
+    naming the trainer). A lock of another open file, so this process's own import meets it."""
+    import fcntl
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, line.encode())
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def patched(module, name, value):
+    """module.name = value for the block (a module global shadows a builtin such as open)."""
+    had, old = hasattr(module, name), getattr(module, name, None)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(module, name, old)
+        else:
+            delattr(module, name)
+
+
+def full_disk_open(path, mode="r", *args, **kwargs):
+    """open() whose files for writing fail as a full disk does, at the first write."""
+    import errno
+
+    class Full(io.FileIO):
+        def write(self, b):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if "w" not in mode:
+        return open(path, mode, *args, **kwargs)
+    return io.TextIOWrapper(io.BufferedWriter(Full(path, "w"))) if "b" not in mode else Full(path, "w")
+
+
+def limited_run(script, argv, fsize):
+    """A script in a child process under a file size limit (RLIMIT_FSIZE) with SIGXFSZ ignored, so
+    that a write past it fails with EFBIG: a Popen whose output is read with communicate()."""
+    import resource
+    import signal
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    return subprocess.Popen([sys.executable, os.path.join(HERE, script)] + argv, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=limit)
+
+
+def rewrite_safetensors(src, dst, edit):
+    """dst: src's safetensors file with its header text passed through edit(text, data) -> (text, data)."""
+    raw = Path(src).read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    text, data = edit(raw[8:8 + n].decode().rstrip(" "), raw[8 + n:])
+    head = text.encode()
+    Path(dst).write_bytes(struct.pack("<Q", len(head)) + head + data)
+
+
+def check_safetensors_refusals(tmp, good):
+    """model.safetensors files that are not what the format requires (two tensors over the same bytes,
+    a name given twice, bytes no tensor holds, a header nested 100,000 deep, a tensor name with a
+    newline and escape codes): one line, exit 1, no file; a valid file with such a name imports, the
+    name escaped in the one line that names it."""
+    raw = (good / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    by_shape = {}
+    for name in sorted(tensors, key=lambda k: tensors[k]["data_offsets"]):
+        by_shape.setdefault((tensors[name]["dtype"], tuple(tensors[name]["shape"])), []).append(name)
+    first, second = next(names for names in by_shape.values() if len(names) > 1)[:2]
+    evil = "evil\nerror: forged line\x1b[2J"
+
+    def overlap(text, data):  # the later tensor over the earlier one's bytes
+        h = json.loads(text)
+        h[second]["data_offsets"] = h[first]["data_offsets"]
+        return json.dumps(h), data
+
+    def twice(text, data):  # the first tensor named again, over the second's bytes
+        entry = json.dumps({**tensors[first], "data_offsets": tensors[second]["data_offsets"]})
+        return text[:-1] + f", {json.dumps(first)}: {entry}}}", data
+
+    def trailing(text, data):
+        return text, data + b"\0" * 4
+
+    def nested(text, data):
+        return text[:-1] + ', "deep": ' + "[" * 100000 + "]" * 100000 + "}", data
+
+    def evil_dtype(text, data):
+        h = json.loads(text)
+        h[evil] = {"dtype": "F7", "shape": [1], "data_offsets": [len(data), len(data) + 4]}
+        return json.dumps(h), data + b"\0" * 4
+
+    def evil_tensor(text, data):  # a valid extra tensor: imported, named as skipped
+        h = json.loads(text)
+        h[evil] = {"dtype": "F32", "shape": [1], "data_offsets": [len(data), len(data) + 4]}
+        return json.dumps(h), data + b"\0" * 4
+
+    escaped_evil = "evil\\nerror: forged line\\x1b[2J"
+    for label, edit, needles in (
+            ("two tensors over the same bytes", overlap, ["overlaps tensor", "two tensors over the same bytes"]),
+            ("a tensor named twice", twice, [f'"{first}" stands twice']),
+            ("4 bytes after the last tensor", trailing, ["the last 4 bytes of the data section belong to no tensor"]),
+            ("a header nested 100,000 deep", nested, ["the header nests its JSON too deeply"]),
+            ("a tensor name holding a newline and an escape code", evil_dtype, [f"tensor {escaped_evil} has dtype"])):
+        folder = tmp / ("bad_st_" + edit.__name__)
+        shutil.copytree(good, folder)
+        rewrite_safetensors(good / "model.safetensors", folder / "model.safetensors", edit)
+        out = tmp / (folder.name + ".bin")
+        rc, text = run_script(import_lerobot, [str(folder), "-o", str(out)])
+        check(refused(rc, text, "model.safetensors: ", *needles, "the file is corrupt") and not out.exists()
+              and not leftovers(tmp, out.name),
+              f"import of {label}: one line, exit {rc}, nothing written: {text.strip()[:300]!r}")
+    folder = tmp / "st_evil_name"
+    shutil.copytree(good, folder)
+    rewrite_safetensors(good / "model.safetensors", folder / "model.safetensors", evil_tensor)
+    out = tmp / "st_evil_name.bin"
+    rc, text = run_script(import_lerobot, [str(folder), "-o", str(out)])
+    lines = [ln for ln in text.splitlines() if "skipped: evil" in ln]
+    check(rc == 0 and out.exists() and lines == [f"  skipped: {escaped_evil} (not in train_vla's table)"]
+          and not any(ln.startswith("error") for ln in text.splitlines()),
+          f"a valid file with a tensor named {evil!r}: imported, the name escaped on one line: {lines}")
+    deep = tmp / "bad_config_nested"
+    shutil.copytree(good, deep)
+    (deep / "policy_preprocessor.json").write_text("[" * 100000 + "]" * 100000)
+    rc, text = run_script(import_lerobot, [str(deep), "-o", str(tmp / "deep.bin")])
+    check(refused(rc, text, "policy_preprocessor.json: its JSON nests too deeply") and not (tmp / "deep.bin").exists(),
+          f"a processor file nested 100,000 deep: one line, exit {rc}: {text.strip()[:200]}")
+
+
+def check_writes(tmp, good, ckpt, vlm):
+    """Nothing the user has is replaced unless asked (--force), nothing is written into the run folder
+    of a running trainer, a failed write (the file size limit, a full disk, no memory) is one line
+    and leaves neither a temporary file nor a changed file. ckpt: good's import."""
+    want = ckpt.read_bytes()
+    run = tmp / "writes"
+    run.mkdir()
+    # the file size limit (EFBIG), in children started first (their interpreters start while the
+    # checks below run): the existing file stays as it was, a new folder is not made
+    limited = tmp / "limited"
+    limited.mkdir()
+    kept, policy = limited / "ckpt_00000004.bin", limited / "policy"
+    kept.write_bytes(b"the user's checkpoint")
+    procs = [("import --force", limited_run("import_lerobot.py", [str(good), "-o", str(kept), "--force"], 1 << 18)),
+             ("export", limited_run("export_lerobot.py", [str(ckpt), "-o", str(policy), "--vlm", str(vlm)], 1 << 18))]
+    existing = run / "ckpt_00000004.bin"
+    existing.write_bytes(b"the user's checkpoint")
+    rc, text = run_script(import_lerobot, [str(good), "-o", str(existing)])
+    check(text.strip() == f"error: {existing} exists: pass --force to replace it, or write elsewhere (-o)" and rc == 1
+          and existing.read_bytes() == b"the user's checkpoint" and not leftovers(run),
+          f"import onto an existing checkpoint: refused in one line, the file unchanged: {text.strip()[:200]}")
+    holder = "pid 4242 on somehost\x1b[1m, since 2026-01-02 03:04:05 UTC\nsecond line"
+    with trainer_holds(run, holder):
+        for argv in ([], ["--force"]):
+            rc, text = run_script(import_lerobot, [str(good), "-o", str(existing)] + argv)
+            check(refused(rc, text, f"{run} is the run folder of a trainer that is running (pid 4242 on somehost\\x1b"
+                                    "[1m, since 2026-01-02 03:04:05 UTC)", "wait for it to end, or write elsewhere")
+                  and existing.read_bytes() == b"the user's checkpoint" and not leftovers(run),
+                  f"import {' '.join(argv + ['-o'])} into a running trainer's folder: refused naming it, the file "
+                  f"unchanged: {text.strip()[:240]}")
+        rc, text = run_script(import_lerobot, [str(good), "-o", str(run / "new.bin"), "--force"])
+        check(refused(rc, text, "trainer that is running", "--force does not write into it")
+              and not (run / "new.bin").exists(), f"import --force of a new file there: refused: {text.strip()[:200]}")
+    (run / ".lock").write_text("pid 4242 on somehost, since 2026-01-02 03:04:05 UTC\n")  # a trainer that ended
+    rc, text = run_script(import_lerobot, [str(good), "-o", str(existing), "--force"])
+    check(rc == 0 and existing.read_bytes() == want and not leftovers(run),
+          "import --force onto it once the trainer ended: replaced by the import, byte for byte"
+          + ("" if rc == 0 else f": {text.strip()[:200]}"))
+
+
+    # a full disk (ENOSPC): a 256 KiB tmpfs where this machine mounts one, else open() that fails so
+    disk = tmp / "disk"
+    disk.mkdir()
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
+                                 capture_output=True).returncode == 0
+    except OSError:  # (no mount command)
+        mounted = False
+    if not mounted:
+        print("    (no tmpfs can be mounted here: the full disk is an open() whose writes fail with ENOSPC)")
+    try:
+        for label, module, argv, target in (
+                ("import", import_lerobot, [str(good), "-o", str(disk / "x.bin")], disk / "x.bin"),
+                ("export", export_lerobot, [str(ckpt), "-o", str(disk / "p"), "--vlm", str(vlm)], disk / "p")):
+            fake = contextlib.nullcontext() if mounted else patched(vla if module is import_lerobot else module,
+                                                                    "open", full_disk_open)
+            with fake:
+                rc, text = run_script(module, argv)
+            check(refused(rc, text, "failed: No space left on device", f"free space in {disk}")
+                  and not target.exists() and not leftovers(disk), f"{label} onto a full disk: one line, exit {rc}, "
+                  f"nothing left: {text.strip()[:300]}")
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(disk)])
+
+    # out of memory: one line, the temporary file or folder removed
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+    with patched(import_lerobot, "read_float32", no_memory):
+        rc, text = run_script(import_lerobot, [str(good), "-o", str(run / "oom.bin")])
+    check(refused(rc, text, "out of memory while importing") and not (run / "oom.bin").exists(),
+          f"import out of memory: one line, exit {rc}: {text.strip()[:200]}")
+    with patched(export_lerobot.smolvla, "save_safetensors", no_memory):
+        rc, text = run_script(export_lerobot, [str(ckpt), "-o", str(tmp / "oom_policy"), "--vlm", str(vlm)])
+    check(refused(rc, text, "out of memory while exporting") and not (tmp / "oom_policy").exists()
+          and not leftovers(tmp, "oom_policy"), f"export out of memory: one line, exit {rc}, no folder left: "
+          f"{text.strip()[:200]}")
+
+    # export: a folder someone named like a temporary one stays; --force replaces only export's files
+    theirs = tmp / "kept_policy.tmp"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    out = tmp / "kept_policy"
+    rc, text = run_script(export_lerobot, [str(ckpt), "-o", str(out), "--vlm", str(vlm)])
+    check(rc == 0 and (theirs / "notes.txt").read_text() == "mine" and not leftovers(tmp, "kept_policy"),
+          f"export beside a folder named {theirs.name}: that folder kept" + ("" if rc == 0 else f": {text[-300:]}"))
+    fresh = folder_bytes(out)
+    (out / "README.md").write_text("the user's notes")
+    (out / "config.json").write_text("{}")
+    rc, text = run_script(export_lerobot, [str(ckpt), "-o", str(out), "--vlm", str(vlm)])
+    check(refused(rc, text, f"{out} exists and is not empty: pass --force")
+          and (out / "config.json").read_text() == "{}",
+          f"export into it again without --force: refused, untouched: {text.strip()[:200]}")
+    rc, text = run_script(export_lerobot, [str(ckpt), "-o", str(out), "--vlm", str(vlm), "--force"])
+    now = folder_bytes(out)
+    check(rc == 0 and now == {**fresh, "README.md": b"the user's notes"} and not leftovers(out),
+          "export --force into it: export's files replaced (as a fresh export writes them), README.md kept, no "
+          "temporary folder left" + ("" if rc == 0 else f": {text.strip()[-300:]}"))
+    with trainer_holds(out, "pid 77 on elsewhere, since 2026-01-02 03:04:05 UTC\n"):
+        (out / "config.json").write_text("{}")
+        rc, text = run_script(export_lerobot, [str(ckpt), "-o", str(out), "--vlm", str(vlm), "--force"])
+        check(refused(rc, text, "trainer that is running (pid 77 on elsewhere", "--force does not write into it")
+              and (out / "config.json").read_text() == "{}" and not leftovers(out),
+              f"export --force into a running trainer's folder: refused naming it, untouched: {text.strip()[:200]}")
+    a_file = tmp / "a_file"
+    a_file.write_text("x")
+    rc, text = run_script(export_lerobot, [str(ckpt), "-o", str(a_file), "--vlm", str(vlm), "--force"])
+    check(refused(rc, text, "is a file, and export writes a folder") and a_file.read_text() == "x",
+          f"export --force onto a file: refused, the file kept: {text.strip()[:200]}")
+    for label, p in procs:
+        text = p.communicate()[0]
+        check(refused(p.returncode, text, "failed: File too large: it needs ", "the file size limit allows (ulimit -f")
+              and kept.read_bytes() == b"the user's checkpoint" and not policy.exists() and not leftovers(limited),
+              f"{label} under a 256 KiB file size limit: one line, exit {p.returncode}, nothing changed or left: "
+              f"{text.strip()[:300]}")
+
+
+def check_hints(tmp, ckpt, vlm):
+    """Every option a refusal of import or export names is one that script has: each `--name` in the
+    text of their fail() calls, and export's refusal of a truncated checkpoint (dev/model.py's reader
+    names the trainers' --init)."""
+    import ast
+    import re
+    for module in (import_lerobot, export_lerobot):
+        options = {o for action in module.parser()._actions for o in action.option_strings}
+        tree = ast.parse(Path(module.__file__).read_text())
+        named = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in (
+                    "fail", "error_exit", "write_failure"):
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+                        named.update(re.findall(r"(?<![\w-])--[a-z][a-z-]*", sub.value))
+        check(named and named <= options,
+              f"{Path(module.__file__).name}: every option its refusals name is its own ({sorted(named)})"
+              + (f"; not its own: {sorted(named - options)}" if named - options else ""))
+    short = tmp / "short.bin"
+    short.write_bytes(ckpt.read_bytes()[:1000])
+    rc, text = run_script(export_lerobot, [str(short), "-o", str(tmp / "short_policy"), "--vlm", str(vlm)])
+    check(refused(rc, text, "truncated", "pass an intact checkpoint") and "--init" not in text,
+          f"export of a truncated checkpoint: one line naming what export takes: {text.strip()[:200]}")
 
 
 def check_tokenization(tmp, vlm):
@@ -710,8 +1021,12 @@ def main():
 
         print("bad input")
         check_errors(tmp, fp32_dir)
+        check_safetensors_refusals(tmp, fp32_dir)
         check_vlm_argument(tmp, fp32_dir, vlm, a_ckpt)
         check_export_errors(tmp, a_ckpt, vlm)
+        check_hints(tmp, a_ckpt, vlm)
+        print("what import and export write: --force, a running trainer's folder, failed writes")
+        check_writes(tmp, fp32_dir, a_ckpt, vlm)
     print(f"({time.time() - t0:.1f} s)")
     check.finish()
 
