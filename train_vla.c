@@ -110,16 +110,39 @@ static void gemm_acc(float* C, const float* A, const float* B, int M, int K, int
     }
 }
 
-// out (R, C) = in (C, R)^T, into a scratch buffer that grows as needed (calls are sequential)
+// out (R, C) = in (C, R)^T, into a scratch buffer that grows as needed. One per thread (freed when
+// the thread ends): models computing in two threads at once (two policies of libvla.so) never
+// share one. Grown before the parallel region, which no failure may leave.
+typedef struct { float* buf; size_t cap; } TransposeScratch;
+static pthread_key_t transpose_key;
+static pthread_once_t transpose_key_once = PTHREAD_ONCE_INIT;
+static int transpose_key_made = 0;
+static void transpose_scratch_free(void* arg) {
+    TransposeScratch* s = (TransposeScratch*)arg;
+    free(s->buf);
+    free(s);
+}
+static void transpose_key_make(void) { transpose_key_made = pthread_key_create(&transpose_key, transpose_scratch_free) == 0; }
 static float* transpose_scratch(const float* in, int C, int R) {
-    static float* buf = NULL;
-    static size_t cap = 0;
-    size_t n = (size_t)C * R;
-    if (n > cap) {
-        free(buf);
-        buf = (float*)mallocCheck(n * sizeof(float));
-        cap = n;
+    pthread_once(&transpose_key_once, transpose_key_make);
+    if (!transpose_key_made) { vla_fail("cannot make a thread-specific key for the transpose scratch: too many in use"); }
+    TransposeScratch* s = (TransposeScratch*)pthread_getspecific(transpose_key);
+    if (s == NULL) {
+        s = (TransposeScratch*)callocCheck(1, sizeof(TransposeScratch));
+        if (pthread_setspecific(transpose_key, s) != 0) {
+            free(s);
+            vla_fail_no_memory("out of memory for a thread's transpose scratch: " VLA_NO_MEMORY_FIX);
+        }
     }
+    size_t n = (size_t)C * R;
+    if (n > s->cap) {
+        free(s->buf);
+        s->buf = NULL;  // (an allocation that fails below leaves none, not the freed one)
+        s->cap = 0;
+        s->buf = (float*)mallocCheck(n * sizeof(float));
+        s->cap = n;
+    }
+    float* buf = s->buf;  // (the region's threads read the caller's)
     #pragma omp parallel for schedule(static)
     for (int r = 0; r < R; r++) {
         for (int c = 0; c < C; c++) { buf[(size_t)r * C + c] = in[(size_t)c * R + r]; }
@@ -931,6 +954,9 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
     if (m->B == B) { return; }
     free(m->acts_memory);
     free(m->ints_memory);
+    m->acts_memory = NULL;  // (an allocation that fails below leaves the model with none, not the freed ones)
+    m->ints_memory = NULL;
+    m->B = 0;
     const SmolVLAConfig* c = &m->config;
     size_t total = 0;
 #define SMOL_ACT_SIZE_(nm, n) total += (n);
@@ -1843,9 +1869,16 @@ static void smolvla_load(SmolVLA* m, const char* path, const TrainArgs* args, co
 // ----------------------------------------------------------------------------
 // policy interface: a checkpoint as a policy, for Python through ctypes (scripts/vla_policy.py).
 // Built into libvla.so (make libvla.so, -DVLA_LIBRARY). Raw observations in, action chunks out.
+// Errors: every entry point that can fail runs its work in vla_catch_call (vla/common.h), so an
+// allocation that fails or any other vla_fail returns POLICY_NO_MEMORY or POLICY_FAILED with its
+// line (vla_policy_last_error) instead of ending the host process; no allocation happens inside
+// an OpenMP parallel region (the kernels' scratch is sized before theirs), which no failure may
+// leave. Threads: a policy runs one call at a time (its lock: the activations and observations
+// are its scratch); separate policies share nothing but read-only tables, so they run in
+// parallel in separate threads (each thread has its own transpose scratch and OpenMP team).
 
 #ifdef VLA_LIBRARY
-typedef struct {
+struct VLAPolicy {
     SmolVLA model;      // its config's n_cam: the cameras of the last call's observations (policy_present_cameras)
     int n_cam;          // the checkpoint's cameras
     int train_mode;     // the checkpoint's (vla_policy_config reports it)
@@ -1853,39 +1886,85 @@ typedef struct {
     float* stats;       // state_mean(S) state_std(S) action_mean(A) action_std(A), as trained with
     SmolBatch obs;      // room for `capacity` observations of the last call's camera sizes
     int capacity;
-} VLAPolicy;
+    int threads;        // OpenMP threads of its calls (0: what the calling thread has)
+    pthread_mutex_t lock;  // held by the call that runs
+};
 
-// Loads a checkpoint; NULL and a message in err if it cannot be used. threads: OpenMP threads (0: default).
-VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_size) {
-    Checkpoint ck;
-    if (checkpoint_read_checked(path, &ck, err, (size_t)err_size) != 0) { return NULL; }
-    checkpoint_note_unverified(path, &ck);
-    if (policy_takes_strings(ck.tokenizer) && ck.config.vocab < VLA_TEXT_VOCAB) {  // (no trainer writes one)
-        snprintf(err, (size_t)err_size, "checkpoint %s has a text table of %d rows, but the policy's instructions are "
-                 "UTF-8 bytes as token ids (up to 255): use a checkpoint of a preset", path, ck.config.vocab);
-        checkpoint_free(&ck);
-        return NULL;
-    }
-    if (threads > 0 && threads_startable(threads) < threads - 1) {
-        snprintf(err, (size_t)err_size, "threads=%d: this machine cannot start that many threads: pass fewer, or 0 for "
-                 "OpenMP's default", threads);
-        checkpoint_free(&ck);
-        return NULL;
-    }
-    if (threads > 0) { omp_set_num_threads(threads); }
-    VLAPolicy* p = (VLAPolicy*)callocCheck(1, sizeof(VLAPolicy));
-    smolvla_build(&p->model, &ck.config, ck.train_mode);
-    memcpy(p->model.params_memory, ck.params, p->model.table.total * sizeof(float));
-    p->n_cam = ck.config.n_cam;
-    p->train_mode = ck.train_mode;
-    memcpy(p->tokenizer, ck.tokenizer, sizeof(p->tokenizer));
-    p->stats = ck.stats;
-    ck.stats = NULL;
-    checkpoint_free(&ck);
-    return p;
+// The memory sized by the last call's batch: the observations and the activations. A failed call
+// releases it (its layout may be half made), and the next call lays its batch out anew.
+static void policy_drop_batch(VLAPolicy* p) {
+    if (p->capacity > 0) { smolvla_batch_free(&p->obs); }
+    p->capacity = 0;
+    SmolVLA* m = &p->model;
+    free(m->acts_memory);
+    free(m->ints_memory);
+    m->acts_memory = NULL;
+    m->ints_memory = NULL;
+    m->B = 0;
 }
 
-// The checkpoint's config and train mode (policy_config_values)
+static void policy_release(VLAPolicy* p) {
+    if (p == NULL) { return; }
+    policy_drop_batch(p);
+    free(p->stats);
+    smolvla_free(&p->model);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+static void policy_load(void* arg) {
+    PolicyLoad* l = (PolicyLoad*)arg;
+    const char* path = l->path;
+    if (checkpoint_read_checked(path, &l->ck, l->err, (size_t)l->err_size) != 0) { return; }
+    Checkpoint* ck = &l->ck;
+    checkpoint_note_unverified(path, ck);
+    if (policy_takes_strings(ck->tokenizer) && ck->config.vocab < VLA_TEXT_VOCAB) {  // (no trainer writes one)
+        snprintf(l->err, (size_t)l->err_size, "checkpoint %s has a text table of %d rows, but the policy's instructions "
+                 "are UTF-8 bytes as token ids (up to 255): use a checkpoint of a preset", path, ck->config.vocab);
+        return;
+    }
+    if (l->threads > 0 && threads_startable(l->threads) < l->threads - 1) {
+        snprintf(l->err, (size_t)l->err_size, "threads=%d: this machine cannot start that many threads: pass fewer, or 0 "
+                 "for OpenMP's default", l->threads);
+        return;
+    }
+    VLAPolicy* p = (VLAPolicy*)callocCheck(1, sizeof(VLAPolicy));
+    if (pthread_mutex_init(&p->lock, NULL) != 0) {
+        free(p);
+        vla_fail_no_memory("cannot make a policy's lock: " VLA_NO_MEMORY_FIX);
+    }
+    l->p = p;
+    p->threads = l->threads;
+    smolvla_build(&p->model, &ck->config, ck->train_mode);
+    memcpy(p->model.params_memory, ck->params, p->model.table.total * sizeof(float));
+    p->n_cam = ck->config.n_cam;
+    p->train_mode = ck->train_mode;
+    memcpy(p->tokenizer, ck->tokenizer, sizeof(p->tokenizer));
+    p->stats = ck->stats;
+    ck->stats = NULL;
+    l->loaded = 1;
+}
+
+// Loads a checkpoint; NULL and a message in err if it cannot be used (vla_policy_last_status:
+// POLICY_OK for a refused checkpoint, POLICY_NO_MEMORY or POLICY_FAILED when loading failed).
+// threads: the OpenMP threads of its calls (0: the calling thread's default).
+VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_size) {
+    PolicyLoad l;
+    memset(&l, 0, sizeof(l));
+    l.path = path;
+    l.threads = threads;
+    l.err = err;
+    l.err_size = err_size;
+    int rc = policy_status(vla_catch_call(policy_load, &l));
+    checkpoint_free(&l.ck);  // (what a failure left; the statistics moved into the policy)
+    if (rc == POLICY_OK && l.loaded) { return l.p; }
+    if (rc != POLICY_OK) { snprintf(err, (size_t)err_size, "%s", vla_policy_last_error()); }
+    policy_release(l.p);
+    return NULL;
+}
+
+// The checkpoint's config and train mode (policy_config_values). (This and the two below read
+// fields only: nothing in them can fail.)
 VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) {
     SmolVLAConfig c = p->model.config;
     c.n_cam = p->n_cam;
@@ -1903,29 +1982,57 @@ VLA_API const char* vla_policy_tokenizer(const VLAPolicy* p) { return p->tokeniz
 // images[k] camera k's B frames (B, h_k, w_k, 3) u8 HWC of any size (resized with padding to the
 // model's), the instructions as strings or token ids (texts NULL; see policy_observations), raw
 // state (B, S). The starting noise is `noise` (B, H, max_action_dim) if given, else drawn from
-// `seed`. Returns POLICY_OK or why not (vla/policy.h's POLICY_* codes).
-static int policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images, const char* const* texts,
-                      const int32_t* ids, const int32_t* n_ids, const float* state, const float* noise, uint64_t seed,
-                      float* actions) {
+// `seed`. Sets a->rc to POLICY_OK or why not (vla/policy.h's POLICY_* codes).
+static void policy_act(void* arg) {
+    PolicyAct* a = (PolicyAct*)arg;
+    VLAPolicy* p = a->p;
     SmolVLAConfig* c = &p->model.config;
-    if (B < 1) { return POLICY_BAD_BATCH; }
+    int B = a->B;
     Cameras cams;
     const uint8_t* frames[VLA_MAX_CAM];
-    if (policy_present_cameras(p->n_cam, cam_hw, images, &cams, frames) != POLICY_OK) { return POLICY_BAD_CAMERA; }
+    a->rc = policy_act_checks(a, p->n_cam, p->tokenizer, c, &cams, frames);
+    if (a->rc != POLICY_OK) { return; }
     for (int k = 0; k < cams.n; k++) {
         int rh, rw;
-        if (!resized_size((int)cams.height[k], (int)cams.width[k], c->img, &rh, &rw)) { return POLICY_BAD_CAMERA; }
+        if (!resized_size((int)cams.height[k], (int)cams.width[k], c->img, &rh, &rw)) { a->rc = POLICY_BAD_CAMERA; return; }
     }
-    if (texts == NULL && policy_check_tokens(c, B, ids, n_ids) != POLICY_OK) { return POLICY_BAD_TOKENS; }
     if (c->n_cam != cams.n) {  // another set of cameras than the last call's: the activations are laid out again
         c->n_cam = cams.n;
         p->model.B = 0;
     }
     policy_reserve(&p->obs, &p->capacity, c, &cams, B);
-    policy_observations(&p->obs, c, p->stats, B, frames, texts, ids, n_ids, state, noise, seed);
-    int S = c->state_dim, A = c->action_dim;
-    smolvla_sample_actions(&p->model, &p->obs, p->stats + 2 * S, p->stats + 2 * S + A, actions);
-    return POLICY_OK;
+    policy_observations(&p->obs, c, p->stats, B, frames, a->texts, a->ids, a->n_ids, a->state, a->noise, a->seed);
+    int S = c->state_dim, A = c->action_dim, Am = c->max_action_dim;
+    const float *action_mean = p->stats + 2 * S, *action_std = p->stats + 2 * S + A;
+    size_t rows = (size_t)B * c->chunk;
+    a->chunk = (float*)mallocCheck(rows * Am * sizeof(float));
+    SmolInputs in = smolvla_inputs(&p->obs);
+    smolvla_sample(&p->model, &in, p->obs.eps, a->chunk);
+    for (size_t r = 0; r < rows; r++) {
+        for (int k = 0; k < A; k++) { a->actions[r * A + k] = a->chunk[r * Am + k] * action_std[k] + action_mean[k]; }
+    }
+    a->rc = POLICY_OK;
+}
+
+// Runs one act call on its policy: one at a time (the lock), with the policy's OpenMP threads, a
+// failure caught and the batch's memory released after it.
+static int policy_call_act(PolicyAct* a) {
+    VLAPolicy* p = a->p;
+    if (p == NULL) { return policy_refuse("a NULL policy: load one with vla_policy_load"); }
+    pthread_mutex_lock(&p->lock);
+    // OpenMP's thread count is the calling thread's setting: set for this call, then put back
+    int outer_threads = p->threads > 0 ? omp_get_max_threads() : 0;
+    if (p->threads > 0) { omp_set_num_threads(p->threads); }
+    int rc = policy_status(vla_catch_call(policy_act, a));
+    if (p->threads > 0) { omp_set_num_threads(outer_threads); }
+    free(a->chunk);
+    if (rc != POLICY_OK) {
+        policy_drop_batch(p);
+    } else {
+        rc = a->rc;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return rc;
 }
 
 // Instructions as B UTF-8 strings, their bytes the token ids (cut to max_text): for checkpoints of
@@ -1933,8 +2040,8 @@ static int policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t*
 VLA_API int vla_policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
                            const char* const* instructions, const float* state, const float* noise, uint64_t seed,
                            float* actions) {
-    if (!policy_takes_strings(p->tokenizer)) { return POLICY_NOT_BYTES; }
-    return policy_act(p, B, cam_hw, images, instructions, NULL, NULL, state, noise, seed, actions);
+    PolicyAct a = {p, B, cam_hw, images, instructions, NULL, NULL, state, noise, seed, actions, 1, NULL, POLICY_OK};
+    return policy_call_act(&a);
 }
 
 // Instructions as token ids of the checkpoint's tokenizer (scripts/vla_policy.py makes them as the
@@ -1943,15 +2050,14 @@ VLA_API int vla_policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uin
 VLA_API int vla_policy_act_tokens(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
                                   const int32_t* tokens, const int32_t* n_tokens, const float* state, const float* noise,
                                   uint64_t seed, float* actions) {
-    return policy_act(p, B, cam_hw, images, NULL, tokens, n_tokens, state, noise, seed, actions);
+    PolicyAct a = {p, B, cam_hw, images, NULL, tokens, n_tokens, state, noise, seed, actions, 0, NULL, POLICY_OK};
+    return policy_call_act(&a);
 }
 
+// Frees the policy (NULL: nothing). No call on it may be running or come after.
 VLA_API void vla_policy_free(VLAPolicy* p) {
-    if (p == NULL) { return; }
-    if (p->capacity > 0) { smolvla_batch_free(&p->obs); }
-    free(p->stats);
-    smolvla_free(&p->model);
-    free(p);
+    policy_status(VLA_CAUGHT_NONE);
+    policy_release(p);
 }
 #endif
 
@@ -1976,6 +2082,9 @@ static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 
 int main(int argc, char** argv) {
     TrainArgs args;
+    // past the file size limit (ulimit -f) a write then fails with EFBIG, said in one line and its
+    // temporary file removed; the signal's default would end the run without a word
+    signal(SIGXFSZ, SIG_IGN);
     train_args_parse(&args, argc, argv);
     // the CPU reference keeps every activation: the memory options are the GPU trainer's
     if (args.recompute != RECOMPUTE_NONE) {

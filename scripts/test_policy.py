@@ -11,18 +11,28 @@ the refusals: bad ids and counts, strings for a checkpoint trained on a tokenize
 same weights renamed), and in VLAPolicy a missing or differently named tokenizer.json. Frames as
 LeRobot passes them (float32 uint8 / 255), and as float64, float16 and int64, give the uint8
 frames' actions bit for bit; float frames out of [0, 1], NaN or off the 1/255 grid, integers
-outside 0..255 and bool are refused with one line naming the camera. Run by
+outside 0..255 and bool are refused with one line naming the camera. The host process survives
+the libraries: out of memory in a child process under RLIMIT_AS is a one-line MemoryError after
+which a small batch acts as before (libvla.so, and the first GPU build); a NULL policy is a
+return code and a line; every method after close() raises; malformed instructions, states, noise,
+frames, token ids and seeds are one-line exceptions raised by vla_policy.py itself. Threads: four
+threads on one policy get the serial actions bit for bit, two policies act at once as alone (two
+host threads in turn on a GPU build), and threads= leaves the calling thread's OpenMP setting. Run by
 `make test` with Debian's python3 (torch; the tokenizers package is not needed: names are compared
 before a tokenizer.json is parsed, and scripts/test_lerobot_io.py serves a real one). Exits
 non-zero on any failure; the last line is `N passed, M failed`.
 """
 
 import ctypes
+import ctypes.util
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import threading
+import traceback
 
 import numpy as np
 import torch
@@ -83,6 +93,224 @@ def expect_error(what, fn, needle):
         check(False, f"{what}: accepted")
     except ValueError as e:
         check(needle in str(e) and "\n" not in str(e), f"{what}: {e}")
+
+
+def one_line_refusal(what, fn, kind, *needles):
+    """fn() must raise `kind` from scripts/vla_policy.py itself (not from inside numpy or ctypes,
+    no chained exception shown), its message one line holding every needle."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001  (the kind is what is checked)
+        msg = str(e)
+        where = os.path.basename(traceback.extract_tb(e.__traceback__)[-1].filename)
+        shown = e.__cause__ is None and (e.__context__ is None or e.__suppress_context__)
+        ok = isinstance(e, kind) and "\n" not in msg and all(n in msg for n in needles) and \
+            where == "vla_policy.py" and shown
+        check(ok, f"{what}: {type(e).__name__} from {where}: {msg}")
+        return
+    check(False, f"{what}: accepted")
+
+
+def malformed_input_checks(policy, images, instructions, state):
+    """Input the library cannot take, refused in one line before it is called: instructions that
+    are not strings or not a sequence, states and noise that are not numbers, frames that are not
+    arrays, token ids that are not ints, a seed that is not an int."""
+    B = len(instructions)
+    bad_instructions = [("an instruction as bytes", [b"go to blue"] + instructions[1:], TypeError,
+                         "instruction 0 is bytes: pass str (decode it first"),
+                        ("an instruction as an int", instructions[:1] + [7] + instructions[2:], TypeError,
+                         "instruction 1 is int: pass str"),
+                        ("an instruction that is None", instructions[:2] + [None], TypeError,
+                         "instruction 2 is NoneType: pass str"),
+                        ("instructions as an int", 3, TypeError, "instructions: int is not a sequence: pass a list"),
+                        ("instructions as None", None, TypeError, "instructions: NoneType is not a sequence"),
+                        ("instructions as bytes", b"go", ValueError, "instructions: pass a list of B strings"),
+                        ("an instruction with a lone surrogate", ["go \udcff"] + instructions[1:], ValueError,
+                         "instruction 0 holds '\\udcff' at offset 3, which UTF-8 cannot write")]
+    for what, given, kind, needle in bad_instructions:
+        one_line_refusal(what, lambda: policy.act(images, given, state), kind, needle)
+    rows = state.tolist()
+    bad_states = [("a state of dtype object holding strings", np.array([["a", "b", "c"]] * B, dtype=object),
+                   "state: holds str where numbers go"),
+                  ("a state of strings", state.astype(str), "state: an array of dtype <U"),
+                  ("a state of ragged rows", [rows[0], rows[1][:2], rows[2]], "state: rows of different lengths"),
+                  ("a state holding None", [rows[0], [1.0, None, 2.0], rows[2]], "state: holds None where numbers go"),
+                  ("a complex state", state.astype(np.complex64), "state: an array of dtype complex64")]
+    for what, given, needle in bad_states:
+        one_line_refusal(what, lambda: policy.act(images, instructions, given), ValueError, needle,
+                         f"pass float32 (B, state_dim) = ({B}, 3) raw state")
+    one_line_refusal("noise of strings", lambda: policy.act(images, instructions, state, noise=np.full((B, 2, 2), "x")),
+                     ValueError, "noise: an array of dtype <U1")
+    one_line_refusal("images as None", lambda: policy.act(None, instructions, state), TypeError,
+                     "images: NoneType is not a sequence")
+    one_line_refusal("one camera's (B, h, w, 3) array for two cameras",
+                     lambda: policy.act(images[0], instructions, state), ValueError,
+                     f"images: one array of shape {images[0].shape}: pass a list")
+    one_line_refusal("a camera's frames as a ragged list", lambda: policy.act(
+        [list(images[0][:2]) + [images[0][2, :5]], images[1]], instructions, state), ValueError,
+        "camera 0: frames of different shapes")
+    one_line_refusal("token ids as strings", lambda: policy.act_tokens(images, ["go", "to", "blue"], state), TypeError,
+                     "instruction 0: token ids given as str")
+    one_line_refusal("token ids as floats", lambda: policy.act_tokens(images, [[1.5], [2], [3]], state), TypeError,
+                     "instruction 0: token ids of dtype float64: pass a sequence of ints")
+    one_line_refusal("a seed that is None", lambda: policy.act(images, instructions, state, seed=None), TypeError,
+                     "seed: NoneType is not an int: pass an int")
+
+
+# The child process of library_oom_check: under an address space limit just above what it holds
+# after serving a small batch, a batch of 20,000 observations cannot get its activations. The
+# library must raise MemoryError (one line) and the same small batch must still act, bit for bit.
+OOM_CHILD = r"""
+import json, resource, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from vla_policy import VLAPolicy
+ckpt, library, big = sys.argv[2], sys.argv[3] or None, int(sys.argv[4])
+policy = VLAPolicy(ckpt, threads=1, library=library, device="cuda" if library else "cpu")
+c, rng = policy.config, np.random.default_rng(1)
+def observations(B):
+    images = [rng.integers(0, 256, (B, 24, 32, 3), np.uint8), rng.integers(0, 256, (B, 20, 20, 3), np.uint8)]
+    return images, ["go to blue"] * B, rng.normal(size=(B, c["state_dim"])).astype(np.float32)
+small = observations(2)
+first = policy.act(*small, seed=3)
+large = observations(big)
+held = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+limit = held + (256 << 20) if hard == resource.RLIM_INFINITY else min(held + (256 << 20), hard)
+resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+result = {"raised": None, "message": ""}
+try:
+    policy.act(*large, seed=3)
+except Exception as e:
+    result = {"raised": type(e).__name__, "message": str(e)}
+result["again"] = bool(np.array_equal(policy.act(*small, seed=3), first))
+policy.close()
+print(json.dumps(result))
+"""
+
+
+def library_oom_check(name, ckpt_path, library=None):
+    """Out of memory inside the library (host memory for libvla.so; under the CUDA emulation the
+    device memory it maps, which the limit bounds as it bounds the host's; not on a GPU, whose
+    memory no limit of the process bounds) in a child process: MemoryError in one line, the
+    policy usable after it, the process alive to exit 0."""
+    big = 20000
+    r = subprocess.run([sys.executable, "-c", OOM_CHILD, HERE, ckpt_path, library or "", str(big)],
+                       capture_output=True, text=True, timeout=300)
+    lines = r.stdout.strip().splitlines()
+    try:
+        got = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        check(False, f"{name}: a batch of {big} under an address space limit: the child printed no result (exit "
+              f"{r.returncode}): {(r.stdout + r.stderr)[-600:]}")
+        return
+    msg = got["message"]
+    check(r.returncode == 0 and got["raised"] == "MemoryError" and "\n" not in msg and msg.startswith("out of")
+          and "pass fewer observations per call" in msg and got["again"],
+          f"{name}: a batch of {big} under an address space limit raises MemoryError in one line ({msg}); a batch of "
+          f"2 then acts as before it (got {got['again']}); the process exits {r.returncode}")
+
+
+def library_failure_check(policy):
+    """A failure inside the library is a return code and a line, never the end of the process: a
+    NULL policy handed to the C functions returns POLICY_FAILED (5) with vla_policy_last_error's line."""
+    lib, name = policy.lib, os.path.basename(policy.lib._name)
+    out = np.zeros(64, np.float32)
+    rc = lib.vla_policy_act_tokens(None, 1, None, None, None, None, None, None, 0, out.ctypes.data)
+    line = lib.vla_policy_last_error().decode()
+    check(rc == 5 and lib.vla_policy_last_status() == 5 and line == "a NULL policy: load one with vla_policy_load",
+          f"{name}: vla_policy_act_tokens on a NULL policy returns 5 (got {rc}) with the line: {line}")
+
+
+def thread_checks(name, policy, make_other, images, instructions, state, n_threads, per_thread, sizes=(1, 2, 3)):
+    """n_threads threads calling act on one policy get exactly the actions of the same calls made
+    one after another (the calls are serialized), across batch `sizes` (several: the activations
+    are laid out again between calls); and two policies acting at once in two threads
+    (make_other() makes the second; None: not checked) get what each gets alone."""
+    def job(t, i):  # batch size and seed of thread t's call i
+        B = sizes[(t + i) % len(sizes)]
+        return [im[:B] for im in images], instructions[:B], state[:B], 100 * t + i
+
+    def act(p, t, i):
+        ims, texts, st, seed = job(t, i)
+        return p.act(ims, texts, st, seed=seed)
+
+    def run_threads(policies, n_threads):
+        results = [[None] * per_thread for _ in range(n_threads)]
+        start = threading.Barrier(n_threads)
+
+        def worker(t):
+            start.wait()
+            for i in range(per_thread):
+                try:
+                    results[t][i] = act(policies[t % len(policies)], t, i)
+                except Exception as e:  # noqa: BLE001  (reported as a mismatch)
+                    results[t][i] = e
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return results
+
+    serial = [[act(policy, t, i) for i in range(per_thread)] for t in range(n_threads)]
+    results = run_threads([policy], n_threads)
+    same = sum(isinstance(r, np.ndarray) and np.array_equal(r, s) for rs, ss in zip(results, serial)
+               for r, s in zip(rs, ss))
+    errors = [repr(r) for rs in results for r in rs if isinstance(r, Exception)][:1]
+    total = n_threads * per_thread
+    check(same == total, f"{name}: {n_threads} threads calling act on one policy ({per_thread} call(s) each, batch "
+          f"{'/'.join(map(str, sizes))}): {same} of {total} results are the serial ones"
+          f"{': ' + errors[0] if errors else ''}")
+    if make_other is None:
+        return
+    other = make_other()
+    results = run_threads([policy, other], 2)
+    same = sum(isinstance(r, np.ndarray) and np.array_equal(r, s) for rs, ss in zip(results, serial[:2])
+               for r, s in zip(rs, ss))
+    check(same == 2 * per_thread, f"{name}: two policies acting at once in two threads: {same} of {2 * per_thread} "
+          "results are the serial ones")
+    other.close()
+
+
+def closed_checks(name, make_policy, images, instructions, state):
+    """After close(), every method that needs the library raises RuntimeError (closed) in one line
+    and the process goes on; closing again does nothing."""
+    policy = make_policy()
+    policy.close()
+    policy.close()
+    tokens = [list(t.encode()) for t in instructions]
+    calls = {"act": lambda: policy.act(images, instructions, state),
+             "act_tokens": lambda: policy.act_tokens(images, tokens, state),
+             "timing": policy.timing,
+             "run": lambda: policy.run(images, state, None, 0, len(instructions), lambda call: 0)}
+    refused = []
+    for method, fn in calls.items():
+        try:
+            fn()
+        except RuntimeError as e:
+            if str(e) == "this VLAPolicy is closed: make a new one":
+                refused.append(method)
+    check(refused == list(calls) and policy.closed,
+          f"{name}: after close() (twice) {', '.join(refused)} raise RuntimeError: this VLAPolicy is closed: make a "
+          f"new one (of {', '.join(calls)})")
+
+
+def openmp_threads_check(ckpt_path, images, instructions, state):
+    """threads= is the OpenMP thread count of the policy's own calls: loading and acting leave the
+    calling thread's setting as it was (it decided how many threads other OpenMP code there starts)."""
+    path = ctypes.util.find_library("gomp")
+    if path is None:
+        print("(libgomp not found: the OpenMP setting of the calling thread is not checked)")
+        return
+    gomp = ctypes.CDLL(path)
+    before = gomp.omp_get_max_threads()
+    policy = VLAPolicy(ckpt_path, threads=before + 1)
+    policy.act(images, instructions, state, seed=1)
+    after = gomp.omp_get_max_threads()
+    policy.close()
+    check(after == before, f"a policy of threads={before + 1} loaded and acting in this thread leaves its OpenMP "
+          f"threads at {before} (got {after})")
 
 
 def frame_dtype_checks(policy, images, instructions, state, noise, ours):
@@ -398,6 +626,12 @@ def main():
 
         other = token_checks(policy, ck, ckpt_path, tmp, images, instructions, state, noise, 1e-5)
         tokenizer_refusals(ckpt_path, other)
+        malformed_input_checks(policy, images, instructions, state)
+        library_failure_check(policy)
+        thread_checks("libvla.so", policy, lambda: VLAPolicy(ckpt_path, threads=1), images, instructions, state, 4, 6)
+        openmp_threads_check(ckpt_path, images, instructions, state)
+        library_oom_check("libvla.so", ckpt_path)
+        closed_checks("libvla.so", lambda: VLAPolicy(ckpt_path, threads=1), images, instructions, state)
 
         expect_error("a missing checkpoint", lambda: VLAPolicy(os.path.join(tmp, "missing.bin")), "cannot open checkpoint")
         # corrupt checkpoints: refused with the reader's message, and this process goes on (sizes
@@ -461,7 +695,18 @@ def main():
             graph_check(name, gpu, VLAPolicy(ckpt_path, library=library, device="cuda", graphs=False), images,
                         instructions, state, noise)
             token_checks(gpu, ck, ckpt_path, tmp, images, instructions, state, noise, tol)
+            # one policy from two host threads in turn, at the batch of the graph token_checks left:
+            # each thread makes its GPU state, and the graph is dropped and the steps run one by one
+            # there (few calls: each costs ~0.5 s under the emulation, and make test runs two builds)
+            thread_checks(name, gpu, None, images, instructions, state, 2, 1, sizes=(3,))
+            library_failure_check(gpu)
             gpu.close()
+            if "emulation" not in gpu.device:
+                print(f"({name} runs on a GPU: out of device memory is checked under the CUDA emulation)")
+            elif library == libraries[0]:  # (the builds differ in precision only, not in how they fail)
+                library_oom_check(name, ckpt_path, library)
+            closed_checks(name, lambda: VLAPolicy(ckpt_path, library=library, device="cuda"), images, instructions,
+                          state)
 
 
 if __name__ == "__main__":

@@ -38,11 +38,34 @@ batch's longest, SmolVLA, or to max_length, pi0, gives). act_tokens takes ids ma
 The 10-step flow-matching sampling starts from noise drawn from `seed`, or from `noise`
 (B, chunk, max_action_dim): the model's action slots are max_action_dim wide; the first
 action_dim of them are the data's.
+
+Errors are one line, raised here; the libraries never end or crash the process. Malformed input
+is refused before the library sees it: a ValueError or TypeError naming the argument and the
+element (an instruction that is not a str names instruction b; a state of strings or ragged rows,
+frames of a dtype the library cannot read). A failure inside the library is MemoryError when it
+ran out of host or GPU memory (e.g. a batch too large: a smaller one works right after, the policy
+lays its batch out again) and RuntimeError otherwise, with the library's line
+(vla_policy_last_error). A checkpoint that cannot be served is a ValueError from the constructor.
+close() frees the model at once (the library's memory; also done when the object is collected);
+afterwards every method that needs it raises RuntimeError (closed), and closing again does nothing.
+
+Threads: the calls on one VLAPolicy are serialized (a lock held around every library call; the C
+policy holds its own lock too): the library keeps one batch's observations and activations per
+policy, so several threads may share one policy and each gets exactly the actions it would get
+alone, one call at a time. Separate policies share no mutable state and run in parallel in
+separate threads (ctypes releases the GIL during the call). On the CPU, threads= is the OpenMP
+thread count of that policy's own calls, in whichever thread they come from (set around each
+call, then put back); each calling thread has its own OpenMP team and transpose scratch. On a GPU
+each host thread that calls in makes its own streams and cuBLASLt state at its first call (32 MiB
+of GPU memory it keeps until the process ends: serve from a fixed set of threads), and a policy
+called from another thread than before makes its CUDA graph again there.
 """
 
 import ctypes
+import operator
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -60,6 +83,16 @@ TRAIN_MODES = ["expert", "vlm", "all"]  # TRAIN_MODE_NAMES
 MAX_IMG = 4096  # VLA_MAX_IMG: a camera's height and width
 
 LIBRARIES = {"cpu": "libvla.so", "cuda": "libvla_gpu.so"}
+POLICY_FAILED, POLICY_NO_MEMORY = 5, 6  # vla/policy.h: a failure inside the library, its line in vla_policy_last_error
+CLOSED = "this VLAPolicy is closed: make a new one"
+
+
+def library_failure(lib, rc):
+    """The exception for a failure inside the library (rc POLICY_FAILED or POLICY_NO_MEMORY), with
+    its one line; read on the thread that made the call (the library keeps it per thread)."""
+    line = lib.vla_policy_last_error().decode(errors="replace")
+    line = " ".join(line.splitlines()) or f"code {rc}"
+    return MemoryError(line) if rc == POLICY_NO_MEMORY else RuntimeError(line)
 
 
 def policy_error(rc, tokenizer):
@@ -78,7 +111,11 @@ def frames_u8(k, frames):
     """Camera k's frames as the C-contiguous uint8 array the library reads: uint8 as they are; float
     frames in [0, 1] on the 1/255 grid as round(x * 255), exactly the 8-bit frames they came from;
     integer frames within 0..255 as they are. Anything else is a one-line ValueError."""
-    im = np.asarray(frames)
+    try:
+        im = np.asarray(frames)
+    except (ValueError, TypeError):  # ragged frames: numpy's own error would not say which camera
+        raise ValueError(f"camera {k}: frames of different shapes (or not an array): pass one (B, h, w, 3) "
+                         f"array: {FRAMES_FIX}") from None
     dt = im.dtype
     if dt == np.uint8:
         return np.ascontiguousarray(im)
@@ -130,6 +167,86 @@ def finite_f32(name, values, where):
     return out
 
 
+def numeric(name, values, want):
+    """values as a numpy array of real numbers (a dtype of int, uint or float), or a one-line
+    ValueError saying what was given and what to pass (`want`): ragged rows, strings, objects that
+    are not numbers, booleans, complex numbers."""
+    try:
+        arr = np.asarray(values)
+    except (ValueError, TypeError):
+        raise ValueError(f"{name}: rows of different lengths (or not an array): pass {want}") from None
+    if arr.dtype == object:  # numbers held as objects convert; anything else is said
+        if any(x is None for x in arr.reshape(-1)):  # (numpy would make it a NaN)
+            raise ValueError(f"{name}: holds None where numbers go: pass {want}")
+        try:
+            arr = arr.astype(np.float64)
+        except (ValueError, TypeError):
+            kinds = sorted({type(x).__name__ for x in arr.reshape(-1)} - {"int", "float"})
+            raise ValueError(f"{name}: holds {', '.join(kinds) or 'objects'} where numbers go (or rows of different "
+                             f"lengths): pass {want}") from None
+    if arr.dtype.kind not in "iuf":
+        raise ValueError(f"{name}: an array of dtype {arr.dtype}: pass {want}")
+    return arr
+
+
+def instruction_texts(instructions):
+    """instructions as a list of B str, each one that UTF-8 can write and without NUL; else a
+    one-line ValueError or TypeError naming the instruction and what to pass."""
+    if isinstance(instructions, (str, bytes, bytearray)):
+        raise ValueError("instructions: pass a list of B strings, one per observation")
+    try:
+        texts = list(instructions)
+    except TypeError:
+        raise TypeError(f"instructions: {type(instructions).__name__} is not a sequence: pass a list of B strings, "
+                        "one per observation") from None
+    for b, text in enumerate(texts):
+        if isinstance(text, (bytes, bytearray)):
+            raise TypeError(f"instruction {b} is bytes: pass str (decode it first, e.g. text.decode('utf-8'))")
+        if not isinstance(text, str):
+            raise TypeError(f"instruction {b} is {type(text).__name__}: pass str, one instruction per observation")
+        if "\0" in text:  # the library reads C strings: it would end there
+            raise ValueError(f"instruction {b} holds a NUL character at offset {text.index(chr(0))}: pass text "
+                             "without NUL characters")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"instruction {b} holds {text[e.start]!r} at offset {e.start}, which UTF-8 cannot write "
+                             "(a lone surrogate): pass valid text") from None
+    return texts
+
+
+def token_sequences(token_ids, vocab, tokenizer):
+    """token_ids as B flat int64 arrays within [0, vocab); else a one-line ValueError or TypeError
+    naming the instruction."""
+    if isinstance(token_ids, (str, bytes, bytearray)):
+        raise TypeError("token_ids: pass B sequences of int token ids, one per observation (act takes strings)")
+    try:
+        seqs = list(token_ids)
+    except TypeError:
+        raise TypeError(f"token_ids: {type(token_ids).__name__} is not a sequence: pass B sequences of int token "
+                        "ids, one per observation") from None
+    ids = []
+    for b, t in enumerate(seqs):
+        what = f"instruction {b}: token ids"
+        if isinstance(t, (str, bytes, bytearray)):
+            raise TypeError(f"{what} given as {type(t).__name__}: pass a sequence of ints (act takes strings)")
+        try:
+            arr = np.asarray(t)
+        except (ValueError, TypeError):
+            raise TypeError(f"{what} are not a flat sequence of ints: pass a sequence of ints") from None
+        if arr.size == 0:
+            ids.append(np.zeros(0, np.int64))
+            continue
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"{what} of dtype {arr.dtype}: pass a sequence of ints")
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"instruction {b}: token id {lo if lo < 0 else hi} is outside the model's vocabulary "
+                             f"[0, {vocab}) (tokenizer {tokenizer})")
+        ids.append(arr.astype(np.int64).reshape(-1))
+    return ids
+
+
 def load_library(path=None, device="cpu"):
     if device not in LIBRARIES:
         raise ValueError(f"device {device!r}: use one of {', '.join(LIBRARIES)}")
@@ -155,6 +272,13 @@ def load_library(path=None, device="cpu"):
                                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p]
     lib.vla_policy_free.restype = None
     lib.vla_policy_free.argtypes = [ctypes.c_void_p]
+    if not hasattr(lib, "vla_policy_last_error"):
+        raise OSError(f"{path} is older than scripts/vla_policy.py (it has no vla_policy_last_error): rebuild it with "
+                      f"`make {os.path.basename(path)}`")
+    lib.vla_policy_last_status.restype = ctypes.c_int
+    lib.vla_policy_last_status.argtypes = []
+    lib.vla_policy_last_error.restype = ctypes.c_char_p
+    lib.vla_policy_last_error.argtypes = []
     if hasattr(lib, "vla_policy_timing"):  # the GPU library's: the device time of the last chunk, its parts
         lib.vla_policy_timing.restype = None
         lib.vla_policy_timing.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double)]
@@ -188,21 +312,31 @@ def policy_tokenizer(checkpoint, name, spec):
 
 class VLAPolicy:
     """checkpoint: a train_vla checkpoint (version 2); device: "cpu" or "cuda"; threads: OpenMP
-    threads on the CPU (0: the runtime's default); library: another build of the library to load;
-    tokenizer: for a checkpoint trained on a tokenizer.json's ids, that file or the folder holding
-    it (its name must be the checkpoint's). graphs: on a GPU, replay the 10 Euler steps as one CUDA
-    graph (the default; False launches them one by one, the same numbers). After loading: config
-    (the SmolVLAConfig fields, train_mode and family, by name), train_mode (its name), tokenizer (the
-    checkpoint's tokenizer name), text_tokenizer (what makes the ids: vla_shard.BYTES or a
-    TokenizerJSON) and device (what computes, e.g. "CPU (fp32)")."""
+    threads of this policy's calls on the CPU (0: the runtime's default); library: another build of
+    the library to load; tokenizer: for a checkpoint trained on a tokenizer.json's ids, that file or
+    the folder holding it (its name must be the checkpoint's). graphs: on a GPU, replay the 10
+    Euler steps as one CUDA graph (the default; False launches them one by one, the same numbers).
+    After loading: config (the SmolVLAConfig fields, train_mode and family, by name), train_mode
+    (its name), tokenizer (the checkpoint's tokenizer name), text_tokenizer (what makes the ids:
+    vla_shard.BYTES or a TokenizerJSON) and device (what computes, e.g. "CPU (fp32)").
+
+    Thread safety: calls on one policy are serialized by a lock (the library keeps one batch's
+    activations per policy), so threads may share it and each gets the actions it would get alone;
+    separate policies run in parallel. Errors are one line: ValueError or TypeError for malformed
+    input, MemoryError when the library runs out of memory (the policy stays usable: a smaller
+    batch works), RuntimeError for any other failure inside it, and RuntimeError for any call after
+    close() (closing twice is fine). The module's comment says more."""
 
     def __init__(self, checkpoint, device="cpu", threads=0, library=None, tokenizer=None, graphs=True):
+        self._lock = threading.Lock()  # held around every library call
         self.handle = None
         self.lib = load_library(library, device)
-        err = ctypes.create_string_buffer(1024)
+        err = ctypes.create_string_buffer(8192)  # (a path past 512 bytes is shortened in messages: path_said)
         self.handle = self.lib.vla_policy_load(os.fsencode(checkpoint), threads, err, len(err))
         if not self.handle:
-            raise ValueError(err.value.decode(errors="replace"))
+            rc, line = self.lib.vla_policy_last_status(), " ".join(err.value.decode(errors="replace").splitlines())
+            raise MemoryError(line) if rc == POLICY_NO_MEMORY else RuntimeError(line) if rc == POLICY_FAILED else \
+                ValueError(line)
         values = (ctypes.c_int32 * len(CONFIG_FIELDS))()
         self.lib.vla_policy_config(self.handle, values)
         self.config = dict(zip(CONFIG_FIELDS, list(values)))
@@ -217,6 +351,17 @@ class VLAPolicy:
             self.close()
             raise
 
+    @property
+    def closed(self):
+        """Whether close() has freed the model (every call then raises RuntimeError)."""
+        return not self.handle
+
+    def _open(self):
+        """The library's handle, with self._lock held by the caller; RuntimeError once closed."""
+        if not self.handle:
+            raise RuntimeError(CLOSED)
+        return self.handle
+
     def cameras(self, images):
         """images as one C-contiguous uint8 (B, h, w, 3) array per camera, None where the
         observation lacks that camera (LeRobot's missing camera: an image of -1 masked out; the
@@ -225,12 +370,18 @@ class VLAPolicy:
         are accepted when they are 8-bit frames divided by 255 (round(x * 255) gives those frames
         back exactly); integer frames within 0..255 too. Others are refused (frames_u8)."""
         n_cam = self.config["n_cam"]
-        if isinstance(images, np.ndarray) and images.ndim == 5:
+        want = "one (B, h, w, 3) array per camera it was trained on, in order (None for one the observation lacks)"
+        if isinstance(images, np.ndarray):
+            if images.ndim != 5:
+                raise ValueError(f"images: one array of shape {images.shape}: pass a list of {want}, or one (B, n_cam, "
+                                 "h, w, 3) array")
             images = [images[:, k] for k in range(images.shape[1])]
-        images = list(images)
+        try:
+            images = list(images)
+        except TypeError:
+            raise TypeError(f"images: {type(images).__name__} is not a sequence: pass a list of {want}") from None
         if len(images) != n_cam:
-            raise ValueError(f"{len(images)} camera(s) given, this checkpoint reads {n_cam}: pass one (B, h, w, 3) "
-                             "array per camera it was trained on, in order (None for one the observation lacks)")
+            raise ValueError(f"{len(images)} camera(s) given, this checkpoint reads {n_cam}: pass {want}")
         images = [None if im is None else frames_u8(k, im) for k, im in enumerate(images)]
         present = [im for im in images if im is not None]
         if not present:
@@ -248,27 +399,21 @@ class VLAPolicy:
     def act(self, images, instructions, state, noise=None, seed=0):
         """The action chunk (B, chunk, action_dim), float32, in the data's units, for B instruction
         strings (made into the checkpoint's token ids, see the module's comment)."""
-        if isinstance(instructions, str):
-            raise ValueError("instructions: pass a list of B strings, one per observation")
-        for b, text in enumerate(instructions):
-            if isinstance(text, str) and "\0" in text:  # the library reads C strings: it would end there
-                raise ValueError(f"instruction {b} holds a NUL character at offset {text.index(chr(0))}: pass text "
-                                 "without NUL characters")
+        if self.closed:
+            raise RuntimeError(CLOSED)
+        texts = instruction_texts(instructions)
         if self.text_tokenizer is vla_shard.BYTES:  # the library reads the strings' bytes itself
-            return self.run(images, state, noise, seed, len(instructions),
-                            lambda call: call(self.lib.vla_policy_act, (ctypes.c_char_p * len(instructions))(
-                                *[s.encode("utf-8") for s in instructions])))
-        return self.act_tokens(images, [self.text_tokenizer.encode(s) for s in instructions], state, noise, seed)
+            encoded = (ctypes.c_char_p * len(texts))(*[s.encode("utf-8") for s in texts])
+            return self.run(images, state, noise, seed, len(texts),
+                            lambda call: call(self.lib.vla_policy_act, encoded))
+        return self.act_tokens(images, [self.text_tokenizer.encode(s) for s in texts], state, noise, seed)
 
     def act_tokens(self, images, token_ids, state, noise=None, seed=0):
         """act() for instructions given as token ids: B sequences of ids of the checkpoint's tokenizer
         (any length: the model reads the first max_text)."""
-        ids = [np.asarray(t, np.int64).reshape(-1) for t in token_ids]
-        vocab = self.config["vocab"]
-        for b, t in enumerate(ids):
-            if t.size and (t.min() < 0 or t.max() >= vocab):
-                raise ValueError(f"instruction {b}: token id {int(t.min() if t.min() < 0 else t.max())} is outside the "
-                                 f"model's vocabulary [0, {vocab}) (tokenizer {self.tokenizer})")
+        if self.closed:
+            raise RuntimeError(CLOSED)
+        ids = token_sequences(token_ids, self.config["vocab"], self.tokenizer)
         flat = np.ascontiguousarray(np.concatenate([np.zeros(0, np.int64)] + ids), np.int32)
         counts = np.ascontiguousarray([t.size for t in ids], np.int32)
         return self.run(images, state, noise, seed, len(ids),
@@ -276,11 +421,19 @@ class VLAPolicy:
 
     def run(self, images, state, noise, seed, n_text, text_call):
         """Checks the observations, then text_call(call) calls the library's act function with the
-        instructions' arguments; returns the chunk."""
+        instructions' arguments (under the lock); returns the chunk."""
         c = self.config
+        if self.closed:
+            raise RuntimeError(CLOSED)
+        try:
+            seed = operator.index(seed) % 2**64
+        except TypeError:
+            raise TypeError(f"seed: {type(seed).__name__} is not an int: pass an int (the noise's seed), or noise=") \
+                from None
         images = self.cameras(images)
         B = next(im for im in images if im is not None).shape[0]
-        state = np.asarray(state)
+        want = f"float32 (B, state_dim) = ({B}, {c['state_dim']}) raw state"
+        state = numeric("state", state, want)
         if B < 1:
             raise ValueError("an empty batch: pass at least one observation")
         if state.shape != (B, c["state_dim"]) or n_text != B:
@@ -288,8 +441,8 @@ class VLAPolicy:
                              f"{B} observations of state_dim {c['state_dim']}")
         state = finite_f32("state", state, lambda at: f"observation {at[0]}, element {at[1]}")
         if noise is not None:
-            noise = np.asarray(noise)
             want = (B, c["chunk"], c["max_action_dim"])
+            noise = numeric("noise", noise, f"float32 {want} (B, chunk, max_action_dim)")
             if noise.shape != want:
                 raise ValueError(f"noise has shape {noise.shape}, expected {want} (B, chunk, max_action_dim)")
             noise = finite_f32("noise", noise, lambda at: f"observation {at[0]}, slot {at[1]}, element {at[2]}")
@@ -299,10 +452,14 @@ class VLAPolicy:
         out = np.empty((B, c["chunk"], c["action_dim"]), np.float32)
 
         def call(fn, *text):
-            return fn(self.handle, B, cam_hw.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), frames, *text,
-                      state.ctypes.data, None if noise is None else noise.ctypes.data, seed % 2**64, out.ctypes.data)
+            return fn(self._open(), B, cam_hw.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), frames, *text,
+                      state.ctypes.data, None if noise is None else noise.ctypes.data, seed, out.ctypes.data)
 
-        rc = text_call(call)
+        with self._lock:
+            rc = text_call(call)
+            failure = library_failure(self.lib, rc) if rc in (POLICY_FAILED, POLICY_NO_MEMORY) else None
+        if failure is not None:
+            raise failure
         if rc != 0:
             raise ValueError(f"the library rejected the batch: {policy_error(rc, self.tokenizer)}")
         return out
@@ -312,17 +469,33 @@ class VLAPolicy:
         the CPU's): {"prefix_ms", "steps_ms"} (the prefix once; the 10 Euler steps) and
         {"prefix_launches", "steps_launches"} where the library counts them (the CPU emulation of
         CUDA), else None."""
-        if not hasattr(self.lib, "vla_policy_timing"):
-            return None
-        out = (ctypes.c_double * 4)()
-        self.lib.vla_policy_timing(self.handle, out)
+        with self._lock:
+            handle = self._open()
+            if not hasattr(self.lib, "vla_policy_timing"):
+                return None
+            out = (ctypes.c_double * 4)()
+            self.lib.vla_policy_timing(handle, out)
         launches = [int(x) if x >= 0 else None for x in out[2:]]
         return {"prefix_ms": out[0], "steps_ms": out[1], "prefix_launches": launches[0], "steps_launches": launches[1]}
 
     def close(self):
-        if self.handle:
-            self.lib.vla_policy_free(self.handle)
-            self.handle = None
+        """Frees the model now; later calls raise RuntimeError, closing again does nothing. A failure
+        while freeing (a CUDA error) is a RuntimeError; the policy is closed all the same."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:  # (a constructor that failed before anything was made)
+            return
+        with lock:
+            if not self.handle:
+                return
+            handle, self.handle = self.handle, None
+            self.lib.vla_policy_free(handle)
+            rc = self.lib.vla_policy_last_status()
+            failure = library_failure(self.lib, rc) if rc in (POLICY_FAILED, POLICY_NO_MEMORY) else None
+        if failure is not None:
+            raise failure
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except (RuntimeError, MemoryError):  # (nobody to tell: the policy is gone either way)
+            pass

@@ -8,7 +8,8 @@ Errors in user input end the process with one line on stderr that names the prob
 fix it. Nothing in vla/ calls abort() on bad input. The readers of files (shard_open_checked,
 dataset_open_checked, checkpoint_read_checked) return their error instead, leaving nothing open
 or allocated, for the policy library and the fuzzers (dev/fuzz); the trainers call the wrappers
-that fail with it.
+that fail with it. In the policy libraries a failure anywhere else is caught at the library's
+entry point instead of ending the process (vla_catch_call).
 */
 #ifndef VLA_COMMON_H
 #define VLA_COMMON_H
@@ -43,24 +44,125 @@ that fail with it.
 #endif
 
 // One line on stderr, exit status 1. Used for every user-facing failure.
-static inline void vla_fail(const char* fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
-static inline void vla_fail(const char* fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
+//
+// The policy libraries (VLA_LIBRARY: libvla.so, libvla_gpu.so) live inside someone else's process,
+// which a failure must not end: each of their entry points runs its work through vla_catch_call,
+// and a vla_fail on a thread inside one is caught instead. Its line goes to that thread's
+// buffer (vla_caught_message) and vla_catch_call returns how the work failed (VLA_CAUGHT_FAILURE,
+// or VLA_CAUGHT_NO_MEMORY from mallocCheck, callocCheck and vla_fail_no_memory). C builds jump back
+// with longjmp, so nothing between may hold what only its own return would release; C++ builds
+// (train_vla.cu) throw, so the destructors in between run. A thread outside any vla_catch_call
+// (the trainers; test_vla calling the model directly) prints and exits as before. No vla_fail may
+// run inside an OpenMP parallel region: no jump or throw may leave one.
+#ifdef VLA_LIBRARY
+#ifdef __cplusplus
+#include <new>
+#define VLA_THREAD_LOCAL thread_local
+#else
+#include <setjmp.h>
+#define VLA_THREAD_LOCAL _Thread_local
+#endif
+enum { VLA_CAUGHT_NONE = 0, VLA_CAUGHT_FAILURE = 1, VLA_CAUGHT_NO_MEMORY = 2 };
+typedef struct VlaCatchFrame {
+#ifndef __cplusplus
+    jmp_buf jump;
+#endif
+    struct VlaCatchFrame* outer;  // the enclosing vla_catch_call's, NULL at the outermost
+} VlaCatchFrame;
+static VLA_THREAD_LOCAL VlaCatchFrame* vla_catch_top = NULL;  // this thread's innermost vla_catch_call
+static VLA_THREAD_LOCAL char vla_caught_text[8192];           // the line of its last caught failure
+#ifdef __cplusplus
+struct VlaCaught { int how; };
+#endif
+// The line of the calling thread's last failure caught by vla_catch_call ("" if none since it began)
+static inline const char* vla_caught_message(void) { return vla_caught_text; }
+#endif
+
+static inline void vla_vfail(int no_memory, const char* fmt, va_list ap) __attribute__((noreturn));
+static inline void vla_vfail(int no_memory, const char* fmt, va_list ap) {
+#ifdef VLA_LIBRARY
+    if (vla_catch_top != NULL) {
+        vsnprintf(vla_caught_text, sizeof(vla_caught_text), fmt, ap);
+        int how = no_memory ? VLA_CAUGHT_NO_MEMORY : VLA_CAUGHT_FAILURE;
+#ifdef __cplusplus
+        throw VlaCaught{how};
+#else
+        longjmp(vla_catch_top->jump, how);
+#endif
+    }
+#endif
+    (void)no_memory;
     fprintf(stderr, "error: ");
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
-    va_end(ap);
     fflush(stderr);
     exit(1);
 }
 
+static inline void vla_fail(const char* fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static inline void vla_fail(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vla_vfail(0, fmt, ap);
+}
+
+// vla_fail for memory that could not be had (host or device): the libraries report it as such
+// (POLICY_NO_MEMORY, Python's MemoryError), not as a bug
+static inline void vla_fail_no_memory(const char* fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static inline void vla_fail_no_memory(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vla_vfail(1, fmt, ap);
+}
+
+#ifdef VLA_LIBRARY
+// Runs fn(arg) on this thread; a vla_fail inside it returns here. Returns VLA_CAUGHT_NONE when fn
+// returned, else how it failed, its line in vla_caught_message(). What fn must release on a failure
+// has to be reachable from arg (never fn's own locals), for the caller to release. Calls nest.
+static inline int vla_catch_call(void (*fn)(void*), void* arg) {
+    VlaCatchFrame frame;
+    frame.outer = vla_catch_top;
+    vla_caught_text[0] = '\0';
+    vla_catch_top = &frame;
+#ifdef __cplusplus
+    int how = VLA_CAUGHT_NONE;
+    try {
+        fn(arg);
+    } catch (const VlaCaught& caught) {
+        how = caught.how;
+    } catch (const std::bad_alloc&) {  // (an allocation by C++ code, e.g. the CUDA emulation's)
+        snprintf(vla_caught_text, sizeof(vla_caught_text), "out of host memory: pass fewer observations per call, or "
+                 "free memory");
+        how = VLA_CAUGHT_NO_MEMORY;
+    } catch (...) {
+        snprintf(vla_caught_text, sizeof(vla_caught_text), "an unexpected C++ exception inside the library: report it");
+        how = VLA_CAUGHT_FAILURE;
+    }
+    vla_catch_top = frame.outer;
+    return how;
+#else
+    switch (setjmp(frame.jump)) {  // (setjmp's value may only be tested, never stored)
+        case 0:
+            fn(arg);
+            vla_catch_top = frame.outer;
+            return VLA_CAUGHT_NONE;
+        case VLA_CAUGHT_NO_MEMORY:
+            vla_catch_top = frame.outer;
+            return VLA_CAUGHT_NO_MEMORY;
+        default:
+            vla_catch_top = frame.outer;
+            return VLA_CAUGHT_FAILURE;
+    }
+#endif
+}
+#define VLA_NO_MEMORY_FIX "pass fewer observations per call, or free memory"
+#else
+#define VLA_NO_MEMORY_FIX "use a smaller batch (-b) or preset"
+#endif
+
 static inline void* malloc_check_(size_t size, const char* file, int line) {
     void* p = malloc(size > 0 ? size : 1);
-    if (p == NULL) {
-        vla_fail("out of memory allocating %zu bytes at %s:%d: use a smaller batch (-b) or preset",
-                 size, file, line);
-    }
+    if (p == NULL) { vla_fail_no_memory("out of memory allocating %zu bytes at %s:%d: " VLA_NO_MEMORY_FIX, size, file, line); }
     return p;
 }
 #define mallocCheck(size) malloc_check_((size), __FILE__, __LINE__)
@@ -68,8 +170,7 @@ static inline void* malloc_check_(size_t size, const char* file, int line) {
 static inline void* calloc_check_(size_t n, size_t size, const char* file, int line) {
     void* p = calloc(n > 0 ? n : 1, size > 0 ? size : 1);
     if (p == NULL) {
-        vla_fail("out of memory allocating %zu x %zu bytes at %s:%d: use a smaller batch (-b) or preset",
-                 n, size, file, line);
+        vla_fail_no_memory("out of memory allocating %zu x %zu bytes at %s:%d: " VLA_NO_MEMORY_FIX, n, size, file, line);
     }
     return p;
 }
@@ -144,6 +245,55 @@ static inline const char* path_folder(const char* path, char* buf, size_t size) 
     snprintf(buf, size, "%s", path);
     char* slash = strrchr(buf, '/');
     if (slash == NULL) { snprintf(buf, size, "."); } else if (slash == buf) { buf[1] = '\0'; } else { *slash = '\0'; }
+    return buf;
+}
+
+// Bytes from a file or the network quoted in a message (a tensor name, a tokenizer's name, the
+// line of a lock file): up to n bytes or a NUL, control bytes written as \n, \r, \t or \xNN and a
+// backslash as \\, so what a file holds can neither break the message's line nor forge another;
+// cut with "..." where out is full. Returns out.
+static inline const char* text_escaped(const void* bytes, size_t n, char* out, size_t size) {
+    const uint8_t* p = (const uint8_t*)bytes;
+    if (size == 0) { return out; }
+    size_t k = 0, i = 0;
+    for (; i < n && p[i] != 0; i++) {
+        char code[8];
+        uint8_t b = p[i];
+        if (b == '\n') { snprintf(code, sizeof(code), "\\n"); }
+        else if (b == '\r') { snprintf(code, sizeof(code), "\\r"); }
+        else if (b == '\t') { snprintf(code, sizeof(code), "\\t"); }
+        else if (b == '\\') { snprintf(code, sizeof(code), "\\\\"); }
+        else if (b < 0x20 || b == 0x7f) { snprintf(code, sizeof(code), "\\x%02x", b); }
+        else { code[0] = (char)b; code[1] = '\0'; }
+        size_t len = strlen(code);
+        if (k + len > size - 1) { break; }
+        memcpy(out + k, code, len);
+        k += len;
+    }
+    if (i < n && p[i] != 0 && size >= 4) {  // cut short: say so
+        k = k < size - 4 ? k : size - 4;
+        memcpy(out + k, "...", 3);
+        k += 3;
+    }
+    out[k] = '\0';
+    return out;
+}
+
+// A path as messages quote it, into buf of VLA_SAID_BYTES: escaped as text_escaped escapes, and
+// past VLA_SAID_PATH bytes its first and last bytes around "...", with its length. A message
+// shortens the path, never its reason (it fits the readers' err buffers whatever the path).
+#define VLA_SAID_PATH 512
+#define VLA_SAID_BYTES (8 * VLA_SAID_PATH + 64)
+static inline const char* path_said(const char* path, char* buf) {
+    size_t n = strlen(path), keep = VLA_SAID_PATH / 2 - 16;
+    if (n <= VLA_SAID_PATH) { return text_escaped(path, n, buf, VLA_SAID_BYTES); }
+    text_escaped(path, keep, buf, VLA_SAID_BYTES);
+    size_t at = strlen(buf);
+    snprintf(buf + at, VLA_SAID_BYTES - at, "...");
+    at += 3;
+    text_escaped(path + n - keep, keep, buf + at, VLA_SAID_BYTES - at);
+    at += strlen(buf + at);
+    snprintf(buf + at, VLA_SAID_BYTES - at, " (a path of %zu bytes)", n);
     return buf;
 }
 

@@ -19,14 +19,16 @@ static void wait_for_abort(void) {
 static void cuda_check_(cudaError_t err, const char* file, int line) {
     if (err == cudaSuccess) { return; }
     if (run_aborting) { wait_for_abort(); }
-    if (err == cudaErrorMemoryAllocation) {
-        vla_fail("out of GPU memory at %s:%d: use a smaller batch (-b) or preset", file, line);
-    }
+    // (in the policy library both are caught at its entry point: vla_catch_call)
+    if (err == cudaErrorMemoryAllocation) { vla_fail_no_memory("out of GPU memory at %s:%d: " VLA_NO_MEMORY_FIX, file, line); }
     vla_fail("CUDA error %s at %s:%d", cudaGetErrorString(err), file, line);
 }
 #define cudaCheck(call) cuda_check_((call), __FILE__, __LINE__)
 
 static void cublas_check_(cublasStatus_t status, const char* file, int line) {
+    if (status == CUBLAS_STATUS_ALLOC_FAILED) {
+        vla_fail_no_memory("cuBLAS is out of memory at %s:%d: " VLA_NO_MEMORY_FIX, file, line);
+    }
     if (status != CUBLAS_STATUS_SUCCESS) { vla_fail("cuBLAS error %d at %s:%d", (int)status, file, line); }
 }
 #define cublasCheck(call) cublas_check_((call), __FILE__, __LINE__)

@@ -59,10 +59,12 @@ static MatmulPlan* matmul_plan(const MatmulKey* key) {
     for (int i = 0; i < n_matmul_plans; i++) {
         if (memcmp(&matmul_plans[i].key, key, sizeof(*key)) == 0) { return &matmul_plans[i]; }
     }
-    if (n_matmul_plans == cap_matmul_plans) {
-        cap_matmul_plans = cap_matmul_plans > 0 ? 2 * cap_matmul_plans : 64;
-        matmul_plans = (MatmulPlan*)realloc(matmul_plans, cap_matmul_plans * sizeof(MatmulPlan));
-        if (matmul_plans == NULL) { vla_fail("out of memory for matrix product plans"); }
+    if (n_matmul_plans == cap_matmul_plans) {  // (the plans made so far stay if this fails: a policy goes on)
+        int cap = cap_matmul_plans > 0 ? 2 * cap_matmul_plans : 64;
+        MatmulPlan* grown = (MatmulPlan*)realloc(matmul_plans, cap * sizeof(MatmulPlan));
+        if (grown == NULL) { vla_fail_no_memory("out of memory for matrix product plans: " VLA_NO_MEMORY_FIX); }
+        matmul_plans = grown;
+        cap_matmul_plans = cap;
     }
     MatmulPlan* p = &matmul_plans[n_matmul_plans];
     p->key = *key;

@@ -1,7 +1,9 @@
 /*
 vla/policy.h: what the policy libraries share (libvla.so, libvla_gpu.so, behind
-scripts/vla_policy.py): VLA_API, the POLICY_* return codes, and raw observations checked and laid
-out as the batch the model reads. Needs rng.h, config.h, shards.h and dataset.h.
+scripts/vla_policy.py): VLA_API, the POLICY_* return codes and the calling thread's last failure
+(vla_policy_last_status, vla_policy_last_error), and raw observations checked and laid out as the
+batch the model reads, and the work of a load and of an act call as both libraries hold it.
+Needs rng.h, config.h, shards.h, dataset.h and checkpoint.h.
 */
 #ifndef VLA_POLICY_H
 #define VLA_POLICY_H
@@ -11,6 +13,7 @@ out as the batch the model reads. Needs rng.h, config.h, shards.h and dataset.h.
 #include "config.h"
 #include "shards.h"
 #include "dataset.h"
+#include "checkpoint.h"
 
 // ----------------------------------------------------------------------------
 // policies: a checkpoint serving raw observations (libvla.so from train_vla.c, libvla_gpu.so from
@@ -34,7 +37,10 @@ static inline void policy_config_values(const SmolVLAConfig* c, int train_mode, 
 // the first call). Frames of other sizes than last time re-lay the batch out.
 static inline void policy_reserve(SmolBatch* obs, int* capacity, const SmolVLAConfig* c, const Cameras* cams, int B) {
     if (B <= *capacity && cameras_equal(&obs->cams, cams)) { return; }
-    if (*capacity > 0) { smolvla_batch_free(obs); }
+    if (*capacity > 0) {
+        smolvla_batch_free(obs);
+        *capacity = 0;  // (an allocation that fails below leaves room for none, not the freed room)
+    }
     smolvla_batch_alloc(obs, c, cams, B);
     *capacity = B;
 }
@@ -47,7 +53,45 @@ enum {
                             // or every camera absent
     POLICY_BAD_TOKENS = 3,  // a negative token count, or an id outside [0, vocab)
     POLICY_NOT_BYTES = 4,   // strings for a checkpoint whose tokenizer is not "bytes": pass its token ids
+    POLICY_FAILED = 5,      // the library failed inside the call (its line: vla_policy_last_error); the policy
+                            // lays its batch out again at the next call
+    POLICY_NO_MEMORY = 6,   // out of host or GPU memory for this call (vla_policy_last_error): fewer observations
+                            // per call may fit
 };
+
+#ifdef VLA_LIBRARY
+// The errors of the libraries' entry points, per calling thread: every function that can fail
+// (vla_policy_load, _act, _act_tokens, _free) runs its work in vla_catch_call, so a failure inside
+// it (an allocation, a CUDA error, any vla_fail) returns POLICY_FAILED or POLICY_NO_MEMORY (a NULL
+// policy and the line in err, from vla_policy_load) and never ends the host process.
+static VLA_THREAD_LOCAL int policy_status_last = POLICY_OK;
+static VLA_THREAD_LOCAL char policy_error_last[8192];
+
+// The POLICY_* code of a vla_catch_call's outcome (POLICY_OK when it returned), kept with its line
+// as the calling thread's last status: copied, since a later vla_catch_call (the cleanup after a
+// failure) starts a new line.
+static inline int policy_status(int caught) {
+    policy_status_last = caught == VLA_CAUGHT_NONE ? POLICY_OK : caught == VLA_CAUGHT_NO_MEMORY ? POLICY_NO_MEMORY
+                                                                                             : POLICY_FAILED;
+    snprintf(policy_error_last, sizeof(policy_error_last), "%s", caught == VLA_CAUGHT_NONE ? "" : vla_caught_message());
+    return policy_status_last;
+}
+
+// A failure found at the entry point itself (a NULL policy), as a caught one is kept
+static inline int policy_refuse(const char* line) {
+    policy_status_last = POLICY_FAILED;
+    snprintf(policy_error_last, sizeof(policy_error_last), "%s", line);
+    return POLICY_FAILED;
+}
+
+// POLICY_FAILED or POLICY_NO_MEMORY when the calling thread's last call of a function that can
+// fail failed inside the library (vla_policy_last_error says how), else POLICY_OK; for
+// vla_policy_load's NULL it tells a failure (out of memory, say) from a refused checkpoint.
+VLA_API int vla_policy_last_status(void) { return policy_status_last; }
+
+// The one line of that failure ("" after a call that did not fail inside the library)
+VLA_API const char* vla_policy_last_error(void) { return policy_error_last; }
+#endif
 
 // The cameras of one call: cam_hw holds n_cam (height, width) pairs, (0, 0) for a camera the
 // observation lacks. LeRobot feeds a missing camera as an image of -1 whose tokens are masked out,
@@ -125,6 +169,50 @@ static inline void policy_observations(SmolBatch* obs, const SmolVLAConfig* c, c
             flow_noise_width(c->chunk, c->max_action_dim, seed, 0, (uint64_t)b, &obs->t[b], obs->eps + (size_t)b * HA);
         }
     }
+}
+
+// Each library's own policy (train_vla.c's on the CPU, vla/policy_gpu.cuh's on the GPU)
+typedef struct VLAPolicy VLAPolicy;
+
+// vla_policy_load's work, and what it holds so far: a failure part way leaves it for the caller
+typedef struct {
+    const char* path;
+    int threads;
+    char* err;
+    int err_size;
+    Checkpoint ck;
+    VLAPolicy* p;  // set once allocated (its parts set as they are made)
+    int loaded;    // 0: refused, the reason in err
+} PolicyLoad;
+
+// One act call's arguments, its result, and the chunk before un-normalizing (B, H, max_action_dim,
+// on the host): allocated for the call, released by the library's policy_call_act whether or not it fails
+typedef struct {
+    VLAPolicy* p;
+    int B;
+    const int32_t* cam_hw;
+    const uint8_t* const* images;
+    const char* const* texts;
+    const int32_t* ids;
+    const int32_t* n_ids;
+    const float* state;
+    const float* noise;
+    uint64_t seed;
+    float* actions;
+    int strings;   // the instructions are texts (vla_policy_act), else ids
+    float* chunk;
+    int rc;
+} PolicyAct;
+
+// What every act call checks before it computes, for a policy of n_cam cameras, the tokenizer and
+// config c: POLICY_OK with this call's present cameras in cams and their frames in frames, or why not.
+static inline int policy_act_checks(const PolicyAct* a, int n_cam, const char* tokenizer, const SmolVLAConfig* c,
+                                    Cameras* cams, const uint8_t** frames) {
+    if (a->strings && !policy_takes_strings(tokenizer)) { return POLICY_NOT_BYTES; }
+    if (a->B < 1) { return POLICY_BAD_BATCH; }
+    if (policy_present_cameras(n_cam, a->cam_hw, a->images, cams, frames) != POLICY_OK) { return POLICY_BAD_CAMERA; }
+    if (a->texts == NULL && policy_check_tokens(c, a->B, a->ids, a->n_ids) != POLICY_OK) { return POLICY_BAD_TOKENS; }
+    return POLICY_OK;
 }
 
 #endif  // VLA_POLICY_H

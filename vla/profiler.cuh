@@ -13,6 +13,8 @@ train_vla.cu and vla/common.h.
 #ifndef VLA_PROFILER_CUH
 #define VLA_PROFILER_CUH
 
+#include <exception>
+
 // ---- the step profiler (--profile STEP): where one training step's GPU time goes
 // Marks are events on main_stream. The time from one mark to the next is charged to the phase
 // (vision forward, VLM backward, optimizer, ...) and the operation the first mark names (a matrix
@@ -65,13 +67,15 @@ static void prof_phase(const char* phase) {
 }
 
 // An operation for the scope of this object: its launches (and those of operations it calls) are
-// charged to `op`
+// charged to `op`. The policy library's failures are C++ exceptions (vla/common.h's vla_catch_call):
+// a scope left by one marks nothing (a throw while one is in flight would end the process), and a
+// failed mark at a scope's normal end may throw.
 struct ProfOp {
     ProfOp(const char* op, double flops = 0.0, const char* shape = NULL) {
         if (prof.depth++ == 0) { prof_mark(op, flops, shape); }
     }
-    ~ProfOp() {
-        if (--prof.depth == 0) { prof_mark(NULL); }
+    ~ProfOp() noexcept(false) {
+        if (--prof.depth == 0 && std::uncaught_exceptions() == 0) { prof_mark(NULL); }
     }
 };
 
