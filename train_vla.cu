@@ -2939,18 +2939,25 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
         m->sampling.graph = NULL;
     }
     m->sampling.warm = 0;
-    if (m->acts_x != NULL) {
-        m->device_bytes -= m->act_bytes;
-        cudaCheck(cudaFree(m->acts_x));
-        cudaCheck(cudaFree(m->acts_f));
-        cudaCheck(cudaFree(m->acts_i));
-    }
+    // (what is freed is forgotten before anything is allocated: an allocation that fails below, which
+    // the policy library survives, leaves the model with B 0 and the activations it holds counted)
+    m->device_bytes -= m->act_bytes;
+    m->act_bytes = 0;
+    m->B = 0;
+    cudaCheck(cudaFree(m->acts_x));
+    m->acts_x = NULL;
+    cudaCheck(cudaFree(m->acts_f));
+    m->acts_f = NULL;
+    cudaCheck(cudaFree(m->acts_i));
+    m->acts_i = NULL;
     const SmolVLAConfig* c = &m->config;
     int mode = m->mode, rc = m->recompute;
     size_t nx, nf, ni;
     smolvla_act_counts(c, mode, B, rc, &nx, &nf, &ni);
     m->acts_x = (floatX*)smolvla_device_malloc(m, nx * sizeof(floatX));
+    m->act_bytes += nx * sizeof(floatX);
     m->acts_f = (float*)smolvla_device_malloc(m, nf * sizeof(float));
+    m->act_bytes += nf * sizeof(float);
     m->acts_i = (int*)smolvla_device_malloc(m, ni * sizeof(int));
     m->act_bytes = smolvla_act_bytes(c, mode, B, rc);
     floatX* px = m->acts_x;
@@ -3913,11 +3920,12 @@ static void dist_share_id(const Run* run) {
     const TrainArgs* args = &run->args;
     if (run->node == 0) { ncclCheck(ncclGetUniqueId(&nccl_id)); }
     if (run->nodes > 1) {  // node 0 hands its id to the others, once they prove they run the same thing
-        printf("node %d of %d: %d GPU(s), meeting at %s\n", run->node, run->nodes, run->local_ranks, args->master);
+        printf("node %d of %d: %d GPU(s), meeting at %s, run token %s\n", run->node, run->nodes, run->local_ranks,
+               args->master, args->run_token != NULL ? "set" : "not set");  // (never the token itself)
         BootIdentity me = boot_identity(args, &run->config, run->node, run->nodes, run->start, run->ds.n_samples);
         char err[1024];
-        if (bootstrap_exchange(args->master, &me, &nccl_id, sizeof(nccl_id), args->bootstrap_timeout, err,
-                               sizeof(err)) != 0) {
+        if (bootstrap_exchange(args->master, args->bind, args->run_token, &me, &nccl_id, sizeof(nccl_id),
+                               args->bootstrap_timeout, err, sizeof(err)) != 0) {
             vla_fail("%s", err);
         }
     }
@@ -4256,6 +4264,9 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
 
 int main(int argc, char** argv) {
     Run run;
+    // past the file size limit (ulimit -f) a write then fails with EFBIG, said in one line and its
+    // temporary file removed; the signal's default would end the run without a word
+    signal(SIGXFSZ, SIG_IGN);
     memset(&run, 0, sizeof(run));
     TrainArgs* args = &run.args;
     train_args_parse(args, argc, argv);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tests of the launch scripts: that they parse, that the template turns its knobs into the
-# trainer's flags, a run of the template on 2 GPUs, and the resume-until-done loop through an
+# trainer's flags, that the Slurm job hands every node one run token (under stand-ins for
+# scontrol and srun), a run of the template on 2 GPUs, and the resume-until-done loop through an
 # injected NCCL failure. GPU_TESTS names the folder of the GPU trainer's binaries: build/emu
 # (the CPU emulation of CUDA, 2 emulated GPUs with NCCL fault injection) or build/gpu (a real GPU:
 # the run uses 1 GPU and the fault test is skipped). Ends with `N passed, M failed`.
@@ -42,13 +43,17 @@ check $? "no TRAIN: the preset's own train mode (no --train): '$line'"
 line=$(GPUS='' CUDA_VISIBLE_DEVICES=2,5,7 DRY_RUN=1 scripts/train_multi_gpu.sh)
 [[ " $line " == *" -g 3 "* && "$line" != *"--nodes"* ]]
 check $? "CUDA_VISIBLE_DEVICES=2,5,7 gives -g 3 on one node: '$line'"
-line=$(GPUS=2 MASTER=n0:29500 NODE_RANK=1 DRY_RUN=1 scripts/train_two_nodes.sh -p tiny)
-[[ " $line " == *" -g 2 "*" --nodes 2 --node-rank 1 --master n0:29500 -p tiny " ]]
-check $? "the two-node example on node 1: '$line'"
-err=$(NODE_RANK=1 DRY_RUN=1 scripts/train_two_nodes.sh 2>&1 > /dev/null)
+line=$(VLA_RUN_TOKEN=two-node-secret GPUS=2 MASTER=n0:29500 NODE_RANK=1 DRY_RUN=1 scripts/train_two_nodes.sh -p tiny)
+[[ " $line " == *" -g 2 "*" --nodes 2 --node-rank 1 --master n0:29500 -p tiny " && "$line" != *two-node-secret* ]]
+check $? "the two-node example on node 1 (the token in the environment, not on the command line): '$line'"
+err=$(VLA_RUN_TOKEN=t NODE_RANK=1 DRY_RUN=1 scripts/train_two_nodes.sh 2>&1 > /dev/null)
 rc=$?
 [ "$rc" -ne 0 ] && [[ "$err" == *"MASTER"* ]]
 check $? "the two-node example without MASTER stops: '$err'"
+err=$(env -u VLA_RUN_TOKEN MASTER=n0:29500 NODE_RANK=1 DRY_RUN=1 scripts/train_two_nodes.sh 2>&1 > /dev/null)
+rc=$?
+[ "$rc" -ne 0 ] && [[ "$err" == *"set VLA_RUN_TOKEN to the same secret on both machines"* ]]
+check $? "the two-node example without VLA_RUN_TOKEN stops: '$err'"
 err=$(PRECISION=FP16 scripts/train_multi_gpu.sh 2>&1 > /dev/null)
 rc=$?
 [ "$rc" -ne 0 ] && [[ "$err" == *"PRECISION=FP16"* ]]
@@ -57,6 +62,34 @@ err=$(TRAINER=tpu OUT=$tmp/recipe scripts/mt10_recipe.sh 2>&1 > /dev/null)
 rc=$?
 [ "$rc" -eq 1 ] && [ "$(echo "$err" | wc -l)" -eq 1 ] && [[ "$err" == "error: TRAINER=tpu: use gpu or cpu" ]]
 check $? "the MT10 recipe stops on an unknown TRAINER with one line: '$err'"
+
+echo "== the Slurm job gives every node the same run token"
+# scontrol, make and srun stand-ins: srun records the token its tasks would get (scontrol writes
+# its node list a line at a time, as a long one comes: the job must not end on a SIGPIPE)
+mkdir -p "$tmp/slurm_bin"
+printf '#!/usr/bin/env bash\necho node-a\necho node-b\n' > "$tmp/slurm_bin/scontrol"
+printf '#!/usr/bin/env bash\nexit 0\n' > "$tmp/slurm_bin/make"
+cat > "$tmp/slurm_bin/srun" << 'SRUN'
+#!/usr/bin/env bash
+printf "%s" "${VLA_RUN_TOKEN:-}" > "$SRUN_TOKEN_FILE"
+SRUN
+chmod +x "$tmp/slurm_bin/scontrol" "$tmp/slurm_bin/make" "$tmp/slurm_bin/srun"
+slurm_job() {  # slurm_job TOKEN_FILE [VAR=VALUE ...]: the batch script under the stand-ins
+    env -u VLA_RUN_TOKEN PATH="$tmp/slurm_bin:$PATH" SLURM_SUBMIT_DIR="$PWD" SLURM_JOB_NODELIST='node-[a-b]' \
+        SLURM_JOB_ID=7 SLURM_NNODES=2 GPUS=8 OUT="$tmp/slurm_out" SRUN_TOKEN_FILE="$1" "${@:2}" \
+        bash scripts/train_slurm.sbatch
+}
+out1=$(slurm_job "$tmp/token1" 2>&1)
+rc1=$?
+out2=$(slurm_job "$tmp/token2" 2>&1)
+token1=$(cat "$tmp/token1" 2> /dev/null)
+token2=$(cat "$tmp/token2" 2> /dev/null)
+[ "$rc1" -eq 0 ] && [[ "$token1" =~ ^[0-9a-f]{32}$ ]] && [ "$token1" != "$token2" ] && [[ "$out1$out2" != *"$token1"* ]] &&
+    [[ "$out1" == *"run token made for this job"* ]]
+check $? "without VLA_RUN_TOKEN the job makes a random 128-bit token for srun's tasks, another per job, never printed: '$out1'"
+out=$(slurm_job "$tmp/token3" VLA_RUN_TOKEN=given-secret 2>&1)
+[ "$(cat "$tmp/token3" 2> /dev/null)" = given-secret ] && [[ "$out" != *given-secret* ]]
+check $? "a VLA_RUN_TOKEN given to sbatch goes to every task as it is: '$out'"
 
 echo "== the template trains"
 if [ "$GPU_TESTS" = build/emu ]; then gpus=2; export CUDA_EMU_DEVICES=2; else gpus=1; fi

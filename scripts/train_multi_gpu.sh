@@ -32,6 +32,9 @@ fi
 # scripts/train_slurm.sbatch). NODES machines with GPUS GPUs each; NODE_RANK is this machine's
 # place (0 .. NODES-1); MASTER is host:port of node 0, where the others fetch NCCL's id. Under
 # Slurm the trainer reads SLURM_NNODES and SLURM_NODEID itself, and VLA_MASTER for --master.
+# VLA_RUN_TOKEN: the same secret on every node, read by the trainer itself (--run-token's value,
+# kept off the command line, which other users of the machine can read); without one node 0
+# warns that any host reaching its port can join the run.
 NODES=${NODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 MASTER=${MASTER:-}

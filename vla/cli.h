@@ -37,6 +37,8 @@ typedef struct {
     int zero;               // -z 1: ZeRO-1, the optimizer state sharded over the ranks
     int nodes, node_rank;   // machines of the run and this one's place (Slurm's environment by default)
     const char* master;     // host:port of node 0, where the other nodes fetch NCCL's unique id
+    const char* bind;       // --bind: the address node 0 listens on, NULL: the one --master names
+    const char* run_token;  // --run-token or VLA_RUN_TOKEN: the secret every node proves at the start, NULL: none
     float bootstrap_timeout;  // seconds the nodes wait for each other at the start
     float nccl_timeout;       // seconds one step may take (collectives included) before the run is aborted as hung
     float lr_base;          // -l as given; lr is it scaled by --lr-scale (train_args_for_world)
@@ -64,6 +66,8 @@ enum { LR_SCALE_NONE = 0, LR_SCALE_LINEAR = 1, LR_SCALE_SQRT = 2 };
 static const char* const LR_SCALE_NAMES[] = {"none", "linear", "sqrt"};
 #define LR_SCALE_COUNT ((int)(sizeof(LR_SCALE_NAMES) / sizeof(LR_SCALE_NAMES[0])))
 
+#define VLA_MAX_RUN_TOKEN 256  // bytes of --run-token (HMAC hashes it to 32 anyway)
+
 static inline void train_args_defaults(TrainArgs* a) {
     memset(a, 0, sizeof(*a));
     a->input = "data/default";
@@ -75,6 +79,7 @@ static inline void train_args_defaults(TrainArgs* a) {
     a->batch = 8; a->ranks = 1; a->steps = 1000;
     a->total_batch = 0; a->lr_scale = LR_SCALE_NONE; a->accum = 1; a->zero = 0;
     a->nodes = 1; a->node_rank = 0; a->master = NULL; a->bootstrap_timeout = 120.0f; a->nccl_timeout = 600.0f;
+    a->bind = NULL; a->run_token = NULL;
     a->lr = 3e-4f; a->min_lr_frac = 0.1f; a->weight_decay = 0.01f; a->grad_clip = 1.0f;
     a->decay_on = DECAY_ON_MATRICES;
     a->lr_base = a->lr;
@@ -130,6 +135,9 @@ static inline void train_args_usage(const char* prog) {
     printf("      --nodes N          machines of a multi-node run; -g GPUs on each (%d; Slurm's SLURM_NNODES when set)\n", d.nodes);
     printf("      --node-rank R      this machine's place, 0 .. N-1 (%d; Slurm's SLURM_NODEID when set)\n", d.node_rank);
     printf("      --master HOST:PORT node 0's address and a free port (VLA_MASTER, or MASTER_ADDR and MASTER_PORT)\n");
+    printf("      --bind ADDR        the address node 0 listens on, 0.0.0.0 for all (default: the one --master names)\n");
+    printf("      --run-token T      a secret every node must give alike (VLA_RUN_TOKEN; 1 to %d bytes): a host without\n"
+           "                         it cannot join the run or stop its start (not set)\n", VLA_MAX_RUN_TOKEN);
     printf("      --bootstrap-timeout S  seconds the nodes wait for each other at the start (%g)\n", d.bootstrap_timeout);
     printf("      --nccl-timeout S   seconds one step may take (collectives included) before the run is aborted (%g)\n", d.nccl_timeout);
     printf("      --min-lr-frac X    cosine floor as a fraction of the peak (%g)\n", d.min_lr_frac);
@@ -212,7 +220,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
            OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY, OPT_BALANCE,
            OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY, OPT_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW, OPT_PROFILE,
-           OPT_NO_CHECKPOINT, OPT_NEW_RUN, OPT_DECAY_ON };
+           OPT_NO_CHECKPOINT, OPT_NEW_RUN, OPT_DECAY_ON, OPT_BIND, OPT_RUN_TOKEN };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
         {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
@@ -232,6 +240,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         {"zero", required_argument, 0, 'z'},         {"nodes", required_argument, 0, OPT_NODES},
         {"node-rank", required_argument, 0, OPT_NODE_RANK}, {"master", required_argument, 0, OPT_MASTER},
         {"bootstrap-timeout", required_argument, 0, OPT_BOOT_TIMEOUT},
+        {"bind", required_argument, 0, OPT_BIND},    {"run-token", required_argument, 0, OPT_RUN_TOKEN},
         {"nccl-timeout", required_argument, 0, OPT_NCCL_TIMEOUT},
         {"max-text", required_argument, 0, OPT_MAX_TEXT}, {"train", required_argument, 0, OPT_TRAIN},
         {"balance", required_argument, 0, OPT_BALANCE}, {"task-weights", required_argument, 0, OPT_TASK_WEIGHTS},
@@ -261,6 +270,8 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case OPT_NODES: a->nodes = (int)parse_int_arg("nodes", optarg, 1, 4096); nodes_given = 1; break;
             case OPT_NODE_RANK: a->node_rank = (int)parse_int_arg("node-rank", optarg, 0, 4095); rank_given = 1; break;
             case OPT_MASTER: a->master = optarg; break;
+            case OPT_BIND: a->bind = optarg; break;
+            case OPT_RUN_TOKEN: a->run_token = optarg; break;
             case OPT_BOOT_TIMEOUT: a->bootstrap_timeout = parse_float_arg("bootstrap-timeout", optarg, 0.1f, 1e6f); break;
             case OPT_NCCL_TIMEOUT: a->nccl_timeout = parse_float_arg("nccl-timeout", optarg, 0.1f, 1e7f); break;
             case OPT_TRAIN:
@@ -366,6 +377,16 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     char host[256], port[16];
     const char* problem = a->nodes > 1 ? boot_parse_master(a->master, host, sizeof(host), port, sizeof(port)) : NULL;
     if (problem != NULL) { vla_fail("--master %s: %s", a->master, problem); }
+    if (a->bind != NULL && a->bind[0] == '\0') {
+        vla_fail("--bind is empty: give the address node 0 listens on (one of its own, or 0.0.0.0 for all of them)");
+    }
+    // the token itself never goes into a message: it is a secret
+    const char* token_from = a->run_token != NULL ? "--run-token" : "VLA_RUN_TOKEN";
+    if (a->run_token == NULL && a->nodes > 1) { a->run_token = getenv("VLA_RUN_TOKEN"); }  // (one node has no use for it)
+    if (a->run_token != NULL && (a->run_token[0] == '\0' || strlen(a->run_token) > VLA_MAX_RUN_TOKEN)) {
+        vla_fail("%s is %s: give every node the same token of 1 to %d bytes (e.g. openssl rand -hex 16)", token_from,
+                 a->run_token[0] == '\0' ? "empty" : "too long", VLA_MAX_RUN_TOKEN);
+    }
 }
 
 // For a run of `world` ranks (GPUs over all nodes, or simulated ranks): the micro-steps per
