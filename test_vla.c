@@ -27,6 +27,7 @@ is `N passed, M failed`.
 #include "dev/test_util.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <ifaddrs.h>
 
 // Whether each of the n counters is exactly 1: a partition covered every element once
 static int covered_once(const unsigned char* seen, size_t n) {
@@ -892,6 +893,86 @@ static void test_zero(const char* dir, const char* preset) {
 // ----------------------------------------------------------------------------
 // the multi-node bootstrap, between two processes on loopback
 
+// SHA-256 and HMAC-SHA256 against Python's hashlib and hmac (FIPS 180-4's and RFC 4231's vectors,
+// and lengths around the padding's block boundary)
+static void test_boot_sha256(void) {
+    printf("\n== SHA-256 and HMAC-SHA256 of the bootstrap's run token\n");
+    static const struct { int n; const char* hex; } lengths[] = {
+        {55, "16fa57a0a3423a715d594516339f36189d6b5f93754a9714fef202616a9fabfe"},
+        {56, "c37b44e5f1b18554b36966f4f8e08bfbf3164c4b6c10374d12d89850892073c5"},
+        {63, "bbba992d2c85af960fb2987a1fd05e0aa82a3db3c740dd8982a9e273b75e36a3"},
+        {64, "66bd4633ed6f71c4ecfa4763bf7ba1c8ec7612de9aa6c0578a7b675207c71e0b"},
+        {65, "9f7dc47107b750a1f3d35db5d9547f24ef40da5b731b9540d4f43710a154f6c9"},
+        {119, "a3ed307b730fa77c07531300c6e4a282330011d4d4caf6bb7b63ae05950f4b66"},
+        {120, "8e3b15d9fea7472655aa069620b7f8c2e55ee1499f763200a7515fe826e99d20"}};
+    char hex[65];
+    uint8_t d[32], buf[128];
+#define BOOT_HEX_(digest) for (int i = 0; i < 32; i++) { snprintf(hex + 2 * i, 3, "%02x", (digest)[i]); }
+    int ok = 1;
+    for (int k = 0; k < 7; k++) {
+        for (int i = 0; i < lengths[k].n; i++) { buf[i] = (uint8_t)(i * 7 + 1); }
+        sha256(buf, (size_t)lengths[k].n, d);
+        BOOT_HEX_(d);
+        ok &= strcmp(hex, lengths[k].hex) == 0;
+    }
+    sha256("", 0, d);
+    BOOT_HEX_(d);
+    ok &= strcmp(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855") == 0;
+    sha256("abc", 3, d);
+    BOOT_HEX_(d);
+    ok &= strcmp(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad") == 0;
+    const char* two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    sha256(two_blocks, strlen(two_blocks), d);
+    BOOT_HEX_(d);
+    ok &= strcmp(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1") == 0;
+    check(ok, "SHA-256 of '', 'abc', FIPS 180-4's 56-byte message and 55..120 bytes across the block boundary");
+    Sha256 s;  // a million 'a' in pieces of 1000, 0 and 1 bytes: updates that split blocks anywhere
+    memset(buf, 'a', sizeof(buf));
+    sha256_init(&s);
+    for (int done = 0, step = 0; done < 1000000; step++) {
+        int take = step % 3 == 0 ? 117 : step % 3 == 1 ? 0 : 1;
+        if (done + take > 1000000) { take = 1000000 - done; }
+        sha256_update(&s, buf, (size_t)take);
+        done += take;
+    }
+    sha256_final(&s, d);
+    BOOT_HEX_(d);
+    check(strcmp(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0") == 0,
+          "SHA-256 of a million 'a', fed in pieces of 117, 0 and 1 bytes: %s", hex);
+    static const struct { const char* key; int key_n; int key_byte; const char* msg; const char* hex; } macs[] = {
+        {NULL, 20, 0x0b, "Hi There", "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"},
+        {"Jefe", 4, 0, "what do ya want for nothing?", "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"},
+        {NULL, 131, 0xaa, "Test Using Larger Than Block-Size Key - Hash Key First",
+         "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"},
+        {"", 0, 0, "", "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad"}};
+    ok = 1;
+    for (int k = 0; k < 4; k++) {
+        uint8_t key[131];
+        if (macs[k].key == NULL) {
+            memset(key, macs[k].key_byte, (size_t)macs[k].key_n);
+        } else {
+            memcpy(key, macs[k].key, (size_t)macs[k].key_n);
+        }
+        HmacSha256 m;
+        hmac_sha256_init(&m, key, (size_t)macs[k].key_n);
+        hmac_sha256_update(&m, macs[k].msg, strlen(macs[k].msg));
+        hmac_sha256_final(&m, d);
+        BOOT_HEX_(d);
+        ok &= strcmp(hex, macs[k].hex) == 0;
+    }
+#undef BOOT_HEX_
+    check(ok, "HMAC-SHA256: RFC 4231's cases 1, 2 and 6 (a key past a block is hashed first), and the empty key");
+    uint8_t a[32], b[32];
+    memset(a, 7, 32);
+    memcpy(b, a, 32);
+    int same = boot_digest_equal(a, b);
+    b[31] ^= 1;
+    int last = boot_digest_equal(a, b);
+    b[31] ^= 1;
+    b[0] ^= 0x80;
+    check(same && !last && !boot_digest_equal(a, b), "boot_digest_equal: equal digests, and a bit off at either end");
+}
+
 // A port nothing listens on right now (the kernel's pick)
 static int free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -912,21 +993,24 @@ typedef struct {
     uint8_t payload[128];
 } BootResult;
 
-// Node `node` of 2 in a child process: node 0 hands out payload_in, node 1 (payload_in NULL)
-// receives into its result. The result comes back through a pipe whose read end goes to
-// *result_fd; only the child holds the write end, so a child that dies reads as end of file.
-static pid_t boot_child(const char* master, BootIdentity id, int node, const uint8_t* payload_in, double timeout,
-                        int* result_fd) {
+// Node `node` of 2 in a child process, with run token `token` (NULL: none): node 0 hands out
+// payload_in, node 1 (payload_in NULL) receives into its result. The result comes back through
+// a pipe whose read end goes to *result_fd; only the child holds the write end, so a child that
+// dies reads as end of file. err_path: where the child's stderr goes (NULL: the test's own).
+static pid_t boot_child(const char* master, const char* token, BootIdentity id, int node, const uint8_t* payload_in,
+                        double timeout, const char* err_path, int* result_fd) {
     int fds[2];
     if (pipe(fds) != 0) { vla_fail("pipe failed: %s", strerror(errno)); }
+    fflush(NULL);  // (what the parent has buffered must not be written twice)
     pid_t pid = fork();
     if (pid == 0) {
         close(fds[0]);
+        if (err_path != NULL && freopen(err_path, "w", stderr) == NULL) { _exit(2); }
         BootResult r;
         memset(&r, 0, sizeof(r));
         if (payload_in != NULL) { memcpy(r.payload, payload_in, sizeof(r.payload)); }
         id.node_rank = node;
-        r.rc = bootstrap_exchange(master, &id, r.payload, sizeof(r.payload), timeout, r.err, sizeof(r.err));
+        r.rc = bootstrap_exchange(master, NULL, token, &id, r.payload, sizeof(r.payload), timeout, r.err, sizeof(r.err));
         if (write(fds[1], &r, sizeof(r)) != (ssize_t)sizeof(r)) { _exit(2); }
         _exit(0);
     }
@@ -945,10 +1029,228 @@ static BootResult boot_collect(pid_t pid, int result_fd) {
     return r;
 }
 
+// A connection to 127.0.0.1:port, retried until something listens there (at most 5 s); -1 if not
+static int boot_connect_loopback(int port) {
+    struct sockaddr_in to;
+    memset(&to, 0, sizeof(to));
+    to.sin_family = AF_INET;
+    to.sin_port = htons((uint16_t)port);
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (double give_up = wall_seconds() + 5.0; wall_seconds() < give_up;) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(fd, (struct sockaddr*)&to, sizeof(to)) == 0) { return fd; }
+        close(fd);
+        usleep(50000);
+    }
+    return -1;
+}
+
+// Whether a TCP connection to addr (network order, IPv4) and port is accepted within a second (a
+// firewall that drops the packets must not hold the test for the kernel's minutes of retries)
+static int boot_connects(uint32_t addr, int port) {
+    struct sockaddr_in to;
+    memset(&to, 0, sizeof(to));
+    to.sin_family = AF_INET;
+    to.sin_port = htons((uint16_t)port);
+    to.sin_addr.s_addr = addr;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    int ok = connect(fd, (struct sockaddr*)&to, sizeof(to)) == 0;
+    if (!ok && errno == EINPROGRESS) {
+        struct pollfd pfd = {fd, POLLOUT, 0};
+        int soerr = 1;
+        socklen_t len = sizeof(soerr);
+        ok = poll(&pfd, 1, 1000) > 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0 && soerr == 0;
+    }
+    close(fd);
+    return ok;
+}
+
+// train_args_parse of argv in a child, VLA_RUN_TOKEN set to env_token (NULL: unset): its exit
+// status (0 when it parses) and its stderr into err
+static int boot_parse_args(char** argv, int argc, const char* env_token, const char* err_path, char** err) {
+    fflush(NULL);  // (the child exits through exit(), which writes out what it inherited buffered)
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (freopen(err_path, "w", stderr) == NULL || freopen("/dev/null", "w", stdout) == NULL) { _exit(2); }
+        if (env_token != NULL) { setenv("VLA_RUN_TOKEN", env_token, 1); } else { unsetenv("VLA_RUN_TOKEN"); }
+        TrainArgs a;
+        train_args_parse(&a, argc, argv);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    *err = read_text(err_path);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Node 0's reading of hellos, without sockets: what joins, what is a stranger (and why), what refuses
+static void test_boot_hellos(const BootIdentity* id) {
+    const char* token = "the run's token";
+    uint8_t challenge[BOOT_NONCE];
+    for (int i = 0; i < BOOT_NONCE; i++) { challenge[i] = (uint8_t)(i * 13 + 5); }
+    int fds[2] = {-1, -1}, rank = -1;
+    char why[320];
+    BootHello h;
+    memset(&h, 0, sizeof(h));
+    h.id = *id;
+    h.id.node_rank = 1;
+    for (int i = 0; i < BOOT_NONCE; i++) { h.nonce[i] = (uint8_t)(i * 3); }
+    boot_hello_proof(token, challenge, &h, h.proof);
+    int joins = boot_hello_parse(id, token, challenge, &h, sizeof(h), fds, &rank, why, sizeof(why));
+    check(joins == BOOT_HELLO_JOINS && rank == 1, "a hello that proves the token, agrees and names a free rank joins (rank %d)",
+          rank);
+    struct { const char* what; const char* want; int result; } cases[10];
+    int n_cases = 0;
+    char whys[10][320];
+    BootHello bad = h;  // magic and version right, then random bytes (the example of a stranger)
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 8; i < sizeof(bad); i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        ((uint8_t*)&bad)[i] = (uint8_t)(x >> 56);
+    }
+#define BOOT_CASE_(name, expect, tok, msg, n)                                                                  \
+    cases[n_cases].what = name; cases[n_cases].want = expect;                                                  \
+    cases[n_cases].result = boot_hello_parse(id, tok, challenge, msg, n, fds, &rank, whys[n_cases], sizeof(whys[0])); \
+    n_cases++;
+    BOOT_CASE_("random bytes after the header", "does not prove this run's token", token, &bad, sizeof(bad));
+    char short_size[64];
+    snprintf(short_size, sizeof(short_size), "%zu bytes, not a hello of %zu", sizeof(BootIdentity), sizeof(BootHello));
+    BOOT_CASE_("an identity without the proof", short_size, token, &h, sizeof(BootIdentity));
+    BootHello other = h;
+    other.id.magic = 0x50545448u;  // "HTTP"
+    BOOT_CASE_("another protocol", "not a train_vla hello: it begins 0x50545448", token, &other, sizeof(other));
+    other = h;
+    other.id.version = 5;
+    BOOT_CASE_("bootstrap version 5", "a hello of bootstrap version 5, this train_vla's is 6", token, &other, sizeof(other));
+    BOOT_CASE_("a node with another token", "does not prove this run's token", "another token", &h, sizeof(h));
+    BOOT_CASE_("a node with a token, node 0 without", "not one of a run without a token", NULL, &h, sizeof(h));
+    other = h;
+    other.id.node_rank = -683427023;
+    boot_hello_proof(token, challenge, &other, other.proof);
+    BOOT_CASE_("a proven hello of rank -683427023", "node rank -683427023 out of range 1..1", token, &other, sizeof(other));
+    uint8_t replayed[BOOT_NONCE];
+    memcpy(replayed, challenge, BOOT_NONCE);
+    replayed[0] ^= 1;  // a hello recorded on another connection (another challenge)
+    cases[n_cases].what = "a hello replayed from another connection";
+    cases[n_cases].want = "does not prove this run's token";
+    cases[n_cases].result = boot_hello_parse(id, token, replayed, &h, sizeof(h), fds, &rank, whys[n_cases], sizeof(whys[0]));
+    n_cases++;
+    other = h;
+    other.id.batch = 5;  // a disagreeing node without the proof: a stranger, it cannot stop the start
+    BOOT_CASE_("a disagreeing hello with a stale proof", "does not prove this run's token", token, &other, sizeof(other));
+    fds[1] = 7;
+    BOOT_CASE_("rank 1 taken already", "node rank 1 has joined already", token, &h, sizeof(h));
+    fds[1] = -1;
+#undef BOOT_CASE_
+    for (int k = 0; k < n_cases; k++) {
+        check(cases[k].result == BOOT_HELLO_STRANGER && strstr(whys[k], cases[k].want) != NULL &&
+              strchr(whys[k], '\n') == NULL, "a stranger: %s: '%s'", cases[k].what, whys[k]);
+    }
+    boot_hello_proof(token, challenge, &other, other.proof);
+    int refused = boot_hello_parse(id, token, challenge, &other, sizeof(other), fds, &rank, why, sizeof(why));
+    check(refused == BOOT_HELLO_REFUSED && strstr(why, "node 1 disagrees with node 0 on batch 8 vs 5") != NULL,
+          "a proven hello that disagrees refuses the run: '%s'", why);
+    boot_hello_proof(NULL, challenge, &other, other.proof);
+    refused = boot_hello_parse(id, NULL, challenge, &other, sizeof(other), fds, &rank, why, sizeof(why));
+    check(refused == BOOT_HELLO_REFUSED && strstr(why, "batch 8 vs 5") != NULL,
+          "without a token, a hello that disagrees still refuses the run: '%s'", why);
+    // node 0's reply: its proof covers the body; a refusal is printed with control bytes escaped
+    BootReply reply = {0, 4};
+    uint8_t proof[32], again[32];
+    boot_reply_proof(token, h.nonce, challenge, &reply, "abcd", proof);
+    boot_reply_proof(token, h.nonce, challenge, &reply, "abce", again);
+    int body_covered = !boot_digest_equal(proof, again);
+    boot_reply_proof("another token", h.nonce, challenge, &reply, "abcd", again);
+    check(body_covered && !boot_digest_equal(proof, again), "a reply's proof changes with its body and with the token");
+    char text[64];
+    static const char raw[] = "bad\x1b[2J\n\\\xc2\x9b" "end";
+    boot_refusal_text(raw, sizeof(raw) - 1, text, sizeof(text));
+    check(strcmp(text, "bad\\x1b[2J\\x0a\\\\\\xc2\\x9bend") == 0, "a refusal's control and non-ASCII bytes are escaped: "
+          "'%s'", text);
+    boot_refusal_text("\x01\x02\x03", 3, text, 7);
+    check(strcmp(text, "\\x01") == 0, "an escape that does not fit is left out whole: '%s'", text);
+    // the warnings' rate: one per address every few seconds, a burst cap over all addresses
+    BootWarnings w;
+    memset(&w, 0, sizeof(w));
+    w.burst_start = -1e30;
+    int quiet = -1, first = boot_warn_due(&w, "10.0.0.5", 100.0, &quiet);
+    int soon = boot_warn_due(&w, "10.0.0.5", 101.0, &quiet);
+    soon += boot_warn_due(&w, "10.0.0.5", 102.0, &quiet);
+    int later = boot_warn_due(&w, "10.0.0.5", 100.0 + BOOT_WARN_SECONDS + 1.0, &quiet), unnamed = quiet;
+    int others = 0;
+    for (int k = 0; k < 20; k++) {
+        char host[32];
+        snprintf(host, sizeof(host), "10.0.1.%d", k);
+        others += boot_warn_due(&w, host, 107.0, &quiet);
+    }
+    check(first && soon == 0 && later && unnamed == 2 && others == BOOT_WARN_BURST - 1 && w.quiet == 20 - (BOOT_WARN_BURST - 1),
+          "warnings: one per address every %.0f s (the next says 2 went unnamed), at most %d per %.0f s over 21 addresses; "
+          "%d counted for the summary", BOOT_WARN_SECONDS, BOOT_WARN_BURST, BOOT_WARN_SECONDS, w.quiet);
+}
+
+// Where node 0 listens: the address --master names (loopback alone for 127.0.0.1), --bind's,
+// and one-line errors for an address that is not this machine's
+static void test_boot_listen(void) {
+    char where[300], err[512] = "", master[64];
+    int port = free_port();
+    snprintf(master, sizeof(master), "127.0.0.1:%d", port);
+    int lfd = boot_listen(master, NULL, where, sizeof(where), err, sizeof(err));
+    struct sockaddr_in sa;
+    socklen_t len = sizeof(sa);
+    int bound = lfd >= 0 && getsockname(lfd, (struct sockaddr*)&sa, &len) == 0 && sa.sin_family == AF_INET &&
+                ntohl(sa.sin_addr.s_addr) == INADDR_LOOPBACK;
+    // every address of 127/8 is this machine's: one that is not 127.0.0.1 must find the port closed
+    int on_loopback = boot_connects(htonl(INADDR_LOOPBACK), port), on_other = boot_connects(htonl(0x7f000002u), port);
+    // and so must this machine's network addresses, when it has one
+    int network = 0, network_open = 0;
+    struct ifaddrs* ifs = NULL;
+    if (getifaddrs(&ifs) == 0) {
+        for (struct ifaddrs* i = ifs; i != NULL; i = i->ifa_next) {
+            if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET || boot_is_loopback(i->ifa_addr)) { continue; }
+            network++;
+            network_open += boot_connects(((struct sockaddr_in*)i->ifa_addr)->sin_addr.s_addr, port);
+        }
+        freeifaddrs(ifs);
+    }
+    if (lfd >= 0) { close(lfd); }
+    check(bound && strcmp(where, master) == 0 && on_loopback && !on_other && network_open == 0,
+          "--master %s: node 0 listens on 127.0.0.1 alone (%s); 127.0.0.2 and %d network address(es) of this machine "
+          "find the port closed", master, where, network);
+    lfd = boot_listen(master, "0.0.0.0", where, sizeof(where), err, sizeof(err));
+    int everywhere = lfd >= 0 && boot_connects(htonl(0x7f000002u), port);
+    if (lfd >= 0) { close(lfd); }
+    check(everywhere && strncmp(where, "0.0.0.0:", 8) == 0, "--bind 0.0.0.0: node 0 listens on every address (%s)", where);
+    snprintf(master, sizeof(master), "localhost:%d", port);
+    lfd = boot_listen(master, NULL, where, sizeof(where), err, sizeof(err));
+    struct sockaddr_storage ss;
+    len = sizeof(ss);
+    int local = lfd >= 0 && getsockname(lfd, (struct sockaddr*)&ss, &len) == 0 && boot_is_loopback((struct sockaddr*)&ss);
+    if (lfd >= 0) { close(lfd); }
+    check(local, "--master localhost:PORT: node 0 listens on loopback (%s)", lfd >= 0 ? where : err);
+    snprintf(master, sizeof(master), "192.0.2.7:%d", port);  // (TEST-NET-1: no machine's address)
+    lfd = boot_listen(master, NULL, where, sizeof(where), err, sizeof(err));
+    check(lfd < 0 && strstr(err, "node 0 cannot listen on 192.0.2.7 (") != NULL &&
+          strstr(err, "give node 0's own address in --master, or the address to listen on with --bind") != NULL,
+          "--master of another machine's address on node 0: '%s'", err);
+    snprintf(master, sizeof(master), "127.0.0.1:%d", port);
+    lfd = boot_listen(master, "192.0.2.7", where, sizeof(where), err, sizeof(err));
+    int foreign = lfd < 0 && strstr(err, "--bind 192.0.2.7: node 0 cannot listen on 192.0.2.7:") != NULL;
+    check(foreign, "--bind of an address not this machine's: '%s'", err);
+    char me[256] = "";
+    gethostname(me, sizeof(me) - 1);
+    char longer[300];
+    snprintf(longer, sizeof(longer), "x%s", me);
+    check(me[0] == '\0' || (boot_is_own_name(me) && !boot_is_own_name(longer)),
+          "this machine's own name (%s) is told from another", me);
+}
+
 static void test_bootstrap(const char* dir) {
+    test_boot_sha256();
     printf("\n== multi-node bootstrap over loopback\n");
-    char path[1024];
+    char path[1024], err_path[1100];
     snprintf(path, sizeof(path), "%s/a.bin", dir);
+    snprintf(err_path, sizeof(err_path), "%s/boot_node0_stderr.txt", dir);
     Dataset ds;
     dataset_open(&ds, path);
     SmolVLAConfig c = config_for_data("tiny", 0, &ds);
@@ -956,49 +1258,111 @@ static void test_bootstrap(const char* dir) {
     train_args_defaults(&args);
     args.ranks = 2;
     BootIdentity id = boot_identity(&args, &c, 0, 2, 0, ds.n_samples);
+    test_boot_hellos(&id);
+    test_boot_listen();
+    const char* token = "test run token";
     char master[64];
     uint8_t secret[128];
     for (int i = 0; i < 128; i++) { secret[i] = (uint8_t)(i * 37 + 11); }
-    for (int scenario = 0; scenario < 2; scenario++) {  // the same configuration; node 1 with another batch
-        snprintf(master, sizeof(master), "127.0.0.1:%d", free_port());
+    // the same configuration without a token (node 0 warns); node 1 with another batch, with the
+    // token and without
+    for (int scenario = 0; scenario < 3; scenario++) {
+        int port = free_port();
+        snprintf(master, sizeof(master), "127.0.0.1:%d", port);
+        const char* tok = scenario == 1 ? token : NULL;
         BootIdentity other = id;
-        if (scenario == 1) { other.batch = 5; }
+        if (scenario > 0) { other.batch = 5; }
         int fd0, fd1;
-        pid_t p1 = boot_child(master, other, 1, NULL, 10.0, &fd1);  // node 1 first: it retries until node 0 listens
+        // node 1 first: it retries until node 0 listens
+        pid_t p1 = boot_child(master, tok, other, 1, NULL, 10.0, NULL, &fd1);
         usleep(300000);
-        pid_t p0 = boot_child(master, id, 0, secret, 10.0, &fd0);
+        pid_t p0 = boot_child(master, tok, id, 0, secret, 10.0, err_path, &fd0);
         BootResult r0 = boot_collect(p0, fd0), r1 = boot_collect(p1, fd1);
+        char* err0 = read_text(err_path);
         if (scenario == 0) {
+            char want[256];
+            snprintf(want, sizeof(want), "warning: the multi-node bootstrap has no run token: any host that reaches "
+                     "127.0.0.1:%d can join this run; pass the same --run-token (or VLA_RUN_TOKEN) to every node\n", port);
             check(r0.rc == 0 && r1.rc == 0 && memcmp(r1.payload, secret, sizeof(secret)) == 0,
                   "node 1 (started first) receives node 0's 128-byte id over TCP (%s)", master);
+            check(strcmp(err0, want) == 0, "without a token node 0 warns once, naming where it listens: '%.*s'",
+                  (int)strcspn(err0, "\n"), err0);
         } else {
             check(r0.rc == 1 && strstr(r0.err, "node 1 disagrees with node 0 on batch 8 vs 5") != NULL && r1.rc == 1 &&
-                  strstr(r1.err, "refused node 1") != NULL, "nodes that disagree both stop: node 0 says '%s'; node 1 '%s'",
-                  r0.err, r1.err);
+                  strstr(r1.err, "refused node 1") != NULL, "nodes that disagree both stop (%s): node 0 says '%s'; node 1 "
+                  "'%s'", tok != NULL ? "the same token" : "no token", r0.err, r1.err);
+        }
+        if (scenario == 1) { check(strstr(err0, "no run token") == NULL, "with a token node 0 does not warn of none"); }
+        free(err0);
+    }
+    // strangers reach node 0 while the real node joins: one sends the header then random bytes, one
+    // a short hello and hangs up, a node with another token retries until its timeout; node 0
+    // drops each, names the first (the others from the same address are counted) and starts
+    int port = free_port();
+    snprintf(master, sizeof(master), "127.0.0.1:%d", port);
+    int fd0, fd1, fdw;
+    double t0 = wall_seconds();
+    pid_t p0 = boot_child(master, token, id, 0, secret, 10.0, err_path, &fd0);
+    int random_hello = boot_connect_loopback(port), short_hello = -1, challenged = 0;
+    char stranger[64] = "";
+    if (random_hello >= 0) {
+        struct sockaddr_in me;
+        socklen_t len = sizeof(me);
+        getsockname(random_hello, (struct sockaddr*)&me, &len);
+        snprintf(stranger, sizeof(stranger), "127.0.0.1:%d", ntohs(me.sin_port));
+        BootChallenge ch;
+        challenged = boot_io(random_hello, &ch, sizeof(ch), 0, wall_seconds() + 5.0) == 0 && ch.magic == BOOT_MAGIC &&
+                     ch.version == BOOT_VERSION;
+        BootHello junk;
+        uint64_t x = 42;
+        for (size_t i = 0; i < sizeof(junk); i++) {
+            x = x * 6364136223846793005ull + 1;
+            ((uint8_t*)&junk)[i] = (uint8_t)(x >> 56);
+        }
+        junk.id.magic = BOOT_MAGIC;
+        junk.id.version = BOOT_VERSION;
+        boot_io(random_hello, &junk, sizeof(junk), 1, wall_seconds() + 5.0);
+        short_hello = boot_connect_loopback(port);
+        if (short_hello >= 0) {
+            boot_io(short_hello, &junk, 100, 1, wall_seconds() + 5.0);
+            shutdown(short_hello, SHUT_WR);
         }
     }
-    // a connection that never says hello reaches node 0 before node 1: node 0 drops it after a few
-    // seconds and takes node 1 within the timeout
-    snprintf(master, sizeof(master), "127.0.0.1:%d", free_port());
-    int fd0, fd1, silent = -1;
-    pid_t p0 = boot_child(master, id, 0, secret, 10.0, &fd0);
-    struct sockaddr_in to;
-    memset(&to, 0, sizeof(to));
-    to.sin_family = AF_INET;
-    to.sin_port = htons((uint16_t)atoi(strchr(master, ':') + 1));
-    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    for (double give_up = wall_seconds() + 5.0; silent < 0 && wall_seconds() < give_up;) {  // until node 0 listens
-        silent = socket(AF_INET, SOCK_STREAM, 0);
-        if (connect(silent, (struct sockaddr*)&to, sizeof(to)) != 0) { close(silent); silent = -1; usleep(50000); }
-    }
-    pid_t p1 = boot_child(master, id, 1, NULL, 10.0, &fd1);
+    pid_t pw = boot_child(master, "another token", id, 1, NULL, 1.0, NULL, &fdw);
+    BootResult rw = boot_collect(pw, fdw);  // (node 0 is still waiting: the real node 1 has not started)
+    pid_t p1 = boot_child(master, token, id, 1, NULL, 10.0, NULL, &fd1);
     BootResult r0 = boot_collect(p0, fd0), r1 = boot_collect(p1, fd1);
+    double took = wall_seconds() - t0;
+    if (random_hello >= 0) { close(random_hello); }
+    if (short_hello >= 0) { close(short_hello); }
+    char* err0 = read_text(err_path);
+    char named[256];
+    snprintf(named, sizeof(named), "warning: bootstrap: dropped a connection from %s that is not a node of this run (its "
+             "hello does not prove this run's token: another --run-token, or none): waiting for the real nodes\n", stranger);
+    check(challenged && r0.rc == 0 && r1.rc == 0 && memcmp(r1.payload, secret, sizeof(secret)) == 0 && took < 5.0,
+          "strangers ahead of node 1 neither stop nor hold up the start: node 1 joins in %.1f s (node 0 '%s')", took, r0.err);
+    check(strncmp(err0, named, strlen(named)) == 0 &&
+          strstr(err0, " more connection(s) that were not nodes of this run, not each named") != NULL &&
+          strstr(err0, "no run token") == NULL, "node 0 names the first stranger by its address, counts the rest: '%.*s'",
+          (int)strcspn(err0, "\n"), err0);
+    check(rw.rc == 1 && strstr(rw.err, "dropped node 1's hello") != NULL &&
+          strstr(rw.err, "check that every node got the same --run-token (or VLA_RUN_TOKEN)") != NULL,
+          "a node with another token is dropped and gives up at its timeout: '%s'", rw.err);
+    free(err0);
+    // a connection that never says hello reaches node 0 before node 1: node 1 joins at once
+    snprintf(master, sizeof(master), "127.0.0.1:%d", free_port());
+    p0 = boot_child(master, token, id, 0, secret, 10.0, NULL, &fd0);
+    int silent = boot_connect_loopback(atoi(strchr(master, ':') + 1));
+    p1 = boot_child(master, token, id, 1, NULL, 10.0, NULL, &fd1);
+    r0 = boot_collect(p0, fd0);
+    r1 = boot_collect(p1, fd1);
     if (silent >= 0) { close(silent); }
     check(silent >= 0 && r0.rc == 0 && r1.rc == 0 && memcmp(r1.payload, secret, sizeof(secret)) == 0,
           "a silent connection ahead of node 1 does not hold node 0 up: node 1 joins (node 0 '%s'; node 1 '%s')",
           r0.err, r1.err);
     // the port in use: someone else listens on it
-    int port = free_port(), busy = socket(AF_INET, SOCK_STREAM, 0);
+    port = free_port();
+    int busy = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a;
     memset(&a, 0, sizeof(a));
     a.sin_family = AF_INET;
@@ -1008,26 +1372,51 @@ static void test_bootstrap(const char* dir) {
     snprintf(master, sizeof(master), "127.0.0.1:%d", port);
     char err[512] = "";
     uint8_t payload[128];
-    int rc = bootstrap_exchange(master, &id, payload, sizeof(payload), 2.0, err, sizeof(err));
+    int rc = bootstrap_exchange(master, NULL, token, &id, payload, sizeof(payload), 2.0, err, sizeof(err));
     check(bound && rc == 1 && strstr(err, "the port is in use, pick another") != NULL, "node 0 on a port in use: '%s'", err);
     close(busy);
     // the master unreachable within the timeout
     snprintf(master, sizeof(master), "127.0.0.1:%d", free_port());
     BootIdentity node1 = id;
     node1.node_rank = 1;
-    double t0 = wall_seconds();
-    rc = bootstrap_exchange(master, &node1, payload, sizeof(payload), 1.0, err, sizeof(err));
+    t0 = wall_seconds();
+    rc = bootstrap_exchange(master, NULL, token, &node1, payload, sizeof(payload), 1.0, err, sizeof(err));
     double waited = wall_seconds() - t0;
     check(rc == 1 && strstr(err, "could not reach the master") != NULL && waited >= 0.9 && waited < 5.0,
           "node 1 gives up on an unreachable master after its timeout (%.1f s): '%s'", waited, err);
-    rc = bootstrap_exchange("nohost", &id, payload, sizeof(payload), 1.0, err, sizeof(err));
+    rc = bootstrap_exchange("nohost", NULL, token, &id, payload, sizeof(payload), 1.0, err, sizeof(err));
     check(rc == 1 && strstr(err, "expected host:port") != NULL, "a --master without a port: '%s'", err);
     static const char* const bad_ports[] = {"127.0.0.1:0", "127.0.0.1:70000"};
     for (int k = 0; k < 2; k++) {
-        rc = bootstrap_exchange(bad_ports[k], &id, payload, sizeof(payload), 1.0, err, sizeof(err));
+        rc = bootstrap_exchange(bad_ports[k], NULL, token, &id, payload, sizeof(payload), 1.0, err, sizeof(err));
         check(rc == 1 && strstr(err, "port is out of range: pick one from 1 to 65535") != NULL,
               "a --master port outside 1..65535: '%s'", err);
     }
+    // --run-token and VLA_RUN_TOKEN: the option wins; empty or too long is refused without echoing it
+    char long_token[VLA_MAX_RUN_TOKEN + 2];
+    memset(long_token, 'k', sizeof(long_token) - 1);
+    long_token[sizeof(long_token) - 1] = '\0';
+    char prog[] = "train_vla", opt[] = "--run-token", empty[] = "", given[] = "from the flag";
+    char* argv_flag[] = {prog, opt, given, NULL};
+    char* argv_empty[] = {prog, opt, empty, NULL};
+    char* argv_long[] = {prog, opt, long_token, NULL};
+    char nodes_opt[] = "--nodes", two[] = "2", rank_opt[] = "--node-rank", one[] = "1", master_opt[] = "--master",
+         master_at[] = "h:1";
+    char* argv_none[] = {prog, nodes_opt, two, rank_opt, one, master_opt, master_at, NULL};
+    char* argv_single[] = {prog, NULL};
+    char* msg_empty = NULL, *msg_long = NULL, *msg_env = NULL, *msg_ok = NULL;
+    int rc_ok = boot_parse_args(argv_flag, 3, long_token, err_path, &msg_ok);  // (the flag wins over a bad VLA_RUN_TOKEN)
+    int rc_empty = boot_parse_args(argv_empty, 3, NULL, err_path, &msg_empty);
+    int rc_long = boot_parse_args(argv_long, 3, NULL, err_path, &msg_long);
+    int rc_env = boot_parse_args(argv_none, 7, "", err_path, &msg_env);
+    char* msg_single = NULL;  // one node reads no token: an empty one in its environment is no concern of its
+    int rc_single = boot_parse_args(argv_single, 1, "", err_path, &msg_single);
+    check(rc_ok == 0 && rc_empty == 1 && strstr(msg_empty, "--run-token is empty") != NULL && rc_long == 1 &&
+          strstr(msg_long, "--run-token is too long") != NULL && strstr(msg_long, long_token) == NULL && rc_env == 1 &&
+          strstr(msg_env, "VLA_RUN_TOKEN is empty") != NULL && rc_single == 0,
+          "--run-token wins over VLA_RUN_TOKEN; an empty or a %d-byte token is refused in one line, not echoed, and "
+          "a one-node run ignores VLA_RUN_TOKEN: '%.*s'", VLA_MAX_RUN_TOKEN + 1, (int)strcspn(msg_long, "\n"), msg_long);
+    free(msg_ok); free(msg_empty); free(msg_long); free(msg_env); free(msg_single);
     // --min-lr-frac, --augment-shift and --train are part of the identity: nodes that differ in them disagree
     TrainArgs changed = args;
     changed.min_lr_frac = 0.5f;
@@ -2040,6 +2429,20 @@ static void test_bad_input(const char* dir) {
     expect_error(dir, "episode with a task out of range", args, "out of range");
     snprintf(args, sizeof(args), "%s -i %s/does_not_exist.bin", run, dir);
     expect_error(dir, "missing dataset", args, "does_not_exist.bin");
+    // one shard twice (by one name, by two names of the file); an image shift past half the frames
+    char twice[2200];
+    snprintf(args, sizeof(args), "%s -i %s,%s -o %s/bad_out", run, src, src, dir);
+    snprintf(twice, sizeof(twice), "-i names the shard %s twice (as %s and as %s): name each shard once", src, src, src);
+    expect_error(dir, "a shard named twice in -i", args, twice);
+    snprintf(args, sizeof(args), "ln -sf a.bin %s/a_again.bin", dir);
+    run_command(args);
+    snprintf(args, sizeof(args), "%s -i %s,%s/a_again.bin -o %s/bad_out", run, src, dir, dir);
+    expect_error(dir, "a shard under a second name (a link) in -i", args, "a_again.bin): name each shard once");
+    snprintf(args, sizeof(args), "%s -i %s --augment-shift 1000 -o %s/bad_out", run, src, dir);
+    expect_error(dir, "--augment-shift 1000 on 32 px frames", args,
+                 "--augment-shift 1000 is past half of camera 0's 32x32 frames in");
+    snprintf(args, sizeof(args), "%s -i %s --augment-shift 16 -o %s/bad_out", run, src, dir);
+    expect_error(dir, "--augment-shift 16 on 32 px frames", args, "pass at most 15 (or 0, off)");
 
     // checkpoints: another config, truncated
     char out[1100];
@@ -2145,6 +2548,85 @@ static void test_untrusted_files(const char* dir) {
     int rc = shard_open_checked(&shard, bad, err, sizeof(err));
     check(rc == 1 && shard.map == NULL && strstr(err, "not a multiple of 64") != NULL,
           "the reader returns the error and keeps nothing mapped: %s", err);
+    // offset tables whose ends are right but whose middle points far past the section: every entry
+    // is checked before one is used (the token loop read 1e9 ids past its copy)
+    check(h.version == 2 && h.n_tasks >= 2, "a.bin is a version-2 shard of several tasks (%u, %llu)", h.version,
+          (unsigned long long)h.n_tasks);
+    const struct { const char* what; uint64_t at; const char* needle; } tables[] = {
+        {"a token offset of 1e9 between right ends", h.off_token_offsets + 8, "token offset 1 (1000000000) breaks the table"},
+        {"a task offset of 1e9 between right ends", h.off_task_offsets + 8, "task offset 1 (1000000000) breaks the table"},
+    };
+    for (int k = 0; k < 2; k++) {
+        u64 = 1000000000ULL;
+        corrupt_copy(src, bad, (long)tables[k].at, &u64, 8, -1);
+        expect_error(dir, tables[k].what, args, tables[k].needle);
+    }
+
+    // safetensors as the format requires: names unique, tensors end to end over the whole data
+    // section (overlapping tensors and a name given twice once loaded as other weights)
+    static const struct { const char* what; const char* header; size_t data; const char* needle; } st_cases[] = {
+        {"two tensors end to end", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, NULL},
+        {"an empty tensor among them", "{\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]},"
+         "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8, NULL},
+        {"overlapping data_offsets", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8,
+         "tensor b [4, 8) overlaps tensor a [0, 8): the tensors must lie end to end over the data section"},
+        {"a name given twice", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "tensor a is named twice in the header"},
+        {"a gap before the first tensor", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8,
+         "its first tensor a starts at byte 4, not 0"},
+        {"a gap between tensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", 12, "tensor b [8, 12) leaves a gap after tensor a"},
+        {"bytes past the last tensor", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8,
+         "its tensors end at byte 4 of the 8-byte data section"},
+        {"a tensor's dtype given twice", "{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F64\",\"shape\":[1],"
+         "\"data_offsets\":[0,4]}}", 4, "tensor a gives its dtype twice"},
+        {"__metadata__ twice", "{\"__metadata__\":{},\"__metadata__\":{},\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+         "\"data_offsets\":[0,4]}}", 4, "__metadata__ is given twice"},
+        {"__metadata__ as a string", "{\"__metadata__\":\"pt\",\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+         "\"data_offsets\":[0,4]}}", 4, "a malformed __metadata__"},
+        {"bytes after the header's object", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}xx", 4,
+         "bytes follow the header's JSON object"},
+        {"a name holding DEL", "{\"a\x7f\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+         "a malformed header entry"},
+    };
+    for (size_t k = 0; k < sizeof(st_cases) / sizeof(st_cases[0]); k++) {
+        char st_path[1100];
+        snprintf(st_path, sizeof(st_path), "%s/case.safetensors", dir);
+        uint64_t hlen = strlen(st_cases[k].header);
+        uint8_t zeros[16] = {0};
+        FILE* sf = fopenCheck(st_path, "wb");
+        fwrite(&hlen, 8, 1, sf);
+        fwrite(st_cases[k].header, 1, hlen, sf);
+        fwrite(zeros, 1, st_cases[k].data, sf);
+        fclose(sf);
+        SafeTensors st;
+        int st_rc = safetensors_open(&st, st_path, err, sizeof(err));
+        if (st_cases[k].needle == NULL) {
+            check(st_rc == 0 && st.n >= 2, "safetensors with %s: read (%d tensors)%s%s", st_cases[k].what, st.n,
+                  st_rc ? ": " : "", st_rc ? err : "");
+            if (st_rc == 0) { safetensors_close(&st); }
+        } else {
+            check(st_rc == 1 && st.map == NULL && st.tensors == NULL && strstr(err, st_cases[k].needle) != NULL &&
+                  strchr(err, '\n') == NULL, "safetensors with %s: refused in one line, nothing kept: %s", st_cases[k].what, err);
+        }
+    }
+    // a name quoted from a file, and a path, as messages show them: escaped, shortened, the reason kept
+    char shown[VLA_SAID_BYTES];
+    text_escaped("ckpt\nerror: forged\x1b[2J\\", SIZE_MAX, shown, sizeof(shown));
+    check(strcmp(shown, "ckpt\\nerror: forged\\x1b[2J\\\\") == 0, "control bytes are quoted escaped: %s", shown);
+    text_escaped("abcdefgh", SIZE_MAX, shown, 7);
+    check(strcmp(shown, "abc...") == 0, "an escaped text cut to its buffer says so: %s", shown);
+    char far[5001];
+    memset(far, 'p', 5000);
+    far[0] = '/';
+    far[5000] = '\0';
+    path_said(far, shown);
+    check(strlen(shown) < 600 && strncmp(shown, "/ppp", 4) == 0 && strstr(shown, "ppp...ppp") != NULL &&
+              strstr(shown, "ppp (a path of 5000 bytes)") != NULL,
+          "a path of 5000 bytes is quoted as %zu bytes", strlen(shown));
 
     // configs: every field bounded, sizes computed in checked 64-bit arithmetic
     SmolVLAConfig c = smolvla_preset("tiny")->config;
@@ -2194,6 +2676,7 @@ static void test_untrusted_files(const char* dir) {
          "its header implies"},
         {offsetof(CheckpointHeader, n_trainable), 5, 8, "a moment count its config does not imply", "its header implies"},
         {offsetof(CheckpointHeader, tokenizer), 0, 1, "no tokenizer", "names no tokenizer"},
+        {offsetof(CheckpointHeader, tokenizer) + 1, '\n', 1, "a newline in the tokenizer's name", "not printable ASCII"},
         {offsetof(CheckpointHeader, step), UINT64_MAX, 8, "step -1 as signed", "says step 18446744073709551615"},
         {offsetof(CheckpointHeader, step), (1ULL << 32) + 1, 8, "step past 32 bits", "says step 4294967297"},
         {offsetof(CheckpointHeader, sampler_pos), 0, 8, "fewer samples than steps", "after 0 samples, out of range"},

@@ -1002,8 +1002,9 @@ def read_checkpoint(path):
         raise fail(f"holds a bad config ({config_problem(cfg)}): it is corrupt")
     if not 0 <= mode < len(TRAIN_MODES):
         raise fail(f"holds train mode {mode}, not one of 0 (expert), 1 (vlm), 2 (all): it is corrupt")
-    if b"\0" not in tokenizer or tokenizer[0] == 0:
-        raise fail("names no tokenizer (or an unterminated one): it is corrupt")
+    name = tokenizer[:tokenizer.index(b"\0")] if b"\0" in tokenizer else None
+    if not name or any(b < 0x20 or b >= 0x7f for b in name):
+        raise fail("names no tokenizer (or an unterminated one, or one not printable ASCII): it is corrupt")
     tokenizer = tokenizer[:tokenizer.index(b"\0")].decode("utf-8", "replace")
     flags, crc, batch, world, total_batch, data_id = struct.unpack_from("<4I2Q", raw, CKPT_FLAGS_AT)
     if flags & ~CKPT_FLAG_CRC or (flags == 0 and crc != 0):

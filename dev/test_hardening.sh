@@ -22,14 +22,20 @@ trap cleanup EXIT
 
 echo "== a full disk: the checkpoint's temporary file is removed, the space it needed is said"
 out=$tmp/fsize
-# RLIMIT_FSIZE caps every file at 1000 KiB: the 1.54 MiB checkpoint cannot be written (SIGXFSZ is
-# ignored, so the write fails with EFBIG instead of killing the process)
-(trap '' XFSZ; ulimit -f 1000; $TRAINER "${run[@]}" -n 1 -o "$out" > /dev/null 2> "$tmp/err")
-rc=$?
-one_line_error "$tmp/err" "ckpt_00000001.bin failed: File too large: the file needs 1.54 MiB" &&
-    grep -qF "the partial file was removed: the file is larger than the file size limit allows" "$tmp/err" &&
-    [ "$rc" -eq 1 ] && [ -z "$(ls "$out"/*.tmp 2> /dev/null)" ]
-check $? "a file size limit: exit $rc, no .tmp left: $(head -c 300 "$tmp/err")"
+# RLIMIT_FSIZE caps every file at 1000 KiB: the 1.54 MiB checkpoint cannot be written. The trainers
+# ignore SIGXFSZ themselves, so the write fails with EFBIG instead of the signal killing the process
+# (rc 153, no word); the GPU trainer ($GPU_TESTS/train_vla_fp32, the CPU emulation by default) too
+GPU_TRAINER=${GPU_TESTS:-build/emu}/train_vla_fp32
+for trainer in $TRAINER $GPU_TRAINER; do
+    if [ ! -x "$trainer" ]; then echo "  ($trainer is not built: make $trainer)"; continue; fi
+    rm -rf "$out"
+    (ulimit -f 1000; $trainer -i "$DATA" -p tiny -b 2 --workers 1 -n 1 -o "$out" > /dev/null 2> "$tmp/err")
+    rc=$?
+    one_line_error "$tmp/err" "ckpt_00000001.bin failed: File too large: the file needs 1.54 MiB" &&
+        grep -qF "the partial file was removed: the file is larger than the file size limit allows" "$tmp/err" &&
+        [ "$rc" -eq 1 ] && [ -z "$(ls "$out"/*.tmp 2> /dev/null)" ]
+    check $? "$trainer under a file size limit: exit $rc, no .tmp left: $(head -c 300 "$tmp/err")"
+done
 mkdir -p "$tmp/disk"
 if mount -t tmpfs -o size=4m tmpfs "$tmp/disk" 2> /dev/null; then
     mounted=$tmp/disk
@@ -64,6 +70,25 @@ $TRAINER "${run[@]}" -n 1 -o "$too_long" > /dev/null 2> "$tmp/err"
 rc=$?
 one_line_error "$tmp/err" "-o of 4090 bytes: the output folder's path must be 1 to 4047 bytes long" && [ "$rc" -eq 1 ]
 check $? "-o of 4090 bytes is refused: $(head -c 200 "$tmp/err")"
+# the bound itself: 4047 bytes train (16 folders of 252 and one more name), 4048 are refused
+edge=$tmp
+while [ $(( ${#edge} + 253 )) -le 4047 ]; do edge=$edge/$(printf 'e%.0s' $(seq 252)); done
+edge=$edge/$(printf 'f%.0s' $(seq $(( 4047 - ${#edge} - 1 ))))
+mkdir -p "$edge"
+$TRAINER "${run[@]}" -n 1 -o "$edge" > /dev/null 2> "$tmp/err"
+rc=$?
+[ "$rc" -eq 0 ] && [ -f "$edge/ckpt_00000001.bin" ] && [ ! -s "$tmp/err" ]
+check $? "-o of ${#edge} bytes, the bound docs/hardening.md gives, trains (exit $rc)"
+$TRAINER "${run[@]}" -n 1 -o "${edge}g" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "-o of 4048 bytes: the output folder's path must be 1 to 4047 bytes long" && [ "$rc" -eq 1 ]
+check $? "-o of 4048 bytes is refused (exit $rc)"
+# a 5,000-byte --init: the message shortens the path and keeps the reason (it was cut inside the path)
+far=/$(printf 'p%.0s' $(seq 4999))
+$TRAINER "${run[@]}" -n 1 --init "$far" -o "$tmp/far" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "ppp (a path of 5000 bytes): File name too long" && [ "$rc" -eq 1 ] && [ "$(wc -c < "$tmp/err")" -lt 1200 ]
+check $? "--init of 5,000 bytes: one line of $(wc -c < "$tmp/err") bytes that ends with its reason (exit $rc)"
 
 echo "== -t past what the machine can start"
 # a 4 GiB address space holds a few hundred thread stacks, not 1000
@@ -150,6 +175,14 @@ rc=$?
 [ "$rc" -eq 0 ] && grep -qF "resumed from $out/ckpt_00000002.bin" "$tmp/out" && [ -f "$out/ckpt_00000003.bin" ] &&
     [ -f "$out/ckpt_9.bin" ] && steps_once "$out/log.jsonl" 3
 check $? "ckpt_9.bin, ckpt_-1.bin and ckpt_000000009.bin beside ckpt_00000002.bin: -y 1 resumes from step 2, the copies left alone (exit $rc)"
+# a copy under a later step's canonical name: its header says step 3, so -y 1 warns and takes step 3's own file
+cp "$out/ckpt_00000003.bin" "$out/ckpt_00000007.bin"
+$TRAINER "${run[@]}" -n 4 -k 4 -y 1 -o "$out" > "$tmp/out" 2> "$tmp/err"
+rc=$?
+[ "$rc" -eq 0 ] && grep -qF "resumed from $out/ckpt_00000003.bin" "$tmp/out" && [ "$(wc -l < "$tmp/err")" -eq 1 ] &&
+    grep -qF "warning: skipping $out/ckpt_00000007.bin: its header says step 3, but its name says step 7 (a renamed copy?); falling back to the one before it" "$tmp/err" &&
+    [ -f "$out/ckpt_00000007.bin" ] && steps_once "$out/log.jsonl" 4
+check $? "ckpt_00000003.bin copied to ckpt_00000007.bin: -y 1 warns in one line and resumes from step 3, the copy left alone (exit $rc): $(head -c 300 "$tmp/err")"
 
 echo "== random SIGKILLs of a run that checkpoints every step"
 steps=400
@@ -205,11 +238,21 @@ off_state = struct.unpack_from("<Q", raw, 64)[0]  # ShardHeader.off_state
 struct.pack_into("<f", raw, off_state + 8, float("nan"))
 open(sys.argv[1], "wb").write(raw)
 EOF
+# a token offset table whose ends are right and whose middle entry points 1e9 ids past the copy
+cp $DATA "$tmp/offsets.bin"
+python3 - "$tmp/offsets.bin" << 'EOF'
+import struct, sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+off_token_offsets = struct.unpack_from("<Q", raw, 136)[0]  # ShardHeader.off_token_offsets
+struct.pack_into("<Q", raw, off_token_offsets + 8, 10**9)
+open(sys.argv[1], "wb").write(raw)
+EOF
 truncated=$tmp/truncated.bin
 head -c 5000 "$tmp/straight/$last" > "$truncated"
 bad_cases=(
     "shards of two shapes|-i $DATA,build/test/b.bin -p tiny -n 1|shards of one dataset must agree"
     "NaN in a shard|-i $tmp/nan.bin -p tiny -n 1|frame 0, state column 2 is NaN"
+    "a token offset past the tokens|-i $tmp/offsets.bin -p tiny -n 1|token offset 1 (1000000000) breaks the table"
     "a truncated checkpoint|-i $DATA -p tiny -n 1 --init $truncated|it is truncated or corrupt"
     "a folder as --init|-i $DATA -p tiny -n 1 --init $tmp|is a folder, not a checkpoint file"
     "another train mode|-i $DATA -p tiny -n 500 --train expert --init $tmp/straight/$last|trained with --train all, this run with --train expert"

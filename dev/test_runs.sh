@@ -183,15 +183,17 @@ $TRAINER "${run[@]}" -n 2 -o "$out" > /dev/null 2>&1
 head -c 1000 "$out/ckpt_00000002.bin" > "$out/ckpt_00000003.bin.tmp"
 head -c 2000 "$out/ckpt_00000002.bin" > "$out/ckpt_00000004.bin.4242.tmp"
 printf 'partial' > "$out/log.jsonl.4242.tmp"
+printf 'x' > "$out/$(printf 'ckpt_\nerror: forged.tmp')"
 printf 'garbage line\n' >> "$out/log.jsonl"
 $TRAINER "${run[@]}" -n 3 -y 1 -o "$out" > "$tmp/out" 2>&1
 rc=$?
 grep -qF "removed $out/ckpt_00000003.bin.tmp (1000 bytes), a temporary file left by a save that was killed" "$tmp/out" &&
     grep -qF "removed $out/ckpt_00000004.bin.4242.tmp (1.95 KiB)" "$tmp/out" &&
     grep -qF "removed $out/log.jsonl.4242.tmp (7 bytes)" "$tmp/out" && [ -z "$(ls "$out" | grep '\.tmp$')" ] &&
+    grep -qF "removed $out/ckpt_\\nerror: forged.tmp (1 bytes)" "$tmp/out" && ! grep -q '^error: forged' "$tmp/out" &&
     grep -qF "$out/log.jsonl: dropped 1 line(s) that are not a step's (they do not start with {\"step\":)" "$tmp/out" &&
     steps_once "$out/log.jsonl" 3 && [ "$(wc -l < "$out/log.jsonl")" -eq 3 ] && [ "$rc" -eq 0 ]
-check $? "-y 1: three stale temporary files removed with their sizes, the foreign log line dropped with a note (exit $rc)"
+check $? "-y 1: four stale temporary files removed with their sizes (one named with a newline, quoted escaped), the foreign log line dropped with a note (exit $rc)"
 
 echo "== a signal after the last step: the run is complete"
 out=$tmp/complete
@@ -257,6 +259,42 @@ else
     echo "  (tmpfs cannot be mounted here: the read-only case is left out)"
 fi
 
+echo "== a .lock that is not the trainer's own file: refused, the file it names untouched"
+out=$tmp/locklink
+mkdir -p "$out"
+printf 'a file of the user\nsecond line\n' > "$tmp/users_file"
+ln -s "$tmp/users_file" "$out/.lock"
+$TRAINER "${run[@]}" -n 1 -o "$out" > "$tmp/out" 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "$out/.lock is a symbolic link, not a lock file of train_vla's: remove the link" && [ "$rc" -eq 1 ] &&
+    [ "$(cat "$tmp/users_file")" = "$(printf 'a file of the user\nsecond line')" ] && ! grep -q 'a file of the user' "$tmp/out" &&
+    [ -z "$(ls "$out"/ckpt_* 2> /dev/null)" ]
+check $? "a .lock linked to a file elsewhere: exit $rc, the file unchanged and not quoted: $(head -c 300 "$tmp/err")"
+rm "$out/.lock"
+ln "$tmp/users_file" "$out/.lock"
+$TRAINER "${run[@]}" -n 1 -o "$out" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "$out/.lock is a file with other hard links, not a lock file of train_vla's" && [ "$rc" -eq 1 ] &&
+    [ "$(wc -l < "$tmp/users_file")" -eq 2 ]
+check $? "a .lock hard-linked to a file elsewhere: exit $rc, the file unchanged: $(head -c 300 "$tmp/err")"
+rm "$out/.lock"
+mkfifo "$out/.lock"
+$TRAINER "${run[@]}" -n 1 -o "$out" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "$out/.lock is not a regular file, not a lock file of train_vla's" && [ "$rc" -eq 1 ]
+check $? "a .lock that is a FIFO: exit $rc: $(head -c 300 "$tmp/err")"
+rm "$out/.lock"
+printf 'pid 1 on host\nerror: forged\033[31m\n' > "$out/.lock"
+$TRAINER "${run[@]}" -n 1 -o "$out" > "$tmp/out" 2> "$tmp/err"
+rc=$?
+[ "$rc" -eq 0 ] && grep -qF "note: $out/.lock names pid 1 on host, which ended" "$tmp/out" && ! grep -q 'forged' "$tmp/out"
+check $? "a lock left with a second line: the note quotes its first line only (exit $rc)"
+printf 'pid 1 on a\rhost\033[2J\n' > "$out/.lock"
+$TRAINER "${run[@]}" -n 2 -y 1 -o "$out" > "$tmp/out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && grep -qF 'names pid 1 on a\rhost\x1b[2J, which ended' "$tmp/out" && [ "$(tr -cd '\r\033' < "$tmp/out" | wc -c)" -eq 0 ]
+check $? "control bytes in a lock's line are quoted escaped (exit $rc)"
+
 echo "== the GPU trainer ($GPU_TRAINER)"
 if [ -x "$GPU_TRAINER" ]; then
     out=$tmp/gpu
@@ -279,6 +317,12 @@ if [ -x "$GPU_TRAINER" ]; then
     one_line_error "$tmp/err" "the output folder $out holds a run (1 checkpoint file and log.jsonl (" && [ "$rc" -eq 1 ] &&
         [ "$(fingerprint "$out")" = "$before" ]
     check $? "a new run into it: refused, the run's files unchanged (exit $rc)"
+    ln -s "$tmp/users_file" "$tmp/gpu_link_lock" && mkdir -p "$tmp/gpu_link" && mv "$tmp/gpu_link_lock" "$tmp/gpu_link/.lock"
+    $GPU_TRAINER -i "$DATA" -p tiny -b 2 -n 1 -o "$tmp/gpu_link" > /dev/null 2> "$tmp/err"
+    rc=$?
+    one_line_error "$tmp/err" "$tmp/gpu_link/.lock is a symbolic link, not a lock file of train_vla's" && [ "$rc" -eq 1 ] &&
+        [ "$(wc -l < "$tmp/users_file")" -eq 2 ]
+    check $? "a .lock linked to a file elsewhere: refused, the file unchanged (exit $rc)"
 else
     echo "  ($GPU_TRAINER is not built: make $GPU_TRAINER)"
 fi

@@ -85,8 +85,18 @@ static inline void atomic_file_open(AtomicFile* a, const char* path, uint64_t by
     if (snprintf(a->tmp, sizeof(a->tmp), "%s.%ld.tmp", path, (long)getpid()) >= (int)sizeof(a->tmp)) {
         vla_fail("path %.80s... is longer than %d bytes: use a shorter output folder (-o)", path, VLA_PATH_MAX - 1);
     }
-    a->f = fopen(a->tmp, "wb");
-    if (a->f == NULL) { atomic_file_fail(a, "creating", errno); }
+    // a new file of its own, never through a link planted at the temporary name (O_EXCL|O_NOFOLLOW);
+    // a leftover of that name (a run of this pid before a reboot) is unlinked, not written through
+    int fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == EEXIST && unlink(a->tmp) == 0) {
+        fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    }
+    a->f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (a->f == NULL) {
+        int err = errno;
+        if (fd >= 0) { close(fd); unlink(a->tmp); }
+        atomic_file_fail(a, "creating", err);
+    }
 }
 
 static inline void atomic_file_write(AtomicFile* a, const void* p, size_t size, size_t n) {

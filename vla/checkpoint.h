@@ -156,14 +156,16 @@ static inline void checkpoint_free(Checkpoint* ck) { free(ck->stats); free(ck->p
 // train mode, the counts and sizes in checked arithmetic, the step and sampler position in range.
 // Returns 0 on success; on failure writes a message into err (so callers can skip an incomplete
 // file or fail with it).
-static inline int checkpoint_read_header(const char* path, CheckpointHeader* h, char* err, size_t err_size) {
+static inline int checkpoint_read_header(const char* file, CheckpointHeader* h, char* err, size_t err_size) {
+    char said[VLA_SAID_BYTES];  // the path as messages quote it (path_said)
+    const char* path = path_said(file, said);
     struct stat st;
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {  // (checked before opening: a pipe would block)
+    if (stat(file, &st) == 0 && !S_ISREG(st.st_mode)) {  // (checked before opening: a pipe would block)
         snprintf(err, err_size, "%s is %s, not a checkpoint file: pass a ckpt_*.bin file", path,
                  S_ISDIR(st.st_mode) ? "a folder" : "a device, pipe or socket");
         return 1;
     }
-    FILE* f = fopen(path, "rb");
+    FILE* f = fopen(file, "rb");
     if (f == NULL) { snprintf(err, err_size, "cannot open checkpoint %s: %s", path, strerror(errno)); return 1; }
     if (fstat(fileno(f), &st) != 0) {
         snprintf(err, err_size, "cannot stat checkpoint %s: %s", path, strerror(errno));
@@ -195,8 +197,9 @@ static inline int checkpoint_read_header(const char* path, CheckpointHeader* h, 
                  path, h->train_mode);
         return 1;
     }
-    if (memchr(h->tokenizer, '\0', sizeof(h->tokenizer)) == NULL || h->tokenizer[0] == '\0') {
-        snprintf(err, err_size, "checkpoint %s names no tokenizer (or an unterminated one): it is corrupt", path);
+    if (memchr(h->tokenizer, '\0', sizeof(h->tokenizer)) == NULL || !tokenizer_name_printable(h->tokenizer)) {
+        snprintf(err, err_size, "checkpoint %s names no tokenizer (or an unterminated one, or one not printable ASCII): it "
+                 "is corrupt", path);
         return 1;
     }
     if (h->balance >= BALANCE_COUNT || (h->balance == BALANCE_NONE) != (h->balance_id == 0)) {
@@ -247,10 +250,12 @@ static inline int checkpoint_read_header(const char* path, CheckpointHeader* h, 
 
 // Loads a whole checkpoint, allocating its arrays. Returns 0, or 1 with the reason in err and
 // nothing allocated.
-static inline int checkpoint_read_checked(const char* path, Checkpoint* ck, char* err, size_t err_size) {
+static inline int checkpoint_read_checked(const char* file, Checkpoint* ck, char* err, size_t err_size) {
+    char said[VLA_SAID_BYTES];  // the path as messages quote it (path_said)
+    const char* path = path_said(file, said);
     memset(ck, 0, sizeof(*ck));
     CheckpointHeader h;
-    if (checkpoint_read_header(path, &h, err, err_size) != 0) { return 1; }
+    if (checkpoint_read_header(file, &h, err, err_size) != 0) { return 1; }
     ck->config = ckpt_header_config(&h); ck->train_mode = h.train_mode; ck->step = h.step; ck->seed = h.seed;
     ck->sampler_pos = h.sampler_pos; ck->n_params = h.n_params; ck->n_trainable = h.n_trainable;
     ck->balance = (int)h.balance; ck->balance_id = h.balance_id;
@@ -265,7 +270,7 @@ static inline int checkpoint_read_checked(const char* path, Checkpoint* ck, char
     ck->params = (float*)mallocCheck(h.n_params * sizeof(float));
     ck->m = (float*)mallocCheck((nt > 0 ? nt : 1) * sizeof(float));
     ck->v = (float*)mallocCheck((nt > 0 ? nt : 1) * sizeof(float));
-    FILE* f = fopen(path, "rb");
+    FILE* f = fopen(file, "rb");
     int bad = f == NULL || fseeko(f, (off_t)sizeof(h), SEEK_SET) != 0 || fread(ck->stats, sizeof(float), n_stats, f) != n_stats ||
               fread(ck->params, 4, h.n_params, f) != h.n_params || fread(ck->m, 4, nt, f) != nt ||
               fread(ck->v, 4, nt, f) != nt;
@@ -341,11 +346,13 @@ static inline void checkpoint_read(const char* path, Checkpoint* ck) {
 // Whether the file's checksum matches (a streaming read, no allocation of the model: -y 1 checks
 // the newest checkpoints this way before choosing one). Returns 0 when it does or the file
 // carries none (its header already checked by checkpoint_read_header), else 1 with the reason.
-static inline int checkpoint_verify(const char* path, char* err, size_t err_size) {
+static inline int checkpoint_verify(const char* file, char* err, size_t err_size) {
+    char said[VLA_SAID_BYTES];  // the path as messages quote it (path_said)
+    const char* path = path_said(file, said);
     CheckpointHeader h;
-    if (checkpoint_read_header(path, &h, err, err_size) != 0) { return 1; }
+    if (checkpoint_read_header(file, &h, err, err_size) != 0) { return 1; }
     if ((h.flags & CKPT_FLAG_CRC) == 0) { return 0; }
-    FILE* f = fopen(path, "rb");
+    FILE* f = fopen(file, "rb");
     if (f == NULL) { snprintf(err, err_size, "cannot open checkpoint %s: %s", path, strerror(errno)); return 1; }
     size_t chunk = (size_t)8 << 20;
     uint8_t* buf = (uint8_t*)mallocCheck(chunk);

@@ -38,7 +38,11 @@ static inline int dataset_list_files(const char* spec, char*** out) {
     char* copy = strdup(spec);
     for (char* tok = strtok(copy, ","); tok != NULL; tok = strtok(NULL, ",")) {
         struct stat st;
-        if (stat(tok, &st) != 0) { vla_fail("dataset path %s: %s: check -i", tok, strerror(errno)); }
+        if (stat(tok, &st) != 0) {
+            int e = errno;
+            char said[VLA_SAID_BYTES];
+            vla_fail("dataset path %s: %s: check -i", path_said(tok, said), strerror(e));
+        }
         if (S_ISDIR(st.st_mode)) {
             DIR* dir = opendir(tok);
             if (dir == NULL) { vla_fail("cannot list %s: %s", tok, strerror(errno)); }
@@ -85,6 +89,14 @@ static inline int dataset_open_checked(Dataset* ds, const char* spec, char* err,
         Shard* s = &ds->shards[i];
         if (shard_open_checked(s, files[i], err, err_size) != 0) { failed = 1; continue; }
         ds->n_shards = i + 1;
+        for (int j = 0; j < i && !failed; j++) {  // one file twice would be trained on twice as often, unsaid
+            if (ds->shards[j].dev == s->dev && ds->shards[j].ino == s->ino) {
+                snprintf(err, err_size, "-i names the shard %s twice (as %s and as %s): name each shard once (to weigh "
+                         "tasks, --balance tasks --task-weights)", files[j], files[j], files[i]);
+                failed = 1;
+            }
+        }
+        if (failed) { continue; }
         if (i == 0) {
             ds->n_cam = s->h.n_cam; ds->img = s->h.img; ds->state_dim = s->h.state_dim; ds->action_dim = s->h.action_dim;
             ds->cams = shard_cameras(&s->h);

@@ -188,8 +188,9 @@ static inline void run_folder_remove_stale(const char* dir) {
         struct stat st;
         snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
         if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) { continue; }
+        char said[VLA_SAID_BYTES];  // a name of any bytes: quoted escaped
         if (unlink(path) == 0) {
-            printf("removed %s (%s), a temporary file left by a save that was killed\n", path,
+            printf("removed %s (%s), a temporary file left by a save that was killed\n", path_said(path, said),
                    human_bytes((uint64_t)st.st_size, bytes, sizeof(bytes)));
         }
     }

@@ -84,25 +84,41 @@ static inline void run_folder_open(const TrainArgs* a) {
     snprintf(run_folder.path, sizeof(run_folder.path), "%s", dir);
     char lock_path[VLA_PATH_MAX + 16], fix[VLA_PATH_MAX + 128];
     snprintf(lock_path, sizeof(lock_path), "%s/.lock", dir);
-    int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // never through a link: truncating a .lock that is a link to elsewhere would empty a user's file
+    int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    if (fd < 0 && errno == ELOOP) {
+        vla_fail("%s is a symbolic link, not a lock file of train_vla's: remove the link (the file it points to is "
+                 "untouched), or write elsewhere with -o", lock_path);
+    }
     if (fd < 0) {
         int err = errno;
         vla_fail("cannot write into the output folder %s (creating %s: %s): %s, or pick another with -o", dir, lock_path,
                  strerror(err), write_failure_fix(err, dir, fix, sizeof(fix)));
+    }
+    struct stat lock_st;
+    int regular = fstat(fd, &lock_st) == 0 && S_ISREG(lock_st.st_mode);
+    if (!regular || lock_st.st_nlink != 1) {  // a hard link would empty a file elsewhere as a symbolic one would
+        close(fd);
+        vla_fail("%s is %s, not a lock file of train_vla's: remove it (nothing was written to it), or write elsewhere "
+                 "with -o", lock_path, regular ? "a file with other hard links" : "not a regular file");
     }
     int locked = flock(fd, LOCK_EX | LOCK_NB), err = errno;
     char holder[256];  // the line of the trainer that holds it, or held it and was killed
     ssize_t got = pread(fd, holder, sizeof(holder) - 1, 0);
     holder[got > 0 ? got : 0] = '\0';
     holder[strcspn(holder, "\n")] = '\0';
+    char holder_text[4 * sizeof(holder)];  // the file's bytes, quoted: one line whatever it holds
+    text_escaped(holder, sizeof(holder), holder_text, sizeof(holder_text));
     if (locked != 0 && err == EWOULDBLOCK) {
         vla_fail("the output folder %s is in use by another trainer (%s): wait for it to end, or write elsewhere with -o",
-                 dir, holder[0] != '\0' ? holder : "it has just started");
+                 dir, holder[0] != '\0' ? holder_text : "it has just started");
     }
     if (locked != 0) {
         vla_fail("cannot lock %s: %s: pick an output folder on a file system with locks (-o)", lock_path, strerror(err));
     }
-    if (holder[0] != '\0') { printf("note: %s names %s, which ended without releasing it: taking it over\n", lock_path, holder); }
+    if (holder[0] != '\0') {
+        printf("note: %s names %s, which ended without releasing it: taking it over\n", lock_path, holder_text);
+    }
     char host[128] = "?", started[64];
     gethostname(host, sizeof(host) - 1);
     time_t now = time(NULL);
@@ -318,7 +334,13 @@ static inline const char* run_start_checkpoint(const TrainArgs* args, char* buf,
     for (int i = 0; i < n; i++) {
         char err[VLA_PATH_MAX + 512];
         checkpoint_path(buf, size, args->output, steps[i]);
-        if (checkpoint_verify(buf, err, sizeof(err)) == 0) { return buf; }
+        CheckpointHeader h;
+        if (checkpoint_verify(buf, err, sizeof(err)) == 0 && checkpoint_read_header(buf, &h, err, sizeof(err)) == 0) {
+            if (h.step == steps[i]) { return buf; }
+            // a copy renamed to a later step's name would continue from the wrong place
+            snprintf(err, sizeof(err), "%s: its header says step %llu, but its name says step %llu (a renamed copy?)", buf,
+                     (unsigned long long)h.step, (unsigned long long)steps[i]);
+        }
         fprintf(stderr, "warning: skipping %s; %s\n", err,
                 i + 1 < n ? "falling back to the one before it" : "there is no older one");
     }
@@ -355,8 +377,17 @@ static inline void run_check_tokenizer(const char* path, const Checkpoint* ck, c
 // the preset. Continuing a checkpoint then needs all of them unchanged (run_checkpoint_load says
 // which differs); a weights-only start (--weights-only) does not, since no tensor depends on them:
 // a model imported from LeRobot, or trained on other data, fine-tunes on this dataset as it is.
-// With -p too, a weights-only start checks that the checkpoint has the preset's sizes.
+// With -p too, a weights-only start checks that the checkpoint has the preset's sizes. First,
+// --augment-shift is checked against the dataset's cameras.
 static inline SmolVLAConfig run_config(TrainArgs* a, const char* from, const Dataset* ds) {
+    // a shift past half of a camera's side moves most of its image out: the camera would show its border
+    for (int k = 0; k < ds->cams.n; k++) {
+        uint32_t h = ds->cams.height[k], w = ds->cams.width[k], most = ((h < w ? h : w) - 1) / 2;
+        if ((uint32_t)a->augment > most) {
+            vla_fail("--augment-shift %d is past half of camera %d's %ux%u frames in %s: pass at most %u (or 0, off)",
+                     a->augment, k, h, w, a->input, most);
+        }
+    }
     if (from == NULL) { return config_for_data(a->preset, a->max_text, ds); }
     CheckpointHeader h;
     char err[VLA_PATH_MAX + 512];

@@ -20,7 +20,7 @@ enum { ST_F32 = 0, ST_BF16 = 1, ST_F16 = 2, ST_F64 = 3, ST_I64 = 4, ST_I32 = 5, 
 static const char* const ST_DTYPE_NAMES[] = {"F32", "BF16", "F16", "F64", "I64", "I32", "U8", "BOOL"};
 static const int ST_DTYPE_BYTES[] = {4, 2, 2, 8, 8, 4, 1, 1};
 #define ST_MAX_DIMS 8
-#define ST_MAX_HEADER (100u << 20)  // the format's own limit on the header, 100 MB
+#define ST_MAX_HEADER 100000000u  // the format's own limit on the header, 100 MB
 
 typedef struct {
     char name[256];
@@ -58,7 +58,7 @@ static inline int st_string(StJson* j, char* out, size_t size) {
     size_t n = 0;
     while (j->p < j->end && *j->p != '"') {
         char ch = *j->p++;
-        if ((unsigned char)ch < 0x20) { return 1; }
+        if ((unsigned char)ch < 0x20 || ch == 0x7f) { return 1; }
         if (ch == '\\') {
             if (j->p >= j->end || (*j->p != '"' && *j->p != '\\' && *j->p != '/')) { return 1; }
             ch = *j->p++;
@@ -96,11 +96,9 @@ static inline int st_uint_array(StJson* j, uint64_t* v, int max) {
         return st_expect(j, ']') ? -1 : n;
     }
 }
-// Skips one JSON value of the __metadata__ kind: a string or an object of strings.
+// Skips one JSON value of the __metadata__ kind: an object of strings, as the format says.
 static inline int st_skip_value(StJson* j) {
     char buf[4096];
-    st_skip_space(j);
-    if (j->p < j->end && *j->p == '"') { return st_string(j, buf, sizeof(buf)); }
     if (st_expect(j, '{')) { return 1; }
     st_skip_space(j);
     if (j->p < j->end && *j->p == '}') { j->p++; return 0; }
@@ -112,6 +110,16 @@ static inline int st_skip_value(StJson* j) {
     }
 }
 
+static inline int st_compare_names(const void* a, const void* b) {
+    return strcmp((*(const SafeTensorInfo* const*)a)->name, (*(const SafeTensorInfo* const*)b)->name);
+}
+// by where they start, then where they end (empty tensors share a start with the next)
+static inline int st_compare_extents(const void* a, const void* b) {
+    const SafeTensorInfo *x = *(const SafeTensorInfo* const*)a, *y = *(const SafeTensorInfo* const*)b;
+    if (x->begin != y->begin) { return x->begin < y->begin ? -1 : 1; }
+    return x->end < y->end ? -1 : x->end > y->end ? 1 : 0;
+}
+
 static inline void safetensors_close(SafeTensors* st) {
     if (st->map != NULL && st->map != MAP_FAILED) { munmap(st->map, st->size); }
     free(st->tensors);
@@ -119,10 +127,12 @@ static inline void safetensors_close(SafeTensors* st) {
 }
 
 // Returns 0, or 1 with a one-line reason in err (and nothing left open).
-static inline int safetensors_open(SafeTensors* st, const char* path, char* err, size_t err_size) {
+static inline int safetensors_open(SafeTensors* st, const char* file, char* err, size_t err_size) {
+    char said[VLA_SAID_BYTES];  // the path as messages quote it (path_said)
+    const char* path = path_said(file, said);
     memset(st, 0, sizeof(*st));
 #define ST_REJECT_(...) do { snprintf(err, err_size, __VA_ARGS__); safetensors_close(st); return 1; } while (0)
-    int fd = open(path, O_RDONLY);
+    int fd = open(file, O_RDONLY);
     if (fd < 0) { snprintf(err, err_size, "cannot open %s: %s", path, strerror(errno)); return 1; }
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 8) {
@@ -143,7 +153,7 @@ static inline int safetensors_open(SafeTensors* st, const char* path, char* err,
     st->data = st->map + 8 + header_len;
     st->data_size = st->size - 8 - header_len;
     StJson j = {(const char*)st->map + 8, (const char*)st->map + 8 + header_len};
-    int cap = 0;
+    int cap = 0, have_metadata = 0;
     if (st_expect(&j, '{')) { ST_REJECT_("%s: the header is not a JSON object", path); }
     st_skip_space(&j);
     int empty = j.p < j.end && *j.p == '}';
@@ -152,6 +162,7 @@ static inline int safetensors_open(SafeTensors* st, const char* path, char* err,
         char name[256];
         if (st_string(&j, name, sizeof(name)) || st_expect(&j, ':')) { ST_REJECT_("%s: a malformed header entry", path); }
         if (strcmp(name, "__metadata__") == 0) {
+            if (have_metadata++) { ST_REJECT_("%s: __metadata__ is given twice: the file is corrupt, write it again", path); }
             if (st_skip_value(&j)) { ST_REJECT_("%s: a malformed __metadata__", path); }
         } else {
             if (st->n == cap) {
@@ -169,6 +180,11 @@ static inline int safetensors_open(SafeTensors* st, const char* path, char* err,
                 char field[64];
                 if (st_string(&j, field, sizeof(field)) || st_expect(&j, ':')) {
                     ST_REJECT_("%s: tensor %s: a malformed field", path, name);
+                }
+                int* seen = strcmp(field, "dtype") == 0 ? &have_dtype : strcmp(field, "shape") == 0 ? &have_shape
+                          : strcmp(field, "data_offsets") == 0 ? &have_offsets : NULL;
+                if (seen != NULL && *seen) {  // a second value would silently win over the first
+                    ST_REJECT_("%s: tensor %s gives its %s twice: the file is corrupt, write it again", path, name, field);
                 }
                 if (strcmp(field, "dtype") == 0) {
                     char dt[16];
@@ -223,6 +239,48 @@ static inline int safetensors_open(SafeTensors* st, const char* path, char* err,
         if (st_expect(&j, '}')) { ST_REJECT_("%s: the header is not a well-formed JSON object", path); }
         break;
     }
+    st_skip_space(&j);  // writers pad the header with spaces to 8 bytes; anything else after it is not JSON
+    if (j.p != j.end) { ST_REJECT_("%s: bytes follow the header's JSON object: the file is corrupt, write it again", path); }
+    // as the format requires: names unique, and the tensors laid end to end from offset 0 to the
+    // end of the file, none overlapping another (two names over the same bytes, or bytes no tensor
+    // holds, are not a file any writer of the format makes)
+    const SafeTensorInfo** order = (const SafeTensorInfo**)malloc((size_t)(st->n > 0 ? st->n : 1) * sizeof(*order));
+    if (order == NULL) { ST_REJECT_("%s: out of memory for the header", path); }
+    for (int i = 0; i < st->n; i++) { order[i] = &st->tensors[i]; }
+    qsort(order, (size_t)st->n, sizeof(*order), st_compare_names);
+    for (int i = 1; i < st->n; i++) {
+        if (strcmp(order[i - 1]->name, order[i]->name) == 0) {
+            char name[256];
+            snprintf(name, sizeof(name), "%s", order[i]->name);
+            free(order);
+            ST_REJECT_("%s: tensor %s is named twice in the header: the file is corrupt, write it again", path, name);
+        }
+    }
+    qsort(order, (size_t)st->n, sizeof(*order), st_compare_extents);
+    uint64_t at = 0;
+    for (int i = 0; i <= st->n; i++) {
+        uint64_t begin = i < st->n ? order[i]->begin : st->data_size;
+        if (begin != at) {
+            char what[600];
+            if (i == st->n) {
+                snprintf(what, sizeof(what), "its tensors end at byte %llu of the %llu-byte data section",
+                         (unsigned long long)at, (unsigned long long)st->data_size);
+            } else if (i == 0) {
+                snprintf(what, sizeof(what), "its first tensor %s starts at byte %llu, not 0", order[0]->name,
+                         (unsigned long long)begin);
+            } else {
+                snprintf(what, sizeof(what), "tensor %s [%llu, %llu) %s tensor %s [%llu, %llu)", order[i]->name,
+                         (unsigned long long)order[i]->begin, (unsigned long long)order[i]->end,
+                         begin < at ? "overlaps" : "leaves a gap after", order[i - 1]->name,
+                         (unsigned long long)order[i - 1]->begin, (unsigned long long)order[i - 1]->end);
+            }
+            free(order);
+            ST_REJECT_("%s: %s: the tensors must lie end to end over the data section: the file is corrupt, write it "
+                       "again", path, what);
+        }
+        if (i < st->n) { at = order[i]->end; }
+    }
+    free(order);
 #undef ST_REJECT_
     return 0;
 }

@@ -317,16 +317,38 @@ static inline int shard_unchanged(const Shard* s, char* err, size_t err_size) {
     return 1;
 }
 
+// A tokenizer's name as headers hold it (shards, checkpoints): NUL-terminated (the caller checks),
+// not empty, printable ASCII, so the messages that quote it stay one line
+static inline int tokenizer_name_printable(const char* name) {
+    int printable = name[0] != '\0';
+    for (const char* p = name; *p != '\0'; p++) { printable &= *p >= 0x20 && *p < 0x7f; }
+    return printable;
+}
+
+// An offset table of n + 1 entries into a section of `total` items: the first entry that breaks it
+// (table[0] not 0, an entry below the one before or past total, table[n] not total), OFFSETS_OK
+// when none does. Every entry is checked before any is used, so no read goes past the section.
+#define OFFSETS_OK UINT64_MAX
+static inline uint64_t offsets_bad_at(const uint64_t* table, uint64_t n, uint64_t total) {
+    if (table[0] != 0) { return 0; }
+    for (uint64_t k = 1; k <= n; k++) {
+        if (table[k] < table[k - 1] || table[k] > total) { return k; }
+    }
+    return table[n] == total ? OFFSETS_OK : n;
+}
+
 // Opens and checks a shard of version 1 or 2: every size against the file, every index in range,
 // every token id in its vocabulary, every state and action value finite, the statistics those of
 // the values. Returns 0, or 1 with the reason in err and nothing left open.
-static inline int shard_open_checked(Shard* s, const char* path, char* err, size_t err_size) {
+static inline int shard_open_checked(Shard* s, const char* file, char* err, size_t err_size) {
+    char said[VLA_SAID_BYTES];  // the path as messages quote it (path_said)
+    const char* path = path_said(file, said);
     memset(s, 0, sizeof(*s));
 #define SHARD_REJECT_(...) do { snprintf(err, err_size, __VA_ARGS__); shard_close(s); return 1; } while (0)
-    if (snprintf(s->path, sizeof(s->path), "%s", path) >= (int)sizeof(s->path)) {
-        SHARD_REJECT_("dataset path %.80s... is longer than %d bytes: use a shorter path", path, VLA_PATH_MAX - 1);
+    if (snprintf(s->path, sizeof(s->path), "%s", file) >= (int)sizeof(s->path)) {
+        SHARD_REJECT_("dataset path %s is longer than %d bytes: use a shorter path", path, VLA_PATH_MAX - 1);
     }
-    int fd = open(path, O_RDONLY);
+    int fd = open(file, O_RDONLY);
     if (fd < 0) { SHARD_REJECT_("cannot open dataset shard %s: %s: check the -i path", path, strerror(errno)); }
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -349,7 +371,7 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
         SHARD_REJECT_("%s: mmap failed: %s", path, strerror(map_errno));
     }
     s->map_size = len;
-    shard_mapping_add(s->map, len, path);
+    shard_mapping_add(s->map, len, file);
     s->dev = (uint64_t)st.st_dev; s->ino = (uint64_t)st.st_ino; s->size = len; s->mtime_ns = stat_mtime_ns(&st);
     ShardHeader* h = &s->h;
     memcpy(h, s->map, offsetof(ShardHeader, n_tokens));  // version 1's fields; the rest stays zero for now
@@ -410,9 +432,7 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
             SHARD_REJECT_("%s: the tokenizer name is not NUL-terminated within its %d bytes: the file is corrupt, "
                           "regenerate it", path, (int)sizeof(h->tokenizer));
         }
-        int printable = h->tokenizer[0] != '\0';
-        for (const char* p = h->tokenizer; *p != '\0'; p++) { printable &= *p >= 0x20 && *p < 0x7f; }
-        if (!printable) {
+        if (!tokenizer_name_printable(h->tokenizer)) {
             SHARD_REJECT_("%s: the tokenizer name is empty or not printable ASCII: the file is corrupt, regenerate it",
                           path);
         }
@@ -437,7 +457,7 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
     // one before, the last ending the file. So sizes computed from the header (the cameras') are the
     // sizes of the sections in the file.
     uint64_t sizes[SHARD_SECTIONS], *off_fields[SHARD_SECTIONS], offs[SHARD_SECTIONS];
-    shard_section_sizes(h, path, sizes);  // the counts are bounded, so none of these products overflows
+    shard_section_sizes(h, file, sizes);  // the counts are bounded, so none of these products overflows
     shard_section_offsets(h, off_fields);
     uint64_t end = shard_header_bytes(h);
     for (int i = 0; i < shard_n_sections(h); i++) {
@@ -521,14 +541,11 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
                           path, (unsigned long long)f, s->frame_episode[f], (unsigned long long)h->n_episodes);
         }
     }
-    if (s->task_offsets[0] != 0 || s->task_offsets[h->n_tasks] != h->task_bytes) {
-        SHARD_REJECT_("%s: task string table does not span task_text: the file is corrupt, regenerate it", path);
-    }
-    for (uint64_t k = 0; k < h->n_tasks; k++) {
-        if (s->task_offsets[k + 1] < s->task_offsets[k]) {
-            SHARD_REJECT_("%s: task offsets are not increasing at task %llu: the file is corrupt, regenerate it",
-                          path, (unsigned long long)k);
-        }
+    uint64_t bad_at = offsets_bad_at(s->task_offsets, h->n_tasks, h->task_bytes);
+    if (bad_at != OFFSETS_OK) {
+        SHARD_REJECT_("%s: task offset %llu (%llu) breaks the table: offsets must rise from 0 to the %llu bytes of "
+                      "task_text: the file is corrupt, regenerate it", path, (unsigned long long)bad_at,
+                      (unsigned long long)s->task_offsets[bad_at], (unsigned long long)h->task_bytes);
     }
     if (h->version == 1) {  // byte tokens of the task text: the one copy a version-1 shard needs
         s->owned_tokens = (int32_t*)mallocCheck((h->task_bytes > 0 ? h->task_bytes : 1) * sizeof(int32_t));
@@ -537,17 +554,15 @@ static inline int shard_open_checked(Shard* s, const char* path, char* err, size
         s->tokens = s->owned_tokens;
     }
     // the token ids: a table that spans them, every id in the vocabulary, "bytes" ids the text's bytes
-    if (s->token_offsets[0] != 0 || s->token_offsets[h->n_tasks] != h->n_tokens) {
-        SHARD_REJECT_("%s: token offsets do not span the %llu tokens: the file is corrupt, regenerate it", path,
-                      (unsigned long long)h->n_tokens);
+    bad_at = offsets_bad_at(s->token_offsets, h->n_tasks, h->n_tokens);
+    if (bad_at != OFFSETS_OK) {
+        SHARD_REJECT_("%s: token offset %llu (%llu) breaks the table: offsets must rise from 0 to the %llu tokens: the "
+                      "file is corrupt, regenerate it", path, (unsigned long long)bad_at,
+                      (unsigned long long)s->token_offsets[bad_at], (unsigned long long)h->n_tokens);
     }
     int bytes = strcmp(h->tokenizer, SHARD_TOKENIZER_BYTES) == 0;
     for (uint64_t k = 0; k < h->n_tasks; k++) {
         uint64_t t0 = s->token_offsets[k], t1 = s->token_offsets[k + 1];
-        if (t1 < t0) {
-            SHARD_REJECT_("%s: token offsets are not increasing at task %llu: the file is corrupt, regenerate it",
-                          path, (unsigned long long)k);
-        }
         for (uint64_t t = t0; t < t1; t++) {
             if (s->tokens[t] < 0 || (uint32_t)s->tokens[t] >= h->vocab) {
                 SHARD_REJECT_("%s: task %llu has token id %d, outside the vocabulary [0, %u) of tokenizer %s: the file is "

@@ -3,15 +3,20 @@
 // SEEDS_DIR/NAME for each harness:
 //   checkpoint   version-2 checkpoints of small SmolVLA configs, one per train mode (checkpoint_write)
 //   shard        shards of both format versions (shard_write: version 2 with cameras of different
-//                and non-square sizes, and another tokenizer's ids; shard_write_v1: version 1);
+//                and non-square sizes, another tokenizer's ids, token counts odd, even and whole
+//                multiples of 8 and 16, a token offset table pointing past the tokens;
+//                shard_write_v1: version 1);
 //                more come from data/synthetic (dev/fuzz/run_fuzz.sh)
 //   shards       2 or 3 of those shards packed into one input as fuzz_shards splits it: shards that
 //                agree (pooled statistics), and shards that disagree on cameras, their sizes or tokenizer
 //   safetensors  LeRobot's weights of FUZZ_SAFETENSORS_CONFIG in all four float dtypes, and small
-//                headers (metadata, integer tensors, shapes past 2^40, a name holding a newline)
+//                headers (metadata, integer tensors, shapes past 2^40, a name holding a newline,
+//                tensors overlapping, a name twice, a gap)
 //   log          log.jsonl files as runs leave them, each behind the step a resume starts from
 //   names        folders' worth of file names, canonical checkpoint names and near misses
-//   boot         node 0's view of hellos (agreeing, disagreeing, foreign) and a node's of replies
+//   boot         node 0's view of hellos (proven and agreeing, proven and disagreeing, strangers:
+//                another token, none, short, another version, random bytes) and a node's of
+//                replies (proven, forged)
 //   make_seeds SEEDS_DIR
 #include "fuzz_util.h"
 #include "../../vla/rng.h"
@@ -23,8 +28,8 @@
 #include "../../vla/checkpoint.h"
 #include "../../vla/bootstrap.h"
 
-// A small shard of `cams` (5 frames in 2 episodes, state 3, action 2, two instructions) at path
-static void shard_seed(const char* path, const Cameras* cams, uint64_t seed) {
+// A small shard of `cams` (5 frames in 2 episodes, state 3, action 2, the two instructions `tasks`) at path
+static void shard_seed_tasks(const char* path, const Cameras* cams, uint64_t seed, const char* const* tasks) {
     enum { FRAMES = 5, S = 3, A = 2 };
     size_t frame = cameras_frame_bytes(cams);
     uint8_t* images = (uint8_t*)mallocCheck(FRAMES * frame);
@@ -36,9 +41,14 @@ static void shard_seed(const char* path, const Cameras* cams, uint64_t seed) {
     for (int i = 0; i < FRAMES * A; i++) { action[i] = (float)rng_uniform(&r) - 0.5f; }
     shard_compute_stats(FRAMES, state, S, action, A, stats);
     ShardEpisode eps[2] = {{0, 3, 1}, {3, 2, 0}};
-    static const char* const tasks[] = {"open the drawer", "öffne die Schublade"};
     shard_write(path, cams, S, A, FRAMES, images, state, action, 2, eps, 2, tasks, stats);
     free(images);
+}
+
+// ... of two instructions of 35 byte tokens in all (an odd count)
+static void shard_seed(const char* path, const Cameras* cams, uint64_t seed) {
+    static const char* const tasks[] = {"open the drawer", "öffne die Schublade"};
+    shard_seed_tasks(path, cams, seed, tasks);
 }
 
 static const char* seeds_root;
@@ -165,13 +175,46 @@ static void log_seed(const char* name, uint16_t start, const char* text) {
 }
 
 // fuzz_boot's input: a flags byte (bit 0: a reply, else a hello; bits 1-3: nodes 1-3 have
-// joined) and the bytes received
-static void boot_seed(const char* name, uint8_t flags, const void* msg, size_t n, const void* more, size_t more_n) {
-    uint8_t input[1024];
-    input[0] = flags;
-    memcpy(input + 1, msg, n);
-    if (more_n > 0) { memcpy(input + 1 + n, more, more_n); }
-    seed_write("boot", name, input, 1 + n + more_n);
+// joined), the token (its length in a byte, then it; "" for none), node 0's challenge nonce, for
+// a reply the node's nonce, and the bytes received (msg, then more)
+static const char* const BOOT_SEED_TOKEN = "the seeds' run token";
+static uint8_t boot_seed_challenge[BOOT_NONCE], boot_seed_nonce[BOOT_NONCE];
+static void boot_seed(const char* name, uint8_t flags, const char* token, const void* msg, size_t n, const void* more,
+                      size_t more_n) {
+    uint8_t input[2048];
+    size_t t = strlen(token), at = 0;
+    input[at++] = flags;
+    input[at++] = (uint8_t)t;
+    memcpy(input + at, token, t);
+    at += t;
+    memcpy(input + at, boot_seed_challenge, BOOT_NONCE);
+    at += BOOT_NONCE;
+    if (flags & 1) { memcpy(input + at, boot_seed_nonce, BOOT_NONCE); at += BOOT_NONCE; }
+    memcpy(input + at, msg, n);
+    at += n;
+    if (more_n > 0) { memcpy(input + at, more, more_n); }
+    seed_write("boot", name, input, at + more_n);
+}
+
+// A hello of identity id whose proof checks under token ("" for none) and the seeds' challenge
+static BootHello boot_seed_hello(BootIdentity id, const char* token) {
+    BootHello h;
+    memset(&h, 0, sizeof(h));
+    h.id = id;
+    memcpy(h.nonce, boot_seed_nonce, BOOT_NONCE);
+    boot_hello_proof(token, boot_seed_challenge, &h, h.proof);
+    return h;
+}
+
+// Node 0's reply with its body and the proof that follows them, as one message
+static void boot_seed_reply(const char* name, const char* token, BootReply reply, const void* body, size_t body_n,
+                            int forged) {
+    uint8_t more[1024], proof[BOOT_DIGEST];
+    boot_reply_proof(token, boot_seed_nonce, boot_seed_challenge, &reply, body, proof);
+    if (forged) { proof[0] ^= 1; }
+    memcpy(more, body, body_n);
+    memcpy(more + body_n, proof, BOOT_DIGEST);
+    boot_seed(name, 1, token, &reply, sizeof(reply), more, body_n + BOOT_DIGEST);
 }
 
 int main(int argc, char** argv) {
@@ -188,6 +231,27 @@ int main(int argc, char** argv) {
     for (int k = 0; k < (int)(sizeof(shapes) / sizeof(shapes[0])); k++) {
         snprintf(path, sizeof(path), "%s/shard_v2_%d.bin", shard_dir, k);
         shard_seed(path, &shapes[k], 100 + (uint64_t)k);
+    }
+    // token counts that fill whole 8- and 16-byte blocks: a read one token past a table lands in
+    // malloc's padding after an odd count, but in the next block (where ASan sees it) after these;
+    // and the shard whose middle token offset once sent the reader 1e9 ids past its copy
+    static const char* const tokens_even[] = {"open", "the door"};                      // 12
+    static const char* const tokens_8[] = {"push it!", "pull the handle "};             // 24
+    static const char* const tokens_16[] = {"open the drawer ", "close the window"};    // 32
+    const char* const* token_counts[] = {tokens_even, tokens_8, tokens_16};
+    const char* token_names[] = {"shard_v2_tokens12.bin", "shard_v2_tokens24.bin", "shard_v2_tokens32.bin"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(path, sizeof(path), "%s/%s", shard_dir, token_names[k]);
+        shard_seed_tasks(path, &shapes[1], 500 + (uint64_t)k, token_counts[k]);
+    }
+    snprintf(path, sizeof(path), "%s/shard_v2_token_offsets.bin", shard_dir);
+    shard_seed_tasks(path, &shapes[1], 500, tokens_even);
+    ShardHeader crash;
+    FILE* cf = fopenCheck(path, "r+b");
+    if (fread(&crash, sizeof(crash), 1, cf) != 1) { vla_fail("cannot read %s", path); }
+    const uint64_t offsets[3] = {0, 1000000000ULL, crash.n_tokens};
+    if (fseeko(cf, (off_t)crash.off_token_offsets, SEEK_SET) != 0 || fwrite(offsets, 8, 3, cf) != 3 || fclose(cf) != 0) {
+        vla_fail("cannot write %s", path);
     }
     // version 1 of the square one, and the square one as the ids of another tokenizer (vocabulary 1000)
     char square[VLA_PATH_MAX];
@@ -276,6 +340,12 @@ int main(int argc, char** argv) {
                      "\"mask\":{\"shape\":[1,2],\"dtype\":\"BOOL\",\"data_offsets\":[8,10]},"
                      "\"scalar\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[10,11]}}", two, 11);
     safetensors_seed("empty.safetensors", "{}", NULL, 0);
+    // what the format forbids: two tensors over the same bytes, a name given twice, bytes no tensor holds
+    safetensors_seed("overlap.safetensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                     "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", two, 8);
+    safetensors_seed("twice.safetensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                     "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", two, 8);
+    safetensors_seed("gap.safetensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", two, 8);
     // shapes past what any file holds: a dimension over 2^40, and a product past 2^64
     safetensors_seed("huge.safetensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627777],\"data_offsets\":[0,8]}}", two, 8);
     safetensors_seed("overflow.safetensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],"
@@ -300,28 +370,46 @@ int main(int argc, char** argv) {
         seed_write("names", names[k][0], names[k][1], strlen(names[k][1]));
     }
 
-    BootIdentity hello = fuzz_boot_identity(1);
-    boot_seed("hello_joins", 0, &hello, sizeof(hello), NULL, 0);
-    boot_seed("hello_taken", 2, &hello, sizeof(hello), NULL, 0);
+    const char* tok = BOOT_SEED_TOKEN;
+    for (int i = 0; i < BOOT_NONCE; i++) {
+        boot_seed_challenge[i] = (uint8_t)(i * 29 + 3);
+        boot_seed_nonce[i] = (uint8_t)(i * 53 + 7);
+    }
+    BootHello hello = boot_seed_hello(fuzz_boot_identity(1), tok);
+    boot_seed("hello_joins", 0, tok, &hello, sizeof(hello), NULL, 0);
+    boot_seed("hello_taken", 2, tok, &hello, sizeof(hello), NULL, 0);
+    boot_seed("hello_wrong_token", 0, "another token", &hello, sizeof(hello), NULL, 0);
+    boot_seed("hello_token_unknown", 0, "", &hello, sizeof(hello), NULL, 0);  // node 0 without a token
+    boot_seed("hello_short", 0, tok, &hello, sizeof(hello.id), NULL, 0);
+    BootHello plain = boot_seed_hello(fuzz_boot_identity(2), "");
+    boot_seed("hello_no_token", 0, "", &plain, sizeof(plain), NULL, 0);
     BootIdentity other = fuzz_boot_identity(3);
     other.batch += 1;
-    boot_seed("hello_batch", 0, &other, sizeof(other), NULL, 0);
+    BootHello sent = boot_seed_hello(other, tok);
+    boot_seed("hello_batch", 0, tok, &sent, sizeof(sent), NULL, 0);
     other = fuzz_boot_identity(2);
     other.config.max_text += 1;
-    boot_seed("hello_config", 8, &other, sizeof(other), NULL, 0);
-    other = fuzz_boot_identity(4);
-    boot_seed("hello_rank", 0, &other, sizeof(other), NULL, 0);
+    sent = boot_seed_hello(other, tok);
+    boot_seed("hello_config", 8, tok, &sent, sizeof(sent), NULL, 0);
+    sent = boot_seed_hello(fuzz_boot_identity(4), tok);
+    boot_seed("hello_rank", 0, tok, &sent, sizeof(sent), NULL, 0);
     other = fuzz_boot_identity(1);
     other.version -= 1;
-    boot_seed("hello_version", 0, &other, sizeof(other), NULL, 0);
+    sent = boot_seed_hello(other, tok);
+    boot_seed("hello_version", 0, tok, &sent, sizeof(sent), NULL, 0);
+    sent = hello;  // a stranger's: the header right, then bytes of no meaning
+    for (size_t i = 8; i < sizeof(sent); i++) { ((uint8_t*)&sent)[i] = (uint8_t)(i * 151 + 17); }
+    boot_seed("hello_random", 0, tok, &sent, sizeof(sent), NULL, 0);
     uint8_t id[FUZZ_BOOT_PAYLOAD];
     for (int i = 0; i < FUZZ_BOOT_PAYLOAD; i++) { id[i] = (uint8_t)(i * 37); }
     BootReply welcome = {0, FUZZ_BOOT_PAYLOAD};
-    boot_seed("reply_welcome", 1, &welcome, sizeof(welcome), id, sizeof(id));
-    const char refusal[] = "node 1 disagrees with node 0 on batch 8 vs 5 (node 0 vs node 1)\n\x1b[2J";
+    boot_seed_reply("reply_welcome", tok, welcome, id, sizeof(id), 0);
+    boot_seed_reply("reply_welcome_no_token", "", welcome, id, sizeof(id), 0);
+    boot_seed_reply("reply_forged", tok, welcome, id, sizeof(id), 1);
+    const char refusal[] = "node 1 disagrees with node 0 on batch 8 vs 5 (node 0 vs node 1)\n\x1b[2J\xc2\x9b";
     BootReply refused = {1, (uint32_t)strlen(refusal)};
-    boot_seed("reply_refused", 1, &refused, sizeof(refused), refusal, strlen(refusal));
+    boot_seed_reply("reply_refused", tok, refused, refusal, strlen(refusal), 0);
     BootReply long_refusal = {1, 4096};
-    boot_seed("reply_long", 1, &long_refusal, sizeof(long_refusal), refusal, 16);
+    boot_seed("reply_long", 1, tok, &long_refusal, sizeof(long_refusal), refusal, 16);
     return 0;
 }
