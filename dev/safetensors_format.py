@@ -106,6 +106,35 @@ def _whole(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+MAX_DEPTH = 64  # a tensor index nests 3 deep (metadata 2): far past that is refused before json parses it
+
+
+def nesting_depth(text):
+    """How deep the text's [ and { nest outside strings: found before json.loads, whose RecursionError
+    would depend on how deep the caller's stack already is (and so would the message)."""
+    depth = deepest = 0
+    in_string = escape = False
+    for ch in text:
+        if in_string:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_DEPTH:
+                    return deepest
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
 def parse_header(raw, size, where):
     """The header's bytes (raw: N bytes after the length) of a file of `size` bytes -> (name -> Entry
     in the header's order, __metadata__ or {}). where: the file, for the messages."""
@@ -116,6 +145,8 @@ def parse_header(raw, size, where):
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         refuse(f"the header is not UTF-8 (byte {e.start} of it)")
+    if nesting_depth(text) > MAX_DEPTH:
+        refuse("the header nests its JSON too deeply to be a tensor index")
     try:
         header = json.loads(text, object_pairs_hook=_unique_object, parse_constant=_no_constant)
     except _Refusal as e:

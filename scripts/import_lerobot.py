@@ -139,7 +139,8 @@ def read_float32(f, path, entry, name):
         fail(f"{e}")
     if entry.dtype == "BF16":  # bf16 is the top half of a float32
         return (raw.astype(np.uint32) << 16).view(np.float32)
-    return raw.astype(np.float32)
+    with np.errstate(all="ignore"):  # an fp64 NaN or one past float32's range: refused in one line by the caller
+        return raw.astype(np.float32)
 
 
 # ----------------------------------------------------------------------------
