@@ -1955,12 +1955,7 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
     l.threads = threads;
     l.err = err;
     l.err_size = err_size;
-    int rc = policy_status(vla_catch_call(policy_load, &l));
-    checkpoint_free(&l.ck);  // (what a failure left; the statistics moved into the policy)
-    if (rc == POLICY_OK && l.loaded) { return l.p; }
-    if (rc != POLICY_OK) { snprintf(err, (size_t)err_size, "%s", vla_policy_last_error()); }
-    policy_release(l.p);
-    return NULL;
+    return policy_load_caught(&l, policy_load, policy_release);
 }
 
 // The checkpoint's config and train mode (policy_config_values). (This and the two below read
@@ -2008,9 +2003,7 @@ static void policy_act(void* arg) {
     a->chunk = (float*)mallocCheck(rows * Am * sizeof(float));
     SmolInputs in = smolvla_inputs(&p->obs);
     smolvla_sample(&p->model, &in, p->obs.eps, a->chunk);
-    for (size_t r = 0; r < rows; r++) {
-        for (int k = 0; k < A; k++) { a->actions[r * A + k] = a->chunk[r * Am + k] * action_std[k] + action_mean[k]; }
-    }
+    policy_actions(a->chunk, rows, Am, A, action_mean, action_std, a->actions);
     a->rc = POLICY_OK;
 }
 

@@ -215,4 +215,25 @@ static inline int policy_act_checks(const PolicyAct* a, int n_cam, const char* t
     return POLICY_OK;
 }
 
+// The chunk the model sampled (rows, Amax), normalized, as actions (rows, A) in the data's units
+static inline void policy_actions(const float* chunk, size_t rows, int Amax, int A, const float* action_mean,
+                                  const float* action_std, float* actions) {
+    for (size_t r = 0; r < rows; r++) {
+        for (int k = 0; k < A; k++) { actions[r * A + k] = chunk[r * Amax + k] * action_std[k] + action_mean[k]; }
+    }
+}
+
+#ifdef VLA_LIBRARY
+// vla_policy_load of either library: load(l) under vla_catch_call, then the policy, or NULL with the
+// refusal or the failure's line in err and what a failure left released by destroy
+static inline VLAPolicy* policy_load_caught(PolicyLoad* l, void (*load)(void*), void (*destroy)(VLAPolicy*)) {
+    int rc = policy_status(vla_catch_call(load, l));
+    checkpoint_free(&l->ck);  // (what a failure left; the statistics moved into the policy)
+    if (rc == POLICY_OK && l->loaded) { return l->p; }
+    if (rc != POLICY_OK) { snprintf(l->err, (size_t)l->err_size, "%s", vla_policy_last_error()); }
+    destroy(l->p);
+    return NULL;
+}
+#endif
+
 #endif  // VLA_POLICY_H

@@ -169,12 +169,7 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
     l.path = path;
     l.err = err;
     l.err_size = err_size;
-    int rc = policy_status(vla_catch_call(policy_load, &l));
-    checkpoint_free(&l.ck);  // (what a failure left; the statistics moved into the policy)
-    if (rc == POLICY_OK && l.loaded) { return l.p; }
-    if (rc != POLICY_OK) { snprintf(err, (size_t)err_size, "%s", vla_policy_last_error()); }
-    policy_destroy(l.p);
-    return NULL;
+    return policy_load_caught(&l, policy_load, policy_destroy);
 }
 
 // The checkpoint's config and train mode (policy_config_values). (This and the four below but
@@ -238,9 +233,7 @@ static void policy_act(void* arg) {
     a->chunk = (float*)mallocCheck((size_t)B * H * Amax * sizeof(float));
     SmolInputs in = smolvla_inputs(&p->dev);
     smolvla_sample(&p->model, &in, p->dev.eps, a->chunk);
-    for (size_t slot = 0; slot < (size_t)B * H; slot++) {
-        for (int d = 0; d < A; d++) { a->actions[slot * A + d] = a->chunk[slot * Amax + d] * action_std[d] + action_mean[d]; }
-    }
+    policy_actions(a->chunk, (size_t)B * H, Amax, A, action_mean, action_std, a->actions);
     a->rc = POLICY_OK;
 }
 
