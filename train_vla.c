@@ -950,13 +950,19 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode) {
 }
 
 // (Re)sizes the activations for B samples.
-static void smolvla_set_batch(SmolVLA* m, int B) {
-    if (m->B == B) { return; }
+// Frees the activations, leaving the model at B 0 (nothing freed twice after a failure part way,
+// which the policy library survives)
+static void smolvla_drop_activations(SmolVLA* m) {
     free(m->acts_memory);
     free(m->ints_memory);
-    m->acts_memory = NULL;  // (an allocation that fails below leaves the model with none, not the freed ones)
+    m->acts_memory = NULL;
     m->ints_memory = NULL;
     m->B = 0;
+}
+
+static void smolvla_set_batch(SmolVLA* m, int B) {
+    if (m->B == B) { return; }
+    smolvla_drop_activations(m);
     const SmolVLAConfig* c = &m->config;
     size_t total = 0;
 #define SMOL_ACT_SIZE_(nm, n) total += (n);
@@ -1895,12 +1901,7 @@ struct VLAPolicy {
 static void policy_drop_batch(VLAPolicy* p) {
     if (p->capacity > 0) { smolvla_batch_free(&p->obs); }
     p->capacity = 0;
-    SmolVLA* m = &p->model;
-    free(m->acts_memory);
-    free(m->ints_memory);
-    m->acts_memory = NULL;
-    m->ints_memory = NULL;
-    m->B = 0;
+    smolvla_drop_activations(&p->model);
 }
 
 static void policy_release(VLAPolicy* p) {

@@ -2932,24 +2932,29 @@ static void smolvla_set_params(SmolVLA* m, const float* params, const float* mom
     }
 }
 
-static void smolvla_set_batch(SmolVLA* m, int B) {
-    if (m->B == B) { return; }
-    if (m->sampling.graph != NULL) {  // it reads the activations that are about to move
-        cudaCheck(cudaGraphExecDestroy(m->sampling.graph));
-        m->sampling.graph = NULL;
-    }
+// Frees the activations and the sampling graph that reads them, leaving the model at B 0. What is
+// freed is forgotten first: a failure part way (which the policy library survives) leaves nothing
+// freed twice, and the activations still held counted.
+static void smolvla_drop_activations(SmolVLA* m) {
     m->sampling.warm = 0;
-    // (what is freed is forgotten before anything is allocated: an allocation that fails below, which
-    // the policy library survives, leaves the model with B 0 and the activations it holds counted)
+    if (m->sampling.graph != NULL) {
+        cudaGraphExec_t graph = m->sampling.graph;
+        m->sampling.graph = NULL;
+        cudaCheck(cudaGraphExecDestroy(graph));
+    }
     m->device_bytes -= m->act_bytes;
     m->act_bytes = 0;
     m->B = 0;
-    cudaCheck(cudaFree(m->acts_x));
+    void* acts[3] = {m->acts_x, m->acts_f, m->acts_i};
     m->acts_x = NULL;
-    cudaCheck(cudaFree(m->acts_f));
     m->acts_f = NULL;
-    cudaCheck(cudaFree(m->acts_i));
     m->acts_i = NULL;
+    for (int k = 0; k < 3; k++) { cudaCheck(cudaFree(acts[k])); }
+}
+
+static void smolvla_set_batch(SmolVLA* m, int B) {
+    if (m->B == B) { return; }
+    smolvla_drop_activations(m);
     const SmolVLAConfig* c = &m->config;
     int mode = m->mode, rc = m->recompute;
     size_t nx, nf, ni;
@@ -2959,7 +2964,7 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
     m->acts_f = (float*)smolvla_device_malloc(m, nf * sizeof(float));
     m->act_bytes += nf * sizeof(float);
     m->acts_i = (int*)smolvla_device_malloc(m, ni * sizeof(int));
-    m->act_bytes = smolvla_act_bytes(c, mode, B, rc);
+    m->act_bytes += ni * sizeof(int);  // (smolvla_act_bytes's sum, counted as it is allocated)
     floatX* px = m->acts_x;
     float* pf = m->acts_f;
     int* pi = m->acts_i;

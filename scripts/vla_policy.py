@@ -189,16 +189,20 @@ def numeric(name, values, want):
     return arr
 
 
+def listed(name, values, want):
+    """values as a list, or a one-line TypeError saying what to pass (want) when they are no sequence."""
+    try:
+        return list(values)
+    except TypeError:
+        raise TypeError(f"{name}: {type(values).__name__} is not a sequence: pass {want}") from None
+
+
 def instruction_texts(instructions):
     """instructions as a list of B str, each one that UTF-8 can write and without NUL; else a
     one-line ValueError or TypeError naming the instruction and what to pass."""
     if isinstance(instructions, (str, bytes, bytearray)):
         raise ValueError("instructions: pass a list of B strings, one per observation")
-    try:
-        texts = list(instructions)
-    except TypeError:
-        raise TypeError(f"instructions: {type(instructions).__name__} is not a sequence: pass a list of B strings, "
-                        "one per observation") from None
+    texts = listed("instructions", instructions, "a list of B strings, one per observation")
     for b, text in enumerate(texts):
         if isinstance(text, (bytes, bytearray)):
             raise TypeError(f"instruction {b} is bytes: pass str (decode it first, e.g. text.decode('utf-8'))")
@@ -220,11 +224,7 @@ def token_sequences(token_ids, vocab, tokenizer):
     naming the instruction."""
     if isinstance(token_ids, (str, bytes, bytearray)):
         raise TypeError("token_ids: pass B sequences of int token ids, one per observation (act takes strings)")
-    try:
-        seqs = list(token_ids)
-    except TypeError:
-        raise TypeError(f"token_ids: {type(token_ids).__name__} is not a sequence: pass B sequences of int token "
-                        "ids, one per observation") from None
+    seqs = listed("token_ids", token_ids, "B sequences of int token ids, one per observation")
     ids = []
     for b, t in enumerate(seqs):
         what = f"instruction {b}: token ids"
@@ -376,10 +376,7 @@ class VLAPolicy:
                 raise ValueError(f"images: one array of shape {images.shape}: pass a list of {want}, or one (B, n_cam, "
                                  "h, w, 3) array")
             images = [images[:, k] for k in range(images.shape[1])]
-        try:
-            images = list(images)
-        except TypeError:
-            raise TypeError(f"images: {type(images).__name__} is not a sequence: pass a list of {want}") from None
+        images = listed("images", images, f"a list of {want}")
         if len(images) != n_cam:
             raise ValueError(f"{len(images)} camera(s) given, this checkpoint reads {n_cam}: pass {want}")
         images = [None if im is None else frames_u8(k, im) for k, im in enumerate(images)]

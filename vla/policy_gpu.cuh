@@ -59,7 +59,6 @@ static void policy_gpu_thread_init(void) {
 // open), and the next call lays its batch out anew.
 static void policy_drop_batch(void* arg) {
     VLAPolicy* p = (VLAPolicy*)arg;
-    SmolVLA* m = &p->model;
     // a failure inside the Euler steps' capture leaves main_stream capturing, which would refuse
     // all later work: end it (where nothing captures this is refused, and the refusal cleared)
     cudaGraph_t open = NULL;
@@ -72,20 +71,7 @@ static void policy_drop_batch(void* arg) {
     p->dev_memory = NULL;
     p->dev_bytes = 0;
     cudaCheck(cudaFree(dev));
-    if (m->sampling.graph != NULL) {
-        cudaGraphExec_t graph = m->sampling.graph;
-        m->sampling.graph = NULL;
-        cudaCheck(cudaGraphExecDestroy(graph));
-    }
-    m->sampling.warm = 0;
-    m->device_bytes -= m->act_bytes;
-    m->act_bytes = 0;
-    m->B = 0;
-    void* acts[3] = {m->acts_x, m->acts_f, m->acts_i};
-    m->acts_x = NULL;
-    m->acts_f = NULL;
-    m->acts_i = NULL;
-    for (int k = 0; k < 3; k++) { cudaCheck(cudaFree(acts[k])); }
+    smolvla_drop_activations(&p->model);
 }
 
 // Everything the policy holds (its parts as far as they were made)
