@@ -1221,7 +1221,10 @@ static void test_bad_input(const char* dir) {
     // a shard truncated under the running trainer once it has checkpointed: one line naming the shard
     // (a read past its new end faults inside the mapping), the checkpoint intact. The loader is
     // vla/loader.h's, shared with train_vla_cpu: dev/test_hardening.sh rewrites a shard in place too.
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_changed && cp %s/a.bin %s/changing.bin && "
+    // (the copy is made before the trainer starts in the background: with `&&` the `&` took the
+    // copy along, and on a rerun the wait below found the last run's checkpoints and truncated the
+    // shard before the copy put it back)
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_changed && cp %s/a.bin %s/changing.bin || exit 1; "
              "{ %s -p tiny -b 2 -n 1000000 -k 2 -i %s/changing.bin -o %s/gpu_changed > /dev/null 2> %s/changed_err.txt; "
              "echo $? > %s/changed_rc.txt; } & "
              "for i in $(seq 900); do ls %s/gpu_changed/ckpt_*.bin > /dev/null 2>&1 && break; sleep 0.1; done; "
