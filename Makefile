@@ -38,8 +38,9 @@ else ifeq ($(PRECISION),FP16)
 else
   $(error PRECISION=$(PRECISION): use BF16, FP16 or FP32)
 endif
-# the shared plumbing, one header per concern (vla/*.cuh: the GPU trainer's own)
-VLA_HEADERS = $(wildcard vla/*.h vla/*.cuh)
+# the shared plumbing, one header per concern (vla/*.cuh: the GPU trainer's own), and the kernel
+# library, one header per operation (vla/cuda)
+VLA_HEADERS = $(wildcard vla/*.h vla/*.cuh vla/cuda/*.cuh)
 GPU_SOURCES = train_vla.cu $(VLA_HEADERS)
 
 # every precision for the GPU tests; ./train_vla is a copy of PRECISION's
@@ -95,8 +96,10 @@ libvla_gpu.so: $(GPU_SOURCES)
 EMU_DIR = build/emu
 # the rewritten sources stay: make would otherwise delete them as intermediates and rebuild
 .SECONDARY: $(EMU_DIR)/train_vla.cu $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/dev/cuda/emu/test_emulate.cu \
-	$(addprefix $(EMU_DIR)/,$(wildcard dev/cuda/*.cu dev/cuda/*.h))
-EMU_HEADERS = $(wildcard dev/cuda/emu/*.h dev/cuda/emu/vla/*.cuh) dev/cuda/emu/launch.sed $(EMU_DIR)/vla/attention_wmma.cuh
+	$(addprefix $(EMU_DIR)/,$(wildcard dev/cuda/*.cu dev/cuda/*.h) $(VLA_HEADERS))
+# the headers are read from rewritten copies in build/emu/vla (a quoted include is looked for in the
+# including file's folder first), but for vla/cuda/ptx.cuh, where the emulation's own stands in
+EMU_HEADERS = $(wildcard dev/cuda/emu/*.h) dev/cuda/emu/launch.sed $(addprefix $(EMU_DIR)/,$(VLA_HEADERS))
 # (no -g by default: it makes these builds 40% slower, and CI's time is short; EMU_DEBUG=-g for gdb)
 EMU_DEBUG ?=
 EMU_CXX = g++ -std=c++17 -O2 $(EMU_DEBUG) -Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas \
@@ -106,10 +109,12 @@ EMU_MULTI_GPU = -DMULTI_GPU -fopenmp
 $(EMU_DIR)/%.cu: %.cu dev/cuda/emu/launch.sed
 	@mkdir -p $(dir $@)
 	sed -f dev/cuda/emu/launch.sed $< > $@
-# (a header with kernels that declare extern __shared__, found in build/emu/vla before vla/)
-$(EMU_DIR)/vla/attention_wmma.cuh: vla/attention_wmma.cuh dev/cuda/emu/launch.sed
+$(EMU_DIR)/vla/%: vla/% dev/cuda/emu/launch.sed
 	@mkdir -p $(dir $@)
 	sed -f dev/cuda/emu/launch.sed $< > $@
+$(EMU_DIR)/vla/cuda/ptx.cuh: dev/cuda/emu/vla/cuda/ptx.cuh
+	@mkdir -p $(dir $@)
+	cp $< $@
 $(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/test_vla_gpu_bf16 $(EMU_DIR)/libvla_gpu_bf16.so: EMU_PRECISION =
 $(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/test_vla_gpu_fp32 $(EMU_DIR)/libvla_gpu_fp32.so: EMU_PRECISION = -DENABLE_FP32
 $(EMU_DIR)/train_vla_fp16 $(EMU_DIR)/test_vla_gpu_fp16: EMU_PRECISION = -DENABLE_FP16
@@ -129,6 +134,21 @@ $(EMU_DIR)/dev/cuda/%.h: dev/cuda/%.h
 $(EMU_DIR)/dev/cuda/%: $(EMU_DIR)/dev/cuda/%.cu $(addprefix $(EMU_DIR)/,$(wildcard dev/cuda/*.h)) $(EMU_DIR)/train_vla.cu $(VLA_HEADERS) \
 		$(EMU_HEADERS)
 	$(EMU_CXX) -x c++ $< -lm -lpthread -o $@
+
+# every header of the kernel library compiles alone: under the emulation in each precision, and
+# with nvcc (bf16)
+LIB_HEADERS = $(basename $(notdir $(wildcard vla/cuda/*.cuh)))
+HEADER_CHECKS = $(patsubst %,$(EMU_DIR)/alone/%.ok,$(LIB_HEADERS)) $(patsubst %,build/gpu/alone/%.o,$(LIB_HEADERS))
+$(EMU_DIR)/alone/%.ok: $(EMU_DIR)/vla/cuda/%.cuh $(EMU_HEADERS)
+	@mkdir -p $(dir $@)
+	@echo '#include "../vla/cuda/$*.cuh"' > $(EMU_DIR)/alone/$*.cpp
+	@for p in "" -DENABLE_FP32 -DENABLE_FP16; do $(EMU_CXX) $$p -fsyntax-only $(EMU_DIR)/alone/$*.cpp || exit 1; done
+	@touch $@
+build/gpu/alone/%.o: vla/cuda/%.cuh $(VLA_HEADERS)
+	$(nvcc_check)
+	@mkdir -p $(dir $@)
+	@echo '#include "../../../vla/cuda/$*.cuh"' > build/gpu/alone/$*.cu
+	$(NVCC) $(NVCC_FLAGS) -c build/gpu/alone/$*.cu -o $@
 
 # dev/cuda: one program per kernel (dev/cuda/README.md); compiled for the GPU by its own Makefile
 DEV_CUDA = $(basename $(notdir $(wildcard dev/cuda/*.cu)))
@@ -310,7 +330,7 @@ endif
 # What make test compiles with the machine's own gcc, g++ and nvcc and nothing that make setup installs
 # (train_vla_cpu unpacks the default data with xz, a setup package: it comes later): .ci/run builds
 # them beside make setup (`make -j2 setup test_compiles`), on the core pip leaves idle
-TEST_COMPILES = test_vla libvla.so data/synthetic build/gpu/train_vla_$(PRECISION_SUFFIX) \
+TEST_COMPILES = test_vla libvla.so data/synthetic build/gpu/train_vla_$(PRECISION_SUFFIX) $(HEADER_CHECKS) \
 	build/gpu/train_vla_single_gpu_bf16 libvla_gpu.so $(GPU_DEV_CUDA) $(GPU_TEST_BINARIES) $(REGISTER_LOGS) \
 	build/sanitize/train_vla_cpu
 test_compiles: $(TEST_COMPILES)

@@ -14,7 +14,7 @@ train_vla.cu is C++, so the failure is thrown and the destructors it passes (the
 ProfOp) run.
 
 Threads: a policy runs one call at a time (its lock). The GPU state the model code uses (streams,
-cuBLASLt's handle, workspace and plans, vla/matmul.cuh) is per host thread: each thread that calls
+cuBLASLt's handle, workspace and plans, vla/cuda/matmul.cuh) is per host thread: each thread that calls
 into the library makes its own at its first call and keeps it for the rest of the process (32 MiB
 of GPU memory for the workspace), and a policy called from another thread than its last call's
 makes its CUDA graph again in the new one.
@@ -64,7 +64,7 @@ static void policy_drop_batch(void* arg) {
     cudaGraph_t open = NULL;
     if (cudaStreamEndCapture(main_stream, &open) == cudaSuccess && open != NULL) { cudaGraphDestroy(open); }
     (void)cudaGetLastError();
-    prof.on = prof.stopped = prof.depth = 0;  // a profiled call that failed stops recording (vla/profiler.cuh)
+    prof.on = prof.stopped = prof.depth = 0;  // a profiled call that failed stops recording (vla/cuda/profiler.cuh)
     if (p->capacity > 0) { smolvla_batch_free(&p->obs); }
     p->capacity = 0;
     void* dev = p->dev_memory;

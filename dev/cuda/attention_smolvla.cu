@@ -24,7 +24,7 @@ joint, its suffix the state then 50 actions in one block (attention_smolvla_case
              (sample, kv head, key) for dk and dv over the query heads that share it; online
              softmax on CUDA cores (every build, every shape; fp32 builds run it), here at several
              block sizes
-  version 2  vla/attention_wmma.cuh's (train_vla.cu includes it): tensor cores through WMMA,
+  version 2  vla/cuda/attention.cuh's (train_vla.cu includes it): tensor cores through WMMA,
              64x64 tiles, the key loop stopped after the last key any query of the tile can see
              (fp16 builds run it; bf16 builds time it against version 4 here)
   version 3  this program's: the vision tower's calls (no mask, a kv head per query head), the

@@ -1,13 +1,33 @@
 /*
-vla/cuda_common.cuh: the CUDA utilities every part of train_vla.cu uses, as llm.c keeps them in
-llmc/cuda_common.h: the checks (cudaCheck, cublasCheck: file and line, and a hint for a user's
-mistake), the conversions between float and floatX (f32, fx), warp and block sums, and Packed128,
-16 bytes moved with one load or store, with the test of whether a call's pointers allow it.
-It owns run_aborting, set by the NCCL watchdog (vla/watchdog.cuh) so the checks stay quiet once
-it has aborted the run.
-
-Included by train_vla.cu right after it defines floatX; it uses vla_fail from vla/common.h.
+vla/cuda/common.cuh: what every kernel header of vla/cuda and the trainer share: the precision (floatX, set by
+the build: bf16 by default, ENABLE_FP32 or ENABLE_FP16), the check (cudaCheck: file and
+line, and a hint for a user's mistake), the conversions between float and floatX (f32, fx), warp and
+block sums, Packed128 (16 bytes moved with one load or store) and the test of whether a call's
+pointers allow it, the streams the launchers run on (main_stream, copy_stream: one per host thread,
+so per GPU), BLOCK and the launch check. It owns run_aborting, set by the NCCL watchdog so the checks
+stay quiet once it has aborted the run.
 */
+#ifndef VLA_CUDA_COMMON_CUH
+#define VLA_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <float.h>
+#include <limits.h>
+#include <stdint.h>
+#include "../common.h"
+
+#if defined(ENABLE_FP32)
+typedef float floatX;
+#define PRECISION_NAME "fp32"
+#elif defined(ENABLE_FP16)
+typedef __half floatX;
+#define PRECISION_NAME "fp16"
+#else
+typedef __nv_bfloat16 floatX;
+#define PRECISION_NAME "bf16"
+#endif
 
 // Set once the NCCL watchdog aborts the run: the errors the abort causes in the ranks' threads
 // are its consequence, not news, and the watchdog's one line stays the only one
@@ -24,14 +44,6 @@ static void cuda_check_(cudaError_t err, const char* file, int line) {
     vla_fail("CUDA error %s at %s:%d", cudaGetErrorString(err), file, line);
 }
 #define cudaCheck(call) cuda_check_((call), __FILE__, __LINE__)
-
-static void cublas_check_(cublasStatus_t status, const char* file, int line) {
-    if (status == CUBLAS_STATUS_ALLOC_FAILED) {
-        vla_fail_no_memory("cuBLAS is out of memory at %s:%d: " VLA_NO_MEMORY_FIX, file, line);
-    }
-    if (status != CUBLAS_STATUS_SUCCESS) { vla_fail("cuBLAS error %d at %s:%d", (int)status, file, line); }
-}
-#define cublasCheck(call) cublas_check_((call), __FILE__, __LINE__)
 
 static __device__ __host__ __forceinline__ float f32(float x) { return x; }
 #if defined(ENABLE_FP16)
@@ -83,3 +95,26 @@ static __device__ __forceinline__ void store128(T* p, const Packed128<T>& x) { *
 static bool packable(size_t n, int size, const void* a, const void* b = NULL, const void* c = NULL) {
     return n % size == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 && (uintptr_t)c % 16 == 0;
 }
+
+// PTX instructions as functions (mma.sync, cp.async, ldmatrix, ex2.approx); the emulation has its own
+#include "ptx.cuh"
+
+// Per GPU, so per host thread: with MULTI_GPU each rank's thread drives its own device
+static thread_local cudaStream_t main_stream;   // all compute
+static thread_local cudaStream_t copy_stream;   // host-to-device batch copies, ordered by events
+
+#define launchCheck() cudaCheck(cudaGetLastError())
+static const int BLOCK = 256;
+// n values of every pointer in whole 16-byte packs, else a one-line error naming the operation
+static void check_packable(const char* what, size_t n, const void* a, const void* b, const void* c = NULL,
+                           const void* d = NULL, const void* e = NULL) {
+    if (!packable(n, x128::size, a, b, c) || !packable(n, x128::size, d, e)) {
+        vla_fail("%s: %zu values, or a pointer, not in whole 16-byte packs of %d (the kernel's loads)", what, n,
+                 x128::size);
+    }
+}
+
+#define LAUNCH_1D(kernel, n, ...) \
+    do { kernel<<<ceil_div((n), BLOCK), BLOCK, 0, main_stream>>>(__VA_ARGS__); launchCheck(); } while (0)
+
+#endif  // VLA_CUDA_COMMON_CUH

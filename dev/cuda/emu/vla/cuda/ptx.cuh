@@ -1,11 +1,14 @@
 /*
-dev/cuda/emu/vla/ptx.cuh: the emulation's versions of vla/ptx.cuh (see it for what each function
-does), which train_vla.cu includes as "vla/ptx.cuh": the emulated builds compile
-build/emu/train_vla.cu with -I dev/cuda/emu -I ., so this file is found before the repository's.
+dev/cuda/emu/vla/cuda/ptx.cuh: the emulation's versions of vla/cuda/ptx.cuh (see it for what each function
+does). The emulated builds read the headers of vla/ from copies in build/emu/vla that
+launch.sed rewrote; the Makefile copies this file to build/emu/vla/cuda/ptx.cuh instead, where
+vla/cuda/common.cuh's #include "ptx.cuh" finds it.
 Same names, same signatures; the work is emulate.h's.
 */
 #ifndef VLA_PTX_CUH
 #define VLA_PTX_CUH
+
+#include "common.cuh"
 
 static __device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, const uint32_t* b) {
     emu_mma_m16n8k16_bf16(d, a, b);

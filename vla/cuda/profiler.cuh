@@ -1,5 +1,5 @@
 /*
-vla/profiler.cuh: the step profiler of train_vla.cu (--profile STEP, and the policy library's
+vla/cuda/profiler.cuh: the step profiler of train_vla.cu (--profile STEP, and the policy library's
 VLA_PROFILE_ACT): where one training step's or one sampling call's GPU time goes, by phase,
 by operation and by shape. It owns the marks (events on main_stream, with the host's clock),
 their report, and the names the model code calls: prof_phase at each phase, a ProfOp for the
@@ -12,6 +12,8 @@ train_vla.cu and vla/common.h.
 */
 #ifndef VLA_PROFILER_CUH
 #define VLA_PROFILER_CUH
+
+#include "common.cuh"
 
 #include <exception>
 

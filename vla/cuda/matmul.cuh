@@ -1,13 +1,27 @@
 /*
-vla/matmul.cuh: the matrix products of train_vla.cu through cuBLASLt. It owns the plan cache (the
+vla/cuda/matmul.cuh: the matrix products of train_vla.cu through cuBLASLt. It owns the plan cache (the
 descriptors, layouts and algorithm of each product shape, made once: the heuristic query costs tens
 of microseconds of host time and a step has hundreds of products) and matmul_cublaslt, which runs
 one product, or a strided batch of them, in cuBLASLt's column-major terms, and the row-major
 products the model calls: matmul_forward (with GELU: matmul_forward_gelu), matmul_backward_input,
 matmul_backward_weight, and the two that add into fp32.
 
-Included by train_vla.cu after main_stream and vla/profiler.cuh; it uses cublasCheck and vla_fail.
+Included by train_vla.cu after main_stream and vla/cuda/profiler.cuh; it uses cublasCheck and vla_fail.
 */
+#ifndef VLA_MATMUL_CUH
+#define VLA_MATMUL_CUH
+
+#include <cublasLt.h>
+#include "common.cuh"
+#include "profiler.cuh"
+
+static void cublas_check_(cublasStatus_t status, const char* file, int line) {
+    if (status == CUBLAS_STATUS_ALLOC_FAILED) {
+        vla_fail_no_memory("cuBLAS is out of memory at %s:%d: " VLA_NO_MEMORY_FIX, file, line);
+    }
+    if (status != CUBLAS_STATUS_SUCCESS) { vla_fail("cuBLAS error %d at %s:%d", (int)status, file, line); }
+}
+#define cublasCheck(call) cublas_check_((call), __FILE__, __LINE__)
 
 // Per GPU, so per host thread, as main_stream
 static thread_local cublasLtHandle_t cublaslt;
@@ -217,3 +231,5 @@ static void matmul_backward_input_accumulate_f32(float* dinp, const floatX* dout
     matmul_cublaslt(dinp, CUDA_R_32F, ld_dinp > 0 ? ld_dinp : C, NULL, w, C, false, dout, ld_dout > 0 ? ld_dout : OC,
                     false, C, N, OC, 1.0f, NULL);
 }
+
+#endif  // VLA_MATMUL_CUH

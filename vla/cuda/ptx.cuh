@@ -1,18 +1,19 @@
 /*
-vla/ptx.cuh: the PTX instructions train_vla.cu's kernels use beyond CUDA C++, each as a function:
+vla/cuda/ptx.cuh: the PTX instructions train_vla.cu's kernels use beyond CUDA C++, each as a function:
 mma.sync m16n8k16 (bf16 products, fp32 accumulators), a 32-bit store of two floatX, cp.async of
 16 bytes with its commit and wait, ldmatrix x4 and ex2.approx (the tensor-core attention of
 version 4, bf16 builds); and event_launches, the launches between two events, which only the CPU
 emulation counts (-1 here).
 
 Plain CUDA. The emulation (dev/cuda/emu) has its own versions of the same functions in
-dev/cuda/emu/vla/ptx.cuh, which its builds find first: they compile build/emu/train_vla.cu with
--I dev/cuda/emu -I ., and a quoted include is looked for in the including file's folder (build/emu),
-then in the -I folders in order. nvcc, compiling train_vla.cu in the repository root, finds this one.
-Included by train_vla.cu in its utilities, after floatX.
+dev/cuda/emu/vla/cuda/ptx.cuh: its builds read the headers from copies in build/emu/vla that
+dev/cuda/emu/launch.sed rewrote, and the Makefile puts the emulation's ptx.cuh there in place of
+this one. Included by vla/cuda/common.cuh, after floatX.
 */
 #ifndef VLA_PTX_CUH
 #define VLA_PTX_CUH
+
+#include "common.cuh"
 
 // d (16x8, fp32) += a (16x16, row-major) b (16x8, column-major), bf16 products, the warp together.
 // Lane 4 g + t passes: a[r] = A row g + 8 (r % 2), columns 2t + 8 (r / 2) and the next; b[r] = B
