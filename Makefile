@@ -131,7 +131,7 @@ $(EMU_DIR)/dev/cuda/emu/test_emulate: $(EMU_DIR)/dev/cuda/emu/test_emulate.cu $(
 $(EMU_DIR)/dev/cuda/%.h: dev/cuda/%.h
 	@mkdir -p $(dir $@)
 	cp $< $@
-$(EMU_DIR)/dev/cuda/%: $(EMU_DIR)/dev/cuda/%.cu $(addprefix $(EMU_DIR)/,$(wildcard dev/cuda/*.h)) $(EMU_DIR)/train_vla.cu $(VLA_HEADERS) \
+$(EMU_DIR)/dev/cuda/%: $(EMU_DIR)/dev/cuda/%.cu $(addprefix $(EMU_DIR)/,$(wildcard dev/cuda/*.h)) \
 		$(EMU_HEADERS)
 	$(EMU_CXX) -x c++ $< -lm -lpthread -o $@
 

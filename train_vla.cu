@@ -79,18 +79,6 @@ Reproduce the oracle's numbers (what test_vla_gpu checks):
 // ----------------------------------------------------------------------------
 // the GPUs
 
-#if defined(TESTING)
-// For the tests (test_vla_gpu.cu, dev/cuda): a floatX device array (n) as host floats
-static float* from_device_x(const floatX* d, size_t n) {
-    floatX* tmp = (floatX*)mallocCheck(n * sizeof(floatX));
-    cudaCheck(cudaMemcpy(tmp, d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    float* h = (float*)mallocCheck(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) { h[i] = f32(tmp[i]); }
-    free(tmp);
-    return h;
-}
-#endif
-
 // The GPUs a run asks for are there: fails with a hint otherwise. Returns how many are visible.
 static int gpu_check_visible(int wanted) {
     int count = 0;
@@ -112,15 +100,12 @@ static void gpu_init(int device, cudaDeviceProp* prop) {
     // blocking streams: setup's synchronous copies (legacy stream) stay ordered with the kernels
     cudaCheck(cudaStreamCreate(&main_stream));
     cudaCheck(cudaStreamCreate(&copy_stream));
-    cublasCheck(cublasLtCreate(&cublaslt));
-    cudaCheck(cudaMalloc(&cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES));
+    matmul_init();
 }
 
 static void gpu_shutdown(void) {
     prof_free();
-    matmul_plans_free();
-    cudaCheck(cudaFree(cublaslt_workspace));
-    cublasCheck(cublasLtDestroy(cublaslt));
+    matmul_free();
     cudaCheck(cudaStreamDestroy(main_stream));
     cudaCheck(cudaStreamDestroy(copy_stream));
 }

@@ -1,7 +1,8 @@
 /*
-common.h: what every dev/cuda program shares. The production kernels come from train_vla.cu
-itself (included whole, without its main), so the version a program names after train_vla.cu
-is the code that trains; earlier versions live in the program that compares them.
+common.h: what every dev/cuda program shares: the GPU's setup, host and device copies, the
+checks and the timer. A program includes the kernel library's header of its operation
+(../../vla/cuda/NAME.cuh) as its last version, so what it benchmarks is what trains; its earlier
+versions are kernels of its own, numbered, each saying what it changes.
 
 Each program: a CPU reference in double precision, every kernel version checked against it at
 several block sizes and shapes on fresh random inputs (outputs poisoned with NaN beforehand, so
@@ -12,15 +13,23 @@ skipped: their timings would mean nothing. The last line is `N passed, M failed`
 #ifndef DEV_CUDA_COMMON_H
 #define DEV_CUDA_COMMON_H
 
-#define TESTING
-#include "../../train_vla.cu"
+#include "../../vla/cuda/common.cuh"
+#include "../../vla/rng.h"
+#include <math.h>
 
 static int n_passed = 0, n_failed = 0;
 
+// GPU 0 and its stream (a program whose operation multiplies matrices also calls matmul_init)
 static void dev_init(const char* what) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        fprintf(stderr, "error: no CUDA GPU is visible: run this program on a GPU, or under the emulation (make test)\n");
+        exit(1);
+    }
     cudaDeviceProp prop;
-    gpu_check_visible(1);
-    gpu_init(0, &prop);
+    cudaCheck(cudaSetDevice(0));
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    cudaCheck(cudaStreamCreate(&main_stream));
     printf("%s on %s, floatX %s\n", what, prop.name, PRECISION_NAME);
 }
 

@@ -117,4 +117,14 @@ static void check_packable(const char* what, size_t n, const void* a, const void
 #define LAUNCH_1D(kernel, n, ...) \
     do { kernel<<<ceil_div((n), BLOCK), BLOCK, 0, main_stream>>>(__VA_ARGS__); launchCheck(); } while (0)
 
+// A floatX device array (n) as host floats (the tests' and dev/cuda's reads of device outputs)
+static float* from_device_x(const floatX* d, size_t n) {
+    floatX* tmp = (floatX*)mallocCheck(n * sizeof(floatX));
+    cudaCheck(cudaMemcpy(tmp, d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    float* h = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) { h[i] = f32(tmp[i]); }
+    free(tmp);
+    return h;
+}
+
 #endif  // VLA_CUDA_COMMON_CUH

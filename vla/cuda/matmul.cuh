@@ -143,6 +143,17 @@ static void matmul_plans_free(void) {
     n_matmul_plans = cap_matmul_plans = 0;
 }
 
+// This thread's cuBLASLt: the handle and workspace (on the current device), and their release with the plans
+static void matmul_init(void) {
+    cublasCheck(cublasLtCreate(&cublaslt));
+    cudaCheck(cudaMalloc(&cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES));
+}
+static void matmul_free(void) {
+    matmul_plans_free();
+    cudaCheck(cudaFree(cublaslt_workspace));
+    cublasCheck(cublasLtDestroy(cublaslt));
+}
+
 // D (m, n) = alpha op(A) op(B) + beta C (+ bias (m)) in cuBLASLt's column-major terms, then
 // GELU-tanh where `gelu` asks (cuBLASLt's epilogue, on the fp32 sum before it is rounded to D's
 // type); A, B are floatX, C and D of d_type (floatX or fp32); C is D unless `c` is given (then with
