@@ -327,13 +327,14 @@ static void rope_at(float* x, const float* cos_t, const float* sin_t, const int*
 // Mask: query i sees key j iff both are valid and block[j] <= block[i] (cumulative block ids:
 // images and language 0, the state 1, action k 2 + k). valid NULL: no mask (the vision tower).
 typedef struct {
-    int B, NH, NKV, HS;
-    int Tq, q0, Nt;         // queries per sample, sequence index of the first, the mask's row length
-    int Nk0, Nk1;           // keys per sample in buffer 0 (sequence 0 ..) and buffer 1 (sequence Nk0 ..)
     const float *k0, *v0;   // (B, Nk0, KV)
     const float *k1, *v1;   // (B, Nk1, KV), NULL when Nk1 = 0
-    const float* valid;     // (B, Nt) 1 = a real token, or NULL
     const int* block;       // (B, Nt)
+    int B, NH, NKV, HS;
+    int Tq, q0;             // queries per sample, sequence index of the first
+    int Nk0, Nk1, Nt;       // keys per sample in buffer 0 (sequence 0 ..) and buffer 1 (sequence Nk0 ..), the
+                            // mask's row length
+    const float* valid;     // (B, Nt) 1 = a real token, or NULL (train_vla.c's own: the GPU's block is -1 at pads)
 } GqaAttn;
 
 static inline int gqa_query_sees(const GqaAttn* a, int b, int i, int j) {
@@ -774,29 +775,7 @@ enum {
 #undef SMOL_INDEX_
 };
 
-// The inputs of one batch. Frames keep each camera's stored size; they are resized on the way in.
-typedef struct {
-    int B;
-    const uint8_t* frames[VLA_MAX_CAM];  // per camera (B, frame_h, frame_w, 3), in the prefix's camera order
-    int frame_h[VLA_MAX_CAM], frame_w[VLA_MAX_CAM];
-    const int32_t* tokens;       // (B, max_text) token ids, right-padded (LeRobot pads to the batch's longest)
-    const float* token_mask;     // (B, max_text) 1 = a real token, 0 = padding
-    const float* state;          // (B, max_state_dim) normalized, zero-padded
-    // training only:
-    const float* actions;        // (B, H, max_action_dim) normalized, zero-padded
-    const float* action_is_pad;  // (B, H) 1 = a chunk slot past the episode's end (no loss)
-    const float* t;              // (B) flow time
-    const float* noise;          // (B, H, max_action_dim)
-} SmolInputs;
 
-// Row counts: V vision rows (images x patches), P prefix rows, R suffix rows (the expert's: the
-// action tokens, after the state token in pi0), A action rows (R without the state tokens)
-static inline size_t smolvla_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
-static inline size_t smolvla_vrows(const SmolVLAConfig* c, int B) { return smolvla_images(c, B) * smolvla_grid(c) * smolvla_grid(c); }
-static inline size_t smolvla_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
-static inline size_t smolvla_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_suffix(c); }
-static inline size_t smolvla_arows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
-static inline size_t smolvla_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
 // The vision layers whose activations are kept in `mode`: every one when the tower trains (its
 // backward reads them all), else one, which each layer's forward overwrites in turn: nothing reads
@@ -1191,7 +1170,8 @@ static void smolvla_vision_forward(SmolVLA* m) {
     patchify_chw(a->patches, a->pixels, NV, c->img, c->patch);
     matmul_forward(a->v_res, a->patches, m->params.vis_patch_w, m->params.vis_patch_b, V, smolvla_patch_dim(c), Cv);
     pos_emb_forward(a->v_res, m->params.vis_pos, NV, Nv, Cv);
-    GqaAttn keys = {NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, Nv, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+    GqaAttn keys = {.B = NV, .NH = c->vis_heads, .NKV = c->vis_heads, .HS = HSv, .Tq = Nv, .q0 = 0, .Nk0 = Nv,
+                    .Nk1 = 0, .Nt = Nv};
     for (int l = 0; l < c->vis_layers; l++) {
         SmolVisionActs x = smolvla_vision_acts(m, l);
         layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smolvla_param(m, SMOLP_vis_ln1_w, l),
@@ -1270,8 +1250,8 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
 static void smolvla_vlm_forward(SmolVLA* m) {
     const SmolVLAConfig* c = &m->config;
     int P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
-    GqaAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + smolvla_n_suffix(c), Np, 0,
-                     NULL, NULL, NULL, NULL, m->acts.valid, m->block};
+    GqaAttn keys = {.block = m->block, .B = m->B, .NH = c->n_head, .NKV = c->n_kv_head, .HS = c->head_dim, .Tq = Np,
+                    .q0 = 0, .Nk0 = Np, .Nk1 = 0, .Nt = Np + smolvla_n_suffix(c), .valid = m->acts.valid};
     for (int l = 0; l < c->n_layer; l++) {
         SmolLayer w = smolvla_layer(m, 0, l, 0, 0);
         SmolLayerActs x = smolvla_layer_acts(m, 0, l);
@@ -1337,8 +1317,8 @@ static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
         SmolLayerActs x = smolvla_layer_acts(m, 1, l), px = smolvla_layer_acts(m, 0, l);
         rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, w.eps, w.offset);
         matmul_forward(x.q, x.ln1, w.wq, NULL, R, Ce, D);
-        GqaAttn keys = {m->B, c->n_head, c->n_kv_head, c->head_dim, H, Np, Np + H, Np, 0,
-                         px.k, px.v, NULL, NULL, a->valid, m->block};
+        GqaAttn keys = {.k0 = px.k, .v0 = px.v, .block = m->block, .B = m->B, .NH = c->n_head, .NKV = c->n_kv_head,
+                        .HS = c->head_dim, .Tq = H, .q0 = Np, .Nk0 = Np, .Nk1 = 0, .Nt = Np + H, .valid = a->valid};
         if (!w.cross) {
             rope_at(x.q, m->rope_cos, m->rope_sin, m->s_pos, R, c->n_head, c->head_dim, 1.0f);
             matmul_forward(x.k, x.ln1, w.wk, NULL, R, Ce, KV);
@@ -1432,8 +1412,8 @@ static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
         float* dpk = a->dp_k + (size_t)l * P * KV;
         float* dpv = a->dp_v + (size_t)l * P * KV;
         smolvla_layer_out_backward(m, &all, &w, &g, &x, dres, a->g_att, D);
-        GqaAttn keys = {B, c->n_head, c->n_kv_head, c->head_dim, H, Np, Np + H, Np, 0,
-                         px.k, px.v, NULL, NULL, a->valid, m->block};
+        GqaAttn keys = {.k0 = px.k, .v0 = px.v, .block = m->block, .B = B, .NH = c->n_head, .NKV = c->n_kv_head,
+                        .HS = c->head_dim, .Tq = H, .q0 = Np, .Nk0 = Np, .Nk1 = 0, .Nt = Np + H, .valid = a->valid};
         if (!w.cross) {
             keys.Nk1 = H; keys.k1 = x.k; keys.v1 = x.v;
             memset(a->g_k, 0, (size_t)R * KV * sizeof(float));
@@ -1507,8 +1487,8 @@ static void smolvla_vlm_backward(SmolVLA* m, int mode, int r0) {
     RowBlocks rows = r0 == 0 ? (RowBlocks){1, P, 0, 0} : (RowBlocks){B, Np - r0, (size_t)r0, (size_t)Np};
     float* dres = a->g_res;
     memset(dres, 0, (size_t)P * c->d_model * sizeof(float));
-    GqaAttn keys = {B, c->n_head, c->n_kv_head, c->head_dim, Np, 0, Np + smolvla_n_suffix(c), Np, 0,
-                     NULL, NULL, NULL, NULL, a->valid, m->block};
+    GqaAttn keys = {.block = m->block, .B = B, .NH = c->n_head, .NKV = c->n_kv_head, .HS = c->head_dim, .Tq = Np,
+                    .q0 = 0, .Nk0 = Np, .Nk1 = 0, .Nt = Np + smolvla_n_suffix(c), .valid = a->valid};
     for (int l = c->n_layer - 1; l >= 0; l--) {
         SmolLayer w = smolvla_layer(m, 0, l, 0, mode), g = smolvla_layer(m, 0, l, 1, mode);
         SmolLayerActs x = smolvla_layer_acts(m, 0, l);
@@ -1577,7 +1557,8 @@ static void smolvla_vision_backward(SmolVLA* m, int mode) {
     memset(dres, 0, VC * sizeof(float));
     layernorm_backward(dres, smolvla_grad(m, mode, SMOLP_vis_post_w, 0), smolvla_grad(m, mode, SMOLP_vis_post_b, 0), a->g_ln,
                        smolvla_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean, a->v_orstd, V, Cv);
-    GqaAttn keys = {NV, c->vis_heads, c->vis_heads, HSv, Nv, 0, Nv, Nv, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+    GqaAttn keys = {.B = NV, .NH = c->vis_heads, .NKV = c->vis_heads, .HS = HSv, .Tq = Nv, .q0 = 0, .Nk0 = Nv,
+                    .Nk1 = 0, .Nt = Nv};
     for (int l = c->vis_layers - 1; l >= 0; l--) {
         SmolVisionActs x = smolvla_vision_acts(m, l);
         // MLP: out = mid + fc2(gelu(fc1(ln2(mid))))
@@ -1676,20 +1657,6 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
 
 // ---- training
 
-// A batch of the data (vla/dataset.h's SmolBatch, host memory) as the model's inputs.
-static SmolInputs smolvla_inputs(const SmolBatch* b) {
-    SmolInputs in;
-    memset(&in, 0, sizeof(in));
-    in.B = b->B;
-    for (int k = 0; k < b->cams.n; k++) {
-        in.frames[k] = b->images[k];
-        in.frame_h[k] = (int)b->cams.height[k];
-        in.frame_w[k] = (int)b->cams.width[k];
-    }
-    in.tokens = b->tokens; in.token_mask = b->token_mask; in.state = b->state;
-    in.actions = b->actions; in.action_is_pad = b->action_is_pad; in.t = b->t; in.noise = b->eps;
-    return in;
-}
 
 // The optimizer's state for train mode `mode`: AdamW's moments of the elements that train in it
 // only, packed in table order (smolvla_opt_domain), zero. A model trains in one mode for good: a
@@ -1904,7 +1871,7 @@ static void policy_drop_batch(VLAPolicy* p) {
     smolvla_drop_activations(&p->model);
 }
 
-static void policy_release(VLAPolicy* p) {
+static void policy_destroy(VLAPolicy* p) {
     if (p == NULL) { return; }
     policy_drop_batch(p);
     free(p->stats);
@@ -1946,32 +1913,16 @@ static void policy_load(void* arg) {
     l->loaded = 1;
 }
 
-// Loads a checkpoint; NULL and a message in err if it cannot be used (vla_policy_last_status:
-// POLICY_OK for a refused checkpoint, POLICY_NO_MEMORY or POLICY_FAILED when loading failed).
-// threads: the OpenMP threads of its calls (0: the calling thread's default).
-VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_size) {
-    PolicyLoad l;
-    memset(&l, 0, sizeof(l));
-    l.path = path;
-    l.threads = threads;
-    l.err = err;
-    l.err_size = err_size;
-    return policy_load_caught(&l, policy_load, policy_release);
-}
-
-// The checkpoint's config and train mode (policy_config_values). (This and the two below read
-// fields only: nothing in them can fail.)
-VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) {
-    SmolVLAConfig c = p->model.config;
-    c.n_cam = p->n_cam;
-    policy_config_values(&c, p->train_mode, out);
+// vla/policy.h's facts of a policy: the checkpoint's config with its cameras, train mode and tokenizer
+static void policy_facts(const VLAPolicy* p, SmolVLAConfig* config, int* train_mode, const char** tokenizer) {
+    *config = p->model.config;
+    config->n_cam = p->n_cam;
+    *train_mode = p->train_mode;
+    *tokenizer = p->tokenizer;
 }
 
 // Where the policy computes, and in which precision.
 VLA_API const char* vla_policy_device(const VLAPolicy* p) { (void)p; return "CPU (fp32)"; }
-
-// The tokenizer of the checkpoint's token ids ("bytes": an instruction's UTF-8 bytes are its ids).
-VLA_API const char* vla_policy_tokenizer(const VLAPolicy* p) { return p->tokenizer; }
 
 // Action chunks (B, H, A) in the data's units for B observations: cam_hw the n_cam (height, width)
 // pairs of this call's frames ((0, 0): a camera the observation lacks, policy_present_cameras),
@@ -2029,29 +1980,10 @@ static int policy_call_act(PolicyAct* a) {
     return rc;
 }
 
-// Instructions as B UTF-8 strings, their bytes the token ids (cut to max_text): for checkpoints of
-// the "bytes" tokenizer only (POLICY_NOT_BYTES otherwise).
-VLA_API int vla_policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
-                           const char* const* instructions, const float* state, const float* noise, uint64_t seed,
-                           float* actions) {
-    PolicyAct a = {p, B, cam_hw, images, instructions, NULL, NULL, state, noise, seed, actions, 1, NULL, POLICY_OK};
-    return policy_call_act(&a);
-}
-
-// Instructions as token ids of the checkpoint's tokenizer (scripts/vla_policy.py makes them as the
-// converters do): tokens the B instructions' ids one after another, n_tokens[b] of them for
-// observation b (any count: the model reads the first max_text).
-VLA_API int vla_policy_act_tokens(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
-                                  const int32_t* tokens, const int32_t* n_tokens, const float* state, const float* noise,
-                                  uint64_t seed, float* actions) {
-    PolicyAct a = {p, B, cam_hw, images, NULL, tokens, n_tokens, state, noise, seed, actions, 0, NULL, POLICY_OK};
-    return policy_call_act(&a);
-}
-
 // Frees the policy (NULL: nothing). No call on it may be running or come after.
 VLA_API void vla_policy_free(VLAPolicy* p) {
     policy_status(VLA_CAUGHT_NONE);
-    policy_release(p);
+    policy_destroy(p);
 }
 #endif
 
@@ -2143,32 +2075,10 @@ int main(int argc, char** argv) {
     double* task_loss = tb != NULL ? (double*)callocCheck((size_t)tb->n_tasks, sizeof(double)) : NULL;
     if (tb != NULL) { logger.n_tasks = tb->n_tasks; logger.task_loss = task_loss; }
 
-    char cams[128], split[64];
-    printf("+------------------------+------------+\n");
-    printf("| train_vla_cpu          | %-10s |\n", args.preset);
-    printf("+------------------------+------------+\n");
-    smolvla_config_print(&c);
-    printf("| parameters             | %-10zu |\n", model.table.total);
-    printf("| trainable (--train)    | %-10zu |\n", model.opt.total);
-    printf("| train mode             | %-10s |\n", TRAIN_MODE_NAMES[args.train_mode]);
-    printf("| start                  | %-10s |\n", run_start_kind(&args, from));
-    if (from != NULL) { printf("| from                   | %s |\n", from); }
-    printf("| dataset samples        | %-10llu |\n", (unsigned long long)ds.n_samples);
-    printf("| shards                 | %-10d |\n", ds.n_shards);
-    printf("| cameras (h x w)        | %-10s |\n", cameras_describe(&ds.cams, cams, sizeof(cams)));
-    snprintf(split, sizeof(split), "%d x %d x %d", args.ranks, args.batch, args.accum);
-    printf("| ranks x batch x accum  | %-10s |\n", split);
-    printf("| effective batch        | %-10llu |\n", (unsigned long long)global_batch);
-    printf("| peak learning rate     | %-10.4g |\n", args.lr);
-    printf("| weight decay           | %-10.4g |\n", args.weight_decay);
-    printf("| decay on (--decay-on)  | %-10s |\n", DECAY_ON_NAMES[args.decay_on]);
-    printf("| ZeRO-1 (simulated)     | %-10s |\n", args.zero && args.ranks > 1 ? "on" : "off");
-    printf("| loader threads         | %-10d |\n", args.workers);
-    printf("| augment shift (px)     | %-10d |\n", args.augment);
-    printf("| balance                | %-10s |\n", BALANCE_NAMES[args.balance]);
-    if (tb != NULL) { task_balance_print(tb, &ds); }
-    printf("| OpenMP threads         | %-10d |\n", omp_get_max_threads());
-    printf("+------------------------+------------+\n");
+    table_run_rows("train_vla_cpu", "ranks", &args, &c, model.table.total, model.opt.total, from, &ds, args.ranks);
+    table_data_rows(&args, tb, &ds);
+    table_row("OpenMP threads", "%d", omp_get_max_threads());
+    table_rule();
 
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);

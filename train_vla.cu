@@ -48,6 +48,7 @@ Reproduce the oracle's numbers (what test_vla_gpu checks):
 #include "vla/runs.h"
 #include "vla/bootstrap.h"
 #include "vla/policy.h"
+#include "vla/flops.h"
 #include <limits.h>
 #include <signal.h>
 #if defined(MULTI_GPU)
@@ -79,6 +80,8 @@ Reproduce the oracle's numbers (what test_vla_gpu checks):
 // ----------------------------------------------------------------------------
 // the GPUs
 
+// per GPU, as main_stream: host-to-device batch copies, ordered by events
+static thread_local cudaStream_t copy_stream;
 // The GPUs a run asks for are there: fails with a hint otherwise. Returns how many are visible.
 static int gpu_check_visible(int wanted) {
     int count = 0;
@@ -135,30 +138,9 @@ typedef struct {
 #undef SMOL_FIELD_X_
 } SmolParametersX;
 
-// The inputs of one batch, in device memory. Frames keep each camera's size; the forward resizes them.
-typedef struct {
-    int B;
-    const uint8_t* frames[VLA_MAX_CAM];  // camera k (the prefix's order): sample b's (frame_h[k], frame_w[k], 3)
-                                         // u8 frame at frames[k] + b * frame_stride
-    int frame_h[VLA_MAX_CAM], frame_w[VLA_MAX_CAM];
-    size_t frame_stride;         // bytes from a sample's frames to the next's (0: each camera's frames packed)
-    const int32_t* tokens;       // (B, max_text) token ids in [0, vocab), right-padded
-    const float* token_mask;     // (B, max_text) 1 = a real token, 0 = padding
-    const float* state;          // (B, max_state_dim) normalized, zero-padded
-    const float* actions;        // (B, H, max_action_dim) normalized, zero-padded
-    const float* action_is_pad;  // (B, H) 1 = a chunk slot past the episode's end (no loss)
-    const float* t;              // (B) flow time
-    const float* noise;          // (B, H, max_action_dim)
-} SmolInputs;
 
-static inline size_t smolvla_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
-static inline size_t smolvla_vrows(const SmolVLAConfig* c, int B) { return smolvla_images(c, B) * smolvla_grid(c) * smolvla_grid(c); }
-static inline size_t smolvla_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
-static inline size_t smolvla_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_suffix(c); }
-static inline size_t smolvla_arows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
 // pi0's suffix holds the state token before the actions: what only that layout needs has no elements otherwise
 static inline size_t smolvla_pi0_rows(const SmolVLAConfig* c, size_t rows) { return smolvla_state_in_suffix(c) ? rows : 0; }
-static inline size_t smolvla_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
 // Vision layers kept: all when the tower trains, else one slot each layer overwrites
 static inline size_t smolvla_vis_kept(const SmolVLAConfig* c, int mode) { return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1; }
@@ -306,7 +288,59 @@ typedef struct {
 } SmolActivations;
 
 // What the weights and the activations take on the device: smolvla_model_bytes, smolvla_act_bytes
-#include "vla/memory.cuh"
+// What smolvla_build allocates on a GPU beside the activations, part by part, for ZeRO-1 over
+// shard_world ranks (1: off): the weights (floatX, every tensor), the fp32 gradients of what trains
+// (the whole domain on every rank), the fp32 master weights and AdamW's two moments (one shard each),
+// and the rest (the norm's partial sums, the RoPE table, fp16's loss scale).
+enum { MEM_WEIGHTS = 0, MEM_GRADS = 1, MEM_MASTER = 2, MEM_MOMENTS = 3, MEM_OTHER = 4, MEM_PARTS = 5 };
+static const char* const MEM_PART_NAMES[MEM_PARTS] = {"weights", "gradients", "master", "moments", "other"};
+static void smolvla_model_parts(const SmolVLAConfig* c, int mode, int shard_world, size_t parts[MEM_PARTS]) {
+    SmolParamTable t;
+    SmolOptDomain d;
+    smolvla_table_build(c, &t);
+    smolvla_opt_domain(&t, mode, &d);
+    size_t shard = zero_shard_size(d.total, shard_world, 16), n_train = shard * shard_world, n_params = n_train;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { n_params += (t.spec[i].numel - d.numel[i] + 15) / 16 * 16; }
+    size_t rope = (size_t)(smolvla_n_prefix(c) + smolvla_n_suffix(c)) * (c->head_dim / 2) * 2;
+    parts[MEM_WEIGHTS] = n_params * sizeof(floatX);
+    parts[MEM_GRADS] = n_train * sizeof(float);
+    parts[MEM_MASTER] = shard * sizeof(float);
+    parts[MEM_MOMENTS] = 2 * shard * sizeof(float);
+    parts[MEM_OTHER] = (NORM_BLOCKS + rope) * sizeof(float) + (LOSS_SCALING ? LOSS_SCALER * sizeof(float) : 0);
+}
+
+// Device bytes smolvla_build allocates on one GPU without ZeRO-1, activations aside (smolvla_act_bytes):
+// what --memory plans with; smolvla_build checks it holds exactly this
+static size_t smolvla_model_bytes(const SmolVLAConfig* c, int mode, int shard_world = 1) {
+    size_t parts[MEM_PARTS], total = 0;
+    smolvla_model_parts(c, mode, shard_world, parts);
+    for (int k = 0; k < MEM_PARTS; k++) { total += parts[k]; }
+    return total;
+}
+
+// The elements one activation tensor of n takes in its type's allocation: rounded up to 64 bytes,
+// so that every tensor starts 16-byte aligned (smolvla_set_batch carves by the same rule)
+static inline size_t smolvla_act_slot_x(size_t n) { return (n * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX); }
+static inline size_t smolvla_act_slot_4(size_t n) { return (n + 15) / 16 * 16; }  // (float, int)
+
+// The activations' elements of each type for B samples
+static void smolvla_act_counts(const SmolVLAConfig* c, int mode, int B, int rc, size_t* nx, size_t* nf, size_t* ni) {
+    *nx = *nf = *ni = 0;
+#define SMOL_SIZE_X_(nm, n) *nx += smolvla_act_slot_x(n);
+#define SMOL_SIZE_F_(nm, n) *nf += smolvla_act_slot_4(n);
+#define SMOL_SIZE_I_(nm, n) *ni += smolvla_act_slot_4(n);
+    SMOLVLA_GPU_ACTIVATIONS(SMOL_SIZE_X_, SMOL_SIZE_F_, SMOL_SIZE_I_, c, B, mode, rc)
+#undef SMOL_SIZE_X_
+#undef SMOL_SIZE_F_
+#undef SMOL_SIZE_I_
+}
+
+// Device bytes of the activations smolvla_set_batch allocates for B samples
+static size_t smolvla_act_bytes(const SmolVLAConfig* c, int mode, int B, int rc = RECOMPUTE_NONE) {
+    size_t nx, nf, ni;
+    smolvla_act_counts(c, mode, B, rc, &nx, &nf, &ni);
+    return nx * sizeof(floatX) + nf * sizeof(float) + ni * sizeof(int);
+}
 
 // The gradient buckets (MULTI_GPU): one layer's trainable ranges each, in the backward's order
 typedef struct {
@@ -705,8 +739,9 @@ static SmolVisionActs smolvla_vision_acts(const SmolVLA* m, int l) {
 static GqaAttn smolvla_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, const floatX* v0, int Nk0, const floatX* k1,
                          const floatX* v1, int Nk1) {
     const SmolVLAConfig* c = &m->config;
-    GqaAttn a = {k0, v0, k1, v1, m->acts.block, m->B, c->n_head, c->n_kv_head, c->head_dim,
-                 Tq, q0, Nk0, Nk1, smolvla_n_prefix(c) + smolvla_n_suffix(c)};
+    GqaAttn a = {.k0 = k0, .v0 = v0, .k1 = k1, .v1 = v1, .block = m->acts.block, .B = m->B, .NH = c->n_head,
+                 .NKV = c->n_kv_head, .HS = c->head_dim, .Tq = Tq, .q0 = q0, .Nk0 = Nk0, .Nk1 = Nk1,
+                 .Nt = smolvla_n_prefix(c) + smolvla_n_suffix(c)};
     return a;
 }
 
@@ -785,8 +820,9 @@ static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
 static GqaAttn smolvla_vision_attn(const SmolVLA* m, const SmolVisionActs& x) {
     const SmolVLAConfig* c = &m->config;
     int NV = (int)smolvla_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c);
-    GqaAttn a = {x.k, x.v, NULL, NULL, NULL, NV, c->vis_heads, c->vis_heads, c->vis_width / c->vis_heads, Nv, 0, Nv, 0,
-                 Nv};
+    GqaAttn a = {.k0 = x.k, .v0 = x.v, .k1 = NULL, .v1 = NULL, .block = NULL, .B = NV, .NH = c->vis_heads,
+                 .NKV = c->vis_heads, .HS = c->vis_width / c->vis_heads, .Tq = Nv, .q0 = 0, .Nk0 = Nv, .Nk1 = 0,
+                 .Nt = Nv};
     return a;
 }
 
@@ -1394,15 +1430,64 @@ static void smolvla_read_scalars(SmolVLA* m, float* loss, float* norm, int* stop
     if (stop != NULL) { *stop = s[2] > 0.0f; }
 }
 
-// ---- FLOPs, for MFU: vla/flops.h
-#include "vla/flops.h"
 
 // ----------------------------------------------------------------------------
 // data parallel: one rank per GPU, a host thread each; gradients summed bucket by bucket (NCCL),
-// ZeRO-1 with --zero, a watchdog. Without NCCL, vla/single_gpu.cuh's stand-ins.
+// ZeRO-1 with --zero, a watchdog. Without NCCL, the stand-ins at its end.
 
-// the gradient buckets, numbered in the order the backward finishes them (vla/buckets.cuh)
-#include "vla/buckets.cuh"
+// the gradient buckets, numbered in the order the backward finishes them
+// The gradient bucket of layer `layer` of `tower` (-1: the tower's embeddings), numbered in the
+// order the backward pass finishes them: the expert's layers top down (its head with the top
+// layer), its input projections, the VLM's layers top down, the prefix's embeddings, the vision
+// layers top down (the post-LayerNorm with the top one), the patch and position embeddings.
+static int smolvla_bucket(const SmolVLAConfig* c, int tower, int layer) {
+    int L = c->n_layer, Lv = c->vis_layers;
+    if (tower == TOWER_EXPERT) { return layer >= 0 ? L - 1 - layer : L; }
+    if (tower == TOWER_VLM) { return layer >= 0 ? 2 * L - layer : 2 * L + 1; }
+    return layer >= 0 ? 2 * L + 1 + Lv - layer : 2 * L + 2 + Lv;
+}
+
+static int smolvla_bucket_count(const SmolVLAConfig* c) { return 2 * c->n_layer + 3 + c->vis_layers; }
+
+// The bucket of slice k of tensor s: a layer's slice with its layer, a head with its tower's top
+// layer (its gradient is final before that layer's), an input with its tower's embeddings
+static int smolvla_slice_bucket(const SmolVLAConfig* c, const SmolParamSpec* s, int k) {
+    if (s->kind == KIND_LAYER) { return smolvla_bucket(c, s->tower, smolvla_slice_layer(c, s, k)); }
+    if (s->kind == KIND_HEAD) { return smolvla_bucket(c, s->tower, (s->tower == TOWER_VISION ? c->vis_layers : c->n_layer) - 1); }
+    return smolvla_bucket(c, s->tower, -1);
+}
+
+// Each bucket's ranges of the trainable domain d of table t: its trainable slices, neighbours
+// merged. A frozen slice is in no bucket, so it is never communicated. (Host only: the banner
+// counts them too.)
+static void smolvla_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d) {
+    b->n = smolvla_bucket_count(c);
+    size_t max_ranges = 0;
+    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { max_ranges += smolvla_slices(&t->spec[i]); }
+    b->first = (int*)callocCheck(b->n + 1, sizeof(int));
+    b->offset = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
+    b->count = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
+    int r = 0;
+    for (int q = 0; q < b->n; q++) {
+        b->first[q] = r;
+        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+            const SmolParamSpec* s = &t->spec[i];
+            size_t per = smolvla_slice_numel(s);
+            for (size_t k = 0; per > 0 && (k + 1) * per <= d->numel[i]; k++) {  // (per 0: a tensor the family lacks)
+                if (smolvla_slice_bucket(c, s, (int)k) != q) { continue; }
+                size_t at = d->offset[i] + k * per;
+                if (r > b->first[q] && b->offset[r - 1] + b->count[r - 1] == at) {
+                    b->count[r - 1] += per;
+                } else {
+                    b->offset[r] = at;
+                    b->count[r] = per;
+                    r++;
+                }
+            }
+        }
+    }
+    b->first[b->n] = r;
+}
 
 // What the ranks of a run share, read-only once they train
 typedef struct {
@@ -1556,8 +1641,89 @@ static void dist_share_id(const Run* run) {
     }
 }
 
-// faults: a watchdog thread over the communicators (vla/watchdog.cuh)
-#include "vla/watchdog.cuh"
+// faults: NCCL reports failures asynchronously, and a rank that hangs or dies makes the others wait in
+// their collectives forever. So a watchdog thread per process polls every local communicator's
+// asynchronous error and how long each rank has been in its current step; on an error, or a step
+// longer than --nccl-timeout, it aborts the communicators, names the rank and ends the process with
+// exit status 1. Checkpoints are written to a temporary file and renamed, so the last one is intact,
+// and -y 1 continues from it.
+typedef struct {
+    const Run* run;
+    ncclComm_t* comms;           // (local_ranks) each rank's, once it has one
+    volatile double* busy_since; // (local_ranks) when its current step started, 0 between steps
+    volatile int* step;          // (local_ranks) the step it is in
+    volatile int done;
+    pthread_t thread;
+} Watchdog;
+
+static void watchdog_fault(Watchdog* w, const char* what) {
+    run_aborting = 1;
+    char left[2 * VLA_PATH_MAX + 128];
+    fprintf(stderr, "error: %s: aborting NCCL; %s (NCCL_DEBUG=INFO says more)\n", what,
+            train_checkpoint_left(w->run->args.output, left, sizeof(left)));
+    fflush(stderr);
+    for (int r = 0; r < w->run->local_ranks; r++) {
+        if (w->comms[r] != NULL) { ncclCommAbort(w->comms[r]); }
+    }
+    _exit(1);  // not exit(): the ranks' threads may still be waiting inside CUDA
+}
+
+static void* watchdog_main(void* arg) {
+    Watchdog* w = (Watchdog*)arg;
+    const Run* run = w->run;
+    while (!w->done) {
+        usleep(100000);
+        double now = wall_seconds();
+        char what[400];
+        for (int r = 0; r < run->local_ranks; r++) {
+            int rank = run->node * run->local_ranks + r;
+            ncclResult_t err = ncclSuccess;
+            if (w->comms[r] != NULL) { ncclCommGetAsyncError(w->comms[r], &err); }
+            if (err != ncclSuccess && err != ncclInProgress) {
+                snprintf(what, sizeof(what), "NCCL reported '%s' on rank %d (node %d, GPU %d) in step %d",
+                         ncclGetErrorString(err), rank, run->node, r, w->step[r] + 1);
+                watchdog_fault(w, what);
+            }
+        }
+        // every rank of this node stuck past the timeout, named together with its step
+        char stuck[300] = "";
+        double longest = 0.0;
+        for (int r = 0; r < run->local_ranks; r++) {
+            double since = w->busy_since[r];
+            if (since > 0.0 && now - since > run->args.nccl_timeout) {
+                size_t len = strlen(stuck);
+                snprintf(stuck + len, sizeof(stuck) - len, "%s%d (GPU %d, step %d)", len > 0 ? ", " : "",
+                         run->node * run->local_ranks + r, r, w->step[r] + 1);
+                if (now - since > longest) { longest = now - since; }
+            }
+        }
+        if (stuck[0] != '\0') {
+            snprintf(what, sizeof(what), "rank(s) %s of node %d made no progress for %.0f s (--nccl-timeout): a rank of "
+                     "the run is hung or gone", stuck, run->node, longest);
+            watchdog_fault(w, what);
+        }
+    }
+    return NULL;
+}
+
+static void watchdog_start(Watchdog* w, const Run* run) {
+    memset(w, 0, sizeof(*w));
+    w->run = run;
+    w->busy_since = (volatile double*)callocCheck(run->local_ranks, sizeof(double));
+    w->step = (volatile int*)callocCheck(run->local_ranks, sizeof(int));
+    w->comms = (ncclComm_t*)callocCheck(run->local_ranks, sizeof(ncclComm_t));
+    if (run->world > 1 && pthread_create(&w->thread, NULL, watchdog_main, w) != 0) {
+        vla_fail("cannot start the NCCL watchdog thread: %s", strerror(errno));
+    }
+}
+
+static void watchdog_stop(Watchdog* w) {
+    w->done = 1;
+    if (w->run->world > 1) { pthread_join(w->thread, NULL); }
+    free(w->comms);
+    free((void*)w->busy_since);
+    free((void*)w->step);
+}
 
 // This rank's communicator (rank `rank`, local GPU `local`), stream and events
 static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) {
@@ -1623,14 +1789,148 @@ static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) 
 }
 #endif  // the trainer's side
 
-#else  // the build without NCCL: one GPU alone, nothing to sum over ranks, gather or watch
-#include "vla/single_gpu.cuh"
+#else  // the build without NCCL: one GPU alone, nothing to sum over ranks, gather or watch, so each
+// call does nothing (or its one rank's part), and the loop reads the same with or without MULTI_GPU
+typedef struct Dist {
+    int sync;  // (set by the training loop, read by no one: no buckets to sum)
+} Dist;
+
+static void dist_sum(Dist* d, float* x, size_t n) {}
+static void smolvla_bucket_done(SmolVLA* m, int b) {}
+static void dist_step_sums(SmolVLA* m) {}
+static void zero_sum_squares(SmolVLA* m) {}
+static void zero_gather_params(SmolVLA* m) {}
+static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* shard) { return shard; }
+
+#if !defined(TESTING) && !defined(VLA_LIBRARY)
+// More than one GPU, here or on other nodes, takes NCCL
+static void dist_check_args(const TrainArgs* args) {
+    if (args->ranks > 1) {
+        vla_fail("-g %d: this train_vla was built without NCCL and trains on one GPU; run -g 1, or rebuild where NCCL "
+                 "is installed (make train_vla finds it)", args->ranks);
+    }
+    if (args->nodes > 1) { vla_fail("--nodes %d: this train_vla was built without NCCL: rebuild where NCCL is installed", args->nodes); }
+}
+
+static void dist_share_id(const Run* run) {}
+
+// No communicator to watch: the ranks' step marks are kept, and read by no one
+typedef struct {
+    volatile double* busy_since;
+    volatile int* step;
+} Watchdog;
+
+static void watchdog_start(Watchdog* w, const Run* run) {
+    w->busy_since = (volatile double*)callocCheck(run->local_ranks, sizeof(double));
+    w->step = (volatile int*)callocCheck(run->local_ranks, sizeof(int));
+}
+
+static void watchdog_stop(Watchdog* w) {
+    free((void*)w->busy_since);
+    free((void*)w->step);
+}
+
+static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) { memset(d, 0, sizeof(*d)); }
+static void dist_free(Dist* d, const SmolVLA* m, Watchdog* w, int local) {}
+static void dist_barrier(void) {}
+static void dist_step_begin(Dist* d) {}
+static double dist_wait_ms(Dist* d) { return 0.0; }
+static void dist_print_waits(double wait_ms, int steps, double step_ms, int world) {}
+static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) { return train(run, w, 0); }
+#endif  // the trainer's side
 #endif  // MULTI_GPU
 
 // ----------------------------------------------------------------------------
-// data: device batches fed from the loader's pinned ring, --balance tasks' per-task losses
+// data: device batches fed from the loader's pinned ring (one buffer in the host batch's layout, so a
+// batch is one copy, uploaded on the copy stream), the model's inputs read from one, and
+// --balance tasks' per-task losses
 
-#include "vla/device_batch.cuh"
+// Device copy of a host batch's layout (smolvla_batch_layout: each camera's frames at their stored
+// size, tokens, state, actions, pads, t, noise); the host slot and this buffer are copied in one go.
+static void device_batch_alloc(SmolVLA* m, SmolBatch* dev, const Cameras* cams, int B) {
+    size_t bytes = smolvla_batch_layout(dev, NULL, &m->config, cams, B);
+    smolvla_batch_layout(dev, (uint8_t*)smolvla_device_malloc(m, bytes), &m->config, cams, B);
+}
+
+
+// Pins the loader's ring of host batches so copies from them are asynchronous.
+static void loader_pin(Loader* L, int pin) {
+    for (int k = 0; k < L->n_slots; k++) {
+        if (pin) { cudaCheck(cudaHostRegister(L->slots[k].memory, L->slots[k].bytes, cudaHostRegisterDefault)); }
+        else { cudaCheck(cudaHostUnregister(L->slots[k].memory)); }
+    }
+}
+
+// --balance tasks' per-task losses of a rank (TaskLosses): the task of each sample goes up with its
+// batch; after each forward the samples' squared errors and valid entries are added to their
+// tasks' sums on the device; at the end of the step the sums are added over the ranks and become
+// each task's mean loss over its valid entries in the whole global batch, as train_vla_cpu logs it.
+typedef struct {
+    const TaskBalance* tb;  // NULL: none kept
+    const Dataset* ds;
+    int T, B;
+    int* host_task;         // (2, B) the tasks of the batch being uploaded into device batch k (host)
+    int* dev_task;          // (2, B) device: device batch k's
+    float* sample_sums;     // (B, 2) device: the last forward's per-sample sums
+    float* task_sums;       // (T, 2) device: the step's per-task sums (squared errors, valid entries)
+    float* host_sums;       // (T, 2)
+    double* task_loss;      // (T) the step's mean per task (NaN: no valid entry), what the log writes
+} TaskLosses;
+
+static void task_losses_init(TaskLosses* tl, const TaskBalance* tb, const Dataset* ds, int B) {
+    memset(tl, 0, sizeof(*tl));
+    if (tb == NULL) { return; }
+    tl->tb = tb; tl->ds = ds; tl->T = tb->n_tasks; tl->B = B;
+    tl->host_task = (int*)mallocCheck(2 * (size_t)B * sizeof(int));
+    tl->host_sums = (float*)mallocCheck(2 * (size_t)tl->T * sizeof(float));
+    tl->task_loss = (double*)mallocCheck((size_t)tl->T * sizeof(double));
+    cudaCheck(cudaMalloc(&tl->dev_task, 2 * (size_t)B * sizeof(int)));
+    cudaCheck(cudaMalloc(&tl->sample_sums, 2 * (size_t)B * sizeof(float)));
+    cudaCheck(cudaMalloc(&tl->task_sums, 2 * (size_t)tl->T * sizeof(float)));
+}
+
+static void task_losses_free(TaskLosses* tl) {
+    if (tl->tb == NULL) { return; }
+    free(tl->host_task); free(tl->host_sums); free(tl->task_loss);
+    cudaCheck(cudaFree(tl->dev_task)); cudaCheck(cudaFree(tl->sample_sums)); cudaCheck(cudaFree(tl->task_sums));
+}
+
+// At the end of the step (after the update): the per-task sums added over the ranks, and copied
+// for task_losses_read once the step's scalars are read (which waits for the main stream)
+static void task_losses_reduce(TaskLosses* tl, SmolVLA* m) {
+    if (tl->tb == NULL) { return; }
+    dist_sum(m->dist, tl->task_sums, 2 * (size_t)tl->T);
+    cudaCheck(cudaMemcpyAsync(tl->host_sums, tl->task_sums, 2 * (size_t)tl->T * sizeof(float), cudaMemcpyDeviceToHost,
+                              main_stream));
+}
+
+static void task_losses_read(TaskLosses* tl) {
+    if (tl->tb == NULL) { return; }
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    for (int t = 0; t < tl->T; t++) {
+        float n = tl->host_sums[2 * t + 1];
+        tl->task_loss[t] = n > 0.0f ? (double)tl->host_sums[2 * t] / (double)n : NAN;
+    }
+}
+
+// Starts copying the loader's next batch into dev (device batch k) on the copy stream, once the
+// compute that last read dev is done (`consumed`, recorded on the main stream; a fresh event is no
+// wait); `uploaded` fires when the batch has landed, with its samples' tasks when tl keeps them.
+static void batch_upload(Loader* L, SmolBatch* dev, cudaEvent_t consumed, cudaEvent_t uploaded, TaskLosses* tl, int k) {
+    SmolBatch* host = loader_next(L);
+    cudaCheck(cudaStreamWaitEvent(copy_stream, consumed, 0));
+    cudaCheck(cudaMemcpyAsync(dev->memory, host->memory, host->bytes, cudaMemcpyHostToDevice, copy_stream));
+    if (tl->tb != NULL) {
+        // (the previous copy from this slot of host_task landed before dev's last use: the step loop
+        // waits for each upload before starting the next)
+        int* task = tl->host_task + (size_t)k * tl->B;
+        const uint64_t* idx = loader_indices(L);
+        for (int b = 0; b < tl->B; b++) { task[b] = task_balance_task_of(tl->tb, tl->ds, idx[b]); }
+        cudaCheck(cudaMemcpyAsync(tl->dev_task + (size_t)k * tl->B, task, (size_t)tl->B * sizeof(int),
+                                  cudaMemcpyHostToDevice, copy_stream));
+    }
+    cudaCheck(cudaEventRecord(uploaded, copy_stream));
+}
 
 // After the forward of device batch k, micro-step `micro` of the step: its samples' sums into their tasks'
 static void task_losses_add(TaskLosses* tl, const SmolVLA* m, const SmolInputs* in, int k, int micro) {
@@ -1692,10 +1992,253 @@ static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const Tra
 }
 
 // ----------------------------------------------------------------------------
-// policy interface: libvla_gpu.so for scripts/vla_policy.py (device="cuda"), as libvla.so from train_vla.c
+// the policy library on the GPU, libvla_gpu.so (make libvla_gpu.so, -DVLA_LIBRARY): a checkpoint
+// served for Python through ctypes (scripts/vla_policy.py, device="cuda"), with the C ABI of
+// libvla.so from train_vla.c. vla/policy.h writes the entry points both libraries share (_load,
+// _config, _tokenizer, _act, _act_tokens, _last_status, _last_error) over the calls this section
+// defines (policy_load, policy_destroy, policy_call_act, policy_facts); _device, _timing,
+// _set_graphs and _free are this library's. It owns
+// VLAPolicy (the model without its training state, the observations on the host and their copy on
+// the device) and the environment variable VLA_PROFILE_ACT (the act() call the step profiler times,
+// for dev/bench_infer.py).
+//
+// Errors: as libvla.so's, every entry point that can fail runs its work in vla_catch_call, so a CUDA
+// error (cudaCheck, cuBLASLt's), memory that cannot be had on the host or the device, and any other
+// vla_fail return POLICY_FAILED or POLICY_NO_MEMORY with the line instead of ending the process;
+// train_vla.cu is C++, so the failure is thrown and the destructors it passes (the profiler's
+// ProfOp) run.
+//
+// Threads: a policy runs one call at a time (its lock). The GPU state the model code uses (streams,
+// cuBLASLt's handle, workspace and plans, vla/cuda/matmul.cuh) is per host thread: each thread that calls
+// into the library makes its own at its first call and keeps it for the rest of the process (32 MiB
+// of GPU memory for the workspace), and a policy called from another thread than its last call's
+// makes its CUDA graph again in the new one.
 
 #if defined(VLA_LIBRARY)
-#include "vla/policy_gpu.cuh"
+struct VLAPolicy {
+    SmolVLA model;       // its config's n_cam: the cameras of the last call's observations (policy_present_cameras)
+    int n_cam;           // the checkpoint's cameras
+    int train_mode;      // the checkpoint's
+    char tokenizer[64];  // the checkpoint's
+    float* stats;        // state_mean(S) state_std(S) action_mean(A) action_std(A), as trained with (host)
+    SmolBatch obs;       // host observations, room for `capacity`
+    SmolBatch dev;       // their device copy, the same layout
+    void* dev_memory;    // (dev_bytes)
+    size_t dev_bytes;
+    int capacity;
+    char device[320];
+    uint64_t thread;     // policy_gpu_thread of the host thread of its last call: its graph was made there
+    pthread_mutex_t lock;  // held by the call that runs
+};
+
+// The calling host thread's number once its GPU state is made (gpu_init: device 0, its streams,
+// cuBLASLt), 0 before: no two threads get the same one, even when a thread's id is reused.
+static thread_local uint64_t policy_gpu_thread = 0;
+static uint64_t policy_gpu_threads = 0;  // numbers given (atomic)
+
+static void policy_gpu_thread_init(void) {
+    if (policy_gpu_thread != 0) { return; }
+    cudaDeviceProp prop;
+    gpu_init(0, &prop);
+    policy_gpu_thread = __atomic_add_fetch(&policy_gpu_threads, 1, __ATOMIC_RELAXED);
+}
+
+// The memory sized by the last call's batch: observations (host and device), activations and the
+// graph made for them. A failed call releases it (its layout may be half made, a capture left
+// open), and the next call lays its batch out anew.
+static void policy_drop_batch(void* arg) {
+    VLAPolicy* p = (VLAPolicy*)arg;
+    // a failure inside the Euler steps' capture leaves main_stream capturing, which would refuse
+    // all later work: end it (where nothing captures this is refused, and the refusal cleared)
+    cudaGraph_t open = NULL;
+    if (cudaStreamEndCapture(main_stream, &open) == cudaSuccess && open != NULL) { cudaGraphDestroy(open); }
+    (void)cudaGetLastError();
+    prof.on = prof.stopped = prof.depth = 0;  // a profiled call that failed stops recording (vla/cuda/profiler.cuh)
+    if (p->capacity > 0) { smolvla_batch_free(&p->obs); }
+    p->capacity = 0;
+    void* dev = p->dev_memory;
+    p->dev_memory = NULL;
+    p->dev_bytes = 0;
+    cudaCheck(cudaFree(dev));
+    smolvla_drop_activations(&p->model);
+}
+
+// Everything the policy holds (its parts as far as they were made)
+static void policy_release(void* arg) {
+    VLAPolicy* p = (VLAPolicy*)arg;
+    policy_drop_batch(p);
+    free(p->stats);
+    p->stats = NULL;
+    smolvla_free(&p->model);
+}
+
+// Releases p and frees it; what a CUDA error keeps from being released stays (the device is
+// then in no state to take it back)
+static void policy_destroy(VLAPolicy* p) {
+    if (p == NULL) { return; }
+    vla_catch_call(policy_release, p);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+static void policy_load(void* arg) {
+    PolicyLoad* l = (PolicyLoad*)arg;
+    if (checkpoint_read_checked(l->path, &l->ck, l->err, (size_t)l->err_size) != 0) { return; }
+    Checkpoint* ck = &l->ck;
+    checkpoint_note_unverified(l->path, ck);
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        snprintf(l->err, (size_t)l->err_size, "no CUDA GPU is visible: serve the checkpoint on the CPU (device=\"cpu\", "
+                 "libvla.so)");
+        return;
+    }
+    policy_gpu_thread_init();
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    VLAPolicy* p = (VLAPolicy*)callocCheck(1, sizeof(VLAPolicy));
+    if (pthread_mutex_init(&p->lock, NULL) != 0) {
+        free(p);
+        vla_fail_no_memory("cannot make a policy's lock: " VLA_NO_MEMORY_FIX);
+    }
+    l->p = p;
+    p->thread = policy_gpu_thread;
+    snprintf(p->device, sizeof(p->device), "%s (%s)", prop.name, PRECISION_NAME);
+    p->n_cam = ck->config.n_cam;
+    p->train_mode = ck->train_mode;
+    snprintf(p->tokenizer, sizeof(p->tokenizer), "%s", ck->tokenizer);
+    smolvla_build(&p->model, &ck->config, ck->train_mode);
+    smolvla_set_params(&p->model, ck->params);
+    // serving trains nothing: the gradients and the optimizer state go
+    SmolVLA* m = &p->model;
+    float** training[4] = {&m->grads_memory, &m->master, &m->m_memory, &m->v_memory};
+    for (int k = 0; k < 4; k++) {
+        float* t = *training[k];
+        *training[k] = NULL;
+        cudaCheck(cudaFree(t));
+    }
+    m->device_bytes -= m->n_train * sizeof(float) + m->opt_bytes;
+    m->sampling.use_graph = 1;
+    const char* profile = getenv("VLA_PROFILE_ACT");  // the act() call to profile (dev/bench_infer.py)
+    if (profile != NULL) {
+        char* end = NULL;
+        long call = strtol(profile, &end, 10);
+        if (end == profile || *end != '\0' || call < 1 || call > 1000000000L) {
+            fprintf(stderr, "vla: VLA_PROFILE_ACT=%s: expected the number (1, 2, ...) of the act() call to profile: "
+                    "ignored\n", profile);
+        } else {
+            m->sampling.profile_call = (int)call;
+        }
+    }
+    p->stats = ck->stats;
+    ck->stats = NULL;
+    l->loaded = 1;
+}
+
+// vla/policy.h's facts of a policy: the checkpoint's config with its cameras, train mode and tokenizer
+static void policy_facts(const VLAPolicy* p, SmolVLAConfig* config, int* train_mode, const char** tokenizer) {
+    *config = p->model.config;
+    config->n_cam = p->n_cam;
+    *train_mode = p->train_mode;
+    *tokenizer = p->tokenizer;
+}
+
+// Where the policy computes, and in which precision.
+VLA_API const char* vla_policy_device(const VLAPolicy* p) { return p->device; }
+
+// Action chunks (B, H, A) in the data's units, as libvla.so's: cam_hw the (height, width) of each
+// camera's frames in this call ((0, 0): a camera the observation lacks, policy_present_cameras),
+// images[k] camera k's B frames, the instructions as strings or token ids (texts NULL; see
+// policy_observations); the observations are assembled on the host, copied to the GPU in one go
+// and sampled there (the prefix once, 10 Euler steps). Sets a->rc to POLICY_OK or why not.
+static void policy_act(void* arg) {
+    PolicyAct* a = (PolicyAct*)arg;
+    VLAPolicy* p = a->p;
+    SmolVLAConfig* c = &p->model.config;
+    int B = a->B;
+    Cameras cams;
+    const uint8_t* frames[VLA_MAX_CAM];
+    a->rc = policy_act_checks(a, p->n_cam, p->tokenizer, c, &cams, frames);
+    if (a->rc != POLICY_OK) { return; }
+    policy_gpu_thread_init();
+    SmolSampling* s = &p->model.sampling;
+    if (p->thread != policy_gpu_thread) {  // its graph holds the last thread's stream work, and its plans are that thread's
+        if (s->graph != NULL) {
+            cudaGraphExec_t graph = s->graph;
+            s->graph = NULL;
+            cudaCheck(cudaGraphExecDestroy(graph));
+        }
+        s->warm = 0;
+        p->thread = policy_gpu_thread;
+    }
+    if (c->n_cam != cams.n) {  // another set of cameras than the last call's: activations and graph made again
+        c->n_cam = cams.n;
+        p->model.B = 0;
+    }
+    policy_reserve(&p->obs, &p->capacity, c, &cams, B);
+    if (p->obs.bytes > p->dev_bytes) {  // a larger batch or larger frames than before
+        void* old = p->dev_memory;
+        p->dev_memory = NULL;
+        p->dev_bytes = 0;
+        cudaCheck(cudaFree(old));
+        cudaCheck(cudaMalloc(&p->dev_memory, p->obs.bytes));
+        p->dev_bytes = p->obs.bytes;
+    }
+    smolvla_batch_layout(&p->dev, (uint8_t*)p->dev_memory, c, &cams, p->capacity);  // the host's layout
+    policy_observations(&p->obs, c, p->stats, B, frames, a->texts, a->ids, a->n_ids, a->state, a->noise, a->seed);
+    cudaCheck(cudaMemcpy(p->dev_memory, p->obs.memory, p->obs.bytes, cudaMemcpyHostToDevice));
+    p->dev.B = B;
+    int S = c->state_dim, A = c->action_dim, H = c->chunk, Amax = c->max_action_dim;
+    const float *action_mean = p->stats + 2 * S, *action_std = p->stats + 2 * S + A;
+    a->chunk = (float*)mallocCheck((size_t)B * H * Amax * sizeof(float));
+    SmolInputs in = smolvla_inputs(&p->dev);
+    smolvla_sample(&p->model, &in, p->dev.eps, a->chunk);
+    policy_actions(a->chunk, (size_t)B * H, Amax, A, action_mean, action_std, a->actions);
+    a->rc = POLICY_OK;
+}
+
+// Runs one act call on its policy: one at a time (the lock), a failure caught and the batch's
+// memory released after it.
+static int policy_call_act(PolicyAct* a) {
+    VLAPolicy* p = a->p;
+    if (p == NULL) { return policy_refuse("a NULL policy: load one with vla_policy_load"); }
+    pthread_mutex_lock(&p->lock);
+    int rc = policy_status(vla_catch_call(policy_act, a));
+    free(a->chunk);
+    if (rc != POLICY_OK) {
+        vla_catch_call(policy_drop_batch, p);  // (a second failure here leaves what it could not release)
+    } else {
+        rc = a->rc;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+// What the last vla_policy_act took on the device, in ms: out[0] the prefix (images to the VLM's
+// keys and values; the noise's copy), out[1] the 10 Euler steps; out[2], out[3] the launches of each (kernels,
+// products, copies; a graph's launch counts once) where they are counted (the CPU emulation of
+// CUDA), else -1. Zeros before the first call.
+VLA_API void vla_policy_timing(const VLAPolicy* p, double* out) {
+    const SmolSampling* s = &p->model.sampling;
+    for (int k = 0; k < 2; k++) {
+        out[k] = s->ms[k];
+        out[2 + k] = (double)s->launches[k];
+    }
+}
+
+// Whether the 10 Euler steps replay as one CUDA graph (1, the default) or launch one by one (0).
+VLA_API void vla_policy_set_graphs(VLAPolicy* p, int on) { p->model.sampling.use_graph = on != 0; }
+
+// Frees the policy (NULL: nothing). No call on it may be running or come after. A CUDA error
+// while freeing is kept (vla_policy_last_status) and leaves what it kept from being freed.
+VLA_API void vla_policy_free(VLAPolicy* p) {
+    if (p == NULL) {
+        policy_status(VLA_CAUGHT_NONE);
+        return;
+    }
+    policy_status(vla_catch_call(policy_release, p));
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
 #endif  // VLA_LIBRARY
 
 // ----------------------------------------------------------------------------
@@ -1720,8 +2263,152 @@ static float eval_action_mse(SmolVLA* m, SmolBatch* dev, const Dataset* ds, uint
 static volatile sig_atomic_t stop_requested = 0;
 static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 
-// --memory and the config table at the start (vla/report.cuh)
-#include "vla/report.cuh"
+// --memory and the config table at the start: from the allocation sizes and the FLOP counts, none of
+// it read by the training
+// The memory an 80 GB H100 leaves to the model and its activations: the 81,559 MiB it reports, less
+// 2 GiB for the CUDA context, cuBLASLt's workspace, the batches' buffers and the allocator's slack
+// (an estimate: none of it is measured here). The 141 GB H200 the same way from the 143,771 MiB it
+// reports.
+static const double H100_80GB_MODEL_BYTES = (81559.0 - 2048.0) * 1024.0 * 1024.0;
+static const double H200_141GB_MODEL_BYTES = (143771.0 - 2048.0) * 1024.0 * 1024.0;
+
+// The largest batch per GPU whose model (ZeRO-1 over shard_world) and activations (mode, rc) fit in
+// `budget` bytes; 0: none does
+static int smolvla_largest_batch(const SmolVLAConfig* c, int mode, int rc, double budget, int shard_world = 1) {
+    double model = (double)smolvla_model_bytes(c, mode, shard_world);
+    int lo = 0, hi = 1;
+    while (hi < (1 << 20) && model + (double)smolvla_act_bytes(c, mode, hi, rc) <= budget) { lo = hi; hi *= 2; }
+    while (hi - lo > 1) {  // lo fits, hi does not
+        int mid = lo + (hi - lo) / 2;
+        if (model + (double)smolvla_act_bytes(c, mode, mid, rc) <= budget) { lo = mid; } else { hi = mid; }
+    }
+    return lo;
+}
+
+// --memory's plan for several GPUs: per GPU at -b's batch in -t's mode, the model's parts and the
+// activations at each --recompute level for 1, 2, 4 and 8 GPUs without and with ZeRO-1 (-z 1: the
+// master weights and moments sharded, the gradients whole on every GPU); then the largest batch per
+// GPU on an 80 GB H100 and a 141 GB H200 for every mode. From what smolvla_build and
+// smolvla_set_batch allocate by.
+static void print_memory_per_gpu(const SmolVLAConfig* c, int train_mode, int batch) {
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const int worlds[] = {1, 2, 4, 8};
+    double act[RECOMPUTE_COUNT];
+    for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) { act[rc] = (double)smolvla_act_bytes(c, train_mode, batch, rc) / gib; }
+    printf("\nper GPU, --train %s, batch %d per GPU (-b), GiB; activations and total by --recompute none / attn / layer\n",
+           TRAIN_MODE_NAMES[train_mode], batch);
+    printf("| GPUs | ZeRO-1 | weights | gradients | master | moments | activations           | total                 |\n"
+           "|------|--------|---------|-----------|--------|---------|-----------------------|-----------------------|\n");
+    for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
+        for (int zero = 0; zero <= (worlds[w] > 1); zero++) {
+            size_t parts[MEM_PARTS];
+            smolvla_model_parts(c, train_mode, zero ? worlds[w] : 1, parts);
+            double model = 0.0;
+            for (int k = 0; k < MEM_PARTS; k++) { model += (double)parts[k] / gib; }
+            printf("| %4d | %-6s | %7.2f | %9.2f | %6.2f | %7.2f | %6.2f / %5.2f / %5.2f | %6.2f / %5.2f / %5.2f |\n",
+                   worlds[w], zero ? "on" : "off", parts[MEM_WEIGHTS] / gib, parts[MEM_GRADS] / gib,
+                   parts[MEM_MASTER] / gib, parts[MEM_MOMENTS] / gib, act[0], act[1], act[2], model + act[0],
+                   model + act[1], model + act[2]);
+        }
+    }
+    printf("\nthe largest batch per GPU (0: the model alone does not fit), by --recompute none / attn / layer\n");
+    printf("| --train | GPUs | ZeRO-1 | 80 GB H100         | 141 GB H200        |\n"
+           "|---------|------|--------|--------------------|--------------------|\n");
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
+        for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
+            for (int zero = 0; zero <= (worlds[w] > 1); zero++) {
+                int shards = zero ? worlds[w] : 1, b[2][RECOMPUTE_COUNT];
+                for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
+                    b[0][rc] = smolvla_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES, shards);
+                    b[1][rc] = smolvla_largest_batch(c, mode, rc, H200_141GB_MODEL_BYTES, shards);
+                }
+                printf("| %-7s | %4d | %-6s | %4d / %4d / %4d | %4d / %4d / %4d |\n", TRAIN_MODE_NAMES[mode], worlds[w],
+                       zero ? "on" : "off", b[0][0], b[0][1], b[0][2], b[1][0], b[1][1], b[1][2]);
+            }
+        }
+    }
+    printf("(without ZeRO-1 every GPU holds what one does; with it the master weights and moments are 1/GPUs each)\n");
+}
+
+// --memory: the activation memory of config c for every train mode and recompute level at a few
+// batch sizes, the model's other bytes, the largest batch that fits an 80 GB H100 and the FLOPs the
+// recomputation adds; from smolvla_act_bytes and smolvla_model_bytes, what the trainer allocates by.
+// Allocates nothing: it runs where there is no GPU (the emulated build).
+static void print_memory_table(const SmolVLAConfig* c, const char* preset, int train_mode, int batch) {
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const int batches[] = {8, 16, 32, 64};
+    printf("activation memory of preset %s (%d cameras at %d px, %s), GiB per GPU, by --recompute\n", preset, c->n_cam,
+           c->img, PRECISION_NAME);
+    printf("| --train | batch | none    | attn    | layer   |\n|---------|-------|---------|---------|---------|\n");
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
+        for (size_t k = 0; k < sizeof(batches) / sizeof(batches[0]); k++) {
+            printf("| %-7s | %5d |", TRAIN_MODE_NAMES[mode], batches[k]);
+            for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
+                printf(" %7.2f |", (double)smolvla_act_bytes(c, mode, batches[k], rc) / gib);
+            }
+            printf("\n");
+        }
+    }
+    printf("\nthe largest batch on an 80 GB H100 (%.1f GiB for the model and its activations), and the cost\n",
+           H100_80GB_MODEL_BYTES / gib);
+    printf("| --train | model GiB | none | attn | layer | GFLOP/sample | +attn | +layer |\n"
+           "|---------|-----------|------|------|-------|--------------|-------|--------|\n");
+    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
+        double flops = smolvla_flops_per_sample(c, mode);
+        printf("| %-7s | %9.2f |", TRAIN_MODE_NAMES[mode], (double)smolvla_model_bytes(c, mode) / gib);
+        for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
+            printf(" %*d |", rc == RECOMPUTE_LAYER ? 5 : 4, smolvla_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES));
+        }
+        printf(" %12.1f | %4.1f%% | %5.1f%% |\n", flops / 1e9,
+               100.0 * smolvla_recompute_flops_per_sample(c, mode, RECOMPUTE_ATTN) / flops,
+               100.0 * smolvla_recompute_flops_per_sample(c, mode, RECOMPUTE_LAYER) / flops);
+    }
+    printf("(model: weights, fp32 gradients, master weights and AdamW moments of what trains; estimated from the\n"
+           "allocation sizes, not measured; +attn, +layer: the FLOPs the recomputation adds to the model's)\n");
+    print_memory_per_gpu(c, train_mode, batch);
+}
+
+static void print_config(const Run* run, const cudaDeviceProp* prop, double flops, double peak) {
+    const TrainArgs* args = &run->args;
+    const SmolVLAConfig* c = &run->config;
+    SmolParamTable t;
+    smolvla_table_build(c, &t);
+    size_t trainable = smolvla_trainable_count(&t, args->train_mode);
+    table_run_rows("train_vla", "GPUs", args, c, t.total, trainable, run->from, &run->ds, run->world);
+    SmolOptDomain domain;
+    SmolBuckets buckets;
+    smolvla_opt_domain(&t, args->train_mode, &domain);
+    smolvla_buckets_build(&buckets, c, &t, &domain);
+    table_row("gradient all-reduce", "%d buckets, %d ranges", buckets.n, buckets.first[buckets.n]);
+    free(buckets.first); free(buckets.offset); free(buckets.count);
+    // per GPU, for its micro-batch: a frozen vision tower keeps one layer's (smolvla_vis_kept)
+    double gib = 1024.0 * 1024.0 * 1024.0;
+    size_t kept_all = smolvla_act_bytes(c, args->train_mode, args->batch);
+    size_t kept = smolvla_act_bytes(c, args->train_mode, args->batch, args->recompute);
+    table_row("activations (GiB)", "%.2f", (double)kept / gib);
+    char saved[32];
+    table_row("recompute", "%s: saves %s", RECOMPUTE_NAMES[args->recompute],
+              format_bytes(saved, sizeof(saved), (double)(kept_all - kept)));
+    if (args->recompute != RECOMPUTE_NONE) {  // MFU counts the model's FLOPs alone
+        double extra = smolvla_recompute_flops_per_sample(c, args->train_mode, args->recompute);
+        table_row("recompute GFLOP/sample", "%.2f (+%.1f%%, not in MFU)", extra / 1e9, 100.0 * extra / flops);
+    }
+    table_row("vision attention", "%s", attention_version_name(c->vis_width / c->vis_heads));
+    table_row("masked attention", "%s", attention_version_name(c->head_dim));
+    table_row("device", "%.36s", prop->name);
+    table_row("precision", "%s", PRECISION_NAME);
+    table_row("model GFLOP per sample", "%.2f", flops / 1e9);
+    const char* peak_kind = LOSS_SCALING ? "peak fp16 TFLOP/s" : "peak bf16 TFLOP/s";
+    if (peak > 0.0) { table_row(peak_kind, "%.1f", peak / 1e12); }
+    else { table_row(peak_kind, "unknown for this device: no MFU"); }
+    if (LOSS_SCALING) {
+        table_row("loss scale (dynamic)", "%g, x2 after %d clean steps", (double)run->loss_scale.scale,
+                  args->loss_scale_window);
+    }
+    table_data_rows(args, run->balance, &run->ds);
+    table_rule();
+    fflush(stdout);
+}
 
 // One GPU's training: rank node * local_ranks + local; rank 0 logs. Returns 1 if stopped early.
 static int train_rank(Run* run, Watchdog* watchdog, int local) {

@@ -135,6 +135,18 @@ static inline int smolvla_n_prefix(const SmolVLAConfig* c) {
 }
 // The expert's tokens per sample: the chunk, and the state token where it is the suffix's
 static inline int smolvla_n_suffix(const SmolVLAConfig* c) { return c->chunk + smolvla_state_in_suffix(c); }
+
+// Row counts of B samples: V vision rows (images x patches), P prefix rows, R suffix rows (the
+// expert's: the action tokens, after the state token in pi0), A action rows (R without the state
+// tokens); both trainers' activation tables are written in them
+static inline size_t smolvla_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
+static inline size_t smolvla_vrows(const SmolVLAConfig* c, int B) {
+    return smolvla_images(c, B) * smolvla_grid(c) * smolvla_grid(c);
+}
+static inline size_t smolvla_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
+static inline size_t smolvla_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_suffix(c); }
+static inline size_t smolvla_arows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
+static inline size_t smolvla_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 static inline int smolvla_d_attn(const SmolVLAConfig* c) { return c->n_head * c->head_dim; }
 static inline int smolvla_d_kv(const SmolVLAConfig* c) { return c->n_kv_head * c->head_dim; }
 // The layer schedule, named once: cross-attention layers are those that are not joint.
@@ -185,12 +197,6 @@ static inline const char* smolvla_config_diff(const SmolVLAConfig* a, const Smol
     SMOLVLA_CONFIG_FIELDS(SMOL_DIFF_)
 #undef SMOL_DIFF_
     return NULL;
-}
-
-static inline void smolvla_config_print(const SmolVLAConfig* c) {
-#define SMOL_PRINT_(f) printf("| %-22s | %-10d |\n", #f, c->f);
-    SMOLVLA_CONFIG_FIELDS(SMOL_PRINT_)
-#undef SMOL_PRINT_
 }
 
 // What trains: LeRobot's train_expert_only / freeze_vision_encoder as one mode (--train).

@@ -303,4 +303,40 @@ static inline int dataset_unchanged(const Dataset* ds, const uint64_t* idx, int 
     return changed;
 }
 
+// ---- the model's inputs: a batch as both trainers' forward reads it
+
+// The inputs of one batch, in host memory (train_vla.c) or device memory (train_vla.cu). Frames keep
+// each camera's stored size; the forward resizes them.
+typedef struct {
+    int B;
+    const uint8_t* frames[VLA_MAX_CAM];  // camera k (the prefix's order): sample b's (frame_h[k], frame_w[k], 3)
+                                         // u8 frame at frames[k] + b * frame_stride
+    int frame_h[VLA_MAX_CAM], frame_w[VLA_MAX_CAM];
+    size_t frame_stride;         // bytes from a sample's frames to the next's (0: each camera's frames packed,
+                                 // what train_vla.c takes)
+    const int32_t* tokens;       // (B, max_text) token ids in [0, vocab), right-padded
+    const float* token_mask;     // (B, max_text) 1 = a real token, 0 = padding
+    const float* state;          // (B, max_state_dim) normalized, zero-padded
+    // training only:
+    const float* actions;        // (B, H, max_action_dim) normalized, zero-padded
+    const float* action_is_pad;  // (B, H) 1 = a chunk slot past the episode's end (no loss)
+    const float* t;              // (B) flow time
+    const float* noise;          // (B, H, max_action_dim)
+} SmolInputs;
+
+// The model's inputs from a batch (the first b->B samples of its layout), each camera's frames packed
+static inline SmolInputs smolvla_inputs(const SmolBatch* b) {
+    SmolInputs in;
+    memset(&in, 0, sizeof(in));
+    in.B = b->B;
+    for (int k = 0; k < b->cams.n; k++) {
+        in.frames[k] = b->images[k];
+        in.frame_h[k] = (int)b->cams.height[k];
+        in.frame_w[k] = (int)b->cams.width[k];
+    }
+    in.tokens = b->tokens; in.token_mask = b->token_mask; in.state = b->state;
+    in.actions = b->actions; in.action_is_pad = b->action_is_pad; in.t = b->t; in.noise = b->eps;
+    return in;
+}
+
 #endif  // VLA_DATASET_H

@@ -171,7 +171,7 @@ static inline void policy_observations(SmolBatch* obs, const SmolVLAConfig* c, c
     }
 }
 
-// Each library's own policy (train_vla.c's on the CPU, vla/policy_gpu.cuh's on the GPU)
+// Each library's own policy (train_vla.c's on the CPU, train_vla.cu's on the GPU)
 typedef struct VLAPolicy VLAPolicy;
 
 // vla_policy_load's work, and what it holds so far: a failure part way leaves it for the caller
@@ -233,6 +233,77 @@ static inline VLAPolicy* policy_load_caught(PolicyLoad* l, void (*load)(void*), 
     if (rc != POLICY_OK) { snprintf(l->err, (size_t)l->err_size, "%s", vla_policy_last_error()); }
     destroy(l->p);
     return NULL;
+}
+#endif
+
+#ifdef VLA_LIBRARY
+// ---- the entry points both libraries export alike (libvla.so from train_vla.c, libvla_gpu.so from
+// train_vla.cu). Each trainer defines VLAPolicy and these four; the entry points below call them.
+static void policy_load(void* arg);        // a PolicyLoad's work: l->p made and l->loaded, or the refusal in l->err
+static void policy_destroy(VLAPolicy* p);  // everything the policy holds, and the policy (NULL: nothing)
+static int policy_call_act(PolicyAct* a);  // one act call: one at a time, a failure caught and its batch released
+// The checkpoint's config (its cameras as n_cam), train mode and tokenizer
+static void policy_facts(const VLAPolicy* p, SmolVLAConfig* config, int* train_mode, const char** tokenizer);
+
+// Loads a checkpoint; NULL and a message in err if it cannot be used (vla_policy_last_status:
+// POLICY_OK for a refused checkpoint or, on the GPU, no GPU; POLICY_NO_MEMORY or POLICY_FAILED when
+// loading failed). threads: the OpenMP threads of the CPU library's calls (0: the calling thread's
+// default); the GPU library's take none.
+VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int err_size) {
+    PolicyLoad l;
+    memset(&l, 0, sizeof(l));
+    l.path = path;
+    l.threads = threads;
+    l.err = err;
+    l.err_size = err_size;
+    return policy_load_caught(&l, policy_load, policy_destroy);
+}
+
+// The checkpoint's config and train mode (policy_config_values). (This and vla_policy_tokenizer read
+// fields only: nothing in them can fail.)
+VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) {
+    SmolVLAConfig c;
+    int train_mode;
+    const char* tokenizer;
+    policy_facts(p, &c, &train_mode, &tokenizer);
+    policy_config_values(&c, train_mode, out);
+}
+
+// The tokenizer of the checkpoint's token ids ("bytes": an instruction's UTF-8 bytes are its ids).
+VLA_API const char* vla_policy_tokenizer(const VLAPolicy* p) {
+    SmolVLAConfig c;
+    int train_mode;
+    const char* tokenizer;
+    policy_facts(p, &c, &train_mode, &tokenizer);
+    return tokenizer;
+}
+
+// Action chunks (B, H, A) in the data's units for B observations: cam_hw the n_cam (height, width)
+// pairs of this call's frames ((0, 0): a camera the observation lacks, policy_present_cameras),
+// images[k] camera k's B frames (B, h_k, w_k, 3) u8 HWC of any size (resized with padding to the
+// model's), raw state (B, S). The starting noise is `noise` (B, H, max_action_dim) if given, else
+// drawn from `seed`. Returns POLICY_OK or why not (the POLICY_* codes above).
+// Instructions as B UTF-8 strings, their bytes the token ids (cut to max_text): for checkpoints of
+// the "bytes" tokenizer only (POLICY_NOT_BYTES otherwise).
+VLA_API int vla_policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
+                           const char* const* instructions, const float* state, const float* noise, uint64_t seed,
+                           float* actions) {
+    PolicyAct a = {.p = p, .B = B, .cam_hw = cam_hw, .images = images, .texts = instructions, .ids = NULL,
+                   .n_ids = NULL, .state = state, .noise = noise, .seed = seed, .actions = actions, .strings = 1,
+                   .chunk = NULL, .rc = POLICY_OK};
+    return policy_call_act(&a);
+}
+
+// Instructions as token ids of the checkpoint's tokenizer (scripts/vla_policy.py makes them as the
+// converters do): tokens the B instructions' ids one after another, n_tokens[b] of them for
+// observation b (any count: the model reads the first max_text).
+VLA_API int vla_policy_act_tokens(VLAPolicy* p, int B, const int32_t* cam_hw, const uint8_t* const* images,
+                                  const int32_t* tokens, const int32_t* n_tokens, const float* state,
+                                  const float* noise, uint64_t seed, float* actions) {
+    PolicyAct a = {.p = p, .B = B, .cam_hw = cam_hw, .images = images, .texts = NULL, .ids = tokens,
+                   .n_ids = n_tokens, .state = state, .noise = noise, .seed = seed, .actions = actions,
+                   .strings = 0, .chunk = NULL, .rc = POLICY_OK};
+    return policy_call_act(&a);
 }
 #endif
 

@@ -8,6 +8,7 @@ loss_scale.h, checkpoint.h, cli.h and run_folder.h.
 #ifndef VLA_RUNS_H
 #define VLA_RUNS_H
 
+#include <stdarg.h>
 #include "common.h"
 #include "config.h"
 #include "shards.h"
@@ -595,6 +596,55 @@ static inline float action_mse(const SmolBatch* batch, const Dataset* ds, const 
         n++;
     }
     return (float)(se / (double)(n > 0 ? n : 1));
+}
+
+// ---- the config table both trainers print before they train: a row is a name and a value
+
+static inline void table_rule(void) { printf("+------------------------+--------------------------------------+\n"); }
+
+static inline void table_row(const char* name, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static inline void table_row(const char* name, const char* fmt, ...) {
+    char value[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(value, sizeof(value), fmt, ap);
+    va_end(ap);
+    printf("| %-22s | %-36s |\n", name, value);
+}
+
+// The rows both trainers print first: the trainer and its preset, the model's config, what trains,
+// where the run starts, the data, and the batch over `world` ranks (`ranks`: what a rank is, "GPUs")
+static inline void table_run_rows(const char* trainer, const char* ranks, const TrainArgs* args, const SmolVLAConfig* c,
+                                  size_t params, size_t trainable, const char* from, const Dataset* ds, int world) {
+    table_rule();
+    table_row(trainer, "%s", args->preset);
+    table_rule();
+#define TABLE_CONFIG_ROW_(f) table_row(#f, "%d", c->f);
+    SMOLVLA_CONFIG_FIELDS(TABLE_CONFIG_ROW_)
+#undef TABLE_CONFIG_ROW_
+    table_row("parameters", "%zu", params);
+    table_row("trainable", "%zu (%.1f%%)", trainable, 100.0 * (double)trainable / (double)params);
+    table_row("train mode (--train)", "%s", TRAIN_MODE_NAMES[args->train_mode]);
+    table_row("start", "%s", run_start_kind(args, from));
+    if (from != NULL) { table_row("from", "%s", from); }
+    table_row("dataset samples", "%llu", (unsigned long long)ds->n_samples);
+    table_row("shards", "%d", ds->n_shards);
+    char cams[128], what[40];
+    table_row("cameras (h x w)", "%s", cameras_describe(&ds->cams, cams, sizeof(cams)));
+    snprintf(what, sizeof(what), "%s x batch x accum", ranks);
+    table_row(what, "%d x %d x %d", world, args->batch, args->accum);
+    table_row("effective batch", "%lld", (long long)train_global_batch(args, world));
+    table_row("peak learning rate", "%g (--lr-scale %s)", args->lr, LR_SCALE_NAMES[args->lr_scale]);
+    table_row("weight decay", "%g on %s (--decay-on)", args->weight_decay, DECAY_ON_NAMES[args->decay_on]);
+    table_row("optimizer state", "%s", args->zero && world > 1 ? "sharded over the ranks (ZeRO-1)" : "on every rank");
+}
+
+// ... and the rows both print last: the loader, and the sampler's tasks (tb NULL: the plain one)
+static inline void table_data_rows(const TrainArgs* args, const TaskBalance* tb, const Dataset* ds) {
+    table_row("loader threads", "%d", args->workers);
+    table_row("augment shift (px)", "%d", args->augment);
+    table_row("balance", "%s", BALANCE_NAMES[args->balance]);
+    if (tb != NULL) { task_balance_print(tb, ds); }
 }
 
 #endif  // VLA_RUNS_H

@@ -5,6 +5,7 @@ nothing), finfo.min fill, keys from one or two tensors (the expert's cross layer
 Forward writes out and the log-sum-exp; backward the query's gradient and accumulates the keys' and
 values'. Versions: 4 (flash attention on mma.sync, bf16 builds), 2 (WMMA tiles, fp16 builds), 1 (a
 warp a query) and 5 (head sizes past 128); gqa_attention_forward and _backward choose.
+VLA_ATTENTION_WMMA, defined before including this header, compiles version 2 in bf16 builds too (dev/cuda).
 */
 #ifndef VLA_CUDA_ATTENTION_CUH
 #define VLA_CUDA_ATTENTION_CUH
@@ -262,7 +263,7 @@ __global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dkdv_ke
 }
 
 
-#if defined(ENABLE_FP16) || (defined(TESTING) && !defined(ENABLE_FP32))
+#if defined(ENABLE_FP16) || (defined(VLA_ATTENTION_WMMA) && !defined(ENABLE_FP32))
 // fp16 GPUs (sm_70, sm_75) have no bf16 mma.sync for version 4: version 2 runs on WMMA instead
 #define ATT_TILE 64
 #define ATT_THREADS 128
@@ -1272,7 +1273,7 @@ static void gqa_attention_backward5(floatX* dq, float* dk0, float* dv0, float* d
     launchCheck();
 }
 
-#if defined(ENABLE_FP16) || (defined(TESTING) && !defined(ENABLE_FP32))
+#if defined(ENABLE_FP16) || (defined(VLA_ATTENTION_WMMA) && !defined(ENABLE_FP32))
 // (dynamic shared memory is set once per GPU: each rank's thread drives one)
 template <int HSP>
 static void gqa_attention_forward2(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {

@@ -3,7 +3,7 @@ vla/cuda/common.cuh: what every kernel header of vla/cuda and the trainer share:
 the build: bf16 by default, ENABLE_FP32 or ENABLE_FP16), the check (cudaCheck: file and
 line, and a hint for a user's mistake), the conversions between float and floatX (f32, fx), warp and
 block sums, Packed128 (16 bytes moved with one load or store) and the test of whether a call's
-pointers allow it, the streams the launchers run on (main_stream, copy_stream: one per host thread,
+pointers allow it, the stream the launchers run on (main_stream: one per host thread,
 so per GPU), BLOCK and the launch check. It owns run_aborting, set by the NCCL watchdog so the checks
 stay quiet once it has aborted the run.
 */
@@ -101,7 +101,6 @@ static bool packable(size_t n, int size, const void* a, const void* b = NULL, co
 
 // Per GPU, so per host thread: with MULTI_GPU each rank's thread drives its own device
 static thread_local cudaStream_t main_stream;   // all compute
-static thread_local cudaStream_t copy_stream;   // host-to-device batch copies, ordered by events
 
 #define launchCheck() cudaCheck(cudaGetLastError())
 static const int BLOCK = 256;
