@@ -7,6 +7,9 @@ filled with float32's most negative value as LeRobot fills them. And pi0's (lero
 the same computation at its shapes: 8 query heads of 256 on one kv head (scale 1/16), every layer
 joint, its suffix the state then 50 actions in one block (attention_smolvla_case.h).
 
+  nvcc -O3 -std=c++17 -arch=sm_90 attention_smolvla.cu -lcublasLt -o attention_smolvla
+  (fp16 builds, for GPUs without bf16 tensor cores, add -DENABLE_FP16; fp32 builds -DENABLE_FP32)
+
   the calls    prefix        the VLM over the prefix alone (odd layers; the prefill of sampling)
                joint         even layers: [prefix ; suffix] queries on [prefix ; suffix] keys, as two
                              calls, the prefix rows and the action rows, both on the keys of both
@@ -17,38 +20,40 @@ joint, its suffix the state then 50 actions in one block (attention_smolvla_case
                joint         every layer: the prefix rows (which see only the prefix) and the suffix
                              rows (the expert's: the state and the actions) on [prefix ; suffix] keys
                vision        SigLIP so400m: 256 tokens, 16 heads of 72
-  delta      rowsum(dO * O) per head: train_vla.cu's attention_delta_kernel (a warp per row and
-             head, with version 1) and attention_delta (128-bit loads, HS / 8 lanes a row and head
-             where they fit: attention_delta_kernel2; with the other versions)
-  version 1  train_vla.cu's: one warp per (sample, head, query) for the forward and dq, one warp per
-             (sample, kv head, key) for dk and dv over the query heads that share it; online
+  delta      rowsum(dO * O) per head, vla/cuda/attention.cuh's: attention_delta_kernel (a warp per
+             row and head, with version 1) and attention_delta (128-bit loads, HS / 8 lanes a row and
+             head where they fit: attention_delta_kernel2; with the other versions)
+  version 1  vla/cuda/attention.cuh's: one warp per (sample, head, query) for the forward and dq, one
+             warp per (sample, kv head, key) for dk and dv over the query heads that share it; online
              softmax on CUDA cores (every build, every shape; fp32 builds run it), here at several
              block sizes
-  version 2  vla/cuda/attention.cuh's (train_vla.cu includes it): tensor cores through WMMA,
-             64x64 tiles, the key loop stopped after the last key any query of the tile can see
-             (fp16 builds run it; bf16 builds time it against version 4 here)
+  version 2  vla/cuda/attention.cuh's: tensor cores through WMMA, 64x64 tiles, the key loop stopped
+             after the last key any query of the tile can see (fp16 builds run it; this program
+             defines VLA_ATTENTION_WMMA so that bf16 builds compile it too and time it against 4)
   version 3  this program's: the vision tower's calls (no mask, a kv head per query head), the
              products through cuBLASLt over a strided batch of the images, the softmax (and its
              backward) a warp per row between them on scores in scratch; with every image a pass
              or 16 or 8 (scores that stay in L2), and in bf16 builds with the scores in bf16
-  version 4  train_vla.cu's (bf16 builds, head sizes multiples of 8 up to 64): flash attention
-             through mma.sync m16n8k16, scores, probabilities and outputs in registers; here at 64
-             and at 128 queries a forward block (the trainer picks by the call's size)
-  version 5  train_vla.cu's: version 1 with 8 values of a head a lane (version 1's hold 4), so head
-             sizes up to 256: pi0's Gemma layers, which no other version takes
-  trainer    train_vla.cu's gqa_attention_forward / gqa_attention_backward: what trains (version 4
-             in bf16 builds where it fits, 2 in fp16 builds, 5 past head size 128, 1 otherwise)
+  version 4  vla/cuda/attention.cuh's (bf16 builds, head sizes multiples of 8 up to 64): flash
+             attention through mma.sync m16n8k16, scores, probabilities and outputs in registers;
+             here at 64 and at 128 queries a forward block (the launcher picks by the call's size)
+  version 5  vla/cuda/attention.cuh's: version 1 with 8 values of a head a lane (version 1's hold
+             4), so head sizes up to 256: pi0's Gemma layers, which no other version takes
+  trainer    vla/cuda/attention.cuh's launchers gqa_attention_forward / gqa_attention_backward: what
+             trains (version 4 in bf16 builds where it fits, 2 in fp16 builds, 5 past head size 128,
+             1 otherwise)
 
 Each version refuses, in one line, a call it cannot take (version_refusal says why: the limits in
 its code), rather than compute it wrongly; at pi0's head size every version but 5 refuses.
-
-Versions 1, 2 and 4 and the trainer's launchers come from train_vla.cu (common.h includes it
-whole), so what is checked and timed here is what trains. dev/cuda/README.md holds the history
-of these versions and their timings.
+dev/cuda/README.md compares the versions and their timings.
 
   make -C dev/cuda attention_smolvla && dev/cuda/attention_smolvla
   make build/emu/dev/cuda/attention_smolvla && build/emu/dev/cuda/attention_smolvla   (checks only)
 */
+#include "common.h"
+#define VLA_ATTENTION_WMMA  // version 2 in bf16 builds too (the header compiles it for fp16 builds alone)
+#include "../../vla/cuda/attention.cuh"
+#include "../../vla/cuda/matmul.cuh"
 #include "attention_smolvla_case.h"
 #include <float.h>
 #include <limits.h>
@@ -251,38 +256,55 @@ static void gqa_attention_backward3(floatX* dq, float* dk0, float* dv0, const fl
 // the versions at a chosen block: versions 1 and 5 at a block size, version 2 at the head size's
 // tiles, version 4's forward at 64 or 128 queries a block (the trainer's launchers choose these by rule)
 
+// grids of a warp per (sample, head, query) and per (sample, kv head, key), at `block` threads a block
+static size_t warp_query_grid(const GqaAttn& a, int block) { return ceil_div((size_t)a.B * a.NH * a.Tq * 32, block); }
+static size_t warp_key_grid(const GqaAttn& a, int block) {
+    return ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, block);
+}
+
 static void gqa_attention_forward1_at(int block, floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
-    gqa_attention_forward_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(out, lse, q, a);
+    size_t grid = warp_query_grid(a, block);
+    gqa_attention_forward_kernel1<<<grid, block, 0, main_stream>>>(out, lse, q, a);
     launchCheck();
 }
 
 static void gqa_attention_backward1_at(int block, floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1,
                                        const floatX* dout, const floatX* q, const float* lse, const float* delta,
                                        const GqaAttn& a) {
-    gqa_attention_backward_dq_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(dq, dout, q, lse, delta, a);
+    size_t grid_q = warp_query_grid(a, block), grid_k = warp_key_grid(a, block);
+    gqa_attention_backward_dq_kernel1<<<grid_q, block, 0, main_stream>>>(dq, dout, q, lse, delta, a);
     launchCheck();
-    gqa_attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, block), block, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    gqa_attention_backward_dkdv_kernel1<<<grid_k, block, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     launchCheck();
 }
 
 static void gqa_attention_forward5_at(int block, floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
-    gqa_attention_forward_kernel5<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(out, lse, q, a);
+    size_t grid = warp_query_grid(a, block);
+    gqa_attention_forward_kernel5<<<grid, block, 0, main_stream>>>(out, lse, q, a);
     launchCheck();
 }
 
 static void gqa_attention_backward5_at(int block, floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1,
                                        const floatX* dout, const floatX* q, const float* lse, const float* delta,
                                        const GqaAttn& a) {
-    gqa_attention_backward_dq_kernel5<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, block), block, 0, main_stream>>>(dq, dout, q, lse, delta, a);
+    size_t grid_q = warp_query_grid(a, block), grid_k = warp_key_grid(a, block);
+    gqa_attention_backward_dq_kernel5<<<grid_q, block, 0, main_stream>>>(dq, dout, q, lse, delta, a);
     launchCheck();
-    gqa_attention_backward_dkdv_kernel5<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, block), block, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    gqa_attention_backward_dkdv_kernel5<<<grid_k, block, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    launchCheck();
+}
+
+// version 1 of delta (a warp per row and head) at `block` threads a block
+static void attention_delta1_at(int block, float* delta, const floatX* dout, const floatX* out, const GqaAttn& a) {
+    size_t grid = warp_query_grid(a, block);
+    attention_delta_kernel<<<grid, block, 0, main_stream>>>(delta, dout, out, a.B * a.Tq, a.Tq, a.NH, a.HS);
     launchCheck();
 }
 
 #if defined(ENABLE_FP32)
 static const int HAVE_V2 = 0, V2_THREADS = 0;  // version 2 exists in bf16 and fp16 builds only
 #else
-static const int HAVE_V2 = 1, V2_THREADS = ATT_THREADS;  // (gqa_attention_forward2_any: train_vla.cu's)
+static const int HAVE_V2 = 1, V2_THREADS = ATT_THREADS;  // (VLA_ATTENTION_WMMA, above)
 #endif
 
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
@@ -290,7 +312,8 @@ static const int HAVE_V4 = 1, V4_THREADS = ATT4_THREADS;  // version 4 in bf16 b
 static void gqa_attention_forward4_at(int queries, floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
     int hs = attention4_head_index(a.HS), tiles = queries / ATT4_ROWS;
     Attention4Forward kernel = ATT4_FORWARD[hs][tiles - 1][a.block != NULL];
-    kernel<<<dim3(ceil_div(a.Tq, queries), a.NH, a.B), ATT4_THREADS, ATT4_SMEM[hs], main_stream>>>(out, lse, q, a);
+    dim3 grid(ceil_div(a.Tq, queries), a.NH, a.B);
+    kernel<<<grid, ATT4_THREADS, ATT4_SMEM[hs], main_stream>>>(out, lse, q, a);
     launchCheck();
 }
 #else
@@ -319,11 +342,15 @@ static const char* version_name(int version) {
 static const char* version_refusal(int version, const Case* k) {
     int masked = k->pass != PASS_VISION;
     switch (version) {
-        case 0: return k->HS > 32 * ATT5_VALS ? "the trainer's launchers take head sizes up to 256 (gqa_attention_check)" : NULL;
+        case 0:
+            return k->HS > 32 * ATT5_VALS ? "the trainer's launchers take head sizes up to 256 (gqa_attention_check)"
+                                          : NULL;
         case 1: return k->HS > 128 ? "a lane holds 4 values of a head: head sizes up to 128" : NULL;
         case 2:
             if (!HAVE_V2) { return "no WMMA version in fp32 builds"; }
-            if (k->HS > 128) { return "heads padded to 16, 32, 64 or 128 columns (padded_head_dim): head sizes up to 128"; }
+            if (k->HS > 128) {
+                return "heads padded to 16, 32, 64 or 128 columns (padded_head_dim): head sizes up to 128";
+            }
 #if !defined(ENABLE_FP32)
             if (!attention2_fits(k->HS, false) || !attention2_fits(k->HS, true)) {
                 return "its tiles at this head size pass the GPU's shared memory a block";
@@ -331,12 +358,17 @@ static const char* version_refusal(int version, const Case* k) {
 #endif
             return NULL;
         case 3:
-            return masked || k->NKV != k->NH ? "the vision tower's calls only: no mask, one key tensor, a kv head a query head"
-                                             : NULL;
+            if (masked || k->NKV != k->NH) {
+                return "the vision tower's calls only: no mask, one key tensor, a kv head a query head";
+            }
+            return NULL;
         case 4:
             if (!HAVE_V4) { return "bf16 builds only (mma.sync m16n8k16 on bf16)"; }
-            return k->HS % 8 != 0 || k->HS > 64 ? "head sizes multiples of 8 up to 64 (heads padded to 16, 32 or 64 columns, "
-                                                  "a warp's fragments and accumulators of the whole head in registers)" : NULL;
+            if (k->HS % 8 != 0 || k->HS > 64) {
+                return "head sizes multiples of 8 up to 64 (heads padded to 16, 32 or 64 columns, a warp's fragments "
+                       "and accumulators of the whole head in registers)";
+            }
+            return NULL;
         default: return k->HS > 32 * ATT5_VALS ? "a lane holds 8 values of a head: head sizes up to 256" : NULL;
     }
 }
@@ -394,7 +426,9 @@ static void run_forward(int version, int block, floatX* out, float* lse, const C
     if (version == 3 && !attention3_fits(a)) { vla_fail("attention_smolvla: version 3 does not take this call"); }
     if (version == 3) { gqa_attention_forward3(out, lse, k->d_q, a, v3_scratch(k)); }
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-    if (version == 4 && !attention4_fits(a, k->d_q, out)) { vla_fail("attention_smolvla: version 4 does not take this call"); }
+    if (version == 4 && !attention4_fits(a, k->d_q, out)) {
+        vla_fail("attention_smolvla: version 4 does not take this call");
+    }
     if (version == 4 && v4_queries == 0) { gqa_attention_forward4(out, lse, k->d_q, a); }
     if (version == 4 && v4_queries != 0) { gqa_attention_forward4_at(v4_queries, out, lse, k->d_q, a); }
 #endif
@@ -408,21 +442,26 @@ static void run_backward(int version, int block, const Case* k, floatX* dq, floa
         return;
     }
     if (version == 1) {  // version 1 of delta too, at the block size
-        attention_delta_kernel<<<ceil_div((size_t)a.B * a.Tq * a.NH * 32, block), block, 0, main_stream>>>(delta, k->d_dout, k->d_out, a.B * a.Tq, a.Tq, a.NH, a.HS);
-        launchCheck();
+        attention_delta1_at(block, delta, k->d_dout, k->d_out, a);
         gqa_attention_backward1_at(block, dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a);
         return;
     }
-    attention_delta(delta, k->d_dout, k->d_out, a);  // (the trainer's: version 2 where it fits)
-    if (version == 5) { gqa_attention_backward5_at(block, dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a); }
+    attention_delta(delta, k->d_dout, k->d_out, a);  // (the launchers': version 2 where it fits)
+    if (version == 5) {
+        gqa_attention_backward5_at(block, dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a);
+    }
 #if !defined(ENABLE_FP32)
     if (version == 2) { gqa_attention_backward2_any(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a); }
 #endif
     if (version == 3 && !attention3_fits(a)) { vla_fail("attention_smolvla: version 3 does not take this call"); }
     if (version == 3) { gqa_attention_backward3(dq, dk0, dv0, k->d_dout, k->d_q, k->d_lse, delta, a, v3_scratch(k)); }
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-    if (version == 4 && !attention4_fits(a, k->d_q, k->d_dout, dq)) { vla_fail("attention_smolvla: version 4 does not take this call"); }
-    if (version == 4) { gqa_attention_backward4(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a, NULL, NULL); }
+    if (version == 4 && !attention4_fits(a, k->d_q, k->d_dout, dq)) {
+        vla_fail("attention_smolvla: version 4 does not take this call");
+    }
+    if (version == 4) {
+        gqa_attention_backward4(dq, dk0, dv0, dk1, dv1, k->d_dout, k->d_q, k->d_lse, delta, a, NULL, NULL);
+    }
 #endif
 }
 
@@ -447,10 +486,11 @@ static int check_block(int version, const Case* k, int i) {
 
 static int case_label(char* buf, size_t n, const Case* k, int version, int block) {
     return snprintf(buf, n, "%s %s %s (B %d, NH %d, NKV %d, HS %d, Tq %d, keys %d+%d) block %d", version_name(version),
-                    model_names[k->model], pass_names[k->pass], k->B, k->NH, k->NKV, k->HS, k->Tq, k->Nk0, k->Nk1, block);
+                    model_names[k->model], pass_names[k->pass], k->B, k->NH, k->NKV, k->HS, k->Tq, k->Nk0, k->Nk1,
+                    block);
 }
 
-static double worst_err[N_VERSIONS] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0};  // the largest relative error met by each (report)
+static double worst_err[N_VERSIONS] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0};  // each one's largest relative error (report)
 
 static void check_close_v(int version, const char* what, const float* got, const double* ref, size_t n, double tol) {
     double num = 0.0, den = 0.0;
@@ -514,7 +554,8 @@ static void check_forward(const Case* k) {
             snprintf(what, sizeof(what), "%s: lse", label);
             check_close_v(version, what, got_seen, ref_seen, n_seen, tol_lse);
             if (n_blind > 0) {
-                snprintf(what, sizeof(what), "%s: %zu rows that see no key marked (lse -FLT_MAX): %zu", label, n_blind, n_marked);
+                snprintf(what, sizeof(what), "%s: %zu rows that see no key marked (lse -FLT_MAX): %zu", label, n_blind,
+                         n_marked);
                 check_true(what, n_marked == n_blind);
                 snprintf(what, sizeof(what), "%s: out of the rows that see no key (the mean of all values)", label);
                 check_close_v(version, what, got_blind, ref_blind, n_b, tol_out);
@@ -581,12 +622,14 @@ static void check_backward(const Case* k, uint64_t seed) {
             if (run == n_runs - 1) {  // the second run at the same block size: bit for bit the first
                 size_t differ = 0, total = 0, each[5] = {0, 0, 0, 0, 0};
                 for (int t = 0; t < 5; t++) {
-                    for (size_t e = 0; e < sizes[t]; e++) { each[t] += memcmp(&got[t][e], &first[t][e], sizeof(float)) != 0; }
+                    for (size_t e = 0; e < sizes[t]; e++) {
+                        each[t] += memcmp(&got[t][e], &first[t][e], sizeof(float)) != 0;
+                    }
                     differ += each[t];
                     total += sizes[t];
                 }
-                snprintf(what, sizeof(what), "%s: run again, dq dk dv bit for bit: %zu of %zu differ (dq %zu, dk %zu, dv %zu)",
-                         label, differ, total, each[0], each[1] + each[3], each[2] + each[4]);
+                snprintf(what, sizeof(what), "%s: run again, dq dk dv bit for bit: %zu of %zu differ (dq %zu, dk %zu, "
+                         "dv %zu)", label, differ, total, each[0], each[1] + each[3], each[2] + each[4]);
                 check_true(what, differ == 0);
                 for (int t = 0; t < 5; t++) { free(got[t]); free(first[t]); first[t] = NULL; }
                 continue;
@@ -756,10 +799,14 @@ static void benchmark(int model, int pass, int B, int NH, int NKV, int HS, int N
 // prefix alone) and the joint layers' prefix rows and suffix rows (the expert's, and sampling's
 // steps); SigLIP so400m: 16 images (8 samples x 2 cameras) of 256 tokens, 16 heads of 72
 static void benchmarks(void) {
-    for (int pass = PASS_PREFIX; pass <= PASS_CROSS; pass++) { benchmark(MODEL_SMOLVLA, pass, 32, 15, 5, 64, 128, 48, 50); }
+    for (int pass = PASS_PREFIX; pass <= PASS_CROSS; pass++) {
+        benchmark(MODEL_SMOLVLA, pass, 32, 15, 5, 64, 128, 48, 50);
+    }
     benchmark(MODEL_SMOLVLA, PASS_VISION, 64, 12, 12, 64, 1024, 1, 0);
     benchmark(MODEL_SMOLVLA, PASS_VISION, 2, 12, 12, 64, 1024, 1, 0);
-    for (int pass = PASS_PREFIX; pass <= PASS_JOINT_SUFFIX; pass++) { benchmark(MODEL_PI0, pass, 8, 8, 1, 256, 512, 48, 50); }
+    for (int pass = PASS_PREFIX; pass <= PASS_JOINT_SUFFIX; pass++) {
+        benchmark(MODEL_PI0, pass, 8, 8, 1, 256, 512, 48, 50);
+    }
     benchmark(MODEL_PI0, PASS_VISION, 16, 16, 16, 72, 256, 1, 0);
 }
 
@@ -792,18 +839,20 @@ static void check_pi0_mask(void) {
 // which run it. Each other version says why not in the one line it stops with when asked (version_call).
 static void check_refusals(const Case* k) {
     int takers = 0;
-    printf("the %s %s call at HS %d, NH %d, NKV %d:\n", model_names[k->model], pass_names[k->pass], k->HS, k->NH, k->NKV);
+    printf("the %s %s call at HS %d, NH %d, NKV %d:\n", model_names[k->model], pass_names[k->pass], k->HS, k->NH,
+           k->NKV);
     for (int version = 0; version < N_VERSIONS; version++) {
         const char* why = version_refusal(version, k);
         printf("  %-7s %s\n", version_name(version), why == NULL ? "takes it" : why);
         takers |= (why == NULL) << version;
     }
-    check_true("at head size 256 version 5 (and the trainer's launchers, through it) takes the call, every other version "
-               "refuses it", takers == ((1 << 5) | 1));
+    check_true("at head size 256 version 5 (and the trainer's launchers, through it) takes the call, every other "
+               "version refuses it", takers == ((1 << 5) | 1));
 }
 
 int main(void) {
     dev_init("attention_smolvla");
+    matmul_init();  // version 3's products
     // GQA groups of 1, 2, 3 and 5 query heads per kv head; head sizes through every padding of
     // version 2 and with scalar loads (8, 12); suffixes and prefixes of more than one 64-row tile
     // (a prefix of 65 tokens: the state alone in the second tile, the last key it sees the first of
@@ -820,8 +869,8 @@ int main(void) {
     for (size_t s = 0; s < n_shapes; s++) {
         for (int pass = 0; pass < N_PASSES; pass++) {
             if (pass == PASS_VISION) { continue; }
-            Case k = make_case(MODEL_SMOLVLA, pass, shapes[s].B, shapes[s].NH, shapes[s].NKV, shapes[s].HS, shapes[s].NI,
-                               shapes[s].T, shapes[s].H, FORWARD_HOST, seed);
+            Case k = make_case(MODEL_SMOLVLA, pass, shapes[s].B, shapes[s].NH, shapes[s].NKV, shapes[s].HS,
+                               shapes[s].NI, shapes[s].T, shapes[s].H, FORWARD_HOST, seed);
             check_forward(&k);
             check_backward(&k, seed + 50);
             check_forward4_blocks(&k);
@@ -836,13 +885,16 @@ int main(void) {
     // mask. At 64, where versions 2 and 4 take it too, the suffix rows on keys [56 prefix ; 12
     // suffix]: the state and the action block straddle the first 64-key tile's end (the prefix rows
     // are SmolVLA's prefix, checked above)
-    struct { int B, NH, NKV, HS, NI, T, H, passes; } pi0_shapes[] = {{2, 8, 1, 256, 16, 6, 5, 4}, {1, 8, 1, 64, 48, 8, 11, 1}};
+    struct { int B, NH, NKV, HS, NI, T, H, passes; } pi0_shapes[] = {
+        {2, 8, 1, 256, 16, 6, 5, 4}, {1, 8, 1, 64, 48, 8, 11, 1},
+    };
     const int pi0_passes[] = {PASS_JOINT_SUFFIX, PASS_PREFIX, PASS_JOINT_PREFIX, PASS_RANDOM};
     check_pi0_mask();
     for (size_t s = 0; s < (n_shapes > 0 ? sizeof(pi0_shapes) / sizeof(pi0_shapes[0]) : 0); s++) {
         for (int p = 0; p < pi0_shapes[s].passes; p++) {
             Case k = make_case(MODEL_PI0, pi0_passes[p], pi0_shapes[s].B, pi0_shapes[s].NH, pi0_shapes[s].NKV,
-                               pi0_shapes[s].HS, pi0_shapes[s].NI, pi0_shapes[s].T, pi0_shapes[s].H, FORWARD_HOST, seed);
+                               pi0_shapes[s].HS, pi0_shapes[s].NI, pi0_shapes[s].T, pi0_shapes[s].H, FORWARD_HOST,
+                               seed);
             if (k.HS == 256 && p == 0) { check_refusals(&k); }
             check_forward(&k);
             check_backward(&k, seed + 50);
@@ -860,8 +912,8 @@ int main(void) {
         {MODEL_SMOLVLA, 2, 2, 24, 70}, {MODEL_PI0, 1, 2, 72, 40},
     };
     for (size_t s = 0; s < sizeof(vision) / sizeof(vision[0]); s++) {
-        Case k = make_case(vision[s].model, PASS_VISION, vision[s].B, vision[s].NH, vision[s].NH, vision[s].HS, vision[s].N,
-                           1, 0, FORWARD_HOST, seed);
+        Case k = make_case(vision[s].model, PASS_VISION, vision[s].B, vision[s].NH, vision[s].NH, vision[s].HS,
+                           vision[s].N, 1, 0, FORWARD_HOST, seed);
         check_forward(&k);
         check_backward(&k, seed + 50);
         check_backward_x(&k);

@@ -29,7 +29,8 @@ enum {
     PASS_RANDOM,        // random block ids and pads (not monotone), a fully padded sample: the general rule
     N_PASSES
 };
-static const char* pass_names[N_PASSES] = {"prefix", "joint prefix rows", "joint suffix rows", "cross", "vision", "random mask"};
+static const char* pass_names[N_PASSES] = {"prefix", "joint prefix rows", "joint suffix rows", "cross", "vision",
+                                           "random mask"};
 
 // Whose token layout a case has (the passes above at that model's layout; pi0 has no cross layers)
 enum { MODEL_SMOLVLA, MODEL_PI0 };
@@ -149,7 +150,9 @@ static void forward_reference(const Case* k, double* out, double* lse, int* sees
 }
 
 typedef struct {
-    double *dq, *dk0, *dv0, *dk1, *dv1, *delta;  // (B, Tq, NH*HS), (B, Nk0, NKV*HS) x2, (B, Nk1, NKV*HS) x2, (B, NH, Tq)
+    double* dq;                     // (B, Tq, NH*HS)
+    double *dk0, *dv0, *dk1, *dv1;  // (B, Nk0, NKV*HS) x2, (B, Nk1, NKV*HS) x2
+    double* delta;                  // (B, NH, Tq)
 } Grads;
 
 // The backward in double, as PyTorch's autograd takes eager_attention_forward apart: dV = P^T dO,
@@ -173,7 +176,8 @@ static Grads backward_reference(const Case* k) {
         for (int h = 0; h < k->NH; h++) {
             int gh = h / (k->NH / k->NKV);
             for (int i = 0; i < k->Tq; i++) {
-                size_t row = ((size_t)b * k->Tq + i) * D + (size_t)h * k->HS, stat = ((size_t)b * k->NH + h) * k->Tq + i;
+                size_t row = ((size_t)b * k->Tq + i) * D + (size_t)h * k->HS;
+                size_t stat = ((size_t)b * k->NH + h) * k->Tq + i;
                 const float* qi = k->q + row;
                 const float* doi = k->dout + row;
                 double lse;
@@ -184,7 +188,8 @@ static Grads backward_reference(const Case* k) {
                 for (int j = 0; j < nk; j++) {
                     const float* kj = host_key(k, k->k0, k->k1, b, j, gh);
                     const float* vj = host_key(k, k->v0, k->v1, b, j, gh);
-                    size_t krow = (j < k->Nk0 ? (size_t)b * k->Nk0 + j : (size_t)b * k->Nk1 + (j - k->Nk0)) * Dkv + (size_t)gh * k->HS;
+                    size_t key = j < k->Nk0 ? (size_t)b * k->Nk0 + j : (size_t)b * k->Nk1 + (j - k->Nk0);
+                    size_t krow = key * Dkv + (size_t)gh * k->HS;
                     double* dkj = (j < k->Nk0 ? g.dk0 : g.dk1) + krow;
                     double* dvj = (j < k->Nk0 ? g.dv0 : g.dv1) + krow;
                     double dp = 0.0;
@@ -203,7 +208,9 @@ static Grads backward_reference(const Case* k) {
     return g;
 }
 
-static void free_grads(Grads* g) { free(g->dq); free(g->dk0); free(g->dv0); free(g->dk1); free(g->dv1); free(g->delta); }
+static void free_grads(Grads* g) {
+    free(g->dq); free(g->dk0); free(g->dv0); free(g->dk1); free(g->dv1); free(g->delta);
+}
 
 // A pass over SmolVLA's tokens: NI image tokens, T text tokens (the instruction lengths differ
 // between samples, the rest pads), the state, H actions; pi0's: the same tokens, but its prefix is

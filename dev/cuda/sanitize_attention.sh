@@ -4,7 +4,8 @@
 # VISION_ONLY=1 the vision tower's alone (65 s for the three tools on an H100).
 #   dev/cuda/sanitize_attention.sh [OUTDIR]     (default: $OUT if set, else build/sanitize)
 #   TOOLS='racecheck memcheck' VISION_ONLY=1 dev/cuda/sanitize_attention.sh
-# Exits non-zero if the build fails, a check fails or a tool reports an error.
+# Exits non-zero if the build fails, a check fails or a tool reports an error. It builds through
+# dev/cuda/Makefile (nvcc -O3 -std=c++17 -arch=<this GPU's> attention_smolvla.cu -lcublasLt ...).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUTDIR=${1:-${OUT:-build/sanitize}}
