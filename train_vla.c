@@ -122,10 +122,14 @@ static void transpose_scratch_free(void* arg) {
     free(s->buf);
     free(s);
 }
-static void transpose_key_make(void) { transpose_key_made = pthread_key_create(&transpose_key, transpose_scratch_free) == 0; }
+static void transpose_key_make(void) {
+    transpose_key_made = pthread_key_create(&transpose_key, transpose_scratch_free) == 0;
+}
 static float* transpose_scratch(const float* in, int C, int R) {
     pthread_once(&transpose_key_once, transpose_key_make);
-    if (!transpose_key_made) { vla_fail("cannot make a thread-specific key for the transpose scratch: too many in use"); }
+    if (!transpose_key_made) {
+        vla_fail("cannot make a thread-specific key for the transpose scratch: too many in use");
+    }
     TransposeScratch* s = (TransposeScratch*)pthread_getspecific(transpose_key);
     if (s == NULL) {
         s = (TransposeScratch*)callocCheck(1, sizeof(TransposeScratch));
@@ -347,7 +351,8 @@ static inline int gqa_query_sees(const GqaAttn* a, int b, int i, int j) {
 // Row j of sample b in buffer 0 or 1 (base0/base1: keys, values or their gradients), at key head kvh
 static inline float* gqa_key_row(const GqaAttn* a, const float* base0, const float* base1, int b, int j, int kvh) {
     int KV = a->NKV * a->HS;
-    const float* row = j < a->Nk0 ? base0 + ((size_t)b * a->Nk0 + j) * KV : base1 + ((size_t)b * a->Nk1 + j - a->Nk0) * KV;
+    const float* row =
+        j < a->Nk0 ? base0 + ((size_t)b * a->Nk0 + j) * KV : base1 + ((size_t)b * a->Nk1 + j - a->Nk0) * KV;
     return (float*)row + kvh * a->HS;
 }
 
@@ -588,8 +593,8 @@ static int resized_size(int h, int w, int S, int* rh, int* rw) {
 static void resize_pad(float* out, const uint8_t* frame, int h, int w, int S, int centred) {
     int rh, rw;
     if (!resized_size(h, w, S, &rh, &rw)) {
-        vla_fail("a %dx%d camera frame resizes to %dx%d at %d px: nothing left of it: use frames closer to square", h, w,
-                 rh, rw, S);
+        vla_fail("a %dx%d camera frame resizes to %dx%d at %d px: nothing left of it: use frames closer to square", h,
+                 w, rh, rw, S);
     }
     int y0[rh], y1[rh], x0[rw], x1[rw];
     float wy[rh], wx[rw];
@@ -631,7 +636,8 @@ static void patchify_chw(float* patches, const float* pixels, int NV, int S, int
                 float* dst = patches + ((size_t)n * G * G + (size_t)gr * G + gc) * pd;
                 for (int ch = 0; ch < 3; ch++) {
                     for (int y = 0; y < p; y++) {
-                        const float* src = pixels + (((size_t)n * 3 + ch) * S + (size_t)gr * p + y) * S + (size_t)gc * p;
+                        const float* src =
+                            pixels + (((size_t)n * 3 + ch) * S + (size_t)gr * p + y) * S + (size_t)gc * p;
                         memcpy(dst + (ch * p + y) * p, src, p * sizeof(float));
                     }
                 }
@@ -665,7 +671,8 @@ static void embed_tokens_forward(float* out, const int* tokens, const float* tab
 
 // dtable[tokens[n]] += dout[n] * scale, except the pad id's row: nn.Embedding(padding_idx) never
 // sends it a gradient. Serial: two tokens may share a row, and its sum keeps its order.
-static void embed_tokens_backward(float* dtable, const float* dout, const int* tokens, int N, int C, float scale, int pad) {
+static void embed_tokens_backward(float* dtable, const float* dout, const int* tokens, int N, int C, float scale,
+                                  int pad) {
     for (int n = 0; n < N; n++) {
         if (tokens[n] == pad) { continue; }
         float* row = dtable + (size_t)tokens[n] * C;
@@ -709,12 +716,12 @@ static void silu_backward(float* dinp, const float* dout, const float* inp, size
 
 // The flow-matching loss of velocities v (R, Amax) against the target u = noise - actions, over its
 // valid entries: the first A dims (the dataset's; LeRobot slices to them) of the slots inside the
-// episode (is_pad (R) == 0; is_pad NULL: every slot, pi0's loss). Returns the sum of (u - v)^2 over them and their count in *entries.
-// mean = 1: the loss is that sum / max(1, entries), LeRobot's mean over valid entries (not over
-// B H A), and dv (R, Amax) = its gradient; mean = 0: dv = the gradient of the sum (a training step
-// of several micro-batches divides by the entries of all of them: train_step). dv is 0 elsewhere.
-static double flow_matching_loss(float* dv, const float* v, const float* noise, const float* actions, const float* is_pad,
-                                 int R, int Am, int A, int mean, int* entries) {
+// episode (is_pad (R) == 0; is_pad NULL: every slot, pi0's loss). Returns the sum of (u - v)^2 over them and their
+// count in *entries. mean = 1: the loss is that sum / max(1, entries), LeRobot's mean over valid entries (not over B H
+// A), and dv (R, Amax) = its gradient; mean = 0: dv = the gradient of the sum (a training step of several micro-batches
+// divides by the entries of all of them: train_step). dv is 0 elsewhere.
+static double flow_matching_loss(float* dv, const float* v, const float* noise, const float* actions,
+                                 const float* is_pad, int R, int Am, int A, int mean, int* entries) {
     int slots = 0;
     for (int r = 0; r < R; r++) { slots += is_pad == NULL || is_pad[r] == 0.0f; }
     *entries = slots * A;
@@ -914,7 +921,9 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode) {
     memset(m, 0, sizeof(*m));
     const char* problem = smolvla_config_problem(c);
     if (problem != NULL) { vla_fail("bad %s config: %s", FAMILY_NAMES[c->family], problem); }
-    if (mode < TRAIN_MODE_EXPERT || mode > TRAIN_MODE_ALL) { vla_fail("SmolVLA train mode %d is not one of 0-2", mode); }
+    if (mode < TRAIN_MODE_EXPERT || mode > TRAIN_MODE_ALL) {
+        vla_fail("SmolVLA train mode %d is not one of 0-2", mode);
+    }
     m->config = *c;
     m->mode = mode;
     smolvla_table_build(c, &m->table);
@@ -1028,11 +1037,11 @@ static SmolLayerActs smolvla_layer_acts(const SmolVLA* m, int expert, int l) {
     size_t D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
     SmolLayerActs x;
     if (expert) {
-        x = (SmolLayerActs){a->s_res, a->s_ln1, a->s_rstd1, a->s_q, a->s_k, a->s_v, a->s_att, a->s_lse, a->s_mid, a->s_ln2,
-                            a->s_rstd2, a->s_gate, a->s_up, a->s_act, a->s_res};
+        x = (SmolLayerActs){a->s_res, a->s_ln1, a->s_rstd1, a->s_q,    a->s_k,  a->s_v,   a->s_att, a->s_lse,
+                            a->s_mid, a->s_ln2, a->s_rstd2, a->s_gate, a->s_up, a->s_act, a->s_res};
     } else {
-        x = (SmolLayerActs){a->p_res, a->p_ln1, a->p_rstd1, a->p_q, a->p_k, a->p_v, a->p_att, a->p_lse, a->p_mid, a->p_ln2,
-                            a->p_rstd2, a->p_gate, a->p_up, a->p_act, a->p_res};
+        x = (SmolLayerActs){a->p_res, a->p_ln1, a->p_rstd1, a->p_q,    a->p_k,  a->p_v,   a->p_att, a->p_lse,
+                            a->p_mid, a->p_ln2, a->p_rstd2, a->p_gate, a->p_up, a->p_act, a->p_res};
     }
     x.res += L * N * C; x.ln1 += L * N * C; x.rstd1 += L * N;
     x.q += L * N * D; x.k += L * N * KV; x.v += L * N * KV; x.att += L * N * D; x.lse += L * N * c->n_head;
@@ -1105,8 +1114,12 @@ static void smolvla_layer_out_backward(const SmolVLA* m, const RowBlocks* rb, co
         int n = rb->rows;
         memset(a->g_act + r * F, 0, n * F * sizeof(float));
         linear_backward(a->g_act + r * F, g->down, NULL, dres + r * C, x->act + r * F, w->down, n, F, C);
-        if (w->gelu) { geglu_backward(a->g_gate + r * F, a->g_up + r * F, a->g_act + r * F, x->gate + r * F, x->up + r * F, n * F); }
-        else { swiglu_backward(a->g_gate + r * F, a->g_up + r * F, a->g_act + r * F, x->gate + r * F, x->up + r * F, n * F); }
+        if (w->gelu) {
+            geglu_backward(a->g_gate + r * F, a->g_up + r * F, a->g_act + r * F, x->gate + r * F, x->up + r * F, n * F);
+        } else {
+            swiglu_backward(a->g_gate + r * F, a->g_up + r * F, a->g_act + r * F, x->gate + r * F, x->up + r * F,
+                            n * F);
+        }
         memset(a->g_ln + r * C, 0, n * C * sizeof(float));
         linear_backward(a->g_ln + r * C, g->gate, NULL, a->g_gate + r * F, x->ln2 + r * C, w->gate, n, C, F);
         linear_backward(a->g_ln + r * C, g->up, NULL, a->g_up + r * F, x->ln2 + r * C, w->up, n, C, F);
@@ -1121,7 +1134,8 @@ static void smolvla_layer_out_backward(const SmolVLA* m, const RowBlocks* rb, co
 // query; dk, dv NULL: an expert cross layer's keys/values are not its own). d(res) through ln1 is
 // added to dres.
 static void smolvla_layer_qkv_backward(const SmolVLA* m, const RowBlocks* rb, const SmolLayer* w, const SmolLayer* g,
-                                    const SmolLayerActs* x, float* dres, const float* dq, const float* dk, const float* dv) {
+                                       const SmolLayerActs* x, float* dres, const float* dq, const float* dk,
+                                       const float* dv) {
     const SmolActivations* a = &m->acts;
     size_t C = w->C, D = smolvla_d_attn(&m->config), KV = smolvla_d_kv(&m->config);
     for (int k = 0; k < rb->count; k++) {
@@ -1136,7 +1150,8 @@ static void smolvla_layer_qkv_backward(const SmolVLA* m, const RowBlocks* rb, co
 }
 
 // RoPE of rows of rb (x: (N, n_heads*HS), pos: (N)); sign -1 rotates back
-static void smolvla_rope_rows(const SmolVLA* m, const RowBlocks* rb, float* x, const int* pos, int n_heads, float sign) {
+static void smolvla_rope_rows(const SmolVLA* m, const RowBlocks* rb, float* x, const int* pos, int n_heads,
+                              float sign) {
     int HS = m->config.head_dim;
     for (int k = 0; k < rb->count; k++) {
         size_t r = rb_row(rb, k);
@@ -1185,13 +1200,15 @@ static void smolvla_vision_forward(SmolVLA* m) {
         for (size_t i = 0; i < VC; i++) { x.mid[i] += x.res[i]; }
         layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l),
                           smolvla_param(m, SMOLP_vis_ln2_b, l), V, Cv, SMOLVLA_VISION_EPS);
-        matmul_forward(x.fc1, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), smolvla_param(m, SMOLP_vis_fc1_b, l), V, Cv, Fv);
+        matmul_forward(x.fc1, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), smolvla_param(m, SMOLP_vis_fc1_b, l), V, Cv,
+                       Fv);
         gelu_forward(x.gelu, x.fc1, (size_t)V * Fv);
-        matmul_forward(x.out, x.gelu, smolvla_param(m, SMOLP_vis_fc2_w, l), smolvla_param(m, SMOLP_vis_fc2_b, l), V, Fv, Cv);
+        matmul_forward(x.out, x.gelu, smolvla_param(m, SMOLP_vis_fc2_w, l), smolvla_param(m, SMOLP_vis_fc2_b, l), V, Fv,
+                       Cv);
         for (size_t i = 0; i < VC; i++) { x.out[i] += x.mid[i]; }
     }
-    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, smolvla_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w,
-                      m->params.vis_post_b, V, Cv, SMOLVLA_VISION_EPS);
+    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, smolvla_vision_acts(m, c->vis_layers - 1).out,
+                      m->params.vis_post_w, m->params.vis_post_b, V, Cv, SMOLVLA_VISION_EPS);
 }
 
 // The prefix's embeddings p_res[0] = [camera 0 tokens]...[language][state (SmolVLA)] per
@@ -1202,7 +1219,8 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
     int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Ns = smolvla_n_suffix(c);
-    int T = Np + Ns, NV = (int)smolvla_images(c, B), Lt = c->max_text, S2C = c->scale_factor * c->scale_factor * c->vis_width;
+    int T = Np + Ns, NV = (int)smolvla_images(c, B), Lt = c->max_text,
+        S2C = c->scale_factor * c->scale_factor * c->vis_width;
     int state_at = smolvla_state_in_suffix(c) ? Np : Np - 1;  // the state token's sequence index
     float scale = (float)sqrt((double)C), img_scale = smolvla_scales_images(c) ? scale : 1.0f;
     pixel_shuffle_forward(a->shuffled, a->v_out, NV, smolvla_grid(c), c->vis_width, c->scale_factor);
@@ -1217,10 +1235,13 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
         }
         for (int i = 0; i < Lt; i++) {
             int tok = in->tokens[(size_t)b * Lt + i];
-            if (tok < 0 || tok >= c->vocab) { vla_fail("token id %d of sample %d is outside the vocabulary of %d", tok, b, c->vocab); }
+            if (tok < 0 || tok >= c->vocab) {
+                vla_fail("token id %d of sample %d is outside the vocabulary of %d", tok, b, c->vocab);
+            }
             m->tokens[(size_t)b * Lt + i] = tok;
         }
-        embed_tokens_forward(x + (size_t)c->n_cam * NI * C, m->tokens + (size_t)b * Lt, m->params.embed_tokens, Lt, C, scale);
+        embed_tokens_forward(x + (size_t)c->n_cam * NI * C, m->tokens + (size_t)b * Lt, m->params.embed_tokens, Lt, C,
+                             scale);
         memcpy(a->state + (size_t)b * c->max_state_dim, in->state + (size_t)b * c->max_state_dim,
                c->max_state_dim * sizeof(float));
         // mask and positions over the whole sequence [prefix ; suffix]: the state token is block 1,
@@ -1303,14 +1324,15 @@ static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
 // The expert's layers over the suffix s_res[0] -> final norm -> action_out_proj of the action
 // tokens: acts.v_t. Joint layer: the suffix's q/k/v with RoPE at their positions (after the valid
 // prefix), keys = [the VLM's prefix K/V of this layer ; the suffix's own], under the block mask
-// (actions see the valid prefix, the state and earlier actions, or all actions in pi0). Cross layer: q with RoPE at positions 0.., keys
-// and values = the VLM's post-RoPE K/V of this layer re-projected by the expert's k_proj/v_proj
-// (no second RoPE), the valid prefix only. reuse_cross_kv: the re-projections from the previous
-// call are still valid (sampling: the prefix does not change between Euler steps).
+// (actions see the valid prefix, the state and earlier actions, or all actions in pi0). Cross layer: q with RoPE at
+// positions 0.., keys and values = the VLM's post-RoPE K/V of this layer re-projected by the expert's k_proj/v_proj (no
+// second RoPE), the valid prefix only. reuse_cross_kv: the re-projections from the previous call are still valid
+// (sampling: the prefix does not change between Euler steps).
 static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
-    int R = (int)smolvla_rrows(c, m->B), P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), H = smolvla_n_suffix(c);
+    int R = (int)smolvla_rrows(c, m->B), P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c),
+        H = smolvla_n_suffix(c);
     int D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert;
     for (int l = 0; l < c->n_layer; l++) {
         SmolLayer w = smolvla_layer(m, 1, l, 0, 0);
@@ -1375,8 +1397,8 @@ static double smolvla_forward_loss(SmolVLA* m, const SmolInputs* in, int mean, i
     smolvla_suffix_embed(m, in->t);
     smolvla_expert_forward(m, 0);
     double sum = flow_matching_loss(a->d_vt, a->v_t, in->noise, in->actions,
-                                    smolvla_loss_masks_pad(c) ? in->action_is_pad : NULL, B * H, Am, c->action_dim, mean,
-                                    entries);
+                                    smolvla_loss_masks_pad(c) ? in->action_is_pad : NULL, B * H, Am, c->action_dim,
+                                    mean, entries);
     m->loss = (float)(sum / (double)(*entries > 1 ? *entries : 1));
     return sum;
 }
@@ -1398,8 +1420,9 @@ static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
     for (int k = 0; k < act.count; k++) {
         size_t r = rb_row(&act, k);
         linear_backward(a->g_ln + r * Ce, smolvla_grad(m, mode, SMOLP_action_out_w, 0),
-                        smolvla_grad(m, mode, SMOLP_action_out_b, 0), a->d_vt + (size_t)k * act.rows * c->max_action_dim,
-                        a->f_ln + r * Ce, m->params.action_out_w, act.rows, Ce, c->max_action_dim);
+                        smolvla_grad(m, mode, SMOLP_action_out_b, 0),
+                        a->d_vt + (size_t)k * act.rows * c->max_action_dim, a->f_ln + r * Ce, m->params.action_out_w,
+                        act.rows, Ce, c->max_action_dim);
     }
     memset(dres, 0, (size_t)R * Ce * sizeof(float));
     rmsnorm_backward(dres, smolvla_grad(m, mode, SMOLP_exp_norm, 0), a->g_ln, a->s_res + (size_t)L * R * Ce,
@@ -1473,8 +1496,8 @@ static void smolvla_suffix_embed_backward(SmolVLA* m, int mode) {
                     a->a_emb, m->params.time_in_w, A, 2 * Ce, Ce);
     float* dain = a->g_tok;  // (A, Ce): the action_in_proj half (dtact is spent)
     for (int r = 0; r < A; r++) { memcpy(dain + (size_t)r * Ce, demb + (size_t)r * 2 * Ce, Ce * sizeof(float)); }
-    linear_backward(NULL, smolvla_grad(m, mode, SMOLP_action_in_w, 0), smolvla_grad(m, mode, SMOLP_action_in_b, 0), dain,
-                    a->x_t, m->params.action_in_w, A, c->max_action_dim, Ce);
+    linear_backward(NULL, smolvla_grad(m, mode, SMOLP_action_in_w, 0), smolvla_grad(m, mode, SMOLP_action_in_b, 0),
+                    dain, a->x_t, m->params.action_in_w, A, c->max_action_dim, Ce);
 }
 
 // The VLM's layers backward, from the expert's gradients on their keys/values (dp_k, dp_v), down
@@ -1519,14 +1542,16 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int mode) {
     const float* dx = a->g_res;
     if (!smolvla_state_in_suffix(c)) {
         float* dstate = a->g_img;  // (B, C) the state rows
-        for (int b = 0; b < B; b++) { memcpy(dstate + (size_t)b * C, dx + ((size_t)b * Np + Np - 1) * C, C * sizeof(float)); }
+        for (int b = 0; b < B; b++) {
+            memcpy(dstate + (size_t)b * C, dx + ((size_t)b * Np + Np - 1) * C, C * sizeof(float));
+        }
         linear_backward(NULL, smolvla_grad(m, mode, SMOLP_state_w, 0), smolvla_grad(m, mode, SMOLP_state_b, 0), dstate,
                         a->state, m->params.state_w, B, c->max_state_dim, C);
     }
     float* demb = smolvla_grad(m, mode, SMOLP_embed_tokens, 0);
     for (int b = 0; b < B && demb != NULL; b++) {
-        embed_tokens_backward(demb, dx + ((size_t)b * Np + (size_t)c->n_cam * NI) * C, m->tokens + (size_t)b * Lt, Lt, C,
-                              scale, c->pad_token);
+        embed_tokens_backward(demb, dx + ((size_t)b * Np + (size_t)c->n_cam * NI) * C, m->tokens + (size_t)b * Lt, Lt,
+                              C, scale, c->pad_token);
     }
     float* dconn = smolvla_grad(m, mode, SMOLP_connector_w, 0);
     int into_vision = smolvla_grad(m, mode, SMOLP_vis_post_w, 0) != NULL;
@@ -1540,8 +1565,8 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int mode) {
         }
     }
     if (into_vision) { memset(a->g_shuf, 0, smolvla_vrows(c, B) * c->vis_width * sizeof(float)); }
-    linear_backward(into_vision ? a->g_shuf : NULL, dconn, smolvla_grad(m, mode, SMOLP_connector_b, 0), dimg, a->shuffled,
-                    m->params.connector_w, NV * NI, S2C, C);
+    linear_backward(into_vision ? a->g_shuf : NULL, dconn, smolvla_grad(m, mode, SMOLP_connector_b, 0), dimg,
+                    a->shuffled, m->params.connector_w, NV * NI, S2C, C);
 }
 
 // d shuffled (g_shuf) -> pixel shuffle -> post_layernorm -> SigLIP layers -> position and patch
@@ -1555,44 +1580,45 @@ static void smolvla_vision_backward(SmolVLA* m, int mode) {
     float* dres = a->g_res;
     pixel_shuffle_backward(a->g_ln, a->g_shuf, NV, smolvla_grid(c), Cv, c->scale_factor);  // d v_out
     memset(dres, 0, VC * sizeof(float));
-    layernorm_backward(dres, smolvla_grad(m, mode, SMOLP_vis_post_w, 0), smolvla_grad(m, mode, SMOLP_vis_post_b, 0), a->g_ln,
-                       smolvla_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean, a->v_orstd, V, Cv);
+    layernorm_backward(dres, smolvla_grad(m, mode, SMOLP_vis_post_w, 0), smolvla_grad(m, mode, SMOLP_vis_post_b, 0),
+                       a->g_ln, smolvla_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean,
+                       a->v_orstd, V, Cv);
     GqaAttn keys = {.B = NV, .NH = c->vis_heads, .NKV = c->vis_heads, .HS = HSv, .Tq = Nv, .q0 = 0, .Nk0 = Nv,
                     .Nk1 = 0, .Nt = Nv};
     for (int l = c->vis_layers - 1; l >= 0; l--) {
         SmolVisionActs x = smolvla_vision_acts(m, l);
         // MLP: out = mid + fc2(gelu(fc1(ln2(mid))))
         memset(a->g_act, 0, (size_t)V * Fv * sizeof(float));
-        linear_backward(a->g_act, smolvla_grad(m, mode, SMOLP_vis_fc2_w, l), smolvla_grad(m, mode, SMOLP_vis_fc2_b, l), dres,
-                        x.gelu, smolvla_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv);
+        linear_backward(a->g_act, smolvla_grad(m, mode, SMOLP_vis_fc2_w, l), smolvla_grad(m, mode, SMOLP_vis_fc2_b, l),
+                        dres, x.gelu, smolvla_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv);
         gelu_backward(a->g_gate, a->g_act, x.fc1, (size_t)V * Fv);
         memset(a->g_ln, 0, VC * sizeof(float));
-        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_fc1_w, l), smolvla_grad(m, mode, SMOLP_vis_fc1_b, l), a->g_gate,
-                        x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv);
-        layernorm_backward(dres, smolvla_grad(m, mode, SMOLP_vis_ln2_w, l), smolvla_grad(m, mode, SMOLP_vis_ln2_b, l), a->g_ln,
-                           x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
+        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_fc1_w, l), smolvla_grad(m, mode, SMOLP_vis_fc1_b, l),
+                        a->g_gate, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv);
+        layernorm_backward(dres, smolvla_grad(m, mode, SMOLP_vis_ln2_w, l), smolvla_grad(m, mode, SMOLP_vis_ln2_b, l),
+                           a->g_ln, x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
         // attention: mid = x + out_proj(attention(q, k, v))
         memset(a->g_att, 0, VC * sizeof(float));
-        linear_backward(a->g_att, smolvla_grad(m, mode, SMOLP_vis_wo, l), smolvla_grad(m, mode, SMOLP_vis_bo, l), dres, x.att,
-                        smolvla_param(m, SMOLP_vis_wo, l), V, Cv, Cv);
+        linear_backward(a->g_att, smolvla_grad(m, mode, SMOLP_vis_wo, l), smolvla_grad(m, mode, SMOLP_vis_bo, l), dres,
+                        x.att, smolvla_param(m, SMOLP_vis_wo, l), V, Cv, Cv);
         keys.k0 = x.k; keys.v0 = x.v;
         memset(a->g_k, 0, VC * sizeof(float));
         memset(a->g_v, 0, VC * sizeof(float));
         gqa_attention_backward(a->g_q, a->g_k, a->g_v, NULL, NULL, a->g_att, x.q, x.att, x.lse, &keys, 0, 0);
         memset(a->g_ln, 0, VC * sizeof(float));
-        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_wq, l), smolvla_grad(m, mode, SMOLP_vis_bq, l), a->g_q, x.ln1,
-                        smolvla_param(m, SMOLP_vis_wq, l), V, Cv, Cv);
-        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_wk, l), smolvla_grad(m, mode, SMOLP_vis_bk, l), a->g_k, x.ln1,
-                        smolvla_param(m, SMOLP_vis_wk, l), V, Cv, Cv);
-        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_wv, l), smolvla_grad(m, mode, SMOLP_vis_bv, l), a->g_v, x.ln1,
-                        smolvla_param(m, SMOLP_vis_wv, l), V, Cv, Cv);
-        layernorm_backward(dres, smolvla_grad(m, mode, SMOLP_vis_ln1_w, l), smolvla_grad(m, mode, SMOLP_vis_ln1_b, l), a->g_ln,
-                           x.res, smolvla_param(m, SMOLP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
+        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_wq, l), smolvla_grad(m, mode, SMOLP_vis_bq, l), a->g_q,
+                        x.ln1, smolvla_param(m, SMOLP_vis_wq, l), V, Cv, Cv);
+        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_wk, l), smolvla_grad(m, mode, SMOLP_vis_bk, l), a->g_k,
+                        x.ln1, smolvla_param(m, SMOLP_vis_wk, l), V, Cv, Cv);
+        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_wv, l), smolvla_grad(m, mode, SMOLP_vis_bv, l), a->g_v,
+                        x.ln1, smolvla_param(m, SMOLP_vis_wv, l), V, Cv, Cv);
+        layernorm_backward(dres, smolvla_grad(m, mode, SMOLP_vis_ln1_w, l), smolvla_grad(m, mode, SMOLP_vis_ln1_b, l),
+                           a->g_ln, x.res, smolvla_param(m, SMOLP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
     }
     float* dpos = smolvla_grad(m, mode, SMOLP_vis_pos, 0);
     if (dpos != NULL) { pos_emb_backward(dpos, dres, NV, Nv, Cv); }
-    linear_backward(NULL, smolvla_grad(m, mode, SMOLP_vis_patch_w, 0), smolvla_grad(m, mode, SMOLP_vis_patch_b, 0), dres,
-                    a->patches, m->params.vis_patch_w, V, smolvla_patch_dim(c), Cv);
+    linear_backward(NULL, smolvla_grad(m, mode, SMOLP_vis_patch_w, 0), smolvla_grad(m, mode, SMOLP_vis_patch_b, 0),
+                    dres, a->patches, m->params.vis_patch_w, V, smolvla_patch_dim(c), Cv);
 }
 
 // Gradients of the last smolvla_forward's loss for the tensors that train in `mode`
@@ -1797,8 +1823,8 @@ static float train_step(SmolVLA* m, float* grad_sum, Loader* loader, const Train
 // 10-step sampling (smolvla_sample) from the batch's eps: actions (B, H, A) in the data's units,
 // the dataset's action dims of the normalized (B, H, Amax) chunk un-normalized with
 // action_mean/std (A each).
-static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* batch, const float* action_mean, const float* action_std,
-                                   float* actions) {
+static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* batch, const float* action_mean,
+                                   const float* action_std, float* actions) {
     const SmolVLAConfig* c = &m->config;
     int A = c->action_dim, Am = c->max_action_dim;
     size_t rows = (size_t)batch->B * c->chunk;
@@ -1887,13 +1913,17 @@ static void policy_load(void* arg) {
     Checkpoint* ck = &l->ck;
     checkpoint_note_unverified(path, ck);
     if (policy_takes_strings(ck->tokenizer) && ck->config.vocab < VLA_TEXT_VOCAB) {  // (no trainer writes one)
-        snprintf(l->err, (size_t)l->err_size, "checkpoint %s has a text table of %d rows, but the policy's instructions "
-                 "are UTF-8 bytes as token ids (up to 255): use a checkpoint of a preset", path, ck->config.vocab);
+        snprintf(l->err, (size_t)l->err_size,
+                 "checkpoint %s has a text table of %d rows, but the policy's instructions "
+                 "are UTF-8 bytes as token ids (up to 255): use a checkpoint of a preset",
+                 path, ck->config.vocab);
         return;
     }
     if (l->threads > 0 && threads_startable(l->threads) < l->threads - 1) {
-        snprintf(l->err, (size_t)l->err_size, "threads=%d: this machine cannot start that many threads: pass fewer, or 0 "
-                 "for OpenMP's default", l->threads);
+        snprintf(l->err, (size_t)l->err_size,
+                 "threads=%d: this machine cannot start that many threads: pass fewer, or 0 "
+                 "for OpenMP's default",
+                 l->threads);
         return;
     }
     VLAPolicy* p = (VLAPolicy*)callocCheck(1, sizeof(VLAPolicy));
@@ -1941,7 +1971,10 @@ static void policy_act(void* arg) {
     if (a->rc != POLICY_OK) { return; }
     for (int k = 0; k < cams.n; k++) {
         int rh, rw;
-        if (!resized_size((int)cams.height[k], (int)cams.width[k], c->img, &rh, &rw)) { a->rc = POLICY_BAD_CAMERA; return; }
+        if (!resized_size((int)cams.height[k], (int)cams.width[k], c->img, &rh, &rw)) {
+            a->rc = POLICY_BAD_CAMERA;
+            return;
+        }
     }
     if (c->n_cam != cams.n) {  // another set of cameras than the last call's: the activations are laid out again
         c->n_cam = cams.n;
@@ -2014,19 +2047,24 @@ int main(int argc, char** argv) {
     train_args_parse(&args, argc, argv);
     // the CPU reference keeps every activation: the memory options are the GPU trainer's
     if (args.recompute != RECOMPUTE_NONE) {
-        vla_fail("--recompute %s: train_vla_cpu keeps every activation (the reference): drop it, or train with train_vla",
-                 RECOMPUTE_NAMES[args.recompute]);
+        vla_fail(
+            "--recompute %s: train_vla_cpu keeps every activation (the reference): drop it, or train with train_vla",
+            RECOMPUTE_NAMES[args.recompute]);
     }
     if (args.memory) { vla_fail("--memory prints train_vla's GPU memory: run it with train_vla"); }
     if (args.profile > 0) { vla_fail("--profile times train_vla's GPU kernels: run it with train_vla"); }
     train_args_no_loss_scale(&args, "train_vla_cpu (fp32)");
-    if (args.nodes > 1) { vla_fail("--nodes %d: train_vla_cpu runs on one machine; several machines train with train_vla", args.nodes); }
+    if (args.nodes > 1) {
+        vla_fail("--nodes %d: train_vla_cpu runs on one machine; several machines train with train_vla", args.nodes);
+    }
     train_args_for_world(&args, args.ranks);  // simulated ranks scale the learning rate as GPUs would
     if (args.threads > 0) {
         int started = threads_startable(args.threads);
         if (started < args.threads - 1) {
-            vla_fail("-t %d: this machine could start only %d threads besides the main one: use a smaller -t, such as the "
-                     "%d cores here", args.threads, started, omp_get_num_procs());
+            vla_fail(
+                "-t %d: this machine could start only %d threads besides the main one: use a smaller -t, such as the "
+                "%d cores here",
+                args.threads, started, omp_get_num_procs());
         }
         omp_set_num_threads(args.threads);
     }

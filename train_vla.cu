@@ -140,18 +140,28 @@ typedef struct {
 
 
 // pi0's suffix holds the state token before the actions: what only that layout needs has no elements otherwise
-static inline size_t smolvla_pi0_rows(const SmolVLAConfig* c, size_t rows) { return smolvla_state_in_suffix(c) ? rows : 0; }
+static inline size_t smolvla_pi0_rows(const SmolVLAConfig* c, size_t rows) {
+    return smolvla_state_in_suffix(c) ? rows : 0;
+}
 
 // Vision layers kept: all when the tower trains, else one slot each layer overwrites
-static inline size_t smolvla_vis_kept(const SmolVLAConfig* c, int mode) { return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1; }
+static inline size_t smolvla_vis_kept(const SmolVLAConfig* c, int mode) {
+    return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1;
+}
 
 // Per-layer slots of the attention and MLP halves at recompute level rc: every layer's, or one refilled
 static inline size_t smolvla_attn_slots(size_t layers, int rc) { return rc >= RECOMPUTE_ATTN ? 1 : layers; }
 static inline size_t smolvla_mlp_slots(size_t layers, int rc) { return rc >= RECOMPUTE_LAYER ? 1 : layers; }
-static inline size_t smolvla_vis_attn(const SmolVLAConfig* c, int mode, int rc) { return smolvla_attn_slots(smolvla_vis_kept(c, mode), rc); }
-static inline size_t smolvla_vis_mlp(const SmolVLAConfig* c, int mode, int rc) { return smolvla_mlp_slots(smolvla_vis_kept(c, mode), rc); }
+static inline size_t smolvla_vis_attn(const SmolVLAConfig* c, int mode, int rc) {
+    return smolvla_attn_slots(smolvla_vis_kept(c, mode), rc);
+}
+static inline size_t smolvla_vis_mlp(const SmolVLAConfig* c, int mode, int rc) {
+    return smolvla_mlp_slots(smolvla_vis_kept(c, mode), rc);
+}
 
-static inline size_t smolvla_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) { return mode == TRAIN_MODE_ALL ? smolvla_vrows(c, B) : 0; }
+static inline size_t smolvla_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) {
+    return mode == TRAIN_MODE_ALL ? smolvla_vrows(c, B) : 0;
+}
 
 // Column-sum partials of the backward's widest (rows, columns)
 static size_t smolvla_partial_size(const SmolVLAConfig* c, int B, int mode) {
@@ -424,7 +434,8 @@ static int smolvla_sharded(const SmolVLA* m) { return m->shard_hi - m->shard_lo 
 
 // The model's calls into the data-parallel section (nothing without NCCL)
 static int smolvla_bucket(const SmolVLAConfig* c, int tower, int layer);
-static void smolvla_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d);
+static void smolvla_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t,
+                                  const SmolOptDomain* d);
 static void smolvla_bucket_done(SmolVLA* m, int b);
 static void dist_step_sums(SmolVLA* m);
 static void zero_sum_squares(SmolVLA* m);
@@ -454,30 +465,37 @@ static int smolvla_read_loss_scale(SmolVLA* m, LossScaleState* st, float* used) 
 static const char* smolvla_gpu_problem(const SmolVLAConfig* c, int mode) {
     static char msg[320];
     const char* problem = smolvla_config_problem(c);
-    if (problem != NULL) { snprintf(msg, sizeof(msg), "bad %s config: %s", FAMILY_NAMES[c->family], problem); return msg; }
+    if (problem != NULL) {
+        snprintf(msg, sizeof(msg), "bad %s config: %s", FAMILY_NAMES[c->family], problem);
+        return msg;
+    }
     if (c->head_dim > 32 * ATT5_VALS || c->vis_width / c->vis_heads > 32 * ATT5_VALS) {
-        snprintf(msg, sizeof(msg), "head sizes %d and %d: the GPU attention kernels take head sizes up to %d", c->head_dim,
-                 c->vis_width / c->vis_heads, 32 * ATT5_VALS);
+        snprintf(msg, sizeof(msg), "head sizes %d and %d: the GPU attention kernels take head sizes up to %d",
+                 c->head_dim, c->vis_width / c->vis_heads, 32 * ATT5_VALS);
         return msg;
     }
     if (c->d_model > 32 * RMSNORM_BWD3_COLS || c->d_expert > 32 * RMSNORM_BWD3_COLS ||
         c->vis_width > 32 * LAYERNORM_FWD2_VALS) {
-        snprintf(msg, sizeof(msg), "widths %d (VLM), %d (expert), %d (vision): the GPU trainer's norms take widths up to "
-                 "%d; train this model with train_vla_cpu", c->d_model, c->d_expert, c->vis_width, 32 * RMSNORM_BWD3_COLS);
+        snprintf(msg, sizeof(msg),
+                 "widths %d (VLM), %d (expert), %d (vision): the GPU trainer's norms take widths up to "
+                 "%d; train this model with train_vla_cpu",
+                 c->d_model, c->d_expert, c->vis_width, 32 * RMSNORM_BWD3_COLS);
         return msg;
     }
     if (mode == TRAIN_MODE_ALL && c->vis_width > 32 * LAYERNORM_BWD3_VALS) {
-        snprintf(msg, sizeof(msg), "--train all: the vision tower's width %d is past the GPU trainer's LayerNorm backward "
-                 "(up to %d): train it with --train vlm (the vision tower frozen) or with train_vla_cpu", c->vis_width,
-                 32 * LAYERNORM_BWD3_VALS);
+        snprintf(msg, sizeof(msg),
+                 "--train all: the vision tower's width %d is past the GPU trainer's LayerNorm backward "
+                 "(up to %d): train it with --train vlm (the vision tower frozen) or with train_vla_cpu",
+                 c->vis_width, 32 * LAYERNORM_BWD3_VALS);
         return msg;
     }
     // the kernels of the vision tower, the connector and the MLPs move 16 bytes at a time
     if (c->vis_width % x128::size != 0 || c->vis_ff % x128::size != 0 || c->img % x128::size != 0 ||
         c->d_ff % x128::size != 0 || c->d_expert_ff % x128::size != 0) {
-        snprintf(msg, sizeof(msg), "the GPU trainer takes vision and MLP widths and image sizes that are multiples of %d "
-                 "(%s); this model has %d, %d, %d, %d and %d", x128::size, PRECISION_NAME, c->vis_width, c->vis_ff, c->img,
-                 c->d_ff, c->d_expert_ff);
+        snprintf(msg, sizeof(msg),
+                 "the GPU trainer takes vision and MLP widths and image sizes that are multiples of %d "
+                 "(%s); this model has %d, %d, %d, %d and %d",
+                 x128::size, PRECISION_NAME, c->vis_width, c->vis_ff, c->img, c->d_ff, c->d_expert_ff);
         return msg;
     }
     return NULL;
@@ -582,7 +600,9 @@ static void smolvla_set_params(SmolVLA* m, const float* params, const float* mom
     size_t n = (m->n_opt > lo ? (m->n_opt < hi ? m->n_opt : hi) - lo : 0);  // the shard's real elements
     for (int k = 0; k < 2; k++) {
         cudaCheck(cudaMemset(moments[k], 0, (hi - lo) * sizeof(float)));
-        if (given[k] != NULL && n > 0) { cudaCheck(cudaMemcpy(moments[k], given[k] + lo, n * sizeof(float), cudaMemcpyHostToDevice)); }
+        if (given[k] != NULL && n > 0) {
+            cudaCheck(cudaMemcpy(moments[k], given[k] + lo, n * sizeof(float), cudaMemcpyHostToDevice));
+        }
     }
 }
 
@@ -725,19 +745,31 @@ static SmolVisionActs smolvla_vision_acts(const SmolVLA* m, int l) {
     const SmolVLAConfig* c = &m->config;
     const SmolActivations* a = &m->acts;
     size_t kept = smolvla_vis_kept(c, m->mode), V = smolvla_vrows(c, m->B);
-    size_t La = (size_t)l % smolvla_vis_attn(c, m->mode, m->recompute), Lm = (size_t)l % smolvla_vis_mlp(c, m->mode, m->recompute);
+    size_t La = (size_t)l % smolvla_vis_attn(c, m->mode, m->recompute),
+           Lm = (size_t)l % smolvla_vis_mlp(c, m->mode, m->recompute);
     size_t VC = V * c->vis_width, VF = V * c->vis_ff;
-    SmolVisionActs x = {a->v_res + (size_t)l % (kept + 1) * VC, a->v_ln1 + La * VC, a->v_q + La * VC, a->v_k + La * VC,
-                        a->v_v + La * VC, a->v_att + La * VC, a->v_mid + Lm * VC, a->v_ln2 + Lm * VC, a->v_fc1 + Lm * VF,
-                        a->v_gelu + Lm * VF, a->v_res + (size_t)(l + 1) % (kept + 1) * VC,
-                        a->v_mean1 + La * V, a->v_rstd1 + La * V, a->v_lse + La * V * c->vis_heads, a->v_mean2 + Lm * V,
+    SmolVisionActs x = {a->v_res + (size_t)l % (kept + 1) * VC,
+                        a->v_ln1 + La * VC,
+                        a->v_q + La * VC,
+                        a->v_k + La * VC,
+                        a->v_v + La * VC,
+                        a->v_att + La * VC,
+                        a->v_mid + Lm * VC,
+                        a->v_ln2 + Lm * VC,
+                        a->v_fc1 + Lm * VF,
+                        a->v_gelu + Lm * VF,
+                        a->v_res + (size_t)(l + 1) % (kept + 1) * VC,
+                        a->v_mean1 + La * V,
+                        a->v_rstd1 + La * V,
+                        a->v_lse + La * V * c->vis_heads,
+                        a->v_mean2 + Lm * V,
                         a->v_rstd2 + Lm * V};
     return x;
 }
 
 // Attention under the sequence's mask: Tq queries from token q0, keys k0/v0 (Nk0) then k1/v1 (Nk1)
-static GqaAttn smolvla_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, const floatX* v0, int Nk0, const floatX* k1,
-                         const floatX* v1, int Nk1) {
+static GqaAttn smolvla_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, const floatX* v0, int Nk0,
+                            const floatX* k1, const floatX* v1, int Nk1) {
     const SmolVLAConfig* c = &m->config;
     GqaAttn a = {.k0 = k0, .v0 = v0, .k1 = k1, .v1 = v1, .block = m->acts.block, .B = m->B, .NH = c->n_head,
                  .NKV = c->n_kv_head, .HS = c->head_dim, .Tq = Tq, .q0 = q0, .Nk0 = Nk0, .Nk1 = Nk1,
@@ -755,7 +787,8 @@ static void smolvla_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, fl
 }
 
 // attention output -> o_proj + residual -> RMSNorm -> SwiGLU (GeGLU) MLP + residual; with_out 0 skips down_proj
-static void smolvla_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerActs* x, int N, int D, int with_out = 1) {
+static void smolvla_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerActs* x, int N, int D,
+                                      int with_out = 1) {
     matmul_forward(x->mid, x->att, w->wo, NULL, x->res, N, D, w->C);
     rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, w->eps, w->offset);
     matmul_forward(x->gate, x->ln2, w->gate, NULL, NULL, N, w->C, w->F);
@@ -811,8 +844,8 @@ static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
     const SmolVLAConfig* c = &m->config;
     size_t per = (size_t)3 * c->img * c->img;
     for (int cam = 0; cam < c->n_cam; cam++) {
-        resize_pad(m->acts.pixels + (size_t)cam * in->B * per, in->frames[cam], in->B, in->frame_h[cam], in->frame_w[cam],
-                   c->img, in->frame_stride, 0, smolvla_pad_centred(c));
+        resize_pad(m->acts.pixels + (size_t)cam * in->B * per, in->frames[cam], in->B, in->frame_h[cam],
+                   in->frame_w[cam], c->img, in->frame_stride, 0, smolvla_pad_centred(c));
     }
 }
 
@@ -832,24 +865,28 @@ static void smolvla_vision_layer_forward(SmolVLA* m, int l, int redo) {
     const SmolVLAConfig* c = &m->config;
     int V = (int)smolvla_vrows(c, m->B), Cv = c->vis_width, Fv = c->vis_ff;
     SmolVisionActs x = smolvla_vision_acts(m, l);
-    layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smolvla_param(m, SMOLP_vis_ln1_w, l), smolvla_param(m, SMOLP_vis_ln1_b, l),
-                      V, Cv);
+    layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smolvla_param(m, SMOLP_vis_ln1_w, l),
+                      smolvla_param(m, SMOLP_vis_ln1_b, l), V, Cv);
     matmul_forward(x.q, x.ln1, smolvla_param(m, SMOLP_vis_wq, l), smolvla_param(m, SMOLP_vis_bq, l), NULL, V, Cv, Cv);
     matmul_forward(x.k, x.ln1, smolvla_param(m, SMOLP_vis_wk, l), smolvla_param(m, SMOLP_vis_bk, l), NULL, V, Cv, Cv);
     matmul_forward(x.v, x.ln1, smolvla_param(m, SMOLP_vis_wv, l), smolvla_param(m, SMOLP_vis_bv, l), NULL, V, Cv, Cv);
     gqa_attention_forward(x.att, x.lse, x.q, smolvla_vision_attn(m, x));
     if (redo == RECOMPUTE_ATTN) { return; }
-    matmul_forward(x.mid, x.att, smolvla_param(m, SMOLP_vis_wo, l), smolvla_param(m, SMOLP_vis_bo, l), x.res, V, Cv, Cv);
-    layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l), smolvla_param(m, SMOLP_vis_ln2_b, l),
-                      V, Cv);
+    matmul_forward(x.mid, x.att, smolvla_param(m, SMOLP_vis_wo, l), smolvla_param(m, SMOLP_vis_bo, l), x.res, V, Cv,
+                   Cv);
+    layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l),
+                      smolvla_param(m, SMOLP_vis_ln2_b, l), V, Cv);
     if (m->mode == TRAIN_MODE_ALL) {  // the backward pass reads fc1 (GELU's derivative)
-        matmul_forward(x.fc1, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), smolvla_param(m, SMOLP_vis_fc1_b, l), NULL, V, Cv, Fv);
+        matmul_forward(x.fc1, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), smolvla_param(m, SMOLP_vis_fc1_b, l), NULL,
+                       V, Cv, Fv);
         gelu_forward(x.gelu, x.fc1, (size_t)V * Fv);
     } else {  // a frozen tower: GELU in the product's epilogue
-        matmul_forward_gelu(x.gelu, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), smolvla_param(m, SMOLP_vis_fc1_b, l), V, Cv, Fv);
+        matmul_forward_gelu(x.gelu, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), smolvla_param(m, SMOLP_vis_fc1_b, l),
+                            V, Cv, Fv);
     }
     if (redo != RECOMPUTE_NONE) { return; }
-    matmul_forward(x.out, x.gelu, smolvla_param(m, SMOLP_vis_fc2_w, l), smolvla_param(m, SMOLP_vis_fc2_b, l), x.mid, V, Fv, Cv);
+    matmul_forward(x.out, x.gelu, smolvla_param(m, SMOLP_vis_fc2_w, l), smolvla_param(m, SMOLP_vis_fc2_b, l), x.mid, V,
+                   Fv, Cv);
 }
 
 // SigLIP over every image: pixels -> acts.v_out (V, Cv); position ids are the identity
@@ -860,11 +897,12 @@ static void smolvla_vision_forward(SmolVLA* m) {
     int Cv = c->vis_width;
     size_t VC = (size_t)V * Cv;
     LAUNCH_1D(patchify_chw_kernel, (size_t)V * smolvla_patch_dim(c), a->patches, a->pixels, NV, c->img, c->patch);
-    matmul_forward(a->v_res, a->patches, m->params.vis_patch_w, m->params.vis_patch_b, NULL, V, smolvla_patch_dim(c), Cv);
+    matmul_forward(a->v_res, a->patches, m->params.vis_patch_w, m->params.vis_patch_b, NULL, V, smolvla_patch_dim(c),
+                   Cv);
     LAUNCH_1D(add_periodic_kernel, VC, a->v_res, m->params.vis_pos, VC, (size_t)Nv * Cv);
     for (int l = 0; l < c->vis_layers; l++) { smolvla_vision_layer_forward(m, l, RECOMPUTE_NONE); }
-    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, smolvla_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w,
-                      m->params.vis_post_b, V, Cv);
+    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, smolvla_vision_acts(m, c->vis_layers - 1).out,
+                      m->params.vis_post_w, m->params.vis_post_b, V, Cv);
 }
 
 // p_res[0] = [camera tokens][language][state (SmolVLA)] per sample, block ids and RoPE positions of
@@ -934,8 +972,9 @@ static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
 }
 
 // Expert layer l over the suffix (the actions, after pi0's state token). Joint layer: the suffix's
-// q/k/v with RoPE after the valid prefix, keys = [the VLM's K/V ; the suffix's own] under the block mask. Cross layer: q with RoPE from 0, keys/values = the
-// VLM's post-RoPE K/V re-projected by the expert (no second RoPE). reuse_cross_kv: re-projections valid.
+// q/k/v with RoPE after the valid prefix, keys = [the VLM's K/V ; the suffix's own] under the block mask. Cross layer:
+// q with RoPE from 0, keys/values = the VLM's post-RoPE K/V re-projected by the expert (no second RoPE).
+// reuse_cross_kv: re-projections valid.
 static void smolvla_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, int redo) {
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
@@ -1066,8 +1105,8 @@ static void smolvla_expert_backward(SmolVLA* m, int state_only) {
     }
     bias_backward(m->grads.action_out_b, a->partial, a->d_vt, A, c->max_action_dim);
     cudaCheck(cudaMemsetAsync(dres, 0, (size_t)R * Ce * sizeof(float), main_stream));
-    smolvla_rmsnorm_backward(m, dres, dres_x, m->grads.exp_norm, a->g_ln, a->s_res + (size_t)L * R * Ce, m->params.exp_norm,
-                          a->f_rstd, R, Ce);
+    smolvla_rmsnorm_backward(m, dres, dres_x, m->grads.exp_norm, a->g_ln, a->s_res + (size_t)L * R * Ce,
+                             m->params.exp_norm, a->f_rstd, R, Ce);
     for (int l = L - 1; l >= 0; l--) {
         if (m->recompute != RECOMPUTE_NONE) { smolvla_expert_layer_forward(m, l, 0, m->recompute); }
         SmolLayer<floatX> w = smolvla_layer<floatX>(m, 1, l, 0);
@@ -1142,8 +1181,8 @@ static SmolLayerActs smolvla_state_rows(SmolVLA* m, const SmolLayerActs* x, int 
     const SmolVLAConfig* c = &m->config;
     SmolActivations* a = &m->acts;
     int B = m->B, Np = smolvla_n_prefix(c), C = c->d_model, F = c->d_ff, D = smolvla_d_attn(c);
-    SmolLayerActs r = {a->r_res, a->r_ln1, a->r_q, NULL, NULL, a->r_att, a->r_mid, a->r_ln2, a->r_gate, a->r_up, a->r_act,
-                       NULL, a->r_rstd1, a->r_lse, a->r_rstd2};
+    SmolLayerActs r = {a->r_res,  a->r_ln1, a->r_q,   NULL, NULL,       a->r_att, a->r_mid,  a->r_ln2,
+                       a->r_gate, a->r_up,  a->r_act, NULL, a->r_rstd1, a->r_lse, a->r_rstd2};
     LAUNCH_1D(gather_rows_kernel, (size_t)B * C, r.res, x->res, B, Np, Np - 1, 1, C);
     LAUNCH_1D(gather_rows_kernel, (size_t)B * C, r.ln1, x->ln1, B, Np, Np - 1, 1, C);
     LAUNCH_1D(gather_rows_f32_kernel, (size_t)B, r.rstd1, x->rstd1, B, Np, Np - 1, 1, 1);
@@ -1173,7 +1212,9 @@ static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
     cudaCheck(cudaMemsetAsync(dres, 0, (size_t)N * c->d_model * sizeof(float), main_stream));
     for (int l = c->n_layer - 1; l >= 0; l--) {
         int last = l == c->n_layer - 1;
-        if (m->recompute != RECOMPUTE_NONE) { smolvla_vlm_layer_forward(m, l, m->recompute); }  // every row: same kernels
+        if (m->recompute != RECOMPUTE_NONE) {
+            smolvla_vlm_layer_forward(m, l, m->recompute);
+        }  // every row: same kernels
         SmolLayer<floatX> w = smolvla_layer<floatX>(m, 0, l, 0);
         SmolLayer<float> g = smolvla_layer<float>(m, 0, l, 1);
         SmolLayerActs all = smolvla_layer_acts(m, 0, l);
@@ -1184,7 +1225,8 @@ static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
         if (!last) {
             smolvla_layer_out_backward(m, &w, &g, &x, dres, dres_x, N, D);
             // the taken rows' queries (the state's, token Np - 1, or all) over every prefix key
-            GqaAttn keys = smolvla_attn(m, state_only ? 1 : Np, state_only ? Np - 1 : 0, all.k, all.v, Np, NULL, NULL, 0);
+            GqaAttn keys =
+                smolvla_attn(m, state_only ? 1 : Np, state_only ? Np - 1 : 0, all.k, all.v, Np, NULL, NULL, 0);
             gqa_attention_backward(a->g_q, dk, dv, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta, keys);
             rope_at(a->g_q, a->g_q, m->rope_cos, m->rope_sin, a->pos + (state_only ? Np - 1 : 0), N, N / B, T,
                     c->n_head, c->head_dim, -1.0f);
@@ -1246,7 +1288,8 @@ static void smolvla_vision_backward(SmolVLA* m) {
     pixel_shuffle_backward(a->g_ln, a->g_shuf, NV, G, G, Cv, c->scale_factor);  // d v_out
     cudaCheck(cudaMemsetAsync(dres, 0, VC * sizeof(float), main_stream));
     layernorm_backward(dres, dres_x, m->grads.vis_post_w, m->grads.vis_post_b, a->partial, a->g_ln,
-                       smolvla_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean, a->v_orstd, V, Cv);
+                       smolvla_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean, a->v_orstd, V,
+                       Cv);
     for (int l = c->vis_layers - 1; l >= 0; l--) {
         if (m->recompute != RECOMPUTE_NONE) { smolvla_vision_layer_forward(m, l, m->recompute); }
         SmolVisionActs x = smolvla_vision_acts(m, l);
@@ -1258,8 +1301,8 @@ static void smolvla_vision_backward(SmolVLA* m) {
         matmul_backward_input(a->g_ln, a->g_gate, smolvla_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv, 0.0f);
         matmul_backward_weight(smolvla_grad(m, SMOLP_vis_fc1_w, l), a->g_gate, x.ln2, V, Cv, Fv);
         bias_backward(smolvla_grad(m, SMOLP_vis_fc1_b, l), a->partial, a->g_gate, V, Fv);
-        layernorm_backward(dres, dres_x, smolvla_grad(m, SMOLP_vis_ln2_w, l), smolvla_grad(m, SMOLP_vis_ln2_b, l), a->partial,
-                           a->g_ln, x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
+        layernorm_backward(dres, dres_x, smolvla_grad(m, SMOLP_vis_ln2_w, l), smolvla_grad(m, SMOLP_vis_ln2_b, l),
+                           a->partial, a->g_ln, x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
         // attention: mid = x + out_proj(attention(q, k, v))
         matmul_backward_input(a->g_att, dres_x, smolvla_param(m, SMOLP_vis_wo, l), V, Cv, Cv, 0.0f);
         matmul_backward_weight(smolvla_grad(m, SMOLP_vis_wo, l), dres_x, x.att, V, Cv, Cv);
@@ -1267,14 +1310,15 @@ static void smolvla_vision_backward(SmolVLA* m) {
         gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta,
                                smolvla_vision_attn(m, x), a->g_kx, a->g_vx);  // (dk, dv in floatX)
         const floatX* dqkv[3] = {a->g_q, a->g_kx, a->g_vx};
-        const int wi[3] = {SMOLP_vis_wq, SMOLP_vis_wk, SMOLP_vis_wv}, bi[3] = {SMOLP_vis_bq, SMOLP_vis_bk, SMOLP_vis_bv};
+        const int wi[3] = {SMOLP_vis_wq, SMOLP_vis_wk, SMOLP_vis_wv},
+                  bi[3] = {SMOLP_vis_bq, SMOLP_vis_bk, SMOLP_vis_bv};
         for (int j = 0; j < 3; j++) {
             matmul_backward_input(a->g_ln, dqkv[j], smolvla_param(m, wi[j], l), V, Cv, Cv, j > 0 ? 1.0f : 0.0f);
             matmul_backward_weight(smolvla_grad(m, wi[j], l), dqkv[j], x.ln1, V, Cv, Cv);
             bias_backward(smolvla_grad(m, bi[j], l), a->partial, dqkv[j], V, Cv);
         }
-        layernorm_backward(dres, dres_x, smolvla_grad(m, SMOLP_vis_ln1_w, l), smolvla_grad(m, SMOLP_vis_ln1_b, l), a->partial,
-                           a->g_ln, x.res, smolvla_param(m, SMOLP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
+        layernorm_backward(dres, dres_x, smolvla_grad(m, SMOLP_vis_ln1_w, l), smolvla_grad(m, SMOLP_vis_ln1_b, l),
+                           a->partial, a->g_ln, x.res, smolvla_param(m, SMOLP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
         smolvla_bucket_done(m, smolvla_bucket(c, TOWER_VISION, l));
     }
     // patch i's position row, summed over the images in order; the patch embedding
@@ -1408,8 +1452,8 @@ static void smolvla_update(SmolVLA* m, float lr, float weight_decay, int decay_o
         size_t first, n = zero_part(m->domain.offset[i], m->domain.numel[i], lo, m->shard_hi, &first);
         if (n == 0) { continue; }
         size_t a = m->domain.offset[i] + first;  // in the domain; the state arrays start at lo
-        LAUNCH_1D(adamw_kernel, n, m->master + (a - lo), m->params_memory + a, m->grads_memory + a, m->m_memory + (a - lo),
-                  m->v_memory + (a - lo), n, lr, beta1, beta2, eps,
+        LAUNCH_1D(adamw_kernel, n, m->master + (a - lo), m->params_memory + a, m->grads_memory + a,
+                  m->m_memory + (a - lo), m->v_memory + (a - lo), n, lr, beta1, beta2, eps,
                   smolvla_decay(&m->table.spec[i], weight_decay, decay_on), bc1, bc2, m->acts.scalars + 1, clip);
     }
     if (m->scaler != NULL) {
@@ -1453,14 +1497,17 @@ static int smolvla_bucket_count(const SmolVLAConfig* c) { return 2 * c->n_layer 
 // layer (its gradient is final before that layer's), an input with its tower's embeddings
 static int smolvla_slice_bucket(const SmolVLAConfig* c, const SmolParamSpec* s, int k) {
     if (s->kind == KIND_LAYER) { return smolvla_bucket(c, s->tower, smolvla_slice_layer(c, s, k)); }
-    if (s->kind == KIND_HEAD) { return smolvla_bucket(c, s->tower, (s->tower == TOWER_VISION ? c->vis_layers : c->n_layer) - 1); }
+    if (s->kind == KIND_HEAD) {
+        return smolvla_bucket(c, s->tower, (s->tower == TOWER_VISION ? c->vis_layers : c->n_layer) - 1);
+    }
     return smolvla_bucket(c, s->tower, -1);
 }
 
 // Each bucket's ranges of the trainable domain d of table t: its trainable slices, neighbours
 // merged. A frozen slice is in no bucket, so it is never communicated. (Host only: the banner
 // counts them too.)
-static void smolvla_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t, const SmolOptDomain* d) {
+static void smolvla_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t,
+                                  const SmolOptDomain* d) {
     b->n = smolvla_bucket_count(c);
     size_t max_ranges = 0;
     for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { max_ranges += smolvla_slices(&t->spec[i]); }
@@ -1567,7 +1614,9 @@ static void dist_sum(Dist* d, float* x, size_t n) {
 static void smolvla_bucket_done(SmolVLA* m, int b) {
     Dist* d = m->dist;
     const SmolBuckets* k = &m->buckets;
-    if (d == NULL || !d->sync || smolvla_sharded(m) || k->first[b] == k->first[b + 1]) { return; }  // ZeRO-1: at the end
+    if (d == NULL || !d->sync || smolvla_sharded(m) || k->first[b] == k->first[b + 1]) {
+        return;
+    }  // ZeRO-1: at the end
     cudaCheck(cudaEventRecord(d->bucket_ready[b], main_stream));
     cudaCheck(cudaStreamWaitEvent(d->comm_stream, d->bucket_ready[b], 0));
     ncclCheck(ncclGroupStart());
@@ -1611,7 +1660,8 @@ static void zero_gather_params(SmolVLA* m) {
 static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* shard) {
     if (smolvla_sharded(m)) {
         comm_after_main(m->dist, m->dist->scalars_ready);
-        ncclCheck(ncclAllGather(shard, gathered, m->shard_hi - m->shard_lo, ncclFloat, m->dist->comm, m->dist->comm_stream));
+        ncclCheck(
+            ncclAllGather(shard, gathered, m->shard_hi - m->shard_lo, ncclFloat, m->dist->comm, m->dist->comm_stream));
         main_after_comm(m->dist);
         return gathered;
     }
@@ -1698,8 +1748,10 @@ static void* watchdog_main(void* arg) {
             }
         }
         if (stuck[0] != '\0') {
-            snprintf(what, sizeof(what), "rank(s) %s of node %d made no progress for %.0f s (--nccl-timeout): a rank of "
-                     "the run is hung or gone", stuck, run->node, longest);
+            snprintf(what, sizeof(what),
+                     "rank(s) %s of node %d made no progress for %.0f s (--nccl-timeout): a rank of "
+                     "the run is hung or gone",
+                     stuck, run->node, longest);
             watchdog_fault(w, what);
         }
     }
@@ -1733,7 +1785,9 @@ static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w
     w->comms[local] = d->comm;
     cudaCheck(cudaStreamCreate(&d->comm_stream));
     d->bucket_ready = (cudaEvent_t*)mallocCheck(n_buckets * sizeof(cudaEvent_t));
-    for (int b = 0; b < n_buckets; b++) { cudaCheck(cudaEventCreateWithFlags(&d->bucket_ready[b], cudaEventDisableTiming)); }
+    for (int b = 0; b < n_buckets; b++) {
+        cudaCheck(cudaEventCreateWithFlags(&d->bucket_ready[b], cudaEventDisableTiming));
+    }
     cudaCheck(cudaEventCreateWithFlags(&d->scalars_ready, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&d->comm_done, cudaEventDisableTiming));
     for (int i = 0; i < DIST_TIMED_WAITS; i++) {
@@ -1809,7 +1863,9 @@ static void dist_check_args(const TrainArgs* args) {
         vla_fail("-g %d: this train_vla was built without NCCL and trains on one GPU; run -g 1, or rebuild where NCCL "
                  "is installed (make train_vla finds it)", args->ranks);
     }
-    if (args->nodes > 1) { vla_fail("--nodes %d: this train_vla was built without NCCL: rebuild where NCCL is installed", args->nodes); }
+    if (args->nodes > 1) {
+        vla_fail("--nodes %d: this train_vla was built without NCCL: rebuild where NCCL is installed", args->nodes);
+    }
 }
 
 static void dist_share_id(const Run* run) {}
@@ -1830,7 +1886,9 @@ static void watchdog_stop(Watchdog* w) {
     free((void*)w->step);
 }
 
-static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) { memset(d, 0, sizeof(*d)); }
+static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) {
+    memset(d, 0, sizeof(*d));
+}
 static void dist_free(Dist* d, const SmolVLA* m, Watchdog* w, int local) {}
 static void dist_barrier(void) {}
 static void dist_step_begin(Dist* d) {}
@@ -1936,12 +1994,11 @@ static void batch_upload(Loader* L, SmolBatch* dev, cudaEvent_t consumed, cudaEv
 static void task_losses_add(TaskLosses* tl, const SmolVLA* m, const SmolInputs* in, int k, int micro) {
     if (tl->tb == NULL) { return; }
     const SmolVLAConfig* c = &m->config;
-    sample_loss_kernel<<<in->B, BLOCK, 0, main_stream>>>(tl->sample_sums, m->acts.v_t, m->acts.target, in->action_is_pad,
-                                                         c->chunk, c->action_dim, c->max_action_dim);
+    sample_loss_kernel<<<in->B, BLOCK, 0, main_stream>>>(tl->sample_sums, m->acts.v_t, m->acts.target,
+                                                         in->action_is_pad, c->chunk, c->action_dim, c->max_action_dim);
     launchCheck();
-    task_loss_add_kernel<<<ceil_div(tl->T, BLOCK), BLOCK, 0, main_stream>>>(tl->task_sums, tl->sample_sums,
-                                                                          tl->dev_task + (size_t)k * tl->B, in->B, tl->T,
-                                                                          micro == 0);
+    task_loss_add_kernel<<<ceil_div(tl->T, BLOCK), BLOCK, 0, main_stream>>>(
+        tl->task_sums, tl->sample_sums, tl->dev_task + (size_t)k * tl->B, in->B, tl->T, micro == 0);
     launchCheck();
 }
 
@@ -2088,7 +2145,8 @@ static void policy_load(void* arg) {
     checkpoint_note_unverified(l->path, ck);
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        snprintf(l->err, (size_t)l->err_size, "no CUDA GPU is visible: serve the checkpoint on the CPU (device=\"cpu\", "
+        snprintf(l->err, (size_t)l->err_size,
+                 "no CUDA GPU is visible: serve the checkpoint on the CPU (device=\"cpu\", "
                  "libvla.so)");
         return;
     }
@@ -2161,7 +2219,8 @@ static void policy_act(void* arg) {
     if (a->rc != POLICY_OK) { return; }
     policy_gpu_thread_init();
     SmolSampling* s = &p->model.sampling;
-    if (p->thread != policy_gpu_thread) {  // its graph holds the last thread's stream work, and its plans are that thread's
+    if (p->thread !=
+        policy_gpu_thread) {  // its graph holds the last thread's stream work, and its plans are that thread's
         if (s->graph != NULL) {
             cudaGraphExec_t graph = s->graph;
             s->graph = NULL;
@@ -2294,11 +2353,15 @@ static void print_memory_per_gpu(const SmolVLAConfig* c, int train_mode, int bat
     const double gib = 1024.0 * 1024.0 * 1024.0;
     const int worlds[] = {1, 2, 4, 8};
     double act[RECOMPUTE_COUNT];
-    for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) { act[rc] = (double)smolvla_act_bytes(c, train_mode, batch, rc) / gib; }
-    printf("\nper GPU, --train %s, batch %d per GPU (-b), GiB; activations and total by --recompute none / attn / layer\n",
-           TRAIN_MODE_NAMES[train_mode], batch);
-    printf("| GPUs | ZeRO-1 | weights | gradients | master | moments | activations           | total                 |\n"
-           "|------|--------|---------|-----------|--------|---------|-----------------------|-----------------------|\n");
+    for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
+        act[rc] = (double)smolvla_act_bytes(c, train_mode, batch, rc) / gib;
+    }
+    printf(
+        "\nper GPU, --train %s, batch %d per GPU (-b), GiB; activations and total by --recompute none / attn / layer\n",
+        TRAIN_MODE_NAMES[train_mode], batch);
+    printf(
+        "| GPUs | ZeRO-1 | weights | gradients | master | moments | activations           | total                 |\n"
+        "|------|--------|---------|-----------|--------|---------|-----------------------|-----------------------|\n");
     for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
         for (int zero = 0; zero <= (worlds[w] > 1); zero++) {
             size_t parts[MEM_PARTS];
@@ -2393,8 +2456,13 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
         double extra = smolvla_recompute_flops_per_sample(c, args->train_mode, args->recompute);
         table_row("recompute GFLOP/sample", "%.2f (+%.1f%%, not in MFU)", extra / 1e9, 100.0 * extra / flops);
     }
-    table_row("vision attention", "%s", attention_version_name(c->vis_width / c->vis_heads));
-    table_row("masked attention", "%s", attention_version_name(c->head_dim));
+    const char* attention_rows[2] = {"vision attention", "masked attention"};
+    int head_sizes[2] = {c->vis_width / c->vis_heads, c->head_dim};
+    for (int k = 0; k < 2; k++) {
+        int fwd = attention_version(head_sizes[k], false, true), bwd = attention_version(head_sizes[k], true, true);
+        if (fwd == bwd) { table_row(attention_rows[k], "%s", attention_version_name(fwd)); }
+        else { table_row(attention_rows[k], "%s (backward v%d)", attention_version_name(fwd), bwd); }
+    }
     table_row("device", "%.36s", prop->name);
     table_row("precision", "%s", PRECISION_NAME);
     table_row("model GFLOP per sample", "%.2f", flops / 1e9);
@@ -2506,11 +2574,13 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         char left[2 * VLA_PATH_MAX + 128];
         if (skipped && used_scale <= 1.0f) {  // not a scale too large: the model overflows fp16 itself
             if (!lead) { break; }
-            vla_fail("step %d: Inf/NaN gradients at loss scale %g, the smallest: fp16's range is too small for this run: "
-                     "lower the learning rate (-l), or train in bf16 or fp32 (PRECISION=BF16 on sm_80 and newer); %s", done,
-                     (double)used_scale, train_checkpoint_left(args->output, left, sizeof(left)));
+            vla_fail(
+                "step %d: Inf/NaN gradients at loss scale %g, the smallest: fp16's range is too small for this run: "
+                "lower the learning rate (-l), or train in bf16 or fp32 (PRECISION=BF16 on sm_80 and newer); %s",
+                done, (double)used_scale, train_checkpoint_left(args->output, left, sizeof(left)));
         }
-        if (!skipped && (!isfinite(loss) || !isfinite(norm))) {  // every rank sees the same values: rank 0 reports and exits
+        if (!skipped &&
+            (!isfinite(loss) || !isfinite(norm))) {  // every rank sees the same values: rank 0 reports and exits
             if (!lead) { break; }
             vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; %s",
                      done, loss, norm, train_checkpoint_left(args->output, left, sizeof(left)));
@@ -2534,16 +2604,21 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     cudaCheck(cudaStreamSynchronize(copy_stream));
     loader_pin(&loader, 0);
     loader_stop(&loader);
-    if (stopped && step >= args->steps) { stopped = 0; }  // a stop in the last step: that step's checkpoint ends the run
+    if (stopped && step >= args->steps) {
+        stopped = 0;
+    }  // a stop in the last step: that step's checkpoint ends the run
     if (lead) {
         if (stopped) { train_report_interrupt(args, step); }
         if (model.scaler != NULL) {
-            printf("fp16 loss scaling: %llu step(s) of this run's %d skipped for Inf/NaN gradients (%llu in all), loss scale "
-                   "now %g\n", (unsigned long long)(scale.skipped - run->loss_scale.skipped), step - run->start,
-                   (unsigned long long)scale.skipped, (double)scale.scale);
+            printf(
+                "fp16 loss scaling: %llu step(s) of this run's %d skipped for Inf/NaN gradients (%llu in all), loss "
+                "scale "
+                "now %g\n",
+                (unsigned long long)(scale.skipped - run->loss_scale.skipped), step - run->start,
+                (unsigned long long)scale.skipped, (double)scale.scale);
         }
-        printf("data loader: %d worker thread(s) per GPU, rank 0 waited %.1f ms for batches in %d steps\n", args->workers,
-               1000.0 * loader.wait_seconds, step - run->start);
+        printf("data loader: %d worker thread(s) per GPU, rank 0 waited %.1f ms for batches in %d steps\n",
+               args->workers, 1000.0 * loader.wait_seconds, step - run->start);
         printf("eval: 10-step sampled actions vs the data, MSE %.6f (data units) on %d samples\n",
                eval_action_mse(&model, &dev[0], &run->ds, args->seed,
                                run->sampler_pos + (uint64_t)(step - run->start) * global_batch, step),
@@ -2633,13 +2708,15 @@ int main(int argc, char** argv) {
     }
     if (!run_has_steps_left(run.from, run.start, args->steps)) { return 0; }
     if (args->profile > 0 && (args->profile <= run.start || args->profile > args->steps)) {
-        vla_fail("--profile %d: this run trains steps %d to %d: profile one of them (one after the first, which warms up)",
-                 args->profile, run.start + 1, args->steps);
+        vla_fail(
+            "--profile %d: this run trains steps %d to %d: profile one of them (one after the first, which warms up)",
+            args->profile, run.start + 1, args->steps);
     }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     if (run.node == 0) {
-        print_config(&run, &prop, smolvla_flops_per_sample(&run.config, args->train_mode), device_peak_flops(prop.name));
+        print_config(&run, &prop, smolvla_flops_per_sample(&run.config, args->train_mode),
+                     device_peak_flops(prop.name));
     }
     dist_share_id(&run);
     signal(SIGINT, on_signal);

@@ -23,7 +23,9 @@ static void crc32_build_tables(void) {
         crc32_table[0][i] = c;
     }
     for (uint32_t i = 0; i < 256; i++) {  // table t: the byte followed by t zero bytes
-        for (int t = 1; t < 8; t++) { crc32_table[t][i] = (crc32_table[t - 1][i] >> 8) ^ crc32_table[0][crc32_table[t - 1][i] & 0xFF]; }
+        for (int t = 1; t < 8; t++) {
+            crc32_table[t][i] = (crc32_table[t - 1][i] >> 8) ^ crc32_table[0][crc32_table[t - 1][i] & 0xFF];
+        }
     }
 }
 

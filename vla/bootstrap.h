@@ -168,8 +168,10 @@ static inline int boot_hello_parse(const BootIdentity* self, const char* token, 
             return BOOT_HELLO_STRANGER;
         }
         if (head[1] != BOOT_VERSION) {
-            snprintf(why, why_size, "a hello of bootstrap version %u, this train_vla's is %u: run the same train_vla on "
-                     "every node", head[1], BOOT_VERSION);
+            snprintf(why, why_size,
+                     "a hello of bootstrap version %u, this train_vla's is %u: run the same train_vla on "
+                     "every node",
+                     head[1], BOOT_VERSION);
             return BOOT_HELLO_STRANGER;
         }
     }
@@ -181,9 +183,11 @@ static inline int boot_hello_parse(const BootIdentity* self, const char* token, 
     uint8_t proof[BOOT_DIGEST];
     boot_hello_proof(token, challenge, &h, proof);
     if (!boot_digest_equal(proof, h.proof)) {
-        snprintf(why, why_size, "%s", token != NULL && token[0] != '\0'
-                 ? "its hello does not prove this run's token: another --run-token, or none"
-                 : "its hello is not one of a run without a token: a node given a --run-token node 0 lacks, or no node");
+        snprintf(
+            why, why_size, "%s",
+            token != NULL && token[0] != '\0'
+                ? "its hello does not prove this run's token: another --run-token, or none"
+                : "its hello is not one of a run without a token: a node given a --run-token node 0 lacks, or no node");
         return BOOT_HELLO_STRANGER;
     }
     char diff[192];
@@ -210,7 +214,8 @@ static inline int boot_hello_parse(const BootIdentity* self, const char* token, 
 // than text_size; BOOT_REPLY_BAD: neither (not node 0 of this run). The body's proof follows
 // either (boot_reply_proof).
 enum { BOOT_REPLY_BAD = 0, BOOT_REPLY_PAYLOAD = 1, BOOT_REPLY_REFUSED = 2 };
-static inline int boot_reply_parse(const void* msg, size_t n, size_t payload_bytes, size_t text_size, uint32_t* length) {
+static inline int boot_reply_parse(const void* msg, size_t n, size_t payload_bytes, size_t text_size,
+                                   uint32_t* length) {
     BootReply reply;
     if (n != sizeof(reply)) { return BOOT_REPLY_BAD; }
     memcpy(&reply, msg, sizeof(reply));
@@ -229,7 +234,9 @@ static inline void boot_refusal_text(const void* msg, size_t n, char* out, size_
     for (size_t k = 0; k < n && p[k] != 0; k++) {
         char esc[8];
         int plain = p[k] >= 0x20 && p[k] < 0x7f && p[k] != '\\';
-        int w = plain ? 1 : p[k] == '\\' ? snprintf(esc, sizeof(esc), "\\\\") : snprintf(esc, sizeof(esc), "\\x%02x", p[k]);
+        int w = plain          ? 1
+                : p[k] == '\\' ? snprintf(esc, sizeof(esc), "\\\\")
+                               : snprintf(esc, sizeof(esc), "\\x%02x", p[k]);
         if (o + (size_t)w + 1 > size) { break; }
         if (plain) { out[o] = (char)p[k]; } else { memcpy(out + o, esc, (size_t)w); }
         o += (size_t)w;
@@ -324,11 +331,15 @@ static inline int boot_listen(const char* master, const char* bind_addr, char* w
     int rc = getaddrinfo(want, port, &hints, &res);
     if (rc != 0 || res == NULL) {
         if (bind_addr != NULL) {
-            snprintf(err, err_size, "--bind %s: not an address (%s): give an address of this machine alone (the port is "
-                     "--master's), or 0.0.0.0 to listen on all of them", bind_addr, gai_strerror(rc));
+            snprintf(err, err_size,
+                     "--bind %s: not an address (%s): give an address of this machine alone (the port is "
+                     "--master's), or 0.0.0.0 to listen on all of them",
+                     bind_addr, gai_strerror(rc));
         } else {
-            snprintf(err, err_size, "--master %s: cannot resolve %s on node 0 (%s): give node 0's own name or address, or "
-                     "the address to listen on with --bind", master, host, gai_strerror(rc));
+            snprintf(err, err_size,
+                     "--master %s: cannot resolve %s on node 0 (%s): give node 0's own name or address, or "
+                     "the address to listen on with --bind",
+                     master, host, gai_strerror(rc));
         }
         return -1;
     }
@@ -371,11 +382,15 @@ static inline int boot_listen(const char* master, const char* bind_addr, char* w
             snprintf(err, err_size, "%s: cannot listen on %s (%s): the port is in use, pick another", what, tried,
                      strerror(e));
         } else if (bind_addr != NULL) {
-            snprintf(err, err_size, "%s: node 0 cannot listen on %s (%s): give an address of this machine, or 0.0.0.0 to "
-                     "listen on all of them", what, tried, strerror(e));
+            snprintf(err, err_size,
+                     "%s: node 0 cannot listen on %s (%s): give an address of this machine, or 0.0.0.0 to "
+                     "listen on all of them",
+                     what, tried, strerror(e));
         } else {
-            snprintf(err, err_size, "%s: node 0 cannot listen on %s (%s): give node 0's own address in --master, or the "
-                     "address to listen on with --bind", what, host, strerror(e));
+            snprintf(err, err_size,
+                     "%s: node 0 cannot listen on %s (%s): give node 0's own address in --master, or the "
+                     "address to listen on with --bind",
+                     what, host, strerror(e));
         }
         return -1;
     }
@@ -383,7 +398,8 @@ static inline int boot_listen(const char* master, const char* bind_addr, char* w
     socklen_t len = sizeof(sa);
     getsockname(lfd, (struct sockaddr*)&sa, &len);
     boot_addr_text((struct sockaddr*)&sa, len, where, where_size, NULL, 0);
-    fcntl(lfd, F_SETFL, O_NONBLOCK);  // (node 0 accepts when poll says so, and a connection gone by then must not block it)
+    fcntl(lfd, F_SETFL,
+          O_NONBLOCK);  // (node 0 accepts when poll says so, and a connection gone by then must not block it)
     return lfd;
 }
 
@@ -437,9 +453,13 @@ static inline void boot_drop_stranger(BootWarnings* w, BootPending* p, const cha
     int quiet = 0;
     if (boot_warn_due(w, p->host, now, &quiet)) {
         char more[96] = "";
-        if (quiet > 0) { snprintf(more, sizeof(more), " (%d more from %s unnamed since the last warning)", quiet, p->host); }
-        fprintf(stderr, "warning: bootstrap: dropped a connection from %s that is not a node of this run (%s): waiting for "
-                "the real nodes%s\n", p->peer, why, more);
+        if (quiet > 0) {
+            snprintf(more, sizeof(more), " (%d more from %s unnamed since the last warning)", quiet, p->host);
+        }
+        fprintf(stderr,
+                "warning: bootstrap: dropped a connection from %s that is not a node of this run (%s): waiting for "
+                "the real nodes%s\n",
+                p->peer, why, more);
         fflush(stderr);
     }
     close(p->fd);
@@ -452,7 +472,8 @@ static inline void boot_send_reply(const char* token, const BootPending* p, uint
     BootReply reply = {status, length};
     uint8_t proof[BOOT_DIGEST];
     boot_reply_proof(token, p->hello.nonce, p->challenge, &reply, body, proof);
-    if (boot_io(p->fd, &reply, sizeof(reply), 1, deadline) == 0 && boot_io(p->fd, (void*)body, length, 1, deadline) == 0) {
+    if (boot_io(p->fd, &reply, sizeof(reply), 1, deadline) == 0 &&
+        boot_io(p->fd, (void*)body, length, 1, deadline) == 0) {
         boot_io(p->fd, proof, sizeof(proof), 1, deadline);
     }
 }
@@ -480,9 +501,10 @@ static inline int boot_serve(int lfd, const char* master, const char* token, con
     while (joined < nodes - 1 && !failed) {
         double now = wall_seconds();
         if (now >= deadline) {
-            snprintf(err, err_size, "only %d of the %d other node(s) reached the master %s within %.0f s: start every "
-                     "node with --nodes %d, this --master and the same --run-token", joined, nodes - 1, master, timeout_s,
-                     nodes);
+            snprintf(err, err_size,
+                     "only %d of the %d other node(s) reached the master %s within %.0f s: start every "
+                     "node with --nodes %d, this --master and the same --run-token",
+                     joined, nodes - 1, master, timeout_s, nodes);
             failed = 1;
             break;
         }
@@ -577,8 +599,10 @@ static inline int boot_serve(int lfd, const char* master, const char* token, con
     }
     for (int i = 0; i < n_pending; i++) { close(pending[i].fd); }
     if (warnings.quiet > 0) {
-        fprintf(stderr, "warning: bootstrap: dropped %d more connection(s) that were not nodes of this run, not each named "
-                "(one warning per address every %.0f s)\n", warnings.quiet, BOOT_WARN_SECONDS);
+        fprintf(stderr,
+                "warning: bootstrap: dropped %d more connection(s) that were not nodes of this run, not each named "
+                "(one warning per address every %.0f s)\n",
+                warnings.quiet, BOOT_WARN_SECONDS);
         fflush(stderr);
     }
     const char* refusal = "node 0 stopped the start: see node 0's error";
@@ -600,8 +624,9 @@ static inline int boot_serve(int lfd, const char* master, const char* token, con
 // later, or drop them under a flood), answer its challenge with their identity and proof, and
 // receive the payload. token: the run's (NULL: none, and node 0 warns). 0 on success; else 1 and
 // a one-line reason in err.
-static inline int bootstrap_exchange(const char* master, const char* bind_addr, const char* token, const BootIdentity* self,
-                                     void* payload, size_t payload_bytes, double timeout_s, char* err, size_t err_size) {
+static inline int bootstrap_exchange(const char* master, const char* bind_addr, const char* token,
+                                     const BootIdentity* self, void* payload, size_t payload_bytes, double timeout_s,
+                                     char* err, size_t err_size) {
     char host[256], port[16];
     const char* problem = boot_parse_master(master, host, sizeof(host), port, sizeof(port));
     if (problem != NULL) { snprintf(err, err_size, "--master %s: %s", master, problem); return 1; }
@@ -613,8 +638,10 @@ static inline int bootstrap_exchange(const char* master, const char* bind_addr, 
         int lfd = boot_listen(master, bind_addr, where, sizeof(where), err, err_size);
         if (lfd < 0) { return 1; }
         if (token == NULL) {
-            fprintf(stderr, "warning: the multi-node bootstrap has no run token: any host that reaches %s can join this "
-                    "run; pass the same --run-token (or VLA_RUN_TOKEN) to every node\n", where);
+            fprintf(stderr,
+                    "warning: the multi-node bootstrap has no run token: any host that reaches %s can join this "
+                    "run; pass the same --run-token (or VLA_RUN_TOKEN) to every node\n",
+                    where);
             fflush(stderr);
         }
         int failed = boot_serve(lfd, master, token, self, payload, payload_bytes, timeout_s, deadline, err, err_size);
@@ -642,7 +669,9 @@ static inline int bootstrap_exchange(const char* master, const char* bind_addr, 
                 struct pollfd pfd = {s, POLLOUT, 0};
                 int soerr = 1;
                 socklen_t len = sizeof(soerr);
-                if (poll(&pfd, 1, 1000) > 0 && getsockopt(s, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0 && soerr == 0) { rc = 0; }
+                if (poll(&pfd, 1, 1000) > 0 && getsockopt(s, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0 && soerr == 0) {
+                    rc = 0;
+                }
             }
             if (rc == 0) { fd = s; } else { close(s); }
         }
@@ -661,8 +690,10 @@ static inline int bootstrap_exchange(const char* master, const char* bind_addr, 
                 snprintf(err, err_size, "the master %s is not a train_vla bootstrap: check --master's address and port",
                          master);
             } else {
-                snprintf(err, err_size, "the master %s speaks bootstrap version %u, node %d's train_vla %u: run the same "
-                         "train_vla on every node", master, c.version, self->node_rank, BOOT_VERSION);
+                snprintf(err, err_size,
+                         "the master %s speaks bootstrap version %u, node %d's train_vla %u: run the same "
+                         "train_vla on every node",
+                         master, c.version, self->node_rank, BOOT_VERSION);
             }
             return 1;
         }
@@ -693,14 +724,18 @@ static inline int bootstrap_exchange(const char* master, const char* bind_addr, 
         close(fd);
         freeaddrinfo(res);
         if (bad) {
-            snprintf(err, err_size, "the master %s did not answer node %d as train_vla's node 0 within %.0f s: check that "
-                     "node 0 runs the same train_vla", master, self->node_rank, timeout_s);
+            snprintf(err, err_size,
+                     "the master %s did not answer node %d as train_vla's node 0 within %.0f s: check that "
+                     "node 0 runs the same train_vla",
+                     master, self->node_rank, timeout_s);
             return 1;
         }
         boot_reply_proof(token, h.nonce, c.nonce, &reply, body, want);
         if (!boot_digest_equal(proof, want)) {
-            snprintf(err, err_size, "the master %s answered node %d without this run's token: check that every node got "
-                     "the same --run-token (or VLA_RUN_TOKEN) and that --master names node 0", master, self->node_rank);
+            snprintf(err, err_size,
+                     "the master %s answered node %d without this run's token: check that every node got "
+                     "the same --run-token (or VLA_RUN_TOKEN) and that --master names node 0",
+                     master, self->node_rank);
             return 1;
         }
         if (kind == BOOT_REPLY_REFUSED) {
@@ -717,12 +752,15 @@ static inline int bootstrap_exchange(const char* master, const char* bind_addr, 
         snprintf(err, err_size, "the master %s took node %d's hello but did not answer within %.0f s: start every node "
                  "within --bootstrap-timeout of node 0, with the same --nodes", master, self->node_rank, timeout_s);
     } else if (dropped > 0) {
-        snprintf(err, err_size, "node 0 at %s dropped node %d's hello %d time(s) within %.0f s: check that every node got "
-                 "the same --run-token (or VLA_RUN_TOKEN), a --node-rank of its own and the same train_vla", master,
-                 self->node_rank, dropped, timeout_s);
+        snprintf(err, err_size,
+                 "node 0 at %s dropped node %d's hello %d time(s) within %.0f s: check that every node got "
+                 "the same --run-token (or VLA_RUN_TOKEN), a --node-rank of its own and the same train_vla",
+                 master, self->node_rank, dropped, timeout_s);
     } else if (reached) {
-        snprintf(err, err_size, "the master %s did not challenge node %d within %.0f s: check that node 0 runs the same "
-                 "train_vla", master, self->node_rank, timeout_s);
+        snprintf(err, err_size,
+                 "the master %s did not challenge node %d within %.0f s: check that node 0 runs the same "
+                 "train_vla",
+                 master, self->node_rank, timeout_s);
     } else {
         snprintf(err, err_size, "could not reach the master %s within %.0f s: start node 0 with the same --master, and "
                  "check the address, the port and the firewall", master, timeout_s);

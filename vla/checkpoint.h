@@ -73,7 +73,8 @@ static inline void ckpt_header_put_config(CheckpointHeader* h, const SmolVLAConf
 VLA_STATIC_ASSERT(sizeof(CheckpointHeader) == CKPT_HEADER_BYTES, "checkpoint header is 512 bytes");
 VLA_STATIC_ASSERT(offsetof(CheckpointHeader, step) == 120 && offsetof(CheckpointHeader, tokenizer) == 168,
                   "checkpoint header fields are at the offsets the format defines");
-VLA_STATIC_ASSERT(offsetof(CheckpointHeader, loss_scale) == 248 && offsetof(CheckpointHeader, loss_scale_skipped) == 256,
+VLA_STATIC_ASSERT(offsetof(CheckpointHeader, loss_scale) == 248 &&
+                      offsetof(CheckpointHeader, loss_scale_skipped) == 256,
                   "the loss scale's fields are where the README says");
 VLA_STATIC_ASSERT(offsetof(CheckpointHeader, flags) == 264 && offsetof(CheckpointHeader, crc) == 268 &&
                   offsetof(CheckpointHeader, total_batch) == 280 && offsetof(CheckpointHeader, data_id) == 288,
@@ -176,42 +177,57 @@ static inline int checkpoint_read_header(const char* file, CheckpointHeader* h, 
     size_t got = fread(h, 1, sizeof(*h), f);
     fclose(f);
     if (got >= 8 && h->magic == CKPT_MAGIC && h->version == 1) {
-        snprintf(err, err_size, "checkpoint %s has version 1: it holds the model train_vla trained before SmolVLA, which "
-                 "this build no longer reads: start a new run", path);
+        snprintf(err, err_size,
+                 "checkpoint %s has version 1: it holds the model train_vla trained before SmolVLA, which "
+                 "this build no longer reads: start a new run",
+                 path);
         return 1;
     }
     if (got != sizeof(*h)) {
-        snprintf(err, err_size, "checkpoint %s is %lld bytes, shorter than its header: it is truncated", path, (long long)st.st_size);
+        snprintf(err, err_size, "checkpoint %s is %lld bytes, shorter than its header: it is truncated", path,
+                 (long long)st.st_size);
         return 1;
     }
-    if (h->magic != CKPT_MAGIC) { snprintf(err, err_size, "%s is not a train_vla checkpoint (bad magic 0x%08x)", path, h->magic); return 1; }
+    if (h->magic != CKPT_MAGIC) {
+        snprintf(err, err_size, "%s is not a train_vla checkpoint (bad magic 0x%08x)", path, h->magic);
+        return 1;
+    }
     if (h->version != CKPT_VERSION) {
         snprintf(err, err_size, "checkpoint %s has version %u, this build reads %u", path, h->version, CKPT_VERSION);
         return 1;
     }
     SmolVLAConfig config = ckpt_header_config(h);
     const char* problem = smolvla_config_problem(&config);
-    if (problem != NULL) { snprintf(err, err_size, "checkpoint %s holds a bad config (%s): it is corrupt", path, problem); return 1; }
+    if (problem != NULL) {
+        snprintf(err, err_size, "checkpoint %s holds a bad config (%s): it is corrupt", path, problem);
+        return 1;
+    }
     if (h->train_mode < 0 || h->train_mode >= TRAIN_MODE_COUNT) {
-        snprintf(err, err_size, "checkpoint %s holds train mode %d, not one of 0 (expert), 1 (vlm), 2 (all): it is corrupt",
-                 path, h->train_mode);
+        snprintf(err, err_size,
+                 "checkpoint %s holds train mode %d, not one of 0 (expert), 1 (vlm), 2 (all): it is corrupt", path,
+                 h->train_mode);
         return 1;
     }
     if (memchr(h->tokenizer, '\0', sizeof(h->tokenizer)) == NULL || !tokenizer_name_printable(h->tokenizer)) {
-        snprintf(err, err_size, "checkpoint %s names no tokenizer (or an unterminated one, or one not printable ASCII): it "
-                 "is corrupt", path);
+        snprintf(err, err_size,
+                 "checkpoint %s names no tokenizer (or an unterminated one, or one not printable ASCII): it "
+                 "is corrupt",
+                 path);
         return 1;
     }
     if (h->balance >= BALANCE_COUNT || (h->balance == BALANCE_NONE) != (h->balance_id == 0)) {
-        snprintf(err, err_size, "checkpoint %s holds balance mode %u with weights fingerprint %llu, not a pair a trainer "
-                 "writes: it is corrupt", path, h->balance, (unsigned long long)h->balance_id);
+        snprintf(err, err_size,
+                 "checkpoint %s holds balance mode %u with weights fingerprint %llu, not a pair a trainer "
+                 "writes: it is corrupt",
+                 path, h->balance, (unsigned long long)h->balance_id);
         return 1;
     }
     // the loss scale as train_vla writes it: 0 (none), or a scale in [1, VLA_LOSS_SCALE_MAX] with
     // fewer clean steps than the largest window and no more skipped steps than steps
-    if (h->loss_scale == 0.0f ? (h->loss_scale_clean != 0 || h->loss_scale_skipped != 0)
-                              : !(h->loss_scale >= 1.0f && h->loss_scale <= VLA_LOSS_SCALE_MAX) ||
-                                    h->loss_scale_clean >= VLA_LOSS_SCALE_WINDOW_MAX || h->loss_scale_skipped > h->step) {
+    if (h->loss_scale == 0.0f
+            ? (h->loss_scale_clean != 0 || h->loss_scale_skipped != 0)
+            : !(h->loss_scale >= 1.0f && h->loss_scale <= VLA_LOSS_SCALE_MAX) ||
+                  h->loss_scale_clean >= VLA_LOSS_SCALE_WINDOW_MAX || h->loss_scale_skipped > h->step) {
         snprintf(err, err_size, "checkpoint %s holds loss scale %g (%u clean, %llu skipped steps at step %llu), not a "
                  "state train_vla writes: it is corrupt", path, (double)h->loss_scale, h->loss_scale_clean,
                  (unsigned long long)h->loss_scale_skipped, (unsigned long long)h->step);
@@ -226,23 +242,27 @@ static inline int checkpoint_read_header(const char* file, CheckpointHeader* h, 
     int no_run = h->batch == 0 && h->world == 0 && h->total_batch == 0 && h->data_id == 0;
     if (!no_run && (h->batch == 0 || h->world == 0 || h->total_batch == 0 ||
                     h->total_batch % ((uint64_t)h->batch * h->world) != 0)) {
-        snprintf(err, err_size, "checkpoint %s records -b %u on %u rank(s) and %llu samples per step, not a run a trainer "
-                 "writes: it is corrupt", path, h->batch, h->world, (unsigned long long)h->total_batch);
+        snprintf(err, err_size,
+                 "checkpoint %s records -b %u on %u rank(s) and %llu samples per step, not a run a trainer "
+                 "writes: it is corrupt",
+                 path, h->batch, h->world, (unsigned long long)h->total_batch);
         return 1;
     }
     uint64_t n_params, n_trainable;  // bounded: smolvla_config_problem checked the count
     ckpt_counts(&config, h->train_mode, &n_params, &n_trainable);
     uint64_t size = ckpt_file_size(&config, n_params, n_trainable);
-    if (h->n_params != n_params || h->n_trainable != n_trainable || h->file_size != size || (uint64_t)st.st_size != size) {
+    if (h->n_params != n_params || h->n_trainable != n_trainable || h->file_size != size ||
+        (uint64_t)st.st_size != size) {
         snprintf(err, err_size, "checkpoint %s is %lld bytes, its header implies %llu: it is truncated or corrupt",
                  path, (long long)st.st_size, (unsigned long long)size);
         return 1;
     }
     // every optimizer step consumes at least one sample, and fewer than 2^33
     if (h->step > VLA_MAX_STEPS || h->sampler_pos < h->step || h->sampler_pos > (h->step << 33)) {
-        snprintf(err, err_size, "checkpoint %s says step %llu after %llu samples, out of range (steps 0 to %d, at least "
-                 "one sample each): it is corrupt", path, (unsigned long long)h->step,
-                 (unsigned long long)h->sampler_pos, VLA_MAX_STEPS);
+        snprintf(err, err_size,
+                 "checkpoint %s says step %llu after %llu samples, out of range (steps 0 to %d, at least "
+                 "one sample each): it is corrupt",
+                 path, (unsigned long long)h->step, (unsigned long long)h->sampler_pos, VLA_MAX_STEPS);
         return 1;
     }
     return 0;
@@ -271,17 +291,22 @@ static inline int checkpoint_read_checked(const char* file, Checkpoint* ck, char
     ck->m = (float*)mallocCheck((nt > 0 ? nt : 1) * sizeof(float));
     ck->v = (float*)mallocCheck((nt > 0 ? nt : 1) * sizeof(float));
     FILE* f = fopen(file, "rb");
-    int bad = f == NULL || fseeko(f, (off_t)sizeof(h), SEEK_SET) != 0 || fread(ck->stats, sizeof(float), n_stats, f) != n_stats ||
+    int bad = f == NULL || fseeko(f, (off_t)sizeof(h), SEEK_SET) != 0 ||
+              fread(ck->stats, sizeof(float), n_stats, f) != n_stats ||
               fread(ck->params, 4, h.n_params, f) != h.n_params || fread(ck->m, 4, nt, f) != nt ||
               fread(ck->v, 4, nt, f) != nt;
     if (f != NULL) { fclose(f); }
-    if (bad) { snprintf(err, err_size, "checkpoint %s: short read: the file changed while loading or is truncated", path); }
+    if (bad) {
+        snprintf(err, err_size, "checkpoint %s: short read: the file changed while loading or is truncated", path);
+    }
     // the statistics as trainers write them: finite means, stds of at least VLA_MIN_STD
     for (int i = 0; i < 2 * (S + A) && !bad; i++) {
         int is_std = i < 2 * S ? i >= S : i >= 2 * S + A;
         if (!isfinite(ck->stats[i]) || (is_std && !(ck->stats[i] >= VLA_MIN_STD))) {
-            snprintf(err, err_size, "checkpoint %s: normalization statistic %d is %g (NaN, Inf or a std below %g): it is "
-                     "corrupt", path, i, (double)ck->stats[i], (double)VLA_MIN_STD);
+            snprintf(err, err_size,
+                     "checkpoint %s: normalization statistic %d is %g (NaN, Inf or a std below %g): it is "
+                     "corrupt",
+                     path, i, (double)ck->stats[i], (double)VLA_MIN_STD);
             bad = 1;
         }
     }
@@ -294,8 +319,10 @@ static inline int checkpoint_read_checked(const char* file, Checkpoint* ck, char
         crc = crc32_update(crc, ck->m, nt * sizeof(float));
         crc = crc32_update(crc, ck->v, nt * sizeof(float));
         if (crc != h.crc) {
-            snprintf(err, err_size, "checkpoint %s: checksum mismatch: the file is corrupt (CRC-32 0x%08x, its header says "
-                     "0x%08x)", path, crc, h.crc);
+            snprintf(err, err_size,
+                     "checkpoint %s: checksum mismatch: the file is corrupt (CRC-32 0x%08x, its header says "
+                     "0x%08x)",
+                     path, crc, h.crc);
             bad = 1;
         }
     }
@@ -308,8 +335,10 @@ static inline int checkpoint_read_checked(const char* file, Checkpoint* ck, char
             const float* w = ck->params + t.spec[i].offset;
             for (size_t k = 0; k < t.spec[i].numel; k++) {
                 if (!isfinite(w[k])) {
-                    snprintf(err, err_size, "checkpoint %s: weight %zu of %s (%zu elements) is %g: its weights are not "
-                             "finite, the run that wrote it diverged", path, k, t.spec[i].name, t.spec[i].numel, (double)w[k]);
+                    snprintf(err, err_size,
+                             "checkpoint %s: weight %zu of %s (%zu elements) is %g: its weights are not "
+                             "finite, the run that wrote it diverged",
+                             path, k, t.spec[i].name, t.spec[i].numel, (double)w[k]);
                     bad = 1;
                     break;
                 }
@@ -385,7 +414,8 @@ static inline int checkpoint_verify(const char* file, char* err, size_t err_size
 
 static inline void checkpoint_path(char* out, size_t size, const char* dir, uint64_t step) {
     if (snprintf(out, size, "%s/ckpt_%08llu.bin", dir, (unsigned long long)step) >= (int)size) {
-        vla_fail("checkpoint path in %.80s... is longer than %zu bytes: use a shorter output folder (-o)", dir, size - 1);
+        vla_fail("checkpoint path in %.80s... is longer than %zu bytes: use a shorter output folder (-o)", dir,
+                 size - 1);
     }
 }
 

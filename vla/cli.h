@@ -21,11 +21,11 @@ typedef struct {
     const char* output;     // output folder: checkpoints and the log
     const char* preset;     // -p: the model's sizes (a run from a checkpoint without -p takes the checkpoint's)
     int preset_given;       // -p was given
-    int train_mode;         // --train: TRAIN_MODE_*, what trains (unless given: the checkpoint's, else the preset's default)
+    int train_mode;  // --train: TRAIN_MODE_*, what trains (unless given: the checkpoint's, else the preset's default)
     int train_given;        // --train was given
     int recompute;          // --recompute: RECOMPUTE_*, what the GPU trainer's backward runs again (none on the CPU)
     int memory;             // --memory: print the activation memory table and exit (the GPU trainer)
-    int profile;            // --profile STEP: time that step's GPU work by phase and operation (the GPU trainer), 0: off
+    int profile;  // --profile STEP: time that step's GPU work by phase and operation (the GPU trainer), 0: off
     int max_text;           // --max-text: instruction tokens the model reads, 0: the checkpoint's or the preset's
     const char* init;       // checkpoint to start from (weights, optimizer, step; weights alone with weights_only)
     int weights_only;       // --weights-only: from --init's weights alone (fine-tuning: step 0, fresh optimizer)
@@ -132,14 +132,22 @@ static inline void train_args_usage(const char* prog) {
     printf("      --lr-scale MODE    grow the peak learning rate with the world size: none, linear, sqrt (%s)\n",
            LR_SCALE_NAMES[d.lr_scale]);
     printf("  -z, --zero 0|1         1: ZeRO-1, AdamW state and master weights sharded over the ranks (%d)\n", d.zero);
-    printf("      --nodes N          machines of a multi-node run; -g GPUs on each (%d; Slurm's SLURM_NNODES when set)\n", d.nodes);
-    printf("      --node-rank R      this machine's place, 0 .. N-1 (%d; Slurm's SLURM_NODEID when set)\n", d.node_rank);
+    printf(
+        "      --nodes N          machines of a multi-node run; -g GPUs on each (%d; Slurm's SLURM_NNODES when set)\n",
+        d.nodes);
+    printf("      --node-rank R      this machine's place, 0 .. N-1 (%d; Slurm's SLURM_NODEID when set)\n",
+           d.node_rank);
     printf("      --master HOST:PORT node 0's address and a free port (VLA_MASTER, or MASTER_ADDR and MASTER_PORT)\n");
-    printf("      --bind ADDR        the address node 0 listens on, 0.0.0.0 for all (default: the one --master names)\n");
-    printf("      --run-token T      a secret every node must give alike (VLA_RUN_TOKEN; 1 to %d bytes): a host without\n"
-           "                         it cannot join the run or stop its start (not set)\n", VLA_MAX_RUN_TOKEN);
-    printf("      --bootstrap-timeout S  seconds the nodes wait for each other at the start (%g)\n", d.bootstrap_timeout);
-    printf("      --nccl-timeout S   seconds one step may take (collectives included) before the run is aborted (%g)\n", d.nccl_timeout);
+    printf(
+        "      --bind ADDR        the address node 0 listens on, 0.0.0.0 for all (default: the one --master names)\n");
+    printf(
+        "      --run-token T      a secret every node must give alike (VLA_RUN_TOKEN; 1 to %d bytes): a host without\n"
+        "                         it cannot join the run or stop its start (not set)\n",
+        VLA_MAX_RUN_TOKEN);
+    printf("      --bootstrap-timeout S  seconds the nodes wait for each other at the start (%g)\n",
+           d.bootstrap_timeout);
+    printf("      --nccl-timeout S   seconds one step may take (collectives included) before the run is aborted (%g)\n",
+           d.nccl_timeout);
     printf("      --min-lr-frac X    cosine floor as a fraction of the peak (%g)\n", d.min_lr_frac);
     printf("  -u, --warmup N         linear warmup steps (%d)\n", d.warmup);
     printf("  -w, --weight-decay X   AdamW's decoupled weight decay, see --decay-on (%g)\n", d.weight_decay);
@@ -148,26 +156,33 @@ static inline void train_args_usage(const char* prog) {
            DECAY_ON_NAMES[d.decay_on]);
     printf("  -c, --clip X           global gradient-norm clip, 0 disables (%g)\n", d.grad_clip);
     printf("  -s, --seed N           seed for init, sampler and flow noise (%llu)\n", (unsigned long long)d.seed);
-    printf("  -y, --resume 0|1       1: continue from the newest complete checkpoint in the output folder (%d)\n", d.resume);
+    printf("  -y, --resume 0|1       1: continue from the newest complete checkpoint in the output folder (%d)\n",
+           d.resume);
     printf("      --new-run          start anew in an output folder that holds a run: its checkpoints and log move\n"
            "                         into <output>/previous_<N>/ (nothing is deleted)\n");
-    printf("      --init FILE        start from this checkpoint (weights, optimizer, step, sampler, seed: it continues)\n");
-    printf("      --weights-only     with --init: its weights alone (fine-tuning: step 0, fresh optimizer, this run's seed\n"
-           "                         and the dataset's statistics; its sizes, and cameras and dims from the dataset)\n");
+    printf(
+        "      --init FILE        start from this checkpoint (weights, optimizer, step, sampler, seed: it "
+        "continues)\n");
+    printf(
+        "      --weights-only     with --init: its weights alone (fine-tuning: step 0, fresh optimizer, this run's "
+        "seed\n"
+        "                         and the dataset's statistics; its sizes, and cameras and dims from the dataset)\n");
     printf("  -k, --ckpt-every N     checkpoint every N steps and at the end, 0: only at the end (%d)\n", d.ckpt_every);
     printf("      --keep N           checkpoints kept in the output folder (%d)\n", d.keep);
     printf("      --no-checkpoint    write no checkpoint, not even at the end or on Ctrl-C (benchmarks: the weights\n"
            "                         trained are not kept)\n");
     printf("      --log-every N      print a step line every N steps (%d)\n", d.log_every);
     printf("  -t, --threads N        OpenMP threads, 0: runtime default (%d)\n", d.threads);
-    printf("      --workers N        data loader threads filling a ring of batches ahead of the trainer (%d)\n", d.workers);
+    printf("      --workers N        data loader threads filling a ring of batches ahead of the trainer (%d)\n",
+           d.workers);
     printf("      --augment-shift N  random image shift of up to N pixels per camera, 0: off (%d)\n", d.augment);
     printf("      --balance MODE     none: every sample once per epoch; tasks: every global batch draws the tasks\n"
            "                         in equal proportion (or --task-weights'), each task's samples in turn (%s)\n",
            BALANCE_NAMES[d.balance]);
     printf("      --task-weights W   with --balance tasks: one whole number per task, comma-separated (1,3: three\n"
            "                         samples of task 1 per one of task 0); default equal\n");
-    printf("      --loss-scale S     fp16 builds (PRECISION=FP16): the initial dynamic loss scale (%g)\n", d.loss_scale);
+    printf("      --loss-scale S     fp16 builds (PRECISION=FP16): the initial dynamic loss scale (%g)\n",
+           d.loss_scale);
     printf("      --loss-scale-window N  fp16 builds: clean steps before the loss scale doubles; a step with Inf/NaN\n"
            "                         gradients is skipped and halves it (%d)\n", d.loss_scale_window);
     printf("  -h, --help             this message\n");
@@ -218,8 +233,8 @@ static inline const char* boot_parse_master(const char* master, char* host, size
 static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     train_args_defaults(a);
     enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
-           OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY, OPT_BALANCE,
-           OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY, OPT_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW, OPT_PROFILE,
+           OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY,
+           OPT_BALANCE, OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY, OPT_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW, OPT_PROFILE,
            OPT_NO_CHECKPOINT, OPT_NEW_RUN, OPT_DECAY_ON, OPT_BIND, OPT_RUN_TOKEN };
     static const struct option longs[] = {
         {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
@@ -272,7 +287,9 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case OPT_MASTER: a->master = optarg; break;
             case OPT_BIND: a->bind = optarg; break;
             case OPT_RUN_TOKEN: a->run_token = optarg; break;
-            case OPT_BOOT_TIMEOUT: a->bootstrap_timeout = parse_float_arg("bootstrap-timeout", optarg, 0.1f, 1e6f); break;
+            case OPT_BOOT_TIMEOUT:
+                a->bootstrap_timeout = parse_float_arg("bootstrap-timeout", optarg, 0.1f, 1e6f);
+                break;
             case OPT_NCCL_TIMEOUT: a->nccl_timeout = parse_float_arg("nccl-timeout", optarg, 0.1f, 1e7f); break;
             case OPT_TRAIN:
                 a->train_mode = train_mode_parse(optarg);
@@ -286,7 +303,8 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case OPT_MEMORY: a->memory = 1; break;
             case OPT_PROFILE: a->profile = (int)parse_int_arg("profile", optarg, 1, VLA_MAX_STEPS); break;
             case OPT_BALANCE:
-                for (a->balance = 0; a->balance < BALANCE_COUNT && strcmp(optarg, BALANCE_NAMES[a->balance]) != 0; a->balance++) {}
+                for (a->balance = 0; a->balance < BALANCE_COUNT && strcmp(optarg, BALANCE_NAMES[a->balance]) != 0;
+                     a->balance++) {}
                 if (a->balance == BALANCE_COUNT) { vla_fail("--balance %s: use none or tasks", optarg); }
                 break;
             case OPT_TASK_WEIGHTS: a->task_weights = optarg; break;
@@ -328,7 +346,9 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             default: vla_fail("unknown option %s: see %s -h", argv[optind - 1], argv[0]);
         }
     }
-    if (optind < argc) { vla_fail("unexpected argument '%s': options take the form -x VALUE, see %s -h", argv[optind], argv[0]); }
+    if (optind < argc) {
+        vla_fail("unexpected argument '%s': options take the form -x VALUE, see %s -h", argv[optind], argv[0]);
+    }
     if (a->resume && a->init != NULL) { vla_fail("-y 1 and --init both pick a checkpoint: use one of them"); }
     if (a->resume && a->new_run) {
         vla_fail("-y 1 continues the run in %s and --new-run moves it aside to start anew: use one of them", a->output);
@@ -350,15 +370,19 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     }
     size_t out_len = strlen(a->output);
     if (out_len == 0 || out_len + VLA_CKPT_NAME_MAX >= VLA_PATH_MAX) {
-        vla_fail("-o of %zu bytes: the output folder's path must be 1 to %d bytes long (checkpoint names follow it): use a "
-                 "shorter one", out_len, VLA_PATH_MAX - 1 - VLA_CKPT_NAME_MAX);
+        vla_fail(
+            "-o of %zu bytes: the output folder's path must be 1 to %d bytes long (checkpoint names follow it): use a "
+            "shorter one",
+            out_len, VLA_PATH_MAX - 1 - VLA_CKPT_NAME_MAX);
     }
     a->lr_base = a->lr;
     // a Slurm allocation of several nodes: its node count, this node's place, the master from the
     // environment (the sbatch script in scripts/ sets VLA_MASTER); flags override it
     const char* slurm_nodes = getenv("SLURM_NNODES");
     const char* slurm_id = getenv("SLURM_NODEID");
-    if (!nodes_given && slurm_nodes != NULL) { a->nodes = (int)parse_int_arg("nodes (SLURM_NNODES)", slurm_nodes, 1, 4096); }
+    if (!nodes_given && slurm_nodes != NULL) {
+        a->nodes = (int)parse_int_arg("nodes (SLURM_NNODES)", slurm_nodes, 1, 4096);
+    }
     if (!rank_given && slurm_id != NULL && a->nodes > 1) {
         a->node_rank = (int)parse_int_arg("node-rank (SLURM_NODEID)", slurm_id, 0, 4095);
     }
@@ -382,7 +406,9 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     }
     // the token itself never goes into a message: it is a secret
     const char* token_from = a->run_token != NULL ? "--run-token" : "VLA_RUN_TOKEN";
-    if (a->run_token == NULL && a->nodes > 1) { a->run_token = getenv("VLA_RUN_TOKEN"); }  // (one node has no use for it)
+    if (a->run_token == NULL && a->nodes > 1) {
+        a->run_token = getenv("VLA_RUN_TOKEN");
+    }  // (one node has no use for it)
     if (a->run_token != NULL && (a->run_token[0] == '\0' || strlen(a->run_token) > VLA_MAX_RUN_TOKEN)) {
         vla_fail("%s is %s: give every node the same token of 1 to %d bytes (e.g. openssl rand -hex 16)", token_from,
                  a->run_token[0] == '\0' ? "empty" : "too long", VLA_MAX_RUN_TOKEN);
@@ -394,8 +420,8 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
 static inline void train_args_for_world(TrainArgs* a, int world) {
     int64_t per_micro = (int64_t)a->batch * world;
     if (per_micro > (1 << 30)) {
-        vla_fail("-b %d x %d rank(s) is %lld samples per step, past the bound 2^30: use a smaller batch", a->batch, world,
-                 (long long)per_micro);
+        vla_fail("-b %d x %d rank(s) is %lld samples per step, past the bound 2^30: use a smaller batch", a->batch,
+                 world, (long long)per_micro);
     }
     if (a->total_batch == 0) {
         a->accum = 1;
@@ -405,7 +431,9 @@ static inline void train_args_for_world(TrainArgs* a, int world) {
     } else {
         a->accum = (int)(a->total_batch / per_micro);
     }
-    float factor = a->lr_scale == LR_SCALE_LINEAR ? (float)world : a->lr_scale == LR_SCALE_SQRT ? sqrtf((float)world) : 1.0f;
+    float factor = a->lr_scale == LR_SCALE_LINEAR ? (float)world
+                   : a->lr_scale == LR_SCALE_SQRT ? sqrtf((float)world)
+                                                  : 1.0f;
     a->lr = a->lr_base * factor;
 }
 

@@ -162,7 +162,9 @@ static inline int vla_catch_call(void (*fn)(void*), void* arg) {
 
 static inline void* malloc_check_(size_t size, const char* file, int line) {
     void* p = malloc(size > 0 ? size : 1);
-    if (p == NULL) { vla_fail_no_memory("out of memory allocating %zu bytes at %s:%d: " VLA_NO_MEMORY_FIX, size, file, line); }
+    if (p == NULL) {
+        vla_fail_no_memory("out of memory allocating %zu bytes at %s:%d: " VLA_NO_MEMORY_FIX, size, file, line);
+    }
     return p;
 }
 #define mallocCheck(size) malloc_check_((size), __FILE__, __LINE__)
@@ -170,7 +172,8 @@ static inline void* malloc_check_(size_t size, const char* file, int line) {
 static inline void* calloc_check_(size_t n, size_t size, const char* file, int line) {
     void* p = calloc(n > 0 ? n : 1, size > 0 ? size : 1);
     if (p == NULL) {
-        vla_fail_no_memory("out of memory allocating %zu x %zu bytes at %s:%d: " VLA_NO_MEMORY_FIX, n, size, file, line);
+        vla_fail_no_memory("out of memory allocating %zu x %zu bytes at %s:%d: " VLA_NO_MEMORY_FIX, n, size, file,
+                           line);
     }
     return p;
 }

@@ -151,7 +151,9 @@ static inline int smolvla_d_attn(const SmolVLAConfig* c) { return c->n_head * c-
 static inline int smolvla_d_kv(const SmolVLAConfig* c) { return c->n_kv_head * c->head_dim; }
 // The layer schedule, named once: cross-attention layers are those that are not joint.
 static inline int smolvla_layer_is_cross(const SmolVLAConfig* c, int l) { return l % c->self_attn_every != 0; }
-static inline int smolvla_n_joint(const SmolVLAConfig* c) { return (c->n_layer + c->self_attn_every - 1) / c->self_attn_every; }
+static inline int smolvla_n_joint(const SmolVLAConfig* c) {
+    return (c->n_layer + c->self_attn_every - 1) / c->self_attn_every;
+}
 static inline int smolvla_n_cross(const SmolVLAConfig* c) { return c->n_layer - smolvla_n_joint(c); }
 // Layer l's index among the layers of its kind (the slice of the joint or cross stacks it owns).
 static inline int smolvla_kind_index(const SmolVLAConfig* c, int l) {
@@ -257,7 +259,8 @@ enum { SLICES_NONE = 0, SLICES_VISION = 1, SLICES_ALL = 2, SLICES_JOINT = 3, SLI
 // LeRobot's names: a family's prefix of the module the tensor sits in, then the row's suffix.
 enum { NAME_VIS = 0, NAME_CONN = 1, NAME_TXT = 2, NAME_EXP = 3, NAME_TOP = 4 };
 static const char* const SMOLVLA_NAME_PREFIX[SMOLVLA_N_FAMILIES][5] = {
-    {"model.vlm_with_expert.vlm.model.vision_model.", "model.vlm_with_expert.vlm.model.connector.modality_projection.proj.",
+    {"model.vlm_with_expert.vlm.model.vision_model.",
+     "model.vlm_with_expert.vlm.model.connector.modality_projection.proj.",
      "model.vlm_with_expert.vlm.model.text_model.", "model.vlm_with_expert.lm_expert.", "model."},
     {"model.paligemma_with_expert.paligemma.model.vision_tower.vision_model.",
      "model.paligemma_with_expert.paligemma.model.multi_modal_projector.linear.",
@@ -392,7 +395,9 @@ static inline void smolvla_point(SmolParameters* p, float* base, const SmolParam
 static inline size_t smolvla_slices(const SmolParamSpec* s) {
     return s->numel == 0 ? 0 : s->slices == SLICES_NONE ? 1 : (size_t)s->shape[0];
 }
-static inline size_t smolvla_slice_numel(const SmolParamSpec* s) { return s->numel == 0 ? 0 : s->numel / smolvla_slices(s); }
+static inline size_t smolvla_slice_numel(const SmolParamSpec* s) {
+    return s->numel == 0 ? 0 : s->numel / smolvla_slices(s);
+}
 
 // The elements of a tensor that train in `mode`: a prefix of it (stacked tensors are layer-major,
 // so "every layer but the last" is the first numel - numel/L elements). 0 = frozen.
@@ -466,7 +471,8 @@ static inline const char* smolvla_config_problem(const SmolVLAConfig* c) {
         snprintf(msg, sizeof(msg), #f " must be positive (got %d)", c->f); return msg; }
     SMOLVLA_CONFIG_FIELDS(SMOL_POSITIVE_)
 #undef SMOL_POSITIVE_
-#define SMOL_BOUND_(f, max) if (c->f > (max)) { snprintf(msg, sizeof(msg), #f " %d is past its bound %d", c->f, (int)(max)); return msg; }
+#define SMOL_BOUND_(f, max) \
+    if (c->f > (max)) { snprintf(msg, sizeof(msg), #f " %d is past its bound %d", c->f, (int)(max)); return msg; }
     SMOL_BOUND_(n_cam, VLA_MAX_CAM) SMOL_BOUND_(img, VLA_MAX_IMG) SMOL_BOUND_(patch, c->img)
     SMOL_BOUND_(vis_width, VLA_MAX_WIDTH) SMOL_BOUND_(vis_ff, VLA_MAX_WIDTH) SMOL_BOUND_(vis_layers, VLA_MAX_LAYER)
     SMOL_BOUND_(vis_heads, c->vis_width) SMOL_BOUND_(scale_factor, c->img / c->patch) SMOL_BOUND_(vocab, 1 << 24)
@@ -477,15 +483,20 @@ static inline const char* smolvla_config_problem(const SmolVLAConfig* c) {
     SMOL_BOUND_(max_state_dim, VLA_MAX_DIM) SMOL_BOUND_(max_action_dim, VLA_MAX_DIM)
     SMOL_BOUND_(state_dim, c->max_state_dim) SMOL_BOUND_(action_dim, c->max_action_dim)
 #undef SMOL_BOUND_
-    if (c->pad_token < 0) { snprintf(msg, sizeof(msg), "pad_token must not be negative (got %d)", c->pad_token); return msg; }
+    if (c->pad_token < 0) {
+        snprintf(msg, sizeof(msg), "pad_token must not be negative (got %d)", c->pad_token);
+        return msg;
+    }
     if (smolvla_is_pi0(c) && (c->self_attn_every != 1 || c->scale_factor != 1)) {
-        snprintf(msg, sizeof(msg), "pi0 has every layer joint and no pixel shuffle: self_attn_every %d and scale_factor %d "
-                 "must be 1", c->self_attn_every, c->scale_factor);
+        snprintf(msg, sizeof(msg),
+                 "pi0 has every layer joint and no pixel shuffle: self_attn_every %d and scale_factor %d "
+                 "must be 1",
+                 c->self_attn_every, c->scale_factor);
         return msg;
     }
     if (c->img % c->patch != 0 || (c->img / c->patch) % c->scale_factor != 0) {
-        snprintf(msg, sizeof(msg), "img %d / patch %d must be a whole grid that scale_factor %d divides", c->img, c->patch,
-                 c->scale_factor);
+        snprintf(msg, sizeof(msg), "img %d / patch %d must be a whole grid that scale_factor %d divides", c->img,
+                 c->patch, c->scale_factor);
         return msg;
     }
     if (c->vis_width % c->vis_heads != 0) {
@@ -516,7 +527,10 @@ static inline const char* smolvla_config_problem(const SmolVLAConfig* c) {
     bad |= __builtin_add_overflow(total, numel, &total);
     SMOLVLA_PARAMETERS(SMOL_COUNT_, c)
 #undef SMOL_COUNT_
-    if (bad || total > VLA_MAX_PARAMS) { snprintf(msg, sizeof(msg), "the parameter count is past the bound 2^36"); return msg; }
+    if (bad || total > VLA_MAX_PARAMS) {
+        snprintf(msg, sizeof(msg), "the parameter count is past the bound 2^36");
+        return msg;
+    }
     return NULL;
 }
 

@@ -98,7 +98,10 @@ static inline int dataset_open_checked(Dataset* ds, const char* spec, char* err,
         }
         if (failed) { continue; }
         if (i == 0) {
-            ds->n_cam = s->h.n_cam; ds->img = s->h.img; ds->state_dim = s->h.state_dim; ds->action_dim = s->h.action_dim;
+            ds->n_cam = s->h.n_cam;
+            ds->img = s->h.img;
+            ds->state_dim = s->h.state_dim;
+            ds->action_dim = s->h.action_dim;
             ds->cams = shard_cameras(&s->h);
             snprintf(ds->tokenizer, sizeof(ds->tokenizer), "%s", s->h.tokenizer);
             ds->vocab = s->h.vocab;
@@ -112,14 +115,17 @@ static inline int dataset_open_checked(Dataset* ds, const char* spec, char* err,
             Cameras cams = shard_cameras(&s->h);
             char mine[256], first[256];
             if (!cameras_equal(&cams, &ds->cams)) {
-                snprintf(err, err_size, "%s has cameras of %s pixels but %s has %s (height x width): shards of one dataset "
-                         "must agree", files[i], cameras_describe(&cams, mine, sizeof(mine)), files[0],
+                snprintf(err, err_size,
+                         "%s has cameras of %s pixels but %s has %s (height x width): shards of one dataset "
+                         "must agree",
+                         files[i], cameras_describe(&cams, mine, sizeof(mine)), files[0],
                          cameras_describe(&ds->cams, first, sizeof(first)));
                 failed = 1;
             } else if (strcmp(s->h.tokenizer, ds->tokenizer) != 0 || s->h.vocab != ds->vocab) {
-                snprintf(err, err_size, "%s has the token ids of tokenizer %s (vocabulary %u) but %s has %s (%u): shards of "
-                         "one dataset must agree: convert them with one tokenizer", files[i], s->h.tokenizer, s->h.vocab,
-                         files[0], ds->tokenizer, ds->vocab);
+                snprintf(err, err_size,
+                         "%s has the token ids of tokenizer %s (vocabulary %u) but %s has %s (%u): shards of "
+                         "one dataset must agree: convert them with one tokenizer",
+                         files[i], s->h.tokenizer, s->h.vocab, files[0], ds->tokenizer, ds->vocab);
                 failed = 1;
             }
         }
@@ -141,8 +147,10 @@ static inline int dataset_open_checked(Dataset* ds, const char* spec, char* err,
                 const float* st = ds->shards[i].stats + (which == 0 ? 0 : 2 * S);
                 double n = (double)ds->shards[i].h.n_frames, m = st[d], sd = st[dims[which] + d];
                 if (!isfinite(m) || !isfinite(sd) || sd < 0.0) {
-                    snprintf(err, err_size, "%s: normalization statistics hold NaN, Inf or a negative std: regenerate the "
-                             "shard", ds->shards[i].path);
+                    snprintf(err, err_size,
+                             "%s: normalization statistics hold NaN, Inf or a negative std: regenerate the "
+                             "shard",
+                             ds->shards[i].path);
                     dataset_close(ds);
                     return 1;
                 }
@@ -152,7 +160,8 @@ static inline int dataset_open_checked(Dataset* ds, const char* spec, char* err,
             double mean = sum / (double)ds->n_samples, var = sq / (double)ds->n_samples - mean * mean;
             double sd = sqrt(var > 0.0 ? var : 0.0);
             means[which][d] = (float)mean;
-            stds[which][d] = ds->n_shards == 1 ? ds->shards[0].stats[(which == 0 ? 0 : 2 * S) + dims[which] + d] : (float)sd;
+            stds[which][d] =
+                ds->n_shards == 1 ? ds->shards[0].stats[(which == 0 ? 0 : 2 * S) + dims[which] + d] : (float)sd;
             if (!(stds[which][d] >= VLA_MIN_STD)) { stds[which][d] = 1.0f; }
         }
     }
@@ -189,9 +198,10 @@ typedef struct {
 static inline const char* smolvla_data_problem(const SmolVLAConfig* c, const Dataset* ds) {
     static char msg[256];
     if (c->n_cam != ds->cams.n || c->state_dim != (int)ds->state_dim || c->action_dim != (int)ds->action_dim) {
-        snprintf(msg, sizeof(msg), "the model's n_cam/state_dim/action_dim (%d, %d, %d) differ from the dataset's (%d, %d, %d): "
-                 "use data with the same cameras and dims", c->n_cam, c->state_dim, c->action_dim, ds->cams.n,
-                 ds->state_dim, ds->action_dim);
+        snprintf(msg, sizeof(msg),
+                 "the model's n_cam/state_dim/action_dim (%d, %d, %d) differ from the dataset's (%d, %d, %d): "
+                 "use data with the same cameras and dims",
+                 c->n_cam, c->state_dim, c->action_dim, ds->cams.n, ds->state_dim, ds->action_dim);
         return msg;
     }
     return NULL;
@@ -200,7 +210,8 @@ static inline const char* smolvla_data_problem(const SmolVLAConfig* c, const Dat
 // Points the arrays of a batch of B samples whose frames hold `cams` into `base` (NULL: only
 // measures), each at a 64-byte boundary. Returns the bytes it needs; the same layout serves host
 // and device copies.
-static inline size_t smolvla_batch_layout(SmolBatch* b, uint8_t* base, const SmolVLAConfig* c, const Cameras* cams, int B) {
+static inline size_t smolvla_batch_layout(SmolBatch* b, uint8_t* base, const SmolVLAConfig* c, const Cameras* cams,
+                                          int B) {
     size_t off = 0, HA = (size_t)c->chunk * c->max_action_dim;
     if (cams->n != c->n_cam) { vla_fail("a batch of %d cameras for a model of %d", cams->n, c->n_cam); }
     memset(b, 0, sizeof(*b));
@@ -282,7 +293,9 @@ static inline void dataset_assemble(const Dataset* ds, const SmolVLAConfig* c, u
         int inside = g <= last;
         if (!inside) { g = last; }
         float* a = b->actions + ((size_t)i * H + h) * Amax;
-        for (int d = 0; d < Amax; d++) { a[d] = d < A ? (s->action[g * A + d] - ds->action_mean[d]) / ds->action_std[d] : 0.0f; }
+        for (int d = 0; d < Amax; d++) {
+            a[d] = d < A ? (s->action[g * A + d] - ds->action_mean[d]) / ds->action_std[d] : 0.0f;
+        }
         b->action_is_pad[(size_t)i * H + h] = inside ? 0.0f : 1.0f;
     }
 }

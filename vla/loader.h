@@ -148,7 +148,8 @@ static inline void* loader_worker(void* arg) {
 // balanced sequence of `balance` (--balance tasks; it must outlive the loader) or, if NULL, the plain one.
 static inline void loader_start_balanced(Loader* L, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed,
                                          uint64_t first_pos, uint64_t first_step, int B, int W, int augment,
-                                         int n_threads, int n_slots, int stride, int offset, const TaskBalance* balance) {
+                                         int n_threads, int n_slots, int stride, int offset,
+                                         const TaskBalance* balance) {
     memset(L, 0, sizeof(*L));
     L->ds = ds; L->config = *c; L->seed = seed; L->first_pos = first_pos; L->first_step = first_step;
     L->B = B; L->W = W; L->augment = augment; L->n_threads = n_threads;
@@ -175,7 +176,8 @@ static inline void loader_start_balanced(Loader* L, const Dataset* ds, const Smo
 static inline void loader_start_strided(Loader* L, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed,
                                         uint64_t first_pos, uint64_t first_step, int B, int W, int augment,
                                         int n_threads, int n_slots, int stride, int offset) {
-    loader_start_balanced(L, ds, c, seed, first_pos, first_step, B, W, augment, n_threads, n_slots, stride, offset, NULL);
+    loader_start_balanced(L, ds, c, seed, first_pos, first_step, B, W, augment, n_threads, n_slots, stride, offset,
+                          NULL);
 }
 
 static inline void loader_start(Loader* L, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed, uint64_t first_pos,

@@ -21,7 +21,8 @@ typedef struct {
     int n_tasks;              // > 0: each line also holds "task_loss", the step's mean loss per task
     const double* task_loss;  // (n_tasks) set by the trainer before logger_step; NaN: no sample of it this step
     double saved_bytes;       // > 0: each line also holds the activation memory --recompute saves (the GPU trainer's)
-    const LossScaleState* loss_scale;  // fp16 builds, set by the trainer: the scale the step ran with and the skips so far
+    const LossScaleState*
+        loss_scale;  // fp16 builds, set by the trainer: the scale the step ran with and the skips so far
 } Logger;
 
 // bytes as "12.34 GiB" from 1 GiB up, else "12.3 MiB"
@@ -99,7 +100,8 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
         if (lg->saved_bytes > 0.0) {
             char saved[32];
             size_t n = strlen(extra);
-            snprintf(extra + n, sizeof(extra) - n, " | recompute saves %s", format_bytes(saved, sizeof(saved), lg->saved_bytes));
+            snprintf(extra + n, sizeof(extra) - n, " | recompute saves %s",
+                     format_bytes(saved, sizeof(saved), lg->saved_bytes));
         }
         if (lg->loss_scale != NULL) {
             size_t used = strlen(extra);

@@ -145,7 +145,8 @@ static inline void policy_observations(SmolBatch* obs, const SmolVLAConfig* c, c
     int S = c->state_dim, Smax = c->max_state_dim, HA = c->chunk * c->max_action_dim;
     obs->B = B;
     for (int k = 0; k < c->n_cam; k++) {
-        memcpy(obs->images[k], images[k], (size_t)B * (camera_offset(&obs->cams, k + 1) - camera_offset(&obs->cams, k)));
+        memcpy(obs->images[k], images[k],
+               (size_t)B * (camera_offset(&obs->cams, k + 1) - camera_offset(&obs->cams, k)));
     }
     const float *state_mean = stats, *state_std = stats + S;
     size_t at = 0;

@@ -54,7 +54,8 @@ static inline uint64_t flow_noise_draws_width(int chunk, int width) { return 1 +
 // t and eps (chunk, width) of global sample g at optimizer step s: identical whatever rank
 // computes them. The model above draws action_dim dims; SmolVLA all max_action_dim (LeRobot's
 // noise is (B, H, 32)), so the same stream gives either.
-static inline void flow_noise_width(int chunk, int width, uint64_t seed, uint64_t step, uint64_t g, float* t, float* eps) {
+static inline void flow_noise_width(int chunk, int width, uint64_t seed, uint64_t step, uint64_t g, float* t,
+                                    float* eps) {
     Rng r;
     rng_init(&r, seed, RNG_STREAM_NOISE(step));
     r.counter = g * flow_noise_draws_width(chunk, width);

@@ -76,8 +76,12 @@ static inline int run_folder_holds_run(const char* dir, char* what, size_t size,
     }
     if (d != NULL) { closedir(d); }
     char ckpts[64] = "", logged[64] = "", bytes[32];
-    if (checkpoints > 0) { snprintf(ckpts, sizeof(ckpts), "%d checkpoint file%s", checkpoints, checkpoints > 1 ? "s" : ""); }
-    if (log_bytes > 0) { snprintf(logged, sizeof(logged), "log.jsonl (%s)", human_bytes(log_bytes, bytes, sizeof(bytes))); }
+    if (checkpoints > 0) {
+        snprintf(ckpts, sizeof(ckpts), "%d checkpoint file%s", checkpoints, checkpoints > 1 ? "s" : "");
+    }
+    if (log_bytes > 0) {
+        snprintf(logged, sizeof(logged), "log.jsonl (%s)", human_bytes(log_bytes, bytes, sizeof(bytes)));
+    }
     snprintf(what, size, "%s%s%s", ckpts, checkpoints > 0 && log_bytes > 0 ? " and " : "", logged);
     if (n_checkpoints != NULL) { *n_checkpoints = checkpoints; }
     return checkpoints > 0 || log_bytes > 0;
@@ -125,8 +129,10 @@ static inline void run_folder_check(const char* dir, const char* what) {
     struct stat st;
     char where[VLA_PATH_MAX + 32];
     if (stat(run_folder.path, &st) != 0) {
-        vla_fail("the output folder %s was %s during the run: %s was not written; put the folder back and continue "
-                 "with -y 1 -o %s", run_folder.path, run_folder_whereabouts(where, sizeof(where)), what, run_folder.path);
+        vla_fail(
+            "the output folder %s was %s during the run: %s was not written; put the folder back and continue "
+            "with -y 1 -o %s",
+            run_folder.path, run_folder_whereabouts(where, sizeof(where)), what, run_folder.path);
     }
     if (st.st_dev != run_folder.dev || st.st_ino != run_folder.ino) {
         vla_fail("the output folder %s was replaced during the run (the run's folder was %s): %s was not written into "
@@ -149,7 +155,8 @@ static inline void run_folder_make_previous(const char* dir, const char* who, ch
         if (errno != EEXIST) {
             int err = errno;
             char fix[VLA_PATH_MAX + 128];
-            vla_fail("%s: cannot create %s: %s: %s", who, prev, strerror(err), write_failure_fix(err, dir, fix, sizeof(fix)));
+            vla_fail("%s: cannot create %s: %s: %s", who, prev, strerror(err),
+                     write_failure_fix(err, dir, fix, sizeof(fix)));
         }
     }
 }
@@ -169,8 +176,10 @@ static inline void run_folder_move_aside(const char* dir, const char* who) {
         snprintf(from, sizeof(from), "%s/%s", dir, de->d_name);
         snprintf(to, sizeof(to), "%s/%s", prev, de->d_name);
         if (rename(from, to) != 0) {
-            vla_fail("%s: moving %s into %s failed: %s (%d file(s) of the earlier run are there already, the rest where "
-                     "they were): move them by hand", who, from, prev, strerror(errno), moved);
+            vla_fail(
+                "%s: moving %s into %s failed: %s (%d file(s) of the earlier run are there already, the rest where "
+                "they were): move them by hand",
+                who, from, prev, strerror(errno), moved);
         }
         moved++;
     }

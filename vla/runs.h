@@ -93,8 +93,8 @@ static inline void run_folder_open(const TrainArgs* a) {
     }
     if (fd < 0) {
         int err = errno;
-        vla_fail("cannot write into the output folder %s (creating %s: %s): %s, or pick another with -o", dir, lock_path,
-                 strerror(err), write_failure_fix(err, dir, fix, sizeof(fix)));
+        vla_fail("cannot write into the output folder %s (creating %s: %s): %s, or pick another with -o", dir,
+                 lock_path, strerror(err), write_failure_fix(err, dir, fix, sizeof(fix)));
     }
     struct stat lock_st;
     int regular = fstat(fd, &lock_st) == 0 && S_ISREG(lock_st.st_mode);
@@ -111,11 +111,13 @@ static inline void run_folder_open(const TrainArgs* a) {
     char holder_text[4 * sizeof(holder)];  // the file's bytes, quoted: one line whatever it holds
     text_escaped(holder, sizeof(holder), holder_text, sizeof(holder_text));
     if (locked != 0 && err == EWOULDBLOCK) {
-        vla_fail("the output folder %s is in use by another trainer (%s): wait for it to end, or write elsewhere with -o",
-                 dir, holder[0] != '\0' ? holder_text : "it has just started");
+        vla_fail(
+            "the output folder %s is in use by another trainer (%s): wait for it to end, or write elsewhere with -o",
+            dir, holder[0] != '\0' ? holder_text : "it has just started");
     }
     if (locked != 0) {
-        vla_fail("cannot lock %s: %s: pick an output folder on a file system with locks (-o)", lock_path, strerror(err));
+        vla_fail("cannot lock %s: %s: pick an output folder on a file system with locks (-o)", lock_path,
+                 strerror(err));
     }
     if (holder[0] != '\0') {
         printf("note: %s names %s, which ended without releasing it: taking it over\n", lock_path, holder_text);
@@ -158,8 +160,10 @@ static inline void run_folder_open(const TrainArgs* a) {
     run_folder_remove_stale(dir);
     char what[128];
     if (!continues && run_folder_holds_run(dir, what, sizeof(what), NULL)) {
-        vla_fail("the output folder %s holds a run (%s): continue it with -y 1 -o %s, or start anew with --new-run (the "
-                 "earlier run moves into %s/previous_<N>/)", dir, what, dir, dir);
+        vla_fail(
+            "the output folder %s holds a run (%s): continue it with -y 1 -o %s, or start anew with --new-run (the "
+            "earlier run moves into %s/previous_<N>/)",
+            dir, what, dir, dir);
     }
 }
 
@@ -284,15 +288,19 @@ static inline int dataset_warn_text_collisions(const Dataset* ds, int max_text) 
 // max_state_dim / max_action_dim, the token ids the vocabulary. Warns when instructions become
 // identical once cut.
 static inline SmolVLAConfig config_with_data(SmolVLAConfig c, const char* what, int max_text, const Dataset* ds) {
-    if (ds->cams.n > VLA_MAX_CAM) { vla_fail("the dataset has %d cameras, past the bound %d", ds->cams.n, VLA_MAX_CAM); }
+    if (ds->cams.n > VLA_MAX_CAM) {
+        vla_fail("the dataset has %d cameras, past the bound %d", ds->cams.n, VLA_MAX_CAM);
+    }
     if (ds->state_dim > c.max_state_dim || ds->action_dim > c.max_action_dim) {
         vla_fail("the dataset's state and action have %d and %d dims, but %s pads them to %d and %d: pick data "
                  "with at most that many dims", ds->state_dim, ds->action_dim, what, c.max_state_dim, c.max_action_dim);
     }
     if (ds->vocab > (uint32_t)c.vocab) {
-        vla_fail("the dataset's instructions are token ids of tokenizer %s, a vocabulary of %u, but %s's text "
-                 "table has %d rows: convert the data with the model's tokenizer, or with byte tokens (the data/ tools' "
-                 "default) for the presets trained from scratch", ds->tokenizer, ds->vocab, what, c.vocab);
+        vla_fail(
+            "the dataset's instructions are token ids of tokenizer %s, a vocabulary of %u, but %s's text "
+            "table has %d rows: convert the data with the model's tokenizer, or with byte tokens (the data/ tools' "
+            "default) for the presets trained from scratch",
+            ds->tokenizer, ds->vocab, what, c.vocab);
     }
     c.n_cam = ds->cams.n; c.state_dim = ds->state_dim; c.action_dim = ds->action_dim;
     if (max_text > 0) { c.max_text = max_text; }
@@ -312,7 +320,10 @@ static inline SmolVLAConfig config_for_data(const char* preset, int max_text, co
 // The first field where model sizes `sizes` and config c differ, the fields the data and
 // --max-text set (cameras, state and action dims, max_text) aside: no tensor depends on them.
 static inline const char* smolvla_sizes_diff(SmolVLAConfig sizes, const SmolVLAConfig* c) {
-    sizes.n_cam = c->n_cam; sizes.state_dim = c->state_dim; sizes.action_dim = c->action_dim; sizes.max_text = c->max_text;
+    sizes.n_cam = c->n_cam;
+    sizes.state_dim = c->state_dim;
+    sizes.action_dim = c->action_dim;
+    sizes.max_text = c->max_text;
     return smolvla_config_diff(&sizes, c);
 }
 
@@ -339,8 +350,8 @@ static inline const char* run_start_checkpoint(const TrainArgs* args, char* buf,
         if (checkpoint_verify(buf, err, sizeof(err)) == 0 && checkpoint_read_header(buf, &h, err, sizeof(err)) == 0) {
             if (h.step == steps[i]) { return buf; }
             // a copy renamed to a later step's name would continue from the wrong place
-            snprintf(err, sizeof(err), "%s: its header says step %llu, but its name says step %llu (a renamed copy?)", buf,
-                     (unsigned long long)h.step, (unsigned long long)steps[i]);
+            snprintf(err, sizeof(err), "%s: its header says step %llu, but its name says step %llu (a renamed copy?)",
+                     buf, (unsigned long long)h.step, (unsigned long long)steps[i]);
         }
         fprintf(stderr, "warning: skipping %s; %s\n", err,
                 i + 1 < n ? "falling back to the one before it" : "there is no older one");
@@ -355,9 +366,11 @@ static inline const char* run_start_checkpoint(const TrainArgs* args, char* buf,
     char what[128];
     int checkpoints;
     if (run_folder_holds_run(args->output, what, sizeof(what), &checkpoints) && checkpoints > 0) {
-        vla_fail("-y 1: %s holds a run (%s) but no checkpoint that can continue it (the warnings above say why): start "
-                 "anew with --new-run (the run moves into %s/previous_<N>/), or continue from a checkpoint of yours with "
-                 "--init", args->output, what, args->output);
+        vla_fail(
+            "-y 1: %s holds a run (%s) but no checkpoint that can continue it (the warnings above say why): start "
+            "anew with --new-run (the run moves into %s/previous_<N>/), or continue from a checkpoint of yours with "
+            "--init",
+            args->output, what, args->output);
     }
     if (run_folder.lock_fd >= 0) { run_folder_move_aside(args->output, "-y 1 found no checkpoint to continue"); }
     printf("-y 1: no checkpoint in %s yet: starting from scratch\n", args->output);
@@ -367,8 +380,10 @@ static inline const char* run_start_checkpoint(const TrainArgs* args, char* buf,
 // A checkpoint's weights read token ids of its tokenizer: the dataset's must be of the same one.
 static inline void run_check_tokenizer(const char* path, const Checkpoint* ck, const Dataset* ds) {
     if (strcmp(ck->tokenizer, ds->tokenizer) != 0) {
-        vla_fail("checkpoint %s was trained on token ids of tokenizer %s, the dataset's are of %s: convert the data with "
-                 "the checkpoint's tokenizer", path, ck->tokenizer, ds->tokenizer);
+        vla_fail(
+            "checkpoint %s was trained on token ids of tokenizer %s, the dataset's are of %s: convert the data with "
+            "the checkpoint's tokenizer",
+            path, ck->tokenizer, ds->tokenizer);
     }
 }
 
@@ -402,8 +417,10 @@ static inline SmolVLAConfig run_config(TrainArgs* a, const char* from, const Dat
     if (a->preset_given) {
         const char* diff = smolvla_sizes_diff(c, &smolvla_preset(a->preset)->config);
         if (diff != NULL) {
-            vla_fail("checkpoint %s has other sizes than preset %s (%s, checkpoint vs preset): drop -p to fine-tune the "
-                     "checkpoint's model", from, a->preset, diff);
+            vla_fail(
+                "checkpoint %s has other sizes than preset %s (%s, checkpoint vs preset): drop -p to fine-tune the "
+                "checkpoint's model",
+                from, a->preset, diff);
         }
     } else {
         const char* preset = smolvla_preset_of(&c);
@@ -511,32 +528,36 @@ static inline void run_check_resume(const char* path, const Checkpoint* ck, cons
     }
     uint64_t data_id = dataset_fingerprint(ds);
     if (was->data_id != data_id) {
-        vla_fail("checkpoint %s trained on another dataset (fingerprint %016llx, -i %s has %016llx): continue it on the "
-                 "data it trained on, or start from its weights alone with --init %s --weights-only", path,
-                 (unsigned long long)was->data_id, args->input, (unsigned long long)data_id, path);
+        vla_fail(
+            "checkpoint %s trained on another dataset (fingerprint %016llx, -i %s has %016llx): continue it on the "
+            "data it trained on, or start from its weights alone with --init %s --weights-only",
+            path, (unsigned long long)was->data_id, args->input, (unsigned long long)data_id, path);
     }
     int world = args->ranks * args->nodes;
     uint64_t total = (uint64_t)train_global_batch(args, world);
     if (was->batch != (uint32_t)args->batch || was->world != (uint32_t)world || was->total_batch != total) {
-        printf("resuming with -b %d on %d rank(s), %llu samples per step (the checkpoint's run: -b %u on %u, %llu): the "
-               "sampler continues from sample %llu; %s\n", args->batch, world, (unsigned long long)total, was->batch,
-               was->world, (unsigned long long)was->total_batch, (unsigned long long)ck->sampler_pos,
-               was->total_batch != total ? "the loss curve's steps change size"
-                                         : "steps keep their size, the losses their values only to rounding");
+        printf(
+            "resuming with -b %d on %d rank(s), %llu samples per step (the checkpoint's run: -b %u on %u, %llu): the "
+            "sampler continues from sample %llu; %s\n",
+            args->batch, world, (unsigned long long)total, was->batch, was->world, (unsigned long long)was->total_batch,
+            (unsigned long long)ck->sampler_pos,
+            was->total_batch != total ? "the loss curve's steps change size"
+                                      : "steps keep their size, the losses their values only to rounding");
     }
 }
 
 // Reads a checkpoint to continue the model of config c on dataset ds with args' train mode and
 // balance (args->balance_id once the trainer built its TaskBalance); fails if it was written for
 // another model, mode, tokenizer, balance or dataset, and says what changes with the batch.
-static inline void run_checkpoint_load(const char* path, const SmolVLAConfig* c, const TrainArgs* args, const Dataset* ds,
-                                       Checkpoint* ck) {
+static inline void run_checkpoint_load(const char* path, const SmolVLAConfig* c, const TrainArgs* args,
+                                       const Dataset* ds, Checkpoint* ck) {
     int mode = args->train_mode, balance = args->balance;
     uint64_t balance_id = args->balance_id;
     checkpoint_read(path, ck);
     if (ck->balance != balance) {
-        vla_fail("checkpoint %s trained with --balance %s, this run with --balance %s: pass --balance %s to continue it",
-                 path, BALANCE_NAMES[ck->balance], BALANCE_NAMES[balance], BALANCE_NAMES[ck->balance]);
+        vla_fail(
+            "checkpoint %s trained with --balance %s, this run with --balance %s: pass --balance %s to continue it",
+            path, BALANCE_NAMES[ck->balance], BALANCE_NAMES[balance], BALANCE_NAMES[ck->balance]);
     }
     if (ck->balance_id != balance_id) {
         vla_fail("checkpoint %s balanced other task weights (or another task count) than this run: pass the "
@@ -562,7 +583,9 @@ static inline int run_has_steps_left(const char* from, int start, int steps) {
         vla_fail("checkpoint %s is at step %d, past this run's end (-n %d): pass -n above %d to train further, or "
                  "another output folder (-o) for a new run", from, start, steps, start);
     }
-    if (start == steps) { printf("already at step %d of %d: nothing to do (raise -n to train further)\n", start, steps); }
+    if (start == steps) {
+        printf("already at step %d of %d: nothing to do (raise -n to train further)\n", start, steps);
+    }
     return start < steps;
 }
 
@@ -583,7 +606,8 @@ static inline void eval_batch(SmolBatch* batch, const Dataset* ds, const SmolVLA
 
 // Mean squared error of sampled actions (B, H, A: the dataset's dims, data units) against the
 // batch's over the slots inside the episode, in the data's own units.
-static inline float action_mse(const SmolBatch* batch, const Dataset* ds, const SmolVLAConfig* c, const float* sampled) {
+static inline float action_mse(const SmolBatch* batch, const Dataset* ds, const SmolVLAConfig* c,
+                               const float* sampled) {
     int A = c->action_dim, Amax = c->max_action_dim, H = c->chunk;
     double se = 0.0;
     size_t n = 0;

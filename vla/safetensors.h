@@ -160,9 +160,13 @@ static inline int safetensors_open(SafeTensors* st, const char* file, char* err,
     if (empty) { j.p++; }
     while (!empty) {
         char name[256];
-        if (st_string(&j, name, sizeof(name)) || st_expect(&j, ':')) { ST_REJECT_("%s: a malformed header entry", path); }
+        if (st_string(&j, name, sizeof(name)) || st_expect(&j, ':')) {
+            ST_REJECT_("%s: a malformed header entry", path);
+        }
         if (strcmp(name, "__metadata__") == 0) {
-            if (have_metadata++) { ST_REJECT_("%s: __metadata__ is given twice: the file is corrupt, write it again", path); }
+            if (have_metadata++) {
+                ST_REJECT_("%s: __metadata__ is given twice: the file is corrupt, write it again", path);
+            }
             if (st_skip_value(&j)) { ST_REJECT_("%s: a malformed __metadata__", path); }
         } else {
             if (st->n == cap) {
@@ -184,7 +188,8 @@ static inline int safetensors_open(SafeTensors* st, const char* file, char* err,
                 int* seen = strcmp(field, "dtype") == 0 ? &have_dtype : strcmp(field, "shape") == 0 ? &have_shape
                           : strcmp(field, "data_offsets") == 0 ? &have_offsets : NULL;
                 if (seen != NULL && *seen) {  // a second value would silently win over the first
-                    ST_REJECT_("%s: tensor %s gives its %s twice: the file is corrupt, write it again", path, name, field);
+                    ST_REJECT_("%s: tensor %s gives its %s twice: the file is corrupt, write it again", path, name,
+                               field);
                 }
                 if (strcmp(field, "dtype") == 0) {
                     char dt[16];
@@ -193,7 +198,9 @@ static inline int safetensors_open(SafeTensors* st, const char* file, char* err,
                     for (int k = 0; k < (int)(sizeof(ST_DTYPE_BYTES) / sizeof(int)); k++) {
                         if (strcmp(dt, ST_DTYPE_NAMES[k]) == 0) { t->dtype = k; }
                     }
-                    if (t->dtype < 0) { ST_REJECT_("%s: tensor %s has dtype %s, which train_vla does not read", path, name, dt); }
+                    if (t->dtype < 0) {
+                        ST_REJECT_("%s: tensor %s has dtype %s, which train_vla does not read", path, name, dt);
+                    }
                     have_dtype = 1;
                 } else if (strcmp(field, "shape") == 0) {
                     uint64_t dims[ST_MAX_DIMS];
@@ -210,7 +217,9 @@ static inline int safetensors_open(SafeTensors* st, const char* file, char* err,
                     have_shape = 1;
                 } else if (strcmp(field, "data_offsets") == 0) {
                     uint64_t off[2];
-                    if (st_uint_array(&j, off, 2) != 2) { ST_REJECT_("%s: tensor %s: malformed data_offsets", path, name); }
+                    if (st_uint_array(&j, off, 2) != 2) {
+                        ST_REJECT_("%s: tensor %s: malformed data_offsets", path, name);
+                    }
                     t->begin = off[0];
                     t->end = off[1];
                     have_offsets = 1;
@@ -240,7 +249,9 @@ static inline int safetensors_open(SafeTensors* st, const char* file, char* err,
         break;
     }
     st_skip_space(&j);  // writers pad the header with spaces to 8 bytes; anything else after it is not JSON
-    if (j.p != j.end) { ST_REJECT_("%s: bytes follow the header's JSON object: the file is corrupt, write it again", path); }
+    if (j.p != j.end) {
+        ST_REJECT_("%s: bytes follow the header's JSON object: the file is corrupt, write it again", path);
+    }
     // as the format requires: names unique, and the tensors laid end to end from offset 0 to the
     // end of the file, none overlapping another (two names over the same bytes, or bytes no tensor
     // holds, are not a file any writer of the format makes)
@@ -345,9 +356,10 @@ static inline int smolvla_load_safetensors(const SafeTensors* st, const SmolVLAC
             if (ti == NULL) { snprintf(err, err_size, "the weights lack %s (for %s)", name, s->name); return 1; }
             int64_t lead = s->slices == SLICES_NONE ? s->shape[0] : s->shape[1];
             if (ti->numel != per || ti->ndim < 1 || ti->shape[0] != lead) {
-                snprintf(err, err_size, "%s has %llu values with leading size %lld; this config's %s needs %zu with %lld",
-                         name, (unsigned long long)ti->numel, ti->ndim > 0 ? (long long)ti->shape[0] : -1LL, s->name,
-                         per, (long long)lead);
+                snprintf(err, err_size,
+                         "%s has %llu values with leading size %lld; this config's %s needs %zu with %lld", name,
+                         (unsigned long long)ti->numel, ti->ndim > 0 ? (long long)ti->shape[0] : -1LL, s->name, per,
+                         (long long)lead);
                 return 1;
             }
             if (safetensors_read_f32(st, ti, params + s->offset + k * per)) {

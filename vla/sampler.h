@@ -16,14 +16,13 @@ and rng.h.
 // fixed schedule of period P, then that task's next sample. A task is an instruction text (the
 // same text in several shards is one task), numbered in order of first appearance over the
 // shards' task tables; its samples are its episodes' frames. With integer weights w_t (default 1
-// for every task with samples, 0 for one without; divided by their gcd) and P = sum w_t, slot j = p % P of the schedule is the smooth
-// weighted round robin's pick (equal weights: 0, 1, ..., T-1), and the draw is task t's
-// k-th with k = (p / P) w_t + (earlier slots of t in the period). Draw k of task t is its
-// permutation of pass k / n_t (from (seed, task, pass)) at k % n_t. So any position's sample
-// follows from (seed, p) alone: resuming needs only the position, ranks taking disjoint slices
-// of [sG, (s+1)G) stay disjoint, and a global batch G that is a multiple of P holds task t exactly
-// G w_t / P times (equal weights, T not dividing G: floor or ceil of G / T times each, since
-// every window of G positions holds each residue mod T that often). Weight-0 tasks are never drawn.
+// for every task with samples, 0 for one without; divided by their gcd) and P = sum w_t, slot j = p % P of the schedule
+// is the smooth weighted round robin's pick (equal weights: 0, 1, ..., T-1), and the draw is task t's k-th with k = (p
+// / P) w_t + (earlier slots of t in the period). Draw k of task t is its permutation of pass k / n_t (from (seed, task,
+// pass)) at k % n_t. So any position's sample follows from (seed, p) alone: resuming needs only the position, ranks
+// taking disjoint slices of [sG, (s+1)G) stay disjoint, and a global batch G that is a multiple of P holds task t
+// exactly G w_t / P times (equal weights, T not dividing G: floor or ceil of G / T times each, since every window of G
+// positions holds each residue mod T that often). Weight-0 tasks are never drawn.
 
 enum { BALANCE_NONE = 0, BALANCE_TASKS = 1 };
 static const char* const BALANCE_NAMES[] = {"none", "tasks"};
@@ -53,7 +52,8 @@ static inline int task_weights_parse(const char* s, uint32_t* out, int max) {
         char* end;
         errno = 0;
         long long v = strtoll(p, &end, 10);
-        if (end == p || errno != 0 || v < 0 || v > 1000000 || (*end != ',' && *end != '\0') || (p[0] < '0' || p[0] > '9')) {
+        if (end == p || errno != 0 || v < 0 || v > 1000000 || (*end != ',' && *end != '\0') ||
+            (p[0] < '0' || p[0] > '9')) {
             vla_fail("--task-weights %s: weights are whole numbers from 0 to 1000000, one per task, comma-separated "
                      "(such as 1,3)", s);
         }
@@ -67,13 +67,22 @@ static inline int task_weights_parse(const char* s, uint32_t* out, int max) {
     return n;
 }
 
-static inline uint64_t balance_gcd(uint64_t a, uint64_t b) { while (b != 0) { uint64_t t = a % b; a = b; b = t; } return a; }
+static inline uint64_t balance_gcd(uint64_t a, uint64_t b) {
+    while (b != 0) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
 
 // The tasks of dataset ds and the schedule of `weights` (NULL: equal). Fails with one line when
 // the weights are not one per task or their period is too long, or a drawn task has no samples.
 static inline void task_balance_build(TaskBalance* tb, const Dataset* ds, const char* weights) {
     memset(tb, 0, sizeof(*tb));
-    if (ds->n_samples > UINT32_MAX) { vla_fail("dataset has %llu samples; the sampler supports up to 2^32", (unsigned long long)ds->n_samples); }
+    if (ds->n_samples > UINT32_MAX) {
+        vla_fail("dataset has %llu samples; the sampler supports up to 2^32", (unsigned long long)ds->n_samples);
+    }
     // tasks by text, in order of first appearance
     uint64_t n_local = 0;
     for (int i = 0; i < ds->n_shards; i++) { n_local += ds->shards[i].h.n_tasks; }
@@ -127,8 +136,12 @@ static inline void task_balance_build(TaskBalance* tb, const Dataset* ds, const 
     } else {
         uint32_t* w = (uint32_t*)mallocCheck((size_t)(T + 1) * sizeof(uint32_t));
         int n = task_weights_parse(weights, w, T + 1);
-        if (n != T) { vla_fail("--task-weights %s: %d weights for the dataset's %d tasks: give one per task, in the order "
-                               "the config table lists the tasks", weights, n, T); }
+        if (n != T) {
+            vla_fail(
+                "--task-weights %s: %d weights for the dataset's %d tasks: give one per task, in the order "
+                "the config table lists the tasks",
+                weights, n, T);
+        }
         memcpy(tb->weight, w, (size_t)T * sizeof(uint32_t));
         free(w);
     }
@@ -145,8 +158,8 @@ static inline void task_balance_build(TaskBalance* tb, const Dataset* ds, const 
     }
     if (T == 0 || period == 0) { vla_fail("--balance tasks: the dataset has no task to draw from"); }
     if (period > VLA_MAX_TASK_PERIOD) {
-        vla_fail("--task-weights %s: the weights (divided by their gcd) sum to %llu, above %u: use smaller weights", named,
-                 (unsigned long long)period, VLA_MAX_TASK_PERIOD);
+        vla_fail("--task-weights %s: the weights (divided by their gcd) sum to %llu, above %u: use smaller weights",
+                 named, (unsigned long long)period, VLA_MAX_TASK_PERIOD);
     }
     tb->period = (uint32_t)period;
     // smooth weighted round robin over one period: each slot goes to the task furthest behind its
@@ -205,7 +218,8 @@ static inline int task_balance_task_of(const TaskBalance* tb, const Dataset* ds,
     int shard = 0;
     while (index >= ds->first_sample[shard + 1]) { shard++; }
     const Shard* s = &ds->shards[shard];
-    return (int)tb->local_task[tb->shard_task_base[shard] + s->episodes[s->frame_episode[index - ds->first_sample[shard]]].task];
+    return (int)tb
+        ->local_task[tb->shard_task_base[shard] + s->episodes[s->frame_episode[index - ds->first_sample[shard]]].task];
 }
 
 
@@ -228,7 +242,9 @@ typedef struct {
 } Sampler;
 
 static inline void sampler_init(Sampler* s, uint64_t n, uint64_t seed) {
-    if (n > UINT32_MAX) { vla_fail("dataset has %llu samples; the sampler supports up to 2^32", (unsigned long long)n); }
+    if (n > UINT32_MAX) {
+        vla_fail("dataset has %llu samples; the sampler supports up to 2^32", (unsigned long long)n);
+    }
     s->n = n; s->seed = seed; s->pos = 0;
     s->balance = NULL; s->task_pass[0] = s->task_pass[1] = NULL;
     for (int k = 0; k < 2; k++) {

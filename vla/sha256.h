@@ -47,8 +47,8 @@ static inline void sha256_block(uint32_t h[8], const uint8_t* p) {
     memcpy(v, h, sizeof(v));  // v: a b c d e f g h of the standard
     for (int t = 0; t < 64; t++) {
         uint32_t e = v[4], a = v[0];
-        uint32_t t1 = v[7] + (sha256_rotr(e, 6) ^ sha256_rotr(e, 11) ^ sha256_rotr(e, 25)) + ((e & v[5]) ^ (~e & v[6])) +
-                      SHA256_K[t] + w[t];
+        uint32_t t1 = v[7] + (sha256_rotr(e, 6) ^ sha256_rotr(e, 11) ^ sha256_rotr(e, 25)) +
+                      ((e & v[5]) ^ (~e & v[6])) + SHA256_K[t] + w[t];
         uint32_t t2 = (sha256_rotr(a, 2) ^ sha256_rotr(a, 13) ^ sha256_rotr(a, 22)) +
                       ((a & v[1]) ^ (a & v[2]) ^ (v[1] & v[2]));
         memmove(v + 1, v, 7 * sizeof(uint32_t));

@@ -80,7 +80,8 @@ static inline void shard_write_v1(const char* path, const Shard* s) {
 }
 
 // Mean/std over frames, as the writers store them (population std).
-static inline void shard_compute_stats(uint64_t n_frames, const float* state, int S, const float* action, int A, float* stats) {
+static inline void shard_compute_stats(uint64_t n_frames, const float* state, int S, const float* action, int A,
+                                       float* stats) {
     const float* src[2] = {state, action};
     int dims[2] = {S, A};
     float* out = stats;

@@ -125,7 +125,10 @@ static inline Cameras shard_cameras(const ShardHeader* h) {
     Cameras cams;
     memset(&cams, 0, sizeof(cams));
     cams.n = (int)h->n_cam;
-    for (int k = 0; k < cams.n && k < VLA_MAX_CAM; k++) { cams.height[k] = h->cam_height[k]; cams.width[k] = h->cam_width[k]; }
+    for (int k = 0; k < cams.n && k < VLA_MAX_CAM; k++) {
+        cams.height[k] = h->cam_height[k];
+        cams.width[k] = h->cam_width[k];
+    }
     return cams;
 }
 
@@ -167,8 +170,12 @@ static const char* const SHARD_SECTION_NAMES[SHARD_SECTIONS] = {
     "images", "state", "action", "frame_episode", "episodes", "task_offsets", "task_text", "stats",
     "token_offsets", "tokens"};
 
-static inline int shard_n_sections(const ShardHeader* h) { return h->version == 1 ? SHARD_SECTIONS_V1 : SHARD_SECTIONS; }
-static inline uint64_t shard_header_bytes(const ShardHeader* h) { return h->version == 1 ? SHARD_HEADER_V1 : sizeof(ShardHeader); }
+static inline int shard_n_sections(const ShardHeader* h) {
+    return h->version == 1 ? SHARD_SECTIONS_V1 : SHARD_SECTIONS;
+}
+static inline uint64_t shard_header_bytes(const ShardHeader* h) {
+    return h->version == 1 ? SHARD_HEADER_V1 : sizeof(ShardHeader);
+}
 
 // The header's offset fields, in file order.
 static inline void shard_section_offsets(ShardHeader* h, uint64_t* offs[SHARD_SECTIONS]) {
@@ -376,16 +383,21 @@ static inline int shard_open_checked(Shard* s, const char* file, char* err, size
     ShardHeader* h = &s->h;
     memcpy(h, s->map, offsetof(ShardHeader, n_tokens));  // version 1's fields; the rest stays zero for now
     if (h->magic == 0x43414C56u) {  // CKPT_MAGIC, "VLAC" (checkpoint.h)
-        SHARD_REJECT_("%s is a train_vla checkpoint, not a dataset shard: pass shards with -i (a checkpoint to start from "
-                      "goes to --init)", path);
+        SHARD_REJECT_(
+            "%s is a train_vla checkpoint, not a dataset shard: pass shards with -i (a checkpoint to start from "
+            "goes to --init)",
+            path);
     }
     if (h->magic != SHARD_MAGIC) {
-        SHARD_REJECT_("%s: bad magic 0x%08x (want 0x%08x): not a train_vla dataset shard; convert it with the tools in data/",
-                      path, h->magic, SHARD_MAGIC);
+        SHARD_REJECT_(
+            "%s: bad magic 0x%08x (want 0x%08x): not a train_vla dataset shard; convert it with the tools in data/",
+            path, h->magic, SHARD_MAGIC);
     }
     if (h->version != 1 && h->version != SHARD_VERSION) {
-        SHARD_REJECT_("%s: shard version %u, this build reads versions 1 and %u: regenerate the shard with this version's "
-                      "data/ tools", path, h->version, SHARD_VERSION);
+        SHARD_REJECT_(
+            "%s: shard version %u, this build reads versions 1 and %u: regenerate the shard with this version's "
+            "data/ tools",
+            path, h->version, SHARD_VERSION);
     }
     if (h->version != 1) {
         if (len < sizeof(ShardHeader)) {
@@ -398,10 +410,11 @@ static inline int shard_open_checked(Shard* s, const char* file, char* err, size
         h->state_dim < 1 || h->state_dim > VLA_MAX_DIM || h->action_dim < 1 || h->action_dim > VLA_MAX_DIM ||
         h->n_frames < 1 || h->n_frames > UINT32_MAX || h->n_episodes < 1 || h->n_episodes > h->n_frames ||
         h->n_tasks < 1 || h->n_tasks > UINT32_MAX) {
-        SHARD_REJECT_("%s: header sizes out of range (n_cam %u, img %u, state %u, action %u, frames %llu, episodes %llu, "
-                      "tasks %llu): the file is corrupt, regenerate it", path, h->n_cam, h->img, h->state_dim,
-                      h->action_dim, (unsigned long long)h->n_frames, (unsigned long long)h->n_episodes,
-                      (unsigned long long)h->n_tasks);
+        SHARD_REJECT_(
+            "%s: header sizes out of range (n_cam %u, img %u, state %u, action %u, frames %llu, episodes %llu, "
+            "tasks %llu): the file is corrupt, regenerate it",
+            path, h->n_cam, h->img, h->state_dim, h->action_dim, (unsigned long long)h->n_frames,
+            (unsigned long long)h->n_episodes, (unsigned long long)h->n_tasks);
     }
     if (h->version == 1) {  // the same view as version 2: its cameras, byte tokens (made below)
         for (uint32_t k = 0; k < h->n_cam; k++) { h->cam_height[k] = h->cam_width[k] = h->img; }
@@ -424,9 +437,10 @@ static inline int shard_open_checked(Shard* s, const char* file, char* err, size
         Cameras cams = shard_cameras(h);
         if (h->img != cameras_square_side(&cams)) {
             char sizes[256];
-            SHARD_REJECT_("%s: img %u disagrees with the camera sizes (%s, height x width; img is their side when all are "
-                          "square and equal, else 0): the file is corrupt, regenerate it", path, h->img,
-                          cameras_describe(&cams, sizes, sizeof(sizes)));
+            SHARD_REJECT_(
+                "%s: img %u disagrees with the camera sizes (%s, height x width; img is their side when all are "
+                "square and equal, else 0): the file is corrupt, regenerate it",
+                path, h->img, cameras_describe(&cams, sizes, sizeof(sizes)));
         }
         if (memchr(h->tokenizer, '\0', sizeof(h->tokenizer)) == NULL) {
             SHARD_REJECT_("%s: the tokenizer name is not NUL-terminated within its %d bytes: the file is corrupt, "
@@ -437,8 +451,9 @@ static inline int shard_open_checked(Shard* s, const char* file, char* err, size
                           path);
         }
         if (h->vocab < 1 || h->vocab > SHARD_MAX_VOCAB) {
-            SHARD_REJECT_("%s: vocabulary size %u of tokenizer %s is outside 1 to %u: the file is corrupt, regenerate it",
-                          path, h->vocab, h->tokenizer, SHARD_MAX_VOCAB);
+            SHARD_REJECT_(
+                "%s: vocabulary size %u of tokenizer %s is outside 1 to %u: the file is corrupt, regenerate it", path,
+                h->vocab, h->tokenizer, SHARD_MAX_VOCAB);
         }
         if (strcmp(h->tokenizer, SHARD_TOKENIZER_BYTES) == 0 && h->vocab != VLA_TEXT_VOCAB) {
             SHARD_REJECT_("%s: tokenizer \"bytes\" with a vocabulary of %u, not %d: the file is corrupt, regenerate it",
@@ -450,8 +465,9 @@ static inline int shard_open_checked(Shard* s, const char* file, char* err, size
         }
     }
     if (h->file_size != len) {
-        SHARD_REJECT_("%s: header says %llu bytes but the file has %llu: the file is truncated or padded, regenerate it",
-                      path, (unsigned long long)h->file_size, (unsigned long long)len);
+        SHARD_REJECT_(
+            "%s: header says %llu bytes but the file has %llu: the file is truncated or padded, regenerate it", path,
+            (unsigned long long)h->file_size, (unsigned long long)len);
     }
     // every section where the writers put it: in order, each at the first 64-byte boundary after the
     // one before, the last ending the file. So sizes computed from the header (the cameras') are the
@@ -469,31 +485,35 @@ static inline int shard_open_checked(Shard* s, const char* file, char* err, size
         }
         uint64_t next;
         if (offs[i] < shard_header_bytes(h) || __builtin_add_overflow(offs[i], sizes[i], &next) || next > len) {
-            SHARD_REJECT_("%s: section %s (offset %llu, %llu bytes) does not fit in the %llu-byte file: the sizes disagree "
-                          "with the file length, regenerate it", path, name, (unsigned long long)offs[i],
-                          (unsigned long long)sizes[i], (unsigned long long)len);
+            SHARD_REJECT_(
+                "%s: section %s (offset %llu, %llu bytes) does not fit in the %llu-byte file: the sizes disagree "
+                "with the file length, regenerate it",
+                path, name, (unsigned long long)offs[i], (unsigned long long)sizes[i], (unsigned long long)len);
         }
         if (offs[i] != align_up(end, SHARD_ALIGN)) {
             if (i == 1) {  // the images section's size is the cameras'
                 Cameras cams = shard_cameras(h);
                 char sizes_text[256];
-                SHARD_REJECT_("%s: the camera sizes (%s, height x width) make %llu frames %llu bytes of images, ending at "
-                              "offset %llu, but the next section starts at %llu: the camera sizes disagree with the "
-                              "file; it is corrupt, regenerate it", path, cameras_describe(&cams, sizes_text,
-                              sizeof(sizes_text)), (unsigned long long)h->n_frames, (unsigned long long)sizes[0],
-                              (unsigned long long)end, (unsigned long long)offs[i]);
+                SHARD_REJECT_(
+                    "%s: the camera sizes (%s, height x width) make %llu frames %llu bytes of images, ending at "
+                    "offset %llu, but the next section starts at %llu: the camera sizes disagree with the "
+                    "file; it is corrupt, regenerate it",
+                    path, cameras_describe(&cams, sizes_text, sizeof(sizes_text)), (unsigned long long)h->n_frames,
+                    (unsigned long long)sizes[0], (unsigned long long)end, (unsigned long long)offs[i]);
             }
-            SHARD_REJECT_("%s: section %s starts at offset %llu, but what comes before it ends at %llu (next boundary "
-                          "%llu): the header's sizes disagree with the layout; the file is corrupt, regenerate it", path,
-                          name, (unsigned long long)offs[i], (unsigned long long)end,
-                          (unsigned long long)align_up(end, SHARD_ALIGN));
+            SHARD_REJECT_(
+                "%s: section %s starts at offset %llu, but what comes before it ends at %llu (next boundary "
+                "%llu): the header's sizes disagree with the layout; the file is corrupt, regenerate it",
+                path, name, (unsigned long long)offs[i], (unsigned long long)end,
+                (unsigned long long)align_up(end, SHARD_ALIGN));
         }
         end = next;
     }
     if (end != len) {
-        SHARD_REJECT_("%s: the last section ends at offset %llu but the file has %llu bytes: the header's sizes disagree "
-                      "with the layout; the file is corrupt, regenerate it", path, (unsigned long long)end,
-                      (unsigned long long)len);
+        SHARD_REJECT_(
+            "%s: the last section ends at offset %llu but the file has %llu bytes: the header's sizes disagree "
+            "with the layout; the file is corrupt, regenerate it",
+            path, (unsigned long long)end, (unsigned long long)len);
     }
     s->images = s->map + h->off_images;
     s->state = (const float*)(s->map + h->off_state);
@@ -524,9 +544,10 @@ static inline int shard_open_checked(Shard* s, const char* file, char* err, size
         const ShardEpisode* ep = &s->episodes[e];
         if (ep->length == 0 || ep->first_frame >= h->n_frames || ep->length > h->n_frames - ep->first_frame ||
             ep->task >= h->n_tasks) {
-            SHARD_REJECT_("%s: episode %llu (first frame %llu, length %u, task %u) is out of range: the file is corrupt, "
-                          "regenerate it", path, (unsigned long long)e, (unsigned long long)ep->first_frame, ep->length,
-                          ep->task);
+            SHARD_REJECT_(
+                "%s: episode %llu (first frame %llu, length %u, task %u) is out of range: the file is corrupt, "
+                "regenerate it",
+                path, (unsigned long long)e, (unsigned long long)ep->first_frame, ep->length, ep->task);
         }
         for (uint64_t f = ep->first_frame; f < ep->first_frame + ep->length; f++) {
             if (s->frame_episode[f] != e) {
@@ -565,13 +586,17 @@ static inline int shard_open_checked(Shard* s, const char* file, char* err, size
         uint64_t t0 = s->token_offsets[k], t1 = s->token_offsets[k + 1];
         for (uint64_t t = t0; t < t1; t++) {
             if (s->tokens[t] < 0 || (uint32_t)s->tokens[t] >= h->vocab) {
-                SHARD_REJECT_("%s: task %llu has token id %d, outside the vocabulary [0, %u) of tokenizer %s: the file is "
-                              "corrupt, regenerate it", path, (unsigned long long)k, s->tokens[t], h->vocab, h->tokenizer);
+                SHARD_REJECT_(
+                    "%s: task %llu has token id %d, outside the vocabulary [0, %u) of tokenizer %s: the file is "
+                    "corrupt, regenerate it",
+                    path, (unsigned long long)k, s->tokens[t], h->vocab, h->tokenizer);
             }
         }
         uint64_t b0 = s->task_offsets[k], n_text = s->task_offsets[k + 1] - b0;
         int same = n_text == t1 - t0;
-        for (uint64_t t = 0; bytes && same && t < n_text; t++) { same = s->tokens[t0 + t] == (int32_t)s->task_text[b0 + t]; }
+        for (uint64_t t = 0; bytes && same && t < n_text; t++) {
+            same = s->tokens[t0 + t] == (int32_t)s->task_text[b0 + t];
+        }
         if (bytes && !same) {
             SHARD_REJECT_("%s: the tokens of task %llu are not the bytes of its text, as tokenizer \"bytes\" says: the "
                           "file is corrupt, regenerate it", path, (unsigned long long)k);
@@ -584,9 +609,14 @@ static inline int shard_open_checked(Shard* s, const char* file, char* err, size
         for (uint64_t i = 0; i < h->n_frames * dims[which]; i++) {
             float x = values[which][i];
             if (!isfinite(x)) {
-                SHARD_REJECT_("%s: frame %llu, %s column %llu is %s: the data is corrupt; fix or drop that episode and "
-                              "convert again", path, (unsigned long long)(i / dims[which]), which == 0 ? "state" : "action",
-                              (unsigned long long)(i % dims[which]), isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf");
+                SHARD_REJECT_(
+                    "%s: frame %llu, %s column %llu is %s: the data is corrupt; fix or drop that episode and "
+                    "convert again",
+                    path, (unsigned long long)(i / dims[which]), which == 0 ? "state" : "action",
+                    (unsigned long long)(i % dims[which]),
+                    isnan(x) ? "NaN"
+                    : x > 0  ? "+Inf"
+                             : "-Inf");
             }
         }
     }
@@ -612,14 +642,17 @@ static inline int shard_open_checked(Shard* s, const char* file, char* err, size
             double scale = sd > msd ? sd : msd;
             const char* column = which == 0 ? "state" : "action";
             if (fabs(m - mean) > 10.0 * scale + 1e-5 * fabs(mean) + 1e-6) {
-                SHARD_REJECT_("%s: %s column %u: the stored mean %.6g is %.3g stds from the frames' mean %.6g (std %.6g): "
-                              "the statistics do not describe the data; regenerate the shard", path, column, d, m,
-                              fabs(m - mean) / (scale > 0.0 ? scale : 1.0), mean, sd);
+                SHARD_REJECT_(
+                    "%s: %s column %u: the stored mean %.6g is %.3g stds from the frames' mean %.6g (std %.6g): "
+                    "the statistics do not describe the data; regenerate the shard",
+                    path, column, d, m, fabs(m - mean) / (scale > 0.0 ? scale : 1.0), mean, sd);
             }
             int varying = sd >= VLA_MIN_STD && sd >= 1e-6 * fabs(mean);  // above the rounding of the values
             if (varying && (msd < 0.1 * sd || msd > 10.0 * sd)) {
-                SHARD_REJECT_("%s: %s column %u: the stored std %.6g is %.3g times the frames' std %.6g: the statistics "
-                              "do not describe the data; regenerate the shard", path, column, d, msd, msd / sd, sd);
+                SHARD_REJECT_(
+                    "%s: %s column %u: the stored std %.6g is %.3g times the frames' std %.6g: the statistics "
+                    "do not describe the data; regenerate the shard",
+                    path, column, d, msd, msd / sd, sd);
             }
         }
     }

@@ -8,7 +8,8 @@ sums, then one sum in double), and AdamW on the fp32 master weights, clipped, wi
 #include "common.cuh"
 
 // out = (sum of partial in order, in double) * scale, or its sqrt; added to out when `accumulate`.
-__global__ void sum_finalize_kernel(float* out, const float* partial, int n, double scale, int take_sqrt, int accumulate) {
+__global__ void sum_finalize_kernel(float* out, const float* partial, int n, double scale, int take_sqrt,
+                                    int accumulate) {
     double s = 0.0;
     for (int j = 0; j < n; j++) { s += (double)partial[j]; }
     s *= scale;

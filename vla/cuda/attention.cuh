@@ -4,7 +4,8 @@ head h / (NH/NKV)), a per-token block mask (a query sees keys of its block and e
 nothing), finfo.min fill, keys from one or two tensors (the expert's cross layers read the VLM's).
 Forward writes out and the log-sum-exp; backward the query's gradient and accumulates the keys' and
 values'. Versions: 4 (flash attention on mma.sync, bf16 builds), 2 (WMMA tiles, fp16 builds), 1 (a
-warp a query) and 5 (head sizes past 128); gqa_attention_forward and _backward choose.
+warp a query) and 5 (head sizes past 128); attention_version chooses, for the launchers
+gqa_attention_forward and _backward and for the config table alike.
 VLA_ATTENTION_WMMA, defined before including this header, compiles version 2 in bf16 builds too (dev/cuda).
 */
 #ifndef VLA_CUDA_ATTENTION_CUH
@@ -117,7 +118,9 @@ static __device__ __forceinline__ void gqa_attention_forward_warp(floatX* out, f
         float m_new = fmaxf(mx, s), corr = expf(mx - m_new), p = expf(s - m_new);
         sum = sum * corr + p;
         #pragma unroll
-        for (int u = 0, c = lane; u < VALS; u++, c += 32) { acc[u] = acc[u] * corr + (c < a.HS ? p * f32(vj[c]) : 0.0f); }
+        for (int u = 0, c = lane; u < VALS; u++, c += 32) {
+            acc[u] = acc[u] * corr + (c < a.HS ? p * f32(vj[c]) : 0.0f);
+        }
         mx = m_new;
     }
     bool seen = sum > 0.0f;  // sum >= 1 once a key is visible: the maximum's own term
@@ -177,8 +180,9 @@ static __device__ __forceinline__ void gqa_attention_backward_dq_warp(floatX* dq
 // dk0/dv0 (B, Nk0, NKV*HS), dk1/dv1 (B, Nk1, NKV*HS) fp32, accumulated in a fixed order.
 template <int VALS>
 static __device__ __forceinline__ void gqa_attention_backward_dkdv_warp(float* dk0, float* dv0, float* dk1, float* dv1,
-                                                                       const floatX* dout, const floatX* q, const float* lse,
-                                                                       const float* delta, GqaAttn a) {
+                                                                        const floatX* dout, const floatX* q,
+                                                                        const float* lse, const float* delta,
+                                                                        GqaAttn a) {
     int nk = gqa_n_keys(a);
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (warp >= a.B * a.NKV * nk) { return; }
@@ -198,7 +202,8 @@ static __device__ __forceinline__ void gqa_attention_backward_dkdv_warp(float* d
     }
     for (int h = g * G; h < (g + 1) * G; h++) {
         for (int i = 0; i < a.Tq; i++) {
-            size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS, stat = ((size_t)b * a.NH + h) * a.Tq + i;
+            size_t row = ((size_t)b * a.Tq + i) * a.NH * a.HS + (size_t)h * a.HS,
+                   stat = ((size_t)b * a.NH + h) * a.Tq + i;
             float l = lse[stat];
             if (l == ATTN_NO_KEY_LSE) {  // a query that sees no key: P = 1/nk everywhere, no dS
                 #pragma unroll
@@ -246,8 +251,8 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
                                                     const floatX* q, const float* lse, const float* delta, GqaAttn a) {
     gqa_attention_backward_dkdv_warp<4>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
 }
-__global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_forward_kernel5(floatX* out, float* lse, const floatX* q,
-                                                                                GqaAttn a) {
+__global__ void __launch_bounds__(ATT5_MAX_BLOCK)
+    gqa_attention_forward_kernel5(floatX* out, float* lse, const floatX* q, GqaAttn a) {
     gqa_attention_forward_warp<ATT5_VALS>(out, lse, q, a);
 }
 __global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dq_kernel5(floatX* dq, const floatX* dout,
@@ -255,13 +260,11 @@ __global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dq_kern
                                                                                     const float* delta, GqaAttn a) {
     gqa_attention_backward_dq_warp<ATT5_VALS>(dq, dout, q, lse, delta, a);
 }
-__global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dkdv_kernel5(float* dk0, float* dv0, float* dk1,
-                                                                                      float* dv1, const floatX* dout,
-                                                                                      const floatX* q, const float* lse,
-                                                                                      const float* delta, GqaAttn a) {
+__global__ void __launch_bounds__(ATT5_MAX_BLOCK)
+    gqa_attention_backward_dkdv_kernel5(float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
+                                        const floatX* q, const float* lse, const float* delta, GqaAttn a) {
     gqa_attention_backward_dkdv_warp<ATT5_VALS>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
 }
-
 
 #if defined(ENABLE_FP16) || (defined(VLA_ATTENTION_WMMA) && !defined(ENABLE_FP32))
 // fp16 GPUs (sm_70, sm_75) have no bf16 mma.sync for version 4: version 2 runs on WMMA instead
@@ -379,12 +382,18 @@ static __device__ void gqa_load_blocks(int* blk, const GqaAttn& a, int b, int fi
 // the largest v over the block, to every thread (blockDim.x a multiple of 32); shared: 32 ints
 static __device__ int block_max_int(int v, int* shared) {
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    for (int offset = 16; offset > 0; offset /= 2) { int o = __shfl_xor_sync(0xffffffffu, v, offset); v = o > v ? o : v; }
+    for (int offset = 16; offset > 0; offset /= 2) {
+        int o = __shfl_xor_sync(0xffffffffu, v, offset);
+        v = o > v ? o : v;
+    }
     __syncthreads();  // the previous call's readers are done with shared
     if (lane == 0) { shared[warp] = v; }
     __syncthreads();
     v = lane < n_warps ? shared[lane] : INT_MIN;
-    for (int offset = 16; offset > 0; offset /= 2) { int o = __shfl_xor_sync(0xffffffffu, v, offset); v = o > v ? o : v; }
+    for (int offset = 16; offset > 0; offset /= 2) {
+        int o = __shfl_xor_sync(0xffffffffu, v, offset);
+        v = o > v ? o : v;
+    }
     return v;
 }
 
@@ -501,7 +510,8 @@ __global__ void __launch_bounds__(ATT_THREADS) gqa_attention_forward_kernel2(flo
     }
     for (int rr = threadIdx.x; rr < ATT_TILE; rr += blockDim.x) {
         if (i0 + rr < a.Tq) {
-            lse[((size_t)b * a.NH + h) * a.Tq + i0 + rr] = row_l[rr] > 0.0f ? row_m[rr] + logf(row_l[rr]) : ATTN_NO_KEY_LSE;
+            lse[((size_t)b * a.NH + h) * a.Tq + i0 + rr] =
+                row_l[rr] > 0.0f ? row_m[rr] + logf(row_l[rr]) : ATTN_NO_KEY_LSE;
         }
     }
 }
@@ -817,7 +827,8 @@ static __device__ __forceinline__ float quad_sum(float v) {
 // shared memory of version 4: six (64, HSP + 8) tiles, two stages of 64 lse/delta and of 64 block ids
 template <int HSP>
 static size_t gqa_attention_smem4(void) {
-    return 6 * (size_t)ATT4_ROWS * (HSP + 8) * sizeof(floatX) + 4 * ATT4_ROWS * sizeof(float) + 2 * ATT4_ROWS * sizeof(int);
+    return 6 * (size_t)ATT4_ROWS * (HSP + 8) * sizeof(floatX) + 4 * ATT4_ROWS * sizeof(float) +
+           2 * ATT4_ROWS * sizeof(int);
 }
 template <int HSP>
 static __device__ __forceinline__ int* att4_block_ids(float* smem) {
@@ -901,7 +912,9 @@ static __device__ __forceinline__ void att4_store_rows(floatX* head, const float
         #pragma unroll
         for (int n = 0; n < HSP / 8; n++) {
             int c = n * 8 + 2 * t;
-            if (c < HS) { store_x2(head + (size_t)row * D + c, pack_f2(acc[n][2 * r] * mul[r], acc[n][2 * r + 1] * mul[r])); }
+            if (c < HS) {
+                store_x2(head + (size_t)row * D + c, pack_f2(acc[n][2 * r] * mul[r], acc[n][2 * r + 1] * mul[r]));
+            }
         }
     }
 }
@@ -997,8 +1010,10 @@ __global__ void __launch_bounds__(ATT4_THREADS) gqa_attention_forward_kernel4(fl
     #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         #pragma unroll
-        for (int kk = 0; kk < HSP / 16; kk++) { att4_frag_a(qf[mt][kk], Qs + mt * TILE + warp * 16 * LD + kk * 16, LD); }
-        #pragma unroll
+        for (int kk = 0; kk < HSP / 16; kk++) {
+            att4_frag_a(qf[mt][kk], Qs + mt * TILE + warp * 16 * LD + kk * 16, LD);
+        }
+#pragma unroll
         for (int n = 0; n < HSP / 8; n++) { o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f; }
         m[mt][0] = m[mt][1] = -INFINITY;
         l[mt][0] = l[mt][1] = 0.0f;
@@ -1237,39 +1252,51 @@ static int padded_head_dim(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <
 
 // what the kernels assume of a call; a mistake here is the caller's
 static void gqa_attention_check(const GqaAttn& a) {
-    if (a.NKV <= 0 || a.NH % a.NKV != 0) { vla_fail("attention: %d query heads are not a multiple of %d kv heads", a.NH, a.NKV); }
-    if (a.HS > 32 * ATT5_VALS) { vla_fail("attention: head size %d: the kernels take head sizes up to %d", a.HS, 32 * ATT5_VALS); }
+    if (a.NKV <= 0 || a.NH % a.NKV != 0) {
+        vla_fail("attention: %d query heads are not a multiple of %d kv heads", a.NH, a.NKV);
+    }
+    if (a.HS > 32 * ATT5_VALS) {
+        vla_fail("attention: head size %d: the kernels take head sizes up to %d", a.HS, 32 * ATT5_VALS);
+    }
     if (a.Nk0 + a.Nk1 <= 0) { vla_fail("attention: %d + %d keys: a call needs at least one", a.Nk0, a.Nk1); }
-    if (a.Nk1 > 0 && (a.k1 == nullptr || a.v1 == nullptr)) { vla_fail("attention: %d second keys but no k1/v1 tensors", a.Nk1); }
+    if (a.Nk1 > 0 && (a.k1 == nullptr || a.v1 == nullptr)) {
+        vla_fail("attention: %d second keys but no k1/v1 tensors", a.Nk1);
+    }
     if (a.block != nullptr && (a.q0 + a.Tq > a.Nt || a.Nk0 + a.Nk1 > a.Nt)) {
         vla_fail("attention: queries %d.. (%d) or %d keys past the mask's %d tokens", a.q0, a.Tq, a.Nk0 + a.Nk1, a.Nt);
     }
 }
 
 static void gqa_attention_forward1(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
-    gqa_attention_forward_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, BLOCK), BLOCK, 0, main_stream>>>(out, lse, q, a);
+    gqa_attention_forward_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, BLOCK), BLOCK, 0, main_stream>>>(out, lse,
+                                                                                                              q, a);
     launchCheck();
 }
 
 static void gqa_attention_backward1(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
                                     const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
-    gqa_attention_backward_dq_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, BLOCK), BLOCK, 0, main_stream>>>(dq, dout, q, lse, delta, a);
+    gqa_attention_backward_dq_kernel1<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, BLOCK), BLOCK, 0, main_stream>>>(
+        dq, dout, q, lse, delta, a);
     launchCheck();
-    gqa_attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, BLOCK), BLOCK, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    gqa_attention_backward_dkdv_kernel1<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, BLOCK), BLOCK, 0,
+                                          main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     launchCheck();
 }
 
 // Version 5 (head sizes past version 1's 128, up to 256: pi0's) at ATT5_MAX_BLOCK threads
 static void gqa_attention_forward5(floatX* out, float* lse, const floatX* q, const GqaAttn& a) {
-    gqa_attention_forward_kernel5<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, ATT5_MAX_BLOCK), ATT5_MAX_BLOCK, 0, main_stream>>>(out, lse, q, a);
+    gqa_attention_forward_kernel5<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, ATT5_MAX_BLOCK), ATT5_MAX_BLOCK, 0,
+                                    main_stream>>>(out, lse, q, a);
     launchCheck();
 }
 
 static void gqa_attention_backward5(floatX* dq, float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
                                     const floatX* q, const float* lse, const float* delta, const GqaAttn& a) {
-    gqa_attention_backward_dq_kernel5<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, ATT5_MAX_BLOCK), ATT5_MAX_BLOCK, 0, main_stream>>>(dq, dout, q, lse, delta, a);
+    gqa_attention_backward_dq_kernel5<<<ceil_div((size_t)a.B * a.NH * a.Tq * 32, ATT5_MAX_BLOCK), ATT5_MAX_BLOCK, 0,
+                                        main_stream>>>(dq, dout, q, lse, delta, a);
     launchCheck();
-    gqa_attention_backward_dkdv_kernel5<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, ATT5_MAX_BLOCK), ATT5_MAX_BLOCK, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    gqa_attention_backward_dkdv_kernel5<<<ceil_div((size_t)a.B * a.NKV * gqa_n_keys(a) * 32, ATT5_MAX_BLOCK),
+                                          ATT5_MAX_BLOCK, 0, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
     launchCheck();
 }
 
@@ -1280,10 +1307,12 @@ static void gqa_attention_forward2(floatX* out, float* lse, const floatX* q, con
     size_t smem = gqa_attention_forward_smem2<HSP>();
     static thread_local bool configured = false;
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(gqa_attention_forward_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(gqa_attention_forward_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem));
         configured = true;
     }
-    gqa_attention_forward_kernel2<HSP><<<dim3(ceil_div(a.Tq, ATT_TILE), a.NH, a.B), ATT_THREADS, smem, main_stream>>>(out, lse, q, a);
+    dim3 grid(ceil_div(a.Tq, ATT_TILE), a.NH, a.B);
+    gqa_attention_forward_kernel2<HSP><<<grid, ATT_THREADS, smem, main_stream>>>(out, lse, q, a);
     launchCheck();
 }
 
@@ -1293,13 +1322,17 @@ static void gqa_attention_backward2(floatX* dq, float* dk0, float* dv0, float* d
     size_t smem = gqa_attention_backward_smem2<HSP>();
     static thread_local bool configured = false;
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dq_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dkdv_kernel2<HSP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dq_kernel2<HSP>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(gqa_attention_backward_dkdv_kernel2<HSP>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         configured = true;
     }
-    gqa_attention_backward_dq_kernel2<HSP><<<dim3(ceil_div(a.Tq, ATT_TILE), a.NH, a.B), ATT_THREADS, smem, main_stream>>>(dq, dout, q, lse, delta, a);
+    dim3 query_tiles(ceil_div(a.Tq, ATT_TILE), a.NH, a.B), key_tiles(ceil_div(gqa_n_keys(a), ATT_TILE), a.NKV, a.B);
+    gqa_attention_backward_dq_kernel2<HSP><<<query_tiles, ATT_THREADS, smem, main_stream>>>(dq, dout, q, lse, delta, a);
     launchCheck();
-    gqa_attention_backward_dkdv_kernel2<HSP><<<dim3(ceil_div(gqa_n_keys(a), ATT_TILE), a.NKV, a.B), ATT_THREADS, smem, main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+    gqa_attention_backward_dkdv_kernel2<HSP><<<key_tiles, ATT_THREADS, smem, main_stream>>>(dk0, dv0, dk1, dv1, dout, q,
+                                                                                            lse, delta, a);
     launchCheck();
 }
 
@@ -1381,7 +1414,8 @@ static int attention4_head_index(int HS) {
             int smem = (int)ATT4_SMEM[i];
             for (int m = 0; m < 2; m++) {
                 for (int t = 0; t < 2; t++) {
-                    cudaCheck(cudaFuncSetAttribute(ATT4_FORWARD[i][t][m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                    cudaCheck(
+                        cudaFuncSetAttribute(ATT4_FORWARD[i][t][m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
                 }
                 cudaCheck(cudaFuncSetAttribute(ATT4_DQ[i][m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
                 cudaCheck(cudaFuncSetAttribute(ATT4_DKDV[i][m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -1398,7 +1432,8 @@ static void gqa_attention_forward4(floatX* out, float* lse, const floatX* q, con
     int hs = attention4_head_index(a.HS), mask = a.block != NULL;
     int tiles = (long long)ceil_div(a.Tq, 2 * ATT4_ROWS) * a.NH * a.B >= 1024 ? 2 : 1;
     Attention4Forward kernel = ATT4_FORWARD[hs][tiles - 1][mask];
-    kernel<<<dim3(ceil_div(a.Tq, tiles * ATT4_ROWS), a.NH, a.B), ATT4_THREADS, ATT4_SMEM[hs], main_stream>>>(out, lse, q, a);
+    kernel<<<dim3(ceil_div(a.Tq, tiles * ATT4_ROWS), a.NH, a.B), ATT4_THREADS, ATT4_SMEM[hs], main_stream>>>(out, lse,
+                                                                                                             q, a);
     launchCheck();
 }
 
@@ -1409,24 +1444,40 @@ static void gqa_attention_backward4(floatX* dq, float* dk0, float* dv0, float* d
     int hs = attention4_head_index(a.HS), mask = a.block != NULL;
     Attention4Dq dq_kernel = ATT4_DQ[hs][mask];
     Attention4Dkdv dkdv_kernel = ATT4_DKDV[hs][mask];
-    dq_kernel<<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, ATT4_SMEM[hs], main_stream>>>(dq, dout, q, lse, delta, a);
+    dq_kernel<<<dim3(ceil_div(a.Tq, ATT4_ROWS), a.NH, a.B), ATT4_THREADS, ATT4_SMEM[hs], main_stream>>>(dq, dout, q,
+                                                                                                        lse, delta, a);
     launchCheck();
-    dkdv_kernel<<<dim3(ceil_div(gqa_n_keys(a), ATT4_ROWS), a.NKV, a.B), ATT4_THREADS, ATT4_SMEM[hs], main_stream>>>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
+    dkdv_kernel<<<dim3(ceil_div(gqa_n_keys(a), ATT4_ROWS), a.NKV, a.B), ATT4_THREADS, ATT4_SMEM[hs], main_stream>>>(
+        dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
     launchCheck();
 }
 #endif
 
-// the version that takes a call at head size HS in this build (the config table's rows)
-static const char* attention_version_name(int HS) {
-#if defined(ENABLE_FP32)
-    (void)HS;
-    return "v1: a warp a query";
-#elif defined(ENABLE_FP16)
-    (void)HS;
-    return "v2: WMMA tiles";
+// The version that runs a call of head size HS in this build, its forward or its backward: bf16
+// builds version 4 where it takes the call (`packed`: its tensors allow 16-byte loads, as
+// attention4_fits says), fp16 builds version 2 where its tiles fit in shared memory, else version 1,
+// or 5 past head size 128. The launchers ask it, and so does the config table (for packed calls,
+// as the model's are).
+enum { ATTENTION_V1 = 1, ATTENTION_V2 = 2, ATTENTION_V4 = 4, ATTENTION_V5 = 5 };
+static int attention_version(int HS, bool backward, bool packed) {
+#if defined(ENABLE_FP16)
+    (void)packed;
+    if (attention2_fits(HS, backward)) { return ATTENTION_V2; }
+#elif !defined(ENABLE_FP32)
+    (void)backward;
+    if (packed && HS % 8 == 0 && HS <= 64) { return ATTENTION_V4; }
 #else
-    return HS % 8 == 0 && HS <= 64 ? "v4: flash, mma.sync" : "v1: a warp a query";
+    (void)backward;
+    (void)packed;
 #endif
+    return HS > 128 ? ATTENTION_V5 : ATTENTION_V1;
+}
+
+static const char* attention_version_name(int version) {
+    return version == ATTENTION_V4   ? "v4: flash, mma.sync"
+           : version == ATTENTION_V2 ? "v2: WMMA tiles"
+           : version == ATTENTION_V5 ? "v5: a warp a query, 8 values a lane"
+                                     : "v1: a warp a query";
 }
 
 // delta (B, NH, Tq) = rowsum(dO * O) per head: version 2 where 128-bit loads fit, else version 1
@@ -1434,16 +1485,20 @@ static void attention_delta(float* delta, const floatX* dout, const floatX* out,
     size_t rows = (size_t)a.B * a.Tq;
     int lanes = a.HS / x128::size;
     if (packable(a.HS, x128::size, dout, out) && lanes <= 32 && (lanes & (lanes - 1)) == 0) {
-        attention_delta_kernel2<<<ceil_div(rows * a.NH * lanes, (size_t)BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, (int)rows, a.Tq, a.NH, a.HS);
+        attention_delta_kernel2<<<ceil_div(rows * a.NH * lanes, (size_t)BLOCK), BLOCK, 0, main_stream>>>(
+            delta, dout, out, (int)rows, a.Tq, a.NH, a.HS);
     } else {
-        attention_delta_kernel<<<ceil_div(rows * a.NH * 32, (size_t)BLOCK), BLOCK, 0, main_stream>>>(delta, dout, out, (int)rows, a.Tq, a.NH, a.HS);
+        attention_delta_kernel<<<ceil_div(rows * a.NH * 32, (size_t)BLOCK), BLOCK, 0, main_stream>>>(
+            delta, dout, out, (int)rows, a.Tq, a.NH, a.HS);
     }
     launchCheck();
 }
 
 static void attention_prof_shape(char* shape, size_t n, const GqaAttn& a) {
     shape[0] = '\0';
-    if (prof.on) { snprintf(shape, n, "B %d, %d/%d heads of %d, %d x %d", a.B, a.NH, a.NKV, a.HS, a.Tq, a.Nk0 + a.Nk1); }
+    if (prof.on) {
+        snprintf(shape, n, "B %d, %d/%d heads of %d, %d x %d", a.B, a.NH, a.NKV, a.HS, a.Tq, a.Nk0 + a.Nk1);
+    }
 }
 
 // out (B, Tq, NH*HS) floatX and lse (B, NH, Tq) fp32, both overwritten
@@ -1452,19 +1507,20 @@ static void gqa_attention_forward(floatX* out, float* lse, const floatX* q, cons
     attention_prof_shape(shape, sizeof(shape), a);
     ProfOp prof_op("attention fwd", 4.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);  // (as if unmasked)
     gqa_attention_check(a);
+    bool packed = false;
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-    if (attention4_fits(a, q, out)) {
-        gqa_attention_forward4(out, lse, q, a);
-        return;
-    }
-#elif defined(ENABLE_FP16)
-    if (attention2_fits(a.HS, false)) {
-        gqa_attention_forward2_any(out, lse, q, a);
-        return;
-    }
+    packed = attention4_fits(a, q, out);
 #endif
-    if (a.HS > 128) { gqa_attention_forward5(out, lse, q, a); }
-    else { gqa_attention_forward1(out, lse, q, a); }
+    switch (attention_version(a.HS, false, packed)) {
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+        case ATTENTION_V4: gqa_attention_forward4(out, lse, q, a); break;
+#endif
+#if defined(ENABLE_FP16)
+        case ATTENTION_V2: gqa_attention_forward2_any(out, lse, q, a); break;
+#endif
+        case ATTENTION_V5: gqa_attention_forward5(out, lse, q, a); break;
+        default: gqa_attention_forward1(out, lse, q, a); break;
+    }
 }
 
 // dq (B, Tq, NH*HS) floatX overwritten; dk0/dv0 (B, Nk0, NKV*HS), dk1/dv1 (B, Nk1, NKV*HS; NULL when
@@ -1476,10 +1532,17 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
     attention_prof_shape(shape, sizeof(shape), a);
     ProfOp prof_op("attention bwd", 10.0 * a.B * a.NH * a.Tq * (a.Nk0 + a.Nk1) * a.HS, shape);
     gqa_attention_check(a);
-    if (dkx != NULL && (a.Nk1 != 0 || dvx == NULL)) { vla_fail("attention: floatX key gradients need one key tensor and both of dk, dv"); }
+    if (dkx != NULL && (a.Nk1 != 0 || dvx == NULL)) {
+        vla_fail("attention: floatX key gradients need one key tensor and both of dk, dv");
+    }
     attention_delta(delta, dout, out, a);
+    bool packed = false;
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
-    if (attention4_fits(a, q, dout, dq)) {
+    packed = attention4_fits(a, q, dout, dq);
+#endif
+    int version = attention_version(a.HS, true, packed);
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+    if (version == ATTENTION_V4) {  // (writes dkx, dvx itself)
         gqa_attention_backward4(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a, dkx, dvx);
         return;
     }
@@ -1489,15 +1552,12 @@ static void gqa_attention_backward(floatX* dq, float* dk0, float* dv0, float* dk
         cudaCheck(cudaMemsetAsync(dk0, 0, n_kv * sizeof(float), main_stream));
         cudaCheck(cudaMemsetAsync(dv0, 0, n_kv * sizeof(float), main_stream));
     }
+    switch (version) {
 #if defined(ENABLE_FP16)
-    if (attention2_fits(a.HS, true)) {
-        gqa_attention_backward2_any(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
-    } else
+        case ATTENTION_V2: gqa_attention_backward2_any(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
 #endif
-    if (a.HS > 128) {
-        gqa_attention_backward5(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
-    } else {
-        gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
+        case ATTENTION_V5: gqa_attention_backward5(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
+        default: gqa_attention_backward1(dq, dk0, dv0, dk1, dv1, dout, q, lse, delta, a); break;
     }
     if (dkx != NULL) {
         convert(dkx, dk0, n_kv);

@@ -40,7 +40,9 @@ static void cuda_check_(cudaError_t err, const char* file, int line) {
     if (err == cudaSuccess) { return; }
     if (run_aborting) { wait_for_abort(); }
     // (in the policy library both are caught at its entry point: vla_catch_call)
-    if (err == cudaErrorMemoryAllocation) { vla_fail_no_memory("out of GPU memory at %s:%d: " VLA_NO_MEMORY_FIX, file, line); }
+    if (err == cudaErrorMemoryAllocation) {
+        vla_fail_no_memory("out of GPU memory at %s:%d: " VLA_NO_MEMORY_FIX, file, line);
+    }
     vla_fail("CUDA error %s at %s:%d", cudaGetErrorString(err), file, line);
 }
 #define cudaCheck(call) cuda_check_((call), __FILE__, __LINE__)
@@ -89,7 +91,9 @@ typedef Packed128<floatX> x128;
 template <typename T>
 static __device__ __forceinline__ Packed128<T> load128(const T* p) { return *reinterpret_cast<const Packed128<T>*>(p); }
 template <typename T>
-static __device__ __forceinline__ void store128(T* p, const Packed128<T>& x) { *reinterpret_cast<Packed128<T>*>(p) = x; }
+static __device__ __forceinline__ void store128(T* p, const Packed128<T>& x) {
+    *reinterpret_cast<Packed128<T>*>(p) = x;
+}
 
 // Whether n elements from each pointer can be moved 16 bytes at a time
 static bool packable(size_t n, int size, const void* a, const void* b = NULL, const void* c = NULL) {

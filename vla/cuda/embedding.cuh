@@ -65,9 +65,9 @@ __global__ void smolvla_sequence_kernel(int* block, int* pos, int* x_pos, const 
 // The prefix x (B, Np, C): per sample each camera's NI image tokens (image cam * B + b) times
 // img_scale, the language rows times sqrt(C), then (SmolVLA: Np = the images, T and 1) state_tok
 // (B, C). Token ids are checked by the data path.
-__global__ void smolvla_prefix_embed_kernel(floatX* x, const floatX* img_tok, const floatX* embed, const int32_t* tokens,
-                                            const floatX* state_tok, int B, int n_cam, int NI, int T, int Np, int C,
-                                            float scale, float img_scale) {
+__global__ void smolvla_prefix_embed_kernel(floatX* x, const floatX* img_tok, const floatX* embed,
+                                            const int32_t* tokens, const floatX* state_tok, int B, int n_cam, int NI,
+                                            int T, int Np, int C, float scale, float img_scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int n_img = n_cam * NI;
     if (idx >= (size_t)B * Np * C) { return; }

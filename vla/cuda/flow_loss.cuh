@@ -28,7 +28,9 @@ __global__ void bias_rows_kernel(float* out, const floatX* bias, int rows, int n
 __global__ void valid_entries_kernel(float* count, const float* action_is_pad, int n_slots, int A, int accumulate) {
     __shared__ float shared[32];
     float s = 0.0f;
-    for (int i = threadIdx.x; i < n_slots; i += blockDim.x) { s += action_is_pad == NULL || action_is_pad[i] == 0.0f ? 1.0f : 0.0f; }
+    for (int i = threadIdx.x; i < n_slots; i += blockDim.x) {
+        s += action_is_pad == NULL || action_is_pad[i] == 0.0f ? 1.0f : 0.0f;
+    }
     s = block_sum(s, shared);
     if (threadIdx.x == 0) { *count = (accumulate ? *count : 0.0f) + s * (float)A; }
 }

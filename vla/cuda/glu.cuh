@@ -91,7 +91,8 @@ static void swiglu_forward(floatX* act, const floatX* gate, const floatX* up, si
     launchCheck();
 }
 
-static void swiglu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up, size_t n) {
+static void swiglu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
+                            size_t n) {
     ProfOp prof_op("swiglu");
     check_packable("swiglu_backward", n, dgate, dup, dact, gate, up);
     swiglu_backward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
@@ -105,7 +106,8 @@ static void geglu_forward(floatX* act, const floatX* gate, const floatX* up, siz
     launchCheck();
 }
 
-static void geglu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up, size_t n) {
+static void geglu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
+                           size_t n) {
     ProfOp prof_op("geglu");
     check_packable("geglu_backward", n, dgate, dup, dact, gate, up);
     geglu_backward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(dgate, dup, dact, gate, up, n);

@@ -60,7 +60,9 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_forward_kernel2
         if (c < C) {
             x128 wv = load128(w + c), bv = load128(b + c), o;
             #pragma unroll
-            for (int k = 0; k < x128::size; k++) { o.v[k] = fx((f32(xv[j].v[k]) - m) * r * f32(wv.v[k]) + f32(bv.v[k])); }
+            for (int k = 0; k < x128::size; k++) {
+                o.v[k] = fx((f32(xv[j].v[k]) - m) * r * f32(wv.v[k]) + f32(bv.v[k]));
+            }
             store128(y + c, o);
         }
     }
@@ -159,11 +161,10 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel
 // LAYERNORM_BWD3_BLOCK threads a block (its 96 sums a lane in registers)
 #define LAYERNORM_BWD3_VALS 48
 #define LAYERNORM_BWD3_BLOCK 256
-__global__ void __launch_bounds__(LAYERNORM_BWD3_BLOCK) layernorm_backward_kernel3(float* dres, floatX* dres_x,
-                                                                                    float* partial, const floatX* dout,
-                                                                                    const floatX* inp, const floatX* w,
-                                                                                    const float* mean, const float* rstd,
-                                                                                    int N, int C, int rows_per_block) {
+__global__ void __launch_bounds__(LAYERNORM_BWD3_BLOCK)
+    layernorm_backward_kernel3(float* dres, floatX* dres_x, float* partial, const floatX* dout, const floatX* inp,
+                               const floatX* w, const float* mean, const float* rstd, int N, int C,
+                               int rows_per_block) {
     layernorm_backward_rows<LAYERNORM_BWD3_VALS>(dres, dres_x, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);
 }
 
@@ -181,7 +182,8 @@ static void layernorm_forward(floatX* out, float* mean, float* rstd, const float
         vla_fail("layernorm_forward: width %d: the kernel takes 16-byte aligned rows of a multiple of %d values, up "
                  "to %d", C, x128::size, 32 * LAYERNORM_FWD2_VALS);
     }
-    layernorm_forward_kernel2<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C);
+    layernorm_forward_kernel2<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, mean, rstd, inp, w, b, N,
+                                                                                          C);
     launchCheck();
 }
 
@@ -212,11 +214,11 @@ static void layernorm_backward(float* dres, floatX* dres_x, float* dw, float* db
     int rows = colsum_rows(N), chunks = ceil_div(N, rows);
     size_t smem = (size_t)(BLOCK / 32) * C * sizeof(float);
     if (v2) {  // version 2 where it fits (SmolVLA's), 3 past its width of 1024
-        layernorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd,
-                                                                         N, C, rows);
+        layernorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean,
+                                                                         rstd, N, C, rows);
     } else {
-        layernorm_backward_kernel3<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd,
-                                                                         N, C, rows);
+        layernorm_backward_kernel3<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean,
+                                                                         rstd, N, C, rows);
     }
     launchCheck();
     column_sum(dw, partial, chunks, C);

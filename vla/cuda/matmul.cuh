@@ -89,7 +89,8 @@ static MatmulPlan* matmul_plan(const MatmulKey* key) {
     if (key->bias || key->gelu) {
         uint32_t epilogue = key->gelu ? (key->bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU) :
                                         CUBLASLT_EPILOGUE_BIAS;
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        cublasCheck(
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     }
     int m = key->m, n = key->n, k = key->k;
     cublasCheck(cublasLtMatrixLayoutCreate(&p->la, CUBLAS_FLOATX, key->transa ? k : m, key->transa ? m : k, key->lda));
@@ -103,8 +104,8 @@ static MatmulPlan* matmul_plan(const MatmulKey* key) {
             int64_t stride = strides[i];
             cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
                                                          sizeof(count)));
-            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                         sizeof(stride)));
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                         &stride, sizeof(stride)));
         }
     }
     cublasLtMatmulPreference_t pref;
@@ -119,7 +120,8 @@ static MatmulPlan* matmul_plan(const MatmulKey* key) {
     }
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt, p->desc, p->la, p->lb, p->lcd, p->lcd, pref, 1, &heuristic, &found));
+    cublasCheck(
+        cublasLtMatmulAlgoGetHeuristic(cublaslt, p->desc, p->la, p->lb, p->lcd, p->lcd, pref, 1, &heuristic, &found));
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     if (found == 0) {
         vla_fail("cuBLASLt has no algorithm for a %d x %d x %d product (transa %d, transb %d)", m, n, k, key->transa,
@@ -161,7 +163,8 @@ static void matmul_free(void) {
 // speak row-major.
 static void matmul_cublaslt(void* d, cudaDataType_t d_type, int ldd, const void* c, const floatX* a, int lda,
                             bool transa, const floatX* b, int ldb, bool transb, int m, int n, int k, float beta,
-                            const floatX* bias, const MatmulBatch* batch = NULL, float alpha = 1.0f, bool gelu = false) {
+                            const floatX* bias, const MatmulBatch* batch = NULL, float alpha = 1.0f,
+                            bool gelu = false) {
     int count = batch != NULL ? batch->count : 1;
     char shape[64] = "";
     if (prof.on) {
@@ -182,7 +185,8 @@ static void matmul_cublaslt(void* d, cudaDataType_t d_type, int ldd, const void*
     if (count > 1) {  // every product's matrices must have the alignment of the first's
         key.stride_a = batch->a; key.stride_b = batch->b; key.stride_d = batch->d;
         size_t d_size = d_type == CUDA_R_32F ? sizeof(float) : sizeof(floatX);
-        const size_t step[4] = {batch->a * sizeof(floatX), batch->b * sizeof(floatX), batch->d * d_size, batch->d * d_size};
+        const size_t step[4] = {batch->a * sizeof(floatX), batch->b * sizeof(floatX), batch->d * d_size,
+                                batch->d * d_size};
         for (int i = 0; i < 4; i++) {
             uint32_t s_align = pointer_alignment((const void*)(uintptr_t)step[i]);
             if (s_align < key.align[i]) { key.align[i] = s_align; }
@@ -208,7 +212,8 @@ static void matmul_forward(floatX* out, const floatX* inp, const floatX* w, cons
 // epilogue): where nothing needs the pre-activation (the frozen vision tower's MLP), this saves
 // writing it, reading it back and a kernel. GELU is taken of the fp32 sum, before its rounding to
 // floatX (matmul_forward then gelu_forward round in between).
-static void matmul_forward_gelu(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, int N, int C, int OC) {
+static void matmul_forward_gelu(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, int N, int C,
+                                int OC) {
     matmul_cublaslt(out, CUBLAS_FLOATX, OC, NULL, w, C, true, inp, C, false, OC, N, C, 0.0f, bias, NULL, 1.0f, true);
 }
 

@@ -61,11 +61,10 @@ static void pixel_shuffle_backward(floatX* dinp, const floatX* dout, int N, int 
     pixel_shuffle_check_grid(h, w, s);
     check_packable("pixel_shuffle_backward", C, dinp, dout);
     size_t n = (size_t)N * h * w * C;
-    pixel_shuffle_backward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(dinp, dout, N, h, w, C, s);
+    pixel_shuffle_backward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(dinp, dout, N, h, w, C,
+                                                                                               s);
     launchCheck();
 }
 
-// resize_with_pad's sizes with Python's arithmetic (the same correctly rounded doubles, int() truncating);
-// centred: resize_with_pad_torch's padding (pi0), half above and to the left, the odd one below and right
 
 #endif  // VLA_CUDA_PIXEL_SHUFFLE_CUH

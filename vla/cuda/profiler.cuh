@@ -121,7 +121,8 @@ static ProfRow* prof_row(ProfRow* rows, int* n, const char* phase, const char* o
 }
 
 // rows (sorted) as a table: `first` and `second` name the columns shown of phase, op, shape
-static void prof_print(const ProfRow* rows, int n, int max_rows, double total_ms, const char* first, const char* second) {
+static void prof_print(const ProfRow* rows, int n, int max_rows, double total_ms, const char* first,
+                       const char* second) {
     printf("| %-16s |", first);
     if (second != NULL) { printf(" %-36s |", second); }
     printf(" %6s | %9s | %6s | %7s | %9s |\n|---|%s ---:| ---:| ---:| ---:| ---:|\n", "calls", "ms", "step", "TFLOP/s",

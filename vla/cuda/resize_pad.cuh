@@ -33,8 +33,10 @@ static __device__ __forceinline__ void resize_source(int d, float scale, int in,
 // Channel c of the bilinear blend of four taps of an (h, w, 3) u8 frame, in [0, 1], in torch's order
 static __device__ __forceinline__ float bilinear_u8(const uint8_t* f, int w, int c, int y0, int y1, float ly, int x0,
                                                     int x1, float lx) {
-    float p00 = (float)f[((size_t)y0 * w + x0) * 3 + c] / 255.0f, p01 = (float)f[((size_t)y0 * w + x1) * 3 + c] / 255.0f;
-    float p10 = (float)f[((size_t)y1 * w + x0) * 3 + c] / 255.0f, p11 = (float)f[((size_t)y1 * w + x1) * 3 + c] / 255.0f;
+    float p00 = (float)f[((size_t)y0 * w + x0) * 3 + c] / 255.0f,
+          p01 = (float)f[((size_t)y0 * w + x1) * 3 + c] / 255.0f;
+    float p10 = (float)f[((size_t)y1 * w + x0) * 3 + c] / 255.0f,
+          p11 = (float)f[((size_t)y1 * w + x1) * 3 + c] / 255.0f;
     return (1.0f - ly) * ((1.0f - lx) * p00 + lx * p01) + ly * ((1.0f - lx) * p10 + lx * p11);
 }
 
@@ -77,6 +79,8 @@ __global__ void resize_pad_kernel2(floatX* out, const uint8_t* frames, ResizePad
     for (int c = 0; c < 3; c++) { store128(out + img * out_stride + c * plane + (size_t)y * r.S + xs, o[c]); }
 }
 
+// resize_with_pad's sizes with Python's arithmetic (the same correctly rounded doubles, int() truncating);
+// centred: resize_with_pad_torch's padding (pi0), half above and to the left, the odd one below and right
 static ResizePad resize_pad_plan(int h, int w, int S, int centred = 0) {
     ResizePad r;
     r.h = h; r.w = w; r.S = S;

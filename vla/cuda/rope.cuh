@@ -28,8 +28,8 @@ __global__ void rope_at_kernel(floatX* out, const Tin* in, const float* cos_t, c
 
 // RoPE at per-row positions: rows of Tg per sample
 template <typename Tin>
-static void rope_at(floatX* out, const Tin* in, const float* cos_t, const float* sin_t, const int* pos, int rows, int Tg,
-                    int pos_stride, int NH, int HS, float sign) {
+static void rope_at(floatX* out, const Tin* in, const float* cos_t, const float* sin_t, const int* pos, int rows,
+                    int Tg, int pos_stride, int NH, int HS, float sign) {
     ProfOp prof_op("rope");
     size_t n = (size_t)rows * NH * (HS / 2);
     rope_at_kernel<Tin><<<ceil_div(n, BLOCK), BLOCK, 0, main_stream>>>(out, in, cos_t, sin_t, pos, rows, Tg, pos_stride,
