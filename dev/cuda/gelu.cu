@@ -8,11 +8,14 @@ the tanh approximation of GELU, not the erf form:
 
   version 1  one thread per element, scalar loads (gelu_forward_kernel1, gelu_backward_kernel1, here)
   version 2  x128::size elements per thread, 128-bit loads and stores (gelu_forward_kernel2,
-             gelu_backward_kernel2; n a multiple of x128::size, 16-byte aligned pointers): the
-             trainer's, from train_vla.cu, launched by its gelu_forward / gelu_backward
+             gelu_backward_kernel2 of vla/cuda/gelu.cuh; n a multiple of x128::size, 16-byte aligned
+             pointers): the trainer's, launched by the header's gelu_forward / gelu_backward
+  Both use the header's gelu_tanh and gelu_tanh_grad; the references are gelu_reference.h's.
 
-  make -C dev/cuda gelu && dev/cuda/gelu
+  nvcc -O3 -std=c++17 -arch=sm_90 gelu.cu -o gelu && ./gelu
 */
+#include "common.h"
+#include "../../vla/cuda/gelu.cuh"
 #include "gelu_reference.h"
 
 // floatX outputs carry its rounding: bf16 keeps 8 significant bits (2^-8 = 3.9e-3 per value);
@@ -23,7 +26,7 @@ static const int BLOCKS[] = {32, 64, 128, 256, 512, 1024};
 static const int N_BLOCKS = sizeof(BLOCKS) / sizeof(BLOCKS[0]);
 
 // ----------------------------------------------------------------------------
-// kernels: version 2 is train_vla.cu's (common.h includes it whole); version 1 one thread per value
+// kernels: version 2 is the header's; version 1 one thread per value
 
 // out = gelu_tanh(inp)
 __global__ void gelu_forward_kernel1(floatX* out, const floatX* inp, size_t n) {
@@ -37,7 +40,7 @@ __global__ void gelu_backward_kernel1(floatX* d, const floatX* dy, const floatX*
     if (i < n) { d[i] = fx(f32(dy[i]) * gelu_tanh_grad(f32(inp[i]))); }
 }
 
-// a launcher per version with its block size (version 0, the trainer's gelu_forward and
+// a launcher per version with its block size (version 0, the header's gelu_forward and
 // gelu_backward, runs version 2 at BLOCK)
 
 static void gelu_forward1(floatX* out, const floatX* inp, size_t n, int block) {
@@ -125,7 +128,7 @@ static void check_size(size_t n, uint64_t seed) {
     cudaCheck(cudaMalloc(&d, n * sizeof(floatX)));
     int v2 = n % x128::size == 0;
     for (int version = 0; version <= 2; version++) {
-        if (version != 1 && !v2) { continue; }  // the trainer's launcher runs version 2
+        if (version != 1 && !v2) { continue; }  // the header's launcher runs version 2
         for (int bi = 0; bi < (version == 0 ? 1 : N_BLOCKS); bi++) {
             char what[120], item[160];
             if (version == 0) {
@@ -161,11 +164,11 @@ static void check_size(size_t n, uint64_t seed) {
 }
 
 // ----------------------------------------------------------------------------
-// benchmark at the smolvla shapes: SigLIP's MLP over 32 samples of 2 cameras, 1024 patches each,
-// width 3072
+// benchmarks at the models' shapes: SigLIP's MLP over a 32-sample batch of 2 cameras, 1024 patches
+// each, width 3072 (SmolVLA), and over 8 samples of 2 cameras, 256 patches each, width 4304 (pi0's
+// so400m)
 
-static void benchmark(void) {
-    const int V = 32 * 2 * 1024, Fv = 3072;
+static void benchmark_shape(const char* name, int V, int Fv) {
     size_t n = (size_t)V * Fv;
     float* h = random_floats(n, 3.0f, 7);
     floatX* x = to_device_x(h, n);
@@ -176,17 +179,22 @@ static void benchmark(void) {
     for (int version = 1; version <= 2; version++) {
         for (int block = 64; block <= 1024; block *= 2) {
             double ms = time_ms([&]() { run_forward(version, block, out, x, n); }, 20);
-            printf("bench v%d forward  (V %d, Fv %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, V, Fv, block, ms,
-                   2.0 * n * sizeof(floatX) / (ms * 1e-3) / 1e9);  // x read, out written
+            printf("bench v%d forward  %s (V %d, Fv %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, name, V, Fv, block,
+                   ms, 2.0 * n * sizeof(floatX) / (ms * 1e-3) / 1e9);  // x read, out written
         }
         for (int block = 64; block <= 1024; block *= 2) {
             double ms = time_ms([&]() { run_backward(version, block, d, dy, x, n); }, 20);
-            printf("bench v%d backward (V %d, Fv %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, V, Fv, block, ms,
-                   3.0 * n * sizeof(floatX) / (ms * 1e-3) / 1e9);  // dy, x read; d written
+            printf("bench v%d backward %s (V %d, Fv %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, name, V, Fv, block,
+                   ms, 3.0 * n * sizeof(floatX) / (ms * 1e-3) / 1e9);  // dy, x read; d written
         }
     }
     cudaCheck(cudaFree(x)); cudaCheck(cudaFree(dy)); cudaCheck(cudaFree(out)); cudaCheck(cudaFree(d));
     free(h);
+}
+
+static void benchmark(void) {
+    benchmark_shape("smolvla", 32 * 2 * 1024, 3072);
+    benchmark_shape("pi0", 8 * 2 * 256, 4304);
 }
 
 int main(void) {

@@ -4,21 +4,26 @@ the (N, F) gate and up projections: down_proj(a(gate_proj(x)) * up_proj(x)).
   SwiGLU (SmolVLA's VLM and expert, transformers' LlamaMLP): a = silu, silu(x) = x sigmoid(x);
     dgate = dact up silu'(gate), dup = dact silu(gate), silu'(x) = s (1 + x (1 - s)), s = sigmoid(x)
   GeGLU (pi0's, transformers' GemmaMLP with gelu_pytorch_tanh): a = gelu, the tanh form;
-    gelu and gelu' are train_vla.cu's gelu_tanh and gelu_tanh_grad (SigLIP's activation, gelu.cu),
-    the references gelu_reference.h's
+    gelu and gelu' are vla/cuda/gelu.cuh's gelu_tanh and gelu_tanh_grad (SigLIP's activation,
+    gelu.cu), the references gelu_reference.h's
 
   version 1  one thread per element, scalar loads (swiglu_/geglu_forward_kernel1, _backward_kernel1,
              here)
   version 2  x128::size elements per thread, 128-bit loads and stores (swiglu_/geglu_forward_kernel2,
-             _backward_kernel2; n a multiple of x128::size, 16-byte aligned pointers): the trainer's,
-             from train_vla.cu, launched by its swiglu_forward / geglu_forward and _backward
+             _backward_kernel2 of vla/cuda/glu.cuh; n a multiple of x128::size, 16-byte aligned
+             pointers): the trainer's, launched by the header's swiglu_forward / geglu_forward and
+             _backward
+  (The header's silu_forward_kernel and silu_backward_kernel, SiLU alone for the action-time MLP,
+  are checked and timed by time_mlp.cu.)
 Each activation: every version checked against its double reference on fresh random inputs
 (outputs poisoned first) at every block size, and timed at its model's shapes (SmolVLA's: a
 32-sample prefix of 177 tokens through the VLM's 2560, 32 chunks of 50 through the expert's 2048;
 pi0's: 8 x 560 rows through 16384 (2 cameras x 256 image tokens + 48 text), 8 x 51 through 4096).
 
-  make -C dev/cuda glu && dev/cuda/glu
+  nvcc -O3 -std=c++17 -arch=sm_90 glu.cu -o glu && ./glu
 */
+#include "common.h"
+#include "../../vla/cuda/glu.cuh"
 #include "gelu_reference.h"
 
 // floatX outputs carry its rounding: bf16 keeps 8 significant bits (2^-8 = 3.9e-3 per value);
@@ -32,7 +37,7 @@ typedef void (*GluForward)(floatX* act, const floatX* gate, const floatX* up, si
 typedef void (*GluBackward)(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
                             size_t n, int block);
 typedef struct {
-    GluForward forward[3];    // versions 0 (the trainer's launcher: block unused), 1, 2
+    GluForward forward[3];    // versions 0 (the header's launcher: block unused), 1, 2
     GluBackward backward[3];
     void (*forward_reference)(double* act, const float* gate, const float* up, size_t n);
     void (*backward_reference)(double* dgate, double* dup, const float* dact, const float* gate, const float* up,
@@ -61,7 +66,7 @@ static void glu_check_size(const Glu* g, size_t n, uint64_t seed) {
     cudaCheck(cudaMalloc(&dup, n * sizeof(floatX)));
     int v2 = n % x128::size == 0;
     for (int version = 0; version <= 2; version++) {
-        if (version != 1 && !v2) { continue; }  // the trainer's launcher runs version 2
+        if (version != 1 && !v2) { continue; }  // the header's launcher runs version 2
         for (int bi = 0; bi < (version == 0 ? 1 : N_BLOCKS); bi++) {
             char what[120], item[160];
             if (version == 0) {
@@ -107,13 +112,13 @@ static void glu_benchmark_shape(const Glu* g, const char* name, int N, int F) {
     for (int version = 1; version <= 2; version++) {
         for (int block = 64; block <= 1024; block *= 2) {
             double ms = time_ms([&]() { g->forward[version](act, gate, up, n, block); }, 20);
-            printf("bench v%d forward  %s (N %d, F %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, name, N, F, block, ms,
-                   3.0 * n * sizeof(floatX) / (ms * 1e-3) / 1e9);  // gate, up read; act written
+            printf("bench v%d forward  %s (N %d, F %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, name, N, F, block,
+                   ms, 3.0 * n * sizeof(floatX) / (ms * 1e-3) / 1e9);  // gate, up read; act written
         }
         for (int block = 64; block <= 1024; block *= 2) {
             double ms = time_ms([&]() { g->backward[version](dgate, dup, dact, gate, up, n, block); }, 20);
-            printf("bench v%d backward %s (N %d, F %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, name, N, F, block, ms,
-                   5.0 * n * sizeof(floatX) / (ms * 1e-3) / 1e9);  // dact, gate, up read; dgate, dup written
+            printf("bench v%d backward %s (N %d, F %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, name, N, F, block,
+                   ms, 5.0 * n * sizeof(floatX) / (ms * 1e-3) / 1e9);  // dact, gate, up read; dgate, dup written
         }
     }
     cudaCheck(cudaFree(gate)); cudaCheck(cudaFree(up)); cudaCheck(cudaFree(dact));
@@ -124,8 +129,7 @@ static void glu_benchmark_shape(const Glu* g, const char* name, int N, int F) {
 // ============================================================================
 // SwiGLU
 
-// kernels: version 2 is train_vla.cu's (common.h includes it whole, silu and silu_grad too);
-// version 1 one thread per value
+// kernels: version 2 is the header's (silu and silu_grad too); version 1 one thread per value
 
 // act = silu(gate) * up
 __global__ void swiglu_forward_kernel1(floatX* act, const floatX* gate, const floatX* up, size_t n) {
@@ -143,7 +147,7 @@ __global__ void swiglu_backward_kernel1(floatX* dgate, floatX* dup, const floatX
     dup[i] = fx(da * silu(g));
 }
 
-// a launcher per version with its block size (version 0, the trainer's swiglu_forward and
+// a launcher per version with its block size (version 0, the header's swiglu_forward and
 // swiglu_backward, runs version 2 at BLOCK)
 
 static void swiglu_forward1(floatX* act, const floatX* gate, const floatX* up, size_t n, int block) {
@@ -208,24 +212,24 @@ static void check_silu_grad_reference(void) {
 }
 
 // ----------------------------------------------------------------------------
-// checks (glu.h): the trainer's launcher, versions 1 and 2 at every block size;
+// checks: the header's launcher, versions 1 and 2 at every block size;
 // the gates through both tails of the sigmoid and the dip near -1.28 (range 8), and where e^-x
 // overflows fp32 (x < -88.7) or the sigmoid rounds to 1: silu and silu' must stay finite there
 static void swiglu_forward0(floatX* act, const floatX* gate, const floatX* up, size_t n, int) {
     swiglu_forward(act, gate, up, n);
 }
 static void swiglu_backward0(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
-                           size_t n, int) {
+                             size_t n, int) {
     swiglu_backward(dgate, dup, dact, gate, up, n);
 }
 static const Glu SWIGLU = {{swiglu_forward0, swiglu_forward1, swiglu_forward2},
-                        {swiglu_backward0, swiglu_backward1, swiglu_backward2},
-                        swiglu_forward_reference, swiglu_backward_reference, 8.0f, {-100.0f, 20.0f, -90.0f, 0.0f}};
+                           {swiglu_backward0, swiglu_backward1, swiglu_backward2},
+                           swiglu_forward_reference, swiglu_backward_reference, 8.0f, {-100.0f, 20.0f, -90.0f, 0.0f}};
 
 // ============================================================================
 // GeGLU
 
-// kernels (gelu_tanh and gelu_tanh_grad: train_vla.cu's, which common.h includes whole)
+// kernels (gelu_tanh and gelu_tanh_grad: vla/cuda/gelu.cuh's, which glu.cuh includes)
 
 // act = gelu(gate) * up
 __global__ void geglu_forward_kernel1(floatX* act, const floatX* gate, const floatX* up, size_t n) {
@@ -244,7 +248,7 @@ __global__ void geglu_backward_kernel1(floatX* dgate, floatX* dup, const floatX*
 }
 
 // ----------------------------------------------------------------------------
-// launchers: one per version with its block size (the trainer's geglu_forward / geglu_backward run
+// launchers: one per version with its block size (the header's geglu_forward / geglu_backward run
 // version 2 at BLOCK, with a one-line failure on a size or pointer it does not take)
 
 static void geglu_forward1(floatX* act, const floatX* gate, const floatX* up, size_t n, int block) {
@@ -285,19 +289,19 @@ static void geglu_backward_reference(double* dgate, double* dup, const float* da
 }
 
 // ----------------------------------------------------------------------------
-// checks (glu.h): the trainer's launcher, versions 1 and 2 at every block size;
+// checks: the header's launcher, versions 1 and 2 at every block size;
 // the gates through both saturated tails of tanh and gelu's dip near -0.75 (range 6), and where tanh
 // saturates to +-1 in fp32 (gelu = x or 0, gelu' = 1 or 0) and the cube is large: both finite there
 static void geglu_forward0(floatX* act, const floatX* gate, const floatX* up, size_t n, int) {
     geglu_forward(act, gate, up, n);
 }
 static void geglu_backward0(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
-                           size_t n, int) {
+                            size_t n, int) {
     geglu_backward(dgate, dup, dact, gate, up, n);
 }
 static const Glu GEGLU = {{geglu_forward0, geglu_forward1, geglu_forward2},
-                        {geglu_backward0, geglu_backward1, geglu_backward2},
-                        geglu_forward_reference, geglu_backward_reference, 6.0f, {-100.0f, 100.0f, -12.0f, 0.0f}};
+                          {geglu_backward0, geglu_backward1, geglu_backward2},
+                          geglu_forward_reference, geglu_backward_reference, 6.0f, {-100.0f, 100.0f, -12.0f, 0.0f}};
 
 // ----------------------------------------------------------------------------
 // benchmarks at the models' shapes

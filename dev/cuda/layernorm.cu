@@ -1,6 +1,8 @@
 /*
 layernorm.cu: LayerNorm with weight and bias, forward and backward, over rows of C: the vision
-tower's layer_norm1, layer_norm2 and post_layernorm (SigLIP, eps 1e-6, torch.nn.LayerNorm).
+tower's layer_norm1, layer_norm2 and post_layernorm (SigLIP, eps 1e-6, torch.nn.LayerNorm); and
+the column sums that give a bias its gradient (vla/cuda/column_sum.cuh's bias_backward: LayerNorm's
+db is such a sum, and every linear layer's bias gradient is one).
   forward:  out = (x - m) r w + b per row, with m = mean x and r = (mean (x - m)^2 + 1e-6)^-1/2 (the
             biased variance, as torch.nn.LayerNorm); mean = m and rstd = r kept in fp32 for the
             backward. The variance is taken about the mean (two passes), never as E[x^2] - m^2,
@@ -8,31 +10,41 @@ tower's layer_norm1, layer_norm2 and post_layernorm (SigLIP, eps 1e-6, torch.nn.
   backward: with xh = (x - m) r and g = dy w, the gradient through the centring and the scaling is
             dx = r (g - mean g - xh mean(g xh)), added into the fp32 residual gradient dres and
             written as its floatX copy dres_x; dw += sum over rows of dy xh, db += sum of dy, both
-            from per-chunk partial sums added in chunk order (no atomics: the same bits every run)
+            from per-chunk partial sums that the header's column_sum adds in chunk order (no
+            atomics: the same bits every run)
+  column sums: db (C) += sum over the N rows (stride ld) of dout, in two fixed-order stages:
+            per-chunk partial sums (column_partial_*), then their sum in chunk order (column_sum)
 
-  version 1  forward: one warp per row, scalar loads, x read once per pass
-             (layernorm_forward_kernel1, here)
+  Kernels named _vN are this program's; _kernelN vla/cuda/layernorm.cuh's and column_sum.cuh's.
+  version 1  forward: one warp per row, scalar loads, x read once per pass (layernorm_forward_v1)
              backward: one block per chunk of rows, thread t owns columns t + j blockDim.x, the
-             two row sums by block reductions (layernorm_backward_kernel1, here, then
-             column_sum_kernel for dw and for db; C <= LAYERNORM_BWD1_COLS * blockDim.x)
-  version 2  forward: one warp per row with 128-bit loads and stores, the row held in registers
-             across the mean, variance and output passes (layernorm_forward_kernel2; C a multiple
-             of x128::size and at most 32 * LAYERNORM_FWD2_VALS)
+             two row sums by block reductions (layernorm_backward_v1; C <= LAYERNORM_V1_COLS *
+             blockDim.x)
+  version 2  forward: version 1 with 128-bit loads and stores, the row held in registers across
+             the mean, variance and output passes (layernorm_forward_kernel2, the header's; C a
+             multiple of x128::size, at most 32 * LAYERNORM_FWD2_VALS)
              backward: one warp per row with 128-bit loads and stores, so a row needs no block
-             barrier; each lane keeps its columns' dw and db sums in registers, and the warps'
-             sums meet in shared memory, added in warp order (layernorm_backward_kernel2, then
-             column_sum_kernel; C a multiple of x128::size, at most 32 * LAYERNORM_BWD2_VALS)
-             Both the trainer's, from train_vla.cu, launched by its layernorm_forward /
-             layernorm_backward.
-  version 3  backward: version 2 with 48 columns a lane (layernorm_backward_kernel3, the trainer's:
-             its layernorm_backward takes it past version 2's 1024, for pi0's SigLIP so400m, 1152
-             wide), blocks of at most LAYERNORM_BWD3_BLOCK (256) threads
-
+             barrier; each lane keeps its columns' dw and db sums in registers, and the warps' sums
+             meet in shared memory, added in warp order (layernorm_backward_v2; C a multiple of
+             x128::size, at most 32 * LAYERNORM_V2_VALS = 1024)
+  version 3  backward: version 2 with 48 columns a lane, widths up to 1536 (pi0's SigLIP so400m,
+             1152), blocks of at most LAYERNORM_BWD3_BLOCK (256) threads (layernorm_backward_kernel3,
+             the header's)
+  version 0  the header's launchers, what trains, at BLOCK: layernorm_forward (version 2) and
+             layernorm_backward (the header's layernorm_backward_kernel2, version 2's kernel, up to
+             1024 wide; version 3 past that)
   All but the version 1 forward take blocks of at most LAYERNORM_MAX_BLOCK (512) threads.
+  column sums, version 1: one thread per column of a chunk of rows, scalar loads (column_partial_v1)
+             version 2: a lane per 16-byte pack of columns, the block's warps over the chunk's
+             rows, their sums added in warp order (column_partial_kernel2, the header's; C and ld
+             multiples of x128::size; COLPART2_WARPS warps a block)
+             version 0: the header's bias_backward (version 2 where C, ld and the pointer allow it)
 
-  make -C dev/cuda layernorm && dev/cuda/layernorm
+  nvcc -O3 -std=c++17 -arch=sm_90 layernorm.cu -o layernorm && ./layernorm
 */
 #include "common.h"
+#include "../../vla/cuda/layernorm.cuh"
+#include "../../vla/cuda/column_sum.cuh"
 
 // floatX outputs carry its rounding: bf16 keeps 8 significant bits (2^-8 = 3.9e-3 per value);
 // in fp32 builds the kernel and the reference differ only by fp32 arithmetic
@@ -45,12 +57,12 @@ static const int BLOCKS[] = {32, 64, 128, 256, 512, 1024};
 static const int N_BLOCKS = sizeof(BLOCKS) / sizeof(BLOCKS[0]);
 
 // ----------------------------------------------------------------------------
-// kernels: version 2 is train_vla.cu's (common.h includes it whole, with layernorm_forward2_fits
-// and layernorm_backward2_fits: whether it takes a shape); version 1 here
+// kernels: this program's versions (the header's are version 2 forward, 3 backward)
 
-// out = (x - mean) rstd w + b per row of C; mean and rstd kept. One warp per row.
-__global__ void layernorm_forward_kernel1(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
-                                          const floatX* b, int N, int C) {
+// Version 1 forward: out = (x - mean) rstd w + b per row of C; mean and rstd kept. One warp per row,
+// scalar loads.
+__global__ void layernorm_forward_v1(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
+                                     const floatX* b, int N, int C) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (row >= N) { return; }  // whole warps leave together
     const floatX* x = inp + (size_t)row * C;
@@ -71,25 +83,27 @@ __global__ void layernorm_forward_kernel1(floatX* out, float* mean, float* rstd,
     for (int c = lane; c < C; c += 32) { y[c] = fx((f32(x[c]) - m) * r * f32(w[c]) + f32(b[c])); }
 }
 
-// dx, dw and db as train_vla.cu's layernorm_backward_kernel2 says; thread t owns columns
-// t + j * blockDim.x
-#define LAYERNORM_BWD1_COLS 8  // columns per thread: C <= LAYERNORM_BWD1_COLS * blockDim.x
-__global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel1(float* dres, floatX* dres_x,
-                                                                                   float* partial, const floatX* dout,
-                                                                                   const floatX* inp, const floatX* w,
-                                                                                   const float* mean, const float* rstd,
-                                                                                   int N, int C, int rows_per_block) {
+// Version 1 backward: y = xh w + b with xh = (x - m) r, so with g = dy w (the gradient reaching xh):
+//   dx_c = r (g_c - 1/C sum_j g_j - xh_c 1/C sum_j g_j xh_j),  dw_c = sum_rows dy_c xh_c,  db_c = sum_rows dy_c.
+// dx into dres and dres_x; partial (2, gridDim.x, C): the block's dw, then db sums. One block per
+// chunk of rows; thread t owns columns t + j * blockDim.x, the row sums by block reductions.
+#define LAYERNORM_V1_COLS 8  // columns per thread: C <= LAYERNORM_V1_COLS * blockDim.x
+__global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_v1(float* dres, floatX* dres_x,
+                                                                              float* partial, const floatX* dout,
+                                                                              const floatX* inp, const floatX* w,
+                                                                              const float* mean, const float* rstd,
+                                                                              int N, int C, int rows_per_block) {
     __shared__ float shared[32];
-    float dw_acc[LAYERNORM_BWD1_COLS], db_acc[LAYERNORM_BWD1_COLS];
+    float dw_acc[LAYERNORM_V1_COLS], db_acc[LAYERNORM_V1_COLS];
     #pragma unroll
-    for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) { dw_acc[j] = 0.0f; db_acc[j] = 0.0f; }
+    for (int j = 0; j < LAYERNORM_V1_COLS; j++) { dw_acc[j] = 0.0f; db_acc[j] = 0.0f; }
     int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
     for (int n = r0; n < r1; n++) {
         const floatX* x = inp + (size_t)n * C;
         const floatX* dy = dout + (size_t)n * C;
         float m = mean[n], r = rstd[n], sum_g = 0.0f, sum_gxh = 0.0f;
         #pragma unroll
-        for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) {
+        for (int j = 0; j < LAYERNORM_V1_COLS; j++) {
             int c = threadIdx.x + j * blockDim.x;
             if (c < C) {
                 float g = f32(dy[c]) * f32(w[c]), xh = (f32(x[c]) - m) * r;
@@ -100,7 +114,7 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel
         float mean_g = block_sum(sum_g, shared) / (float)C;
         float mean_gxh = block_sum(sum_gxh, shared) / (float)C;
         #pragma unroll
-        for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) {
+        for (int j = 0; j < LAYERNORM_V1_COLS; j++) {
             int c = threadIdx.x + j * blockDim.x;
             if (c < C) {
                 float dyv = f32(dy[c]), xh = (f32(x[c]) - m) * r;
@@ -115,7 +129,7 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel
     float* dw_partial = partial + (size_t)blockIdx.x * C;
     float* db_partial = partial + ((size_t)gridDim.x + blockIdx.x) * C;
     #pragma unroll
-    for (int j = 0; j < LAYERNORM_BWD1_COLS; j++) {
+    for (int j = 0; j < LAYERNORM_V1_COLS; j++) {
         int c = threadIdx.x + j * blockDim.x;
         if (c < C) {
             dw_partial[c] = dw_acc[j];
@@ -124,50 +138,146 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel
     }
 }
 
-// a launcher per version with its block size (version 0, the trainer's layernorm_forward and
-// layernorm_backward, runs version 2 at BLOCK)
+// Version 2 backward: one warp per row, 128-bit loads and stores, so a row needs no block barrier;
+// each lane keeps its columns' dw and db sums in registers, and the warps' sums meet in shared
+// memory ((warps, C) floats), added in warp order. C a multiple of x128::size, rows 16-byte aligned.
+#define LAYERNORM_V2_VALS 32  // columns per lane: C <= 32 * LAYERNORM_V2_VALS
+__global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_v2(float* dres, floatX* dres_x,
+                                                                              float* partial, const floatX* dout,
+                                                                              const floatX* inp, const floatX* w,
+                                                                              const float* mean, const float* rstd,
+                                                                              int N, int C, int rows_per_block) {
+    typedef Packed128<float> f128;
+    const int PACKS = LAYERNORM_V2_VALS / x128::size;  // lane l holds packs l, l + 32, ...
+    extern __shared__ float warp_sums[];  // (warps, C)
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    float dw_acc[LAYERNORM_V2_VALS], db_acc[LAYERNORM_V2_VALS];
+    #pragma unroll
+    for (int j = 0; j < LAYERNORM_V2_VALS; j++) { dw_acc[j] = 0.0f; db_acc[j] = 0.0f; }
+    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    for (int n = r0 + warp; n < r1; n += n_warps) {
+        const floatX* x = inp + (size_t)n * C;
+        const floatX* dy = dout + (size_t)n * C;
+        float m = mean[n], r = rstd[n], sum_g = 0.0f, sum_gxh = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < PACKS; j++) {
+            int c = (lane + 32 * j) * x128::size;
+            if (c < C) {
+                x128 xv = load128(x + c), dyv = load128(dy + c), wv = load128(w + c);
+                #pragma unroll
+                for (int k = 0; k < x128::size; k++) {
+                    float g = f32(dyv.v[k]) * f32(wv.v[k]), xh = (f32(xv.v[k]) - m) * r;
+                    sum_g += g;
+                    sum_gxh += g * xh;
+                }
+            }
+        }
+        float mean_g = warp_sum(sum_g) / (float)C, mean_gxh = warp_sum(sum_gxh) / (float)C;
+        #pragma unroll
+        for (int j = 0; j < PACKS; j++) {
+            int c = (lane + 32 * j) * x128::size;
+            if (c < C) {  // (the row again, from L1: holding it would double the registers)
+                x128 xv = load128(x + c), dyv = load128(dy + c), wv = load128(w + c), o;
+                float* d = dres + (size_t)n * C + c;
+                #pragma unroll
+                for (int k0 = 0; k0 < x128::size; k0 += f128::size) {
+                    f128 dv = load128(d + k0);
+                    #pragma unroll
+                    for (int i = 0; i < f128::size; i++) {
+                        int k = k0 + i;
+                        float dyk = f32(dyv.v[k]), xh = (f32(xv.v[k]) - m) * r;
+                        dv.v[i] += r * (dyk * f32(wv.v[k]) - mean_g - xh * mean_gxh);
+                        o.v[k] = fx(dv.v[i]);
+                        dw_acc[j * x128::size + k] += dyk * xh;
+                        db_acc[j * x128::size + k] += dyk;
+                    }
+                    store128(d + k0, dv);
+                }
+                store128(dres_x + (size_t)n * C + c, o);
+            }
+        }
+    }
+    for (int part = 0; part < 2; part++) {  // dw, then db through the same shared memory
+        #pragma unroll
+        for (int j = 0; j < PACKS; j++) {
+            int c = (lane + 32 * j) * x128::size;
+            if (c < C) {
+                #pragma unroll
+                for (int k = 0; k < x128::size; k++) {
+                    warp_sums[warp * C + c + k] = part == 0 ? dw_acc[j * x128::size + k] : db_acc[j * x128::size + k];
+                }
+            }
+        }
+        __syncthreads();
+        float* out = partial + ((size_t)part * gridDim.x + blockIdx.x) * C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            float s = 0.0f;
+            for (int k = 0; k < n_warps; k++) { s += warp_sums[k * C + c]; }
+            out[c] = s;
+        }
+        __syncthreads();  // every warp has read the dw sums before db overwrites them
+    }
+}
 
-static void layernorm_forward1(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
-                               const floatX* b, int N, int C, int block) {
-    layernorm_forward_kernel1<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C);
+// ----------------------------------------------------------------------------
+// the versions, launched directly; version 0 the header's launchers (what trains)
+
+// Whether each version takes this width (and pointers) at this block size. Versions 2 and 3
+// backward: whole 16-byte packs, the width a lane's registers hold, the warps' sums within 48 KB of
+// shared memory, blocks the registers allow (version 3's: the header's layernorm_backward3_fits)
+static bool forward_takes(int version, int C, const floatX* out, const floatX* inp, const floatX* w, const floatX* b,
+                          int block) {
+    return version == 1 || layernorm_forward2_fits(out, inp, w, b, C, version == 0 ? BLOCK : block);
+}
+
+static bool backward_takes(int version, int C, const float* dres, const floatX* dres_x, const floatX* dout,
+                           const floatX* inp, const floatX* w, int block) {
+    bool packs = packable(C, x128::size, dres, dres_x, dout) && packable(C, x128::size, inp, w);
+    bool fits2 = packs && C <= 32 * LAYERNORM_V2_VALS && (size_t)(block / 32) * C * sizeof(float) <= 48 * 1024 &&
+                 block <= LAYERNORM_MAX_BLOCK;
+    switch (version) {
+        case 0: return backward_takes(2, C, dres, dres_x, dout, inp, w, BLOCK) ||
+                       backward_takes(3, C, dres, dres_x, dout, inp, w, BLOCK);
+        case 1: return C <= LAYERNORM_V1_COLS * block && block <= LAYERNORM_MAX_BLOCK;
+        case 2: return fits2;
+        default: return layernorm_backward3_fits(dres, dres_x, dout, inp, w, C, block);
+    }
+}
+
+static void run_forward(int version, int block, floatX* out, float* mean, float* rstd, const floatX* inp,
+                        const floatX* w, const floatX* b, int N, int C) {
+    int grid = ceil_div((size_t)N * 32, block);
+    switch (version) {
+        case 1: layernorm_forward_v1<<<grid, block, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C); break;
+        case 2: layernorm_forward_kernel2<<<grid, block, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C); break;
+        default: layernorm_forward(out, mean, rstd, inp, w, b, N, C); return;
+    }
     launchCheck();
 }
 
-static void layernorm_forward2(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
-                               const floatX* b, int N, int C, int block) {
-    layernorm_forward_kernel2<<<ceil_div((size_t)N * 32, block), block, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C);
-    launchCheck();
-}
-
-// Whether version 1 of the backward pass takes this width and this block size
-static bool layernorm_backward1_fits(int C, int block) {
-    return C <= LAYERNORM_BWD1_COLS * block && block <= LAYERNORM_MAX_BLOCK;
-}
-
-// partial: scratch of 2 * ceil(N / rows_per_block) * C floats
-static void layernorm_backward1(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
-                                const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C,
-                                int block, int rows_per_block) {
-    int chunks = ceil_div(N, rows_per_block);
-    layernorm_backward_kernel1<<<chunks, block, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd, N, C,
-                                                                  rows_per_block);
-    launchCheck();
-    column_sum(dw, partial, chunks, C);
-    column_sum(db, partial + (size_t)chunks * C, chunks, C);
-}
-
-// versions 2 and 3 (wide: the trainer's kernel past 1024 columns)
-static void layernorm_backward2(float* dres, floatX* dres_x, float* dw, float* db, float* partial, const floatX* dout,
-                                const floatX* inp, const floatX* w, const float* mean, const float* rstd, int N, int C,
-                                int block, int rows_per_block, bool wide = false) {
+// partial: scratch of 2 * ceil(N / rows_per_block) * C floats (version 0: its own rows, colsum_rows(N))
+static void run_backward(int version, int block, int rows_per_block, float* dres, floatX* dres_x, float* dw, float* db,
+                         float* partial, const floatX* dout, const floatX* inp, const floatX* w, const float* mean,
+                         const float* rstd, int N, int C) {
+    if (version == 0) {
+        layernorm_backward(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C);
+        return;
+    }
     int chunks = ceil_div(N, rows_per_block);
     size_t smem = (size_t)(block / 32) * C * sizeof(float);
-    if (wide) {
-        layernorm_backward_kernel3<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd,
-                                                                         N, C, rows_per_block);
-    } else {
-        layernorm_backward_kernel2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd,
-                                                                         N, C, rows_per_block);
+    switch (version) {
+        case 1:
+            layernorm_backward_v1<<<chunks, block, 0, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd, N,
+                                                                    C, rows_per_block);
+            break;
+        case 2:
+            layernorm_backward_v2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd,
+                                                                       N, C, rows_per_block);
+            break;
+        default:
+            layernorm_backward_kernel3<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean,
+                                                                            rstd, N, C, rows_per_block);
+            break;
     }
     launchCheck();
     column_sum(dw, partial, chunks, C);
@@ -282,31 +392,6 @@ static float* alloc_f(size_t n) {
     return p;
 }
 
-// version 0: the launcher the trainer calls; 1 and 2 at the given block size
-static void run_forward(int version, int block, floatX* out, float* mean, float* rstd, const floatX* inp,
-                        const floatX* w, const floatX* b, int N, int C) {
-    if (version == 0) {
-        layernorm_forward(out, mean, rstd, inp, w, b, N, C);
-    } else if (version == 1) {
-        layernorm_forward1(out, mean, rstd, inp, w, b, N, C, block);
-    } else {
-        layernorm_forward2(out, mean, rstd, inp, w, b, N, C, block);
-    }
-}
-
-static void run_backward(int version, int block, int rows_per_block, float* dres, floatX* dres_x, float* dw, float* db,
-                         float* partial, const floatX* dout, const floatX* inp, const floatX* w, const float* mean,
-                         const float* rstd, int N, int C) {
-    if (version == 0) {
-        layernorm_backward(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C);
-    } else if (version == 1) {
-        layernorm_backward1(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, block, rows_per_block);
-    } else {
-        layernorm_backward2(dres, dres_x, dw, db, partial, dout, inp, w, mean, rstd, N, C, block, rows_per_block,
-                            version == 3);
-    }
-}
-
 // rows of spread 2 scale about a per-row offset in [-3 scale, 3 scale], so the mean matters; at
 // scale 1e-3 the variance (about 1e-6) is as large as eps, so eps matters too
 static float* random_rows(int N, int C, float scale, uint64_t seed) {
@@ -334,9 +419,7 @@ static void check_forward(int N, int C, float scale, uint64_t seed) {
     float* rstd = alloc_f(N);
     for (int version = 0; version <= 2; version++) {
         for (int bi = 0; bi < (version == 0 ? 1 : N_BLOCKS); bi++) {
-            // version 0, the trainer's launcher, runs version 2 at BLOCK
-            int block = version == 0 ? BLOCK : BLOCKS[bi];
-            if (version != 1 && !layernorm_forward2_fits(out, d_x, d_w, d_b, C, block)) { continue; }
+            if (!forward_takes(version, C, out, d_x, d_w, d_b, BLOCKS[bi])) { continue; }
             poison(out, n * sizeof(floatX));
             poison(mean, N * sizeof(float));
             poison(rstd, N * sizeof(float));
@@ -401,18 +484,11 @@ static void check_backward(int N, int C, float scale, uint64_t seed) {
     float* dw = alloc_f(C);
     float* db = alloc_f(C);
     float* partial = alloc_f(2 * n);  // enough for one row per chunk
-    int rows[2] = {CHUNK_ROWS, 3};    // the trainer's chunk, and one that splits rows unevenly
+    int rows[2] = {CHUNK_ROWS, 3};    // the launcher's chunk at most, and one that splits rows unevenly
     for (int version = 0; version <= 3; version++) {
         for (int bi = 0; bi < (version == 0 ? 1 : N_BLOCKS); bi++) {
             int block = version == 0 ? BLOCK : BLOCKS[bi];
-            // version 1: each thread holds at most LAYERNORM_BWD1_COLS columns; versions 2 and 3 (and
-            // 0, the trainer's launcher, which runs 2, or 3 past 2's width, at BLOCK): the width and
-            // alignment it takes, the warps' sums within 48 KB of shared memory; all: blocks the
-            // kernels' registers allow
-            bool fits2 = layernorm_backward2_fits(dres, dres_x, d_dout, d_x, d_w, C, block);
-            bool fits3 = layernorm_backward3_fits(dres, dres_x, d_dout, d_x, d_w, C, block);
-            if (version == 1 && !layernorm_backward1_fits(C, block)) { continue; }
-            if ((version == 0 && !fits2 && !fits3) || (version == 2 && !fits2) || (version == 3 && !fits3)) { continue; }
+            if (!backward_takes(version, C, dres, dres_x, d_dout, d_x, d_w, block)) { continue; }
             for (int ri = 0; ri < (version == 0 ? 1 : 2); ri++) {
                 cudaCheck(cudaMemcpy(dres, dres0, n * sizeof(float), cudaMemcpyHostToDevice));
                 cudaCheck(cudaMemcpy(dw, dw0, C * sizeof(float), cudaMemcpyHostToDevice));
@@ -467,7 +543,8 @@ static void check_deterministic(int N, int C, uint64_t seed) {
     floatX* dres_x = alloc_x(n);
     float* dwb = alloc_f(2 * C);
     float* partial = alloc_f(2 * colsum_chunks(N) * C);  // (the launcher's chunks, CHUNK_ROWS's at most)
-    for (int version = 1; version <= 2; version++) {
+    for (int version = 0; version <= 3; version++) {
+        if (!backward_takes(version, C, dres, dres_x, dout, x, w, BLOCK)) { continue; }
         float* got[2];
         for (int run = 0; run < 2; run++) {
             cudaCheck(cudaMemset(dres, 0, n * sizeof(float)));
@@ -476,7 +553,8 @@ static void check_deterministic(int N, int C, uint64_t seed) {
             got[run] = from_device_f(dwb, 2 * C);
         }
         char what[160];
-        snprintf(what, sizeof(what), "v%d backward (N %d, C %d): dw and db the same bits in two runs", version, N, C);
+        snprintf(what, sizeof(what), "%s backward (N %d, C %d): dw and db the same bits in two runs",
+                 version == 0 ? "launcher" : version == 1 ? "v1" : version == 2 ? "v2" : "v3", N, C);
         check_true(what, memcmp(got[0], got[1], 2 * C * sizeof(float)) == 0);
         free(got[0]); free(got[1]);
     }
@@ -487,11 +565,95 @@ static void check_deterministic(int N, int C, uint64_t seed) {
 }
 
 // ----------------------------------------------------------------------------
-// benchmark at the smolvla shapes: every patch of a 32-sample batch of two cameras (1024 patches
-// each) at the vision tower's width
+// column sums (a bias's gradient): this program's version 1, the header's version 2 and
+// bias_backward (version 0)
 
-static void benchmark(void) {
-    const int N = 32 * 2 * 1024, C = 768;
+// Version 1: partial (gridDim.y, C) <- the column sums of the rows of chunk blockIdx.y of x (N rows
+// of stride ld); one thread per column, scalar loads
+__global__ void column_partial_v1(float* partial, const floatX* x, int N, int C, int ld, int rows_per_block) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) { return; }
+    int r0 = blockIdx.y * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    float s = 0.0f;
+    for (int n = r0; n < r1; n++) { s += f32(x[(size_t)n * ld + c]); }
+    partial[(size_t)blockIdx.y * C + c] = s;
+}
+
+// Version 0 is checked where C and ld are whole 16-byte packs, the widths bias_backward is for;
+// version 1 takes the others. Version 2's block is fixed (COLPART2_WARPS warps).
+static bool colsum_takes(int version, int C, int ld, const floatX* x) {
+    return version == 1 || (packable(C, x128::size, x) && ld % x128::size == 0);
+}
+
+// db (C) += the column sums of x (N rows of stride ld); partial: ceil(N / rows_per_block) * C floats
+// (version 0: its own rows, colsum_rows(N))
+static void run_colsum(int version, int block, int rows_per_block, float* db, float* partial, const floatX* x, int N,
+                       int C, int ld) {
+    if (version == 0) {
+        bias_backward(db, partial, x, N, C, ld);
+        return;
+    }
+    int chunks = ceil_div(N, rows_per_block);
+    if (version == 1) {
+        dim3 grid(ceil_div(C, block), chunks);
+        column_partial_v1<<<grid, block, 0, main_stream>>>(partial, x, N, C, ld, rows_per_block);
+    } else {
+        dim3 grid(ceil_div(C, 32 * x128::size), chunks);
+        column_partial_kernel2<<<grid, 32 * COLPART2_WARPS, 0, main_stream>>>(partial, x, N, C, ld, rows_per_block);
+    }
+    launchCheck();
+    column_sum(db, partial, chunks, C);
+}
+
+static void check_colsum(int N, int C, int ld, uint64_t seed) {
+    size_t n = (size_t)N * ld;
+    float* x = random_floats(n, 1.0f, seed);
+    float* db0 = random_floats(C, 1.0f, seed + 1);  // what db holds before: the sums are added to it
+    floatX* d_x = to_device_x(x, n);
+    double* ref = (double*)mallocCheck(C * sizeof(double));
+    for (int c = 0; c < C; c++) {
+        double s = db0[c];
+        for (int r = 0; r < N; r++) { s += x[(size_t)r * ld + c]; }
+        ref[c] = s;
+    }
+    float* db = alloc_f(C);
+    float* partial = alloc_f((size_t)N * C);  // enough for one row per chunk
+    int rows[2] = {CHUNK_ROWS, 3};           // the launcher's chunk at most, and one that splits rows unevenly
+    for (int version = 0; version <= 2; version++) {
+        if (!colsum_takes(version, C, ld, d_x)) { continue; }
+        int n_blocks = version == 1 ? N_BLOCKS : 1;
+        for (int bi = 0; bi < n_blocks; bi++) {
+            for (int ri = 0; ri < (version == 0 ? 1 : 2); ri++) {
+                cudaCheck(cudaMemcpy(db, db0, C * sizeof(float), cudaMemcpyHostToDevice));
+                poison(partial, (size_t)N * C * sizeof(float));
+                run_colsum(version, BLOCKS[bi], rows[ri], db, partial, d_x, N, C, ld);
+                float* got = from_device_f(db, C);
+                char what[200];
+                if (version == 0) {
+                    snprintf(what, sizeof(what), "bias_backward (N %d, C %d, ld %d): db +=", N, C, ld);
+                } else if (version == 1) {
+                    snprintf(what, sizeof(what), "column sums v1 (N %d, C %d, ld %d) block %d, %d rows per block: "
+                             "db +=", N, C, ld, BLOCKS[bi], rows[ri]);
+                } else {
+                    snprintf(what, sizeof(what), "column sums v2 (N %d, C %d, ld %d) %d rows per block: db +=", N, C,
+                             ld, rows[ri]);
+                }
+                check_close(what, got, ref, C, TOL_F);
+                free(got);
+            }
+        }
+    }
+    cudaCheck(cudaFree(db)); cudaCheck(cudaFree(partial)); cudaCheck(cudaFree(d_x));
+    free(x); free(db0); free(ref);
+}
+
+// ----------------------------------------------------------------------------
+// benchmarks at the vision tower's shapes: SmolVLA's, every patch of a 32-sample batch of two cameras
+// (1024 patches each) at 768 (and its MLP's 3072 for the biases); pi0's so400m, 8 samples of two
+// cameras of 256 patches at 1152 (and 4304). Version 0 (the header's launchers) at BLOCK, the others
+// at each block size they take.
+
+static void benchmark_shape(const char* name, int N, int C) {
     size_t n = (size_t)N * C;
     float* h = random_floats(n, 1.0f, 7);
     floatX* x = to_device_x(h, n);
@@ -510,27 +672,28 @@ static void benchmark(void) {
 
     // x read, out written, w and b read, mean and rstd written
     double fwd_bytes = 2.0 * n * sizeof(floatX) + 2.0 * C * sizeof(floatX) + 2.0 * N * sizeof(float);
-    for (int version = 1; version <= 2; version++) {
-        for (int block = 64; block <= 1024; block *= 2) {
-            if (version == 2 && !layernorm_forward2_fits(out, x, w, b, C, block)) { continue; }
+    for (int version = 0; version <= 2; version++) {
+        for (int block = version == 0 ? BLOCK : 64; block <= (version == 0 ? BLOCK : 1024); block *= 2) {
+            if (!forward_takes(version, C, out, x, w, b, block)) { continue; }
             double ms = time_ms([&]() { run_forward(version, block, out, mean, rstd, x, w, b, N, C); }, 20);
-            printf("bench v%d forward  (N %d, C %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, N, C, block, ms,
+            printf("bench %-8s forward  %s (N %d, C %d) block %4d: %7.3f ms, %7.1f GB/s\n",
+                   version == 0 ? "launcher" : version == 1 ? "v1" : "v2", name, N, C, block, ms,
                    fwd_bytes / (ms * 1e-3) / 1e9);
         }
     }
-    // dout and x read, dres read and written, dres_x written, the partial sums of dw and db
-    // written and read, the statistics read, w read, dw and db read and written
-    int chunks = ceil_div(N, CHUNK_ROWS);
-    double bwd_bytes = 3.0 * n * sizeof(floatX) + 2.0 * n * sizeof(float) + 4.0 * chunks * C * sizeof(float) +
-                       2.0 * N * sizeof(float) + C * (sizeof(floatX) + 4 * sizeof(float));
-    for (int version = 1; version <= 2; version++) {
-        for (int block = 128; block <= 1024; block *= 2) {
-            if (version == 1 && !layernorm_backward1_fits(C, block)) { continue; }
-            if (version == 2 && !layernorm_backward2_fits(dres, dres_x, dout, x, w, C, block)) { continue; }
+    for (int version = 0; version <= 3; version++) {
+        // dout and x read, dres read and written, dres_x written, the partial sums of dw and db
+        // written and read, the statistics read, w read, dw and db read and written
+        int rows = version == 0 ? colsum_rows(N) : CHUNK_ROWS, chunks = ceil_div(N, rows);
+        double bwd_bytes = 3.0 * n * sizeof(floatX) + 2.0 * n * sizeof(float) + 4.0 * chunks * C * sizeof(float) +
+                           2.0 * N * sizeof(float) + C * (sizeof(floatX) + 4 * sizeof(float));
+        for (int block = version == 0 ? BLOCK : 128; block <= (version == 0 ? BLOCK : 1024); block *= 2) {
+            if (!backward_takes(version, C, dres, dres_x, dout, x, w, block)) { continue; }
             double ms = time_ms([&]() {
-                run_backward(version, block, CHUNK_ROWS, dres, dres_x, dw, db, partial, dout, x, w, mean, rstd, N, C);
+                run_backward(version, block, rows, dres, dres_x, dw, db, partial, dout, x, w, mean, rstd, N, C);
             }, 20);
-            printf("bench v%d backward (N %d, C %d) block %4d: %7.3f ms, %7.1f GB/s\n", version, N, C, block, ms,
+            printf("bench %-8s backward %s (N %d, C %d) block %4d: %7.3f ms, %7.1f GB/s\n",
+                   version == 0 ? "launcher" : version == 1 ? "v1" : version == 2 ? "v2" : "v3", name, N, C, block, ms,
                    bwd_bytes / (ms * 1e-3) / 1e9);
         }
     }
@@ -540,20 +703,62 @@ static void benchmark(void) {
     free(h);
 }
 
+// a bias's gradient over N rows of C
+static void benchmark_colsum(const char* name, int N, int C) {
+    size_t n = (size_t)N * C;
+    float* h = random_floats(n, 1.0f, 8);
+    floatX* x = to_device_x(h, n);
+    float* db = to_device_f(h, C);
+    float* partial = alloc_f(colsum_chunks(N) * C);
+    for (int version = 0; version <= 2; version++) {
+        int rows = version == 0 ? colsum_rows(N) : CHUNK_ROWS, chunks = ceil_div(N, rows);
+        // x read, the partial sums written and read, db read and written
+        double bytes = n * sizeof(floatX) + 2.0 * chunks * C * sizeof(float) + 2.0 * C * sizeof(float);
+        for (int block = version == 1 ? 64 : BLOCK; block <= (version == 1 ? 1024 : BLOCK); block *= 2) {
+            double ms = time_ms([&]() { run_colsum(version, block, rows, db, partial, x, N, C, C); }, 20);
+            printf("bench %-13s %s (N %d, C %d) block %4d: %7.3f ms, %7.1f GB/s\n",
+                   version == 0 ? "bias_backward" : version == 1 ? "colsum v1" : "colsum v2", name, N, C,
+                   version == 2 ? 32 * COLPART2_WARPS : block, ms, bytes / (ms * 1e-3) / 1e9);
+        }
+    }
+    cudaCheck(cudaFree(x)); cudaCheck(cudaFree(db)); cudaCheck(cudaFree(partial));
+    free(h);
+}
+
+static void benchmark(void) {
+    benchmark_shape("smolvla", 32 * 2 * 1024, 768);
+    benchmark_shape("pi0", 8 * 2 * 256, 1152);
+    benchmark_colsum("smolvla", 32 * 2 * 1024, 768);
+    benchmark_colsum("smolvla mlp", 32 * 2 * 1024, 3072);
+    benchmark_colsum("pi0", 8 * 2 * 256, 1152);
+    benchmark_colsum("pi0 mlp", 8 * 2 * 256, 4304);
+}
+
 int main(void) {
     dev_init("layernorm");
     check_backward_reference();
-    // odd widths (version 1 only), widths where version 2 applies (multiples of x128::size: 300
-    // in fp32 builds only), the vision widths (768, pi0's 1152), the widest version 2 forward takes; row counts that
-    // leave the last warp's block or the last chunk partly empty; rows whose variance is eps's size
+    // odd widths (version 1 only), widths where versions 2 and 3 apply (multiples of x128::size: 300
+    // in fp32 builds only), the vision widths (768, pi0's 1152: version 3's backward), the widest
+    // version 2 forward takes; row counts that leave the last warp's block or the last chunk partly
+    // empty; rows whose variance is eps's size
     struct { int N, C; float scale; } shapes[] = {
         {7, 37, 1.0f}, {45, 64, 1.0f}, {13, 300, 1.0f}, {33, 24, 1.0f}, {70, 768, 1.0f}, {3, 2048, 1.0f}, {1, 8, 1.0f},
-        {20, 768, 1e-3f}, {21, 1152, 1.0f},  // pi0's SigLIP so400m: version 3's backward
+        {20, 768, 1e-3f}, {21, 1152, 1.0f},
     };
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
         check_forward(shapes[i].N, shapes[i].C, shapes[i].scale, 100 + 10 * i);
         check_backward(shapes[i].N, shapes[i].C, shapes[i].scale, 200 + 10 * i);
     }
     check_deterministic(100, 768, 300);
+    // column sums: one row; widths in no whole pack (5, 37), in packs in fp32 only (12, 300), in both;
+    // a row stride past the width (the action embedding's halves, ld 2 C); the vision widths; row
+    // counts that leave the last chunk partly empty
+    struct { int N, C, ld; } sums[] = {
+        {1, 8, 8}, {7, 5, 5}, {100, 37, 40}, {45, 24, 48}, {50, 12, 12}, {13, 300, 300}, {300, 64, 64},
+        {1000, 768, 768}, {33, 3072, 3072}, {70, 720, 1440}, {20, 4304, 4304},
+    };
+    for (size_t i = 0; i < sizeof(sums) / sizeof(sums[0]); i++) {
+        check_colsum(sums[i].N, sums[i].C, sums[i].ld, 400 + 10 * i);
+    }
     return dev_finish(benchmark);
 }

@@ -19,23 +19,25 @@ inverse permutation. Both are pure copies: the checks want the same bits.
   model's grid is square; the same chain with height and width kept apart gives the formula
   above for h != w, which the checks also cover.)
 
-  version 1  one thread per value of the written tensor, gathering its source
-             (pixel_shuffle_forward_kernel1, pixel_shuffle_backward_kernel1, here)
+  version 1  one thread per value of the written tensor, gathering its source through the
+             header's pixel_shuffle_source (pixel_shuffle_forward_kernel1,
+             pixel_shuffle_backward_kernel1, here)
   version 2  x128::size consecutive channels per thread, 128-bit loads and stores: runs of C
              channels stay together in both layouts (pixel_shuffle_forward_kernel2,
-             pixel_shuffle_backward_kernel2; C a multiple of x128::size, 16-byte aligned pointers):
-             the trainer's, from train_vla.cu, launched by its pixel_shuffle_forward / _backward
+             pixel_shuffle_backward_kernel2 of vla/cuda/pixel_shuffle.cuh; C a multiple of
+             x128::size, 16-byte aligned pointers): the trainer's, launched by the header's
+             pixel_shuffle_forward / _backward
 
-  make -C dev/cuda pixel_shuffle && dev/cuda/pixel_shuffle
+  nvcc -O3 -std=c++17 -arch=sm_90 pixel_shuffle.cu -o pixel_shuffle && ./pixel_shuffle
 */
 #include "common.h"
+#include "../../vla/cuda/pixel_shuffle.cuh"
 
 static const int BLOCKS[] = {32, 64, 128, 256, 512, 1024};
 static const int N_BLOCKS = sizeof(BLOCKS) / sizeof(BLOCKS[0]);
 
 // ----------------------------------------------------------------------------
-// kernels: version 2 is train_vla.cu's (common.h includes it whole, pixel_shuffle_source too);
-// version 1 one thread per value
+// kernels: version 2 is the header's (pixel_shuffle_source too); version 1 one thread per value
 
 // out (N, (h/s)(w/s), C s^2) from x (N, h*w, C). One thread per value of out.
 __global__ void pixel_shuffle_forward_kernel1(floatX* out, const floatX* inp, int N, int h, int w, int C, int s) {
@@ -60,7 +62,7 @@ __global__ void pixel_shuffle_backward_kernel1(floatX* dinp, const floatX* dout,
     dinp[idx] = dout[t * C * s * s + (size_t)((i % s) * s + j % s) * C + e];
 }
 
-// a launcher per version with its block size (version 0, the trainer's pixel_shuffle_forward and
+// a launcher per version with its block size (version 0, the header's pixel_shuffle_forward and
 // pixel_shuffle_backward, runs version 2 at BLOCK)
 
 static void pixel_shuffle_forward1(floatX* out, const floatX* inp, int N, int h, int w, int C, int s, int block) {
@@ -83,7 +85,8 @@ static void pixel_shuffle_backward1(floatX* dinp, const floatX* dout, int N, int
 
 static void pixel_shuffle_backward2(floatX* dinp, const floatX* dout, int N, int h, int w, int C, int s, int block) {
     size_t n = (size_t)N * h * w * C;
-    pixel_shuffle_backward_kernel2<<<ceil_div(n / x128::size, block), block, 0, main_stream>>>(dinp, dout, N, h, w, C, s);
+    int grid = ceil_div(n / x128::size, block);
+    pixel_shuffle_backward_kernel2<<<grid, block, 0, main_stream>>>(dinp, dout, N, h, w, C, s);
     launchCheck();
 }
 
@@ -121,7 +124,7 @@ static void pixel_shuffle_backward_reference(float* dx, const float* dout, int N
 }
 
 // The reference on a tensor whose values are their own indices, against the formula of the
-// header written out as loops: the chain and the formula agree (transformers' code was run once
+// opening comment written out as loops: the chain and the formula agree (transformers' code was run once
 // on such a tensor and gave the formula too)
 static void check_reference_formula(int N, int h, int w, int C, int s) {
     size_t n = (size_t)N * h * w * C;
@@ -146,7 +149,8 @@ static void check_reference_formula(int N, int h, int w, int C, int s) {
         }
     }
     char what[160];
-    snprintf(what, sizeof(what), "reference chain = the header's formula (N %d, %d x %d, C %d, s %d)", N, h, w, C, s);
+    snprintf(what, sizeof(what), "reference chain = the opening comment's formula (N %d, %d x %d, C %d, s %d)", N, h, w,
+             C, s);
     check_exact(what, got, want, n);
     pixel_shuffle_backward_reference(want, got, N, h, w, C, s);
     snprintf(what, sizeof(what), "reference backward undoes the forward (N %d, %d x %d, C %d, s %d)", N, h, w, C, s);
@@ -192,13 +196,14 @@ static void check_shape(int N, int h, int w, int C, int s, uint64_t seed) {
     cudaCheck(cudaMalloc(&dinp, n * sizeof(floatX)));
     int v2 = C % x128::size == 0;
     for (int version = 0; version <= 2; version++) {
-        if (version != 1 && !v2) { continue; }  // the trainer's launcher runs version 2
+        if (version != 1 && !v2) { continue; }  // the header's launcher runs version 2
         for (int bi = 0; bi < (version == 0 ? 1 : N_BLOCKS); bi++) {
             char what[120], item[160];
             if (version == 0) {
                 snprintf(what, sizeof(what), "launcher (N %d, %d x %d, C %d, s %d)", N, h, w, C, s);
             } else {
-                snprintf(what, sizeof(what), "v%d (N %d, %d x %d, C %d, s %d) block %d", version, N, h, w, C, s, BLOCKS[bi]);
+                snprintf(what, sizeof(what), "v%d (N %d, %d x %d, C %d, s %d) block %d", version, N, h, w, C, s,
+                         BLOCKS[bi]);
             }
             // a permutation moves values without arithmetic: the same bits, no tolerance
             poison(out, n * sizeof(floatX));
