@@ -1,28 +1,153 @@
 /*
 matmul.cu: the matrix products of every linear layer (forward, input gradient, weight gradient)
-and the bias gradient.
+and the bias gradient, row-major as the model calls them:
 
-  version 1  cuBLASLt through train_vla.cu's wrappers: matmul_forward (out = inp W^T [+ bias]
-             [+ residual]), matmul_backward_input (dinp = dout W [+ beta dinp]) and
-             matmul_backward_weight (fp32 dW += dout^T inp), fp32 accumulation, row strides for
-             reading or writing part of a wider matrix, one plan per shape and alignment
-             (matmul_plan); the bias gradient in two fixed-order stages, column_partial_kernel
-             (column sums of chunks of rows) then column_sum_kernel (the chunks, in order);
-             matmul_forward_gelu (out = GELU-tanh(inp W^T + bias), cuBLASLt's GELU_BIAS epilogue:
-             the frozen vision tower's fc1), benchmarked against fc1 then gelu_forward
-  version 2  the bias gradient's first stage with 128-bit loads (column_partial_kernel2: a lane
-             per 8 columns, 8 warps over a chunk's rows, their sums added in warp order), where
-             the width, the row stride and the pointer allow; bias_backward picks it
+  forward          out (N, OC) = inp (N, C) W^T [+ bias] [+ residual]; row strides for reading or
+                   writing part of a wider matrix; with GELU-tanh on the fp32 sum (the frozen
+                   vision tower's fc1, matmul_forward_gelu)
+  input gradient   dinp (N, C) = dout (N, OC) W [+ beta dinp]
+  weight gradient  dW (OC, C) += dout^T inp, fp32
+  bias gradient    db (OC) += the column sums of dout, fp32, in two fixed-order stages: partial sums
+                   of chunks of rows, then the chunks' sum in order (vla/cuda/column_sum.cuh)
 
-  make -C dev/cuda matmul && dev/cuda/matmul
+  products, version 1  (this program's) one thread per output value, its fp32 sum over the inner
+                       dimension read straight from global memory (matmul_forward_kernel1,
+                       matmul_backward_input_kernel1, matmul_backward_weight_kernel1)
+            version 2  cuBLASLt, fp32 accumulation (vla/cuda/matmul.cuh's matmul_forward,
+                       matmul_forward_gelu with the GELU_BIAS epilogue, matmul_backward_input,
+                       matmul_backward_weight), one plan per shape and alignment (matmul_plan)
+  bias gradient's first stage,
+            version 1  (this program's) a thread per column, scalar loads (column_partial_kernel1)
+            version 2  128-bit loads: a lane per 8 columns (4 in fp32), 8 warps over a chunk's rows,
+                       their sums added in warp order (the header's column_partial_kernel2; the
+                       width, the row stride and the pointer in whole 16-byte packs, which its
+                       launcher bias_backward asks); column_sum_kernel adds the chunks in both
+
+  nvcc -O3 -std=c++17 -arch=sm_90 matmul.cu -lcublasLt -o matmul && ./matmul
 */
 #include "common.h"
+#include "../../vla/cuda/matmul.cuh"
+#include "../../vla/cuda/column_sum.cuh"
+#include "../../vla/cuda/gelu.cuh"
 
 // floatX outputs carry its rounding: 2^-8 relative for bf16 (the fp32 sums of bf16 products are
 // rounded once to bf16 when stored); fp32 outputs (weight and bias gradients) only the fp32
 // accumulation of inputs that are exact in fp32 (to_device_x rounded them already).
 static const double TOL_X = sizeof(floatX) == 4 ? 1e-5 : 1e-2;
 static const double TOL_F = 1e-5;
+static const int BLOCKS_V1[] = {32, 100, 1024};  // version 1: one thread per output, any block size
+static const int N_BLOCKS_V1 = sizeof(BLOCKS_V1) / sizeof(BLOCKS_V1[0]);
+
+// ----------------------------------------------------------------------------
+// version 1: one thread per output value
+
+// out (N, OC; row stride ld_out) = inp (N, C; ld_inp) w (OC, C)^T [+ bias (OC)] [+ res (N, OC; ld_out)],
+// then GELU-tanh where asked, of the fp32 sum
+__global__ void matmul_forward_kernel1(floatX* out, const floatX* inp, const floatX* w, const floatX* bias,
+                                       const floatX* res, int N, int C, int OC, int ld_out, int ld_inp, int gelu) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)N * OC) { return; }
+    int o = (int)(idx % OC);
+    size_t n = idx / OC;
+    float s = bias != NULL ? f32(bias[o]) : 0.0f;
+    for (int c = 0; c < C; c++) { s += f32(inp[n * ld_inp + c]) * f32(w[(size_t)o * C + c]); }
+    if (res != NULL) { s += f32(res[n * ld_out + o]); }
+    out[n * ld_out + o] = fx(gelu ? gelu_tanh(s) : s);
+}
+
+// dinp (N, C) = dout (N, OC; ld_dout) w (OC, C) [+ beta dinp]
+__global__ void matmul_backward_input_kernel1(floatX* dinp, const floatX* dout, const floatX* w, int N, int C, int OC,
+                                              float beta, int ld_dout) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)N * C) { return; }
+    int c = (int)(idx % C);
+    size_t n = idx / C;
+    float s = 0.0f;
+    for (int o = 0; o < OC; o++) { s += f32(dout[n * ld_dout + o]) * f32(w[(size_t)o * C + c]); }
+    dinp[idx] = fx(beta != 0.0f ? s + beta * f32(dinp[idx]) : s);
+}
+
+// dw (OC, C) fp32 += dout (N, OC; ld_dout)^T inp (N, C; ld_inp)
+__global__ void matmul_backward_weight_kernel1(float* dw, const floatX* dout, const floatX* inp, int N, int C, int OC,
+                                               int ld_dout, int ld_inp) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)OC * C) { return; }
+    int c = (int)(idx % C), o = (int)(idx / C);
+    float s = 0.0f;
+    for (int n = 0; n < N; n++) { s += f32(dout[(size_t)n * ld_dout + o]) * f32(inp[(size_t)n * ld_inp + c]); }
+    dw[idx] += s;
+}
+
+// bias gradient, version 1 of the first stage: partial (gridDim.y, C) = the column sums of x's chunks
+// of rows_per_block rows, a thread per column
+__global__ void column_partial_kernel1(float* partial, const floatX* x, int N, int C, int ld, int rows_per_block) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) { return; }
+    int r0 = blockIdx.y * rows_per_block, r1 = min(r0 + rows_per_block, N);
+    float s = 0.0f;
+    for (int n = r0; n < r1; n++) { s += f32(x[(size_t)n * ld + c]); }
+    partial[(size_t)blockIdx.y * C + c] = s;
+}
+
+// ----------------------------------------------------------------------------
+// launchers: version 1 at `block` threads a block, version 2 the header's (block unused); row
+// strides 0: dense
+
+static void forward(int version, int block, floatX* out, const floatX* inp, const floatX* w, const floatX* bias,
+                    const floatX* res, int N, int C, int OC, int ld_out = 0, int ld_inp = 0, int gelu = 0) {
+    if (version == 2) {
+        if (gelu) {
+            matmul_forward_gelu(out, inp, w, bias, N, C, OC);  // (dense, no residual: its one call)
+        } else {
+            matmul_forward(out, inp, w, bias, res, N, C, OC, ld_out, ld_inp);
+        }
+        return;
+    }
+    size_t n = (size_t)N * OC;
+    matmul_forward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(out, inp, w, bias, res, N, C, OC,
+                                                                          ld_out > 0 ? ld_out : OC,
+                                                                          ld_inp > 0 ? ld_inp : C, gelu);
+    launchCheck();
+}
+
+static void backward_input(int version, int block, floatX* dinp, const floatX* dout, const floatX* w, int N, int C,
+                           int OC, float beta, int ld_dout = 0) {
+    if (version == 2) {
+        matmul_backward_input(dinp, dout, w, N, C, OC, beta, ld_dout);
+        return;
+    }
+    size_t n = (size_t)N * C;
+    matmul_backward_input_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(dinp, dout, w, N, C, OC, beta,
+                                                                                 ld_dout > 0 ? ld_dout : OC);
+    launchCheck();
+}
+
+static void backward_weight(int version, int block, float* dw, const floatX* dout, const floatX* inp, int N, int C,
+                            int OC, int ld_dout = 0, int ld_inp = 0) {
+    if (version == 2) {
+        matmul_backward_weight(dw, dout, inp, N, C, OC, ld_dout, ld_inp);
+        return;
+    }
+    size_t n = (size_t)OC * C;
+    matmul_backward_weight_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(dw, dout, inp, N, C, OC,
+                                                                                  ld_dout > 0 ? ld_dout : OC,
+                                                                                  ld_inp > 0 ? ld_inp : C);
+    launchCheck();
+}
+
+// the versions a check runs: version 1 at each of BLOCKS_V1, then version 2
+static const int N_RUNS = N_BLOCKS_V1 + 1;
+static int run_version(int i) { return i < N_BLOCKS_V1 ? 1 : 2; }
+static int run_block(int i) { return i < N_BLOCKS_V1 ? BLOCKS_V1[i] : 0; }
+static const char* run_name(int i) {
+    static char name[40];
+    if (i < N_BLOCKS_V1) {
+        snprintf(name, sizeof(name), "v1 block %d", BLOCKS_V1[i]);
+    } else {
+        snprintf(name, sizeof(name), "v2");
+    }
+    return name;
+}
 
 // rows x width values in [-scale, scale) stored with row stride ld; the gaps between rows hold NaN,
 // so a product that reads past a row's width fails its check
@@ -79,8 +204,8 @@ static void forward_reference(double* ref, const float* inp, const float* w, con
 }
 
 // ---- the fc1 of a frozen vision tower: out (N, OC) = GELU-tanh(inp W^T + bias) in one product.
-// GELU of the fp32 sum (cuBLASLt's epilogue), then one rounding to floatX; in fp32 builds up to
-// 1e-4, for cuBLASLt's own tanh
+// GELU of the fp32 sum (cuBLASLt's epilogue; version 1's gelu_tanh), then one rounding to floatX;
+// in fp32 builds up to 1e-4, for cuBLASLt's own tanh
 static void check_forward_gelu(int N, int C, int OC, uint64_t seed) {
     float* inp = random_floats((size_t)N * C, 1.0f, seed);
     float* w = random_floats((size_t)OC * C, 1.0f, seed + 1);
@@ -96,13 +221,16 @@ static void check_forward_gelu(int N, int C, int OC, uint64_t seed) {
     }
     floatX* out;
     cudaCheck(cudaMalloc(&out, (size_t)N * OC * sizeof(floatX)));
-    poison(out, (size_t)N * OC * sizeof(floatX));
-    matmul_forward_gelu(out, d_inp, d_w, d_bias, N, C, OC);
-    float* got = from_device_x(out, (size_t)N * OC);
-    char what[200];
-    snprintf(what, sizeof(what), "v1 forward with the GELU epilogue (N %d, C %d, OC %d, bias)", N, C, OC);
-    check_close(what, got, ref, (size_t)N * OC, sizeof(floatX) == 4 ? 1e-4 : TOL_X);
-    free(inp); free(w); free(bias); free(ref); free(got);
+    for (int i = 0; i < N_RUNS; i++) {
+        poison(out, (size_t)N * OC * sizeof(floatX));
+        forward(run_version(i), run_block(i), out, d_inp, d_w, d_bias, NULL, N, C, OC, 0, 0, 1);
+        float* got = from_device_x(out, (size_t)N * OC);
+        char what[200];
+        snprintf(what, sizeof(what), "%s forward with GELU (N %d, C %d, OC %d, bias)", run_name(i), N, C, OC);
+        check_close(what, got, ref, (size_t)N * OC, sizeof(floatX) == 4 ? 1e-4 : TOL_X);
+        free(got);
+    }
+    free(inp); free(w); free(bias); free(ref);
     cudaCheck(cudaFree(d_inp)); cudaCheck(cudaFree(d_w)); cudaCheck(cudaFree(d_bias)); cudaCheck(cudaFree(out));
 }
 
@@ -121,16 +249,19 @@ static void check_forward(const FwdCase* k, uint64_t seed) {
     forward_reference(ref, inp, w, bias, res, N, C, OC, ldo, ldi);
     floatX* out;
     cudaCheck(cudaMalloc(&out, (size_t)N * ldo * sizeof(floatX)));
-    poison(out, (size_t)N * ldo * sizeof(floatX));
-    matmul_forward(out, d_inp, d_w, d_bias, d_res, N, C, OC, k->ld_out, k->ld_inp);
-    float* full = from_device_x(out, (size_t)N * ldo);
-    float* got = dense_rows(full, N, OC, ldo);
-    char what[300];
-    snprintf(what, sizeof(what), "v1 forward %s (N %d, C %d, OC %d%s%s, ld_out %d, ld_inp %d)", k->name, N, C, OC,
-             k->bias ? ", bias" : "", k->res ? ", residual" : "", ldo, ldi);
-    check_close(what, got, ref, (size_t)N * OC, TOL_X);
-    if (ldo > OC) { check_gaps(what, out, N, OC, ldo); }
-    free(inp); free(w); free(bias); free(res); free(ref); free(full); free(got);
+    for (int i = 0; i < N_RUNS; i++) {
+        poison(out, (size_t)N * ldo * sizeof(floatX));
+        forward(run_version(i), run_block(i), out, d_inp, d_w, d_bias, d_res, N, C, OC, k->ld_out, k->ld_inp);
+        float* full = from_device_x(out, (size_t)N * ldo);
+        float* got = dense_rows(full, N, OC, ldo);
+        char what[300];
+        snprintf(what, sizeof(what), "%s forward %s (N %d, C %d, OC %d%s%s, ld_out %d, ld_inp %d)", run_name(i),
+                 k->name, N, C, OC, k->bias ? ", bias" : "", k->res ? ", residual" : "", ldo, ldi);
+        check_close(what, got, ref, (size_t)N * OC, TOL_X);
+        if (ldo > OC) { check_gaps(what, out, N, OC, ldo); }
+        free(full); free(got);
+    }
+    free(inp); free(w); free(bias); free(res); free(ref);
     cudaCheck(cudaFree(d_inp)); cudaCheck(cudaFree(d_w)); cudaCheck(cudaFree(d_bias)); cudaCheck(cudaFree(d_res));
     cudaCheck(cudaFree(out));
 }
@@ -151,13 +282,9 @@ static void check_backward_input(const BwdInCase* k, uint64_t seed) {
     float* dinp0 = random_floats((size_t)N * C, 1.0f, seed + 2);  // what beta = 1 accumulates onto
     floatX* d_dout = to_device_x(dout, (size_t)N * ldd);
     floatX* d_w = to_device_x(w, (size_t)OC * C);
+    floatX* d_dinp0 = to_device_x(dinp0, (size_t)N * C);
     floatX* dinp;
-    if (k->beta != 0.0f) {
-        dinp = to_device_x(dinp0, (size_t)N * C);
-    } else {
-        cudaCheck(cudaMalloc(&dinp, (size_t)N * C * sizeof(floatX)));
-        poison(dinp, (size_t)N * C * sizeof(floatX));
-    }
+    cudaCheck(cudaMalloc(&dinp, (size_t)N * C * sizeof(floatX)));
     double* ref = (double*)mallocCheck((size_t)N * C * sizeof(double));
     for (int n = 0; n < N; n++) {
         for (int c = 0; c < C; c++) {
@@ -166,14 +293,22 @@ static void check_backward_input(const BwdInCase* k, uint64_t seed) {
             ref[(size_t)n * C + c] = s;
         }
     }
-    matmul_backward_input(dinp, d_dout, d_w, N, C, OC, k->beta, k->ld_dout);
-    float* got = from_device_x(dinp, (size_t)N * C);
-    char what[300];
-    snprintf(what, sizeof(what), "v1 backward input %s (N %d, C %d, OC %d, beta %g, ld_dout %d)", k->name, N, C, OC,
-             k->beta, ldd);
-    check_close(what, got, ref, (size_t)N * C, TOL_X);
-    free(dout); free(w); free(dinp0); free(ref); free(got);
-    cudaCheck(cudaFree(d_dout)); cudaCheck(cudaFree(d_w)); cudaCheck(cudaFree(dinp));
+    for (int i = 0; i < N_RUNS; i++) {
+        if (k->beta != 0.0f) {
+            cudaCheck(cudaMemcpy(dinp, d_dinp0, (size_t)N * C * sizeof(floatX), cudaMemcpyDeviceToDevice));
+        } else {
+            poison(dinp, (size_t)N * C * sizeof(floatX));
+        }
+        backward_input(run_version(i), run_block(i), dinp, d_dout, d_w, N, C, OC, k->beta, k->ld_dout);
+        float* got = from_device_x(dinp, (size_t)N * C);
+        char what[300];
+        snprintf(what, sizeof(what), "%s backward input %s (N %d, C %d, OC %d, beta %g, ld_dout %d)", run_name(i),
+                 k->name, N, C, OC, k->beta, ldd);
+        check_close(what, got, ref, (size_t)N * C, TOL_X);
+        free(got);
+    }
+    free(dout); free(w); free(dinp0); free(ref);
+    cudaCheck(cudaFree(d_dout)); cudaCheck(cudaFree(d_w)); cudaCheck(cudaFree(dinp)); cudaCheck(cudaFree(d_dinp0));
 }
 
 // ---- weight gradient: dw (OC, C) += dout (N, OC; stride ld_dout)^T inp (N, C; stride ld_inp), fp32
@@ -200,13 +335,17 @@ static void check_backward_weight(const BwdWCase* k, uint64_t seed) {
             ref[(size_t)o * C + c] = s;
         }
     }
-    matmul_backward_weight(dw, d_dout, d_inp, N, C, OC, k->ld_dout, k->ld_inp);
-    float* got = from_device_f(dw, (size_t)OC * C);
-    char what[300];
-    snprintf(what, sizeof(what), "v1 backward weight %s (N %d, C %d, OC %d, ld_dout %d, ld_inp %d), dw += ", k->name,
-             N, C, OC, ldd, ldi);
-    check_close(what, got, ref, (size_t)OC * C, TOL_F);
-    free(dout); free(inp); free(dw0); free(ref); free(got);
+    for (int i = 0; i < N_RUNS; i++) {
+        cudaCheck(cudaMemcpy(dw, dw0, (size_t)OC * C * sizeof(float), cudaMemcpyHostToDevice));
+        backward_weight(run_version(i), run_block(i), dw, d_dout, d_inp, N, C, OC, k->ld_dout, k->ld_inp);
+        float* got = from_device_f(dw, (size_t)OC * C);
+        char what[300];
+        snprintf(what, sizeof(what), "%s backward weight %s (N %d, C %d, OC %d, ld_dout %d, ld_inp %d), dw += ",
+                 run_name(i), k->name, N, C, OC, ldd, ldi);
+        check_close(what, got, ref, (size_t)OC * C, TOL_F);
+        free(got);
+    }
+    free(dout); free(inp); free(dw0); free(ref);
     cudaCheck(cudaFree(d_dout)); cudaCheck(cudaFree(d_inp)); cudaCheck(cudaFree(dw));
 }
 
@@ -230,8 +369,8 @@ static void check_bias_backward(const BiasCase* k, uint64_t seed) {
     }
     float* db = to_device_f(db0, OC);
     char what[300];
-    // version 1 at several block sizes and chunk heights, version 2 (where its 128-bit loads fit) at
-    // those chunk heights, then the launcher (BLOCK, colsum_rows(N))
+    // version 1 at several block sizes and chunk heights, version 2 at those chunk heights, then its
+    // launcher (colsum_rows(N)): these two where their 128-bit loads fit
     int blocks[4] = {32, 64, 256, 1024}, rows[2] = {CHUNK_ROWS, 5};
     bool v2 = packable(OC, x128::size, d_dout) && ld % x128::size == 0;
     for (int ri = 0; ri < 3; ri++) {
@@ -239,28 +378,29 @@ static void check_bias_backward(const BiasCase* k, uint64_t seed) {
         float* partial;  // exactly the scratch this chunking needs
         cudaCheck(cudaMalloc(&partial, (size_t)chunks * OC * sizeof(float)));
         for (int bi = 0; bi < (ri < 2 ? 5 : 1); bi++) {
-            if (bi == 4 && !v2) { continue; }
+            if ((bi == 4 || ri == 2) && !v2) { continue; }
             cudaCheck(cudaMemcpy(db, db0, OC * sizeof(float), cudaMemcpyHostToDevice));
             poison(partial, (size_t)chunks * OC * sizeof(float));
             if (ri < 2 && bi == 4) {
-                column_partial_kernel2<<<dim3(ceil_div(OC, 32 * x128::size), chunks), 32 * COLPART2_WARPS, 0, main_stream>>>(
-                    partial, d_dout, N, OC, ld, rows_per_block);
+                dim3 grid(ceil_div(OC, 32 * x128::size), chunks);
+                column_partial_kernel2<<<grid, 32 * COLPART2_WARPS, 0, main_stream>>>(partial, d_dout, N, OC, ld,
+                                                                                      rows_per_block);
                 launchCheck();
                 column_sum(db, partial, chunks, OC);
                 snprintf(what, sizeof(what), "v2 bias backward %s (N %d, OC %d, ld %d), %d rows per chunk, db += ",
                          k->name, N, OC, ld, rows_per_block);
             } else if (ri < 2) {
                 int block = blocks[bi];
-                column_partial_kernel<<<dim3(ceil_div(OC, block), chunks), block, 0, main_stream>>>(partial, d_dout, N, OC,
-                                                                                                   ld, rows_per_block);
+                dim3 grid(ceil_div(OC, block), chunks);
+                column_partial_kernel1<<<grid, block, 0, main_stream>>>(partial, d_dout, N, OC, ld, rows_per_block);
                 launchCheck();
                 column_sum(db, partial, chunks, OC);
-                snprintf(what, sizeof(what), "v1 bias backward %s (N %d, OC %d, ld %d) block %d, %d rows per chunk, db += ",
-                         k->name, N, OC, ld, block, rows_per_block);
+                snprintf(what, sizeof(what), "v1 bias backward %s (N %d, OC %d, ld %d) block %d, %d rows per chunk, "
+                         "db += ", k->name, N, OC, ld, block, rows_per_block);
             } else {
                 bias_backward(db, partial, d_dout, N, OC, k->ld);
-                snprintf(what, sizeof(what), "v%d bias_backward launcher %s (N %d, OC %d, ld %d), db += ", v2 ? 2 : 1,
-                         k->name, N, OC, ld);
+                snprintf(what, sizeof(what), "v2 bias_backward launcher %s (N %d, OC %d, ld %d), db += ", k->name, N,
+                         OC, ld);
             }
             float* got = from_device_f(db, OC);
             check_close(what, got, ref, OC, TOL_F);
@@ -301,26 +441,26 @@ static void check_plans(void) {
         matmul_forward(out, d_inp[i], d_w[i], d_bias[i], NULL, N, C, OC);
         forward_reference(ref[i], inp[i], w[i], bias[i], NULL, N, C, OC, OC, C);
         float* got = from_device_x(out, (size_t)N * OC);
-        snprintf(what, sizeof(what), "v1 plan cache: call %d of one shape (N %d, C %d, OC %d, bias)", i + 1, N, C, OC);
+        snprintf(what, sizeof(what), "v2 plan cache: call %d of one shape (N %d, C %d, OC %d, bias)", i + 1, N, C, OC);
         check_close(what, got, ref[i], (size_t)N * OC, TOL_X);
         free(got);
     }
     int n1 = n_matmul_plans;
-    snprintf(what, sizeof(what), "v1 plan cache: one shape called twice made 1 plan (%d)", n1 - n0);
+    snprintf(what, sizeof(what), "v2 plan cache: one shape called twice made 1 plan (%d)", n1 - n0);
     check_true(what, n1 == n0 + 1);
     poison(out, (size_t)N * OC * sizeof(floatX));
     matmul_forward(out, d_inp[1], d_w[1] + 8, d_bias[1], NULL, N, C, OC);
     int n2 = n_matmul_plans;
     forward_reference(ref[1], inp[1], w[1] + 8, bias[1], NULL, N, C, OC, OC, C);
     float* got = from_device_x(out, (size_t)N * OC);
-    snprintf(what, sizeof(what), "v1 plan cache: W %u-byte aligned (N %d, C %d, OC %d, bias)",
+    snprintf(what, sizeof(what), "v2 plan cache: W %u-byte aligned (N %d, C %d, OC %d, bias)",
              pointer_alignment(d_w[1] + 8), N, C, OC);
     check_close(what, got, ref[1], (size_t)N * OC, TOL_X);
-    snprintf(what, sizeof(what), "v1 plan cache: a less aligned W made its own plan (%d)", n2 - n1);
+    snprintf(what, sizeof(what), "v2 plan cache: a less aligned W made its own plan (%d)", n2 - n1);
     check_true(what, n2 == n1 + 1);
     matmul_forward(out, d_inp[0], d_w[0], d_bias[0], NULL, N, C, OC);
     matmul_forward(out, d_inp[0], d_w[0] + 8, d_bias[0], NULL, N, C, OC);
-    snprintf(what, sizeof(what), "v1 plan cache: both alignments again made no plan (%d)", n_matmul_plans - n2);
+    snprintf(what, sizeof(what), "v2 plan cache: both alignments again made no plan (%d)", n_matmul_plans - n2);
     check_true(what, n_matmul_plans == n2);
     free(got);
     for (int i = 0; i < 2; i++) {
@@ -354,17 +494,20 @@ static void benchmark(void) {
         {"backward input MLP down", 2, P, f, d},
         {"backward weight MLP down", 3, P, f, d},
     };
-    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
-        int kind = runs[i].kind, N = runs[i].N, C = runs[i].C, OC = runs[i].OC;
-        double ms = time_ms([&]() {
-            if (kind == 0) { matmul_forward(out, x, w, NULL, NULL, N, C, OC); }
-            if (kind == 1) { matmul_forward(out, x, w, NULL, y, N, C, OC); }
-            if (kind == 2) { matmul_backward_input(out, y, w, N, C, OC, 0.0f); }
-            if (kind == 3) { matmul_backward_weight(dw, y, x, N, C, OC); }
-        }, 20);
-        double flops = 2.0 * N * C * OC;
-        printf("bench v1 %-28s (N %d, C %d, OC %d): %8.3f ms, %7.1f TFLOP/s\n", runs[i].name, N, C, OC, ms,
-               flops / (ms * 1e-3) / 1e12);
+    // version 1 at BLOCK, fewer repetitions (its products take tens of milliseconds), then version 2
+    for (int version = 1; version <= 2; version++) {
+        for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+            int kind = runs[i].kind, N = runs[i].N, C = runs[i].C, OC = runs[i].OC;
+            double ms = time_ms([&]() {
+                if (kind == 0) { forward(version, BLOCK, out, x, w, NULL, NULL, N, C, OC); }
+                if (kind == 1) { forward(version, BLOCK, out, x, w, NULL, y, N, C, OC); }
+                if (kind == 2) { backward_input(version, BLOCK, out, y, w, N, C, OC, 0.0f); }
+                if (kind == 3) { backward_weight(version, BLOCK, dw, y, x, N, C, OC); }
+            }, version == 1 ? 5 : 20);
+            double flops = 2.0 * N * C * OC;
+            printf("bench v%d %-28s (N %d, C %d, OC %d): %8.3f ms, %7.1f TFLOP/s\n", version, runs[i].name, N, C, OC,
+                   ms, flops / (ms * 1e-3) / 1e12);
+        }
     }
     // the vision tower's fc1 at the smolvla shapes (32 samples x 2 cameras x 1024 patches, 768 -> 3072):
     // the product then the GELU kernel (a trained tower, which keeps fc1) against the GELU epilogue
@@ -383,17 +526,30 @@ static void benchmark(void) {
             gelu_forward(act, fc1, (size_t)V * Fv);
         }, 20);
         double ms_one = time_ms([&]() { matmul_forward_gelu(act, xv, wv, bv, V, Cv, Fv); }, 20);
-        printf("bench v1 %-28s (N %d, C %d, OC %d): %8.3f ms, %7.1f TFLOP/s\n", "vision fc1 then gelu", V, Cv, Fv, ms_two,
-               flops / (ms_two * 1e-3) / 1e12);
-        printf("bench v1 %-28s (N %d, C %d, OC %d): %8.3f ms, %7.1f TFLOP/s\n", "vision fc1, GELU epilogue", V, Cv, Fv,
+        printf("bench v2 %-28s (N %d, C %d, OC %d): %8.3f ms, %7.1f TFLOP/s\n", "vision fc1 then gelu", V, Cv, Fv,
+               ms_two, flops / (ms_two * 1e-3) / 1e12);
+        printf("bench v2 %-28s (N %d, C %d, OC %d): %8.3f ms, %7.1f TFLOP/s\n", "vision fc1, GELU epilogue", V, Cv, Fv,
                ms_one, flops / (ms_one * 1e-3) / 1e12);
         free(hv);
         cudaCheck(cudaFree(xv)); cudaCheck(cudaFree(wv)); cudaCheck(cudaFree(bv)); cudaCheck(cudaFree(fc1));
         cudaCheck(cudaFree(act));
     }
-    double ms = time_ms([&]() { bias_backward(db, partial, y, P, d); }, 20);
     double bytes = (double)P * d * sizeof(floatX);  // dout once; the partial sums are CHUNK_ROWS times fewer
-    printf("bench v1 %-28s (N %d, OC %d): %8.3f ms, %7.1f GB/s\n", "bias backward", P, d, ms, bytes / (ms * 1e-3) / 1e9);
+    int chunks = (int)colsum_chunks(P);
+    for (int version = 1; version <= 2; version++) {
+        double ms = time_ms([&]() {
+            if (version == 2) {
+                bias_backward(db, partial, y, P, d);
+                return;
+            }
+            dim3 grid(ceil_div(d, BLOCK), chunks);
+            column_partial_kernel1<<<grid, BLOCK, 0, main_stream>>>(partial, y, P, d, d, colsum_rows(P));
+            launchCheck();
+            column_sum(db, partial, chunks, d);
+        }, 20);
+        printf("bench v%d %-28s (N %d, OC %d): %8.3f ms, %7.1f GB/s\n", version, "bias backward", P, d, ms,
+               bytes / (ms * 1e-3) / 1e9);
+    }
     free(h);
     cudaCheck(cudaFree(x)); cudaCheck(cudaFree(y)); cudaCheck(cudaFree(w)); cudaCheck(cudaFree(out));
     cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(db)); cudaCheck(cudaFree(partial));
@@ -401,6 +557,7 @@ static void benchmark(void) {
 
 int main(void) {
     dev_init("matmul");
+    matmul_init();
     check_plans();
     // odd sizes, tiny dims, bias and residual, and the strided views the trainer uses: state rows
     // in the suffix stream (stride Ns*da: 5 samples, da 12, Ns 7), the first half of (R, 2da) rows
