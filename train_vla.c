@@ -1,6 +1,7 @@
 /*
-train_vla.c: the CPU reference trainer of LeRobot's SmolVLA (a Vision-Language-Action policy), in
-C with OpenMP. Same model, same sections and same checkpoints as train_vla.cu; dev/model.py (the
+train_vla.c: the CPU reference trainer of LeRobot's robot policies, in C with OpenMP: today SmolVLA
+and pi0, two families of one model (the flow_ section: a VLM and an action expert trained by flow
+matching). Same models, same sections and same checkpoints as train_vla.cu; dev/model.py (the
 PyTorch oracle, dev/smolvla.py's math) is the third, independent copy that test_vla.c checks both
 against, and LeRobot 0.6.1's own SmolVLA (dev/lerobot) the ground truth of all three.
 
@@ -15,10 +16,10 @@ Tensor-shape legend:
   Smax / Amax  state_proj's / action_in_proj's padded widths; S_d / A the dataset's dims
 
 Invariants worth knowing before reading:
-- One parameter table (vla/config.h's SMOLVLA_PARAMETERS) drives everything. What trains is its `train`
+- One parameter table (vla/config.h's FLOW_PARAMETERS) drives everything. What trains is its `train`
   column under the run's --train mode (expert, vlm, all): the trainable part of every tensor is a
-  prefix of it (smolvla_trainable_numel). Frozen elements get no gradient, no AdamW moments and
-  never change; the moments of the trainable ones are packed in table order (SmolOptDomain), and
+  prefix of it (flow_trainable_numel). Frozen elements get no gradient, no AdamW moments and
+  never change; the moments of the trainable ones are packed in table order (FlowOptDomain), and
   that packed domain is what ZeRO-1 shards and what a checkpoint's m and v hold.
 - The prefix never sees the actions: the VLM runs first over the prefix and keeps its keys/values
   per layer, the expert attends to them (joint layers) or to their re-projection (cross layers).
@@ -210,9 +211,9 @@ static void rmsnorm_backward(float* dinp, float* dw, const float* dout, const fl
 // pointer means nobody needs that gradient (a frozen tensor, an input below the trained part): its
 // product is skipped, not computed and dropped.
 
-#define SMOLVLA_MIN_PERIOD 4e-3  // the time embedding's shortest period (LeRobot's min_period)
-#define SMOLVLA_MAX_PERIOD 4.0   // and its longest (max_period)
-#define SMOLVLA_NUM_STEPS 10     // Euler steps of sampling (num_steps)
+#define FLOW_MIN_PERIOD 4e-3  // the time embedding's shortest period (LeRobot's min_period)
+#define FLOW_MAX_PERIOD 4.0   // and its longest (max_period)
+#define FLOW_NUM_STEPS 10     // Euler steps of sampling (num_steps)
 
 // The backward of matmul_forward (a Linear with or without bias) with every output optional:
 // dinp (N, C) += dout @ w, dw (OC, C) += dout^T @ inp, db (OC) += column sums of dout.
@@ -649,12 +650,12 @@ static void patchify_chw(float* patches, const float* pixels, int NV, int S, int
 // LeRobot's create_sinusoidal_pos_embedding of the flow time t, in float64 then cast: dim values,
 // [sin | cos] of t * (1 / period * 2 pi), period = min_period * (max_period / min_period)^fraction,
 // fraction = torch.linspace(0, 1, dim/2) (which counts the second half down from the end).
-static void smolvla_time_embedding(float* out, float t, int dim) {
+static void flow_time_embedding(float* out, float t, int dim) {
     int half = dim / 2;
     double step = half > 1 ? 1.0 / (double)(half - 1) : 0.0;
     for (int k = 0; k < half; k++) {
         double fraction = k < half / 2 ? step * (double)k : 1.0 - step * (double)(half - 1 - k);
-        double period = SMOLVLA_MIN_PERIOD * pow(SMOLVLA_MAX_PERIOD / SMOLVLA_MIN_PERIOD, fraction);
+        double period = FLOW_MIN_PERIOD * pow(FLOW_MAX_PERIOD / FLOW_MIN_PERIOD, fraction);
         double angle = 1.0 / period * 2.0 * 3.141592653589793 * (double)t;
         out[k] = (float)sin(angle);
         out[half + k] = (float)cos(angle);
@@ -775,130 +776,124 @@ static void flow_matching_task_sums(double* sq, double* n, const int* task, cons
 // Backward runs the expert first: it leaves gradients on the VLM's keys and values of every
 // layer, which the VLM's backward then takes down its stack, as far as something trains.
 
-// Parameter tensor indices, in table order: SMOLP_vis_wq, ...
-enum {
-#define SMOL_INDEX_(nm, ...) SMOLP_##nm,
-    SMOLVLA_PARAMETERS(SMOL_INDEX_, c)
-#undef SMOL_INDEX_
-};
 
 
 
 // The vision layers whose activations are kept in `mode`: every one when the tower trains (its
 // backward reads them all), else one, which each layer's forward overwrites in turn: nothing reads
 // them again (the backward stops at the connector), only the tower's output persists.
-static inline size_t smolvla_vis_kept(const SmolVLAConfig* c, int mode) {
+static inline size_t flow_vis_kept(const FlowConfig* c, int mode) {
     return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1;
 }
 
 // Vision rows of the backward scratch in `mode`: none unless the tower trains (only its backward
 // works on V rows)
-static inline size_t smolvla_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) {
-    return mode == TRAIN_MODE_ALL ? smolvla_vrows(c, B) : 0;
+static inline size_t flow_vis_grad_rows(const FlowConfig* c, int B, int mode) {
+    return mode == TRAIN_MODE_ALL ? flow_vrows(c, B) : 0;
 }
 
 // Activations: one table (name, elements) carved from one allocation. Vision V rows, prefix
 // P rows, actions R rows; per-layer tensors are stacked layer-major, the vision tower's for Kv
-// layers (smolvla_vis_kept). The g_* are backward scratch, shared by the towers whose backward runs
-// (one after the other; the vision tower's only when it trains: smolvla_vis_grad_rows), row-aligned
+// layers (flow_vis_kept). The g_* are backward scratch, shared by the towers whose backward runs
+// (one after the other; the vision tower's only when it trains: flow_vis_grad_rows), row-aligned
 // with the activations they are the gradients of.
-#define SMOLVLA_ACTIVATIONS(X, c, B, mode) \
-    X(pixels,   smolvla_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
-    X(patches,  smolvla_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
-    X(v_res,    (smolvla_vis_kept(c, mode) + 1) * smolvla_vrows(c, B) * (c)->vis_width)     /* (Kv+1, V, Cv) layer inputs, then the last output */ \
-    X(v_ln1,    smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_mean1,  smolvla_vis_kept(c, mode) * smolvla_vrows(c, B))                            /* (Kv, V) */ \
-    X(v_rstd1,  smolvla_vis_kept(c, mode) * smolvla_vrows(c, B))                            /* (Kv, V) */ \
-    X(v_q,      smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_k,      smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_v,      smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_att,    smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_lse,    smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_heads)           /* (Kv, NV, NHv, Nv) */ \
-    X(v_mid,    smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) after attention */ \
-    X(v_ln2,    smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
-    X(v_mean2,  smolvla_vis_kept(c, mode) * smolvla_vrows(c, B))                            /* (Kv, V) */ \
-    X(v_rstd2,  smolvla_vis_kept(c, mode) * smolvla_vrows(c, B))                            /* (Kv, V) */ \
-    X(v_fc1,    smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) before GELU */ \
-    X(v_gelu,   smolvla_vis_kept(c, mode) * smolvla_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) */ \
-    X(v_out,    smolvla_vrows(c, B) * (c)->vis_width)                                    /* (V, Cv) after post_layernorm */ \
-    X(v_omean,  smolvla_vrows(c, B))                                                     /* (V) */ \
-    X(v_orstd,  smolvla_vrows(c, B))                                                     /* (V) */ \
-    X(shuffled, smolvla_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */ \
-    X(img_tok,  smolvla_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) connector output */ \
+#define FLOW_ACTIVATIONS(X, c, B, mode) \
+    X(pixels,   flow_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
+    X(patches,  flow_vrows(c, B) * flow_patch_dim(c))                              /* (V, 3pp) */ \
+    X(v_res,    (flow_vis_kept(c, mode) + 1) * flow_vrows(c, B) * (c)->vis_width)     /* (Kv+1, V, Cv) layer inputs, then the last output */ \
+    X(v_ln1,    flow_vis_kept(c, mode) * flow_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_mean1,  flow_vis_kept(c, mode) * flow_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_rstd1,  flow_vis_kept(c, mode) * flow_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_q,      flow_vis_kept(c, mode) * flow_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_k,      flow_vis_kept(c, mode) * flow_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_v,      flow_vis_kept(c, mode) * flow_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_att,    flow_vis_kept(c, mode) * flow_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_lse,    flow_vis_kept(c, mode) * flow_vrows(c, B) * (c)->vis_heads)           /* (Kv, NV, NHv, Nv) */ \
+    X(v_mid,    flow_vis_kept(c, mode) * flow_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) after attention */ \
+    X(v_ln2,    flow_vis_kept(c, mode) * flow_vrows(c, B) * (c)->vis_width)           /* (Kv, V, Cv) */ \
+    X(v_mean2,  flow_vis_kept(c, mode) * flow_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_rstd2,  flow_vis_kept(c, mode) * flow_vrows(c, B))                            /* (Kv, V) */ \
+    X(v_fc1,    flow_vis_kept(c, mode) * flow_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) before GELU */ \
+    X(v_gelu,   flow_vis_kept(c, mode) * flow_vrows(c, B) * (c)->vis_ff)              /* (Kv, V, Fv) */ \
+    X(v_out,    flow_vrows(c, B) * (c)->vis_width)                                    /* (V, Cv) after post_layernorm */ \
+    X(v_omean,  flow_vrows(c, B))                                                     /* (V) */ \
+    X(v_orstd,  flow_vrows(c, B))                                                     /* (V) */ \
+    X(shuffled, flow_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */ \
+    X(img_tok,  flow_images(c, B) * flow_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) connector output */ \
     X(state,    (size_t)(B) * (c)->max_state_dim)                                     /* (B, Smax) the batch's, for the backward */ \
-    X(valid,    (size_t)(B) * (smolvla_n_prefix(c) + smolvla_n_suffix(c)))            /* (B, T) 1 = a real token */ \
-    X(p_res,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_model)               /* (L, P, C) layer inputs */ \
-    X(p_ln1,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
-    X(p_rstd1,  (size_t)(c)->n_layer * smolvla_prows(c, B))                              /* (L, P) */ \
-    X(p_q,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_attn(c))          /* (L, P, D) after RoPE */ \
-    X(p_k,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) after RoPE: what the expert reads */ \
-    X(p_v,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) */ \
-    X(p_att,    (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_attn(c))          /* (L, P, D) */ \
-    X(p_lse,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->n_head)                /* (L, B, NH, Np) */ \
-    X(p_mid,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_model)               /* (L, P, C) after attention */ \
-    X(p_ln2,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
-    X(p_rstd2,  (size_t)(c)->n_layer * smolvla_prows(c, B))                              /* (L, P) */ \
-    X(p_gate,   (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
-    X(p_up,     (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
-    X(p_act,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
-    X(x_t,      smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
-    X(a_in,     smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) action_in_proj(x_t) */ \
-    X(a_emb,    smolvla_arows(c, B) * 2 * (c)->d_expert)                                 /* (A, 2Ce) [action_in, time embedding] */ \
-    X(t_pre,    smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) before SiLU */ \
-    X(t_act,    smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) after SiLU */ \
-    X(s_res,    ((c)->n_layer + 1) * smolvla_rrows(c, B) * (c)->d_expert)                /* (L+1, R, Ce) layer inputs, then the last output */ \
-    X(s_ln1,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
-    X(s_rstd1,  (size_t)(c)->n_layer * smolvla_rrows(c, B))                              /* (L, R) */ \
-    X(s_q,      (size_t)(c)->n_layer * smolvla_rrows(c, B) * smolvla_d_attn(c))          /* (L, R, D) after RoPE */ \
-    X(s_k,      (size_t)(c)->n_layer * smolvla_rrows(c, B) * smolvla_d_kv(c))            /* (L, R, KV) after RoPE (joint layers) */ \
-    X(s_v,      (size_t)(c)->n_layer * smolvla_rrows(c, B) * smolvla_d_kv(c))            /* (L, R, KV) (joint layers) */ \
-    X(c_k,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_k re-projected (cross layers) */ \
-    X(c_v,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_v re-projected (cross layers) */ \
-    X(s_att,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * smolvla_d_attn(c))          /* (L, R, D) */ \
-    X(s_lse,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->n_head)                /* (L, B, NH, Ns) */ \
-    X(s_mid,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) after attention */ \
-    X(s_ln2,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
-    X(s_rstd2,  (size_t)(c)->n_layer * smolvla_rrows(c, B))                              /* (L, R) */ \
-    X(s_gate,   (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
-    X(s_up,     (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
-    X(s_act,    (size_t)(c)->n_layer * smolvla_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
-    X(f_ln,     smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after the expert's norm */ \
-    X(f_rstd,   smolvla_rrows(c, B))                                                     /* (R) */ \
-    X(v_t,      smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities */ \
-    X(d_vt,     smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
+    X(valid,    (size_t)(B) * (flow_n_prefix(c) + flow_n_suffix(c)))            /* (B, T) 1 = a real token */ \
+    X(p_res,    (size_t)(c)->n_layer * flow_prows(c, B) * (c)->d_model)               /* (L, P, C) layer inputs */ \
+    X(p_ln1,    (size_t)(c)->n_layer * flow_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
+    X(p_rstd1,  (size_t)(c)->n_layer * flow_prows(c, B))                              /* (L, P) */ \
+    X(p_q,      (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_attn(c))          /* (L, P, D) after RoPE */ \
+    X(p_k,      (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_kv(c))            /* (L, P, KV) after RoPE: what the expert reads */ \
+    X(p_v,      (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_kv(c))            /* (L, P, KV) */ \
+    X(p_att,    (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_attn(c))          /* (L, P, D) */ \
+    X(p_lse,    (size_t)(c)->n_layer * flow_prows(c, B) * (c)->n_head)                /* (L, B, NH, Np) */ \
+    X(p_mid,    (size_t)(c)->n_layer * flow_prows(c, B) * (c)->d_model)               /* (L, P, C) after attention */ \
+    X(p_ln2,    (size_t)(c)->n_layer * flow_prows(c, B) * (c)->d_model)               /* (L, P, C) */ \
+    X(p_rstd2,  (size_t)(c)->n_layer * flow_prows(c, B))                              /* (L, P) */ \
+    X(p_gate,   (size_t)(c)->n_layer * flow_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
+    X(p_up,     (size_t)(c)->n_layer * flow_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
+    X(p_act,    (size_t)(c)->n_layer * flow_prows(c, B) * (c)->d_ff)                  /* (L, P, F) */ \
+    X(x_t,      flow_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
+    X(a_in,     flow_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) action_in_proj(x_t) */ \
+    X(a_emb,    flow_arows(c, B) * 2 * (c)->d_expert)                                 /* (A, 2Ce) [action_in, time embedding] */ \
+    X(t_pre,    flow_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) before SiLU */ \
+    X(t_act,    flow_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) after SiLU */ \
+    X(s_res,    ((c)->n_layer + 1) * flow_rrows(c, B) * (c)->d_expert)                /* (L+1, R, Ce) layer inputs, then the last output */ \
+    X(s_ln1,    (size_t)(c)->n_layer * flow_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
+    X(s_rstd1,  (size_t)(c)->n_layer * flow_rrows(c, B))                              /* (L, R) */ \
+    X(s_q,      (size_t)(c)->n_layer * flow_rrows(c, B) * flow_d_attn(c))          /* (L, R, D) after RoPE */ \
+    X(s_k,      (size_t)(c)->n_layer * flow_rrows(c, B) * flow_d_kv(c))            /* (L, R, KV) after RoPE (joint layers) */ \
+    X(s_v,      (size_t)(c)->n_layer * flow_rrows(c, B) * flow_d_kv(c))            /* (L, R, KV) (joint layers) */ \
+    X(c_k,      (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_kv(c))            /* (L, P, KV) p_k re-projected (cross layers) */ \
+    X(c_v,      (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_kv(c))            /* (L, P, KV) p_v re-projected (cross layers) */ \
+    X(s_att,    (size_t)(c)->n_layer * flow_rrows(c, B) * flow_d_attn(c))          /* (L, R, D) */ \
+    X(s_lse,    (size_t)(c)->n_layer * flow_rrows(c, B) * (c)->n_head)                /* (L, B, NH, Ns) */ \
+    X(s_mid,    (size_t)(c)->n_layer * flow_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) after attention */ \
+    X(s_ln2,    (size_t)(c)->n_layer * flow_rrows(c, B) * (c)->d_expert)              /* (L, R, Ce) */ \
+    X(s_rstd2,  (size_t)(c)->n_layer * flow_rrows(c, B))                              /* (L, R) */ \
+    X(s_gate,   (size_t)(c)->n_layer * flow_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
+    X(s_up,     (size_t)(c)->n_layer * flow_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
+    X(s_act,    (size_t)(c)->n_layer * flow_rrows(c, B) * (c)->d_expert_ff)           /* (L, R, Fe) */ \
+    X(f_ln,     flow_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after the expert's norm */ \
+    X(f_rstd,   flow_rrows(c, B))                                                     /* (R) */ \
+    X(v_t,      flow_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities */ \
+    X(d_vt,     flow_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
     /* backward scratch */ \
-    X(dp_k,     (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
-    X(dp_v,     (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_v */ \
-    X(g_res,    smolvla_max3(smolvla_prows(c, B) * (c)->d_model, smolvla_rrows(c, B) * (c)->d_expert, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* d residual: (P, C), (R, Ce), (V, Cv) */ \
-    X(g_ln,     smolvla_max3(smolvla_prows(c, B) * (c)->d_model, smolvla_rrows(c, B) * (c)->d_expert, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* d of a norm's output, same shapes */ \
-    X(g_att,    smolvla_max3(smolvla_prows(c, B) * smolvla_d_attn(c), smolvla_rrows(c, B) * smolvla_d_attn(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* (P, D), (R, D), (V, Cv) */ \
-    X(g_q,      smolvla_max3(smolvla_prows(c, B) * smolvla_d_attn(c), smolvla_rrows(c, B) * smolvla_d_attn(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* same */ \
-    X(g_k,      smolvla_max3(smolvla_prows(c, B) * smolvla_d_kv(c), smolvla_rrows(c, B) * smolvla_d_kv(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* (P, KV) cross, (R, KV), (V, Cv) */ \
-    X(g_v,      smolvla_max3(smolvla_prows(c, B) * smolvla_d_kv(c), smolvla_rrows(c, B) * smolvla_d_kv(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* same */ \
-    X(g_gate,   smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* (P, F), (R, Fe), (V, Fv) */ \
-    X(g_up,     smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* same */ \
-    X(g_act,    smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* same */ \
-    X(g_emb,    smolvla_arows(c, B) * 2 * (c)->d_expert)                                 /* (A, 2Ce) d a_emb */ \
-    X(g_tok,    smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) */ \
-    X(g_img,    smolvla_max3(smolvla_images(c, B) * smolvla_image_tokens(c) * (c)->d_model, (size_t)(B) * smolvla_state_width(c), 1)) /* (NV*NI, C) or the (B, state width) state rows */ \
-    X(g_shuf,   smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)                      /* (NV*NI, s*s*Cv) */
+    X(dp_k,     (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
+    X(dp_v,     (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_kv(c))            /* (L, P, KV) d p_v */ \
+    X(g_res,    flow_max3(flow_prows(c, B) * (c)->d_model, flow_rrows(c, B) * (c)->d_expert, flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* d residual: (P, C), (R, Ce), (V, Cv) */ \
+    X(g_ln,     flow_max3(flow_prows(c, B) * (c)->d_model, flow_rrows(c, B) * (c)->d_expert, flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* d of a norm's output, same shapes */ \
+    X(g_att,    flow_max3(flow_prows(c, B) * flow_d_attn(c), flow_rrows(c, B) * flow_d_attn(c), flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* (P, D), (R, D), (V, Cv) */ \
+    X(g_q,      flow_max3(flow_prows(c, B) * flow_d_attn(c), flow_rrows(c, B) * flow_d_attn(c), flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* same */ \
+    X(g_k,      flow_max3(flow_prows(c, B) * flow_d_kv(c), flow_rrows(c, B) * flow_d_kv(c), flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* (P, KV) cross, (R, KV), (V, Cv) */ \
+    X(g_v,      flow_max3(flow_prows(c, B) * flow_d_kv(c), flow_rrows(c, B) * flow_d_kv(c), flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) /* same */ \
+    X(g_gate,   flow_max3(flow_prows(c, B) * (c)->d_ff, flow_rrows(c, B) * (c)->d_expert_ff, flow_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* (P, F), (R, Fe), (V, Fv) */ \
+    X(g_up,     flow_max3(flow_prows(c, B) * (c)->d_ff, flow_rrows(c, B) * (c)->d_expert_ff, flow_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* same */ \
+    X(g_act,    flow_max3(flow_prows(c, B) * (c)->d_ff, flow_rrows(c, B) * (c)->d_expert_ff, flow_vis_grad_rows(c, B, mode) * (c)->vis_ff)) /* same */ \
+    X(g_emb,    flow_arows(c, B) * 2 * (c)->d_expert)                                 /* (A, 2Ce) d a_emb */ \
+    X(g_tok,    flow_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) */ \
+    X(g_img,    flow_max3(flow_images(c, B) * flow_image_tokens(c) * (c)->d_model, (size_t)(B) * flow_state_width(c), 1)) /* (NV*NI, C) or the (B, state width) state rows */ \
+    X(g_shuf,   flow_vis_grad_rows(c, B, mode) * (c)->vis_width)                      /* (NV*NI, s*s*Cv) */
 
 typedef struct {
-#define SMOL_ACT_FIELD_(nm, n) float* nm;
-    SMOLVLA_ACTIVATIONS(SMOL_ACT_FIELD_, c, B, mode)
-#undef SMOL_ACT_FIELD_
-} SmolActivations;
+#define FLOW_ACT_FIELD_(nm, n) float* nm;
+    FLOW_ACTIVATIONS(FLOW_ACT_FIELD_, c, B, mode)
+#undef FLOW_ACT_FIELD_
+} FlowActivations;
 
 typedef struct {
-    SmolVLAConfig config;
-    int mode;              // the TRAIN_MODE_* the activations are laid out for (smolvla_vis_kept)
-    SmolParamTable table;
+    FlowConfig config;
+    int mode;              // the TRAIN_MODE_* the activations are laid out for (flow_vis_kept)
+    FlowParamTable table;
     float* params_memory;  // (table.total) fp32 weights
     float* grads_memory;   // (table.total); a backward writes only the part of each tensor that trains
-    SmolParameters params, grads;
+    FlowParameters params, grads;
     int B;                 // the batch the activations are sized for
     float* acts_memory;
-    SmolActivations acts;
+    FlowActivations acts;
     int* ints_memory;
     int* block;            // (B, T) cumulative block ids: images and language 0, state 1, action k 2 + k
                            // (SmolVLA's causal actions) or 2 (pi0's bidirectional ones)
@@ -910,28 +905,28 @@ typedef struct {
     float* rope_sin;       // (T, HS/2)
     float loss;
     // AdamW's state, made by its first step: moments of the trainable elements only, packed
-    SmolOptDomain opt;     // the trainable prefix of each tensor in the mode the moments were made for
+    FlowOptDomain opt;     // the trainable prefix of each tensor in the mode the moments were made for
     float* m_memory;       // (opt.total) first moments
     float* v_memory;       // (opt.total) second moments
-} SmolVLA;
+} FlowVLA;
 
 // The model for config c, its activations laid out for training in `mode` (in expert or vlm mode
 // one vision layer's, which leaves no way back into the vision tower)
-static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode) {
+static void flow_build(FlowVLA* m, const FlowConfig* c, int mode) {
     memset(m, 0, sizeof(*m));
-    const char* problem = smolvla_config_problem(c);
+    const char* problem = flow_config_problem(c);
     if (problem != NULL) { vla_fail("bad %s config: %s", FAMILY_NAMES[c->family], problem); }
     if (mode < TRAIN_MODE_EXPERT || mode > TRAIN_MODE_ALL) {
         vla_fail("SmolVLA train mode %d is not one of 0-2", mode);
     }
     m->config = *c;
     m->mode = mode;
-    smolvla_table_build(c, &m->table);
+    flow_table_build(c, &m->table);
     m->params_memory = (float*)callocCheck(m->table.total, sizeof(float));
     m->grads_memory = (float*)callocCheck(m->table.total, sizeof(float));
-    smolvla_point(&m->params, m->params_memory, &m->table);
-    smolvla_point(&m->grads, m->grads_memory, &m->table);
-    int T = smolvla_n_prefix(c) + smolvla_n_suffix(c);  // every position is below T
+    flow_point(&m->params, m->params_memory, &m->table);
+    flow_point(&m->grads, m->grads_memory, &m->table);
+    int T = flow_n_prefix(c) + flow_n_suffix(c);  // every position is below T
     m->rope_cos = (float*)mallocCheck((size_t)T * (c->head_dim / 2) * sizeof(float));
     m->rope_sin = (float*)mallocCheck((size_t)T * (c->head_dim / 2) * sizeof(float));
     rope_table(m->rope_cos, m->rope_sin, T, c->head_dim, c->rope_theta);
@@ -940,7 +935,7 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode) {
 // (Re)sizes the activations for B samples.
 // Frees the activations, leaving the model at B 0 (nothing freed twice after a failure part way,
 // which the policy library survives)
-static void smolvla_drop_activations(SmolVLA* m) {
+static void flow_drop_activations(FlowVLA* m) {
     free(m->acts_memory);
     free(m->ints_memory);
     m->acts_memory = NULL;
@@ -948,20 +943,20 @@ static void smolvla_drop_activations(SmolVLA* m) {
     m->B = 0;
 }
 
-static void smolvla_set_batch(SmolVLA* m, int B) {
+static void flow_set_batch(FlowVLA* m, int B) {
     if (m->B == B) { return; }
-    smolvla_drop_activations(m);
-    const SmolVLAConfig* c = &m->config;
+    flow_drop_activations(m);
+    const FlowConfig* c = &m->config;
     size_t total = 0;
-#define SMOL_ACT_SIZE_(nm, n) total += (n);
-    SMOLVLA_ACTIVATIONS(SMOL_ACT_SIZE_, c, B, m->mode)
-#undef SMOL_ACT_SIZE_
+#define FLOW_ACT_SIZE_(nm, n) total += (n);
+    FLOW_ACTIVATIONS(FLOW_ACT_SIZE_, c, B, m->mode)
+#undef FLOW_ACT_SIZE_
     m->acts_memory = (float*)callocCheck(total, sizeof(float));
     float* p = m->acts_memory;
-#define SMOL_ACT_POINT_(nm, n) m->acts.nm = p; p += (n);
-    SMOLVLA_ACTIVATIONS(SMOL_ACT_POINT_, c, B, m->mode)
-#undef SMOL_ACT_POINT_
-    size_t Np = (size_t)smolvla_n_prefix(c), H = (size_t)smolvla_n_suffix(c);
+#define FLOW_ACT_POINT_(nm, n) m->acts.nm = p; p += (n);
+    FLOW_ACTIVATIONS(FLOW_ACT_POINT_, c, B, m->mode)
+#undef FLOW_ACT_POINT_
+    size_t Np = (size_t)flow_n_prefix(c), H = (size_t)flow_n_suffix(c);
     m->ints_memory = (int*)callocCheck((size_t)B * (2 * Np + 3 * H + c->max_text), sizeof(int));
     m->block = m->ints_memory;
     m->p_pos = m->block + (size_t)B * (Np + H);
@@ -971,25 +966,25 @@ static void smolvla_set_batch(SmolVLA* m, int B) {
     m->B = B;
 }
 
-static void smolvla_free(SmolVLA* m) {
+static void flow_free(FlowVLA* m) {
     free(m->params_memory); free(m->grads_memory); free(m->acts_memory); free(m->ints_memory);
     free(m->rope_cos); free(m->rope_sin); free(m->m_memory); free(m->v_memory);
 }
 
 // Slice k of parameter tensor i (layer k's part of a stacked tensor; 0 for the others); NULL for a
 // tensor the family does not have
-static inline float* smolvla_param(const SmolVLA* m, int i, int k) {
-    const SmolParamSpec* s = &m->table.spec[i];
+static inline float* flow_param(const FlowVLA* m, int i, int k) {
+    const FlowParamSpec* s = &m->table.spec[i];
     if (s->numel == 0) { return NULL; }
-    return m->params_memory + s->offset + (size_t)k * smolvla_slice_numel(s);
+    return m->params_memory + s->offset + (size_t)k * flow_slice_numel(s);
 }
 
 // Its gradient when that slice trains in `mode`, else NULL (the train column: the trainable part
 // of a tensor is a prefix of it, so a slice trains iff it ends within that prefix)
-static inline float* smolvla_grad(const SmolVLA* m, int mode, int i, int k) {
-    const SmolParamSpec* s = &m->table.spec[i];
-    size_t per = smolvla_slice_numel(s);
-    if (per == 0 || (size_t)(k + 1) * per > smolvla_trainable_numel(s, mode)) { return NULL; }
+static inline float* flow_grad(const FlowVLA* m, int mode, int i, int k) {
+    const FlowParamSpec* s = &m->table.spec[i];
+    size_t per = flow_slice_numel(s);
+    if (per == 0 || (size_t)(k + 1) * per > flow_trainable_numel(s, mode)) { return NULL; }
     return m->grads_memory + s->offset + (size_t)k * per;
 }
 
@@ -1000,71 +995,60 @@ typedef struct {
     int cross;  // an expert layer attending to the VLM's re-projected keys/values
     float eps, offset;  // its RMSNorms' (the family's)
     int gelu;           // GeGLU (pi0) rather than SwiGLU
-} SmolLayer;
+} FlowLayer;
 
 // Layer l of the VLM (expert = 0) or of the expert (expert = 1); grads: its gradients in `mode`.
-// The expert's k/v are the joint or cross stacks' slice that layer owns (smolvla_kind_index).
-static SmolLayer smolvla_layer(const SmolVLA* m, int expert, int l, int grads, int mode) {
-    const SmolVLAConfig* c = &m->config;
-    int cross = expert && smolvla_layer_is_cross(c, l), kind = smolvla_kind_index(c, l);
-    int wk = expert ? (cross ? SMOLP_exp_wk_cross : SMOLP_exp_wk_joint) : SMOLP_vlm_wk;
-    int wv = expert ? (cross ? SMOLP_exp_wv_cross : SMOLP_exp_wv_joint) : SMOLP_vlm_wv;
-    int idx[9] = {expert ? SMOLP_exp_ln1 : SMOLP_vlm_ln1, expert ? SMOLP_exp_wq : SMOLP_vlm_wq, wk, wv,
-                  expert ? SMOLP_exp_wo : SMOLP_vlm_wo, expert ? SMOLP_exp_ln2 : SMOLP_vlm_ln2,
-                  expert ? SMOLP_exp_gate : SMOLP_vlm_gate, expert ? SMOLP_exp_up : SMOLP_vlm_up,
-                  expert ? SMOLP_exp_down : SMOLP_vlm_down};
+// The expert's k/v are the joint or cross stacks' slice that layer owns (flow_kind_index).
+static FlowLayer flow_layer(const FlowVLA* m, int expert, int l, int grads, int mode) {
+    const FlowConfig* c = &m->config;
+    int cross = expert && flow_layer_is_cross(c, l), idx[9], slice[9];
+    flow_layer_tensors(c, expert, l, idx, slice);
     float* t[9];
     for (int i = 0; i < 9; i++) {
-        int k = expert && (i == 2 || i == 3) ? kind : l;
-        t[i] = grads ? smolvla_grad(m, mode, idx[i], k) : smolvla_param(m, idx[i], k);
+        t[i] = grads ? flow_grad(m, mode, idx[i], slice[i]) : flow_param(m, idx[i], slice[i]);
     }
-    SmolLayer w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], expert ? c->d_expert : c->d_model,
-                   expert ? c->d_expert_ff : c->d_ff, cross, smolvla_rms_eps(c), smolvla_rms_offset(c),
-                   smolvla_mlp_gelu(c)};
+    FlowLayer w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], expert ? c->d_expert : c->d_model,
+                   expert ? c->d_expert_ff : c->d_ff, cross, flow_rms_eps(c), flow_rms_offset(c),
+                   flow_mlp_gelu(c)};
     return w;
 }
 
 // One stack's activations at layer l (N rows), and `out`, the next layer's input.
 typedef struct {
     float *res, *ln1, *rstd1, *q, *k, *v, *att, *lse, *mid, *ln2, *rstd2, *gate, *up, *act, *out;
-} SmolLayerActs;
+} FlowLayerActs;
 
-static SmolLayerActs smolvla_layer_acts(const SmolVLA* m, int expert, int l) {
-    const SmolVLAConfig* c = &m->config;
-    const SmolActivations* a = &m->acts;
-    size_t N = expert ? smolvla_rrows(c, m->B) : smolvla_prows(c, m->B), L = (size_t)l;
+static FlowLayerActs flow_layer_acts(const FlowVLA* m, int expert, int l) {
+    const FlowConfig* c = &m->config;
+    const FlowActivations* a = &m->acts;
+    size_t N = expert ? flow_rrows(c, m->B) : flow_prows(c, m->B), L = (size_t)l;
     size_t C = expert ? c->d_expert : c->d_model, F = expert ? c->d_expert_ff : c->d_ff;
-    size_t D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
-    SmolLayerActs x;
+    FlowLayerActs x;
     if (expert) {
-        x = (SmolLayerActs){a->s_res, a->s_ln1, a->s_rstd1, a->s_q,    a->s_k,  a->s_v,   a->s_att, a->s_lse,
+        x = (FlowLayerActs){a->s_res, a->s_ln1, a->s_rstd1, a->s_q,    a->s_k,  a->s_v,   a->s_att, a->s_lse,
                             a->s_mid, a->s_ln2, a->s_rstd2, a->s_gate, a->s_up, a->s_act, a->s_res};
     } else {
-        x = (SmolLayerActs){a->p_res, a->p_ln1, a->p_rstd1, a->p_q,    a->p_k,  a->p_v,   a->p_att, a->p_lse,
+        x = (FlowLayerActs){a->p_res, a->p_ln1, a->p_rstd1, a->p_q,    a->p_k,  a->p_v,   a->p_att, a->p_lse,
                             a->p_mid, a->p_ln2, a->p_rstd2, a->p_gate, a->p_up, a->p_act, a->p_res};
     }
-    x.res += L * N * C; x.ln1 += L * N * C; x.rstd1 += L * N;
-    x.q += L * N * D; x.k += L * N * KV; x.v += L * N * KV; x.att += L * N * D; x.lse += L * N * c->n_head;
-    x.mid += L * N * C; x.ln2 += L * N * C; x.rstd2 += L * N;
-    x.gate += L * N * F; x.up += L * N * F; x.act += L * N * F;
-    x.out += (L + 1) * N * C;  // the VLM's last layer has no output (never written: p_res has L slices)
+    FLOW_LAYER_SLOTS(x, c, N, C, F, L, L, L, L);
     return x;
 }
 
 // Vision layer l's activations (V rows), and `out`, the next layer's input. With Kv kept layers
-// (smolvla_vis_kept) layer l's are slot l % Kv of the stacks and its input slot l % (Kv + 1) of v_res:
+// (flow_vis_kept) layer l's are slot l % Kv of the stacks and its input slot l % (Kv + 1) of v_res:
 // every layer's side by side when the tower trains, else one set that every layer reuses, the
 // residual stream going back and forth between v_res's two slots.
 typedef struct {
     float *res, *ln1, *mean1, *rstd1, *q, *k, *v, *att, *lse, *mid, *ln2, *mean2, *rstd2, *fc1, *gelu, *out;
-} SmolVisionActs;
+} FlowVisionActs;
 
-static SmolVisionActs smolvla_vision_acts(const SmolVLA* m, int l) {
-    const SmolVLAConfig* c = &m->config;
-    const SmolActivations* a = &m->acts;
-    size_t kept = smolvla_vis_kept(c, m->mode), L = (size_t)l % kept, V = smolvla_vrows(c, m->B);
+static FlowVisionActs flow_vision_acts(const FlowVLA* m, int l) {
+    const FlowConfig* c = &m->config;
+    const FlowActivations* a = &m->acts;
+    size_t kept = flow_vis_kept(c, m->mode), L = (size_t)l % kept, V = flow_vrows(c, m->B);
     size_t VC = V * c->vis_width, VF = V * c->vis_ff;
-    SmolVisionActs x = {a->v_res + (size_t)l % (kept + 1) * VC, a->v_ln1 + L * VC, a->v_mean1 + L * V,
+    FlowVisionActs x = {a->v_res + (size_t)l % (kept + 1) * VC, a->v_ln1 + L * VC, a->v_mean1 + L * V,
                         a->v_rstd1 + L * V, a->v_q + L * VC, a->v_k + L * VC, a->v_v + L * VC, a->v_att + L * VC,
                         a->v_lse + L * V * c->vis_heads, a->v_mid + L * VC, a->v_ln2 + L * VC, a->v_mean2 + L * V,
                         a->v_rstd2 + L * V, a->v_fc1 + L * VF, a->v_gelu + L * VF,
@@ -1074,7 +1058,7 @@ static SmolVisionActs smolvla_vision_acts(const SmolVLA* m, int l) {
 
 // Rows a backward pass works on: `count` blocks of `rows` consecutive rows, block k starting at
 // row first + k * stride. All rows: one block. The expert mode's VLM pass: the state row of each
-// sample (see smolvla_backward).
+// sample (see flow_backward).
 typedef struct {
     int count, rows;
     size_t first, stride;
@@ -1084,13 +1068,13 @@ static inline size_t rb_row(const RowBlocks* rb, int k) { return rb->first + (si
 
 // The action tokens among the suffix rows: all of them (SmolVLA), or each sample's H after its
 // state token (pi0)
-static inline RowBlocks smolvla_action_rows(const SmolVLAConfig* c, int B) {
-    if (!smolvla_state_in_suffix(c)) { return (RowBlocks){1, B * c->chunk, 0, 0}; }
-    return (RowBlocks){B, c->chunk, 1, (size_t)smolvla_n_suffix(c)};
+static inline RowBlocks flow_action_rows(const FlowConfig* c, int B) {
+    if (!flow_state_in_suffix(c)) { return (RowBlocks){1, B * c->chunk, 0, 0}; }
+    return (RowBlocks){B, c->chunk, 1, (size_t)flow_n_suffix(c)};
 }
 
 // attention output -> o_proj, residual -> post_attention_layernorm -> SwiGLU (GeGLU) MLP, residual: x->out
-static void smolvla_layer_out_forward(const SmolLayer* w, const SmolLayerActs* x, int N, int D) {
+static void flow_layer_out_forward(const FlowLayer* w, const FlowLayerActs* x, int N, int D) {
     size_t NC = (size_t)N * w->C;
     matmul_forward(x->mid, x->att, w->wo, NULL, N, D, w->C);
     for (size_t i = 0; i < NC; i++) { x->mid[i] += x->res[i]; }
@@ -1103,11 +1087,11 @@ static void smolvla_layer_out_forward(const SmolLayer* w, const SmolLayerActs* x
     for (size_t i = 0; i < NC; i++) { x->out[i] += x->mid[i]; }
 }
 
-// Backward of smolvla_layer_out_forward on the rows of rb. dres (N, C) holds d(out) and is left
+// Backward of flow_layer_out_forward on the rows of rb. dres (N, C) holds d(out) and is left
 // holding d(mid) (the residual plus the path through ln2 and the MLP); datt gets d(att), overwritten.
-static void smolvla_layer_out_backward(const SmolVLA* m, const RowBlocks* rb, const SmolLayer* w, const SmolLayer* g,
-                                    const SmolLayerActs* x, float* dres, float* datt, int D) {
-    const SmolActivations* a = &m->acts;
+static void flow_layer_out_backward(const FlowVLA* m, const RowBlocks* rb, const FlowLayer* w, const FlowLayer* g,
+                                    const FlowLayerActs* x, float* dres, float* datt, int D) {
+    const FlowActivations* a = &m->acts;
     size_t C = w->C, F = w->F;
     for (int k = 0; k < rb->count; k++) {
         size_t r = rb_row(rb, k);
@@ -1133,11 +1117,11 @@ static void smolvla_layer_out_backward(const SmolVLA* m, const RowBlocks* rb, co
 // the projections' outputs, already rotated back from RoPE (dq NULL: the VLM's last layer has no
 // query; dk, dv NULL: an expert cross layer's keys/values are not its own). d(res) through ln1 is
 // added to dres.
-static void smolvla_layer_qkv_backward(const SmolVLA* m, const RowBlocks* rb, const SmolLayer* w, const SmolLayer* g,
-                                       const SmolLayerActs* x, float* dres, const float* dq, const float* dk,
+static void flow_layer_qkv_backward(const FlowVLA* m, const RowBlocks* rb, const FlowLayer* w, const FlowLayer* g,
+                                       const FlowLayerActs* x, float* dres, const float* dq, const float* dk,
                                        const float* dv) {
-    const SmolActivations* a = &m->acts;
-    size_t C = w->C, D = smolvla_d_attn(&m->config), KV = smolvla_d_kv(&m->config);
+    const FlowActivations* a = &m->acts;
+    size_t C = w->C, D = flow_d_attn(&m->config), KV = flow_d_kv(&m->config);
     for (int k = 0; k < rb->count; k++) {
         size_t r = rb_row(rb, k);
         int n = rb->rows;
@@ -1150,7 +1134,7 @@ static void smolvla_layer_qkv_backward(const SmolVLA* m, const RowBlocks* rb, co
 }
 
 // RoPE of rows of rb (x: (N, n_heads*HS), pos: (N)); sign -1 rotates back
-static void smolvla_rope_rows(const SmolVLA* m, const RowBlocks* rb, float* x, const int* pos, int n_heads,
+static void flow_rope_rows(const FlowVLA* m, const RowBlocks* rb, float* x, const int* pos, int n_heads,
                               float sign) {
     int HS = m->config.head_dim;
     for (int k = 0; k < rb->count; k++) {
@@ -1162,68 +1146,68 @@ static void smolvla_rope_rows(const SmolVLA* m, const RowBlocks* rb, float* x, c
 // ---- forward
 
 // Every camera's frames -> acts.pixels (NV, 3, S, S), camera-major (image n = cam * B + b)
-static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
-    const SmolVLAConfig* c = &m->config;
+static void flow_prepare_images(FlowVLA* m, const ModelInputs* in) {
+    const FlowConfig* c = &m->config;
     size_t per = (size_t)3 * c->img * c->img;
     for (int cam = 0; cam < c->n_cam; cam++) {
         size_t frame = (size_t)in->frame_h[cam] * in->frame_w[cam] * 3;
         for (int b = 0; b < in->B; b++) {
             resize_pad(m->acts.pixels + ((size_t)cam * in->B + b) * per, in->frames[cam] + b * frame,
-                       in->frame_h[cam], in->frame_w[cam], c->img, smolvla_pad_centred(c));
+                       in->frame_h[cam], in->frame_w[cam], c->img, flow_pad_centred(c));
         }
     }
 }
 
 // SigLIP over every image: pixels -> acts.v_out (V, Cv). Position i of the table is patch i (the
 // bucketed position ids of SmolVLM are the identity at the trained image size).
-static void smolvla_vision_forward(SmolVLA* m) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int NV = (int)smolvla_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smolvla_vrows(c, m->B);
+static void flow_vision_forward(FlowVLA* m) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int NV = (int)flow_images(c, m->B), Nv = flow_grid(c) * flow_grid(c), V = (int)flow_vrows(c, m->B);
     int Cv = c->vis_width, Fv = c->vis_ff, HSv = Cv / c->vis_heads;
     size_t VC = (size_t)V * Cv;
     patchify_chw(a->patches, a->pixels, NV, c->img, c->patch);
-    matmul_forward(a->v_res, a->patches, m->params.vis_patch_w, m->params.vis_patch_b, V, smolvla_patch_dim(c), Cv);
+    matmul_forward(a->v_res, a->patches, m->params.vis_patch_w, m->params.vis_patch_b, V, flow_patch_dim(c), Cv);
     pos_emb_forward(a->v_res, m->params.vis_pos, NV, Nv, Cv);
     GqaAttn keys = {.B = NV, .NH = c->vis_heads, .NKV = c->vis_heads, .HS = HSv, .Tq = Nv, .q0 = 0, .Nk0 = Nv,
                     .Nk1 = 0, .Nt = Nv};
     for (int l = 0; l < c->vis_layers; l++) {
-        SmolVisionActs x = smolvla_vision_acts(m, l);
-        layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smolvla_param(m, SMOLP_vis_ln1_w, l),
-                          smolvla_param(m, SMOLP_vis_ln1_b, l), V, Cv, SMOLVLA_VISION_EPS);
-        matmul_forward(x.q, x.ln1, smolvla_param(m, SMOLP_vis_wq, l), smolvla_param(m, SMOLP_vis_bq, l), V, Cv, Cv);
-        matmul_forward(x.k, x.ln1, smolvla_param(m, SMOLP_vis_wk, l), smolvla_param(m, SMOLP_vis_bk, l), V, Cv, Cv);
-        matmul_forward(x.v, x.ln1, smolvla_param(m, SMOLP_vis_wv, l), smolvla_param(m, SMOLP_vis_bv, l), V, Cv, Cv);
+        FlowVisionActs x = flow_vision_acts(m, l);
+        layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, flow_param(m, FLOWP_vis_ln1_w, l),
+                          flow_param(m, FLOWP_vis_ln1_b, l), V, Cv, FLOW_VISION_EPS);
+        matmul_forward(x.q, x.ln1, flow_param(m, FLOWP_vis_wq, l), flow_param(m, FLOWP_vis_bq, l), V, Cv, Cv);
+        matmul_forward(x.k, x.ln1, flow_param(m, FLOWP_vis_wk, l), flow_param(m, FLOWP_vis_bk, l), V, Cv, Cv);
+        matmul_forward(x.v, x.ln1, flow_param(m, FLOWP_vis_wv, l), flow_param(m, FLOWP_vis_bv, l), V, Cv, Cv);
         keys.k0 = x.k; keys.v0 = x.v;
         gqa_attention_forward(x.att, x.lse, x.q, &keys);
-        matmul_forward(x.mid, x.att, smolvla_param(m, SMOLP_vis_wo, l), smolvla_param(m, SMOLP_vis_bo, l), V, Cv, Cv);
+        matmul_forward(x.mid, x.att, flow_param(m, FLOWP_vis_wo, l), flow_param(m, FLOWP_vis_bo, l), V, Cv, Cv);
         for (size_t i = 0; i < VC; i++) { x.mid[i] += x.res[i]; }
-        layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l),
-                          smolvla_param(m, SMOLP_vis_ln2_b, l), V, Cv, SMOLVLA_VISION_EPS);
-        matmul_forward(x.fc1, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), smolvla_param(m, SMOLP_vis_fc1_b, l), V, Cv,
+        layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, flow_param(m, FLOWP_vis_ln2_w, l),
+                          flow_param(m, FLOWP_vis_ln2_b, l), V, Cv, FLOW_VISION_EPS);
+        matmul_forward(x.fc1, x.ln2, flow_param(m, FLOWP_vis_fc1_w, l), flow_param(m, FLOWP_vis_fc1_b, l), V, Cv,
                        Fv);
         gelu_forward(x.gelu, x.fc1, (size_t)V * Fv);
-        matmul_forward(x.out, x.gelu, smolvla_param(m, SMOLP_vis_fc2_w, l), smolvla_param(m, SMOLP_vis_fc2_b, l), V, Fv,
+        matmul_forward(x.out, x.gelu, flow_param(m, FLOWP_vis_fc2_w, l), flow_param(m, FLOWP_vis_fc2_b, l), V, Fv,
                        Cv);
         for (size_t i = 0; i < VC; i++) { x.out[i] += x.mid[i]; }
     }
-    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, smolvla_vision_acts(m, c->vis_layers - 1).out,
-                      m->params.vis_post_w, m->params.vis_post_b, V, Cv, SMOLVLA_VISION_EPS);
+    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, flow_vision_acts(m, c->vis_layers - 1).out,
+                      m->params.vis_post_w, m->params.vis_post_b, V, Cv, FLOW_VISION_EPS);
 }
 
 // The prefix's embeddings p_res[0] = [camera 0 tokens]...[language][state (SmolVLA)] per
 // sample, and the sequence's mask (valid, block) and RoPE positions over [prefix ; suffix]. Image
 // tokens are scaled by sqrt(C) (float32's, as LeRobot) in SmolVLA and not in pi0; language by
 // sqrt(C) in both; the state token is not.
-static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Ns = smolvla_n_suffix(c);
-    int T = Np + Ns, NV = (int)smolvla_images(c, B), Lt = c->max_text,
+static void flow_prefix_embed(FlowVLA* m, const ModelInputs* in) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int B = m->B, C = c->d_model, NI = flow_image_tokens(c), Np = flow_n_prefix(c), Ns = flow_n_suffix(c);
+    int T = Np + Ns, NV = (int)flow_images(c, B), Lt = c->max_text,
         S2C = c->scale_factor * c->scale_factor * c->vis_width;
-    int state_at = smolvla_state_in_suffix(c) ? Np : Np - 1;  // the state token's sequence index
-    float scale = (float)sqrt((double)C), img_scale = smolvla_scales_images(c) ? scale : 1.0f;
-    pixel_shuffle_forward(a->shuffled, a->v_out, NV, smolvla_grid(c), c->vis_width, c->scale_factor);
+    int state_at = flow_state_in_suffix(c) ? Np : Np - 1;  // the state token's sequence index
+    float scale = (float)sqrt((double)C), img_scale = flow_scales_images(c) ? scale : 1.0f;
+    pixel_shuffle_forward(a->shuffled, a->v_out, NV, flow_grid(c), c->vis_width, c->scale_factor);
     matmul_forward(a->img_tok, a->shuffled, m->params.connector_w, m->params.connector_b, NV * NI, S2C, C);
     for (int b = 0; b < B; b++) {
         float* x = a->p_res + (size_t)b * Np * C;
@@ -1248,7 +1232,7 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
         // action k block 2 + k (causal) or 2 (bidirectional), everything before the state block 0
         float* valid = a->valid + (size_t)b * T;
         int* block = m->block + (size_t)b * T;
-        int n_valid = 0, causal = smolvla_actions_causal(c);
+        int n_valid = 0, causal = flow_actions_causal(c);
         for (int j = 0; j < T; j++) {
             int text = j - c->n_cam * NI;
             valid[j] = text >= 0 && text < Lt ? (in->token_mask[(size_t)b * Lt + text] != 0.0f) : 1.0f;
@@ -1258,7 +1242,7 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
             else { m->s_pos[(size_t)b * Ns + j - Np] = n_valid - 1; m->x_pos[(size_t)b * Ns + j - Np] = j - Np; }
         }
     }
-    if (smolvla_state_in_suffix(c)) { return; }  // the suffix's first token (smolvla_suffix_embed)
+    if (flow_state_in_suffix(c)) { return; }  // the suffix's first token (flow_suffix_embed)
     float* states = a->g_img;  // (B, C) state_proj of every sample at once, then into place
     matmul_forward(states, a->state, m->params.state_w, m->params.state_b, B, c->max_state_dim, C);
     for (int b = 0; b < B; b++) {
@@ -1268,14 +1252,14 @@ static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
 
 // The VLM's layers over the prefix. Its last layer computes only ln1 and the keys and values: its
 // output and the final norm feed nothing (LeRobot computes and drops them).
-static void smolvla_vlm_forward(SmolVLA* m) {
-    const SmolVLAConfig* c = &m->config;
-    int P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+static void flow_vlm_forward(FlowVLA* m) {
+    const FlowConfig* c = &m->config;
+    int P = (int)flow_prows(c, m->B), Np = flow_n_prefix(c), D = flow_d_attn(c), KV = flow_d_kv(c);
     GqaAttn keys = {.block = m->block, .B = m->B, .NH = c->n_head, .NKV = c->n_kv_head, .HS = c->head_dim, .Tq = Np,
-                    .q0 = 0, .Nk0 = Np, .Nk1 = 0, .Nt = Np + smolvla_n_suffix(c), .valid = m->acts.valid};
+                    .q0 = 0, .Nk0 = Np, .Nk1 = 0, .Nt = Np + flow_n_suffix(c), .valid = m->acts.valid};
     for (int l = 0; l < c->n_layer; l++) {
-        SmolLayer w = smolvla_layer(m, 0, l, 0, 0);
-        SmolLayerActs x = smolvla_layer_acts(m, 0, l);
+        FlowLayer w = flow_layer(m, 0, l, 0, 0);
+        FlowLayerActs x = flow_layer_acts(m, 0, l);
         rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, w.eps, w.offset);
         matmul_forward(x.k, x.ln1, w.wk, NULL, P, w.C, KV);
         rope_at(x.k, m->rope_cos, m->rope_sin, m->p_pos, P, c->n_kv_head, c->head_dim, 1.0f);
@@ -1285,21 +1269,21 @@ static void smolvla_vlm_forward(SmolVLA* m) {
         rope_at(x.q, m->rope_cos, m->rope_sin, m->p_pos, P, c->n_head, c->head_dim, 1.0f);
         keys.k0 = x.k; keys.v0 = x.v;
         gqa_attention_forward(x.att, x.lse, x.q, &keys);
-        smolvla_layer_out_forward(&w, &x, P, D);
+        flow_layer_out_forward(&w, &x, P, D);
     }
 }
 
 // The suffix's tokens s_res[0]: the H action tokens of the noisy chunk acts.x_t at flow time t
 // (B) = action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time embedding]))),
 // after pi0's state token state_proj(state).
-static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int B = m->B, H = c->chunk, Ns = smolvla_n_suffix(c), Ce = c->d_expert, A = (int)smolvla_arows(c, B);
+static void flow_suffix_embed(FlowVLA* m, const float* t) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int B = m->B, H = c->chunk, Ns = flow_n_suffix(c), Ce = c->d_expert, A = (int)flow_arows(c, B);
     matmul_forward(a->a_in, a->x_t, m->params.action_in_w, m->params.action_in_b, A, c->max_action_dim, Ce);
     for (int b = 0; b < B; b++) {
         float temb[Ce];
-        smolvla_time_embedding(temb, t[b], Ce);
+        flow_time_embedding(temb, t[b], Ce);
         for (int j = 0; j < H; j++) {
             float* row = a->a_emb + ((size_t)b * H + j) * 2 * Ce;
             memcpy(row, a->a_in + ((size_t)b * H + j) * Ce, Ce * sizeof(float));
@@ -1308,7 +1292,7 @@ static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
     }
     matmul_forward(a->t_pre, a->a_emb, m->params.time_in_w, m->params.time_in_b, A, 2 * Ce, Ce);
     silu_forward(a->t_act, a->t_pre, (size_t)A * Ce);
-    if (!smolvla_state_in_suffix(c)) {
+    if (!flow_state_in_suffix(c)) {
         matmul_forward(a->s_res, a->t_act, m->params.time_out_w, m->params.time_out_b, A, Ce, Ce);
         return;
     }
@@ -1328,15 +1312,15 @@ static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
 // positions 0.., keys and values = the VLM's post-RoPE K/V of this layer re-projected by the expert's k_proj/v_proj (no
 // second RoPE), the valid prefix only. reuse_cross_kv: the re-projections from the previous call are still valid
 // (sampling: the prefix does not change between Euler steps).
-static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int R = (int)smolvla_rrows(c, m->B), P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c),
-        H = smolvla_n_suffix(c);
-    int D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert;
+static void flow_expert_forward(FlowVLA* m, int reuse_cross_kv) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int R = (int)flow_rrows(c, m->B), P = (int)flow_prows(c, m->B), Np = flow_n_prefix(c),
+        H = flow_n_suffix(c);
+    int D = flow_d_attn(c), KV = flow_d_kv(c), Ce = c->d_expert;
     for (int l = 0; l < c->n_layer; l++) {
-        SmolLayer w = smolvla_layer(m, 1, l, 0, 0);
-        SmolLayerActs x = smolvla_layer_acts(m, 1, l), px = smolvla_layer_acts(m, 0, l);
+        FlowLayer w = flow_layer(m, 1, l, 0, 0);
+        FlowLayerActs x = flow_layer_acts(m, 1, l), px = flow_layer_acts(m, 0, l);
         rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, w.eps, w.offset);
         matmul_forward(x.q, x.ln1, w.wq, NULL, R, Ce, D);
         GqaAttn keys = {.k0 = px.k, .v0 = px.v, .block = m->block, .B = m->B, .NH = c->n_head, .NKV = c->n_kv_head,
@@ -1358,11 +1342,11 @@ static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
             keys.k0 = ck; keys.v0 = cv;
         }
         gqa_attention_forward(x.att, x.lse, x.q, &keys);
-        smolvla_layer_out_forward(&w, &x, R, D);
+        flow_layer_out_forward(&w, &x, R, D);
     }
     rmsnorm_forward(a->f_ln, a->f_rstd, a->s_res + (size_t)c->n_layer * R * Ce, m->params.exp_norm, R, Ce,
-                    smolvla_rms_eps(c), smolvla_rms_offset(c));
-    RowBlocks act = smolvla_action_rows(c, m->B);
+                    flow_rms_eps(c), flow_rms_offset(c));
+    RowBlocks act = flow_action_rows(c, m->B);
     for (int k = 0; k < act.count; k++) {
         matmul_forward(a->v_t + (size_t)k * act.rows * c->max_action_dim, a->f_ln + rb_row(&act, k) * Ce,
                        m->params.action_out_w, m->params.action_out_b, act.rows, Ce, c->max_action_dim);
@@ -1370,22 +1354,22 @@ static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
 }
 
 // Images, vision tower, prefix embeddings and the VLM: everything the actions attend to.
-static void smolvla_encode_prefix(SmolVLA* m, const SmolInputs* in) {
-    smolvla_set_batch(m, in->B);
-    smolvla_prepare_images(m, in);
-    smolvla_vision_forward(m);
-    smolvla_prefix_embed(m, in);
-    smolvla_vlm_forward(m);
+static void flow_encode_prefix(FlowVLA* m, const ModelInputs* in) {
+    flow_set_batch(m, in->B);
+    flow_prepare_images(m, in);
+    flow_vision_forward(m);
+    flow_prefix_embed(m, in);
+    flow_vlm_forward(m);
 }
 
 // Training forward: x_t = t noise + (1 - t) actions, velocity v_t (acts.v_t), target
 // u = noise - actions, the squared errors over the valid entries (flow_matching_loss). Leaves the
 // gradient for the backward in acts.d_vt: of the mean (mean = 1) or of the sum (0). Returns the sum
 // of squared errors, the valid entries in *entries.
-static double smolvla_forward_loss(SmolVLA* m, const SmolInputs* in, int mean, int* entries) {
-    const SmolVLAConfig* c = &m->config;
-    smolvla_encode_prefix(m, in);
-    SmolActivations* a = &m->acts;
+static double flow_forward_loss(FlowVLA* m, const ModelInputs* in, int mean, int* entries) {
+    const FlowConfig* c = &m->config;
+    flow_encode_prefix(m, in);
+    FlowActivations* a = &m->acts;
     int B = in->B, H = c->chunk, Am = c->max_action_dim;
     for (int b = 0; b < B; b++) {
         float t = in->t[b];
@@ -1394,10 +1378,10 @@ static double smolvla_forward_loss(SmolVLA* m, const SmolInputs* in, int mean, i
             a->x_t[k] = t * in->noise[k] + (1.0f - t) * in->actions[k];
         }
     }
-    smolvla_suffix_embed(m, in->t);
-    smolvla_expert_forward(m, 0);
+    flow_suffix_embed(m, in->t);
+    flow_expert_forward(m, 0);
     double sum = flow_matching_loss(a->d_vt, a->v_t, in->noise, in->actions,
-                                    smolvla_loss_masks_pad(c) ? in->action_is_pad : NULL, B * H, Am, c->action_dim,
+                                    flow_loss_masks_pad(c) ? in->action_is_pad : NULL, B * H, Am, c->action_dim,
                                     mean, entries);
     m->loss = (float)(sum / (double)(*entries > 1 ? *entries : 1));
     return sum;
@@ -1408,33 +1392,33 @@ static double smolvla_forward_loss(SmolVLA* m, const SmolInputs* in, int mean, i
 // d acts.d_vt -> action_out_proj (of the action rows) -> the expert's norm and layers -> d s_res[0]
 // in g_res (R, Ce).
 // Gradients into the VLM's keys/values of each layer are added to dp_k/dp_v, for prefix rows
-// p >= r0 of each sample (smolvla_backward says why not the others).
-static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int B = m->B, R = (int)smolvla_rrows(c, B), P = (int)smolvla_prows(c, B), Np = smolvla_n_prefix(c);
-    int H = smolvla_n_suffix(c), D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert, L = c->n_layer;
+// p >= r0 of each sample (flow_backward says why not the others).
+static void flow_expert_backward(FlowVLA* m, int mode, int r0) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int B = m->B, R = (int)flow_rrows(c, B), P = (int)flow_prows(c, B), Np = flow_n_prefix(c);
+    int H = flow_n_suffix(c), D = flow_d_attn(c), KV = flow_d_kv(c), Ce = c->d_expert, L = c->n_layer;
     float* dres = a->g_res;
     memset(a->g_ln, 0, (size_t)R * Ce * sizeof(float));
-    RowBlocks act = smolvla_action_rows(c, B);
+    RowBlocks act = flow_action_rows(c, B);
     for (int k = 0; k < act.count; k++) {
         size_t r = rb_row(&act, k);
-        linear_backward(a->g_ln + r * Ce, smolvla_grad(m, mode, SMOLP_action_out_w, 0),
-                        smolvla_grad(m, mode, SMOLP_action_out_b, 0),
+        linear_backward(a->g_ln + r * Ce, flow_grad(m, mode, FLOWP_action_out_w, 0),
+                        flow_grad(m, mode, FLOWP_action_out_b, 0),
                         a->d_vt + (size_t)k * act.rows * c->max_action_dim, a->f_ln + r * Ce, m->params.action_out_w,
                         act.rows, Ce, c->max_action_dim);
     }
     memset(dres, 0, (size_t)R * Ce * sizeof(float));
-    rmsnorm_backward(dres, smolvla_grad(m, mode, SMOLP_exp_norm, 0), a->g_ln, a->s_res + (size_t)L * R * Ce,
-                          m->params.exp_norm, a->f_rstd, R, Ce, smolvla_rms_offset(c));
+    rmsnorm_backward(dres, flow_grad(m, mode, FLOWP_exp_norm, 0), a->g_ln, a->s_res + (size_t)L * R * Ce,
+                          m->params.exp_norm, a->f_rstd, R, Ce, flow_rms_offset(c));
     RowBlocks all = {1, R, 0, 0};
     RowBlocks prefix = r0 == 0 ? (RowBlocks){1, P, 0, 0} : (RowBlocks){B, Np - r0, (size_t)r0, (size_t)Np};
     for (int l = L - 1; l >= 0; l--) {
-        SmolLayer w = smolvla_layer(m, 1, l, 0, mode), g = smolvla_layer(m, 1, l, 1, mode);
-        SmolLayerActs x = smolvla_layer_acts(m, 1, l), px = smolvla_layer_acts(m, 0, l);
+        FlowLayer w = flow_layer(m, 1, l, 0, mode), g = flow_layer(m, 1, l, 1, mode);
+        FlowLayerActs x = flow_layer_acts(m, 1, l), px = flow_layer_acts(m, 0, l);
         float* dpk = a->dp_k + (size_t)l * P * KV;
         float* dpv = a->dp_v + (size_t)l * P * KV;
-        smolvla_layer_out_backward(m, &all, &w, &g, &x, dres, a->g_att, D);
+        flow_layer_out_backward(m, &all, &w, &g, &x, dres, a->g_att, D);
         GqaAttn keys = {.k0 = px.k, .v0 = px.v, .block = m->block, .B = B, .NH = c->n_head, .NKV = c->n_kv_head,
                         .HS = c->head_dim, .Tq = H, .q0 = Np, .Nk0 = Np, .Nk1 = 0, .Nt = Np + H, .valid = a->valid};
         if (!w.cross) {
@@ -1444,7 +1428,7 @@ static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
             gqa_attention_backward(a->g_q, dpk, dpv, a->g_k, a->g_v, a->g_att, x.q, x.att, x.lse, &keys, r0, 0);
             rope_at(a->g_q, m->rope_cos, m->rope_sin, m->s_pos, R, c->n_head, c->head_dim, -1.0f);
             rope_at(a->g_k, m->rope_cos, m->rope_sin, m->s_pos, R, c->n_kv_head, c->head_dim, -1.0f);
-            smolvla_layer_qkv_backward(m, &all, &w, &g, &x, dres, a->g_q, a->g_k, a->g_v);
+            flow_layer_qkv_backward(m, &all, &w, &g, &x, dres, a->g_q, a->g_k, a->g_v);
         } else {
             float* ck = a->c_k + (size_t)l * P * KV;
             float* cv = a->c_v + (size_t)l * P * KV;
@@ -1461,7 +1445,7 @@ static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
                 linear_backward(dpv + r * KV, NULL, NULL, a->g_v + r * KV, NULL, w.wv, prefix.rows, KV, KV);
             }
             rope_at(a->g_q, m->rope_cos, m->rope_sin, m->x_pos, R, c->n_head, c->head_dim, -1.0f);
-            smolvla_layer_qkv_backward(m, &all, &w, &g, &x, dres, a->g_q, NULL, NULL);
+            flow_layer_qkv_backward(m, &all, &w, &g, &x, dres, a->g_q, NULL, NULL);
         }
     }
 }
@@ -1469,92 +1453,92 @@ static void smolvla_expert_backward(SmolVLA* m, int mode, int r0) {
 // d s_res[0] (g_res) -> action_time_mlp_out, SiLU, action_time_mlp_in -> action_in_proj, and
 // pi0's state token -> state_proj. The time embedding half of action_time_mlp_in's input has no
 // parameters behind it.
-static void smolvla_suffix_embed_backward(SmolVLA* m, int mode) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int B = m->B, H = c->chunk, Ns = smolvla_n_suffix(c), A = (int)smolvla_arows(c, B), Ce = c->d_expert;
+static void flow_suffix_embed_backward(FlowVLA* m, int mode) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int B = m->B, H = c->chunk, Ns = flow_n_suffix(c), A = (int)flow_arows(c, B), Ce = c->d_expert;
     const float* dtok = a->g_res;  // (A, Ce) d of the action tokens
-    if (smolvla_state_in_suffix(c)) {  // the suffix's rows apart: the action tokens in g_ln, the states in g_img
+    if (flow_state_in_suffix(c)) {  // the suffix's rows apart: the action tokens in g_ln, the states in g_img
         float* dstate = a->g_img;
         float* dact = a->g_ln;
         for (int b = 0; b < B; b++) {
             memcpy(dstate + (size_t)b * Ce, a->g_res + (size_t)b * Ns * Ce, Ce * sizeof(float));
             memcpy(dact + (size_t)b * H * Ce, a->g_res + ((size_t)b * Ns + 1) * Ce, (size_t)H * Ce * sizeof(float));
         }
-        linear_backward(NULL, smolvla_grad(m, mode, SMOLP_state_w, 0), smolvla_grad(m, mode, SMOLP_state_b, 0), dstate,
+        linear_backward(NULL, flow_grad(m, mode, FLOWP_state_w, 0), flow_grad(m, mode, FLOWP_state_b, 0), dstate,
                         a->state, m->params.state_w, B, c->max_state_dim, Ce);
         dtok = dact;
     }
     float* dtact = a->g_tok;  // (A, Ce)
     memset(dtact, 0, (size_t)A * Ce * sizeof(float));
-    linear_backward(dtact, smolvla_grad(m, mode, SMOLP_time_out_w, 0), smolvla_grad(m, mode, SMOLP_time_out_b, 0), dtok,
+    linear_backward(dtact, flow_grad(m, mode, FLOWP_time_out_w, 0), flow_grad(m, mode, FLOWP_time_out_b, 0), dtok,
                     a->t_act, m->params.time_out_w, A, Ce, Ce);
     silu_backward(dtact, dtact, a->t_pre, (size_t)A * Ce);
     float* demb = a->g_emb;  // (A, 2Ce)
     memset(demb, 0, (size_t)A * 2 * Ce * sizeof(float));
-    linear_backward(demb, smolvla_grad(m, mode, SMOLP_time_in_w, 0), smolvla_grad(m, mode, SMOLP_time_in_b, 0), dtact,
+    linear_backward(demb, flow_grad(m, mode, FLOWP_time_in_w, 0), flow_grad(m, mode, FLOWP_time_in_b, 0), dtact,
                     a->a_emb, m->params.time_in_w, A, 2 * Ce, Ce);
     float* dain = a->g_tok;  // (A, Ce): the action_in_proj half (dtact is spent)
     for (int r = 0; r < A; r++) { memcpy(dain + (size_t)r * Ce, demb + (size_t)r * 2 * Ce, Ce * sizeof(float)); }
-    linear_backward(NULL, smolvla_grad(m, mode, SMOLP_action_in_w, 0), smolvla_grad(m, mode, SMOLP_action_in_b, 0),
+    linear_backward(NULL, flow_grad(m, mode, FLOWP_action_in_w, 0), flow_grad(m, mode, FLOWP_action_in_b, 0),
                     dain, a->x_t, m->params.action_in_w, A, c->max_action_dim, Ce);
 }
 
 // The VLM's layers backward, from the expert's gradients on their keys/values (dp_k, dp_v), down
 // to d p_res[0] in g_res (P, C), on the prefix rows p >= r0 of each sample. Its last layer is only
 // ln1 -> k/v: frozen in every mode, yet the gradient passes through it into the layers below.
-static void smolvla_vlm_backward(SmolVLA* m, int mode, int r0) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int B = m->B, P = (int)smolvla_prows(c, B), Np = smolvla_n_prefix(c), D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+static void flow_vlm_backward(FlowVLA* m, int mode, int r0) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int B = m->B, P = (int)flow_prows(c, B), Np = flow_n_prefix(c), D = flow_d_attn(c), KV = flow_d_kv(c);
     RowBlocks rows = r0 == 0 ? (RowBlocks){1, P, 0, 0} : (RowBlocks){B, Np - r0, (size_t)r0, (size_t)Np};
     float* dres = a->g_res;
     memset(dres, 0, (size_t)P * c->d_model * sizeof(float));
     GqaAttn keys = {.block = m->block, .B = B, .NH = c->n_head, .NKV = c->n_kv_head, .HS = c->head_dim, .Tq = Np,
-                    .q0 = 0, .Nk0 = Np, .Nk1 = 0, .Nt = Np + smolvla_n_suffix(c), .valid = a->valid};
+                    .q0 = 0, .Nk0 = Np, .Nk1 = 0, .Nt = Np + flow_n_suffix(c), .valid = a->valid};
     for (int l = c->n_layer - 1; l >= 0; l--) {
-        SmolLayer w = smolvla_layer(m, 0, l, 0, mode), g = smolvla_layer(m, 0, l, 1, mode);
-        SmolLayerActs x = smolvla_layer_acts(m, 0, l);
+        FlowLayer w = flow_layer(m, 0, l, 0, mode), g = flow_layer(m, 0, l, 1, mode);
+        FlowLayerActs x = flow_layer_acts(m, 0, l);
         float* dk = a->dp_k + (size_t)l * P * KV;
         float* dv = a->dp_v + (size_t)l * P * KV;
         const float* dq = NULL;
         if (l < c->n_layer - 1) {
-            smolvla_layer_out_backward(m, &rows, &w, &g, &x, dres, a->g_att, D);
+            flow_layer_out_backward(m, &rows, &w, &g, &x, dres, a->g_att, D);
             keys.k0 = x.k; keys.v0 = x.v;
             gqa_attention_backward(a->g_q, dk, dv, NULL, NULL, a->g_att, x.q, x.att, x.lse, &keys, r0, r0);
-            smolvla_rope_rows(m, &rows, a->g_q, m->p_pos, c->n_head, -1.0f);
+            flow_rope_rows(m, &rows, a->g_q, m->p_pos, c->n_head, -1.0f);
             dq = a->g_q;
         }
-        smolvla_rope_rows(m, &rows, dk, m->p_pos, c->n_kv_head, -1.0f);
-        smolvla_layer_qkv_backward(m, &rows, &w, &g, &x, dres, dq, dk, dv);
+        flow_rope_rows(m, &rows, dk, m->p_pos, c->n_kv_head, -1.0f);
+        flow_layer_qkv_backward(m, &rows, &w, &g, &x, dres, dq, dk, dv);
     }
 }
 
 // d p_res[0] (g_res) -> state_proj (SmolVLA's state token, every mode); embed_tokens and the
 // connector (vlm, all: the pad id's row gets nothing, as nn.Embedding's padding_idx); into the
 // vision tower's output (all: g_shuf holds d shuffled on return).
-static void smolvla_prefix_embed_backward(SmolVLA* m, int mode) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Lt = c->max_text;
-    int NV = (int)smolvla_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width;
-    float scale = (float)sqrt((double)C), img_scale = smolvla_scales_images(c) ? scale : 1.0f;
+static void flow_prefix_embed_backward(FlowVLA* m, int mode) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int B = m->B, C = c->d_model, NI = flow_image_tokens(c), Np = flow_n_prefix(c), Lt = c->max_text;
+    int NV = (int)flow_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width;
+    float scale = (float)sqrt((double)C), img_scale = flow_scales_images(c) ? scale : 1.0f;
     const float* dx = a->g_res;
-    if (!smolvla_state_in_suffix(c)) {
+    if (!flow_state_in_suffix(c)) {
         float* dstate = a->g_img;  // (B, C) the state rows
         for (int b = 0; b < B; b++) {
             memcpy(dstate + (size_t)b * C, dx + ((size_t)b * Np + Np - 1) * C, C * sizeof(float));
         }
-        linear_backward(NULL, smolvla_grad(m, mode, SMOLP_state_w, 0), smolvla_grad(m, mode, SMOLP_state_b, 0), dstate,
+        linear_backward(NULL, flow_grad(m, mode, FLOWP_state_w, 0), flow_grad(m, mode, FLOWP_state_b, 0), dstate,
                         a->state, m->params.state_w, B, c->max_state_dim, C);
     }
-    float* demb = smolvla_grad(m, mode, SMOLP_embed_tokens, 0);
+    float* demb = flow_grad(m, mode, FLOWP_embed_tokens, 0);
     for (int b = 0; b < B && demb != NULL; b++) {
         embed_tokens_backward(demb, dx + ((size_t)b * Np + (size_t)c->n_cam * NI) * C, m->tokens + (size_t)b * Lt, Lt,
                               C, scale, c->pad_token);
     }
-    float* dconn = smolvla_grad(m, mode, SMOLP_connector_w, 0);
-    int into_vision = smolvla_grad(m, mode, SMOLP_vis_post_w, 0) != NULL;
+    float* dconn = flow_grad(m, mode, FLOWP_connector_w, 0);
+    int into_vision = flow_grad(m, mode, FLOWP_vis_post_w, 0) != NULL;
     if (dconn == NULL && !into_vision) { return; }
     float* dimg = a->g_img;  // (NV*NI, C) image rows, camera-major like img_tok
     for (int b = 0; b < B; b++) {
@@ -1564,64 +1548,64 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int mode) {
             for (size_t i = 0; i < (size_t)NI * C; i++) { dst[i] = src[i] * img_scale; }
         }
     }
-    if (into_vision) { memset(a->g_shuf, 0, smolvla_vrows(c, B) * c->vis_width * sizeof(float)); }
-    linear_backward(into_vision ? a->g_shuf : NULL, dconn, smolvla_grad(m, mode, SMOLP_connector_b, 0), dimg,
+    if (into_vision) { memset(a->g_shuf, 0, flow_vrows(c, B) * c->vis_width * sizeof(float)); }
+    linear_backward(into_vision ? a->g_shuf : NULL, dconn, flow_grad(m, mode, FLOWP_connector_b, 0), dimg,
                     a->shuffled, m->params.connector_w, NV * NI, S2C, C);
 }
 
 // d shuffled (g_shuf) -> pixel shuffle -> post_layernorm -> SigLIP layers -> position and patch
 // embeddings. Nothing flows into the pixels.
-static void smolvla_vision_backward(SmolVLA* m, int mode) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int NV = (int)smolvla_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smolvla_vrows(c, m->B);
+static void flow_vision_backward(FlowVLA* m, int mode) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int NV = (int)flow_images(c, m->B), Nv = flow_grid(c) * flow_grid(c), V = (int)flow_vrows(c, m->B);
     int Cv = c->vis_width, Fv = c->vis_ff, HSv = Cv / c->vis_heads;
     size_t VC = (size_t)V * Cv;
     float* dres = a->g_res;
-    pixel_shuffle_backward(a->g_ln, a->g_shuf, NV, smolvla_grid(c), Cv, c->scale_factor);  // d v_out
+    pixel_shuffle_backward(a->g_ln, a->g_shuf, NV, flow_grid(c), Cv, c->scale_factor);  // d v_out
     memset(dres, 0, VC * sizeof(float));
-    layernorm_backward(dres, smolvla_grad(m, mode, SMOLP_vis_post_w, 0), smolvla_grad(m, mode, SMOLP_vis_post_b, 0),
-                       a->g_ln, smolvla_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean,
+    layernorm_backward(dres, flow_grad(m, mode, FLOWP_vis_post_w, 0), flow_grad(m, mode, FLOWP_vis_post_b, 0),
+                       a->g_ln, flow_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean,
                        a->v_orstd, V, Cv);
     GqaAttn keys = {.B = NV, .NH = c->vis_heads, .NKV = c->vis_heads, .HS = HSv, .Tq = Nv, .q0 = 0, .Nk0 = Nv,
                     .Nk1 = 0, .Nt = Nv};
     for (int l = c->vis_layers - 1; l >= 0; l--) {
-        SmolVisionActs x = smolvla_vision_acts(m, l);
+        FlowVisionActs x = flow_vision_acts(m, l);
         // MLP: out = mid + fc2(gelu(fc1(ln2(mid))))
         memset(a->g_act, 0, (size_t)V * Fv * sizeof(float));
-        linear_backward(a->g_act, smolvla_grad(m, mode, SMOLP_vis_fc2_w, l), smolvla_grad(m, mode, SMOLP_vis_fc2_b, l),
-                        dres, x.gelu, smolvla_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv);
+        linear_backward(a->g_act, flow_grad(m, mode, FLOWP_vis_fc2_w, l), flow_grad(m, mode, FLOWP_vis_fc2_b, l),
+                        dres, x.gelu, flow_param(m, FLOWP_vis_fc2_w, l), V, Fv, Cv);
         gelu_backward(a->g_gate, a->g_act, x.fc1, (size_t)V * Fv);
         memset(a->g_ln, 0, VC * sizeof(float));
-        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_fc1_w, l), smolvla_grad(m, mode, SMOLP_vis_fc1_b, l),
-                        a->g_gate, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv);
-        layernorm_backward(dres, smolvla_grad(m, mode, SMOLP_vis_ln2_w, l), smolvla_grad(m, mode, SMOLP_vis_ln2_b, l),
-                           a->g_ln, x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
+        linear_backward(a->g_ln, flow_grad(m, mode, FLOWP_vis_fc1_w, l), flow_grad(m, mode, FLOWP_vis_fc1_b, l),
+                        a->g_gate, x.ln2, flow_param(m, FLOWP_vis_fc1_w, l), V, Cv, Fv);
+        layernorm_backward(dres, flow_grad(m, mode, FLOWP_vis_ln2_w, l), flow_grad(m, mode, FLOWP_vis_ln2_b, l),
+                           a->g_ln, x.mid, flow_param(m, FLOWP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
         // attention: mid = x + out_proj(attention(q, k, v))
         memset(a->g_att, 0, VC * sizeof(float));
-        linear_backward(a->g_att, smolvla_grad(m, mode, SMOLP_vis_wo, l), smolvla_grad(m, mode, SMOLP_vis_bo, l), dres,
-                        x.att, smolvla_param(m, SMOLP_vis_wo, l), V, Cv, Cv);
+        linear_backward(a->g_att, flow_grad(m, mode, FLOWP_vis_wo, l), flow_grad(m, mode, FLOWP_vis_bo, l), dres,
+                        x.att, flow_param(m, FLOWP_vis_wo, l), V, Cv, Cv);
         keys.k0 = x.k; keys.v0 = x.v;
         memset(a->g_k, 0, VC * sizeof(float));
         memset(a->g_v, 0, VC * sizeof(float));
         gqa_attention_backward(a->g_q, a->g_k, a->g_v, NULL, NULL, a->g_att, x.q, x.att, x.lse, &keys, 0, 0);
         memset(a->g_ln, 0, VC * sizeof(float));
-        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_wq, l), smolvla_grad(m, mode, SMOLP_vis_bq, l), a->g_q,
-                        x.ln1, smolvla_param(m, SMOLP_vis_wq, l), V, Cv, Cv);
-        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_wk, l), smolvla_grad(m, mode, SMOLP_vis_bk, l), a->g_k,
-                        x.ln1, smolvla_param(m, SMOLP_vis_wk, l), V, Cv, Cv);
-        linear_backward(a->g_ln, smolvla_grad(m, mode, SMOLP_vis_wv, l), smolvla_grad(m, mode, SMOLP_vis_bv, l), a->g_v,
-                        x.ln1, smolvla_param(m, SMOLP_vis_wv, l), V, Cv, Cv);
-        layernorm_backward(dres, smolvla_grad(m, mode, SMOLP_vis_ln1_w, l), smolvla_grad(m, mode, SMOLP_vis_ln1_b, l),
-                           a->g_ln, x.res, smolvla_param(m, SMOLP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
+        linear_backward(a->g_ln, flow_grad(m, mode, FLOWP_vis_wq, l), flow_grad(m, mode, FLOWP_vis_bq, l), a->g_q,
+                        x.ln1, flow_param(m, FLOWP_vis_wq, l), V, Cv, Cv);
+        linear_backward(a->g_ln, flow_grad(m, mode, FLOWP_vis_wk, l), flow_grad(m, mode, FLOWP_vis_bk, l), a->g_k,
+                        x.ln1, flow_param(m, FLOWP_vis_wk, l), V, Cv, Cv);
+        linear_backward(a->g_ln, flow_grad(m, mode, FLOWP_vis_wv, l), flow_grad(m, mode, FLOWP_vis_bv, l), a->g_v,
+                        x.ln1, flow_param(m, FLOWP_vis_wv, l), V, Cv, Cv);
+        layernorm_backward(dres, flow_grad(m, mode, FLOWP_vis_ln1_w, l), flow_grad(m, mode, FLOWP_vis_ln1_b, l),
+                           a->g_ln, x.res, flow_param(m, FLOWP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
     }
-    float* dpos = smolvla_grad(m, mode, SMOLP_vis_pos, 0);
+    float* dpos = flow_grad(m, mode, FLOWP_vis_pos, 0);
     if (dpos != NULL) { pos_emb_backward(dpos, dres, NV, Nv, Cv); }
-    linear_backward(NULL, smolvla_grad(m, mode, SMOLP_vis_patch_w, 0), smolvla_grad(m, mode, SMOLP_vis_patch_b, 0),
-                    dres, a->patches, m->params.vis_patch_w, V, smolvla_patch_dim(c), Cv);
+    linear_backward(NULL, flow_grad(m, mode, FLOWP_vis_patch_w, 0), flow_grad(m, mode, FLOWP_vis_patch_b, 0),
+                    dres, a->patches, m->params.vis_patch_w, V, flow_patch_dim(c), Cv);
 }
 
-// Gradients of the last smolvla_forward's loss for the tensors that train in `mode`
+// Gradients of the last flow_forward's loss for the tensors that train in `mode`
 // (TRAIN_MODE_EXPERT, _VLM, _ALL: LeRobot's train_expert_only / freeze_vision_encoder), into
 // grads_memory: the trainable part of every tensor is overwritten, the rest is never touched.
 // No work is done for gradients nothing trainable needs:
@@ -1633,28 +1617,28 @@ static void smolvla_vision_backward(SmolVLA* m, int mode) {
 //     one passes the gradient of its keys/values down), into embed_tokens and the connector; the
 //     vision tower gets nothing.
 //   all:    and on through the vision tower.
-static void smolvla_backward(SmolVLA* m, int mode) {
-    const SmolVLAConfig* c = &m->config;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &m->table.spec[i];
-        memset(m->grads_memory + s->offset, 0, smolvla_trainable_numel(s, mode) * sizeof(float));
+static void flow_backward(FlowVLA* m, int mode) {
+    const FlowConfig* c = &m->config;
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        const FlowParamSpec* s = &m->table.spec[i];
+        memset(m->grads_memory + s->offset, 0, flow_trainable_numel(s, mode) * sizeof(float));
     }
-    int Np = smolvla_n_prefix(c);
-    int r0 = mode != TRAIN_MODE_EXPERT ? 0 : smolvla_state_in_suffix(c) ? Np : Np - 1;
-    size_t kv = (size_t)c->n_layer * smolvla_prows(c, m->B) * smolvla_d_kv(c);
+    int Np = flow_n_prefix(c);
+    int r0 = mode != TRAIN_MODE_EXPERT ? 0 : flow_state_in_suffix(c) ? Np : Np - 1;
+    size_t kv = (size_t)c->n_layer * flow_prows(c, m->B) * flow_d_kv(c);
     memset(m->acts.dp_k, 0, kv * sizeof(float));
     memset(m->acts.dp_v, 0, kv * sizeof(float));
-    smolvla_expert_backward(m, mode, r0);
-    smolvla_suffix_embed_backward(m, mode);
+    flow_expert_backward(m, mode, r0);
+    flow_suffix_embed_backward(m, mode);
     if (r0 < Np) {
-        smolvla_vlm_backward(m, mode, r0);
-        smolvla_prefix_embed_backward(m, mode);
+        flow_vlm_backward(m, mode, r0);
+        flow_prefix_embed_backward(m, mode);
     }
-    if (smolvla_grad(m, mode, SMOLP_vis_post_w, 0) != NULL) {
+    if (flow_grad(m, mode, FLOWP_vis_post_w, 0) != NULL) {
         if (m->mode != TRAIN_MODE_ALL) {  // its forward kept one vision layer's activations
             vla_fail("a backward into the vision tower on a model built for --train %s", TRAIN_MODE_NAMES[m->mode]);
         }
-        smolvla_vision_backward(m, mode);
+        flow_vision_backward(m, mode);
     }
 }
 
@@ -1664,18 +1648,18 @@ static void smolvla_backward(SmolVLA* m, int mode) {
 // (B, H, Amax), normalized units (un-normalizing is the caller's). The prefix runs once, and so do
 // the cross layers' re-projections of its keys/values. t = float(1 + k dt) with dt = -1/num_steps
 // in double, x += float(dt) v: LeRobot's euler_integrate.
-static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise, float* out) {
-    const SmolVLAConfig* c = &m->config;
-    smolvla_encode_prefix(m, in);
+static void flow_sample(FlowVLA* m, const ModelInputs* in, const float* noise, float* out) {
+    const FlowConfig* c = &m->config;
+    flow_encode_prefix(m, in);
     int B = in->B;
-    size_t n = smolvla_arows(c, B) * c->max_action_dim;
+    size_t n = flow_arows(c, B) * c->max_action_dim;
     memcpy(m->acts.x_t, noise, n * sizeof(float));
-    double dt = -1.0 / SMOLVLA_NUM_STEPS;
+    double dt = -1.0 / FLOW_NUM_STEPS;
     float t[B];
-    for (int k = 0; k < SMOLVLA_NUM_STEPS; k++) {
+    for (int k = 0; k < FLOW_NUM_STEPS; k++) {
         for (int b = 0; b < B; b++) { t[b] = (float)(1.0 + k * dt); }
-        smolvla_suffix_embed(m, t);
-        smolvla_expert_forward(m, k > 0);
+        flow_suffix_embed(m, t);
+        flow_expert_forward(m, k > 0);
         for (size_t i = 0; i < n; i++) { m->acts.x_t[i] += (float)dt * m->acts.v_t[i]; }
     }
     memcpy(out, m->acts.x_t, n * sizeof(float));
@@ -1685,9 +1669,9 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
 
 
 // The optimizer's state for train mode `mode`: AdamW's moments of the elements that train in it
-// only, packed in table order (smolvla_opt_domain), zero. A model trains in one mode for good: a
+// only, packed in table order (flow_opt_domain), zero. A model trains in one mode for good: a
 // second call in another mode fails.
-static void smolvla_opt_init(SmolVLA* m, int mode) {
+static void flow_opt_init(FlowVLA* m, int mode) {
     if (m->m_memory != NULL) {
         if (m->opt.mode != mode) {
             vla_fail("AdamW's moments were made for train mode %s, not %s: the mode is fixed for a run",
@@ -1695,7 +1679,7 @@ static void smolvla_opt_init(SmolVLA* m, int mode) {
         }
         return;
     }
-    smolvla_opt_domain(&m->table, mode, &m->opt);
+    flow_opt_domain(&m->table, mode, &m->opt);
     m->m_memory = (float*)callocCheck(m->opt.total > 0 ? m->opt.total : 1, sizeof(float));
     m->v_memory = (float*)callocCheck(m->opt.total > 0 ? m->opt.total : 1, sizeof(float));
 }
@@ -1710,11 +1694,11 @@ static double sum_squares(const float* g, size_t n) {
 // AdamW (0.9, 0.95, 1e-8) on elements [first, first + n) of tensor i's trainable prefix (their
 // moments at opt.offset[i] + first), gradients scaled by `scale`, decoupled decay where the table
 // or decay_on (DECAY_ON_*) says. The fp32 weights are the master copy (the CPU computes with them too).
-static void adamw_range(SmolVLA* m, int i, size_t first, size_t n, float lr, float weight_decay, int decay_on,
+static void adamw_range(FlowVLA* m, int i, size_t first, size_t n, float lr, float weight_decay, int decay_on,
                         float scale, int step) {
     const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-    const SmolParamSpec* s = &m->table.spec[i];
-    float wd = smolvla_decay(s, weight_decay, decay_on);
+    const FlowParamSpec* s = &m->table.spec[i];
+    float wd = flow_decay(s, weight_decay, decay_on);
     float bc1 = 1.0f - powf(beta1, (float)(step + 1)), bc2 = 1.0f - powf(beta2, (float)(step + 1));
     float* p = m->params_memory + s->offset + first;
     const float* g = m->grads_memory + s->offset + first;
@@ -1735,18 +1719,18 @@ static void adamw_range(SmolVLA* m, int i, size_t first, size_t n, float lr, flo
 // clipping the gradients to global norm `clip` (0 disables), the norm taken over the trainable
 // gradients. Returns the norm before clipping.
 // shards > 1 simulates ZeRO-1 over that many ranks as train_vla runs it: the packed trainable
-// domain (SmolOptDomain) is cut into shards of zero_shard_size (a tensor may be split between
+// domain (FlowOptDomain) is cut into shards of zero_shard_size (a tensor may be split between
 // ranks, zero_part says where), each rank adds up the squares of its shard's gradients and the
 // norm adds up the ranks' sums, as the all-reduce does; then each rank updates its shard alone.
-static float smolvla_update(SmolVLA* m, int mode, float lr, float weight_decay, int decay_on, float clip, int step,
+static float flow_update(FlowVLA* m, int mode, float lr, float weight_decay, int decay_on, float clip, int step,
                             int shards) {
-    smolvla_opt_init(m, mode);
-    const SmolOptDomain* d = &m->opt;
+    flow_opt_init(m, mode);
+    const FlowOptDomain* d = &m->opt;
     size_t S = zero_shard_size(d->total, shards, 1);
     double squares = 0.0;
     for (int r = 0; r < shards; r++) {
         double rank_squares = 0.0;
-        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
             size_t first, n = zero_part(d->offset[i], d->numel[i], (size_t)r * S, (size_t)(r + 1) * S, &first);
             if (n > 0) { rank_squares += sum_squares(m->grads_memory + m->table.spec[i].offset + first, n); }
         }
@@ -1755,7 +1739,7 @@ static float smolvla_update(SmolVLA* m, int mode, float lr, float weight_decay, 
     float norm = (float)sqrt(squares);
     float scale = (clip > 0.0f && norm > clip) ? clip / norm : 1.0f;
     for (int r = 0; r < shards; r++) {
-        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
             size_t first, n = zero_part(d->offset[i], d->numel[i], (size_t)r * S, (size_t)(r + 1) * S, &first);
             if (n > 0) { adamw_range(m, i, first, n, lr, weight_decay, decay_on, scale, step); }
         }
@@ -1774,11 +1758,11 @@ static float smolvla_update(SmolVLA* m, int mode, float lr, float weight_decay, 
 // trainer divides the same way. Returns the loss; the gradient norm before clipping in *norm_out.
 // With tb (--balance tasks), task_loss (T) gets the step's mean loss of each task over its valid
 // entries in all W micro-batches (NaN for a task with none).
-static float train_step(SmolVLA* m, float* grad_sum, Loader* loader, const TrainArgs* args, int step, float* norm_out,
+static float train_step(FlowVLA* m, float* grad_sum, Loader* loader, const TrainArgs* args, int step, float* norm_out,
                         const TaskBalance* tb, const Dataset* ds, double* task_loss) {
     int W = args->ranks * args->accum, mode = args->train_mode;
-    smolvla_opt_init(m, mode);
-    const SmolOptDomain* d = &m->opt;
+    flow_opt_init(m, mode);
+    const FlowOptDomain* d = &m->opt;
     double squares = 0.0;
     int64_t entries = 0;
     int T = tb != NULL ? tb->n_tasks : 0;
@@ -1786,20 +1770,20 @@ static float train_step(SmolVLA* m, float* grad_sum, Loader* loader, const Train
     int* task = T > 0 ? (int*)mallocCheck((size_t)args->batch * sizeof(int)) : NULL;
     for (int t = 0; t < T; t++) { task_loss[t] = 0.0; }
     for (int r = 0; r < W; r++) {
-        SmolInputs in = smolvla_inputs(loader_next(loader));
+        ModelInputs in = model_inputs(loader_next(loader));
         int n;
-        squares += smolvla_forward_loss(m, &in, 0, &n);
+        squares += flow_forward_loss(m, &in, 0, &n);
         entries += n;
         if (T > 0) {
             const uint64_t* idx = loader_indices(loader);
             for (int b = 0; b < in.B; b++) { task[b] = task_balance_task_of(tb, ds, idx[b]); }
             flow_matching_task_sums(task_loss, task_n, task, m->acts.v_t, in.noise, in.actions,
-                                    smolvla_loss_masks_pad(&m->config) ? in.action_is_pad : NULL, in.B,
+                                    flow_loss_masks_pad(&m->config) ? in.action_is_pad : NULL, in.B,
                                     m->config.chunk, m->config.max_action_dim, m->config.action_dim);
         }
-        smolvla_backward(m, mode);
+        flow_backward(m, mode);
         loader_release(loader);
-        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
             const float* g = m->grads_memory + m->table.spec[i].offset;
             float* acc = grad_sum + d->offset[i];
             if (r == 0) { memcpy(acc, g, d->numel[i] * sizeof(float)); }
@@ -1808,29 +1792,29 @@ static float train_step(SmolVLA* m, float* grad_sum, Loader* loader, const Train
     }
     double divisor = (double)(entries > 1 ? entries : 1);
     float inv = (float)(1.0 / divisor);
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
         float* g = m->grads_memory + m->table.spec[i].offset;
         const float* acc = grad_sum + d->offset[i];
         for (size_t j = 0; j < d->numel[i]; j++) { g[j] = acc[j] * inv; }
     }
-    *norm_out = smolvla_update(m, mode, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip,
+    *norm_out = flow_update(m, mode, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip,
                                step, args->zero ? args->ranks : 1);
     for (int t = 0; t < T; t++) { task_loss[t] = task_n[t] > 0.0 ? task_loss[t] / task_n[t] : NAN; }
     free(task_n); free(task);
     return (float)(squares / divisor);
 }
 
-// 10-step sampling (smolvla_sample) from the batch's eps: actions (B, H, A) in the data's units,
+// 10-step sampling (flow_sample) from the batch's eps: actions (B, H, A) in the data's units,
 // the dataset's action dims of the normalized (B, H, Amax) chunk un-normalized with
 // action_mean/std (A each).
-static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* batch, const float* action_mean,
+static void flow_sample_actions(FlowVLA* m, const Batch* batch, const float* action_mean,
                                    const float* action_std, float* actions) {
-    const SmolVLAConfig* c = &m->config;
+    const FlowConfig* c = &m->config;
     int A = c->action_dim, Am = c->max_action_dim;
     size_t rows = (size_t)batch->B * c->chunk;
     float* chunk = (float*)mallocCheck(rows * Am * sizeof(float));
-    SmolInputs in = smolvla_inputs(batch);
-    smolvla_sample(m, &in, batch->eps, chunk);
+    ModelInputs in = model_inputs(batch);
+    flow_sample(m, &in, batch->eps, chunk);
     for (size_t r = 0; r < rows; r++) {
         for (int k = 0; k < A; k++) { actions[r * A + k] = chunk[r * Am + k] * action_std[k] + action_mean[k]; }
     }
@@ -1842,20 +1826,20 @@ static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* batch, const flo
 
 // Writes step `step`: all weights, the packed moments of args->train_mode, the dataset's statistics
 // and tokenizer.
-static void smolvla_save(SmolVLA* m, const Dataset* ds, const TrainArgs* args, int step, uint64_t sampler_pos) {
-    smolvla_opt_init(m, args->train_mode);
+static void flow_save(FlowVLA* m, const Dataset* ds, const TrainArgs* args, int step, uint64_t sampler_pos) {
+    flow_opt_init(m, args->train_mode);
     run_checkpoint_save(args, ds, &m->config, step, sampler_pos, m->params_memory, m->table.total, m->m_memory,
                         m->v_memory, m->opt.total, NULL);
 }
 
 // Loads weights, moments, step, seed and sampler position from a checkpoint of this model's config,
 // train mode `mode` and the dataset's tokenizer (run_checkpoint_load refuses any other, in one line).
-static void smolvla_load(SmolVLA* m, const char* path, const TrainArgs* args, const Dataset* ds, int* step,
+static void flow_load(FlowVLA* m, const char* path, const TrainArgs* args, const Dataset* ds, int* step,
                          uint64_t* seed, uint64_t* sampler_pos) {
     Checkpoint ck;
     int mode = args->train_mode;
     run_checkpoint_load(path, &m->config, args, ds, &ck);
-    smolvla_opt_init(m, mode);
+    flow_opt_init(m, mode);
     memcpy(m->params_memory, ck.params, m->table.total * sizeof(float));
     memcpy(m->m_memory, ck.m, m->opt.total * sizeof(float));
     memcpy(m->v_memory, ck.v, m->opt.total * sizeof(float));
@@ -1878,12 +1862,10 @@ static void smolvla_load(SmolVLA* m, const char* path, const TrainArgs* args, co
 
 #ifdef VLA_LIBRARY
 struct VLAPolicy {
-    SmolVLA model;      // its config's n_cam: the cameras of the last call's observations (policy_present_cameras)
-    int n_cam;          // the checkpoint's cameras
-    int train_mode;     // the checkpoint's (vla_policy_config reports it)
-    char tokenizer[64]; // the token ids it was trained on
+    PolicyFacts facts;  // the checkpoint's config, train mode and tokenizer (first: vla/policy.h reads it)
+    FlowVLA model;      // its config's n_cam: the cameras of the last call's observations (policy_present_cameras)
     float* stats;       // state_mean(S) state_std(S) action_mean(A) action_std(A), as trained with
-    SmolBatch obs;      // room for `capacity` observations of the last call's camera sizes
+    Batch obs;      // room for `capacity` observations of the last call's camera sizes
     int capacity;
     int threads;        // OpenMP threads of its calls (0: what the calling thread has)
     pthread_mutex_t lock;  // held by the call that runs
@@ -1892,16 +1874,16 @@ struct VLAPolicy {
 // The memory sized by the last call's batch: the observations and the activations. A failed call
 // releases it (its layout may be half made), and the next call lays its batch out anew.
 static void policy_drop_batch(VLAPolicy* p) {
-    if (p->capacity > 0) { smolvla_batch_free(&p->obs); }
+    if (p->capacity > 0) { batch_free(&p->obs); }
     p->capacity = 0;
-    smolvla_drop_activations(&p->model);
+    flow_drop_activations(&p->model);
 }
 
 static void policy_destroy(VLAPolicy* p) {
     if (p == NULL) { return; }
     policy_drop_batch(p);
     free(p->stats);
-    smolvla_free(&p->model);
+    flow_free(&p->model);
     pthread_mutex_destroy(&p->lock);
     free(p);
 }
@@ -1933,22 +1915,12 @@ static void policy_load(void* arg) {
     }
     l->p = p;
     p->threads = l->threads;
-    smolvla_build(&p->model, &ck->config, ck->train_mode);
+    flow_build(&p->model, &ck->config, ck->train_mode);
     memcpy(p->model.params_memory, ck->params, p->model.table.total * sizeof(float));
-    p->n_cam = ck->config.n_cam;
-    p->train_mode = ck->train_mode;
-    memcpy(p->tokenizer, ck->tokenizer, sizeof(p->tokenizer));
+    policy_facts_set(&p->facts, ck);
     p->stats = ck->stats;
     ck->stats = NULL;
     l->loaded = 1;
-}
-
-// vla/policy.h's facts of a policy: the checkpoint's config with its cameras, train mode and tokenizer
-static void policy_facts(const VLAPolicy* p, SmolVLAConfig* config, int* train_mode, const char** tokenizer) {
-    *config = p->model.config;
-    config->n_cam = p->n_cam;
-    *train_mode = p->train_mode;
-    *tokenizer = p->tokenizer;
 }
 
 // Where the policy computes, and in which precision.
@@ -1963,12 +1935,10 @@ VLA_API const char* vla_policy_device(const VLAPolicy* p) { (void)p; return "CPU
 static void policy_act(void* arg) {
     PolicyAct* a = (PolicyAct*)arg;
     VLAPolicy* p = a->p;
-    SmolVLAConfig* c = &p->model.config;
+    FlowConfig* c = &p->model.config;
     int B = a->B;
-    Cameras cams;
-    const uint8_t* frames[VLA_MAX_CAM];
-    a->rc = policy_act_checks(a, p->n_cam, p->tokenizer, c, &cams, frames);
-    if (a->rc != POLICY_OK) { return; }
+    const Cameras cams = a->cams;  // (vla/policy.h checked the call)
+    const uint8_t* const* frames = a->frames;
     for (int k = 0; k < cams.n; k++) {
         int rh, rw;
         if (!resized_size((int)cams.height[k], (int)cams.width[k], c->img, &rh, &rw)) {
@@ -1986,8 +1956,8 @@ static void policy_act(void* arg) {
     const float *action_mean = p->stats + 2 * S, *action_std = p->stats + 2 * S + A;
     size_t rows = (size_t)B * c->chunk;
     a->chunk = (float*)mallocCheck(rows * Am * sizeof(float));
-    SmolInputs in = smolvla_inputs(&p->obs);
-    smolvla_sample(&p->model, &in, p->obs.eps, a->chunk);
+    ModelInputs in = model_inputs(&p->obs);
+    flow_sample(&p->model, &in, p->obs.eps, a->chunk);
     policy_actions(a->chunk, rows, Am, A, action_mean, action_std, a->actions);
     a->rc = POLICY_OK;
 }
@@ -1996,7 +1966,6 @@ static void policy_act(void* arg) {
 // failure caught and the batch's memory released after it.
 static int policy_call_act(PolicyAct* a) {
     VLAPolicy* p = a->p;
-    if (p == NULL) { return policy_refuse("a NULL policy: load one with vla_policy_load"); }
     pthread_mutex_lock(&p->lock);
     // OpenMP's thread count is the calling thread's setting: set for this call, then put back
     int outer_threads = p->threads > 0 ? omp_get_max_threads() : 0;
@@ -2026,11 +1995,11 @@ VLA_API void vla_policy_free(VLAPolicy* p) {
 #if !defined(TESTING) && !defined(VLA_LIBRARY)
 // How well the policy acts: 10-step sampling on one batch, mean squared error against the
 // dataset's actions over the slots inside the episode, on its action dims, in its own units.
-static float eval_action_mse(SmolVLA* m, SmolBatch* batch, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
-    const SmolVLAConfig* c = &m->config;
+static float eval_action_mse(FlowVLA* m, Batch* batch, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
+    const FlowConfig* c = &m->config;
     eval_batch(batch, ds, c, seed, pos, step);
     float* sampled = (float*)mallocCheck((size_t)batch->B * c->chunk * c->action_dim * sizeof(float));
-    smolvla_sample_actions(m, batch, ds->action_mean, ds->action_std, sampled);
+    flow_sample_actions(m, batch, ds->action_mean, ds->action_std, sampled);
     float mse = action_mse(batch, ds, c, sampled);
     free(sampled);
     return mse;
@@ -2073,10 +2042,10 @@ int main(int argc, char** argv) {
     dataset_open(&ds, args.input);
     char resume_path[VLA_PATH_MAX];
     const char* from = run_start_checkpoint(&args, resume_path, sizeof(resume_path));
-    SmolVLAConfig c = run_config(&args, from, &ds);
-    SmolVLA model;
-    smolvla_build(&model, &c, args.train_mode);
-    smolvla_opt_init(&model, args.train_mode);
+    FlowConfig c = run_config(&args, from, &ds);
+    FlowVLA model;
+    flow_build(&model, &c, args.train_mode);
+    flow_opt_init(&model, args.train_mode);
 
     TaskBalance balance;
     if (args.balance == BALANCE_TASKS) {
@@ -2093,12 +2062,12 @@ int main(int argc, char** argv) {
         printf("fine-tuning the weights of %s\n", from);
     } else if (from != NULL) {
         uint64_t seed;
-        smolvla_load(&model, from, &args, &ds, &start, &seed, &sampler_pos);
+        flow_load(&model, from, &args, &ds, &start, &seed, &sampler_pos);
         if (seed != args.seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)seed); }
         args.seed = seed;
         printf("resumed from %s at step %d\n", from, start);
     } else {
-        smolvla_param_init(model.params_memory, &model.table, &c, args.seed);
+        flow_param_init(model.params_memory, &model.table, &c, args.seed);
     }
     if (!run_has_steps_left(from, start, args.steps)) { return 0; }
     uint64_t global_batch = (uint64_t)train_global_batch(&args, args.ranks);
@@ -2140,21 +2109,21 @@ int main(int argc, char** argv) {
                     (step + 1) % args.log_every == 0 || step + 1 == args.steps);
         int done = step + 1;
         if (train_ckpt_due(&args, done, 0)) {
-            smolvla_save(&model, &ds, &args, done, sampler_pos + (uint64_t)(done - start) * global_batch);
+            flow_save(&model, &ds, &args, done, sampler_pos + (uint64_t)(done - start) * global_batch);
         }
     }
     int status = 0;
     if (stop_requested && step < args.steps) {  // (after the last step, its checkpoint written, the run is complete)
         if (train_ckpt_due(&args, step, 1)) {
-            smolvla_save(&model, &ds, &args, step, sampler_pos + (uint64_t)(step - start) * global_batch);
+            flow_save(&model, &ds, &args, step, sampler_pos + (uint64_t)(step - start) * global_batch);
         }
         status = train_report_interrupt(&args, step);
     }
     loader_stop(&loader);
     printf("data loader: %d worker thread(s), the trainer waited %.1f ms for batches in %d steps\n", args.workers,
            1000.0 * loader.wait_seconds, step - start);
-    SmolBatch batch;
-    smolvla_batch_alloc(&batch, &c, &ds.cams, args.batch);
+    Batch batch;
+    batch_alloc(&batch, &c, &ds.cams, args.batch);
     printf("eval: 10-step sampled actions vs the data, MSE %.6f (data units, %d action dims) on %d samples\n",
            eval_action_mse(&model, &batch, &ds, args.seed, sampler_pos + (uint64_t)(step - start) * global_batch, step),
            c.action_dim, args.batch);
@@ -2167,8 +2136,8 @@ int main(int argc, char** argv) {
     free(task_loss);
     if (tb != NULL) { task_balance_free(&balance); }
     free(grad_sum);
-    smolvla_batch_free(&batch);
-    smolvla_free(&model);
+    batch_free(&batch);
+    flow_free(&model);
     dataset_close(&ds);
     return status;
 }

@@ -1,6 +1,8 @@
 /*
-train_vla.cu: the GPU trainer of SmolVLA (LeRobot 0.6.1's Vision-Language-Action policy), in CUDA
-C++. Same model, same sections and same checkpoints as train_vla.c (the CPU reference); the
+train_vla.cu: the GPU trainer of LeRobot 0.6.1's robot policies, in CUDA C++: today SmolVLA and pi0,
+two families of one model (the flow_ section: a VLM and an action expert trained by flow matching),
+each policy a banner section over the kernel library (vla/cuda). Same models, same sections and
+same checkpoints as train_vla.c (the CPU reference); the
 PyTorch oracle (dev/model.py) and LeRobot's own references (dev/lerobot) are the independent
 copies that test_vla_gpu.cu checks this file against. The model section's comment has the shape
 legend: NV images, V vision rows, P = B*Np prefix rows, R = B*H action rows, C / Ce / Cv widths,
@@ -16,7 +18,7 @@ Inf/NaN is skipped and halves S (see "dynamic loss scaling" among the kernels).
 
 Invariants worth knowing before reading:
 - What trains is --train (expert, vlm, all: TRAIN_MODE_*): each tensor's trainable elements are
-  a prefix of it, packed in table order into one domain (SmolOptDomain), which holds the floatX
+  a prefix of it, packed in table order into one domain (FlowOptDomain), which holds the floatX
   weights that train, the gradients, the master weights, the moments, the checkpoint's m and v,
   the gradient buckets and the ZeRO-1 shards. Frozen weights live on the device as floatX only.
 - The VLM runs first over the prefix and keeps its keys/values per layer; the expert attends to
@@ -114,7 +116,8 @@ static void gpu_shutdown(void) {
 }
 
 // ----------------------------------------------------------------------------
-// model: LeRobot's SmolVLA, as dev/smolvla.py and train_vla.c compute it (same functions, same order):
+// model: SmolVLA and pi0 (the flow_ policies), as dev/smolvla.py and train_vla.c compute them (same
+// functions, same order):
 //   frames -> resize with padding, x*2-1 -> SigLIP -> pixel shuffle -> connector -> prefix = [image
 //   tokens * sqrt(C), language * sqrt(C), state_proj(state)] -> the VLM's Llama layers -> the expert's
 //   layers over the H action tokens (joint self-attention in even layers, cross-attention to the VLM's
@@ -126,157 +129,151 @@ static void gpu_shutdown(void) {
 // T = Np + H sequence, P = B * Np prefix rows, R = B * H action rows, D = NH*HS query width,
 // KV = NKV*HS key/value width (GQA), Smax / Amax padded state / action dims.
 
-enum {
-#define SMOL_INDEX_(nm, ...) SMOLP_##nm,
-    SMOLVLA_PARAMETERS(SMOL_INDEX_, c)
-#undef SMOL_INDEX_
-};
-
 typedef struct {
-#define SMOL_FIELD_X_(nm, ...) floatX* nm;
-    SMOLVLA_PARAMETERS(SMOL_FIELD_X_, c)
-#undef SMOL_FIELD_X_
-} SmolParametersX;
+#define FLOW_FIELD_X_(nm, ...) floatX* nm;
+    FLOW_PARAMETERS(FLOW_FIELD_X_, c)
+#undef FLOW_FIELD_X_
+} FlowParametersX;
 
 
 // pi0's suffix holds the state token before the actions: what only that layout needs has no elements otherwise
-static inline size_t smolvla_pi0_rows(const SmolVLAConfig* c, size_t rows) {
-    return smolvla_state_in_suffix(c) ? rows : 0;
+static inline size_t flow_pi0_rows(const FlowConfig* c, size_t rows) {
+    return flow_state_in_suffix(c) ? rows : 0;
 }
 
 // Vision layers kept: all when the tower trains, else one slot each layer overwrites
-static inline size_t smolvla_vis_kept(const SmolVLAConfig* c, int mode) {
+static inline size_t flow_vis_kept(const FlowConfig* c, int mode) {
     return mode == TRAIN_MODE_ALL ? (size_t)c->vis_layers : 1;
 }
 
 // Per-layer slots of the attention and MLP halves at recompute level rc: every layer's, or one refilled
-static inline size_t smolvla_attn_slots(size_t layers, int rc) { return rc >= RECOMPUTE_ATTN ? 1 : layers; }
-static inline size_t smolvla_mlp_slots(size_t layers, int rc) { return rc >= RECOMPUTE_LAYER ? 1 : layers; }
-static inline size_t smolvla_vis_attn(const SmolVLAConfig* c, int mode, int rc) {
-    return smolvla_attn_slots(smolvla_vis_kept(c, mode), rc);
+static inline size_t flow_attn_slots(size_t layers, int rc) { return rc >= RECOMPUTE_ATTN ? 1 : layers; }
+static inline size_t flow_mlp_slots(size_t layers, int rc) { return rc >= RECOMPUTE_LAYER ? 1 : layers; }
+static inline size_t flow_vis_attn(const FlowConfig* c, int mode, int rc) {
+    return flow_attn_slots(flow_vis_kept(c, mode), rc);
 }
-static inline size_t smolvla_vis_mlp(const SmolVLAConfig* c, int mode, int rc) {
-    return smolvla_mlp_slots(smolvla_vis_kept(c, mode), rc);
+static inline size_t flow_vis_mlp(const FlowConfig* c, int mode, int rc) {
+    return flow_mlp_slots(flow_vis_kept(c, mode), rc);
 }
 
-static inline size_t smolvla_vis_grad_rows(const SmolVLAConfig* c, int B, int mode) {
-    return mode == TRAIN_MODE_ALL ? smolvla_vrows(c, B) : 0;
+static inline size_t flow_vis_grad_rows(const FlowConfig* c, int B, int mode) {
+    return mode == TRAIN_MODE_ALL ? flow_vrows(c, B) : 0;
 }
 
 // Column-sum partials of the backward's widest (rows, columns)
-static size_t smolvla_partial_size(const SmolVLAConfig* c, int B, int mode) {
-    size_t V = colsum_chunks(smolvla_vis_grad_rows(c, B, mode)), P = colsum_chunks(smolvla_prows(c, B));
-    size_t R = colsum_chunks(smolvla_rrows(c, B)), S = colsum_chunks((size_t)B);
+static size_t flow_partial_size(const FlowConfig* c, int B, int mode) {
+    size_t V = colsum_chunks(flow_vis_grad_rows(c, B, mode)), P = colsum_chunks(flow_prows(c, B));
+    size_t R = colsum_chunks(flow_rrows(c, B)), S = colsum_chunks((size_t)B);
     size_t vision = V * (2 * (size_t)c->vis_width > (size_t)c->vis_ff ? 2 * (size_t)c->vis_width : (size_t)c->vis_ff);
     size_t actions = R * (c->d_expert > c->max_action_dim ? c->d_expert : c->max_action_dim);
-    return smolvla_max3(vision, smolvla_max3(P * c->d_model, S * c->d_model, 1), actions);
+    return flow_max3(vision, flow_max3(P * c->d_model, S * c->d_model, 1), actions);
 }
 
 // Activations: (type, name, elements), carved from one allocation per type (X floatX, F fp32, I int),
 // stacked layer-major. The g_* are backward scratch shared by the towers; r_* one VLM layer's state rows.
-#define SMOLVLA_GPU_ACTIVATIONS(X, F, I, c, B, mode, rc) \
-    X(pixels,   smolvla_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
-    X(patches,  smolvla_vrows(c, B) * smolvla_patch_dim(c))                              /* (V, 3pp) */ \
-    X(v_res,    (smolvla_vis_kept(c, mode) + 1) * smolvla_vrows(c, B) * (c)->vis_width)     /* (Kv+1, V, Cv) layer inputs, then the last output */ \
-    X(v_ln1,    smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
-    F(v_mean1,  smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B))                                     /* (Ka, V) */ \
-    F(v_rstd1,  smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B))                                     /* (Ka, V) */ \
-    X(v_q,      smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
-    X(v_k,      smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
-    X(v_v,      smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
-    X(v_att,    smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
-    F(v_lse,    smolvla_vis_attn(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_heads)                    /* (Ka, NV, NHv, Nv) */ \
-    X(v_mid,    smolvla_vis_mlp(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) after attention */ \
-    X(v_ln2,    smolvla_vis_mlp(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) */ \
-    F(v_mean2,  smolvla_vis_mlp(c, mode, rc) * smolvla_vrows(c, B))                                      /* (Km, V) */ \
-    F(v_rstd2,  smolvla_vis_mlp(c, mode, rc) * smolvla_vrows(c, B))                                      /* (Km, V) */ \
-    X(v_fc1,    smolvla_vis_mlp(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_ff)                        /* (Km, V, Fv) before GELU */ \
-    X(v_gelu,   smolvla_vis_mlp(c, mode, rc) * smolvla_vrows(c, B) * (c)->vis_ff)                        /* (Km, V, Fv) */ \
-    X(v_out,    smolvla_vrows(c, B) * (c)->vis_width)                                    /* (V, Cv) after post_layernorm */ \
-    F(v_omean,  smolvla_vrows(c, B))                                                     /* (V) */ \
-    F(v_orstd,  smolvla_vrows(c, B))                                                     /* (V) */ \
-    X(shuffled, smolvla_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */ \
-    X(img_tok,  smolvla_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) connector output */ \
+#define FLOW_GPU_ACTIVATIONS(X, F, I, c, B, mode, rc) \
+    X(pixels,   flow_images(c, B) * 3 * (c)->img * (c)->img)                          /* (NV, 3, S, S) prepared images */ \
+    X(patches,  flow_vrows(c, B) * flow_patch_dim(c))                              /* (V, 3pp) */ \
+    X(v_res,    (flow_vis_kept(c, mode) + 1) * flow_vrows(c, B) * (c)->vis_width)     /* (Kv+1, V, Cv) layer inputs, then the last output */ \
+    X(v_ln1,    flow_vis_attn(c, mode, rc) * flow_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    F(v_mean1,  flow_vis_attn(c, mode, rc) * flow_vrows(c, B))                                     /* (Ka, V) */ \
+    F(v_rstd1,  flow_vis_attn(c, mode, rc) * flow_vrows(c, B))                                     /* (Ka, V) */ \
+    X(v_q,      flow_vis_attn(c, mode, rc) * flow_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    X(v_k,      flow_vis_attn(c, mode, rc) * flow_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    X(v_v,      flow_vis_attn(c, mode, rc) * flow_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    X(v_att,    flow_vis_attn(c, mode, rc) * flow_vrows(c, B) * (c)->vis_width)                    /* (Ka, V, Cv) */ \
+    F(v_lse,    flow_vis_attn(c, mode, rc) * flow_vrows(c, B) * (c)->vis_heads)                    /* (Ka, NV, NHv, Nv) */ \
+    X(v_mid,    flow_vis_mlp(c, mode, rc) * flow_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) after attention */ \
+    X(v_ln2,    flow_vis_mlp(c, mode, rc) * flow_vrows(c, B) * (c)->vis_width)                     /* (Km, V, Cv) */ \
+    F(v_mean2,  flow_vis_mlp(c, mode, rc) * flow_vrows(c, B))                                      /* (Km, V) */ \
+    F(v_rstd2,  flow_vis_mlp(c, mode, rc) * flow_vrows(c, B))                                      /* (Km, V) */ \
+    X(v_fc1,    flow_vis_mlp(c, mode, rc) * flow_vrows(c, B) * (c)->vis_ff)                        /* (Km, V, Fv) before GELU */ \
+    X(v_gelu,   flow_vis_mlp(c, mode, rc) * flow_vrows(c, B) * (c)->vis_ff)                        /* (Km, V, Fv) */ \
+    X(v_out,    flow_vrows(c, B) * (c)->vis_width)                                    /* (V, Cv) after post_layernorm */ \
+    F(v_omean,  flow_vrows(c, B))                                                     /* (V) */ \
+    F(v_orstd,  flow_vrows(c, B))                                                     /* (V) */ \
+    X(shuffled, flow_vrows(c, B) * (c)->vis_width)                                    /* (NV*NI, s*s*Cv) */ \
+    X(img_tok,  flow_images(c, B) * flow_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) connector output */ \
     X(state_x,  (size_t)(B) * (c)->max_state_dim)                                     /* (B, Smax) the batch's state */ \
-    X(state_tok, (size_t)(B) * smolvla_state_width(c))                                /* (B, C or Ce) state_proj(state) */ \
+    X(state_tok, (size_t)(B) * flow_state_width(c))                                /* (B, C or Ce) state_proj(state) */ \
     I(tokens,   (size_t)(B) * (c)->max_text)                                          /* (B, Lt) the batch's ids, for the backward */ \
-    I(block,    (size_t)(B) * (smolvla_n_prefix(c) + smolvla_n_suffix(c)))            /* (B, T) block ids, -1 = a pad */ \
-    I(pos,      (size_t)(B) * (smolvla_n_prefix(c) + smolvla_n_suffix(c)))            /* (B, T) RoPE positions */ \
-    I(x_pos,    smolvla_rrows(c, B))                                                     /* (B, Ns) the cross layers' positions */ \
-    X(p_res,    (size_t)(c)->n_layer * smolvla_prows(c, B) * (c)->d_model)               /* (L, P, C) layer inputs */ \
-    X(p_ln1,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_model)               /* (La, P, C) */ \
-    F(p_rstd1,  smolvla_attn_slots((c)->n_layer, rc) * smolvla_prows(c, B))                              /* (La, P) */ \
-    X(p_q,      smolvla_attn_slots((c)->n_layer, rc) * smolvla_prows(c, B) * smolvla_d_attn(c))          /* (La, P, D) after RoPE */ \
-    X(p_k,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) after RoPE: what the expert reads */ \
-    X(p_v,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) */ \
-    X(p_att,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_prows(c, B) * smolvla_d_attn(c))          /* (La, P, D) */ \
-    F(p_lse,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->n_head)                /* (La, B, NH, Np) */ \
-    X(p_mid,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_model)                /* (Lm, P, C) after attention */ \
-    X(p_ln2,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_model)                /* (Lm, P, C) */ \
-    F(p_rstd2,  smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B))                               /* (Lm, P) */ \
-    X(p_gate,   smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
-    X(p_up,     smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
-    X(p_act,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
-    X(x_t,      smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
-    F(target,   smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) u = noise - actions */ \
-    F(x_sample, smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) Euler state */ \
+    I(block,    (size_t)(B) * (flow_n_prefix(c) + flow_n_suffix(c)))            /* (B, T) block ids, -1 = a pad */ \
+    I(pos,      (size_t)(B) * (flow_n_prefix(c) + flow_n_suffix(c)))            /* (B, T) RoPE positions */ \
+    I(x_pos,    flow_rrows(c, B))                                                     /* (B, Ns) the cross layers' positions */ \
+    X(p_res,    (size_t)(c)->n_layer * flow_prows(c, B) * (c)->d_model)               /* (L, P, C) layer inputs */ \
+    X(p_ln1,    flow_attn_slots((c)->n_layer, rc) * flow_prows(c, B) * (c)->d_model)               /* (La, P, C) */ \
+    F(p_rstd1,  flow_attn_slots((c)->n_layer, rc) * flow_prows(c, B))                              /* (La, P) */ \
+    X(p_q,      flow_attn_slots((c)->n_layer, rc) * flow_prows(c, B) * flow_d_attn(c))          /* (La, P, D) after RoPE */ \
+    X(p_k,      (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_kv(c))            /* (L, P, KV) after RoPE: what the expert reads */ \
+    X(p_v,      (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_kv(c))            /* (L, P, KV) */ \
+    X(p_att,    flow_attn_slots((c)->n_layer, rc) * flow_prows(c, B) * flow_d_attn(c))          /* (La, P, D) */ \
+    F(p_lse,    flow_attn_slots((c)->n_layer, rc) * flow_prows(c, B) * (c)->n_head)                /* (La, B, NH, Np) */ \
+    X(p_mid,    flow_mlp_slots((c)->n_layer, rc) * flow_prows(c, B) * (c)->d_model)                /* (Lm, P, C) after attention */ \
+    X(p_ln2,    flow_mlp_slots((c)->n_layer, rc) * flow_prows(c, B) * (c)->d_model)                /* (Lm, P, C) */ \
+    F(p_rstd2,  flow_mlp_slots((c)->n_layer, rc) * flow_prows(c, B))                               /* (Lm, P) */ \
+    X(p_gate,   flow_mlp_slots((c)->n_layer, rc) * flow_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
+    X(p_up,     flow_mlp_slots((c)->n_layer, rc) * flow_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
+    X(p_act,    flow_mlp_slots((c)->n_layer, rc) * flow_prows(c, B) * (c)->d_ff)                   /* (Lm, P, F) */ \
+    X(x_t,      flow_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) noisy actions */ \
+    F(target,   flow_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) u = noise - actions */ \
+    F(x_sample, flow_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) Euler state */ \
     F(t_sample, (size_t)(B))                                                          /* (B) Euler time */ \
-    X(a_in,     smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) action_in_proj(x_t) */ \
-    X(a_emb,    smolvla_arows(c, B) * 2 * (c)->d_expert)                                 /* (A, 2Ce) [action_in, time embedding] */ \
-    X(t_pre,    smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) before SiLU */ \
-    X(t_act,    smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) after SiLU */ \
-    X(a_tok,    smolvla_pi0_rows(c, smolvla_arows(c, B)) * (c)->d_expert)                /* (A, Ce) pi0: the action tokens, before their place */ \
-    X(s_res,    ((c)->n_layer + 1) * smolvla_rrows(c, B) * (c)->d_expert)                /* (L+1, R, Ce) layer inputs, then the last output */ \
-    X(s_ln1,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert)              /* (La, R, Ce) */ \
-    F(s_rstd1,  smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B))                              /* (La, R) */ \
-    X(s_q,      smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * smolvla_d_attn(c))          /* (La, R, D) after RoPE */ \
-    X(s_k,      smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * smolvla_d_kv(c))            /* (La, R, KV) after RoPE (joint layers) */ \
-    X(s_v,      smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * smolvla_d_kv(c))            /* (La, R, KV) (joint layers) */ \
-    X(c_k,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_k re-projected (cross layers) */ \
-    X(c_v,      (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) p_v re-projected (cross layers) */ \
-    X(s_att,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * smolvla_d_attn(c))          /* (La, R, D) */ \
-    F(s_lse,    smolvla_attn_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->n_head)                /* (La, B, NH, Ns) */ \
-    X(s_mid,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert)               /* (Lm, R, Ce) after attention */ \
-    X(s_ln2,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert)               /* (Lm, R, Ce) */ \
-    F(s_rstd2,  smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B))                               /* (Lm, R) */ \
-    X(s_gate,   smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
-    X(s_up,     smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
-    X(s_act,    smolvla_mlp_slots((c)->n_layer, rc) * smolvla_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
-    X(f_ln,     smolvla_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after the expert's norm */ \
-    F(f_rstd,   smolvla_rrows(c, B))                                                     /* (R) */ \
-    X(f_act,    smolvla_pi0_rows(c, smolvla_arows(c, B)) * (c)->d_expert)                /* (A, Ce) pi0: f_ln's action rows */ \
-    F(v_t,      smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities, fp32 */ \
-    X(d_vt,     smolvla_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
-    F(loss_partial, (size_t)ceil_div(smolvla_arows(c, B) * (c)->max_action_dim, BLOCK))  /* the loss's per-block sums */ \
+    X(a_in,     flow_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) action_in_proj(x_t) */ \
+    X(a_emb,    flow_arows(c, B) * 2 * (c)->d_expert)                                 /* (A, 2Ce) [action_in, time embedding] */ \
+    X(t_pre,    flow_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) before SiLU */ \
+    X(t_act,    flow_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) after SiLU */ \
+    X(a_tok,    flow_pi0_rows(c, flow_arows(c, B)) * (c)->d_expert)                /* (A, Ce) pi0: the action tokens, before their place */ \
+    X(s_res,    ((c)->n_layer + 1) * flow_rrows(c, B) * (c)->d_expert)                /* (L+1, R, Ce) layer inputs, then the last output */ \
+    X(s_ln1,    flow_attn_slots((c)->n_layer, rc) * flow_rrows(c, B) * (c)->d_expert)              /* (La, R, Ce) */ \
+    F(s_rstd1,  flow_attn_slots((c)->n_layer, rc) * flow_rrows(c, B))                              /* (La, R) */ \
+    X(s_q,      flow_attn_slots((c)->n_layer, rc) * flow_rrows(c, B) * flow_d_attn(c))          /* (La, R, D) after RoPE */ \
+    X(s_k,      flow_attn_slots((c)->n_layer, rc) * flow_rrows(c, B) * flow_d_kv(c))            /* (La, R, KV) after RoPE (joint layers) */ \
+    X(s_v,      flow_attn_slots((c)->n_layer, rc) * flow_rrows(c, B) * flow_d_kv(c))            /* (La, R, KV) (joint layers) */ \
+    X(c_k,      (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_kv(c))            /* (L, P, KV) p_k re-projected (cross layers) */ \
+    X(c_v,      (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_kv(c))            /* (L, P, KV) p_v re-projected (cross layers) */ \
+    X(s_att,    flow_attn_slots((c)->n_layer, rc) * flow_rrows(c, B) * flow_d_attn(c))          /* (La, R, D) */ \
+    F(s_lse,    flow_attn_slots((c)->n_layer, rc) * flow_rrows(c, B) * (c)->n_head)                /* (La, B, NH, Ns) */ \
+    X(s_mid,    flow_mlp_slots((c)->n_layer, rc) * flow_rrows(c, B) * (c)->d_expert)               /* (Lm, R, Ce) after attention */ \
+    X(s_ln2,    flow_mlp_slots((c)->n_layer, rc) * flow_rrows(c, B) * (c)->d_expert)               /* (Lm, R, Ce) */ \
+    F(s_rstd2,  flow_mlp_slots((c)->n_layer, rc) * flow_rrows(c, B))                               /* (Lm, R) */ \
+    X(s_gate,   flow_mlp_slots((c)->n_layer, rc) * flow_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
+    X(s_up,     flow_mlp_slots((c)->n_layer, rc) * flow_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
+    X(s_act,    flow_mlp_slots((c)->n_layer, rc) * flow_rrows(c, B) * (c)->d_expert_ff)            /* (Lm, R, Fe) */ \
+    X(f_ln,     flow_rrows(c, B) * (c)->d_expert)                                     /* (R, Ce) after the expert's norm */ \
+    F(f_rstd,   flow_rrows(c, B))                                                     /* (R) */ \
+    X(f_act,    flow_pi0_rows(c, flow_arows(c, B)) * (c)->d_expert)                /* (A, Ce) pi0: f_ln's action rows */ \
+    F(v_t,      flow_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) velocities, fp32 */ \
+    X(d_vt,     flow_arows(c, B) * (c)->max_action_dim)                               /* (B, H, Amax) d loss / d v_t, set by the forward */ \
+    F(loss_partial, (size_t)ceil_div(flow_arows(c, B) * (c)->max_action_dim, BLOCK))  /* the loss's per-block sums */ \
     F(scalars,  8)                                                                    /* loss (first its sum), grad norm, stop, valid entries, their inverse */ \
     /* backward scratch */ \
-    F(dp_k,     (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
-    F(dp_v,     (size_t)(c)->n_layer * smolvla_prows(c, B) * smolvla_d_kv(c))            /* (L, P, KV) d p_v */ \
-    F(g_res,    smolvla_max3(smolvla_prows(c, B) * (c)->d_model, smolvla_rrows(c, B) * (c)->d_expert, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_res_x,  smolvla_max3(smolvla_prows(c, B) * (c)->d_model, smolvla_rrows(c, B) * (c)->d_expert, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_ln,     smolvla_max3(smolvla_prows(c, B) * (c)->d_model, smolvla_rrows(c, B) * (c)->d_expert, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_att,    smolvla_max3(smolvla_prows(c, B) * smolvla_d_attn(c), smolvla_rrows(c, B) * smolvla_d_attn(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_q,      smolvla_max3(smolvla_prows(c, B) * smolvla_d_attn(c), smolvla_rrows(c, B) * smolvla_d_attn(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    F(g_kf,     smolvla_max3(smolvla_prows(c, B) * smolvla_d_kv(c), smolvla_rrows(c, B) * smolvla_d_kv(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    F(g_vf,     smolvla_max3(smolvla_prows(c, B) * smolvla_d_kv(c), smolvla_rrows(c, B) * smolvla_d_kv(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_kx,     smolvla_max3(smolvla_prows(c, B) * smolvla_d_kv(c), smolvla_rrows(c, B) * smolvla_d_kv(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_vx,     smolvla_max3(smolvla_prows(c, B) * smolvla_d_kv(c), smolvla_rrows(c, B) * smolvla_d_kv(c), smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
-    X(g_gate,   smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
-    X(g_up,     smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
-    X(g_act,    smolvla_max3(smolvla_prows(c, B) * (c)->d_ff, smolvla_rrows(c, B) * (c)->d_expert_ff, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
-    F(delta,    smolvla_max3(smolvla_prows(c, B) * (c)->n_head, smolvla_rrows(c, B) * (c)->n_head, smolvla_vis_grad_rows(c, B, mode) * (c)->vis_heads)) \
-    F(g_dw,     smolvla_max3((c)->d_model, (c)->d_expert, (c)->vis_width))               /* a frozen norm's dw, dropped */ \
-    F(partial,  smolvla_partial_size(c, B, mode))                                        /* column-sum partials */ \
-    X(g_emb,    smolvla_arows(c, B) * 2 * (c)->d_expert)                                 /* (A, 2Ce) d a_emb */ \
-    X(g_tok,    smolvla_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) */ \
-    X(g_state,  smolvla_pi0_rows(c, (size_t)(B)) * (c)->d_expert)                        /* (B, Ce) pi0: d of the state tokens */ \
-    X(g_img,    smolvla_images(c, B) * smolvla_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) d img_tok */ \
-    X(g_shuf,   smolvla_vis_grad_rows(c, B, mode) * (c)->vis_width)                      /* (NV*NI, s*s*Cv) d shuffled */ \
+    F(dp_k,     (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_kv(c))            /* (L, P, KV) d p_k, from the expert and the VLM */ \
+    F(dp_v,     (size_t)(c)->n_layer * flow_prows(c, B) * flow_d_kv(c))            /* (L, P, KV) d p_v */ \
+    F(g_res,    flow_max3(flow_prows(c, B) * (c)->d_model, flow_rrows(c, B) * (c)->d_expert, flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_res_x,  flow_max3(flow_prows(c, B) * (c)->d_model, flow_rrows(c, B) * (c)->d_expert, flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_ln,     flow_max3(flow_prows(c, B) * (c)->d_model, flow_rrows(c, B) * (c)->d_expert, flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_att,    flow_max3(flow_prows(c, B) * flow_d_attn(c), flow_rrows(c, B) * flow_d_attn(c), flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_q,      flow_max3(flow_prows(c, B) * flow_d_attn(c), flow_rrows(c, B) * flow_d_attn(c), flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    F(g_kf,     flow_max3(flow_prows(c, B) * flow_d_kv(c), flow_rrows(c, B) * flow_d_kv(c), flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    F(g_vf,     flow_max3(flow_prows(c, B) * flow_d_kv(c), flow_rrows(c, B) * flow_d_kv(c), flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_kx,     flow_max3(flow_prows(c, B) * flow_d_kv(c), flow_rrows(c, B) * flow_d_kv(c), flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_vx,     flow_max3(flow_prows(c, B) * flow_d_kv(c), flow_rrows(c, B) * flow_d_kv(c), flow_vis_grad_rows(c, B, mode) * (c)->vis_width)) \
+    X(g_gate,   flow_max3(flow_prows(c, B) * (c)->d_ff, flow_rrows(c, B) * (c)->d_expert_ff, flow_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
+    X(g_up,     flow_max3(flow_prows(c, B) * (c)->d_ff, flow_rrows(c, B) * (c)->d_expert_ff, flow_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
+    X(g_act,    flow_max3(flow_prows(c, B) * (c)->d_ff, flow_rrows(c, B) * (c)->d_expert_ff, flow_vis_grad_rows(c, B, mode) * (c)->vis_ff)) \
+    F(delta,    flow_max3(flow_prows(c, B) * (c)->n_head, flow_rrows(c, B) * (c)->n_head, flow_vis_grad_rows(c, B, mode) * (c)->vis_heads)) \
+    F(g_dw,     flow_max3((c)->d_model, (c)->d_expert, (c)->vis_width))               /* a frozen norm's dw, dropped */ \
+    F(partial,  flow_partial_size(c, B, mode))                                        /* column-sum partials */ \
+    X(g_emb,    flow_arows(c, B) * 2 * (c)->d_expert)                                 /* (A, 2Ce) d a_emb */ \
+    X(g_tok,    flow_arows(c, B) * (c)->d_expert)                                     /* (A, Ce) */ \
+    X(g_state,  flow_pi0_rows(c, (size_t)(B)) * (c)->d_expert)                        /* (B, Ce) pi0: d of the state tokens */ \
+    X(g_img,    flow_images(c, B) * flow_image_tokens(c) * (c)->d_model)           /* (NV*NI, C) d img_tok */ \
+    X(g_shuf,   flow_vis_grad_rows(c, B, mode) * (c)->vis_width)                      /* (NV*NI, s*s*Cv) d shuffled */ \
     X(r_res,    (size_t)(B) * (c)->d_model)                                           /* (B, C) one VLM layer's state rows */ \
     X(r_ln1,    (size_t)(B) * (c)->d_model)                                           /* (B, C) */ \
     F(r_rstd1,  (size_t)(B))                                                          /* (B) */ \
-    X(r_q,      (size_t)(B) * smolvla_d_attn(c))                                      /* (B, D) */ \
-    X(r_att,    (size_t)(B) * smolvla_d_attn(c))                                      /* (B, D) */ \
+    X(r_q,      (size_t)(B) * flow_d_attn(c))                                      /* (B, D) */ \
+    X(r_att,    (size_t)(B) * flow_d_attn(c))                                      /* (B, D) */ \
     F(r_lse,    (size_t)(B) * (c)->n_head)                                            /* (B, NH) */ \
     X(r_mid,    (size_t)(B) * (c)->d_model)                                           /* (B, C) */ \
     X(r_ln2,    (size_t)(B) * (c)->d_model)                                           /* (B, C) */ \
@@ -284,34 +281,34 @@ static size_t smolvla_partial_size(const SmolVLAConfig* c, int B, int mode) {
     X(r_gate,   (size_t)(B) * (c)->d_ff)                                              /* (B, F) */ \
     X(r_up,     (size_t)(B) * (c)->d_ff)                                              /* (B, F) */ \
     X(r_act,    (size_t)(B) * (c)->d_ff)                                              /* (B, F) */ \
-    F(r_dk,     (size_t)(B) * smolvla_d_kv(c))                                        /* (B, KV) their key gradients */ \
-    F(r_dv,     (size_t)(B) * smolvla_d_kv(c))                                        /* (B, KV) */
+    F(r_dk,     (size_t)(B) * flow_d_kv(c))                                        /* (B, KV) their key gradients */ \
+    F(r_dv,     (size_t)(B) * flow_d_kv(c))                                        /* (B, KV) */
 
 typedef struct {
-#define SMOL_ACT_X_(nm, n) floatX* nm;
-#define SMOL_ACT_F_(nm, n) float* nm;
-#define SMOL_ACT_I_(nm, n) int* nm;
-    SMOLVLA_GPU_ACTIVATIONS(SMOL_ACT_X_, SMOL_ACT_F_, SMOL_ACT_I_, c, B, mode, rc)
-#undef SMOL_ACT_X_
-#undef SMOL_ACT_F_
-#undef SMOL_ACT_I_
-} SmolActivations;
+#define FLOW_ACT_X_(nm, n) floatX* nm;
+#define FLOW_ACT_F_(nm, n) float* nm;
+#define FLOW_ACT_I_(nm, n) int* nm;
+    FLOW_GPU_ACTIVATIONS(FLOW_ACT_X_, FLOW_ACT_F_, FLOW_ACT_I_, c, B, mode, rc)
+#undef FLOW_ACT_X_
+#undef FLOW_ACT_F_
+#undef FLOW_ACT_I_
+} FlowActivations;
 
-// What the weights and the activations take on the device: smolvla_model_bytes, smolvla_act_bytes
-// What smolvla_build allocates on a GPU beside the activations, part by part, for ZeRO-1 over
+// What the weights and the activations take on the device: flow_model_bytes, flow_act_bytes
+// What flow_build allocates on a GPU beside the activations, part by part, for ZeRO-1 over
 // shard_world ranks (1: off): the weights (floatX, every tensor), the fp32 gradients of what trains
 // (the whole domain on every rank), the fp32 master weights and AdamW's two moments (one shard each),
 // and the rest (the norm's partial sums, the RoPE table, fp16's loss scale).
 enum { MEM_WEIGHTS = 0, MEM_GRADS = 1, MEM_MASTER = 2, MEM_MOMENTS = 3, MEM_OTHER = 4, MEM_PARTS = 5 };
 static const char* const MEM_PART_NAMES[MEM_PARTS] = {"weights", "gradients", "master", "moments", "other"};
-static void smolvla_model_parts(const SmolVLAConfig* c, int mode, int shard_world, size_t parts[MEM_PARTS]) {
-    SmolParamTable t;
-    SmolOptDomain d;
-    smolvla_table_build(c, &t);
-    smolvla_opt_domain(&t, mode, &d);
+static void flow_model_parts(const FlowConfig* c, int mode, int shard_world, size_t parts[MEM_PARTS]) {
+    FlowParamTable t;
+    FlowOptDomain d;
+    flow_table_build(c, &t);
+    flow_opt_domain(&t, mode, &d);
     size_t shard = zero_shard_size(d.total, shard_world, 16), n_train = shard * shard_world, n_params = n_train;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { n_params += (t.spec[i].numel - d.numel[i] + 15) / 16 * 16; }
-    size_t rope = (size_t)(smolvla_n_prefix(c) + smolvla_n_suffix(c)) * (c->head_dim / 2) * 2;
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) { n_params += (t.spec[i].numel - d.numel[i] + 15) / 16 * 16; }
+    size_t rope = (size_t)(flow_n_prefix(c) + flow_n_suffix(c)) * (c->head_dim / 2) * 2;
     parts[MEM_WEIGHTS] = n_params * sizeof(floatX);
     parts[MEM_GRADS] = n_train * sizeof(float);
     parts[MEM_MASTER] = shard * sizeof(float);
@@ -319,48 +316,48 @@ static void smolvla_model_parts(const SmolVLAConfig* c, int mode, int shard_worl
     parts[MEM_OTHER] = (NORM_BLOCKS + rope) * sizeof(float) + (LOSS_SCALING ? LOSS_SCALER * sizeof(float) : 0);
 }
 
-// Device bytes smolvla_build allocates on one GPU without ZeRO-1, activations aside (smolvla_act_bytes):
-// what --memory plans with; smolvla_build checks it holds exactly this
-static size_t smolvla_model_bytes(const SmolVLAConfig* c, int mode, int shard_world = 1) {
+// Device bytes flow_build allocates on one GPU without ZeRO-1, activations aside (flow_act_bytes):
+// what --memory plans with; flow_build checks it holds exactly this
+static size_t flow_model_bytes(const FlowConfig* c, int mode, int shard_world = 1) {
     size_t parts[MEM_PARTS], total = 0;
-    smolvla_model_parts(c, mode, shard_world, parts);
+    flow_model_parts(c, mode, shard_world, parts);
     for (int k = 0; k < MEM_PARTS; k++) { total += parts[k]; }
     return total;
 }
 
 // The elements one activation tensor of n takes in its type's allocation: rounded up to 64 bytes,
-// so that every tensor starts 16-byte aligned (smolvla_set_batch carves by the same rule)
-static inline size_t smolvla_act_slot_x(size_t n) { return (n * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX); }
-static inline size_t smolvla_act_slot_4(size_t n) { return (n + 15) / 16 * 16; }  // (float, int)
+// so that every tensor starts 16-byte aligned (flow_set_batch carves by the same rule)
+static inline size_t flow_act_slot_x(size_t n) { return (n * sizeof(floatX) + 63) / 64 * 64 / sizeof(floatX); }
+static inline size_t flow_act_slot_4(size_t n) { return (n + 15) / 16 * 16; }  // (float, int)
 
 // The activations' elements of each type for B samples
-static void smolvla_act_counts(const SmolVLAConfig* c, int mode, int B, int rc, size_t* nx, size_t* nf, size_t* ni) {
+static void flow_act_counts(const FlowConfig* c, int mode, int B, int rc, size_t* nx, size_t* nf, size_t* ni) {
     *nx = *nf = *ni = 0;
-#define SMOL_SIZE_X_(nm, n) *nx += smolvla_act_slot_x(n);
-#define SMOL_SIZE_F_(nm, n) *nf += smolvla_act_slot_4(n);
-#define SMOL_SIZE_I_(nm, n) *ni += smolvla_act_slot_4(n);
-    SMOLVLA_GPU_ACTIVATIONS(SMOL_SIZE_X_, SMOL_SIZE_F_, SMOL_SIZE_I_, c, B, mode, rc)
-#undef SMOL_SIZE_X_
-#undef SMOL_SIZE_F_
-#undef SMOL_SIZE_I_
+#define FLOW_SIZE_X_(nm, n) *nx += flow_act_slot_x(n);
+#define FLOW_SIZE_F_(nm, n) *nf += flow_act_slot_4(n);
+#define FLOW_SIZE_I_(nm, n) *ni += flow_act_slot_4(n);
+    FLOW_GPU_ACTIVATIONS(FLOW_SIZE_X_, FLOW_SIZE_F_, FLOW_SIZE_I_, c, B, mode, rc)
+#undef FLOW_SIZE_X_
+#undef FLOW_SIZE_F_
+#undef FLOW_SIZE_I_
 }
 
-// Device bytes of the activations smolvla_set_batch allocates for B samples
-static size_t smolvla_act_bytes(const SmolVLAConfig* c, int mode, int B, int rc = RECOMPUTE_NONE) {
+// Device bytes of the activations flow_set_batch allocates for B samples
+static size_t flow_act_bytes(const FlowConfig* c, int mode, int B, int rc = RECOMPUTE_NONE) {
     size_t nx, nf, ni;
-    smolvla_act_counts(c, mode, B, rc, &nx, &nf, &ni);
+    flow_act_counts(c, mode, B, rc, &nx, &nf, &ni);
     return nx * sizeof(floatX) + nf * sizeof(float) + ni * sizeof(int);
 }
 
 // The gradient buckets (MULTI_GPU): one layer's trainable ranges each, in the backward's order
 typedef struct {
-    int n;          // buckets: smolvla_bucket_count
+    int n;          // buckets: flow_bucket_count
     int* first;     // (n + 1)
     size_t* offset; // (ranges) into the trainable domain
     size_t* count;
-} SmolBuckets;
+} FlowBuckets;
 
-// Sampling's state (smolvla_sample): the Euler steps as one CUDA graph, and what the last call took
+// Sampling's state (flow_sample): the Euler steps as one CUDA graph, and what the last call took
 typedef struct {
     int use_graph;          // replay the Euler steps as a CUDA graph (the policy library's default)
     int warm;               // the steps ran once for these activations (their products' plans exist)
@@ -370,15 +367,15 @@ typedef struct {
     long long launches[2];  // what they handed the device, where it is counted (the CPU emulation); else -1
     int profile_call;       // > 0: the call (1, 2, ...) to time by phase and operation, its steps launched one by one
     int calls;              // calls so far
-} SmolSampling;
+} FlowSampling;
 
 typedef struct {
-    SmolVLAConfig config;
+    FlowConfig config;
     int mode;                              // TRAIN_MODE_*: what trains, so what has a gradient
-    int recompute;                         // RECOMPUTE_*: what the backward runs again (smolvla_set_recompute)
-    SmolParamTable table;
-    SmolOptDomain domain;                  // the trainable elements, packed: tensor i's at domain.offset[i]
-    size_t frozen_at[SMOLVLA_NUM_TENSORS]; // where a tensor's frozen remainder starts in params_memory
+    int recompute;                         // RECOMPUTE_*: what the backward runs again (flow_set_recompute)
+    FlowParamTable table;
+    FlowOptDomain domain;                  // the trainable elements, packed: tensor i's at domain.offset[i]
+    size_t frozen_at[FLOW_NUM_TENSORS]; // where a tensor's frozen remainder starts in params_memory
     size_t n_opt;                          // trainable elements: domain.total
     size_t n_train;                        // the domain padded to a whole number of ZeRO shards of 16
     size_t n_params;                       // params_memory's elements: the domain, then the frozen remainders
@@ -392,23 +389,23 @@ typedef struct {
     float* norm_partial;    // (NORM_BLOCKS) the gradient norm's per-block sums
     float* scaler;          // (LOSS_SCALER) fp16 builds' dynamic loss scale (loss_scale_begin_kernel); else NULL
     int loss_scale_window;  // clean steps before the scale doubles
-    SmolParametersX params; // each tensor's first slice (stacked tensors: smolvla_param)
-    SmolParameters grads;   // NULL for a tensor with no trainable part (smolvla_grad says which slices train)
+    FlowParametersX params; // each tensor's first slice (stacked tensors: flow_param)
+    FlowParameters grads;   // NULL for a tensor with no trainable part (flow_grad says which slices train)
     int B;                  // batch the activations are sized for
     floatX* acts_x;         // one allocation per activation type
     float* acts_f;
     int* acts_i;
-    SmolActivations acts;
+    FlowActivations acts;
     float* rope_cos;        // (T, HS/2) device: LeRobot's angles at positions 0 .. T-1
     float* rope_sin;
     size_t device_bytes;    // what this model holds on the GPU
     size_t act_bytes;       // of which the activations
-    SmolBuckets buckets;
+    FlowBuckets buckets;
     struct Dist* dist;      // the data-parallel ranks it trains with (MULTI_GPU); NULL: alone
-    SmolSampling sampling;
-} SmolVLA;
+    FlowSampling sampling;
+} FlowVLA;
 
-static void* smolvla_device_malloc(SmolVLA* m, size_t bytes) {
+static void* flow_device_malloc(FlowVLA* m, size_t bytes) {
     void* p;
     cudaCheck(cudaMalloc(&p, bytes > 0 ? bytes : 1));
     m->device_bytes += bytes;
@@ -416,33 +413,33 @@ static void* smolvla_device_malloc(SmolVLA* m, size_t bytes) {
 }
 
 // Slice k of parameter tensor i: in the trainable domain when it trains, else in the frozen remainder
-static inline floatX* smolvla_param(const SmolVLA* m, int i, int k) {
-    const SmolParamSpec* s = &m->table.spec[i];
-    size_t at = (size_t)k * (smolvla_slice_numel(s)), n_train = m->domain.numel[i];
+static inline floatX* flow_param(const FlowVLA* m, int i, int k) {
+    const FlowParamSpec* s = &m->table.spec[i];
+    size_t at = (size_t)k * (flow_slice_numel(s)), n_train = m->domain.numel[i];
     return m->params_memory + (at < n_train ? m->domain.offset[i] + at : m->frozen_at[i] + (at - n_train));
 }
 
-static inline float* smolvla_grad(const SmolVLA* m, int i, int k) {
-    const SmolParamSpec* s = &m->table.spec[i];
-    size_t per = smolvla_slice_numel(s);
+static inline float* flow_grad(const FlowVLA* m, int i, int k) {
+    const FlowParamSpec* s = &m->table.spec[i];
+    size_t per = flow_slice_numel(s);
     if (per == 0 || (size_t)(k + 1) * per > m->domain.numel[i]) { return NULL; }
     return m->grads_memory + m->domain.offset[i] + (size_t)k * per;
 }
 
 // ZeRO-1: this model keeps one shard's optimizer state (gradients reduce-scattered, weights all-gathered)
-static int smolvla_sharded(const SmolVLA* m) { return m->shard_hi - m->shard_lo < m->n_train; }
+static int flow_sharded(const FlowVLA* m) { return m->shard_hi - m->shard_lo < m->n_train; }
 
 // The model's calls into the data-parallel section (nothing without NCCL)
-static int smolvla_bucket(const SmolVLAConfig* c, int tower, int layer);
-static void smolvla_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t,
-                                  const SmolOptDomain* d);
-static void smolvla_bucket_done(SmolVLA* m, int b);
-static void dist_step_sums(SmolVLA* m);
-static void zero_sum_squares(SmolVLA* m);
-static void zero_gather_params(SmolVLA* m);
+static int flow_bucket(const FlowConfig* c, int tower, int layer);
+static void flow_buckets_build(FlowBuckets* b, const FlowConfig* c, const FlowParamTable* t,
+                                  const FlowOptDomain* d);
+static void flow_bucket_done(FlowVLA* m, int b);
+static void dist_step_sums(FlowVLA* m);
+static void zero_sum_squares(FlowVLA* m);
+static void zero_gather_params(FlowVLA* m);
 
 // fp16 builds: the dynamic loss scale's state (a checkpoint's or --loss-scale's) onto the device
-static void smolvla_set_loss_scale(SmolVLA* m, const LossScaleState* st, int window) {
+static void flow_set_loss_scale(FlowVLA* m, const LossScaleState* st, int window) {
     if (m->scaler == NULL) { return; }
     float h[LOSS_SCALER] = {st->scale, (float)st->clean, (float)st->skipped, st->scale, 1.0f};
     cudaCheck(cudaMemcpy(m->scaler, h, sizeof(h), cudaMemcpyHostToDevice));
@@ -450,7 +447,7 @@ static void smolvla_set_loss_scale(SmolVLA* m, const LossScaleState* st, int win
 }
 
 // The loss scale after the last step and the one it ran with (`used`); whether it was skipped (Inf/NaN)
-static int smolvla_read_loss_scale(SmolVLA* m, LossScaleState* st, float* used) {
+static int flow_read_loss_scale(FlowVLA* m, LossScaleState* st, float* used) {
     float h[LOSS_SCALER];
     cudaCheck(cudaMemcpyAsync(h, m->scaler, sizeof(h), cudaMemcpyDeviceToHost, main_stream));
     cudaCheck(cudaStreamSynchronize(main_stream));
@@ -461,10 +458,10 @@ static int smolvla_read_loss_scale(SmolVLA* m, LossScaleState* st, float* used) 
 }
 
 // What of config c in `mode` the GPU trainer's kernels do not take, in one line, or NULL: checked by
-// smolvla_build and, before anything is read or allocated, by a run
-static const char* smolvla_gpu_problem(const SmolVLAConfig* c, int mode) {
+// flow_build and, before anything is read or allocated, by a run
+static const char* flow_gpu_problem(const FlowConfig* c, int mode) {
     static char msg[320];
-    const char* problem = smolvla_config_problem(c);
+    const char* problem = flow_config_problem(c);
     if (problem != NULL) {
         snprintf(msg, sizeof(msg), "bad %s config: %s", FAMILY_NAMES[c->family], problem);
         return msg;
@@ -489,68 +486,72 @@ static const char* smolvla_gpu_problem(const SmolVLAConfig* c, int mode) {
                  c->vis_width, 32 * LAYERNORM_BWD3_VALS);
         return msg;
     }
-    // the kernels of the vision tower, the connector and the MLPs move 16 bytes at a time
-    if (c->vis_width % x128::size != 0 || c->vis_ff % x128::size != 0 || c->img % x128::size != 0 ||
-        c->d_ff % x128::size != 0 || c->d_expert_ff % x128::size != 0) {
+    // the kernels move 16 bytes at a time: every width, head size and image side in whole packs
+    int widths[] = {c->vis_width, c->vis_ff, c->vis_width / c->vis_heads, c->img, c->d_model, c->d_ff,
+                    c->d_expert, c->d_expert_ff, c->head_dim};
+    for (int k = 0; k < (int)(sizeof(widths) / sizeof(widths[0])); k++) {
+        if (widths[k] % x128::size == 0) { continue; }
         snprintf(msg, sizeof(msg),
-                 "the GPU trainer takes vision and MLP widths and image sizes that are multiples of %d "
-                 "(%s); this model has %d, %d, %d, %d and %d",
-                 x128::size, PRECISION_NAME, c->vis_width, c->vis_ff, c->img, c->d_ff, c->d_expert_ff);
+                 "the GPU trainer takes widths, head sizes and image sizes that are multiples of %d (%s); this model "
+                 "has vision %d / %d / heads of %d, image %d, VLM %d / %d, expert %d / %d, heads of %d: train it with "
+                 "train_vla_cpu",
+                 x128::size, PRECISION_NAME, c->vis_width, c->vis_ff, c->vis_width / c->vis_heads, c->img, c->d_model,
+                 c->d_ff, c->d_expert, c->d_expert_ff, c->head_dim);
         return msg;
     }
     return NULL;
 }
 
 // The model for config c in `mode`; ZeRO-1: optimizer state of shard `shard_rank` only
-static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shard_rank = 0, int shard_world = 1) {
+static void flow_build(FlowVLA* m, const FlowConfig* c, int mode, int shard_rank = 0, int shard_world = 1) {
     memset(m, 0, sizeof(*m));
-    const char* problem = smolvla_gpu_problem(c, mode);
+    const char* problem = flow_gpu_problem(c, mode);
     if (problem != NULL) { vla_fail("%s", problem); }
     if (mode < TRAIN_MODE_EXPERT || mode > TRAIN_MODE_ALL) { vla_fail("train mode %d is not one of 0-2", mode); }
     m->config = *c;
     m->mode = mode;
-    smolvla_table_build(c, &m->table);
-    smolvla_opt_domain(&m->table, mode, &m->domain);
+    flow_table_build(c, &m->table);
+    flow_opt_domain(&m->table, mode, &m->domain);
     m->n_opt = m->domain.total;
     size_t shard = zero_shard_size(m->n_opt, shard_world, 16);
     m->n_train = shard * shard_world;
     m->shard_lo = (size_t)shard_rank * shard;
     m->shard_hi = m->shard_lo + shard;
     m->n_params = m->n_train;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
         m->frozen_at[i] = m->n_params;
         m->n_params += (m->table.spec[i].numel - m->domain.numel[i] + 15) / 16 * 16;  // 32 bytes of bf16
     }
-    m->params_memory = (floatX*)smolvla_device_malloc(m, m->n_params * sizeof(floatX));
-    m->grads_memory = (float*)smolvla_device_malloc(m, m->n_train * sizeof(float));
+    m->params_memory = (floatX*)flow_device_malloc(m, m->n_params * sizeof(floatX));
+    m->grads_memory = (float*)flow_device_malloc(m, m->n_train * sizeof(float));
     cudaCheck(cudaMemset(m->params_memory, 0, m->n_params * sizeof(floatX)));
     cudaCheck(cudaMemset(m->grads_memory, 0, m->n_train * sizeof(float)));  // the padding stays zero (the norm adds it)
     // optimizer state for the shard's trainable elements only: a frozen tensor is its floatX copy alone
     size_t before = m->device_bytes;
-    m->master = (float*)smolvla_device_malloc(m, shard * sizeof(float));
-    m->m_memory = (float*)smolvla_device_malloc(m, shard * sizeof(float));
-    m->v_memory = (float*)smolvla_device_malloc(m, shard * sizeof(float));
+    m->master = (float*)flow_device_malloc(m, shard * sizeof(float));
+    m->m_memory = (float*)flow_device_malloc(m, shard * sizeof(float));
+    m->v_memory = (float*)flow_device_malloc(m, shard * sizeof(float));
     m->opt_bytes = m->device_bytes - before;
     cudaCheck(cudaMemset(m->master, 0, shard * sizeof(float)));
     cudaCheck(cudaMemset(m->m_memory, 0, shard * sizeof(float)));
     cudaCheck(cudaMemset(m->v_memory, 0, shard * sizeof(float)));
-    m->norm_partial = (float*)smolvla_device_malloc(m, NORM_BLOCKS * sizeof(float));
+    m->norm_partial = (float*)flow_device_malloc(m, NORM_BLOCKS * sizeof(float));
     if (LOSS_SCALING) {
-        m->scaler = (float*)smolvla_device_malloc(m, LOSS_SCALER * sizeof(float));
+        m->scaler = (float*)flow_device_malloc(m, LOSS_SCALER * sizeof(float));
         LossScaleState fresh = {VLA_LOSS_SCALE_DEFAULT, 0, 0};
-        smolvla_set_loss_scale(m, &fresh, VLA_LOSS_SCALE_WINDOW_DEFAULT);
+        flow_set_loss_scale(m, &fresh, VLA_LOSS_SCALE_WINDOW_DEFAULT);
     }
     int i = 0;
-#define SMOL_POINT_X_(nm, ...) \
-    m->params.nm = m->table.spec[i].numel > 0 ? smolvla_param(m, i, 0) : NULL; \
+#define FLOW_POINT_X_(nm, ...) \
+    m->params.nm = m->table.spec[i].numel > 0 ? flow_param(m, i, 0) : NULL; \
     m->grads.nm = m->domain.numel[i] > 0 ? m->grads_memory + m->domain.offset[i] : NULL; \
     i++;
-    SMOLVLA_PARAMETERS(SMOL_POINT_X_, c)
-#undef SMOL_POINT_X_
-    smolvla_buckets_build(&m->buckets, c, &m->table, &m->domain);
+    FLOW_PARAMETERS(FLOW_POINT_X_, c)
+#undef FLOW_POINT_X_
+    flow_buckets_build(&m->buckets, c, &m->table, &m->domain);
     // RoPE as LeRobot's apply_rope: timescale theta^e, e = float32(2/HS) * k, pow correctly rounded
     // (in double, then float); angle = pos / timescale in float32
-    int T = smolvla_n_prefix(c) + smolvla_n_suffix(c), half = c->head_dim / 2;
+    int T = flow_n_prefix(c) + flow_n_suffix(c), half = c->head_dim / 2;
     float* cs = (float*)mallocCheck((size_t)T * half * 2 * sizeof(float));
     for (int k = 0; k < half; k++) {
         float e = (float)(2.0 / c->head_dim) * (float)k;
@@ -561,27 +562,27 @@ static void smolvla_build(SmolVLA* m, const SmolVLAConfig* c, int mode, int shar
             cs[(size_t)T * half + (size_t)pos * half + k] = (float)sin((double)angle);
         }
     }
-    m->rope_cos = (float*)smolvla_device_malloc(m, (size_t)T * half * 2 * sizeof(float));
+    m->rope_cos = (float*)flow_device_malloc(m, (size_t)T * half * 2 * sizeof(float));
     m->rope_sin = m->rope_cos + (size_t)T * half;
     cudaCheck(cudaMemcpy(m->rope_cos, cs, (size_t)T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
     free(cs);
-    if (m->device_bytes != smolvla_model_bytes(c, mode, shard_world)) {  // what --memory's tables add
-        vla_fail("internal: smolvla_build holds %zu bytes, smolvla_model_bytes says %zu", m->device_bytes,
-                 smolvla_model_bytes(c, mode, shard_world));
+    if (m->device_bytes != flow_model_bytes(c, mode, shard_world)) {  // what --memory's tables add
+        vla_fail("internal: flow_build holds %zu bytes, flow_model_bytes says %zu", m->device_bytes,
+                 flow_model_bytes(c, mode, shard_world));
     }
 }
 
 // The weights from a host array in the table's layout; AdamW's moments from moment1/2, else zero
-static void smolvla_set_params(SmolVLA* m, const float* params, const float* moment1 = NULL,
+static void flow_set_params(FlowVLA* m, const float* params, const float* moment1 = NULL,
                                const float* moment2 = NULL) {
     size_t widest = 0, lo = m->shard_lo, hi = m->shard_hi;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
         if (m->table.spec[i].numel > widest) { widest = m->table.spec[i].numel; }
     }
     float* scratch;
     cudaCheck(cudaMalloc(&scratch, widest * sizeof(float)));
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &m->table.spec[i];
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        const FlowParamSpec* s = &m->table.spec[i];
         size_t n_train = m->domain.numel[i], o = m->domain.offset[i], first;
         cudaCheck(cudaMemcpyAsync(scratch, params + s->offset, s->numel * sizeof(float), cudaMemcpyHostToDevice,
                                   main_stream));
@@ -609,7 +610,7 @@ static void smolvla_set_params(SmolVLA* m, const float* params, const float* mom
 // Frees the activations and the sampling graph that reads them, leaving the model at B 0. What is
 // freed is forgotten first: a failure part way (which the policy library survives) leaves nothing
 // freed twice, and the activations still held counted.
-static void smolvla_drop_activations(SmolVLA* m) {
+static void flow_drop_activations(FlowVLA* m) {
     m->sampling.warm = 0;
     if (m->sampling.graph != NULL) {
         cudaGraphExec_t graph = m->sampling.graph;
@@ -626,43 +627,43 @@ static void smolvla_drop_activations(SmolVLA* m) {
     for (int k = 0; k < 3; k++) { cudaCheck(cudaFree(acts[k])); }
 }
 
-static void smolvla_set_batch(SmolVLA* m, int B) {
+static void flow_set_batch(FlowVLA* m, int B) {
     if (m->B == B) { return; }
-    smolvla_drop_activations(m);
-    const SmolVLAConfig* c = &m->config;
+    flow_drop_activations(m);
+    const FlowConfig* c = &m->config;
     int mode = m->mode, rc = m->recompute;
     size_t nx, nf, ni;
-    smolvla_act_counts(c, mode, B, rc, &nx, &nf, &ni);
-    m->acts_x = (floatX*)smolvla_device_malloc(m, nx * sizeof(floatX));
+    flow_act_counts(c, mode, B, rc, &nx, &nf, &ni);
+    m->acts_x = (floatX*)flow_device_malloc(m, nx * sizeof(floatX));
     m->act_bytes += nx * sizeof(floatX);
-    m->acts_f = (float*)smolvla_device_malloc(m, nf * sizeof(float));
+    m->acts_f = (float*)flow_device_malloc(m, nf * sizeof(float));
     m->act_bytes += nf * sizeof(float);
-    m->acts_i = (int*)smolvla_device_malloc(m, ni * sizeof(int));
-    m->act_bytes += ni * sizeof(int);  // (smolvla_act_bytes's sum, counted as it is allocated)
+    m->acts_i = (int*)flow_device_malloc(m, ni * sizeof(int));
+    m->act_bytes += ni * sizeof(int);  // (flow_act_bytes's sum, counted as it is allocated)
     floatX* px = m->acts_x;
     float* pf = m->acts_f;
     int* pi = m->acts_i;
-#define SMOL_POINT_X_(nm, n) m->acts.nm = px; px += smolvla_act_slot_x(n);
-#define SMOL_POINT_F_(nm, n) m->acts.nm = pf; pf += smolvla_act_slot_4(n);
-#define SMOL_POINT_I_(nm, n) m->acts.nm = pi; pi += smolvla_act_slot_4(n);
-    SMOLVLA_GPU_ACTIVATIONS(SMOL_POINT_X_, SMOL_POINT_F_, SMOL_POINT_I_, c, B, mode, rc)
-#undef SMOL_POINT_X_
-#undef SMOL_POINT_F_
-#undef SMOL_POINT_I_
+#define FLOW_POINT_X_(nm, n) m->acts.nm = px; px += flow_act_slot_x(n);
+#define FLOW_POINT_F_(nm, n) m->acts.nm = pf; pf += flow_act_slot_4(n);
+#define FLOW_POINT_I_(nm, n) m->acts.nm = pi; pi += flow_act_slot_4(n);
+    FLOW_GPU_ACTIVATIONS(FLOW_POINT_X_, FLOW_POINT_F_, FLOW_POINT_I_, c, B, mode, rc)
+#undef FLOW_POINT_X_
+#undef FLOW_POINT_F_
+#undef FLOW_POINT_I_
     m->B = B;
 }
 
 // Recompute level rc (RECOMPUTE_*; none when built) from now on: the activations are sized again
-static void smolvla_set_recompute(SmolVLA* m, int rc) {
+static void flow_set_recompute(FlowVLA* m, int rc) {
     if (rc < RECOMPUTE_NONE || rc > RECOMPUTE_LAYER) { vla_fail("recompute level %d is not one of 0-2", rc); }
     if (m->recompute == rc) { return; }
     m->recompute = rc;
     int B = m->B;
     m->B = 0;
-    if (m->acts_x != NULL) { smolvla_set_batch(m, B); }
+    if (m->acts_x != NULL) { flow_set_batch(m, B); }
 }
 
-static void smolvla_free(SmolVLA* m) {
+static void flow_free(FlowVLA* m) {
     cudaCheck(cudaFree(m->params_memory)); cudaCheck(cudaFree(m->grads_memory));
     cudaCheck(cudaFree(m->master)); cudaCheck(cudaFree(m->m_memory)); cudaCheck(cudaFree(m->v_memory));
     cudaCheck(cudaFree(m->norm_partial));
@@ -676,7 +677,7 @@ static void smolvla_free(SmolVLA* m) {
 
 // One Llama layer of the VLM or the expert: its weights (floatX) or gradients (float, NULL = frozen)
 template <typename T>
-struct SmolLayer {
+struct FlowLayer {
     T *ln1, *wq, *wk, *wv, *wo, *ln2, *gate, *up, *down;
     int C, F;   // stream width, MLP width
     int cross;  // an expert layer attending to the VLM's re-projected keys/values
@@ -685,23 +686,17 @@ struct SmolLayer {
 };
 
 template <typename T>
-static SmolLayer<T> smolvla_layer(const SmolVLA* m, int expert, int l, int grads) {
-    const SmolVLAConfig* c = &m->config;
-    int cross = expert && smolvla_layer_is_cross(c, l), kind = smolvla_kind_index(c, l);
-    int wk = expert ? (cross ? SMOLP_exp_wk_cross : SMOLP_exp_wk_joint) : SMOLP_vlm_wk;
-    int wv = expert ? (cross ? SMOLP_exp_wv_cross : SMOLP_exp_wv_joint) : SMOLP_vlm_wv;
-    int idx[9] = {expert ? SMOLP_exp_ln1 : SMOLP_vlm_ln1, expert ? SMOLP_exp_wq : SMOLP_vlm_wq, wk, wv,
-                  expert ? SMOLP_exp_wo : SMOLP_vlm_wo, expert ? SMOLP_exp_ln2 : SMOLP_vlm_ln2,
-                  expert ? SMOLP_exp_gate : SMOLP_vlm_gate, expert ? SMOLP_exp_up : SMOLP_vlm_up,
-                  expert ? SMOLP_exp_down : SMOLP_vlm_down};
+static FlowLayer<T> flow_layer(const FlowVLA* m, int expert, int l, int grads) {
+    const FlowConfig* c = &m->config;
+    int cross = expert && flow_layer_is_cross(c, l), idx[9], slice[9];
+    flow_layer_tensors(c, expert, l, idx, slice);
     T* t[9];
     for (int i = 0; i < 9; i++) {
-        int k = expert && (i == 2 || i == 3) ? kind : l;
-        t[i] = grads ? (T*)(void*)smolvla_grad(m, idx[i], k) : (T*)(void*)smolvla_param(m, idx[i], k);
+        t[i] = grads ? (T*)(void*)flow_grad(m, idx[i], slice[i]) : (T*)(void*)flow_param(m, idx[i], slice[i]);
     }
-    SmolLayer<T> w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], expert ? c->d_expert : c->d_model,
-                      expert ? c->d_expert_ff : c->d_ff, cross, smolvla_rms_eps(c), smolvla_rms_offset(c),
-                      smolvla_mlp_gelu(c)};
+    FlowLayer<T> w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], expert ? c->d_expert : c->d_model,
+                      expert ? c->d_expert_ff : c->d_ff, cross, flow_rms_eps(c), flow_rms_offset(c),
+                      flow_mlp_gelu(c)};
     return w;
 }
 
@@ -709,29 +704,24 @@ static SmolLayer<T> smolvla_layer(const SmolVLA* m, int expert, int l, int grads
 typedef struct {
     floatX *res, *ln1, *q, *k, *v, *att, *mid, *ln2, *gate, *up, *act, *out;
     float *rstd1, *lse, *rstd2;
-} SmolLayerActs;
+} FlowLayerActs;
 
-static SmolLayerActs smolvla_layer_acts(const SmolVLA* m, int expert, int l) {
-    const SmolVLAConfig* c = &m->config;
-    const SmolActivations* a = &m->acts;
-    size_t N = expert ? smolvla_rrows(c, m->B) : smolvla_prows(c, m->B), L = (size_t)l;
-    size_t La = L % smolvla_attn_slots(c->n_layer, m->recompute), Lm = L % smolvla_mlp_slots(c->n_layer, m->recompute);
+static FlowLayerActs flow_layer_acts(const FlowVLA* m, int expert, int l) {
+    const FlowConfig* c = &m->config;
+    const FlowActivations* a = &m->acts;
+    size_t N = expert ? flow_rrows(c, m->B) : flow_prows(c, m->B), L = (size_t)l;
+    size_t La = L % flow_attn_slots(c->n_layer, m->recompute), Lm = L % flow_mlp_slots(c->n_layer, m->recompute);
     size_t C = expert ? c->d_expert : c->d_model, F = expert ? c->d_expert_ff : c->d_ff;
-    size_t D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
-    SmolLayerActs x;
+    FlowLayerActs x;
     if (expert) {
-        x = SmolLayerActs{a->s_res, a->s_ln1, a->s_q, a->s_k, a->s_v, a->s_att, a->s_mid, a->s_ln2, a->s_gate, a->s_up,
+        x = FlowLayerActs{a->s_res, a->s_ln1, a->s_q, a->s_k, a->s_v, a->s_att, a->s_mid, a->s_ln2, a->s_gate, a->s_up,
                           a->s_act, a->s_res, a->s_rstd1, a->s_lse, a->s_rstd2};
     } else {
-        x = SmolLayerActs{a->p_res, a->p_ln1, a->p_q, a->p_k, a->p_v, a->p_att, a->p_mid, a->p_ln2, a->p_gate, a->p_up,
+        x = FlowLayerActs{a->p_res, a->p_ln1, a->p_q, a->p_k, a->p_v, a->p_att, a->p_mid, a->p_ln2, a->p_gate, a->p_up,
                           a->p_act, a->p_res, a->p_rstd1, a->p_lse, a->p_rstd2};
     }
     size_t Lkv = expert ? La : L;  // the VLM's keys/values are the expert's too: one slot per layer
-    x.res += L * N * C; x.ln1 += La * N * C; x.rstd1 += La * N;
-    x.q += La * N * D; x.k += Lkv * N * KV; x.v += Lkv * N * KV; x.att += La * N * D; x.lse += La * N * c->n_head;
-    x.mid += Lm * N * C; x.ln2 += Lm * N * C; x.rstd2 += Lm * N;
-    x.gate += Lm * N * F; x.up += Lm * N * F; x.act += Lm * N * F;
-    x.out += (L + 1) * N * C;  // the VLM's last layer has no output (never written: p_res has L slices)
+    FLOW_LAYER_SLOTS(x, c, N, C, F, L, La, Lm, Lkv);
     return x;
 }
 
@@ -739,16 +729,16 @@ static SmolLayerActs smolvla_layer_acts(const SmolVLA* m, int expert, int l) {
 typedef struct {
     floatX *res, *ln1, *q, *k, *v, *att, *mid, *ln2, *fc1, *gelu, *out;
     float *mean1, *rstd1, *lse, *mean2, *rstd2;
-} SmolVisionActs;
+} FlowVisionActs;
 
-static SmolVisionActs smolvla_vision_acts(const SmolVLA* m, int l) {
-    const SmolVLAConfig* c = &m->config;
-    const SmolActivations* a = &m->acts;
-    size_t kept = smolvla_vis_kept(c, m->mode), V = smolvla_vrows(c, m->B);
-    size_t La = (size_t)l % smolvla_vis_attn(c, m->mode, m->recompute),
-           Lm = (size_t)l % smolvla_vis_mlp(c, m->mode, m->recompute);
+static FlowVisionActs flow_vision_acts(const FlowVLA* m, int l) {
+    const FlowConfig* c = &m->config;
+    const FlowActivations* a = &m->acts;
+    size_t kept = flow_vis_kept(c, m->mode), V = flow_vrows(c, m->B);
+    size_t La = (size_t)l % flow_vis_attn(c, m->mode, m->recompute),
+           Lm = (size_t)l % flow_vis_mlp(c, m->mode, m->recompute);
     size_t VC = V * c->vis_width, VF = V * c->vis_ff;
-    SmolVisionActs x = {a->v_res + (size_t)l % (kept + 1) * VC,
+    FlowVisionActs x = {a->v_res + (size_t)l % (kept + 1) * VC,
                         a->v_ln1 + La * VC,
                         a->v_q + La * VC,
                         a->v_k + La * VC,
@@ -768,26 +758,26 @@ static SmolVisionActs smolvla_vision_acts(const SmolVLA* m, int l) {
 }
 
 // Attention under the sequence's mask: Tq queries from token q0, keys k0/v0 (Nk0) then k1/v1 (Nk1)
-static GqaAttn smolvla_attn(const SmolVLA* m, int Tq, int q0, const floatX* k0, const floatX* v0, int Nk0,
+static GqaAttn flow_attn(const FlowVLA* m, int Tq, int q0, const floatX* k0, const floatX* v0, int Nk0,
                             const floatX* k1, const floatX* v1, int Nk1) {
-    const SmolVLAConfig* c = &m->config;
+    const FlowConfig* c = &m->config;
     GqaAttn a = {.k0 = k0, .v0 = v0, .k1 = k1, .v1 = v1, .block = m->acts.block, .B = m->B, .NH = c->n_head,
                  .NKV = c->n_kv_head, .HS = c->head_dim, .Tq = Tq, .q0 = q0, .Nk0 = Nk0, .Nk1 = Nk1,
-                 .Nt = smolvla_n_prefix(c) + smolvla_n_suffix(c)};
+                 .Nt = flow_n_prefix(c) + flow_n_suffix(c)};
     return a;
 }
 
-static void smolvla_rmsnorm_backward(SmolVLA* m, float* dres, floatX* dres_x, float* dw, const floatX* dout,
+static void flow_rmsnorm_backward(FlowVLA* m, float* dres, floatX* dres_x, float* dw, const floatX* dout,
                                   const floatX* inp, const floatX* w, const float* rstd, int N, int C) {
     if (dw == NULL) {
         dw = m->acts.g_dw;
         cudaCheck(cudaMemsetAsync(dw, 0, C * sizeof(float), main_stream));
     }
-    rmsnorm_backward(dres, dres_x, dw, m->acts.partial, dout, inp, w, rstd, N, C, smolvla_rms_offset(&m->config));
+    rmsnorm_backward(dres, dres_x, dw, m->acts.partial, dout, inp, w, rstd, N, C, flow_rms_offset(&m->config));
 }
 
 // attention output -> o_proj + residual -> RMSNorm -> SwiGLU (GeGLU) MLP + residual; with_out 0 skips down_proj
-static void smolvla_layer_out_forward(const SmolLayer<floatX>* w, const SmolLayerActs* x, int N, int D,
+static void flow_layer_out_forward(const FlowLayer<floatX>* w, const FlowLayerActs* x, int N, int D,
                                       int with_out = 1) {
     matmul_forward(x->mid, x->att, w->wo, NULL, x->res, N, D, w->C);
     rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, w->eps, w->offset);
@@ -798,10 +788,10 @@ static void smolvla_layer_out_forward(const SmolLayer<floatX>* w, const SmolLaye
     if (with_out) { matmul_forward(x->out, x->act, w->down, NULL, x->mid, N, w->F, w->C); }
 }
 
-// Backward of smolvla_layer_out_forward: dres, dres_x hold d(out) (N, C), left holding d(mid); g_att d(att)
-static void smolvla_layer_out_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
-                                    const SmolLayerActs* x, float* dres, floatX* dres_x, int N, int D) {
-    SmolActivations* a = &m->acts;
+// Backward of flow_layer_out_forward: dres, dres_x hold d(out) (N, C), left holding d(mid); g_att d(att)
+static void flow_layer_out_backward(FlowVLA* m, const FlowLayer<floatX>* w, const FlowLayer<float>* g,
+                                    const FlowLayerActs* x, float* dres, floatX* dres_x, int N, int D) {
+    FlowActivations* a = &m->acts;
     int C = w->C, F = w->F;
     matmul_backward_input(a->g_act, dres_x, w->down, N, F, C, 0.0f);
     if (g->down != NULL) { matmul_backward_weight(g->down, dres_x, x->act, N, F, C); }
@@ -811,17 +801,17 @@ static void smolvla_layer_out_backward(SmolVLA* m, const SmolLayer<floatX>* w, c
     matmul_backward_input(a->g_ln, a->g_up, w->up, N, C, F, 1.0f);
     if (g->gate != NULL) { matmul_backward_weight(g->gate, a->g_gate, x->ln2, N, C, F); }
     if (g->up != NULL) { matmul_backward_weight(g->up, a->g_up, x->ln2, N, C, F); }
-    smolvla_rmsnorm_backward(m, dres, dres_x, g->ln2, a->g_ln, x->mid, w->ln2, x->rstd2, N, C);
+    flow_rmsnorm_backward(m, dres, dres_x, g->ln2, a->g_ln, x->mid, w->ln2, x->rstd2, N, C);
     matmul_backward_input(a->g_att, dres_x, w->wo, N, D, C, 0.0f);
     if (g->wo != NULL) { matmul_backward_weight(g->wo, dres_x, x->att, N, D, C); }
 }
 
 // Backward of ln1 and q/k/v, rotated back from RoPE (dq NULL: the VLM's last layer; dk, dv NULL: cross)
-static void smolvla_layer_qkv_backward(SmolVLA* m, const SmolLayer<floatX>* w, const SmolLayer<float>* g,
-                                    const SmolLayerActs* x, float* dres, floatX* dres_x, const floatX* dq,
+static void flow_layer_qkv_backward(FlowVLA* m, const FlowLayer<floatX>* w, const FlowLayer<float>* g,
+                                    const FlowLayerActs* x, float* dres, floatX* dres_x, const floatX* dq,
                                     const floatX* dk, const floatX* dv, int N) {
-    SmolActivations* a = &m->acts;
-    int C = w->C, D = smolvla_d_attn(&m->config), KV = smolvla_d_kv(&m->config);
+    FlowActivations* a = &m->acts;
+    int C = w->C, D = flow_d_attn(&m->config), KV = flow_d_kv(&m->config);
     float beta = 0.0f;
     if (dq != NULL) {
         matmul_backward_input(a->g_ln, dq, w->wq, N, C, D, beta);
@@ -834,25 +824,25 @@ static void smolvla_layer_qkv_backward(SmolVLA* m, const SmolLayer<floatX>* w, c
         matmul_backward_input(a->g_ln, dv, w->wv, N, C, KV, 1.0f);
         if (g->wv != NULL) { matmul_backward_weight(g->wv, dv, x->ln1, N, C, KV); }
     }
-    smolvla_rmsnorm_backward(m, dres, dres_x, g->ln1, a->g_ln, x->res, w->ln1, x->rstd1, N, C);
+    flow_rmsnorm_backward(m, dres, dres_x, g->ln1, a->g_ln, x->res, w->ln1, x->rstd1, N, C);
 }
 
 // ---- forward
 
 // Every camera's frames -> acts.pixels (NV, 3, S, S), camera-major (image n = cam * B + b)
-static void smolvla_prepare_images(SmolVLA* m, const SmolInputs* in) {
-    const SmolVLAConfig* c = &m->config;
+static void flow_prepare_images(FlowVLA* m, const ModelInputs* in) {
+    const FlowConfig* c = &m->config;
     size_t per = (size_t)3 * c->img * c->img;
     for (int cam = 0; cam < c->n_cam; cam++) {
         resize_pad(m->acts.pixels + (size_t)cam * in->B * per, in->frames[cam], in->B, in->frame_h[cam],
-                   in->frame_w[cam], c->img, in->frame_stride, 0, smolvla_pad_centred(c));
+                   in->frame_w[cam], c->img, in->frame_stride, 0, flow_pad_centred(c));
     }
 }
 
 // SigLIP's attention call of a layer: its images' own keys and values, no mask
-static GqaAttn smolvla_vision_attn(const SmolVLA* m, const SmolVisionActs& x) {
-    const SmolVLAConfig* c = &m->config;
-    int NV = (int)smolvla_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c);
+static GqaAttn flow_vision_attn(const FlowVLA* m, const FlowVisionActs& x) {
+    const FlowConfig* c = &m->config;
+    int NV = (int)flow_images(c, m->B), Nv = flow_grid(c) * flow_grid(c);
     GqaAttn a = {.k0 = x.k, .v0 = x.v, .k1 = NULL, .v1 = NULL, .block = NULL, .B = NV, .NH = c->vis_heads,
                  .NKV = c->vis_heads, .HS = c->vis_width / c->vis_heads, .Tq = Nv, .q0 = 0, .Nk0 = Nv, .Nk1 = 0,
                  .Nt = Nv};
@@ -861,79 +851,79 @@ static GqaAttn smolvla_vision_attn(const SmolVLA* m, const SmolVisionActs& x) {
 
 // SigLIP layer l: x.res -> x.out. redo (the backward's recomputation): only what that level dropped,
 // by the same kernels on the same inputs: attn the attention half, layer all but fc2.
-static void smolvla_vision_layer_forward(SmolVLA* m, int l, int redo) {
-    const SmolVLAConfig* c = &m->config;
-    int V = (int)smolvla_vrows(c, m->B), Cv = c->vis_width, Fv = c->vis_ff;
-    SmolVisionActs x = smolvla_vision_acts(m, l);
-    layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, smolvla_param(m, SMOLP_vis_ln1_w, l),
-                      smolvla_param(m, SMOLP_vis_ln1_b, l), V, Cv);
-    matmul_forward(x.q, x.ln1, smolvla_param(m, SMOLP_vis_wq, l), smolvla_param(m, SMOLP_vis_bq, l), NULL, V, Cv, Cv);
-    matmul_forward(x.k, x.ln1, smolvla_param(m, SMOLP_vis_wk, l), smolvla_param(m, SMOLP_vis_bk, l), NULL, V, Cv, Cv);
-    matmul_forward(x.v, x.ln1, smolvla_param(m, SMOLP_vis_wv, l), smolvla_param(m, SMOLP_vis_bv, l), NULL, V, Cv, Cv);
-    gqa_attention_forward(x.att, x.lse, x.q, smolvla_vision_attn(m, x));
+static void flow_vision_layer_forward(FlowVLA* m, int l, int redo) {
+    const FlowConfig* c = &m->config;
+    int V = (int)flow_vrows(c, m->B), Cv = c->vis_width, Fv = c->vis_ff;
+    FlowVisionActs x = flow_vision_acts(m, l);
+    layernorm_forward(x.ln1, x.mean1, x.rstd1, x.res, flow_param(m, FLOWP_vis_ln1_w, l),
+                      flow_param(m, FLOWP_vis_ln1_b, l), V, Cv);
+    matmul_forward(x.q, x.ln1, flow_param(m, FLOWP_vis_wq, l), flow_param(m, FLOWP_vis_bq, l), NULL, V, Cv, Cv);
+    matmul_forward(x.k, x.ln1, flow_param(m, FLOWP_vis_wk, l), flow_param(m, FLOWP_vis_bk, l), NULL, V, Cv, Cv);
+    matmul_forward(x.v, x.ln1, flow_param(m, FLOWP_vis_wv, l), flow_param(m, FLOWP_vis_bv, l), NULL, V, Cv, Cv);
+    gqa_attention_forward(x.att, x.lse, x.q, flow_vision_attn(m, x));
     if (redo == RECOMPUTE_ATTN) { return; }
-    matmul_forward(x.mid, x.att, smolvla_param(m, SMOLP_vis_wo, l), smolvla_param(m, SMOLP_vis_bo, l), x.res, V, Cv,
+    matmul_forward(x.mid, x.att, flow_param(m, FLOWP_vis_wo, l), flow_param(m, FLOWP_vis_bo, l), x.res, V, Cv,
                    Cv);
-    layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l),
-                      smolvla_param(m, SMOLP_vis_ln2_b, l), V, Cv);
+    layernorm_forward(x.ln2, x.mean2, x.rstd2, x.mid, flow_param(m, FLOWP_vis_ln2_w, l),
+                      flow_param(m, FLOWP_vis_ln2_b, l), V, Cv);
     if (m->mode == TRAIN_MODE_ALL) {  // the backward pass reads fc1 (GELU's derivative)
-        matmul_forward(x.fc1, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), smolvla_param(m, SMOLP_vis_fc1_b, l), NULL,
+        matmul_forward(x.fc1, x.ln2, flow_param(m, FLOWP_vis_fc1_w, l), flow_param(m, FLOWP_vis_fc1_b, l), NULL,
                        V, Cv, Fv);
         gelu_forward(x.gelu, x.fc1, (size_t)V * Fv);
     } else {  // a frozen tower: GELU in the product's epilogue
-        matmul_forward_gelu(x.gelu, x.ln2, smolvla_param(m, SMOLP_vis_fc1_w, l), smolvla_param(m, SMOLP_vis_fc1_b, l),
+        matmul_forward_gelu(x.gelu, x.ln2, flow_param(m, FLOWP_vis_fc1_w, l), flow_param(m, FLOWP_vis_fc1_b, l),
                             V, Cv, Fv);
     }
     if (redo != RECOMPUTE_NONE) { return; }
-    matmul_forward(x.out, x.gelu, smolvla_param(m, SMOLP_vis_fc2_w, l), smolvla_param(m, SMOLP_vis_fc2_b, l), x.mid, V,
+    matmul_forward(x.out, x.gelu, flow_param(m, FLOWP_vis_fc2_w, l), flow_param(m, FLOWP_vis_fc2_b, l), x.mid, V,
                    Fv, Cv);
 }
 
 // SigLIP over every image: pixels -> acts.v_out (V, Cv); position ids are the identity
-static void smolvla_vision_forward(SmolVLA* m) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int NV = (int)smolvla_images(c, m->B), Nv = smolvla_grid(c) * smolvla_grid(c), V = (int)smolvla_vrows(c, m->B);
+static void flow_vision_forward(FlowVLA* m) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int NV = (int)flow_images(c, m->B), Nv = flow_grid(c) * flow_grid(c), V = (int)flow_vrows(c, m->B);
     int Cv = c->vis_width;
     size_t VC = (size_t)V * Cv;
-    LAUNCH_1D(patchify_chw_kernel, (size_t)V * smolvla_patch_dim(c), a->patches, a->pixels, NV, c->img, c->patch);
-    matmul_forward(a->v_res, a->patches, m->params.vis_patch_w, m->params.vis_patch_b, NULL, V, smolvla_patch_dim(c),
+    LAUNCH_1D(patchify_chw_kernel, (size_t)V * flow_patch_dim(c), a->patches, a->pixels, NV, c->img, c->patch);
+    matmul_forward(a->v_res, a->patches, m->params.vis_patch_w, m->params.vis_patch_b, NULL, V, flow_patch_dim(c),
                    Cv);
     LAUNCH_1D(add_periodic_kernel, VC, a->v_res, m->params.vis_pos, VC, (size_t)Nv * Cv);
-    for (int l = 0; l < c->vis_layers; l++) { smolvla_vision_layer_forward(m, l, RECOMPUTE_NONE); }
-    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, smolvla_vision_acts(m, c->vis_layers - 1).out,
+    for (int l = 0; l < c->vis_layers; l++) { flow_vision_layer_forward(m, l, RECOMPUTE_NONE); }
+    layernorm_forward(a->v_out, a->v_omean, a->v_orstd, flow_vision_acts(m, c->vis_layers - 1).out,
                       m->params.vis_post_w, m->params.vis_post_b, V, Cv);
 }
 
 // p_res[0] = [camera tokens][language][state (SmolVLA)] per sample, block ids and RoPE positions of
 // [prefix ; suffix]; sqrt(C) in float32, for the image tokens too in SmolVLA. state_tok: the state's
-// token, the prefix's last (SmolVLA) or the suffix's first (pi0: smolvla_suffix_embed places it).
-static void smolvla_prefix_embed(SmolVLA* m, const SmolInputs* in) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Lt = c->max_text;
-    int NV = (int)smolvla_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width, G = smolvla_grid(c);
+// token, the prefix's last (SmolVLA) or the suffix's first (pi0: flow_suffix_embed places it).
+static void flow_prefix_embed(FlowVLA* m, const ModelInputs* in) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int B = m->B, C = c->d_model, NI = flow_image_tokens(c), Np = flow_n_prefix(c), Lt = c->max_text;
+    int NV = (int)flow_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width, G = flow_grid(c);
     float scale = sqrtf((float)C);
     pixel_shuffle_forward(a->shuffled, a->v_out, NV, G, G, c->vis_width, c->scale_factor);
     matmul_forward(a->img_tok, a->shuffled, m->params.connector_w, m->params.connector_b, NULL, NV * NI, S2C, C);
     convert(a->state_x, in->state, (size_t)B * c->max_state_dim);
     matmul_forward(a->state_tok, a->state_x, m->params.state_w, m->params.state_b, NULL, B, c->max_state_dim,
-                   smolvla_state_width(c));
+                   flow_state_width(c));
     cudaCheck(cudaMemcpyAsync(a->tokens, in->tokens, (size_t)B * Lt * sizeof(int32_t), cudaMemcpyDeviceToDevice,
                               main_stream));
-    LAUNCH_1D(smolvla_prefix_embed_kernel, (size_t)B * Np * C, a->p_res, a->img_tok, m->params.embed_tokens, a->tokens,
-              a->state_tok, B, c->n_cam, NI, Lt, Np, C, scale, smolvla_scales_images(c) ? scale : 1.0f);
-    LAUNCH_1D(smolvla_sequence_kernel, B, a->block, a->pos, a->x_pos, in->token_mask, B, c->n_cam * NI, Lt, Np,
-              smolvla_n_suffix(c), smolvla_actions_causal(c));
+    LAUNCH_1D(flow_prefix_embed_kernel, (size_t)B * Np * C, a->p_res, a->img_tok, m->params.embed_tokens, a->tokens,
+              a->state_tok, B, c->n_cam, NI, Lt, Np, C, scale, flow_scales_images(c) ? scale : 1.0f);
+    LAUNCH_1D(flow_sequence_kernel, B, a->block, a->pos, a->x_pos, in->token_mask, B, c->n_cam * NI, Lt, Np,
+              flow_n_suffix(c), flow_actions_causal(c));
 }
 
 // VLM layer l; the last computes only ln1, keys and values. redo: keys and values kept at every level.
-static void smolvla_vlm_layer_forward(SmolVLA* m, int l, int redo) {
-    const SmolVLAConfig* c = &m->config;
-    int P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c), T = Np + smolvla_n_suffix(c);
-    int D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
-    SmolLayer<floatX> w = smolvla_layer<floatX>(m, 0, l, 0);
-    SmolLayerActs x = smolvla_layer_acts(m, 0, l);
+static void flow_vlm_layer_forward(FlowVLA* m, int l, int redo) {
+    const FlowConfig* c = &m->config;
+    int P = (int)flow_prows(c, m->B), Np = flow_n_prefix(c), T = Np + flow_n_suffix(c);
+    int D = flow_d_attn(c), KV = flow_d_kv(c);
+    FlowLayer<floatX> w = flow_layer<floatX>(m, 0, l, 0);
+    FlowLayerActs x = flow_layer_acts(m, 0, l);
     rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, P, w.C, w.eps, w.offset);
     if (redo == RECOMPUTE_NONE) {
         matmul_forward(x.k, x.ln1, w.wk, NULL, NULL, P, w.C, KV);
@@ -943,26 +933,26 @@ static void smolvla_vlm_layer_forward(SmolVLA* m, int l, int redo) {
     if (l == c->n_layer - 1) { return; }
     matmul_forward(x.q, x.ln1, w.wq, NULL, NULL, P, w.C, D);
     rope_at(x.q, x.q, m->rope_cos, m->rope_sin, m->acts.pos, P, Np, T, c->n_head, c->head_dim, 1.0f);
-    gqa_attention_forward(x.att, x.lse, x.q, smolvla_attn(m, Np, 0, x.k, x.v, Np, NULL, NULL, 0));
+    gqa_attention_forward(x.att, x.lse, x.q, flow_attn(m, Np, 0, x.k, x.v, Np, NULL, NULL, 0));
     if (redo == RECOMPUTE_ATTN) { return; }
-    smolvla_layer_out_forward(&w, &x, P, D, redo == RECOMPUTE_NONE);
+    flow_layer_out_forward(&w, &x, P, D, redo == RECOMPUTE_NONE);
 }
 
-static void smolvla_vlm_forward(SmolVLA* m) {
-    for (int l = 0; l < m->config.n_layer; l++) { smolvla_vlm_layer_forward(m, l, RECOMPUTE_NONE); }
+static void flow_vlm_forward(FlowVLA* m) {
+    for (int l = 0; l < m->config.n_layer; l++) { flow_vlm_layer_forward(m, l, RECOMPUTE_NONE); }
 }
 
 // s_res[0]: the action tokens action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time
-// embedding]))), after pi0's state token (state_tok, made by smolvla_prefix_embed)
-static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int B = m->B, H = c->chunk, Ns = smolvla_n_suffix(c), Ce = c->d_expert, A = (int)smolvla_arows(c, B);
+// embedding]))), after pi0's state token (state_tok, made by flow_prefix_embed)
+static void flow_suffix_embed(FlowVLA* m, const float* t) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int B = m->B, H = c->chunk, Ns = flow_n_suffix(c), Ce = c->d_expert, A = (int)flow_arows(c, B);
     matmul_forward(a->a_in, a->x_t, m->params.action_in_w, m->params.action_in_b, NULL, A, c->max_action_dim, Ce);
     LAUNCH_1D(action_embed_kernel, (size_t)A * 2 * Ce, a->a_emb, a->a_in, t, B, H, Ce);
     matmul_forward(a->t_pre, a->a_emb, m->params.time_in_w, m->params.time_in_b, NULL, A, 2 * Ce, Ce);
     LAUNCH_1D(silu_forward_kernel, (size_t)A * Ce, a->t_act, a->t_pre, (size_t)A * Ce);
-    if (!smolvla_state_in_suffix(c)) {
+    if (!flow_state_in_suffix(c)) {
         matmul_forward(a->s_res, a->t_act, m->params.time_out_w, m->params.time_out_b, NULL, A, Ce, Ce);
         return;
     }
@@ -975,13 +965,13 @@ static void smolvla_suffix_embed(SmolVLA* m, const float* t) {
 // q/k/v with RoPE after the valid prefix, keys = [the VLM's K/V ; the suffix's own] under the block mask. Cross layer:
 // q with RoPE from 0, keys/values = the VLM's post-RoPE K/V re-projected by the expert (no second RoPE).
 // reuse_cross_kv: re-projections valid.
-static void smolvla_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, int redo) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int R = (int)smolvla_rrows(c, m->B), P = (int)smolvla_prows(c, m->B), Np = smolvla_n_prefix(c);
-    int H = smolvla_n_suffix(c), T = Np + H, D = smolvla_d_attn(c), KV = smolvla_d_kv(c), Ce = c->d_expert;
-    SmolLayer<floatX> w = smolvla_layer<floatX>(m, 1, l, 0);
-    SmolLayerActs x = smolvla_layer_acts(m, 1, l), px = smolvla_layer_acts(m, 0, l);
+static void flow_expert_layer_forward(FlowVLA* m, int l, int reuse_cross_kv, int redo) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int R = (int)flow_rrows(c, m->B), P = (int)flow_prows(c, m->B), Np = flow_n_prefix(c);
+    int H = flow_n_suffix(c), T = Np + H, D = flow_d_attn(c), KV = flow_d_kv(c), Ce = c->d_expert;
+    FlowLayer<floatX> w = flow_layer<floatX>(m, 1, l, 0);
+    FlowLayerActs x = flow_layer_acts(m, 1, l), px = flow_layer_acts(m, 0, l);
     rmsnorm_forward(x.ln1, x.rstd1, x.res, w.ln1, R, Ce, w.eps, w.offset);
     matmul_forward(x.q, x.ln1, w.wq, NULL, NULL, R, Ce, D);
     GqaAttn keys;
@@ -990,7 +980,7 @@ static void smolvla_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, 
         matmul_forward(x.k, x.ln1, w.wk, NULL, NULL, R, Ce, KV);
         rope_at(x.k, x.k, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_kv_head, c->head_dim, 1.0f);
         matmul_forward(x.v, x.ln1, w.wv, NULL, NULL, R, Ce, KV);
-        keys = smolvla_attn(m, H, Np, px.k, px.v, Np, x.k, x.v, H);
+        keys = flow_attn(m, H, Np, px.k, px.v, Np, x.k, x.v, H);
     } else {
         rope_at(x.q, x.q, m->rope_cos, m->rope_sin, a->x_pos, R, H, H, c->n_head, c->head_dim, 1.0f);
         floatX* ck = a->c_k + (size_t)l * P * KV;
@@ -999,25 +989,25 @@ static void smolvla_expert_layer_forward(SmolVLA* m, int l, int reuse_cross_kv, 
             matmul_forward(ck, px.k, w.wk, NULL, NULL, P, KV, KV);
             matmul_forward(cv, px.v, w.wv, NULL, NULL, P, KV, KV);
         }
-        keys = smolvla_attn(m, H, Np, ck, cv, Np, NULL, NULL, 0);
+        keys = flow_attn(m, H, Np, ck, cv, Np, NULL, NULL, 0);
     }
     gqa_attention_forward(x.att, x.lse, x.q, keys);
     if (redo == RECOMPUTE_ATTN) { return; }
-    smolvla_layer_out_forward(&w, &x, R, D, redo == RECOMPUTE_NONE);
+    flow_layer_out_forward(&w, &x, R, D, redo == RECOMPUTE_NONE);
 }
 
 // The expert's layers over s_res[0] -> final norm -> action_out_proj of the action rows (pi0's
 // gathered into f_act first): acts.v_t (B, H, Amax), fp32
-static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int R = (int)smolvla_rrows(c, m->B), A = (int)smolvla_arows(c, m->B), Ce = c->d_expert;
-    for (int l = 0; l < c->n_layer; l++) { smolvla_expert_layer_forward(m, l, reuse_cross_kv, RECOMPUTE_NONE); }
+static void flow_expert_forward(FlowVLA* m, int reuse_cross_kv) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int R = (int)flow_rrows(c, m->B), A = (int)flow_arows(c, m->B), Ce = c->d_expert;
+    for (int l = 0; l < c->n_layer; l++) { flow_expert_layer_forward(m, l, reuse_cross_kv, RECOMPUTE_NONE); }
     rmsnorm_forward(a->f_ln, a->f_rstd, a->s_res + (size_t)c->n_layer * R * Ce, m->params.exp_norm, R, Ce,
-                    smolvla_rms_eps(c), smolvla_rms_offset(c));
+                    flow_rms_eps(c), flow_rms_offset(c));
     const floatX* actions = a->f_ln;
-    if (smolvla_state_in_suffix(c)) {
-        LAUNCH_1D(gather_rows_kernel, (size_t)A * Ce, a->f_act, a->f_ln, m->B, smolvla_n_suffix(c), 1, c->chunk, Ce);
+    if (flow_state_in_suffix(c)) {
+        LAUNCH_1D(gather_rows_kernel, (size_t)A * Ce, a->f_act, a->f_ln, m->B, flow_n_suffix(c), 1, c->chunk, Ce);
         actions = a->f_act;
     }
     // the velocity in fp32: the bias in every row, the product added on it (beta = 1)
@@ -1026,36 +1016,36 @@ static void smolvla_expert_forward(SmolVLA* m, int reuse_cross_kv) {
 }
 
 // Images, vision tower, prefix embeddings and the VLM: everything the actions attend to
-static void smolvla_encode_prefix(SmolVLA* m, const SmolInputs* in) {
-    smolvla_set_batch(m, in->B);
+static void flow_encode_prefix(FlowVLA* m, const ModelInputs* in) {
+    flow_set_batch(m, in->B);
     prof_phase("images");
-    smolvla_prepare_images(m, in);
+    flow_prepare_images(m, in);
     prof_phase("vision fwd");
-    smolvla_vision_forward(m);
+    flow_vision_forward(m);
     prof_phase("prefix embed");
-    smolvla_prefix_embed(m, in);
+    flow_prefix_embed(m, in);
     prof_phase("vlm fwd");
-    smolvla_vlm_forward(m);
+    flow_vlm_forward(m);
 }
 
 // Training forward. Flow matching: x_t = t noise + (1 - t) actions, target u = noise - actions,
 // velocity v_t. The loss is LeRobot's mean over valid entries of the whole step, so the forward only
-// sums: errors into acts.scalars[0], entries into scalars[3]; smolvla_loss_finish divides.
-static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro) {
-    const SmolVLAConfig* c = &m->config;
-    smolvla_encode_prefix(m, in);
-    SmolActivations* a = &m->acts;
+// sums: errors into acts.scalars[0], entries into scalars[3]; flow_loss_finish divides.
+static void flow_forward(FlowVLA* m, const ModelInputs* in, int micro) {
+    const FlowConfig* c = &m->config;
+    flow_encode_prefix(m, in);
+    FlowActivations* a = &m->acts;
     int B = in->B, HA = c->chunk * c->max_action_dim, n = B * HA;
     prof_phase("expert fwd");
     LAUNCH_1D(flow_inputs_kernel, n, a->x_t, a->target, in->actions, in->noise, in->t, HA, n);
-    smolvla_suffix_embed(m, in->t);
-    smolvla_expert_forward(m, 0);
+    flow_suffix_embed(m, in->t);
+    flow_expert_forward(m, 0);
     prof_phase("loss");
-    const float* is_pad = smolvla_loss_masks_pad(c) ? in->action_is_pad : NULL;  // pi0's loss counts every slot
+    const float* is_pad = flow_loss_masks_pad(c) ? in->action_is_pad : NULL;  // pi0's loss counts every slot
     valid_entries_kernel<<<1, BLOCK, 0, main_stream>>>(a->scalars + 3, is_pad, B * c->chunk, c->action_dim, micro > 0);
     launchCheck();
     int blocks = ceil_div(n, BLOCK);
-    smolvla_loss_kernel<<<blocks, BLOCK, 0, main_stream>>>(a->d_vt, a->loss_partial, a->v_t, a->target, is_pad,
+    flow_loss_kernel<<<blocks, BLOCK, 0, main_stream>>>(a->d_vt, a->loss_partial, a->v_t, a->target, is_pad,
                                                            c->action_dim, c->max_action_dim, n);
     launchCheck();
     sum_finalize_kernel<<<1, 1, 0, main_stream>>>(a->scalars, a->loss_partial, blocks, 1.0, 0, micro > 0);
@@ -1072,7 +1062,7 @@ static void smolvla_forward(SmolVLA* m, const SmolInputs* in, int micro) {
 }
 
 // Once the sums hold every micro-step and rank: the mean loss, and the gradients scaled to the mean's
-static void smolvla_loss_finish(SmolVLA* m) {
+static void flow_loss_finish(FlowVLA* m) {
     loss_normalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars);
     launchCheck();
     if (m->scaler != NULL) {
@@ -1086,15 +1076,15 @@ static void smolvla_loss_finish(SmolVLA* m) {
 // ---- backward
 
 // d acts.d_vt -> the expert -> d s_res[0] in g_res / g_res_x (R, Ce); VLM k/v gradients into dp_k/dp_v
-static void smolvla_expert_backward(SmolVLA* m, int state_only) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int B = m->B, R = (int)smolvla_rrows(c, B), A = (int)smolvla_arows(c, B), P = (int)smolvla_prows(c, B);
-    int Np = smolvla_n_prefix(c), H = smolvla_n_suffix(c), T = Np + H, D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+static void flow_expert_backward(FlowVLA* m, int state_only) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int B = m->B, R = (int)flow_rrows(c, B), A = (int)flow_arows(c, B), P = (int)flow_prows(c, B);
+    int Np = flow_n_prefix(c), H = flow_n_suffix(c), T = Np + H, D = flow_d_attn(c), KV = flow_d_kv(c);
     int Ce = c->d_expert, L = c->n_layer;
     float* dres = a->g_res;
     floatX* dres_x = a->g_res_x;
-    if (!smolvla_state_in_suffix(c)) {
+    if (!flow_state_in_suffix(c)) {
         matmul_backward_input(a->g_ln, a->d_vt, m->params.action_out_w, A, Ce, c->max_action_dim, 0.0f);
         matmul_backward_weight(m->grads.action_out_w, a->d_vt, a->f_ln, A, Ce, c->max_action_dim);
     } else {  // the action rows' gradients into place; the state rows' output feeds nothing
@@ -1105,25 +1095,25 @@ static void smolvla_expert_backward(SmolVLA* m, int state_only) {
     }
     bias_backward(m->grads.action_out_b, a->partial, a->d_vt, A, c->max_action_dim);
     cudaCheck(cudaMemsetAsync(dres, 0, (size_t)R * Ce * sizeof(float), main_stream));
-    smolvla_rmsnorm_backward(m, dres, dres_x, m->grads.exp_norm, a->g_ln, a->s_res + (size_t)L * R * Ce,
+    flow_rmsnorm_backward(m, dres, dres_x, m->grads.exp_norm, a->g_ln, a->s_res + (size_t)L * R * Ce,
                              m->params.exp_norm, a->f_rstd, R, Ce);
     for (int l = L - 1; l >= 0; l--) {
-        if (m->recompute != RECOMPUTE_NONE) { smolvla_expert_layer_forward(m, l, 0, m->recompute); }
-        SmolLayer<floatX> w = smolvla_layer<floatX>(m, 1, l, 0);
-        SmolLayer<float> g = smolvla_layer<float>(m, 1, l, 1);
-        SmolLayerActs x = smolvla_layer_acts(m, 1, l), px = smolvla_layer_acts(m, 0, l);
+        if (m->recompute != RECOMPUTE_NONE) { flow_expert_layer_forward(m, l, 0, m->recompute); }
+        FlowLayer<floatX> w = flow_layer<floatX>(m, 1, l, 0);
+        FlowLayer<float> g = flow_layer<float>(m, 1, l, 1);
+        FlowLayerActs x = flow_layer_acts(m, 1, l), px = flow_layer_acts(m, 0, l);
         float* dpk = a->dp_k + (size_t)l * P * KV;
         float* dpv = a->dp_v + (size_t)l * P * KV;
-        smolvla_layer_out_backward(m, &w, &g, &x, dres, dres_x, R, D);
+        flow_layer_out_backward(m, &w, &g, &x, dres, dres_x, R, D);
         if (!w.cross) {
             cudaCheck(cudaMemsetAsync(a->g_kf, 0, (size_t)R * KV * sizeof(float), main_stream));
             cudaCheck(cudaMemsetAsync(a->g_vf, 0, (size_t)R * KV * sizeof(float), main_stream));
             gqa_attention_backward(a->g_q, dpk, dpv, a->g_kf, a->g_vf, a->g_att, x.q, x.att, x.lse, a->delta,
-                                   smolvla_attn(m, H, Np, px.k, px.v, Np, x.k, x.v, H));
+                                   flow_attn(m, H, Np, px.k, px.v, Np, x.k, x.v, H));
             rope_at(a->g_q, a->g_q, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_head, c->head_dim, -1.0f);
             rope_at(a->g_kx, a->g_kf, m->rope_cos, m->rope_sin, a->pos + Np, R, H, T, c->n_kv_head, c->head_dim, -1.0f);
             convert(a->g_vx, a->g_vf, (size_t)R * KV);
-            smolvla_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, a->g_q, a->g_kx, a->g_vx, R);
+            flow_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, a->g_q, a->g_kx, a->g_vx, R);
         } else {
             floatX* ck = a->c_k + (size_t)l * P * KV;
             floatX* cv = a->c_v + (size_t)l * P * KV;
@@ -1131,7 +1121,7 @@ static void smolvla_expert_backward(SmolVLA* m, int state_only) {
             cudaCheck(cudaMemsetAsync(a->g_vf, 0, (size_t)P * KV * sizeof(float), main_stream));
             // every prefix row's: the cross k_proj/v_proj weights need them all
             gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta,
-                                   smolvla_attn(m, H, Np, ck, cv, Np, NULL, NULL, 0));
+                                   flow_attn(m, H, Np, ck, cv, Np, NULL, NULL, 0));
             convert(a->g_kx, a->g_kf, (size_t)P * KV);
             convert(a->g_vx, a->g_vf, (size_t)P * KV);
             matmul_backward_weight(g.wk, a->g_kx, px.k, P, KV, KV);
@@ -1142,21 +1132,21 @@ static void smolvla_expert_backward(SmolVLA* m, int state_only) {
             matmul_backward_input_accumulate_f32(dpk + first, a->g_kx + first, w.wk, rows, KV, KV, ld, ld);
             matmul_backward_input_accumulate_f32(dpv + first, a->g_vx + first, w.wv, rows, KV, KV, ld, ld);
             rope_at(a->g_q, a->g_q, m->rope_cos, m->rope_sin, a->x_pos, R, H, H, c->n_head, c->head_dim, -1.0f);
-            smolvla_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, a->g_q, NULL, NULL, R);
+            flow_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, a->g_q, NULL, NULL, R);
         }
-        smolvla_bucket_done(m, smolvla_bucket(c, TOWER_EXPERT, l));
+        flow_bucket_done(m, flow_bucket(c, TOWER_EXPERT, l));
     }
 }
 
 // d s_res[0] (g_res_x) -> action_time_mlp_out, SiLU, action_time_mlp_in -> action_in_proj; pi0's
 // state token -> state_proj
-static void smolvla_suffix_embed_backward(SmolVLA* m) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int B = m->B, R = (int)smolvla_arows(c, B), Ce = c->d_expert;
+static void flow_suffix_embed_backward(FlowVLA* m) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int B = m->B, R = (int)flow_arows(c, B), Ce = c->d_expert;
     const floatX* dtok = a->g_res_x;  // (A, Ce) d of the action tokens
-    if (smolvla_state_in_suffix(c)) {  // the suffix's rows apart: the action tokens into g_ln, the states
-        int Ns = smolvla_n_suffix(c);
+    if (flow_state_in_suffix(c)) {  // the suffix's rows apart: the action tokens into g_ln, the states
+        int Ns = flow_n_suffix(c);
         LAUNCH_1D(gather_rows_kernel, (size_t)B * Ce, a->g_state, a->g_res_x, B, Ns, 0, 1, Ce);
         LAUNCH_1D(gather_rows_kernel, (size_t)R * Ce, a->g_ln, a->g_res_x, B, Ns, 1, c->chunk, Ce);
         matmul_backward_weight(m->grads.state_w, a->g_state, a->state_x, B, c->max_state_dim, Ce);
@@ -1177,11 +1167,11 @@ static void smolvla_suffix_embed_backward(SmolVLA* m) {
 }
 
 // The state rows (row Np - 1 of each sample) of a VLM layer's x into the r_*: B rows of one query
-static SmolLayerActs smolvla_state_rows(SmolVLA* m, const SmolLayerActs* x, int last) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int B = m->B, Np = smolvla_n_prefix(c), C = c->d_model, F = c->d_ff, D = smolvla_d_attn(c);
-    SmolLayerActs r = {a->r_res,  a->r_ln1, a->r_q,   NULL, NULL,       a->r_att, a->r_mid,  a->r_ln2,
+static FlowLayerActs flow_state_rows(FlowVLA* m, const FlowLayerActs* x, int last) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int B = m->B, Np = flow_n_prefix(c), C = c->d_model, F = c->d_ff, D = flow_d_attn(c);
+    FlowLayerActs r = {a->r_res,  a->r_ln1, a->r_q,   NULL, NULL,       a->r_att, a->r_mid,  a->r_ln2,
                        a->r_gate, a->r_up,  a->r_act, NULL, a->r_rstd1, a->r_lse, a->r_rstd2};
     LAUNCH_1D(gather_rows_kernel, (size_t)B * C, r.res, x->res, B, Np, Np - 1, 1, C);
     LAUNCH_1D(gather_rows_kernel, (size_t)B * C, r.ln1, x->ln1, B, Np, Np - 1, 1, C);
@@ -1201,11 +1191,11 @@ static SmolLayerActs smolvla_state_rows(SmolVLA* m, const SmolLayerActs* x, int 
 
 // The VLM's layers backward from dp_k, dp_v down to d p_res[0] in g_res / g_res_x (P rows, or B state
 // rows). The last layer (ln1 -> k/v) is frozen in every mode, yet the gradient passes through it.
-static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int B = m->B, P = (int)smolvla_prows(c, B), Np = smolvla_n_prefix(c), T = Np + smolvla_n_suffix(c);
-    int D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
+static void flow_vlm_backward(FlowVLA* m, int state_only) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int B = m->B, P = (int)flow_prows(c, B), Np = flow_n_prefix(c), T = Np + flow_n_suffix(c);
+    int D = flow_d_attn(c), KV = flow_d_kv(c);
     int N = state_only ? B : P;  // rows taken down
     float* dres = a->g_res;
     floatX* dres_x = a->g_res_x;
@@ -1213,20 +1203,20 @@ static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
     for (int l = c->n_layer - 1; l >= 0; l--) {
         int last = l == c->n_layer - 1;
         if (m->recompute != RECOMPUTE_NONE) {
-            smolvla_vlm_layer_forward(m, l, m->recompute);
+            flow_vlm_layer_forward(m, l, m->recompute);
         }  // every row: same kernels
-        SmolLayer<floatX> w = smolvla_layer<floatX>(m, 0, l, 0);
-        SmolLayer<float> g = smolvla_layer<float>(m, 0, l, 1);
-        SmolLayerActs all = smolvla_layer_acts(m, 0, l);
-        SmolLayerActs x = state_only ? smolvla_state_rows(m, &all, last) : all;
+        FlowLayer<floatX> w = flow_layer<floatX>(m, 0, l, 0);
+        FlowLayer<float> g = flow_layer<float>(m, 0, l, 1);
+        FlowLayerActs all = flow_layer_acts(m, 0, l);
+        FlowLayerActs x = state_only ? flow_state_rows(m, &all, last) : all;
         float* dk = a->dp_k + (size_t)l * P * KV;
         float* dv = a->dp_v + (size_t)l * P * KV;
         const floatX* dq = NULL;
         if (!last) {
-            smolvla_layer_out_backward(m, &w, &g, &x, dres, dres_x, N, D);
+            flow_layer_out_backward(m, &w, &g, &x, dres, dres_x, N, D);
             // the taken rows' queries (the state's, token Np - 1, or all) over every prefix key
             GqaAttn keys =
-                smolvla_attn(m, state_only ? 1 : Np, state_only ? Np - 1 : 0, all.k, all.v, Np, NULL, NULL, 0);
+                flow_attn(m, state_only ? 1 : Np, state_only ? Np - 1 : 0, all.k, all.v, Np, NULL, NULL, 0);
             gqa_attention_backward(a->g_q, dk, dv, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta, keys);
             rope_at(a->g_q, a->g_q, m->rope_cos, m->rope_sin, a->pos + (state_only ? Np - 1 : 0), N, N / B, T,
                     c->n_head, c->head_dim, -1.0f);
@@ -1241,20 +1231,20 @@ static void smolvla_vlm_backward(SmolVLA* m, int state_only) {
         rope_at(a->g_kx, dk, m->rope_cos, m->rope_sin, a->pos + (state_only ? Np - 1 : 0), N, N / B, T, c->n_kv_head,
                 c->head_dim, -1.0f);
         convert(a->g_vx, dv, (size_t)N * KV);
-        smolvla_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, dq, a->g_kx, a->g_vx, N);
-        smolvla_bucket_done(m, smolvla_bucket(c, TOWER_VLM, l));
+        flow_layer_qkv_backward(m, &w, &g, &x, dres, dres_x, dq, a->g_kx, a->g_vx, N);
+        flow_bucket_done(m, flow_bucket(c, TOWER_VLM, l));
     }
 }
 
 // d p_res[0] -> state_proj (SmolVLA's state token); embed_tokens (not the pad id's row) and the
 // connector; g_shuf = d shuffled
-static void smolvla_prefix_embed_backward(SmolVLA* m, int state_only) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int B = m->B, C = c->d_model, NI = smolvla_image_tokens(c), Np = smolvla_n_prefix(c), Lt = c->max_text;
-    int NV = (int)smolvla_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width;
+static void flow_prefix_embed_backward(FlowVLA* m, int state_only) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int B = m->B, C = c->d_model, NI = flow_image_tokens(c), Np = flow_n_prefix(c), Lt = c->max_text;
+    int NV = (int)flow_images(c, B), S2C = c->scale_factor * c->scale_factor * c->vis_width;
     float scale = sqrtf((float)C);
-    if (!smolvla_state_in_suffix(c)) {  // the state rows: row Np - 1 of each sample, or the B rows of state_only
+    if (!flow_state_in_suffix(c)) {  // the state rows: row Np - 1 of each sample, or the B rows of state_only
         const floatX* dstate = state_only ? a->g_res_x : a->g_res_x + (size_t)(Np - 1) * C;
         int ld = state_only ? C : Np * C;
         matmul_backward_weight(m->grads.state_w, dstate, a->state_x, B, c->max_state_dim, C, ld);
@@ -1268,7 +1258,7 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int state_only) {
     }
     if (m->grads.connector_w == NULL) { return; }
     LAUNCH_1D(prefix_image_grad_kernel, (size_t)NV * NI * C, a->g_img, a->g_res, B, c->n_cam, NI, Np, C,
-              smolvla_scales_images(c) ? scale : 1.0f);
+              flow_scales_images(c) ? scale : 1.0f);
     matmul_backward_weight(m->grads.connector_w, a->g_img, a->shuffled, NV * NI, S2C, C);
     if (m->grads.connector_b != NULL) { bias_backward(m->grads.connector_b, a->partial, a->g_img, NV * NI, C); }
     if (m->grads.vis_post_w != NULL) {
@@ -1277,10 +1267,10 @@ static void smolvla_prefix_embed_backward(SmolVLA* m, int state_only) {
 }
 
 // d shuffled (g_shuf) -> pixel shuffle -> post_layernorm -> SigLIP layers -> patch embeddings
-static void smolvla_vision_backward(SmolVLA* m) {
-    const SmolVLAConfig* c = &m->config;
-    SmolActivations* a = &m->acts;
-    int NV = (int)smolvla_images(c, m->B), G = smolvla_grid(c), Nv = G * G, V = (int)smolvla_vrows(c, m->B);
+static void flow_vision_backward(FlowVLA* m) {
+    const FlowConfig* c = &m->config;
+    FlowActivations* a = &m->acts;
+    int NV = (int)flow_images(c, m->B), G = flow_grid(c), Nv = G * G, V = (int)flow_vrows(c, m->B);
     int Cv = c->vis_width, Fv = c->vis_ff;
     size_t VC = (size_t)V * Cv;
     float* dres = a->g_res;
@@ -1288,42 +1278,42 @@ static void smolvla_vision_backward(SmolVLA* m) {
     pixel_shuffle_backward(a->g_ln, a->g_shuf, NV, G, G, Cv, c->scale_factor);  // d v_out
     cudaCheck(cudaMemsetAsync(dres, 0, VC * sizeof(float), main_stream));
     layernorm_backward(dres, dres_x, m->grads.vis_post_w, m->grads.vis_post_b, a->partial, a->g_ln,
-                       smolvla_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean, a->v_orstd, V,
+                       flow_vision_acts(m, c->vis_layers - 1).out, m->params.vis_post_w, a->v_omean, a->v_orstd, V,
                        Cv);
     for (int l = c->vis_layers - 1; l >= 0; l--) {
-        if (m->recompute != RECOMPUTE_NONE) { smolvla_vision_layer_forward(m, l, m->recompute); }
-        SmolVisionActs x = smolvla_vision_acts(m, l);
+        if (m->recompute != RECOMPUTE_NONE) { flow_vision_layer_forward(m, l, m->recompute); }
+        FlowVisionActs x = flow_vision_acts(m, l);
         // MLP: out = mid + fc2(gelu(fc1(ln2(mid))))
-        matmul_backward_input(a->g_act, dres_x, smolvla_param(m, SMOLP_vis_fc2_w, l), V, Fv, Cv, 0.0f);
-        matmul_backward_weight(smolvla_grad(m, SMOLP_vis_fc2_w, l), dres_x, x.gelu, V, Fv, Cv);
-        bias_backward(smolvla_grad(m, SMOLP_vis_fc2_b, l), a->partial, dres_x, V, Cv);
+        matmul_backward_input(a->g_act, dres_x, flow_param(m, FLOWP_vis_fc2_w, l), V, Fv, Cv, 0.0f);
+        matmul_backward_weight(flow_grad(m, FLOWP_vis_fc2_w, l), dres_x, x.gelu, V, Fv, Cv);
+        bias_backward(flow_grad(m, FLOWP_vis_fc2_b, l), a->partial, dres_x, V, Cv);
         gelu_backward(a->g_gate, a->g_act, x.fc1, (size_t)V * Fv);
-        matmul_backward_input(a->g_ln, a->g_gate, smolvla_param(m, SMOLP_vis_fc1_w, l), V, Cv, Fv, 0.0f);
-        matmul_backward_weight(smolvla_grad(m, SMOLP_vis_fc1_w, l), a->g_gate, x.ln2, V, Cv, Fv);
-        bias_backward(smolvla_grad(m, SMOLP_vis_fc1_b, l), a->partial, a->g_gate, V, Fv);
-        layernorm_backward(dres, dres_x, smolvla_grad(m, SMOLP_vis_ln2_w, l), smolvla_grad(m, SMOLP_vis_ln2_b, l),
-                           a->partial, a->g_ln, x.mid, smolvla_param(m, SMOLP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
+        matmul_backward_input(a->g_ln, a->g_gate, flow_param(m, FLOWP_vis_fc1_w, l), V, Cv, Fv, 0.0f);
+        matmul_backward_weight(flow_grad(m, FLOWP_vis_fc1_w, l), a->g_gate, x.ln2, V, Cv, Fv);
+        bias_backward(flow_grad(m, FLOWP_vis_fc1_b, l), a->partial, a->g_gate, V, Fv);
+        layernorm_backward(dres, dres_x, flow_grad(m, FLOWP_vis_ln2_w, l), flow_grad(m, FLOWP_vis_ln2_b, l),
+                           a->partial, a->g_ln, x.mid, flow_param(m, FLOWP_vis_ln2_w, l), x.mean2, x.rstd2, V, Cv);
         // attention: mid = x + out_proj(attention(q, k, v))
-        matmul_backward_input(a->g_att, dres_x, smolvla_param(m, SMOLP_vis_wo, l), V, Cv, Cv, 0.0f);
-        matmul_backward_weight(smolvla_grad(m, SMOLP_vis_wo, l), dres_x, x.att, V, Cv, Cv);
-        bias_backward(smolvla_grad(m, SMOLP_vis_bo, l), a->partial, dres_x, V, Cv);
+        matmul_backward_input(a->g_att, dres_x, flow_param(m, FLOWP_vis_wo, l), V, Cv, Cv, 0.0f);
+        matmul_backward_weight(flow_grad(m, FLOWP_vis_wo, l), dres_x, x.att, V, Cv, Cv);
+        bias_backward(flow_grad(m, FLOWP_vis_bo, l), a->partial, dres_x, V, Cv);
         gqa_attention_backward(a->g_q, a->g_kf, a->g_vf, NULL, NULL, a->g_att, x.q, x.att, x.lse, a->delta,
-                               smolvla_vision_attn(m, x), a->g_kx, a->g_vx);  // (dk, dv in floatX)
+                               flow_vision_attn(m, x), a->g_kx, a->g_vx);  // (dk, dv in floatX)
         const floatX* dqkv[3] = {a->g_q, a->g_kx, a->g_vx};
-        const int wi[3] = {SMOLP_vis_wq, SMOLP_vis_wk, SMOLP_vis_wv},
-                  bi[3] = {SMOLP_vis_bq, SMOLP_vis_bk, SMOLP_vis_bv};
+        const int wi[3] = {FLOWP_vis_wq, FLOWP_vis_wk, FLOWP_vis_wv},
+                  bi[3] = {FLOWP_vis_bq, FLOWP_vis_bk, FLOWP_vis_bv};
         for (int j = 0; j < 3; j++) {
-            matmul_backward_input(a->g_ln, dqkv[j], smolvla_param(m, wi[j], l), V, Cv, Cv, j > 0 ? 1.0f : 0.0f);
-            matmul_backward_weight(smolvla_grad(m, wi[j], l), dqkv[j], x.ln1, V, Cv, Cv);
-            bias_backward(smolvla_grad(m, bi[j], l), a->partial, dqkv[j], V, Cv);
+            matmul_backward_input(a->g_ln, dqkv[j], flow_param(m, wi[j], l), V, Cv, Cv, j > 0 ? 1.0f : 0.0f);
+            matmul_backward_weight(flow_grad(m, wi[j], l), dqkv[j], x.ln1, V, Cv, Cv);
+            bias_backward(flow_grad(m, bi[j], l), a->partial, dqkv[j], V, Cv);
         }
-        layernorm_backward(dres, dres_x, smolvla_grad(m, SMOLP_vis_ln1_w, l), smolvla_grad(m, SMOLP_vis_ln1_b, l),
-                           a->partial, a->g_ln, x.res, smolvla_param(m, SMOLP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
-        smolvla_bucket_done(m, smolvla_bucket(c, TOWER_VISION, l));
+        layernorm_backward(dres, dres_x, flow_grad(m, FLOWP_vis_ln1_w, l), flow_grad(m, FLOWP_vis_ln1_b, l),
+                           a->partial, a->g_ln, x.res, flow_param(m, FLOWP_vis_ln1_w, l), x.mean1, x.rstd1, V, Cv);
+        flow_bucket_done(m, flow_bucket(c, TOWER_VISION, l));
     }
     // patch i's position row, summed over the images in order; the patch embedding
     LAUNCH_1D(pos_emb_backward_kernel, (size_t)Nv * Cv, m->grads.vis_pos, dres, NV, Nv, Nv, Cv);
-    matmul_backward_weight(m->grads.vis_patch_w, dres_x, a->patches, V, smolvla_patch_dim(c), Cv);
+    matmul_backward_weight(m->grads.vis_patch_w, dres_x, a->patches, V, flow_patch_dim(c), Cv);
     bias_backward(m->grads.vis_patch_b, a->partial, dres_x, V, Cv);
 }
 
@@ -1333,59 +1323,59 @@ static void smolvla_vision_backward(SmolVLA* m) {
 //           VLM (pi0's state token is the expert's: nothing goes into the VLM).
 //   vlm:    the whole prefix back into embed_tokens and the connector.
 //   all:    and on through the vision tower.
-static void smolvla_backward(SmolVLA* m, int zero_grads) {
-    const SmolVLAConfig* c = &m->config;
+static void flow_backward(FlowVLA* m, int zero_grads) {
+    const FlowConfig* c = &m->config;
     int state_only = m->mode == TRAIN_MODE_EXPERT;
-    int into_vlm = !(state_only && smolvla_state_in_suffix(c));
+    int into_vlm = !(state_only && flow_state_in_suffix(c));
     prof_phase("expert bwd");
     if (zero_grads) { cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->n_train * sizeof(float), main_stream)); }
-    size_t kv = (size_t)c->n_layer * smolvla_prows(c, m->B) * smolvla_d_kv(c);
+    size_t kv = (size_t)c->n_layer * flow_prows(c, m->B) * flow_d_kv(c);
     cudaCheck(cudaMemsetAsync(m->acts.dp_k, 0, kv * sizeof(float), main_stream));
     cudaCheck(cudaMemsetAsync(m->acts.dp_v, 0, kv * sizeof(float), main_stream));
-    smolvla_expert_backward(m, state_only);
-    smolvla_suffix_embed_backward(m);
-    smolvla_bucket_done(m, smolvla_bucket(c, TOWER_EXPERT, -1));
+    flow_expert_backward(m, state_only);
+    flow_suffix_embed_backward(m);
+    flow_bucket_done(m, flow_bucket(c, TOWER_EXPERT, -1));
     if (into_vlm) {
         prof_phase("vlm bwd");
-        smolvla_vlm_backward(m, state_only);
+        flow_vlm_backward(m, state_only);
         prof_phase("prefix bwd");
-        smolvla_prefix_embed_backward(m, state_only);
+        flow_prefix_embed_backward(m, state_only);
     }
-    smolvla_bucket_done(m, smolvla_bucket(c, TOWER_VLM, -1));
+    flow_bucket_done(m, flow_bucket(c, TOWER_VLM, -1));
     if (m->mode == TRAIN_MODE_ALL) {
         prof_phase("vision bwd");
-        smolvla_vision_backward(m);
-        smolvla_bucket_done(m, smolvla_bucket(c, TOWER_VISION, -1));
+        flow_vision_backward(m);
+        flow_bucket_done(m, flow_bucket(c, TOWER_VISION, -1));
     }
 }
 
 // After a step's last backward: loss sums, entries and stop flag summed over the ranks, then the means
-static void smolvla_grads_finish(SmolVLA* m, int stop) {
+static void flow_grads_finish(FlowVLA* m, int stop) {
     LAUNCH_1D(fill_kernel, 1, m->acts.scalars + 2, stop ? 1.0f : 0.0f, 1);
     dist_step_sums(m);
-    smolvla_loss_finish(m);
+    flow_loss_finish(m);
 }
 
 // ---- sampling
 
 // Euler steps of dx/dt = v(x, t) in acts.x_sample from t = 1 to 0, as LeRobot's euler_integrate:
 // t = float(1 + k dt), dt = -1/n_steps in double, x += float(dt) v. A CUDA graph of it replays.
-static void smolvla_euler_steps(SmolVLA* m) {
-    SmolActivations* a = &m->acts;
-    int B = m->B, n = (int)smolvla_arows(&m->config, B) * m->config.max_action_dim, n_steps = 10;
+static void flow_euler_steps(FlowVLA* m) {
+    FlowActivations* a = &m->acts;
+    int B = m->B, n = (int)flow_arows(&m->config, B) * m->config.max_action_dim, n_steps = 10;
     convert(a->x_t, a->x_sample, n);
     double dt = -1.0 / n_steps;
     for (int k = 0; k < n_steps; k++) {
         LAUNCH_1D(fill_kernel, B, a->t_sample, (float)(1.0 + k * dt), B);
-        smolvla_suffix_embed(m, a->t_sample);
-        smolvla_expert_forward(m, k > 0);
+        flow_suffix_embed(m, a->t_sample);
+        flow_expert_forward(m, k > 0);
         LAUNCH_1D(euler_step_f32_kernel, n, a->x_sample, a->x_t, a->v_t, (float)dt, n);
     }
 }
 
 // Noise (B, H, Amax, device) -> out (B, H, Amax, host): the prefix once, then the Euler steps (a CUDA graph)
-static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise, float* out) {
-    SmolSampling* s = &m->sampling;
+static void flow_sample(FlowVLA* m, const ModelInputs* in, const float* noise, float* out) {
+    FlowSampling* s = &m->sampling;
     if (s->marks[0] == NULL) {
         for (int k = 0; k < 3; k++) { cudaCheck(cudaEventCreate(&s->marks[k])); }
     }
@@ -1393,20 +1383,20 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
     double t0 = wall_seconds();
     if (profiled) { prof_begin(); }
     cudaCheck(cudaEventRecord(s->marks[0], main_stream));
-    smolvla_encode_prefix(m, in);
+    flow_encode_prefix(m, in);
     prof_phase("euler steps");
-    SmolActivations* a = &m->acts;
-    int n = (int)smolvla_arows(&m->config, in->B) * m->config.max_action_dim;
+    FlowActivations* a = &m->acts;
+    int n = (int)flow_arows(&m->config, in->B) * m->config.max_action_dim;
     cudaCheck(cudaMemcpyAsync(a->x_sample, noise, n * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
     cudaCheck(cudaEventRecord(s->marks[1], main_stream));
     if (!s->use_graph || !s->warm || profiled) {
-        smolvla_euler_steps(m);
+        flow_euler_steps(m);
         s->warm = 1;
     } else {
         if (s->graph == NULL) {
             cudaGraph_t graph = NULL;
             cudaCheck(cudaStreamBeginCapture(main_stream, cudaStreamCaptureModeThreadLocal));
-            smolvla_euler_steps(m);
+            flow_euler_steps(m);
             cudaCheck(cudaStreamEndCapture(main_stream, &graph));
             cudaCheck(cudaGraphInstantiate(&s->graph, graph, 0));
             cudaCheck(cudaGraphDestroy(graph));
@@ -1426,8 +1416,8 @@ static void smolvla_sample(SmolVLA* m, const SmolInputs* in, const float* noise,
 // ---- optimizer: AdamW on the trainable elements only
 
 // The trainable gradients' global norm into acts.scalars[1], a fixed grid; ZeRO-1 ranks add their sums
-static void smolvla_global_norm(SmolVLA* m) {
-    int sharded = smolvla_sharded(m);
+static void flow_global_norm(FlowVLA* m) {
+    int sharded = flow_sharded(m);
     norm_squares_kernel<<<NORM_BLOCKS, BLOCK, 0, main_stream>>>(m->norm_partial, m->grads_memory + m->shard_lo,
                                                                  m->shard_hi - m->shard_lo);
     launchCheck();
@@ -1443,29 +1433,29 @@ static void smolvla_global_norm(SmolVLA* m) {
 // AdamW (0.9, 0.95, 1e-8) on the shard's trainable master weights, a launch per tensor, decoupled decay
 // where the table or decay_on (DECAY_ON_*) says; the floatX copy refreshed (ZeRO-1: all-gathered).
 // fp16: an Inf/NaN step changes only the loss scale, yet counts.
-static void smolvla_update(SmolVLA* m, float lr, float weight_decay, int decay_on, float clip, int step) {
+static void flow_update(FlowVLA* m, float lr, float weight_decay, int decay_on, float clip, int step) {
     const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-    smolvla_global_norm(m);
+    flow_global_norm(m);
     float bc1 = 1.0f - powf(beta1, (float)(step + 1)), bc2 = 1.0f - powf(beta2, (float)(step + 1));
     size_t lo = m->shard_lo;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
         size_t first, n = zero_part(m->domain.offset[i], m->domain.numel[i], lo, m->shard_hi, &first);
         if (n == 0) { continue; }
         size_t a = m->domain.offset[i] + first;  // in the domain; the state arrays start at lo
         LAUNCH_1D(adamw_kernel, n, m->master + (a - lo), m->params_memory + a, m->grads_memory + a,
                   m->m_memory + (a - lo), m->v_memory + (a - lo), n, lr, beta1, beta2, eps,
-                  smolvla_decay(&m->table.spec[i], weight_decay, decay_on), bc1, bc2, m->acts.scalars + 1, clip);
+                  flow_decay(&m->table.spec[i], weight_decay, decay_on), bc1, bc2, m->acts.scalars + 1, clip);
     }
     if (m->scaler != NULL) {
         loss_scale_update_kernel<<<1, 1, 0, main_stream>>>(m->scaler, m->acts.scalars + 1, m->loss_scale_window,
                                                            VLA_LOSS_SCALE_MAX);
         launchCheck();
     }
-    if (smolvla_sharded(m)) { zero_gather_params(m); }
+    if (flow_sharded(m)) { zero_gather_params(m); }
 }
 
 // Loss, gradient norm (before clipping) and stop flag of the last step over every rank, waiting for them
-static void smolvla_read_scalars(SmolVLA* m, float* loss, float* norm, int* stop = NULL) {
+static void flow_read_scalars(FlowVLA* m, float* loss, float* norm, int* stop = NULL) {
     float s[3];
     cudaCheck(cudaMemcpyAsync(s, m->acts.scalars, sizeof(s), cudaMemcpyDeviceToHost, main_stream));
     cudaCheck(cudaStreamSynchronize(main_stream));
@@ -1484,44 +1474,44 @@ static void smolvla_read_scalars(SmolVLA* m, float* loss, float* norm, int* stop
 // order the backward pass finishes them: the expert's layers top down (its head with the top
 // layer), its input projections, the VLM's layers top down, the prefix's embeddings, the vision
 // layers top down (the post-LayerNorm with the top one), the patch and position embeddings.
-static int smolvla_bucket(const SmolVLAConfig* c, int tower, int layer) {
+static int flow_bucket(const FlowConfig* c, int tower, int layer) {
     int L = c->n_layer, Lv = c->vis_layers;
     if (tower == TOWER_EXPERT) { return layer >= 0 ? L - 1 - layer : L; }
     if (tower == TOWER_VLM) { return layer >= 0 ? 2 * L - layer : 2 * L + 1; }
     return layer >= 0 ? 2 * L + 1 + Lv - layer : 2 * L + 2 + Lv;
 }
 
-static int smolvla_bucket_count(const SmolVLAConfig* c) { return 2 * c->n_layer + 3 + c->vis_layers; }
+static int flow_bucket_count(const FlowConfig* c) { return 2 * c->n_layer + 3 + c->vis_layers; }
 
 // The bucket of slice k of tensor s: a layer's slice with its layer, a head with its tower's top
 // layer (its gradient is final before that layer's), an input with its tower's embeddings
-static int smolvla_slice_bucket(const SmolVLAConfig* c, const SmolParamSpec* s, int k) {
-    if (s->kind == KIND_LAYER) { return smolvla_bucket(c, s->tower, smolvla_slice_layer(c, s, k)); }
+static int flow_slice_bucket(const FlowConfig* c, const FlowParamSpec* s, int k) {
+    if (s->kind == KIND_LAYER) { return flow_bucket(c, s->tower, flow_slice_layer(c, s, k)); }
     if (s->kind == KIND_HEAD) {
-        return smolvla_bucket(c, s->tower, (s->tower == TOWER_VISION ? c->vis_layers : c->n_layer) - 1);
+        return flow_bucket(c, s->tower, (s->tower == TOWER_VISION ? c->vis_layers : c->n_layer) - 1);
     }
-    return smolvla_bucket(c, s->tower, -1);
+    return flow_bucket(c, s->tower, -1);
 }
 
 // Each bucket's ranges of the trainable domain d of table t: its trainable slices, neighbours
 // merged. A frozen slice is in no bucket, so it is never communicated. (Host only: the banner
 // counts them too.)
-static void smolvla_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const SmolParamTable* t,
-                                  const SmolOptDomain* d) {
-    b->n = smolvla_bucket_count(c);
+static void flow_buckets_build(FlowBuckets* b, const FlowConfig* c, const FlowParamTable* t,
+                                  const FlowOptDomain* d) {
+    b->n = flow_bucket_count(c);
     size_t max_ranges = 0;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { max_ranges += smolvla_slices(&t->spec[i]); }
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) { max_ranges += flow_slices(&t->spec[i]); }
     b->first = (int*)callocCheck(b->n + 1, sizeof(int));
     b->offset = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
     b->count = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
     int r = 0;
     for (int q = 0; q < b->n; q++) {
         b->first[q] = r;
-        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-            const SmolParamSpec* s = &t->spec[i];
-            size_t per = smolvla_slice_numel(s);
+        for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+            const FlowParamSpec* s = &t->spec[i];
+            size_t per = flow_slice_numel(s);
             for (size_t k = 0; per > 0 && (k + 1) * per <= d->numel[i]; k++) {  // (per 0: a tensor the family lacks)
-                if (smolvla_slice_bucket(c, s, (int)k) != q) { continue; }
+                if (flow_slice_bucket(c, s, (int)k) != q) { continue; }
                 size_t at = d->offset[i] + k * per;
                 if (r > b->first[q] && b->offset[r - 1] + b->count[r - 1] == at) {
                     b->count[r - 1] += per;
@@ -1540,7 +1530,7 @@ static void smolvla_buckets_build(SmolBuckets* b, const SmolVLAConfig* c, const 
 typedef struct {
     TrainArgs args;
     Dataset ds;
-    SmolVLAConfig config;
+    FlowConfig config;
     const char* from;      // checkpoint to start from, or NULL: from the seed
     Checkpoint initial;    // the starting weights (and moments), read or drawn once; the moments go once
                            // every rank has them, the weights stay: checkpoints take the frozen ones
@@ -1578,7 +1568,7 @@ typedef struct Dist {
     int sync;  // the backward pass sums its buckets over the ranks as they finish (a step's last micro-step)
     ncclComm_t comm;
     cudaStream_t comm_stream;
-    cudaEvent_t* bucket_ready;  // (smolvla_bucket_count) their gradients are final on the main stream
+    cudaEvent_t* bucket_ready;  // (flow_bucket_count) their gradients are final on the main stream
     cudaEvent_t scalars_ready, comm_done;
     // the main stream's waits on the communication stream in one step: begin and end of wait i
     cudaEvent_t wait_begin[DIST_TIMED_WAITS], wait_end[DIST_TIMED_WAITS];
@@ -1611,10 +1601,10 @@ static void dist_sum(Dist* d, float* x, size_t n) {
 }
 
 // Bucket b's gradients are final: sum them over the ranks while the backward goes on
-static void smolvla_bucket_done(SmolVLA* m, int b) {
+static void flow_bucket_done(FlowVLA* m, int b) {
     Dist* d = m->dist;
-    const SmolBuckets* k = &m->buckets;
-    if (d == NULL || !d->sync || smolvla_sharded(m) || k->first[b] == k->first[b + 1]) {
+    const FlowBuckets* k = &m->buckets;
+    if (d == NULL || !d->sync || flow_sharded(m) || k->first[b] == k->first[b + 1]) {
         return;
     }  // ZeRO-1: at the end
     cudaCheck(cudaEventRecord(d->bucket_ready[b], main_stream));
@@ -1628,11 +1618,11 @@ static void smolvla_bucket_done(SmolVLA* m, int b) {
 }
 
 // The step's sums over the ranks after its last backward (ZeRO-1: gradients reduce-scattered)
-static void dist_step_sums(SmolVLA* m) {
+static void dist_step_sums(FlowVLA* m) {
     Dist* d = m->dist;
     if (d != NULL) {
         comm_after_main(d, d->scalars_ready);
-        if (smolvla_sharded(m)) {
+        if (flow_sharded(m)) {
             size_t S = m->shard_hi - m->shard_lo;
             ncclCheck(ncclReduceScatter(m->grads_memory, m->grads_memory + m->shard_lo, S, ncclFloat, ncclSum, d->comm,
                                         d->comm_stream));
@@ -1642,14 +1632,14 @@ static void dist_step_sums(SmolVLA* m) {
     }
 }
 
-static void zero_sum_squares(SmolVLA* m) {
+static void zero_sum_squares(FlowVLA* m) {
     comm_after_main(m->dist, m->dist->scalars_ready);
     ncclCheck(ncclAllReduce(m->acts.scalars + 1, m->acts.scalars + 1, 1, ncclFloat, ncclSum, m->dist->comm,
                             m->dist->comm_stream));
     main_after_comm(m->dist);
 }
 
-static void zero_gather_params(SmolVLA* m) {
+static void zero_gather_params(FlowVLA* m) {
     comm_after_main(m->dist, m->dist->scalars_ready);
     ncclCheck(ncclAllGather(m->params_memory + m->shard_lo, m->params_memory, m->shard_hi - m->shard_lo, NCCL_FLOATX,
                             m->dist->comm, m->dist->comm_stream));
@@ -1657,8 +1647,8 @@ static void zero_gather_params(SmolVLA* m) {
 }
 
 // Optimizer state made whole (n_train): itself, or all-gathered into `gathered` (every rank calls it)
-static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* shard) {
-    if (smolvla_sharded(m)) {
+static const float* zero_gather_state(FlowVLA* m, float* gathered, const float* shard) {
+    if (flow_sharded(m)) {
         comm_after_main(m->dist, m->dist->scalars_ready);
         ncclCheck(
             ncclAllGather(shard, gathered, m->shard_hi - m->shard_lo, ncclFloat, m->dist->comm, m->dist->comm_stream));
@@ -1668,7 +1658,6 @@ static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* 
     return shard;
 }
 
-#if !defined(TESTING) && !defined(VLA_LIBRARY)
 
 // Any -g and --nodes: NCCL serves them (the build without it refuses more than one GPU)
 static void dist_check_args(const TrainArgs* args) {}
@@ -1778,7 +1767,7 @@ static void watchdog_stop(Watchdog* w) {
 }
 
 // This rank's communicator (rank `rank`, local GPU `local`), stream and events
-static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) {
+static void dist_init(Dist* d, FlowVLA* m, const Run* run, int rank, Watchdog* w, int local) {
     memset(d, 0, sizeof(*d));
     int n_buckets = m->buckets.n;
     ncclCheck(ncclCommInitRank(&d->comm, run->world, nccl_id, rank));
@@ -1797,7 +1786,7 @@ static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w
     m->dist = d;
 }
 
-static void dist_free(Dist* d, const SmolVLA* m, Watchdog* w, int local) {
+static void dist_free(Dist* d, const FlowVLA* m, Watchdog* w, int local) {
     w->comms[local] = NULL;  // (every rank has finished its collectives before it gets here)
     for (int b = 0; b < m->buckets.n; b++) { cudaCheck(cudaEventDestroy(d->bucket_ready[b])); }
     free(d->bucket_ready);
@@ -1841,7 +1830,6 @@ static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) 
     stopped |= train(run, w, omp_get_thread_num());
     return stopped;
 }
-#endif  // the trainer's side
 
 #else  // the build without NCCL: one GPU alone, nothing to sum over ranks, gather or watch, so each
 // call does nothing (or its one rank's part), and the loop reads the same with or without MULTI_GPU
@@ -1850,13 +1838,12 @@ typedef struct Dist {
 } Dist;
 
 static void dist_sum(Dist* d, float* x, size_t n) {}
-static void smolvla_bucket_done(SmolVLA* m, int b) {}
-static void dist_step_sums(SmolVLA* m) {}
-static void zero_sum_squares(SmolVLA* m) {}
-static void zero_gather_params(SmolVLA* m) {}
-static const float* zero_gather_state(SmolVLA* m, float* gathered, const float* shard) { return shard; }
+static void flow_bucket_done(FlowVLA* m, int b) {}
+static void dist_step_sums(FlowVLA* m) {}
+static void zero_sum_squares(FlowVLA* m) {}
+static void zero_gather_params(FlowVLA* m) {}
+static const float* zero_gather_state(FlowVLA* m, float* gathered, const float* shard) { return shard; }
 
-#if !defined(TESTING) && !defined(VLA_LIBRARY)
 // More than one GPU, here or on other nodes, takes NCCL
 static void dist_check_args(const TrainArgs* args) {
     if (args->ranks > 1) {
@@ -1886,16 +1873,15 @@ static void watchdog_stop(Watchdog* w) {
     free((void*)w->step);
 }
 
-static void dist_init(Dist* d, SmolVLA* m, const Run* run, int rank, Watchdog* w, int local) {
+static void dist_init(Dist* d, FlowVLA* m, const Run* run, int rank, Watchdog* w, int local) {
     memset(d, 0, sizeof(*d));
 }
-static void dist_free(Dist* d, const SmolVLA* m, Watchdog* w, int local) {}
+static void dist_free(Dist* d, const FlowVLA* m, Watchdog* w, int local) {}
 static void dist_barrier(void) {}
 static void dist_step_begin(Dist* d) {}
 static double dist_wait_ms(Dist* d) { return 0.0; }
 static void dist_print_waits(double wait_ms, int steps, double step_ms, int world) {}
 static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) { return train(run, w, 0); }
-#endif  // the trainer's side
 #endif  // MULTI_GPU
 
 // ----------------------------------------------------------------------------
@@ -1903,11 +1889,11 @@ static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) 
 // batch is one copy, uploaded on the copy stream), the model's inputs read from one, and
 // --balance tasks' per-task losses
 
-// Device copy of a host batch's layout (smolvla_batch_layout: each camera's frames at their stored
+// Device copy of a host batch's layout (batch_layout: each camera's frames at their stored
 // size, tokens, state, actions, pads, t, noise); the host slot and this buffer are copied in one go.
-static void device_batch_alloc(SmolVLA* m, SmolBatch* dev, const Cameras* cams, int B) {
-    size_t bytes = smolvla_batch_layout(dev, NULL, &m->config, cams, B);
-    smolvla_batch_layout(dev, (uint8_t*)smolvla_device_malloc(m, bytes), &m->config, cams, B);
+static void device_batch_alloc(FlowVLA* m, Batch* dev, const Cameras* cams, int B) {
+    size_t bytes = batch_layout(dev, NULL, &m->config, cams, B);
+    batch_layout(dev, (uint8_t*)flow_device_malloc(m, bytes), &m->config, cams, B);
 }
 
 
@@ -1955,7 +1941,7 @@ static void task_losses_free(TaskLosses* tl) {
 
 // At the end of the step (after the update): the per-task sums added over the ranks, and copied
 // for task_losses_read once the step's scalars are read (which waits for the main stream)
-static void task_losses_reduce(TaskLosses* tl, SmolVLA* m) {
+static void task_losses_reduce(TaskLosses* tl, FlowVLA* m) {
     if (tl->tb == NULL) { return; }
     dist_sum(m->dist, tl->task_sums, 2 * (size_t)tl->T);
     cudaCheck(cudaMemcpyAsync(tl->host_sums, tl->task_sums, 2 * (size_t)tl->T * sizeof(float), cudaMemcpyDeviceToHost,
@@ -1974,8 +1960,8 @@ static void task_losses_read(TaskLosses* tl) {
 // Starts copying the loader's next batch into dev (device batch k) on the copy stream, once the
 // compute that last read dev is done (`consumed`, recorded on the main stream; a fresh event is no
 // wait); `uploaded` fires when the batch has landed, with its samples' tasks when tl keeps them.
-static void batch_upload(Loader* L, SmolBatch* dev, cudaEvent_t consumed, cudaEvent_t uploaded, TaskLosses* tl, int k) {
-    SmolBatch* host = loader_next(L);
+static void batch_upload(Loader* L, Batch* dev, cudaEvent_t consumed, cudaEvent_t uploaded, TaskLosses* tl, int k) {
+    Batch* host = loader_next(L);
     cudaCheck(cudaStreamWaitEvent(copy_stream, consumed, 0));
     cudaCheck(cudaMemcpyAsync(dev->memory, host->memory, host->bytes, cudaMemcpyHostToDevice, copy_stream));
     if (tl->tb != NULL) {
@@ -1991,11 +1977,12 @@ static void batch_upload(Loader* L, SmolBatch* dev, cudaEvent_t consumed, cudaEv
 }
 
 // After the forward of device batch k, micro-step `micro` of the step: its samples' sums into their tasks'
-static void task_losses_add(TaskLosses* tl, const SmolVLA* m, const SmolInputs* in, int k, int micro) {
+static void task_losses_add(TaskLosses* tl, const FlowVLA* m, const ModelInputs* in, int k, int micro) {
     if (tl->tb == NULL) { return; }
-    const SmolVLAConfig* c = &m->config;
-    sample_loss_kernel<<<in->B, BLOCK, 0, main_stream>>>(tl->sample_sums, m->acts.v_t, m->acts.target,
-                                                         in->action_is_pad, c->chunk, c->action_dim, c->max_action_dim);
+    const FlowConfig* c = &m->config;
+    const float* is_pad = flow_loss_masks_pad(c) ? in->action_is_pad : NULL;  // pi0's loss counts every slot
+    sample_loss_kernel<<<in->B, BLOCK, 0, main_stream>>>(tl->sample_sums, m->acts.v_t, m->acts.target, is_pad,
+                                                         c->chunk, c->action_dim, c->max_action_dim);
     launchCheck();
     task_loss_add_kernel<<<ceil_div(tl->T, BLOCK), BLOCK, 0, main_stream>>>(
         tl->task_sums, tl->sample_sums, tl->dev_task + (size_t)k * tl->B, in->B, tl->T, micro == 0);
@@ -2003,13 +1990,13 @@ static void task_losses_add(TaskLosses* tl, const SmolVLA* m, const SmolInputs* 
 }
 
 // 10 Euler steps from a device batch's noise -> sampled (B, H, A) on the host, un-normalized
-static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* dev, const float* action_mean, const float* action_std,
+static void flow_sample_actions(FlowVLA* m, const Batch* dev, const float* action_mean, const float* action_std,
                                    float* sampled) {
-    const SmolVLAConfig* c = &m->config;
+    const FlowConfig* c = &m->config;
     int B = dev->B, H = c->chunk, A = c->action_dim, Amax = c->max_action_dim;
     float* normalized = (float*)mallocCheck((size_t)B * H * Amax * sizeof(float));
-    SmolInputs in = smolvla_inputs(dev);
-    smolvla_sample(m, &in, dev->eps, normalized);
+    ModelInputs in = model_inputs(dev);
+    flow_sample(m, &in, dev->eps, normalized);
     for (size_t slot = 0; slot < (size_t)B * H; slot++) {
         for (int d = 0; d < A; d++) {
             sampled[slot * A + d] = normalized[slot * Amax + d] * action_std[d] + action_mean[d];
@@ -2022,12 +2009,12 @@ static void smolvla_sample_actions(SmolVLA* m, const SmolBatch* dev, const float
 // checkpoints of the model
 
 // Writes a checkpoint (rank 0): every weight in fp32, and the moments; every rank calls it (ZeRO-1)
-static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const TrainArgs* args, int step,
+static void flow_save(FlowVLA* m, float* params, const Dataset* ds, const TrainArgs* args, int step,
                          uint64_t sampler_pos, int write, const LossScaleState* loss_scale) {
-    if (!write && !smolvla_sharded(m)) { return; }
+    if (!write && !flow_sharded(m)) { return; }
     size_t total = m->n_train;
     float* gathered = NULL;  // ZeRO-1: room for one state array's shards, gathered
-    if (smolvla_sharded(m)) { cudaCheck(cudaMalloc(&gathered, total * sizeof(float))); }
+    if (flow_sharded(m)) { cudaCheck(cudaMalloc(&gathered, total * sizeof(float))); }
     float* host = write ? (float*)mallocCheck(3 * total * sizeof(float)) : NULL;
     const float* state[3] = {m->master, m->m_memory, m->v_memory};
     for (int k = 0; k < 3; k++) {
@@ -2038,7 +2025,7 @@ static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const Tra
     }
     cudaCheck(cudaStreamSynchronize(main_stream));  // (the gathers are done before their buffer goes)
     if (write) {
-        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+        for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
             memcpy(params + m->table.spec[i].offset, host + m->domain.offset[i], m->domain.numel[i] * sizeof(float));
         }
         run_checkpoint_save(args, ds, &m->config, step, sampler_pos, params, m->table.total, host + total,
@@ -2053,7 +2040,7 @@ static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const Tra
 // served for Python through ctypes (scripts/vla_policy.py, device="cuda"), with the C ABI of
 // libvla.so from train_vla.c. vla/policy.h writes the entry points both libraries share (_load,
 // _config, _tokenizer, _act, _act_tokens, _last_status, _last_error) over the calls this section
-// defines (policy_load, policy_destroy, policy_call_act, policy_facts); _device, _timing,
+// defines (policy_load, policy_destroy, policy_call_act); _device, _timing,
 // _set_graphs and _free are this library's. It owns
 // VLAPolicy (the model without its training state, the observations on the host and their copy on
 // the device) and the environment variable VLA_PROFILE_ACT (the act() call the step profiler times,
@@ -2073,13 +2060,11 @@ static void smolvla_save(SmolVLA* m, float* params, const Dataset* ds, const Tra
 
 #if defined(VLA_LIBRARY)
 struct VLAPolicy {
-    SmolVLA model;       // its config's n_cam: the cameras of the last call's observations (policy_present_cameras)
-    int n_cam;           // the checkpoint's cameras
-    int train_mode;      // the checkpoint's
-    char tokenizer[64];  // the checkpoint's
+    PolicyFacts facts;  // the checkpoint's config, train mode and tokenizer (first: vla/policy.h reads it)
+    FlowVLA model;      // its config's n_cam: the cameras of the last call's observations (policy_present_cameras)
     float* stats;        // state_mean(S) state_std(S) action_mean(A) action_std(A), as trained with (host)
-    SmolBatch obs;       // host observations, room for `capacity`
-    SmolBatch dev;       // their device copy, the same layout
+    Batch obs;       // host observations, room for `capacity`
+    Batch dev;       // their device copy, the same layout
     void* dev_memory;    // (dev_bytes)
     size_t dev_bytes;
     int capacity;
@@ -2111,13 +2096,13 @@ static void policy_drop_batch(void* arg) {
     if (cudaStreamEndCapture(main_stream, &open) == cudaSuccess && open != NULL) { cudaGraphDestroy(open); }
     (void)cudaGetLastError();
     prof.on = prof.stopped = prof.depth = 0;  // a profiled call that failed stops recording (vla/cuda/profiler.cuh)
-    if (p->capacity > 0) { smolvla_batch_free(&p->obs); }
+    if (p->capacity > 0) { batch_free(&p->obs); }
     p->capacity = 0;
     void* dev = p->dev_memory;
     p->dev_memory = NULL;
     p->dev_bytes = 0;
     cudaCheck(cudaFree(dev));
-    smolvla_drop_activations(&p->model);
+    flow_drop_activations(&p->model);
 }
 
 // Everything the policy holds (its parts as far as they were made)
@@ -2126,7 +2111,7 @@ static void policy_release(void* arg) {
     policy_drop_batch(p);
     free(p->stats);
     p->stats = NULL;
-    smolvla_free(&p->model);
+    flow_free(&p->model);
 }
 
 // Releases p and frees it; what a CUDA error keeps from being released stays (the device is
@@ -2161,13 +2146,11 @@ static void policy_load(void* arg) {
     l->p = p;
     p->thread = policy_gpu_thread;
     snprintf(p->device, sizeof(p->device), "%s (%s)", prop.name, PRECISION_NAME);
-    p->n_cam = ck->config.n_cam;
-    p->train_mode = ck->train_mode;
-    snprintf(p->tokenizer, sizeof(p->tokenizer), "%s", ck->tokenizer);
-    smolvla_build(&p->model, &ck->config, ck->train_mode);
-    smolvla_set_params(&p->model, ck->params);
+    policy_facts_set(&p->facts, ck);
+    flow_build(&p->model, &ck->config, ck->train_mode);
+    flow_set_params(&p->model, ck->params);
     // serving trains nothing: the gradients and the optimizer state go
-    SmolVLA* m = &p->model;
+    FlowVLA* m = &p->model;
     float** training[4] = {&m->grads_memory, &m->master, &m->m_memory, &m->v_memory};
     for (int k = 0; k < 4; k++) {
         float* t = *training[k];
@@ -2192,14 +2175,6 @@ static void policy_load(void* arg) {
     l->loaded = 1;
 }
 
-// vla/policy.h's facts of a policy: the checkpoint's config with its cameras, train mode and tokenizer
-static void policy_facts(const VLAPolicy* p, SmolVLAConfig* config, int* train_mode, const char** tokenizer) {
-    *config = p->model.config;
-    config->n_cam = p->n_cam;
-    *train_mode = p->train_mode;
-    *tokenizer = p->tokenizer;
-}
-
 // Where the policy computes, and in which precision.
 VLA_API const char* vla_policy_device(const VLAPolicy* p) { return p->device; }
 
@@ -2211,14 +2186,12 @@ VLA_API const char* vla_policy_device(const VLAPolicy* p) { return p->device; }
 static void policy_act(void* arg) {
     PolicyAct* a = (PolicyAct*)arg;
     VLAPolicy* p = a->p;
-    SmolVLAConfig* c = &p->model.config;
+    FlowConfig* c = &p->model.config;
     int B = a->B;
-    Cameras cams;
-    const uint8_t* frames[VLA_MAX_CAM];
-    a->rc = policy_act_checks(a, p->n_cam, p->tokenizer, c, &cams, frames);
-    if (a->rc != POLICY_OK) { return; }
+    const Cameras cams = a->cams;  // (vla/policy.h checked the call)
+    const uint8_t* const* frames = a->frames;
     policy_gpu_thread_init();
-    SmolSampling* s = &p->model.sampling;
+    FlowSampling* s = &p->model.sampling;
     if (p->thread !=
         policy_gpu_thread) {  // its graph holds the last thread's stream work, and its plans are that thread's
         if (s->graph != NULL) {
@@ -2242,15 +2215,15 @@ static void policy_act(void* arg) {
         cudaCheck(cudaMalloc(&p->dev_memory, p->obs.bytes));
         p->dev_bytes = p->obs.bytes;
     }
-    smolvla_batch_layout(&p->dev, (uint8_t*)p->dev_memory, c, &cams, p->capacity);  // the host's layout
+    batch_layout(&p->dev, (uint8_t*)p->dev_memory, c, &cams, p->capacity);  // the host's layout
     policy_observations(&p->obs, c, p->stats, B, frames, a->texts, a->ids, a->n_ids, a->state, a->noise, a->seed);
     cudaCheck(cudaMemcpy(p->dev_memory, p->obs.memory, p->obs.bytes, cudaMemcpyHostToDevice));
     p->dev.B = B;
     int S = c->state_dim, A = c->action_dim, H = c->chunk, Amax = c->max_action_dim;
     const float *action_mean = p->stats + 2 * S, *action_std = p->stats + 2 * S + A;
     a->chunk = (float*)mallocCheck((size_t)B * H * Amax * sizeof(float));
-    SmolInputs in = smolvla_inputs(&p->dev);
-    smolvla_sample(&p->model, &in, p->dev.eps, a->chunk);
+    ModelInputs in = model_inputs(&p->dev);
+    flow_sample(&p->model, &in, p->dev.eps, a->chunk);
     policy_actions(a->chunk, (size_t)B * H, Amax, A, action_mean, action_std, a->actions);
     a->rc = POLICY_OK;
 }
@@ -2259,7 +2232,6 @@ static void policy_act(void* arg) {
 // memory released after it.
 static int policy_call_act(PolicyAct* a) {
     VLAPolicy* p = a->p;
-    if (p == NULL) { return policy_refuse("a NULL policy: load one with vla_policy_load"); }
     pthread_mutex_lock(&p->lock);
     int rc = policy_status(vla_catch_call(policy_act, a));
     free(a->chunk);
@@ -2277,7 +2249,7 @@ static int policy_call_act(PolicyAct* a) {
 // products, copies; a graph's launch counts once) where they are counted (the CPU emulation of
 // CUDA), else -1. Zeros before the first call.
 VLA_API void vla_policy_timing(const VLAPolicy* p, double* out) {
-    const SmolSampling* s = &p->model.sampling;
+    const FlowSampling* s = &p->model.sampling;
     for (int k = 0; k < 2; k++) {
         out[k] = s->ms[k];
         out[2 + k] = (double)s->launches[k];
@@ -2305,17 +2277,17 @@ VLA_API void vla_policy_free(VLAPolicy* p) {
 
 #if !defined(TESTING) && !defined(VLA_LIBRARY)
 // How well the policy acts: 10-step sampling on one batch, MSE against its actions (data units)
-static float eval_action_mse(SmolVLA* m, SmolBatch* dev, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
-    const SmolVLAConfig* c = &m->config;
-    SmolBatch host;
-    smolvla_batch_alloc(&host, c, &ds->cams, dev->B);
+static float eval_action_mse(FlowVLA* m, Batch* dev, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
+    const FlowConfig* c = &m->config;
+    Batch host;
+    batch_alloc(&host, c, &ds->cams, dev->B);
     eval_batch(&host, ds, c, seed, pos, step);
     cudaCheck(cudaMemcpy(dev->memory, host.memory, host.bytes, cudaMemcpyHostToDevice));
     float* sampled = (float*)mallocCheck((size_t)dev->B * c->chunk * c->action_dim * sizeof(float));
-    smolvla_sample_actions(m, dev, ds->action_mean, ds->action_std, sampled);
+    flow_sample_actions(m, dev, ds->action_mean, ds->action_std, sampled);
     float mse = action_mse(&host, ds, c, sampled);
     free(sampled);
-    smolvla_batch_free(&host);
+    batch_free(&host);
     return mse;
 }
 
@@ -2333,13 +2305,13 @@ static const double H200_141GB_MODEL_BYTES = (143771.0 - 2048.0) * 1024.0 * 1024
 
 // The largest batch per GPU whose model (ZeRO-1 over shard_world) and activations (mode, rc) fit in
 // `budget` bytes; 0: none does
-static int smolvla_largest_batch(const SmolVLAConfig* c, int mode, int rc, double budget, int shard_world = 1) {
-    double model = (double)smolvla_model_bytes(c, mode, shard_world);
+static int flow_largest_batch(const FlowConfig* c, int mode, int rc, double budget, int shard_world = 1) {
+    double model = (double)flow_model_bytes(c, mode, shard_world);
     int lo = 0, hi = 1;
-    while (hi < (1 << 20) && model + (double)smolvla_act_bytes(c, mode, hi, rc) <= budget) { lo = hi; hi *= 2; }
+    while (hi < (1 << 20) && model + (double)flow_act_bytes(c, mode, hi, rc) <= budget) { lo = hi; hi *= 2; }
     while (hi - lo > 1) {  // lo fits, hi does not
         int mid = lo + (hi - lo) / 2;
-        if (model + (double)smolvla_act_bytes(c, mode, mid, rc) <= budget) { lo = mid; } else { hi = mid; }
+        if (model + (double)flow_act_bytes(c, mode, mid, rc) <= budget) { lo = mid; } else { hi = mid; }
     }
     return lo;
 }
@@ -2347,14 +2319,14 @@ static int smolvla_largest_batch(const SmolVLAConfig* c, int mode, int rc, doubl
 // --memory's plan for several GPUs: per GPU at -b's batch in -t's mode, the model's parts and the
 // activations at each --recompute level for 1, 2, 4 and 8 GPUs without and with ZeRO-1 (-z 1: the
 // master weights and moments sharded, the gradients whole on every GPU); then the largest batch per
-// GPU on an 80 GB H100 and a 141 GB H200 for every mode. From what smolvla_build and
-// smolvla_set_batch allocate by.
-static void print_memory_per_gpu(const SmolVLAConfig* c, int train_mode, int batch) {
+// GPU on an 80 GB H100 and a 141 GB H200 for every mode. From what flow_build and
+// flow_set_batch allocate by.
+static void print_memory_per_gpu(const FlowConfig* c, int train_mode, int batch) {
     const double gib = 1024.0 * 1024.0 * 1024.0;
     const int worlds[] = {1, 2, 4, 8};
     double act[RECOMPUTE_COUNT];
     for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
-        act[rc] = (double)smolvla_act_bytes(c, train_mode, batch, rc) / gib;
+        act[rc] = (double)flow_act_bytes(c, train_mode, batch, rc) / gib;
     }
     printf(
         "\nper GPU, --train %s, batch %d per GPU (-b), GiB; activations and total by --recompute none / attn / layer\n",
@@ -2365,7 +2337,7 @@ static void print_memory_per_gpu(const SmolVLAConfig* c, int train_mode, int bat
     for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
         for (int zero = 0; zero <= (worlds[w] > 1); zero++) {
             size_t parts[MEM_PARTS];
-            smolvla_model_parts(c, train_mode, zero ? worlds[w] : 1, parts);
+            flow_model_parts(c, train_mode, zero ? worlds[w] : 1, parts);
             double model = 0.0;
             for (int k = 0; k < MEM_PARTS; k++) { model += (double)parts[k] / gib; }
             printf("| %4d | %-6s | %7.2f | %9.2f | %6.2f | %7.2f | %6.2f / %5.2f / %5.2f | %6.2f / %5.2f / %5.2f |\n",
@@ -2382,8 +2354,8 @@ static void print_memory_per_gpu(const SmolVLAConfig* c, int train_mode, int bat
             for (int zero = 0; zero <= (worlds[w] > 1); zero++) {
                 int shards = zero ? worlds[w] : 1, b[2][RECOMPUTE_COUNT];
                 for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
-                    b[0][rc] = smolvla_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES, shards);
-                    b[1][rc] = smolvla_largest_batch(c, mode, rc, H200_141GB_MODEL_BYTES, shards);
+                    b[0][rc] = flow_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES, shards);
+                    b[1][rc] = flow_largest_batch(c, mode, rc, H200_141GB_MODEL_BYTES, shards);
                 }
                 printf("| %-7s | %4d | %-6s | %4d / %4d / %4d | %4d / %4d / %4d |\n", TRAIN_MODE_NAMES[mode], worlds[w],
                        zero ? "on" : "off", b[0][0], b[0][1], b[0][2], b[1][0], b[1][1], b[1][2]);
@@ -2395,9 +2367,9 @@ static void print_memory_per_gpu(const SmolVLAConfig* c, int train_mode, int bat
 
 // --memory: the activation memory of config c for every train mode and recompute level at a few
 // batch sizes, the model's other bytes, the largest batch that fits an 80 GB H100 and the FLOPs the
-// recomputation adds; from smolvla_act_bytes and smolvla_model_bytes, what the trainer allocates by.
+// recomputation adds; from flow_act_bytes and flow_model_bytes, what the trainer allocates by.
 // Allocates nothing: it runs where there is no GPU (the emulated build).
-static void print_memory_table(const SmolVLAConfig* c, const char* preset, int train_mode, int batch) {
+static void print_memory_table(const FlowConfig* c, const char* preset, int train_mode, int batch) {
     const double gib = 1024.0 * 1024.0 * 1024.0;
     const int batches[] = {8, 16, 32, 64};
     printf("activation memory of preset %s (%d cameras at %d px, %s), GiB per GPU, by --recompute\n", preset, c->n_cam,
@@ -2407,7 +2379,7 @@ static void print_memory_table(const SmolVLAConfig* c, const char* preset, int t
         for (size_t k = 0; k < sizeof(batches) / sizeof(batches[0]); k++) {
             printf("| %-7s | %5d |", TRAIN_MODE_NAMES[mode], batches[k]);
             for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
-                printf(" %7.2f |", (double)smolvla_act_bytes(c, mode, batches[k], rc) / gib);
+                printf(" %7.2f |", (double)flow_act_bytes(c, mode, batches[k], rc) / gib);
             }
             printf("\n");
         }
@@ -2417,14 +2389,14 @@ static void print_memory_table(const SmolVLAConfig* c, const char* preset, int t
     printf("| --train | model GiB | none | attn | layer | GFLOP/sample | +attn | +layer |\n"
            "|---------|-----------|------|------|-------|--------------|-------|--------|\n");
     for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
-        double flops = smolvla_flops_per_sample(c, mode);
-        printf("| %-7s | %9.2f |", TRAIN_MODE_NAMES[mode], (double)smolvla_model_bytes(c, mode) / gib);
+        double flops = flow_flops_per_sample(c, mode);
+        printf("| %-7s | %9.2f |", TRAIN_MODE_NAMES[mode], (double)flow_model_bytes(c, mode) / gib);
         for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
-            printf(" %*d |", rc == RECOMPUTE_LAYER ? 5 : 4, smolvla_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES));
+            printf(" %*d |", rc == RECOMPUTE_LAYER ? 5 : 4, flow_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES));
         }
         printf(" %12.1f | %4.1f%% | %5.1f%% |\n", flops / 1e9,
-               100.0 * smolvla_recompute_flops_per_sample(c, mode, RECOMPUTE_ATTN) / flops,
-               100.0 * smolvla_recompute_flops_per_sample(c, mode, RECOMPUTE_LAYER) / flops);
+               100.0 * flow_recompute_flops_per_sample(c, mode, RECOMPUTE_ATTN) / flops,
+               100.0 * flow_recompute_flops_per_sample(c, mode, RECOMPUTE_LAYER) / flops);
     }
     printf("(model: weights, fp32 gradients, master weights and AdamW moments of what trains; estimated from the\n"
            "allocation sizes, not measured; +attn, +layer: the FLOPs the recomputation adds to the model's)\n");
@@ -2433,27 +2405,27 @@ static void print_memory_table(const SmolVLAConfig* c, const char* preset, int t
 
 static void print_config(const Run* run, const cudaDeviceProp* prop, double flops, double peak) {
     const TrainArgs* args = &run->args;
-    const SmolVLAConfig* c = &run->config;
-    SmolParamTable t;
-    smolvla_table_build(c, &t);
-    size_t trainable = smolvla_trainable_count(&t, args->train_mode);
+    const FlowConfig* c = &run->config;
+    FlowParamTable t;
+    flow_table_build(c, &t);
+    size_t trainable = flow_trainable_count(&t, args->train_mode);
     table_run_rows("train_vla", "GPUs", args, c, t.total, trainable, run->from, &run->ds, run->world);
-    SmolOptDomain domain;
-    SmolBuckets buckets;
-    smolvla_opt_domain(&t, args->train_mode, &domain);
-    smolvla_buckets_build(&buckets, c, &t, &domain);
+    FlowOptDomain domain;
+    FlowBuckets buckets;
+    flow_opt_domain(&t, args->train_mode, &domain);
+    flow_buckets_build(&buckets, c, &t, &domain);
     table_row("gradient all-reduce", "%d buckets, %d ranges", buckets.n, buckets.first[buckets.n]);
     free(buckets.first); free(buckets.offset); free(buckets.count);
-    // per GPU, for its micro-batch: a frozen vision tower keeps one layer's (smolvla_vis_kept)
+    // per GPU, for its micro-batch: a frozen vision tower keeps one layer's (flow_vis_kept)
     double gib = 1024.0 * 1024.0 * 1024.0;
-    size_t kept_all = smolvla_act_bytes(c, args->train_mode, args->batch);
-    size_t kept = smolvla_act_bytes(c, args->train_mode, args->batch, args->recompute);
+    size_t kept_all = flow_act_bytes(c, args->train_mode, args->batch);
+    size_t kept = flow_act_bytes(c, args->train_mode, args->batch, args->recompute);
     table_row("activations (GiB)", "%.2f", (double)kept / gib);
     char saved[32];
     table_row("recompute", "%s: saves %s", RECOMPUTE_NAMES[args->recompute],
               format_bytes(saved, sizeof(saved), (double)(kept_all - kept)));
     if (args->recompute != RECOMPUTE_NONE) {  // MFU counts the model's FLOPs alone
-        double extra = smolvla_recompute_flops_per_sample(c, args->train_mode, args->recompute);
+        double extra = flow_recompute_flops_per_sample(c, args->train_mode, args->recompute);
         table_row("recompute GFLOP/sample", "%.2f (+%.1f%%, not in MFU)", extra / 1e9, 100.0 * extra / flops);
     }
     const char* attention_rows[2] = {"vision attention", "masked attention"};
@@ -2481,17 +2453,17 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
 // One GPU's training: rank node * local_ranks + local; rank 0 logs. Returns 1 if stopped early.
 static int train_rank(Run* run, Watchdog* watchdog, int local) {
     const TrainArgs* args = &run->args;
-    const SmolVLAConfig* c = &run->config;
+    const FlowConfig* c = &run->config;
     int rank = run->node * run->local_ranks + local, world = run->world, lead = rank == 0;
     cudaDeviceProp prop;
     gpu_init(local, &prop);
-    SmolVLA model;
-    smolvla_build(&model, c, args->train_mode, args->zero ? rank : 0, args->zero ? world : 1);
-    smolvla_set_recompute(&model, args->recompute);
-    smolvla_set_params(&model, run->initial.params, run->initial.m, run->initial.v);
+    FlowVLA model;
+    flow_build(&model, c, args->train_mode, args->zero ? rank : 0, args->zero ? world : 1);
+    flow_set_recompute(&model, args->recompute);
+    flow_set_params(&model, run->initial.params, run->initial.m, run->initial.v);
     LossScaleState scale = run->loss_scale;  // fp16 builds: after each step, read back from the device
     LossScaleState logged = scale;           // what a step's log line shows: the scale it ran with
-    smolvla_set_loss_scale(&model, &scale, args->loss_scale_window);
+    flow_set_loss_scale(&model, &scale, args->loss_scale_window);
     dist_barrier();  // every rank has its copy of the moments before they go
     if (local == 0) {  // the weights stay for the checkpoints' frozen values
         free(run->initial.m);
@@ -2509,23 +2481,23 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     TaskLosses task_losses;  // --balance tasks: the loss of each task, logged
     task_losses_init(&task_losses, run->balance, &run->ds, args->batch);
     loader_pin(&loader, 1);
-    SmolBatch dev[2];                         // micro-batch j lands in dev[j % 2]
+    Batch dev[2];                         // micro-batch j lands in dev[j % 2]
     cudaEvent_t uploaded[2], consumed[2];     // its copy landed; the compute that read it is done
     for (int k = 0; k < 2; k++) {
         device_batch_alloc(&model, &dev[k], &run->ds.cams, args->batch);
         cudaCheck(cudaEventCreateWithFlags(&uploaded[k], cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&consumed[k], cudaEventDisableTiming));
     }
-    smolvla_set_batch(&model, args->batch);
+    flow_set_batch(&model, args->batch);
     Logger logger = {};
     if (lead) {
         logger_open(&logger, args->output, run->start);
         // what --recompute saves: every step's line says it
-        logger.saved_bytes = (double)(smolvla_act_bytes(c, args->train_mode, args->batch) - model.act_bytes);
+        logger.saved_bytes = (double)(flow_act_bytes(c, args->train_mode, args->batch) - model.act_bytes);
     }
     if (lead && run->balance != NULL) { logger.n_tasks = task_losses.T; logger.task_loss = task_losses.task_loss; }
     if (model.scaler != NULL) { logger.loss_scale = &logged; }
-    double peak = device_peak_flops(prop.name), flops = smolvla_flops_per_sample(c, args->train_mode);
+    double peak = device_peak_flops(prop.name), flops = flow_flops_per_sample(c, args->train_mode);
 
     double timed_ms = 0.0, peak_mem = 0.0, comm_wait_ms = 0.0;
     int timed_steps = 0, step = run->start, stopped = 0;
@@ -2538,13 +2510,13 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         watchdog->busy_since[local] = t0;
         dist_step_begin(&dist);
         for (int micro = 0; micro < args->accum; micro++, job++) {
-            SmolBatch* batch = &dev[job % 2];
+            Batch* batch = &dev[job % 2];
             cudaCheck(cudaStreamWaitEvent(main_stream, uploaded[job % 2], 0));
             dist.sync = micro == args->accum - 1;  // communicate on the last micro-step only
-            SmolInputs in = smolvla_inputs(batch);
-            smolvla_forward(&model, &in, micro);
+            ModelInputs in = model_inputs(batch);
+            flow_forward(&model, &in, micro);
             task_losses_add(&task_losses, &model, &in, (int)(job % 2), micro);
-            smolvla_backward(&model, micro == 0);
+            flow_backward(&model, micro == 0);
             cudaCheck(cudaEventRecord(consumed[job % 2], main_stream));
             // while the GPU computes: hand the host slot back once copied, start the next batch's copy
             cudaCheck(cudaEventSynchronize(uploaded[job % 2]));
@@ -2555,14 +2527,14 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
             }
         }
         prof_phase("grads");
-        smolvla_grads_finish(&model, stop_requested);
+        flow_grads_finish(&model, stop_requested);
         prof_phase("optimizer");
-        smolvla_update(&model, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step);
+        flow_update(&model, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step);
         task_losses_reduce(&task_losses, &model);
         float loss, norm, used_scale = 0.0f;
-        smolvla_read_scalars(&model, &loss, &norm, &stopped);
+        flow_read_scalars(&model, &loss, &norm, &stopped);
         task_losses_read(&task_losses);
-        int skipped = model.scaler != NULL && smolvla_read_loss_scale(&model, &scale, &used_scale);
+        int skipped = model.scaler != NULL && flow_read_loss_scale(&model, &scale, &used_scale);
         logged = scale;
         logged.scale = used_scale;
         watchdog->busy_since[local] = 0.0;
@@ -2586,7 +2558,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
                      done, loss, norm, train_checkpoint_left(args->output, left, sizeof(left)));
         }
         if (train_ckpt_due(args, done, stopped)) {
-            smolvla_save(&model, run->initial.params, &run->ds, args, done,
+            flow_save(&model, run->initial.params, &run->ds, args, done,
                          run->sampler_pos + (uint64_t)(done - run->start) * global_batch, lead,
                          model.scaler != NULL ? &scale : NULL);
         }
@@ -2644,7 +2616,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         cudaCheck(cudaEventDestroy(consumed[k]));
     }
     dist_free(&dist, &model, watchdog, local);
-    smolvla_free(&model);
+    flow_free(&model);
     gpu_shutdown();
     return stopped;
 }
@@ -2658,7 +2630,7 @@ int main(int argc, char** argv) {
     TrainArgs* args = &run.args;
     train_args_parse(args, argc, argv);
     if (args->memory) {  // the preset's sizes (its cameras): no dataset, no GPU
-        SmolVLAConfig c = smolvla_preset(args->preset)->config;
+        FlowConfig c = flow_preset(args->preset)->config;
         if (args->max_text > 0) { c.max_text = args->max_text; }
         print_memory_table(&c, args->preset, args->train_mode, args->batch);
         return 0;
@@ -2682,7 +2654,7 @@ int main(int argc, char** argv) {
     char resume_path[VLA_PATH_MAX];
     run.from = run_start_checkpoint(args, resume_path, sizeof(resume_path));
     run.config = run_config(args, run.from, &run.ds);
-    const char* gpu_problem = smolvla_gpu_problem(&run.config, args->train_mode);
+    const char* gpu_problem = flow_gpu_problem(&run.config, args->train_mode);
     if (gpu_problem != NULL) { vla_fail("%s", gpu_problem); }
     if (run.from != NULL && args->weights_only) {  // fine-tuning: the weights alone, fresh moments, step 0
         run_weights_load(run.from, &run.config, &run.ds, &run.initial);
@@ -2701,10 +2673,10 @@ int main(int argc, char** argv) {
                    run.loss_scale.clean, (unsigned long long)run.loss_scale.skipped);
         }
     } else {  // the same init for every rank
-        SmolParamTable t;
-        smolvla_table_build(&run.config, &t);
+        FlowParamTable t;
+        flow_table_build(&run.config, &t);
         run.initial.params = (float*)mallocCheck(t.total * sizeof(float));
-        smolvla_param_init(run.initial.params, &t, &run.config, args->seed);
+        flow_param_init(run.initial.params, &t, &run.config, args->seed);
     }
     if (!run_has_steps_left(run.from, run.start, args->steps)) { return 0; }
     if (args->profile > 0 && (args->profile <= run.start || args->profile > args->steps)) {
@@ -2715,7 +2687,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     if (run.node == 0) {
-        print_config(&run, &prop, smolvla_flops_per_sample(&run.config, args->train_mode),
+        print_config(&run, &prop, flow_flops_per_sample(&run.config, args->train_mode),
                      device_peak_flops(prop.name));
     }
     dist_share_id(&run);

@@ -63,7 +63,7 @@ static inline int boot_digest_equal(const uint8_t* a, const uint8_t* b) {
 typedef struct {
     uint32_t magic, version;
     int32_t node_rank, pad;
-    SmolVLAConfig config;
+    FlowConfig config;
 #define BOOT_FIELD_(f) int64_t f;
     BOOT_FIELDS(BOOT_FIELD_)
 #undef BOOT_FIELD_
@@ -93,7 +93,7 @@ static inline int64_t boot_float_bits(float x) {
 
 // This node's identity for a run of `gpus_per_node` x `nodes` GPUs starting at `start_step` on
 // `samples` samples
-static inline BootIdentity boot_identity(const TrainArgs* a, const SmolVLAConfig* c, int node_rank, int nodes,
+static inline BootIdentity boot_identity(const TrainArgs* a, const FlowConfig* c, int node_rank, int nodes,
                                          int start_step, uint64_t samples) {
     BootIdentity id;
     memset(&id, 0, sizeof(id));
@@ -111,7 +111,7 @@ static inline BootIdentity boot_identity(const TrainArgs* a, const SmolVLAConfig
 
 // Names the first field where two identities differ (into msg), or returns 0 when they agree
 static inline int boot_identity_diff(const BootIdentity* a, const BootIdentity* b, char* msg, size_t size) {
-    const char* cfg = smolvla_config_diff(&a->config, &b->config);
+    const char* cfg = flow_config_diff(&a->config, &b->config);
     if (cfg != NULL) { snprintf(msg, size, "model %s", cfg); return 1; }
 #define BOOT_DIFF_(f) \
     if (a->f != b->f) { snprintf(msg, size, #f " %lld vs %lld", (long long)a->f, (long long)b->f); return 1; }

@@ -20,7 +20,7 @@ config.h, shards.h, sampler.h, loss_scale.h and atomic_file.h.
 // statistics state_mean(S) state_std(S) action_mean(A) action_std(A), every fp32 master weight
 // in table order (n_params, frozen ones included, so a checkpoint is the whole model), then AdamW's
 // m and v for the elements that train in the header's train mode only (n_trainable each, packed
-// as SmolOptDomain packs them: each tensor's trainable prefix, in table order). Independent of
+// as FlowOptDomain packs them: each tensor's trainable prefix, in table order). Independent of
 // precision and world size. The RNG is counter-based, so (seed, step) is its state. Version 1
 // held the model train_vla trained before SmolVLA; it is refused with that said.
 // The checksum is the CRC-32 of the whole file with its own 4 bytes (crc) read as zero: computed
@@ -34,7 +34,7 @@ config.h, shards.h, sampler.h, loss_scale.h and atomic_file.h.
 
 typedef struct {
     uint32_t magic, version;
-    int32_t config[SMOLVLA_CONFIG_STORED];  // SmolVLAConfig's fields in order but the last, family (below)
+    int32_t config[FLOW_CONFIG_STORED];  // FlowConfig's fields in order but the last, family (below)
     int32_t train_mode;    // TRAIN_MODE_*: which elements have moments
     int32_t family;        // the config's family: files from before pi0 hold 0 (their padding), SmolVLA
     uint64_t step;         // optimizer steps done
@@ -60,13 +60,13 @@ typedef struct {
 } CheckpointHeader;
 
 // The header's config, and the config into a header
-static inline SmolVLAConfig ckpt_header_config(const CheckpointHeader* h) {
-    SmolVLAConfig c;
+static inline FlowConfig ckpt_header_config(const CheckpointHeader* h) {
+    FlowConfig c;
     memcpy(&c, h->config, sizeof(h->config));
     c.family = h->family;
     return c;
 }
-static inline void ckpt_header_put_config(CheckpointHeader* h, const SmolVLAConfig* c) {
+static inline void ckpt_header_put_config(CheckpointHeader* h, const FlowConfig* c) {
     memcpy(h->config, c, sizeof(h->config));
     h->family = c->family;
 }
@@ -89,7 +89,7 @@ typedef struct {
 } CheckpointRun;
 
 typedef struct {
-    SmolVLAConfig config;
+    FlowConfig config;
     int train_mode;
     char tokenizer[64];
     int balance;           // BALANCE_*
@@ -105,16 +105,16 @@ typedef struct {
     float* v;       // (n_trainable)
 } Checkpoint;
 
-static inline uint64_t ckpt_file_size(const SmolVLAConfig* c, uint64_t n_params, uint64_t n_trainable) {
+static inline uint64_t ckpt_file_size(const FlowConfig* c, uint64_t n_params, uint64_t n_trainable) {
     return CKPT_HEADER_BYTES + 8ULL * (uint64_t)(c->state_dim + c->action_dim) + 4ULL * n_params + 8ULL * n_trainable;
 }
 
 // The element counts a config and mode imply: (all weights, those with moments).
-static inline void ckpt_counts(const SmolVLAConfig* c, int mode, uint64_t* n_params, uint64_t* n_trainable) {
-    SmolParamTable t;
-    smolvla_table_build(c, &t);
+static inline void ckpt_counts(const FlowConfig* c, int mode, uint64_t* n_params, uint64_t* n_trainable) {
+    FlowParamTable t;
+    flow_table_build(c, &t);
     *n_params = t.total;
-    *n_trainable = smolvla_trainable_count(&t, mode);
+    *n_trainable = flow_trainable_count(&t, mode);
 }
 
 // Atomic: written to a temporary file, flushed to disk, then renamed over the final name. The
@@ -153,7 +153,7 @@ static inline void checkpoint_write(const char* path, const Checkpoint* ck) {
 
 static inline void checkpoint_free(Checkpoint* ck) { free(ck->stats); free(ck->params); free(ck->m); free(ck->v); }
 
-// Reads the header and checks it against the file: the config by smolvla_config_problem, the
+// Reads the header and checks it against the file: the config by flow_config_problem, the
 // train mode, the counts and sizes in checked arithmetic, the step and sampler position in range.
 // Returns 0 on success; on failure writes a message into err (so callers can skip an incomplete
 // file or fail with it).
@@ -196,8 +196,8 @@ static inline int checkpoint_read_header(const char* file, CheckpointHeader* h, 
         snprintf(err, err_size, "checkpoint %s has version %u, this build reads %u", path, h->version, CKPT_VERSION);
         return 1;
     }
-    SmolVLAConfig config = ckpt_header_config(h);
-    const char* problem = smolvla_config_problem(&config);
+    FlowConfig config = ckpt_header_config(h);
+    const char* problem = flow_config_problem(&config);
     if (problem != NULL) {
         snprintf(err, err_size, "checkpoint %s holds a bad config (%s): it is corrupt", path, problem);
         return 1;
@@ -248,7 +248,7 @@ static inline int checkpoint_read_header(const char* file, CheckpointHeader* h, 
                  path, h->batch, h->world, (unsigned long long)h->total_batch);
         return 1;
     }
-    uint64_t n_params, n_trainable;  // bounded: smolvla_config_problem checked the count
+    uint64_t n_params, n_trainable;  // bounded: flow_config_problem checked the count
     ckpt_counts(&config, h->train_mode, &n_params, &n_trainable);
     uint64_t size = ckpt_file_size(&config, n_params, n_trainable);
     if (h->n_params != n_params || h->n_trainable != n_trainable || h->file_size != size ||
@@ -329,9 +329,9 @@ static inline int checkpoint_read_checked(const char* file, Checkpoint* ck, char
     // finite weights (a run that diverged writes none: it stops at a non-finite loss); the first
     // bad one is named by its tensor. One pass over memory, cheap beside reading the file.
     if (!bad) {
-        SmolParamTable t;
-        smolvla_table_build(&ck->config, &t);
-        for (int i = 0; i < SMOLVLA_NUM_TENSORS && !bad; i++) {
+        FlowParamTable t;
+        flow_table_build(&ck->config, &t);
+        for (int i = 0; i < FLOW_NUM_TENSORS && !bad; i++) {
             const float* w = ck->params + t.spec[i].offset;
             for (size_t k = 0; k < t.spec[i].numel; k++) {
                 if (!isfinite(w[k])) {

@@ -106,7 +106,7 @@ static inline void train_args_usage(const char* prog) {
     printf("  -i, --input LIST       dataset shards: files or folders of *.bin, comma-separated (%s)\n", d.input);
     printf("  -o, --output DIR       folder for checkpoints and log.jsonl (%s)\n", d.output);
     printf("  -p, --preset NAME      model size:");
-    for (int i = 0; i < SMOLVLA_N_PRESETS; i++) { printf(" %s", SMOLVLA_PRESETS[i].name); }
+    for (int i = 0; i < FLOW_N_PRESETS; i++) { printf(" %s", FLOW_PRESETS[i].name); }
     printf(" (%s)\n", d.preset);
     printf("      --train MODE       what trains: expert (the action expert; LeRobot's train_expert_only), vlm (also\n"
            "                         the VLM but its vision tower: freeze_vision_encoder; SmolVLA's last VLM layer\n"
@@ -272,7 +272,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case 'i': a->input = optarg; break;
             case 'o': a->output = optarg; break;
             case 'p':
-                if (smolvla_preset(optarg) == NULL) {
+                if (flow_preset(optarg) == NULL) {
                     vla_fail("unknown preset '%s': use tiny, small, smolvla, pi0_tiny, pi0_small or pi0", optarg);
                 }
                 a->preset = optarg;
@@ -359,7 +359,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     if (a->no_checkpoint && ckpt_given) {
         vla_fail("--no-checkpoint writes no checkpoint and -k %d asks for them: drop one of the two", a->ckpt_every);
     }
-    if (!a->train_given) { a->train_mode = smolvla_default_train_mode(a->preset); }
+    if (!a->train_given) { a->train_mode = flow_default_train_mode(a->preset); }
     if (a->task_weights != NULL && a->balance != BALANCE_TASKS) {
         vla_fail("--task-weights %s weighs the tasks of --balance tasks: add --balance tasks", a->task_weights);
     }

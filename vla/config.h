@@ -1,7 +1,7 @@
 /*
-vla/config.h: the model, SmolVLA: SmolVLAConfig, its presets and its one validation
-(smolvla_config_problem), the train modes and recompute levels, and the parameter table
-(SMOLVLA_PARAMETERS: our name, LeRobot's name, tower, shape, what trains in which mode, decay,
+vla/config.h: the model, SmolVLA: FlowConfig, its presets and its one validation
+(flow_config_problem), the train modes and recompute levels, and the parameter table
+(FLOW_PARAMETERS: our name, LeRobot's name, tower, shape, what trains in which mode, decay,
 init) with what is carved from it: tensor pointers, the optimizer's domain, the seeded init, and
 ZeRO-1's shards of a flat buffer. Needs common.h and rng.h (the init).
 */
@@ -12,7 +12,7 @@ ZeRO-1's shards of a flat buffer. Needs common.h and rng.h (the init).
 #include "rng.h"
 
 // ----------------------------------------------------------------------------
-// the parameter table's columns (the table itself is SMOLVLA_PARAMETERS below)
+// the parameter table's columns (the table itself is FLOW_PARAMETERS below)
 
 // where a tensor sits in its tower: the tower's inputs (embeddings), a per-layer tensor with a
 // leading layer count, or the head
@@ -48,14 +48,14 @@ static inline size_t zero_part(size_t offset, size_t numel, size_t lo, size_t hi
 // SmolVLA's tokens: prefix = [camera 0 | camera 1 | ... (img/patch/scale)^2 each][max_text
 // language][state], suffix = [chunk action tokens, causal]. Layer l is joint self-attention over
 // [prefix; suffix] when l % self_attn_every == 0, otherwise the actions cross-attend the VLM's
-// keys and values of that layer, re-projected by the expert (smolvla_layer_is_cross).
+// keys and values of that layer, re-projected by the expert (flow_layer_is_cross).
 // pi0's: prefix = [cameras (img/patch)^2 each][language], suffix = [state | chunk action tokens,
 // bidirectional]; every layer joint. What else differs is a function below or a column of the
 // table: the (1 + w) RMSNorm (eps 1e-6), GeGLU, unscaled image tokens, the projector's bias, the
 // padding of resized frames (centred), the loss over padded chunk slots too.
 
 enum { FAMILY_SMOLVLA = 0, FAMILY_PI0 = 1 };
-#define SMOLVLA_N_FAMILIES 2
+#define FLOW_N_FAMILIES 2
 static const char* const FAMILY_NAMES[] = {"smolvla", "pi0"};
 
 typedef struct {
@@ -86,9 +86,9 @@ typedef struct {
     int32_t max_action_dim;  // action_in_proj's input and action_out_proj's output width
     int32_t rope_theta;      // 10000: SmolVLA's rope ignores the text config's rope_theta
     int32_t family;          // FAMILY_SMOLVLA or FAMILY_PI0: what differs between the two (below)
-} SmolVLAConfig;
+} FlowConfig;
 
-#define SMOLVLA_CONFIG_FIELDS(X) \
+#define FLOW_CONFIG_FIELDS(X) \
     X(n_cam) X(state_dim) X(action_dim) X(img) X(patch) X(vis_width) X(vis_ff) X(vis_layers) X(vis_heads) \
     X(scale_factor) X(vocab) X(pad_token) X(max_text) X(d_model) X(d_ff) X(n_layer) X(n_head) X(n_kv_head) \
     X(head_dim) X(d_expert) X(d_expert_ff) X(self_attn_every) X(chunk) X(max_state_dim) X(max_action_dim) \
@@ -96,69 +96,69 @@ typedef struct {
 
 // A checkpoint's header holds the fields but family in order, family after its train mode
 // (vla/checkpoint.h): the layout of the files written before pi0, whose padding there reads SmolVLA.
-#define SMOLVLA_CONFIG_STORED 26
-VLA_STATIC_ASSERT(offsetof(SmolVLAConfig, family) == SMOLVLA_CONFIG_STORED * sizeof(int32_t) &&
-                  sizeof(SmolVLAConfig) == (SMOLVLA_CONFIG_STORED + 1) * sizeof(int32_t), "family is the last field");
+#define FLOW_CONFIG_STORED 26
+VLA_STATIC_ASSERT(offsetof(FlowConfig, family) == FLOW_CONFIG_STORED * sizeof(int32_t) &&
+                  sizeof(FlowConfig) == (FLOW_CONFIG_STORED + 1) * sizeof(int32_t), "family is the last field");
 
-#define SMOLVLA_VISION_EPS 1e-6f  // SigLIP's LayerNorm, both families
+#define FLOW_VISION_EPS 1e-6f  // SigLIP's LayerNorm, both families
 
 // ---- what differs between the families
-static inline int smolvla_is_pi0(const SmolVLAConfig* c) { return c->family == FAMILY_PI0; }
+static inline int flow_is_pi0(const FlowConfig* c) { return c->family == FAMILY_PI0; }
 // RMSNorm (VLM and expert): x rsqrt(mean(x^2) + eps) (offset + w): SmolLM2's Llama norm (offset 0,
 // eps 1e-5) or Gemma's (offset 1, eps 1e-6, its weights stored as w and initialized to 0)
-static inline float smolvla_rms_eps(const SmolVLAConfig* c) { return smolvla_is_pi0(c) ? 1e-6f : 1e-5f; }
-static inline float smolvla_rms_offset(const SmolVLAConfig* c) { return smolvla_is_pi0(c) ? 1.0f : 0.0f; }
+static inline float flow_rms_eps(const FlowConfig* c) { return flow_is_pi0(c) ? 1e-6f : 1e-5f; }
+static inline float flow_rms_offset(const FlowConfig* c) { return flow_is_pi0(c) ? 1.0f : 0.0f; }
 // The MLP of the VLM and the expert: act(gate) * up with SiLU (SwiGLU) or GELU-tanh (GeGLU)
-static inline int smolvla_mlp_gelu(const SmolVLAConfig* c) { return smolvla_is_pi0(c); }
+static inline int flow_mlp_gelu(const FlowConfig* c) { return flow_is_pi0(c); }
 // Image tokens enter the prefix times sqrt(C) in SmolVLA, as they are in pi0 (language: both)
-static inline int smolvla_scales_images(const SmolVLAConfig* c) { return !smolvla_is_pi0(c); }
+static inline int flow_scales_images(const FlowConfig* c) { return !flow_is_pi0(c); }
 // The state token: the prefix's last token (SmolVLA, width C) or the suffix's first (pi0, width Ce)
-static inline int smolvla_state_in_suffix(const SmolVLAConfig* c) { return smolvla_is_pi0(c); }
-static inline int smolvla_state_width(const SmolVLAConfig* c) { return smolvla_is_pi0(c) ? c->d_expert : c->d_model; }
+static inline int flow_state_in_suffix(const FlowConfig* c) { return flow_is_pi0(c); }
+static inline int flow_state_width(const FlowConfig* c) { return flow_is_pi0(c) ? c->d_expert : c->d_model; }
 // Action tokens see each other causally (SmolVLA) or all of them (pi0)
-static inline int smolvla_actions_causal(const SmolVLAConfig* c) { return !smolvla_is_pi0(c); }
+static inline int flow_actions_causal(const FlowConfig* c) { return !flow_is_pi0(c); }
 // Chunk slots past the episode's end count in the loss (pi0) or not (SmolVLA)
-static inline int smolvla_loss_masks_pad(const SmolVLAConfig* c) { return !smolvla_is_pi0(c); }
+static inline int flow_loss_masks_pad(const FlowConfig* c) { return !flow_is_pi0(c); }
 // Resized frames are padded to a square on the left and top (SmolVLA) or centred (pi0)
-static inline int smolvla_pad_centred(const SmolVLAConfig* c) { return smolvla_is_pi0(c); }
+static inline int flow_pad_centred(const FlowConfig* c) { return flow_is_pi0(c); }
 // The projector from the vision tower to the VLM has a bias in pi0
-static inline int smolvla_connector_bias(const SmolVLAConfig* c) { return smolvla_is_pi0(c); }
+static inline int flow_connector_bias(const FlowConfig* c) { return flow_is_pi0(c); }
 
-static inline int smolvla_grid(const SmolVLAConfig* c) { return c->img / c->patch; }
-static inline int smolvla_patch_dim(const SmolVLAConfig* c) { return 3 * c->patch * c->patch; }
-static inline int smolvla_image_tokens(const SmolVLAConfig* c) {  // per camera, after the pixel shuffle
-    int g = smolvla_grid(c) / c->scale_factor;
+static inline int flow_grid(const FlowConfig* c) { return c->img / c->patch; }
+static inline int flow_patch_dim(const FlowConfig* c) { return 3 * c->patch * c->patch; }
+static inline int flow_image_tokens(const FlowConfig* c) {  // per camera, after the pixel shuffle
+    int g = flow_grid(c) / c->scale_factor;
     return g * g;
 }
-static inline int smolvla_n_prefix(const SmolVLAConfig* c) {
-    return c->n_cam * smolvla_image_tokens(c) + c->max_text + !smolvla_state_in_suffix(c);
+static inline int flow_n_prefix(const FlowConfig* c) {
+    return c->n_cam * flow_image_tokens(c) + c->max_text + !flow_state_in_suffix(c);
 }
 // The expert's tokens per sample: the chunk, and the state token where it is the suffix's
-static inline int smolvla_n_suffix(const SmolVLAConfig* c) { return c->chunk + smolvla_state_in_suffix(c); }
+static inline int flow_n_suffix(const FlowConfig* c) { return c->chunk + flow_state_in_suffix(c); }
 
 // Row counts of B samples: V vision rows (images x patches), P prefix rows, R suffix rows (the
 // expert's: the action tokens, after the state token in pi0), A action rows (R without the state
 // tokens); both trainers' activation tables are written in them
-static inline size_t smolvla_images(const SmolVLAConfig* c, int B) { return (size_t)c->n_cam * B; }
-static inline size_t smolvla_vrows(const SmolVLAConfig* c, int B) {
-    return smolvla_images(c, B) * smolvla_grid(c) * smolvla_grid(c);
+static inline size_t flow_images(const FlowConfig* c, int B) { return (size_t)c->n_cam * B; }
+static inline size_t flow_vrows(const FlowConfig* c, int B) {
+    return flow_images(c, B) * flow_grid(c) * flow_grid(c);
 }
-static inline size_t smolvla_prows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_prefix(c); }
-static inline size_t smolvla_rrows(const SmolVLAConfig* c, int B) { return (size_t)B * smolvla_n_suffix(c); }
-static inline size_t smolvla_arows(const SmolVLAConfig* c, int B) { return (size_t)B * c->chunk; }
-static inline size_t smolvla_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
-static inline int smolvla_d_attn(const SmolVLAConfig* c) { return c->n_head * c->head_dim; }
-static inline int smolvla_d_kv(const SmolVLAConfig* c) { return c->n_kv_head * c->head_dim; }
+static inline size_t flow_prows(const FlowConfig* c, int B) { return (size_t)B * flow_n_prefix(c); }
+static inline size_t flow_rrows(const FlowConfig* c, int B) { return (size_t)B * flow_n_suffix(c); }
+static inline size_t flow_arows(const FlowConfig* c, int B) { return (size_t)B * c->chunk; }
+static inline size_t flow_max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+static inline int flow_d_attn(const FlowConfig* c) { return c->n_head * c->head_dim; }
+static inline int flow_d_kv(const FlowConfig* c) { return c->n_kv_head * c->head_dim; }
 // The layer schedule, named once: cross-attention layers are those that are not joint.
-static inline int smolvla_layer_is_cross(const SmolVLAConfig* c, int l) { return l % c->self_attn_every != 0; }
-static inline int smolvla_n_joint(const SmolVLAConfig* c) {
+static inline int flow_layer_is_cross(const FlowConfig* c, int l) { return l % c->self_attn_every != 0; }
+static inline int flow_n_joint(const FlowConfig* c) {
     return (c->n_layer + c->self_attn_every - 1) / c->self_attn_every;
 }
-static inline int smolvla_n_cross(const SmolVLAConfig* c) { return c->n_layer - smolvla_n_joint(c); }
+static inline int flow_n_cross(const FlowConfig* c) { return c->n_layer - flow_n_joint(c); }
 // Layer l's index among the layers of its kind (the slice of the joint or cross stacks it owns).
-static inline int smolvla_kind_index(const SmolVLAConfig* c, int l) {
+static inline int flow_kind_index(const FlowConfig* c, int l) {
     int joints_upto = l / c->self_attn_every + 1;  // joint layers in [0, l]
-    return smolvla_layer_is_cross(c, l) ? l + 1 - joints_upto - 1 : joints_upto - 1;
+    return flow_layer_is_cross(c, l) ? l + 1 - joints_upto - 1 : joints_upto - 1;
 }
 // LeRobot's expert MLP width: Llama's 4 * int(2 Ce / 3) rounded up to a multiple of 256.
 static inline int smolvla_expert_ff(int d_expert) { return 256 * ((4 * (2 * d_expert / 3) + 255) / 256); }
@@ -166,38 +166,38 @@ static inline int smolvla_expert_ff(int d_expert) { return 256 * ((4 * (2 * d_ex
 typedef struct {
     const char* name;
     const char* what;
-    SmolVLAConfig config;
-} SmolVLAPreset;
+    FlowConfig config;
+} FlowPreset;
 
 // n_cam, state_dim and action_dim come from the dataset. smolvla is lerobot/smolvla_base's model
 // (SmolVLM2-500M's first 16 layers and its 720-wide expert); pi0 is lerobot/pi0's (PaliGemma 3B:
 // SigLIP so400m/14 and Gemma 2B, with the Gemma 300M expert; 3,238,048,528 parameters used: the
 // two lm_heads, 790M that nothing reads, are neither stored nor trained). tiny and pi0_tiny run
 // the tests in seconds; small and pi0_small train from scratch on the CPU.
-static const SmolVLAPreset SMOLVLA_PRESETS[] = {
+static const FlowPreset FLOW_PRESETS[] = {
     // name       what                                     cam S  A  img  p  Cv    Cv_ff Lv NHv s  vocab   pad text C     C_ff   L   NH NKV HS   Ce    Ce_ff n  H   Smax Amax theta  family
-    {"tiny",     "tests: runs in seconds on one core",     {1, 4, 4, 32,  8, 32,   64,   1, 2,  2, 256,    0,  16,  48,   96,    2,  4, 2,  12,  36,   256,  2, 8,  32,  32,  10000, FAMILY_SMOLVLA}},
+    {"tiny",     "tests: runs in seconds on one core",     {1, 4, 4, 32,  8, 32,   64,   1, 2,  2, 256,    0,  16,  48,   96,    2,  4, 2,  16,  48,   256,  2, 8,  32,  32,  10000, FAMILY_SMOLVLA}},
     {"small",    "Meta-World from scratch on the CPU",     {2, 4, 4, 64,  8, 48,   96,   1, 2,  2, 256,    0,  48,  64,   192,   2,  4, 2,  16,  48,   256,  2, 8,  32,  32,  10000, FAMILY_SMOLVLA}},
     {"smolvla",  "lerobot/smolvla_base's sizes (450M)",    {2, 32, 32, 512, 16, 768, 3072, 12, 12, 4, 49280,  2,  48,  960,  2560,  16, 15, 5, 64,  720,  2048, 2, 50, 32,  32,  10000, FAMILY_SMOLVLA}},
     {"pi0_tiny", "tests: pi0's structure in seconds",      {1, 4, 4, 32,  8, 32,   64,   2, 2,  1, 256,    0,  16,  64,   128,   2,  8, 1,  8,   32,   64,   1, 8,  32,  32,  10000, FAMILY_PI0}},
     {"pi0_small","pi0 on Meta-World from scratch, CPU",    {2, 4, 4, 64,  16, 48,  96,   1, 2,  1, 256,    0,  48,  64,   192,   2,  8, 1,  8,   48,   128,  1, 8,  32,  32,  10000, FAMILY_PI0}},
     {"pi0",      "lerobot/pi0's sizes (3.24B)",            {2, 32, 32, 224, 14, 1152, 4304, 27, 16, 1, 257152, 0,  48,  2048, 16384, 18, 8, 1,  256, 1024, 4096, 1, 50, 32,  32,  10000, FAMILY_PI0}},
 };
-#define SMOLVLA_N_PRESETS ((int)(sizeof(SMOLVLA_PRESETS) / sizeof(SMOLVLA_PRESETS[0])))
+#define FLOW_N_PRESETS ((int)(sizeof(FLOW_PRESETS) / sizeof(FLOW_PRESETS[0])))
 
-static inline const SmolVLAPreset* smolvla_preset(const char* name) {
-    for (int i = 0; i < SMOLVLA_N_PRESETS; i++) {
-        if (strcmp(SMOLVLA_PRESETS[i].name, name) == 0) { return &SMOLVLA_PRESETS[i]; }
+static inline const FlowPreset* flow_preset(const char* name) {
+    for (int i = 0; i < FLOW_N_PRESETS; i++) {
+        if (strcmp(FLOW_PRESETS[i].name, name) == 0) { return &FLOW_PRESETS[i]; }
     }
     return NULL;
 }
 
 // The first field where two configs differ ("name a vs b"), or NULL when they agree.
-static inline const char* smolvla_config_diff(const SmolVLAConfig* a, const SmolVLAConfig* b) {
+static inline const char* flow_config_diff(const FlowConfig* a, const FlowConfig* b) {
     static char msg[96];
-#define SMOL_DIFF_(f) if (a->f != b->f) { snprintf(msg, sizeof(msg), #f " %d vs %d", a->f, b->f); return msg; }
-    SMOLVLA_CONFIG_FIELDS(SMOL_DIFF_)
-#undef SMOL_DIFF_
+#define FLOW_DIFF_(f) if (a->f != b->f) { snprintf(msg, sizeof(msg), #f " %d vs %d", a->f, b->f); return msg; }
+    FLOW_CONFIG_FIELDS(FLOW_DIFF_)
+#undef FLOW_DIFF_
     return NULL;
 }
 
@@ -237,7 +237,7 @@ static inline int recompute_parse(const char* name) {
 
 // A preset's default mode: LeRobot's for the released models (SmolVLA fine-tunes its expert, pi0
 // trains everything), all for the others, which train from scratch.
-static inline int smolvla_default_train_mode(const char* preset) {
+static inline int flow_default_train_mode(const char* preset) {
     return strcmp(preset, "smolvla") == 0 ? TRAIN_MODE_EXPERT : TRAIN_MODE_ALL;
 }
 
@@ -258,7 +258,7 @@ enum { SLICES_NONE = 0, SLICES_VISION = 1, SLICES_ALL = 2, SLICES_JOINT = 3, SLI
 
 // LeRobot's names: a family's prefix of the module the tensor sits in, then the row's suffix.
 enum { NAME_VIS = 0, NAME_CONN = 1, NAME_TXT = 2, NAME_EXP = 3, NAME_TOP = 4 };
-static const char* const SMOLVLA_NAME_PREFIX[SMOLVLA_N_FAMILIES][5] = {
+static const char* const FLOW_NAME_PREFIX[FLOW_N_FAMILIES][5] = {
     {"model.vlm_with_expert.vlm.model.vision_model.",
      "model.vlm_with_expert.vlm.model.connector.modality_projection.proj.",
      "model.vlm_with_expert.vlm.model.text_model.", "model.vlm_with_expert.lm_expert.", "model."},
@@ -275,10 +275,10 @@ static const char* const SMOLVLA_NAME_PREFIX[SMOLVLA_N_FAMILIES][5] = {
 // layers' k/v in pi0) and no slice: nothing names, loads or trains it. INIT_RMS: an RMSNorm's
 // weight, 1 in SmolVLA's w form and 0 in pi0's (1 + w) form.
 //  X(name,       module,   LeRobot name in it (%d = layer),           tower,        kind,        train,              decay init             slices         nd d0 d1 d2)
-#define SMOLVLA_PARAMETERS(X, c) \
-    X(vis_patch_w,  NAME_VIS, "embeddings.patch_embedding.weight",        TOWER_VISION, KIND_INPUT, TRAIN_VISION,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->vis_width, smolvla_patch_dim(c), 1) \
+#define FLOW_PARAMETERS(X, c) \
+    X(vis_patch_w,  NAME_VIS, "embeddings.patch_embedding.weight",        TOWER_VISION, KIND_INPUT, TRAIN_VISION,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->vis_width, flow_patch_dim(c), 1) \
     X(vis_patch_b,  NAME_VIS, "embeddings.patch_embedding.bias",          TOWER_VISION, KIND_INPUT, TRAIN_VISION,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->vis_width, 1, 1) \
-    X(vis_pos,      NAME_VIS, "embeddings.position_embedding.weight",     TOWER_VISION, KIND_INPUT, TRAIN_VISION,       1, INIT_NORMAL,     SLICES_NONE,   2, smolvla_grid(c) * smolvla_grid(c), (c)->vis_width, 1) \
+    X(vis_pos,      NAME_VIS, "embeddings.position_embedding.weight",     TOWER_VISION, KIND_INPUT, TRAIN_VISION,       1, INIT_NORMAL,     SLICES_NONE,   2, flow_grid(c) * flow_grid(c), (c)->vis_width, 1) \
     X(vis_ln1_w,    NAME_VIS, "encoder.layers.%d.layer_norm1.weight",     TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ONE,        SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
     X(vis_ln1_b,    NAME_VIS, "encoder.layers.%d.layer_norm1.bias",       TOWER_VISION, KIND_LAYER, TRAIN_VISION,       0, INIT_ZERO,       SLICES_VISION, 2, (c)->vis_layers, (c)->vis_width, 1) \
     X(vis_wq,       NAME_VIS, "encoder.layers.%d.self_attn.q_proj.weight",  TOWER_VISION, KIND_LAYER, TRAIN_VISION,     1, INIT_NORMAL,     SLICES_VISION, 3, (c)->vis_layers, (c)->vis_width, (c)->vis_width) \
@@ -298,15 +298,15 @@ static const char* const SMOLVLA_NAME_PREFIX[SMOLVLA_N_FAMILIES][5] = {
     X(vis_post_w,   NAME_VIS, "post_layernorm.weight",                    TOWER_VISION, KIND_HEAD,  TRAIN_VISION,       0, INIT_ONE,        SLICES_NONE,   1, (c)->vis_width, 1, 1) \
     X(vis_post_b,   NAME_VIS, "post_layernorm.bias",                      TOWER_VISION, KIND_HEAD,  TRAIN_VISION,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->vis_width, 1, 1) \
     X(connector_w,  NAME_CONN, "weight",                                  TOWER_VLM,    KIND_INPUT, TRAIN_VLM,          1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_model, (c)->vis_width * (c)->scale_factor * (c)->scale_factor, 1) \
-    X(connector_b,  NAME_CONN, "bias",                                    TOWER_VLM,    KIND_INPUT, TRAIN_VLM,          0, INIT_ZERO,       SLICES_NONE,   1, smolvla_connector_bias(c) ? (c)->d_model : 0, 1, 1) \
+    X(connector_b,  NAME_CONN, "bias",                                    TOWER_VLM,    KIND_INPUT, TRAIN_VLM,          0, INIT_ZERO,       SLICES_NONE,   1, flow_connector_bias(c) ? (c)->d_model : 0, 1, 1) \
     X(embed_tokens, NAME_TXT, "embed_tokens.weight",                      TOWER_VLM,    KIND_INPUT, TRAIN_VLM,          1, INIT_NORMAL,     SLICES_NONE,   2, (c)->vocab, (c)->d_model, 1) \
-    X(state_w,      NAME_TOP, "state_proj.weight",                        TOWER_STATE,  KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, smolvla_state_width(c), (c)->max_state_dim, 1) \
-    X(state_b,      NAME_TOP, "state_proj.bias",                          TOWER_STATE,  KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, smolvla_state_width(c), 1, 1) \
+    X(state_w,      NAME_TOP, "state_proj.weight",                        TOWER_STATE,  KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, flow_state_width(c), (c)->max_state_dim, 1) \
+    X(state_b,      NAME_TOP, "state_proj.bias",                          TOWER_STATE,  KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, flow_state_width(c), 1, 1) \
     X(vlm_ln1,      NAME_TXT, "layers.%d.input_layernorm.weight",         TOWER_VLM,    KIND_LAYER, TRAIN_VLM_QKV,      0, INIT_RMS,        SLICES_ALL,    2, (c)->n_layer, (c)->d_model, 1) \
-    X(vlm_wq,       NAME_TXT, "layers.%d.self_attn.q_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_QKV,      1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_attn(c), (c)->d_model) \
-    X(vlm_wk,       NAME_TXT, "layers.%d.self_attn.k_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_QKV,      1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_kv(c), (c)->d_model) \
-    X(vlm_wv,       NAME_TXT, "layers.%d.self_attn.v_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_QKV,      1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_kv(c), (c)->d_model) \
-    X(vlm_wo,       NAME_TXT, "layers.%d.self_attn.o_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_model, smolvla_d_attn(c)) \
+    X(vlm_wq,       NAME_TXT, "layers.%d.self_attn.q_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_QKV,      1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, flow_d_attn(c), (c)->d_model) \
+    X(vlm_wk,       NAME_TXT, "layers.%d.self_attn.k_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_QKV,      1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, flow_d_kv(c), (c)->d_model) \
+    X(vlm_wv,       NAME_TXT, "layers.%d.self_attn.v_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_QKV,      1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, flow_d_kv(c), (c)->d_model) \
+    X(vlm_wo,       NAME_TXT, "layers.%d.self_attn.o_proj.weight",        TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_model, flow_d_attn(c)) \
     X(vlm_ln2,      NAME_TXT, "layers.%d.post_attention_layernorm.weight", TOWER_VLM,   KIND_LAYER, TRAIN_VLM_BUT_LAST, 0, INIT_RMS,        SLICES_ALL,    2, (c)->n_layer, (c)->d_model, 1) \
     X(vlm_gate,     NAME_TXT, "layers.%d.mlp.gate_proj.weight",           TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
     X(vlm_up,       NAME_TXT, "layers.%d.mlp.up_proj.weight",             TOWER_VLM,    KIND_LAYER, TRAIN_VLM_BUT_LAST, 1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_ff, (c)->d_model) \
@@ -319,12 +319,12 @@ static const char* const SMOLVLA_NAME_PREFIX[SMOLVLA_N_FAMILIES][5] = {
     X(time_out_w,   NAME_TOP, "action_time_mlp_out.weight",               TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->d_expert, (c)->d_expert, 1) \
     X(time_out_b,   NAME_TOP, "action_time_mlp_out.bias",                 TOWER_EXPERT, KIND_INPUT, TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->d_expert, 1, 1) \
     X(exp_ln1,      NAME_EXP, "layers.%d.input_layernorm.weight",         TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       0, INIT_RMS,        SLICES_ALL,    2, (c)->n_layer, (c)->d_expert, 1) \
-    X(exp_wq,       NAME_EXP, "layers.%d.self_attn.q_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, smolvla_d_attn(c), (c)->d_expert) \
-    X(exp_wk_joint, NAME_EXP, "layers.%d.self_attn.k_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_JOINT,  3, smolvla_n_joint(c), smolvla_d_kv(c), (c)->d_expert) \
-    X(exp_wv_joint, NAME_EXP, "layers.%d.self_attn.v_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_JOINT,  3, smolvla_n_joint(c), smolvla_d_kv(c), (c)->d_expert) \
-    X(exp_wk_cross, NAME_EXP, "layers.%d.self_attn.k_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_CROSS,  3, smolvla_n_cross(c), smolvla_d_kv(c), smolvla_d_kv(c)) \
-    X(exp_wv_cross, NAME_EXP, "layers.%d.self_attn.v_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_CROSS,  3, smolvla_n_cross(c), smolvla_d_kv(c), smolvla_d_kv(c)) \
-    X(exp_wo,       NAME_EXP, "layers.%d.self_attn.o_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_expert, smolvla_d_attn(c)) \
+    X(exp_wq,       NAME_EXP, "layers.%d.self_attn.q_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, flow_d_attn(c), (c)->d_expert) \
+    X(exp_wk_joint, NAME_EXP, "layers.%d.self_attn.k_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_JOINT,  3, flow_n_joint(c), flow_d_kv(c), (c)->d_expert) \
+    X(exp_wv_joint, NAME_EXP, "layers.%d.self_attn.v_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_JOINT,  3, flow_n_joint(c), flow_d_kv(c), (c)->d_expert) \
+    X(exp_wk_cross, NAME_EXP, "layers.%d.self_attn.k_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_CROSS,  3, flow_n_cross(c), flow_d_kv(c), flow_d_kv(c)) \
+    X(exp_wv_cross, NAME_EXP, "layers.%d.self_attn.v_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_CROSS,  3, flow_n_cross(c), flow_d_kv(c), flow_d_kv(c)) \
+    X(exp_wo,       NAME_EXP, "layers.%d.self_attn.o_proj.weight",        TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL_OUT, SLICES_ALL,    3, (c)->n_layer, (c)->d_expert, flow_d_attn(c)) \
     X(exp_ln2,      NAME_EXP, "layers.%d.post_attention_layernorm.weight", TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,      0, INIT_RMS,        SLICES_ALL,    2, (c)->n_layer, (c)->d_expert, 1) \
     X(exp_gate,     NAME_EXP, "layers.%d.mlp.gate_proj.weight",           TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
     X(exp_up,       NAME_EXP, "layers.%d.mlp.up_proj.weight",             TOWER_EXPERT, KIND_LAYER, TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_ALL,    3, (c)->n_layer, (c)->d_expert_ff, (c)->d_expert) \
@@ -333,7 +333,45 @@ static const char* const SMOLVLA_NAME_PREFIX[SMOLVLA_N_FAMILIES][5] = {
     X(action_out_w, NAME_TOP, "action_out_proj.weight",                   TOWER_EXPERT, KIND_HEAD,  TRAIN_ALWAYS,       1, INIT_NORMAL,     SLICES_NONE,   2, (c)->max_action_dim, (c)->d_expert, 1) \
     X(action_out_b, NAME_TOP, "action_out_proj.bias",                     TOWER_EXPERT, KIND_HEAD,  TRAIN_ALWAYS,       0, INIT_ZERO,       SLICES_NONE,   1, (c)->max_action_dim, 1, 1)
 
-enum { SMOLVLA_NUM_TENSORS = 0 SMOLVLA_PARAMETERS(VLA_COUNT_, c) };
+// Parameter tensor indices, in table order: FLOWP_vis_wq, ...
+enum {
+#define FLOW_INDEX_(nm, ...) FLOWP_##nm,
+    FLOW_PARAMETERS(FLOW_INDEX_, c)
+#undef FLOW_INDEX_
+};
+
+// The tensors of layer l of the VLM (expert = 0) or of the expert (expert = 1), in FlowLayer's order
+// (ln1, wq, wk, wv, wo, ln2, gate, up, down), and the slice of each: l, but for the expert's k/v,
+// the joint or cross stacks' slice that layer owns (flow_kind_index). Both trainers' flow_layer.
+static inline void flow_layer_tensors(const FlowConfig* c, int expert, int l, int idx[9], int slice[9]) {
+    int cross = expert && flow_layer_is_cross(c, l);
+    int wk = expert ? (cross ? FLOWP_exp_wk_cross : FLOWP_exp_wk_joint) : FLOWP_vlm_wk;
+    int wv = expert ? (cross ? FLOWP_exp_wv_cross : FLOWP_exp_wv_joint) : FLOWP_vlm_wv;
+    int t[9] = {expert ? FLOWP_exp_ln1 : FLOWP_vlm_ln1, expert ? FLOWP_exp_wq : FLOWP_vlm_wq, wk, wv,
+                expert ? FLOWP_exp_wo : FLOWP_vlm_wo, expert ? FLOWP_exp_ln2 : FLOWP_vlm_ln2,
+                expert ? FLOWP_exp_gate : FLOWP_vlm_gate, expert ? FLOWP_exp_up : FLOWP_vlm_up,
+                expert ? FLOWP_exp_down : FLOWP_vlm_down};
+    for (int i = 0; i < 9; i++) {
+        idx[i] = t[i];
+        slice[i] = expert && (i == 2 || i == 3) ? flow_kind_index(c, l) : l;
+    }
+}
+
+// Layer slots of one stack's activations (N rows of width C, MLP width F), both trainers'
+// FlowLayerActs x: slot L of the layer inputs and outputs, La of the attention half's, Lm of the MLP
+// half's, Lkv of the keys and values (the trainers without recomputation: all L).
+#define FLOW_LAYER_SLOTS(x, c, N, C, F, L, La, Lm, Lkv)                                                       \
+    do {                                                                                                   \
+        size_t D_ = flow_d_attn(c), KV_ = flow_d_kv(c);                                                    \
+        (x).res += (L) * (N) * (C); (x).ln1 += (La) * (N) * (C); (x).rstd1 += (La) * (N);                  \
+        (x).q += (La) * (N) * D_; (x).k += (Lkv) * (N) * KV_; (x).v += (Lkv) * (N) * KV_;                  \
+        (x).att += (La) * (N) * D_; (x).lse += (La) * (N) * (c)->n_head;                                   \
+        (x).mid += (Lm) * (N) * (C); (x).ln2 += (Lm) * (N) * (C); (x).rstd2 += (Lm) * (N);                 \
+        (x).gate += (Lm) * (N) * (F); (x).up += (Lm) * (N) * (F); (x).act += (Lm) * (N) * (F);             \
+        (x).out += ((L) + 1) * (N) * (C); /* the VLM's last layer has no output: p_res has L slices */     \
+    } while (0)
+
+enum { FLOW_NUM_TENSORS = 0 FLOW_PARAMETERS(VLA_COUNT_, c) };
 
 typedef struct {
     const char* name;
@@ -342,97 +380,97 @@ typedef struct {
     int64_t shape[3];
     size_t numel;
     size_t offset;  // in elements, into the one flat allocation
-} SmolParamSpec;
+} FlowParamSpec;
 
 typedef struct {
-    SmolParamSpec spec[SMOLVLA_NUM_TENSORS];
+    FlowParamSpec spec[FLOW_NUM_TENSORS];
     size_t total;
-} SmolParamTable;
+} FlowParamTable;
 
 // The family's reading of the columns that depend on it (TOWER_STATE, TRAIN_VLM_QKV, INIT_RMS)
-static inline int smolvla_resolve_tower(const SmolVLAConfig* c, int tower) {
-    return tower == TOWER_STATE ? (smolvla_state_in_suffix(c) ? TOWER_EXPERT : TOWER_VLM) : tower;
+static inline int flow_resolve_tower(const FlowConfig* c, int tower) {
+    return tower == TOWER_STATE ? (flow_state_in_suffix(c) ? TOWER_EXPERT : TOWER_VLM) : tower;
 }
-static inline int smolvla_resolve_train(const SmolVLAConfig* c, int train) {
-    return train == TRAIN_VLM_QKV ? (smolvla_is_pi0(c) ? TRAIN_VLM : TRAIN_VLM_BUT_LAST) : train;
+static inline int flow_resolve_train(const FlowConfig* c, int train) {
+    return train == TRAIN_VLM_QKV ? (flow_is_pi0(c) ? TRAIN_VLM : TRAIN_VLM_BUT_LAST) : train;
 }
-static inline int smolvla_resolve_init(const SmolVLAConfig* c, int init) {
-    return init == INIT_RMS ? (smolvla_rms_offset(c) != 0.0f ? INIT_ZERO : INIT_ONE) : init;
+static inline int flow_resolve_init(const FlowConfig* c, int init) {
+    return init == INIT_RMS ? (flow_rms_offset(c) != 0.0f ? INIT_ZERO : INIT_ONE) : init;
 }
 
-static inline void smolvla_table_build(const SmolVLAConfig* c, SmolParamTable* t) {
+static inline void flow_table_build(const FlowConfig* c, FlowParamTable* t) {
     int i = 0;
     size_t offset = 0;
-#define SMOL_SPEC_(nm, where, lr, tw, knd, trn, dec, ini, sl, nd, d0, d1, d2) \
-    t->spec[i] = (SmolParamSpec){#nm, "", smolvla_resolve_tower(c, tw), knd, smolvla_resolve_train(c, trn), dec, \
-                                 smolvla_resolve_init(c, ini), sl, nd, {d0, d1, d2}, \
+#define FLOW_SPEC_(nm, where, lr, tw, knd, trn, dec, ini, sl, nd, d0, d1, d2) \
+    t->spec[i] = (FlowParamSpec){#nm, "", flow_resolve_tower(c, tw), knd, flow_resolve_train(c, trn), dec, \
+                                 flow_resolve_init(c, ini), sl, nd, {d0, d1, d2}, \
                                  (size_t)(d0) * (size_t)(d1) * (size_t)(d2), offset}; \
-    snprintf(t->spec[i].lerobot, sizeof(t->spec[i].lerobot), "%s%s", SMOLVLA_NAME_PREFIX[c->family][where], lr); \
+    snprintf(t->spec[i].lerobot, sizeof(t->spec[i].lerobot), "%s%s", FLOW_NAME_PREFIX[c->family][where], lr); \
     offset += t->spec[i].numel; \
     i++;
-    SMOLVLA_PARAMETERS(SMOL_SPEC_, c)
-#undef SMOL_SPEC_
+    FLOW_PARAMETERS(FLOW_SPEC_, c)
+#undef FLOW_SPEC_
     t->total = offset;
 }
 
 // One float* per tensor, carved from a flat buffer in table order; NULL for a tensor the family
 // does not have.
 typedef struct {
-#define SMOL_FIELD_(nm, ...) float* nm;
-    SMOLVLA_PARAMETERS(SMOL_FIELD_, c)
-#undef SMOL_FIELD_
-} SmolParameters;
+#define FLOW_FIELD_(nm, ...) float* nm;
+    FLOW_PARAMETERS(FLOW_FIELD_, c)
+#undef FLOW_FIELD_
+} FlowParameters;
 
-static inline void smolvla_point(SmolParameters* p, float* base, const SmolParamTable* t) {
+static inline void flow_point(FlowParameters* p, float* base, const FlowParamTable* t) {
     int i = 0;
-#define SMOL_POINT_(nm, ...) p->nm = t->spec[i].numel > 0 ? base + t->spec[i].offset : NULL; i++;
-    SMOLVLA_PARAMETERS(SMOL_POINT_, c)
-#undef SMOL_POINT_
+#define FLOW_POINT_(nm, ...) p->nm = t->spec[i].numel > 0 ? base + t->spec[i].offset : NULL; i++;
+    FLOW_PARAMETERS(FLOW_POINT_, c)
+#undef FLOW_POINT_
 }
 
 // Slices (layers) of a tensor: its leading dimension when stacked, else 1; 0 for a tensor the
-// family does not have. The elements of one slice: smolvla_slice_numel.
-static inline size_t smolvla_slices(const SmolParamSpec* s) {
+// family does not have. The elements of one slice: flow_slice_numel.
+static inline size_t flow_slices(const FlowParamSpec* s) {
     return s->numel == 0 ? 0 : s->slices == SLICES_NONE ? 1 : (size_t)s->shape[0];
 }
-static inline size_t smolvla_slice_numel(const SmolParamSpec* s) {
-    return s->numel == 0 ? 0 : s->numel / smolvla_slices(s);
+static inline size_t flow_slice_numel(const FlowParamSpec* s) {
+    return s->numel == 0 ? 0 : s->numel / flow_slices(s);
 }
 
 // The elements of a tensor that train in `mode`: a prefix of it (stacked tensors are layer-major,
 // so "every layer but the last" is the first numel - numel/L elements). 0 = frozen.
-static inline size_t smolvla_trainable_numel(const SmolParamSpec* s, int mode) {
+static inline size_t flow_trainable_numel(const FlowParamSpec* s, int mode) {
     switch (s->train) {
         case TRAIN_ALWAYS: return s->numel;
         case TRAIN_VLM: return mode >= TRAIN_MODE_VLM ? s->numel : 0;
-        case TRAIN_VLM_BUT_LAST: return mode >= TRAIN_MODE_VLM ? s->numel - smolvla_slice_numel(s) : 0;
+        case TRAIN_VLM_BUT_LAST: return mode >= TRAIN_MODE_VLM ? s->numel - flow_slice_numel(s) : 0;
         case TRAIN_VISION: return mode == TRAIN_MODE_ALL ? s->numel : 0;
         default: return 0;
     }
 }
 
-static inline size_t smolvla_trainable_count(const SmolParamTable* t, int mode) {
+static inline size_t flow_trainable_count(const FlowParamTable* t, int mode) {
     size_t n = 0;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) { n += smolvla_trainable_numel(&t->spec[i], mode); }
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) { n += flow_trainable_numel(&t->spec[i], mode); }
     return n;
 }
 
 // The optimizer's domain in a mode: the trainable prefix of every tensor, packed in table order.
 // AdamW's moments exist for these elements only (tensor i's at offset[i], numel[i] of them); its
-// weight decay applies where the table's decay column, or --decay-on all, says (smolvla_decay).
+// weight decay applies where the table's decay column, or --decay-on all, says (flow_decay).
 typedef struct {
     int mode;
-    size_t offset[SMOLVLA_NUM_TENSORS];  // tensor i's first moment in the packed m and v
-    size_t numel[SMOLVLA_NUM_TENSORS];   // its trainable elements: the first numel[i] (0 = frozen)
-    size_t total;                        // elements of m and of v: smolvla_trainable_count
-} SmolOptDomain;
+    size_t offset[FLOW_NUM_TENSORS];  // tensor i's first moment in the packed m and v
+    size_t numel[FLOW_NUM_TENSORS];   // its trainable elements: the first numel[i] (0 = frozen)
+    size_t total;                        // elements of m and of v: flow_trainable_count
+} FlowOptDomain;
 
-static inline void smolvla_opt_domain(const SmolParamTable* t, int mode, SmolOptDomain* d) {
+static inline void flow_opt_domain(const FlowParamTable* t, int mode, FlowOptDomain* d) {
     d->mode = mode;
     d->total = 0;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
         d->offset[i] = d->total;
-        d->numel[i] = smolvla_trainable_numel(&t->spec[i], mode);
+        d->numel[i] = flow_trainable_numel(&t->spec[i], mode);
         d->total += d->numel[i];
     }
 }
@@ -445,49 +483,49 @@ static const char* const DECAY_ON_NAMES[] = {"matrices", "all"};
 #define DECAY_ON_COUNT ((int)(sizeof(DECAY_ON_NAMES) / sizeof(DECAY_ON_NAMES[0])))
 
 // The decoupled weight decay of tensor s: `weight_decay` where `decay_on` (DECAY_ON_*) reaches it, else 0.
-static inline float smolvla_decay(const SmolParamSpec* s, float weight_decay, int decay_on) {
+static inline float flow_decay(const FlowParamSpec* s, float weight_decay, int decay_on) {
     return s->decay || decay_on == DECAY_ON_ALL ? weight_decay : 0.0f;
 }
 
 // LeRobot's layer number of slice i of a stacked tensor.
-static inline int smolvla_slice_layer(const SmolVLAConfig* c, const SmolParamSpec* s, int i) {
+static inline int flow_slice_layer(const FlowConfig* c, const FlowParamSpec* s, int i) {
     if (s->slices == SLICES_JOINT) { return i * c->self_attn_every; }
     if (s->slices == SLICES_CROSS) {  // the i-th layer that is not joint
         for (int l = 0, k = 0; l < c->n_layer; l++) {
-            if (smolvla_layer_is_cross(c, l) && k++ == i) { return l; }
+            if (flow_layer_is_cross(c, l) && k++ == i) { return l; }
         }
     }
     return i;
 }
 
 // The one validation of a SmolVLA config: fields positive and bounded, the shapes consistent.
-static inline const char* smolvla_config_problem(const SmolVLAConfig* c) {
+static inline const char* flow_config_problem(const FlowConfig* c) {
     static char msg[256];
-    if (c->family < 0 || c->family >= SMOLVLA_N_FAMILIES) {
+    if (c->family < 0 || c->family >= FLOW_N_FAMILIES) {
         snprintf(msg, sizeof(msg), "family %d is not one of 0 (smolvla) and 1 (pi0)", c->family);
         return msg;
     }
-#define SMOL_POSITIVE_(f) if (c->f <= 0 && strcmp(#f, "pad_token") != 0 && strcmp(#f, "family") != 0) { \
+#define FLOW_POSITIVE_(f) if (c->f <= 0 && strcmp(#f, "pad_token") != 0 && strcmp(#f, "family") != 0) { \
         snprintf(msg, sizeof(msg), #f " must be positive (got %d)", c->f); return msg; }
-    SMOLVLA_CONFIG_FIELDS(SMOL_POSITIVE_)
-#undef SMOL_POSITIVE_
-#define SMOL_BOUND_(f, max) \
+    FLOW_CONFIG_FIELDS(FLOW_POSITIVE_)
+#undef FLOW_POSITIVE_
+#define FLOW_BOUND_(f, max) \
     if (c->f > (max)) { snprintf(msg, sizeof(msg), #f " %d is past its bound %d", c->f, (int)(max)); return msg; }
-    SMOL_BOUND_(n_cam, VLA_MAX_CAM) SMOL_BOUND_(img, VLA_MAX_IMG) SMOL_BOUND_(patch, c->img)
-    SMOL_BOUND_(vis_width, VLA_MAX_WIDTH) SMOL_BOUND_(vis_ff, VLA_MAX_WIDTH) SMOL_BOUND_(vis_layers, VLA_MAX_LAYER)
-    SMOL_BOUND_(vis_heads, c->vis_width) SMOL_BOUND_(scale_factor, c->img / c->patch) SMOL_BOUND_(vocab, 1 << 24)
-    SMOL_BOUND_(pad_token, c->vocab - 1) SMOL_BOUND_(max_text, VLA_MAX_TEXT) SMOL_BOUND_(d_model, VLA_MAX_WIDTH)
-    SMOL_BOUND_(d_ff, VLA_MAX_WIDTH) SMOL_BOUND_(n_layer, VLA_MAX_LAYER) SMOL_BOUND_(n_head, VLA_MAX_HEAD)
-    SMOL_BOUND_(n_kv_head, c->n_head) SMOL_BOUND_(head_dim, VLA_MAX_HEAD) SMOL_BOUND_(d_expert, VLA_MAX_WIDTH)
-    SMOL_BOUND_(d_expert_ff, VLA_MAX_WIDTH) SMOL_BOUND_(self_attn_every, c->n_layer) SMOL_BOUND_(chunk, VLA_MAX_CHUNK)
-    SMOL_BOUND_(max_state_dim, VLA_MAX_DIM) SMOL_BOUND_(max_action_dim, VLA_MAX_DIM)
-    SMOL_BOUND_(state_dim, c->max_state_dim) SMOL_BOUND_(action_dim, c->max_action_dim)
-#undef SMOL_BOUND_
+    FLOW_BOUND_(n_cam, VLA_MAX_CAM) FLOW_BOUND_(img, VLA_MAX_IMG) FLOW_BOUND_(patch, c->img)
+    FLOW_BOUND_(vis_width, VLA_MAX_WIDTH) FLOW_BOUND_(vis_ff, VLA_MAX_WIDTH) FLOW_BOUND_(vis_layers, VLA_MAX_LAYER)
+    FLOW_BOUND_(vis_heads, c->vis_width) FLOW_BOUND_(scale_factor, c->img / c->patch) FLOW_BOUND_(vocab, 1 << 24)
+    FLOW_BOUND_(pad_token, c->vocab - 1) FLOW_BOUND_(max_text, VLA_MAX_TEXT) FLOW_BOUND_(d_model, VLA_MAX_WIDTH)
+    FLOW_BOUND_(d_ff, VLA_MAX_WIDTH) FLOW_BOUND_(n_layer, VLA_MAX_LAYER) FLOW_BOUND_(n_head, VLA_MAX_HEAD)
+    FLOW_BOUND_(n_kv_head, c->n_head) FLOW_BOUND_(head_dim, VLA_MAX_HEAD) FLOW_BOUND_(d_expert, VLA_MAX_WIDTH)
+    FLOW_BOUND_(d_expert_ff, VLA_MAX_WIDTH) FLOW_BOUND_(self_attn_every, c->n_layer) FLOW_BOUND_(chunk, VLA_MAX_CHUNK)
+    FLOW_BOUND_(max_state_dim, VLA_MAX_DIM) FLOW_BOUND_(max_action_dim, VLA_MAX_DIM)
+    FLOW_BOUND_(state_dim, c->max_state_dim) FLOW_BOUND_(action_dim, c->max_action_dim)
+#undef FLOW_BOUND_
     if (c->pad_token < 0) {
         snprintf(msg, sizeof(msg), "pad_token must not be negative (got %d)", c->pad_token);
         return msg;
     }
-    if (smolvla_is_pi0(c) && (c->self_attn_every != 1 || c->scale_factor != 1)) {
+    if (flow_is_pi0(c) && (c->self_attn_every != 1 || c->scale_factor != 1)) {
         snprintf(msg, sizeof(msg),
                  "pi0 has every layer joint and no pixel shuffle: self_attn_every %d and scale_factor %d "
                  "must be 1",
@@ -512,7 +550,7 @@ static inline const char* smolvla_config_problem(const SmolVLAConfig* c) {
                  c->d_expert);
         return msg;
     }
-    uint64_t tokens = (uint64_t)smolvla_n_prefix(c) + (uint64_t)smolvla_n_suffix(c);
+    uint64_t tokens = (uint64_t)flow_n_prefix(c) + (uint64_t)flow_n_suffix(c);
     uint64_t vis_tokens = (uint64_t)(c->img / c->patch) * (uint64_t)(c->img / c->patch);
     if (tokens > VLA_MAX_TOKENS || vis_tokens > VLA_MAX_TOKENS) {
         snprintf(msg, sizeof(msg), "%llu tokens (%llu per image in the vision tower) are past the bound %d",
@@ -521,12 +559,12 @@ static inline const char* smolvla_config_problem(const SmolVLAConfig* c) {
     }
     uint64_t total = 0, numel;
     int bad = 0;
-#define SMOL_COUNT_(nm, where, lr, tw, knd, trn, dec, ini, sl, nd, d0, d1, d2) \
+#define FLOW_COUNT_(nm, where, lr, tw, knd, trn, dec, ini, sl, nd, d0, d1, d2) \
     bad |= __builtin_mul_overflow((uint64_t)(d0), (uint64_t)(d1), &numel); \
     bad |= __builtin_mul_overflow(numel, (uint64_t)(d2), &numel); \
     bad |= __builtin_add_overflow(total, numel, &total);
-    SMOLVLA_PARAMETERS(SMOL_COUNT_, c)
-#undef SMOL_COUNT_
+    FLOW_PARAMETERS(FLOW_COUNT_, c)
+#undef FLOW_COUNT_
     if (bad || total > VLA_MAX_PARAMS) {
         snprintf(msg, sizeof(msg), "the parameter count is past the bound 2^36");
         return msg;
@@ -534,10 +572,10 @@ static inline const char* smolvla_config_problem(const SmolVLAConfig* c) {
     return NULL;
 }
 
-// A config as "name value" lines (every field of SMOLVLA_CONFIG_FIELDS once, but family, which
+// A config as "name value" lines (every field of FLOW_CONFIG_FIELDS once, but family, which
 // files written before pi0 leave out: SmolVLA; dev/smolvla.py --c-config and
 // dev/lerobot/make_ref_pi0.py write them from LeRobot's models). Returns 0, or 1 with err set.
-static inline int smolvla_config_read(const char* path, SmolVLAConfig* c, char* err, size_t err_size) {
+static inline int flow_config_read(const char* path, FlowConfig* c, char* err, size_t err_size) {
     FILE* f = fopen(path, "r");
     if (f == NULL) { snprintf(err, err_size, "cannot open %s: %s", path, strerror(errno)); return 1; }
     memset(c, 0, sizeof(*c));
@@ -554,18 +592,18 @@ static inline int smolvla_config_read(const char* path, SmolVLAConfig* c, char* 
             break;
         }
         int i = 0, found = 0;
-#define SMOL_READ_(f) if (strcmp(key, #f) == 0) { c->f = (int32_t)value; seen[i]++; found = 1; } i++;
-        SMOLVLA_CONFIG_FIELDS(SMOL_READ_)
-#undef SMOL_READ_
+#define FLOW_READ_(f) if (strcmp(key, #f) == 0) { c->f = (int32_t)value; seen[i]++; found = 1; } i++;
+        FLOW_CONFIG_FIELDS(FLOW_READ_)
+#undef FLOW_READ_
         if (!found) { snprintf(err, err_size, "%s: unknown field '%s'", path, key); status = 1; }
     }
     fclose(f);
     int i = 0;
-#define SMOL_SEEN_(f) if (status == 0 && seen[i] != 1 && !(strcmp(#f, "family") == 0 && seen[i] == 0)) { \
+#define FLOW_SEEN_(f) if (status == 0 && seen[i] != 1 && !(strcmp(#f, "family") == 0 && seen[i] == 0)) { \
         snprintf(err, err_size, "%s: field " #f " appears %d times (once expected)", path, seen[i]); status = 1; } i++;
-    SMOLVLA_CONFIG_FIELDS(SMOL_SEEN_)
-#undef SMOL_SEEN_
-    const char* problem = status == 0 ? smolvla_config_problem(c) : NULL;
+    FLOW_CONFIG_FIELDS(FLOW_SEEN_)
+#undef FLOW_SEEN_
+    const char* problem = status == 0 ? flow_config_problem(c) : NULL;
     if (problem != NULL) { snprintf(err, err_size, "%s: %s", path, problem); status = 1; }
     return status;
 }
@@ -573,9 +611,9 @@ static inline int smolvla_config_read(const char* path, SmolVLAConfig* c, char* 
 // Parameters from the seed: normal(0, 0.02), output projections / sqrt(2L)
 // of their tower's depth, biases 0, norm scales 1 (pi0's (1 + w) RMSNorms: w = 0). (Imported
 // weights replace them.)
-static inline void smolvla_param_init(float* params, const SmolParamTable* t, const SmolVLAConfig* c, uint64_t seed) {
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &t->spec[i];
+static inline void flow_param_init(float* params, const FlowParamTable* t, const FlowConfig* c, uint64_t seed) {
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        const FlowParamSpec* s = &t->spec[i];
         float* p = params + s->offset;
         if (s->init == INIT_ZERO || s->init == INIT_ONE) {
             float v = s->init == INIT_ONE ? 1.0f : 0.0f;
@@ -588,7 +626,9 @@ static inline void smolvla_param_init(float* params, const SmolParamTable* t, co
         // tensor in parallel (pi0's 3.2B values) give the bits of one pass
         const size_t CHUNK = (size_t)1 << 16;
         long long n_chunks = (long long)((s->numel + CHUNK - 1) / CHUNK);
+#if defined(_OPENMP)  // (each value its own counter of the RNG: the same values without OpenMP)
         #pragma omp parallel for schedule(static)
+#endif
         for (long long k = 0; k < n_chunks; k++) {
             Rng r;
             rng_init(&r, seed, RNG_STREAM_INIT);

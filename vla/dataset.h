@@ -192,10 +192,10 @@ typedef struct {
     float* eps;              // (B, H, Amax) flow noise
     void* memory;            // one block holding all of the above, so a GPU trainer pins and copies it at once
     size_t bytes;
-} SmolBatch;
+} Batch;
 
 // Why the model of config c cannot read dataset ds, or NULL when it can.
-static inline const char* smolvla_data_problem(const SmolVLAConfig* c, const Dataset* ds) {
+static inline const char* flow_data_problem(const FlowConfig* c, const Dataset* ds) {
     static char msg[256];
     if (c->n_cam != ds->cams.n || c->state_dim != (int)ds->state_dim || c->action_dim != (int)ds->action_dim) {
         snprintf(msg, sizeof(msg),
@@ -210,48 +210,48 @@ static inline const char* smolvla_data_problem(const SmolVLAConfig* c, const Dat
 // Points the arrays of a batch of B samples whose frames hold `cams` into `base` (NULL: only
 // measures), each at a 64-byte boundary. Returns the bytes it needs; the same layout serves host
 // and device copies.
-static inline size_t smolvla_batch_layout(SmolBatch* b, uint8_t* base, const SmolVLAConfig* c, const Cameras* cams,
+static inline size_t batch_layout(Batch* b, uint8_t* base, const FlowConfig* c, const Cameras* cams,
                                           int B) {
     size_t off = 0, HA = (size_t)c->chunk * c->max_action_dim;
     if (cams->n != c->n_cam) { vla_fail("a batch of %d cameras for a model of %d", cams->n, c->n_cam); }
     memset(b, 0, sizeof(*b));
     b->cams = *cams;
-#define SMOL_CARVE_(field, type, count) \
+#define FLOW_CARVE_(field, type, count) \
     field = base != NULL ? (type*)(base + off) : NULL; \
     off += align_up((size_t)(count) * sizeof(type), 64);
     for (int k = 0; k < cams->n; k++) {
-        SMOL_CARVE_(b->images[k], uint8_t, (size_t)B * (camera_offset(cams, k + 1) - camera_offset(cams, k)))
+        FLOW_CARVE_(b->images[k], uint8_t, (size_t)B * (camera_offset(cams, k + 1) - camera_offset(cams, k)))
     }
-    SMOL_CARVE_(b->tokens, int32_t, (size_t)B * c->max_text)
-    SMOL_CARVE_(b->token_mask, float, (size_t)B * c->max_text)
-    SMOL_CARVE_(b->state, float, (size_t)B * c->max_state_dim)
-    SMOL_CARVE_(b->actions, float, (size_t)B * HA)
-    SMOL_CARVE_(b->action_is_pad, float, (size_t)B * c->chunk)
-    SMOL_CARVE_(b->t, float, (size_t)B)
-    SMOL_CARVE_(b->eps, float, (size_t)B * HA)
-#undef SMOL_CARVE_
+    FLOW_CARVE_(b->tokens, int32_t, (size_t)B * c->max_text)
+    FLOW_CARVE_(b->token_mask, float, (size_t)B * c->max_text)
+    FLOW_CARVE_(b->state, float, (size_t)B * c->max_state_dim)
+    FLOW_CARVE_(b->actions, float, (size_t)B * HA)
+    FLOW_CARVE_(b->action_is_pad, float, (size_t)B * c->chunk)
+    FLOW_CARVE_(b->t, float, (size_t)B)
+    FLOW_CARVE_(b->eps, float, (size_t)B * HA)
+#undef FLOW_CARVE_
     b->B = B;
     b->memory = base;
     b->bytes = off;
     return off;
 }
 
-static inline void smolvla_batch_alloc(SmolBatch* b, const SmolVLAConfig* c, const Cameras* cams, int B) {
-    size_t bytes = smolvla_batch_layout(b, NULL, c, cams, B);
-    smolvla_batch_layout(b, (uint8_t*)callocCheck(bytes, 1), c, cams, B);
+static inline void batch_alloc(Batch* b, const FlowConfig* c, const Cameras* cams, int B) {
+    size_t bytes = batch_layout(b, NULL, c, cams, B);
+    batch_layout(b, (uint8_t*)callocCheck(bytes, 1), c, cams, B);
 }
 
-static inline void smolvla_batch_free(SmolBatch* b) { free(b->memory); }
+static inline void batch_free(Batch* b) { free(b->memory); }
 
 // Camera k's image of sample i of the batch.
-static inline uint8_t* smolvla_batch_image(const SmolBatch* b, int k, int i) {
+static inline uint8_t* batch_image(const Batch* b, int k, int i) {
     return b->images[k] + (size_t)i * (camera_offset(&b->cams, k + 1) - camera_offset(&b->cams, k));
 }
 
 // Row i's language input: the instruction's n ids cut to max_text, right-padded with the pad id,
 // mask 1 on the ids: LeRobot's tokenizer call (truncation, padding_side "right", its pad id; the
 // whole rule is written down in data/vla_shard.py). ids may be the row itself.
-static inline void batch_set_text(SmolBatch* b, const SmolVLAConfig* c, int i, const int32_t* ids, size_t n) {
+static inline void batch_set_text(Batch* b, const FlowConfig* c, int i, const int32_t* ids, size_t n) {
     int32_t* row = b->tokens + (size_t)i * c->max_text;
     float* mask = b->token_mask + (size_t)i * c->max_text;
     if (n > (size_t)c->max_text) { n = (size_t)c->max_text; }
@@ -265,7 +265,7 @@ static inline void batch_set_text(SmolBatch* b, const SmolVLAConfig* c, int i, c
 // Sample `index` (a global frame number) into row i of the batch: images, tokens and their mask,
 // normalized padded state, the action chunk (slots past the episode repeat its last action and
 // are marked as pads). The flow noise is batch_fill's.
-static inline void dataset_assemble(const Dataset* ds, const SmolVLAConfig* c, uint64_t index, SmolBatch* b, int i) {
+static inline void dataset_assemble(const Dataset* ds, const FlowConfig* c, uint64_t index, Batch* b, int i) {
     int shard = 0;
     while (index >= ds->first_sample[shard + 1]) { shard++; }
     const Shard* s = &ds->shards[shard];
@@ -274,12 +274,12 @@ static inline void dataset_assemble(const Dataset* ds, const SmolVLAConfig* c, u
     if (!cameras_equal(&b->cams, &ds->cams)) {
         vla_fail("a batch laid out for other cameras than the dataset's: allocate it with the dataset's cameras");
     }
-    const char* problem = smolvla_data_problem(c, ds);
+    const char* problem = flow_data_problem(c, ds);
     if (problem != NULL) { vla_fail("%s", problem); }
     const uint8_t* frame = s->images + f * cameras_frame_bytes(&ds->cams);
     for (int k = 0; k < c->n_cam; k++) {
         size_t bytes = camera_offset(&ds->cams, k + 1) - camera_offset(&ds->cams, k);
-        memcpy(smolvla_batch_image(b, k, i), frame + camera_offset(&ds->cams, k), bytes);
+        memcpy(batch_image(b, k, i), frame + camera_offset(&ds->cams, k), bytes);
     }
     uint64_t t0 = s->token_offsets[ep->task], len = s->token_offsets[ep->task + 1] - t0;
     batch_set_text(b, c, i, s->tokens + t0, len < (uint64_t)c->max_text ? (size_t)len : (size_t)c->max_text);
@@ -335,11 +335,11 @@ typedef struct {
     const float* action_is_pad;  // (B, H) 1 = a chunk slot past the episode's end (no loss)
     const float* t;              // (B) flow time
     const float* noise;          // (B, H, max_action_dim)
-} SmolInputs;
+} ModelInputs;
 
 // The model's inputs from a batch (the first b->B samples of its layout), each camera's frames packed
-static inline SmolInputs smolvla_inputs(const SmolBatch* b) {
-    SmolInputs in;
+static inline ModelInputs model_inputs(const Batch* b) {
+    ModelInputs in;
     memset(&in, 0, sizeof(in));
     in.B = b->B;
     for (int k = 0; k < b->cams.n; k++) {

@@ -16,55 +16,55 @@ tensor-core peaks of the GPUs we know. Host only; needs config.h.
 // vlm mode the VLM and the connector; in all mode the vision tower too.
 // The expert runs over the suffix, S rows: the chunk, and pi0's state token before it; the action
 // projections and the time MLP over the chunk's H rows; state_proj over one row, at the width of
-// the stack that reads it (smolvla_state_width). Attention is counted dense: SmolVLA's causal
+// the stack that reads it (flow_state_width). Attention is counted dense: SmolVLA's causal
 // actions and pi0's state row, which sees itself alone of the suffix, count every key. SwiGLU and
 // GeGLU are the same three products. pi0 has no cross layers (self_attn_every 1); its last VLM
 // layer, like SmolVLA's, feeds only its keys and values to the expert.
 // What the model needs, not what the kernels happen to do; sampling's passes are not counted.
 // dev/lerobot/bench_lerobot.py's pi0_train_flops counts the same (dev/lerobot/test_bench.sh).
-static double smolvla_flops_per_sample(const SmolVLAConfig* c, int mode) {
-    double cams = c->n_cam, G = smolvla_grid(c), Nv = G * G, Cv = c->vis_width, Fv = c->vis_ff, Lv = c->vis_layers;
-    double NI = smolvla_image_tokens(c), s2 = (double)c->scale_factor * c->scale_factor;
-    double Np = smolvla_n_prefix(c), C = c->d_model, F = c->d_ff, D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
-    double L = c->n_layer, H = c->chunk, S = smolvla_n_suffix(c), Ce = c->d_expert, Fe = c->d_expert_ff;
-    double vision = cams * (2.0 * Nv * smolvla_patch_dim(c) * Cv +
+static double flow_flops_per_sample(const FlowConfig* c, int mode) {
+    double cams = c->n_cam, G = flow_grid(c), Nv = G * G, Cv = c->vis_width, Fv = c->vis_ff, Lv = c->vis_layers;
+    double NI = flow_image_tokens(c), s2 = (double)c->scale_factor * c->scale_factor;
+    double Np = flow_n_prefix(c), C = c->d_model, F = c->d_ff, D = flow_d_attn(c), KV = flow_d_kv(c);
+    double L = c->n_layer, H = c->chunk, S = flow_n_suffix(c), Ce = c->d_expert, Fe = c->d_expert_ff;
+    double vision = cams * (2.0 * Nv * flow_patch_dim(c) * Cv +
                             Lv * (2.0 * Nv * (4.0 * Cv * Cv + 2.0 * Cv * Fv) + 4.0 * Nv * Nv * Cv));
-    double state = 2.0 * c->max_state_dim * smolvla_state_width(c);  // state_proj, one token
+    double state = 2.0 * c->max_state_dim * flow_state_width(c);  // state_proj, one token
     double connector = cams * 2.0 * NI * s2 * Cv * C;
     double vlm = (L - 1.0) * (2.0 * Np * (2.0 * C * D + 2.0 * C * KV + 3.0 * C * F) + 4.0 * Np * Np * D) +
                  2.0 * Np * 2.0 * C * KV;  // the last layer: its keys and values
     double expert = 2.0 * H * (c->max_action_dim * Ce + 3.0 * Ce * Ce) + 2.0 * H * Ce * c->max_action_dim;
     for (int l = 0; l < c->n_layer; l++) {
         expert += 2.0 * S * (2.0 * Ce * D + 3.0 * Ce * Fe);
-        if (smolvla_layer_is_cross(c, l)) {
+        if (flow_layer_is_cross(c, l)) {
             expert += 2.0 * Np * 2.0 * KV * KV + 4.0 * S * Np * D;  // the prefix's K/V re-projected, attended
         } else {
             expert += 2.0 * S * 2.0 * Ce * KV + 4.0 * S * (Np + S) * D;
         }
     }
-    if (smolvla_state_in_suffix(c)) { expert += state; } else { connector += state; }
+    if (flow_state_in_suffix(c)) { expert += state; } else { connector += state; }
     double forward = vision + connector + vlm + expert;
     double backward = 2.0 * expert;
-    if (mode == TRAIN_MODE_EXPERT && !smolvla_state_in_suffix(c)) { backward += 2.0 * vlm / Np; }
+    if (mode == TRAIN_MODE_EXPERT && !flow_state_in_suffix(c)) { backward += 2.0 * vlm / Np; }
     if (mode >= TRAIN_MODE_VLM) { backward += 2.0 * (vlm + connector); }
     if (mode == TRAIN_MODE_ALL) { backward += 2.0 * vision; }
     return forward + backward;
 }
 
 // FLOPs that recompute level rc adds to one training sample in `mode`: the forward of what it drops,
-// once more in the backward (smolvla_*_layer_forward's redo), counted as smolvla_flops_per_sample
+// once more in the backward (smolvla_*_layer_forward's redo), counted as flow_flops_per_sample
 // counts: the expert's layers over the suffix (attn: q, its own k/v, attention; layer: also o_proj
 // and gate/up, not down_proj, whose output is kept), the VLM's on every prefix row wherever the
 // backward enters the VLM (also in SmolVLA's expert mode, where only the state rows go back: the
 // recomputation runs the forward's kernels; not in pi0's expert mode, where nothing goes back into
 // it) but its last layer (ln1 alone, no products), and the vision tower's in all mode. Not model
 // FLOPs: MFU leaves them out.
-static double smolvla_recompute_flops_per_sample(const SmolVLAConfig* c, int mode, int rc) {
+static double flow_recompute_flops_per_sample(const FlowConfig* c, int mode, int rc) {
     if (rc == RECOMPUTE_NONE) { return 0.0; }
-    double cams = c->n_cam, G = smolvla_grid(c), Nv = G * G, Cv = c->vis_width, Fv = c->vis_ff, Lv = c->vis_layers;
-    double Np = smolvla_n_prefix(c), C = c->d_model, F = c->d_ff, D = smolvla_d_attn(c), KV = smolvla_d_kv(c);
-    double L = c->n_layer, H = smolvla_n_suffix(c), Ce = c->d_expert, Fe = c->d_expert_ff;
-    int into_vlm = mode != TRAIN_MODE_EXPERT || !smolvla_state_in_suffix(c);
+    double cams = c->n_cam, G = flow_grid(c), Nv = G * G, Cv = c->vis_width, Fv = c->vis_ff, Lv = c->vis_layers;
+    double Np = flow_n_prefix(c), C = c->d_model, F = c->d_ff, D = flow_d_attn(c), KV = flow_d_kv(c);
+    double L = c->n_layer, H = flow_n_suffix(c), Ce = c->d_expert, Fe = c->d_expert_ff;
+    int into_vlm = mode != TRAIN_MODE_EXPERT || !flow_state_in_suffix(c);
     int layer = rc == RECOMPUTE_LAYER;
     double vision = cams * Lv * (2.0 * Nv * 3.0 * Cv * Cv + 4.0 * Nv * Nv * Cv);
     if (layer) { vision += cams * Lv * 2.0 * Nv * (Cv * Cv + Cv * Fv); }
@@ -73,7 +73,7 @@ static double smolvla_recompute_flops_per_sample(const SmolVLAConfig* c, int mod
     double expert = 0.0;
     for (int l = 0; l < c->n_layer; l++) {
         expert += 2.0 * H * Ce * D;
-        if (smolvla_layer_is_cross(c, l)) { expert += 4.0 * H * Np * D; }
+        if (flow_layer_is_cross(c, l)) { expert += 4.0 * H * Np * D; }
         else { expert += 2.0 * H * 2.0 * Ce * KV + 4.0 * H * (Np + H) * D; }
         if (layer) { expert += 2.0 * H * (D * Ce + 2.0 * Ce * Fe); }
     }

@@ -22,7 +22,7 @@ a ring of slots. Needs dataset.h, sampler.h and rng.h.
 // up to `shift` pixels in x and y: the augmentation DrQ and many VLA recipes use. Drawn from
 // (seed, step, global sample), so it is the same whatever rank or thread assembles the sample.
 // Sample i of the batch is global sample g of the step.
-static inline void augment_shift(SmolBatch* b, int i, int shift, uint64_t seed, uint64_t step, uint64_t g) {
+static inline void augment_shift(Batch* b, int i, int shift, uint64_t seed, uint64_t step, uint64_t g) {
     const Cameras* cams = &b->cams;
     Rng r;
     rng_init(&r, seed, RNG_STREAM_AUGMENT(step));
@@ -37,7 +37,7 @@ static inline void augment_shift(SmolBatch* b, int i, int shift, uint64_t seed, 
     for (int cam = 0; cam < cams->n; cam++) {
         int dx = (int)(rng_u64(&r) % (uint64_t)span) - shift, dy = (int)(rng_u64(&r) % (uint64_t)span) - shift;
         int h = (int)cams->height[cam], w = (int)cams->width[cam];
-        uint8_t* im = smolvla_batch_image(b, cam, i);
+        uint8_t* im = batch_image(b, cam, i);
         memcpy(tmp, im, (size_t)h * w * 3);
         for (int y = 0; y < h; y++) {
             int sy = y + dy < 0 ? 0 : (y + dy >= h ? h - 1 : y + dy);
@@ -60,7 +60,7 @@ static inline void batch_fill_indices(uint64_t* idx, Sampler* sampler, uint64_t 
     for (int i = 0; i < B; i++) { idx[i] = sampler_at(sampler, pos + i); }
 }
 
-static inline void batch_fill(SmolBatch* batch, const Dataset* ds, const SmolVLAConfig* c, const uint64_t* idx,
+static inline void batch_fill(Batch* batch, const Dataset* ds, const FlowConfig* c, const uint64_t* idx,
                               uint64_t seed, uint64_t step, int r, int augment) {
     int B = batch->B, H = c->chunk, Amax = c->max_action_dim;
     for (int i = 0; i < B; i++) {
@@ -81,13 +81,13 @@ enum { SLOT_FREE = 0, SLOT_FILLING = 1, SLOT_READY = 2 };
 
 typedef struct {
     const Dataset* ds;
-    SmolVLAConfig config;
+    FlowConfig config;
     Sampler sampler;       // guarded by mu
     uint64_t seed, first_pos, first_step;
     int B, W, augment;
     int stride, offset;    // the global jobs this loader takes
     int n_slots;
-    SmolBatch* slots;
+    Batch* slots;
     int64_t* slot_job;     // job a slot holds
     uint64_t* slot_idx;    // (n_slots, B) the global sample indices of each slot's batch
     int* slot_state;
@@ -146,7 +146,7 @@ static inline void* loader_worker(void* arg) {
 // Starts n_threads workers (0: none; loader_next then assembles in the caller's thread), taking
 // the global jobs offset, offset + stride, ... (every job: stride 1, offset 0), from the
 // balanced sequence of `balance` (--balance tasks; it must outlive the loader) or, if NULL, the plain one.
-static inline void loader_start_balanced(Loader* L, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed,
+static inline void loader_start_balanced(Loader* L, const Dataset* ds, const FlowConfig* c, uint64_t seed,
                                          uint64_t first_pos, uint64_t first_step, int B, int W, int augment,
                                          int n_threads, int n_slots, int stride, int offset,
                                          const TaskBalance* balance) {
@@ -157,11 +157,11 @@ static inline void loader_start_balanced(Loader* L, const Dataset* ds, const Smo
     L->n_slots = n_slots < 1 ? 1 : n_slots;
     sampler_init(&L->sampler, ds->n_samples, seed);
     if (balance != NULL) { sampler_set_balance(&L->sampler, balance); }
-    L->slots = (SmolBatch*)callocCheck(L->n_slots, sizeof(SmolBatch));
+    L->slots = (Batch*)callocCheck(L->n_slots, sizeof(Batch));
     L->slot_job = (int64_t*)callocCheck(L->n_slots, sizeof(int64_t));
     L->slot_idx = (uint64_t*)callocCheck((size_t)L->n_slots * B, sizeof(uint64_t));
     L->slot_state = (int*)callocCheck(L->n_slots, sizeof(int));
-    for (int k = 0; k < L->n_slots; k++) { smolvla_batch_alloc(&L->slots[k], c, &ds->cams, B); }
+    for (int k = 0; k < L->n_slots; k++) { batch_alloc(&L->slots[k], c, &ds->cams, B); }
     shard_sigbus_install();
     pthread_mutex_init(&L->mu, NULL);
     pthread_cond_init(&L->cv, NULL);
@@ -173,20 +173,20 @@ static inline void loader_start_balanced(Loader* L, const Dataset* ds, const Smo
     }
 }
 
-static inline void loader_start_strided(Loader* L, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed,
+static inline void loader_start_strided(Loader* L, const Dataset* ds, const FlowConfig* c, uint64_t seed,
                                         uint64_t first_pos, uint64_t first_step, int B, int W, int augment,
                                         int n_threads, int n_slots, int stride, int offset) {
     loader_start_balanced(L, ds, c, seed, first_pos, first_step, B, W, augment, n_threads, n_slots, stride, offset,
                           NULL);
 }
 
-static inline void loader_start(Loader* L, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed, uint64_t first_pos,
+static inline void loader_start(Loader* L, const Dataset* ds, const FlowConfig* c, uint64_t seed, uint64_t first_pos,
                                 uint64_t first_step, int B, int W, int augment, int n_threads, int n_slots) {
     loader_start_strided(L, ds, c, seed, first_pos, first_step, B, W, augment, n_threads, n_slots, 1, 0);
 }
 
 // The batch of the next job in order (steps ascending, ranks within a step). Valid until loader_release.
-static inline SmolBatch* loader_next(Loader* L) {
+static inline Batch* loader_next(Loader* L) {
     int64_t j = L->consume_job;
     int slot = (int)(j % L->n_slots);
     if (L->n_threads == 0) {  // synchronous: assemble here
@@ -231,7 +231,7 @@ static inline void loader_stop(Loader* L) {
     pthread_cond_broadcast(&L->cv);
     pthread_mutex_unlock(&L->mu);
     for (int t = 0; t < L->n_threads; t++) { pthread_join(L->threads[t], NULL); }
-    for (int k = 0; k < L->n_slots; k++) { smolvla_batch_free(&L->slots[k]); }
+    for (int k = 0; k < L->n_slots; k++) { batch_free(&L->slots[k]); }
     free(L->slots); free(L->slot_job); free(L->slot_idx); free(L->slot_state); free(L->threads);
     sampler_free(&L->sampler);
     pthread_mutex_destroy(&L->mu);

@@ -26,22 +26,22 @@ Needs rng.h, config.h, shards.h, dataset.h and checkpoint.h.
 #endif
 
 // vla_policy_config's 28 values, in the order of a checkpoint's header: the config's fields but
-// family (SMOLVLA_CONFIG_FIELDS' order), the train mode, the family
-static inline void policy_config_values(const SmolVLAConfig* c, int train_mode, int32_t* out) {
-    memcpy(out, c, SMOLVLA_CONFIG_STORED * sizeof(int32_t));
-    out[SMOLVLA_CONFIG_STORED] = train_mode;
-    out[SMOLVLA_CONFIG_STORED + 1] = c->family;
+// family (FLOW_CONFIG_FIELDS' order), the train mode, the family
+static inline void policy_config_values(const FlowConfig* c, int train_mode, int32_t* out) {
+    memcpy(out, c, FLOW_CONFIG_STORED * sizeof(int32_t));
+    out[FLOW_CONFIG_STORED] = train_mode;
+    out[FLOW_CONFIG_STORED + 1] = c->family;
 }
 
 // Makes room in obs for B observations of cameras `cams`; *capacity is what it holds (0 before
 // the first call). Frames of other sizes than last time re-lay the batch out.
-static inline void policy_reserve(SmolBatch* obs, int* capacity, const SmolVLAConfig* c, const Cameras* cams, int B) {
+static inline void policy_reserve(Batch* obs, int* capacity, const FlowConfig* c, const Cameras* cams, int B) {
     if (B <= *capacity && cameras_equal(&obs->cams, cams)) { return; }
     if (*capacity > 0) {
-        smolvla_batch_free(obs);
+        batch_free(obs);
         *capacity = 0;  // (an allocation that fails below leaves room for none, not the freed room)
     }
-    smolvla_batch_alloc(obs, c, cams, B);
+    batch_alloc(obs, c, cams, B);
     *capacity = B;
 }
 
@@ -121,7 +121,7 @@ static inline int policy_present_cameras(int n_cam, const int32_t* cam_hw, const
 static inline int policy_takes_strings(const char* tokenizer) { return strcmp(tokenizer, SHARD_TOKENIZER_BYTES) == 0; }
 
 // B instructions as token ids: ids holds them one after another, n_ids[b] for observation b.
-static inline int policy_check_tokens(const SmolVLAConfig* c, int B, const int32_t* ids, const int32_t* n_ids) {
+static inline int policy_check_tokens(const FlowConfig* c, int B, const int32_t* ids, const int32_t* n_ids) {
     size_t at = 0;
     for (int b = 0; b < B; b++) {
         if (n_ids[b] < 0) { return POLICY_BAD_TOKENS; }
@@ -139,7 +139,7 @@ static inline int policy_check_tokens(const SmolVLAConfig* c, int B, const int32
 // batches; raw state (B, S) normalized with the checkpoint's statistics (state_mean(S) state_std(S)
 // ...) and zero-padded; the starting noise in obs->eps: `noise` (B, H, max_action_dim) if given,
 // else drawn from `seed`.
-static inline void policy_observations(SmolBatch* obs, const SmolVLAConfig* c, const float* stats, int B,
+static inline void policy_observations(Batch* obs, const FlowConfig* c, const float* stats, int B,
                                        const uint8_t* const* images, const char* const* texts, const int32_t* ids,
                                        const int32_t* n_ids, const float* state, const float* noise, uint64_t seed) {
     int S = c->state_dim, Smax = c->max_state_dim, HA = c->chunk * c->max_action_dim;
@@ -175,6 +175,21 @@ static inline void policy_observations(SmolBatch* obs, const SmolVLAConfig* c, c
 // Each library's own policy (train_vla.c's on the CPU, train_vla.cu's on the GPU)
 typedef struct VLAPolicy VLAPolicy;
 
+// What a policy's checkpoint says of it, the first member of each library's VLAPolicy (the entry
+// points below read it through policy_facts): its config (its cameras as n_cam: the model's config
+// takes the last call's), its train mode and the tokenizer of its token ids
+typedef struct {
+    FlowConfig config;
+    int train_mode;
+    char tokenizer[64];
+} PolicyFacts;
+
+static inline void policy_facts_set(PolicyFacts* f, const Checkpoint* ck) {
+    f->config = ck->config;
+    f->train_mode = ck->train_mode;
+    snprintf(f->tokenizer, sizeof(f->tokenizer), "%s", ck->tokenizer);
+}
+
 // vla_policy_load's work, and what it holds so far: a failure part way leaves it for the caller
 typedef struct {
     const char* path;
@@ -203,11 +218,13 @@ typedef struct {
     int strings;   // the instructions are texts (vla_policy_act), else ids
     float* chunk;
     int rc;
+    Cameras cams;  // the cameras present in this call and their frames (policy_present_cameras)
+    const uint8_t* frames[VLA_MAX_CAM];
 } PolicyAct;
 
 // What every act call checks before it computes, for a policy of n_cam cameras, the tokenizer and
 // config c: POLICY_OK with this call's present cameras in cams and their frames in frames, or why not.
-static inline int policy_act_checks(const PolicyAct* a, int n_cam, const char* tokenizer, const SmolVLAConfig* c,
+static inline int policy_act_checks(const PolicyAct* a, int n_cam, const char* tokenizer, const FlowConfig* c,
                                     Cameras* cams, const uint8_t** frames) {
     if (a->strings && !policy_takes_strings(tokenizer)) { return POLICY_NOT_BYTES; }
     if (a->B < 1) { return POLICY_BAD_BATCH; }
@@ -239,12 +256,13 @@ static inline VLAPolicy* policy_load_caught(PolicyLoad* l, void (*load)(void*), 
 
 #ifdef VLA_LIBRARY
 // ---- the entry points both libraries export alike (libvla.so from train_vla.c, libvla_gpu.so from
-// train_vla.cu). Each trainer defines VLAPolicy and these four; the entry points below call them.
+// train_vla.cu). Each trainer defines VLAPolicy, whose first member is its PolicyFacts, and these
+// three; the entry points below call them.
 static void policy_load(void* arg);        // a PolicyLoad's work: l->p made and l->loaded, or the refusal in l->err
 static void policy_destroy(VLAPolicy* p);  // everything the policy holds, and the policy (NULL: nothing)
-static int policy_call_act(PolicyAct* a);  // one act call: one at a time, a failure caught and its batch released
-// The checkpoint's config (its cameras as n_cam), train mode and tokenizer
-static void policy_facts(const VLAPolicy* p, SmolVLAConfig* config, int* train_mode, const char** tokenizer);
+static int policy_call_act(PolicyAct* a);  // one checked act call: one at a time, a failure caught, its batch released
+
+static inline const PolicyFacts* policy_facts(const VLAPolicy* p) { return (const PolicyFacts*)(const void*)p; }
 
 // Loads a checkpoint; NULL and a message in err if it cannot be used (vla_policy_last_status:
 // POLICY_OK for a refused checkpoint or, on the GPU, no GPU; POLICY_NO_MEMORY or POLICY_FAILED when
@@ -263,20 +281,20 @@ VLA_API VLAPolicy* vla_policy_load(const char* path, int threads, char* err, int
 // The checkpoint's config and train mode (policy_config_values). (This and vla_policy_tokenizer read
 // fields only: nothing in them can fail.)
 VLA_API void vla_policy_config(const VLAPolicy* p, int32_t* out) {
-    SmolVLAConfig c;
-    int train_mode;
-    const char* tokenizer;
-    policy_facts(p, &c, &train_mode, &tokenizer);
-    policy_config_values(&c, train_mode, out);
+    policy_config_values(&policy_facts(p)->config, policy_facts(p)->train_mode, out);
 }
 
 // The tokenizer of the checkpoint's token ids ("bytes": an instruction's UTF-8 bytes are its ids).
-VLA_API const char* vla_policy_tokenizer(const VLAPolicy* p) {
-    SmolVLAConfig c;
-    int train_mode;
-    const char* tokenizer;
-    policy_facts(p, &c, &train_mode, &tokenizer);
-    return tokenizer;
+VLA_API const char* vla_policy_tokenizer(const VLAPolicy* p) { return policy_facts(p)->tokenizer; }
+
+// An act call's checks, which read only its arguments and the checkpoint's facts (the cameras
+// present into a->cams and a->frames), then the library's call; the call's POLICY_* code
+static inline int policy_checked_act(PolicyAct* a) {
+    if (a->p == NULL) { return policy_refuse("a NULL policy: load one with vla_policy_load"); }
+    const PolicyFacts* f = policy_facts(a->p);
+    policy_status(VLA_CAUGHT_NONE);
+    int rc = policy_act_checks(a, f->config.n_cam, f->tokenizer, &f->config, &a->cams, a->frames);
+    return rc != POLICY_OK ? rc : policy_call_act(a);
 }
 
 // Action chunks (B, H, A) in the data's units for B observations: cam_hw the n_cam (height, width)
@@ -291,8 +309,8 @@ VLA_API int vla_policy_act(VLAPolicy* p, int B, const int32_t* cam_hw, const uin
                            float* actions) {
     PolicyAct a = {.p = p, .B = B, .cam_hw = cam_hw, .images = images, .texts = instructions, .ids = NULL,
                    .n_ids = NULL, .state = state, .noise = noise, .seed = seed, .actions = actions, .strings = 1,
-                   .chunk = NULL, .rc = POLICY_OK};
-    return policy_call_act(&a);
+                   .chunk = NULL, .rc = POLICY_OK, .cams = {}, .frames = {}};
+    return policy_checked_act(&a);
 }
 
 // Instructions as token ids of the checkpoint's tokenizer (scripts/vla_policy.py makes them as the
@@ -303,8 +321,8 @@ VLA_API int vla_policy_act_tokens(VLAPolicy* p, int B, const int32_t* cam_hw, co
                                   const float* noise, uint64_t seed, float* actions) {
     PolicyAct a = {.p = p, .B = B, .cam_hw = cam_hw, .images = images, .texts = NULL, .ids = tokens,
                    .n_ids = n_tokens, .state = state, .noise = noise, .seed = seed, .actions = actions,
-                   .strings = 0, .chunk = NULL, .rc = POLICY_OK};
-    return policy_call_act(&a);
+                   .strings = 0, .chunk = NULL, .rc = POLICY_OK, .cams = {}, .frames = {}};
+    return policy_checked_act(&a);
 }
 #endif
 

@@ -287,7 +287,7 @@ static inline int dataset_warn_text_collisions(const Dataset* ds, int max_text) 
 // may have any size (the model resizes them with padding); state and action dims must fit
 // max_state_dim / max_action_dim, the token ids the vocabulary. Warns when instructions become
 // identical once cut.
-static inline SmolVLAConfig config_with_data(SmolVLAConfig c, const char* what, int max_text, const Dataset* ds) {
+static inline FlowConfig config_with_data(FlowConfig c, const char* what, int max_text, const Dataset* ds) {
     if (ds->cams.n > VLA_MAX_CAM) {
         vla_fail("the dataset has %d cameras, past the bound %d", ds->cams.n, VLA_MAX_CAM);
     }
@@ -304,33 +304,33 @@ static inline SmolVLAConfig config_with_data(SmolVLAConfig c, const char* what, 
     }
     c.n_cam = ds->cams.n; c.state_dim = ds->state_dim; c.action_dim = ds->action_dim;
     if (max_text > 0) { c.max_text = max_text; }
-    const char* problem = smolvla_config_problem(&c);
+    const char* problem = flow_config_problem(&c);
     if (problem != NULL) { vla_fail("%s does not fit the dataset: %s: pick another preset", what, problem); }
     dataset_warn_text_collisions(ds, c.max_text);
     return c;
 }
 
 // The model config of preset `preset` on dataset ds (max_text 0: the preset's).
-static inline SmolVLAConfig config_for_data(const char* preset, int max_text, const Dataset* ds) {
+static inline FlowConfig config_for_data(const char* preset, int max_text, const Dataset* ds) {
     char what[80];
     snprintf(what, sizeof(what), "preset %s", preset);
-    return config_with_data(smolvla_preset(preset)->config, what, max_text, ds);
+    return config_with_data(flow_preset(preset)->config, what, max_text, ds);
 }
 
 // The first field where model sizes `sizes` and config c differ, the fields the data and
 // --max-text set (cameras, state and action dims, max_text) aside: no tensor depends on them.
-static inline const char* smolvla_sizes_diff(SmolVLAConfig sizes, const SmolVLAConfig* c) {
+static inline const char* flow_sizes_diff(FlowConfig sizes, const FlowConfig* c) {
     sizes.n_cam = c->n_cam;
     sizes.state_dim = c->state_dim;
     sizes.action_dim = c->action_dim;
     sizes.max_text = c->max_text;
-    return smolvla_config_diff(&sizes, c);
+    return flow_config_diff(&sizes, c);
 }
 
 // The preset whose sizes c has, or NULL.
-static inline const char* smolvla_preset_of(const SmolVLAConfig* c) {
-    for (int i = 0; i < SMOLVLA_N_PRESETS; i++) {
-        if (smolvla_sizes_diff(SMOLVLA_PRESETS[i].config, c) == NULL) { return SMOLVLA_PRESETS[i].name; }
+static inline const char* flow_preset_of(const FlowConfig* c) {
+    for (int i = 0; i < FLOW_N_PRESETS; i++) {
+        if (flow_sizes_diff(FLOW_PRESETS[i].config, c) == NULL) { return FLOW_PRESETS[i].name; }
     }
     return NULL;
 }
@@ -395,7 +395,7 @@ static inline void run_check_tokenizer(const char* path, const Checkpoint* ck, c
 // a model imported from LeRobot, or trained on other data, fine-tunes on this dataset as it is.
 // With -p too, a weights-only start checks that the checkpoint has the preset's sizes. First,
 // --augment-shift is checked against the dataset's cameras.
-static inline SmolVLAConfig run_config(TrainArgs* a, const char* from, const Dataset* ds) {
+static inline FlowConfig run_config(TrainArgs* a, const char* from, const Dataset* ds) {
     // a shift past half of a camera's side moves most of its image out: the camera would show its border
     for (int k = 0; k < ds->cams.n; k++) {
         uint32_t h = ds->cams.height[k], w = ds->cams.width[k], most = ((h < w ? h : w) - 1) / 2;
@@ -412,10 +412,10 @@ static inline SmolVLAConfig run_config(TrainArgs* a, const char* from, const Dat
     if (a->preset_given && !a->weights_only) { return config_for_data(a->preset, a->max_text, ds); }
     char what[VLA_PATH_MAX + 32];
     snprintf(what, sizeof(what), "the model of %s", from);
-    SmolVLAConfig hc = ckpt_header_config(&h);
-    SmolVLAConfig c = config_with_data(hc, what, a->max_text > 0 ? a->max_text : hc.max_text, ds);
+    FlowConfig hc = ckpt_header_config(&h);
+    FlowConfig c = config_with_data(hc, what, a->max_text > 0 ? a->max_text : hc.max_text, ds);
     if (a->preset_given) {
-        const char* diff = smolvla_sizes_diff(c, &smolvla_preset(a->preset)->config);
+        const char* diff = flow_sizes_diff(c, &flow_preset(a->preset)->config);
         if (diff != NULL) {
             vla_fail(
                 "checkpoint %s has other sizes than preset %s (%s, checkpoint vs preset): drop -p to fine-tune the "
@@ -423,7 +423,7 @@ static inline SmolVLAConfig run_config(TrainArgs* a, const char* from, const Dat
                 from, a->preset, diff);
         }
     } else {
-        const char* preset = smolvla_preset_of(&c);
+        const char* preset = flow_preset_of(&c);
         a->preset = preset != NULL ? preset : "(checkpoint's)";
     }
     return c;
@@ -433,9 +433,9 @@ static inline SmolVLAConfig run_config(TrainArgs* a, const char* from, const Dat
 // of a new run of model c on dataset ds: the sizes must be c's (run_config made c from them) and the
 // token ids of the same tokenizer; its moments, step, sampler position, seed and statistics are not
 // used (the run starts at step 0 with fresh moments, its own seed and the dataset's statistics).
-static inline void run_weights_load(const char* path, const SmolVLAConfig* c, const Dataset* ds, Checkpoint* ck) {
+static inline void run_weights_load(const char* path, const FlowConfig* c, const Dataset* ds, Checkpoint* ck) {
     checkpoint_read(path, ck);
-    const char* diff = smolvla_sizes_diff(ck->config, c);
+    const char* diff = flow_sizes_diff(ck->config, c);
     if (diff != NULL) {
         vla_fail("checkpoint %s has other sizes than this run's model (%s, checkpoint vs this run): drop -p to "
                  "fine-tune the checkpoint's model", path, diff);
@@ -485,9 +485,9 @@ static inline uint64_t dataset_fingerprint(const Dataset* ds) {
 
 // Writes step `step` of a run: host copies of every fp32 master weight (n_params, table order)
 // and the AdamW moments of the elements trainable in args->train_mode (n_trainable each, packed as
-// SmolOptDomain), with the dataset's normalization statistics and tokenizer; keeps the newest
+// FlowOptDomain), with the dataset's normalization statistics and tokenizer; keeps the newest
 // args->keep checkpoints. loss_scale: fp16 builds' dynamic loss scale, NULL where there is none.
-static inline void run_checkpoint_save(const TrainArgs* args, const Dataset* ds, const SmolVLAConfig* c, int step,
+static inline void run_checkpoint_save(const TrainArgs* args, const Dataset* ds, const FlowConfig* c, int step,
                                        uint64_t sampler_pos, float* params, size_t n_params, float* m, float* v,
                                        size_t n_trainable, const LossScaleState* loss_scale) {
     int S = c->state_dim, A = c->action_dim;
@@ -549,7 +549,7 @@ static inline void run_check_resume(const char* path, const Checkpoint* ck, cons
 // Reads a checkpoint to continue the model of config c on dataset ds with args' train mode and
 // balance (args->balance_id once the trainer built its TaskBalance); fails if it was written for
 // another model, mode, tokenizer, balance or dataset, and says what changes with the batch.
-static inline void run_checkpoint_load(const char* path, const SmolVLAConfig* c, const TrainArgs* args,
+static inline void run_checkpoint_load(const char* path, const FlowConfig* c, const TrainArgs* args,
                                        const Dataset* ds, Checkpoint* ck) {
     int mode = args->train_mode, balance = args->balance;
     uint64_t balance_id = args->balance_id;
@@ -563,7 +563,7 @@ static inline void run_checkpoint_load(const char* path, const SmolVLAConfig* c,
         vla_fail("checkpoint %s balanced other task weights (or another task count) than this run: pass the "
                  "--task-weights it trained with to continue it", path);
     }
-    const char* diff = smolvla_config_diff(&ck->config, c);
+    const char* diff = flow_config_diff(&ck->config, c);
     if (diff != NULL) {
         vla_fail("checkpoint %s was written for another model (%s, checkpoint vs this run): use the same preset, "
                  "--max-text and dataset, or another output folder (-o)", path, diff);
@@ -591,7 +591,7 @@ static inline int run_has_steps_left(const char* from, int start, int steps) {
 
 // The batch the end-of-run evaluation samples actions for: B samples from sampler position pos,
 // with the flow noise of step `step` (its eps is the starting noise).
-static inline void eval_batch(SmolBatch* batch, const Dataset* ds, const SmolVLAConfig* c, uint64_t seed, uint64_t pos,
+static inline void eval_batch(Batch* batch, const Dataset* ds, const FlowConfig* c, uint64_t seed, uint64_t pos,
                               int step) {
     Sampler sampler;
     sampler_init(&sampler, ds->n_samples, seed);
@@ -606,7 +606,7 @@ static inline void eval_batch(SmolBatch* batch, const Dataset* ds, const SmolVLA
 
 // Mean squared error of sampled actions (B, H, A: the dataset's dims, data units) against the
 // batch's over the slots inside the episode, in the data's own units.
-static inline float action_mse(const SmolBatch* batch, const Dataset* ds, const SmolVLAConfig* c,
+static inline float action_mse(const Batch* batch, const Dataset* ds, const FlowConfig* c,
                                const float* sampled) {
     int A = c->action_dim, Amax = c->max_action_dim, H = c->chunk;
     double se = 0.0;
@@ -638,13 +638,13 @@ static inline void table_row(const char* name, const char* fmt, ...) {
 
 // The rows both trainers print first: the trainer and its preset, the model's config, what trains,
 // where the run starts, the data, and the batch over `world` ranks (`ranks`: what a rank is, "GPUs")
-static inline void table_run_rows(const char* trainer, const char* ranks, const TrainArgs* args, const SmolVLAConfig* c,
+static inline void table_run_rows(const char* trainer, const char* ranks, const TrainArgs* args, const FlowConfig* c,
                                   size_t params, size_t trainable, const char* from, const Dataset* ds, int world) {
     table_rule();
     table_row(trainer, "%s", args->preset);
     table_rule();
 #define TABLE_CONFIG_ROW_(f) table_row(#f, "%d", c->f);
-    SMOLVLA_CONFIG_FIELDS(TABLE_CONFIG_ROW_)
+    FLOW_CONFIG_FIELDS(TABLE_CONFIG_ROW_)
 #undef TABLE_CONFIG_ROW_
     table_row("parameters", "%zu", params);
     table_row("trainable", "%zu (%.1f%%)", trainable, 100.0 * (double)trainable / (double)params);

@@ -343,15 +343,15 @@ static inline int safetensors_read_f32(const SafeTensors* st, const SafeTensorIn
 // LeRobot's weights into the flat parameter buffer, every tensor of the table by its LeRobot
 // name, shape-checked (the flattened shape must match; patch_embedding's (Cv, 3, p, p) is our
 // (Cv, 3 p p)). Tensors of the file the table does not hold (lm_head) are ignored here.
-static inline int smolvla_load_safetensors(const SafeTensors* st, const SmolVLAConfig* c, const SmolParamTable* t,
+static inline int flow_load_safetensors(const SafeTensors* st, const FlowConfig* c, const FlowParamTable* t,
                                            float* params, char* err, size_t err_size) {
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &t->spec[i];
-        size_t n_slices = smolvla_slices(s), per = smolvla_slice_numel(s);
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        const FlowParamSpec* s = &t->spec[i];
+        size_t n_slices = flow_slices(s), per = flow_slice_numel(s);
         for (size_t k = 0; k < n_slices; k++) {
             char name[256];
             if (s->slices == SLICES_NONE) { snprintf(name, sizeof(name), "%s", s->lerobot); }
-            else { snprintf(name, sizeof(name), s->lerobot, smolvla_slice_layer(c, s, (int)k)); }
+            else { snprintf(name, sizeof(name), s->lerobot, flow_slice_layer(c, s, (int)k)); }
             const SafeTensorInfo* ti = safetensors_find(st, name);
             if (ti == NULL) { snprintf(err, err_size, "the weights lack %s (for %s)", name, s->name); return 1; }
             int64_t lead = s->slices == SLICES_NONE ? s->shape[0] : s->shape[1];

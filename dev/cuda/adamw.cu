@@ -22,7 +22,7 @@ adamw.cu: the optimizer step: the global gradient norm, then AdamW on the fp32 m
 #include "common.h"
 #include "../../vla/cuda/adamw.cuh"
 
-static const float BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f;  // the trainers' (smolvla_update)
+static const float BETA1 = 0.9f, BETA2 = 0.95f, EPS = 1e-8f;  // the trainers' (flow_update)
 
 static double norm_reference(const float* g, size_t n) {
     double s = 0.0;
@@ -192,7 +192,7 @@ static void bias_corrections(int step, float* bc1, float* bc2) {
     *bc2 = 1.0f - powf(BETA2, (float)(step + 1));
 }
 
-// the whole step as smolvla_update runs it: the norm (version 2, the trainer's launch), then AdamW's
+// the whole step as flow_update runs it: the norm (version 2, the trainer's launch), then AdamW's
 // version at `block`
 static void adam_step(int version, const AdamState* s, size_t n, float lr, float weight_decay, float clip, int step,
                       int block) {

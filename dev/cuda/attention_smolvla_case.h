@@ -49,7 +49,7 @@ static void token_blocks(int* block, const int* valid, const int* flags, int n) 
 // One sample's tokens as SmolVLA lays them out (embed_prefix, embed_suffix): NI image tokens and
 // T text tokens (flag 0: one bidirectional block; text past text_len is padding), the state
 // (flag 1: its own block), H actions (flag 1 each: causal among themselves). block (NI+T+1+H).
-static void smolvla_token_blocks(int* block, int NI, int T, int text_len, int H) {
+static void flow_token_blocks(int* block, int NI, int T, int text_len, int H) {
     int n = NI + T + 1 + H;
     int* valid = (int*)mallocCheck(n * sizeof(int));
     int* flags = (int*)mallocCheck(n * sizeof(int));
@@ -264,7 +264,7 @@ static Case make_case(int model, int pass, int B, int NH, int NKV, int HS, int N
                 if (model == MODEL_PI0) {
                     pi0_token_blocks(blk, NI, T, text_len, H);
                 } else {
-                    smolvla_token_blocks(blk, NI, T, text_len, H);
+                    flow_token_blocks(blk, NI, T, text_len, H);
                 }
             } else {
                 for (int t = 0; t < k.Nt; t++) {

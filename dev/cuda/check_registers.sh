@@ -2,7 +2,7 @@
 # A block of a kernel gets at most 65536 registers on NVIDIA GPUs: a kernel that ptxas gives more
 # than 64 registers per thread cannot launch at 1024 threads ("too many resources requested for
 # launch"), a failure no CPU emulation shows. This check reads ptxas's register counts of every
-# kernel of train_vla.cu and the vla/*.cuh headers it includes (nvcc --resource-usage, each
+# kernel of train_vla.cu and the kernel library it includes (vla/cuda/*.cuh) (nvcc --resource-usage, each
 # precision) and asks that each kernel over 64 registers be declared with __launch_bounds__(N), N
 # threads fitting its registers: the compiler then holds to N, and a launch over N fails plainly
 # (the launchers keep to N; dev/cuda's benchmarks skip larger blocks).
@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 [ $# -gt 0 ] || { echo "usage: dev/cuda/check_registers.sh LOG... (nvcc --resource-usage output of train_vla.cu)"; exit 2; }
 SRC=${SRC:-train_vla.cu}  # the source whose kernels the logs list, with the headers it includes
-SOURCES=("$SRC" vla/*.cuh)
+SOURCES=("$SRC" vla/cuda/*.cuh)
 passed=0
 failed=0
 check() {  # check OK MESSAGE

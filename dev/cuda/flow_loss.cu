@@ -15,11 +15,11 @@ its task's. Sampling's Euler step: x (fp32) += dt v, and x's floatX copy.
              twice), one thread per value (flow_xt_kernel1, flow_target_kernel1);
              version 2: one kernel for both (flow_inputs_kernel)
   loss       version 1 (this program's): one block strides over every value, writing dv and
-             summing the squares in the block into the sum (smolvla_loss_kernel1); the entries
+             summing the squares in the block into the sum (flow_loss_kernel1); the entries
              counted on one thread (valid_entries_kernel1);
              version 2: one thread per value, one partial sum of squares per block, the partials
              added in order in double on one thread, so the loss has the same bits on every run
-             (smolvla_loss_kernel, then sum_finalize_kernel of vla/cuda/adamw.cuh); the entries
+             (flow_loss_kernel, then sum_finalize_kernel of vla/cuda/adamw.cuh); the entries
              counted by one block (valid_entries_kernel)
   step's end version 1: loss_normalize_kernel, then scale_kernel (vla/cuda/copy.cuh) over the gradients
   per task   version 1 (this program's): one thread per sample over its H A entries
@@ -67,7 +67,7 @@ __global__ void flow_target_kernel1(float* target, const float* actions, const f
 
 // The loss in one block: the threads stride over the n values writing dv = 2 (v - u) on the valid
 // entries (0 elsewhere); their squares summed in the block into *sum (added to when `accumulate`)
-__global__ void smolvla_loss_kernel1(floatX* dv, float* sum, const float* v, const float* target,
+__global__ void flow_loss_kernel1(floatX* dv, float* sum, const float* v, const float* target,
                                      const float* action_is_pad, int A, int Amax, int n, int accumulate) {
     __shared__ float shared[32];
     float sq = 0.0f;
@@ -191,7 +191,7 @@ static void run_loss(int v, int block, const Case* k, floatX* dv, float* partial
     if (v == 1) {
         valid_entries_kernel1<<<1, 1, 0, main_stream>>>(scalars + 3, is_pad, n_slots, k->A, micro > 0);
         launchCheck();
-        smolvla_loss_kernel1<<<1, block, 0, main_stream>>>(dv, scalars, k->d_v, target, is_pad, k->A, k->Amax, k->n,
+        flow_loss_kernel1<<<1, block, 0, main_stream>>>(dv, scalars, k->d_v, target, is_pad, k->A, k->Amax, k->n,
                                                            micro > 0);
         launchCheck();
         return;
@@ -199,13 +199,13 @@ static void run_loss(int v, int block, const Case* k, floatX* dv, float* partial
     valid_entries_kernel<<<1, block, 0, main_stream>>>(scalars + 3, is_pad, n_slots, k->A, micro > 0);
     launchCheck();
     int blocks = ceil_div(k->n, block);
-    smolvla_loss_kernel<<<blocks, block, 0, main_stream>>>(dv, partial, k->d_v, target, is_pad, k->A, k->Amax, k->n);
+    flow_loss_kernel<<<blocks, block, 0, main_stream>>>(dv, partial, k->d_v, target, is_pad, k->A, k->Amax, k->n);
     launchCheck();
     sum_finalize_kernel<<<1, 1, 0, main_stream>>>(scalars, partial, blocks, 1.0, 0, micro > 0);
     launchCheck();
 }
 
-// The step's end (smolvla_loss_finish): the mean into scalars[0], its factor into scalars[4], the
+// The step's end (flow_loss_finish): the mean into scalars[0], its factor into scalars[4], the
 // gradients g (n) scaled by it
 static void run_finish(int block, float* scalars, float* g, size_t n) {
     loss_normalize_kernel<<<1, 1, 0, main_stream>>>(scalars);

@@ -25,8 +25,8 @@ db is such a sum, and every linear layer's bias gradient is one).
              multiple of x128::size, at most 32 * LAYERNORM_FWD2_VALS)
              backward: one warp per row with 128-bit loads and stores, so a row needs no block
              barrier; each lane keeps its columns' dw and db sums in registers, and the warps' sums
-             meet in shared memory, added in warp order (layernorm_backward_v2; C a multiple of
-             x128::size, at most 32 * LAYERNORM_V2_VALS = 1024)
+             meet in shared memory, added in warp order (the header's layernorm_backward_kernel2; C a
+             multiple of x128::size, at most 32 * LAYERNORM_BWD2_VALS = 1024)
   version 3  backward: version 2 with 48 columns a lane, widths up to 1536 (pi0's SigLIP so400m,
              1152), blocks of at most LAYERNORM_BWD3_BLOCK (256) threads (layernorm_backward_kernel3,
              the header's)
@@ -138,87 +138,6 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_v1(flo
     }
 }
 
-// Version 2 backward: one warp per row, 128-bit loads and stores, so a row needs no block barrier;
-// each lane keeps its columns' dw and db sums in registers, and the warps' sums meet in shared
-// memory ((warps, C) floats), added in warp order. C a multiple of x128::size, rows 16-byte aligned.
-#define LAYERNORM_V2_VALS 32  // columns per lane: C <= 32 * LAYERNORM_V2_VALS
-__global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_v2(float* dres, floatX* dres_x,
-                                                                              float* partial, const floatX* dout,
-                                                                              const floatX* inp, const floatX* w,
-                                                                              const float* mean, const float* rstd,
-                                                                              int N, int C, int rows_per_block) {
-    typedef Packed128<float> f128;
-    const int PACKS = LAYERNORM_V2_VALS / x128::size;  // lane l holds packs l, l + 32, ...
-    extern __shared__ float warp_sums[];  // (warps, C)
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    float dw_acc[LAYERNORM_V2_VALS], db_acc[LAYERNORM_V2_VALS];
-    #pragma unroll
-    for (int j = 0; j < LAYERNORM_V2_VALS; j++) { dw_acc[j] = 0.0f; db_acc[j] = 0.0f; }
-    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
-    for (int n = r0 + warp; n < r1; n += n_warps) {
-        const floatX* x = inp + (size_t)n * C;
-        const floatX* dy = dout + (size_t)n * C;
-        float m = mean[n], r = rstd[n], sum_g = 0.0f, sum_gxh = 0.0f;
-        #pragma unroll
-        for (int j = 0; j < PACKS; j++) {
-            int c = (lane + 32 * j) * x128::size;
-            if (c < C) {
-                x128 xv = load128(x + c), dyv = load128(dy + c), wv = load128(w + c);
-                #pragma unroll
-                for (int k = 0; k < x128::size; k++) {
-                    float g = f32(dyv.v[k]) * f32(wv.v[k]), xh = (f32(xv.v[k]) - m) * r;
-                    sum_g += g;
-                    sum_gxh += g * xh;
-                }
-            }
-        }
-        float mean_g = warp_sum(sum_g) / (float)C, mean_gxh = warp_sum(sum_gxh) / (float)C;
-        #pragma unroll
-        for (int j = 0; j < PACKS; j++) {
-            int c = (lane + 32 * j) * x128::size;
-            if (c < C) {  // (the row again, from L1: holding it would double the registers)
-                x128 xv = load128(x + c), dyv = load128(dy + c), wv = load128(w + c), o;
-                float* d = dres + (size_t)n * C + c;
-                #pragma unroll
-                for (int k0 = 0; k0 < x128::size; k0 += f128::size) {
-                    f128 dv = load128(d + k0);
-                    #pragma unroll
-                    for (int i = 0; i < f128::size; i++) {
-                        int k = k0 + i;
-                        float dyk = f32(dyv.v[k]), xh = (f32(xv.v[k]) - m) * r;
-                        dv.v[i] += r * (dyk * f32(wv.v[k]) - mean_g - xh * mean_gxh);
-                        o.v[k] = fx(dv.v[i]);
-                        dw_acc[j * x128::size + k] += dyk * xh;
-                        db_acc[j * x128::size + k] += dyk;
-                    }
-                    store128(d + k0, dv);
-                }
-                store128(dres_x + (size_t)n * C + c, o);
-            }
-        }
-    }
-    for (int part = 0; part < 2; part++) {  // dw, then db through the same shared memory
-        #pragma unroll
-        for (int j = 0; j < PACKS; j++) {
-            int c = (lane + 32 * j) * x128::size;
-            if (c < C) {
-                #pragma unroll
-                for (int k = 0; k < x128::size; k++) {
-                    warp_sums[warp * C + c + k] = part == 0 ? dw_acc[j * x128::size + k] : db_acc[j * x128::size + k];
-                }
-            }
-        }
-        __syncthreads();
-        float* out = partial + ((size_t)part * gridDim.x + blockIdx.x) * C;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            float s = 0.0f;
-            for (int k = 0; k < n_warps; k++) { s += warp_sums[k * C + c]; }
-            out[c] = s;
-        }
-        __syncthreads();  // every warp has read the dw sums before db overwrites them
-    }
-}
-
 // ----------------------------------------------------------------------------
 // the versions, launched directly; version 0 the header's launchers (what trains)
 
@@ -233,7 +152,7 @@ static bool forward_takes(int version, int C, const floatX* out, const floatX* i
 static bool backward_takes(int version, int C, const float* dres, const floatX* dres_x, const floatX* dout,
                            const floatX* inp, const floatX* w, int block) {
     bool packs = packable(C, x128::size, dres, dres_x, dout) && packable(C, x128::size, inp, w);
-    bool fits2 = packs && C <= 32 * LAYERNORM_V2_VALS && (size_t)(block / 32) * C * sizeof(float) <= 48 * 1024 &&
+    bool fits2 = packs && C <= 32 * LAYERNORM_BWD2_VALS && (size_t)(block / 32) * C * sizeof(float) <= 48 * 1024 &&
                  block <= LAYERNORM_MAX_BLOCK;
     switch (version) {
         case 0: return backward_takes(2, C, dres, dres_x, dout, inp, w, BLOCK) ||
@@ -271,7 +190,7 @@ static void run_backward(int version, int block, int rows_per_block, float* dres
                                                                     C, rows_per_block);
             break;
         case 2:
-            layernorm_backward_v2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd,
+            layernorm_backward_kernel2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, mean, rstd,
                                                                        N, C, rows_per_block);
             break;
         default:

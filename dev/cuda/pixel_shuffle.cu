@@ -4,7 +4,7 @@ the vision tower's h x w patch grid becomes one token of s*s times the width, be
 connector's Linear(C s^2 -> d). (N, h*w, C) -> (N, (h/s)*(w/s), C*s*s); the backward is the
 inverse permutation. Both are pure copies: the checks want the same bits.
 
-  transformers' SmolVLMConnector.pixel_shuffle does, with height = width = sqrt(h*w):
+  transformers' FlowVLMConnector.pixel_shuffle does, with height = width = sqrt(h*w):
     view (N, h, w, C) -> view (N, h, w/s, C s) -> permute(0, 2, 1, 3)
     -> reshape (N, w/s, h/s, C s^2) -> permute(0, 2, 1, 3) -> reshape (N, (h/s)(w/s), C s^2)
   Following one value through it: the second view packs the s patches j2 s + b (b < s) of a

@@ -31,13 +31,13 @@ tokens as they are).
              language position for its id (no atomics, the same bits every run);
              prefix_image_grad: one thread per value of dx's image rows, in dx's order
   version 2  sequence: one thread per sample, the counts running along its tokens
-             (smolvla_sequence_kernel); embed: one kernel, one thread per value of x
-             (smolvla_prefix_embed_kernel); embed_tokens_backward: one block per language
+             (flow_sequence_kernel); embed: one kernel, one thread per value of x
+             (flow_prefix_embed_kernel); embed_tokens_backward: one block per language
              position, which works only where it is its id's first and then sums that id's rows in
              position order, threads over the columns (embed_tokens_backward_kernel);
              prefix_image_grad: one thread per value of dimg (prefix_image_grad_kernel). The
              trainer's (vla/cuda/embedding.cuh); "trainer" below is its launch as
-             smolvla_prefix_embed / smolvla_prefix_embed_backward write it (BLOCK threads), checked
+             flow_prefix_embed / flow_prefix_embed_backward write it (BLOCK threads), checked
              at the tiny and pi0_tiny presets' shapes
 
   nvcc -O3 -std=c++17 -arch=sm_90 prefix.cu -o prefix && ./prefix
@@ -63,7 +63,7 @@ static int prefix_tokens(const Prefix* p) { return p->n_cam * p->NI + p->T + !p-
 static int suffix_tokens(const Prefix* p) { return p->chunk + p->pi0; }                  // H
 static float image_scale(const Prefix* p) { return p->pi0 ? 1.0f : sqrtf((float)p->C); }
 
-// vla/config.h's presets (SMOLVLA_PRESETS): n_cam, (img / patch / scale_factor)^2 image tokens a
+// vla/config.h's presets (FLOW_PRESETS): n_cam, (img / patch / scale_factor)^2 image tokens a
 // camera, max_text, d_model, vocab, pad_token, chunk; tiny and pi0_tiny at 3 samples, smolvla at
 // batch 32 and pi0 at 8 (the benchmark's)
 static const Prefix TINY = {3, 1, 4, 16, 48, 256, 0, 8, 0};           // 32 px in 8 px patches, shuffle 2
@@ -76,7 +76,7 @@ static const Prefix PI0 = {8, 2, 256, 48, 2048, 257152, 0, 50, 1};    // 224 px 
 
 // One thread per token (b, j) of the sequence of n = Np + H: the flags of tokens 0..j counted again
 // by every token. Positions never decrease along a sample, so the suffix's smallest is its first's.
-__global__ void smolvla_sequence_kernel1(int* block, int* pos, int* x_pos, const float* token_mask, int B, int NI,
+__global__ void flow_sequence_kernel1(int* block, int* pos, int* x_pos, const float* token_mask, int B, int NI,
                                          int T, int Np, int H, int causal) {
     int n = Np + H;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -153,19 +153,19 @@ __global__ void prefix_image_grad_kernel1(floatX* dimg, const float* dx, int B, 
 
 // ----------------------------------------------------------------------------
 // launchers: version v at `block` threads; version 0 is the trainer's launch of version 2, as
-// smolvla_prefix_embed and smolvla_prefix_embed_backward write it (LAUNCH_1D with BLOCK threads;
+// flow_prefix_embed and flow_prefix_embed_backward write it (LAUNCH_1D with BLOCK threads;
 // embed_tokens_backward a block of BLOCK per language position)
 
 static void run_sequence(int v, int block, const Prefix* p, int* blk, int* pos, int* x_pos, const float* token_mask) {
     int B = p->B, NI = prefix_images(p), T = p->T, Np = prefix_tokens(p), H = suffix_tokens(p), causal = !p->pi0;
     if (v == 0) {
-        LAUNCH_1D(smolvla_sequence_kernel, B, blk, pos, x_pos, token_mask, B, NI, T, Np, H, causal);
+        LAUNCH_1D(flow_sequence_kernel, B, blk, pos, x_pos, token_mask, B, NI, T, Np, H, causal);
     } else if (v == 1) {
         dim3 grid = ceil_div((size_t)B * (Np + H), block);
-        smolvla_sequence_kernel1<<<grid, block, 0, main_stream>>>(blk, pos, x_pos, token_mask, B, NI, T, Np, H, causal);
+        flow_sequence_kernel1<<<grid, block, 0, main_stream>>>(blk, pos, x_pos, token_mask, B, NI, T, Np, H, causal);
         launchCheck();
     } else {
-        smolvla_sequence_kernel<<<ceil_div(B, block), block, 0, main_stream>>>(blk, pos, x_pos, token_mask, B, NI, T,
+        flow_sequence_kernel<<<ceil_div(B, block), block, 0, main_stream>>>(blk, pos, x_pos, token_mask, B, NI, T,
                                                                                Np, H, causal);
         launchCheck();
     }
@@ -176,7 +176,7 @@ static void run_embed(int v, int block, const Prefix* p, floatX* x, const floatX
     int B = p->B, n_img = prefix_images(p), T = p->T, Np = prefix_tokens(p), C = p->C;
     float scale = sqrtf((float)C), img_scale = image_scale(p);
     if (v == 0) {
-        LAUNCH_1D(smolvla_prefix_embed_kernel, (size_t)B * Np * C, x, img_tok, embed, tokens, state_tok, B, p->n_cam,
+        LAUNCH_1D(flow_prefix_embed_kernel, (size_t)B * Np * C, x, img_tok, embed, tokens, state_tok, B, p->n_cam,
                   p->NI, T, Np, C, scale, img_scale);
     } else if (v == 1) {
         dim3 grid = ceil_div((size_t)B * n_img * C, block);
@@ -191,7 +191,7 @@ static void run_embed(int v, int block, const Prefix* p, floatX* x, const floatX
         }
     } else {
         dim3 grid = ceil_div((size_t)B * Np * C, block);
-        smolvla_prefix_embed_kernel<<<grid, block, 0, main_stream>>>(x, img_tok, embed, tokens, state_tok, B, p->n_cam,
+        flow_prefix_embed_kernel<<<grid, block, 0, main_stream>>>(x, img_tok, embed, tokens, state_tok, B, p->n_cam,
                                                                      p->NI, T, Np, C, scale, img_scale);
         launchCheck();
     }

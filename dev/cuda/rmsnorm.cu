@@ -20,7 +20,7 @@ rmsnorm.cu: RMSNorm, forward and backward (input_layernorm and post_attention_la
              header's; C a multiple of x128::size)
              backward: one warp per row, so a row needs no block barrier; each lane keeps its
              columns' dw sums in registers and the warps' sums meet in shared memory, added in warp
-             order (rmsnorm_backward_v2; C <= 32 * RMSNORM_V2_COLS = 1024)
+             order (the header's rmsnorm_backward_kernel2; C <= 32 * RMSNORM_BWD2_COLS = 1024)
   version 3  backward: version 2 with 64 columns a lane (C <= 2048: pi0's VLM width), the warps'
              sums added in warp order into one shared row of C floats (rmsnorm_backward_v3; any
              width up to 2048; at offset 0 the bits of version 2)
@@ -44,7 +44,7 @@ static const double TOL_F = 1e-5;
 
 static const int BLOCKS[] = {32, 64, 128, 256, 512, 1024};
 static const int N_BLOCKS = sizeof(BLOCKS) / sizeof(BLOCKS[0]);
-static const float SMOL_EPS = 1e-5f;  // SmolLM2's RMSNorm eps (smolvla_rms_eps of a SmolVLA config)
+static const float FLOW_EPS = 1e-5f;  // SmolLM2's RMSNorm eps (flow_rms_eps of a SmolVLA config)
 
 static floatX* alloc_x(size_t n) {
     floatX* p;
@@ -154,55 +154,6 @@ __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_v1(float* 
     }
 }
 
-// Version 2 backward: one warp per row, so a row needs no block barrier; each lane keeps its columns'
-// dw sums in registers, and the warps' sums meet in shared memory ((warps, C) floats), added in warp order
-#define RMSNORM_V2_COLS 32  // columns a lane owns: C <= 32 * RMSNORM_V2_COLS
-__global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_v2(float* dres, floatX* dres_x,
-                                                                          float* dw_partial, const floatX* dout,
-                                                                          const floatX* inp, const floatX* w,
-                                                                          const float* rstd, int N, int C,
-                                                                          int rows_per_block, float offset) {
-    extern __shared__ float warp_dw[];  // (warps, C)
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    float acc[RMSNORM_V2_COLS];
-    #pragma unroll
-    for (int j = 0; j < RMSNORM_V2_COLS; j++) { acc[j] = 0.0f; }
-    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
-    for (int n = r0 + warp; n < r1; n += n_warps) {
-        const floatX* x = inp + (size_t)n * C;
-        const floatX* dy = dout + (size_t)n * C;
-        float r = rstd[n], dot = 0.0f;
-        #pragma unroll
-        for (int j = 0; j < RMSNORM_V2_COLS; j++) {
-            int c = lane + 32 * j;
-            if (c < C) { dot += f32(dy[c]) * (offset + f32(w[c])) * f32(x[c]); }
-        }
-        float k = warp_sum(dot) * r * r * r / (float)C;
-        #pragma unroll
-        for (int j = 0; j < RMSNORM_V2_COLS; j++) {
-            int c = lane + 32 * j;
-            if (c < C) {
-                float xv = f32(x[c]), dyv = f32(dy[c]);
-                float g = dres[(size_t)n * C + c] + r * (offset + f32(w[c])) * dyv - k * xv;
-                dres[(size_t)n * C + c] = g;
-                dres_x[(size_t)n * C + c] = fx(g);
-                acc[j] += dyv * xv * r;
-            }
-        }
-    }
-    #pragma unroll
-    for (int j = 0; j < RMSNORM_V2_COLS; j++) {
-        int c = lane + 32 * j;
-        if (c < C) { warp_dw[warp * C + c] = acc[j]; }
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float s = 0.0f;
-        for (int k = 0; k < n_warps; k++) { s += warp_dw[k * C + c]; }
-        dw_partial[(size_t)blockIdx.x * C + c] = s;
-    }
-}
-
 // Version 3 backward: version 2 with 64 columns a lane, the warps' sums added in warp order through one
 // shared row of C floats (warp w adds its columns while the others wait): version 2's order, in C floats
 // where version 2's row per warp takes 64 KiB at 2048 wide and 256 threads
@@ -273,12 +224,12 @@ static bool backward_takes(int version, int C, float offset, int block) {
     if (offset != 0.0f && version == 1) { return false; }
     if (version == 0) { return C <= 32 * RMSNORM_BWD3_COLS && C % x128::size == 0; }
     // every version: at most RMSNORM_MAX_BLOCK threads (their registers). Version 1: each thread holds
-    // at most RMSNORM_V1_COLS columns; version 2: each lane RMSNORM_V2_COLS, and the warps' partial
+    // at most RMSNORM_V1_COLS columns; version 2: each lane RMSNORM_BWD2_COLS, and the warps' partial
     // sums fit in shared memory; version 3: each lane RMSNORM_V3_COLS; 4 the header's RMSNORM_BWD3_COLS,
     // in whole packs
     if (block > RMSNORM_MAX_BLOCK) { return false; }
     if (version == 1) { return C <= RMSNORM_V1_COLS * block; }
-    if (version == 2) { return C <= 32 * RMSNORM_V2_COLS && (size_t)(block / 32) * C * sizeof(float) <= 48 * 1024; }
+    if (version == 2) { return C <= 32 * RMSNORM_BWD2_COLS && (size_t)(block / 32) * C * sizeof(float) <= 48 * 1024; }
     if (version == 3) { return C <= 32 * RMSNORM_V3_COLS; }
     return C <= 32 * RMSNORM_BWD3_COLS && C % x128::size == 0;
 }
@@ -310,7 +261,7 @@ static void run_backward(int version, int block, int rows_per_block, float* dres
                                                                   rows_per_block);
             break;
         case 2:
-            rmsnorm_backward_v2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
+            rmsnorm_backward_kernel2<<<chunks, block, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
                                                                      rows_per_block, offset);
             break;
         case 3:
@@ -543,8 +494,8 @@ static void benchmark_shape(const char* name, int N, int C, float eps, float off
 }
 
 static void benchmark(void) {
-    benchmark_shape("smolvla vlm", 32 * 177, 960, SMOL_EPS, 0.0f);
-    benchmark_shape("smolvla expert", 32 * 50, 720, SMOL_EPS, 0.0f);
+    benchmark_shape("smolvla vlm", 32 * 177, 960, FLOW_EPS, 0.0f);
+    benchmark_shape("smolvla expert", 32 * 50, 720, FLOW_EPS, 0.0f);
     benchmark_shape("pi0 vlm", 8 * 560, 2048, 1e-6f, 1.0f);
     benchmark_shape("pi0 expert", 8 * 51, 1024, 1e-6f, 1.0f);
 }
@@ -557,8 +508,8 @@ int main(void) {
     // 1e-6): the VLM's and the expert's widths, 2048 (past version 2's backward) and 1024. Each at
     // offset 0 (every version) and 1 (Gemma's: every version but version 1's backward).
     struct { int N, C; float eps; } shapes[] = {
-        {7, 37, SMOL_EPS}, {45, 64, SMOL_EPS}, {13, 300, SMOL_EPS}, {33, 24, SMOL_EPS},
-        {70, 960, SMOL_EPS}, {3, 2048, SMOL_EPS}, {37, 2048, 1e-6f}, {21, 1024, 1e-6f},
+        {7, 37, FLOW_EPS}, {45, 64, FLOW_EPS}, {13, 300, FLOW_EPS}, {33, 24, FLOW_EPS},
+        {70, 960, FLOW_EPS}, {3, 2048, FLOW_EPS}, {37, 2048, 1e-6f}, {21, 1024, 1e-6f},
     };
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
         for (int offset = 0; offset <= 1; offset++) {

@@ -194,8 +194,8 @@ static void check_case(int B, int Tg, int pos_stride, int NH, int HS, uint64_t s
 // and at pi0's, q of its 560 prefix rows, 8 heads of 256
 
 static void bench_preset(const char* preset, int B) {
-    const SmolVLAConfig* c = &smolvla_preset(preset)->config;
-    int Tg = smolvla_n_prefix(c), HS = c->head_dim;
+    const FlowConfig* c = &flow_preset(preset)->config;
+    int Tg = flow_n_prefix(c), HS = c->head_dim;
     for (int kind = 0; kind < 2; kind++) {  // 0: q, floatX in place; 1: k's gradient, fp32 in
         int NH = kind == 0 ? c->n_head : c->n_kv_head;
         Case k = make_case(B, Tg, Tg + c->chunk, NH, HS, 7);
@@ -232,9 +232,9 @@ static void benchmark(void) {
 
 int main(void) {
     dev_init("rope");
-    THETA = smolvla_preset("smolvla")->config.rope_theta;
+    THETA = flow_preset("smolvla")->config.rope_theta;
     int same_theta = 1;
-    for (int i = 0; i < SMOLVLA_N_PRESETS; i++) { same_theta &= SMOLVLA_PRESETS[i].config.rope_theta == THETA; }
+    for (int i = 0; i < FLOW_N_PRESETS; i++) { same_theta &= FLOW_PRESETS[i].config.rope_theta == THETA; }
     check_true("every preset's rope_theta is the smolvla preset's (the one checked here)", same_theta);
     // odd pair counts, the prefix (pos_stride = Tg), the expert's rows past the prefix (pos_stride
     // > Tg), the tiny presets' 12 and 8, the smolvla preset's 64 and pi0's 256 head dims

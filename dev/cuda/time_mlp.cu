@@ -78,7 +78,7 @@ static void run_action_embed(int version, int block, floatX* a_emb, const floatX
 // ----------------------------------------------------------------------------
 // references, in double
 
-// train_vla.c's smolvla_time_embedding: periods geometric from 4e-3 to 4.0
+// train_vla.c's flow_time_embedding: periods geometric from 4e-3 to 4.0
 static void time_embedding_reference(double* out, double t, int da) {
     int half = da / 2;
     for (int k = 0; k < half; k++) {
@@ -269,7 +269,7 @@ static void free_mlp(Mlp* k) {
     cudaCheck(cudaFree(k->d_t)); cudaCheck(cudaFree(k->dw_in)); cudaCheck(cudaFree(k->dw_out));
 }
 
-// smolvla_suffix_embed's launches from a_in (the action tokens of SmolVLA: no state token in the
+// flow_suffix_embed's launches from a_in (the action tokens of SmolVLA: no state token in the
 // suffix), the embedding's version at `block`
 static void mlp_forward(const Mlp* k, int version, int block) {
     int A = k->A, Ce = k->Ce;
@@ -279,7 +279,7 @@ static void mlp_forward(const Mlp* k, int version, int block) {
     matmul_forward(k->tok, k->t_act, k->d_w_out, k->d_b_out, NULL, A, Ce, Ce);
 }
 
-// smolvla_suffix_embed_backward's, from dtok down to d a_emb and the two weights' gradients
+// flow_suffix_embed_backward's, from dtok down to d a_emb and the two weights' gradients
 static void mlp_backward(const Mlp* k) {
     int A = k->A, Ce = k->Ce;
     matmul_backward_input(k->dt_act, k->d_dtok, k->d_w_out, A, Ce, Ce, 0.0f);

@@ -9,16 +9,8 @@ weight gradients. No atomics, so two runs give the same bits.
 #include "common.cuh"
 
 // partial (gridDim.y, C): column sums of x's row chunks; with column_sum_kernel, the bias gradient.
-__global__ void column_partial_kernel(float* partial, const floatX* x, int N, int C, int ld, int rows_per_block) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) { return; }
-    int r0 = blockIdx.y * rows_per_block, r1 = min(r0 + rows_per_block, N);
-    float s = 0.0f;
-    for (int n = r0; n < r1; n++) { s += f32(x[(size_t)n * ld + c]); }
-    partial[(size_t)blockIdx.y * C + c] = s;
-}
-
-// Version 2: 128-bit loads (C, ld multiples of x128::size), warps' sums added in warp order.
+// 128-bit loads (C, ld multiples of x128::size), warps' sums added in warp order (dev/cuda/layernorm.cu's
+// version 2; its version 1 has a thread a column).
 #define COLPART2_WARPS 8
 __global__ void __launch_bounds__(32 * COLPART2_WARPS) column_partial_kernel2(float* partial, const floatX* x, int N,
                                                                                int C, int ld, int rows_per_block) {
@@ -83,13 +75,10 @@ static void column_sum(float* out, const float* partial, int n_chunks, int C) {
 static void bias_backward(float* db, float* partial, const floatX* dout, int N, int OC, int ld = 0) {
     int chunks = (int)colsum_chunks(N);
     ld = ld > 0 ? ld : OC;
-    if (packable(OC, x128::size, dout) && ld % x128::size == 0) {
-        column_partial_kernel2<<<dim3(ceil_div(OC, 32 * x128::size), chunks), 32 * COLPART2_WARPS, 0, main_stream>>>(
-            partial, dout, N, OC, ld, colsum_rows(N));
-    } else {
-        column_partial_kernel<<<dim3(ceil_div(OC, BLOCK), chunks), BLOCK, 0, main_stream>>>(partial, dout, N, OC, ld,
-                                                                                            colsum_rows(N));
-    }
+    check_packable("bias_backward", OC, dout, NULL);
+    if (ld % x128::size != 0) { vla_fail("bias_backward: a row stride of %d, not whole packs of %d", ld, x128::size); }
+    dim3 grid(ceil_div(OC, 32 * x128::size), chunks);
+    column_partial_kernel2<<<grid, 32 * COLPART2_WARPS, 0, main_stream>>>(partial, dout, N, OC, ld, colsum_rows(N));
     launchCheck();
     column_sum(db, partial, chunks, OC);
 }

@@ -38,7 +38,7 @@ __global__ void valid_entries_kernel(float* count, const float* action_is_pad, i
 // The flow-matching loss: sum of (v - u)^2 over the first A dims of the slots in the episode (every slot
 // where action_is_pad is NULL: pi0), per-block sums into partial, dv = 2 (v - u) there. A sum: the
 // step's valid entries are known only later.
-__global__ void smolvla_loss_kernel(floatX* dv, float* partial, const float* v, const float* target,
+__global__ void flow_loss_kernel(floatX* dv, float* partial, const float* v, const float* target,
                                     const float* action_is_pad, int A, int Amax, int n) {
     __shared__ float shared[32];
     int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -11,24 +11,8 @@ and the weight's through the column sums.
 #include "column_sum.cuh"
 
 // out = x / sqrt(mean(x^2) + eps) * (offset + w), rstd kept: offset 0 is Llama's norm (SmolVLA), 1
-// Gemma's (pi0, whose weight is the scale's distance from 1). One warp per row of C.
-__global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
-                                       float eps, float offset) {
-    int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (row >= N) { return; }  // whole warps leave together
-    const floatX* x = inp + (size_t)row * C;
-    float ss = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float v = f32(x[c]);
-        ss += v * v;
-    }
-    float r = rsqrtf(warp_sum(ss) / (float)C + eps);
-    if (lane == 0) { rstd[row] = r; }
-    floatX* y = out + (size_t)row * C;
-    for (int c = lane; c < C; c += 32) { y[c] = fx(f32(x[c]) * r * (offset + f32(w[c]))); }
-}
-
-// Version 2: 128-bit loads and stores; version 1 takes the widths that are not multiples of x128::size.
+// Gemma's (pi0, whose weight is the scale's distance from 1). One warp per row of C, 128-bit loads
+// and stores: C a multiple of x128::size (dev/cuda/rmsnorm.cu's version 2; its version 1 has scalar loads).
 __global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C,
                                         float eps, float offset) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
@@ -127,47 +111,9 @@ static __device__ void rmsnorm_dw_in_warp_order(float* dw_partial, float* row, c
     for (int c = threadIdx.x; c < C; c += blockDim.x) { dw_partial[(size_t)blockIdx.x * C + c] = row[c]; }
 }
 
-// Version 3 backward: train_vla.cu's rmsnorm_backward_kernel2 (a warp per row, scalar loads, each
-// lane's dw sums in registers) with the input gradient through offset + w, 64 columns a lane and
-// the warps' sums added by rmsnorm_dw_in_warp_order. Shared memory: C floats.
-__global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel3(float* dres, floatX* dres_x,
-                                                                               float* dw_partial, const floatX* dout,
-                                                                               const floatX* inp, const floatX* w,
-                                                                               const float* rstd, int N, int C,
-                                                                               int rows_per_block, float offset) {
-    extern __shared__ float dw_row[];  // (C)
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    float acc[RMSNORM_BWD3_COLS];
-    #pragma unroll
-    for (int j = 0; j < RMSNORM_BWD3_COLS; j++) { acc[j] = 0.0f; }
-    int r0 = blockIdx.x * rows_per_block, r1 = min(r0 + rows_per_block, N);
-    for (int n = r0 + warp; n < r1; n += n_warps) {
-        const floatX* x = inp + (size_t)n * C;
-        const floatX* dy = dout + (size_t)n * C;
-        float r = rstd[n], dot = 0.0f;
-        #pragma unroll
-        for (int j = 0; j < RMSNORM_BWD3_COLS; j++) {
-            int c = lane + 32 * j;
-            if (c < C) { dot += f32(dy[c]) * (f32(w[c]) + offset) * f32(x[c]); }
-        }
-        float k = warp_sum(dot) * r * r * r / (float)C;
-        #pragma unroll
-        for (int j = 0; j < RMSNORM_BWD3_COLS; j++) {
-            int c = lane + 32 * j;
-            if (c < C) {
-                float xv = f32(x[c]), dyv = f32(dy[c]);
-                float g = dres[(size_t)n * C + c] + r * (f32(w[c]) + offset) * dyv - k * xv;
-                dres[(size_t)n * C + c] = g;
-                dres_x[(size_t)n * C + c] = fx(g);
-                acc[j] += dyv * xv * r;
-            }
-        }
-    }
-    rmsnorm_dw_in_warp_order<1>(dw_partial, dw_row, acc, C);
-}
-
-// Version 4 backward: version 3 with 128-bit loads and stores (dres two or one 16-byte packs of
-// fp32 per pack of floatX); C a multiple of x128::size, rows 16-byte aligned
+// The backward of rows past version 2's width: dev/cuda/rmsnorm.cu's version 4, its version 3 (a warp
+// a row, 64 columns a lane, scalar loads) with 128-bit loads and stores (dres two or one 16-byte
+// packs of fp32 per pack of floatX); C a multiple of x128::size, rows 16-byte aligned
 __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel4(float* dres, floatX* dres_x,
                                                                                float* dw_partial, const floatX* dout,
                                                                                const floatX* inp, const floatX* w,
@@ -224,13 +170,9 @@ __global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel4(fl
 static void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* w, int N, int C, float eps,
                             float offset = 0.0f) {
     ProfOp prof_op("rmsnorm");
-    if (packable(C, x128::size, out, inp, w)) {
-        rmsnorm_forward_kernel2<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C,
-                                                                                            eps, offset);
-    } else {
-        rmsnorm_forward_kernel<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps,
-                                                                                            offset);
-    }
+    check_packable("rmsnorm_forward", C, out, inp, w);
+    rmsnorm_forward_kernel2<<<ceil_div((size_t)N * 32, BLOCK), BLOCK, 0, main_stream>>>(out, rstd, inp, w, N, C, eps,
+                                                                                        offset);
     launchCheck();
 }
 
@@ -243,11 +185,9 @@ static void rmsnorm_backward(float* dres, floatX* dres_x, float* dw, float* part
         size_t smem = (size_t)(BLOCK / 32) * C * sizeof(float);
         rmsnorm_backward_kernel2<<<chunks, BLOCK, smem, main_stream>>>(dres, dres_x, partial, dout, inp, w, rstd, N, C,
                                                                        rows, offset);
-    } else if (packable(C, x128::size, dout, inp, w) && packable(C, x128::size, dres, dres_x)) {  // 4, wider rows
+    } else {  // version 4, wider rows
+        check_packable("rmsnorm_backward", C, dout, inp, w, dres, dres_x);
         rmsnorm_backward_kernel4<<<chunks, BLOCK, C * sizeof(float), main_stream>>>(dres, dres_x, partial, dout, inp, w,
-                                                                                    rstd, N, C, rows, offset);
-    } else {  // 3
-        rmsnorm_backward_kernel3<<<chunks, BLOCK, C * sizeof(float), main_stream>>>(dres, dres_x, partial, dout, inp, w,
                                                                                     rstd, N, C, rows, offset);
     }
     launchCheck();
