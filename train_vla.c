@@ -469,33 +469,21 @@ static inline float silu_grad(float x) {  // d/dx x sigmoid(x) = s (1 + x (1 - s
     return s * (1.0f + x * (1.0f - s));
 }
 
-// SmolLM2's MLP activation: act = silu(gate) * up
-static void swiglu_forward(float* act, const float* gate, const float* up, size_t n) {
+// The MLPs' gated activation act = a(gate) * up, a = silu (SwiGLU: SmolLM2's, SmolVLA) or gelu_tanh
+// (GeGLU: Gemma's, pi0)
+static void glu_forward(float* act, const float* gate, const float* up, size_t n, int gelu) {
     #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) { act[i] = silu(gate[i]) * up[i]; }
+    for (size_t i = 0; i < n; i++) { act[i] = (gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i]; }
 }
 
 // dgate, dup are overwritten
-static void swiglu_backward(float* dgate, float* dup, const float* dact, const float* gate, const float* up, size_t n) {
+static void glu_backward(float* dgate, float* dup, const float* dact, const float* gate, const float* up, size_t n,
+                         int gelu) {
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        dgate[i] = dact[i] * up[i] * silu_grad(gate[i]);
-        dup[i] = dact[i] * silu(gate[i]);
-    }
-}
-
-// Gemma's MLP activation (pi0): act = gelu_tanh(gate) * up
-static void geglu_forward(float* act, const float* gate, const float* up, size_t n) {
-    #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) { act[i] = gelu_tanh(gate[i]) * up[i]; }
-}
-
-// dgate, dup are overwritten
-static void geglu_backward(float* dgate, float* dup, const float* dact, const float* gate, const float* up, size_t n) {
-    #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        dgate[i] = dact[i] * up[i] * gelu_tanh_grad(gate[i]);
-        dup[i] = dact[i] * gelu_tanh(gate[i]);
+        float g = gate[i];
+        dgate[i] = dact[i] * up[i] * (gelu ? gelu_tanh_grad(g) : silu_grad(g));
+        dup[i] = dact[i] * (gelu ? gelu_tanh(g) : silu(g));
     }
 }
 
@@ -990,11 +978,7 @@ static inline float* flow_grad(const FlowVLA* m, int mode, int i, int k) {
 
 // One Llama layer of the VLM or the expert: its weights (or their gradients, NULL = frozen).
 typedef struct {
-    float *ln1, *wq, *wk, *wv, *wo, *ln2, *gate, *up, *down;
-    int C, F;   // stream width, MLP width
-    int cross;  // an expert layer attending to the VLM's re-projected keys/values
-    float eps, offset;  // its RMSNorms' (the family's)
-    int gelu;           // GeGLU (pi0) rather than SwiGLU
+    FLOW_LAYER_FIELDS(float)
 } FlowLayer;
 
 // Layer l of the VLM (expert = 0) or of the expert (expert = 1); grads: its gradients in `mode`.
@@ -1081,8 +1065,7 @@ static void flow_layer_out_forward(const FlowLayer* w, const FlowLayerActs* x, i
     rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, w->eps, w->offset);
     matmul_forward(x->gate, x->ln2, w->gate, NULL, N, w->C, w->F);
     matmul_forward(x->up, x->ln2, w->up, NULL, N, w->C, w->F);
-    if (w->gelu) { geglu_forward(x->act, x->gate, x->up, (size_t)N * w->F); }
-    else { swiglu_forward(x->act, x->gate, x->up, (size_t)N * w->F); }
+    glu_forward(x->act, x->gate, x->up, (size_t)N * w->F, w->gelu);
     matmul_forward(x->out, x->act, w->down, NULL, N, w->F, w->C);
     for (size_t i = 0; i < NC; i++) { x->out[i] += x->mid[i]; }
 }
@@ -1098,12 +1081,8 @@ static void flow_layer_out_backward(const FlowVLA* m, const RowBlocks* rb, const
         int n = rb->rows;
         memset(a->g_act + r * F, 0, n * F * sizeof(float));
         linear_backward(a->g_act + r * F, g->down, NULL, dres + r * C, x->act + r * F, w->down, n, F, C);
-        if (w->gelu) {
-            geglu_backward(a->g_gate + r * F, a->g_up + r * F, a->g_act + r * F, x->gate + r * F, x->up + r * F, n * F);
-        } else {
-            swiglu_backward(a->g_gate + r * F, a->g_up + r * F, a->g_act + r * F, x->gate + r * F, x->up + r * F,
-                            n * F);
-        }
+        glu_backward(a->g_gate + r * F, a->g_up + r * F, a->g_act + r * F, x->gate + r * F, x->up + r * F, n * F,
+                     w->gelu);
         memset(a->g_ln + r * C, 0, n * C * sizeof(float));
         linear_backward(a->g_ln + r * C, g->gate, NULL, a->g_gate + r * F, x->ln2 + r * C, w->gate, n, C, F);
         linear_backward(a->g_ln + r * C, g->up, NULL, a->g_up + r * F, x->ln2 + r * C, w->up, n, C, F);
@@ -1936,22 +1915,20 @@ static void policy_act(void* arg) {
     PolicyAct* a = (PolicyAct*)arg;
     VLAPolicy* p = a->p;
     FlowConfig* c = &p->model.config;
-    int B = a->B;
-    const Cameras cams = a->cams;  // (vla/policy.h checked the call)
-    const uint8_t* const* frames = a->frames;
-    for (int k = 0; k < cams.n; k++) {
+    int B = a->B;  // (vla/policy.h checked the call: a->cams are the cameras present, a->frames theirs)
+    for (int k = 0; k < a->cams.n; k++) {
         int rh, rw;
-        if (!resized_size((int)cams.height[k], (int)cams.width[k], c->img, &rh, &rw)) {
+        if (!resized_size((int)a->cams.height[k], (int)a->cams.width[k], c->img, &rh, &rw)) {
             a->rc = POLICY_BAD_CAMERA;
             return;
         }
     }
-    if (c->n_cam != cams.n) {  // another set of cameras than the last call's: the activations are laid out again
-        c->n_cam = cams.n;
+    if (c->n_cam != a->cams.n) {  // another set of cameras than the last call's: the activations are laid out again
+        c->n_cam = a->cams.n;
         p->model.B = 0;
     }
-    policy_reserve(&p->obs, &p->capacity, c, &cams, B);
-    policy_observations(&p->obs, c, p->stats, B, frames, a->texts, a->ids, a->n_ids, a->state, a->noise, a->seed);
+    policy_reserve(&p->obs, &p->capacity, c, &a->cams, B);
+    policy_observations(&p->obs, c, p->stats, B, a->frames, a->texts, a->ids, a->n_ids, a->state, a->noise, a->seed);
     int S = c->state_dim, A = c->action_dim, Am = c->max_action_dim;
     const float *action_mean = p->stats + 2 * S, *action_std = p->stats + 2 * S + A;
     size_t rows = (size_t)B * c->chunk;

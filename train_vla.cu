@@ -678,11 +678,7 @@ static void flow_free(FlowVLA* m) {
 // One Llama layer of the VLM or the expert: its weights (floatX) or gradients (float, NULL = frozen)
 template <typename T>
 struct FlowLayer {
-    T *ln1, *wq, *wk, *wv, *wo, *ln2, *gate, *up, *down;
-    int C, F;   // stream width, MLP width
-    int cross;  // an expert layer attending to the VLM's re-projected keys/values
-    float eps, offset;  // its RMSNorms' (the family's)
-    int gelu;           // GeGLU (pi0) rather than SwiGLU
+    FLOW_LAYER_FIELDS(T)
 };
 
 template <typename T>
@@ -783,8 +779,7 @@ static void flow_layer_out_forward(const FlowLayer<floatX>* w, const FlowLayerAc
     rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, w->eps, w->offset);
     matmul_forward(x->gate, x->ln2, w->gate, NULL, NULL, N, w->C, w->F);
     matmul_forward(x->up, x->ln2, w->up, NULL, NULL, N, w->C, w->F);
-    if (w->gelu) { geglu_forward(x->act, x->gate, x->up, (size_t)N * w->F); }
-    else { swiglu_forward(x->act, x->gate, x->up, (size_t)N * w->F); }
+    glu_forward(x->act, x->gate, x->up, (size_t)N * w->F, w->gelu);
     if (with_out) { matmul_forward(x->out, x->act, w->down, NULL, x->mid, N, w->F, w->C); }
 }
 
@@ -795,8 +790,7 @@ static void flow_layer_out_backward(FlowVLA* m, const FlowLayer<floatX>* w, cons
     int C = w->C, F = w->F;
     matmul_backward_input(a->g_act, dres_x, w->down, N, F, C, 0.0f);
     if (g->down != NULL) { matmul_backward_weight(g->down, dres_x, x->act, N, F, C); }
-    if (w->gelu) { geglu_backward(a->g_gate, a->g_up, a->g_act, x->gate, x->up, (size_t)N * F); }
-    else { swiglu_backward(a->g_gate, a->g_up, a->g_act, x->gate, x->up, (size_t)N * F); }
+    glu_backward(a->g_gate, a->g_up, a->g_act, x->gate, x->up, (size_t)N * F, w->gelu);
     matmul_backward_input(a->g_ln, a->g_gate, w->gate, N, C, F, 0.0f);
     matmul_backward_input(a->g_ln, a->g_up, w->up, N, C, F, 1.0f);
     if (g->gate != NULL) { matmul_backward_weight(g->gate, a->g_gate, x->ln2, N, C, F); }
@@ -2187,13 +2181,11 @@ static void policy_act(void* arg) {
     PolicyAct* a = (PolicyAct*)arg;
     VLAPolicy* p = a->p;
     FlowConfig* c = &p->model.config;
-    int B = a->B;
-    const Cameras cams = a->cams;  // (vla/policy.h checked the call)
-    const uint8_t* const* frames = a->frames;
+    int B = a->B;  // (vla/policy.h checked the call: a->cams are the cameras present, a->frames theirs)
     policy_gpu_thread_init();
     FlowSampling* s = &p->model.sampling;
-    if (p->thread !=
-        policy_gpu_thread) {  // its graph holds the last thread's stream work, and its plans are that thread's
+    // another thread than the last call's: the graph holds that thread's stream work, the plans are its own
+    if (p->thread != policy_gpu_thread) {
         if (s->graph != NULL) {
             cudaGraphExec_t graph = s->graph;
             s->graph = NULL;
@@ -2202,12 +2194,12 @@ static void policy_act(void* arg) {
         s->warm = 0;
         p->thread = policy_gpu_thread;
     }
-    if (c->n_cam != cams.n) {  // another set of cameras than the last call's: activations and graph made again
-        c->n_cam = cams.n;
+    if (c->n_cam != a->cams.n) {  // another set of cameras than the last call's: activations and graph made again
+        c->n_cam = a->cams.n;
         p->model.B = 0;
     }
-    policy_reserve(&p->obs, &p->capacity, c, &cams, B);
-    if (p->obs.bytes > p->dev_bytes) {  // a larger batch or larger frames than before
+    policy_reserve(&p->obs, &p->capacity, c, &a->cams, B);
+    if (p->obs.bytes > p->dev_bytes) {  // a larger batch or larger a->frames than before
         void* old = p->dev_memory;
         p->dev_memory = NULL;
         p->dev_bytes = 0;
@@ -2215,8 +2207,8 @@ static void policy_act(void* arg) {
         cudaCheck(cudaMalloc(&p->dev_memory, p->obs.bytes));
         p->dev_bytes = p->obs.bytes;
     }
-    batch_layout(&p->dev, (uint8_t*)p->dev_memory, c, &cams, p->capacity);  // the host's layout
-    policy_observations(&p->obs, c, p->stats, B, frames, a->texts, a->ids, a->n_ids, a->state, a->noise, a->seed);
+    batch_layout(&p->dev, (uint8_t*)p->dev_memory, c, &a->cams, p->capacity);  // the host's layout
+    policy_observations(&p->obs, c, p->stats, B, a->frames, a->texts, a->ids, a->n_ids, a->state, a->noise, a->seed);
     cudaCheck(cudaMemcpy(p->dev_memory, p->obs.memory, p->obs.bytes, cudaMemcpyHostToDevice));
     p->dev.B = B;
     int S = c->state_dim, A = c->action_dim, H = c->chunk, Amax = c->max_action_dim;

@@ -357,6 +357,15 @@ static inline void flow_layer_tensors(const FlowConfig* c, int expert, int l, in
     }
 }
 
+// One Llama layer of the VLM or the expert over tensors of type T (its weights, or their gradients:
+// NULL = frozen): the fields of both trainers' FlowLayer, as flow_layer fills them
+#define FLOW_LAYER_FIELDS(T)                                                                      \
+    T *ln1, *wq, *wk, *wv, *wo, *ln2, *gate, *up, *down;                                          \
+    int C, F;          /* stream width, MLP width */                                             \
+    int cross;         /* an expert layer attending to the VLM's re-projected keys/values */     \
+    float eps, offset; /* its RMSNorms' (the family's) */                                         \
+    int gelu;          /* GeGLU (pi0) rather than SwiGLU */
+
 // Layer slots of one stack's activations (N rows of width C, MLP width F), both trainers'
 // FlowLayerActs x: slot L of the layer inputs and outputs, La of the attention half's, Lm of the MLP
 // half's, Lkv of the keys and values (the trainers without recomputation: all L).

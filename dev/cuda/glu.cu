@@ -11,7 +11,7 @@ the (N, F) gate and up projections: down_proj(a(gate_proj(x)) * up_proj(x)).
              here)
   version 2  x128::size elements per thread, 128-bit loads and stores (swiglu_/geglu_forward_kernel2,
              _backward_kernel2 of vla/cuda/glu.cuh; n a multiple of x128::size, 16-byte aligned
-             pointers): the trainer's, launched by the header's swiglu_forward / geglu_forward and
+             pointers): the trainer's, launched by the header's glu_forward and
              _backward
   (The header's silu_forward_kernel and silu_backward_kernel, SiLU alone for the action-time MLP,
   are checked and timed by time_mlp.cu.)
@@ -147,8 +147,8 @@ __global__ void swiglu_backward_kernel1(floatX* dgate, floatX* dup, const floatX
     dup[i] = fx(da * silu(g));
 }
 
-// a launcher per version with its block size (version 0, the header's swiglu_forward and
-// swiglu_backward, runs version 2 at BLOCK)
+// a launcher per version with its block size (version 0, the header's glu_forward and
+// glu_backward, runs version 2 at BLOCK)
 
 static void swiglu_forward1(floatX* act, const floatX* gate, const floatX* up, size_t n, int block) {
     swiglu_forward_kernel1<<<ceil_div(n, block), block, 0, main_stream>>>(act, gate, up, n);
@@ -216,11 +216,11 @@ static void check_silu_grad_reference(void) {
 // the gates through both tails of the sigmoid and the dip near -1.28 (range 8), and where e^-x
 // overflows fp32 (x < -88.7) or the sigmoid rounds to 1: silu and silu' must stay finite there
 static void swiglu_forward0(floatX* act, const floatX* gate, const floatX* up, size_t n, int) {
-    swiglu_forward(act, gate, up, n);
+    glu_forward(act, gate, up, n, false);
 }
 static void swiglu_backward0(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
                              size_t n, int) {
-    swiglu_backward(dgate, dup, dact, gate, up, n);
+    glu_backward(dgate, dup, dact, gate, up, n, false);
 }
 static const Glu SWIGLU = {{swiglu_forward0, swiglu_forward1, swiglu_forward2},
                            {swiglu_backward0, swiglu_backward1, swiglu_backward2},
@@ -248,7 +248,7 @@ __global__ void geglu_backward_kernel1(floatX* dgate, floatX* dup, const floatX*
 }
 
 // ----------------------------------------------------------------------------
-// launchers: one per version with its block size (the header's geglu_forward / geglu_backward run
+// launchers: one per version with its block size (the header's glu_forward / glu_backward run
 // version 2 at BLOCK, with a one-line failure on a size or pointer it does not take)
 
 static void geglu_forward1(floatX* act, const floatX* gate, const floatX* up, size_t n, int block) {
@@ -293,11 +293,11 @@ static void geglu_backward_reference(double* dgate, double* dup, const float* da
 // the gates through both saturated tails of tanh and gelu's dip near -0.75 (range 6), and where tanh
 // saturates to +-1 in fp32 (gelu = x or 0, gelu' = 1 or 0) and the cube is large: both finite there
 static void geglu_forward0(floatX* act, const floatX* gate, const floatX* up, size_t n, int) {
-    geglu_forward(act, gate, up, n);
+    glu_forward(act, gate, up, n, true);
 }
 static void geglu_backward0(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
                             size_t n, int) {
-    geglu_backward(dgate, dup, dact, gate, up, n);
+    glu_backward(dgate, dup, dact, gate, up, n, true);
 }
 static const Glu GEGLU = {{geglu_forward0, geglu_forward1, geglu_forward2},
                           {geglu_backward0, geglu_backward1, geglu_backward2},

@@ -16,13 +16,13 @@ mkdir -p build/fuzz/coverage
 for name in "${targets[@]}"; do
     case $name in
         shard) functions="shard_open_checked dataset_open_checked shard_section_sizes dataset_assemble batch_set_text batch_fill augment_shift dataset_warn_text_collisions" ;;
-        checkpoint) functions="checkpoint_read_header checkpoint_read_checked smolvla_config_problem smolvla_table_build smolvla_opt_domain" ;;
-        policy) functions="vla_policy_load checkpoint_read_checked checkpoint_read_header smolvla_config_problem smolvla_build vla_policy_act vla_policy_act_tokens policy_check_tokens policy_observations resize_pad" ;;
+        checkpoint) functions="checkpoint_read_header checkpoint_read_checked flow_config_problem flow_table_build flow_opt_domain" ;;
+        policy) functions="vla_policy_load checkpoint_read_checked checkpoint_read_header flow_config_problem flow_build vla_policy_act vla_policy_act_tokens policy_check_tokens policy_observations resize_pad" ;;
         shards) functions="dataset_open_checked dataset_list_files shard_open_checked dataset_assemble" ;;
-        safetensors) functions="safetensors_open st_string st_uint st_uint_array st_skip_value safetensors_find safetensors_read_f32 smolvla_load_safetensors" ;;
+        safetensors) functions="safetensors_open st_string st_uint st_uint_array st_skip_value safetensors_find safetensors_read_f32 flow_load_safetensors" ;;
         log) functions="logger_open logger_close" ;;
         names) functions="checkpoint_step_of_name checkpoint_list checkpoint_read_header" ;;
-        boot) functions="boot_hello_parse boot_identity_diff smolvla_config_diff boot_reply_parse boot_refusal_text" ;;
+        boot) functions="boot_hello_parse boot_identity_diff flow_config_diff boot_reply_parse boot_refusal_text" ;;
         *) echo "error: unknown fuzz target '$name': use shard, shards, checkpoint, policy, safetensors, log, names or boot"; exit 2 ;;
     esac
     seeds=build/fuzz/seeds/$([ "$name" = policy ] && echo checkpoint || echo "$name")

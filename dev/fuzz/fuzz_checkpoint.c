@@ -27,17 +27,17 @@ static void read_checkpoint_input(const uint8_t* data, size_t size) {
         }
         return;
     }
-    SmolVLAConfig header_config = ckpt_header_config(&h);
-    if (!header_ok || smolvla_config_diff(&ck.config, &header_config) != NULL || ck.train_mode != h.train_mode) { abort(); }
-    SmolParamTable t;
-    smolvla_table_build(&ck.config, &t);
-    SmolOptDomain d;
-    smolvla_opt_domain(&t, ck.train_mode, &d);
+    FlowConfig header_config = ckpt_header_config(&h);
+    if (!header_ok || flow_config_diff(&ck.config, &header_config) != NULL || ck.train_mode != h.train_mode) { abort(); }
+    FlowParamTable t;
+    flow_table_build(&ck.config, &t);
+    FlowOptDomain d;
+    flow_opt_domain(&t, ck.train_mode, &d);
     if (ck.n_params != t.total || ck.n_trainable != d.total) { abort(); }  // the counts the trainers lay out
-    SmolParameters p;
-    smolvla_point(&p, ck.params, &t);
+    FlowParameters p;
+    flow_point(&p, ck.params, &t);
     double sum = 0.0;  // the last weight of every tensor and the last moment of every trainable one, through the table
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
         if (t.spec[i].numel == 0) { continue; }  // a tensor the family lacks
         sum += ck.params[t.spec[i].offset + t.spec[i].numel - 1];
         if (d.numel[i] > 0) { sum += ck.m[d.offset[i] + d.numel[i] - 1] + ck.v[d.offset[i] + d.numel[i] - 1]; }

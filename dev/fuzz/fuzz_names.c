@@ -20,10 +20,10 @@ static char template_path[VLA_PATH_MAX];
 
 // One small valid checkpoint (make_seeds's first config), written once, linked under each name
 static void write_template(void) {
-    const SmolVLAConfig* c = &FUZZ_SAFETENSORS_CONFIG;
-    SmolParamTable t;
-    smolvla_table_build(c, &t);
-    size_t nt = smolvla_trainable_count(&t, TRAIN_MODE_EXPERT);
+    const FlowConfig* c = &FUZZ_SAFETENSORS_CONFIG;
+    FlowParamTable t;
+    flow_table_build(c, &t);
+    size_t nt = flow_trainable_count(&t, TRAIN_MODE_EXPERT);
     float* stats = (float*)mallocCheck(2 * (size_t)(c->state_dim + c->action_dim) * sizeof(float));
     for (int i = 0; i < 2 * (c->state_dim + c->action_dim); i++) { stats[i] = 1.0f; }
     float* params = (float*)callocCheck(t.total, sizeof(float));

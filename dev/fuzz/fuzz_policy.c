@@ -29,15 +29,15 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (err[0] == '\0') { abort(); }  // a refusal always says why
         return 0;
     }
-    const SmolVLAConfig* c = &p->model.config;
-    int32_t config[SMOLVLA_CONFIG_STORED + 2];
+    const FlowConfig* c = &p->model.config;
+    int32_t config[FLOW_CONFIG_STORED + 2];
     vla_policy_config(p, config);
-    if (config[0] != c->n_cam || config[SMOLVLA_CONFIG_STORED] != p->train_mode ||
-        config[SMOLVLA_CONFIG_STORED + 1] != c->family || vla_policy_tokenizer(p)[0] == '\0') {
+    if (config[0] != c->n_cam || config[FLOW_CONFIG_STORED] != p->facts.train_mode ||
+        config[FLOW_CONFIG_STORED + 1] != c->family || vla_policy_tokenizer(p)[0] == '\0') {
         abort();
     }
-    size_t vision_tokens = (size_t)c->n_cam * smolvla_grid(c) * smolvla_grid(c);
-    if (smolvla_n_prefix(c) + c->chunk <= 96 && vision_tokens <= 64 && c->img <= 64 && p->model.table.total <= (1u << 16) &&
+    size_t vision_tokens = (size_t)c->n_cam * flow_grid(c) * flow_grid(c);
+    if (flow_n_prefix(c) + c->chunk <= 96 && vision_tokens <= 64 && c->img <= 64 && p->model.table.total <= (1u << 16) &&
         (size_t)c->vis_layers + c->n_layer <= 8) {
         enum { SIDE = 8 };
         int32_t cam_hw[2 * VLA_MAX_CAM];

@@ -3,17 +3,17 @@
 // header and checks every tensor's extent; an accepted file has every tensor looked up by name and
 // every floating-point one widened to float32 (safetensors_find, safetensors_read_f32), then
 // LeRobot's weights of a small config are loaded from it by name and shape
-// (smolvla_load_safetensors), as the trainers' import path does. A refusal is one line.
+// (flow_load_safetensors), as the trainers' import path does. A refusal is one line.
 #include "fuzz_util.h"
 #include "../../vla/config.h"
 #include "../../vla/safetensors.h"
 
-static SmolParamTable table;
+static FlowParamTable table;
 static float* params;
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (params == NULL) {
-        smolvla_table_build(&FUZZ_SAFETENSORS_CONFIG, &table);
+        flow_table_build(&FUZZ_SAFETENSORS_CONFIG, &table);
         params = (float*)mallocCheck(table.total * sizeof(float));
     }
     const char* path = fuzz_file(data, size);
@@ -42,7 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
     }
     err[0] = '\0';
-    if (smolvla_load_safetensors(&st, &FUZZ_SAFETENSORS_CONFIG, &table, params, err, sizeof(err)) != 0 &&
+    if (flow_load_safetensors(&st, &FUZZ_SAFETENSORS_CONFIG, &table, params, err, sizeof(err)) != 0 &&
         (err[0] == '\0' || strchr(err, '\n') != NULL)) {
         abort();
     }

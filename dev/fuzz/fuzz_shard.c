@@ -15,16 +15,16 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Dataset ds;
     char err[2 * VLA_PATH_MAX + 512];
     if (dataset_open_checked(&ds, path, err, sizeof(err)) != 0) { return 0; }
-    SmolVLAConfig c = smolvla_preset("tiny")->config;
+    FlowConfig c = flow_preset("tiny")->config;
     c.n_cam = ds.cams.n; c.state_dim = (int32_t)ds.state_dim; c.action_dim = (int32_t)ds.action_dim;
-    // (dims past the padded widths: config_for_data refuses them, as smolvla_config_problem does)
-    if (smolvla_config_problem(&c) == NULL && smolvla_data_problem(&c, &ds) == NULL) {
+    // (dims past the padded widths: config_for_data refuses them, as flow_config_problem does)
+    if (flow_config_problem(&c) == NULL && flow_data_problem(&c, &ds) == NULL) {
         dataset_warn_text_collisions(&ds, c.max_text);
         int B = ds.n_samples < 4 ? (int)ds.n_samples : 4, W = 2;
         Loader loader;
         loader_start(&loader, &ds, &c, 1337, 0, 0, B, W, 2, 0, 2);
         for (int job = 0; job < 2 * W; job++) {
-            SmolBatch* b = loader_next(&loader);
+            Batch* b = loader_next(&loader);
             float sum = 0.0f;  // every assembled value is read, so the sanitizers see every access
             for (int i = 0; i < B * c.chunk * c.max_action_dim; i++) { sum += b->actions[i] + b->eps[i]; }
             for (int i = 0; i < B * c.chunk; i++) { sum += b->action_is_pad[i]; }

@@ -60,11 +60,11 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             }
         }
     }
-    SmolVLAConfig c = smolvla_preset("tiny")->config;
+    FlowConfig c = flow_preset("tiny")->config;
     c.n_cam = ds.cams.n; c.state_dim = S; c.action_dim = A;
-    if (smolvla_config_problem(&c) == NULL && smolvla_data_problem(&c, &ds) == NULL) {
-        SmolBatch b;
-        smolvla_batch_alloc(&b, &c, &ds.cams, 2 * n);
+    if (flow_config_problem(&c) == NULL && flow_data_problem(&c, &ds) == NULL) {
+        Batch b;
+        batch_alloc(&b, &c, &ds.cams, 2 * n);
         for (int k = 0; k < n; k++) {
             if (ds.first_sample[k + 1] == ds.first_sample[k]) { continue; }
             dataset_assemble(&ds, &c, ds.first_sample[k], &b, 2 * k);
@@ -74,7 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (int i = 0; i < 2 * n * c.max_state_dim; i++) { sum += b.state[i]; }
         for (int i = 0; i < 2 * n * c.chunk * c.max_action_dim; i++) { sum += b.actions[i]; }
         if (isnan(sum) && b.B < 0) { abort(); }
-        smolvla_batch_free(&b);
+        batch_free(&b);
     }
     dataset_close(&ds);
     return 0;

@@ -88,7 +88,7 @@ static inline const char* fuzz_subdir(const char* name) {
 // The config whose LeRobot weights make_seeds writes as a safetensors seed and fuzz_safetensors
 // loads: small, so a seed of every tensor fits the fuzzers' 64 KB inputs.
 //  cam S  A  img p  Cv Fv Lv NHv s  vocab pad text C   F   L  NH NKV HS Ce Fe  n  H  Smax Amax theta
-static const SmolVLAConfig FUZZ_SAFETENSORS_CONFIG =
+static const FlowConfig FUZZ_SAFETENSORS_CONFIG =
     {1, 2, 2, 8,  4, 4, 8, 1, 2,  1, 256, 0,  4,   8,  8,  2, 2, 1,  4, 4, 8,  2, 2, 4,   4,   10000, FAMILY_SMOLVLA};
 
 // The identity of node `node_rank` of a 4-node run of the tiny preset, as fuzz_boot's node 0
@@ -97,7 +97,7 @@ static inline BootIdentity fuzz_boot_identity(int node_rank) {
     TrainArgs a;
     train_args_defaults(&a);
     a.ranks = 2;
-    return boot_identity(&a, &smolvla_preset("tiny")->config, node_rank, 4, 0, 56);
+    return boot_identity(&a, &flow_preset("tiny")->config, node_rank, 4, 0, 56);
 }
 #define FUZZ_BOOT_PAYLOAD 128  // NCCL's unique id
 

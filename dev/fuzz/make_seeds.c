@@ -113,24 +113,24 @@ static void safetensors_seed(const char* name, const char* header, const void* d
 // per layer), the dtypes taking turns (F32, BF16, F16, F64), and one integer tensor the table
 // does not hold
 static void safetensors_weights_seed(void) {
-    const SmolVLAConfig* c = &FUZZ_SAFETENSORS_CONFIG;
-    SmolParamTable t;
-    smolvla_table_build(c, &t);
+    const FlowConfig* c = &FUZZ_SAFETENSORS_CONFIG;
+    FlowParamTable t;
+    flow_table_build(c, &t);
     float* params = (float*)mallocCheck(t.total * sizeof(float));
-    smolvla_param_init(params, &t, c, 7);
+    flow_param_init(params, &t, c, 7);
     size_t header_cap = 1 << 16, data_cap = 8 * t.total + 64, hn = 0, dn = 0;
     char* header = (char*)mallocCheck(header_cap);
     uint8_t* data = (uint8_t*)mallocCheck(data_cap);
     hn += (size_t)snprintf(header + hn, header_cap - hn, "{\"__metadata__\":{\"format\":\"pt\"}");
     int turn = 0;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &t.spec[i];
-        size_t n_slices = smolvla_slices(s), per = smolvla_slice_numel(s);
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        const FlowParamSpec* s = &t.spec[i];
+        size_t n_slices = flow_slices(s), per = flow_slice_numel(s);
         int64_t lead = s->slices == SLICES_NONE ? s->shape[0] : s->shape[1];
         for (size_t k = 0; k < n_slices; k++, turn++) {
             char name[256];
             if (s->slices == SLICES_NONE) { snprintf(name, sizeof(name), "%s", s->lerobot); }
-            else { snprintf(name, sizeof(name), s->lerobot, smolvla_slice_layer(c, s, (int)k)); }
+            else { snprintf(name, sizeof(name), s->lerobot, flow_slice_layer(c, s, (int)k)); }
             int dtype = turn % 4;  // ST_F32, ST_BF16, ST_F16, ST_F64
             const float* x = params + s->offset + k * per;
             size_t begin = dn;
@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
     // the moments of that mode's trainable elements only (the third's 20-row text table: one the
     // policy library refuses, byte ids needing 256)
     //  cam S  A  img p  Cv Fv Lv NHv s  vocab pad text C   F   L  NH NKV HS Ce Fe  n  H  Smax Amax theta
-    const SmolVLAConfig configs[] = {
+    const FlowConfig configs[] = {
         {1, 2, 2, 8,  4, 4, 8, 1, 2,  1, 256, 0,  4,   8,  8,  2, 2, 1,  4, 4, 8,  2, 2, 4,   4,   10000, FAMILY_SMOLVLA},
         {2, 3, 2, 8,  2, 4, 4, 1, 1,  2, 256, 1,  3,   4,  8,  3, 2, 2,  2, 6, 4,  2, 3, 3,   2,   100, FAMILY_SMOLVLA},
         {1, 1, 3, 16, 4, 8, 8, 2, 2,  2, 20,  3,  2,   8,  4,  1, 4, 2,  2, 4, 4,  1, 2, 2,   3,   10000, FAMILY_SMOLVLA},
@@ -284,18 +284,18 @@ int main(int argc, char** argv) {
     const int modes[] = {TRAIN_MODE_EXPERT, TRAIN_MODE_VLM, TRAIN_MODE_ALL};
     const uint64_t steps[] = {0, 5, 1000};
     for (int k = 0; k < (int)(sizeof(configs) / sizeof(configs[0])); k++) {
-        const SmolVLAConfig* c = &configs[k];
-        const char* problem = smolvla_config_problem(c);
+        const FlowConfig* c = &configs[k];
+        const char* problem = flow_config_problem(c);
         if (problem != NULL) { vla_fail("seed config %d: %s", k, problem); }
-        SmolParamTable t;
-        smolvla_table_build(c, &t);
-        size_t nt = smolvla_trainable_count(&t, modes[k]);
+        FlowParamTable t;
+        flow_table_build(c, &t);
+        size_t nt = flow_trainable_count(&t, modes[k]);
         int S = c->state_dim, A = c->action_dim;
         float* stats = (float*)mallocCheck(2 * (size_t)(S + A) * sizeof(float));
         for (int i = 0; i < 2 * (S + A); i++) { stats[i] = 0.5f + 0.25f * (float)(i % 3); }
         float* params = (float*)mallocCheck(t.total * sizeof(float));
         float* moments = (float*)callocCheck(2 * (nt > 0 ? nt : 1), sizeof(float));
-        smolvla_param_init(params, &t, c, 1337 + (uint64_t)k);
+        flow_param_init(params, &t, c, 1337 + (uint64_t)k);
         for (size_t i = 0; i < nt; i++) {  // moments as a run leaves them: small, v positive
             moments[i] = 1e-3f * params[i];
             moments[nt + i] = 1e-6f * params[i] * params[i];

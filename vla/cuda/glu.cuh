@@ -84,33 +84,24 @@ __global__ void geglu_backward_kernel2(floatX* dgate, floatX* dup, const floatX*
     glu_backward_pack<true>(dgate, dup, dact, gate, up, n);
 }
 
-static void swiglu_forward(floatX* act, const floatX* gate, const floatX* up, size_t n) {
-    ProfOp prof_op("swiglu");
-    check_packable("swiglu_forward", n, act, gate, up);
-    swiglu_forward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(act, gate, up, n);
+// act = a(gate) * up, a = gelu_tanh (GeGLU, pi0) or silu (SwiGLU, SmolVLA)
+static void glu_forward(floatX* act, const floatX* gate, const floatX* up, size_t n, bool gelu) {
+    ProfOp prof_op(gelu ? "geglu" : "swiglu");
+    check_packable(gelu ? "geglu_forward" : "swiglu_forward", n, act, gate, up);
+    int grid = ceil_div(n / x128::size, BLOCK);
+    if (gelu) { geglu_forward_kernel2<<<grid, BLOCK, 0, main_stream>>>(act, gate, up, n); }
+    else { swiglu_forward_kernel2<<<grid, BLOCK, 0, main_stream>>>(act, gate, up, n); }
     launchCheck();
 }
 
-static void swiglu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
-                            size_t n) {
-    ProfOp prof_op("swiglu");
-    check_packable("swiglu_backward", n, dgate, dup, dact, gate, up);
-    swiglu_backward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
-    launchCheck();
-}
-
-static void geglu_forward(floatX* act, const floatX* gate, const floatX* up, size_t n) {
-    ProfOp prof_op("geglu");
-    check_packable("geglu_forward", n, act, gate, up);
-    geglu_forward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(act, gate, up, n);
-    launchCheck();
-}
-
-static void geglu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up,
-                           size_t n) {
-    ProfOp prof_op("geglu");
-    check_packable("geglu_backward", n, dgate, dup, dact, gate, up);
-    geglu_backward_kernel2<<<ceil_div(n / x128::size, BLOCK), BLOCK, 0, main_stream>>>(dgate, dup, dact, gate, up, n);
+// dgate, dup overwritten
+static void glu_backward(floatX* dgate, floatX* dup, const floatX* dact, const floatX* gate, const floatX* up, size_t n,
+                         bool gelu) {
+    ProfOp prof_op(gelu ? "geglu" : "swiglu");
+    check_packable(gelu ? "geglu_backward" : "swiglu_backward", n, dgate, dup, dact, gate, up);
+    int grid = ceil_div(n / x128::size, BLOCK);
+    if (gelu) { geglu_backward_kernel2<<<grid, BLOCK, 0, main_stream>>>(dgate, dup, dact, gate, up, n); }
+    else { swiglu_backward_kernel2<<<grid, BLOCK, 0, main_stream>>>(dgate, dup, dact, gate, up, n); }
     launchCheck();
 }
 
