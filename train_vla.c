@@ -37,18 +37,18 @@ Reproduce the oracle's numbers (what test_vla checks):
   /usr/bin/python3 dev/model.py -i build/test/a.bin -p tiny --dtype float64 -b 4 --seed 1337 --train 5 \
       -n 5 -l 1e-3 -u 2 -w 0.1 -c 0.5 --train-mode all     (the losses of ./train_vla_cpu -p tiny -b 4 ...)
 */
-#include "vla/common.h"
-#include "vla/config.h"
-#include "vla/shards.h"
-#include "vla/dataset.h"
-#include "vla/sampler.h"
-#include "vla/loader.h"
-#include "vla/checkpoint.h"
-#include "vla/cli.h"
-#include "vla/schedule.h"
-#include "vla/logging.h"
-#include "vla/runs.h"
-#include "vla/policy.h"
+#include "vla/common.h"            // defines: vla_fail, mallocCheck, vla_catch_call, paths and checked sizes
+#include "vla/config.h"            // defines: FlowConfig, its presets and parameter table, the row counts
+#include "vla/shards.h"            // defines: Shard: the data shards, memory-mapped and checked
+#include "vla/dataset.h"           // defines: Dataset, Batch and its layout, ModelInputs
+#include "vla/sampler.h"           // defines: the global sampler, --balance tasks' TaskBalance
+#include "vla/loader.h"            // defines: Loader: batches assembled by worker threads into a ring
+#include "vla/checkpoint.h"        // defines: Checkpoint: the checkpoint file, written and read
+#include "vla/cli.h"               // defines: TrainArgs: the command line
+#include "vla/schedule.h"          // defines: the learning-rate schedule
+#include "vla/logging.h"           // defines: Logger: log.jsonl and the progress line
+#include "vla/runs.h"              // defines: the run folder, resume, checkpoints kept, the config table
+#include "vla/policy.h"            // defines: the policy libraries' C ABI, shared by both
 #include <omp.h>
 #include <signal.h>
 

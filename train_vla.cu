@@ -36,21 +36,22 @@ Reproduce the oracle's numbers (what test_vla_gpu checks):
   python3 dev/model.py -i build/test/a.bin -p tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
       -l 1e-3 -u 2 -w 0.1 -c 0.5 --train-mode all     (the losses of ./train_vla -p tiny -b 4 ...)
 */
-#include "vla/common.h"
-#include "vla/config.h"
-#include "vla/shards.h"
-#include "vla/dataset.h"
-#include "vla/sampler.h"
-#include "vla/loader.h"
-#include "vla/loss_scale.h"
-#include "vla/checkpoint.h"
-#include "vla/cli.h"
-#include "vla/schedule.h"
-#include "vla/logging.h"
-#include "vla/runs.h"
-#include "vla/bootstrap.h"
-#include "vla/policy.h"
-#include "vla/flops.h"
+#include "vla/common.h"            // defines: vla_fail, mallocCheck, vla_catch_call, paths and checked sizes
+#include "vla/config.h"            // defines: FlowConfig, its presets and parameter table, the row counts
+#include "vla/shards.h"            // defines: Shard: the data shards, memory-mapped and checked
+#include "vla/dataset.h"           // defines: Dataset, Batch and its layout, ModelInputs
+#include "vla/sampler.h"           // defines: the global sampler, --balance tasks' TaskBalance
+#include "vla/loader.h"            // defines: Loader: batches assembled by worker threads into a ring
+#include "vla/loss_scale.h"        // defines: LossScaleState: fp16's dynamic loss scale on the host
+#include "vla/checkpoint.h"        // defines: Checkpoint: the checkpoint file, written and read
+#include "vla/cli.h"               // defines: TrainArgs: the command line
+#include "vla/schedule.h"          // defines: the learning-rate schedule
+#include "vla/logging.h"           // defines: Logger: log.jsonl and the progress line
+#include "vla/runs.h"              // defines: the run folder, resume, checkpoints kept, the config table
+#include "vla/bootstrap.h"         // defines: the multi-node bootstrap of NCCL's id
+#include "vla/policy.h"            // defines: the policy libraries' C ABI, shared by both
+#include "vla/flops.h"             // defines: the model's FLOPs per sample, for MFU
+#include "vla/buckets.h"           // defines: FlowBuckets: the gradient buckets of data parallelism
 #include <limits.h>
 #include <signal.h>
 #if defined(MULTI_GPU)
@@ -349,14 +350,6 @@ static size_t flow_act_bytes(const FlowConfig* c, int mode, int B, int rc = RECO
     return nx * sizeof(floatX) + nf * sizeof(float) + ni * sizeof(int);
 }
 
-// The gradient buckets (MULTI_GPU): one layer's trainable ranges each, in the backward's order
-typedef struct {
-    int n;          // buckets: flow_bucket_count
-    int* first;     // (n + 1)
-    size_t* offset; // (ranges) into the trainable domain
-    size_t* count;
-} FlowBuckets;
-
 // Sampling's state (flow_sample): the Euler steps as one CUDA graph, and what the last call took
 typedef struct {
     int use_graph;          // replay the Euler steps as a CUDA graph (the policy library's default)
@@ -430,9 +423,6 @@ static inline float* flow_grad(const FlowVLA* m, int i, int k) {
 static int flow_sharded(const FlowVLA* m) { return m->shard_hi - m->shard_lo < m->n_train; }
 
 // The model's calls into the data-parallel section (nothing without NCCL)
-static int flow_bucket(const FlowConfig* c, int tower, int layer);
-static void flow_buckets_build(FlowBuckets* b, const FlowConfig* c, const FlowParamTable* t,
-                                  const FlowOptDomain* d);
 static void flow_bucket_done(FlowVLA* m, int b);
 static void dist_step_sums(FlowVLA* m);
 static void zero_sum_squares(FlowVLA* m);
@@ -670,7 +660,7 @@ static void flow_free(FlowVLA* m) {
     if (m->scaler != NULL) { cudaCheck(cudaFree(m->scaler)); }
     cudaCheck(cudaFree(m->acts_x)); cudaCheck(cudaFree(m->acts_f)); cudaCheck(cudaFree(m->acts_i));
     cudaCheck(cudaFree(m->rope_cos));
-    free(m->buckets.first); free(m->buckets.offset); free(m->buckets.count);
+    flow_buckets_free(&m->buckets);
     if (m->sampling.graph != NULL) { cudaCheck(cudaGraphExecDestroy(m->sampling.graph)); }
     for (int k = 0; k < 3 && m->sampling.marks[0] != NULL; k++) { cudaCheck(cudaEventDestroy(m->sampling.marks[k])); }
 }
@@ -1462,63 +1452,6 @@ static void flow_read_scalars(FlowVLA* m, float* loss, float* norm, int* stop = 
 // ----------------------------------------------------------------------------
 // data parallel: one rank per GPU, a host thread each; gradients summed bucket by bucket (NCCL),
 // ZeRO-1 with --zero, a watchdog. Without NCCL, the stand-ins at its end.
-
-// the gradient buckets, numbered in the order the backward finishes them
-// The gradient bucket of layer `layer` of `tower` (-1: the tower's embeddings), numbered in the
-// order the backward pass finishes them: the expert's layers top down (its head with the top
-// layer), its input projections, the VLM's layers top down, the prefix's embeddings, the vision
-// layers top down (the post-LayerNorm with the top one), the patch and position embeddings.
-static int flow_bucket(const FlowConfig* c, int tower, int layer) {
-    int L = c->n_layer, Lv = c->vis_layers;
-    if (tower == TOWER_EXPERT) { return layer >= 0 ? L - 1 - layer : L; }
-    if (tower == TOWER_VLM) { return layer >= 0 ? 2 * L - layer : 2 * L + 1; }
-    return layer >= 0 ? 2 * L + 1 + Lv - layer : 2 * L + 2 + Lv;
-}
-
-static int flow_bucket_count(const FlowConfig* c) { return 2 * c->n_layer + 3 + c->vis_layers; }
-
-// The bucket of slice k of tensor s: a layer's slice with its layer, a head with its tower's top
-// layer (its gradient is final before that layer's), an input with its tower's embeddings
-static int flow_slice_bucket(const FlowConfig* c, const FlowParamSpec* s, int k) {
-    if (s->kind == KIND_LAYER) { return flow_bucket(c, s->tower, flow_slice_layer(c, s, k)); }
-    if (s->kind == KIND_HEAD) {
-        return flow_bucket(c, s->tower, (s->tower == TOWER_VISION ? c->vis_layers : c->n_layer) - 1);
-    }
-    return flow_bucket(c, s->tower, -1);
-}
-
-// Each bucket's ranges of the trainable domain d of table t: its trainable slices, neighbours
-// merged. A frozen slice is in no bucket, so it is never communicated. (Host only: the banner
-// counts them too.)
-static void flow_buckets_build(FlowBuckets* b, const FlowConfig* c, const FlowParamTable* t,
-                                  const FlowOptDomain* d) {
-    b->n = flow_bucket_count(c);
-    size_t max_ranges = 0;
-    for (int i = 0; i < FLOW_NUM_TENSORS; i++) { max_ranges += flow_slices(&t->spec[i]); }
-    b->first = (int*)callocCheck(b->n + 1, sizeof(int));
-    b->offset = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
-    b->count = (size_t*)mallocCheck(max_ranges * sizeof(size_t));
-    int r = 0;
-    for (int q = 0; q < b->n; q++) {
-        b->first[q] = r;
-        for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
-            const FlowParamSpec* s = &t->spec[i];
-            size_t per = flow_slice_numel(s);
-            for (size_t k = 0; per > 0 && (k + 1) * per <= d->numel[i]; k++) {  // (per 0: a tensor the family lacks)
-                if (flow_slice_bucket(c, s, (int)k) != q) { continue; }
-                size_t at = d->offset[i] + k * per;
-                if (r > b->first[q] && b->offset[r - 1] + b->count[r - 1] == at) {
-                    b->count[r - 1] += per;
-                } else {
-                    b->offset[r] = at;
-                    b->count[r] = per;
-                    r++;
-                }
-            }
-        }
-    }
-    b->first[b->n] = r;
-}
 
 // What the ranks of a run share, read-only once they train
 typedef struct {
@@ -2407,7 +2340,7 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     flow_opt_domain(&t, args->train_mode, &domain);
     flow_buckets_build(&buckets, c, &t, &domain);
     table_row("gradient all-reduce", "%d buckets, %d ranges", buckets.n, buckets.first[buckets.n]);
-    free(buckets.first); free(buckets.offset); free(buckets.count);
+    flow_buckets_free(&buckets);
     // per GPU, for its micro-batch: a frozen vision tower keeps one layer's (flow_vis_kept)
     double gib = 1024.0 * 1024.0 * 1024.0;
     size_t kept_all = flow_act_bytes(c, args->train_mode, args->batch);
