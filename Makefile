@@ -38,9 +38,9 @@ else ifeq ($(PRECISION),FP16)
 else
   $(error PRECISION=$(PRECISION): use BF16, FP16 or FP32)
 endif
-# the shared plumbing, one header per concern (vla/*.cuh: the GPU trainer's own), and the kernel
-# library, one header per operation (vla/cuda)
-VLA_HEADERS = $(wildcard vla/*.h vla/*.cuh vla/cuda/*.cuh)
+# the shared plumbing, one header per concern (vla/*.h), and the kernel library, one header per
+# operation (vla/cuda)
+VLA_HEADERS = $(wildcard vla/*.h vla/cuda/*.cuh)
 GPU_SOURCES = train_vla.cu $(VLA_HEADERS)
 
 # every precision for the GPU tests; ./train_vla is a copy of PRECISION's
@@ -51,7 +51,7 @@ build/gpu/train_vla_bf16 build/gpu/train_vla_fp32 build/gpu/train_vla_fp16: buil
 	$(nvcc_check)
 	@mkdir -p build/gpu
 	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) $(MULTI_GPU_FLAGS) train_vla.cu $(NVCC_LDLIBS) $(MULTI_GPU_LIBS) -o $@
-build/gpu/test_vla_gpu_%: test_vla_gpu.cu dev/test_util.h $(GPU_SOURCES)
+build/gpu/test_vla_gpu_%: test_vla_gpu.cu tests/util/test_util.h $(GPU_SOURCES)
 	$(nvcc_check)
 	@mkdir -p build/gpu
 	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) $(MULTI_GPU_FLAGS) test_vla_gpu.cu $(NVCC_LDLIBS) $(MULTI_GPU_LIBS) -o $@
@@ -122,7 +122,8 @@ $(EMU_DIR)/train_vla_bf16 $(EMU_DIR)/train_vla_fp32 $(EMU_DIR)/train_vla_fp16: $
 	$(EMU_CXX) $(EMU_PRECISION) $(EMU_MULTI_GPU) -x c++ $< -lm -lpthread -o $@
 $(EMU_DIR)/train_vla_single_gpu_bf16: $(EMU_DIR)/train_vla.cu $(VLA_HEADERS) $(EMU_HEADERS)
 	$(EMU_CXX) -x c++ $< -lm -lpthread -o $@
-$(EMU_DIR)/test_vla_gpu_%: $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/train_vla.cu dev/test_util.h $(VLA_HEADERS) $(EMU_HEADERS)
+$(EMU_DIR)/test_vla_gpu_%: $(EMU_DIR)/test_vla_gpu.cu $(EMU_DIR)/train_vla.cu tests/util/test_util.h $(VLA_HEADERS) \
+		$(EMU_HEADERS)
 	$(EMU_CXX) $(EMU_PRECISION) $(EMU_MULTI_GPU) -x c++ $< -lm -lpthread -o $@
 $(EMU_DIR)/libvla_gpu_bf16.so $(EMU_DIR)/libvla_gpu_fp32.so: $(EMU_DIR)/libvla_gpu_%.so: $(EMU_DIR)/train_vla.cu $(VLA_HEADERS) $(EMU_HEADERS)
 	$(EMU_CXX) $(EMU_PRECISION) -fPIC -fvisibility=hidden -shared -DVLA_LIBRARY -x c++ $< -lm -lpthread -o $@
@@ -180,7 +181,7 @@ train_vla_cpu: train_vla.c $(VLA_HEADERS) $(DEFAULT_DATA)
 libvla.so: train_vla.c $(VLA_HEADERS)
 	$(CC) $(CFLAGS) -Wno-unused-function -fPIC -shared -DVLA_LIBRARY train_vla.c $(LDLIBS) -o $@
 
-test_vla: test_vla.c train_vla.c $(VLA_HEADERS) dev/test_util.h
+test_vla: test_vla.c train_vla.c $(VLA_HEADERS) tests/util/test_util.h
 	$(CC) $(CFLAGS) test_vla.c $(LDLIBS) -o $@
 
 data/synthetic: data/synthetic.c $(VLA_HEADERS)
@@ -204,7 +205,7 @@ $(DEFAULT_DATA): data/metaworld_mt10.bin.xz
 	@mkdir -p data/default
 	xz -dc $< > $@.tmp && mv $@.tmp $@
 
-# the CPU trainer built with AddressSanitizer and UndefinedBehaviorSanitizer: dev/test_hardening.sh
+# the CPU trainer built with AddressSanitizer and UndefinedBehaviorSanitizer: tests/runs/test_hardening.sh
 # trains it a few steps (2 simulated ranks, ZeRO-1, augmentation) and feeds it bad input
 build/sanitize/train_vla_cpu: train_vla.c $(VLA_HEADERS)
 	@mkdir -p build/sanitize
@@ -297,19 +298,19 @@ lerobot_check = @$(LEROBOT_PY) -c "import lerobot" 2>/dev/null || { \
 $(LEROBOT_REF)/all/ref.safetensors: dev/lerobot/make_ref.py dev/lerobot/requirements.txt
 	$(lerobot_check)
 	rm -rf $(LEROBOT_REF)
-	$(LEROBOT_PY) dev/lerobot/make_ref.py -o $(LEROBOT_REF)
+	$(LEROBOT_PY) dev/lerobot/make_ref.py --family smolvla -o $(LEROBOT_REF)
 # each case's config for the C trainers (dev/smolvla.py --c-config): test_vla's SmolVLA checks read it
 SMOLVLA_C_CONFIGS = $(foreach case,expert vlm all,$(LEROBOT_REF)/$(case)/c_config.txt)
 $(SMOLVLA_C_CONFIGS): $(LEROBOT_REF)/%/c_config.txt: $(LEROBOT_REF)/all/ref.safetensors dev/smolvla.py
 	$(oracle_check)
 	$(PYTHON) dev/smolvla.py $(LEROBOT_REF)/$* --c-config $@
-# LeRobot's own pi0 at test sizes (dev/lerobot/make_ref_pi0.py, which also writes each case's c_config.txt):
-# the ground truth of the pi0 parity checks
+# LeRobot's own pi0 at test sizes (dev/lerobot/make_ref.py --family pi0, which also writes each case's
+# c_config.txt): the ground truth of the pi0 parity checks
 LEROBOT_REF_PI0 = build/lerobot_ref_pi0
-$(LEROBOT_REF_PI0)/all/ref.safetensors: dev/lerobot/make_ref_pi0.py dev/lerobot/make_ref.py dev/lerobot/requirements.txt
+$(LEROBOT_REF_PI0)/all/ref.safetensors: dev/lerobot/make_ref.py dev/lerobot/requirements.txt
 	$(lerobot_check)
 	rm -rf $(LEROBOT_REF_PI0)
-	$(LEROBOT_PY) dev/lerobot/make_ref_pi0.py -o $(LEROBOT_REF_PI0)
+	$(LEROBOT_PY) dev/lerobot/make_ref.py --family pi0 -o $(LEROBOT_REF_PI0)
 
 # make test needs what `make setup` installs: it says so before building anything (a look for the
 # modules, not an import: fast)
@@ -325,7 +326,7 @@ endif
 
 # make test compiles train_vla for the GPU everywhere; its tests run on the GPU if there is one,
 # otherwise under the CPU emulation (GPU_TESTS says which folder holds the binaries).
-# scripts/test_lerobot_io.py (LeRobot import/export) needs train_vla_cpu, libvla.so, data/synthetic
+# tests/lerobot/test_lerobot_io.py (LeRobot import/export) needs train_vla_cpu, libvla.so, data/synthetic
 # and the LeRobot references
 # What make test compiles with the machine's own gcc, g++ and nvcc and nothing that make setup installs
 # (train_vla_cpu unpacks the default data with xz, a setup package: it comes later): .ci/run builds

@@ -24,7 +24,7 @@ is `N passed, M failed`.
 #include "vla/atomic_file.h"
 #include "vla/shard_writer.h"
 #include "vla/bootstrap.h"
-#include "dev/test_util.h"
+#include "tests/util/test_util.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <ifaddrs.h>
@@ -68,23 +68,23 @@ static void expect_error(const char* dir, const char* what, const char* args, co
 }
 
 // The loss of one batch (LeRobot's mean over its valid entries), its gradient left for the backward
-static float smolvla_loss(SmolVLA* m, const SmolInputs* in) {
+static float flow_loss_value(FlowVLA* m, const ModelInputs* in) {
     int entries;
-    smolvla_forward_loss(m, in, 1, &entries);
+    flow_forward_loss(m, in, 1, &entries);
     return m->loss;
 }
 
 // One optimizer step on one batch: forward, backward in `mode`, AdamW at the schedule's rate
-static float test_train_step(SmolVLA* m, const SmolInputs* in, int mode, int step, const TrainArgs* args, float* norm) {
-    float loss = smolvla_loss(m, in);
-    smolvla_backward(m, mode);
-    *norm = smolvla_update(m, mode, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step,
+static float test_train_step(FlowVLA* m, const ModelInputs* in, int mode, int step, const TrainArgs* args, float* norm) {
+    float loss = flow_loss_value(m, in);
+    flow_backward(m, mode);
+    *norm = flow_update(m, mode, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step,
                            1);
     return loss;
 }
 
 // Two batches hold the same bytes: every camera's frames, tokens and mask, state, actions, pads, t, eps
-static int batches_equal(const SmolBatch* a, const SmolBatch* b, const SmolVLAConfig* c) {
+static int batches_equal(const Batch* a, const Batch* b, const FlowConfig* c) {
     if (a->B != b->B || !cameras_equal(&a->cams, &b->cams)) { return 0; }
     size_t B = (size_t)a->B, HA = (size_t)c->chunk * c->max_action_dim;
     int same = memcmp(a->tokens, b->tokens, B * c->max_text * sizeof(int32_t)) == 0 &&
@@ -100,12 +100,12 @@ static int batches_equal(const SmolBatch* a, const SmolBatch* b, const SmolVLACo
 
 // Whether every camera image of sample i of `shifted` is that of `plain` shifted by at most k
 // pixels (the border replicated); *moved counts the images that did move
-static int batch_cameras_shifted(const SmolBatch* plain, const SmolBatch* shifted, int i, int k, int* moved) {
+static int batch_cameras_shifted(const Batch* plain, const Batch* shifted, int i, int k, int* moved) {
     int all = 1;
     for (int cam = 0; cam < plain->cams.n; cam++) {
         int h = (int)plain->cams.height[cam], w = (int)plain->cams.width[cam], found = 0;
-        const uint8_t* a = smolvla_batch_image(plain, cam, i);
-        const uint8_t* b = smolvla_batch_image(shifted, cam, i);
+        const uint8_t* a = batch_image(plain, cam, i);
+        const uint8_t* b = batch_image(shifted, cam, i);
         for (int dy = -k; dy <= k && !found; dy++) {
             for (int dx = -k; dx <= k && !found; dx++) {
                 int match = 1;
@@ -131,7 +131,7 @@ static int batch_cameras_shifted(const SmolBatch* plain, const SmolBatch* shifte
 // Elements of the model at config c that train in `mode` (TRAIN_MODE_COUNT: all of them), counted
 // tower by tower as README.md's model section describes it: SmolVLA's, or pi0's (the projector's
 // bias, the state token at the expert's width, the last VLM layer's norm and q/k/v training)
-static size_t smolvla_closed_form(const SmolVLAConfig* c, int mode) {
+static size_t flow_closed_form(const FlowConfig* c, int mode) {
     size_t Cv = c->vis_width, Fv = c->vis_ff, Lv = c->vis_layers, G = (size_t)c->img / c->patch, s = c->scale_factor;
     size_t C = c->d_model, F = c->d_ff, L = c->n_layer, D = (size_t)c->n_head * c->head_dim;
     size_t KV = (size_t)c->n_kv_head * c->head_dim, Ce = c->d_expert, Fe = c->d_expert_ff;
@@ -156,57 +156,57 @@ static size_t smolvla_closed_form(const SmolVLAConfig* c, int mode) {
 
 static void test_param_table(void) {
     printf("\n== parameter table\n");
-    for (int p = 0; p < SMOLVLA_N_PRESETS; p++) {
-        const SmolVLAConfig* c = &SMOLVLA_PRESETS[p].config;
-        const char* name = SMOLVLA_PRESETS[p].name;
-        SmolParamTable t;
-        smolvla_table_build(c, &t);
+    for (int p = 0; p < FLOW_N_PRESETS; p++) {
+        const FlowConfig* c = &FLOW_PRESETS[p].config;
+        const char* name = FLOW_PRESETS[p].name;
+        FlowParamTable t;
+        flow_table_build(c, &t);
         size_t sum = 0;
         int contiguous = 1;
-        for (int k = 0; k < SMOLVLA_NUM_TENSORS; k++) {
+        for (int k = 0; k < FLOW_NUM_TENSORS; k++) {
             contiguous &= t.spec[k].offset == sum;
             sum += t.spec[k].numel;
         }
-        size_t expected = smolvla_closed_form(c, TRAIN_MODE_COUNT);
-        check(smolvla_config_problem(c) == NULL && contiguous && sum == t.total && t.total == expected,
+        size_t expected = flow_closed_form(c, TRAIN_MODE_COUNT);
+        check(flow_config_problem(c) == NULL && contiguous && sum == t.total && t.total == expected,
               "preset %-9s: %zu parameters, table contiguous, the closed form's %zu", name, t.total, expected);
         for (int mode = 0; mode < TRAIN_MODE_COUNT; mode++) {
-            SmolOptDomain d;
-            smolvla_opt_domain(&t, mode, &d);
+            FlowOptDomain d;
+            flow_opt_domain(&t, mode, &d);
             size_t packed = 0;
             int prefixes = 1;
-            for (int k = 0; k < SMOLVLA_NUM_TENSORS; k++) {
+            for (int k = 0; k < FLOW_NUM_TENSORS; k++) {
                 prefixes &= d.offset[k] == packed && d.numel[k] <= t.spec[k].numel;
                 packed += d.numel[k];
             }
-            size_t closed = smolvla_closed_form(c, mode);
-            check(prefixes && packed == d.total && d.total == smolvla_trainable_count(&t, mode) && d.total == closed,
+            size_t closed = flow_closed_form(c, mode);
+            check(prefixes && packed == d.total && d.total == flow_trainable_count(&t, mode) && d.total == closed,
                   "preset %-9s --train %-6s: %zu trainable, packed in table order, the closed form's %zu", name,
                   TRAIN_MODE_NAMES[mode], d.total, closed);
         }
     }
     // the released model's sizes: LeRobot counts lerobot/smolvla_base (with lm_head, vocab x C, which
     // feeds nothing and is not in the table) as 450,046,176, of which 99,880,992 train by default
-    SmolParamTable t;
-    smolvla_table_build(&smolvla_preset("smolvla")->config, &t);
+    FlowParamTable t;
+    flow_table_build(&flow_preset("smolvla")->config, &t);
     size_t lm_head = 49280 * 960;
-    check(t.total + lm_head == 450046176 && smolvla_trainable_count(&t, TRAIN_MODE_EXPERT) == 99880992,
+    check(t.total + lm_head == 450046176 && flow_trainable_count(&t, TRAIN_MODE_EXPERT) == 99880992,
           "preset smolvla: %zu + lm_head %zu = LeRobot's 450,046,176; %zu trainable = LeRobot's 99,880,992", t.total,
-          lm_head, smolvla_trainable_count(&t, TRAIN_MODE_EXPERT));
+          lm_head, flow_trainable_count(&t, TRAIN_MODE_EXPERT));
     // pi0's released sizes: LeRobot's PI0Policy holds 4,028,019,472 parameters, of which the two
     // lm_heads (257152 x 2048 and x 1024), not in the table, feed nothing: 3,238,048,528 used
-    smolvla_table_build(&smolvla_preset("pi0")->config, &t);
+    flow_table_build(&flow_preset("pi0")->config, &t);
     size_t lm_heads = (size_t)257152 * (2048 + 1024);
     check(t.total == 3238048528ULL && t.total + lm_heads == 4028019472ULL,
           "preset pi0: %zu parameters = LeRobot's 3,238,048,528 used; + lm_heads %zu = its 4,028,019,472", t.total, lm_heads);
     // the trainable part of a tensor is a prefix: the VLM's stacks train all but their last layer
-    smolvla_table_build(&smolvla_preset("tiny")->config, &t);
-    const SmolParamSpec* wq = &t.spec[SMOLP_vlm_wq];
+    flow_table_build(&flow_preset("tiny")->config, &t);
+    const FlowParamSpec* wq = &t.spec[FLOWP_vlm_wq];
     size_t per_layer = wq->numel / (size_t)wq->shape[0];
-    check(smolvla_trainable_numel(wq, TRAIN_MODE_EXPERT) == 0 && smolvla_trainable_numel(wq, TRAIN_MODE_VLM) == wq->numel - per_layer &&
-          smolvla_trainable_numel(&t.spec[SMOLP_vlm_norm], TRAIN_MODE_ALL) == 0 &&
-          smolvla_trainable_numel(&t.spec[SMOLP_vis_wq], TRAIN_MODE_VLM) == 0 &&
-          smolvla_trainable_numel(&t.spec[SMOLP_exp_wq], TRAIN_MODE_EXPERT) == t.spec[SMOLP_exp_wq].numel,
+    check(flow_trainable_numel(wq, TRAIN_MODE_EXPERT) == 0 && flow_trainable_numel(wq, TRAIN_MODE_VLM) == wq->numel - per_layer &&
+          flow_trainable_numel(&t.spec[FLOWP_vlm_norm], TRAIN_MODE_ALL) == 0 &&
+          flow_trainable_numel(&t.spec[FLOWP_vis_wq], TRAIN_MODE_VLM) == 0 &&
+          flow_trainable_numel(&t.spec[FLOWP_exp_wq], TRAIN_MODE_EXPERT) == t.spec[FLOWP_exp_wq].numel,
           "vlm_wq trains all but its last layer (%zu of %zu) in vlm and all; vlm_norm never; the vision tower in all only; "
           "the expert always", wq->numel - per_layer, wq->numel);
 }
@@ -226,14 +226,14 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
     debug_state_read(&st, path);
 
     // the config, hyperparameters and seed of the oracle's run
-    SmolVLAConfig c;
+    FlowConfig c;
     int32_t* values = (int32_t*)debug_get(&st, "config", 27);
     int f = 0;
-#define SMOL_FROM_RECORD_(field) c.field = values[f++];
-    SMOLVLA_CONFIG_FIELDS(SMOL_FROM_RECORD_)
-#undef SMOL_FROM_RECORD_
+#define FLOW_FROM_RECORD_(field) c.field = values[f++];
+    FLOW_CONFIG_FIELDS(FLOW_FROM_RECORD_)
+#undef FLOW_FROM_RECORD_
     free(values);
-    const char* problem = smolvla_config_problem(&c);
+    const char* problem = flow_config_problem(&c);
     check(problem == NULL && f == 27, "%s: config record (%d fields) %s", name, f, problem != NULL ? problem : "is valid");
     if (problem != NULL) { free(st.recs); free(st.file); return; }
     float* hp = (float*)debug_get(&st, "hparams", 6);
@@ -271,8 +271,8 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
     int idx_ok = 1;
     for (int i = 0; i < B; i++) { idx_ok &= idx[i] == (uint64_t)ref_idx[i]; }
     check(idx_ok, "%s: the sampler's %d samples of step 0 are the oracle's", name, B);
-    SmolBatch batch;
-    smolvla_batch_alloc(&batch, &c, &ds.cams, B);
+    Batch batch;
+    batch_alloc(&batch, &c, &ds.cams, B);
     batch_fill(&batch, &ds, &c, idx, seed, 0, 0, 0);
     int frames_ok = 1;
     for (int k = 0; k < c.n_cam; k++) {
@@ -306,12 +306,12 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
     }
 
     // init from the seed: the same draws, rounded to float32 the same way: exact
-    SmolVLA m;
-    smolvla_build(&m, &c, mode);
-    smolvla_param_init(m.params_memory, &m.table, &c, seed);
+    FlowVLA m;
+    flow_build(&m, &c, mode);
+    flow_param_init(m.params_memory, &m.table, &c, seed);
     int init_ok = 1;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &m.table.spec[i];
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        const FlowParamSpec* s = &m.table.spec[i];
         char key[96];
         snprintf(key, sizeof(key), "param/%s", s->name);
         float* ref = (float*)debug_get(&st, key, s->numel);
@@ -322,12 +322,12 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
         free(ref);
     }
     check(init_ok, "%s: init from seed %llu equals the oracle's, all %d tensors bit for bit", name,
-          (unsigned long long)seed, SMOLVLA_NUM_TENSORS);
+          (unsigned long long)seed, FLOW_NUM_TENSORS);
 
     // forward and backward: fp32 against float64, a few hundred dependent roundings of ~6e-8 each
     const double tol = 1e-5;
-    SmolInputs in = smolvla_inputs(&batch);
-    float loss = smolvla_loss(&m, &in);
+    ModelInputs in = model_inputs(&batch);
+    float loss = flow_loss_value(&m, &in);
     size_t n_out = (size_t)B * H * Am, n_pix = (size_t)c.n_cam * B * 3 * c.img * c.img;
     float* ref_pix = (float*)debug_get(&st, "expect/pixels", n_pix);
     double ep = rel_error(m.acts.pixels, ref_pix, n_pix);
@@ -339,17 +339,17 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
     check(ev <= tol, "%s: velocities rel err %.2e (tol %.0e)", name, ev, tol);
     check(el <= tol, "%s: loss %.7f vs %.7f rel err %.2e (tol %.0e)", name, loss, ref_loss[0], el, tol);
     free(ref_v); free(ref_loss);
-    smolvla_backward(&m, mode);
+    flow_backward(&m, mode);
     double worst = 0.0;
     const char* worst_name = "";
     int n_trained = 0, grads_ok = 1;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &m.table.spec[i];
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        const FlowParamSpec* s = &m.table.spec[i];
         char key[96];
         snprintf(key, sizeof(key), "grad/%s", s->name);
         const Record* r = debug_lookup(&st, key);
         const float* ours = m.grads_memory + s->offset;
-        if (smolvla_trainable_numel(s, mode) == 0) {
+        if (flow_trainable_numel(s, mode) == 0) {
             int zero = 1;
             for (size_t j = 0; j < s->numel; j++) { zero &= ours[j] == 0.0f; }
             if (r != NULL || !zero) {
@@ -362,7 +362,7 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
         double e = INFINITY;
         if (r != NULL && r->numel == s->numel) {
             float* ref = (float*)debug_get(&st, key, s->numel);
-            if (i == SMOLP_vis_bk) {
+            if (i == FLOWP_vis_bk) {
                 // zero by symmetry (softmax ignores a shift of a row's scores): both are rounding
                 // noise, each measured against the query bias's gradient instead of the other
                 float* ref_q = (float*)debug_get(&st, "grad/vis_bq", s->numel);
@@ -384,7 +384,7 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
         if (!(e <= worst)) { worst = e; worst_name = s->name; }
     }
     check(grads_ok, "%s: %d trainable gradients (%zu elements): worst rel err %.2e (%s) (tol %.0e); the frozen ones zero",
-          name, n_trained, smolvla_trainable_count(&m.table, mode), worst, worst_name, tol);
+          name, n_trained, flow_trainable_count(&m.table, mode), worst, worst_name, tol);
 
     // finite differences of the float64 loss at each tensor's largest gradient: independent of the
     // oracle's autograd. Central differences with h = 1e-5 are exact to ~1e-9 relative there; the
@@ -397,7 +397,7 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
     int fd_ok = n_fd > 0;
     for (int k = 0; k < n_fd; k++) {
         int i = fd_index[2 * k];
-        const SmolParamSpec* s = i >= 0 && i < SMOLVLA_NUM_TENSORS ? &m.table.spec[i] : NULL;
+        const FlowParamSpec* s = i >= 0 && i < FLOW_NUM_TENSORS ? &m.table.spec[i] : NULL;
         double e = INFINITY;
         if (s != NULL && fd_index[2 * k + 1] >= 0 && (size_t)fd_index[2 * k + 1] < s->numel) {
             float g = m.grads_memory[s->offset + (size_t)fd_index[2 * k + 1]];
@@ -413,14 +413,14 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
     // sampling: 10 Euler steps from the batch's eps, then un-normalized
     float* chunk = (float*)mallocCheck(n_out * sizeof(float));
     float* actions = (float*)mallocCheck((size_t)B * H * A * sizeof(float));
-    smolvla_sample(&m, &in, batch.eps, chunk);
+    flow_sample(&m, &in, batch.eps, chunk);
     for (size_t r = 0; r < (size_t)B * H; r++) {
         for (int d = 0; d < A; d++) { actions[r * A + d] = chunk[r * Am + d] * ds.action_std[d] + ds.action_mean[d]; }
     }
     float* ref_sample = (float*)debug_get(&st, "expect/sample", n_out);
     float* ref_actions = (float*)debug_get(&st, "expect/sample_actions", (size_t)B * H * A);
     double es = rel_error(chunk, ref_sample, n_out), ea = rel_error(actions, ref_actions, (size_t)B * H * A);
-    check(es <= tol, "%s: sampled chunk (%d Euler steps) rel err %.2e (tol %.0e)", name, SMOLVLA_NUM_STEPS, es, tol);
+    check(es <= tol, "%s: sampled chunk (%d Euler steps) rel err %.2e (tol %.0e)", name, FLOW_NUM_STEPS, es, tol);
     check(ea <= tol, "%s: sampled actions un-normalized rel err %.2e (tol %.0e)", name, ea, tol);
     free(chunk); free(actions); free(ref_sample); free(ref_actions);
 
@@ -432,12 +432,12 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
     double els = rel_error(losses, ref_losses, 10), ens = rel_error(norms, ref_norms, 10);
     check(els <= tol, "%s: 10 AdamW steps' losses %.6f .. %.6f rel err %.2e (tol %.0e)", name, losses[0], losses[9], els, tol);
     check(ens <= tol, "%s: their gradient norms %.6f .. %.6f rel err %.2e (tol %.0e)", name, norms[0], norms[9], ens, tol);
-    check(m.opt.total == smolvla_trainable_count(&m.table, mode), "%s: AdamW's moments cover the %zu trainable elements "
+    check(m.opt.total == flow_trainable_count(&m.table, mode), "%s: AdamW's moments cover the %zu trainable elements "
           "only (of %zu)", name, m.opt.total, m.table.total);
     int frozen_still = 1;  // the frozen part of every tensor (past its trainable prefix) never moved
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &m.table.spec[i];
-        size_t first = smolvla_trainable_numel(s, mode);
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        const FlowParamSpec* s = &m.table.spec[i];
+        size_t first = flow_trainable_numel(s, mode);
         char key[96];
         snprintf(key, sizeof(key), "param/%s", s->name);
         float* init = (float*)debug_get(&st, key, s->numel);
@@ -449,8 +449,8 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
     free(ref_losses); free(ref_norms);
     printf("        (%s: %.0f ms)\n", name, 1000.0 * (wall_seconds() - t0));
 
-    smolvla_free(&m);
-    smolvla_batch_free(&batch);
+    flow_free(&m);
+    batch_free(&batch);
     sampler_free(&sampler);
     dataset_close(&ds);
     free(ref_idx);
@@ -479,23 +479,23 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
     // fp32 against LeRobot's fp32: two roundings of the same few hundred dependent operations in
     // different orders (~1e-7 each); 1e-5 relative bounds their accumulated difference with margin
     const double tol = 1e-5;
-    SmolVLAConfig c;
+    FlowConfig c;
     snprintf(path, sizeof(path), "%s/%s/c_config.txt", ref_dir, name);
-    int rc = smolvla_config_read(path, &c, err, sizeof(err));
+    int rc = flow_config_read(path, &c, err, sizeof(err));
     check(rc == 0, "%s: config from %s%s%s", name, path, rc ? ": " : "", rc ? err : "");
     if (rc != 0) { return; }
-    SmolVLA m;
-    smolvla_build(&m, &c, mode);
+    FlowVLA m;
+    flow_build(&m, &c, mode);
     SafeTensors weights, ref;
     snprintf(path, sizeof(path), "%s/%s/policy/model.safetensors", ref_dir, name);
-    rc = safetensors_open(&weights, path, err, sizeof(err)) || smolvla_load_safetensors(&weights, &c, &m.table, m.params_memory,
+    rc = safetensors_open(&weights, path, err, sizeof(err)) || flow_load_safetensors(&weights, &c, &m.table, m.params_memory,
                                                                                          err, sizeof(err));
     check(rc == 0, "%s: LeRobot's weights load by name from %s%s%s", name, path, rc ? ": " : "", rc ? err : "");
     safetensors_close(&weights);
     snprintf(path, sizeof(path), "%s/%s/ref.safetensors", ref_dir, name);
     int rc_ref = safetensors_open(&ref, path, err, sizeof(err));
     check(rc_ref == 0, "%s: reference batch %s%s%s", name, path, rc_ref ? ": " : "", rc_ref ? err : "");
-    if (rc != 0 || rc_ref != 0) { smolvla_free(&m); return; }
+    if (rc != 0 || rc_ref != 0) { flow_free(&m); return; }
 
     // parameter counts: LeRobot's include the lm_heads (SmolVLA's vocab x C; pi0's also vocab x Ce),
     // which the table leaves out (they feed nothing). Trainable: SmolVLA's LeRobot freezes what gets
@@ -509,7 +509,7 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
         graded = 0;
         for (int i = 0; i < ref.n; i++) { graded += strncmp(ref.tensors[i].name, "grad.", 5) == 0 ? (long long)ref.tensors[i].numel : 0; }
     }
-    size_t ours = smolvla_trainable_count(&m.table, mode);
+    size_t ours = flow_trainable_count(&m.table, mode);
     check(total > 0 && lm_heads > 0 && m.table.total + (size_t)lm_heads == (size_t)total,
           "%s: %zu parameters + lm_heads %lld = LeRobot's %lld", name, m.table.total, lm_heads, total);
     check(graded > 0 && ours == (size_t)graded, "%s: %zu trainable, LeRobot's %lld with a gradient (%lld requires_grad)",
@@ -520,7 +520,7 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
     int n_cams = json_strings(info, "camera_order", cams, VLA_MAX_CAM);
     int B = (int)json_int(info, "batch_size"), H = c.chunk, Am = c.max_action_dim;
     free(info);
-    SmolInputs in;
+    ModelInputs in;
     memset(&in, 0, sizeof(in));
     in.B = B;
     int have = n_cams == c.n_cam && B > 0;
@@ -557,7 +557,7 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
         in.action_is_pad = action_is_pad; in.t = t; in.noise = noise;
 
         // forward: prepared images, velocities, loss
-        float loss = smolvla_loss(&m, &in);
+        float loss = flow_loss_value(&m, &in);
         size_t per_cam = (size_t)B * 3 * c.img * c.img;
         for (int k = 0; k < n_cams; k++) {
             char key[128];
@@ -575,24 +575,24 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
         // backward: every slice that trains in this mode against grad.<LeRobot name>, worst per tower;
         // frozen ones: LeRobot has no gradient, and ours is never written
         double t_bwd = wall_seconds();
-        smolvla_backward(&m, mode);
+        flow_backward(&m, mode);
         t_bwd = wall_seconds() - t_bwd;
         const char* tower_names[3] = {"vision", "vlm", "expert"};
         double worst[3] = {0, 0, 0};
         char worst_name[3][256] = {"", "", ""};
         int n_slices[3] = {0, 0, 0}, n_frozen = 0, frozen_ok = 1, n_ref_grads = 0;
         for (int i = 0; i < ref.n; i++) { n_ref_grads += strncmp(ref.tensors[i].name, "grad.", 5) == 0; }
-        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-            const SmolParamSpec* s = &m.table.spec[i];
-            size_t n = smolvla_slices(s), per = smolvla_slice_numel(s);
+        for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+            const FlowParamSpec* s = &m.table.spec[i];
+            size_t n = flow_slices(s), per = flow_slice_numel(s);
             for (size_t k = 0; k < n; k++) {
                 char lname[256], key[300];
                 if (s->slices == SLICES_NONE) { snprintf(lname, sizeof(lname), "%s", s->lerobot); }
-                else { snprintf(lname, sizeof(lname), s->lerobot, smolvla_slice_layer(&c, s, (int)k)); }
+                else { snprintf(lname, sizeof(lname), s->lerobot, flow_slice_layer(&c, s, (int)k)); }
                 snprintf(key, sizeof(key), "grad.%s", lname);
                 const float* ours_g = m.grads_memory + s->offset + k * per;
                 float* ref_g = ref_tensor(&ref, key, per);
-                if (smolvla_grad(&m, mode, i, (int)k) == NULL) {
+                if (flow_grad(&m, mode, i, (int)k) == NULL) {
                     int zero = 1;
                     for (size_t e = 0; e < per; e++) { zero &= ours_g[e] == 0.0f; }
                     if (ref_g != NULL || !zero) {
@@ -645,10 +645,10 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
         // sampling: 10 Euler steps from sample_noise, the prefix computed once
         float* chunk = (float*)mallocCheck((size_t)B * H * Am * sizeof(float));
         double t_smp = wall_seconds();
-        smolvla_sample(&m, &in, sample_noise, chunk);
+        flow_sample(&m, &in, sample_noise, chunk);
         t_smp = wall_seconds() - t_smp;
         double ec = rel_error(chunk, ref_chunk, (size_t)B * H * Am);
-        check(ec <= tol, "%s: chunk_norm (%d Euler steps) rel err %.2e (tol %.0e)", name, SMOLVLA_NUM_STEPS, ec, tol);
+        check(ec <= tol, "%s: chunk_norm (%d Euler steps) rel err %.2e (tol %.0e)", name, FLOW_NUM_STEPS, ec, tol);
         free(chunk);
         printf("        (%s: %.0f ms in all, backward %.1f ms, sampling %.1f ms)\n", name, 1000.0 * (wall_seconds() - t0),
                1000.0 * t_bwd, 1000.0 * t_smp);
@@ -657,10 +657,10 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
     free(tokens); free(token_mask); free(state); free(actions); free(action_is_pad); free(t); free(noise);
     free(sample_noise); free(ref_v); free(ref_loss); free(ref_chunk);
     safetensors_close(&ref);
-    smolvla_free(&m);
+    flow_free(&m);
 }
 
-// SmolVLA's references (dev/lerobot/make_ref.py) or pi0's (make_ref_pi0.py): the same checks
+// SmolVLA's references (dev/lerobot/make_ref.py) or pi0's (its --family pi0): the same checks
 static void test_smolvla_lerobot(const char* family, const char* ref_dir) {
     double t0 = wall_seconds();
     for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) { test_smolvla_case(family, ref_dir, mode); }
@@ -713,18 +713,18 @@ static void test_decay_on(const char* dir) {
     snprintf(path, sizeof(path), "%s/a_pi0_decay_all.bin", dir);
     DebugState st;
     debug_state_read(&st, path);
-    SmolParamTable t;
-    smolvla_table_build(&ck[1].config, &t);
+    FlowParamTable t;
+    flow_table_build(&ck[1].config, &t);
     float* ref = (float*)mallocCheck(t.total * sizeof(float));
     float* init = (float*)mallocCheck(t.total * sizeof(float));
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
         char key[96];
         snprintf(key, sizeof(key), "param/%s", t.spec[i].name);
         float* p = (float*)debug_get(&st, key, t.spec[i].numel);
         memcpy(ref + t.spec[i].offset, p, t.spec[i].numel * sizeof(float));
         free(p);
     }
-    smolvla_param_init(init, &t, &ck[1].config, ck[1].seed);
+    flow_param_init(init, &t, &ck[1].config, ck[1].seed);
     int mode = TRAIN_MODE_ALL;
     // fp32 against float64 over 5 steps: the losses as in the training loop's check, 1e-5; the
     // updates within 1e-4 (AdamW's m / sqrt(v) divides out the gradient's scale, so elements
@@ -752,11 +752,11 @@ static void test_decay_on(const char* dir) {
 
 // Three optimizer steps of train_vla_cpu's loop on `ds` with `args` (from train_args_defaults and
 // train_args_for_world): the losses into losses[3], the final parameters into a new array
-static float* train_three_steps(Dataset* ds, const SmolVLAConfig* c, const TrainArgs* args, float* losses) {
-    SmolVLA m;
-    smolvla_build(&m, c, args->train_mode);
-    smolvla_param_init(m.params_memory, &m.table, c, args->seed);
-    smolvla_opt_init(&m, args->train_mode);
+static float* train_three_steps(Dataset* ds, const FlowConfig* c, const TrainArgs* args, float* losses) {
+    FlowVLA m;
+    flow_build(&m, c, args->train_mode);
+    flow_param_init(m.params_memory, &m.table, c, args->seed);
+    flow_opt_init(&m, args->train_mode);
     Loader loader;
     loader_start(&loader, ds, c, args->seed, 0, 0, args->batch, args->ranks * args->accum, 0, 2, 3);
     float* grad_sum = (float*)mallocCheck(m.opt.total * sizeof(float));
@@ -768,7 +768,7 @@ static float* train_three_steps(Dataset* ds, const SmolVLAConfig* c, const Train
     float* params = (float*)mallocCheck(m.table.total * sizeof(float));
     memcpy(params, m.params_memory, m.table.total * sizeof(float));
     free(grad_sum);
-    smolvla_free(&m);
+    flow_free(&m);
     return params;
 }
 
@@ -778,13 +778,13 @@ static void test_simulated_ranks(const char* dir, const char* preset) {
     snprintf(path, sizeof(path), "%s/s.bin", dir);
     Dataset ds;
     dataset_open(&ds, path);
-    SmolVLAConfig c = config_for_data(preset, 0, &ds);
+    FlowConfig c = config_for_data(preset, 0, &ds);
     // the micro-batches of -g 4 -b 2 must differ in their valid entries somewhere, or a loss that
     // averaged the ranks' means would pass too
     Sampler s;
     sampler_init(&s, ds.n_samples, 1337);
-    SmolBatch b;
-    smolvla_batch_alloc(&b, &c, &ds.cams, 2);
+    Batch b;
+    batch_alloc(&b, &c, &ds.cams, 2);
     int uneven = 0;
     for (int step = 0; step < 3; step++) {
         int first = -1;
@@ -798,7 +798,7 @@ static void test_simulated_ranks(const char* dir, const char* preset) {
             uneven += valid != first;
         }
     }
-    smolvla_batch_free(&b);
+    batch_free(&b);
     sampler_free(&s);
     check(uneven > 0, "s.bin's micro-batches of -g 4 -b 2 differ in their valid chunk slots (%d of 12 differ from their "
           "step's first)", uneven);
@@ -814,8 +814,8 @@ static void test_simulated_ranks(const char* dir, const char* preset) {
         train_args_for_world(&args, args.ranks);
         final_params[run] = train_three_steps(&ds, &c, &args, losses[run]);
     }
-    SmolParamTable t;
-    smolvla_table_build(&c, &t);
+    FlowParamTable t;
+    flow_table_build(&c, &t);
     const char* names[RUNS] = {"", "-g 4 -b 2", "-g 2 -b 2 -d 8"};
     for (int run = 1; run < RUNS; run++) {
         // the same sums in other orders (per micro-batch, then across them): fp32 rounding, 1e-5
@@ -839,17 +839,17 @@ static void test_zero(const char* dir, const char* preset) {
     snprintf(path, sizeof(path), "%s/b.bin", dir);
     Dataset ds;
     dataset_open(&ds, path);
-    SmolVLAConfig c = config_for_data(preset, 0, &ds);
-    SmolParamTable t;
-    smolvla_table_build(&c, &t);
-    SmolOptDomain d;
-    smolvla_opt_domain(&t, TRAIN_MODE_VLM, &d);
+    FlowConfig c = config_for_data(preset, 0, &ds);
+    FlowParamTable t;
+    flow_table_build(&c, &t);
+    FlowOptDomain d;
+    flow_opt_domain(&t, TRAIN_MODE_VLM, &d);
     const int W = 3;
     size_t S = zero_shard_size(d.total, W, 1);
     unsigned char* seen = (unsigned char*)callocCheck(d.total, 1);
     int split = 0;
     for (int r = 0; r < W; r++) {
-        for (int k = 0; k < SMOLVLA_NUM_TENSORS; k++) {
+        for (int k = 0; k < FLOW_NUM_TENSORS; k++) {
             size_t first, n = zero_part(d.offset[k], d.numel[k], (size_t)r * S, (size_t)(r + 1) * S, &first);
             for (size_t e = 0; e < n; e++) { seen[d.offset[k] + first + e]++; }
             split += n > 0 && n < d.numel[k];
@@ -876,10 +876,10 @@ static void test_zero(const char* dir, const char* preset) {
           "3 steps rel err %.2e (tol 1e-6)%s", ep, memcmp(params[0], params[1], t.total * sizeof(float)) == 0 ?
           ", identical" : "");
     float* init = (float*)mallocCheck(t.total * sizeof(float));
-    smolvla_param_init(init, &t, &c, 1337);
+    flow_param_init(init, &t, &c, 1337);
     int frozen_still = 1, trained_moved = 1;
-    for (int k = 0; k < SMOLVLA_NUM_TENSORS; k++) {
-        const SmolParamSpec* s = &t.spec[k];
+    for (int k = 0; k < FLOW_NUM_TENSORS; k++) {
+        const FlowParamSpec* s = &t.spec[k];
         size_t n = d.numel[k];
         frozen_still &= memcmp(params[1] + s->offset + n, init + s->offset + n, (s->numel - n) * sizeof(float)) == 0;
         if (n > 0) { trained_moved &= memcmp(params[1] + s->offset, init + s->offset, n * sizeof(float)) != 0; }
@@ -1253,7 +1253,7 @@ static void test_bootstrap(const char* dir) {
     snprintf(err_path, sizeof(err_path), "%s/boot_node0_stderr.txt", dir);
     Dataset ds;
     dataset_open(&ds, path);
-    SmolVLAConfig c = config_for_data("tiny", 0, &ds);
+    FlowConfig c = config_for_data("tiny", 0, &ds);
     TrainArgs args;
     train_args_defaults(&args);
     args.ranks = 2;
@@ -1427,7 +1427,7 @@ static void test_bootstrap(const char* dir) {
     changed = args;
     changed.train_mode = TRAIN_MODE_EXPERT;
     BootIdentity c_id = boot_identity(&changed, &c, 1, 2, 0, ds.n_samples);
-    SmolVLAConfig longer = c;
+    FlowConfig longer = c;
     longer.max_text = c.max_text + 1;
     BootIdentity d_id = boot_identity(&args, &longer, 1, 2, 0, ds.n_samples);
     char diff_a[192], diff_b[192], diff_c[192], diff_d[192];
@@ -1519,7 +1519,7 @@ static void test_sampler(void) {
 
 // ----------------------------------------------------------------------------
 // task-balanced sampling (--balance tasks) on the 1:10 imbalanced dataset of write_imbalanced
-// (dev/test_util.h)
+// (tests/util/test_util.h)
 
 static int read_checkpoint_file(const char* path, Checkpoint* ck);
 
@@ -1705,13 +1705,13 @@ static void test_loader(const char* dir) {
     snprintf(path, sizeof(path), "%s/s.bin", dir);
     Dataset ds;
     dataset_open(&ds, path);
-    SmolVLAConfig c = config_for_data("tiny", 0, &ds);
+    FlowConfig c = config_for_data("tiny", 0, &ds);
     const int B = 3, W = 2, steps = 12;  // 72 samples: more than an epoch of the fixture
     const uint64_t seed = 5, first_pos = 17, first_step = 40;
     Sampler s;
     sampler_init(&s, ds.n_samples, seed);
-    SmolBatch ref;
-    smolvla_batch_alloc(&ref, &c, &ds.cams, B);
+    Batch ref;
+    batch_alloc(&ref, &c, &ds.cams, B);
     int threads_list[3] = {0, 1, 3}, all_same = 1;
     for (int k = 0; k < 3; k++) {
         Loader L;
@@ -1721,7 +1721,7 @@ static void test_loader(const char* dir) {
                 uint64_t idx[B];
                 batch_fill_indices(idx, &s, first_pos, first_step, first_step + step, B, W, r);
                 batch_fill(&ref, &ds, &c, idx, seed, first_step + step, r, 2);
-                SmolBatch* got = loader_next(&L);
+                Batch* got = loader_next(&L);
                 all_same &= batches_equal(got, &ref, &c);
                 loader_release(&L);
             }
@@ -1740,7 +1740,7 @@ static void test_loader(const char* dir) {
             uint64_t idx[B];
             batch_fill_indices(idx, &s, first_pos, first_step, first_step + step, B, W, r);
             batch_fill(&ref, &ds, &c, idx, seed, first_step + step, r, 2);
-            SmolBatch* got = loader_next(&L);
+            Batch* got = loader_next(&L);
             rank_same &= batches_equal(got, &ref, &c);
             loader_release(&L);
         }
@@ -1751,9 +1751,9 @@ static void test_loader(const char* dir) {
     // the batch: what dataset_assemble reads, checked here against the shard directly
     uint64_t idx[B];
     batch_fill_indices(idx, &s, 0, 0, 0, B, 1, 0);
-    SmolBatch plain, shifted, again;
-    smolvla_batch_alloc(&plain, &c, &ds.cams, B); smolvla_batch_alloc(&shifted, &c, &ds.cams, B);
-    smolvla_batch_alloc(&again, &c, &ds.cams, B);
+    Batch plain, shifted, again;
+    batch_alloc(&plain, &c, &ds.cams, B); batch_alloc(&shifted, &c, &ds.cams, B);
+    batch_alloc(&again, &c, &ds.cams, B);
     batch_fill(&plain, &ds, &c, idx, seed, 3, 0, 0);
     const Shard* sh = &ds.shards[0];
     int S = c.state_dim, A = c.action_dim, Smax = c.max_state_dim, Amax = c.max_action_dim, H = c.chunk, layout_ok = 1;
@@ -1779,7 +1779,7 @@ static void test_loader(const char* dir) {
         layout_ok &= t == plain.t[i] && memcmp(eps, plain.eps + (size_t)i * H * Amax, (size_t)H * Amax * 4) == 0;
         free(eps);
     }
-    check(layout_ok, "a SmolBatch holds the normalized state zero-padded to %d, the chunk padded to %d dims with its last "
+    check(layout_ok, "a Batch holds the normalized state zero-padded to %d, the chunk padded to %d dims with its last "
           "action repeated and marked past the episode's end, and the flow noise of each sample's global index", Smax, Amax);
 
     // augmentation: off is the identity; on is a shift of every camera by at most k pixels
@@ -1796,10 +1796,10 @@ static void test_loader(const char* dir) {
     batch_fill(&again, &ds, &c, idx, seed, 4, 0, 2);
     int other = 0;
     for (int i = 0; i < B; i++) {
-        other |= memcmp(smolvla_batch_image(&again, 0, i), smolvla_batch_image(&plain, 0, i), ds.cams.height[0] * ds.cams.width[0] * 3);
+        other |= memcmp(batch_image(&again, 0, i), batch_image(&plain, 0, i), ds.cams.height[0] * ds.cams.width[0] * 3);
     }
     check(other != 0, "another step draws other shifts");
-    smolvla_batch_free(&plain); smolvla_batch_free(&shifted); smolvla_batch_free(&again); smolvla_batch_free(&ref);
+    batch_free(&plain); batch_free(&shifted); batch_free(&again); batch_free(&ref);
     sampler_free(&s);
     dataset_close(&ds);
 }
@@ -1837,7 +1837,7 @@ static void test_weights_only(const char* dir) {
           "as the run from seed 21 itself: step 0, fresh moments, the same checkpoint at step 3 byte for byte (exit %d)", rc);
     snprintf(p1, sizeof(p1), "%s/wo_init.txt", dir);
     char* text = read_text(p1);
-    check(text != NULL && strstr(text, "| start                  | weights    |") != NULL &&
+    check(text != NULL && strstr(text, "| start                  | weights  ") != NULL &&
           strstr(text, "fine-tuning the weights of") != NULL, "the config table says the run starts from the checkpoint's weights");
     free(text);
 
@@ -1854,23 +1854,23 @@ static void test_weights_only(const char* dir) {
     snprintf(p1, sizeof(p1), "%s/wo_zero/ckpt_00000001.bin", dir);
     snprintf(p2, sizeof(p2), "%s/wo_b/ckpt_00000003.bin", dir);
     if (rc == 0 && read_checkpoint_file(p1, &from) && read_checkpoint_file(p2, &tuned)) {
-        const SmolVLAConfig* c = &tuned.config;
-        SmolVLAConfig sizes = from.config;
+        const FlowConfig* c = &tuned.config;
+        FlowConfig sizes = from.config;
         sizes.n_cam = c->n_cam; sizes.state_dim = c->state_dim; sizes.action_dim = c->action_dim;
         int S = c->state_dim, A = c->action_dim;
         int stats_ok = memcmp(tuned.stats, ds.state_mean, S * 4) == 0 && memcmp(tuned.stats + S, ds.state_std, S * 4) == 0 &&
                        memcmp(tuned.stats + 2 * S, ds.action_mean, A * 4) == 0 &&
                        memcmp(tuned.stats + 2 * S + A, ds.action_std, A * 4) == 0;
-        check(smolvla_config_diff(&sizes, c) == NULL && c->n_cam == 2 && S == 3 && A == 2 && tuned.step == 3 &&
+        check(flow_config_diff(&sizes, c) == NULL && c->n_cam == 2 && S == 3 && A == 2 && tuned.step == 3 &&
               tuned.seed == 5 && tuned.train_mode == TRAIN_MODE_EXPERT && stats_ok,
               "a tiny checkpoint of 1 camera and 4/4 dims fine-tunes on 2 cameras and 3/2 dims: its sizes, the data's dims "
               "and statistics, step 3, this run's seed and --train expert in the header");
-        SmolParamTable t;
-        smolvla_table_build(c, &t);
+        FlowParamTable t;
+        flow_table_build(c, &t);
         int frozen_same = 1, trained_moved = 1;
-        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-            const SmolParamSpec* s = &t.spec[i];
-            size_t n = smolvla_trainable_numel(s, TRAIN_MODE_EXPERT);
+        for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+            const FlowParamSpec* s = &t.spec[i];
+            size_t n = flow_trainable_numel(s, TRAIN_MODE_EXPERT);
             frozen_same &= memcmp(tuned.params + s->offset + n, from.params + s->offset + n, (s->numel - n) * 4) == 0;
             if (n > 0) { trained_moved &= memcmp(tuned.params + s->offset, from.params + s->offset, n * 4) != 0; }
         }
@@ -1906,13 +1906,13 @@ static void test_checkpoints(const char* dir) {
     snprintf(p1, sizeof(p1), "%s/a.bin", dir);
     Dataset ds;
     dataset_open(&ds, p1);
-    SmolVLAConfig c = config_for_data("tiny", 0, &ds);
+    FlowConfig c = config_for_data("tiny", 0, &ds);
     // in-process round trip, in the vlm mode (its moments a packed subset of the weights)
     {
-        SmolVLA m;
-        smolvla_build(&m, &c, TRAIN_MODE_VLM);
-        smolvla_param_init(m.params_memory, &m.table, &c, 7);
-        smolvla_opt_init(&m, TRAIN_MODE_VLM);
+        FlowVLA m;
+        flow_build(&m, &c, TRAIN_MODE_VLM);
+        flow_param_init(m.params_memory, &m.table, &c, 7);
+        flow_opt_init(&m, TRAIN_MODE_VLM);
         for (size_t i = 0; i < m.opt.total; i++) { m.m_memory[i] = 0.5f * m.params_memory[i]; m.v_memory[i] = (float)i; }
         TrainArgs args;
         train_args_defaults(&args);
@@ -1920,18 +1920,18 @@ static void test_checkpoints(const char* dir) {
         snprintf(cmd, sizeof(cmd), "rm -rf %s", p2);
         run_command(cmd);
         args.output = p2; args.seed = 7; args.keep = 6; args.train_mode = TRAIN_MODE_VLM;
-        for (int step = 1; step <= 6; step++) { smolvla_save(&m, &ds, &args, step, 1000 + step); }
+        for (int step = 1; step <= 6; step++) { flow_save(&m, &ds, &args, step, 1000 + step); }
         uint64_t newest[1];
         check(checkpoint_list(p2, newest, 1) == 1 && newest[0] == 6, "asked for one, the checkpoint list gives the newest");
         run_command(cmd);  // empty the folder again
         args.keep = 2;
-        for (int step = 1; step <= 3; step++) { smolvla_save(&m, &ds, &args, step, 1000 + step); }
-        SmolVLA m2;
-        smolvla_build(&m2, &c, TRAIN_MODE_VLM);
+        for (int step = 1; step <= 3; step++) { flow_save(&m, &ds, &args, step, 1000 + step); }
+        FlowVLA m2;
+        flow_build(&m2, &c, TRAIN_MODE_VLM);
         int step;
         uint64_t seed, pos;
         checkpoint_path(path, sizeof(path), p2, 3);
-        smolvla_load(&m2, path, &args, &ds, &step, &seed, &pos);
+        flow_load(&m2, path, &args, &ds, &step, &seed, &pos);
         check(step == 3 && seed == 7 && pos == 1003 && m2.opt.mode == TRAIN_MODE_VLM && m2.opt.total == m.opt.total &&
               memcmp(m.params_memory, m2.params_memory, m.table.total * 4) == 0 &&
               memcmp(m.m_memory, m2.m_memory, m.opt.total * 4) == 0 && memcmp(m.v_memory, m2.v_memory, m.opt.total * 4) == 0,
@@ -1945,13 +1945,13 @@ static void test_checkpoints(const char* dir) {
         run_command(cmd);
         n = checkpoint_list(p2, steps, 8);
         check(n == 2 && steps[0] == 3, "a truncated newest checkpoint is skipped when picking one to resume");
-        smolvla_free(&m); smolvla_free(&m2);
+        flow_free(&m); flow_free(&m2);
     }
     // through the binary, per train mode: the file holds every weight and the moments of the
     // trainable elements only (counts from the closed form, the size from the layout); its weights
     // and packed moments are those of the same 2 steps taken here in-process; frozen ones are
     // their init bit for bit
-    size_t total = smolvla_closed_form(&c, TRAIN_MODE_COUNT);
+    size_t total = flow_closed_form(&c, TRAIN_MODE_COUNT);
     for (int mode = 0; mode < TRAIN_MODE_COUNT; mode++) {
         const char* name = TRAIN_MODE_NAMES[mode];
         snprintf(p2, sizeof(p2), "%s/ck_%s", dir, name);
@@ -1962,7 +1962,7 @@ static void test_checkpoints(const char* dir) {
         Checkpoint ck;
         int read = rc == 0 && read_checkpoint_file(path, &ck);
         struct stat st;
-        size_t trainable = smolvla_closed_form(&c, mode);
+        size_t trainable = flow_closed_form(&c, mode);
         uint64_t size = CKPT_HEADER_BYTES + 2 * 4 * (uint64_t)(c.state_dim + c.action_dim) + 4 * total + 2 * 4 * trainable;
         check(read && ck.train_mode == mode && ck.n_params == total && ck.n_trainable == trainable &&
               stat(path, &st) == 0 && (uint64_t)st.st_size == size && strcmp(ck.tokenizer, "bytes") == 0,
@@ -1973,12 +1973,12 @@ static void test_checkpoints(const char* dir) {
         train_args_defaults(&args);
         args.batch = 2; args.steps = 2; args.train_mode = mode;
         train_args_for_world(&args, 1);
-        SmolVLA m;
-        smolvla_build(&m, &c, mode);
-        smolvla_param_init(m.params_memory, &m.table, &c, args.seed);
+        FlowVLA m;
+        flow_build(&m, &c, mode);
+        flow_param_init(m.params_memory, &m.table, &c, args.seed);
         float* init = (float*)mallocCheck(m.table.total * sizeof(float));
         memcpy(init, m.params_memory, m.table.total * sizeof(float));
-        smolvla_opt_init(&m, mode);
+        flow_opt_init(&m, mode);
         Loader loader;
         loader_start(&loader, &ds, &c, args.seed, 0, 0, args.batch, 1, 0, 0, 1);
         float* grad_sum = (float*)mallocCheck(m.opt.total * sizeof(float));
@@ -1991,8 +1991,8 @@ static void test_checkpoints(const char* dir) {
               memcmp(ck.v, m.v_memory, trainable * 4) == 0 && ck.step == 2 && ck.sampler_pos == 4,
               "--train %s: its weights and packed moments are those of the same 2 steps in-process, bit for bit", name);
         int frozen_still = 1, moved = 1, v_positive = 1;
-        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-            const SmolParamSpec* s = &m.table.spec[i];
+        for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+            const FlowParamSpec* s = &m.table.spec[i];
             size_t n = m.opt.numel[i];
             frozen_still &= memcmp(ck.params + s->offset + n, init + s->offset + n, (s->numel - n) * 4) == 0;
             if (n > 0) { moved &= memcmp(ck.params + s->offset, init + s->offset, n * 4) != 0; }
@@ -2001,7 +2001,7 @@ static void test_checkpoints(const char* dir) {
         check(frozen_still && moved && v_positive, "--train %s: the %zu frozen elements are their init bit for bit, every "
               "trainable tensor moved, second moments >= 0", name, total - trainable);
         free(grad_sum); free(init);
-        smolvla_free(&m);
+        flow_free(&m);
         checkpoint_free(&ck);
     }
     // bit-exact resume, in the default mode and in the expert mode over 2 simulated ranks with ZeRO-1
@@ -2242,10 +2242,10 @@ static void test_checkpoint_integrity(const char* dir) {
 
     // non-finite weights (a checksum that matches: as a diverged run would have written them)
     read_checkpoint_file(path, &ck);
-    SmolParamTable t;
-    smolvla_table_build(&ck.config, &t);
+    FlowParamTable t;
+    flow_table_build(&ck.config, &t);
     int tensor = -1;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
         if (strcmp(t.spec[i].name, "exp_wq") == 0) { tensor = i; }
     }
     ck.params[t.spec[tensor].offset + 5] = NAN;
@@ -2296,22 +2296,22 @@ static void test_max_text(const char* dir) {
     int prefix = dataset_warn_text_collisions(&ds, 17);  // "slide the window " both: still one text
     check(cut == 1 && prefix == 1 && full == 0, "two instructions equal in their first 17 bytes collide at 16 and 17 "
           "bytes, not at 18 (%d, %d, %d)", cut, prefix, full);
-    SmolVLAConfig c = config_for_data("tiny", 18, &ds);
-    check(c.max_text == 18 && smolvla_preset("tiny")->config.max_text == 16, "--max-text 18 overrides the preset's 16");
+    FlowConfig c = config_for_data("tiny", 18, &ds);
+    check(c.max_text == 18 && flow_preset("tiny")->config.max_text == 16, "--max-text 18 overrides the preset's 16");
     // a batch row as LeRobot's tokenizer makes it (padding_side "right", its pad id): the ids, then
     // pad_token, mask 1 on the ids only; cut at max_text
     int pad_ok = 1;
     for (int max_text = 24; max_text >= 16; max_text -= 8) {
-        SmolVLAConfig pc = config_for_data("tiny", max_text, &ds);
+        FlowConfig pc = config_for_data("tiny", max_text, &ds);
         pc.pad_token = 7;
-        SmolBatch b;
-        smolvla_batch_alloc(&b, &pc, &ds.cams, 1);
+        Batch b;
+        batch_alloc(&b, &pc, &ds.cams, 1);
         dataset_assemble(&ds, &pc, 0, &b, 0);  // task 0, 21 bytes
         for (int k = 0; k < max_text; k++) {
             int valid = k < 21;
             pad_ok &= b.tokens[k] == (valid ? (int32_t)(uint8_t)tasks[0][k] : 7) && b.token_mask[k] == (valid ? 1.0f : 0.0f);
         }
-        smolvla_batch_free(&b);
+        batch_free(&b);
     }
     check(pad_ok, "a batch's text row: the instruction's ids cut to max_text (16, 24), right-padded with pad_token, "
           "mask 1 on the ids");
@@ -2498,8 +2498,8 @@ static void test_bad_input(const char* dir) {
 }
 
 
-// The defects that a file or a flag can provoke in the reader (dev/test_hardening.sh runs
-// the ones that need a full disk, a kill, a long path or a sanitizer).
+// The defects that a file or a flag can provoke in the reader (tests/runs/test_hardening.sh
+// runs the ones that need a full disk, a kill, a long path or a sanitizer).
 static void test_untrusted_files(const char* dir) {
     printf("\n== untrusted files\n");
     char src[1024], bad[1024], args[3000], ck[1024];
@@ -2629,47 +2629,47 @@ static void test_untrusted_files(const char* dir) {
           "a path of 5000 bytes is quoted as %zu bytes", strlen(shown));
 
     // configs: every field bounded, sizes computed in checked 64-bit arithmetic
-    SmolVLAConfig c = smolvla_preset("tiny")->config;
-    check(smolvla_config_problem(&c) == NULL, "the tiny preset is a valid config");
-    SmolVLAConfig big = c;
+    FlowConfig c = flow_preset("tiny")->config;
+    check(flow_config_problem(&c) == NULL, "the tiny preset is a valid config");
+    FlowConfig big = c;
     big.n_layer = VLA_MAX_LAYER; big.d_ff = VLA_MAX_WIDTH; big.d_model = VLA_MAX_WIDTH;  // vlm_gate alone: 2^42 elements
-    const char* problem = smolvla_config_problem(&big);
+    const char* problem = flow_config_problem(&big);
     check(problem != NULL && strstr(problem, "the parameter count is past the bound 2^36") != NULL,
           "every field within its bound, the count past 2^36 (%.3g elements in vlm_gate): %s",
           (double)big.n_layer * big.d_ff * big.d_model, problem ? problem : "(accepted)");
     static const struct { size_t offset; int32_t value; const char* needle; } cases[] = {
-        {offsetof(SmolVLAConfig, chunk), 5000, "chunk 5000 is past its bound 1024"},
-        {offsetof(SmolVLAConfig, max_text), 1 << 30, "max_text 1073741824 is past its bound"},
-        {offsetof(SmolVLAConfig, patch), 64, "patch 64 is past its bound 32"},
-        {offsetof(SmolVLAConfig, n_head), 70000, "n_head 70000 is past its bound"},
-        {offsetof(SmolVLAConfig, n_cam), 17, "n_cam 17 is past its bound 16"},
-        {offsetof(SmolVLAConfig, img), 1 << 20, "img 1048576 is past its bound"},
-        {offsetof(SmolVLAConfig, n_kv_head), 3, "n_head 4 is not a multiple of n_kv_head 3"},
-        {offsetof(SmolVLAConfig, scale_factor), 3, "scale_factor 3 divides"},
-        {offsetof(SmolVLAConfig, pad_token), 256, "pad_token 256 is past its bound 255"},
-        {offsetof(SmolVLAConfig, head_dim), 0, "head_dim must be positive"},
+        {offsetof(FlowConfig, chunk), 5000, "chunk 5000 is past its bound 1024"},
+        {offsetof(FlowConfig, max_text), 1 << 30, "max_text 1073741824 is past its bound"},
+        {offsetof(FlowConfig, patch), 64, "patch 64 is past its bound 32"},
+        {offsetof(FlowConfig, n_head), 70000, "n_head 70000 is past its bound"},
+        {offsetof(FlowConfig, n_cam), 17, "n_cam 17 is past its bound 16"},
+        {offsetof(FlowConfig, img), 1 << 20, "img 1048576 is past its bound"},
+        {offsetof(FlowConfig, n_kv_head), 3, "n_head 4 is not a multiple of n_kv_head 3"},
+        {offsetof(FlowConfig, scale_factor), 3, "scale_factor 3 divides"},
+        {offsetof(FlowConfig, pad_token), 256, "pad_token 256 is past its bound 255"},
+        {offsetof(FlowConfig, head_dim), 0, "head_dim must be positive"},
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
-        SmolVLAConfig b = c;
+        FlowConfig b = c;
         memcpy((char*)&b + cases[k].offset, &cases[k].value, 4);
-        problem = smolvla_config_problem(&b);
+        problem = flow_config_problem(&b);
         check(problem != NULL && strstr(problem, cases[k].needle) != NULL, "config field at byte %zu = %d: %s",
               cases[k].offset, cases[k].value, problem ? problem : "(accepted)");
     }
-    SmolVLAConfig many = c;
+    FlowConfig many = c;
     many.n_cam = 16; many.img = 1024; many.patch = 8;  // 16 x 4096 image tokens
-    problem = smolvla_config_problem(&many);
+    problem = flow_config_problem(&many);
     check(problem != NULL && strstr(problem, "tokens") != NULL, "too many tokens: %s", problem ? problem : "(accepted)");
 
     // checkpoints: fields that do not change the file's size, a step out of range
     snprintf(ck, sizeof(ck), "%s/bad_ckpt/ckpt_00000001.bin", dir);  // test_bad_input's run wrote it
     struct { long offset; uint64_t value; int bytes; const char* what; const char* needle; } fields[] = {
-        {offsetof(CheckpointHeader, config) + offsetof(SmolVLAConfig, chunk), 5000, 4, "chunk 5000", "chunk 5000 is past its bound"},
-        {offsetof(CheckpointHeader, config) + offsetof(SmolVLAConfig, max_text), 100000, 4, "max_text 100000",
+        {offsetof(CheckpointHeader, config) + offsetof(FlowConfig, chunk), 5000, 4, "chunk 5000", "chunk 5000 is past its bound"},
+        {offsetof(CheckpointHeader, config) + offsetof(FlowConfig, max_text), 100000, 4, "max_text 100000",
          "max_text 100000 is past its bound"},
-        {offsetof(CheckpointHeader, config) + offsetof(SmolVLAConfig, n_layer), 0x7fffffff, 4, "n_layer 2^31 - 1",
+        {offsetof(CheckpointHeader, config) + offsetof(FlowConfig, n_layer), 0x7fffffff, 4, "n_layer 2^31 - 1",
          "n_layer 2147483647 is past its bound"},
-        {offsetof(CheckpointHeader, config) + offsetof(SmolVLAConfig, d_model), 47, 4, "d_model 47 (another size)",
+        {offsetof(CheckpointHeader, config) + offsetof(FlowConfig, d_model), 47, 4, "d_model 47 (another size)",
          "its header implies"},
         {offsetof(CheckpointHeader, train_mode), 7, 4, "train mode 7", "holds train mode 7, not one of 0 (expert)"},
         {offsetof(CheckpointHeader, train_mode), TRAIN_MODE_EXPERT, 4, "another train mode's moment count",
@@ -2746,11 +2746,11 @@ static void test_shard_versions(const char* dir) {
     Dataset d1, d2;
     dataset_open(&d1, v1);
     dataset_open(&d2, v2);
-    SmolVLAConfig c = config_for_data("tiny", 0, &d2);
+    FlowConfig c = config_for_data("tiny", 0, &d2);
     const int B = 4, steps = 6;
-    SmolBatch b1, b2;
-    smolvla_batch_alloc(&b1, &c, &d1.cams, B);
-    smolvla_batch_alloc(&b2, &c, &d2.cams, B);
+    Batch b1, b2;
+    batch_alloc(&b1, &c, &d1.cams, B);
+    batch_alloc(&b2, &c, &d2.cams, B);
     Sampler s;
     sampler_init(&s, d2.n_samples, 9);
     int batches_same = 1;
@@ -2762,7 +2762,7 @@ static void test_shard_versions(const char* dir) {
         batches_same &= batches_equal(&b1, &b2, &c);
     }
     check(batches_same, "versions 1 and 2 of the same data give identical batches (%d steps of %d, shifted images)", steps, B);
-    smolvla_batch_free(&b1); smolvla_batch_free(&b2);
+    batch_free(&b1); batch_free(&b2);
     sampler_free(&s);
     dataset_close(&d1); dataset_close(&d2);
     // and identical training through the binary: the losses and the checkpoint
@@ -2828,10 +2828,10 @@ static void test_shard_versions(const char* dir) {
     // the loader and the image shifts lay the batch out by the same helper
     Dataset ds;
     dataset_open(&ds, path);
-    SmolVLAConfig any = config_for_data("tiny", 0, &ds);
-    SmolBatch plain, shifted;
-    smolvla_batch_alloc(&plain, &any, &ds.cams, FRAMES);
-    smolvla_batch_alloc(&shifted, &any, &ds.cams, FRAMES);
+    FlowConfig any = config_for_data("tiny", 0, &ds);
+    Batch plain, shifted;
+    batch_alloc(&plain, &any, &ds.cams, FRAMES);
+    batch_alloc(&shifted, &any, &ds.cams, FRAMES);
     uint64_t idx[FRAMES] = {0, 1, 2, 3, 4, 5};
     batch_fill(&plain, &ds, &any, idx, 3, 1, 0, 0);
     batch_fill(&shifted, &ds, &any, idx, 3, 1, 0, 2);
@@ -2841,7 +2841,7 @@ static void test_shard_versions(const char* dir) {
         all_shifted &= batch_cameras_shifted(&plain, &shifted, i, 2, &moved);
         for (int cam = 0; cam < 2; cam++) {
             size_t at = (size_t)i * frame + camera_offset(&cams, cam), bytes = (size_t)cams.height[cam] * cams.width[cam] * 3;
-            frames_ok &= memcmp(smolvla_batch_image(&plain, cam, i), images + at, bytes) == 0;
+            frames_ok &= memcmp(batch_image(&plain, cam, i), images + at, bytes) == 0;
         }
     }
     check(frames_ok && plain.tokens[0] == (int32_t)(uint8_t)tasks[1][0] &&
@@ -2849,7 +2849,7 @@ static void test_shard_versions(const char* dir) {
           plain.tokens[4 * any.max_text] == 'S' && plain.token_mask[5 * any.max_text - 1] == 1.0f && all_shifted && moved > 0,
           "its batches hold the frames as written, the tokens of each task, and --augment-shift 2 shifts each camera "
           "within its own size (%d of %d moved)", moved, FRAMES * 2);
-    smolvla_batch_free(&plain); smolvla_batch_free(&shifted);
+    batch_free(&plain); batch_free(&shifted);
     dataset_close(&ds);
     free(images);
     // SmolVLA resizes every camera with padding: cameras of their own sizes, square or not, train
@@ -2937,10 +2937,10 @@ static void test_policy(const char* dir) {
     snprintf(path, sizeof(path), "%s/s.bin", dir);  // two cameras of 24x32 and 20x20, S 3, A 2
     Dataset ds;
     dataset_open(&ds, path);
-    SmolVLAConfig c = config_for_data("tiny", 0, &ds);
-    SmolVLA m;
-    smolvla_build(&m, &c, TRAIN_MODE_ALL);
-    smolvla_param_init(m.params_memory, &m.table, &c, 21);
+    FlowConfig c = config_for_data("tiny", 0, &ds);
+    FlowVLA m;
+    flow_build(&m, &c, TRAIN_MODE_ALL);
+    flow_param_init(m.params_memory, &m.table, &c, 21);
     TrainArgs args;
     train_args_defaults(&args);
     char out[1100], cmd[2200];
@@ -2948,18 +2948,18 @@ static void test_policy(const char* dir) {
     snprintf(cmd, sizeof(cmd), "rm -rf %s", out);
     run_command(cmd);
     args.output = out; args.train_mode = TRAIN_MODE_EXPERT;
-    smolvla_save(&m, &ds, &args, 5, 40);
+    flow_save(&m, &ds, &args, 5, 40);
     checkpoint_path(path, sizeof(path), args.output, 5);
     VLAPolicy* p = vla_policy_load(path, 0, err, (int)sizeof(err));
     check(p != NULL, "vla_policy_load reads the checkpoint%s%s", p ? "" : ": ", p ? "" : err);
-    if (p == NULL) { smolvla_free(&m); dataset_close(&ds); return; }
-    int32_t config[SMOLVLA_CONFIG_STORED + 2];
+    if (p == NULL) { flow_free(&m); dataset_close(&ds); return; }
+    int32_t config[FLOW_CONFIG_STORED + 2];
     vla_policy_config(p, config);
     int i = 0, config_ok = 1;
-#define CONFIG_FIELD_(f) if (i < SMOLVLA_CONFIG_STORED) { config_ok &= config[i] == c.f; } i++;
-    SMOLVLA_CONFIG_FIELDS(CONFIG_FIELD_)
+#define CONFIG_FIELD_(f) if (i < FLOW_CONFIG_STORED) { config_ok &= config[i] == c.f; } i++;
+    FLOW_CONFIG_FIELDS(CONFIG_FIELD_)
 #undef CONFIG_FIELD_
-    config_ok &= config[SMOLVLA_CONFIG_STORED + 1] == c.family;
+    config_ok &= config[FLOW_CONFIG_STORED + 1] == c.family;
     check(config_ok && i == 27 && config[26] == TRAIN_MODE_EXPERT && strcmp(vla_policy_tokenizer(p), "bytes") == 0 &&
           strstr(vla_policy_device(p), "CPU") != NULL, "vla_policy_config: the config fields, train mode %d and family %d; "
           "tokenizer \"%s\"; device \"%s\"", config[26], config[27], vla_policy_tokenizer(p), vla_policy_device(p));
@@ -2969,8 +2969,8 @@ static void test_policy(const char* dir) {
     const Shard* sh = &ds.shards[0];
     uint64_t frames[B] = {0, 5, 11};
     int H = c.chunk, A = c.action_dim, Amax = c.max_action_dim, S = c.state_dim;
-    SmolBatch batch;
-    smolvla_batch_alloc(&batch, &c, &ds.cams, B);
+    Batch batch;
+    batch_alloc(&batch, &c, &ds.cams, B);
     uint8_t* images[2];
     char* texts[B];
     float state[B * 3];
@@ -2999,7 +2999,7 @@ static void test_policy(const char* dir) {
     size_t n_out = (size_t)B * H * A;
     float* ours = (float*)mallocCheck(n_out * sizeof(float));
     float* want = (float*)mallocCheck(n_out * sizeof(float));
-    smolvla_sample_actions(&m, &batch, ds.action_mean, ds.action_std, want);
+    flow_sample_actions(&m, &batch, ds.action_mean, ds.action_std, want);
     int rc = vla_policy_act(p, B, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, noise, 0, ours);
     // the state goes through (x - mean) / std on both sides and the same sampling: equal up to the
     // rounding of a normalization that reads float32 statistics from the checkpoint (the same values)
@@ -3085,8 +3085,8 @@ static void test_policy(const char* dir) {
     for (int k = 0; k < 2; k++) { free(images[k]); free(other[k]); }
     for (int b = 0; b < B; b++) { free(texts[b]); }
     free(noise); free(ours); free(want); free(again);
-    smolvla_batch_free(&batch);
-    smolvla_free(&m);
+    batch_free(&batch);
+    flow_free(&m);
     dataset_close(&ds);
 }
 

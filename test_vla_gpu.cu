@@ -28,7 +28,7 @@ stated where they are defined.
 #include "train_vla.cu"
 #include "vla/rng.h"
 #include "vla/safetensors.h"
-#include "dev/test_util.h"
+#include "tests/util/test_util.h"
 
 // Runs of the trainer binary against each other (the same model, data, noise and schedule; only
 // the order of summation differs, over ranks and micro-steps): fp32 rounding of sums in another
@@ -37,7 +37,7 @@ stated where they are defined.
 // bf16 a different last bit of a master weight can flip the rounding of its bf16 copy, which moves
 // the next loss by up to u = 3.9e-3 of that weight's share: 1e-3. Against the CPU trainer (fp32)
 // a bf16 build is a bf16 forward against an fp32 one: the forward's tolerance of the SmolVLA checks
-// below (SMOL_TOL_FWD; measured 1.5e-4), as against the float64 oracle (5 steps on shard data).
+// below (FLOW_TOL_FWD; measured 1.5e-4), as against the float64 oracle (5 steps on shard data).
 // In fp16 the same argument at its unit roundoff u = 2^-11 = 4.9e-4, 8x finer than bf16's: 1.25e-4.
 #if defined(ENABLE_FP32)
 static const double TOL_RUNS = 1e-4;
@@ -50,14 +50,14 @@ static const double TOL_RUNS = 1e-3;
 static const char* TRAINER = "./train_vla";
 
 // One optimizer step (0-based `step`) of one rank alone over micro-batches in[0 .. n_micro-1]: the
-// calls train_rank makes, without the uploads and NCCL. Nothing waits: smolvla_read_scalars does.
-static void smolvla_train_step(SmolVLA* m, const SmolInputs* in, int n_micro, int step, const TrainArgs* args) {
+// calls train_rank makes, without the uploads and NCCL. Nothing waits: flow_read_scalars does.
+static void flow_train_step(FlowVLA* m, const ModelInputs* in, int n_micro, int step, const TrainArgs* args) {
     for (int micro = 0; micro < n_micro; micro++) {
-        smolvla_forward(m, &in[micro], micro);
-        smolvla_backward(m, micro == 0);
+        flow_forward(m, &in[micro], micro);
+        flow_backward(m, micro == 0);
     }
-    smolvla_grads_finish(m, 0);
-    smolvla_update(m, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step);
+    flow_grads_finish(m, 0);
+    flow_update(m, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step);
 }
 
 // n bytes of host memory in a fresh device allocation (freed with cudaFree)
@@ -97,20 +97,20 @@ static void* upload(const void* host, size_t bytes) {
 //   the gradients are scaled and unscaled by powers of two (loss_scale_begin_kernel), and the
 //   scale keeps them inside fp16's range, where its rounding is relative (no subnormals).
 #if defined(ENABLE_FP32)
-static const double SMOL_TOL_IMAGES = 1e-4, SMOL_TOL_FWD = 1e-4, SMOL_TOL_GRAD = 1e-4, SMOL_TOL_ZERO = 1e-4;
+static const double FLOW_TOL_IMAGES = 1e-4, FLOW_TOL_FWD = 1e-4, FLOW_TOL_GRAD = 1e-4, FLOW_TOL_ZERO = 1e-4;
 #elif defined(ENABLE_FP16)
-static const double SMOL_TOL_IMAGES = 1.25e-3, SMOL_TOL_FWD = 6.25e-3, SMOL_TOL_GRAD = 1.6e-2, SMOL_TOL_ZERO = 9.8e-4;
+static const double FLOW_TOL_IMAGES = 1.25e-3, FLOW_TOL_FWD = 6.25e-3, FLOW_TOL_GRAD = 1.6e-2, FLOW_TOL_ZERO = 9.8e-4;
 #else
-static const double SMOL_TOL_IMAGES = 1e-2, SMOL_TOL_FWD = 5e-2, SMOL_TOL_GRAD = 1.3e-1, SMOL_TOL_ZERO = 7.8e-3;
+static const double FLOW_TOL_IMAGES = 1e-2, FLOW_TOL_FWD = 5e-2, FLOW_TOL_GRAD = 1.3e-1, FLOW_TOL_ZERO = 7.8e-3;
 #endif
 
 // fp16 builds: the loss scale the SmolVLA checks run at. A training run starts at --loss-scale
 // (65536) and skips its way down to what the model holds (the tiny models' backward overflows fp16
 // at 65536 times their per-sample gradient, which training would skip and halve: the fp16 group);
 // a single forward and backward compared with a reference cannot skip, so it starts where it fits.
-static void set_test_loss_scale(SmolVLA* m) {
+static void set_test_loss_scale(FlowVLA* m) {
     LossScaleState st = {1024.0f, 0, 0};
-    smolvla_set_loss_scale(m, &st, VLA_LOSS_SCALE_WINDOW_DEFAULT);
+    flow_set_loss_scale(m, &st, VLA_LOSS_SCALE_WINDOW_DEFAULT);
 }
 
 static void test_smolvla_case(const char* family, const char* ref_dir, int mode) {
@@ -118,18 +118,18 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
     char path[1200], err[512];
     double t0 = wall_seconds();
     printf("\n== %s vs LeRobot 0.6.1 (%s): %s/%s (train mode %s)\n", family, PRECISION_NAME, ref_dir, name, name);
-    SmolVLAConfig c;
+    FlowConfig c;
     snprintf(path, sizeof(path), "%s/%s/c_config.txt", ref_dir, name);
-    int rc = smolvla_config_read(path, &c, err, sizeof(err));
+    int rc = flow_config_read(path, &c, err, sizeof(err));
     check(rc == 0, "%s: config from %s%s%s", name, path, rc ? ": " : "", rc ? err : "");
     if (rc != 0) { return; }
-    SmolParamTable table;
-    smolvla_table_build(&c, &table);
+    FlowParamTable table;
+    flow_table_build(&c, &table);
     float* params = (float*)mallocCheck(table.total * sizeof(float));
     SafeTensors weights, ref;
     snprintf(path, sizeof(path), "%s/%s/policy/model.safetensors", ref_dir, name);
     rc = safetensors_open(&weights, path, err, sizeof(err)) ||
-         smolvla_load_safetensors(&weights, &c, &table, params, err, sizeof(err));
+         flow_load_safetensors(&weights, &c, &table, params, err, sizeof(err));
     check(rc == 0, "%s: LeRobot's weights load by name from %s%s%s", name, path, rc ? ": " : "", rc ? err : "");
     safetensors_close(&weights);
     snprintf(path, sizeof(path), "%s/%s/ref.safetensors", ref_dir, name);
@@ -143,9 +143,9 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
         if (rc_ref == 0) { safetensors_close(&ref); }
         return;
     }
-    SmolVLA m;
-    smolvla_build(&m, &c, mode);
-    smolvla_set_params(&m, params);
+    FlowVLA m;
+    flow_build(&m, &c, mode);
+    flow_set_params(&m, params);
     set_test_loss_scale(&m);
     free(params);
 
@@ -156,7 +156,7 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
     int B = (int)json_int(info, "batch_size"), H = c.chunk, Am = c.max_action_dim;
     free(info);
     size_t n_act = (size_t)B * H * Am;
-    SmolInputs in;
+    ModelInputs in;
     memset(&in, 0, sizeof(in));
     in.B = B;
     int have = n_cams == c.n_cam && B > 0;
@@ -198,11 +198,11 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
 
         // forward and backward, as one training micro-step
         double t_step = wall_seconds();
-        smolvla_forward(&m, &in, 0);
-        smolvla_backward(&m, 1);
-        smolvla_grads_finish(&m, 0);
+        flow_forward(&m, &in, 0);
+        flow_backward(&m, 1);
+        flow_grads_finish(&m, 0);
         float loss;
-        smolvla_read_scalars(&m, &loss, NULL);
+        flow_read_scalars(&m, &loss, NULL);
         t_step = wall_seconds() - t_step;
 
         // the prepared images (camera-major: camera k's B images in a row), v_t, the loss
@@ -213,17 +213,17 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
             float* prepped = ref_tensor(&ref, key, per_cam);
             float* ours = from_device_x(m.acts.pixels + k * per_cam, per_cam);
             double e = prepped != NULL ? rel_error(ours, prepped, per_cam) : INFINITY;
-            check(e <= SMOL_TOL_IMAGES, "%s: %s (%dx%d frames resized with padding to %d) rel err %.2e (tol %.0e)", name, key,
-                  in.frame_h[k], in.frame_w[k], c.img, e, SMOL_TOL_IMAGES);
+            check(e <= FLOW_TOL_IMAGES, "%s: %s (%dx%d frames resized with padding to %d) rel err %.2e (tol %.0e)", name, key,
+                  in.frame_h[k], in.frame_w[k], c.img, e, FLOW_TOL_IMAGES);
             free(prepped);
             free(ours);
         }
         float* v = (float*)mallocCheck(n_act * sizeof(float));
         cudaCheck(cudaMemcpy(v, m.acts.v_t, n_act * sizeof(float), cudaMemcpyDeviceToHost));
         double ev = rel_error(v, ref_v, n_act), el = rel_error(&loss, ref_loss, 1);
-        check(ev <= SMOL_TOL_FWD, "%s: v_t rel err %.2e (tol %.0e)", name, ev, SMOL_TOL_FWD);
-        check(el <= SMOL_TOL_FWD, "%s: loss %.7f vs LeRobot %.7f rel err %.2e (tol %.0e)", name, loss, ref_loss[0], el,
-              SMOL_TOL_FWD);
+        check(ev <= FLOW_TOL_FWD, "%s: v_t rel err %.2e (tol %.0e)", name, ev, FLOW_TOL_FWD);
+        check(el <= FLOW_TOL_FWD, "%s: loss %.7f vs LeRobot %.7f rel err %.2e (tol %.0e)", name, loss, ref_loss[0], el,
+              FLOW_TOL_FWD);
         free(v);
 
         // gradients: every slice that trains in this mode against grad.<LeRobot name>, worst per
@@ -236,17 +236,17 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
         int n_trained[3] = {0, 0, 0}, n_frozen = 0, n_ref_grads = 0, frozen_ok = 1;
         size_t trainable = 0;
         for (int i = 0; i < ref.n; i++) { n_ref_grads += strncmp(ref.tensors[i].name, "grad.", 5) == 0; }
-        for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-            const SmolParamSpec* s = &m.table.spec[i];
-            size_t n_slices = smolvla_slices(s), per = smolvla_slice_numel(s);
-            trainable += smolvla_trainable_numel(s, mode);
+        for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+            const FlowParamSpec* s = &m.table.spec[i];
+            size_t n_slices = flow_slices(s), per = flow_slice_numel(s);
+            trainable += flow_trainable_numel(s, mode);
             for (size_t k = 0; k < n_slices; k++) {
                 char lname[256], key[300];
                 if (s->slices == SLICES_NONE) { snprintf(lname, sizeof(lname), "%s", s->lerobot); }
-                else { snprintf(lname, sizeof(lname), s->lerobot, smolvla_slice_layer(&c, s, (int)k)); }
+                else { snprintf(lname, sizeof(lname), s->lerobot, flow_slice_layer(&c, s, (int)k)); }
                 snprintf(key, sizeof(key), "grad.%s", lname);
                 float* ref_g = ref_tensor(&ref, key, per);
-                if (smolvla_grad(&m, i, (int)k) == NULL) {
+                if (flow_grad(&m, i, (int)k) == NULL) {
                     n_frozen++;
                     if (ref_g != NULL) {
                         frozen_ok = 0;
@@ -264,23 +264,23 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
                     // Zero in exact arithmetic: adding b to every key adds q.b to every score of a
                     // query's row, which softmax ignores (SigLIP has no mask). LeRobot's value and
                     // ours are rounding noise, so both are measured against the same layer's
-                    // q_proj.bias gradient (dev/test_smolvla.py does the same).
+                    // q_proj.bias gradient (tests/model/test_smolvla.py does the same).
                     char qkey[300];
                     snprintf(qkey, sizeof(qkey), "%s", key);
                     memcpy(strstr(qkey, "k_proj.bias"), "q", 1);
                     float* ref_q = ref_tensor(&ref, qkey, per);
                     double scale = ref_q != NULL ? norm2(ref_q, per) : 0.0;
                     double e_ours = norm2(ours, per) / scale, e_ref = norm2(ref_g, per) / scale;
-                    check(e_ours <= SMOL_TOL_ZERO && e_ref <= 1e-5, "%s: %s is zero by symmetry: |ours| %.1e, |LeRobot| "
+                    check(e_ours <= FLOW_TOL_ZERO && e_ref <= 1e-5, "%s: %s is zero by symmetry: |ours| %.1e, |LeRobot| "
                           "%.1e of |grad q_proj.bias| (tol %.1e, LeRobot's 1e-5)", name, key, e_ours, e_ref,
-                          SMOL_TOL_ZERO);
+                          FLOW_TOL_ZERO);
                     e = 0.0;
                     free(ref_q);
                 } else {
                     e = rel_error(ours, ref_g, per);
                 }
-                if (!(e <= SMOL_TOL_GRAD)) {
-                    check(0, "%s: %s rel err %.2e (tol %.1e)%s", name, key, e, SMOL_TOL_GRAD,
+                if (!(e <= FLOW_TOL_GRAD)) {
+                    check(0, "%s: %s rel err %.2e (tol %.1e)%s", name, key, e, FLOW_TOL_GRAD,
                           ref_g == NULL ? ": LeRobot has none" : "");
                 }
                 if (!(e <= worst[s->tower])) {
@@ -292,20 +292,20 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
         }
         for (int tw = 0; tw < 3; tw++) {
             if (n_trained[tw] == 0) { continue; }
-            check(worst[tw] <= SMOL_TOL_GRAD, "%s: %s gradients, %d tensors: worst rel err %.2e (%s) (tol %.1e)", name,
-                  tower_names[tw], n_trained[tw], worst[tw], worst_name[tw], SMOL_TOL_GRAD);
+            check(worst[tw] <= FLOW_TOL_GRAD, "%s: %s gradients, %d tensors: worst rel err %.2e (%s) (tol %.1e)", name,
+                  tower_names[tw], n_trained[tw], worst[tw], worst_name[tw], FLOW_TOL_GRAD);
         }
         int trained = n_trained[0] + n_trained[1] + n_trained[2];
-        check(frozen_ok && trained == n_ref_grads && trainable == smolvla_trainable_count(&m.table, mode),
+        check(frozen_ok && trained == n_ref_grads && trainable == flow_trainable_count(&m.table, mode),
               "%s: LeRobot's %d gradients are the %d tensors trained here (%zu values); the %d frozen have none", name,
               n_ref_grads, trained, trainable, n_frozen);
 
         // a second step on the same batch gives the same bits (no atomics, fixed reduction orders)
-        smolvla_forward(&m, &in, 0);
-        smolvla_backward(&m, 1);
-        smolvla_grads_finish(&m, 0);
+        flow_forward(&m, &in, 0);
+        flow_backward(&m, 1);
+        flow_grads_finish(&m, 0);
         float loss2;
-        smolvla_read_scalars(&m, &loss2, NULL);
+        flow_read_scalars(&m, &loss2, NULL);
         float* grads2 = (float*)mallocCheck(m.n_train * sizeof(float));
         cudaCheck(cudaMemcpy(grads2, m.grads_memory, m.n_train * sizeof(float), cudaMemcpyDeviceToHost));
         check(memcmp(&loss, &loss2, sizeof(loss)) == 0 && memcmp(grads, grads2, m.n_train * sizeof(float)) == 0,
@@ -316,10 +316,10 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
         // sampling: 10 Euler steps from sample_noise, the prefix computed once
         float* chunk = (float*)mallocCheck(n_act * sizeof(float));
         double t_sample = wall_seconds();
-        smolvla_sample(&m, &in, d_sample_noise, chunk);
+        flow_sample(&m, &in, d_sample_noise, chunk);
         t_sample = wall_seconds() - t_sample;
         double ec = rel_error(chunk, ref_chunk, n_act);
-        check(ec <= SMOL_TOL_FWD, "%s: chunk_norm (10 Euler steps) rel err %.2e (tol %.0e)", name, ec, SMOL_TOL_FWD);
+        check(ec <= FLOW_TOL_FWD, "%s: chunk_norm (10 Euler steps) rel err %.2e (tol %.0e)", name, ec, FLOW_TOL_FWD);
         free(chunk);
         printf("        (%s: forward and backward %.0f ms, sampling %.0f ms, %.1f s in all)\n", name, 1000.0 * t_step,
                1000.0 * t_sample, wall_seconds() - t0);
@@ -331,12 +331,12 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
     free(tokens); free(token_mask); free(state); free(actions); free(action_is_pad); free(t); free(noise);
     free(sample_noise); free(ref_v); free(ref_loss); free(ref_chunk);
     safetensors_close(&ref);
-    smolvla_free(&m);
+    flow_free(&m);
 }
 
 static int wanted_mode(const char* group, int mode);
 
-// SmolVLA's references (--smolvla) or pi0's (--pi0, dev/lerobot/make_ref_pi0.py): the same checks
+// SmolVLA's references (--smolvla) or pi0's (--pi0, dev/lerobot/make_ref.py --family pi0): the same checks
 static void test_smolvla_lerobot(const char* family, const char* ref_dir) {
     for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
         if (wanted_mode("lerobot", mode)) { test_smolvla_case(family, ref_dir, mode); }
@@ -350,7 +350,7 @@ static void test_smolvla_lerobot(const char* family, const char* ref_dir) {
 // velocities, loss, every trainable gradient slice, the 10-step sample from eps, then 10 AdamW
 // steps on the same batch (the loss and gradient norm of each), the optimizer state allocated for
 // the trainable elements alone, and the frozen elements unmoved by the steps. Tolerances: the
-// SMOL_TOL_* above (the oracle is float64, so the margin only grows); the losses of the steps as
+// FLOW_TOL_* above (the oracle is float64, so the margin only grows); the losses of the steps as
 // the forward, their gradient norms as the gradients.
 
 // A record of a debug state, NULL when it has none of that name
@@ -374,23 +374,23 @@ static void* download(const void* d, size_t bytes) {
 // compute copy, the master weights and both moments keep every bit; the skip is counted, the scale
 // halved, the clean steps reset. The next step trains again: finite loss and norm, weights moving,
 // the scale kept and one clean step counted.
-static void check_fp16_skip(SmolVLA* m, const SmolInputs* in, const TrainArgs* args) {
+static void check_fp16_skip(FlowVLA* m, const ModelInputs* in, const TrainArgs* args) {
     LossScaleState st = {1024.0f, 5, 0};
-    smolvla_set_loss_scale(m, &st, 2000);
+    flow_set_loss_scale(m, &st, 2000);
     size_t shard = m->shard_hi - m->shard_lo;
     void* p0 = download(m->params_memory, m->n_params * sizeof(floatX));
     void* w0 = download(m->master, shard * sizeof(float));
     void* m0 = download(m->m_memory, shard * sizeof(float));
     void* v0 = download(m->v_memory, shard * sizeof(float));
-    smolvla_forward(m, in, 0);
-    smolvla_backward(m, 1);
+    flow_forward(m, in, 0);
+    flow_backward(m, 1);
     float inf = INFINITY;
     cudaCheck(cudaMemcpy(m->grads_memory + m->n_opt / 2, &inf, sizeof(float), cudaMemcpyHostToDevice));
-    smolvla_grads_finish(m, 0);
-    smolvla_update(m, lr_at_step(args, 10), args->weight_decay, args->decay_on, args->grad_clip, 10);
+    flow_grads_finish(m, 0);
+    flow_update(m, lr_at_step(args, 10), args->weight_decay, args->decay_on, args->grad_clip, 10);
     float loss, norm, used;
-    smolvla_read_scalars(m, &loss, &norm);
-    int skipped = smolvla_read_loss_scale(m, &st, &used);
+    flow_read_scalars(m, &loss, &norm);
+    int skipped = flow_read_loss_scale(m, &st, &used);
     void* p1 = download(m->params_memory, m->n_params * sizeof(floatX));
     void* w1 = download(m->master, shard * sizeof(float));
     void* m1 = download(m->m_memory, shard * sizeof(float));
@@ -400,9 +400,9 @@ static void check_fp16_skip(SmolVLA* m, const SmolInputs* in, const TrainArgs* a
     check(skipped && !isfinite(norm) && same && st.skipped == 1 && st.scale == 512.0f && st.clean == 0 && used == 1024.0f,
           "fp16: an Inf in the gradients skips the step: weights, master weights and moments keep every bit, 1 skip "
           "counted, scale 1024 -> %g, clean steps 5 -> %u (norm %g)", (double)st.scale, st.clean, (double)norm);
-    smolvla_train_step(m, in, 1, 11, args);
-    smolvla_read_scalars(m, &loss, &norm);
-    skipped = smolvla_read_loss_scale(m, &st, &used);
+    flow_train_step(m, in, 1, 11, args);
+    flow_read_scalars(m, &loss, &norm);
+    skipped = flow_read_loss_scale(m, &st, &used);
     void* w2 = download(m->master, shard * sizeof(float));
     check(!skipped && isfinite(loss) && isfinite(norm) && memcmp(w1, w2, shard * sizeof(float)) != 0 &&
           st.scale == 512.0f && st.clean == 1 && st.skipped == 1, "fp16: the next step trains (loss %.6f, norm %.4f, "
@@ -422,8 +422,8 @@ static void test_smolvla_oracle(const char* dir, int mode) {
     printf("\n== SmolVLA vs its oracle (%s): %s (train mode %s)\n", PRECISION_NAME, path, name);
     DebugState st;
     debug_state_read(&st, path);
-    SmolVLAConfig c;
-    int32_t* raw = (int32_t*)debug_get(&st, "config", sizeof(SmolVLAConfig) / sizeof(int32_t));
+    FlowConfig c;
+    int32_t* raw = (int32_t*)debug_get(&st, "config", sizeof(FlowConfig) / sizeof(int32_t));
     memcpy(&c, raw, sizeof(c));
     free(raw);
     int32_t* st_mode = (int32_t*)debug_get(&st, "train_mode", 1);
@@ -433,29 +433,29 @@ static void test_smolvla_oracle(const char* dir, int mode) {
     int B = (int)debug_find(&st, "batch/t")->numel, H = c.chunk, Am = c.max_action_dim;
     size_t n_act = (size_t)B * H * Am;
 
-    SmolVLA m;
-    smolvla_build(&m, &c, mode);
+    FlowVLA m;
+    flow_build(&m, &c, mode);
     float* params = (float*)mallocCheck(m.table.total * sizeof(float));
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &m.table.spec[i];
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        const FlowParamSpec* s = &m.table.spec[i];
         snprintf(key, sizeof(key), "param/%s", s->name);
         float* p = (float*)debug_get(&st, key, s->numel);
         memcpy(params + s->offset, p, s->numel * sizeof(float));
         free(p);
     }
-    smolvla_set_params(&m, params);
+    flow_set_params(&m, params);
     set_test_loss_scale(&m);
     free(params);
 
     // optimizer state: fp32 master weights and two moments for exactly the trainable elements
-    size_t count = smolvla_trainable_count(&m.table, mode);
+    size_t count = flow_trainable_count(&m.table, mode);
     check(m.n_opt == count && m.n_train - count < 16 && m.opt_bytes == 3 * m.n_train * sizeof(float) &&
           count < m.table.total, "%s: fp32 master weights and moments for the %zu trainable elements alone (%.1f%% of "
           "%zu; padded to %zu), %zu bytes", name, m.n_opt, 100.0 * count / m.table.total, m.table.total, m.n_train,
           m.opt_bytes);
 
     // the batch, each field in its own device allocation; frames at their stored sizes
-    SmolInputs in;
+    ModelInputs in;
     memset(&in, 0, sizeof(in));
     in.B = B;
     int frames_ok = 1;
@@ -485,18 +485,18 @@ static void test_smolvla_oracle(const char* dir, int mode) {
     free(tokens); free(token_mask); free(state); free(actions); free(action_is_pad); free(t); free(eps);
 
     // velocities and loss
-    smolvla_forward(&m, &in, 0);
-    smolvla_backward(&m, 1);
-    smolvla_grads_finish(&m, 0);
+    flow_forward(&m, &in, 0);
+    flow_backward(&m, 1);
+    flow_grads_finish(&m, 0);
     float loss;
-    smolvla_read_scalars(&m, &loss, NULL);
+    flow_read_scalars(&m, &loss, NULL);
     float* v = (float*)mallocCheck(n_act * sizeof(float));
     cudaCheck(cudaMemcpy(v, m.acts.v_t, n_act * sizeof(float), cudaMemcpyDeviceToHost));
     float* ref_v = (float*)debug_get(&st, "expect/v", n_act);
     float* ref_loss = (float*)debug_get(&st, "expect/loss", 1);
     double ev = rel_error(v, ref_v, n_act), el = rel_error(&loss, ref_loss, 1);
-    check(ev <= SMOL_TOL_FWD, "%s: velocities rel err %.2e (tol %.0e)", name, ev, SMOL_TOL_FWD);
-    check(el <= SMOL_TOL_FWD, "%s: loss %.7f vs %.7f rel err %.2e (tol %.0e)", name, loss, ref_loss[0], el, SMOL_TOL_FWD);
+    check(ev <= FLOW_TOL_FWD, "%s: velocities rel err %.2e (tol %.0e)", name, ev, FLOW_TOL_FWD);
+    check(el <= FLOW_TOL_FWD, "%s: loss %.7f vs %.7f rel err %.2e (tol %.0e)", name, loss, ref_loss[0], el, FLOW_TOL_FWD);
     free(v); free(ref_v); free(ref_loss);
 
     // gradients: every trainable slice against grad/<name>, whose frozen part must be zero; a
@@ -507,9 +507,9 @@ static void test_smolvla_oracle(const char* dir, int mode) {
     double worst[3] = {0.0, 0.0, 0.0};
     char worst_name[3][96] = {"", "", ""};
     int n_slices_checked[3] = {0, 0, 0}, records_ok = 1;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &m.table.spec[i];
-        size_t n_train = smolvla_trainable_numel(s, mode), per = smolvla_slice_numel(s);
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        const FlowParamSpec* s = &m.table.spec[i];
+        size_t n_train = flow_trainable_numel(s, mode), per = flow_slice_numel(s);
         snprintf(key, sizeof(key), "grad/%s", s->name);
         const Record* r = debug_lookup(&st, key);
         if (n_train == 0 || r == NULL) {
@@ -528,21 +528,21 @@ static void test_smolvla_oracle(const char* dir, int mode) {
             if (strcmp(s->name, "vis_bk") == 0) {
                 // zero in exact arithmetic (softmax ignores a shift of a row's scores): both sides
                 // are rounding noise, so the error is measured against the same layer's q bias
-                // gradient, at the gradients' tolerance. (Not SMOL_TOL_ZERO: that ratio depends on
+                // gradient, at the gradients' tolerance. (Not FLOW_TOL_ZERO: that ratio depends on
                 // the config, as |grad vis_bq| does; 16 patches per image here, 64 in LeRobot's
                 // case, and bf16 measures 1.5e-2 here.)
                 float* ref_q = (float*)debug_get(&st, "grad/vis_bq", s->numel);
                 double scale = norm2(ref_q + k * per, per);
                 double e_ours = norm2(ours, per) / scale, e_ref = norm2(ref + k * per, per) / scale;
-                check(e_ours <= SMOL_TOL_GRAD && e_ref <= 1e-5, "%s: vis_bk[%zu] is zero by symmetry: |ours| %.1e, "
+                check(e_ours <= FLOW_TOL_GRAD && e_ref <= 1e-5, "%s: vis_bk[%zu] is zero by symmetry: |ours| %.1e, "
                       "|oracle| %.1e of |grad vis_bq| (tol %.1e, the oracle's 1e-5)", name, k, e_ours, e_ref,
-                      SMOL_TOL_GRAD);
+                      FLOW_TOL_GRAD);
                 free(ref_q);
                 e = 0.0;
             } else {
                 e = rel_error(ours, ref + k * per, per);
             }
-            if (!(e <= SMOL_TOL_GRAD)) { check(0, "%s: grad %s[%zu] rel err %.2e (tol %.1e)", name, s->name, k, e, SMOL_TOL_GRAD); }
+            if (!(e <= FLOW_TOL_GRAD)) { check(0, "%s: grad %s[%zu] rel err %.2e (tol %.1e)", name, s->name, k, e, FLOW_TOL_GRAD); }
             if (!(e <= worst[s->tower])) {
                 worst[s->tower] = e;
                 snprintf(worst_name[s->tower], sizeof(worst_name[s->tower]), "%s[%zu]", s->name, k);
@@ -553,8 +553,8 @@ static void test_smolvla_oracle(const char* dir, int mode) {
     }
     for (int tw = 0; tw < 3; tw++) {
         if (n_slices_checked[tw] == 0) { continue; }
-        check(worst[tw] <= SMOL_TOL_GRAD, "%s: %s gradients, %d slices: worst rel err %.2e (%s) (tol %.1e)", name,
-              tower_names[tw], n_slices_checked[tw], worst[tw], worst_name[tw], SMOL_TOL_GRAD);
+        check(worst[tw] <= FLOW_TOL_GRAD, "%s: %s gradients, %d slices: worst rel err %.2e (%s) (tol %.1e)", name,
+              tower_names[tw], n_slices_checked[tw], worst[tw], worst_name[tw], FLOW_TOL_GRAD);
     }
     check(records_ok, "%s: the oracle has a gradient exactly for the tensors that train here, zero past their "
           "trainable prefix", name);
@@ -562,10 +562,10 @@ static void test_smolvla_oracle(const char* dir, int mode) {
 
     // 10 Euler steps from eps
     float* sample = (float*)mallocCheck(n_act * sizeof(float));
-    smolvla_sample(&m, &in, in.noise, sample);
+    flow_sample(&m, &in, in.noise, sample);
     float* ref_sample = (float*)debug_get(&st, "expect/sample", n_act);
     double es = rel_error(sample, ref_sample, n_act);
-    check(es <= SMOL_TOL_FWD, "%s: 10-step sample rel err %.2e (tol %.0e)", name, es, SMOL_TOL_FWD);
+    check(es <= FLOW_TOL_FWD, "%s: 10-step sample rel err %.2e (tol %.0e)", name, es, FLOW_TOL_FWD);
     free(sample); free(ref_sample);
 
     // ten AdamW steps on the same batch: the loss before each update and the gradient norm
@@ -580,27 +580,27 @@ static void test_smolvla_oracle(const char* dir, int mode) {
     float losses[10], norms[10];
     double t_steps = wall_seconds();
     for (int step = 0; step < 10; step++) {
-        smolvla_train_step(&m, &in, 1, step, &args);
-        smolvla_read_scalars(&m, &losses[step], &norms[step]);
+        flow_train_step(&m, &in, 1, step, &args);
+        flow_read_scalars(&m, &losses[step], &norms[step]);
     }
     t_steps = wall_seconds() - t_steps;
     float* ref_losses = (float*)debug_get(&st, "expect/losses", 10);
     float* ref_norms = (float*)debug_get(&st, "expect/norms", 10);
     double e_losses = rel_error(losses, ref_losses, 10), e_norms = rel_error(norms, ref_norms, 10);
-    check(e_losses <= SMOL_TOL_FWD, "%s: 10 AdamW steps: losses %.6f -> %.6f (oracle %.6f -> %.6f), rel err %.2e "
-          "(tol %.0e)", name, losses[0], losses[9], ref_losses[0], ref_losses[9], e_losses, SMOL_TOL_FWD);
-    check(e_norms <= SMOL_TOL_GRAD, "%s: 10 AdamW steps: gradient norms %.4f -> %.4f, rel err %.2e (tol %.1e)", name,
-          norms[0], norms[9], e_norms, SMOL_TOL_GRAD);
+    check(e_losses <= FLOW_TOL_FWD, "%s: 10 AdamW steps: losses %.6f -> %.6f (oracle %.6f -> %.6f), rel err %.2e "
+          "(tol %.0e)", name, losses[0], losses[9], ref_losses[0], ref_losses[9], e_losses, FLOW_TOL_FWD);
+    check(e_norms <= FLOW_TOL_GRAD, "%s: 10 AdamW steps: gradient norms %.4f -> %.4f, rel err %.2e (tol %.1e)", name,
+          norms[0], norms[9], e_norms, FLOW_TOL_GRAD);
     check(losses[9] < losses[0], "%s: the loss decreases over 10 steps on one batch", name);
     free(ref_losses); free(ref_norms);
     cudaCheck(cudaMemcpy(after, m.params_memory, m.n_params * sizeof(floatX), cudaMemcpyDeviceToHost));
     size_t frozen_moved = 0, trained_moved = 0;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &m.table.spec[i];
-        size_t per = smolvla_slice_numel(s);
-        for (int k = 0; k < (int)smolvla_slices(s); k++) {
-            size_t at = (size_t)(smolvla_param(&m, i, k) - m.params_memory);
-            int trains = smolvla_grad(&m, i, k) != NULL;
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        const FlowParamSpec* s = &m.table.spec[i];
+        size_t per = flow_slice_numel(s);
+        for (int k = 0; k < (int)flow_slices(s); k++) {
+            size_t at = (size_t)(flow_param(&m, i, k) - m.params_memory);
+            int trains = flow_grad(&m, i, k) != NULL;
             for (size_t j = at; j < at + per; j++) {
                 int moved = memcmp(&after[j], &before[j], sizeof(floatX)) != 0;
                 if (trains) { trained_moved += moved; } else { frozen_moved += moved; }
@@ -619,7 +619,7 @@ static void test_smolvla_oracle(const char* dir, int mode) {
     cudaCheck(cudaFree((void*)in.actions)); cudaCheck(cudaFree((void*)in.action_is_pad)); cudaCheck(cudaFree((void*)in.t));
     cudaCheck(cudaFree((void*)in.noise));
     free(hp);
-    smolvla_free(&m);
+    flow_free(&m);
     free(st.recs); free(st.file);
 }
 
@@ -632,7 +632,7 @@ static void test_training_loop(const char* dir) {
     printf("\n== training loop against the oracle\n");
     char trainer[1100];
     snprintf(trainer, sizeof(trainer), "%s -b 4 --train all", TRAINER);
-    check_training_loop(dir, trainer, SMOL_TOL_FWD);
+    check_training_loop(dir, trainer, FLOW_TOL_FWD);
 }
 
 // Runs `command -o dir/out` into an empty output folder (what it prints in dir/out.txt) and reads
@@ -656,10 +656,10 @@ static double ckpt_training_error(const char* a, const char* b) {
     if (checkpoint_read_checked(b, &y, err, sizeof(err)) != 0) { checkpoint_free(&x); return INFINITY; }
     double e = INFINITY;
     if (x.n_params == y.n_params && x.n_trainable == y.n_trainable && x.n_trainable > 0 && x.seed == y.seed) {
-        SmolParamTable t;
-        smolvla_table_build(&x.config, &t);
+        FlowParamTable t;
+        flow_table_build(&x.config, &t);
         float* init = (float*)mallocCheck(t.total * sizeof(float));
-        smolvla_param_init(init, &t, &x.config, x.seed);
+        flow_param_init(init, &t, &x.config, x.seed);
         for (size_t i = 0; i < t.total; i++) { x.params[i] -= init[i]; y.params[i] -= init[i]; }
         double ep = rel_error(y.params, x.params, t.total), em = rel_error(y.m, x.m, x.n_trainable);
         double ev = rel_error(y.v, x.v, x.n_trainable);
@@ -680,10 +680,10 @@ static double ckpt_update_error(const char* a, const char* b, int decay) {
     if (checkpoint_read_checked(b, &y, err, sizeof(err)) != 0) { checkpoint_free(&x); return INFINITY; }
     double e = INFINITY;
     if (x.n_params == y.n_params && x.seed == y.seed && x.train_mode == y.train_mode) {
-        SmolParamTable t;
-        smolvla_table_build(&x.config, &t);
+        FlowParamTable t;
+        flow_table_build(&x.config, &t);
         float* init = (float*)mallocCheck(t.total * sizeof(float));
-        smolvla_param_init(init, &t, &x.config, x.seed);
+        flow_param_init(init, &t, &x.config, x.seed);
         e = update_error(y.params, x.params, init, &t, (int)x.train_mode, decay);
         free(init);
     }
@@ -860,12 +860,12 @@ static void test_faults(const char* dir) {
     snprintf(path, sizeof(path), "%s/b.bin", dir);
     Dataset ds;
     dataset_open(&ds, path);
-    SmolVLAConfig c = config_for_data("tiny", 0, &ds);
+    FlowConfig c = config_for_data("tiny", 0, &ds);
     dataset_close(&ds);
-    SmolVLA probe;
-    smolvla_build(&probe, &c, TRAIN_MODE_ALL);
+    FlowVLA probe;
+    flow_build(&probe, &c, TRAIN_MODE_ALL);
     int per_step = probe.buckets.first[probe.buckets.n] + 1, call = 2 * per_step + per_step / 2;
-    smolvla_free(&probe);
+    flow_free(&probe);
     const char* kinds[2] = {"error", "hang"};
     const char* needles[2] = {"NCCL reported", "made no progress"};
     // the hang is found by --nccl-timeout: well above an emulated step (1-3 s), so no false alarm
@@ -900,7 +900,7 @@ static void test_faults(const char* dir) {
 
 // A run that starts on one trainer and continues on the other (-y 1 on the other's checkpoint)
 // follows the run that stayed on the first within the tolerance of the two precisions' difference
-// (the CPU trainer computes in fp32: TOL_RUNS in fp32 builds, SMOL_TOL_FWD in bf16), on one GPU
+// (the CPU trainer computes in fp32: TOL_RUNS in fp32 builds, FLOW_TOL_FWD in bf16), on one GPU
 // and across world sizes:
 // the GPU's leg on 2 GPUs with ZeRO-1 continued by the CPU, the CPU's continued on 2 GPUs (those
 // two skipped, and said so, where fewer than 2 GPUs are visible).
@@ -936,7 +936,7 @@ static void test_cross_trainer(const char* dir) {
         int nf = read_losses(path, 1, 6, full);
         snprintf(path, sizeof(path), "%s/x_split/log.jsonl", dir);
         int ns = read_losses(path, 1, 6, split);
-        double e = rel_error(split + 3, full + 3, 3), tol = sizeof(floatX) == 4 ? TOL_RUNS : SMOL_TOL_FWD;
+        double e = rel_error(split + 3, full + 3, 3), tol = sizeof(floatX) == 4 ? TOL_RUNS : FLOW_TOL_FWD;
         check(rc == 0 && nf == 6 && ns == 6 && e < tol, "3 steps on %s, 3 more on %s from its checkpoint: steps 4-6 "
               "losses %.6f %.6f %.6f vs %.6f %.6f %.6f straight, rel err %.2e (tol %.1e)", a, b, split[3], split[4],
               split[5], full[3], full[4], full[5], e, tol);
@@ -963,7 +963,7 @@ static void test_decay_on(const char* dir) {
     char ckpt[4][1100];
     int visible = 0;
     cudaGetDeviceCount(&visible);
-    double tol = sizeof(floatX) == 4 ? TOL_RUNS : SMOL_TOL_FWD;
+    double tol = sizeof(floatX) == 4 ? TOL_RUNS : FLOW_TOL_FWD;
     for (int k = 0; k < 4; k++) {
         snprintf(ckpt[k], sizeof(ckpt[k]), "%s/gd_%d/ckpt_00000003.bin", dir, k);
         if (k == 3 && visible < 2) {
@@ -1030,10 +1030,10 @@ static void test_weights_only(const char* dir) {
 
 // A random batch of B samples for config c: frames at the model's size, token ids with a few pads
 // at the end, some action slots past the episode's end; every field in its own device allocation
-static SmolInputs recompute_batch(const SmolVLAConfig* c, int B, uint64_t seed) {
+static ModelInputs recompute_batch(const FlowConfig* c, int B, uint64_t seed) {
     Rng r;
     rng_init(&r, seed, 0);
-    SmolInputs in;
+    ModelInputs in;
     memset(&in, 0, sizeof(in));
     in.B = B;
     size_t frame = (size_t)c->img * c->img * 3, n_act = (size_t)B * c->chunk * c->max_action_dim;
@@ -1071,7 +1071,7 @@ static SmolInputs recompute_batch(const SmolVLAConfig* c, int B, uint64_t seed) 
     return in;
 }
 
-static void recompute_batch_free(SmolInputs* in, int n_cam) {
+static void recompute_batch_free(ModelInputs* in, int n_cam) {
     for (int k = 0; k < n_cam; k++) { cudaCheck(cudaFree((void*)in->frames[k])); }
     cudaCheck(cudaFree((void*)in->tokens)); cudaCheck(cudaFree((void*)in->token_mask));
     cudaCheck(cudaFree((void*)in->state)); cudaCheck(cudaFree((void*)in->actions));
@@ -1089,19 +1089,19 @@ typedef struct {
     size_t act_bytes, n_train, n_params;
 } RecomputeRun;
 
-static RecomputeRun recompute_run(const SmolVLAConfig* c, int mode, int rc, const float* init, const SmolInputs* in,
+static RecomputeRun recompute_run(const FlowConfig* c, int mode, int rc, const float* init, const ModelInputs* in,
                                   int with_sample) {
     RecomputeRun r;
-    SmolVLA m;
-    smolvla_build(&m, c, mode);
-    smolvla_set_recompute(&m, rc);
-    smolvla_set_params(&m, init);
+    FlowVLA m;
+    flow_build(&m, c, mode);
+    flow_set_recompute(&m, rc);
+    flow_set_params(&m, init);
     TrainArgs args;
     train_args_defaults(&args);
     args.warmup = 1;
     args.lr = 1e-2f;  // weights that move: the sample runs on others than the step
-    smolvla_train_step(&m, in, 1, 0, &args);
-    smolvla_read_scalars(&m, &r.loss, NULL);
+    flow_train_step(&m, in, 1, 0, &args);
+    flow_read_scalars(&m, &r.loss, NULL);
     r.n_train = m.n_train;
     r.n_params = m.n_params;
     r.grads = (float*)mallocCheck(m.n_train * sizeof(float));
@@ -1112,29 +1112,29 @@ static RecomputeRun recompute_run(const SmolVLAConfig* c, int mode, int rc, cons
     r.sample = (float*)calloc(n, sizeof(float));
     if (with_sample) {
         m.sampling.use_graph = 0;
-        smolvla_sample(&m, in, in->noise, r.sample);
+        flow_sample(&m, in, in->noise, r.sample);
     }
     r.act_bytes = m.act_bytes;
-    check(m.device_bytes - m.act_bytes == smolvla_model_bytes(c, mode) &&
-          m.act_bytes == smolvla_act_bytes(c, mode, in->B, rc), "%s, --recompute %s: the model holds what "
-          "smolvla_model_bytes + smolvla_act_bytes say (%zu + %zu bytes: --memory's table)", TRAIN_MODE_NAMES[mode],
+    check(m.device_bytes - m.act_bytes == flow_model_bytes(c, mode) &&
+          m.act_bytes == flow_act_bytes(c, mode, in->B, rc), "%s, --recompute %s: the model holds what "
+          "flow_model_bytes + flow_act_bytes say (%zu + %zu bytes: --memory's table)", TRAIN_MODE_NAMES[mode],
           RECOMPUTE_NAMES[rc], m.device_bytes - m.act_bytes, m.act_bytes);
-    smolvla_free(&m);
+    flow_free(&m);
     return r;
 }
 
 static void test_recompute(const char* dir) {
     printf("\n== activation recomputation (%s)\n", PRECISION_NAME);
     double t0 = wall_seconds();
-    SmolVLAConfig c = smolvla_preset("tiny")->config;
+    FlowConfig c = flow_preset("tiny")->config;
     c.vis_layers = 2;
     c.n_layer = 4;
-    SmolParamTable t;
-    smolvla_table_build(&c, &t);
+    FlowParamTable t;
+    flow_table_build(&c, &t);
     float* init = (float*)mallocCheck(t.total * sizeof(float));
-    smolvla_param_init(init, &t, &c, 5);
+    flow_param_init(init, &t, &c, 5);
     int B = 2;
-    SmolInputs in = recompute_batch(&c, B, 11);
+    ModelInputs in = recompute_batch(&c, B, 11);
     size_t n_sample = (size_t)B * c.chunk * c.max_action_dim;
     for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
         // sampling (the forward alone, unchanged by recompute) is the same code in every mode: checked once
@@ -1159,9 +1159,9 @@ static void test_recompute(const char* dir) {
     recompute_batch_free(&in, c.n_cam);
     free(init);
     // the levels in order at the smolvla preset's sizes, from the function the trainer allocates by
-    SmolVLAConfig big = smolvla_preset("smolvla")->config;
+    FlowConfig big = flow_preset("smolvla")->config;
     size_t all[3];
-    for (int rc = 0; rc < 3; rc++) { all[rc] = smolvla_act_bytes(&big, TRAIN_MODE_ALL, 8, rc); }
+    for (int rc = 0; rc < 3; rc++) { all[rc] = flow_act_bytes(&big, TRAIN_MODE_ALL, 8, rc); }
     check(all[2] < all[1] && all[1] < all[0] && 3 * all[2] < all[0], "smolvla --train all -b 8: activations %.2f / "
           "%.2f / %.2f GiB for none / attn / layer", all[0] / 1073741824.0, all[1] / 1073741824.0, all[2] / 1073741824.0);
 
@@ -1220,7 +1220,8 @@ static void test_bad_input(const char* dir) {
     expect_error_from(dir, TRAINER, "a --balance tasks checkpoint continued without it", args, "trained with --balance tasks");
     // a shard truncated under the running trainer once it has checkpointed: one line naming the shard
     // (a read past its new end faults inside the mapping), the checkpoint intact. The loader is
-    // vla/loader.h's, shared with train_vla_cpu: dev/test_hardening.sh rewrites a shard in place too.
+    // vla/loader.h's, shared with train_vla_cpu: tests/runs/test_hardening.sh rewrites a shard in place
+    // too.
     // (the copy is made before the trainer starts in the background: with `&&` the `&` took the
     // copy along, and on a rerun the wait below found the last run's checkpoints and truncated the
     // shard before the copy put it back)
@@ -1322,7 +1323,7 @@ static void test_balance(const char* dir) {
     snprintf(p2, sizeof(p2), "%s/gbal_cpu/log.jsonl", dir);
     int ng = read_losses(p1, 1, 6, gl), nc = read_losses(p2, 1, 6, cl);
     int tg = read_task_losses(p1, 6, gt), tc = read_task_losses(p2, 6, ct);
-    double tol = sizeof(floatX) == 4 ? TOL_RUNS : SMOL_TOL_FWD;
+    double tol = sizeof(floatX) == 4 ? TOL_RUNS : FLOW_TOL_FWD;
     double el = rel_error(gl, cl, 6), et = rel_error(gt, ct, 12);
     check(ng == 6 && nc == 6 && tg == 6 && tc == 6 && el < tol && et < tol, "6 balanced steps on %d GPU(s) vs train_vla_cpu "
           "-g %d: losses rel err %.2e, per-task losses rel err %.2e (tol %.1e); step 6's tasks %.5f %.5f vs %.5f %.5f", g, g, el, et,
@@ -1330,8 +1331,22 @@ static void test_balance(const char* dir) {
     snprintf(p1, sizeof(p1), "%s/gbal_full/ckpt_00000006.bin", dir);
     snprintf(p2, sizeof(p2), "%s/gbal_cpu/ckpt_00000006.bin", dir);
     double ec = ckpt_training_error(p2, p1);
-    check(ec < (sizeof(floatX) == 4 ? TOL_RUNS : SMOL_TOL_GRAD), "step 6's checkpoint: the GPU's training vs the CPU's, "
+    check(ec < (sizeof(floatX) == 4 ? TOL_RUNS : FLOW_TOL_GRAD), "step 6's checkpoint: the GPU's training vs the CPU's, "
           "rel err %.2e", ec);
+    // pi0, whose loss counts every slot of a chunk, padded ones too: its per-task losses as train_vla_cpu's
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/gbal_pi0 %s/gbal_pi0_cpu && "
+             "%s -p pi0_tiny -g %d -b 4 -u 3 --workers 1 --log-every 100 --balance tasks%s -n 4 -i %s -o %s/gbal_pi0 > "
+             "%s/gbal_pi0.txt 2>&1 && ./train_vla_cpu -p pi0_tiny -g %d -b 4 -u 3 -t 1 --workers 1 --log-every 100 "
+             "--balance tasks -n 4 -i %s -o %s/gbal_pi0_cpu > %s/gbal_pi0_cpu.txt 2>&1",
+             dir, dir, TRAINER, g, LOSS_SCALING ? " --loss-scale 1024" : "", spec, dir, dir, g, spec, dir, dir);
+    rc = run_command(cmd);
+    snprintf(p1, sizeof(p1), "%s/gbal_pi0/log.jsonl", dir);
+    snprintf(p2, sizeof(p2), "%s/gbal_pi0_cpu/log.jsonl", dir);
+    float pg[8] = {0}, pc[8] = {0};
+    tg = read_task_losses(p1, 4, pg), tc = read_task_losses(p2, 4, pc);
+    et = rel_error(pg, pc, 8);
+    check(rc == 0 && tg == 4 && tc == 4 && et < tol, "pi0_tiny, 4 balanced steps on %d GPU(s) vs train_vla_cpu: per-task "
+          "losses rel err %.2e (tol %.1e), every slot counted as pi0's loss counts them (rc %d)", g, et, tol, rc);
     // train_vla_cpu continues the GPU's balanced checkpoint (3 more steps)
     snprintf(cmd, sizeof(cmd), "%s -n 9 -y 1 -i %s -o %s/gbal_full > %s/gbal_cont.txt 2>&1", cpu, spec, dir, dir);
     rc = run_command(cmd);
@@ -1401,16 +1416,20 @@ static void test_profile(const char* dir) {
     check(products > 0, "the products' table: %d rows of matmul with their TFLOP/s and host time", products);
     check(strstr(text, "mean step time") != NULL && strstr(text, "over 1 steps") != NULL,
           "the mean step time leaves out the first step and the profiled one (over 1 steps)");
-    // the tiny preset's vision heads of 16 take version 4 in bf16 builds, its language heads of 12 (not
-    // a multiple of 8) version 1; fp16 builds run version 2, fp32 ones version 1
+    // the tiny preset's vision and language heads of 16 take version 4 in bf16 builds; fp16 builds run
+    // version 2, fp32 ones version 1 (pi0's heads of 256 take version 5 in every build)
     int bf16 = sizeof(floatX) == 2 && !LOSS_SCALING;
     const char* vision = bf16 ? "v4: flash, mma.sync" : LOSS_SCALING ? "v2: WMMA tiles" : "v1: a warp a query";
-    const char* masked = LOSS_SCALING ? "v2: WMMA tiles" : "v1: a warp a query";
+    const char* masked = vision;
     char row[2][160];
     snprintf(row[0], sizeof(row[0]), "| vision attention       | %-36s |", vision);
     snprintf(row[1], sizeof(row[1]), "| masked attention       | %-36s |", masked);
     check(strstr(text, row[0]) != NULL && strstr(text, row[1]) != NULL,
           "the config table names the build's attention (vision %s, masked %s)", vision, masked);
+    check(attention_version(256, false, true) == ATTENTION_V5 && attention_version(256, true, true) == ATTENTION_V5 &&
+          (LOSS_SCALING || attention_version(72, false, true) == ATTENTION_V1),
+          "attention_version, which the launchers and the config table ask: pi0's heads of 256 take version 5, its "
+          "vision heads of 72 version 1 (fp16 builds: 2 where the GPU's shared memory holds its tiles)");
     free(text);
     char args[2048];
     snprintf(args, sizeof(args), "-p tiny -b 2 -n 3 -i %s/a.bin -o %s/prof_bad --profile 4", dir, dir);
@@ -1579,11 +1598,11 @@ static double group_time(const char* group, double t0) {
 int main(int argc, char** argv) {
     // positional arguments, and --smolvla LEROBOT_REF_DIR, --pi0 LEROBOT_PI0_REF_DIR anywhere
     const char* args[3] = {NULL, NULL, NULL};
-    const char* smolvla_refs = NULL;
+    const char* flow_refs = NULL;
     const char* pi0_refs = NULL;
     int n_args = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--smolvla") == 0 && i + 1 < argc) { smolvla_refs = argv[++i]; }
+        if (strcmp(argv[i], "--smolvla") == 0 && i + 1 < argc) { flow_refs = argv[++i]; }
         else if (strcmp(argv[i], "--pi0") == 0 && i + 1 < argc) { pi0_refs = argv[++i]; }
         else if (n_args < 3) { args[n_args++] = argv[i]; }
         else { n_args++; }
@@ -1608,7 +1627,7 @@ int main(int argc, char** argv) {
     }
     if (oracle_ran) { t0 = group_time("oracle", t0); }
     if (wanted("lerobot") || wanted("lerobot:expert") || wanted("lerobot:vlm") || wanted("lerobot:all")) {
-        if (smolvla_refs != NULL) { test_smolvla_lerobot("SmolVLA", smolvla_refs); }
+        if (flow_refs != NULL) { test_smolvla_lerobot("SmolVLA", flow_refs); }
         else { printf("\n(SmolVLA against LeRobot: skipped, no --smolvla LEROBOT_REF_DIR)\n"); }
         // pi0: train mode all, which has every gradient (test_vla checks every mode on the CPU)
         if (pi0_refs != NULL && wanted_mode("lerobot", TRAIN_MODE_ALL)) { test_smolvla_case("pi0", pi0_refs, TRAIN_MODE_ALL); }

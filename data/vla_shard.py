@@ -57,8 +57,8 @@ assert HEADER_DTYPE.itemsize == 512 and HEADER_DTYPE.fields["n_tokens"][1] == 12
 EPISODE_DTYPE = np.dtype([("first_frame", "<u8"), ("length", "<u4"), ("task", "<u4")])
 assert EPISODE_DTYPE.itemsize == 16
 
-# instruction tokens each preset of vla/config.h reads (the max_text column of SMOLVLA_PRESETS;
-# data/test_metaworld.py checks these against vla/config.h). train_vla's --max-text overrides them.
+# instruction tokens each preset of vla/config.h reads (the max_text column of FLOW_PRESETS;
+# tests/data/test_metaworld.py checks these against vla/config.h). train_vla's --max-text overrides them.
 PRESET_MAX_TEXT = {"tiny": 16, "small": 48, "smolvla": 48, "pi0_tiny": 16, "pi0_small": 48, "pi0": 48}
 # rows of each preset's text table (the vocab column, checked the same way): the ids it can read
 PRESET_VOCAB = {"tiny": 256, "small": 256, "smolvla": 49280, "pi0_tiny": 256, "pi0_small": 256, "pi0": 257152}
@@ -110,7 +110,7 @@ def tokenizer_json_id(path):
 # pre-tokenizer (GPT2Tokenizer: plain ByteLevel); the tokenizers library (and transformers 4, which
 # trained smolvla_base) runs tokenizer.json as written. The ids differ only where the file's
 # pre-tokenizer splits text that ByteLevel keeps in one piece and the merges would join it again;
-# scripts/test_lerobot_io.py checks a Digits + ByteLevel tokenizer whose merges never join digits.
+# tests/lerobot/test_lerobot_io.py checks a Digits + ByteLevel tokenizer whose merges never join digits.
 # pi0 (lerobot/policies/pi0/processor_pi0.py) feeds the same ids by another road:
 #   1. Pi0NewLineProcessor: task + "\n", unless the task already ends with "\n" (the same rule).
 #   2. TokenizerProcessorStep(tokenizer_name="google/paligemma-3b-pt-224", max_length=tokenizer_max_length
@@ -123,7 +123,7 @@ def tokenizer_json_id(path):
 #   tokenizer.json's vocabulary and merges (BPE with byte fallback, spaces replaced by "▁" before
 #   anything else, then a split on spaces that finds none), the post-processor from add_bos_token /
 #   add_eos_token (true / false): the pipeline tokenizer.json itself writes down, so the ids are the
-#   same (scripts/test_policy_pi0.py checks it on a tokenizer of that kind).
+#   same (tests/policy/test_policy.py --family pi0 checks it on a tokenizer of that kind).
 class TokenizerJSON:
     """A tokenizer.json (PyPI tokenizers) as the shards use it: name (tokenizer_json_id), vocab (one
     past its largest id, added tokens included) and encode(text) -> the ids LeRobot's pre-processor

@@ -5,7 +5,7 @@ trainer doing nothing but taking batches, so the figure is the loader's own thro
   make dev/bench_loader && dev/bench_loader.sh     (writes the benchmark shards, then runs this)
   dev/bench_loader SHARDS PRESET [BATCH] [WORKERS] [SECONDS] [AUGMENT]
 
-A sample is what the trainer reads (a SmolBatch row): every camera's frame at its stored size,
+A sample is what the trainer reads (a Batch row): every camera's frame at its stored size,
 instruction token ids and mask, the normalized state padded to max_state_dim, the normalized action
 chunk padded to max_action_dim with its pad flags, flow time and noise (H x max_action_dim).
 WORKERS 0 assembles in the calling thread; 1 is one loader thread (one core).
@@ -23,14 +23,14 @@ int main(int argc, char** argv) {
         fprintf(stderr, "usage: %s SHARDS PRESET [BATCH 16] [WORKERS 1] [SECONDS 3] [AUGMENT 0]\n", argv[0]);
         return 2;
     }
-    if (smolvla_preset(argv[2]) == NULL) { vla_fail("unknown preset '%s': use tiny, small or smolvla", argv[2]); }
+    if (flow_preset(argv[2]) == NULL) { vla_fail("unknown preset '%s': use tiny, small or smolvla", argv[2]); }
     int B = argc > 3 ? (int)parse_int_arg("batch", argv[3], 1, 4096) : 16;
     int workers = argc > 4 ? (int)parse_int_arg("workers", argv[4], 0, 64) : 1;
     double seconds = argc > 5 ? parse_float_arg("seconds", argv[5], 0.1f, 600.0f) : 3.0;
     int augment = argc > 6 ? (int)parse_int_arg("augment", argv[6], 0, 64) : 0;
     Dataset ds;
     dataset_open(&ds, argv[1]);
-    SmolVLAConfig c = config_for_data(argv[2], 0, &ds);
+    FlowConfig c = config_for_data(argv[2], 0, &ds);
     Loader L;
     loader_start(&L, &ds, &c, 1, 0, 0, B, 1, augment, workers, 4);
     // warm-up: one pass over the data brings the shards into the page cache
@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
     for (uint64_t k = 0; k < warm_batches; k++) { loader_next(&L); loader_release(&L); }
     double t0 = wall_seconds(), wait0 = L.wait_seconds;
     while (wall_seconds() - t0 < seconds) {
-        SmolBatch* b = loader_next(&L);
+        Batch* b = loader_next(&L);
         if (b->t[0] <= 0.0f) { vla_fail("flow time out of range: the loader is broken"); }
         loader_release(&L);
         batches++;

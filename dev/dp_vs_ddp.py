@@ -156,7 +156,7 @@ def modelled(a):
                 print(f"| {n} | {dp_total / 1e9:.2f} GB | {dp_gpu0 / 1e9:.2f} GB | {ddp_gpu / 1e9:.2f} GB | "
                       f"{ddp_total / 1e9:.2f} GB | {1000 * dp['step']:.1f} ms | {n * a.batch / dp['step']:.0f} | "
                       f"{1000 * ddp:.1f} ms | {n * a.batch / ddp:.0f} | {dp['step'] / ddp:.2f}x |")
-                if a.rows:  # machine-readable, for dev/test_dp_vs_ddp.sh
+                if a.rows:  # machine-readable, for tests/bench/test_dp_vs_ddp.sh
                     print(f"row mode={vla.TRAIN_MODES[mode]} link={link} n={n} batch={a.batch} "
                           f"weights={sz.n_params} trainable={sz.n_trainable} dp_grads={dp_grad_bytes(sz, a)} "
                           f"t1_ms={1000 * t1:.6f} "

@@ -64,7 +64,7 @@ DRY_RUN=${DRY_RUN:-0}
 RESERVE=5  # seconds kept for the last tables
 OVERHEAD=10  # seconds outside the stages (the device's facts, the wheels' install, the tables): an estimate
 BENCH_DATA=build/bench/smolvla.bin  # 2 cameras at 224 px, state 6, action 5 (the Makefile's rule)
-WORK=${GPU_CHECK_WORK:-build/gpu_check}  # (dev/test_gpu_check.sh works elsewhere)
+WORK=${GPU_CHECK_WORK:-build/gpu_check}  # (tests/bench/test_gpu_check.sh works elsewhere)
 LOGS=$WORK/logs
 RUNS=$WORK/runs  # the benchmarks' output folders (their log.jsonl; no checkpoints)
 for v in BUDGET B STEPS CHUNKS JOBS PI0_B PI0_STEPS; do
@@ -95,7 +95,7 @@ CARRY=(build/gpu libvla_gpu.so "$REFS" "$PI0_REFS" .whl)
 # only where this matches
 sources_stamp() {
     echo "arch $1"
-    sha256sum train_vla.cu test_vla_gpu.cu dev/test_util.h dev/gpu_arch.mk Makefile
+    sha256sum train_vla.cu test_vla_gpu.cu tests/util/test_util.h dev/gpu_arch.mk Makefile
     find vla -name '*.h' -o -name '*.cuh' | LC_ALL=C sort | xargs sha256sum
 }
 # the GPU's architecture (sm_90 for H100 and H200), or GPU_ARCH, or sm_90 without a GPU
@@ -614,7 +614,7 @@ else
     [ "$DRY_RUN" = 1 ] || rm -rf "${RUNS:?}/train_default" "${RUNS:?}/balance_default"
     stage train_default '~30' build/gpu/train_vla_bf16 -b 32 -n 300 -u 30 -l 1e-3 --log-every 50 --no-checkpoint \
         -o "$RUNS/train_default"
-    stage launchers '~40' env GPU_TESTS=build/gpu scripts/test_launchers.sh
+    stage launchers '~40' env GPU_TESTS=build/gpu tests/runs/test_launchers.sh
     for level in attn layer; do
         train_vla_bench "bench_recompute_$level" '~25' all --recompute "$level"
     done

@@ -4,10 +4,10 @@ model.py: the PyTorch oracle of train_vla: LeRobot's SmolVLA and pi0, with vla/'
 The third, independent copy of the model, after train_vla.c and train_vla.cu. dev/smolvla.py computes SmolVLA and pi0
 exactly as LeRobot 0.6.1 does (forward, loss, sampling, the resize with padding), from LeRobot's
 tensor names. This file adds what the C trainers add around that math, reproduced bit for bit so they
-can be compared with it tensor by tensor: vla/config.h's SmolVLAConfig (its family field: 0 SmolVLA,
+can be compared with it tensor by tensor: vla/config.h's FlowConfig (its family field: 0 SmolVLA,
 1 pi0), presets and parameter table (our names, stacked per-layer tensors; a tensor the family does
 not have has no element) with the mapping to LeRobot's names both ways, the counter-based
-RNG (smolvla_param_init's seeded weights, the sampler's permutations, the flow noise), the training
+RNG (flow_param_init's seeded weights, the sampler's permutations, the flow noise), the training
 modes as the table's train column, batches from the dataset shards, the learning-rate schedule,
 AdamW on the trainable elements, the debug-state file that test_vla.c / test_vla_gpu.cu read, and
 the trainers' checkpoints (version 2), which --init reads to continue their run. The math itself
@@ -25,14 +25,14 @@ Lt = max_text tokens, S = img (the vision tower's square input), h_k x w_k camer
     /usr/bin/python3 dev/model.py -i x.bin -p pi0_tiny --train 5 --decay-on all --save-params w.bin   # weights after
     python dev/model.py -i x.bin -p smolvla -b 8 --bench 20 --device cuda --amp bf16 --compile
 
-Training modes (--train-mode, LeRobot's flags; vla/config.h's train column, smolvla_trainable_numel):
+Training modes (--train-mode, LeRobot's flags; vla/config.h's train column, flow_trainable_numel):
   expert  train_expert_only=True:  the expert, state_proj, action_in/out_proj, the time MLP
   vlm     train_expert_only=False, freeze_vision_encoder=True: also the connector, embed_tokens
           and the VLM's layers but its last (the last layer, its final norm and lm_head never train)
   all     also the vision tower
 A tensor's trainable elements are a prefix of it (stacked tensors are layer-major): gradients,
 AdamW moments, decay, clipping and the gradient norm cover that prefix only; the rest is frozen.
-Without --train-mode: the preset's default (smolvla_default_train_mode: expert for smolvla, all for
+Without --train-mode: the preset's default (flow_default_train_mode: expert for smolvla, all for
 the others: pi0's own default, and the presets trained from scratch), the policy's flags with
 --policy, the checkpoint's mode with --init. pi0 freezes less in modes vlm and all: its VLM's last layer
 trains its input norm and q/k/v (the keys and values feed the expert; the queries get a zero
@@ -47,14 +47,14 @@ then float) in (slot, dim) order: eps[h][d] for h < H, d < Amax, d fastest.
 Debug state (--debug-state OUT, a "VLAT" container: magic "VLAT", version 1, then per record a
 104-byte header (name[64], dtype 0=f32 1=u8 2=i32, ndim, 4 x u64 dims) and the data).
 Everything is computed in float64 (--dtype) and stored as float32:
-  config             i32 (27)              SmolVLAConfig in SMOLVLA_CONFIG_FIELDS order, family last (--init
+  config             i32 (27)              SmolVLAConfig in FLOW_CONFIG_FIELDS order, family last (--init
                                            reads states of 26, written before pi0, as SmolVLA)
   hparams            f32 (6)               lr, min_lr_frac, warmup, steps, weight decay, clip
   seed               i32 (1)               init (unless --policy/--init), sampler and flow-noise seed
   train_mode         i32 (1)               0 expert, 1 vlm, 2 all (TRAIN_MODE_*)
   stats              f32 (2(S+A))          state mean, std, action mean, std (the dataset's, std
                                            floored to 1 as dataset_open does)
-  param/<name>       f32 table shape       every tensor of SMOLVLA_PARAMETERS, in table order (those the
+  param/<name>       f32 table shape       every tensor of FLOW_PARAMETERS, in table order (those the
                                            family does not have with no element)
   batch/indices      i32 (B)               the sampler's samples of step 0
   batch/image<k>     u8  (B, h_k, w_k, 3)  camera k's frames at their stored size, k < n_cam
@@ -92,7 +92,7 @@ batch of dataset_assemble with state/actions zero-padded to Smax/Amax and action
 action_mask; the loss's divisor max(1, valid slots * A) (pi0's: B H A); AdamW (m = 0.9 m + 0.1 g, v = 0.95 v +
 0.05 g^2, bias corrections 1 - 0.9^(s+1) and 1 - 0.95^(s+1), update = m_hat / (sqrt(v_hat) + 1e-8)
 + wd p on decay tensors (every trained one with --decay-on all), p -= lr update) on the first
-smolvla_trainable_numel elements of each tensor only, clipping by the global norm of those
+flow_trainable_numel elements of each tensor only, clipping by the global norm of those
 gradients; lr_at_step's schedule. Token pads are the config's pad_token, as dataset_assemble writes
 them and LeRobot's tokenizer pads (its pad id); pads are masked as keys and as queries, so no number
 depends on their value.
@@ -120,11 +120,11 @@ import smolvla  # noqa: E402  dev/smolvla.py: SmolVLA's math as LeRobot computes
 from vla_shard import Dataset  # noqa: E402
 
 # ----------------------------------------------------------------------------
-# config and presets (vla/config.h: SmolVLAConfig, SMOLVLA_CONFIG_FIELDS, SMOLVLA_PRESETS)
+# config and presets (vla/config.h: FlowConfig, FLOW_CONFIG_FIELDS, FLOW_PRESETS)
 
 
 @dataclasses.dataclass
-class SmolVLAConfig:  # field order is SMOLVLA_CONFIG_FIELDS' and the debug state's
+class SmolVLAConfig:  # field order is FLOW_CONFIG_FIELDS' and the debug state's
     n_cam: int
     state_dim: int
     action_dim: int
@@ -172,7 +172,7 @@ class SmolVLAConfig:  # field order is SMOLVLA_CONFIG_FIELDS' and the debug stat
     def d_kv(self):
         return self.n_kv_head * self.head_dim
 
-    def layer_is_cross(self, l):  # smolvla_layer_is_cross: the one statement of the layer schedule
+    def layer_is_cross(self, l):  # flow_layer_is_cross: the one statement of the layer schedule
         return l % self.self_attn_every != 0
 
     @property
@@ -217,9 +217,9 @@ CONFIG_FIELDS = [f.name for f in dataclasses.fields(SmolVLAConfig)]
 FAMILY_SMOLVLA, FAMILY_PI0 = 0, 1
 FAMILY_NAMES = ["smolvla", "pi0"]  # dev/smolvla.py's family names, by vla/config.h's FAMILY_*
 
-# n_cam, state_dim and action_dim are replaced by the dataset's (SMOLVLA_PRESETS says what each is)
+# n_cam, state_dim and action_dim are replaced by the dataset's (FLOW_PRESETS says what each is)
 PRESETS = {  # cam S A img p Cv Cv_ff Lv NHv s vocab pad text C C_ff L NH NKV HS Ce Ce_ff n H Smax Amax theta family
-    "tiny": SmolVLAConfig(1, 4, 4, 32, 8, 32, 64, 1, 2, 2, 256, 0, 16, 48, 96, 2, 4, 2, 12, 36, 256, 2, 8, 32, 32,
+    "tiny": SmolVLAConfig(1, 4, 4, 32, 8, 32, 64, 1, 2, 2, 256, 0, 16, 48, 96, 2, 4, 2, 16, 48, 256, 2, 8, 32, 32,
                           10000, FAMILY_SMOLVLA),
     "small": SmolVLAConfig(2, 4, 4, 64, 8, 48, 96, 1, 2, 2, 256, 0, 48, 64, 192, 2, 4, 2, 16, 48, 256, 2, 8, 32, 32,
                            10000, FAMILY_SMOLVLA),
@@ -239,7 +239,7 @@ MAX_WIDTH, MAX_LAYER, MAX_HEAD, MAX_TOKENS, MAX_PARAMS = 65536, 1024, 1024, 1638
 
 
 def config_problem(c):
-    """None if the config is usable, else what is wrong (smolvla_config_problem)."""
+    """None if the config is usable, else what is wrong (flow_config_problem)."""
     if not 0 <= c.family < len(FAMILY_NAMES):
         return f"family {c.family} is not one of 0 (smolvla) and 1 (pi0)"
     for name in CONFIG_FIELDS:
@@ -276,7 +276,7 @@ def config_problem(c):
 
 
 # ----------------------------------------------------------------------------
-# the parameter table (vla/config.h: SMOLVLA_PARAMETERS), and its mapping to LeRobot's names
+# the parameter table (vla/config.h: FLOW_PARAMETERS), and its mapping to LeRobot's names
 
 TOWER_VISION, TOWER_VLM, TOWER_EXPERT, TOWER_STATE = 0, 1, 2, 3
 KIND_INPUT, KIND_LAYER, KIND_HEAD = 0, 1, 2
@@ -289,7 +289,7 @@ DECAY_ON = ["matrices", "all"]  # DECAY_ON_MATRICES, _ALL: the table's decay ten
 
 
 def default_train_mode(preset):
-    """smolvla_default_train_mode: LeRobot's fine-tuning of the released SmolVLA trains the expert;
+    """flow_default_train_mode: LeRobot's fine-tuning of the released SmolVLA trains the expert;
     pi0 and the presets trained from scratch train everything."""
     return TRAIN_MODES.index("expert") if preset == "smolvla" else TRAIN_MODES.index("all")
 
@@ -300,7 +300,7 @@ ParamSpec = collections.namedtuple("ParamSpec", "name lerobot tower kind train d
 
 
 def name_prefixes(c):
-    """SMOLVLA_NAME_PREFIX[family]: the family's LeRobot module prefix of each NAME_* (dev/smolvla.py's)."""
+    """FLOW_NAME_PREFIX[family]: the family's LeRobot module prefix of each NAME_* (dev/smolvla.py's)."""
     m = smolvla.MODULES[FAMILY_NAMES[c.family]]
     return {NAME_VIS: m.vision, NAME_CONN: m.connector + ".", NAME_TXT: m.text, NAME_EXP: m.expert, NAME_TOP: m.heads}
 
@@ -313,7 +313,7 @@ def lm_heads(c):
 
 
 def param_rows(c):
-    """SMOLVLA_PARAMETERS' rows as vla/config.h writes them: name, module (NAME_*), LeRobot name in it
+    """FLOW_PARAMETERS' rows as vla/config.h writes them: name, module (NAME_*), LeRobot name in it
     (%d = layer), tower, kind, train, decay, init, slices, shape. Linear weights are (out, in);
     per-layer tensors are stacked layer-major. TOWER_STATE, TRAIN_VLM_QKV and INIT_RMS are the
     family's to resolve (param_table); a tensor the family does not have has no elements (the
@@ -393,7 +393,7 @@ def param_rows(c):
     ]
 
 
-# the family's reading of the columns that depend on it (smolvla_resolve_tower, _train, _init)
+# the family's reading of the columns that depend on it (flow_resolve_tower, _train, _init)
 def resolve_tower(c, tower):  # the state token's projection: the VLM's (a prefix token) or the expert's (pi0)
     return (TOWER_EXPERT if c.state_in_suffix else TOWER_VLM) if tower == TOWER_STATE else tower
 
@@ -410,7 +410,7 @@ def resolve_init(c, init):  # an RMSNorm's weight: 1 in Llama's w form, 0 in Gem
 
 def param_table(c):
     """Every tensor in table order with its element offset into the flat buffer and its columns
-    resolved for the family (smolvla_table_build)."""
+    resolved for the family (flow_table_build)."""
     table, offset, prefix = [], 0, name_prefixes(c)
     for name, where, lerobot, tower, kind, train, decay, init, slices, shape in param_rows(c):
         table.append(ParamSpec(name, prefix[where] + lerobot, resolve_tower(c, tower), kind, resolve_train(c, train),
@@ -424,19 +424,19 @@ def param_count(c):
 
 
 def n_slices(s):
-    """smolvla_slices: a stacked tensor's leading dimension, else 1; 0 for a tensor the family does not have."""
+    """flow_slices: a stacked tensor's leading dimension, else 1; 0 for a tensor the family does not have."""
     if math.prod(s.shape) == 0:
         return 0
     return 1 if s.slices == SLICES_NONE else s.shape[0]
 
 
-def slice_numel(s):  # smolvla_slice_numel: the elements of one slice
+def slice_numel(s):  # flow_slice_numel: the elements of one slice
     return math.prod(s.shape) // n_slices(s) if n_slices(s) else 0
 
 
 def trainable_numel(s, mode):
     """The elements of tensor s that train in `mode` (0 expert, 1 vlm, 2 all): a prefix of it
-    (smolvla_trainable_numel). 'Every layer but the last' is the first numel - numel/L elements."""
+    (flow_trainable_numel). 'Every layer but the last' is the first numel - numel/L elements."""
     numel = math.prod(s.shape)
     if s.train == TRAIN_ALWAYS:
         return numel
@@ -450,7 +450,7 @@ def trainable_numel(s, mode):
 
 
 def slice_layer(c, s, i):
-    """LeRobot's layer number of slice i of a stacked tensor (smolvla_slice_layer)."""
+    """LeRobot's layer number of slice i of a stacked tensor (flow_slice_layer)."""
     if s.slices == SLICES_JOINT:
         return i * c.self_attn_every
     if s.slices == SLICES_CROSS:
@@ -582,7 +582,7 @@ def rng_flow_time(u):
 
 
 def param_init(c, seed):
-    """smolvla_param_init: normal(0, 0.02) from the counter at 2 * offset (element j of the tensor
+    """flow_param_init: normal(0, 0.02) from the counter at 2 * offset (element j of the tensor
     at offset o uses draws 2(o+j)+1, 2(o+j)+2), output projections 0.02 / sqrt(2 depth) with depth
     vis_layers in the vision tower and n_layer elsewhere (float math as C), zeros, ones.
     Returns name -> float32 numpy array."""
@@ -769,7 +769,7 @@ class AdamW:
     """AdamW (0.9, 0.95, eps 1e-8, decoupled decay on the table's decay tensors, or on every
     trained one with decay_on "all", global-norm clipping first), on the first trainable_numel
     elements of each tensor only: frozen elements have no moments and neither move nor decay. m and
-    v are per tensor here, packed in table order in checkpoints (SmolOptDomain)."""
+    v are per tensor here, packed in table order in checkpoints (FlowOptDomain)."""
 
     def __init__(self, model, lr, warmup, steps, min_lr_frac, weight_decay, clip, decay_on="matrices"):
         self.model = model
@@ -893,7 +893,7 @@ VLAT_MAGIC, VLAT_VERSION = 0x54414C56, 1
 VLAT_DTYPES = {0: np.float32, 1: np.uint8, 2: np.int32}
 CKPT_MAGIC, CKPT_VERSION, CKPT_HEADER_BYTES = 0x43414C56, 2, 512
 CKPT_FLAGS_AT, CKPT_CRC_AT, CKPT_FLAG_CRC = 264, 268, 1  # CheckpointHeader's flags and crc, CKPT_FLAG_CRC
-# CheckpointHeader's config: the fields but family in order at 8 (SMOLVLA_CONFIG_STORED of them), the train
+# CheckpointHeader's config: the fields but family in order at 8 (FLOW_CONFIG_STORED of them), the train
 # mode at 112, the family at 116 (the padding of files written before pi0: 0, SmolVLA)
 CKPT_CONFIG_AT, CKPT_CONFIG_STORED, CKPT_MODE_AT, CKPT_FAMILY_AT = 8, 26, 112, 116
 MAX_STEPS, MIN_STD = 1 << 30, np.float32(1e-6)  # VLA_MAX_STEPS, VLA_MIN_STD
@@ -943,7 +943,7 @@ def read_vlat(path):
 
 
 def opt_domain(table, mode):
-    """SmolOptDomain: (offset, trainable elements) of each tensor's moments in the packed m and v,
+    """FlowOptDomain: (offset, trainable elements) of each tensor's moments in the packed m and v,
     and their total."""
     offsets, numels, total = [], [], 0
     for s in table:

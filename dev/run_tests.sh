@@ -86,15 +86,15 @@ if [ "$GPU_TESTS" = build/emu ]; then
 fi
 # the PyTorch oracle with vla/'s plumbing (dev/model.py): vla/config.h's table and init, vla/rng.h's noise, LeRobot's
 # references, the C trainer's checkpoints continued
-add_suite model "$ORACLE_PY" dev/test_model.py build/lerobot_ref
+add_suite model "$ORACLE_PY" tests/model/test_model.py build/lerobot_ref
 # LeRobot's own SmolVLA training step and inference, timed (the GPU comparison's peer; here a smoke run)
-add_suite lerobot_bench env LEROBOT_PYTHON="$LEROBOT_PY" dev/lerobot/test_bench.sh
+add_suite lerobot_bench env LEROBOT_PYTHON="$LEROBOT_PY" tests/bench/test_lerobot_bench.sh
 # the other peer, the oracle's benchmark path (scaled_dot_product_attention, torch.compile), under
 # the torch 2 of LeRobot's venv
-add_suite oracle_bench "$LEROBOT_PY" dev/test_oracle_bench.py build/test/s.bin
-add_suite metaworld "$VENV_PY" data/test_metaworld.py
-add_suite learning dev/test_learning.sh
-add_suite eval "$VENV_PY" scripts/test_eval.py
+add_suite oracle_bench "$LEROBOT_PY" tests/bench/test_oracle_bench.py build/test/s.bin
+add_suite metaworld "$VENV_PY" tests/data/test_metaworld.py
+add_suite learning tests/runs/test_learning.sh
+add_suite eval "$VENV_PY" tests/eval/test_eval.py
 # each fuzz harness briefly from the seeds: the shard, checkpoint and policy readers for 15 s,
 # several shards as one dataset, safetensors, log.jsonl, checkpoint names and the bootstrap's
 # messages for 10 s (make fuzz runs them for minutes and keeps a corpus; FUZZ_TEST_SECONDS sets
@@ -106,26 +106,26 @@ else
 fi
 # the Python safetensors readers (dev/safetensors_format.py, the oracle's, the import's) on mutated files
 add_suite fuzz_safetensors_py "$ORACLE_PY" dev/fuzz/fuzz_safetensors_py.py --seconds 15
-add_suite policy "$ORACLE_PY" scripts/test_policy.py
+add_suite policy "$ORACLE_PY" tests/policy/test_policy.py --family smolvla
 # LeRobot policies into train_vla checkpoints and back (scripts/import_lerobot.py, export_lerobot.py):
 # weights, header, LeRobot's and train_vla's actions after a round trip and after --init fine-tuning
-add_suite lerobot_io "$LEROBOT_PY" scripts/test_lerobot_io.py
+add_suite lerobot_io "$LEROBOT_PY" tests/lerobot/test_lerobot_io.py --family smolvla
 # pi0 policies through the same scripts: --sizes, both lm_heads, bf16 and fp32 sources, a fine-tune on
 # 4 simulated ranks with ZeRO-1 against 1 rank, exported and reloaded by LeRobot
-add_suite lerobot_io_pi0 "$LEROBOT_PY" scripts/test_lerobot_io_pi0.py
+add_suite lerobot_io_pi0 "$LEROBOT_PY" tests/lerobot/test_lerobot_io.py --family pi0
 # pi0's tokens (LeRobot's pi0 pre-processor on a PaliGemma-kind tokenizer) and pi0 served from raw
 # observations by the CPU and GPU policy libraries, each camera missing in turn
-add_suite policy_pi0 "$LEROBOT_PY" scripts/test_policy_pi0.py
+add_suite policy_pi0 "$LEROBOT_PY" tests/policy/test_policy.py --family pi0
 # DataParallel against DDP (dev/dp_vs_ddp.py): the modelled tables' consistency, and the measured
 # code path (torch DP, torch DDP over gloo) on the CPU at the tiny preset
-add_suite dp_vs_ddp env PYTHON="$ORACLE_PY" dev/test_dp_vs_ddp.sh
+add_suite dp_vs_ddp env PYTHON="$ORACLE_PY" tests/bench/test_dp_vs_ddp.sh
 # LeRobot's own references (SmolVLA, pi0) re-checked through LeRobot
-add_suite lerobot_ref "$LEROBOT_PY" dev/lerobot/check_ref.py -d build/lerobot_ref
-add_suite lerobot_ref_pi0 "$LEROBOT_PY" dev/lerobot/check_ref_pi0.py -d build/lerobot_ref_pi0
-add_suite hardening dev/test_hardening.sh
+add_suite lerobot_ref "$LEROBOT_PY" dev/lerobot/check_ref.py --family smolvla -d build/lerobot_ref
+add_suite lerobot_ref_pi0 "$LEROBOT_PY" dev/lerobot/check_ref.py --family pi0 -d build/lerobot_ref_pi0
+add_suite hardening tests/runs/test_hardening.sh
 # the run folder's promises: one owner, the folder checked before each write, nothing of an earlier
 # run dropped (--new-run, -y 1's rules), signals, -i inside -o
-add_suite runs env GPU_TESTS="$GPU_TESTS" dev/test_runs.sh
+add_suite runs env GPU_TESTS="$GPU_TESTS" tests/runs/test_runs.sh
 if [ "$GPU_TESTS" = build/emu ]; then
     dev_cuda_dir=build/emu/dev/cuda
 else
@@ -134,17 +134,17 @@ fi
 # the device resize (dev/cuda/resize_pad.cu) against LeRobot's own resize_with_pad, through torch
 add_suite dev/cuda/resize_pad_check bash -c "$dev_cuda_dir/resize_pad --dump build/resize_pad.dump && \
     $LEROBOT_PY dev/cuda/resize_pad_check.py build/resize_pad.dump"
-add_suite lerobot "$VENV_PY" data/test_lerobot.py
-add_suite launchers env GPU_TESTS="$GPU_TESTS" scripts/test_launchers.sh
+add_suite lerobot "$VENV_PY" tests/data/test_lerobot.py
+add_suite launchers env GPU_TESTS="$GPU_TESTS" tests/runs/test_launchers.sh
 # dev/gpu_check.sh's stages in order and its tables, with nothing run (DRY_RUN=1)
-add_suite gpu_check_dry dev/test_gpu_check.sh
+add_suite gpu_check_dry tests/bench/test_gpu_check.sh
 add_suite test_vla ./test_vla build/test build/lerobot_ref build/lerobot_ref_pi0
 # train_vla's own inference benchmark (dev/bench_infer.py, the comparison's other side): a smoke run
 # on the CPU library and the GPU library ($VLA_GPU_LIBRARY's first: the emulated build without a GPU)
-add_suite infer_bench env PYTHON="$ORACLE_PY" dev/test_bench_infer.sh
-add_suite inspect "$VENV_PY" data/test_inspect.py
+add_suite infer_bench env PYTHON="$ORACLE_PY" tests/bench/test_bench_infer.sh
+add_suite inspect "$VENV_PY" tests/data/test_inspect.py
 # the plain LeRobot-faithful oracle of the math (dev/smolvla.py) against those references
-add_suite smolvla_oracle "$ORACLE_PY" dev/test_smolvla.py build/lerobot_ref
+add_suite smolvla_oracle "$ORACLE_PY" tests/model/test_smolvla.py build/lerobot_ref
 # ptxas's register counts of train_vla.cu's kernels against their __launch_bounds__ (a failure the
 # emulation cannot show: blocks too large for a kernel's registers do not launch on a GPU)
 add_suite cuda_registers dev/cuda/check_registers.sh build/gpu/registers_bf16.txt build/gpu/registers_fp32.txt \

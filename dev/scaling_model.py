@@ -9,7 +9,7 @@ How a step is modelled (train_vla.cu, MULTI_GPU), for the preset and train mode 
 trains, as the trainer's --train; the preset's default when not given):
 - Sizes come from dev/model.py's parameter table: every weight is held (bf16 for the compute), but
   gradients, fp32 master weights and AdamW's moments exist only for the elements that train in the
-  mode (smolvla_trainable_numel), so gradient bytes are 4 x the trainable count.
+  mode (flow_trainable_numel), so gradient bytes are 4 x the trainable count.
 - One GPU's step T1 = forward + backward + optimizer. The optimizer (AdamW over the trainable fp32
   master weights, moments and gradients) is memory-bound: T_opt = bytes it moves / HBM bandwidth.
   The rest is split 1:2 between forward and backward (the backward does about twice the matrix
@@ -65,7 +65,7 @@ def layer_flops(c, l, P):
 
 
 def buckets_of(c, mode):
-    """Each gradient bucket of train_vla.cu (smolvla_bucket): (name, trainable elements, backward
+    """Each gradient bucket of train_vla.cu (flow_bucket): (name, trainable elements, backward
     weight = forward FLOPs per sample of what the backward passes through before the bucket is
     final), in the order the backward pass finishes them: the expert's layers from the top (its
     head with the top one), its input projections, the VLM's layers from the top (its final norm

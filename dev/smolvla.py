@@ -5,7 +5,7 @@ An independent, from-scratch copy of LeRobot's SmolVLAPolicy and PI0Policy in pl
 lerobot, no transformers): it loads a LeRobot policy folder (config.json + model.safetensors + the
 pre-processor's normalization statistics where it has them) and reproduces LeRobot's
 preprocessing, training loss, velocities, gradients and the 10-step sampled action chunk. The C and
-CUDA trainers are written to match this file; dev/test_smolvla.py checks it against LeRobot itself.
+CUDA trainers are written to match this file; tests/model/test_smolvla.py checks it against LeRobot itself.
 The two are one design (a VLM reads images and language, an action expert of the same depth reads
 the noisy chunk, flow matching trains the velocity) and one forward here: what differs is a field
 of the config (family) and the few functions that read it (is_pi0 and below).
@@ -31,10 +31,10 @@ max_state_dim (32).
 
     /usr/bin/python3 dev/smolvla.py build/lerobot_ref/expert                 # loss, grad norm, chunk
     /usr/bin/python3 dev/smolvla.py build/lerobot_ref/vlm --dtype float32 -o out.safetensors
-    /usr/bin/python3 dev/test_smolvla.py build/lerobot_ref                   # parity with LeRobot
+    /usr/bin/python3 tests/model/test_smolvla.py build/lerobot_ref           # parity with LeRobot
     /usr/bin/python3 dev/smolvla.py build/lerobot_ref/all --c-config build/lerobot_ref/all/c_config.txt
                                                          # the C trainers' config (test_vla reads it)
-    /usr/bin/python3 dev/smolvla.py build/lerobot_ref_pi0/all                # pi0 (dev/lerobot/make_ref_pi0.py)
+    /usr/bin/python3 dev/smolvla.py build/lerobot_ref_pi0/all                # pi0 (make_ref.py --family pi0)
 
 Runs on torch 1.13 (Debian's python3-torch) and newer; numpy and safetensors not needed.
 """
@@ -340,7 +340,7 @@ def pi0_released_sizes(paligemma_variant, action_expert_variant):
 
 
 def read_c_config(path):
-    """A "name value" file of vla/config.h's fields (smolvla_config_read's format) -> {name: int}. A file
+    """A "name value" file of vla/config.h's fields (flow_config_read's format) -> {name: int}. A file
     without a family line was written before pi0: SmolVLA's (family 0)."""
     fields = {"family": 0}
     with open(path) as f:
@@ -364,10 +364,10 @@ def pi0_sizes_of_c_config(c):
 def load_pi0_config(policy_dir, pc, sizes=None):
     """The sizes of a pi0 policy folder. Its config.json holds the policy's settings but no size: the
     Gemma variants are names, and a test-size model is built by replacing what those names build at
-    run time (dev/lerobot/make_ref_pi0.py), which config.json does not record. So the sizes are, in
-    this order: `sizes` (a sizes file's dict, PI0_SIZE_KEYS' layout, checked by its reader), the
+    run time (dev/lerobot/make_ref.py --family pi0), which config.json does not record. So the sizes
+    are, in this order: `sizes` (a sizes file's dict, PI0_SIZE_KEYS' layout, checked by its reader), the
     model's config as the C trainers read it in the folder above the policy (c_config.txt, which
-    make_ref_pi0.py writes off the built model), else the released ones of the variants named;
+    make_ref.py writes off the built model), else the released ones of the variants named;
     load_parameters then checks every shape against them."""
     assert pc.get("empty_cameras", 0) == 0, "empty_cameras is not implemented"
     assert not pc.get("use_relative_actions", False), "use_relative_actions is not implemented"
@@ -782,7 +782,7 @@ def vision_position_ids(cfg, grid_h, grid_w, device=None):
     Mathematically row = r when grid == n, but torch.arange's float32 boundaries are not always
     the correctly rounded k/n (its vectorized kernel adds steps to a rounded base), which makes
     rows skip and repeat for some n (19, 25, 29, ...). For n = 32 (the released model) and 8 (the
-    tests) it is the identity, which the C trainers assume (dev/test_smolvla.py checks it).
+    tests) it is the identity, which the C trainers assume (tests/model/test_smolvla.py checks it).
     """
     n = cfg.vis_image_size // cfg.vis_patch
     if is_pi0(cfg):
@@ -1203,7 +1203,7 @@ def tokenizer_pad_id(name, policy_dir):
 
 
 def c_config_lines(case_dir, batch_path=None):
-    """The C trainers' SmolVLAConfig (vla/config.h's SMOLVLA_CONFIG_FIELDS, family last: 0 SmolVLA, 1
+    """The C trainers' FlowConfig (vla/config.h's FLOW_CONFIG_FIELDS, family last: 0 SmolVLA, 1
     pi0) of a LeRobot policy folder, as "name value" lines, and checks that the policy uses nothing
     the C model does not implement."""
     policy_dir = os.path.join(case_dir, "policy")
@@ -1255,7 +1255,7 @@ def main():
     ap.add_argument("-o", "--out", help="write the oracle's tensors (names as in ref.safetensors) here")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--table", action="store_true", help="print the parameter table (trainable per mode) and exit")
-    ap.add_argument("--c-config", metavar="FILE", help="write the C trainers' config (vla/config.h's SMOLVLA_CONFIG_FIELDS "
+    ap.add_argument("--c-config", metavar="FILE", help="write the C trainers' config (vla/config.h's FLOW_CONFIG_FIELDS "
                     "as 'name value' lines) of CASE/policy and the batch's token length, and exit")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -26,10 +26,10 @@ LeRobot's own config keys,
      "vision": {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "patch_size"}}
 (the image side is config.json's image_resolution). The two Gemmas run through one attention, so
 they share depth, heads, key/value heads and head size. Without --sizes, a c_config.txt in the
-folder above the policy (dev/lerobot/make_ref_pi0.py's references) gives the sizes. --vlm is
-SmolVLA's, --sizes pi0's.
+folder above the policy (the references of dev/lerobot/make_ref.py --family pi0) gives the sizes.
+--vlm is SmolVLA's, --sizes pi0's.
 
-Every tensor of vla/config.h's table (SMOLVLA_PARAMETERS, as dev/model.py states it) is read by its
+Every tensor of vla/config.h's table (FLOW_PARAMETERS, as dev/model.py states it) is read by its
 LeRobot name and shape-checked against the sizes; the lm_heads (SmolVLA's one; pi0's PaliGemma
 lm_head and the expert's), which feed nothing, are shape-checked too and listed as skipped, as is
 any other tensor the table lacks. Any problem is one line, `error: ...: <fix>`, exit status 1,

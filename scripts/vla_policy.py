@@ -73,7 +73,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "data"))
 import vla_shard  # noqa: E402  data/vla_shard.py: tokenizer names and TokenizerJSON
 
-# vla_policy_config's 28 int32, a checkpoint header's order: SMOLVLA_CONFIG_FIELDS but family, the
+# vla_policy_config's 28 int32, a checkpoint header's order: FLOW_CONFIG_FIELDS but family, the
 # checkpoint's train mode, then the family (0 SmolVLA, 1 pi0)
 CONFIG_FIELDS = ["n_cam", "state_dim", "action_dim", "img", "patch", "vis_width", "vis_ff", "vis_layers", "vis_heads",
                  "scale_factor", "vocab", "pad_token", "max_text", "d_model", "d_ff", "n_layer", "n_head", "n_kv_head",

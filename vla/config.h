@@ -583,7 +583,7 @@ static inline const char* flow_config_problem(const FlowConfig* c) {
 
 // A config as "name value" lines (every field of FLOW_CONFIG_FIELDS once, but family, which
 // files written before pi0 leave out: SmolVLA; dev/smolvla.py --c-config and
-// dev/lerobot/make_ref_pi0.py write them from LeRobot's models). Returns 0, or 1 with err set.
+// dev/lerobot/make_ref.py --family pi0 write them from LeRobot's models). Returns 0, or 1 with err set.
 static inline int flow_config_read(const char* path, FlowConfig* c, char* err, size_t err_size) {
     FILE* f = fopen(path, "r");
     if (f == NULL) { snprintf(err, err_size, "cannot open %s: %s", path, strerror(errno)); return 1; }

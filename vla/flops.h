@@ -21,7 +21,7 @@ tensor-core peaks of the GPUs we know. Host only; needs config.h.
 // GeGLU are the same three products. pi0 has no cross layers (self_attn_every 1); its last VLM
 // layer, like SmolVLA's, feeds only its keys and values to the expert.
 // What the model needs, not what the kernels happen to do; sampling's passes are not counted.
-// dev/lerobot/bench_lerobot.py's pi0_train_flops counts the same (dev/lerobot/test_bench.sh).
+// dev/lerobot/bench_lerobot.py's pi0_train_flops counts the same (tests/bench/test_lerobot_bench.sh).
 static double flow_flops_per_sample(const FlowConfig* c, int mode) {
     double cams = c->n_cam, G = flow_grid(c), Nv = G * G, Cv = c->vis_width, Fv = c->vis_ff, Lv = c->vis_layers;
     double NI = flow_image_tokens(c), s2 = (double)c->scale_factor * c->scale_factor;

@@ -35,7 +35,7 @@ default dtype). bf16 is what `accelerate launch --mixed_precision bf16 lerobot-t
 accelerator.autocast()), no grad scaler, fp32 master weights. --amp bf16 builds
 Accelerator(mixed_precision="bf16"); --amp fp16 is the use_amp path; --amp none is "no" (fp32+TF32).
 
-pi0 (--preset pi0: lerobot/pi0's sizes, 3.24B parameters used; pi0_tiny: make_ref_pi0.py's test
+pi0 (--preset pi0: lerobot/pi0's sizes, 3.24B parameters used; pi0_tiny: make_ref.py's pi0 test
 sizes, which its tiny_pi0_sizes puts in place at run time): LeRobot's PI0Policy with random
 weights, built by LeRobot's own code on the device it runs on. Nothing is read from the hub: the
 policy is built from PI0Config, not from google/paligemma-3b-pt-224, and its pre-processor, whose
@@ -52,7 +52,7 @@ fp16 is refused. Inference follows lerobot_eval.py: the weights in PI0Config.dty
 --train defaults to all for pi0 (LeRobot's default: neither switch set). A CUDA out-of-memory
 error ends the run with one line, "bench_lerobot: does not fit: ...", and exit status 3.
 pi0's model FLOPs (pi0_train_flops, count="model") are vla/flops.h's for the same sizes, so both
-trainers' MFU share one count (dev/lerobot/test_bench.sh compares them).
+trainers' MFU share one count (tests/bench/test_lerobot_bench.sh compares them).
 
 The FLOP and parameter formulas (smolvla_train_flops, smolvla_infer_flops, smolvla_param_counts,
 pi0_train_flops, pi0_infer_flops, pi0_param_counts) depend on nothing but the standard library so
@@ -459,7 +459,7 @@ def pi0_train_flops(sz, batch, lang_len, train="all", count="model"):
 
     Per sample: P = cams * (img/patch)^2 + lang_len prefix tokens, S = chunk + 1 suffix tokens (the
     state token, then the actions), T = P + S; every layer is joint.
-    count="model": vla/flops.h's smolvla_flops_per_sample for the pi0 family, term by term (what
+    count="model": vla/flops.h's flow_flops_per_sample for the pi0 family, term by term (what
       train_vla's MFU divides by): vision 2*N*3p^2*Dv + Lv*(2*N*(4Dv^2 + 2Dv*Mv) + 4N^2*Dv) per
       camera, the projector 2*N*Dv*D per camera, the VLM (L-1)*(2P*(2DQ + 2D*KV + 3DM) + 4P^2*Q)
       plus the last layer's keys and values 2P*2D*KV (its queries, o_proj and MLP feed nothing),
@@ -573,7 +573,7 @@ class BenchError(Exception):
     """A known, user-facing problem: printed as one line, exit status 2."""
 
 
-# train_vla's `small` preset (vla/config.h, SMOLVLA_PRESETS) in LeRobot's terms, so that dev/bench_cpu.sh
+# train_vla's `small` preset (vla/config.h, FLOW_PRESETS) in LeRobot's terms, so that dev/bench_cpu.sh
 # times both trainers on the same model. The vocabulary is the stand-in tokenizer's, not 256 bytes.
 SMALL_VISION = dict(image_size=64, patch_size=8, hidden_size=48, num_hidden_layers=1,
                     num_attention_heads=2, intermediate_size=96, layer_norm_eps=1e-6,
@@ -594,7 +594,8 @@ def preset_config(preset):
         return SMALL_VISION, SMALL_TEXT, 2, None, dict(SMALL_POLICY)
     sys.path.insert(0, str(HERE))
     import make_ref  # the reference generator's tiny sizes
-    return make_ref.VISION, make_ref.TEXT, make_ref.SCALE_FACTOR, None, dict(make_ref.POLICY)
+    return (make_ref.SMOLVLA_VISION, make_ref.SMOLVLA_TEXT, make_ref.SMOLVLA_SCALE_FACTOR, None,
+            dict(make_ref.SMOLVLA_POLICY))
 
 
 def build_vlm_dir(out_dir, vision, text, scale_factor, vocab):
@@ -603,7 +604,7 @@ def build_vlm_dir(out_dir, vision, text, scale_factor, vocab):
     word one token, as SmolLM2's 49k vocabulary does for common English words, so instruction
     lengths are realistic. The special tokens are make_ref.py's."""
     sys.path.insert(0, str(HERE))
-    from make_ref import SPECIAL_TOKENS
+    from make_ref import SMOLVLA_SPECIAL_TOKENS as SPECIAL_TOKENS
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (AutoTokenizer, PreTrainedTokenizerFast, SmolVLMConfig, SmolVLMImageProcessor,
                               SmolVLMProcessor, SmolVLMVideoProcessor)
@@ -828,15 +829,15 @@ class DoesNotFit(BenchError):
 
 def pi0_preset_parts(preset):
     """(SigLIP sizes, the VLM's and the expert's Gemma sizes, vocabulary, PI0Config settings) of a
-    pi0 preset: the released model's, or make_ref_pi0.py's test sizes (pi0_tiny, vla/config.h's
+    pi0 preset: the released model's, or make_ref.py's pi0 test sizes (pi0_tiny, vla/config.h's
     preset of that name), which its tiny_pi0_sizes replaces at run time."""
     if preset == "pi0":
         return PI0_VISION, PI0_GEMMA["gemma_2b"], PI0_GEMMA["gemma_300m"], PI0_VOCAB, {}
     sys.path.insert(0, str(HERE))
-    import make_ref_pi0
-    policy = {k: v for k, v in make_ref_pi0.POLICY.items() if k != "dtype"}  # (--amp sets the dtype)
-    vision = dict(make_ref_pi0.VISION, image_size=policy["image_resolution"][0])
-    return vision, make_ref_pi0.GEMMA["gemma_2b"], make_ref_pi0.GEMMA["gemma_300m"], make_ref_pi0.VOCAB, policy
+    import make_ref
+    policy = {k: v for k, v in make_ref.PI0_POLICY.items() if k != "dtype"}  # (--amp sets the dtype)
+    vision = dict(make_ref.PI0_VISION, image_size=policy["image_resolution"][0])
+    return vision, make_ref.PI0_GEMMA["gemma_2b"], make_ref.PI0_GEMMA["gemma_300m"], make_ref.PI0_VOCAB, policy
 
 
 def pi0_preset_sizes(preset, n_cams=len(CAMERAS)):
@@ -850,8 +851,8 @@ def pi0_build_sizes(preset):
     if preset == "pi0":
         return nullcontext()
     sys.path.insert(0, str(HERE))
-    import make_ref_pi0
-    return make_ref_pi0.tiny_pi0_sizes()
+    import make_ref
+    return make_ref.tiny_pi0_sizes()
 
 
 def pi0_policy_config(preset, train, device, amp, compile_mode):
@@ -892,12 +893,12 @@ def pi0_sizes_of(model, cfg, n_cams):
 
 
 def pi0_count_params(model):
-    """A PI0Pytorch's parameters by make_ref_pi0.py's parts; requires_grad without the lm_heads."""
+    """A PI0Pytorch's parameters by make_ref.py's pi0 parts; requires_grad without the lm_heads."""
     sys.path.insert(0, str(HERE))
-    from make_ref_pi0 import part_counts, part_of
-    counts = part_counts(model)
+    from make_ref import pi0_part_counts, pi0_part_of
+    counts = pi0_part_counts(model)
     counts["requires_grad"] = sum(p.numel() for n, p in model.named_parameters()
-                                  if p.requires_grad and part_of(n) != "lm_heads")
+                                  if p.requires_grad and pi0_part_of(n) != "lm_heads")
     return counts
 
 
@@ -952,7 +953,7 @@ def pi0_measured_flops(model, images, img_masks, tokens, masks, state, actions, 
     from torch.utils.flop_counter import FlopCounterMode
 
     sys.path.insert(0, str(HERE))
-    from make_ref_pi0 import part_of
+    from make_ref import pi0_part_of as part_of
 
     b, device = state.shape[0], state.device
     g = torch.Generator().manual_seed(SEED + 1)

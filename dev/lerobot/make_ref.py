@@ -1,15 +1,26 @@
 #!/usr/bin/env python3
-"""Ground-truth reference files computed by LeRobot 0.6.1's own SmolVLAPolicy.
+"""Ground-truth reference files computed by LeRobot 0.6.1's own policies, SmolVLA or pi0.
 
 Run with the pinned venv (see requirements.txt next to this file):
 
-    build/lerobot-venv/bin/python dev/lerobot/make_ref.py -o build/lerobot_ref
+    build/lerobot-venv/bin/python dev/lerobot/make_ref.py --family smolvla -o build/lerobot_ref
+    build/lerobot-venv/bin/python dev/lerobot/make_ref.py --family pi0 -o build/lerobot_ref_pi0
 
-It builds a tiny SmolVLM folder (config, tokenizer, processor) offline, instantiates
-SmolVLAPolicy on it with random seeded weights, pushes a fixed batch through LeRobot's
-own pre-processor, runs forward + backward with explicit noise and time, samples a
-10-step Euler chunk, and writes everything under OUT/<case>/ for the three training
-modes (expert, vlm, all). See README.md for the meaning of every tensor.
+SmolVLA (SmolVLAPolicy): it builds a tiny SmolVLM folder (config, tokenizer, processor) offline,
+instantiates SmolVLAPolicy on it with random seeded weights, pushes a fixed batch through
+LeRobot's own pre-processor, runs forward + backward with explicit noise and time, samples a
+10-step Euler chunk, and writes everything under OUT/<case>/ for the three training modes
+(expert, vlm, all).
+
+pi0 (PI0Policy): PI0Config has no size settings, so the sizes are replaced at run time
+(tiny_pi0_sizes): the names that modeling_pi0 builds its configs and models with are swapped for
+small versions, and LeRobot's own code builds the whole module tree at those sizes. On that
+policy (random seeded weights) it runs forward + backward with fixed noise and time, samples a
+10-step Euler chunk, and writes everything under OUT/<case>/ for the same three modes, plus the
+released model's parameter counts (OUT/released_counts.json).
+
+Both families share the cases, the seed, the jitter of constant vectors, B = 3, chunk 8 and the
+valid slots 8, 5, 2. See README.md for the meaning of every file and tensor.
 """
 
 import os
@@ -20,8 +31,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse
+import contextlib
 import hashlib
 import json
+import math
 import shutil
 import sys
 import time
@@ -31,36 +44,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+
+# ----------------------------------------------------------------------------------------------
+# what both families share
+
 SEED = 1234
 BATCH = 3
-
-# Tiny sizes with the released model's structure (see README.md for the real ones).
-VISION = dict(image_size=64, patch_size=8, hidden_size=32, num_hidden_layers=2,
-              num_attention_heads=2, intermediate_size=64, layer_norm_eps=1e-6,
-              hidden_act="gelu_pytorch_tanh")
-TEXT = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            intermediate_size=128, num_hidden_layers=4, rms_norm_eps=1e-5,
-            rope_theta=100000.0, max_position_embeddings=512, hidden_act="silu")
-SCALE_FACTOR = 2
-IMAGE_SEQ_LEN = (VISION["image_size"] // VISION["patch_size"]) ** 2 // SCALE_FACTOR**2
-
-POLICY = dict(chunk_size=8, n_action_steps=8, max_state_dim=32, max_action_dim=32,
-              resize_imgs_with_padding=(64, 64), num_steps=10, num_vlm_layers=4,
-              tokenizer_max_length=48)
-
 STATE_DIM = 6
 ACTION_DIM = 5
-
-# (height, width) as a dataset stores frames. top: upscale + pad top rows; wrist: downscale
-# + pad left columns; side: already at model size, so LeRobot skips the resize entirely.
-CAMERAS = {"top": (36, 60), "wrist": (96, 80), "side": (64, 64)}
-
-# Different token lengths so right-padding of the language tokens is exercised.
-TASKS = [
-    "pick up the red cube",
-    "open the top drawer and put the small spoon inside it",
-    "stack blocks",
-]
 # Number of valid chunk slots per sample; the rest of the chunk ran past the episode's end.
 VALID_STEPS = [8, 5, 2]
 
@@ -68,18 +59,6 @@ CASES = {
     "expert": dict(train_expert_only=True, freeze_vision_encoder=True),
     "vlm": dict(train_expert_only=False, freeze_vision_encoder=True),
     "all": dict(train_expert_only=False, freeze_vision_encoder=False),
-}
-
-VLM_FOLDER = "tiny_smolvlm"
-
-SPECIAL_TOKENS = {
-    "unk": "<|endoftext|>",
-    "bos": "<|im_start|>",
-    "pad": "<|im_end|>",
-    "fake_image_token": "<fake_token_around_image>",
-    "global_image_token": "<global-img>",
-    "image_token": "<image>",
-    "end_of_utterance_token": "<end_of_utterance>",
 }
 
 
@@ -93,172 +72,9 @@ def setup_torch():
     torch.manual_seed(SEED)
 
 
-def build_tokenizer(out_dir):
-    """Byte-level BPE trained on the task strings, so "\\n" is a real token as in SmolLM2.
-
-    No post-processor is attached, so (like SmolVLM's GPT-2 style tokenizer) no BOS/EOS
-    is added: the pre-processor's tokens are exactly the BPE pieces of "task\\n".
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = list(dict.fromkeys(SPECIAL_TOKENS.values()))
-    bpe = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk"]))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    # A small merge budget keeps some words split into several pieces, like a real BPE.
-    trainer = trainers.BpeTrainer(
-        vocab_size=len(specials) + 256 + 40,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator([t + "\n" for t in TASKS] * 3, trainer=trainer)
-    extra = {k: v for k, v in SPECIAL_TOKENS.items() if k.endswith("_token")}
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        unk_token=SPECIAL_TOKENS["unk"],
-        bos_token=SPECIAL_TOKENS["bos"],
-        eos_token=SPECIAL_TOKENS["end_of_utterance_token"],
-        pad_token=SPECIAL_TOKENS["pad"],
-        extra_special_tokens=extra,
-    )
-    tok.save_pretrained(out_dir)
-    return tok
-
-
-def build_vlm_folder(vlm_dir, vision_sizes=VISION, text_sizes=TEXT, scale_factor=SCALE_FACTOR,
-                     tokenizer_builder=build_tokenizer, vocab_size=None):
-    """The local stand-in for HuggingFaceTB/SmolVLM2-500M-Video-Instruct that LeRobot loads.
-
-    SmolVLMWithExpertModel calls AutoConfig.from_pretrained and AutoProcessor.from_pretrained
-    on vlm_model_name, and reads the image special-token ids from the processor's tokenizer.
-    The sizes, the tokenizer and the text vocabulary (default: the tokenizer's size) can be
-    replaced (scripts/test_lerobot_io.py builds one at the tiny preset's sizes).
-    """
-    from transformers import (AutoTokenizer, SmolVLMConfig, SmolVLMImageProcessor,
-                              SmolVLMProcessor, SmolVLMVideoProcessor)
-
-    if vlm_dir.exists():
-        shutil.rmtree(vlm_dir)
-    vlm_dir.mkdir(parents=True)
-    tokenizer_builder(vlm_dir)
-    tok = AutoTokenizer.from_pretrained(vlm_dir)
-    edge = {"longest_edge": vision_sizes["image_size"]}
-    processor = SmolVLMProcessor(
-        image_processor=SmolVLMImageProcessor(size=edge, max_image_size=edge, do_image_splitting=False),
-        tokenizer=tok,
-        video_processor=SmolVLMVideoProcessor(size=edge, max_image_size=edge),
-        image_seq_len=(vision_sizes["image_size"] // vision_sizes["patch_size"]) ** 2 // scale_factor**2,
-    )
-    processor.save_pretrained(vlm_dir)
-
-    text = dict(text_sizes, model_type="llama", vocab_size=vocab_size or len(tok), pad_token_id=tok.pad_token_id,
-                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                attention_dropout=0.0, attention_bias=False, mlp_bias=False,
-                tie_word_embeddings=False)
-    vision = dict(vision_sizes, attention_dropout=0.0, num_channels=3)
-    config = SmolVLMConfig(
-        vision_config=vision,
-        text_config=text,
-        scale_factor=scale_factor,
-        image_token_id=tok.convert_tokens_to_ids(SPECIAL_TOKENS["image_token"]),
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False,
-    )
-    config.save_pretrained(vlm_dir)
-    return tok
-
-
-def make_policy_config(vlm_dir, train_expert_only, freeze_vision_encoder, cameras=CAMERAS, state_dim=STATE_DIM,
-                       action_dim=ACTION_DIM, policy=POLICY):
-    from lerobot.configs import FeatureType, PolicyFeature
-    from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
-
-    inputs = {cam_key(c): PolicyFeature(type=FeatureType.VISUAL, shape=(3, h, w))
-              for c, (h, w) in cameras.items()}
-    inputs["observation.state"] = PolicyFeature(type=FeatureType.STATE, shape=(state_dim,))
-    outputs = {"action": PolicyFeature(type=FeatureType.ACTION, shape=(action_dim,))}
-    return SmolVLAConfig(
-        input_features=inputs,
-        output_features=outputs,
-        device="cpu",
-        push_to_hub=False,
-        vlm_model_name=str(vlm_dir),
-        load_vlm_weights=False,
-        train_expert_only=train_expert_only,
-        freeze_vision_encoder=freeze_vision_encoder,
-        **policy,
-    )
-
-
-def make_raw_data(seed):
-    """A batch as a LeRobot dataset + dataloader would hand it over, plus dataset stats."""
-    g = torch.Generator().manual_seed(seed)
-    data = {}
-    for cam, (h, w) in CAMERAS.items():
-        data[f"images_u8.{cam}"] = torch.randint(0, 256, (BATCH, h, w, 3), generator=g, dtype=torch.uint8)
-
-    state_mean = torch.randn(STATE_DIM, generator=g)
-    state_std = torch.rand(STATE_DIM, generator=g) * 1.5 + 0.2
-    act_mean = torch.randn(ACTION_DIM, generator=g)
-    act_std = torch.rand(ACTION_DIM, generator=g) * 1.5 + 0.2
-    state = state_mean + state_std * torch.randn(BATCH, STATE_DIM, generator=g)
-    action = act_mean + act_std * torch.randn(BATCH, POLICY["chunk_size"], ACTION_DIM, generator=g)
-
-    is_pad = torch.zeros(BATCH, POLICY["chunk_size"], dtype=torch.bool)
-    for b, n in enumerate(VALID_STEPS):
-        is_pad[b, n:] = True
-        # LeRobot clamps out-of-episode indices, so padded slots repeat the last real frame.
-        action[b, n:] = action[b, n - 1]
-    data["observation.state"] = state
-    data["action"] = action
-    data["action_is_pad"] = is_pad
-
-    stats = {
-        "observation.state": {"mean": state_mean.numpy(), "std": state_std.numpy(),
-                              "min": state.min(0).values.numpy(), "max": state.max(0).values.numpy()},
-        "action": {"mean": act_mean.numpy(), "std": act_std.numpy(),
-                   "min": action.amin((0, 1)).numpy(), "max": action.amax((0, 1)).numpy()},
-    }
-    for cam in CAMERAS:
-        # Visual features are IDENTITY-normalized by SmolVLA, but datasets ship (3,1,1) stats.
-        f = data[f"images_u8.{cam}"].permute(0, 3, 1, 2).float() / 255.0
-        stats[cam_key(cam)] = {
-            "mean": f.mean((0, 2, 3)).reshape(3, 1, 1).numpy(),
-            "std": f.std((0, 2, 3)).reshape(3, 1, 1).numpy(),
-            "min": f.amin((0, 2, 3)).reshape(3, 1, 1).numpy(),
-            "max": f.amax((0, 2, 3)).reshape(3, 1, 1).numpy(),
-        }
-    return data, stats
-
-
 def images_as_fed(u8):
     """(B,h,w,3) uint8 -> (B,3,h,w) float32 in [0,1], the layout LeRobot datasets return."""
     return (u8.permute(0, 3, 1, 2).to(torch.float32) / 255.0).contiguous()
-
-
-def make_policy_batch(data):
-    batch = {cam_key(c): images_as_fed(data[f"images_u8.{c}"]) for c in CAMERAS}
-    batch["observation.state"] = data["observation.state"].clone()
-    batch["action"] = data["action"].clone()
-    batch["action_is_pad"] = data["action_is_pad"].clone()
-    batch["task"] = list(TASKS)
-    return batch
-
-
-def make_flow_inputs(seed):
-    """Noise and time passed explicitly to forward, and the noise that starts sampling."""
-    from lerobot.policies.common.flow_matching import sample_time_beta
-
-    shape = (BATCH, POLICY["chunk_size"], POLICY["max_action_dim"])
-    g = torch.Generator().manual_seed(seed)
-    noise = torch.randn(shape, generator=g)
-    sample_noise = torch.randn(shape, generator=g)
-    torch.manual_seed(seed)
-    # The distribution SmolVLA's own sample_time uses (Beta(1.5, 1) * 0.999 + 0.001).
-    t = sample_time_beta(BATCH, "cpu", alpha=1.5, beta=1.0, scale=0.999, offset=0.001)
-    return noise, t, sample_noise
 
 
 def state_digest(sd):
@@ -285,77 +101,10 @@ def perturb_constant_params(policy, seed):
                 p.add_(0.05 * torch.randn(p.shape, generator=g))
 
 
-def assert_no_dropout(policy):
-    """Training runs in policy.train(); with every dropout probability at 0 that is as
-    deterministic as eval(), so the refs do not depend on the RNG state."""
-    cfg = policy.model.vlm_with_expert.config
-    probs = {"text.attention_dropout": cfg.text_config.attention_dropout,
-             "vision.attention_dropout": cfg.vision_config.attention_dropout,
-             "expert.attention_dropout": policy.model.vlm_with_expert.lm_expert.config.attention_dropout}
-    probs.update({f"module {n}": m.p for n, m in policy.named_modules() if isinstance(m, torch.nn.Dropout)})
-    live = {k: v for k, v in probs.items() if v}
-    if live:
-        raise RuntimeError(f"dropout is active: {live}")
-
-
 def count_params(policy):
     total = sum(p.numel() for p in policy.parameters())
     trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     return total, trainable
-
-
-def forward_backward(policy, batch, noise, t):
-    """LeRobot's training step (without the optimizer), capturing v_t on the way."""
-    captured = {}
-
-    def grab(_module, _inputs, output):
-        captured["v_t"] = output.detach().clone()
-
-    hook = policy.model.action_out_proj.register_forward_hook(grab)
-    try:
-        policy.train()
-        policy.zero_grad(set_to_none=True)
-        loss, loss_dict = policy.forward(batch, noise=noise.clone(), time=t.clone())
-        loss.backward()
-    finally:
-        hook.remove()
-    return loss.detach(), loss_dict, captured["v_t"]
-
-
-def collect_grads(policy):
-    grads, trainable, no_grad = {}, [], []
-    for name, p in policy.named_parameters():
-        if not p.requires_grad:
-            continue
-        trainable.append(name)
-        if p.grad is None:
-            no_grad.append(name)
-        else:
-            grads[name] = p.grad.detach().clone().contiguous()
-    return grads, trainable, no_grad
-
-
-def reference_loss(v_t, noise, actions_norm, is_pad, action_dim):
-    """The loss rule LeRobot applies, recomputed independently as a self-check."""
-    err = (noise - actions_norm - v_t).pow(2)[:, :, :action_dim]
-    err = err * (~is_pad).unsqueeze(-1)
-    return err.sum() / ((~is_pad).sum() * action_dim)
-
-
-def sample_chunk(policy, batch, sample_noise):
-    """Both the raw 32-dim Euler result and LeRobot's own predict_action_chunk (5 dims)."""
-    policy.eval()
-    with torch.no_grad():
-        images, img_masks = policy.prepare_images(batch)
-        state = policy.prepare_state(batch)
-        full = policy.model.sample_actions(
-            images, img_masks, batch["observation.language.tokens"],
-            batch["observation.language.attention_mask"], state, noise=sample_noise.clone())
-        policy.reset()
-        sliced = policy.predict_action_chunk(batch, noise=sample_noise.clone())
-    if not torch.equal(full[:, :, :ACTION_DIM], sliced):
-        raise RuntimeError("sample_actions and predict_action_chunk disagree")
-    return full, sliced
 
 
 def rel_err(a, b):
@@ -383,14 +132,293 @@ def versions():
             "transformers": transformers.__version__, "python": sys.version.split()[0]}
 
 
-def run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state):
+def safetensors_keys(path):
+    from safetensors import safe_open
+    with safe_open(str(path), framework="pt") as f:
+        return list(f.keys())
+
+
+# ----------------------------------------------------------------------------------------------
+# SmolVLA: SmolVLAPolicy on a tiny SmolVLM folder
+
+# Tiny sizes with the released model's structure (see README.md for the real ones).
+SMOLVLA_VISION = dict(image_size=64, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, intermediate_size=64, layer_norm_eps=1e-6,
+                      hidden_act="gelu_pytorch_tanh")
+SMOLVLA_TEXT = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    intermediate_size=128, num_hidden_layers=4, rms_norm_eps=1e-5,
+                    rope_theta=100000.0, max_position_embeddings=512, hidden_act="silu")
+SMOLVLA_SCALE_FACTOR = 2
+SMOLVLA_IMAGE_SEQ_LEN = ((SMOLVLA_VISION["image_size"] // SMOLVLA_VISION["patch_size"]) ** 2
+                         // SMOLVLA_SCALE_FACTOR**2)
+
+SMOLVLA_POLICY = dict(chunk_size=8, n_action_steps=8, max_state_dim=32, max_action_dim=32,
+                      resize_imgs_with_padding=(64, 64), num_steps=10, num_vlm_layers=4,
+                      tokenizer_max_length=48)
+
+# (height, width) as a dataset stores frames. top: upscale + pad top rows; wrist: downscale
+# + pad left columns; side: already at model size, so LeRobot skips the resize entirely.
+SMOLVLA_CAMERAS = {"top": (36, 60), "wrist": (96, 80), "side": (64, 64)}
+
+# Different token lengths so right-padding of the language tokens is exercised.
+SMOLVLA_TASKS = [
+    "pick up the red cube",
+    "open the top drawer and put the small spoon inside it",
+    "stack blocks",
+]
+
+SMOLVLA_VLM_FOLDER = "tiny_smolvlm"
+
+SMOLVLA_SPECIAL_TOKENS = {
+    "unk": "<|endoftext|>",
+    "bos": "<|im_start|>",
+    "pad": "<|im_end|>",
+    "fake_image_token": "<fake_token_around_image>",
+    "global_image_token": "<global-img>",
+    "image_token": "<image>",
+    "end_of_utterance_token": "<end_of_utterance>",
+}
+
+
+def smolvla_build_tokenizer(out_dir):
+    """Byte-level BPE trained on the task strings, so "\\n" is a real token as in SmolLM2.
+
+    No post-processor is attached, so (like SmolVLM's GPT-2 style tokenizer) no BOS/EOS
+    is added: the pre-processor's tokens are exactly the BPE pieces of "task\\n".
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = list(dict.fromkeys(SMOLVLA_SPECIAL_TOKENS.values()))
+    bpe = Tokenizer(models.BPE(unk_token=SMOLVLA_SPECIAL_TOKENS["unk"]))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    # A small merge budget keeps some words split into several pieces, like a real BPE.
+    trainer = trainers.BpeTrainer(
+        vocab_size=len(specials) + 256 + 40,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator([t + "\n" for t in SMOLVLA_TASKS] * 3, trainer=trainer)
+    extra = {k: v for k, v in SMOLVLA_SPECIAL_TOKENS.items() if k.endswith("_token")}
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        unk_token=SMOLVLA_SPECIAL_TOKENS["unk"],
+        bos_token=SMOLVLA_SPECIAL_TOKENS["bos"],
+        eos_token=SMOLVLA_SPECIAL_TOKENS["end_of_utterance_token"],
+        pad_token=SMOLVLA_SPECIAL_TOKENS["pad"],
+        extra_special_tokens=extra,
+    )
+    tok.save_pretrained(out_dir)
+    return tok
+
+
+def smolvla_build_vlm_folder(vlm_dir, vision_sizes=SMOLVLA_VISION, text_sizes=SMOLVLA_TEXT,
+                             scale_factor=SMOLVLA_SCALE_FACTOR, tokenizer_builder=smolvla_build_tokenizer,
+                             vocab_size=None):
+    """The local stand-in for HuggingFaceTB/SmolVLM2-500M-Video-Instruct that LeRobot loads.
+
+    SmolVLMWithExpertModel calls AutoConfig.from_pretrained and AutoProcessor.from_pretrained
+    on vlm_model_name, and reads the image special-token ids from the processor's tokenizer.
+    The sizes, the tokenizer and the text vocabulary (default: the tokenizer's size) can be
+    replaced (tests/lerobot/test_lerobot_io.py builds one at the tiny preset's sizes).
+    """
+    from transformers import (AutoTokenizer, SmolVLMConfig, SmolVLMImageProcessor,
+                              SmolVLMProcessor, SmolVLMVideoProcessor)
+
+    if vlm_dir.exists():
+        shutil.rmtree(vlm_dir)
+    vlm_dir.mkdir(parents=True)
+    tokenizer_builder(vlm_dir)
+    tok = AutoTokenizer.from_pretrained(vlm_dir)
+    edge = {"longest_edge": vision_sizes["image_size"]}
+    processor = SmolVLMProcessor(
+        image_processor=SmolVLMImageProcessor(size=edge, max_image_size=edge, do_image_splitting=False),
+        tokenizer=tok,
+        video_processor=SmolVLMVideoProcessor(size=edge, max_image_size=edge),
+        image_seq_len=(vision_sizes["image_size"] // vision_sizes["patch_size"]) ** 2 // scale_factor**2,
+    )
+    processor.save_pretrained(vlm_dir)
+
+    text = dict(text_sizes, model_type="llama", vocab_size=vocab_size or len(tok), pad_token_id=tok.pad_token_id,
+                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                attention_dropout=0.0, attention_bias=False, mlp_bias=False,
+                tie_word_embeddings=False)
+    vision = dict(vision_sizes, attention_dropout=0.0, num_channels=3)
+    config = SmolVLMConfig(
+        vision_config=vision,
+        text_config=text,
+        scale_factor=scale_factor,
+        image_token_id=tok.convert_tokens_to_ids(SMOLVLA_SPECIAL_TOKENS["image_token"]),
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    config.save_pretrained(vlm_dir)
+    return tok
+
+
+def smolvla_policy_config(vlm_dir, train_expert_only, freeze_vision_encoder, cameras=SMOLVLA_CAMERAS,
+                          state_dim=STATE_DIM, action_dim=ACTION_DIM, policy=SMOLVLA_POLICY):
+    from lerobot.configs import FeatureType, PolicyFeature
+    from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
+
+    inputs = {cam_key(c): PolicyFeature(type=FeatureType.VISUAL, shape=(3, h, w))
+              for c, (h, w) in cameras.items()}
+    inputs["observation.state"] = PolicyFeature(type=FeatureType.STATE, shape=(state_dim,))
+    outputs = {"action": PolicyFeature(type=FeatureType.ACTION, shape=(action_dim,))}
+    return SmolVLAConfig(
+        input_features=inputs,
+        output_features=outputs,
+        device="cpu",
+        push_to_hub=False,
+        vlm_model_name=str(vlm_dir),
+        load_vlm_weights=False,
+        train_expert_only=train_expert_only,
+        freeze_vision_encoder=freeze_vision_encoder,
+        **policy,
+    )
+
+
+def smolvla_raw_data(seed):
+    """A batch as a LeRobot dataset + dataloader would hand it over, plus dataset stats."""
+    g = torch.Generator().manual_seed(seed)
+    data = {}
+    for cam, (h, w) in SMOLVLA_CAMERAS.items():
+        data[f"images_u8.{cam}"] = torch.randint(0, 256, (BATCH, h, w, 3), generator=g, dtype=torch.uint8)
+
+    state_mean = torch.randn(STATE_DIM, generator=g)
+    state_std = torch.rand(STATE_DIM, generator=g) * 1.5 + 0.2
+    act_mean = torch.randn(ACTION_DIM, generator=g)
+    act_std = torch.rand(ACTION_DIM, generator=g) * 1.5 + 0.2
+    state = state_mean + state_std * torch.randn(BATCH, STATE_DIM, generator=g)
+    action = act_mean + act_std * torch.randn(BATCH, SMOLVLA_POLICY["chunk_size"], ACTION_DIM, generator=g)
+
+    is_pad = torch.zeros(BATCH, SMOLVLA_POLICY["chunk_size"], dtype=torch.bool)
+    for b, n in enumerate(VALID_STEPS):
+        is_pad[b, n:] = True
+        # LeRobot clamps out-of-episode indices, so padded slots repeat the last real frame.
+        action[b, n:] = action[b, n - 1]
+    data["observation.state"] = state
+    data["action"] = action
+    data["action_is_pad"] = is_pad
+
+    stats = {
+        "observation.state": {"mean": state_mean.numpy(), "std": state_std.numpy(),
+                              "min": state.min(0).values.numpy(), "max": state.max(0).values.numpy()},
+        "action": {"mean": act_mean.numpy(), "std": act_std.numpy(),
+                   "min": action.amin((0, 1)).numpy(), "max": action.amax((0, 1)).numpy()},
+    }
+    for cam in SMOLVLA_CAMERAS:
+        # Visual features are IDENTITY-normalized by SmolVLA, but datasets ship (3,1,1) stats.
+        f = data[f"images_u8.{cam}"].permute(0, 3, 1, 2).float() / 255.0
+        stats[cam_key(cam)] = {
+            "mean": f.mean((0, 2, 3)).reshape(3, 1, 1).numpy(),
+            "std": f.std((0, 2, 3)).reshape(3, 1, 1).numpy(),
+            "min": f.amin((0, 2, 3)).reshape(3, 1, 1).numpy(),
+            "max": f.amax((0, 2, 3)).reshape(3, 1, 1).numpy(),
+        }
+    return data, stats
+
+
+def smolvla_policy_batch(data):
+    batch = {cam_key(c): images_as_fed(data[f"images_u8.{c}"]) for c in SMOLVLA_CAMERAS}
+    batch["observation.state"] = data["observation.state"].clone()
+    batch["action"] = data["action"].clone()
+    batch["action_is_pad"] = data["action_is_pad"].clone()
+    batch["task"] = list(SMOLVLA_TASKS)
+    return batch
+
+
+def smolvla_flow_inputs(seed):
+    """Noise and time passed explicitly to forward, and the noise that starts sampling."""
+    from lerobot.policies.common.flow_matching import sample_time_beta
+
+    shape = (BATCH, SMOLVLA_POLICY["chunk_size"], SMOLVLA_POLICY["max_action_dim"])
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(shape, generator=g)
+    sample_noise = torch.randn(shape, generator=g)
+    torch.manual_seed(seed)
+    # The distribution SmolVLA's own sample_time uses (Beta(1.5, 1) * 0.999 + 0.001).
+    t = sample_time_beta(BATCH, "cpu", alpha=1.5, beta=1.0, scale=0.999, offset=0.001)
+    return noise, t, sample_noise
+
+
+def smolvla_assert_no_dropout(policy):
+    """Training runs in policy.train(); with every dropout probability at 0 that is as
+    deterministic as eval(), so the refs do not depend on the RNG state."""
+    cfg = policy.model.vlm_with_expert.config
+    probs = {"text.attention_dropout": cfg.text_config.attention_dropout,
+             "vision.attention_dropout": cfg.vision_config.attention_dropout,
+             "expert.attention_dropout": policy.model.vlm_with_expert.lm_expert.config.attention_dropout}
+    probs.update({f"module {n}": m.p for n, m in policy.named_modules() if isinstance(m, torch.nn.Dropout)})
+    live = {k: v for k, v in probs.items() if v}
+    if live:
+        raise RuntimeError(f"dropout is active: {live}")
+
+
+def smolvla_forward_backward(policy, batch, noise, t):
+    """LeRobot's training step (without the optimizer), capturing v_t on the way."""
+    captured = {}
+
+    def grab(_module, _inputs, output):
+        captured["v_t"] = output.detach().clone()
+
+    hook = policy.model.action_out_proj.register_forward_hook(grab)
+    try:
+        policy.train()
+        policy.zero_grad(set_to_none=True)
+        loss, loss_dict = policy.forward(batch, noise=noise.clone(), time=t.clone())
+        loss.backward()
+    finally:
+        hook.remove()
+    return loss.detach(), loss_dict, captured["v_t"]
+
+
+def smolvla_collect_grads(policy):
+    grads, trainable, no_grad = {}, [], []
+    for name, p in policy.named_parameters():
+        if not p.requires_grad:
+            continue
+        trainable.append(name)
+        if p.grad is None:
+            no_grad.append(name)
+        else:
+            grads[name] = p.grad.detach().clone().contiguous()
+    return grads, trainable, no_grad
+
+
+def smolvla_reference_loss(v_t, noise, actions_norm, is_pad, action_dim):
+    """The loss rule LeRobot applies, recomputed independently as a self-check."""
+    err = (noise - actions_norm - v_t).pow(2)[:, :, :action_dim]
+    err = err * (~is_pad).unsqueeze(-1)
+    return err.sum() / ((~is_pad).sum() * action_dim)
+
+
+def smolvla_sample_chunk(policy, batch, sample_noise):
+    """Both the raw 32-dim Euler result and LeRobot's own predict_action_chunk (5 dims)."""
+    policy.eval()
+    with torch.no_grad():
+        images, img_masks = policy.prepare_images(batch)
+        state = policy.prepare_state(batch)
+        full = policy.model.sample_actions(
+            images, img_masks, batch["observation.language.tokens"],
+            batch["observation.language.attention_mask"], state, noise=sample_noise.clone())
+        policy.reset()
+        sliced = policy.predict_action_chunk(batch, noise=sample_noise.clone())
+    if not torch.equal(full[:, :, :ACTION_DIM], sliced):
+        raise RuntimeError("sample_actions and predict_action_chunk disagree")
+    return full, sliced
+
+
+def smolvla_run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state):
     from safetensors.torch import save_file
 
     from lerobot.policies.factory import make_pre_post_processors
     from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
 
     noise, t, sample_noise = flow
-    cfg = make_policy_config(vlm_dir, **flags)
+    cfg = smolvla_policy_config(vlm_dir, **flags)
     torch.manual_seed(SEED)
     policy = SmolVLAPolicy(cfg)
     if base_state is None:
@@ -398,24 +426,24 @@ def run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state):
     else:
         # The jitter ran on the first case only: later cases take its weights verbatim.
         policy.load_state_dict(base_state, strict=True)
-    assert_no_dropout(policy)
+    smolvla_assert_no_dropout(policy)
     pre, post = make_pre_post_processors(cfg, dataset_stats=stats)
 
-    batch = pre(make_policy_batch(data))
-    loss, loss_dict, v_t = forward_backward(policy, batch, noise, t)
-    grads, trainable, no_grad = collect_grads(policy)
+    batch = pre(smolvla_policy_batch(data))
+    loss, loss_dict, v_t = smolvla_forward_backward(policy, batch, noise, t)
+    grads, trainable, no_grad = smolvla_collect_grads(policy)
     if no_grad:
         raise RuntimeError(f"{name}: trainable parameters without a gradient: {no_grad}")
 
     state_norm = policy.prepare_state(batch)
     actions_norm = policy.prepare_action(batch)
-    check = reference_loss(v_t, noise, actions_norm, batch["action_is_pad"], ACTION_DIM)
+    check = smolvla_reference_loss(v_t, noise, actions_norm, batch["action_is_pad"], ACTION_DIM)
     if rel_err(check, loss) > 1e-6:
         raise RuntimeError(f"{name}: loss {loss.item()} does not follow the expected rule ({check.item()})")
     with torch.no_grad():
         prepped, _ = policy.prepare_images(batch)
 
-    chunk_norm, chunk5 = sample_chunk(policy, batch, sample_noise)
+    chunk_norm, chunk5 = smolvla_sample_chunk(policy, batch, sample_noise)
     chunk = post(chunk5)
 
     case_dir = out_dir / name
@@ -426,7 +454,7 @@ def run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state):
     post.save_pretrained(policy_dir)
 
     ref = {}
-    for cam in CAMERAS:
+    for cam in SMOLVLA_CAMERAS:
         ref[f"images_u8.{cam}"] = data[f"images_u8.{cam}"]
         ref[cam_key(cam)] = images_as_fed(data[f"images_u8.{cam}"])
     ref["observation.state"] = data["observation.state"]
@@ -438,7 +466,7 @@ def run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state):
     ref["actions_norm"] = actions_norm
     ref["noise"] = noise
     ref["time"] = t
-    for cam, img in zip(CAMERAS, prepped, strict=True):
+    for cam, img in zip(SMOLVLA_CAMERAS, prepped, strict=True):
         ref[f"images_prepped.{cam}"] = img
     ref["loss"] = loss.reshape(())
     ref["v_t"] = v_t
@@ -467,14 +495,14 @@ def run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state):
                    "all-ones/all-zeros 1-D parameter (norm weights, biases) jittered; "
                    "identical in all cases (see weights_sha256)",
         "batch_size": BATCH,
-        "tasks": TASKS,
-        "tasks_as_tokenized": [t_ + "\n" for t_ in TASKS],
+        "tasks": SMOLVLA_TASKS,
+        "tasks_as_tokenized": [t_ + "\n" for t_ in SMOLVLA_TASKS],
         "valid_steps": VALID_STEPS,
         "state_dim": STATE_DIM,
         "action_dim": ACTION_DIM,
-        "cameras": {c: {"key": cam_key(c), "height": h, "width": w} for c, (h, w) in CAMERAS.items()},
-        "camera_order": list(CAMERAS),
-        "policy": dict(POLICY, attention_mode=cfg.attention_mode,
+        "cameras": {c: {"key": cam_key(c), "height": h, "width": w} for c, (h, w) in SMOLVLA_CAMERAS.items()},
+        "camera_order": list(SMOLVLA_CAMERAS),
+        "policy": dict(SMOLVLA_POLICY, attention_mode=cfg.attention_mode,
                        self_attn_every_n_layers=cfg.self_attn_every_n_layers,
                        expert_width_multiplier=cfg.expert_width_multiplier,
                        num_expert_layers=cfg.num_expert_layers, min_period=cfg.min_period,
@@ -482,10 +510,10 @@ def run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state):
                        add_image_special_tokens=cfg.add_image_special_tokens,
                        pad_language_to=cfg.pad_language_to, prefix_length=cfg.prefix_length,
                        train_state_proj=cfg.train_state_proj),
-        "vision": VISION,
-        "text": TEXT,
-        "scale_factor": SCALE_FACTOR,
-        "image_tokens_per_camera": IMAGE_SEQ_LEN,
+        "vision": SMOLVLA_VISION,
+        "text": SMOLVLA_TEXT,
+        "scale_factor": SMOLVLA_SCALE_FACTOR,
+        "image_tokens_per_camera": SMOLVLA_IMAGE_SEQ_LEN,
         "expert": {"hidden_size": expert.expert_hidden_size,
                    "intermediate_size": expert.lm_expert.config.intermediate_size,
                    "num_layers": expert.num_expert_layers},
@@ -493,7 +521,7 @@ def run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state):
         "pad_token_id": tok.pad_token_id,
         "tokenizer": {"path": str(vlm_dir), "bos_added": bool(tok("x")["input_ids"][0] == tok.bos_token_id),
                       "newline_ids": tok("\n")["input_ids"],
-                      "special_ids": {k: tok.convert_tokens_to_ids(v) for k, v in SPECIAL_TOKENS.items()}},
+                      "special_ids": {k: tok.convert_tokens_to_ids(v) for k, v in SMOLVLA_SPECIAL_TOKENS.items()}},
         "vision_attn_implementation": expert.vlm.config.vision_config._attn_implementation,
         "params_total": total,
         "params_trainable": n_trainable,
@@ -504,7 +532,7 @@ def run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state):
         "sample_mode": "policy.eval(), use_cache=True (prefix K/V computed once)",
         "loss": loss.item(),
         "loss_dict": loss_dict,
-        "chunk_norm_dims": POLICY["max_action_dim"],
+        "chunk_norm_dims": SMOLVLA_POLICY["max_action_dim"],
         "stats": jsonable(stats),
         "versions": versions(),
     }
@@ -515,14 +543,540 @@ def run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state):
     return {k: v.detach().clone() for k, v in policy.state_dict().items()}
 
 
-def safetensors_keys(path):
-    from safetensors import safe_open
-    with safe_open(str(path), framework="pt") as f:
-        return list(f.keys())
+# ----------------------------------------------------------------------------------------------
+# pi0: PI0Policy at the pi0_tiny preset's sizes
+
+# The pi0_tiny preset's sizes. SigLIP: image 32 (PI0Config.image_resolution), patch 8, so 16
+# tokens a camera; the projector maps the vision width to the VLM width.
+PI0_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, patch_size=8)
+# The two Gemmas, in the fields of LeRobot's GemmaConfig (what get_gemma_config returns). The
+# joint attention reshapes to 8 heads (compute_layer_complete), so both keep 8 heads of one size.
+PI0_GEMMA = {
+    "gemma_2b": dict(width=64, depth=2, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=8),    # the VLM
+    "gemma_300m": dict(width=32, depth=2, mlp_dim=64, num_heads=8, num_kv_heads=1, head_dim=8),   # the expert
+}
+PI0_VOCAB = 256
+
+PI0_POLICY = dict(chunk_size=8, n_action_steps=8, max_state_dim=32, max_action_dim=32, num_inference_steps=10,
+                  image_resolution=(32, 32), tokenizer_max_length=16, dtype="float32")
+
+# (height, width) as a dataset stores frames; the policy resizes both to 32x32 keeping the
+# aspect ratio and pads the rest with zeros, centred.
+PI0_CAMERAS = {"top": (36, 60), "wrist": (96, 80)}
+
+# Language tokens as PaliGemma's pre-processor hands them over: bos first, right-padded with
+# the pad id to tokenizer_max_length. Different lengths, one of them full.
+PI0_BOS_ID = 2
+PI0_TOKEN_LENGTHS = [7, 16, 11]
+
+# The released model's counts (PaliGemma 3B + Gemma 300M); check_ref.py --family pi0 holds them to
+# these.
+PI0_RELEASED_TOTAL = 4_028_019_472
+PI0_RELEASED_USED = 3_238_048_528
+
+# Every parameter belongs to one part, by the start of its name under PI0Pytorch.
+PI0_PALIGEMMA = "paligemma_with_expert.paligemma."
+PI0_EXPERT = "paligemma_with_expert.gemma_expert."
+PI0_PARTS = {
+    "vision": (PI0_PALIGEMMA + "model.vision_tower.",),
+    "projector": (PI0_PALIGEMMA + "model.multi_modal_projector.",),
+    "embedding": (PI0_PALIGEMMA + "model.language_model.embed_tokens.",),
+    "vlm_layers": (PI0_PALIGEMMA + "model.language_model.layers.",),
+    "vlm_norm": (PI0_PALIGEMMA + "model.language_model.norm.",),
+    "expert_layers": (PI0_EXPERT + "model.layers.",),
+    "expert_norm": (PI0_EXPERT + "model.norm.",),
+    "projections": ("state_proj.", "action_in_proj.", "action_out_proj.", "action_time_mlp_in.",
+                    "action_time_mlp_out."),
+    "lm_heads": (PI0_PALIGEMMA + "lm_head.", PI0_EXPERT + "lm_head."),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# pi0: the test sizes
+
+def shrink_paligemma_config(config):
+    """PaliGemmaWithExpertModel.__init__ has set the text sizes from get_gemma_config and the
+    image size from image_resolution; vision widths, the projector and the vocabulary it fixes
+    at the released values. Those are replaced here, before the model is built from them."""
+    for key, value in PI0_VISION.items():
+        setattr(config.vision_config, key, value)
+    config.projection_dim = config.text_config.hidden_size
+    config.vision_config.projection_dim = config.text_config.hidden_size
+    config.vocab_size = PI0_VOCAB
+    config.text_config.vocab_size = PI0_VOCAB
+    config.image_token_index = PI0_VOCAB  # LeRobot's convention: one past the vocabulary (unused by pi0)
+
+
+@contextlib.contextmanager
+def tiny_pi0_sizes():
+    """Inside, every PI0Policy / PI0Pytorch built has the test sizes above; LeRobot's files are
+    not touched. modeling_pi0 looks these three names up in its own namespace when it builds a
+    model, so replacing them there is enough."""
+    from lerobot.policies.pi0 import modeling_pi0
+
+    real = {name: getattr(modeling_pi0, name)
+            for name in ("get_gemma_config", "PaliGemmaForConditionalGenerationWithPiGemma", "PiGemmaForCausalLM")}
+
+    def tiny_gemma_config(variant):
+        return modeling_pi0.GemmaConfig(**PI0_GEMMA[variant])
+
+    class TinyPaliGemma(real["PaliGemmaForConditionalGenerationWithPiGemma"]):
+        def __init__(self, config):
+            shrink_paligemma_config(config)
+            super().__init__(config)
+
+    class TinyExpert(real["PiGemmaForCausalLM"]):
+        def __init__(self, config, **kwargs):
+            config.vocab_size = PI0_VOCAB
+            super().__init__(config, **kwargs)
+
+    modeling_pi0.get_gemma_config = tiny_gemma_config
+    modeling_pi0.PaliGemmaForConditionalGenerationWithPiGemma = TinyPaliGemma
+    modeling_pi0.PiGemmaForCausalLM = TinyExpert
+    try:
+        yield
+    finally:
+        for name, value in real.items():
+            setattr(modeling_pi0, name, value)
+
+
+def pi0_policy_config(train_expert_only, freeze_vision_encoder):
+    from lerobot.configs import FeatureType, PolicyFeature
+    from lerobot.policies.pi0.configuration_pi0 import PI0Config
+
+    inputs = {cam_key(c): PolicyFeature(type=FeatureType.VISUAL, shape=(3, h, w)) for c, (h, w) in PI0_CAMERAS.items()}
+    inputs["observation.state"] = PolicyFeature(type=FeatureType.STATE, shape=(STATE_DIM,))
+    outputs = {"action": PolicyFeature(type=FeatureType.ACTION, shape=(ACTION_DIM,))}
+    return PI0Config(input_features=inputs, output_features=outputs, device="cpu", push_to_hub=False,
+                     train_expert_only=train_expert_only, freeze_vision_encoder=freeze_vision_encoder, **PI0_POLICY)
+
+
+def pi0_c_config_lines(policy):
+    """The C trainers' config as "name value" lines, read off the built model (so a size that
+    did not take shows here)."""
+    cfg = policy.config
+    pwe = policy.model.paligemma_with_expert
+    vision = pwe.paligemma.config.vision_config
+    text = pwe.paligemma.config.text_config
+    expert = pwe.gemma_expert.config
+    embed = pwe.paligemma.model.language_model.embed_tokens
+    projector = pwe.paligemma.model.multi_modal_projector.linear
+    # the C model runs both stacks through one attention: heads, KV heads and head size are shared
+    for key in ("num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers"):
+        if getattr(text, key) != getattr(expert, key):
+            raise RuntimeError(f"VLM and expert differ in {key}: {getattr(text, key)} vs {getattr(expert, key)}")
+    # PaliGemma has no pixel shuffle: the projector reads one patch per token
+    scale_factor = math.isqrt(projector.in_features // vision.hidden_size)
+    rope_theta = text.rope_parameters["rope_theta"]
+    fields = [
+        ("n_cam", len(cfg.image_features)),
+        ("state_dim", cfg.input_features["observation.state"].shape[0]),
+        ("action_dim", cfg.output_features["action"].shape[0]),
+        ("img", vision.image_size),
+        ("patch", vision.patch_size),
+        ("vis_width", vision.hidden_size),
+        ("vis_ff", vision.intermediate_size),
+        ("vis_layers", vision.num_hidden_layers),
+        ("vis_heads", vision.num_attention_heads),
+        ("scale_factor", scale_factor),
+        ("vocab", embed.num_embeddings),
+        ("pad_token", embed.padding_idx),
+        ("max_text", cfg.tokenizer_max_length),
+        ("d_model", text.hidden_size),
+        ("d_ff", text.intermediate_size),
+        ("n_layer", text.num_hidden_layers),
+        ("n_head", text.num_attention_heads),
+        ("n_kv_head", text.num_key_value_heads),
+        ("head_dim", text.head_dim),
+        ("d_expert", expert.hidden_size),
+        ("d_expert_ff", expert.intermediate_size),
+        ("self_attn_every", 1),  # every pi0 layer is joint self-attention (no cross-attention layers)
+        ("chunk", cfg.chunk_size),
+        ("max_state_dim", cfg.max_state_dim),
+        ("max_action_dim", cfg.max_action_dim),
+        ("rope_theta", int(rope_theta) if float(rope_theta).is_integer() else rope_theta),
+        ("family", 1),  # 0 SmolVLA, 1 pi0
+    ]
+    return [f"{name} {value}" for name, value in fields]
+
+
+# ----------------------------------------------------------------------------------------------
+# pi0: parameter counts
+
+def pi0_part_of(name):
+    """The PI0_PARTS entry a PI0Pytorch parameter name falls in."""
+    found = [part for part, starts in PI0_PARTS.items() if name.startswith(starts)]
+    if len(found) != 1:
+        raise RuntimeError(f"parameter {name} falls in parts {found}, expected exactly one")
+    return found[0]
+
+
+def pi0_part_counts(model):
+    """Parameter counts of a PI0Pytorch by part; lm_heads are counted but are not 'used'."""
+    counts = dict.fromkeys(PI0_PARTS, 0)
+    for name, p in model.named_parameters():
+        counts[pi0_part_of(name)] += p.numel()
+    total = sum(counts.values())
+    return {"total": total, "lm_heads": counts["lm_heads"], "used": total - counts["lm_heads"],
+            "parts": counts}
+
+
+def pi0_trainable_counts(model):
+    """Trainable parameters (lm_heads excluded) under each case's flags, set by LeRobot's own
+    PaliGemmaWithExpertModel._set_requires_grad on the one model."""
+    pwe = model.paligemma_with_expert
+    counts = {}
+    for case, flags in CASES.items():
+        for p in model.parameters():
+            p.requires_grad_(True)
+        pwe.freeze_vision_encoder = flags["freeze_vision_encoder"]
+        pwe.train_expert_only = flags["train_expert_only"]
+        pwe._set_requires_grad()
+        counts[case] = sum(p.numel() for n, p in model.named_parameters()
+                           if p.requires_grad and pi0_part_of(n) != "lm_heads")
+    return counts
+
+
+def pi0_released_counts():
+    """The released model (gemma_2b + gemma_300m at 224 px), built on the meta device with the
+    real sizes: shapes only, no memory."""
+    from lerobot.policies.pi0.configuration_pi0 import PI0Config
+    from lerobot.policies.pi0.modeling_pi0 import PI0Pytorch
+
+    with torch.device("meta"):
+        model = PI0Pytorch(PI0Config(device="cpu"))
+    counts = pi0_part_counts(model)
+    counts["trainable"] = pi0_trainable_counts(model)
+    return counts
+
+
+# ----------------------------------------------------------------------------------------------
+# pi0: the batch
+
+def pi0_data(seed):
+    """Frames as a dataset stores them, language tokens as the pre-processor makes them,
+    normalized state and actions (the policy pads them to 32)."""
+    g = torch.Generator().manual_seed(seed)
+    data = {}
+    for cam, (h, w) in PI0_CAMERAS.items():
+        data[f"images_u8.{cam}"] = torch.randint(0, 256, (BATCH, h, w, 3), generator=g, dtype=torch.uint8)
+
+    length = PI0_POLICY["tokenizer_max_length"]
+    tokens = torch.zeros(BATCH, length, dtype=torch.int64)  # pad id 0 (checked against the model)
+    masks = torch.zeros(BATCH, length, dtype=torch.bool)
+    for b, n in enumerate(PI0_TOKEN_LENGTHS):
+        tokens[b, 0] = PI0_BOS_ID
+        tokens[b, 1:n] = torch.randint(PI0_BOS_ID + 1, PI0_VOCAB, (n - 1,), generator=g)
+        masks[b, :n] = True
+    data["lang_tokens"] = tokens
+    data["lang_masks"] = masks
+
+    data["state"] = torch.randn(BATCH, STATE_DIM, generator=g)
+    action = torch.randn(BATCH, PI0_POLICY["chunk_size"], ACTION_DIM, generator=g)
+    is_pad = torch.zeros(BATCH, PI0_POLICY["chunk_size"], dtype=torch.bool)
+    for b, n in enumerate(VALID_STEPS):
+        is_pad[b, n:] = True
+        # LeRobot clamps out-of-episode indices, so padded slots repeat the last real frame.
+        action[b, n:] = action[b, n - 1]
+    data["action"] = action
+    data["action_is_pad"] = is_pad
+    return data
+
+
+def pi0_policy_batch(data):
+    batch = {cam_key(c): images_as_fed(data[f"images_u8.{c}"]) for c in PI0_CAMERAS}
+    batch["observation.state"] = data["state"].clone()
+    batch["action"] = data["action"].clone()
+    batch["action_is_pad"] = data["action_is_pad"].clone()
+    batch["observation.language.tokens"] = data["lang_tokens"].clone()
+    batch["observation.language.attention_mask"] = data["lang_masks"].clone()
+    return batch
+
+
+def pi0_flow_inputs(seed, cfg):
+    """The training step's noise and time (PI0Policy.forward samples them itself: they are fed
+    in by pi0_forward_backward) and the noise that starts sampling."""
+    from lerobot.policies.common.flow_matching import sample_time_beta
+
+    shape = (BATCH, cfg.chunk_size, cfg.max_action_dim)
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(shape, generator=g)
+    sample_noise = torch.randn(shape, generator=g)
+    torch.manual_seed(seed)
+    # pi0's own distribution: Beta(1.5, 1) * 0.999 + 0.001, in (0.001, 1)
+    t = sample_time_beta(BATCH, "cpu", alpha=cfg.time_sampling_beta_alpha, beta=cfg.time_sampling_beta_beta,
+                         scale=cfg.time_sampling_scale, offset=cfg.time_sampling_offset)
+    return noise, t, sample_noise
+
+
+# ----------------------------------------------------------------------------------------------
+# pi0: LeRobot's computation
+
+def pi0_forward_backward(policy, batch, noise, t):
+    """LeRobot's training step (without the optimizer) with the given noise and time, capturing
+    v_t on the way."""
+    model = policy.model
+    captured = {}
+
+    def grab(_module, _inputs, output):
+        captured["v_t"] = output.detach().clone()
+
+    def fixed_noise(shape, _device):
+        if tuple(shape) != tuple(noise.shape):
+            raise RuntimeError(f"noise of shape {tuple(shape)} asked, {tuple(noise.shape)} given")
+        return noise.clone()
+
+    def fixed_time(bsize, _device):
+        if bsize != t.shape[0]:
+            raise RuntimeError(f"time for {bsize} samples asked, {t.shape[0]} given")
+        return t.clone()
+
+    hook = model.action_out_proj.register_forward_hook(grab)
+    model.sample_noise = fixed_noise
+    model.sample_time = fixed_time
+    try:
+        policy.train()
+        policy.zero_grad(set_to_none=True)
+        loss, loss_dict = policy.forward(batch)
+        loss.backward()
+    finally:
+        hook.remove()
+        del model.sample_noise
+        del model.sample_time
+    return loss.detach(), loss_dict, captured["v_t"]
+
+
+def pi0_collect_grads(policy):
+    """Every .grad after backward, and which trainable parameters got an all-zero gradient or
+    none at all (outputs that feed nothing)."""
+    grads, trainable, zero_grad, none_grad = {}, [], [], []
+    for name, p in policy.named_parameters():
+        if p.requires_grad:
+            trainable.append(name)
+        if p.grad is None:
+            if p.requires_grad:
+                none_grad.append(name)
+            continue
+        grads[name] = p.grad.detach().clone().contiguous()
+        if not torch.any(grads[name]):
+            zero_grad.append(name)
+    return grads, trainable, zero_grad, none_grad
+
+
+def pi0_reference_loss(v_t, noise, actions_norm, action_dim):
+    """The loss rule pi0 applies, recomputed as a self-check: a plain mean over (batch, chunk,
+    real action dims); unlike SmolVLA, action_is_pad is not used."""
+    return (noise - actions_norm - v_t).pow(2)[:, :, :action_dim].mean()
+
+
+def pi0_sample_chunk(policy, batch, sample_noise):
+    """The 32-dim Euler result, after checking that predict_action_chunk gives its first dims."""
+    policy.eval()
+    with torch.no_grad():
+        images, img_masks = policy._preprocess_images(batch)
+        state = policy.prepare_state(batch)
+        full = policy.model.sample_actions(
+            images, img_masks, batch["observation.language.tokens"],
+            batch["observation.language.attention_mask"], state, noise=sample_noise.clone())
+        policy.reset()
+        sliced = policy.predict_action_chunk(batch, noise=sample_noise.clone())
+    if not torch.equal(full[:, :, :sliced.shape[-1]], sliced):
+        raise RuntimeError("sample_actions and predict_action_chunk disagree")
+    return full
+
+
+def pi0_build_policy(flags, base_state):
+    """PI0Policy at the test sizes: LeRobot's init under the seed, then the jitter (first case),
+    or the first case's weights verbatim."""
+    from lerobot.policies.pi0.modeling_pi0 import PI0Policy
+
+    cfg = pi0_policy_config(**flags)
+    with tiny_pi0_sizes():
+        torch.manual_seed(SEED)
+        policy = PI0Policy(cfg)
+    if base_state is None:
+        perturb_constant_params(policy, SEED + 3)
+    else:
+        policy.load_state_dict(base_state, strict=True)
+    pi0_assert_no_dropout(policy)
+    return policy
+
+
+def pi0_assert_no_dropout(policy):
+    """Training runs in policy.train(); with every dropout probability at 0 it is as
+    deterministic as eval()."""
+    pwe = policy.model.paligemma_with_expert
+    probs = {"text.attention_dropout": pwe.paligemma.config.text_config.attention_dropout,
+             "vision.attention_dropout": pwe.paligemma.config.vision_config.attention_dropout,
+             "expert.attention_dropout": pwe.gemma_expert.config.attention_dropout}
+    probs.update({f"module {n}": m.p for n, m in policy.named_modules() if isinstance(m, torch.nn.Dropout)})
+    live = {k: v for k, v in probs.items() if v}
+    if live:
+        raise RuntimeError(f"dropout is active: {live}")
+
+
+# ----------------------------------------------------------------------------------------------
+# pi0: one case
+
+def pi0_run_case(name, flags, data, out_dir, base_state):
+    from safetensors.torch import save_file
+
+    policy = pi0_build_policy(flags, base_state)
+    cfg = policy.config
+    # the embedding's padding_idx (its row zero, its gradient zero) is the id the batch pads with
+    pad_id = policy.model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.padding_idx
+    if pad_id != 0:
+        raise RuntimeError(f"{name}: pad id {pad_id}, but the batch pads the language tokens with 0")
+    noise, t, sample_noise = pi0_flow_inputs(SEED + 2, cfg)
+    batch = pi0_policy_batch(data)
+
+    loss, loss_dict, v_t = pi0_forward_backward(policy, batch, noise, t)
+    grads, trainable, zero_grad, none_grad = pi0_collect_grads(policy)
+
+    state_norm = policy.prepare_state(batch)
+    actions_norm = policy.prepare_action(batch)
+    check = pi0_reference_loss(v_t, noise, actions_norm, ACTION_DIM)
+    if rel_err(check, loss) > 1e-6:
+        raise RuntimeError(f"{name}: loss {loss.item()} does not follow the expected rule ({check.item()})")
+    with torch.no_grad():
+        prepped, _ = policy._preprocess_images(batch)
+    chunk_norm = pi0_sample_chunk(policy, batch, sample_noise)
+
+    case_dir = out_dir / name
+    policy_dir = case_dir / "policy"
+    policy_dir.mkdir(parents=True)
+    policy.save_pretrained(policy_dir)
+
+    ref = {}
+    for cam in PI0_CAMERAS:
+        ref[f"images_u8.{cam}"] = data[f"images_u8.{cam}"]
+    ref["lang_tokens"] = data["lang_tokens"]
+    ref["lang_masks"] = data["lang_masks"].to(torch.uint8)
+    ref["state_norm"] = state_norm
+    ref["actions_norm"] = actions_norm
+    ref["action_is_pad"] = data["action_is_pad"].to(torch.uint8)
+    ref["noise"] = noise
+    ref["time"] = t
+    for cam, img in zip(PI0_CAMERAS, prepped, strict=True):
+        ref[f"images_prepped.{cam}"] = img
+    ref["loss"] = loss.reshape(())
+    ref["v_t"] = v_t
+    for pname, g in grads.items():
+        ref[f"grad.{pname}"] = g
+    ref["sample_noise"] = sample_noise
+    ref["chunk_norm"] = chunk_norm
+    ref = {k: v.detach().contiguous() for k, v in ref.items()}
+    save_file(ref, str(case_dir / "ref.safetensors"))
+
+    with open(case_dir / "c_config.txt", "w") as f:
+        f.write("\n".join(pi0_c_config_lines(policy)) + "\n")
+
+    saved_names = set(safetensors_keys(policy_dir / "model.safetensors"))
+    missing = [n for n in grads if n not in saved_names]
+    if missing:
+        raise RuntimeError(f"{name}: grad names not in model.safetensors: {missing[:5]}")
+
+    pwe = policy.model.paligemma_with_expert
+    counts = pi0_part_counts(policy.model)
+    n_trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    info = {
+        "case": name,
+        "flags": flags,
+        "seed": SEED,
+        "weights": "LeRobot/transformers random init under torch.manual_seed(seed), then every "
+                   "all-ones/all-zeros 1-D parameter (norm weights, biases) jittered; "
+                   "identical in all cases (see weights_sha256)",
+        "batch_size": BATCH,
+        "camera_order": list(PI0_CAMERAS),
+        "cameras": {c: {"key": cam_key(c), "height": h, "width": w} for c, (h, w) in PI0_CAMERAS.items()},
+        "state_dim": STATE_DIM,
+        "action_dim": ACTION_DIM,
+        "token_lengths": PI0_TOKEN_LENGTHS,
+        "bos_id": PI0_BOS_ID,
+        "pad_token_id": pad_id,
+        "valid_steps": VALID_STEPS,
+        "loss_uses_action_is_pad": False,
+        "settings": {"policy": dict(PI0_POLICY, paligemma_variant=cfg.paligemma_variant,
+                                    action_expert_variant=cfg.action_expert_variant,
+                                    min_period=cfg.min_period, max_period=cfg.max_period,
+                                    time_sampling=[cfg.time_sampling_beta_alpha, cfg.time_sampling_beta_beta,
+                                                   cfg.time_sampling_scale, cfg.time_sampling_offset]),
+                     "vision": PI0_VISION, "gemma": PI0_GEMMA, "vocab_size": PI0_VOCAB},
+        "vision_config": pwe.paligemma.config.vision_config.to_dict(),
+        "text_config": pwe.paligemma.config.text_config.to_dict(),
+        "expert_config": pwe.gemma_expert.config.to_dict(),
+        "vision_attn_implementation": pwe.paligemma.config.vision_config._attn_implementation,
+        "params_total": counts["total"],
+        "params_lm_heads": counts["lm_heads"],
+        "params_used": counts["used"],
+        "params_parts": counts["parts"],
+        "params_trainable": n_trainable,
+        "trainable_names": trainable,
+        "zero_grad_names": zero_grad,
+        "none_grad_names": none_grad,
+        "num_grad_tensors": len(grads),
+        "param_shapes": {n: list(p.shape) for n, p in policy.named_parameters()},
+        "weights_sha256": state_digest(policy.state_dict()),
+        "forward_mode": "policy.train() as in LeRobot training; all dropout probabilities are 0",
+        "sample_mode": "policy.eval(), prefix K/V computed once",
+        "loss": loss.item(),
+        "loss_dict": loss_dict,
+        "versions": versions(),
+    }
+    with open(case_dir / "case.json", "w") as f:
+        json.dump(info, f, indent=1)
+    print(f"{name}: loss {loss.item():.9g} trainable {n_trainable} / total {counts['total']} "
+          f"({len(grads)} grad tensors, {len(zero_grad)} all zero, {len(none_grad)} trainable without one)",
+          flush=True)
+    return {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
+def pi0_print_released(counts):
+    print(f"released pi0: {counts['total']:,} parameters, {counts['lm_heads']:,} in the two lm_heads, "
+          f"{counts['used']:,} used", flush=True)
+    print("  " + ", ".join(f"{part} {n:,}" for part, n in counts["parts"].items()), flush=True)
+    print("  trainable without lm_heads: " + ", ".join(f"{c} {n:,}" for c, n in counts["trainable"].items()),
+          flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# main
+
+def smolvla_main(out_dir):
+    # Not named after a case: the "vlm" case folder would collide with it.
+    vlm_dir = out_dir / SMOLVLA_VLM_FOLDER
+    tok = smolvla_build_vlm_folder(vlm_dir)
+    data, stats = smolvla_raw_data(SEED + 1)
+    flow = smolvla_flow_inputs(SEED + 2)
+
+    base_state = None
+    for name, flags in CASES.items():
+        state = smolvla_run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state)
+        if base_state is None:
+            base_state = state
+
+
+def pi0_main(out_dir):
+    released = pi0_released_counts()
+    pi0_print_released(released)
+    with open(out_dir / "released_counts.json", "w") as f:
+        json.dump(released, f, indent=1)
+
+    data = pi0_data(SEED + 1)
+    base_state = None
+    for name, flags in CASES.items():
+        state = pi0_run_case(name, flags, data, out_dir, base_state)
+        if base_state is None:
+            base_state = state
+
+
+FAMILIES = {"smolvla": smolvla_main, "pi0": pi0_main}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", choices=list(FAMILIES), default="smolvla",
+                    help="the policy whose references are written (default smolvla)")
     ap.add_argument("-o", "--out", required=True, help="output folder (recreated)")
     args = ap.parse_args()
 
@@ -532,18 +1086,7 @@ def main():
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
-
-    # Not named after a case: the "vlm" case folder would collide with it.
-    vlm_dir = out_dir / VLM_FOLDER
-    tok = build_vlm_folder(vlm_dir)
-    data, stats = make_raw_data(SEED + 1)
-    flow = make_flow_inputs(SEED + 2)
-
-    base_state = None
-    for name, flags in CASES.items():
-        state = run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state)
-        if base_state is None:
-            base_state = state
+    FAMILIES[args.family](out_dir)
     print(f"wrote {out_dir} in {time.time() - t0:.1f}s", flush=True)
 
 

@@ -4,12 +4,13 @@
 # under names the trainer does not write, random SIGKILLs of a run that checkpoints every step, the
 # sanitized CPU trainer, and which make targets speak of GPUs.
 # The trainer is SmolVLA's tiny preset on build/test/a.bin (--train all, its default): a checkpoint
-# holds every weight and the moments of the trainable ones, 1.54 MiB. Run by `make test` after the
+# holds every weight and the moments of the trainable ones (its size measured first, from a run's).
+# Run by `make test` after the
 # binaries are built. Ends with `N passed, M failed`.
 set -u
-cd "$(dirname "$0")/.." || exit 1
-# shellcheck source=dev/trainer_checks.sh
-. dev/trainer_checks.sh
+cd "$(dirname "$0")/../.." || exit 1
+# shellcheck source=tests/util/trainer_checks.sh
+. tests/util/trainer_checks.sh
 SANITIZED=build/sanitize/train_vla_cpu
 KILLS=${KILLS:-10}
 tmp=$(mktemp -d)
@@ -20,33 +21,41 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# the size of one checkpoint of these runs, in bytes and as the trainers' errors say it
+$TRAINER "${run[@]}" -n 1 -o "$tmp/size" > /dev/null 2>&1
+ckpt=$(stat -c %s "$tmp/size/ckpt_00000001.bin" 2> /dev/null || echo 0)
+mib=$(awk -v b="$ckpt" 'BEGIN { printf "%.2f MiB", b / 1048576 }')
+check "$([ "$ckpt" -gt 0 ] && echo 0 || echo 1)" "a checkpoint of the tiny preset: $ckpt bytes ($mib)"
+
 echo "== a full disk: the checkpoint's temporary file is removed, the space it needed is said"
 out=$tmp/fsize
-# RLIMIT_FSIZE caps every file at 1000 KiB: the 1.54 MiB checkpoint cannot be written. The trainers
+# RLIMIT_FSIZE caps every file at half a checkpoint: the checkpoint cannot be written. The trainers
 # ignore SIGXFSZ themselves, so the write fails with EFBIG instead of the signal killing the process
 # (rc 153, no word); the GPU trainer ($GPU_TESTS/train_vla_fp32, the CPU emulation by default) too
 GPU_TRAINER=${GPU_TESTS:-build/emu}/train_vla_fp32
 for trainer in $TRAINER $GPU_TRAINER; do
     if [ ! -x "$trainer" ]; then echo "  ($trainer is not built: make $trainer)"; continue; fi
     rm -rf "$out"
-    (ulimit -f 1000; $trainer -i "$DATA" -p tiny -b 2 --workers 1 -n 1 -o "$out" > /dev/null 2> "$tmp/err")
+    (ulimit -f $((ckpt / 2048)); $trainer -i "$DATA" -p tiny -b 2 --workers 1 -n 1 -o "$out" > /dev/null 2> "$tmp/err")
     rc=$?
-    one_line_error "$tmp/err" "ckpt_00000001.bin failed: File too large: the file needs 1.54 MiB" &&
+    one_line_error "$tmp/err" "ckpt_00000001.bin failed: File too large: the file needs $mib" &&
         grep -qF "the partial file was removed: the file is larger than the file size limit allows" "$tmp/err" &&
         [ "$rc" -eq 1 ] && [ -z "$(ls "$out"/*.tmp 2> /dev/null)" ]
     check $? "$trainer under a file size limit: exit $rc, no .tmp left: $(head -c 300 "$tmp/err")"
 done
 mkdir -p "$tmp/disk"
-if mount -t tmpfs -o size=4m tmpfs "$tmp/disk" 2> /dev/null; then
+# a disk of two and a half checkpoints
+if mount -t tmpfs -o size=$((ckpt * 5 / 2048))k tmpfs "$tmp/disk" 2> /dev/null; then
     mounted=$tmp/disk
-    # two kept checkpoints fit (3.08 MiB); the third does not while they are there
+    # two kept checkpoints fit; the third does not while they are there
     $TRAINER "${run[@]}" -n 4 -k 1 --keep 2 -o "$tmp/disk/run" > /dev/null 2> "$tmp/err"
     rc=$?
     used=$(df --output=used -k "$tmp/disk" | tail -n 1 | tr -d ' ')
-    one_line_error "$tmp/err" "ckpt_00000003.bin failed: No space left on device: the file needs 1.54 MiB" &&
+    two=$((ckpt * 2 / 1024))
+    one_line_error "$tmp/err" "ckpt_00000003.bin failed: No space left on device: the file needs $mib" &&
         grep -qF "free space in $tmp/disk/run (" "$tmp/err" &&
-        [ "$rc" -eq 1 ] && [ -z "$(ls "$tmp/disk/run"/*.tmp 2> /dev/null)" ] && [ "$used" -lt 3300 ]
-    check $? "a 4 MiB disk that fills at the third checkpoint: exit $rc, no .tmp, ${used} KiB used (two checkpoints: 3158): $(head -c 300 "$tmp/err")"
+        [ "$rc" -eq 1 ] && [ -z "$(ls "$tmp/disk/run"/*.tmp 2> /dev/null)" ] && [ "$used" -lt $((two + 150)) ]
+    check $? "a disk of 2.5 checkpoints that fills at the third: exit $rc, no .tmp, ${used} KiB used (two checkpoints: $two): $(head -c 300 "$tmp/err")"
     $TRAINER "${run[@]}" -n 3 -y 1 -o "$tmp/disk/run" > "$tmp/out" 2>&1
     rc=$?
     grep -qF "resumed from $tmp/disk/run/ckpt_00000002.bin" "$tmp/out" && [ "$rc" -eq 1 ]

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# The checks dev/test_hardening.sh and dev/test_runs.sh share (sourced, not run): a pass/fail
-# tally, a one-line error, a log's steps. Both run train_vla_cpu's tiny preset on build/test/a.bin.
+# The checks tests/runs/test_hardening.sh and tests/runs/test_runs.sh share (sourced, not run): a
+# pass/fail tally, a one-line error, a log's steps. Both run train_vla_cpu's tiny preset on
+# build/test/a.bin.
 DATA=build/test/a.bin
 # shellcheck disable=SC2034  # (read by the scripts that source this file)
 TRAINER=./train_vla_cpu

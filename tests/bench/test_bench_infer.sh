@@ -2,12 +2,12 @@
 # Smoke test of dev/bench_infer.py (the inference benchmark) at the tiny and pi0_tiny presets: on the
 # CPU library and on the GPU library, which is the CPU emulation's build where there is no GPU (then
 # the library counts launches too). No timing claims: tiny model, shared CPU, a few chunks.
-#   dev/test_bench_infer.sh        # last line: "N passed, M failed"; non-zero on failure
+#   tests/bench/test_bench_infer.sh        # last line: "N passed, M failed"; non-zero on failure
 # PYTHON must import torch and numpy (the checkpoint is made with dev/model.py); GPU_LIBRARY is the
 # GPU library to load (default: the first of $VLA_GPU_LIBRARY, else build/emu/libvla_gpu_bf16.so).
 set -uo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.." || exit 1
 PY=${PYTHON:-/usr/bin/python3}
 VLA_GPU_LIBRARY=${VLA_GPU_LIBRARY:-}
 GPU_LIBRARY=${GPU_LIBRARY:-${VLA_GPU_LIBRARY%%:*}}

@@ -1,13 +1,16 @@
 """
 test_lerobot_io.py: scripts/import_lerobot.py and scripts/export_lerobot.py against LeRobot 0.6.1
-itself. Run by `make test` under build/lerobot-venv (Python 3.12, lerobot, torch, safetensors):
+itself, on SmolVLA policies (--family smolvla, the default) or pi0 policies (--family pi0). Run by
+`make test` under build/lerobot-venv (Python 3.12, lerobot, torch, safetensors), once per family,
+in one process each (LeRobot's import is most of the time):
 
-    build/lerobot-venv/bin/python scripts/test_lerobot_io.py     # needs train_vla_cpu, libvla.so,
-                                                                 # data/synthetic, build/lerobot_ref
+    build/lerobot-venv/bin/python tests/lerobot/test_lerobot_io.py [--family smolvla]
+    build/lerobot-venv/bin/python tests/lerobot/test_lerobot_io.py --family pi0
+        # both need train_vla_cpu, libvla.so, data/synthetic; SmolVLA's build/lerobot_ref too
 
-Fixtures, made here with dev/lerobot/make_ref.py's machinery: a tiny SmolVLM folder at the tiny
-preset's sizes whose tokenizer gives every byte its own id (so LeRobot's token ids are the ones
-the shards and the policy library use), and LeRobot's own SmolVLAPolicy on it (random seeded
+SmolVLA. Fixtures, made here with dev/lerobot/make_ref.py's machinery: a tiny SmolVLM folder at
+the tiny preset's sizes whose tokenizer gives every byte its own id (so LeRobot's token ids are the
+ones the shards and the policy library use), and LeRobot's own SmolVLAPolicy on it (random seeded
 weights, norms jittered; two cameras of 24x32 and 20x20, state 3, action 2, LeRobot's default
 train flags), saved with save_pretrained and its processors, once in fp32 and once in bf16.
 Checks:
@@ -47,6 +50,36 @@ Checks:
     (named from its first line, escaped); a file size limit (a child under RLIMIT_FSIZE), a full
     disk (a 256 KiB tmpfs, or an open() that fails with ENOSPC where none mounts) and no memory
     are one line each, with the existing file unchanged and no temporary file left
+
+pi0. Fixtures, made here: LeRobot's own PI0Policy at pi0_tiny's sizes (dev/lerobot/make_ref.py's
+tiny_pi0_sizes: PI0Config has no size settings, so the names its model is built from are swapped at
+run time), random seeded weights with the norms jittered, LeRobot's default train flags (everything
+trains), two cameras of 36x60 and 96x80, state 6, action 5; saved with save_pretrained and its
+processors, once in fp32 and once as LeRobot's dtype "bfloat16" keeps it (bf16 but the vision
+tower, the projector and the norms). pi0's pre-processor loads google/paligemma-3b-pt-224's
+tokenizer by name: a private HF cache holds, under that name, a tokenizer that gives every byte its
+own id (the shards' "bytes"), so nothing is fetched and LeRobot's ids are train_vla's. The sizes
+file the tools take (--sizes) is make_ref.py's pi0 sizes in LeRobot's own keys.
+Checks:
+  - import: every weight equal to LeRobot's tensor by tensor (fp32 exactly, bf16 widened exactly),
+    the header (pi0_tiny's config with the policy's cameras and dims, family 1, train mode all
+    from the flags, step 0, tokenizer bytes, zero moments), the processors' statistics, both
+    lm_heads named as skipped; the released sizes (no --sizes) and a c_config.txt beside the policy
+    (dev/smolvla.py's older way) agree with --sizes
+  - LeRobot -> train_vla -> LeRobot: config.json and the processors as LeRobot saves them; the
+    export loads with from_pretrained at those sizes and its state dict equals the original's
+    tensor by tensor (from_pretrained returns random weights after a loading error, with only a
+    printed warning: the weights are what is compared), PaliGemma's lm_head the embedding, the
+    expert's zeros; LeRobot's actions (predict_action_chunk, same observation and noise) equal
+    before and after; train_vla's (libvla.so) equal LeRobot's within fp32 rounding
+  - fine-tuning on 4 simulated ranks with ZeRO-1 (./train_vla_cpu -g 4 -b 1 -z 1) against one rank
+    of batch 4, from the import, 3 steps: ZeRO-1 changes no bit against -z 0; the weights and their
+    change agree within fp32 summation order (the vision tower's key biases aside: their gradient is
+    zero in exact arithmetic, so AdamW moves them by rounding noise, held below lr / 10); the 4-rank
+    checkpoint exported loads in LeRobot with its weights, and LeRobot acts as libvla.so
+  - bad input (not a pi0 or SmolVLA folder, a missing tensor, a wrong shape, --sizes missing a
+    key, of a wrong type, disagreeing with a tensor, or left out; exports without --sizes or with
+    other sizes): one `error:` line naming the problem, exit status 1, nothing written
 Exits non-zero on any failure; the last line is `N passed, M failed`.
 """
 
@@ -56,9 +89,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may be fetched
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import shutil  # noqa: E402
 import struct  # noqa: E402
 import subprocess  # noqa: E402
@@ -70,14 +105,15 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(ROOT, "scripts")  # the tools under test
 for sub in ("scripts", "dev", "data", "dev/lerobot"):
     sys.path.insert(0, os.path.join(ROOT, sub))
 import export_lerobot  # noqa: E402
 import import_lerobot  # noqa: E402
-import make_ref  # noqa: E402  dev/lerobot: the tiny SmolVLM folder and LeRobot policy builders
+import make_ref  # noqa: E402  dev/lerobot: the tiny SmolVLM folder, LeRobot's policies at test sizes
 import model as vla  # noqa: E402  dev/model.py: the table, LeRobot names, checkpoints
+import smolvla  # noqa: E402  dev/smolvla.py: pi0's lm_heads' names
 import vla_shard  # noqa: E402
 from checks import Checks  # noqa: E402
 from vla_policy import VLAPolicy  # noqa: E402
@@ -96,8 +132,10 @@ TEXT = dict(hidden_size=TINY.d_model, num_attention_heads=TINY.n_head, num_key_v
             rope_theta=100000.0, max_position_embeddings=512, hidden_act="silu")
 POLICY = dict(chunk_size=TINY.chunk, n_action_steps=TINY.chunk, max_state_dim=TINY.max_state_dim,
               max_action_dim=TINY.max_action_dim, resize_imgs_with_padding=(TINY.img, TINY.img), num_steps=10,
-              num_vlm_layers=TINY.n_layer, tokenizer_max_length=TINY.max_text)
-# one shorter than max_text, one cut by it, one that spells a digit and punctuation
+              num_vlm_layers=TINY.n_layer, tokenizer_max_length=TINY.max_text,
+              expert_width_multiplier=TINY.d_expert / TINY.d_model)
+# one shorter than max_text (16, the tiny and pi0_tiny presets'), one cut by it, one that spells a
+# digit and punctuation
 TASKS = ["pick it up", "open the top drawer and put the spoon inside", "stack 3 blocks!"]
 # the BPE policy's tasks (max_text 16): one cut by max_text, one beyond ASCII
 BPE_TASKS = ["pick it up", "open the top drawer and put the small spoon inside it, then close it", "stack blocks ✓ über"]
@@ -106,13 +144,34 @@ BPE_TASKS = ["pick it up", "open the top drawer and put the small spoon inside i
 TOKEN_TASKS = ["pick up the red cube", " ".join(["open the top drawer"] * 14), "stack 3 blocks! ✓ über 日本",
                "put 12 cups away\n", "x"]
 # train_vla's fp32 sampling against LeRobot's fp32 sampling: 10 Euler steps through the whole
-# model, summed in other orders; the parity suites measure below 1e-6 on these sizes (test_vla's
-# chunk check uses 1e-5, as here)
+# model, summed in other orders; the parity suites measure below 1e-6 on these sizes, test_vla
+# 1.0e-7 on pi0_tiny's chunk (test_vla's chunk check uses 1e-5, as here)
 ACTION_TOL = 1e-5
+
+# pi0 (--family pi0)
+PI0_SEED = 4321
+PI0_CAMERAS = make_ref.PI0_CAMERAS  # (h, w) as the shard stores them; LeRobot pads them centred to 32x32
+PI0_STATE_DIM, PI0_ACTION_DIM = make_ref.STATE_DIM, make_ref.ACTION_DIM
+PI0_PRESET = vla.PRESETS["pi0_tiny"]
+PI0_SIZES = {"vlm": make_ref.PI0_GEMMA["gemma_2b"], "expert": make_ref.PI0_GEMMA["gemma_300m"],
+             "vision": make_ref.PI0_VISION, "vocab_size": make_ref.PI0_VOCAB}
+PI0_TOKENIZER = import_lerobot.PALIGEMMA_TOKENIZER
+PI0_MODULES = smolvla.MODULES["pi0"]
+PI0_VLM_HEAD, PI0_EXPERT_HEAD = PI0_MODULES.vlm_lm_head + "weight", PI0_MODULES.expert_lm_head + "weight"
+PI0_EMBED = PI0_MODULES.text + "embed_tokens.weight"
+# -g 4 -b 1 -z 1 against -g 1 -b 4: the same samples and noise, the gradient summed per rank then
+# across ranks: fp32 rounding of the weights (1e-6; measured 3e-8), and of their change over the
+# 3 steps, which AdamW's division by sqrt(v) makes relative to each gradient's size (1e-5, test_vla's
+# world-size tolerance; measured 2e-6). Aside: the vision tower's key biases, whose gradient is zero
+# in exact arithmetic (q . b_k shifts a query's every score alike, which the softmax ignores): theirs
+# is rounding noise, far below AdamW's eps (1e-8), so they move by about lr |g| / eps, a noise of
+# the ranks' summation order; they are held to moving less than lr / 10.
+PI0_RANKS_TOL_WEIGHTS, PI0_RANKS_TOL_CHANGE, PI0_LR = 1e-6, 1e-5, 1e-3
+PI0_NOISE_ONLY = ("vis_bk",)
 
 
 # ----------------------------------------------------------------------------
-# fixtures
+# fixtures (the helpers of this part serve pi0's checks too)
 
 
 def build_byte_tokenizer(out_dir):
@@ -125,7 +184,7 @@ def build_byte_tokenizer(out_dir):
     bpe = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    sp = make_ref.SPECIAL_TOKENS
+    sp = make_ref.SMOLVLA_SPECIAL_TOKENS
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token=sp["unk"], bos_token=sp["bos"],
                                   eos_token=sp["end_of_utterance_token"], pad_token=chars[0],
                                   extra_special_tokens={k: v for k, v in sp.items() if k.endswith("_token")})
@@ -162,9 +221,10 @@ def build_fixtures(tmp):
 
     vlm = tmp / "vlm_bytes"
     with contextlib.redirect_stdout(io.StringIO()):
-        make_ref.build_vlm_folder(vlm, VISION, TEXT, TINY.scale_factor, build_byte_tokenizer, vocab_size=TINY.vocab)
-        cfg = make_ref.make_policy_config(vlm, True, True, cameras=CAMERAS, state_dim=STATE_DIM,
-                                          action_dim=ACTION_DIM, policy=POLICY)
+        make_ref.smolvla_build_vlm_folder(vlm, VISION, TEXT, TINY.scale_factor, build_byte_tokenizer,
+                                          vocab_size=TINY.vocab)
+        cfg = make_ref.smolvla_policy_config(vlm, True, True, cameras=CAMERAS, state_dim=STATE_DIM,
+                                             action_dim=ACTION_DIM, policy=POLICY)
         torch.manual_seed(SEED)
         policy = SmolVLAPolicy(cfg)
     make_ref.perturb_constant_params(policy, SEED + 3)
@@ -348,7 +408,7 @@ def check_errors(tmp, good):
     for label, folder, needle in cases:
         out = tmp / (folder.name + ".bin")
         procs.append((label, needle, out, subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "import_lerobot.py"), str(folder), "-o", str(out)],
+            [sys.executable, os.path.join(SCRIPTS, "import_lerobot.py"), str(folder), "-o", str(out)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
     for label, needle, out, p in procs:
         text = p.communicate()[0]
@@ -396,14 +456,16 @@ def check_export_errors(tmp, ckpt, vlm):
     """Exports LeRobot could not run as the checkpoint does: one `error:` line, exit 1, no folder."""
     bpe = tmp / "vlm_bpe"  # the tiny sizes, but a BPE tokenizer: other token ids than the checkpoint's bytes
     with contextlib.redirect_stdout(io.StringIO()):
-        make_ref.build_vlm_folder(bpe, VISION, TEXT, TINY.scale_factor, make_ref.build_tokenizer, vocab_size=TINY.vocab)
+        make_ref.smolvla_build_vlm_folder(bpe, VISION, TEXT, TINY.scale_factor, make_ref.smolvla_build_tokenizer,
+                                          vocab_size=TINY.vocab)
     vc = json.loads((bpe / "config.json").read_text())
     vc["text_config"]["pad_token_id"] = TINY.pad_token  # every size the checkpoint's: only the tokenizer differs
     (bpe / "config.json").write_text(json.dumps(vc))
     wide = dict(TEXT, hidden_size=64)
     other = tmp / "vlm_wide"
     with contextlib.redirect_stdout(io.StringIO()):
-        make_ref.build_vlm_folder(other, VISION, wide, TINY.scale_factor, build_byte_tokenizer, vocab_size=TINY.vocab)
+        make_ref.smolvla_build_vlm_folder(other, VISION, wide, TINY.scale_factor, build_byte_tokenizer,
+                                          vocab_size=TINY.vocab)
     taken = tmp / "taken"
     taken.mkdir()
     (taken / "keep.txt").write_text("x")
@@ -436,7 +498,7 @@ def check_reference(tmp):
         return
     info = json.loads((case / "case.json").read_text())
     ref = load_file(str(case / "ref.safetensors"))
-    vlm = case.parent / make_ref.VLM_FOLDER
+    vlm = case.parent / make_ref.SMOLVLA_VLM_FOLDER
     ckpt, out = tmp / "ref_all.bin", tmp / "ref_all_policy"
     rc, text = run_script(import_lerobot, [str(case / "policy"), "-o", str(ckpt), "--vlm", str(vlm)])
     check(rc == 0, "import of build/lerobot_ref/all/policy (BPE tokenizer, 3 cameras, train mode all)"
@@ -543,7 +605,7 @@ def limited_run(script, argv, fsize):
     def limit():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    return subprocess.Popen([sys.executable, os.path.join(HERE, script)] + argv, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, os.path.join(SCRIPTS, script)] + argv, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, preexec_fn=limit)
 
 
@@ -779,8 +841,8 @@ def check_tokenization(tmp, vlm):
 
     tok = vla_shard.TokenizerJSON(str(vlm))
     pad = json.loads((vlm / "config.json").read_text())["text_config"]["pad_token_id"]  # what the import records
-    cfg = make_ref.make_policy_config(vlm, True, True, cameras=CAMERAS, state_dim=STATE_DIM, action_dim=ACTION_DIM,
-                                      policy=dict(POLICY, tokenizer_max_length=48))
+    cfg = make_ref.smolvla_policy_config(vlm, True, True, cameras=CAMERAS, state_dim=STATE_DIM, action_dim=ACTION_DIM,
+                                         policy=dict(POLICY, tokenizer_max_length=48))
     with contextlib.redirect_stdout(io.StringIO()):
         pre, _ = make_pre_post_processors(cfg, dataset_stats=make_stats(torch.Generator().manual_seed(SEED + 7)))
     B = len(TOKEN_TASKS)
@@ -840,9 +902,9 @@ def check_bpe_policy(tmp, bytes_vlm):
 
     vlm = tmp / "vlm_bpe_policy"
     with contextlib.redirect_stdout(io.StringIO()):
-        tok = make_ref.build_vlm_folder(vlm, VISION, TEXT, TINY.scale_factor, make_ref.build_tokenizer)
-        cfg = make_ref.make_policy_config(vlm, True, True, cameras=CAMERAS, state_dim=STATE_DIM,
-                                          action_dim=ACTION_DIM, policy=POLICY)
+        tok = make_ref.smolvla_build_vlm_folder(vlm, VISION, TEXT, TINY.scale_factor, make_ref.smolvla_build_tokenizer)
+        cfg = make_ref.smolvla_policy_config(vlm, True, True, cameras=CAMERAS, state_dim=STATE_DIM,
+                                             action_dim=ACTION_DIM, policy=POLICY)
         torch.manual_seed(SEED + 11)
         policy = SmolVLAPolicy(cfg)
     make_ref.perturb_constant_params(policy, SEED + 12)
@@ -912,121 +974,568 @@ def check_bpe_policy(tmp, bytes_vlm):
               f"{e_abs:.3g}, max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
 
 
-def main():
+def smolvla_run_all(tmp):
+    """SmolVLA's checks, in the order of the docstring."""
+    vlm, fp32_dir, bf16_dir, state32, state16, stats = build_fixtures(tmp)
+    tok_ids = __import__("transformers").AutoTokenizer.from_pretrained(vlm)(TASKS[2] + "\n")["input_ids"]
+    check(tok_ids == list((TASKS[2] + "\n").encode()), "the fixture's tokenizer gives every byte its own id")
+    check(safetensors_dtypes(fp32_dir / "model.safetensors") == {"F32"}
+          and safetensors_dtypes(bf16_dir / "model.safetensors") == {"BF16"},
+          "fixtures: LeRobot saved one policy with fp32 weights and one with bf16 weights")
+
+    print("import (LeRobot -> train_vla)")
+    a_ckpt, a16_ckpt = tmp / "a.bin", tmp / "a16.bin"
+    ck = check_import(fp32_dir, a_ckpt, state32, stats, "fp32")
+    ck16 = check_import(bf16_dir, a16_ckpt, state16, stats, "bf16")
+    if ck is None or ck16 is None:
+        check.finish()
+    rounded = all(torch.equal(torch.from_numpy(ck["params"][n]).to(torch.bfloat16).float(),
+                              torch.from_numpy(ck16["params"][n])) for n in ck["params"])
+    differs = any(not np.array_equal(ck["params"][n], ck16["params"][n]) for n in ck["params"])
+    check(rounded and differs, "bf16: the weights are the fp32 policy's rounded to bf16 (and not the fp32 values)")
+
+    print("round trip LeRobot -> train_vla -> LeRobot")
+    b_dir = tmp / "exported"
+    rc, out = run_script(export_lerobot, [str(a_ckpt), "-o", str(b_dir), "--vlm", str(vlm),
+                                          "--cameras", ",".join(CAMERAS), "--device", "cpu"])
+    check(rc == 0, "export of the imported checkpoint" + ("" if rc == 0 else f": {out}"))
+    if rc != 0:
+        check.finish()
+    print("    | " + out.rstrip().replace("\n", "\n    | "))
+    theirs, ours = (json.loads((d / "config.json").read_text()) for d in (fp32_dir, b_dir))
+    differ = [k for k in theirs if k != "input_features" and theirs[k] != ours.get(k)]
+    check(list(theirs) == list(ours) and not differ,
+          "config.json: LeRobot's fields in LeRobot's order, the same values (camera shapes aside)"
+          + (f"; differ: {differ}" if differ else ""))
+    frames, state, noise = make_observation(torch.Generator().manual_seed(SEED + 5))
+    want, _ = lerobot_actions(fp32_dir, frames, state, TASKS, noise)
+    got, policy_b = lerobot_actions(b_dir, frames, state, TASKS, noise)
+    bad = same_tensors(ck, policy_b.state_dict())
+    lm_zero = not policy_b.state_dict()[vla.LM_HEAD].any()
+    check(not bad and lm_zero, "from_pretrained(strict=True) loads every tensor, equal to the original's "
+          "(lm_head zeros)" + (f"; differ: {bad[:4]}" if bad else ""))
+    e_abs, e_rel = errors(got, want)
+    check(e_abs == 0.0, f"exported vs original LeRobot policy, same observation and noise: max abs err "
+          f"{e_abs:.3g}, max rel err {e_rel:.3g} (exact)")
+    c_act = vla_actions(a_ckpt, frames, state, TASKS, noise)
+    e_abs, e_rel = errors(c_act, want)
+    check(e_rel <= ACTION_TOL, f"train_vla (libvla.so) vs LeRobot on the imported weights: max abs err "
+          f"{e_abs:.3g}, max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
+    # the frames as LeRobot's policy receives them (float32 uint8 / 255), channels last
+    fed = [make_ref.images_as_fed(f).permute(0, 2, 3, 1).numpy() for f in frames.values()]
+    policy = VLAPolicy(str(a_ckpt), threads=1)
+    f_act = policy.act(fed, [t + "\n" for t in TASKS], state.numpy(), noise=noise.numpy()).astype(np.float64)
+    policy.close()
+    e_abs, e_rel = errors(f_act, want)
+    check(np.array_equal(f_act, c_act) and e_rel <= ACTION_TOL, "VLAPolicy on LeRobot's float32 frames (uint8 / "
+          f"255): the uint8 frames' actions exactly, LeRobot's within max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
+    check_reference(tmp)
+
+    print("a tokenizer.json's ids (byte-level BPE)")
+    check_bpe_policy(tmp, vlm)
+
+    print("fine-tuned train_vla -> LeRobot")
+    shard, run_dir = tmp / "s.bin", tmp / "run"
+    args = ["--episodes", "6", "--min-len", "4", "--max-len", "9", "--seed", "7", "--state", str(STATE_DIM),
+            "--action", str(ACTION_DIM)]
+    for h, w in CAMERAS.values():
+        args += ["--cam-size", f"{h}x{w}"]
+    r = subprocess.run([os.path.join(ROOT, "data", "synthetic"), "-o", str(shard)] + args,
+                       capture_output=True, text=True)
+    steps = 3
+    if r.returncode == 0:
+        r = subprocess.run([os.path.join(ROOT, "train_vla_cpu"), "-i", str(shard), "--train", "expert",
+                            "--init", str(a_ckpt), "--weights-only", "-n", str(steps), "-b", "2", "-u", "1", "-l", "1e-2",
+                            "-t", "1", "--workers", "1", "-o", str(run_dir)], capture_output=True, text=True)
+    tuned = run_dir / f"ckpt_{steps:08d}.bin"
+    check(r.returncode == 0 and tuned.exists(), f"./train_vla_cpu --init <imported> --weights-only trains {steps} steps on a "
+          "shard of the policy's shapes" + ("" if r.returncode == 0 else ": " + (r.stdout + r.stderr)[-600:]))
+    if not tuned.exists():
+        check.finish()
+    ft = vla.read_checkpoint(str(tuned))
+    again = tmp / "rewritten.bin"
+    vla.write_checkpoint(str(again), ft["config"], ft["train_mode"], ft["stats"], ft["params"], ft["m"], ft["v"],
+                         ft["step"], ft["seed"], ft["sampler_pos"], ft["tokenizer"], ft["run"])
+    check(again.read_bytes() == tuned.read_bytes(), "dev/model.py's write_checkpoint reproduces the trainer's "
+          "checkpoint byte for byte (the writer the import uses)")
+    frozen = [s.name for s in vla.param_table(ft["config"]) if vla.trainable_numel(s, 0) == 0]
+    moved = [n for n in ft["params"] if n not in frozen and not np.array_equal(ft["params"][n], ck["params"][n])]
+    kept = all(np.array_equal(ft["params"][n], ck["params"][n]) for n in frozen)
+    check(kept and len(moved) == len(ft["params"]) - len(frozen),
+          f"--train expert from the import: the {len(frozen)} frozen tensors kept, the {len(moved)} trainable ones "
+          "moved")
+    c_dir = tmp / "finetuned"
+    rc, out = run_script(export_lerobot, [str(tuned), "-o", str(c_dir), "--vlm", str(vlm),
+                                          "--cameras", ",".join(CAMERAS), "--device", "cpu"])
+    check(rc == 0, "export of the fine-tuned checkpoint" + ("" if rc == 0 else f": {out}"))
+    if rc == 0:
+        want = vla_actions(tuned, frames, state, TASKS, noise)
+        got, _ = lerobot_actions(c_dir, frames, state, TASKS, noise)
+        e_abs, e_rel = errors(got, want)
+        check(e_rel <= ACTION_TOL, f"LeRobot on the exported fine-tuned checkpoint vs train_vla (libvla.so) on it: "
+              f"max abs err {e_abs:.3g}, max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
+
+    print("bad input")
+    check_errors(tmp, fp32_dir)
+    check_safetensors_refusals(tmp, fp32_dir)
+    check_vlm_argument(tmp, fp32_dir, vlm, a_ckpt)
+    check_export_errors(tmp, a_ckpt, vlm)
+    check_hints(tmp, a_ckpt, vlm)
+    print("what import and export write: --force, a running trainer's folder, failed writes")
+    check_writes(tmp, fp32_dir, a_ckpt, vlm)
+
+
+# ----------------------------------------------------------------------------
+# pi0 (--family pi0): fixtures, LeRobot's PI0Policy at pi0_tiny's sizes
+
+
+def pi0_place_tokenizer():
+    """The byte tokenizer (build_byte_tokenizer's: byte b is id b, pad id 0, nothing added) in the
+    private HF cache as google/paligemma-3b-pt-224's snapshot."""
+    repo = Path(os.environ["HF_HUB_CACHE"]) / ("models--" + PI0_TOKENIZER.replace("/", "--"))
+    commit = "0" * 40
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    build_byte_tokenizer(str(snap))
+    # AutoTokenizer reads the model's config first (its type; tokenizer_config.json names the class)
+    (snap / "config.json").write_text(json.dumps({"model_type": "paligemma"}))
+    return snap
+
+
+def pi0_save_policy(policy, stats, folder):
+    with contextlib.redirect_stdout(io.StringIO()):  # pi0's processors print as they are made
+        save_policy(policy, policy.config, stats, folder)
+
+
+def pi0_weights(policy):
+    return {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
+def pi0_build_fixtures(tmp):
+    """LeRobot's PI0Policy saved in fp32 and bf16: (fp32 dir, bf16 dir, fp32 weights, bf16 weights,
+    stats)."""
+    from lerobot.policies.pi0.modeling_pi0 import PI0Policy
+
+    cfg = make_ref.pi0_policy_config(train_expert_only=False, freeze_vision_encoder=False)
+    with make_ref.tiny_pi0_sizes(), contextlib.redirect_stdout(io.StringIO()):
+        torch.manual_seed(PI0_SEED)
+        policy = PI0Policy(cfg)
+    make_ref.perturb_constant_params(policy, PI0_SEED + 3)
+    stats = make_stats(torch.Generator().manual_seed(PI0_SEED + 1), PI0_STATE_DIM, PI0_ACTION_DIM, PI0_CAMERAS)
+    pi0_save_policy(policy, stats, tmp / "fp32")
+    state32 = pi0_weights(policy)
+    # what PI0Config(dtype="bfloat16") makes of the same weights
+    policy.model.paligemma_with_expert.to_bfloat16_for_selected_params("bfloat16")
+    policy.config.dtype = "bfloat16"
+    pi0_save_policy(policy, stats, tmp / "bf16")
+    return tmp / "fp32", tmp / "bf16", state32, pi0_weights(policy), stats
+
+
+def pi0_make_observation(g):
+    """A raw batch: uint8 frames per camera, raw state, and the starting noise."""
+    frames = {cam: torch.randint(0, 256, (BATCH, h, w, 3), generator=g, dtype=torch.uint8)
+              for cam, (h, w) in PI0_CAMERAS.items()}
+    state = torch.randn(BATCH, PI0_STATE_DIM, generator=g) * 2
+    noise = torch.randn(BATCH, PI0_PRESET.chunk, PI0_PRESET.max_action_dim, generator=g)
+    return frames, state, noise
+
+
+# ----------------------------------------------------------------------------
+# pi0: LeRobot's side and train_vla's
+
+
+def pi0_load_policy(policy_dir):
+    """PI0Policy.from_pretrained at pi0_tiny's sizes, and what it printed (its warnings about the
+    patch embedding's name, logged for every checkpoint, left out)."""
+    from lerobot.policies.pi0.modeling_pi0 import PI0Policy
+
+    out = io.StringIO()
+    logging.disable(logging.WARNING)
+    try:
+        with make_ref.tiny_pi0_sizes(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            policy = PI0Policy.from_pretrained(str(policy_dir), strict=True)
+    finally:
+        logging.disable(logging.NOTSET)
+    return policy, out.getvalue()
+
+
+def pi0_lerobot_actions(policy, policy_dir, frames, state, noise):
+    """LeRobot's own path: the folder's saved pre-processor, predict_action_chunk from the given
+    noise, its post-processor. Returns (B, H, A) float64."""
+    from lerobot.policies.factory import make_pre_post_processors
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        pre, post = make_pre_post_processors(policy.config, pretrained_path=str(policy_dir))
+    batch = {make_ref.cam_key(c): make_ref.images_as_fed(f) for c, f in frames.items()}
+    batch["observation.state"] = state.clone()
+    batch["task"] = list(TASKS)
+    policy.eval()
+    policy.reset()
+    with torch.no_grad():
+        chunk = policy.predict_action_chunk(pre(batch), noise=noise.clone())
+    return post(chunk).to(torch.float64).numpy()
+
+
+def pi0_vla_actions(ckpt, frames, state, noise):
+    """libvla.so on the raw observation (LeRobot's pre-processor appends "\\n" to a task)."""
+    policy = VLAPolicy(str(ckpt), threads=1)
+    images = [np.ascontiguousarray(f.numpy()) for f in frames.values()]
+    out = policy.act(images, [t + "\n" for t in TASKS], state.numpy(), noise=noise.numpy())
+    policy.close()
+    return out.astype(np.float64)
+
+
+def pi0_table_errors(ck, state):
+    """(LeRobot names that differ in set or shape from the checkpoint's, the largest |difference|
+    over the rest) of a LeRobot state dict against a checkpoint, lm_heads aside."""
+    params = {n: torch.from_numpy(x) for n, x in ck["params"].items()}
+    ours = vla.to_lerobot(ck["config"], params)
+    theirs = {k: v for k, v in state.items() if k not in (PI0_VLM_HEAD, PI0_EXPERT_HEAD)}
+    bad = sorted(set(ours) ^ set(theirs))
+    bad += [k for k in ours if k in theirs and ours[k].shape != theirs[k].shape]
+    worst = max((float((ours[k] - theirs[k].float()).abs().max()) for k in ours
+                 if k in theirs and ours[k].shape == theirs[k].shape), default=float("inf"))
+    return bad, worst
+
+
+def pi0_rel_l2(x, ref):
+    """sqrt(sum (x - ref)^2 / sum ref^2), tests/util/test_util.h's rel_error, in float64."""
+    x, ref = x.astype(np.float64), ref.astype(np.float64)
+    return float(np.sqrt(((x - ref) ** 2).sum() / max((ref ** 2).sum(), 1e-300)))
+
+
+def pi0_one_error(rc, text, needle, written):
+    """A refusal: exit 1, one `error:` line holding needle, nothing written."""
+    lines = text.splitlines()
+    return rc == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0] and not written
+
+
+# ----------------------------------------------------------------------------
+# pi0: the checks
+
+
+def pi0_check_import(policy_dir, ckpt, sizes_file, state, stats, label):
+    rc, out = run_script(import_lerobot, [str(policy_dir), "-o", str(ckpt), "--sizes", str(sizes_file)])
+    check(rc == 0 and ckpt.exists(), f"import of the {label} policy succeeds" + ("" if rc == 0 else f": {out}"))
+    if rc != 0:
+        return None
+    print("    | " + out.rstrip().replace("\n", "\n    | "))
+    ck = vla.read_checkpoint(str(ckpt))
+    want = vla.SmolVLAConfig(**{**vars(PI0_PRESET), "n_cam": len(PI0_CAMERAS), "state_dim": PI0_STATE_DIM,
+                                "action_dim": PI0_ACTION_DIM})
+    check(ck["config"] == want and ck["config"].family == 1,
+          f"{label}: the config is pi0_tiny's (family 1) with the policy's 2 cameras, S {PI0_STATE_DIM}, A {PI0_ACTION_DIM}")
+    n_trainable = vla.opt_domain(vla.param_table(ck["config"]), 2)[2]
+    zero = all(not x.any() for x in list(ck["m"].values()) + list(ck["v"].values()))
+    check((ck["train_mode"], ck["step"], ck["seed"], ck["sampler_pos"], ck["tokenizer"]) == (2, 0, 1337, 0, "bytes")
+          and zero and sum(x.size for x in ck["m"].values()) == n_trainable,
+          f"{label}: header: train mode all (LeRobot's default flags), step 0, seed 1337, sampler 0, tokenizer bytes "
+          f"(the pre-processor's {PI0_TOKENIZER}), zero moments for the {n_trainable} trainable elements")
+    want_stats = np.concatenate([stats["observation.state"]["mean"], stats["observation.state"]["std"],
+                                 stats["action"]["mean"], stats["action"]["std"]]).astype(np.float32)
+    check(np.array_equal(ck["stats"], want_stats), f"{label}: the processors' state and action mean/std")
+    bad, worst = pi0_table_errors(ck, state)
+    check(not bad and worst == 0.0, f"{label}: all {len(state) - 2} LeRobot tensors but the lm_heads equal the "
+          f"checkpoint's (max abs err {worst:.3g})" + (f"; differ: {bad[:4]}" if bad else ""))
+    check(f"skipped: {PI0_VLM_HEAD}" in out and f"skipped: {PI0_EXPERT_HEAD}" in out,
+          f"{label}: both lm_heads are named as skipped")
+    return ck
+
+
+def pi0_check_sizes_sources(tmp, fp32_dir, sizes_file, a_ckpt):
+    """No --sizes means the released variants' sizes (the pi0 preset's, which export names by those
+    variants); a c_config.txt above the policy (what make_ref.py --family pi0 writes) gives the checkpoint
+    --sizes gives."""
+    released = tmp / "released_config"
+    released.mkdir()
+    pc = json.loads((fp32_dir / "config.json").read_text())
+    pc.update(image_resolution=[224, 224], chunk_size=50, n_action_steps=50, tokenizer_max_length=48)
+    (released / "config.json").write_text(json.dumps(pc))
+    cfg, _ = vla.config_from_policy(str(released))
+    same = [f for f in vla.CONFIG_FIELDS if f not in ("n_cam", "state_dim", "action_dim")
+            and getattr(cfg, f) != getattr(vla.PRESETS["pi0"], f)]
+    check(not same and export_lerobot.pi0_variants(cfg, None) == ("gemma_2b", "gemma_300m"),
+          "config.json's variants alone (no --sizes) give the pi0 preset's sizes, which export names gemma_2b and "
+          "gemma_300m" + (f"; differ: {same}" if same else ""))
+    out = tmp / "released.bin"
+    rc, text = run_script(import_lerobot, [str(fp32_dir), "-o", str(out)])
+    check(pi0_one_error(rc, text, "the released sizes of gemma_2b and gemma_300m (no --sizes)", out.exists())
+          and "pass --sizes FILE" in text,
+          f"import of a pi0_tiny folder without --sizes: the released sizes, refused: {text.strip()}")
+    case = tmp / "case"
+    shutil.copytree(fp32_dir, case / "policy")
+    with make_ref.tiny_pi0_sizes(), contextlib.redirect_stdout(io.StringIO()):
+        from lerobot.policies.pi0.modeling_pi0 import PI0Policy
+        lines = make_ref.pi0_c_config_lines(PI0Policy(make_ref.pi0_policy_config(False, False)))
+    (case / "c_config.txt").write_text("\n".join(lines) + "\n")
+    out = tmp / "c_config.bin"
+    rc, text = run_script(import_lerobot, [str(case / "policy"), "-o", str(out)])
+    check(rc == 0 and out.read_bytes() == a_ckpt.read_bytes() and "c_config.txt" in text,
+          "import with a c_config.txt above the policy and no --sizes: the checkpoint --sizes gives, byte for byte"
+          + ("" if rc == 0 else f": {text.strip()}"))
+
+
+def pi0_check_round_trip(tmp, src_dir, ckpt, sizes_file, state, label):
+    """The import exported and reloaded in LeRobot: its weights, config.json and processors.
+    Returns (the folder, the loaded policy) or None."""
+    out_dir = tmp / f"exported_{label}"
+    rc, out = run_script(export_lerobot, [str(ckpt), "-o", str(out_dir), "--sizes", str(sizes_file),
+                                          "--cameras", ",".join(PI0_CAMERAS), "--device", "cpu"])
+    check(rc == 0, f"{label}: export of the imported checkpoint" + ("" if rc == 0 else f": {out}"))
+    if rc != 0:
+        return None
+    print("    | " + out.rstrip().replace("\n", "\n    | "))
+    theirs, ours = (json.loads((d / "config.json").read_text()) for d in (src_dir, out_dir))
+    differ = [k for k in theirs if k not in ("input_features", "dtype") and theirs[k] != ours.get(k)]
+    check(list(theirs) == list(ours) and not differ and ours["dtype"] == "float32",
+          f"{label}: config.json: LeRobot's fields in LeRobot's order, the same values (camera shapes aside; dtype "
+          "float32, the weights' now)" + (f"; differ: {differ}" if differ else ""))
+    for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
+        specs = [json.loads((d / name).read_text()) for d in (src_dir, out_dir)]
+        for spec in specs:  # the cameras' shapes are the dataset's in LeRobot's, the model's in ours
+            for step in spec["steps"]:
+                for key in list(step.get("config", {}).get("features", {})):
+                    if key.startswith("observation.images."):
+                        step["config"]["features"][key]["shape"] = None
+        check(specs[0] == specs[1], f"{label}: {name} is LeRobot's, step by step (camera shapes aside)")
+    policy, printed = pi0_load_policy(out_dir)
+    loaded = pi0_weights(policy)
+    bad, worst = pi0_table_errors(vla.read_checkpoint(str(ckpt)), loaded)
+    ref = {k: v.float() for k, v in state.items()}
+    worst_src = max(float((loaded[k] - ref[k]).abs().max()) for k in ref if k not in (PI0_VLM_HEAD, PI0_EXPERT_HEAD))
+    heads = torch.equal(loaded[PI0_VLM_HEAD], loaded[PI0_EMBED]) and not loaded[PI0_EXPERT_HEAD].any()
+    check(not bad and worst == 0.0 and worst_src == 0.0 and heads and "All keys loaded successfully" in printed,
+          f"{label}: PI0Policy.from_pretrained loads every key; its state dict equals the checkpoint's and the "
+          f"original's ({'widened ' if label == 'bf16' else ''}fp32) tensor by tensor (max abs err {worst_src:.3g}), "
+          "PaliGemma's lm_head the embedding, the expert's zeros" + (f"; differ: {bad[:4]}" if bad else "")
+          + ("" if "All keys" in printed else f"; LeRobot said: {printed.strip()[-300:]}"))
+    return out_dir, policy
+
+
+def pi0_check_ranks(tmp, a_ckpt, frames, state, noise, sizes_file):
+    """-g 4 -b 1 -z 1 against -g 1 -b 4 from the import, then the 4-rank result in LeRobot."""
+    shard = tmp / "s.bin"
+    args = ["--episodes", "6", "--min-len", "4", "--max-len", "9", "--seed", "7", "--state", str(PI0_STATE_DIM),
+            "--action", str(PI0_ACTION_DIM)]
+    for h, w in PI0_CAMERAS.values():
+        args += ["--cam-size", f"{h}x{w}"]
+    r = subprocess.run([os.path.join(ROOT, "data", "synthetic"), "-o", str(shard)] + args, capture_output=True,
+                       text=True)
+    check(r.returncode == 0, "data/synthetic writes a shard of the policy's cameras and dims"
+          + ("" if r.returncode == 0 else ": " + (r.stdout + r.stderr)[-400:]))
+    steps, runs = 3, {}
+    for label, world in (("-g 4 -b 1 -z 1", ["-g", "4", "-b", "1", "-z", "1"]), ("-g 4 -b 1", ["-g", "4", "-b", "1"]),
+                         ("-g 1 -b 4", ["-g", "1", "-b", "4"])):
+        run_dir = tmp / ("run" + "".join(world).replace("-", "_"))
+        r = subprocess.run([os.path.join(ROOT, "train_vla_cpu"), "-i", str(shard), "--init", str(a_ckpt),
+                            "--weights-only", "--train", "all", "-n", str(steps), "-u", "1", "-l", str(PI0_LR), "-c", "1.0",
+                            "-w", "0.01", "-t", "1", "--workers", "1", "-o", str(run_dir)] + world,
+                           capture_output=True, text=True)
+        path = run_dir / f"ckpt_{steps:08d}.bin"
+        check(r.returncode == 0 and path.exists(), f"./train_vla_cpu --init <import> --weights-only --train all "
+              f"{label} trains {steps} steps" + ("" if r.returncode == 0 else ": " + (r.stdout + r.stderr)[-600:]))
+        if not path.exists():
+            return
+        runs[label] = (path, vla.read_checkpoint(str(path)))
+    init = vla.read_checkpoint(str(a_ckpt))["params"]
+    (p4, c4), (_, c4z0), (_, c1) = runs["-g 4 -b 1 -z 1"], runs["-g 4 -b 1"], runs["-g 1 -b 4"]
+    check(all(np.array_equal(c4["params"][n], c4z0["params"][n]) for n in init),
+          "ZeRO-1 changes no bit: -g 4 -b 1 -z 1 and -z 0 give the same weights")
+    names = [n for n in init if n not in PI0_NOISE_ONLY]
+
+    def flat(params):
+        return np.concatenate([params[n].ravel() for n in names]).astype(np.float64)
+
+    start, w4, w1 = flat(init), flat(c4["params"]), flat(c1["params"])
+    e_w, e_d = pi0_rel_l2(w4, w1), pi0_rel_l2(w4 - start, w1 - start)
+    moved = float(np.abs(w1 - start).max())
+    check(e_w <= PI0_RANKS_TOL_WEIGHTS and e_d <= PI0_RANKS_TOL_CHANGE and moved > 0 and c4["step"] == c1["step"] == steps,
+          f"-g 4 -b 1 -z 1 vs -g 1 -b 4 after {steps} steps at lr {PI0_LR:g}: weights rel err {e_w:.2e} (tol "
+          f"{PI0_RANKS_TOL_WEIGHTS:g}), their change from the import rel err {e_d:.2e} (tol {PI0_RANKS_TOL_CHANGE:g}; "
+          f"largest change {moved:.3g}), every tensor but {', '.join(PI0_NOISE_ONLY)}")
+    drift = max(float(np.abs(c["params"][n] - init[n]).max()) for c in (c4, c1) for n in PI0_NOISE_ONLY)
+    check(drift < PI0_LR / 10, f"{', '.join(PI0_NOISE_ONLY)} (a gradient of rounding noise: the softmax ignores a key bias) "
+          f"move by at most {drift:.2g} (< lr / 10)")
+    out_dir = tmp / "exported_ranks"
+    rc, out = run_script(export_lerobot, [str(p4), "-o", str(out_dir), "--sizes", str(sizes_file),
+                                          "--cameras", ",".join(PI0_CAMERAS), "--device", "cpu"])
+    check(rc == 0, "export of the 4-rank checkpoint" + ("" if rc == 0 else f": {out}"))
+    if rc != 0:
+        return
+    policy, printed = pi0_load_policy(out_dir)
+    bad, worst = pi0_table_errors(c4, pi0_weights(policy))
+    check(not bad and worst == 0.0 and "All keys loaded successfully" in printed,
+          f"PI0Policy.from_pretrained of it: every tensor the checkpoint's (max abs err {worst:.3g})"
+          + (f"; differ: {bad[:4]}" if bad else ""))
+    want = pi0_vla_actions(p4, frames, state, noise)
+    got = pi0_lerobot_actions(policy, out_dir, frames, state, noise)
+    e_abs, e_rel = errors(got, want)
+    check(e_rel <= ACTION_TOL, f"LeRobot on the exported 4-rank checkpoint vs train_vla (libvla.so) on it: max abs err "
+          f"{e_abs:.3g}, max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
+
+
+def pi0_check_errors(tmp, good, sizes_file, a_ckpt):
+    """Bad folders, sizes and exports: one `error:` line, exit 1, nothing written."""
+    from safetensors.torch import load_file, save_file
+
+    cases = []
+    other = tmp / "bad_type"
+    other.mkdir()
+    pc = json.loads((good / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**pc, "type": "act"}))
+    shutil.copy(good / "model.safetensors", other)
+    cases.append(("a LeRobot folder of another policy type", other, [], "'act', not 'smolvla' or 'pi0'"))
+    tensors = load_file(str(good / "model.safetensors"))
+    for label, name, edit, needle in (
+            ("a missing tensor", "model.action_out_proj.bias", None, "lacks model.action_out_proj.bias"),
+            ("a wrong shape", "model.state_proj.weight", torch.zeros(PI0_SIZES["expert"]["width"], 31),
+             "model.state_proj.weight has shape [32, 31]")):
+        folder = tmp / ("bad_" + label.split()[-1])
+        shutil.copytree(good, folder)
+        changed = dict(tensors)
+        if edit is None:
+            del changed[name]
+        else:
+            changed[name] = edit
+        save_file(changed, str(folder / "model.safetensors"))
+        cases.append((label, folder, ["--sizes", str(sizes_file)], needle))
+
+    def sizes_with(name, edit):
+        sizes = json.loads(json.dumps(PI0_SIZES))
+        edit(sizes)
+        path = tmp / f"sizes_{name}.json"
+        path.write_text(json.dumps(sizes))
+        return ["--sizes", str(path)]
+
+    gate = PI0_MODULES.text + "layers.0.mlp.gate_proj.weight"
+    for label, argv, needle in (
+            ("--sizes without \"expert\"", sizes_with("noexpert", lambda s: s.pop("expert")), 'has no "expert"'),
+            ("--sizes with \"vlm\".\"width\" a string", sizes_with("string", lambda s: s["vlm"].update(width="64")),
+             '"vlm"."width" is "64", not a positive whole number'),
+            ("--sizes of another VLM MLP width", sizes_with("mlp", lambda s: s["vlm"].update(mlp_dim=96)),
+             f"{gate} has shape [128, 64], --sizes"),
+            ("--sizes whose Gemmas differ in head size", sizes_with("heads", lambda s: s["expert"].update(head_dim=4)),
+             "share one attention"),
+            ("--sizes that is not a file", ["--sizes", str(tmp / "nowhere.json")], "cannot read it"),
+            ("--vlm, which pi0 has not", ["--sizes", str(sizes_file), "--vlm", str(tmp)], "leave --vlm out")):
+        cases.append((label, good, argv, needle))
+    for label, folder, argv, needle in cases:
+        out = tmp / "refused.bin"
+        rc, text = run_script(import_lerobot, [str(folder), "-o", str(out)] + argv)
+        written = out.exists() or any(out.parent.glob(out.name + ".*tmp"))
+        check(pi0_one_error(rc, text, needle, written), f"import of {label}: exit {rc}, {len(text.splitlines())} line(s), "
+              f"nothing written: {text.strip()[:300]}")
+    for label, argv, needle in (
+            ("no --sizes (sizes not the released variants')", [], "pass --sizes FILE with the checkpoint's sizes"),
+            ("--sizes of another VLM MLP width", sizes_with("mlp2", lambda s: s["vlm"].update(mlp_dim=96)),
+             '"vlm"."mlp_dim" is 96, the checkpoint\'s d_ff is 128'),
+            ("--vlm", ["--sizes", str(sizes_file), "--vlm", str(tmp)], "leave --vlm out"),
+            ("a camera list of the wrong length", ["--sizes", str(sizes_file), "--cameras", "top"],
+             "reads 2 camera(s)")):
+        out = tmp / "export_refused"
+        rc, text = run_script(export_lerobot, [str(a_ckpt), "-o", str(out)] + argv)
+        check(pi0_one_error(rc, text, needle, out.exists() or Path(str(out) + ".tmp").exists()),
+              f"export with {label}: exit {rc}, {len(text.splitlines())} line(s), no folder: {text.strip()[:300]}")
+
+
+def pi0_run_all(tmp):
+    from transformers import AutoTokenizer
+
+    pi0_place_tokenizer()
+    ids = AutoTokenizer.from_pretrained(PI0_TOKENIZER)(TASKS[2] + "\n")["input_ids"]
+    check(ids == list((TASKS[2] + "\n").encode()), f"the private HF cache's {PI0_TOKENIZER} gives every byte its own id")
+    fp32_dir, bf16_dir, state32, state16, stats = pi0_build_fixtures(tmp)
+    dtypes32, dtypes16 = (safetensors_dtypes(d / "model.safetensors") for d in (fp32_dir, bf16_dir))
+    check(dtypes32 == {"F32"} and dtypes16 == {"F32", "BF16"},
+          f"fixtures: LeRobot saved the policy in fp32 ({sorted(dtypes32)}) and as its dtype bfloat16 keeps it "
+          f"({sorted(dtypes16)})")
+    sizes_file = tmp / "sizes.json"
+    sizes_file.write_text(json.dumps(PI0_SIZES, indent=1))
+
+    print("import (LeRobot -> train_vla)")
+    a_ckpt, a16_ckpt = tmp / "a.bin", tmp / "a16.bin"
+    ck = pi0_check_import(fp32_dir, a_ckpt, sizes_file, state32, stats, "fp32")
+    ck16 = pi0_check_import(bf16_dir, a16_ckpt, sizes_file, state16, stats, "bf16")
+    if ck is None or ck16 is None:
+        check.finish()
+    def as_bf16(x):
+        return torch.from_numpy(x).to(torch.bfloat16).float()
+
+    rounded = [n for n in ck["params"] if not np.array_equal(ck["params"][n], ck16["params"][n])]
+    kept = [n for n in ck["params"] if n not in rounded]
+    check(rounded and all(torch.equal(as_bf16(ck["params"][n]), torch.from_numpy(ck16["params"][n])) for n in rounded),
+          f"bf16: every weight is the fp32 policy's, rounded to bf16 in the {len(rounded)} tensors LeRobot's dtype "
+          f"bfloat16 rounds, unchanged in the {len(kept)} it leaves in fp32 ({', '.join(kept[:4])}, ...)")
+    pi0_check_sizes_sources(tmp, fp32_dir, sizes_file, a_ckpt)
+
+    print("round trip LeRobot -> train_vla -> LeRobot")
+    frames, state, noise = pi0_make_observation(torch.Generator().manual_seed(PI0_SEED + 5))
+    trip = pi0_check_round_trip(tmp, fp32_dir, a_ckpt, sizes_file, state32, "fp32")
+    trip16 = pi0_check_round_trip(tmp, bf16_dir, a16_ckpt, sizes_file, state16, "bf16")
+    if trip is None or trip16 is None:
+        check.finish()
+    original, _ = pi0_load_policy(fp32_dir)
+    want = pi0_lerobot_actions(original, fp32_dir, frames, state, noise)
+    got = pi0_lerobot_actions(trip[1], trip[0], frames, state, noise)
+    e_abs, _ = errors(got, want)
+    check(e_abs == 0.0, f"fp32: LeRobot's actions before and after the round trip, same observation and noise: max abs "
+          f"err {e_abs:.3g} (exact)")
+    # the bf16 source's values in an fp32 policy (LeRobot's bf16 policy computes in bf16, with its
+    # rotary buffers rounded too): the exported folder is computed in fp32
+    original.load_state_dict({k: v.float() for k, v in state16.items()}, strict=True)
+    want16 = pi0_lerobot_actions(original, bf16_dir, frames, state, noise)
+    got16 = pi0_lerobot_actions(trip16[1], trip16[0], frames, state, noise)
+    e_abs, _ = errors(got16, want16)
+    check(e_abs == 0.0, f"bf16: LeRobot's actions of the source's weights (widened) and of the round trip: max abs err "
+          f"{e_abs:.3g} (exact)")
+    mine = pi0_vla_actions(a_ckpt, frames, state, noise)
+    e_abs, e_rel = errors(mine, want)
+    check(e_rel <= ACTION_TOL, f"train_vla (libvla.so) vs LeRobot on the imported weights: max abs err {e_abs:.3g}, "
+          f"max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
+
+    print("fine-tuned on 4 simulated ranks -> LeRobot")
+    pi0_check_ranks(tmp, a_ckpt, frames, state, noise, sizes_file)
+
+    print("bad input")
+    pi0_check_errors(tmp, fp32_dir, sizes_file, a_ckpt)
+
+
+# ----------------------------------------------------------------------------
+# main
+
+
+def pi0_main():
+    """pi0's checks in a private HF cache, named before huggingface_hub reads the environment: it
+    holds the stand-in for google/paligemma-3b-pt-224's tokenizer, and nothing may be fetched."""
+    if "huggingface_hub" in sys.modules:
+        raise RuntimeError("huggingface_hub was imported before HF_HUB_CACHE was set")
+    with tempfile.TemporaryDirectory(prefix="pi0_hub_") as hub:
+        os.environ["HF_HUB_CACHE"] = hub
+        with tempfile.TemporaryDirectory() as tmp_name:
+            pi0_run_all(Path(tmp_name))
+
+
+def smolvla_main():
+    with tempfile.TemporaryDirectory() as tmp_name:
+        smolvla_run_all(Path(tmp_name))
+
+
+FAMILIES = {"smolvla": smolvla_main, "pi0": pi0_main}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--family", choices=list(FAMILIES), default="smolvla",
+                    help="the policies imported and exported (default smolvla)")
+    args = ap.parse_args(argv)
     t0 = time.time()
     for target in ("train_vla_cpu", "libvla.so", "data/synthetic"):
         if not os.path.exists(os.path.join(ROOT, target)):
             check(False, f"{target} is missing: make {target} first")
             check.finish()
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        vlm, fp32_dir, bf16_dir, state32, state16, stats = build_fixtures(tmp)
-        tok_ids = __import__("transformers").AutoTokenizer.from_pretrained(vlm)(TASKS[2] + "\n")["input_ids"]
-        check(tok_ids == list((TASKS[2] + "\n").encode()), "the fixture's tokenizer gives every byte its own id")
-        check(safetensors_dtypes(fp32_dir / "model.safetensors") == {"F32"}
-              and safetensors_dtypes(bf16_dir / "model.safetensors") == {"BF16"},
-              "fixtures: LeRobot saved one policy with fp32 weights and one with bf16 weights")
-
-        print("import (LeRobot -> train_vla)")
-        a_ckpt, a16_ckpt = tmp / "a.bin", tmp / "a16.bin"
-        ck = check_import(fp32_dir, a_ckpt, state32, stats, "fp32")
-        ck16 = check_import(bf16_dir, a16_ckpt, state16, stats, "bf16")
-        if ck is None or ck16 is None:
-            check.finish()
-        rounded = all(torch.equal(torch.from_numpy(ck["params"][n]).to(torch.bfloat16).float(),
-                                  torch.from_numpy(ck16["params"][n])) for n in ck["params"])
-        differs = any(not np.array_equal(ck["params"][n], ck16["params"][n]) for n in ck["params"])
-        check(rounded and differs, "bf16: the weights are the fp32 policy's rounded to bf16 (and not the fp32 values)")
-
-        print("round trip LeRobot -> train_vla -> LeRobot")
-        b_dir = tmp / "exported"
-        rc, out = run_script(export_lerobot, [str(a_ckpt), "-o", str(b_dir), "--vlm", str(vlm),
-                                              "--cameras", ",".join(CAMERAS), "--device", "cpu"])
-        check(rc == 0, "export of the imported checkpoint" + ("" if rc == 0 else f": {out}"))
-        if rc != 0:
-            check.finish()
-        print("    | " + out.rstrip().replace("\n", "\n    | "))
-        theirs, ours = (json.loads((d / "config.json").read_text()) for d in (fp32_dir, b_dir))
-        differ = [k for k in theirs if k != "input_features" and theirs[k] != ours.get(k)]
-        check(list(theirs) == list(ours) and not differ,
-              "config.json: LeRobot's fields in LeRobot's order, the same values (camera shapes aside)"
-              + (f"; differ: {differ}" if differ else ""))
-        frames, state, noise = make_observation(torch.Generator().manual_seed(SEED + 5))
-        want, _ = lerobot_actions(fp32_dir, frames, state, TASKS, noise)
-        got, policy_b = lerobot_actions(b_dir, frames, state, TASKS, noise)
-        bad = same_tensors(ck, policy_b.state_dict())
-        lm_zero = not policy_b.state_dict()[vla.LM_HEAD].any()
-        check(not bad and lm_zero, "from_pretrained(strict=True) loads every tensor, equal to the original's "
-              "(lm_head zeros)" + (f"; differ: {bad[:4]}" if bad else ""))
-        e_abs, e_rel = errors(got, want)
-        check(e_abs == 0.0, f"exported vs original LeRobot policy, same observation and noise: max abs err "
-              f"{e_abs:.3g}, max rel err {e_rel:.3g} (exact)")
-        c_act = vla_actions(a_ckpt, frames, state, TASKS, noise)
-        e_abs, e_rel = errors(c_act, want)
-        check(e_rel <= ACTION_TOL, f"train_vla (libvla.so) vs LeRobot on the imported weights: max abs err "
-              f"{e_abs:.3g}, max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
-        # the frames as LeRobot's policy receives them (float32 uint8 / 255), channels last
-        fed = [make_ref.images_as_fed(f).permute(0, 2, 3, 1).numpy() for f in frames.values()]
-        policy = VLAPolicy(str(a_ckpt), threads=1)
-        f_act = policy.act(fed, [t + "\n" for t in TASKS], state.numpy(), noise=noise.numpy()).astype(np.float64)
-        policy.close()
-        e_abs, e_rel = errors(f_act, want)
-        check(np.array_equal(f_act, c_act) and e_rel <= ACTION_TOL, "VLAPolicy on LeRobot's float32 frames (uint8 / "
-              f"255): the uint8 frames' actions exactly, LeRobot's within max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
-        check_reference(tmp)
-
-        print("a tokenizer.json's ids (byte-level BPE)")
-        check_bpe_policy(tmp, vlm)
-
-        print("fine-tuned train_vla -> LeRobot")
-        shard, run_dir = tmp / "s.bin", tmp / "run"
-        args = ["--episodes", "6", "--min-len", "4", "--max-len", "9", "--seed", "7", "--state", str(STATE_DIM),
-                "--action", str(ACTION_DIM)]
-        for h, w in CAMERAS.values():
-            args += ["--cam-size", f"{h}x{w}"]
-        r = subprocess.run([os.path.join(ROOT, "data", "synthetic"), "-o", str(shard)] + args,
-                           capture_output=True, text=True)
-        steps = 3
-        if r.returncode == 0:
-            r = subprocess.run([os.path.join(ROOT, "train_vla_cpu"), "-i", str(shard), "--train", "expert",
-                                "--init", str(a_ckpt), "--weights-only", "-n", str(steps), "-b", "2", "-u", "1", "-l", "1e-2",
-                                "-t", "1", "--workers", "1", "-o", str(run_dir)], capture_output=True, text=True)
-        tuned = run_dir / f"ckpt_{steps:08d}.bin"
-        check(r.returncode == 0 and tuned.exists(), f"./train_vla_cpu --init <imported> --weights-only trains {steps} steps on a "
-              "shard of the policy's shapes" + ("" if r.returncode == 0 else ": " + (r.stdout + r.stderr)[-600:]))
-        if not tuned.exists():
-            check.finish()
-        ft = vla.read_checkpoint(str(tuned))
-        again = tmp / "rewritten.bin"
-        vla.write_checkpoint(str(again), ft["config"], ft["train_mode"], ft["stats"], ft["params"], ft["m"], ft["v"],
-                             ft["step"], ft["seed"], ft["sampler_pos"], ft["tokenizer"], ft["run"])
-        check(again.read_bytes() == tuned.read_bytes(), "dev/model.py's write_checkpoint reproduces the trainer's "
-              "checkpoint byte for byte (the writer the import uses)")
-        frozen = [s.name for s in vla.param_table(ft["config"]) if vla.trainable_numel(s, 0) == 0]
-        moved = [n for n in ft["params"] if n not in frozen and not np.array_equal(ft["params"][n], ck["params"][n])]
-        kept = all(np.array_equal(ft["params"][n], ck["params"][n]) for n in frozen)
-        check(kept and len(moved) == len(ft["params"]) - len(frozen),
-              f"--train expert from the import: the {len(frozen)} frozen tensors kept, the {len(moved)} trainable ones "
-              "moved")
-        c_dir = tmp / "finetuned"
-        rc, out = run_script(export_lerobot, [str(tuned), "-o", str(c_dir), "--vlm", str(vlm),
-                                              "--cameras", ",".join(CAMERAS), "--device", "cpu"])
-        check(rc == 0, "export of the fine-tuned checkpoint" + ("" if rc == 0 else f": {out}"))
-        if rc == 0:
-            want = vla_actions(tuned, frames, state, TASKS, noise)
-            got, _ = lerobot_actions(c_dir, frames, state, TASKS, noise)
-            e_abs, e_rel = errors(got, want)
-            check(e_rel <= ACTION_TOL, f"LeRobot on the exported fine-tuned checkpoint vs train_vla (libvla.so) on it: "
-                  f"max abs err {e_abs:.3g}, max rel err {e_rel:.3g} (tol {ACTION_TOL:g})")
-
-        print("bad input")
-        check_errors(tmp, fp32_dir)
-        check_safetensors_refusals(tmp, fp32_dir)
-        check_vlm_argument(tmp, fp32_dir, vlm, a_ckpt)
-        check_export_errors(tmp, a_ckpt, vlm)
-        check_hints(tmp, a_ckpt, vlm)
-        print("what import and export write: --force, a running trainer's folder, failed writes")
-        check_writes(tmp, fp32_dir, a_ckpt, vlm)
+    FAMILIES[args.family]()
     print(f"({time.time() - t0:.1f} s)")
     check.finish()
 

@@ -8,7 +8,7 @@
 # removed after). GPU time comes 15 minutes at a time, so a mistake in the script
 # should show in make test, not in a call's minutes.
 set -u
-cd "$(dirname "$0")/.." || exit 2
+cd "$(dirname "$0")/../.." || exit 2
 out=build/test_gpu_check
 rm -rf "$out"
 mkdir -p "$out"
@@ -197,7 +197,7 @@ mkdir -p "$tree/.whl/pinned"
 touch "$tree/.whl/lerobot-0.6.1-py3-none-any.whl" "$tree/.whl/pinned/transformers-5.5.4-py3-none-any.whl"
 cat > "$tree/build/gpu/train_vla_bf16" << 'EOF'
 #!/usr/bin/env bash
-# train_vla refusing the model after its config table, as train_vla.cu's smolvla_build does
+# train_vla refusing the model after its config table, as train_vla.cu's flow_build does
 echo "| model GFLOP per sample | 7854.59                              |"
 echo "| peak bf16 TFLOP/s      | 989.4                                |"
 echo "error: head sizes 256 and 72: the GPU attention kernels take head sizes up to 128" >&2

@@ -9,26 +9,27 @@ synthetic shard.
       velocities, loss, every trainable gradient and the sampled chunk equal dev/smolvla.py's
       (same math: 1e-6, the batch's float32 normalized inputs) and LeRobot's (1e-5, its fp32
       rounding); the trained set is LeRobot's. Then --policy runs on a shard of the same shapes.
-      The same for pi0 on PI0_REF_DIR's cases (dev/lerobot/make_ref_pi0.py; skipped, said so,
-      when absent).
+      The same for pi0 on PI0_REF_DIR's cases (dev/lerobot/make_ref.py --family pi0; skipped,
+      said so, when absent).
   (b) the table: dev/smolvla_table.c, compiled with gcc against vla/, prints every preset's
       config (pi0's too; the released pi0's table holds 3,238,048,528 elements) and each tensor's
       name, LeRobot name, tower, kind, train column, decay, init, slices, shape, offset, trainable
       elements per mode and slice layers; all must be equal.
-  (c) the seeded init of tiny, small, pi0_tiny and pi0_small equals smolvla_param_init bit for bit,
+  (c) the seeded init of tiny, small, pi0_tiny and pi0_small equals flow_param_init bit for bit,
       and the flow noise equals vla/rng.h's flow_noise_width over max_action_dim dims.
   (d) --debug-state and --train 3 in each --train-mode on data/synthetic's shard, tiny and
       pi0_tiny: the records, their shapes, frozen gradients, finite differences, the init and
       noise they hold; and the loss falls at lr 1e-3.
   (e) checkpoints (version 2): files of vla/checkpoint.h's checkpoint_write (through dev/smolvla_table.c) in
-      each train mode read back exactly (header, weights, moments packed as SmolOptDomain; both
+      each train mode read back exactly (header, weights, moments packed as FlowOptDomain; both
       families' headers byte for byte), and version-1, truncated, foreign, corrupt and
       mode-mismatched files are one-line errors of --init; then ./train_vla_cpu's own (skipped,
       said so, when the binary is absent): its weights and moments after 3 steps equal the
       oracle's own 3 steps (tiny in modes all and vlm, pi0_tiny in all), and --init CKPT --train 3
       continues the C run with its losses.
 
-    /usr/bin/python3 dev/test_model.py [REF_DIR [PI0_REF_DIR]]   (default build/lerobot_ref, build/lerobot_ref_pi0)
+    /usr/bin/python3 tests/model/test_model.py [REF_DIR [PI0_REF_DIR]]
+        (default build/lerobot_ref, build/lerobot_ref_pi0)
 
 Closing line `N passed, M failed`; exit status 1 on any failure.
 """
@@ -49,8 +50,8 @@ import warnings
 import numpy as np
 import torch
 
-DEV = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(DEV)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEV = os.path.join(ROOT, "dev")
 sys.path.insert(0, DEV)
 import model as M  # noqa: E402
 import smolvla  # noqa: E402
@@ -158,8 +159,8 @@ def c_table(exe, preset, obs, seed=None, out=None):
 
 def gets_gradient(lc, name):
     """LeRobot's requires_grad, less what pi0 leaves requiring grad but feeds nothing (case.json's
-    none_grad_names, which dev/test_smolvla.py holds the oracle to): the VLM's final norm, and its last
-    layer but for the input norm and q/k/v (the keys and values feed the expert; the queries share
+    none_grad_names, which tests/model/test_smolvla.py holds the oracle to): the VLM's final norm,
+    and its last layer but for the input norm and q/k/v (the keys and values feed the expert; the queries share
     LeRobot's one softmax with the suffix's, so autograd reaches them, with a zero gradient). The
     table's train column is this set: what has no gradient gets no optimizer state."""
     if not smolvla.is_trainable(lc, name) or not smolvla.is_pi0(lc):
@@ -186,7 +187,7 @@ def test_table(exe):
         cfg = dataclasses.replace(M.PRESETS[preset], n_cam=obs[0], state_dim=obs[1], action_dim=obs[2])
         config, specs, total, trainable = c_table(exe, preset, obs)
         tag = f"{preset} {obs}"
-        check(f"{tag}: config = SMOLVLA_PRESETS' in SMOLVLA_CONFIG_FIELDS order", config == cfg.values(),
+        check(f"{tag}: config = FLOW_PRESETS' in FLOW_CONFIG_FIELDS order", config == cfg.values(),
               f"{len(config)} fields")
         check(f"{tag}: config_problem agrees (usable)", M.config_problem(cfg) is None, str(M.config_problem(cfg)))
         ours = []
@@ -235,7 +236,7 @@ def test_init_and_noise(exe, tmp):
         c_init = np.fromfile(path, np.float32)
         ours = np.concatenate([p.reshape(-1) for p in M.param_init(cfg, seed).values()])
         same = c_init.shape == ours.shape and np.array_equal(c_init.view(np.uint32), ours.view(np.uint32))
-        check(f"{preset} seed {seed}: param_init = smolvla_param_init bit for bit", same, f"{ours.size} floats")
+        check(f"{preset} seed {seed}: param_init = flow_param_init bit for bit", same, f"{ours.size} floats")
     cfg = dataclasses.replace(M.PRESETS["tiny"], n_cam=1, state_dim=4, action_dim=4)
     for seed, step, g in ((1337, 0, 0), (1337, 3, 2), (99, 12, 7)):
         text = subprocess.run([exe, "noise", str(seed), str(step), str(g), str(cfg.chunk), str(cfg.max_action_dim)],
@@ -558,7 +559,7 @@ def test_checkpoint_files(exe, shard, tmp):
         ok = list(ck["m"]) == [table[k].name for k in packed] and all(
             np.array_equal(ck["m"][table[k].name], np.arange(offsets[k], offsets[k] + numels[k], dtype=np.float32)) and
             np.all(ck["v"][table[k].name] == k + 0.5) for k in packed)
-        check(f"checkpoint_write ({mode_name}): m and v packed as smolvla_opt_domain ({len(packed)} tensors, "
+        check(f"checkpoint_write ({mode_name}): m and v packed as flow_opt_domain ({len(packed)} tensors, "
               f"{total} elements)", ok)
     path = os.path.join(tmp, "vla_h_all.bin")
     raw = open(path, "rb").read()
@@ -660,7 +661,7 @@ def test_c_run(shard, tmp, preset, mode_name):
                     torch.cat([getattr(model, s.name).detach().reshape(-1) for s in table]))
     check(f"{mode_name}: weights after 3 steps = the oracle's", e_w <= TOL_CKPT, f"rel {e_w:.1e}")
     names = [s.name for s in table if M.trainable_numel(s, mode) > 0]
-    check(f"{mode_name}: moments of the {len(names)} tensors that train, packed as SmolOptDomain",
+    check(f"{mode_name}: moments of the {len(names)} tensors that train, packed as FlowOptDomain",
           list(ck["m"]) == names and all(ck["m"][n].size == M.trainable_numel(s, mode) for n, s in
                                         zip(names, [s for s in table if s.name in ck["m"]])))
     for k in ("m", "v"):
@@ -696,10 +697,10 @@ def main():
                  if os.path.isfile(os.path.join(pi0_dir, c, "ref.safetensors"))]
         if not os.path.isdir(pi0_dir):
             skipped = (f"SKIP (a) pi0: {pi0_dir} is absent: make LeRobot's pi0 references with "
-                       f"build/lerobot-venv/bin/python dev/lerobot/make_ref_pi0.py -o {pi0_dir}")
+                       f"build/lerobot-venv/bin/python dev/lerobot/make_ref.py --family pi0 -o {pi0_dir}")
             print(skipped)
         elif check(f"LeRobot pi0 reference cases in {pi0_dir}", len(cases) == 3,
-                   f"{len(cases)} of 3 (make them with dev/lerobot/make_ref_pi0.py)"):
+                   f"{len(cases)} of 3 (make them with dev/lerobot/make_ref.py --family pi0)"):
             configs = [test_lerobot_case(case, tmp, "pi0")[0] for case in cases]
             test_policy_cli(cases[0], configs[0], tmp)
         shard = synthetic(os.path.join(tmp, "x.bin"), "--cams", "1", "--img", "32", "--state", "4", "--action", "4",

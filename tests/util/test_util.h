@@ -6,12 +6,12 @@ binary (bit-exact resume, bad input). Include after the trainer under test.
 #ifndef VLA_TEST_UTIL_H
 #define VLA_TEST_UTIL_H
 
-#include "../vla/common.h"
-#include "../vla/safetensors.h"
-#include "../vla/shards.h"
-#include "../vla/shard_writer.h"
-#include "../vla/atomic_file.h"
-#include "../vla/checkpoint.h"
+#include "../../vla/common.h"
+#include "../../vla/safetensors.h"
+#include "../../vla/shards.h"
+#include "../../vla/shard_writer.h"
+#include "../../vla/atomic_file.h"
+#include "../../vla/checkpoint.h"
 #include <sys/wait.h>
 
 // ----------------------------------------------------------------------------
@@ -45,12 +45,12 @@ static double rel_error(const float* x, const float* ref, size_t n) {
 
 // The relative error of the weight updates (weights minus the seed's init) of run x against
 // ref's, over the tensors that train in `mode` and whose decay column is `decay` (NaN in x: +inf)
-static double update_error(const float* x, const float* ref, const float* init, const SmolParamTable* t, int mode,
+static double update_error(const float* x, const float* ref, const float* init, const FlowParamTable* t, int mode,
                            int decay) {
     double num = 0.0, den = 0.0;
-    for (int i = 0; i < SMOLVLA_NUM_TENSORS; i++) {
-        const SmolParamSpec* s = &t->spec[i];
-        if (s->decay != decay || smolvla_trainable_numel(s, mode) == 0) { continue; }
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        const FlowParamSpec* s = &t->spec[i];
+        if (s->decay != decay || flow_trainable_numel(s, mode) == 0) { continue; }
         for (size_t j = s->offset; j < s->offset + s->numel; j++) {
             if (!isfinite(x[j])) { return INFINITY; }
             double d = ((double)x[j] - init[j]) - ((double)ref[j] - init[j]), r = (double)ref[j] - init[j];

@@ -4,10 +4,10 @@
 # machine), --from-log must take a log's step time, --measure without two GPUs must say so and exit
 # 0, and the measured code path (torch DP and torch DDP over gloo, 2 processes) must run on the CPU
 # at the tiny preset. A few seconds; no timing claims.
-#   dev/test_dp_vs_ddp.sh        # last line: "N passed, M failed"; non-zero on failure
+#   tests/bench/test_dp_vs_ddp.sh        # last line: "N passed, M failed"; non-zero on failure
 set -uo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.." || exit 1
 PY=${PYTHON:-/usr/bin/python3}
 T=$(mktemp -d "${TMPDIR:-/tmp}/test_dp_vs_ddp.XXXXXX")
 trap 'rm -rf "$T"' EXIT

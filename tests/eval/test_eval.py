@@ -13,8 +13,8 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(ROOT, "scripts")  # the tools under test
 sys.path.insert(0, os.path.join(ROOT, "data"))
 from checks import Checks  # noqa: E402
 
@@ -27,7 +27,7 @@ def run(*cmd):
 
 def evaluate(tmp, name, *args):
     out = os.path.join(tmp, name + ".json")
-    r = run(sys.executable, os.path.join(HERE, "eval_metaworld.py"), "--tasks", "reach-v3", "--episodes", "1",
+    r = run(sys.executable, os.path.join(SCRIPTS, "eval_metaworld.py"), "--tasks", "reach-v3", "--episodes", "1",
             "--out", out, *args)
     result = json.load(open(out)) if r.returncode == 0 and os.path.exists(out) else None
     return r, result
@@ -95,11 +95,11 @@ def main():
         plot_checks(tmp, run_dir)
 
         for spec, needle in (("reach-v3", "expected TASK:EPISODE"), ("fly-v3:0", "unknown task fly-v3")):
-            r = run(sys.executable, os.path.join(HERE, "eval_metaworld.py"), "--policy", "expert", "--only", spec)
+            r = run(sys.executable, os.path.join(SCRIPTS, "eval_metaworld.py"), "--policy", "expert", "--only", spec)
             lines = r.stderr.strip().splitlines()
             check(r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0],
                   f"--only {spec} is a one-line error: {lines}")
-        r = run(sys.executable, os.path.join(HERE, "eval_metaworld.py"), "--policy", ckpt, "--tasks", "reach-v3",
+        r = run(sys.executable, os.path.join(SCRIPTS, "eval_metaworld.py"), "--policy", ckpt, "--tasks", "reach-v3",
                 "--cameras", "corner,corner2", "--episodes", "1")
         lines = r.stderr.strip().splitlines()
         check(r.returncode == 1 and lines and lines[-1].startswith("error:") and "camera" in lines[-1],
@@ -107,7 +107,7 @@ def main():
         fake = os.path.join(tmp, "tokenizer.json")
         with open(fake, "w") as f:
             f.write("{}")
-        r = run(sys.executable, os.path.join(HERE, "eval_metaworld.py"), "--policy", ckpt, "--tasks", "reach-v3",
+        r = run(sys.executable, os.path.join(SCRIPTS, "eval_metaworld.py"), "--policy", ckpt, "--tasks", "reach-v3",
                 "--episodes", "1", "--tokenizer", fake)
         lines = r.stderr.strip().splitlines()
         check(r.returncode == 1 and len(lines) == 1 and "reads instructions as UTF-8 bytes" in lines[0],
@@ -124,7 +124,7 @@ def plot_checks(tmp, run_dir):
         f.write("\n".join(lines + [lines[-1].replace('"loss": ', '"loss": 1') , lines[-1].replace('"step": 2', '"step": 3')])
                 + "\n")
     png = os.path.join(tmp, "curves.png")
-    r = run(sys.executable, os.path.join(HERE, "plot_log.py"), log, resumed, "--names", "straight,resumed", "-o", png)
+    r = run(sys.executable, os.path.join(SCRIPTS, "plot_log.py"), log, resumed, "--names", "straight,resumed", "-o", png)
     try:
         im = Image.open(png)
         size = im.size
@@ -134,14 +134,14 @@ def plot_checks(tmp, run_dir):
     check(r.returncode == 0 and size[0] >= 600 and size[1] >= 400 and colours > 20
           and "straight 2 steps, resumed 3 steps" in r.stdout,
           f"plot_log.py draws two runs into a PNG {size}, a repeated step counted once: {r.stdout.strip() or r.stderr.strip()}")
-    r = run(sys.executable, os.path.join(HERE, "plot_log.py"), os.path.join(tmp, "nothing.jsonl"), "-o", png)
+    r = run(sys.executable, os.path.join(SCRIPTS, "plot_log.py"), os.path.join(tmp, "nothing.jsonl"), "-o", png)
     lines = r.stderr.strip().splitlines()
     check(r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:") and "no such log" in lines[0],
           f"a missing log is a one-line error: {lines}")
     garbled = os.path.join(tmp, "garbled.jsonl")
     with open(garbled, "w") as f:
         f.write(open(log).read() + "step 3 loss 0.5\n")
-    r = run(sys.executable, os.path.join(HERE, "plot_log.py"), garbled, "-o", png)
+    r = run(sys.executable, os.path.join(SCRIPTS, "plot_log.py"), garbled, "-o", png)
     lines = r.stderr.strip().splitlines()
     check(r.returncode == 1 and len(lines) == 1 and "line 3 is not a train_vla log line" in lines[0],
           f"a line that is not a log line is a one-line error naming it: {lines}")

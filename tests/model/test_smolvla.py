@@ -6,11 +6,11 @@ by dev/lerobot/make_ref.py with LeRobot's own SmolVLAPolicy and pre-processor, i
 policy folder and ref.safetensors, runs the oracle in float64 from the raw uint8 frames, raw
 state/actions and LeRobot's language tokens, and checks each tensor as its own named check:
 relative error ||x - ref|| / ||ref||. Then the same for pi0 on PI0_REF_DIR's cases, made by
-dev/lerobot/make_ref_pi0.py with LeRobot's own PI0Policy at test sizes (the raw uint8 frames,
+dev/lerobot/make_ref.py --family pi0 with LeRobot's own PI0Policy at test sizes (the raw uint8 frames,
 the normalized state and actions it was handed; no pre-processor): loss, v_t, every gradient and
 the 10-step chunk. Without PI0_REF_DIR the pi0 checks are skipped, and the closing lines say so.
 
-    /usr/bin/python3 dev/test_smolvla.py build/lerobot_ref [build/lerobot_ref_pi0]
+    /usr/bin/python3 tests/model/test_smolvla.py build/lerobot_ref [build/lerobot_ref_pi0]
 
 Tolerance: LeRobot computes in float32 (about 6e-8 relative rounding per operation); the
 oracle in float64 is exact by comparison, so every difference is LeRobot's accumulated fp32
@@ -26,8 +26,8 @@ import time
 
 import torch
 
-DEV = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(DEV)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEV = os.path.join(ROOT, "dev")
 sys.path.insert(0, DEV)
 import smolvla  # noqa: E402
 
@@ -211,8 +211,9 @@ def main():
     torch.set_num_threads(1)
     if len(sys.argv) not in (2, 3):
         print(__doc__.strip().splitlines()[0])
-        print("usage: /usr/bin/python3 dev/test_smolvla.py REF_DIR [PI0_REF_DIR]   (made by dev/lerobot/make_ref.py "
-              "and make_ref_pi0.py; PI0_REF_DIR defaults to build/lerobot_ref_pi0)")
+        print("usage: /usr/bin/python3 tests/model/test_smolvla.py REF_DIR [PI0_REF_DIR]   (made by "
+              "dev/lerobot/make_ref.py --family smolvla and --family pi0; PI0_REF_DIR defaults to "
+              "build/lerobot_ref_pi0)")
         sys.exit(2)
     root = sys.argv[1]
     pi0_root = sys.argv[2] if len(sys.argv) == 3 else os.path.join(ROOT, "build", "lerobot_ref_pi0")
@@ -225,12 +226,13 @@ def main():
     if os.path.isdir(pi0_root):
         cases = reference_cases(pi0_root)
         check(f"pi0 reference cases in {pi0_root}", len(cases) > 0,
-              f"{cases} (make them with dev/lerobot/make_ref_pi0.py)")
+              f"{cases} (make them with dev/lerobot/make_ref.py --family pi0)")
         for case in cases:
             test_case(os.path.join(pi0_root, case), "pi0")
     else:
         skipped = (f"SKIP pi0: {pi0_root} is absent: make LeRobot's pi0 references with "
-                   f"build/lerobot-venv/bin/python dev/lerobot/make_ref_pi0.py -o {pi0_root} to check the pi0 oracle")
+                   f"build/lerobot-venv/bin/python dev/lerobot/make_ref.py --family pi0 -o {pi0_root} to check the pi0 "
+                   "oracle")
         print(skipped)
     print(f"({time.time() - T_START:.1f} s, torch {torch.__version__})")
     if skipped:

@@ -6,7 +6,7 @@
 # (the CPU emulation of CUDA, 2 emulated GPUs with NCCL fault injection) or build/gpu (a real GPU:
 # the run uses 1 GPU and the fault test is skipped). Ends with `N passed, M failed`.
 set -u
-cd "$(dirname "$0")/.." || exit 1
+cd "$(dirname "$0")/../.." || exit 1
 GPU_TESTS=${GPU_TESTS:-build/emu}
 TEST_DATA=${TEST_DATA:-build/test/a.bin}
 passed=0
@@ -17,8 +17,8 @@ check() {  # check CONDITION-EXIT-STATUS MESSAGE
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 scripts=(scripts/train_1gpu.sh scripts/train_multi_gpu.sh scripts/train_two_nodes.sh scripts/train_slurm.sbatch
-         scripts/train_until_done.sh scripts/test_launchers.sh scripts/mt10_recipe.sh dev/test_learning.sh
-         dev/test_hardening.sh dev/fuzz/run_fuzz.sh dev/fuzz/coverage.sh)
+         scripts/train_until_done.sh scripts/mt10_recipe.sh tests/runs/test_launchers.sh tests/runs/test_learning.sh
+         tests/runs/test_hardening.sh dev/fuzz/run_fuzz.sh dev/fuzz/coverage.sh)
 
 echo "== the scripts parse"
 for s in "${scripts[@]}"; do
@@ -26,7 +26,7 @@ for s in "${scripts[@]}"; do
     check $? "bash -n $s"
 done
 if command -v shellcheck > /dev/null; then
-    shellcheck -x "${scripts[@]}"  # (-x: the sourced dev/trainer_checks.sh is read too)
+    shellcheck -x "${scripts[@]}"  # (-x: the sourced tests/util/trainer_checks.sh is read too)
     check $? "shellcheck finds nothing in ${#scripts[@]} scripts"
 else
     echo "(shellcheck not installed: its check skipped)"

@@ -11,9 +11,9 @@
 # of CUDA, by default) shares the code: its lock, SIGHUP and the new-run refusal are checked too.
 # Run by `make test`; ends with `N passed, M failed`.
 set -u
-cd "$(dirname "$0")/.." || exit 1
-# shellcheck source=dev/trainer_checks.sh
-. dev/trainer_checks.sh
+cd "$(dirname "$0")/../.." || exit 1
+# shellcheck source=tests/util/trainer_checks.sh
+. tests/util/trainer_checks.sh
 GPU_TESTS=${GPU_TESTS:-build/emu}
 GPU_TRAINER=$GPU_TESTS/train_vla_fp32
 tmp=$(mktemp -d)

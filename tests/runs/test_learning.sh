@@ -26,7 +26,7 @@
 # learning rate 0; PI0_SMALL_FRACTION = 0.70 sits between them. The lr-0 runs take 200 steps: at
 # learning rate 0 the loss is stationary.
 set -u
-cd "$(dirname "$0")/.." || exit 1
+cd "$(dirname "$0")/../.." || exit 1
 THRESHOLD=${THRESHOLD:-0.90}
 EVAL_THRESHOLD=${EVAL_THRESHOLD:-0.28}
 PI0_THRESHOLD=${PI0_THRESHOLD:-1.00}

@@ -2,13 +2,13 @@
 # Smoke test of dev/lerobot/bench_lerobot.py on the CPU: SmolVLA and pi0 at tiny sizes, the released
 # models' counts on the meta device, pi0's FLOPs against vla/flops.h's (about three minutes on 2 cores).
 # The figures it prints are not benchmark claims: tiny model, shared CPU, 2 timed steps.
-#   dev/lerobot/test_bench.sh            # last line: "N passed, M failed"; non-zero on failure
+#   tests/bench/test_lerobot_bench.sh    # last line: "N passed, M failed"; non-zero on failure
 set -uo pipefail
 
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 PY=${LEROBOT_PYTHON:-build/lerobot-venv/bin/python}
 BENCH=dev/lerobot/bench_lerobot.py
-T=$(mktemp -d "${TMPDIR:-/tmp}/test_bench.XXXXXX")
+T=$(mktemp -d "${TMPDIR:-/tmp}/test_lerobot_bench.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 PASS=0
 FAIL=0
@@ -129,7 +129,7 @@ report small
 check small 'r["modes"]["expert"]["params"]["total_without_lm_head"] - (r["sizes"]["vocab"] - 256) * 64 == 262336'
 check small '[r["modes"][m]["params"]["trainable"] - (m != "expert") * (r["sizes"]["vocab"] - 256) * 64 for m in ("expert", "vlm", "all")] == [103648, 181600, 212992]'
 
-# pi0: LeRobot's PI0Policy at pi0_tiny's sizes (make_ref_pi0.py's, put in place at run time), its
+# pi0: LeRobot's PI0Policy at pi0_tiny's sizes (make_ref.py's pi0 sizes, put in place at run time), its
 # batch fed tokenized and normalized; 2 timed steps, LeRobot's FLOPs counted by FlopCounterMode.
 line() {  # name, extended regex its printed line must match
   local name=$1 re=$2 got
@@ -167,11 +167,11 @@ cat > "$T/flops.c" << 'EOF'
 #include "vla/config.h"
 #include "vla/flops.h"
 int main(int argc, char** argv) {  // preset, cameras: the model FLOPs per sample of each train mode
-    if (argc != 3 || smolvla_preset(argv[1]) == NULL) { return 2; }
-    SmolVLAConfig c = smolvla_preset(argv[1])->config;
+    if (argc != 3 || flow_preset(argv[1]) == NULL) { return 2; }
+    FlowConfig c = flow_preset(argv[1])->config;
     c.n_cam = atoi(argv[2]);
     for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
-        printf("%s %.0f\n", TRAIN_MODE_NAMES[mode], smolvla_flops_per_sample(&c, mode));
+        printf("%s %.0f\n", TRAIN_MODE_NAMES[mode], flow_flops_per_sample(&c, mode));
     }
     return 0;
 }

@@ -9,7 +9,7 @@ it should show here first:
     the whole model (--compile model), traced by the aot_eager backend (no code generation: the
     GPU's inductor is not what runs here), and starts from the same weights: the same losses.
 
-    build/lerobot-venv/bin/python dev/test_oracle_bench.py     # last line: N passed, M failed
+    build/lerobot-venv/bin/python tests/bench/test_oracle_bench.py     # last line: N passed, M failed
 """
 import math
 import os
@@ -20,8 +20,8 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+DEV = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "dev")
+sys.path.insert(0, DEV)
 import smolvla  # noqa: E402
 
 passed = failed = 0
@@ -64,7 +64,7 @@ def attention_checks():
 
 
 def bench_runs(shard):
-    base = [sys.executable, os.path.join(HERE, "model.py"), "-i", shard, "-p", "tiny", "--train-mode", "all",
+    base = [sys.executable, os.path.join(DEV, "model.py"), "-i", shard, "-p", "tiny", "--train-mode", "all",
             "-b", "2", "--bench", "1", "-t", "1"]
     losses = {}
     for name, extra in (("eager", []), ("layers", ["--compile", "--compile-backend", "aot_eager"]),

@@ -12,9 +12,9 @@ import tempfile
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = os.path.join(ROOT, "data")  # the tools under test
+sys.path.insert(0, DATA)
 import vla_shard  # noqa: E402
 from checks import Checks  # noqa: E402
 
@@ -22,7 +22,7 @@ check = Checks()
 
 
 def generate(out, workers, *extra):
-    cmd = [sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", out, "--tasks", "reach-v3", "--episodes", "2",
+    cmd = [sys.executable, os.path.join(DATA, "metaworld_gen.py"), "-o", out, "--tasks", "reach-v3", "--episodes", "2",
            "--img", "16", "--workers", str(workers), "--seed", "3", *extra]
     return subprocess.run(cmd, capture_output=True, text=True)
 
@@ -62,7 +62,7 @@ def main():
         r = generate(out2, 2, "--cameras", "corner,corner2")
         same = r.returncode == 0 and open(path, "rb").read() == open(os.path.join(out2, "metaworld_000.bin"), "rb").read()
         check(same, "the same seed writes a byte-identical shard with 1 and with 2 workers")
-        r = subprocess.run([sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", out2, "--tasks", "fly-v3"],
+        r = subprocess.run([sys.executable, os.path.join(DATA, "metaworld_gen.py"), "-o", out2, "--tasks", "fly-v3"],
                            capture_output=True, text=True)
         lines = r.stderr.strip().splitlines()
         check(r.returncode == 1 and len(lines) == 1 and "unknown Meta-World task 'fly-v3'" in lines[0],
@@ -95,19 +95,19 @@ def tokenized(tmp, bytes_out):
           and np.array_equal(s.images, b.images) and np.array_equal(s.action, b.action) and s.task(0) == b.task(0),
           f"the same episodes, the instruction as {len(want)} ids of {tok.name} (vocabulary {tok.vocab})")
     missing = os.path.join(tmp, "tok_missing")
-    r = subprocess.run([sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", missing, "--tokenizer",
+    r = subprocess.run([sys.executable, os.path.join(DATA, "metaworld_gen.py"), "-o", missing, "--tokenizer",
                         os.path.join(tmp, "nothing.json")], capture_output=True, text=True)
     check(one_error_line(r, "--tokenizer: tokenizer") and not os.path.exists(missing),
           f"a missing --tokenizer is a one-line error, no folder: {r.stderr.strip()}")
 
 
 def vla_presets_column(field):
-    """{preset: value} of one field of vla/config.h's SMOLVLA_PRESETS table, the field's column found from
-    the order of SMOLVLA_CONFIG_FIELDS."""
+    """{preset: value} of one field of vla/config.h's FLOW_PRESETS table, the field's column found from
+    the order of FLOW_CONFIG_FIELDS."""
     header = open(os.path.join(ROOT, "vla", "config.h")).read()
-    start = header.index("#define SMOLVLA_CONFIG_FIELDS(X)")
+    start = header.index("#define FLOW_CONFIG_FIELDS(X)")
     fields = re.findall(r"X\((\w+)\)", header[start:header.index("\n\n", start)])
-    start = header.index("SMOLVLA_PRESETS[] = {")
+    start = header.index("FLOW_PRESETS[] = {")
     table = header[start:header.index("};", start)]
     rows = re.findall(r'\{"(\w+)",\s*"[^"]*",\s*\{([^}]*)\}', table)
     return {name: int(values.split(",")[fields.index(field)]) for name, values in rows}
@@ -117,7 +117,7 @@ def instructions(tmp):
     """Instructions that collide once cut: the presets' text lengths, the warning of the generator."""
     rows = vla_presets_column("max_text")
     check(rows and rows == vla_shard.PRESET_MAX_TEXT,
-          f"vla_shard.PRESET_MAX_TEXT matches the max_text column of vla/config.h's SMOLVLA_PRESETS {rows}")
+          f"vla_shard.PRESET_MAX_TEXT matches the max_text column of vla/config.h's FLOW_PRESETS {rows}")
     window = ["slide the window open", "slide the window closed"]
     check(vla_shard.distinct_text_bytes(window) == 18 and vla_shard.text_collisions(window, 17) == [window]
           and vla_shard.text_collisions(window, 18) == [], "the two window instructions need 18 bytes")
@@ -129,7 +129,7 @@ def instructions(tmp):
           and lines[0].count("; and 30 more groups;") == 1,
           f"400 instructions in 40 groups: the tiny preset's line names the first 10 groups and counts the rest "
           f"({len(lines)} line(s): {lines[0][-90:] if lines else ''})")
-    r = subprocess.run([sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", os.path.join(tmp, "window"),
+    r = subprocess.run([sys.executable, os.path.join(DATA, "metaworld_gen.py"), "-o", os.path.join(tmp, "window"),
                         "--tasks", "window-open-v3,window-close-v3", "--episodes", "1", "--img", "16", "--workers", "1"],
                        capture_output=True, text=True)
     warned = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
@@ -148,14 +148,14 @@ def failures(tmp):
     """Bad options and failed runs: one `error:` line, exit 1, and nothing left behind."""
     rows = vla_presets_column("vocab")
     check(rows and rows == vla_shard.PRESET_VOCAB,
-          f"vla_shard.PRESET_VOCAB matches the vocab column of vla/config.h's SMOLVLA_PRESETS {rows}")
+          f"vla_shard.PRESET_VOCAB matches the vocab column of vla/config.h's FLOW_PRESETS {rows}")
     # an expert that cannot succeed in 1 step fails the run: into new nested folders and into a
     # folder that was there (with a file of its own), at the same time
     nested, keep = os.path.join(tmp, "new", "a", "b"), os.path.join(tmp, "keep")
     os.makedirs(keep)
     with open(os.path.join(keep, "notes.txt"), "w") as f:
         f.write("not a shard\n")
-    runs = [subprocess.Popen([sys.executable, os.path.join(HERE, "metaworld_gen.py"), "-o", out, "--tasks",
+    runs = [subprocess.Popen([sys.executable, os.path.join(DATA, "metaworld_gen.py"), "-o", out, "--tasks",
                               "reach-v3", "--episodes", "1", "--img", "16", "--workers", "1", "--max-steps", "1",
                               "--max-attempts", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for out in (nested, keep)]

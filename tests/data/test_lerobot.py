@@ -1,7 +1,7 @@
 """
 test_lerobot.py: checks data/lerobot_to_shards.py on LeRobot datasets it builds itself.
 
-    build/venv/bin/python data/test_lerobot.py
+    build/venv/bin/python tests/data/test_lerobot.py
 
 In a temporary folder it writes one small dataset in both LeRobot layouts: v2.1 (one parquet
 and one mp4 per episode) and v3.0 (all episodes in one parquet and one mp4 per camera, found
@@ -44,11 +44,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = os.path.join(ROOT, "data")  # the tools under test
+sys.path.insert(0, DATA)
 from vla_shard import Dataset, TokenizerJSON, text_collision_warnings, tokenizer_json_id  # noqa: E402
 
-CONVERTER = os.path.join(HERE, "lerobot_to_shards.py")
+CONVERTER = os.path.join(DATA, "lerobot_to_shards.py")
 FPS = 10
 LENGTHS = [5, 7, 4]
 # the two instructions share their first 16 bytes: the converter must warn that the tiny preset
@@ -66,7 +67,6 @@ STORED = {  # (height, width) stored per camera, written out by hand
     "source": SOURCE,  # --img 0, and an --img larger than the frames (fit never scales up)
 }
 TOL = 12  # colour levels allowed after lossy video coding and resizing
-ROOT = os.path.dirname(HERE)
 PROGRESS = re.compile(r"\d+/\d+ episodes, .*ETA \S+")  # the converter's per-episode stderr line
 
 passed, failed = 0, 0
@@ -519,7 +519,7 @@ tool.main()
 
 
 def convert_interrupted(src, out):
-    r = subprocess.run([sys.executable, "-c", INTERRUPTED.format(here=HERE, src=src, out=out)],
+    r = subprocess.run([sys.executable, "-c", INTERRUPTED.format(here=DATA, src=src, out=out)],
                        capture_output=True, text=True, timeout=120)
     return r.returncode, r.stdout, r.stderr
 

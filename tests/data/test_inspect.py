@@ -13,9 +13,9 @@ import types
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = os.path.join(ROOT, "data")  # the tools under test
+sys.path.insert(0, DATA)
 import vla_shard  # noqa: E402
 from checks import Checks  # noqa: E402
 
@@ -23,7 +23,7 @@ check = Checks()
 
 
 def inspect(*args):
-    return subprocess.run([sys.executable, os.path.join(HERE, "inspect_shards.py"), *args], capture_output=True,
+    return subprocess.run([sys.executable, os.path.join(DATA, "inspect_shards.py"), *args], capture_output=True,
                           text=True, encoding="utf-8")
 
 
