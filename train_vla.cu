@@ -301,7 +301,6 @@ typedef struct {
 // (the whole domain on every rank), the fp32 master weights and AdamW's two moments (one shard each),
 // and the rest (the norm's partial sums, the RoPE table, fp16's loss scale).
 enum { MEM_WEIGHTS = 0, MEM_GRADS = 1, MEM_MASTER = 2, MEM_MOMENTS = 3, MEM_OTHER = 4, MEM_PARTS = 5 };
-static const char* const MEM_PART_NAMES[MEM_PARTS] = {"weights", "gradients", "master", "moments", "other"};
 static void flow_model_parts(const FlowConfig* c, int mode, int shard_world, size_t parts[MEM_PARTS]) {
     FlowParamTable t;
     FlowOptDomain d;

@@ -251,8 +251,8 @@ __global__ void gqa_attention_backward_dkdv_kernel1(float* dk0, float* dv0, floa
                                                     const floatX* q, const float* lse, const float* delta, GqaAttn a) {
     gqa_attention_backward_dkdv_warp<4>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
 }
-__global__ void __launch_bounds__(ATT5_MAX_BLOCK)
-    gqa_attention_forward_kernel5(floatX* out, float* lse, const floatX* q, GqaAttn a) {
+__global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_forward_kernel5(floatX* out, float* lse,
+    const floatX* q, GqaAttn a) {
     gqa_attention_forward_warp<ATT5_VALS>(out, lse, q, a);
 }
 __global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dq_kernel5(floatX* dq, const floatX* dout,
@@ -260,9 +260,8 @@ __global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dq_kern
                                                                                     const float* delta, GqaAttn a) {
     gqa_attention_backward_dq_warp<ATT5_VALS>(dq, dout, q, lse, delta, a);
 }
-__global__ void __launch_bounds__(ATT5_MAX_BLOCK)
-    gqa_attention_backward_dkdv_kernel5(float* dk0, float* dv0, float* dk1, float* dv1, const floatX* dout,
-                                        const floatX* q, const float* lse, const float* delta, GqaAttn a) {
+__global__ void __launch_bounds__(ATT5_MAX_BLOCK) gqa_attention_backward_dkdv_kernel5(float* dk0, float* dv0,
+    float* dk1, float* dv1, const floatX* dout, const floatX* q, const float* lse, const float* delta, GqaAttn a) {
     gqa_attention_backward_dkdv_warp<ATT5_VALS>(dk0, dv0, dk1, dv1, dout, q, lse, delta, a);
 }
 

@@ -161,10 +161,9 @@ __global__ void __launch_bounds__(LAYERNORM_MAX_BLOCK) layernorm_backward_kernel
 // LAYERNORM_BWD3_BLOCK threads a block (its 96 sums a lane in registers)
 #define LAYERNORM_BWD3_VALS 48
 #define LAYERNORM_BWD3_BLOCK 256
-__global__ void __launch_bounds__(LAYERNORM_BWD3_BLOCK)
-    layernorm_backward_kernel3(float* dres, floatX* dres_x, float* partial, const floatX* dout, const floatX* inp,
-                               const floatX* w, const float* mean, const float* rstd, int N, int C,
-                               int rows_per_block) {
+__global__ void __launch_bounds__(LAYERNORM_BWD3_BLOCK) layernorm_backward_kernel3(float* dres, floatX* dres_x,
+    float* partial, const floatX* dout, const floatX* inp, const floatX* w, const float* mean, const float* rstd,
+    int N, int C, int rows_per_block) {
     layernorm_backward_rows<LAYERNORM_BWD3_VALS>(dres, dres_x, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);
 }
 

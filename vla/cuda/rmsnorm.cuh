@@ -40,9 +40,9 @@ __global__ void rmsnorm_forward_kernel2(floatX* out, float* rstd, const floatX* 
 // dx added to dres (fp32) and dres_x (floatX); block dw sums to dw_partial (gridDim.x, C), in warp order.
 #define RMSNORM_MAX_BLOCK 512
 #define RMSNORM_BWD2_COLS 32
-__global__ void __launch_bounds__(RMSNORM_MAX_BLOCK)
-    rmsnorm_backward_kernel2(float* dres, floatX* dres_x, float* dw_partial, const floatX* dout, const floatX* inp,
-                             const floatX* w, const float* rstd, int N, int C, int rows_per_block, float offset) {
+__global__ void __launch_bounds__(RMSNORM_MAX_BLOCK) rmsnorm_backward_kernel2(float* dres, floatX* dres_x,
+    float* dw_partial, const floatX* dout, const floatX* inp, const floatX* w, const float* rstd, int N, int C,
+    int rows_per_block, float offset) {
     extern __shared__ float warp_dw[];  // (warps, C)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
     float acc[RMSNORM_BWD2_COLS];
