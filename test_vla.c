@@ -78,8 +78,7 @@ static float flow_loss_value(FlowVLA* m, const ModelInputs* in) {
 static float test_train_step(FlowVLA* m, const ModelInputs* in, int mode, int step, const TrainArgs* args, float* norm) {
     float loss = flow_loss_value(m, in);
     flow_backward(m, mode);
-    *norm = flow_update(m, mode, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step,
-                           1);
+    *norm = flow_update(m, mode, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step, 1);
     return loss;
 }
 
@@ -488,8 +487,8 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
     flow_build(&m, &c, mode);
     SafeTensors weights, ref;
     snprintf(path, sizeof(path), "%s/%s/policy/model.safetensors", ref_dir, name);
-    rc = safetensors_open(&weights, path, err, sizeof(err)) || flow_load_safetensors(&weights, &c, &m.table, m.params_memory,
-                                                                                         err, sizeof(err));
+    rc = safetensors_open(&weights, path, err, sizeof(err)) ||
+         flow_load_safetensors(&weights, &c, &m.table, m.params_memory, err, sizeof(err));
     check(rc == 0, "%s: LeRobot's weights load by name from %s%s%s", name, path, rc ? ": " : "", rc ? err : "");
     safetensors_close(&weights);
     snprintf(path, sizeof(path), "%s/%s/ref.safetensors", ref_dir, name);

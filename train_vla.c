@@ -1097,8 +1097,8 @@ static void flow_layer_out_backward(const FlowVLA* m, const RowBlocks* rb, const
 // query; dk, dv NULL: an expert cross layer's keys/values are not its own). d(res) through ln1 is
 // added to dres.
 static void flow_layer_qkv_backward(const FlowVLA* m, const RowBlocks* rb, const FlowLayer* w, const FlowLayer* g,
-                                       const FlowLayerActs* x, float* dres, const float* dq, const float* dk,
-                                       const float* dv) {
+                                    const FlowLayerActs* x, float* dres, const float* dq, const float* dk,
+                                    const float* dv) {
     const FlowActivations* a = &m->acts;
     size_t C = w->C, D = flow_d_attn(&m->config), KV = flow_d_kv(&m->config);
     for (int k = 0; k < rb->count; k++) {
@@ -1113,8 +1113,7 @@ static void flow_layer_qkv_backward(const FlowVLA* m, const RowBlocks* rb, const
 }
 
 // RoPE of rows of rb (x: (N, n_heads*HS), pos: (N)); sign -1 rotates back
-static void flow_rope_rows(const FlowVLA* m, const RowBlocks* rb, float* x, const int* pos, int n_heads,
-                              float sign) {
+static void flow_rope_rows(const FlowVLA* m, const RowBlocks* rb, float* x, const int* pos, int n_heads, float sign) {
     int HS = m->config.head_dim;
     for (int k = 0; k < rb->count; k++) {
         size_t r = rb_row(rb, k);
@@ -1389,7 +1388,7 @@ static void flow_expert_backward(FlowVLA* m, int mode, int r0) {
     }
     memset(dres, 0, (size_t)R * Ce * sizeof(float));
     rmsnorm_backward(dres, flow_grad(m, mode, FLOWP_exp_norm, 0), a->g_ln, a->s_res + (size_t)L * R * Ce,
-                          m->params.exp_norm, a->f_rstd, R, Ce, flow_rms_offset(c));
+                     m->params.exp_norm, a->f_rstd, R, Ce, flow_rms_offset(c));
     RowBlocks all = {1, R, 0, 0};
     RowBlocks prefix = r0 == 0 ? (RowBlocks){1, P, 0, 0} : (RowBlocks){B, Np - r0, (size_t)r0, (size_t)Np};
     for (int l = L - 1; l >= 0; l--) {
@@ -1702,7 +1701,7 @@ static void adamw_range(FlowVLA* m, int i, size_t first, size_t n, float lr, flo
 // ranks, zero_part says where), each rank adds up the squares of its shard's gradients and the
 // norm adds up the ranks' sums, as the all-reduce does; then each rank updates its shard alone.
 static float flow_update(FlowVLA* m, int mode, float lr, float weight_decay, int decay_on, float clip, int step,
-                            int shards) {
+                         int shards) {
     flow_opt_init(m, mode);
     const FlowOptDomain* d = &m->opt;
     size_t S = zero_shard_size(d->total, shards, 1);
@@ -1776,8 +1775,8 @@ static float train_step(FlowVLA* m, float* grad_sum, Loader* loader, const Train
         const float* acc = grad_sum + d->offset[i];
         for (size_t j = 0; j < d->numel[i]; j++) { g[j] = acc[j] * inv; }
     }
-    *norm_out = flow_update(m, mode, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip,
-                               step, args->zero ? args->ranks : 1);
+    *norm_out = flow_update(m, mode, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step,
+                            args->zero ? args->ranks : 1);
     for (int t = 0; t < T; t++) { task_loss[t] = task_n[t] > 0.0 ? task_loss[t] / task_n[t] : NAN; }
     free(task_n); free(task);
     return (float)(squares / divisor);
@@ -1786,8 +1785,8 @@ static float train_step(FlowVLA* m, float* grad_sum, Loader* loader, const Train
 // 10-step sampling (flow_sample) from the batch's eps: actions (B, H, A) in the data's units,
 // the dataset's action dims of the normalized (B, H, Amax) chunk un-normalized with
 // action_mean/std (A each).
-static void flow_sample_actions(FlowVLA* m, const Batch* batch, const float* action_mean,
-                                   const float* action_std, float* actions) {
+static void flow_sample_actions(FlowVLA* m, const Batch* batch, const float* action_mean, const float* action_std,
+                                float* actions) {
     const FlowConfig* c = &m->config;
     int A = c->action_dim, Am = c->max_action_dim;
     size_t rows = (size_t)batch->B * c->chunk;
@@ -1813,8 +1812,8 @@ static void flow_save(FlowVLA* m, const Dataset* ds, const TrainArgs* args, int 
 
 // Loads weights, moments, step, seed and sampler position from a checkpoint of this model's config,
 // train mode `mode` and the dataset's tokenizer (run_checkpoint_load refuses any other, in one line).
-static void flow_load(FlowVLA* m, const char* path, const TrainArgs* args, const Dataset* ds, int* step,
-                         uint64_t* seed, uint64_t* sampler_pos) {
+static void flow_load(FlowVLA* m, const char* path, const TrainArgs* args, const Dataset* ds, int* step, uint64_t* seed,
+                      uint64_t* sampler_pos) {
     Checkpoint ck;
     int mode = args->train_mode;
     run_checkpoint_load(path, &m->config, args, ds, &ck);

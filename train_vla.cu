@@ -562,8 +562,7 @@ static void flow_build(FlowVLA* m, const FlowConfig* c, int mode, int shard_rank
 }
 
 // The weights from a host array in the table's layout; AdamW's moments from moment1/2, else zero
-static void flow_set_params(FlowVLA* m, const float* params, const float* moment1 = NULL,
-                               const float* moment2 = NULL) {
+static void flow_set_params(FlowVLA* m, const float* params, const float* moment1 = NULL, const float* moment2 = NULL) {
     size_t widest = 0, lo = m->shard_lo, hi = m->shard_hi;
     for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
         if (m->table.spec[i].numel > widest) { widest = m->table.spec[i].numel; }
@@ -744,7 +743,7 @@ static FlowVisionActs flow_vision_acts(const FlowVLA* m, int l) {
 
 // Attention under the sequence's mask: Tq queries from token q0, keys k0/v0 (Nk0) then k1/v1 (Nk1)
 static GqaAttn flow_attn(const FlowVLA* m, int Tq, int q0, const floatX* k0, const floatX* v0, int Nk0,
-                            const floatX* k1, const floatX* v1, int Nk1) {
+                         const floatX* k1, const floatX* v1, int Nk1) {
     const FlowConfig* c = &m->config;
     GqaAttn a = {.k0 = k0, .v0 = v0, .k1 = k1, .v1 = v1, .block = m->acts.block, .B = m->B, .NH = c->n_head,
                  .NKV = c->n_kv_head, .HS = c->head_dim, .Tq = Tq, .q0 = q0, .Nk0 = Nk0, .Nk1 = Nk1,
@@ -762,8 +761,7 @@ static void flow_rmsnorm_backward(FlowVLA* m, float* dres, floatX* dres_x, float
 }
 
 // attention output -> o_proj + residual -> RMSNorm -> SwiGLU (GeGLU) MLP + residual; with_out 0 skips down_proj
-static void flow_layer_out_forward(const FlowLayer<floatX>* w, const FlowLayerActs* x, int N, int D,
-                                      int with_out = 1) {
+static void flow_layer_out_forward(const FlowLayer<floatX>* w, const FlowLayerActs* x, int N, int D, int with_out = 1) {
     matmul_forward(x->mid, x->att, w->wo, NULL, x->res, N, D, w->C);
     rmsnorm_forward(x->ln2, x->rstd2, x->mid, w->ln2, N, w->C, w->eps, w->offset);
     matmul_forward(x->gate, x->ln2, w->gate, NULL, NULL, N, w->C, w->F);
@@ -1029,7 +1027,7 @@ static void flow_forward(FlowVLA* m, const ModelInputs* in, int micro) {
     launchCheck();
     int blocks = ceil_div(n, BLOCK);
     flow_loss_kernel<<<blocks, BLOCK, 0, main_stream>>>(a->d_vt, a->loss_partial, a->v_t, a->target, is_pad,
-                                                           c->action_dim, c->max_action_dim, n);
+                                                        c->action_dim, c->max_action_dim, n);
     launchCheck();
     sum_finalize_kernel<<<1, 1, 0, main_stream>>>(a->scalars, a->loss_partial, blocks, 1.0, 0, micro > 0);
     launchCheck();
@@ -1079,7 +1077,7 @@ static void flow_expert_backward(FlowVLA* m, int state_only) {
     bias_backward(m->grads.action_out_b, a->partial, a->d_vt, A, c->max_action_dim);
     cudaCheck(cudaMemsetAsync(dres, 0, (size_t)R * Ce * sizeof(float), main_stream));
     flow_rmsnorm_backward(m, dres, dres_x, m->grads.exp_norm, a->g_ln, a->s_res + (size_t)L * R * Ce,
-                             m->params.exp_norm, a->f_rstd, R, Ce);
+                          m->params.exp_norm, a->f_rstd, R, Ce);
     for (int l = L - 1; l >= 0; l--) {
         if (m->recompute != RECOMPUTE_NONE) { flow_expert_layer_forward(m, l, 0, m->recompute); }
         FlowLayer<floatX> w = flow_layer<floatX>(m, 1, l, 0);
@@ -1917,7 +1915,7 @@ static void task_losses_add(TaskLosses* tl, const FlowVLA* m, const ModelInputs*
 
 // 10 Euler steps from a device batch's noise -> sampled (B, H, A) on the host, un-normalized
 static void flow_sample_actions(FlowVLA* m, const Batch* dev, const float* action_mean, const float* action_std,
-                                   float* sampled) {
+                                float* sampled) {
     const FlowConfig* c = &m->config;
     int B = dev->B, H = c->chunk, A = c->action_dim, Amax = c->max_action_dim;
     float* normalized = (float*)mallocCheck((size_t)B * H * Amax * sizeof(float));
@@ -1936,7 +1934,7 @@ static void flow_sample_actions(FlowVLA* m, const Batch* dev, const float* actio
 
 // Writes a checkpoint (rank 0): every weight in fp32, and the moments; every rank calls it (ZeRO-1)
 static void flow_save(FlowVLA* m, float* params, const Dataset* ds, const TrainArgs* args, int step,
-                         uint64_t sampler_pos, int write, const LossScaleState* loss_scale) {
+                      uint64_t sampler_pos, int write, const LossScaleState* loss_scale) {
     if (!write && !flow_sharded(m)) { return; }
     size_t total = m->n_train;
     float* gathered = NULL;  // ZeRO-1: room for one state array's shards, gathered
@@ -2483,8 +2481,8 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         }
         if (train_ckpt_due(args, done, stopped)) {
             flow_save(&model, run->initial.params, &run->ds, args, done,
-                         run->sampler_pos + (uint64_t)(done - run->start) * global_batch, lead,
-                         model.scaler != NULL ? &scale : NULL);
+                      run->sampler_pos + (uint64_t)(done - run->start) * global_batch, lead,
+                      model.scaler != NULL ? &scale : NULL);
         }
         if (!lead) { continue; }
         size_t free_b, total_b;

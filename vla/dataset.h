@@ -210,26 +210,25 @@ static inline const char* flow_data_problem(const FlowConfig* c, const Dataset* 
 // Points the arrays of a batch of B samples whose frames hold `cams` into `base` (NULL: only
 // measures), each at a 64-byte boundary. Returns the bytes it needs; the same layout serves host
 // and device copies.
-static inline size_t batch_layout(Batch* b, uint8_t* base, const FlowConfig* c, const Cameras* cams,
-                                          int B) {
+static inline size_t batch_layout(Batch* b, uint8_t* base, const FlowConfig* c, const Cameras* cams, int B) {
     size_t off = 0, HA = (size_t)c->chunk * c->max_action_dim;
     if (cams->n != c->n_cam) { vla_fail("a batch of %d cameras for a model of %d", cams->n, c->n_cam); }
     memset(b, 0, sizeof(*b));
     b->cams = *cams;
-#define FLOW_CARVE_(field, type, count) \
+#define BATCH_CARVE_(field, type, count) \
     field = base != NULL ? (type*)(base + off) : NULL; \
     off += align_up((size_t)(count) * sizeof(type), 64);
     for (int k = 0; k < cams->n; k++) {
-        FLOW_CARVE_(b->images[k], uint8_t, (size_t)B * (camera_offset(cams, k + 1) - camera_offset(cams, k)))
+        BATCH_CARVE_(b->images[k], uint8_t, (size_t)B * (camera_offset(cams, k + 1) - camera_offset(cams, k)))
     }
-    FLOW_CARVE_(b->tokens, int32_t, (size_t)B * c->max_text)
-    FLOW_CARVE_(b->token_mask, float, (size_t)B * c->max_text)
-    FLOW_CARVE_(b->state, float, (size_t)B * c->max_state_dim)
-    FLOW_CARVE_(b->actions, float, (size_t)B * HA)
-    FLOW_CARVE_(b->action_is_pad, float, (size_t)B * c->chunk)
-    FLOW_CARVE_(b->t, float, (size_t)B)
-    FLOW_CARVE_(b->eps, float, (size_t)B * HA)
-#undef FLOW_CARVE_
+    BATCH_CARVE_(b->tokens, int32_t, (size_t)B * c->max_text)
+    BATCH_CARVE_(b->token_mask, float, (size_t)B * c->max_text)
+    BATCH_CARVE_(b->state, float, (size_t)B * c->max_state_dim)
+    BATCH_CARVE_(b->actions, float, (size_t)B * HA)
+    BATCH_CARVE_(b->action_is_pad, float, (size_t)B * c->chunk)
+    BATCH_CARVE_(b->t, float, (size_t)B)
+    BATCH_CARVE_(b->eps, float, (size_t)B * HA)
+#undef BATCH_CARVE_
     b->B = B;
     b->memory = base;
     b->bytes = off;

@@ -91,7 +91,7 @@ static inline void logger_open(Logger* lg, const char* dir, int start) {
 
 // One step's line. mfu and mem_gib are NAN where they mean nothing (the CPU trainer).
 static inline void logger_step(Logger* lg, int step, int steps, float loss, float lr, float norm, double ms,
-                        double samples_per_s, double mfu, double mem_gib, int print) {
+                               double samples_per_s, double mfu, double mem_gib, int print) {
     if (print) {
         double eta = ms * (steps - step - 1) / 1000.0;
         char extra[192] = "";

@@ -344,7 +344,7 @@ static inline int safetensors_read_f32(const SafeTensors* st, const SafeTensorIn
 // name, shape-checked (the flattened shape must match; patch_embedding's (Cv, 3, p, p) is our
 // (Cv, 3 p p)). Tensors of the file the table does not hold (lm_head) are ignored here.
 static inline int flow_load_safetensors(const SafeTensors* st, const FlowConfig* c, const FlowParamTable* t,
-                                           float* params, char* err, size_t err_size) {
+                                        float* params, char* err, size_t err_size) {
     for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
         const FlowParamSpec* s = &t->spec[i];
         size_t n_slices = flow_slices(s), per = flow_slice_numel(s);

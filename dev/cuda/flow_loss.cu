@@ -68,7 +68,7 @@ __global__ void flow_target_kernel1(float* target, const float* actions, const f
 // The loss in one block: the threads stride over the n values writing dv = 2 (v - u) on the valid
 // entries (0 elsewhere); their squares summed in the block into *sum (added to when `accumulate`)
 __global__ void flow_loss_kernel1(floatX* dv, float* sum, const float* v, const float* target,
-                                     const float* action_is_pad, int A, int Amax, int n, int accumulate) {
+                                  const float* action_is_pad, int A, int Amax, int n, int accumulate) {
     __shared__ float shared[32];
     float sq = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -192,7 +192,7 @@ static void run_loss(int v, int block, const Case* k, floatX* dv, float* partial
         valid_entries_kernel1<<<1, 1, 0, main_stream>>>(scalars + 3, is_pad, n_slots, k->A, micro > 0);
         launchCheck();
         flow_loss_kernel1<<<1, block, 0, main_stream>>>(dv, scalars, k->d_v, target, is_pad, k->A, k->Amax, k->n,
-                                                           micro > 0);
+                                                        micro > 0);
         launchCheck();
         return;
     }

@@ -76,8 +76,8 @@ static const Prefix PI0 = {8, 2, 256, 48, 2048, 257152, 0, 50, 1};    // 224 px 
 
 // One thread per token (b, j) of the sequence of n = Np + H: the flags of tokens 0..j counted again
 // by every token. Positions never decrease along a sample, so the suffix's smallest is its first's.
-__global__ void flow_sequence_kernel1(int* block, int* pos, int* x_pos, const float* token_mask, int B, int NI,
-                                         int T, int Np, int H, int causal) {
+__global__ void flow_sequence_kernel1(int* block, int* pos, int* x_pos, const float* token_mask, int B, int NI, int T,
+                                      int Np, int H, int causal) {
     int n = Np + H;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * n) { return; }
@@ -165,8 +165,8 @@ static void run_sequence(int v, int block, const Prefix* p, int* blk, int* pos, 
         flow_sequence_kernel1<<<grid, block, 0, main_stream>>>(blk, pos, x_pos, token_mask, B, NI, T, Np, H, causal);
         launchCheck();
     } else {
-        flow_sequence_kernel<<<ceil_div(B, block), block, 0, main_stream>>>(blk, pos, x_pos, token_mask, B, NI, T,
-                                                                               Np, H, causal);
+        flow_sequence_kernel<<<ceil_div(B, block), block, 0, main_stream>>>(blk, pos, x_pos, token_mask, B, NI, T, Np,
+                                                                            H, causal);
         launchCheck();
     }
 }
@@ -192,7 +192,7 @@ static void run_embed(int v, int block, const Prefix* p, floatX* x, const floatX
     } else {
         dim3 grid = ceil_div((size_t)B * Np * C, block);
         flow_prefix_embed_kernel<<<grid, block, 0, main_stream>>>(x, img_tok, embed, tokens, state_tok, B, p->n_cam,
-                                                                     p->NI, T, Np, C, scale, img_scale);
+                                                                  p->NI, T, Np, C, scale, img_scale);
         launchCheck();
     }
 }

@@ -45,7 +45,7 @@ __global__ void add_periodic_kernel(floatX* x, const floatX* table, size_t n, si
 // Np, H = the suffix's tokens). block (B, Np + H): make_att_2d_masks' cumsum, -1 for a pad; pos =
 // cumsum(valid) - 1; x_pos (B, H): the cross layers'.
 __global__ void flow_sequence_kernel(int* block, int* pos, int* x_pos, const float* token_mask, int B, int NI, int T,
-                                        int Np, int H, int causal) {
+                                     int Np, int H, int causal) {
     int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= B) { return; }
     int n = Np + H, cum = 0, n_valid = 0;
@@ -65,9 +65,9 @@ __global__ void flow_sequence_kernel(int* block, int* pos, int* x_pos, const flo
 // The prefix x (B, Np, C): per sample each camera's NI image tokens (image cam * B + b) times
 // img_scale, the language rows times sqrt(C), then (SmolVLA: Np = the images, T and 1) state_tok
 // (B, C). Token ids are checked by the data path.
-__global__ void flow_prefix_embed_kernel(floatX* x, const floatX* img_tok, const floatX* embed,
-                                            const int32_t* tokens, const floatX* state_tok, int B, int n_cam, int NI,
-                                            int T, int Np, int C, float scale, float img_scale) {
+__global__ void flow_prefix_embed_kernel(floatX* x, const floatX* img_tok, const floatX* embed, const int32_t* tokens,
+                                         const floatX* state_tok, int B, int n_cam, int NI, int T, int Np, int C,
+                                         float scale, float img_scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int n_img = n_cam * NI;
     if (idx >= (size_t)B * Np * C) { return; }

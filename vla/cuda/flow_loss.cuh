@@ -39,7 +39,7 @@ __global__ void valid_entries_kernel(float* count, const float* action_is_pad, i
 // where action_is_pad is NULL: pi0), per-block sums into partial, dv = 2 (v - u) there. A sum: the
 // step's valid entries are known only later.
 __global__ void flow_loss_kernel(floatX* dv, float* partial, const float* v, const float* target,
-                                    const float* action_is_pad, int A, int Amax, int n) {
+                                 const float* action_is_pad, int A, int Amax, int n) {
     __shared__ float shared[32];
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     float sq = 0.0f;
