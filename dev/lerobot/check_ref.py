@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from make_ref import (PI0_EXPERT, PI0_PALIGEMMA, PI0_RELEASED_TOTAL, PI0_RELEASED_USED, SMOLVLA_VLM_FOLDER,
-                      images_as_fed, pi0_c_config_lines, pi0_collect_grads, pi0_forward_backward,
-                      pi0_released_counts, pi0_sample_chunk, state_digest, tiny_pi0_sizes)
+from make_ref import (PI0, PI0_EXPERT, PI0_PALIGEMMA, PI0_RELEASED_TOTAL, PI0_RELEASED_USED, SMOLVLA,
+                      SMOLVLA_VLM_FOLDER, collect_grads, forward_backward, images_as_fed, pi0_c_config_lines,
+                      pi0_released_counts, sample_chunk, state_digest, tiny_pi0_sizes)
 
 REPO = Path(__file__).resolve().parents[2]
 # Same code, same inputs, same process settings: the results repeat to the bit; the bound only
@@ -147,23 +147,6 @@ def smolvla_check_preprocessor(t, name, batch, ref):
             ref["lang_masks"])
 
 
-def smolvla_forward_backward(policy, batch, noise, time):
-    captured = {}
-
-    def grab(_module, _inputs, output):
-        captured["v_t"] = output.detach().clone()
-
-    hook = policy.model.action_out_proj.register_forward_hook(grab)
-    try:
-        policy.train()
-        policy.zero_grad(set_to_none=True)
-        loss, _ = policy.forward(batch, noise=noise.clone(), time=time.clone())
-        loss.backward()
-    finally:
-        hook.remove()
-    return loss.detach(), captured["v_t"]
-
-
 def smolvla_check_grads(t, name, policy, info, ref):
     trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
     ref_grads = sorted(k[len("grad."):] for k in ref if k.startswith("grad."))
@@ -220,7 +203,7 @@ def smolvla_check_case(t, out_dir, case_dir):
     for cam, img in zip(info["camera_order"], prepped, strict=True):
         t.close(f"{name}/images_prepped.{cam}", img, ref[f"images_prepped.{cam}"])
 
-    loss, v_t = smolvla_forward_backward(policy, batch, ref["noise"], ref["time"])
+    loss, _, v_t = forward_backward(policy, batch, ref["noise"], ref["time"], SMOLVLA)
     t.close(f"{name}/loss", loss, ref["loss"])
     t.close(f"{name}/v_t", v_t, ref["v_t"])
 
@@ -315,7 +298,7 @@ def pi0_expected_grad_gaps(info, n_layer):
 
 
 def pi0_check_grads(t, name, policy, info, ref, n_layer):
-    grads, trainable, zero_grad, none_grad = pi0_collect_grads(policy)
+    grads, trainable, zero_grad, none_grad = collect_grads(policy)
     t.check(f"{name}/trainable names == case.json", trainable == info["trainable_names"])
     n_trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     t.check(f"{name}/trainable count", n_trainable == info["params_trainable"], f"{n_trainable}")
@@ -387,7 +370,7 @@ def pi0_check_case(t, out_dir, case_dir):
     for cam, img in zip(info["camera_order"], prepped, strict=True):
         t.close(f"{name}/images_prepped.{cam}", img, ref[f"images_prepped.{cam}"])
 
-    loss, _, v_t = pi0_forward_backward(policy, batch, ref["noise"], ref["time"])
+    loss, _, v_t = forward_backward(policy, batch, ref["noise"], ref["time"], PI0)
     t.close(f"{name}/loss", loss, ref["loss"])
     t.close(f"{name}/v_t", v_t, ref["v_t"])
 
@@ -402,7 +385,7 @@ def pi0_check_case(t, out_dir, case_dir):
 
     pi0_check_grads(t, name, policy, info, ref, int(c_config["n_layer"]))
 
-    chunk_norm = pi0_sample_chunk(policy, batch, ref["sample_noise"])
+    chunk_norm, _ = sample_chunk(policy, batch, ref["sample_noise"], PI0)
     t.close(f"{name}/chunk_norm", chunk_norm, ref["chunk_norm"])
     t.close(f"{name}/chunk_norm == joint forward per step (no K/V cache)",
             pi0_sample_without_cache(policy, batch, ref["sample_noise"]), ref["chunk_norm"])

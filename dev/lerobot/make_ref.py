@@ -20,7 +20,9 @@ policy (random seeded weights) it runs forward + backward with fixed noise and t
 released model's parameter counts (OUT/released_counts.json).
 
 Both families share the cases, the seed, the jitter of constant vectors, B = 3, chunk 8 and the
-valid slots 8, 5, 2. See README.md for the meaning of every file and tensor.
+valid slots 8, 5, 2, and the steps of a case (build_policy, run_policy, ref_tensors, case_info,
+save_case); a Family holds what those steps need to know of each policy. See README.md for the
+meaning of every file and tensor.
 """
 
 import os
@@ -32,6 +34,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -39,6 +42,8 @@ import shutil
 import sys
 import time
 import traceback
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +141,273 @@ def safetensors_keys(path):
     from safetensors import safe_open
     with safe_open(str(path), framework="pt") as f:
         return list(f.keys())
+
+
+# ----------------------------------------------------------------------------------------------
+# what both families share: the steps of a case
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What the shared steps need to know of one family's policy."""
+    cameras: dict             # camera -> (height, width) as a dataset stores its frames
+    prepare_images: str       # the policy's method that resizes, pads and scales the frames
+    forward_takes_flow: bool  # policy.forward takes noise= and time= (else it samples them itself)
+    masked_loss: bool         # the loss leaves out the action_is_pad slots
+    sub_configs: Callable     # policy -> the configs of its text model, vision model and expert
+    sample_mode: str          # how case.json describes the sampling
+
+
+WEIGHTS_NOTE = ("LeRobot/transformers random init under torch.manual_seed(seed), then every "
+                "all-ones/all-zeros 1-D parameter (norm weights, biases) jittered; "
+                "identical in all cases (see weights_sha256)")
+FORWARD_MODE = "policy.train() as in LeRobot training; all dropout probabilities are 0"
+
+
+def random_frames(g, cameras):
+    """Random uint8 frames (B,h,w,3) per camera, as a dataset stores them."""
+    return {f"images_u8.{cam}": torch.randint(0, 256, (BATCH, h, w, 3), generator=g, dtype=torch.uint8)
+            for cam, (h, w) in cameras.items()}
+
+
+def pad_past_episode_end(action):
+    """action_is_pad for a (B, chunk, dim) chunk with VALID_STEPS real slots per sample; the
+    padded slots of action are overwritten with the last real one (in place)."""
+    is_pad = torch.zeros(action.shape[:2], dtype=torch.bool)
+    for b, n in enumerate(VALID_STEPS):
+        is_pad[b, n:] = True
+        # LeRobot clamps out-of-episode indices, so padded slots repeat the last real frame.
+        action[b, n:] = action[b, n - 1]
+    return is_pad
+
+
+def policy_batch(data, cameras, extra):
+    """The batch the policy (or its pre-processor) takes: frames as float [0,1], copies of the
+    state, actions and padding, then the family's extra entries."""
+    batch = {cam_key(c): images_as_fed(data[f"images_u8.{c}"]) for c in cameras}
+    for key in ("observation.state", "action", "action_is_pad"):
+        batch[key] = data[key].clone()
+    batch.update(extra)
+    return batch
+
+
+def flow_inputs(seed, chunk_size, max_action_dim, alpha, beta, scale, offset):
+    """Noise and time for the training step (time from Beta(alpha, beta) * scale + offset, as the
+    policy's own sample_time draws it), and the noise that starts sampling."""
+    from lerobot.policies.common.flow_matching import sample_time_beta
+
+    shape = (BATCH, chunk_size, max_action_dim)
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(shape, generator=g)
+    sample_noise = torch.randn(shape, generator=g)
+    torch.manual_seed(seed)
+    t = sample_time_beta(BATCH, "cpu", alpha=alpha, beta=beta, scale=scale, offset=offset)
+    return noise, t, sample_noise
+
+
+def assert_no_dropout(policy, text, vision, expert):
+    """Training runs in policy.train(); with every dropout probability at 0 that is as
+    deterministic as eval(), so the refs do not depend on the RNG state."""
+    probs = {"text.attention_dropout": text.attention_dropout,
+             "vision.attention_dropout": vision.attention_dropout,
+             "expert.attention_dropout": expert.attention_dropout}
+    probs.update({f"module {n}": m.p for n, m in policy.named_modules() if isinstance(m, torch.nn.Dropout)})
+    live = {k: v for k, v in probs.items() if v}
+    if live:
+        raise RuntimeError(f"dropout is active: {live}")
+
+
+def build_policy(make_policy, base_state, family):
+    """make_policy() under the seed, then the jitter (first case) or the first case's weights
+    verbatim (later cases); checked to have no live dropout."""
+    torch.manual_seed(SEED)
+    policy = make_policy()
+    if base_state is None:
+        perturb_constant_params(policy, SEED + 3)
+    else:
+        policy.load_state_dict(base_state, strict=True)
+    assert_no_dropout(policy, *family.sub_configs(policy))
+    return policy
+
+
+@contextlib.contextmanager
+def fixed_flow(model, noise, t):
+    """Inside, model.sample_noise and model.sample_time hand out the given noise and time (for a
+    forward that draws them itself)."""
+    def fixed_noise(shape, _device):
+        if tuple(shape) != tuple(noise.shape):
+            raise RuntimeError(f"noise of shape {tuple(shape)} asked, {tuple(noise.shape)} given")
+        return noise.clone()
+
+    def fixed_time(bsize, _device):
+        if bsize != t.shape[0]:
+            raise RuntimeError(f"time for {bsize} samples asked, {t.shape[0]} given")
+        return t.clone()
+
+    model.sample_noise = fixed_noise
+    model.sample_time = fixed_time
+    try:
+        yield
+    finally:
+        del model.sample_noise
+        del model.sample_time
+
+
+def forward_backward(policy, batch, noise, t, family):
+    """LeRobot's training step (without the optimizer) with the given noise and time, capturing
+    v_t on the way."""
+    captured = {}
+
+    def grab(_module, _inputs, output):
+        captured["v_t"] = output.detach().clone()
+
+    if family.forward_takes_flow:
+        flow, fixed = {"noise": noise.clone(), "time": t.clone()}, contextlib.nullcontext()
+    else:
+        flow, fixed = {}, fixed_flow(policy.model, noise, t)
+    hook = policy.model.action_out_proj.register_forward_hook(grab)
+    try:
+        with fixed:
+            policy.train()
+            policy.zero_grad(set_to_none=True)
+            loss, loss_dict = policy.forward(batch, **flow)
+            loss.backward()
+    finally:
+        hook.remove()
+    return loss.detach(), loss_dict, captured["v_t"]
+
+
+def collect_grads(policy):
+    """Every .grad after backward, and which trainable parameters got an all-zero gradient or
+    none at all (outputs that feed nothing)."""
+    grads, trainable, zero_grad, none_grad = {}, [], [], []
+    for name, p in policy.named_parameters():
+        if p.requires_grad:
+            trainable.append(name)
+        if p.grad is None:
+            if p.requires_grad:
+                none_grad.append(name)
+            continue
+        grads[name] = p.grad.detach().clone().contiguous()
+        if not torch.any(grads[name]):
+            zero_grad.append(name)
+    return grads, trainable, zero_grad, none_grad
+
+
+def reference_loss(v_t, noise, actions_norm, is_pad=None):
+    """The loss rule, recomputed independently as a self-check: the mean squared error over the
+    real action dims, over every chunk slot (pi0) or the slots that are not padding (SmolVLA)."""
+    err = (noise - actions_norm - v_t).pow(2)[:, :, :ACTION_DIM]
+    if is_pad is None:
+        return err.mean()
+    valid = ~is_pad
+    return (err * valid.unsqueeze(-1)).sum() / (valid.sum() * ACTION_DIM)
+
+
+def sample_chunk(policy, batch, sample_noise, family):
+    """The raw 32-dim Euler result and LeRobot's own predict_action_chunk (its first dims),
+    after checking that they agree."""
+    policy.eval()
+    with torch.no_grad():
+        images, img_masks = getattr(policy, family.prepare_images)(batch)
+        state = policy.prepare_state(batch)
+        full = policy.model.sample_actions(
+            images, img_masks, batch["observation.language.tokens"],
+            batch["observation.language.attention_mask"], state, noise=sample_noise.clone())
+        policy.reset()
+        sliced = policy.predict_action_chunk(batch, noise=sample_noise.clone())
+    if not torch.equal(full[:, :, :sliced.shape[-1]], sliced):
+        raise RuntimeError("sample_actions and predict_action_chunk disagree")
+    return full, sliced
+
+
+def run_policy(name, policy, batch, flow, family):
+    """One case's computation: the training step and its gradients (the loss checked against
+    the rule), the normalized state and actions, the prepared images and the sampled chunk."""
+    noise, t, sample_noise = flow
+    loss, loss_dict, v_t = forward_backward(policy, batch, noise, t, family)
+    grads, trainable, zero_grad, none_grad = collect_grads(policy)
+    state_norm = policy.prepare_state(batch)
+    actions_norm = policy.prepare_action(batch)
+    check = reference_loss(v_t, noise, actions_norm, batch["action_is_pad"] if family.masked_loss else None)
+    if rel_err(check, loss) > 1e-6:
+        raise RuntimeError(f"{name}: loss {loss.item()} does not follow the expected rule ({check.item()})")
+    with torch.no_grad():
+        prepped, _ = getattr(policy, family.prepare_images)(batch)
+    chunk_norm, chunk_sliced = sample_chunk(policy, batch, sample_noise, family)
+    return types.SimpleNamespace(
+        noise=noise, time=t, sample_noise=sample_noise, loss=loss, loss_dict=loss_dict, v_t=v_t, grads=grads,
+        trainable=trainable, zero_grad=zero_grad, none_grad=none_grad, state_norm=state_norm,
+        actions_norm=actions_norm, prepped=prepped, chunk_norm=chunk_norm, chunk_sliced=chunk_sliced)
+
+
+def ref_tensors(data, batch, run, cameras):
+    """The tensors of ref.safetensors that both families write: the raw frames, the language
+    tokens, the normalized inputs, noise and time, and what run_policy computed."""
+    ref = {f"images_u8.{cam}": data[f"images_u8.{cam}"] for cam in cameras}
+    ref["lang_tokens"] = batch["observation.language.tokens"].to(torch.int64)
+    ref["lang_masks"] = batch["observation.language.attention_mask"].to(torch.uint8)
+    ref["action_is_pad"] = data["action_is_pad"].to(torch.uint8)
+    ref["state_norm"] = run.state_norm
+    ref["actions_norm"] = run.actions_norm
+    ref["noise"] = run.noise
+    ref["time"] = run.time
+    for cam, img in zip(cameras, run.prepped, strict=True):
+        ref[f"images_prepped.{cam}"] = img
+    ref["loss"] = run.loss.reshape(())
+    ref["v_t"] = run.v_t
+    for pname, g in run.grads.items():
+        ref[f"grad.{pname}"] = g
+    ref["sample_noise"] = run.sample_noise
+    ref["chunk_norm"] = run.chunk_norm
+    return ref
+
+
+def case_info(name, flags, policy, run, family, head, body, tail):
+    """case.json: the case and what every family records, with the family's own fields placed
+    after the case name (head), in the middle (body) and before the versions (tail)."""
+    return {"case": name, **head, "flags": flags, "seed": SEED, "weights": WEIGHTS_NOTE, "batch_size": BATCH,
+            **body, "weights_sha256": state_digest(policy.state_dict()), "forward_mode": FORWARD_MODE,
+            "sample_mode": family.sample_mode, "loss": run.loss.item(), "loss_dict": run.loss_dict, **tail,
+            "versions": versions()}
+
+
+def save_case(case_dir, savers, ref, info, grads, texts):
+    """Writes OUT/<case>/: policy/ (what each of savers saves: the policy first), ref.safetensors,
+    case.json and the named text files; checks that every gradient is named after a saved weight.
+    Returns a copy of the policy's weights."""
+    from safetensors.torch import save_file
+
+    policy_dir = case_dir / "policy"
+    policy_dir.mkdir(parents=True)
+    for saver in savers:
+        saver.save_pretrained(policy_dir)
+    save_file({k: v.detach().contiguous() for k, v in ref.items()}, str(case_dir / "ref.safetensors"))
+    for file_name, lines in texts.items():
+        with open(case_dir / file_name, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    saved_names = set(safetensors_keys(policy_dir / "model.safetensors"))
+    missing = [n for n in grads if n not in saved_names]
+    if missing:
+        raise RuntimeError(f"{info['case']}: grad names not in model.safetensors: {missing[:5]}")
+    with open(case_dir / "case.json", "w") as f:
+        json.dump(info, f, indent=1)
+    return {k: v.detach().clone() for k, v in savers[0].state_dict().items()}
+
+
+def print_case(name, run, total, n_trainable, more=""):
+    """One line of progress for a finished case."""
+    print(f"{name}: loss {run.loss.item():.9g} trainable {n_trainable} / total {total} "
+          f"({len(run.grads)} grad tensors{more})", flush=True)
+
+
+def run_cases(run_case, **context):
+    """run_case(name, flags, base_state, **context) for every case; the first case's weights
+    (what it returns) are the base_state of the others."""
+    base_state = None
+    for name, flags in CASES.items():
+        state = run_case(name, flags, base_state, **context)
+        if base_state is None:
+            base_state = state
 
 
 # ----------------------------------------------------------------------------------------------
@@ -280,12 +552,11 @@ def smolvla_policy_config(vlm_dir, train_expert_only, freeze_vision_encoder, cam
     )
 
 
+
 def smolvla_raw_data(seed):
     """A batch as a LeRobot dataset + dataloader would hand it over, plus dataset stats."""
     g = torch.Generator().manual_seed(seed)
-    data = {}
-    for cam, (h, w) in SMOLVLA_CAMERAS.items():
-        data[f"images_u8.{cam}"] = torch.randint(0, 256, (BATCH, h, w, 3), generator=g, dtype=torch.uint8)
+    data = random_frames(g, SMOLVLA_CAMERAS)
 
     state_mean = torch.randn(STATE_DIM, generator=g)
     state_std = torch.rand(STATE_DIM, generator=g) * 1.5 + 0.2
@@ -293,12 +564,7 @@ def smolvla_raw_data(seed):
     act_std = torch.rand(ACTION_DIM, generator=g) * 1.5 + 0.2
     state = state_mean + state_std * torch.randn(BATCH, STATE_DIM, generator=g)
     action = act_mean + act_std * torch.randn(BATCH, SMOLVLA_POLICY["chunk_size"], ACTION_DIM, generator=g)
-
-    is_pad = torch.zeros(BATCH, SMOLVLA_POLICY["chunk_size"], dtype=torch.bool)
-    for b, n in enumerate(VALID_STEPS):
-        is_pad[b, n:] = True
-        # LeRobot clamps out-of-episode indices, so padded slots repeat the last real frame.
-        action[b, n:] = action[b, n - 1]
+    is_pad = pad_past_episode_end(action)
     data["observation.state"] = state
     data["action"] = action
     data["action_is_pad"] = is_pad
@@ -321,180 +587,24 @@ def smolvla_raw_data(seed):
     return data, stats
 
 
-def smolvla_policy_batch(data):
-    batch = {cam_key(c): images_as_fed(data[f"images_u8.{c}"]) for c in SMOLVLA_CAMERAS}
-    batch["observation.state"] = data["observation.state"].clone()
-    batch["action"] = data["action"].clone()
-    batch["action_is_pad"] = data["action_is_pad"].clone()
-    batch["task"] = list(SMOLVLA_TASKS)
-    return batch
+def smolvla_sub_configs(policy):
+    """The text, vision and expert configs of a SmolVLAPolicy."""
+    vlm_with_expert = policy.model.vlm_with_expert
+    return vlm_with_expert.config.text_config, vlm_with_expert.config.vision_config, vlm_with_expert.lm_expert.config
 
 
-def smolvla_flow_inputs(seed):
-    """Noise and time passed explicitly to forward, and the noise that starts sampling."""
-    from lerobot.policies.common.flow_matching import sample_time_beta
-
-    shape = (BATCH, SMOLVLA_POLICY["chunk_size"], SMOLVLA_POLICY["max_action_dim"])
-    g = torch.Generator().manual_seed(seed)
-    noise = torch.randn(shape, generator=g)
-    sample_noise = torch.randn(shape, generator=g)
-    torch.manual_seed(seed)
-    # The distribution SmolVLA's own sample_time uses (Beta(1.5, 1) * 0.999 + 0.001).
-    t = sample_time_beta(BATCH, "cpu", alpha=1.5, beta=1.0, scale=0.999, offset=0.001)
-    return noise, t, sample_noise
+SMOLVLA = Family(cameras=SMOLVLA_CAMERAS, prepare_images="prepare_images", forward_takes_flow=True,
+                 masked_loss=True, sub_configs=smolvla_sub_configs,
+                 sample_mode="policy.eval(), use_cache=True (prefix K/V computed once)")
+# The distribution SmolVLA's own sample_time uses (Beta(1.5, 1) * 0.999 + 0.001).
+SMOLVLA_TIME = dict(alpha=1.5, beta=1.0, scale=0.999, offset=0.001)
 
 
-def smolvla_assert_no_dropout(policy):
-    """Training runs in policy.train(); with every dropout probability at 0 that is as
-    deterministic as eval(), so the refs do not depend on the RNG state."""
-    cfg = policy.model.vlm_with_expert.config
-    probs = {"text.attention_dropout": cfg.text_config.attention_dropout,
-             "vision.attention_dropout": cfg.vision_config.attention_dropout,
-             "expert.attention_dropout": policy.model.vlm_with_expert.lm_expert.config.attention_dropout}
-    probs.update({f"module {n}": m.p for n, m in policy.named_modules() if isinstance(m, torch.nn.Dropout)})
-    live = {k: v for k, v in probs.items() if v}
-    if live:
-        raise RuntimeError(f"dropout is active: {live}")
-
-
-def smolvla_forward_backward(policy, batch, noise, t):
-    """LeRobot's training step (without the optimizer), capturing v_t on the way."""
-    captured = {}
-
-    def grab(_module, _inputs, output):
-        captured["v_t"] = output.detach().clone()
-
-    hook = policy.model.action_out_proj.register_forward_hook(grab)
-    try:
-        policy.train()
-        policy.zero_grad(set_to_none=True)
-        loss, loss_dict = policy.forward(batch, noise=noise.clone(), time=t.clone())
-        loss.backward()
-    finally:
-        hook.remove()
-    return loss.detach(), loss_dict, captured["v_t"]
-
-
-def smolvla_collect_grads(policy):
-    grads, trainable, no_grad = {}, [], []
-    for name, p in policy.named_parameters():
-        if not p.requires_grad:
-            continue
-        trainable.append(name)
-        if p.grad is None:
-            no_grad.append(name)
-        else:
-            grads[name] = p.grad.detach().clone().contiguous()
-    return grads, trainable, no_grad
-
-
-def smolvla_reference_loss(v_t, noise, actions_norm, is_pad, action_dim):
-    """The loss rule LeRobot applies, recomputed independently as a self-check."""
-    err = (noise - actions_norm - v_t).pow(2)[:, :, :action_dim]
-    err = err * (~is_pad).unsqueeze(-1)
-    return err.sum() / ((~is_pad).sum() * action_dim)
-
-
-def smolvla_sample_chunk(policy, batch, sample_noise):
-    """Both the raw 32-dim Euler result and LeRobot's own predict_action_chunk (5 dims)."""
-    policy.eval()
-    with torch.no_grad():
-        images, img_masks = policy.prepare_images(batch)
-        state = policy.prepare_state(batch)
-        full = policy.model.sample_actions(
-            images, img_masks, batch["observation.language.tokens"],
-            batch["observation.language.attention_mask"], state, noise=sample_noise.clone())
-        policy.reset()
-        sliced = policy.predict_action_chunk(batch, noise=sample_noise.clone())
-    if not torch.equal(full[:, :, :ACTION_DIM], sliced):
-        raise RuntimeError("sample_actions and predict_action_chunk disagree")
-    return full, sliced
-
-
-def smolvla_run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state):
-    from safetensors.torch import save_file
-
-    from lerobot.policies.factory import make_pre_post_processors
-    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
-
-    noise, t, sample_noise = flow
-    cfg = smolvla_policy_config(vlm_dir, **flags)
-    torch.manual_seed(SEED)
-    policy = SmolVLAPolicy(cfg)
-    if base_state is None:
-        perturb_constant_params(policy, SEED + 3)
-    else:
-        # The jitter ran on the first case only: later cases take its weights verbatim.
-        policy.load_state_dict(base_state, strict=True)
-    smolvla_assert_no_dropout(policy)
-    pre, post = make_pre_post_processors(cfg, dataset_stats=stats)
-
-    batch = pre(smolvla_policy_batch(data))
-    loss, loss_dict, v_t = smolvla_forward_backward(policy, batch, noise, t)
-    grads, trainable, no_grad = smolvla_collect_grads(policy)
-    if no_grad:
-        raise RuntimeError(f"{name}: trainable parameters without a gradient: {no_grad}")
-
-    state_norm = policy.prepare_state(batch)
-    actions_norm = policy.prepare_action(batch)
-    check = smolvla_reference_loss(v_t, noise, actions_norm, batch["action_is_pad"], ACTION_DIM)
-    if rel_err(check, loss) > 1e-6:
-        raise RuntimeError(f"{name}: loss {loss.item()} does not follow the expected rule ({check.item()})")
-    with torch.no_grad():
-        prepped, _ = policy.prepare_images(batch)
-
-    chunk_norm, chunk5 = smolvla_sample_chunk(policy, batch, sample_noise)
-    chunk = post(chunk5)
-
-    case_dir = out_dir / name
-    policy_dir = case_dir / "policy"
-    policy_dir.mkdir(parents=True)
-    policy.save_pretrained(policy_dir)
-    pre.save_pretrained(policy_dir)
-    post.save_pretrained(policy_dir)
-
-    ref = {}
-    for cam in SMOLVLA_CAMERAS:
-        ref[f"images_u8.{cam}"] = data[f"images_u8.{cam}"]
-        ref[cam_key(cam)] = images_as_fed(data[f"images_u8.{cam}"])
-    ref["observation.state"] = data["observation.state"]
-    ref["action"] = data["action"]
-    ref["action_is_pad"] = data["action_is_pad"].to(torch.uint8)
-    ref["lang_tokens"] = batch["observation.language.tokens"].to(torch.int64)
-    ref["lang_masks"] = batch["observation.language.attention_mask"].to(torch.uint8)
-    ref["state_norm"] = state_norm
-    ref["actions_norm"] = actions_norm
-    ref["noise"] = noise
-    ref["time"] = t
-    for cam, img in zip(SMOLVLA_CAMERAS, prepped, strict=True):
-        ref[f"images_prepped.{cam}"] = img
-    ref["loss"] = loss.reshape(())
-    ref["v_t"] = v_t
-    for pname, g in grads.items():
-        ref[f"grad.{pname}"] = g
-    ref["sample_noise"] = sample_noise
-    ref["chunk_norm"] = chunk_norm
-    ref["chunk"] = chunk
-    ref = {k: v.detach().contiguous() for k, v in ref.items()}
-    save_file(ref, str(case_dir / "ref.safetensors"))
-
-    total, n_trainable = count_params(policy)
-    saved_names = set(safetensors_keys(policy_dir / "model.safetensors"))
-    missing = [n for n in trainable if n not in saved_names]
-    if missing:
-        raise RuntimeError(f"{name}: grad names not in model.safetensors: {missing[:5]}")
-
-    text_cfg = policy.model.vlm_with_expert.config.text_config
+def smolvla_case_fields(cfg, policy, tok, vlm_dir, run):
+    """The SmolVLA part of case.json: the batch, the sizes, the tokenizer, the counts."""
     expert = policy.model.vlm_with_expert
-    info = {
-        "case": name,
-        "train_mode": name,
-        "flags": flags,
-        "seed": SEED,
-        "weights": "LeRobot/transformers random init under torch.manual_seed(seed), then every "
-                   "all-ones/all-zeros 1-D parameter (norm weights, biases) jittered; "
-                   "identical in all cases (see weights_sha256)",
-        "batch_size": BATCH,
+    total, n_trainable = count_params(policy)
+    return {
         "tasks": SMOLVLA_TASKS,
         "tasks_as_tokenized": [t_ + "\n" for t_ in SMOLVLA_TASKS],
         "valid_steps": VALID_STEPS,
@@ -517,7 +627,7 @@ def smolvla_run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base
         "expert": {"hidden_size": expert.expert_hidden_size,
                    "intermediate_size": expert.lm_expert.config.intermediate_size,
                    "num_layers": expert.num_expert_layers},
-        "vocab_size": text_cfg.vocab_size,
+        "vocab_size": expert.config.text_config.vocab_size,
         "pad_token_id": tok.pad_token_id,
         "tokenizer": {"path": str(vlm_dir), "bos_added": bool(tok("x")["input_ids"][0] == tok.bos_token_id),
                       "newline_ids": tok("\n")["input_ids"],
@@ -525,22 +635,47 @@ def smolvla_run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base
         "vision_attn_implementation": expert.vlm.config.vision_config._attn_implementation,
         "params_total": total,
         "params_trainable": n_trainable,
-        "trainable_names": trainable,
-        "num_grad_tensors": len(grads),
-        "weights_sha256": state_digest(policy.state_dict()),
-        "forward_mode": "policy.train() as in LeRobot training; all dropout probabilities are 0",
-        "sample_mode": "policy.eval(), use_cache=True (prefix K/V computed once)",
-        "loss": loss.item(),
-        "loss_dict": loss_dict,
-        "chunk_norm_dims": SMOLVLA_POLICY["max_action_dim"],
-        "stats": jsonable(stats),
-        "versions": versions(),
+        "trainable_names": run.trainable,
+        "num_grad_tensors": len(run.grads),
     }
-    with open(case_dir / "case.json", "w") as f:
-        json.dump(info, f, indent=1)
-    print(f"{name}: loss {loss.item():.9g} trainable {n_trainable} / total {total} "
-          f"({len(grads)} grad tensors)", flush=True)
-    return {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
+def smolvla_run_case(name, flags, base_state, vlm_dir, tok, data, stats, flow, out_dir):
+    """One case: SmolVLAPolicy with the case's flags, LeRobot's pre/post-processors, the batch
+    through them, the computation, and OUT/<case>/ written."""
+    from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+
+    cfg = smolvla_policy_config(vlm_dir, **flags)
+    policy = build_policy(lambda: SmolVLAPolicy(cfg), base_state, SMOLVLA)
+    pre, post = make_pre_post_processors(cfg, dataset_stats=stats)
+    batch = pre(policy_batch(data, SMOLVLA_CAMERAS, {"task": list(SMOLVLA_TASKS)}))
+    run = run_policy(name, policy, batch, flow, SMOLVLA)
+    if run.none_grad:
+        raise RuntimeError(f"{name}: trainable parameters without a gradient: {run.none_grad}")
+
+    ref = ref_tensors(data, batch, run, SMOLVLA_CAMERAS)
+    for cam in SMOLVLA_CAMERAS:
+        ref[cam_key(cam)] = images_as_fed(data[f"images_u8.{cam}"])
+    ref["observation.state"] = data["observation.state"]
+    ref["action"] = data["action"]
+    ref["chunk"] = post(run.chunk_sliced)
+    fields = smolvla_case_fields(cfg, policy, tok, vlm_dir, run)
+    info = case_info(name, flags, policy, run, SMOLVLA, {"train_mode": name}, fields,
+                     {"chunk_norm_dims": SMOLVLA_POLICY["max_action_dim"], "stats": jsonable(stats)})
+    state = save_case(out_dir / name, [policy, pre, post], ref, info, run.grads, {})
+    print_case(name, run, fields["params_total"], fields["params_trainable"])
+    return state
+
+
+def smolvla_main(out_dir):
+    """The tiny SmolVLM folder, the batch and the flow inputs, then every case."""
+    # Not named after a case: the "vlm" case folder would collide with it.
+    vlm_dir = out_dir / SMOLVLA_VLM_FOLDER
+    tok = smolvla_build_vlm_folder(vlm_dir)
+    data, stats = smolvla_raw_data(SEED + 1)
+    flow = flow_inputs(SEED + 2, SMOLVLA_POLICY["chunk_size"], SMOLVLA_POLICY["max_action_dim"], **SMOLVLA_TIME)
+    run_cases(smolvla_run_case, vlm_dir=vlm_dir, tok=tok, data=data, stats=stats, flow=flow, out_dir=out_dir)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -750,6 +885,7 @@ def pi0_released_counts():
     return counts
 
 
+
 # ----------------------------------------------------------------------------------------------
 # pi0: the batch
 
@@ -757,9 +893,7 @@ def pi0_data(seed):
     """Frames as a dataset stores them, language tokens as the pre-processor makes them,
     normalized state and actions (the policy pads them to 32)."""
     g = torch.Generator().manual_seed(seed)
-    data = {}
-    for cam, (h, w) in PI0_CAMERAS.items():
-        data[f"images_u8.{cam}"] = torch.randint(0, 256, (BATCH, h, w, 3), generator=g, dtype=torch.uint8)
+    data = random_frames(g, PI0_CAMERAS)
 
     length = PI0_POLICY["tokenizer_max_length"]
     tokens = torch.zeros(BATCH, length, dtype=torch.int64)  # pad id 0 (checked against the model)
@@ -771,119 +905,37 @@ def pi0_data(seed):
     data["lang_tokens"] = tokens
     data["lang_masks"] = masks
 
-    data["state"] = torch.randn(BATCH, STATE_DIM, generator=g)
+    data["observation.state"] = torch.randn(BATCH, STATE_DIM, generator=g)
     action = torch.randn(BATCH, PI0_POLICY["chunk_size"], ACTION_DIM, generator=g)
-    is_pad = torch.zeros(BATCH, PI0_POLICY["chunk_size"], dtype=torch.bool)
-    for b, n in enumerate(VALID_STEPS):
-        is_pad[b, n:] = True
-        # LeRobot clamps out-of-episode indices, so padded slots repeat the last real frame.
-        action[b, n:] = action[b, n - 1]
+    data["action_is_pad"] = pad_past_episode_end(action)
     data["action"] = action
-    data["action_is_pad"] = is_pad
     return data
 
 
-def pi0_policy_batch(data):
-    batch = {cam_key(c): images_as_fed(data[f"images_u8.{c}"]) for c in PI0_CAMERAS}
-    batch["observation.state"] = data["state"].clone()
-    batch["action"] = data["action"].clone()
-    batch["action_is_pad"] = data["action_is_pad"].clone()
-    batch["observation.language.tokens"] = data["lang_tokens"].clone()
-    batch["observation.language.attention_mask"] = data["lang_masks"].clone()
-    return batch
+def pi0_language(data):
+    """The language entries of pi0's batch (its pre-processor's output, made by pi0_data)."""
+    return {"observation.language.tokens": data["lang_tokens"].clone(),
+            "observation.language.attention_mask": data["lang_masks"].clone()}
 
 
-def pi0_flow_inputs(seed, cfg):
-    """The training step's noise and time (PI0Policy.forward samples them itself: they are fed
-    in by pi0_forward_backward) and the noise that starts sampling."""
-    from lerobot.policies.common.flow_matching import sample_time_beta
+def pi0_time_sampling(cfg):
+    """pi0's own time distribution: Beta(alpha, beta) * scale + offset, in (0.001, 1)."""
+    return dict(alpha=cfg.time_sampling_beta_alpha, beta=cfg.time_sampling_beta_beta,
+                scale=cfg.time_sampling_scale, offset=cfg.time_sampling_offset)
 
-    shape = (BATCH, cfg.chunk_size, cfg.max_action_dim)
-    g = torch.Generator().manual_seed(seed)
-    noise = torch.randn(shape, generator=g)
-    sample_noise = torch.randn(shape, generator=g)
-    torch.manual_seed(seed)
-    # pi0's own distribution: Beta(1.5, 1) * 0.999 + 0.001, in (0.001, 1)
-    t = sample_time_beta(BATCH, "cpu", alpha=cfg.time_sampling_beta_alpha, beta=cfg.time_sampling_beta_beta,
-                         scale=cfg.time_sampling_scale, offset=cfg.time_sampling_offset)
-    return noise, t, sample_noise
+
+def pi0_sub_configs(policy):
+    """The text, vision and expert configs of a PI0Policy."""
+    pwe = policy.model.paligemma_with_expert
+    return pwe.paligemma.config.text_config, pwe.paligemma.config.vision_config, pwe.gemma_expert.config
+
+
+PI0 = Family(cameras=PI0_CAMERAS, prepare_images="_preprocess_images", forward_takes_flow=False,
+             masked_loss=False, sub_configs=pi0_sub_configs, sample_mode="policy.eval(), prefix K/V computed once")
 
 
 # ----------------------------------------------------------------------------------------------
-# pi0: LeRobot's computation
-
-def pi0_forward_backward(policy, batch, noise, t):
-    """LeRobot's training step (without the optimizer) with the given noise and time, capturing
-    v_t on the way."""
-    model = policy.model
-    captured = {}
-
-    def grab(_module, _inputs, output):
-        captured["v_t"] = output.detach().clone()
-
-    def fixed_noise(shape, _device):
-        if tuple(shape) != tuple(noise.shape):
-            raise RuntimeError(f"noise of shape {tuple(shape)} asked, {tuple(noise.shape)} given")
-        return noise.clone()
-
-    def fixed_time(bsize, _device):
-        if bsize != t.shape[0]:
-            raise RuntimeError(f"time for {bsize} samples asked, {t.shape[0]} given")
-        return t.clone()
-
-    hook = model.action_out_proj.register_forward_hook(grab)
-    model.sample_noise = fixed_noise
-    model.sample_time = fixed_time
-    try:
-        policy.train()
-        policy.zero_grad(set_to_none=True)
-        loss, loss_dict = policy.forward(batch)
-        loss.backward()
-    finally:
-        hook.remove()
-        del model.sample_noise
-        del model.sample_time
-    return loss.detach(), loss_dict, captured["v_t"]
-
-
-def pi0_collect_grads(policy):
-    """Every .grad after backward, and which trainable parameters got an all-zero gradient or
-    none at all (outputs that feed nothing)."""
-    grads, trainable, zero_grad, none_grad = {}, [], [], []
-    for name, p in policy.named_parameters():
-        if p.requires_grad:
-            trainable.append(name)
-        if p.grad is None:
-            if p.requires_grad:
-                none_grad.append(name)
-            continue
-        grads[name] = p.grad.detach().clone().contiguous()
-        if not torch.any(grads[name]):
-            zero_grad.append(name)
-    return grads, trainable, zero_grad, none_grad
-
-
-def pi0_reference_loss(v_t, noise, actions_norm, action_dim):
-    """The loss rule pi0 applies, recomputed as a self-check: a plain mean over (batch, chunk,
-    real action dims); unlike SmolVLA, action_is_pad is not used."""
-    return (noise - actions_norm - v_t).pow(2)[:, :, :action_dim].mean()
-
-
-def pi0_sample_chunk(policy, batch, sample_noise):
-    """The 32-dim Euler result, after checking that predict_action_chunk gives its first dims."""
-    policy.eval()
-    with torch.no_grad():
-        images, img_masks = policy._preprocess_images(batch)
-        state = policy.prepare_state(batch)
-        full = policy.model.sample_actions(
-            images, img_masks, batch["observation.language.tokens"],
-            batch["observation.language.attention_mask"], state, noise=sample_noise.clone())
-        policy.reset()
-        sliced = policy.predict_action_chunk(batch, noise=sample_noise.clone())
-    if not torch.equal(full[:, :, :sliced.shape[-1]], sliced):
-        raise RuntimeError("sample_actions and predict_action_chunk disagree")
-    return full
-
+# pi0: one case
 
 def pi0_build_policy(flags, base_state):
     """PI0Policy at the test sizes: LeRobot's init under the seed, then the jitter (first case),
@@ -891,102 +943,19 @@ def pi0_build_policy(flags, base_state):
     from lerobot.policies.pi0.modeling_pi0 import PI0Policy
 
     cfg = pi0_policy_config(**flags)
-    with tiny_pi0_sizes():
-        torch.manual_seed(SEED)
-        policy = PI0Policy(cfg)
-    if base_state is None:
-        perturb_constant_params(policy, SEED + 3)
-    else:
-        policy.load_state_dict(base_state, strict=True)
-    pi0_assert_no_dropout(policy)
-    return policy
+
+    def make_policy():
+        with tiny_pi0_sizes():
+            return PI0Policy(cfg)
+
+    return build_policy(make_policy, base_state, PI0)
 
 
-def pi0_assert_no_dropout(policy):
-    """Training runs in policy.train(); with every dropout probability at 0 it is as
-    deterministic as eval()."""
-    pwe = policy.model.paligemma_with_expert
-    probs = {"text.attention_dropout": pwe.paligemma.config.text_config.attention_dropout,
-             "vision.attention_dropout": pwe.paligemma.config.vision_config.attention_dropout,
-             "expert.attention_dropout": pwe.gemma_expert.config.attention_dropout}
-    probs.update({f"module {n}": m.p for n, m in policy.named_modules() if isinstance(m, torch.nn.Dropout)})
-    live = {k: v for k, v in probs.items() if v}
-    if live:
-        raise RuntimeError(f"dropout is active: {live}")
-
-
-# ----------------------------------------------------------------------------------------------
-# pi0: one case
-
-def pi0_run_case(name, flags, data, out_dir, base_state):
-    from safetensors.torch import save_file
-
-    policy = pi0_build_policy(flags, base_state)
+def pi0_case_fields(policy, pad_id, counts, run):
+    """The pi0 part of case.json: the batch, the sizes, the configs, the counts."""
     cfg = policy.config
-    # the embedding's padding_idx (its row zero, its gradient zero) is the id the batch pads with
-    pad_id = policy.model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.padding_idx
-    if pad_id != 0:
-        raise RuntimeError(f"{name}: pad id {pad_id}, but the batch pads the language tokens with 0")
-    noise, t, sample_noise = pi0_flow_inputs(SEED + 2, cfg)
-    batch = pi0_policy_batch(data)
-
-    loss, loss_dict, v_t = pi0_forward_backward(policy, batch, noise, t)
-    grads, trainable, zero_grad, none_grad = pi0_collect_grads(policy)
-
-    state_norm = policy.prepare_state(batch)
-    actions_norm = policy.prepare_action(batch)
-    check = pi0_reference_loss(v_t, noise, actions_norm, ACTION_DIM)
-    if rel_err(check, loss) > 1e-6:
-        raise RuntimeError(f"{name}: loss {loss.item()} does not follow the expected rule ({check.item()})")
-    with torch.no_grad():
-        prepped, _ = policy._preprocess_images(batch)
-    chunk_norm = pi0_sample_chunk(policy, batch, sample_noise)
-
-    case_dir = out_dir / name
-    policy_dir = case_dir / "policy"
-    policy_dir.mkdir(parents=True)
-    policy.save_pretrained(policy_dir)
-
-    ref = {}
-    for cam in PI0_CAMERAS:
-        ref[f"images_u8.{cam}"] = data[f"images_u8.{cam}"]
-    ref["lang_tokens"] = data["lang_tokens"]
-    ref["lang_masks"] = data["lang_masks"].to(torch.uint8)
-    ref["state_norm"] = state_norm
-    ref["actions_norm"] = actions_norm
-    ref["action_is_pad"] = data["action_is_pad"].to(torch.uint8)
-    ref["noise"] = noise
-    ref["time"] = t
-    for cam, img in zip(PI0_CAMERAS, prepped, strict=True):
-        ref[f"images_prepped.{cam}"] = img
-    ref["loss"] = loss.reshape(())
-    ref["v_t"] = v_t
-    for pname, g in grads.items():
-        ref[f"grad.{pname}"] = g
-    ref["sample_noise"] = sample_noise
-    ref["chunk_norm"] = chunk_norm
-    ref = {k: v.detach().contiguous() for k, v in ref.items()}
-    save_file(ref, str(case_dir / "ref.safetensors"))
-
-    with open(case_dir / "c_config.txt", "w") as f:
-        f.write("\n".join(pi0_c_config_lines(policy)) + "\n")
-
-    saved_names = set(safetensors_keys(policy_dir / "model.safetensors"))
-    missing = [n for n in grads if n not in saved_names]
-    if missing:
-        raise RuntimeError(f"{name}: grad names not in model.safetensors: {missing[:5]}")
-
     pwe = policy.model.paligemma_with_expert
-    counts = pi0_part_counts(policy.model)
-    n_trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
-    info = {
-        "case": name,
-        "flags": flags,
-        "seed": SEED,
-        "weights": "LeRobot/transformers random init under torch.manual_seed(seed), then every "
-                   "all-ones/all-zeros 1-D parameter (norm weights, biases) jittered; "
-                   "identical in all cases (see weights_sha256)",
-        "batch_size": BATCH,
+    return {
         "camera_order": list(PI0_CAMERAS),
         "cameras": {c: {"key": cam_key(c), "height": h, "width": w} for c, (h, w) in PI0_CAMERAS.items()},
         "state_dim": STATE_DIM,
@@ -999,8 +968,7 @@ def pi0_run_case(name, flags, data, out_dir, base_state):
         "settings": {"policy": dict(PI0_POLICY, paligemma_variant=cfg.paligemma_variant,
                                     action_expert_variant=cfg.action_expert_variant,
                                     min_period=cfg.min_period, max_period=cfg.max_period,
-                                    time_sampling=[cfg.time_sampling_beta_alpha, cfg.time_sampling_beta_beta,
-                                                   cfg.time_sampling_scale, cfg.time_sampling_offset]),
+                                    time_sampling=list(pi0_time_sampling(cfg).values())),
                      "vision": PI0_VISION, "gemma": PI0_GEMMA, "vocab_size": PI0_VOCAB},
         "vision_config": pwe.paligemma.config.vision_config.to_dict(),
         "text_config": pwe.paligemma.config.text_config.to_dict(),
@@ -1010,28 +978,40 @@ def pi0_run_case(name, flags, data, out_dir, base_state):
         "params_lm_heads": counts["lm_heads"],
         "params_used": counts["used"],
         "params_parts": counts["parts"],
-        "params_trainable": n_trainable,
-        "trainable_names": trainable,
-        "zero_grad_names": zero_grad,
-        "none_grad_names": none_grad,
-        "num_grad_tensors": len(grads),
+        "params_trainable": count_params(policy)[1],
+        "trainable_names": run.trainable,
+        "zero_grad_names": run.zero_grad,
+        "none_grad_names": run.none_grad,
+        "num_grad_tensors": len(run.grads),
         "param_shapes": {n: list(p.shape) for n, p in policy.named_parameters()},
-        "weights_sha256": state_digest(policy.state_dict()),
-        "forward_mode": "policy.train() as in LeRobot training; all dropout probabilities are 0",
-        "sample_mode": "policy.eval(), prefix K/V computed once",
-        "loss": loss.item(),
-        "loss_dict": loss_dict,
-        "versions": versions(),
     }
-    with open(case_dir / "case.json", "w") as f:
-        json.dump(info, f, indent=1)
-    print(f"{name}: loss {loss.item():.9g} trainable {n_trainable} / total {counts['total']} "
-          f"({len(grads)} grad tensors, {len(zero_grad)} all zero, {len(none_grad)} trainable without one)",
-          flush=True)
-    return {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
+def pi0_run_case(name, flags, base_state, data, out_dir):
+    """One case: PI0Policy at the test sizes with the case's flags, the computation, and
+    OUT/<case>/ written (with the C trainers' c_config.txt)."""
+    policy = pi0_build_policy(flags, base_state)
+    # the embedding's padding_idx (its row zero, its gradient zero) is the id the batch pads with
+    pad_id = policy.model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.padding_idx
+    if pad_id != 0:
+        raise RuntimeError(f"{name}: pad id {pad_id}, but the batch pads the language tokens with 0")
+    cfg = policy.config
+    flow = flow_inputs(SEED + 2, cfg.chunk_size, cfg.max_action_dim, **pi0_time_sampling(cfg))
+    batch = policy_batch(data, PI0_CAMERAS, pi0_language(data))
+    run = run_policy(name, policy, batch, flow, PI0)
+
+    ref = ref_tensors(data, batch, run, PI0_CAMERAS)
+    counts = pi0_part_counts(policy.model)
+    fields = pi0_case_fields(policy, pad_id, counts, run)
+    info = case_info(name, flags, policy, run, PI0, {}, fields, {})
+    state = save_case(out_dir / name, [policy], ref, info, run.grads, {"c_config.txt": pi0_c_config_lines(policy)})
+    print_case(name, run, counts["total"], fields["params_trainable"],
+               f", {len(run.zero_grad)} all zero, {len(run.none_grad)} trainable without one")
+    return state
 
 
 def pi0_print_released(counts):
+    """The released model's counts, on stdout."""
     print(f"released pi0: {counts['total']:,} parameters, {counts['lm_heads']:,} in the two lm_heads, "
           f"{counts['used']:,} used", flush=True)
     print("  " + ", ".join(f"{part} {n:,}" for part, n in counts["parts"].items()), flush=True)
@@ -1039,36 +1019,17 @@ def pi0_print_released(counts):
           flush=True)
 
 
-# ----------------------------------------------------------------------------------------------
-# main
-
-def smolvla_main(out_dir):
-    # Not named after a case: the "vlm" case folder would collide with it.
-    vlm_dir = out_dir / SMOLVLA_VLM_FOLDER
-    tok = smolvla_build_vlm_folder(vlm_dir)
-    data, stats = smolvla_raw_data(SEED + 1)
-    flow = smolvla_flow_inputs(SEED + 2)
-
-    base_state = None
-    for name, flags in CASES.items():
-        state = smolvla_run_case(name, flags, vlm_dir, tok, data, stats, flow, out_dir, base_state)
-        if base_state is None:
-            base_state = state
-
-
 def pi0_main(out_dir):
+    """The released model's counts (OUT/released_counts.json), the batch, then every case."""
     released = pi0_released_counts()
     pi0_print_released(released)
     with open(out_dir / "released_counts.json", "w") as f:
         json.dump(released, f, indent=1)
+    run_cases(pi0_run_case, data=pi0_data(SEED + 1), out_dir=out_dir)
 
-    data = pi0_data(SEED + 1)
-    base_state = None
-    for name, flags in CASES.items():
-        state = pi0_run_case(name, flags, data, out_dir, base_state)
-        if base_state is None:
-            base_state = state
 
+# ----------------------------------------------------------------------------------------------
+# main
 
 FAMILIES = {"smolvla": smolvla_main, "pi0": pi0_main}
 
