@@ -51,7 +51,9 @@ Reproduce the oracle's numbers (what test_vla_gpu checks):
 #include "vla/bootstrap.h"         // defines: the multi-node bootstrap of NCCL's id
 #include "vla/policy.h"            // defines: the policy libraries' C ABI, shared by both
 #include "vla/flops.h"             // defines: the model's FLOPs per sample, for MFU
-#include "vla/buckets.h"           // defines: FlowBuckets: the gradient buckets of data parallelism
+#include "vla/buckets.h"           // defines: Buckets: the gradient buckets of data parallelism
+#include "vla/watchdog.h"          // defines: Watchdog: NCCL's errors and hung ranks end the run
+#include "vla/memory_plan.h"       // defines: PolicySizes, --memory's plan from a policy's sizes
 #include <limits.h>
 #include <signal.h>
 #if defined(MULTI_GPU)
@@ -115,6 +117,50 @@ static void gpu_shutdown(void) {
     cudaCheck(cudaStreamDestroy(main_stream));
     cudaCheck(cudaStreamDestroy(copy_stream));
 }
+
+// ----------------------------------------------------------------------------
+// the policy interface: all the loop, data parallelism, the data, evaluation, the config table and
+// --memory ask of a policy, as one table of its functions over its model, which only its own
+// section reads. The flow_ section below ends with the table of SmolVLA and pi0 (FLOW_POLICY); a new
+// policy writes its section and its table, and policy_of, the one place that chooses, returns it.
+
+// What a model holds on its GPU, as the loop reports it
+typedef struct {
+    size_t device_bytes;  // all of it
+    size_t act_bytes;     // of which the activations (the batch's)
+    int buckets;          // its gradient buckets, which data parallelism sums as the backward finishes each
+} ModelHeld;
+
+struct Dist;  // the data-parallel ranks a model trains with (NULL: alone)
+
+typedef struct {
+    PolicySizes sizes;  // from a config alone: what a build and its activations hold, its FLOPs (--memory)
+    const char* (*problem)(const FlowConfig* c, int mode);  // what this build does not train, in one line, or NULL
+    void (*param_counts)(const FlowConfig* c, int mode, size_t* total, size_t* trainable);
+    void (*buckets)(const FlowConfig* c, int mode, Buckets* out);  // its gradient buckets (buckets_free)
+    void (*config_rows)(const FlowConfig* c);                      // its own rows of the config table
+    float* (*init_params)(const FlowConfig* c, uint64_t seed);     // the seeded weights, host, table layout
+    // a model in train mode `mode` at recompute level rc, its optimizer state shard `shard_rank` of shard_world
+    void* (*build)(const FlowConfig* c, int mode, int rc, int shard_rank, int shard_world, struct Dist* dist);
+    void (*set_params)(void* m, const float* params, const float* moment1, const float* moment2);  // moments NULL: 0
+    void (*set_loss_scale)(void* m, const LossScaleState* st, int window);  // fp16 builds
+    void (*set_batch)(void* m, int B);  // the activations for B samples
+    ModelHeld (*held)(const void* m);
+    // a step: forward and backward of each micro-batch (the first zeroes the gradients), then the sums
+    // over the ranks with the stop flag, the update, and its scalars read back
+    void (*forward)(void* m, const ModelInputs* in, int micro);
+    void (*sample_losses)(void* m, const ModelInputs* in, float* sums);  // device (B, 2): squared errors, entries
+    void (*backward)(void* m, int zero_grads);
+    void (*grads_finish)(void* m, int stop);
+    void (*update)(void* m, float lr, float weight_decay, int decay_on, float clip, int step);
+    void (*read_scalars)(void* m, float* loss, float* norm, int* stop);
+    int (*read_loss_scale)(void* m, LossScaleState* st, float* used);  // fp16 builds: 1 if the step was skipped
+    // a checkpoint at `step` (every rank calls it, rank 0 writes), its weights through the host's `params`
+    void (*save)(void* m, float* params, const Dataset* ds, const TrainArgs* args, int step, uint64_t sampler_pos,
+                 int write, const LossScaleState* loss_scale);
+    void (*sample)(void* m, const ModelInputs* in, const float* noise, float* out);  // host (B, H, Amax), normalized
+    void (*free)(void* m);
+} Policy;
 
 // ----------------------------------------------------------------------------
 // model: SmolVLA and pi0 (the flow_ policies), as dev/smolvla.py and train_vla.c compute them (same
@@ -296,11 +342,9 @@ typedef struct {
 } FlowActivations;
 
 // What the weights and the activations take on the device: flow_model_bytes, flow_act_bytes
-// What flow_build allocates on a GPU beside the activations, part by part, for ZeRO-1 over
-// shard_world ranks (1: off): the weights (floatX, every tensor), the fp32 gradients of what trains
-// (the whole domain on every rank), the fp32 master weights and AdamW's two moments (one shard each),
-// and the rest (the norm's partial sums, the RoPE table, fp16's loss scale).
-enum { MEM_WEIGHTS = 0, MEM_GRADS = 1, MEM_MASTER = 2, MEM_MOMENTS = 3, MEM_OTHER = 4, MEM_PARTS = 5 };
+// What flow_build allocates on a GPU beside the activations, part by part (vla/memory_plan.h's MEM_*),
+// for ZeRO-1 over shard_world ranks (1: off); the rest is the norm's partial sums, the RoPE table and
+// fp16's loss scale
 static void flow_model_parts(const FlowConfig* c, int mode, int shard_world, size_t parts[MEM_PARTS]) {
     FlowParamTable t;
     FlowOptDomain d;
@@ -392,8 +436,8 @@ typedef struct {
     float* rope_sin;
     size_t device_bytes;    // what this model holds on the GPU
     size_t act_bytes;       // of which the activations
-    FlowBuckets buckets;
-    struct Dist* dist;      // the data-parallel ranks it trains with (MULTI_GPU); NULL: alone
+    Buckets buckets;
+    struct Dist* dist;      // the data-parallel ranks it trains with; NULL: alone
     FlowSampling sampling;
 } FlowVLA;
 
@@ -422,10 +466,17 @@ static inline float* flow_grad(const FlowVLA* m, int i, int k) {
 static int flow_sharded(const FlowVLA* m) { return m->shard_hi - m->shard_lo < m->n_train; }
 
 // The model's calls into the data-parallel section (nothing without NCCL)
-static void flow_bucket_done(FlowVLA* m, int b);
-static void dist_step_sums(FlowVLA* m);
-static void zero_sum_squares(FlowVLA* m);
-static void zero_gather_params(FlowVLA* m);
+static void dist_sum(struct Dist* d, float* x, size_t n);
+static void dist_bucket_done(struct Dist* d, float* grads, const Buckets* k, int b, int sharded);
+static void dist_step_sums(struct Dist* d, float* grads, size_t lo, size_t hi, int sharded, float* scalars);
+static void dist_gather_params(struct Dist* d, floatX* params, size_t lo, size_t hi);
+static const float* dist_gather_state(struct Dist* d, float* gathered, const float* shard, size_t lo, size_t hi,
+                                      int sharded);
+
+// Bucket b's gradients are final: summed over the ranks while the backward goes on (ZeRO-1: at the end)
+static void flow_bucket_done(FlowVLA* m, int b) {
+    dist_bucket_done(m->dist, m->grads_memory, &m->buckets, b, flow_sharded(m));
+}
 
 // fp16 builds: the dynamic loss scale's state (a checkpoint's or --loss-scale's) onto the device
 static void flow_set_loss_scale(FlowVLA* m, const LossScaleState* st, int window) {
@@ -658,7 +709,7 @@ static void flow_free(FlowVLA* m) {
     if (m->scaler != NULL) { cudaCheck(cudaFree(m->scaler)); }
     cudaCheck(cudaFree(m->acts_x)); cudaCheck(cudaFree(m->acts_f)); cudaCheck(cudaFree(m->acts_i));
     cudaCheck(cudaFree(m->rope_cos));
-    flow_buckets_free(&m->buckets);
+    buckets_free(&m->buckets);
     if (m->sampling.graph != NULL) { cudaCheck(cudaGraphExecDestroy(m->sampling.graph)); }
     for (int k = 0; k < 3 && m->sampling.marks[0] != NULL; k++) { cudaCheck(cudaEventDestroy(m->sampling.marks[k])); }
 }
@@ -1333,7 +1384,7 @@ static void flow_backward(FlowVLA* m, int zero_grads) {
 // After a step's last backward: loss sums, entries and stop flag summed over the ranks, then the means
 static void flow_grads_finish(FlowVLA* m, int stop) {
     LAUNCH_1D(fill_kernel, 1, m->acts.scalars + 2, stop ? 1.0f : 0.0f, 1);
-    dist_step_sums(m);
+    dist_step_sums(m->dist, m->grads_memory, m->shard_lo, m->shard_hi, flow_sharded(m), m->acts.scalars);
     flow_loss_finish(m);
 }
 
@@ -1405,7 +1456,7 @@ static void flow_global_norm(FlowVLA* m) {
     sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->norm_partial, NORM_BLOCKS, 1.0, !sharded, 0);
     launchCheck();
     if (sharded) {
-        zero_sum_squares(m);
+        dist_sum(m->dist, m->acts.scalars + 1, 1);
         sum_finalize_kernel<<<1, 1, 0, main_stream>>>(m->acts.scalars + 1, m->acts.scalars + 1, 1, 1.0, 1, 0);
         launchCheck();
     }
@@ -1432,7 +1483,7 @@ static void flow_update(FlowVLA* m, float lr, float weight_decay, int decay_on, 
                                                            VLA_LOSS_SCALE_MAX);
         launchCheck();
     }
-    if (flow_sharded(m)) { zero_gather_params(m); }
+    if (flow_sharded(m)) { dist_gather_params(m->dist, m->params_memory, m->shard_lo, m->shard_hi); }
 }
 
 // Loss, gradient norm (before clipping) and stop flag of the last step over every rank, waiting for them
@@ -1446,9 +1497,152 @@ static void flow_read_scalars(FlowVLA* m, float* loss, float* norm, int* stop = 
 }
 
 
+// ---- checkpoints
+
+// Writes a checkpoint (rank 0): every weight in fp32, and the moments; every rank calls it (ZeRO-1)
+static void flow_save(FlowVLA* m, float* params, const Dataset* ds, const TrainArgs* args, int step,
+                      uint64_t sampler_pos, int write, const LossScaleState* loss_scale) {
+    if (!write && !flow_sharded(m)) { return; }
+    size_t total = m->n_train;
+    float* gathered = NULL;  // ZeRO-1: room for one state array's shards, gathered
+    if (flow_sharded(m)) { cudaCheck(cudaMalloc(&gathered, total * sizeof(float))); }
+    float* host = write ? (float*)mallocCheck(3 * total * sizeof(float)) : NULL;
+    const float* state[3] = {m->master, m->m_memory, m->v_memory};
+    for (int k = 0; k < 3; k++) {
+        const float* whole = dist_gather_state(m->dist, gathered, state[k], m->shard_lo, m->shard_hi, flow_sharded(m));
+        if (!write) { continue; }
+        cudaCheck(cudaMemcpyAsync(host + k * total, whole, total * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
+        cudaCheck(cudaStreamSynchronize(main_stream));
+    }
+    cudaCheck(cudaStreamSynchronize(main_stream));  // (the gathers are done before their buffer goes)
+    if (write) {
+        for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+            memcpy(params + m->table.spec[i].offset, host + m->domain.offset[i], m->domain.numel[i] * sizeof(float));
+        }
+        run_checkpoint_save(args, ds, &m->config, step, sampler_pos, params, m->table.total, host + total,
+                            host + 2 * total, m->n_opt, loss_scale);
+    }
+    free(host);
+    if (gathered != NULL) { cudaCheck(cudaFree(gathered)); }
+}
+
+// ---- the flow_ policy: the interface's functions over FlowVLA
+
+static void flow_param_counts(const FlowConfig* c, int mode, size_t* total, size_t* trainable) {
+    FlowParamTable t;
+    flow_table_build(c, &t);
+    *total = t.total;
+    *trainable = flow_trainable_count(&t, mode);
+}
+
+static void flow_config_buckets(const FlowConfig* c, int mode, Buckets* out) {
+    FlowParamTable t;
+    FlowOptDomain domain;
+    flow_table_build(c, &t);
+    flow_opt_domain(&t, mode, &domain);
+    flow_buckets_build(out, c, &t, &domain);
+}
+
+// The attention kernels of the vision tower and the masked attention (attention_version chooses)
+static void flow_config_rows(const FlowConfig* c) {
+    const char* attention_rows[2] = {"vision attention", "masked attention"};
+    int head_sizes[2] = {c->vis_width / c->vis_heads, c->head_dim};
+    for (int k = 0; k < 2; k++) {
+        int fwd = attention_version(head_sizes[k], false, true), bwd = attention_version(head_sizes[k], true, true);
+        if (fwd == bwd) { table_row(attention_rows[k], "%s", attention_version_name(fwd)); }
+        else { table_row(attention_rows[k], "%s (backward v%d)", attention_version_name(fwd), bwd); }
+    }
+}
+
+static float* flow_init_params(const FlowConfig* c, uint64_t seed) {
+    FlowParamTable t;
+    flow_table_build(c, &t);
+    float* params = (float*)mallocCheck(t.total * sizeof(float));
+    flow_param_init(params, &t, c, seed);
+    return params;
+}
+
+static void* flow_new(const FlowConfig* c, int mode, int rc, int shard_rank, int shard_world, struct Dist* dist) {
+    FlowVLA* m = (FlowVLA*)mallocCheck(sizeof(FlowVLA));
+    flow_build(m, c, mode, shard_rank, shard_world);
+    flow_set_recompute(m, rc);
+    m->dist = dist;
+    return m;
+}
+
+static ModelHeld flow_held(const void* model) {
+    const FlowVLA* m = (const FlowVLA*)model;
+    return ModelHeld{m->device_bytes, m->act_bytes, m->buckets.n};
+}
+
+// Each sample's squared errors and valid entries of the last forward (pi0's loss counts every slot)
+static void flow_sample_losses(void* model, const ModelInputs* in, float* sums) {
+    const FlowVLA* m = (const FlowVLA*)model;
+    const FlowConfig* c = &m->config;
+    const float* is_pad = flow_loss_masks_pad(c) ? in->action_is_pad : NULL;
+    sample_loss_kernel<<<in->B, BLOCK, 0, main_stream>>>(sums, m->acts.v_t, m->acts.target, is_pad, c->chunk,
+                                                         c->action_dim, c->max_action_dim);
+    launchCheck();
+}
+
+static void flow_delete(void* m) {
+    flow_free((FlowVLA*)m);
+    free(m);
+}
+
+// (the casts from the interface's opaque model)
+#define FLOW_AS_(m) ((FlowVLA*)(m))
+static void flow_set_params_(void* m, const float* p, const float* m1, const float* m2) {
+    flow_set_params(FLOW_AS_(m), p, m1, m2);
+}
+static void flow_set_loss_scale_(void* m, const LossScaleState* st, int w) { flow_set_loss_scale(FLOW_AS_(m), st, w); }
+static void flow_set_batch_(void* m, int B) { flow_set_batch(FLOW_AS_(m), B); }
+static void flow_forward_(void* m, const ModelInputs* in, int micro) { flow_forward(FLOW_AS_(m), in, micro); }
+static void flow_backward_(void* m, int zero_grads) { flow_backward(FLOW_AS_(m), zero_grads); }
+static void flow_grads_finish_(void* m, int stop) { flow_grads_finish(FLOW_AS_(m), stop); }
+static void flow_update_(void* m, float lr, float wd, int decay_on, float clip, int step) {
+    flow_update(FLOW_AS_(m), lr, wd, decay_on, clip, step);
+}
+static void flow_read_scalars_(void* m, float* loss, float* norm, int* stop) {
+    flow_read_scalars(FLOW_AS_(m), loss, norm, stop);
+}
+static int flow_read_loss_scale_(void* m, LossScaleState* st, float* used) {
+    return flow_read_loss_scale(FLOW_AS_(m), st, used);
+}
+static void flow_save_(void* m, float* params, const Dataset* ds, const TrainArgs* args, int step, uint64_t pos,
+                       int write, const LossScaleState* loss_scale) {
+    flow_save(FLOW_AS_(m), params, ds, args, step, pos, write, loss_scale);
+}
+static void flow_sample_(void* m, const ModelInputs* in, const float* noise, float* out) {
+    flow_sample(FLOW_AS_(m), in, noise, out);
+}
+#undef FLOW_AS_
+
+static const Policy FLOW_POLICY = {
+    .sizes = {flow_model_parts, flow_act_bytes, flow_flops_per_sample, flow_recompute_flops_per_sample},
+    .problem = flow_gpu_problem, .param_counts = flow_param_counts, .buckets = flow_config_buckets,
+    .config_rows = flow_config_rows, .init_params = flow_init_params,
+    .build = flow_new, .set_params = flow_set_params_, .set_loss_scale = flow_set_loss_scale_,
+    .set_batch = flow_set_batch_, .held = flow_held,
+    .forward = flow_forward_, .sample_losses = flow_sample_losses, .backward = flow_backward_,
+    .grads_finish = flow_grads_finish_, .update = flow_update_, .read_scalars = flow_read_scalars_,
+    .read_loss_scale = flow_read_loss_scale_,
+    .save = flow_save_, .sample = flow_sample_, .free = flow_delete,
+};
+
+// The one place that chooses a policy: the table of a config's family (FAMILY_*)
+static const Policy* policy_of(int family) {
+    switch (family) {
+        case FAMILY_SMOLVLA:
+        case FAMILY_PI0: return &FLOW_POLICY;
+    }
+    vla_fail("internal: no policy serves family %d", family);
+    return NULL;
+}
+
 // ----------------------------------------------------------------------------
 // data parallel: one rank per GPU, a host thread each; gradients summed bucket by bucket (NCCL),
-// ZeRO-1 with --zero, a watchdog. Without NCCL, the stand-ins at its end.
+// ZeRO-1 with --zero, a watchdog (vla/watchdog.h). Without NCCL, the stand-ins at its end.
 
 // What the ranks of a run share, read-only once they train
 typedef struct {
@@ -1461,6 +1655,7 @@ typedef struct {
     int start;             // optimizer steps already done
     uint64_t sampler_pos;  // global samples consumed before `start`
     LossScaleState loss_scale;  // fp16 builds: the dynamic loss scale the run starts with
+    const Policy* policy;  // what trains: the functions of config's policy (policy_of)
     int world;             // ranks over all nodes
     int local_ranks;       // GPUs of this process, one thread each
     int node, nodes;       // this process's place among the nodes, and how many
@@ -1492,7 +1687,8 @@ typedef struct Dist {
     int sync;  // the backward pass sums its buckets over the ranks as they finish (a step's last micro-step)
     ncclComm_t comm;
     cudaStream_t comm_stream;
-    cudaEvent_t* bucket_ready;  // (flow_bucket_count) their gradients are final on the main stream
+    int n_buckets;              // the model's gradient buckets
+    cudaEvent_t* bucket_ready;  // (n_buckets) their gradients are final on the main stream
     cudaEvent_t scalars_ready, comm_done;
     // the main stream's waits on the communication stream in one step: begin and end of wait i
     cudaEvent_t wait_begin[DIST_TIMED_WAITS], wait_end[DIST_TIMED_WAITS];
@@ -1524,64 +1720,49 @@ static void dist_sum(Dist* d, float* x, size_t n) {
     main_after_comm(d);
 }
 
-// Bucket b's gradients are final: sum them over the ranks while the backward goes on
-static void flow_bucket_done(FlowVLA* m, int b) {
-    Dist* d = m->dist;
-    const FlowBuckets* k = &m->buckets;
-    if (d == NULL || !d->sync || flow_sharded(m) || k->first[b] == k->first[b + 1]) {
-        return;
-    }  // ZeRO-1: at the end
+// Bucket b's gradients (ranges of grads) are final: summed over the ranks on the communication stream
+static void dist_bucket_done(Dist* d, float* grads, const Buckets* k, int b, int sharded) {
+    if (d == NULL || !d->sync || sharded || k->first[b] == k->first[b + 1]) { return; }  // ZeRO-1: at the end
     cudaCheck(cudaEventRecord(d->bucket_ready[b], main_stream));
     cudaCheck(cudaStreamWaitEvent(d->comm_stream, d->bucket_ready[b], 0));
     ncclCheck(ncclGroupStart());
     for (int r = k->first[b]; r < k->first[b + 1]; r++) {
-        ncclCheck(ncclAllReduce(m->grads_memory + k->offset[r], m->grads_memory + k->offset[r], k->count[r], ncclFloat,
-                                ncclSum, d->comm, d->comm_stream));
+        ncclCheck(ncclAllReduce(grads + k->offset[r], grads + k->offset[r], k->count[r], ncclFloat, ncclSum, d->comm,
+                                d->comm_stream));
     }
     ncclCheck(ncclGroupEnd());
 }
 
-// The step's sums over the ranks after its last backward (ZeRO-1: gradients reduce-scattered)
-static void dist_step_sums(FlowVLA* m) {
-    Dist* d = m->dist;
+// The step's sums over the ranks after its last backward: the 4 scalars (loss sums, entries, stop),
+// and with ZeRO-1 (sharded) the gradients reduce-scattered, this rank's shard [lo, hi) summed
+static void dist_step_sums(Dist* d, float* grads, size_t lo, size_t hi, int sharded, float* scalars) {
     if (d != NULL) {
         comm_after_main(d, d->scalars_ready);
-        if (flow_sharded(m)) {
-            size_t S = m->shard_hi - m->shard_lo;
-            ncclCheck(ncclReduceScatter(m->grads_memory, m->grads_memory + m->shard_lo, S, ncclFloat, ncclSum, d->comm,
-                                        d->comm_stream));
+        if (sharded) {
+            ncclCheck(ncclReduceScatter(grads, grads + lo, hi - lo, ncclFloat, ncclSum, d->comm, d->comm_stream));
         }
-        ncclCheck(ncclAllReduce(m->acts.scalars, m->acts.scalars, 4, ncclFloat, ncclSum, d->comm, d->comm_stream));
+        ncclCheck(ncclAllReduce(scalars, scalars, 4, ncclFloat, ncclSum, d->comm, d->comm_stream));
         main_after_comm(d);
     }
 }
 
-static void zero_sum_squares(FlowVLA* m) {
-    comm_after_main(m->dist, m->dist->scalars_ready);
-    ncclCheck(ncclAllReduce(m->acts.scalars + 1, m->acts.scalars + 1, 1, ncclFloat, ncclSum, m->dist->comm,
-                            m->dist->comm_stream));
-    main_after_comm(m->dist);
+// ZeRO-1: every rank's shard [lo, hi) of the updated weights, all-gathered into params
+static void dist_gather_params(Dist* d, floatX* params, size_t lo, size_t hi) {
+    comm_after_main(d, d->scalars_ready);
+    ncclCheck(ncclAllGather(params + lo, params, hi - lo, NCCL_FLOATX, d->comm, d->comm_stream));
+    main_after_comm(d);
 }
 
-static void zero_gather_params(FlowVLA* m) {
-    comm_after_main(m->dist, m->dist->scalars_ready);
-    ncclCheck(ncclAllGather(m->params_memory + m->shard_lo, m->params_memory, m->shard_hi - m->shard_lo, NCCL_FLOATX,
-                            m->dist->comm, m->dist->comm_stream));
-    main_after_comm(m->dist);
+// Optimizer state made whole: itself, or (sharded) every rank's shard all-gathered into `gathered`
+// (every rank calls it)
+static const float* dist_gather_state(Dist* d, float* gathered, const float* shard, size_t lo, size_t hi,
+                                      int sharded) {
+    if (!sharded) { return shard; }
+    comm_after_main(d, d->scalars_ready);
+    ncclCheck(ncclAllGather(shard, gathered, hi - lo, ncclFloat, d->comm, d->comm_stream));
+    main_after_comm(d);
+    return gathered;
 }
-
-// Optimizer state made whole (n_train): itself, or all-gathered into `gathered` (every rank calls it)
-static const float* zero_gather_state(FlowVLA* m, float* gathered, const float* shard) {
-    if (flow_sharded(m)) {
-        comm_after_main(m->dist, m->dist->scalars_ready);
-        ncclCheck(
-            ncclAllGather(shard, gathered, m->shard_hi - m->shard_lo, ncclFloat, m->dist->comm, m->dist->comm_stream));
-        main_after_comm(m->dist);
-        return gathered;
-    }
-    return shard;
-}
-
 
 // Any -g and --nodes: NCCL serves them (the build without it refuses more than one GPU)
 static void dist_check_args(const TrainArgs* args) {}
@@ -1604,96 +1785,10 @@ static void dist_share_id(const Run* run) {
     }
 }
 
-// faults: NCCL reports failures asynchronously, and a rank that hangs or dies makes the others wait in
-// their collectives forever. So a watchdog thread per process polls every local communicator's
-// asynchronous error and how long each rank has been in its current step; on an error, or a step
-// longer than --nccl-timeout, it aborts the communicators, names the rank and ends the process with
-// exit status 1. Checkpoints are written to a temporary file and renamed, so the last one is intact,
-// and -y 1 continues from it.
-typedef struct {
-    const Run* run;
-    ncclComm_t* comms;           // (local_ranks) each rank's, once it has one
-    volatile double* busy_since; // (local_ranks) when its current step started, 0 between steps
-    volatile int* step;          // (local_ranks) the step it is in
-    volatile int done;
-    pthread_t thread;
-} Watchdog;
-
-static void watchdog_fault(Watchdog* w, const char* what) {
-    run_aborting = 1;
-    char left[2 * VLA_PATH_MAX + 128];
-    fprintf(stderr, "error: %s: aborting NCCL; %s (NCCL_DEBUG=INFO says more)\n", what,
-            train_checkpoint_left(w->run->args.output, left, sizeof(left)));
-    fflush(stderr);
-    for (int r = 0; r < w->run->local_ranks; r++) {
-        if (w->comms[r] != NULL) { ncclCommAbort(w->comms[r]); }
-    }
-    _exit(1);  // not exit(): the ranks' threads may still be waiting inside CUDA
-}
-
-static void* watchdog_main(void* arg) {
-    Watchdog* w = (Watchdog*)arg;
-    const Run* run = w->run;
-    while (!w->done) {
-        usleep(100000);
-        double now = wall_seconds();
-        char what[400];
-        for (int r = 0; r < run->local_ranks; r++) {
-            int rank = run->node * run->local_ranks + r;
-            ncclResult_t err = ncclSuccess;
-            if (w->comms[r] != NULL) { ncclCommGetAsyncError(w->comms[r], &err); }
-            if (err != ncclSuccess && err != ncclInProgress) {
-                snprintf(what, sizeof(what), "NCCL reported '%s' on rank %d (node %d, GPU %d) in step %d",
-                         ncclGetErrorString(err), rank, run->node, r, w->step[r] + 1);
-                watchdog_fault(w, what);
-            }
-        }
-        // every rank of this node stuck past the timeout, named together with its step
-        char stuck[300] = "";
-        double longest = 0.0;
-        for (int r = 0; r < run->local_ranks; r++) {
-            double since = w->busy_since[r];
-            if (since > 0.0 && now - since > run->args.nccl_timeout) {
-                size_t len = strlen(stuck);
-                snprintf(stuck + len, sizeof(stuck) - len, "%s%d (GPU %d, step %d)", len > 0 ? ", " : "",
-                         run->node * run->local_ranks + r, r, w->step[r] + 1);
-                if (now - since > longest) { longest = now - since; }
-            }
-        }
-        if (stuck[0] != '\0') {
-            snprintf(what, sizeof(what),
-                     "rank(s) %s of node %d made no progress for %.0f s (--nccl-timeout): a rank of "
-                     "the run is hung or gone",
-                     stuck, run->node, longest);
-            watchdog_fault(w, what);
-        }
-    }
-    return NULL;
-}
-
-static void watchdog_start(Watchdog* w, const Run* run) {
-    memset(w, 0, sizeof(*w));
-    w->run = run;
-    w->busy_since = (volatile double*)callocCheck(run->local_ranks, sizeof(double));
-    w->step = (volatile int*)callocCheck(run->local_ranks, sizeof(int));
-    w->comms = (ncclComm_t*)callocCheck(run->local_ranks, sizeof(ncclComm_t));
-    if (run->world > 1 && pthread_create(&w->thread, NULL, watchdog_main, w) != 0) {
-        vla_fail("cannot start the NCCL watchdog thread: %s", strerror(errno));
-    }
-}
-
-static void watchdog_stop(Watchdog* w) {
-    w->done = 1;
-    if (w->run->world > 1) { pthread_join(w->thread, NULL); }
-    free(w->comms);
-    free((void*)w->busy_since);
-    free((void*)w->step);
-}
-
 // This rank's communicator (rank `rank`, local GPU `local`), stream and events
-static void dist_init(Dist* d, FlowVLA* m, const Run* run, int rank, Watchdog* w, int local) {
+static void dist_init(Dist* d, int n_buckets, const Run* run, int rank, Watchdog* w, int local) {
     memset(d, 0, sizeof(*d));
-    int n_buckets = m->buckets.n;
+    d->n_buckets = n_buckets;
     ncclCheck(ncclCommInitRank(&d->comm, run->world, nccl_id, rank));
     w->comms[local] = d->comm;
     cudaCheck(cudaStreamCreate(&d->comm_stream));
@@ -1707,12 +1802,11 @@ static void dist_init(Dist* d, FlowVLA* m, const Run* run, int rank, Watchdog* w
         cudaCheck(cudaEventCreate(&d->wait_begin[i]));
         cudaCheck(cudaEventCreate(&d->wait_end[i]));
     }
-    m->dist = d;
 }
 
-static void dist_free(Dist* d, const FlowVLA* m, Watchdog* w, int local) {
+static void dist_free(Dist* d, Watchdog* w, int local) {
     w->comms[local] = NULL;  // (every rank has finished its collectives before it gets here)
-    for (int b = 0; b < m->buckets.n; b++) { cudaCheck(cudaEventDestroy(d->bucket_ready[b])); }
+    for (int b = 0; b < d->n_buckets; b++) { cudaCheck(cudaEventDestroy(d->bucket_ready[b])); }
     free(d->bucket_ready);
     cudaCheck(cudaEventDestroy(d->scalars_ready));
     cudaCheck(cudaEventDestroy(d->comm_done));
@@ -1762,11 +1856,13 @@ typedef struct Dist {
 } Dist;
 
 static void dist_sum(Dist* d, float* x, size_t n) {}
-static void flow_bucket_done(FlowVLA* m, int b) {}
-static void dist_step_sums(FlowVLA* m) {}
-static void zero_sum_squares(FlowVLA* m) {}
-static void zero_gather_params(FlowVLA* m) {}
-static const float* zero_gather_state(FlowVLA* m, float* gathered, const float* shard) { return shard; }
+static void dist_bucket_done(Dist* d, float* grads, const Buckets* k, int b, int sharded) {}
+static void dist_step_sums(Dist* d, float* grads, size_t lo, size_t hi, int sharded, float* scalars) {}
+static void dist_gather_params(Dist* d, floatX* params, size_t lo, size_t hi) {}
+static const float* dist_gather_state(Dist* d, float* gathered, const float* shard, size_t lo, size_t hi,
+                                      int sharded) {
+    return shard;
+}
 
 // More than one GPU, here or on other nodes, takes NCCL
 static void dist_check_args(const TrainArgs* args) {
@@ -1781,26 +1877,10 @@ static void dist_check_args(const TrainArgs* args) {
 
 static void dist_share_id(const Run* run) {}
 
-// No communicator to watch: the ranks' step marks are kept, and read by no one
-typedef struct {
-    volatile double* busy_since;
-    volatile int* step;
-} Watchdog;
-
-static void watchdog_start(Watchdog* w, const Run* run) {
-    w->busy_since = (volatile double*)callocCheck(run->local_ranks, sizeof(double));
-    w->step = (volatile int*)callocCheck(run->local_ranks, sizeof(int));
-}
-
-static void watchdog_stop(Watchdog* w) {
-    free((void*)w->busy_since);
-    free((void*)w->step);
-}
-
-static void dist_init(Dist* d, FlowVLA* m, const Run* run, int rank, Watchdog* w, int local) {
+static void dist_init(Dist* d, int n_buckets, const Run* run, int rank, Watchdog* w, int local) {
     memset(d, 0, sizeof(*d));
 }
-static void dist_free(Dist* d, const FlowVLA* m, Watchdog* w, int local) {}
+static void dist_free(Dist* d, Watchdog* w, int local) {}
 static void dist_barrier(void) {}
 static void dist_step_begin(Dist* d) {}
 static double dist_wait_ms(Dist* d) { return 0.0; }
@@ -1815,9 +1895,13 @@ static int run_ranks(Run* run, Watchdog* w, int (*train)(Run*, Watchdog*, int)) 
 
 // Device copy of a host batch's layout (batch_layout: each camera's frames at their stored
 // size, tokens, state, actions, pads, t, noise); the host slot and this buffer are copied in one go.
-static void device_batch_alloc(FlowVLA* m, Batch* dev, const Cameras* cams, int B) {
-    size_t bytes = batch_layout(dev, NULL, &m->config, cams, B);
-    batch_layout(dev, (uint8_t*)flow_device_malloc(m, bytes), &m->config, cams, B);
+// Returns its bytes.
+static size_t device_batch_alloc(Batch* dev, const FlowConfig* c, const Cameras* cams, int B) {
+    size_t bytes = batch_layout(dev, NULL, c, cams, B);
+    void* memory;
+    cudaCheck(cudaMalloc(&memory, bytes > 0 ? bytes : 1));
+    batch_layout(dev, (uint8_t*)memory, c, cams, B);
+    return bytes;
 }
 
 
@@ -1865,9 +1949,9 @@ static void task_losses_free(TaskLosses* tl) {
 
 // At the end of the step (after the update): the per-task sums added over the ranks, and copied
 // for task_losses_read once the step's scalars are read (which waits for the main stream)
-static void task_losses_reduce(TaskLosses* tl, FlowVLA* m) {
+static void task_losses_reduce(TaskLosses* tl, Dist* dist) {
     if (tl->tb == NULL) { return; }
-    dist_sum(m->dist, tl->task_sums, 2 * (size_t)tl->T);
+    dist_sum(dist, tl->task_sums, 2 * (size_t)tl->T);
     cudaCheck(cudaMemcpyAsync(tl->host_sums, tl->task_sums, 2 * (size_t)tl->T * sizeof(float), cudaMemcpyDeviceToHost,
                               main_stream));
 }
@@ -1901,62 +1985,12 @@ static void batch_upload(Loader* L, Batch* dev, cudaEvent_t consumed, cudaEvent_
 }
 
 // After the forward of device batch k, micro-step `micro` of the step: its samples' sums into their tasks'
-static void task_losses_add(TaskLosses* tl, const FlowVLA* m, const ModelInputs* in, int k, int micro) {
+static void task_losses_add(TaskLosses* tl, const Policy* P, void* model, const ModelInputs* in, int k, int micro) {
     if (tl->tb == NULL) { return; }
-    const FlowConfig* c = &m->config;
-    const float* is_pad = flow_loss_masks_pad(c) ? in->action_is_pad : NULL;  // pi0's loss counts every slot
-    sample_loss_kernel<<<in->B, BLOCK, 0, main_stream>>>(tl->sample_sums, m->acts.v_t, m->acts.target, is_pad,
-                                                         c->chunk, c->action_dim, c->max_action_dim);
-    launchCheck();
+    P->sample_losses(model, in, tl->sample_sums);
     task_loss_add_kernel<<<ceil_div(tl->T, BLOCK), BLOCK, 0, main_stream>>>(
         tl->task_sums, tl->sample_sums, tl->dev_task + (size_t)k * tl->B, in->B, tl->T, micro == 0);
     launchCheck();
-}
-
-// 10 Euler steps from a device batch's noise -> sampled (B, H, A) on the host, un-normalized
-static void flow_sample_actions(FlowVLA* m, const Batch* dev, const float* action_mean, const float* action_std,
-                                float* sampled) {
-    const FlowConfig* c = &m->config;
-    int B = dev->B, H = c->chunk, A = c->action_dim, Amax = c->max_action_dim;
-    float* normalized = (float*)mallocCheck((size_t)B * H * Amax * sizeof(float));
-    ModelInputs in = model_inputs(dev);
-    flow_sample(m, &in, dev->eps, normalized);
-    for (size_t slot = 0; slot < (size_t)B * H; slot++) {
-        for (int d = 0; d < A; d++) {
-            sampled[slot * A + d] = normalized[slot * Amax + d] * action_std[d] + action_mean[d];
-        }
-    }
-    free(normalized);
-}
-
-// ----------------------------------------------------------------------------
-// checkpoints of the model
-
-// Writes a checkpoint (rank 0): every weight in fp32, and the moments; every rank calls it (ZeRO-1)
-static void flow_save(FlowVLA* m, float* params, const Dataset* ds, const TrainArgs* args, int step,
-                      uint64_t sampler_pos, int write, const LossScaleState* loss_scale) {
-    if (!write && !flow_sharded(m)) { return; }
-    size_t total = m->n_train;
-    float* gathered = NULL;  // ZeRO-1: room for one state array's shards, gathered
-    if (flow_sharded(m)) { cudaCheck(cudaMalloc(&gathered, total * sizeof(float))); }
-    float* host = write ? (float*)mallocCheck(3 * total * sizeof(float)) : NULL;
-    const float* state[3] = {m->master, m->m_memory, m->v_memory};
-    for (int k = 0; k < 3; k++) {
-        const float* whole = zero_gather_state(m, gathered, state[k]);
-        if (!write) { continue; }
-        cudaCheck(cudaMemcpyAsync(host + k * total, whole, total * sizeof(float), cudaMemcpyDeviceToHost, main_stream));
-        cudaCheck(cudaStreamSynchronize(main_stream));
-    }
-    cudaCheck(cudaStreamSynchronize(main_stream));  // (the gathers are done before their buffer goes)
-    if (write) {
-        for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
-            memcpy(params + m->table.spec[i].offset, host + m->domain.offset[i], m->domain.numel[i] * sizeof(float));
-        }
-        run_checkpoint_save(args, ds, &m->config, step, sampler_pos, params, m->table.total, host + total,
-                            host + 2 * total, m->n_opt, loss_scale);
-    }
-    free(host);
-    if (gathered != NULL) { cudaCheck(cudaFree(gathered)); }
 }
 
 // ----------------------------------------------------------------------------
@@ -2198,15 +2232,27 @@ VLA_API void vla_policy_free(VLAPolicy* p) {
 // CLI and main
 
 #if !defined(TESTING) && !defined(VLA_LIBRARY)
+// 10-step sampling from a device batch's noise: actions (B, H, A) on the host in the data's units,
+// the dataset's action dims of the normalized (B, H, Amax) chunk un-normalized with action_mean/std
+static void sample_actions(const Policy* P, void* m, const FlowConfig* c, const Batch* dev, const float* action_mean,
+                           const float* action_std, float* actions) {
+    size_t rows = (size_t)dev->B * c->chunk;
+    float* chunk = (float*)mallocCheck(rows * c->max_action_dim * sizeof(float));
+    ModelInputs in = model_inputs(dev);
+    P->sample(m, &in, dev->eps, chunk);
+    policy_actions(chunk, rows, c->max_action_dim, c->action_dim, action_mean, action_std, actions);
+    free(chunk);
+}
+
 // How well the policy acts: 10-step sampling on one batch, MSE against its actions (data units)
-static float eval_action_mse(FlowVLA* m, Batch* dev, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
-    const FlowConfig* c = &m->config;
+static float eval_action_mse(const Policy* P, void* m, const FlowConfig* c, Batch* dev, const Dataset* ds,
+                             uint64_t seed, uint64_t pos, int step) {
     Batch host;
     batch_alloc(&host, c, &ds->cams, dev->B);
     eval_batch(&host, ds, c, seed, pos, step);
     cudaCheck(cudaMemcpy(dev->memory, host.memory, host.bytes, cudaMemcpyHostToDevice));
     float* sampled = (float*)mallocCheck((size_t)dev->B * c->chunk * c->action_dim * sizeof(float));
-    flow_sample_actions(m, dev, ds->action_mean, ds->action_std, sampled);
+    sample_actions(P, m, c, dev, ds->action_mean, ds->action_std, sampled);
     float mse = action_mse(&host, ds, c, sampled);
     free(sampled);
     batch_free(&host);
@@ -2216,147 +2262,30 @@ static float eval_action_mse(FlowVLA* m, Batch* dev, const Dataset* ds, uint64_t
 static volatile sig_atomic_t stop_requested = 0;
 static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 
-// --memory and the config table at the start: from the allocation sizes and the FLOP counts, none of
-// it read by the training
-// The memory an 80 GB H100 leaves to the model and its activations: the 81,559 MiB it reports, less
-// 2 GiB for the CUDA context, cuBLASLt's workspace, the batches' buffers and the allocator's slack
-// (an estimate: none of it is measured here). The 141 GB H200 the same way from the 143,771 MiB it
-// reports.
-static const double H100_80GB_MODEL_BYTES = (81559.0 - 2048.0) * 1024.0 * 1024.0;
-static const double H200_141GB_MODEL_BYTES = (143771.0 - 2048.0) * 1024.0 * 1024.0;
-
-// The largest batch per GPU whose model (ZeRO-1 over shard_world) and activations (mode, rc) fit in
-// `budget` bytes; 0: none does
-static int flow_largest_batch(const FlowConfig* c, int mode, int rc, double budget, int shard_world = 1) {
-    double model = (double)flow_model_bytes(c, mode, shard_world);
-    int lo = 0, hi = 1;
-    while (hi < (1 << 20) && model + (double)flow_act_bytes(c, mode, hi, rc) <= budget) { lo = hi; hi *= 2; }
-    while (hi - lo > 1) {  // lo fits, hi does not
-        int mid = lo + (hi - lo) / 2;
-        if (model + (double)flow_act_bytes(c, mode, mid, rc) <= budget) { lo = mid; } else { hi = mid; }
-    }
-    return lo;
-}
-
-// --memory's plan for several GPUs: per GPU at -b's batch in -t's mode, the model's parts and the
-// activations at each --recompute level for 1, 2, 4 and 8 GPUs without and with ZeRO-1 (-z 1: the
-// master weights and moments sharded, the gradients whole on every GPU); then the largest batch per
-// GPU on an 80 GB H100 and a 141 GB H200 for every mode. From what flow_build and
-// flow_set_batch allocate by.
-static void print_memory_per_gpu(const FlowConfig* c, int train_mode, int batch) {
-    const double gib = 1024.0 * 1024.0 * 1024.0;
-    const int worlds[] = {1, 2, 4, 8};
-    double act[RECOMPUTE_COUNT];
-    for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
-        act[rc] = (double)flow_act_bytes(c, train_mode, batch, rc) / gib;
-    }
-    printf(
-        "\nper GPU, --train %s, batch %d per GPU (-b), GiB; activations and total by --recompute none / attn / layer\n",
-        TRAIN_MODE_NAMES[train_mode], batch);
-    printf(
-        "| GPUs | ZeRO-1 | weights | gradients | master | moments | activations           | total                 |\n"
-        "|------|--------|---------|-----------|--------|---------|-----------------------|-----------------------|\n");
-    for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
-        for (int zero = 0; zero <= (worlds[w] > 1); zero++) {
-            size_t parts[MEM_PARTS];
-            flow_model_parts(c, train_mode, zero ? worlds[w] : 1, parts);
-            double model = 0.0;
-            for (int k = 0; k < MEM_PARTS; k++) { model += (double)parts[k] / gib; }
-            printf("| %4d | %-6s | %7.2f | %9.2f | %6.2f | %7.2f | %6.2f / %5.2f / %5.2f | %6.2f / %5.2f / %5.2f |\n",
-                   worlds[w], zero ? "on" : "off", parts[MEM_WEIGHTS] / gib, parts[MEM_GRADS] / gib,
-                   parts[MEM_MASTER] / gib, parts[MEM_MOMENTS] / gib, act[0], act[1], act[2], model + act[0],
-                   model + act[1], model + act[2]);
-        }
-    }
-    printf("\nthe largest batch per GPU (0: the model alone does not fit), by --recompute none / attn / layer\n");
-    printf("| --train | GPUs | ZeRO-1 | 80 GB H100         | 141 GB H200        |\n"
-           "|---------|------|--------|--------------------|--------------------|\n");
-    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
-        for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
-            for (int zero = 0; zero <= (worlds[w] > 1); zero++) {
-                int shards = zero ? worlds[w] : 1, b[2][RECOMPUTE_COUNT];
-                for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
-                    b[0][rc] = flow_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES, shards);
-                    b[1][rc] = flow_largest_batch(c, mode, rc, H200_141GB_MODEL_BYTES, shards);
-                }
-                printf("| %-7s | %4d | %-6s | %4d / %4d / %4d | %4d / %4d / %4d |\n", TRAIN_MODE_NAMES[mode], worlds[w],
-                       zero ? "on" : "off", b[0][0], b[0][1], b[0][2], b[1][0], b[1][1], b[1][2]);
-            }
-        }
-    }
-    printf("(without ZeRO-1 every GPU holds what one does; with it the master weights and moments are 1/GPUs each)\n");
-}
-
-// --memory: the activation memory of config c for every train mode and recompute level at a few
-// batch sizes, the model's other bytes, the largest batch that fits an 80 GB H100 and the FLOPs the
-// recomputation adds; from flow_act_bytes and flow_model_bytes, what the trainer allocates by.
-// Allocates nothing: it runs where there is no GPU (the emulated build).
-static void print_memory_table(const FlowConfig* c, const char* preset, int train_mode, int batch) {
-    const double gib = 1024.0 * 1024.0 * 1024.0;
-    const int batches[] = {8, 16, 32, 64};
-    printf("activation memory of preset %s (%d cameras at %d px, %s), GiB per GPU, by --recompute\n", preset, c->n_cam,
-           c->img, PRECISION_NAME);
-    printf("| --train | batch | none    | attn    | layer   |\n|---------|-------|---------|---------|---------|\n");
-    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
-        for (size_t k = 0; k < sizeof(batches) / sizeof(batches[0]); k++) {
-            printf("| %-7s | %5d |", TRAIN_MODE_NAMES[mode], batches[k]);
-            for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
-                printf(" %7.2f |", (double)flow_act_bytes(c, mode, batches[k], rc) / gib);
-            }
-            printf("\n");
-        }
-    }
-    printf("\nthe largest batch on an 80 GB H100 (%.1f GiB for the model and its activations), and the cost\n",
-           H100_80GB_MODEL_BYTES / gib);
-    printf("| --train | model GiB | none | attn | layer | GFLOP/sample | +attn | +layer |\n"
-           "|---------|-----------|------|------|-------|--------------|-------|--------|\n");
-    for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
-        double flops = flow_flops_per_sample(c, mode);
-        printf("| %-7s | %9.2f |", TRAIN_MODE_NAMES[mode], (double)flow_model_bytes(c, mode) / gib);
-        for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
-            printf(" %*d |", rc == RECOMPUTE_LAYER ? 5 : 4, flow_largest_batch(c, mode, rc, H100_80GB_MODEL_BYTES));
-        }
-        printf(" %12.1f | %4.1f%% | %5.1f%% |\n", flops / 1e9,
-               100.0 * flow_recompute_flops_per_sample(c, mode, RECOMPUTE_ATTN) / flops,
-               100.0 * flow_recompute_flops_per_sample(c, mode, RECOMPUTE_LAYER) / flops);
-    }
-    printf("(model: weights, fp32 gradients, master weights and AdamW moments of what trains; estimated from the\n"
-           "allocation sizes, not measured; +attn, +layer: the FLOPs the recomputation adds to the model's)\n");
-    print_memory_per_gpu(c, train_mode, batch);
-}
-
 static void print_config(const Run* run, const cudaDeviceProp* prop, double flops, double peak) {
     const TrainArgs* args = &run->args;
     const FlowConfig* c = &run->config;
-    FlowParamTable t;
-    flow_table_build(c, &t);
-    size_t trainable = flow_trainable_count(&t, args->train_mode);
-    table_run_rows("train_vla", "GPUs", args, c, t.total, trainable, run->from, &run->ds, run->world);
-    FlowOptDomain domain;
-    FlowBuckets buckets;
-    flow_opt_domain(&t, args->train_mode, &domain);
-    flow_buckets_build(&buckets, c, &t, &domain);
+    const Policy* P = run->policy;
+    size_t total, trainable;
+    P->param_counts(c, args->train_mode, &total, &trainable);
+    table_run_rows("train_vla", "GPUs", args, c, total, trainable, run->from, &run->ds, run->world);
+    Buckets buckets;
+    P->buckets(c, args->train_mode, &buckets);
     table_row("gradient all-reduce", "%d buckets, %d ranges", buckets.n, buckets.first[buckets.n]);
-    flow_buckets_free(&buckets);
-    // per GPU, for its micro-batch: a frozen vision tower keeps one layer's (flow_vis_kept)
+    buckets_free(&buckets);
+    // per GPU, for its micro-batch
     double gib = 1024.0 * 1024.0 * 1024.0;
-    size_t kept_all = flow_act_bytes(c, args->train_mode, args->batch);
-    size_t kept = flow_act_bytes(c, args->train_mode, args->batch, args->recompute);
+    size_t kept_all = P->sizes.act_bytes(c, args->train_mode, args->batch, RECOMPUTE_NONE);
+    size_t kept = P->sizes.act_bytes(c, args->train_mode, args->batch, args->recompute);
     table_row("activations (GiB)", "%.2f", (double)kept / gib);
     char saved[32];
     table_row("recompute", "%s: saves %s", RECOMPUTE_NAMES[args->recompute],
               format_bytes(saved, sizeof(saved), (double)(kept_all - kept)));
     if (args->recompute != RECOMPUTE_NONE) {  // MFU counts the model's FLOPs alone
-        double extra = flow_recompute_flops_per_sample(c, args->train_mode, args->recompute);
+        double extra = P->sizes.recompute_flops(c, args->train_mode, args->recompute);
         table_row("recompute GFLOP/sample", "%.2f (+%.1f%%, not in MFU)", extra / 1e9, 100.0 * extra / flops);
     }
-    const char* attention_rows[2] = {"vision attention", "masked attention"};
-    int head_sizes[2] = {c->vis_width / c->vis_heads, c->head_dim};
-    for (int k = 0; k < 2; k++) {
-        int fwd = attention_version(head_sizes[k], false, true), bwd = attention_version(head_sizes[k], true, true);
-        if (fwd == bwd) { table_row(attention_rows[k], "%s", attention_version_name(fwd)); }
-        else { table_row(attention_rows[k], "%s (backward v%d)", attention_version_name(fwd), bwd); }
-    }
+    P->config_rows(c);
     table_row("device", "%.36s", prop->name);
     table_row("precision", "%s", PRECISION_NAME);
     table_row("model GFLOP per sample", "%.2f", flops / 1e9);
@@ -2376,24 +2305,23 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
 static int train_rank(Run* run, Watchdog* watchdog, int local) {
     const TrainArgs* args = &run->args;
     const FlowConfig* c = &run->config;
+    const Policy* P = run->policy;
     int rank = run->node * run->local_ranks + local, world = run->world, lead = rank == 0;
     cudaDeviceProp prop;
     gpu_init(local, &prop);
-    FlowVLA model;
-    flow_build(&model, c, args->train_mode, args->zero ? rank : 0, args->zero ? world : 1);
-    flow_set_recompute(&model, args->recompute);
-    flow_set_params(&model, run->initial.params, run->initial.m, run->initial.v);
+    Dist dist;
+    void* model = P->build(c, args->train_mode, args->recompute, args->zero ? rank : 0, args->zero ? world : 1, &dist);
+    P->set_params(model, run->initial.params, run->initial.m, run->initial.v);
     LossScaleState scale = run->loss_scale;  // fp16 builds: after each step, read back from the device
     LossScaleState logged = scale;           // what a step's log line shows: the scale it ran with
-    flow_set_loss_scale(&model, &scale, args->loss_scale_window);
+    if (LOSS_SCALING) { P->set_loss_scale(model, &scale, args->loss_scale_window); }
     dist_barrier();  // every rank has its copy of the moments before they go
     if (local == 0) {  // the weights stay for the checkpoints' frozen values
         free(run->initial.m);
         free(run->initial.v);
         run->initial.m = run->initial.v = NULL;
     }
-    Dist dist;
-    dist_init(&dist, &model, run, rank, watchdog, local);
+    dist_init(&dist, P->held(model).buckets, run, rank, watchdog, local);
 
     int64_t global_batch = train_global_batch(args, world);
     // every rank's micro-batches: W = world x accum per step, this rank's every world-th from `rank`
@@ -2403,23 +2331,25 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     TaskLosses task_losses;  // --balance tasks: the loss of each task, logged
     task_losses_init(&task_losses, run->balance, &run->ds, args->batch);
     loader_pin(&loader, 1);
-    Batch dev[2];                         // micro-batch j lands in dev[j % 2]
-    cudaEvent_t uploaded[2], consumed[2];     // its copy landed; the compute that read it is done
+    Batch dev[2];                          // micro-batch j lands in dev[j % 2]
+    cudaEvent_t uploaded[2], consumed[2];  // its copy landed; the compute that read it is done
+    size_t batch_bytes = 0;
     for (int k = 0; k < 2; k++) {
-        device_batch_alloc(&model, &dev[k], &run->ds.cams, args->batch);
+        batch_bytes += device_batch_alloc(&dev[k], c, &run->ds.cams, args->batch);
         cudaCheck(cudaEventCreateWithFlags(&uploaded[k], cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&consumed[k], cudaEventDisableTiming));
     }
-    flow_set_batch(&model, args->batch);
+    P->set_batch(model, args->batch);
+    ModelHeld held = P->held(model);
     Logger logger = {};
     if (lead) {
         logger_open(&logger, args->output, run->start);
         // what --recompute saves: every step's line says it
-        logger.saved_bytes = (double)(flow_act_bytes(c, args->train_mode, args->batch) - model.act_bytes);
+        logger.saved_bytes = (double)(P->sizes.act_bytes(c, args->train_mode, args->batch, 0) - held.act_bytes);
     }
     if (lead && run->balance != NULL) { logger.n_tasks = task_losses.T; logger.task_loss = task_losses.task_loss; }
-    if (model.scaler != NULL) { logger.loss_scale = &logged; }
-    double peak = device_peak_flops(prop.name), flops = flow_flops_per_sample(c, args->train_mode);
+    if (LOSS_SCALING) { logger.loss_scale = &logged; }
+    double peak = device_peak_flops(prop.name), flops = P->sizes.flops_per_sample(c, args->train_mode);
 
     double timed_ms = 0.0, peak_mem = 0.0, comm_wait_ms = 0.0;
     int timed_steps = 0, step = run->start, stopped = 0;
@@ -2436,9 +2366,9 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
             cudaCheck(cudaStreamWaitEvent(main_stream, uploaded[job % 2], 0));
             dist.sync = micro == args->accum - 1;  // communicate on the last micro-step only
             ModelInputs in = model_inputs(batch);
-            flow_forward(&model, &in, micro);
-            task_losses_add(&task_losses, &model, &in, (int)(job % 2), micro);
-            flow_backward(&model, micro == 0);
+            P->forward(model, &in, micro);
+            task_losses_add(&task_losses, P, model, &in, (int)(job % 2), micro);
+            P->backward(model, micro == 0);
             cudaCheck(cudaEventRecord(consumed[job % 2], main_stream));
             // while the GPU computes: hand the host slot back once copied, start the next batch's copy
             cudaCheck(cudaEventSynchronize(uploaded[job % 2]));
@@ -2449,14 +2379,14 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
             }
         }
         prof_phase("grads");
-        flow_grads_finish(&model, stop_requested);
+        P->grads_finish(model, stop_requested);
         prof_phase("optimizer");
-        flow_update(&model, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step);
-        task_losses_reduce(&task_losses, &model);
+        P->update(model, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step);
+        task_losses_reduce(&task_losses, &dist);
         float loss, norm, used_scale = 0.0f;
-        flow_read_scalars(&model, &loss, &norm, &stopped);
+        P->read_scalars(model, &loss, &norm, &stopped);
         task_losses_read(&task_losses);
-        int skipped = model.scaler != NULL && flow_read_loss_scale(&model, &scale, &used_scale);
+        int skipped = LOSS_SCALING && P->read_loss_scale(model, &scale, &used_scale);
         logged = scale;
         logged.scale = used_scale;
         watchdog->busy_since[local] = 0.0;
@@ -2480,9 +2410,9 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
                      done, loss, norm, train_checkpoint_left(args->output, left, sizeof(left)));
         }
         if (train_ckpt_due(args, done, stopped)) {
-            flow_save(&model, run->initial.params, &run->ds, args, done,
-                      run->sampler_pos + (uint64_t)(done - run->start) * global_batch, lead,
-                      model.scaler != NULL ? &scale : NULL);
+            P->save(model, run->initial.params, &run->ds, args, done,
+                    run->sampler_pos + (uint64_t)(done - run->start) * global_batch, lead,
+                    LOSS_SCALING ? &scale : NULL);
         }
         if (!lead) { continue; }
         size_t free_b, total_b;
@@ -2503,7 +2433,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     }  // a stop in the last step: that step's checkpoint ends the run
     if (lead) {
         if (stopped) { train_report_interrupt(args, step); }
-        if (model.scaler != NULL) {
+        if (LOSS_SCALING) {
             printf(
                 "fp16 loss scaling: %llu step(s) of this run's %d skipped for Inf/NaN gradients (%llu in all), loss "
                 "scale "
@@ -2514,7 +2444,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         printf("data loader: %d worker thread(s) per GPU, rank 0 waited %.1f ms for batches in %d steps\n",
                args->workers, 1000.0 * loader.wait_seconds, step - run->start);
         printf("eval: 10-step sampled actions vs the data, MSE %.6f (data units) on %d samples\n",
-               eval_action_mse(&model, &dev[0], &run->ds, args->seed,
+               eval_action_mse(P, model, c, &dev[0], &run->ds, args->seed,
                                run->sampler_pos + (uint64_t)(step - run->start) * global_batch, step),
                args->batch);
         double gib = 1024.0 * 1024.0 * 1024.0;
@@ -2524,8 +2454,9 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
             if (peak > 0.0) { printf(", MFU %.1f%%", 100.0 * flops * sps / (peak * world)); }
             char saved[32];
             printf(", peak GPU memory %.2f GiB (%.2f GiB held by the model, %.2f GiB of it activations; --recompute %s "
-                   "saves %s)\n", peak_mem, (double)model.device_bytes / gib, (double)model.act_bytes / gib,
-                   RECOMPUTE_NAMES[model.recompute], format_bytes(saved, sizeof(saved), logger.saved_bytes));
+                   "saves %s)\n", peak_mem, (double)(held.device_bytes + batch_bytes) / gib,
+                   (double)held.act_bytes / gib, RECOMPUTE_NAMES[args->recompute],
+                   format_bytes(saved, sizeof(saved), logger.saved_bytes));
             dist_print_waits(comm_wait_ms, timed_steps, timed_ms, world);
         }
         logger_close(&logger);
@@ -2537,8 +2468,8 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         cudaCheck(cudaEventDestroy(uploaded[k]));
         cudaCheck(cudaEventDestroy(consumed[k]));
     }
-    dist_free(&dist, &model, watchdog, local);
-    flow_free(&model);
+    dist_free(&dist, watchdog, local);
+    P->free(model);
     gpu_shutdown();
     return stopped;
 }
@@ -2554,7 +2485,8 @@ int main(int argc, char** argv) {
     if (args->memory) {  // the preset's sizes (its cameras): no dataset, no GPU
         FlowConfig c = flow_preset(args->preset)->config;
         if (args->max_text > 0) { c.max_text = args->max_text; }
-        print_memory_table(&c, args->preset, args->train_mode, args->batch);
+        print_memory_table(&policy_of(c.family)->sizes, &c, args->preset, PRECISION_NAME, args->train_mode,
+                           args->batch);
         return 0;
     }
     if (!LOSS_SCALING) { train_args_no_loss_scale(args, "this train_vla (built for " PRECISION_NAME ")"); }
@@ -2576,7 +2508,8 @@ int main(int argc, char** argv) {
     char resume_path[VLA_PATH_MAX];
     run.from = run_start_checkpoint(args, resume_path, sizeof(resume_path));
     run.config = run_config(args, run.from, &run.ds);
-    const char* gpu_problem = flow_gpu_problem(&run.config, args->train_mode);
+    run.policy = policy_of(run.config.family);
+    const char* gpu_problem = run.policy->problem(&run.config, args->train_mode);
     if (gpu_problem != NULL) { vla_fail("%s", gpu_problem); }
     if (run.from != NULL && args->weights_only) {  // fine-tuning: the weights alone, fresh moments, step 0
         run_weights_load(run.from, &run.config, &run.ds, &run.initial);
@@ -2595,10 +2528,7 @@ int main(int argc, char** argv) {
                    run.loss_scale.clean, (unsigned long long)run.loss_scale.skipped);
         }
     } else {  // the same init for every rank
-        FlowParamTable t;
-        flow_table_build(&run.config, &t);
-        run.initial.params = (float*)mallocCheck(t.total * sizeof(float));
-        flow_param_init(run.initial.params, &t, &run.config, args->seed);
+        run.initial.params = run.policy->init_params(&run.config, args->seed);
     }
     if (!run_has_steps_left(run.from, run.start, args->steps)) { return 0; }
     if (args->profile > 0 && (args->profile <= run.start || args->profile > args->steps)) {
@@ -2609,7 +2539,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     if (run.node == 0) {
-        print_config(&run, &prop, flow_flops_per_sample(&run.config, args->train_mode),
+        print_config(&run, &prop, run.policy->sizes.flops_per_sample(&run.config, args->train_mode),
                      device_peak_flops(prop.name));
     }
     dist_share_id(&run);
@@ -2617,7 +2547,7 @@ int main(int argc, char** argv) {
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);  // a closed terminal or a dropped ssh saves too
     Watchdog watchdog;
-    watchdog_start(&watchdog, &run);
+    watchdog_start(&watchdog, run.local_ranks, run.node, run.world, args->nccl_timeout, args->output, &run_aborting);
     int stopped = run_ranks(&run, &watchdog, train_rank);
     watchdog_stop(&watchdog);
     if (run.balance != NULL) { task_balance_free(&run.balance_storage); }

@@ -2,8 +2,8 @@
 vla/buckets.h: the gradient buckets of data parallelism: the trainable domain's ranges grouped by the
 layer whose backward makes them final, numbered in the order the backward pass finishes them, so
 train_vla.cu's MULTI_GPU build sums each bucket over the ranks while the backward goes on (and the
-config table counts them). Host only: FlowBuckets, flow_bucket, flow_bucket_count,
-flow_buckets_build, flow_buckets_free.
+config table counts them). Host only: Buckets, flow_bucket, flow_bucket_count,
+flow_buckets_build, buckets_free.
 */
 #ifndef VLA_BUCKETS_H
 #define VLA_BUCKETS_H
@@ -17,7 +17,7 @@ typedef struct {
     int* first;      // (n + 1)
     size_t* offset;  // (ranges) into the trainable domain
     size_t* count;
-} FlowBuckets;
+} Buckets;
 
 // The gradient bucket of layer `layer` of `tower` (-1: the tower's embeddings), numbered in the
 // order the backward pass finishes them: the expert's layers top down (its head with the top
@@ -45,7 +45,7 @@ static inline int flow_slice_bucket(const FlowConfig* c, const FlowParamSpec* s,
 // Each bucket's ranges of the trainable domain d of table t: its trainable slices, neighbours
 // merged. A frozen slice is in no bucket, so it is never communicated. (Host only: the banner
 // counts them too.)
-static inline void flow_buckets_build(FlowBuckets* b, const FlowConfig* c, const FlowParamTable* t,
+static inline void flow_buckets_build(Buckets* b, const FlowConfig* c, const FlowParamTable* t,
                                       const FlowOptDomain* d) {
     b->n = flow_bucket_count(c);
     size_t max_ranges = 0;
@@ -75,7 +75,7 @@ static inline void flow_buckets_build(FlowBuckets* b, const FlowConfig* c, const
     b->first[b->n] = r;
 }
 
-static inline void flow_buckets_free(FlowBuckets* b) {
+static inline void buckets_free(Buckets* b) {
     free(b->first);
     free(b->offset);
     free(b->count);
