@@ -75,7 +75,8 @@ static float flow_loss_value(FlowVLA* m, const ModelInputs* in) {
 }
 
 // One optimizer step on one batch: forward, backward in `mode`, AdamW at the schedule's rate
-static float test_train_step(FlowVLA* m, const ModelInputs* in, int mode, int step, const TrainArgs* args, float* norm) {
+static float test_train_step(FlowVLA* m, const ModelInputs* in, int mode, int step, const TrainArgs* args,
+                             float* norm) {
     float loss = flow_loss_value(m, in);
     flow_backward(m, mode);
     *norm = flow_update(m, mode, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step, 1);
@@ -88,7 +89,8 @@ static int batches_equal(const Batch* a, const Batch* b, const FlowConfig* c) {
     size_t B = (size_t)a->B, HA = (size_t)c->chunk * c->max_action_dim;
     int same = memcmp(a->tokens, b->tokens, B * c->max_text * sizeof(int32_t)) == 0 &&
                memcmp(a->token_mask, b->token_mask, B * c->max_text * 4) == 0 &&
-               memcmp(a->state, b->state, B * c->max_state_dim * 4) == 0 && memcmp(a->actions, b->actions, B * HA * 4) == 0 &&
+               memcmp(a->state, b->state, B * c->max_state_dim * 4) == 0 &&
+               memcmp(a->actions, b->actions, B * HA * 4) == 0 &&
                memcmp(a->action_is_pad, b->action_is_pad, B * c->chunk * 4) == 0 && memcmp(a->t, b->t, B * 4) == 0 &&
                memcmp(a->eps, b->eps, B * HA * 4) == 0;
     for (int k = 0; k < a->cams.n; k++) {
@@ -197,17 +199,19 @@ static void test_param_table(void) {
     flow_table_build(&flow_preset("pi0")->config, &t);
     size_t lm_heads = (size_t)257152 * (2048 + 1024);
     check(t.total == 3238048528ULL && t.total + lm_heads == 4028019472ULL,
-          "preset pi0: %zu parameters = LeRobot's 3,238,048,528 used; + lm_heads %zu = its 4,028,019,472", t.total, lm_heads);
+          "preset pi0: %zu parameters = LeRobot's 3,238,048,528 used; + lm_heads %zu = its 4,028,019,472", t.total,
+          lm_heads);
     // the trainable part of a tensor is a prefix: the VLM's stacks train all but their last layer
     flow_table_build(&flow_preset("tiny")->config, &t);
     const FlowParamSpec* wq = &t.spec[FLOWP_vlm_wq];
     size_t per_layer = wq->numel / (size_t)wq->shape[0];
-    check(flow_trainable_numel(wq, TRAIN_MODE_EXPERT) == 0 && flow_trainable_numel(wq, TRAIN_MODE_VLM) == wq->numel - per_layer &&
+    check(flow_trainable_numel(wq, TRAIN_MODE_EXPERT) == 0 &&
+          flow_trainable_numel(wq, TRAIN_MODE_VLM) == wq->numel - per_layer &&
           flow_trainable_numel(&t.spec[FLOWP_vlm_norm], TRAIN_MODE_ALL) == 0 &&
           flow_trainable_numel(&t.spec[FLOWP_vis_wq], TRAIN_MODE_VLM) == 0 &&
           flow_trainable_numel(&t.spec[FLOWP_exp_wq], TRAIN_MODE_EXPERT) == t.spec[FLOWP_exp_wq].numel,
-          "vlm_wq trains all but its last layer (%zu of %zu) in vlm and all; vlm_norm never; the vision tower in all only; "
-          "the expert always", wq->numel - per_layer, wq->numel);
+          "vlm_wq trains all but its last layer (%zu of %zu) in vlm and all; vlm_norm never; the vision tower in all "
+          "only; the expert always", wq->numel - per_layer, wq->numel);
 }
 
 // ----------------------------------------------------------------------------
@@ -233,7 +237,8 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
 #undef FLOW_FROM_RECORD_
     free(values);
     const char* problem = flow_config_problem(&c);
-    check(problem == NULL && f == 27, "%s: config record (%d fields) %s", name, f, problem != NULL ? problem : "is valid");
+    check(problem == NULL && f == 27, "%s: config record (%d fields) %s", name, f,
+          problem != NULL ? problem : "is valid");
     if (problem != NULL) { free(st.recs); free(st.file); return; }
     float* hp = (float*)debug_get(&st, "hparams", 6);
     int32_t* seed_rec = (int32_t*)debug_get(&st, "seed", 1);
@@ -285,22 +290,24 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
     check(frames_ok, "%s: frames of %d cameras (%ux%u, %ux%u) equal the oracle's", name, c.n_cam, ds.cams.height[0],
           ds.cams.width[0], ds.cams.height[c.n_cam > 1], ds.cams.width[c.n_cam > 1]);
     int32_t* ref_tokens = (int32_t*)debug_get(&st, "batch/tokens", (size_t)B * c.max_text);
-    check(memcmp(ref_tokens, batch.tokens, (size_t)B * c.max_text * sizeof(int32_t)) == 0, "%s: token ids (%d per sample) "
-          "equal the oracle's", name, c.max_text);
+    check(memcmp(ref_tokens, batch.tokens, (size_t)B * c.max_text * sizeof(int32_t)) == 0,
+          "%s: token ids (%d per sample) equal the oracle's", name, c.max_text);
     free(ref_tokens);
     // the float records are float32 computations of the same expressions (t and eps: doubles
     // rounded once): bit-equal in practice; 1e-7 absolute allows a different rounding of a normalization
     const double tol_batch = 1e-7;
     struct { const char* key; const float* ours; size_t n; } floats[] = {
-        {"batch/token_mask", batch.token_mask, (size_t)B * c.max_text}, {"batch/state", batch.state, (size_t)B * c.max_state_dim},
-        {"batch/actions", batch.actions, (size_t)B * H * Am}, {"batch/action_is_pad", batch.action_is_pad, (size_t)B * H},
+        {"batch/token_mask", batch.token_mask, (size_t)B * c.max_text},
+        {"batch/state", batch.state, (size_t)B * c.max_state_dim},
+        {"batch/actions", batch.actions, (size_t)B * H * Am},
+        {"batch/action_is_pad", batch.action_is_pad, (size_t)B * H},
         {"batch/t", batch.t, (size_t)B}, {"batch/eps", batch.eps, (size_t)B * H * Am},
     };
     for (size_t k = 0; k < sizeof(floats) / sizeof(floats[0]); k++) {
         float* ref = (float*)debug_get(&st, floats[k].key, floats[k].n);
         double e = max_abs_diff(floats[k].ours, ref, floats[k].n);
-        check(e <= tol_batch, "%s: %s max abs diff %.1e%s (tol %.0e)", name, floats[k].key, e, e == 0.0 ? " (exact)" : "",
-              tol_batch);
+        check(e <= tol_batch, "%s: %s max abs diff %.1e%s (tol %.0e)", name, floats[k].key, e,
+              e == 0.0 ? " (exact)" : "", tol_batch);
         free(ref);
     }
 
@@ -353,7 +360,8 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
             for (size_t j = 0; j < s->numel; j++) { zero &= ours[j] == 0.0f; }
             if (r != NULL || !zero) {
                 grads_ok = 0;
-                check(0, "%s: %s is frozen: the oracle has %s record, ours is %s", name, key, r ? "a" : "no", zero ? "zero" : "NOT zero");
+                check(0, "%s: %s is frozen: the oracle has %s record, ours is %s", name, key, r ? "a" : "no",
+                      zero ? "zero" : "NOT zero");
             }
             continue;
         }
@@ -367,8 +375,9 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
                 float* ref_q = (float*)debug_get(&st, "grad/vis_bq", s->numel);
                 double scale = norm2(ref_q, s->numel), e_ours = norm2(ours, s->numel) / scale;
                 double e_ref = norm2(ref, s->numel) / scale;
-                check(e_ours <= tol && e_ref <= tol, "%s: grad/vis_bk is zero by symmetry: |ours| %.1e, |oracle| %.1e of "
-                      "|grad/vis_bq| (tol %.0e)", name, e_ours, e_ref, tol);
+                check(e_ours <= tol && e_ref <= tol,
+                      "%s: grad/vis_bk is zero by symmetry: |ours| %.1e, |oracle| %.1e of |grad/vis_bq| (tol %.0e)",
+                      name, e_ours, e_ref, tol);
                 e = 0.0;
                 free(ref_q);
             } else {
@@ -382,8 +391,9 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
         }
         if (!(e <= worst)) { worst = e; worst_name = s->name; }
     }
-    check(grads_ok, "%s: %d trainable gradients (%zu elements): worst rel err %.2e (%s) (tol %.0e); the frozen ones zero",
-          name, n_trained, flow_trainable_count(&m.table, mode), worst, worst_name, tol);
+    check(grads_ok,
+          "%s: %d trainable gradients (%zu elements): worst rel err %.2e (%s) (tol %.0e); the frozen ones zero", name,
+          n_trained, flow_trainable_count(&m.table, mode), worst, worst_name, tol);
 
     // finite differences of the float64 loss at each tensor's largest gradient: independent of the
     // oracle's autograd. Central differences with h = 1e-5 are exact to ~1e-9 relative there; the
@@ -402,11 +412,14 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
             float g = m.grads_memory[s->offset + (size_t)fd_index[2 * k + 1]];
             e = fabs((double)g - fd_value[k]) / fabs((double)fd_value[k]);
         }
-        if (!(e <= tol_fd)) { fd_ok = 0; check(0, "%s: finite difference %d (%s) rel err %.2e (tol %.0e)", name, k, s ? s->name : "?", e, tol_fd); }
+        if (!(e <= tol_fd)) {
+            fd_ok = 0;
+            check(0, "%s: finite difference %d (%s) rel err %.2e (tol %.0e)", name, k, s ? s->name : "?", e, tol_fd);
+        }
         if (!(e <= worst_fd)) { worst_fd = e; }
     }
-    check(fd_ok, "%s: %d finite differences agree with our gradients: worst rel err %.2e (tol %.0e)", name, n_fd, worst_fd,
-          tol_fd);
+    check(fd_ok, "%s: %d finite differences agree with our gradients: worst rel err %.2e (tol %.0e)", name, n_fd,
+          worst_fd, tol_fd);
     free(fd_index); free(fd_value);
 
     // sampling: 10 Euler steps from the batch's eps, then un-normalized
@@ -429,8 +442,10 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
     float* ref_losses = (float*)debug_get(&st, "expect/losses", 10);
     float* ref_norms = (float*)debug_get(&st, "expect/norms", 10);
     double els = rel_error(losses, ref_losses, 10), ens = rel_error(norms, ref_norms, 10);
-    check(els <= tol, "%s: 10 AdamW steps' losses %.6f .. %.6f rel err %.2e (tol %.0e)", name, losses[0], losses[9], els, tol);
-    check(ens <= tol, "%s: their gradient norms %.6f .. %.6f rel err %.2e (tol %.0e)", name, norms[0], norms[9], ens, tol);
+    check(els <= tol, "%s: 10 AdamW steps' losses %.6f .. %.6f rel err %.2e (tol %.0e)", name, losses[0], losses[9],
+          els, tol);
+    check(ens <= tol, "%s: their gradient norms %.6f .. %.6f rel err %.2e (tol %.0e)", name, norms[0], norms[9], ens,
+          tol);
     check(m.opt.total == flow_trainable_count(&m.table, mode), "%s: AdamW's moments cover the %zu trainable elements "
           "only (of %zu)", name, m.opt.total, m.table.total);
     int frozen_still = 1;  // the frozen part of every tensor (past its trainable prefix) never moved
@@ -440,7 +455,8 @@ static void test_smolvla_oracle_mode(const char* dir, int mode) {
         char key[96];
         snprintf(key, sizeof(key), "param/%s", s->name);
         float* init = (float*)debug_get(&st, key, s->numel);
-        frozen_still &= memcmp(init + first, m.params_memory + s->offset + first, (s->numel - first) * sizeof(float)) == 0;
+        frozen_still &=
+            memcmp(init + first, m.params_memory + s->offset + first, (s->numel - first) * sizeof(float)) == 0;
         free(init);
     }
     check(frozen_still, "%s: the %zu frozen elements are bit for bit their init after the 10 steps", name,
@@ -506,13 +522,15 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
     long long graded = trainable;
     if (c.family == FAMILY_PI0) {  // the elements of LeRobot's gradients
         graded = 0;
-        for (int i = 0; i < ref.n; i++) { graded += strncmp(ref.tensors[i].name, "grad.", 5) == 0 ? (long long)ref.tensors[i].numel : 0; }
+        for (int i = 0; i < ref.n; i++) {
+            graded += strncmp(ref.tensors[i].name, "grad.", 5) == 0 ? (long long)ref.tensors[i].numel : 0;
+        }
     }
     size_t ours = flow_trainable_count(&m.table, mode);
     check(total > 0 && lm_heads > 0 && m.table.total + (size_t)lm_heads == (size_t)total,
           "%s: %zu parameters + lm_heads %lld = LeRobot's %lld", name, m.table.total, lm_heads, total);
-    check(graded > 0 && ours == (size_t)graded, "%s: %zu trainable, LeRobot's %lld with a gradient (%lld requires_grad)",
-          name, ours, graded, trainable);
+    check(graded > 0 && ours == (size_t)graded,
+          "%s: %zu trainable, LeRobot's %lld with a gradient (%lld requires_grad)", name, ours, graded, trainable);
 
     // the batch, as LeRobot's pre-processor left it: raw frames, token ids, normalized state/actions
     char cams[VLA_MAX_CAM][64];
@@ -549,8 +567,8 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
     float* ref_chunk = ref_tensor(&ref, "chunk_norm", (size_t)B * H * Am);
     have = have && tokens && token_mask && state && actions && action_is_pad && t && noise && sample_noise && ref_v &&
            ref_loss && ref_chunk;
-    check(have, "%s: the batch (%d cameras, B %d, %d tokens) is in the reference file with the config's shapes", name, n_cams,
-          B, c.max_text);
+    check(have, "%s: the batch (%d cameras, B %d, %d tokens) is in the reference file with the config's shapes", name,
+          n_cams, B, c.max_text);
     if (have) {
         in.tokens = tokens; in.token_mask = token_mask; in.state = state; in.actions = actions;
         in.action_is_pad = action_is_pad; in.t = t; in.noise = noise;
@@ -626,7 +644,8 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
                     e = rel_error(ours_g, ref_g, per);
                 }
                 if (!(e <= tol)) {
-                    check(0, "%s: %s rel err %.2e (tol %.0e)%s", name, key, e, tol, ref_g == NULL ? ": LeRobot has none" : "");
+                    check(0, "%s: %s rel err %.2e (tol %.0e)%s", name, key, e, tol,
+                          ref_g == NULL ? ": LeRobot has none" : "");
                 }
                 if (!(e <= worst[s->tower])) { worst[s->tower] = e; snprintf(worst_name[s->tower], 256, "%s", lname); }
                 free(ref_g);
@@ -638,8 +657,8 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
                   tower_names[tw], n_slices[tw], worst[tw], worst_name[tw], tol);
         }
         int n_trained = n_slices[0] + n_slices[1] + n_slices[2];
-        check(frozen_ok && n_trained == n_ref_grads, "%s: %d frozen tensors have no gradient, in LeRobot and here (zero); "
-              "LeRobot's %d gradients are the %d trained here", name, n_frozen, n_ref_grads, n_trained);
+        check(frozen_ok && n_trained == n_ref_grads, "%s: %d frozen tensors have no gradient, in LeRobot and here "
+              "(zero); LeRobot's %d gradients are the %d trained here", name, n_frozen, n_ref_grads, n_trained);
 
         // sampling: 10 Euler steps from sample_noise, the prefix computed once
         float* chunk = (float*)mallocCheck((size_t)B * H * Am * sizeof(float));
@@ -649,8 +668,8 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
         double ec = rel_error(chunk, ref_chunk, (size_t)B * H * Am);
         check(ec <= tol, "%s: chunk_norm (%d Euler steps) rel err %.2e (tol %.0e)", name, FLOW_NUM_STEPS, ec, tol);
         free(chunk);
-        printf("        (%s: %.0f ms in all, backward %.1f ms, sampling %.1f ms)\n", name, 1000.0 * (wall_seconds() - t0),
-               1000.0 * t_bwd, 1000.0 * t_smp);
+        printf("        (%s: %.0f ms in all, backward %.1f ms, sampling %.1f ms)\n", name,
+               1000.0 * (wall_seconds() - t0), 1000.0 * t_bwd, 1000.0 * t_smp);
     }
     for (int k = 0; k < n_cams; k++) { free(frames[k]); }
     free(tokens); free(token_mask); free(state); free(actions); free(action_is_pad); free(t); free(noise);
@@ -799,8 +818,8 @@ static void test_simulated_ranks(const char* dir, const char* preset) {
     }
     batch_free(&b);
     sampler_free(&s);
-    check(uneven > 0, "s.bin's micro-batches of -g 4 -b 2 differ in their valid chunk slots (%d of 12 differ from their "
-          "step's first)", uneven);
+    check(uneven > 0, "s.bin's micro-batches of -g 4 -b 2 differ in their valid chunk slots (%d of 12 differ from "
+          "their step's first)", uneven);
     enum { RUNS = 3 };
     float losses[RUNS][3];
     float* final_params[RUNS];
@@ -822,8 +841,8 @@ static void test_simulated_ranks(const char* dir, const char* preset) {
         check(el < 1e-5, "%s vs -g 1 -b 8: 3 losses rel err %.2e (tol 1e-5)", names[run], el);
         check(ep < 1e-5, "%s vs -g 1 -b 8: parameters after 3 steps rel err %.2e (tol 1e-5)", names[run], ep);
     }
-    check(losses[0][0] != losses[0][1] && losses[0][1] != losses[0][2], "each step trains on its own batch (losses %.6f "
-          "%.6f %.6f)", losses[0][0], losses[0][1], losses[0][2]);
+    check(losses[0][0] != losses[0][1] && losses[0][1] != losses[0][2],
+          "each step trains on its own batch (losses %.6f %.6f %.6f)", losses[0][0], losses[0][1], losses[0][2]);
     for (int run = 0; run < RUNS; run++) { free(final_params[run]); }
     dataset_close(&ds);
 }
@@ -856,9 +875,9 @@ static void test_zero(const char* dir, const char* preset) {
     }
     int once = covered_once(seen, d.total);
     free(seen);
-    check(once && split > 0 && S * W >= d.total && d.total % (size_t)W != 0 && d.total < t.total, "%d shards of %zu cover "
-          "the %zu trainable elements (of %zu) exactly once (%zu of padding in the last), %d tensor part(s) cut at a shard "
-          "boundary", W, S, d.total, t.total, S * W - d.total, split);
+    check(once && split > 0 && S * W >= d.total && d.total % (size_t)W != 0 && d.total < t.total,
+          "%d shards of %zu cover the %zu trainable elements (of %zu) exactly once (%zu of padding in the last), %d "
+          "tensor part(s) cut at a shard boundary", W, S, d.total, t.total, S * W - d.total, split);
     float* params[2];
     float losses[2][3];
     for (int z = 0; z < 2; z++) {
@@ -871,8 +890,8 @@ static void test_zero(const char* dir, const char* preset) {
     }
     // the same updates element by element; only the norm's double sums are grouped by shard: 1e-6
     double ep = rel_error(params[1], params[0], t.total);
-    check(rel_error(losses[1], losses[0], 3) < 1e-6 && ep < 1e-6, "-z 1 -g 3 vs -z 0 -g 3 (--train vlm): parameters after "
-          "3 steps rel err %.2e (tol 1e-6)%s", ep, memcmp(params[0], params[1], t.total * sizeof(float)) == 0 ?
+    check(rel_error(losses[1], losses[0], 3) < 1e-6 && ep < 1e-6, "-z 1 -g 3 vs -z 0 -g 3 (--train vlm): parameters "
+          "after 3 steps rel err %.2e (tol 1e-6)%s", ep, memcmp(params[0], params[1], t.total * sizeof(float)) == 0 ?
           ", identical" : "");
     float* init = (float*)mallocCheck(t.total * sizeof(float));
     flow_param_init(init, &t, &c, 1337);
@@ -883,8 +902,8 @@ static void test_zero(const char* dir, const char* preset) {
         frozen_still &= memcmp(params[1] + s->offset + n, init + s->offset + n, (s->numel - n) * sizeof(float)) == 0;
         if (n > 0) { trained_moved &= memcmp(params[1] + s->offset, init + s->offset, n * sizeof(float)) != 0; }
     }
-    check(frozen_still && trained_moved, "with ZeRO-1 the %zu frozen elements keep their init bit for bit, every trainable "
-          "tensor moved", t.total - d.total);
+    check(frozen_still && trained_moved, "with ZeRO-1 the %zu frozen elements keep their init bit for bit, every "
+          "trainable tensor moved", t.total - d.total);
     free(init); free(params[0]); free(params[1]);
     dataset_close(&ds);
 }
@@ -940,7 +959,8 @@ static void test_boot_sha256(void) {
           "SHA-256 of a million 'a', fed in pieces of 117, 0 and 1 bytes: %s", hex);
     static const struct { const char* key; int key_n; int key_byte; const char* msg; const char* hex; } macs[] = {
         {NULL, 20, 0x0b, "Hi There", "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"},
-        {"Jefe", 4, 0, "what do ya want for nothing?", "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"},
+        {"Jefe", 4, 0, "what do ya want for nothing?",
+         "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"},
         {NULL, 131, 0xaa, "Test Using Larger Than Block-Size Key - Hash Key First",
          "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"},
         {"", 0, 0, "", "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad"}};
@@ -1009,7 +1029,8 @@ static pid_t boot_child(const char* master, const char* token, BootIdentity id, 
         memset(&r, 0, sizeof(r));
         if (payload_in != NULL) { memcpy(r.payload, payload_in, sizeof(r.payload)); }
         id.node_rank = node;
-        r.rc = bootstrap_exchange(master, NULL, token, &id, r.payload, sizeof(r.payload), timeout, r.err, sizeof(r.err));
+        r.rc =
+            bootstrap_exchange(master, NULL, token, &id, r.payload, sizeof(r.payload), timeout, r.err, sizeof(r.err));
         if (write(fds[1], &r, sizeof(r)) != (ssize_t)sizeof(r)) { _exit(2); }
         _exit(0);
     }
@@ -1097,8 +1118,8 @@ static void test_boot_hellos(const BootIdentity* id) {
     for (int i = 0; i < BOOT_NONCE; i++) { h.nonce[i] = (uint8_t)(i * 3); }
     boot_hello_proof(token, challenge, &h, h.proof);
     int joins = boot_hello_parse(id, token, challenge, &h, sizeof(h), fds, &rank, why, sizeof(why));
-    check(joins == BOOT_HELLO_JOINS && rank == 1, "a hello that proves the token, agrees and names a free rank joins (rank %d)",
-          rank);
+    check(joins == BOOT_HELLO_JOINS && rank == 1,
+          "a hello that proves the token, agrees and names a free rank joins (rank %d)", rank);
     struct { const char* what; const char* want; int result; } cases[10];
     int n_cases = 0;
     char whys[10][320];
@@ -1121,23 +1142,27 @@ static void test_boot_hellos(const BootIdentity* id) {
     BOOT_CASE_("another protocol", "not a train_vla hello: it begins 0x50545448", token, &other, sizeof(other));
     other = h;
     other.id.version = 5;
-    BOOT_CASE_("bootstrap version 5", "a hello of bootstrap version 5, this train_vla's is 6", token, &other, sizeof(other));
+    BOOT_CASE_("bootstrap version 5", "a hello of bootstrap version 5, this train_vla's is 6", token, &other,
+               sizeof(other));
     BOOT_CASE_("a node with another token", "does not prove this run's token", "another token", &h, sizeof(h));
     BOOT_CASE_("a node with a token, node 0 without", "not one of a run without a token", NULL, &h, sizeof(h));
     other = h;
     other.id.node_rank = -683427023;
     boot_hello_proof(token, challenge, &other, other.proof);
-    BOOT_CASE_("a proven hello of rank -683427023", "node rank -683427023 out of range 1..1", token, &other, sizeof(other));
+    BOOT_CASE_("a proven hello of rank -683427023", "node rank -683427023 out of range 1..1", token, &other,
+               sizeof(other));
     uint8_t replayed[BOOT_NONCE];
     memcpy(replayed, challenge, BOOT_NONCE);
     replayed[0] ^= 1;  // a hello recorded on another connection (another challenge)
     cases[n_cases].what = "a hello replayed from another connection";
     cases[n_cases].want = "does not prove this run's token";
-    cases[n_cases].result = boot_hello_parse(id, token, replayed, &h, sizeof(h), fds, &rank, whys[n_cases], sizeof(whys[0]));
+    cases[n_cases].result =
+        boot_hello_parse(id, token, replayed, &h, sizeof(h), fds, &rank, whys[n_cases], sizeof(whys[0]));
     n_cases++;
     other = h;
     other.id.batch = 5;  // a disagreeing node without the proof: a stranger, it cannot stop the start
-    BOOT_CASE_("a disagreeing hello with a stale proof", "does not prove this run's token", token, &other, sizeof(other));
+    BOOT_CASE_("a disagreeing hello with a stale proof", "does not prove this run's token", token, &other,
+               sizeof(other));
     fds[1] = 7;
     BOOT_CASE_("rank 1 taken already", "node rank 1 has joined already", token, &h, sizeof(h));
     fds[1] = -1;
@@ -1165,8 +1190,8 @@ static void test_boot_hellos(const BootIdentity* id) {
     char text[64];
     static const char raw[] = "bad\x1b[2J\n\\\xc2\x9b" "end";
     boot_refusal_text(raw, sizeof(raw) - 1, text, sizeof(text));
-    check(strcmp(text, "bad\\x1b[2J\\x0a\\\\\\xc2\\x9bend") == 0, "a refusal's control and non-ASCII bytes are escaped: "
-          "'%s'", text);
+    check(strcmp(text, "bad\\x1b[2J\\x0a\\\\\\xc2\\x9bend") == 0,
+          "a refusal's control and non-ASCII bytes are escaped: '%s'", text);
     boot_refusal_text("\x01\x02\x03", 3, text, 7);
     check(strcmp(text, "\\x01") == 0, "an escape that does not fit is left out whole: '%s'", text);
     // the warnings' rate: one per address every few seconds, a burst cap over all addresses
@@ -1183,9 +1208,10 @@ static void test_boot_hellos(const BootIdentity* id) {
         snprintf(host, sizeof(host), "10.0.1.%d", k);
         others += boot_warn_due(&w, host, 107.0, &quiet);
     }
-    check(first && soon == 0 && later && unnamed == 2 && others == BOOT_WARN_BURST - 1 && w.quiet == 20 - (BOOT_WARN_BURST - 1),
-          "warnings: one per address every %.0f s (the next says 2 went unnamed), at most %d per %.0f s over 21 addresses; "
-          "%d counted for the summary", BOOT_WARN_SECONDS, BOOT_WARN_BURST, BOOT_WARN_SECONDS, w.quiet);
+    check(first && soon == 0 && later && unnamed == 2 && others == BOOT_WARN_BURST - 1 &&
+          w.quiet == 20 - (BOOT_WARN_BURST - 1),
+          "warnings: one per address every %.0f s (the next says 2 went unnamed), at most %d per %.0f s over 21 "
+          "addresses; %d counted for the summary", BOOT_WARN_SECONDS, BOOT_WARN_BURST, BOOT_WARN_SECONDS, w.quiet);
 }
 
 // Where node 0 listens: the address --master names (loopback alone for 127.0.0.1), --bind's,
@@ -1219,12 +1245,14 @@ static void test_boot_listen(void) {
     lfd = boot_listen(master, "0.0.0.0", where, sizeof(where), err, sizeof(err));
     int everywhere = lfd >= 0 && boot_connects(htonl(0x7f000002u), port);
     if (lfd >= 0) { close(lfd); }
-    check(everywhere && strncmp(where, "0.0.0.0:", 8) == 0, "--bind 0.0.0.0: node 0 listens on every address (%s)", where);
+    check(everywhere && strncmp(where, "0.0.0.0:", 8) == 0, "--bind 0.0.0.0: node 0 listens on every address (%s)",
+          where);
     snprintf(master, sizeof(master), "localhost:%d", port);
     lfd = boot_listen(master, NULL, where, sizeof(where), err, sizeof(err));
     struct sockaddr_storage ss;
     len = sizeof(ss);
-    int local = lfd >= 0 && getsockname(lfd, (struct sockaddr*)&ss, &len) == 0 && boot_is_loopback((struct sockaddr*)&ss);
+    int local =
+        lfd >= 0 && getsockname(lfd, (struct sockaddr*)&ss, &len) == 0 && boot_is_loopback((struct sockaddr*)&ss);
     if (lfd >= 0) { close(lfd); }
     check(local, "--master localhost:PORT: node 0 listens on loopback (%s)", lfd >= 0 ? where : err);
     snprintf(master, sizeof(master), "192.0.2.7:%d", port);  // (TEST-NET-1: no machine's address)
@@ -1281,15 +1309,17 @@ static void test_bootstrap(const char* dir) {
         if (scenario == 0) {
             char want[256];
             snprintf(want, sizeof(want), "warning: the multi-node bootstrap has no run token: any host that reaches "
-                     "127.0.0.1:%d can join this run; pass the same --run-token (or VLA_RUN_TOKEN) to every node\n", port);
+                     "127.0.0.1:%d can join this run; pass the same --run-token (or VLA_RUN_TOKEN) to every node\n",
+                     port);
             check(r0.rc == 0 && r1.rc == 0 && memcmp(r1.payload, secret, sizeof(secret)) == 0,
                   "node 1 (started first) receives node 0's 128-byte id over TCP (%s)", master);
             check(strcmp(err0, want) == 0, "without a token node 0 warns once, naming where it listens: '%.*s'",
                   (int)strcspn(err0, "\n"), err0);
         } else {
             check(r0.rc == 1 && strstr(r0.err, "node 1 disagrees with node 0 on batch 8 vs 5") != NULL && r1.rc == 1 &&
-                  strstr(r1.err, "refused node 1") != NULL, "nodes that disagree both stop (%s): node 0 says '%s'; node 1 "
-                  "'%s'", tok != NULL ? "the same token" : "no token", r0.err, r1.err);
+                  strstr(r1.err, "refused node 1") != NULL,
+                  "nodes that disagree both stop (%s): node 0 says '%s'; node 1 '%s'",
+                  tok != NULL ? "the same token" : "no token", r0.err, r1.err);
         }
         if (scenario == 1) { check(strstr(err0, "no run token") == NULL, "with a token node 0 does not warn of none"); }
         free(err0);
@@ -1336,14 +1366,16 @@ static void test_bootstrap(const char* dir) {
     if (short_hello >= 0) { close(short_hello); }
     char* err0 = read_text(err_path);
     char named[256];
-    snprintf(named, sizeof(named), "warning: bootstrap: dropped a connection from %s that is not a node of this run (its "
-             "hello does not prove this run's token: another --run-token, or none): waiting for the real nodes\n", stranger);
+    snprintf(named, sizeof(named), "warning: bootstrap: dropped a connection from %s that is not a node of this run "
+             "(its hello does not prove this run's token: another --run-token, or none): waiting for the real nodes\n",
+             stranger);
     check(challenged && r0.rc == 0 && r1.rc == 0 && memcmp(r1.payload, secret, sizeof(secret)) == 0 && took < 5.0,
-          "strangers ahead of node 1 neither stop nor hold up the start: node 1 joins in %.1f s (node 0 '%s')", took, r0.err);
+          "strangers ahead of node 1 neither stop nor hold up the start: node 1 joins in %.1f s (node 0 '%s')", took,
+          r0.err);
     check(strncmp(err0, named, strlen(named)) == 0 &&
           strstr(err0, " more connection(s) that were not nodes of this run, not each named") != NULL &&
-          strstr(err0, "no run token") == NULL, "node 0 names the first stranger by its address, counts the rest: '%.*s'",
-          (int)strcspn(err0, "\n"), err0);
+          strstr(err0, "no run token") == NULL,
+          "node 0 names the first stranger by its address, counts the rest: '%.*s'", (int)strcspn(err0, "\n"), err0);
     check(rw.rc == 1 && strstr(rw.err, "dropped node 1's hello") != NULL &&
           strstr(rw.err, "check that every node got the same --run-token (or VLA_RUN_TOKEN)") != NULL,
           "a node with another token is dropped and gives up at its timeout: '%s'", rw.err);
@@ -1372,7 +1404,8 @@ static void test_bootstrap(const char* dir) {
     char err[512] = "";
     uint8_t payload[128];
     int rc = bootstrap_exchange(master, NULL, token, &id, payload, sizeof(payload), 2.0, err, sizeof(err));
-    check(bound && rc == 1 && strstr(err, "the port is in use, pick another") != NULL, "node 0 on a port in use: '%s'", err);
+    check(bound && rc == 1 && strstr(err, "the port is in use, pick another") != NULL, "node 0 on a port in use: '%s'",
+          err);
     close(busy);
     // the master unreachable within the timeout
     snprintf(master, sizeof(master), "127.0.0.1:%d", free_port());
@@ -1404,7 +1437,8 @@ static void test_bootstrap(const char* dir) {
     char* argv_none[] = {prog, nodes_opt, two, rank_opt, one, master_opt, master_at, NULL};
     char* argv_single[] = {prog, NULL};
     char* msg_empty = NULL, *msg_long = NULL, *msg_env = NULL, *msg_ok = NULL;
-    int rc_ok = boot_parse_args(argv_flag, 3, long_token, err_path, &msg_ok);  // (the flag wins over a bad VLA_RUN_TOKEN)
+    // (the flag wins over a bad VLA_RUN_TOKEN)
+    int rc_ok = boot_parse_args(argv_flag, 3, long_token, err_path, &msg_ok);
     int rc_empty = boot_parse_args(argv_empty, 3, NULL, err_path, &msg_empty);
     int rc_long = boot_parse_args(argv_long, 3, NULL, err_path, &msg_long);
     int rc_env = boot_parse_args(argv_none, 7, "", err_path, &msg_env);
@@ -1414,7 +1448,8 @@ static void test_bootstrap(const char* dir) {
           strstr(msg_long, "--run-token is too long") != NULL && strstr(msg_long, long_token) == NULL && rc_env == 1 &&
           strstr(msg_env, "VLA_RUN_TOKEN is empty") != NULL && rc_single == 0,
           "--run-token wins over VLA_RUN_TOKEN; an empty or a %d-byte token is refused in one line, not echoed, and "
-          "a one-node run ignores VLA_RUN_TOKEN: '%.*s'", VLA_MAX_RUN_TOKEN + 1, (int)strcspn(msg_long, "\n"), msg_long);
+          "a one-node run ignores VLA_RUN_TOKEN: '%.*s'", VLA_MAX_RUN_TOKEN + 1, (int)strcspn(msg_long, "\n"),
+          msg_long);
     free(msg_ok); free(msg_empty); free(msg_long); free(msg_env); free(msg_single);
     // --min-lr-frac, --augment-shift and --train are part of the identity: nodes that differ in them disagree
     TrainArgs changed = args;
@@ -1434,9 +1469,11 @@ static void test_bootstrap(const char* dir) {
     int differ_b = boot_identity_diff(&id, &b_id, diff_b, sizeof(diff_b));
     int differ_c = boot_identity_diff(&id, &c_id, diff_c, sizeof(diff_c));
     int differ_d = boot_identity_diff(&id, &d_id, diff_d, sizeof(diff_d));
-    check(differ_a && strstr(diff_a, "min_lr_frac_bits") != NULL && differ_b && strstr(diff_b, "augment 0 vs 4") != NULL,
+    check(differ_a && strstr(diff_a, "min_lr_frac_bits") != NULL && differ_b &&
+          strstr(diff_b, "augment 0 vs 4") != NULL,
           "nodes that differ in --min-lr-frac or --augment-shift disagree: '%s'; '%s'", diff_a, diff_b);
-    check(differ_c && strstr(diff_c, "train_mode 2 vs 0") != NULL && differ_d && strstr(diff_d, "model max_text 16 vs 17") != NULL,
+    check(differ_c && strstr(diff_c, "train_mode 2 vs 0") != NULL && differ_d &&
+          strstr(diff_d, "model max_text 16 vs 17") != NULL,
           "nodes that differ in --train or in the model's config disagree: '%s'; '%s'", diff_c, diff_d);
     check(!boot_identity_diff(&id, &id, diff_a, sizeof(diff_a)), "a node agrees with itself");
     dataset_close(&ds);
@@ -1588,7 +1625,8 @@ static void test_balance(const char* dir) {
     int same = 1, differ = 0;
     for (uint64_t p = 0; p < 400; p++) { differ += sampler_at(&b, p) != sampler_at(&s, p); }
     for (uint64_t p = 357; p < 757; p++) { same &= sampler_at(&a, p) == sampler_at(&s, p); }  // a starts mid-run
-    check(same, "a balanced sampler started at position 357 gives the uninterrupted sequence (resume needs the position)");
+    check(same,
+          "a balanced sampler started at position 357 gives the uninterrupted sequence (resume needs the position)");
     check(differ > 0, "another seed draws another sequence (%d of 400 positions differ)", differ);
     // ranks: -g 2 -b 2 slices are disjoint and together the -g 1 -b 4 batch
     int ranks_ok = 1;
@@ -1625,8 +1663,10 @@ static void test_balance(const char* dir) {
     // through the binary: -g 2 -b 2 balanced, 6 steps straight vs 3 + resumed 3 (-y 1)
     char cmd[8192], p1[1100], p2[1100];
     const char* common = "./train_vla_cpu -p tiny -g 2 -b 2 -u 3 -t 1 --workers 1 --balance tasks";
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/bal_full %s/bal_res && %s -n 6 -k 3 -i %s -o %s/bal_full > %s/bal_full.txt 2>&1 && "
-             "%s -n 3 -i %s -o %s/bal_res > %s/bal_r1.txt 2>&1 && %s -n 6 -y 1 -i %s -o %s/bal_res > %s/bal_r2.txt 2>&1",
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/bal_full %s/bal_res && "
+             "%s -n 6 -k 3 -i %s -o %s/bal_full > %s/bal_full.txt 2>&1 && "
+             "%s -n 3 -i %s -o %s/bal_res > %s/bal_r1.txt 2>&1 && "
+             "%s -n 6 -y 1 -i %s -o %s/bal_res > %s/bal_r2.txt 2>&1",
              dir, dir, common, spec, dir, dir, common, spec, dir, dir, common, spec, dir, dir);
     int rc = run_command(cmd);
     snprintf(p1, sizeof(p1), "%s/bal_full/ckpt_00000006.bin", dir);
@@ -1657,15 +1697,19 @@ static void test_balance(const char* dir) {
     // refusals: another mode or other weights to resume; bad weights
     char args[4096];
     snprintf(args, sizeof(args), "-p tiny -g 2 -b 2 -n 8 -t 1 -i %s -o %s/bal_full -y 1", spec, dir);
-    expect_error(dir, "resuming a balanced run without --balance", args, "trained with --balance tasks, this run with --balance none");
-    snprintf(args, sizeof(args), "-p tiny -g 2 -b 2 -n 8 -t 1 -i %s -o %s/bal_full -y 1 --balance tasks --task-weights 1,3",
-             spec, dir);
+    expect_error(dir, "resuming a balanced run without --balance", args,
+                 "trained with --balance tasks, this run with --balance none");
+    snprintf(args, sizeof(args),
+             "-p tiny -g 2 -b 2 -n 8 -t 1 -i %s -o %s/bal_full -y 1 --balance tasks --task-weights 1,3", spec, dir);
     expect_error(dir, "resuming a balanced run with other --task-weights", args, "balanced other task weights");
     snprintf(args, sizeof(args), "-p tiny -b 2 -n 8 -t 1 -i %s -o %s/bal_plain -y 1 --balance tasks", spec, dir);
-    expect_error(dir, "resuming a plain run with --balance tasks", args, "trained with --balance none, this run with --balance tasks");
-    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bal_bad --balance tasks --task-weights 1,2,3", spec, dir);
+    expect_error(dir, "resuming a plain run with --balance tasks", args,
+                 "trained with --balance none, this run with --balance tasks");
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bal_bad --balance tasks --task-weights 1,2,3", spec,
+             dir);
     expect_error(dir, "--task-weights with 3 weights for 2 tasks", args, "3 weights for the dataset's 2 tasks");
-    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bal_bad --balance tasks --task-weights 1,-1", spec, dir);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bal_bad --balance tasks --task-weights 1,-1", spec,
+             dir);
     expect_error(dir, "--task-weights with a negative weight", args, "weights are whole numbers from 0");
     snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bal_bad --balance tasks --task-weights 0,0", spec, dir);
     expect_error(dir, "--task-weights summing to 0", args, "the weights sum to 0");
@@ -1689,7 +1733,8 @@ static void test_balance(const char* dir) {
           "period %u)", ta.n_tasks, ta.period);
     task_balance_free(&ta);
     dataset_close(&da);
-    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bal_bad --balance tasks --task-weights 1,1,1,1", a_bin, dir);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bal_bad --balance tasks --task-weights 1,1,1,1", a_bin,
+             dir);
     expect_error(dir, "--task-weights giving a task without samples a weight", args, "has no samples");
     task_balance_free(&tb);
     dataset_close(&ds);
@@ -1727,9 +1772,9 @@ static void test_loader(const char* dir) {
         }
         loader_stop(&L);
     }
-    check(all_same && ds.n_samples < (uint64_t)(B * W * steps), "loader with 0, 1 and 3 worker threads gives the batches "
-          "of direct assembly, bit for bit, over %d steps x %d ranks across epoch ends (%llu samples)", steps, W,
-          (unsigned long long)ds.n_samples);
+    check(all_same && ds.n_samples < (uint64_t)(B * W * steps), "loader with 0, 1 and 3 worker threads gives the "
+          "batches of direct assembly, bit for bit, over %d steps x %d ranks across epoch ends (%llu samples)", steps,
+          W, (unsigned long long)ds.n_samples);
     // a rank's own loader (every W-th job from its rank) gives that rank's batches
     int rank_same = 1;
     for (int r = 0; r < W; r++) {
@@ -1745,7 +1790,8 @@ static void test_loader(const char* dir) {
         }
         loader_stop(&L);
     }
-    check(rank_same, "a rank's strided loader (every %d-th job from its rank) gives that rank's batches, bit for bit", W);
+    check(rank_same,
+          "a rank's strided loader (every %d-th job from its rank) gives that rank's batches, bit for bit", W);
 
     // the batch: what dataset_assemble reads, checked here against the shard directly
     uint64_t idx[B];
@@ -1768,7 +1814,8 @@ static void test_loader(const char* dir) {
             int pad = g > last;
             layout_ok &= plain.action_is_pad[i * H + h] == (pad ? 1.0f : 0.0f);
             for (int d = 0; d < Amax; d++) {
-                float want = d < A ? (sh->action[(pad ? last : g) * A + d] - ds.action_mean[d]) / ds.action_std[d] : 0.0f;
+                float want =
+                    d < A ? (sh->action[(pad ? last : g) * A + d] - ds.action_mean[d]) / ds.action_std[d] : 0.0f;
                 layout_ok &= plain.actions[((size_t)i * H + h) * Amax + d] == want;
             }
         }
@@ -1779,7 +1826,8 @@ static void test_loader(const char* dir) {
         free(eps);
     }
     check(layout_ok, "a Batch holds the normalized state zero-padded to %d, the chunk padded to %d dims with its last "
-          "action repeated and marked past the episode's end, and the flow noise of each sample's global index", Smax, Amax);
+          "action repeated and marked past the episode's end, and the flow noise of each sample's global index",
+          Smax, Amax);
 
     // augmentation: off is the identity; on is a shift of every camera by at most k pixels
     batch_fill(&shifted, &ds, &c, idx, seed, 3, 0, 2);
@@ -1787,8 +1835,9 @@ static void test_loader(const char* dir) {
     check(batches_equal(&shifted, &again, &c), "augmentation is deterministic in (seed, step, sample)");
     int all_shifts = 1, moved = 0;
     for (int i = 0; i < B; i++) { all_shifts &= batch_cameras_shifted(&plain, &shifted, i, 2, &moved); }
-    check(all_shifts && moved > 0, "--augment-shift 2 shifts each camera image (%ux%u and %ux%u) by at most 2 pixels (%d "
-          "of %d moved)", ds.cams.height[0], ds.cams.width[0], ds.cams.height[1], ds.cams.width[1], moved, B * c.n_cam);
+    check(all_shifts && moved > 0,
+          "--augment-shift 2 shifts each camera image (%ux%u and %ux%u) by at most 2 pixels (%d of %d moved)",
+          ds.cams.height[0], ds.cams.width[0], ds.cams.height[1], ds.cams.width[1], moved, B * c.n_cam);
     memcpy(shifted.images[0], plain.images[0], (size_t)B * ds.cams.height[0] * ds.cams.width[0] * 3);
     memcpy(shifted.images[1], plain.images[1], (size_t)B * ds.cams.height[1] * ds.cams.width[1] * 3);
     check(batches_equal(&plain, &shifted, &c), "augmentation changes only the images");
@@ -1825,27 +1874,32 @@ static void test_weights_only(const char* dir) {
     snprintf(b, sizeof(b), "%s/b.bin", dir);
     const char* trainer = "./train_vla_cpu -b 4 -u 3 -t 1 --log-every 100";
     // step 1 at learning rate 0 leaves the weights at the init of seed 21: a checkpoint of that init
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/wo_zero %s/wo_seed %s/wo_init && %s -p tiny -n 1 -l 0 -s 21 -i %s -o %s/wo_zero "
-             "> /dev/null 2>&1 && %s -p tiny -n 3 -l 1e-3 -s 21 -i %s -o %s/wo_seed > /dev/null 2>&1 && %s -n 3 -l 1e-3 -s 21 "
-             "-i %s --init %s/wo_zero/ckpt_00000001.bin --weights-only -o %s/wo_init > %s/wo_init.txt 2>&1",
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/wo_zero %s/wo_seed %s/wo_init && "
+             "%s -p tiny -n 1 -l 0 -s 21 -i %s -o %s/wo_zero > /dev/null 2>&1 && "
+             "%s -p tiny -n 3 -l 1e-3 -s 21 -i %s -o %s/wo_seed > /dev/null 2>&1 && "
+             "%s -n 3 -l 1e-3 -s 21 -i %s --init %s/wo_zero/ckpt_00000001.bin --weights-only -o %s/wo_init "
+             "> %s/wo_init.txt 2>&1",
              dir, dir, dir, trainer, a, dir, trainer, a, dir, trainer, a, dir, dir, dir);
     int rc = run_command(cmd);
     snprintf(p1, sizeof(p1), "%s/wo_seed/ckpt_00000003.bin", dir);
     snprintf(p2, sizeof(p2), "%s/wo_init/ckpt_00000003.bin", dir);
-    check(rc == 0 && files_equal(p1, p2), "--weights-only from a checkpoint of seed 21's init (no -p: its sizes) trains "
-          "as the run from seed 21 itself: step 0, fresh moments, the same checkpoint at step 3 byte for byte (exit %d)", rc);
+    check(rc == 0 && files_equal(p1, p2), "--weights-only from a checkpoint of seed 21's init (no -p: its sizes) "
+          "trains as the run from seed 21 itself: step 0, fresh moments, the same checkpoint at step 3 byte for byte "
+          "(exit %d)", rc);
     snprintf(p1, sizeof(p1), "%s/wo_init.txt", dir);
     char* text = read_text(p1);
     check(text != NULL && strstr(text, "| start                  | weights  ") != NULL &&
-          strstr(text, "fine-tuning the weights of") != NULL, "the config table says the run starts from the checkpoint's weights");
+          strstr(text, "fine-tuning the weights of") != NULL,
+          "the config table says the run starts from the checkpoint's weights");
     free(text);
 
     // on other data (2 cameras, state 3, action 2): the checkpoint's sizes, the dataset's dims and
     // statistics; --train expert leaves everything else at the checkpoint's weights
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/wo_b %s/wo_b2 && %s -n 3 -s 5 --train expert -i %s --init %s/wo_zero/ckpt_00000001.bin "
-             "--weights-only -o %s/wo_b > /dev/null 2>&1 && %s -n 2 -k 1 -s 5 --train expert -i %s --init "
-             "%s/wo_zero/ckpt_00000001.bin --weights-only -o %s/wo_b2 > /dev/null 2>&1 && %s -n 3 -s 5 -y 1 --train expert "
-             "-i %s -o %s/wo_b2 > /dev/null 2>&1", dir, dir, trainer, b, dir, dir, trainer, b, dir, dir, trainer, b, dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/wo_b %s/wo_b2 && "
+             "%s -n 3 -s 5 --train expert -i %s --init %s/wo_zero/ckpt_00000001.bin --weights-only -o %s/wo_b "
+             "> /dev/null 2>&1 && %s -n 2 -k 1 -s 5 --train expert -i %s --init %s/wo_zero/ckpt_00000001.bin "
+             "--weights-only -o %s/wo_b2 > /dev/null 2>&1 && %s -n 3 -s 5 -y 1 --train expert -i %s -o %s/wo_b2 "
+             "> /dev/null 2>&1", dir, dir, trainer, b, dir, dir, trainer, b, dir, dir, trainer, b, dir);
     rc = run_command(cmd);
     Checkpoint from, tuned;
     Dataset ds;
@@ -1857,13 +1911,14 @@ static void test_weights_only(const char* dir) {
         FlowConfig sizes = from.config;
         sizes.n_cam = c->n_cam; sizes.state_dim = c->state_dim; sizes.action_dim = c->action_dim;
         int S = c->state_dim, A = c->action_dim;
-        int stats_ok = memcmp(tuned.stats, ds.state_mean, S * 4) == 0 && memcmp(tuned.stats + S, ds.state_std, S * 4) == 0 &&
+        int stats_ok = memcmp(tuned.stats, ds.state_mean, S * 4) == 0 &&
+                       memcmp(tuned.stats + S, ds.state_std, S * 4) == 0 &&
                        memcmp(tuned.stats + 2 * S, ds.action_mean, A * 4) == 0 &&
                        memcmp(tuned.stats + 2 * S + A, ds.action_std, A * 4) == 0;
         check(flow_config_diff(&sizes, c) == NULL && c->n_cam == 2 && S == 3 && A == 2 && tuned.step == 3 &&
               tuned.seed == 5 && tuned.train_mode == TRAIN_MODE_EXPERT && stats_ok,
-              "a tiny checkpoint of 1 camera and 4/4 dims fine-tunes on 2 cameras and 3/2 dims: its sizes, the data's dims "
-              "and statistics, step 3, this run's seed and --train expert in the header");
+              "a tiny checkpoint of 1 camera and 4/4 dims fine-tunes on 2 cameras and 3/2 dims: its sizes, the data's "
+              "dims and statistics, step 3, this run's seed and --train expert in the header");
         FlowParamTable t;
         flow_table_build(c, &t);
         int frozen_same = 1, trained_moved = 1;
@@ -1873,8 +1928,8 @@ static void test_weights_only(const char* dir) {
             frozen_same &= memcmp(tuned.params + s->offset + n, from.params + s->offset + n, (s->numel - n) * 4) == 0;
             if (n > 0) { trained_moved &= memcmp(tuned.params + s->offset, from.params + s->offset, n * 4) != 0; }
         }
-        check(frozen_same && trained_moved, "--train expert: every frozen weight is the checkpoint's bit for bit, every "
-              "trainable tensor moved");
+        check(frozen_same && trained_moved, "--train expert: every frozen weight is the checkpoint's bit for bit, "
+              "every trainable tensor moved");
         checkpoint_free(&from);
         checkpoint_free(&tuned);
     } else {
@@ -1882,13 +1937,14 @@ static void test_weights_only(const char* dir) {
     }
     dataset_close(&ds);
     snprintf(p1, sizeof(p1), "%s/wo_b2/ckpt_00000003.bin", dir);
-    check(rc == 0 && files_equal(p1, p2), "-y 1 (no -p, no --init) continues the fine-tuning run from its step 2 to the "
-          "straight run's step 3, byte for byte");
+    check(rc == 0 && files_equal(p1, p2), "-y 1 (no -p, no --init) continues the fine-tuning run from its step 2 "
+          "to the straight run's step 3, byte for byte");
 
     // refusals, each one line
-    expect_error(dir, "--weights-only without --init", "--weights-only -n 1", "--weights-only takes the weights of --init FILE");
-    snprintf(args, sizeof(args), "-p small -n 1 -i %s --init %s/wo_zero/ckpt_00000001.bin --weights-only -o %s/bad_out", a, dir,
-             dir);
+    expect_error(dir, "--weights-only without --init", "--weights-only -n 1",
+                 "--weights-only takes the weights of --init FILE");
+    snprintf(args, sizeof(args),
+             "-p small -n 1 -i %s --init %s/wo_zero/ckpt_00000001.bin --weights-only -o %s/bad_out", a, dir, dir);
     expect_error(dir, "--weights-only with -p of other sizes", args, "has other sizes than preset small (img 32 vs 64");
     char bad[1200], tokenizer[64] = "tokenizer.json:0123456789abcdef";
     snprintf(bad, sizeof(bad), "%s/ckpt_wo_bad.bin", dir);
@@ -1912,7 +1968,10 @@ static void test_checkpoints(const char* dir) {
         flow_build(&m, &c, TRAIN_MODE_VLM);
         flow_param_init(m.params_memory, &m.table, &c, 7);
         flow_opt_init(&m, TRAIN_MODE_VLM);
-        for (size_t i = 0; i < m.opt.total; i++) { m.m_memory[i] = 0.5f * m.params_memory[i]; m.v_memory[i] = (float)i; }
+        for (size_t i = 0; i < m.opt.total; i++) {
+            m.m_memory[i] = 0.5f * m.params_memory[i];
+            m.v_memory[i] = (float)i;
+        }
         TrainArgs args;
         train_args_defaults(&args);
         snprintf(p2, sizeof(p2), "%s/ckpt_roundtrip", dir);
@@ -1921,7 +1980,8 @@ static void test_checkpoints(const char* dir) {
         args.output = p2; args.seed = 7; args.keep = 6; args.train_mode = TRAIN_MODE_VLM;
         for (int step = 1; step <= 6; step++) { flow_save(&m, &ds, &args, step, 1000 + step); }
         uint64_t newest[1];
-        check(checkpoint_list(p2, newest, 1) == 1 && newest[0] == 6, "asked for one, the checkpoint list gives the newest");
+        check(checkpoint_list(p2, newest, 1) == 1 && newest[0] == 6,
+              "asked for one, the checkpoint list gives the newest");
         run_command(cmd);  // empty the folder again
         args.keep = 2;
         for (int step = 1; step <= 3; step++) { flow_save(&m, &ds, &args, step, 1000 + step); }
@@ -1933,8 +1993,10 @@ static void test_checkpoints(const char* dir) {
         flow_load(&m2, path, &args, &ds, &step, &seed, &pos);
         check(step == 3 && seed == 7 && pos == 1003 && m2.opt.mode == TRAIN_MODE_VLM && m2.opt.total == m.opt.total &&
               memcmp(m.params_memory, m2.params_memory, m.table.total * 4) == 0 &&
-              memcmp(m.m_memory, m2.m_memory, m.opt.total * 4) == 0 && memcmp(m.v_memory, m2.v_memory, m.opt.total * 4) == 0,
-              "checkpoint round trip restores every weight, the packed moments, step, seed, sampler position bit for bit");
+              memcmp(m.m_memory, m2.m_memory, m.opt.total * 4) == 0 &&
+              memcmp(m.v_memory, m2.v_memory, m.opt.total * 4) == 0,
+              "checkpoint round trip restores every weight, the packed moments, step, seed, "
+              "sampler position bit for bit");
         uint64_t steps[8];
         int n = checkpoint_list(p2, steps, 8);
         check(n == 2 && steps[0] == 3 && steps[1] == 2, "only the newest --keep 2 checkpoints remain (found %d)", n);
@@ -1954,15 +2016,16 @@ static void test_checkpoints(const char* dir) {
     for (int mode = 0; mode < TRAIN_MODE_COUNT; mode++) {
         const char* name = TRAIN_MODE_NAMES[mode];
         snprintf(p2, sizeof(p2), "%s/ck_%s", dir, name);
-        snprintf(cmd, sizeof(cmd), "rm -rf %s && ./train_vla_cpu -p tiny -b 2 -n 2 -t 1 --workers 0 --train %s -i %s -o %s "
-                 "> %s.txt 2>&1", p2, name, p1, p2, p2);
+        snprintf(cmd, sizeof(cmd), "rm -rf %s && ./train_vla_cpu -p tiny -b 2 -n 2 -t 1 --workers 0 --train %s -i %s "
+                 "-o %s > %s.txt 2>&1", p2, name, p1, p2, p2);
         int rc = run_command(cmd);
         checkpoint_path(path, sizeof(path), p2, 2);
         Checkpoint ck;
         int read = rc == 0 && read_checkpoint_file(path, &ck);
         struct stat st;
         size_t trainable = flow_closed_form(&c, mode);
-        uint64_t size = CKPT_HEADER_BYTES + 2 * 4 * (uint64_t)(c.state_dim + c.action_dim) + 4 * total + 2 * 4 * trainable;
+        uint64_t size =
+            CKPT_HEADER_BYTES + 2 * 4 * (uint64_t)(c.state_dim + c.action_dim) + 4 * total + 2 * 4 * trainable;
         check(read && ck.train_mode == mode && ck.n_params == total && ck.n_trainable == trainable &&
               stat(path, &st) == 0 && (uint64_t)st.st_size == size && strcmp(ck.tokenizer, "bytes") == 0,
               "--train %s: the checkpoint holds %zu weights and %zu moments each of m and v (%llu bytes), mode %s, "
@@ -1997,8 +2060,8 @@ static void test_checkpoints(const char* dir) {
             if (n > 0) { moved &= memcmp(ck.params + s->offset, init + s->offset, n * 4) != 0; }
             for (size_t j = 0; j < n; j++) { v_positive &= ck.v[m.opt.offset[i] + j] >= 0.0f; }
         }
-        check(frozen_still && moved && v_positive, "--train %s: the %zu frozen elements are their init bit for bit, every "
-              "trainable tensor moved, second moments >= 0", name, total - trainable);
+        check(frozen_still && moved && v_positive, "--train %s: the %zu frozen elements are their init bit for bit, "
+              "every trainable tensor moved, second moments >= 0", name, total - trainable);
         free(grad_sum); free(init);
         flow_free(&m);
         checkpoint_free(&ck);
@@ -2007,8 +2070,8 @@ static void test_checkpoints(const char* dir) {
     const char* trainer = "./train_vla_cpu -p tiny -b 4 -u 3 -t 1 --log-every 100";
     check_resume_bit_exact(dir, trainer, "train_vla_cpu");
     // --init continues exactly as -y 1 does: from the first leg's checkpoint of step 3 to step 6
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/run_init && %s -n 6 -i %s --init %s/run_resumed/ckpt_00000003.bin -o %s/run_init "
-             "> %s/run_init.txt 2>&1", dir, trainer, p1, dir, dir, dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/run_init && %s -n 6 -i %s --init %s/run_resumed/ckpt_00000003.bin "
+             "-o %s/run_init > %s/run_init.txt 2>&1", dir, trainer, p1, dir, dir, dir);
     int rc = run_command(cmd);
     snprintf(p2, sizeof(p2), "%s/run_init/ckpt_00000006.bin", dir);
     snprintf(path, sizeof(path), "%s/run_full/ckpt_00000006.bin", dir);
@@ -2026,14 +2089,16 @@ static void test_checkpoints(const char* dir) {
     uint32_t version = 1;
     corrupt_copy(src, bad, offsetof(CheckpointHeader, version), &version, 4, -1);
     snprintf(args, sizeof(args), "%s -i %s --init %s -o %s/bad_out", run, p1, bad, dir);
-    expect_error(dir, "a version-1 checkpoint", args, "has version 1: it holds the model train_vla trained before SmolVLA");
+    expect_error(dir, "a version-1 checkpoint", args,
+                 "has version 1: it holds the model train_vla trained before SmolVLA");
     snprintf(args, sizeof(args), "%s --train expert -i %s --init %s -o %s/bad_out", run, p1, src, dir);
-    expect_error(dir, "another train mode", args, "trained with --train all, this run with --train expert: pass --train all");
+    expect_error(dir, "another train mode", args,
+                 "trained with --train all, this run with --train expert: pass --train all");
     char tokenizer[64] = "tokenizer.json:0123456789abcdef";
     corrupt_copy_sealed(src, bad, offsetof(CheckpointHeader, tokenizer), tokenizer, sizeof(tokenizer));
     snprintf(args, sizeof(args), "%s -i %s --init %s -o %s/bad_out", run, p1, bad, dir);
-    expect_error(dir, "another tokenizer", args, "was trained on token ids of tokenizer tokenizer.json:0123456789abcdef, "
-                 "the dataset's are of bytes");
+    expect_error(dir, "another tokenizer", args, "was trained on token ids of tokenizer "
+                 "tokenizer.json:0123456789abcdef, the dataset's are of bytes");
     struct stat st;
     long full = stat(src, &st) == 0 ? (long)st.st_size : 0;
     corrupt_copy(src, bad, 0, NULL, 0, full - 4);
@@ -2041,11 +2106,12 @@ static void test_checkpoints(const char* dir) {
     corrupt_copy(src, bad, 0, NULL, 0, 300);
     expect_error(dir, "a checkpoint cut inside its header", args, "shorter than its header: it is truncated");
     snprintf(args, sizeof(args), "%s -i %s -y 1 -o %s/run_full -n 7 --train vlm", run, p1, dir);
-    expect_error(dir, "-y 1 in another train mode", args, "trained with --train expert, this run with --train vlm: pass "
-                 "--train expert");
+    expect_error(dir, "-y 1 in another train mode", args,
+                 "trained with --train expert, this run with --train vlm: pass --train expert");
     dataset_close(&ds);
     // pi0's test preset: resume in its default mode (all) and over 2 simulated ranks with ZeRO-1
-    check_resume_bit_exact(dir, "./train_vla_cpu -p pi0_tiny -b 4 -u 3 -t 1 --log-every 100", "train_vla_cpu -p pi0_tiny");
+    check_resume_bit_exact(dir, "./train_vla_cpu -p pi0_tiny -b 4 -u 3 -t 1 --log-every 100",
+                           "train_vla_cpu -p pi0_tiny");
     check_resume_bit_exact(dir, "./train_vla_cpu -p pi0_tiny -b 2 -g 2 -z 1 --train vlm -u 3 -t 1 --log-every 100",
                            "train_vla_cpu -p pi0_tiny --train vlm -g 2 -z 1");
     {  // its checkpoint says pi0 where older files hold padding, and a SmolVLA preset does not take it
@@ -2055,7 +2121,9 @@ static void test_checkpoints(const char* dir) {
         int32_t stored = -1;
         FILE* f = fopen(path, "rb");
         if (f != NULL) {
-            if (fseek(f, (long)offsetof(CheckpointHeader, family), SEEK_SET) != 0 || fread(&stored, 4, 1, f) != 1) { stored = -1; }
+            if (fseek(f, (long)offsetof(CheckpointHeader, family), SEEK_SET) != 0 || fread(&stored, 4, 1, f) != 1) {
+                stored = -1;
+            }
             fclose(f);
         }
         check(read_ok && ck.config.family == FAMILY_PI0 && stored == FAMILY_PI0 &&
@@ -2063,15 +2131,17 @@ static void test_checkpoints(const char* dir) {
               "a pi0_tiny checkpoint holds family %d at byte 116 (after the train mode at 112, where files from before "
               "pi0 hold zero padding: SmolVLA)", stored);
         if (read_ok) { checkpoint_free(&ck); }
-        snprintf(args, sizeof(args), "-p tiny -b 2 -n 8 -t 1 -i %s --init %s --weights-only -o %s/bad_out", p1, path, dir);
+        snprintf(args, sizeof(args), "-p tiny -b 2 -n 8 -t 1 -i %s --init %s --weights-only -o %s/bad_out", p1, path,
+                 dir);
         expect_error(dir, "a pi0 checkpoint as the tiny preset's weights", args, "has other sizes than preset tiny");
         // across world sizes: 2 steps on -g 2 -b 2 with ZeRO-1, then on -g 1 -b 4: the losses of a
         // straight -g 1 -b 4 run (the same samples in other sums: fp32 rounding)
         const char* flags = "-p pi0_tiny -u 3 -t 1 --log-every 100";
-        snprintf(cmd, sizeof(cmd), "rm -rf %s/pw_straight %s/pw_split && ./train_vla_cpu %s -b 4 -n 4 -i %s -o %s/pw_straight "
-                 "> %s/pw_straight.txt 2>&1 && ./train_vla_cpu %s -g 2 -b 2 -z 1 -n 2 -i %s -o %s/pw_split > %s/pw_a.txt 2>&1 "
-                 "&& ./train_vla_cpu %s -b 4 -n 4 -i %s -o %s/pw_split -y 1 > %s/pw_b.txt 2>&1", dir, dir, flags, p1, dir,
-                 dir, flags, p1, dir, dir, flags, p1, dir, dir);
+        snprintf(cmd, sizeof(cmd), "rm -rf %s/pw_straight %s/pw_split && "
+                 "./train_vla_cpu %s -b 4 -n 4 -i %s -o %s/pw_straight > %s/pw_straight.txt 2>&1 && "
+                 "./train_vla_cpu %s -g 2 -b 2 -z 1 -n 2 -i %s -o %s/pw_split > %s/pw_a.txt 2>&1 && "
+                 "./train_vla_cpu %s -b 4 -n 4 -i %s -o %s/pw_split -y 1 > %s/pw_b.txt 2>&1",
+                 dir, dir, flags, p1, dir, dir, flags, p1, dir, dir, flags, p1, dir, dir);
         int rc_w = run_command(cmd);
         float straight[4] = {0}, split[4] = {0};
         snprintf(path, sizeof(path), "%s/pw_straight/log.jsonl", dir);
@@ -2079,8 +2149,8 @@ static void test_checkpoints(const char* dir) {
         snprintf(path, sizeof(path), "%s/pw_split/log.jsonl", dir);
         int n2 = read_losses(path, 1, 4, split);
         double e = rel_error(split, straight, 4);
-        check(rc_w == 0 && n1 == 4 && n2 == 4 && e < 1e-5, "pi0_tiny: 2 steps on -g 2 -z 1, resumed on -g 1 for 2 more: the "
-              "losses of a straight -g 1 run, rel err %.2e (tol 1e-5)", e);
+        check(rc_w == 0 && n1 == 4 && n2 == 4 && e < 1e-5, "pi0_tiny: 2 steps on -g 2 -z 1, "
+              "resumed on -g 1 for 2 more: the losses of a straight -g 1 run, rel err %.2e (tol 1e-5)", e);
     }
 }
 
@@ -2143,8 +2213,10 @@ static void test_checkpoint_integrity(const char* dir) {
               "CRC-32 accumulating as it goes), then renamed to NAME");
     }
     // a run of 3 steps checkpointing each; its newest file gets two bytes flipped in the weights
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_full %s/ci_run && %s -i %s -n 4 -k 1 --keep 9 -o %s/ci_full > /dev/null 2>&1 && "
-             "%s -i %s -n 3 -k 1 --keep 9 -o %s/ci_run > /dev/null 2>&1", dir, dir, trainer, data, dir, trainer, data, dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_full %s/ci_run && "
+             "%s -i %s -n 4 -k 1 --keep 9 -o %s/ci_full > /dev/null 2>&1 && "
+             "%s -i %s -n 3 -k 1 --keep 9 -o %s/ci_run > /dev/null 2>&1",
+             dir, dir, trainer, data, dir, trainer, data, dir);
     int rc = run_command(cmd);
     check(rc == 0, "two runs to corrupt and compare (exit %d)", rc);
     snprintf(path, sizeof(path), "%s/ci_run/ckpt_00000003.bin", dir);
@@ -2173,22 +2245,23 @@ static void test_checkpoint_integrity(const char* dir) {
           "(exit %d)", rc);
     free(text);
     snprintf(args, sizeof(args), "-p tiny -b 2 -t 1 -n 5 -i %s --init %s -o %s/bad_out", data, bad, dir);
-    expect_error(dir, "--init of a checkpoint with two bytes flipped", args, "ci_flipped.bin: checksum mismatch: the file "
-                 "is corrupt");
+    expect_error(dir, "--init of a checkpoint with two bytes flipped", args,
+                 "ci_flipped.bin: checksum mismatch: the file is corrupt");
     Checkpoint ck;
     char err[VLA_PATH_MAX + 512];
     rc = checkpoint_read_checked(bad, &ck, err, sizeof(err));
     check(rc == 1 && ck.params == NULL && strstr(err, "checksum mismatch: the file is corrupt") != NULL,
           "the reader the policy library and the trainers share refuses it: %s", err);
     // every checkpoint of the folder corrupt: -y 1 refuses rather than start anew
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_all && mkdir -p %s/ci_all && cp %s %s/ci_all/ckpt_00000003.bin", dir, dir, bad,
-             dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_all && mkdir -p %s/ci_all && cp %s %s/ci_all/ckpt_00000003.bin", dir,
+             dir, bad, dir);
     run_command(cmd);
     snprintf(cmd, sizeof(cmd), "%s -i %s -n 4 -y 1 -o %s/ci_all", trainer, data, dir);
     rc = run_capture(dir, cmd, &text);
-    check(rc == 1 && lines_holding(text, "checksum mismatch") == 1 && lines_holding(text, "there is no older one") == 1 &&
-          lines_holding(text, "error: no intact checkpoint in") == 1, "-y 1 in a folder whose only checkpoint is corrupt: "
-          "names it, then refuses in one line (exit %d)", rc);
+    check(rc == 1 && lines_holding(text, "checksum mismatch") == 1 &&
+          lines_holding(text, "there is no older one") == 1 &&
+          lines_holding(text, "error: no intact checkpoint in") == 1,
+          "-y 1 in a folder whose only checkpoint is corrupt: names it, then refuses in one line (exit %d)", rc);
     free(text);
 
     // a checkpoint from before checksums (flags, crc and the run's record all 0): loads with notes
@@ -2196,7 +2269,8 @@ static void test_checkpoint_integrity(const char* dir) {
     snprintf(bad, sizeof(bad), "%s/ci_old.bin", dir);
     uint8_t zeros[32] = {0};
     corrupt_copy(path, bad, offsetof(CheckpointHeader, flags), zeros, 32, -1);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_old && %s -i %s -n 4 --init %s -o %s/ci_old", dir, trainer, data, bad, dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_old && %s -i %s -n 4 --init %s -o %s/ci_old", dir, trainer, data, bad,
+             dir);
     rc = run_capture(dir, cmd, &text);
     snprintf(path, sizeof(path), "%s/ci_old/ckpt_00000004.bin", dir);
     check(rc == 0 && lines_holding(text, "carries no checksum (an older train_vla's): it loaded unverified") == 1 &&
@@ -2212,16 +2286,17 @@ static void test_checkpoint_integrity(const char* dir) {
     snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_b4 && ./train_vla_cpu -p tiny -b 4 -t 1 --workers 1 -i %s -n 3 --init %s "
              "-o %s/ci_b4", dir, data, path, dir);
     rc = run_capture(dir, cmd, &text);
-    check(rc == 0 && lines_holding(text, "resuming with -b 4 on 1 rank(s), 4 samples per step (the checkpoint's run: -b 2 "
-                                         "on 1, 2): the sampler continues from sample 4; the loss curve's steps change "
-                                         "size") == 1, "--init with -b 4 of a -b 2 run's checkpoint says so in one line "
-          "(exit %d)", rc);
+    check(rc == 0 && lines_holding(text, "resuming with -b 4 on 1 rank(s), 4 samples per step (the checkpoint's "
+                                         "run: -b 2 on 1, 2): the sampler continues from sample 4; the loss curve's "
+                                         "steps change size") == 1,
+          "--init with -b 4 of a -b 2 run's checkpoint says so in one line (exit %d)", rc);
     free(text);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_r2 && ./train_vla_cpu -p tiny -b 1 -g 2 -t 1 --workers 1 -i %s -n 3 --init %s "
-             "-o %s/ci_r2", dir, data, path, dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_r2 && ./train_vla_cpu -p tiny -b 1 -g 2 -t 1 --workers 1 -i %s -n 3 "
+             "--init %s -o %s/ci_r2", dir, data, path, dir);
     rc = run_capture(dir, cmd, &text);
-    check(rc == 0 && lines_holding(text, "resuming with -b 1 on 2 rank(s), 2 samples per step (the checkpoint's run: -b 2 "
-                                         "on 1, 2)") == 1 && lines_holding(text, "steps keep their size") == 1,
+    check(rc == 0 && lines_holding(text, "resuming with -b 1 on 2 rank(s), 2 samples per step (the checkpoint's "
+                                         "run: -b 2 on 1, 2)") == 1 &&
+          lines_holding(text, "steps keep their size") == 1,
           "--init with -b 1 on 2 ranks: the same samples per step, said in one line (exit %d)", rc);
     free(text);
     // another dataset of the same shapes: refused, unless from its weights alone
@@ -2232,7 +2307,8 @@ static void test_checkpoint_integrity(const char* dir) {
     snprintf(args, sizeof(args), "-p tiny -b 2 -t 1 -n 3 -i %s --init %s -o %s/bad_out", other, path, dir);
     expect_error(dir, "--init on another dataset", args, "trained on another dataset");
     snprintf(args, sizeof(args), "-p tiny -b 2 -t 1 -n 3 -i %s -y 1 -o %s/ci_full", other, dir);
-    snprintf(want, sizeof(want), "start from its weights alone with --init %s/ci_full/ckpt_00000004.bin --weights-only", dir);
+    snprintf(want, sizeof(want), "start from its weights alone with --init %s/ci_full/ckpt_00000004.bin --weights-only",
+             dir);
     expect_error(dir, "-y 1 on another dataset, saying how to start from its weights", args, want);
     snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_wo && %s -i %s -n 2 --init %s --weights-only -o %s/ci_wo > /dev/null 2>&1",
              dir, trainer, other, path, dir);
@@ -2251,21 +2327,23 @@ static void test_checkpoint_integrity(const char* dir) {
     snprintf(bad, sizeof(bad), "%s/ci_nan.bin", dir);
     checkpoint_write(bad, &ck);
     snprintf(args, sizeof(args), "-p tiny -b 2 -t 1 -n 3 -i %s --init %s -o %s/bad_out", data, bad, dir);
-    snprintf(want, sizeof(want), "weight 5 of exp_wq (%zu elements) is nan: its weights are not finite", t.spec[tensor].numel);
+    snprintf(want, sizeof(want), "weight 5 of exp_wq (%zu elements) is nan: its weights are not finite",
+             t.spec[tensor].numel);
     expect_error(dir, "--init of a checkpoint holding a NaN weight names the tensor", args, want);
     // huge but finite weights: the first step's loss is not finite, and the folder holds no checkpoint
     for (size_t k = 0; k < t.spec[tensor].numel; k++) { ck.params[t.spec[tensor].offset + k] = 3e38f; }
     snprintf(bad, sizeof(bad), "%s/ci_huge.bin", dir);
     checkpoint_write(bad, &ck);
     checkpoint_free(&ck);
-    snprintf(args, sizeof(args), "-p tiny -b 2 -t 1 --workers 1 -n 3 -k 100 -i %s --init %s -o %s/ci_diverged", data, bad,
-             dir);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -t 1 --workers 1 -n 3 -k 100 -i %s --init %s -o %s/ci_diverged", data,
+             bad, dir);
     snprintf(want, sizeof(want), "%s/ci_diverged holds no checkpoint to continue from", dir);
     snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_diverged", dir);
     run_command(cmd);
-    expect_error(dir, "a loss that is not finite before any checkpoint of the run: says the folder holds none", args, want);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_div2 && mkdir -p %s/ci_div2 && cp %s %s/ci_div2/ckpt_00000002.bin", dir, dir, bad,
-             dir);
+    expect_error(dir, "a loss that is not finite before any checkpoint of the run: says the folder holds none", args,
+                 want);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ci_div2 && mkdir -p %s/ci_div2 && cp %s %s/ci_div2/ckpt_00000002.bin", dir,
+             dir, bad, dir);
     run_command(cmd);
     snprintf(args, sizeof(args), "-p tiny -b 2 -t 1 --workers 1 -n 3 -k 100 -i %s -y 1 -o %s/ci_div2", data, dir);
     snprintf(want, sizeof(want), "the last checkpoint in %s/ci_div2 (step 2) is intact, continue with -y 1", dir);
@@ -2308,7 +2386,8 @@ static void test_max_text(const char* dir) {
         dataset_assemble(&ds, &pc, 0, &b, 0);  // task 0, 21 bytes
         for (int k = 0; k < max_text; k++) {
             int valid = k < 21;
-            pad_ok &= b.tokens[k] == (valid ? (int32_t)(uint8_t)tasks[0][k] : 7) && b.token_mask[k] == (valid ? 1.0f : 0.0f);
+            pad_ok &= b.tokens[k] == (valid ? (int32_t)(uint8_t)tasks[0][k] : 7) &&
+                      b.token_mask[k] == (valid ? 1.0f : 0.0f);
         }
         batch_free(&b);
     }
@@ -2318,7 +2397,8 @@ static void test_max_text(const char* dir) {
     // through the binary: the warning names both and the --max-text that separates them
     const char* base = "./train_vla_cpu -p tiny -b 2 -n 1 -u 1 -t 1 --workers 0";
     snprintf(out, sizeof(out), "%s/window_run.txt", dir);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/window_run && %s -i %s -o %s/window_run > %s 2>&1", dir, base, path, dir, out);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/window_run && %s -i %s -o %s/window_run > %s 2>&1", dir, base, path, dir,
+             out);
     int rc = run_command(cmd);
     char* text = read_text(out);
     check(rc == 0 && strstr(text, "warning: these instructions are the same in their first 16 bytes") != NULL &&
@@ -2338,7 +2418,8 @@ static void test_max_text(const char* dir) {
     rc = run_command(cmd);
     text = read_text(out);
     check(rc == 1 && strstr(text, "max_text 18 vs 16") != NULL && strstr(text, "--max-text") != NULL,
-          "resuming it without --max-text 18 names the field: %s", strstr(text, "error:") ? strstr(text, "error:") : text);
+          "resuming it without --max-text 18 names the field: %s",
+          strstr(text, "error:") ? strstr(text, "error:") : text);
     free(text);
 
     // 32,000 instructions in 3,200 groups of 10 equal in their first 16 bytes: found by sorting, not
@@ -2377,15 +2458,16 @@ static void test_max_text(const char* dir) {
     // the bound: pair by pair took 7.5 s; sorted, 0.02 s on a 2-core machine
     check(collisions == 28800 && seconds < 2.0, "32,000 instructions in groups of 10: %d collide with an earlier one "
           "(28,800), found in %.3f s (< 2)", collisions, seconds);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/many_run && %s --no-checkpoint -i %s -o %s/many_run > %s 2>&1", dir, base, path,
-             dir, out);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/many_run && %s --no-checkpoint -i %s -o %s/many_run > %s 2>&1", dir, base,
+             path, dir, out);
     rc = run_command(cmd);
     text = read_text(out);
     int lines = 0;
     for (const char* p = strstr(text, "warning: "); p != NULL; p = strstr(p + 1, "warning: ")) { lines++; }
     check(rc == 0 && lines == 11 && strstr(text, "\"task 00000 variant 0\", \"task 00000 variant 1\"") != NULL &&
           strstr(text, "warning: and 3190 more groups of instructions the same in their first 16 bytes: 28800 of the "
-                 "32000 distinct instructions read as another (--max-text 24 keeps every instruction distinct)") != NULL,
+                 "32000 distinct instructions read as another "
+                 "(--max-text 24 keeps every instruction distinct)") != NULL,
           "the trainer says the first 10 groups and how many more, in %d warning lines (11)", lines);
     free(text);
 }
@@ -2431,7 +2513,8 @@ static void test_bad_input(const char* dir) {
     // one shard twice (by one name, by two names of the file); an image shift past half the frames
     char twice[2200];
     snprintf(args, sizeof(args), "%s -i %s,%s -o %s/bad_out", run, src, src, dir);
-    snprintf(twice, sizeof(twice), "-i names the shard %s twice (as %s and as %s): name each shard once", src, src, src);
+    snprintf(twice, sizeof(twice), "-i names the shard %s twice (as %s and as %s): name each shard once", src, src,
+             src);
     expect_error(dir, "a shard named twice in -i", args, twice);
     snprintf(args, sizeof(args), "ln -sf a.bin %s/a_again.bin", dir);
     run_command(args);
@@ -2446,9 +2529,11 @@ static void test_bad_input(const char* dir) {
     // checkpoints: another config, truncated
     char out[1100];
     snprintf(out, sizeof(out), "%s/bad_ckpt", dir);
-    snprintf(args, sizeof(args), "rm -rf %s && ./train_vla_cpu -p tiny -b 2 -n 1 -t 1 -i %s -o %s > /dev/null", out, src, out);
+    snprintf(args, sizeof(args), "rm -rf %s && ./train_vla_cpu -p tiny -b 2 -n 1 -t 1 -i %s -o %s > /dev/null", out,
+             src, out);
     run_command(args);
-    snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -t 1 -i %s/b.bin --init %s/ckpt_00000001.bin -o %s/bad_out", dir, out, dir);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -t 1 -i %s/b.bin --init %s/ckpt_00000001.bin -o %s/bad_out", dir,
+             out, dir);
     expect_error(dir, "checkpoint for another config", args, "written for another model");
     snprintf(bad, sizeof(bad), "%s/ckpt_00000001.bin", out);
     snprintf(src, sizeof(src), "%s/truncated.bin", dir);
@@ -2480,7 +2565,8 @@ static void test_bad_input(const char* dir) {
         {"an unknown --recompute", "--recompute sometimes", "--recompute sometimes: use none, attn or layer"},
         {"--recompute on the CPU trainer (the reference)", "--recompute layer", "train_vla_cpu keeps every activation"},
         {"--memory on the CPU trainer", "--memory", "--memory prints train_vla's GPU memory"},
-        {"the preset of the old model", "-p base", "unknown preset 'base': use tiny, small, smolvla, pi0_tiny, pi0_small or pi0"},
+        {"the preset of the old model", "-p base",
+         "unknown preset 'base': use tiny, small, smolvla, pi0_tiny, pi0_small or pi0"},
     };
     for (size_t k = 0; k < sizeof(flag_cases) / sizeof(flag_cases[0]); k++) {
         snprintf(args, sizeof(args), "-i %s/a.bin %s", dir, flag_cases[k].flags);
@@ -2552,8 +2638,10 @@ static void test_untrusted_files(const char* dir) {
     check(h.version == 2 && h.n_tasks >= 2, "a.bin is a version-2 shard of several tasks (%u, %llu)", h.version,
           (unsigned long long)h.n_tasks);
     const struct { const char* what; uint64_t at; const char* needle; } tables[] = {
-        {"a token offset of 1e9 between right ends", h.off_token_offsets + 8, "token offset 1 (1000000000) breaks the table"},
-        {"a task offset of 1e9 between right ends", h.off_task_offsets + 8, "task offset 1 (1000000000) breaks the table"},
+        {"a token offset of 1e9 between right ends", h.off_token_offsets + 8,
+         "token offset 1 (1000000000) breaks the table"},
+        {"a task offset of 1e9 between right ends", h.off_task_offsets + 8,
+         "task offset 1 (1000000000) breaks the table"},
     };
     for (int k = 0; k < 2; k++) {
         u64 = 1000000000ULL;
@@ -2577,7 +2665,8 @@ static void test_untrusted_files(const char* dir) {
         {"a gap before the first tensor", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8,
          "its first tensor a starts at byte 4, not 0"},
         {"a gap between tensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", 12, "tensor b [8, 12) leaves a gap after tensor a"},
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", 12,
+         "tensor b [8, 12) leaves a gap after tensor a"},
         {"bytes past the last tensor", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8,
          "its tensors end at byte 4 of the 8-byte data section"},
         {"a tensor's dtype given twice", "{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F64\",\"shape\":[1],"
@@ -2609,7 +2698,8 @@ static void test_untrusted_files(const char* dir) {
             if (st_rc == 0) { safetensors_close(&st); }
         } else {
             check(st_rc == 1 && st.map == NULL && st.tensors == NULL && strstr(err, st_cases[k].needle) != NULL &&
-                  strchr(err, '\n') == NULL, "safetensors with %s: refused in one line, nothing kept: %s", st_cases[k].what, err);
+                  strchr(err, '\n') == NULL,
+                  "safetensors with %s: refused in one line, nothing kept: %s", st_cases[k].what, err);
         }
     }
     // a name quoted from a file, and a path, as messages show them: escaped, shortened, the reason kept
@@ -2631,7 +2721,8 @@ static void test_untrusted_files(const char* dir) {
     FlowConfig c = flow_preset("tiny")->config;
     check(flow_config_problem(&c) == NULL, "the tiny preset is a valid config");
     FlowConfig big = c;
-    big.n_layer = VLA_MAX_LAYER; big.d_ff = VLA_MAX_WIDTH; big.d_model = VLA_MAX_WIDTH;  // vlm_gate alone: 2^42 elements
+    // vlm_gate alone: 2^42 elements
+    big.n_layer = VLA_MAX_LAYER; big.d_ff = VLA_MAX_WIDTH; big.d_model = VLA_MAX_WIDTH;
     const char* problem = flow_config_problem(&big);
     check(problem != NULL && strstr(problem, "the parameter count is past the bound 2^36") != NULL,
           "every field within its bound, the count past 2^36 (%.3g elements in vlm_gate): %s",
@@ -2658,12 +2749,14 @@ static void test_untrusted_files(const char* dir) {
     FlowConfig many = c;
     many.n_cam = 16; many.img = 1024; many.patch = 8;  // 16 x 4096 image tokens
     problem = flow_config_problem(&many);
-    check(problem != NULL && strstr(problem, "tokens") != NULL, "too many tokens: %s", problem ? problem : "(accepted)");
+    check(problem != NULL && strstr(problem, "tokens") != NULL, "too many tokens: %s",
+          problem ? problem : "(accepted)");
 
     // checkpoints: fields that do not change the file's size, a step out of range
     snprintf(ck, sizeof(ck), "%s/bad_ckpt/ckpt_00000001.bin", dir);  // test_bad_input's run wrote it
     struct { long offset; uint64_t value; int bytes; const char* what; const char* needle; } fields[] = {
-        {offsetof(CheckpointHeader, config) + offsetof(FlowConfig, chunk), 5000, 4, "chunk 5000", "chunk 5000 is past its bound"},
+        {offsetof(CheckpointHeader, config) + offsetof(FlowConfig, chunk), 5000, 4, "chunk 5000",
+         "chunk 5000 is past its bound"},
         {offsetof(CheckpointHeader, config) + offsetof(FlowConfig, max_text), 100000, 4, "max_text 100000",
          "max_text 100000 is past its bound"},
         {offsetof(CheckpointHeader, config) + offsetof(FlowConfig, n_layer), 0x7fffffff, 4, "n_layer 2^31 - 1",
@@ -2673,9 +2766,11 @@ static void test_untrusted_files(const char* dir) {
         {offsetof(CheckpointHeader, train_mode), 7, 4, "train mode 7", "holds train mode 7, not one of 0 (expert)"},
         {offsetof(CheckpointHeader, train_mode), TRAIN_MODE_EXPERT, 4, "another train mode's moment count",
          "its header implies"},
-        {offsetof(CheckpointHeader, n_trainable), 5, 8, "a moment count its config does not imply", "its header implies"},
+        {offsetof(CheckpointHeader, n_trainable), 5, 8, "a moment count its config does not imply",
+         "its header implies"},
         {offsetof(CheckpointHeader, tokenizer), 0, 1, "no tokenizer", "names no tokenizer"},
-        {offsetof(CheckpointHeader, tokenizer) + 1, '\n', 1, "a newline in the tokenizer's name", "not printable ASCII"},
+        {offsetof(CheckpointHeader, tokenizer) + 1, '\n', 1, "a newline in the tokenizer's name",
+         "not printable ASCII"},
         {offsetof(CheckpointHeader, step), UINT64_MAX, 8, "step -1 as signed", "says step 18446744073709551615"},
         {offsetof(CheckpointHeader, step), (1ULL << 32) + 1, 8, "step past 32 bits", "says step 4294967297"},
         {offsetof(CheckpointHeader, sampler_pos), 0, 8, "fewer samples than steps", "after 0 samples, out of range"},
@@ -2703,7 +2798,8 @@ static void test_untrusted_files(const char* dir) {
     fclose(f);
     checkpoint_reseal(bad);
     snprintf(args, sizeof(args), "%s -i %s --init %s -n 5 -o %s/bad_out", run, src, bad, dir);
-    expect_error(dir, "a checkpoint past the run's end", args, "is at step 7, past this run's end (-n 5): pass -n above 7");
+    expect_error(dir, "a checkpoint past the run's end", args,
+                 "is at step 7, past this run's end (-n 5): pass -n above 7");
 
     // --init of something that is not a checkpoint file
     snprintf(args, sizeof(args), "%s -i %s --init %s -o %s/bad_out", run, src, dir, dir);
@@ -2729,17 +2825,19 @@ static void test_shard_versions(const char* dir) {
     uint64_t sizes[SHARD_SECTIONS];
     shard_section_sizes(&s2.h, v2, sizes);
     int same = s1.h.n_cam == s2.h.n_cam && s1.h.img == s2.h.img && s1.h.n_tasks == s2.h.n_tasks &&
-               s1.h.n_tokens == s2.h.n_tokens && s1.h.vocab == s2.h.vocab && strcmp(s1.h.tokenizer, s2.h.tokenizer) == 0 &&
+               s1.h.n_tokens == s2.h.n_tokens && s1.h.vocab == s2.h.vocab &&
+               strcmp(s1.h.tokenizer, s2.h.tokenizer) == 0 &&
                memcmp(s1.h.cam_height, s2.h.cam_height, sizeof(s1.h.cam_height)) == 0 &&
                memcmp(s1.h.cam_width, s2.h.cam_width, sizeof(s1.h.cam_width)) == 0 &&
                memcmp(s1.token_offsets, s2.token_offsets, (s2.h.n_tasks + 1) * 8) == 0 &&
                memcmp(s1.tokens, s2.tokens, s2.h.n_tokens * 4) == 0 && memcmp(s1.images, s2.images, sizes[0]) == 0;
     check(s2.h.version == 2 && s1.h.version == 1 && strcmp(s2.h.tokenizer, "bytes") == 0 && s2.h.vocab == 256 && same,
-          "a version-1 copy of b.bin reads as the same view: cameras %ux%u, tokenizer \"%s\" (vocabulary %u), %llu token "
-          "ids, images", s1.h.cam_height[0], s1.h.cam_width[0], s1.h.tokenizer, s1.h.vocab,
+          "a version-1 copy of b.bin reads as the same view: cameras %ux%u, tokenizer \"%s\" (vocabulary %u), %llu "
+          "token ids, images", s1.h.cam_height[0], s1.h.cam_width[0], s1.h.tokenizer, s1.h.vocab,
           (unsigned long long)s1.h.n_tokens);
     check(s1.images >= s1.map && s1.images + sizes[0] <= s1.map + s1.map_size && s1.owned_tokens != NULL &&
-          s2.owned_tokens == NULL, "version 1's frames are read in place from the mapped file (only its tokens are made)");
+          s2.owned_tokens == NULL,
+          "version 1's frames are read in place from the mapped file (only its tokens are made)");
     shard_close(&s1);
     shard_close(&s2);
     Dataset d1, d2;
@@ -2760,14 +2858,15 @@ static void test_shard_versions(const char* dir) {
         batch_fill(&b2, &d2, &c, idx, 9, (uint64_t)step, 0, 2);
         batches_same &= batches_equal(&b1, &b2, &c);
     }
-    check(batches_same, "versions 1 and 2 of the same data give identical batches (%d steps of %d, shifted images)", steps, B);
+    check(batches_same,
+          "versions 1 and 2 of the same data give identical batches (%d steps of %d, shifted images)", steps, B);
     batch_free(&b1); batch_free(&b2);
     sampler_free(&s);
     dataset_close(&d1); dataset_close(&d2);
     // and identical training through the binary: the losses and the checkpoint
     const char* base = "./train_vla_cpu -p tiny -b 4 -n 3 -k 3 -t 1 --workers 1 --augment-shift 2";
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/run_v1 %s/run_v2 && %s -i %s -o %s/run_v1 > /dev/null 2>&1 && %s -i %s -o %s/run_v2 "
-             "> /dev/null 2>&1", dir, dir, base, v1, dir, base, v2, dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/run_v1 %s/run_v2 && %s -i %s -o %s/run_v1 > /dev/null 2>&1 && "
+             "%s -i %s -o %s/run_v2 > /dev/null 2>&1", dir, dir, base, v1, dir, base, v2, dir);
     int rc = run_command(cmd);
     float l1[3] = {0}, l2[3] = {0};
     snprintf(path, sizeof(path), "%s/run_v1/log.jsonl", dir);
@@ -2778,12 +2877,14 @@ static void test_shard_versions(const char* dir) {
     snprintf(p1, sizeof(p1), "%s/run_v1/ckpt_00000003.bin", dir);
     snprintf(p2, sizeof(p2), "%s/run_v2/ckpt_00000003.bin", dir);
     check(rc == 0 && n1 == 3 && n2 == 3 && memcmp(l1, l2, sizeof(l1)) == 0 && files_equal(p1, p2),
-          "train_vla_cpu on versions 1 and 2: identical losses (%.6f %.6f %.6f) and identical checkpoints", l2[0], l2[1], l2[2]);
+          "train_vla_cpu on versions 1 and 2: identical losses (%.6f %.6f %.6f) and identical checkpoints",
+          l2[0], l2[1], l2[2]);
     // the shipped data (data/metaworld_mt10.bin.xz) is version 1
     Shard mt10;
     rc = shard_open_checked(&mt10, "data/default/metaworld_mt10_000.bin", err, sizeof(err));
-    check(rc == 0 && mt10.h.version == 1 && mt10.h.n_cam == 1 && mt10.h.cam_height[0] == 64 && mt10.h.cam_width[0] == 64 &&
-          mt10.h.n_tasks == 10 && mt10.h.n_tokens == mt10.h.task_bytes && strcmp(mt10.h.tokenizer, "bytes") == 0,
+    check(rc == 0 && mt10.h.version == 1 && mt10.h.n_cam == 1 && mt10.h.cam_height[0] == 64 &&
+          mt10.h.cam_width[0] == 64 && mt10.h.n_tasks == 10 && mt10.h.n_tokens == mt10.h.task_bytes &&
+          strcmp(mt10.h.tokenizer, "bytes") == 0,
           "the shipped MT10 shard (version 1) reads: one 64x64 camera, 10 tasks as byte tokens%s%s", rc ? ": " : "",
           rc ? err : "");
     if (rc == 0) { shard_close(&mt10); }
@@ -2813,7 +2914,8 @@ static void test_shard_versions(const char* dir) {
     }
     for (int f = 0; f < FRAMES && images_ok; f++) {  // camera by camera, where the helper says they are
         for (int cam = 0; cam < 2; cam++) {
-            size_t at = (size_t)f * frame + camera_offset(&cams, cam), bytes = (size_t)cams.height[cam] * cams.width[cam] * 3;
+            size_t at = (size_t)f * frame + camera_offset(&cams, cam),
+                   bytes = (size_t)cams.height[cam] * cams.width[cam] * 3;
             images_ok &= memcmp(t.images + at, images + at, bytes) == 0;
         }
     }
@@ -2839,13 +2941,15 @@ static void test_shard_versions(const char* dir) {
     for (int i = 0; i < FRAMES; i++) {
         all_shifted &= batch_cameras_shifted(&plain, &shifted, i, 2, &moved);
         for (int cam = 0; cam < 2; cam++) {
-            size_t at = (size_t)i * frame + camera_offset(&cams, cam), bytes = (size_t)cams.height[cam] * cams.width[cam] * 3;
+            size_t at = (size_t)i * frame + camera_offset(&cams, cam),
+                   bytes = (size_t)cams.height[cam] * cams.width[cam] * 3;
             frames_ok &= memcmp(batch_image(&plain, cam, i), images + at, bytes) == 0;
         }
     }
     check(frames_ok && plain.tokens[0] == (int32_t)(uint8_t)tasks[1][0] &&
           plain.token_mask[11] == 1.0f && plain.token_mask[12] == 0.0f && plain.tokens[12] == 0 &&
-          plain.tokens[4 * any.max_text] == 'S' && plain.token_mask[5 * any.max_text - 1] == 1.0f && all_shifted && moved > 0,
+          plain.tokens[4 * any.max_text] == 'S' && plain.token_mask[5 * any.max_text - 1] == 1.0f && all_shifted &&
+          moved > 0,
           "its batches hold the frames as written, the tokens of each task, and --augment-shift 2 shifts each camera "
           "within its own size (%d of %d moved)", moved, FRAMES * 2);
     batch_free(&plain); batch_free(&shifted);
@@ -2857,15 +2961,16 @@ static void test_shard_versions(const char* dir) {
     rc = run_command(cmd);
     snprintf(path, sizeof(path), "%s/sizes_run.txt", dir);
     char* text = read_text(path);
-    check(rc == 0 && strstr(text, "| cameras (h x w)        | 16x16, 8x12") != NULL && strstr(text, "step     2/2") != NULL,
+    check(rc == 0 && strstr(text, "| cameras (h x w)        | 16x16, 8x12") != NULL &&
+          strstr(text, "step     2/2") != NULL,
           "train_vla_cpu trains on two cameras of 16x16 and 8x12 (exit %d)", rc);
     free(text);
     snprintf(cmd, sizeof(cmd), "./data/synthetic -o %s/square_sizes.bin --cam-size 16x16 --cam-size 8x8 --episodes 2 "
              "--min-len 2 --max-len 3 > /dev/null && rm -rf %s/sizes_run && ./train_vla_cpu -p tiny -b 2 -n 1 -t 1 "
              "--workers 0 -i %s/square_sizes.bin -o %s/sizes_run > /dev/null 2>&1", dir, dir, dir, dir);
     rc = run_command(cmd);
-    check(rc == 0, "data/synthetic --cam-size 16x16 --cam-size 8x8 writes cameras of two sizes, and train_vla_cpu trains "
-          "on them (exit %d)", rc);
+    check(rc == 0, "data/synthetic --cam-size 16x16 --cam-size 8x8 writes cameras of two sizes, and train_vla_cpu "
+          "trains on them (exit %d)", rc);
 
     // corrupt version-2 fields: each a one-line error naming the problem
     ShardHeader h;
@@ -2889,24 +2994,28 @@ static void test_shard_versions(const char* dir) {
     char name[64];
     memset(name, 'x', sizeof(name));
     corrupt_copy(v2, bad, offsetof(ShardHeader, tokenizer), name, sizeof(name), -1);
-    expect_error(dir, "a tokenizer name without its NUL", args, "the tokenizer name is not NUL-terminated within its 64 bytes");
+    expect_error(dir, "a tokenizer name without its NUL", args,
+                 "the tokenizer name is not NUL-terminated within its 64 bytes");
     u32 = 23;  // camera 0 of 23x24 and img 0: the cameras no longer add up to the images section
     corrupt_copy(v2, bad, offsetof(ShardHeader, cam_height), &u32, 4, -1);
     u32 = 0;
     patch_file(bad, offsetof(ShardHeader, img), &u32, 4);
     char needle[256];
-    snprintf(needle, sizeof(needle), "the camera sizes (23x24, 24x24, height x width) make %llu frames %llu bytes of images",
+    snprintf(needle, sizeof(needle),
+             "the camera sizes (23x24, 24x24, height x width) make %llu frames %llu bytes of images",
              (unsigned long long)h.n_frames, (unsigned long long)h.n_frames * (23 * 24 + 24 * 24) * 3);
     expect_error(dir, "camera sizes that do not add up to the images section", args, needle);
     u32 = 25;
     corrupt_copy(v2, bad, offsetof(ShardHeader, cam_height), &u32, 4, -1);
-    expect_error(dir, "img that disagrees with the camera sizes", args, "img 24 disagrees with the camera sizes (25x24, 24x24");
+    expect_error(dir, "img that disagrees with the camera sizes", args,
+                 "img 24 disagrees with the camera sizes (25x24, 24x24");
     u32 = 0;
     corrupt_copy(v2, bad, offsetof(ShardHeader, cam_width) + 4, &u32, 4, -1);
     expect_error(dir, "a camera 0 pixels wide", args, "camera 1 is 24x0 pixels (height x width), outside 1 to 4096");
     u32 = 24;
     corrupt_copy(v2, bad, offsetof(ShardHeader, cam_width) + 8, &u32, 4, -1);
-    expect_error(dir, "a size for a camera the shard does not have", args, "camera 2 has a size (0x24) but the shard has 2");
+    expect_error(dir, "a size for a camera the shard does not have", args,
+                 "camera 2 has a size (0x24) but the shard has 2");
     corrupt_copy(v2, bad, 0, NULL, 0, 400);
     expect_error(dir, "a version-2 header cut short", args, "shorter than a version-2 shard header (512)");
     // another tokenizer: the reader takes it, today's model refuses a vocabulary past its 256-row table
@@ -2922,8 +3031,8 @@ static void test_shard_versions(const char* dir) {
     expect_error(dir, "a vocabulary past the model's text table", args, "a vocabulary of 49280, but preset tiny's text "
                  "table has 256 rows");
     snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -t 1 -i %s,%s -o %s/bad_out", v2, bad, dir);
-    expect_error(dir, "shards of two tokenizers", args, "has the token ids of tokenizer tokenizer.json:0123456789abcdef "
-                 "(vocabulary 49280) but");
+    expect_error(dir, "shards of two tokenizers", args,
+                 "has the token ids of tokenizer tokenizer.json:0123456789abcdef (vocabulary 49280) but");
 }
 
 // ----------------------------------------------------------------------------
@@ -2960,8 +3069,9 @@ static void test_policy(const char* dir) {
 #undef CONFIG_FIELD_
     config_ok &= config[FLOW_CONFIG_STORED + 1] == c.family;
     check(config_ok && i == 27 && config[26] == TRAIN_MODE_EXPERT && strcmp(vla_policy_tokenizer(p), "bytes") == 0 &&
-          strstr(vla_policy_device(p), "CPU") != NULL, "vla_policy_config: the config fields, train mode %d and family %d; "
-          "tokenizer \"%s\"; device \"%s\"", config[26], config[27], vla_policy_tokenizer(p), vla_policy_device(p));
+          strstr(vla_policy_device(p), "CPU") != NULL,
+          "vla_policy_config: the config fields, train mode %d and family %d; tokenizer \"%s\"; device \"%s\"",
+          config[26], config[27], vla_policy_tokenizer(p), vla_policy_device(p));
 
     // B observations of the dataset, raw: frames as stored, the instruction's text, the state in data units
     enum { B = 3 };
@@ -2999,7 +3109,8 @@ static void test_policy(const char* dir) {
     float* ours = (float*)mallocCheck(n_out * sizeof(float));
     float* want = (float*)mallocCheck(n_out * sizeof(float));
     flow_sample_actions(&m, &batch, ds.action_mean, ds.action_std, want);
-    int rc = vla_policy_act(p, B, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, noise, 0, ours);
+    int rc =
+        vla_policy_act(p, B, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, noise, 0, ours);
     // the state goes through (x - mean) / std on both sides and the same sampling: equal up to the
     // rounding of a normalization that reads float32 statistics from the checkpoint (the same values)
     double e = rel_error(ours, want, n_out);
@@ -3012,8 +3123,8 @@ static void test_policy(const char* dir) {
     vla_policy_act(p, B, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, NULL, 99, again);
     double e_seed = rel_error(ours, want, n_out);
     vla_policy_act(p, B, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, NULL, 100, again);
-    check(e_seed <= 1e-6 && rel_error(again, want, n_out) > 1e-3, "noise NULL draws flow_noise_width(seed): seed 99 gives "
-          "the same actions (rel err %.2e), seed 100 others", e_seed);
+    check(e_seed <= 1e-6 && rel_error(again, want, n_out) > 1e-3, "noise NULL draws flow_noise_width(seed): "
+          "seed 99 gives the same actions (rel err %.2e), seed 100 others", e_seed);
     // frames of other sizes than the dataset's: resized with padding, the same path
     int32_t other_hw[4] = {40, 30, 17, 64};
     uint8_t* other[2];
@@ -3029,12 +3140,13 @@ static void test_policy(const char* dir) {
     int32_t bad_hw[4][4] = {{0, 30, 17, 64}, {40, 30, 17, VLA_MAX_IMG + 1}, {1, 4096, 17, 64}, {40, 30, -3, 64}};
     int refused = 1;
     for (int k = 0; k < 4; k++) {
-        refused &= vla_policy_act(p, B, bad_hw[k], (const uint8_t* const*)other, (const char* const*)texts, state, NULL, 1,
-                                  again) == 2;
+        refused &= vla_policy_act(p, B, bad_hw[k], (const uint8_t* const*)other, (const char* const*)texts, state, NULL,
+                                  1, again) == 2;
     }
-    check(refused && vla_policy_act(p, 0, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, NULL, 1,
-                                    again) == 1,
-          "refusals: 2 for a camera of 0 rows, past %d, resizing to nothing (1x4096) or negative; 1 for B = 0", VLA_MAX_IMG);
+    check(refused && vla_policy_act(p, 0, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state,
+                                    NULL, 1, again) == 1,
+          "refusals: 2 for a camera of 0 rows, past %d, resizing to nothing (1x4096) or negative; 1 for B = 0",
+          VLA_MAX_IMG);
     // instructions as token ids: the shard's ids give the strings' actions; bad ids and counts refused
     int32_t ids[3 * 64], n_ids[B], n_all = 0;
     for (int b = 0; b < B; b++) {
@@ -3053,10 +3165,11 @@ static void test_policy(const char* dir) {
     ids[0] = saved;
     int32_t count1 = n_ids[1];
     n_ids[1] = -1;
-    int bad_count = vla_policy_act_tokens(p, B, cam_hw, (const uint8_t* const*)images, ids, n_ids, state, noise, 0, again);
+    int bad_count =
+        vla_policy_act_tokens(p, B, cam_hw, (const uint8_t* const*)images, ids, n_ids, state, noise, 0, again);
     n_ids[1] = count1;
-    check(bad_id == POLICY_BAD_TOKENS && bad_count == POLICY_BAD_TOKENS, "refusals: %d for an id equal to the vocabulary, "
-          "%d for a negative count", bad_id, bad_count);
+    check(bad_id == POLICY_BAD_TOKENS && bad_count == POLICY_BAD_TOKENS,
+          "refusals: %d for an id equal to the vocabulary, %d for a negative count", bad_id, bad_count);
     vla_policy_free(p);
     // a checkpoint trained on a tokenizer.json's ids: strings are refused, ids act
     Checkpoint ck;
@@ -3067,11 +3180,12 @@ static void test_policy(const char* dir) {
     checkpoint_write(renamed, &ck);
     checkpoint_free(&ck);
     p = vla_policy_load(renamed, 0, err, (int)sizeof(err));
-    int strings = p ? vla_policy_act(p, B, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, noise,
-                                     0, again) : -1;
-    int tokens = p ? vla_policy_act_tokens(p, B, cam_hw, (const uint8_t* const*)images, ids, n_ids, state, noise, 0, again)
-                   : -1;
-    check(p != NULL && strings == POLICY_NOT_BYTES && tokens == POLICY_OK && memcmp(ours, again, n_out * sizeof(float)) == 0,
+    int strings = p ? vla_policy_act(p, B, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state,
+                                     noise, 0, again) : -1;
+    int tokens = p ? vla_policy_act_tokens(p, B, cam_hw, (const uint8_t* const*)images, ids, n_ids, state, noise,
+                                           0, again) : -1;
+    check(p != NULL && strings == POLICY_NOT_BYTES && tokens == POLICY_OK &&
+          memcmp(ours, again, n_out * sizeof(float)) == 0,
           "a checkpoint of tokenizer %s: vla_policy_act refuses strings (%d), not silent byte ids; its ids act (%d)",
           p ? vla_policy_tokenizer(p) : "?", strings, tokens);
     vla_policy_free(p);
@@ -3091,8 +3205,8 @@ static void test_policy(const char* dir) {
 
 int main(int argc, char** argv) {
     if (argc < 2 || argc > 4) {
-        fprintf(stderr, "usage: %s FIXTURE_DIR [LEROBOT_REF_DIR [LEROBOT_PI0_REF_DIR]]   (make test writes them and runs "
-                "this; the second adds the SmolVLA checks against LeRobot, the third pi0's)\n", argv[0]);
+        fprintf(stderr, "usage: %s FIXTURE_DIR [LEROBOT_REF_DIR [LEROBOT_PI0_REF_DIR]]   (make test writes them and "
+                "runs this; the second adds the SmolVLA checks against LeRobot, the third pi0's)\n", argv[0]);
         return 2;
     }
     const char* dir = argv[1];
