@@ -780,7 +780,7 @@ static float* train_three_steps(Dataset* ds, const FlowConfig* c, const TrainArg
     float* grad_sum = (float*)mallocCheck(m.opt.total * sizeof(float));
     for (int step = 0; step < 3; step++) {
         float norm;
-        losses[step] = train_step(&m, grad_sum, &loader, args, step, &norm, NULL, NULL, NULL);
+        losses[step] = train_step(&FLOW_POLICY, &m, grad_sum, &loader, args, step, &norm, NULL, NULL, NULL);
     }
     loader_stop(&loader);
     float* params = (float*)mallocCheck(m.table.total * sizeof(float));
@@ -1987,10 +1987,13 @@ static void test_checkpoints(const char* dir) {
         for (int step = 1; step <= 3; step++) { flow_save(&m, &ds, &args, step, 1000 + step); }
         FlowVLA m2;
         flow_build(&m2, &c, TRAIN_MODE_VLM);
-        int step;
-        uint64_t seed, pos;
         checkpoint_path(path, sizeof(path), p2, 3);
-        flow_load(&m2, path, &args, &ds, &step, &seed, &pos);
+        Checkpoint back;
+        run_checkpoint_load(path, &c, &args, &ds, &back);
+        flow_set_params(&m2, back.params, back.m, back.v);
+        int step = (int)back.step;
+        uint64_t seed = back.seed, pos = back.sampler_pos;
+        checkpoint_free(&back);
         check(step == 3 && seed == 7 && pos == 1003 && m2.opt.mode == TRAIN_MODE_VLM && m2.opt.total == m.opt.total &&
               memcmp(m.params_memory, m2.params_memory, m.table.total * 4) == 0 &&
               memcmp(m.m_memory, m2.m_memory, m.opt.total * 4) == 0 &&
@@ -2046,7 +2049,7 @@ static void test_checkpoints(const char* dir) {
         float* grad_sum = (float*)mallocCheck(m.opt.total * sizeof(float));
         for (int step = 0; step < 2; step++) {
             float norm;
-            train_step(&m, grad_sum, &loader, &args, step, &norm, NULL, NULL, NULL);
+            train_step(&FLOW_POLICY, &m, grad_sum, &loader, &args, step, &norm, NULL, NULL, NULL);
         }
         loader_stop(&loader);
         check(memcmp(ck.params, m.params_memory, total * 4) == 0 && memcmp(ck.m, m.m_memory, trainable * 4) == 0 &&
@@ -3108,7 +3111,7 @@ static void test_policy(const char* dir) {
     size_t n_out = (size_t)B * H * A;
     float* ours = (float*)mallocCheck(n_out * sizeof(float));
     float* want = (float*)mallocCheck(n_out * sizeof(float));
-    flow_sample_actions(&m, &batch, ds.action_mean, ds.action_std, want);
+    sample_actions(&FLOW_POLICY, &m, &m.config, &batch, ds.action_mean, ds.action_std, want);
     int rc =
         vla_policy_act(p, B, cam_hw, (const uint8_t* const*)images, (const char* const*)texts, state, noise, 0, ours);
     // the state goes through (x - mean) / std on both sides and the same sampling: equal up to the

@@ -748,6 +748,31 @@ static void flow_matching_task_sums(double* sq, double* n, const int* task, cons
 }
 
 // ----------------------------------------------------------------------------
+// the policy interface: all the step, checkpoints, evaluation and the config table ask of a
+// policy, as one table of its functions over its model, which only its own section reads (as in
+// train_vla.cu). The flow_ section below ends with the table of SmolVLA and pi0 (FLOW_POLICY); a new
+// policy writes its section and its table, and policy_of, the one place that chooses, returns it.
+
+typedef struct {
+    void (*param_counts)(const FlowConfig* c, int mode, size_t* total, size_t* trainable);
+    float* (*init_params)(const FlowConfig* c, uint64_t seed);  // the seeded weights, in its table's layout
+    void* (*build)(const FlowConfig* c, int mode);              // a model training in `mode`, moments zero
+    void (*set_params)(void* m, const float* params, const float* moment1, const float* moment2);  // moments NULL: 0
+    // a micro-batch of a step: the loss's sum of squared errors over its valid entries (*entries),
+    // the sums of each sample's task (--balance tasks), and the gradients of the sum added into the
+    // step's, grad_sum (its trainable elements packed; first: overwritten); then the mean of the step's
+    // gradients over its entries, and the update, which returns the gradient norm before clipping
+    double (*forward)(void* m, const ModelInputs* in, int* entries);
+    void (*task_sums)(void* m, const ModelInputs* in, const int* task, double* sq, double* n);
+    void (*backward)(void* m, float* grad_sum, int first);
+    void (*grads_finish)(void* m, const float* grad_sum, double entries);
+    float (*update)(void* m, float lr, float weight_decay, int decay_on, float clip, int step, int shards);
+    void (*save)(void* m, const Dataset* ds, const TrainArgs* args, int step, uint64_t sampler_pos);
+    void (*sample)(void* m, const ModelInputs* in, const float* noise, float* out);  // (B, H, Amax), normalized
+    void (*free)(void* m);
+} Policy;
+
+// ----------------------------------------------------------------------------
 // The model: LeRobot's SmolVLA, as dev/smolvla.py computes it, and LeRobot's pi0, its second family
 // (vla/config.h: what differs is a function of the family there). SmolVLA's forward:
 //   frames (uint8, any size) -> resize with padding, x*2-1 -> SigLIP (patch embedding, position,
@@ -957,6 +982,18 @@ static void flow_set_batch(FlowVLA* m, int B) {
 static void flow_free(FlowVLA* m) {
     free(m->params_memory); free(m->grads_memory); free(m->acts_memory); free(m->ints_memory);
     free(m->rope_cos); free(m->rope_sin); free(m->m_memory); free(m->v_memory);
+}
+
+static void flow_opt_init(FlowVLA* m, int mode);
+
+// The weights from an array in the table's layout; AdamW's moments of the model's mode from
+// moment1/2 (packed: flow_opt_domain), else zero
+static void flow_set_params(FlowVLA* m, const float* params, const float* moment1, const float* moment2) {
+    flow_opt_init(m, m->mode);
+    memcpy(m->params_memory, params, m->table.total * sizeof(float));
+    size_t n = m->opt.total * sizeof(float);
+    if (moment1 != NULL) { memcpy(m->m_memory, moment1, n); } else { memset(m->m_memory, 0, n); }
+    if (moment2 != NULL) { memcpy(m->v_memory, moment2, n); } else { memset(m->v_memory, 0, n); }
 }
 
 // Slice k of parameter tensor i (layer k's part of a stacked tensor; 0 for the others); NULL for a
@@ -1725,82 +1762,7 @@ static float flow_update(FlowVLA* m, int mode, float lr, float weight_decay, int
     return norm;
 }
 
-// One optimizer step over W = ranks x accum simulated ranks of B samples each (the loader's jobs
-// of the step, in order: every rank's micro-steps), as DDP with gradient accumulation takes it:
-// each micro-batch's forward and backward in args->train_mode, their gradients of the trainable
-// elements summed (grad_sum: (opt.total), packed), then the update on their mean. The loss is
-// LeRobot's mean over valid entries (flow_matching_loss), taken over the whole step: the squared
-// errors of all W micro-batches divided by all their valid entries, and the gradients likewise
-// (the passes compute the gradients of the sums). So -g 4 -b 2, -g 2 -b 2 -d 8 and -g 1 -b 8 take
-// the same step up to the order of fp32 sums, whatever the pads of each micro-batch; the GPU
-// trainer divides the same way. Returns the loss; the gradient norm before clipping in *norm_out.
-// With tb (--balance tasks), task_loss (T) gets the step's mean loss of each task over its valid
-// entries in all W micro-batches (NaN for a task with none).
-static float train_step(FlowVLA* m, float* grad_sum, Loader* loader, const TrainArgs* args, int step, float* norm_out,
-                        const TaskBalance* tb, const Dataset* ds, double* task_loss) {
-    int W = args->ranks * args->accum, mode = args->train_mode;
-    flow_opt_init(m, mode);
-    const FlowOptDomain* d = &m->opt;
-    double squares = 0.0;
-    int64_t entries = 0;
-    int T = tb != NULL ? tb->n_tasks : 0;
-    double* task_n = T > 0 ? (double*)callocCheck((size_t)T, sizeof(double)) : NULL;
-    int* task = T > 0 ? (int*)mallocCheck((size_t)args->batch * sizeof(int)) : NULL;
-    for (int t = 0; t < T; t++) { task_loss[t] = 0.0; }
-    for (int r = 0; r < W; r++) {
-        ModelInputs in = model_inputs(loader_next(loader));
-        int n;
-        squares += flow_forward_loss(m, &in, 0, &n);
-        entries += n;
-        if (T > 0) {
-            const uint64_t* idx = loader_indices(loader);
-            for (int b = 0; b < in.B; b++) { task[b] = task_balance_task_of(tb, ds, idx[b]); }
-            flow_matching_task_sums(task_loss, task_n, task, m->acts.v_t, in.noise, in.actions,
-                                    flow_loss_masks_pad(&m->config) ? in.action_is_pad : NULL, in.B,
-                                    m->config.chunk, m->config.max_action_dim, m->config.action_dim);
-        }
-        flow_backward(m, mode);
-        loader_release(loader);
-        for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
-            const float* g = m->grads_memory + m->table.spec[i].offset;
-            float* acc = grad_sum + d->offset[i];
-            if (r == 0) { memcpy(acc, g, d->numel[i] * sizeof(float)); }
-            else { for (size_t j = 0; j < d->numel[i]; j++) { acc[j] += g[j]; } }
-        }
-    }
-    double divisor = (double)(entries > 1 ? entries : 1);
-    float inv = (float)(1.0 / divisor);
-    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
-        float* g = m->grads_memory + m->table.spec[i].offset;
-        const float* acc = grad_sum + d->offset[i];
-        for (size_t j = 0; j < d->numel[i]; j++) { g[j] = acc[j] * inv; }
-    }
-    *norm_out = flow_update(m, mode, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step,
-                            args->zero ? args->ranks : 1);
-    for (int t = 0; t < T; t++) { task_loss[t] = task_n[t] > 0.0 ? task_loss[t] / task_n[t] : NAN; }
-    free(task_n); free(task);
-    return (float)(squares / divisor);
-}
-
-// 10-step sampling (flow_sample) from the batch's eps: actions (B, H, A) in the data's units,
-// the dataset's action dims of the normalized (B, H, Amax) chunk un-normalized with
-// action_mean/std (A each).
-static void flow_sample_actions(FlowVLA* m, const Batch* batch, const float* action_mean, const float* action_std,
-                                float* actions) {
-    const FlowConfig* c = &m->config;
-    int A = c->action_dim, Am = c->max_action_dim;
-    size_t rows = (size_t)batch->B * c->chunk;
-    float* chunk = (float*)mallocCheck(rows * Am * sizeof(float));
-    ModelInputs in = model_inputs(batch);
-    flow_sample(m, &in, batch->eps, chunk);
-    for (size_t r = 0; r < rows; r++) {
-        for (int k = 0; k < A; k++) { actions[r * A + k] = chunk[r * Am + k] * action_std[k] + action_mean[k]; }
-    }
-    free(chunk);
-}
-
-// ----------------------------------------------------------------------------
-// checkpoints of the model (vla/checkpoint.h's version 2: every weight, the moments of the trainable domain)
+// ---- checkpoints (vla/checkpoint.h's version 2: every weight, the moments of the trainable domain)
 
 // Writes step `step`: all weights, the packed moments of args->train_mode, the dataset's statistics
 // and tokenizer.
@@ -1810,21 +1772,146 @@ static void flow_save(FlowVLA* m, const Dataset* ds, const TrainArgs* args, int 
                         m->v_memory, m->opt.total, NULL);
 }
 
-// Loads weights, moments, step, seed and sampler position from a checkpoint of this model's config,
-// train mode `mode` and the dataset's tokenizer (run_checkpoint_load refuses any other, in one line).
-static void flow_load(FlowVLA* m, const char* path, const TrainArgs* args, const Dataset* ds, int* step, uint64_t* seed,
-                      uint64_t* sampler_pos) {
-    Checkpoint ck;
-    int mode = args->train_mode;
-    run_checkpoint_load(path, &m->config, args, ds, &ck);
+// ---- the flow_ policy: the interface's functions over FlowVLA
+
+static void flow_param_counts(const FlowConfig* c, int mode, size_t* total, size_t* trainable) {
+    FlowParamTable t;
+    flow_table_build(c, &t);
+    *total = t.total;
+    *trainable = flow_trainable_count(&t, mode);
+}
+
+static float* flow_init_params(const FlowConfig* c, uint64_t seed) {
+    FlowParamTable t;
+    flow_table_build(c, &t);
+    float* params = (float*)mallocCheck(t.total * sizeof(float));
+    flow_param_init(params, &t, c, seed);
+    return params;
+}
+
+static void* flow_new(const FlowConfig* c, int mode) {
+    FlowVLA* m = (FlowVLA*)mallocCheck(sizeof(FlowVLA));
+    flow_build(m, c, mode);
     flow_opt_init(m, mode);
-    memcpy(m->params_memory, ck.params, m->table.total * sizeof(float));
-    memcpy(m->m_memory, ck.m, m->opt.total * sizeof(float));
-    memcpy(m->v_memory, ck.v, m->opt.total * sizeof(float));
-    *step = (int)ck.step;
-    *seed = ck.seed;
-    *sampler_pos = ck.sampler_pos;
-    checkpoint_free(&ck);
+    return m;
+}
+
+static double flow_forward_(void* model, const ModelInputs* in, int* entries) {
+    return flow_forward_loss((FlowVLA*)model, in, 0, entries);
+}
+
+static void flow_task_sums(void* model, const ModelInputs* in, const int* task, double* sq, double* n) {
+    const FlowVLA* m = (const FlowVLA*)model;
+    const FlowConfig* c = &m->config;
+    flow_matching_task_sums(sq, n, task, m->acts.v_t, in->noise, in->actions,
+                            flow_loss_masks_pad(c) ? in->action_is_pad : NULL, in->B, c->chunk, c->max_action_dim,
+                            c->action_dim);
+}
+
+static void flow_backward_(void* model, float* grad_sum, int first) {
+    FlowVLA* m = (FlowVLA*)model;
+    flow_backward(m, m->mode);
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        const float* g = m->grads_memory + m->table.spec[i].offset;
+        float* acc = grad_sum + m->opt.offset[i];
+        if (first) { memcpy(acc, g, m->opt.numel[i] * sizeof(float)); }
+        else { for (size_t j = 0; j < m->opt.numel[i]; j++) { acc[j] += g[j]; } }
+    }
+}
+
+static void flow_grads_finish(void* model, const float* grad_sum, double entries) {
+    FlowVLA* m = (FlowVLA*)model;
+    float inv = (float)(1.0 / entries);
+    for (int i = 0; i < FLOW_NUM_TENSORS; i++) {
+        float* g = m->grads_memory + m->table.spec[i].offset;
+        const float* acc = grad_sum + m->opt.offset[i];
+        for (size_t j = 0; j < m->opt.numel[i]; j++) { g[j] = acc[j] * inv; }
+    }
+}
+
+static void flow_delete(void* m) {
+    flow_free((FlowVLA*)m);
+    free(m);
+}
+
+// (the casts from the interface's opaque model)
+#define FLOW_AS_(m) ((FlowVLA*)(m))
+static void flow_set_params_(void* m, const float* p, const float* m1, const float* m2) {
+    flow_set_params(FLOW_AS_(m), p, m1, m2);
+}
+static float flow_update_(void* m, float lr, float wd, int decay_on, float clip, int step, int shards) {
+    return flow_update(FLOW_AS_(m), FLOW_AS_(m)->mode, lr, wd, decay_on, clip, step, shards);
+}
+static void flow_save_(void* m, const Dataset* ds, const TrainArgs* args, int step, uint64_t pos) {
+    flow_save(FLOW_AS_(m), ds, args, step, pos);
+}
+static void flow_sample_(void* m, const ModelInputs* in, const float* noise, float* out) {
+    flow_sample(FLOW_AS_(m), in, noise, out);
+}
+#undef FLOW_AS_
+
+static const Policy FLOW_POLICY = {
+    .param_counts = flow_param_counts, .init_params = flow_init_params, .build = flow_new,
+    .set_params = flow_set_params_, .forward = flow_forward_, .task_sums = flow_task_sums,
+    .backward = flow_backward_, .grads_finish = flow_grads_finish, .update = flow_update_,
+    .save = flow_save_, .sample = flow_sample_, .free = flow_delete,
+};
+
+// ----------------------------------------------------------------------------
+// a step of the loop
+
+// One optimizer step over W = ranks x accum simulated ranks of B samples each (the loader's jobs
+// of the step, in order: every rank's micro-steps), as DDP with gradient accumulation takes it:
+// each micro-batch's forward and backward in the model's train mode, their gradients of the
+// trainable elements summed (grad_sum: packed), then the update on their mean. The loss is
+// LeRobot's mean over valid entries (flow_matching_loss), taken over the whole step: the squared
+// errors of all W micro-batches divided by all their valid entries, and the gradients likewise
+// (the passes compute the gradients of the sums). So -g 4 -b 2, -g 2 -b 2 -d 8 and -g 1 -b 8 take
+// the same step up to the order of fp32 sums, whatever the pads of each micro-batch; the GPU
+// trainer divides the same way. Returns the loss; the gradient norm before clipping in *norm_out.
+// With tb (--balance tasks), task_loss (T) gets the step's mean loss of each task over its valid
+// entries in all W micro-batches (NaN for a task with none).
+static float train_step(const Policy* P, void* m, float* grad_sum, Loader* loader, const TrainArgs* args, int step,
+                        float* norm_out, const TaskBalance* tb, const Dataset* ds, double* task_loss) {
+    int W = args->ranks * args->accum;
+    double squares = 0.0;
+    int64_t entries = 0;
+    int T = tb != NULL ? tb->n_tasks : 0;
+    double* task_n = T > 0 ? (double*)callocCheck((size_t)T, sizeof(double)) : NULL;
+    int* task = T > 0 ? (int*)mallocCheck((size_t)args->batch * sizeof(int)) : NULL;
+    for (int t = 0; t < T; t++) { task_loss[t] = 0.0; }
+    for (int r = 0; r < W; r++) {
+        ModelInputs in = model_inputs(loader_next(loader));
+        int n;
+        squares += P->forward(m, &in, &n);
+        entries += n;
+        if (T > 0) {
+            const uint64_t* idx = loader_indices(loader);
+            for (int b = 0; b < in.B; b++) { task[b] = task_balance_task_of(tb, ds, idx[b]); }
+            P->task_sums(m, &in, task, task_loss, task_n);
+        }
+        P->backward(m, grad_sum, r == 0);
+        loader_release(loader);
+    }
+    double divisor = (double)(entries > 1 ? entries : 1);
+    P->grads_finish(m, grad_sum, divisor);
+    *norm_out = P->update(m, lr_at_step(args, step), args->weight_decay, args->decay_on, args->grad_clip, step,
+                          args->zero ? args->ranks : 1);
+    for (int t = 0; t < T; t++) { task_loss[t] = task_n[t] > 0.0 ? task_loss[t] / task_n[t] : NAN; }
+    free(task_n); free(task);
+    return (float)(squares / divisor);
+}
+
+// 10-step sampling from the batch's eps: actions (B, H, A) in the data's units, the dataset's
+// action dims of the normalized (B, H, Amax) chunk un-normalized with action_mean/std (A each)
+static void sample_actions(const Policy* P, void* m, const FlowConfig* c, const Batch* batch, const float* action_mean,
+                           const float* action_std, float* actions) {
+    size_t rows = (size_t)batch->B * c->chunk;
+    float* chunk = (float*)mallocCheck(rows * c->max_action_dim * sizeof(float));
+    ModelInputs in = model_inputs(batch);
+    P->sample(m, &in, batch->eps, chunk);
+    policy_actions(chunk, rows, c->max_action_dim, c->action_dim, action_mean, action_std, actions);
+    free(chunk);
 }
 
 // ----------------------------------------------------------------------------
@@ -1971,14 +2058,24 @@ VLA_API void vla_policy_free(VLAPolicy* p) {
 #if !defined(TESTING) && !defined(VLA_LIBRARY)
 // How well the policy acts: 10-step sampling on one batch, mean squared error against the
 // dataset's actions over the slots inside the episode, on its action dims, in its own units.
-static float eval_action_mse(FlowVLA* m, Batch* batch, const Dataset* ds, uint64_t seed, uint64_t pos, int step) {
-    const FlowConfig* c = &m->config;
+static float eval_action_mse(const Policy* P, void* m, const FlowConfig* c, Batch* batch, const Dataset* ds,
+                             uint64_t seed, uint64_t pos, int step) {
     eval_batch(batch, ds, c, seed, pos, step);
     float* sampled = (float*)mallocCheck((size_t)batch->B * c->chunk * c->action_dim * sizeof(float));
-    flow_sample_actions(m, batch, ds->action_mean, ds->action_std, sampled);
+    sample_actions(P, m, c, batch, ds->action_mean, ds->action_std, sampled);
     float mse = action_mse(batch, ds, c, sampled);
     free(sampled);
     return mse;
+}
+
+// The one place that chooses a policy: the table of a config's family (FAMILY_*)
+static const Policy* policy_of(int family) {
+    switch (family) {
+        case FAMILY_SMOLVLA:
+        case FAMILY_PI0: return &FLOW_POLICY;
+    }
+    vla_fail("internal: no policy serves family %d", family);
+    return NULL;
 }
 
 static volatile sig_atomic_t stop_requested = 0;
@@ -2019,9 +2116,10 @@ int main(int argc, char** argv) {
     char resume_path[VLA_PATH_MAX];
     const char* from = run_start_checkpoint(&args, resume_path, sizeof(resume_path));
     FlowConfig c = run_config(&args, from, &ds);
-    FlowVLA model;
-    flow_build(&model, &c, args.train_mode);
-    flow_opt_init(&model, args.train_mode);
+    const Policy* P = policy_of(c.family);
+    void* model = P->build(&c, args.train_mode);
+    size_t n_params, n_trainable;
+    P->param_counts(&c, args.train_mode, &n_params, &n_trainable);
 
     TaskBalance balance;
     if (args.balance == BALANCE_TASKS) {
@@ -2033,17 +2131,23 @@ int main(int argc, char** argv) {
     if (from != NULL && args.weights_only) {  // fine-tuning: the weights alone, fresh moments (zero), step 0
         Checkpoint ck;
         run_weights_load(from, &c, &ds, &ck);
-        memcpy(model.params_memory, ck.params, model.table.total * sizeof(float));
+        P->set_params(model, ck.params, NULL, NULL);
         checkpoint_free(&ck);
         printf("fine-tuning the weights of %s\n", from);
     } else if (from != NULL) {
-        uint64_t seed;
-        flow_load(&model, from, &args, &ds, &start, &seed, &sampler_pos);
-        if (seed != args.seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)seed); }
-        args.seed = seed;
+        Checkpoint ck;
+        run_checkpoint_load(from, &c, &args, &ds, &ck);
+        P->set_params(model, ck.params, ck.m, ck.v);
+        start = (int)ck.step;
+        sampler_pos = ck.sampler_pos;
+        if (ck.seed != args.seed) { printf("using the checkpoint's seed %llu\n", (unsigned long long)ck.seed); }
+        args.seed = ck.seed;
+        checkpoint_free(&ck);
         printf("resumed from %s at step %d\n", from, start);
     } else {
-        flow_param_init(model.params_memory, &model.table, &c, args.seed);
+        float* params = P->init_params(&c, args.seed);
+        P->set_params(model, params, NULL, NULL);
+        free(params);
     }
     if (!run_has_steps_left(from, start, args.steps)) { return 0; }
     uint64_t global_batch = (uint64_t)train_global_batch(&args, args.ranks);
@@ -2052,13 +2156,13 @@ int main(int argc, char** argv) {
     const TaskBalance* tb = args.balance == BALANCE_TASKS ? &balance : NULL;
     loader_start_balanced(&loader, &ds, &c, args.seed, sampler_pos, (uint64_t)start, args.batch, batches, args.augment,
                           args.workers, 2 * batches + 2, 1, 0, tb);
-    float* grad_sum = (float*)mallocCheck((model.opt.total > 0 ? model.opt.total : 1) * sizeof(float));
+    float* grad_sum = (float*)mallocCheck((n_trainable > 0 ? n_trainable : 1) * sizeof(float));
     Logger logger;
     logger_open(&logger, args.output, start);
     double* task_loss = tb != NULL ? (double*)callocCheck((size_t)tb->n_tasks, sizeof(double)) : NULL;
     if (tb != NULL) { logger.n_tasks = tb->n_tasks; logger.task_loss = task_loss; }
 
-    table_run_rows("train_vla_cpu", "ranks", &args, &c, model.table.total, model.opt.total, from, &ds, args.ranks);
+    table_run_rows("train_vla_cpu", "ranks", &args, &c, n_params, n_trainable, from, &ds, args.ranks);
     table_data_rows(&args, tb, &ds);
     table_row("OpenMP threads", "%d", omp_get_max_threads());
     table_rule();
@@ -2072,7 +2176,7 @@ int main(int argc, char** argv) {
     for (; step < args.steps && !stop_requested; step++) {
         double t0 = wall_seconds();
         float norm;
-        float loss = train_step(&model, grad_sum, &loader, &args, step, &norm, tb, &ds, task_loss);
+        float loss = train_step(P, model, grad_sum, &loader, &args, step, &norm, tb, &ds, task_loss);
         double ms = 1000.0 * (wall_seconds() - t0);
         if (!isfinite(loss) || !isfinite(norm)) {
             char left[2 * VLA_PATH_MAX + 128];
@@ -2085,13 +2189,13 @@ int main(int argc, char** argv) {
                     (step + 1) % args.log_every == 0 || step + 1 == args.steps);
         int done = step + 1;
         if (train_ckpt_due(&args, done, 0)) {
-            flow_save(&model, &ds, &args, done, sampler_pos + (uint64_t)(done - start) * global_batch);
+            P->save(model, &ds, &args, done, sampler_pos + (uint64_t)(done - start) * global_batch);
         }
     }
     int status = 0;
     if (stop_requested && step < args.steps) {  // (after the last step, its checkpoint written, the run is complete)
         if (train_ckpt_due(&args, step, 1)) {
-            flow_save(&model, &ds, &args, step, sampler_pos + (uint64_t)(step - start) * global_batch);
+            P->save(model, &ds, &args, step, sampler_pos + (uint64_t)(step - start) * global_batch);
         }
         status = train_report_interrupt(&args, step);
     }
@@ -2101,7 +2205,8 @@ int main(int argc, char** argv) {
     Batch batch;
     batch_alloc(&batch, &c, &ds.cams, args.batch);
     printf("eval: 10-step sampled actions vs the data, MSE %.6f (data units, %d action dims) on %d samples\n",
-           eval_action_mse(&model, &batch, &ds, args.seed, sampler_pos + (uint64_t)(step - start) * global_batch, step),
+           eval_action_mse(P, model, &c, &batch, &ds, args.seed, sampler_pos + (uint64_t)(step - start) * global_batch,
+                           step),
            c.action_dim, args.batch);
     if (timed_steps > 0) {
         printf("mean step time %.1f ms over %d steps (first excluded), %.1f samples/s\n", timed_ms / timed_steps,
@@ -2113,7 +2218,7 @@ int main(int argc, char** argv) {
     if (tb != NULL) { task_balance_free(&balance); }
     free(grad_sum);
     batch_free(&batch);
-    flow_free(&model);
+    P->free(model);
     dataset_close(&ds);
     return status;
 }
