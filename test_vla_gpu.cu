@@ -213,8 +213,8 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
             float* prepped = ref_tensor(&ref, key, per_cam);
             float* ours = from_device_x(m.acts.pixels + k * per_cam, per_cam);
             double e = prepped != NULL ? rel_error(ours, prepped, per_cam) : INFINITY;
-            check(e <= FLOW_TOL_IMAGES, "%s: %s (%dx%d frames resized with padding to %d) rel err %.2e (tol %.0e)", name, key,
-                  in.frame_h[k], in.frame_w[k], c.img, e, FLOW_TOL_IMAGES);
+            check(e <= FLOW_TOL_IMAGES, "%s: %s (%dx%d frames resized with padding to %d) rel err %.2e (tol %.0e)",
+                  name, key, in.frame_h[k], in.frame_w[k], c.img, e, FLOW_TOL_IMAGES);
             free(prepped);
             free(ours);
         }
@@ -271,9 +271,9 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
                     float* ref_q = ref_tensor(&ref, qkey, per);
                     double scale = ref_q != NULL ? norm2(ref_q, per) : 0.0;
                     double e_ours = norm2(ours, per) / scale, e_ref = norm2(ref_g, per) / scale;
-                    check(e_ours <= FLOW_TOL_ZERO && e_ref <= 1e-5, "%s: %s is zero by symmetry: |ours| %.1e, |LeRobot| "
-                          "%.1e of |grad q_proj.bias| (tol %.1e, LeRobot's 1e-5)", name, key, e_ours, e_ref,
-                          FLOW_TOL_ZERO);
+                    check(e_ours <= FLOW_TOL_ZERO && e_ref <= 1e-5,
+                          "%s: %s is zero by symmetry: |ours| %.1e, |LeRobot| %.1e of |grad q_proj.bias| "
+                          "(tol %.1e, LeRobot's 1e-5)", name, key, e_ours, e_ref, FLOW_TOL_ZERO);
                     e = 0.0;
                     free(ref_q);
                 } else {
@@ -325,8 +325,9 @@ static void test_smolvla_case(const char* family, const char* ref_dir, int mode)
                1000.0 * t_sample, wall_seconds() - t0);
     }
     for (int k = 0; k < n_cams; k++) { cudaCheck(cudaFree((void*)in.frames[k])); }
-    cudaCheck(cudaFree((void*)in.tokens)); cudaCheck(cudaFree((void*)in.token_mask)); cudaCheck(cudaFree((void*)in.state));
-    cudaCheck(cudaFree((void*)in.actions)); cudaCheck(cudaFree((void*)in.action_is_pad)); cudaCheck(cudaFree((void*)in.t));
+    cudaCheck(cudaFree((void*)in.tokens)); cudaCheck(cudaFree((void*)in.token_mask));
+    cudaCheck(cudaFree((void*)in.state)); cudaCheck(cudaFree((void*)in.actions));
+    cudaCheck(cudaFree((void*)in.action_is_pad)); cudaCheck(cudaFree((void*)in.t));
     cudaCheck(cudaFree((void*)in.noise)); cudaCheck(cudaFree(d_sample_noise));
     free(tokens); free(token_mask); free(state); free(actions); free(action_is_pad); free(t); free(noise);
     free(sample_noise); free(ref_v); free(ref_loss); free(ref_chunk);
@@ -397,7 +398,8 @@ static void check_fp16_skip(FlowVLA* m, const ModelInputs* in, const TrainArgs* 
     void* v1 = download(m->v_memory, shard * sizeof(float));
     int same = memcmp(p0, p1, m->n_params * sizeof(floatX)) == 0 && memcmp(w0, w1, shard * sizeof(float)) == 0 &&
                memcmp(m0, m1, shard * sizeof(float)) == 0 && memcmp(v0, v1, shard * sizeof(float)) == 0;
-    check(skipped && !isfinite(norm) && same && st.skipped == 1 && st.scale == 512.0f && st.clean == 0 && used == 1024.0f,
+    check(skipped && !isfinite(norm) && same && st.skipped == 1 && st.scale == 512.0f && st.clean == 0 &&
+              used == 1024.0f,
           "fp16: an Inf in the gradients skips the step: weights, master weights and moments keep every bit, 1 skip "
           "counted, scale 1024 -> %g, clean steps 5 -> %u (norm %g)", (double)st.scale, st.clean, (double)norm);
     flow_train_step(m, in, 1, 11, args);
@@ -496,7 +498,8 @@ static void test_smolvla_oracle(const char* dir, int mode) {
     float* ref_loss = (float*)debug_get(&st, "expect/loss", 1);
     double ev = rel_error(v, ref_v, n_act), el = rel_error(&loss, ref_loss, 1);
     check(ev <= FLOW_TOL_FWD, "%s: velocities rel err %.2e (tol %.0e)", name, ev, FLOW_TOL_FWD);
-    check(el <= FLOW_TOL_FWD, "%s: loss %.7f vs %.7f rel err %.2e (tol %.0e)", name, loss, ref_loss[0], el, FLOW_TOL_FWD);
+    check(el <= FLOW_TOL_FWD, "%s: loss %.7f vs %.7f rel err %.2e (tol %.0e)", name, loss, ref_loss[0], el,
+          FLOW_TOL_FWD);
     free(v); free(ref_v); free(ref_loss);
 
     // gradients: every trainable slice against grad/<name>, whose frozen part must be zero; a
@@ -542,7 +545,9 @@ static void test_smolvla_oracle(const char* dir, int mode) {
             } else {
                 e = rel_error(ours, ref + k * per, per);
             }
-            if (!(e <= FLOW_TOL_GRAD)) { check(0, "%s: grad %s[%zu] rel err %.2e (tol %.1e)", name, s->name, k, e, FLOW_TOL_GRAD); }
+            if (!(e <= FLOW_TOL_GRAD)) {
+                check(0, "%s: grad %s[%zu] rel err %.2e (tol %.1e)", name, s->name, k, e, FLOW_TOL_GRAD);
+            }
             if (!(e <= worst[s->tower])) {
                 worst[s->tower] = e;
                 snprintf(worst_name[s->tower], sizeof(worst_name[s->tower]), "%s[%zu]", s->name, k);
@@ -615,8 +620,9 @@ static void test_smolvla_oracle(const char* dir, int mode) {
     if (LOSS_SCALING && wanted("fp16") && !skip_checked) { check_fp16_skip(&m, &in, &args); skip_checked = 1; }
 
     for (int k = 0; k < c.n_cam; k++) { cudaCheck(cudaFree((void*)in.frames[k])); }
-    cudaCheck(cudaFree((void*)in.tokens)); cudaCheck(cudaFree((void*)in.token_mask)); cudaCheck(cudaFree((void*)in.state));
-    cudaCheck(cudaFree((void*)in.actions)); cudaCheck(cudaFree((void*)in.action_is_pad)); cudaCheck(cudaFree((void*)in.t));
+    cudaCheck(cudaFree((void*)in.tokens)); cudaCheck(cudaFree((void*)in.token_mask));
+    cudaCheck(cudaFree((void*)in.state)); cudaCheck(cudaFree((void*)in.actions));
+    cudaCheck(cudaFree((void*)in.action_is_pad)); cudaCheck(cudaFree((void*)in.t));
     cudaCheck(cudaFree((void*)in.noise));
     free(hp);
     flow_free(&m);
@@ -701,8 +707,8 @@ static void test_determinism(const char* dir) {
     snprintf(command, sizeof(command), "%s -p tiny -b 3 -n 4 -u 2 -i %s/b.bin", TRAINER, dir);
     run_steps(dir, "gpu_det0", command, 4, l1, &n1);
     run_steps(dir, "gpu_det1", command, 4, l2, &n2);
-    check(n1 == 4 && n2 == 4 && memcmp(l1, l2, sizeof(l1)) == 0, "two runs, identical losses bit for bit (%.7f .. %.7f)",
-          l1[0], l1[3]);
+    check(n1 == 4 && n2 == 4 && memcmp(l1, l2, sizeof(l1)) == 0,
+          "two runs, identical losses bit for bit (%.7f .. %.7f)", l1[0], l1[3]);
     snprintf(p1, sizeof(p1), "%s/gpu_det0/ckpt_00000004.bin", dir);
     snprintf(p2, sizeof(p2), "%s/gpu_det1/ckpt_00000004.bin", dir);
     check(files_equal(p1, p2), "two runs, identical checkpoints");
@@ -728,8 +734,8 @@ static void test_accumulation(const char* dir) {
     snprintf(b, sizeof(b), "%s/gpu_acc1/ckpt_00000004.bin", dir);
     double ew = ckpt_training_error(a, b);
     check(rc[0] == 0 && rc[1] == 0 && n[0] == 4 && n[1] == 4 && e < TOL_RUNS && ew < TOL_RUNS,
-          "-b 8 -d 16 (2 micro-steps) vs -b 16: 4 losses rel err %.2e, weight updates and moments %.2e (tol %.1e)", e, ew,
-          TOL_RUNS);
+          "-b 8 -d 16 (2 micro-steps) vs -b 16: 4 losses rel err %.2e, weight updates and moments %.2e (tol %.1e)",
+          e, ew, TOL_RUNS);
 }
 
 // The MULTI_GPU trainer at world size 1 runs its NCCL path (the gradient buckets and the loss's
@@ -756,7 +762,8 @@ static void test_single_gpu_build(const char* dir, const char* single) {
     free(out);
     double e = rel_error(losses[0], losses[1], 4);
     check(rc[0] == 0 && rc[1] == 0 && n[0] == 4 && n[1] == 4 && e < TOL_RUNS, "its 4 losses vs %s's: rel err %.2e "
-          "(tol %.1e)%s", single, e, TOL_RUNS, memcmp(losses[0], losses[1], sizeof(losses[0])) == 0 ? ", bit for bit" : "");
+          "(tol %.1e)%s", single, e, TOL_RUNS,
+          memcmp(losses[0], losses[1], sizeof(losses[0])) == 0 ? ", bit for bit" : "");
 }
 
 // Several GPUs (MULTI_GPU): world sizes 2 and 4 with the global batch of -g 1 -b 4 take its samples
@@ -808,7 +815,8 @@ static void test_multi_gpu(const char* dir) {
                 n[j] = read_losses(log, 1, 3, losses[j]);
                 rc[j] = ref_rc[same];
             } else {
-                snprintf(command, sizeof(command), "%s -p tiny %s -n 3 -u 2 -l 1e-3 -i %s/b.bin", TRAINER, pairs[k][j], dir);
+                snprintf(command, sizeof(command), "%s -p tiny %s -n 3 -u 2 -l 1e-3 -i %s/b.bin", TRAINER, pairs[k][j],
+                         dir);
                 snprintf(out, sizeof(out), "gpu_dp%d_%d", k, j);
                 rc[j] = run_steps(dir, out, command, 3, losses[j], &n[j]);
                 if (j == 0) { ref_ran[k] = 1; ref_rc[k] = rc[j]; }
@@ -817,8 +825,8 @@ static void test_multi_gpu(const char* dir) {
         }
         double e = rel_error(losses[1], losses[0], 3), ew = ckpt_training_error(ckpt[0], ckpt[1]);
         check(rc[0] == 0 && rc[1] == 0 && n[0] == 3 && n[1] == 3 && e < TOL_RUNS && ew < TOL_RUNS,
-              "%s vs %s: 3 losses rel err %.2e, weight updates and moments %.2e (tol %.1e)", pairs[k][1], pairs[k][0], e,
-              ew, TOL_RUNS);
+              "%s vs %s: 3 losses rel err %.2e, weight updates and moments %.2e (tol %.1e)", pairs[k][1], pairs[k][0],
+              e, ew, TOL_RUNS);
     }
     // checkpoints do not depend on the world size nor on ZeRO: 2 steps on one, the third on another,
     // against 3 steps on one GPU
@@ -830,10 +838,11 @@ static void test_multi_gpu(const char* dir) {
             continue;
         }
         char cmd[4096], a[1100], b[1100];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_leg%d && %s -p tiny %s -n 2 -u 2 -l 1e-3 -i %s/b.bin -o %s/gpu_leg%d > "
+        snprintf(cmd, sizeof(cmd),
+                 "rm -rf %s/gpu_leg%d && %s -p tiny %s -n 2 -u 2 -l 1e-3 -i %s/b.bin -o %s/gpu_leg%d > "
                  "%s/gpu_leg%da.txt 2>&1 && %s -p tiny %s -n 3 -u 2 -l 1e-3 -i %s/b.bin -o %s/gpu_leg%d -y 1 > "
-                 "%s/gpu_leg%db.txt 2>&1", dir, k, TRAINER, legs[k][0], dir, dir, k, dir, k, TRAINER, legs[k][1], dir, dir, k,
-                 dir, k);
+                 "%s/gpu_leg%db.txt 2>&1",
+                 dir, k, TRAINER, legs[k][0], dir, dir, k, dir, k, TRAINER, legs[k][1], dir, dir, k, dir, k);
         int rc = run_command(cmd);
         snprintf(a, sizeof(a), "%s/gpu_dp0_0/ckpt_00000003.bin", dir);  // -g 1 -b 4, 3 steps
         snprintf(b, sizeof(b), "%s/gpu_leg%d/ckpt_00000003.bin", dir, k);
@@ -874,8 +883,10 @@ static void test_faults(const char* dir) {
         char out[1100], cmd[4096], errpath[1100];
         snprintf(out, sizeof(out), "%s/gpu_fault%d", dir, k);
         snprintf(errpath, sizeof(errpath), "%s/gpu_fault%d.err", dir, k);
-        snprintf(cmd, sizeof(cmd), "rm -rf %s && CUDA_EMU_NCCL_FAULT=1:%d:%s %s -p tiny -g 2 -b 2 -n 6 -k 1 --nccl-timeout %d "
-                 "-i %s/b.bin -o %s > /dev/null 2> %s", out, call, kinds[k], TRAINER, timeouts[k], dir, out, errpath);
+        snprintf(cmd, sizeof(cmd),
+                 "rm -rf %s && CUDA_EMU_NCCL_FAULT=1:%d:%s %s -p tiny -g 2 -b 2 -n 6 -k 1 --nccl-timeout %d "
+                 "-i %s/b.bin -o %s > /dev/null 2> %s",
+                 out, call, kinds[k], TRAINER, timeouts[k], dir, out, errpath);
         double t0 = wall_seconds();
         int rc = run_command(cmd);
         double took = wall_seconds() - t0;
@@ -890,8 +901,8 @@ static void test_faults(const char* dir) {
               steps[0] == 2 && took < 60.0, "an injected NCCL %s at call %d (%d a step): exit %d after %.0f s, newest "
               "checkpoint step %d, '%s'", kinds[k], call, per_step, rc, took, n >= 1 ? (int)steps[0] : -1, err);
         free(err);
-        snprintf(cmd, sizeof(cmd), "%s -p tiny -g 2 -b 2 -n 6 -k 1 -i %s/b.bin -o %s -y 1 > %s/gpu_fault%d.txt 2>&1", TRAINER,
-                 dir, out, dir, k);
+        snprintf(cmd, sizeof(cmd), "%s -p tiny -g 2 -b 2 -n 6 -k 1 -i %s/b.bin -o %s -y 1 > %s/gpu_fault%d.txt 2>&1",
+                 TRAINER, dir, out, dir, k);
         rc = run_command(cmd);
         n = checkpoint_list(out, steps, 4);
         check(rc == 0 && n >= 1 && steps[0] == 6, "-y 1 after the %s continues from step 2 to the end", kinds[k]);
@@ -926,7 +937,8 @@ static void test_cross_trainer(const char* dir) {
             continue;
         }
         char cmd[4096], path[1100];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s/x_full %s/x_split && %s %s -n 6 -i %s/a.bin -o %s/x_full > %s/x_full.txt 2>&1 && "
+        snprintf(cmd, sizeof(cmd),
+                 "rm -rf %s/x_full %s/x_split && %s %s -n 6 -i %s/a.bin -o %s/x_full > %s/x_full.txt 2>&1 && "
                  "%s %s -n 3 -i %s/a.bin -o %s/x_split > %s/x_1.txt 2>&1 && "
                  "%s %s -n 6 -i %s/a.bin -o %s/x_split -y 1 > %s/x_2.txt 2>&1",
                  dir, dir, a, flags, dir, dir, dir, a, flags, dir, dir, dir, b, flags, dir, dir, dir);
@@ -994,25 +1006,31 @@ static void test_weights_only(const char* dir) {
         return;
     }
     char cmd[4096], p1[1100], p2[1100];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/gw_zero %s/gw_seed %s/gw_init %s/gw_b && ./train_vla_cpu -p tiny -b 4 -t 1 -n 1 -l 0 "
-             "-s 21 -i %s/a.bin -o %s/gw_zero > /dev/null 2>&1 && %s -p tiny -b 4 -n 3 -u 2 -s 21 -i %s/a.bin -o %s/gw_seed "
-             "> /dev/null 2>&1 && %s -b 4 -n 3 -u 2 -s 21 -i %s/a.bin --init %s/gw_zero/ckpt_00000001.bin --weights-only -o "
-             "%s/gw_init > /dev/null 2>&1", dir, dir, dir, dir, dir, dir, TRAINER, dir, dir, TRAINER, dir, dir, dir);
+    snprintf(cmd, sizeof(cmd),
+             "rm -rf %s/gw_zero %s/gw_seed %s/gw_init %s/gw_b && "
+             "./train_vla_cpu -p tiny -b 4 -t 1 -n 1 -l 0 -s 21 -i %s/a.bin -o %s/gw_zero > /dev/null 2>&1 && "
+             "%s -p tiny -b 4 -n 3 -u 2 -s 21 -i %s/a.bin -o %s/gw_seed > /dev/null 2>&1 && "
+             "%s -b 4 -n 3 -u 2 -s 21 -i %s/a.bin --init %s/gw_zero/ckpt_00000001.bin --weights-only "
+             "-o %s/gw_init > /dev/null 2>&1",
+             dir, dir, dir, dir, dir, dir, TRAINER, dir, dir, TRAINER, dir, dir, dir);
     int rc = run_command(cmd);
     snprintf(p1, sizeof(p1), "%s/gw_seed/ckpt_00000003.bin", dir);
     snprintf(p2, sizeof(p2), "%s/gw_init/ckpt_00000003.bin", dir);
-    check(rc == 0 && files_equal(p1, p2), "--weights-only from train_vla_cpu's checkpoint of seed 21's init trains as the "
-          "GPU's run from seed 21: the same checkpoint at step 3, byte for byte (exit %d)", rc);
-    snprintf(cmd, sizeof(cmd), "%s -b 2 -n 2 --train expert -i %s/b.bin --init %s/gw_zero/ckpt_00000001.bin --weights-only "
-             "-o %s/gw_b > /dev/null 2>&1", TRAINER, dir, dir, dir);
+    check(rc == 0 && files_equal(p1, p2),
+          "--weights-only from train_vla_cpu's checkpoint of seed 21's init trains as the GPU's run from seed 21: "
+          "the same checkpoint at step 3, byte for byte (exit %d)", rc);
+    snprintf(cmd, sizeof(cmd),
+             "%s -b 2 -n 2 --train expert -i %s/b.bin --init %s/gw_zero/ckpt_00000001.bin --weights-only "
+             "-o %s/gw_b > /dev/null 2>&1",
+             TRAINER, dir, dir, dir);
     rc = run_command(cmd);
     snprintf(p1, sizeof(p1), "%s/gw_b/ckpt_00000002.bin", dir);
     Checkpoint ck;
     char err[2048];
     int ok = rc == 0 && checkpoint_read_checked(p1, &ck, err, sizeof(err)) == 0;
     check(ok && ck.config.n_cam == 2 && ck.config.state_dim == 3 && ck.config.action_dim == 2 && ck.step == 2 &&
-          ck.train_mode == TRAIN_MODE_EXPERT, "a 1-camera tiny checkpoint fine-tunes with --train expert on 2 cameras and "
-          "3/2 dims (exit %d)", rc);
+              ck.train_mode == TRAIN_MODE_EXPERT,
+          "a 1-camera tiny checkpoint fine-tunes with --train expert on 2 cameras and 3/2 dims (exit %d)", rc);
     if (ok) { checkpoint_free(&ck); }
 }
 
@@ -1163,7 +1181,8 @@ static void test_recompute(const char* dir) {
     size_t all[3];
     for (int rc = 0; rc < 3; rc++) { all[rc] = flow_act_bytes(&big, TRAIN_MODE_ALL, 8, rc); }
     check(all[2] < all[1] && all[1] < all[0] && 3 * all[2] < all[0], "smolvla --train all -b 8: activations %.2f / "
-          "%.2f / %.2f GiB for none / attn / layer", all[0] / 1073741824.0, all[1] / 1073741824.0, all[2] / 1073741824.0);
+          "%.2f / %.2f GiB for none / attn / layer", all[0] / 1073741824.0, all[1] / 1073741824.0,
+          all[2] / 1073741824.0);
 
     // the binary: --train all, 2 steps with --recompute layer leave none's checkpoint
     char command[2048], p1[1100], p2[1100];
@@ -1171,7 +1190,8 @@ static void test_recompute(const char* dir) {
     int n1, n2;
     snprintf(command, sizeof(command), "%s -p tiny -b 3 -n 2 -u 2 --train all -i %s/b.bin", TRAINER, dir);
     int rc1 = run_steps(dir, "gpu_rec_none", command, 2, l1, &n1);
-    snprintf(command, sizeof(command), "%s -p tiny -b 3 -n 2 -u 2 --train all -i %s/b.bin --recompute layer", TRAINER, dir);
+    snprintf(command, sizeof(command), "%s -p tiny -b 3 -n 2 -u 2 --train all -i %s/b.bin --recompute layer", TRAINER,
+             dir);
     int rc2 = run_steps(dir, "gpu_rec_layer", command, 2, l2, &n2);
     snprintf(p1, sizeof(p1), "%s/gpu_rec_none/ckpt_00000002.bin", dir);
     snprintf(p2, sizeof(p2), "%s/gpu_rec_layer/ckpt_00000002.bin", dir);
@@ -1205,19 +1225,25 @@ static void test_bad_input(const char* dir) {
     }
     // a truncated checkpoint given to --init; a checkpoint of another train mode continued
     char cmd[4096];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_trunc && %s -p tiny -b 2 -n 1 -i %s/a.bin -o %s/gpu_trunc > /dev/null 2>&1 && "
-             "head -c 3000 %s/gpu_trunc/ckpt_00000001.bin > %s/gpu_trunc/short.bin", dir, TRAINER, dir, dir, dir, dir);
+    snprintf(cmd, sizeof(cmd),
+             "rm -rf %s/gpu_trunc && %s -p tiny -b 2 -n 1 -i %s/a.bin -o %s/gpu_trunc > /dev/null 2>&1 && "
+             "head -c 3000 %s/gpu_trunc/ckpt_00000001.bin > %s/gpu_trunc/short.bin",
+             dir, TRAINER, dir, dir, dir, dir);
     run_command(cmd);
-    snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -i %s/a.bin -o %s/bad_out --init %s/gpu_trunc/short.bin", dir, dir, dir);
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -i %s/a.bin -o %s/bad_out --init %s/gpu_trunc/short.bin", dir, dir,
+             dir);
     expect_error_from(dir, TRAINER, "truncated checkpoint", args, "truncated");
     snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -i %s/a.bin -o %s/gpu_trunc -y 1 --train expert", dir, dir);
     expect_error_from(dir, TRAINER, "a --train all checkpoint continued with --train expert", args, "--train all");
     // a balanced train_vla_cpu checkpoint continued without --balance is refused
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_bal && ./train_vla_cpu -p tiny -b 2 -n 1 -t 1 --balance tasks -i %s/a.bin -o "
-             "%s/gpu_bal > /dev/null 2>&1", dir, dir, dir);
+    snprintf(cmd, sizeof(cmd),
+             "rm -rf %s/gpu_bal && ./train_vla_cpu -p tiny -b 2 -n 1 -t 1 --balance tasks -i %s/a.bin "
+             "-o %s/gpu_bal > /dev/null 2>&1",
+             dir, dir, dir);
     run_command(cmd);
     snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -i %s/a.bin -o %s/gpu_bal -y 1", dir, dir);
-    expect_error_from(dir, TRAINER, "a --balance tasks checkpoint continued without it", args, "trained with --balance tasks");
+    expect_error_from(dir, TRAINER, "a --balance tasks checkpoint continued without it", args,
+                      "trained with --balance tasks");
     // a shard truncated under the running trainer once it has checkpointed: one line naming the shard
     // (a read past its new end faults inside the mapping), the checkpoint intact. The loader is
     // vla/loader.h's, shared with train_vla_cpu: tests/runs/test_hardening.sh rewrites a shard in place
@@ -1226,8 +1252,8 @@ static void test_bad_input(const char* dir) {
     // copy along, and on a rerun the wait below found the last run's checkpoints and truncated the
     // shard before the copy put it back)
     snprintf(cmd, sizeof(cmd), "rm -rf %s/gpu_changed && cp %s/a.bin %s/changing.bin || exit 1; "
-             "{ %s -p tiny -b 2 -n 1000000 -k 2 -i %s/changing.bin -o %s/gpu_changed > /dev/null 2> %s/changed_err.txt; "
-             "echo $? > %s/changed_rc.txt; } & "
+             "{ %s -p tiny -b 2 -n 1000000 -k 2 -i %s/changing.bin -o %s/gpu_changed "
+             "> /dev/null 2> %s/changed_err.txt; echo $? > %s/changed_rc.txt; } & "
              "for i in $(seq 900); do ls %s/gpu_changed/ckpt_*.bin > /dev/null 2>&1 && break; sleep 0.1; done; "
              "truncate -s 100000 %s/changing.bin; wait", dir, dir, dir, TRAINER, dir, dir, dir, dir, dir, dir);
     run_command(cmd);
@@ -1292,18 +1318,20 @@ static void test_balance(const char* dir) {
     // step is skipped and the GPU trains the CPU's steps)
     snprintf(gpu, sizeof(gpu), "%s -p tiny -g %d -b 2 -u 3 --workers 1 --log-every 100 --balance tasks%s", TRAINER, g,
              LOSS_SCALING ? " --loss-scale 1024" : "");
-    snprintf(cpu, sizeof(cpu), "./train_vla_cpu -p tiny -g %d -b 2 -u 3 -t 1 --workers 1 --log-every 100 --balance tasks",
-             g);
+    snprintf(cpu, sizeof(cpu),
+             "./train_vla_cpu -p tiny -g %d -b 2 -u 3 -t 1 --workers 1 --log-every 100 --balance tasks", g);
     snprintf(cmd, sizeof(cmd), "rm -rf %s/gbal_full %s/gbal_res %s/gbal_cpu && "
              "%s -n 6 -k 3 -i %s -o %s/gbal_full > %s/gbal_full.txt 2>&1 && "
-             "%s -n 3 -i %s -o %s/gbal_res > %s/gbal_r1.txt 2>&1 && %s -n 6 -y 1 -i %s -o %s/gbal_res > %s/gbal_r2.txt 2>&1 && "
+             "%s -n 3 -i %s -o %s/gbal_res > %s/gbal_r1.txt 2>&1 && "
+             "%s -n 6 -y 1 -i %s -o %s/gbal_res > %s/gbal_r2.txt 2>&1 && "
              "%s -n 6 -i %s -o %s/gbal_cpu > %s/gbal_cpu.txt 2>&1",
              dir, dir, dir, gpu, spec, dir, dir, gpu, spec, dir, dir, gpu, spec, dir, dir, cpu, spec, dir, dir);
     int rc = run_command(cmd);
     snprintf(p1, sizeof(p1), "%s/gbal_full/ckpt_00000006.bin", dir);
     snprintf(p2, sizeof(p2), "%s/gbal_res/ckpt_00000006.bin", dir);
-    check(rc == 0 && files_equal(p1, p2), "-g %d --balance tasks resumed at step 3 (mid-epoch): step 6's checkpoint is the "
-          "uninterrupted run's byte for byte (rc %d)", g, rc);
+    check(rc == 0 && files_equal(p1, p2),
+          "-g %d --balance tasks resumed at step 3 (mid-epoch): step 6's checkpoint is the uninterrupted run's "
+          "byte for byte (rc %d)", g, rc);
     Dataset ds;
     dataset_open(&ds, spec);
     TaskBalance tb;
@@ -1311,7 +1339,8 @@ static void test_balance(const char* dir) {
     Checkpoint ck;
     char err[1200];
     int read = checkpoint_read_checked(p1, &ck, err, sizeof(err)) == 0;
-    check(read && ck.balance == BALANCE_TASKS && ck.balance_id == tb.fingerprint && ck.sampler_pos == (uint64_t)(12 * g),
+    check(read && ck.balance == BALANCE_TASKS && ck.balance_id == tb.fingerprint &&
+              ck.sampler_pos == (uint64_t)(12 * g),
           "the checkpoint records --balance tasks, the weights' fingerprint and sampler position %d", 12 * g);
     if (read) { checkpoint_free(&ck); }
     task_balance_free(&tb);
@@ -1325,14 +1354,15 @@ static void test_balance(const char* dir) {
     int tg = read_task_losses(p1, 6, gt), tc = read_task_losses(p2, 6, ct);
     double tol = sizeof(floatX) == 4 ? TOL_RUNS : FLOW_TOL_FWD;
     double el = rel_error(gl, cl, 6), et = rel_error(gt, ct, 12);
-    check(ng == 6 && nc == 6 && tg == 6 && tc == 6 && el < tol && et < tol, "6 balanced steps on %d GPU(s) vs train_vla_cpu "
-          "-g %d: losses rel err %.2e, per-task losses rel err %.2e (tol %.1e); step 6's tasks %.5f %.5f vs %.5f %.5f", g, g, el, et,
-          tol, gt[10], gt[11], ct[10], ct[11]);
+    check(ng == 6 && nc == 6 && tg == 6 && tc == 6 && el < tol && et < tol,
+          "6 balanced steps on %d GPU(s) vs train_vla_cpu -g %d: losses rel err %.2e, per-task losses rel err %.2e "
+          "(tol %.1e); step 6's tasks %.5f %.5f vs %.5f %.5f",
+          g, g, el, et, tol, gt[10], gt[11], ct[10], ct[11]);
     snprintf(p1, sizeof(p1), "%s/gbal_full/ckpt_00000006.bin", dir);
     snprintf(p2, sizeof(p2), "%s/gbal_cpu/ckpt_00000006.bin", dir);
     double ec = ckpt_training_error(p2, p1);
-    check(ec < (sizeof(floatX) == 4 ? TOL_RUNS : FLOW_TOL_GRAD), "step 6's checkpoint: the GPU's training vs the CPU's, "
-          "rel err %.2e", ec);
+    check(ec < (sizeof(floatX) == 4 ? TOL_RUNS : FLOW_TOL_GRAD),
+          "step 6's checkpoint: the GPU's training vs the CPU's, rel err %.2e", ec);
     // pi0, whose loss counts every slot of a chunk, padded ones too: its per-task losses as train_vla_cpu's
     snprintf(cmd, sizeof(cmd), "rm -rf %s/gbal_pi0 %s/gbal_pi0_cpu && "
              "%s -p pi0_tiny -g %d -b 4 -u 3 --workers 1 --log-every 100 --balance tasks%s -n 4 -i %s -o %s/gbal_pi0 > "
@@ -1345,16 +1375,20 @@ static void test_balance(const char* dir) {
     float pg[8] = {0}, pc[8] = {0};
     tg = read_task_losses(p1, 4, pg), tc = read_task_losses(p2, 4, pc);
     et = rel_error(pg, pc, 8);
-    check(rc == 0 && tg == 4 && tc == 4 && et < tol, "pi0_tiny, 4 balanced steps on %d GPU(s) vs train_vla_cpu: per-task "
-          "losses rel err %.2e (tol %.1e), every slot counted as pi0's loss counts them (rc %d)", g, et, tol, rc);
+    check(rc == 0 && tg == 4 && tc == 4 && et < tol,
+          "pi0_tiny, 4 balanced steps on %d GPU(s) vs train_vla_cpu: per-task losses rel err %.2e (tol %.1e), "
+          "every slot counted as pi0's loss counts them (rc %d)", g, et, tol, rc);
     // train_vla_cpu continues the GPU's balanced checkpoint (3 more steps)
     snprintf(cmd, sizeof(cmd), "%s -n 9 -y 1 -i %s -o %s/gbal_full > %s/gbal_cont.txt 2>&1", cpu, spec, dir, dir);
     rc = run_command(cmd);
     snprintf(p1, sizeof(p1), "%s/gbal_full/ckpt_00000009.bin", dir);
-    check(rc == 0 && access(p1, R_OK) == 0, "train_vla_cpu --balance tasks continues the GPU's balanced checkpoint to step 9");
+    check(rc == 0 && access(p1, R_OK) == 0,
+          "train_vla_cpu --balance tasks continues the GPU's balanced checkpoint to step 9");
     char args[4096];
-    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bad_out --balance tasks --task-weights 1,2,3", spec, dir);
-    expect_error_from(dir, TRAINER, "--task-weights of 3 tasks for a dataset of 2", args, "3 weights for the dataset's 2 tasks");
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 1 -i %s -o %s/bad_out --balance tasks --task-weights 1,2,3", spec,
+             dir);
+    expect_error_from(dir, TRAINER, "--task-weights of 3 tasks for a dataset of 2", args,
+                      "3 weights for the dataset's 2 tasks");
 }
 
 // --profile STEP: step 2 of 3 of the tiny model timed by phase and operation. Its phases' times add
@@ -1365,8 +1399,10 @@ static void test_balance(const char* dir) {
 static void test_profile(const char* dir) {
     printf("\n== --profile\n");
     char cmd[4096], path[1100];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/prof && %s -p tiny -b 2 -n 3 -u 2 --train all -k 0 --log-every 100 -i %s/a.bin "
-             "-o %s/prof --profile 2 > %s/prof.txt 2>&1", dir, TRAINER, dir, dir, dir);
+    snprintf(cmd, sizeof(cmd),
+             "rm -rf %s/prof && %s -p tiny -b 2 -n 3 -u 2 --train all -k 0 --log-every 100 -i %s/a.bin "
+             "-o %s/prof --profile 2 > %s/prof.txt 2>&1",
+             dir, TRAINER, dir, dir, dir);
     int rc = run_command(cmd);
     snprintf(path, sizeof(path), "%s/prof.txt", dir);
     char* text = read_text(path);
@@ -1407,12 +1443,13 @@ static void test_profile(const char* dir) {
             bars += *c == '|';
         }
         double tf = -1.0, host = -1.0;
-        products += bars == 8 && sscanf(bar[5] + 1, "%lf", &tf) == 1 && tf >= 0.0 && sscanf(bar[6] + 1, "%lf", &host) == 1 &&
-                    host >= 0.0;
+        products += bars == 8 && sscanf(bar[5] + 1, "%lf", &tf) == 1 && tf >= 0.0 &&
+                    sscanf(bar[6] + 1, "%lf", &host) == 1 && host >= 0.0;
     }
     check(rc == 0 && total > 0.0 && fabs(sum - total) <= 5e-4 * (rows + 1) + 1e-6 * total,  // (printed to 1e-3 ms)
           "--profile 2: exit %d, %d phases adding up to %.3f ms of the step's %.3f ms", rc, rows, sum, total);
-    check(all_seen, "every phase of a --train all step has its row (images, vision fwd .. vision bwd, grads, optimizer)");
+    check(all_seen,
+          "every phase of a --train all step has its row (images, vision fwd .. vision bwd, grads, optimizer)");
     check(products > 0, "the products' table: %d rows of matmul with their TFLOP/s and host time", products);
     check(strstr(text, "mean step time") != NULL && strstr(text, "over 1 steps") != NULL,
           "the mean step time leaves out the first step and the profiled one (over 1 steps)");
@@ -1468,9 +1505,9 @@ static void test_fp16_loss_scale(const char* dir) {
     int nf = read_losses(p1, 1, 6, full), nr = read_losses(p2, 4, 6, resumed);
     check(rc1 == 0 && rc2 == 0 && rc3 == 0 && nf == 6 && nr == 3, "fp16 runs at --loss-scale 2^18: straight, first "
           "leg, resumed leg (exit %d %d %d)", rc1, rc2, rc3);
-    check(nf == 6 && nr == 3 && memcmp(full + 3, resumed, sizeof(resumed)) == 0, "fp16: resumed with --loss-scale "
-          "1024 (the checkpoint's scale wins), losses equal the uninterrupted run bit for bit (steps 4-6: %.7f %.7f %.7f)", resumed[0],
-          resumed[1], resumed[2]);
+    check(nf == 6 && nr == 3 && memcmp(full + 3, resumed, sizeof(resumed)) == 0,
+          "fp16: resumed with --loss-scale 1024 (the checkpoint's scale wins), losses equal the uninterrupted run "
+          "bit for bit (steps 4-6: %.7f %.7f %.7f)", resumed[0], resumed[1], resumed[2]);
     snprintf(p1, sizeof(p1), "%s/fp16_full/ckpt_00000006.bin", dir);
     snprintf(p2, sizeof(p2), "%s/fp16_resumed/ckpt_00000006.bin", dir);
     check(files_equal(p1, p2), "fp16: final checkpoints of the straight and resumed runs are identical files (the "
@@ -1500,16 +1537,17 @@ static void test_fp16_loss_scale(const char* dir) {
         if (skipped) { expect = fmax(1.0, expect / 2); clean = 0; }
         else if (++clean == 2) { expect *= 2; clean = 0; }
     }
-    check(rules && finite && skips[5] < 6, "fp16: at scale 2^18 step 1 overflows and is skipped, the run goes on and "
-          "trains; the scales the steps ran with %g %g %g %g %g %g, skipped so far %lld .. %lld, as the rules say", scale[0], scale[1],
-          scale[2], scale[3], scale[4], scale[5], skips[0], skips[5]);
+    check(rules && finite && skips[5] < 6,
+          "fp16: at scale 2^18 step 1 overflows and is skipped, the run goes on and trains; the scales the steps "
+          "ran with %g %g %g %g %g %g, skipped so far %lld .. %lld, as the rules say",
+          scale[0], scale[1], scale[2], scale[3], scale[4], scale[5], skips[0], skips[5]);
     // two GPUs with ZeRO-1, one sample each: the same global batch, so the same steps overflow (the
     // norm is the ranks' sum; the scale is per sample) and the same scales, losses as -g 1's
     int visible = 0;
     cudaGetDeviceCount(&visible);
     if (visible >= 2) {
-        snprintf(cmd, sizeof(cmd), "%s -p tiny -b 1 -g 2 -z 1 -u 3 --log-every 100 --loss-scale 262144 --loss-scale-window 2",
-                 TRAINER);
+        snprintf(cmd, sizeof(cmd),
+                 "%s -p tiny -b 1 -g 2 -z 1 -u 3 --log-every 100 --loss-scale 262144 --loss-scale-window 2", TRAINER);
         snprintf(trainer, sizeof(trainer), "%s -n 3 -i %s/a.bin", cmd, dir);
         float zl[3] = {0};
         int nz, rcz = run_steps(dir, "fp16_zero", trainer, 3, zl, &nz);
@@ -1537,7 +1575,8 @@ static void test_fp16_loss_scale(const char* dir) {
     snprintf(p1, sizeof(p1), "%s/fp16_full/ckpt_00000006.bin", dir);
     int ok = checkpoint_read_checked(p1, &ck, err, sizeof(err)) == 0;
     check(ok && ck.loss_scale.scale == (float)expect && ck.loss_scale.clean == (uint32_t)clean &&
-          ck.loss_scale.skipped == (uint64_t)skips[5], "fp16: the checkpoint at step 6 holds scale %g, %u clean step(s), "
+              ck.loss_scale.skipped == (uint64_t)skips[5],
+          "fp16: the checkpoint at step 6 holds scale %g, %u clean step(s), "
           "%llu skipped (the log's next: %g, %d, %lld)", ok ? (double)ck.loss_scale.scale : 0.0,
           ok ? ck.loss_scale.clean : 0, ok ? (unsigned long long)ck.loss_scale.skipped : 0ULL, expect, clean, skips[5]);
     if (ok) { checkpoint_free(&ck); }
@@ -1630,8 +1669,11 @@ int main(int argc, char** argv) {
         if (flow_refs != NULL) { test_smolvla_lerobot("SmolVLA", flow_refs); }
         else { printf("\n(SmolVLA against LeRobot: skipped, no --smolvla LEROBOT_REF_DIR)\n"); }
         // pi0: train mode all, which has every gradient (test_vla checks every mode on the CPU)
-        if (pi0_refs != NULL && wanted_mode("lerobot", TRAIN_MODE_ALL)) { test_smolvla_case("pi0", pi0_refs, TRAIN_MODE_ALL); }
-        else { printf("\n(pi0 against LeRobot: skipped, no --pi0 LEROBOT_PI0_REF_DIR)\n"); }
+        if (pi0_refs != NULL && wanted_mode("lerobot", TRAIN_MODE_ALL)) {
+            test_smolvla_case("pi0", pi0_refs, TRAIN_MODE_ALL);
+        } else {
+            printf("\n(pi0 against LeRobot: skipped, no --pi0 LEROBOT_PI0_REF_DIR)\n");
+        }
         t0 = group_time("lerobot", t0);
     }
     if (wanted("training_loop")) { test_training_loop(dir); t0 = group_time("training_loop", t0); }
