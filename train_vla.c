@@ -1774,21 +1774,6 @@ static void flow_save(FlowVLA* m, const Dataset* ds, const TrainArgs* args, int 
 
 // ---- the flow_ policy: the interface's functions over FlowVLA
 
-static void flow_param_counts(const FlowConfig* c, int mode, size_t* total, size_t* trainable) {
-    FlowParamTable t;
-    flow_table_build(c, &t);
-    *total = t.total;
-    *trainable = flow_trainable_count(&t, mode);
-}
-
-static float* flow_init_params(const FlowConfig* c, uint64_t seed) {
-    FlowParamTable t;
-    flow_table_build(c, &t);
-    float* params = (float*)mallocCheck(t.total * sizeof(float));
-    flow_param_init(params, &t, c, seed);
-    return params;
-}
-
 static void* flow_new(const FlowConfig* c, int mode) {
     FlowVLA* m = (FlowVLA*)mallocCheck(sizeof(FlowVLA));
     flow_build(m, c, mode);
@@ -1829,11 +1814,6 @@ static void flow_grads_finish(void* model, const float* grad_sum, double entries
     }
 }
 
-static void flow_delete(void* m) {
-    flow_free((FlowVLA*)m);
-    free(m);
-}
-
 // (the casts from the interface's opaque model)
 #define FLOW_AS_(m) ((FlowVLA*)(m))
 static void flow_set_params_(void* m, const float* p, const float* m1, const float* m2) {
@@ -1848,6 +1828,7 @@ static void flow_save_(void* m, const Dataset* ds, const TrainArgs* args, int st
 static void flow_sample_(void* m, const ModelInputs* in, const float* noise, float* out) {
     flow_sample(FLOW_AS_(m), in, noise, out);
 }
+static void flow_delete(void* m) { flow_free(FLOW_AS_(m)); free(m); }
 #undef FLOW_AS_
 
 static const Policy FLOW_POLICY = {
@@ -2068,15 +2049,9 @@ static float eval_action_mse(const Policy* P, void* m, const FlowConfig* c, Batc
     return mse;
 }
 
-// The one place that chooses a policy: the table of a config's family (FAMILY_*)
-static const Policy* policy_of(int family) {
-    switch (family) {
-        case FAMILY_SMOLVLA:
-        case FAMILY_PI0: return &FLOW_POLICY;
-    }
-    vla_fail("internal: no policy serves family %d", family);
-    return NULL;
-}
+// The one place that chooses a policy: each section's table, by vla/config.h's FAMILY_POLICY
+static const Policy* const POLICIES[] = {&FLOW_POLICY};
+static const Policy* policy_of(int family) { return POLICIES[FAMILY_POLICY[family]]; }
 
 static volatile sig_atomic_t stop_requested = 0;
 static void on_signal(int sig) { (void)sig; stop_requested = 1; }

@@ -1528,13 +1528,6 @@ static void flow_save(FlowVLA* m, float* params, const Dataset* ds, const TrainA
 
 // ---- the flow_ policy: the interface's functions over FlowVLA
 
-static void flow_param_counts(const FlowConfig* c, int mode, size_t* total, size_t* trainable) {
-    FlowParamTable t;
-    flow_table_build(c, &t);
-    *total = t.total;
-    *trainable = flow_trainable_count(&t, mode);
-}
-
 static void flow_config_buckets(const FlowConfig* c, int mode, Buckets* out) {
     FlowParamTable t;
     FlowOptDomain domain;
@@ -1552,14 +1545,6 @@ static void flow_config_rows(const FlowConfig* c) {
         if (fwd == bwd) { table_row(attention_rows[k], "%s", attention_version_name(fwd)); }
         else { table_row(attention_rows[k], "%s (backward v%d)", attention_version_name(fwd), bwd); }
     }
-}
-
-static float* flow_init_params(const FlowConfig* c, uint64_t seed) {
-    FlowParamTable t;
-    flow_table_build(c, &t);
-    float* params = (float*)mallocCheck(t.total * sizeof(float));
-    flow_param_init(params, &t, c, seed);
-    return params;
 }
 
 static void* flow_new(const FlowConfig* c, int mode, int rc, int shard_rank, int shard_world, struct Dist* dist) {
@@ -1585,11 +1570,6 @@ static void flow_sample_losses(void* model, const ModelInputs* in, float* sums) 
     launchCheck();
 }
 
-static void flow_delete(void* m) {
-    flow_free((FlowVLA*)m);
-    free(m);
-}
-
 // (the casts from the interface's opaque model)
 #define FLOW_AS_(m) ((FlowVLA*)(m))
 static void flow_set_params_(void* m, const float* p, const float* m1, const float* m2) {
@@ -1597,6 +1577,7 @@ static void flow_set_params_(void* m, const float* p, const float* m1, const flo
 }
 static void flow_set_loss_scale_(void* m, const LossScaleState* st, int w) { flow_set_loss_scale(FLOW_AS_(m), st, w); }
 static void flow_set_batch_(void* m, int B) { flow_set_batch(FLOW_AS_(m), B); }
+static void flow_delete(void* m) { flow_free(FLOW_AS_(m)); free(m); }
 static void flow_forward_(void* m, const ModelInputs* in, int micro) { flow_forward(FLOW_AS_(m), in, micro); }
 static void flow_backward_(void* m, int zero_grads) { flow_backward(FLOW_AS_(m), zero_grads); }
 static void flow_grads_finish_(void* m, int stop) { flow_grads_finish(FLOW_AS_(m), stop); }
@@ -1629,16 +1610,6 @@ static const Policy FLOW_POLICY = {
     .read_loss_scale = flow_read_loss_scale_,
     .save = flow_save_, .sample = flow_sample_, .free = flow_delete,
 };
-
-// The one place that chooses a policy: the table of a config's family (FAMILY_*)
-static const Policy* policy_of(int family) {
-    switch (family) {
-        case FAMILY_SMOLVLA:
-        case FAMILY_PI0: return &FLOW_POLICY;
-    }
-    vla_fail("internal: no policy serves family %d", family);
-    return NULL;
-}
 
 // ----------------------------------------------------------------------------
 // data parallel: one rank per GPU, a host thread each; gradients summed bucket by bucket (NCCL),
@@ -2232,32 +2203,29 @@ VLA_API void vla_policy_free(VLAPolicy* p) {
 // CLI and main
 
 #if !defined(TESTING) && !defined(VLA_LIBRARY)
-// 10-step sampling from a device batch's noise: actions (B, H, A) on the host in the data's units,
-// the dataset's action dims of the normalized (B, H, Amax) chunk un-normalized with action_mean/std
-static void sample_actions(const Policy* P, void* m, const FlowConfig* c, const Batch* dev, const float* action_mean,
-                           const float* action_std, float* actions) {
-    size_t rows = (size_t)dev->B * c->chunk;
-    float* chunk = (float*)mallocCheck(rows * c->max_action_dim * sizeof(float));
-    ModelInputs in = model_inputs(dev);
-    P->sample(m, &in, dev->eps, chunk);
-    policy_actions(chunk, rows, c->max_action_dim, c->action_dim, action_mean, action_std, actions);
-    free(chunk);
-}
-
-// How well the policy acts: 10-step sampling on one batch, MSE against its actions (data units)
+// How well the policy acts: 10-step sampling from one batch's noise, the normalized chunk
+// (B, H, Amax) un-normalized on its action dims, MSE against the batch's actions (data units)
 static float eval_action_mse(const Policy* P, void* m, const FlowConfig* c, Batch* dev, const Dataset* ds,
                              uint64_t seed, uint64_t pos, int step) {
     Batch host;
     batch_alloc(&host, c, &ds->cams, dev->B);
     eval_batch(&host, ds, c, seed, pos, step);
     cudaCheck(cudaMemcpy(dev->memory, host.memory, host.bytes, cudaMemcpyHostToDevice));
-    float* sampled = (float*)mallocCheck((size_t)dev->B * c->chunk * c->action_dim * sizeof(float));
-    sample_actions(P, m, c, dev, ds->action_mean, ds->action_std, sampled);
+    size_t rows = (size_t)dev->B * c->chunk;
+    float* chunk = (float*)mallocCheck(rows * (c->max_action_dim + c->action_dim) * sizeof(float));
+    float* sampled = chunk + rows * c->max_action_dim;  // (B, H, A)
+    ModelInputs in = model_inputs(dev);
+    P->sample(m, &in, dev->eps, chunk);
+    policy_actions(chunk, rows, c->max_action_dim, c->action_dim, ds->action_mean, ds->action_std, sampled);
     float mse = action_mse(&host, ds, c, sampled);
-    free(sampled);
+    free(chunk);
     batch_free(&host);
     return mse;
 }
+
+// The one place that chooses a policy: each section's table, by vla/config.h's FAMILY_POLICY
+static const Policy* const POLICIES[] = {&FLOW_POLICY};
+static const Policy* policy_of(int family) { return POLICIES[FAMILY_POLICY[family]]; }
 
 static volatile sig_atomic_t stop_requested = 0;
 static void on_signal(int sig) { (void)sig; stop_requested = 1; }

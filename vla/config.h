@@ -57,6 +57,10 @@ static inline size_t zero_part(size_t offset, size_t numel, size_t lo, size_t hi
 enum { FAMILY_SMOLVLA = 0, FAMILY_PI0 = 1 };
 #define FLOW_N_FAMILIES 2
 static const char* const FAMILY_NAMES[] = {"smolvla", "pi0"};
+// The model section that trains each family, the index of its table in each trainer's POLICIES
+// (policy_of): the flow_ section serves both
+enum { POLICY_FLOW = 0 };
+static const int FAMILY_POLICY[FLOW_N_FAMILIES] = {POLICY_FLOW, POLICY_FLOW};
 
 typedef struct {
     int32_t n_cam;           // cameras; frames keep their stored size and are resized on the device
@@ -646,6 +650,23 @@ static inline void flow_param_init(float* params, const FlowParamTable* t, const
             for (size_t j = j0; j < j1; j++) { p[j] = (float)rng_normal(&r) * std; }
         }
     }
+}
+
+// The table's elements in all, and those that train in `mode` (what the config table counts)
+static inline void flow_param_counts(const FlowConfig* c, int mode, size_t* total, size_t* trainable) {
+    FlowParamTable t;
+    flow_table_build(c, &t);
+    *total = t.total;
+    *trainable = flow_trainable_count(&t, mode);
+}
+
+// The seeded weights (flow_param_init) in a new array in the table's layout
+static inline float* flow_init_params(const FlowConfig* c, uint64_t seed) {
+    FlowParamTable t;
+    flow_table_build(c, &t);
+    float* params = (float*)mallocCheck(t.total * sizeof(float));
+    flow_param_init(params, &t, c, seed);
+    return params;
 }
 
 #endif  // VLA_CONFIG_H
