@@ -1479,6 +1479,29 @@ static void test_bootstrap(const char* dir) {
     dataset_close(&ds);
 }
 
+// The progress line's ETA: the mean step after the process's first, not the last step's time
+static void test_logger_eta(const char* dir) {
+    char out[VLA_PATH_MAX];
+    snprintf(out, sizeof(out), "%s/eta_log", dir);
+    char cmd[VLA_PATH_MAX + 16];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", out);
+    run_command(cmd);
+    Logger lg;
+    logger_open(&lg, out, 0);
+    const double ms[4] = {5000.0, 100.0, 300.0, 20.0};  // a slow first step, then 100, 300, 20
+    double eta[4];
+    for (int k = 0; k < 4; k++) {
+        logger_step(&lg, k, 10, 1.0f, 1e-4f, 1.0f, ms[k], 1.0, NAN, NAN, 0);
+        eta[k] = logger_eta(&lg, ms[k], k, 10);
+    }
+    logger_close(&lg);
+    // 9 steps left at the first's 5 s; then 8 at 100 ms; 7 at (100 + 300) / 2; 6 at (100 + 300 + 20) / 3
+    check(fabs(eta[0] - 45.0) < 1e-9 && fabs(eta[1] - 0.8) < 1e-9 && fabs(eta[2] - 1.4) < 1e-9 &&
+              fabs(eta[3] - 0.84) < 1e-9,
+          "the ETA goes by the mean step after the first: %.2f %.2f %.2f %.2f s (45, 0.8, 1.4, 0.84)", eta[0], eta[1],
+          eta[2], eta[3]);
+}
+
 // -d and --lr-scale: what a world size does to the micro-steps and the learning rate
 static void test_world_args(void) {
     printf("\n== total batch and learning-rate scaling\n");
@@ -3222,6 +3245,7 @@ int main(int argc, char** argv) {
     test_simulated_ranks(dir, "tiny");
     test_simulated_ranks(dir, "pi0_tiny");
     test_world_args();
+    test_logger_eta(dir);
     test_zero(dir, "tiny");
     test_zero(dir, "pi0_tiny");
     test_bootstrap(dir);

@@ -23,6 +23,8 @@ typedef struct {
     double saved_bytes;       // > 0: each line also holds the activation memory --recompute saves (the GPU trainer's)
     const LossScaleState*
         loss_scale;  // fp16 builds, set by the trainer: the scale the step ran with and the skips so far
+    int steps_seen;   // steps this process logged
+    double timed_ms;  // their time after the first (which warms up), what the ETA goes by
 } Logger;
 
 // bytes as "12.34 GiB" from 1 GiB up, else "12.3 MiB"
@@ -43,6 +45,8 @@ static inline void logger_open(Logger* lg, const char* dir, int start) {
     lg->task_loss = NULL;
     lg->saved_bytes = 0.0;
     lg->loss_scale = NULL;
+    lg->steps_seen = 0;
+    lg->timed_ms = 0.0;
     snprintf(lg->path, sizeof(lg->path), "%s/log.jsonl", dir);
     FILE* old = fopen(lg->path, "r");
     if (old != NULL) {
@@ -89,11 +93,20 @@ static inline void logger_open(Logger* lg, const char* dir, int start) {
     lg->t_start = wall_seconds();
 }
 
-// One step's line. mfu and mem_gib are NAN where they mean nothing (the CPU trainer).
+// Seconds left after 0-based step `step` of `steps` (its time ms, counted in lg): the steps left at
+// the mean time of this process's steps after its first (the first one's alone until then), not
+// the last step's, so that one slow or fast step does not swing it
+static inline double logger_eta(const Logger* lg, double ms, int step, int steps) {
+    double mean_ms = lg->steps_seen > 1 ? lg->timed_ms / (lg->steps_seen - 1) : ms;
+    return mean_ms * (steps - step - 1) / 1000.0;
+}
+
+// One step's line (ETA: logger_eta). mfu and mem_gib are NAN where they mean nothing (the CPU trainer).
 static inline void logger_step(Logger* lg, int step, int steps, float loss, float lr, float norm, double ms,
                                double samples_per_s, double mfu, double mem_gib, int print) {
+    if (lg->steps_seen++ > 0) { lg->timed_ms += ms; }
     if (print) {
-        double eta = ms * (steps - step - 1) / 1000.0;
+        double eta = logger_eta(lg, ms, step, steps);
         char extra[192] = "";
         if (!isnan(mfu)) { snprintf(extra, sizeof(extra), " | MFU %5.1f%% | %5.2f GiB", 100.0 * mfu, mem_gib); }
         else if (!isnan(mem_gib)) { snprintf(extra, sizeof(extra), " | %5.2f GiB", mem_gib); }  // a GPU of unknown peak

@@ -513,6 +513,7 @@ static inline void run_checkpoint_save(const TrainArgs* args, const Dataset* ds,
     checkpoint_path(path, sizeof(path), args->output, (uint64_t)step);
     checkpoint_write(path, &ck);
     checkpoint_prune(args->output, args->keep);
+    printf("checkpoint of step %d: %s\n", step, path);
     free(stats);
 }
 

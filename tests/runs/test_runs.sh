@@ -6,9 +6,10 @@
 # earlier run dropped (a new run into it refused, --new-run moving it into previous_<N>/, -y 1's
 # rules), temporary files of a killed save removed, foreign log lines dropped with a note, SIGHUP
 # saving like SIGTERM, a signal after the last step ending the run with exit 0, -i inside -o
-# refused, and write failures said by their cause. Each case checks the one line and that the
-# files are still there. The GPU trainer ($GPU_TESTS/train_vla_fp32: build/emu, the CPU emulation
-# of CUDA, by default) shares the code: its lock, SIGHUP and the new-run refusal are checked too.
+# refused, write failures said by their cause, one line per checkpoint written. Each case checks
+# the one line and that the files are still there. The GPU trainer ($GPU_TESTS/train_vla_fp32:
+# build/emu, the CPU emulation of CUDA, by default) shares the code: its lock, SIGHUP and the
+# new-run refusal are checked too.
 # Run by `make test`; ends with `N passed, M failed`.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -326,6 +327,15 @@ if [ -x "$GPU_TRAINER" ]; then
 else
     echo "  ($GPU_TRAINER is not built: make $GPU_TRAINER)"
 fi
+
+echo "== what a run says as it goes"
+out=$tmp/says
+$TRAINER "${run[@]}" -n 4 -u 1 -k 2 -o "$out" > "$tmp/says_out" 2> "$tmp/says_err"
+rc=$?
+[ "$rc" -eq 0 ] && [ "$(grep -c '^checkpoint of step' "$tmp/says_out")" -eq 2 ] &&
+    grep -qxF "checkpoint of step 2: $out/ckpt_00000002.bin" "$tmp/says_out" &&
+    grep -qxF "checkpoint of step 4: $out/ckpt_00000004.bin" "$tmp/says_out" && [ ! -s "$tmp/says_err" ]
+check $? "one line per checkpoint written, naming its step and file, nothing on stderr (exit $rc)"
 
 echo
 echo "$passed passed, $failed failed"
