@@ -2141,6 +2141,7 @@ int main(int argc, char** argv) {
     table_data_rows(&args, tb, &ds);
     table_row("OpenMP threads", "%d", omp_get_max_threads());
     table_rule();
+    schedule_warn(&args);
 
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);

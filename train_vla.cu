@@ -2266,6 +2266,7 @@ static void print_config(const Run* run, const cudaDeviceProp* prop, double flop
     }
     table_data_rows(args, run->balance, &run->ds);
     table_rule();
+    schedule_warn(args);
     fflush(stdout);
 }
 

@@ -20,4 +20,13 @@ static inline float lr_at_step(const TrainArgs* a, int step) {
     return floor_lr + 0.5f * (a->lr - floor_lr) * (1.0f + cosf(3.14159265358979f * progress));
 }
 
+// A warmup longer than the run: the learning rate never reaches its peak (nor decays). Said in one
+// line under the config table (the run goes on as asked).
+static inline void schedule_warn(const TrainArgs* a) {
+    if (a->warmup <= a->steps) { return; }
+    printf("warning: --warmup %d is longer than the run's %d steps (-n): the learning rate rises for the whole run, "
+           "never reaching its peak %g; lower -u or raise -n\n",
+           a->warmup, a->steps, (double)a->lr);
+}
+
 #endif  // VLA_SCHEDULE_H

@@ -6,7 +6,8 @@
 # earlier run dropped (a new run into it refused, --new-run moving it into previous_<N>/, -y 1's
 # rules), temporary files of a killed save removed, foreign log lines dropped with a note, SIGHUP
 # saving like SIGTERM, a signal after the last step ending the run with exit 0, -i inside -o
-# refused, write failures said by their cause, one line per checkpoint written. Each case checks
+# refused, write failures said by their cause, one line per checkpoint written, a warning for a
+# warmup longer than the run. Each case checks
 # the one line and that the files are still there. The GPU trainer ($GPU_TESTS/train_vla_fp32:
 # build/emu, the CPU emulation of CUDA, by default) shares the code: its lock, SIGHUP and the
 # new-run refusal are checked too.
@@ -336,6 +337,13 @@ rc=$?
     grep -qxF "checkpoint of step 2: $out/ckpt_00000002.bin" "$tmp/says_out" &&
     grep -qxF "checkpoint of step 4: $out/ckpt_00000004.bin" "$tmp/says_out" && [ ! -s "$tmp/says_err" ]
 check $? "one line per checkpoint written, naming its step and file, nothing on stderr (exit $rc)"
+! grep -q '^warning: --warmup' "$tmp/says_out"
+check $? "no warning for a warmup that ends inside the run"
+$TRAINER "${run[@]}" -n 4 -u 5 -k 0 -o "$tmp/says_warm" > "$tmp/says_out" 2> "$tmp/says_err"
+rc=$?
+[ "$rc" -eq 0 ] && [ "$(grep -c '^warning:' "$tmp/says_out")" -eq 1 ] && [ ! -s "$tmp/says_err" ] &&
+    grep -q "^warning: --warmup 5 is longer than the run's 4 steps (-n): .* lower -u or raise -n$" "$tmp/says_out"
+check $? "a warmup longer than the run: one warning line under the config table, and the run goes on (exit $rc)"
 
 echo
 echo "$passed passed, $failed failed"
