@@ -363,10 +363,7 @@ static void flow_model_parts(const FlowConfig* c, int mode, int shard_world, siz
 // Device bytes flow_build allocates on one GPU without ZeRO-1, activations aside (flow_act_bytes):
 // what --memory plans with; flow_build checks it holds exactly this
 static size_t flow_model_bytes(const FlowConfig* c, int mode, int shard_world = 1) {
-    size_t parts[MEM_PARTS], total = 0;
-    flow_model_parts(c, mode, shard_world, parts);
-    for (int k = 0; k < MEM_PARTS; k++) { total += parts[k]; }
-    return total;
+    return model_bytes(flow_model_parts, c, mode, shard_world);
 }
 
 // The elements one activation tensor of n takes in its type's allocation: rounded up to 64 bytes,

@@ -3,7 +3,7 @@ vla/memory_plan.h: train_vla --memory, the GPU memory a run takes, planned from 
 sizes alone (no GPU, no dataset): activations by train mode, batch and --recompute level, the model's
 parts per GPU with and without ZeRO-1, the largest batch an 80 GB H100 and a 141 GB H200 hold, and what
 the recomputation adds to the FLOPs. Host only: MemPart (MEM_*), PolicySizes (the sizes a policy
-reports), policy_model_bytes, largest_batch, print_memory_table. Needs config.h.
+reports), model_bytes, largest_batch, print_memory_table. Needs config.h.
 */
 #ifndef VLA_MEMORY_PLAN_H
 #define VLA_MEMORY_PLAN_H
@@ -27,9 +27,11 @@ typedef struct {
     double (*recompute_flops)(const FlowConfig* c, int mode, int rc);
 } PolicySizes;
 
-static inline size_t policy_model_bytes(const PolicySizes* p, const FlowConfig* c, int mode, int shard_world) {
+// What a build holds in all: the sum of its model_parts
+static inline size_t model_bytes(void (*model_parts)(const FlowConfig*, int, int, size_t*), const FlowConfig* c,
+                                 int mode, int shard_world) {
     size_t parts[MEM_PARTS], total = 0;
-    p->model_parts(c, mode, shard_world, parts);
+    model_parts(c, mode, shard_world, parts);
     for (int k = 0; k < MEM_PARTS; k++) { total += parts[k]; }
     return total;
 }
@@ -44,7 +46,7 @@ static const double H200_141GB_MODEL_BYTES = (143771.0 - 2048.0) * 1024.0 * 1024
 // The largest batch per GPU whose model (ZeRO-1 over shard_world) and activations (mode, rc) fit in
 // `budget` bytes; 0: none does
 static int largest_batch(const PolicySizes* p, const FlowConfig* c, int mode, int rc, double budget, int shard_world) {
-    double model = (double)policy_model_bytes(p, c, mode, shard_world);
+    double model = (double)model_bytes(p->model_parts, c, mode, shard_world);
     int lo = 0, hi = 1;
     while (hi < (1 << 20) && model + (double)p->act_bytes(c, mode, hi, rc) <= budget) { lo = hi; hi *= 2; }
     while (hi - lo > 1) {  // lo fits, hi does not
@@ -127,7 +129,7 @@ static void print_memory_table(const PolicySizes* p, const FlowConfig* c, const 
            "|---------|-----------|------|------|-------|--------------|-------|--------|\n");
     for (int mode = TRAIN_MODE_EXPERT; mode <= TRAIN_MODE_ALL; mode++) {
         double flops = p->flops_per_sample(c, mode);
-        printf("| %-7s | %9.2f |", TRAIN_MODE_NAMES[mode], (double)policy_model_bytes(p, c, mode, 1) / gib);
+        printf("| %-7s | %9.2f |", TRAIN_MODE_NAMES[mode], (double)model_bytes(p->model_parts, c, mode, 1) / gib);
         for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_LAYER; rc++) {
             printf(" %*d |", rc == RECOMPUTE_LAYER ? 5 : 4, largest_batch(p, c, mode, rc, H100_80GB_MODEL_BYTES, 1));
         }
