@@ -1719,9 +1719,19 @@ static void test_balance(const char* dir) {
     if (read) { checkpoint_free(&ck); }
     // refusals: another mode or other weights to resume; bad weights
     char args[4096];
-    snprintf(args, sizeof(args), "-p tiny -g 2 -b 2 -n 8 -t 1 -i %s -o %s/bal_full -y 1", spec, dir);
-    expect_error(dir, "resuming a balanced run without --balance", args,
+    snprintf(args, sizeof(args), "-p tiny -g 2 -b 2 -n 8 -t 1 -i %s -o %s/bal_full -y 1 --balance none", spec, dir);
+    expect_error(dir, "resuming a balanced run with --balance none", args,
                  "trained with --balance tasks, this run with --balance none");
+    // without --balance, -y 1 takes the run's own from its run.json and goes on balanced
+    snprintf(cmd, sizeof(cmd), "./train_vla_cpu -n 9 -y 1 -o %s/bal_full > %s/bal_more.txt 2>&1", dir, dir);
+    rc = run_command(cmd);
+    snprintf(p1, sizeof(p1), "%s/bal_full/log.jsonl", dir);
+    text = read_text(p1);
+    const char* ninth = text != NULL ? strstr(text, "{\"step\": 9,") : NULL;
+    check(rc == 0 && ninth != NULL && strstr(ninth, "task_loss") != NULL,
+          "resuming a balanced run with -y 1 -n 9 alone: its -i, --balance tasks and -g 2 from run.json (step 9 "
+          "logs task_loss; exit %d)", rc);
+    free(text);
     snprintf(args, sizeof(args),
              "-p tiny -g 2 -b 2 -n 8 -t 1 -i %s -o %s/bal_full -y 1 --balance tasks --task-weights 1,3", spec, dir);
     expect_error(dir, "resuming a balanced run with other --task-weights", args, "balanced other task weights");
@@ -2166,7 +2176,7 @@ static void test_checkpoints(const char* dir) {
         snprintf(cmd, sizeof(cmd), "rm -rf %s/pw_straight %s/pw_split && "
                  "./train_vla_cpu %s -b 4 -n 4 -i %s -o %s/pw_straight > %s/pw_straight.txt 2>&1 && "
                  "./train_vla_cpu %s -g 2 -b 2 -z 1 -n 2 -i %s -o %s/pw_split > %s/pw_a.txt 2>&1 && "
-                 "./train_vla_cpu %s -b 4 -n 4 -i %s -o %s/pw_split -y 1 > %s/pw_b.txt 2>&1",
+                 "./train_vla_cpu %s -g 1 -b 4 -n 4 -i %s -o %s/pw_split -y 1 > %s/pw_b.txt 2>&1",
                  dir, dir, flags, p1, dir, dir, flags, p1, dir, dir, flags, p1, dir, dir);
         int rc_w = run_command(cmd);
         float straight[4] = {0}, split[4] = {0};
@@ -2439,13 +2449,20 @@ static void test_max_text(const char* dir) {
     check(rc == 0 && strstr(text, "warning") == NULL && strstr(text, "| max_text               | 18") != NULL,
           "with --max-text 18 it trains without a warning and reads 18 bytes");
     free(text);
-    // the checkpoint carries max_text: resuming without the flag is a one-line error that says so
-    snprintf(cmd, sizeof(cmd), "%s -n 2 -y 1 -i %s -o %s/window_run > %s 2>&1", base, path, dir, out);
+    // the checkpoint carries max_text: resuming with another is a one-line error that says so; without
+    // the flag, the run's own (run.json) goes on
+    snprintf(cmd, sizeof(cmd), "%s -n 2 -y 1 --max-text 16 -i %s -o %s/window_run > %s 2>&1", base, path, dir, out);
     rc = run_command(cmd);
     text = read_text(out);
     check(rc == 1 && strstr(text, "max_text 18 vs 16") != NULL && strstr(text, "--max-text") != NULL,
-          "resuming it without --max-text 18 names the field: %s",
+          "resuming it with --max-text 16 names the field: %s",
           strstr(text, "error:") ? strstr(text, "error:") : text);
+    free(text);
+    snprintf(cmd, sizeof(cmd), "%s -n 2 -y 1 -i %s -o %s/window_run > %s 2>&1", base, path, dir, out);
+    rc = run_command(cmd);
+    text = read_text(out);
+    check(rc == 0 && strstr(text, "warning") == NULL && strstr(text, "resumed from") != NULL,
+          "resuming it without --max-text: run.json's 18 goes on, no warning (exit %d)", rc);
     free(text);
 
     // 32,000 instructions in 3,200 groups of 10 equal in their first 16 bytes: found by sorting, not

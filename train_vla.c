@@ -34,7 +34,7 @@ Invariants worth knowing before reading:
 Reproduce the oracle's numbers (what test_vla checks):
   make test     (data/synthetic writes build/test/{a,b,s}.bin, dev/model.py the debug states and
                  a_train.txt, dev/lerobot LeRobot's references, then ./test_vla build/test build/lerobot_ref)
-  /usr/bin/python3 dev/model.py -i build/test/a.bin -p tiny --dtype float64 -b 4 --seed 1337 --train 5 \
+  build/venv/bin/python dev/model.py -i build/test/a.bin -p tiny --dtype float64 -b 4 --seed 1337 --train 5 \
       -n 5 -l 1e-3 -u 2 -w 0.1 -c 0.5 --train-mode all     (the losses of ./train_vla_cpu -p tiny -b 4 ...)
 */
 #include "vla/common.h"            // defines: vla_fail, mallocCheck, vla_catch_call, paths and checked sizes
@@ -48,6 +48,8 @@ Reproduce the oracle's numbers (what test_vla checks):
 #include "vla/schedule.h"          // defines: the learning-rate schedule
 #include "vla/logging.h"           // defines: Logger: log.jsonl and the progress line
 #include "vla/runs.h"              // defines: the run folder, resume, checkpoints kept, the config table
+#include "vla/run_record.h"        // defines: run.json, the run's settings, and -y 1 continuing with them
+#include "vla/evaluation.h"        // defines: --eval-every, evaluations in the background while the run trains
 #include "vla/policy.h"            // defines: the policy libraries' C ABI, shared by both
 #include <omp.h>
 #include <signal.h>
@@ -2062,6 +2064,8 @@ int main(int argc, char** argv) {
     // temporary file removed; the signal's default would end the run without a word
     signal(SIGXFSZ, SIG_IGN);
     train_args_parse(&args, argc, argv);
+    run_record_resume(&args);  // -y 1: the settings of the run's run.json, the flags given on top
+    eval_check(&args);          // --eval-every: what its evaluation needs is there
     // the CPU reference keeps every activation: the memory options are the GPU trainer's
     if (args.recompute != RECOMPUTE_NONE) {
         vla_fail(
@@ -2125,6 +2129,7 @@ int main(int argc, char** argv) {
         free(params);
     }
     if (!run_has_steps_left(from, start, args.steps)) { return 0; }
+    run_record_write(&args, start, "train_vla_cpu");
     uint64_t global_batch = (uint64_t)train_global_batch(&args, args.ranks);
     int batches = args.ranks * args.accum;  // per optimizer step: every rank's micro-steps
     Loader loader;
@@ -2149,11 +2154,16 @@ int main(int argc, char** argv) {
     double timed_ms = 0.0;
     int timed_steps = 0;
     int step = start;
+    Evaluator evaluator;
+    char eval_cmd[4 * VLA_PATH_MAX];
+    eval_init(&evaluator, &args, eval_cmd, sizeof(eval_cmd));
     for (; step < args.steps && !stop_requested; step++) {
-        double t0 = wall_seconds();
+        double t0 = wall_seconds(), waited = loader.wait_seconds;
         float norm;
         float loss = train_step(P, model, grad_sum, &loader, &args, step, &norm, tb, &ds, task_loss);
         double ms = 1000.0 * (wall_seconds() - t0);
+        logger.wait_ms = 1000.0 * (loader.wait_seconds - waited);
+        logger.epoch = (double)(sampler_pos + (uint64_t)(step + 1 - start) * global_batch) / (double)ds.n_samples;
         if (!isfinite(loss) || !isfinite(norm)) {
             char left[2 * VLA_PATH_MAX + 128];
             vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; %s",
@@ -2167,6 +2177,8 @@ int main(int argc, char** argv) {
         if (train_ckpt_due(&args, done, 0)) {
             P->save(model, &ds, &args, done, sampler_pos + (uint64_t)(done - start) * global_batch);
         }
+        if (eval_due(&args, done)) { eval_start(&evaluator, &logger, done); }
+        eval_poll(&evaluator, &logger, 0);
     }
     int status = 0;
     if (stop_requested && step < args.steps) {  // (after the last step, its checkpoint written, the run is complete)
@@ -2188,6 +2200,7 @@ int main(int argc, char** argv) {
         printf("mean step time %.1f ms over %d steps (first excluded), %.1f samples/s\n", timed_ms / timed_steps,
                timed_steps, global_batch / (timed_ms / timed_steps / 1000.0));
     }
+    eval_finish(&evaluator, &logger, &stop_requested);
     logger_close(&logger);
     if (stop_requested && step >= args.steps) { status = train_report_interrupt(&args, step); }
     free(task_loss);

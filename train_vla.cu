@@ -33,7 +33,7 @@ Invariants worth knowing before reading:
 Reproduce the oracle's numbers (what test_vla_gpu checks):
   make test     (on a GPU: build/gpu/test_vla_gpu_bf16 build/test build/gpu/train_vla_bf16 --smolvla build/lerobot_ref;
                  without one, the same tests run under the CPU emulation in dev/cuda/emu)
-  python3 dev/model.py -i build/test/a.bin -p tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
+  build/venv/bin/python dev/model.py -i build/test/a.bin -p tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
       -l 1e-3 -u 2 -w 0.1 -c 0.5 --train-mode all     (the losses of ./train_vla -p tiny -b 4 ...)
 */
 #include "vla/common.h"            // defines: vla_fail, mallocCheck, vla_catch_call, paths and checked sizes
@@ -48,6 +48,8 @@ Reproduce the oracle's numbers (what test_vla_gpu checks):
 #include "vla/schedule.h"          // defines: the learning-rate schedule
 #include "vla/logging.h"           // defines: Logger: log.jsonl and the progress line
 #include "vla/runs.h"              // defines: the run folder, resume, checkpoints kept, the config table
+#include "vla/run_record.h"        // defines: run.json, the run's settings, and -y 1 continuing with them
+#include "vla/evaluation.h"        // defines: --eval-every, evaluations in the background while the run trains
 #include "vla/bootstrap.h"         // defines: the multi-node bootstrap of NCCL's id
 #include "vla/policy.h"            // defines: the policy libraries' C ABI, shared by both
 #include "vla/flops.h"             // defines: the model's FLOPs per sample, for MFU
@@ -2315,6 +2317,9 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     }
     if (lead && run->balance != NULL) { logger.n_tasks = task_losses.T; logger.task_loss = task_losses.task_loss; }
     if (LOSS_SCALING) { logger.loss_scale = &logged; }
+    Evaluator evaluator;  // (the lead rank's)
+    char eval_cmd[4 * VLA_PATH_MAX];
+    eval_init(&evaluator, args, eval_cmd, sizeof(eval_cmd));
     double peak = device_peak_flops(prop.name), flops = P->sizes.flops_per_sample(c, args->train_mode);
 
     double timed_ms = 0.0, peak_mem = 0.0, comm_wait_ms = 0.0;
@@ -2322,7 +2327,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
     int64_t job = 0, jobs = (int64_t)(args->steps - run->start) * args->accum;
     batch_upload(&loader, &dev[0], consumed[0], uploaded[0], &task_losses, 0);
     for (; step < args->steps && !stopped; step++) {
-        double t0 = wall_seconds();
+        double t0 = wall_seconds(), waited = loader.wait_seconds;
         if (lead && step + 1 == args->profile) { prof_begin(); }
         watchdog->step[local] = step;
         watchdog->busy_since[local] = t0;
@@ -2386,10 +2391,15 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
         double mem_gib = (double)(total_b - free_b) / (1024.0 * 1024.0 * 1024.0);
         if (mem_gib > peak_mem) { peak_mem = mem_gib; }
         double sps = (double)global_batch / (ms / 1000.0);
+        logger.wait_ms = 1000.0 * (loader.wait_seconds - waited);
+        logger.epoch = (double)(run->sampler_pos + (uint64_t)(done - run->start) * global_batch) /
+                       (double)run->ds.n_samples;
         logger_step(&logger, step, args->steps, loss, lr_at_step(args, step), norm, ms, sps,
                     peak > 0.0 ? flops * sps / (peak * world) : NAN, mem_gib,
                     done % args->log_every == 0 || done == args->steps);
         if (done == args->profile) { prof_end("step", done, ms); }
+        if (eval_due(args, done)) { eval_start(&evaluator, &logger, done); }
+        eval_poll(&evaluator, &logger, 0);
     }
     cudaCheck(cudaStreamSynchronize(copy_stream));
     loader_pin(&loader, 0);
@@ -2425,6 +2435,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
                    format_bytes(saved, sizeof(saved), logger.saved_bytes));
             dist_print_waits(comm_wait_ms, timed_steps, timed_ms, world);
         }
+        eval_finish(&evaluator, &logger, &stop_requested);
         logger_close(&logger);
         if (stop_requested && step >= args->steps) { train_report_interrupt(args, step); }  // the run is complete
     }
@@ -2448,6 +2459,8 @@ int main(int argc, char** argv) {
     memset(&run, 0, sizeof(run));
     TrainArgs* args = &run.args;
     train_args_parse(args, argc, argv);
+    run_record_resume(args);  // -y 1: the settings of the run's run.json, the flags given on top
+    eval_check(args);          // --eval-every: what its evaluation needs is there
     if (args->memory) {  // the preset's sizes (its cameras): no dataset, no GPU
         FlowConfig c = flow_preset(args->preset)->config;
         if (args->max_text > 0) { c.max_text = args->max_text; }
@@ -2497,6 +2510,7 @@ int main(int argc, char** argv) {
         run.initial.params = run.policy->init_params(&run.config, args->seed);
     }
     if (!run_has_steps_left(run.from, run.start, args->steps)) { return 0; }
+    if (run.node == 0) { run_record_write(args, run.start, "train_vla"); }
     if (args->profile > 0 && (args->profile <= run.start || args->profile > args->steps)) {
         vla_fail(
             "--profile %d: this run trains steps %d to %d: profile one of them (one after the first, which warms up)",

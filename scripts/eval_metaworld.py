@@ -1,7 +1,7 @@
 """
 eval_metaworld.py: closed-loop success rate of a policy in Meta-World.
 
-    build/venv/bin/python scripts/eval_metaworld.py --policy out/ckpt_00005000.bin --tasks MT10 --episodes 10
+    build/venv/bin/python scripts/eval_metaworld.py --policy out/small/ckpt_00005000.bin --tasks MT10 --episodes 10
     build/venv/bin/python scripts/eval_metaworld.py --policy expert --tasks MT50 --episodes 5 --out expert.json
     build/venv/bin/python scripts/eval_metaworld.py --policy random --tasks easy --episodes 5
 
@@ -19,7 +19,8 @@ Cameras are rendered at --img pixels: the side the training data was generated a
 --img; the model resizes any frame with padding to its own input, so by default they are rendered
 at that input's side, which is the MT10 recipe's 64 for the small preset).
 Results per task, per difficulty group (easy, medium, hard, very hard: the split of Seo et al.
-2022, "Masked World Models") and overall are printed as a table and written as JSON with --out;
+2022, "Masked World Models") and overall are printed as a table and written as JSON with --out
+(--scalars writes the rates alone, as the flat object of numbers `train_vla --eval-every` logs);
 --video-dir saves GIFs of the episodes listed in --video-episodes. The JSON lists every episode with its
 outcome, steps and layout seed; --only TASK:EPISODE replays chosen episodes exactly (same layout,
 same noise), e.g. to film a failure alone. --workers runs episodes in parallel processes; every
@@ -254,6 +255,8 @@ def main():
     ap.add_argument("--only", default="",
                     help="run just these episodes, TASK:EPISODE comma-separated (e.g. a failure from the JSON, to film it)")
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--scalars", help="write the success rates as one flat JSON object of numbers here "
+                    "(success_rate, success_rate/<group>, success_rate/<task>: what train_vla --eval-every logs)")
     ap.add_argument("--video-dir", help="save GIFs of the episodes in --video-episodes (or all of --only) here")
     ap.add_argument("--video-episodes", default="0", help="episode numbers to film per task, comma-separated (0)")
     args = ap.parse_args()
@@ -332,6 +335,20 @@ def main():
         with open(args.out, "w") as f:
             json.dump({"policy": args.policy, "settings": settings_of(args), "tasks": table, "groups": groups,
                        "overall": overall, "episodes": records}, f, indent=2)
+    if args.scalars:
+        write_scalars(args.scalars, table, groups, overall)
+
+
+def write_scalars(path, table, groups, overall):
+    """The success rates as one flat JSON object of numbers (overall first, then by group and by task),
+    written whole or not at all: what train_vla's --eval-every reads into log.jsonl and TensorBoard."""
+    scalars = {"success_rate": overall["success_rate"]}
+    scalars.update({f"success_rate/{name}": row["success_rate"] for name, row in groups.items()})
+    scalars.update({f"success_rate/{task}": row["success_rate"] for task, row in table.items()})
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(scalars, f)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

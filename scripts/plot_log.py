@@ -1,7 +1,7 @@
 """
 plot_log.py: training curves of one or more runs, from their log.jsonl, as one PNG.
 
-    build/venv/bin/python scripts/plot_log.py out/log.jsonl -o curves.png
+    build/venv/bin/python scripts/plot_log.py out/small/log.jsonl -o curves.png
     build/venv/bin/python scripts/plot_log.py build/run_a/log.jsonl build/run_b/log.jsonl --names lr1e-3,lr3e-4
 
 Four panels against the optimizer step: the loss (each step faint, an exponential moving
@@ -29,6 +29,8 @@ def read_log(path):
                 continue
             try:
                 r = json.loads(line)
+                if "eval" in r:  # an evaluation's results (--eval-every), not a training step
+                    continue
                 rows[int(r["step"])] = r  # a repeated step (after a resume): the later line wins
             except (ValueError, KeyError, TypeError):
                 sys.exit(f"error: {path} line {n} is not a train_vla log line: pass the log.jsonl of a run")
@@ -108,7 +110,7 @@ def main():
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        sys.exit("error: matplotlib is missing: run `make setup` (it installs data/requirements.txt into build/venv)")
+        sys.exit("error: matplotlib is missing: run `make setup` (it installs requirements.txt into build/venv)")
     plot(runs, args.output, args.title, span)
     counts = ", ".join(f"{n} {len(r['step'])} steps" for n, r in runs)
     print(f"wrote {args.output}: {len(runs)} run(s), {counts}")

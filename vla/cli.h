@@ -60,7 +60,12 @@ typedef struct {
     uint64_t balance_id;    // the trainer's TaskBalance fingerprint once built (checkpoints record it), 0: none
     float loss_scale;       // --loss-scale: fp16 builds' initial dynamic loss scale
     int loss_scale_window;  // --loss-scale-window: clean steps before the scale doubles
+    int eval_every;         // --eval-every N: evaluate each N-th step's checkpoint in the background, 0: off
+    const char* eval_cmd;   // --eval-cmd: the evaluation's command, NULL: Meta-World (vla/evaluation.h)
+    uint64_t given;         // the options given on the command line: bit k, TRAIN_ARGS_OPTIONS[k] (train_args_given)
 } TrainArgs;
+
+#define VLA_OUTPUT_ROOT "out"  // the default output folder is out/<preset>
 
 enum { LR_SCALE_NONE = 0, LR_SCALE_LINEAR = 1, LR_SCALE_SQRT = 2 };
 static const char* const LR_SCALE_NAMES[] = {"none", "linear", "sqrt"};
@@ -71,7 +76,7 @@ static const char* const LR_SCALE_NAMES[] = {"none", "linear", "sqrt"};
 static inline void train_args_defaults(TrainArgs* a) {
     memset(a, 0, sizeof(*a));
     a->input = "data/default";
-    a->output = "out";
+    a->output = VLA_OUTPUT_ROOT "/<preset>";  // (train_args_parse names the preset)
     a->preset = "small";
     a->train_mode = TRAIN_MODE_ALL;  // the default preset's
     a->max_text = 0;
@@ -104,7 +109,8 @@ static inline void train_args_usage(const char* prog) {
     train_args_defaults(&d);
     printf("usage: %s [options]\n", prog);
     printf("  -i, --input LIST       dataset shards: files or folders of *.bin, comma-separated (%s)\n", d.input);
-    printf("  -o, --output DIR       folder for checkpoints and log.jsonl (%s)\n", d.output);
+    printf("  -o, --output DIR       the run's folder: checkpoints, log.jsonl, run.json (its settings), TensorBoard's\n"
+           "                         events (%s)\n", d.output);
     printf("  -p, --preset NAME      model size:");
     for (int i = 0; i < FLOW_N_PRESETS; i++) { printf(" %s", FLOW_PRESETS[i].name); }
     printf(" (%s)\n", d.preset);
@@ -156,8 +162,8 @@ static inline void train_args_usage(const char* prog) {
            DECAY_ON_NAMES[d.decay_on]);
     printf("  -c, --clip X           global gradient-norm clip, 0 disables (%g)\n", d.grad_clip);
     printf("  -s, --seed N           seed for init, sampler and flow noise (%llu)\n", (unsigned long long)d.seed);
-    printf("  -y, --resume 0|1       1: continue from the newest complete checkpoint in the output folder (%d)\n",
-           d.resume);
+    printf("  -y, --resume 0|1       1: continue from the newest complete checkpoint in the output folder, with the\n"
+           "                         settings its run.json recorded and the flags given (%d)\n", d.resume);
     printf("      --new-run          start anew in an output folder that holds a run: its checkpoints and log move\n"
            "                         into <output>/previous_<N>/ (nothing is deleted)\n");
     printf(
@@ -171,6 +177,12 @@ static inline void train_args_usage(const char* prog) {
     printf("      --keep N           checkpoints kept in the output folder (%d)\n", d.keep);
     printf("      --no-checkpoint    write no checkpoint, not even at the end or on Ctrl-C (benchmarks: the weights\n"
            "                         trained are not kept)\n");
+    printf("      --eval-every N     checkpoint each N-th step and evaluate it (and the last) in the background, at\n"
+           "                         the lowest CPU priority; results go to log.jsonl and TensorBoard; 0: off (%d)\n",
+           d.eval_every);
+    printf("      --eval-cmd CMD     the evaluation's shell command: {checkpoint}, {step} and {results} (the JSON\n"
+           "                         object of numbers it writes) are put in (Meta-World's MT10, 5 episodes a task,\n"
+           "                         through scripts/eval_metaworld.py)\n");
     printf("      --log-every N      print a step line every N steps (%d)\n", d.log_every);
     printf("  -t, --threads N        OpenMP threads, 0: runtime default (%d)\n", d.threads);
     printf("      --workers N        data loader threads filling a ring of batches ahead of the trainer (%d)\n",
@@ -230,44 +242,56 @@ static inline const char* boot_parse_master(const char* master, char* host, size
     return NULL;
 }
 
+// The options, long names first: train_args_parse reads them, TrainArgs.given records which were
+// given (bit k: TRAIN_ARGS_OPTIONS[k]), and run.json (run_record.h) keys the settings by these names.
+enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
+       OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY,
+       OPT_BALANCE, OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY, OPT_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW, OPT_PROFILE,
+       OPT_NO_CHECKPOINT, OPT_NEW_RUN, OPT_DECAY_ON, OPT_BIND, OPT_RUN_TOKEN, OPT_EVAL_EVERY, OPT_EVAL_CMD };
+static const struct option TRAIN_ARGS_OPTIONS[] = {  // at most 64 (TrainArgs.given)
+    {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
+    {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
+    {"gpus", required_argument, 0, 'g'},         {"steps", required_argument, 0, 'n'},
+    {"lr", required_argument, 0, 'l'},           {"min-lr-frac", required_argument, 0, OPT_MIN_LR},
+    {"warmup", required_argument, 0, 'u'},       {"weight-decay", required_argument, 0, 'w'},
+    {"decay-on", required_argument, 0, OPT_DECAY_ON},
+    {"clip", required_argument, 0, 'c'},         {"seed", required_argument, 0, 's'},
+    {"resume", required_argument, 0, 'y'},       {"init", required_argument, 0, OPT_INIT},
+    {"new-run", no_argument, 0, OPT_NEW_RUN},
+    {"weights-only", no_argument, 0, OPT_WEIGHTS_ONLY},
+    {"ckpt-every", required_argument, 0, 'k'},   {"keep", required_argument, 0, OPT_KEEP},
+    {"no-checkpoint", no_argument, 0, OPT_NO_CHECKPOINT},
+    {"log-every", required_argument, 0, OPT_LOG_EVERY}, {"threads", required_argument, 0, 't'},
+    {"workers", required_argument, 0, OPT_WORKERS}, {"augment-shift", required_argument, 0, OPT_AUGMENT},
+    {"total-batch", required_argument, 0, 'd'},  {"lr-scale", required_argument, 0, OPT_LR_SCALE},
+    {"zero", required_argument, 0, 'z'},         {"nodes", required_argument, 0, OPT_NODES},
+    {"node-rank", required_argument, 0, OPT_NODE_RANK}, {"master", required_argument, 0, OPT_MASTER},
+    {"bootstrap-timeout", required_argument, 0, OPT_BOOT_TIMEOUT},
+    {"bind", required_argument, 0, OPT_BIND},    {"run-token", required_argument, 0, OPT_RUN_TOKEN},
+    {"nccl-timeout", required_argument, 0, OPT_NCCL_TIMEOUT},
+    {"max-text", required_argument, 0, OPT_MAX_TEXT}, {"train", required_argument, 0, OPT_TRAIN},
+    {"balance", required_argument, 0, OPT_BALANCE}, {"task-weights", required_argument, 0, OPT_TASK_WEIGHTS},
+    {"recompute", required_argument, 0, OPT_RECOMPUTE}, {"memory", no_argument, 0, OPT_MEMORY},
+    {"profile", required_argument, 0, OPT_PROFILE},
+    {"eval-every", required_argument, 0, OPT_EVAL_EVERY}, {"eval-cmd", required_argument, 0, OPT_EVAL_CMD},
+    {"loss-scale", required_argument, 0, OPT_LOSS_SCALE},
+    {"loss-scale-window", required_argument, 0, OPT_LOSS_SCALE_WINDOW},
+    {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
+
+// Whether option `name` (its long name) was given on the command line
+static inline int train_args_given(const TrainArgs* a, const char* name) {
+    for (int k = 0; TRAIN_ARGS_OPTIONS[k].name != NULL; k++) {
+        if (k < 64 && strcmp(TRAIN_ARGS_OPTIONS[k].name, name) == 0) { return (int)((a->given >> k) & 1); }
+    }
+    return 0;
+}
+
 static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     train_args_defaults(a);
-    enum { OPT_MIN_LR = 1000, OPT_INIT, OPT_KEEP, OPT_LOG_EVERY, OPT_WORKERS, OPT_AUGMENT, OPT_LR_SCALE, OPT_NODES,
-           OPT_NODE_RANK, OPT_MASTER, OPT_BOOT_TIMEOUT, OPT_NCCL_TIMEOUT, OPT_MAX_TEXT, OPT_TRAIN, OPT_WEIGHTS_ONLY,
-           OPT_BALANCE, OPT_TASK_WEIGHTS, OPT_RECOMPUTE, OPT_MEMORY, OPT_LOSS_SCALE, OPT_LOSS_SCALE_WINDOW, OPT_PROFILE,
-           OPT_NO_CHECKPOINT, OPT_NEW_RUN, OPT_DECAY_ON, OPT_BIND, OPT_RUN_TOKEN };
-    static const struct option longs[] = {
-        {"input", required_argument, 0, 'i'},        {"output", required_argument, 0, 'o'},
-        {"preset", required_argument, 0, 'p'},       {"batch", required_argument, 0, 'b'},
-        {"gpus", required_argument, 0, 'g'},         {"steps", required_argument, 0, 'n'},
-        {"lr", required_argument, 0, 'l'},           {"min-lr-frac", required_argument, 0, OPT_MIN_LR},
-        {"warmup", required_argument, 0, 'u'},       {"weight-decay", required_argument, 0, 'w'},
-        {"decay-on", required_argument, 0, OPT_DECAY_ON},
-        {"clip", required_argument, 0, 'c'},         {"seed", required_argument, 0, 's'},
-        {"resume", required_argument, 0, 'y'},       {"init", required_argument, 0, OPT_INIT},
-        {"new-run", no_argument, 0, OPT_NEW_RUN},
-        {"weights-only", no_argument, 0, OPT_WEIGHTS_ONLY},
-        {"ckpt-every", required_argument, 0, 'k'},   {"keep", required_argument, 0, OPT_KEEP},
-        {"no-checkpoint", no_argument, 0, OPT_NO_CHECKPOINT},
-        {"log-every", required_argument, 0, OPT_LOG_EVERY}, {"threads", required_argument, 0, 't'},
-        {"workers", required_argument, 0, OPT_WORKERS}, {"augment-shift", required_argument, 0, OPT_AUGMENT},
-        {"total-batch", required_argument, 0, 'd'},  {"lr-scale", required_argument, 0, OPT_LR_SCALE},
-        {"zero", required_argument, 0, 'z'},         {"nodes", required_argument, 0, OPT_NODES},
-        {"node-rank", required_argument, 0, OPT_NODE_RANK}, {"master", required_argument, 0, OPT_MASTER},
-        {"bootstrap-timeout", required_argument, 0, OPT_BOOT_TIMEOUT},
-        {"bind", required_argument, 0, OPT_BIND},    {"run-token", required_argument, 0, OPT_RUN_TOKEN},
-        {"nccl-timeout", required_argument, 0, OPT_NCCL_TIMEOUT},
-        {"max-text", required_argument, 0, OPT_MAX_TEXT}, {"train", required_argument, 0, OPT_TRAIN},
-        {"balance", required_argument, 0, OPT_BALANCE}, {"task-weights", required_argument, 0, OPT_TASK_WEIGHTS},
-        {"recompute", required_argument, 0, OPT_RECOMPUTE}, {"memory", no_argument, 0, OPT_MEMORY},
-        {"profile", required_argument, 0, OPT_PROFILE},
-        {"loss-scale", required_argument, 0, OPT_LOSS_SCALE},
-        {"loss-scale-window", required_argument, 0, OPT_LOSS_SCALE_WINDOW},
-        {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     opterr = 0;
     optind = 1;
     int opt, nodes_given = 0, rank_given = 0, ckpt_given = 0;
-    while ((opt = getopt_long(argc, argv, ":i:o:p:b:g:d:n:l:u:w:c:s:y:k:t:z:h", longs, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":i:o:p:b:g:d:n:l:u:w:c:s:y:k:t:z:h", TRAIN_ARGS_OPTIONS, NULL)) != -1) {
         switch (opt) {
             case 'i': a->input = optarg; break;
             case 'o': a->output = optarg; break;
@@ -332,6 +356,8 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case OPT_WEIGHTS_ONLY: a->weights_only = 1; break;
             case 'k': a->ckpt_every = (int)parse_int_arg("ckpt-every", optarg, 0, 1L << 30); ckpt_given = 1; break;
             case OPT_NO_CHECKPOINT: a->no_checkpoint = 1; break;
+            case OPT_EVAL_EVERY: a->eval_every = (int)parse_int_arg("eval-every", optarg, 0, 1L << 30); break;
+            case OPT_EVAL_CMD: a->eval_cmd = optarg; break;
             case OPT_KEEP: a->keep = (int)parse_int_arg("keep", optarg, 1, 4096); break;
             case OPT_LOG_EVERY: a->log_every = (int)parse_int_arg("log-every", optarg, 1, 1L << 30); break;
             case 't': a->threads = (int)parse_int_arg("threads", optarg, 0, 4096); break;
@@ -345,6 +371,9 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
             case ':': vla_fail("option %s needs a value: see %s -h", argv[optind - 1], argv[0]);
             default: vla_fail("unknown option %s: see %s -h", argv[optind - 1], argv[0]);
         }
+        for (int k = 0; TRAIN_ARGS_OPTIONS[k].name != NULL; k++) {
+            if (k < 64 && TRAIN_ARGS_OPTIONS[k].val == opt) { a->given |= 1ULL << k; }
+        }
     }
     if (optind < argc) {
         vla_fail("unexpected argument '%s': options take the form -x VALUE, see %s -h", argv[optind], argv[0]);
@@ -355,6 +384,12 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
     }
     if (a->weights_only && a->init == NULL) {
         vla_fail("--weights-only takes the weights of --init FILE: give the checkpoint to fine-tune from with --init");
+    }
+    if (a->eval_cmd != NULL && a->eval_every == 0) {
+        vla_fail("--eval-cmd is the command --eval-every runs: add --eval-every N (the steps between evaluations)");
+    }
+    if (a->eval_every > 0 && a->no_checkpoint) {
+        vla_fail("--eval-every evaluates checkpoints and --no-checkpoint writes none: drop one of the two");
     }
     if (a->no_checkpoint && ckpt_given) {
         vla_fail("--no-checkpoint writes no checkpoint and -k %d asks for them: drop one of the two", a->ckpt_every);
@@ -367,6 +402,12 @@ static inline void train_args_parse(TrainArgs* a, int argc, char** argv) {
         uint32_t* w = (uint32_t*)mallocCheck((strlen(a->task_weights) / 2 + 1) * sizeof(uint32_t));
         task_weights_parse(a->task_weights, w, (int)(strlen(a->task_weights) / 2 + 1));
         free(w);
+    }
+    // the default folder is the preset's: runs of the presets one after another do not meet
+    static char default_output[64];
+    if (!train_args_given(a, "output")) {
+        snprintf(default_output, sizeof(default_output), "%s/%s", VLA_OUTPUT_ROOT, a->preset);
+        a->output = default_output;
     }
     size_t out_len = strlen(a->output);
     if (out_len == 0 || out_len + VLA_CKPT_NAME_MAX >= VLA_PATH_MAX) {
@@ -441,7 +482,8 @@ static inline void train_args_for_world(TrainArgs* a, int world) {
 // run was stopped early; never with --no-checkpoint
 static inline int train_ckpt_due(const TrainArgs* a, int done, int stopped) {
     if (a->no_checkpoint) { return 0; }
-    return (a->ckpt_every > 0 && done % a->ckpt_every == 0) || done == a->steps || stopped;
+    return (a->ckpt_every > 0 && done % a->ckpt_every == 0) || done == a->steps || stopped ||
+           (a->eval_every > 0 && done % a->eval_every == 0);  // (what --eval-every evaluates)
 }
 
 // The end of a failed run's error about what it leaves: "the last checkpoint in DIR (step N) is

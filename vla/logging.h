@@ -1,7 +1,9 @@
 /*
-vla/logging.h: what a run says: rank 0's step lines on stdout, and every step as a JSON line in
-<output>/log.jsonl (on resume, the lines of later steps dropped, the file rewritten atomically).
-Needs atomic_file.h, run_folder.h and loss_scale.h.
+vla/logging.h: what a run says: rank 0's step lines on stdout, every step as a JSON line in
+<output>/log.jsonl and as TensorBoard scalars (train/...) in <output>/events.out.tfevents.train_vla
+(tensorboard.h), and the evaluations' results (eval/...) in both. On resume, what the two files hold
+of later steps is dropped and the files rewritten atomically. Needs atomic_file.h, run_folder.h,
+tensorboard.h and loss_scale.h.
 */
 #ifndef VLA_LOGGING_H
 #define VLA_LOGGING_H
@@ -10,9 +12,10 @@ Needs atomic_file.h, run_folder.h and loss_scale.h.
 #include "loss_scale.h"
 #include "run_folder.h"
 #include "atomic_file.h"
+#include "tensorboard.h"
 
 // ----------------------------------------------------------------------------
-// logging: rank 0 prints; every step also goes to <output>/log.jsonl
+// logging: rank 0 prints; every step also goes to <output>/log.jsonl and TensorBoard's file
 
 typedef struct {
     FILE* jsonl;
@@ -23,8 +26,11 @@ typedef struct {
     double saved_bytes;       // > 0: each line also holds the activation memory --recompute saves (the GPU trainer's)
     const LossScaleState*
         loss_scale;  // fp16 builds, set by the trainer: the scale the step ran with and the skips so far
+    double epoch;     // set by the trainer before logger_step: the epochs of samples drawn after the step
+    double wait_ms;   // set by the trainer before logger_step: the time the step waited for the data loader
     int steps_seen;   // steps this process logged
     double timed_ms;  // their time after the first (which warms up), what the ETA goes by
+    TbWriter tb;      // the same scalars for TensorBoard
 } Logger;
 
 // bytes as "12.34 GiB" from 1 GiB up, else "12.3 MiB"
@@ -34,8 +40,8 @@ static inline const char* format_bytes(char* out, size_t size, double bytes) {
     return out;
 }
 
-// Opens <dir>/log.jsonl for a run that continues after step `start` (0: from scratch). Lines of
-// later steps are dropped, so that every step is there once: a run killed after logging a step
+// Opens <dir>/log.jsonl and TensorBoard's file (tb_open) for a run that continues after step
+// `start` (0: from scratch). Lines of later steps are dropped, so that every step is there once: a run killed after logging a step
 // and before checkpointing it logs that step again when it resumes. So are a partial last line and
 // lines that are not a step's ({"step": ...). Each kind dropped is said. Nothing else truncates
 // the log: run_folder_open refuses a new run into a folder that holds one.
@@ -45,6 +51,8 @@ static inline void logger_open(Logger* lg, const char* dir, int start) {
     lg->task_loss = NULL;
     lg->saved_bytes = 0.0;
     lg->loss_scale = NULL;
+    lg->epoch = NAN;
+    lg->wait_ms = NAN;
     lg->steps_seen = 0;
     lg->timed_ms = 0.0;
     snprintf(lg->path, sizeof(lg->path), "%s/log.jsonl", dir);
@@ -90,7 +98,19 @@ static inline void logger_open(Logger* lg, const char* dir, int start) {
         free(kept);
     }
     lg->jsonl = fopenCheck(lg->path, "a");
+    tb_open(&lg->tb, dir, start);
     lg->t_start = wall_seconds();
+}
+
+// After a line's last write: flushed, or the run stops in one line saying why and how to go on
+static inline void logger_flush(Logger* lg) {
+    if (fflush(lg->jsonl) != 0 || ferror(lg->jsonl)) {
+        int err = errno;
+        char dir[VLA_PATH_MAX], fix[VLA_PATH_MAX + 128];
+        vla_fail("writing %s failed: %s: %s, then continue with -y 1 -o %s", lg->path, strerror(err),
+                 write_failure_fix(err, path_folder(lg->path, dir, sizeof(dir)), fix, sizeof(fix)), dir);
+    }
+    tb_flush(&lg->tb);
 }
 
 // Seconds left after 0-based step `step` of `steps` (its time ms, counted in lg): the steps left at
@@ -107,7 +127,7 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
     if (lg->steps_seen++ > 0) { lg->timed_ms += ms; }
     if (print) {
         double eta = logger_eta(lg, ms, step, steps);
-        char extra[192] = "";
+        char extra[256] = "";
         if (!isnan(mfu)) { snprintf(extra, sizeof(extra), " | MFU %5.1f%% | %5.2f GiB", 100.0 * mfu, mem_gib); }
         else if (!isnan(mem_gib)) { snprintf(extra, sizeof(extra), " | %5.2f GiB", mem_gib); }  // a GPU of unknown peak
         if (lg->saved_bytes > 0.0) {
@@ -121,6 +141,10 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
             snprintf(extra + used, sizeof(extra) - used, " | scale %g, %llu skipped", (double)lg->loss_scale->scale,
                      (unsigned long long)lg->loss_scale->skipped);
         }
+        size_t used = strlen(extra);
+        if (!isnan(lg->epoch)) { snprintf(extra + used, sizeof(extra) - used, " | epoch %.2f", lg->epoch); }
+        used = strlen(extra);
+        if (!isnan(lg->wait_ms)) { snprintf(extra + used, sizeof(extra) - used, " | data wait %.1f ms", lg->wait_ms); }
         printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %7.1f samples/s%s | ETA %dm%02ds\n",
                step + 1, steps, loss, lr, norm, ms, samples_per_s, extra, (int)(eta / 60), (int)eta % 60);
         fflush(stdout);
@@ -147,17 +171,55 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
         }
         fprintf(lg->jsonl, "]");
     }
+    if (!isnan(lg->epoch)) { fprintf(lg->jsonl, ", \"epoch\": %.6g", lg->epoch); }
+    if (!isnan(lg->wait_ms)) { fprintf(lg->jsonl, ", \"loader_wait_ms\": %.3f", lg->wait_ms); }
     fprintf(lg->jsonl, "}\n");
-    if (fflush(lg->jsonl) != 0 || ferror(lg->jsonl)) {
-        int err = errno;
-        char dir[VLA_PATH_MAX], fix[VLA_PATH_MAX + 128];
-        vla_fail("writing %s failed: %s: %s, then continue with -y 1 -o %s", lg->path, strerror(err),
-                 write_failure_fix(err, path_folder(lg->path, dir, sizeof(dir)), fix, sizeof(fix)), dir);
+    // TensorBoard: the same figures by step, under train/
+    int s = step + 1;
+    tb_scalar(&lg->tb, "train/loss", s, loss);
+    tb_scalar(&lg->tb, "train/lr", s, lr);
+    if (isfinite(norm)) { tb_scalar(&lg->tb, "train/grad_norm", s, norm); }
+    tb_scalar(&lg->tb, "train/step_ms", s, (float)ms);
+    tb_scalar(&lg->tb, "train/samples_per_s", s, (float)samples_per_s);
+    if (!isnan(mfu)) { tb_scalar(&lg->tb, "train/mfu", s, (float)mfu); }
+    if (!isnan(mem_gib)) { tb_scalar(&lg->tb, "train/gpu_mem_gib", s, (float)mem_gib); }
+    if (lg->saved_bytes > 0.0) { tb_scalar(&lg->tb, "train/recompute_saved_gib", s, (float)(lg->saved_bytes / 1073741824.0)); }
+    if (lg->loss_scale != NULL) {
+        tb_scalar(&lg->tb, "train/loss_scale", s, lg->loss_scale->scale);
+        tb_scalar(&lg->tb, "train/skipped_steps", s, (float)lg->loss_scale->skipped);
     }
+    for (int t = 0; t < lg->n_tasks; t++) {
+        if (isnan(lg->task_loss[t])) { continue; }
+        char tag[48];
+        snprintf(tag, sizeof(tag), "train/task_loss/%d", t);
+        tb_scalar(&lg->tb, tag, s, (float)lg->task_loss[t]);
+    }
+    if (!isnan(lg->epoch)) { tb_scalar(&lg->tb, "train/epoch", s, (float)lg->epoch); }
+    if (!isnan(lg->wait_ms)) { tb_scalar(&lg->tb, "train/loader_wait_ms", s, (float)lg->wait_ms); }
+    logger_flush(lg);
+}
+
+// An evaluation's results for the checkpoint of step `step`: one line {"step": N, "eval": {...}} in
+// log.jsonl (readers of the step lines skip it by its "eval" key) and eval/<name> in TensorBoard.
+// Names are JSON-safe (evaluation.h checks them).
+static inline void logger_eval(Logger* lg, int step, int n, char (*names)[64], const double* values) {
+    char what[64];
+    snprintf(what, sizeof(what), "step %d's evaluation", step);
+    run_folder_check(NULL, what);
+    fprintf(lg->jsonl, "{\"step\": %d, \"eval\": {", step);
+    for (int k = 0; k < n; k++) {
+        fprintf(lg->jsonl, "%s\"%s\": %.8g", k > 0 ? ", " : "", names[k], values[k]);
+        char tag[80];
+        snprintf(tag, sizeof(tag), "eval/%s", names[k]);
+        tb_scalar(&lg->tb, tag, step, (float)values[k]);
+    }
+    fprintf(lg->jsonl, "}}\n");
+    logger_flush(lg);
 }
 
 static inline void logger_close(Logger* lg) {
     if (lg->jsonl != NULL) { fclose(lg->jsonl); }
+    tb_close(&lg->tb);
 }
 
 #endif  // VLA_LOGGING_H

@@ -48,13 +48,25 @@ static inline void make_dir(const char* dir) {
     }
 }
 
+// The files a run writes beside its checkpoints (its settings, TensorBoard's events, the folder of
+// --eval-every's evaluations): they go where its log goes (--new-run)
+static const char* const RUN_SIDE_FILES[] = {"run.json", "events.out.tfevents.train_vla", "eval"};
+
 // What a file of a run folder is: 1 a checkpoint (ckpt_*.bin), 2 the log, 3 a temporary file a
-// save left (ckpt_*.tmp, log.jsonl.*tmp: the <name>.tmp and <name>.<pid>.tmp forms), 0 none of them.
-enum { RUN_FILE_NONE = 0, RUN_FILE_CHECKPOINT = 1, RUN_FILE_LOG = 2, RUN_FILE_TEMP = 3 };
+// save left (ckpt_*.tmp, log.jsonl.*tmp: the <name>.tmp and <name>.<pid>.tmp forms, and those of
+// the side files), 4 a side file (RUN_SIDE_FILES), 0 none of them.
+enum { RUN_FILE_NONE = 0, RUN_FILE_CHECKPOINT = 1, RUN_FILE_LOG = 2, RUN_FILE_TEMP = 3, RUN_FILE_SIDE = 4 };
 static inline int run_file_kind(const char* name) {
     size_t n = strlen(name);
     int is_ckpt = strncmp(name, "ckpt_", 5) == 0, is_log = strncmp(name, "log.jsonl", 9) == 0;
-    if (n > 4 && strcmp(name + n - 4, ".tmp") == 0 && (is_ckpt || (is_log && name[9] == '.'))) { return RUN_FILE_TEMP; }
+    int temp = n > 4 && strcmp(name + n - 4, ".tmp") == 0;
+    if (temp && (is_ckpt || (is_log && name[9] == '.'))) { return RUN_FILE_TEMP; }
+    for (size_t k = 0; k < sizeof(RUN_SIDE_FILES) / sizeof(RUN_SIDE_FILES[0]); k++) {
+        size_t len = strlen(RUN_SIDE_FILES[k]);
+        if (strncmp(name, RUN_SIDE_FILES[k], len) != 0) { continue; }
+        if (name[len] == '\0') { return RUN_FILE_SIDE; }
+        if (temp && name[len] == '.') { return RUN_FILE_TEMP; }
+    }
     if (is_ckpt && n > 9 && strcmp(name + n - 4, ".bin") == 0) { return RUN_FILE_CHECKPOINT; }
     return strcmp(name, "log.jsonl") == 0 ? RUN_FILE_LOG : RUN_FILE_NONE;
 }
@@ -161,7 +173,7 @@ static inline void run_folder_make_previous(const char* dir, const char* who, ch
     }
 }
 
-// --new-run: the earlier run's files (checkpoints, log.jsonl, temporary files) move into the
+// --new-run: the earlier run's files (checkpoints, log.jsonl, the side files, temporary files) move into the
 // folder's first unused previous_<N>/, said in one line that starts with `who`. Nothing is deleted.
 static inline void run_folder_move_aside(const char* dir, const char* who) {
     char what[128];

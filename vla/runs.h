@@ -81,6 +81,7 @@ static inline void run_folder_go_back(const char* dir, const char* init, uint64_
 // --init of one of its checkpoints (without --weights-only); every other run is new.
 static inline void run_folder_open(const TrainArgs* a) {
     const char* dir = a->output;
+    if (!train_args_given(a, "output")) { make_dir(VLA_OUTPUT_ROOT); }  // the default's parent: out/<preset>
     make_dir(dir);
     snprintf(run_folder.path, sizeof(run_folder.path), "%s", dir);
     char lock_path[VLA_PATH_MAX + 16], fix[VLA_PATH_MAX + 128];
@@ -627,14 +628,28 @@ static inline float action_mse(const Batch* batch, const Dataset* ds, const Flow
 
 static inline void table_rule(void) { printf("+------------------------+--------------------------------------+\n"); }
 
+// A value longer than its column goes on over the rows below, broken after a '/', ',' or ' '
+// where one is near the column's end (a path, a list), else at the column's end.
+enum { TABLE_VALUE_COLUMN = 36 };
 static inline void table_row(const char* name, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 static inline void table_row(const char* name, const char* fmt, ...) {
-    char value[512];
+    char value[VLA_PATH_MAX + 512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(value, sizeof(value), fmt, ap);
     va_end(ap);
-    printf("| %-22s | %-36s |\n", name, value);
+    const char* rest = value;
+    do {
+        int n = (int)strlen(rest);
+        if (n > TABLE_VALUE_COLUMN) {
+            n = TABLE_VALUE_COLUMN;
+            for (int k = TABLE_VALUE_COLUMN; k > TABLE_VALUE_COLUMN / 2; k--) {
+                if (strchr("/, ", rest[k - 1]) != NULL) { n = k; break; }
+            }
+        }
+        printf("| %-22s | %-36.*s |\n", rest == value ? name : "", n, rest);
+        rest += n;
+    } while (*rest != '\0');
 }
 
 // The rows both trainers print first: the trainer and its preset, the model's config, what trains,
@@ -652,6 +667,8 @@ static inline void table_run_rows(const char* trainer, const char* ranks, const 
     table_row("train mode (--train)", "%s", TRAIN_MODE_NAMES[args->train_mode]);
     table_row("start", "%s", run_start_kind(args, from));
     if (from != NULL) { table_row("from", "%s", from); }
+    table_row("output (-o)", "%s", args->output);
+    table_row("data (-i)", "%s", args->input);
     table_row("dataset samples", "%llu", (unsigned long long)ds->n_samples);
     table_row("shards", "%d", ds->n_shards);
     char cams[128], what[40];
@@ -659,13 +676,21 @@ static inline void table_run_rows(const char* trainer, const char* ranks, const 
     snprintf(what, sizeof(what), "%s x batch x accum", ranks);
     table_row(what, "%d x %d x %d", world, args->batch, args->accum);
     table_row("effective batch", "%lld", (long long)train_global_batch(args, world));
+    table_row("steps (-n)", "%d", args->steps);
     table_row("peak learning rate", "%g (--lr-scale %s)", args->lr, LR_SCALE_NAMES[args->lr_scale]);
+    table_row("schedule", "warmup %d steps, cosine to %g x peak", args->warmup, args->min_lr_frac);
+    if (args->grad_clip > 0.0f) { table_row("gradient clip (-c)", "%g", args->grad_clip); }
+    else { table_row("gradient clip (-c)", "off"); }
+    table_row("seed (-s)", "%llu", (unsigned long long)args->seed);
     table_row("weight decay", "%g on %s (--decay-on)", args->weight_decay, DECAY_ON_NAMES[args->decay_on]);
     table_row("optimizer state", "%s", args->zero && world > 1 ? "sharded over the ranks (ZeRO-1)" : "on every rank");
 }
 
 // ... and the rows both print last: the loader, and the sampler's tasks (tb NULL: the plain one)
 static inline void table_data_rows(const TrainArgs* args, const TaskBalance* tb, const Dataset* ds) {
+    if (args->no_checkpoint) { table_row("checkpoints", "none (--no-checkpoint)"); }
+    else if (args->ckpt_every > 0) { table_row("checkpoints", "every %d steps, %d kept", args->ckpt_every, args->keep); }
+    else { table_row("checkpoints", "at the end, %d kept", args->keep); }
     table_row("loader threads", "%d", args->workers);
     table_row("augment shift (px)", "%d", args->augment);
     table_row("balance", "%s", BALANCE_NAMES[args->balance]);

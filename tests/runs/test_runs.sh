@@ -7,7 +7,8 @@
 # rules), temporary files of a killed save removed, foreign log lines dropped with a note, SIGHUP
 # saving like SIGTERM, a signal after the last step ending the run with exit 0, -i inside -o
 # refused, write failures said by their cause, one line per checkpoint written, a warning for a
-# warmup longer than the run. Each case checks
+# warmup longer than the run, run.json and -y 1 continuing with it (an interrupted run continued with
+# -y 1 -o alone ends with the straight run's log, bit for bit), out/<preset> by default. Each case checks
 # the one line and that the files are still there. The GPU trainer ($GPU_TESTS/train_vla_fp32:
 # build/emu, the CPU emulation of CUDA, by default) shares the code: its lock, SIGHUP and the
 # new-run refusal are checked too.
@@ -344,6 +345,111 @@ rc=$?
 [ "$rc" -eq 0 ] && [ "$(grep -c '^warning:' "$tmp/says_out")" -eq 1 ] && [ ! -s "$tmp/says_err" ] &&
     grep -q "^warning: --warmup 5 is longer than the run's 4 steps (-n): .* lower -u or raise -n$" "$tmp/says_out"
 check $? "a warmup longer than the run: one warning line under the config table, and the run goes on (exit $rc)"
+
+echo "== the run's settings (run.json) and -y 1 continuing with them"
+# the log without what depends on the clock (times, rates, the loader's wait)
+steady_log() { sed -E 's/, "(ms|samples_per_s|loader_wait_ms)": [^,}]*//g' "$1"; }
+settings=(-n 300 -l 3e-3 -u 37 -k 50 --min-lr-frac 0.2 -s 7)
+out=$tmp/settings_straight
+$TRAINER "${run[@]}" "${settings[@]}" -o "$out" > /dev/null 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && grep -q '"steps": 300, "lr": 0.003, ' "$out/run.json" && grep -q '"warmup": 37,' "$out/run.json" &&
+    grep -q "\"input\": \"$DATA\"" "$out/run.json" && build/venv/bin/python -c "import json,sys; json.load(open(sys.argv[1]))" "$out/run.json"
+check $? "run.json: readable JSON naming every setting the run was given (exit $rc)"
+# the same run killed after a checkpoint, then continued with -y 1 -o alone: the straight run's log and checkpoint
+out=$tmp/settings_killed
+interrupted=0
+for _ in 1 2 3; do
+    rm -rf "$out"
+    $TRAINER "${run[@]}" "${settings[@]}" -o "$out" > /dev/null 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    for _ in $(seq 600); do [ -f "$out/ckpt_00000050.bin" ] && break; sleep 0.02; done
+    kill -9 "$pid" 2> /dev/null
+    wait "$pid" 2> /dev/null
+    [ ! -f "$out/ckpt_00000300.bin" ] && { interrupted=1; break; }  # (done before the kill: again)
+done
+$TRAINER -y 1 -o "$out" > "$tmp/resumed_out" 2>&1
+rc=$?
+[ "$interrupted" -eq 1 ] && [ "$rc" -eq 0 ] && ! grep -q '^-y 1:' "$tmp/resumed_out" &&
+    [ "$(steady_log "$out/log.jsonl")" = "$(steady_log "$tmp/settings_straight/log.jsonl")" ] &&
+    cmp -s "$out/ckpt_00000300.bin" "$tmp/settings_straight/ckpt_00000300.bin"
+check $? "killed after step 50, continued with -y 1 -o alone: the straight run's log and last checkpoint, bit for bit (exit $rc)"
+$TRAINER "${run[@]}" -n 300 -l 3e-3 -y 1 -o "$out" > "$tmp/again_out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && grep -q '^already at step 300 of 300' "$tmp/again_out" && ! grep -q '^-y 1:' "$tmp/again_out"
+check $? "flags given again with the run's values: silent (exit $rc)"
+$TRAINER -y 1 -n 310 -l 1e-3 -o "$out" > "$tmp/more_out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && [ "$(grep -c '^-y 1:' "$tmp/more_out")" -eq 2 ] &&
+    grep -qxF -- "-y 1: --steps is 310 from step 300 on (it was 300, $out/run.json says)" "$tmp/more_out" &&
+    grep -qxF -- "-y 1: --lr is 0.001 from step 300 on (it was 0.003, $out/run.json says)" "$tmp/more_out" &&
+    steps_once "$out/log.jsonl" 310 && grep -c '"from_step"' "$out/run.json" | grep -qx 2 &&
+    grep -q '"from_step": 300, .*"steps": 310, "lr": 0.001, ' "$out/run.json"
+check $? "a finished run continued with -y 1 -n 310 -l 1e-3: one line per change, old and new value; run.json gains an entry from step 300 (exit $rc)"
+cp "$out/run.json" "$tmp/run.json.kept"
+$TRAINER -y 1 -o "$out" > "$tmp/kept_out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && grep -q '^already at step 310 of 310' "$tmp/kept_out" && cmp -s "$out/run.json" "$tmp/run.json.kept"
+check $? "-y 1 alone after it: the changed settings hold (already at step 310), run.json as it was (exit $rc)"
+$TRAINER -y 1 -p small -o "$out" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "was written for another model" && [ "$rc" -eq 1 ] && cmp -s "$out/run.json" "$tmp/run.json.kept"
+check $? "-y 1 with another preset: refused in one line, run.json unchanged (exit $rc)"
+printf '{\n  "entries": [\n    {"from_step": "x"}\n  ]\n}\n' > "$tmp/bad.json"
+cp "$tmp/bad.json" "$out/run.json"
+$TRAINER -y 1 -o "$out" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "$out/run.json, line 3, is not an entry of the run's settings" && [ "$rc" -eq 1 ] &&
+    cmp -s "$out/run.json" "$tmp/bad.json"
+check $? "a run.json not of train_vla's: refused in one line naming the file and line, the file untouched (exit $rc)"
+cp "$tmp/run.json.kept" "$out/run.json"
+$TRAINER "${run[@]}" -n 2 --new-run -o "$out" > /dev/null 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && cmp -s "$out/previous_1/run.json" "$tmp/run.json.kept" && grep -q '"steps": 2,' "$out/run.json" &&
+    [ -s "$out/previous_1/events.out.tfevents.train_vla" ] && [ -s "$out/events.out.tfevents.train_vla" ]
+check $? "--new-run: the earlier run.json and TensorBoard file move into previous_1/ with its run (exit $rc)"
+out=$tmp/settings_default
+mkdir -p "$tmp/cwd" && (cd "$tmp/cwd" && "$OLDPWD/$TRAINER" -i "$OLDPWD/$DATA" -p tiny -b 2 -t 1 -n 1 > out.txt 2>&1 &&
+    "$OLDPWD/$TRAINER" -i "$OLDPWD/$DATA" -p pi0_tiny -b 2 -t 1 -n 1 >> out.txt 2>&1)
+rc=$?
+[ "$rc" -eq 0 ] && [ -f "$tmp/cwd/out/tiny/ckpt_00000001.bin" ] && [ -f "$tmp/cwd/out/pi0_tiny/ckpt_00000001.bin" ] &&
+    grep -qxF "checkpoint of step 1: out/pi0_tiny/ckpt_00000001.bin" "$tmp/cwd/out.txt"
+check $? "without -o each preset's run goes to out/<preset>: two presets one after the other (exit $rc)"
+
+echo "== evaluation while training (--eval-every, --eval-cmd)"
+out=$tmp/evals
+# each evaluation sleeps 2 s: the steps go on meanwhile; step 4's waits for step 2's, then step 6's takes its place;
+# the run waits for step 2's and then step 6's
+cmd='sleep 2; printf "{\"success_rate\": 0.%s}" {step} > {results}; echo evaluated {checkpoint}'
+t0=$(date +%s.%N)
+$TRAINER "${run[@]}" -n 6 -u 1 -k 0 --eval-every 2 --eval-cmd "$cmd" -o "$out" > "$tmp/eval_out" 2> "$tmp/eval_err"
+rc=$?
+first_step=$(grep -n '^step     6/6' "$tmp/eval_out" | cut -d: -f1)
+evaluated=$(grep -n '^evaluation of step 2 ' "$tmp/eval_out" | cut -d: -f1)
+[ "$rc" -eq 0 ] && [ -n "$first_step" ] && [ -n "$evaluated" ] && [ "$first_step" -lt "$evaluated" ] &&
+    [ "$(grep -c '^warning:' "$tmp/eval_out")" -eq 1 ] &&
+    grep -q "^warning: the evaluation of step 2 still runs: step 4's, which waited for it, is skipped for step 6's" "$tmp/eval_out" &&
+    grep -q '^waiting for the evaluations of steps 2 and 6 to end' "$tmp/eval_out" &&
+    [ "$(grep -c '"eval": ' "$out/log.jsonl")" -eq 2 ] && grep -qxF '{"step": 2, "eval": {"success_rate": 0.2}}' "$out/log.jsonl" &&
+    grep -qxF '{"step": 6, "eval": {"success_rate": 0.6}}' "$out/log.jsonl" && steps_once <(grep -v '"eval"' "$out/log.jsonl") 6 &&
+    grep -qxF "evaluated $out/eval/step_00000002.bin" "$out/eval/step_00000002.log" && [ ! -e "$out/eval/step_00000002.bin" ] &&
+    [ -f "$out/ckpt_00000002.bin" ] && [ ! -s "$tmp/eval_err" ]
+check $? "--eval-every 2, 2 s an evaluation: training runs on to step 6 meanwhile, step 4's waiting one gives way to step 6's in one warning, the run waits for both; their results in log.jsonl by step (exit $rc)"
+for bad in "exit 3|failed (exit 3 after" "echo not JSON > {results}|wrote no results: $out/eval/step_00000002.json is missing or not a JSON object of numbers"; do
+    rm -rf "$out"
+    $TRAINER "${run[@]}" -n 2 -u 1 -k 0 --eval-every 2 --eval-cmd "${bad%%|*}" -o "$out" > "$tmp/eval_out" 2> "$tmp/eval_err"
+    rc=$?
+    [ "$rc" -eq 0 ] && [ "$(grep -c '^warning:' "$tmp/eval_out")" -eq 1 ] &&
+        grep -qF "warning: the evaluation of step 2 ${bad#*|}" "$tmp/eval_out" && ! grep -q '"eval"' "$out/log.jsonl" &&
+        steps_once "$out/log.jsonl" 2 && [ ! -s "$tmp/eval_err" ]
+    check $? "an evaluation that does '${bad%%|*}': one warning line, the run ends with exit 0 ($rc), nothing in the log"
+done
+$TRAINER "${run[@]}" -n 2 --eval-cmd true -o "$tmp/evals_refused" > /dev/null 2> "$tmp/err"
+rc=$?
+one_line_error "$tmp/err" "--eval-cmd is the command --eval-every runs: add --eval-every N" && [ "$rc" -eq 1 ] &&
+    [ ! -e "$tmp/evals_refused" ]
+check $? "--eval-cmd without --eval-every: refused in one line, nothing written (exit $rc)"
 
 echo
 echo "$passed passed, $failed failed"
