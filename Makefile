@@ -1,18 +1,19 @@
 # train_vla: `make train_vla` builds the GPU trainer, `make train_vla_cpu` the CPU reference,
-# `make test` builds and runs every test this machine can run. The PyTorch oracle runs under
-# $(PYTHON) (Debian's python3-torch); the data tools under $(VENV_PY), a venv with
-# data/requirements.txt. `make setup` installs both (and the Mesa libraries MuJoCo renders with).
+# `make test` builds and runs every test this machine can run. Every Python tool runs under one
+# environment, $(VENV) (Python 3.12 with requirements.txt: the PyTorch oracle, the data tools, the
+# evaluation, TensorBoard); LeRobot's own code under $(LEROBOT_VENV). `make setup` makes both (and
+# installs the Mesa libraries MuJoCo renders with).
 
 CC ?= gcc
 CFLAGS ?= -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation
 LDLIBS = -lm -lpthread
-PYTHON ?= /usr/bin/python3
+# The interpreter both venvs are made from: Python 3.12 or newer (LeRobot 0.6.1 needs it; BASE_PY overrides)
+BASE_PY ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 \
+	/usr/bin/python3.12 /root/.pyenv/versions/3.13*/bin/python3.13 /usr/local/bin/python3.13 /usr/bin/python3.13))
 VENV = build/venv
 VENV_PY = $(VENV)/bin/python
-# LeRobot 0.6.1 (the SmolVLA parity reference, dev/lerobot) needs Python 3.12 or newer: its own
-# venv, made by `make setup` from the first such interpreter found (LEROBOT_BASE_PY overrides)
-LEROBOT_BASE_PY ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 \
-	/usr/bin/python3.12 /root/.pyenv/versions/3.13*/bin/python3.13 /usr/local/bin/python3.13 /usr/bin/python3.13))
+PYTHON ?= $(VENV_PY)
+# LeRobot 0.6.1 (the SmolVLA and pi0 parity references, dev/lerobot): its own venv, its own pins
 LEROBOT_VENV = build/lerobot-venv
 LEROBOT_PY = $(LEROBOT_VENV)/bin/python
 TEST_DIR = build/test
@@ -316,9 +317,9 @@ $(LEROBOT_REF_PI0)/all/ref.safetensors: dev/lerobot/make_ref.py dev/lerobot/requ
 # modules, not an import: fast)
 SETUP_MODULES_FOUND = import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))
 ifneq ($(filter test,$(MAKECMDGOALS)),)
-SETUP_MISSING := $(shell $(PYTHON) -c "$(SETUP_MODULES_FOUND)" torch numpy 2>/dev/null || echo "torch and numpy under $(PYTHON);") \
-	$(shell $(VENV_PY) -c "$(SETUP_MODULES_FOUND)" metaworld mujoco av pyarrow PIL matplotlib 2>/dev/null || echo "the data tools in $(VENV);") \
-	$(shell $(LEROBOT_PY) -c "$(SETUP_MODULES_FOUND)" lerobot 2>/dev/null || echo "LeRobot in $(LEROBOT_VENV);")
+SETUP_MISSING := $(shell $(PYTHON) -c "$(SETUP_MODULES_FOUND)" torch numpy metaworld mujoco av pyarrow PIL matplotlib tensorboard \
+		2>/dev/null || echo "the project's Python environment $(VENV) (requirements.txt);") \
+	$(shell $(LEROBOT_PY) -c "$(SETUP_MODULES_FOUND)" lerobot datasets 2>/dev/null || echo "LeRobot in $(LEROBOT_VENV);")
 ifneq ($(strip $(SETUP_MISSING)),)
 $(error make test needs what make setup installs, and these are missing: $(strip $(SETUP_MISSING)) run 'make setup' (as root) first)
 endif
@@ -340,28 +341,34 @@ test: $(TEST_COMPILES) train_vla_cpu train_vla fuzz_build $(TEST_DIR)/a.bin $(TE
 	GPU_TESTS=$(GPU_TEST_RUNNER) VLA_GPU_LIBRARY=$(GPU_POLICY_LIBRARY) dev/run_tests.sh
 
 venv_check:
-	@$(VENV_PY) -c "import metaworld, mujoco, av, pyarrow, PIL, matplotlib" 2>/dev/null || { \
-		echo "error: the data tools need $(VENV) with data/requirements.txt: run 'make setup' (as root) first"; exit 1; }
+	@$(VENV_PY) -c "import torch, numpy, metaworld, mujoco, av, pyarrow, PIL, matplotlib, tensorboard" 2>/dev/null || { \
+		echo "error: the tests need the project's Python environment $(VENV) with requirements.txt: run 'make setup' (as root) first"; exit 1; }
 
-# What the tests need on a fresh Debian machine: PyTorch and numpy for the oracle, OpenBLAS
-# (Debian's torch calls whichever BLAS provides libblas.so.3; the reference BLAS is ~50x slower),
-# Mesa's EGL/OSMesa for headless MuJoCo rendering, clang with its sanitizer, libFuzzer and OpenMP
-# runtimes for the fuzzers (dev/fuzz), fonts with Latin, CJK and emoji glyphs for the inspector's
-# contact sheet, and the venv of the data tools.
-SETUP_PACKAGES = python3-torch python3-numpy libopenblas0-pthread python3-venv xz-utils \
-	libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libosmesa6 clang-14 libclang-rt-14-dev libomp-14-dev \
+# What the tests need on a fresh Debian machine: Mesa's EGL/OSMesa for headless MuJoCo rendering,
+# clang with its sanitizer, libFuzzer and OpenMP runtimes for the fuzzers (dev/fuzz), fonts with
+# Latin, CJK and emoji glyphs for the inspector's contact sheet, xz for the default data; then the
+# project's Python environment and LeRobot's. Each stage says what it does first (pip is quiet, and
+# the venvs take minutes on a fresh machine); each is skipped or quick where it is done already.
+SETUP_PACKAGES = xz-utils libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libosmesa6 clang-14 libclang-rt-14-dev libomp-14-dev \
 	fonts-dejavu-core fonts-wqy-microhei fonts-symbola
+# an earlier layout's build/venv (made from Debian's Python 3.11): moved aside, not deleted
+VENV_OLD = $(shell test -x $(VENV_PY) && $(VENV_PY) -c "import sys; sys.exit(sys.version_info >= (3, 12))" 2>/dev/null && \
+	$(VENV_PY) -c "import sys; print('%d.%d' % sys.version_info[:2])")
 setup:
-	@dpkg -s $(SETUP_PACKAGES) > /dev/null 2>&1 || { apt-get update && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(SETUP_PACKAGES); }
-	@$(PYTHON) -c "import torch, numpy" || { echo "error: $(PYTHON) cannot import torch and numpy: install $(SETUP_PACKAGES)"; exit 1; }
-	@$(VENV_PY) -c "import sys" 2>/dev/null || $(PYTHON) -m venv $(VENV)
-	$(VENV_PY) -m pip install --quiet --disable-pip-version-check -r data/requirements.txt
-	@$(LEROBOT_PY) -c "import lerobot" 2>/dev/null || { \
-		test -n "$(LEROBOT_BASE_PY)" || { echo "error: LeRobot 0.6.1 needs Python 3.12 or newer and none was found: \
-install one and pass LEROBOT_BASE_PY=/path/to/python3.12"; exit 1; }; \
-		$(LEROBOT_BASE_PY) -m venv $(LEROBOT_VENV) && \
-		$(LEROBOT_PY) -m pip install --quiet --disable-pip-version-check -r dev/lerobot/requirements.txt; }
+	@test -n "$(BASE_PY)" || { echo "error: the Python environments need Python 3.12 or newer and none was found: \
+install one and pass BASE_PY=/path/to/python3.12"; exit 1; }
+	@echo "setup 1/3: Debian packages: Mesa (headless MuJoCo), clang-14 (the fuzzers), fonts, xz"
+	@dpkg -s $(SETUP_PACKAGES) > /dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SETUP_PACKAGES) > /dev/null; }
+	@echo "setup 2/3: the project's Python environment $(VENV) from $(BASE_PY): requirements.txt (PyTorch, the data tools, TensorBoard; about 5 GB, minutes on a fresh machine)"
+	@if [ -n "$(VENV_OLD)" ]; then mv $(VENV) $(VENV).python$(VENV_OLD) && \
+		echo "  $(VENV) was Python $(VENV_OLD)'s: moved to $(VENV).python$(VENV_OLD) (delete it when done with it)"; fi
+	@$(VENV_PY) -c "import sys" 2>/dev/null || $(BASE_PY) -m venv $(VENV)
+	@$(VENV_PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@echo "setup 3/3: LeRobot 0.6.1 with its smolvla and dataset extras in $(LEROBOT_VENV): dev/lerobot/requirements.txt (about 3 GB)"
+	@$(LEROBOT_PY) -c "import sys" 2>/dev/null || $(BASE_PY) -m venv $(LEROBOT_VENV)
+	@$(LEROBOT_PY) -m pip install --quiet --disable-pip-version-check -r dev/lerobot/requirements.txt
+	@echo "setup: done (Python tools: $(VENV_PY) ARGS; LeRobot: $(LEROBOT_PY))"
 
 clean:
 	rm -rf train_vla_cpu test_vla libvla.so libvla_gpu.so train_vla data/synthetic dev/bench_loader build/test build/bench build/gpu \

@@ -140,7 +140,7 @@ class TokenizerJSON:
             from tokenizers import Tokenizer
         except ImportError:
             raise ValueError("the tokenizers package is missing: install the data tools' packages (make setup, "
-                             "data/requirements.txt)") from None
+                             "requirements.txt)") from None
         try:
             tok = Tokenizer.from_file(path)
         except Exception as e:  # the Rust parser's message, on one line

@@ -18,7 +18,7 @@ B=${B:-8}
 STEPS=${STEPS:-20}
 THREADS=${THREADS:-2}
 DATA=${DATA:-data/default}
-PYTHON=${PYTHON:-/usr/bin/python3}
+PYTHON=${PYTHON:-build/venv/bin/python}
 LEROBOT=${LEROBOT:-1}
 LEROBOT_PYTHON=${LEROBOT_PYTHON:-build/lerobot-venv/bin/python}
 make -s train_vla_cpu

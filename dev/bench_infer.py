@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """
 bench_infer.py: the inference speed of train_vla's policy: one action chunk at batch 1 from raw
 observations (two cameras of 224x224 u8 frames, resized with padding to the model's input on the
@@ -8,11 +7,11 @@ libraries (libvla_gpu.so, libvla.so) and scripts/vla_policy.py, the way eval_met
 checkpoint. The peer figure is LeRobot's select_action / predict_action_chunk
 (dev/lerobot/bench_lerobot.py --infer); dev/gpu_check.sh runs both on one GPU.
 
-    python3 dev/bench_infer.py                                  # smolvla, libvla_gpu.so, graphs and not
-    python3 dev/bench_infer.py --chunks 100 --json infer.json
-    python3 dev/bench_infer.py --preset tiny --device cpu --chunks 3 --warmup 1          # a smoke run
-    python3 dev/bench_infer.py --preset pi0                     # pi0 against LeRobot's PI0Policy chunk
-    python3 dev/bench_infer.py --preset smolvla_layers --library build/emu/libvla_gpu_bf16.so \
+    build/venv/bin/python dev/bench_infer.py                                  # smolvla, libvla_gpu.so, graphs and not
+    build/venv/bin/python dev/bench_infer.py --chunks 100 --json infer.json
+    build/venv/bin/python dev/bench_infer.py --preset tiny --device cpu --chunks 3 --warmup 1          # a smoke run
+    build/venv/bin/python dev/bench_infer.py --preset pi0                     # pi0 against LeRobot's PI0Policy chunk
+    build/venv/bin/python dev/bench_infer.py --preset smolvla_layers --library build/emu/libvla_gpu_bf16.so \
         --chunks 1 --warmup 2                # launches of a smolvla chunk, counted by the CPU emulation
 
 Why Python (ctypes) and not a C program linking the library: it times the call a user makes,

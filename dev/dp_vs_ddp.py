@@ -5,10 +5,10 @@ gradients all-reduced (what train_vla does with a thread per GPU). Bytes moved a
 are MODELLED from the model's sizes by default, measured with --measure where >= 2 GPUs exist.
 dev/dp_vs_ddp.md explains the two schemes and the model's assumptions.
 
-    python3 dev/dp_vs_ddp.py                                  # the modelled tables (smolvla, expert and all)
-    python3 dev/dp_vs_ddp.py -b 32 --step-ms expert=42 --step-ms all=120     # from one-GPU step times you have
-    python3 dev/dp_vs_ddp.py --from-log build/gpu_check/logs/bench_train_vla_expert.log   # from a train_vla run
-    python3 dev/dp_vs_ddp.py --measure -b 8                   # torch DP vs torch DDP (and ./train_vla) on the GPUs
+    build/venv/bin/python dev/dp_vs_ddp.py                                  # the modelled tables (smolvla, expert and all)
+    build/venv/bin/python dev/dp_vs_ddp.py -b 32 --step-ms expert=42 --step-ms all=120     # from one-GPU step times you have
+    build/venv/bin/python dev/dp_vs_ddp.py --from-log build/gpu_check/logs/bench_train_vla_expert.log   # from a train_vla run
+    build/venv/bin/python dev/dp_vs_ddp.py --measure -b 8                   # torch DP vs torch DDP (and ./train_vla) on the GPUs
 
 The model (every number a bandwidth or a latency is an assumption, printed with the tables):
 - Sizes from dev/model.py's parameter table (the weights) and dev/scaling_model.py's buckets (the

@@ -16,13 +16,13 @@ is imported from dev/smolvla.py, never copied.
 Shapes: B batch, H chunk, A the dataset's action dims, Amax = max_action_dim, Smax = max_state_dim,
 Lt = max_text tokens, S = img (the vision tower's square input), h_k x w_k camera k's stored frames.
 
-    /usr/bin/python3 dev/model.py -i x.bin -p tiny --debug-state smolvla_debug.bin
-    /usr/bin/python3 dev/model.py -i x.bin -p tiny --train-mode all -b 8 --train 20
-    /usr/bin/python3 dev/model.py -i x.bin --init out/ckpt_00000100.bin -b 8 --train 20   # continue a C run
-    /usr/bin/python3 dev/model.py -i x.bin --policy build/lerobot_ref/vlm/policy --debug-state out.bin
-    /usr/bin/python3 dev/model.py -i build/test/a.bin -p pi0_tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
+    build/venv/bin/python dev/model.py -i x.bin -p tiny --debug-state smolvla_debug.bin
+    build/venv/bin/python dev/model.py -i x.bin -p tiny --train-mode all -b 8 --train 20
+    build/venv/bin/python dev/model.py -i x.bin --init out/small/ckpt_00000100.bin -b 8 --train 20   # continue a C run
+    build/venv/bin/python dev/model.py -i x.bin --policy build/lerobot_ref/vlm/policy --debug-state out.bin
+    build/venv/bin/python dev/model.py -i build/test/a.bin -p pi0_tiny --dtype float64 -b 4 --seed 1337 --train 5 -n 5 \
         -l 1e-3 -u 2 -w 0.1 -c 0.5 --train-mode all > build/test/a_pi0_train.txt   # pi0's reference losses
-    /usr/bin/python3 dev/model.py -i x.bin -p pi0_tiny --train 5 --decay-on all --save-params w.bin   # weights after
+    build/venv/bin/python dev/model.py -i x.bin -p pi0_tiny --train 5 --decay-on all --save-params w.bin   # weights after
     python dev/model.py -i x.bin -p smolvla -b 8 --bench 20 --device cuda --amp bf16 --compile
 
 Training modes (--train-mode, LeRobot's flags; vla/config.h's train column, flow_trainable_numel):

@@ -12,7 +12,6 @@
 set -u
 cd "$(dirname "$0")/.." || exit 2
 VENV_PY=${VENV_PY:-build/venv/bin/python}
-ORACLE_PY=${ORACLE_PY:-/usr/bin/python3}
 LEROBOT_PY=${LEROBOT_PY:-build/lerobot-venv/bin/python}
 GPU_TESTS=${GPU_TESTS:-build/emu}
 if [ "$GPU_TESTS" = build/emu ]; then default_jobs=2; else default_jobs=1; fi
@@ -86,12 +85,11 @@ if [ "$GPU_TESTS" = build/emu ]; then
 fi
 # the PyTorch oracle with vla/'s plumbing (dev/model.py): vla/config.h's table and init, vla/rng.h's noise, LeRobot's
 # references, the C trainer's checkpoints continued
-add_suite model "$ORACLE_PY" tests/model/test_model.py build/lerobot_ref
+add_suite model "$VENV_PY" tests/model/test_model.py build/lerobot_ref
 # LeRobot's own SmolVLA training step and inference, timed (the GPU comparison's peer; here a smoke run)
 add_suite lerobot_bench env LEROBOT_PYTHON="$LEROBOT_PY" tests/bench/test_lerobot_bench.sh
-# the other peer, the oracle's benchmark path (scaled_dot_product_attention, torch.compile), under
-# the torch 2 of LeRobot's venv
-add_suite oracle_bench "$LEROBOT_PY" tests/bench/test_oracle_bench.py build/test/s.bin
+# the other peer, the oracle's benchmark path (scaled_dot_product_attention, torch.compile)
+add_suite oracle_bench "$VENV_PY" tests/bench/test_oracle_bench.py build/test/s.bin
 add_suite metaworld "$VENV_PY" tests/data/test_metaworld.py
 add_suite learning tests/runs/test_learning.sh
 add_suite eval "$VENV_PY" tests/eval/test_eval.py
@@ -105,8 +103,8 @@ else
     add_suite fuzz dev/fuzz/run_fuzz.sh 15 shard checkpoint policy shards:10 safetensors:10 log:10 names:10 boot:10
 fi
 # the Python safetensors readers (dev/safetensors_format.py, the oracle's, the import's) on mutated files
-add_suite fuzz_safetensors_py "$ORACLE_PY" dev/fuzz/fuzz_safetensors_py.py --seconds 15
-add_suite policy "$ORACLE_PY" tests/policy/test_policy.py --family smolvla
+add_suite fuzz_safetensors_py "$VENV_PY" dev/fuzz/fuzz_safetensors_py.py --seconds 15
+add_suite policy "$VENV_PY" tests/policy/test_policy.py --family smolvla
 # LeRobot policies into train_vla checkpoints and back (scripts/import_lerobot.py, export_lerobot.py):
 # weights, header, LeRobot's and train_vla's actions after a round trip and after --init fine-tuning
 add_suite lerobot_io "$LEROBOT_PY" tests/lerobot/test_lerobot_io.py --family smolvla
@@ -118,7 +116,7 @@ add_suite lerobot_io_pi0 "$LEROBOT_PY" tests/lerobot/test_lerobot_io.py --family
 add_suite policy_pi0 "$LEROBOT_PY" tests/policy/test_policy.py --family pi0
 # DataParallel against DDP (dev/dp_vs_ddp.py): the modelled tables' consistency, and the measured
 # code path (torch DP, torch DDP over gloo) on the CPU at the tiny preset
-add_suite dp_vs_ddp env PYTHON="$ORACLE_PY" tests/bench/test_dp_vs_ddp.sh
+add_suite dp_vs_ddp env PYTHON="$VENV_PY" tests/bench/test_dp_vs_ddp.sh
 # LeRobot's own references (SmolVLA, pi0) re-checked through LeRobot
 add_suite lerobot_ref "$LEROBOT_PY" dev/lerobot/check_ref.py --family smolvla -d build/lerobot_ref
 add_suite lerobot_ref_pi0 "$LEROBOT_PY" dev/lerobot/check_ref.py --family pi0 -d build/lerobot_ref_pi0
@@ -126,6 +124,8 @@ add_suite hardening tests/runs/test_hardening.sh
 # the run folder's promises: one owner, the folder checked before each write, nothing of an earlier
 # run dropped (--new-run, -y 1's rules), signals, -i inside -o
 add_suite runs env GPU_TESTS="$GPU_TESTS" tests/runs/test_runs.sh
+# TensorBoard's event file of both trainers, read back with tensorboard's own reader; --eval-every's results in it
+add_suite tensorboard "$VENV_PY" tests/runs/test_tensorboard.py ./train_vla_cpu "$GPU_TESTS/train_vla_fp32"
 if [ "$GPU_TESTS" = build/emu ]; then
     dev_cuda_dir=build/emu/dev/cuda
 else
@@ -141,10 +141,10 @@ add_suite gpu_check_dry tests/bench/test_gpu_check.sh
 add_suite test_vla ./test_vla build/test build/lerobot_ref build/lerobot_ref_pi0
 # train_vla's own inference benchmark (dev/bench_infer.py, the comparison's other side): a smoke run
 # on the CPU library and the GPU library ($VLA_GPU_LIBRARY's first: the emulated build without a GPU)
-add_suite infer_bench env PYTHON="$ORACLE_PY" tests/bench/test_bench_infer.sh
+add_suite infer_bench env PYTHON="$VENV_PY" tests/bench/test_bench_infer.sh
 add_suite inspect "$VENV_PY" tests/data/test_inspect.py
 # the plain LeRobot-faithful oracle of the math (dev/smolvla.py) against those references
-add_suite smolvla_oracle "$ORACLE_PY" tests/model/test_smolvla.py build/lerobot_ref
+add_suite smolvla_oracle "$VENV_PY" tests/model/test_smolvla.py build/lerobot_ref
 # ptxas's register counts of train_vla.cu's kernels against their __launch_bounds__ (a failure the
 # emulation cannot show: blocks too large for a kernel's registers do not launch on a GPU)
 add_suite cuda_registers dev/cuda/check_registers.sh build/gpu/registers_bf16.txt build/gpu/registers_fp32.txt \

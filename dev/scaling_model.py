@@ -1,9 +1,9 @@
 """A model, not a measurement: step time and samples/s of train_vla on 1, 2, 4 and 8 GPUs of one
 NVLink machine, from the one-GPU step time and the cost of NCCL's ring all-reduce.
 
-    python3 dev/scaling_model.py --from-log build/gpu_check/logs/bench_train_vla_expert.log   # a measured step (its preset, mode, batch)
-    python3 dev/scaling_model.py -p smolvla --train all --step-ms 120                        # a step time you have
-    python3 dev/scaling_model.py                                        # no measurement: assumed MFU
+    build/venv/bin/python dev/scaling_model.py --from-log build/gpu_check/logs/bench_train_vla_expert.log   # a measured step (its preset, mode, batch)
+    build/venv/bin/python dev/scaling_model.py -p smolvla --train all --step-ms 120                        # a step time you have
+    build/venv/bin/python dev/scaling_model.py                                        # no measurement: assumed MFU
 
 How a step is modelled (train_vla.cu, MULTI_GPU), for the preset and train mode (--train: what
 trains, as the trainer's --train; the preset's default when not given):

@@ -29,14 +29,14 @@ tokens), Ns suffix tokens (H, + 1 state in pi0), C VLM width, Ce expert width, N
 NKV key/value heads, HS head size, A real action dims, Amax = max_action_dim (32), Smax =
 max_state_dim (32).
 
-    /usr/bin/python3 dev/smolvla.py build/lerobot_ref/expert                 # loss, grad norm, chunk
-    /usr/bin/python3 dev/smolvla.py build/lerobot_ref/vlm --dtype float32 -o out.safetensors
-    /usr/bin/python3 tests/model/test_smolvla.py build/lerobot_ref           # parity with LeRobot
-    /usr/bin/python3 dev/smolvla.py build/lerobot_ref/all --c-config build/lerobot_ref/all/c_config.txt
+    build/venv/bin/python dev/smolvla.py build/lerobot_ref/expert                 # loss, grad norm, chunk
+    build/venv/bin/python dev/smolvla.py build/lerobot_ref/vlm --dtype float32 -o out.safetensors
+    build/venv/bin/python tests/model/test_smolvla.py build/lerobot_ref           # parity with LeRobot
+    build/venv/bin/python dev/smolvla.py build/lerobot_ref/all --c-config build/lerobot_ref/all/c_config.txt
                                                          # the C trainers' config (test_vla reads it)
-    /usr/bin/python3 dev/smolvla.py build/lerobot_ref_pi0/all                # pi0 (make_ref.py --family pi0)
+    build/venv/bin/python dev/smolvla.py build/lerobot_ref_pi0/all                # pi0 (make_ref.py --family pi0)
 
-Runs on torch 1.13 (Debian's python3-torch) and newer; numpy and safetensors not needed.
+Runs on torch 1.13 and newer (the project's build/venv has 2.11); numpy and safetensors not needed.
 """
 
 import argparse

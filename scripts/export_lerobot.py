@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """
 export_lerobot.py: a train_vla checkpoint (version 2) -> a LeRobot SmolVLA or pi0 policy folder.
 
-    /usr/bin/python3 scripts/export_lerobot.py CKPT -o POLICY_DIR [--vlm NAME_OR_DIR]
+    build/venv/bin/python scripts/export_lerobot.py CKPT -o POLICY_DIR [--vlm NAME_OR_DIR]
         [--cameras top,wrist] [--device cpu] [--force]
-    /usr/bin/python3 scripts/export_lerobot.py PI0_CKPT -o POLICY_DIR [--sizes FILE] [--cameras ...] [--device ...]
+    build/venv/bin/python scripts/export_lerobot.py PI0_CKPT -o POLICY_DIR [--sizes FILE] [--cameras ...] [--device ...]
     policy = SmolVLAPolicy.from_pretrained(POLICY_DIR)                     # LeRobot 0.6.1 (PI0Policy for pi0)
     pre = PolicyProcessorPipeline.from_pretrained(POLICY_DIR, "policy_preprocessor.json")
     post = PolicyProcessorPipeline.from_pretrained(POLICY_DIR, "policy_postprocessor.json")
@@ -54,7 +53,7 @@ written in full into a temporary folder inside it and each renamed over its own 
 folder's other files stay), and never into the run folder of a trainer that is running (its
 .lock held). A failed write (a full disk, the file size limit) removes the temporary folder.
 
-Runs under Debian's python3 (torch + numpy) or build/lerobot-venv; needs neither lerobot nor
+Runs under the project's build/venv (torch + numpy) or build/lerobot-venv; needs neither lerobot nor
 the safetensors package.
 """
 

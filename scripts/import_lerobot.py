@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """
 import_lerobot.py: a LeRobot SmolVLA or pi0 policy folder -> a train_vla checkpoint (version 2).
 
-    /usr/bin/python3 scripts/import_lerobot.py POLICY_DIR -o CKPT [--vlm DIR_OR_NAME] [--train-mode MODE]
+    build/venv/bin/python scripts/import_lerobot.py POLICY_DIR -o CKPT [--vlm DIR_OR_NAME] [--train-mode MODE]
         [--max-text N] [--tokenizer NAME] [--seed N] [--force]
-    /usr/bin/python3 scripts/import_lerobot.py PI0_DIR -o CKPT [--sizes FILE] [--train-mode MODE] ...
+    build/venv/bin/python scripts/import_lerobot.py PI0_DIR -o CKPT [--sizes FILE] [--train-mode MODE] ...
     ./train_vla_cpu -i data.bin --init CKPT --weights-only ...         # fine-tune it (its sizes, this data)
     VLAPolicy(CKPT)                                                      # scripts/vla_policy.py
 
@@ -58,7 +57,7 @@ The checkpoint holds what checkpoint_write in vla/checkpoint.h writes (dev/model
                pre-processor names (LeRobot's: google/paligemma-3b-pt-224), looked up the same
                way: beside the policy, in a folder of its base name, in the HF cache
 
-Runs under Debian's python3 (torch + numpy, the oracle's) or build/lerobot-venv: the safetensors
+Runs under the project's build/venv (torch + numpy, the oracle's) or build/lerobot-venv: the safetensors
 and JSON files are read here, without the safetensors or lerobot packages.
 """
 

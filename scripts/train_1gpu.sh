@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Trains on one GPU: builds train_vla (bf16) and runs it on the default data into out/,
-# continuing from the newest checkpoint there if there is one. Flags after the script's name go
+# Trains on one GPU: builds train_vla (bf16) and runs it on the default data into its run folder
+# (out/<preset>/, or -o), continuing from the newest checkpoint there if there is one, with the
+# settings the run recorded (run.json). Flags after the script's name go
 # to the trainer (./train_vla -h lists them) and win over the ones here.
 #
 #   scripts/train_1gpu.sh                          # the small preset on data/default

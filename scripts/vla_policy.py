@@ -5,8 +5,8 @@ built with PRECISION=FP32). Both take the same observations and give the same ac
 the precision of the one that computes.
 
     from vla_policy import VLAPolicy
-    policy = VLAPolicy("out/ckpt_00001000.bin")                 # make libvla.so first
-    policy = VLAPolicy("out/ckpt_00001000.bin", device="cuda")  # make libvla_gpu.so first
+    policy = VLAPolicy("out/small/ckpt_00001000.bin")                 # make libvla.so first
+    policy = VLAPolicy("out/small/ckpt_00001000.bin", device="cuda")  # make libvla_gpu.so first
     policy = VLAPolicy("smolvla.bin", tokenizer="SmolVLM2-500M-Video-Instruct/")  # a tokenizer.json's ids
     policy = VLAPolicy("pi0.bin", tokenizer="paligemma-3b-pt-224/")      # pi0: PaliGemma's tokenizer.json
     chunk = policy.act([top, wrist], ["open the door"], state)  # (B, H, A) actions in the data's units

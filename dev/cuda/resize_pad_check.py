@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Checks resize_pad's images against LeRobot's own resize_with_pad under torch.
 
     make build/emu/dev/cuda/resize_pad && build/emu/dev/cuda/resize_pad --dump build/resize_pad.bin

@@ -1,6 +1,6 @@
 """sass_loops.py: the loops of GPU kernels as the GPU runs them, read from their SASS.
 
-    python3 dev/cuda/sass_loops.py FILE.sass REGEX [--all]
+    build/venv/bin/python dev/cuda/sass_loops.py FILE.sass REGEX [--all]
 
 FILE.sass is cuobjdump -sass output (dev/cuda/sass_loops.sh makes it). For each function whose
 mangled name matches REGEX, each loop (a branch back to an earlier address) that holds tensor-core

@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """
 fuzz_safetensors_py.py: the project's Python safetensors readers against mutated files, a seeded
 loop (no coverage guidance: atheris is not among what `make setup` installs).
 
-    /usr/bin/python3 dev/fuzz/fuzz_safetensors_py.py --seconds 20      # what make test runs
-    /usr/bin/python3 dev/fuzz/fuzz_safetensors_py.py --cases 100000    # a fixed number of cases
-    /usr/bin/python3 dev/fuzz/fuzz_safetensors_py.py --replay build/fuzz/py_crashes/case_123.safetensors
+    build/venv/bin/python dev/fuzz/fuzz_safetensors_py.py --seconds 20      # what make test runs
+    build/venv/bin/python dev/fuzz/fuzz_safetensors_py.py --cases 100000    # a fixed number of cases
+    build/venv/bin/python dev/fuzz/fuzz_safetensors_py.py --replay build/fuzz/py_crashes/case_123.safetensors
 
 The readers: dev/safetensors_format.py's read_index (the header checked as the format requires),
 dev/smolvla.py's load_safetensors (the oracle's: every tensor as torch) and scripts/import_lerobot.py's

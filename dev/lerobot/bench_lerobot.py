@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark of LeRobot 0.6.1's OWN SmolVLA and pi0 training steps and inference (train_vla's peers).
 
     python dev/lerobot/bench_lerobot.py --preset smolvla --train expert --batch 32 --steps 20 \

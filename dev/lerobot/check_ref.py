@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Self-check of the reference files written by make_ref.py, SmolVLA's or pi0's.
 
     build/lerobot-venv/bin/python dev/lerobot/check_ref.py --family smolvla [-d build/lerobot_ref]

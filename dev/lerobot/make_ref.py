@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Ground-truth reference files computed by LeRobot 0.6.1's own policies, SmolVLA or pi0.
 
 Run with the pinned venv (see requirements.txt next to this file):

@@ -8,7 +8,7 @@
 set -uo pipefail
 
 cd "$(dirname "$0")/../.." || exit 1
-PY=${PYTHON:-/usr/bin/python3}
+PY=${PYTHON:-build/venv/bin/python}
 VLA_GPU_LIBRARY=${VLA_GPU_LIBRARY:-}
 GPU_LIBRARY=${GPU_LIBRARY:-${VLA_GPU_LIBRARY%%:*}}
 GPU_LIBRARY=${GPU_LIBRARY:-build/emu/libvla_gpu_bf16.so}

@@ -8,7 +8,7 @@
 set -uo pipefail
 
 cd "$(dirname "$0")/../.." || exit 1
-PY=${PYTHON:-/usr/bin/python3}
+PY=${PYTHON:-build/venv/bin/python}
 T=$(mktemp -d "${TMPDIR:-/tmp}/test_dp_vs_ddp.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 PASS=0

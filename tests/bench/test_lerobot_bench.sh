@@ -74,7 +74,7 @@ report() {  # name: how its case went; its output is in $T/name.log
 check() {  # name, Python expression over the report `r` (and `n`, a float()) that must hold
   local name=$1 expr=$2
   if [ ! -s "$T/$name.json" ]; then bad "$name: no JSON"; return; fi
-  if python3 - "$T/$name.json" "$expr" <<'PY'; then ok "$name: $expr"; else bad "$name: $expr"; fi
+  if "$PY" - "$T/$name.json" "$expr" <<'PY'; then ok "$name: $expr"; else bad "$name: $expr"; fi
 import json, math, sys
 r = json.load(open(sys.argv[1]))
 try:

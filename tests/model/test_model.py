@@ -28,7 +28,7 @@ synthetic shard.
       oracle's own 3 steps (tiny in modes all and vlm, pi0_tiny in all), and --init CKPT --train 3
       continues the C run with its losses.
 
-    /usr/bin/python3 tests/model/test_model.py [REF_DIR [PI0_REF_DIR]]
+    build/venv/bin/python tests/model/test_model.py [REF_DIR [PI0_REF_DIR]]
         (default build/lerobot_ref, build/lerobot_ref_pi0)
 
 Closing line `N passed, M failed`; exit status 1 on any failure.
@@ -83,7 +83,7 @@ def rel_error(x, ref):
 def run(args):
     """The oracle's CLI (dev/model.py's main) on args, in this process: a run costs its own work, not
     a fresh interpreter's import of torch (2.5 s, 39 runs). Returns (exit status, stdout + stderr) as
-    `python3 dev/model.py ARGS` gives them: sys.exit's message on stderr with status 1, an uncaught
+    `build/venv/bin/python dev/model.py ARGS` gives them: sys.exit's message on stderr with status 1, an uncaught
     exception's traceback with status 1; warnings show in every run, as they would in a new process."""
     out, err = io.StringIO(), io.StringIO()
     threads, cwd = torch.get_num_threads(), os.getcwd()

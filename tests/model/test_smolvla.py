@@ -10,7 +10,7 @@ dev/lerobot/make_ref.py --family pi0 with LeRobot's own PI0Policy at test sizes 
 the normalized state and actions it was handed; no pre-processor): loss, v_t, every gradient and
 the 10-step chunk. Without PI0_REF_DIR the pi0 checks are skipped, and the closing lines say so.
 
-    /usr/bin/python3 tests/model/test_smolvla.py build/lerobot_ref [build/lerobot_ref_pi0]
+    build/venv/bin/python tests/model/test_smolvla.py build/lerobot_ref [build/lerobot_ref_pi0]
 
 Tolerance: LeRobot computes in float32 (about 6e-8 relative rounding per operation); the
 oracle in float64 is exact by comparison, so every difference is LeRobot's accumulated fp32
@@ -211,7 +211,7 @@ def main():
     torch.set_num_threads(1)
     if len(sys.argv) not in (2, 3):
         print(__doc__.strip().splitlines()[0])
-        print("usage: /usr/bin/python3 tests/model/test_smolvla.py REF_DIR [PI0_REF_DIR]   (made by "
+        print("usage: build/venv/bin/python tests/model/test_smolvla.py REF_DIR [PI0_REF_DIR]   (made by "
               "dev/lerobot/make_ref.py --family smolvla and --family pi0; PI0_REF_DIR defaults to "
               "build/lerobot_ref_pi0)")
         sys.exit(2)

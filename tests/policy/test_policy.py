@@ -20,10 +20,10 @@ return code and a line; every method after close() raises; malformed instruction
 frames, token ids and seeds are one-line exceptions raised by vla_policy.py itself. Threads: four
 threads on one policy get the serial actions bit for bit, two policies act at once as alone (two
 host threads in turn on a GPU build), and threads= leaves the calling thread's OpenMP setting. Run by
-`make test` with Debian's python3 (torch; the tokenizers package is not needed: names are compared
+`make test` with the project's build/venv (torch; the tokenizers package is not needed: names are compared
 before a tokenizer.json is parsed, and tests/lerobot/test_lerobot_io.py serves a real one).
 
-    /usr/bin/python3 tests/policy/test_policy.py    # needs libvla.so, train_vla_cpu, build/test/s.bin
+    build/venv/bin/python tests/policy/test_policy.py    # needs libvla.so, train_vla_cpu, build/test/s.bin
 
 pi0: pi0's instruction tokens and pi0 served from raw observations, against LeRobot 0.6.1's own pi0
 pre-processor and PI0Policy. Run under build/lerobot-venv (LeRobot, torch, tokenizers,

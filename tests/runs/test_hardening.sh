@@ -240,7 +240,7 @@ rc=$?
 [ "$rc" -eq 0 ] && [ ! -s "$tmp/err" ] && [ -f "$tmp/sizes/ckpt_00000002.bin" ]
 check $? "2 steps on cameras of 24x32 and 20x20 (resized with padding), --train vlm, 2 ranks x 2 micro-steps, shifts of 3: exit $rc, nothing reported$(head -c 300 "$tmp/err")"
 cp $DATA "$tmp/nan.bin"
-python3 - "$tmp/nan.bin" << 'EOF'
+build/venv/bin/python - "$tmp/nan.bin" << 'EOF'
 import struct, sys
 raw = bytearray(open(sys.argv[1], "rb").read())
 off_state = struct.unpack_from("<Q", raw, 64)[0]  # ShardHeader.off_state
@@ -249,7 +249,7 @@ open(sys.argv[1], "wb").write(raw)
 EOF
 # a token offset table whose ends are right and whose middle entry points 1e9 ids past the copy
 cp $DATA "$tmp/offsets.bin"
-python3 - "$tmp/offsets.bin" << 'EOF'
+build/venv/bin/python - "$tmp/offsets.bin" << 'EOF'
 import struct, sys
 raw = bytearray(open(sys.argv[1], "rb").read())
 off_token_offsets = struct.unpack_from("<Q", raw, 136)[0]  # ShardHeader.off_token_offsets
