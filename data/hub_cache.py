@@ -113,10 +113,10 @@ def places(repo_id, kind):
 
 
 def download_command(repo_id, kind):
-    """The command that puts repo_id where the lookup finds it (huggingface_hub 1.x's CLI is `hf`)."""
-    if kind == "model":
-        return f"hf download {repo_id}"
-    return f"hf download {repo_id} --repo-type dataset --local-dir {os.path.join(lerobot_home(), repo_id)}"
+    """The command that puts repo_id into the hub cache, where the lookup finds it (huggingface_hub
+    1.x's CLI is `hf`; a --local-dir copy under LeRobot's home would be taken by LeRobot 0.6.1 for an
+    old-style mirror, .cache/huggingface/download in it, and fetched again)."""
+    return f"hf download {repo_id}" + (" --repo-type dataset" if kind == "dataset" else "")
 
 
 def local_folder(arg, kind, need):
@@ -129,7 +129,7 @@ def local_folder(arg, kind, need):
     for place in looked:
         if os.path.isfile(os.path.join(place, need)):
             return place
-    also = f", or load it once with LeRobot (LeRobotDataset(\"{arg}\"))" if kind == "dataset" else ""
+    also = f", or load it once with LeRobot's LeRobotDataset(\"{arg}\")" if kind == "dataset" else ""
     raise NotFound(f"{arg} is no file or folder here, and as a hub {kind} id it is in no local cache (looked at "
-                   f"{', '.join(looked)}; none holds {need}): download it with `{download_command(arg, kind)}`{also} "
-                   f"(nothing is downloaded here), or pass its folder")
+                   f"{', '.join(looked)}; none holds {need}); nothing is downloaded here: download it with "
+                   f"`{download_command(arg, kind)}`{also}, or pass its folder")

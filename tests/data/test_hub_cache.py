@@ -230,8 +230,8 @@ def check_not_found(tmp):
                   os.path.join(hub, "datasets--org--absent")]
         check(line.startswith("NOT FOUND org/absent ") and "\n" not in line and all(p in line for p in looked),
               f"a missing dataset: one line naming the id and the 3 folders looked at: {line}")
-        command = f"hf download org/absent --repo-type dataset --local-dir {os.path.join(lerobot, 'org/absent')}"
-        check(command in line and "LeRobotDataset(\"org/absent\")" in line,
+        command = "hf download org/absent --repo-type dataset"
+        check(f"`{command}`" in line and "LeRobotDataset(\"org/absent\")" in line,
               f"... and the download: `{command}`, or a LeRobotDataset load")
         line = model("org/bare")
         check(bare in line and "none holds config.json" in line and "`hf download org/bare`" in line,
