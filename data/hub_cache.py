@@ -6,9 +6,10 @@ names every folder looked at and the command that downloads it. Standard library
 tools' build/venv, Debian's python3 and build/lerobot-venv all import it).
 
 An argument that exists as a path is that path, whatever it looks like, and an argument that is
-no hub id is left to the tool's own messages for a missing path. A hub id is ORG/NAME or NAME
-(letters, digits, '-', '_', '.'; no '--' or '..'; at most 96 characters: huggingface_hub's
-validate_repo_id), so nothing starting with ./ ../ / or ~ and nothing of two slashes is one.
+no hub id is left to the tool's own messages for a missing path. A hub id is ORG/NAME or NAME,
+as huggingface_hub's validate_repo_id has it: each part letters, digits, '-', '_' and '.', at most
+96 of them, starting and ending with a letter or digit; no '--' or '..'; no .git at the end. So
+nothing starting with ./ ../ / or ~ and nothing of two slashes is one.
 
 Where, with the environment read as huggingface_hub 1.33.0 (constants.py) and LeRobot 0.6.1
 (lerobot/utils/constants.py) read it, at the call rather than at import:
@@ -37,8 +38,7 @@ import os
 import re
 
 KINDS = ("model", "dataset")
-ID_PART = re.compile(r"[A-Za-z0-9_.-]+")
-MAX_ID = 96  # huggingface_hub's longest repo id
+ID_PART = re.compile(r"\w(?:[\w.-]{0,94}\w)?")  # one part of a repo id, 1 to 96 characters
 
 
 class NotFound(ValueError):
@@ -66,10 +66,10 @@ def lerobot_home():
 
 def is_hub_id(arg):
     """Whether arg reads as a hub repo id, ORG/NAME or NAME."""
-    if not isinstance(arg, str) or not 0 < len(arg) <= MAX_ID or "--" in arg or ".." in arg:
+    if not isinstance(arg, str) or "--" in arg or ".." in arg or arg.endswith(".git"):
         return False
     parts = arg.split("/")
-    return len(parts) <= 2 and all(ID_PART.fullmatch(p) and p != "." for p in parts)
+    return len(parts) <= 2 and all(ID_PART.fullmatch(p) for p in parts)
 
 
 def snapshots(cache, kind, repo_id):

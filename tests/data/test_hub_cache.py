@@ -212,9 +212,11 @@ def check_paths(tmp):
     try:
         with environment(home, HF_HUB_CACHE=hub):
             check(model() == "org/model", f"a folder org/model here wins over the cached org/model ({model()})")
-            for arg in ("./org/missing", "/nowhere/org/model", "~/org/model", "a/b/c", "org/", "org--x/y", "../up"):
+            for arg in ("./org/missing", "/nowhere/org/model", "~/org/model", "a/b/c", "org/", "org--x/y", "../up",
+                        ".hidden/x", "org/name.git", "-org/name", "org/name-", "", "x" * 97):
                 check(model(arg) == arg, f"{arg!r} is no hub id: passed on as it is ({model(arg)})")
-            for arg in ("lerobot/pusht", "pusht", "google/paligemma-3b-pt-224", "HuggingFaceTB/SmolVLM2-500M"):
+            for arg in ("lerobot/pusht", "pusht", "google/paligemma-3b-pt-224", "HuggingFaceTB/SmolVLM2-500M",
+                        "a/b", "x" * 96 + "/" + "y" * 96):
                 check(hub_cache.is_hub_id(arg), f"{arg!r} reads as a hub id")
     finally:
         os.chdir(cwd)
