@@ -16,8 +16,8 @@ stats that disagree with the data by less than the trainer refuses) are `warning
 
 --sheet writes a PNG contact sheet of --samples frames drawn at random (--seed): each
 camera's image enlarged (at its own size), the instruction as the model gets it (--max-text
-tokens), the episode and frame, the state and action values, and how much of the --chunk action
-chunk is valid.
+tokens), the episode and the frame's place in it (counted from 1: frame 1 of 40 .. frame 40 of
+40), the state and action values, and how much of the --chunk action chunk is valid.
 Text is drawn with DejaVu Sans, WenQuanYi Micro Hei and Symbola (SHEET_FONTS), each character
 with the first of them that has it, so German, Chinese or emoji instructions are legible; a
 character none of the fonts found has is drawn as a box and named in a `warning:` line.
@@ -439,6 +439,12 @@ def wrap(font, text, width):
     return lines
 
 
+def tile_title(index, shard, episode, frame, length):
+    """A sheet tile's first line; frame is the episode-local index (from 0), said as a count from 1:
+    an episode of 40 frames reads frame 1 of 40 .. frame 40 of 40."""
+    return f"sample {index}   shard {shard}   episode {episode}   frame {frame + 1} of {length}"
+
+
 def values_text(label, v):
     return label + "  " + " ".join(f"{x:+.3f}" for x in v)
 
@@ -475,8 +481,7 @@ def write_sheet(path, spec, dataset, n_samples, seed, max_text, chunk):
         n_seen = int(text_mask.sum())
         # the bytes the model gets; the whole text for another tokenizer (its ids are not decoded here)
         seen = (bytes(tokens[:n_seen].astype(np.uint8)) if bytes_tokens else full).decode("utf-8", "replace")
-        lines = [(f"sample {int(index)}   shard {k}   episode {e}   frame {f - int(ep['first_frame'])}"
-                  f" of {int(ep['length'])}", "black", font)]
+        lines = [(tile_title(int(index), k, e, f - int(ep["first_frame"]), int(ep["length"])), "black", font)]
         cut = f"  [+{n_ids - max_text} tokens cut]" if n_ids > max_text else ""
         for part in wrap(font, f"\"{seen}\"" + cut, text_w):
             lines.append((part, "navy", font))

@@ -2,13 +2,21 @@
 lerobot_to_shards.py: a local LeRobot dataset (format v2.0, v2.1 or v3.0) as train_vla shards.
 
     build/venv/bin/python data/lerobot_to_shards.py ~/lerobot/pusht -o data/pusht --img 96
+    build/venv/bin/python data/lerobot_to_shards.py lerobot/pusht -o data/pusht      # a hub id, downloaded before
     build/venv/bin/python data/lerobot_to_shards.py DIR -o OUT --cameras observation.images.top --episodes 0:50
+
+The dataset is its folder, or its hub id (lerobot/pusht) when LeRobot or huggingface_hub has
+downloaded it: ~/.cache/huggingface/lerobot/<repo_id> ($HF_LEROBOT_HOME/<repo_id>, LeRobotDataset's
+root), then LeRobot's snapshots under that home's hub/ and the hub cache's datasets--ORG--NAME
+(data/hub_cache.py says exactly where, and how the environment moves those folders). Nothing is
+downloaded: an id found nowhere is an error that names every folder looked at and the download
+command. A path that exists is always the path.
 
 Each frame of the dataset becomes one shard frame: the images of the chosen cameras, the state
 column and the action column. Every shard holds whole episodes, at most --frames-per-shard
 frames (an episode longer than that gets a shard of its own), its own table of the task strings
 its episodes use, and the mean and population std of its state and action. Shards are named
-<name>_000.bin, _001.bin ... (--name, default: the dataset folder's name); they are written
+<name>_000.bin, _001.bin ... (--name, default: the dataset folder's name, a hub id's NAME); they are written
 aside and moved into the output folder only once the whole conversion succeeded, replacing the
 shards of an earlier conversion under the same name. A failed or interrupted run leaves the
 output folder as it was, and removes it if the run created it.
@@ -33,10 +41,10 @@ has one shape); a shard holds at most 4096 pixels a side.
 Instructions: each task string is stored with its token ids (shard format version 2): byte tokens
 by default (tokenizer "bytes", what the presets trained from scratch read), or with --tokenizer
 PATH the ids of a tokenizer.json (or of the model folder that holds one: the VLM of the SmolVLA
-checkpoint to fine-tune, PaliGemma's for pi0), made as LeRobot's SmolVLA and pi0 pre-processors
-make them (the task plus "\\n", the tokenizer's own special tokens, PaliGemma's <bos> first; no
-truncation or padding, which are the trainer's: see
-data/vla_shard.py's TokenizerJSON). The shards name that tokenizer ("tokenizer.json:<first 16 hex
+checkpoint to fine-tune, PaliGemma's for pi0; or that model's hub id, found in the hub cache),
+made as LeRobot's SmolVLA and pi0 pre-processors make them (the task plus "\\n", the tokenizer's
+own special tokens, PaliGemma's <bos> first; no truncation or padding, which are the trainer's:
+see data/vla_shard.py's TokenizerJSON). The shards name that tokenizer ("tokenizer.json:<first 16 hex
 of its sha256>"), and train_vla refuses a checkpoint trained on another's.
 
 What this reads from a LeRobot dataset (the fields relied on, nothing else):
@@ -87,6 +95,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hub_cache  # noqa: E402  data/hub_cache.py: hub ids as the folders LeRobot downloaded them to
 from console import end_progress, progress_line  # noqa: E402
 from vla_shard import (BYTES, MAX_IMG, load_tokenizer, outermost_missing, text_collision_warnings,  # noqa: E402
                        write_shard)
@@ -641,7 +650,10 @@ def convert(args):
     from PIL import Image
     t0 = time.time()
     tokenizer = instruction_tokenizer(args)  # before reading anything: a bad --tokenizer fails at once
-    src = args.src
+    try:
+        src = hub_cache.local_folder(args.src, "dataset", os.path.join("meta", "info.json"))
+    except hub_cache.NotFound as e:
+        fail(f"{e}")
     if not os.path.isdir(src):
         fail(f"{src} is not a folder: pass the LeRobot dataset folder (the one that holds meta/info.json)")
     info, fmt = read_info(src)
@@ -749,7 +761,8 @@ def convert(args):
           f"{len(used_tasks)} task(s), {len(cams)} camera(s) ({stored}, height x width, --frame {args.frame}), "
           f"state {dims[0]} / action {dims[1]} dims; LeRobot {info['codebase_version']}; "
           f"{elapsed:.1f} s, {frames / max(elapsed, 1e-9):.0f} frames/s"
-          + (f"; removed {len(stale)} stale shard(s)" if stale else ""))
+          + (f"; removed {len(stale)} stale shard(s)" if stale else "")
+          + (f"; {args.src} read from {src}" if src != args.src else ""))
     for line in text_collision_warnings([tasks[t] for t in sorted(used_tasks)], tokenizer):
         sys.stderr.write(line + "\n")
 
@@ -761,8 +774,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def main():
-    ap = Parser(description="Converts a local LeRobot dataset (v2.0, v2.1 or v3.0) into train_vla shards.")
-    ap.add_argument("src", help="the LeRobot dataset folder (holds meta/info.json)")
+    ap = Parser(description="Converts a local LeRobot dataset (v2.0, v2.1 or v3.0; its folder, or the hub id of one "
+                            "downloaded before) into train_vla shards.")
+    ap.add_argument("src", help="the LeRobot dataset folder (holds meta/info.json), or its hub id (lerobot/pusht) "
+                                "found in ~/.cache/huggingface/lerobot/<repo_id> or the HF caches "
+                                "(data/hub_cache.py; never downloaded)")
     ap.add_argument("-o", "--output", required=True, help="output folder for the shards")
     ap.add_argument("--img", type=int, default=96,
                     help="image size in pixels: the longer side (fit; smaller frames are kept as they are) or the "
@@ -777,9 +793,10 @@ def main():
     ap.add_argument("--frames-per-shard", type=int, default=20000,
                     help="most frames per shard; an episode is never split (20000)")
     ap.add_argument("--episodes", default=None, help="episode indices START:END, END excluded, e.g. 0:100 (all)")
-    ap.add_argument("--name", default=None, help="shard file name prefix (the dataset folder's name)")
+    ap.add_argument("--name", default=None, help="shard file name prefix (the dataset folder's name, a hub id's NAME)")
     ap.add_argument("--tokenizer", default=None,
-                    help="token ids of this tokenizer.json, or of the one in this model folder, made as LeRobot's "
+                    help="token ids of this tokenizer.json, or of the one in this model folder (or in the HF cache's "
+                         "snapshot of this model hub id), made as LeRobot's "
                          "SmolVLA and pi0 pre-processors make them: SmolVLM2's for SmolVLA, PaliGemma's for pi0 "
                          "(default: bytes, the UTF-8 bytes)")
     args = ap.parse_args()

@@ -14,7 +14,8 @@ A frame holds the images of each camera before the step, the state (hand xyz and
 opening, or the full 39-dim observation with --state full) and the 4-dim expert action
 (xyz delta and gripper, clipped to [-1, 1] as the environment does).
 Instructions are stored as byte tokens (tokenizer "bytes"), or with --tokenizer PATH as the ids of
-a tokenizer.json (or of the model folder holding one), made as data/lerobot_to_shards.py makes them.
+a tokenizer.json (or of the model folder holding one, or of a model hub id's snapshot in the HF
+cache), made as data/lerobot_to_shards.py makes them.
 Shards are written aside and moved into the output folder once every episode is done: a failed
 or interrupted run (one `error:` line, exit status 1) leaves the folder as it was, and removes
 it if the run created it.
@@ -269,8 +270,9 @@ def main():
     ap.add_argument("--frames-per-shard", type=int, default=20000, help="frames per shard file (20000)")
     ap.add_argument("--name", default="metaworld", help="shard file name prefix (metaworld)")
     ap.add_argument("--tokenizer", default=None,
-                    help="token ids of this tokenizer.json, or of the one in this model folder, made as LeRobot's "
-                         "SmolVLA pre-processor makes them (default: bytes, the UTF-8 bytes)")
+                    help="token ids of this tokenizer.json, or of the one in this model folder (or in the HF cache's "
+                         "snapshot of this model hub id), made as LeRobot's SmolVLA pre-processor makes them "
+                         "(default: bytes, the UTF-8 bytes)")
     args = ap.parse_args()
     args.cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]
     if args.episodes < 1 or args.img < 8 or args.workers < 1 or not args.cameras:

@@ -31,6 +31,8 @@ import os
 
 import numpy as np
 
+import hub_cache  # data/hub_cache.py, beside this file: a tokenizer's hub id as its cached folder
+
 SHARD_MAGIC = 0x44414C56  # "VLAD"
 SHARD_VERSION = 2
 SHARD_ALIGN = 64
@@ -166,8 +168,11 @@ class TokenizerJSON:
 
 
 def load_tokenizer(spec):
-    """"bytes" (or None): BYTES; else a tokenizer.json or a folder holding one: TokenizerJSON."""
-    return BYTES if spec in (None, BYTES.name) else TokenizerJSON(spec)
+    """"bytes" (or None): BYTES; else a tokenizer.json, a folder holding one, or the hub id of a
+    model whose cached snapshot holds one (data/hub_cache.py): TokenizerJSON."""
+    if spec in (None, BYTES.name):
+        return BYTES
+    return TokenizerJSON(hub_cache.local_folder(spec, "model", "tokenizer.json"))
 
 
 def camera_offsets(heights, widths):

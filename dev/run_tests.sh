@@ -143,6 +143,9 @@ add_suite test_vla ./test_vla build/test build/lerobot_ref build/lerobot_ref_pi0
 # on the CPU library and the GPU library ($VLA_GPU_LIBRARY's first: the emulated build without a GPU)
 add_suite infer_bench env PYTHON="$VENV_PY" tests/bench/test_bench_infer.sh
 add_suite inspect "$VENV_PY" tests/data/test_inspect.py
+# hub ids (lerobot/pusht, lerobot/smolvla_base) found in fake HF and LeRobot caches (data/hub_cache.py), the
+# folders against huggingface_hub's and LeRobot's own constants, and the tools that take hub ids
+add_suite hub_cache env LEROBOT_PY="$LEROBOT_PY" "$VENV_PY" tests/data/test_hub_cache.py
 # the plain LeRobot-faithful oracle of the math (dev/smolvla.py) against those references
 add_suite smolvla_oracle "$VENV_PY" tests/model/test_smolvla.py build/lerobot_ref
 # ptxas's register counts of train_vla.cu's kernels against their __launch_bounds__ (a failure the

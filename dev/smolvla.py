@@ -54,6 +54,9 @@ import torch
 
 import safetensors_format  # dev/safetensors_format.py: the format's header, read and checked
 
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data"))
+import hub_cache  # noqa: E402  data/hub_cache.py: where huggingface_hub keeps a hub id's snapshots
+
 # ----------------------------------------------------------------------------
 # safetensors I/O: 8-byte little-endian header length, a JSON header
 # {name: {dtype, shape, data_offsets}}, then the raw little-endian bytes (the header read and
@@ -246,13 +249,12 @@ KNOWN_VLMS = {
 
 def vlm_places(name, policy_dir):
     """Where the VLM's files may be: vlm_model_name as a path, a folder of its basename next to the
-    policy (or one or two levels up), or its snapshots in the HF cache."""
+    policy (or one or two levels up), or, for a hub id, its snapshots in the HF cache (refs/main's
+    first: data/hub_cache.py's order and environment)."""
     base = os.path.basename(os.path.normpath(name))
     places = [name, os.path.join(policy_dir, base), os.path.join(policy_dir, "..", base),
               os.path.join(policy_dir, "..", "..", base)]
-    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
-    return places + sorted(glob.glob(os.path.join(hub, "models--" + name.replace("/", "--"), "snapshots", "*")))
+    return places + (hub_cache.places(name, "model") if hub_cache.is_hub_id(name) else [])
 
 
 def find_vlm_config(name, policy_dir):
@@ -265,7 +267,8 @@ def find_vlm_config(name, policy_dir):
                 return json.load(f)
     if name in KNOWN_VLMS:
         return KNOWN_VLMS[name]
-    raise FileNotFoundError(f"no config.json for the VLM '{name}' (looked in {places})")
+    get = f"; download it with `{hub_cache.download_command(name, 'model')}`" if hub_cache.is_hub_id(name) else ""
+    raise FileNotFoundError(f"no config.json for the VLM '{name}' (looked in {', '.join(places)}){get}")
 
 
 def load_config(policy_dir, vlm_name=None, pi0_sizes=None):

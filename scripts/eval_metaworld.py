@@ -8,7 +8,7 @@ eval_metaworld.py: closed-loop success rate of a policy in Meta-World.
 --policy is a train_vla checkpoint of any preset (tiny, small or smolvla; served by libvla.so
 through scripts/vla_policy.py, `make libvla.so` first; with --device cuda by libvla_gpu.so on a
 GPU, `make libvla_gpu.so`; a checkpoint trained on a tokenizer.json's ids, e.g. smolvla fine-tuned on
-shards made with --tokenizer, needs --tokenizer with that file or its folder), `expert`
+shards made with --tokenizer, needs --tokenizer with that file, its folder or its model's hub id), `expert`
 (Meta-World's scripted policies: a sanity check that should succeed about always) or `random`
 (uniform actions: should about never succeed). Every episode draws its layout from (--seed, task,
 episode); the default seed 1000 differs from the data generator's, so evaluation layouts are not
@@ -246,7 +246,8 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where a checkpoint policy runs (cpu)")
     ap.add_argument("--cameras", default="corner", help="cameras the checkpoint was trained on, in order (corner)")
     ap.add_argument("--tokenizer", default=None,
-                    help="the tokenizer.json (or its folder) of a checkpoint trained on its ids (none: bytes)")
+                    help="the tokenizer.json (or its folder, or a model's hub id cached with it) of a checkpoint "
+                         "trained on its ids (none: bytes)")
     ap.add_argument("--img", type=int, default=None,
                     help="rendered camera side: the training data's (a checkpoint: its model's input side; expert and "
                     "random: 64)")

@@ -40,9 +40,15 @@ those sizes. The tokenizer is checked as --vlm's is below, where its tokenizer.j
 the checkpoint, or in the HF cache under that name).
 
 --vlm is the SmolVLM the sizes come from (LeRobot builds the model from its config.json and
-tokenizes with its tokenizer): a local folder or a hub name; default, for the smolvla preset's
-sizes, HuggingFaceTB/SmolVLM2-500M-Video-Instruct. Its config is checked against the checkpoint
-when it can be found (locally, in the HF cache, or the released SmolVLM2's sizes). Cameras are
+tokenizes with its tokenizer): a local folder or a hub id; default, for the smolvla preset's
+sizes, HuggingFaceTB/SmolVLM2-500M-Video-Instruct. A hub id is what config.json names as
+vlm_model_name (LeRobot fetches it); here its config is checked against the checkpoint when it can
+be found (a folder of that name here or next to the checkpoint; the HF cache's snapshot,
+$HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub: models--ORG--NAME/snapshots/
+<refs/main's commit>, data/hub_cache.py's rule; or the released SmolVLM2's sizes), and nothing is
+downloaded: an id found nowhere is an error naming the folders looked at and `hf download ID`.
+CKPT is a train_vla checkpoint file, never a hub id (LeRobot's hub ids name policy folders, which
+scripts/import_lerobot.py takes). Cameras are
 named observation.images.<name>, camera1 .. cameraN unless --cameras says (their order is the
 checkpoint's); their feature shape is (3, img, img). config.json's device is --device (none: LeRobot
 picks one); the pre-processor's device step says --device or cpu (LeRobot's scripts override it
@@ -70,6 +76,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "dev"))
 sys.path.insert(0, os.path.join(ROOT, "data"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import hub_cache  # noqa: E402  data/hub_cache.py: the download command of a VLM's hub id
 import import_lerobot  # noqa: E402  the tokenizer names a checkpoint records
 import model as vla  # noqa: E402  dev/model.py: vla/'s config, table, LeRobot names, checkpoints
 import smolvla  # noqa: E402  dev/smolvla.py: safetensors I/O, the VLM's config
@@ -114,9 +121,8 @@ def check_vlm(cfg, vlm, ckpt):
     """The VLM's config against the checkpoint's sizes, when the config can be found."""
     try:
         vc = smolvla.find_vlm_config(vlm, os.path.dirname(os.path.abspath(ckpt)))
-    except FileNotFoundError:
-        fail(f"--vlm {vlm}: no config.json found for it (as a folder, next to the checkpoint, or in the HF cache): "
-             "pass the folder of the SmolVLM these weights were trained with")
+    except FileNotFoundError as e:  # (the folders looked at, as a folder, next to the checkpoint, in the HF cache)
+        fail(f"--vlm {vlm}: {e}: pass the folder of the SmolVLM these weights were trained with")
     except (OSError, ValueError, RecursionError) as e:  # (ValueError: not JSON)
         fail(f"--vlm {vlm}: its config.json cannot be read ({type(e).__name__}: {e}): pass the folder of the SmolVLM "
              "these weights were trained with")
@@ -174,7 +180,8 @@ def check_tokenizer(ck, vlm, pi0=False):
                  f"{ck['tokenizer']}: LeRobot would feed the model other ids: pass the SmolVLM folder whose tokenizer "
                  "the training data used")
         return None
-    return (f"note: no tokenizer.json of {vlm} found here: not checked that it makes the checkpoint's token ids "
+    get = f" (`{hub_cache.download_command(vlm, 'model')}` puts it in the HF cache)" if hub_cache.is_hub_id(vlm) else ""
+    return (f"note: no tokenizer.json of {vlm} found here{get}: not checked that it makes the checkpoint's token ids "
             f"({ck['tokenizer']})")
 
 
@@ -459,7 +466,8 @@ def export_pi0(args, ck, out):
 
 def parser():
     ap = argparse.ArgumentParser(description="a train_vla checkpoint -> a LeRobot SmolVLA or pi0 policy folder")
-    ap.add_argument("checkpoint", help="a train_vla checkpoint (version 2)")
+    ap.add_argument("checkpoint", help="a train_vla checkpoint file (version 2; not a hub id: import_lerobot.py takes "
+                                       "those)")
     ap.add_argument("-o", "--output", required=True, help="policy folder to write (new, or empty, unless --force)")
     ap.add_argument("--force", action="store_true",
                     help="write into an existing folder: the files export writes are replaced, the others kept (never "
@@ -468,7 +476,8 @@ def parser():
                     help=f"the SmolVLM of these sizes: a path (absolute, starting with ./ ../ or ~, or of more than one "
                          f"slash) is its folder as given and must hold config.json; a name (a folder name, or an HF "
                          f"repo id owner/name) is looked up here, next to the checkpoint, then in the HF cache "
-                         f"(default for the smolvla preset's sizes: {RELEASED_VLM})")
+                         f"($HF_HUB_CACHE, else $HF_HOME/hub: data/hub_cache.py; never downloaded); default for "
+                         f"the smolvla preset's sizes: {RELEASED_VLM}")
     ap.add_argument("--sizes", metavar="FILE",
                     help="pi0 of other sizes than the released variants': the sizes file its import took, "
                          "which must say the checkpoint's sizes: " + import_lerobot.SIZES_FORMAT)

@@ -3,15 +3,21 @@ import_lerobot.py: a LeRobot SmolVLA or pi0 policy folder -> a train_vla checkpo
 
     build/venv/bin/python scripts/import_lerobot.py POLICY_DIR -o CKPT [--vlm DIR_OR_NAME] [--train-mode MODE]
         [--max-text N] [--tokenizer NAME] [--seed N] [--force]
+    build/venv/bin/python scripts/import_lerobot.py lerobot/smolvla_base -o CKPT     # a hub id, downloaded before
     build/venv/bin/python scripts/import_lerobot.py PI0_DIR -o CKPT [--sizes FILE] [--train-mode MODE] ...
     ./train_vla_cpu -i data.bin --init CKPT --weights-only ...         # fine-tune it (its sizes, this data)
     VLAPolicy(CKPT)                                                      # scripts/vla_policy.py
 
 POLICY_DIR is what LeRobot 0.6.1's save_pretrained writes: config.json (type smolvla or pi0),
 model.safetensors (fp32, bf16 or fp16, or a mix) and, when the processors were saved next to it,
-policy_preprocessor.json / policy_postprocessor.json with their normalizer state files. A
+policy_preprocessor.json / policy_postprocessor.json with their normalizer state files. It may be
+a policy's hub id (lerobot/smolvla_base) instead, when no path of that name exists: the HF cache's
+snapshot of it that holds config.json is read ($HF_HUB_CACHE, else $HF_HOME/hub, else
+~/.cache/huggingface/hub: models--ORG--NAME/snapshots/<refs/main's commit>; data/hub_cache.py says
+the whole rule). Nothing is downloaded: an id not cached is an error naming the folders looked at
+and the download command (`hf download lerobot/smolvla_base`). A
 SmolVLA folder's sizes come from config.json and the VLM config its vlm_model_name names (a local folder, a
-folder of that name next to the policy, or the HF cache). --vlm overrides vlm_model_name: a name
+folder of that name next to the policy, or the HF cache, by the same rule). --vlm overrides vlm_model_name: a name
 (a bare folder name, or an HF repo id owner/name) is looked up the same way; a path (absolute, or
 starting with ./ ../ or ~, or of more than one slash) is the VLM's folder as given, and one that
 is not a folder holding config.json is an error, never a folder of its base name elsewhere.
@@ -75,6 +81,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "dev"))
 sys.path.insert(0, os.path.join(ROOT, "data"))
+import hub_cache  # noqa: E402  data/hub_cache.py: a policy's hub id as its snapshot in the HF cache
 import model as vla  # noqa: E402  dev/model.py: vla/'s config, table, LeRobot names, checkpoints
 import safetensors_format  # noqa: E402  dev/safetensors_format.py: the format's header, checked; escaping
 import smolvla  # noqa: E402  dev/smolvla.py: where a policy's VLM is found
@@ -494,8 +501,9 @@ def tokenizer_name(policy_dir, pc, vlm_name):
             return tid, f"{tid} (of {os.path.normpath(path)})"
     tid = ("vlm:" + os.path.basename(os.path.normpath(name)))[:63]
     if pi0:
+        get = f", e.g. with `{hub_cache.download_command(name, 'model')}`" if hub_cache.is_hub_id(name) else ""
         return tid, (f"{tid}: no tokenizer.json of '{name}' (the pre-processor's) was found beside the policy or in "
-                     "the HF cache: shards must name this tokenizer (put its tokenizer.json there, or pass "
+                     f"the HF cache: shards must name this tokenizer (put its tokenizer.json there{get}, or pass "
                      "--tokenizer NAME, to record another)")
     return tid, (f"{tid}: no tokenizer.json of VLM '{name}' was found: shards must name this tokenizer (pass --vlm "
                  "DIR with its tokenizer.json, or --tokenizer NAME, to record another)")
@@ -599,7 +607,9 @@ def write_failure(e, path, need, cleaned, left=None):
 def parser():
     ap = argparse.ArgumentParser(description="a LeRobot SmolVLA or pi0 policy folder -> a train_vla checkpoint "
                                              "(version 2)")
-    ap.add_argument("policy", help="the folder LeRobot's save_pretrained wrote")
+    ap.add_argument("policy", help="the folder LeRobot's save_pretrained wrote, or a policy's hub id "
+                                   "(lerobot/smolvla_base) found in the HF cache ($HF_HUB_CACHE, else $HF_HOME/hub: "
+                                   "data/hub_cache.py; never downloaded)")
     ap.add_argument("-o", "--output", required=True, help="checkpoint file to write (a new one, unless --force)")
     ap.add_argument("--force", action="store_true",
                     help="replace -o if it exists (never in the run folder of a trainer that is running)")
@@ -607,7 +617,8 @@ def parser():
                     help="the VLM (its config.json and tokenizer.json), instead of config.json's vlm_model_name: a "
                          "path (absolute, starting with ./ ../ or ~, or of more than one slash) is its folder as "
                          "given and must hold config.json; a name (a folder name, or an HF repo id owner/name) is "
-                         "looked up as a folder here, next to the policy, then in the HF cache")
+                         "looked up as a folder here, next to the policy, then in the HF cache (as the policy's hub "
+                         "id is)")
     ap.add_argument("--sizes", metavar="FILE",
                     help="pi0: the model's sizes, a JSON file in LeRobot's config keys: " + SIZES_FORMAT
                          + " (default: the released sizes of config.json's variants)")
@@ -623,8 +634,18 @@ def parse_args(argv):
     return parser().parse_args(argv)
 
 
+def policy_folder(policy):
+    """The folder of the policy argument: itself, or the HF cache's snapshot of a hub id."""
+    try:
+        return hub_cache.local_folder(policy, "model", "config.json")
+    except hub_cache.NotFound as e:
+        fail(f"{e}")
+
+
 def run(args):
-    policy_dir = args.policy
+    policy_dir = policy_folder(args.policy)
+    if policy_dir != args.policy:  # (the summary names both)
+        args.hub_id, args.policy = args.policy, policy_dir
     pc = check_policy_config(policy_dir)
     if args.max_text is not None and not 1 <= args.max_text <= vla.MAX_TEXT:
         fail(f"--max-text {args.max_text}: pass 1 to {vla.MAX_TEXT}")
@@ -689,7 +710,8 @@ def convert(args, pc):
         left = f"{args.output} is as it was" if existed else None
         fail(write_failure(e, args.output, need, "the partial file", left))
     preset = matching_preset(cfg)
-    say(f"import_lerobot: {policy_dir} ({FAMILIES[pc['type']]}, {'/'.join(dtypes)} weights) -> {args.output}")
+    named = f"{args.hub_id} (the HF cache's {policy_dir})" if getattr(args, "hub_id", None) else policy_dir
+    say(f"import_lerobot: {named} ({FAMILIES[pc['type']]}, {'/'.join(dtypes)} weights) -> {args.output}")
     say("  config: " + ", ".join(f"{f} {v}" for f, v in zip(vla.CONFIG_FIELDS, cfg.values())))
     say("  sizes: " + (f"from {source}; " if pi0 else "") +
         (f"preset {preset}'s (train with -p {preset} --max-text {cfg.max_text})" if preset else

@@ -9,6 +9,7 @@ the precision of the one that computes.
     policy = VLAPolicy("out/small/ckpt_00001000.bin", device="cuda")  # make libvla_gpu.so first
     policy = VLAPolicy("smolvla.bin", tokenizer="SmolVLM2-500M-Video-Instruct/")  # a tokenizer.json's ids
     policy = VLAPolicy("pi0.bin", tokenizer="paligemma-3b-pt-224/")      # pi0: PaliGemma's tokenizer.json
+    policy = VLAPolicy("pi0.bin", tokenizer="google/paligemma-3b-pt-224")  # its hub id, from the HF cache
     chunk = policy.act([top, wrist], ["open the door"], state)  # (B, H, A) actions in the data's units
 
 images: one uint8 array (B, h_k, w_k, 3) per camera the model was trained on, in order, of any
@@ -29,7 +30,11 @@ camera, never a silent wrap.
 Instructions become the token ids the checkpoint was trained on (its header names the tokenizer):
 under "bytes" (the presets trained from scratch) their UTF-8 bytes, as the library reads strings;
 under a tokenizer.json ("<basename>:<sha256 prefix>", e.g. a model imported from LeRobot) the
-tokenizer= file (or the folder that holds it), whose name must be the checkpoint's, tokenizes them
+tokenizer= file (or the folder that holds it, or a model's hub id when no path of that name exists:
+the HF cache's snapshot holding tokenizer.json, $HF_HUB_CACHE, else $HF_HOME/hub, else
+~/.cache/huggingface/hub, models--ORG--NAME/snapshots/<refs/main's commit>, data/hub_cache.py's
+rule; nothing is downloaded, an id not cached is a ValueError naming the folders looked at and
+`hf download ID`), whose name must be the checkpoint's, tokenizes them
 as the converters do and as LeRobot's pre-processor does (task + "\\n", data/vla_shard.py's
 TokenizerJSON: SmolVLM2's tokenizer.json for SmolVLA, PaliGemma's for pi0, whose ids start with
 <bos>), and the ids go to the library (vla_policy_act_tokens). Either way the model reads the first
@@ -71,6 +76,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "data"))
+import hub_cache  # noqa: E402  data/hub_cache.py: a tokenizer's hub id as its snapshot in the HF cache
 import vla_shard  # noqa: E402  data/vla_shard.py: tokenizer names and TokenizerJSON
 
 # vla_policy_config's 28 int32, a checkpoint header's order: FLOW_CONFIG_FIELDS but family, the
@@ -289,8 +295,9 @@ def load_library(path=None, device="cpu"):
 
 def policy_tokenizer(checkpoint, name, spec):
     """The tokenizer that makes checkpoint's token ids (named `name` in its header) from `spec`: None
-    or "bytes" for a "bytes" checkpoint, else a tokenizer.json (or a folder holding one) of that name.
-    The name is compared before the tokenizers package is needed."""
+    or "bytes" for a "bytes" checkpoint, else a tokenizer.json (or a folder holding one, or a model's
+    hub id whose snapshot in the HF cache holds one) of that name. The name is compared before the
+    tokenizers package is needed."""
     if name == vla_shard.BYTES.name:
         if spec in (None, vla_shard.BYTES.name):
             return vla_shard.BYTES
@@ -298,7 +305,11 @@ def policy_tokenizer(checkpoint, name, spec):
                          f"tokenizer (got {spec})")
     if spec is None or spec == vla_shard.BYTES.name:
         raise ValueError(f"checkpoint {checkpoint} was trained on token ids of tokenizer {name}: pass tokenizer=PATH, "
-                         "that tokenizer.json or the model folder that holds it")
+                         "that tokenizer.json or the model folder that holds it (or the model's hub id)")
+    try:
+        spec = hub_cache.local_folder(spec, "model", "tokenizer.json")
+    except hub_cache.NotFound as e:
+        raise ValueError(f"tokenizer {e}") from None
     path = os.path.join(spec, "tokenizer.json") if os.path.isdir(spec) else spec
     if not os.path.isfile(path):
         raise ValueError(f"tokenizer {path}: no such file: pass the tokenizer.json of tokenizer {name} (checkpoint "
@@ -313,9 +324,10 @@ def policy_tokenizer(checkpoint, name, spec):
 class VLAPolicy:
     """checkpoint: a train_vla checkpoint (version 2); device: "cpu" or "cuda"; threads: OpenMP
     threads of this policy's calls on the CPU (0: the runtime's default); library: another build of
-    the library to load; tokenizer: for a checkpoint trained on a tokenizer.json's ids, that file or
-    the folder holding it (its name must be the checkpoint's). graphs: on a GPU, replay the 10
-    Euler steps as one CUDA graph (the default; False launches them one by one, the same numbers).
+    the library to load; tokenizer: for a checkpoint trained on a tokenizer.json's ids, that file,
+    the folder holding it, or a model's hub id cached with it (its name must be the checkpoint's).
+    graphs: on a GPU, replay the 10 Euler steps as one CUDA graph (the default; False launches them
+    one by one, the same numbers).
     After loading: config (the SmolVLAConfig fields, train_mode and family, by name), train_mode
     (its name), tokenizer (the checkpoint's tokenizer name), text_tokenizer (what makes the ids:
     vla_shard.BYTES or a TokenizerJSON) and device (what computes, e.g. "CPU (fp32)").

@@ -111,7 +111,16 @@ def main():
               "a missing path is a one-line error")
         multilingual(tmp)
         missing_fonts()
+        tile_titles()
         shard_format(tmp)
+
+
+def tile_titles():
+    """A sheet tile names the frame's place in its episode counted from 1, as a reader counts."""
+    import inspect_shards
+    first, last = inspect_shards.tile_title(7, 0, 2, 0, 40), inspect_shards.tile_title(46, 0, 2, 39, 40)
+    check(first.endswith("episode 2   frame 1 of 40") and last.endswith("episode 2   frame 40 of 40"),
+          f"a tile's frame counts from 1: '{first}' .. '{last}'")
 
 
 def one_line_value_error(fn):
