@@ -923,9 +923,10 @@ static void test_cross_trainer(const char* dir) {
     }
     const char* flags = "-p tiny -u 2 -l 1e-3 --log-every 100";
     char gpu1[1100], gpu2[1100];
-    snprintf(gpu1, sizeof(gpu1), "%s -b 4", TRAINER);
+    // (-g 1 given: -y 1 would otherwise take the other run's -g 2 from its run.json)
+    snprintf(gpu1, sizeof(gpu1), "%s -g 1 -b 4", TRAINER);
     snprintf(gpu2, sizeof(gpu2), "%s -g 2 -b 2 -z 1", TRAINER);
-    const char* cpu = "./train_vla_cpu -t 1 -b 4";
+    const char* cpu = "./train_vla_cpu -g 1 -t 1 -b 4";
     const char* runs[][2] = {{gpu1, cpu}, {cpu, gpu1}, {gpu2, cpu}, {cpu, gpu2}};
     int visible = 0;
     cudaGetDeviceCount(&visible);
@@ -1235,14 +1236,15 @@ static void test_bad_input(const char* dir) {
     expect_error_from(dir, TRAINER, "truncated checkpoint", args, "truncated");
     snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -i %s/a.bin -o %s/gpu_trunc -y 1 --train expert", dir, dir);
     expect_error_from(dir, TRAINER, "a --train all checkpoint continued with --train expert", args, "--train all");
-    // a balanced train_vla_cpu checkpoint continued without --balance is refused
+    // a balanced train_vla_cpu checkpoint continued with --balance none is refused (without the flag,
+    // -y 1 takes the run's own --balance tasks from its run.json)
     snprintf(cmd, sizeof(cmd),
              "rm -rf %s/gpu_bal && ./train_vla_cpu -p tiny -b 2 -n 1 -t 1 --balance tasks -i %s/a.bin "
              "-o %s/gpu_bal > /dev/null 2>&1",
              dir, dir, dir);
     run_command(cmd);
-    snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -i %s/a.bin -o %s/gpu_bal -y 1", dir, dir);
-    expect_error_from(dir, TRAINER, "a --balance tasks checkpoint continued without it", args,
+    snprintf(args, sizeof(args), "-p tiny -b 2 -n 2 -i %s/a.bin -o %s/gpu_bal -y 1 --balance none", dir, dir);
+    expect_error_from(dir, TRAINER, "a --balance tasks checkpoint continued with --balance none", args,
                       "trained with --balance tasks");
     // a shard truncated under the running trainer once it has checkpointed: one line naming the shard
     // (a read past its new end faults inside the mapping), the checkpoint intact. The loader is

@@ -124,6 +124,10 @@ add_suite hardening tests/runs/test_hardening.sh
 # the run folder's promises: one owner, the folder checked before each write, nothing of an earlier
 # run dropped (--new-run, -y 1's rules), signals, -i inside -o
 add_suite runs env GPU_TESTS="$GPU_TESTS" tests/runs/test_runs.sh
+# the README's quick start, run as written in its order (small step counts; the GPU lines emulated without a GPU)
+add_suite quickstart env GPU_TESTS="$GPU_TESTS" tests/runs/test_quickstart.sh
+# a dataset LeRobot writes itself (its dataset extra), converted by its hub id and compared frame by frame
+add_suite lerobot_dataset "$LEROBOT_PY" tests/lerobot/test_lerobot_dataset.py
 # TensorBoard's event file of both trainers, read back with tensorboard's own reader; --eval-every's results in it
 add_suite tensorboard "$VENV_PY" tests/runs/test_tensorboard.py ./train_vla_cpu "$GPU_TESTS/train_vla_fp32"
 if [ "$GPU_TESTS" = build/emu ]; then

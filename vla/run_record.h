@@ -2,13 +2,15 @@
 vla/run_record.h: the run's settings as a readable file, <output>/run.json, and -y 1 continuing
 with them. The file holds one entry per start of the run that set them, keyed by the step it
 started from; a resume takes the entry of its checkpoint's step, and the flags given again
-change it (said in one line each). Needs cli.h, atomic_file.h and run_folder.h.
+change it (said in one line each), and a warning where the new settings make the learning rate
+jump at the step the run continues from. Needs cli.h, schedule.h, atomic_file.h and run_folder.h.
 */
 #ifndef VLA_RUN_RECORD_H
 #define VLA_RUN_RECORD_H
 
 #include "common.h"
 #include "cli.h"
+#include "schedule.h"
 #include "run_folder.h"
 #include "atomic_file.h"
 #include <stddef.h>
@@ -280,7 +282,7 @@ static inline void run_record_resume(TrainArgs* a) {
     if (e < 0) { run_record_free(&r); return; }
     char path[VLA_PATH_MAX + 16];
     snprintf(path, sizeof(path), "%s/run.json", a->output);
-    TrainArgs was = *a;
+    TrainArgs was = *a, given = *a;
     for (int i = 0; i < RUN_N_SETTINGS; i++) { run_setting_load(&RUN_SETTINGS[i], &was, r.line[e], path); }
     run_record_free(&r);
     for (int i = 0; i < RUN_N_SETTINGS; i++) {
@@ -301,6 +303,21 @@ static inline void run_record_resume(TrainArgs* a) {
         }
     }
     a->lr = a->lr_base;
+    was.lr = was.lr_base;
+    // another -n, -l, -u or --min-lr-frac moves the schedule under the step the run continues from
+    float before = lr_at_step(&was, start), after = lr_at_step(a, start);
+    if (start > 0 && start < a->steps && fabsf(after - before) > 0.01f * fmaxf(before, after)) {
+        printf("warning: -y 1: the learning rate jumps from %.3e (the run's schedule at step %d) to %.3e at step %d: the "
+               "schedule is now %d steps of warmup and a cosine over -n %d (it was %d and %d); the run goes on as asked\n",
+               (double)before, start, (double)after, start + 1, a->warmup, a->steps, was.warmup, was.steps);
+    }
+    for (int i = 0; i < RUN_N_SETTINGS; i++) {  // the record's texts this run did not take
+        const RunSetting* s = &RUN_SETTINGS[i];
+        if (s->type != RUN_TEXT) { continue; }
+        const char* kept = *(const char* const*)((const char*)a + s->offset);
+        const char* read = *(const char* const*)((const char*)&was + s->offset);
+        if (read != kept && read != *(const char* const*)((const char*)&given + s->offset)) { free((void*)read); }
+    }
 }
 
 // Writes <output>/run.json for a run that starts at step `start` (node 0, after the run folder is

@@ -371,7 +371,7 @@ for _ in 1 2 3; do
 done
 $TRAINER -y 1 -o "$out" > "$tmp/resumed_out" 2>&1
 rc=$?
-[ "$interrupted" -eq 1 ] && [ "$rc" -eq 0 ] && ! grep -q '^-y 1:' "$tmp/resumed_out" &&
+[ "$interrupted" -eq 1 ] && [ "$rc" -eq 0 ] && ! grep -q '^-y 1:\|learning rate jumps' "$tmp/resumed_out" &&
     [ "$(steady_log "$out/log.jsonl")" = "$(steady_log "$tmp/settings_straight/log.jsonl")" ] &&
     cmp -s "$out/ckpt_00000300.bin" "$tmp/settings_straight/ckpt_00000300.bin"
 check $? "killed after step 50, continued with -y 1 -o alone: the straight run's log and last checkpoint, bit for bit (exit $rc)"
@@ -387,6 +387,16 @@ rc=$?
     steps_once "$out/log.jsonl" 310 && grep -c '"from_step"' "$out/run.json" | grep -qx 2 &&
     grep -q '"from_step": 300, .*"steps": 310, "lr": 0.001, ' "$out/run.json"
 check $? "a finished run continued with -y 1 -n 310 -l 1e-3: one line per change, old and new value; run.json gains an entry from step 300 (exit $rc)"
+# a finished run trained further with -n 600: the cosine now spans 600 steps, so step 301's learning rate
+# jumps up from where the run's schedule ended: said in one warning, with both values
+out_more=$tmp/settings_further
+cp -r "$tmp/settings_straight" "$out_more"
+$TRAINER -y 1 -n 600 -k 0 -o "$out_more" > "$tmp/further_out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && [ "$(grep -c '^warning:' "$tmp/further_out")" -eq 1 ] &&
+    grep -q '^warning: -y 1: the learning rate jumps from 6.000e-04 (the run.s schedule at step 300) to 1.9[0-9]*e-03 at step 301: the schedule is now 37 steps of warmup and a cosine over -n 600 (it was 37 and 300); the run goes on as asked$' "$tmp/further_out" &&
+    steps_once "$out_more/log.jsonl" 600
+check $? "a finished run trained further with -y 1 -n 600: one warning that the learning rate jumps at step 301, both values named; it trains to 600 (exit $rc)"
 cp "$out/run.json" "$tmp/run.json.kept"
 $TRAINER -y 1 -o "$out" > "$tmp/kept_out" 2>&1
 rc=$?
