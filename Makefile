@@ -191,6 +191,10 @@ data/synthetic: data/synthetic.c $(VLA_HEADERS)
 dev/bench_loader: dev/bench_loader.c $(VLA_HEADERS)
 	$(CC) $(CFLAGS) dev/bench_loader.c $(LDLIBS) -o $@
 
+# the CPU trainer's matrix products at the smolvla shapes (dev/bench_gemm.sh sets them beside torch's)
+dev/bench_gemm: dev/bench_gemm.c train_vla.c $(VLA_HEADERS)
+	$(CC) $(CFLAGS) -Wno-unused-function -Wno-unused-const-variable dev/bench_gemm.c $(LDLIBS) -o $@
+
 # synthetic data of the smolvla benchmark's shapes: 2 cameras stored at 224 px (the model resizes
 # them with padding to its 512), state 6 and action 5 dims (padded to 32 inside the model), as
 # dev/lerobot/bench_lerobot.py hands LeRobot its batch: the benchmarks' (dev/bench_loader.sh,
@@ -371,7 +375,7 @@ install one and pass BASE_PY=/path/to/python3.12"; exit 1; }
 	@echo "setup: done (Python tools: $(VENV_PY) ARGS; LeRobot: $(LEROBOT_PY))"
 
 clean:
-	rm -rf train_vla_cpu test_vla libvla.so libvla_gpu.so train_vla data/synthetic dev/bench_loader build/test build/bench build/gpu \
+	rm -rf train_vla_cpu test_vla libvla.so libvla_gpu.so train_vla data/synthetic dev/bench_loader dev/bench_gemm build/test build/bench build/gpu \
 		build/emu data/default build/sanitize $(FUZZ_BINARIES) build/fuzz/seeds build/fuzz/coverage $(LEROBOT_REF) \
 		$(LEROBOT_REF_PI0)
 	$(MAKE) -C dev/cuda clean

@@ -75,73 +75,111 @@ static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 // kernels: forward and backward of every operation. Backward kernels accumulate (+=) into
 // parameter gradients and into input gradients unless said otherwise.
 
-// C (M, N) += A (M, K) @ B (K, N), row-major. Register tiles of GEMM_TM x GEMM_TN outputs: per k,
-// GEMM_TM broadcasts of A times one row segment of B, so every load feeds GEMM_TM FMAs.
-// 6 x 32 measured fastest on the 2-core AVX-512 dev machine (dev/cuda will hold GPU variants).
-#define GEMM_TM 6
-#define GEMM_TN 32
-static void gemm_acc(float* C, const float* A, const float* B, int M, int K, int N) {
-    int mt = (M + GEMM_TM - 1) / GEMM_TM, nt = (N + GEMM_TN - 1) / GEMM_TN;
-    #pragma omp parallel for schedule(static)
-    for (int tile = 0; tile < mt * nt; tile++) {
-        int m0 = (tile / nt) * GEMM_TM, n0 = (tile % nt) * GEMM_TN;
-        if (m0 + GEMM_TM <= M && n0 + GEMM_TN <= N) {
-            float acc[GEMM_TM][GEMM_TN];
-            memset(acc, 0, sizeof(acc));
-            for (int k = 0; k < K; k++) {
-                const float* b = B + (size_t)k * N + n0;
-                for (int i = 0; i < GEMM_TM; i++) {
-                    float a = A[(size_t)(m0 + i) * K + k];
-                    #pragma omp simd
-                    for (int j = 0; j < GEMM_TN; j++) { acc[i][j] += a * b[j]; }
-                }
-            }
-            for (int i = 0; i < GEMM_TM; i++) {
-                float* c = C + (size_t)(m0 + i) * N + n0;
-                for (int j = 0; j < GEMM_TN; j++) { c[j] += acc[i][j]; }
-            }
-        } else {  // a ragged edge tile
-            int m1 = m0 + GEMM_TM < M ? m0 + GEMM_TM : M, n1 = n0 + GEMM_TN < N ? n0 + GEMM_TN : N;
-            for (int i = m0; i < m1; i++) {
-                for (int j = n0; j < n1; j++) {
-                    float s = 0.0f;
-                    for (int k = 0; k < K; k++) { s += A[(size_t)i * K + k] * B[(size_t)k * N + j]; }
-                    C[(size_t)i * N + j] += s;
-                }
-            }
+// C (M, N) += op(A) @ op(B), row-major, where op(A) (M, K) is A or, with ta, the transpose of an A
+// stored (K, M), and op(B) (K, N) is B or, with tb, the transpose of a B stored (N, K) (a Linear's
+// weight). Goto's blocking: for each block of GEMM_KC steps of k, op(A) and op(B) are packed into
+// panels of GEMM_MR rows and of GEMM_NR columns, k by k (zeros past M and N), and each pair of
+// panels accumulates a GEMM_MR x GEMM_NR tile of C in registers: per k, two vectors of 8 of the B
+// panel and GEMM_MR broadcasts of A, 12 fused multiply-adds on 12 vector accumulators (the AVX2
+// FMA machine's 16 registers; the compiler's vector extensions lower them to what -march allows).
+// A thread owns whole column panels of C; every output sums its k blocks in order and each block
+// in k order, so the result is the same for any thread count.
+#define GEMM_MR 6
+#define GEMM_NR 16
+#define GEMM_KC 256
+#define GEMM_MC 96  // (a multiple of GEMM_MR)
+typedef float gemm_v8 __attribute__((vector_size(32)));
+
+// C[0:mr, 0:nr] (row stride ldc) += the panel pair's product over kc steps
+static inline void gemm_tile(int kc, const float* a, const float* b, float* c, int ldc, int mr, int nr) {
+    gemm_v8 c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
+    gemm_v8 c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};
+    for (int k = 0; k < kc; k++, a += GEMM_MR, b += GEMM_NR) {
+        gemm_v8 b0, b1;
+        memcpy(&b0, b, sizeof(b0));
+        memcpy(&b1, b + 8, sizeof(b1));
+        c00 += a[0] * b0; c01 += a[0] * b1;
+        c10 += a[1] * b0; c11 += a[1] * b1;
+        c20 += a[2] * b0; c21 += a[2] * b1;
+        c30 += a[3] * b0; c31 += a[3] * b1;
+        c40 += a[4] * b0; c41 += a[4] * b1;
+        c50 += a[5] * b0; c51 += a[5] * b1;
+    }
+    gemm_v8 acc[GEMM_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+    if (mr == GEMM_MR && nr == GEMM_NR) {
+        for (int i = 0; i < GEMM_MR; i++) {
+            gemm_v8 r0, r1;
+            memcpy(&r0, c + (size_t)i * ldc, sizeof(r0));
+            memcpy(&r1, c + (size_t)i * ldc + 8, sizeof(r1));
+            r0 += acc[i][0];
+            r1 += acc[i][1];
+            memcpy(c + (size_t)i * ldc, &r0, sizeof(r0));
+            memcpy(c + (size_t)i * ldc + 8, &r1, sizeof(r1));
+        }
+        return;
+    }
+    float t[GEMM_MR][GEMM_NR];  // an edge tile: the valid part alone
+    memcpy(t, acc, sizeof(t));
+    for (int i = 0; i < mr; i++) {
+        for (int j = 0; j < nr; j++) { c[(size_t)i * ldc + j] += t[i][j]; }
+    }
+}
+
+// op(A)'s rows of panel p, k block k0..k0+kc, into d (GEMM_MR a k, zeros past M)
+static inline void gemm_pack_a(float* d, const float* A, int ta, int M, int K, int p, int k0, int kc) {
+    int m0 = p * GEMM_MR, rows = M - m0 < GEMM_MR ? M - m0 : GEMM_MR;
+    if (rows < GEMM_MR) { memset(d, 0, (size_t)GEMM_MR * kc * sizeof(float)); }
+    if (ta) {  // A stored (K, M): row k holds op(A)'s column k
+        for (int k = 0; k < kc; k++) {
+            const float* src = A + (size_t)(k0 + k) * M + m0;
+            for (int i = 0; i < rows; i++) { d[k * GEMM_MR + i] = src[i]; }
+        }
+    } else {
+        for (int i = 0; i < rows; i++) {
+            const float* src = A + (size_t)(m0 + i) * K + k0;
+            for (int k = 0; k < kc; k++) { d[k * GEMM_MR + i] = src[k]; }
         }
     }
 }
 
-// out (R, C) = in (C, R)^T, into a scratch buffer that grows as needed. One per thread (freed when
-// the thread ends): models computing in two threads at once (two policies of libvla.so) never
-// share one. Grown before the parallel region, which no failure may leave.
-typedef struct { float* buf; size_t cap; } TransposeScratch;
-static pthread_key_t transpose_key;
-static pthread_once_t transpose_key_once = PTHREAD_ONCE_INIT;
-static int transpose_key_made = 0;
-static void transpose_scratch_free(void* arg) {
-    TransposeScratch* s = (TransposeScratch*)arg;
+// op(B)'s columns of panel p, k block k0..k0+kc, into d (GEMM_NR a k, zeros past N)
+static inline void gemm_pack_b(float* d, const float* B, int tb, int K, int N, int p, int k0, int kc) {
+    int n0 = p * GEMM_NR, cols = N - n0 < GEMM_NR ? N - n0 : GEMM_NR;
+    if (cols < GEMM_NR) { memset(d, 0, (size_t)GEMM_NR * kc * sizeof(float)); }
+    if (tb) {  // B stored (N, K): row n holds op(B)'s column n
+        for (int j = 0; j < cols; j++) {
+            const float* src = B + (size_t)(n0 + j) * K + k0;
+            for (int k = 0; k < kc; k++) { d[k * GEMM_NR + j] = src[k]; }
+        }
+    } else {
+        for (int k = 0; k < kc; k++) { memcpy(d + k * GEMM_NR, B + (size_t)(k0 + k) * N + n0, cols * sizeof(float)); }
+    }
+}
+
+// The packed panels' memory, one per thread that calls gemm_acc (freed when the thread ends):
+// models computing in two threads at once (two policies of libvla.so) never share one. Grown
+// before the parallel region, which no failure may leave.
+typedef struct { float* buf; size_t cap; } GemmScratch;
+static pthread_key_t gemm_key;
+static pthread_once_t gemm_key_once = PTHREAD_ONCE_INIT;
+static int gemm_key_made = 0;
+static void gemm_scratch_free(void* arg) {
+    GemmScratch* s = (GemmScratch*)arg;
     free(s->buf);
     free(s);
 }
-static void transpose_key_make(void) {
-    transpose_key_made = pthread_key_create(&transpose_key, transpose_scratch_free) == 0;
-}
-static float* transpose_scratch(const float* in, int C, int R) {
-    pthread_once(&transpose_key_once, transpose_key_make);
-    if (!transpose_key_made) {
-        vla_fail("cannot make a thread-specific key for the transpose scratch: too many in use");
-    }
-    TransposeScratch* s = (TransposeScratch*)pthread_getspecific(transpose_key);
+static void gemm_key_make(void) { gemm_key_made = pthread_key_create(&gemm_key, gemm_scratch_free) == 0; }
+static float* gemm_scratch(size_t n) {
+    pthread_once(&gemm_key_once, gemm_key_make);
+    if (!gemm_key_made) { vla_fail("cannot make a thread-specific key for the matrix products' panels: too many in use"); }
+    GemmScratch* s = (GemmScratch*)pthread_getspecific(gemm_key);
     if (s == NULL) {
-        s = (TransposeScratch*)callocCheck(1, sizeof(TransposeScratch));
-        if (pthread_setspecific(transpose_key, s) != 0) {
+        s = (GemmScratch*)callocCheck(1, sizeof(GemmScratch));
+        if (pthread_setspecific(gemm_key, s) != 0) {
             free(s);
-            vla_fail_no_memory("out of memory for a thread's transpose scratch: " VLA_NO_MEMORY_FIX);
+            vla_fail_no_memory("out of memory for a thread's matrix-product panels: " VLA_NO_MEMORY_FIX);
         }
     }
-    size_t n = (size_t)C * R;
     if (n > s->cap) {
         free(s->buf);
         s->buf = NULL;  // (an allocation that fails below leaves none, not the freed one)
@@ -149,12 +187,38 @@ static float* transpose_scratch(const float* in, int C, int R) {
         s->buf = (float*)mallocCheck(n * sizeof(float));
         s->cap = n;
     }
-    float* buf = s->buf;  // (the region's threads read the caller's)
-    #pragma omp parallel for schedule(static)
-    for (int r = 0; r < R; r++) {
-        for (int c = 0; c < C; c++) { buf[(size_t)r * C + c] = in[(size_t)c * R + r]; }
+    return s->buf;
+}
+
+static void gemm_acc(float* C, const float* A, int ta, const float* B, int tb, int M, int K, int N) {
+    if (M <= 0 || N <= 0 || K <= 0) { return; }
+    int mp = (M + GEMM_MR - 1) / GEMM_MR, np = (N + GEMM_NR - 1) / GEMM_NR;
+    int kc_max = K < GEMM_KC ? K : GEMM_KC;
+    float* pa = gemm_scratch((size_t)(mp * GEMM_MR + np * GEMM_NR) * kc_max);
+    float* pb = pa + (size_t)mp * GEMM_MR * kc_max;
+    #pragma omp parallel
+    for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+        int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+        #pragma omp for schedule(static) nowait
+        for (int p = 0; p < mp; p++) { gemm_pack_a(pa + (size_t)p * GEMM_MR * kc, A, ta, M, K, p, k0, kc); }
+        #pragma omp for schedule(static)
+        for (int p = 0; p < np; p++) { gemm_pack_b(pb + (size_t)p * GEMM_NR * kc, B, tb, K, N, p, k0, kc); }
+        // GEMM_MC rows of A at a time (their panels stay in the core's L2) against the thread's
+        // column panels (the same ones for every block of rows: schedule static)
+        for (int i0 = 0; i0 < mp; i0 += GEMM_MC / GEMM_MR) {
+            int i1 = i0 + GEMM_MC / GEMM_MR < mp ? i0 + GEMM_MC / GEMM_MR : mp;
+            #pragma omp for schedule(static) nowait
+            for (int jp = 0; jp < np; jp++) {
+                int n0 = jp * GEMM_NR, nr = N - n0 < GEMM_NR ? N - n0 : GEMM_NR;
+                for (int ip = i0; ip < i1; ip++) {
+                    int m0 = ip * GEMM_MR, mr = M - m0 < GEMM_MR ? M - m0 : GEMM_MR;
+                    gemm_tile(kc, pa + (size_t)ip * GEMM_MR * kc, pb + (size_t)jp * GEMM_NR * kc,
+                              C + (size_t)m0 * N + n0, N, mr, nr);
+                }
+            }
+        }
+        #pragma omp barrier  // (the panels are read before the next block's packing overwrites them)
     }
-    return buf;
 }
 
 // out (N, OC) = inp (N, C) @ w (OC, C)^T + bias (OC)
@@ -162,7 +226,7 @@ static void matmul_forward(float* out, const float* inp, const float* w, const f
     for (int n = 0; n < N; n++) {
         for (int o = 0; o < OC; o++) { out[(size_t)n * OC + o] = bias != NULL ? bias[o] : 0.0f; }
     }
-    gemm_acc(out, inp, transpose_scratch(w, OC, C), N, C, OC);
+    gemm_acc(out, inp, 0, w, 1, N, C, OC);
 }
 
 // dinp (N, C) += dout @ w; dw (OC, C) += dout^T @ inp; db (OC) += column sums. dinp, db may be NULL.
@@ -221,8 +285,8 @@ static void rmsnorm_backward(float* dinp, float* dw, const float* dout, const fl
 // dinp (N, C) += dout @ w, dw (OC, C) += dout^T @ inp, db (OC) += column sums of dout.
 static void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                             int N, int C, int OC) {
-    if (dinp != NULL) { gemm_acc(dinp, dout, w, N, OC, C); }
-    if (dw != NULL) { gemm_acc(dw, transpose_scratch(dout, N, OC), inp, OC, N, C); }
+    if (dinp != NULL) { gemm_acc(dinp, dout, 0, w, 0, N, OC, C); }
+    if (dw != NULL) { gemm_acc(dw, dout, 1, inp, 0, OC, N, C); }
     if (db != NULL) {
         #pragma omp parallel for schedule(static)
         for (int o = 0; o < OC; o++) {
@@ -1906,7 +1970,7 @@ static void sample_actions(const Policy* P, void* m, const FlowConfig* c, const 
 // an OpenMP parallel region (the kernels' scratch is sized before theirs), which no failure may
 // leave. Threads: a policy runs one call at a time (its lock: the activations and observations
 // are its scratch); separate policies share nothing but read-only tables, so they run in
-// parallel in separate threads (each thread has its own transpose scratch and OpenMP team).
+// parallel in separate threads (each thread has its own matrix-product panels and OpenMP team).
 
 #ifdef VLA_LIBRARY
 struct VLAPolicy {
