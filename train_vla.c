@@ -427,6 +427,31 @@ static inline float* gqa_key_row(const GqaAttn* a, const float* base0, const flo
 // product, as LeRobot. A query that sees no key at all (a language pad) gets LeRobot's row: its
 // masked scores all equal float32's most negative value, so its softmax is uniform over every
 // key; lse = +inf marks such a row.
+// x . y over n floats: two vectors of 8 partial sums (a fixed order, so every call that takes the
+// same dot product gets the same bits: the forward's scores and the backward's recomputed ones),
+// then the lanes pairwise and the tail. A plain `s += x[c] * y[c]` loop may not be reordered by
+// the compiler, so it waits out each addition's latency.
+static inline float dot_f32(const float* x, const float* y, int n) {
+    gemm_v8 s0 = {0}, s1 = {0};
+    int c = 0;
+    for (; c + 16 <= n; c += 16) {
+        gemm_v8 x0, x1, y0, y1;
+        memcpy(&x0, x + c, sizeof(x0)); memcpy(&x1, x + c + 8, sizeof(x1));
+        memcpy(&y0, y + c, sizeof(y0)); memcpy(&y1, y + c + 8, sizeof(y1));
+        s0 += x0 * y0;
+        s1 += x1 * y1;
+    }
+    for (; c + 8 <= n; c += 8) {
+        gemm_v8 x0, y0;
+        memcpy(&x0, x + c, sizeof(x0)); memcpy(&y0, y + c, sizeof(y0));
+        s0 += x0 * y0;
+    }
+    s0 += s1;
+    float r = ((s0[0] + s0[1]) + (s0[2] + s0[3])) + ((s0[4] + s0[5]) + (s0[6] + s0[7]));
+    for (; c < n; c++) { r += x[c] * y[c]; }
+    return r;
+}
+
 static void gqa_attention_forward(float* out, float* lse, const float* q, const GqaAttn* a) {
     int NH = a->NH, HS = a->HS, D = NH * HS, group = NH / a->NKV, nk = a->Nk0 + a->Nk1;
     float scale = (float)pow((double)HS, -0.5);
@@ -442,9 +467,7 @@ static void gqa_attention_forward(float* out, float* lse, const float* q, const 
                 for (int j = 0; j < nk; j++) {
                     if (!gqa_query_sees(a, b, i, j)) { scores[j] = -INFINITY; continue; }
                     const float* kj = gqa_key_row(a, a->k0, a->k1, b, j, kvh);
-                    float s = 0.0f;
-                    for (int c = 0; c < HS; c++) { s += qi[c] * kj[c]; }
-                    scores[j] = s * scale;
+                    scores[j] = dot_f32(qi, kj, HS) * scale;
                     mx = fmaxf(mx, scores[j]);
                     seen++;
                 }
@@ -500,7 +523,8 @@ static void gqa_attention_backward(float* dq, float* dk0, float* dv0, float* dk1
                     const float* oi = out + row;
                     float* dqi = dq + row;
                     float l = lse[((size_t)b * NH + h) * a->Tq + i], delta = 0.0f;
-                    for (int c = 0; c < HS; c++) { delta += doi[c] * oi[c]; dqi[c] = 0.0f; }
+                    delta = dot_f32(doi, oi, HS);
+                    for (int c = 0; c < HS; c++) { dqi[c] = 0.0f; }
                     int uniform = isinf(l);
                     for (int j = 0; j < nk; j++) {
                         if (!uniform && !gqa_query_sees(a, b, i, j)) { continue; }
@@ -516,8 +540,7 @@ static void gqa_attention_backward(float* dq, float* dk0, float* dv0, float* dk1
                         }
                         const float* kj = gqa_key_row(a, a->k0, a->k1, b, j, kvh);
                         const float* vj = gqa_key_row(a, a->v0, a->v1, b, j, kvh);
-                        float s = 0.0f, dp = 0.0f;
-                        for (int c = 0; c < HS; c++) { s += qi[c] * kj[c]; dp += doi[c] * vj[c]; }
+                        float s = dot_f32(qi, kj, HS), dp = dot_f32(doi, vj, HS);
                         float p = expf(s * scale - l);
                         float ds = p * (dp - delta) * scale;
                         for (int c = 0; c < HS; c++) { dqi[c] += ds * kj[c]; }
