@@ -125,34 +125,21 @@ static inline void gemm_tile(int kc, const float* a, const float* b, float* c, i
     }
 }
 
-// op(A)'s rows of panel p, k block k0..k0+kc, into d (GEMM_MR a k, zeros past M)
-static inline void gemm_pack_a(float* d, const float* A, int ta, int M, int K, int p, int k0, int kc) {
-    int m0 = p * GEMM_MR, rows = M - m0 < GEMM_MR ? M - m0 : GEMM_MR;
-    if (rows < GEMM_MR) { memset(d, 0, (size_t)GEMM_MR * kc * sizeof(float)); }
-    if (ta) {  // A stored (K, M): row k holds op(A)'s column k
-        for (int k = 0; k < kc; k++) {
-            const float* src = A + (size_t)(k0 + k) * M + m0;
-            for (int i = 0; i < rows; i++) { d[k * GEMM_MR + i] = src[i]; }
+// Panel p of width R (GEMM_MR rows of op(A), or GEMM_NR columns of op(B)) for the k block
+// k0..k0+kc, into d: R values a k, zeros past `extent` (M or N). The source holds the panel's R
+// lines either along k (line r at src + r * ld, as A's rows or a transposed B's: along_k) or
+// across it (step k at src + k * ld, as a transposed A's or B's rows).
+static inline void gemm_pack(float* d, const float* src, int R, int along_k, int extent, int ld, int p, int k0,
+                             int kc) {
+    int r0 = p * R, lines = extent - r0 < R ? extent - r0 : R;
+    if (lines < R) { memset(d, 0, (size_t)R * kc * sizeof(float)); }
+    if (along_k) {
+        for (int r = 0; r < lines; r++) {
+            const float* line = src + (size_t)(r0 + r) * ld + k0;
+            for (int k = 0; k < kc; k++) { d[k * R + r] = line[k]; }
         }
     } else {
-        for (int i = 0; i < rows; i++) {
-            const float* src = A + (size_t)(m0 + i) * K + k0;
-            for (int k = 0; k < kc; k++) { d[k * GEMM_MR + i] = src[k]; }
-        }
-    }
-}
-
-// op(B)'s columns of panel p, k block k0..k0+kc, into d (GEMM_NR a k, zeros past N)
-static inline void gemm_pack_b(float* d, const float* B, int tb, int K, int N, int p, int k0, int kc) {
-    int n0 = p * GEMM_NR, cols = N - n0 < GEMM_NR ? N - n0 : GEMM_NR;
-    if (cols < GEMM_NR) { memset(d, 0, (size_t)GEMM_NR * kc * sizeof(float)); }
-    if (tb) {  // B stored (N, K): row n holds op(B)'s column n
-        for (int j = 0; j < cols; j++) {
-            const float* src = B + (size_t)(n0 + j) * K + k0;
-            for (int k = 0; k < kc; k++) { d[k * GEMM_NR + j] = src[k]; }
-        }
-    } else {
-        for (int k = 0; k < kc; k++) { memcpy(d + k * GEMM_NR, B + (size_t)(k0 + k) * N + n0, cols * sizeof(float)); }
+        for (int k = 0; k < kc; k++) { memcpy(d + k * R, src + (size_t)(k0 + k) * ld + r0, lines * sizeof(float)); }
     }
 }
 
@@ -200,9 +187,13 @@ static void gemm_acc(float* C, const float* A, int ta, const float* B, int tb, i
     for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
         int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
         #pragma omp for schedule(static) nowait
-        for (int p = 0; p < mp; p++) { gemm_pack_a(pa + (size_t)p * GEMM_MR * kc, A, ta, M, K, p, k0, kc); }
+        for (int p = 0; p < mp; p++) {
+            gemm_pack(pa + (size_t)p * GEMM_MR * kc, A, GEMM_MR, !ta, M, ta ? M : K, p, k0, kc);
+        }
         #pragma omp for schedule(static)
-        for (int p = 0; p < np; p++) { gemm_pack_b(pb + (size_t)p * GEMM_NR * kc, B, tb, K, N, p, k0, kc); }
+        for (int p = 0; p < np; p++) {
+            gemm_pack(pb + (size_t)p * GEMM_NR * kc, B, GEMM_NR, tb, N, tb ? K : N, p, k0, kc);
+        }
         // GEMM_MC rows of A at a time (their panels stay in the core's L2) against the thread's
         // column panels (the same ones for every block of rows: schedule static)
         for (int i0 = 0; i0 < mp; i0 += GEMM_MC / GEMM_MR) {
