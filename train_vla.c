@@ -2256,7 +2256,7 @@ int main(int argc, char** argv) {
             P->save(model, &ds, &args, done, sampler_pos + (uint64_t)(done - start) * global_batch);
         }
         if (eval_due(&args, done)) { eval_start(&evaluator, &logger, done); }
-        eval_poll(&evaluator, &logger, 0);
+        eval_poll(&evaluator, &logger);
     }
     int status = 0;
     if (stop_requested && step < args.steps) {  // (after the last step, its checkpoint written, the run is complete)

@@ -2399,7 +2399,7 @@ static int train_rank(Run* run, Watchdog* watchdog, int local) {
                     done % args->log_every == 0 || done == args->steps);
         if (done == args->profile) { prof_end("step", done, ms); }
         if (eval_due(args, done)) { eval_start(&evaluator, &logger, done); }
-        eval_poll(&evaluator, &logger, 0);
+        eval_poll(&evaluator, &logger);
     }
     cudaCheck(cudaStreamSynchronize(copy_stream));
     loader_pin(&loader, 0);

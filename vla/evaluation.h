@@ -138,9 +138,10 @@ static inline void eval_init(Evaluator* ev, const TrainArgs* a, char* default_cm
     snprintf(ev->dir, sizeof(ev->dir), "%s/eval", a->output);
 }
 
-// Whether step `done` is one --eval-every evaluates: each N-th step, and the last
+// Whether step `done` is one --eval-every evaluates: each N-th step, and the last (a checkpoint is
+// due at both: train_ckpt_due; --no-checkpoint with --eval-every is refused)
 static inline int eval_due(const TrainArgs* a, int done) {
-    return a->eval_every > 0 && !a->no_checkpoint && (done % a->eval_every == 0 || done == a->steps);
+    return a->eval_every > 0 && (done % a->eval_every == 0 || done == a->steps);
 }
 
 #define EVAL_MAX_VALUES 256  // numbers one evaluation's results may hold
@@ -193,12 +194,12 @@ static inline int eval_log_results(Evaluator* ev, Logger* lg, char* said, size_t
 
 static inline void eval_spawn(Evaluator* ev, int step);
 
-// The running evaluation once it ended: its results logged and said in one line, or one warning
-// (a failed evaluation fails nothing else). wait: block until it ends.
-static inline void eval_poll(Evaluator* ev, Logger* lg, int wait) {
+// The running evaluation once it ended (never waiting for it): its results logged and said in one
+// line, or one warning (a failed evaluation fails nothing else); then the waiting one starts.
+static inline void eval_poll(Evaluator* ev, Logger* lg) {
     if (ev->pid == 0) { return; }
     int status;
-    pid_t got = waitpid(ev->pid, &status, wait ? 0 : WNOHANG);
+    pid_t got = waitpid(ev->pid, &status, WNOHANG);
     if (got == 0 || (got < 0 && errno == EINTR)) { return; }
     ev->pid = 0;
     unlink(ev->link);  // (the link alone: the checkpoint stays as long as --keep keeps it)
@@ -208,8 +209,8 @@ static inline void eval_poll(Evaluator* ev, Logger* lg, int wait) {
         char how[64];
         if (got > 0 && WIFSIGNALED(status)) { snprintf(how, sizeof(how), "killed by signal %d", WTERMSIG(status)); }
         else { snprintf(how, sizeof(how), "exit %d", got > 0 ? WEXITSTATUS(status) : -1); }
-        printf("warning: the evaluation of step %d failed (%s after %.0f s): its output is in %s (the run does not stop for it)\n",
-               ev->step, how, seconds, ev->log);
+        printf("warning: the evaluation of step %d failed (%s after %.0f s): its output is in %s (the run does not stop "
+               "for it)\n", ev->step, how, seconds, ev->log);
     } else if (eval_log_results(ev, lg, said, sizeof(said)) < 0) {
         printf("warning: the evaluation of step %d wrote no results: %s is missing or not a JSON object of numbers "
                "(its output is in %s; the run does not stop for it)\n", ev->step, ev->results, ev->log);
@@ -268,7 +269,7 @@ static inline void eval_spawn(Evaluator* ev, int step) {
 static inline void eval_start(Evaluator* ev, Logger* lg, int step) {
     char checkpoint[VLA_PATH_MAX], link_path[VLA_PATH_MAX + 32];
     checkpoint_path(checkpoint, sizeof(checkpoint), ev->output, (uint64_t)step);
-    eval_poll(ev, lg, 0);
+    eval_poll(ev, lg);
     if (mkdir(ev->dir, 0755) != 0 && errno != EEXIST) {
         printf("warning: cannot make %s (%s): step %d is not evaluated\n", ev->dir, strerror(errno), step);
         return;
@@ -295,7 +296,7 @@ static inline void eval_start(Evaluator* ev, Logger* lg, int step) {
 // said first), unless *stop is set (Ctrl-C) before they end; an interrupted run stops the running
 // one (its group, SIGTERM) and drops the waiting one, and says so.
 static inline void eval_finish(Evaluator* ev, Logger* lg, const volatile sig_atomic_t* stop) {
-    eval_poll(ev, lg, 0);
+    eval_poll(ev, lg);
     if (ev->pid != 0 && !*stop) {
         if (ev->waiting != 0) {
             printf("waiting for the evaluations of steps %d and %d to end (the output of each: %s/step_N.log; Ctrl-C "
@@ -307,7 +308,7 @@ static inline void eval_finish(Evaluator* ev, Logger* lg, const volatile sig_ato
         fflush(stdout);
         while (ev->pid != 0 && !*stop) {
             usleep(100 * 1000);
-            eval_poll(ev, lg, 0);
+            eval_poll(ev, lg);
         }
     }
     if (ev->waiting != 0) {

@@ -41,8 +41,8 @@ static inline const char* format_bytes(char* out, size_t size, double bytes) {
 }
 
 // Opens <dir>/log.jsonl and TensorBoard's file (tb_open) for a run that continues after step
-// `start` (0: from scratch). Lines of later steps are dropped, so that every step is there once: a run killed after logging a step
-// and before checkpointing it logs that step again when it resumes. So are a partial last line and
+// `start` (0: from scratch). Lines of later steps are dropped, so that every step is there once:
+// a run killed after logging a step and before checkpointing it logs that step again when it resumes. So are a partial last line and
 // lines that are not a step's ({"step": ...). Each kind dropped is said. Nothing else truncates
 // the log: run_folder_open refuses a new run into a folder that holds one.
 static inline void logger_open(Logger* lg, const char* dir, int start) {
@@ -102,15 +102,11 @@ static inline void logger_open(Logger* lg, const char* dir, int start) {
     lg->t_start = wall_seconds();
 }
 
-// After a line's last write: flushed, or the run stops in one line saying why and how to go on
+// After a line's last write (the run folder checked before it): both files flushed, or the run
+// stops in one line saying why and how to go on
 static inline void logger_flush(Logger* lg) {
-    if (fflush(lg->jsonl) != 0 || ferror(lg->jsonl)) {
-        int err = errno;
-        char dir[VLA_PATH_MAX], fix[VLA_PATH_MAX + 128];
-        vla_fail("writing %s failed: %s: %s, then continue with -y 1 -o %s", lg->path, strerror(err),
-                 write_failure_fix(err, path_folder(lg->path, dir, sizeof(dir)), fix, sizeof(fix)), dir);
-    }
-    tb_flush(&lg->tb);
+    run_file_flush(lg->jsonl, lg->path);
+    if (lg->tb.f != NULL) { run_file_flush(lg->tb.f, lg->tb.path); }
 }
 
 // Seconds left after 0-based step `step` of `steps` (its time ms, counted in lg): the steps left at
@@ -183,7 +179,6 @@ static inline void logger_step(Logger* lg, int step, int steps, float loss, floa
     tb_scalar(&lg->tb, "train/samples_per_s", s, (float)samples_per_s);
     if (!isnan(mfu)) { tb_scalar(&lg->tb, "train/mfu", s, (float)mfu); }
     if (!isnan(mem_gib)) { tb_scalar(&lg->tb, "train/gpu_mem_gib", s, (float)mem_gib); }
-    if (lg->saved_bytes > 0.0) { tb_scalar(&lg->tb, "train/recompute_saved_gib", s, (float)(lg->saved_bytes / 1073741824.0)); }
     if (lg->loss_scale != NULL) {
         tb_scalar(&lg->tb, "train/loss_scale", s, lg->loss_scale->scale);
         tb_scalar(&lg->tb, "train/skipped_steps", s, (float)lg->loss_scale->skipped);

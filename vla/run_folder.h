@@ -48,6 +48,16 @@ static inline void make_dir(const char* dir) {
     }
 }
 
+// A run's file (the log, TensorBoard's events) flushed after a write; if the flush fails, the run
+// stops in one line naming the cause and its fix, then how to continue from the last checkpoint
+static inline void run_file_flush(FILE* f, const char* path) {
+    if (fflush(f) == 0 && !ferror(f)) { return; }
+    int err = errno;
+    char dir[VLA_PATH_MAX], fix[VLA_PATH_MAX + 128];
+    vla_fail("writing %s failed: %s: %s, then continue with -y 1 -o %s", path, strerror(err),
+             write_failure_fix(err, path_folder(path, dir, sizeof(dir)), fix, sizeof(fix)), dir);
+}
+
 // The files a run writes beside its checkpoints (its settings, TensorBoard's events, the folder of
 // --eval-every's evaluations): they go where its log goes (--new-run)
 static const char* const RUN_SIDE_FILES[] = {"run.json", "events.out.tfevents.train_vla", "eval"};

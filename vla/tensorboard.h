@@ -106,7 +106,14 @@ static inline void tb_put_float(TbBytes* b, int field, float v) {  // wire type 
     tb_put_le(b, bits, 4);
 }
 
-// An Event: its wall time and step, then the file version or one scalar (tag, value)
+static inline size_t tb_varint_size(uint64_t v) {
+    size_t n = 1;
+    while (v >>= 7) { n++; }
+    return n;
+}
+
+// An Event: its wall time and step, then the file version or one scalar, summary { value { tag,
+// simple_value } }, whose nested lengths are counted first so that each is written in place
 static inline void tb_event(TbBytes* ev, double wall_time, int64_t step, const char* file_version, const char* tag,
                             float value) {
     ev->n = 0;
@@ -115,25 +122,25 @@ static inline void tb_event(TbBytes* ev, double wall_time, int64_t step, const c
     tb_put_varint(ev, (uint64_t)step);
     if (file_version != NULL) { tb_put_bytes(ev, 3, file_version, strlen(file_version)); }
     if (tag != NULL) {
-        TbBytes val = {NULL, 0, 0}, summary = {NULL, 0, 0};
-        tb_put_bytes(&val, 1, tag, strlen(tag));
-        tb_put_float(&val, 2, value);
-        tb_put_bytes(&summary, 1, val.p, val.n);
-        tb_put_bytes(ev, 5, summary.p, summary.n);
-        free(val.p);
-        free(summary.p);
+        size_t t = strlen(tag);
+        size_t value_bytes = 1 + tb_varint_size(t) + t + 1 + 4;  // the tag (key, length, text), the float (key, 4)
+        tb_put_key(ev, 5, 2);
+        tb_put_varint(ev, 1 + tb_varint_size(value_bytes) + value_bytes);  // the Summary: its one Value
+        tb_put_key(ev, 1, 2);
+        tb_put_varint(ev, value_bytes);
+        tb_put_bytes(ev, 1, tag, t);
+        tb_put_float(ev, 2, value);
     }
 }
 
 // The record framing of `data` (n bytes), appended to `out`
 static inline void tb_frame(TbBytes* out, const unsigned char* data, size_t n) {
-    TbBytes len = {NULL, 0, 0};
-    tb_put_le(&len, (uint64_t)n, 8);
-    tb_put(out, len.p, 8);
-    tb_put_le(out, tb_masked_crc(len.p, 8), 4);
+    unsigned char len[8];
+    for (int i = 0; i < 8; i++) { len[i] = (unsigned char)((uint64_t)n >> (8 * i)); }
+    tb_put(out, len, 8);
+    tb_put_le(out, tb_masked_crc(len, 8), 4);
     tb_put(out, data, n);
     tb_put_le(out, tb_masked_crc(data, n), 4);
-    free(len.p);
 }
 
 // ----------------------------------------------------------------------------
@@ -189,6 +196,14 @@ typedef struct {
     char path[VLA_PATH_MAX];
     TbBytes event, record;  // reused buffers
 } TbWriter;
+
+// One Event (tb_event's arguments) framed and appended to the file
+static inline void tb_write(TbWriter* tb, int64_t step, const char* file_version, const char* tag, float value) {
+    tb_event(&tb->event, wall_seconds(), step, file_version, tag, value);
+    tb->record.n = 0;
+    tb_frame(&tb->record, tb->event.p, tb->event.n);
+    fwrite(tb->record.p, 1, tb->record.n, tb->f);
+}
 
 // Opens <dir>/events.out.tfevents.train_vla for a run that continues after step `start` (0: from
 // scratch). Records of later steps are dropped, as are a cut last record (a run killed while
@@ -247,35 +262,13 @@ static inline void tb_open(TbWriter* tb, const char* dir, int start) {
         free(kept.p);
     }
     tb->f = fopenCheck(tb->path, "ab");
-    if (fresh) {
-        tb_event(&tb->event, wall_seconds(), 0, "brain.Event:2", NULL, 0.0f);
-        tb->record.n = 0;
-        tb_frame(&tb->record, tb->event.p, tb->event.n);
-        fwrite(tb->record.p, 1, tb->record.n, tb->f);
-    }
+    if (fresh) { tb_write(tb, 0, "brain.Event:2", NULL, 0.0f); }
 }
 
 // Appends one scalar (tag, value) of `step`; NaN and infinities are written as they are, which
-// TensorBoard shows. tb_flush makes them visible.
+// TensorBoard shows. The logger's flush (run_file_flush) makes them visible.
 static inline void tb_scalar(TbWriter* tb, const char* tag, int step, float value) {
-    if (tb->f == NULL) { return; }
-    tb_event(&tb->event, wall_seconds(), step, NULL, tag, value);
-    tb->record.n = 0;
-    tb_frame(&tb->record, tb->event.p, tb->event.n);
-    fwrite(tb->record.p, 1, tb->record.n, tb->f);
-}
-
-static inline void tb_flush(TbWriter* tb) {
-    if (tb->f == NULL) { return; }
-    char what[VLA_PATH_MAX + 32];
-    snprintf(what, sizeof(what), "%s's records", TB_FILE_NAME);
-    run_folder_check(NULL, what);
-    if (fflush(tb->f) != 0 || ferror(tb->f)) {
-        int err = errno;
-        char dir[VLA_PATH_MAX], fix[VLA_PATH_MAX + 128];
-        vla_fail("writing %s failed: %s: %s, then continue with -y 1 -o %s", tb->path, strerror(err),
-                 write_failure_fix(err, path_folder(tb->path, dir, sizeof(dir)), fix, sizeof(fix)), dir);
-    }
+    if (tb->f != NULL) { tb_write(tb, step, NULL, tag, value); }
 }
 
 static inline void tb_close(TbWriter* tb) {
