@@ -78,74 +78,140 @@ static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 // C (M, N) += op(A) @ op(B), row-major, where op(A) (M, K) is A or, with ta, the transpose of an A
 // stored (K, M), and op(B) (K, N) is B or, with tb, the transpose of a B stored (N, K) (a Linear's
 // weight). Goto's blocking: for each block of GEMM_KC steps of k, op(A) and op(B) are packed into
-// panels of GEMM_MR rows and of GEMM_NR columns, k by k (zeros past M and N), and each pair of
-// panels accumulates a GEMM_MR x GEMM_NR tile of C in registers: per k, two vectors of 8 of the B
-// panel and GEMM_MR broadcasts of A, 12 fused multiply-adds on 12 vector accumulators (the AVX2
-// FMA machine's 16 registers; the compiler's vector extensions lower them to what -march allows).
-// A thread owns whole column panels of C; every output sums its k blocks in order and each block
-// in k order, so the result is the same for any thread count.
-#define GEMM_MR 6
-#define GEMM_NR 16
+// panels of mr rows and of nr columns, k by k (zeros past M and N), and each pair of panels
+// accumulates an mr x nr tile of C in registers: per k, two vectors of the B panel and mr
+// broadcasts of A, 2 mr fused multiply-adds on 2 mr vector accumulators. The tile is sized for
+// the CPU found at run time: 12 x 32 (24 of AVX-512's 32 registers of 16 floats), 6 x 16 (12 of
+// AVX2's 16 of 8), or 6 x 16 in the compiler's vector extensions for the target it builds for
+// (the portable one). A thread owns whole column panels of C; every output sums its k blocks in
+// order and each block in k order, one fused multiply-add a step, so the result is the same for
+// any thread count and for either x86 tile.
 #define GEMM_KC 256
-#define GEMM_MC 96  // (a multiple of GEMM_MR)
+#define GEMM_MC 96  // rows of A a block (a multiple of every tile's mr)
 typedef float gemm_v8 __attribute__((vector_size(32)));
+typedef float gemm_v16 __attribute__((vector_size(64)));
+typedef void (*GemmTileFn)(int kc, const float* a, const float* b, float* c, int ldc, int mr, int nr);
+typedef struct { int mr, nr; GemmTileFn tile; const char* name; } GemmKernel;
 
-// C[0:mr, 0:nr] (row stride ldc) += the panel pair's product over kc steps
-static inline void gemm_tile(int kc, const float* a, const float* b, float* c, int ldc, int mr, int nr) {
-    gemm_v8 c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
-    gemm_v8 c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};
-    for (int k = 0; k < kc; k++, a += GEMM_MR, b += GEMM_NR) {
-        gemm_v8 b0, b1;
-        memcpy(&b0, b, sizeof(b0));
-        memcpy(&b1, b + 8, sizeof(b1));
-        c00 += a[0] * b0; c01 += a[0] * b1;
-        c10 += a[1] * b0; c11 += a[1] * b1;
-        c20 += a[2] * b0; c21 += a[2] * b1;
-        c30 += a[3] * b0; c31 += a[3] * b1;
-        c40 += a[4] * b0; c41 += a[4] * b1;
-        c50 += a[5] * b0; c51 += a[5] * b1;
+// The tile function for vector type VT of VL floats and MR rows: C[0:mr, 0:nr] (row stride ldc)
+// += the panel pair's product over kc steps; an edge tile stores its valid part alone.
+#define GEMM_TILE(NAME, ATTR, VT, VL, MR)                                                        \
+    ATTR static void NAME(int kc, const float* a, const float* b, float* c, int ldc, int mr, int nr) { \
+        VT acc[MR][2];                                                                           \
+        for (int i = 0; i < MR; i++) { acc[i][0] = acc[i][1] = (VT){0}; }                       \
+        for (int i = 0; i < mr; i++) { /* C's rows arrive while the panels are multiplied */      \
+            __builtin_prefetch(c + (size_t)i * ldc, 1);                                          \
+            __builtin_prefetch(c + (size_t)i * ldc + 2 * VL - 1, 1);                             \
+        }                                                                                        \
+        for (int k = 0; k < kc; k++, a += MR, b += 2 * VL) {                                     \
+            VT b0, b1;                                                                           \
+            memcpy(&b0, b, sizeof(b0));                                                          \
+            memcpy(&b1, b + VL, sizeof(b1));                                                     \
+            for (int i = 0; i < MR; i++) {                                                       \
+                acc[i][0] += a[i] * b0;                                                          \
+                acc[i][1] += a[i] * b1;                                                          \
+            }                                                                                    \
+        }                                                                                        \
+        if (mr == MR && nr == 2 * VL) {                                                          \
+            for (int i = 0; i < MR; i++) {                                                       \
+                VT r0, r1;                                                                       \
+                memcpy(&r0, c + (size_t)i * ldc, sizeof(r0));                                    \
+                memcpy(&r1, c + (size_t)i * ldc + VL, sizeof(r1));                               \
+                r0 += acc[i][0];                                                                 \
+                r1 += acc[i][1];                                                                 \
+                memcpy(c + (size_t)i * ldc, &r0, sizeof(r0));                                    \
+                memcpy(c + (size_t)i * ldc + VL, &r1, sizeof(r1));                               \
+            }                                                                                    \
+            return;                                                                              \
+        }                                                                                        \
+        float t[MR][2 * VL];                                                                     \
+        memcpy(t, acc, sizeof(t));                                                               \
+        for (int i = 0; i < mr; i++) {                                                           \
+            for (int j = 0; j < nr; j++) { c[(size_t)i * ldc + j] += t[i][j]; }                 \
+        }                                                                                        \
     }
-    gemm_v8 acc[GEMM_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
-    if (mr == GEMM_MR && nr == GEMM_NR) {
-        for (int i = 0; i < GEMM_MR; i++) {
-            gemm_v8 r0, r1;
-            memcpy(&r0, c + (size_t)i * ldc, sizeof(r0));
-            memcpy(&r1, c + (size_t)i * ldc + 8, sizeof(r1));
-            r0 += acc[i][0];
-            r1 += acc[i][1];
-            memcpy(c + (size_t)i * ldc, &r0, sizeof(r0));
-            memcpy(c + (size_t)i * ldc + 8, &r1, sizeof(r1));
-        }
-        return;
+GEMM_TILE(gemm_tile_portable, , gemm_v8, 8, 6)
+#if defined(__x86_64__) && defined(__GNUC__)
+GEMM_TILE(gemm_tile_avx2, __attribute__((target("avx2,fma"))), gemm_v8, 8, 6)
+GEMM_TILE(gemm_tile_avx512, __attribute__((target("avx512f,fma"))), gemm_v16, 16, 12)
+#endif
+
+static const GemmKernel* gemm_kernel(void) {
+    static const GemmKernel portable = {6, 16, gemm_tile_portable, "portable 6x16"};
+#if defined(__x86_64__) && defined(__GNUC__)
+    static const GemmKernel avx2 = {6, 16, gemm_tile_avx2, "AVX2 6x16"};
+    static const GemmKernel avx512 = {12, 32, gemm_tile_avx512, "AVX-512 12x32"};
+    if (__builtin_cpu_supports("avx512f")) { return &avx512; }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) { return &avx2; }
+#endif
+    return &portable;
+}
+
+// Eight lines of eight values (x[i][k]) transposed in registers into d + k * R (k = 0..7), the
+// vector shuffles' three rounds: pairs of values, pairs of pairs, then halves.
+static inline void gemm_transpose8(float* d, int R, const float* const* line, int k) {
+    gemm_v8 x[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) { memcpy(&x[i], line[i] + k, sizeof(x[i])); }
+    typedef int gemm_i8 __attribute__((vector_size(32)));
+    const gemm_i8 lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
+    const gemm_i8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const gemm_i8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = __builtin_shuffle(x[i], x[i + 1], lo);
+        t[i + 1] = __builtin_shuffle(x[i], x[i + 1], hi);
     }
-    float t[GEMM_MR][GEMM_NR];  // an edge tile: the valid part alone
-    memcpy(t, acc, sizeof(t));
-    for (int i = 0; i < mr; i++) {
-        for (int j = 0; j < nr; j++) { c[(size_t)i * ldc + j] += t[i][j]; }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = __builtin_shuffle(t[i], t[i + 2], lo2);      // values k, k + 4 of lines i .. i + 3
+        u[i + 1] = __builtin_shuffle(t[i], t[i + 2], hi2);  // k + 1, k + 5
+        u[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], lo2);
+        u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi2);
+    }
+    for (int j = 0; j < 4; j++) {
+        gemm_v8 first = __builtin_shuffle(u[j], u[j + 4], lo4), second = __builtin_shuffle(u[j], u[j + 4], hi4);
+        memcpy(d + (size_t)j * R, &first, sizeof(first));
+        memcpy(d + (size_t)(j + 4) * R, &second, sizeof(second));
     }
 }
 
-// Panel p of width R (GEMM_MR rows of op(A), or GEMM_NR columns of op(B)) for the k block
+// Panel p of width R (mr rows of op(A), or nr columns of op(B)) for the k block
 // k0..k0+kc, into d: R values a k, zeros past `extent` (M or N). The source holds the panel's R
 // lines either along k (line r at src + r * ld, as A's rows or a transposed B's: along_k) or
-// across it (step k at src + k * ld, as a transposed A's or B's rows).
+// across it (step k at src + k * ld, as a transposed A's or B's rows). Lines along k are
+// transposed eight by eight.
 static inline void gemm_pack(float* d, const float* src, int R, int along_k, int extent, int ld, int p, int k0,
                              int kc) {
     int r0 = p * R, lines = extent - r0 < R ? extent - r0 : R;
     if (lines < R) { memset(d, 0, (size_t)R * kc * sizeof(float)); }
     if (along_k) {
-        for (int r = 0; r < lines; r++) {
+        int r = 0;
+        for (; r + 8 <= lines; r += 8) {
+            const float* line[8];
+            for (int i = 0; i < 8; i++) { line[i] = src + (size_t)(r0 + r + i) * ld + k0; }
+            int k = 0;
+            for (; k + 8 <= kc; k += 8) { gemm_transpose8(d + (size_t)k * R + r, R, line, k); }
+            for (; k < kc; k++) {
+                for (int i = 0; i < 8; i++) { d[(size_t)k * R + r + i] = line[i][k]; }
+            }
+        }
+        for (; r < lines; r++) {
             const float* line = src + (size_t)(r0 + r) * ld + k0;
-            for (int k = 0; k < kc; k++) { d[k * R + r] = line[k]; }
+            for (int k = 0; k < kc; k++) { d[(size_t)k * R + r] = line[k]; }
         }
     } else {
-        for (int k = 0; k < kc; k++) { memcpy(d + k * R, src + (size_t)(k0 + k) * ld + r0, lines * sizeof(float)); }
+        for (int k = 0; k < kc; k++) {  // (fixed-size copies: inlined, where a copy of `lines` calls memcpy)
+            const float* s = src + (size_t)(k0 + k) * ld + r0;
+            float* t = d + (size_t)k * R;
+            int r = 0;
+            for (; r + 8 <= lines; r += 8) { memcpy(t + r, s + r, 8 * sizeof(float)); }
+            for (; r < lines; r++) { t[r] = s[r]; }
+        }
     }
 }
 
-// The packed panels' memory, one per thread that calls gemm_acc (freed when the thread ends):
-// models computing in two threads at once (two policies of libvla.so) never share one. Grown
-// before the parallel region, which no failure may leave.
+// Scratch memory, one block per thread that computes (freed when the thread ends): the products'
+// packed panels, and the attention's scores with their panels. Models computing in two threads at
+// once (two policies of libvla.so) never share one. Grown before a parallel region, which no
+// failure may leave.
 typedef struct { float* buf; size_t cap; } GemmScratch;
 static pthread_key_t gemm_key;
 static pthread_once_t gemm_key_once = PTHREAD_ONCE_INIT;
@@ -171,45 +237,89 @@ static float* gemm_scratch(size_t n) {
         free(s->buf);
         s->buf = NULL;  // (an allocation that fails below leaves none, not the freed one)
         s->cap = 0;
-        s->buf = (float*)mallocCheck(n * sizeof(float));
+        // 64-byte lines: a panel's vector loads never straddle two
+        s->buf = (float*)aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+        if (s->buf == NULL) {
+            vla_fail_no_memory("out of memory for %zu floats of matrix-product panels: " VLA_NO_MEMORY_FIX, n);
+        }
         s->cap = n;
     }
     return s->buf;
 }
 
-static void gemm_acc(float* C, const float* A, int ta, const float* B, int tb, int M, int K, int N) {
-    if (M <= 0 || N <= 0 || K <= 0) { return; }
-    int mp = (M + GEMM_MR - 1) / GEMM_MR, np = (N + GEMM_NR - 1) / GEMM_NR;
-    int kc_max = K < GEMM_KC ? K : GEMM_KC;
-    float* pa = gemm_scratch((size_t)(mp * GEMM_MR + np * GEMM_NR) * kc_max);
-    float* pb = pa + (size_t)mp * GEMM_MR * kc_max;
-    #pragma omp parallel
+// Floats of op(A)'s panels (rounded up to 64-byte lines, where op(B)'s start) for a product of
+// these sizes, and of both panels
+static size_t gemm_a_panel_floats(const GemmKernel* g, int M, int K) {
+    size_t mp = (size_t)(M + g->mr - 1) / g->mr;
+    return (mp * g->mr * (size_t)(K < GEMM_KC ? K : GEMM_KC) + 15) / 16 * 16;
+}
+static size_t gemm_panel_floats(int M, int K, int N) {
+    const GemmKernel* g = gemm_kernel();
+    size_t np = (size_t)(N + g->nr - 1) / g->nr;
+    return gemm_a_panel_floats(g, M, K) + np * g->nr * (size_t)(K < GEMM_KC ? K : GEMM_KC);
+}
+
+// Thread t's share of n items (contiguous, as OpenMP's static schedule)
+static inline int share_begin(int n, int t, int nt) { return (int)((long long)n * t / nt); }
+
+// C (row stride ldc) += op(A) op(B), with A and B stored at row strides lda and ldb (so a head's
+// columns of a wider matrix are operands too), computed by thread t of a team of nt that all call
+// it with the same arguments and the same panels (gemm_panel_floats of them). A team of one needs
+// no OpenMP team at all: attention calls it from inside its own parallel loop.
+static void gemm_part(float* C, int ldc, const float* A, int lda, int ta, const float* B, int ldb, int tb, int M,
+                      int K, int N, float* panels, int t, int nt) {
+    const GemmKernel* g = gemm_kernel();
+    int MR = g->mr, NR = g->nr, mp = (M + MR - 1) / MR, np = (N + NR - 1) / NR;
+    float* pa = panels;
+    float* pb = pa + gemm_a_panel_floats(g, M, K);
+    int a0 = share_begin(mp, t, nt), a1 = share_begin(mp, t + 1, nt);
+    int b0 = share_begin(np, t, nt), b1 = share_begin(np, t + 1, nt);
     for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
         int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
-        #pragma omp for schedule(static) nowait
-        for (int p = 0; p < mp; p++) {
-            gemm_pack(pa + (size_t)p * GEMM_MR * kc, A, GEMM_MR, !ta, M, ta ? M : K, p, k0, kc);
+        for (int p = a0; p < a1; p++) {
+            gemm_pack(pa + (size_t)p * MR * kc, A, MR, !ta, M, lda, p, k0, kc);
         }
-        #pragma omp for schedule(static)
-        for (int p = 0; p < np; p++) {
-            gemm_pack(pb + (size_t)p * GEMM_NR * kc, B, GEMM_NR, tb, N, tb ? K : N, p, k0, kc);
+        for (int p = b0; p < b1; p++) {
+            gemm_pack(pb + (size_t)p * NR * kc, B, NR, tb, N, ldb, p, k0, kc);
+        }
+        if (nt > 1) {
+            #pragma omp barrier
         }
         // GEMM_MC rows of A at a time (their panels stay in the core's L2) against the thread's
-        // column panels (the same ones for every block of rows: schedule static)
-        for (int i0 = 0; i0 < mp; i0 += GEMM_MC / GEMM_MR) {
-            int i1 = i0 + GEMM_MC / GEMM_MR < mp ? i0 + GEMM_MC / GEMM_MR : mp;
-            #pragma omp for schedule(static) nowait
-            for (int jp = 0; jp < np; jp++) {
-                int n0 = jp * GEMM_NR, nr = N - n0 < GEMM_NR ? N - n0 : GEMM_NR;
+        // column panels (the same ones for every block of rows)
+        for (int i0 = 0; i0 < mp; i0 += GEMM_MC / MR) {
+            int i1 = i0 + GEMM_MC / MR < mp ? i0 + GEMM_MC / MR : mp;
+            for (int jp = b0; jp < b1; jp++) {
+                int n0 = jp * NR, nr = N - n0 < NR ? N - n0 : NR;
                 for (int ip = i0; ip < i1; ip++) {
-                    int m0 = ip * GEMM_MR, mr = M - m0 < GEMM_MR ? M - m0 : GEMM_MR;
-                    gemm_tile(kc, pa + (size_t)ip * GEMM_MR * kc, pb + (size_t)jp * GEMM_NR * kc,
-                              C + (size_t)m0 * N + n0, N, mr, nr);
+                    int m0 = ip * MR, mr = M - m0 < MR ? M - m0 : MR;
+                    g->tile(kc, pa + (size_t)ip * MR * kc, pb + (size_t)jp * NR * kc, C + (size_t)m0 * ldc + n0,
+                            ldc, mr, nr);
                 }
             }
         }
-        #pragma omp barrier  // (the panels are read before the next block's packing overwrites them)
+        if (nt > 1) {
+            #pragma omp barrier  // (the panels are read before the next block's packing overwrites them)
+        }
     }
+}
+
+// gemm_part by a team of nt threads (1: the calling thread alone)
+static void gemm_team(float* C, int ldc, const float* A, int lda, int ta, const float* B, int ldb, int tb, int M,
+                      int K, int N, float* panels, int nt) {
+    if (M <= 0 || N <= 0 || K <= 0) { return; }
+    if (nt <= 1) {
+        gemm_part(C, ldc, A, lda, ta, B, ldb, tb, M, K, N, panels, 0, 1);
+        return;
+    }
+    #pragma omp parallel num_threads(nt)
+    gemm_part(C, ldc, A, lda, ta, B, ldb, tb, M, K, N, panels, omp_get_thread_num(), omp_get_num_threads());
+}
+
+static void gemm_acc(float* C, const float* A, int ta, const float* B, int tb, int M, int K, int N) {
+    if (M <= 0 || N <= 0 || K <= 0) { return; }
+    float* panels = gemm_scratch(gemm_panel_floats(M, K, N));
+    gemm_team(C, N, A, ta ? M : K, ta, B, tb ? K : N, tb, M, K, N, panels, omp_get_max_threads());
 }
 
 // out (N, OC) = inp (N, C) @ w (OC, C)^T + bias (OC)
@@ -406,22 +516,10 @@ static inline int gqa_query_sees(const GqaAttn* a, int b, int i, int j) {
     int qi = a->q0 + i;
     return valid[qi] != 0.0f && valid[j] != 0.0f && block[j] <= block[qi];
 }
-// Row j of sample b in buffer 0 or 1 (base0/base1: keys, values or their gradients), at key head kvh
-static inline float* gqa_key_row(const GqaAttn* a, const float* base0, const float* base1, int b, int j, int kvh) {
-    int KV = a->NKV * a->HS;
-    const float* row =
-        j < a->Nk0 ? base0 + ((size_t)b * a->Nk0 + j) * KV : base1 + ((size_t)b * a->Nk1 + j - a->Nk0) * KV;
-    return (float*)row + kvh * a->HS;
-}
 
-// out (B, Tq, D), lse (B, NH, Tq) for the backward. Scores q.k are scaled by HS^-0.5 after the
-// product, as LeRobot. A query that sees no key at all (a language pad) gets LeRobot's row: its
-// masked scores all equal float32's most negative value, so its softmax is uniform over every
-// key; lse = +inf marks such a row.
-// x . y over n floats: two vectors of 8 partial sums (a fixed order, so every call that takes the
-// same dot product gets the same bits: the forward's scores and the backward's recomputed ones),
-// then the lanes pairwise and the tail. A plain `s += x[c] * y[c]` loop may not be reordered by
-// the compiler, so it waits out each addition's latency.
+// x . y over n floats: two vectors of 8 partial sums in a fixed order, then the lanes pairwise and
+// the tail. A plain `s += x[c] * y[c]` loop may not be reordered by the compiler, so it waits out
+// each addition's latency.
 static inline float dot_f32(const float* x, const float* y, int n) {
     gemm_v8 s0 = {0}, s1 = {0};
     int c = 0;
@@ -443,49 +541,99 @@ static inline float dot_f32(const float* x, const float* y, int n) {
     return r;
 }
 
+// Attention is computed a (sample, head) at a time as matrix products on the head's columns: the
+// scores S = Q K^T, then O = P V (and the backward's five products), each by gemm_part. Work is
+// split over threads one way or the other, which gives the same bits: whole heads per thread
+// when they divide evenly enough (the vision tower's 12 a camera; each thread then has its own
+// scores and panels), else the threads share each head's products and rows.
+typedef struct {
+    int units, outer, inner;  // heads (or key heads) to do; threads over them; threads within one
+    size_t slot, panels;      // floats of one thread's scratch (its tables of rows x nk, then panels),
+                              // and where its panels start (64-byte aligned, as the slots)
+    float* scratch;
+} GqaPlan;
+
+static GqaPlan gqa_plan(const GqaAttn* a, int units, int rows, int tables) {
+    int nt = omp_get_max_threads(), nk = a->Nk0 + a->Nk1;
+    GqaPlan g = {units, 1, nt, 0, 0, NULL};
+    // whole heads per thread when the last round leaves at most an eighth of the threads idle
+    if (nt > 1 && (long long)((units + nt - 1) / nt) * nt * 8 <= (long long)units * 9) {
+        g.outer = nt;
+        g.inner = 1;
+    }
+    int big = rows > nk ? rows : nk;
+    big = big > a->HS ? big : a->HS;
+    g.panels = ((size_t)tables * rows * nk + 15) / 16 * 16;
+    g.slot = g.panels + gemm_panel_floats(big, big, big);
+    g.scratch = gemm_scratch(g.slot * g.outer);
+    return g;
+}
+
+// The key (or value) rows of sample b at key head kvh in buffer 0 or 1, at the buffers' row stride
+static inline const float* gqa_head0(const GqaAttn* a, const float* base, int b, int kvh) {
+    return base + (size_t)b * a->Nk0 * a->NKV * a->HS + (size_t)kvh * a->HS;
+}
+static inline const float* gqa_head1(const GqaAttn* a, const float* base, int b, int kvh) {
+    return base + (size_t)b * a->Nk1 * a->NKV * a->HS + (size_t)kvh * a->HS;
+}
+
+// S (rows, nk) = Q K^T, unscaled, for sample b's queries i0 .. Tq - 1 at head h
+static void gqa_scores(float* S, const float* q, const GqaAttn* a, int b, int h, int i0, float* panels, int nt) {
+    int D = a->NH * a->HS, KV = a->NKV * a->HS, kvh = h / (a->NH / a->NKV), rows = a->Tq - i0;
+    int nk = a->Nk0 + a->Nk1;
+    const float* qh = q + ((size_t)b * a->Tq + i0) * D + (size_t)h * a->HS;
+    memset(S, 0, (size_t)rows * nk * sizeof(float));
+    gemm_team(S, nk, qh, D, 0, gqa_head0(a, a->k0, b, kvh), KV, 1, rows, a->HS, a->Nk0, panels, nt);
+    if (a->Nk1 > 0) {
+        gemm_team(S + a->Nk0, nk, qh, D, 0, gqa_head1(a, a->k1, b, kvh), KV, 1, rows, a->HS, a->Nk1, panels, nt);
+    }
+}
+
+// out (B, Tq, D), lse (B, NH, Tq) for the backward. Scores q.k are scaled by HS^-0.5 after the
+// product, as LeRobot. A query that sees no key at all (a language pad) gets LeRobot's row: its
+// masked scores all equal float32's most negative value, so its softmax is uniform over every
+// key; lse = +inf marks such a row.
 static void gqa_attention_forward(float* out, float* lse, const float* q, const GqaAttn* a) {
-    int NH = a->NH, HS = a->HS, D = NH * HS, group = NH / a->NKV, nk = a->Nk0 + a->Nk1;
+    int NH = a->NH, HS = a->HS, D = NH * HS, KV = a->NKV * HS, group = NH / a->NKV, nk = a->Nk0 + a->Nk1;
     float scale = (float)pow((double)HS, -0.5);
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int b = 0; b < a->B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int i = 0; i < a->Tq; i++) {
-                float scores[nk];
-                const float* qi = q + ((size_t)b * a->Tq + i) * D + h * HS;
-                float* oi = out + ((size_t)b * a->Tq + i) * D + h * HS;
-                int kvh = h / group, seen = 0;
-                float mx = -INFINITY;
-                for (int j = 0; j < nk; j++) {
-                    if (!gqa_query_sees(a, b, i, j)) { scores[j] = -INFINITY; continue; }
-                    const float* kj = gqa_key_row(a, a->k0, a->k1, b, j, kvh);
-                    scores[j] = dot_f32(qi, kj, HS) * scale;
-                    mx = fmaxf(mx, scores[j]);
-                    seen++;
-                }
-                for (int c = 0; c < HS; c++) { oi[c] = 0.0f; }
-                float* l = lse + ((size_t)b * NH + h) * a->Tq + i;
-                if (seen == 0) {
-                    float p = 1.0f / (float)nk;
-                    for (int j = 0; j < nk; j++) {
-                        const float* vj = gqa_key_row(a, a->v0, a->v1, b, j, kvh);
-                        for (int c = 0; c < HS; c++) { oi[c] += p * vj[c]; }
-                    }
-                    *l = INFINITY;
-                    continue;
-                }
-                float sum = 0.0f;
-                for (int j = 0; j < nk; j++) {
-                    scores[j] = expf(scores[j] - mx);  // masked: exp(-inf) = 0, as LeRobot's exp(finfo.min - max)
-                    sum += scores[j];
-                }
-                for (int j = 0; j < nk; j++) {
-                    if (scores[j] == 0.0f) { continue; }
-                    const float* vj = gqa_key_row(a, a->v0, a->v1, b, j, kvh);
-                    float p = scores[j] / sum;
-                    for (int c = 0; c < HS; c++) { oi[c] += p * vj[c]; }
-                }
-                *l = mx + logf(sum);
+    GqaPlan g = gqa_plan(a, a->B * NH, a->Tq, 1);
+    #pragma omp parallel for schedule(static) num_threads(g.outer) if (g.outer > 1)
+    for (int u = 0; u < g.units; u++) {
+        int b = u / NH, h = u % NH, kvh = h / group;
+        float* P = g.scratch + g.slot * (g.outer > 1 ? omp_get_thread_num() : 0);
+        float* panels = P + g.panels;
+        gqa_scores(P, q, a, b, h, 0, panels, g.inner);
+        #pragma omp parallel for schedule(static) num_threads(g.inner) if (g.inner > 1)
+        for (int i = 0; i < a->Tq; i++) {
+            float* p = P + (size_t)i * nk;
+            float mx = -INFINITY;
+            int seen = 0;
+            for (int j = 0; j < nk; j++) {
+                if (!gqa_query_sees(a, b, i, j)) { p[j] = -INFINITY; continue; }
+                p[j] *= scale;
+                mx = fmaxf(mx, p[j]);
+                seen++;
             }
+            float* l = lse + ((size_t)b * NH + h) * a->Tq + i;
+            if (seen == 0) {
+                for (int j = 0; j < nk; j++) { p[j] = 1.0f / (float)nk; }
+                *l = INFINITY;
+                continue;
+            }
+            float sum = 0.0f;
+            for (int j = 0; j < nk; j++) {
+                p[j] = expf(p[j] - mx);  // masked: exp(-inf) = 0, as LeRobot's exp(finfo.min - max)
+                sum += p[j];
+            }
+            for (int j = 0; j < nk; j++) { p[j] /= sum; }
+            *l = mx + logf(sum);
+        }
+        float* oh = out + (size_t)b * a->Tq * D + (size_t)h * HS;
+        for (int i = 0; i < a->Tq; i++) { memset(oh + (size_t)i * D, 0, (size_t)HS * sizeof(float)); }
+        gemm_team(oh, D, P, nk, 0, gqa_head0(a, a->v0, b, kvh), KV, 0, a->Tq, a->Nk0, HS, panels, g.inner);
+        if (a->Nk1 > 0) {
+            gemm_team(oh, D, P + a->Nk0, nk, 0, gqa_head1(a, a->v1, b, kvh), KV, 0, a->Tq, a->Nk1, HS, panels,
+                      g.inner);
         }
     }
 }
@@ -495,50 +643,70 @@ static void gqa_attention_forward(float* out, float* lse, const float* q, const 
 // its values get a gradient, dO / nk each.
 // dq (B, Tq, D) is overwritten for queries i >= q_first, the others are left alone. Key gradients
 // accumulate into dk0/dv0 (buffer 0; NULL: not needed, or only for keys j >= k0_first) and
-// dk1/dv1 (buffer 1; NULL: not needed). Parallel over (sample, key head): each thread owns the
-// key rows of its head and the query rows of the heads that head serves, so no two threads add
-// into one float and the sums keep their order.
+// dk1/dv1 (buffer 1; NULL: not needed). One unit of work is a (sample, key head): its key rows
+// and the query rows of the heads it serves, taken in head order, so the sums keep their order.
 static void gqa_attention_backward(float* dq, float* dk0, float* dv0, float* dk1, float* dv1, const float* dout,
                                    const float* q, const float* out, const float* lse, const GqaAttn* a, int k0_first,
                                    int q_first) {
-    int NH = a->NH, HS = a->HS, D = NH * HS, group = NH / a->NKV, nk = a->Nk0 + a->Nk1;
+    int NH = a->NH, HS = a->HS, D = NH * HS, KV = a->NKV * HS, group = NH / a->NKV, nk = a->Nk0 + a->Nk1;
+    int rows = a->Tq - q_first, nk0 = a->Nk0 - k0_first;
+    if (rows <= 0) { return; }
     float scale = (float)pow((double)HS, -0.5);
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < a->B; b++) {
-        for (int kvh = 0; kvh < a->NKV; kvh++) {
-            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-                for (int i = q_first; i < a->Tq; i++) {
-                    size_t row = ((size_t)b * a->Tq + i) * D + h * HS;
-                    const float* qi = q + row;
-                    const float* doi = dout + row;
-                    const float* oi = out + row;
-                    float* dqi = dq + row;
-                    float l = lse[((size_t)b * NH + h) * a->Tq + i], delta = 0.0f;
-                    delta = dot_f32(doi, oi, HS);
-                    for (int c = 0; c < HS; c++) { dqi[c] = 0.0f; }
-                    int uniform = isinf(l);
-                    for (int j = 0; j < nk; j++) {
-                        if (!uniform && !gqa_query_sees(a, b, i, j)) { continue; }
-                        int in0 = j < a->Nk0;
-                        float* dkj = in0 ? (dk0 != NULL && j >= k0_first ? gqa_key_row(a, dk0, NULL, b, j, kvh) : NULL)
-                                         : (dk1 != NULL ? gqa_key_row(a, NULL, dk1, b, j, kvh) : NULL);
-                        float* dvj = in0 ? (dv0 != NULL && j >= k0_first ? gqa_key_row(a, dv0, NULL, b, j, kvh) : NULL)
-                                         : (dv1 != NULL ? gqa_key_row(a, NULL, dv1, b, j, kvh) : NULL);
-                        if (uniform) {
-                            float p = 1.0f / (float)nk;
-                            if (dvj != NULL) { for (int c = 0; c < HS; c++) { dvj[c] += p * doi[c]; } }
-                            continue;
-                        }
-                        const float* kj = gqa_key_row(a, a->k0, a->k1, b, j, kvh);
-                        const float* vj = gqa_key_row(a, a->v0, a->v1, b, j, kvh);
-                        float s = dot_f32(qi, kj, HS), dp = dot_f32(doi, vj, HS);
-                        float p = expf(s * scale - l);
-                        float ds = p * (dp - delta) * scale;
-                        for (int c = 0; c < HS; c++) { dqi[c] += ds * kj[c]; }
-                        if (dkj != NULL) { for (int c = 0; c < HS; c++) { dkj[c] += ds * qi[c]; } }
-                        if (dvj != NULL) { for (int c = 0; c < HS; c++) { dvj[c] += p * doi[c]; } }
-                    }
+    GqaPlan g = gqa_plan(a, a->B * a->NKV, rows, 2);
+    #pragma omp parallel for schedule(static) num_threads(g.outer) if (g.outer > 1)
+    for (int u = 0; u < g.units; u++) {
+        int b = u / a->NKV, kvh = u % a->NKV;
+        float* P = g.scratch + g.slot * (g.outer > 1 ? omp_get_thread_num() : 0);
+        float* dS = P + (size_t)rows * nk;
+        float* panels = P + g.panels;
+        const float* k0h = gqa_head0(a, a->k0, b, kvh);
+        const float* v0h = gqa_head0(a, a->v0, b, kvh);
+        const float* k1h = a->Nk1 > 0 ? gqa_head1(a, a->k1, b, kvh) : NULL;
+        const float* v1h = a->Nk1 > 0 ? gqa_head1(a, a->v1, b, kvh) : NULL;
+        for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+            size_t row0 = ((size_t)b * a->Tq + q_first) * D + (size_t)h * HS;
+            const float* qh = q + row0;
+            const float* doh = dout + row0;
+            gqa_scores(P, q, a, b, h, q_first, panels, g.inner);
+            memset(dS, 0, (size_t)rows * nk * sizeof(float));  // dP = dO V^T first
+            gemm_team(dS, nk, doh, D, 0, v0h, KV, 1, rows, HS, a->Nk0, panels, g.inner);
+            if (a->Nk1 > 0) { gemm_team(dS + a->Nk0, nk, doh, D, 0, v1h, KV, 1, rows, HS, a->Nk1, panels, g.inner); }
+            #pragma omp parallel for schedule(static) num_threads(g.inner) if (g.inner > 1)
+            for (int r = 0; r < rows; r++) {
+                int i = q_first + r;
+                float* p = P + (size_t)r * nk;
+                float* ds = dS + (size_t)r * nk;
+                float l = lse[((size_t)b * NH + h) * a->Tq + i];
+                if (isinf(l)) {
+                    for (int j = 0; j < nk; j++) { p[j] = 1.0f / (float)nk; ds[j] = 0.0f; }
+                    continue;
                 }
+                float delta = dot_f32(doh + (size_t)r * D, out + row0 + (size_t)r * D, HS);
+                for (int j = 0; j < nk; j++) {
+                    if (!gqa_query_sees(a, b, i, j)) { p[j] = 0.0f; ds[j] = 0.0f; continue; }
+                    p[j] = expf(p[j] * scale - l);
+                    ds[j] = p[j] * (ds[j] - delta) * scale;
+                }
+            }
+            float* dqh = dq + row0;
+            for (int r = 0; r < rows; r++) { memset(dqh + (size_t)r * D, 0, (size_t)HS * sizeof(float)); }
+            gemm_team(dqh, D, dS, nk, 0, k0h, KV, 0, rows, a->Nk0, HS, panels, g.inner);
+            if (a->Nk1 > 0) { gemm_team(dqh, D, dS + a->Nk0, nk, 0, k1h, KV, 0, rows, a->Nk1, HS, panels, g.inner); }
+            if (dk0 != NULL && nk0 > 0) {
+                float* d = (float*)gqa_head0(a, dk0, b, kvh) + (size_t)k0_first * KV;
+                gemm_team(d, KV, dS + k0_first, nk, 1, qh, D, 0, nk0, rows, HS, panels, g.inner);
+            }
+            if (dv0 != NULL && nk0 > 0) {
+                float* d = (float*)gqa_head0(a, dv0, b, kvh) + (size_t)k0_first * KV;
+                gemm_team(d, KV, P + k0_first, nk, 1, doh, D, 0, nk0, rows, HS, panels, g.inner);
+            }
+            if (dk1 != NULL && a->Nk1 > 0) {
+                gemm_team((float*)gqa_head1(a, dk1, b, kvh), KV, dS + a->Nk0, nk, 1, qh, D, 0, a->Nk1, rows, HS,
+                          panels, g.inner);
+            }
+            if (dv1 != NULL && a->Nk1 > 0) {
+                gemm_team((float*)gqa_head1(a, dv1, b, kvh), KV, P + a->Nk0, nk, 1, doh, D, 0, a->Nk1, rows, HS,
+                          panels, g.inner);
             }
         }
     }
