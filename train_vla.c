@@ -57,19 +57,46 @@ Reproduce the oracle's numbers (what test_vla checks):
 // ----------------------------------------------------------------------------
 // utilities
 
+// e^x to within 2 ulp of expf, in arithmetic alone, so that the compiler vectorizes the loops
+// that call it (libm's expf is a call per value): x = n ln 2 + r with n the nearest integer to
+// x / ln 2 (adding and removing 1.5 * 2^23 rounds it) and |r| <= ln(2) / 2, e^r by its degree-7
+// Taylor-minimax polynomial, times 2^n built in the exponent's bits. Below -87.3 (e^x under
+// float's smallest normal, which a softmax or sigmoid cannot tell from 0) it returns 0 (so
+// exp(-inf) = 0), above 88.7 infinity.
+static inline float vla_expf(float x) {
+    float xc = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
+    float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
+    float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;  // (ln 2 in two parts: the first exact times n)
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int bits = ((int)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof(scale));
+    float y = p * scale;
+    return x < -87.33654f ? 0.0f : (x > 88.72283f ? INFINITY : y);
+}
+
+// tanh u = 1 - 2 / (e^2u + 1): exact at both ends (e^2u = 0 or infinity), within 1e-7 near 0
+static inline float vla_tanhf(float u) { return 1.0f - 2.0f / (vla_expf(2.0f * u) + 1.0f); }
+
 static inline float gelu_tanh(float x) {
     const float k = 0.7978845608028654f;  // sqrt(2/pi)
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+    return 0.5f * x * (1.0f + vla_tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
 static inline float gelu_tanh_grad(float x) {
     const float k = 0.7978845608028654f;
     float u = k * (x + 0.044715f * x * x * x);
-    float th = tanhf(u);
+    float th = vla_tanhf(u);
     return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float silu(float x) { return x / (1.0f + vla_expf(-x)); }
 
 // ----------------------------------------------------------------------------
 // kernels: forward and backward of every operation. Backward kernels accumulate (+=) into
@@ -89,6 +116,7 @@ static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 #define GEMM_KC 256
 #define GEMM_MC 96  // rows of A a block (a multiple of every tile's mr)
 typedef float gemm_v8 __attribute__((vector_size(32)));
+typedef int gemm_i8 __attribute__((vector_size(32)));
 typedef float gemm_v16 __attribute__((vector_size(64)));
 typedef void (*GemmTileFn)(int kc, const float* a, const float* b, float* c, int ldc, int mr, int nr);
 typedef struct { int mr, nr; GemmTileFn tile; const char* name; } GemmKernel;
@@ -152,7 +180,6 @@ static const GemmKernel* gemm_kernel(void) {
 static inline void gemm_transpose8(float* d, int R, const float* const* line, int k) {
     gemm_v8 x[8], t[8], u[8];
     for (int i = 0; i < 8; i++) { memcpy(&x[i], line[i] + k, sizeof(x[i])); }
-    typedef int gemm_i8 __attribute__((vector_size(32)));
     const gemm_i8 lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
     const gemm_i8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
     const gemm_i8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
@@ -541,6 +568,48 @@ static inline float dot_f32(const float* x, const float* y, int n) {
     return r;
 }
 
+// The largest of n floats (exact in any order), and their sum in dot_f32's fixed order
+static inline float max_f32(const float* x, int n) {
+    gemm_v8 m;
+    int c = 0;
+    if (n < 8) {
+        float r = -INFINITY;
+        for (; c < n; c++) { r = x[c] > r ? x[c] : r; }
+        return r;
+    }
+    memcpy(&m, x, sizeof(m));
+    for (c = 8; c + 8 <= n; c += 8) {
+        gemm_v8 v;
+        memcpy(&v, x + c, sizeof(v));
+        gemm_i8 more = v > m;  // (lanes of -1 where v is larger)
+        m = (gemm_v8)(((gemm_i8)v & more) | ((gemm_i8)m & ~more));
+    }
+    float r = m[0];
+    for (int i = 1; i < 8; i++) { r = m[i] > r ? m[i] : r; }
+    for (; c < n; c++) { r = x[c] > r ? x[c] : r; }
+    return r;
+}
+static inline float sum_f32(const float* x, int n) {
+    gemm_v8 s0 = {0}, s1 = {0};
+    int c = 0;
+    for (; c + 16 <= n; c += 16) {
+        gemm_v8 x0, x1;
+        memcpy(&x0, x + c, sizeof(x0));
+        memcpy(&x1, x + c + 8, sizeof(x1));
+        s0 += x0;
+        s1 += x1;
+    }
+    for (; c + 8 <= n; c += 8) {
+        gemm_v8 x0;
+        memcpy(&x0, x + c, sizeof(x0));
+        s0 += x0;
+    }
+    s0 += s1;
+    float r = ((s0[0] + s0[1]) + (s0[2] + s0[3])) + ((s0[4] + s0[5]) + (s0[6] + s0[7]));
+    for (; c < n; c++) { r += x[c]; }
+    return r;
+}
+
 // Attention is computed a (sample, head) at a time as matrix products on the head's columns: the
 // scores S = Q K^T, then O = P V (and the backward's five products), each by gemm_part. Work is
 // split over threads one way or the other, which gives the same bits: whole heads per thread
@@ -606,13 +675,12 @@ static void gqa_attention_forward(float* out, float* lse, const float* q, const 
         #pragma omp parallel for schedule(static) num_threads(g.inner) if (g.inner > 1)
         for (int i = 0; i < a->Tq; i++) {
             float* p = P + (size_t)i * nk;
-            float mx = -INFINITY;
-            int seen = 0;
-            for (int j = 0; j < nk; j++) {
-                if (!gqa_query_sees(a, b, i, j)) { p[j] = -INFINITY; continue; }
-                p[j] *= scale;
-                mx = fmaxf(mx, p[j]);
-                seen++;
+            int seen = nk;
+            for (int j = 0; j < nk; j++) { p[j] *= scale; }
+            if (a->valid != NULL) {
+                for (int j = 0; j < nk; j++) {
+                    if (!gqa_query_sees(a, b, i, j)) { p[j] = -INFINITY; seen--; }
+                }
             }
             float* l = lse + ((size_t)b * NH + h) * a->Tq + i;
             if (seen == 0) {
@@ -620,11 +688,10 @@ static void gqa_attention_forward(float* out, float* lse, const float* q, const 
                 *l = INFINITY;
                 continue;
             }
-            float sum = 0.0f;
-            for (int j = 0; j < nk; j++) {
-                p[j] = expf(p[j] - mx);  // masked: exp(-inf) = 0, as LeRobot's exp(finfo.min - max)
-                sum += p[j];
-            }
+            float mx = max_f32(p, nk);
+            for (int j = 0; j < nk; j++) { p[j] = vla_expf(p[j] - mx); }  // masked: exp(-inf) = 0, as LeRobot's
+                                                                            // exp(finfo.min - max)
+            float sum = sum_f32(p, nk);
             for (int j = 0; j < nk; j++) { p[j] /= sum; }
             *l = mx + logf(sum);
         }
@@ -683,9 +750,13 @@ static void gqa_attention_backward(float* dq, float* dk0, float* dv0, float* dk1
                 }
                 float delta = dot_f32(doh + (size_t)r * D, out + row0 + (size_t)r * D, HS);
                 for (int j = 0; j < nk; j++) {
-                    if (!gqa_query_sees(a, b, i, j)) { p[j] = 0.0f; ds[j] = 0.0f; continue; }
-                    p[j] = expf(p[j] * scale - l);
+                    p[j] = vla_expf(p[j] * scale - l);
                     ds[j] = p[j] * (ds[j] - delta) * scale;
+                }
+                if (a->valid != NULL) {
+                    for (int j = 0; j < nk; j++) {
+                        if (!gqa_query_sees(a, b, i, j)) { p[j] = 0.0f; ds[j] = 0.0f; }
+                    }
                 }
             }
             float* dqh = dq + row0;
@@ -713,7 +784,7 @@ static void gqa_attention_backward(float* dq, float* dk0, float* dv0, float* dk1
 }
 
 static inline float silu_grad(float x) {  // d/dx x sigmoid(x) = s (1 + x (1 - s))
-    float s = 1.0f / (1.0f + expf(-x));
+    float s = 1.0f / (1.0f + vla_expf(-x));
     return s * (1.0f + x * (1.0f - s));
 }
 
