@@ -176,8 +176,9 @@ static const GemmKernel* gemm_kernel(void) {
 }
 
 // Eight lines of eight values (x[i][k]) transposed in registers into d + k * R (k = 0..7), the
-// vector shuffles' three rounds: pairs of values, pairs of pairs, then halves.
-static inline void gemm_transpose8(float* d, int R, const float* const* line, int k) {
+// vector shuffles' three rounds: pairs of values, pairs of pairs, then halves; the first n of
+// each transposed vector are stored (n < 8: a panel's last lines, the others repeat one of them).
+static inline void gemm_transpose8(float* d, int R, const float* const* line, int k, int n) {
     gemm_v8 x[8], t[8], u[8];
     for (int i = 0; i < 8; i++) { memcpy(&x[i], line[i] + k, sizeof(x[i])); }
     const gemm_i8 lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
@@ -195,8 +196,15 @@ static inline void gemm_transpose8(float* d, int R, const float* const* line, in
     }
     for (int j = 0; j < 4; j++) {
         gemm_v8 first = __builtin_shuffle(u[j], u[j + 4], lo4), second = __builtin_shuffle(u[j], u[j + 4], hi4);
-        memcpy(d + (size_t)j * R, &first, sizeof(first));
-        memcpy(d + (size_t)(j + 4) * R, &second, sizeof(second));
+        if (n == 8) {
+            memcpy(d + (size_t)j * R, &first, sizeof(first));
+            memcpy(d + (size_t)(j + 4) * R, &second, sizeof(second));
+        } else if (n == 4) {
+            memcpy(d + (size_t)j * R, &first, 4 * sizeof(float));
+            memcpy(d + (size_t)(j + 4) * R, &second, 4 * sizeof(float));
+        } else {
+            for (int i = 0; i < n; i++) { d[(size_t)j * R + i] = first[i]; d[(size_t)(j + 4) * R + i] = second[i]; }
+        }
     }
 }
 
@@ -210,19 +218,21 @@ static inline void gemm_pack(float* d, const float* src, int R, int along_k, int
     int r0 = p * R, lines = extent - r0 < R ? extent - r0 : R;
     if (lines < R) { memset(d, 0, (size_t)R * kc * sizeof(float)); }
     if (along_k) {
-        int r = 0;
-        for (; r + 8 <= lines; r += 8) {
+        for (int r = 0; r < lines; r += 8) {
+            int n = lines - r < 8 ? lines - r : 8;
             const float* line[8];
-            for (int i = 0; i < 8; i++) { line[i] = src + (size_t)(r0 + r + i) * ld + k0; }
+            for (int i = 0; i < 8; i++) { line[i] = src + (size_t)(r0 + r + (i < n ? i : n - 1)) * ld + k0; }
             int k = 0;
-            for (; k + 8 <= kc; k += 8) { gemm_transpose8(d + (size_t)k * R + r, R, line, k); }
-            for (; k < kc; k++) {
-                for (int i = 0; i < 8; i++) { d[(size_t)k * R + r + i] = line[i][k]; }
+            if (n == 8) {
+                for (; k + 8 <= kc; k += 8) { gemm_transpose8(d + (size_t)k * R + r, R, line, k, 8); }
+            } else if (n == 4) {
+                for (; k + 8 <= kc; k += 8) { gemm_transpose8(d + (size_t)k * R + r, R, line, k, 4); }
+            } else {
+                for (; k + 8 <= kc; k += 8) { gemm_transpose8(d + (size_t)k * R + r, R, line, k, n); }
             }
-        }
-        for (; r < lines; r++) {
-            const float* line = src + (size_t)(r0 + r) * ld + k0;
-            for (int k = 0; k < kc; k++) { d[(size_t)k * R + r] = line[k]; }
+            for (; k < kc; k++) {
+                for (int i = 0; i < n; i++) { d[(size_t)k * R + r + i] = line[i][k]; }
+            }
         }
     } else {
         for (int k = 0; k < kc; k++) {  // (fixed-size copies: inlined, where a copy of `lines` calls memcpy)
@@ -2470,6 +2480,7 @@ int main(int argc, char** argv) {
     signal(SIGHUP, on_signal);  // a closed terminal or a dropped ssh saves too
     double timed_ms = 0.0;
     int timed_steps = 0;
+    double* step_ms = (double*)mallocCheck((size_t)(args.steps > start ? args.steps - start : 1) * sizeof(double));
     int step = start;
     Evaluator evaluator;
     char eval_cmd[4 * VLA_PATH_MAX];
@@ -2486,7 +2497,7 @@ int main(int argc, char** argv) {
             vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; %s",
                      step + 1, loss, norm, train_checkpoint_left(args.output, left, sizeof(left)));
         }
-        if (step > start) { timed_ms += ms; timed_steps++; }  // the first step warms caches
+        if (step > start) { timed_ms += ms; step_ms[timed_steps++] = ms; }  // the first step warms caches
         double sps = (double)global_batch / (ms / 1000.0);
         logger_step(&logger, step, args.steps, loss, lr_at_step(&args, step), norm, ms, sps, NAN, NAN,
                     (step + 1) % args.log_every == 0 || step + 1 == args.steps);
@@ -2516,7 +2527,12 @@ int main(int argc, char** argv) {
     if (timed_steps > 0) {
         printf("mean step time %.1f ms over %d steps (first excluded), %.1f samples/s\n", timed_ms / timed_steps,
                timed_steps, global_batch / (timed_ms / timed_steps / 1000.0));
+        qsort(step_ms, (size_t)timed_steps, sizeof(double), compare_doubles);
+        double median = timed_steps % 2 ? step_ms[timed_steps / 2]
+                                        : 0.5 * (step_ms[timed_steps / 2 - 1] + step_ms[timed_steps / 2]);
+        printf("median step time %.1f ms, fastest %.1f, slowest %.1f\n", median, step_ms[0], step_ms[timed_steps - 1]);
     }
+    free(step_ms);
     eval_finish(&evaluator, &logger, &stop_requested);
     logger_close(&logger);
     if (stop_requested && step >= args.steps) { status = train_report_interrupt(&args, step); }

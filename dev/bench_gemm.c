@@ -27,11 +27,6 @@ static const BenchLinear BENCH_LINEARS[] = {
     {"expert down", 50, 2048, 720},
 };
 
-static int cmp_double(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return x < y ? -1 : x > y;
-}
-
 int main(int argc, char** argv) {
     int threads = 0, reps = 5;
     double scale = 1.0;
@@ -66,7 +61,7 @@ int main(int argc, char** argv) {
                 else { gemm_acc(dw, y, 1, x, 0, OC, M, C); }
                 t[r] = wall_seconds() - t0;
             }
-            qsort(t + 1, (size_t)reps, sizeof(double), cmp_double);  // (t[0]: the warm-up)
+            qsort(t + 1, (size_t)reps, sizeof(double), compare_doubles);  // (t[0]: the warm-up)
             double med = t[1 + reps / 2], flop = 2.0 * M * C * OC;
             printf("%-28s %5d x %5d x %5d  %-19s %8.1f GFLOP/s\n", L->name, kind == 2 ? OC : M,
                    kind == 0 ? C : kind == 1 ? OC : M, kind == 1 ? C : kind == 0 ? OC : C, kinds[kind],

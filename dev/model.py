@@ -105,6 +105,7 @@ import json
 import math
 import os
 import struct
+import statistics
 import sys
 import time
 import types
@@ -1347,6 +1348,7 @@ def train(args, ds, cfg, model, ckpt=None):
         print(f"step {step + 1} loss {loss:.6f} lr {lr:.4e} norm {norm:.4f}", flush=True)
     timed = times[1:] if len(times) > 1 else times  # the first step warms up allocators and caches
     print(f"ms_per_step {1000.0 * sum(timed) / len(timed):.3f}")
+    print(f"ms_per_step_median {1000.0 * statistics.median(timed):.3f}")
     if args.save_params:
         records = [("config", np.array(cfg.values(), np.int32))]
         records += [("param/" + s.name, getattr(model, s.name).detach().numpy().astype(np.float32))

@@ -194,6 +194,12 @@ static inline double wall_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+// qsort's order of doubles (timings, for their medians)
+static inline int compare_doubles(const void* a, const void* b) {
+    double x = *(const double*)a, y = *(const double*)b;
+    return x < y ? -1 : x > y;
+}
+
 // a*b for sizes read from files: overflow is a corrupt file, not a crash
 static inline uint64_t mul_check(uint64_t a, uint64_t b, const char* path, const char* what) {
     uint64_t r;

@@ -35,7 +35,8 @@ accelerator.autocast()), no grad scaler, fp32 master weights. --amp bf16 builds
 Accelerator(mixed_precision="bf16"); --amp fp16 is the use_amp path; --amp none is "no" (fp32+TF32).
 
 pi0 (--preset pi0: lerobot/pi0's sizes, 3.24B parameters used; pi0_tiny: make_ref.py's pi0 test
-sizes, which its tiny_pi0_sizes puts in place at run time): LeRobot's PI0Policy with random
+sizes, which its tiny_pi0_sizes puts in place at run time; pi0_small: vla/config.h's preset of that
+name, put in place the same way): LeRobot's PI0Policy with random
 weights, built by LeRobot's own code on the device it runs on. Nothing is read from the hub: the
 policy is built from PI0Config, not from google/paligemma-3b-pt-224, and its pre-processor, whose
 first step loads that tokenizer, is not used. The batch is what the pre-processor would hand the
@@ -382,7 +383,15 @@ PI0_POLICY_DEFAULTS = dict(chunk_size=50, n_action_steps=50, max_state_dim=32, m
 # nothing; "trained" is what gets a gradient in each mode, as vla/config.h's table marks it.
 PI0_EXPECTED = {"total": 4_028_019_472, "used": 3_238_048_528, "lm_heads": 789_970_944,
                 "trained": {"expert": 314_713_120, "vlm": 2_720_744_480, "all": 3_133_186_832}}
-PI0_PRESETS = ("pi0", "pi0_tiny")
+PI0_PRESETS = ("pi0", "pi0_tiny", "pi0_small")
+# vla/config.h's pi0_small in make_ref.py's fields (its PI0_VISION, PI0_GEMMA, PI0_VOCAB, PI0_POLICY)
+PI0_SMALL = dict(
+    vision=dict(hidden_size=48, intermediate_size=96, num_hidden_layers=1, num_attention_heads=2, patch_size=16),
+    gemma={"gemma_2b": dict(width=64, depth=2, mlp_dim=192, num_heads=8, num_kv_heads=1, head_dim=8),
+           "gemma_300m": dict(width=48, depth=2, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=8)},
+    vocab=256,
+    policy=dict(chunk_size=8, n_action_steps=8, max_state_dim=32, max_action_dim=32, num_inference_steps=10,
+                image_resolution=(64, 64), tokenizer_max_length=48))
 
 
 def pi0_flat_sizes(vision, vlm, expert, vocab, policy, n_cams):
@@ -832,6 +841,10 @@ def pi0_preset_parts(preset):
     preset of that name), which its tiny_pi0_sizes replaces at run time."""
     if preset == "pi0":
         return PI0_VISION, PI0_GEMMA["gemma_2b"], PI0_GEMMA["gemma_300m"], PI0_VOCAB, {}
+    if preset == "pi0_small":
+        vision = dict(PI0_SMALL["vision"], image_size=PI0_SMALL["policy"]["image_resolution"][0])
+        return (vision, PI0_SMALL["gemma"]["gemma_2b"], PI0_SMALL["gemma"]["gemma_300m"], PI0_SMALL["vocab"],
+                PI0_SMALL["policy"])
     sys.path.insert(0, str(HERE))
     import make_ref
     policy = {k: v for k, v in make_ref.PI0_POLICY.items() if k != "dtype"}  # (--amp sets the dtype)
@@ -845,13 +858,29 @@ def pi0_preset_sizes(preset, n_cams=len(CAMERAS)):
 
 
 def pi0_build_sizes(preset):
-    """The context a pi0 preset's model is built in: LeRobot's own sizes, or pi0_tiny's."""
-    from contextlib import nullcontext
+    """The context a pi0 preset's model is built in: LeRobot's own sizes, or pi0_tiny's, or
+    pi0_small's (make_ref.py's sizes swapped for them while tiny_pi0_sizes builds)."""
+    from contextlib import contextmanager, nullcontext
     if preset == "pi0":
         return nullcontext()
     sys.path.insert(0, str(HERE))
     import make_ref
-    return make_ref.tiny_pi0_sizes()
+    if preset == "pi0_tiny":
+        return make_ref.tiny_pi0_sizes()
+
+    @contextmanager
+    def small_sizes():
+        names = {"PI0_VISION": PI0_SMALL["vision"], "PI0_GEMMA": PI0_SMALL["gemma"], "PI0_VOCAB": PI0_SMALL["vocab"]}
+        real = {name: getattr(make_ref, name) for name in names}
+        for name, value in names.items():
+            setattr(make_ref, name, value)
+        try:
+            with make_ref.tiny_pi0_sizes():
+                yield
+        finally:
+            for name, value in real.items():
+                setattr(make_ref, name, value)
+    return small_sizes()
 
 
 def pi0_policy_config(preset, train, device, amp, compile_mode):
