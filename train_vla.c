@@ -181,21 +181,19 @@ static const GemmKernel* gemm_kernel(void) {
 static inline void gemm_transpose8(float* d, int R, const float* const* line, int k, int n) {
     gemm_v8 x[8], t[8], u[8];
     for (int i = 0; i < 8; i++) { memcpy(&x[i], line[i] + k, sizeof(x[i])); }
-    const gemm_i8 lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
-    const gemm_i8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
-    const gemm_i8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
     for (int i = 0; i < 8; i += 2) {
-        t[i] = __builtin_shuffle(x[i], x[i + 1], lo);
-        t[i + 1] = __builtin_shuffle(x[i], x[i + 1], hi);
+        t[i] = __builtin_shufflevector(x[i], x[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = __builtin_shufflevector(x[i], x[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
     }
-    for (int i = 0; i < 8; i += 4) {
-        u[i] = __builtin_shuffle(t[i], t[i + 2], lo2);      // values k, k + 4 of lines i .. i + 3
-        u[i + 1] = __builtin_shuffle(t[i], t[i + 2], hi2);  // k + 1, k + 5
-        u[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], lo2);
-        u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi2);
+    for (int i = 0; i < 8; i += 4) {  // values k, k + 4 of lines i .. i + 3; k + 1, k + 5; ...
+        u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        u[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
     }
     for (int j = 0; j < 4; j++) {
-        gemm_v8 first = __builtin_shuffle(u[j], u[j + 4], lo4), second = __builtin_shuffle(u[j], u[j + 4], hi4);
+        gemm_v8 first = __builtin_shufflevector(u[j], u[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        gemm_v8 second = __builtin_shufflevector(u[j], u[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
         if (n == 8) {
             memcpy(d + (size_t)j * R, &first, sizeof(first));
             memcpy(d + (size_t)(j + 4) * R, &second, sizeof(second));
