@@ -62,9 +62,10 @@ Reproduce the oracle's numbers (what test_vla checks):
 // x / ln 2 (adding and removing 1.5 * 2^23 rounds it) and |r| <= ln(2) / 2, e^r by its degree-7
 // Taylor-minimax polynomial, times 2^n built in the exponent's bits. Below -87.3 (e^x under
 // float's smallest normal, which a softmax or sigmoid cannot tell from 0) it returns 0 (so
-// exp(-inf) = 0), above 88.7 infinity.
+// exp(-inf) = 0), above 88.7 infinity, and NaN for NaN.
 static inline float vla_expf(float x) {
-    float xc = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
+    float xc = x > -87.33654f ? x : -87.33654f;  // (NaN takes the lower bound here, and stays NaN below)
+    xc = xc < 88.72283f ? xc : 88.72283f;
     float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
     float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;  // (ln 2 in two parts: the first exact times n)
     float p = 1.9875691500e-4f;
@@ -74,11 +75,13 @@ static inline float vla_expf(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    int bits = ((int)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof(scale));
-    float y = p * scale;
-    return x < -87.33654f ? 0.0f : (x > 88.72283f ? INFINITY : y);
+    int ni = (int)n, half = ni >> 1;  // 2^n as 2^half 2^(n - half): both normal for n in -126 .. 128
+    int bits0 = (half + 127) << 23, bits1 = (ni - half + 127) << 23;
+    float s0, s1;
+    memcpy(&s0, &bits0, sizeof(s0));
+    memcpy(&s1, &bits1, sizeof(s1));
+    float y = p * s0 * s1;
+    return x != x ? x : (x < -87.33654f ? 0.0f : (x > 88.72283f ? INFINITY : y));
 }
 
 // tanh u = 1 - 2 / (e^2u + 1): exact at both ends (e^2u = 0 or infinity), within 1e-7 near 0
