@@ -80,8 +80,8 @@ static inline float vla_expf(float x) {
     float s0, s1;
     memcpy(&s0, &bits0, sizeof(s0));
     memcpy(&s1, &bits1, sizeof(s1));
-    float y = p * s0 * s1;
-    return x != x ? x : (x < -87.33654f ? 0.0f : (x > 88.72283f ? INFINITY : y));
+    float y = p * s0 * s1 + (x - x);  // (+ 0, or NaN for NaN: no branch, which would change what vectorizes)
+    return x < -87.33654f ? 0.0f : (x > 88.72283f ? INFINITY : y);
 }
 
 // tanh u = 1 - 2 / (e^2u + 1): exact at both ends (e^2u = 0 or infinity), within 1e-7 near 0
@@ -802,18 +802,32 @@ static inline float silu_grad(float x) {  // d/dx x sigmoid(x) = s (1 + x (1 - s
 // The MLPs' gated activation act = a(gate) * up, a = silu (SwiGLU: SmolLM2's, SmolVLA) or gelu_tanh
 // (GeGLU: Gemma's, pi0)
 static void glu_forward(float* act, const float* gate, const float* up, size_t n, int gelu) {
-    #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) { act[i] = (gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i]; }
+    // (one loop per activation: each vectorizes alike wherever this file is compiled, and so
+    // rounds alike: a loop the compiler leaves scalar in one program may fuse other products)
+    if (gelu) {
+        #pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) { act[i] = gelu_tanh(gate[i]) * up[i]; }
+    } else {
+        #pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) { act[i] = silu(gate[i]) * up[i]; }
+    }
 }
 
 // dgate, dup are overwritten
 static void glu_backward(float* dgate, float* dup, const float* dact, const float* gate, const float* up, size_t n,
                          int gelu) {
-    #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        dgate[i] = dact[i] * up[i] * (gelu ? gelu_tanh_grad(g) : silu_grad(g));
-        dup[i] = dact[i] * (gelu ? gelu_tanh(g) : silu(g));
+    if (gelu) {  // (one loop per activation, as glu_forward)
+        #pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) {
+            dgate[i] = dact[i] * up[i] * gelu_tanh_grad(gate[i]);
+            dup[i] = dact[i] * gelu_tanh(gate[i]);
+        }
+    } else {
+        #pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) {
+            dgate[i] = dact[i] * up[i] * silu_grad(gate[i]);
+            dup[i] = dact[i] * silu(gate[i]);
+        }
     }
 }
 
