@@ -8,12 +8,41 @@ it beside PyTorch on the same shapes and threads.
 
 Each line: the layer, M x K x N of the product, its kind and the median GFLOP/s of --reps runs
 (after one warm-up). --rows-scale multiplies the rows (the tokens of the batch: 1 is one sample).
+The first line names the tile train_vla.c chose for this CPU and its ceiling: every thread
+multiplying one pair of panels that stay in its L1 cache over and over (no packing, no memory
+traffic), the most these products could reach on these cores and threads.
 */
 #define VLA_LIBRARY
 #include "../train_vla.c"
 
 // One Linear of the smolvla preset: rows (tokens of one sample), in, out
 typedef struct { const char* name; int rows, in, out; } BenchLinear;
+// GFLOP/s of the tile alone on all threads, each with its own L1-resident panels, for ~0.5 s
+static double tile_ceiling(const GemmKernel* g) {
+    int kc = GEMM_KC, reps = 1;
+    double seconds = 0.0;
+    while (seconds < 0.5 && reps < (1 << 28)) {
+        reps *= 4;
+        double t0 = wall_seconds();
+        #pragma omp parallel
+        {
+            float* a = (float*)aligned_alloc(64, sizeof(float) * g->mr * kc);
+            float* b = (float*)aligned_alloc(64, sizeof(float) * g->nr * kc);
+            float* c = (float*)aligned_alloc(64, sizeof(float) * g->mr * g->nr);
+            if (a != NULL && b != NULL && c != NULL) {
+                for (int i = 0; i < g->mr * kc; i++) { a[i] = 1e-3f * (float)(i % 7); }
+                for (int i = 0; i < g->nr * kc; i++) { b[i] = 1e-3f * (float)(i % 5); }
+                memset(c, 0, sizeof(float) * g->mr * g->nr);
+                for (int r = 0; r < reps; r++) { g->tile(kc, a, b, c, g->nr, g->mr, g->nr); }
+                if (c[0] == 12345.0f) { printf(" "); }  // (the sums are used)
+            }
+            free(a); free(b); free(c);
+        }
+        seconds = wall_seconds() - t0;
+    }
+    return omp_get_max_threads() * 2.0 * g->mr * g->nr * kc * (double)reps / seconds * 1e-9;
+}
+
 static const BenchLinear BENCH_LINEARS[] = {
     {"vision qkv/o (1024 patches)", 1024, 768, 768},
     {"vision fc1", 1024, 768, 3072},
@@ -38,7 +67,9 @@ int main(int argc, char** argv) {
     }
     if (threads > 0) { omp_set_num_threads(threads); }
     if (reps < 1 || reps > 1000 || !(scale > 0.0)) { fprintf(stderr, "error: --reps 1..1000, --rows-scale > 0\n"); return 1; }
-    printf("train_vla.c gemm_acc, %d threads, median of %d\n", omp_get_max_threads(), reps);
+    const GemmKernel* kernel = gemm_kernel();
+    printf("train_vla.c gemm_acc, %d threads, median of %d; tile %s, its ceiling %.1f GFLOP/s\n",
+           omp_get_max_threads(), reps, kernel->name, tile_ceiling(kernel));
     for (size_t l = 0; l < sizeof(BENCH_LINEARS) / sizeof(BENCH_LINEARS[0]); l++) {
         const BenchLinear* L = &BENCH_LINEARS[l];
         int M = (int)(L->rows * scale + 0.5), C = L->in, OC = L->out;

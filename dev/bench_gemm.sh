@@ -3,7 +3,8 @@
 # (train_vla.c's gemm_acc: what train_vla_cpu and libvla.so run) and torch.matmul (build/venv's
 # torch, its own BLAS) on the smolvla preset's Linear shapes (forward, input gradient, weight
 # gradient), the same thread count, the median of REPS runs each after one warm-up; then the
-# GFLOP/s side by side with their ratio (above 1: train_vla faster).
+# GFLOP/s side by side with their ratio (above 1: train_vla faster), and train_vla's as a share of
+# its tile's ceiling on these cores (dev/bench_gemm's first line).
 #   dev/bench_gemm.sh                  # 2 threads, 5 runs, one sample's rows
 #   THREADS=1 REPS=9 ROWS_SCALE=8 dev/bench_gemm.sh   # batch 8's rows
 set -euo pipefail
@@ -45,11 +46,14 @@ PY
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 echo "matrix products of the smolvla preset's Linears, rows x $ROWS_SCALE, $THREADS threads, median of $REPS"
 echo "machine: $cpu ($(nproc) cores), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), torch $("$PYTHON" -c 'import torch; print(torch.__version__)')"
-printf '| %-28s | %-20s | %-19s | %9s | %9s | %6s |\n' layer "M x K x N" product train_vla torch ratio
+ceiling=$(echo "$c_out" | head -1 | grep -oE 'ceiling [0-9.]+' | cut -d' ' -f2)
+echo "train_vla's $(echo "$c_out" | head -1 | grep -oE 'tile .* GFLOP/s') (its panels in L1, all threads: the products' ceiling)"
+printf '| %-28s | %-20s | %-19s | %9s | %9s | %6s | %10s |\n' layer "M x K x N" product train_vla torch ratio "of ceiling"
 paste -d'|' <(echo "$c_out" | tail -n +2) <(echo "$py_out") | while IFS='|' read -r c p; do
     name=${c:0:28}
     shape=$(echo "$c" | grep -oE '[0-9]+ x +[0-9]+ x +[0-9]+' | tr -s ' ')
     kind=$(echo "$c" | grep -oE '(forward x@W\^T|input grad dy@W|weight grad dy\^T@x)')
     g=$(echo "$c" | awk '{print $(NF-1)}')
-    printf '| %-28s | %-20s | %-19s | %9s | %9s | %5.2fx |\n' "$name" "$shape" "$kind" "$g" "$p" "$(awk -v a="$g" -v b="$p" 'BEGIN{print a/b}')"
+    printf '| %-28s | %-20s | %-19s | %9s | %9s | %5.2fx | %9.0f%% |\n' "$name" "$shape" "$kind" "$g" "$p" \
+        "$(awk -v a="$g" -v b="$p" 'BEGIN{print a/b}')" "$(awk -v a="$g" -v c="$ceiling" 'BEGIN{print 100 * a / c}')"
 done

@@ -34,7 +34,7 @@ weights, zero moments of the 315M the expert trains), written at the disk's spee
 copies and a CRC-32 (~1.7 GB/s on one core): ~20 s into memory (--out-dir on a tmpfs), a 2-core
 machine's shared disk took 0.12 GB/s.
 Presets: those of vla/config.h (tiny, small, smolvla, pi0 at lerobot/pi0's sizes, pi0_tiny for a
-smoke run; pi0's prefix holds 48 text columns as LeRobot's bench feeds it, the instruction's bytes
+smoke run, pi0_small, which LeRobot's bench builds too; pi0's prefix holds 48 text columns as LeRobot's bench feeds it, the instruction's bytes
 here, PaliGemma's ids there, padded and masked alike), and smolvla_layers: smolvla's cameras, layer counts, layer
 schedule, text length and chunk at the tiny preset's widths, which launch exactly what smolvla
 launches (each launcher issues one launch per call whatever the width) and run under the CPU
@@ -192,7 +192,7 @@ def describe(name, r):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("-p", "--preset", default="smolvla",
-                    choices=("smolvla", "small", "tiny", "smolvla_layers", "pi0", "pi0_tiny"))
+                    choices=("smolvla", "small", "tiny", "smolvla_layers", "pi0", "pi0_tiny", "pi0_small"))
     ap.add_argument("-d", "--device", default="cuda", choices=("cuda", "cpu"),
                     help="cuda: libvla_gpu.so (or --library), cpu: libvla.so (default cuda)")
     ap.add_argument("--library", default=None, help="another build of the library (e.g. build/emu/libvla_gpu_bf16.so)")
