@@ -155,6 +155,70 @@ static size_t flow_closed_form(const FlowConfig* c, int mode) {
     return vision + vlm + state + heads + expert;
 }
 
+// gemm_part with every tile this CPU can run, on products of shapes that leave edges in both
+// panels and take several blocks of k, each operand layout, and row strides wider than the
+// matrix: every tile gives the first tile's bits, and those are the products to float rounding
+// (against sums in double).
+static void test_gemm_tiles(void) {
+    printf("\n== matrix-product tiles (gemm_part)\n");
+    const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {13, 300, 37}, {50, 720, 64}, {97, 513, 65}, {12, 256, 32}};
+    int n_kernels = 0;
+    while (gemm_kernel_at(n_kernels) != NULL) { n_kernels++; }
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        int M = shapes[s][0], K = shapes[s][1], N = shapes[s][2];
+        for (int layout = 0; layout < 4; layout++) {
+            int ta = layout & 1, tb = layout >> 1, pad = 3;  // (row strides pad wider than the rows)
+            int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+            size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+            float* A = (float*)mallocCheck(na * sizeof(float));
+            float* B = (float*)mallocCheck(nb * sizeof(float));
+            float* C0 = (float*)mallocCheck(nc * sizeof(float));
+            float* C = (float*)mallocCheck(nc * sizeof(float));
+            uint32_t r = 12345u + (uint32_t)(s * 4 + layout);
+            for (size_t i = 0; i < na + nb; i++) {  // uniform in [-1, 1)
+                r = r * 1664525u + 1013904223u;
+                float v = (float)(r >> 8) / 8388608.0f - 1.0f;
+                if (i < na) { A[i] = v; } else { B[i - na] = v; }
+            }
+            double worst = 0.0;
+            int same = 1;
+            for (int k = 0; k < n_kernels; k++) {
+                const GemmKernel* g = gemm_kernel_at(k);
+                float* out = k == 0 ? C0 : C;
+                for (size_t i = 0; i < nc; i++) { out[i] = 0.25f; }
+                size_t bytes = (gemm_panel_floats(g, M, K, N) * sizeof(float) + 63) / 64 * 64;
+                float* panels = (float*)aligned_alloc(64, bytes);
+                if (panels == NULL) { vla_fail_no_memory("out of memory for the tiles' test panels"); }
+                gemm_part(g, out, ldc, A, lda, ta, B, ldb, tb, M, K, N, panels, 0, 1);
+                free(panels);
+                if (k > 0 && memcmp(C, C0, nc * sizeof(float)) != 0) { same = 0; }
+            }
+            for (int i = 0; i < M; i++) {
+                for (int j = 0; j < N; j++) {
+                    double want = 0.25, mag = 0.0;
+                    for (int q = 0; q < K; q++) {
+                        double a = ta ? A[(size_t)q * lda + i] : A[(size_t)i * lda + q];
+                        double b = tb ? B[(size_t)j * ldb + q] : B[(size_t)q * ldb + j];
+                        want += a * b;
+                        mag += fabs(a * b);
+                    }
+                    double err = fabs((double)C0[(size_t)i * ldc + j] - want) / (mag + 1.0);
+                    worst = err > worst ? err : worst;
+                }
+            }
+            int pads_kept = 1;  // (the columns past N of each row are not written)
+            for (int i = 0; i < M; i++) {
+                for (int j = N; j < ldc; j++) { pads_kept &= C0[(size_t)i * ldc + j] == 0.25f; }
+            }
+            check(same && worst < 1e-6 && pads_kept,
+                  "%d x %d x %d, %s A, %s B: %d tile(s) (%s first) give the same bits, within %.1e of double sums, "
+                  "nothing past the rows written", M, K, N, ta ? "transposed" : "plain", tb ? "transposed" : "plain",
+                  n_kernels, gemm_kernel_at(0)->name, worst);
+            free(A); free(B); free(C0); free(C);
+        }
+    }
+}
+
 static void test_param_table(void) {
     printf("\n== parameter table\n");
     for (int p = 0; p < FLOW_N_PRESETS; p++) {
@@ -3254,6 +3318,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     const char* dir = argv[1];
+    test_gemm_tiles();
     test_param_table();
     test_smolvla_oracle(dir);
     if (argc >= 3) { test_smolvla_lerobot("SmolVLA", argv[2]); }

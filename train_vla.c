@@ -167,16 +167,22 @@ GEMM_TILE(gemm_tile_avx2, __attribute__((target("avx2,fma"))), gemm_v8, 8, 6)
 GEMM_TILE(gemm_tile_avx512, __attribute__((target("avx512f,fma"))), gemm_v16, 16, 12)
 #endif
 
-static const GemmKernel* gemm_kernel(void) {
+// The tiles this CPU can run, best first (i = 0, 1, ...; NULL past the last): gemm_kernel() is
+// the first, the others are there for the tests, which hold every one to the same bits.
+static const GemmKernel* gemm_kernel_at(int i) {
     static const GemmKernel portable = {6, 16, gemm_tile_portable, "portable 6x16"};
+    const GemmKernel* found[3];
+    int n = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
     static const GemmKernel avx2 = {6, 16, gemm_tile_avx2, "AVX2 6x16"};
     static const GemmKernel avx512 = {12, 32, gemm_tile_avx512, "AVX-512 12x32"};
-    if (__builtin_cpu_supports("avx512f")) { return &avx512; }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) { return &avx2; }
+    if (__builtin_cpu_supports("avx512f")) { found[n++] = &avx512; }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) { found[n++] = &avx2; }
 #endif
-    return &portable;
+    found[n++] = &portable;
+    return i >= 0 && i < n ? found[i] : NULL;
 }
+static const GemmKernel* gemm_kernel(void) { return gemm_kernel_at(0); }
 
 // Eight lines of eight values (x[i][k]) transposed in registers into d + k * R (k = 0..7), the
 // vector shuffles' three rounds: pairs of values, pairs of pairs, then halves; the first n of
@@ -291,8 +297,7 @@ static size_t gemm_a_panel_floats(const GemmKernel* g, int M, int K) {
     size_t mp = (size_t)(M + g->mr - 1) / g->mr;
     return (mp * g->mr * (size_t)(K < GEMM_KC ? K : GEMM_KC) + 15) / 16 * 16;
 }
-static size_t gemm_panel_floats(int M, int K, int N) {
-    const GemmKernel* g = gemm_kernel();
+static size_t gemm_panel_floats(const GemmKernel* g, int M, int K, int N) {
     size_t np = (size_t)(N + g->nr - 1) / g->nr;
     return gemm_a_panel_floats(g, M, K) + np * g->nr * (size_t)(K < GEMM_KC ? K : GEMM_KC);
 }
@@ -304,9 +309,8 @@ static inline int share_begin(int n, int t, int nt) { return (int)((long long)n 
 // columns of a wider matrix are operands too), computed by thread t of a team of nt that all call
 // it with the same arguments and the same panels (gemm_panel_floats of them). A team of one needs
 // no OpenMP team at all: attention calls it from inside its own parallel loop.
-static void gemm_part(float* C, int ldc, const float* A, int lda, int ta, const float* B, int ldb, int tb, int M,
-                      int K, int N, float* panels, int t, int nt) {
-    const GemmKernel* g = gemm_kernel();
+static void gemm_part(const GemmKernel* g, float* C, int ldc, const float* A, int lda, int ta, const float* B,
+                      int ldb, int tb, int M, int K, int N, float* panels, int t, int nt) {
     int MR = g->mr, NR = g->nr, mp = (M + MR - 1) / MR, np = (N + NR - 1) / NR;
     float* pa = panels;
     float* pb = pa + gemm_a_panel_floats(g, M, K);
@@ -347,16 +351,17 @@ static void gemm_team(float* C, int ldc, const float* A, int lda, int ta, const 
                       int K, int N, float* panels, int nt) {
     if (M <= 0 || N <= 0 || K <= 0) { return; }
     if (nt <= 1) {
-        gemm_part(C, ldc, A, lda, ta, B, ldb, tb, M, K, N, panels, 0, 1);
+        gemm_part(gemm_kernel(), C, ldc, A, lda, ta, B, ldb, tb, M, K, N, panels, 0, 1);
         return;
     }
     #pragma omp parallel num_threads(nt)
-    gemm_part(C, ldc, A, lda, ta, B, ldb, tb, M, K, N, panels, omp_get_thread_num(), omp_get_num_threads());
+    gemm_part(gemm_kernel(), C, ldc, A, lda, ta, B, ldb, tb, M, K, N, panels, omp_get_thread_num(),
+              omp_get_num_threads());
 }
 
 static void gemm_acc(float* C, const float* A, int ta, const float* B, int tb, int M, int K, int N) {
     if (M <= 0 || N <= 0 || K <= 0) { return; }
-    float* panels = gemm_scratch(gemm_panel_floats(M, K, N));
+    float* panels = gemm_scratch(gemm_panel_floats(gemm_kernel(), M, K, N));
     gemm_team(C, N, A, ta ? M : K, ta, B, tb ? K : N, tb, M, K, N, panels, omp_get_max_threads());
 }
 
@@ -644,7 +649,7 @@ static GqaPlan gqa_plan(const GqaAttn* a, int units, int rows, int tables) {
     int big = rows > nk ? rows : nk;
     big = big > a->HS ? big : a->HS;
     g.panels = ((size_t)tables * rows * nk + 15) / 16 * 16;
-    g.slot = g.panels + gemm_panel_floats(big, big, big);
+    g.slot = g.panels + gemm_panel_floats(gemm_kernel(), big, big, big);
     g.scratch = gemm_scratch(g.slot * g.outer);
     return g;
 }
