@@ -367,6 +367,7 @@ static void gemm_acc(float* C, const float* A, int ta, const float* B, int tb, i
 
 // out (N, OC) = inp (N, C) @ w (OC, C)^T + bias (OC)
 static void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC) {
+    #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         for (int o = 0; o < OC; o++) { out[(size_t)n * OC + o] = bias != NULL ? bias[o] : 0.0f; }
     }
