@@ -230,13 +230,7 @@ static inline void gemm_pack(float* d, const float* src, int R, int along_k, int
             const float* line[8];
             for (int i = 0; i < 8; i++) { line[i] = src + (size_t)(r0 + r + (i < n ? i : n - 1)) * ld + k0; }
             int k = 0;
-            if (n == 8) {
-                for (; k + 8 <= kc; k += 8) { gemm_transpose8(d + (size_t)k * R + r, R, line, k, 8); }
-            } else if (n == 4) {
-                for (; k + 8 <= kc; k += 8) { gemm_transpose8(d + (size_t)k * R + r, R, line, k, 4); }
-            } else {
-                for (; k + 8 <= kc; k += 8) { gemm_transpose8(d + (size_t)k * R + r, R, line, k, n); }
-            }
+            for (; k + 8 <= kc; k += 8) { gemm_transpose8(d + (size_t)k * R + r, R, line, k, n); }
             for (; k < kc; k++) {
                 for (int i = 0; i < n; i++) { d[(size_t)k * R + r + i] = line[i][k]; }
             }
@@ -561,31 +555,32 @@ static inline int gqa_query_sees(const GqaAttn* a, int b, int i, int j) {
     return valid[qi] != 0.0f && valid[j] != 0.0f && block[j] <= block[qi];
 }
 
-// x . y over n floats: two vectors of 8 partial sums in a fixed order, then the lanes pairwise and
-// the tail. A plain `s += x[c] * y[c]` loop may not be reordered by the compiler, so it waits out
-// each addition's latency.
+// x . y over n floats (y NULL: the sum of x, as if y were ones, the same bits): two vectors of 8
+// partial sums in a fixed order, then the lanes pairwise and the tail. A plain `s += x[c] * y[c]`
+// loop may not be reordered by the compiler, so it waits out each addition's latency.
 static inline float dot_f32(const float* x, const float* y, int n) {
-    gemm_v8 s0 = {0}, s1 = {0};
+    gemm_v8 s0 = {0}, s1 = {0}, one = {1, 1, 1, 1, 1, 1, 1, 1};
     int c = 0;
     for (; c + 16 <= n; c += 16) {
-        gemm_v8 x0, x1, y0, y1;
+        gemm_v8 x0, x1, y0 = one, y1 = one;
         memcpy(&x0, x + c, sizeof(x0)); memcpy(&x1, x + c + 8, sizeof(x1));
-        memcpy(&y0, y + c, sizeof(y0)); memcpy(&y1, y + c + 8, sizeof(y1));
+        if (y != NULL) { memcpy(&y0, y + c, sizeof(y0)); memcpy(&y1, y + c + 8, sizeof(y1)); }
         s0 += x0 * y0;
         s1 += x1 * y1;
     }
     for (; c + 8 <= n; c += 8) {
-        gemm_v8 x0, y0;
-        memcpy(&x0, x + c, sizeof(x0)); memcpy(&y0, y + c, sizeof(y0));
+        gemm_v8 x0, y0 = one;
+        memcpy(&x0, x + c, sizeof(x0));
+        if (y != NULL) { memcpy(&y0, y + c, sizeof(y0)); }
         s0 += x0 * y0;
     }
     s0 += s1;
     float r = ((s0[0] + s0[1]) + (s0[2] + s0[3])) + ((s0[4] + s0[5]) + (s0[6] + s0[7]));
-    for (; c < n; c++) { r += x[c] * y[c]; }
+    for (; c < n; c++) { r += x[c] * (y != NULL ? y[c] : 1.0f); }
     return r;
 }
 
-// The largest of n floats (exact in any order), and their sum in dot_f32's fixed order
+// The largest of n floats (exact in any order)
 static inline float max_f32(const float* x, int n) {
     gemm_v8 m;
     int c = 0;
@@ -606,26 +601,6 @@ static inline float max_f32(const float* x, int n) {
     for (; c < n; c++) { r = x[c] > r ? x[c] : r; }
     return r;
 }
-static inline float sum_f32(const float* x, int n) {
-    gemm_v8 s0 = {0}, s1 = {0};
-    int c = 0;
-    for (; c + 16 <= n; c += 16) {
-        gemm_v8 x0, x1;
-        memcpy(&x0, x + c, sizeof(x0));
-        memcpy(&x1, x + c + 8, sizeof(x1));
-        s0 += x0;
-        s1 += x1;
-    }
-    for (; c + 8 <= n; c += 8) {
-        gemm_v8 x0;
-        memcpy(&x0, x + c, sizeof(x0));
-        s0 += x0;
-    }
-    s0 += s1;
-    float r = ((s0[0] + s0[1]) + (s0[2] + s0[3])) + ((s0[4] + s0[5]) + (s0[6] + s0[7]));
-    for (; c < n; c++) { r += x[c]; }
-    return r;
-}
 
 // Attention is computed a (sample, head) at a time as matrix products on the head's columns: the
 // scores S = Q K^T, then O = P V (and the backward's five products), each by gemm_part. Work is
@@ -642,7 +617,7 @@ typedef struct {
 static GqaPlan gqa_plan(const GqaAttn* a, int units, int rows, int tables) {
     int nt = omp_get_max_threads(), nk = a->Nk0 + a->Nk1;
     GqaPlan g = {units, 1, nt, 0, 0, NULL};
-    // whole heads per thread when the last round leaves at most an eighth of the threads idle
+    // whole heads per thread when the last round's idle threads cost at most an eighth of the work
     if (nt > 1 && (long long)((units + nt - 1) / nt) * nt * 8 <= (long long)units * 9) {
         g.outer = nt;
         g.inner = 1;
@@ -708,7 +683,7 @@ static void gqa_attention_forward(float* out, float* lse, const float* q, const 
             float mx = max_f32(p, nk);
             for (int j = 0; j < nk; j++) { p[j] = vla_expf(p[j] - mx); }  // masked: exp(-inf) = 0, as LeRobot's
                                                                             // exp(finfo.min - max)
-            float sum = sum_f32(p, nk);
+            float sum = dot_f32(p, NULL, nk);
             for (int j = 0; j < nk; j++) { p[j] /= sum; }
             *l = mx + logf(sum);
         }
@@ -2499,7 +2474,6 @@ int main(int argc, char** argv) {
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);  // a closed terminal or a dropped ssh saves too
-    double timed_ms = 0.0;
     int timed_steps = 0;
     double* step_ms = (double*)mallocCheck((size_t)(args.steps > start ? args.steps - start : 1) * sizeof(double));
     int step = start;
@@ -2518,7 +2492,7 @@ int main(int argc, char** argv) {
             vla_fail("step %d: loss %g, grad norm %g is not finite: lower the learning rate (-l) or raise the clip; %s",
                      step + 1, loss, norm, train_checkpoint_left(args.output, left, sizeof(left)));
         }
-        if (step > start) { timed_ms += ms; step_ms[timed_steps++] = ms; }  // the first step warms caches
+        if (step > start) { step_ms[timed_steps++] = ms; }  // the first step warms caches
         double sps = (double)global_batch / (ms / 1000.0);
         logger_step(&logger, step, args.steps, loss, lr_at_step(&args, step), norm, ms, sps, NAN, NAN,
                     (step + 1) % args.log_every == 0 || step + 1 == args.steps);
@@ -2546,6 +2520,8 @@ int main(int argc, char** argv) {
                            step),
            c.action_dim, args.batch);
     if (timed_steps > 0) {
+        double timed_ms = 0.0;
+        for (int i = 0; i < timed_steps; i++) { timed_ms += step_ms[i]; }
         printf("mean step time %.1f ms over %d steps (first excluded), %.1f samples/s\n", timed_ms / timed_steps,
                timed_steps, global_batch / (timed_ms / timed_steps / 1000.0));
         qsort(step_ms, (size_t)timed_steps, sizeof(double), compare_doubles);
