@@ -158,10 +158,13 @@ static size_t flow_closed_form(const FlowConfig* c, int mode) {
 // gemm_part with every tile this CPU can run, on products of shapes that leave edges in both
 // panels and take several blocks of k, each operand layout, and row strides wider than the
 // matrix: every tile gives the first tile's bits, and those are the products to float rounding
-// (against sums in double).
+// (against sums in double). The first tile also computes each product as a team of two threads
+// (these shapes take each of gemm_plan's three ways of sharing the work, several with a short
+// last k block), and as a `set` product onto a bias row, over what C held: the same bits again.
 static void test_gemm_tiles(void) {
     printf("\n== matrix-product tiles (gemm_part)\n");
-    const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {13, 300, 37}, {50, 720, 64}, {97, 513, 65}, {12, 256, 32}};
+    const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {13, 300, 37}, {50, 720, 64}, {97, 513, 65}, {12, 256, 32},
+                             {74, 468, 56}, {130, 300, 200}};
     int n_kernels = 0;
     while (gemm_kernel_at(n_kernels) != NULL) { n_kernels++; }
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
@@ -174,6 +177,8 @@ static void test_gemm_tiles(void) {
             float* B = (float*)mallocCheck(nb * sizeof(float));
             float* C0 = (float*)mallocCheck(nc * sizeof(float));
             float* C = (float*)mallocCheck(nc * sizeof(float));
+            float* bias = (float*)mallocCheck((size_t)N * sizeof(float));
+            for (int j = 0; j < N; j++) { bias[j] = 0.25f; }
             uint32_t r = 12345u + (uint32_t)(s * 4 + layout);
             for (size_t i = 0; i < na + nb; i++) {  // uniform in [-1, 1)
                 r = r * 1664525u + 1013904223u;
@@ -181,15 +186,20 @@ static void test_gemm_tiles(void) {
                 if (i < na) { A[i] = v; } else { B[i - na] = v; }
             }
             double worst = 0.0;
-            int same = 1;
-            for (int k = 0; k < n_kernels; k++) {
-                const GemmKernel* g = gemm_kernel_at(k);
+            int same = 1, runs = n_kernels + 2;
+            for (int k = 0; k < runs; k++) {  // every tile, then the first as a team of two, then as `set`
+                const GemmKernel* g = gemm_kernel_at(k < n_kernels ? k : 0);
                 float* out = k == 0 ? C0 : C;
-                for (size_t i = 0; i < nc; i++) { out[i] = 0.25f; }
-                size_t bytes = (gemm_panel_floats(g, M, K, N) * sizeof(float) + 63) / 64 * 64;
+                int set = k == n_kernels + 1, nt = k == n_kernels ? 2 : 1;
+                for (int i = 0; i < M; i++) {  // (a `set` product overwrites what C holds)
+                    for (int j = 0; j < ldc; j++) { out[(size_t)i * ldc + j] = set && j < N ? -3.0f : 0.25f; }
+                }
+                size_t bytes = (gemm_panel_floats(g, M, K, N, nt) * sizeof(float) + 63) / 64 * 64;
                 float* panels = (float*)aligned_alloc(64, bytes);
                 if (panels == NULL) { vla_fail_no_memory("out of memory for the tiles' test panels"); }
-                gemm_part(g, out, ldc, A, lda, ta, B, ldb, tb, M, K, N, panels, 0, 1);
+                #pragma omp parallel num_threads(nt) if (nt > 1)
+                gemm_part(g, out, ldc, A, lda, ta, B, ldb, tb, M, K, N, set, set ? bias : NULL, panels,
+                          omp_get_thread_num(), omp_get_num_threads());
                 free(panels);
                 if (k > 0 && memcmp(C, C0, nc * sizeof(float)) != 0) { same = 0; }
             }
@@ -211,10 +221,10 @@ static void test_gemm_tiles(void) {
                 for (int j = N; j < ldc; j++) { pads_kept &= C0[(size_t)i * ldc + j] == 0.25f; }
             }
             check(same && worst < 1e-6 && pads_kept,
-                  "%d x %d x %d, %s A, %s B: %d tile(s) (%s first) give the same bits, within %.1e of double sums, "
-                  "nothing past the rows written", M, K, N, ta ? "transposed" : "plain", tb ? "transposed" : "plain",
-                  n_kernels, gemm_kernel_at(0)->name, worst);
-            free(A); free(B); free(C0); free(C);
+                  "%d x %d x %d, %s A, %s B: %d tile(s) (%s first), 2 threads and a bias set give the same bits, "
+                  "within %.1e of double sums, nothing past the rows written", M, K, N, ta ? "transposed" : "plain",
+                  tb ? "transposed" : "plain", n_kernels, gemm_kernel_at(0)->name, worst);
+            free(A); free(B); free(C0); free(C); free(bias);
         }
     }
 }

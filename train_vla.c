@@ -105,31 +105,36 @@ static inline float silu(float x) { return x / (1.0f + vla_expf(-x)); }
 // kernels: forward and backward of every operation. Backward kernels accumulate (+=) into
 // parameter gradients and into input gradients unless said otherwise.
 
-// C (M, N) += op(A) @ op(B), row-major, where op(A) (M, K) is A or, with ta, the transpose of an A
-// stored (K, M), and op(B) (K, N) is B or, with tb, the transpose of a B stored (N, K) (a Linear's
-// weight). Goto's blocking: for each block of GEMM_KC steps of k, op(A) and op(B) are packed into
-// panels of mr rows and of nr columns, k by k (zeros past M and N), and each pair of panels
-// accumulates an mr x nr tile of C in registers: per k, two vectors of the B panel and mr
-// broadcasts of A, 2 mr fused multiply-adds on 2 mr vector accumulators. The tile is sized for
-// the CPU found at run time: 12 x 32 (24 of AVX-512's 32 registers of 16 floats), 6 x 16 (12 of
-// AVX2's 16 of 8), or 6 x 16 in the compiler's vector extensions for the target it builds for
-// (the portable one). A thread owns whole column panels of C; every output sums its k blocks in
-// order and each block in k order, one fused multiply-add a step, so the result is the same for
-// any thread count and for either x86 tile.
+// C (M, N) += op(A) @ op(B), or C = op(A) @ op(B) + a bias row (or none), row-major, where op(A)
+// (M, K) is A or, with ta, the transpose of an A stored (K, M), and op(B) (K, N) is B or, with tb,
+// the transpose of a B stored (N, K) (a Linear's weight). Goto's blocking: for each block of
+// GEMM_KC steps of k, op(A) and op(B) are packed into panels of mr rows and of nr columns, k by k
+// (zeros past M and N), and each pair of panels accumulates an mr x nr tile of C in registers: per
+// k, two vectors of the B panel and mr broadcasts of A, 2 mr fused multiply-adds on 2 mr vector
+// accumulators. The tile is sized for the CPU found at run time: 12 x 32 (24 of AVX-512's 32
+// registers of 16 floats), 6 x 16 (12 of AVX2's 16 of 8), or 6 x 16 in the compiler's vector
+// extensions for the target it builds for (the portable one); a last panel of few rows runs a tile
+// of a third or two thirds of the rows. Every output sums its k blocks in order (the first onto C,
+// or onto its bias or zero) and each block in k order, one fused multiply-add a step, so the result
+// is the same for any thread count, any way of sharing the work, and either x86 tile.
 #define GEMM_KC 256
 #define GEMM_MC 96  // rows of A a block (a multiple of every tile's mr)
 typedef float gemm_v8 __attribute__((vector_size(32)));
 typedef int gemm_i8 __attribute__((vector_size(32)));
 typedef float gemm_v16 __attribute__((vector_size(64)));
-typedef void (*GemmTileFn)(int kc, const float* a, const float* b, float* c, int ldc, int mr, int nr);
-typedef struct { int mr, nr; GemmTileFn tile; const char* name; } GemmKernel;
+typedef void (*GemmTileFn)(int kc, const float* a, const float* b, float* c, int ldc, const float* init, int ldi,
+                           int mr, int nr);
+typedef struct { int mr, nr; GemmTileFn tile[3]; const char* name; } GemmKernel;  // (tile: see gemm_tile_for)
 
-// The tile function for vector type VT of VL floats and MR rows: C[0:mr, 0:nr] (row stride ldc)
-// += the panel pair's product over kc steps; an edge tile stores its valid part alone.
-#define GEMM_TILE(NAME, ATTR, VT, VL, MR)                                                        \
-    ATTR static void NAME(int kc, const float* a, const float* b, float* c, int ldc, int mr, int nr) { \
-        VT acc[MR][2];                                                                           \
-        for (int i = 0; i < MR; i++) { acc[i][0] = acc[i][1] = (VT){0}; }                       \
+// The tile function for vector type VT of VL floats, panels of MR rows, ROWS of them computed (MR,
+// or fewer for the last panel of a product whose rows it does not fill): C[0:mr, 0:nr] (row stride
+// ldc) = init (row stride ldi: C itself to accumulate, a bias row or zeros at stride 0) + the panel
+// pair's product over kc steps; an edge tile stores its valid part alone.
+#define GEMM_TILE(NAME, ATTR, VT, VL, MR, ROWS)                                                  \
+    ATTR static void NAME(int kc, const float* a, const float* b, float* c, int ldc, const float* init, int ldi, \
+                          int mr, int nr) {                                                      \
+        VT acc[ROWS][2];                                                                         \
+        for (int i = 0; i < ROWS; i++) { acc[i][0] = acc[i][1] = (VT){0}; }                     \
         for (int i = 0; i < mr; i++) { /* C's rows arrive while the panels are multiplied */      \
             __builtin_prefetch(c + (size_t)i * ldc, 1);                                          \
             __builtin_prefetch(c + (size_t)i * ldc + 2 * VL - 1, 1);                             \
@@ -138,16 +143,16 @@ typedef struct { int mr, nr; GemmTileFn tile; const char* name; } GemmKernel;
             VT b0, b1;                                                                           \
             memcpy(&b0, b, sizeof(b0));                                                          \
             memcpy(&b1, b + VL, sizeof(b1));                                                     \
-            for (int i = 0; i < MR; i++) {                                                       \
+            for (int i = 0; i < ROWS; i++) {                                                     \
                 acc[i][0] += a[i] * b0;                                                          \
                 acc[i][1] += a[i] * b1;                                                          \
             }                                                                                    \
         }                                                                                        \
-        if (mr == MR && nr == 2 * VL) {                                                          \
-            for (int i = 0; i < MR; i++) {                                                       \
+        if (mr == ROWS && nr == 2 * VL) {                                                        \
+            for (int i = 0; i < ROWS; i++) {                                                     \
                 VT r0, r1;                                                                       \
-                memcpy(&r0, c + (size_t)i * ldc, sizeof(r0));                                    \
-                memcpy(&r1, c + (size_t)i * ldc + VL, sizeof(r1));                               \
+                memcpy(&r0, init + (size_t)i * ldi, sizeof(r0));                                 \
+                memcpy(&r1, init + (size_t)i * ldi + VL, sizeof(r1));                            \
                 r0 += acc[i][0];                                                                 \
                 r1 += acc[i][1];                                                                 \
                 memcpy(c + (size_t)i * ldc, &r0, sizeof(r0));                                    \
@@ -155,27 +160,38 @@ typedef struct { int mr, nr; GemmTileFn tile; const char* name; } GemmKernel;
             }                                                                                    \
             return;                                                                              \
         }                                                                                        \
-        float t[MR][2 * VL];                                                                     \
+        float t[ROWS][2 * VL];                                                                   \
         memcpy(t, acc, sizeof(t));                                                               \
         for (int i = 0; i < mr; i++) {                                                           \
-            for (int j = 0; j < nr; j++) { c[(size_t)i * ldc + j] += t[i][j]; }                 \
+            for (int j = 0; j < nr; j++) { c[(size_t)i * ldc + j] = init[(size_t)i * ldi + j] + t[i][j]; } \
         }                                                                                        \
     }
-GEMM_TILE(gemm_tile_portable, , gemm_v8, 8, 6)
+// each family's tiles of all MR rows, two thirds and a third of them
+#define GEMM_TILES(NAME, ATTR, VT, VL, MR)                \
+    GEMM_TILE(NAME##_full, ATTR, VT, VL, MR, MR)          \
+    GEMM_TILE(NAME##_two_thirds, ATTR, VT, VL, MR, MR * 2 / 3) \
+    GEMM_TILE(NAME##_third, ATTR, VT, VL, MR, MR / 3)
+GEMM_TILES(gemm_tile_portable, , gemm_v8, 8, 6)
 #if defined(__x86_64__) && defined(__GNUC__)
-GEMM_TILE(gemm_tile_avx2, __attribute__((target("avx2,fma"))), gemm_v8, 8, 6)
-GEMM_TILE(gemm_tile_avx512, __attribute__((target("avx512f,fma"))), gemm_v16, 16, 12)
+GEMM_TILES(gemm_tile_avx2, __attribute__((target("avx2,fma"))), gemm_v8, 8, 6)
+GEMM_TILES(gemm_tile_avx512, __attribute__((target("avx512f,fma"))), gemm_v16, 16, 12)
 #endif
+#define GEMM_KERNEL(MR, NR, NAME, TEXT) {MR, NR, {NAME##_full, NAME##_two_thirds, NAME##_third}, TEXT}
+
+// The tile that computes a panel of mr valid rows: the one of the fewest rows that covers them
+static inline GemmTileFn gemm_tile_for(const GemmKernel* g, int mr) {
+    return g->tile[mr <= g->mr / 3 ? 2 : mr <= g->mr * 2 / 3 ? 1 : 0];
+}
 
 // The tiles this CPU can run, best first (i = 0, 1, ...; NULL past the last): gemm_kernel() is
 // the first, the others are there for the tests, which hold every one to the same bits.
 static const GemmKernel* gemm_kernel_at(int i) {
-    static const GemmKernel portable = {6, 16, gemm_tile_portable, "portable 6x16"};
+    static const GemmKernel portable = GEMM_KERNEL(6, 16, gemm_tile_portable, "portable 6x16");
     const GemmKernel* found[3];
     int n = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
-    static const GemmKernel avx2 = {6, 16, gemm_tile_avx2, "AVX2 6x16"};
-    static const GemmKernel avx512 = {12, 32, gemm_tile_avx512, "AVX-512 12x32"};
+    static const GemmKernel avx2 = GEMM_KERNEL(6, 16, gemm_tile_avx2, "AVX2 6x16");
+    static const GemmKernel avx512 = GEMM_KERNEL(12, 32, gemm_tile_avx512, "AVX-512 12x32");
     if (__builtin_cpu_supports("avx512f")) { found[n++] = &avx512; }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) { found[n++] = &avx2; }
 #endif
@@ -285,87 +301,146 @@ static float* gemm_scratch(size_t n) {
     return s->buf;
 }
 
-// Floats of op(A)'s panels (rounded up to 64-byte lines, where op(B)'s start) for a product of
-// these sizes, and of both panels
-static size_t gemm_a_panel_floats(const GemmKernel* g, int M, int K) {
-    size_t mp = (size_t)(M + g->mr - 1) / g->mr;
-    return (mp * g->mr * (size_t)(K < GEMM_KC ? K : GEMM_KC) + 15) / 16 * 16;
+// How a team of nt threads shares a product, three ways (each output is one tile's sum in the same
+// order whichever):
+// - GEMM_ROWS: each thread takes a share of op(A)'s row panels and every column. It packs its
+//   rows GEMM_MC at a time into its own block, which stays in its core's L2 while used; op(B)'s
+//   panels of a k block are packed by the threads together and read by all, so the threads meet
+//   once a k block (two buffers of panels alternate). The way when op(A) is the larger to pack.
+// - GEMM_COLS: each thread takes a share of op(B)'s column panels and every row, and packs just
+//   the column panels it uses, each where it is first used (so it is in L1 for its first tiles);
+//   op(A)'s panels of a k block are packed by the threads together and read by all, as above.
+//   The way for more rows than GEMM_MC when op(B) is the larger (a prefix's, the vision MLP's up).
+// - GEMM_COLS_OWN_A: the columns shared as in GEMM_COLS, but each thread packs all of op(A) into
+//   its own block, so no thread waits for another: the way for at most GEMM_MC rows (the expert's
+//   actions), which cost little to pack twice.
+enum { GEMM_ROWS, GEMM_COLS, GEMM_COLS_OWN_A };
+typedef struct { int way, mp, np, kcmax; size_t a_block, a_panels, b_panels; } GemmPlan;
+static GemmPlan gemm_plan(const GemmKernel* g, int M, int K, int N, int nt) {
+    GemmPlan p;
+    p.mp = (M + g->mr - 1) / g->mr;
+    p.np = (N + g->nr - 1) / g->nr;
+    p.kcmax = K < GEMM_KC ? K : GEMM_KC;
+    p.way = nt <= 1 || M <= GEMM_MC ? GEMM_COLS_OWN_A
+            : p.mp >= 2 * nt && (long long)(nt - 1) * M > N ? GEMM_ROWS : GEMM_COLS;
+    int block_rows = p.mp * g->mr < GEMM_MC ? p.mp * g->mr : GEMM_MC;
+    p.a_block = ((size_t)block_rows * p.kcmax + 15) / 16 * 16;  // (64-byte lines)
+    p.a_panels = ((size_t)p.mp * g->mr * p.kcmax + 15) / 16 * 16;
+    p.b_panels = ((size_t)p.np * g->nr * p.kcmax + 15) / 16 * 16;
+    return p;
 }
-static size_t gemm_panel_floats(const GemmKernel* g, int M, int K, int N) {
-    size_t np = (size_t)(N + g->nr - 1) / g->nr;
-    return gemm_a_panel_floats(g, M, K) + np * g->nr * (size_t)(K < GEMM_KC ? K : GEMM_KC);
+
+// Floats of the panels a team of up to nt threads computing this product uses, whichever way it
+// shares it: two buffers of op(B)'s panels and two of op(A)'s (the buffers the threads read
+// together alternate), and an op(A) block a thread
+static size_t gemm_panel_floats(const GemmKernel* g, int M, int K, int N, int nt) {
+    GemmPlan p = gemm_plan(g, M, K, N, nt);
+    return (p.b_panels + p.a_panels) * 2 + p.a_block * (size_t)(nt > 1 ? nt : 1);
 }
 
 // Thread t's share of n items (contiguous, as OpenMP's static schedule)
 static inline int share_begin(int n, int t, int nt) { return (int)((long long)n * t / nt); }
 
 // C (row stride ldc) += op(A) op(B), with A and B stored at row strides lda and ldb (so a head's
-// columns of a wider matrix are operands too), computed by thread t of a team of nt that all call
-// it with the same arguments and the same panels (gemm_panel_floats of them). A team of one needs
-// no OpenMP team at all: attention calls it from inside its own parallel loop.
+// columns of a wider matrix are operands too), or with `set`, C = op(A) op(B) + bias (N floats; NULL:
+// none), computed by thread t of a team of nt that all call it with the same arguments and the same
+// panels (gemm_panel_floats of them). A team of one needs no OpenMP team at all: attention calls
+// it from inside its own parallel loop.
 static void gemm_part(const GemmKernel* g, float* C, int ldc, const float* A, int lda, int ta, const float* B,
-                      int ldb, int tb, int M, int K, int N, float* panels, int t, int nt) {
-    int MR = g->mr, NR = g->nr, mp = (M + MR - 1) / MR, np = (N + NR - 1) / NR;
-    float* pa = panels;
-    float* pb = pa + gemm_a_panel_floats(g, M, K);
-    int a0 = share_begin(mp, t, nt), a1 = share_begin(mp, t + 1, nt);
-    int b0 = share_begin(np, t, nt), b1 = share_begin(np, t + 1, nt);
-    for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+                      int ldb, int tb, int M, int K, int N, int set, const float* bias, float* panels, int t, int nt) {
+    static const float zeros[64] = {0};  // (a row of the widest tile's columns)
+    int MR = g->mr, NR = g->nr;
+    GemmPlan plan = gemm_plan(g, M, K, N, nt);
+    // panels at the stride of a whole k block, so that a thread's panels stay where they are when
+    // the last block is shorter (a thread that waits for no other may still be reading its
+    // neighbour's columns of the block before)
+    size_t astride = (size_t)MR * plan.kcmax, bstride = (size_t)NR * plan.kcmax;
+    int shared_a = plan.way == GEMM_COLS, shared_b = plan.way == GEMM_ROWS;
+    float* own_a = panels + (plan.b_panels + plan.a_panels) * 2 + plan.a_block * (size_t)t;
+    int a0 = shared_b ? share_begin(plan.mp, t, nt) : 0, a1 = shared_b ? share_begin(plan.mp, t + 1, nt) : plan.mp;
+    int j0 = shared_b ? 0 : share_begin(plan.np, t, nt), j1 = shared_b ? plan.np : share_begin(plan.np, t + 1, nt);
+    for (int k0 = 0, round = 0; k0 < K; k0 += GEMM_KC, round++) {
         int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
-        for (int p = a0; p < a1; p++) {
-            gemm_pack(pa + (size_t)p * MR * kc, A, MR, !ta, M, lda, p, k0, kc);
+        float* pb = panels + (shared_b ? plan.b_panels * (size_t)(round & 1) : 0);
+        float* pa = panels + plan.b_panels * 2 + plan.a_panels * (size_t)(round & 1);
+        if (shared_b) {
+            for (int p = share_begin(plan.np, t, nt); p < share_begin(plan.np, t + 1, nt); p++) {
+                gemm_pack(pb + (size_t)p * bstride, B, NR, tb, N, ldb, p, k0, kc);
+            }
         }
-        for (int p = b0; p < b1; p++) {
-            gemm_pack(pb + (size_t)p * NR * kc, B, NR, tb, N, ldb, p, k0, kc);
+        if (shared_a) {
+            for (int p = share_begin(plan.mp, t, nt); p < share_begin(plan.mp, t + 1, nt); p++) {
+                gemm_pack(pa + (size_t)p * astride, A, MR, !ta, M, lda, p, k0, kc);
+            }
         }
-        if (nt > 1) {
+        if (shared_a || shared_b) {
             #pragma omp barrier
         }
-        // GEMM_MC rows of A at a time (their panels stay in the core's L2) against the thread's
-        // column panels (the same ones for every block of rows)
-        for (int i0 = 0; i0 < mp; i0 += GEMM_MC / MR) {
-            int i1 = i0 + GEMM_MC / MR < mp ? i0 + GEMM_MC / MR : mp;
-            for (int jp = b0; jp < b1; jp++) {
+        // GEMM_MC rows of op(A) at a time against the column panels (the same ones for every
+        // block of rows)
+        for (int i0 = a0; i0 < a1; i0 += GEMM_MC / MR) {
+            int i1 = i0 + GEMM_MC / MR < a1 ? i0 + GEMM_MC / MR : a1;
+            const float* ablock = shared_a ? pa + (size_t)i0 * astride : own_a;
+            for (int p = i0; !shared_a && p < i1; p++) {
+                gemm_pack(own_a + (size_t)(p - i0) * astride, A, MR, !ta, M, lda, p, k0, kc);
+            }
+            for (int jp = j0; jp < j1; jp++) {
                 int n0 = jp * NR, nr = N - n0 < NR ? N - n0 : NR;
+                if (!shared_b && i0 == a0) {  // (packed where first used: it is in L1 for these tiles)
+                    gemm_pack(pb + (size_t)jp * bstride, B, NR, tb, N, ldb, jp, k0, kc);
+                }
+                const float* init = !set || k0 > 0 ? NULL : bias != NULL ? bias + n0 : zeros;
                 for (int ip = i0; ip < i1; ip++) {
                     int m0 = ip * MR, mr = M - m0 < MR ? M - m0 : MR;
-                    g->tile(kc, pa + (size_t)ip * MR * kc, pb + (size_t)jp * NR * kc, C + (size_t)m0 * ldc + n0,
-                            ldc, mr, nr);
+                    float* c = C + (size_t)m0 * ldc + n0;
+                    gemm_tile_for(g, mr)(kc, ablock + (size_t)(ip - i0) * astride, pb + (size_t)jp * bstride, c,
+                                         ldc, init != NULL ? init : c, init != NULL ? 0 : ldc, mr, nr);
                 }
             }
         }
-        if (nt > 1) {
-            #pragma omp barrier  // (the panels are read before the next block's packing overwrites them)
-        }
     }
 }
 
-// gemm_part by a team of nt threads (1: the calling thread alone)
+// gemm_part by a team of nt threads (1: the calling thread alone) on panels sized for nt (OpenMP
+// may give fewer). With K = 0 a `set` product is its bias (or zeros).
 static void gemm_team(float* C, int ldc, const float* A, int lda, int ta, const float* B, int ldb, int tb, int M,
-                      int K, int N, float* panels, int nt) {
-    if (M <= 0 || N <= 0 || K <= 0) { return; }
+                      int K, int N, int set, const float* bias, float* panels, int nt) {
+    if (M <= 0 || N <= 0) { return; }
+    if (K <= 0) {
+        for (int m = 0; set && m < M; m++) {
+            for (int n = 0; n < N; n++) { C[(size_t)m * ldc + n] = bias != NULL ? bias[n] : 0.0f; }
+        }
+        return;
+    }
     if (nt <= 1) {
-        gemm_part(gemm_kernel(), C, ldc, A, lda, ta, B, ldb, tb, M, K, N, panels, 0, 1);
+        gemm_part(gemm_kernel(), C, ldc, A, lda, ta, B, ldb, tb, M, K, N, set, bias, panels, 0, 1);
         return;
     }
     #pragma omp parallel num_threads(nt)
-    gemm_part(gemm_kernel(), C, ldc, A, lda, ta, B, ldb, tb, M, K, N, panels, omp_get_thread_num(),
+    gemm_part(gemm_kernel(), C, ldc, A, lda, ta, B, ldb, tb, M, K, N, set, bias, panels, omp_get_thread_num(),
               omp_get_num_threads());
 }
 
+// C (M, N) += op(A) op(B) (gemm_acc), or = op(A) op(B) + bias (gemm_set; bias NULL: none), on
+// contiguous operands, by the OpenMP team
+static void gemm_run(float* C, const float* A, int ta, const float* B, int tb, int M, int K, int N, int set,
+                     const float* bias) {
+    if (M <= 0 || N <= 0) { return; }
+    int nt = omp_get_max_threads();
+    float* panels = gemm_scratch(gemm_panel_floats(gemm_kernel(), M, K, N, nt));
+    gemm_team(C, N, A, ta ? M : K, ta, B, tb ? K : N, tb, M, K, N, set, bias, panels, nt);
+}
 static void gemm_acc(float* C, const float* A, int ta, const float* B, int tb, int M, int K, int N) {
-    if (M <= 0 || N <= 0 || K <= 0) { return; }
-    float* panels = gemm_scratch(gemm_panel_floats(gemm_kernel(), M, K, N));
-    gemm_team(C, N, A, ta ? M : K, ta, B, tb ? K : N, tb, M, K, N, panels, omp_get_max_threads());
+    gemm_run(C, A, ta, B, tb, M, K, N, 0, NULL);
+}
+static void gemm_set(float* C, const float* A, int ta, const float* B, int tb, int M, int K, int N,
+                     const float* bias) {
+    gemm_run(C, A, ta, B, tb, M, K, N, 1, bias);
 }
 
 // out (N, OC) = inp (N, C) @ w (OC, C)^T + bias (OC)
 static void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC) {
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        for (int o = 0; o < OC; o++) { out[(size_t)n * OC + o] = bias != NULL ? bias[o] : 0.0f; }
-    }
-    gemm_acc(out, inp, 0, w, 1, N, C, OC);
+    gemm_set(out, inp, 0, w, 1, N, C, OC, bias);
 }
 
 // dinp (N, C) += dout @ w; dw (OC, C) += dout^T @ inp; db (OC) += column sums. dinp, db may be NULL.
@@ -625,7 +700,7 @@ static GqaPlan gqa_plan(const GqaAttn* a, int units, int rows, int tables) {
     int big = rows > nk ? rows : nk;
     big = big > a->HS ? big : a->HS;
     g.panels = ((size_t)tables * rows * nk + 15) / 16 * 16;
-    g.slot = g.panels + gemm_panel_floats(gemm_kernel(), big, big, big);
+    g.slot = g.panels + gemm_panel_floats(gemm_kernel(), big, big, big, g.inner);
     g.scratch = gemm_scratch(g.slot * g.outer);
     return g;
 }
@@ -643,10 +718,10 @@ static void gqa_scores(float* S, const float* q, const GqaAttn* a, int b, int h,
     int D = a->NH * a->HS, KV = a->NKV * a->HS, kvh = h / (a->NH / a->NKV), rows = a->Tq - i0;
     int nk = a->Nk0 + a->Nk1;
     const float* qh = q + ((size_t)b * a->Tq + i0) * D + (size_t)h * a->HS;
-    memset(S, 0, (size_t)rows * nk * sizeof(float));
-    gemm_team(S, nk, qh, D, 0, gqa_head0(a, a->k0, b, kvh), KV, 1, rows, a->HS, a->Nk0, panels, nt);
+    gemm_team(S, nk, qh, D, 0, gqa_head0(a, a->k0, b, kvh), KV, 1, rows, a->HS, a->Nk0, 1, NULL, panels, nt);
     if (a->Nk1 > 0) {
-        gemm_team(S + a->Nk0, nk, qh, D, 0, gqa_head1(a, a->k1, b, kvh), KV, 1, rows, a->HS, a->Nk1, panels, nt);
+        gemm_team(S + a->Nk0, nk, qh, D, 0, gqa_head1(a, a->k1, b, kvh), KV, 1, rows, a->HS, a->Nk1, 1, NULL, panels,
+                  nt);
     }
 }
 
@@ -688,10 +763,9 @@ static void gqa_attention_forward(float* out, float* lse, const float* q, const 
             *l = mx + logf(sum);
         }
         float* oh = out + (size_t)b * a->Tq * D + (size_t)h * HS;
-        for (int i = 0; i < a->Tq; i++) { memset(oh + (size_t)i * D, 0, (size_t)HS * sizeof(float)); }
-        gemm_team(oh, D, P, nk, 0, gqa_head0(a, a->v0, b, kvh), KV, 0, a->Tq, a->Nk0, HS, panels, g.inner);
+        gemm_team(oh, D, P, nk, 0, gqa_head0(a, a->v0, b, kvh), KV, 0, a->Tq, a->Nk0, HS, 1, NULL, panels, g.inner);
         if (a->Nk1 > 0) {
-            gemm_team(oh, D, P + a->Nk0, nk, 0, gqa_head1(a, a->v1, b, kvh), KV, 0, a->Tq, a->Nk1, HS, panels,
+            gemm_team(oh, D, P + a->Nk0, nk, 0, gqa_head1(a, a->v1, b, kvh), KV, 0, a->Tq, a->Nk1, HS, 0, NULL, panels,
                       g.inner);
         }
     }
@@ -727,9 +801,10 @@ static void gqa_attention_backward(float* dq, float* dk0, float* dv0, float* dk1
             const float* qh = q + row0;
             const float* doh = dout + row0;
             gqa_scores(P, q, a, b, h, q_first, panels, g.inner);
-            memset(dS, 0, (size_t)rows * nk * sizeof(float));  // dP = dO V^T first
-            gemm_team(dS, nk, doh, D, 0, v0h, KV, 1, rows, HS, a->Nk0, panels, g.inner);
-            if (a->Nk1 > 0) { gemm_team(dS + a->Nk0, nk, doh, D, 0, v1h, KV, 1, rows, HS, a->Nk1, panels, g.inner); }
+            gemm_team(dS, nk, doh, D, 0, v0h, KV, 1, rows, HS, a->Nk0, 1, NULL, panels, g.inner);  // dP = dO V^T first
+            if (a->Nk1 > 0) {
+                gemm_team(dS + a->Nk0, nk, doh, D, 0, v1h, KV, 1, rows, HS, a->Nk1, 1, NULL, panels, g.inner);
+            }
             #pragma omp parallel for schedule(static) num_threads(g.inner) if (g.inner > 1)
             for (int r = 0; r < rows; r++) {
                 int i = q_first + r;
@@ -752,24 +827,23 @@ static void gqa_attention_backward(float* dq, float* dk0, float* dv0, float* dk1
                 }
             }
             float* dqh = dq + row0;
-            for (int r = 0; r < rows; r++) { memset(dqh + (size_t)r * D, 0, (size_t)HS * sizeof(float)); }
-            gemm_team(dqh, D, dS, nk, 0, k0h, KV, 0, rows, a->Nk0, HS, panels, g.inner);
-            if (a->Nk1 > 0) { gemm_team(dqh, D, dS + a->Nk0, nk, 0, k1h, KV, 0, rows, a->Nk1, HS, panels, g.inner); }
+            gemm_team(dqh, D, dS, nk, 0, k0h, KV, 0, rows, a->Nk0, HS, 1, NULL, panels, g.inner);
+            if (a->Nk1 > 0) { gemm_team(dqh, D, dS + a->Nk0, nk, 0, k1h, KV, 0, rows, a->Nk1, HS, 0, NULL, panels, g.inner); }
             if (dk0 != NULL && nk0 > 0) {
                 float* d = (float*)gqa_head0(a, dk0, b, kvh) + (size_t)k0_first * KV;
-                gemm_team(d, KV, dS + k0_first, nk, 1, qh, D, 0, nk0, rows, HS, panels, g.inner);
+                gemm_team(d, KV, dS + k0_first, nk, 1, qh, D, 0, nk0, rows, HS, 0, NULL, panels, g.inner);
             }
             if (dv0 != NULL && nk0 > 0) {
                 float* d = (float*)gqa_head0(a, dv0, b, kvh) + (size_t)k0_first * KV;
-                gemm_team(d, KV, P + k0_first, nk, 1, doh, D, 0, nk0, rows, HS, panels, g.inner);
+                gemm_team(d, KV, P + k0_first, nk, 1, doh, D, 0, nk0, rows, HS, 0, NULL, panels, g.inner);
             }
             if (dk1 != NULL && a->Nk1 > 0) {
-                gemm_team((float*)gqa_head1(a, dk1, b, kvh), KV, dS + a->Nk0, nk, 1, qh, D, 0, a->Nk1, rows, HS,
-                          panels, g.inner);
+                gemm_team((float*)gqa_head1(a, dk1, b, kvh), KV, dS + a->Nk0, nk, 1, qh, D, 0, a->Nk1, rows, HS, 0,
+                          NULL, panels, g.inner);
             }
             if (dv1 != NULL && a->Nk1 > 0) {
-                gemm_team((float*)gqa_head1(a, dv1, b, kvh), KV, P + a->Nk0, nk, 1, doh, D, 0, a->Nk1, rows, HS,
-                          panels, g.inner);
+                gemm_team((float*)gqa_head1(a, dv1, b, kvh), KV, P + a->Nk0, nk, 1, doh, D, 0, a->Nk1, rows, HS, 0,
+                          NULL, panels, g.inner);
             }
         }
     }

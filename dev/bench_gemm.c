@@ -33,7 +33,7 @@ static double tile_ceiling(const GemmKernel* g) {
                 for (int i = 0; i < g->mr * kc; i++) { a[i] = 1e-3f * (float)(i % 7); }
                 for (int i = 0; i < g->nr * kc; i++) { b[i] = 1e-3f * (float)(i % 5); }
                 memset(c, 0, sizeof(float) * g->mr * g->nr);
-                for (int r = 0; r < reps; r++) { g->tile(kc, a, b, c, g->nr, g->mr, g->nr); }
+                for (int r = 0; r < reps; r++) { g->tile[0](kc, a, b, c, g->nr, c, g->nr, g->mr, g->nr); }
                 if (c[0] == 12345.0f) { printf(" "); }  // (the sums are used)
             }
             free(a); free(b); free(c);
