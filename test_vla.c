@@ -160,11 +160,12 @@ static size_t flow_closed_form(const FlowConfig* c, int mode) {
 // matrix: every tile gives the first tile's bits, and those are the products to float rounding
 // (against sums in double). The first tile also computes each product as a team of two threads
 // (these shapes take each of gemm_plan's three ways of sharing the work, several with a short
-// last k block), and as a `set` product onto a bias row, over what C held: the same bits again.
+// last k block, one with several blocks of rows and of columns), and as a `set` product onto a
+// bias row, over what C held: the same bits again.
 static void test_gemm_tiles(void) {
     printf("\n== matrix-product tiles (gemm_part)\n");
     const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {13, 300, 37}, {50, 720, 64}, {97, 513, 65}, {12, 256, 32},
-                             {74, 468, 56}, {130, 300, 200}};
+                             {74, 468, 56}, {130, 300, 200}, {200, 40, 530}};
     int n_kernels = 0;
     while (gemm_kernel_at(n_kernels) != NULL) { n_kernels++; }
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {

@@ -118,7 +118,9 @@ static inline float silu(float x) { return x / (1.0f + vla_expf(-x)); }
 // or onto its bias or zero) and each block in k order, one fused multiply-add a step, so the result
 // is the same for any thread count, any way of sharing the work, and either x86 tile.
 #define GEMM_KC 256
-#define GEMM_MC 96  // rows of A a block (a multiple of every tile's mr)
+#define GEMM_MC 192          // rows of op(A) a block (a multiple of every tile's mr)
+#define GEMM_NC_PANELS 16    // column panels of op(B) a block (512 KiB of the AVX-512 tile's)
+#define GEMM_FEW_ROWS 96     // products of at most this many rows pack op(A) in every thread
 typedef float gemm_v8 __attribute__((vector_size(32)));
 typedef int gemm_i8 __attribute__((vector_size(32)));
 typedef float gemm_v16 __attribute__((vector_size(64)));
@@ -308,12 +310,12 @@ static float* gemm_scratch(size_t n) {
 //   panels of a k block are packed by the threads together and read by all, so the threads meet
 //   once a k block (two buffers of panels alternate). The way when op(A) is the larger to pack.
 // - GEMM_COLS: each thread takes a share of op(B)'s column panels and every row, and packs just
-//   the column panels it uses, each where it is first used (so it is in L1 for its first tiles);
-//   op(A)'s panels of a k block are packed by the threads together and read by all, as above.
-//   The way for more rows than GEMM_MC when op(B) is the larger (a prefix's, the vision MLP's up).
-// - GEMM_COLS_OWN_A: the columns shared as in GEMM_COLS, but each thread packs all of op(A) into
-//   its own block, so no thread waits for another: the way for at most GEMM_MC rows (the expert's
-//   actions), which cost little to pack twice.
+//   the column panels it uses; op(A)'s panels of a k block are packed by the threads together and
+//   read by all, as above. The way for more than GEMM_FEW_ROWS rows when op(B) is the larger (a
+//   prefix's products, the vision MLP's first).
+// - GEMM_COLS_OWN_A: the columns shared as in GEMM_COLS, but each thread packs all of op(A), a
+//   block at a time as GEMM_ROWS does, so no thread waits for another: the way for at most
+//   GEMM_FEW_ROWS rows (the expert's actions), which cost little to pack twice.
 enum { GEMM_ROWS, GEMM_COLS, GEMM_COLS_OWN_A };
 typedef struct { int way, mp, np, kcmax; size_t a_block, a_panels, b_panels; } GemmPlan;
 static GemmPlan gemm_plan(const GemmKernel* g, int M, int K, int N, int nt) {
@@ -321,7 +323,7 @@ static GemmPlan gemm_plan(const GemmKernel* g, int M, int K, int N, int nt) {
     p.mp = (M + g->mr - 1) / g->mr;
     p.np = (N + g->nr - 1) / g->nr;
     p.kcmax = K < GEMM_KC ? K : GEMM_KC;
-    p.way = nt <= 1 || M <= GEMM_MC ? GEMM_COLS_OWN_A
+    p.way = nt <= 1 || M <= GEMM_FEW_ROWS ? GEMM_COLS_OWN_A
             : p.mp >= 2 * nt && (long long)(nt - 1) * M > N ? GEMM_ROWS : GEMM_COLS;
     int block_rows = p.mp * g->mr < GEMM_MC ? p.mp * g->mr : GEMM_MC;
     p.a_block = ((size_t)block_rows * p.kcmax + 15) / 16 * 16;  // (64-byte lines)
@@ -376,25 +378,29 @@ static void gemm_part(const GemmKernel* g, float* C, int ldc, const float* A, in
         if (shared_a || shared_b) {
             #pragma omp barrier
         }
-        // GEMM_MC rows of op(A) at a time against the column panels (the same ones for every
-        // block of rows)
+        // GEMM_MC rows of op(A) at a time (their block stays in the core's L2) against
+        // GEMM_NC_PANELS column panels at a time (those stay in L2 too): one row panel stays in L1
+        // while the column panels stream past it from L2
         for (int i0 = a0; i0 < a1; i0 += GEMM_MC / MR) {
             int i1 = i0 + GEMM_MC / MR < a1 ? i0 + GEMM_MC / MR : a1;
             const float* ablock = shared_a ? pa + (size_t)i0 * astride : own_a;
             for (int p = i0; !shared_a && p < i1; p++) {
                 gemm_pack(own_a + (size_t)(p - i0) * astride, A, MR, !ta, M, lda, p, k0, kc);
             }
-            for (int jp = j0; jp < j1; jp++) {
-                int n0 = jp * NR, nr = N - n0 < NR ? N - n0 : NR;
-                if (!shared_b && i0 == a0) {  // (packed where first used: it is in L1 for these tiles)
-                    gemm_pack(pb + (size_t)jp * bstride, B, NR, tb, N, ldb, jp, k0, kc);
-                }
-                const float* init = !set || k0 > 0 ? NULL : bias != NULL ? bias + n0 : zeros;
+            for (int jp = j0; !shared_b && i0 == a0 && jp < j1; jp++) {  // (a thread's own column panels)
+                gemm_pack(pb + (size_t)jp * bstride, B, NR, tb, N, ldb, jp, k0, kc);
+            }
+            for (int jb = j0; jb < j1; jb += GEMM_NC_PANELS) {
+                int je = jb + GEMM_NC_PANELS < j1 ? jb + GEMM_NC_PANELS : j1;
                 for (int ip = i0; ip < i1; ip++) {
                     int m0 = ip * MR, mr = M - m0 < MR ? M - m0 : MR;
-                    float* c = C + (size_t)m0 * ldc + n0;
-                    gemm_tile_for(g, mr)(kc, ablock + (size_t)(ip - i0) * astride, pb + (size_t)jp * bstride, c,
-                                         ldc, init != NULL ? init : c, init != NULL ? 0 : ldc, mr, nr);
+                    for (int jp = jb; jp < je; jp++) {
+                        int n0 = jp * NR, nr = N - n0 < NR ? N - n0 : NR;
+                        const float* init = !set || k0 > 0 ? NULL : bias != NULL ? bias + n0 : zeros;
+                        float* c = C + (size_t)m0 * ldc + n0;
+                        gemm_tile_for(g, mr)(kc, ablock + (size_t)(ip - i0) * astride, pb + (size_t)jp * bstride, c,
+                                             ldc, init != NULL ? init : c, init != NULL ? 0 : ldc, mr, nr);
+                    }
                 }
             }
         }
