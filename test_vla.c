@@ -160,12 +160,12 @@ static size_t flow_closed_form(const FlowConfig* c, int mode) {
 // matrix: every tile gives the first tile's bits, and those are the products to float rounding
 // (against sums in double). The first tile also computes each product as a team of two threads
 // (these shapes take each of gemm_plan's three ways of sharing the work, several with a short
-// last k block, one with several blocks of rows and of columns), and as a `set` product onto a
-// bias row, over what C held: the same bits again.
+// last k block, one with several blocks of rows and of columns, one with no k at all), and as a
+// `set` product onto a bias row, over what C held: the same bits again.
 static void test_gemm_tiles(void) {
     printf("\n== matrix-product tiles (gemm_part)\n");
     const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {13, 300, 37}, {50, 720, 64}, {97, 513, 65}, {12, 256, 32},
-                             {74, 468, 56}, {130, 300, 200}, {200, 40, 530}};
+                             {74, 468, 56}, {130, 300, 200}, {200, 40, 530}, {7, 0, 9}};
     int n_kernels = 0;
     while (gemm_kernel_at(n_kernels) != NULL) { n_kernels++; }
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
@@ -195,7 +195,7 @@ static void test_gemm_tiles(void) {
                 for (int i = 0; i < M; i++) {  // (a `set` product overwrites what C holds)
                     for (int j = 0; j < ldc; j++) { out[(size_t)i * ldc + j] = set && j < N ? -3.0f : 0.25f; }
                 }
-                size_t bytes = (gemm_panel_floats(g, M, K, N, nt) * sizeof(float) + 63) / 64 * 64;
+                size_t bytes = (gemm_panel_floats(g, M, K, N, nt) * sizeof(float) + 64) / 64 * 64;  // (K = 0: none)
                 float* panels = (float*)aligned_alloc(64, bytes);
                 if (panels == NULL) { vla_fail_no_memory("out of memory for the tiles' test panels"); }
                 #pragma omp parallel num_threads(nt) if (nt > 1)

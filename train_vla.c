@@ -345,12 +345,18 @@ static inline int share_begin(int n, int t, int nt) { return (int)((long long)n 
 
 // C (row stride ldc) += op(A) op(B), with A and B stored at row strides lda and ldb (so a head's
 // columns of a wider matrix are operands too), or with `set`, C = op(A) op(B) + bias (N floats; NULL:
-// none), computed by thread t of a team of nt that all call it with the same arguments and the same
-// panels (gemm_panel_floats of them). A team of one needs no OpenMP team at all: attention calls
-// it from inside its own parallel loop.
+// none; with K = 0, the bias or zeros alone), computed by thread t of a team of nt that all call it
+// with the same arguments and the same panels (gemm_panel_floats of them). A team of one needs no
+// OpenMP team at all: attention calls it from inside its own parallel loop.
 static void gemm_part(const GemmKernel* g, float* C, int ldc, const float* A, int lda, int ta, const float* B,
                       int ldb, int tb, int M, int K, int N, int set, const float* bias, float* panels, int t, int nt) {
-    static const float zeros[64] = {0};  // (a row of the widest tile's columns)
+    static const float zeros[64] = {0};  // (a row at least as wide as every tile's columns)
+    if (K <= 0) {  // (no k block to set C on: thread t sets its share of the rows)
+        for (int m = share_begin(M, t, nt); set && m < share_begin(M, t + 1, nt); m++) {
+            for (int n = 0; n < N; n++) { C[(size_t)m * ldc + n] = bias != NULL ? bias[n] : 0.0f; }
+        }
+        return;
+    }
     int MR = g->mr, NR = g->nr;
     GemmPlan plan = gemm_plan(g, M, K, N, nt);
     // panels at the stride of a whole k block, so that a thread's panels stay where they are when
@@ -408,16 +414,10 @@ static void gemm_part(const GemmKernel* g, float* C, int ldc, const float* A, in
 }
 
 // gemm_part by a team of nt threads (1: the calling thread alone) on panels sized for nt (OpenMP
-// may give fewer). With K = 0 a `set` product is its bias (or zeros).
+// may give fewer)
 static void gemm_team(float* C, int ldc, const float* A, int lda, int ta, const float* B, int ldb, int tb, int M,
                       int K, int N, int set, const float* bias, float* panels, int nt) {
     if (M <= 0 || N <= 0) { return; }
-    if (K <= 0) {
-        for (int m = 0; set && m < M; m++) {
-            for (int n = 0; n < N; n++) { C[(size_t)m * ldc + n] = bias != NULL ? bias[n] : 0.0f; }
-        }
-        return;
-    }
     if (nt <= 1) {
         gemm_part(gemm_kernel(), C, ldc, A, lda, ta, B, ldb, tb, M, K, N, set, bias, panels, 0, 1);
         return;
